@@ -1,0 +1,23 @@
+// common/types.h: the identifiers and units every component shares (brief §2 vocabulary).
+//
+// Units are part of the names: *_rows, *_pages, *_bytes, *_positions. A location is a 64-bit byte
+// offset into a device pool (brief §5); kNoLocation (-1) marks an empty selection entry.
+#pragma once
+
+#include <cstdint>
+
+namespace dhs {
+
+using RequestId = uint64_t;   // request r; unique per node for the life of memd
+using GpuId = uint32_t;       // index of a GPU on the node (one workerd each)
+using SourceId = uint32_t;    // KV source (a physical store of rows), brief §2
+using SlotIndex = uint32_t;   // request slot i on a worker
+using Position = int64_t;     // token position t; -1 = empty selection entry
+using RowIndex = int64_t;     // row s of a source (m positions per row; m = 1 unless compressed)
+using PageIndex = uint32_t;   // page number inside one pool (GPU page pool or host segment)
+using Location = int64_t;     // byte offset into a device pool; -1 = none
+
+inline constexpr Position kNoPosition = -1;
+inline constexpr Location kNoLocation = -1;
+
+}  // namespace dhs

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tools/setup.sh: make a fresh Debian 12 machine able to build, then configure and build into build/.
+# Idempotent: installs only missing packages (quiet when all are present), reconfigures only when needed.
+# Usage: tools/setup.sh [BUILD_DIR] [extra meson setup args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir="${1:-build}"; shift || true
+
+pkgs=(g++ meson ninja-build pkg-config libboost-dev libzmq3-dev cppzmq-dev flatbuffers-compiler
+      libflatbuffers-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+      libspdlog-dev libeigen3-dev libcli11-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=(); [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -f "$build_dir/build.ninja" ]]; then
+  meson setup "$build_dir" "$@" >/dev/null || { echo "setup: meson setup failed; see $build_dir/meson-logs/meson-log.txt" >&2; exit 1; }
+elif (($#)); then
+  meson configure "$build_dir" "$@" >/dev/null
+fi
+ninja -C "$build_dir" >/dev/null || { ninja -C "$build_dir" | tail -50 >&2; exit 1; }
+echo "setup: built $build_dir"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# tools/test.sh: the whole fast test suite (the README's test command; .ci/run calls exactly this).
+# Sets up and builds first (tools/setup.sh), then runs `meson test` and prints one closing line
+# "tests: N passed, N failed, N skipped".
+# Usage: tools/test.sh [BUILD_DIR] [extra meson test args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build_dir="${1:-build}"; shift || true
+bash tools/setup.sh "$build_dir" || exit 1
+meson test -C "$build_dir" --print-errorlogs --num-processes 2 "$@"
+rc=$?
+python3 - "$build_dir/meson-logs/testlog.json" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line).get('result')
+    if r in ('OK', 'EXPECTEDFAIL'): p += 1
+    elif r == 'SKIP': s += 1
+    else: f += 1
+print(f"tests: {p} passed, {f} failed, {s} skipped")
+PY
+exit $rc
