@@ -1,0 +1,59 @@
+// workerd/kv_access.h: the seam between the model and the KV store that serves it.
+//
+// The model computes payload rows and selections; a KvAccess stores the rows and, for a batch of ordered
+// selections, returns where each selected row's bytes are readable. Two implementations exist:
+//   - ResidentKvAccess (workerd/model): every row of every source stays in one device arena (the `resident` mode,
+//     the exactness oracle of brief §7);
+//   - the hierarchical one (workerd/kv): tail + hot cache + ready map + host recovery (brief §5).
+// Exactness contract (brief §7): for the same appended rows, every implementation returns pointers to bytes equal to
+// the original row of each selected position, so the model's outputs are bit-identical across implementations.
+//
+// Sources (brief §2, §5): payload bytes are stored per KV source. A Reuse consumer layer does not call Fetch (it keeps
+// the previous consumer's rows); a Reindex consumer calls Fetch with its fresh selection on the same source; an index
+// producer's selection drives several follower sources, fetched in one call so the plan is made once.
+//
+// Thread-safety: implementations are driven by one worker thread; no method is called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "common/types.h"
+
+namespace dhs {
+
+// One batch entry of a Fetch: a request's ordered selection (k positions, kNoPosition = -1 for padding).
+struct KvQuery {
+  RequestId request = 0;
+  std::span<const Position> selection;  // k entries, in the model's selection order
+  // Output, laid out [source index in the Fetch call][j], i.e. sources.size() * selection.size() entries.
+  // rows_out[s * k + j] points at d_KV bytes of row selection[j] of sources[s]; nullptr where selection[j] == -1.
+  // Valid until ReadersDone() for these sources.
+  std::span<const uint8_t*> rows_out;
+};
+
+class KvAccess {
+ public:
+  virtual ~KvAccess() = default;
+
+  // Stores the payload row (row_bytes(source) bytes) of `position` of `request` for `source`. Positions of one
+  // (request, source) arrive in increasing order without gaps, starting at 0. Errors: INVALID_ARGUMENT on a wrong
+  // size or out-of-order position; RESOURCE_EXHAUSTED when the store is full.
+  virtual absl::Status Append(RequestId request, SourceId source, Position position,
+                              std::span<const uint8_t> row) = 0;
+
+  // Resolves a batch of selections over the given sources (all of them read with the same selections: one source,
+  // or an index producer's followers). Only positions < the request's appended length may be selected.
+  // Errors: INVALID_ARGUMENT (position not appended yet, bad request/source), UNAVAILABLE or INTERNAL (a copy failed;
+  // nothing of the batch counts as resolved).
+  virtual absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) = 0;
+
+  // The attention pass that read the rows returned by the last Fetch over `sources` finished (brief §4: readers).
+  virtual void ReadersDone(std::span<const SourceId> sources) = 0;
+
+  // The request finished or was cancelled: its rows may be dropped.
+  virtual void Release(RequestId request) = 0;
+};
+
+}  // namespace dhs
