@@ -8,7 +8,7 @@ build_dir="${1:-build}"; shift || true
 
 pkgs=(g++ meson ninja-build pkg-config libboost-dev libzmq3-dev cppzmq-dev flatbuffers-compiler
       libflatbuffers-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-      libspdlog-dev libeigen3-dev libcli11-dev python3)
+      libspdlog-dev libeigen3-dev libcli11-dev libcpp-httplib-dev python3 python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
