@@ -1,0 +1,79 @@
+// common/host_pool.h: one segment of the host tier (brief §3): a POSIX shared-memory object of
+// fixed-size host pages, created by memd (the owner) and mapped read/write by workers (peers), on
+// Boost.Interprocess. Workers pin the mapping (cudaHostRegister) themselves.
+//
+// Layout: a header of kHostPoolHeaderBytes (magic, version, page_bytes, pages) followed by
+// `pages` pages of `page_bytes` bytes; page i starts at byte offset PageOffset(i). The segment
+// outlives every process that maps it (a worker may die); only Remove() deletes it.
+//
+// Thread-safety: a HostPoolSegment is immutable after Create/Open and its methods are
+// thread-safe; the bytes of the pages are not synchronised (callers own that, brief §4 orders).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace boost::interprocess {
+class mapped_region;
+}
+
+namespace dhs {
+
+// A host page: segment index (as listed in HelloReply.segments) + page index in that segment.
+struct HostPageRef {
+  uint32_t segment = 0;
+  PageIndex page = 0;
+  friend bool operator==(const HostPageRef&, const HostPageRef&) = default;
+};
+
+// Bytes reserved at the start of a segment for the header; pages start after it (page-aligned).
+inline constexpr uint64_t kHostPoolHeaderBytes = 4096;
+inline constexpr uint64_t kHostPoolMagic = 0x4448535f484f5354ull;  // "DHS_HOST"; must not change
+inline constexpr uint32_t kHostPoolVersion = 1;                     // header layout version
+
+class HostPoolSegment {
+ public:
+  // Creates shm object `name` (plain name, no '/', 1..200 chars) with mode 0600, sized
+  // kHostPoolHeaderBytes + pages * page_bytes, and reserves every page with posix_fallocate, so an
+  // over-committed /dev/shm fails here (RESOURCE_EXHAUSTED) instead of with SIGBUS later.
+  // page_bytes must be a positive multiple of 64; pages > 0. An existing object -> ALREADY_EXISTS.
+  static absl::StatusOr<std::unique_ptr<HostPoolSegment>> Create(std::string_view name, uint64_t page_bytes,
+                                                                 uint64_t pages);
+  // Maps an existing segment read/write and validates its header: missing -> NOT_FOUND,
+  // garbage or truncated -> DATA_LOSS.
+  static absl::StatusOr<std::unique_ptr<HostPoolSegment>> Open(std::string_view name);
+  // Deletes the shm object (mappings stay valid until unmapped). Missing -> NOT_FOUND.
+  static absl::Status Remove(std::string_view name);
+
+  ~HostPoolSegment();  // unmaps; never removes the object
+  HostPoolSegment(const HostPoolSegment&) = delete;
+  HostPoolSegment& operator=(const HostPoolSegment&) = delete;
+
+  const std::string& name() const { return name_; }
+  uint64_t page_bytes() const { return page_bytes_; }
+  uint64_t pages() const { return pages_; }
+  uint64_t size_bytes() const { return kHostPoolHeaderBytes + pages_ * page_bytes_; }
+
+  // Byte offset of `page` from the start of the segment; OUT_OF_RANGE when page >= pages().
+  absl::StatusOr<uint64_t> PageOffset(PageIndex page) const;
+  // Start of `page` (page_bytes() bytes); OUT_OF_RANGE when page >= pages().
+  absl::StatusOr<uint8_t*> PageData(PageIndex page) const;
+  // Start of the mapping (header included), for pinning the whole segment.
+  uint8_t* base() const { return base_; }
+
+ private:
+  HostPoolSegment(std::string name, std::unique_ptr<boost::interprocess::mapped_region> region);
+  std::string name_;
+  std::unique_ptr<boost::interprocess::mapped_region> region_;
+  uint8_t* base_ = nullptr;
+  uint64_t page_bytes_ = 0;
+  uint64_t pages_ = 0;
+};
+
+}  // namespace dhs

@@ -1,0 +1,148 @@
+#include "common/protocol.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "flatbuffers/flatbuffers.h"
+
+namespace dhs {
+namespace {
+
+// Packs `body` (an object-API table of type T) into a finished envelope.
+template <typename T>
+std::string EncodeBody(const T& body, uint32_t version, uint64_t seq, std::string_view sender) {
+  using Table = typename T::TableType;
+  flatbuffers::FlatBufferBuilder fbb(256);
+  const auto sender_offset = fbb.CreateString(sender.data(), sender.size());
+  const auto body_offset = Table::Pack(fbb, &body);
+  wire::EnvelopeBuilder envelope(fbb);
+  envelope.add_protocol_version(version);
+  envelope.add_sequence(seq);
+  envelope.add_sender(sender_offset);
+  envelope.add_body_type(wire::BodyTraits<Table>::enum_value);
+  envelope.add_body(body_offset.Union());
+  fbb.Finish(envelope.Finish());
+  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+
+template <typename T>
+absl::StatusOr<T> ReadBody(const Message& message) {
+  using Table = typename T::TableType;
+  constexpr wire::Body kType = wire::BodyTraits<Table>::enum_value;
+  if (message.envelope == nullptr) return absl::FailedPreconditionError("message was not decoded");
+  if (message.type != kType) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expected ", BodyName(kType), ", message holds ", BodyName(message.type)));
+  }
+  const Table* table = static_cast<const Table*>(message.envelope->body());
+  if (table == nullptr) return InvalidMessageError("envelope body missing");
+  T out;
+  table->UnPackTo(&out);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Message> DecodeEnvelope(std::span<const uint8_t> bytes, size_t max_bytes) {
+  if (bytes.empty()) return InvalidMessageError("empty message");
+  if (bytes.size() > max_bytes) {
+    return InvalidMessageError(absl::StrCat("message of ", bytes.size(), " bytes exceeds the maximum of ", max_bytes));
+  }
+  flatbuffers::Verifier verifier(bytes.data(), bytes.size());
+  if (!wire::VerifyEnvelopeBuffer(verifier)) {
+    return InvalidMessageError(absl::StrCat("message of ", bytes.size(), " bytes failed verification"));
+  }
+  const wire::Envelope* envelope = wire::GetEnvelope(bytes.data());
+  if (envelope->protocol_version() != kProtocolVersion) {
+    return VersionMismatchError(absl::StrCat("protocol version ", envelope->protocol_version(),
+                                             ", this peer speaks ", kProtocolVersion));
+  }
+  const wire::Body type = envelope->body_type();
+  if (type == wire::Body::NONE || envelope->body() == nullptr) {
+    return InvalidMessageError("envelope without a body");
+  }
+  if (static_cast<uint32_t>(type) > static_cast<uint32_t>(wire::Body::MAX)) {
+    return UnknownMessageError(absl::StrCat("unknown body type ", static_cast<int>(type)));
+  }
+  Message message;
+  message.type = type;
+  message.sequence = envelope->sequence();
+  message.sender = envelope->sender() != nullptr ? envelope->sender()->str() : std::string();
+  message.envelope = envelope;
+  return message;
+}
+
+absl::StatusOr<Message> DecodeEnvelope(std::string_view bytes, size_t max_bytes) {
+  return DecodeEnvelope(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                        max_bytes);
+}
+
+uint64_t PeekSequence(std::string_view bytes) {
+  if (bytes.empty()) return 0;
+  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  if (!wire::VerifyEnvelopeBuffer(verifier)) return 0;
+  return wire::GetEnvelope(bytes.data())->sequence();
+}
+
+std::string BodyName(wire::Body type) {
+  if (static_cast<uint32_t>(type) <= static_cast<uint32_t>(wire::Body::MAX)) {
+    return wire::EnumNameBody(type);
+  }
+  return absl::StrCat("unknown(", static_cast<int>(type), ")");
+}
+
+#define DHS_DEFINE_MESSAGE(Name)                                                                   \
+  std::string Encode##Name(const wire::Name##T& body, uint64_t seq, std::string_view sender) {    \
+    return EncodeBody(body, kProtocolVersion, seq, sender);                                        \
+  }                                                                                                \
+  absl::StatusOr<wire::Name##T> Read##Name(const Message& message) { return ReadBody<wire::Name##T>(message); }
+DHS_DEFINE_MESSAGE(Hello)
+DHS_DEFINE_MESSAGE(HelloReply)
+DHS_DEFINE_MESSAGE(AdmitRequest)
+DHS_DEFINE_MESSAGE(AdmitGrant)
+DHS_DEFINE_MESSAGE(AdmitWait)
+DHS_DEFINE_MESSAGE(AdmitReject)
+DHS_DEFINE_MESSAGE(ReclaimOrder)
+DHS_DEFINE_MESSAGE(BackupComplete)
+DHS_DEFINE_MESSAGE(ReadersDone)
+DHS_DEFINE_MESSAGE(Retire)
+DHS_DEFINE_MESSAGE(PopulateOrder)
+DHS_DEFINE_MESSAGE(ReadyPublish)
+DHS_DEFINE_MESSAGE(Complete)
+DHS_DEFINE_MESSAGE(CompleteAck)
+DHS_DEFINE_MESSAGE(Heartbeat)
+DHS_DEFINE_MESSAGE(HeartbeatAck)
+DHS_DEFINE_MESSAGE(ErrorReply)
+DHS_DEFINE_MESSAGE(IntrospectQuery)
+DHS_DEFINE_MESSAGE(IntrospectReply)
+DHS_DEFINE_MESSAGE(SubmitRequest)
+DHS_DEFINE_MESSAGE(SubmitAccepted)
+DHS_DEFINE_MESSAGE(TokenChunk)
+#undef DHS_DEFINE_MESSAGE
+
+absl::Status ReadErrorStatus(const Message& message) {
+  absl::StatusOr<wire::ErrorReplyT> reply = ReadErrorReply(message);
+  if (!reply.ok()) return reply.status();
+  absl::Status status = FromWireError(reply->code, reply->message);
+  if (status.ok()) return absl::UnknownError("ErrorReply with code OK");
+  return status;
+}
+
+namespace internal {
+std::string EncodeRawEnvelope(uint32_t protocol_version, uint8_t body_type, uint64_t seq, std::string_view sender) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  const auto sender_offset = fbb.CreateString(sender.data(), sender.size());
+  wire::ErrorReplyT placeholder;
+  placeholder.message = "raw";
+  const auto body_offset = wire::ErrorReply::Pack(fbb, &placeholder);
+  wire::EnvelopeBuilder envelope(fbb);
+  envelope.add_protocol_version(protocol_version);
+  envelope.add_sequence(seq);
+  envelope.add_sender(sender_offset);
+  envelope.add_body_type(static_cast<wire::Body>(body_type));
+  envelope.add_body(body_offset.Union());
+  fbb.Finish(envelope.Finish());
+  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+}  // namespace internal
+
+}  // namespace dhs

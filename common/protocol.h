@@ -1,0 +1,95 @@
+// common/protocol.h: the one place wire messages (schemas/dhs.fbs) are built and read.
+//
+// Inbound: DecodeEnvelope() checks, in this order and in every build type: size (empty or larger
+// than the max -> INVALID_MESSAGE), the FlatBuffers Verifier (-> INVALID_MESSAGE), the protocol
+// version (-> VERSION_MISMATCH), and that the body type is known (-> UNKNOWN_MESSAGE; an envelope
+// without a body -> INVALID_MESSAGE). Then Read<Msg>() unpacks the typed body (wrong type ->
+// FAILED_PRECONDITION). Outbound: Encode<Msg>() packs an object-API table into an envelope with
+// the current protocol version. A reply repeats its request's sequence.
+//
+// Thread-safety: all functions are pure and thread-safe. A Message views the caller's buffer and
+// is valid only while that buffer lives and is unchanged.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "dhs_generated.h"
+
+namespace dhs {
+
+// The protocol version this build speaks (Envelope.protocol_version). Must not change except for
+// an incompatible protocol change (see docs/protocol.md).
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Largest inbound message accepted, bytes (control messages are small; bulk KV goes through the
+// host pool, never through sockets).
+inline constexpr size_t kMaxMessageBytes = size_t{64} << 20;
+
+// A verified inbound envelope.
+struct Message {
+  wire::Body type = wire::Body::NONE;   // known, never NONE after a successful decode
+  uint64_t sequence = 0;                // Envelope.sequence
+  std::string sender;                   // Envelope.sender
+  const wire::Envelope* envelope = nullptr;  // view into the decoded buffer
+};
+
+// Verifies and decodes `bytes` (see the header comment for the order of checks and the errors).
+// `max_bytes` bounds the accepted size (default kMaxMessageBytes).
+absl::StatusOr<Message> DecodeEnvelope(std::span<const uint8_t> bytes, size_t max_bytes = kMaxMessageBytes);
+absl::StatusOr<Message> DecodeEnvelope(std::string_view bytes, size_t max_bytes = kMaxMessageBytes);
+
+// The sequence of `bytes` when it passes the Verifier (whatever its version or body), else 0.
+// Used to address an ErrorReply to a message that failed a later check.
+uint64_t PeekSequence(std::string_view bytes);
+
+// Name of a body type for logs ("Hello", ..., "unknown(200)").
+std::string BodyName(wire::Body type);
+
+// One typed pair per message. Encode returns the serialized envelope; Read unpacks the body of a
+// decoded message and fails with FAILED_PRECONDITION when the message holds another type.
+#define DHS_DECLARE_MESSAGE(Name)                                                                  \
+  std::string Encode##Name(const wire::Name##T& body, uint64_t seq, std::string_view sender);     \
+  absl::StatusOr<wire::Name##T> Read##Name(const Message& message);
+// memd <-> workerd
+DHS_DECLARE_MESSAGE(Hello)
+DHS_DECLARE_MESSAGE(HelloReply)
+DHS_DECLARE_MESSAGE(AdmitRequest)
+DHS_DECLARE_MESSAGE(AdmitGrant)
+DHS_DECLARE_MESSAGE(AdmitWait)
+DHS_DECLARE_MESSAGE(AdmitReject)
+DHS_DECLARE_MESSAGE(ReclaimOrder)
+DHS_DECLARE_MESSAGE(BackupComplete)
+DHS_DECLARE_MESSAGE(ReadersDone)
+DHS_DECLARE_MESSAGE(Retire)
+DHS_DECLARE_MESSAGE(PopulateOrder)
+DHS_DECLARE_MESSAGE(ReadyPublish)
+DHS_DECLARE_MESSAGE(Complete)
+DHS_DECLARE_MESSAGE(CompleteAck)
+DHS_DECLARE_MESSAGE(Heartbeat)
+DHS_DECLARE_MESSAGE(HeartbeatAck)
+DHS_DECLARE_MESSAGE(ErrorReply)
+// dhsctl <-> memd
+DHS_DECLARE_MESSAGE(IntrospectQuery)
+DHS_DECLARE_MESSAGE(IntrospectReply)
+// client/replay <-> workerd
+DHS_DECLARE_MESSAGE(SubmitRequest)
+DHS_DECLARE_MESSAGE(SubmitAccepted)
+DHS_DECLARE_MESSAGE(TokenChunk)
+#undef DHS_DECLARE_MESSAGE
+
+// Reads an ErrorReply message as the absl::Status it carries (FromWireError); a message of
+// another type gives FAILED_PRECONDITION.
+absl::Status ReadErrorStatus(const Message& message);
+
+namespace internal {
+// Test seam: an envelope with an explicit protocol version and a raw body type (to produce wrong
+// versions and unknown body types). `body` is packed as an ErrorReply table.
+std::string EncodeRawEnvelope(uint32_t protocol_version, uint8_t body_type, uint64_t seq, std::string_view sender);
+}  // namespace internal
+
+}  // namespace dhs

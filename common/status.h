@@ -1,0 +1,42 @@
+// common/status.h: the one mapping between absl::Status (used inside every component) and the wire
+// ErrorCode (schemas/dhs.fbs), plus the ErrorReply encoder.
+//
+// Three wire codes have no absl::StatusCode of their own: INVALID_MESSAGE, UNKNOWN_MESSAGE and
+// VERSION_MISMATCH. They travel inside absl::Status as a canonical code (InvalidArgument,
+// Unimplemented, FailedPrecondition) plus a payload under kWireErrorPayloadUrl, so that
+// ToWireError(FromWireError(c, m)) == c for every code. Use the factories below to make them.
+//
+// Thread-safety: all functions are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "dhs_generated.h"
+
+namespace dhs {
+
+// Type URL of the absl::Status payload that names a protocol-only wire code.
+inline constexpr char kWireErrorPayloadUrl[] = "type.dhs/dhs.wire.ErrorCode";
+
+// Protocol-only errors (see above).
+absl::Status InvalidMessageError(std::string_view message);   // -> INVALID_MESSAGE
+absl::Status UnknownMessageError(std::string_view message);   // -> UNKNOWN_MESSAGE
+absl::Status VersionMismatchError(std::string_view message);  // -> VERSION_MISMATCH
+
+// absl::StatusCode -> wire code (kOk -> OK; every canonical code has its own wire code).
+wire::ErrorCode ToWireError(absl::StatusCode code);
+// Full status -> wire code: the protocol payload wins over the canonical code.
+wire::ErrorCode ToWireError(const absl::Status& status);
+// Wire code + message -> absl::Status. OK gives absl::OkStatus() (message ignored); an unknown
+// numeric value (from a newer peer) gives absl::UnknownError.
+absl::Status FromWireError(wire::ErrorCode code, std::string_view message);
+
+// Encodes an ErrorReply envelope for `status` (must not be OK) answering the message with sequence
+// `answering_seq` (0 when the inbound message was unreadable). The envelope's own sequence is
+// `answering_seq` as for every reply.
+std::string EncodeError(const absl::Status& status, uint64_t answering_seq, std::string_view sender = "");
+
+}  // namespace dhs

@@ -1,0 +1,308 @@
+#include "common/transport.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace dhs {
+namespace {
+
+absl::Status ErrnoStatus(int err, std::string_view what) {
+  const std::string msg = absl::StrCat(std::string(what), ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT: return absl::NotFoundError(msg);
+    case EACCES:
+    case EPERM: return absl::PermissionDeniedError(msg);
+    case EEXIST: return absl::AlreadyExistsError(msg);
+    case ENOSPC:
+    case ENOMEM: return absl::ResourceExhaustedError(msg);
+    case EINVAL:
+    case ENAMETOOLONG: return absl::InvalidArgumentError(msg);
+    default: return absl::InternalError(msg);
+  }
+}
+
+absl::Status ZmqStatus(const zmq::error_t& e, std::string_view what) {
+  if (e.num() == EHOSTUNREACH || e.num() == ETERM) return absl::UnavailableError(absl::StrCat(std::string(what), ": ", e.what()));
+  return absl::InternalError(absl::StrCat(std::string(what), ": ", e.what()));
+}
+
+// Whether a server accepts connections on the unix socket at `path` right now.
+bool SocketHasListener(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+}  // namespace
+
+absl::Status MakeRunDir(std::string_view path) {
+  const std::string dir(path);
+  if (dir.empty()) return absl::InvalidArgumentError("empty run directory path");
+  if (::mkdir(dir.c_str(), 0700) == 0) {
+    if (::chmod(dir.c_str(), 0700) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", dir));
+    return absl::OkStatus();
+  }
+  if (errno != EEXIST) return ErrnoStatus(errno, absl::StrCat("mkdir ", dir));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", dir));
+  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
+  if (st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat("run directory ", dir, " is owned by uid ", st.st_uid));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("run directory %s has mode %04o; it must grant nothing to group or others", dir,
+                        st.st_mode & 07777));
+  }
+  return absl::OkStatus();
+}
+
+std::string IpcEndpoint(std::string_view run_dir, std::string_view name) {
+  return absl::StrCat("ipc://", std::string(run_dir), "/", std::string(name), ".sock");
+}
+
+// ---------------------------------------------------------------- RouterServer
+
+RouterServer::RouterServer(std::unique_ptr<zmq::context_t> context, std::unique_ptr<zmq::socket_t> socket,
+                           std::string endpoint, std::string socket_path)
+    : context_(std::move(context)),
+      socket_(std::move(socket)),
+      endpoint_(std::move(endpoint)),
+      socket_path_(std::move(socket_path)) {}
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Bind(std::string_view run_dir, std::string_view name,
+                                                                 Options options) {
+  if (name.empty() || name.find('/') != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("bad socket name '", std::string(name), "'"));
+  }
+  const std::string path = absl::StrCat(std::string(run_dir), "/", std::string(name), ".sock");
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long (", path.size(), " bytes): ", path));
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return absl::AlreadyExistsError(absl::StrCat(path, " exists and is not a socket"));
+    // libzmq's bind silently replaces an existing ipc file: refuse when a server is alive there.
+    if (SocketHasListener(path)) return absl::AlreadyExistsError(absl::StrCat("a server is listening on ", path));
+    spdlog::info("removing stale socket {}", path);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, absl::StrCat("unlink ", path));
+  }
+  const std::string endpoint = absl::StrCat("ipc://", path);
+  try {
+    auto context = std::make_unique<zmq::context_t>(1);
+    auto socket = std::make_unique<zmq::socket_t>(*context, zmq::socket_type::router);
+    socket->set(zmq::sockopt::linger, 0);
+    socket->set(zmq::sockopt::router_mandatory, 1);  // Reply to a gone peer fails instead of dropping
+    socket->set(zmq::sockopt::router_handover, 1);   // a restarted peer with the same id takes over
+    socket->set(zmq::sockopt::maxmsgsize, options.hard_max_message_bytes);
+    socket->bind(endpoint);
+    return std::unique_ptr<RouterServer>(new RouterServer(std::move(context), std::move(socket), endpoint, path));
+  } catch (const zmq::error_t& e) {
+    return ZmqStatus(e, absl::StrCat("bind ", endpoint));
+  }
+}
+
+RouterServer::~RouterServer() {
+  socket_->close();
+  context_->close();
+  ::unlink(socket_path_.c_str());
+}
+
+absl::StatusOr<std::optional<Incoming>> RouterServer::Poll(std::chrono::milliseconds timeout) {
+  try {
+    zmq::pollitem_t item{socket_->handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Incoming>();
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(*socket_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+      return std::optional<Incoming>();
+    }
+    if (parts.size() != 2) {
+      spdlog::warn("{}: dropping a message of {} frames (expected routing id + payload)", endpoint_, parts.size());
+      return std::optional<Incoming>();
+    }
+    return std::optional<Incoming>(Incoming{parts[0].to_string(), parts[1].to_string()});
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return std::optional<Incoming>();
+    return ZmqStatus(e, absl::StrCat("receive on ", endpoint_));
+  }
+}
+
+absl::Status RouterServer::Reply(std::string_view peer, std::string_view bytes) {
+  try {
+    if (!socket_->send(zmq::buffer(peer.data(), peer.size()), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
+        !socket_->send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait)) {
+      return absl::UnavailableError("reply queue full");
+    }
+    return absl::OkStatus();
+  } catch (const zmq::error_t& e) {
+    return ZmqStatus(e, absl::StrCat("reply on ", endpoint_));
+  }
+}
+
+// ---------------------------------------------------------------- DealerClient
+
+class DealerClient::Monitor : public zmq::monitor_t {
+ public:
+  bool connected() const { return connected_; }
+
+ private:
+  void on_event_connected(const zmq_event_t&, const char*) override { connected_ = true; }
+  void on_event_disconnected(const zmq_event_t&, const char*) override { connected_ = false; }
+  bool connected_ = false;
+};
+
+DealerClient::DealerClient(std::string endpoint, Options options)
+    : endpoint_(std::move(endpoint)), options_(std::move(options)), context_(std::make_unique<zmq::context_t>(1)) {}
+
+absl::StatusOr<std::unique_ptr<DealerClient>> DealerClient::Connect(std::string endpoint, Options options) {
+  std::unique_ptr<DealerClient> client(new DealerClient(std::move(endpoint), std::move(options)));
+  if (absl::Status status = client->OpenSocket(); !status.ok()) return status;
+  return client;
+}
+
+DealerClient::~DealerClient() {
+  CloseSocket();
+  context_->close();
+}
+
+absl::Status DealerClient::OpenSocket() {
+  try {
+    socket_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
+    socket_->set(zmq::sockopt::linger, 0);
+    socket_->set(zmq::sockopt::reconnect_ivl, static_cast<int>(options_.reconnect_interval.count()));
+    if (!options_.identity.empty()) socket_->set(zmq::sockopt::routing_id, options_.identity);
+    monitor_ = std::make_unique<Monitor>();
+    monitor_->init(*socket_,
+                   absl::StrCat("inproc://dhs-monitor-", reinterpret_cast<uintptr_t>(this), "-", ++socket_generation_),
+                   ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
+    socket_->connect(endpoint_);
+    return absl::OkStatus();
+  } catch (const zmq::error_t& e) {
+    CloseSocket();
+    return ZmqStatus(e, absl::StrCat("connect ", endpoint_));
+  }
+}
+
+void DealerClient::CloseSocket() {
+  monitor_.reset();  // stops monitoring before the socket closes
+  if (socket_ != nullptr) socket_->close();
+  socket_.reset();
+}
+
+absl::Status DealerClient::Send(std::string_view bytes) {
+  if (socket_ == nullptr) return absl::UnavailableError("client socket is closed");
+  try {
+    if (!socket_->send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait)) {
+      return absl::UnavailableError(absl::StrCat("cannot queue a message to ", endpoint_));
+    }
+    return absl::OkStatus();
+  } catch (const zmq::error_t& e) {
+    return ZmqStatus(e, absl::StrCat("send to ", endpoint_));
+  }
+}
+
+absl::StatusOr<std::string> DealerClient::Receive(std::chrono::milliseconds timeout) {
+  if (socket_ == nullptr) return absl::UnavailableError("client socket is closed");
+  try {
+    zmq::pollitem_t item{socket_->handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) > 0) {
+      std::vector<zmq::message_t> parts;
+      if (zmq::recv_multipart(*socket_, std::back_inserter(parts), zmq::recv_flags::dontwait) && !parts.empty()) {
+        return parts.back().to_string();
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) return ZmqStatus(e, absl::StrCat("receive from ", endpoint_));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no message from ", endpoint_, " within ", timeout.count(), " ms"));
+}
+
+absl::StatusOr<std::string> DealerClient::Request(std::string_view bytes, std::chrono::milliseconds timeout) {
+  if (absl::Status status = Send(bytes); !status.ok()) return status;
+  absl::StatusOr<std::string> reply = Receive(timeout);
+  if (absl::IsDeadlineExceeded(reply.status())) {
+    CloseSocket();
+    if (absl::Status status = OpenSocket(); !status.ok()) return status;
+  }
+  return reply;
+}
+
+bool DealerClient::peer_connected() {
+  if (monitor_ == nullptr) return false;
+  while (monitor_->check_event(0)) {
+  }
+  return monitor_->connected();
+}
+
+bool DealerClient::WaitPeerConnected(bool connected, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (peer_connected() != connected) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || monitor_ == nullptr) return false;
+    monitor_->check_event(static_cast<int>(left.count()));  // blocks until an event or the deadline
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- Server
+
+absl::StatusOr<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
+  absl::StatusOr<std::optional<Incoming>> incoming = router_->Poll(timeout);
+  if (!incoming.ok()) return incoming.status();
+  if (!incoming->has_value()) return false;
+  const Incoming& in = **incoming;
+
+  std::string reply;
+  absl::StatusOr<Message> message = DecodeEnvelope(in.bytes, max_message_bytes_);
+  if (!message.ok()) {
+    spdlog::warn("{}: bad message of {} bytes: {}", router_->endpoint(), in.bytes.size(), message.status().ToString());
+    reply = EncodeError(message.status(), PeekSequence(in.bytes), sender_);
+  } else {
+    auto it = handlers_.find(static_cast<int>(message->type));
+    absl::StatusOr<std::string> handled =
+        it == handlers_.end()
+            ? absl::StatusOr<std::string>(UnknownMessageError(
+                  absl::StrCat(sender_, " does not serve ", BodyName(message->type))))
+            : it->second(*message, in.peer);
+    if (handled.ok()) {
+      reply = std::move(*handled);
+    } else {
+      reply = EncodeError(handled.status(), message->sequence, sender_);
+    }
+  }
+  if (!reply.empty()) {
+    if (absl::Status status = router_->Reply(in.peer, reply); !status.ok()) {
+      spdlog::warn("{}: reply not delivered: {}", router_->endpoint(), status.ToString());
+    }
+  }
+  return true;
+}
+
+absl::Status Server::Run(const std::function<bool()>& keep_going, std::chrono::milliseconds tick) {
+  while (keep_going()) {
+    absl::StatusOr<bool> served = ServeOnce(tick);
+    if (!served.ok()) return served.status();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dhs

@@ -1,0 +1,174 @@
+// common/transport.h: the control-message transport on ZeroMQ (cppzmq) over ipc:// sockets in a
+// private run directory (brief §3). Bulk KV bytes never travel here (they use the host pool).
+//
+//   RouterServer  memd side: binds ipc://<run_dir>/<name>.sock, one ROUTER socket; Poll/Reply.
+//   DealerClient  worker/CLI side: one DEALER socket; Send/Receive/Request, every receive with a
+//                 timeout; peer loss seen through a zmq socket monitor.
+//   Server        a dispatch loop over a RouterServer: decode -> ErrorReply on a bad message and
+//                 keep serving -> else the handler registered for the body type.
+//
+// Thread-safety: none of these classes is thread-safe (ZeroMQ sockets are single-thread objects);
+// each instance is used by one thread at a time. Each owns its own zmq context, so create them
+// after any fork() that runs code without exec.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "absl/status/statusor.h"
+#include "common/protocol.h"
+
+namespace zmq {
+class context_t;
+class socket_t;
+}  // namespace zmq
+
+namespace dhs {
+
+// Creates the run directory `path` with mode 0700 (the parent must exist). An existing directory
+// is accepted only if it is owned by this user and grants nothing to group/others; otherwise
+// FAILED_PRECONDITION (PERMISSION_DENIED for another owner). Errors from mkdir are returned.
+absl::Status MakeRunDir(std::string_view path);
+
+// ipc endpoint of socket `name` in `run_dir`: "ipc://<run_dir>/<name>.sock".
+std::string IpcEndpoint(std::string_view run_dir, std::string_view name);
+
+// One inbound message on a RouterServer.
+struct Incoming {
+  std::string peer;   // ZeroMQ routing id of the sender (pass back to Reply)
+  std::string bytes;  // the message (an Envelope, unverified)
+};
+
+class RouterServer {
+ public:
+  struct Options {
+    // Hard cap enforced by ZeroMQ (ZMQ_MAXMSGSIZE), bytes: a peer sending more is disconnected.
+    // Kept above kMaxMessageBytes so that a message slightly too large still gets an ErrorReply.
+    int64_t hard_max_message_bytes = 2 * static_cast<int64_t>(kMaxMessageBytes);
+  };
+
+  // Binds ipc://<run_dir>/<name>.sock. If the socket file exists and a live server accepts on it,
+  // ALREADY_EXISTS; a stale file (its server died) is removed and the bind goes on. `name` must be
+  // a plain file name; the path must fit a unix socket address (107 bytes) -> INVALID_ARGUMENT.
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Bind(std::string_view run_dir, std::string_view name,
+                                                            Options options);
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Bind(std::string_view run_dir, std::string_view name) {
+    return Bind(run_dir, name, Options());
+  }
+  ~RouterServer();  // closes the socket and removes the socket file
+  RouterServer(const RouterServer&) = delete;
+  RouterServer& operator=(const RouterServer&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& socket_path() const { return socket_path_; }
+
+  // Waits up to `timeout` for one message; nullopt when none arrived. Malformed multipart
+  // frames (not [routing id][payload]) are dropped with a warning.
+  absl::StatusOr<std::optional<Incoming>> Poll(std::chrono::milliseconds timeout);
+
+  // Sends `bytes` to `peer`; UNAVAILABLE when the peer is not connected (ZMQ_ROUTER_MANDATORY).
+  absl::Status Reply(std::string_view peer, std::string_view bytes);
+
+ private:
+  RouterServer(std::unique_ptr<zmq::context_t> context, std::unique_ptr<zmq::socket_t> socket,
+               std::string endpoint, std::string socket_path);
+  std::unique_ptr<zmq::context_t> context_;
+  std::unique_ptr<zmq::socket_t> socket_;
+  std::string endpoint_;
+  std::string socket_path_;
+};
+
+class DealerClient {
+ public:
+  struct Options {
+    std::string identity;  // ZeroMQ routing id; empty = chosen by ZeroMQ
+    std::chrono::milliseconds reconnect_interval{20};  // ZMQ_RECONNECT_IVL
+  };
+
+  // Connects to `endpoint` (e.g. IpcEndpoint(run_dir, "memd")). Connecting succeeds even if no
+  // server is up yet; ZeroMQ keeps retrying every reconnect_interval.
+  static absl::StatusOr<std::unique_ptr<DealerClient>> Connect(std::string endpoint, Options options);
+  static absl::StatusOr<std::unique_ptr<DealerClient>> Connect(std::string endpoint) {
+    return Connect(std::move(endpoint), Options());
+  }
+  ~DealerClient();
+  DealerClient(const DealerClient&) = delete;
+  DealerClient& operator=(const DealerClient&) = delete;
+
+  // Queues `bytes` for the server without blocking; UNAVAILABLE when it cannot be queued.
+  // A message queued while the server is down is delivered after it comes back, or lost if the
+  // socket is reset first.
+  absl::Status Send(std::string_view bytes);
+
+  // Waits up to `timeout` for the next message; DEADLINE_EXCEEDED when none came.
+  absl::StatusOr<std::string> Receive(std::chrono::milliseconds timeout);
+
+  // Send + Receive. On DEADLINE_EXCEEDED the socket is reset (closed, reopened, reconnected:
+  // the "lazy pirate" pattern), so a late reply to the abandoned request is never taken for the
+  // reply to a later one; the caller may retry the request.
+  absl::StatusOr<std::string> Request(std::string_view bytes, std::chrono::milliseconds timeout);
+
+  // Whether the transport connection to the server is up, from the socket monitor's
+  // CONNECTED/DISCONNECTED events seen so far (processes pending events, does not block).
+  bool peer_connected();
+
+  // Processes monitor events until peer_connected() == `connected` or `timeout` passed; returns
+  // the final state == `connected`.
+  bool WaitPeerConnected(bool connected, std::chrono::milliseconds timeout);
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  class Monitor;
+  DealerClient(std::string endpoint, Options options);
+  absl::Status OpenSocket();
+  void CloseSocket();
+
+  std::string endpoint_;
+  Options options_;
+  std::unique_ptr<zmq::context_t> context_;
+  std::unique_ptr<zmq::socket_t> socket_;
+  std::unique_ptr<Monitor> monitor_;
+  int socket_generation_ = 0;
+};
+
+// Dispatch loop over a RouterServer (Plasma-style single event loop).
+class Server {
+ public:
+  // Handles one decoded message from `peer`. Returns the encoded reply (use Encode<Msg>(...,
+  // message.sequence, sender())), an empty string for no reply, or an error, which is sent back
+  // as an ErrorReply answering message.sequence.
+  using Handler = std::function<absl::StatusOr<std::string>(const Message& message, std::string_view peer)>;
+
+  // `router` must outlive the Server; `sender` is this server's identity in replies ("memd").
+  Server(RouterServer* router, std::string sender) : router_(router), sender_(std::move(sender)) {}
+
+  // Registers the handler of `type` (replaces an earlier one).
+  void On(wire::Body type, Handler handler) { handlers_[static_cast<int>(type)] = std::move(handler); }
+
+  // Sets the largest accepted message, bytes (default kMaxMessageBytes).
+  void set_max_message_bytes(size_t max_bytes) { max_message_bytes_ = max_bytes; }
+
+  // Waits up to `timeout` for one message and serves it. A message that fails DecodeEnvelope, or
+  // whose type has no handler (UNKNOWN_MESSAGE), or whose handler fails, gets an ErrorReply; the
+  // server keeps serving. Returns whether a message was served; errors only from the socket.
+  absl::StatusOr<bool> ServeOnce(std::chrono::milliseconds timeout);
+
+  // Serves until `keep_going()` returns false (checked after every ServeOnce of at most `tick`).
+  absl::Status Run(const std::function<bool()>& keep_going, std::chrono::milliseconds tick);
+
+  const std::string& sender() const { return sender_; }
+
+ private:
+  RouterServer* router_;
+  std::string sender_;
+  size_t max_message_bytes_ = kMaxMessageBytes;
+  std::unordered_map<int, Handler> handlers_;
+};
+
+}  // namespace dhs
