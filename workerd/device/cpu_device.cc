@@ -1,0 +1,311 @@
+// workerd/device/cpu_device.cc: see cpu_device.h.
+#include "workerd/device/cpu_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+namespace dhs {
+
+// Event state completed by the device (copy thread or EndReaders). Waiters block on its own condition variable.
+class CpuDevice::State final : public EventState {
+ public:
+  bool Done() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return done_;
+  }
+  absl::Status Status() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return done_ ? status_ : absl::UnavailableError("copy event pending");
+  }
+  absl::Status Wait() const override {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return done_; });
+    return status_;
+  }
+  void Complete(absl::Status s) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+      status_ = std::move(s);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+CpuDevice::CpuDevice() : thread_([this] { CopyLoop(); }) {}
+
+CpuDevice::~CpuDevice() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (Job& j : queue_) j.state->Complete(absl::CancelledError("device destroyed"));
+  for (Fence& f : fences_) f.state->Complete(absl::CancelledError("device destroyed"));
+}
+
+absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  try {
+    pools_.emplace_back(bytes, uint8_t{0});
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("CpuDevice: cannot allocate a pool of " + std::to_string(bytes) + " bytes");
+  }
+  return static_cast<PoolId>(pools_.size() - 1);
+}
+
+uint64_t CpuDevice::PoolBytes(PoolId pool) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return pool < pools_.size() ? pools_[pool].size() : 0;
+}
+
+// Pools are never resized after start, so their data pointers are stable.
+uint8_t* CpuDevice::Resolve(const DeviceRange& r) const {
+  if (r.pool >= pools_.size() || r.offset < 0) return nullptr;
+  const auto& p = pools_[r.pool];
+  if (static_cast<uint64_t>(r.offset) > p.size() || r.bytes > p.size() - static_cast<uint64_t>(r.offset)) {
+    return nullptr;
+  }
+  return const_cast<uint8_t*>(p.data()) + r.offset;
+}
+
+uint8_t* CpuDevice::HostVisible(PoolId pool, Location offset) {
+  std::lock_guard<std::mutex> l(mu_);
+  return Resolve(DeviceRange{pool, offset, 0});
+}
+
+CopyEvent CpuDevice::Submit(CopyKind kind, std::vector<Op> ops, std::vector<DeviceRange> device, bool valid,
+                            std::span<const CopyEvent> after) {
+  auto state = std::make_shared<State>();
+  CopyInfo info;
+  CopyHook hook;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    info.id = next_copy_id_++;
+    hook = hook_;
+  }
+  if (!valid) {
+    state->Complete(absl::InvalidArgumentError("CpuDevice: copy range outside its device pool"));
+    return CopyEvent(state);
+  }
+  info.kind = kind;
+  info.device = std::move(device);
+  const CopyFate fate = hook ? hook(info) : CopyFate::kRun;
+  if (fate == CopyFate::kFail) {
+    state->Complete(absl::UnavailableError("CpuDevice: copy " + std::to_string(info.id) + " failed (injected)"));
+    return CopyEvent(state);
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back(Job{info.id, std::move(ops), std::vector<CopyEvent>(after.begin(), after.end()), state,
+                         fate == CopyFate::kHold});
+  }
+  cv_.notify_all();
+  return CopyEvent(state);
+}
+
+CopyEvent CpuDevice::CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) {
+  std::vector<Op> v;
+  std::vector<DeviceRange> dev;
+  bool valid = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& o : ops) {
+      uint8_t* d = Resolve(o.dst);
+      valid = valid && d != nullptr && o.src != nullptr;
+      v.push_back(Op{d, o.src, o.dst.bytes});
+      dev.push_back(o.dst);
+    }
+  }
+  return Submit(CopyKind::kHostToDevice, std::move(v), std::move(dev), valid, after);
+}
+
+CopyEvent CpuDevice::CopyDeviceToHost(std::span<const DeviceToHostCopy> ops, std::span<const CopyEvent> after) {
+  std::vector<Op> v;
+  std::vector<DeviceRange> dev;
+  bool valid = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& o : ops) {
+      const uint8_t* s = Resolve(o.src);
+      valid = valid && s != nullptr && o.dst != nullptr;
+      v.push_back(Op{o.dst, s, o.src.bytes});
+      dev.push_back(o.src);
+    }
+  }
+  return Submit(CopyKind::kDeviceToHost, std::move(v), std::move(dev), valid, after);
+}
+
+CopyEvent CpuDevice::CopyDeviceToDevice(std::span<const DeviceToDeviceCopy> ops, std::span<const CopyEvent> after) {
+  std::vector<Op> v;
+  std::vector<DeviceRange> dev;
+  bool valid = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& o : ops) {
+      uint8_t* d = Resolve(o.dst);
+      const uint8_t* s = Resolve(o.src);
+      valid = valid && d != nullptr && s != nullptr && o.src.bytes == o.dst.bytes;
+      v.push_back(Op{d, s, o.dst.bytes});
+      dev.push_back(o.dst);
+    }
+  }
+  return Submit(CopyKind::kDeviceToDevice, std::move(v), std::move(dev), valid, after);
+}
+
+void CpuDevice::CopyLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    // First queued job that is not held and whose dependencies are all done.
+    auto it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) {
+      return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
+    });
+    if (it == queue_.end()) {
+      if (stop_) return;
+      // Dependencies may complete on other devices' threads; poll them at a short interval as well.
+      cv_.wait_for(l, std::chrono::milliseconds(queue_.empty() ? 100 : 1));
+      continue;
+    }
+    Job job = std::move(*it);
+    queue_.erase(it);
+    busy_ = true;
+    l.unlock();
+    absl::Status s;
+    for (const CopyEvent& e : job.after) {
+      if (!e.Status().ok()) {
+        s = absl::UnavailableError("CpuDevice: a dependency of copy " + std::to_string(job.id) +
+                                   " failed: " + std::string(e.Status().message()));
+        break;
+      }
+    }
+    if (s.ok()) {
+      for (const Op& op : job.ops) {
+        if (op.bytes > 0) std::memmove(op.dst, op.src, op.bytes);
+      }
+    }
+    job.state->Complete(std::move(s));
+    l.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+ReaderId CpuDevice::BeginReaders(std::span<const DeviceRange> ranges) {
+  std::lock_guard<std::mutex> l(mu_);
+  const ReaderId id = next_reader_++;
+  readers_.emplace(id, std::vector<DeviceRange>(ranges.begin(), ranges.end()));
+  return id;
+}
+
+void CpuDevice::EndReaders(ReaderId reader) {
+  std::vector<std::shared_ptr<State>> done;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (readers_.erase(reader) == 0) return;
+    for (auto it = fences_.begin(); it != fences_.end();) {
+      std::erase(it->readers, reader);
+      if (it->readers.empty()) {
+        done.push_back(it->state);
+        it = fences_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& s : done) s->Complete(absl::OkStatus());
+  cv_.notify_all();  // copies waiting on these fences may run now
+}
+
+bool CpuDevice::ReadersBusy(const DeviceRange& range) const {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& [id, ranges] : readers_) {
+    for (const auto& r : ranges) {
+      if (Overlaps(r, range)) return true;
+    }
+  }
+  return false;
+}
+
+CopyEvent CpuDevice::ReadersFence(const DeviceRange& range) {
+  auto state = std::make_shared<State>();
+  std::lock_guard<std::mutex> l(mu_);
+  Fence f{{}, state};
+  for (const auto& [id, ranges] : readers_) {
+    if (std::any_of(ranges.begin(), ranges.end(), [&](const DeviceRange& r) { return Overlaps(r, range); })) {
+      f.readers.push_back(id);
+    }
+  }
+  if (f.readers.empty()) {
+    state->Complete(absl::OkStatus());
+  } else {
+    fences_.push_back(std::move(f));
+  }
+  return CopyEvent(state);
+}
+
+void CpuDevice::SetCopyHook(CopyHook hook) {
+  std::lock_guard<std::mutex> l(mu_);
+  hook_ = std::move(hook);
+}
+
+std::vector<uint64_t> CpuDevice::HeldCopies() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<uint64_t> ids;
+  for (const Job& j : queue_) {
+    if (j.held) ids.push_back(j.id);
+  }
+  return ids;
+}
+
+void CpuDevice::ReleaseHeld(uint64_t id, bool fail) {
+  std::shared_ptr<State> failed;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->id != id || !it->held) continue;
+      if (fail) {
+        failed = it->state;
+        queue_.erase(it);
+      } else {
+        it->held = false;
+      }
+      break;
+    }
+  }
+  if (failed) failed->Complete(absl::UnavailableError("CpuDevice: copy " + std::to_string(id) + " failed (injected)"));
+  cv_.notify_all();
+}
+
+void CpuDevice::ReleaseAllHeld() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (Job& j : queue_) j.held = false;
+  }
+  cv_.notify_all();
+}
+
+void CpuDevice::WaitIdle() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    const bool runnable = std::any_of(queue_.begin(), queue_.end(), [](const Job& j) {
+      return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
+    });
+    if (!runnable && !busy_) return;
+    cv_.wait_for(l, std::chrono::milliseconds(1));
+  }
+}
+
+uint64_t CpuDevice::CopiesIssued() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return next_copy_id_ - 1;
+}
+
+}  // namespace dhs

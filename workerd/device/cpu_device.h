@@ -1,0 +1,101 @@
+// workerd/device/cpu_device.h: the CPU device backend (brief §9): device pools in their own arenas, copies
+// completed asynchronously by one copy thread (in dependency order, not issue order, like independent streams),
+// reader tracking in memory.
+//
+// Test seam: a CopyHook decides, when a batch is issued, whether it runs, is held (until ReleaseHeld) or fails (its
+// event reports the failure; no byte is written).
+//
+// Thread-safety: every method is thread-safe. The hook runs on the issuing thread and must not call into the device.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "workerd/device/device.h"
+
+namespace dhs {
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+enum class CopyFate { kRun, kHold, kFail };
+
+// What the hook sees of one issued batch.
+struct CopyInfo {
+  uint64_t id = 0;                  // issue order, from 1
+  CopyKind kind = CopyKind::kHostToDevice;
+  std::vector<DeviceRange> device;  // the device side of every op (dst for H2D and D2D, src for D2H)
+};
+using CopyHook = std::function<CopyFate(const CopyInfo&)>;
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice();
+  ~CpuDevice() override;  // waits for runnable copies; held copies are failed
+  CpuDevice(const CpuDevice&) = delete;
+  CpuDevice& operator=(const CpuDevice&) = delete;
+
+  absl::StatusOr<PoolId> AllocatePool(uint64_t bytes) override;
+  uint64_t PoolBytes(PoolId pool) const override;
+  CopyEvent CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) override;
+  CopyEvent CopyDeviceToHost(std::span<const DeviceToHostCopy> ops, std::span<const CopyEvent> after) override;
+  CopyEvent CopyDeviceToDevice(std::span<const DeviceToDeviceCopy> ops,
+                               std::span<const CopyEvent> after) override;
+  ReaderId BeginReaders(std::span<const DeviceRange> ranges) override;
+  void EndReaders(ReaderId reader) override;
+  bool ReadersBusy(const DeviceRange& range) const override;
+  CopyEvent ReadersFence(const DeviceRange& range) override;
+  uint8_t* HostVisible(PoolId pool, Location offset) override;
+
+  // --- test seam ---
+  void SetCopyHook(CopyHook hook);
+  std::vector<uint64_t> HeldCopies() const;           // ids of held batches, in issue order
+  void ReleaseHeld(uint64_t id, bool fail = false);   // lets a held batch run (or fail it)
+  void ReleaseAllHeld();
+  void WaitIdle();                                     // until no runnable batch is queued or running
+  uint64_t CopiesIssued() const;
+
+ private:
+  class State;
+  struct Op {
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t bytes;
+  };
+  struct Job {
+    uint64_t id;
+    std::vector<Op> ops;
+    std::vector<CopyEvent> after;
+    std::shared_ptr<State> state;
+    bool held = false;
+  };
+  struct Fence {
+    std::vector<ReaderId> readers;
+    std::shared_ptr<State> state;
+  };
+
+  uint8_t* Resolve(const DeviceRange& r) const;  // nullptr when out of range
+  CopyEvent Submit(CopyKind kind, std::vector<Op> ops, std::vector<DeviceRange> device, bool valid,
+                   std::span<const CopyEvent> after);
+  void CopyLoop();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<uint8_t>> pools_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  bool busy_ = false;
+  uint64_t next_copy_id_ = 1;
+  CopyHook hook_;
+  ReaderId next_reader_ = 1;
+  std::map<ReaderId, std::vector<DeviceRange>> readers_;
+  std::vector<Fence> fences_;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+}  // namespace dhs

@@ -1,0 +1,393 @@
+// workerd/kv/hierarchical_kv_access.cc: see hierarchical_kv_access.h.
+#include "workerd/kv/hierarchical_kv_access.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace dhs {
+
+HierarchicalKvAccess::HierarchicalKvAccess(KvLayout layout, Device* device, HostPoolAccess host)
+    : layout_(std::move(layout)), device_(device), host_(std::move(host)) {}
+
+HierarchicalKvAccess::~HierarchicalKvAccess() {
+  // Copies may still read the staging buffers or write host pages: let them finish.
+  for (auto& [id, kv] : requests_) {
+    for (auto& per_source : kv->tail_write) {
+      for (auto& e : per_source) (void)e.Wait();
+    }
+    for (auto& pg : kv->pages) {
+      (void)pg.backup.Wait();
+      (void)pg.populate.Wait();
+    }
+  }
+  for (auto& f : pending_free_) {
+    for (auto& e : f.events) (void)e.Wait();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Create(const KvConfig& config,
+                                                                                    Device* device,
+                                                                                    HostPoolAccess host,
+                                                                                    ResolverKind kind) {
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(config);
+  if (!layout.ok()) return layout.status();
+  if (device == nullptr) return absl::InvalidArgumentError("HierarchicalKvAccess: no device");
+  if (host.bytes.size() % layout->page_bytes() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("HierarchicalKvAccess: host pool of ", host.bytes.size(),
+                                                   " bytes is not a whole number of ", layout->page_bytes(),
+                                                   "-byte pages"));
+  }
+  std::unique_ptr<HierarchicalKvAccess> a(new HierarchicalKvAccess(*std::move(layout), device, std::move(host)));
+  absl::StatusOr<PoolId> pool = device->AllocatePool(a->layout_.pool_bytes());
+  if (!pool.ok()) return pool.status();
+  a->pool_ = *pool;
+  ResolverEnv env{&a->layout_, device, a->pool_, a->host_.bytes};
+  if (kind == ResolverKind::kFused) {
+    a->resolver_ = std::make_unique<FusedResolver>(env);
+  } else {
+    a->resolver_ = std::make_unique<ReferenceResolver>(env);
+  }
+  a->slot_used_.assign(config.slots, false);
+  a->device_page_owner_.assign(config.optional_pages, -1);
+  a->readers_.resize(config.groups.size());
+  uint64_t staging = 0;
+  for (uint64_t rb : config.row_bytes) staging += rb * config.tail_rows;
+  a->staging_.assign(config.slots, std::vector<uint8_t>(staging));
+  return a;
+}
+
+uint64_t HierarchicalKvAccess::StagingOffset(SourceId s, Position t) const {
+  uint64_t off = 0;
+  const KvConfig& c = layout_.config();
+  for (SourceId i = 0; i < s; ++i) off += c.row_bytes[i] * c.tail_rows;
+  return off + static_cast<uint64_t>(t % c.tail_rows) * c.row_bytes[s];
+}
+
+const RequestKv* HierarchicalKvAccess::Find(RequestId request) const {
+  auto it = requests_.find(request);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<RequestKv*> HierarchicalKvAccess::Admit(RequestId request) {
+  auto it = requests_.find(request);
+  if (it != requests_.end()) return it->second.get();
+  auto free_slot = std::find(slot_used_.begin(), slot_used_.end(), false);
+  if (free_slot == slot_used_.end()) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV: no free request slot for request ", request));
+  }
+  *free_slot = true;
+  auto kv = std::make_unique<RequestKv>();
+  kv->id = request;
+  kv->slot = static_cast<SlotIndex>(free_slot - slot_used_.begin());
+  kv->appended.assign(layout_.num_sources(), 0);
+  kv->tail_write.assign(layout_.num_sources(), std::vector<CopyEvent>(layout_.config().tail_rows));
+  resolver_->ResetSlot(kv->slot);
+  RequestKv* raw = kv.get();
+  requests_.emplace(request, std::move(kv));
+  return raw;
+}
+
+absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Position position,
+                                          std::span<const uint8_t> row) {
+  const KvConfig& c = layout_.config();
+  if (source >= layout_.num_sources()) return absl::InvalidArgumentError(absl::StrCat("KV: unknown source ", source));
+  if (row.size() != c.row_bytes[source]) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: row of ", row.size(), " bytes, source ", source, " has ",
+                                                   c.row_bytes[source]));
+  }
+  absl::StatusOr<RequestKv*> kvp = Admit(request);
+  if (!kvp.ok()) return kvp.status();
+  RequestKv& kv = **kvp;
+  if (position != kv.appended[source]) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: request ", request, " source ", source, " expects position ",
+                                                   kv.appended[source], ", got ", position));
+  }
+  const Position old = position - static_cast<Position>(c.tail_rows);  // the row this tail slot held
+  if (old >= 0) {
+    KvPage& pg = kv.pages[static_cast<size_t>(old / c.page_rows)];
+    if (pg.host_page >= 0 && !pg.host_ready) {
+      if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;  // tail slot reused only after its backup
+      Update();
+    }
+    if (!pg.host_ready && !pg.ready) {
+      return absl::ResourceExhaustedError(absl::StrCat("KV: tail of request ", request, " is full: page ",
+                                                       old / c.page_rows, " has no host copy yet"));
+    }
+  }
+  CopyEvent& write = kv.tail_write[source][static_cast<size_t>(position % c.tail_rows)];
+  if (absl::Status s = write.Wait(); !s.ok() && !absl::IsUnavailable(s)) return s;  // staging slot free again
+  uint8_t* staging = staging_[kv.slot].data() + StagingOffset(source, position);
+  std::memcpy(staging, row.data(), row.size());
+  const DeviceRange dst{pool_, layout_.TailRow(kv.slot, source, position), row.size()};
+  std::vector<CopyEvent> after;
+  if (device_->ReadersBusy(dst)) after.push_back(device_->ReadersFence(dst));
+  HostToDeviceCopy op{dst, staging};
+  write = device_->CopyHostToDevice({&op, 1}, after);
+  ++kv.appended[source];
+  // Page completion: every source has the whole page -> schedule its backup (brief §4, §6).
+  if ((position + 1) % c.page_rows == 0) {
+    const uint32_t page = static_cast<uint32_t>(position / c.page_rows);
+    if (kv.pages.size() <= page) kv.pages.resize(page + 1);
+    const bool complete = std::all_of(kv.appended.begin(), kv.appended.end(),
+                                      [&](Position n) { return n >= Position{page + 1} * c.page_rows; });
+    if (complete && kv.pages[page].host_page < 0 && host_.allocate_host_page) {
+      if (std::optional<PageIndex> hp = host_.allocate_host_page()) {
+        absl::StatusOr<CopyEvent> b = IssueBackup(kv, page, *hp);
+        if (!b.ok()) return b.status();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page) {
+  const KvConfig& c = layout_.config();
+  if (static_cast<uint64_t>(host_page + 1) * layout_.page_bytes() > host_.bytes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: host page ", host_page, " outside the host pool"));
+  }
+  if (page >= kv.pages.size() || kv.Length(c.groups[0]) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: request ", kv.id, " has no page ", page));
+  }
+  for (Position n : kv.appended) {
+    if (n < Position{page + 1} * c.page_rows) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", kv.id, " is incomplete"));
+    }
+  }
+  KvPage& pg = kv.pages[page];
+  if (pg.host_page >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", kv.id, " already backed up"));
+  }
+  const Position first = Position{page} * c.page_rows;
+  std::vector<DeviceToHostCopy> ops;
+  std::vector<CopyEvent> after;
+  uint8_t* host_base = host_.bytes.data() + uint64_t{host_page} * layout_.page_bytes();
+  bool in_tail = true;
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) in_tail = in_tail && first >= kv.appended[s] - Position{c.tail_rows};
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    const uint64_t bytes = c.page_rows * c.row_bytes[s];
+    Location src;
+    if (in_tail) {
+      src = layout_.TailRow(kv.slot, s, first);  // a page is contiguous in the tail ring (T multiple of p)
+      for (Position t = first; t < first + c.page_rows; ++t) {
+        const CopyEvent& w = kv.tail_write[s][static_cast<size_t>(t % c.tail_rows)];
+        if (!w.Done() || w.Failed()) after.push_back(w);  // backup waits for the rows' writes
+      }
+    } else if (pg.ready) {
+      src = layout_.PageRow(static_cast<PageIndex>(pg.device_page), s, 0);
+    } else {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", kv.id,
+                                                        " is neither in the tail nor ready on GPU"));
+    }
+    ops.push_back(DeviceToHostCopy{host_base + layout_.InPage(s, 0), DeviceRange{pool_, src, bytes}});
+  }
+  pg.host_page = host_page;
+  pg.host_ready = false;
+  pg.backup = device_->CopyDeviceToHost(ops, after);
+  pending_backups_.push_back(PendingBackup{kv.id, page});
+  return pg.backup;
+}
+
+absl::StatusOr<CopyEvent> HierarchicalKvAccess::BackupPages(RequestId request, std::span<const uint32_t> pages,
+                                                            std::span<const PageIndex> host_pages) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  if (pages.size() != host_pages.size()) return absl::InvalidArgumentError("KV: pages and host pages differ in count");
+  std::vector<CopyEvent> events;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    absl::StatusOr<CopyEvent> e = IssueBackup(*it->second, pages[i], host_pages[i]);
+    if (!e.ok()) return e.status();
+    events.push_back(*e);
+  }
+  return device_->CopyDeviceToDevice({}, events);  // an empty batch: completes after all of them
+}
+
+absl::StatusOr<CopyEvent> HierarchicalKvAccess::WithdrawReady(RequestId request, std::span<const uint32_t> pages) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  std::vector<CopyEvent> events;
+  for (uint32_t page : pages) {
+    if (page >= kv.pages.size() || kv.pages[page].device_page < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
+                                                        " has no optional-history page"));
+    }
+  }
+  for (uint32_t page : pages) {
+    KvPage& pg = kv.pages[page];
+    const PageIndex dp = static_cast<PageIndex>(pg.device_page);
+    events.push_back(pg.populate);
+    events.push_back(device_->ReadersFence(DeviceRange{pool_, layout_.PageRow(dp, 0, 0), layout_.page_bytes()}));
+    pg.ready = false;  // new lookups fall back to the hot cache and host from now on
+    pg.device_page = -1;
+    pg.populate = CopyEvent();
+    device_page_owner_[dp] = -1;
+  }
+  return device_->CopyDeviceToDevice({}, events);
+}
+
+absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint32_t page, PageIndex device_page) {
+  const KvConfig& c = layout_.config();
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  if (device_page >= c.optional_pages) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: device page ", device_page, " outside the optional pool"));
+  }
+  if (device_page_owner_[device_page] >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: device page ", device_page, " is in use"));
+  }
+  if (page >= kv.pages.size() || !kv.pages[page].host_ready) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
+                                                      " has no completed host copy"));
+  }
+  KvPage& pg = kv.pages[page];
+  if (pg.device_page >= 0) return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " already populated"));
+  const DeviceRange whole{pool_, layout_.PageRow(device_page, 0, 0), layout_.page_bytes()};
+  CopyEvent fence = device_->ReadersFence(whole);
+  const uint8_t* host_base = host_.bytes.data() + static_cast<uint64_t>(pg.host_page) * layout_.page_bytes();
+  std::vector<HostToDeviceCopy> ops;
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    ops.push_back(HostToDeviceCopy{DeviceRange{pool_, layout_.PageRow(device_page, s, 0), c.page_rows * c.row_bytes[s]},
+                                   host_base + layout_.InPage(s, 0)});
+  }
+  pg.device_page = device_page;
+  pg.ready = false;  // published by Poll only after the copy completed
+  pg.populate = device_->CopyHostToDevice(ops, {&fence, 1});
+  device_page_owner_[device_page] = static_cast<int64_t>(request);
+  pending_populates_.push_back(PendingPopulate{request, page});
+  return pg.populate;
+}
+
+absl::Status HierarchicalKvAccess::Retire(std::span<const PageIndex> device_pages) {
+  for (PageIndex dp : device_pages) {
+    if (dp >= layout_.config().optional_pages) return absl::InvalidArgumentError(absl::StrCat("KV: bad page ", dp));
+    if (device_page_owner_[dp] >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " is still in a ready map"));
+    }
+    if (device_->ReadersBusy(DeviceRange{pool_, layout_.PageRow(dp, 0, 0), layout_.page_bytes()})) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " still has readers"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void HierarchicalKvAccess::FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events) {
+  pending_free_.push_back(PendingFree{host_page, std::move(events)});
+}
+
+void HierarchicalKvAccess::Update() {
+  std::erase_if(pending_backups_, [&](const PendingBackup& b) {
+    auto it = requests_.find(b.request);
+    if (it == requests_.end()) return true;  // released: its host page is freed by Release
+    KvPage& pg = it->second->pages[b.page];
+    if (!pg.backup.Done()) return false;
+    const absl::Status s = pg.backup.Status();
+    completions_.backups.push_back({b.request, b.page, static_cast<PageIndex>(pg.host_page), s});
+    if (s.ok()) {
+      pg.host_ready = true;
+    } else {
+      FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {});
+      pg.host_page = -1;
+    }
+    return true;
+  });
+  std::erase_if(pending_populates_, [&](const PendingPopulate& p) {
+    auto it = requests_.find(p.request);
+    if (it == requests_.end()) return true;
+    KvPage& pg = it->second->pages[p.page];
+    if (pg.device_page < 0) return true;  // withdrawn before it was published
+    if (!pg.populate.Done()) return false;
+    const absl::Status s = pg.populate.Status();
+    completions_.published.push_back({p.request, p.page, static_cast<PageIndex>(pg.device_page), s});
+    if (s.ok()) {
+      pg.ready = true;  // the ready map entry, set only after the copy completed
+    } else {
+      device_page_owner_[pg.device_page] = -1;
+      pg.device_page = -1;
+    }
+    return true;
+  });
+  std::erase_if(pending_free_, [&](const PendingFree& f) {
+    if (!std::all_of(f.events.begin(), f.events.end(), [](const CopyEvent& e) { return e.Done(); })) return false;
+    if (host_.free_host_page) host_.free_host_page(f.host_page);
+    return true;
+  });
+}
+
+KvCompletions HierarchicalKvAccess::Poll() {
+  Update();
+  KvCompletions out = std::move(completions_);
+  completions_ = KvCompletions();
+  return out;
+}
+
+absl::Status HierarchicalKvAccess::Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) {
+  if (sources.empty()) return absl::InvalidArgumentError("KV: Fetch without sources");
+  if (sources[0] >= layout_.num_sources()) return absl::InvalidArgumentError(absl::StrCat("KV: unknown source ", sources[0]));
+  const uint32_t group = layout_.group_of(sources[0]);
+  Update();
+  std::vector<ResolveQuery> queries(batch.size());
+  std::vector<std::vector<Location>> locs(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto it = requests_.find(batch[i].request);
+    if (it == requests_.end()) return absl::InvalidArgumentError(absl::StrCat("KV: unknown request ", batch[i].request));
+    if (batch[i].rows_out.size() != sources.size() * batch[i].selection.size()) {
+      return absl::InvalidArgumentError("KV: rows_out must hold sources.size() * k entries");
+    }
+    locs[i].assign(batch[i].rows_out.size(), kNoLocation);
+    queries[i] = ResolveQuery{it->second.get(), batch[i].selection, locs[i]};
+  }
+  if (absl::Status s = resolver_->Resolve(group, sources, queries); !s.ok()) return s;
+  std::vector<DeviceRange> read;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const size_t k = batch[i].selection.size();
+    for (size_t e = 0; e < locs[i].size(); ++e) {
+      const Location l = locs[i][e];
+      batch[i].rows_out[e] = l == kNoLocation ? nullptr : device_->HostVisible(pool_, l);
+      if (l != kNoLocation) read.push_back(DeviceRange{pool_, l, layout_.row_bytes(sources[e / k])});
+    }
+  }
+  readers_[group].push_back(device_->BeginReaders(read));
+  return absl::OkStatus();
+}
+
+void HierarchicalKvAccess::ReadersDone(std::span<const SourceId> sources) {
+  if (sources.empty() || sources[0] >= layout_.num_sources()) return;
+  auto& rs = readers_[layout_.group_of(sources[0])];
+  for (ReaderId r : rs) device_->EndReaders(r);
+  rs.clear();
+}
+
+absl::Status HierarchicalKvAccess::Truncate(RequestId request, Position length) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  const Position p = layout_.config().page_rows;
+  const Position n = *std::min_element(kv.appended.begin(), kv.appended.end());
+  if (length < (n / p) * p) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: cannot truncate request ", request, " to ", length,
+                                                      ": rows below ", (n / p) * p, " are immutable"));
+  }
+  for (Position& a : kv.appended) a = std::min(a, length);
+  return absl::OkStatus();
+}
+
+void HierarchicalKvAccess::Release(RequestId request) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return;
+  RequestKv& kv = *it->second;
+  for (auto& per_source : kv.tail_write) {
+    for (auto& e : per_source) (void)e.Wait();  // the slot's tail and staging may be reused at once
+  }
+  for (KvPage& pg : kv.pages) {
+    if (pg.host_page >= 0) FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {pg.backup, pg.populate});
+    if (pg.device_page >= 0) device_page_owner_[pg.device_page] = -1;
+  }
+  slot_used_[kv.slot] = false;
+  requests_.erase(it);
+  Update();
+}
+
+}  // namespace dhs

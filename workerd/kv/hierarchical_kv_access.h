@@ -1,0 +1,112 @@
+// workerd/kv/hierarchical_kv_access.h: dhs::KvAccess over the KV hierarchy (brief §3, §4, §5): tail, hot cache,
+// ready map (optional history) and host copies, for a worker with a fixed KvConfig.
+//
+// Owns the KV pool on the Device (allocated in Create), the per-request state (request_kv.h) and a resolver.
+// Append writes the row into the tail by an async copy (its write event); when a page completes for every source,
+// its backup into a host page from `allocate_host_page` is issued after the rows' write events, and the page counts
+// as backed up only after that copy completed (Poll reports it). A tail slot is overwritten only after its page's
+// backup completed. Host pages go back through `free_host_page` only after every copy touching them completed.
+// memd-facing operations map memd's orders one to one: BackupPages, WithdrawReady (+ readers fence), Populate
+// (published by Poll after the copy completed), Retire.
+//
+// Thread-safety: driven by one worker thread (KvAccess contract); no method is called concurrently.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "workerd/device/device.h"
+#include "workerd/kv/layout.h"
+#include "workerd/kv/request_kv.h"
+#include "workerd/kv/resolver.h"
+#include "workerd/kv_access.h"
+
+namespace dhs {
+
+enum class ResolverKind { kFused, kReference };
+
+struct HostPoolAccess {
+  std::span<uint8_t> bytes;  // host page h at h * layout.page_bytes()
+  // Returns a free host page, or nullopt (the backup is then deferred until BackupPages).
+  std::function<std::optional<PageIndex>()> allocate_host_page;
+  std::function<void(PageIndex)> free_host_page;
+};
+
+// Completions the worker loop reports to memd.
+struct KvCompletions {
+  struct Backup { RequestId request; uint32_t page; PageIndex host_page; absl::Status status; };
+  struct Published { RequestId request; uint32_t page; PageIndex device_page; absl::Status status; };
+  std::vector<Backup> backups;
+  std::vector<Published> published;
+};
+
+class HierarchicalKvAccess final : public KvAccess {
+ public:
+  // Errors: INVALID_ARGUMENT (config, see KvLayout::Create), RESOURCE_EXHAUSTED (device pool).
+  static absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> Create(const KvConfig& config, Device* device,
+                                                                      HostPoolAccess host, ResolverKind kind);
+  ~HierarchicalKvAccess() override;
+
+  // KvAccess. A request is admitted into a free slot at its first Append (RESOURCE_EXHAUSTED when none).
+  absl::Status Append(RequestId request, SourceId source, Position position, std::span<const uint8_t> row) override;
+  absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override;
+  void ReadersDone(std::span<const SourceId> sources) override;
+  void Release(RequestId request) override;
+
+  // Drops rows at positions >= length (rejected speculative rows, brief §6). Only rows not yet in a complete page
+  // can be dropped: FAILED_PRECONDITION otherwise.
+  absl::Status Truncate(RequestId request, Position length);
+
+  // memd orders. Pages are page indices of the request (positions [page*p, page*p+p)).
+  // Back up complete pages from the tail or the ready map into the given host pages; reported by Poll.
+  absl::StatusOr<CopyEvent> BackupPages(RequestId request, std::span<const uint32_t> pages,
+                                        std::span<const PageIndex> host_pages);
+  // Withdraws ready-map entries now; the returned event completes when their readers finished.
+  absl::StatusOr<CopyEvent> WithdrawReady(RequestId request, std::span<const uint32_t> pages);
+  // Populates device page `device_page` from the page's host copy; published by Poll after the copy completed.
+  absl::StatusOr<CopyEvent> Populate(RequestId request, uint32_t page, PageIndex device_page);
+  // The device pages are retired (back to memd). FAILED_PRECONDITION if still mapped or read.
+  absl::Status Retire(std::span<const PageIndex> device_pages);
+  // Publishes completed populates, records completed backups, frees host pages whose copies finished.
+  KvCompletions Poll();
+
+  const KvLayout& layout() const { return layout_; }
+  const Census& census(uint32_t group) const { return resolver_->census(group); }
+  PoolId pool() const { return pool_; }
+  // Test/introspection: the request's state, or nullptr.
+  const RequestKv* Find(RequestId request) const;
+  FusedResolver* fused_resolver() { return dynamic_cast<FusedResolver*>(resolver_.get()); }
+
+ private:
+  HierarchicalKvAccess(KvLayout layout, Device* device, HostPoolAccess host);
+  absl::StatusOr<RequestKv*> Admit(RequestId request);
+  absl::StatusOr<CopyEvent> IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page);
+  void FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events);
+  void Update();  // the state part of Poll; completions accumulate in completions_
+  uint64_t StagingOffset(SourceId s, Position t) const;
+
+  KvLayout layout_;
+  Device* device_;
+  HostPoolAccess host_;
+  PoolId pool_ = 0;
+  std::unique_ptr<Resolver> resolver_;
+  absl::flat_hash_map<RequestId, std::unique_ptr<RequestKv>> requests_;
+  std::vector<bool> slot_used_;
+  std::vector<int64_t> device_page_owner_;  // request owning a pending/ready device page, -1 free
+  std::vector<std::vector<ReaderId>> readers_;  // per group: readers of the last Fetches
+  struct PendingFree { PageIndex host_page; std::vector<CopyEvent> events; };
+  std::vector<PendingFree> pending_free_;
+  struct PendingBackup { RequestId request; uint32_t page; };
+  std::vector<PendingBackup> pending_backups_;
+  struct PendingPopulate { RequestId request; uint32_t page; };
+  std::vector<PendingPopulate> pending_populates_;
+  std::vector<std::vector<uint8_t>> staging_;  // per slot: host staging of tail rows being written
+  KvCompletions completions_;
+};
+
+}  // namespace dhs

@@ -1,0 +1,44 @@
+// workerd/kv/hot_cache.h (internal): the hot cache of one (request, group): B slots with LRU replacement (brief §5).
+// A position->slot map of at most B entries plus an intrusive LRU list; every operation is O(1) except Victim, which
+// walks from the LRU end past protected slots (at most k of them). Slots selected in the current step are protected
+// (their stamp equals the step's). Initial LRU order: slot 0 is least recent. An invalidated slot becomes the least
+// recent.
+//
+// Thread-safety: none.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/types.h"
+
+namespace dhs {
+
+class HotCache {
+ public:
+  static constexpr uint32_t kNone = UINT32_MAX;
+  explicit HotCache(uint32_t slots);
+
+  uint32_t size() const { return static_cast<uint32_t>(pos_.size()); }
+  void Reset();
+  uint32_t Find(Position t) const;               // slot or kNone
+  void Touch(uint32_t h, uint64_t step);         // most recent + protected in `step`
+  uint32_t Victim(uint64_t step) const;          // least recent unprotected slot, or kNone
+  void Assign(uint32_t h, Position t, uint64_t step);  // slot now holds t; most recent + protected
+  void Invalidate(uint32_t h);                   // empty, least recent
+  Position PositionAt(uint32_t h) const { return pos_[h]; }
+
+ private:
+  void Unlink(uint32_t h);
+  void PushFront(uint32_t h);  // most recent
+  void PushBack(uint32_t h);   // least recent
+
+  absl::flat_hash_map<Position, uint32_t> map_;
+  std::vector<Position> pos_;
+  std::vector<uint64_t> stamp_;
+  std::vector<uint32_t> prev_, next_;
+  uint32_t head_ = kNone, tail_ = kNone;  // head: most recent; tail: least recent
+};
+
+}  // namespace dhs

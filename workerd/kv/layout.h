@@ -1,0 +1,70 @@
+// workerd/kv/layout.h: the worker's KV configuration and the byte layout of its KV pool (brief §2, §5, §8).
+//
+// One device pool holds, in order:
+//   - per request slot i, per source s: the hot cache (B rows) then the tail (T rows, a ring: position t at t mod T);
+//   - the optional-history pages (page indices granted by memd). A page covers p positions of EVERY source: inside a
+//     page, source s owns p consecutive rows at p * (sum of row bytes of sources before s).
+// Host pages use the same page layout (page_bytes() bytes each), so a page copies host<->device source by source.
+// Every source reads only its own rows even though all sources share one pool allocation.
+// Groups: an index producer's followers form one group (one shared position->slot plan, separate bytes per source);
+// a shared-source model has groups of one source. The group is the unit of planning.
+//
+// Thread-safety: immutable after Create; safe to share.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace dhs {
+
+struct KvConfig {
+  std::vector<uint64_t> row_bytes;            // d_KV bytes per row, indexed by SourceId (sources 0..S-1)
+  std::vector<std::vector<SourceId>> groups;  // every source in exactly one group
+  uint32_t page_rows = 64;                    // p
+  uint32_t hot_rows = 0;                      // B, per request slot and source
+  uint32_t k = 0;                             // selection width; B >= k is required
+  uint32_t tail_rows = 0;                     // T per request slot and source; a multiple of p, >= p
+  uint32_t slots = 1;                         // N request slots
+  uint32_t optional_pages = 0;                // device pages for optional history
+};
+
+class KvLayout {
+ public:
+  // Errors: INVALID_ARGUMENT with the reason (B < k, T not a positive multiple of p, bad groups, zero sizes).
+  static absl::StatusOr<KvLayout> Create(const KvConfig& config);
+
+  const KvConfig& config() const { return config_; }
+  uint32_t num_sources() const { return static_cast<uint32_t>(config_.row_bytes.size()); }
+  uint32_t group_of(SourceId s) const { return group_of_[s]; }
+  uint64_t row_bytes(SourceId s) const { return config_.row_bytes[s]; }
+  uint64_t page_bytes() const { return page_bytes_; }  // p * sum of row bytes
+  uint64_t pool_bytes() const { return pages_base_ + page_bytes_ * config_.optional_pages; }
+
+  // Byte offsets in the KV pool. Arguments are not range-checked (callers validate).
+  Location HotRow(SlotIndex slot, SourceId s, uint32_t hot_slot) const {
+    return static_cast<Location>(slot * slot_bytes_ + slot_src_[s] + uint64_t{hot_slot} * row_bytes(s));
+  }
+  Location TailRow(SlotIndex slot, SourceId s, Position t) const {
+    return static_cast<Location>(slot * slot_bytes_ + slot_src_[s] +
+                                 (config_.hot_rows + static_cast<uint64_t>(t) % config_.tail_rows) * row_bytes(s));
+  }
+  Location PageRow(PageIndex page, SourceId s, uint32_t row) const {
+    return static_cast<Location>(pages_base_ + page * page_bytes_ + InPage(s, row));
+  }
+  // Byte offset of row `row` of source s inside a page (device or host page).
+  uint64_t InPage(SourceId s, uint32_t row) const { return config_.page_rows * page_src_[s] + row * row_bytes(s); }
+
+ private:
+  KvConfig config_;
+  std::vector<uint32_t> group_of_;
+  std::vector<uint64_t> slot_src_;  // offset of source s inside a slot's region
+  std::vector<uint64_t> page_src_;  // sum of row bytes of sources before s
+  uint64_t slot_bytes_ = 0;
+  uint64_t page_bytes_ = 0;
+  uint64_t pages_base_ = 0;
+};
+
+}  // namespace dhs

@@ -1,0 +1,356 @@
+// workerd/kv/resolver.cc: see resolver.h.
+#include "workerd/kv/resolver.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace dhs {
+
+// ---------------------------------------------------------------- shared checks
+
+absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> sources,
+                                std::span<ResolveQuery> batch) const {
+  const KvLayout& l = *env_.layout;
+  if (group >= census_.size()) return absl::InvalidArgumentError(absl::StrCat("resolver: unknown group ", group));
+  if (sources.empty()) return absl::InvalidArgumentError("resolver: no sources");
+  for (SourceId s : sources) {
+    if (s >= l.num_sources() || l.group_of(s) != group) {
+      return absl::InvalidArgumentError(absl::StrCat("resolver: source ", s, " is not in group ", group));
+    }
+  }
+  const auto& group_sources = l.config().groups[group];
+  for (const ResolveQuery& q : batch) {
+    if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");
+    if (q.out.size() != sources.size() * q.selection.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("resolver: output has ", q.out.size(), " entries, expected ",
+                                                     sources.size() * q.selection.size()));
+    }
+    const Position n = q.kv->Length(group_sources);
+    for (Position t : q.selection) {
+      if (t < kNoPosition || t >= n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " but has ", n, " rows"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+const uint8_t* Resolver::HostRow(const KvPage& page, SourceId s, Position t) const {
+  const KvLayout& l = *env_.layout;
+  const uint32_t p = l.config().page_rows;
+  return env_.host_pool.data() + static_cast<uint64_t>(page.host_page) * l.page_bytes() +
+         l.InPage(s, static_cast<uint32_t>(t % p));
+}
+
+namespace {
+
+// How one selected entry resolved. `index`: tail position, device page, or hot slot.
+enum class Kind : uint8_t { kNone, kTail, kReady, kHot, kHost };
+struct Entry {
+  Kind kind = Kind::kNone;
+  uint32_t hot = 0;
+  int64_t page = 0;
+};
+
+// Step 1 for one entry. Returns true when resolved directly.
+bool Direct(const KvLayout& l, const RequestKv& kv, std::span<const SourceId> group, Position t, Entry& e) {
+  const KvConfig& c = l.config();
+  if (kv.InTail(group, t, c.tail_rows)) {
+    e.kind = Kind::kTail;
+    return true;
+  }
+  const KvPage* pg = kv.Page(t, c.page_rows);
+  if (pg != nullptr && pg->ready) {
+    e.kind = Kind::kReady;
+    e.page = pg->device_page;
+    return true;
+  }
+  return false;
+}
+
+absl::Status NoCopy(const RequestKv& kv, Position t) {
+  return absl::InternalError(absl::StrCat("resolver: row ", t, " of request ", kv.id,
+                                          " is neither ready on GPU nor backed up on host (safety invariant)"));
+}
+
+Location LocationOf(const KvLayout& l, const RequestKv& kv, SourceId s, Position t, const Entry& e) {
+  switch (e.kind) {
+    case Kind::kTail: return l.TailRow(kv.slot, s, t);
+    case Kind::kReady: return l.PageRow(static_cast<PageIndex>(e.page), s, static_cast<uint32_t>(t % l.config().page_rows));
+    case Kind::kHot:
+    case Kind::kHost: return l.HotRow(kv.slot, s, e.hot);
+    case Kind::kNone: break;
+  }
+  return kNoLocation;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- fused
+
+class PlannedBatch {
+ public:
+  uint32_t group = 0;
+  std::vector<SourceId> sources;
+  std::span<ResolveQuery> batch;
+  std::vector<std::vector<Entry>> entries;           // [query][j]
+  std::vector<std::pair<size_t, uint32_t>> assigned;  // (query, hot slot) targeted by host recovery
+  std::vector<CopyEvent> events;                      // per follower
+  std::vector<bool> issued;
+  Census census;
+};
+
+void PlannedBatchDeleter::operator()(PlannedBatch* p) const { delete p; }
+
+FusedResolver::FusedResolver(const ResolverEnv& env)
+    : Resolver(env), groups_(static_cast<uint32_t>(env.layout->config().groups.size())) {
+  const KvConfig& c = env.layout->config();
+  caches_.reserve(size_t{c.slots} * groups_);
+  for (size_t i = 0; i < size_t{c.slots} * groups_; ++i) caches_.emplace_back(c.hot_rows);
+}
+
+FusedResolver::~FusedResolver() = default;
+
+void FusedResolver::ResetSlot(SlotIndex slot) {
+  for (uint32_t g = 0; g < groups_; ++g) Cache(slot, g).Reset();
+}
+
+absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<const SourceId> sources,
+                                                                  std::span<ResolveQuery> batch) {
+  if (absl::Status s = Validate(group, sources, batch); !s.ok()) return s;
+  const KvLayout& l = *env_.layout;
+  const auto& gs = l.config().groups[group];
+  PlannedBatchPtr plan(new PlannedBatch());
+  plan->group = group;
+  plan->sources.assign(sources.begin(), sources.end());
+  plan->batch = batch;
+  plan->entries.resize(batch.size());
+  plan->events.resize(sources.size());
+  plan->issued.assign(sources.size(), false);
+  const uint64_t step = ++step_;
+  for (size_t qi = 0; qi < batch.size(); ++qi) {
+    const ResolveQuery& q = batch[qi];
+    auto& es = plan->entries[qi];
+    es.resize(q.selection.size());
+    size_t rest = 0;
+    for (size_t j = 0; j < q.selection.size(); ++j) {  // (1) direct
+      const Position t = q.selection[j];
+      if (t == kNoPosition) continue;
+      if (Direct(l, *q.kv, gs, t, es[j])) {
+        ++plan->census.direct;
+        continue;
+      }
+      const KvPage* pg = q.kv->Page(t, l.config().page_rows);
+      if (pg == nullptr || !pg->host_ready) return NoCopy(*q.kv, t);
+      ++rest;
+    }
+    if (rest == 0) {
+      ++plan->census.scans_skipped;
+      continue;
+    }
+    HotCache& hc = Cache(q.kv->slot, group);
+    for (size_t j = 0; j < q.selection.size(); ++j) {  // (2) hot hits, protected
+      if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
+      const uint32_t h = hc.Find(q.selection[j]);
+      if (h == HotCache::kNone) continue;
+      hc.Touch(h, step);
+      es[j] = Entry{Kind::kHot, h, 0};
+      ++plan->census.hot;
+    }
+    for (size_t j = 0; j < q.selection.size(); ++j) {  // (3) misses take unprotected LRU victims
+      if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
+      uint32_t h = hc.Find(q.selection[j]);  // a duplicate assigned just before
+      if (h != HotCache::kNone) {
+        es[j] = Entry{Kind::kHot, h, 0};
+        ++plan->census.hot;
+        continue;
+      }
+      h = hc.Victim(step);
+      if (h == HotCache::kNone) {
+        for (auto [qq, hh] : plan->assigned) Cache(batch[qq].kv->slot, group).Invalidate(hh);
+        return absl::ResourceExhaustedError(absl::StrCat("resolver: request ", q.kv->id,
+                                                         " selects more distinct missing rows than B in one step"));
+      }
+      hc.Assign(h, q.selection[j], step);
+      es[j] = Entry{Kind::kHost, h, 0};
+      plan->assigned.emplace_back(qi, h);
+      ++plan->census.host;
+    }
+  }
+  return plan;
+}
+
+CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
+  const KvLayout& l = *env_.layout;
+  const SourceId s = plan.sources[si];
+  const uint32_t T = l.config().tail_rows;
+  std::vector<HostToDeviceCopy> ops;
+  std::vector<CopyEvent> after;
+  for (size_t qi = 0; qi < plan.batch.size(); ++qi) {
+    const ResolveQuery& q = plan.batch[qi];
+    const size_t k = q.selection.size();
+    for (size_t j = 0; j < k; ++j) {
+      const Position t = q.selection[j];
+      const Entry& e = plan.entries[qi][j];
+      q.out[si * k + j] = LocationOf(l, *q.kv, s, t, e);
+      if (e.kind == Kind::kTail) {
+        const CopyEvent& w = q.kv->tail_write[s][static_cast<size_t>(t % T)];
+        if (!w.Done()) after.push_back(w);
+      } else if (e.kind == Kind::kHost) {
+        const DeviceRange dst{env_.pool, q.out[si * k + j], l.row_bytes(s)};
+        if (env_.device->ReadersBusy(dst)) after.push_back(env_.device->ReadersFence(dst));
+        ops.push_back(HostToDeviceCopy{dst, HostRow(*q.kv->Page(t, l.config().page_rows), s, t)});
+        plan.census.bytes_recovered += l.row_bytes(s);
+      }
+    }
+  }
+  plan.issued[si] = true;
+  plan.events[si] = ops.empty() && after.empty() ? CopyEvent() : env_.device->CopyHostToDevice(ops, after);
+  return plan.events[si];
+}
+
+absl::Status FusedResolver::Finish(PlannedBatchPtr plan) {
+  for (size_t si = 0; si < plan->sources.size(); ++si) {
+    if (!plan->issued[si]) IssueFollower(*plan, si);
+  }
+  absl::Status status;
+  for (const CopyEvent& e : plan->events) {
+    absl::Status s = e.Wait();
+    if (status.ok() && !s.ok()) status = s;
+  }
+  if (!status.ok()) {
+    for (auto [qi, h] : plan->assigned) Cache(plan->batch[qi].kv->slot, plan->group).Invalidate(h);
+    for (ResolveQuery& q : plan->batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+    return status;
+  }
+  Census& c = census_[plan->group];
+  c.direct += plan->census.direct;
+  c.hot += plan->census.hot;
+  c.host += plan->census.host;
+  c.scans_skipped += plan->census.scans_skipped;
+  c.bytes_recovered += plan->census.bytes_recovered;
+  return absl::OkStatus();
+}
+
+absl::Status FusedResolver::Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) {
+  absl::StatusOr<PlannedBatchPtr> plan = Plan(group, sources, batch);
+  if (!plan.ok()) return plan.status();
+  return Finish(*std::move(plan));
+}
+
+// ---------------------------------------------------------------- reference
+
+ReferenceResolver::ReferenceResolver(const ResolverEnv& env)
+    : Resolver(env), groups_(static_cast<uint32_t>(env.layout->config().groups.size())) {
+  const KvConfig& c = env.layout->config();
+  low_ = -static_cast<int64_t>(c.hot_rows);
+  caches_.resize(size_t{c.slots} * groups_);
+  for (Slots& s : caches_) Reset(s);
+}
+
+void ReferenceResolver::Reset(Slots& c) {
+  const uint32_t b = env_.layout->config().hot_rows;
+  c.pos.assign(b, kNoPosition);
+  c.stamp.assign(b, 0);
+  c.last_use.resize(b);
+  for (uint32_t h = 0; h < b; ++h) c.last_use[h] = static_cast<int64_t>(h) - b;  // slot 0 least recent
+}
+
+void ReferenceResolver::ResetSlot(SlotIndex slot) {
+  for (uint32_t g = 0; g < groups_; ++g) Reset(caches_[slot * groups_ + g]);
+}
+
+absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId> sources,
+                                        std::span<ResolveQuery> batch) {
+  if (absl::Status s = Validate(group, sources, batch); !s.ok()) return s;
+  const KvLayout& l = *env_.layout;
+  const KvConfig& c = l.config();
+  const auto& gs = c.groups[group];
+  const uint64_t step = ++step_;
+  Census add;
+  std::vector<std::pair<Slots*, uint32_t>> assigned;
+  auto fail = [&](absl::Status s) {
+    for (auto [cache, h] : assigned) {
+      cache->pos[h] = kNoPosition;
+      cache->stamp[h] = 0;
+      cache->last_use[h] = --low_;
+    }
+    for (ResolveQuery& q : batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+    return s;
+  };
+  for (ResolveQuery& q : batch) {
+    const size_t k = q.selection.size();
+    Slots& hc = caches_[q.kv->slot * groups_ + group];
+    std::vector<Entry> es(k);
+    bool all_direct = true;
+    for (size_t j = 0; j < k; ++j) {
+      const Position t = q.selection[j];
+      if (t == kNoPosition || Direct(l, *q.kv, gs, t, es[j])) continue;
+      const KvPage* pg = q.kv->Page(t, c.page_rows);
+      if (pg == nullptr || !pg->host_ready) return fail(NoCopy(*q.kv, t));
+      all_direct = false;
+    }
+    for (const Entry& e : es) add.direct += (e.kind == Kind::kTail || e.kind == Kind::kReady);
+    if (all_direct) ++add.scans_skipped;
+    auto scan = [&](Position t) -> int64_t {
+      for (uint32_t h = 0; h < hc.pos.size(); ++h) {
+        if (hc.pos[h] == t) return h;
+      }
+      return -1;
+    };
+    for (size_t pass = 0; pass < 2 && !all_direct; ++pass) {  // pass 0: hits; pass 1: misses
+      for (size_t j = 0; j < k; ++j) {
+        const Position t = q.selection[j];
+        if (t == kNoPosition || es[j].kind != Kind::kNone) continue;
+        int64_t h = scan(t);
+        if (h < 0 && pass == 1) {
+          for (uint32_t v = 0; v < hc.pos.size(); ++v) {
+            if (hc.stamp[v] != step && (h < 0 || hc.last_use[v] < hc.last_use[h])) h = v;
+          }
+          if (h < 0) return fail(absl::ResourceExhaustedError("reference resolver: union exceeds B"));
+          hc.pos[h] = t;
+          es[j] = Entry{Kind::kHost, static_cast<uint32_t>(h), 0};
+          assigned.emplace_back(&hc, static_cast<uint32_t>(h));
+          ++add.host;
+        } else if (h >= 0) {
+          es[j] = Entry{Kind::kHot, static_cast<uint32_t>(h), 0};
+          ++add.hot;
+        } else {
+          continue;
+        }
+        hc.stamp[h] = step;
+        hc.last_use[h] = ++clock_;
+      }
+    }
+    // Emit and recover this query's misses, one source at a time, waiting each copy.
+    for (size_t si = 0; si < sources.size(); ++si) {
+      const SourceId s = sources[si];
+      for (size_t j = 0; j < k; ++j) {
+        const Position t = q.selection[j];
+        q.out[si * k + j] = LocationOf(l, *q.kv, s, t, es[j]);
+        if (es[j].kind == Kind::kTail) {
+          if (absl::Status w = q.kv->tail_write[s][static_cast<size_t>(t % c.tail_rows)].Wait(); !w.ok()) {
+            return fail(w);
+          }
+        } else if (es[j].kind == Kind::kHost) {
+          const DeviceRange dst{env_.pool, q.out[si * k + j], l.row_bytes(s)};
+          CopyEvent fence = env_.device->ReadersFence(dst);
+          HostToDeviceCopy op{dst, HostRow(*q.kv->Page(t, c.page_rows), s, t)};
+          if (absl::Status w = env_.device->CopyHostToDevice({&op, 1}, {&fence, 1}).Wait(); !w.ok()) return fail(w);
+          add.bytes_recovered += l.row_bytes(s);
+        }
+      }
+    }
+  }
+  Census& cc = census_[group];
+  cc.direct += add.direct;
+  cc.hot += add.hot;
+  cc.host += add.host;
+  cc.scans_skipped += add.scans_skipped;
+  cc.bytes_recovered += add.bytes_recovered;
+  return absl::OkStatus();
+}
+
+}  // namespace dhs

@@ -1,0 +1,131 @@
+// workerd/kv/resolver.h: the fused resolver (brief §5) and its oracle, ReferenceResolver.
+//
+// Input: a batch of (request, ordered selection of k positions, -1 = empty) over one group's sources. Output: for
+// each source s (index si in `sources`) and entry j, out[si * k + j] = the row's byte offset in the KV pool, -1 kept.
+// Steps, per query: (1) direct: tail or ready map; (2) hot cache: hits touched (LRU), every slot selected in this
+// step protected, unselected LRU slots are victims; the scan is skipped only when every selected row resolved
+// directly; (3) host recovery: each remaining miss is copied from its host page into a victim slot, per source.
+// Fused: one pass over the batch, all copies issued (one batch per source) and waited once; cost bounded by B and k.
+// Failure of any copy: nothing of the batch counts as resolved (census untouched), the targeted hot slots are
+// invalidated, the call returns the copy's error. Hot caches are per (request slot, group): no request ever sees
+// another's rows.
+// Census (per group): selected rows resolved direct / hot / host, hot-cache scans skipped, bytes recovered.
+//
+// Thread-safety: none; driven by the worker thread. Copies run on the Device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "workerd/device/device.h"
+#include "workerd/kv/hot_cache.h"
+#include "workerd/kv/layout.h"
+#include "workerd/kv/request_kv.h"
+
+namespace dhs {
+
+struct Census {
+  uint64_t direct = 0;           // selected rows found in the tail or the ready map
+  uint64_t hot = 0;              // selected rows found in the hot cache
+  uint64_t host = 0;             // selected rows recovered from the host tier
+  uint64_t scans_skipped = 0;    // queries whose rows all resolved directly
+  uint64_t bytes_recovered = 0;  // host->device bytes, all sources of the group
+  bool operator==(const Census&) const = default;
+};
+
+struct ResolveQuery {
+  RequestKv* kv = nullptr;
+  std::span<const Position> selection;  // k entries
+  std::span<Location> out;              // sources.size() * k entries
+};
+
+// What the resolver works on: the KV pool on the device and the host pool (host page h at h * page_bytes).
+struct ResolverEnv {
+  const KvLayout* layout = nullptr;
+  Device* device = nullptr;
+  PoolId pool = 0;
+  std::span<uint8_t> host_pool;
+};
+
+class Resolver {
+ public:
+  virtual ~Resolver() = default;
+  // Empties the hot caches of `slot` (a request was admitted into it).
+  virtual void ResetSlot(SlotIndex slot) = 0;
+  // Resolves the batch over `sources` (all in group `group`, non-empty). Errors: INVALID_ARGUMENT (bad sizes,
+  // position not appended, source outside the group), RESOURCE_EXHAUSTED (one step's union of a request exceeds B),
+  // INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery copy failed.
+  virtual absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) = 0;
+  const Census& census(uint32_t group) const { return census_[group]; }
+
+ protected:
+  explicit Resolver(const ResolverEnv& env) : env_(env), census_(env.layout->config().groups.size()) {}
+  absl::Status Validate(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) const;
+  const uint8_t* HostRow(const KvPage& page, SourceId s, Position t) const;
+
+  ResolverEnv env_;
+  std::vector<Census> census_;
+};
+
+// A planned batch of the fused resolver: the shared position->slot plan of one group, ready to issue each
+// follower's copies separately (brief §5: plan once per producer, copy per follower, prefetch the next follower).
+class PlannedBatch;
+struct PlannedBatchDeleter {
+  void operator()(PlannedBatch* p) const;  // defined in resolver.cc, where PlannedBatch is complete
+};
+using PlannedBatchPtr = std::unique_ptr<PlannedBatch, PlannedBatchDeleter>;
+
+class FusedResolver final : public Resolver {
+ public:
+  explicit FusedResolver(const ResolverEnv& env);
+  ~FusedResolver() override;
+
+  void ResetSlot(SlotIndex slot) override;
+  absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
+
+  // Steps 1-2 and the victim choice for every query; no copy is issued yet. The batch's spans must stay valid
+  // until Finish. At most one planned batch per group may be open.
+  absl::StatusOr<PlannedBatchPtr> Plan(uint32_t group, std::span<const SourceId> sources,
+                                                     std::span<ResolveQuery> batch);
+  // Issues the host-recovery copies of follower `source_index` (index into `sources`) and writes its output
+  // locations. The returned event covers those copies and the tail writes that follower reads.
+  CopyEvent IssueFollower(PlannedBatch& plan, size_t source_index);
+  // Issues any follower not issued yet, waits every follower's event once, then commits the census, or on a
+  // failure invalidates the planned hot slots and returns the error.
+  absl::Status Finish(PlannedBatchPtr plan);
+
+ private:
+  HotCache& Cache(SlotIndex slot, uint32_t group) { return caches_[slot * groups_ + group]; }
+
+  uint32_t groups_;
+  std::vector<HotCache> caches_;
+  uint64_t step_ = 0;
+};
+
+// The oracle: a simple per-query loop (linear scans, LRU by stamps, copies waited per query). Same locations and
+// census as FusedResolver for the same inputs.
+class ReferenceResolver final : public Resolver {
+ public:
+  explicit ReferenceResolver(const ResolverEnv& env);
+  void ResetSlot(SlotIndex slot) override;
+  absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
+
+ private:
+  struct Slots {
+    std::vector<Position> pos;
+    std::vector<int64_t> last_use;
+    std::vector<uint64_t> stamp;
+  };
+  void Reset(Slots& c);
+  uint32_t groups_;
+  std::vector<Slots> caches_;
+  uint64_t step_ = 0;
+  int64_t clock_ = 0;
+  int64_t low_ = 0;
+};
+
+}  // namespace dhs
