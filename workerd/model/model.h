@@ -1,0 +1,111 @@
+// workerd/model/model.h: the built-in sparse-attention model (brief §11) and its batched forward step.
+//
+// Owns: Model (config + weights, immutable after load) and ModelSession (one request's model-side state: its
+// position n_r and its index keys, which stay resident for the whole history, brief §8). Payload rows live in the
+// KvAccess the caller passes (workerd/kv_access.h); the model appends them and reads them back through Fetch.
+// Thread-safety: a Model is immutable; Step may run concurrently on disjoint sessions and KvAccess objects.
+// A ModelSession is used by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/types.h"
+#include "workerd/kv_access.h"
+#include "workerd/model/config.h"
+#include "workerd/model/safetensors.h"
+
+namespace dhs::model {
+
+class Model;
+
+class ModelSession {
+ public:
+  ModelSession(ModelSession&&) = default;
+  ModelSession& operator=(ModelSession&&) = default;
+
+  RequestId request() const { return request_; }
+  // n_r: positions fed so far (the next token is fed at this position).
+  Position position() const { return position_; }
+  // Index keys of indexer number `indexer` (0 .. n_indexers-1, layer order): position() * idx_dim floats.
+  std::span<const float> index_keys(int indexer) const { return index_keys_[indexer]; }
+  // True after a Step failed half-way (the KV store may hold some of the step's rows): the session must be released.
+  bool broken() const { return broken_; }
+
+ private:
+  friend class Model;
+  ModelSession(const Model* model, RequestId request, int n_indexers)
+      : model_(model), request_(request), index_keys_(n_indexers) {}
+
+  const Model* model_;
+  RequestId request_;
+  Position position_ = 0;
+  std::vector<std::vector<float>> index_keys_;
+  bool broken_ = false;
+};
+
+// One request of a batched step: feed `tokens` at positions n .. n+q-1 (n = session->position(), q = tokens.size()).
+struct StepInput {
+  ModelSession* session = nullptr;
+  std::span<const Token> tokens;
+};
+
+// Logits of every fed token: tokens.size() * 256 floats, row j = the distribution after token j (position n+j).
+struct StepOutput {
+  std::vector<float> logits;
+};
+
+class Model {
+ public:
+  // Builds the model from a parsed weights file: the config comes from __metadata__ "config", every tensor of
+  // ModelTensorSpecs(config) must be present with dtype F32 and its shape, and no other tensor may be present.
+  // Errors: INVALID_ARGUMENT (no/invalid config, wrong dtype/shape, unexpected tensor), NOT_FOUND (missing tensor);
+  // messages name the tensor.
+  static absl::StatusOr<std::unique_ptr<Model>> FromSafetensors(const SafetensorsFile& file);
+  // Loads and builds from a safetensors file path. Errors: as SafetensorsFile::Load and FromSafetensors.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+
+  // A new request at position 0. The session refers to this model, which must outlive it.
+  ModelSession NewSession(RequestId request) const;
+
+  // One batched forward pass. For each input the tokens are fed causally (query j sees positions <= n+j); each layer
+  // appends its payload rows (Append, in position order) and fetches its selections (one Fetch per write/reindex
+  // layer and per producer, none for Reuse/follower layers; brief §5), then calls ReadersDone after the last layer
+  // that reads them. out[b].logits is resized to q_b * 256. Results are bit-identical whatever the batch composition,
+  // and feeding q tokens at once equals feeding them one by one (batch-invariant numerics, brief §11).
+  // Errors: INVALID_ARGUMENT (out.size() != batch.size(), null/foreign/duplicate session, no tokens, token outside
+  // 0..255), FAILED_PRECONDITION (a broken session), or the KvAccess's error: then every session of the batch is
+  // marked broken.
+  absl::Status Step(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const;
+
+  // Prefill without logits: feeds `tokens` so that their rows and index keys exist (a "prepared prefix" import).
+  // Errors: as Step.
+  absl::Status ImportPrefix(ModelSession& session, std::span<const Token> tokens, KvAccess& kv) const;
+
+ private:
+  struct LayerWeights;
+  struct Weights;
+  struct Plan;
+  struct Scratch;
+
+  Model(ModelConfig config, std::unique_ptr<Weights> weights);
+  absl::Status Run(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const;
+
+  ModelConfig config_;
+  std::unique_ptr<Weights> weights_;
+  std::unique_ptr<Plan> plan_;
+
+ public:
+  ~Model();
+};
+
+}  // namespace dhs::model
