@@ -1,0 +1,338 @@
+// ReplayDriver with a scripted fake NodeClient and a fake clock: every timing below is computed by hand from
+// the script (tools/replay/driver.h).
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/replay/driver.h"
+
+namespace dhs::replay {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeClock : public Clock {
+ public:
+  double NowMs() override { return now; }
+  double now = 5000;  // not zero, so that the driver's times must be relative to the start
+};
+
+// One scripted node event: `after_ms` after the request's Submit, `tokens` new tokens.
+struct Step {
+  Step(double after, int n, bool end = false, std::string err = "", double wait = 0)
+      : after_ms(after), tokens(n), finished(end), error(std::move(err)), allocation_wait_ms(wait) {}
+  double after_ms;
+  int tokens;
+  bool finished;
+  std::string error;
+  double allocation_wait_ms;
+};
+
+// Plays each request's script relative to its Submit. Poll jumps the clock to the next scripted event when
+// it falls within the timeout (so times are exact), else advances it by the whole timeout.
+class FakeNode : public NodeClient {
+ public:
+  FakeNode(FakeClock* clock, std::map<RequestId, std::vector<Step>> plans) : clock_(clock), plans_(std::move(plans)) {}
+
+  absl::Status Submit(const SubmitRequest& request) override {
+    if (fail_submit_of && *fail_submit_of == request.request) return absl::UnavailableError("node went away");
+    submits.push_back(request);
+    ++in_flight;
+    max_in_flight = std::max(max_in_flight, in_flight);
+    for (const Step& step : plans_[request.request]) {
+      TokenEvent ev;
+      ev.request = request.request;
+      for (int k = 0; k < step.tokens; ++k) ev.tokens.push_back(static_cast<int32_t>((request.request * 31 + next_token_++) & 0xff));
+      ev.finished = step.finished;
+      ev.error = step.error;
+      ev.allocation_wait_ms = step.allocation_wait_ms;
+      pending_.emplace(clock_->now + step.after_ms, ev);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) override {
+    EXPECT_GE(timeout_ms, 0);
+    ++polls;
+    if (pending_.empty() || pending_.begin()->first > clock_->now + timeout_ms) {
+      clock_->now += timeout_ms;
+      return std::vector<TokenEvent>{};
+    }
+    clock_->now = std::max(clock_->now, pending_.begin()->first);
+    std::vector<TokenEvent> out;
+    while (!pending_.empty() && pending_.begin()->first <= clock_->now) {
+      out.push_back(pending_.begin()->second);
+      if (out.back().finished || !out.back().error.empty()) --in_flight;
+      pending_.erase(pending_.begin());
+    }
+    return out;
+  }
+
+  absl::StatusOr<NodeStats> Stats() override { return stats; }
+
+  std::vector<SubmitRequest> submits;
+  int in_flight = 0;
+  int max_in_flight = 0;
+  int polls = 0;
+  std::optional<RequestId> fail_submit_of;
+  NodeStats stats;
+
+ private:
+  FakeClock* clock_;
+  std::map<RequestId, std::vector<Step>> plans_;
+  std::multimap<double, TokenEvent> pending_;  // by absolute time, then insertion order
+  int next_token_ = 0;
+};
+
+Trace MakeTrace(int n, std::vector<double> arrivals = {}) {
+  Trace t;
+  t.path = "fake";
+  t.block_tokens = 10;
+  for (int i = 0; i < n; ++i) {
+    TraceRequest r;
+    r.index = i;
+    r.arrival_ms = arrivals.empty() ? 0 : arrivals[static_cast<size_t>(i)];
+    r.input_tokens = 25 + i;
+    r.output_tokens = 4;
+    r.hash_ids = {0, 100 + i, 200 + i};
+    t.requests.push_back(r);
+  }
+  return t;
+}
+
+DriverOptions Quiet() {
+  DriverOptions o;
+  o.on_progress = nullptr;
+  return o;
+}
+
+TEST(ReplayDriver, ClosedLoopTimingsFollowTheScript) {
+  FakeClock clock;
+  // Request ids are 1 + trace index. Request 1: tokens at +10 (1), +15 (2), +25 (1, finished, waited 4 ms).
+  // Request 2: +30 (1), +40 (1, finished).
+  FakeNode node(&clock, {{1, {{10, 1}, {15, 2}, {25, 1, true, "", 4}}}, {2, {{30, 1}, {40, 1, true}}}});
+  Trace trace = MakeTrace(2);
+  auto sched = Scheduler::ClosedLoop(2, 1);
+  ASSERT_TRUE(sched.ok());
+  ReplayDriver driver(&node, &clock, Quiet());
+  auto result = driver.Run(trace, *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->requests.size(), 2u);
+
+  const RequestTiming& a = result->requests[0];
+  EXPECT_EQ(a.request, 1u);
+  EXPECT_EQ(a.submit_ms, 0);
+  EXPECT_EQ(a.first_token_ms, 10);
+  EXPECT_EQ(a.last_token_ms, 25);
+  EXPECT_EQ(a.end_ms, 25);
+  EXPECT_EQ(a.tokens, 4);
+  EXPECT_EQ(a.output.size(), 4u);
+  EXPECT_EQ(a.allocation_wait_ms, 4);
+  EXPECT_TRUE(a.served());
+  EXPECT_EQ(a.ttft_ms(), 10.0);
+  EXPECT_EQ(a.tpot_ms(), 5.0);  // (25 - 10) / (4 - 1)
+
+  // Concurrency 1: request 2 is submitted when request 1 ended, at 25.
+  const RequestTiming& b = result->requests[1];
+  EXPECT_EQ(b.submit_ms, 25);
+  EXPECT_EQ(b.first_token_ms, 55);
+  EXPECT_EQ(b.last_token_ms, 65);
+  EXPECT_EQ(b.ttft_ms(), 30.0);
+  EXPECT_EQ(b.tpot_ms(), 10.0);  // (65 - 55) / (2 - 1)
+  EXPECT_EQ(result->elapsed_ms, 65);
+  EXPECT_EQ(node.max_in_flight, 1);
+}
+
+TEST(ReplayDriver, SubmitCarriesThePromptReferenceAndLengths) {
+  FakeClock clock;
+  FakeNode node(&clock, {{7, {{1, 1, true}}}, {8, {{1, 1, true}}}});
+  Trace trace = MakeTrace(2);
+  auto sched = Scheduler::ClosedLoop(2, 2);
+  DriverOptions options = Quiet();
+  options.first_request_id = 7;
+  ReplayDriver driver(&node, &clock, options);
+  ASSERT_TRUE(driver.Run(trace, *sched).ok());
+  ASSERT_EQ(node.submits.size(), 2u);
+  const SubmitRequest& s = node.submits[1];
+  EXPECT_EQ(s.request, 8u);
+  EXPECT_EQ(s.prompt.trace_index, 1);
+  EXPECT_EQ(s.prompt.input_tokens, 26);
+  EXPECT_EQ(s.prompt.block_tokens, 10);
+  EXPECT_EQ(s.prompt.hash_ids, (std::vector<int64_t>{0, 101, 201}));
+  EXPECT_EQ(s.max_new_tokens, 4);
+  EXPECT_TRUE(s.sampling.greedy);
+  EXPECT_EQ(s.sampling.seed, 1u);
+}
+
+TEST(ReplayDriver, ClosedLoopNeverExceedsConcurrency) {
+  FakeClock clock;
+  std::map<RequestId, std::vector<Step>> plans;
+  for (RequestId r = 1; r <= 7; ++r) plans[r] = {{static_cast<double>(10 * r), 1}, {static_cast<double>(10 * r + 5), 1, true}};
+  FakeNode node(&clock, plans);
+  auto sched = Scheduler::ClosedLoop(7, 3);
+  ReplayDriver driver(&node, &clock, Quiet());
+  auto result = driver.Run(MakeTrace(7), *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(node.max_in_flight, 3);
+  for (const RequestTiming& r : result->requests) EXPECT_TRUE(r.served());
+  // Requests 1..3 start at 0 and end at 15, 25, 35; request 4 starts at 15 (when 1 ended).
+  EXPECT_EQ(result->requests[3].submit_ms, 15);
+  EXPECT_EQ(result->requests[4].submit_ms, 25);
+}
+
+TEST(ReplayDriver, OpenLoopSubmitsOnTimeWhileOthersRun) {
+  FakeClock clock;
+  // Arrivals 0 and 100 ms at time scale 0.5: request 2 is due at 50 while request 1 runs until 80.
+  FakeNode node(&clock, {{1, {{10, 1}, {80, 1, true}}}, {2, {{5, 3, true}}}});
+  Trace trace = MakeTrace(2, {0, 100});
+  std::vector<double> arrivals = {0, 100};
+  auto sched = Scheduler::OpenLoop(arrivals, 0.5);
+  ASSERT_TRUE(sched.ok());
+  ReplayDriver driver(&node, &clock, Quiet());
+  auto result = driver.Run(trace, *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->requests[1].submit_ms, 50);  // the poll timeout was cut to the next arrival
+  EXPECT_EQ(result->requests[1].ttft_ms(), 5.0);
+  EXPECT_EQ(result->requests[1].tpot_ms(), 0.0);  // three tokens in one event: (55 - 55) / 2
+  EXPECT_EQ(result->requests[0].tpot_ms(), 70.0);
+  EXPECT_EQ(node.max_in_flight, 2);
+  EXPECT_EQ(result->elapsed_ms, 80);
+}
+
+TEST(ReplayDriver, FailedRequestIsRecordedAndTheRunGoesOn) {
+  FakeClock clock;
+  FakeNode node(&clock, {{1, {{10, 1}, {20, 0, false, "out of host memory"}}}, {2, {{10, 1, true}}}});
+  auto sched = Scheduler::ClosedLoop(2, 2);
+  ReplayDriver driver(&node, &clock, Quiet());
+  auto result = driver.Run(MakeTrace(2), *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->requests[0].served());
+  EXPECT_EQ(result->requests[0].error, "out of host memory");
+  EXPECT_EQ(result->requests[0].end_ms, 20);
+  EXPECT_EQ(result->requests[0].tokens, 1);
+  EXPECT_EQ(result->requests[0].tpot_ms(), std::nullopt);  // one token
+  EXPECT_TRUE(result->requests[1].served());
+}
+
+TEST(ReplayDriver, EventForUnknownOrEndedRequestIsAnError) {
+  {
+    FakeClock clock;
+    FakeNode node(&clock, {{1, {{10, 1, true}, {10, 1}}}});  // an event after the end, same poll
+    auto sched = Scheduler::ClosedLoop(1, 1);
+    auto result = ReplayDriver(&node, &clock, Quiet()).Run(MakeTrace(1), *sched);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(result.status().message()), HasSubstr("after it ended"));
+  }
+  {
+    FakeClock clock;
+    FakeNode node(&clock, {{1, {{10, 1, true}}}});
+    auto sched = Scheduler::ClosedLoop(1, 1);
+    DriverOptions options = Quiet();
+    options.first_request_id = 50;  // the fake's script is for id 1: no events at all for 50
+    options.idle_timeout_ms = 500;
+    auto result = ReplayDriver(&node, &clock, options).Run(MakeTrace(1), *sched);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(std::string(result.status().message()), HasSubstr("1 requests in flight"));
+    EXPECT_LT(clock.now - 5000, 600);  // gave up just after the idle timeout
+  }
+}
+
+class StrayEventNode : public FakeNode {
+ public:
+  using FakeNode::FakeNode;
+  absl::StatusOr<std::vector<TokenEvent>> Poll(double) override {
+    TokenEvent ev;
+    ev.request = 999;
+    return std::vector<TokenEvent>{ev};
+  }
+};
+
+TEST(ReplayDriver, EventForUnknownRequestIsAnError) {
+  FakeClock clock;
+  StrayEventNode node(&clock, {});
+  auto sched = Scheduler::ClosedLoop(1, 1);
+  auto result = ReplayDriver(&node, &clock, Quiet()).Run(MakeTrace(1), *sched);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("unknown request 999"));
+}
+
+TEST(ReplayDriver, SubmitFailureEndsTheRun) {
+  FakeClock clock;
+  FakeNode node(&clock, {{1, {{10, 1, true}}}});
+  node.fail_submit_of = 2;
+  auto sched = Scheduler::ClosedLoop(2, 1);
+  auto result = ReplayDriver(&node, &clock, Quiet()).Run(MakeTrace(2), *sched);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ReplayDriver, SchedulerMustMatchTheTrace) {
+  FakeClock clock;
+  FakeNode node(&clock, {});
+  auto sched = Scheduler::ClosedLoop(3, 1);
+  auto result = ReplayDriver(&node, &clock, Quiet()).Run(MakeTrace(2), *sched);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReplayDriver, ProgressAtMostOncePerIntervalAndAFinalLine) {
+  FakeClock clock;
+  // One request with a token every 100 ms for 3.5 s (35 tokens).
+  std::vector<Step> steps;
+  for (int k = 1; k <= 35; ++k) steps.push_back({100.0 * k, 1, k == 35});
+  FakeNode node(&clock, {{1, steps}});
+  std::vector<Progress> seen;
+  DriverOptions options;
+  options.on_progress = [&](const Progress& p) { seen.push_back(p); };
+  auto sched = Scheduler::ClosedLoop(1, 1);
+  auto result = ReplayDriver(&node, &clock, options).Run(MakeTrace(1), *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // Lines at 1000, 2000, 3000 ms, and the final one at 3500 ms.
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[0].elapsed_ms, 1000);
+  EXPECT_EQ(seen[0].output_tokens, 10);
+  EXPECT_EQ(seen[0].tokens_per_s(), 10.0);
+  EXPECT_EQ(seen[2].elapsed_ms, 3000);
+  EXPECT_EQ(seen[3].elapsed_ms, 3500);
+  EXPECT_EQ(seen[3].served, 1);
+  EXPECT_EQ(seen[3].total, 1);
+  EXPECT_EQ(seen[3].output_tokens, 35);
+  EXPECT_EQ(FormatProgressLine(seen[3]), "replay: served 1/1 (failed 0), 35 tokens, 10.0 tokens/s, 3.5 s");
+}
+
+TEST(ReplayDriver, NodeStatsArePassedThrough) {
+  FakeClock clock;
+  FakeNode node(&clock, {{1, {{10, 1, true}}}});
+  node.stats.sessions_admitted_max = 3;
+  node.stats.census = {10, 20, 30};
+  node.stats.gpus = {{0, 100, 40, 50, 5, 4096, 90 * 4096}};
+  auto sched = Scheduler::ClosedLoop(1, 1);
+  auto result = ReplayDriver(&node, &clock, Quiet()).Run(MakeTrace(1), *sched);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->stats.sessions_admitted_max, 3);
+  EXPECT_EQ(result->stats.census.hot, 20);
+  ASSERT_EQ(result->stats.gpus.size(), 1u);
+  EXPECT_EQ(result->stats.gpus[0].peak_used_bytes, 90 * 4096);
+}
+
+TEST(OutputsMatch, ComparesTokensOfServedRequests) {
+  DriverResult a, b;
+  a.requests.resize(2);
+  b.requests.resize(2);
+  for (auto* r : {&a, &b}) {
+    r->requests[0].finished = r->requests[1].finished = true;
+    r->requests[0].output = {1, 2, 3};
+    r->requests[1].output = {4};
+  }
+  EXPECT_TRUE(OutputsMatch(a, b));
+  b.requests[1].output = {5};
+  EXPECT_FALSE(OutputsMatch(a, b));
+  b.requests[1].output = {4};
+  b.requests[1].error = "failed";
+  EXPECT_FALSE(OutputsMatch(a, b));
+  b.requests.pop_back();
+  EXPECT_FALSE(OutputsMatch(a, b));
+}
+
+}  // namespace
+}  // namespace dhs::replay

@@ -1,0 +1,199 @@
+// dhs-replay command line: defaults, every option, and errors -> exit 2 with a clear message; loading the
+// default trace and building the schedule and report settings from options (tools/replay/options.h).
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/replay/options.h"
+
+namespace dhs::replay {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const std::string kDataDir = DHS_REPLAY_DATA_DIR;
+
+CommandLine Parse(std::initializer_list<std::string> args) {
+  std::vector<std::string> all = {"dhs-replay"};
+  all.insert(all.end(), args);
+  std::vector<const char*> argv;
+  for (const std::string& a : all) argv.push_back(a.c_str());
+  return ParseReplayCommandLine(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(ReplayOptions, Defaults) {
+  CommandLine cl = Parse({});
+  ASSERT_FALSE(cl.exit_code) << cl.message;
+  const ReplayOptions& o = cl.options;
+  EXPECT_EQ(o.trace, kDataDir + "/mooncake_conversation_head200.jsonl");
+  EXPECT_EQ(o.requests, 24);
+  EXPECT_EQ(o.length_scale, 0.02);
+  EXPECT_EQ(o.concurrency, 4);  // closed loop by default
+  EXPECT_FALSE(o.time_scale);
+  EXPECT_EQ(o.mode, ReplayMode::kAdaptive);
+  EXPECT_FALSE(o.hbm_budget_bytes);
+  EXPECT_FALSE(o.check_exact);
+  EXPECT_TRUE(o.sweep.empty());
+  EXPECT_TRUE(o.json_out.empty());
+  EXPECT_TRUE(o.connect.empty());
+}
+
+TEST(ReplayOptions, EveryOption) {
+  const std::string csv_trace = kDataDir + "/azure_llm_code_2023_head200.csv";
+  CommandLine cl = Parse({"--trace", csv_trace, "--requests", "10", "--time-scale", "0.25", "--length-scale", "0.5",
+                          "--mode", "hisparse", "--hbm-budget", "2GiB", "--check-exact", "--json", "r.json", "--csv",
+                          "r.csv", "--connect", "ipc:///tmp/node.sock", "--run-dir", "run/x"});
+  ASSERT_FALSE(cl.exit_code) << cl.message;
+  const ReplayOptions& o = cl.options;
+  EXPECT_EQ(o.trace, csv_trace);
+  EXPECT_EQ(o.requests, 10);
+  EXPECT_EQ(o.time_scale, 0.25);
+  EXPECT_FALSE(o.concurrency);
+  EXPECT_EQ(o.length_scale, 0.5);
+  EXPECT_EQ(o.mode, ReplayMode::kHisparse);
+  EXPECT_EQ(o.hbm_budget_bytes, int64_t{2} << 30);
+  EXPECT_TRUE(o.check_exact);
+  EXPECT_EQ(o.json_out, "r.json");
+  EXPECT_EQ(o.csv_out, "r.csv");
+  EXPECT_EQ(o.connect, "ipc:///tmp/node.sock");
+  EXPECT_EQ(o.run_dir, "run/x");
+}
+
+TEST(ReplayOptions, SizesAndModes) {
+  EXPECT_EQ(Parse({"--hbm-budget", "1000"}).options.hbm_budget_bytes, 1000);
+  EXPECT_EQ(Parse({"--hbm-budget", "3KB"}).options.hbm_budget_bytes, 3000);
+  EXPECT_EQ(Parse({"--hbm-budget", "3KiB"}).options.hbm_budget_bytes, 3072);
+  EXPECT_EQ(Parse({"--mode", "resident"}).options.mode, ReplayMode::kResident);
+  EXPECT_EQ(Parse({"--mode", "ADAPTIVE"}).options.mode, ReplayMode::kAdaptive);
+  EXPECT_EQ(ReplayModeName(ReplayMode::kHisparse), "hisparse");
+}
+
+TEST(ReplayOptions, SweepIsSortedAndPlotNeedsIt) {
+  CommandLine cl = Parse({"--sweep", "8,2,4", "--plot", "s.png"});
+  ASSERT_FALSE(cl.exit_code) << cl.message;
+  EXPECT_THAT(cl.options.sweep, ElementsAre(2, 4, 8));
+  EXPECT_FALSE(cl.options.concurrency);  // the sweep gives the concurrencies
+  EXPECT_EQ(cl.options.plot_out, "s.png");
+}
+
+TEST(ReplayOptions, HelpExitsZero) {
+  CommandLine cl = Parse({"--help"});
+  ASSERT_EQ(cl.exit_code, 0);
+  EXPECT_THAT(cl.message, HasSubstr("--trace"));
+  EXPECT_THAT(cl.message, HasSubstr("--sweep"));
+}
+
+struct BadArgs {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+TEST(ReplayOptions, BadValuesExitTwoWithAClearMessage) {
+  const std::vector<BadArgs> cases = {
+      {{"--concurrency", "2", "--time-scale", "1"}, "excludes"},
+      {{"--concurrency", "0"}, "--concurrency must be >= 1"},
+      {{"--concurrency", "many"}, "--concurrency"},
+      {{"--time-scale", "-1"}, "--time-scale must be a number >= 0"},
+      {{"--requests", "0"}, "--requests must be >= 1"},
+      {{"--length-scale", "0"}, "--length-scale must be a number > 0"},
+      {{"--length-scale", "-0.5"}, "--length-scale must be a number > 0"},
+      {{"--mode", "fast"}, "--mode"},
+      {{"--hbm-budget", "0"}, "--hbm-budget must be > 0 bytes"},
+      {{"--hbm-budget", "lots"}, "--hbm-budget"},
+      {{"--sweep", "2,0"}, "--sweep: every concurrency must be >= 1"},
+      {{"--sweep", "2,2"}, "--sweep: concurrency 2 is repeated"},
+      {{"--sweep", "2,4", "--concurrency", "3"}, "excludes"},
+      {{"--sweep", "2,4", "--time-scale", "1"}, "excludes"},
+      {{"--plot", "x.png"}, "--plot requires --sweep"},
+      {{"--trace", "/nonexistent/trace.jsonl"}, "/nonexistent/trace.jsonl"},
+      {{"--connect", "localhost:5555"}, "--connect must be a tcp:// or ipc:// endpoint"},
+      {{"--bogus"}, "--bogus"},
+  };
+  for (const BadArgs& c : cases) {
+    std::vector<std::string> all = {"dhs-replay"};
+    all.insert(all.end(), c.args.begin(), c.args.end());
+    std::vector<const char*> argv;
+    for (const std::string& a : all) argv.push_back(a.c_str());
+    CommandLine cl = ParseReplayCommandLine(static_cast<int>(argv.size()), argv.data());
+    ASSERT_EQ(cl.exit_code, 2) << c.args[0];
+    EXPECT_THAT(cl.message, HasSubstr(c.message)) << c.args[0];
+    EXPECT_THAT(cl.message, ::testing::StartsWith("dhs-replay: "));
+  }
+}
+
+TEST(ReplayOptions, ValidateCatchesProgrammaticCombinations) {
+  ReplayOptions o;
+  EXPECT_TRUE(ValidateReplayOptions(o).ok());
+  o.concurrency = 2;
+  o.time_scale = 1;
+  EXPECT_THAT(std::string(ValidateReplayOptions(o).message()), HasSubstr("exclude each other"));
+  ReplayOptions p;
+  p.plot_out = "x.png";
+  EXPECT_THAT(std::string(ValidateReplayOptions(p).message()), HasSubstr("--plot needs --sweep"));
+}
+
+TEST(LoadTrace, DefaultsGiveTheFirst24ScaledRequests) {
+  ReplayOptions o;  // bundled slice, 24 requests, length scale 0.02
+  auto trace = LoadTrace(o);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->requests.size(), 24u);
+  EXPECT_EQ(trace->block_tokens, 10);               // 512 * 0.02 = 10.24
+  EXPECT_EQ(trace->requests[0].input_tokens, 135);  // 6758 * 0.02 = 135.16
+  EXPECT_EQ(trace->requests[0].output_tokens, 10);  // 500 * 0.02
+  o.requests = 500;
+  EXPECT_THAT(std::string(LoadTrace(o).status().message()), HasSubstr("has only 200 requests"));
+}
+
+TEST(MakeScheduler, FollowsTheOptions) {
+  ReplayOptions o;
+  auto trace = LoadTrace(o);
+  ASSERT_TRUE(trace.ok());
+  o.concurrency = 3;
+  auto closed = MakeScheduler(o, *trace);
+  ASSERT_TRUE(closed.ok());
+  EXPECT_FALSE(closed->open_loop());
+  EXPECT_EQ(closed->Due(0, 0).size(), 3u);
+  auto point = MakeScheduler(o, *trace, 5);  // a sweep point overrides
+  EXPECT_EQ(point->Due(0, 0).size(), 5u);
+  o.concurrency.reset();
+  o.time_scale = 0;  // open loop, all at once
+  auto open = MakeScheduler(o, *trace);
+  ASSERT_TRUE(open.ok());
+  EXPECT_TRUE(open->open_loop());
+  EXPECT_EQ(open->Due(0, 0).size(), 24u);
+}
+
+TEST(SweepCsvPath, CsvOptionOrBesideThePlot) {
+  ReplayOptions o;
+  o.sweep = {1, 2};
+  EXPECT_EQ(SweepCsvPath(o), "");
+  o.plot_out = "out/sweep.png";
+  EXPECT_EQ(SweepCsvPath(o), "out/sweep.csv");
+  o.plot_out = "out/sweep";
+  EXPECT_EQ(SweepCsvPath(o), "out/sweep.csv");
+  o.csv_out = "rows.csv";
+  EXPECT_EQ(SweepCsvPath(o), "rows.csv");
+}
+
+TEST(MakeRunSettings, EchoesOptionsAndTrace) {
+  ReplayOptions o;
+  o.mode = ReplayMode::kResident;
+  o.hbm_budget_bytes = 4096;
+  auto trace = LoadTrace(o);
+  ASSERT_TRUE(trace.ok());
+  RunSettings s = MakeRunSettings(o, *trace, "prepared-prefix");
+  EXPECT_EQ(s.trace_path, o.trace);
+  EXPECT_EQ(s.trace_format, "mooncake");
+  EXPECT_EQ(s.block_tokens, 10);
+  EXPECT_EQ(s.mode, "resident");
+  EXPECT_EQ(s.prefill, "prepared-prefix");
+  EXPECT_EQ(s.concurrency, 4);
+  EXPECT_EQ(s.hbm_budget_bytes, 4096);
+  EXPECT_EQ(MakeRunSettings(o, *trace, "prefill", 8).concurrency, 8);
+}
+
+}  // namespace
+}  // namespace dhs::replay

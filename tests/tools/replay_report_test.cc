@@ -1,0 +1,288 @@
+// Report: nearest-rank percentiles against hand-computed values, report figures from a hand-made DriverResult,
+// JSON fields, CSV, summary, sweep CSV and the plot script's failure modes (tools/replay/report.h).
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/replay/report.h"
+
+namespace dhs::replay {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Percentile, NearestRankByHand) {
+  // Sorted: 15 20 35 40 50. Rank = max(1, ceil(p * 5 / 100)).
+  const std::vector<double> v = {50, 15, 40, 20, 35};
+  EXPECT_EQ(*PercentileNearestRank(v, 0), 15);    // rank 1
+  EXPECT_EQ(*PercentileNearestRank(v, 5), 15);    // ceil(0.25) = 1
+  EXPECT_EQ(*PercentileNearestRank(v, 30), 20);   // ceil(1.5) = 2
+  EXPECT_EQ(*PercentileNearestRank(v, 40), 20);   // 2 exactly
+  EXPECT_EQ(*PercentileNearestRank(v, 50), 35);   // ceil(2.5) = 3
+  EXPECT_EQ(*PercentileNearestRank(v, 99), 50);   // ceil(4.95) = 5
+  EXPECT_EQ(*PercentileNearestRank(v, 100), 50);
+}
+
+TEST(Percentile, ExactRanksAreNotRoundedUp) {
+  std::vector<double> hundred;
+  for (int i = 1; i <= 100; ++i) hundred.push_back(i);
+  EXPECT_EQ(*PercentileNearestRank(hundred, 99), 99);  // 99 * 100 / 100 = 99 exactly, not 100
+  EXPECT_EQ(*PercentileNearestRank(hundred, 50), 50);
+  std::vector<double> ten;
+  for (int i = 1; i <= 10; ++i) ten.push_back(i * 1.5);
+  EXPECT_EQ(*PercentileNearestRank(ten, 99), 15);  // ceil(9.9) = 10 -> 10 * 1.5
+  EXPECT_EQ(*PercentileNearestRank(ten, 50), 7.5);  // 5 -> 5 * 1.5
+  EXPECT_EQ(*PercentileNearestRank({42}, 99), 42);
+}
+
+TEST(Percentile, BadInput) {
+  EXPECT_EQ(PercentileNearestRank({}, 50).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PercentileNearestRank({1}, 101).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PercentileNearestRank({1}, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PercentileNearestRank({1}, std::nan("")).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+RequestTiming Timing(double submit, double first, double last, int64_t tokens, double wait, bool ok = true) {
+  RequestTiming t;
+  t.submit_ms = submit;
+  t.first_token_ms = first;
+  t.last_token_ms = last;
+  t.end_ms = last;
+  t.tokens = tokens;
+  t.allocation_wait_ms = wait;
+  t.finished = ok;
+  if (!ok) t.error = "failed";
+  return t;
+}
+
+// Three requests over 2 s: TTFT 10, 30, 20 ms; TPOT 5 ms, 10 ms, none (one token).
+DriverResult SampleResult() {
+  DriverResult r;
+  r.requests = {Timing(0, 10, 25, 4, 4), Timing(25, 55, 65, 2, 6), Timing(100, 120, 120, 1, 0, false)};
+  r.elapsed_ms = 2000;
+  r.stats.sessions_admitted_max = 2;
+  r.stats.census = {60, 30, 10};
+  r.stats.reclaims = 3;
+  r.stats.repopulated_pages = 17;
+  r.stats.gpus = {{0, 100, 40, 50, 5, 4096, 90 * 4096}, {1, 100, 10, 0, 5, 4096, 10 * 4096}};
+  return r;
+}
+
+RunSettings SampleSettings() {
+  RunSettings s;
+  s.trace_path = "data/mooncake.jsonl";
+  s.trace_format = "mooncake";
+  s.block_tokens = 10;
+  s.length_scale = 0.02;
+  s.concurrency = 4;
+  s.mode = "adaptive";
+  s.prefill = "prefill";
+  s.hbm_budget_bytes = 1 << 20;
+  return s;
+}
+
+TEST(BuildReport, FiguresByHand) {
+  ReplayReport r = BuildReport(SampleResult(), SampleSettings(), true);
+  EXPECT_EQ(r.requests_total, 3);
+  EXPECT_EQ(r.requests_served, 2);
+  EXPECT_EQ(r.output_tokens, 7);
+  EXPECT_DOUBLE_EQ(r.output_tokens_per_s, 3.5);  // 7 tokens / 2 s
+  ASSERT_TRUE(r.ttft_ms);
+  EXPECT_EQ(r.ttft_ms->p50, 20);  // sorted 10 20 30: rank ceil(1.5) = 2
+  EXPECT_EQ(r.ttft_ms->p99, 30);
+  ASSERT_TRUE(r.tpot_ms);
+  EXPECT_EQ(r.tpot_ms->p50, 5);   // sorted 5 10: rank ceil(1.0) = 1
+  EXPECT_EQ(r.tpot_ms->p99, 10);
+  ASSERT_TRUE(r.allocation_wait_share);
+  EXPECT_DOUBLE_EQ(*r.allocation_wait_share, 10.0 / 60.0);  // (4 + 6 + 0) / (10 + 30 + 20)
+  ASSERT_TRUE(r.census);
+  EXPECT_DOUBLE_EQ(r.census->direct, 0.6);
+  EXPECT_DOUBLE_EQ(r.census->hot, 0.3);
+  EXPECT_DOUBLE_EQ(r.census->host, 0.1);
+  EXPECT_EQ(r.sessions_admitted_max, 2);
+  EXPECT_EQ(r.reclaims, 3);
+  EXPECT_EQ(r.repopulated_pages, 17);
+  EXPECT_EQ(r.exact_match, true);
+  EXPECT_EQ(r.elapsed_s, 2.0);
+  EXPECT_EQ(r.gpus.size(), 2u);
+}
+
+TEST(BuildReport, NoTokensGiveNulls) {
+  DriverResult empty;
+  empty.requests.resize(2);  // never got a token
+  ReplayReport r = BuildReport(empty, SampleSettings());
+  EXPECT_EQ(r.requests_served, 0);
+  EXPECT_FALSE(r.ttft_ms);
+  EXPECT_FALSE(r.tpot_ms);
+  EXPECT_FALSE(r.allocation_wait_share);
+  EXPECT_FALSE(r.census);
+  EXPECT_FALSE(r.exact_match);
+  EXPECT_EQ(r.output_tokens_per_s, 0);
+  nlohmann::json j = ReportToJson(r);
+  EXPECT_TRUE(j["ttft_ms"]["p50"].is_null());
+  EXPECT_TRUE(j["exact_match"].is_null());
+  EXPECT_TRUE(j["census"]["host"].is_null());
+  EXPECT_TRUE(j["allocation_wait_share"].is_null());
+}
+
+TEST(ReportJson, HasEveryFieldWithItsValue) {
+  nlohmann::json j = ReportToJson(BuildReport(SampleResult(), SampleSettings(), false));
+  EXPECT_EQ(j["requests_total"], 3);
+  EXPECT_EQ(j["requests_served"], 2);
+  EXPECT_EQ(j["output_tokens"], 7);
+  EXPECT_DOUBLE_EQ(j["output_tokens_per_s"].get<double>(), 3.5);
+  EXPECT_EQ(j["ttft_ms"]["p50"], 20.0);
+  EXPECT_EQ(j["ttft_ms"]["p99"], 30.0);
+  EXPECT_EQ(j["tpot_ms"]["p50"], 5.0);
+  EXPECT_EQ(j["tpot_ms"]["p99"], 10.0);
+  EXPECT_DOUBLE_EQ(j["allocation_wait_share"].get<double>(), 10.0 / 60.0);
+  EXPECT_EQ(j["sessions_admitted_max"], 2);
+  EXPECT_DOUBLE_EQ(j["census"]["direct"].get<double>(), 0.6);
+  EXPECT_DOUBLE_EQ(j["census"]["hot"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(j["census"]["host"].get<double>(), 0.1);
+  EXPECT_EQ(j["reclaims"], 3);
+  EXPECT_EQ(j["repopulated_pages"], 17);
+  EXPECT_EQ(j["mode"], "adaptive");
+  EXPECT_EQ(j["prefill"], "prefill");
+  EXPECT_EQ(j["exact_match"], false);
+  ASSERT_EQ(j["gpu_memory"].size(), 2u);
+  EXPECT_EQ(j["gpu_memory"][0]["gpu"], 0);
+  EXPECT_EQ(j["gpu_memory"][0]["peak_used_bytes"], 90 * 4096);
+  EXPECT_EQ(j["gpu_memory"][1]["peak_required_pages"], 10);
+  EXPECT_EQ(j["elapsed_s"], 2.0);
+  EXPECT_EQ(j["trace"]["path"], "data/mooncake.jsonl");
+  EXPECT_EQ(j["trace"]["format"], "mooncake");
+  EXPECT_EQ(j["trace"]["requests"], 3);
+  EXPECT_EQ(j["trace"]["length_scale"], 0.02);
+  EXPECT_EQ(j["trace"]["block_tokens"], 10);
+  EXPECT_EQ(j["settings"]["schedule"], "closed-loop");
+  EXPECT_EQ(j["settings"]["concurrency"], 4);
+  EXPECT_TRUE(j["settings"]["time_scale"].is_null());
+  EXPECT_EQ(j["settings"]["hbm_budget_bytes"], 1 << 20);
+  EXPECT_EQ(j["settings"]["check_exact"], false);
+}
+
+TEST(ReportCsv, OneRowMatchingTheHeader) {
+  RunSettings s = SampleSettings();
+  s.trace_path = "dir,with \"comma\"/t.jsonl";
+  ReplayReport r = BuildReport(SampleResult(), s);
+  const std::string header = ReportCsvHeader();
+  const std::string row = ReportCsvRow(r);
+  std::vector<std::string> names = absl::StrSplit(header, ',');
+  EXPECT_EQ(names.size(), 25u);
+  EXPECT_EQ(names[0], "requests_total");
+  EXPECT_EQ(names[4], "ttft_p50_ms");
+  EXPECT_EQ(names[17], "exact_match");
+  EXPECT_THAT(row, ::testing::StartsWith("3,2,7,3.5,20,30,5,10,0.166667,2,0.6,0.3,0.1,3,17,adaptive,prefill,,2,"));
+  EXPECT_THAT(row, HasSubstr(",\"dir,with \"\"comma\"\"/t.jsonl\",mooncake,0.02,4,,1048576"));
+  EXPECT_EQ(row.find('\n'), std::string::npos);
+}
+
+TEST(ReportFiles, WrittenAndReadBack) {
+  const std::string dir = ::testing::TempDir();
+  ReplayReport r = BuildReport(SampleResult(), SampleSettings());
+  ASSERT_TRUE(WriteReportJson(r, dir + "/replay_report.json").ok());
+  ASSERT_TRUE(WriteReportCsv(r, dir + "/replay_report.csv").ok());
+  std::ifstream json_in(dir + "/replay_report.json");
+  nlohmann::json j = nlohmann::json::parse(json_in);
+  EXPECT_EQ(j["requests_served"], 2);
+  std::ifstream csv_in(dir + "/replay_report.csv");
+  std::string text((std::istreambuf_iterator<char>(csv_in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, ReportCsvHeader() + "\n" + ReportCsvRow(r) + "\n");
+  EXPECT_EQ(WriteReportJson(r, dir + "/no/such/dir/r.json").code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(Summary, NamesTheMainFigures) {
+  const std::string s = FormatSummary(BuildReport(SampleResult(), SampleSettings(), true));
+  EXPECT_THAT(s, HasSubstr("served 2/3 in 2.0 s: 7 output tokens, 3.5 tokens/s"));
+  EXPECT_THAT(s, HasSubstr("TTFT ms p50 20.0 p99 30.0; TPOT ms p50 5.00 p99 10.00; allocation wait 16.7% of TTFT"));
+  EXPECT_THAT(s, HasSubstr("census: direct 60.0%, hot 30.0%, host 10.0%"));
+  EXPECT_THAT(s, HasSubstr("exact match yes"));
+  EXPECT_THAT(s, HasSubstr("closed loop, concurrency 4"));
+}
+
+std::vector<SweepPoint> SamplePoints() {
+  std::vector<SweepPoint> points;
+  for (int64_t c : {1, 2, 4}) {
+    DriverResult d = SampleResult();
+    d.elapsed_ms = 4000.0 / static_cast<double>(c);  // 7 tokens in 4 s, 2 s, 1 s
+    points.push_back({c, BuildReport(d, SampleSettings())});
+  }
+  return points;
+}
+
+TEST(Sweep, CsvRowsPerConcurrency) {
+  const std::string csv = SweepCsv(SamplePoints());
+  std::vector<std::string> lines = absl::StrSplit(csv, '\n');
+  ASSERT_EQ(lines.size(), 5u);  // header, 3 rows, "" after the final newline
+  EXPECT_EQ(lines[0],
+            "concurrency,output_tokens_per_s,requests_served,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,"
+            "allocation_wait_share,sessions_admitted_max");
+  EXPECT_EQ(lines[1], "1,1.75,2,20,30,5,10,0.166667,2");
+  EXPECT_EQ(lines[2], "2,3.5,2,20,30,5,10,0.166667,2");
+  EXPECT_EQ(lines[3], "4,7,2,20,30,5,10,0.166667,2");
+  EXPECT_EQ(lines[4], "");
+}
+
+TEST(Sweep, JsonArrayOfReports) {
+  nlohmann::json j = SweepToJson(SamplePoints());
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_DOUBLE_EQ(j[0]["output_tokens_per_s"].get<double>(), 1.75);
+  EXPECT_DOUBLE_EQ(j[2]["output_tokens_per_s"].get<double>(), 7.0);
+}
+
+std::string WriteScript(const std::string& name, const std::string& body) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::trunc) << body;
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+TEST(Plot, MissingMatplotlibIsReportedClearly) {
+  // A stand-in interpreter that behaves like plot_sweep.py without matplotlib: exit status 3.
+  PlotCommand command;
+  command.python = WriteScript("fake_python_no_matplotlib.sh", "#!/bin/sh\nexit 3\n");
+  absl::Status s = RunPlotSweep("sweep.csv", "sweep.png", command);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("install python3-matplotlib"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("sweep.csv"));
+}
+
+TEST(Plot, OtherFailuresAreErrors) {
+  PlotCommand missing;
+  missing.python = "/nonexistent/python3";
+  EXPECT_EQ(RunPlotSweep("a.csv", "a.png", missing).code(), absl::StatusCode::kNotFound);
+  PlotCommand failing;
+  failing.python = WriteScript("fake_python_fails.sh", "#!/bin/sh\nexit 1\n");
+  absl::Status s = RunPlotSweep("a.csv", "a.png", failing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("exit 1"));
+}
+
+TEST(Plot, RealScriptWritesPngOrNamesMatplotlib) {
+  EXPECT_EQ(PlotCommand{}.script, DHS_REPLAY_PLOT_SCRIPT_PATH);
+  const std::string dir = ::testing::TempDir();
+  ASSERT_TRUE(WriteSweepCsv(SamplePoints(), dir + "/replay_sweep.csv").ok());
+  std::filesystem::remove(dir + "/replay_sweep.png");
+  const bool have_matplotlib = std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+  absl::Status s = RunPlotSweep(dir + "/replay_sweep.csv", dir + "/replay_sweep.png");
+  if (have_matplotlib) {
+    ASSERT_TRUE(s.ok()) << s;
+    std::ifstream png(dir + "/replay_sweep.png", std::ios::binary);
+    char magic[8] = {};
+    png.read(magic, 8);
+    EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("install python3-matplotlib"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/replay_sweep.png"));
+  }
+}
+
+}  // namespace
+}  // namespace dhs::replay

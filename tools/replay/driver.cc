@@ -1,0 +1,150 @@
+// tools/replay/driver.cc: the replay loop (see driver.h).
+#include "tools/replay/driver.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dhs::replay {
+
+double SteadyClock::NowMs() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::optional<double> RequestTiming::ttft_ms() const {
+  if (first_token_ms < 0 || submit_ms < 0) return std::nullopt;
+  return first_token_ms - submit_ms;
+}
+
+std::optional<double> RequestTiming::tpot_ms() const {
+  if (tokens < 2 || first_token_ms < 0) return std::nullopt;
+  return (last_token_ms - first_token_ms) / static_cast<double>(tokens - 1);
+}
+
+std::string FormatProgressLine(const Progress& p) {
+  return absl::StrFormat("replay: served %d/%d (failed %d), %d tokens, %.1f tokens/s, %.1f s", p.served,
+                         p.total, p.ended - p.served, p.output_tokens, p.tokens_per_s(), p.elapsed_ms / 1000.0);
+}
+
+void PrintProgressToStderr(const Progress& progress) {
+  std::fprintf(stderr, "\r%s\x1b[K", FormatProgressLine(progress).c_str());
+  if (progress.ended == progress.total) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+ReplayDriver::ReplayDriver(NodeClient* client, Clock* clock, DriverOptions options)
+    : client_(client), clock_(clock), options_(std::move(options)) {}
+
+absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& scheduler) {
+  const size_t n = trace.requests.size();
+  if (scheduler.size() != n || scheduler.submitted() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("scheduler covers ", scheduler.size(), " requests (",
+                                                   scheduler.submitted(), " already submitted), trace has ", n));
+  }
+  DriverResult result;
+  result.requests.resize(n);
+  absl::flat_hash_map<RequestId, size_t> by_id;
+  for (size_t i = 0; i < n; ++i) {
+    result.requests[i].trace_index = trace.requests[i].index;
+    result.requests[i].request = options_.first_request_id + static_cast<RequestId>(i);
+    by_id[result.requests[i].request] = i;
+  }
+
+  const double start = clock_->NowMs();
+  auto now = [&] { return clock_->NowMs() - start; };
+  Progress progress;
+  progress.total = static_cast<int64_t>(n);
+  double last_progress_ms = 0;
+  int64_t in_flight = 0;
+  double last_activity_ms = 0;
+
+  while (!scheduler.all_submitted() || in_flight > 0) {
+    for (size_t i : scheduler.Due(now(), in_flight)) {
+      const TraceRequest& tr = trace.requests[i];
+      SubmitRequest submit;
+      submit.request = result.requests[i].request;
+      submit.prompt = PromptRef{tr.index, tr.input_tokens, trace.block_tokens, tr.hash_ids};
+      submit.max_new_tokens = tr.output_tokens;
+      submit.sampling.seed = static_cast<uint64_t>(tr.index);
+      const double t = now();
+      if (absl::Status s = client_->Submit(submit); !s.ok()) return s;
+      result.requests[i].submit_ms = t;
+      last_activity_ms = t;
+      ++in_flight;
+    }
+    if (scheduler.all_submitted() && in_flight == 0) break;
+
+    double timeout = options_.poll_timeout_ms;
+    if (auto due = scheduler.NextDueMs()) timeout = std::clamp(*due - now(), 0.0, timeout);
+    auto events = client_->Poll(timeout);
+    if (!events.ok()) return events.status();
+    const double t = now();
+
+    for (const TokenEvent& ev : *events) {
+      auto it = by_id.find(ev.request);
+      if (it == by_id.end()) return absl::InternalError(absl::StrCat("event for unknown request ", ev.request));
+      RequestTiming& r = result.requests[it->second];
+      if (r.submit_ms < 0) {
+        return absl::InternalError(absl::StrCat("event for request ", ev.request, " before it was submitted"));
+      }
+      if (r.end_ms >= 0) {
+        return absl::InternalError(absl::StrCat("event for request ", ev.request, " after it ended"));
+      }
+      if (!ev.tokens.empty()) {
+        if (r.first_token_ms < 0) r.first_token_ms = t;
+        r.last_token_ms = t;
+        r.tokens += static_cast<int64_t>(ev.tokens.size());
+        r.output.insert(r.output.end(), ev.tokens.begin(), ev.tokens.end());
+        progress.output_tokens += static_cast<int64_t>(ev.tokens.size());
+      }
+      r.allocation_wait_ms = std::max(r.allocation_wait_ms, ev.allocation_wait_ms);
+      if (!ev.error.empty() || ev.finished) {
+        r.error = ev.error;
+        r.finished = ev.error.empty();
+        r.end_ms = t;
+        --in_flight;
+        ++progress.ended;
+        if (r.finished) ++progress.served;
+      }
+    }
+    if (!events->empty()) {
+      last_activity_ms = t;
+    } else if (in_flight > 0 && t - last_activity_ms > options_.idle_timeout_ms) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "no event from the node for %.0f ms with %d requests in flight", t - last_activity_ms, in_flight));
+    }
+    if (options_.on_progress && t - last_progress_ms >= options_.progress_interval_ms) {
+      progress.elapsed_ms = t;
+      options_.on_progress(progress);
+      last_progress_ms = t;
+    }
+  }
+
+  result.elapsed_ms = now();
+  if (options_.on_progress) {  // the final line, so the count on screen ends at total
+    progress.elapsed_ms = result.elapsed_ms;
+    options_.on_progress(progress);
+  }
+  auto stats = client_->Stats();
+  if (!stats.ok()) return stats.status();
+  result.stats = *std::move(stats);
+  return result;
+}
+
+bool OutputsMatch(const DriverResult& a, const DriverResult& b) {
+  if (a.requests.size() != b.requests.size()) return false;
+  for (size_t i = 0; i < a.requests.size(); ++i) {
+    const RequestTiming& x = a.requests[i];
+    const RequestTiming& y = b.requests[i];
+    if (!x.served() || !y.served() || x.trace_index != y.trace_index || x.output != y.output) return false;
+  }
+  return true;
+}
+
+}  // namespace dhs::replay

@@ -1,0 +1,106 @@
+// tools/replay/driver.h: runs a trace through a NodeClient under a Scheduler and records per-request timings
+// (submit, first token, last token, end, allocation wait, tokens) for the report (issue 5, brief §10).
+//
+// Thread-safety: a ReplayDriver is used by one thread; Run() drives the client on the calling thread. The
+// client and clock it points to must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tools/replay/node_client.h"
+#include "tools/replay/scheduler.h"
+#include "tools/replay/trace.h"
+
+namespace dhs::replay {
+
+// Monotonic time in ms. The real one reads std::chrono::steady_clock; tests use a fake one.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual double NowMs() = 0;
+};
+
+class SteadyClock final : public Clock {
+ public:
+  double NowMs() override;
+};
+
+// One request's timeline. Times are ms since the run started; -1 = did not happen.
+struct RequestTiming {
+  int64_t trace_index = 0;
+  RequestId request = 0;
+  double submit_ms = -1;        // Submit() was called
+  double first_token_ms = -1;   // the poll that returned its first token(s) ended
+  double last_token_ms = -1;    // the poll that returned its last token(s) ended
+  double end_ms = -1;           // finished or failed
+  int64_t tokens = 0;           // output tokens received
+  double allocation_wait_ms = 0;  // the node's figure (TokenEvent::allocation_wait_ms), the latest seen
+  bool finished = false;        // ended without error
+  std::string error;            // non-empty: failed with this text
+  std::vector<int32_t> output;  // the tokens, in order (for the exactness check, brief §7)
+
+  bool served() const { return finished && error.empty(); }
+  // Time to first token, ms: first_token_ms - submit_ms. nullopt without a token.
+  std::optional<double> ttft_ms() const;
+  // Time per output token after the first, ms: (last_token_ms - first_token_ms) / (tokens - 1).
+  // nullopt with fewer than 2 tokens.
+  std::optional<double> tpot_ms() const;
+};
+
+struct DriverResult {
+  std::vector<RequestTiming> requests;  // one per trace request, in trace order
+  double elapsed_ms = 0;                // start of the run to the end of the last request
+  NodeStats stats;                      // NodeClient::Stats() at the end
+};
+
+// A progress snapshot for the live line.
+struct Progress {
+  int64_t served = 0;         // requests finished without error
+  int64_t ended = 0;          // finished or failed
+  int64_t total = 0;          // requests in the run
+  int64_t output_tokens = 0;  // tokens received so far
+  double elapsed_ms = 0;
+  double tokens_per_s() const { return elapsed_ms > 0 ? output_tokens * 1000.0 / elapsed_ms : 0.0; }
+};
+
+// "replay: served 12/24 (failed 0), 1234 tokens, 56.7 tokens/s, 21.8 s"
+std::string FormatProgressLine(const Progress& progress);
+// Writes FormatProgressLine to stderr on one line rewritten in place ("\r...").
+void PrintProgressToStderr(const Progress& progress);
+
+struct DriverOptions {
+  RequestId first_request_id = 1;     // request ids are first_request_id + trace index
+  double poll_timeout_ms = 50;        // longest single Poll() wait
+  double idle_timeout_ms = 120'000;   // fail (DeadlineExceeded) after this long with requests in flight and no event
+  double progress_interval_ms = 1000; // at most one progress call per interval
+  std::function<void(const Progress&)> on_progress = PrintProgressToStderr;  // null: no progress
+};
+
+class ReplayDriver {
+ public:
+  ReplayDriver(NodeClient* client, Clock* clock, DriverOptions options = {});
+
+  // Submits every request of `trace` when `scheduler` says so (the scheduler must cover trace.requests.size()
+  // requests), polls the client and records each request's timeline until all have ended, then reads
+  // NodeClient::Stats(). All events of one Poll() are stamped with the time that Poll() returned.
+  // Errors: a client error (returned as is); an event for an unknown or already ended request (Internal);
+  // no event for idle_timeout_ms while requests are in flight (DeadlineExceeded); a scheduler of the wrong
+  // size (InvalidArgument).
+  absl::StatusOr<DriverResult> Run(const Trace& trace, Scheduler& scheduler);
+
+ private:
+  NodeClient* client_;
+  Clock* clock_;
+  DriverOptions options_;
+};
+
+// brief §7 exactness: true when both runs served the same requests with identical output tokens. Requests
+// that failed in either run make it false.
+bool OutputsMatch(const DriverResult& a, const DriverResult& b);
+
+}  // namespace dhs::replay

@@ -1,0 +1,103 @@
+// tools/replay/node_client.h: the seam between the replay driver and the serving node (memd + workerd).
+// The replay owns this interface; the node-facing implementation (ZeroMQ + FlatBuffers, brief §3) is written
+// against it by whoever connects the node, and tests use a scripted fake.
+//
+// Thread-safety: a NodeClient is used by one thread (the ReplayDriver's); implementations need not be
+// thread-safe. The value types here are plain data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace dhs::replay {
+
+// What to prefill: the trace carries no text, only lengths and prefix-block ids (brief §10). The node (or
+// SynthesizePrompt below) turns this into `input_tokens` byte tokens (vocabulary 256, brief §11) such that
+// requests with equal leading hash ids get equal leading tokens, so shared prefixes stay shared.
+struct PromptRef {
+  int64_t trace_index = 0;        // the request's row in the trace (seeds tokens not covered by hash ids)
+  int64_t input_tokens = 0;       // prompt length, tokens (>= 1)
+  int64_t block_tokens = 512;     // tokens per hash block (>= 1)
+  std::vector<int64_t> hash_ids;  // prefix-block ids; block b covers tokens [b * block_tokens, (b+1) * block_tokens)
+};
+
+// Sampling of the generated tokens. Greedy by default, so that resident and hierarchical runs can be compared
+// token for token (brief §7).
+struct Sampling {
+  bool greedy = true;
+  double temperature = 1.0;  // used when !greedy
+  uint64_t seed = 0;         // used when !greedy; the driver sets it to the trace index
+};
+
+struct SubmitRequest {
+  RequestId request = 0;       // unique for the run; the driver uses first_request_id + trace index
+  PromptRef prompt;
+  int64_t max_new_tokens = 0;  // tokens to generate (>= 1); the node finishes the request after that many
+  Sampling sampling;
+};
+
+// One report from the node about one request. A request gets any number of events with tokens, the last one
+// with `finished` (or with a non-empty `error`, which also ends it).
+struct TokenEvent {
+  RequestId request = 0;
+  std::vector<int32_t> tokens;    // tokens produced since the previous event (byte values 0..255); may be
+                                  // several at once (speculative decoding commits A_r + 1 per round, brief §6)
+  bool finished = false;          // no more events for this request
+  std::string error;              // non-empty: the request failed (it is then finished); text for the report
+  double allocation_wait_ms = 0;  // total time so far that the request waited for its required allocation
+                                  // (admission queue, brief §4), ms; non-decreasing across its events
+};
+
+// Node-wide figures for the report, read once at the end of a run.
+struct Census {  // how selected rows resolved (brief §5), counts of rows
+  int64_t direct = 0;
+  int64_t hot = 0;
+  int64_t host = 0;
+};
+
+struct GpuMemoryUse {  // one GPU's KV pools (brief §4)
+  GpuId gpu = 0;
+  int64_t capacity_pages = 0;        // M
+  int64_t peak_required_pages = 0;   // max M_req seen
+  int64_t peak_optional_pages = 0;   // max M_opt seen
+  int64_t reserve_pages = 0;         // M_res
+  int64_t page_bytes = 0;            // bytes per page (all sources of the pool)
+  int64_t peak_used_bytes = 0;       // max (M_req + M_opt) * page_bytes seen
+};
+
+struct NodeStats {
+  int64_t sessions_admitted_max = 0;  // high-water mark of admitted sessions, all GPUs together
+  Census census;                      // summed over sources, layers and GPUs
+  int64_t reclaims = 0;               // requests whose optional history was reclaimed (brief §4)
+  int64_t repopulated_pages = 0;      // pages published again by population (brief §4)
+  std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id
+};
+
+// The node as the replay sees it.
+class NodeClient {
+ public:
+  virtual ~NodeClient() = default;
+
+  // Hands a request to the node; returns once the node has it queued (not when admitted). A non-OK status
+  // means the node cannot be used any more (transport failure); the driver then ends the run with it.
+  // Per-request failures come back as a TokenEvent with `error`.
+  virtual absl::Status Submit(const SubmitRequest& request) = 0;
+
+  // Waits up to timeout_ms (>= 0) for events and returns those available (possibly none). Non-OK: as Submit.
+  virtual absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) = 0;
+
+  // Node-wide figures since the run began. Called once, after the last request ended.
+  virtual absl::StatusOr<NodeStats> Stats() = 0;
+};
+
+// A deterministic prompt for a PromptRef: `input_tokens` bytes. Token j of hash block b is a hash of
+// (hash_ids[b], j); tokens after the last hash block are a hash of (trace_index, position), so different
+// requests differ there. Equal leading hash ids -> equal leading bytes. Pure function.
+std::string SynthesizePrompt(const PromptRef& prompt);
+
+}  // namespace dhs::replay

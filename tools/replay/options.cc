@@ -1,0 +1,180 @@
+// tools/replay/options.cc: command-line parsing and what the options mean (see options.h).
+#include "tools/replay/options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+
+#ifndef DHS_REPLAY_DEFAULT_TRACE
+#define DHS_REPLAY_DEFAULT_TRACE "tools/replay/data/mooncake_conversation_head200.jsonl"
+#endif
+
+namespace dhs::replay {
+namespace {
+
+bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+}  // namespace
+
+std::string_view ReplayModeName(ReplayMode mode) {
+  switch (mode) {
+    case ReplayMode::kResident: return "resident";
+    case ReplayMode::kHisparse: return "hisparse";
+    case ReplayMode::kAdaptive: return "adaptive";
+  }
+  return "unknown";
+}
+
+std::string ReplayOptions::DefaultTrace() { return DHS_REPLAY_DEFAULT_TRACE; }
+
+absl::Status ValidateReplayOptions(const ReplayOptions& o) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (o.trace.empty()) return bad("--trace: a trace file is required");
+  if (o.requests < 1) return bad("--requests must be >= 1, got ", o.requests);
+  if (o.concurrency && *o.concurrency < 1) return bad("--concurrency must be >= 1, got ", *o.concurrency);
+  if (o.time_scale && !(std::isfinite(*o.time_scale) && *o.time_scale >= 0)) {
+    return bad("--time-scale must be a number >= 0, got ", *o.time_scale);
+  }
+  if (o.concurrency && o.time_scale) return bad("--concurrency and --time-scale exclude each other");
+  if (!(std::isfinite(o.length_scale) && o.length_scale > 0)) {
+    return bad("--length-scale must be a number > 0, got ", o.length_scale);
+  }
+  if (o.hbm_budget_bytes && *o.hbm_budget_bytes <= 0) {
+    return bad("--hbm-budget must be > 0 bytes, got ", *o.hbm_budget_bytes);
+  }
+  if (!o.sweep.empty()) {
+    if (o.concurrency || o.time_scale) return bad("--sweep excludes --concurrency and --time-scale");
+    std::set<int64_t> seen;
+    for (int64_t c : o.sweep) {
+      if (c < 1) return bad("--sweep: every concurrency must be >= 1, got ", c);
+      if (!seen.insert(c).second) return bad("--sweep: concurrency ", c, " is repeated");
+    }
+  }
+  if (!o.plot_out.empty() && o.sweep.empty()) return bad("--plot needs --sweep");
+  if (!o.connect.empty() && !StartsWith(o.connect, "tcp://") && !StartsWith(o.connect, "ipc://")) {
+    return bad("--connect must be a tcp:// or ipc:// endpoint, got '", o.connect, "'");
+  }
+  return absl::OkStatus();
+}
+
+CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
+  CommandLine cl;
+  ReplayOptions& o = cl.options;
+  CLI::App app{"Replays a request trace (Mooncake JSONL or Azure CSV) against a DHiSparse node and reports "
+               "throughput, latency and memory figures. See docs/replay.md.",
+               "dhs-replay"};
+  int64_t concurrency = 0;
+  double time_scale = 0;
+  int64_t hbm_budget = 0;
+  const std::map<std::string, ReplayMode> modes = {
+      {"resident", ReplayMode::kResident}, {"hisparse", ReplayMode::kHisparse}, {"adaptive", ReplayMode::kAdaptive}};
+
+  app.add_option("--trace", o.trace, "Trace file: .jsonl (Mooncake) or .csv (Azure)")
+      ->check(CLI::ExistingFile)
+      ->capture_default_str();
+  app.add_option("--requests", o.requests, "Replay the first N requests")->capture_default_str();
+  auto* copt = app.add_option("--concurrency", concurrency,
+                              "Closed loop: keep C requests in flight (default " +
+                                  std::to_string(ReplayOptions::kDefaultConcurrency) + ")");
+  auto* topt = app.add_option("--time-scale", time_scale,
+                              "Open loop: submit each request at its trace arrival (ms) times X");
+  app.add_option("--length-scale", o.length_scale,
+                 "Multiply input and output lengths (and the 512-token hash block) by X")
+      ->capture_default_str();
+  app.add_option("--mode", o.mode, "KV placement: resident, hisparse or adaptive")
+      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
+      ->default_str("adaptive");
+  auto* hopt = app.add_option("--hbm-budget", hbm_budget, "GPU memory for the KV pools, bytes (KB, KiB, MiB, GB, ...)")
+                   ->transform(CLI::AsSizeValue(true));
+  app.add_flag("--check-exact", o.check_exact, "Also run resident and compare the tokens (brief §7)");
+  app.add_option("--json", o.json_out, "Write the report as JSON to OUT");
+  app.add_option("--csv", o.csv_out, "Write the report's scalar fields as CSV to OUT");
+  auto* sopt = app.add_option("--sweep", o.sweep, "Closed-loop runs at each concurrency C1,C2,...")
+                   ->delimiter(',');
+  auto* popt = app.add_option("--plot", o.plot_out, "With --sweep: plot throughput against concurrency to OUT.png");
+  app.add_option("--connect", o.connect, "Use the node at ENDPOINT (tcp:// or ipc://) instead of starting one");
+  app.add_option("--run-dir", o.run_dir, "Directory for the sockets and logs of a node the tool starts");
+  copt->excludes(topt);
+  sopt->excludes(copt);
+  sopt->excludes(topt);
+  popt->needs(sopt);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {  // --help
+      cl.exit_code = 0;
+      cl.message = app.help();
+    } else {
+      cl.exit_code = 2;
+      cl.message = absl::StrCat("dhs-replay: ", e.what(), "\nRun with --help for more information.\n");
+    }
+    return cl;
+  }
+  if (copt->count() > 0) o.concurrency = concurrency;
+  if (topt->count() > 0) o.time_scale = time_scale;
+  if (hopt->count() > 0) o.hbm_budget_bytes = hbm_budget;
+  std::sort(o.sweep.begin(), o.sweep.end());
+  if (!o.concurrency && !o.time_scale && o.sweep.empty()) o.concurrency = ReplayOptions::kDefaultConcurrency;
+  if (absl::Status s = ValidateReplayOptions(o); !s.ok()) {
+    cl.exit_code = 2;
+    cl.message = absl::StrCat("dhs-replay: ", s.message(), "\nRun with --help for more information.\n");
+  }
+  return cl;
+}
+
+absl::StatusOr<Trace> LoadTrace(const ReplayOptions& options) {
+  auto trace = ReadTrace(options.trace);
+  if (!trace.ok()) return trace.status();
+  auto first = TakeFirst(*std::move(trace), options.requests);
+  if (!first.ok()) return first.status();
+  return ScaleLengths(*std::move(first), options.length_scale);
+}
+
+absl::StatusOr<Scheduler> MakeScheduler(const ReplayOptions& options, const Trace& trace,
+                                        std::optional<int64_t> concurrency) {
+  if (options.time_scale && !concurrency) {
+    std::vector<double> arrivals;
+    arrivals.reserve(trace.requests.size());
+    for (const TraceRequest& r : trace.requests) arrivals.push_back(r.arrival_ms);
+    return Scheduler::OpenLoop(arrivals, *options.time_scale);
+  }
+  return Scheduler::ClosedLoop(trace.requests.size(),
+                               concurrency.value_or(options.concurrency.value_or(ReplayOptions::kDefaultConcurrency)));
+}
+
+std::string SweepCsvPath(const ReplayOptions& options) {
+  if (!options.csv_out.empty()) return options.csv_out;
+  if (options.plot_out.empty()) return "";
+  std::string_view png = options.plot_out;
+  if (png.size() > 4 && png.substr(png.size() - 4) == ".png") png.remove_suffix(4);
+  return std::string(png) + ".csv";
+}
+
+RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, std::string_view prefill,
+                            std::optional<int64_t> concurrency) {
+  RunSettings s;
+  s.trace_path = trace.path;
+  s.trace_format = std::string(TraceFormatName(trace.format));
+  s.block_tokens = trace.block_tokens;
+  s.length_scale = options.length_scale;
+  if (concurrency) {
+    s.concurrency = concurrency;
+  } else if (options.time_scale) {
+    s.time_scale = options.time_scale;
+  } else {
+    s.concurrency = options.concurrency.value_or(ReplayOptions::kDefaultConcurrency);
+  }
+  s.mode = std::string(ReplayModeName(options.mode));
+  s.prefill = std::string(prefill);
+  s.hbm_budget_bytes = options.hbm_budget_bytes;
+  s.check_exact = options.check_exact;
+  s.connect = options.connect;
+  return s;
+}
+
+}  // namespace dhs::replay

@@ -1,0 +1,87 @@
+// tools/replay/options.h: the dhs-replay command line (issue 5; docs/replay.md) parsed with CLI11 into
+// ReplayOptions, validated, and turned into the trace, the schedule and the report settings of a run.
+// main() calls ParseReplayCommandLine and then connects the node; the node part is not here.
+//
+// Thread-safety: free functions over values; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tools/replay/report.h"
+#include "tools/replay/scheduler.h"
+#include "tools/replay/trace.h"
+
+namespace dhs::replay {
+
+enum class ReplayMode {
+  kResident,  // every row stays on GPU (the exactness reference, brief §7)
+  kHisparse,  // hierarchical: hot cache + host tier, no optional history (brief §5)
+  kAdaptive,  // hierarchical with resident-first optional history, reclaim and repopulation (brief §4)
+};
+std::string_view ReplayModeName(ReplayMode mode);  // "resident" / "hisparse" / "adaptive"
+
+// Defaults suit a 2-core machine with the built-in small model: the bundled 200-request Mooncake slice, its
+// first 24 requests at 2% of their lengths (median prompt ~140 tokens, output ~7), closed loop at 4.
+struct ReplayOptions {
+  static constexpr int64_t kDefaultRequests = 24;
+  static constexpr double kDefaultLengthScale = 0.02;
+  static constexpr int64_t kDefaultConcurrency = 4;
+  static std::string DefaultTrace();  // tools/replay/data/mooncake_conversation_head200.jsonl of this tree
+
+  std::string trace = DefaultTrace();      // --trace FILE (.jsonl Mooncake, .csv Azure)
+  int64_t requests = kDefaultRequests;     // --requests N: the first N requests, N >= 1
+  std::optional<int64_t> concurrency;      // --concurrency C >= 1: closed loop
+  std::optional<double> time_scale;        // --time-scale X >= 0: open loop at arrival_ms * X
+  double length_scale = kDefaultLengthScale;  // --length-scale X > 0
+  ReplayMode mode = ReplayMode::kAdaptive;    // --mode
+  std::optional<int64_t> hbm_budget_bytes;    // --hbm-budget BYTES > 0 (suffixes: KB=1000, KiB=1024, ...)
+  bool check_exact = false;                // --check-exact: also run resident and compare tokens (brief §7)
+  std::string json_out;                    // --json OUT ("" = none)
+  std::string csv_out;                     // --csv OUT ("" = none)
+  std::vector<int64_t> sweep;              // --sweep C1,C2,...: closed-loop runs, ascending, distinct, >= 1
+  std::string plot_out;                    // --plot OUT.png (needs --sweep)
+  std::string connect;                     // --connect ENDPOINT (tcp://... or ipc://...; "" = start a node)
+  std::string run_dir;                     // --run-dir DIR (sockets, logs of a node the tool starts)
+};
+
+// The outcome of parsing argv. When exit_code is set, main prints `message` (to stdout for 0, stderr
+// otherwise) and exits with it: 0 after --help, 2 for any bad option or value.
+struct CommandLine {
+  ReplayOptions options;
+  std::optional<int> exit_code;
+  std::string message;
+};
+
+// Parses `dhs-replay` arguments (argv[0] is the program name) and validates them (ValidateReplayOptions).
+// When neither --concurrency, --time-scale nor --sweep is given, concurrency is kDefaultConcurrency.
+CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
+
+// InvalidArgument naming the option for: requests < 1, concurrency < 1, time scale < 0 or not finite,
+// length scale <= 0 or not finite, hbm budget <= 0, concurrency/time-scale/sweep combined, a sweep value < 1
+// or repeated, --plot without --sweep, an empty --trace, a --connect endpoint other than tcp:// or ipc://.
+absl::Status ValidateReplayOptions(const ReplayOptions& options);
+
+// Reads options.trace, keeps the first options.requests requests, scales lengths by options.length_scale
+// (in that order). Errors from ReadTrace / TakeFirst / ScaleLengths.
+absl::StatusOr<Trace> LoadTrace(const ReplayOptions& options);
+
+// The scheduler of one run: open loop when time_scale is set, else closed loop at `concurrency` (a sweep point)
+// or options.concurrency (or kDefaultConcurrency).
+absl::StatusOr<Scheduler> MakeScheduler(const ReplayOptions& options, const Trace& trace,
+                                        std::optional<int64_t> concurrency = std::nullopt);
+
+// The report's echo of the trace and settings. prefill: what the node used ("prefill" / "prepared-prefix").
+RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, std::string_view prefill,
+                            std::optional<int64_t> concurrency = std::nullopt);
+
+// Where a sweep's CSV goes: --csv OUT when given (with --sweep it holds the sweep rows, not one report row),
+// else beside --plot OUT.png as OUT.csv (".png" replaced, or ".csv" appended), else "" (not written).
+std::string SweepCsvPath(const ReplayOptions& options);
+
+}  // namespace dhs::replay

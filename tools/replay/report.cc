@@ -1,0 +1,290 @@
+// tools/replay/report.cc: report figures, JSON/CSV/summary, sweep CSV and plot (see report.h).
+#include "tools/replay/report.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+extern char** environ;
+
+#ifndef DHS_REPLAY_PLOT_SCRIPT
+#define DHS_REPLAY_PLOT_SCRIPT "tools/replay/plot_sweep.py"
+#endif
+
+namespace dhs::replay {
+namespace {
+
+using nlohmann::json;
+
+std::optional<Percentiles> P50P99(const std::vector<double>& values) {
+  if (values.empty()) return std::nullopt;
+  return Percentiles{*PercentileNearestRank(values, 50), *PercentileNearestRank(values, 99)};
+}
+
+template <typename T>
+json OrNull(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json PercentilesJson(const std::optional<Percentiles>& p) {
+  if (!p) return json{{"p50", nullptr}, {"p99", nullptr}};
+  return json{{"p50", p->p50}, {"p99", p->p99}};
+}
+
+// CSV cells: numbers with enough digits to read back; empty for null; RFC 4180 quoting for text.
+std::string Cell(double v) { return absl::StrFormat("%.6g", v); }
+std::string Cell(int64_t v) { return absl::StrCat(v); }
+std::string Cell(const std::optional<double>& v) { return v ? Cell(*v) : ""; }
+std::string Cell(const std::optional<int64_t>& v) { return v ? Cell(*v) : ""; }
+std::string Cell(const std::optional<bool>& v) { return v ? (*v ? "true" : "false") : ""; }
+std::string Cell(std::string_view text) {
+  if (text.find_first_of(",\"\r\n") == std::string_view::npos) return std::string(text);
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+std::optional<double> P(const std::optional<Percentiles>& p, bool p99) {
+  if (!p) return std::nullopt;
+  return p99 ? p->p99 : p->p50;
+}
+
+absl::Status WriteFile(std::string_view path, std::string_view text) {
+  std::ofstream out{std::string(path), std::ios::binary | std::ios::trunc};
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", std::string(path)));
+  out << text;
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat("error writing ", std::string(path)));
+  return absl::OkStatus();
+}
+
+std::string Fixed(const std::optional<double>& v, int digits) {
+  return v ? absl::StrFormat("%.*f", digits, *v) : "n/a";
+}
+
+}  // namespace
+
+absl::StatusOr<double> PercentileNearestRank(std::vector<double> values, double p) {
+  if (values.empty()) return absl::InvalidArgumentError("percentile of no values");
+  if (!(p >= 0 && p <= 100)) return absl::InvalidArgumentError(absl::StrCat("percentile ", p, " outside [0, 100]"));
+  std::sort(values.begin(), values.end());
+  // p * N is exact for the integer-valued p used here, so the division gives an exact integer when it is one.
+  const auto n = static_cast<double>(values.size());
+  const auto rank = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(p * n / 100.0)));
+  return values[static_cast<size_t>(std::min<int64_t>(rank, static_cast<int64_t>(values.size())) - 1)];
+}
+
+ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings,
+                         std::optional<bool> exact_match) {
+  ReplayReport r;
+  r.settings = settings;
+  r.requests_total = static_cast<int64_t>(result.requests.size());
+  std::vector<double> ttft, tpot;
+  double wait_sum = 0, ttft_sum = 0;
+  for (const RequestTiming& t : result.requests) {
+    if (t.served()) ++r.requests_served;
+    r.output_tokens += t.tokens;
+    if (auto v = t.ttft_ms()) {
+      ttft.push_back(*v);
+      ttft_sum += *v;
+      wait_sum += t.allocation_wait_ms;
+    }
+    if (auto v = t.tpot_ms()) tpot.push_back(*v);
+  }
+  r.elapsed_s = result.elapsed_ms / 1000.0;
+  r.output_tokens_per_s = r.elapsed_s > 0 ? static_cast<double>(r.output_tokens) / r.elapsed_s : 0.0;
+  r.ttft_ms = P50P99(ttft);
+  r.tpot_ms = P50P99(tpot);
+  if (ttft_sum > 0) r.allocation_wait_share = wait_sum / ttft_sum;
+  const NodeStats& s = result.stats;
+  r.sessions_admitted_max = s.sessions_admitted_max;
+  const int64_t rows = s.census.direct + s.census.hot + s.census.host;
+  if (rows > 0) {
+    const auto total = static_cast<double>(rows);
+    r.census = CensusShares{s.census.direct / total, s.census.hot / total, s.census.host / total};
+  }
+  r.reclaims = s.reclaims;
+  r.repopulated_pages = s.repopulated_pages;
+  r.exact_match = exact_match;
+  r.gpus = s.gpus;
+  return r;
+}
+
+json ReportToJson(const ReplayReport& r) {
+  const RunSettings& s = r.settings;
+  json gpus = json::array();
+  for (const GpuMemoryUse& g : r.gpus) {
+    gpus.push_back({{"gpu", g.gpu},
+                    {"capacity_pages", g.capacity_pages},
+                    {"peak_required_pages", g.peak_required_pages},
+                    {"peak_optional_pages", g.peak_optional_pages},
+                    {"reserve_pages", g.reserve_pages},
+                    {"page_bytes", g.page_bytes},
+                    {"peak_used_bytes", g.peak_used_bytes}});
+  }
+  json census = r.census ? json{{"direct", r.census->direct}, {"hot", r.census->hot}, {"host", r.census->host}}
+                         : json{{"direct", nullptr}, {"hot", nullptr}, {"host", nullptr}};
+  return json{
+      {"requests_total", r.requests_total},
+      {"requests_served", r.requests_served},
+      {"output_tokens", r.output_tokens},
+      {"output_tokens_per_s", r.output_tokens_per_s},
+      {"ttft_ms", PercentilesJson(r.ttft_ms)},
+      {"tpot_ms", PercentilesJson(r.tpot_ms)},
+      {"allocation_wait_share", OrNull(r.allocation_wait_share)},
+      {"sessions_admitted_max", r.sessions_admitted_max},
+      {"census", census},
+      {"reclaims", r.reclaims},
+      {"repopulated_pages", r.repopulated_pages},
+      {"mode", s.mode},
+      {"prefill", s.prefill},
+      {"exact_match", OrNull(r.exact_match)},
+      {"gpu_memory", gpus},
+      {"elapsed_s", r.elapsed_s},
+      {"trace",
+       {{"path", s.trace_path},
+        {"format", s.trace_format},
+        {"requests", r.requests_total},
+        {"length_scale", s.length_scale},
+        {"block_tokens", s.block_tokens}}},
+      {"settings",
+       {{"schedule", s.concurrency ? "closed-loop" : "open-loop"},
+        {"concurrency", OrNull(s.concurrency)},
+        {"time_scale", OrNull(s.time_scale)},
+        {"hbm_budget_bytes", OrNull(s.hbm_budget_bytes)},
+        {"check_exact", s.check_exact},
+        {"connect", s.connect}}},
+  };
+}
+
+std::string ReportCsvHeader() {
+  return "requests_total,requests_served,output_tokens,output_tokens_per_s,ttft_p50_ms,ttft_p99_ms,"
+         "tpot_p50_ms,tpot_p99_ms,allocation_wait_share,sessions_admitted_max,census_direct,census_hot,"
+         "census_host,reclaims,repopulated_pages,mode,prefill,exact_match,elapsed_s,trace,trace_format,"
+         "length_scale,concurrency,time_scale,hbm_budget_bytes";
+}
+
+std::string ReportCsvRow(const ReplayReport& r) {
+  const RunSettings& s = r.settings;
+  auto share = [&](double CensusShares::*field) -> std::optional<double> {
+    if (!r.census) return std::nullopt;
+    return (*r.census).*field;
+  };
+  std::vector<std::string> cells = {
+      Cell(r.requests_total),        Cell(r.requests_served),          Cell(r.output_tokens),
+      Cell(r.output_tokens_per_s),   Cell(P(r.ttft_ms, false)),        Cell(P(r.ttft_ms, true)),
+      Cell(P(r.tpot_ms, false)),     Cell(P(r.tpot_ms, true)),         Cell(r.allocation_wait_share),
+      Cell(r.sessions_admitted_max), Cell(share(&CensusShares::direct)), Cell(share(&CensusShares::hot)),
+      Cell(share(&CensusShares::host)), Cell(r.reclaims),              Cell(r.repopulated_pages),
+      Cell(std::string_view(s.mode)), Cell(std::string_view(s.prefill)), Cell(r.exact_match),
+      Cell(r.elapsed_s),             Cell(std::string_view(s.trace_path)), Cell(std::string_view(s.trace_format)),
+      Cell(s.length_scale),          Cell(s.concurrency),              Cell(s.time_scale),
+      Cell(s.hbm_budget_bytes)};
+  return absl::StrJoin(cells, ",");
+}
+
+std::string FormatSummary(const ReplayReport& r) {
+  const RunSettings& s = r.settings;
+  std::string schedule = s.concurrency ? absl::StrCat("closed loop, concurrency ", *s.concurrency)
+                                       : absl::StrCat("open loop, time scale ", s.time_scale.value_or(1.0));
+  std::string out = absl::StrFormat("dhs-replay: %s (%s), %d requests, length scale %g, %s\n", s.trace_path,
+                                    s.trace_format, r.requests_total, s.length_scale, schedule);
+  absl::StrAppendFormat(&out, "  mode %s, prefill %s, exact match %s\n", s.mode,
+                        s.prefill.empty() ? "n/a" : s.prefill,
+                        r.exact_match ? (*r.exact_match ? "yes" : "NO") : "not checked");
+  absl::StrAppendFormat(&out, "  served %d/%d in %.1f s: %d output tokens, %.1f tokens/s\n", r.requests_served,
+                        r.requests_total, r.elapsed_s, r.output_tokens, r.output_tokens_per_s);
+  absl::StrAppendFormat(&out, "  TTFT ms p50 %s p99 %s; TPOT ms p50 %s p99 %s; allocation wait %s of TTFT\n",
+                        Fixed(P(r.ttft_ms, false), 1), Fixed(P(r.ttft_ms, true), 1), Fixed(P(r.tpot_ms, false), 2),
+                        Fixed(P(r.tpot_ms, true), 2),
+                        r.allocation_wait_share ? absl::StrFormat("%.1f%%", *r.allocation_wait_share * 100) : "n/a");
+  absl::StrAppendFormat(&out, "  sessions admitted max %d, reclaims %d, repopulated pages %d\n",
+                        r.sessions_admitted_max, r.reclaims, r.repopulated_pages);
+  if (r.census) {
+    absl::StrAppendFormat(&out, "  census: direct %.1f%%, hot %.1f%%, host %.1f%%\n", r.census->direct * 100,
+                          r.census->hot * 100, r.census->host * 100);
+  }
+  for (const GpuMemoryUse& g : r.gpus) {
+    absl::StrAppendFormat(&out, "  gpu %d: peak %d bytes; pages: capacity %d, required %d, optional %d, reserve %d\n",
+                          g.gpu, g.peak_used_bytes, g.capacity_pages, g.peak_required_pages, g.peak_optional_pages,
+                          g.reserve_pages);
+  }
+  return out;
+}
+
+absl::Status WriteReportJson(const ReplayReport& report, std::string_view path) {
+  return WriteFile(path, ReportToJson(report).dump(2) + "\n");
+}
+
+absl::Status WriteReportCsv(const ReplayReport& report, std::string_view path) {
+  return WriteFile(path, ReportCsvHeader() + "\n" + ReportCsvRow(report) + "\n");
+}
+
+std::string SweepCsv(const std::vector<SweepPoint>& points) {
+  std::string out =
+      "concurrency,output_tokens_per_s,requests_served,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,"
+      "allocation_wait_share,sessions_admitted_max\n";
+  for (const SweepPoint& p : points) {
+    const ReplayReport& r = p.report;
+    absl::StrAppend(&out,
+                    absl::StrJoin({Cell(p.concurrency), Cell(r.output_tokens_per_s), Cell(r.requests_served),
+                                   Cell(P(r.ttft_ms, false)), Cell(P(r.ttft_ms, true)), Cell(P(r.tpot_ms, false)),
+                                   Cell(P(r.tpot_ms, true)), Cell(r.allocation_wait_share),
+                                   Cell(r.sessions_admitted_max)},
+                                  ","),
+                    "\n");
+  }
+  return out;
+}
+
+absl::Status WriteSweepCsv(const std::vector<SweepPoint>& points, std::string_view path) {
+  return WriteFile(path, SweepCsv(points));
+}
+
+json SweepToJson(const std::vector<SweepPoint>& points) {
+  json out = json::array();
+  for (const SweepPoint& p : points) out.push_back(ReportToJson(p.report));
+  return out;
+}
+
+std::string PlotCommand::DefaultPlotScript() { return DHS_REPLAY_PLOT_SCRIPT; }
+
+absl::Status RunPlotSweep(std::string_view csv_path, std::string_view png_path, const PlotCommand& command) {
+  std::vector<std::string> args = {command.python, command.script, std::string(csv_path), std::string(png_path)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0].c_str(), nullptr, nullptr, argv.data(), environ);
+  if (rc != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot start ", args[0], " for --plot: ", std::strerror(rc)));
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--plot needs matplotlib, which ", args[0], " cannot import: install python3-matplotlib (Debian); the "
+        "sweep figures are in ", std::string(csv_path)));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+    return absl::NotFoundError(absl::StrCat("cannot run ", args[0], " for --plot"));
+  }
+  return absl::InternalError(absl::StrCat(args[1], " failed (", WIFEXITED(status) ? "exit " : "signal ",
+                                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), ")"));
+}
+
+}  // namespace dhs::replay

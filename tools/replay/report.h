@@ -1,0 +1,111 @@
+// tools/replay/report.h: the replay report (issue 5): figures computed from a DriverResult, written as JSON
+// and as one CSV row, printed as a human summary; the sweep CSV and its plot.
+//
+// Thread-safety: free functions over values; RunPlotSweep starts a child process and waits for it.
+//
+// Percentiles use the nearest-rank method: for N sorted values v_1 <= ... <= v_N and p in [0, 100], the p-th
+// percentile is v_r with r = max(1, ceil(p * N / 100)). It is always one of the observed values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "tools/replay/driver.h"
+#include "tools/replay/node_client.h"
+
+namespace dhs::replay {
+
+// Nearest-rank percentile (see above). InvalidArgument for no values or p outside [0, 100].
+absl::StatusOr<double> PercentileNearestRank(std::vector<double> values, double p);
+
+// The trace and settings of a run, echoed into the report.
+struct RunSettings {
+  std::string trace_path;
+  std::string trace_format;           // "mooncake" / "azure"
+  int64_t block_tokens = 512;         // tokens per hash block after length scaling
+  double length_scale = 1.0;
+  std::optional<int64_t> concurrency; // closed loop
+  std::optional<double> time_scale;   // open loop
+  std::string mode;                   // "resident" / "hisparse" / "adaptive"
+  std::string prefill;                // which prefill the node used: "prefill" or "prepared-prefix"
+  std::optional<int64_t> hbm_budget_bytes;
+  bool check_exact = false;
+  std::string connect;                // node endpoint; empty when the tool started its own node
+};
+
+struct Percentiles {
+  double p50 = 0;
+  double p99 = 0;
+};
+
+struct CensusShares {  // brief §5 census as fractions of all selected rows (sum 1)
+  double direct = 0;
+  double hot = 0;
+  double host = 0;
+};
+
+struct ReplayReport {
+  RunSettings settings;
+  int64_t requests_total = 0;          // requests in the run
+  int64_t requests_served = 0;         // ended without error
+  int64_t output_tokens = 0;           // tokens received, all requests
+  double output_tokens_per_s = 0;      // output_tokens / elapsed_s
+  std::optional<Percentiles> ttft_ms;  // over requests with a first token
+  std::optional<Percentiles> tpot_ms;  // over requests with >= 2 tokens
+  std::optional<double> allocation_wait_share;  // sum allocation wait / sum TTFT (requests with a TTFT)
+  int64_t sessions_admitted_max = 0;
+  std::optional<CensusShares> census;  // nullopt when no row was selected
+  int64_t reclaims = 0;
+  int64_t repopulated_pages = 0;
+  std::optional<bool> exact_match;     // nullopt: not checked
+  std::vector<GpuMemoryUse> gpus;
+  double elapsed_s = 0;
+};
+
+// Computes the report. exact_match: the outcome of --check-exact (OutputsMatch against a resident run), or
+// nullopt when not checked.
+ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings,
+                         std::optional<bool> exact_match = std::nullopt);
+
+// JSON (docs/replay.md lists the fields and units); nullopt values are JSON null.
+nlohmann::json ReportToJson(const ReplayReport& report);
+// The scalar fields as one CSV row under a header (RFC 4180 quoting; empty field = null). No trailing newline.
+std::string ReportCsvHeader();
+std::string ReportCsvRow(const ReplayReport& report);
+// A few lines for a person.
+std::string FormatSummary(const ReplayReport& report);
+
+absl::Status WriteReportJson(const ReplayReport& report, std::string_view path);
+absl::Status WriteReportCsv(const ReplayReport& report, std::string_view path);  // header + row
+
+// --sweep: one closed-loop run per concurrency.
+struct SweepPoint {
+  int64_t concurrency = 0;
+  ReplayReport report;
+};
+// Header `concurrency,output_tokens_per_s,requests_served,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,
+// allocation_wait_share,sessions_admitted_max`, one row per point, newline-terminated.
+std::string SweepCsv(const std::vector<SweepPoint>& points);
+absl::Status WriteSweepCsv(const std::vector<SweepPoint>& points, std::string_view path);
+// --json with --sweep: an array of ReportToJson objects, one per point, in the order given.
+nlohmann::json SweepToJson(const std::vector<SweepPoint>& points);
+
+// How to run tools/replay/plot_sweep.py.
+struct PlotCommand {
+  std::string python = "python3";
+  std::string script = DefaultPlotScript();
+  static std::string DefaultPlotScript();  // the plot_sweep.py of this source tree
+};
+
+// Runs `python script CSV PNG` (throughput against concurrency). FailedPrecondition naming python3-matplotlib
+// when matplotlib is missing (the script exits 3); NotFound when python cannot be started; Internal for any
+// other failure.
+absl::Status RunPlotSweep(std::string_view csv_path, std::string_view png_path, const PlotCommand& command = {});
+
+}  // namespace dhs::replay
