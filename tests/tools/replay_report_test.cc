@@ -269,7 +269,7 @@ TEST(Plot, RealScriptWritesPngOrNamesMatplotlib) {
   const std::string dir = ::testing::TempDir();
   ASSERT_TRUE(WriteSweepCsv(SamplePoints(), dir + "/replay_sweep.csv").ok());
   std::filesystem::remove(dir + "/replay_sweep.png");
-  const bool have_matplotlib = std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+  const bool have_matplotlib = std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
   absl::Status s = RunPlotSweep(dir + "/replay_sweep.csv", dir + "/replay_sweep.png");
   if (have_matplotlib) {
     ASSERT_TRUE(s.ok()) << s;

@@ -98,7 +98,7 @@ nlohmann::json SweepToJson(const std::vector<SweepPoint>& points);
 
 // How to run tools/replay/plot_sweep.py.
 struct PlotCommand {
-  std::string python = "python3";
+  std::string python = "/usr/bin/python3";  // Debian's interpreter: python3-matplotlib installs for it
   std::string script = DefaultPlotScript();
   static std::string DefaultPlotScript();  // the plot_sweep.py of this source tree
 };
