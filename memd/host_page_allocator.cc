@@ -1,0 +1,115 @@
+#include "memd/host_page_allocator.h"
+
+#include "absl/strings/str_format.h"
+
+namespace dhs::memd {
+
+absl::StatusOr<HostPageAllocator> HostPageAllocator::Create(uint32_t pages, uint64_t page_bytes) {
+  if (page_bytes == 0) return absl::InvalidArgumentError("host pool: page_bytes must be > 0");
+  return HostPageAllocator(pages, page_bytes);
+}
+
+HostPageAllocator::HostPageAllocator(uint32_t pages, uint64_t page_bytes) : page_bytes_(page_bytes), page_(pages) {
+  for (PageIndex p = 0; p < pages; ++p) free_.insert(free_.end(), p);
+}
+
+absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Allocate(RequestId request, SourceId source,
+                                                                    uint32_t count) {
+  if (count > reusable()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "host pool full: request %d asks %d pages, %d reusable of %d (%d waiting for copy completions)", request,
+        count, reusable(), pages(), freed_pinned()));
+  }
+  std::vector<PageIndex> out;
+  out.reserve(count);
+  auto& mine = by_request_[request];
+  for (uint32_t i = 0; i < count; ++i) {
+    PageIndex p = *free_.begin();
+    free_.erase(free_.begin());
+    page_[p].allocated = true;
+    page_[p].owner = request;
+    page_[p].source = source;
+    mine.insert(p);
+    out.push_back(p);
+  }
+  allocated_ += count;
+  if (mine.empty()) by_request_.erase(request);
+  return out;
+}
+
+absl::Status HostPageAllocator::Pin(PageIndex page) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
+  if (!page_[page].allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d not allocated", page));
+  if (page_[page].pins++ == 0) ++pinned_;
+  return absl::OkStatus();
+}
+
+absl::Status HostPageAllocator::Unpin(PageIndex page) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
+  Page& pg = page_[page];
+  if (pg.pins == 0) return absl::FailedPreconditionError(absl::StrFormat("host page %d is not pinned", page));
+  if (--pg.pins == 0) {
+    --pinned_;
+    if (!pg.allocated) free_.insert(page);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostPageAllocator::Free(PageIndex page) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
+  Page& pg = page_[page];
+  if (!pg.allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d is not allocated", page));
+  auto it = by_request_.find(pg.owner);
+  it->second.erase(page);
+  if (it->second.empty()) by_request_.erase(it);
+  pg.allocated = false;
+  --allocated_;
+  if (pg.pins == 0) free_.insert(page);
+  return absl::OkStatus();
+}
+
+uint32_t HostPageAllocator::ReleaseRequest(RequestId request) {
+  auto it = by_request_.find(request);
+  if (it == by_request_.end()) return 0;
+  std::set<PageIndex> pages = std::move(it->second);
+  by_request_.erase(it);
+  for (PageIndex p : pages) {
+    page_[p].allocated = false;
+    if (page_[p].pins == 0) free_.insert(p);
+  }
+  allocated_ -= static_cast<uint32_t>(pages.size());
+  return static_cast<uint32_t>(pages.size());
+}
+
+uint32_t HostPageAllocator::pages_of(RequestId request) const {
+  auto it = by_request_.find(request);
+  return it == by_request_.end() ? 0 : static_cast<uint32_t>(it->second.size());
+}
+
+absl::Status HostPageAllocator::CheckInvariants() const {
+  uint32_t allocated = 0, pinned = 0, reusable = 0;
+  for (PageIndex p = 0; p < pages(); ++p) {
+    const Page& pg = page_[p];
+    allocated += pg.allocated;
+    pinned += pg.pins > 0;
+    const bool in_free = free_.count(p) > 0;
+    if (in_free != (!pg.allocated && pg.pins == 0)) {
+      return absl::InternalError(absl::StrFormat("host page %d: free list disagrees with its state", p));
+    }
+    reusable += in_free;
+    if (pg.allocated) {
+      auto it = by_request_.find(pg.owner);
+      if (it == by_request_.end() || !it->second.count(p)) {
+        return absl::InternalError(absl::StrFormat("host page %d missing from request %d's pages", p, pg.owner));
+      }
+    }
+  }
+  size_t listed = 0;
+  for (const auto& [r, set] : by_request_) listed += set.size();
+  if (allocated != allocated_ || pinned != pinned_ || listed != allocated_ || reusable != free_.size()) {
+    return absl::InternalError("host pool counters disagree with the page states");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dhs::memd

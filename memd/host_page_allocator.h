@@ -1,0 +1,72 @@
+// memd/host_page_allocator.h: page accounting of the pinned host pool (brief §3 host tier).
+//
+// Owns which host pool page belongs to which (request, source) and which pages are pinned by an in-flight copy.
+// Page count and page bytes come from configuration; the pool's bytes themselves live in shared memory owned
+// elsewhere (common/), this class only accounts for them.
+// A page handed to a copy is pinned (Pin) until that copy's completion is reported (Unpin). A page freed while
+// pinned stays out of the free list until its last Unpin: it is reusable only after the copy completed.
+//
+// Thread-safety: none. One owner (ResidencyManager) calls it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace dhs::memd {
+
+class HostPageAllocator {
+ public:
+  // `pages` host pages of `page_bytes` bytes each. Errors: InvalidArgument when page_bytes == 0.
+  static absl::StatusOr<HostPageAllocator> Create(uint32_t pages, uint64_t page_bytes);
+
+  // Allocates `count` reusable pages to (request, source); all or nothing, lowest page first.
+  // Errors: ResourceExhausted when fewer than `count` pages are reusable.
+  absl::StatusOr<std::vector<PageIndex>> Allocate(RequestId request, SourceId source, uint32_t count);
+
+  // Pins an allocated page for one copy (pins nest). Errors: OutOfRange, FailedPrecondition (not allocated).
+  absl::Status Pin(PageIndex page);
+  // Ends one copy's pin. A page freed while pinned becomes reusable at its last Unpin.
+  // Errors: OutOfRange, FailedPrecondition (not pinned).
+  absl::Status Unpin(PageIndex page);
+  // Frees an allocated page (reusable now, or at its last Unpin when pinned). Errors: OutOfRange, FailedPrecondition.
+  absl::Status Free(PageIndex page);
+  // Frees every page of `request` (pinned ones after their copy completes); returns how many were allocated.
+  uint32_t ReleaseRequest(RequestId request);
+
+  uint32_t pages() const { return static_cast<uint32_t>(page_.size()); }
+  uint64_t page_bytes() const { return page_bytes_; }
+  uint32_t reusable() const { return static_cast<uint32_t>(free_.size()); }  // free and not pinned
+  uint32_t allocated() const { return allocated_; }                         // owned by a request
+  uint32_t pinned() const { return pinned_; }                               // pinned by >= 1 copy
+  uint32_t freed_pinned() const { return pages() - reusable() - allocated_; }  // freed, waiting for a copy
+  uint32_t pages_of(RequestId request) const;
+  bool is_allocated(PageIndex page) const { return page < pages() && page_[page].allocated; }
+  bool is_pinned(PageIndex page) const { return page < pages() && page_[page].pins > 0; }
+  RequestId owner(PageIndex page) const { return page_[page].owner; }   // precondition: is_allocated(page)
+  SourceId source(PageIndex page) const { return page_[page].source; }  // precondition: is_allocated(page)
+
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Page {
+    bool allocated = false;
+    uint32_t pins = 0;
+    RequestId owner = 0;
+    SourceId source = 0;
+  };
+  HostPageAllocator(uint32_t pages, uint64_t page_bytes);
+
+  uint64_t page_bytes_;
+  uint32_t allocated_ = 0, pinned_ = 0;
+  std::vector<Page> page_;
+  std::set<PageIndex> free_;                            // reusable pages
+  std::map<RequestId, std::set<PageIndex>> by_request_;  // allocated pages per request
+};
+
+}  // namespace dhs::memd

@@ -1,0 +1,272 @@
+#include "memd/state_dump.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dhs::memd {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Owner(RequestId r) { return r == kNoOwner ? "-" : absl::StrCat(r); }
+
+std::string Coverage(const RequestDump& r) { return absl::StrFormat("%d/%d", r.host_pages, r.history_pages); }
+
+json GpuJson(const GpuDump& g) {
+  return json{{"gpu", g.gpu},
+              {"M", g.pages},
+              {"M_req", g.required_pages},
+              {"M_opt", g.optional_pages},
+              {"M_res", g.reserve_pages},
+              {"free", g.free_pages},
+              {"optional_pending", g.pending_pages},
+              {"optional_ready", g.ready_pages},
+              {"reclaiming", g.reclaiming_pages},
+              {"queued", g.queue.size()},
+              {"reclaims_in_flight", g.reclaims_in_flight}};
+}
+
+json RequestJson(const RequestDump& r) {
+  return json{{"request", r.request},
+              {"gpu", r.gpu},
+              {"slot", r.slot},
+              {"state", RequestStateName(r.state)},
+              {"required_pages", r.required_pages},
+              {"a_r", r.optional_pages},
+              {"history_pages", r.history_pages},
+              {"host_pages", r.host_pages},
+              {"host_coverage", Coverage(r)},
+              {"tail_pages", r.tail_pages},
+              {"admitted_at_us", r.admitted_at_us},
+              {"reclaim_rank", r.reclaim_rank}};
+}
+
+json HostJson(const HostDump& h) {
+  return json{{"pages", h.pages},
+              {"page_bytes", h.page_bytes},
+              {"reusable", h.reusable_pages},
+              {"allocated", h.allocated_pages},
+              {"pinned", h.pinned_pages},
+              {"freed_pinned", h.freed_pinned_pages}};
+}
+
+json QueueJson(const StateDump& d) {
+  json q = json::array();
+  for (const GpuDump& g : d.gpus) {
+    for (size_t i = 0; i < g.queue.size(); ++i) q.push_back({{"gpu", g.gpu}, {"position", i}, {"request", g.queue[i]}});
+  }
+  return q;
+}
+
+const RequestDump* FindRequest(const StateDump& d, RequestId id) {
+  for (const RequestDump& r : d.requests) {
+    if (r.request == id) return &r;
+  }
+  return nullptr;
+}
+
+const GpuDump* FindGpu(const StateDump& d, GpuId id) {
+  for (const GpuDump& g : d.gpus) {
+    if (g.gpu == id) return &g;
+  }
+  return nullptr;
+}
+
+std::string GpuHeader() {
+  return absl::StrFormat("%-4s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "GPU", "M", "M_req", "M_opt", "M_res", "free",
+                         "pending", "ready", "queued", "reclaim");
+}
+std::string GpuRow(const GpuDump& g) {
+  return absl::StrFormat("%-4d %7d %7d %7d %7d %7d %7d %7d %7d %7d\n", g.gpu, g.pages, g.required_pages,
+                         g.optional_pages, g.reserve_pages, g.free_pages, g.pending_pages, g.ready_pages,
+                         g.queue.size(), g.reclaims_in_flight);
+}
+std::string RequestHeader() {
+  return absl::StrFormat("%-8s %4s %5s %-10s %5s %5s %9s %5s %5s\n", "REQUEST", "GPU", "SLOT", "STATE", "REQ", "A_R",
+                         "HOST", "TAIL", "RANK");
+}
+std::string RequestRow(const RequestDump& r) {
+  return absl::StrFormat("%-8d %4d %5d %-10s %5d %5d %9s %5d %5d\n", r.request, r.gpu, r.slot,
+                         RequestStateName(r.state), r.required_pages, r.optional_pages, Coverage(r), r.tail_pages,
+                         r.reclaim_rank);
+}
+std::string QueueTable(const StateDump& d) {
+  std::string out = absl::StrFormat("%-4s %8s %-8s\n", "GPU", "POSITION", "REQUEST");
+  for (const GpuDump& g : d.gpus) {
+    for (size_t i = 0; i < g.queue.size(); ++i) absl::StrAppendFormat(&out, "%-4d %8d %-8d\n", g.gpu, i, g.queue[i]);
+  }
+  return out;
+}
+
+bool ParseNumber(std::string_view s, uint64_t& out) {
+  if (s.empty()) return false;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && ptr == s.data() + s.size();
+}
+
+}  // namespace
+
+std::string_view RequestStateName(RequestState state) {
+  switch (state) {
+    case RequestState::kQueued: return "queued";
+    case RequestState::kAdmitted: return "admitted";
+    case RequestState::kReclaiming: return "reclaiming";
+    case RequestState::kCompleted: return "completed";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DumpView> ParseDumpView(std::string_view text) {
+  const size_t space = text.find(' ');
+  const std::string_view word = text.substr(0, space);
+  const std::string_view arg = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+  DumpView v;
+  uint64_t n = 0;
+  if ((word == "request" || word == "pages") && !ParseNumber(arg, n)) {
+    return absl::InvalidArgumentError(absl::StrFormat("view '%s' needs a number", std::string(text)));
+  }
+  if (word != "request" && word != "pages" && !arg.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("view '%s' takes no argument", std::string(text)));
+  }
+  if (word == "status") v.kind = DumpView::Kind::kStatus;
+  else if (word == "gpus") v.kind = DumpView::Kind::kGpus;
+  else if (word == "requests") v.kind = DumpView::Kind::kRequests;
+  else if (word == "queue") v.kind = DumpView::Kind::kQueue;
+  else if (word == "request") { v.kind = DumpView::Kind::kRequest; v.request = n; }
+  else if (word == "pages") { v.kind = DumpView::Kind::kPages; v.gpu = static_cast<GpuId>(n); }
+  else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "unknown view '%s' (views: status, gpus, requests, request ID, pages GPU, queue)", std::string(text)));
+  }
+  return v;
+}
+
+nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
+  switch (view.kind) {
+    case DumpView::Kind::kStatus: {
+      json gpus = json::array();
+      for (const GpuDump& g : d.gpus) gpus.push_back(GpuJson(g));
+      return json{{"policy", d.policy}, {"now_us", d.now_us}, {"gpus", gpus}, {"requests", d.requests.size()},
+                  {"host", HostJson(d.host)}};
+    }
+    case DumpView::Kind::kGpus: {
+      json gpus = json::array();
+      for (const GpuDump& g : d.gpus) gpus.push_back(GpuJson(g));
+      return gpus;
+    }
+    case DumpView::Kind::kRequests: {
+      json rs = json::array();
+      for (const RequestDump& r : d.requests) rs.push_back(RequestJson(r));
+      return rs;
+    }
+    case DumpView::Kind::kRequest: {
+      const RequestDump* r = FindRequest(d, view.request);
+      if (!r) return json{{"error", absl::StrFormat("request %d not found", view.request)}};
+      return RequestJson(*r);
+    }
+    case DumpView::Kind::kPages: {
+      const GpuDump* g = FindGpu(d, view.gpu);
+      if (!g) return json{{"error", absl::StrFormat("GPU %d not found", view.gpu)}};
+      json pages = json::array();
+      for (size_t p = 0; p < g->page_states.size(); ++p) {
+        json page{{"page", p}, {"state", PageStateName(g->page_states[p])}};
+        page["owner"] = g->page_owners[p] == kNoOwner ? json(nullptr) : json(g->page_owners[p]);
+        pages.push_back(std::move(page));
+      }
+      return json{{"gpu", g->gpu}, {"pages", pages}};
+    }
+    case DumpView::Kind::kQueue: return QueueJson(d);
+  }
+  return json{{"error", "unknown view"}};
+}
+
+std::string DumpToTable(const StateDump& d, const DumpView& view) {
+  std::string out;
+  switch (view.kind) {
+    case DumpView::Kind::kStatus:
+      out = absl::StrFormat("policy %s, %d requests, host pool %d/%d pages reusable (%d pinned)\n", d.policy,
+                            d.requests.size(), d.host.reusable_pages, d.host.pages, d.host.pinned_pages);
+      out += GpuHeader();
+      for (const GpuDump& g : d.gpus) out += GpuRow(g);
+      return out;
+    case DumpView::Kind::kGpus:
+      out = GpuHeader();
+      for (const GpuDump& g : d.gpus) out += GpuRow(g);
+      return out;
+    case DumpView::Kind::kRequests:
+      out = RequestHeader();
+      for (const RequestDump& r : d.requests) out += RequestRow(r);
+      return out;
+    case DumpView::Kind::kRequest: {
+      const RequestDump* r = FindRequest(d, view.request);
+      if (!r) return absl::StrFormat("request %d: not found\n", view.request);
+      return RequestHeader() + RequestRow(*r);
+    }
+    case DumpView::Kind::kPages: {
+      const GpuDump* g = FindGpu(d, view.gpu);
+      if (!g) return absl::StrFormat("GPU %d: not found\n", view.gpu);
+      out = absl::StrFormat("%-6s %-16s %-8s\n", "PAGE", "STATE", "OWNER");
+      for (size_t p = 0; p < g->page_states.size(); ++p) {
+        absl::StrAppendFormat(&out, "%-6d %-16s %-8s\n", p, PageStateName(g->page_states[p]), Owner(g->page_owners[p]));
+      }
+      return out;
+    }
+    case DumpView::Kind::kQueue: return QueueTable(d);
+  }
+  return "unknown view\n";
+}
+
+std::string RenderPrometheus(const StateDump& d, const Counters& c) {
+  std::string out;
+  out += "# HELP dhs_memd_gpu_pages GPU KV pool pages by kind (brief section 4: M, M_req, M_opt, M_res).\n";
+  out += "# TYPE dhs_memd_gpu_pages gauge\n";
+  for (const GpuDump& g : d.gpus) {
+    const std::pair<const char*, uint32_t> kinds[] = {
+        {"total", g.pages},          {"required", g.required_pages}, {"optional", g.optional_pages},
+        {"reserve", g.reserve_pages}, {"free", g.free_pages},        {"optional_pending", g.pending_pages},
+        {"optional_ready", g.ready_pages}, {"reclaiming", g.reclaiming_pages}};
+    for (const auto& [kind, v] : kinds) {
+      absl::StrAppendFormat(&out, "dhs_memd_gpu_pages{gpu=\"%d\",kind=\"%s\"} %d\n", g.gpu, kind, v);
+    }
+  }
+  out += "# HELP dhs_memd_queued_admissions Admissions waiting for GPU pages.\n# TYPE dhs_memd_queued_admissions gauge\n";
+  for (const GpuDump& g : d.gpus) absl::StrAppendFormat(&out, "dhs_memd_queued_admissions{gpu=\"%d\"} %d\n", g.gpu, g.queue.size());
+  out += "# HELP dhs_memd_reclaims_in_flight Reclaims started and not yet retired.\n# TYPE dhs_memd_reclaims_in_flight gauge\n";
+  for (const GpuDump& g : d.gpus) {
+    absl::StrAppendFormat(&out, "dhs_memd_reclaims_in_flight{gpu=\"%d\"} %d\n", g.gpu, g.reclaims_in_flight);
+  }
+  out += "# HELP dhs_memd_host_pages Host pool pages by kind.\n# TYPE dhs_memd_host_pages gauge\n";
+  const std::pair<const char*, uint32_t> host[] = {{"total", d.host.pages},
+                                                   {"reusable", d.host.reusable_pages},
+                                                   {"allocated", d.host.allocated_pages},
+                                                   {"pinned", d.host.pinned_pages},
+                                                   {"freed_pinned", d.host.freed_pinned_pages}};
+  for (const auto& [kind, v] : host) absl::StrAppendFormat(&out, "dhs_memd_host_pages{kind=\"%s\"} %d\n", kind, v);
+  absl::StrAppendFormat(&out, "# TYPE dhs_memd_requests gauge\ndhs_memd_requests %d\n", d.requests.size());
+  const std::pair<const char*, uint64_t> counters[] = {
+      {"events", c.events},
+      {"event_errors", c.event_errors},
+      {"admissions", c.admissions},
+      {"grants", c.grants},
+      {"waits", c.waits},
+      {"rejects", c.rejects},
+      {"completions", c.completions},
+      {"reclaims_started", c.reclaims_started},
+      {"reclaims_retired", c.reclaims_retired},
+      {"reclaims_failed", c.reclaims_failed},
+      {"pages_retired", c.pages_retired},
+      {"backups_ordered", c.backups_ordered},
+      {"backups_failed", c.backups_failed},
+      {"populates_ordered", c.populates_ordered},
+      {"populates_failed", c.populates_failed},
+      {"stale_reports", c.stale_reports}};
+  for (const auto& [name, v] : counters) {
+    absl::StrAppendFormat(&out, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
+  }
+  return out;
+}
+
+}  // namespace dhs::memd

@@ -1,0 +1,109 @@
+// memd/state_dump.h: the snapshot of memd's state that dhsctl shows, and the ONE rendering of it.
+//
+// StateDump is a plain value filled by ResidencyManager::Dump(). The daemon's introspection reply, dhsctl and the
+// tests render it with the same functions: DumpToJson / DumpToTable for a view, RenderPrometheus for metrics.
+// Units: every *_pages field counts pages; host coverage = history pages with a complete host copy / history pages.
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+#include "memd/gpu_page_table.h"
+#include "nlohmann/json.hpp"
+
+namespace dhs::memd {
+
+enum class RequestState : uint8_t { kQueued = 0, kAdmitted = 1, kReclaiming = 2, kCompleted = 3 };
+std::string_view RequestStateName(RequestState state);
+
+struct GpuDump {
+  GpuId gpu = 0;
+  uint32_t pages = 0;             // M
+  uint32_t required_pages = 0;    // M_req
+  uint32_t optional_pages = 0;    // M_opt = pending + ready + reclaiming
+  uint32_t reserve_pages = 0;     // M_res
+  uint32_t free_pages = 0;
+  uint32_t pending_pages = 0;     // optional-pending
+  uint32_t ready_pages = 0;       // optional-ready
+  uint32_t reclaiming_pages = 0;
+  std::vector<RequestId> queue;   // queued admissions, head first
+  uint32_t reclaims_in_flight = 0;
+  std::vector<PageState> page_states;  // indexed by page
+  std::vector<RequestId> page_owners;  // indexed by page; kNoOwner when free
+};
+
+struct RequestDump {
+  RequestId request = 0;
+  GpuId gpu = 0;
+  SlotIndex slot = 0;
+  RequestState state = RequestState::kQueued;
+  uint32_t required_pages = 0;
+  uint32_t optional_pages = 0;   // a_r
+  uint32_t history_pages = 0;    // complete history pages (imported + completed tail pages)
+  uint32_t host_pages = 0;       // history pages with a complete host copy
+  uint32_t tail_pages = 0;       // completed tail pages still in the tail awaiting their host backup
+  int64_t admitted_at_us = 0;    // injected clock; queued requests: time queued
+  int32_t reclaim_rank = -1;     // 0-based place in the reclaim order among a_r > 0 requests; -1 none
+};
+
+struct HostDump {
+  uint32_t pages = 0;
+  uint64_t page_bytes = 0;
+  uint32_t reusable_pages = 0;
+  uint32_t allocated_pages = 0;
+  uint32_t pinned_pages = 0;
+  uint32_t freed_pinned_pages = 0;  // freed while pinned, reusable after the copy completes
+};
+
+struct StateDump {
+  std::string policy;
+  int64_t now_us = 0;
+  std::vector<GpuDump> gpus;          // ascending gpu
+  std::vector<RequestDump> requests;  // ascending request id (queued ones included)
+  HostDump host;
+};
+
+// Event and order counters since start (monotonic), exported to Prometheus.
+struct Counters {
+  uint64_t events = 0;
+  uint64_t event_errors = 0;      // events refused with a non-OK status
+  uint64_t admissions = 0;        // Admit events accepted
+  uint64_t grants = 0;
+  uint64_t waits = 0;
+  uint64_t rejects = 0;
+  uint64_t completions = 0;
+  uint64_t reclaims_started = 0;
+  uint64_t reclaims_retired = 0;
+  uint64_t reclaims_failed = 0;   // aborted by a failed backup (host pool full or copy error)
+  uint64_t pages_retired = 0;
+  uint64_t backups_ordered = 0;
+  uint64_t backups_failed = 0;
+  uint64_t populates_ordered = 0;
+  uint64_t populates_failed = 0;
+  uint64_t stale_reports = 0;     // readers-done of a reclaim cancelled by its request's completion
+};
+
+// A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu>", "queue".
+struct DumpView {
+  enum class Kind { kStatus, kGpus, kRequests, kRequest, kPages, kQueue };
+  Kind kind = Kind::kStatus;
+  RequestId request = 0;  // kRequest
+  GpuId gpu = 0;          // kPages
+};
+// Errors: InvalidArgument for an unknown view or a missing/bad number.
+absl::StatusOr<DumpView> ParseDumpView(std::string_view text);
+
+// JSON of one view. Unknown request/GPU in a view: {"error": "..."}.
+nlohmann::json DumpToJson(const StateDump& dump, const DumpView& view);
+// Fixed-width text table of one view (what `dhsctl` prints), one row per line, ending in '\n'.
+std::string DumpToTable(const StateDump& dump, const DumpView& view);
+// Prometheus text exposition (format 0.0.4): dhs_memd_gpu_pages{gpu="0",kind="required"} etc. and counters.
+std::string RenderPrometheus(const StateDump& dump, const Counters& counters);
+
+}  // namespace dhs::memd

@@ -1,0 +1,171 @@
+// Unit tests of memd's pure modules: GpuPageTable, HostPageAllocator, ReclaimPolicy, PopulationScheduler.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "memd/gpu_page_table.h"
+#include "memd/host_page_allocator.h"
+#include "memd/population_scheduler.h"
+#include "memd/reclaim_policy.h"
+
+namespace dhs::memd {
+namespace {
+
+TEST(GpuPageTable, RejectsBadConfiguration) {
+  EXPECT_EQ(GpuPageTable::Create(0, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GpuPageTable::Create(0, 4, 5).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GpuPageTable, CountsAndKeepsTheReserve) {
+  auto t = *GpuPageTable::Create(1, 10, 3);
+  EXPECT_EQ(t.lendable(), 7u);
+  auto req = t.Take(5, 4, PageState::kRequired);
+  ASSERT_TRUE(req.ok());
+  EXPECT_EQ(*req, (std::vector<PageIndex>{0, 1, 2, 3}));
+  auto opt = t.Take(6, 3, PageState::kOptionalReady);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_EQ(t.required(), 4u);
+  EXPECT_EQ(t.optional(), 3u);
+  EXPECT_EQ(t.free(), 3u);
+  // One more page would eat the reserve: M_req + M_opt + M_res <= M.
+  EXPECT_EQ(t.Take(5, 1, PageState::kRequired).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t.Take(5, 1, PageState::kReclaiming).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(t.CheckInvariants().ok());
+  EXPECT_EQ(t.owner(4), 6u);
+}
+
+TEST(GpuPageTable, TransitionsAreChecked) {
+  auto t = *GpuPageTable::Create(0, 4, 0);
+  PageIndex p = (*t.Take(1, 1, PageState::kOptionalPending))[0];
+  EXPECT_EQ(t.Transition(p, PageState::kOptionalReady, PageState::kReclaiming).code(),
+            absl::StatusCode::kFailedPrecondition);  // wrong `from`
+  EXPECT_TRUE(t.Transition(p, PageState::kOptionalPending, PageState::kReclaiming).ok());
+  EXPECT_EQ(t.reclaiming(), 1u);
+  EXPECT_EQ(t.optional(), 1u);
+  EXPECT_TRUE(t.Transition(p, PageState::kReclaiming, PageState::kOptionalReady).ok());
+  EXPECT_EQ(t.Transition(p, PageState::kOptionalReady, PageState::kRequired).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t.Transition(9, PageState::kFree, PageState::kRequired).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(t.Release(p).ok());
+  EXPECT_EQ(t.Release(p).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t.free(), 4u);
+  EXPECT_TRUE(t.CheckInvariants().ok());
+}
+
+TEST(HostPageAllocator, AllOrNothingAndPerRequest) {
+  auto h = *HostPageAllocator::Create(4, 4096);
+  EXPECT_EQ(HostPageAllocator::Create(4, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  auto a = h.Allocate(7, 1, 3);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(h.Allocate(8, 0, 2).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(h.reusable(), 1u);  // the failed call took nothing
+  EXPECT_EQ(h.pages_of(7), 3u);
+  EXPECT_EQ(h.source((*a)[0]), 1u);
+  EXPECT_EQ(h.ReleaseRequest(7), 3u);
+  EXPECT_EQ(h.reusable(), 4u);
+  EXPECT_TRUE(h.CheckInvariants().ok());
+}
+
+TEST(HostPageAllocator, PinnedPageReusableOnlyAfterCopyCompletes) {
+  auto h = *HostPageAllocator::Create(1, 64);
+  PageIndex p = (*h.Allocate(1, 0, 1))[0];
+  ASSERT_TRUE(h.Pin(p).ok());
+  ASSERT_TRUE(h.Free(p).ok());  // freed while a copy is in flight
+  EXPECT_EQ(h.reusable(), 0u);
+  EXPECT_EQ(h.freed_pinned(), 1u);
+  EXPECT_EQ(h.Allocate(2, 0, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(h.Unpin(p).ok());  // the copy reported
+  EXPECT_EQ(h.reusable(), 1u);
+  EXPECT_EQ((*h.Allocate(2, 0, 1))[0], p);
+  EXPECT_EQ(h.Unpin(p).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.Pin(5).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(h.CheckInvariants().ok());
+}
+
+TEST(HostPageAllocator, ReleaseRequestDefersPinnedPages) {
+  auto h = *HostPageAllocator::Create(3, 64);
+  auto pages = *h.Allocate(1, 0, 3);
+  ASSERT_TRUE(h.Pin(pages[1]).ok());
+  EXPECT_EQ(h.ReleaseRequest(1), 3u);
+  EXPECT_EQ(h.reusable(), 2u);
+  ASSERT_TRUE(h.Unpin(pages[1]).ok());
+  EXPECT_EQ(h.reusable(), 3u);
+  EXPECT_TRUE(h.CheckInvariants().ok());
+}
+
+// Three admitted requests: A oldest with a=3, B with a=4, C newest with a=5, D with a=0.
+std::vector<ReclaimCandidate> Abcd() {
+  return {{10, 100, 1, 3}, {11, 200, 2, 4}, {12, 300, 3, 5}, {13, 400, 4, 0}};
+}
+
+struct PolicyCase {
+  const char* name;
+  uint32_t delta;
+  std::vector<RequestId> victims;  // the smallest prefix of the reclaim order with sum(a) >= delta
+};
+
+TEST(ReclaimPolicy, FirstQCoverTheDeficitExactly) {
+  const PolicyCase cases[] = {
+      // oldest-first order A(3) B(4) C(5): delta 3 -> A; 4 -> A,B (A alone is short); 8 -> A,B,C.
+      {"oldest-first", 3, {10}}, {"oldest-first", 4, {10, 11}}, {"oldest-first", 8, {10, 11, 12}},
+      // newest-first order C(5) B(4) A(3): 5 -> C; 6 -> C,B; 10 -> C,B,A.
+      {"newest-first", 5, {12}}, {"newest-first", 6, {12, 11}}, {"newest-first", 10, {12, 11, 10}},
+      // largest-first order C(5) B(4) A(3): 6 -> C,B; 9 -> C,B; 12 -> C,B,A.
+      {"largest-first", 1, {12}}, {"largest-first", 9, {12, 11}}, {"largest-first", 12, {12, 11, 10}},
+  };
+  for (const PolicyCase& c : cases) {
+    SCOPED_TRACE(std::string(c.name) + " delta " + std::to_string(c.delta));
+    auto policy = MakeReclaimPolicy(c.name);
+    ASSERT_TRUE(policy.ok());
+    EXPECT_EQ((*policy)->name(), c.name);
+    VictimChoice v = (*policy)->Choose(Abcd(), c.delta);
+    EXPECT_TRUE(v.covers);
+    EXPECT_EQ(v.victims, c.victims);
+    uint32_t sum = 0;
+    for (RequestId r : c.victims) sum += r == 10 ? 3 : r == 11 ? 4 : 5;
+    EXPECT_EQ(v.pages, sum);
+  }
+}
+
+TEST(ReclaimPolicy, UncoverableDeficitChoosesNobody) {
+  auto policy = *MakeReclaimPolicy("oldest-first");
+  VictimChoice v = policy->Choose(Abcd(), 13);  // 3 + 4 + 5 = 12 < 13
+  EXPECT_FALSE(v.covers);
+  EXPECT_TRUE(v.victims.empty());
+}
+
+TEST(ReclaimPolicy, UnknownNameIsAClearError) {
+  auto p = MakeReclaimPolicy("random");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("oldest-first"), std::string::npos);
+}
+
+TEST(PopulationScheduler, RoundRobinBoundedPerAttempt) {
+  PopulationScheduler s(5);
+  std::vector<PopulationCandidate> c = {{1, 10}, {2, 1}, {3, 10}};
+  // Attempt 1 (budget 100, bound 5): 1,2,3,1,3 -> r1: 2, r2: 1, r3: 2.
+  auto g = s.Plan(c, 100);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].request, 1u);
+  EXPECT_EQ(g[0].pages, 2u);
+  EXPECT_EQ(g[1].pages, 1u);
+  EXPECT_EQ(g[2].pages, 2u);
+  EXPECT_EQ(s.last_served(), 3u);
+  // Attempt 2 starts after request 3 (wraps to 1); budget 2 pages: r1 then r3 (r2 no longer misses pages).
+  c = {{1, 8}, {3, 8}};
+  g = s.Plan(c, 2);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0].request, 1u);
+  EXPECT_EQ(g[1].request, 3u);
+  // Attempt 3 starts after 3 -> 1 again with budget 1.
+  g = s.Plan(c, 1);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].request, 1u);
+  g = s.Plan(c, 1);
+  EXPECT_EQ(g[0].request, 3u);
+  EXPECT_TRUE(s.Plan(c, 0).empty());
+  EXPECT_TRUE(PopulationScheduler(0).Plan(c, 10).empty());
+}
+
+}  // namespace
+}  // namespace dhs::memd
