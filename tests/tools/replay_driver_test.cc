@@ -44,7 +44,10 @@ class FakeNode : public NodeClient {
     for (const Step& step : plans_[request.request]) {
       TokenEvent ev;
       ev.request = request.request;
-      for (int k = 0; k < step.tokens; ++k) ev.tokens.push_back(static_cast<int32_t>((request.request * 31 + next_token_++) & 0xff));
+      for (int k = 0; k < step.tokens; ++k) {
+        ev.tokens.push_back(static_cast<int32_t>((request.request * 31 + next_token_++) & 0xff));
+        ev.logits_digests.push_back(0xD000u + static_cast<uint64_t>(ev.tokens.back()));  // a digest per token
+      }
       ev.finished = step.finished;
       ev.error = step.error;
       ev.allocation_wait_ms = step.allocation_wait_ms;
@@ -129,6 +132,8 @@ TEST(ReplayDriver, ClosedLoopTimingsFollowTheScript) {
   EXPECT_EQ(a.end_ms, 25);
   EXPECT_EQ(a.tokens, 4);
   EXPECT_EQ(a.output.size(), 4u);
+  ASSERT_EQ(a.logits_digests.size(), 4u);  // digests of all three events, concatenated in token order
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(a.logits_digests[i], 0xD000u + static_cast<uint64_t>(a.output[i]));
   EXPECT_EQ(a.allocation_wait_ms, 4);
   EXPECT_TRUE(a.served());
   EXPECT_EQ(a.ttft_ms(), 10.0);
@@ -333,6 +338,21 @@ TEST(OutputsMatch, ComparesTokensOfServedRequests) {
   b.requests.pop_back();
   EXPECT_FALSE(OutputsMatch(a, b));
 }
+
+TEST(OutputsMatch, ComparesLogitsDigests) {
+  DriverResult a, b;
+  a.requests.resize(1);
+  b.requests.resize(1);
+  for (auto* r : {&a, &b}) {
+    r->requests[0].finished = true;
+    r->requests[0].output = {7, 8};
+    r->requests[0].logits_digests = {0x1111, 0x2222};
+  }
+  EXPECT_TRUE(OutputsMatch(a, b));
+  b.requests[0].logits_digests[1] = 0x2223;  // same tokens, one logit bit differs
+  EXPECT_FALSE(OutputsMatch(a, b));
+}
+
 
 }  // namespace
 }  // namespace dhs::replay

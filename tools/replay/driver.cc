@@ -101,6 +101,7 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
         r.last_token_ms = t;
         r.tokens += static_cast<int64_t>(ev.tokens.size());
         r.output.insert(r.output.end(), ev.tokens.begin(), ev.tokens.end());
+        r.logits_digests.insert(r.logits_digests.end(), ev.logits_digests.begin(), ev.logits_digests.end());
         progress.output_tokens += static_cast<int64_t>(ev.tokens.size());
       }
       r.allocation_wait_ms = std::max(r.allocation_wait_ms, ev.allocation_wait_ms);
@@ -143,6 +144,7 @@ bool OutputsMatch(const DriverResult& a, const DriverResult& b) {
     const RequestTiming& x = a.requests[i];
     const RequestTiming& y = b.requests[i];
     if (!x.served() || !y.served() || x.trace_index != y.trace_index || x.output != y.output) return false;
+    if (x.logits_digests != y.logits_digests) return false;  // both empty when the node reports none
   }
   return true;
 }

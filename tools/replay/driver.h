@@ -43,6 +43,7 @@ struct RequestTiming {
   bool finished = false;        // ended without error
   std::string error;            // non-empty: failed with this text
   std::vector<int32_t> output;  // the tokens, in order (for the exactness check, brief §7)
+  std::vector<uint64_t> logits_digests;  // per token when the node reports them (exactness of the logits)
 
   bool served() const { return finished && error.empty(); }
   // Time to first token, ms: first_token_ms - submit_ms. nullopt without a token.
@@ -99,8 +100,8 @@ class ReplayDriver {
   DriverOptions options_;
 };
 
-// brief §7 exactness: true when both runs served the same requests with identical output tokens. Requests
-// that failed in either run make it false.
+// brief §7 exactness: true when both runs served the same requests with identical output tokens and identical
+// per-token logits digests (bit-identical logits). Requests that failed in either run make it false.
 bool OutputsMatch(const DriverResult& a, const DriverResult& b);
 
 }  // namespace dhs::replay

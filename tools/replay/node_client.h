@@ -47,6 +47,8 @@ struct TokenEvent {
   RequestId request = 0;
   std::vector<int32_t> tokens;    // tokens produced since the previous event (byte values 0..255); may be
                                   // several at once (speculative decoding commits A_r + 1 per round, brief §6)
+  std::vector<uint64_t> logits_digests;  // one per token when the node reports them (64-bit digest of the
+                                         // logits that produced the token), else empty
   bool finished = false;          // no more events for this request
   std::string error;              // non-empty: the request failed (it is then finished); text for the report
   double allocation_wait_ms = 0;  // total time so far that the request waited for its required allocation
