@@ -31,6 +31,10 @@ struct GrantOrder {
   std::vector<PageIndex> required_pages;  // the required allocation (hot cache + tail + metadata)
   std::vector<PageIndex> history_gpu_pages;
   std::vector<PageIndex> history_host_pages;
+  // Only for an admission with assign_host_pages (the worker contract, docs/protocol.md): the host page of history
+  // page j for EVERY page j of the full context (history_host_pages is then empty). Pages j >= history_gpu_pages.size()
+  // count as host-covered from the grant (the worker keeps their rows in its tail until their backup completed).
+  std::vector<PageIndex> context_host_pages;
 };
 
 // The admission is queued (sent once, when it first cannot be granted).
@@ -58,6 +62,7 @@ struct BackupOrder {
   bool from_tail = false;
   PageIndex gpu_page = 0;
   PageIndex host_page = 0;
+  ReclaimId reclaim = 0;  // the reclaim that ordered it (follows its ReclaimStartOrder); 0 for a tail backup
 };
 
 // Copy history page `history_page` from host page `host_page` into GPU page `gpu_page`, publish its ready-map entries
@@ -88,9 +93,19 @@ struct RetireOrder {
   std::vector<PageIndex> gpu_pages;
 };
 
-using Order = std::variant<GrantOrder, WaitOrder, RejectOrder, BackupOrder, PopulateOrder, WithdrawOrder, RetireOrder>;
+// A reclaim of one victim started: `gpu_pages` (all its optional pages) are now reclaiming. Emitted before the
+// BackupOrders of the same reclaim (they carry `reclaim`); the daemon sends both as one wire ReclaimOrder.
+struct ReclaimStartOrder {
+  ReclaimId reclaim = 0;
+  RequestId request = 0;
+  GpuId gpu = 0;
+  std::vector<PageIndex> gpu_pages;
+};
 
-// "grant", "wait", "reject", "backup", "populate", "withdraw", "retire".
+using Order = std::variant<GrantOrder, WaitOrder, RejectOrder, BackupOrder, PopulateOrder, WithdrawOrder, RetireOrder,
+                           ReclaimStartOrder>;
+
+// "grant", "wait", "reject", "backup", "populate", "withdraw", "retire", "reclaim".
 std::string_view OrderName(const Order& order);
 
 }  // namespace dhs::memd

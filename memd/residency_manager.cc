@@ -9,7 +9,8 @@
 namespace dhs::memd {
 
 std::string_view OrderName(const Order& order) {
-  static constexpr std::string_view kNames[] = {"grant", "wait", "reject", "backup", "populate", "withdraw", "retire"};
+  static constexpr std::string_view kNames[] = {"grant", "wait", "reject", "backup", "populate", "withdraw", "retire",
+                                                "reclaim"};
   return kNames[order.index()];
 }
 
@@ -70,12 +71,19 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& a) {
   if (a.required_pages == 0) {
     return Finish(absl::InvalidArgumentError(absl::StrFormat("request %d: required_pages must be > 0", a.request)));
   }
+  if (a.assign_host_pages && a.context_pages < a.history_pages) {
+    return Finish(absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: %d complete history pages exceed the %d pages of its context", a.request, a.history_pages,
+        a.context_pages)));
+  }
   Request r;
   r.id = a.request;
   r.gpu = a.gpu;
   r.slot = a.slot;
   r.required_count = a.required_pages;
   r.imported_pages = a.history_pages;
+  r.assign_host_pages = a.assign_host_pages;
+  r.context_pages = a.assign_host_pages ? a.context_pages : a.history_pages;
   r.state = RequestState::kQueued;
   r.time_us = clock_();
   ++counters_.admissions;
@@ -106,6 +114,8 @@ absl::Status ResidencyManager::OnBackupDone(CopyId copy, bool ok) {
   if (ok) {
     hp.has_host = true;
     hp.host_page = c.host_page;
+    hp.host_reserved = false;
+    hp.awaiting_write = false;
     if (c.from_tail) hp.where = Where::kNone;  // leaves the tail: host only until population brings it back
     if (c.reclaim != 0) {
       Reclaim& rc = reclaims_.at(c.reclaim);
@@ -113,7 +123,8 @@ absl::Status ResidencyManager::OnBackupDone(CopyId copy, bool ok) {
       AdvanceReclaim(rc);
     }
   } else {
-    (void)host_.Free(c.host_page);
+    // An assigned host page stays the request's; so does one that became a valid copy meanwhile (OnHostCopyWritten).
+    if (!hp.host_reserved && !(hp.has_host && hp.host_page == c.host_page)) (void)host_.Free(c.host_page);
     if (c.from_tail) r.tail_retry.push_back(c.history_page);
     if (c.reclaim != 0) AbortReclaim(r, gpus_.at(r.gpu));
   }
@@ -178,6 +189,28 @@ absl::Status ResidencyManager::OnReadersDone(ReclaimId id) {
   return Finish(absl::OkStatus());
 }
 
+absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, uint32_t history_page) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
+  Request& r = it->second;
+  if (r.state == RequestState::kQueued) {
+    return Finish(absl::FailedPreconditionError(absl::StrFormat("request %d is not admitted yet", id)));
+  }
+  if (history_page >= r.history.size()) {
+    return Finish(absl::OutOfRangeError(
+        absl::StrFormat("request %d has %d history pages, not page %d", id, r.history.size(), history_page)));
+  }
+  HistoryPage& hp = r.history[history_page];
+  if (!hp.has_host && !hp.host_reserved) {
+    return Finish(absl::FailedPreconditionError(
+        absl::StrFormat("request %d history page %d has no host page assigned", id, history_page)));
+  }
+  hp.has_host = true;
+  hp.host_reserved = false;
+  hp.awaiting_write = false;
+  return Finish(absl::OkStatus());
+}
+
 absl::Status ResidencyManager::OnTailPageComplete(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
@@ -228,7 +261,7 @@ absl::Status ResidencyManager::Populate() {
     for (const auto& [id, r] : requests_) {
       if (r.gpu != gpu_id || r.state != RequestState::kAdmitted) continue;
       uint32_t missing = 0;
-      for (const HistoryPage& hp : r.history) missing += hp.where == Where::kNone && hp.has_host;
+      for (const HistoryPage& hp : r.history) missing += hp.where == Where::kNone && hp.has_host && !hp.awaiting_write;
       if (missing > 0) candidates.push_back({id, missing});
     }
     for (const PopulationGrant& grant : g.scheduler.Plan(candidates, g.table.lendable())) {
@@ -238,7 +271,7 @@ absl::Status ResidencyManager::Populate() {
       size_t next = 0;
       for (uint32_t h = 0; h < r.history.size() && next < pages->size(); ++h) {
         HistoryPage& hp = r.history[h];
-        if (hp.where != Where::kNone || !hp.has_host) continue;
+        if (hp.where != Where::kNone || !hp.has_host || hp.awaiting_write) continue;
         const CopyId id = next_copy_++;
         const PageIndex gp = (*pages)[next++];
         copies_[id] = Copy{.backup = false, .request = r.id, .gpu = gpu_id, .history_page = h,
@@ -277,8 +310,13 @@ absl::Status ResidencyManager::NeverFits(const Request& r, const Gpu& g) const {
         "request %d needs %d required pages but GPU %d can lend at most %d (M=%d, M_res=%d): it can never fit", r.id,
         r.required_count, r.gpu, m - res, m, res));
   }
+  if (r.assign_host_pages && r.context_pages > host_.pages()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "request %d needs %d host pages for its context but the host pool has %d pages: it can never fit", r.id,
+        r.context_pages, host_.pages()));
+  }
   const uint64_t room = uint64_t{m - res - r.required_count} + host_.pages();
-  if (r.imported_pages > room) {
+  if (!r.assign_host_pages && r.imported_pages > room) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "request %d imports %d history pages but GPU %d (%d spare) and the host pool (%d pages) can never hold them",
         r.id, r.imported_pages, r.gpu, m - res - r.required_count, host_.pages()));
@@ -294,6 +332,10 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   for (size_t i = 1; i < g.queue.size(); ++i) behind += requests_.at(g.queue[i]).required_count;
   const uint32_t spare = lend - r.required_count;
   uint32_t on_gpu = std::min(r.imported_pages, spare > behind ? spare - behind : 0);
+  if (r.assign_host_pages) {
+    if (r.context_pages > host_.reusable()) return false;  // waits for host pages (a completion frees them)
+    return GrantWithHostPages(r, g, on_gpu);
+  }
   if (r.imported_pages - on_gpu > host_.reusable()) on_gpu = std::min(r.imported_pages, spare);
   const uint32_t to_host = r.imported_pages - on_gpu;
   if (to_host > host_.reusable()) return false;
@@ -312,7 +354,36 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   r.time_us = clock_();
   r.seq = next_seq_++;
   ++counters_.grants;
-  outbox_.push_back(GrantOrder{r.id, r.gpu, r.slot, *required, *optional, *host});
+  outbox_.push_back(GrantOrder{r.id, r.gpu, r.slot, *required, *optional, *host, {}});
+  return true;
+}
+
+bool ResidencyManager::GrantWithHostPages(Request& r, Gpu& g, uint32_t on_gpu) {
+  auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
+  auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
+  auto host = host_.Allocate(r.id, kAllSources, r.context_pages);
+  r.required = *required;
+  r.history.resize(r.context_pages);
+  for (uint32_t h = 0; h < r.context_pages; ++h) {
+    HistoryPage& hp = r.history[h];
+    hp.host_page = (*host)[h];
+    if (h < on_gpu) {  // optional-ready, backup deferred into its assigned host page
+      hp.where = Where::kPage;
+      hp.gpu_page = (*optional)[h];
+      hp.host_reserved = true;
+    } else {  // covered by the worker's tail until its backup completed (contract §3)
+      hp.has_host = true;
+      hp.awaiting_write = true;
+    }
+  }
+  r.optional = on_gpu;
+  r.state = RequestState::kAdmitted;
+  r.time_us = clock_();
+  r.seq = next_seq_++;
+  ++counters_.grants;
+  GrantOrder grant{r.id, r.gpu, r.slot, *required, *optional, {}, {}};
+  grant.context_host_pages = *host;
+  outbox_.push_back(std::move(grant));
   return true;
 }
 
@@ -369,7 +440,9 @@ bool ResidencyManager::StartReclaim(Request& v, Gpu& g) {
     const HistoryPage& hp = v.history[h];
     if (hp.where == Where::kPage && !hp.has_host && hp.backup == 0 && hp.populate == 0) need_backup.push_back(h);
   }
-  auto host = host_.Allocate(v.id, kAllSources, static_cast<uint32_t>(need_backup.size()));
+  uint32_t unassigned = 0;  // pages needing a backup that have no host page yet
+  for (uint32_t h : need_backup) unassigned += !v.history[h].host_reserved;
+  auto host = host_.Allocate(v.id, kAllSources, unassigned);
   if (!host.ok()) {  // host pool full: the victim stays untouched
     spdlog::debug("memd: reclaim of request {} not started: {}", v.id, std::string(host.status().message()));
     v.backoff = true;
@@ -393,17 +466,20 @@ bool ResidencyManager::StartReclaim(Request& v, Gpu& g) {
       ++rc.backups;
     }
   }
+  ReclaimStartOrder start{id, v.id, v.gpu, rc.pages};
+  outbox_.push_back(std::move(start));
+  size_t next_host = 0;
   for (size_t i = 0; i < need_backup.size(); ++i) {
     HistoryPage& hp = v.history[need_backup[i]];
     const CopyId cid = next_copy_++;
-    const PageIndex host_page = (*host)[i];
+    const PageIndex host_page = hp.host_reserved ? hp.host_page : (*host)[next_host++];
     copies_[cid] = Copy{.backup = true, .request = v.id, .gpu = v.gpu, .history_page = need_backup[i],
                         .host_page = host_page, .gpu_page = hp.gpu_page, .reclaim = id};
     (void)host_.Pin(host_page);
     hp.backup = cid;
     ++rc.backups;
     ++counters_.backups_ordered;
-    outbox_.push_back(BackupOrder{cid, v.id, v.gpu, need_backup[i], false, hp.gpu_page, host_page});
+    outbox_.push_back(BackupOrder{cid, v.id, v.gpu, need_backup[i], false, hp.gpu_page, host_page, id});
   }
   v.state = RequestState::kReclaiming;
   v.reclaim = id;
@@ -539,7 +615,10 @@ absl::Status ResidencyManager::CheckInvariants() const {
       if (hp.populate != 0 && !hp.has_host) {
         return absl::InternalError(absl::StrFormat("request %d page %d populated without host copy", id, h));
       }
-      if (hp.has_host) {
+      if (hp.has_host && hp.host_reserved) {
+        return absl::InternalError(absl::StrFormat("request %d page %d: host copy and reservation at once", id, h));
+      }
+      if (hp.has_host || hp.host_reserved) {
         ++host_expected;
         if (!host_.is_allocated(hp.host_page) || host_.owner(hp.host_page) != id ||
             !host_pages.insert(hp.host_page).second) {
@@ -551,7 +630,7 @@ absl::Status ResidencyManager::CheckInvariants() const {
         if (c == copies_.end() || c->second.request != id || c->second.history_page != h || c->second.orphan) {
           return absl::InternalError(absl::StrFormat("request %d page %d: backup copy record missing", id, h));
         }
-        ++host_expected;
+        if (!hp.host_reserved) ++host_expected;
       }
     }
     if (optional != r.optional) {

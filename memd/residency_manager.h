@@ -74,7 +74,12 @@ struct AdmitRequest {
   GpuId gpu = 0;
   SlotIndex slot = 0;
   uint32_t required_pages = 0;  // > 0: hot cache + tail + metadata pages
-  uint32_t history_pages = 0;   // complete pages of imported history
+  uint32_t history_pages = 0;   // complete pages of imported history (candidates for optional history)
+  // The worker contract (docs/protocol.md "Conversation contract"): memd assigns a host page to every page of the
+  // full context (context_pages >= history_pages) at the grant. History pages not kept on GPU count as host-covered
+  // from the grant, but are populated only after OnHostCopyWritten (or a reclaim backup) confirmed their bytes.
+  bool assign_host_pages = false;
+  uint32_t context_pages = 0;   // pages of the full context (input + max_new), with assign_host_pages
 };
 
 class ResidencyManager {
@@ -98,6 +103,10 @@ class ResidencyManager {
   // Readers of a withdrawn reclaim finished. Reports for reclaims cancelled by a completion are ignored (OK).
   // Errors: NotFound (never issued), FailedPrecondition (no WithdrawOrder sent yet).
   absl::Status OnReadersDone(ReclaimId reclaim);
+  // The worker wrote history page `history_page` of `request` to its assigned host page (BackupComplete with order 0):
+  // it is now a complete host copy that population may read. Errors: NotFound (unknown request), FailedPrecondition
+  // (queued, or the page has no host page assigned), OutOfRange (no such history page).
+  absl::Status OnHostCopyWritten(RequestId request, uint32_t history_page);
   // A tail page of `request` became complete (joins history). Errors: NotFound, FailedPrecondition (queued).
   absl::Status OnTailPageComplete(RequestId request);
   // The request finished (or a queued admission was cancelled). Errors: NotFound.
@@ -123,8 +132,10 @@ class ResidencyManager {
     PageIndex gpu_page = 0;   // valid when where == kPage
     CopyId populate = 0;      // a population copy into gpu_page in flight (0: none)
     CopyId backup = 0;        // a backup copy in flight (0: none)
-    bool has_host = false;    // a complete host copy exists in host_page
+    bool has_host = false;    // a complete host copy exists in host_page (or counts as one: see awaiting_write)
     PageIndex host_page = 0;
+    bool host_reserved = false;  // host_page is assigned (assign_host_pages) but holds no copy yet
+    bool awaiting_write = false; // has_host from the grant; the worker has not confirmed the bytes: not populated
   };
   using Where = HistoryPage::Where;
   struct Request {
@@ -133,6 +144,8 @@ class ResidencyManager {
     SlotIndex slot = 0;
     uint32_t required_count = 0;
     uint32_t imported_pages = 0;
+    bool assign_host_pages = false;
+    uint32_t context_pages = 0;
     RequestState state = RequestState::kQueued;
     int64_t time_us = 0;  // queued at, then admitted at
     uint64_t seq = 0;     // admission sequence
@@ -178,6 +191,7 @@ class ResidencyManager {
   void PumpGpu(GpuId gpu_id, Gpu& gpu);
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
   bool TryGrant(Request& r, Gpu& gpu);
+  bool GrantWithHostPages(Request& r, Gpu& gpu, uint32_t on_gpu);
   bool StartReclaim(Request& victim, Gpu& gpu);
   void RetireReclaim(ReclaimId id);
   void AbortReclaim(Request& victim, Gpu& gpu);

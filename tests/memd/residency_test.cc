@@ -347,5 +347,76 @@ TEST_F(ResidencyTest, FreeCountsReturnToStartAfterManyCompletions) {
   EXPECT_GT(mgr_->counters().populates_ordered, 0u);
 }
 
+// The worker contract (docs/protocol.md): a host page for every page of the full context at the grant; pages not
+// kept optional are host-covered from the grant but populated only after the worker confirmed their bytes; a reclaim
+// backs up into the page's assigned host page, and a failed backup keeps that assignment.
+class ContractTest : public ResidencyTest {
+ protected:
+  std::vector<Order> AdmitContract(RequestId r, uint32_t required, uint32_t complete, uint32_t context) {
+    AdmitRequest a{r, 0, static_cast<SlotIndex>(r), required, complete};
+    a.assign_host_pages = true;
+    a.context_pages = context;
+    return Do(mgr_->Admit(a));
+  }
+};
+
+TEST_F(ContractTest, HostPagesForTheWholeContextAndPopulationAfterConfirmedWrites) {
+  Make(8, 0, 16);
+  auto g = OfType<GrantOrder>(AdmitContract(1, 2, 4, 6));
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].history_gpu_pages.size(), 4u);  // 6 spare GPU pages keep all 4 complete pages
+  EXPECT_TRUE(g[0].history_host_pages.empty());
+  ASSERT_EQ(g[0].context_host_pages.size(), 6u);
+  EXPECT_EQ(std::set<PageIndex>(g[0].context_host_pages.begin(), g[0].context_host_pages.end()).size(), 6u);
+  EXPECT_EQ(mgr_->host().allocated(), 6u);
+  EXPECT_EQ(Req(1).host_pages, 2u);  // pages 4, 5: covered by the worker's tail until written
+
+  // Request 2 (6 required) reclaims request 1: the backups go to the host pages assigned at the grant.
+  auto o = AdmitContract(2, 6, 0, 1);
+  auto starts = OfType<ReclaimStartOrder>(o);
+  ASSERT_EQ(starts.size(), 1u);
+  EXPECT_EQ(starts[0].gpu_pages.size(), 4u);
+  auto backups = OfType<BackupOrder>(o);
+  ASSERT_EQ(backups.size(), 4u);
+  for (const BackupOrder& b : backups) {
+    EXPECT_EQ(b.reclaim, starts[0].reclaim);
+    EXPECT_EQ(b.host_page, g[0].context_host_pages[b.history_page]);
+  }
+  EXPECT_EQ(mgr_->host().allocated(), 6u);  // request 2 is queued: it holds nothing yet
+  // A failed backup aborts the reclaim and keeps the assigned host pages.
+  Do(mgr_->OnBackupDone(backups[0].copy, false));
+  EXPECT_EQ(mgr_->host().pages_of(1), 6u);
+  for (size_t i = 1; i < backups.size(); ++i) Do(mgr_->OnBackupDone(backups[i].copy, true));
+  EXPECT_EQ(mgr_->host().pages_of(1), 6u);
+  EXPECT_EQ(Req(1).host_pages, 5u);  // 3 backed up + 2 covered by the tail
+  Do(mgr_->Complete(2));
+
+  // Population: nothing to populate yet (the 4 pages are on GPU; pages 4, 5 are not confirmed written).
+  EXPECT_TRUE(OfType<PopulateOrder>(Do(mgr_->Populate())).empty());
+  Do(mgr_->OnHostCopyWritten(1, 5));
+  auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
+  ASSERT_EQ(pops.size(), 1u);
+  EXPECT_EQ(pops[0].history_page, 5u);
+  EXPECT_EQ(pops[0].host_page, g[0].context_host_pages[5]);
+
+  // Bad reports are refused and change nothing.
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, 6).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(9, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+}
+
+TEST_F(ContractTest, ContextLargerThanTheHostPoolIsRejectedAndWaitsForHostPages) {
+  Make(8, 0, 4);
+  auto rej = OfType<RejectOrder>(AdmitContract(1, 1, 0, 5));
+  ASSERT_EQ(rej.size(), 1u);
+  EXPECT_EQ(rej[0].error.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_EQ(OfType<GrantOrder>(AdmitContract(2, 1, 0, 3)).size(), 1u);
+  auto o = AdmitContract(3, 1, 0, 2);  // GPU room, but only 1 host page left: waits
+  EXPECT_TRUE(OfType<GrantOrder>(o).empty());
+  EXPECT_EQ(OfType<WaitOrder>(o).size(), 1u);
+  EXPECT_EQ(OfType<GrantOrder>(Do(mgr_->Complete(2))).size(), 1u);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(3, 0).code(), absl::StatusCode::kOk);
+}
+
 }  // namespace
 }  // namespace dhs::memd

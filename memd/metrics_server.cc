@@ -1,0 +1,42 @@
+#include "memd/metrics_server.h"
+
+#include <charconv>
+
+#include "absl/strings/str_format.h"
+#include "httplib.h"
+
+namespace dhs::memd {
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_view address,
+                                                                    std::function<std::string()> snapshot) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("metrics address '%s' is not HOST:PORT", std::string(address)));
+  }
+  const std::string_view port_text = address.substr(colon + 1);
+  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrFormat("metrics address '%s': bad port", std::string(address)));
+  }
+  std::unique_ptr<MetricsServer> m(new MetricsServer());
+  m->host_ = std::string(address.substr(0, colon));
+  m->http_ = std::make_unique<httplib::Server>();
+  m->http_->Get("/metrics", [snapshot = std::move(snapshot)](const httplib::Request&, httplib::Response& res) {
+    res.set_content(snapshot(), "text/plain; version=0.0.4");
+  });
+  m->port_ = port == 0 ? m->http_->bind_to_any_port(m->host_) : (m->http_->bind_to_port(m->host_, port) ? port : -1);
+  if (m->port_ <= 0) {
+    return absl::UnavailableError(absl::StrFormat("metrics: cannot listen on %s", std::string(address)));
+  }
+  httplib::Server* http = m->http_.get();
+  m->thread_ = std::thread([http] { http->listen_after_bind(); });
+  return m;
+}
+
+MetricsServer::~MetricsServer() {
+  if (http_) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace dhs::memd

@@ -1,0 +1,453 @@
+// The memd binary as a real process (posix_spawn in a temp run dir, SIGKILL at teardown) with fake workers that
+// speak the worker <-> memd conversation contract (docs/protocol.md) over ipc://, dhsctl run against it, and
+// GET /metrics. Expected values come from the brief's accounting (§4), worked out by hand in the comments.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/host_pool.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace dhs {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr uint64_t kPageBytes = 4096;
+constexpr uint32_t kPageRows = 16;  // p
+
+std::vector<uint32_t> Sorted(std::vector<uint32_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// A fake worker: a DEALER with identity worker/<gpu> that sends contract messages and reads memd's orders.
+class FakeWorker {
+ public:
+  FakeWorker(const std::string& run_dir, GpuId gpu) : gpu_(gpu) {
+    DealerClient::Options o;
+    o.identity = "worker/" + std::to_string(gpu);
+    client_ = std::move(*DealerClient::Connect(IpcEndpoint(run_dir, "memd"), o));
+  }
+  void Send(const std::string& bytes) { ASSERT_TRUE(client_->Send(bytes).ok()); }
+  // Next message from memd (decoded into `buffer_`), or nullopt after `timeout`.
+  std::optional<Message> Next(std::chrono::milliseconds timeout = 3000ms) {
+    auto bytes = client_->Receive(timeout);
+    if (!bytes.ok()) return std::nullopt;
+    buffers_.push_back(std::move(*bytes));
+    auto m = DecodeEnvelope(buffers_.back());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return std::nullopt;
+    return *m;
+  }
+  // Receives `n` messages and files them by type.
+  std::map<wire::Body, Message> NextN(int n) {
+    std::map<wire::Body, Message> out;
+    for (int i = 0; i < n; ++i) {
+      auto m = Next();
+      EXPECT_TRUE(m.has_value()) << "message " << i << " of " << n << " did not come";
+      if (!m) break;
+      EXPECT_FALSE(out.count(m->type)) << "two messages of type " << BodyName(m->type);
+      out[m->type] = *m;
+    }
+    return out;
+  }
+  wire::HelloReplyT Hello(uint32_t capacity_pages, uint64_t page_bytes = kPageBytes) {
+    wire::HelloT h;
+    h.protocol_version = kProtocolVersion;
+    h.gpu = gpu_;
+    h.pid = static_cast<uint32_t>(getpid());
+    h.device_name = "fake";
+    h.capacity_pages = capacity_pages;
+    h.page_rows = kPageRows;
+    h.page_bytes = page_bytes;
+    h.request_slots = 4;
+    Send(EncodeHello(h, seq_++, "worker"));
+    auto m = Next();
+    EXPECT_TRUE(m && m->type == wire::Body::HelloReply);
+    return m ? *ReadHelloReply(*m) : wire::HelloReplyT();
+  }
+  void Admit(RequestId r, uint32_t required, uint64_t history_rows, uint32_t complete_pages) {
+    wire::AdmitRequestT a;
+    a.request = r;
+    a.gpu = gpu_;
+    a.required_pages = required;
+    a.history_rows = history_rows;
+    a.complete_pages = complete_pages;
+    Send(EncodeAdmitRequest(a, seq_++, "worker"));
+  }
+  uint64_t seq() { return seq_++; }
+  GpuId gpu() const { return gpu_; }
+
+ private:
+  GpuId gpu_;
+  uint64_t seq_ = 1;
+  std::unique_ptr<DealerClient> client_;
+  std::deque<std::string> buffers_;  // keeps the bytes of decoded messages alive at stable addresses
+};
+
+class MemdProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/memd_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    run_dir_ = dir_ + "/run";
+    std::vector<std::string> args = {MEMD_BIN,          "--run-dir",         run_dir_,  "--page-bytes",
+                                     std::to_string(kPageBytes), "--host-pool-pages", "64", "--metrics-address",
+                                     "127.0.0.1:0",     "--log-level",       "warn"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ASSERT_EQ(posix_spawn(&pid_, MEMD_BIN, nullptr, nullptr, argv.data(), environ), 0);
+    for (int i = 0; i < 250 && !(std::filesystem::exists(run_dir_ + "/memd.sock") &&
+                                 std::filesystem::exists(run_dir_ + "/memd.metrics"));
+         ++i) {
+      std::this_thread::sleep_for(20ms);  // connect with retries: memd is starting
+    }
+    ASSERT_TRUE(std::filesystem::exists(run_dir_ + "/memd.sock")) << "memd did not start";
+    std::ifstream(run_dir_ + "/memd.metrics") >> metrics_address_;
+  }
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      (void)HostPoolSegment::Remove("dhs-memd-" + std::to_string(pid_));  // SIGKILL skips memd's own cleanup
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Runs dhsctl with `args`; returns its exit code and stdout.
+  std::pair<int, std::string> Dhsctl(const std::string& args, const std::string& run_dir = "") {
+    const std::string cmd = std::string(DHSCTL_BIN) + " --run-dir " + (run_dir.empty() ? run_dir_ : run_dir) + " " +
+                            args + " 2>/dev/null";
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    const int status = pclose(f);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  }
+  json DhsctlJson(const std::string& view) {
+    auto [rc, out] = Dhsctl("--json " + view);
+    EXPECT_EQ(rc, 0) << out;
+    return json::parse(out, nullptr, false);
+  }
+  // Polls GET /metrics until `line` appears (the loop publishes after each message); returns the last body.
+  std::string MetricsWith(const std::string& line) {
+    const size_t colon = metrics_address_.rfind(':');
+    httplib::Client client(metrics_address_.substr(0, colon), std::stoi(metrics_address_.substr(colon + 1)));
+    std::string body;
+    for (int i = 0; i < 100; ++i) {
+      if (auto res = client.Get("/metrics"); res && res->status == 200) {
+        body = res->body;
+        if (body.find(line + "\n") != std::string::npos) break;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return body;
+  }
+
+  std::string dir_, run_dir_, metrics_address_;
+  pid_t pid_ = -1;
+};
+
+// Two requests on one GPU: the second admission reclaims the first's optional pages
+// (ReclaimOrder -> BackupComplete -> ReadersDone -> Retire -> AdmitGrant), then a Complete frees pages and population
+// brings the first request's history back (PopulateOrder -> ReadyPublish). A second worker (GPU 0) holds a request
+// meanwhile and receives nothing: orders go to the identity of the GPU that owns the pages.
+TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
+  FakeWorker w0(run_dir_, 0), w1(run_dir_, 1);
+  auto hello0 = w0.Hello(4);
+  ASSERT_TRUE(hello0.accepted) << hello0.reason;
+  ASSERT_EQ(hello0.segments.size(), 1u);
+  EXPECT_EQ(hello0.segments[0]->page_bytes, kPageBytes);
+  EXPECT_EQ(hello0.segments[0]->pages, 64u);
+  EXPECT_EQ(hello0.worker_epoch, 1u);
+  ASSERT_TRUE(w1.Hello(8).accepted);
+
+  // GPU 0: request 10, 1 required page, context 2 pages, nothing optional.
+  w0.Admit(10, 1, 2 * kPageRows, 0);
+  auto m = w0.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  EXPECT_EQ(ReadAdmitGrant(*m)->backup_host_pages.size(), 2u);
+
+  // GPU 1 (M = 8): request 1, 2 required, context 6 pages (96 rows), 4 complete imported pages. Resident-first: the
+  // 6 spare pages keep all 4 complete pages as optional history; every one of the 6 context pages gets a host page.
+  w1.Admit(1, 2, 6 * kPageRows, 4);
+  m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  const wire::AdmitGrantT g1 = *ReadAdmitGrant(*m);
+  EXPECT_EQ(g1.request, 1u);
+  EXPECT_EQ(g1.required_pages.size(), 2u);
+  ASSERT_EQ(g1.optional_pages.size(), 4u);
+  EXPECT_EQ(g1.optional_history_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  ASSERT_EQ(g1.backup_host_pages.size(), 6u);
+
+  // dhsctl while request 1 holds its optional pages: GPU 1 M 8, M_req 2, M_opt 4, free 2; a_r 4; host 2/6 (the two
+  // pages not kept optional count as host-covered from the grant).
+  json status = DhsctlJson("status");
+  ASSERT_TRUE(status.is_object()) << status;
+  ASSERT_EQ(status["gpus"].size(), 2u);
+  const json& gpu1 = status["gpus"][1];
+  EXPECT_EQ(gpu1["gpu"], 1);
+  EXPECT_EQ(gpu1["M"], 8);
+  EXPECT_EQ(gpu1["M_req"], 2);
+  EXPECT_EQ(gpu1["M_opt"], 4);
+  EXPECT_EQ(gpu1["M_res"], 0);
+  EXPECT_EQ(gpu1["free"], 2);
+  EXPECT_EQ(status["gpus"][0]["M_req"], 1);
+  EXPECT_EQ(status["gpus"][0]["free"], 3);
+  json requests = DhsctlJson("requests");
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0]["request"], 1);
+  EXPECT_EQ(requests[0]["a_r"], 4);
+  EXPECT_EQ(requests[0]["host_coverage"], "2/6");
+  EXPECT_EQ(requests[1]["request"], 10);
+  EXPECT_EQ(requests[1]["host_coverage"], "2/2");
+  auto [rc, table] = Dhsctl("requests");
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(table.find("REQ"), std::string::npos) << table;
+
+  // The metrics endpoint shows the same accounting.
+  const std::string metrics = MetricsWith("dhs_memd_gpu_pages{gpu=\"1\",kind=\"optional\"} 4");
+  EXPECT_NE(metrics.find("dhs_memd_gpu_pages{gpu=\"1\",kind=\"optional\"} 4\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("dhs_memd_gpu_pages{gpu=\"1\",kind=\"required\"} 2\n"), std::string::npos);
+  EXPECT_NE(metrics.find("dhs_memd_gpu_pages{gpu=\"0\",kind=\"free\"} 3\n"), std::string::npos);
+  EXPECT_NE(metrics.find("dhs_memd_grants_total 2\n"), std::string::npos);
+  EXPECT_NE(metrics.find("dhs_memd_workers 2\n"), std::string::npos);
+
+  // Request 2 needs 6 required pages: lendable 2, deficit Δ = 4 = a_1, so request 1 is reclaimed whole and request 2
+  // waits (queue position 0, Δ 4).
+  w1.Admit(2, 6, 2 * kPageRows, 0);
+  auto got = w1.NextN(2);
+  ASSERT_TRUE(got.count(wire::Body::ReclaimOrder) && got.count(wire::Body::AdmitWait));
+  const wire::AdmitWaitT wait = *ReadAdmitWait(got[wire::Body::AdmitWait]);
+  EXPECT_EQ(wait.request, 2u);
+  EXPECT_EQ(wait.queue_position, 0u);
+  EXPECT_EQ(wait.deficit_pages, 4u);
+  const wire::ReclaimOrderT rc1 = *ReadReclaimOrder(got[wire::Body::ReclaimOrder]);
+  EXPECT_EQ(rc1.request, 1u);
+  EXPECT_EQ(rc1.gpu, 1u);
+  EXPECT_EQ(Sorted(rc1.pages), Sorted(g1.optional_pages));
+  EXPECT_EQ(Sorted(rc1.backup_pages), Sorted(g1.optional_pages));  // no host copy yet: all need a backup
+  ASSERT_EQ(rc1.backup_targets.size(), rc1.backup_pages.size());
+  for (size_t i = 0; i < rc1.backup_pages.size(); ++i) {  // the target is the host page assigned at the grant
+    const size_t h = std::find(g1.optional_pages.begin(), g1.optional_pages.end(), rc1.backup_pages[i]) -
+                     g1.optional_pages.begin();
+    EXPECT_EQ(rc1.backup_targets[i].page(), g1.backup_host_pages[g1.optional_history_pages[h]].page());
+  }
+
+  // No Retire before the backup and the readers are done.
+  EXPECT_FALSE(w1.Next(100ms).has_value());
+  wire::BackupCompleteT bc;
+  bc.order = rc1.order;
+  bc.request = 1;
+  bc.gpu = 1;
+  bc.pages = rc1.backup_pages;
+  bc.host_pages = rc1.backup_targets;
+  bc.ok = true;
+  w1.Send(EncodeBackupComplete(bc, w1.seq(), "worker"));
+  EXPECT_FALSE(w1.Next(100ms).has_value());
+  wire::ReadersDoneT rd;
+  rd.order = rc1.order;
+  rd.request = 1;
+  rd.gpu = 1;
+  rd.pages = rc1.pages;
+  w1.Send(EncodeReadersDone(rd, w1.seq(), "worker"));
+  got = w1.NextN(2);
+  ASSERT_TRUE(got.count(wire::Body::Retire) && got.count(wire::Body::AdmitGrant));
+  const wire::RetireT retire = *ReadRetire(got[wire::Body::Retire]);
+  EXPECT_EQ(retire.order, rc1.order);
+  EXPECT_EQ(retire.request, 1u);
+  EXPECT_EQ(Sorted(retire.pages), Sorted(rc1.pages));
+  EXPECT_EQ(retire.regranted_to, 2u);
+  const wire::AdmitGrantT g2 = *ReadAdmitGrant(got[wire::Body::AdmitGrant]);
+  EXPECT_EQ(g2.request, 2u);
+  EXPECT_EQ(g2.required_pages.size(), 6u);
+  EXPECT_TRUE(g2.optional_pages.empty());
+  // The second admission's required pages are the 2 free ones plus the 4 retired ones: all of GPU 1 but request 1's.
+  std::vector<uint32_t> all = g1.required_pages;
+  all.insert(all.end(), g2.required_pages.begin(), g2.required_pages.end());
+  EXPECT_EQ(Sorted(all), (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+
+  requests = DhsctlJson("requests");
+  EXPECT_EQ(requests[0]["a_r"], 0);
+  EXPECT_EQ(requests[0]["host_coverage"], "6/6");
+
+  // The worker confirms the deferred backups of history pages 4 and 5 (order 0), then request 2 completes:
+  // 6 pages free again and population brings all 6 history pages of request 1 back in one order.
+  wire::BackupCompleteT deferred;
+  deferred.order = 0;
+  deferred.request = 1;
+  deferred.gpu = 1;
+  deferred.pages = {4, 5};
+  deferred.host_pages = {g1.backup_host_pages[4], g1.backup_host_pages[5]};
+  deferred.ok = true;
+  w1.Send(EncodeBackupComplete(deferred, w1.seq(), "worker"));
+  wire::CompleteT done;
+  done.request = 2;
+  done.gpu = 1;
+  w1.Send(EncodeComplete(done, w1.seq(), "worker"));
+  m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
+  EXPECT_EQ(ReadCompleteAck(*m)->released_pages, 6u);
+  m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::PopulateOrder);
+  const wire::PopulateOrderT pop = *ReadPopulateOrder(*m);
+  EXPECT_EQ(pop.request, 1u);
+  EXPECT_EQ(Sorted(pop.history_pages), (std::vector<uint32_t>{0, 1, 2, 3, 4, 5}));
+  ASSERT_EQ(pop.host_pages.size(), pop.pages.size());
+  for (size_t i = 0; i < pop.pages.size(); ++i) {
+    EXPECT_EQ(pop.host_pages[i].page(), g1.backup_host_pages[pop.history_pages[i]].page());
+  }
+  // Pending pages are not ready: M_opt 6 of which 0 ready until ReadyPublish.
+  status = DhsctlJson("gpus");
+  EXPECT_EQ(status[1]["optional_pending"], 6);
+  EXPECT_EQ(status[1]["optional_ready"], 0);
+  wire::ReadyPublishT ready;
+  ready.order = pop.order;
+  ready.gpu = 1;
+  ready.request = 1;
+  ready.pages = pop.pages;
+  ready.history_pages = pop.history_pages;
+  ready.ok = true;
+  w1.Send(EncodeReadyPublish(ready, w1.seq(), "worker"));
+  // Heartbeat as a barrier: its ack comes after the ReadyPublish was handled.
+  wire::HeartbeatT hb;
+  hb.sender_time_ns = 42;
+  w1.Send(EncodeHeartbeat(hb, w1.seq(), "worker"));
+  m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::HeartbeatAck);
+  EXPECT_EQ(ReadHeartbeatAck(*m)->sender_time_ns, 42u);
+  status = DhsctlJson("gpus");
+  EXPECT_EQ(status[1]["optional_ready"], 6);
+  EXPECT_EQ(status[1]["M_req"], 2);
+  EXPECT_EQ(status[1]["free"], 0);
+  EXPECT_EQ(DhsctlJson("request 1")["a_r"], 6);
+
+  // The other worker got nothing meant for GPU 1.
+  EXPECT_FALSE(w0.Next(100ms).has_value());
+}
+
+// A bad message gets an ErrorReply and memd keeps serving.
+TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
+  FakeWorker w(run_dir_, 0);
+  w.Send("this is not a flatbuffer");
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_MESSAGE);
+
+  // A worker whose page size differs from the host pool's is refused, with the reason.
+  auto refused = w.Hello(4, 2 * kPageBytes);
+  EXPECT_FALSE(refused.accepted);
+  EXPECT_NE(refused.reason.find("page_bytes"), std::string::npos) << refused.reason;
+
+  // Admission before an accepted Hello is rejected.
+  w.Admit(5, 1, kPageRows, 0);
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitReject);
+  EXPECT_EQ(ReadAdmitReject(*m)->code, wire::ErrorCode::FAILED_PRECONDITION);
+
+  ASSERT_TRUE(w.Hello(4).accepted);
+  // complete_pages beyond the context: INVALID_ARGUMENT.
+  w.Admit(6, 1, kPageRows, 3);
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitReject);
+  EXPECT_EQ(ReadAdmitReject(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  // More required pages than M: can never fit.
+  w.Admit(7, 5, kPageRows, 0);
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitReject);
+  EXPECT_EQ(ReadAdmitReject(*m)->code, wire::ErrorCode::RESOURCE_EXHAUSTED);
+
+  // Reports for orders that were never issued.
+  wire::ReadersDoneT rd;
+  rd.order = 999;
+  const uint64_t seq = w.seq();
+  w.Send(EncodeReadersDone(rd, seq, "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::NOT_FOUND);
+  EXPECT_EQ(ReadErrorReply(*m)->answering_sequence, seq);
+
+  // Still serving: a valid admission is granted.
+  w.Admit(8, 1, 2 * kPageRows, 2);
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  EXPECT_EQ(ReadAdmitGrant(*m)->optional_pages.size(), 2u);
+  const std::string metrics = MetricsWith("dhs_memd_grants_total 1");
+  EXPECT_NE(metrics.find("dhs_memd_rejects_total 1\n"), std::string::npos) << metrics;
+}
+
+// dhsctl (suite tools): table and JSON views, bad views, and a clear error when memd is not running.
+TEST_F(MemdProcess, DhsctlViewsAndErrors) {
+  FakeWorker w(run_dir_, 3);
+  ASSERT_TRUE(w.Hello(16).accepted);
+  w.Admit(77, 3, 5 * kPageRows, 4);
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+
+  auto [rc, text] = Dhsctl("status");
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(text.find("policy oldest-first, 1 requests"), std::string::npos) << text;
+  json gpus = DhsctlJson("gpus");
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0]["gpu"], 3);
+  EXPECT_EQ(gpus[0]["M"], 16);
+  EXPECT_EQ(gpus[0]["M_req"], 3);
+  EXPECT_EQ(gpus[0]["M_opt"], 4);
+  EXPECT_EQ(gpus[0]["free"], 9);
+  json r = DhsctlJson("request 77");
+  EXPECT_EQ(r["a_r"], 4);
+  EXPECT_EQ(r["host_coverage"], "1/5");
+  EXPECT_EQ(r["slot"], 0);
+  json pages = DhsctlJson("pages 3");
+  ASSERT_EQ(pages["pages"].size(), 16u);
+  int owned = 0;
+  for (const json& p : pages["pages"]) owned += p["owner"] == 77;
+  EXPECT_EQ(owned, 7);
+  EXPECT_TRUE(DhsctlJson("request 78").contains("error"));
+  EXPECT_EQ(DhsctlJson("queue").is_null(), false);
+  auto [wrc, watch] = Dhsctl("watch --interval 0.05 --count 2 gpus");
+  EXPECT_EQ(wrc, 0);
+  size_t headers = 0;
+  for (size_t at = 0; (at = watch.find("M_req", at)) != std::string::npos; ++at) ++headers;
+  EXPECT_EQ(headers, 2u) << watch;
+  EXPECT_NE(Dhsctl("frobnicate").first, 0);  // usage error
+
+  // No memd in this run dir: exit code 2 at once, never a hang.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(Dhsctl("status", dir_ + "/nothing").first, 2);
+  // A socket file without a live memd (SIGKILLed): no answer within the timeout -> exit code 3.
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  EXPECT_EQ(Dhsctl("--timeout-ms 300 status").first, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  (void)HostPoolSegment::Remove("dhs-memd-" + std::to_string(pid_));
+  pid_ = -1;
+}
+
+}  // namespace
+}  // namespace dhs
