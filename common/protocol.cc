@@ -117,6 +117,8 @@ DHS_DEFINE_MESSAGE(IntrospectReply)
 DHS_DEFINE_MESSAGE(SubmitRequest)
 DHS_DEFINE_MESSAGE(SubmitAccepted)
 DHS_DEFINE_MESSAGE(TokenChunk)
+DHS_DEFINE_MESSAGE(WorkerStatsQuery)
+DHS_DEFINE_MESSAGE(WorkerStatsReply)
 #undef DHS_DEFINE_MESSAGE
 
 absl::Status ReadErrorStatus(const Message& message) {

@@ -80,6 +80,8 @@ DHS_DECLARE_MESSAGE(IntrospectReply)
 DHS_DECLARE_MESSAGE(SubmitRequest)
 DHS_DECLARE_MESSAGE(SubmitAccepted)
 DHS_DECLARE_MESSAGE(TokenChunk)
+DHS_DECLARE_MESSAGE(WorkerStatsQuery)
+DHS_DECLARE_MESSAGE(WorkerStatsReply)
 #undef DHS_DECLARE_MESSAGE
 
 // Reads an ErrorReply message as the absl::Status it carries (FromWireError); a message of

@@ -111,6 +111,14 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
       if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;  // tail slot reused only after its backup
       Update();
     }
+    if (pg.device_page >= 0 && !pg.ready && !pg.host_ready) {
+      (void)pg.populate.Wait();  // ... or after its kept copy (a failed one falls back to a host backup in Update)
+      Update();
+      if (pg.host_page >= 0 && !pg.host_ready) {
+        if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;
+        Update();
+      }
+    }
     if (!pg.host_ready && !pg.ready) {
       return absl::ResourceExhaustedError(absl::StrCat("KV: tail of request ", request, " is full: page ",
                                                        old / c.page_rows, " has no host copy yet"));
@@ -132,14 +140,105 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
     if (kv.pages.size() <= page) kv.pages.resize(page + 1);
     const bool complete = std::all_of(kv.appended.begin(), kv.appended.end(),
                                       [&](Position n) { return n >= Position{page + 1} * c.page_rows; });
-    if (complete && kv.pages[page].host_page < 0 && host_.allocate_host_page) {
-      if (std::optional<PageIndex> hp = host_.allocate_host_page()) {
-        absl::StatusOr<CopyEvent> b = IssueBackup(kv, page, *hp);
-        if (!b.ok()) return b.status();
-      }
-    }
+    if (complete) return OnPageComplete(kv, page);
   }
   return absl::OkStatus();
+}
+
+absl::Status HierarchicalKvAccess::OnPageComplete(RequestKv& kv, uint32_t page) {
+  KvPage& pg = kv.pages[page];
+  if (pg.host_page >= 0 || pg.device_page >= 0) return absl::OkStatus();  // re-appended after a Truncate
+  if (page < kv.keep_plan.size() && kv.keep_plan[page] >= 0) {
+    const PageIndex dp = static_cast<PageIndex>(kv.keep_plan[page]);
+    kv.keep_plan[page] = -1;
+    return KeepOptional(kv, page, dp);
+  }
+  std::optional<PageIndex> hp;
+  if (page < kv.host_plan.size() && kv.host_plan[page] >= 0) {
+    hp = static_cast<PageIndex>(kv.host_plan[page]);
+  } else if (host_.allocate_host_page) {
+    hp = host_.allocate_host_page();
+  }
+  if (!hp) return absl::OkStatus();  // deferred until BackupPages
+  absl::StatusOr<CopyEvent> b = IssueBackup(kv, page, *hp);
+  return b.status();
+}
+
+absl::Status HierarchicalKvAccess::KeepOptional(RequestKv& kv, uint32_t page, PageIndex device_page) {
+  const KvConfig& c = layout_.config();
+  if (device_page_owner_[device_page] >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: kept device page ", device_page, " is in use"));
+  }
+  KvPage& pg = kv.pages[page];
+  const Position first = Position{page} * c.page_rows;
+  const DeviceRange whole{pool_, layout_.PageRow(device_page, 0, 0), layout_.page_bytes()};
+  std::vector<CopyEvent> after{device_->ReadersFence(whole)};
+  std::vector<DeviceToDeviceCopy> ops;
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    const uint64_t bytes = c.page_rows * c.row_bytes[s];
+    ops.push_back(DeviceToDeviceCopy{DeviceRange{pool_, layout_.PageRow(device_page, s, 0), bytes},
+                                     DeviceRange{pool_, layout_.TailRow(kv.slot, s, first), bytes}});
+    for (Position t = first; t < first + c.page_rows; ++t) {
+      const CopyEvent& w = kv.tail_write[s][static_cast<size_t>(t % c.tail_rows)];
+      if (!w.Done() || w.Failed()) after.push_back(w);  // the copy waits for the rows' writes
+    }
+  }
+  pg.device_page = device_page;
+  pg.ready = false;  // published by Update only after the copy completed
+  pg.populate = device_->CopyDeviceToDevice(ops, after);
+  device_page_owner_[device_page] = static_cast<int64_t>(kv.id);
+  pending_populates_.push_back(PendingPopulate{kv.id, page, true});
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalKvAccess::PlanResidency(RequestId request, std::span<const PageIndex> host_pages,
+                                                 std::span<const std::pair<uint32_t, PageIndex>> keep) {
+  const KvConfig& c = layout_.config();
+  for (PageIndex hp : host_pages) {
+    if (static_cast<uint64_t>(hp + 1) * layout_.page_bytes() > host_.bytes.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("KV: host page ", hp, " outside the host pool"));
+    }
+  }
+  for (const auto& [page, dp] : keep) {
+    if (dp >= c.optional_pages) {
+      return absl::InvalidArgumentError(absl::StrCat("KV: device page ", dp, " outside the optional pool"));
+    }
+    if (device_page_owner_[dp] >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " is in use"));
+    }
+  }
+  absl::StatusOr<RequestKv*> kvp = Admit(request);
+  if (!kvp.ok()) return kvp.status();
+  RequestKv& kv = **kvp;
+  kv.host_plan.assign(host_pages.begin(), host_pages.end());
+  kv.keep_plan.clear();
+  for (const auto& [page, dp] : keep) {
+    if (page < kv.pages.size() && (kv.pages[page].host_page >= 0 || kv.pages[page].device_page >= 0)) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
+                                                        " is already complete"));
+    }
+    if (kv.keep_plan.size() <= page) kv.keep_plan.resize(page + 1, -1);
+    kv.keep_plan[page] = dp;
+  }
+  return absl::OkStatus();
+}
+
+bool HierarchicalKvAccess::DropKeep(RequestId request, uint32_t page) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return false;
+  RequestKv& kv = *it->second;
+  if (page >= kv.keep_plan.size() || kv.keep_plan[page] < 0) return false;
+  kv.keep_plan[page] = -1;
+  return true;
+}
+
+std::optional<uint32_t> HierarchicalKvAccess::HistoryPageOf(RequestId request, PageIndex device_page) const {
+  const RequestKv* kv = Find(request);
+  if (kv == nullptr) return std::nullopt;
+  for (size_t j = 0; j < kv->pages.size(); ++j) {
+    if (kv->pages[j].device_page == static_cast<int64_t>(device_page)) return static_cast<uint32_t>(j);
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page) {
@@ -256,7 +355,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
   pg.ready = false;  // published by Poll only after the copy completed
   pg.populate = device_->CopyHostToDevice(ops, {&fence, 1});
   device_page_owner_[device_page] = static_cast<int64_t>(request);
-  pending_populates_.push_back(PendingPopulate{request, page});
+  pending_populates_.push_back(PendingPopulate{request, page, false});
   return pg.populate;
 }
 
@@ -300,12 +399,17 @@ void HierarchicalKvAccess::Update() {
     if (pg.device_page < 0) return true;  // withdrawn before it was published
     if (!pg.populate.Done()) return false;
     const absl::Status s = pg.populate.Status();
-    completions_.published.push_back({p.request, p.page, static_cast<PageIndex>(pg.device_page), s});
+    completions_.published.push_back({p.request, p.page, static_cast<PageIndex>(pg.device_page), s, p.kept});
     if (s.ok()) {
       pg.ready = true;  // the ready map entry, set only after the copy completed
     } else {
       device_page_owner_[pg.device_page] = -1;
       pg.device_page = -1;
+      RequestKv& kv = *it->second;
+      if (p.kept && pg.host_page < 0 && p.page < kv.host_plan.size() && kv.host_plan[p.page] >= 0) {
+        // A failed kept copy: the rows are still in the tail (its slots wait for this page), back them up instead.
+        (void)IssueBackup(kv, p.page, static_cast<PageIndex>(kv.host_plan[p.page]));
+      }
     }
     return true;
   });

@@ -8,6 +8,10 @@
 // backup completed. Host pages go back through `free_host_page` only after every copy touching them completed.
 // memd-facing operations map memd's orders one to one: BackupPages, WithdrawReady (+ readers fence), Populate
 // (published by Poll after the copy completed), Retire.
+// Residency plan (docs/protocol.md, conversation contract §2-§3): PlanResidency gives a request its host page per
+// history page (memd's AdmitGrant.backup_host_pages) and the optional GPU pages it keeps. A completed page with a kept
+// device page is copied device->device from the tail into it (KeepOptional, no host backup; ready after the copy);
+// every other completed page is backed up into its planned host page (else one from `allocate_host_page`).
 //
 // Thread-safety: driven by one worker thread (KvAccess contract); no method is called concurrently.
 #pragma once
@@ -40,7 +44,8 @@ struct HostPoolAccess {
 // Completions the worker loop reports to memd.
 struct KvCompletions {
   struct Backup { RequestId request; uint32_t page; PageIndex host_page; absl::Status status; };
-  struct Published { RequestId request; uint32_t page; PageIndex device_page; absl::Status status; };
+  // kept = true: a KeepOptional copy of adaptive mode (no PopulateOrder behind it; memd is not told).
+  struct Published { RequestId request; uint32_t page; PageIndex device_page; absl::Status status; bool kept; };
   std::vector<Backup> backups;
   std::vector<Published> published;
 };
@@ -57,6 +62,19 @@ class HierarchicalKvAccess final : public KvAccess {
   absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override;
   void ReadersDone(std::span<const SourceId> sources) override;
   void Release(RequestId request) override;
+
+  // Residency plan of `request` (admits it into a free slot if new; RESOURCE_EXHAUSTED when none).
+  // host_pages[j]: host page of history page j (memd's grant; pages beyond it come from allocate_host_page);
+  // keep: (history page, optional device page) pairs kept on GPU when the page completes (adaptive mode).
+  // Errors: INVALID_ARGUMENT (device page outside the optional pool, host page outside the host pool),
+  // FAILED_PRECONDITION (a kept device page is in use, or the history page is already complete).
+  absl::Status PlanResidency(RequestId request, std::span<const PageIndex> host_pages,
+                             std::span<const std::pair<uint32_t, PageIndex>> keep);
+  // Forgets the keep plan of history page `page` that has not completed yet (its device page was reclaimed before it
+  // held anything); the page is then backed up to its host page when it completes. Returns whether a plan existed.
+  bool DropKeep(RequestId request, uint32_t page);
+  // The history page whose optional-history device page is `device_page` (pending or ready), or nullopt.
+  std::optional<uint32_t> HistoryPageOf(RequestId request, PageIndex device_page) const;
 
   // Drops rows at positions >= length (rejected speculative rows, brief §6). Only rows not yet in a complete page
   // can be dropped: FAILED_PRECONDITION otherwise.
@@ -86,6 +104,8 @@ class HierarchicalKvAccess final : public KvAccess {
   HierarchicalKvAccess(KvLayout layout, Device* device, HostPoolAccess host);
   absl::StatusOr<RequestKv*> Admit(RequestId request);
   absl::StatusOr<CopyEvent> IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page);
+  absl::Status KeepOptional(RequestKv& kv, uint32_t page, PageIndex device_page);
+  absl::Status OnPageComplete(RequestKv& kv, uint32_t page);
   void FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events);
   void Update();  // the state part of Poll; completions accumulate in completions_
   uint64_t StagingOffset(SourceId s, Position t) const;
@@ -103,7 +123,7 @@ class HierarchicalKvAccess final : public KvAccess {
   std::vector<PendingFree> pending_free_;
   struct PendingBackup { RequestId request; uint32_t page; };
   std::vector<PendingBackup> pending_backups_;
-  struct PendingPopulate { RequestId request; uint32_t page; };
+  struct PendingPopulate { RequestId request; uint32_t page; bool kept; };
   std::vector<PendingPopulate> pending_populates_;
   std::vector<std::vector<uint8_t>> staging_;  // per slot: host staging of tail rows being written
   KvCompletions completions_;

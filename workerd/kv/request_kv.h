@@ -34,6 +34,10 @@ struct RequestKv {
   std::vector<Position> appended;                // rows appended per source (positions 0..appended-1)
   std::vector<std::vector<CopyEvent>> tail_write;  // [source][t mod T]: the write of the row now in that tail slot
   std::vector<KvPage> pages;                     // by page index t / p
+  // Residency plan (HierarchicalKvAccess::PlanResidency): host page and kept optional device page by history page,
+  // -1 = none.
+  std::vector<int64_t> host_plan;
+  std::vector<int64_t> keep_plan;
 
   // Rows of group `sources` selectable now: the smallest appended length among them.
   Position Length(std::span<const SourceId> sources) const {

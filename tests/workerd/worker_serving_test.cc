@@ -1,0 +1,386 @@
+// tests/workerd/worker_serving_test.cc: submit validation (clear errors, the worker keeps serving), the prepared-prefix
+// generator and logits digest, a failed copy that ends only its own request, admission refusal, and the client wire
+// (ServingFrontend over ipc:// with a DealerClient) in one process.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/protocol.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+#include "tests/workerd/kv_test_util.h"
+#include "tests/workerd/worker_test_util.h"
+#include "workerd/device/cpu_device.h"
+#include "workerd/kv/layout.h"
+
+namespace dhs::test {
+namespace {
+
+wire::SubmitRequestT Submit(RequestId id, std::vector<uint8_t> prompt, uint32_t max_new) {
+  wire::SubmitRequestT s;
+  s.request = id;
+  s.prompt = std::move(prompt);
+  s.max_new_tokens = max_new;
+  return s;
+}
+
+// A worker on a CpuDevice with a quiet fake memd.
+struct Fixture {
+  explicit Fixture(WorkerMode mode, const std::string& preset = "dsv4flash-like") : model(MakePresetModel(preset)) {
+    config.mode = mode;
+    config.page_rows = 16;
+    config.tail_rows = 32;
+    config.slots = 4;
+    config.max_context_tokens = 200;
+    auto g = ComputeGeometry(model->config(), config);
+    EXPECT_TRUE(g.ok()) << g.status();
+    config.hbm_budget_bytes = 64 * g->page_bytes;
+    memd = std::make_unique<FakeMemd>(64, g->page_bytes, config.page_rows, 256, 1, false);
+    auto w = Worker::Create(model.get(), &device, config, memd->host, memd.get(), &sink);
+    EXPECT_TRUE(w.ok()) << w.status();
+    worker = std::move(*w);
+  }
+  void RunUntilFinished(size_t n) {
+    for (int it = 0; it < 5000 && sink.finished.size() < n; ++it) {
+      memd->Pump(*worker);
+      ASSERT_TRUE(worker->Iterate().ok());
+    }
+    ASSERT_EQ(sink.finished.size(), n);
+  }
+  std::vector<model::Token> Input(const std::vector<uint8_t>& p) { return {p.begin(), p.end()}; }
+
+  std::unique_ptr<model::Model> model;
+  WorkerConfig config;
+  CpuDevice device;
+  std::unique_ptr<FakeMemd> memd;
+  RecordingSink sink;
+  std::unique_ptr<Worker> worker;
+};
+
+void ExpectInvalid(Worker& w, const wire::SubmitRequestT& s, const std::string& needle) {
+  absl::Status st = w.Submit(s, ClientRef{"c", 1});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find(needle), std::string::npos) << st.message() << " lacks '" << needle << "'";
+}
+
+TEST(WorkerSubmit, BadSubmissionsGetClearErrorsAndTheWorkerKeepsServing) {
+  Fixture f(WorkerMode::kHisparse);
+  ExpectInvalid(*f.worker, Submit(1, {}, 4), "empty prompt");
+  ExpectInvalid(*f.worker, Submit(2, Prompt(150, 1), 51), "too many tokens");
+  ExpectInvalid(*f.worker, Submit(3, Prompt(10, 1), 0), "max_new_tokens");
+  wire::SubmitRequestT prefix0 = Submit(4, {}, 4);
+  prefix0.hash_ids = {5};
+  prefix0.input_tokens = 0;
+  ExpectInvalid(*f.worker, prefix0, "unknown prefix reference");
+  wire::SubmitRequestT prefix_count = Submit(5, {}, 4);
+  prefix_count.hash_ids = {5, 6};
+  prefix_count.input_tokens = 100;  // one 512-token block, two ids
+  ExpectInvalid(*f.worker, prefix_count, "unknown prefix reference");
+  for (float t : {-0.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    wire::SubmitRequestT s = Submit(6, Prompt(10, 1), 4);
+    s.temperature = t;
+    ExpectInvalid(*f.worker, s, "bad sampling");
+  }
+  for (float p : {0.0f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    wire::SubmitRequestT s = Submit(7, Prompt(10, 1), 4);
+    s.temperature = 1;
+    s.top_p = p;
+    ExpectInvalid(*f.worker, s, "bad sampling");
+  }
+  EXPECT_TRUE(f.sink.accepted.empty());  // nothing was accepted
+  // The worker still serves a good request, exactly.
+  ASSERT_TRUE(f.worker->Submit(Submit(8, Prompt(20, 8), 6), ClientRef{"c", 8}).ok());
+  EXPECT_EQ(f.worker->Submit(Submit(8, Prompt(20, 8), 6), ClientRef{"c", 9}).code(), absl::StatusCode::kAlreadyExists);
+  f.RunUntilFinished(1);
+  const Generated want = Oracle(*f.model, f.Input(Prompt(20, 8)), 6);
+  EXPECT_EQ(f.sink.out[8].tokens, want.tokens);
+  EXPECT_EQ(f.sink.out[8].digests, want.digests);
+  EXPECT_TRUE(f.sink.errors.empty());
+  EXPECT_EQ(f.memd->completes, 1);
+}
+
+TEST(WorkerSubmit, PreparedPrefixIsDeterministicAndSharedBlocksAreEqual) {
+  // splitmix64 computed here from its published constants, not through the code under test.
+  auto splitmix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  const std::vector<uint64_t> a{11, 12}, b{11, 13};
+  const auto ta = PreparedPrefixTokens(a, 600), tb = PreparedPrefixTokens(b, 700);
+  ASSERT_EQ(ta.size(), 600u);
+  ASSERT_EQ(tb.size(), 700u);
+  for (uint32_t j = 0; j < 512; ++j) ASSERT_EQ(ta[j], tb[j]);  // equal first id -> equal first block
+  EXPECT_NE(std::vector<model::Token>(ta.begin() + 512, ta.end()),
+            std::vector<model::Token>(tb.begin() + 512, tb.begin() + 600));
+  EXPECT_EQ(ta[3], static_cast<model::Token>(splitmix(11 * 512 + 3) >> 56));
+  EXPECT_EQ(ta[515], static_cast<model::Token>(splitmix(12 * 512 + 3) >> 56));
+}
+
+TEST(WorkerSubmit, LogitsDigestIsFnv1aOverTheFloatBits) {
+  EXPECT_EQ(LogitsDigest({}), 0xcbf29ce484222325ULL);  // FNV-1a 64 offset basis
+  // The float whose bits are 0x00000061 has the little-endian bytes "a\0\0\0"; FNV-1a("a") = 0xaf63dc4c8601ec8c, then
+  // three zero bytes, each h *= prime.
+  float f;
+  const uint32_t bits = 0x61;
+  std::memcpy(&f, &bits, 4);
+  uint64_t h = 0xaf63dc4c8601ec8cULL;
+  for (int i = 0; i < 3; ++i) h *= 0x100000001b3ULL;
+  const float one[1] = {f};
+  EXPECT_EQ(LogitsDigest(one), h);
+  const float pz[1] = {0.0f}, nz[1] = {-0.0f};
+  EXPECT_NE(LogitsDigest(pz), LogitsDigest(nz));  // bit patterns, not values
+}
+
+TEST(WorkerWire, AppendedTokenChunkFieldsAndStatsMessagesRoundTrip) {
+  wire::TokenChunkT c;
+  c.request = 9;
+  c.tokens = {1, 2};
+  c.finished = true;
+  c.allocation_wait_us = 1234;
+  c.error = wire::ErrorCode::UNAVAILABLE;
+  c.error_message = "copy failed";
+  const std::string bytes = EncodeTokenChunk(c, 3, "worker/0");  // a Message views its buffer
+  auto m = DecodeEnvelope(bytes);
+  ASSERT_TRUE(m.ok());
+  auto back = ReadTokenChunk(*m);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->allocation_wait_us, 1234u);
+  EXPECT_EQ(back->error, wire::ErrorCode::UNAVAILABLE);
+  EXPECT_EQ(back->error_message, "copy failed");
+  wire::WorkerStatsReplyT r;
+  r.census_host = 77;
+  r.pages_kept = 5;
+  r.mode = "hisparse";
+  const std::string reply_bytes = EncodeWorkerStatsReply(r, 4, "worker/0");
+  auto rm = DecodeEnvelope(reply_bytes);
+  ASSERT_TRUE(rm.ok());
+  EXPECT_EQ(rm->type, wire::Body::WorkerStatsReply);
+  auto rb = ReadWorkerStatsReply(*rm);
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(rb->census_host, 77u);
+  EXPECT_EQ(rb->pages_kept, 5u);
+  EXPECT_EQ(rb->mode, "hisparse");
+  EXPECT_EQ(ReadWorkerStatsQuery(*rm).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// HierarchicalKvAccess's residency plan (adaptive mode): a completed page with a kept GPU page is copied there from the
+// tail, readable through the ready map only after that copy completed, and never backed up to host; other pages go to
+// the host page memd granted for them.
+TEST(WorkerKv, KeptPageIsPublishedOnlyAfterItsCopyAndNeverBackedUp) {
+  KvConfig c;
+  c.row_bytes = {32};
+  c.groups = {{0}};
+  c.page_rows = 4;
+  c.hot_rows = 8;
+  c.k = 4;
+  c.tail_rows = 8;
+  c.slots = 1;
+  c.optional_pages = 2;
+  Harness h(c, 8);
+  const std::vector<PageIndex> host_plan{6, 5, 4};
+  const std::vector<std::pair<uint32_t, PageIndex>> keep{{0, 1}};
+  ASSERT_TRUE(h.kv->PlanResidency(1, host_plan, keep).ok());
+  const std::vector<std::pair<uint32_t, PageIndex>> bad{{1, 9}};
+  EXPECT_EQ(h.kv->PlanResidency(2, host_plan, bad).code(), absl::StatusCode::kInvalidArgument);
+  h.device.SetCopyHook([](const CopyInfo& i) { return i.kind == CopyKind::kDeviceToDevice && !i.device.empty()
+                                                           ? CopyFate::kHold : CopyFate::kRun; });
+  for (Position t = 0; t < 4; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  h.device.WaitIdle();
+  KvCompletions none = h.kv->Poll();
+  EXPECT_TRUE(none.published.empty());
+  EXPECT_FALSE(h.kv->Find(1)->pages[0].ready);  // the copy is held: not in the ready map yet
+  EXPECT_EQ(h.kv->Find(1)->pages[0].host_page, -1);
+  EXPECT_EQ(h.kv->HistoryPageOf(1, 1), std::optional<uint32_t>(0));
+  h.device.SetCopyHook(nullptr);
+  h.device.ReleaseAllHeld();
+  h.device.WaitIdle();
+  KvCompletions done = h.kv->Poll();
+  ASSERT_EQ(done.published.size(), 1u);
+  EXPECT_TRUE(done.published[0].kept);
+  EXPECT_TRUE(done.published[0].status.ok());
+  EXPECT_TRUE(h.kv->Find(1)->pages[0].ready);
+  for (Position t = 4; t < 12; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());  // page 0 leaves the tail
+  h.device.WaitIdle();
+  h.kv->Poll();
+  EXPECT_EQ(h.kv->Find(1)->pages[0].host_page, -1);  // never backed up
+  EXPECT_EQ(h.kv->Find(1)->pages[1].host_page, 5);   // the granted host page, not the allocator's
+  EXPECT_TRUE(h.kv->Find(1)->pages[1].host_ready);
+  std::vector<Position> sel{3, 0, 2, 1};
+  std::vector<const uint8_t*> rows(4);
+  KvQuery q{1, sel, rows};
+  ASSERT_TRUE(h.kv->Fetch(std::vector<SourceId>{0}, {&q, 1}).ok());
+  for (size_t j = 0; j < 4; ++j) {
+    const auto want = OriginalRow(1, 0, sel[j], 32);
+    EXPECT_EQ(0, std::memcmp(rows[j], want.data(), 32)) << "position " << sel[j];
+  }
+  h.kv->ReadersDone(std::vector<SourceId>{0});
+  EXPECT_EQ(h.kv->census(0).direct, 4u);  // from the ready map
+  EXPECT_EQ(h.kv->census(0).host, 0u);
+  // A reclaim: back up the kept page, withdraw it, retire its GPU page.
+  auto b = h.kv->BackupPages(1, std::vector<uint32_t>{0}, std::vector<PageIndex>{6});
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(b->Wait().ok());
+  auto wd = h.kv->WithdrawReady(1, std::vector<uint32_t>{0});
+  ASSERT_TRUE(wd.ok());
+  ASSERT_TRUE(wd->Wait().ok());
+  h.kv->Poll();
+  EXPECT_TRUE(h.kv->Retire(std::vector<PageIndex>{1}).ok());
+  EXPECT_EQ(0, std::memcmp(h.host.data() + 6 * h.layout.page_bytes(), OriginalRow(1, 0, 0, 32).data(), 32));
+}
+
+TEST(WorkerFailure, FailedCopyEndsOnlyItsRequestAndNeverHandsOutAnotherRequestsRows) {
+  Fixture f(WorkerMode::kHisparse);
+  const KvLayout layout = *KvLayout::Create(f.worker->geometry().kv);
+  // Host recoveries land in hot-cache slots; tail writes do not. Fail every host->device copy into a hot cache.
+  f.device.SetCopyHook([&](const CopyInfo& info) {
+    if (info.kind != CopyKind::kHostToDevice) return CopyFate::kRun;
+    for (const DeviceRange& r : info.device) {
+      for (SlotIndex s = 0; s < layout.config().slots; ++s) {
+        for (SourceId src = 0; src < layout.num_sources(); ++src) {
+          const Location lo = layout.HotRow(s, src, 0);
+          const Location hi = lo + static_cast<Location>(layout.config().hot_rows * layout.row_bytes(src));
+          if (r.offset < hi && lo < r.offset + static_cast<Location>(r.bytes)) return CopyFate::kFail;
+        }
+      }
+    }
+    return CopyFate::kRun;
+  });
+  // Request 1 outgrows the tail (T = 32) and needs host recovery; request 2 stays in its tail.
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(90, 1), 10), ClientRef{"c", 1}).ok());
+  ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(6, 2), 12), ClientRef{"c", 2}).ok());
+  f.RunUntilFinished(2);
+  ASSERT_TRUE(f.sink.errors.contains(1));
+  EXPECT_NE(f.sink.errors[1].find("request 1"), std::string::npos) << f.sink.errors[1];
+  EXPECT_FALSE(f.sink.errors.contains(2));
+  const Generated want = Oracle(*f.model, f.Input(Prompt(6, 2)), 12);
+  EXPECT_EQ(f.sink.out[2].tokens, want.tokens);
+  EXPECT_EQ(f.sink.out[2].digests, want.digests);
+  EXPECT_EQ(f.worker->stats().failed_requests, 1u);
+  EXPECT_EQ(f.memd->completes, 2);  // the failed request released its capacity too
+  // The worker keeps serving once copies work again.
+  f.device.SetCopyHook(nullptr);
+  ASSERT_TRUE(f.worker->Submit(Submit(3, Prompt(70, 3), 5), ClientRef{"c", 3}).ok());
+  f.RunUntilFinished(3);
+  const Generated want3 = Oracle(*f.model, f.Input(Prompt(70, 3)), 5);
+  EXPECT_EQ(f.sink.out[3].tokens, want3.tokens);
+  EXPECT_EQ(f.sink.out[3].digests, want3.digests);
+}
+
+TEST(WorkerAdmission, RejectedAdmissionEndsTheRequestWithMemdsReason) {
+  Fixture f(WorkerMode::kAdaptive);
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 4), ClientRef{"c", 1}).ok());
+  wire::AdmitRejectT reject;
+  reject.request = 1;
+  reject.code = wire::ErrorCode::RESOURCE_EXHAUSTED;
+  reject.reason = "context larger than the GPU";
+  f.worker->OnAdmitReject(reject);
+  ASSERT_TRUE(f.sink.finished.contains(1));
+  EXPECT_NE(f.sink.errors[1].find("context larger than the GPU"), std::string::npos);
+  EXPECT_EQ(f.sink.chunks.back().error, wire::ErrorCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(f.worker->waiting_requests(), 0u);
+}
+
+TEST(WorkerAdmission, AllocationWaitIsSubmitToGrant) {
+  Fixture f(WorkerMode::kAdaptive);
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 3), ClientRef{"c", 1}).ok());
+  // The grant arrives only with the next Pump; everything the chunk reports is ordered: wait <= ttft <= since.
+  f.RunUntilFinished(1);
+  ASSERT_FALSE(f.sink.chunks.empty());
+  const wire::TokenChunkT& last = f.sink.chunks.back();
+  EXPECT_TRUE(last.finished);
+  EXPECT_LE(last.allocation_wait_us, last.ttft_us);
+  EXPECT_LE(last.ttft_us, last.since_submit_us);
+  EXPECT_EQ(f.sink.out[1].tokens.size(), 3u);
+}
+
+TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  auto model = MakePresetModel("glm5-like");
+  WorkerConfig config;
+  config.mode = WorkerMode::kAdaptive;
+  config.page_rows = 16;
+  config.tail_rows = 32;
+  auto g = ComputeGeometry(model->config(), config);
+  ASSERT_TRUE(g.ok());
+  config.hbm_budget_bytes = 32 * g->page_bytes;
+  FakeMemd memd(32, g->page_bytes, 16, 64, 1, false);
+  auto frontend = ServingFrontend::Bind(dir.path(), 0);
+  ASSERT_TRUE(frontend.ok()) << frontend.status();
+  CpuDevice device;
+  auto worker = Worker::Create(model.get(), &device, config, memd.host, &memd, frontend->get());
+  ASSERT_TRUE(worker.ok());
+  (*frontend)->set_worker(worker->get());
+  auto client = DealerClient::Connect(IpcEndpoint(dir.path(), "worker-0"));
+  ASSERT_TRUE(client.ok());
+
+  auto roundtrip = [&](const std::string& bytes) -> Message {
+    EXPECT_TRUE((*client)->Send(bytes).ok());
+    static std::string last;
+    for (int i = 0; i < 500; ++i) {
+      EXPECT_TRUE((*frontend)->Serve(std::chrono::milliseconds(2)).ok());
+      auto r = (*client)->Receive(std::chrono::milliseconds(2));
+      if (r.ok()) {
+        last = *r;
+        auto m = DecodeEnvelope(last);
+        EXPECT_TRUE(m.ok());
+        return *m;
+      }
+    }
+    ADD_FAILURE() << "no reply";
+    return Message{};
+  };
+  // Garbage -> INVALID_MESSAGE; a bad submit -> its validation error; the worker goes on.
+  Message bad = roundtrip("not a flatbuffer");
+  ASSERT_EQ(bad.type, wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(bad)->code, wire::ErrorCode::INVALID_MESSAGE);
+  Message invalid = roundtrip(EncodeSubmitRequest(Submit(1, {}, 3), 41, "replay"));
+  ASSERT_EQ(invalid.type, wire::Body::ErrorReply);
+  EXPECT_EQ(invalid.sequence, 41u);
+  EXPECT_NE(ReadErrorReply(invalid)->message.find("empty prompt"), std::string::npos);
+  Message accepted = roundtrip(EncodeSubmitRequest(Submit(2, Prompt(40, 2), 4), 42, "replay"));
+  ASSERT_EQ(accepted.type, wire::Body::SubmitAccepted);
+  EXPECT_EQ(ReadSubmitAccepted(accepted)->request, 2u);
+
+  Generated got;
+  bool finished = false;
+  for (int it = 0; it < 5000 && !finished; ++it) {
+    memd.Pump(**worker);
+    ASSERT_TRUE((*worker)->Iterate().ok());
+    while (true) {
+      auto r = (*client)->Receive(std::chrono::milliseconds(0));
+      if (!r.ok()) break;
+      auto m = DecodeEnvelope(*r);
+      ASSERT_TRUE(m.ok());
+      ASSERT_EQ(m->type, wire::Body::TokenChunk);
+      EXPECT_EQ(m->sequence, 42u);
+      auto chunk = ReadTokenChunk(*m);
+      for (uint8_t t : chunk->tokens) got.tokens.push_back(t);
+      for (uint64_t d : chunk->logits_digests) got.digests.push_back(d);
+      finished = chunk->finished;
+    }
+  }
+  ASSERT_TRUE(finished);
+  const auto prompt = Prompt(40, 2);
+  const Generated want = Oracle(*model, std::vector<model::Token>(prompt.begin(), prompt.end()), 4);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.digests, want.digests);
+
+  Message stats = roundtrip(EncodeWorkerStatsQuery(wire::WorkerStatsQueryT(), 43, "replay"));
+  ASSERT_EQ(stats.type, wire::Body::WorkerStatsReply);
+  auto s = ReadWorkerStatsReply(stats);
+  EXPECT_EQ(s->mode, "adaptive");
+  EXPECT_EQ(s->tokens_generated, 4u);
+  EXPECT_EQ(s->finished_requests, 1u);
+  EXPECT_EQ(s->capacity_pages, 32u);
+  EXPECT_GT(s->census_direct, 0u);
+  Message unknown = roundtrip(EncodeHeartbeat(wire::HeartbeatT(), 44, "replay"));
+  ASSERT_EQ(unknown.type, wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(unknown)->code, wire::ErrorCode::UNKNOWN_MESSAGE);
+}
+
+}  // namespace
+}  // namespace dhs::test

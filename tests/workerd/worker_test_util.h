@@ -1,0 +1,304 @@
+// tests/workerd/worker_test_util.h: an in-process fake memd (the MemdLink a Worker talks to, emitting AdmitGrant,
+// ReclaimOrder and PopulateOrder in a seeded random order, following docs/protocol.md's conversation contract), a
+// recording ClientSink, the oracle (the model run alone on ResidentKvAccess, one request at a time) and a worker-side
+// safety check (every row that left the tail is ready on GPU or has a completed host copy, brief §4).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "workerd/model/model.h"
+#include "workerd/model/resident_kv_access.h"
+#include "workerd/model/sampling.h"
+#include "workerd/model/weights.h"
+#include "workerd/serving.h"
+#include "workerd/worker.h"
+
+namespace dhs::test {
+
+inline std::unique_ptr<model::Model> MakePresetModel(const std::string& preset, uint64_t seed = 7) {
+  auto config = model::PresetConfig(preset);
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto writer = model::GenerateWeights(*config, seed);
+  EXPECT_TRUE(writer.ok()) << writer.status();
+  auto file = model::SafetensorsFile::Parse(writer->Serialize());
+  EXPECT_TRUE(file.ok()) << file.status();
+  auto m = model::Model::FromSafetensors(*file);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+// Pseudo-text prompt bytes, independent of the code under test.
+inline std::vector<uint8_t> Prompt(size_t n, uint32_t salt) {
+  std::vector<uint8_t> t(n);
+  uint32_t x = salt * 2654435761u + 12345u;
+  for (auto& v : t) {
+    x = x * 1103515245u + 12345u;
+    v = static_cast<uint8_t>((x >> 16) & 0xff);
+  }
+  return t;
+}
+
+struct Generated {
+  std::vector<int> tokens;
+  std::vector<uint64_t> digests;
+};
+
+// The oracle: the model alone, one request, every row resident; prefill at once, then one token per step.
+inline Generated Oracle(const model::Model& m, const std::vector<model::Token>& input, uint32_t max_new,
+                        float temperature = 0, float top_p = 1, uint64_t seed = 0) {
+  auto kv = model::ResidentKvAccess::ForModel(m.config(), size_t{64} << 20, 16);
+  model::ModelSession s = m.NewSession(1);
+  std::mt19937_64 rng(seed);
+  Generated g;
+  std::vector<model::Token> feed = input;
+  for (uint32_t i = 0; i < max_new; ++i) {
+    model::StepInput in{&s, feed};
+    model::StepOutput out;
+    auto st = m.Step(std::span<model::StepInput>(&in, 1), *kv, std::span<model::StepOutput>(&out, 1));
+    EXPECT_TRUE(st.ok()) << st;
+    std::span<const float> last = std::span<const float>(out.logits).last(model::kVocab);
+    const model::Token t = temperature == 0 ? model::Argmax(last)
+                                            : model::Sample(last, model::SamplingParams{temperature, top_p}, rng);
+    g.tokens.push_back(t);
+    g.digests.push_back(LogitsDigest(last));
+    feed = {t};
+  }
+  return g;
+}
+
+class RecordingSink final : public ClientSink {
+ public:
+  void Accepted(const ClientRef&, const wire::SubmitAcceptedT& a) override { accepted.push_back(a.request); }
+  void Chunk(const ClientRef&, const wire::TokenChunkT& c) override {
+    Generated& g = out[c.request];
+    for (uint8_t t : c.tokens) g.tokens.push_back(t);
+    for (uint64_t d : c.logits_digests) g.digests.push_back(d);
+    if (c.finished) finished.insert(c.request);
+    if (c.error != wire::ErrorCode::OK) errors[c.request] = c.error_message;
+    chunks.push_back(c);
+  }
+  std::vector<RequestId> accepted;
+  std::map<RequestId, Generated> out;
+  std::set<RequestId> finished;
+  std::map<RequestId, std::string> errors;
+  std::vector<wire::TokenChunkT> chunks;
+};
+
+// A fake memd: host pool in plain memory, GPU page accounting of M pages, admission (resident-first optional history),
+// and, with chaos, reclaim and population orders drawn from a seeded generator.
+class FakeMemd final : public MemdLink {
+ public:
+  FakeMemd(uint32_t capacity_pages, uint64_t page_bytes, uint32_t page_rows, uint32_t host_pages, uint64_t seed,
+           bool chaos)
+      : host(uint64_t{host_pages} * page_bytes), p_(page_rows), rng_(seed), chaos_(chaos) {
+    for (uint32_t i = 0; i < capacity_pages; ++i) free_gpu_.insert(i);
+    for (uint32_t i = 0; i < host_pages; ++i) free_host_.insert(i);
+  }
+
+  absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
+    Req& r = reqs_[m.request];
+    const uint64_t pages = (m.history_rows + p_ - 1) / p_;
+    EXPECT_LE(pages, free_host_.size()) << "fake memd: host pool too small";
+    for (uint64_t j = 0; j < pages; ++j) {
+      r.host.push_back(*free_host_.begin());
+      free_host_.erase(free_host_.begin());
+    }
+    auto grant = std::make_unique<wire::AdmitGrantT>();
+    grant->request = m.request;
+    for (uint32_t j = 0; j < m.complete_pages && !free_gpu_.empty(); ++j) {
+      const uint32_t dp = *free_gpu_.begin();
+      free_gpu_.erase(free_gpu_.begin());
+      grant->optional_pages.push_back(dp);
+      grant->optional_history_pages.push_back(j);
+      r.optional[j] = dp;
+    }
+    for (PageIndex h : r.host) grant->backup_host_pages.emplace_back(0, h);
+    inbox_.push_back(std::move(grant));
+    return absl::OkStatus();
+  }
+  absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override {
+    EXPECT_TRUE(m.ok) << m.message;
+    ++backup_messages;
+    Req& r = reqs_[m.request];
+    if (m.order == 0) {
+      for (uint32_t j : m.pages) r.host_copy.insert(j);
+    } else {
+      auto it = reclaims_.find(m.order);
+      if (it == reclaims_.end()) {  // only for an order that crossed the request's Complete
+        EXPECT_EQ(r.host.size(), 0u) << "BackupComplete for unknown order " << m.order;
+        reqs_.erase(m.request);
+        return absl::OkStatus();
+      }
+      for (uint32_t dp : m.pages) r.host_copy.insert(HistoryOf(r, dp));
+      it->second.backed = true;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status SendReadersDone(const wire::ReadersDoneT& m) override {
+    auto it = reclaims_.find(m.order);
+    if (it == reclaims_.end()) {  // only for an order that crossed the request's Complete
+      EXPECT_FALSE(reqs_.contains(m.request)) << "ReadersDone for unknown order " << m.order;
+      return absl::OkStatus();
+    }
+    EXPECT_TRUE(it->second.backed || it->second.needed_backup == false) << "ReadersDone before BackupComplete";
+    Req& r = reqs_[m.request];
+    auto retire = std::make_unique<wire::RetireT>();
+    retire->order = m.order;
+    retire->request = m.request;
+    retire->pages = m.pages;
+    for (uint32_t dp : m.pages) {
+      std::erase_if(r.optional, [&](const auto& e) { return e.second == dp; });
+      free_gpu_.insert(dp);
+    }
+    r.busy = false;
+    reclaims_.erase(it);
+    inbox_.push_back(std::move(retire));
+    ++reclaims_done;
+    return absl::OkStatus();
+  }
+  absl::Status SendReadyPublish(const wire::ReadyPublishT& m) override {
+    auto found = reqs_.find(m.request);
+    if (found == reqs_.end()) return absl::OkStatus();  // an order that crossed the request's Complete
+    EXPECT_TRUE(m.ok) << "populate of request " << m.request << " failed: code " << static_cast<int>(m.error);
+    Req& r = found->second;
+    r.busy = false;
+    for (size_t i = 0; i < m.pages.size(); ++i) {
+      if (m.ok) {
+        r.optional[m.history_pages[i]] = m.pages[i];
+        ++pages_populated;
+      } else {
+        free_gpu_.insert(m.pages[i]);
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status SendComplete(const wire::CompleteT& m) override {
+    auto it = reqs_.find(m.request);
+    if (it != reqs_.end()) {
+      for (const auto& [j, dp] : it->second.optional) free_gpu_.insert(dp);
+      for (PageIndex h : it->second.host) free_host_.insert(h);
+      std::erase_if(reclaims_, [&](const auto& e) { return e.second.request == m.request; });
+      reqs_.erase(it);
+    }
+    ++completes;
+    return absl::OkStatus();
+  }
+
+  // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
+  void Pump(Worker& w) {
+    while (!inbox_.empty()) {
+      auto msg = std::move(inbox_.front());
+      inbox_.pop_front();
+      std::visit([&](auto& m) { Deliver(w, *m); }, msg);
+    }
+    if (!chaos_) return;
+    const uint64_t dice = rng_() % 8;
+    std::vector<RequestId> ids;
+    for (const auto& [id, r] : reqs_) {
+      if (!r.busy) ids.push_back(id);
+    }
+    if (ids.empty()) return;
+    const RequestId id = ids[rng_() % ids.size()];
+    Req& r = reqs_[id];
+    if (dice < 2 && !r.optional.empty()) {  // reclaim all optional pages of a whole request (brief §4)
+      auto o = std::make_unique<wire::ReclaimOrderT>();
+      o->order = next_order_++;
+      o->request = id;
+      Reclaim rc{id, false, false};
+      for (const auto& [j, dp] : r.optional) {
+        o->pages.push_back(dp);
+        if (!r.host_copy.contains(j)) {
+          o->backup_pages.push_back(dp);
+          o->backup_targets.emplace_back(0, r.host[j]);
+          rc.needed_backup = true;
+        }
+      }
+      reclaims_[o->order] = rc;
+      r.busy = true;
+      inbox_.push_back(std::move(o));
+    } else if (dice < 4 && !free_gpu_.empty()) {  // repopulate up to 2 host-copied pages not on GPU
+      auto o = std::make_unique<wire::PopulateOrderT>();
+      for (uint32_t j : r.host_copy) {
+        if (r.optional.contains(j) || free_gpu_.empty() || o->pages.size() == 2) continue;
+        const uint32_t dp = *free_gpu_.begin();
+        free_gpu_.erase(free_gpu_.begin());
+        o->pages.push_back(dp);
+        o->history_pages.push_back(j);
+        o->host_pages.emplace_back(0, r.host[j]);
+      }
+      if (o->pages.empty()) return;
+      o->order = next_order_++;
+      o->request = id;
+      r.busy = true;
+      inbox_.push_back(std::move(o));
+    }
+  }
+
+  std::vector<uint8_t> host;
+  int reclaims_done = 0;
+  int pages_populated = 0;
+  int backup_messages = 0;
+  int completes = 0;
+
+ private:
+  struct Req {
+    std::vector<PageIndex> host;
+    std::map<uint32_t, uint32_t> optional;  // history page -> GPU page (ready or kept)
+    std::set<uint32_t> host_copy;           // history pages with a reported host copy
+    bool busy = false;                      // an order is in flight
+  };
+  struct Reclaim {
+    RequestId request;
+    bool needed_backup;
+    bool backed;
+  };
+  using Msg = std::variant<std::unique_ptr<wire::AdmitGrantT>, std::unique_ptr<wire::ReclaimOrderT>,
+                           std::unique_ptr<wire::RetireT>, std::unique_ptr<wire::PopulateOrderT>>;
+  static uint32_t HistoryOf(const Req& r, uint32_t dp) {
+    for (const auto& [j, d] : r.optional) {
+      if (d == dp) return j;
+    }
+    ADD_FAILURE() << "fake memd: unknown GPU page " << dp;
+    return 0;
+  }
+  void Deliver(Worker& w, const wire::AdmitGrantT& m) { w.OnAdmitGrant(m); }
+  void Deliver(Worker& w, const wire::ReclaimOrderT& m) { w.OnReclaimOrder(m); }
+  void Deliver(Worker& w, const wire::RetireT& m) { w.OnRetire(m); }
+  void Deliver(Worker& w, const wire::PopulateOrderT& m) { w.OnPopulateOrder(m); }
+
+  uint32_t p_;
+  std::mt19937_64 rng_;
+  bool chaos_;
+  std::set<uint32_t> free_gpu_;
+  std::set<uint32_t> free_host_;
+  std::map<RequestId, Req> reqs_;
+  std::map<uint64_t, Reclaim> reclaims_;
+  std::deque<Msg> inbox_;
+  uint64_t next_order_ = 1;
+};
+
+// Worker-side safety (brief §4): every row of `request` that left the tail is ready on GPU or has a host copy.
+inline void ExpectSafe(Worker& w, RequestId request) {
+  HierarchicalKvAccess* h = w.hierarchical();
+  if (h == nullptr) return;
+  const RequestKv* kv = h->Find(request);
+  if (kv == nullptr) return;
+  const Position n = *std::min_element(kv->appended.begin(), kv->appended.end());
+  const Position p = h->layout().config().page_rows, t = h->layout().config().tail_rows;
+  for (Position j = 0; (j + 1) * p <= n - t; ++j) {
+    const KvPage& pg = kv->pages[static_cast<size_t>(j)];
+    EXPECT_TRUE(pg.ready || pg.host_ready) << "request " << request << " page " << j << " is neither on GPU nor on host";
+  }
+}
+
+}  // namespace dhs::test

@@ -1,0 +1,136 @@
+// workerd/main.cc: the worker process (brief §3): one per GPU. Loads the model (a weights file, or a preset + seed),
+// says Hello to memd, maps the host pool, serves clients on ipc://<run_dir>/worker-<gpu>.sock and runs the serving
+// loop until SIGTERM/SIGINT.
+#include <csignal>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "spdlog/spdlog.h"
+#include "workerd/device/cpu_device.h"
+#include "workerd/memd_client.h"
+#include "workerd/model/weights.h"
+#include "workerd/serving.h"
+#include "workerd/worker.h"
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+absl::StatusOr<std::unique_ptr<dhs::model::Model>> LoadModel(const std::string& weights, const std::string& preset,
+                                                             uint64_t seed) {
+  if (!weights.empty()) return dhs::model::Model::Load(weights);
+  absl::StatusOr<dhs::model::ModelConfig> config = dhs::model::PresetConfig(preset);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<dhs::model::SafetensorsWriter> w = dhs::model::GenerateWeights(*config, seed);
+  if (!w.ok()) return w.status();
+  absl::StatusOr<dhs::model::SafetensorsFile> file = dhs::model::SafetensorsFile::Parse(w->Serialize());
+  if (!file.ok()) return file.status();
+  return dhs::model::Model::FromSafetensors(*file);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"workerd: the Adaptive DHiSparse worker (one per GPU)"};
+  std::string run_dir, mode_name = "adaptive", weights, preset = "dsv4flash-like", log_level = "info";
+  uint64_t seed = 1;
+  int connect_timeout_ms = 10000;
+  dhs::WorkerConfig config;
+  app.add_option("--run-dir", run_dir, "run directory holding memd.sock (mode 0700)")->required();
+  app.add_option("--gpu", config.gpu, "GPU id served by this worker");
+  app.add_option("--mode", mode_name, "resident | hisparse | adaptive");
+  app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)");
+  app.add_option("--weights", weights, "safetensors weights file (else --preset + --seed)");
+  app.add_option("--preset", preset, "model preset when no --weights: dsv4flash-like | glm5-like");
+  app.add_option("--seed", seed, "weights seed with --preset");
+  app.add_option("--slots", config.slots, "request slots N");
+  app.add_option("--hot-rows", config.hot_rows, "hot-cache rows B per slot and source (0 = auto)");
+  app.add_option("--tail-rows", config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)");
+  app.add_option("--page-rows", config.page_rows, "rows per page p");
+  app.add_option("--max-context", config.max_context_tokens, "prompt + max_new_tokens limit, tokens");
+  app.add_option("--prefill-chunk", config.prefill_chunk, "prompt tokens per request and step (0 = auto)");
+  app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply");
+  app.add_option("--log-level", log_level, "spdlog level: trace debug info warn error");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  absl::StatusOr<dhs::WorkerMode> mode = dhs::ParseWorkerMode(mode_name);
+  if (!mode.ok()) {
+    spdlog::error("workerd: {}", mode.status().ToString());
+    return 2;
+  }
+  config.mode = *mode;
+  absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(weights, preset, seed);
+  if (!model.ok()) {
+    spdlog::error("workerd: cannot load the model: {}", model.status().ToString());
+    return 1;
+  }
+  absl::StatusOr<dhs::WorkerGeometry> geometry = dhs::ComputeGeometry((*model)->config(), config);
+  if (!geometry.ok()) {
+    spdlog::error("workerd: {}", geometry.status().ToString());
+    return 2;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+
+  dhs::CpuDevice device;  // the CPU backend (brief §9); a CUDA backend would be chosen here
+  const dhs::wire::HelloT hello = dhs::MakeHello((*model)->config(), config, *geometry, "cpu-backend");
+  absl::StatusOr<std::unique_ptr<dhs::MemdClient>> memd =
+      dhs::MemdClient::Connect(run_dir, hello, std::chrono::milliseconds(connect_timeout_ms));
+  if (!memd.ok()) {
+    spdlog::error("workerd: cannot join memd: {}", memd.status().ToString());
+    return 1;
+  }
+  if (config.mode != dhs::WorkerMode::kResident && (*memd)->host_pages().empty()) {
+    spdlog::error("workerd: mode {} needs a host pool, memd listed none", mode_name);
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<dhs::ServingFrontend>> frontend = dhs::ServingFrontend::Bind(run_dir, config.gpu);
+  if (!frontend.ok()) {
+    spdlog::error("workerd: cannot bind the serving socket: {}", frontend.status().ToString());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<dhs::Worker>> worker =
+      dhs::Worker::Create(model->get(), &device, config, (*memd)->host_pages(), memd->get(), frontend->get());
+  if (!worker.ok()) {
+    spdlog::error("workerd: {}", worker.status().ToString());
+    return 1;
+  }
+  (*frontend)->set_worker(worker->get());
+  spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
+               config.gpu, mode_name, (*frontend)->endpoint(), geometry->capacity_pages, geometry->page_bytes,
+               geometry->hot_rows, geometry->tail_rows, config.page_rows, config.slots);
+
+  bool busy = false;
+  uint64_t tokens_before = 0;
+  auto rate_since = std::chrono::steady_clock::now();
+  float tokens_per_s = 0;
+  while (!g_stop) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - rate_since >= std::chrono::seconds(1)) {
+      const uint64_t tokens = (*worker)->stats().tokens_generated;
+      tokens_per_s = static_cast<float>(tokens - tokens_before) /
+                     std::chrono::duration<float>(now - rate_since).count();
+      tokens_before = tokens;
+      rate_since = now;
+    }
+    dhs::MemdClient::Load load{(*worker)->active_requests(), (*worker)->pending_orders(), tokens_per_s};
+    if (absl::Status s = (*memd)->Poll(**worker, load); !s.ok()) {
+      spdlog::error("workerd: memd connection: {}", s.ToString());
+      return 1;
+    }
+    if (absl::Status s = (*frontend)->Serve(std::chrono::milliseconds(busy ? 0 : 5)); !s.ok()) {
+      spdlog::error("workerd: serving socket: {}", s.ToString());
+      return 1;
+    }
+    absl::StatusOr<bool> more = (*worker)->Iterate();
+    if (!more.ok()) {
+      spdlog::error("workerd: {}", more.status().ToString());
+      return 1;
+    }
+    busy = *more;
+  }
+  spdlog::info("workerd: gpu {} stopping ({} tokens generated)", config.gpu, (*worker)->stats().tokens_generated);
+  return 0;
+}

@@ -1,0 +1,161 @@
+// workerd/memd_client.cc: see memd_client.h.
+#include "workerd/memd_client.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/protocol.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace dhs {
+namespace {
+uint64_t NowNs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view run_dir, const wire::HelloT& hello,
+                                                                std::chrono::milliseconds timeout) {
+  const std::string sender = absl::StrCat("worker/", hello.gpu);
+  absl::StatusOr<std::unique_ptr<DealerClient>> dealer =
+      DealerClient::Connect(IpcEndpoint(run_dir, "memd"), DealerClient::Options{sender, std::chrono::milliseconds(20)});
+  if (!dealer.ok()) return dealer.status();
+  std::unique_ptr<MemdClient> c(new MemdClient(*std::move(dealer), sender, hello.gpu));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const uint64_t seq = c->NextSeq();
+  if (absl::Status s = c->dealer_->Send(EncodeHello(hello, seq, sender)); !s.ok()) return s;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return absl::DeadlineExceededError(absl::StrCat("no HelloReply from memd at ", IpcEndpoint(run_dir, "memd")));
+    }
+    absl::StatusOr<std::string> bytes = c->dealer_->Receive(left);
+    if (absl::IsDeadlineExceeded(bytes.status())) continue;
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<Message> msg = DecodeEnvelope(*bytes);
+    if (!msg.ok()) return msg.status();
+    if (msg->type == wire::Body::ErrorReply) return ReadErrorStatus(*msg);
+    if (msg->type != wire::Body::HelloReply) continue;
+    absl::StatusOr<wire::HelloReplyT> reply = ReadHelloReply(*msg);
+    if (!reply.ok()) return reply.status();
+    if (!reply->accepted) return absl::FailedPreconditionError(absl::StrCat("memd refused Hello: ", reply->reason));
+    c->epoch_ = reply->worker_epoch;
+    if (!reply->segments.empty()) {
+      const wire::HostSegmentInfoT& info = *reply->segments[0];
+      absl::StatusOr<std::unique_ptr<HostPoolSegment>> seg = HostPoolSegment::Open(info.name);
+      if (!seg.ok()) return seg.status();
+      if ((*seg)->page_bytes() != hello.page_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("host pool '", info.name, "' has pages of ",
+                                                       (*seg)->page_bytes(), " bytes, this worker's pages have ",
+                                                       hello.page_bytes));
+      }
+      c->segment_ = *std::move(seg);
+    }
+    spdlog::info("workerd: memd accepted gpu {} (epoch {}, {} host segment(s))", hello.gpu, c->epoch_,
+                 reply->segments.size());
+    return c;
+  }
+}
+
+std::span<uint8_t> MemdClient::host_pages() const {
+  if (segment_ == nullptr) return {};
+  return {*segment_->PageData(0), segment_->pages() * segment_->page_bytes()};
+}
+
+absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
+  while (true) {
+    absl::StatusOr<std::string> bytes = dealer_->Receive(std::chrono::milliseconds(0));
+    if (absl::IsDeadlineExceeded(bytes.status())) break;
+    if (!bytes.ok()) return bytes.status();
+    Dispatch(*bytes, handler);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_heartbeat_ >= std::chrono::seconds(1)) {
+    last_heartbeat_ = now;
+    wire::HeartbeatT hb;
+    hb.sender_time_ns = NowNs();
+    hb.gpu = gpu_;
+    hb.active_requests = load.active_requests;
+    hb.pending_copies = load.pending_copies;
+    hb.decode_tokens_per_s = load.decode_tokens_per_s;
+    if (absl::Status s = dealer_->Send(EncodeHeartbeat(hb, NextSeq(), sender_)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
+  absl::StatusOr<Message> msg = DecodeEnvelope(bytes);
+  if (!msg.ok()) {
+    spdlog::warn("workerd: undecodable message from memd dropped: {}", msg.status().ToString());
+    return;
+  }
+  auto bad = [&](const absl::Status& s) { spdlog::warn("workerd: bad {} from memd: {}", BodyName(msg->type), s.ToString()); };
+#define DHS_DISPATCH(Name)                               \
+  case wire::Body::Name: {                               \
+    absl::StatusOr<wire::Name##T> m = Read##Name(*msg);  \
+    if (!m.ok()) return bad(m.status());                 \
+    handler.On##Name(*m);                                \
+    return;                                              \
+  }
+  switch (msg->type) {
+    DHS_DISPATCH(AdmitGrant)
+    DHS_DISPATCH(AdmitWait)
+    DHS_DISPATCH(AdmitReject)
+    DHS_DISPATCH(ReclaimOrder)
+    DHS_DISPATCH(Retire)
+    DHS_DISPATCH(PopulateOrder)
+    DHS_DISPATCH(CompleteAck)
+    case wire::Body::Heartbeat: {
+      absl::StatusOr<wire::HeartbeatT> hb = ReadHeartbeat(*msg);
+      if (!hb.ok()) return bad(hb.status());
+      wire::HeartbeatAckT ack;
+      ack.sender_time_ns = hb->sender_time_ns;
+      ack.receiver_time_ns = NowNs();
+      (void)dealer_->Send(EncodeHeartbeatAck(ack, msg->sequence, sender_));
+      return;
+    }
+    case wire::Body::HeartbeatAck:
+      return;
+    case wire::Body::ErrorReply: {
+      const absl::Status s = ReadErrorStatus(*msg);
+      auto it = admit_seq_.find(msg->sequence);
+      if (it != admit_seq_.end()) {  // memd could not serve an AdmitRequest: the request is refused
+        wire::AdmitRejectT reject;
+        reject.request = it->second;
+        reject.code = ToWireError(s);
+        reject.reason = std::string(s.message());
+        admit_seq_.erase(it);
+        handler.OnAdmitReject(reject);
+        return;
+      }
+      spdlog::warn("workerd: memd answered message {} with an error: {}", msg->sequence, s.ToString());
+      return;
+    }
+    default:
+      spdlog::warn("workerd: unexpected {} from memd dropped", BodyName(msg->type));
+  }
+#undef DHS_DISPATCH
+}
+
+absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
+  const uint64_t seq = NextSeq();
+  admit_seq_[seq] = m.request;
+  if (admit_seq_.size() > 4096) admit_seq_.erase(admit_seq_.begin());  // bounded: only recent admissions matter
+  return dealer_->Send(EncodeAdmitRequest(m, seq, sender_));
+}
+absl::Status MemdClient::SendBackupComplete(const wire::BackupCompleteT& m) {
+  return dealer_->Send(EncodeBackupComplete(m, NextSeq(), sender_));
+}
+absl::Status MemdClient::SendReadersDone(const wire::ReadersDoneT& m) {
+  return dealer_->Send(EncodeReadersDone(m, NextSeq(), sender_));
+}
+absl::Status MemdClient::SendReadyPublish(const wire::ReadyPublishT& m) {
+  return dealer_->Send(EncodeReadyPublish(m, NextSeq(), sender_));
+}
+absl::Status MemdClient::SendComplete(const wire::CompleteT& m) {
+  return dealer_->Send(EncodeComplete(m, NextSeq(), sender_));
+}
+
+}  // namespace dhs

@@ -1,0 +1,70 @@
+// workerd/memd_client.h: the worker's connection to memd (docs/protocol.md, conversation contract): a DealerClient
+// (identity "worker/<gpu>") to ipc://<run_dir>/memd.sock, the Hello handshake, the mapped host-pool segment from
+// HelloReply, the MemdLink sends, and a non-blocking Poll that dispatches memd's messages to a MemdHandler and sends a
+// Heartbeat every second.
+//
+// Thread-safety: none; the worker thread owns it (ZeroMQ sockets are single-thread objects).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/host_pool.h"
+#include "common/transport.h"
+#include "workerd/memd_link.h"
+
+namespace dhs {
+
+class MemdClient final : public MemdLink {
+ public:
+  // Connects to memd in `run_dir`, sends `hello` and waits up to `timeout` for HelloReply (retrying while memd is not
+  // up), then maps segment 0 of the reply. Errors: DEADLINE_EXCEEDED (no reply), FAILED_PRECONDITION (not accepted:
+  // the reason), the ErrorReply's status, DATA_LOSS/NOT_FOUND (segment), INVALID_ARGUMENT (segment page size differs
+  // from hello.page_bytes).
+  static absl::StatusOr<std::unique_ptr<MemdClient>> Connect(std::string_view run_dir, const wire::HelloT& hello,
+                                                             std::chrono::milliseconds timeout);
+
+  // The host-pool pages of segment 0 (page h at h * page_bytes); empty when memd listed no segment.
+  std::span<uint8_t> host_pages() const;
+  uint64_t worker_epoch() const { return epoch_; }
+
+  // Dispatches every message already received to `handler` (never blocks), answers memd's Heartbeats and sends ours
+  // once a second with `load`. Undecodable messages are logged and dropped. Errors: only from the socket.
+  struct Load {
+    uint32_t active_requests = 0;
+    uint32_t pending_copies = 0;
+    float decode_tokens_per_s = 0;
+  };
+  absl::Status Poll(MemdHandler& handler, const Load& load);
+
+  // MemdLink.
+  absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override;
+  absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override;
+  absl::Status SendReadersDone(const wire::ReadersDoneT& m) override;
+  absl::Status SendReadyPublish(const wire::ReadyPublishT& m) override;
+  absl::Status SendComplete(const wire::CompleteT& m) override;
+
+ private:
+  MemdClient(std::unique_ptr<DealerClient> dealer, std::string sender, GpuId gpu)
+      : dealer_(std::move(dealer)), sender_(std::move(sender)), gpu_(gpu) {}
+  uint64_t NextSeq() { return ++seq_; }
+  void Dispatch(const std::string& bytes, MemdHandler& handler);
+
+  std::unique_ptr<DealerClient> dealer_;
+  std::string sender_;
+  GpuId gpu_;
+  uint64_t seq_ = 0;
+  uint64_t epoch_ = 0;
+  std::unique_ptr<HostPoolSegment> segment_;
+  absl::flat_hash_map<uint64_t, uint64_t> admit_seq_;  // AdmitRequest sequence -> RequestId (for an ErrorReply)
+  std::chrono::steady_clock::time_point last_heartbeat_{};
+};
+
+}  // namespace dhs

@@ -1,0 +1,39 @@
+// workerd/memd_link.h: the worker side of the memd conversation as two interfaces (docs/protocol.md, "Conversation
+// contract (worker <-> memd)"), so that the serving core (Worker) never touches sockets:
+//   MemdLink     what the worker sends to memd (implemented by MemdClient over ZeroMQ, or by a test's fake memd);
+//   MemdHandler  what memd sends to the worker (implemented by Worker; MemdClient::Poll and fakes call it).
+// Every message is the object-API table of schemas/dhs.fbs; units are those of the schema (GPU pages, history pages,
+// host pages, rows).
+//
+// Thread-safety: none; one worker thread calls both sides.
+#pragma once
+
+#include "absl/status/status.h"
+#include "dhs_generated.h"
+
+namespace dhs {
+
+class MemdLink {
+ public:
+  virtual ~MemdLink() = default;
+  // Each Send queues the message for memd without blocking. Errors: UNAVAILABLE when it cannot be queued.
+  virtual absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) = 0;
+  virtual absl::Status SendBackupComplete(const wire::BackupCompleteT& m) = 0;
+  virtual absl::Status SendReadersDone(const wire::ReadersDoneT& m) = 0;
+  virtual absl::Status SendReadyPublish(const wire::ReadyPublishT& m) = 0;
+  virtual absl::Status SendComplete(const wire::CompleteT& m) = 0;
+};
+
+class MemdHandler {
+ public:
+  virtual ~MemdHandler() = default;
+  virtual void OnAdmitGrant(const wire::AdmitGrantT& m) = 0;
+  virtual void OnAdmitWait(const wire::AdmitWaitT& m) = 0;
+  virtual void OnAdmitReject(const wire::AdmitRejectT& m) = 0;
+  virtual void OnReclaimOrder(const wire::ReclaimOrderT& m) = 0;
+  virtual void OnRetire(const wire::RetireT& m) = 0;
+  virtual void OnPopulateOrder(const wire::PopulateOrderT& m) = 0;
+  virtual void OnCompleteAck(const wire::CompleteAckT& m) = 0;
+};
+
+}  // namespace dhs
