@@ -98,6 +98,13 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   auto* popt = app.add_option("--plot", o.plot_out, "With --sweep: plot throughput against concurrency to OUT.png");
   app.add_option("--connect", o.connect, "Use the node at ENDPOINT (tcp:// or ipc://) instead of starting one");
   app.add_option("--run-dir", o.run_dir, "Directory for the sockets and logs of a node the tool starts");
+  app.add_option("--preset", o.preset, "Built-in model topology of a node the tool starts")
+      ->check(CLI::IsMember({"dsv4flash-like", "glm5-like"}))->capture_default_str();
+  app.add_option("--seed", o.seed, "Weights seed of the built-in model")->capture_default_str();
+  app.add_option("--slots", o.slots, "Request slots of the worker the tool starts")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))->capture_default_str();
+  app.add_flag("--prepared-prefix", o.prepared_prefix,
+               "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
   copt->excludes(topt);
   sopt->excludes(copt);
   sopt->excludes(topt);

@@ -48,6 +48,10 @@ struct ReplayOptions {
   std::string plot_out;                    // --plot OUT.png (needs --sweep)
   std::string connect;                     // --connect ENDPOINT (tcp://... or ipc://...; "" = start a node)
   std::string run_dir;                     // --run-dir DIR (sockets, logs of a node the tool starts)
+  std::string preset = "dsv4flash-like";   // --preset: the built-in model's topology (weights from --seed)
+  uint64_t seed = 1;                       // --seed: weights seed of the built-in model
+  int64_t slots = 8;                       // --slots: request slots N of the worker the tool starts
+  bool prepared_prefix = false;            // --prepared-prefix: import history from hash_ids instead of prefill
 };
 
 // The outcome of parsing argv. When exit_code is set, main prints `message` (to stdout for 0, stderr

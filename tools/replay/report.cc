@@ -258,6 +258,10 @@ json SweepToJson(const std::vector<SweepPoint>& points) {
   return out;
 }
 
+absl::Status WriteSweepJson(const std::vector<SweepPoint>& points, std::string_view path) {
+  return WriteFile(path, SweepToJson(points).dump(2) + "\n");
+}
+
 std::string PlotCommand::DefaultPlotScript() { return DHS_REPLAY_PLOT_SCRIPT; }
 
 absl::Status RunPlotSweep(std::string_view csv_path, std::string_view png_path, const PlotCommand& command) {

@@ -95,6 +95,7 @@ std::string SweepCsv(const std::vector<SweepPoint>& points);
 absl::Status WriteSweepCsv(const std::vector<SweepPoint>& points, std::string_view path);
 // --json with --sweep: an array of ReportToJson objects, one per point, in the order given.
 nlohmann::json SweepToJson(const std::vector<SweepPoint>& points);
+absl::Status WriteSweepJson(const std::vector<SweepPoint>& points, std::string_view path);
 
 // How to run tools/replay/plot_sweep.py.
 struct PlotCommand {

@@ -1,0 +1,205 @@
+// dhs-replay: replays a real request trace (Mooncake JSONL or Azure CSV) against a node and reports throughput,
+// latency, admission and KV-hierarchy figures (issue 5; docs/replay.md). By default it starts its own one-GPU node
+// (memd + workerd, tools/replay/node_launcher.h) per run; --connect uses a running worker instead.
+// Exit codes: 0 every request served (and, with --check-exact, outputs bit-identical to resident); 1 a run failed,
+// a request failed or the outputs differ; 2 bad command line.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tools/replay/driver.h"
+#include "tools/replay/node_launcher.h"
+#include "tools/replay/options.h"
+#include "tools/replay/report.h"
+#include "tools/replay/zmq_node_client.h"
+#include "workerd/model/config.h"
+#include "workerd/worker.h"
+
+#ifndef DHS_MEMD_PATH
+#define DHS_MEMD_PATH ""
+#endif
+#ifndef DHS_WORKERD_PATH
+#define DHS_WORKERD_PATH ""
+#endif
+
+namespace dhs::replay {
+namespace {
+
+std::string EnvOr(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+// The node geometry the worker will use (same code as the worker: ComputeGeometry), so memd's page size matches.
+absl::StatusOr<WorkerGeometry> Geometry(const ReplayOptions& options, uint64_t hbm_budget) {
+  auto model = model::PresetConfig(options.preset);
+  if (!model.ok()) return model.status();
+  WorkerConfig config;
+  config.hbm_budget_bytes = hbm_budget;
+  config.slots = static_cast<uint32_t>(options.slots);
+  return ComputeGeometry(*model, config);
+}
+
+// Pages of the full context of every request (brief §8 host tier: n_pad per session), bytes, plus slack.
+uint64_t HostPoolBytes(const Trace& trace, uint64_t page_bytes, uint64_t page_rows) {
+  uint64_t pages = 0;
+  for (const TraceRequest& r : trace.requests) {
+    pages += (static_cast<uint64_t>(r.input_tokens + r.output_tokens) + page_rows - 1) / page_rows;
+  }
+  return (pages + 64) * page_bytes;
+}
+
+// Default GPU KV budget: enough for the required allocations of `slots` sessions plus optional history for about
+// half of the trace's mean context per slot, so that adaptive mode has to reclaim and repopulate while resident
+// mode cannot keep every session (brief §4).
+uint64_t DefaultHbmBudget(const Trace& trace, const ReplayOptions& options) {
+  auto probe = Geometry(options, uint64_t{1} << 30);
+  if (!probe.ok()) return uint64_t{64} << 20;
+  const uint64_t p = probe->kv.page_rows;
+  double mean_pages = 0;
+  for (const TraceRequest& r : trace.requests) mean_pages += std::ceil(double(r.input_tokens + r.output_tokens) / p);
+  mean_pages /= std::max<size_t>(1, trace.requests.size());
+  const uint64_t required_per_slot = (probe->hot_rows + probe->tail_rows + p - 1) / p + 1;
+  const uint64_t pages = static_cast<uint64_t>(options.slots) * (required_per_slot + uint64_t(mean_pages / 2)) + 8;
+  return pages * probe->page_bytes;
+}
+
+struct RunOutcome {
+  DriverResult result;
+  std::string prefill;
+};
+
+// The budget of the --check-exact reference run: every session's whole context resident at once (the "everything on
+// GPU" of brief §7), whatever the budget of the run under test.
+uint64_t ReferenceHbmBudget(const Trace& trace, const ReplayOptions& options) {
+  auto probe = Geometry(options, uint64_t{1} << 30);
+  if (!probe.ok()) return uint64_t{1} << 30;
+  const uint64_t p = probe->kv.page_rows;
+  const uint64_t required_per_slot = (probe->hot_rows + probe->tail_rows + p - 1) / p + 1;
+  return HostPoolBytes(trace, probe->page_bytes, p) + options.slots * required_per_slot * probe->page_bytes;
+}
+
+absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& trace, std::string_view mode,
+                                   std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {}) {
+  ZmqNodeClientOptions client_options;
+  client_options.prepared_prefix = options.prepared_prefix;
+  std::unique_ptr<EmbeddedNode> node;
+  if (!options.connect.empty()) {
+    client_options.worker_endpoint = options.connect;
+    if (absl::StartsWith(options.connect, "ipc://")) {  // memd's socket sits beside the worker's
+      const std::string path = options.connect.substr(6);
+      client_options.memd_endpoint = "ipc://" + path.substr(0, path.rfind('/') + 1) + "memd.sock";
+    }
+  } else {
+    const uint64_t budget = budget_override            ? *budget_override
+                            : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
+                                                       : DefaultHbmBudget(trace, options);
+    auto geometry = Geometry(options, budget);
+    if (!geometry.ok()) return geometry.status();
+    NodeLaunchOptions launch;
+    launch.memd_path = EnvOr("DHS_MEMD", DHS_MEMD_PATH);
+    launch.workerd_path = EnvOr("DHS_WORKERD", DHS_WORKERD_PATH);
+    launch.run_dir = options.run_dir;
+    launch.mode = std::string(mode);
+    launch.preset = options.preset;
+    launch.seed = options.seed;
+    launch.hbm_budget_bytes = budget;
+    launch.page_bytes = geometry->page_bytes;
+    launch.host_pool_bytes = HostPoolBytes(trace, geometry->page_bytes, geometry->kv.page_rows);
+    launch.slots = static_cast<uint32_t>(options.slots);
+    auto started = EmbeddedNode::Start(launch);
+    if (!started.ok()) return started.status();
+    node = std::move(*started);
+    client_options.worker_endpoint = node->worker_endpoint();
+    client_options.memd_endpoint = node->memd_endpoint();
+  }
+  auto client = ZmqNodeClient::Connect(client_options);
+  if (!client.ok()) return client.status();
+  auto scheduler = MakeScheduler(options, trace, concurrency);
+  if (!scheduler.ok()) return scheduler.status();
+  SteadyClock clock;
+  ReplayDriver driver(client->get(), &clock);
+  std::cerr << "dhs-replay: " << trace.requests.size() << " requests, mode " << mode
+            << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
+  auto result = driver.Run(trace, *scheduler);
+  if (node) node->Stop().IgnoreError();
+  if (!result.ok()) return result.status();
+  return RunOutcome{std::move(*result), options.prepared_prefix ? "prepared-prefix" : "prefill"};
+}
+
+bool AllServed(const DriverResult& r) {
+  for (const RequestTiming& t : r.requests) {
+    if (!t.served()) return false;
+  }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  CommandLine cl = ParseReplayCommandLine(argc, argv);
+  if (cl.exit_code) {
+    (*cl.exit_code == 0 ? std::cout : std::cerr) << cl.message;
+    return *cl.exit_code;
+  }
+  const ReplayOptions& options = cl.options;
+  auto trace = LoadTrace(options);
+  if (!trace.ok()) {
+    std::cerr << "dhs-replay: " << trace.status().message() << "\n";
+    return 2;
+  }
+  const std::string mode(ReplayModeName(options.mode));
+  std::vector<std::optional<int64_t>> points;
+  if (options.sweep.empty()) {
+    points.push_back(std::nullopt);
+  } else {
+    for (int64_t c : options.sweep) points.push_back(c);
+  }
+  std::vector<SweepPoint> sweep;
+  bool ok = true;
+  for (const std::optional<int64_t>& c : points) {
+    auto run = RunOnce(options, *trace, mode, c);
+    if (!run.ok()) {
+      std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
+      return 1;
+    }
+    std::optional<bool> exact;
+    if (options.check_exact) {
+      auto reference = RunOnce(options, *trace, "resident", c, ReferenceHbmBudget(*trace, options));
+      if (!reference.ok()) {
+        std::cerr << "dhs-replay: resident reference run failed: " << reference.status().message() << "\n";
+        return 1;
+      }
+      exact = OutputsMatch(run->result, reference->result);
+      ok = ok && *exact;
+    }
+    ok = ok && AllServed(run->result);
+    ReplayReport report = BuildReport(run->result, MakeRunSettings(options, *trace, run->prefill, c), exact);
+    std::cout << FormatSummary(report) << std::flush;
+    sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
+  }
+  if (!options.json_out.empty()) {
+    const absl::Status s = options.sweep.empty() ? WriteReportJson(sweep.front().report, options.json_out)
+                                                 : WriteSweepJson(sweep, options.json_out);
+    if (!s.ok()) { std::cerr << "dhs-replay: " << s.message() << "\n"; return 1; }
+  }
+  if (!options.csv_out.empty()) {
+    const absl::Status s = options.sweep.empty() ? WriteReportCsv(sweep.front().report, options.csv_out)
+                                                 : WriteSweepCsv(sweep, options.csv_out);
+    if (!s.ok()) { std::cerr << "dhs-replay: " << s.message() << "\n"; return 1; }
+  }
+  if (!options.plot_out.empty()) {
+    const std::string csv = SweepCsvPath(options);
+    absl::Status s = WriteSweepCsv(sweep, csv);
+    if (s.ok()) s = RunPlotSweep(csv, options.plot_out);
+    if (!s.ok()) { std::cerr << "dhs-replay: plot: " << s.message() << "\n"; return 1; }
+    std::cout << "plot written to " << options.plot_out << "\n";
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace dhs::replay
+
+int main(int argc, char** argv) { return dhs::replay::Main(argc, argv); }

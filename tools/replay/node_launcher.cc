@@ -1,0 +1,157 @@
+#include "tools/replay/node_launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/transport.h"
+
+extern char** environ;
+
+namespace dhs::replay {
+namespace {
+
+std::string LogTail(const std::string& path, size_t max_bytes = 2000) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.size() > max_bytes) text = text.substr(text.size() - max_bytes);
+  return text;
+}
+
+// Sends SIGTERM, waits up to `grace`, then SIGKILL. Returns the exit status (or -1).
+int Terminate(pid_t pid, std::chrono::milliseconds grace) {
+  if (pid <= 0) return -1;
+  ::kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaunchOptions& options) {
+  for (const std::string* path : {&options.memd_path, &options.workerd_path}) {
+    if (path->empty() || ::access(path->c_str(), X_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("not an executable: '", *path, "'"));
+    }
+  }
+  if (options.page_bytes == 0 || options.hbm_budget_bytes == 0 || options.host_pool_bytes == 0) {
+    return absl::InvalidArgumentError("page bytes, HBM budget and host pool size must be > 0");
+  }
+  std::unique_ptr<EmbeddedNode> node(new EmbeddedNode());
+  if (options.run_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/dhs-replay-XXXXXX");
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+    }
+    node->run_dir_ = pattern;
+    node->owns_run_dir_ = true;
+  } else {
+    node->run_dir_ = options.run_dir;
+    if (absl::Status s = MakeRunDir(node->run_dir_); !s.ok()) return s;
+  }
+  const std::string memd_log = node->run_dir_ + "/memd.log";
+  const std::string worker_log = node->run_dir_ + "/workerd.log";
+  std::vector<std::string> memd_args = {
+      "--run-dir", node->run_dir_, "--page-bytes", std::to_string(options.page_bytes),
+      "--host-pool-bytes", std::to_string(options.host_pool_bytes), "--log-level", "warn"};
+  memd_args.insert(memd_args.end(), options.extra_memd_args.begin(), options.extra_memd_args.end());
+  if (absl::Status s = node->Spawn(options.memd_path, memd_args, memd_log, node->memd_pid_); !s.ok()) return s;
+  if (absl::Status s = node->WaitForSocket("memd", node->memd_pid_, memd_log, options.start_timeout); !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> worker_args = {
+      "--run-dir", node->run_dir_, "--gpu", "0", "--mode", options.mode, "--preset", options.preset,
+      "--seed", std::to_string(options.seed), "--hbm-budget", std::to_string(options.hbm_budget_bytes),
+      "--slots", std::to_string(options.slots), "--log-level", "warn"};
+  worker_args.insert(worker_args.end(), options.extra_workerd_args.begin(), options.extra_workerd_args.end());
+  if (absl::Status s = node->Spawn(options.workerd_path, worker_args, worker_log, node->worker_pid_); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = node->WaitForSocket("worker-0", node->worker_pid_, worker_log, options.start_timeout);
+      !s.ok()) {
+    return s;
+  }
+  return node;
+}
+
+absl::Status EmbeddedNode::Spawn(const std::string& path, const std::vector<std::string>& args,
+                                 const std::string& log, pid_t& pid) {
+  std::vector<std::string> storage = {path};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  const int rc = ::posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return absl::UnavailableError(absl::StrCat("cannot start ", path, ": ", std::strerror(rc)));
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedNode::WaitForSocket(const std::string& name, pid_t pid, const std::string& log,
+                                         std::chrono::milliseconds timeout) {
+  const std::string socket = run_dir_ + "/" + name + ".sock";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    struct stat st;
+    if (::stat(socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return absl::OkStatus();
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      if (pid == memd_pid_) memd_pid_ = -1;
+      if (pid == worker_pid_) worker_pid_ = -1;
+      return absl::UnavailableError(absl::StrCat(name, " exited during start-up (status ", status, "); log ", log,
+                                                 ":\n", LogTail(log)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::UnavailableError(absl::StrCat(name, " did not open ", socket, " within ", timeout.count(),
+                                             " ms; log ", log, ":\n", LogTail(log)));
+}
+
+absl::Status EmbeddedNode::Stop() {
+  Terminate(worker_pid_, std::chrono::milliseconds(5000));
+  worker_pid_ = -1;
+  Terminate(memd_pid_, std::chrono::milliseconds(5000));
+  memd_pid_ = -1;
+  if (owns_run_dir_ && !run_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir_, ec);
+    owns_run_dir_ = false;
+  }
+  return absl::OkStatus();
+}
+
+EmbeddedNode::~EmbeddedNode() { Stop().IgnoreError(); }
+
+std::string EmbeddedNode::memd_endpoint() const { return IpcEndpoint(run_dir_, "memd"); }
+std::string EmbeddedNode::worker_endpoint() const { return IpcEndpoint(run_dir_, "worker-0"); }
+
+}  // namespace dhs::replay

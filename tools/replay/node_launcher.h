@@ -1,0 +1,66 @@
+// tools/replay/node_launcher.h: starts a one-GPU node (memd + one workerd) as child processes for a replay run
+// (the embedded default of dhs-replay), waits until both serve, and stops them (SIGTERM, then SIGKILL after a grace
+// period). Each run gets its own run directory (mode 0700) holding the sockets and the two logs.
+//
+// Thread-safety: one thread. Children are started with posix_spawn, so starting them from a process that already
+// runs threads is safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dhs::replay {
+
+struct NodeLaunchOptions {
+  std::string memd_path;        // the memd executable
+  std::string workerd_path;     // the workerd executable
+  std::string run_dir;          // "" = a fresh mkdtemp directory under $TMPDIR (removed by Stop)
+  std::string mode = "adaptive";  // workerd --mode
+  std::string preset = "dsv4flash-like";  // workerd --preset (weights generated from --seed)
+  uint64_t seed = 1;
+  uint64_t hbm_budget_bytes = 0;  // workerd --hbm-budget, bytes
+  uint64_t page_bytes = 0;        // memd --page-bytes (must equal the worker's page bytes)
+  uint64_t host_pool_bytes = 0;   // memd --host-pool-bytes
+  uint32_t slots = 8;             // workerd --slots
+  std::vector<std::string> extra_memd_args;
+  std::vector<std::string> extra_workerd_args;
+  std::chrono::milliseconds start_timeout{20000};
+};
+
+class EmbeddedNode {
+ public:
+  // Starts memd, waits for its socket, starts workerd, waits for its socket. Errors: INVALID_ARGUMENT (paths),
+  // UNAVAILABLE (a child exited or did not come up in time; the message carries the tail of its log).
+  static absl::StatusOr<std::unique_ptr<EmbeddedNode>> Start(const NodeLaunchOptions& options);
+  ~EmbeddedNode();  // Stop()
+  EmbeddedNode(const EmbeddedNode&) = delete;
+  EmbeddedNode& operator=(const EmbeddedNode&) = delete;
+
+  // Stops workerd then memd; removes the run directory when Start created it. Idempotent.
+  absl::Status Stop();
+
+  const std::string& run_dir() const { return run_dir_; }
+  std::string memd_endpoint() const;
+  std::string worker_endpoint() const;
+
+ private:
+  EmbeddedNode() = default;
+  absl::Status Spawn(const std::string& path, const std::vector<std::string>& args, const std::string& log,
+                     pid_t& pid);
+  absl::Status WaitForSocket(const std::string& name, pid_t pid, const std::string& log,
+                             std::chrono::milliseconds timeout);
+
+  std::string run_dir_;
+  bool owns_run_dir_ = false;
+  pid_t memd_pid_ = -1;
+  pid_t worker_pid_ = -1;
+};
+
+}  // namespace dhs::replay

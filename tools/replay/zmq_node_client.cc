@@ -1,0 +1,187 @@
+#include "tools/replay/zmq_node_client.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/protocol.h"
+#include "nlohmann/json.hpp"
+
+namespace dhs::replay {
+namespace {
+constexpr std::string_view kSender = "dhs-replay";
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
+  std::unique_ptr<ZmqNodeClient> client(new ZmqNodeClient(std::move(options)));
+  auto worker = DealerClient::Connect(client->options_.worker_endpoint);
+  if (!worker.ok()) return worker.status();
+  client->worker_ = std::move(*worker);
+  if (!client->options_.memd_endpoint.empty()) {
+    auto memd = DealerClient::Connect(client->options_.memd_endpoint);
+    if (!memd.ok()) return memd.status();
+    client->memd_ = std::move(*memd);
+  }
+  return client;
+}
+
+absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
+  wire::SubmitRequestT body;
+  body.request = request.request;
+  if (options_.prepared_prefix && !request.prompt.hash_ids.empty()) {
+    body.hash_ids.assign(request.prompt.hash_ids.begin(), request.prompt.hash_ids.end());
+    body.input_tokens = static_cast<uint32_t>(request.prompt.input_tokens);
+  } else {
+    const std::string prompt = SynthesizePrompt(request.prompt);
+    body.prompt.assign(prompt.begin(), prompt.end());
+  }
+  body.max_new_tokens = static_cast<uint32_t>(request.max_new_tokens);
+  body.temperature = request.sampling.greedy ? 0.0f : static_cast<float>(request.sampling.temperature);
+  body.top_p = 1.0f;
+  body.seed = request.sampling.seed;
+  const uint64_t seq = next_sequence_++;
+  request_of_sequence_[seq] = request.request;
+  return worker_->Send(EncodeSubmitRequest(body, seq, kSender));
+}
+
+absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEvent>& out) {
+  auto message = DecodeEnvelope(bytes);
+  if (!message.ok()) return absl::InternalError(absl::StrCat("unreadable reply from the worker: ", message.status().message()));
+  switch (message->type) {
+    case wire::Body::SubmitAccepted:
+      return absl::OkStatus();
+    case wire::Body::TokenChunk: {
+      auto chunk = ReadTokenChunk(*message);
+      if (!chunk.ok()) return chunk.status();
+      TokenEvent event;
+      event.request = chunk->request;
+      event.tokens.assign(chunk->tokens.begin(), chunk->tokens.end());
+      event.logits_digests.assign(chunk->logits_digests.begin(), chunk->logits_digests.end());
+      event.finished = chunk->finished;
+      event.allocation_wait_ms = static_cast<double>(chunk->allocation_wait_us) / 1000.0;
+      if (chunk->error != wire::ErrorCode::OK) {
+        event.error = chunk->error_message.empty() ? "request failed" : chunk->error_message;
+        event.finished = true;
+      }
+      out.push_back(std::move(event));
+      return absl::OkStatus();
+    }
+    case wire::Body::ErrorReply: {
+      auto reply = ReadErrorReply(*message);
+      if (!reply.ok()) return reply.status();
+      auto it = request_of_sequence_.find(reply->answering_sequence);
+      if (it == request_of_sequence_.end()) {
+        return absl::InternalError(absl::StrCat("worker error not tied to a request: ", reply->message));
+      }
+      TokenEvent event;
+      event.request = it->second;
+      event.finished = true;
+      event.error = absl::StrCat("rejected: ", reply->message);
+      out.push_back(std::move(event));
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InternalError(absl::StrCat("unexpected message from the worker: ", BodyName(message->type)));
+  }
+}
+
+absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
+  std::vector<TokenEvent> events;
+  const auto now = std::chrono::steady_clock::now();
+  if (memd_ && now - last_sample_ >= options_.sample_interval) {
+    last_sample_ = now;
+    if (absl::Status s = SampleMemd(); !s.ok()) return s;
+  }
+  auto first = worker_->Receive(std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, timeout_ms))));
+  if (!first.ok()) {
+    if (absl::IsDeadlineExceeded(first.status())) return events;
+    return first.status();
+  }
+  if (absl::Status s = Handle(*first, events); !s.ok()) return s;
+  // Drain what is already queued without waiting again.
+  while (true) {
+    auto more = worker_->Receive(std::chrono::milliseconds(0));
+    if (!more.ok()) break;
+    if (absl::Status s = Handle(*more, events); !s.ok()) return s;
+  }
+  return events;
+}
+
+absl::StatusOr<nlohmann::json> ZmqNodeClient::Introspect(wire::IntrospectWhat what) {
+  wire::IntrospectQueryT query;
+  query.what = what;
+  query.format = wire::IntrospectFormat::Json;
+  auto reply_bytes = memd_->Request(EncodeIntrospectQuery(query, next_sequence_++, kSender), options_.request_timeout);
+  if (!reply_bytes.ok()) return absl::UnavailableError(absl::StrCat("memd introspection: ", reply_bytes.status().message()));
+  auto message = DecodeEnvelope(*reply_bytes);
+  if (!message.ok()) return message.status();
+  if (message->type == wire::Body::ErrorReply) return ReadErrorStatus(*message);
+  auto reply = ReadIntrospectReply(*message);
+  if (!reply.ok()) return reply.status();
+  nlohmann::json doc = nlohmann::json::parse(reply->document, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InternalError("memd introspection: reply is not JSON");
+  return doc;
+}
+
+absl::Status ZmqNodeClient::SampleMemd() {
+  auto requests = Introspect(wire::IntrospectWhat::Requests);
+  if (!requests.ok()) return requests.status();
+  int64_t admitted = 0;  // sessions holding their required allocation now
+  if (requests->is_array()) {
+    for (const auto& r : *requests) {
+      const std::string state = r.value("state", "");
+      admitted += (state == "admitted" || state == "reclaiming") ? 1 : 0;
+    }
+  }
+  peaks_.sessions_admitted_max = std::max(peaks_.sessions_admitted_max, admitted);
+  auto gpus = Introspect(wire::IntrospectWhat::Gpus);
+  if (!gpus.ok()) return gpus.status();
+  if (!gpus->is_array()) return absl::OkStatus();
+  for (const auto& g : *gpus) {
+    const GpuId gpu = g.value("gpu", 0u);
+    auto it = std::find_if(peaks_.gpus.begin(), peaks_.gpus.end(), [&](const GpuMemoryUse& u) { return u.gpu == gpu; });
+    if (it == peaks_.gpus.end()) {
+      peaks_.gpus.push_back(GpuMemoryUse{.gpu = gpu});
+      it = peaks_.gpus.end() - 1;
+    }
+    it->capacity_pages = g.value("M", int64_t{0});
+    it->reserve_pages = g.value("M_res", int64_t{0});
+    const int64_t req = g.value("M_req", int64_t{0});
+    const int64_t opt = g.value("M_opt", int64_t{0});
+    it->peak_required_pages = std::max(it->peak_required_pages, req);
+    it->peak_optional_pages = std::max(it->peak_optional_pages, opt);
+    int64_t& used = peak_used_pages_[gpu];
+    used = std::max(used, req + opt);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
+  if (memd_) {
+    if (absl::Status s = SampleMemd(); !s.ok()) return s;
+  }
+  wire::WorkerStatsQueryT query;
+  auto reply_bytes = worker_->Request(EncodeWorkerStatsQuery(query, next_sequence_++, kSender), options_.request_timeout);
+  if (!reply_bytes.ok()) return absl::UnavailableError(absl::StrCat("worker stats: ", reply_bytes.status().message()));
+  auto message = DecodeEnvelope(*reply_bytes);
+  if (!message.ok()) return message.status();
+  auto stats = ReadWorkerStatsReply(*message);
+  if (!stats.ok()) return stats.status();
+  NodeStats out = peaks_;
+  out.census.direct = static_cast<int64_t>(stats->census_direct);
+  out.census.hot = static_cast<int64_t>(stats->census_hot);
+  out.census.host = static_cast<int64_t>(stats->census_host);
+  out.reclaims = static_cast<int64_t>(stats->reclaims_obeyed);
+  out.repopulated_pages = static_cast<int64_t>(stats->pages_populated);
+  for (GpuMemoryUse& g : out.gpus) {
+    if (g.gpu != stats->gpu) continue;
+    g.page_bytes = static_cast<int64_t>(stats->page_bytes);
+    g.peak_used_bytes = peak_used_pages_[g.gpu] * g.page_bytes;
+  }
+  if (out.gpus.empty()) {
+    out.gpus.push_back(GpuMemoryUse{.gpu = stats->gpu, .capacity_pages = stats->capacity_pages,
+                                    .page_bytes = static_cast<int64_t>(stats->page_bytes)});
+  }
+  return out;
+}
+
+}  // namespace dhs::replay

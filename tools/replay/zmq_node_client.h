@@ -1,0 +1,56 @@
+// tools/replay/zmq_node_client.h: the NodeClient that talks to a real node (docs/protocol.md, "client/replay <->
+// workerd" and "dhsctl <-> memd"): SubmitRequest / SubmitAccepted / TokenChunk / ErrorReply with one worker,
+// WorkerStatsQuery at the end, and memd's IntrospectQuery (status JSON) sampled while the run goes on so that the
+// report has peak figures (sessions admitted, pages used).
+//
+// Thread-safety: one thread (the ReplayDriver's), as NodeClient requires.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/transport.h"
+#include "dhs_generated.h"
+#include "nlohmann/json.hpp"
+#include "tools/replay/node_client.h"
+
+namespace dhs::replay {
+
+struct ZmqNodeClientOptions {
+  std::string worker_endpoint;  // e.g. IpcEndpoint(run_dir, "worker-0")
+  std::string memd_endpoint;    // e.g. IpcEndpoint(run_dir, "memd"); "" = no memd figures
+  // true: send the trace's hash_ids as a prepared-prefix reference (the worker imports that history);
+  // false: send the synthesized prompt bytes (SynthesizePrompt) and let the worker prefill them.
+  bool prepared_prefix = false;
+  std::chrono::milliseconds sample_interval{200};  // memd status sampling period while polling
+  std::chrono::milliseconds request_timeout{5000}; // stats / introspection round trips
+};
+
+class ZmqNodeClient final : public NodeClient {
+ public:
+  // Errors: those of DealerClient::Connect.
+  static absl::StatusOr<std::unique_ptr<ZmqNodeClient>> Connect(ZmqNodeClientOptions options);
+
+  absl::Status Submit(const SubmitRequest& request) override;
+  absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) override;
+  absl::StatusOr<NodeStats> Stats() override;
+
+ private:
+  explicit ZmqNodeClient(ZmqNodeClientOptions options) : options_(std::move(options)) {}
+  absl::Status SampleMemd();  // updates the peaks from memd's requests and gpus views
+  absl::StatusOr<nlohmann::json> Introspect(wire::IntrospectWhat what);
+  absl::Status Handle(std::string_view bytes, std::vector<TokenEvent>& out);
+
+  ZmqNodeClientOptions options_;
+  std::unique_ptr<DealerClient> worker_;
+  std::unique_ptr<DealerClient> memd_;
+  uint64_t next_sequence_ = 1;
+  absl::flat_hash_map<uint64_t, RequestId> request_of_sequence_;  // Submit sequence -> request (ErrorReply)
+  std::chrono::steady_clock::time_point last_sample_{};
+  NodeStats peaks_;  // sessions_admitted_max and per-GPU peaks, from memd samples
+  absl::flat_hash_map<GpuId, int64_t> peak_used_pages_;  // max M_req + M_opt seen, pages
+};
+
+}  // namespace dhs::replay
