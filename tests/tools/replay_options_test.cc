@@ -30,7 +30,7 @@ TEST(ReplayOptions, Defaults) {
   const ReplayOptions& o = cl.options;
   EXPECT_EQ(o.trace, kDataDir + "/mooncake_conversation_head200.jsonl");
   EXPECT_EQ(o.requests, 24);
-  EXPECT_EQ(o.length_scale, 0.02);
+  EXPECT_EQ(o.length_scale, 0.1);
   EXPECT_EQ(o.concurrency, 4);  // closed loop by default
   EXPECT_FALSE(o.time_scale);
   EXPECT_EQ(o.mode, ReplayMode::kAdaptive);
@@ -136,13 +136,13 @@ TEST(ReplayOptions, ValidateCatchesProgrammaticCombinations) {
 }
 
 TEST(LoadTrace, DefaultsGiveTheFirst24ScaledRequests) {
-  ReplayOptions o;  // bundled slice, 24 requests, length scale 0.02
+  ReplayOptions o;  // bundled slice, 24 requests, length scale 0.1
   auto trace = LoadTrace(o);
   ASSERT_TRUE(trace.ok()) << trace.status();
   ASSERT_EQ(trace->requests.size(), 24u);
-  EXPECT_EQ(trace->block_tokens, 10);               // 512 * 0.02 = 10.24
-  EXPECT_EQ(trace->requests[0].input_tokens, 135);  // 6758 * 0.02 = 135.16
-  EXPECT_EQ(trace->requests[0].output_tokens, 10);  // 500 * 0.02
+  EXPECT_EQ(trace->block_tokens, 51);               // 512 * 0.1 = 51.2
+  EXPECT_EQ(trace->requests[0].input_tokens, 676);  // 6758 * 0.1 = 675.8
+  EXPECT_EQ(trace->requests[0].output_tokens, 50);  // 500 * 0.1
   o.requests = 500;
   EXPECT_THAT(std::string(LoadTrace(o).status().message()), HasSubstr("has only 200 requests"));
 }
@@ -187,7 +187,7 @@ TEST(MakeRunSettings, EchoesOptionsAndTrace) {
   RunSettings s = MakeRunSettings(o, *trace, "prepared-prefix");
   EXPECT_EQ(s.trace_path, o.trace);
   EXPECT_EQ(s.trace_format, "mooncake");
-  EXPECT_EQ(s.block_tokens, 10);
+  EXPECT_EQ(s.block_tokens, 51);  // round(512 * 0.1)
   EXPECT_EQ(s.mode, "resident");
   EXPECT_EQ(s.prefill, "prepared-prefix");
   EXPECT_EQ(s.concurrency, 4);

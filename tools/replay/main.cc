@@ -130,11 +130,16 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   return RunOutcome{std::move(*result), options.prepared_prefix ? "prepared-prefix" : "prefill"};
 }
 
-bool AllServed(const DriverResult& r) {
+// Prints why each unserved request ended (stderr) and returns whether all were served.
+bool AllServed(const DriverResult& r, std::string_view mode) {
+  bool all = true;
   for (const RequestTiming& t : r.requests) {
-    if (!t.served()) return false;
+    if (t.served()) continue;
+    all = false;
+    std::cerr << "dhs-replay: " << mode << ": request " << t.request << " (trace row " << t.trace_index
+              << ") not served: " << (t.error.empty() ? "did not finish" : t.error) << "\n";
   }
-  return true;
+  return all;
 }
 
 int Main(int argc, char** argv) {
@@ -171,10 +176,11 @@ int Main(int argc, char** argv) {
         std::cerr << "dhs-replay: resident reference run failed: " << reference.status().message() << "\n";
         return 1;
       }
+      AllServed(reference->result, "resident reference");
       exact = OutputsMatch(run->result, reference->result);
       ok = ok && *exact;
     }
-    ok = ok && AllServed(run->result);
+    ok = AllServed(run->result, mode) && ok;
     ReplayReport report = BuildReport(run->result, MakeRunSettings(options, *trace, run->prefill, c), exact);
     std::cout << FormatSummary(report) << std::flush;
     sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});

@@ -27,10 +27,11 @@ enum class ReplayMode {
 std::string_view ReplayModeName(ReplayMode mode);  // "resident" / "hisparse" / "adaptive"
 
 // Defaults suit a 2-core machine with the built-in small model: the bundled 200-request Mooncake slice, its
-// first 24 requests at 2% of their lengths (median prompt ~140 tokens, output ~7), closed loop at 4.
+// first 24 requests at 10% of their lengths (median prompt ~700 tokens, output ~35: long enough that histories
+// exceed the hot cache and the GPU budget), closed loop at 4; about a minute per run on 2 cores.
 struct ReplayOptions {
   static constexpr int64_t kDefaultRequests = 24;
-  static constexpr double kDefaultLengthScale = 0.02;
+  static constexpr double kDefaultLengthScale = 0.1;
   static constexpr int64_t kDefaultConcurrency = 4;
   static std::string DefaultTrace();  // tools/replay/data/mooncake_conversation_head200.jsonl of this tree
 

@@ -24,10 +24,10 @@ ModelConfig Dsv4FlashLike() {
   c.d_model = 64;
   c.d_ff = 128;
   c.n_heads = 2;
-  c.d_c = 16;
-  c.d_r = 8;  // d_KV = 96 bytes
+  c.d_c = 64;
+  c.d_r = 8;  // d_KV = 288 bytes, as the dsv4flash-like preset of brief §8
   c.idx_heads = 2;
-  c.idx_dim = 16;
+  c.idx_dim = 32;  // index key 128 bytes (brief §8: d_idx = 132)
   c.top_k = 16;
   c.local_window = 4;
   // 3 sources, 8 layers: every later consumer is Reuse or Reindex of an earlier one (brief §8: shared sources).
@@ -43,10 +43,10 @@ ModelConfig Glm5Like() {
   c.d_model = 64;
   c.d_ff = 128;
   c.n_heads = 2;
-  c.d_c = 32;
-  c.d_r = 8;  // d_KV = 160 bytes
+  c.d_c = 128;
+  c.d_r = 16;  // d_KV = 576 bytes, as the glm5-like preset of brief §8
   c.idx_heads = 4;
-  c.idx_dim = 8;
+  c.idx_dim = 32;  // index key 128 bytes (brief §8: d_idx = 132)
   c.top_k = 32;
   c.local_window = 0;
   // 2 index producers driving 4 and 3 payload layers (~3.5 per selection; brief §8: ~3.7), one source each.
