@@ -70,6 +70,7 @@ uint64_t DefaultHbmBudget(const Trace& trace, const ReplayOptions& options) {
 struct RunOutcome {
   DriverResult result;
   std::string prefill;
+  std::optional<uint64_t> hbm_budget_bytes;  // the budget of the node this tool started (nullopt with --connect)
 };
 
 // The budget of the --check-exact reference run: every session's whole context resident at once (the "everything on
@@ -87,6 +88,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   ZmqNodeClientOptions client_options;
   client_options.prepared_prefix = options.prepared_prefix;
   std::unique_ptr<EmbeddedNode> node;
+  std::optional<uint64_t> used_budget;
   if (!options.connect.empty()) {
     client_options.worker_endpoint = options.connect;
     if (absl::StartsWith(options.connect, "ipc://")) {  // memd's socket sits beside the worker's
@@ -97,6 +99,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
     const uint64_t budget = budget_override            ? *budget_override
                             : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
                                                        : DefaultHbmBudget(trace, options);
+    used_budget = budget;
     auto geometry = Geometry(options, budget);
     if (!geometry.ok()) return geometry.status();
     NodeLaunchOptions launch;
@@ -127,7 +130,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   auto result = driver.Run(trace, *scheduler);
   if (node) node->Stop().IgnoreError();
   if (!result.ok()) return result.status();
-  return RunOutcome{std::move(*result), options.prepared_prefix ? "prepared-prefix" : "prefill"};
+  return RunOutcome{std::move(*result), options.prepared_prefix ? "prepared-prefix" : "prefill", used_budget};
 }
 
 // Prints why each unserved request ended (stderr) and returns whether all were served.
@@ -181,7 +184,9 @@ int Main(int argc, char** argv) {
       ok = ok && *exact;
     }
     ok = AllServed(run->result, mode) && ok;
-    ReplayReport report = BuildReport(run->result, MakeRunSettings(options, *trace, run->prefill, c), exact);
+    RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);
+    if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
+    ReplayReport report = BuildReport(run->result, settings, exact);
     std::cout << FormatSummary(report) << std::flush;
     sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
   }
