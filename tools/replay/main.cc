@@ -52,19 +52,33 @@ uint64_t HostPoolBytes(const Trace& trace, uint64_t page_bytes, uint64_t page_ro
   return (pages + 64) * page_bytes;
 }
 
-// Default GPU KV budget: enough for the required allocations of `slots` sessions plus optional history for about
-// half of the trace's mean context per slot, so that adaptive mode has to reclaim and repopulate while resident
-// mode cannot keep every session (brief §4).
+// Pages a request needs when everything stays on GPU (resident mode): hot cache + tail + index keys + its context
+// (the worker's admission rule, workerd/worker.cc).
+uint64_t ResidentPages(const TraceRequest& r, const WorkerGeometry& g, const model::ModelConfig& mc) {
+  const uint64_t p = g.kv.page_rows;
+  const uint64_t ctx = static_cast<uint64_t>(r.input_tokens + r.output_tokens);
+  const uint64_t meta = (ctx * mc.n_indexers() * mc.index_key_bytes() + g.page_bytes - 1) / g.page_bytes;
+  return (g.hot_rows + g.tail_rows + p - 1) / p + meta + (ctx + p - 1) / p;
+}
+
+// Default GPU KV budget: the required allocations of every slot plus optional history for about half the mean
+// context per slot, and never less than the largest request needs in resident mode. So adaptive mode has to reclaim
+// and repopulate, resident mode can serve every request but cannot keep every session at once (brief §4).
 uint64_t DefaultHbmBudget(const Trace& trace, const ReplayOptions& options) {
   auto probe = Geometry(options, uint64_t{1} << 30);
-  if (!probe.ok()) return uint64_t{64} << 20;
+  auto mc = model::PresetConfig(options.preset);
+  if (!probe.ok() || !mc.ok()) return uint64_t{64} << 20;
   const uint64_t p = probe->kv.page_rows;
   double mean_pages = 0;
-  for (const TraceRequest& r : trace.requests) mean_pages += std::ceil(double(r.input_tokens + r.output_tokens) / p);
+  uint64_t largest_resident = 0;
+  for (const TraceRequest& r : trace.requests) {
+    mean_pages += std::ceil(double(r.input_tokens + r.output_tokens) / p);
+    largest_resident = std::max(largest_resident, ResidentPages(r, *probe, *mc));
+  }
   mean_pages /= std::max<size_t>(1, trace.requests.size());
   const uint64_t required_per_slot = (probe->hot_rows + probe->tail_rows + p - 1) / p + 1;
   const uint64_t pages = static_cast<uint64_t>(options.slots) * (required_per_slot + uint64_t(mean_pages / 2)) + 8;
-  return pages * probe->page_bytes;
+  return std::max(pages, largest_resident + 8) * probe->page_bytes;
 }
 
 struct RunOutcome {
