@@ -259,6 +259,117 @@ TEST(Kv, PopulatePublishesOnlyAfterCopyAndWithdrawWaitsForReaders) {
   ExpectExact(h, 1, {2}, {6, 7, 4, 17});  // falls back to hot cache / host / tail
 }
 
+// Only the slots a recovery overwrites wait for readers: a reader of a hit row of the last step does not hold back
+// the copy into another slot (the resolver first asks whether the request's hot region has readers at all).
+TEST(Kv, RecoveryWaitsOnlyForReadersOfItsVictimSlots) {
+  KvConfig c = SmallConfig();
+  c.hot_rows = 4;
+  Harness h(c, 16);
+  for (Position t = 0; t < 24; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  h.device.WaitIdle();
+  h.kv->Poll();
+  std::vector<SourceId> src = {2};
+  std::vector<Position> sel1 = {0, 1, -1, -1};
+  std::vector<const uint8_t*> out1(4);
+  KvQuery q1{1, sel1, out1};
+  ASSERT_TRUE(h.kv->Fetch(src, {&q1, 1}).ok());  // rows 0, 1 into hot slots 0, 1 (slot 0 least recent first)
+  ASSERT_EQ(out1[0], h.device.HostVisible(h.kv->pool(), h.layout.HotRow(0, 2, 0)));
+  ASSERT_EQ(out1[1], h.device.HostVisible(h.kv->pool(), h.layout.HotRow(0, 2, 1)));
+  // Step 2 (readers of step 1 still in flight): row 0 hits slot 0, row 5 takes the least recent slot, 2.
+  std::vector<Position> sel2 = {0, 5, -1, -1};
+  std::vector<Location> locs(4);
+  ResolveQuery rq{const_cast<RequestKv*>(h.kv->Find(1)), sel2, locs};
+  auto plan = h.kv->fused_resolver()->Plan(1, src, {&rq, 1});
+  ASSERT_TRUE(plan.ok());
+  CopyEvent e = h.kv->fused_resolver()->IssueFollower(**plan, 0);
+  EXPECT_EQ(locs[0], h.layout.HotRow(0, 2, 0));
+  EXPECT_EQ(locs[1], h.layout.HotRow(0, 2, 2));
+  h.device.WaitIdle();
+  EXPECT_TRUE(e.Done());  // completed while step 1's readers are still in flight
+  h.kv->ReadersDone(src);
+  ASSERT_TRUE(h.kv->fused_resolver()->Finish(*std::move(plan)).ok());
+  for (size_t j = 0; j < 2; ++j) {
+    auto want = OriginalRow(1, 2, sel2[j], 8);
+    EXPECT_EQ(0, std::memcmp(h.device.HostVisible(h.kv->pool(), locs[j]), want.data(), 8)) << sel2[j];
+  }
+}
+
+TEST(HotCache, ClaimReturnsDuplicatesTakesLruVictimsAndRefusesWhenAllProtected) {
+  HotCache hc(3);  // LRU order: slot 0 least recent
+  bool assigned = false;
+  EXPECT_EQ(hc.Claim(10, 1, &assigned), 0u);
+  EXPECT_TRUE(assigned);
+  EXPECT_EQ(hc.Claim(10, 1, &assigned), 0u);  // the same row again in the step: the slot it just took
+  EXPECT_FALSE(assigned);
+  EXPECT_EQ(hc.Claim(11, 1, &assigned), 1u);
+  EXPECT_EQ(hc.Claim(12, 1, &assigned), 2u);
+  EXPECT_EQ(hc.Claim(13, 1, &assigned), HotCache::kNone);  // every slot protected in step 1
+  EXPECT_FALSE(assigned);
+  EXPECT_EQ(hc.Find(13), HotCache::kNone);
+  EXPECT_EQ(hc.Find(10), 0u);
+  EXPECT_EQ(hc.Claim(12, 1, &assigned), 2u);  // a duplicate is found even when no victim is left
+  EXPECT_FALSE(assigned);
+  EXPECT_EQ(hc.Claim(13, 2, &assigned), 0u);  // step 2: slot 0 (row 10) is the least recent
+  EXPECT_TRUE(assigned);
+  EXPECT_EQ(hc.Find(10), HotCache::kNone);
+  EXPECT_EQ(hc.Find(13), 0u);
+  EXPECT_EQ(hc.PositionAt(0), 13);
+  hc.Touch(1, 2);  // row 11 protected and most recent: the next victim is slot 2 (row 12)
+  EXPECT_EQ(hc.Claim(14, 2, &assigned), 2u);
+  EXPECT_EQ(hc.Find(12), HotCache::kNone);
+  EXPECT_EQ(hc.Claim(15, 2, &assigned), HotCache::kNone);
+}
+
+// A request state written by hand (pages resized and set directly, as the resolver benchmark does) is indexed on its
+// first use, and the fused resolver then agrees with the record.
+TEST(KvHotIndex, PagesSetByHandAreIndexedOnFirstUse) {
+  KvConfig c = SmallConfig();
+  KvLayout l = *KvLayout::Create(c);
+  std::vector<uint8_t> host(4 * l.page_bytes());
+  CpuDevice device;
+  const PoolId pool = *device.AllocatePool(l.pool_bytes());
+  FusedResolver fr(ResolverEnv{&l, &device, pool, host});
+  RequestKv kv;
+  kv.id = 1;
+  kv.appended = {24, 24, 24};
+  kv.tail_write.assign(3, std::vector<CopyEvent>(c.tail_rows));
+  kv.pages.resize(4);  // pages 0..3 = positions 0..15; 16..23 in the tail
+  kv.pages[0].host_page = 0;
+  kv.pages[0].host_ready = true;
+  kv.pages[1].device_page = 5;
+  kv.pages[1].ready = true;
+  kv.pages[2].host_page = 2;
+  kv.pages[2].host_ready = true;
+  kv.pages[2].device_page = 3;
+  kv.pages[2].ready = true;
+  kv.pages[3].host_page = 3;  // backup in flight: neither ready nor backed up
+  std::vector<Position> sel = {5, 9, 1, 20};
+  std::vector<SourceId> src = {2};
+  std::vector<Location> out(4);
+  ResolveQuery q{&kv, sel, out};
+  ASSERT_TRUE(fr.Resolve(1, src, {&q, 1}).ok());
+  EXPECT_TRUE(test::IndexInStep(kv));
+  EXPECT_EQ(out[0], l.PageRow(5, 2, 1));
+  EXPECT_EQ(out[1], l.PageRow(3, 2, 1));
+  EXPECT_EQ(out[2], l.HotRow(0, 2, 0));
+  EXPECT_EQ(out[3], l.TailRow(0, 2, 20));
+  EXPECT_EQ(fr.census(1).direct, 3u);
+  EXPECT_EQ(fr.census(1).host, 1u);
+  std::vector<Position> unbacked = {13, -1, -1, -1};
+  ResolveQuery q2{&kv, unbacked, out};
+  EXPECT_EQ(fr.Resolve(1, src, {&q2, 1}).code(), absl::StatusCode::kInternal);
+  // Growing through GrowPages / the setters keeps the index in step.
+  kv.GrowPages(6);
+  kv.pages[4].device_page = 1;
+  kv.SetReady(4, true);
+  kv.SetHostReady(3, true);
+  EXPECT_TRUE(test::IndexInStep(kv));
+  EXPECT_EQ(kv.ReadyPage(17, c.page_rows), 1);
+  EXPECT_EQ(kv.ReadyPage(21, c.page_rows), -1);
+  EXPECT_TRUE(kv.HostReady(13, c.page_rows));
+  EXPECT_FALSE(kv.HostReady(30, c.page_rows));
+}
+
 // Exactness under random histories, selections, populates, withdrawals and delayed copies; the fused resolver is
 // compared with the reference resolver on the same inputs (locations and census).
 class RandomKv : public ::testing::TestWithParam<bool> {};  // param: delayed copies on the fused side
@@ -314,9 +425,16 @@ TEST_P(RandomKv, ExactnessAndFusedEqualsReference) {
       } else if (op == 8) {  // populate a backed-up page into a free device page (delayed by a held copy)
         const RequestKv* kv = fused.kv->Find(r);
         if (kv == nullptr) continue;
+        // Each side learns that a backup finished only when its own copy completed and Update ran: let the reference
+        // side catch up (the fused side keeps its lag) and populate only pages backed up on both sides.
+        ref.device.WaitIdle();
+        ref.kv->Poll();
+        const RequestKv* rkv = ref.kv->Find(r);
+        ASSERT_NE(rkv, nullptr);
+        ASSERT_EQ(rkv->pages.size(), kv->pages.size());
         auto free_dp = std::find(page_used.begin(), page_used.end(), false);
         for (uint32_t pg = 0; pg < kv->pages.size() && free_dp != page_used.end(); ++pg) {
-          if (!kv->pages[pg].host_ready || kv->pages[pg].device_page >= 0) continue;
+          if (!kv->pages[pg].host_ready || !rkv->pages[pg].host_ready || kv->pages[pg].device_page >= 0) continue;
           const PageIndex dp = static_cast<PageIndex>(free_dp - page_used.begin());
           if (delays && rng() % 2) fused.device.SetCopyHook([](const CopyInfo&) { return CopyFate::kHold; });
           ASSERT_TRUE(fused.kv->Populate(r, pg, dp).ok());
@@ -341,6 +459,14 @@ TEST_P(RandomKv, ExactnessAndFusedEqualsReference) {
           page_used[dp] = false;
         }
         populated[r - 1].clear();
+      }
+      for (RequestId q = 1; q <= 3; ++q) {  // the hot index follows every change of the page record
+        for (const HierarchicalKvAccess* side : {fused.kv.get(), ref.kv.get()}) {
+          const RequestKv* kv = side->Find(q);
+          if (kv != nullptr) {
+            ASSERT_TRUE(test::IndexInStep(*kv)) << "seed " << seed << " step " << step;
+          }
+        }
       }
     }
     for (uint32_t g = 0; g < 2; ++g) {

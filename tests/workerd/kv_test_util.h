@@ -1,5 +1,5 @@
 // tests/workerd/kv_test_util.h: original rows from a hash of (request, source, position), a host-page allocator
-// over plain memory, and a HierarchicalKvAccess harness on a CpuDevice.
+// over plain memory, a HierarchicalKvAccess harness on a CpuDevice, and a check of the resolver's hot index.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,8 @@
 #include <optional>
 #include <set>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "workerd/device/cpu_device.h"
 #include "workerd/kv/hierarchical_kv_access.h"
@@ -24,6 +26,24 @@ inline std::vector<uint8_t> OriginalRow(RequestId r, SourceId s, Position t, uin
   std::vector<uint8_t> row(bytes);
   for (uint64_t i = 0; i < bytes; ++i) row[i] = static_cast<uint8_t>(Mix(r * 1000003 + s * 7919 + t * 31 + i + salt * 0x1234567) >> 17);
   return row;
+}
+
+// Whether the resolver's hot index (ready_page, host_ready by page) matches the page record of `kv`, entry by entry.
+inline ::testing::AssertionResult IndexInStep(const RequestKv& kv) {
+  if (kv.ready_page.size() != kv.pages.size() || kv.host_ready.size() != kv.pages.size()) {
+    return ::testing::AssertionFailure() << "hot index covers " << kv.ready_page.size() << "/" << kv.host_ready.size()
+                                         << " pages, the record " << kv.pages.size();
+  }
+  for (size_t j = 0; j < kv.pages.size(); ++j) {
+    const KvPage& pg = kv.pages[j];
+    const int64_t want = pg.ready ? pg.device_page : -1;
+    if (kv.ready_page[j] != want || (kv.host_ready[j] != 0) != pg.host_ready) {
+      return ::testing::AssertionFailure() << "request " << kv.id << " page " << j << ": index (" << kv.ready_page[j]
+                                           << ", " << int{kv.host_ready[j]} << "), record (" << want << ", "
+                                           << pg.host_ready << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 struct Harness {

@@ -137,7 +137,7 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
   // Page completion: every source has the whole page -> schedule its backup (brief §4, §6).
   if ((position + 1) % c.page_rows == 0) {
     const uint32_t page = static_cast<uint32_t>(position / c.page_rows);
-    if (kv.pages.size() <= page) kv.pages.resize(page + 1);
+    kv.GrowPages(page + 1);
     const bool complete = std::all_of(kv.appended.begin(), kv.appended.end(),
                                       [&](Position n) { return n >= Position{page + 1} * c.page_rows; });
     if (complete) return OnPageComplete(kv, page);
@@ -184,7 +184,7 @@ absl::Status HierarchicalKvAccess::KeepOptional(RequestKv& kv, uint32_t page, Pa
     }
   }
   pg.device_page = device_page;
-  pg.ready = false;  // published by Update only after the copy completed
+  kv.SetReady(page, false);  // published by Update only after the copy completed
   pg.populate = device_->CopyDeviceToDevice(ops, after);
   device_page_owner_[device_page] = static_cast<int64_t>(kv.id);
   pending_populates_.push_back(PendingPopulate{kv.id, page, true});
@@ -282,7 +282,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
     ops.push_back(DeviceToHostCopy{host_base + layout_.InPage(s, 0), DeviceRange{pool_, src, bytes}});
   }
   pg.host_page = host_page;
-  pg.host_ready = false;
+  kv.SetHostReady(page, false);
   pg.backup = device_->CopyDeviceToHost(ops, after);
   pending_backups_.push_back(PendingBackup{kv.id, page});
   return pg.backup;
@@ -318,7 +318,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::WithdrawReady(RequestId request,
     const PageIndex dp = static_cast<PageIndex>(pg.device_page);
     events.push_back(pg.populate);
     events.push_back(device_->ReadersFence(DeviceRange{pool_, layout_.PageRow(dp, 0, 0), layout_.page_bytes()}));
-    pg.ready = false;  // new lookups fall back to the hot cache and host from now on
+    kv.SetReady(page, false);  // new lookups fall back to the hot cache and host from now on
     pg.device_page = -1;
     pg.populate = CopyEvent();
     device_page_owner_[dp] = -1;
@@ -352,7 +352,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
                                    host_base + layout_.InPage(s, 0)});
   }
   pg.device_page = device_page;
-  pg.ready = false;  // published by Poll only after the copy completed
+  kv.SetReady(page, false);  // published by Poll only after the copy completed
   pg.populate = device_->CopyHostToDevice(ops, {&fence, 1});
   device_page_owner_[device_page] = static_cast<int64_t>(request);
   pending_populates_.push_back(PendingPopulate{request, page, false});
@@ -385,7 +385,7 @@ void HierarchicalKvAccess::Update() {
     const absl::Status s = pg.backup.Status();
     completions_.backups.push_back({b.request, b.page, static_cast<PageIndex>(pg.host_page), s});
     if (s.ok()) {
-      pg.host_ready = true;
+      it->second->SetHostReady(b.page, true);
     } else {
       FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {});
       pg.host_page = -1;
@@ -401,7 +401,7 @@ void HierarchicalKvAccess::Update() {
     const absl::Status s = pg.populate.Status();
     completions_.published.push_back({p.request, p.page, static_cast<PageIndex>(pg.device_page), s, p.kept});
     if (s.ok()) {
-      pg.ready = true;  // the ready map entry, set only after the copy completed
+      it->second->SetReady(p.page, true);  // the ready map entry, set only after the copy completed
     } else {
       device_page_owner_[pg.device_page] = -1;
       pg.device_page = -1;

@@ -4,7 +4,7 @@
 namespace dhs {
 
 HotCache::HotCache(uint32_t slots) : pos_(slots), stamp_(slots), prev_(slots), next_(slots) {
-  map_.reserve(slots);
+  map_.reserve(size_t{slots} + 1);  // Claim inserts before it erases the victim's old row
   Reset();
 }
 
@@ -55,11 +55,21 @@ uint32_t HotCache::Victim(uint64_t step) const {
   return kNone;
 }
 
-void HotCache::Assign(uint32_t h, Position t, uint64_t step) {
-  if (pos_[h] != kNoPosition) map_.erase(pos_[h]);
+uint32_t HotCache::Claim(Position t, uint64_t step, bool* assigned) {
+  *assigned = false;
+  auto [it, inserted] = map_.try_emplace(t, kNone);
+  if (!inserted) return it->second;
+  const uint32_t h = Victim(step);
+  if (h == kNone) {
+    map_.erase(it);
+    return kNone;
+  }
+  it->second = h;
+  if (pos_[h] != kNoPosition) map_.erase(pos_[h]);  // another key: `it` is not used after this
   pos_[h] = t;
-  map_[t] = h;
   Touch(h, step);
+  *assigned = true;
+  return h;
 }
 
 void HotCache::Invalidate(uint32_t h) {

@@ -1,8 +1,8 @@
 // workerd/kv/hot_cache.h (internal): the hot cache of one (request, group): B slots with LRU replacement (brief §5).
-// A position->slot map of at most B entries plus an intrusive LRU list; every operation is O(1) except Victim, which
-// walks from the LRU end past protected slots (at most k of them). Slots selected in the current step are protected
-// (their stamp equals the step's). Initial LRU order: slot 0 is least recent. An invalidated slot becomes the least
-// recent.
+// A position->slot map of at most B entries plus an intrusive LRU list; every operation is O(1) except Victim and
+// Claim, which walk from the LRU end past protected slots (at most k of them). Slots selected in the current step are
+// protected (their stamp equals the step's). Initial LRU order: slot 0 is least recent. An invalidated slot becomes
+// the least recent.
 //
 // Thread-safety: none.
 #pragma once
@@ -25,7 +25,10 @@ class HotCache {
   uint32_t Find(Position t) const;               // slot or kNone
   void Touch(uint32_t h, uint64_t step);         // most recent + protected in `step`
   uint32_t Victim(uint64_t step) const;          // least recent unprotected slot, or kNone
-  void Assign(uint32_t h, Position t, uint64_t step);  // slot now holds t; most recent + protected
+  // A missing row t in `step`, with one map probe: the slot already holding t (a duplicate claimed earlier in the
+  // step; *assigned = false, nothing changes), else the least recent unprotected slot, now holding t, most recent
+  // and protected (*assigned = true); kNone when every slot is protected (nothing changes).
+  uint32_t Claim(Position t, uint64_t step, bool* assigned);
   void Invalidate(uint32_t h);                   // empty, least recent
   Position PositionAt(uint32_t h) const { return pos_[h]; }
 

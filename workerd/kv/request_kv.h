@@ -1,6 +1,13 @@
 // workerd/kv/request_kv.h (internal): the per-request KV state the resolver reads and HierarchicalKvAccess owns:
-// appended lengths and tail write events per source, and one flat array indexed by page for the ready map (optional
-// history) and the host copies (brief §4, §5). A page covers p positions of every source (layout.h).
+// appended lengths and tail write events per source, one flat array indexed by page for the ready map (optional
+// history) and the host copies (brief §4, §5), and a dense hot index of that array for the resolver.
+// A page covers p positions of every source (layout.h).
+//
+// Hot/cold split (brief §5: the resolver's cost is bounded by B and k, never by the history): `pages` (64 bytes per
+// page) is the record; the resolver's per-row lookups read only the hot index, 4 + 1 bytes per page: ready_page
+// (device page of a ready-map entry, -1 = not in the ready map) and host_ready (1 = host copy completed). Writers
+// change `ready` / `host_ready` only through SetReady / SetHostReady and grow `pages` through GrowPages, which keep
+// both in step. IndexPages extends the index over pages appended to `pages` by hand (tests, benchmarks).
 //
 // Thread-safety: none; owned and driven by the worker thread.
 #pragma once
@@ -33,7 +40,10 @@ struct RequestKv {
   SlotIndex slot = 0;
   std::vector<Position> appended;                // rows appended per source (positions 0..appended-1)
   std::vector<std::vector<CopyEvent>> tail_write;  // [source][t mod T]: the write of the row now in that tail slot
-  std::vector<KvPage> pages;                     // by page index t / p
+  std::vector<KvPage> pages;                     // by page index t / p (the record; see the hot index below)
+  // Hot index, by page index, kept in step with `pages` (see the header comment).
+  std::vector<int32_t> ready_page;               // pages[j].ready ? pages[j].device_page : -1
+  std::vector<uint8_t> host_ready;               // pages[j].host_ready
   // Residency plan (HierarchicalKvAccess::PlanResidency): host page and kept optional device page by history page,
   // -1 = none.
   std::vector<int64_t> host_plan;
@@ -55,6 +65,53 @@ struct RequestKv {
   const KvPage* Page(Position t, uint32_t page_rows) const {
     const size_t pg = static_cast<size_t>(t / page_rows);
     return pg < pages.size() ? &pages[pg] : nullptr;
+  }
+
+  // Hot-index lookups for position t (t >= 0): the ready-map device page of its page or -1; whether its page has a
+  // completed host copy. Read only the hot index.
+  int32_t ReadyPage(Position t, uint32_t page_rows) const {
+    const size_t pg = static_cast<size_t>(t / page_rows);
+    return pg < ready_page.size() ? ready_page[pg] : -1;
+  }
+  bool HostReady(Position t, uint32_t page_rows) const {
+    const size_t pg = static_cast<size_t>(t / page_rows);
+    return pg < host_ready.size() && host_ready[pg] != 0;
+  }
+
+  // Hints the hot-index entries of position t into the cache (a first pass over a selection, so that the k lookups'
+  // misses overlap instead of following one another).
+  void PrefetchIndex(Position t, uint32_t page_rows) const {
+    const size_t pg = static_cast<size_t>(t / page_rows);
+    if (pg < ready_page.size()) {
+      __builtin_prefetch(&ready_page[pg]);
+      __builtin_prefetch(&host_ready[pg]);
+    }
+  }
+
+  // Grows `pages` and the hot index to at least n pages (new pages: no host copy, not ready).
+  void GrowPages(size_t n) {
+    if (pages.size() >= n) return;
+    IndexPages();
+    pages.resize(n);
+    ready_page.resize(n, -1);
+    host_ready.resize(n, 0);
+  }
+  // Sets the ready-map entry of `page` (its device_page must be set first when ready).
+  void SetReady(uint32_t page, bool ready) {
+    pages[page].ready = ready;
+    ready_page[page] = ready ? static_cast<int32_t>(pages[page].device_page) : -1;
+  }
+  // Marks the host copy of `page` completed or not.
+  void SetHostReady(uint32_t page, bool ready) {
+    pages[page].host_ready = ready;
+    host_ready[page] = ready ? 1 : 0;
+  }
+  // Extends the hot index over pages added to `pages` directly (O(1) when in step).
+  void IndexPages() {
+    for (size_t j = ready_page.size(); j < pages.size(); ++j) {
+      ready_page.push_back(pages[j].ready ? static_cast<int32_t>(pages[j].device_page) : -1);
+    }
+    for (size_t j = host_ready.size(); j < pages.size(); ++j) host_ready.push_back(pages[j].host_ready ? 1 : 0);
   }
 };
 

@@ -54,8 +54,25 @@ struct Entry {
   int64_t page = 0;
 };
 
-// Step 1 for one entry. Returns true when resolved directly.
+// Step 1 for one entry, from the hot index only (the fused resolver). Returns true when resolved directly.
 bool Direct(const KvLayout& l, const RequestKv& kv, std::span<const SourceId> group, Position t, Entry& e) {
+  const KvConfig& c = l.config();
+  if (kv.InTail(group, t, c.tail_rows)) {
+    e.kind = Kind::kTail;
+    return true;
+  }
+  const int32_t dp = kv.ReadyPage(t, c.page_rows);
+  if (dp >= 0) {
+    e.kind = Kind::kReady;
+    e.page = dp;
+    return true;
+  }
+  return false;
+}
+
+// Step 1 from the page record (the reference resolver: independent of the hot index, so the two resolvers agree only
+// when the index is in step with the record).
+bool DirectFromRecord(const KvLayout& l, const RequestKv& kv, std::span<const SourceId> group, Position t, Entry& e) {
   const KvConfig& c = l.config();
   if (kv.InTail(group, t, c.tail_rows)) {
     e.kind = Kind::kTail;
@@ -132,18 +149,21 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
   const uint64_t step = ++step_;
   for (size_t qi = 0; qi < batch.size(); ++qi) {
     const ResolveQuery& q = batch[qi];
+    q.kv->IndexPages();  // O(1) unless pages were added by hand
     auto& es = plan->entries[qi];
     es.resize(q.selection.size());
+    for (Position t : q.selection) {
+      if (t >= 0) q.kv->PrefetchIndex(t, l.config().page_rows);
+    }
     size_t rest = 0;
-    for (size_t j = 0; j < q.selection.size(); ++j) {  // (1) direct
+    for (size_t j = 0; j < q.selection.size(); ++j) {  // (1) direct, from the hot index
       const Position t = q.selection[j];
       if (t == kNoPosition) continue;
       if (Direct(l, *q.kv, gs, t, es[j])) {
         ++plan->census.direct;
         continue;
       }
-      const KvPage* pg = q.kv->Page(t, l.config().page_rows);
-      if (pg == nullptr || !pg->host_ready) return NoCopy(*q.kv, t);
+      if (!q.kv->HostReady(t, l.config().page_rows)) return NoCopy(*q.kv, t);
       ++rest;
     }
     if (rest == 0) {
@@ -161,19 +181,18 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
     }
     for (size_t j = 0; j < q.selection.size(); ++j) {  // (3) misses take unprotected LRU victims
       if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
-      uint32_t h = hc.Find(q.selection[j]);  // a duplicate assigned just before
-      if (h != HotCache::kNone) {
-        es[j] = Entry{Kind::kHot, h, 0};
-        ++plan->census.hot;
-        continue;
-      }
-      h = hc.Victim(step);
+      bool assigned = false;
+      const uint32_t h = hc.Claim(q.selection[j], step, &assigned);
       if (h == HotCache::kNone) {
         for (auto [qq, hh] : plan->assigned) Cache(batch[qq].kv->slot, group).Invalidate(hh);
         return absl::ResourceExhaustedError(absl::StrCat("resolver: request ", q.kv->id,
                                                          " selects more distinct missing rows than B in one step"));
       }
-      hc.Assign(h, q.selection[j], step);
+      if (!assigned) {  // a duplicate assigned just before
+        es[j] = Entry{Kind::kHot, h, 0};
+        ++plan->census.hot;
+        continue;
+      }
       es[j] = Entry{Kind::kHost, h, 0};
       plan->assigned.emplace_back(qi, h);
       ++plan->census.host;
@@ -191,6 +210,8 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
   for (size_t qi = 0; qi < plan.batch.size(); ++qi) {
     const ResolveQuery& q = plan.batch[qi];
     const size_t k = q.selection.size();
+    // One readers query for the request's whole hot region of this follower; per-row fences only when it is busy.
+    enum { kUnknown, kIdle, kBusy } hot_readers = kUnknown;
     for (size_t j = 0; j < k; ++j) {
       const Position t = q.selection[j];
       const Entry& e = plan.entries[qi][j];
@@ -199,8 +220,13 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
         const CopyEvent& w = q.kv->tail_write[s][static_cast<size_t>(t % T)];
         if (!w.Done()) after.push_back(w);
       } else if (e.kind == Kind::kHost) {
+        if (hot_readers == kUnknown) {
+          const uint64_t bytes = uint64_t{l.config().hot_rows} * l.row_bytes(s);
+          const DeviceRange region{env_.pool, l.HotRow(q.kv->slot, s, 0), bytes};
+          hot_readers = env_.device->ReadersBusy(region) ? kBusy : kIdle;
+        }
         const DeviceRange dst{env_.pool, q.out[si * k + j], l.row_bytes(s)};
-        if (env_.device->ReadersBusy(dst)) after.push_back(env_.device->ReadersFence(dst));
+        if (hot_readers == kBusy && env_.device->ReadersBusy(dst)) after.push_back(env_.device->ReadersFence(dst));
         ops.push_back(HostToDeviceCopy{dst, HostRow(*q.kv->Page(t, l.config().page_rows), s, t)});
         plan.census.bytes_recovered += l.row_bytes(s);
       }
@@ -287,7 +313,7 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
     bool all_direct = true;
     for (size_t j = 0; j < k; ++j) {
       const Position t = q.selection[j];
-      if (t == kNoPosition || Direct(l, *q.kv, gs, t, es[j])) continue;
+      if (t == kNoPosition || DirectFromRecord(l, *q.kv, gs, t, es[j])) continue;
       const KvPage* pg = q.kv->Page(t, c.page_rows);
       if (pg == nullptr || !pg->host_ready) return fail(NoCopy(*q.kv, t));
       all_direct = false;
