@@ -294,39 +294,38 @@ void Worker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     (void)memd_->SendBackupComplete(done);
     return;
   }
-  // GPU page -> history page, from what the grant / populate orders gave this request.
-  auto history_of = [&](PageIndex dp) -> std::optional<uint32_t> {
-    if (r == nullptr) return std::nullopt;
-    for (const auto& [j, d] : r->optional) {
-      if (d == dp) return j;
-    }
-    return std::nullopt;
+  // The history page each GPU page of the order holds on this worker comes from the KV store's device-page map
+  // (kept or populated, copy pending or ready): exactly what has to be withdrawn before the page may be retired. A
+  // page only in the grant's keep plan holds nothing yet: its plan is dropped, it is backed up to host when it completes.
+  auto held_page = [&](PageIndex dp) -> std::optional<uint32_t> {
+    if (r == nullptr || hier_ == nullptr) return std::nullopt;
+    return hier_->HistoryPageOf(r->id, dp);
   };
-  std::vector<uint32_t> backup_hist;
-  std::vector<PageIndex> backup_host;
-  for (PageIndex dp : m.pages) {
-    std::optional<uint32_t> j = history_of(dp);
-    if (!j) continue;
-    const bool held = hier_ != nullptr && hier_->HistoryPageOf(r->id, dp) == j;
-    if (held) {
-      rc.history_pages.push_back(*j);
-    } else if (hier_ != nullptr) {
-      hier_->DropKeep(r->id, *j);  // not written yet: it will be backed up to its host page when it completes
+  if (r != nullptr && hier_ != nullptr) {
+    for (PageIndex dp : m.pages) {
+      if (held_page(dp)) continue;
+      for (const auto& [j, d] : r->optional) {
+        if (d == dp) hier_->DropKeep(r->id, j);
+      }
     }
   }
+  std::vector<uint32_t> backup_hist;
+  std::vector<PageIndex> backup_host;
   for (size_t i = 0; i < m.backup_pages.size(); ++i) {
-    std::optional<uint32_t> j = history_of(m.backup_pages[i]);
-    if (!j || std::find(rc.history_pages.begin(), rc.history_pages.end(), *j) == rc.history_pages.end()) continue;
+    std::optional<uint32_t> j = held_page(m.backup_pages[i]);
+    if (!j) continue;
     const RequestKv* kv = hier_->Find(r->id);
     const KvPage& pg = kv->pages[*j];
     rc.backed_pages.push_back(m.backup_pages[i]);
     rc.backed_targets.push_back(m.backup_targets[i]);
+    rc.backed_history.push_back(*j);
     if (pg.host_page >= 0) continue;  // already has a host copy (it was populated from it)
     (void)pg.populate.Wait();         // a kept copy still in flight: back up what it holds
-    if (m.backup_targets[i].segment() != 0 || m.backup_targets[i].page() != r->host_pages[*j]) {
-      spdlog::warn("worker: reclaim order {} targets host page {} for history page {}, the grant gave {}", m.order,
-                   m.backup_targets[i].page(), *j, r->host_pages[*j]);
-      r->host_pages[*j] = m.backup_targets[i].page();  // the order's target is where the copy lives from now on
+    if (m.backup_targets[i].segment() != 0 || *j >= r->host_pages.size() ||
+        m.backup_targets[i].page() != r->host_pages[*j]) {
+      spdlog::warn("worker: reclaim order {} targets host page {} for history page {}, the grant gave another",
+                   m.order, m.backup_targets[i].page(), *j);
+      if (*j < r->host_pages.size()) r->host_pages[*j] = m.backup_targets[i].page();  // where the copy lives now
     }
     backup_hist.push_back(*j);
     backup_host.push_back(m.backup_targets[i].page());
@@ -364,7 +363,7 @@ void Worker::AdvanceReclaims() {
       if (!rc.backup.Done()) { ++it; continue; }
       rc.backing_up = false;
       const absl::Status s = rc.backup.Status();
-      for (uint32_t j : rc.history_pages) reclaim_backup_of_.erase(PageKey{m.request, j});
+      for (uint32_t j : rc.backed_history) reclaim_backup_of_.erase(PageKey{m.request, j});
       wire::BackupCompleteT done;
       done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = rc.backed_pages;
       done.host_pages = rc.backed_targets; done.ok = s.ok();
@@ -376,13 +375,25 @@ void Worker::AdvanceReclaims() {
         continue;
       }
       if (r != nullptr) {
-        for (uint32_t j : rc.history_pages) r->reported_backups.insert(j);
-        stats_.pages_backed_up += rc.history_pages.size();
+        for (uint32_t j : rc.backed_history) r->reported_backups.insert(j);
+        stats_.pages_backed_up += rc.backed_history.size();
       }
     }
     if (!rc.withdrawing && !rc.readers_done) {
-      if (r != nullptr && hier_ != nullptr && !rc.history_pages.empty()) {
-        absl::StatusOr<CopyEvent> e = hier_->WithdrawReady(r->id, rc.history_pages);
+      // Every page of the order this worker still holds is withdrawn, including pages whose populate copy was in
+      // flight when the order came (memd reclaims whole requests, pending pages too). Such a page is withdrawn only
+      // after its PopulateOrder was answered (ReadyPublish): memd waits for that answer before it retires the page,
+      // and withdrawing it earlier would leave that populate order unanswered. ReadersDone is sent only once no
+      // page of the order is mapped here (contract §4, brief §4).
+      if (r != nullptr && PopulateInFlight(r->id, m.pages)) { ++it; continue; }
+      std::vector<uint32_t> held;
+      if (r != nullptr && hier_ != nullptr) {
+        for (PageIndex dp : m.pages) {
+          if (std::optional<uint32_t> j = hier_->HistoryPageOf(r->id, dp)) held.push_back(*j);
+        }
+      }
+      if (!held.empty()) {
+        absl::StatusOr<CopyEvent> e = hier_->WithdrawReady(r->id, held);
         if (!e.ok()) spdlog::error("worker: withdraw of order {} failed: {}", m.order, e.status().ToString());
         if (e.ok()) rc.withdraw = *e;
       }
@@ -402,6 +413,17 @@ void Worker::AdvanceReclaims() {
     }
     ++it;
   }
+}
+
+bool Worker::PopulateInFlight(RequestId request, std::span<const PageIndex> device_pages) const {
+  for (const auto& [order, po] : populates_) {
+    if (po.order.request != request) continue;
+    for (size_t i = 0; i < po.order.pages.size() && i < po.order.history_pages.size(); ++i) {
+      if (!populate_of_.contains(PageKey{request, po.order.history_pages[i]})) continue;  // that copy reported
+      if (std::find(device_pages.begin(), device_pages.end(), po.order.pages[i]) != device_pages.end()) return true;
+    }
+  }
+  return false;
 }
 
 void Worker::OnRetire(const wire::RetireT& m) {
@@ -457,6 +479,11 @@ void Worker::OnPopulateOrder(const wire::PopulateOrderT& m) {
 }
 
 void Worker::ReportKvCompletions() {
+  std::erase_if(cancelled_populates_, [&](const Cancelled& c) {
+    if (!std::all_of(c.copies.begin(), c.copies.end(), [](const CopyEvent& e) { return e.Done(); })) return false;
+    (void)memd_->SendReadyPublish(c.answer);
+    return true;
+  });
   if (hier_ == nullptr) return;
   KvCompletions c = hier_->Poll();
   std::map<RequestId, wire::BackupCompleteT> deferred;
@@ -695,7 +722,34 @@ void Worker::Finish(RequestId id, absl::Status error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
-  if (r.phase == Phase::kActive) kv().Release(id);
+  // Populate orders in flight die with the request, but memd frees their GPU pages only when they are answered
+  // (contract §5): answer each one unpublished once its copies into those pages ended (ReportKvCompletions).
+  std::vector<Cancelled> cancelled;
+  for (const auto& [order, po] : populates_) {
+    if (po.order.request != id) continue;
+    Cancelled c;
+    c.answer.order = order; c.answer.gpu = config_.gpu; c.answer.request = id; c.answer.pages = po.order.pages;
+    c.answer.history_pages = po.order.history_pages; c.answer.ok = false;
+    c.answer.error = wire::ErrorCode::CANCELLED;
+    cancelled.push_back(std::move(c));
+  }
+  if (r.phase == Phase::kActive) {
+    if (const RequestKv* kv = hier_ != nullptr ? hier_->Find(id) : nullptr) {
+      for (const KvPage& pg : kv->pages) {
+        if (pg.device_page < 0) continue;
+        const bool populated = std::any_of(cancelled.begin(), cancelled.end(), [&](const Cancelled& c) {
+          return std::find(c.answer.pages.begin(), c.answer.pages.end(), pg.device_page) != c.answer.pages.end();
+        });
+        if (populated) {
+          for (Cancelled& c : cancelled) c.copies.push_back(pg.populate);
+        } else {
+          // A kept page's device->device copy: memd frees the page at Complete, so it must have landed by then.
+          (void)pg.populate.Wait();
+        }
+      }
+    }
+    kv().Release(id);
+  }
   // Orders of this request die with it: Complete releases everything at memd (contract §6).
   std::erase_if(reclaims_, [&](const auto& e) { return e.second.order.request == id; });
   std::erase_if(populates_, [&](const auto& e) { return e.second.order.request == id; });
@@ -710,6 +764,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
   ++stats_.finished_requests;
   (void)memd_->SendComplete(MakeComplete(id, config_.gpu));
   requests_.erase(it);
+  for (Cancelled& c : cancelled) cancelled_populates_.push_back(std::move(c));
 }
 
 absl::StatusOr<bool> Worker::Iterate() {
@@ -719,7 +774,7 @@ absl::StatusOr<bool> Worker::Iterate() {
   if (absl::Status s = RunBatch(); !s.ok()) return s;
   ReportKvCompletions();
   AdvanceReclaims();
-  bool local = active_requests() > 0 || !populates_.empty();
+  bool local = active_requests() > 0 || !populates_.empty() || !cancelled_populates_.empty();
   for (const auto& [order, rc] : reclaims_) local = local || !rc.readers_done;
   return local;
 }

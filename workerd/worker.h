@@ -129,7 +129,9 @@ class Worker final : public MemdHandler {
   uint32_t active_requests() const;
   uint32_t waiting_requests() const;
   // Copies and orders in flight (Heartbeat.pending_copies).
-  uint32_t pending_orders() const { return static_cast<uint32_t>(reclaims_.size() + populates_.size()); }
+  uint32_t pending_orders() const {
+    return static_cast<uint32_t>(reclaims_.size() + populates_.size() + cancelled_populates_.size());
+  }
   // Test/introspection: the hierarchical KV store, or nullptr in resident mode.
   HierarchicalKvAccess* hierarchical() { return hier_; }
 
@@ -156,11 +158,12 @@ class Worker final : public MemdHandler {
   };
   struct Reclaim {
     wire::ReclaimOrderT order;
-    std::vector<uint32_t> history_pages;  // of the pages being withdrawn
-    // The order's backup pages that have a host copy once the backup completed (GPU pages, host targets); pages not
-    // written yet are left out (they are reported with BackupComplete order 0 when they complete).
+    // The order's backup pages that have a host copy once the backup completed (GPU pages, host targets, history
+    // pages); pages not written yet are left out (they are reported with BackupComplete order 0 when they complete).
+    // The pages to withdraw are read from the KV store when the withdrawal starts (AdvanceReclaims).
     std::vector<uint32_t> backed_pages;
     std::vector<wire::HostPageRef> backed_targets;
+    std::vector<uint32_t> backed_history;
     CopyEvent backup;
     CopyEvent withdraw;
     bool backing_up = false;
@@ -179,6 +182,8 @@ class Worker final : public MemdHandler {
   KvAccess& kv() { return *kv_; }
   void ReportKvCompletions();
   void AdvanceReclaims();
+  // Whether a populate order of `request` still has a copy in flight into one of `device_pages`.
+  bool PopulateInFlight(RequestId request, std::span<const PageIndex> device_pages) const;
   void StartGranted();
   absl::Status PlanKv(Request& r);
   absl::Status RunBatch();
@@ -205,6 +210,13 @@ class Worker final : public MemdHandler {
   using PageKey = std::pair<RequestId, uint32_t>;           // (request, history page)
   std::map<PageKey, uint64_t> populate_of_;                 // -> PopulateOrder id
   std::map<PageKey, uint64_t> reclaim_backup_of_;           // -> ReclaimOrder id
+  // Populate orders of finished requests: answered (ReadyPublish ok = false) once their copies into the GPU pages
+  // ended, because memd frees such a page only on that answer and may hand it on at once.
+  struct Cancelled {
+    wire::ReadyPublishT answer;
+    std::vector<CopyEvent> copies;
+  };
+  std::vector<Cancelled> cancelled_populates_;
   WorkerStats stats_;
 };
 

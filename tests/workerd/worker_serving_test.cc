@@ -1,10 +1,14 @@
 // tests/workerd/worker_serving_test.cc: submit validation (clear errors, the worker keeps serving), the prepared-prefix
-// generator and logits digest, a failed copy that ends only its own request, admission refusal, and the client wire
-// (ServingFrontend over ipc:// with a DealerClient) in one process.
+// generator and logits digest, a failed copy that ends only its own request, admission refusal, memd orders crossing
+// in flight copies (a scripted memd and held copies force the interleaving), and the client wire (ServingFrontend over
+// ipc:// with a DealerClient) in one process.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 #include "common/transport.h"
 #include "gtest/gtest.h"
@@ -294,6 +298,215 @@ TEST(WorkerAdmission, AllocationWaitIsSubmitToGrant) {
   EXPECT_LE(last.allocation_wait_us, last.ttft_us);
   EXPECT_LE(last.ttft_us, last.since_submit_us);
   EXPECT_EQ(f.sink.out[1].tokens.size(), 3u);
+}
+
+// ---- Scripted memd conversations: the test delivers memd's messages itself, in a chosen order ----
+
+// A memd that only records what the worker sends (in order); `on_readers_done` runs when a ReadersDone is sent.
+class ScriptedMemd final : public MemdLink {
+ public:
+  absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
+    log.push_back(absl::StrCat("admit/", m.request));
+    return absl::OkStatus();
+  }
+  absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override {
+    log.push_back(absl::StrCat("backup/", m.order));
+    backups.push_back(m);
+    return absl::OkStatus();
+  }
+  absl::Status SendReadersDone(const wire::ReadersDoneT& m) override {
+    log.push_back(absl::StrCat("readers_done/", m.order));
+    readers_done.push_back(m);
+    if (on_readers_done) on_readers_done(m);
+    return absl::OkStatus();
+  }
+  absl::Status SendReadyPublish(const wire::ReadyPublishT& m) override {
+    log.push_back(absl::StrCat("ready_publish/", m.order));
+    publishes.push_back(m);
+    return absl::OkStatus();
+  }
+  absl::Status SendComplete(const wire::CompleteT& m) override {
+    log.push_back(absl::StrCat("complete/", m.request));
+    return absl::OkStatus();
+  }
+  // Position of `entry` in the log, or -1.
+  int Index(const std::string& entry) const {
+    auto it = std::find(log.begin(), log.end(), entry);
+    return it == log.end() ? -1 : static_cast<int>(it - log.begin());
+  }
+
+  std::vector<std::string> log;
+  std::vector<wire::BackupCompleteT> backups;
+  std::vector<wire::ReadersDoneT> readers_done;
+  std::vector<wire::ReadyPublishT> publishes;
+  std::function<void(const wire::ReadersDoneT&)> on_readers_done;
+};
+
+// An adaptive worker on a CpuDevice talking to a ScriptedMemd; host pages 10.. of a 64-page host pool.
+struct ScriptedFixture {
+  ScriptedFixture() : model(MakePresetModel("dsv4flash-like")) {
+    config.mode = WorkerMode::kAdaptive;
+    config.page_rows = 16;
+    config.tail_rows = 32;
+    config.slots = 2;
+    config.max_context_tokens = 200;
+    auto g = ComputeGeometry(model->config(), config);
+    EXPECT_TRUE(g.ok()) << g.status();
+    config.hbm_budget_bytes = 16 * g->page_bytes;
+    host.assign(64 * g->page_bytes, 0);
+    auto w = Worker::Create(model.get(), &device, config, host, &memd, &sink);
+    EXPECT_TRUE(w.ok()) << w.status();
+    worker = std::move(*w);
+    layout = std::make_unique<KvLayout>(*KvLayout::Create(worker->geometry().kv));
+  }
+  // Submits `id` and grants it with no optional page: every completed page goes to host page 10 + j.
+  void SubmitAndGrant(RequestId id, size_t prompt, uint32_t max_new) {
+    wire::SubmitRequestT s;
+    s.request = id;
+    s.prompt = Prompt(prompt, static_cast<uint32_t>(id));
+    s.max_new_tokens = max_new;
+    ASSERT_TRUE(worker->Submit(s, ClientRef{"c", id}).ok());
+    wire::AdmitGrantT grant;
+    grant.request = id;
+    for (uint32_t j = 0; j < (prompt + max_new + 15) / 16; ++j) grant.backup_host_pages.emplace_back(0, 10 + j);
+    worker->OnAdmitGrant(grant);
+  }
+  // Iterates until history page `page` of `id` has a completed host copy reported to memd.
+  void RunUntilHostCopy(RequestId id, uint32_t page) {
+    for (int it = 0; it < 200; ++it) {
+      for (const wire::BackupCompleteT& b : memd.backups) {
+        if (b.order == 0 && b.request == id && std::count(b.pages.begin(), b.pages.end(), page)) return;
+      }
+      ASSERT_TRUE(worker->Iterate().ok());
+      device.WaitIdle();
+    }
+    FAIL() << "history page " << page << " of request " << id << " never got a host copy";
+  }
+  // Holds every host->device copy that writes GPU page `dp` of the optional pool (a populate copy).
+  void HoldPopulateInto(PageIndex dp) {
+    const Location at = layout->PageRow(dp, 0, 0);
+    device.SetCopyHook([at](const CopyInfo& i) {
+      if (i.kind != CopyKind::kHostToDevice) return CopyFate::kRun;
+      for (const DeviceRange& r : i.device) {
+        if (r.offset == at) return CopyFate::kHold;
+      }
+      return CopyFate::kRun;
+    });
+  }
+  void ReleaseHeld() {
+    device.SetCopyHook(nullptr);
+    device.ReleaseAllHeld();
+    device.WaitIdle();
+  }
+  static wire::PopulateOrderT PopulateOrder(uint64_t order, RequestId id, PageIndex dp, uint32_t page) {
+    wire::PopulateOrderT o;
+    o.order = order;
+    o.request = id;
+    o.pages = {dp};
+    o.history_pages = {page};
+    o.host_pages = {wire::HostPageRef(0, 10 + page)};
+    return o;
+  }
+
+  std::unique_ptr<model::Model> model;
+  WorkerConfig config;
+  CpuDevice device;
+  ScriptedMemd memd;
+  RecordingSink sink;
+  std::vector<uint8_t> host;
+  std::unique_ptr<Worker> worker;
+  std::unique_ptr<KvLayout> layout;
+};
+
+// memd reclaims whole requests, pages whose population copy is still in flight included (memd/README.md). The worker
+// must withdraw such a page too, after its populate copy was answered: a ReadersDone while the page is still mapped
+// (or about to be published) lets memd retire and regrant a page another request's lookups would read (brief §4;
+// the replay's "device page N is still in a ready map" / "device page N is in use").
+TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReadersDone) {
+  ScriptedFixture f;
+  constexpr PageIndex kDp = 5;
+  f.SubmitAndGrant(1, 70, 24);
+  f.RunUntilHostCopy(1, 0);
+  HierarchicalKvAccess* kv = f.worker->hierarchical();
+  ASSERT_NE(kv, nullptr);
+  // At ReadersDone no page of the order may still be mapped by the worker, and each must be retirable.
+  f.memd.on_readers_done = [&](const wire::ReadersDoneT& m) {
+    for (uint32_t dp : m.pages) EXPECT_EQ(kv->HistoryPageOf(1, dp), std::nullopt) << "GPU page " << dp;
+    EXPECT_TRUE(kv->Retire(m.pages).ok());
+  };
+  f.HoldPopulateInto(kDp);
+  f.worker->OnPopulateOrder(ScriptedFixture::PopulateOrder(100, 1, kDp, 0));
+  ASSERT_EQ(f.device.HeldCopies().size(), 1u);
+  EXPECT_EQ(kv->HistoryPageOf(1, kDp), std::optional<uint32_t>(0));  // pending: mapped, not ready
+  // memd's scripted order: the reclaim of request 1 (page kDp, which has a host copy) crosses the populate.
+  wire::ReclaimOrderT reclaim;
+  reclaim.order = 101;
+  reclaim.request = 1;
+  reclaim.pages = {kDp};
+  f.worker->OnReclaimOrder(reclaim);
+  for (int it = 0; it < 3; ++it) ASSERT_TRUE(f.worker->Iterate().ok());
+  EXPECT_TRUE(f.memd.readers_done.empty()) << "ReadersDone while the populate copy into the page is in flight";
+  EXPECT_TRUE(f.memd.publishes.empty());
+  EXPECT_EQ(f.worker->pending_orders(), 2u);
+  // The copy lands: ReadyPublish answers the populate, then the page is withdrawn and ReadersDone follows.
+  f.ReleaseHeld();
+  for (int it = 0; it < 50 && f.memd.readers_done.empty(); ++it) {
+    ASSERT_TRUE(f.worker->Iterate().ok());
+    f.device.WaitIdle();
+  }
+  ASSERT_EQ(f.memd.readers_done.size(), 1u);
+  ASSERT_EQ(f.memd.publishes.size(), 1u);
+  EXPECT_TRUE(f.memd.publishes[0].ok);
+  EXPECT_LT(f.memd.Index("ready_publish/100"), f.memd.Index("readers_done/101"));
+  EXPECT_EQ(f.memd.readers_done[0].pages, std::vector<uint32_t>{kDp});
+  EXPECT_FALSE(kv->Find(1)->pages[0].ready);
+  EXPECT_EQ(kv->Find(1)->ready_page[0], -1);
+  wire::RetireT retire;
+  retire.order = 101;
+  retire.request = 1;
+  retire.pages = {kDp};
+  f.worker->OnRetire(retire);
+  EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
+  EXPECT_EQ(f.worker->pending_orders(), 0u);
+  // The request still runs to the end, bit-identical to the model alone.
+  for (int it = 0; it < 500 && !f.sink.finished.contains(1); ++it) ASSERT_TRUE(f.worker->Iterate().ok());
+  ASSERT_TRUE(f.sink.finished.contains(1));
+  EXPECT_FALSE(f.sink.errors.contains(1));
+  const std::vector<uint8_t> prompt = Prompt(70, 1);
+  const Generated want = Oracle(*f.model, std::vector<model::Token>(prompt.begin(), prompt.end()), 24);
+  EXPECT_EQ(f.sink.out[1].tokens, want.tokens);
+  EXPECT_EQ(f.sink.out[1].digests, want.digests);
+}
+
+// A request that finishes while a populate copy into one of its GPU pages is in flight: memd frees that page only when
+// the populate order is answered (memd/README.md, completion), so the worker answers it (ok = false, CANCELLED) after
+// its Complete, and only once the copy into the page ended; before, memd could regrant a page still being written.
+TEST(WorkerOrders, PopulateOfAFinishedRequestIsAnsweredAfterItsCopyEnded) {
+  ScriptedFixture f;
+  constexpr PageIndex kDp = 7;
+  f.SubmitAndGrant(1, 40, 3);
+  f.RunUntilHostCopy(1, 0);
+  f.HoldPopulateInto(kDp);
+  f.worker->OnPopulateOrder(ScriptedFixture::PopulateOrder(200, 1, kDp, 0));
+  ASSERT_EQ(f.device.HeldCopies().size(), 1u);
+  for (int it = 0; it < 500 && !f.sink.finished.contains(1); ++it) ASSERT_TRUE(f.worker->Iterate().ok());
+  ASSERT_TRUE(f.sink.finished.contains(1));
+  ASSERT_NE(f.memd.Index("complete/1"), -1);
+  absl::StatusOr<bool> busy = f.worker->Iterate();
+  ASSERT_TRUE(busy.ok());
+  EXPECT_TRUE(*busy) << "the unanswered populate order is work in flight";
+  EXPECT_TRUE(f.memd.publishes.empty()) << "answered while the copy into GPU page " << kDp << " is in flight";
+  f.ReleaseHeld();
+  busy = f.worker->Iterate();
+  ASSERT_TRUE(busy.ok());
+  EXPECT_FALSE(*busy);
+  ASSERT_EQ(f.memd.publishes.size(), 1u);
+  EXPECT_EQ(f.memd.publishes[0].order, 200u);
+  EXPECT_FALSE(f.memd.publishes[0].ok);
+  EXPECT_EQ(f.memd.publishes[0].error, wire::ErrorCode::CANCELLED);
+  EXPECT_EQ(f.memd.publishes[0].pages, std::vector<uint32_t>{kDp});
+  EXPECT_LT(f.memd.Index("complete/1"), f.memd.Index("ready_publish/200"));
+  EXPECT_EQ(f.worker->pending_orders(), 0u);
 }
 
 TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {
