@@ -1,5 +1,6 @@
 // The model's forward step: batch invariance, multi-token == token-by-token, topology call pattern (Reuse makes no
 // Fetch, followers fetched in one call), ImportPrefix, input errors, sampling, ResidentKvAccess (brief §5, §11).
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -58,34 +59,85 @@ TEST_P(PresetTest, MultiTokenStepEqualsTokenByToken) {
   }
 }
 
-TEST_P(PresetTest, BatchInvariance) {
-  const auto prompt = Tokens(45, 2);
-  const std::vector<Token> next = {10, 200, 33};
+// One request of a batch-invariance check: its history (imported) and the tokens of two later steps.
+struct InvarianceRequest {
+  RequestId id;
+  std::vector<Token> history, step1, step2;
+};
+
+// Every request stepped alone (own KvAccess) vs all of them in one batch sharing a KvAccess (then a second batched
+// step of a different composition: every other request, in reverse order), vs the first batch in reverse order:
+// logits and index keys must be bit-identical (brief §7, §11: a request's numbers never depend on its batch).
+void ExpectBatchInvariance(const Model& model, const std::vector<InvarianceRequest>& reqs) {
+  const size_t n = reqs.size();
+  auto new_kv = [&] { return ResidentKvAccess::ForModel(model.config(), kArena, 16); };
+  auto step_one = [&](ModelSession& s, KvAccess& kv, const std::vector<Token>& t) {
+    StepInput in{&s, t};
+    StepOutput out;
+    EXPECT_TRUE(model.Step(std::span<StepInput>(&in, 1), kv, std::span<StepOutput>(&out, 1)).ok());
+    return out.logits;
+  };
   // Alone.
-  auto kv_alone = NewKv();
-  ModelSession alone = model_->NewSession(7);
-  ASSERT_TRUE(model_->ImportPrefix(alone, prompt, *kv_alone).ok());
-  StepInput in{&alone, next};
-  StepOutput out_alone;
-  ASSERT_TRUE(model_->Step(std::span<StepInput>(&in, 1), *kv_alone, std::span<StepOutput>(&out_alone, 1)).ok());
-  // In a batch of 3 others with different histories and query counts, sharing one KvAccess.
-  auto kv = NewKv();
-  std::vector<ModelSession> sessions;
-  sessions.push_back(model_->NewSession(100));
-  sessions.push_back(model_->NewSession(7));
-  sessions.push_back(model_->NewSession(101));
-  sessions.push_back(model_->NewSession(102));
-  ASSERT_TRUE(model_->ImportPrefix(sessions[0], Tokens(3, 9), *kv).ok());
-  ASSERT_TRUE(model_->ImportPrefix(sessions[1], prompt, *kv).ok());
-  ASSERT_TRUE(model_->ImportPrefix(sessions[2], Tokens(80, 10), *kv).ok());
-  ASSERT_TRUE(model_->ImportPrefix(sessions[3], Tokens(17, 11), *kv).ok());
-  const auto t0 = Tokens(5, 12), t2 = Tokens(1, 13), t3 = Tokens(2, 14);
-  std::vector<StepInput> batch = {{&sessions[0], t0}, {&sessions[1], next}, {&sessions[2], t2}, {&sessions[3], t3}};
-  std::vector<StepOutput> outs(4);
-  ASSERT_TRUE(model_->Step(batch, *kv, outs).ok());
-  EXPECT_TRUE(SameBits(out_alone.logits, outs[1].logits));
-  EXPECT_EQ(outs[0].logits.size(), 5u * kVocab);
-  EXPECT_EQ(outs[2].logits.size(), 1u * kVocab);
+  std::vector<std::vector<float>> alone1(n), alone2(n);
+  std::vector<std::vector<std::vector<float>>> alone_keys(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto kv = new_kv();
+    ModelSession s = model.NewSession(reqs[i].id);
+    ASSERT_TRUE(model.ImportPrefix(s, reqs[i].history, *kv).ok());
+    alone1[i] = step_one(s, *kv, reqs[i].step1);
+    alone2[i] = step_one(s, *kv, reqs[i].step2);
+    for (int x = 0; x < model.config().n_indexers(); ++x) {
+      alone_keys[i].emplace_back(s.index_keys(x).begin(), s.index_keys(x).end());
+    }
+  }
+  for (bool reverse : {false, true}) {
+    auto kv = new_kv();
+    std::vector<ModelSession> sessions;
+    for (size_t i = 0; i < n; ++i) {
+      sessions.push_back(model.NewSession(reqs[i].id));
+      ASSERT_TRUE(model.ImportPrefix(sessions.back(), reqs[i].history, *kv).ok());
+    }
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = reverse ? n - 1 - i : i;
+    std::vector<StepInput> batch;
+    for (size_t i : order) batch.push_back({&sessions[i], reqs[i].step1});
+    std::vector<StepOutput> outs(n);
+    ASSERT_TRUE(model.Step(batch, *kv, outs).ok());
+    for (size_t b = 0; b < n; ++b) {
+      const size_t i = order[b];
+      ASSERT_EQ(outs[b].logits.size(), reqs[i].step1.size() * kVocab);
+      EXPECT_TRUE(SameBits(alone1[i], outs[b].logits)) << "request " << reqs[i].id << " reverse " << reverse;
+    }
+    if (reverse) continue;
+    // Second step: every other request, in reverse order; the rest then step alone in the same KvAccess.
+    std::vector<StepInput> batch2;
+    for (size_t i = n; i-- > 0;) {
+      if (i % 2 == 0) batch2.push_back({&sessions[i], reqs[i].step2});
+    }
+    std::vector<StepOutput> outs2(batch2.size());
+    ASSERT_TRUE(model.Step(batch2, *kv, outs2).ok());
+    for (size_t b = 0; b < batch2.size(); ++b) {
+      const size_t i = static_cast<size_t>(batch2[b].session - sessions.data());
+      EXPECT_TRUE(SameBits(alone2[i], outs2[b].logits)) << "request " << reqs[i].id << " second step";
+    }
+    for (size_t i = 1; i < n; i += 2) {
+      EXPECT_TRUE(SameBits(alone2[i], step_one(sessions[i], *kv, reqs[i].step2))) << "request " << reqs[i].id;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      for (int x = 0; x < model.config().n_indexers(); ++x) {
+        EXPECT_TRUE(SameBits(alone_keys[i][x], sessions[i].index_keys(x))) << "request " << reqs[i].id;
+      }
+    }
+  }
+}
+
+TEST_P(PresetTest, BatchInvariance) {
+  // Histories below, at and above k, with 1..5 tokens per step (prefill-like and decode-like queries mixed).
+  ExpectBatchInvariance(*model_, {{100, Tokens(3, 9), Tokens(5, 12), Tokens(1, 20)},
+                                  {7, Tokens(45, 2), {10, 200, 33}, Tokens(2, 21)},
+                                  {101, Tokens(80, 10), Tokens(1, 13), Tokens(4, 22)},
+                                  {102, Tokens(17, 11), Tokens(2, 14), Tokens(1, 23)},
+                                  {103, Tokens(16, 15), Tokens(1, 16), Tokens(1, 24)}});
 }
 
 TEST_P(PresetTest, ImportPrefixEqualsPrefillStep) {
@@ -99,6 +151,58 @@ TEST_P(PresetTest, ImportPrefixEqualsPrefillStep) {
   for (SourceId s = 0; s < static_cast<SourceId>(model_->config().n_sources()); ++s) {
     EXPECT_EQ(kv1->appended_rows(1, s), 31);
   }
+}
+
+// Captures the rows one request appends, per source, in arrival order.
+class RowRecorder : public KvAccess {
+ public:
+  RowRecorder(KvAccess& inner, int sources) : inner_(inner), rows(sources) {}
+  absl::Status Append(RequestId r, SourceId s, Position p, std::span<const uint8_t> row) override {
+    rows[s].insert(rows[s].end(), row.begin(), row.end());
+    return inner_.Append(r, s, p, row);
+  }
+  absl::Status Fetch(std::span<const SourceId> s, std::span<KvQuery> b) override { return inner_.Fetch(s, b); }
+  void ReadersDone(std::span<const SourceId> s) override { inner_.ReadersDone(s); }
+  void Release(RequestId r) override { inner_.Release(r); }
+  KvAccess& inner_;
+  std::vector<std::vector<uint8_t>> rows;
+};
+
+TEST_P(PresetTest, ImportRowsEqualsComputingThem) {
+  // Session a computes 24 tokens after an 8-token history; the rows and keys of those 24 positions are imported into
+  // session b (with the same 8-token history) and both then decode the same tokens: identical logits and keys.
+  const ModelConfig& c = model_->config();
+  const auto history = Tokens(8, 5), block = Tokens(24, 6);
+  auto kv1 = NewKv(), kv2 = NewKv();
+  ModelSession a = model_->NewSession(1), b = model_->NewSession(1);
+  ASSERT_TRUE(model_->ImportPrefix(a, history, *kv1).ok());
+  ASSERT_TRUE(model_->ImportPrefix(b, history, *kv2).ok());
+  RowRecorder rec(*kv1, c.n_sources());
+  ASSERT_TRUE(model_->ImportPrefix(a, block, rec).ok());
+  std::vector<std::vector<float>> keys;
+  for (int i = 0; i < c.n_indexers(); ++i) {
+    auto all = a.index_keys(i);
+    keys.emplace_back(all.begin() + 8 * c.idx_dim, all.end());
+  }
+  ASSERT_TRUE(model_->ImportRows(b, 24, rec.rows, keys, *kv2).ok());
+  EXPECT_EQ(b.position(), 32);
+  for (int i = 0; i < c.n_indexers(); ++i) {
+    EXPECT_TRUE(std::equal(a.index_keys(i).begin(), a.index_keys(i).end(), b.index_keys(i).begin(),
+                           b.index_keys(i).end()));
+  }
+  for (SourceId s = 0; s < static_cast<SourceId>(c.n_sources()); ++s) EXPECT_EQ(kv2->appended_rows(1, s), 32);
+  const auto next = Tokens(5, 7);
+  EXPECT_TRUE(SameBits(Feed(a, *kv1, next, {5}), Feed(b, *kv2, next, {5})));
+
+  // Bad input: nothing is appended and the session stays usable.
+  ModelSession d = model_->NewSession(2);
+  EXPECT_EQ(model_->ImportRows(d, 0, rec.rows, keys, *kv2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model_->ImportRows(d, 23, rec.rows, keys, *kv2).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::vector<uint8_t>> short_rows(rec.rows.begin(), rec.rows.end() - 1);
+  EXPECT_EQ(model_->ImportRows(d, 24, short_rows, keys, *kv2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.position(), 0);
+  for (SourceId s = 0; s < static_cast<SourceId>(c.n_sources()); ++s) EXPECT_EQ(kv2->appended_rows(2, s), 0);
+  EXPECT_FALSE(d.broken());
 }
 
 TEST_P(PresetTest, SeedChangesLogits) {
@@ -124,6 +228,45 @@ TEST_P(PresetTest, SeedChangesLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PresetTest, ::testing::Values("dsv4flash-like", "glm5-like"));
+
+// bench-wide (d_model 1024, d_ff 1536: MatMul with one-to-four-row weight blocks and query tiles of 64): the same
+// exactness properties, on shorter histories (each token costs ~29 M multiply-adds). One model for both tests.
+const Model& BenchWideModel() {
+  static const Model* model = MakePreset("bench-wide").release();
+  return *model;
+}
+
+TEST(BenchWideTest, BatchInvariance) {
+  ExpectBatchInvariance(BenchWideModel(), {{1, Tokens(20, 30), Tokens(1, 31), Tokens(1, 32)},
+                                           {2, Tokens(5, 33), Tokens(3, 34), Tokens(1, 35)},
+                                           {3, Tokens(26, 36), Tokens(1, 37), Tokens(2, 38)}});
+}
+
+TEST(BenchWideTest, MultiTokenStepEqualsTokenByToken) {
+  const Model& model = BenchWideModel();
+  const auto tokens = Tokens(24, 40);
+  auto kv1 = ResidentKvAccess::ForModel(model.config(), kArena, 16);
+  auto kv2 = ResidentKvAccess::ForModel(model.config(), kArena, 16);
+  ModelSession one = model.NewSession(1), many = model.NewSession(1);
+  std::vector<float> a, b;
+  for (size_t at = 0, i = 0; at < tokens.size(); ++i) {
+    const size_t c = std::min<size_t>(tokens.size() - at, i % 2 == 0 ? 13 : 1);
+    StepInput in{&many, std::span<const Token>(tokens).subspan(at, c)};
+    StepOutput out;
+    ASSERT_TRUE(model.Step(std::span<StepInput>(&in, 1), *kv2, std::span<StepOutput>(&out, 1)).ok());
+    b.insert(b.end(), out.logits.begin(), out.logits.end());
+    at += c;
+  }
+  for (size_t at = 0; at < tokens.size(); ++at) {
+    StepInput in{&one, std::span<const Token>(tokens).subspan(at, 1)};
+    StepOutput out;
+    ASSERT_TRUE(model.Step(std::span<StepInput>(&in, 1), *kv1, std::span<StepOutput>(&out, 1)).ok());
+    a.insert(a.end(), out.logits.begin(), out.logits.end());
+  }
+  ASSERT_EQ(a.size(), tokens.size() * kVocab);
+  EXPECT_TRUE(SameBits(a, b));
+  for (float v : a) ASSERT_TRUE(std::isfinite(v));
+}
 
 TEST(TopologyTest, Dsv4ReuseLayersMakeNoFetch) {
   auto model = MakePreset("dsv4flash-like");
@@ -220,6 +363,8 @@ TEST(ConfigTest, PresetsValidateAndRoundTrip) {
     EXPECT_EQ(c->row_bytes(), 4u * (c->d_c + c->d_r));
   }
   EXPECT_EQ(PresetConfig("nope").status().code(), absl::StatusCode::kNotFound);
+  const auto names = PresetNames();
+  EXPECT_NE(std::find(names.begin(), names.end(), "bench-wide"), names.end());
   auto c = *PresetConfig("dsv4flash-like");
   c.layers[0].kind = LayerKind::kReuse;  // reuse before any write
   EXPECT_FALSE(c.Validate().ok());
@@ -229,6 +374,45 @@ TEST(ConfigTest, PresetsValidateAndRoundTrip) {
   c = *PresetConfig("glm5-like");
   c.d_r = 7;
   EXPECT_FALSE(c.Validate().ok());
+}
+
+size_t WeightBytes(const ModelConfig& c) {
+  size_t bytes = 0;
+  for (const TensorSpec& t : ModelTensorSpecs(c)) {
+    size_t n = sizeof(float);
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    bytes += n;
+  }
+  return bytes;
+}
+
+TEST(ConfigTest, BenchWideIsDsv4FlashLikeWidened) {
+  const ModelConfig wide = *PresetConfig("bench-wide"), base = *PresetConfig("dsv4flash-like");
+  EXPECT_EQ(wide.preset, "bench-wide");
+  EXPECT_EQ(wide.d_model, 1024);
+  EXPECT_EQ(wide.d_ff, 1536);
+  // Everything that shapes memd / worker geometry and the call pattern is dsv4flash-like's.
+  EXPECT_EQ(wide.n_heads, base.n_heads);
+  EXPECT_EQ(wide.d_c, base.d_c);
+  EXPECT_EQ(wide.d_r, base.d_r);
+  EXPECT_EQ(wide.row_bytes(), base.row_bytes());
+  EXPECT_EQ(wide.idx_heads, base.idx_heads);
+  EXPECT_EQ(wide.idx_dim, base.idx_dim);
+  EXPECT_EQ(wide.top_k, base.top_k);
+  EXPECT_EQ(wide.local_window, base.local_window);
+  ASSERT_EQ(wide.n_layers(), base.n_layers());
+  for (int l = 0; l < wide.n_layers(); ++l) {
+    EXPECT_EQ(wide.layers[l].kind, base.layers[l].kind);
+    EXPECT_EQ(wide.layers[l].source, base.layers[l].source);
+  }
+  // Weight bytes, by hand (floats): embeddings + lm_head 2*256*1024 = 524288, final_norm 1024; per layer (x8)
+  // attn_norm 1024 + w_qc 128*1024 + w_qr 16*1024 + w_o 1024*128 + mlp_norm 1024 + w_up/w_down 2*1536*1024 = 3426304;
+  // write layers (x3) kv_norm 1024 + w_dkv 64*1024 + w_kr 8*1024 = 74752; indexer layers (x5) idx_wq 64*1024 +
+  // idx_ww 2*1024 + idx_wk 32*1024 = 100352. Total 28661760 floats: above a 32 MiB L3 several times over.
+  EXPECT_EQ(WeightBytes(wide), 4u * 28661760u);
+  // dsv4flash-like: 16384*2 + 64 + 8*(64 + 8192 + 1024 + 8192 + 64 + 2*8192) + 3*(64 + 4096 + 512) +
+  // 5*(4096 + 128 + 2048) = 349568 floats: cache resident.
+  EXPECT_EQ(WeightBytes(base), 4u * 349568u);
 }
 
 TEST(SamplingTest, ArgmaxTieRuleLowestId) {

@@ -210,6 +210,12 @@ TEST(GenWeightsTest, ToolWritesDeterministicLoadableFiles) {
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->config().preset, "dsv4flash-like");
   EXPECT_EQ(Model::Load((dir / "missing.st").string()).status().code(), absl::StatusCode::kNotFound);
+  // The benchmark preset: accepted by the tool, its config round-trips through the file's __metadata__.
+  ASSERT_EQ(run("--preset bench-wide --seed 3", "wide.st"), 0);
+  auto wide = Model::Load((dir / "wide.st").string());
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ((*wide)->config().ToJson(), PresetConfig("bench-wide")->ToJson());
+  EXPECT_EQ((*wide)->config().d_model, 1024);
   std::filesystem::remove_all(dir);
 }
 

@@ -37,6 +37,17 @@ ModelConfig Dsv4FlashLike() {
   return c;
 }
 
+// dsv4flash-like's topology, k, window, indexer and payload rows (so memd/worker geometry is unchanged) with a wide
+// hidden state and MLP: the weights total 114,647,040 bytes (109.3 MiB, ModelTensorSpecs), well above a CPU's L3, so
+// a decode step is bound by streaming the weights once per step for the whole batch, as on a GPU (brief §11).
+ModelConfig BenchWide() {
+  ModelConfig c = Dsv4FlashLike();
+  c.preset = "bench-wide";
+  c.d_model = 1024;
+  c.d_ff = 1536;
+  return c;
+}
+
 ModelConfig Glm5Like() {
   ModelConfig c;
   c.preset = "glm5-like";
@@ -195,9 +206,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text) {
 absl::StatusOr<ModelConfig> PresetConfig(std::string_view name) {
   if (name == "dsv4flash-like") return Dsv4FlashLike();
   if (name == "glm5-like") return Glm5Like();
-  return absl::NotFoundError(absl::StrCat("unknown model preset '", std::string(name), "' (known: dsv4flash-like, glm5-like)"));
+  if (name == "bench-wide") return BenchWide();
+  return absl::NotFoundError(
+      absl::StrCat("unknown model preset '", std::string(name), "' (known: dsv4flash-like, glm5-like, bench-wide)"));
 }
 
-std::vector<std::string> PresetNames() { return {"dsv4flash-like", "glm5-like"}; }
+std::vector<std::string> PresetNames() { return {"dsv4flash-like", "glm5-like", "bench-wide"}; }
 
 }  // namespace dhs::model

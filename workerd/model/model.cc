@@ -166,6 +166,53 @@ absl::Status Model::ImportPrefix(ModelSession& session, std::span<const Token> t
   return Run(std::span<StepInput>(&in, 1), kv, {});
 }
 
+absl::Status Model::ImportRows(ModelSession& session, uint32_t tokens, std::span<const std::vector<uint8_t>> rows,
+                               std::span<const std::vector<float>> keys, KvAccess& kv) const {
+  const ModelConfig& c = config_;
+  if (session.model_ != this) return absl::InvalidArgumentError("import rows: a session of another model");
+  if (session.broken_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("import rows: request ", session.request_, " is broken by an earlier failed step"));
+  }
+  if (tokens == 0) return absl::InvalidArgumentError("import rows: no tokens");
+  if (rows.size() != static_cast<size_t>(c.n_sources()) || keys.size() != static_cast<size_t>(c.n_indexers())) {
+    return absl::InvalidArgumentError(absl::StrCat("import rows: ", rows.size(), " sources and ", keys.size(),
+                                                   " indexers given, the model has ", c.n_sources(), " and ",
+                                                   c.n_indexers()));
+  }
+  const size_t row_bytes = c.row_bytes();
+  for (size_t s = 0; s < rows.size(); ++s) {
+    if (rows[s].size() != tokens * row_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("import rows: source ", s, " has ", rows[s].size(),
+                                                     " bytes, expected ", tokens, " x ", row_bytes));
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].size() != static_cast<size_t>(tokens) * c.idx_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("import rows: indexer ", i, " has ", keys[i].size(),
+                                                     " floats, expected ", tokens, " x ", c.idx_dim));
+    }
+  }
+  const Position n = session.position_;
+  // Position by position, every source at each: a hierarchical store completes each page on all sources before the
+  // next, so its backup is issued before the tail slot is needed again (a block may be longer than the tail).
+  for (uint32_t j = 0; j < tokens; ++j) {
+    for (size_t s = 0; s < rows.size(); ++s) {
+      std::span<const uint8_t> row(rows[s].data() + j * row_bytes, row_bytes);
+      if (absl::Status st = kv.Append(session.request_, static_cast<SourceId>(s), n + static_cast<Position>(j), row);
+          !st.ok()) {
+        session.broken_ = true;
+        return st;
+      }
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    session.index_keys_[i].insert(session.index_keys_[i].end(), keys[i].begin(), keys[i].end());
+  }
+  session.position_ += static_cast<Position>(tokens);
+  return absl::OkStatus();
+}
+
 absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const {
   // ---- validate everything before touching any state ----
   std::set<const ModelSession*> seen;
@@ -229,31 +276,51 @@ absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<Step
     return s;
   };
 
-  std::vector<float> xn(D), xk(D), row(width), idx_q(c.idx_heads * c.idx_dim), idx_w(c.idx_heads), scores;
-  std::vector<float> qc(H * c.d_c), qr(H * c.d_r), o(H * c.d_c), o_win(c.d_c), delta(D), ff(c.d_ff);
+  // Step buffers, one row per query (Q x width): every projection runs as one weight-stationary MatMul over all Q
+  // queries of the step, so a weight matrix is streamed from memory once per step for the whole batch. Each output
+  // element is the same kernels::Dot whatever Q is, so the numerics stay batch-invariant (brief §11).
+  const int idx_q_width = c.idx_heads * c.idx_dim;
+  std::vector<float> xn(Q * D), xk(Q * D), rowbuf(Q * width), keybuf(Q * c.idx_dim), idx_q(Q * idx_q_width),
+      idx_w(Q * c.idx_heads), qc(Q * H * c.d_c), qr(Q * H * c.d_r), o(Q * H * c.d_c), delta(Q * D),
+      ff(Q * c.d_ff), scores, o_win(c.d_c);
   std::vector<float> rows(static_cast<size_t>(span_len) * width);
-  std::vector<uint8_t> row_bytes_buf(row_bytes);
   std::unique_ptr<bool[]> valid(new bool[std::max(span_len, 1)]);
   TopK topk;
+  const int Qi = static_cast<int>(Q);
+  // out[qi * D ..] = RMSNorm(hidden row qi, gain) for every query.
+  auto norm_all = [&](const std::vector<float>& gain, std::vector<float>& out_buf) {
+    for (size_t qi = 0; qi < Q; ++qi) {
+      kernels::RmsNorm(hidden.data() + qi * D, gain.data(), D, c.norm_eps, out_buf.data() + qi * D);
+    }
+  };
+  auto add_delta = [&]() {
+    for (size_t i = 0; i < Q * D; ++i) hidden[i] += delta[i];
+  };
 
   for (int l = 0; l < c.n_layers(); ++l) {
     const LayerSpec& spec = c.layers[l];
     const LayerWeights& lw = w.layers[l];
+    // The layer's input, normalized: read by its indexer and its attention queries (h is unchanged until then).
+    norm_all(lw.attn_norm, xn);
 
     // ---- payload rows of the new positions (brief §2: the writing consumer; a producer writes its whole group) ----
     for (int wl : plan.row_writers[l]) {
       const LayerWeights& ww = w.layers[wl];
       const SourceId source = c.layers[wl].source;
+      norm_all(ww.kv_norm, xk);
+      kernels::MatMul(ww.w_dkv.data(), c.d_c, D, xk.data(), D, Qi, rowbuf.data(), width);
+      kernels::MatMul(ww.w_kr.data(), c.d_r, D, xk.data(), D, Qi, rowbuf.data() + c.d_c, width);
+      for (size_t qi = 0; qi < Q; ++qi) {
+        kernels::Rope(rowbuf.data() + qi * width + c.d_c, c.d_r, query_pos[qi], c.rope_theta);
+      }
       for (size_t b = 0; b < batch.size(); ++b) {
         const ModelSession& s = *batch[b].session;
         for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
           const Position t = s.position_ + static_cast<Position>(j);
-          kernels::RmsNorm(hidden.data() + (q_offset[b] + j) * D, ww.kv_norm.data(), D, c.norm_eps, xk.data());
-          kernels::MatVec(ww.w_dkv.data(), c.d_c, D, xk.data(), row.data());
-          kernels::MatVec(ww.w_kr.data(), c.d_r, D, xk.data(), row.data() + c.d_c);
-          kernels::Rope(row.data() + c.d_c, c.d_r, t, c.rope_theta);
-          std::memcpy(row_bytes_buf.data(), row.data(), row_bytes);
-          if (auto st = kv.Append(s.request_, source, t, row_bytes_buf); !st.ok()) return fail(st);
+          const auto* row = reinterpret_cast<const uint8_t*>(rowbuf.data() + (q_offset[b] + j) * width);
+          if (auto st = kv.Append(s.request_, source, t, std::span<const uint8_t>(row, row_bytes)); !st.ok()) {
+            return fail(st);
+          }
         }
       }
     }
@@ -261,14 +328,14 @@ absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<Step
     // ---- indexer, top-k and Fetch (write / reindex / producer) ----
     if (spec.has_indexer()) {
       const int slot = plan.indexer_slot[l];
+      kernels::MatMul(lw.idx_wk.data(), c.idx_dim, D, xn.data(), D, Qi, keybuf.data(), c.idx_dim);
       for (size_t b = 0; b < batch.size(); ++b) {
         std::vector<float>& keys = batch[b].session->index_keys_[slot];
-        for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
-          kernels::RmsNorm(hidden.data() + (q_offset[b] + j) * D, lw.attn_norm.data(), D, c.norm_eps, xn.data());
-          keys.resize(keys.size() + c.idx_dim);
-          kernels::MatVec(lw.idx_wk.data(), c.idx_dim, D, xn.data(), keys.data() + keys.size() - c.idx_dim);
-        }
+        const float* first = keybuf.data() + q_offset[b] * c.idx_dim;
+        keys.insert(keys.end(), first, first + batch[b].tokens.size() * c.idx_dim);
       }
+      kernels::MatMul(lw.idx_wq.data(), idx_q_width, D, xn.data(), D, Qi, idx_q.data(), idx_q_width);
+      kernels::MatMul(lw.idx_ww.data(), c.idx_heads, D, xn.data(), D, Qi, idx_w.data(), c.idx_heads);
       Fetched& f = fetched[l];
       const size_t S = plan.sources[l].size();
       f.n_sources = S;
@@ -280,13 +347,11 @@ absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<Step
         for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
           const size_t qi = q_offset[b] + j;
           const Position t = s.position_ + static_cast<Position>(j);
-          kernels::RmsNorm(hidden.data() + qi * D, lw.attn_norm.data(), D, c.norm_eps, xn.data());
-          kernels::MatVec(lw.idx_wq.data(), c.idx_heads * c.idx_dim, D, xn.data(), idx_q.data());
-          kernels::MatVec(lw.idx_ww.data(), c.idx_heads, D, xn.data(), idx_w.data());
           const size_t visible = static_cast<size_t>(t) + 1;
           scores.resize(visible);
-          IndexScores(idx_q, idx_w, std::span<const float>(s.index_keys_[slot]).first(visible * c.idx_dim), c.idx_dim,
-                      scores);
+          IndexScores(std::span<const float>(idx_q).subspan(qi * idx_q_width, idx_q_width),
+                      std::span<const float>(idx_w).subspan(qi * c.idx_heads, c.idx_heads),
+                      std::span<const float>(s.index_keys_[slot]).first(visible * c.idx_dim), c.idx_dim, scores);
           std::span<Position> sel(f.positions.data() + qi * span_len, k);
           topk.Select(scores, sel);
           f.queries.push_back({s.request_, sel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len, S * k)});
@@ -306,46 +371,46 @@ absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<Step
     // ---- attention over the fetched rows (own Fetch, or inherited: Reuse / follower) ----
     const Fetched& f = fetched[plan.fetch_layer[l]];
     const size_t S = f.n_sources, si = static_cast<size_t>(plan.source_index[l]);
+    kernels::MatMul(lw.w_qc.data(), H * c.d_c, D, xn.data(), D, Qi, qc.data(), H * c.d_c);
+    kernels::MatMul(lw.w_qr.data(), H * c.d_r, D, xn.data(), D, Qi, qr.data(), H * c.d_r);
     for (size_t qi = 0; qi < Q; ++qi) {
-      float* h = hidden.data() + qi * D;
       const uint8_t* const* block = f.rows.data() + qi * S * span_len;
       for (int j = 0; j < span_len; ++j) {
         const uint8_t* p = j < k ? block[si * k + j] : block[S * k + si * win + (j - k)];
         valid[j] = p != nullptr;
         if (p != nullptr) std::memcpy(rows.data() + static_cast<size_t>(j) * width, p, row_bytes);
       }
-      kernels::RmsNorm(h, lw.attn_norm.data(), D, c.norm_eps, xn.data());
-      kernels::MatVec(lw.w_qc.data(), H * c.d_c, D, xn.data(), qc.data());
-      kernels::MatVec(lw.w_qr.data(), H * c.d_r, D, xn.data(), qr.data());
       for (int hd = 0; hd < H; ++hd) {
-        float* q_r = qr.data() + hd * c.d_r;
+        const float* q_c = qc.data() + (qi * H + hd) * c.d_c;
+        float* q_r = qr.data() + (qi * H + hd) * c.d_r;
         kernels::Rope(q_r, c.d_r, query_pos[qi], c.rope_theta);
-        float* o_h = o.data() + hd * c.d_c;
-        kernels::AttendLatent(qc.data() + hd * c.d_c, q_r, rows.data(), valid.get(), k, c.d_c, c.d_r, scale, o_h);
+        float* o_h = o.data() + (qi * H + hd) * c.d_c;
+        kernels::AttendLatent(q_c, q_r, rows.data(), valid.get(), k, c.d_c, c.d_r, scale, o_h);
         if (win > 0) {
-          kernels::AttendLatent(qc.data() + hd * c.d_c, q_r, rows.data() + static_cast<size_t>(k) * width,
-                                valid.get() + k, win, c.d_c, c.d_r, scale, o_win.data());
+          kernels::AttendLatent(q_c, q_r, rows.data() + static_cast<size_t>(k) * width, valid.get() + k, win, c.d_c,
+                                c.d_r, scale, o_win.data());
           for (int d = 0; d < c.d_c; ++d) o_h[d] += o_win[d];
         }
       }
-      kernels::MatVec(lw.w_o.data(), D, H * c.d_c, o.data(), delta.data());
-      for (int d = 0; d < D; ++d) h[d] += delta[d];
-      kernels::RmsNorm(h, lw.mlp_norm.data(), D, c.norm_eps, xn.data());
-      kernels::MatVec(lw.w_up.data(), c.d_ff, D, xn.data(), ff.data());
-      kernels::Silu(ff.data(), c.d_ff);
-      kernels::MatVec(lw.w_down.data(), D, c.d_ff, ff.data(), delta.data());
-      for (int d = 0; d < D; ++d) h[d] += delta[d];
     }
+    kernels::MatMul(lw.w_o.data(), D, H * c.d_c, o.data(), H * c.d_c, Qi, delta.data(), D);
+    add_delta();
+    // ---- MLP ----
+    norm_all(lw.mlp_norm, xn);
+    kernels::MatMul(lw.w_up.data(), c.d_ff, D, xn.data(), D, Qi, ff.data(), c.d_ff);
+    for (size_t qi = 0; qi < Q; ++qi) kernels::Silu(ff.data() + qi * c.d_ff, c.d_ff);
+    kernels::MatMul(lw.w_down.data(), D, c.d_ff, ff.data(), c.d_ff, Qi, delta.data(), D);
+    add_delta();
     for (int done : plan.release_after[l]) release(done);
   }
 
   if (!out.empty()) {
+    norm_all(w.final_norm, xn);
+    std::vector<float> logits(Q * kVocab);
+    kernels::MatMul(w.lm_head.data(), kVocab, D, xn.data(), D, Qi, logits.data(), kVocab);
     for (size_t b = 0; b < batch.size(); ++b) {
-      out[b].logits.resize(batch[b].tokens.size() * kVocab);
-      for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
-        kernels::RmsNorm(hidden.data() + (q_offset[b] + j) * D, w.final_norm.data(), D, c.norm_eps, xn.data());
-        kernels::MatVec(w.lm_head.data(), kVocab, D, xn.data(), out[b].logits.data() + j * kVocab);
-      }
+      const float* first = logits.data() + q_offset[b] * kVocab;
+      out[b].logits.assign(first, first + batch[b].tokens.size() * kVocab);
     }
   }
   for (StepInput& in : batch) in.session->position_ += static_cast<Position>(in.tokens.size());

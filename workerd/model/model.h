@@ -80,8 +80,10 @@ class Model {
   // One batched forward pass. For each input the tokens are fed causally (query j sees positions <= n+j); each layer
   // appends its payload rows (Append, in position order) and fetches its selections (one Fetch per write/reindex
   // layer and per producer, none for Reuse/follower layers; brief §5), then calls ReadersDone after the last layer
-  // that reads them. out[b].logits is resized to q_b * 256. Results are bit-identical whatever the batch composition,
-  // and feeding q tokens at once equals feeding them one by one (batch-invariant numerics, brief §11).
+  // that reads them. out[b].logits is resized to q_b * 256. Every projection runs as one weight-stationary
+  // kernels::MatMul over all queries of the step (each weight matrix is streamed once per step for the whole batch);
+  // every output element is the same fixed-order kernels::Dot, so results are bit-identical whatever the batch
+  // composition, and feeding q tokens at once equals feeding them one by one (batch-invariant numerics, brief §11).
   // Errors: INVALID_ARGUMENT (out.size() != batch.size(), null/foreign/duplicate session, no tokens, token outside
   // 0..255), FAILED_PRECONDITION (a broken session), or the KvAccess's error: then every session of the batch is
   // marked broken.
@@ -90,6 +92,18 @@ class Model {
   // Prefill without logits: feeds `tokens` so that their rows and index keys exist (a "prepared prefix" import).
   // Errors: as Step.
   absl::Status ImportPrefix(ModelSession& session, std::span<const Token> tokens, KvAccess& kv) const;
+
+  // Imports history computed earlier for the same leading tokens (a cached prepared-prefix block, brief §10) instead
+  // of computing it: with n = session.position(), appends rows[s] (tokens * row_bytes bytes: positions n ..
+  // n+tokens-1) position by position, every source s = 0 .. n_sources-1 at each position (so a hierarchical store
+  // completes, and backs up, each page on all sources before its tail slot is needed again), extends indexer i's keys by keys[i]
+  // (tokens * idx_dim floats, layer order), then position += tokens. When rows and keys were captured from an
+  // ImportPrefix/Step of the same tokens after the same history, the session and the KV store end bit-identical to
+  // that computation (the caller guarantees the provenance; workerd/prefix_cache.h keys it by the whole chain).
+  // Errors: INVALID_ARGUMENT (tokens 0, foreign session, rows.size() != n_sources, keys.size() != n_indexers, a
+  // wrong size), FAILED_PRECONDITION (broken session), or the KvAccess's Append error: the session is then broken.
+  absl::Status ImportRows(ModelSession& session, uint32_t tokens, std::span<const std::vector<uint8_t>> rows,
+                          std::span<const std::vector<float>> keys, KvAccess& kv) const;
 
  private:
   struct LayerWeights;
