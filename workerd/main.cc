@@ -42,13 +42,16 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode_name, "resident | hisparse | adaptive");
   app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)");
   app.add_option("--weights", weights, "safetensors weights file (else --preset + --seed)");
-  app.add_option("--preset", preset, "model preset when no --weights: dsv4flash-like | glm5-like");
+  app.add_option("--preset", preset, "model preset when no --weights: dsv4flash-like | glm5-like | bench-wide");
   app.add_option("--seed", seed, "weights seed with --preset");
   app.add_option("--slots", config.slots, "request slots N");
   app.add_option("--hot-rows", config.hot_rows, "hot-cache rows B per slot and source (0 = auto)");
   app.add_option("--tail-rows", config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)");
   app.add_option("--page-rows", config.page_rows, "rows per page p");
   app.add_option("--max-context", config.max_context_tokens, "prompt + max_new_tokens limit, tokens");
+  app.add_option("--prefix-cache-bytes", config.prefix_cache_bytes,
+                 "prepared-prefix row cache (rows produced once per hash-block chain), bytes; 0 = off")
+      ->capture_default_str();
   app.add_option("--prefill-chunk", config.prefill_chunk, "prompt tokens per request and step (0 = auto)");
   app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply");
   app.add_option("--log-level", log_level, "spdlog level: trace debug info warn error");

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/prompt_tokens.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -16,26 +17,34 @@ absl::Status ValidateSubmit(const wire::SubmitRequestT& s, uint64_t max_context_
   if (s.prompt.empty() && s.hash_ids.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": empty prompt (no tokens, no hash_ids)"));
   }
-  if (!s.prompt.empty() && !s.hash_ids.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", s.request, ": give either prompt tokens or a prepared prefix (hash_ids), not both"));
-  }
   if (!s.hash_ids.empty()) {
     if (s.input_tokens == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("request ", s.request, ": unknown prefix reference: hash_ids with input_tokens 0"));
     }
-    const uint64_t blocks = (uint64_t{s.input_tokens} + kPrefixBlockTokens - 1) / kPrefixBlockTokens;
-    if (blocks != s.hash_ids.size()) {
+    if (s.prefix_block_tokens == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", s.request, ": unknown prefix reference: prefix_block_tokens 0"));
+    }
+    const uint64_t block = s.prefix_block_tokens;
+    const uint64_t blocks = (uint64_t{s.input_tokens} + block - 1) / block;
+    if (s.hash_ids.size() > blocks) {
       return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": unknown prefix reference: ",
                                                      s.hash_ids.size(), " hash_ids for input_tokens ", s.input_tokens,
-                                                     " (expected ", blocks, " blocks of ", kPrefixBlockTokens, ")"));
+                                                     " (at most ", blocks, " blocks of ", block, ")"));
+    }
+    const uint64_t suffix = s.input_tokens - PrefixCoveredTokens(s.hash_ids.size(), block, s.input_tokens);
+    if (s.prompt.size() != suffix) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": prepared prefix of ", s.hash_ids.size(),
+                                                     " blocks of ", block, " tokens needs ", suffix,
+                                                     " prompt tokens after it to make input_tokens ", s.input_tokens,
+                                                     ", got ", s.prompt.size()));
     }
   }
   if (s.max_new_tokens == 0) {
     return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": max_new_tokens must be >= 1"));
   }
-  const uint64_t input = s.hash_ids.empty() ? s.prompt.size() : s.input_tokens;
+  const uint64_t input = s.hash_ids.empty() ? s.prompt.size() : uint64_t{s.input_tokens};
   if (input + s.max_new_tokens > max_context_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": too many tokens: ", input,
                                                    " input + ", s.max_new_tokens, " new > limit ",
@@ -52,21 +61,20 @@ absl::Status ValidateSubmit(const wire::SubmitRequestT& s, uint64_t max_context_
   return absl::OkStatus();
 }
 
-model::Token PrefixToken(uint64_t hash_id, uint32_t j) {
-  uint64_t x = hash_id * kPrefixBlockTokens + j + 0x9e3779b97f4a7c15ULL;  // splitmix64
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return static_cast<model::Token>(x >> 56);
+std::vector<model::Token> SubmitInputTokens(const wire::SubmitRequestT& s) {
+  std::vector<model::Token> out;
+  if (!s.hash_ids.empty()) {
+    const uint64_t covered = PrefixCoveredTokens(s.hash_ids.size(), s.prefix_block_tokens, s.input_tokens);
+    const std::vector<uint8_t> prefix =
+        SyntheticPromptTokens(s.hash_ids, s.prefix_block_tokens, s.input_tokens, /*private_seed=*/0, 0, covered);
+    out.assign(prefix.begin(), prefix.end());
+  }
+  out.insert(out.end(), s.prompt.begin(), s.prompt.end());
+  return out;
 }
 
-std::vector<model::Token> PreparedPrefixTokens(std::span<const uint64_t> hash_ids, uint32_t input_tokens) {
-  std::vector<model::Token> out;
-  out.reserve(input_tokens);
-  for (uint32_t t = 0; t < input_tokens; ++t) {
-    out.push_back(PrefixToken(hash_ids[t / kPrefixBlockTokens], t % kPrefixBlockTokens));
-  }
-  return out;
+uint64_t SubmitPrefixTokens(const wire::SubmitRequestT& s) {
+  return s.hash_ids.empty() ? 0 : PrefixCoveredTokens(s.hash_ids.size(), s.prefix_block_tokens, s.input_tokens);
 }
 
 uint64_t LogitsDigest(std::span<const float> logits) {

@@ -23,21 +23,20 @@ namespace dhs {
 
 class Worker;
 
-// Tokens per prepared-prefix block (Mooncake hash_ids, brief §10).
-inline constexpr uint32_t kPrefixBlockTokens = 512;
-
-// Checks a SubmitRequest against the limits. `max_context_tokens`: prompt (or input_tokens) + max_new_tokens must not
-// exceed it. Errors (INVALID_ARGUMENT, the message names the field): empty prompt without hash_ids ("empty prompt"),
-// prompt and hash_ids both given, max_new_tokens == 0, too many tokens ("too many tokens: ..."), hash_ids with
-// input_tokens 0 or with hash_ids.size() != ceil(input_tokens / 512) ("unknown prefix reference: ..."), temperature
-// < 0 or NaN, top_p outside (0, 1] or NaN ("bad sampling: ...").
+// Checks a SubmitRequest against the limits. `max_context_tokens`: input + max_new_tokens must not exceed it.
+// Errors (INVALID_ARGUMENT, the message names the field): empty prompt without hash_ids ("empty prompt"),
+// max_new_tokens == 0, too many tokens ("too many tokens: ..."), hash_ids with input_tokens 0, prefix_block_tokens 0
+// or more ids than ceil(input_tokens / prefix_block_tokens) blocks ("unknown prefix reference: ..."), a prompt
+// whose length is not the input after the prefix ("prepared prefix of ..."), temperature < 0 or NaN, top_p outside
+// (0, 1] or NaN ("bad sampling: ...").
 absl::Status ValidateSubmit(const wire::SubmitRequestT& submit, uint64_t max_context_tokens);
 
-// The prepared prefix of `input_tokens` tokens named by `hash_ids`: token j (0..511) of block b is
-// PrefixToken(hash_ids[b], j) = byte 7 (the top byte) of splitmix64(hash_id * 512 + j). Equal ids give equal blocks,
-// so shared prefixes stay shared. Precondition: ValidateSubmit passed.
-model::Token PrefixToken(uint64_t hash_id, uint32_t j);
-std::vector<model::Token> PreparedPrefixTokens(std::span<const uint64_t> hash_ids, uint32_t input_tokens);
+// The input tokens of a validated submit: with hash_ids, the prepared prefix (min(input_tokens, ids * block) tokens,
+// token j of block b = PrefixBlockToken(hash_ids[b], j), common/prompt_tokens.h; equal ids give equal blocks) then
+// `prompt`; else `prompt`. SubmitPrefixTokens: how many leading tokens the prefix covers (0 without hash_ids).
+// Precondition: ValidateSubmit passed.
+std::vector<model::Token> SubmitInputTokens(const wire::SubmitRequestT& submit);
+uint64_t SubmitPrefixTokens(const wire::SubmitRequestT& submit);
 
 // 64-bit FNV-1a over the bit patterns of the logits (each float as its 4 little-endian bytes, in order): the digest
 // the exactness checks compare (TokenChunk.logits_digests).

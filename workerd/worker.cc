@@ -71,7 +71,9 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
   if (config.prefill_chunk != 0) {
     g.prefill_chunk = config.prefill_chunk;
   } else {
-    g.prefill_chunk = config.mode == WorkerMode::kResident ? 256 : std::max<uint32_t>(1, g.hot_rows / span);
+    // The same in every mode (resident included) so that the modes differ in memory only, not in how prefill
+    // interleaves with decode: B / (k + window), the most one step's selections of one request can keep hot.
+    g.prefill_chunk = std::max<uint32_t>(1, g.hot_rows / span);
   }
   if (config.mode != WorkerMode::kResident && g.prefill_chunk * span > g.hot_rows) {
     return absl::InvalidArgumentError(absl::StrCat("worker: prefill chunk ", g.prefill_chunk, " x (k + window) ",
@@ -134,7 +136,7 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
 Worker::Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry,
                MemdLink* memd, ClientSink* client)
     : model_(model), device_(device), config_(std::move(config)), geometry_(std::move(geometry)), memd_(memd),
-      client_(client) {}
+      client_(client), prefix_cache_(config_.prefix_cache_bytes) {}
 
 Worker::~Worker() = default;
 
@@ -180,12 +182,10 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
   auto r = std::make_unique<Request>();
   r->id = submit.request;
   r->client = client;
-  r->prefix = !submit.hash_ids.empty();
-  if (r->prefix) {
-    r->input = PreparedPrefixTokens(submit.hash_ids, submit.input_tokens);
-  } else {
-    r->input.assign(submit.prompt.begin(), submit.prompt.end());
-  }
+  r->input = SubmitInputTokens(submit);
+  r->prefix_tokens = static_cast<Position>(SubmitPrefixTokens(submit));
+  r->hash_ids = submit.hash_ids;
+  r->prefix_block_tokens = submit.prefix_block_tokens;
   r->max_new = submit.max_new_tokens;
   r->greedy = submit.temperature == 0.0f;
   r->sampling = model::SamplingParams{submit.temperature, submit.top_p};
@@ -281,74 +281,124 @@ void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 
+void Worker::SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status) {
+  wire::BackupCompleteT done;
+  done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = m.backup_pages;
+  done.host_pages = m.backup_targets; done.ok = status.ok();
+  if (!status.ok()) { done.error = ToWireError(status); done.message = std::string(status.message()); }
+  (void)memd_->SendBackupComplete(done);
+}
+
+bool Worker::ReclaimInFlight(RequestId request, PageIndex device_page) const {
+  for (const auto& [order, rc] : reclaims_) {
+    if (rc.order.request != request || rc.readers_done) continue;
+    if (std::find(rc.order.pages.begin(), rc.order.pages.end(), device_page) != rc.order.pages.end()) return true;
+  }
+  return false;
+}
+
+bool Worker::BackupInFlight(const Reclaim& rc) const {
+  const RequestKv* kv = hier_ != nullptr ? hier_->Find(rc.order.request) : nullptr;
+  if (kv == nullptr) return false;
+  for (uint32_t j : rc.awaiting) {
+    if (j < kv->pages.size() && kv->pages[j].host_page >= 0) return true;  // issued; its completion not polled yet
+  }
+  return false;
+}
+
 void Worker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   Reclaim rc;
   rc.order = m;
   auto it = requests_.find(m.request);
   Request* r = it == requests_.end() ? nullptr : it->second.get();
   if (m.backup_pages.size() != m.backup_targets.size()) {
-    wire::BackupCompleteT done;
-    done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = m.backup_pages;
-    done.ok = false; done.error = wire::ErrorCode::INVALID_ARGUMENT;
-    done.message = "ReclaimOrder: backup_pages and backup_targets differ in length";
-    (void)memd_->SendBackupComplete(done);
+    SendBackupComplete(m, absl::InvalidArgumentError("ReclaimOrder: backup_pages and backup_targets differ in length"));
     return;
   }
-  // The history page each GPU page of the order holds on this worker comes from the KV store's device-page map
-  // (kept or populated, copy pending or ready): exactly what has to be withdrawn before the page may be retired. A
-  // page only in the grant's keep plan holds nothing yet: its plan is dropped, it is backed up to host when it completes.
+  if (r == nullptr) {
+    // Finished here: its Complete crossed the order and memd dropped the reclaim and the request's pages with it.
+    // The answer only closes memd's orphaned copies (contract, details); ReadersDone follows (nothing is mapped).
+    if (!m.backup_pages.empty()) SendBackupComplete(m, absl::OkStatus());
+    reclaims_[m.order] = std::move(rc);
+    AdvanceReclaims();
+    return;
+  }
+  // The history page of each GPU page of the order: a page the KV store maps (kept or populated, copy pending or
+  // ready) is withdrawn before the page may be retired; a page only planned to be kept (the grant's optional page of a
+  // history page the victim is still writing, or a request still waiting for a slot) holds nothing yet.
+  const RequestKv* kv = hier_ != nullptr ? hier_->Find(r->id) : nullptr;
   auto held_page = [&](PageIndex dp) -> std::optional<uint32_t> {
-    if (r == nullptr || hier_ == nullptr) return std::nullopt;
-    return hier_->HistoryPageOf(r->id, dp);
+    return kv != nullptr ? hier_->HistoryPageOf(r->id, dp) : std::nullopt;
   };
-  if (r != nullptr && hier_ != nullptr) {
-    for (PageIndex dp : m.pages) {
-      if (held_page(dp)) continue;
-      for (const auto& [j, d] : r->optional) {
-        if (d == dp) hier_->DropKeep(r->id, j);
-      }
+  auto planned_page = [&](PageIndex dp) -> std::optional<uint32_t> {
+    if (hier_ == nullptr) return std::nullopt;
+    for (const auto& [j, d] : r->optional) {
+      if (d == dp) return j;
     }
-  }
-  std::vector<uint32_t> backup_hist;
-  std::vector<PageIndex> backup_host;
+    return std::nullopt;
+  };
+  // Pass 1: map and check every backup page before anything changes.
+  struct Item { uint32_t page; PageIndex target; bool held; };
+  std::vector<Item> items;
   for (size_t i = 0; i < m.backup_pages.size(); ++i) {
-    std::optional<uint32_t> j = held_page(m.backup_pages[i]);
-    if (!j) continue;
-    const RequestKv* kv = hier_->Find(r->id);
-    const KvPage& pg = kv->pages[*j];
-    rc.backed_pages.push_back(m.backup_pages[i]);
-    rc.backed_targets.push_back(m.backup_targets[i]);
-    rc.backed_history.push_back(*j);
-    if (pg.host_page >= 0) continue;  // already has a host copy (it was populated from it)
-    (void)pg.populate.Wait();         // a kept copy still in flight: back up what it holds
-    if (m.backup_targets[i].segment() != 0 || *j >= r->host_pages.size() ||
-        m.backup_targets[i].page() != r->host_pages[*j]) {
-      spdlog::warn("worker: reclaim order {} targets host page {} for history page {}, the grant gave another",
-                   m.order, m.backup_targets[i].page(), *j);
-      if (*j < r->host_pages.size()) r->host_pages[*j] = m.backup_targets[i].page();  // where the copy lives now
-    }
-    backup_hist.push_back(*j);
-    backup_host.push_back(m.backup_targets[i].page());
-  }
-  if (!backup_hist.empty()) {
-    absl::StatusOr<CopyEvent> e = hier_->BackupPages(r->id, backup_hist, backup_host);
-    if (!e.ok()) {
-      wire::BackupCompleteT done;
-      done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = rc.backed_pages;
-      done.host_pages = rc.backed_targets;
-      done.ok = false; done.error = ToWireError(e.status()); done.message = std::string(e.status().message());
-      (void)memd_->SendBackupComplete(done);
+    const PageIndex dp = m.backup_pages[i];
+    std::optional<uint32_t> j = held_page(dp);
+    const bool held = j.has_value();
+    if (!held) j = planned_page(dp);
+    if (!j) {
+      SendBackupComplete(m, absl::FailedPreconditionError(absl::StrCat(
+          "ReclaimOrder ", m.order, ": GPU page ", dp, " holds no history page of request ", m.request, " here")));
       return;
     }
-    rc.backup = *e;
-    rc.backing_up = true;
-    for (uint32_t j : backup_hist) reclaim_backup_of_[{r->id, j}] = m.order;
-  } else if (!m.backup_pages.empty()) {
-    wire::BackupCompleteT done;
-    done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = rc.backed_pages;
-    done.host_pages = rc.backed_targets; done.ok = true;
-    (void)memd_->SendBackupComplete(done);
+    if (m.backup_targets[i].segment() != 0) {
+      SendBackupComplete(m, absl::UnimplementedError(absl::StrCat("ReclaimOrder ", m.order, ": host page in segment ",
+                                                                  m.backup_targets[i].segment(),
+                                                                  ": this worker maps segment 0 only")));
+      return;
+    }
+    items.push_back(Item{*j, m.backup_targets[i].page(), held});
   }
+  // Pages named without a backup (memd has their host copy) and only planned: the plan is dropped; they go to host
+  // when they complete (BackupComplete order 0).
+  if (kv != nullptr) {
+    for (PageIndex dp : m.pages) {
+      if (held_page(dp) || std::count(m.backup_pages.begin(), m.backup_pages.end(), dp) != 0) continue;
+      if (std::optional<uint32_t> j = planned_page(dp)) hier_->DropKeep(r->id, *j);
+    }
+  }
+  // Pass 2: a page with a host copy written counts at once; one being written is awaited; a held page is backed up
+  // from GPU now; a planned page is backed up as soon as its rows are written (at once if they are).
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& item = items[i];
+    const uint32_t j = item.page;
+    rc.backup_history.push_back(j);
+    if (j < r->host_pages.size() && item.target != r->host_pages[j]) {
+      spdlog::warn("worker: reclaim order {} targets host page {} for history page {}, the grant gave another",
+                   m.order, item.target, j);
+      r->host_pages[j] = item.target;  // where the copy lives now
+    }
+    const KvPage* pg = kv != nullptr && j < kv->pages.size() ? &kv->pages[j] : nullptr;
+    if (pg != nullptr && pg->host_page >= 0) {
+      if (!pg->host_ready) rc.awaiting.insert(j);  // a backup already in flight: its completion is this order's
+      continue;
+    }
+    rc.awaiting.insert(j);
+    absl::Status issued;
+    if (item.held) {
+      (void)pg->populate.Wait();  // a kept copy still in flight: back up what it holds
+      issued = hier_->BackupPages(r->id, std::vector<uint32_t>{j}, std::vector<PageIndex>{item.target}).status();
+    } else {
+      rc.planned[j] = m.backup_pages[i];
+      if (kv != nullptr) issued = hier_->BackupInsteadOfKeep(r->id, j, item.target).status();
+      // Not started yet (waiting for a slot): PlanKv leaves the page out of the keep plan (ReclaimInFlight), so it
+      // is backed up into r->host_pages[j] when it completes.
+    }
+    if (!issued.ok()) {
+      rc.awaiting.erase(j);
+      if (rc.backup_status.ok()) rc.backup_status = issued;
+    }
+  }
+  for (uint32_t j : rc.awaiting) reclaim_backup_of_[{r->id, j}] = m.order;
   reclaims_[m.order] = std::move(rc);
   AdvanceReclaims();
 }
@@ -359,25 +409,30 @@ void Worker::AdvanceReclaims() {
     const wire::ReclaimOrderT& m = rc.order;
     auto rit = requests_.find(m.request);
     Request* r = rit == requests_.end() ? nullptr : rit->second.get();
-    if (rc.backing_up) {
-      if (!rc.backup.Done()) { ++it; continue; }
-      rc.backing_up = false;
-      const absl::Status s = rc.backup.Status();
-      for (uint32_t j : rc.backed_history) reclaim_backup_of_.erase(PageKey{m.request, j});
-      wire::BackupCompleteT done;
-      done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = rc.backed_pages;
-      done.host_pages = rc.backed_targets; done.ok = s.ok();
-      if (!s.ok()) { done.error = ToWireError(s); done.message = std::string(s.message()); }
-      (void)memd_->SendBackupComplete(done);
-      if (!s.ok()) {  // memd leaves the victim untouched and may retry
-        spdlog::warn("worker: backup of reclaim order {} failed: {}", m.order, s.ToString());
+    if (!rc.backup_reported && r != nullptr) {
+      // Every backup page's host copy written -> BackupComplete ok. A failure is reported once none of the order's
+      // copies is still writing (memd may hand the host pages on after it); pages not issued yet are not waited for.
+      if (!rc.awaiting.empty() && (rc.backup_status.ok() || BackupInFlight(rc))) { ++it; continue; }
+      rc.backup_reported = true;
+      for (uint32_t j : rc.awaiting) reclaim_backup_of_.erase(PageKey{m.request, j});
+      if (!m.backup_pages.empty()) SendBackupComplete(m, rc.backup_status);
+      if (!rc.backup_status.ok()) {
+        // memd leaves the victim untouched and may retry: a page only planned to be kept is kept again on its GPU
+        // page (its rows are still in the tail: a page without a host copy never leaves it).
+        spdlog::warn("worker: backup of reclaim order {} failed: {}", m.order, rc.backup_status.ToString());
+        const RequestKv* kv = hier_ != nullptr ? hier_->Find(m.request) : nullptr;
+        for (const auto& [j, dp] : rc.planned) {
+          if (kv == nullptr) continue;  // not started: PlanKv keeps it once this order is gone
+          if (j < kv->pages.size() && kv->pages[j].host_page >= 0) continue;  // written: host copy, nothing to undo
+          if (absl::Status s = hier_->RestoreKeep(m.request, j, dp); !s.ok()) {
+            spdlog::error("worker: keeping page {} of request {} again failed: {}", j, m.request, s.ToString());
+          }
+        }
         it = reclaims_.erase(it);
         continue;
       }
-      if (r != nullptr) {
-        for (uint32_t j : rc.backed_history) r->reported_backups.insert(j);
-        stats_.pages_backed_up += rc.backed_history.size();
-      }
+      for (uint32_t j : rc.backup_history) r->reported_backups.insert(j);
+      stats_.pages_backed_up += rc.copies;
     }
     if (!rc.withdrawing && !rc.readers_done) {
       // Every page of the order this worker still holds is withdrawn, including pages whose populate copy was in
@@ -488,7 +543,20 @@ void Worker::ReportKvCompletions() {
   KvCompletions c = hier_->Poll();
   std::map<RequestId, wire::BackupCompleteT> deferred;
   for (const KvCompletions::Backup& b : c.backups) {
-    if (reclaim_backup_of_.contains(PageKey{b.request, b.page})) continue;  // reported with its order
+    if (auto rb = reclaim_backup_of_.find(PageKey{b.request, b.page}); rb != reclaim_backup_of_.end()) {
+      // A copy a reclaim order waits for: reported with that order's BackupComplete (AdvanceReclaims).
+      auto o = reclaims_.find(rb->second);
+      reclaim_backup_of_.erase(rb);
+      if (o != reclaims_.end() && o->second.awaiting.erase(b.page) != 0) {
+        if (b.status.ok()) {
+          ++o->second.copies;
+        } else if (o->second.backup_status.ok()) {
+          o->second.backup_status = absl::Status(b.status.code(), absl::StrCat("host copy of page ", b.page,
+                                                                               " failed: ", b.status.message()));
+        }
+        continue;
+      }
+    }
     auto it = requests_.find(b.request);
     if (it == requests_.end()) continue;
     if (!b.status.ok()) {
@@ -559,7 +627,10 @@ absl::Status Worker::PlanKv(Request& r) {
   if (hier_ == nullptr) return absl::OkStatus();
   std::vector<std::pair<uint32_t, PageIndex>> keep;
   if (config_.mode == WorkerMode::kAdaptive) {
-    for (const auto& [j, dp] : r.optional) keep.emplace_back(j, dp);
+    // A page a reclaim order took before the request started is not kept: it goes to its host page (contract §4).
+    for (const auto& [j, dp] : r.optional) {
+      if (!ReclaimInFlight(r.id, dp)) keep.emplace_back(j, dp);
+    }
   }
   return hier_->PlanResidency(r.id, r.host_pages, keep);
 }
@@ -581,11 +652,56 @@ void Worker::StartGranted() {
 }
 
 absl::Status Worker::ImportChunk(Request& r) {
-  const size_t last = r.input.size() - 1;  // the last input token is fed by a Step (its logits start decoding)
-  const size_t n = std::min<size_t>(geometry_.prefill_chunk, last - static_cast<size_t>(r.fed));
-  std::span<const model::Token> chunk(r.input.data() + r.fed, n);
+  // The prefix ends at prefix_tokens; the last input token is always fed by a Step (its logits start decoding).
+  const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix_tokens);
+  Position end = std::min<Position>(last, r.fed + static_cast<Position>(geometry_.prefill_chunk));
+  const Position block = static_cast<Position>(r.prefix_block_tokens);
+  if (prefix_cache_.capacity_bytes() > 0 && block > 0) {
+    // Whole blocks go through the row cache (prefix_cache.h): imported when their chain is cached, else computed
+    // (still prefill_chunk tokens per iteration, never across the block's end) with their rows captured.
+    const Position b = r.fed / block, first = b * block;
+    const bool whole = first + block <= last && static_cast<size_t>(b) < r.hash_ids.size();
+    std::span<const uint64_t> chain(r.hash_ids.data(), static_cast<size_t>(b) + 1);
+    if (whole && r.fed == first && !r.capture) {
+      if (const PrefixBlock* hit = prefix_cache_.Find(chain, r.prefix_block_tokens)) {
+        if (absl::Status s = model_->ImportRows(*r.session, r.prefix_block_tokens, hit->rows, hit->keys, kv());
+            !s.ok()) {
+          return s;
+        }
+        r.fed += block;
+        ++stats_.prefix_blocks_imported;
+        return absl::OkStatus();
+      }
+      r.capture.emplace();
+      r.capture->first = first;
+      r.capture->tokens = r.prefix_block_tokens;
+      r.capture->rows.resize(static_cast<size_t>(model_->config().n_sources()));
+    }
+    if (r.capture) {
+      end = std::min<Position>(end, r.capture->first + block);
+      RowCapture capture(&kv(), r.id, &*r.capture);
+      std::span<const model::Token> chunk(r.input.data() + r.fed, static_cast<size_t>(end - r.fed));
+      if (absl::Status s = model_->ImportPrefix(*r.session, chunk, capture); !s.ok()) return s;
+      r.fed = end;
+      if (r.fed == r.capture->first + block) {
+        const model::ModelConfig& mc = model_->config();
+        for (int i = 0; i < mc.n_indexers(); ++i) {
+          std::span<const float> keys =
+              r.session->index_keys(i).subspan(static_cast<size_t>(r.capture->first) * mc.idx_dim,
+                                               static_cast<size_t>(block) * mc.idx_dim);
+          r.capture->keys.emplace_back(keys.begin(), keys.end());
+        }
+        prefix_cache_.Insert(chain, r.prefix_block_tokens, *std::move(r.capture));
+        r.capture.reset();
+        ++stats_.prefix_blocks_computed;
+      }
+      return absl::OkStatus();
+    }
+    end = std::min<Position>(end, first + block);  // land on block starts so that later blocks can use the cache
+  }
+  std::span<const model::Token> chunk(r.input.data() + r.fed, static_cast<size_t>(end - r.fed));
   if (absl::Status s = model_->ImportPrefix(*r.session, chunk, kv()); !s.ok()) return s;
-  r.fed += static_cast<Position>(n);
+  r.fed = end;
   return absl::OkStatus();
 }
 
@@ -600,6 +716,7 @@ absl::Status Worker::ReplayFed(Request& r) {
   }
   kv().Release(r.id);
   r.session.emplace(model_->NewSession(r.id));
+  r.capture.reset();  // recomputed below without the row cache; a later block starts a fresh capture
   if (absl::Status s = PlanKv(r); !s.ok()) return s;
   std::vector<model::Token> all = r.input;
   all.insert(all.end(), r.generated.begin(), r.generated.end());
@@ -626,13 +743,14 @@ absl::Status Worker::RunBatch() {
     Request& r = *rp;
     if (r.phase != Phase::kActive) continue;
     const Position in = static_cast<Position>(r.input.size());
-    if (r.prefix && r.fed < in - 1) {
+    const Position import_end = std::min<Position>(r.prefix_tokens, in - 1);
+    if (r.fed < import_end) {
       if (absl::Status s = ImportChunk(r); !s.ok()) {
         failed.push_back(id);
         spdlog::warn("worker: request {} failed while importing its prefix: {}", id, s.ToString());
         continue;
       }
-      if (r.fed < in - 1) continue;
+      if (r.fed < import_end) continue;
     }
     Item item{&r, {}, true};
     if (r.fed < in) {
@@ -813,6 +931,8 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.finished_requests = s.finished_requests;
   r.failed_requests = s.failed_requests;
   r.tokens_generated = s.tokens_generated;
+  r.prefix_blocks_imported = s.prefix_blocks_imported;
+  r.prefix_blocks_computed = s.prefix_blocks_computed;
   r.capacity_pages = geometry_.capacity_pages;
   r.page_bytes = geometry_.page_bytes;
   return r;

@@ -44,6 +44,7 @@
 #include "workerd/memd_link.h"
 #include "workerd/model/model.h"
 #include "workerd/model/sampling.h"
+#include "workerd/prefix_cache.h"
 #include "workerd/serving.h"
 
 namespace dhs {
@@ -62,8 +63,10 @@ struct WorkerConfig {
   uint32_t tail_rows = 0;            // T per slot and source, a multiple of p; 0 = 2 * p
   uint32_t page_rows = 64;           // p
   uint64_t max_context_tokens = 131072;  // prompt + max_new_tokens limit per request, tokens
-  uint32_t prefill_chunk = 0;        // prompt tokens fed per request and step; 0 = auto (B / (k + window) when
-                                     // hierarchical, so one step's selections fit the hot cache; 256 when resident)
+  uint64_t prefix_cache_bytes = uint64_t{256} << 20;  // prepared-prefix row cache (prefix_cache.h), bytes; 0 = off
+  uint32_t prefill_chunk = 0;        // prompt tokens fed per request and step; 0 = auto: B / (k + window) in every
+                                     // mode, so one step's selections fit the hot cache and the modes interleave
+                                     // prefill with decode alike
 };
 
 // The sizes derived from the model and the config (brief §8).
@@ -93,6 +96,8 @@ struct WorkerStats {
   uint64_t finished_requests = 0;
   uint64_t failed_requests = 0;
   uint64_t tokens_generated = 0;
+  uint64_t prefix_blocks_imported = 0;  // prepared-prefix blocks imported from the row cache (not computed)
+  uint64_t prefix_blocks_computed = 0;  // prepared-prefix blocks computed (and offered to the cache)
 };
 
 class Worker final : public MemdHandler {
@@ -141,8 +146,11 @@ class Worker final : public MemdHandler {
     RequestId id = 0;
     ClientRef client;
     Phase phase = Phase::kWaitGrant;
-    std::vector<model::Token> input;   // prompt or prepared prefix
-    bool prefix = false;               // imported with ImportPrefix
+    std::vector<model::Token> input;   // prepared prefix (if any) then prompt
+    Position prefix_tokens = 0;        // leading input tokens imported with ImportPrefix (the prepared prefix)
+    std::vector<uint64_t> hash_ids;    // the prefix's block chain (row-cache keys)
+    uint32_t prefix_block_tokens = 0;  // tokens per block
+    std::optional<PrefixBlock> capture;  // the block being computed, captured for the row cache
     uint32_t max_new = 0;
     model::SamplingParams sampling;
     bool greedy = true;
@@ -158,15 +166,21 @@ class Worker final : public MemdHandler {
   };
   struct Reclaim {
     wire::ReclaimOrderT order;
-    // The order's backup pages that have a host copy once the backup completed (GPU pages, host targets, history
-    // pages); pages not written yet are left out (they are reported with BackupComplete order 0 when they complete).
+    // BackupComplete (contract §4) names every backup page of the order and goes out once all of them have a written
+    // host copy, or (ok = false) once a copy failed and none of the order's copies is still in flight.
+    // awaiting: history pages whose host copy is not written yet: copies in flight, and pages the victim is still
+    // writing (planned to be kept, the backup replaces the keep and is issued when the page completes). Their
+    // completions come from ReportKvCompletions (reclaim_backup_of_), never as a BackupComplete with order 0.
+    std::set<uint32_t> awaiting;
+    // Pages only planned to be kept when the order came (history page -> GPU page): kept again if the order fails,
+    // since memd then leaves the victim's pages as they were.
+    std::map<uint32_t, PageIndex> planned;
+    std::vector<uint32_t> backup_history;  // history page of each backup page of the order
+    uint64_t copies = 0;                   // host copies this order wrote
+    absl::Status backup_status;            // the first failed copy (or issue) of the order
+    bool backup_reported = false;
     // The pages to withdraw are read from the KV store when the withdrawal starts (AdvanceReclaims).
-    std::vector<uint32_t> backed_pages;
-    std::vector<wire::HostPageRef> backed_targets;
-    std::vector<uint32_t> backed_history;
-    CopyEvent backup;
     CopyEvent withdraw;
-    bool backing_up = false;
     bool withdrawing = false;
     bool readers_done = false;
   };
@@ -182,6 +196,12 @@ class Worker final : public MemdHandler {
   KvAccess& kv() { return *kv_; }
   void ReportKvCompletions();
   void AdvanceReclaims();
+  // Whether a reclaim order of `request` not yet at ReadersDone names `device_page`.
+  bool ReclaimInFlight(RequestId request, PageIndex device_page) const;
+  // BackupComplete of reclaim order `m`: every backup page of the order, ok or the failure.
+  void SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status);
+  // Whether one of the order's awaited host copies is still being written (issued, not reported by Poll yet).
+  bool BackupInFlight(const Reclaim& rc) const;
   // Whether a populate order of `request` still has a copy in flight into one of `device_pages`.
   bool PopulateInFlight(RequestId request, std::span<const PageIndex> device_pages) const;
   void StartGranted();
@@ -218,6 +238,7 @@ class Worker final : public MemdHandler {
   };
   std::vector<Cancelled> cancelled_populates_;
   WorkerStats stats_;
+  PrefixRowCache prefix_cache_;
 };
 
 }  // namespace dhs

@@ -68,6 +68,9 @@ TEST(ReplayOptions, SizesAndModes) {
   EXPECT_EQ(Parse({"--hbm-budget", "3KiB"}).options.hbm_budget_bytes, 3072);
   EXPECT_EQ(Parse({"--mode", "resident"}).options.mode, ReplayMode::kResident);
   EXPECT_EQ(Parse({"--mode", "ADAPTIVE"}).options.mode, ReplayMode::kAdaptive);
+  EXPECT_EQ(Parse({"--reclaim-policy", "largest-first"}).options.reclaim_policy, "largest-first");
+  EXPECT_EQ(Parse({}).options.reclaim_policy, "");  // memd's own default
+  EXPECT_EQ(Parse({"--preset", "bench-wide"}).options.preset, "bench-wide");
   EXPECT_EQ(ReplayModeName(ReplayMode::kHisparse), "hisparse");
 }
 
@@ -110,6 +113,8 @@ TEST(ReplayOptions, BadValuesExitTwoWithAClearMessage) {
       {{"--plot", "x.png"}, "--plot requires --sweep"},
       {{"--trace", "/nonexistent/trace.jsonl"}, "/nonexistent/trace.jsonl"},
       {{"--connect", "localhost:5555"}, "--connect must be a tcp:// or ipc:// endpoint"},
+      {{"--reclaim-policy", "random"}, "--reclaim-policy"},
+      {{"--reclaim-policy", "newest-first", "--connect", "ipc:///tmp/n.sock"}, "not to --connect"},
       {{"--bogus"}, "--bogus"},
   };
   for (const BadArgs& c : cases) {

@@ -68,6 +68,8 @@ DriverResult SampleResult() {
   r.stats.census = {60, 30, 10};
   r.stats.reclaims = 3;
   r.stats.repopulated_pages = 17;
+  r.stats.prefix_blocks_imported = 5;
+  r.stats.prefix_blocks_computed = 2;
   r.stats.gpus = {{0, 100, 40, 50, 5, 4096, 90 * 4096}, {1, 100, 10, 0, 5, 4096, 10 * 4096}};
   return r;
 }
@@ -106,6 +108,8 @@ TEST(BuildReport, FiguresByHand) {
   EXPECT_EQ(r.sessions_admitted_max, 2);
   EXPECT_EQ(r.reclaims, 3);
   EXPECT_EQ(r.repopulated_pages, 17);
+  EXPECT_EQ(r.prefix_blocks_imported, 5);
+  EXPECT_EQ(r.prefix_blocks_computed, 2);
   EXPECT_EQ(r.exact_match, true);
   EXPECT_EQ(r.elapsed_s, 2.0);
   EXPECT_EQ(r.gpus.size(), 2u);
@@ -148,6 +152,8 @@ TEST(ReportJson, HasEveryFieldWithItsValue) {
   EXPECT_EQ(j["repopulated_pages"], 17);
   EXPECT_EQ(j["mode"], "adaptive");
   EXPECT_EQ(j["prefill"], "prefill");
+  EXPECT_EQ(j["prefix_blocks"]["imported"], 5);
+  EXPECT_EQ(j["prefix_blocks"]["computed"], 2);
   EXPECT_EQ(j["exact_match"], false);
   ASSERT_EQ(j["gpu_memory"].size(), 2u);
   EXPECT_EQ(j["gpu_memory"][0]["gpu"], 0);
@@ -164,6 +170,7 @@ TEST(ReportJson, HasEveryFieldWithItsValue) {
   EXPECT_TRUE(j["settings"]["time_scale"].is_null());
   EXPECT_EQ(j["settings"]["hbm_budget_bytes"], 1 << 20);
   EXPECT_EQ(j["settings"]["check_exact"], false);
+  EXPECT_TRUE(j["settings"]["reclaim_policy"].is_null());  // not chosen by the tool: memd's default
 }
 
 TEST(ReportCsv, OneRowMatchingTheHeader) {

@@ -13,7 +13,9 @@
 //    BM_PlanStepFixedWindow/<history rows>: a diagnostic, as BM_PlanStep but the direct rows come from a fixed window
 //    of 4096 ready rows at every size, so the same lookups touch a ready-map region of fixed size.
 //    Counters: ns_per_step, ns_per_row (per selected row), the per-step census (direct/hot/host) measured from the
-//    resolver's census, and the ready map's bytes. The composition is checked against the census (error otherwise).
+//    resolver's census, hot_index_KiB (the dense ready_page + host_ready index the lookups read, request_kv.h) and
+//    page_record_KiB (the KvPage record beside it, not read by the lookups). The composition is checked against the
+//    census (error otherwise).
 // 2. BM_HostRecoveryVsMemcpy/<rows per step>: host recovery of all-miss steps (every selected row copied from the
 //    host pool into the hot cache through the device's copy engine) against a plain memcpy of the same rows into the
 //    same hot-cache bytes, both timed in the same iterations (order alternated). Counters: recovery_GBps,
@@ -193,7 +195,14 @@ class StepLane {
     return steps_ == 0 ? 0 : static_cast<double>(b_.resolver.census(0).*field - before_.*field) / steps_;
   }
   double ns_per_step() const { return steps_ == 0 ? 0 : total_sec_ * 1e9 / static_cast<double>(steps_); }
-  double ready_map_kib() const { return static_cast<double>(b_.kv.pages.size() * sizeof(KvPage)) / 1024.0; }
+  // The dense hot index the resolver's lookups read (request_kv.h: ready_page, 4 B, and host_ready, 1 B, per page),
+  // and the per-page record beside it (KvPage) that they no longer read.
+  double hot_index_kib() const {
+    const RequestKv& kv = b_.kv;
+    return static_cast<double>(kv.ready_page.size() * sizeof(kv.ready_page[0]) +
+                               kv.host_ready.size() * sizeof(kv.host_ready[0])) / 1024.0;
+  }
+  double page_record_kib() const { return static_cast<double>(b_.kv.pages.size() * sizeof(KvPage)) / 1024.0; }
   Position rows() const { return rows_; }
 
  private:
@@ -229,7 +238,8 @@ void RunStep(benchmark::State& state, bool plan_only, Position direct_window, co
   state.counters["direct"] = lane.PerStep(&Census::direct);
   state.counters["hot"] = lane.PerStep(&Census::hot);
   state.counters["host"] = lane.PerStep(&Census::host);
-  state.counters["ready_map_KiB"] = lane.ready_map_kib();
+  state.counters["hot_index_KiB"] = lane.hot_index_kib();
+  state.counters["page_record_KiB"] = lane.page_record_kib();
   StepFigures()[name][lane.rows()].Add(state.iterations(), lane.ns_per_step());
 }
 

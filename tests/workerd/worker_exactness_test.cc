@@ -20,6 +20,7 @@ struct Spec {
   float temperature = 0;
   uint64_t seed = 0;
   int submit_at;  // loop iteration at which the client submits it (continuous batching)
+  uint32_t prefix_block_tokens = 512;
 };
 
 std::vector<Spec> Requests(int k) {
@@ -31,6 +32,8 @@ std::vector<Spec> Requests(int k) {
   s.push_back({5, Prompt(83, 5), {}, 0, 12, 0.8f, 99, 9});                                  // sampled
   s.push_back({6, {}, {77, 78}, 530, 8, 0, 0, 3});                                          // prepared prefix
   s.push_back({7, Prompt(48, 2), {}, 0, 12, 0, 0, 40});                                     // late arrival
+  s.push_back({8, Prompt(9, 6), {77, 79}, 89, 7, 0, 0, 12, 40});  // 2 prefix blocks of 40 (shared first) + 9 prompt
+  s.push_back({9, {}, {77, 78}, 530, 6, 0, 0, 400});  // request 6's prefix again, later: its block from the row cache
   return s;
 }
 
@@ -65,6 +68,7 @@ void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budge
       sub.prompt = s.prompt;
       sub.hash_ids = s.hash_ids;
       sub.input_tokens = s.input_tokens;
+      sub.prefix_block_tokens = s.prefix_block_tokens;
       sub.max_new_tokens = s.max_new;
       sub.temperature = s.temperature;
       sub.seed = s.seed;
@@ -90,12 +94,16 @@ TEST_P(Exactness, AllModesMatchTheOracleUnderRandomReclaimAndPopulate) {
   const std::vector<Spec> specs = Requests(m->config().top_k);
   std::map<RequestId, Generated> want;
   for (const Spec& s : specs) {
-    std::vector<model::Token> input = s.hash_ids.empty()
-                                          ? std::vector<model::Token>(s.prompt.begin(), s.prompt.end())
-                                          : PreparedPrefixTokens(s.hash_ids, s.input_tokens);
+    wire::SubmitRequestT sub;
+    sub.prompt = s.prompt;
+    sub.hash_ids = s.hash_ids;
+    sub.input_tokens = s.input_tokens;
+    sub.prefix_block_tokens = s.prefix_block_tokens;
+    const std::vector<model::Token> input = SubmitInputTokens(sub);
     want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, s.seed);
   }
   int total_reclaims = 0, total_populated = 0;
+  uint64_t prefix_imported = 0;
   uint64_t kept = 0, host_rows = 0;
   for (WorkerMode mode : {WorkerMode::kResident, WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
     for (uint64_t seed : {1ull, 2ull, 3ull}) {
@@ -123,6 +131,10 @@ TEST_P(Exactness, AllModesMatchTheOracleUnderRandomReclaimAndPopulate) {
         EXPECT_EQ(res.stats.reclaims_obeyed, static_cast<uint64_t>(res.reclaims));
       }
       if (mode == WorkerMode::kAdaptive) kept += res.stats.pages_kept;
+      // Whole prefix blocks before the last input token: 1 (request 6) + 2 (request 8) + 1 (request 9), each either
+      // computed or imported from the row cache.
+      EXPECT_EQ(res.stats.prefix_blocks_imported + res.stats.prefix_blocks_computed, 4u);
+      prefix_imported += res.stats.prefix_blocks_imported;
     }
   }
   // The schedule really exercised the hierarchy: reclaims, repopulations, kept pages and host recoveries happened.
@@ -130,6 +142,7 @@ TEST_P(Exactness, AllModesMatchTheOracleUnderRandomReclaimAndPopulate) {
   EXPECT_GT(total_populated, 0);
   EXPECT_GT(kept, 0u);
   EXPECT_GT(host_rows, 0u);
+  EXPECT_GT(prefix_imported, 0u);  // the row cache served some block, and its outputs matched the oracle above
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Exactness, ::testing::Values("dsv4flash-like", "glm5-like"));

@@ -81,6 +81,16 @@ TEST(WorkerSubmit, BadSubmissionsGetClearErrorsAndTheWorkerKeepsServing) {
   prefix_count.hash_ids = {5, 6};
   prefix_count.input_tokens = 100;  // one 512-token block, two ids
   ExpectInvalid(*f.worker, prefix_count, "unknown prefix reference");
+  wire::SubmitRequestT block0 = Submit(5, {}, 4);
+  block0.hash_ids = {5};
+  block0.input_tokens = 100;
+  block0.prefix_block_tokens = 0;
+  ExpectInvalid(*f.worker, block0, "prefix_block_tokens 0");
+  wire::SubmitRequestT suffix = Submit(5, Prompt(3, 1), 4);
+  suffix.hash_ids = {5};
+  suffix.input_tokens = 40;
+  suffix.prefix_block_tokens = 32;  // 32 prefix tokens + 8 prompt tokens would make 40; 3 given
+  ExpectInvalid(*f.worker, suffix, "needs 8 prompt tokens");
   for (float t : {-0.5f, std::numeric_limits<float>::quiet_NaN()}) {
     wire::SubmitRequestT s = Submit(6, Prompt(10, 1), 4);
     s.temperature = t;
@@ -112,15 +122,40 @@ TEST(WorkerSubmit, PreparedPrefixIsDeterministicAndSharedBlocksAreEqual) {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
   };
-  const std::vector<uint64_t> a{11, 12}, b{11, 13};
-  const auto ta = PreparedPrefixTokens(a, 600), tb = PreparedPrefixTokens(b, 700);
+  auto block_token = [&](uint64_t id, uint64_t j) { return static_cast<model::Token>(splitmix(splitmix(id) + j) >> 56); };
+  wire::SubmitRequestT a, b;
+  a.hash_ids = {11, 12};
+  a.input_tokens = 600;
+  a.max_new_tokens = 1;
+  b.hash_ids = {11, 13};
+  b.input_tokens = 700;
+  b.max_new_tokens = 1;
+  ASSERT_TRUE(ValidateSubmit(a, 4096).ok());
+  ASSERT_TRUE(ValidateSubmit(b, 4096).ok());
+  const auto ta = SubmitInputTokens(a), tb = SubmitInputTokens(b);
   ASSERT_EQ(ta.size(), 600u);
   ASSERT_EQ(tb.size(), 700u);
+  EXPECT_EQ(SubmitPrefixTokens(a), 600u);
   for (uint32_t j = 0; j < 512; ++j) ASSERT_EQ(ta[j], tb[j]);  // equal first id -> equal first block
   EXPECT_NE(std::vector<model::Token>(ta.begin() + 512, ta.end()),
             std::vector<model::Token>(tb.begin() + 512, tb.begin() + 600));
-  EXPECT_EQ(ta[3], static_cast<model::Token>(splitmix(11 * 512 + 3) >> 56));
-  EXPECT_EQ(ta[515], static_cast<model::Token>(splitmix(12 * 512 + 3) >> 56));
+  EXPECT_EQ(ta[3], block_token(11, 3));
+  EXPECT_EQ(ta[515], block_token(12, 3));
+
+  // A length-scaled trace: 2 blocks of 51 tokens cover 102 of 110 input tokens; the last 8 come as prompt bytes.
+  wire::SubmitRequestT c;
+  c.hash_ids = {11, 12};
+  c.input_tokens = 110;
+  c.prefix_block_tokens = 51;
+  c.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  c.max_new_tokens = 1;
+  ASSERT_TRUE(ValidateSubmit(c, 4096).ok());
+  const auto tc = SubmitInputTokens(c);
+  ASSERT_EQ(tc.size(), 110u);
+  EXPECT_EQ(SubmitPrefixTokens(c), 102u);
+  for (uint32_t j = 0; j < 51; ++j) ASSERT_EQ(tc[j], ta[j]);  // a block's tokens do not depend on the block size
+  EXPECT_EQ(tc[51], block_token(12, 0));
+  EXPECT_EQ(std::vector<model::Token>(tc.begin() + 102, tc.end()), (std::vector<model::Token>{1, 2, 3, 4, 5, 6, 7, 8}));
 }
 
 TEST(WorkerSubmit, LogitsDigestIsFnv1aOverTheFloatBits) {
@@ -302,7 +337,8 @@ TEST(WorkerAdmission, AllocationWaitIsSubmitToGrant) {
 
 // ---- Scripted memd conversations: the test delivers memd's messages itself, in a chosen order ----
 
-// A memd that only records what the worker sends (in order); `on_readers_done` runs when a ReadersDone is sent.
+// A memd that only records what the worker sends (in order); `on_readers_done` / `on_backup_complete` run when a
+// ReadersDone / BackupComplete is sent.
 class ScriptedMemd final : public MemdLink {
  public:
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
@@ -312,6 +348,7 @@ class ScriptedMemd final : public MemdLink {
   absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override {
     log.push_back(absl::StrCat("backup/", m.order));
     backups.push_back(m);
+    if (on_backup_complete) on_backup_complete(m);
     return absl::OkStatus();
   }
   absl::Status SendReadersDone(const wire::ReadersDoneT& m) override {
@@ -340,6 +377,7 @@ class ScriptedMemd final : public MemdLink {
   std::vector<wire::ReadersDoneT> readers_done;
   std::vector<wire::ReadyPublishT> publishes;
   std::function<void(const wire::ReadersDoneT&)> on_readers_done;
+  std::function<void(const wire::BackupCompleteT&)> on_backup_complete;
 };
 
 // An adaptive worker on a CpuDevice talking to a ScriptedMemd; host pages 10.. of a 64-page host pool.
@@ -359,8 +397,10 @@ struct ScriptedFixture {
     worker = std::move(*w);
     layout = std::make_unique<KvLayout>(*KvLayout::Create(worker->geometry().kv));
   }
-  // Submits `id` and grants it with no optional page: every completed page goes to host page 10 + j.
-  void SubmitAndGrant(RequestId id, size_t prompt, uint32_t max_new) {
+  // Submits `id` and grants it: history page j goes to host page host_base + j, except the pages of `kept` (history
+  // page -> optional GPU page), which memd lets the worker keep on GPU without a host backup (adaptive mode).
+  void SubmitAndGrant(RequestId id, size_t prompt, uint32_t max_new, std::map<uint32_t, PageIndex> kept = {},
+                      PageIndex host_base = 10) {
     wire::SubmitRequestT s;
     s.request = id;
     s.prompt = Prompt(prompt, static_cast<uint32_t>(id));
@@ -368,8 +408,51 @@ struct ScriptedFixture {
     ASSERT_TRUE(worker->Submit(s, ClientRef{"c", id}).ok());
     wire::AdmitGrantT grant;
     grant.request = id;
-    for (uint32_t j = 0; j < (prompt + max_new + 15) / 16; ++j) grant.backup_host_pages.emplace_back(0, 10 + j);
+    for (uint32_t j = 0; j < (prompt + max_new + 15) / 16; ++j) grant.backup_host_pages.emplace_back(0, host_base + j);
+    for (const auto& [j, dp] : kept) {
+      grant.optional_history_pages.push_back(j);
+      grant.optional_pages.push_back(dp);
+    }
     worker->OnAdmitGrant(grant);
+  }
+  // Rows of `id` appended for every source (0 before its first row).
+  Position Appended(RequestId id) {
+    const RequestKv* kv = worker->hierarchical()->Find(id);
+    return kv == nullptr ? 0 : *std::min_element(kv->appended.begin(), kv->appended.end());
+  }
+  // Iterates (copies complete in between) until `done` holds; false after `limit` iterations.
+  bool IterateUntil(const std::function<bool()>& done, int limit = 200) {
+    for (int it = 0; it < limit && !done(); ++it) {
+      if (!worker->Iterate().ok()) return false;
+      device.WaitIdle();
+    }
+    return done();
+  }
+  // Holds every device->host copy that reads the tail rows of history page `page` of `id` (its host backup).
+  void HoldHostCopyOf(RequestId id, uint32_t page) {
+    const Location at = layout->TailRow(worker->hierarchical()->Find(id)->slot, 0, Position{page} * 16);
+    device.SetCopyHook([at](const CopyInfo& i) {
+      if (i.kind != CopyKind::kDeviceToHost) return CopyFate::kRun;
+      for (const DeviceRange& r : i.device) {
+        if (r.offset == at) return CopyFate::kHold;
+      }
+      return CopyFate::kRun;
+    });
+  }
+  // BackupComplete messages for reclaim order `order`.
+  std::vector<wire::BackupCompleteT> BackupsOf(uint64_t order) const {
+    std::vector<wire::BackupCompleteT> out;
+    for (const wire::BackupCompleteT& b : memd.backups) {
+      if (b.order == order) out.push_back(b);
+    }
+    return out;
+  }
+  // Whether a BackupComplete with order 0 named history page `page` of `id`.
+  bool ReportedDeferred(RequestId id, uint32_t page) const {
+    for (const wire::BackupCompleteT& b : memd.backups) {
+      if (b.order == 0 && b.request == id && std::count(b.pages.begin(), b.pages.end(), page)) return true;
+    }
+    return false;
   }
   // Iterates until history page `page` of `id` has a completed host copy reported to memd.
   void RunUntilHostCopy(RequestId id, uint32_t page) {
@@ -397,6 +480,16 @@ struct ScriptedFixture {
     device.SetCopyHook(nullptr);
     device.ReleaseAllHeld();
     device.WaitIdle();
+  }
+  static wire::ReclaimOrderT ReclaimOrder(uint64_t order, RequestId id, std::vector<uint32_t> pages,
+                                          std::vector<PageIndex> targets) {
+    wire::ReclaimOrderT o;
+    o.order = order;
+    o.request = id;
+    o.pages = pages;
+    o.backup_pages = pages;
+    for (PageIndex h : targets) o.backup_targets.emplace_back(0, h);
+    return o;
   }
   static wire::PopulateOrderT PopulateOrder(uint64_t order, RequestId id, PageIndex dp, uint32_t page) {
     wire::PopulateOrderT o;
@@ -507,6 +600,220 @@ TEST(WorkerOrders, PopulateOfAFinishedRequestIsAnsweredAfterItsCopyEnded) {
   EXPECT_EQ(f.memd.publishes[0].pages, std::vector<uint32_t>{kDp});
   EXPECT_LT(f.memd.Index("complete/1"), f.memd.Index("ready_publish/200"));
   EXPECT_EQ(f.worker->pending_orders(), 0u);
+}
+
+// The payload rows the model appends for `tokens`, by (source, position): the model alone on ResidentKvAccess, the
+// whole prompt in one step (batch invariance, brief §11: the worker's chunked prefill appends the same bytes).
+class RecordingKv final : public KvAccess {
+ public:
+  explicit RecordingKv(const model::ModelConfig& c)
+      : inner_(model::ResidentKvAccess::ForModel(c, size_t{64} << 20, 16)) {}
+  absl::Status Append(RequestId request, SourceId source, Position position, std::span<const uint8_t> row) override {
+    rows[{source, position}].assign(row.begin(), row.end());
+    return inner_->Append(request, source, position, row);
+  }
+  absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override {
+    return inner_->Fetch(sources, batch);
+  }
+  void ReadersDone(std::span<const SourceId> sources) override { inner_->ReadersDone(sources); }
+  void Release(RequestId request) override { inner_->Release(request); }
+  std::map<std::pair<SourceId, Position>, std::vector<uint8_t>> rows;
+
+ private:
+  std::unique_ptr<model::ResidentKvAccess> inner_;
+};
+
+std::map<std::pair<SourceId, Position>, std::vector<uint8_t>> OriginalRows(const model::Model& m,
+                                                                           const std::vector<uint8_t>& prompt) {
+  RecordingKv kv(m.config());
+  model::ModelSession s = m.NewSession(1);
+  std::vector<model::Token> feed(prompt.begin(), prompt.end());
+  model::StepInput in{&s, feed};
+  model::StepOutput out;
+  EXPECT_TRUE(m.Step(std::span<model::StepInput>(&in, 1), kv, std::span<model::StepOutput>(&out, 1)).ok());
+  return std::move(kv.rows);
+}
+
+// Host page `host_page` holds the original rows of history page `page`, source by source (layout.h: host pages use
+// the device page layout).
+void ExpectHostPageHolds(const ScriptedFixture& f, PageIndex host_page, uint32_t page,
+                         const std::map<std::pair<SourceId, Position>, std::vector<uint8_t>>& rows) {
+  const uint8_t* base = f.host.data() + uint64_t{host_page} * f.layout->page_bytes();
+  for (SourceId s = 0; s < f.layout->num_sources(); ++s) {
+    for (uint32_t i = 0; i < 16; ++i) {
+      const Position t = Position{page} * 16 + i;
+      auto it = rows.find({s, t});
+      ASSERT_NE(it, rows.end()) << "source " << s << " position " << t;
+      ASSERT_EQ(it->second.size(), f.layout->row_bytes(s));
+      ASSERT_EQ(0, std::memcmp(base + f.layout->InPage(s, i), it->second.data(), it->second.size()))
+          << "host page " << host_page << " (history page " << page << "), source " << s << ", position " << t;
+    }
+  }
+}
+
+// At every BackupComplete{ok} of a reclaim order, each page it names has a written host copy on the worker (and none
+// is named twice): memd counts those pages as host copies from that message on (contract §4).
+void CheckBackupsAreWritten(ScriptedFixture& f, RequestId id, std::map<PageIndex, uint32_t> history_of) {
+  f.memd.on_backup_complete = [&f, id, history_of](const wire::BackupCompleteT& m) {
+    if (m.order == 0 || !m.ok) return;
+    EXPECT_FALSE(m.pages.empty()) << "an empty list reads as the whole order at memd";
+    const RequestKv* kv = f.worker->hierarchical()->Find(id);
+    ASSERT_NE(kv, nullptr);
+    for (uint32_t dp : m.pages) {
+      auto h = history_of.find(dp);
+      ASSERT_NE(h, history_of.end()) << "GPU page " << dp;
+      ASSERT_LT(h->second, kv->pages.size());
+      EXPECT_TRUE(kv->pages[h->second].host_ready) << "GPU page " << dp << " (history page " << h->second
+                                                   << ") reported backed up before its host copy was written";
+    }
+  };
+}
+
+// A reclaim order that arrives while the victim is still prefilling names a GPU page only planned to keep a history
+// page the victim has not finished writing (history page 1 here), next to a kept one (page 0). The order's
+// BackupComplete must name every backup page, and only once all their host copies are written: the planned page is
+// backed up as soon as its rows are written, and the message waits for that copy (held here). Before the fix the
+// planned page was left out: BackupComplete{pages = [page 0's]} went out at once (memd keeps waiting for the rest of a
+// partial list and reads an empty one as "all backed up"), and page 1 came later as a BackupComplete with order 0.
+TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenReportsItOnlyAfterItsHostCopyIsWritten) {
+  ScriptedFixture f;
+  constexpr PageIndex kDp0 = 3, kDp1 = 4;
+  const std::vector<uint8_t> prompt = Prompt(70, 1);
+  f.SubmitAndGrant(1, 70, 4, {{0, kDp0}, {1, kDp1}});
+  HierarchicalKvAccess* kv = f.worker->hierarchical();
+  CheckBackupsAreWritten(f, 1, {{kDp0, 0}, {kDp1, 1}});
+  // Prefill until history page 0 is kept on GPU page kDp0 while page 1 is still being written.
+  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 16 && kv->Find(1)->pages[0].ready; }));
+  const uint32_t chunk = f.worker->geometry().prefill_chunk;
+  ASSERT_LT(f.Appended(1), 32) << "prefill chunk " << chunk << ": page 1 completed before the order";
+  ASSERT_EQ(kv->HistoryPageOf(1, kDp1), std::nullopt);  // only planned: it holds nothing yet
+  f.HoldHostCopyOf(1, 1);
+  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(300, 1, {kDp0, kDp1}, {10, 11}));
+  // The victim goes on prefilling; page 1's host copy is issued when the page completes, and held.
+  ASSERT_TRUE(f.IterateUntil([&] { return !f.device.HeldCopies().empty(); }));
+  ASSERT_EQ(f.device.HeldCopies().size(), 1u);
+  // Page 0's copy is done; page 1's is held: nothing may be reported for the order yet. (Iterations stop before the
+  // tail slots of page 1 would be needed: they wait for its copy.)
+  for (int it = 0; it < 3 && f.Appended(1) + chunk < 48; ++it) {
+    ASSERT_TRUE(f.worker->Iterate().ok());
+    f.device.WaitIdle();
+  }
+  ASSERT_TRUE(kv->Find(1)->pages[0].host_ready);
+  EXPECT_EQ(f.memd.Index("backup/300"), -1) << "BackupComplete before the host copy of history page 1 was written";
+  EXPECT_TRUE(f.memd.readers_done.empty());
+  EXPECT_FALSE(kv->Find(1)->pages[1].host_ready);
+  // The copy lands: one BackupComplete names both pages, then ReadersDone.
+  f.ReleaseHeld();
+  ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
+  const std::vector<wire::BackupCompleteT> done = f.BackupsOf(300);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].ok) << done[0].message;
+  std::vector<uint32_t> pages = done[0].pages;
+  std::sort(pages.begin(), pages.end());
+  EXPECT_EQ(pages, (std::vector<uint32_t>{kDp0, kDp1}));
+  ASSERT_EQ(done[0].host_pages.size(), 2u);
+  EXPECT_LT(f.memd.Index("backup/300"), f.memd.Index("readers_done/300"));
+  EXPECT_FALSE(f.ReportedDeferred(1, 0));
+  EXPECT_FALSE(f.ReportedDeferred(1, 1)) << "page 1 belongs to the order's BackupComplete, not to order 0";
+  // The host pages hold the original rows.
+  const auto rows = OriginalRows(*f.model, prompt);
+  ExpectHostPageHolds(f, 10, 0, rows);
+  ExpectHostPageHolds(f, 11, 1, rows);
+  EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::nullopt);
+  EXPECT_EQ(kv->HistoryPageOf(1, kDp1), std::nullopt);
+  wire::RetireT retire;
+  retire.order = 300;
+  retire.request = 1;
+  retire.pages = {kDp0, kDp1};
+  f.worker->OnRetire(retire);
+  EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
+  // The request runs to the end (pages 0 and 1 now from host), bit-identical to the model alone.
+  ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(1); }, 500));
+  EXPECT_FALSE(f.sink.errors.contains(1));
+  const Generated want = Oracle(*f.model, std::vector<model::Token>(prompt.begin(), prompt.end()), 4);
+  EXPECT_EQ(f.sink.out[1].tokens, want.tokens);
+  EXPECT_EQ(f.sink.out[1].digests, want.digests);
+  EXPECT_EQ(f.worker->pending_orders(), 0u);
+}
+
+// As above, but the host write of the page still being written fails: the order's BackupComplete reports the failure
+// (never "done"), and memd then leaves the victim as it was, so the worker keeps that page on its GPU page after all
+// and the request goes on. Before the fix the order reported ok for page 0 alone, page 1's failure went out as an
+// order-0 report, and the page (neither on GPU nor on host) ended the request once its tail slots were needed.
+TEST(WorkerOrders, FailedHostWriteOfAPageStillBeingWrittenFailsTheReclaim) {
+  ScriptedFixture f;
+  constexpr PageIndex kDp0 = 3, kDp1 = 4;
+  const std::vector<uint8_t> prompt = Prompt(70, 1);
+  f.SubmitAndGrant(1, 70, 4, {{0, kDp0}, {1, kDp1}});
+  HierarchicalKvAccess* kv = f.worker->hierarchical();
+  CheckBackupsAreWritten(f, 1, {{kDp0, 0}, {kDp1, 1}});
+  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 16 && kv->Find(1)->pages[0].ready; }));
+  ASSERT_LT(f.Appended(1), 32);
+  f.HoldHostCopyOf(1, 1);
+  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(301, 1, {kDp0, kDp1}, {10, 11}));
+  ASSERT_TRUE(f.IterateUntil([&] { return !f.device.HeldCopies().empty(); }));
+  ASSERT_EQ(f.device.HeldCopies().size(), 1u);
+  EXPECT_EQ(f.memd.Index("backup/301"), -1);
+  f.device.SetCopyHook(nullptr);
+  f.device.ReleaseHeld(f.device.HeldCopies()[0], /*fail=*/true);
+  f.device.WaitIdle();
+  ASSERT_TRUE(f.IterateUntil([&] { return f.memd.Index("backup/301") != -1; }));
+  const std::vector<wire::BackupCompleteT> done = f.BackupsOf(301);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_FALSE(done[0].ok) << "a failed host write reported as done";
+  EXPECT_NE(done[0].error, wire::ErrorCode::OK);
+  std::vector<uint32_t> pages = done[0].pages;
+  std::sort(pages.begin(), pages.end());
+  EXPECT_EQ(pages, (std::vector<uint32_t>{kDp0, kDp1}));
+  for (const wire::BackupCompleteT& b : f.memd.backups) EXPECT_FALSE(b.order == 0 && !b.ok) << "order-0 failure";
+  // memd leaves the victim untouched: no ReadersDone, both pages held on their GPU pages again.
+  for (int it = 0; it < 3; ++it) {
+    ASSERT_TRUE(f.worker->Iterate().ok());
+    f.device.WaitIdle();
+  }
+  EXPECT_TRUE(f.memd.readers_done.empty());
+  EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::optional<uint32_t>(0));
+  EXPECT_EQ(kv->HistoryPageOf(1, kDp1), std::optional<uint32_t>(1));
+  EXPECT_TRUE(kv->Find(1)->pages[1].ready);
+  EXPECT_EQ(f.worker->pending_orders(), 0u);
+  // The request goes on past the point where page 1's tail slots are reused, bit-identical to the model alone.
+  ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(1); }, 500));
+  EXPECT_FALSE(f.sink.errors.contains(1)) << f.sink.errors[1];
+  const Generated want = Oracle(*f.model, std::vector<model::Token>(prompt.begin(), prompt.end()), 4);
+  EXPECT_EQ(f.sink.out[1].tokens, want.tokens);
+  EXPECT_EQ(f.sink.out[1].digests, want.digests);
+}
+
+// A reclaim order that arrives while the victim is granted but still waits for a slot (nothing written, nothing
+// kept): its page must not be kept when the request starts, and the order's BackupComplete follows the page's host
+// copy. Before the fix BackupComplete{ok, pages = []} went out at once ("the whole order" at memd).
+TEST(WorkerOrders, ReclaimBeforeTheVictimStartedWaitsForItsHostCopy) {
+  ScriptedFixture f;  // 2 slots
+  constexpr PageIndex kDp = 6;
+  f.SubmitAndGrant(1, 10, 30, {}, 10);
+  f.SubmitAndGrant(2, 10, 30, {}, 20);
+  ASSERT_TRUE(f.worker->Iterate().ok());
+  f.SubmitAndGrant(3, 40, 2, {{0, kDp}}, 30);
+  ASSERT_TRUE(f.worker->Iterate().ok());
+  ASSERT_EQ(f.worker->active_requests(), 2u);
+  ASSERT_EQ(f.worker->hierarchical()->Find(3), nullptr);  // granted, waiting for a slot
+  CheckBackupsAreWritten(f, 3, {{kDp, 0}});
+  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(302, 3, {kDp}, {30}));
+  EXPECT_EQ(f.memd.Index("backup/302"), -1) << "BackupComplete before request 3 wrote anything";
+  bool kept = false;
+  ASSERT_TRUE(f.IterateUntil([&] {
+    kept = kept || f.worker->hierarchical()->HistoryPageOf(3, kDp).has_value();
+    return !f.memd.readers_done.empty();
+  }, 500));
+  EXPECT_FALSE(kept) << "GPU page " << kDp << " was used after memd reclaimed it";
+  const std::vector<wire::BackupCompleteT> done = f.BackupsOf(302);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].ok);
+  EXPECT_EQ(done[0].pages, std::vector<uint32_t>{kDp});
+  EXPECT_LT(f.memd.Index("backup/302"), f.memd.Index("readers_done/302"));
+  EXPECT_FALSE(f.ReportedDeferred(3, 0));
+  const std::vector<uint8_t> prompt = Prompt(40, 3);
+  ExpectHostPageHolds(f, 30, 0, OriginalRows(*f.model, prompt));
 }
 
 TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {

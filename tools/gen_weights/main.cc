@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   std::string preset;
   uint64_t seed = 0;
   std::string out;
-  app.add_option("--preset", preset, "model preset: dsv4flash-like | glm5-like")->required();
+  app.add_option("--preset", preset, "model preset: dsv4flash-like | glm5-like | bench-wide")->required();
   app.add_option("--seed", seed, "random seed")->required();
   app.add_option("--out", out, "output file")->required();
   CLI11_PARSE(app, argc, argv);

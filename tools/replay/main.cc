@@ -127,6 +127,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
     launch.page_bytes = geometry->page_bytes;
     launch.host_pool_bytes = HostPoolBytes(trace, geometry->page_bytes, geometry->kv.page_rows);
     launch.slots = static_cast<uint32_t>(options.slots);
+    if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
     auto started = EmbeddedNode::Start(launch);
     if (!started.ok()) return started.status();
     node = std::move(*started);

@@ -77,6 +77,8 @@ struct NodeStats {
   Census census;                      // summed over sources, layers and GPUs
   int64_t reclaims = 0;               // requests whose optional history was reclaimed (brief §4)
   int64_t repopulated_pages = 0;      // pages published again by population (brief §4)
+  int64_t prefix_blocks_imported = 0; // prepared-prefix blocks imported from the worker's row cache
+  int64_t prefix_blocks_computed = 0; // prepared-prefix blocks computed by the worker
   std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id
 };
 
@@ -97,9 +99,13 @@ class NodeClient {
   virtual absl::StatusOr<NodeStats> Stats() = 0;
 };
 
-// A deterministic prompt for a PromptRef: `input_tokens` bytes. Token j of hash block b is a hash of
-// (hash_ids[b], j); tokens after the last hash block are a hash of (trace_index, position), so different
-// requests differ there. Equal leading hash ids -> equal leading bytes. Pure function.
+// A deterministic prompt for a PromptRef: `input_tokens` bytes from common/prompt_tokens.h's SyntheticPromptTokens
+// (the generator the worker uses to expand a prepared prefix, so both prefill paths see the same tokens): token j of
+// hash block b is PrefixBlockToken(hash_ids[b], j); tokens after the last hash block are PrivateToken(trace_index,
+// position), so different requests differ there. Equal leading hash ids -> equal leading bytes. Pure function.
 std::string SynthesizePrompt(const PromptRef& prompt);
+
+// The prompt's hash ids as the wire's unsigned ids.
+std::vector<uint64_t> HashIdsOf(const PromptRef& prompt);
 
 }  // namespace dhs::replay

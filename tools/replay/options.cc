@@ -58,6 +58,9 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   if (!o.connect.empty() && !StartsWith(o.connect, "tcp://") && !StartsWith(o.connect, "ipc://")) {
     return bad("--connect must be a tcp:// or ipc:// endpoint, got '", o.connect, "'");
   }
+  if (!o.connect.empty() && !o.reclaim_policy.empty()) {
+    return bad("--reclaim-policy applies to a node the tool starts, not to --connect ", o.connect);
+  }
   return absl::OkStatus();
 }
 
@@ -99,12 +102,15 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--connect", o.connect, "Use the node at ENDPOINT (tcp:// or ipc://) instead of starting one");
   app.add_option("--run-dir", o.run_dir, "Directory for the sockets and logs of a node the tool starts");
   app.add_option("--preset", o.preset, "Built-in model topology of a node the tool starts")
-      ->check(CLI::IsMember({"dsv4flash-like", "glm5-like"}))->capture_default_str();
+      ->check(CLI::IsMember({"dsv4flash-like", "glm5-like", "bench-wide"}))->capture_default_str();
   app.add_option("--seed", o.seed, "Weights seed of the built-in model")->capture_default_str();
   app.add_option("--slots", o.slots, "Request slots of the worker the tool starts")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}))->capture_default_str();
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
+  app.add_option("--reclaim-policy", o.reclaim_policy,
+                              "Victim order of the memd the tool starts (default: memd's, oldest-first)")
+                   ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}));
   copt->excludes(topt);
   sopt->excludes(copt);
   sopt->excludes(topt);
@@ -181,6 +187,7 @@ RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, st
   s.hbm_budget_bytes = options.hbm_budget_bytes;
   s.check_exact = options.check_exact;
   s.connect = options.connect;
+  s.reclaim_policy = options.reclaim_policy;
   return s;
 }
 

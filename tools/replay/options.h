@@ -53,6 +53,8 @@ struct ReplayOptions {
   uint64_t seed = 1;                       // --seed: weights seed of the built-in model
   int64_t slots = 8;                       // --slots: request slots N of the worker the tool starts
   bool prepared_prefix = false;            // --prepared-prefix: import history from hash_ids instead of prefill
+  std::string reclaim_policy;              // --reclaim-policy: memd's victim order of a node the tool starts
+                                           // (oldest-first / newest-first / largest-first; "" = memd's default)
 };
 
 // The outcome of parsing argv. When exit_code is set, main prints `message` (to stdout for 0, stderr
@@ -69,7 +71,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 
 // InvalidArgument naming the option for: requests < 1, concurrency < 1, time scale < 0 or not finite,
 // length scale <= 0 or not finite, hbm budget <= 0, concurrency/time-scale/sweep combined, a sweep value < 1
-// or repeated, --plot without --sweep, an empty --trace, a --connect endpoint other than tcp:// or ipc://.
+// or repeated, --plot without --sweep, an empty --trace, a --connect endpoint other than tcp:// or ipc://,
+// --reclaim-policy together with --connect.
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
 
 // Reads options.trace, keeps the first options.requests requests, scales lengths by options.length_scale

@@ -116,6 +116,8 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
   }
   r.reclaims = s.reclaims;
   r.repopulated_pages = s.repopulated_pages;
+  r.prefix_blocks_imported = s.prefix_blocks_imported;
+  r.prefix_blocks_computed = s.prefix_blocks_computed;
   r.exact_match = exact_match;
   r.gpus = s.gpus;
   return r;
@@ -149,6 +151,7 @@ json ReportToJson(const ReplayReport& r) {
       {"repopulated_pages", r.repopulated_pages},
       {"mode", s.mode},
       {"prefill", s.prefill},
+      {"prefix_blocks", {{"imported", r.prefix_blocks_imported}, {"computed", r.prefix_blocks_computed}}},
       {"exact_match", OrNull(r.exact_match)},
       {"gpu_memory", gpus},
       {"elapsed_s", r.elapsed_s},
@@ -164,7 +167,8 @@ json ReportToJson(const ReplayReport& r) {
         {"time_scale", OrNull(s.time_scale)},
         {"hbm_budget_bytes", OrNull(s.hbm_budget_bytes)},
         {"check_exact", s.check_exact},
-        {"connect", s.connect}}},
+        {"connect", s.connect},
+        {"reclaim_policy", s.reclaim_policy.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.reclaim_policy)}}},
   };
 }
 
@@ -211,6 +215,10 @@ std::string FormatSummary(const ReplayReport& r) {
                         r.allocation_wait_share ? absl::StrFormat("%.1f%%", *r.allocation_wait_share * 100) : "n/a");
   absl::StrAppendFormat(&out, "  sessions admitted max %d, reclaims %d, repopulated pages %d\n",
                         r.sessions_admitted_max, r.reclaims, r.repopulated_pages);
+  if (s.prefill == "prepared-prefix") {
+    absl::StrAppendFormat(&out, "  prepared-prefix blocks: %d imported from the row cache, %d computed\n",
+                          r.prefix_blocks_imported, r.prefix_blocks_computed);
+  }
   if (r.census) {
     absl::StrAppendFormat(&out, "  census: direct %.1f%%, hot %.1f%%, host %.1f%%\n", r.census->direct * 100,
                           r.census->hot * 100, r.census->host * 100);

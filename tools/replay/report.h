@@ -37,6 +37,7 @@ struct RunSettings {
   std::optional<int64_t> hbm_budget_bytes;
   bool check_exact = false;
   std::string connect;                // node endpoint; empty when the tool started its own node
+  std::string reclaim_policy;         // memd's victim order when the tool chose it; empty = memd's default
 };
 
 struct Percentiles {
@@ -63,6 +64,8 @@ struct ReplayReport {
   std::optional<CensusShares> census;  // nullopt when no row was selected
   int64_t reclaims = 0;
   int64_t repopulated_pages = 0;
+  int64_t prefix_blocks_imported = 0;  // prepared-prefix blocks the worker imported from its row cache
+  int64_t prefix_blocks_computed = 0;  // prepared-prefix blocks the worker computed
   std::optional<bool> exact_match;     // nullopt: not checked
   std::vector<GpuMemoryUse> gpus;
   double elapsed_s = 0;

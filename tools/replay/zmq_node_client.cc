@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/prompt_tokens.h"
 #include "common/protocol.h"
 #include "nlohmann/json.hpp"
 
@@ -28,8 +29,15 @@ absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
   wire::SubmitRequestT body;
   body.request = request.request;
   if (options_.prepared_prefix && !request.prompt.hash_ids.empty()) {
-    body.hash_ids.assign(request.prompt.hash_ids.begin(), request.prompt.hash_ids.end());
-    body.input_tokens = static_cast<uint32_t>(request.prompt.input_tokens);
+    // The prefix blocks are imported by the worker; the tokens after them (if the ids do not cover the input) are
+    // sent as prompt bytes, the same tokens SynthesizePrompt gives (common/prompt_tokens.h).
+    const PromptRef& p = request.prompt;
+    const uint64_t n = static_cast<uint64_t>(p.input_tokens), block = static_cast<uint64_t>(p.block_tokens);
+    body.hash_ids = HashIdsOf(p);
+    body.input_tokens = static_cast<uint32_t>(n);
+    body.prefix_block_tokens = static_cast<uint32_t>(block);
+    body.prompt = SyntheticPromptTokens(body.hash_ids, block, n, static_cast<uint64_t>(p.trace_index),
+                                        PrefixCoveredTokens(body.hash_ids.size(), block, n), n);
   } else {
     const std::string prompt = SynthesizePrompt(request.prompt);
     body.prompt.assign(prompt.begin(), prompt.end());
@@ -172,6 +180,8 @@ absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
   out.census.host = static_cast<int64_t>(stats->census_host);
   out.reclaims = static_cast<int64_t>(stats->reclaims_obeyed);
   out.repopulated_pages = static_cast<int64_t>(stats->pages_populated);
+  out.prefix_blocks_imported = static_cast<int64_t>(stats->prefix_blocks_imported);
+  out.prefix_blocks_computed = static_cast<int64_t>(stats->prefix_blocks_computed);
   for (GpuMemoryUse& g : out.gpus) {
     if (g.gpu != stats->gpu) continue;
     g.page_bytes = static_cast<int64_t>(stats->page_bytes);

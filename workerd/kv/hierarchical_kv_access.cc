@@ -232,6 +232,68 @@ bool HierarchicalKvAccess::DropKeep(RequestId request, uint32_t page) {
   return true;
 }
 
+bool HierarchicalKvAccess::Complete(const RequestKv& kv, uint32_t page) const {
+  const Position end = Position{page + 1} * layout_.config().page_rows;
+  return std::all_of(kv.appended.begin(), kv.appended.end(), [&](Position n) { return n >= end; });
+}
+
+bool HierarchicalKvAccess::InTail(const RequestKv& kv, uint32_t page) const {
+  const Position first = Position{page} * layout_.config().page_rows;
+  return std::all_of(kv.appended.begin(), kv.appended.end(),
+                     [&](Position n) { return first >= n - Position{layout_.config().tail_rows}; });
+}
+
+absl::StatusOr<bool> HierarchicalKvAccess::BackupInsteadOfKeep(RequestId request, uint32_t page,
+                                                               PageIndex host_page) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  if (static_cast<uint64_t>(host_page + 1) * layout_.page_bytes() > host_.bytes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: host page ", host_page, " outside the host pool"));
+  }
+  if (page < kv.pages.size() && (kv.pages[page].host_page >= 0 || kv.pages[page].device_page >= 0)) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
+                                                      " already has a host copy or a device page"));
+  }
+  if (Complete(kv, page) && !InTail(kv, page)) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
+                                                      " left the tail without a copy"));
+  }
+  if (page < kv.keep_plan.size()) kv.keep_plan[page] = -1;
+  if (kv.host_plan.size() <= page) kv.host_plan.resize(page + 1, -1);
+  kv.host_plan[page] = host_page;
+  if (!Complete(kv, page)) return false;  // OnPageComplete issues it into host_plan[page]
+  absl::StatusOr<CopyEvent> e = IssueBackup(kv, page, host_page);
+  if (!e.ok()) return e.status();
+  return true;
+}
+
+absl::Status HierarchicalKvAccess::RestoreKeep(RequestId request, uint32_t page, PageIndex device_page) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  if (device_page >= layout_.config().optional_pages) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: device page ", device_page, " outside the optional pool"));
+  }
+  if (device_page_owner_[device_page] >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: device page ", device_page, " is in use"));
+  }
+  if (page < kv.pages.size() && (kv.pages[page].host_page >= 0 || kv.pages[page].device_page >= 0)) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
+                                                      " already has a host copy or a device page"));
+  }
+  if (!Complete(kv, page)) {
+    if (kv.keep_plan.size() <= page) kv.keep_plan.resize(page + 1, -1);
+    kv.keep_plan[page] = device_page;
+    return absl::OkStatus();
+  }
+  if (!InTail(kv, page)) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
+                                                      " left the tail without a copy"));
+  }
+  return KeepOptional(kv, page, device_page);
+}
+
 std::optional<uint32_t> HierarchicalKvAccess::HistoryPageOf(RequestId request, PageIndex device_page) const {
   const RequestKv* kv = Find(request);
   if (kv == nullptr) return std::nullopt;

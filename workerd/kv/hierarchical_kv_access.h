@@ -73,6 +73,19 @@ class HierarchicalKvAccess final : public KvAccess {
   // Forgets the keep plan of history page `page` that has not completed yet (its device page was reclaimed before it
   // held anything); the page is then backed up to its host page when it completes. Returns whether a plan existed.
   bool DropKeep(RequestId request, uint32_t page);
+  // A reclaim (docs/protocol.md, contract §4) took the device page planned to keep history page `page` before the
+  // page was kept (the request is still writing its rows): the keep plan is replaced by a backup into `host_page`,
+  // issued now when the page is complete (from the tail), else as soon as its last row is appended (the copy waits for
+  // the rows' write events). Either way Poll reports the backup once the copy ended. Returns true when issued now.
+  // Errors: NOT_FOUND (unknown request), INVALID_ARGUMENT (host page outside the host pool), FAILED_PRECONDITION (the
+  // page already has a host copy or a device page, or its rows left the tail).
+  absl::StatusOr<bool> BackupInsteadOfKeep(RequestId request, uint32_t page, PageIndex host_page);
+  // Undoes BackupInsteadOfKeep after that reclaim's backup failed (memd then leaves the victim's pages as they were):
+  // history page `page` is kept on `device_page` again: planned when not complete yet, else copied device->device from
+  // the tail now (published by Poll after the copy). Errors: NOT_FOUND (unknown request), INVALID_ARGUMENT (device
+  // page outside the optional pool), FAILED_PRECONDITION (device page in use; the page has a host copy or a device
+  // page, or its rows left the tail).
+  absl::Status RestoreKeep(RequestId request, uint32_t page, PageIndex device_page);
   // The history page whose optional-history device page is `device_page` (pending or ready), or nullopt.
   std::optional<uint32_t> HistoryPageOf(RequestId request, PageIndex device_page) const;
 
@@ -106,6 +119,8 @@ class HierarchicalKvAccess final : public KvAccess {
   absl::StatusOr<CopyEvent> IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page);
   absl::Status KeepOptional(RequestKv& kv, uint32_t page, PageIndex device_page);
   absl::Status OnPageComplete(RequestKv& kv, uint32_t page);
+  bool Complete(const RequestKv& kv, uint32_t page) const;  // every source appended the whole page
+  bool InTail(const RequestKv& kv, uint32_t page) const;    // every source still holds the page in its tail
   void FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events);
   void Update();  // the state part of Poll; completions accumulate in completions_
   uint64_t StagingOffset(SourceId s, Position t) const;
