@@ -66,7 +66,7 @@ struct ResidencyConfig {
   uint32_t host_pages = 0;                // host pool size, pages
   uint64_t host_page_bytes = 1;           // bytes per host page
   uint32_t populate_pages_per_attempt = 8;
-  std::string reclaim_policy = "oldest-first";
+  std::string reclaim_policy = "largest-first";  // default chosen by measurement (memd/README.md)
 };
 
 struct AdmitRequest {

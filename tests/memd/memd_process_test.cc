@@ -411,7 +411,7 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
 
   auto [rc, text] = Dhsctl("status");
   EXPECT_EQ(rc, 0);
-  EXPECT_NE(text.find("policy oldest-first, 1 requests"), std::string::npos) << text;
+  EXPECT_NE(text.find("policy largest-first, 1 requests"), std::string::npos) << text;  // the default
   json gpus = DhsctlJson("gpus");
   ASSERT_EQ(gpus.size(), 1u);
   EXPECT_EQ(gpus[0]["gpu"], 3);

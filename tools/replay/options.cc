@@ -109,7 +109,7 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
   app.add_option("--reclaim-policy", o.reclaim_policy,
-                              "Victim order of the memd the tool starts (default: memd's, oldest-first)")
+                              "Victim order of the memd the tool starts (default: memd's, largest-first)")
                    ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}));
   copt->excludes(topt);
   sopt->excludes(copt);
