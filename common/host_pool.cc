@@ -1,6 +1,7 @@
 #include "common/host_pool.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 
 #include <atomic>
 #include <cstring>
@@ -47,6 +48,21 @@ absl::Status FromInterprocess(const bip::interprocess_exception& e, std::string_
   }
 }
 
+// Refuses a segment larger than the free space of the filesystem behind POSIX shared memory, before anything is
+// created: posix_fallocate of an over-sized segment on tmpfs fills the filesystem page by page (about a minute for a
+// terabyte) before it fails with ENOSPC. A filesystem that cannot be queried is left to posix_fallocate.
+absl::Status CheckFreeSpace(const std::string& shm_name, uint64_t size) {
+  struct statvfs fs {};
+  if (::statvfs(kHostPoolShmDir, &fs) != 0) return absl::OkStatus();
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (size <= free_bytes) return absl::OkStatus();
+  const uint64_t total_bytes = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "segment '", shm_name, "' needs ", size, " bytes but ", kHostPoolShmDir, " has only ", free_bytes,
+      " bytes free (of ", total_bytes, "); enlarge it (mount -o remount,size=<bytes> ", kHostPoolShmDir,
+      ") or shrink the host pool"));
+}
+
 }  // namespace
 
 HostPoolSegment::HostPoolSegment(std::string name, std::unique_ptr<bip::mapped_region> region)
@@ -72,6 +88,7 @@ absl::StatusOr<std::unique_ptr<HostPoolSegment>> HostPoolSegment::Create(std::st
   }
   const uint64_t size = kHostPoolHeaderBytes + pages * page_bytes;
   const std::string shm_name(name);
+  if (absl::Status status = CheckFreeSpace(shm_name, size); !status.ok()) return status;
   try {
     bip::permissions perm;
     perm.set_permissions(0600);

@@ -36,12 +36,16 @@ struct HostPageRef {
 inline constexpr uint64_t kHostPoolHeaderBytes = 4096;
 inline constexpr uint64_t kHostPoolMagic = 0x4448535f484f5354ull;  // "DHS_HOST"; must not change
 inline constexpr uint32_t kHostPoolVersion = 1;                     // header layout version
+// The filesystem behind POSIX shared memory on Linux (shm_open); Create checks its free space.
+inline constexpr char kHostPoolShmDir[] = "/dev/shm";
 
 class HostPoolSegment {
  public:
   // Creates shm object `name` (plain name, no '/', 1..200 chars) with mode 0600, sized
   // kHostPoolHeaderBytes + pages * page_bytes, and reserves every page with posix_fallocate, so an
-  // over-committed /dev/shm fails here (RESOURCE_EXHAUSTED) instead of with SIGBUS later.
+  // over-committed /dev/shm fails here (RESOURCE_EXHAUSTED) instead of with SIGBUS later. A size above
+  // the free space of kHostPoolShmDir (statvfs f_bavail * f_frsize) fails at once, before the object
+  // is created, with a message naming both sizes; nothing is left behind on any failure.
   // page_bytes must be a positive multiple of 64; pages > 0. An existing object -> ALREADY_EXISTS.
   static absl::StatusOr<std::unique_ptr<HostPoolSegment>> Create(std::string_view name, uint64_t page_bytes,
                                                                  uint64_t pages);

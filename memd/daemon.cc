@@ -54,18 +54,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
         absl::StrFormat("page bytes must be a positive multiple of 64, got %d", options.page_bytes));
   }
   if (options.host_pool_pages == 0) return absl::InvalidArgumentError("the host pool needs at least one page");
+  if (options.populate_pages_per_attempt == 0) {
+    return absl::InvalidArgumentError("populate_pages_per_attempt must be at least 1 (0 would never populate)");
+  }
   if (options.segment_name.empty()) options.segment_name = absl::StrFormat("dhs-memd-%d", getpid());
   if (absl::Status s = MakeRunDir(options.run_dir); !s.ok()) return s;
 
-  ResidencyConfig config;
-  config.reserve_pages = options.reserve_pages;
-  config.host_pages = options.host_pool_pages;
-  config.host_page_bytes = options.page_bytes;
-  config.populate_pages_per_attempt = options.populate_pages_per_attempt;
-  config.reclaim_policy = options.reclaim_policy;
-  auto core = ResidencyManager::Create(config, NowUs);
-  if (!core.ok()) return core.status();
-
+  // The segment first: a pool larger than the free /dev/shm fails at once (HostPoolSegment::Create checks the free
+  // space), before the core spends seconds building its host-page allocator for millions of pages.
   auto segment = HostPoolSegment::Create(options.segment_name, options.page_bytes, options.host_pool_pages);
   if (!segment.ok()) {
     return absl::Status(segment.status().code(),
@@ -74,6 +70,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
                                         options.host_pool_pages, options.page_bytes,
                                         uint64_t{options.host_pool_pages} * options.page_bytes, options.segment_name,
                                         segment.status().message()));
+  }
+  ResidencyConfig config;
+  config.reserve_pages = options.reserve_pages;
+  config.host_pages = options.host_pool_pages;
+  config.host_page_bytes = options.page_bytes;
+  config.populate_pages_per_attempt = options.populate_pages_per_attempt;
+  config.reclaim_policy = options.reclaim_policy;
+  auto core = ResidencyManager::Create(config, NowUs);
+  if (!core.ok()) {
+    (void)HostPoolSegment::Remove(options.segment_name);
+    return core.status();
   }
   auto router = RouterServer::Bind(options.run_dir, "memd");
   if (!router.ok()) {

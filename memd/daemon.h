@@ -43,7 +43,7 @@ struct DaemonOptions {
   uint32_t host_pool_pages = 0;             // pages of the host-pool segment (> 0)
   uint32_t reserve_pages = 0;               // M_res per GPU
   std::string reclaim_policy = "largest-first";  // chosen by replay measurement: memd/README.md
-  uint32_t populate_pages_per_attempt = 8;  // bound of one population attempt, pages
+  uint32_t populate_pages_per_attempt = 8;  // bound of one population attempt, pages (>= 1)
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-memd-<pid>"

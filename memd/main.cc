@@ -1,10 +1,12 @@
 // memd: the node's memory daemon (brief §3, §4). See docs/operations.md for flags and operation.
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "common/host_pool.h"
 #include "memd/daemon.h"
 #include "memd/metrics_server.h"
 #include "spdlog/spdlog.h"
@@ -12,8 +14,19 @@
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
+
+// A plain unsigned integer: CLI11 would wrap "-1" to 2^64-1 for an unsigned option.
+CLI::Validator NotNegative() {
+  return CLI::Validator(
+      [](std::string& v) { return !v.empty() && v[0] == '-' ? std::string("must not be negative") : std::string(); },
+      "", "NOT_NEGATIVE");
+}
+
 }  // namespace
 
+// Exit codes: 0 clean stop (SIGTERM/SIGINT) or --help; 1 a runtime failure (the host pool does not fit in /dev/shm,
+// an unusable run directory, a live memd on it, the metrics address cannot be bound, the loop failed); 2 a bad
+// command line (unknown flag, missing --page-bytes, a value out of range).
 int main(int argc, char** argv) {
   dhs::memd::DaemonOptions o;
   o.run_dir = dhs::memd::DefaultRunDir();
@@ -22,27 +35,70 @@ int main(int argc, char** argv) {
   CLI::App app("memd: the node memory daemon of Adaptive DHiSparse (host pool, GPU page accounting, admission, "
                "reclaim and population)");
   app.add_option("--run-dir", o.run_dir, "run directory (created 0700); holds memd.sock")->capture_default_str();
-  app.add_option("--page-bytes", o.page_bytes, "bytes per KV page; every worker's Hello must match")->required();
-  auto* bytes_opt = app.add_option("--host-pool-bytes", pool_bytes, "host pool size, bytes (rounded down to pages)");
-  auto* pages_opt = app.add_option("--host-pool-pages", pool_pages, "host pool size, pages");
+  app.add_option("--page-bytes", o.page_bytes,
+                 "bytes per KV page = p * sum of d_KV (contract \"Units\"), a positive multiple of 64; every "
+                 "worker's Hello must match")
+      ->required()
+      ->check(NotNegative())
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            uint64_t n = 0;
+            if (!CLI::detail::lexical_cast(v, n) || n == 0 || n % 64 != 0) {
+              return "--page-bytes must be a positive multiple of 64, got " + v;
+            }
+            return std::string();
+          },
+          "", "PAGE_BYTES"));
+  // K/M/G/T = powers of 1000, KiB/MiB/GiB/TiB = powers of 1024 (case-insensitive), as dhs-replay's --hbm-budget.
+  auto* bytes_opt = app.add_option("--host-pool-bytes", pool_bytes,
+                                   "host pool size, bytes (K/M/G/T = 1000^n, KiB/MiB/GiB/TiB = 1024^n; rounded down "
+                                   "to pages)")
+                        ->transform(CLI::AsSizeValue(true))
+                        ->transform(NotNegative());  // a transform runs before those added earlier: sign first
+  auto* pages_opt = app.add_option("--host-pool-pages", pool_pages, "host pool size, pages")->check(NotNegative());
   bytes_opt->excludes(pages_opt);
-  app.add_option("--reserve-pages", o.reserve_pages, "admission reserve M_res per GPU, pages")->capture_default_str();
+  app.add_option("--reserve-pages", o.reserve_pages, "admission reserve M_res per GPU, pages")
+      ->check(NotNegative())
+      ->capture_default_str();
   app.add_option("--reclaim-policy", o.reclaim_policy, "reclaim order of victims")
       ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}))
       ->capture_default_str();
   app.add_option("--populate-pages-per-attempt", o.populate_pages_per_attempt,
-                 "pages one population attempt may hand out")->capture_default_str();
+                 "pages one population attempt may hand out (>= 1)")
+      ->check(NotNegative())
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            uint64_t n = 0;
+            if (CLI::detail::lexical_cast(v, n) && n == 0) {
+              return std::string("--populate-pages-per-attempt must be at least 1 (0 would never populate)");
+            }
+            return std::string();
+          },
+          "", "AT_LEAST_1"))
+      ->capture_default_str();
   app.add_option("--metrics-address", metrics_address,
                  "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is "
                  "written to RUN_DIR/memd.metrics)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help prints and exits 0; every bad command line exits 2
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
-  if (pool_pages == 0 && o.page_bytes > 0) pool_pages = pool_bytes / o.page_bytes;
+  if (pool_pages == 0) pool_pages = pool_bytes / o.page_bytes;
   if (pool_pages == 0 || pool_pages > UINT32_MAX) {
-    std::fprintf(stderr, "memd: give --host-pool-pages N or --host-pool-bytes N (at least one page, < 2^32 pages)\n");
+    std::fprintf(stderr,
+                 "memd: give --host-pool-pages N or --host-pool-bytes N (at least one page of %llu bytes, fewer "
+                 "than 2^32 pages)\n",
+                 static_cast<unsigned long long>(o.page_bytes));
+    return 2;
+  }
+  if (o.page_bytes > (static_cast<uint64_t>(INT64_MAX) - dhs::kHostPoolHeaderBytes) / pool_pages) {
+    std::fprintf(stderr, "memd: %llu pages of %llu bytes overflow a file size\n",
+                 static_cast<unsigned long long>(pool_pages), static_cast<unsigned long long>(o.page_bytes));
     return 2;
   }
   o.host_pool_pages = static_cast<uint32_t>(pool_pages);

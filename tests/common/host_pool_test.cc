@@ -8,9 +8,11 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -86,6 +88,30 @@ TEST(HostPool, OverCommittedShmFailsAtCreate) {
   // 2^24 pages of 1 MiB = 16 TiB: more than any /dev/shm here; tmpfs refuses the reservation.
   auto seg = HostPoolSegment::Create(name, uint64_t{1} << 20, uint64_t{1} << 24);
   EXPECT_EQ(seg.status().code(), absl::StatusCode::kResourceExhausted) << seg.status();
+  EXPECT_EQ(HostPoolSegment::Open(name).status().code(), absl::StatusCode::kNotFound);  // nothing left behind
+}
+
+// A segment just above the free space of /dev/shm (but possibly below its total size, where tmpfs's fallocate would
+// fill the filesystem page by page before failing) is refused by the free-space check before anything is created;
+// the message names the sizes and the fix.
+TEST(HostPool, SegmentLargerThanFreeShmFailsBeforeCreating) {
+  struct statvfs fs {};
+  ASSERT_EQ(::statvfs(kHostPoolShmDir, &fs), 0) << std::strerror(errno);
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  constexpr uint64_t kBigPage = uint64_t{1} << 20;
+  // 1 GiB above the free space: a margin against other processes freeing /dev/shm between here and Create.
+  const uint64_t pages = free_bytes / kBigPage + 1024;
+  ASSERT_LE(pages, uint64_t{UINT32_MAX}) << "a /dev/shm of " << free_bytes << " free bytes is beyond this test";
+  const uint64_t size = kHostPoolHeaderBytes + pages * kBigPage;
+  ASSERT_GT(size, free_bytes);
+  const std::string name = UniqueName("overfree");
+  SegmentCleanup cleanup{name};
+  auto seg = HostPoolSegment::Create(name, kBigPage, pages);
+  ASSERT_EQ(seg.status().code(), absl::StatusCode::kResourceExhausted) << seg.status();
+  const std::string message(seg.status().message());
+  EXPECT_NE(message.find("needs " + std::to_string(size) + " bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("/dev/shm has only "), std::string::npos) << message;  // the free-space check, not fallocate
+  EXPECT_NE(message.find("mount -o remount,size="), std::string::npos) << message;
   EXPECT_EQ(HostPoolSegment::Open(name).status().code(), absl::StatusCode::kNotFound);  // nothing left behind
 }
 

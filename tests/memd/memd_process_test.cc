@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/host_pool.h"
@@ -106,6 +108,72 @@ class FakeWorker {
   std::deque<std::string> buffers_;  // keeps the bytes of decoded messages alive at stable addresses
 };
 
+// Runs `command` through the shell; returns its exit code and stdout + stderr. `timeout -s KILL` is a guard against a
+// memd that would start and serve instead of failing (the test then fails with 137), not a timing assertion.
+std::pair<int, std::string> RunShell(const std::string& command) {
+  FILE* f = popen(("timeout -s KILL 60 " + command + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// memd's exit codes (docs/operations.md): every bad command-line value exits 2 with a message naming it; a host pool
+// that does not fit in /dev/shm is a runtime failure: exit 1, refused by the free-space check before any segment
+// exists. --host-pool-bytes takes K/M/G/T (1000^n) and KiB/MiB/GiB/TiB (1024^n).
+TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
+  char tmpl[] = "/tmp/memd_cli_test_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string memd = std::string(MEMD_BIN) + " --run-dir " + tmpl + "/run ";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--page-bytes 0 --host-pool-pages 8", "--page-bytes must be a positive multiple of 64, got 0"},
+      {"--page-bytes 100 --host-pool-pages 8", "--page-bytes must be a positive multiple of 64, got 100"},
+      {"--page-bytes -4096 --host-pool-pages 8", "must not be negative"},
+      {"--page-bytes 4096 --host-pool-pages 0", "at least one page of 4096 bytes"},
+      {"--page-bytes 4096 --host-pool-bytes 4095", "at least one page of 4096 bytes"},
+      {"--page-bytes 4096 --host-pool-pages 4294967296", "fewer than 2^32 pages"},
+      {"--page-bytes 4096 --host-pool-bytes 32X", "--host-pool-bytes"},
+      {"--page-bytes 4096 --host-pool-bytes -1G", "must not be negative"},
+      {"--page-bytes 4096 --host-pool-pages 8 --populate-pages-per-attempt 0",
+       "--populate-pages-per-attempt must be at least 1"},
+      {"--page-bytes 4096 --host-pool-pages 8 --reserve-pages -1", "must not be negative"},
+      {"--page-bytes 4096 --host-pool-pages 8 --reclaim-policy random", "--reclaim-policy"},
+      {"--page-bytes 4096 --host-pool-pages 8 --frobnicate", "frobnicate"},
+      {"--host-pool-pages 8", "--page-bytes is required"},
+  };
+  for (const auto& [args, message] : bad) {
+    auto [rc, out] = RunShell(memd + args);
+    EXPECT_EQ(rc, 2) << args << ": " << out;
+    EXPECT_NE(out.find(message), std::string::npos) << args << ": " << out;
+  }
+
+  struct statvfs fs {};
+  ASSERT_EQ(::statvfs(kHostPoolShmDir, &fs), 0);
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  const uint64_t pages = free_bytes / kMiB + 1024;  // 1 GiB above the free space
+  // Plain bytes, and suffixes: 64TiB = 2^46 bytes = 2^26 pages of 1 MiB; 64T = 64e12 bytes -> 61035156 pages.
+  const std::vector<std::pair<std::string, uint64_t>> too_large = {
+      {std::to_string(pages * kMiB), pages}, {"64TiB", uint64_t{1} << 26}, {"64T", 61035156}};
+  for (const auto& [size, want_pages] : too_large) {
+    if (want_pages * kMiB <= free_bytes) continue;  // a /dev/shm of more than 64 TB: not this case
+    auto [rc, out] = RunShell(memd + "--page-bytes 1048576 --host-pool-bytes " + size);
+    EXPECT_EQ(rc, 1) << size << ": " << out;
+    EXPECT_NE(out.find("cannot create the host pool (" + std::to_string(want_pages) + " pages x 1048576 bytes"),
+              std::string::npos)
+        << size << ": " << out;
+    EXPECT_NE(out.find("/dev/shm has only"), std::string::npos) << size << ": " << out;
+    // Nothing left behind: the segment the message names does not exist.
+    const size_t at = out.find("in /dev/shm/");
+    ASSERT_NE(at, std::string::npos) << out;
+    const std::string segment = out.substr(at + 12, out.find(')', at) - at - 12);
+    EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment)) << segment;
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
 class MemdProcess : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -137,10 +205,11 @@ class MemdProcess : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  // Runs dhsctl with `args`; returns its exit code and stdout.
-  std::pair<int, std::string> Dhsctl(const std::string& args, const std::string& run_dir = "") {
+  // Runs dhsctl with `args`; returns its exit code and stdout (stdout and stderr with `with_stderr`).
+  std::pair<int, std::string> Dhsctl(const std::string& args, const std::string& run_dir = "",
+                                     bool with_stderr = false) {
     const std::string cmd = std::string(DHSCTL_BIN) + " --run-dir " + (run_dir.empty() ? run_dir_ : run_dir) + " " +
-                            args + " 2>/dev/null";
+                            args + (with_stderr ? " 2>&1" : " 2>/dev/null");
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
     char buf[4096];
@@ -428,22 +497,58 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   int owned = 0;
   for (const json& p : pages["pages"]) owned += p["owner"] == 77;
   EXPECT_EQ(owned, 7);
-  EXPECT_TRUE(DhsctlJson("request 78").contains("error"));
+  // A request or GPU memd does not know: memd answers with an error -> exit 4 (docs/operations.md), the JSON
+  // document on stdout with --json, the message on stderr in table mode.
+  {
+    auto [jrc, jout] = Dhsctl("--json request 78");
+    EXPECT_EQ(jrc, 4) << jout;
+    EXPECT_EQ(json::parse(jout, nullptr, false).value("error", ""), "request 78 not found") << jout;
+    auto [trc, tout] = Dhsctl("request 78");
+    EXPECT_EQ(trc, 4);
+    EXPECT_EQ(tout, "");  // nothing on stdout
+    auto [erc, err] = Dhsctl("request 78", "", /*with_stderr=*/true);
+    EXPECT_EQ(erc, 4);
+    EXPECT_NE(err.find("request 78: not found"), std::string::npos) << err;
+    EXPECT_EQ(Dhsctl("pages 9").first, 4);
+    EXPECT_EQ(Dhsctl("--json pages 9").first, 4);
+    EXPECT_EQ(Dhsctl("request 77").first, 0);  // a known one still exits 0
+  }
+  // Bad command lines exit 2 and name the problem.
+  {
+    auto [rc1, neg] = Dhsctl("request -1", "", true);
+    EXPECT_EQ(rc1, 2);
+    EXPECT_NE(neg.find("request ID must be a non-negative integer, got '-1'"), std::string::npos) << neg;
+    EXPECT_EQ(Dhsctl("pages -3").first, 2);
+    auto [rc2, bogus] = Dhsctl("bogus", "", true);
+    EXPECT_EQ(rc2, 2);
+    EXPECT_NE(bogus.find("unknown command 'bogus'"), std::string::npos) << bogus;
+    auto [rc3, interval] = Dhsctl("watch --interval 0", "", true);
+    EXPECT_EQ(rc3, 2);
+    EXPECT_NE(interval.find("--interval must be a number of seconds in (0, 86400], got 0"), std::string::npos)
+        << interval;
+    EXPECT_LT(interval.size(), 300u) << interval;  // no 300-digit range bound
+    EXPECT_EQ(Dhsctl("watch --count -1").first, 2);
+    auto [rc4, timeout] = Dhsctl("--timeout-ms -5 status", "", true);
+    EXPECT_EQ(rc4, 2);
+    EXPECT_NE(timeout.find("--timeout-ms"), std::string::npos) << timeout;
+    EXPECT_EQ(Dhsctl("--timeout-ms 0 status").first, 2);
+  }
   EXPECT_EQ(DhsctlJson("queue").is_null(), false);
   auto [wrc, watch] = Dhsctl("watch --interval 0.05 --count 2 gpus");
   EXPECT_EQ(wrc, 0);
   size_t headers = 0;
   for (size_t at = 0; (at = watch.find("M_req", at)) != std::string::npos; ++at) ++headers;
   EXPECT_EQ(headers, 2u) << watch;
-  EXPECT_NE(Dhsctl("frobnicate").first, 0);  // usage error
+  EXPECT_EQ(Dhsctl("frobnicate").first, 2);  // usage error
 
-  // No memd in this run dir: exit code 2 at once, never a hang.
+  // No memd in this run dir: exit code 1 at once, never a hang.
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(Dhsctl("status", dir_ + "/nothing").first, 2);
+  EXPECT_EQ(Dhsctl("status", dir_ + "/nothing").first, 1);
   // A socket file without a live memd (SIGKILLed): no answer within the timeout -> exit code 3.
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   EXPECT_EQ(Dhsctl("--timeout-ms 300 status").first, 3);
+  EXPECT_EQ(Dhsctl("--timeout-ms -5 status").first, 2);  // refused before connecting: never waits forever
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   (void)HostPoolSegment::Remove("dhs-memd-" + std::to_string(pid_));
   pid_ = -1;

@@ -4,18 +4,23 @@
 //   dhsctl [--run-dir DIR] [--json] [--timeout-ms MS] status | gpus | requests | request ID | pages GPU | queue
 //   dhsctl ... watch [--interval S] [--count N] [VIEW]     (repeats `status` or VIEW every S seconds)
 //
-// Exit codes: 0 ok; a usage error: CLI11's non-zero code; 2 memd not running (no socket); 3 no answer within the timeout; 4 memd refused.
+// Exit codes (docs/operations.md): 0 ok (also --help); 1 memd is not running (no socket, cannot connect); 2 bad command
+// line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error,
+// including a request or GPU it does not know (`request ID`, `pages GPU`).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "common/status.h"
 #include "common/transport.h"
 #include "memd/daemon.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -51,10 +56,46 @@ int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milli
     std::fprintf(stderr, "dhsctl: %s\n", std::string(reply.status().message()).c_str());
     return 4;
   }
-  std::fwrite(reply->document.data(), 1, reply->document.size(), stdout);
+  // One request or one GPU that memd does not know: memd renders {"error": ...} (JSON) or "...: not found" (text).
+  // Both are answers with an error: exit 4; the table form goes to stderr, the JSON document stays on stdout.
+  const std::string& doc = reply->document;
+  if (q.what == dhs::wire::IntrospectWhat::Request || q.what == dhs::wire::IntrospectWhat::Pages) {
+    std::string error;
+    if (json) {
+      const nlohmann::json parsed = nlohmann::json::parse(doc, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object() && parsed.contains("error")) error = parsed["error"].is_string()
+                                                                      ? parsed["error"].get<std::string>()
+                                                                      : parsed["error"].dump();
+    } else if (doc.ends_with(": not found\n")) {
+      error = doc.substr(0, doc.size() - 1);
+    }
+    if (!error.empty()) {
+      if (json) {
+        std::fwrite(doc.data(), 1, doc.size(), stdout);
+        std::fflush(stdout);
+      }
+      std::fprintf(stderr, "dhsctl: memd: %s\n", error.c_str());
+      return 4;
+    }
+  }
+  std::fwrite(doc.data(), 1, doc.size(), stdout);
   std::fflush(stdout);
   return 0;
 }
+
+// An unsigned id as a plain decimal number: CLI11 would wrap "-1" to 2^64-1.
+CLI::Validator NonNegativeId(const char* what) {
+  return CLI::Validator(
+      [what](std::string& v) {
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
+          return std::string(what) + " must be a non-negative integer, got '" + v + "'";
+        }
+        return std::string();
+      },
+      "", "ID");
+}
+
+constexpr const char* kCommands = "status, gpus, requests, request, pages, queue, watch";
 
 }  // namespace
 
@@ -65,7 +106,9 @@ int main(int argc, char** argv) {
   CLI::App app("dhsctl: show memd's state (GPU page accounting, requests, queue)");
   app.add_option("--run-dir", run_dir, "memd's run directory")->capture_default_str();
   app.add_flag("--json", json, "print JSON instead of a table");
-  app.add_option("--timeout-ms", timeout_ms, "give up when memd does not answer in time")->capture_default_str();
+  app.add_option("--timeout-ms", timeout_ms, "give up when memd does not answer in time (1..3600000)")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
   app.require_subcommand(1);
   Query q;
   app.add_subcommand("status", "GPUs (M, M_req, M_opt, M_res, free), requests and host pool")
@@ -74,35 +117,59 @@ int main(int argc, char** argv) {
   app.add_subcommand("requests", "admitted and queued requests (a_r, host coverage)")
       ->callback([&] { q.what = dhs::wire::IntrospectWhat::Requests; });
   auto* request = app.add_subcommand("request", "one request");
-  request->add_option("ID", q.request, "request id")->required();
+  request->add_option("ID", q.request, "request id")->required()->check(NonNegativeId("request ID"));
   request->callback([&] { q.what = dhs::wire::IntrospectWhat::Request; });
   auto* pages = app.add_subcommand("pages", "state and owner of every page of one GPU");
-  pages->add_option("GPU", q.gpu, "GPU id")->required();
+  pages->add_option("GPU", q.gpu, "GPU id")->required()->check(NonNegativeId("GPU"));
   pages->callback([&] { q.what = dhs::wire::IntrospectWhat::Pages; });
   app.add_subcommand("queue", "queued admissions per GPU")->callback([&] { q.what = dhs::wire::IntrospectWhat::Queue; });
   double interval_s = 1.0;
   int count = 0;
   std::string watch_view = "status";
   auto* watch = app.add_subcommand("watch", "repeat a view (status, gpus, requests, queue)");
-  watch->add_option("--interval", interval_s, "seconds between refreshes")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  watch->add_option("--count", count, "stop after N refreshes (0: until interrupted)")->capture_default_str();
+  watch->add_option("--interval", interval_s, "seconds between refreshes, in (0, 86400]")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            double s = 0;
+            if (!CLI::detail::lexical_cast(v, s) || !(s > 0 && s <= 86400)) {
+              return "--interval must be a number of seconds in (0, 86400], got " + v;
+            }
+            return std::string();
+          },
+          "", "SECONDS"));
+  watch->add_option("--count", count, "stop after N refreshes (0: until interrupted)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   watch->add_option("VIEW", watch_view, "the view to repeat")
       ->check(CLI::IsMember({"status", "gpus", "requests", "queue"}))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // An unknown first word: CLI11 reports "A subcommand is required"; name the word instead.
+    const std::vector<std::string> rest = app.remaining();
+    if (app.get_subcommands().empty() && !rest.empty() && !rest.front().starts_with("-")) {
+      std::fprintf(stderr, "dhsctl: unknown command '%s' (expected one of %s)\nRun with --help for more information.\n",
+                   rest.front().c_str(), kCommands);
+      return 2;
+    }
+    app.exit(e);
+    return 2;
+  }
 
   const std::string socket_path = run_dir + "/memd.sock";
   if (!std::filesystem::exists(socket_path)) {
     std::fprintf(stderr, "dhsctl: memd is not running (no socket at %s)\n", socket_path.c_str());
-    return 2;
+    return 1;
   }
   dhs::DealerClient::Options options;
   options.identity = "dhsctl/" + std::to_string(getpid());
   auto client = dhs::DealerClient::Connect(dhs::IpcEndpoint(run_dir, "memd"), options);
   if (!client.ok()) {
     std::fprintf(stderr, "dhsctl: %s\n", std::string(client.status().message()).c_str());
-    return 2;
+    return 1;
   }
   const std::chrono::milliseconds timeout(timeout_ms);
   if (!watch->parsed()) return Ask(**client, q, json, timeout, 1);
