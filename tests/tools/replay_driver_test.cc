@@ -320,6 +320,48 @@ TEST(ReplayDriver, NodeStatsArePassedThrough) {
   EXPECT_EQ(result->stats.gpus[0].peak_used_bytes, 90 * 4096);
 }
 
+TEST(ReplayDriver, SessionsAdmittedMaxIsAtLeastTheRequestsSeenStreaming) {
+  // memd sampled nothing (a run shorter than the sampling period): the node says 0 sessions.
+  FakeClock clock;
+  // Requests 1-3 all stream from 10 ms to 30 ms after their submits at time 0 (closed loop at 3): 3 at once.
+  FakeNode node(&clock, {{1, {{10, 1}, {30, 1, true}}}, {2, {{10, 1}, {30, 1, true}}}, {3, {{10, 1}, {30, 1, true}}},
+                         {4, {{5, 2, true}}}});  // request 4 streams and ends within one poll
+  node.stats.sessions_admitted_max = 0;
+  auto sched = Scheduler::ClosedLoop(4, 3);
+  auto result = ReplayDriver(&node, &clock, Quiet()).Run(MakeTrace(4), *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->streaming_max, 3);
+  EXPECT_EQ(result->stats.sessions_admitted_max, 3);
+  // A node figure above what the driver saw is kept.
+  FakeClock clock2;
+  FakeNode node2(&clock2, {{1, {{5, 2, true}}}});  // first token and end in one poll: counts 1
+  node2.stats.sessions_admitted_max = 0;
+  auto sched2 = Scheduler::ClosedLoop(1, 1);
+  auto result2 = ReplayDriver(&node2, &clock2, Quiet()).Run(MakeTrace(1), *sched2);
+  ASSERT_TRUE(result2.ok()) << result2.status();
+  EXPECT_EQ(result2->stats.sessions_admitted_max, 1);
+}
+
+TEST(ReplayDriver, AFailedRunKeepsWhatItRecordedAndNamesWhereToLook) {
+  FakeClock clock;
+  // Request 1 is served; request 2's node never answers (its script is empty).
+  FakeNode node(&clock, {{1, {{10, 1, true}}}, {2, {}}});
+  auto sched = Scheduler::ClosedLoop(2, 1);
+  DriverOptions options = Quiet();
+  options.idle_timeout_ms = 500;
+  options.idle_hint = "; see RUN/workerd.log";
+  ReplayDriver driver(&node, &clock, options);
+  auto result = driver.Run(MakeTrace(2), *sched);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("the worker may be dead or stuck; see RUN/workerd.log"));
+  ASSERT_EQ(driver.partial().requests.size(), 2u);
+  EXPECT_TRUE(driver.partial().requests[0].served());
+  EXPECT_EQ(driver.partial().requests[0].tokens, 1);
+  EXPECT_FALSE(driver.partial().requests[1].served());
+  EXPECT_GE(driver.partial().requests[1].submit_ms, 0);
+  EXPECT_GT(driver.partial().elapsed_ms, 500);
+}
+
 TEST(OutputsMatch, ComparesTokensOfServedRequests) {
   DriverResult a, b;
   a.requests.resize(2);

@@ -37,6 +37,12 @@ def main() -> int:
     if report.get("reclaims", 0) < 1 or report.get("repopulated_pages", 0) < 1:
         failures.append(f"reclaims {report.get('reclaims')}, repopulated pages {report.get('repopulated_pages')}: "
                         "the run did not exercise reclaim and population")
+    # Requests were served with memd reachable: some session was admitted, however short the run (memd is sampled
+    # at each first token and end, and a request streaming tokens counts as admitted).
+    if report.get("sessions_admitted_max", 0) < 1:
+        failures.append(f"sessions_admitted_max = {report.get('sessions_admitted_max')!r}, want >= 1")
+    if report.get("complete") is not True:
+        failures.append(f"complete = {report.get('complete')!r}, want True")
     if report.get("output_tokens", 0) <= 0:
         failures.append("no output tokens")
     for f in failures:

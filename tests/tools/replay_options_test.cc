@@ -44,7 +44,7 @@ TEST(ReplayOptions, Defaults) {
 TEST(ReplayOptions, EveryOption) {
   const std::string csv_trace = kDataDir + "/azure_llm_code_2023_head200.csv";
   CommandLine cl = Parse({"--trace", csv_trace, "--requests", "10", "--time-scale", "0.25", "--length-scale", "0.5",
-                          "--mode", "hisparse", "--hbm-budget", "2GiB", "--check-exact", "--json", "r.json", "--csv",
+                          "--mode", "hisparse", "--hbm-budget", "2GiB", "--json", "r.json", "--csv",
                           "r.csv", "--connect", "ipc:///tmp/node.sock", "--run-dir", "run/x"});
   ASSERT_FALSE(cl.exit_code) << cl.message;
   const ReplayOptions& o = cl.options;
@@ -55,7 +55,7 @@ TEST(ReplayOptions, EveryOption) {
   EXPECT_EQ(o.length_scale, 0.5);
   EXPECT_EQ(o.mode, ReplayMode::kHisparse);
   EXPECT_EQ(o.hbm_budget_bytes, int64_t{2} << 30);
-  EXPECT_TRUE(o.check_exact);
+  EXPECT_FALSE(o.check_exact);  // not with --connect (see BadValuesExitTwoWithAClearMessage)
   EXPECT_EQ(o.json_out, "r.json");
   EXPECT_EQ(o.csv_out, "r.csv");
   EXPECT_EQ(o.connect, "ipc:///tmp/node.sock");
@@ -115,6 +115,11 @@ TEST(ReplayOptions, BadValuesExitTwoWithAClearMessage) {
       {{"--connect", "localhost:5555"}, "--connect must be a tcp:// or ipc:// endpoint"},
       {{"--reclaim-policy", "random"}, "--reclaim-policy"},
       {{"--reclaim-policy", "newest-first", "--connect", "ipc:///tmp/n.sock"}, "not to --connect"},
+      {{"--check-exact", "--connect", "ipc:///tmp/n/worker-0.sock"}, "--check-exact needs a resident reference"},
+      {{"--json", "/nonexistent/dir/r.json"}, "--json: directory '/nonexistent/dir' of '/nonexistent/dir/r.json' does not exist"},
+      {{"--csv", "/nonexistent/r.csv"}, "--csv: directory '/nonexistent'"},
+      {{"--sweep", "1,2", "--plot", "/nonexistent/p.png"}, "--plot: directory '/nonexistent'"},
+      {{"--json", "/proc/self/status/r.json"}, "does not exist"},  // the parent is a file, not a directory
       {{"--bogus"}, "--bogus"},
   };
   for (const BadArgs& c : cases) {
@@ -138,6 +143,25 @@ TEST(ReplayOptions, ValidateCatchesProgrammaticCombinations) {
   ReplayOptions p;
   p.plot_out = "x.png";
   EXPECT_THAT(std::string(ValidateReplayOptions(p).message()), HasSubstr("--plot needs --sweep"));
+}
+
+TEST(ReplayOptions, CheckExactWithConnectIsRejected) {
+  ReplayOptions o;
+  o.check_exact = true;
+  EXPECT_TRUE(ValidateReplayOptions(o).ok());  // with a node the tool starts: fine
+  o.connect = "tcp://127.0.0.1:5555";
+  const absl::Status s = ValidateReplayOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("same worker"));
+}
+
+TEST(ReplayOptions, OutputPathsInExistingDirectoriesPass) {
+  ReplayOptions o;
+  o.json_out = "r.json";  // the current directory
+  o.csv_out = ::testing::TempDir() + "/r.csv";
+  EXPECT_TRUE(ValidateOutputPaths(o).ok()) << ValidateOutputPaths(o);
+  o.csv_out = ::testing::TempDir() + "/missing-dir-of-replay-test/r.csv";
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateOutputPaths(o)));
 }
 
 TEST(LoadTrace, DefaultsGiveTheFirst24ScaledRequests) {

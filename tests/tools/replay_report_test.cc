@@ -133,8 +133,15 @@ TEST(BuildReport, NoTokensGiveNulls) {
   EXPECT_TRUE(j["allocation_wait_share"].is_null());
 }
 
+TEST(ReportJson, APartialRunIsMarkedIncomplete) {
+  ReplayReport r = BuildReport(SampleResult(), SampleSettings());
+  r.complete = false;
+  EXPECT_EQ(ReportToJson(r)["complete"], false);
+}
+
 TEST(ReportJson, HasEveryFieldWithItsValue) {
   nlohmann::json j = ReportToJson(BuildReport(SampleResult(), SampleSettings(), false));
+  EXPECT_EQ(j["complete"], true);
   EXPECT_EQ(j["requests_total"], 3);
   EXPECT_EQ(j["requests_served"], 2);
   EXPECT_EQ(j["output_tokens"], 7);

@@ -42,12 +42,21 @@ ReplayDriver::ReplayDriver(NodeClient* client, Clock* clock, DriverOptions optio
     : client_(client), clock_(clock), options_(std::move(options)) {}
 
 absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& scheduler) {
+  partial_ = DriverResult{};
+  DriverResult result;
+  if (absl::Status s = RunInto(trace, scheduler, result); !s.ok()) {
+    partial_ = std::move(result);
+    return s;
+  }
+  return result;
+}
+
+absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, DriverResult& result) {
   const size_t n = trace.requests.size();
   if (scheduler.size() != n || scheduler.submitted() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("scheduler covers ", scheduler.size(), " requests (",
                                                    scheduler.submitted(), " already submitted), trace has ", n));
   }
-  DriverResult result;
   result.requests.resize(n);
   absl::flat_hash_map<RequestId, size_t> by_id;
   for (size_t i = 0; i < n; ++i) {
@@ -62,6 +71,7 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
   progress.total = static_cast<int64_t>(n);
   double last_progress_ms = 0;
   int64_t in_flight = 0;
+  int64_t streaming = 0;  // requests with a first token that have not ended
   double last_activity_ms = 0;
 
   while (!scheduler.all_submitted() || in_flight > 0) {
@@ -85,7 +95,9 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
     auto events = client_->Poll(timeout);
     if (!events.ok()) return events.status();
     const double t = now();
+    result.elapsed_ms = t;
 
+    bool any_tokens = false;
     for (const TokenEvent& ev : *events) {
       auto it = by_id.find(ev.request);
       if (it == by_id.end()) return absl::InternalError(absl::StrCat("event for unknown request ", ev.request));
@@ -97,7 +109,11 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
         return absl::InternalError(absl::StrCat("event for request ", ev.request, " after it ended"));
       }
       if (!ev.tokens.empty()) {
-        if (r.first_token_ms < 0) r.first_token_ms = t;
+        any_tokens = true;
+        if (r.first_token_ms < 0) {
+          r.first_token_ms = t;
+          ++streaming;
+        }
         r.last_token_ms = t;
         r.tokens += static_cast<int64_t>(ev.tokens.size());
         r.output.insert(r.output.end(), ev.tokens.begin(), ev.tokens.end());
@@ -109,16 +125,21 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
         r.error = ev.error;
         r.finished = ev.error.empty();
         r.end_ms = t;
+        if (r.first_token_ms >= 0) --streaming;
         --in_flight;
         ++progress.ended;
         if (r.finished) ++progress.served;
       }
     }
+    // Requests streaming after this poll were all admitted at once; one that streamed and ended within the poll
+    // was admitted at least by itself.
+    result.streaming_max = std::max({result.streaming_max, streaming, any_tokens ? int64_t{1} : int64_t{0}});
     if (!events->empty()) {
       last_activity_ms = t;
     } else if (in_flight > 0 && t - last_activity_ms > options_.idle_timeout_ms) {
       return absl::DeadlineExceededError(absl::StrFormat(
-          "no event from the node for %.0f ms with %d requests in flight", t - last_activity_ms, in_flight));
+          "no event from the node for %.0f ms with %d requests in flight: the worker may be dead or stuck%s",
+          t - last_activity_ms, in_flight, options_.idle_hint));
     }
     if (options_.on_progress && t - last_progress_ms >= options_.progress_interval_ms) {
       progress.elapsed_ms = t;
@@ -135,7 +156,8 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
   auto stats = client_->Stats();
   if (!stats.ok()) return stats.status();
   result.stats = *std::move(stats);
-  return result;
+  result.stats.sessions_admitted_max = std::max(result.stats.sessions_admitted_max, result.streaming_max);
+  return absl::OkStatus();
 }
 
 bool OutputsMatch(const DriverResult& a, const DriverResult& b) {

@@ -56,7 +56,9 @@ struct RequestTiming {
 struct DriverResult {
   std::vector<RequestTiming> requests;  // one per trace request, in trace order
   double elapsed_ms = 0;                // start of the run to the end of the last request
-  NodeStats stats;                      // NodeClient::Stats() at the end
+  NodeStats stats;                      // NodeClient::Stats() at the end; sessions_admitted_max is at least
+                                        // streaming_max (a request streaming tokens holds its allocation)
+  int64_t streaming_max = 0;            // most requests seen streaming at once (first token seen, not ended)
 };
 
 // A progress snapshot for the live line.
@@ -80,6 +82,7 @@ struct DriverOptions {
   double idle_timeout_ms = 120'000;   // fail (DeadlineExceeded) after this long with requests in flight and no event
   double progress_interval_ms = 1000; // at most one progress call per interval
   std::function<void(const Progress&)> on_progress = PrintProgressToStderr;  // null: no progress
+  std::string idle_hint;  // appended to the idle-timeout error: where to look (the worker's log)
 };
 
 class ReplayDriver {
@@ -92,9 +95,13 @@ class ReplayDriver {
   // Errors: a client error (returned as is); an event for an unknown or already ended request (Internal);
   // no event for idle_timeout_ms while requests are in flight (DeadlineExceeded); a scheduler of the wrong
   // size (InvalidArgument).
+  // After a failed Run: what was recorded until the failure (node stats not read), else empty.
   absl::StatusOr<DriverResult> Run(const Trace& trace, Scheduler& scheduler);
+  const DriverResult& partial() const { return partial_; }
 
  private:
+  absl::Status RunInto(const Trace& trace, Scheduler& scheduler, DriverResult& result);
+  DriverResult partial_;
   NodeClient* client_;
   Clock* clock_;
   DriverOptions options_;

@@ -2,11 +2,19 @@
 // latency, admission and KV-hierarchy figures (issue 5; docs/replay.md). By default it starts its own one-GPU node
 // (memd + workerd, tools/replay/node_launcher.h) per run; --connect uses a running worker instead.
 // Exit codes: 0 every request served (and, with --check-exact, outputs bit-identical to resident); 1 a run failed,
-// a request failed or the outputs differ; 2 bad command line.
+// a request failed or the outputs differ; 2 bad command line; 130 / 143 stopped by SIGINT / SIGTERM (the node it
+// started is stopped first and a temporary run directory removed).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +35,59 @@
 
 namespace dhs::replay {
 namespace {
+
+// SIGINT / SIGTERM: blocked in every thread (Main blocks them before any thread starts) and taken by one thread
+// with sigwait, which stops the node that is running (if any) and exits 128 + signal. No signal handler runs, so
+// nothing here has to be async-signal-safe. The node is registered while it runs; the main thread unregisters it
+// under the same mutex before stopping it itself, so the two never stop one node together.
+std::mutex g_node_mutex;
+EmbeddedNode* g_node = nullptr;  // guarded by g_node_mutex
+
+void StartSignalThread() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0) {
+    }
+    std::fprintf(stderr, "\ndhs-replay: %s: stopping the node\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    {
+      std::lock_guard<std::mutex> lock(g_node_mutex);
+      if (g_node) g_node->Stop().IgnoreError();  // workerd, memd, then the temporary run directory
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(128 + sig);
+    }
+  }).detach();
+}
+
+// Owns the node of one run and keeps it registered for the signal thread while it lives.
+class RegisteredNode {
+ public:
+  explicit RegisteredNode(std::unique_ptr<EmbeddedNode> node) : node_(std::move(node)) {
+    std::lock_guard<std::mutex> lock(g_node_mutex);
+    g_node = node_.get();
+  }
+  ~RegisteredNode() { Stop(); }
+  EmbeddedNode* operator->() { return node_.get(); }
+  void KeepRunDir() {  // under the lock: the signal thread may be stopping the node
+    std::lock_guard<std::mutex> lock(g_node_mutex);
+    if (node_) node_->keep_run_dir();
+  }
+  void Stop() {
+    std::lock_guard<std::mutex> lock(g_node_mutex);
+    if (!node_) return;
+    g_node = nullptr;
+    node_->Stop().IgnoreError();
+    node_.reset();
+  }
+
+ private:
+  std::unique_ptr<EmbeddedNode> node_;
+};
 
 std::string EnvOr(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -83,6 +144,8 @@ uint64_t DefaultHbmBudget(const Trace& trace, const ReplayOptions& options) {
 
 struct RunOutcome {
   DriverResult result;
+  bool complete = true;  // false: the run failed part-way (result holds what was recorded; error says why)
+  std::string error;
   std::string prefill;
   std::optional<uint64_t> hbm_budget_bytes;  // the budget of the node this tool started (nullopt with --connect)
 };
@@ -101,14 +164,16 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
                                    std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {}) {
   ZmqNodeClientOptions client_options;
   client_options.prepared_prefix = options.prepared_prefix;
-  std::unique_ptr<EmbeddedNode> node;
+  std::optional<RegisteredNode> node;
   std::optional<uint64_t> used_budget;
+  DriverOptions driver_options;
   if (!options.connect.empty()) {
     client_options.worker_endpoint = options.connect;
     if (absl::StartsWith(options.connect, "ipc://")) {  // memd's socket sits beside the worker's
       const std::string path = options.connect.substr(6);
       client_options.memd_endpoint = "ipc://" + path.substr(0, path.rfind('/') + 1) + "memd.sock";
     }
+    driver_options.idle_hint = absl::StrCat("; check the worker at ", options.connect, " and its log");
   } else {
     const uint64_t budget = budget_override            ? *budget_override
                             : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
@@ -130,22 +195,39 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
     if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
     auto started = EmbeddedNode::Start(launch);
     if (!started.ok()) return started.status();
-    node = std::move(*started);
-    client_options.worker_endpoint = node->worker_endpoint();
-    client_options.memd_endpoint = node->memd_endpoint();
+    node.emplace(std::move(*started));
+    client_options.worker_endpoint = (*node)->worker_endpoint();
+    client_options.memd_endpoint = (*node)->memd_endpoint();
+    driver_options.idle_hint =
+        absl::StrCat("; see ", (*node)->run_dir(), "/workerd.log and memd.log (the run directory is kept)");
   }
+  // After a failure the logs of the node are kept for reading.
+  auto fail = [&](absl::Status s) {
+    if (node) {
+      node->KeepRunDir();
+      return absl::Status(s.code(), absl::StrCat(s.message(), "\n(run directory kept: ", (*node)->run_dir(), ")"));
+    }
+    return s;
+  };
   auto client = ZmqNodeClient::Connect(client_options);
-  if (!client.ok()) return client.status();
+  if (!client.ok()) return fail(client.status());
   auto scheduler = MakeScheduler(options, trace, concurrency);
   if (!scheduler.ok()) return scheduler.status();
   SteadyClock clock;
-  ReplayDriver driver(client->get(), &clock);
+  ReplayDriver driver(client->get(), &clock, driver_options);
   std::cerr << "dhs-replay: " << trace.requests.size() << " requests, mode " << mode
             << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
   auto result = driver.Run(trace, *scheduler);
-  if (node) node->Stop().IgnoreError();
-  if (!result.ok()) return result.status();
-  return RunOutcome{std::move(*result), options.prepared_prefix ? "prepared-prefix" : "prefill", used_budget};
+  const std::string prefill = options.prepared_prefix ? "prepared-prefix" : "prefill";
+  if (!result.ok()) {
+    const absl::Status s = fail(result.status());
+    const DriverResult& partial = driver.partial();
+    const bool any_served = std::any_of(partial.requests.begin(), partial.requests.end(),
+                                        [](const RequestTiming& t) { return t.served(); });
+    if (!any_served) return s;
+    return RunOutcome{partial, false, std::string(s.message()), prefill, used_budget};
+  }
+  return RunOutcome{std::move(*result), true, "", prefill, used_budget};
 }
 
 // Prints why each unserved request ended (stderr) and returns whether all were served.
@@ -160,6 +242,21 @@ bool AllServed(const DriverResult& r, std::string_view mode) {
   return all;
 }
 
+// --json and --csv of the runs so far (one report, or the sweep points). Prints and returns the first error.
+absl::Status WriteOutputs(const ReplayOptions& options, const std::vector<SweepPoint>& sweep) {
+  absl::Status s;
+  if (!options.json_out.empty()) {
+    s = options.sweep.empty() ? WriteReportJson(sweep.front().report, options.json_out)
+                              : WriteSweepJson(sweep, options.json_out);
+  }
+  if (s.ok() && !options.csv_out.empty()) {
+    s = options.sweep.empty() ? WriteReportCsv(sweep.front().report, options.csv_out)
+                              : WriteSweepCsv(sweep, options.csv_out);
+  }
+  if (!s.ok()) std::cerr << "dhs-replay: " << s.message() << "\n";
+  return s;
+}
+
 int Main(int argc, char** argv) {
   CommandLine cl = ParseReplayCommandLine(argc, argv);
   if (cl.exit_code) {
@@ -167,6 +264,7 @@ int Main(int argc, char** argv) {
     return *cl.exit_code;
   }
   const ReplayOptions& options = cl.options;
+  StartSignalThread();  // before any other thread (ZeroMQ's) starts, so that all of them block the two signals
   auto trace = LoadTrace(options);
   if (!trace.ok()) {
     std::cerr << "dhs-replay: " << trace.status().message() << "\n";
@@ -187,11 +285,23 @@ int Main(int argc, char** argv) {
       std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
       return 1;
     }
+    if (!run->complete) {  // failed part-way: report what finished (complete: false) and stop
+      std::cerr << "\ndhs-replay: run failed: " << run->error << "\n";
+      RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);
+      if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
+      ReplayReport report = BuildReport(run->result, settings, std::nullopt);
+      report.complete = false;
+      std::cout << FormatSummary(report) << std::flush;
+      sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
+      WriteOutputs(options, sweep).IgnoreError();
+      return 1;
+    }
     std::optional<bool> exact;
     if (options.check_exact) {
       auto reference = RunOnce(options, *trace, "resident", c, ReferenceHbmBudget(*trace, options));
-      if (!reference.ok()) {
-        std::cerr << "dhs-replay: resident reference run failed: " << reference.status().message() << "\n";
+      if (!reference.ok() || !reference->complete) {
+        std::cerr << "dhs-replay: resident reference run failed: "
+                  << (reference.ok() ? reference->error : std::string(reference.status().message())) << "\n";
         return 1;
       }
       AllServed(reference->result, "resident reference");
@@ -205,16 +315,7 @@ int Main(int argc, char** argv) {
     std::cout << FormatSummary(report) << std::flush;
     sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
   }
-  if (!options.json_out.empty()) {
-    const absl::Status s = options.sweep.empty() ? WriteReportJson(sweep.front().report, options.json_out)
-                                                 : WriteSweepJson(sweep, options.json_out);
-    if (!s.ok()) { std::cerr << "dhs-replay: " << s.message() << "\n"; return 1; }
-  }
-  if (!options.csv_out.empty()) {
-    const absl::Status s = options.sweep.empty() ? WriteReportCsv(sweep.front().report, options.csv_out)
-                                                 : WriteSweepCsv(sweep, options.csv_out);
-    if (!s.ok()) { std::cerr << "dhs-replay: " << s.message() << "\n"; return 1; }
-  }
+  if (!WriteOutputs(options, sweep).ok()) return 1;
   if (!options.plot_out.empty()) {
     const std::string csv = SweepCsvPath(options);
     absl::Status s = WriteSweepCsv(sweep, csv);

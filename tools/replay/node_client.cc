@@ -1,4 +1,4 @@
-// tools/replay/node_client.cc: SynthesizePrompt (see node_client.h).
+// tools/replay/node_client.cc: SynthesizePrompt, WorkerCountersSince (see node_client.h).
 #include "tools/replay/node_client.h"
 
 #include <algorithm>
@@ -18,6 +18,22 @@ std::string SynthesizePrompt(const PromptRef& prompt) {
   const std::vector<uint8_t> tokens =
       SyntheticPromptTokens(ids, block, n, static_cast<uint64_t>(prompt.trace_index), 0, n);
   return std::string(tokens.begin(), tokens.end());
+}
+
+NodeStats WorkerCountersSince(const NodeStats& now, const NodeStats& baseline) {
+  int64_t NodeStats::*const counters[] = {&NodeStats::reclaims, &NodeStats::repopulated_pages,
+                                          &NodeStats::prefix_blocks_imported, &NodeStats::prefix_blocks_computed};
+  int64_t Census::*const census[] = {&Census::direct, &Census::hot, &Census::host};
+  for (auto c : counters) {
+    if (now.*c < baseline.*c) return now;  // the worker restarted: its counters start again from 0
+  }
+  for (auto c : census) {
+    if (now.census.*c < baseline.census.*c) return now;
+  }
+  NodeStats out = now;
+  for (auto c : counters) out.*c -= baseline.*c;
+  for (auto c : census) out.census.*c -= baseline.census.*c;
+  return out;
 }
 
 }  // namespace dhs::replay

@@ -95,7 +95,8 @@ class NodeClient {
   // Waits up to timeout_ms (>= 0) for events and returns those available (possibly none). Non-OK: as Submit.
   virtual absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) = 0;
 
-  // Node-wide figures since the run began. Called once, after the last request ended.
+  // Node-wide figures of this run (counters relative to the start of the run, peaks seen during it). Called once,
+  // after the last request ended.
   virtual absl::StatusOr<NodeStats> Stats() = 0;
 };
 
@@ -104,6 +105,13 @@ class NodeClient {
 // hash block b is PrefixBlockToken(hash_ids[b], j); tokens after the last hash block are PrivateToken(trace_index,
 // position), so different requests differ there. Equal leading hash ids -> equal leading bytes. Pure function.
 std::string SynthesizePrompt(const PromptRef& prompt);
+
+// The worker's counters (census, reclaims, repopulated pages, prefix blocks) accumulate over the worker's life.
+// Returns `now` with those counters replaced by now - baseline, i.e. this run's share when `baseline` was read as
+// the run began (--connect to a worker that served before). sessions_admitted_max and gpus are memd peaks sampled
+// during the run and are kept from `now`. When any counter of `now` is below the baseline the worker restarted
+// during the run and `now` (its totals since that restart) is returned unchanged. Pure function.
+NodeStats WorkerCountersSince(const NodeStats& now, const NodeStats& baseline);
 
 // The prompt's hash ids as the wire's unsigned ids.
 std::vector<uint64_t> HashIdsOf(const PromptRef& prompt);

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,6 +51,16 @@ int Terminate(pid_t pid, std::chrono::milliseconds grace) {
 
 }  // namespace
 
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return abbrev ? absl::StrCat("signal SIG", abbrev, " (", sig, ")") : absl::StrCat("signal ", sig);
+  }
+  return absl::StrCat("status ", status);
+}
+
 absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaunchOptions& options) {
   for (const std::string* path : {&options.memd_path, &options.workerd_path}) {
     if (path->empty() || ::access(path->c_str(), X_OK) != 0) {
@@ -79,9 +89,16 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaun
       "--run-dir", node->run_dir_, "--page-bytes", std::to_string(options.page_bytes),
       "--host-pool-bytes", std::to_string(options.host_pool_bytes), "--log-level", "warn"};
   memd_args.insert(memd_args.end(), options.extra_memd_args.begin(), options.extra_memd_args.end());
-  if (absl::Status s = node->Spawn(options.memd_path, memd_args, memd_log, node->memd_pid_); !s.ok()) return s;
+  // On a failed start the directory stays (its logs explain the failure); the node's destructor stops the children.
+  auto failed = [&node](const absl::Status& s) {
+    node->owns_run_dir_ = false;
+    return absl::Status(s.code(), absl::StrCat(s.message(), "\n(run directory kept: ", node->run_dir_, ")"));
+  };
+  if (absl::Status s = node->Spawn(options.memd_path, memd_args, memd_log, node->memd_pid_); !s.ok()) {
+    return failed(s);
+  }
   if (absl::Status s = node->WaitForSocket("memd", node->memd_pid_, memd_log, options.start_timeout); !s.ok()) {
-    return s;
+    return failed(s);
   }
   std::vector<std::string> worker_args = {
       "--run-dir", node->run_dir_, "--gpu", "0", "--mode", options.mode, "--preset", options.preset,
@@ -89,30 +106,69 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaun
       "--slots", std::to_string(options.slots), "--log-level", "warn"};
   worker_args.insert(worker_args.end(), options.extra_workerd_args.begin(), options.extra_workerd_args.end());
   if (absl::Status s = node->Spawn(options.workerd_path, worker_args, worker_log, node->worker_pid_); !s.ok()) {
-    return s;
+    return failed(s);
   }
   if (absl::Status s = node->WaitForSocket("worker-0", node->worker_pid_, worker_log, options.start_timeout);
       !s.ok()) {
-    return s;
+    return failed(s);
   }
   return node;
 }
 
 absl::Status EmbeddedNode::Spawn(const std::string& path, const std::vector<std::string>& args,
                                  const std::string& log, pid_t& pid) {
+  // Everything the child needs is prepared here: between fork and exec only async-signal-safe calls.
   std::vector<std::string> storage = {path};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : storage) argv.push_back(a.data());
   argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  const int rc = ::posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return absl::UnavailableError(absl::StrCat("cannot start ", path, ": ", std::strerror(rc)));
+  int report[2];  // the child writes its errno here when it cannot exec; closed on exec
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot start ", path, ": pipe: ", std::strerror(errno)));
+  }
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child < 0) {
+    const int e = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    return absl::UnavailableError(absl::StrCat("cannot start ", path, ": fork: ", std::strerror(e)));
+  }
+  if (child == 0) {
+    auto fail = [&](int e) {
+      (void)!::write(report[1], &e, sizeof e);
+      ::_exit(127);
+    };
+    // Stop when the starting thread dies; if the parent is already gone, the signal will never come.
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) fail(errno);
+    if (::getppid() != parent) ::_exit(143);
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out < 0) fail(errno);
+    if (::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) fail(errno);
+    const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in < 0 || ::dup2(in, STDIN_FILENO) < 0) fail(errno);
+    ::execve(path.c_str(), argv.data(), environ);
+    fail(errno);
+  }
+  ::close(report[1]);
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &child_errno, sizeof child_errno);
+  } while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n == static_cast<ssize_t>(sizeof child_errno)) {  // the exec failed
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    return absl::UnavailableError(absl::StrCat("cannot start ", path, ": ", std::strerror(child_errno)));
+  }
+  pid = child;
   return absl::OkStatus();
 }
 
@@ -127,8 +183,8 @@ absl::Status EmbeddedNode::WaitForSocket(const std::string& name, pid_t pid, con
     if (::waitpid(pid, &status, WNOHANG) == pid) {
       if (pid == memd_pid_) memd_pid_ = -1;
       if (pid == worker_pid_) worker_pid_ = -1;
-      return absl::UnavailableError(absl::StrCat(name, " exited during start-up (status ", status, "); log ", log,
-                                                 ":\n", LogTail(log)));
+      return absl::UnavailableError(absl::StrCat(name, " exited during start-up (", DescribeWaitStatus(status),
+                                                 "); log ", log, ":\n", LogTail(log)));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

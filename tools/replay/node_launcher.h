@@ -2,8 +2,11 @@
 // (the embedded default of dhs-replay), waits until both serve, and stops them (SIGTERM, then SIGKILL after a grace
 // period). Each run gets its own run directory (mode 0700) holding the sockets and the two logs.
 //
-// Thread-safety: one thread. Children are started with posix_spawn, so starting them from a process that already
-// runs threads is safe.
+// Thread-safety: one thread. Children are started with fork + exec, with only async-signal-safe calls between
+// them, so starting them from a process that already runs threads is safe. Each child gets
+// PR_SET_PDEATHSIG(SIGTERM): it is told to stop when the thread that started it dies (call Start from the
+// main thread), so a killed dhs-replay does not leave memd or workerd behind. Children start with an empty
+// signal mask and default SIGINT/SIGTERM handling whatever the caller blocked.
 #pragma once
 
 #include <sys/types.h>
@@ -37,14 +40,19 @@ struct NodeLaunchOptions {
 class EmbeddedNode {
  public:
   // Starts memd, waits for its socket, starts workerd, waits for its socket. Errors: INVALID_ARGUMENT (paths),
-  // UNAVAILABLE (a child exited or did not come up in time; the message carries the tail of its log).
+  // UNAVAILABLE (a child could not be started, exited or did not come up in time; the message names how it
+  // ended (DescribeWaitStatus), its log and the log's tail). On failure the run directory is kept, even a
+  // temporary one, and the message says so.
   static absl::StatusOr<std::unique_ptr<EmbeddedNode>> Start(const NodeLaunchOptions& options);
   ~EmbeddedNode();  // Stop()
   EmbeddedNode(const EmbeddedNode&) = delete;
   EmbeddedNode& operator=(const EmbeddedNode&) = delete;
 
-  // Stops workerd then memd; removes the run directory when Start created it. Idempotent.
+  // Stops workerd then memd; removes the run directory when Start created it (unless keep_run_dir() was
+  // called). Idempotent.
   absl::Status Stop();
+  // Keeps a temporary run directory on Stop (to read the logs after a failed run).
+  void keep_run_dir() { owns_run_dir_ = false; }
 
   const std::string& run_dir() const { return run_dir_; }
   std::string memd_endpoint() const;
@@ -62,5 +70,8 @@ class EmbeddedNode {
   pid_t memd_pid_ = -1;
   pid_t worker_pid_ = -1;
 };
+
+// How a child ended, from a waitpid status: "exit code N", "signal NAME (N)" or "status N" (anything else).
+std::string DescribeWaitStatus(int status);
 
 }  // namespace dhs::replay

@@ -1,8 +1,11 @@
 // tools/replay/options.cc: command-line parsing and what the options mean (see options.h).
 #include "tools/replay/options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -60,6 +63,30 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   }
   if (!o.connect.empty() && !o.reclaim_policy.empty()) {
     return bad("--reclaim-policy applies to a node the tool starts, not to --connect ", o.connect);
+  }
+  if (!o.connect.empty() && o.check_exact) {
+    return bad("--check-exact needs a resident reference node that the tool starts; with --connect ", o.connect,
+               " both runs would go to the same worker (drop one of the two)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOutputPaths(const ReplayOptions& o) {
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--json", &o.json_out}, {"--csv", &o.csv_out}, {"--plot", &o.plot_out}};
+  for (const auto& [name, path] : outputs) {
+    if (path->empty()) continue;
+    const std::filesystem::path p(*path);
+    const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": directory '", dir.string(), "' of '", *path, "' does not exist"));
+    }
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": directory '", dir.string(), "' of '", *path, "' is not writable"));
+    }
   }
   return absl::OkStatus();
 }
@@ -133,7 +160,9 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   if (hopt->count() > 0) o.hbm_budget_bytes = hbm_budget;
   std::sort(o.sweep.begin(), o.sweep.end());
   if (!o.concurrency && !o.time_scale && o.sweep.empty()) o.concurrency = ReplayOptions::kDefaultConcurrency;
-  if (absl::Status s = ValidateReplayOptions(o); !s.ok()) {
+  absl::Status s = ValidateReplayOptions(o);
+  if (s.ok()) s = ValidateOutputPaths(o);
+  if (!s.ok()) {
     cl.exit_code = 2;
     cl.message = absl::StrCat("dhs-replay: ", s.message(), "\nRun with --help for more information.\n");
   }

@@ -45,7 +45,7 @@ struct ReplayOptions {
   bool check_exact = false;                // --check-exact: also run resident and compare tokens (brief §7)
   std::string json_out;                    // --json OUT ("" = none)
   std::string csv_out;                     // --csv OUT ("" = none)
-  std::vector<int64_t> sweep;              // --sweep C1,C2,...: closed-loop runs, ascending, distinct, >= 1
+  std::vector<int64_t> sweep;              // --sweep C1,C2,...: closed-loop runs, sorted ascending, distinct, >= 1
   std::string plot_out;                    // --plot OUT.png (needs --sweep)
   std::string connect;                     // --connect ENDPOINT (tcp://... or ipc://...; "" = start a node)
   std::string run_dir;                     // --run-dir DIR (sockets, logs of a node the tool starts)
@@ -65,15 +65,22 @@ struct CommandLine {
   std::string message;
 };
 
-// Parses `dhs-replay` arguments (argv[0] is the program name) and validates them (ValidateReplayOptions).
+// Parses `dhs-replay` arguments (argv[0] is the program name) and validates them (ValidateReplayOptions,
+// ValidateOutputPaths). --sweep values may be given in any order; they are sorted ascending.
 // When neither --concurrency, --time-scale nor --sweep is given, concurrency is kDefaultConcurrency.
 CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 
 // InvalidArgument naming the option for: requests < 1, concurrency < 1, time scale < 0 or not finite,
 // length scale <= 0 or not finite, hbm budget <= 0, concurrency/time-scale/sweep combined, a sweep value < 1
 // or repeated, --plot without --sweep, an empty --trace, a --connect endpoint other than tcp:// or ipc://,
-// --reclaim-policy together with --connect.
+// --reclaim-policy together with --connect, --check-exact together with --connect (the resident reference run
+// would go to the same worker: a run compared with itself).
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
+
+// InvalidArgument naming the option when the directory of --json, --csv or --plot does not exist or is not
+// writable (so a long run does not end without its report). Reads the file system; ParseReplayCommandLine
+// calls it after ValidateReplayOptions.
+absl::Status ValidateOutputPaths(const ReplayOptions& options);
 
 // Reads options.trace, keeps the first options.requests requests, scales lengths by options.length_scale
 // (in that order). Errors from ReadTrace / TakeFirst / ScaleLengths.

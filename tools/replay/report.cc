@@ -138,6 +138,7 @@ json ReportToJson(const ReplayReport& r) {
   json census = r.census ? json{{"direct", r.census->direct}, {"hot", r.census->hot}, {"host", r.census->host}}
                          : json{{"direct", nullptr}, {"hot", nullptr}, {"host", nullptr}};
   return json{
+      {"complete", r.complete},
       {"requests_total", r.requests_total},
       {"requests_served", r.requests_served},
       {"output_tokens", r.output_tokens},

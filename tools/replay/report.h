@@ -69,6 +69,8 @@ struct ReplayReport {
   std::optional<bool> exact_match;     // nullopt: not checked
   std::vector<GpuMemoryUse> gpus;
   double elapsed_s = 0;
+  bool complete = true;  // false: the run failed part-way; figures of the requests recorded until then, node-wide
+                         // figures (sessions, census, reclaims, pages, gpu_memory) not read (0 / empty)
 };
 
 // Computes the report. exact_match: the outcome of --check-exact (OutputsMatch against a resident run), or

@@ -22,6 +22,14 @@ absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeCli
     if (!memd.ok()) return memd.status();
     client->memd_ = std::move(*memd);
   }
+  auto baseline = client->QueryWorker();
+  if (!baseline.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no answer from the worker at ", client->options_.worker_endpoint, " (", baseline.status().message(),
+        "): is a workerd serving there? --connect takes a worker's socket (ipc://RUN_DIR/worker-N.sock or "
+        "tcp://HOST:PORT); if the worker died, see its log"));
+  }
+  client->baseline_ = baseline->counters;
   return client;
 }
 
@@ -111,6 +119,20 @@ absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
     if (!more.ok()) break;
     if (absl::Status s = Handle(*more, events); !s.ok()) return s;
   }
+  // A first token means the request holds its required allocation now, an end that admission state changes:
+  // sample memd at those moments too, so runs shorter than sample_interval still see their peaks.
+  bool sample = false;
+  for (const TokenEvent& e : events) {
+    if (!e.tokens.empty() && seen_tokens_.insert(e.request).second) sample = true;
+    if (e.finished || !e.error.empty()) {
+      seen_tokens_.erase(e.request);
+      sample = true;
+    }
+  }
+  if (memd_ && sample) {
+    last_sample_ = std::chrono::steady_clock::now();
+    if (absl::Status s = SampleMemd(); !s.ok()) return s;
+  }
   return events;
 }
 
@@ -163,10 +185,7 @@ absl::Status ZmqNodeClient::SampleMemd() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
-  if (memd_) {
-    if (absl::Status s = SampleMemd(); !s.ok()) return s;
-  }
+absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker() {
   wire::WorkerStatsQueryT query;
   auto reply_bytes = worker_->Request(EncodeWorkerStatsQuery(query, next_sequence_++, kSender), options_.request_timeout);
   if (!reply_bytes.ok()) return absl::UnavailableError(absl::StrCat("worker stats: ", reply_bytes.status().message()));
@@ -174,22 +193,38 @@ absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
   if (!message.ok()) return message.status();
   auto stats = ReadWorkerStatsReply(*message);
   if (!stats.ok()) return stats.status();
-  NodeStats out = peaks_;
-  out.census.direct = static_cast<int64_t>(stats->census_direct);
-  out.census.hot = static_cast<int64_t>(stats->census_hot);
-  out.census.host = static_cast<int64_t>(stats->census_host);
-  out.reclaims = static_cast<int64_t>(stats->reclaims_obeyed);
-  out.repopulated_pages = static_cast<int64_t>(stats->pages_populated);
-  out.prefix_blocks_imported = static_cast<int64_t>(stats->prefix_blocks_imported);
-  out.prefix_blocks_computed = static_cast<int64_t>(stats->prefix_blocks_computed);
+  WorkerView view;
+  view.counters.census.direct = static_cast<int64_t>(stats->census_direct);
+  view.counters.census.hot = static_cast<int64_t>(stats->census_hot);
+  view.counters.census.host = static_cast<int64_t>(stats->census_host);
+  view.counters.reclaims = static_cast<int64_t>(stats->reclaims_obeyed);
+  view.counters.repopulated_pages = static_cast<int64_t>(stats->pages_populated);
+  view.counters.prefix_blocks_imported = static_cast<int64_t>(stats->prefix_blocks_imported);
+  view.counters.prefix_blocks_computed = static_cast<int64_t>(stats->prefix_blocks_computed);
+  view.gpu = stats->gpu;
+  view.page_bytes = static_cast<int64_t>(stats->page_bytes);
+  view.capacity_pages = static_cast<int64_t>(stats->capacity_pages);
+  return view;
+}
+
+absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
+  if (memd_) {
+    if (absl::Status s = SampleMemd(); !s.ok()) return s;
+  }
+  auto view = QueryWorker();
+  if (!view.ok()) return view.status();
+  NodeStats now = view->counters;
+  now.sessions_admitted_max = peaks_.sessions_admitted_max;
+  now.gpus = peaks_.gpus;
+  NodeStats out = WorkerCountersSince(now, baseline_);
   for (GpuMemoryUse& g : out.gpus) {
-    if (g.gpu != stats->gpu) continue;
-    g.page_bytes = static_cast<int64_t>(stats->page_bytes);
+    if (g.gpu != view->gpu) continue;
+    g.page_bytes = view->page_bytes;
     g.peak_used_bytes = peak_used_pages_[g.gpu] * g.page_bytes;
   }
   if (out.gpus.empty()) {
-    out.gpus.push_back(GpuMemoryUse{.gpu = stats->gpu, .capacity_pages = stats->capacity_pages,
-                                    .page_bytes = static_cast<int64_t>(stats->page_bytes)});
+    out.gpus.push_back(GpuMemoryUse{.gpu = view->gpu, .capacity_pages = view->capacity_pages,
+                                    .page_bytes = view->page_bytes});
   }
   return out;
 }

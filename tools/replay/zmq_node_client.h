@@ -1,7 +1,10 @@
 // tools/replay/zmq_node_client.h: the NodeClient that talks to a real node (docs/protocol.md, "client/replay <->
 // workerd" and "dhsctl <-> memd"): SubmitRequest / SubmitAccepted / TokenChunk / ErrorReply with one worker,
 // WorkerStatsQuery at the end, and memd's IntrospectQuery (status JSON) sampled while the run goes on so that the
-// report has peak figures (sessions admitted, pages used).
+// report has peak figures (sessions admitted, pages used): every sample_interval while polling, after a poll that
+// brought a request's first token or a request's end, and once in Stats(). Connect reads the worker's counters
+// once (WorkerStatsQuery) as the baseline, so Stats() reports this run's counters even when the worker served
+// before (--connect; WorkerCountersSince).
 //
 // Thread-safety: one thread (the ReplayDriver's), as NodeClient requires.
 #pragma once
@@ -11,6 +14,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "common/transport.h"
 #include "dhs_generated.h"
 #include "nlohmann/json.hpp"
@@ -30,7 +34,9 @@ struct ZmqNodeClientOptions {
 
 class ZmqNodeClient final : public NodeClient {
  public:
-  // Errors: those of DealerClient::Connect.
+  // Connects and reads the worker's counters as the baseline. Errors: those of DealerClient::Connect;
+  // UNAVAILABLE naming the endpoint when the worker does not answer the stats query within request_timeout
+  // (nothing listening there, the endpoint is not a worker's, or the worker is dead).
   static absl::StatusOr<std::unique_ptr<ZmqNodeClient>> Connect(ZmqNodeClientOptions options);
 
   absl::Status Submit(const SubmitRequest& request) override;
@@ -42,6 +48,13 @@ class ZmqNodeClient final : public NodeClient {
   absl::Status SampleMemd();  // updates the peaks from memd's requests and gpus views
   absl::StatusOr<nlohmann::json> Introspect(wire::IntrospectWhat what);
   absl::Status Handle(std::string_view bytes, std::vector<TokenEvent>& out);
+  struct WorkerView {  // one WorkerStatsReply: the counters as NodeStats fields, plus the pool geometry
+    NodeStats counters;
+    GpuId gpu = 0;
+    int64_t page_bytes = 0;
+    int64_t capacity_pages = 0;
+  };
+  absl::StatusOr<WorkerView> QueryWorker();
 
   ZmqNodeClientOptions options_;
   std::unique_ptr<DealerClient> worker_;
@@ -49,6 +62,8 @@ class ZmqNodeClient final : public NodeClient {
   uint64_t next_sequence_ = 1;
   absl::flat_hash_map<uint64_t, RequestId> request_of_sequence_;  // Submit sequence -> request (ErrorReply)
   std::chrono::steady_clock::time_point last_sample_{};
+  NodeStats baseline_;  // the worker's counters when Connect ran
+  absl::flat_hash_set<RequestId> seen_tokens_;  // requests whose first token arrived
   NodeStats peaks_;  // sessions_admitted_max and per-GPU peaks, from memd samples
   absl::flat_hash_map<GpuId, int64_t> peak_used_pages_;  // max M_req + M_opt seen, pages
 };
