@@ -38,24 +38,35 @@ int main(int argc, char** argv) {
   int connect_timeout_ms = 10000;
   dhs::WorkerConfig config;
   app.add_option("--run-dir", run_dir, "run directory holding memd.sock (mode 0700)")->required();
-  app.add_option("--gpu", config.gpu, "GPU id served by this worker");
-  app.add_option("--mode", mode_name, "resident | hisparse | adaptive");
-  app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)");
+  app.add_option("--gpu", config.gpu, "GPU id served by this worker")->capture_default_str();
+  app.add_option("--mode", mode_name, "resident | hisparse | adaptive")
+      ->check(CLI::IsMember({"resident", "hisparse", "adaptive"}))->capture_default_str();
+  app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--weights", weights, "safetensors weights file (else --preset + --seed)");
-  app.add_option("--preset", preset, "model preset when no --weights: dsv4flash-like | glm5-like | bench-wide");
+  app.add_option("--preset", preset, "model preset when no --weights")
+      ->check(CLI::IsMember({"dsv4flash-like", "glm5-like", "bench-wide"}))->capture_default_str();
   app.add_option("--seed", seed, "weights seed with --preset");
-  app.add_option("--slots", config.slots, "request slots N");
+  app.add_option("--slots", config.slots, "request slots N")->check(CLI::Range(1u, 4096u))->capture_default_str();
   app.add_option("--hot-rows", config.hot_rows, "hot-cache rows B per slot and source (0 = auto)");
   app.add_option("--tail-rows", config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)");
-  app.add_option("--page-rows", config.page_rows, "rows per page p");
-  app.add_option("--max-context", config.max_context_tokens, "prompt + max_new_tokens limit, tokens");
+  app.add_option("--page-rows", config.page_rows, "rows per page p")->check(CLI::Range(1u, 1u << 20))->capture_default_str();
+  app.add_option("--max-context", config.max_context_tokens, "prompt + max_new_tokens limit, tokens")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--prefix-cache-bytes", config.prefix_cache_bytes,
                  "prepared-prefix row cache (rows produced once per hash-block chain), bytes; 0 = off")
       ->capture_default_str();
   app.add_option("--prefill-chunk", config.prefill_chunk, "prompt tokens per request and step (0 = auto)");
-  app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply");
-  app.add_option("--log-level", log_level, "spdlog level: trace debug info warn error");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply")
+      ->check(CLI::Range(1, 3600000))->capture_default_str();
+  app.add_option("--log-level", log_level, "spdlog level")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help (0) or the error
+    return rc == 0 ? 0 : 2;      // every bad command-line value exits 2 (docs/operations.md)
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   absl::StatusOr<dhs::WorkerMode> mode = dhs::ParseWorkerMode(mode_name);

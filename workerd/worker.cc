@@ -315,6 +315,13 @@ void Worker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     SendBackupComplete(m, absl::InvalidArgumentError("ReclaimOrder: backup_pages and backup_targets differ in length"));
     return;
   }
+  if (r == nullptr && !m.backup_pages.empty() && !finished_ids_.contains(m.request)) {
+    // Never served by this worker process (admitted through an earlier one that died): nothing of it was written
+    // here, so no host copy may be reported. memd keeps the victim as it was.
+    SendBackupComplete(m, absl::FailedPreconditionError(absl::StrCat(
+        "ReclaimOrder ", m.order, ": request ", m.request, " is unknown to this worker process; no host copy written")));
+    return;
+  }
   if (r == nullptr) {
     // Finished here: its Complete crossed the order and memd dropped the reclaim and the request's pages with it.
     // The answer only closes memd's orphaned copies (contract, details); ReadersDone follows (nothing is mapped).
@@ -840,6 +847,13 @@ void Worker::Finish(RequestId id, absl::Status error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
+  if (finished_ids_.insert(id).second) {
+    finished_order_.push_back(id);
+    if (finished_order_.size() > kFinishedMemory) {
+      finished_ids_.erase(finished_order_.front());
+      finished_order_.pop_front();
+    }
+  }
   // Populate orders in flight die with the request, but memd frees their GPU pages only when they are answered
   // (contract §5): answer each one unpublished once its copies into those pages ended (ReportKvCompletions).
   std::vector<Cancelled> cancelled;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "dhs_generated.h"
 #include "workerd/device/device.h"
@@ -227,6 +228,11 @@ class Worker final : public MemdHandler {
   std::deque<RequestId> granted_;                           // granted, waiting for a free slot
   std::map<uint64_t, Reclaim> reclaims_;                    // by order id
   std::map<uint64_t, Populate> populates_;                  // by order id
+  // Requests this worker process finished (newest kFinishedMemory): an order for one of them crossed its Complete;
+  // an order for a request neither served nor finished here (admitted through an earlier worker process) is refused.
+  static constexpr size_t kFinishedMemory = size_t{1} << 16;
+  std::deque<RequestId> finished_order_;
+  absl::flat_hash_set<RequestId> finished_ids_;
   using PageKey = std::pair<RequestId, uint32_t>;           // (request, history page)
   std::map<PageKey, uint64_t> populate_of_;                 // -> PopulateOrder id
   std::map<PageKey, uint64_t> reclaim_backup_of_;           // -> ReclaimOrder id

@@ -816,6 +816,26 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedWaitsForItsHostCopy) {
   ExpectHostPageHolds(f, 30, 0, OriginalRows(*f.model, prompt));
 }
 
+// A reclaim order for a request this worker process never served (admitted through an earlier process that died) must
+// not be answered "backed up": nothing was written here. A finished request's crossing order still is (contract §4).
+TEST(WorkerOrders, ReclaimOfARequestUnknownToThisProcessIsRefusedNotReportedBackedUp) {
+  ScriptedFixture f;
+  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(900, 77, {4}, {20}));
+  ASSERT_EQ(f.BackupsOf(900).size(), 1u);
+  EXPECT_FALSE(f.BackupsOf(900)[0].ok);
+  EXPECT_EQ(f.BackupsOf(900)[0].error, wire::ErrorCode::FAILED_PRECONDITION);
+  EXPECT_NE(f.BackupsOf(900)[0].message.find("unknown to this worker process"), std::string::npos);
+  EXPECT_EQ(f.memd.Index("readers_done/900"), -1);  // the reclaim ends with the failed backup
+
+  // Request 3 is served and finished here; an order that crossed its Complete is answered ok (memd dropped it).
+  f.SubmitAndGrant(3, 20, 2);
+  ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(3); }));
+  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(901, 3, {4}, {20}));
+  ASSERT_TRUE(f.IterateUntil([&] { return f.memd.Index("readers_done/901") >= 0; }));
+  ASSERT_EQ(f.BackupsOf(901).size(), 1u);
+  EXPECT_TRUE(f.BackupsOf(901)[0].ok);
+}
+
 TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {
   dhs::testing::ScopedRunDir dir;
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
