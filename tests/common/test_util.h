@@ -1,13 +1,20 @@
-// tests/common/test_util.h: helpers of the common suite: a private run directory per test and a
-// bounded wait on a pipe (no sleeps).
+// tests/common/test_util.h: helpers of the process tests of every suite: a private run directory per test, a bounded
+// wait on a pipe (no sleeps) and a spawned child process killed at teardown.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+extern char** environ;
 
 namespace dhs::testing {
 
@@ -37,5 +44,57 @@ inline int ReadByte(int fd, int timeout_ms) {
   unsigned char c = 0;
   return ::read(fd, &c, 1) == 1 ? c : -1;
 }
+
+// A child process started with posix_spawn (fork + exec at once, so a threaded test never forks); its stderr and
+// stdout go to `log` when one is given. SIGKILLed and reaped on destruction unless it was reaped already.
+class ChildProcess {
+ public:
+  explicit ChildProcess(std::vector<std::string> args, const std::string& log = "") {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (!log.empty()) {
+      posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+    }
+    ok_ = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) == 0;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool ok() const { return ok_; }
+  // Whether the child has exited (reaps it; never blocks).
+  bool Exited() {
+    int status = 0;
+    if (!reaped_ && ::waitpid(pid_, &status, WNOHANG) == pid_) reaped_ = true;
+    return reaped_;
+  }
+  // SIGTERM, then wait up to ~10 s for the exit; returns the exit status or -1.
+  int Terminate() {
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 1000; ++i) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      ::poll(nullptr, 0, 10);
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool ok_ = false;
+  bool reaped_ = false;
+};
 
 }  // namespace dhs::testing

@@ -21,54 +21,10 @@
 #include "tests/common/test_util.h"
 #include "tests/workerd/worker_test_util.h"
 
-extern char** environ;
-
 namespace dhs::test {
 namespace {
 
-class Child {
- public:
-  Child(std::vector<std::string> args, const std::string& log) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    ok_ = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) == 0;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~Child() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool ok() const { return ok_; }
-  bool Exited() {
-    int status = 0;
-    if (!reaped_ && ::waitpid(pid_, &status, WNOHANG) == pid_) reaped_ = true;
-    return reaped_;
-  }
-  int Terminate() {
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 1000; ++i) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      ::poll(nullptr, 0, 10);
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool ok_ = false;
-  bool reaped_ = false;
-};
+using dhs::testing::ChildProcess;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -90,11 +46,11 @@ TEST_P(RealMemd, WorkerServesOneRequestPerMode) {
   auto model = MakePresetModel("glm5-like", 3);
   const uint64_t page_bytes = uint64_t{kPageRows} * model->config().row_bytes() * model->config().n_sources();
   const std::string memd_log = dir.path() + "/memd.log", worker_log = dir.path() + "/workerd.log";
-  Child memd({memd_bin, "--run-dir", dir.path(), "--page-bytes", std::to_string(page_bytes), "--host-pool-pages",
+  ChildProcess memd({memd_bin, "--run-dir", dir.path(), "--page-bytes", std::to_string(page_bytes), "--host-pool-pages",
               "64", "--log-level", "warn"},
              memd_log);
   ASSERT_TRUE(memd.ok());
-  Child worker({workerd_bin, "--run-dir", dir.path(), "--gpu", "0", "--mode", GetParam(), "--preset", "glm5-like",
+  ChildProcess worker({workerd_bin, "--run-dir", dir.path(), "--gpu", "0", "--mode", GetParam(), "--preset", "glm5-like",
                 "--seed", "3", "--page-rows", std::to_string(kPageRows), "--tail-rows", "32", "--slots", "2",
                 "--hbm-budget", std::to_string(40 * page_bytes), "--log-level", "warn"},
                worker_log);

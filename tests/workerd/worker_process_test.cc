@@ -18,48 +18,13 @@
 #include "tests/common/test_util.h"
 #include "tests/workerd/worker_test_util.h"
 
-extern char** environ;
-
 namespace dhs::test {
 namespace {
 
 constexpr uint32_t kPageRows = 16;
 constexpr uint32_t kHostPages = 64;
 
-class ChildProcess {
- public:
-  explicit ChildProcess(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ok_ = posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) == 0;
-  }
-  ~ChildProcess() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool ok() const { return ok_; }
-  // SIGTERM, then wait up to ~10 s for the exit; returns the exit status or -1.
-  int Terminate() {
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 1000; ++i) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      ::poll(nullptr, 0, 10);
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool ok_ = false;
-  bool reaped_ = false;
-};
+using dhs::testing::ChildProcess;
 
 class WorkerProcess : public ::testing::TestWithParam<std::string> {};
 
