@@ -663,12 +663,17 @@ absl::Status Worker::ImportChunk(Request& r) {
   const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix_tokens);
   Position end = std::min<Position>(last, r.fed + static_cast<Position>(geometry_.prefill_chunk));
   const Position block = static_cast<Position>(r.prefix_block_tokens);
-  if (prefix_cache_.capacity_bytes() > 0 && block > 0) {
+  const bool cached = prefix_cache_.capacity_bytes() > 0 && block > 0;
+  const Position first = cached ? r.fed / block * block : 0;
+  std::span<const uint64_t> chain;
+  if (cached) {
     // Whole blocks go through the row cache (prefix_cache.h): imported when their chain is cached, else computed
-    // (still prefill_chunk tokens per iteration, never across the block's end) with their rows captured.
-    const Position b = r.fed / block, first = b * block;
-    const bool whole = first + block <= last && static_cast<size_t>(b) < r.hash_ids.size();
-    std::span<const uint64_t> chain(r.hash_ids.data(), static_cast<size_t>(b) + 1);
+    // (still prefill_chunk tokens per iteration) with their rows captured. A chunk never crosses a block's end, so
+    // later blocks start on block boundaries.
+    end = std::min<Position>(end, first + block);
+    const auto b = static_cast<size_t>(first / block);
+    const bool whole = first + block <= last && b < r.hash_ids.size();
+    if (whole) chain = std::span<const uint64_t>(r.hash_ids.data(), b + 1);
     if (whole && r.fed == first && !r.capture) {
       if (const PrefixBlock* hit = prefix_cache_.Find(chain, r.prefix_block_tokens)) {
         if (absl::Status s = model_->ImportRows(*r.session, r.prefix_block_tokens, hit->rows, hit->keys, kv());
@@ -684,31 +689,24 @@ absl::Status Worker::ImportChunk(Request& r) {
       r.capture->tokens = r.prefix_block_tokens;
       r.capture->rows.resize(static_cast<size_t>(model_->config().n_sources()));
     }
-    if (r.capture) {
-      end = std::min<Position>(end, r.capture->first + block);
-      RowCapture capture(&kv(), r.id, &*r.capture);
-      std::span<const model::Token> chunk(r.input.data() + r.fed, static_cast<size_t>(end - r.fed));
-      if (absl::Status s = model_->ImportPrefix(*r.session, chunk, capture); !s.ok()) return s;
-      r.fed = end;
-      if (r.fed == r.capture->first + block) {
-        const model::ModelConfig& mc = model_->config();
-        for (int i = 0; i < mc.n_indexers(); ++i) {
-          std::span<const float> keys =
-              r.session->index_keys(i).subspan(static_cast<size_t>(r.capture->first) * mc.idx_dim,
-                                               static_cast<size_t>(block) * mc.idx_dim);
-          r.capture->keys.emplace_back(keys.begin(), keys.end());
-        }
-        prefix_cache_.Insert(chain, r.prefix_block_tokens, *std::move(r.capture));
-        r.capture.reset();
-        ++stats_.prefix_blocks_computed;
-      }
-      return absl::OkStatus();
-    }
-    end = std::min<Position>(end, first + block);  // land on block starts so that later blocks can use the cache
   }
+  std::optional<RowCapture> capture;
+  if (r.capture) capture.emplace(&kv(), r.id, &*r.capture);
+  KvAccess& target = capture ? static_cast<KvAccess&>(*capture) : kv();
   std::span<const model::Token> chunk(r.input.data() + r.fed, static_cast<size_t>(end - r.fed));
-  if (absl::Status s = model_->ImportPrefix(*r.session, chunk, kv()); !s.ok()) return s;
+  if (absl::Status s = model_->ImportPrefix(*r.session, chunk, target); !s.ok()) return s;
   r.fed = end;
+  if (r.capture && r.fed == r.capture->first + block) {
+    const model::ModelConfig& mc = model_->config();
+    for (int i = 0; i < mc.n_indexers(); ++i) {
+      std::span<const float> keys = r.session->index_keys(i).subspan(
+          static_cast<size_t>(r.capture->first) * mc.idx_dim, static_cast<size_t>(block) * mc.idx_dim);
+      r.capture->keys.emplace_back(keys.begin(), keys.end());
+    }
+    prefix_cache_.Insert(chain, r.prefix_block_tokens, *std::move(r.capture));
+    r.capture.reset();
+    ++stats_.prefix_blocks_computed;
+  }
   return absl::OkStatus();
 }
 
