@@ -48,16 +48,17 @@ bool PrefixRowCache::Insert(std::span<const uint64_t> chain, uint32_t block_toke
   if (size > capacity_bytes_ || chain.empty() || Lookup(chain, block_tokens) != lru_.end()) return false;
   while (stats_.bytes + size > capacity_bytes_ && !lru_.empty()) {
     Entry& victim = lru_.back();
-    auto& bucket = by_digest_[Digest(victim.chain, victim.block_tokens)];
-    bucket.erase(std::find(bucket.begin(), bucket.end(), std::prev(lru_.end())));
-    if (bucket.empty()) by_digest_.erase(Digest(victim.chain, victim.block_tokens));
+    auto bucket = by_digest_.find(victim.digest);
+    bucket->second.erase(std::find(bucket->second.begin(), bucket->second.end(), std::prev(lru_.end())));
+    if (bucket->second.empty()) by_digest_.erase(bucket);
     stats_.bytes -= victim.block.bytes();
     --stats_.blocks;
     ++stats_.evicted;
     lru_.pop_back();
   }
-  lru_.push_front(Entry{std::vector<uint64_t>(chain.begin(), chain.end()), block_tokens, std::move(block)});
-  by_digest_[Digest(chain, block_tokens)].push_back(lru_.begin());
+  const uint64_t digest = Digest(chain, block_tokens);
+  lru_.push_front(Entry{std::vector<uint64_t>(chain.begin(), chain.end()), block_tokens, digest, std::move(block)});
+  by_digest_[digest].push_back(lru_.begin());
   stats_.bytes += size;
   ++stats_.blocks;
   ++stats_.inserted;

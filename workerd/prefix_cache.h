@@ -67,6 +67,7 @@ class PrefixRowCache {
   struct Entry {
     std::vector<uint64_t> chain;
     uint32_t block_tokens = 0;
+    uint64_t digest = 0;  // Digest(chain, block_tokens): its bucket in by_digest_
     PrefixBlock block;
   };
   using Lru = std::list<Entry>;
