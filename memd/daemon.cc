@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <variant>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -123,7 +124,7 @@ void Daemon::PublishMetrics() {
   const std::pair<const char*, uint64_t> own[] = {
       {"messages", counters_.messages},         {"hellos", counters_.hellos},
       {"host_writes", counters_.host_writes},   {"host_write_failures", counters_.host_write_failures},
-      {"send_failures", counters_.send_failures},
+      {"send_failures", counters_.send_failures}, {"deferred_backups", counters_.deferred_backups},
   };
   for (const auto& [name, v] : own) {
     absl::StrAppendFormat(&text, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
@@ -298,6 +299,7 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   core_admit.slot = slot;
   core_admit.required_pages = a->required_pages;
   core_admit.history_pages = a->complete_pages;
+  core_admit.optional_history = a->optional_history;
   core_admit.assign_host_pages = true;
   core_admit.context_pages = static_cast<uint32_t>(context_pages);
   if (absl::Status s = core_->Admit(core_admit); !s.ok()) return reject(s);
@@ -331,14 +333,26 @@ absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m) {
     for (const auto& [page, copy] : o.copies) pages.push_back(page);
   }
   for (PageIndex p : pages) {
-    auto c = o.copies.find(p);
-    if (c == o.copies.end()) {
+    if (!o.copies.contains(p)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("BackupComplete: page %d is not a backup page of reclaim order %d", p, b->order));
     }
+  }
+  const absl::flat_hash_set<PageIndex> deferred(b->deferred_pages.begin(), b->deferred_pages.end());
+  for (PageIndex p : deferred) {
+    if (std::find(pages.begin(), pages.end(), p) == pages.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "BackupComplete: deferred page %d is not among the pages reported for reclaim order %d", p, b->order));
+    }
+  }
+  for (PageIndex p : pages) {
+    auto c = o.copies.find(p);
     const CopyId copy = c->second;
     o.copies.erase(c);
-    if (absl::Status s = core_->OnBackupDone(copy, b->ok); !s.ok()) return s;
+    // A deferred page (contract §4) held nothing yet: host-covered by the worker's tail, written later (order 0).
+    const bool written = !b->ok || !deferred.contains(p);
+    if (!written) ++counters_.deferred_backups;
+    if (absl::Status s = core_->OnBackupDone(copy, b->ok, written); !s.ok()) return s;
   }
   if (!b->ok) {
     spdlog::warn("memd: reclaim order {} of request {}: backup failed ({}); the victim stays untouched", b->order,

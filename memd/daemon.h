@@ -55,6 +55,7 @@ struct DaemonCounters {
   uint64_t hellos = 0;            // accepted Hellos
   uint64_t host_writes = 0;       // history pages confirmed by BackupComplete{order = 0}
   uint64_t host_write_failures = 0;
+  uint64_t deferred_backups = 0;  // reclaimed pages the worker had only planned to keep (BackupComplete.deferred_pages)
   uint64_t send_failures = 0;     // orders that could not be sent (worker gone)
 };
 

@@ -84,6 +84,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& a) {
   r.imported_pages = a.history_pages;
   r.assign_host_pages = a.assign_host_pages;
   r.context_pages = a.assign_host_pages ? a.context_pages : a.history_pages;
+  r.optional_history = a.optional_history;
   r.state = RequestState::kQueued;
   r.time_us = clock_();
   ++counters_.admissions;
@@ -98,7 +99,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& a) {
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::OnBackupDone(CopyId copy, bool ok) {
+absl::Status ResidencyManager::OnBackupDone(CopyId copy, bool ok, bool written) {
   auto it = copies_.find(copy);
   if (it == copies_.end() || !it->second.backup) {
     return Finish(absl::NotFoundError(absl::StrFormat("backup copy %d unknown", copy)));
@@ -112,10 +113,11 @@ absl::Status ResidencyManager::OnBackupDone(CopyId copy, bool ok) {
   HistoryPage& hp = r.history[c.history_page];
   hp.backup = 0;
   if (ok) {
+    const bool confirmed = hp.has_host && !hp.awaiting_write && hp.host_page == c.host_page;
     hp.has_host = true;
     hp.host_page = c.host_page;
     hp.host_reserved = false;
-    hp.awaiting_write = false;
+    hp.awaiting_write = !written && !confirmed;  // deferred: covered by the worker's tail until OnHostCopyWritten
     if (c.from_tail) hp.where = Where::kNone;  // leaves the tail: host only until population brings it back
     if (c.reclaim != 0) {
       Reclaim& rc = reclaims_.at(c.reclaim);
@@ -261,6 +263,7 @@ absl::Status ResidencyManager::Populate() {
     for (const auto& [id, r] : requests_) {
       if (r.gpu != gpu_id || r.state != RequestState::kAdmitted) continue;
       uint32_t missing = 0;
+      if (!r.optional_history) continue;  // hisparse: history stays on host
       for (const HistoryPage& hp : r.history) missing += hp.where == Where::kNone && hp.has_host && !hp.awaiting_write;
       if (missing > 0) candidates.push_back({id, missing});
     }
@@ -315,7 +318,7 @@ absl::Status ResidencyManager::NeverFits(const Request& r, const Gpu& g) const {
         "request %d needs %d host pages for its context but the host pool has %d pages: it can never fit", r.id,
         r.context_pages, host_.pages()));
   }
-  const uint64_t room = uint64_t{m - res - r.required_count} + host_.pages();
+  const uint64_t room = (r.optional_history ? uint64_t{m - res - r.required_count} : 0) + host_.pages();
   if (!r.assign_host_pages && r.imported_pages > room) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "request %d imports %d history pages but GPU %d (%d spare) and the host pool (%d pages) can never hold them",
@@ -331,12 +334,12 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   uint32_t behind = 0;
   for (size_t i = 1; i < g.queue.size(); ++i) behind += requests_.at(g.queue[i]).required_count;
   const uint32_t spare = lend - r.required_count;
-  uint32_t on_gpu = std::min(r.imported_pages, spare > behind ? spare - behind : 0);
+  uint32_t on_gpu = r.optional_history ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
   if (r.assign_host_pages) {
     if (r.context_pages > host_.reusable()) return false;  // waits for host pages (a completion frees them)
     return GrantWithHostPages(r, g, on_gpu);
   }
-  if (r.imported_pages - on_gpu > host_.reusable()) on_gpu = std::min(r.imported_pages, spare);
+  if (r.optional_history && r.imported_pages - on_gpu > host_.reusable()) on_gpu = std::min(r.imported_pages, spare);
   const uint32_t to_host = r.imported_pages - on_gpu;
   if (to_host > host_.reusable()) return false;
 
@@ -630,7 +633,9 @@ absl::Status ResidencyManager::CheckInvariants() const {
         if (c == copies_.end() || c->second.request != id || c->second.history_page != h || c->second.orphan) {
           return absl::InternalError(absl::StrFormat("request %d page %d: backup copy record missing", id, h));
         }
-        if (!hp.host_reserved) ++host_expected;
+        // A backup into the page's own (assigned or confirmed) host page pins no further page.
+        const bool own_page = (hp.has_host || hp.host_reserved) && c->second.host_page == hp.host_page;
+        if (!own_page) ++host_expected;
       }
     }
     if (optional != r.optional) {

@@ -80,6 +80,9 @@ struct AdmitRequest {
   // from the grant, but are populated only after OnHostCopyWritten (or a reclaim backup) confirmed their bytes.
   bool assign_host_pages = false;
   uint32_t context_pages = 0;   // pages of the full context (input + max_new), with assign_host_pages
+  // false: the request never holds optional history (hisparse mode, issue 5): none of its history is kept on GPU at
+  // the grant (it all goes to host pages) and population never brings it back; it is never a reclaim victim.
+  bool optional_history = true;
 };
 
 class ResidencyManager {
@@ -96,7 +99,11 @@ class ResidencyManager {
   // NotFound (gpu not registered), InvalidArgument (required_pages == 0).
   absl::Status Admit(const AdmitRequest& admission);
   // A backup copy finished (ok) or failed. Errors: NotFound (unknown copy id).
-  absl::Status OnBackupDone(CopyId copy, bool ok);
+  // written = false (with ok; a reclaim backup only): the worker did not copy the page because it held nothing yet
+  // (only planned to be kept; its rows are still in the worker's tail, contract §4): the reclaim goes on as if backed
+  // up, the page counts as host-covered, and it is populated only after OnHostCopyWritten confirms the bytes (a
+  // confirmation that arrived first is kept).
+  absl::Status OnBackupDone(CopyId copy, bool ok, bool written = true);
   // A population copy finished and its ready locations were published (ok), or it failed.
   // Errors: NotFound (unknown copy id).
   absl::Status OnPopulateDone(CopyId copy, bool ok);
@@ -146,6 +153,7 @@ class ResidencyManager {
     uint32_t imported_pages = 0;
     bool assign_host_pages = false;
     uint32_t context_pages = 0;
+    bool optional_history = true;
     RequestState state = RequestState::kQueued;
     int64_t time_us = 0;  // queued at, then admitted at
     uint64_t seq = 0;     // admission sequence

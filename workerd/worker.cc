@@ -205,6 +205,8 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
   admit.required_pages = static_cast<uint32_t>(required);
   admit.history_rows = ctx;
   admit.complete_pages = config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r->input.size() / p) : 0;
+  // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
+  admit.optional_history = config_.mode == WorkerMode::kAdaptive;
   for (int s = 0; s < mc.n_sources(); ++s) {
     auto info = std::make_unique<wire::RequestSourceInfoT>();
     info->source = static_cast<uint32_t>(s);
@@ -281,10 +283,12 @@ void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 
-void Worker::SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status) {
+void Worker::SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status,
+                                std::vector<PageIndex> deferred) {
   wire::BackupCompleteT done;
   done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = m.backup_pages;
   done.host_pages = m.backup_targets; done.ok = status.ok();
+  if (status.ok()) done.deferred_pages = std::move(deferred);
   if (!status.ok()) { done.error = ToWireError(status); done.message = std::string(status.message()); }
   (void)memd_->SendBackupComplete(done);
 }
@@ -378,7 +382,6 @@ void Worker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& item = items[i];
     const uint32_t j = item.page;
-    rc.backup_history.push_back(j);
     if (j < r->host_pages.size() && item.target != r->host_pages[j]) {
       spdlog::warn("worker: reclaim order {} targets host page {} for history page {}, the grant gave another",
                    m.order, item.target, j);
@@ -386,20 +389,33 @@ void Worker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     }
     const KvPage* pg = kv != nullptr && j < kv->pages.size() ? &kv->pages[j] : nullptr;
     if (pg != nullptr && pg->host_page >= 0) {
+      rc.backup_history.push_back(j);
       if (!pg->host_ready) rc.awaiting.insert(j);  // a backup already in flight: its completion is this order's
       continue;
     }
-    rc.awaiting.insert(j);
     absl::Status issued;
     if (item.held) {
       (void)pg->populate.Wait();  // a kept copy still in flight: back up what it holds
       issued = hier_->BackupPages(r->id, std::vector<uint32_t>{j}, std::vector<PageIndex>{item.target}).status();
     } else {
       rc.planned[j] = m.backup_pages[i];
-      if (kv != nullptr) issued = hier_->BackupInsteadOfKeep(r->id, j, item.target).status();
-      // Not started yet (waiting for a slot): PlanKv leaves the page out of the keep plan (ReclaimInFlight), so it
-      // is backed up into r->host_pages[j] when it completes.
+      // Only planned to be kept: the GPU page holds nothing. A page whose rows are all written (still in the tail)
+      // is backed up now and awaited; one the victim is still writing (or a request not started yet: PlanKv leaves
+      // the page out of the keep plan while ReclaimInFlight) is *deferred* (contract §4): it goes to its host page
+      // from the tail when it completes, reported with order 0, and the order does not wait for the victim's prefill.
+      bool now = false;
+      if (kv != nullptr) {
+        absl::StatusOr<bool> b = hier_->BackupInsteadOfKeep(r->id, j, item.target);
+        issued = b.status();
+        now = b.ok() && *b;
+      }
+      if (issued.ok() && !now) {
+        rc.deferred.push_back(m.backup_pages[i]);
+        continue;
+      }
     }
+    rc.backup_history.push_back(j);
+    rc.awaiting.insert(j);
     if (!issued.ok()) {
       rc.awaiting.erase(j);
       if (rc.backup_status.ok()) rc.backup_status = issued;
@@ -422,7 +438,7 @@ void Worker::AdvanceReclaims() {
       if (!rc.awaiting.empty() && (rc.backup_status.ok() || BackupInFlight(rc))) { ++it; continue; }
       rc.backup_reported = true;
       for (uint32_t j : rc.awaiting) reclaim_backup_of_.erase(PageKey{m.request, j});
-      if (!m.backup_pages.empty()) SendBackupComplete(m, rc.backup_status);
+      if (!m.backup_pages.empty()) SendBackupComplete(m, rc.backup_status, rc.deferred);
       if (!rc.backup_status.ok()) {
         // memd leaves the victim untouched and may retry: a page only planned to be kept is kept again on its GPU
         // page (its rows are still in the tail: a page without a host copy never leaves it).

@@ -176,7 +176,10 @@ class Worker final : public MemdHandler {
     // Pages only planned to be kept when the order came (history page -> GPU page): kept again if the order fails,
     // since memd then leaves the victim's pages as they were.
     std::map<uint32_t, PageIndex> planned;
-    std::vector<uint32_t> backup_history;  // history page of each backup page of the order
+    // GPU pages of backup_pages only planned to be kept and not written yet (a subset of planned's pages): reported
+    // as BackupComplete.deferred_pages; their host copy goes out later with order 0.
+    std::vector<PageIndex> deferred;
+    std::vector<uint32_t> backup_history;  // history pages of the order's backup pages, deferred ones excepted
     uint64_t copies = 0;                   // host copies this order wrote
     absl::Status backup_status;            // the first failed copy (or issue) of the order
     bool backup_reported = false;
@@ -200,7 +203,8 @@ class Worker final : public MemdHandler {
   // Whether a reclaim order of `request` not yet at ReadersDone names `device_page`.
   bool ReclaimInFlight(RequestId request, PageIndex device_page) const;
   // BackupComplete of reclaim order `m`: every backup page of the order, ok or the failure.
-  void SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status);
+  void SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status,
+                          std::vector<PageIndex> deferred = {});
   // Whether one of the order's awaited host copies is still being written (issued, not reported by Poll yet).
   bool BackupInFlight(const Reclaim& rc) const;
   // Whether a populate order of `request` still has a copy in flight into one of `device_pages`.

@@ -330,6 +330,23 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
 
   // No Retire before the backup and the readers are done.
   EXPECT_FALSE(w1.Next(100ms).has_value());
+  // The GPU page of history page 3 is answered deferred (contract §4: only planned to be kept, its rows still being
+  // written). A deferred page the message does not report is refused, and changes nothing.
+  const uint32_t page3 = g1.optional_pages[std::find(g1.optional_history_pages.begin(),
+                                                     g1.optional_history_pages.end(), 3u) -
+                                           g1.optional_history_pages.begin()];
+  wire::BackupCompleteT bad;
+  bad.order = rc1.order;
+  bad.request = 1;
+  bad.gpu = 1;
+  bad.pages = {page3};
+  bad.host_pages = {g1.backup_host_pages[3]};
+  bad.ok = true;
+  bad.deferred_pages = {page3 == 0 ? 1u : 0u};
+  w1.Send(EncodeBackupComplete(bad, w1.seq(), "worker"));
+  m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
   wire::BackupCompleteT bc;
   bc.order = rc1.order;
   bc.request = 1;
@@ -337,6 +354,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   bc.pages = rc1.backup_pages;
   bc.host_pages = rc1.backup_targets;
   bc.ok = true;
+  bc.deferred_pages = {page3};
   w1.Send(EncodeBackupComplete(bc, w1.seq(), "worker"));
   EXPECT_FALSE(w1.Next(100ms).has_value());
   wire::ReadersDoneT rd;
@@ -366,7 +384,8 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_EQ(requests[0]["host_coverage"], "6/6");
 
   // The worker confirms the deferred backups of history pages 4 and 5 (order 0), then request 2 completes:
-  // 6 pages free again and population brings all 6 history pages of request 1 back in one order.
+  // 6 pages free again and population brings history pages 0-2 (backed up), 4 and 5 back, not page 3 (deferred and not
+  // confirmed yet); once page 3 is confirmed, it comes back too.
   wire::BackupCompleteT deferred;
   deferred.order = 0;
   deferred.request = 1;
@@ -386,23 +405,34 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   ASSERT_TRUE(m && m->type == wire::Body::PopulateOrder);
   const wire::PopulateOrderT pop = *ReadPopulateOrder(*m);
   EXPECT_EQ(pop.request, 1u);
-  EXPECT_EQ(Sorted(pop.history_pages), (std::vector<uint32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(Sorted(pop.history_pages), (std::vector<uint32_t>{0, 1, 2, 4, 5}));
   ASSERT_EQ(pop.host_pages.size(), pop.pages.size());
   for (size_t i = 0; i < pop.pages.size(); ++i) {
     EXPECT_EQ(pop.host_pages[i].page(), g1.backup_host_pages[pop.history_pages[i]].page());
   }
-  // Pending pages are not ready: M_opt 6 of which 0 ready until ReadyPublish.
+  // Pending pages are not ready: M_opt 5 of which 0 ready until ReadyPublish.
   status = DhsctlJson("gpus");
-  EXPECT_EQ(status[1]["optional_pending"], 6);
+  EXPECT_EQ(status[1]["optional_pending"], 5);
   EXPECT_EQ(status[1]["optional_ready"], 0);
-  wire::ReadyPublishT ready;
-  ready.order = pop.order;
-  ready.gpu = 1;
-  ready.request = 1;
-  ready.pages = pop.pages;
-  ready.history_pages = pop.history_pages;
-  ready.ok = true;
-  w1.Send(EncodeReadyPublish(ready, w1.seq(), "worker"));
+  deferred.pages = {3};
+  deferred.host_pages = {g1.backup_host_pages[3]};
+  w1.Send(EncodeBackupComplete(deferred, w1.seq(), "worker"));
+  m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::PopulateOrder);
+  const wire::PopulateOrderT pop3 = *ReadPopulateOrder(*m);
+  EXPECT_EQ(pop3.history_pages, std::vector<uint32_t>{3});
+  ASSERT_EQ(pop3.host_pages.size(), 1u);
+  EXPECT_EQ(pop3.host_pages[0].page(), g1.backup_host_pages[3].page());
+  for (const wire::PopulateOrderT* p : {&pop, &pop3}) {
+    wire::ReadyPublishT ready;
+    ready.order = p->order;
+    ready.gpu = 1;
+    ready.request = 1;
+    ready.pages = p->pages;
+    ready.history_pages = p->history_pages;
+    ready.ok = true;
+    w1.Send(EncodeReadyPublish(ready, w1.seq(), "worker"));
+  }
   // Heartbeat as a barrier: its ack comes after the ReadyPublish was handled.
   wire::HeartbeatT hb;
   hb.sender_time_ns = 42;

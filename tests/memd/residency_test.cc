@@ -3,6 +3,7 @@
 // counts returning to their start.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "memd/residency_manager.h"
@@ -402,6 +403,82 @@ TEST_F(ContractTest, HostPagesForTheWholeContextAndPopulationAfterConfirmedWrite
   // Bad reports are refused and change nothing.
   EXPECT_EQ(mgr_->OnHostCopyWritten(1, 6).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(mgr_->OnHostCopyWritten(9, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+}
+
+// A reclaim backup answered "deferred" (written = false: the worker had only planned to keep the page, whose rows
+// it is still writing, contract §4) lets the reclaim go on at once and covers the page by the worker's tail, but the
+// page is populated only after the worker confirms its bytes (OnHostCopyWritten). A confirmation that arrives before
+// the deferred answer is kept.
+TEST_F(ContractTest, DeferredReclaimBackupRetiresAtOnceAndPopulatesOnlyAfterTheWrite) {
+  Make(8, 0, 16);
+  auto g = OfType<GrantOrder>(AdmitContract(1, 2, 4, 6));
+  ASSERT_EQ(g.size(), 1u);
+  ASSERT_EQ(g[0].history_gpu_pages.size(), 4u);
+  auto o = AdmitContract(2, 6, 0, 1);  // needs request 1's 4 optional pages
+  auto backups = OfType<BackupOrder>(o);
+  ASSERT_EQ(backups.size(), 4u);
+  std::map<uint32_t, CopyId> copy_of;
+  for (const BackupOrder& b : backups) copy_of[b.history_page] = b.copy;
+  // Page 3 is confirmed written (order 0) before its reclaim answer says deferred; pages 2 and 3 are deferred.
+  Do(mgr_->OnHostCopyWritten(1, 3));
+  Do(mgr_->OnBackupDone(copy_of[0], true));
+  Do(mgr_->OnBackupDone(copy_of[1], true));
+  Do(mgr_->OnBackupDone(copy_of[2], true, /*written=*/false));
+  auto w = OfType<WithdrawOrder>(Do(mgr_->OnBackupDone(copy_of[3], true, /*written=*/false)));
+  ASSERT_EQ(w.size(), 1u) << "the reclaim waits for nothing once every page is answered";
+  auto granted = OfType<GrantOrder>(Do(mgr_->OnReadersDone(w[0].reclaim)));
+  ASSERT_EQ(granted.size(), 1u);
+  EXPECT_EQ(granted[0].request, 2u);
+  EXPECT_EQ(Req(1).host_pages, 6u);  // all host-covered: 2 written, 1 confirmed, 1 deferred, 2 by the tail
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+  Do(mgr_->Complete(2));
+  // Pages 0, 1 (backed up) and 3 (confirmed) are populated; page 2 is not until its write is confirmed.
+  std::set<uint32_t> populated;
+  for (const PopulateOrder& p : OfType<PopulateOrder>(Do(mgr_->Populate()))) populated.insert(p.history_page);
+  EXPECT_EQ(populated, (std::set<uint32_t>{0, 1, 3}));
+  Do(mgr_->OnHostCopyWritten(1, 2));
+  auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
+  ASSERT_EQ(pops.size(), 1u);
+  EXPECT_EQ(pops[0].history_page, 2u);
+  EXPECT_EQ(pops[0].host_page, g[0].context_host_pages[2]);
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+}
+
+// A request admitted with optional_history = false (hisparse mode) keeps none of its history on GPU at the grant, is
+// never populated even with free GPU pages and confirmed host copies, and so is never a reclaim victim; an adaptive
+// request beside it is populated.
+TEST_F(ContractTest, RequestWithoutOptionalHistoryIsNeverKeptPopulatedOrReclaimed) {
+  Make(16, 0, 32);
+  AdmitRequest a{1, 0, 1, 2, 4};
+  a.assign_host_pages = true;
+  a.context_pages = 6;
+  a.optional_history = false;
+  auto g = OfType<GrantOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_TRUE(g[0].history_gpu_pages.empty()) << "spare GPU pages, but hisparse keeps no optional history";
+  ASSERT_EQ(g[0].context_host_pages.size(), 6u);
+  auto g2 = OfType<GrantOrder>(AdmitContract(2, 2, 0, 6));
+  ASSERT_EQ(g2.size(), 1u);
+  for (uint32_t h = 0; h < 6; ++h) {
+    Do(mgr_->OnHostCopyWritten(1, h));
+    Do(mgr_->OnHostCopyWritten(2, h));
+  }
+  std::set<RequestId> populated;
+  for (const PopulateOrder& p : OfType<PopulateOrder>(Do(mgr_->Populate()))) populated.insert(p.request);
+  EXPECT_EQ(populated, std::set<RequestId>{2});
+  EXPECT_EQ(Req(1).optional_pages, 0u);
+  // A deficit reclaims request 2 (the only one with optional pages), never request 1.
+  auto starts = OfType<ReclaimStartOrder>(AdmitContract(3, 12, 0, 1));
+  ASSERT_EQ(starts.size(), 1u);
+  EXPECT_EQ(starts[0].request, 2u);
+  // Imported history of a request without optional history that fits nowhere but on GPU is refused at once.
+  Make(16, 0, 2);
+  AdmitRequest b{5, 0, 0, 2, 4};
+  b.optional_history = false;
+  auto rej = OfType<RejectOrder>(Do(mgr_->Admit(b)));
+  ASSERT_EQ(rej.size(), 1u);
+  EXPECT_EQ(rej[0].error.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(mgr_->CheckInvariants().ok());
 }
 

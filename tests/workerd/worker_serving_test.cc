@@ -651,17 +651,39 @@ void ExpectHostPageHolds(const ScriptedFixture& f, PageIndex host_page, uint32_t
   }
 }
 
-// At every BackupComplete{ok} of a reclaim order, each page it names has a written host copy on the worker (and none
-// is named twice): memd counts those pages as host copies from that message on (contract §4).
+// At every BackupComplete{ok} of a reclaim order, each page it names has a written host copy on the worker, except
+// the pages it names deferred (only planned to be kept, contract §4: they must hold nothing, their rows still to be
+// written); at every BackupComplete{order = 0, ok}, each history page it names has a written host copy. memd counts
+// those pages as host copies, and may populate them, from that message on.
 void CheckBackupsAreWritten(ScriptedFixture& f, RequestId id, std::map<PageIndex, uint32_t> history_of) {
   f.memd.on_backup_complete = [&f, id, history_of](const wire::BackupCompleteT& m) {
-    if (m.order == 0 || !m.ok) return;
-    EXPECT_FALSE(m.pages.empty()) << "an empty list reads as the whole order at memd";
+    if (!m.ok || m.request != id) return;
     const RequestKv* kv = f.worker->hierarchical()->Find(id);
-    ASSERT_NE(kv, nullptr);
+    if (m.order == 0) {
+      ASSERT_NE(kv, nullptr);
+      for (uint32_t j : m.pages) {
+        ASSERT_LT(j, kv->pages.size());
+        EXPECT_TRUE(kv->pages[j].host_ready) << "history page " << j << " reported written before its copy ended";
+      }
+      return;
+    }
+    EXPECT_FALSE(m.pages.empty()) << "an empty list reads as the whole order at memd";
     for (uint32_t dp : m.pages) {
       auto h = history_of.find(dp);
       ASSERT_NE(h, history_of.end()) << "GPU page " << dp;
+      const bool deferred = std::count(m.deferred_pages.begin(), m.deferred_pages.end(), dp) != 0;
+      if (kv == nullptr) {  // not started: nothing can be written, every page must be deferred
+        EXPECT_TRUE(deferred) << "GPU page " << dp << " of a request that has not started reported backed up";
+        continue;
+      }
+      if (deferred) {
+        EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(id, dp), std::nullopt)
+            << "GPU page " << dp << " reported deferred but holds history page " << h->second;
+        const bool complete = h->second < kv->pages.size() && kv->pages[h->second].host_page >= 0;
+        EXPECT_FALSE(complete && kv->pages[h->second].host_ready)
+            << "history page " << h->second << " is written: it should have been reported backed up";
+        continue;
+      }
       ASSERT_LT(h->second, kv->pages.size());
       EXPECT_TRUE(kv->pages[h->second].host_ready) << "GPU page " << dp << " (history page " << h->second
                                                    << ") reported backed up before its host copy was written";
@@ -670,12 +692,13 @@ void CheckBackupsAreWritten(ScriptedFixture& f, RequestId id, std::map<PageIndex
 }
 
 // A reclaim order that arrives while the victim is still prefilling names a GPU page only planned to keep a history
-// page the victim has not finished writing (history page 1 here), next to a kept one (page 0). The order's
-// BackupComplete must name every backup page, and only once all their host copies are written: the planned page is
-// backed up as soon as its rows are written, and the message waits for that copy (held here). Before the fix the
-// planned page was left out: BackupComplete{pages = [page 0's]} went out at once (memd keeps waiting for the rest of a
-// partial list and reads an empty one as "all backed up"), and page 1 came later as a BackupComplete with order 0.
-TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenReportsItOnlyAfterItsHostCopyIsWritten) {
+// page the victim has not finished writing (history page 1 here), next to a kept one (page 0). The planned GPU page
+// holds nothing, so the order does not wait for the victim's prefill (contract §4, deferred): its BackupComplete names
+// both pages once page 0's host copy is written, with page 1 in deferred_pages; the pages are withdrawn and retired;
+// page 1 goes to its host page from the tail when it completes and is reported then, with order 0 (held here, so
+// that report must wait for the copy). Before, the order waited for the victim to finish writing page 1, and the
+// admission behind it waited for the victim's prefill.
+TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenDefersItAndReportsItsHostCopyLater) {
   ScriptedFixture f;
   constexpr PageIndex kDp0 = 3, kDp1 = 4;
   const std::vector<uint8_t> prompt = Prompt(70, 1);
@@ -689,36 +712,17 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenReportsItOnlyAfterItsHostCopyI
   ASSERT_EQ(kv->HistoryPageOf(1, kDp1), std::nullopt);  // only planned: it holds nothing yet
   f.HoldHostCopyOf(1, 1);
   f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(300, 1, {kDp0, kDp1}, {10, 11}));
-  // The victim goes on prefilling; page 1's host copy is issued when the page completes, and held.
-  ASSERT_TRUE(f.IterateUntil([&] { return !f.device.HeldCopies().empty(); }));
-  ASSERT_EQ(f.device.HeldCopies().size(), 1u);
-  // Page 0's copy is done; page 1's is held: nothing may be reported for the order yet. (Iterations stop before the
-  // tail slots of page 1 would be needed: they wait for its copy.)
-  for (int it = 0; it < 3 && f.Appended(1) + chunk < 48; ++it) {
-    ASSERT_TRUE(f.worker->Iterate().ok());
-    f.device.WaitIdle();
-  }
-  ASSERT_TRUE(kv->Find(1)->pages[0].host_ready);
-  EXPECT_EQ(f.memd.Index("backup/300"), -1) << "BackupComplete before the host copy of history page 1 was written";
-  EXPECT_TRUE(f.memd.readers_done.empty());
-  EXPECT_FALSE(kv->Find(1)->pages[1].host_ready);
-  // The copy lands: one BackupComplete names both pages, then ReadersDone.
-  f.ReleaseHeld();
+  // Page 0's copy (from its GPU page) ends; the order is answered and withdrawn while page 1 is still being written.
   ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
+  ASSERT_LT(f.Appended(1), 32) << "the order waited for the victim to finish writing page 1";
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(300);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].ok) << done[0].message;
   std::vector<uint32_t> pages = done[0].pages;
   std::sort(pages.begin(), pages.end());
   EXPECT_EQ(pages, (std::vector<uint32_t>{kDp0, kDp1}));
-  ASSERT_EQ(done[0].host_pages.size(), 2u);
+  EXPECT_EQ(done[0].deferred_pages, std::vector<uint32_t>{kDp1});
   EXPECT_LT(f.memd.Index("backup/300"), f.memd.Index("readers_done/300"));
-  EXPECT_FALSE(f.ReportedDeferred(1, 0));
-  EXPECT_FALSE(f.ReportedDeferred(1, 1)) << "page 1 belongs to the order's BackupComplete, not to order 0";
-  // The host pages hold the original rows.
-  const auto rows = OriginalRows(*f.model, prompt);
-  ExpectHostPageHolds(f, 10, 0, rows);
-  ExpectHostPageHolds(f, 11, 1, rows);
   EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::nullopt);
   EXPECT_EQ(kv->HistoryPageOf(1, kDp1), std::nullopt);
   wire::RetireT retire;
@@ -727,6 +731,22 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenReportsItOnlyAfterItsHostCopyI
   retire.pages = {kDp0, kDp1};
   f.worker->OnRetire(retire);
   EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
+  // The victim goes on prefilling; page 1's host copy (to the order's target) is issued when the page completes, and
+  // held: not reported yet. (Iterations stop before page 1's tail slots would be needed: they wait for its copy.)
+  ASSERT_TRUE(f.IterateUntil([&] { return !f.device.HeldCopies().empty(); }));
+  ASSERT_EQ(f.device.HeldCopies().size(), 1u);
+  for (int it = 0; it < 3 && f.Appended(1) + chunk < 48; ++it) {
+    ASSERT_TRUE(f.worker->Iterate().ok());
+    f.device.WaitIdle();
+  }
+  EXPECT_FALSE(f.ReportedDeferred(1, 1)) << "page 1 reported written while its host copy is held";
+  f.ReleaseHeld();
+  ASSERT_TRUE(f.IterateUntil([&] { return f.ReportedDeferred(1, 1); }));
+  EXPECT_FALSE(f.ReportedDeferred(1, 0)) << "page 0 belongs to the order's BackupComplete, not to order 0";
+  // The host pages hold the original rows.
+  const auto rows = OriginalRows(*f.model, prompt);
+  ExpectHostPageHolds(f, 10, 0, rows);
+  ExpectHostPageHolds(f, 11, 1, rows);
   // The request runs to the end (pages 0 and 1 now from host), bit-identical to the model alone.
   ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(1); }, 500));
   EXPECT_FALSE(f.sink.errors.contains(1));
@@ -736,11 +756,11 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenReportsItOnlyAfterItsHostCopyI
   EXPECT_EQ(f.worker->pending_orders(), 0u);
 }
 
-// As above, but the host write of the page still being written fails: the order's BackupComplete reports the failure
-// (never "done"), and memd then leaves the victim as it was, so the worker keeps that page on its GPU page after all
-// and the request goes on. Before the fix the order reported ok for page 0 alone, page 1's failure went out as an
-// order-0 report, and the page (neither on GPU nor on host) ended the request once its tail slots were needed.
-TEST(WorkerOrders, FailedHostWriteOfAPageStillBeingWrittenFailsTheReclaim) {
+// As above, but the host write of the kept page (page 0, copied from its GPU page) fails: the order's BackupComplete
+// reports the failure (never "done", and no deferred page), and memd then leaves the victim as it was, so the worker
+// keeps page 0 on its GPU page and keeps page 1, which it had only planned to keep, on its GPU page after all; the
+// request goes on, bit-identical.
+TEST(WorkerOrders, FailedHostWriteFailsTheReclaimAndRestoresThePlannedKeep) {
   ScriptedFixture f;
   constexpr PageIndex kDp0 = 3, kDp1 = 4;
   const std::vector<uint8_t> prompt = Prompt(70, 1);
@@ -749,34 +769,34 @@ TEST(WorkerOrders, FailedHostWriteOfAPageStillBeingWrittenFailsTheReclaim) {
   CheckBackupsAreWritten(f, 1, {{kDp0, 0}, {kDp1, 1}});
   ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 16 && kv->Find(1)->pages[0].ready; }));
   ASSERT_LT(f.Appended(1), 32);
-  f.HoldHostCopyOf(1, 1);
+  // Page 0's backup reads its GPU page or, while its rows are still there, the tail: fail either.
+  const Location page0 = f.layout->PageRow(kDp0, 0, 0), tail0 = f.layout->TailRow(kv->Find(1)->slot, 0, 0);
+  f.device.SetCopyHook([page0, tail0](const CopyInfo& i) {
+    if (i.kind != CopyKind::kDeviceToHost) return CopyFate::kRun;
+    for (const DeviceRange& r : i.device) {
+      if (r.offset == page0 || r.offset == tail0) return CopyFate::kFail;
+    }
+    return CopyFate::kRun;
+  });
   f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(301, 1, {kDp0, kDp1}, {10, 11}));
-  ASSERT_TRUE(f.IterateUntil([&] { return !f.device.HeldCopies().empty(); }));
-  ASSERT_EQ(f.device.HeldCopies().size(), 1u);
-  EXPECT_EQ(f.memd.Index("backup/301"), -1);
-  f.device.SetCopyHook(nullptr);
-  f.device.ReleaseHeld(f.device.HeldCopies()[0], /*fail=*/true);
-  f.device.WaitIdle();
   ASSERT_TRUE(f.IterateUntil([&] { return f.memd.Index("backup/301") != -1; }));
+  f.device.SetCopyHook(nullptr);
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(301);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_FALSE(done[0].ok) << "a failed host write reported as done";
   EXPECT_NE(done[0].error, wire::ErrorCode::OK);
+  EXPECT_TRUE(done[0].deferred_pages.empty());
   std::vector<uint32_t> pages = done[0].pages;
   std::sort(pages.begin(), pages.end());
   EXPECT_EQ(pages, (std::vector<uint32_t>{kDp0, kDp1}));
-  for (const wire::BackupCompleteT& b : f.memd.backups) EXPECT_FALSE(b.order == 0 && !b.ok) << "order-0 failure";
-  // memd leaves the victim untouched: no ReadersDone, both pages held on their GPU pages again.
-  for (int it = 0; it < 3; ++it) {
-    ASSERT_TRUE(f.worker->Iterate().ok());
-    f.device.WaitIdle();
-  }
+  // memd leaves the victim untouched: no ReadersDone; page 0 stays on its GPU page, page 1 is kept on its own once
+  // written.
+  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 32 && kv->Find(1)->pages[1].ready; }));
   EXPECT_TRUE(f.memd.readers_done.empty());
   EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::optional<uint32_t>(0));
   EXPECT_EQ(kv->HistoryPageOf(1, kDp1), std::optional<uint32_t>(1));
-  EXPECT_TRUE(kv->Find(1)->pages[1].ready);
+  EXPECT_FALSE(f.ReportedDeferred(1, 1)) << "a page kept on GPU again was reported written to host";
   EXPECT_EQ(f.worker->pending_orders(), 0u);
-  // The request goes on past the point where page 1's tail slots are reused, bit-identical to the model alone.
   ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(1); }, 500));
   EXPECT_FALSE(f.sink.errors.contains(1)) << f.sink.errors[1];
   const Generated want = Oracle(*f.model, std::vector<model::Token>(prompt.begin(), prompt.end()), 4);
@@ -785,9 +805,9 @@ TEST(WorkerOrders, FailedHostWriteOfAPageStillBeingWrittenFailsTheReclaim) {
 }
 
 // A reclaim order that arrives while the victim is granted but still waits for a slot (nothing written, nothing
-// kept): its page must not be kept when the request starts, and the order's BackupComplete follows the page's host
-// copy. Before the fix BackupComplete{ok, pages = []} went out at once ("the whole order" at memd).
-TEST(WorkerOrders, ReclaimBeforeTheVictimStartedWaitsForItsHostCopy) {
+// kept): the order is answered at once with the page deferred, the page is not kept when the request starts, and its
+// host copy is reported with order 0 once written.
+TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) {
   ScriptedFixture f;  // 2 slots
   constexpr PageIndex kDp = 6;
   f.SubmitAndGrant(1, 10, 30, {}, 10);
@@ -799,19 +819,25 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedWaitsForItsHostCopy) {
   ASSERT_EQ(f.worker->hierarchical()->Find(3), nullptr);  // granted, waiting for a slot
   CheckBackupsAreWritten(f, 3, {{kDp, 0}});
   f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(302, 3, {kDp}, {30}));
-  EXPECT_EQ(f.memd.Index("backup/302"), -1) << "BackupComplete before request 3 wrote anything";
-  bool kept = false;
-  ASSERT_TRUE(f.IterateUntil([&] {
-    kept = kept || f.worker->hierarchical()->HistoryPageOf(3, kDp).has_value();
-    return !f.memd.readers_done.empty();
-  }, 500));
-  EXPECT_FALSE(kept) << "GPU page " << kDp << " was used after memd reclaimed it";
+  ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
+  EXPECT_EQ(f.worker->hierarchical()->Find(3), nullptr) << "the order waited for the victim to start";
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(302);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].ok);
   EXPECT_EQ(done[0].pages, std::vector<uint32_t>{kDp});
+  EXPECT_EQ(done[0].deferred_pages, std::vector<uint32_t>{kDp});
   EXPECT_LT(f.memd.Index("backup/302"), f.memd.Index("readers_done/302"));
-  EXPECT_FALSE(f.ReportedDeferred(3, 0));
+  wire::RetireT retire;
+  retire.order = 302;
+  retire.request = 3;
+  retire.pages = {kDp};
+  f.worker->OnRetire(retire);
+  bool kept = false;
+  ASSERT_TRUE(f.IterateUntil([&] {
+    kept = kept || f.worker->hierarchical()->HistoryPageOf(3, kDp).has_value();
+    return f.ReportedDeferred(3, 0);
+  }, 500));
+  EXPECT_FALSE(kept) << "GPU page " << kDp << " was used after memd reclaimed it";
   const std::vector<uint8_t> prompt = Prompt(40, 3);
   ExpectHostPageHolds(f, 30, 0, OriginalRows(*f.model, prompt));
 }

@@ -107,6 +107,8 @@ class FakeMemd final : public MemdLink {
 
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
     Req& r = reqs_[m.request];
+    r.optional_history = m.optional_history;
+    if (m.optional_history) ++admits_with_optional_history;
     const uint64_t pages = (m.history_rows + p_ - 1) / p_;
     EXPECT_LE(pages, free_host_.size()) << "fake memd: host pool too small";
     for (uint64_t j = 0; j < pages; ++j) {
@@ -139,7 +141,14 @@ class FakeMemd final : public MemdLink {
         reqs_.erase(m.request);
         return absl::OkStatus();
       }
-      for (uint32_t dp : m.pages) r.host_copy.insert(HistoryOf(r, dp));
+      for (uint32_t dp : m.pages) {
+        // A deferred page (contract §4) has no host copy yet: it comes later with order 0.
+        if (std::find(m.deferred_pages.begin(), m.deferred_pages.end(), dp) == m.deferred_pages.end()) {
+          r.host_copy.insert(HistoryOf(r, dp));
+        } else {
+          ++deferred_pages;
+        }
+      }
       it->second.backed = true;
     }
     return absl::OkStatus();
@@ -226,7 +235,7 @@ class FakeMemd final : public MemdLink {
       reclaims_[o->order] = rc;
       r.busy = true;
       inbox_.push_back(std::move(o));
-    } else if (dice < 4 && !free_gpu_.empty()) {  // repopulate up to 2 host-copied pages not on GPU
+    } else if (dice < 4 && !free_gpu_.empty() && r.optional_history) {  // repopulate up to 2 host-copied pages
       auto o = std::make_unique<wire::PopulateOrderT>();
       for (uint32_t j : r.host_copy) {
         if (r.optional.contains(j) || free_gpu_.empty() || o->pages.size() == 2) continue;
@@ -248,6 +257,8 @@ class FakeMemd final : public MemdLink {
   int reclaims_done = 0;
   int pages_populated = 0;
   int backup_messages = 0;
+  int deferred_pages = 0;  // reclaimed pages reported deferred (no host copy yet)
+  int admits_with_optional_history = 0;  // AdmitRequests that allow optional history (adaptive mode only)
   int completes = 0;
 
  private:
@@ -255,6 +266,7 @@ class FakeMemd final : public MemdLink {
     std::vector<PageIndex> host;
     std::map<uint32_t, uint32_t> optional;  // history page -> GPU page (ready or kept)
     std::set<uint32_t> host_copy;           // history pages with a reported host copy
+    bool optional_history = true;           // AdmitRequest.optional_history: false = never populated (hisparse)
     bool busy = false;                      // an order is in flight
   };
   struct Reclaim {
