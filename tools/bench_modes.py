@@ -2,80 +2,107 @@
 """tools/bench_modes.py: throughput and TPOT of the three KV modes (resident, hisparse, adaptive) at several
 concurrencies under ONE GPU memory budget, in one run, printed as ratios to resident (issue 5's benchmark).
 
-Each (mode, concurrency) point is one dhs-replay run on a fresh node over the same trace slice. The budget is the
-replay's default for the slice (printed) unless --hbm-budget is given. Expected shape: adaptive within a few percent
-of resident while every resident history fits, and ahead of both once it no longer does.
+Each (mode, concurrency) point is one dhs-replay closed-loop run on a fresh node over the same trace slice, budget and
+model. With --repeat R every mode is run R times, the modes interleaved (repeat 1: resident, hisparse, adaptive;
+repeat 2: hisparse, adaptive, resident; ...), so that drift in the machine's load hits them alike; a ratio to resident
+is taken within one repeat (same load) and the median over repeats is printed with its range.
+
+Also printed per point (medians): sessions admitted (memd's peak), host share of the census (selected rows recovered
+from host), allocation wait as a share of TTFT, reclaims. Expected shape: adaptive within a few percent of resident
+while every resident history fits, ahead of resident once it no longer does (more sessions admitted), and ahead of
+hisparse where a host recovery costs more than a direct read (over PCIe; on this CPU both are memcpy's).
 
 The default model preset is bench-wide: the weights (109 MiB) exceed the CPU's caches, so one decode step streams
 them once for the whole batch, as a GPU decode does; more admitted sessions then mean more tokens per step.
 
-Usage: tools/bench_modes.py [--replay build/tools/replay/dhs-replay] [--requests 16] [--length-scale 0.1]
-                            [--concurrency 1,4,8] [--hbm-budget BYTES] [--preset bench-wide] [--json OUT]
+Usage: tools/bench_modes.py [--replay build/tools/replay/dhs-replay] [--requests 8] [--length-scale 0.1]
+                            [--concurrency 1,4,8] [--hbm-budget 9000000] [--repeat 3] [--preset bench-wide]
+                            [--json OUT]
 """
 import argparse
 import json
 import os
-import subprocess
+import statistics
 import sys
 import tempfile
+
+from bench_common import figures, run_replay
 
 MODES = ("resident", "hisparse", "adaptive")
 
 
-def run(args, mode, tmp):
-    out = os.path.join(tmp, f"{mode}.json")
-    cmd = [args.replay, "--mode", mode, "--requests", str(args.requests), "--length-scale", str(args.length_scale),
-           "--sweep", args.concurrency, "--preset", args.preset, "--json", out]
+def run(args, mode, rep, tmp):
+    """One sweep of `mode` over the concurrencies: {concurrency: figures}."""
+    options = ["--mode", mode, "--requests", str(args.requests), "--length-scale", str(args.length_scale),
+               "--sweep", args.concurrency, "--preset", args.preset]
     if args.hbm_budget:
-        cmd += ["--hbm-budget", args.hbm_budget]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    # Exit 1 with a report: some request was not served (e.g. resident mode cannot fit it): keep the figures.
-    if proc.returncode != 0 and not (proc.returncode == 1 and os.path.exists(out)):
-        sys.stderr.write(proc.stderr[-3000:])
-        raise SystemExit(f"bench_modes: {mode} run failed (exit {proc.returncode})")
-    with open(out) as f:
-        return {p["settings"]["concurrency"]: p for p in json.load(f)}
+        options += ["--hbm-budget", args.hbm_budget]
+    report = run_replay(args.replay, options, os.path.join(tmp, f"{mode}-{rep}.json"),
+                        f"bench_modes: {mode} run {rep + 1}", allow_unserved=True)
+    return {p["settings"]["concurrency"]: dict(figures(p), budget=p["settings"].get("hbm_budget_bytes"))
+            for p in report}
+
+
+def ratio(a, b):
+    return a / b if a and b and a == a and b == b else float("nan")
+
+
+def summary(values):
+    """median, min, max of the finite values (NaN when none)."""
+    v = [x for x in values if x == x]
+    return (statistics.median(v), min(v), max(v)) if v else (float("nan"),) * 3
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replay", default="build/tools/replay/dhs-replay")
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--length-scale", type=float, default=0.1)
     ap.add_argument("--concurrency", default="1,4,8")
-    ap.add_argument("--hbm-budget", default="")
+    ap.add_argument("--hbm-budget", default="9000000",
+                    help="GPU KV budget, bytes; the default lets every resident history fit at C <= 4 but not at "
+                         "C = 8 (8 requests of the bundled slice, bench-wide); '' = dhs-replay's default for the slice")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--preset", default="bench-wide",
                     help="model preset; bench-wide (default) streams 109 MiB of weights per step like a GPU decode, so "
                          "batching more sessions raises throughput; dsv4flash-like fits in cache and does not")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
+    runs = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
-        results = {mode: run(args, mode, tmp) for mode in MODES}
-    conc = sorted(results["resident"].keys())
-    budget = results["resident"][conc[0]]["settings"].get("hbm_budget_bytes")
+        for rep in range(args.repeat):
+            order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
+            for mode in order:
+                runs[mode].append(run(args, mode, rep, tmp))
+                print(f"bench_modes: {mode} run {rep + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+    conc = sorted(runs["resident"][0].keys())
+    budget = runs["resident"][0][conc[0]]["budget"]
     print(f"bench_modes: preset {args.preset}, {args.requests} requests, length scale {args.length_scale}, "
-          f"GPU KV budget {budget} bytes")
-    print(f"{'C':>3} {'mode':<9} {'served':>6} {'tok/s':>8} {'TPOT p50 ms':>12} {'TTFT p50 ms':>12} {'sessions':>8} "
-          f"{'tok/s vs res':>12} {'TPOT vs res':>11}")
+          f"GPU KV budget {budget} bytes, {args.repeat} run(s) per mode (medians; ratio ranges over runs)")
+    print(f"{'C':>3} {'mode':<9} {'served':>6} {'sessions':>8} {'tok/s':>7} {'TPOT p50':>9} {'host':>6} "
+          f"{'alloc wait':>10} {'reclaims':>8} {'tok/s vs res':>20} {'TPOT vs res':>20}")
     rows = []
     for c in conc:
-        base = results["resident"][c]
         for mode in MODES:
-            r = results[mode][c]
-            tps, tpot = r["output_tokens_per_s"], (r["tpot_ms"] or {}).get("p50")
-            btpot = (base["tpot_ms"] or {}).get("p50")
-            ratio_tps = tps / base["output_tokens_per_s"] if base["output_tokens_per_s"] else float("nan")
-            ratio_tpot = tpot / btpot if tpot and btpot else float("nan")
-            print(f"{c:>3} {mode:<9} {r['requests_served']:>6} {tps:>8.1f} {tpot or float('nan'):>12.2f} "
-                  f"{(r['ttft_ms'] or {}).get('p50', float('nan')):>12.1f} {r['sessions_admitted_max']:>8} "
-                  f"{ratio_tps:>12.3f} {ratio_tpot:>11.3f}")
-            rows.append({"concurrency": c, "mode": mode, "output_tokens_per_s": tps, "tpot_p50_ms": tpot,
-                         "throughput_vs_resident": ratio_tps, "tpot_vs_resident": ratio_tpot,
-                         "sessions_admitted_max": r["sessions_admitted_max"],
-                         "requests_served": r["requests_served"]})
+            pts = [r[c] for r in runs[mode]]
+            base = [r[c] for r in runs["resident"]]
+            med = {k: summary([p[k] for p in pts])[0] for k in pts[0] if k != "budget"}
+            tps = summary([ratio(p["output_tokens_per_s"], b["output_tokens_per_s"]) for p, b in zip(pts, base)])
+            tpot = summary([ratio(p["tpot_p50_ms"], b["tpot_p50_ms"]) for p, b in zip(pts, base)])
+            print(f"{c:>3} {mode:<9} {med['served']:>6.0f} {med['sessions']:>8.0f} {med['output_tokens_per_s']:>7.2f} "
+                  f"{med['tpot_p50_ms']:>9.2f} {med['census_host']:>6.3f} {med['allocation_wait_share']:>10.3f} "
+                  f"{med['reclaims']:>8.0f} {tps[0]:>8.3f} [{tps[1]:.2f},{tps[2]:.2f}] "
+                  f"{tpot[0]:>8.3f} [{tpot[1]:.2f},{tpot[2]:.2f}]")
+            rows.append({"concurrency": c, "mode": mode, "median": med,
+                         "throughput_vs_resident": {"median": tps[0], "min": tps[1], "max": tps[2]},
+                         "tpot_vs_resident": {"median": tpot[0], "min": tpot[1], "max": tpot[2]},
+                         "runs": pts})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "hbm_budget_bytes": budget, "points": rows}, f, indent=2)
+            json.dump({"preset": args.preset, "requests": args.requests, "length_scale": args.length_scale,
+                       "hbm_budget_bytes": budget, "repeat": args.repeat, "points": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

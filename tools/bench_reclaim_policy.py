@@ -14,39 +14,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+
+from bench_common import figures, run_replay
 
 POLICIES = ("oldest-first", "newest-first", "largest-first")
 
 
 def run(args, policy, rep, tmp):
-    out = os.path.join(tmp, f"{policy}-{rep}.json")
-    cmd = [args.replay, "--mode", "adaptive", "--reclaim-policy", policy, "--requests", str(args.requests),
-           "--length-scale", str(args.length_scale), "--concurrency", str(args.concurrency), "--json", out]
+    options = ["--mode", "adaptive", "--reclaim-policy", policy, "--requests", str(args.requests),
+               "--length-scale", str(args.length_scale), "--concurrency", str(args.concurrency)]
     if args.hbm_budget:
-        cmd += ["--hbm-budget", args.hbm_budget]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-3000:])
-        raise SystemExit(f"bench_reclaim_policy: {policy} run {rep} failed (exit {proc.returncode})")
-    with open(out) as f:
-        return json.load(f)
-
-
-def figures(r):
-    return {
-        "served": r["requests_served"],
-        "reclaims": r["reclaims"],
-        "repopulated_pages": r["repopulated_pages"],
-        "census_host": (r["census"] or {}).get("host", float("nan")),
-        "allocation_wait_share": r["allocation_wait_share"] if r["allocation_wait_share"] is not None else float("nan"),
-        "ttft_p50_ms": (r["ttft_ms"] or {}).get("p50", float("nan")),
-        "ttft_p99_ms": (r["ttft_ms"] or {}).get("p99", float("nan")),
-        "tpot_p50_ms": (r["tpot_ms"] or {}).get("p50", float("nan")),
-        "output_tokens_per_s": r["output_tokens_per_s"],
-    }
+        options += ["--hbm-budget", args.hbm_budget]
+    return run_replay(args.replay, options, os.path.join(tmp, f"{policy}-{rep}.json"),
+                      f"bench_reclaim_policy: {policy} run {rep}")
 
 
 def main():
