@@ -23,8 +23,9 @@
 namespace dhs {
 
 // The protocol version this build speaks (Envelope.protocol_version). Must not change except for
-// an incompatible protocol change (see docs/protocol.md).
-inline constexpr uint32_t kProtocolVersion = 1;
+// an incompatible protocol change (see docs/protocol.md). 2: BackupComplete.deferred_pages (a version-1 memd would
+// read a deferred page as written and could populate it from a host page never written).
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // Largest inbound message accepted, bytes (control messages are small; bulk KV goes through the
 // host pool, never through sockets).

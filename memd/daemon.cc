@@ -332,10 +332,15 @@ absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m) {
   if (pages.empty()) {  // the whole order
     for (const auto& [page, copy] : o.copies) pages.push_back(page);
   }
+  absl::flat_hash_set<PageIndex> seen;
   for (PageIndex p : pages) {
     if (!o.copies.contains(p)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("BackupComplete: page %d is not a backup page of reclaim order %d", p, b->order));
+    }
+    if (!seen.insert(p).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("BackupComplete: page %d named twice for reclaim order %d", p, b->order));
     }
   }
   const absl::flat_hash_set<PageIndex> deferred(b->deferred_pages.begin(), b->deferred_pages.end());

@@ -110,7 +110,7 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
 wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& geometry,
                        std::string_view device_name) {
   wire::HelloT h;
-  h.protocol_version = 1;
+  h.protocol_version = kProtocolVersion;
   h.gpu = config.gpu;
   h.pid = static_cast<uint32_t>(::getpid());
   h.device_name = std::string(device_name);

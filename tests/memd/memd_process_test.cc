@@ -347,6 +347,14 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   m = w1.Next();
   ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
   EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  bad.pages = {page3, page3};  // a page named twice is refused too (and memd keeps serving)
+  bad.host_pages = {g1.backup_host_pages[3], g1.backup_host_pages[3]};
+  bad.deferred_pages = {};
+  w1.Send(EncodeBackupComplete(bad, w1.seq(), "worker"));
+  m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(ReadErrorReply(*m)->message.find("named twice"), std::string::npos) << ReadErrorReply(*m)->message;
   wire::BackupCompleteT bc;
   bc.order = rc1.order;
   bc.request = 1;

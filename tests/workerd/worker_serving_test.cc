@@ -676,12 +676,9 @@ void CheckBackupsAreWritten(ScriptedFixture& f, RequestId id, std::map<PageIndex
         EXPECT_TRUE(deferred) << "GPU page " << dp << " of a request that has not started reported backed up";
         continue;
       }
-      if (deferred) {
+      if (deferred) {  // its host copy may be written by now (then reported with order 0): only check the GPU page
         EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(id, dp), std::nullopt)
             << "GPU page " << dp << " reported deferred but holds history page " << h->second;
-        const bool complete = h->second < kv->pages.size() && kv->pages[h->second].host_page >= 0;
-        EXPECT_FALSE(complete && kv->pages[h->second].host_ready)
-            << "history page " << h->second << " is written: it should have been reported backed up";
         continue;
       }
       ASSERT_LT(h->second, kv->pages.size());
