@@ -893,6 +893,11 @@ void Worker::Finish(RequestId id, absl::Status error) {
           (void)pg.populate.Wait();
         }
       }
+      // Likewise every host backup still being written: memd frees the request's host pages at Complete and may grant
+      // them at once; a late write would land in another request's page.
+      for (const KvPage& pg : kv->pages) {
+        if (pg.host_page >= 0 && !pg.host_ready) (void)pg.backup.Wait();
+      }
     }
     kv().Release(id);
   }

@@ -3,10 +3,12 @@
 // in flight copies (a scripted memd and held copies force the interleaving), and the client wire (ServingFrontend over
 // ipc:// with a DealerClient) in one process.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
@@ -364,6 +366,7 @@ class ScriptedMemd final : public MemdLink {
   }
   absl::Status SendComplete(const wire::CompleteT& m) override {
     log.push_back(absl::StrCat("complete/", m.request));
+    if (on_complete) on_complete(m);
     return absl::OkStatus();
   }
   // Position of `entry` in the log, or -1.
@@ -378,6 +381,7 @@ class ScriptedMemd final : public MemdLink {
   std::vector<wire::ReadyPublishT> publishes;
   std::function<void(const wire::ReadersDoneT&)> on_readers_done;
   std::function<void(const wire::BackupCompleteT&)> on_backup_complete;
+  std::function<void(const wire::CompleteT&)> on_complete;
 };
 
 // An adaptive worker on a CpuDevice talking to a ScriptedMemd; host pages 10.. of a 64-page host pool.
@@ -837,6 +841,34 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) 
   EXPECT_FALSE(kept) << "GPU page " << kDp << " was used after memd reclaimed it";
   const std::vector<uint8_t> prompt = Prompt(40, 3);
   ExpectHostPageHolds(f, 30, 0, OriginalRows(*f.model, prompt));
+}
+
+// A request whose last page completes on its last step ends with that page's host backup still in flight. memd
+// frees the request's host pages at Complete and may grant them to another request at once, so Complete must follow
+// the copy: a late write would land in a host page that already belongs to someone else. (The copy is held here and
+// released by another thread a while after it was issued; before the fix Complete went out while it was held.)
+TEST(WorkerOrders, CompleteWaitsForTheRequestsHostBackupsInFlight) {
+  ScriptedFixture f;
+  f.SubmitAndGrant(1, 31, 2);  // rows ever appended: 31 + 2 - 1 = 32, so page 1 completes on the last step
+  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 1; }));
+  f.HoldHostCopyOf(1, 1);
+  bool held_at_complete = true;
+  f.memd.on_complete = [&](const wire::CompleteT& m) {
+    if (m.request == 1) held_at_complete = !f.device.HeldCopies().empty();
+  };
+  std::atomic<bool> stop{false};
+  std::thread releaser([&] {
+    while (!stop && f.device.HeldCopies().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker reaches Complete first if it can
+    f.device.ReleaseAllHeld();
+  });
+  const bool finished = f.IterateUntil([&] { return f.sink.finished.contains(1); });
+  stop = true;
+  releaser.join();
+  ASSERT_TRUE(finished);
+  ASSERT_NE(f.memd.Index("complete/1"), -1);
+  EXPECT_FALSE(held_at_complete) << "Complete sent while the request's host backup was still being written";
+  EXPECT_FALSE(f.sink.errors.contains(1));
 }
 
 // A reclaim order for a request this worker process never served (admitted through an earlier process that died) must
