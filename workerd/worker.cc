@@ -488,6 +488,12 @@ void Worker::AdvanceReclaims() {
       wire::ReadersDoneT done;
       done.order = m.order; done.request = m.request; done.gpu = config_.gpu; done.pages = m.pages;
       (void)memd_->SendReadersDone(done);
+      // Obeyed: the pages are unmapped and unread. Counted here, not at Retire, which may come after the request
+      // finished and its orders were forgotten; an order that crossed its request's Complete reclaimed nothing.
+      if (r != nullptr) {
+        ++stats_.reclaims_obeyed;
+        stats_.pages_reclaimed += m.pages.size();
+      }
     }
     ++it;
   }
@@ -506,17 +512,16 @@ bool Worker::PopulateInFlight(RequestId request, std::span<const PageIndex> devi
 
 void Worker::OnRetire(const wire::RetireT& m) {
   auto it = reclaims_.find(m.order);
-  if (it == reclaims_.end() || !it->second.readers_done) {
+  if (it == reclaims_.end()) {
+    // Its request finished after ReadersDone went out (Finish forgets the request's orders): nothing is mapped.
+    spdlog::debug("worker: Retire for order {} of a finished request", m.order);
+  } else if (!it->second.readers_done) {
     spdlog::warn("worker: Retire for order {} that has not reached ReadersDone", m.order);
   }
   if (hier_ != nullptr) {
     if (absl::Status s = hier_->Retire(m.pages); !s.ok()) spdlog::error("worker: Retire: {}", s.ToString());
   }
-  if (it != reclaims_.end()) {
-    ++stats_.reclaims_obeyed;
-    stats_.pages_reclaimed += m.pages.size();
-    reclaims_.erase(it);
-  }
+  if (it != reclaims_.end()) reclaims_.erase(it);
 }
 
 void Worker::OnPopulateOrder(const wire::PopulateOrderT& m) {
