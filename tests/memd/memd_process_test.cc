@@ -108,16 +108,21 @@ class FakeWorker {
   std::deque<std::string> buffers_;  // keeps the bytes of decoded messages alive at stable addresses
 };
 
-// Runs `command` through the shell; returns its exit code and stdout + stderr. `timeout -s KILL` is a guard against a
-// memd that would start and serve instead of failing (the test then fails with 137), not a timing assertion.
-std::pair<int, std::string> RunShell(const std::string& command) {
-  FILE* f = popen(("timeout -s KILL 60 " + command + " 2>&1").c_str(), "r");
+// Runs a shell command line as given; returns its exit code (-1 if it did not exit) and what it wrote to stdout.
+std::pair<int, std::string> CaptureShell(const std::string& command_line) {
+  FILE* f = popen(command_line.c_str(), "r");
   std::string out;
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
   const int status = pclose(f);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs `command` through the shell; returns its exit code and stdout + stderr. `timeout -s KILL` is a guard against a
+// memd that would start and serve instead of failing (the test then fails with 137), not a timing assertion.
+std::pair<int, std::string> RunShell(const std::string& command) {
+  return CaptureShell("timeout -s KILL 60 " + command + " 2>&1");
 }
 
 // memd's exit codes (docs/operations.md): every bad command-line value exits 2 with a message naming it; a host pool
@@ -208,15 +213,8 @@ class MemdProcess : public ::testing::Test {
   // Runs dhsctl with `args`; returns its exit code and stdout (stdout and stderr with `with_stderr`).
   std::pair<int, std::string> Dhsctl(const std::string& args, const std::string& run_dir = "",
                                      bool with_stderr = false) {
-    const std::string cmd = std::string(DHSCTL_BIN) + " --run-dir " + (run_dir.empty() ? run_dir_ : run_dir) + " " +
-                            args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-    FILE* f = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-    const int status = pclose(f);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+    return CaptureShell(std::string(DHSCTL_BIN) + " --run-dir " + (run_dir.empty() ? run_dir_ : run_dir) + " " + args +
+                        (with_stderr ? " 2>&1" : " 2>/dev/null"));
   }
   json DhsctlJson(const std::string& view) {
     auto [rc, out] = Dhsctl("--json " + view);
