@@ -24,8 +24,9 @@ namespace dhs {
 
 // The protocol version this build speaks (Envelope.protocol_version). Must not change except for
 // an incompatible protocol change (see docs/protocol.md). 2: BackupComplete.deferred_pages (a version-1 memd would
-// read a deferred page as written and could populate it from a host page never written).
-inline constexpr uint32_t kProtocolVersion = 2;
+// read a deferred page as written and could populate it from a host page never written). 3: HostCopyWritten replaces
+// BackupComplete with order 0 (whose `pages` held history pages, not GPU pages).
+inline constexpr uint32_t kProtocolVersion = 3;
 
 // Largest inbound message accepted, bytes (control messages are small; bulk KV goes through the
 // host pool, never through sockets).
@@ -65,6 +66,7 @@ DHS_DECLARE_MESSAGE(AdmitWait)
 DHS_DECLARE_MESSAGE(AdmitReject)
 DHS_DECLARE_MESSAGE(ReclaimOrder)
 DHS_DECLARE_MESSAGE(BackupComplete)
+DHS_DECLARE_MESSAGE(HostCopyWritten)
 DHS_DECLARE_MESSAGE(ReadersDone)
 DHS_DECLARE_MESSAGE(Retire)
 DHS_DECLARE_MESSAGE(PopulateOrder)

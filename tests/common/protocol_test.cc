@@ -230,6 +230,30 @@ TEST(ProtocolRoundTrip, ReclaimOrderBackupReadersRetire) {
   EXPECT_EQ(t.regranted_to, 8u);
 }
 
+TEST(ProtocolRoundTrip, HostCopyWritten) {
+  wire::HostCopyWrittenT in;
+  in.request = 12;
+  in.gpu = 3;
+  in.history_pages = {0, 7};
+  in.host_pages = {wire::HostPageRef(0, 11), wire::HostPageRef(0, 95)};
+  wire::HostCopyWrittenT out =
+      RoundTrip(in, EncodeHostCopyWritten, ReadHostCopyWritten, wire::Body::HostCopyWritten, 21);
+  EXPECT_EQ(out.request, 12u);
+  EXPECT_EQ(out.gpu, 3u);
+  EXPECT_EQ(out.history_pages, (std::vector<uint32_t>{0, 7}));
+  ASSERT_EQ(out.host_pages.size(), 2u);
+  EXPECT_EQ(out.host_pages[1].page(), 95u);
+  EXPECT_TRUE(out.ok);  // the schema's default: a report of written pages
+
+  in.ok = false;
+  in.error = ErrorCode::DATA_LOSS;
+  in.message = "host write failed";
+  out = RoundTrip(in, EncodeHostCopyWritten, ReadHostCopyWritten, wire::Body::HostCopyWritten, 22);
+  EXPECT_FALSE(out.ok);
+  EXPECT_EQ(out.error, ErrorCode::DATA_LOSS);
+  EXPECT_EQ(out.message, "host write failed");
+}
+
 TEST(ProtocolRoundTrip, PopulateAndReadyPublish) {
   wire::PopulateOrderT pop;
   pop.order = 90;
