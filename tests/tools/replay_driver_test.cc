@@ -362,39 +362,102 @@ TEST(ReplayDriver, AFailedRunKeepsWhatItRecordedAndNamesWhereToLook) {
   EXPECT_GT(driver.partial().elapsed_ms, 500);
 }
 
-TEST(OutputsMatch, ComparesTokensOfServedRequests) {
+// Two runs of two served requests, tokens {1, 2, 3} and {4}, each token with its own digest.
+void TwoServedRequests(DriverResult& r) {
+  r.requests.resize(2);
+  r.requests[0].request = 10;
+  r.requests[0].trace_index = 0;
+  r.requests[1].request = 11;
+  r.requests[1].trace_index = 1;
+  for (RequestTiming& t : r.requests) t.finished = true;
+  r.requests[0].output = {1, 2, 3};
+  r.requests[0].logits_digests = {0xa1, 0xa2, 0xa3};
+  r.requests[1].output = {4};
+  r.requests[1].logits_digests = {0xb1};
+}
+
+TEST(CompareOutputs, IdenticalRunsMatch) {
   DriverResult a, b;
-  a.requests.resize(2);
-  b.requests.resize(2);
-  for (auto* r : {&a, &b}) {
-    r->requests[0].finished = r->requests[1].finished = true;
-    r->requests[0].output = {1, 2, 3};
-    r->requests[1].output = {4};
-  }
+  TwoServedRequests(a);
+  TwoServedRequests(b);
+  const ExactnessVerdict v = CompareOutputs(a, b);
+  EXPECT_TRUE(v.match);
+  EXPECT_EQ(v.reason, "");
   EXPECT_TRUE(OutputsMatch(a, b));
+}
+
+TEST(CompareOutputs, ComparesTokensOfServedRequests) {
+  DriverResult a, b;
+  TwoServedRequests(a);
+  TwoServedRequests(b);
   b.requests[1].output = {5};
+  EXPECT_EQ(CompareOutputs(a, b).reason, "request 11 (trace row 1): token 0 is 4 in the run and 5 in the reference");
   EXPECT_FALSE(OutputsMatch(a, b));
-  b.requests[1].output = {4};
+  TwoServedRequests(b);
   b.requests[1].error = "failed";
-  EXPECT_FALSE(OutputsMatch(a, b));
+  b.requests[1].finished = false;
+  EXPECT_EQ(CompareOutputs(a, b).reason, "request 11 (trace row 1) was not served in the reference: failed");
+  TwoServedRequests(b);
   b.requests.pop_back();
-  EXPECT_FALSE(OutputsMatch(a, b));
+  EXPECT_EQ(CompareOutputs(a, b).reason, "the runs hold 2 and 1 requests");
+  TwoServedRequests(b);
+  b.requests[0].output.push_back(9);
+  b.requests[0].logits_digests.push_back(0xa4);
+  EXPECT_EQ(CompareOutputs(a, b).reason, "request 10 (trace row 0) has 3 tokens in the run and 4 in the reference");
+  TwoServedRequests(b);
+  std::swap(b.requests[0].trace_index, b.requests[1].trace_index);
+  EXPECT_FALSE(CompareOutputs(a, b).match);
+  EXPECT_THAT(CompareOutputs(a, b).reason, HasSubstr("trace row 0 in one run and 1 in the other"));
 }
 
-TEST(OutputsMatch, ComparesLogitsDigests) {
+TEST(CompareOutputs, ComparesLogitsDigests) {
   DriverResult a, b;
-  a.requests.resize(1);
-  b.requests.resize(1);
-  for (auto* r : {&a, &b}) {
-    r->requests[0].finished = true;
-    r->requests[0].output = {7, 8};
-    r->requests[0].logits_digests = {0x1111, 0x2222};
-  }
-  EXPECT_TRUE(OutputsMatch(a, b));
-  b.requests[0].logits_digests[1] = 0x2223;  // same tokens, one logit bit differs
-  EXPECT_FALSE(OutputsMatch(a, b));
+  TwoServedRequests(a);
+  TwoServedRequests(b);
+  b.requests[0].logits_digests[2] ^= 1;  // same tokens, one logit bit differs somewhere in token 2's logits
+  const ExactnessVerdict v = CompareOutputs(a, b);
+  EXPECT_FALSE(v.match);
+  EXPECT_EQ(v.reason,
+            "request 10 (trace row 0): token 2 has logits digest 00000000000000a3 in the run and 00000000000000a2 in "
+            "the reference");
 }
 
+// The verdict never passes on tokens alone: a missing digest on either side, or on both, is a mismatch naming the
+// request and the first token without one.
+TEST(CompareOutputs, MissingDigestsAreAMismatchEvenOnBothSides) {
+  DriverResult a, b;
+  TwoServedRequests(a);
+  TwoServedRequests(b);
+  b.requests[0].logits_digests.pop_back();
+  EXPECT_EQ(CompareOutputs(a, b).reason,
+            "request 10 (trace row 0): token 2 has no logits digest in the reference (3 tokens, 2 digests)");
+  a.requests[0].logits_digests.pop_back();  // lost on both sides: still a mismatch
+  EXPECT_EQ(CompareOutputs(a, b).reason,
+            "request 10 (trace row 0): token 2 has no logits digest in the run (3 tokens, 2 digests)");
+  for (DriverResult* r : {&a, &b}) {  // every digest lost on both sides
+    for (RequestTiming& t : r->requests) t.logits_digests.clear();
+  }
+  EXPECT_EQ(CompareOutputs(a, b).reason,
+            "request 10 (trace row 0): token 0 has no logits digest in the run (3 tokens, 0 digests)");
+  EXPECT_FALSE(OutputsMatch(a, b));
+  TwoServedRequests(a);
+  TwoServedRequests(b);
+  a.requests[1].logits_digests.push_back(0xb2);  // more digests than tokens
+  EXPECT_EQ(CompareOutputs(a, b).reason,
+            "request 11 (trace row 1) has 2 logits digests for 1 tokens in the run");
+}
+
+TEST(CompareOutputs, NothingToCompareIsNotAMatch) {
+  DriverResult a, b;
+  EXPECT_EQ(CompareOutputs(a, b).reason, "no requests to compare");
+  TwoServedRequests(a);
+  TwoServedRequests(b);
+  a.requests[1].output.clear();
+  a.requests[1].logits_digests.clear();
+  b.requests[1].output.clear();
+  b.requests[1].logits_digests.clear();
+  EXPECT_EQ(CompareOutputs(a, b).reason, "request 11 (trace row 1) has no output token in the run");
+}
 
 }  // namespace
 }  // namespace dhs::replay

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -160,15 +161,54 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
   return absl::OkStatus();
 }
 
-bool OutputsMatch(const DriverResult& a, const DriverResult& b) {
-  if (a.requests.size() != b.requests.size()) return false;
+ExactnessVerdict CompareOutputs(const DriverResult& a, const DriverResult& b) {
+  auto differ = [](std::string reason) { return ExactnessVerdict{false, std::move(reason)}; };
+  if (a.requests.size() != b.requests.size()) {
+    return differ(absl::StrCat("the runs hold ", a.requests.size(), " and ", b.requests.size(), " requests"));
+  }
+  if (a.requests.empty()) return differ("no requests to compare");
   for (size_t i = 0; i < a.requests.size(); ++i) {
     const RequestTiming& x = a.requests[i];
     const RequestTiming& y = b.requests[i];
-    if (!x.served() || !y.served() || x.trace_index != y.trace_index || x.output != y.output) return false;
-    if (x.logits_digests != y.logits_digests) return false;  // both empty when the node reports none
+    const std::string name = absl::StrCat("request ", x.request, " (trace row ", x.trace_index, ")");
+    if (x.trace_index != y.trace_index) {
+      return differ(absl::StrCat("request ", i, " in run order is trace row ", x.trace_index, " in one run and ",
+                                 y.trace_index, " in the other"));
+    }
+    for (const auto& [r, run] : {std::pair<const RequestTiming*, const char*>{&x, "run"}, {&y, "reference"}}) {
+      if (!r->served()) {
+        return differ(absl::StrCat(name, " was not served in the ", run, ": ",
+                                   r->error.empty() ? "did not finish" : r->error));
+      }
+      if (r->output.empty()) return differ(absl::StrCat(name, " has no output token in the ", run));
+      if (r->logits_digests.size() < r->output.size()) {
+        return differ(absl::StrCat(name, ": token ", r->logits_digests.size(), " has no logits digest in the ", run,
+                                   " (", r->output.size(), " tokens, ", r->logits_digests.size(), " digests)"));
+      }
+      if (r->logits_digests.size() > r->output.size()) {
+        return differ(absl::StrCat(name, " has ", r->logits_digests.size(), " logits digests for ", r->output.size(),
+                                   " tokens in the ", run));
+      }
+    }
+    const size_t n = std::min(x.output.size(), y.output.size());
+    for (size_t t = 0; t < n; ++t) {
+      if (x.output[t] != y.output[t]) {
+        return differ(absl::StrCat(name, ": token ", t, " is ", x.output[t], " in the run and ", y.output[t],
+                                   " in the reference"));
+      }
+      if (x.logits_digests[t] != y.logits_digests[t]) {
+        return differ(absl::StrFormat("%s: token %d has logits digest %016x in the run and %016x in the reference",
+                                      name, t, x.logits_digests[t], y.logits_digests[t]));
+      }
+    }
+    if (x.output.size() != y.output.size()) {
+      return differ(absl::StrCat(name, " has ", x.output.size(), " tokens in the run and ", y.output.size(),
+                                 " in the reference"));
+    }
   }
-  return true;
+  return ExactnessVerdict{true, ""};
 }
+
+bool OutputsMatch(const DriverResult& a, const DriverResult& b) { return CompareOutputs(a, b).match; }
 
 }  // namespace dhs::replay

@@ -107,8 +107,18 @@ class ReplayDriver {
   DriverOptions options_;
 };
 
-// brief §7 exactness: true when both runs served the same requests with identical output tokens and identical
-// per-token logits digests (bit-identical logits). Requests that failed in either run make it false.
+// brief §7 exactness: the verdict of comparing run `a` with reference run `b`, request by request in trace order.
+// They match only when both hold the same number of requests (at least one), and for every request: served in both
+// runs, the same trace row, at least one token, identical output tokens, and a logits digest for every token on both
+// sides (logits_digests.size() == output.size()) with identical values (bit-identical logits). A missing digest is a
+// mismatch, never a pass on tokens alone: two runs whose digests were both lost do not match.
+struct ExactnessVerdict {
+  bool match = false;
+  std::string reason;  // empty when match; else the first difference, naming the request (id and trace row) and,
+                       // for a token or digest, its 0-based token index
+};
+ExactnessVerdict CompareOutputs(const DriverResult& a, const DriverResult& b);
+// CompareOutputs(a, b).match.
 bool OutputsMatch(const DriverResult& a, const DriverResult& b);
 
 }  // namespace dhs::replay

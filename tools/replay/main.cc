@@ -305,7 +305,9 @@ int Main(int argc, char** argv) {
         return 1;
       }
       AllServed(reference->result, "resident reference");
-      exact = OutputsMatch(run->result, reference->result);
+      const ExactnessVerdict verdict = CompareOutputs(run->result, reference->result);
+      if (!verdict.match) std::cerr << "dhs-replay: not exact (" << mode << " vs resident): " << verdict.reason << "\n";
+      exact = verdict.match;
       ok = ok && *exact;
     }
     ok = AllServed(run->result, mode) && ok;
