@@ -219,6 +219,86 @@ TEST(AzureTimestamp, KnownInstants) {
   }
 }
 
+// 2023-11-16 00:00:00 UTC in ms since the epoch: 19,677 days (see KnownInstants).
+constexpr double kNov16Ms = 19677.0 * 86'400'000;
+
+TEST(AzureTimestamp, FractionalSecondsOfOneToNineDigits) {
+  const double base = kNov16Ms + (18 * 3600 + 17 * 60 + 3) * 1000.0;
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03"), base);
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03.5"), base + 500);
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03.25"), base + 250);
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03.000"), base);
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03.125000"), base + 125);
+  EXPECT_NEAR(*ParseAzureTimestampMs("2023-11-16 18:17:03.000000001"), base + 1e-6, 1e-4);  // 1 ns, 9 digits
+  EXPECT_NEAR(*ParseAzureTimestampMs("2023-11-16 18:17:03.999999999"), base + 999.999999, 1e-3);
+  // Order of stamps in one second follows the fraction.
+  EXPECT_LT(*ParseAzureTimestampMs("2023-11-16 18:17:03.0999"), *ParseAzureTimestampMs("2023-11-16 18:17:03.1"));
+}
+
+TEST(AzureTimestamp, UtcOffsetsAndZ) {
+  const double base = kNov16Ms + (18 * 3600 + 17 * 60 + 3) * 1000.0 + 500;  // 18:17:03.5 UTC
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03.5Z"), base);
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03.5+00:00"), base);
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 19:17:03.5+01:00"), base);     // one hour east of UTC
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 12:47:03.5-05:30"), base);     // 5 h 30 min west
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 12:47:03.5-0530"), base);
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-17 03:17:03.5+09:00"), base);     // the next calendar day in Tokyo
+  EXPECT_EQ(*ParseAzureTimestampMs("2023-11-16 18:17:03Z"), base - 500);
+}
+
+TEST(AzureTimestamp, MalformedStampsGiveAClearError) {
+  struct Case {
+    const char* text;
+    const char* why;  // the reason at the end of the message
+  };
+  const std::vector<Case> cases = {
+      {"", "too short"},
+      {"2023-11-16", "too short"},
+      {"2023-1-16 18:17:03.5", "date and time: "},  // unpadded month: ParseTime fails on the first 19 characters
+      {"2023-11-16 8:17:03.50", "date and time: "},
+      {"02023-1-16 18:17:03", "expected YYYY-MM-DD HH:MM:SS, zero-padded"},  // parses, but the fields are not 4-2-2
+      {" 2023-11-16 18:17:03", "expected YYYY-MM-DD HH:MM:SS, zero-padded"},
+      {"2023-11-16 18:17:60", "expected YYYY-MM-DD HH:MM:SS, zero-padded"},  // leap second
+      {"2023-11-16 18:17:03.", "no digit after the decimal point"},
+      {"2023-11-16 18:17:03.Z", "no digit after the decimal point"},
+      {"2023-11-16 18:17:03.1234567890", "fraction of a second with 10 digits (at most 9)"},
+      {"2023-11-16 18:17:03 ", "blank after the seconds"},
+      {"2023-11-16 18:17:03.5 +01:00", "blank after the seconds"},
+      {"2023-11-16 18:17:03.5+25:00", "fraction or UTC offset: "},    // offset out of range
+      {"2023-11-16 18:17:03.5UTC", "fraction or UTC offset: "},       // zone names are not offsets
+      {"2023-11-16 18:17:03x", "fraction or UTC offset: "},
+      {"2023-02-29 00:00:00", "date and time: Out-of-range field"},  // not a leap year
+      {"2023-11-31 00:00:00", "date and time: Out-of-range field"},
+  };
+  for (const Case& c : cases) {
+    auto ms = ParseAzureTimestampMs(c.text);
+    ASSERT_FALSE(ms.ok()) << c.text << " parsed as " << *ms;
+    EXPECT_EQ(ms.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(ms.status().message());
+    EXPECT_THAT(message, HasSubstr(std::string("timestamp must look like 2023-11-16 18:17:03.9799600")));
+    EXPECT_THAT(message, HasSubstr(std::string("got '") + c.text + "'")) << message;
+    EXPECT_THAT(message, HasSubstr(c.why)) << message;
+  }
+}
+
+TEST(AzureReader, OffsetsAndFractionsInAFile) {
+  auto trace = ReadAzureTrace(WriteTemp("offsets.csv",
+                                        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                        "2023-11-16 18:17:03.25,10,2\n"
+                                        "2023-11-16 19:17:04.75+01:00,20,3\n"
+                                        "2023-11-16 18:17:05Z,30,4\n"));
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->requests.size(), 3u);
+  EXPECT_EQ(trace->requests[0].arrival_ms, 0);
+  EXPECT_EQ(trace->requests[1].arrival_ms, 1500);
+  EXPECT_EQ(trace->requests[2].arrival_ms, 1750);
+  const std::string bad = WriteTemp("badstamp.csv",
+                                    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10,2\n"
+                                    "2023-11-16 18:17:03.1234567890,10,2\n");
+  EXPECT_THAT(std::string(ReadAzureTrace(bad).status().message()),
+              HasSubstr(bad + ":3: timestamp must look like 2023-11-16 18:17:03.9799600"));
+}
+
 Trace ThreeRequests() {
   Trace t;
   t.path = "mem";

@@ -2,7 +2,6 @@
 #include "tools/replay/trace.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -11,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
 namespace dhs::replay {
@@ -137,35 +137,41 @@ absl::StatusOr<Trace> ReadMooncakeTrace(std::string_view path) {
 }
 
 absl::StatusOr<double> ParseAzureTimestampMs(std::string_view text) {
-  // YYYY-MM-DD HH:MM:SS[.f{1,9}]
-  auto bad = [&] {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timestamp must look like 2023-11-16 18:17:03.9799600, got '", std::string(text), "'"));
+  // The instant comes from absl::ParseTime; the checks around it only make the accepted shape strict, since ParseTime
+  // takes unpadded fields ("2023-1-5"), surrounding blanks, years of any width and any number of fraction digits.
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timestamp must look like 2023-11-16 18:17:03.9799600 (UTC; or with a UTC offset: Z, +01:00, -0530), got '",
+        std::string(text), "': ", std::string(why)));
   };
-  if (text.size() < 19 || text[4] != '-' || text[7] != '-' || text[10] != ' ' || text[13] != ':' ||
-      text[16] != ':') {
-    return bad();
+  constexpr char kCivil[] = "%Y-%m-%d %H:%M:%S";  // the first 19 characters, every field zero-padded
+  constexpr size_t kCivilSize = 19;
+  const absl::TimeZone utc = absl::UTCTimeZone();
+  std::string err;
+  absl::Time civil;
+  if (text.size() < kCivilSize) return bad("too short");
+  const absl::string_view stamp(text.data(), text.size());  // absl::string_view is not std's in this Abseil
+  const absl::string_view civil_text = stamp.substr(0, kCivilSize);
+  if (!absl::ParseTime(kCivil, civil_text, utc, &civil, &err)) return bad(absl::StrCat("date and time: ", err));
+  // Round trip: rejects unpadded or blank-padded fields and the leap second ":60" (ParseTime moves it to ":00").
+  if (absl::FormatTime(kCivil, civil, utc) != std::string_view(civil_text.data(), civil_text.size())) return bad("expected YYYY-MM-DD HH:MM:SS, zero-padded");
+  const std::string_view rest = text.substr(kCivilSize);
+  if (rest.find_first_of(" \t") != std::string_view::npos) return bad("blank after the seconds");
+  if (!rest.empty() && rest.front() == '.') {
+    const size_t digits = rest.substr(1).find_first_not_of("0123456789");
+    const size_t n = digits == std::string_view::npos ? rest.size() - 1 : digits;
+    if (n == 0) return bad("no digit after the decimal point");
+    if (n > 9) return bad(absl::StrCat("fraction of a second with ", n, " digits (at most 9)"));
   }
-  int64_t y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0;
-  if (!ParseDigits(text.substr(0, 4), 4, &y) || !ParseDigits(text.substr(5, 2), 2, &mo) ||
-      !ParseDigits(text.substr(8, 2), 2, &d) || !ParseDigits(text.substr(11, 2), 2, &h) ||
-      !ParseDigits(text.substr(14, 2), 2, &mi) || !ParseDigits(text.substr(17, 2), 2, &s)) {
-    return bad();
+  absl::Time t;
+  if (!absl::ParseTime("%Y-%m-%d %H:%M:%E*S", stamp, utc, &t, &err) &&
+      !absl::ParseTime("%Y-%m-%d %H:%M:%E*S%Ez", stamp, utc, &t, &err)) {
+    return bad(absl::StrCat("fraction or UTC offset: ", err));
   }
-  double fraction_s = 0;
-  if (text.size() > 19) {
-    std::string_view frac = text.substr(20);
-    int64_t digits = 0;
-    if (text[19] != '.' || frac.size() > 9 || !ParseDigits(frac, 0, &digits)) return bad();
-    fraction_s = static_cast<double>(digits) / std::pow(10.0, static_cast<double>(frac.size()));
-  }
-  using namespace std::chrono;
-  const year_month_day date{year{static_cast<int>(y)}, month{static_cast<unsigned>(mo)},
-                            day{static_cast<unsigned>(d)}};
-  if (!date.ok() || h > 23 || mi > 59 || s > 60) return bad();
-  const int64_t days = sys_days{date}.time_since_epoch().count();
-  const int64_t seconds = days * 86400 + h * 3600 + mi * 60 + s;
-  return static_cast<double>(seconds) * 1000.0 + fraction_s * 1000.0;
+  // Whole ms as an integer, then the rest: exact for stamps on a whole ms (a double holds those exactly).
+  const absl::Duration since_epoch = t - absl::UnixEpoch();
+  const int64_t whole_ms = absl::ToInt64Milliseconds(since_epoch);
+  return static_cast<double>(whole_ms) + absl::ToDoubleMilliseconds(since_epoch - absl::Milliseconds(whole_ms));
 }
 
 absl::StatusOr<Trace> ReadAzureTrace(std::string_view path) {

@@ -51,8 +51,11 @@ absl::StatusOr<Trace> ReadAzureTrace(std::string_view path);
 // Picks the reader by extension: ".jsonl" -> Mooncake, ".csv" -> Azure; anything else is InvalidArgument.
 absl::StatusOr<Trace> ReadTrace(std::string_view path);
 
-// Parses an Azure TIMESTAMP ("YYYY-MM-DD HH:MM:SS[.fraction]") into ms since the Unix epoch (UTC).
-// InvalidArgument for anything else (used by ReadAzureTrace; public for tests).
+// Parses an Azure TIMESTAMP into ms since the Unix epoch, with absl::ParseTime: "YYYY-MM-DD HH:MM:SS" (every field
+// zero-padded, a valid calendar date and time of day), an optional fraction of a second ".d" with 1 to 9 digits, and
+// an optional UTC offset ("Z", "+hh:mm", "-hhmm"); no offset = UTC (the public traces carry none).
+// InvalidArgument for anything else, naming the stamp and the reason; a leap second ":60" is rejected
+// (used by ReadAzureTrace; public for tests).
 absl::StatusOr<double> ParseAzureTimestampMs(std::string_view text);
 
 // Length scale X > 0 (brief §10 traces are far longer than a small CPU model can serve):
