@@ -1,0 +1,493 @@
+// tests/workerd/resolver_random_test.cc: the fused resolver against ReferenceResolver (brief §5) on random batches:
+// histories, tails, ready-map pages and host copies that change between steps, hot caches warmed by earlier steps,
+// several requests per batch, several queries of one request selecting overlapping rows (one union per request and
+// step), -1 padding, followers in either order, unions of more than B missing rows (RESOURCE_EXHAUSTED),
+// rows with no copy (INTERNAL) and failed recovery copies (UNAVAILABLE).
+//
+// Each step both resolvers get the same batch over the same RequestKv records; each has its own device pool (same
+// layout), filled by the test with the original rows (tail ring and ready pages; host pages in one shared host pool).
+// Checked every step, from values the test computes itself:
+//   - the error code, predicted from the batch: the first query (in batch order) that selects a row with neither a
+//     ready page nor a host copy gives INTERNAL, or whose request's union of non-direct rows so far exceeds B gives
+//     RESOURCE_EXHAUSTED; otherwise OK (UNAVAILABLE only when the step's recovery copies were made to fail);
+//   - on success: every output location holds the original row's bytes; tail rows and ready rows sit at the layout's
+//     TailRow / PageRow; other rows in the request's own hot region of that source; one position, one location
+//     within a request's union; the census delta (direct, hot + host, scans skipped, bytes recovered) as counted by
+//     the test; and the fused locations and census equal the reference's;
+//   - on failure: the census of both resolvers is unchanged (nothing of the batch counts as resolved). The hot-cache
+//     state after a failure (the targeted slots invalidated, resolver.h) is checked by every later step, whose
+//     locations and census must still equal the reference's.
+// Positions are distinct within one query, and a row with no copy is selected only by the first query of a batch:
+// the two known issues at the end of this file (DISABLED_) show what happens otherwise.
+// Seeds are printed; the run is deterministic. RESOLVER_TRACE=1 in the environment prints every batch and its outputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "tests/workerd/kv_test_util.h"
+#include "workerd/device/cpu_device.h"
+#include "workerd/kv/layout.h"
+#include "workerd/kv/request_kv.h"
+#include "workerd/kv/resolver.h"
+
+namespace dhs {
+namespace {
+
+using test::OriginalRow;
+
+constexpr uint32_t kMaxPages = 24;  // history pages per request slot (positions < kMaxPages * p)
+
+enum PageState : uint8_t { kFresh = 0, kHost = 1, kReady = 2, kBoth = 3, kNeither = 4 };
+
+// One resolver with its own device and pool.
+struct Side {
+  Side(const KvLayout& layout, std::span<uint8_t> host, bool fused) {
+    pool = *device.AllocatePool(layout.pool_bytes());
+    const ResolverEnv env{&layout, &device, pool, host};
+    if (fused) {
+      resolver = std::make_unique<FusedResolver>(env);
+    } else {
+      resolver = std::make_unique<ReferenceResolver>(env);
+    }
+  }
+  uint8_t* At(Location offset) { return device.HostVisible(pool, offset); }
+  CpuDevice device;
+  PoolId pool = 0;
+  std::unique_ptr<Resolver> resolver;
+};
+
+struct Req {
+  RequestKv kv;
+  Position n = 0;                // rows appended (every source)
+  std::vector<PageState> state;  // by history page
+  std::vector<Position> recent;  // positions selected lately (to make hot-cache hits likely)
+};
+
+class RandomResolver : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
+  const uint64_t seed = GetParam();
+  std::printf("resolver random test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  auto coin = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+  auto below = [&](uint64_t n) { return rng() % n; };
+
+  KvConfig c;
+  c.row_bytes = {16, 24, 8};
+  c.groups = {{0, 1}, {2}};  // a producer with two followers; a single source
+  c.page_rows = 4;
+  c.k = 3 + static_cast<uint32_t>(below(3));             // 3..5
+  c.hot_rows = c.k + static_cast<uint32_t>(below(4));    // B in k..k+3
+  c.tail_rows = 8;
+  c.slots = 3;
+  c.optional_pages = c.slots * kMaxPages;  // device page of (slot, page j) = slot * kMaxPages + j
+  const KvLayout layout = *KvLayout::Create(c);
+  const uint32_t p = c.page_rows, T = c.tail_rows, B = c.hot_rows, k = c.k;
+  std::printf("  k %u, B %u\n", k, B);
+  std::vector<uint8_t> host(size_t{c.slots} * kMaxPages * layout.page_bytes());
+  Side fused(layout, host, true), ref(layout, host, false);
+  Side* sides[] = {&fused, &ref};
+
+  std::vector<Req> reqs(c.slots);
+  RequestId next_id = 1;
+  auto admit = [&](SlotIndex slot) {
+    Req& r = reqs[slot];
+    r = Req{};
+    r.kv.id = next_id++;
+    r.kv.slot = slot;
+    r.kv.appended.assign(layout.num_sources(), 0);
+    r.kv.tail_write.assign(layout.num_sources(), std::vector<CopyEvent>(T));
+    for (Side* s : sides) s->resolver->ResetSlot(slot);
+  };
+  auto host_page = [&](const Req& r, uint32_t j) { return r.kv.slot * kMaxPages + j; };
+  auto write_page = [&](Req& r, uint32_t j, bool to_host) {  // the original rows of page j
+    for (SourceId s = 0; s < layout.num_sources(); ++s) {
+      for (uint32_t i = 0; i < p; ++i) {
+        const auto row = OriginalRow(r.kv.id, s, Position{j} * p + i, layout.row_bytes(s));
+        if (to_host) {
+          std::memcpy(host.data() + uint64_t{host_page(r, j)} * layout.page_bytes() + layout.InPage(s, i), row.data(),
+                      row.size());
+        } else {
+          for (Side* side : sides) {
+            std::memcpy(side->At(layout.PageRow(host_page(r, j), s, i)), row.data(), row.size());
+          }
+        }
+      }
+    }
+  };
+  auto set_state = [&](Req& r, uint32_t j, PageState st) {
+    r.state[j] = st;
+    const bool h = st == kHost || st == kBoth, d = st == kReady || st == kBoth;
+    if (h && !r.kv.pages[j].host_ready) write_page(r, j, true);
+    if (d && !r.kv.pages[j].ready) write_page(r, j, false);
+    r.kv.pages[j].host_page = h ? host_page(r, j) : -1;
+    r.kv.SetHostReady(j, h);
+    r.kv.pages[j].device_page = d ? host_page(r, j) : -1;
+    r.kv.SetReady(j, d);
+  };
+  auto append = [&](Req& r, Position rows) {
+    rows = std::min<Position>(rows, Position{kMaxPages} * p - r.n);
+    for (Position t = r.n; t < r.n + rows; ++t) {
+      for (SourceId s = 0; s < layout.num_sources(); ++s) {
+        const auto row = OriginalRow(r.kv.id, s, t, layout.row_bytes(s));
+        for (Side* side : sides) std::memcpy(side->At(layout.TailRow(r.kv.slot, s, t)), row.data(), row.size());
+      }
+    }
+    r.n += rows;
+    std::fill(r.kv.appended.begin(), r.kv.appended.end(), r.n);
+    const size_t pages = static_cast<size_t>((r.n + p - 1) / p);
+    r.kv.GrowPages(pages);
+    r.state.resize(pages, kFresh);
+    for (uint32_t j = 0; j < pages; ++j) {  // a page with a row out of the tail gets its copies now
+      if (r.state[j] != kFresh || Position{j} * p >= r.n - T) continue;
+      const uint64_t d = below(100);
+      set_state(r, j, d < 60 ? kHost : d < 75 ? kBoth : d < 92 ? kReady : kNeither);
+    }
+  };
+  auto direct = [&](const Req& r, Position t) {
+    return t >= r.n - T || r.state[static_cast<size_t>(t / p)] == kReady || r.state[static_cast<size_t>(t / p)] == kBoth;
+  };
+  auto backed = [&](const Req& r, Position t) { return direct(r, t) || r.state[static_cast<size_t>(t / p)] == kHost; };
+
+  for (SlotIndex s = 0; s < c.slots; ++s) {
+    admit(s);
+    append(reqs[s], 1 + static_cast<Position>(below(30)));
+  }
+
+  std::map<absl::StatusCode, int> outcomes;
+  int multi_query_unions = 0, hits = 0, recoveries = 0;
+  for (int step = 0; step < 1500; ++step) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " step " << step);
+    // --- the state changes between steps
+    for (Req& r : reqs) {
+      if (coin(0.3)) append(r, static_cast<Position>(below(7)));
+      if (coin(0.15) && !r.state.empty()) {  // populate or withdraw a page of the history (rows stay backed)
+        const uint32_t j = static_cast<uint32_t>(below(r.state.size()));
+        if (r.state[j] == kHost) set_state(r, j, kBoth);
+        else if (r.state[j] == kBoth) set_state(r, j, kHost);
+      }
+    }
+    if (coin(0.02)) {  // a request ends; a new one is admitted into its slot
+      const SlotIndex s = static_cast<SlotIndex>(below(c.slots));
+      admit(s);
+      append(reqs[s], 1 + static_cast<Position>(below(40)));
+    }
+
+    // --- the batch
+    const uint32_t g = static_cast<uint32_t>(below(2));
+    std::vector<SourceId> sources = c.groups[g];
+    // Always the whole group (in either order): the hot cache is per group, so a slot filled for a subset of its
+    // sources would be a hit with stale bytes for the others (Validate accepts subsets; HierarchicalKvAccess and
+    // the model always pass the whole group).
+    if (g == 0 && coin(0.3)) sources = {1, 0};
+    const bool wide = coin(0.12);         // many distinct host rows: unions beyond B
+    const bool unbacked = coin(0.04);     // one row with no copy at all
+    const bool fail_copies = coin(0.05);  // every recovery copy of this step fails
+    const size_t queries = fail_copies ? 1 : wide ? 2 + below(3) : 1 + below(4);
+    const SlotIndex wide_slot = static_cast<SlotIndex>(below(c.slots));  // wide: every query of this request
+    std::vector<std::vector<Position>> sel(queries);
+    std::vector<SlotIndex> slot_of(queries);
+    std::map<SlotIndex, size_t> last_query;  // slot -> its previous query in this batch
+    for (size_t qi = 0; qi < queries; ++qi) {
+      const SlotIndex s = wide ? wide_slot : static_cast<SlotIndex>(below(c.slots));
+      slot_of[qi] = s;
+      Req& r = reqs[s];
+      std::vector<Position> cand, spare, host_only;
+      for (Position t = 0; t < r.n; ++t) {
+        (backed(r, t) ? cand : spare).push_back(t);
+        if (backed(r, t) && !direct(r, t)) host_only.push_back(t);
+      }
+      if (wide && host_only.size() >= k) cand = host_only;  // rows that need a hot slot
+      std::vector<Position>& q = sel[qi];
+      auto prev = last_query.find(s);
+      // Distinct positions within one query, as a top-k selection has (-1 entries aside); see
+      // FusedResolverKnownIssue.DuplicateEntryOfOneQuery for why.
+      auto put = [&](uint32_t j, Position t) {
+        if (std::find(q.begin(), q.end(), t) == q.end()) q[j] = t;
+      };
+      if (prev != last_query.end() && !wide) {  // overlap with this request's previous query of the batch
+        q = sel[prev->second];
+        const size_t change = 1 + below(k);
+        for (size_t e = 0; e < change; ++e) put(static_cast<uint32_t>(below(k)), cand[below(cand.size())]);
+        ++multi_query_unions;
+      } else {
+        q.assign(k, kNoPosition);
+        for (uint32_t j = 0; j < k; ++j) {
+          if (coin(0.12)) continue;  // -1 padding
+          Position t = cand[below(cand.size())];
+          if (!wide && !r.recent.empty() && coin(0.5)) {
+            t = r.recent[below(r.recent.size())];
+            if (!backed(r, t)) t = cand[below(cand.size())];  // it left the tail into a page with no copy
+          }
+          put(j, t);
+        }
+      }
+      // In the first query only: an INTERNAL error after earlier queries of the batch claimed hot slots leaves those
+      // claims in the fused resolver (see FusedResolverKnownIssue below).
+      if (unbacked && qi == 0 && !spare.empty()) put(static_cast<uint32_t>(below(k)), spare[below(spare.size())]);
+      last_query[s] = qi;
+      for (Position t : q) {
+        if (t >= 0 && backed(r, t) && r.recent.size() < 3 * B) r.recent.push_back(t);
+      }
+      if (r.recent.size() >= 3 * B || coin(0.05)) r.recent.clear();
+    }
+
+    // --- the expected outcome, from the test's own page states
+    absl::StatusCode want = absl::StatusCode::kOk;
+    Census want_delta;
+    {
+      std::map<SlotIndex, std::set<Position>> unions;
+      for (size_t qi = 0; qi < queries && want == absl::StatusCode::kOk; ++qi) {
+        const Req& r = reqs[slot_of[qi]];
+        bool any_miss = false;
+        for (Position t : sel[qi]) {
+          if (t < 0) continue;
+          if (!backed(r, t)) want = absl::StatusCode::kInternal;
+          if (direct(r, t)) {
+            ++want_delta.direct;
+          } else {
+            any_miss = true;
+          }
+        }
+        if (want != absl::StatusCode::kOk) break;
+        if (!any_miss) ++want_delta.scans_skipped;
+        for (Position t : sel[qi]) {
+          if (t >= 0 && !direct(r, t)) unions[slot_of[qi]].insert(t);
+        }
+        if (unions[slot_of[qi]].size() > B) want = absl::StatusCode::kResourceExhausted;
+      }
+    }
+
+    // --- resolve on both sides
+    std::vector<std::vector<Location>> out_f(queries), out_r(queries);
+    std::vector<ResolveQuery> batch_f, batch_r;
+    for (size_t qi = 0; qi < queries; ++qi) {
+      out_f[qi].assign(sources.size() * k, -7);
+      out_r[qi].assign(sources.size() * k, -7);
+    }
+    for (size_t qi = 0; qi < queries; ++qi) {
+      batch_f.push_back(ResolveQuery{&reqs[slot_of[qi]].kv, sel[qi], out_f[qi]});
+      batch_r.push_back(ResolveQuery{&reqs[slot_of[qi]].kv, sel[qi], out_r[qi]});
+    }
+    const Census before_f[2] = {fused.resolver->census(0), fused.resolver->census(1)};
+    const Census before_r[2] = {ref.resolver->census(0), ref.resolver->census(1)};
+    if (fail_copies) {
+      for (Side* s : sides) {
+        s->device.SetCopyHook([](const CopyInfo& i) {
+          return i.kind == CopyKind::kHostToDevice ? CopyFate::kFail : CopyFate::kRun;
+        });
+      }
+    }
+    if (std::getenv("RESOLVER_TRACE") != nullptr) {
+      std::printf("step %d group %u fail_copies %d:", step, g, fail_copies);
+      for (size_t qi = 0; qi < queries; ++qi) {
+        std::printf(" [slot %u n %lld:", slot_of[qi], static_cast<long long>(reqs[slot_of[qi]].n));
+        for (Position t : sel[qi]) {
+          std::printf(" %lld%s", static_cast<long long>(t), t < 0 ? "" : direct(reqs[slot_of[qi]], t) ? "d" : "h");
+        }
+        std::printf("]");
+      }
+      std::printf("\n");
+    }
+    const absl::Status sf = fused.resolver->Resolve(g, sources, batch_f);
+    const absl::Status sr = ref.resolver->Resolve(g, sources, batch_r);
+    for (Side* s : sides) s->device.SetCopyHook(nullptr);
+    if (std::getenv("RESOLVER_TRACE") != nullptr) {
+      std::printf("  -> %s / %s\n", sf.ToString().c_str(), sr.ToString().c_str());
+      for (size_t qi = 0; qi < queries; ++qi) {
+        std::printf("  q%zu f:", qi);
+        for (Location l : out_f[qi]) std::printf(" %lld", static_cast<long long>(l));
+        std::printf(" r:");
+        for (Location l : out_r[qi]) std::printf(" %lld", static_cast<long long>(l));
+        std::printf("\n");
+      }
+    }
+    ASSERT_EQ(sf.code(), sr.code()) << "fused: " << sf << "; reference: " << sr;
+    ++outcomes[sf.code()];
+    if (fail_copies && want == absl::StatusCode::kOk && sf.code() == absl::StatusCode::kUnavailable) {
+      want = absl::StatusCode::kUnavailable;  // some row was recovered from host, and its copy failed
+    }
+    ASSERT_EQ(sf.code(), want) << sf;
+    if (!sf.ok()) {  // nothing of the batch counts as resolved
+      for (uint32_t gg = 0; gg < 2; ++gg) {
+        ASSERT_EQ(fused.resolver->census(gg), before_f[gg]) << "group " << gg;
+        ASSERT_EQ(ref.resolver->census(gg), before_r[gg]) << "group " << gg;
+      }
+      continue;
+    }
+
+    // --- success: locations, bytes, union consistency, census
+    for (size_t qi = 0; qi < queries; ++qi) {
+      ASSERT_EQ(out_f[qi], out_r[qi]) << "query " << qi;
+    }
+    std::map<std::pair<SlotIndex, Position>, std::vector<Location>> where;  // (slot, t) -> location per source index
+    for (size_t qi = 0; qi < queries; ++qi) {
+      const Req& r = reqs[slot_of[qi]];
+      for (size_t si = 0; si < sources.size(); ++si) {
+        const SourceId s = sources[si];
+        for (uint32_t j = 0; j < k; ++j) {
+          const Position t = sel[qi][j];
+          const Location loc = out_f[qi][si * k + j];
+          if (t < 0) {
+            ASSERT_EQ(loc, kNoLocation);
+            continue;
+          }
+          const auto want_row = OriginalRow(r.kv.id, s, t, layout.row_bytes(s));
+          ASSERT_EQ(0, std::memcmp(fused.At(loc), want_row.data(), want_row.size()))
+              << "fused: query " << qi << " source " << s << " position " << t;
+          ASSERT_EQ(0, std::memcmp(ref.At(loc), want_row.data(), want_row.size()))
+              << "reference: query " << qi << " source " << s << " position " << t;
+          const PageState st = r.state[static_cast<size_t>(t / p)];
+          if (t >= r.n - T) {
+            ASSERT_EQ(loc, layout.TailRow(r.kv.slot, s, t));
+          } else if (st == kReady || st == kBoth) {
+            ASSERT_EQ(loc, layout.PageRow(host_page(r, static_cast<uint32_t>(t / p)), s, static_cast<uint32_t>(t % p)));
+          } else {
+            const Location lo = layout.HotRow(r.kv.slot, s, 0);
+            ASSERT_GE(loc, lo);
+            ASSERT_LT(loc, layout.HotRow(r.kv.slot, s, B));
+            ASSERT_EQ((loc - lo) % static_cast<Location>(layout.row_bytes(s)), 0);
+          }
+          auto& w = where[{r.kv.slot, t}];
+          w.resize(sources.size(), kNoLocation);
+          if (w[si] == kNoLocation) w[si] = loc;
+          ASSERT_EQ(w[si], loc) << "position " << t << " of one request at two locations in one step";
+        }
+      }
+    }
+    // Distinct positions of one request never share a hot row.
+    std::map<std::pair<SlotIndex, Location>, Position> owner;
+    for (const auto& [key, locs] : where) {
+      for (Location loc : locs) {
+        if (loc == kNoLocation) continue;
+        auto [it, inserted] = owner.try_emplace({key.first, loc}, key.second);
+        ASSERT_TRUE(inserted || it->second == key.second) << "positions " << it->second << " and " << key.second;
+      }
+    }
+    uint64_t sum_row_bytes = 0;
+    for (SourceId s : sources) sum_row_bytes += layout.row_bytes(s);
+    uint64_t selected = 0;
+    for (const auto& q : sel) selected += static_cast<uint64_t>(std::count_if(q.begin(), q.end(), [](Position t) { return t >= 0; }));
+    const Census& af = fused.resolver->census(g);
+    const Census& bf = before_f[g];
+    ASSERT_EQ(af.direct - bf.direct, want_delta.direct);
+    ASSERT_EQ(af.scans_skipped - bf.scans_skipped, want_delta.scans_skipped);
+    ASSERT_EQ((af.direct - bf.direct) + (af.hot - bf.hot) + (af.host - bf.host), selected);
+    ASSERT_EQ(af.bytes_recovered - bf.bytes_recovered, (af.host - bf.host) * sum_row_bytes);
+    ASSERT_EQ(fused.resolver->census(1 - g), before_f[1 - g]);
+    for (uint32_t gg = 0; gg < 2; ++gg) ASSERT_EQ(fused.resolver->census(gg), ref.resolver->census(gg));
+    hits += static_cast<int>(af.hot - bf.hot);
+    recoveries += static_cast<int>(af.host - bf.host);
+  }
+  std::printf("  outcomes: ok %d, resource exhausted %d, internal %d, unavailable %d; multi-query unions %d, hot hits "
+              "%d, host recoveries %d\n",
+              outcomes[absl::StatusCode::kOk], outcomes[absl::StatusCode::kResourceExhausted],
+              outcomes[absl::StatusCode::kInternal], outcomes[absl::StatusCode::kUnavailable], multi_query_unions,
+              hits, recoveries);
+  // The schedule exercised every path.
+  EXPECT_GT(outcomes[absl::StatusCode::kOk], 500);
+  EXPECT_GT(outcomes[absl::StatusCode::kResourceExhausted], 5);
+  EXPECT_GT(outcomes[absl::StatusCode::kInternal], 2);
+  EXPECT_GT(outcomes[absl::StatusCode::kUnavailable], 2);
+  EXPECT_GT(multi_query_unions, 100);
+  EXPECT_GT(hits, 100);
+  EXPECT_GT(recoveries, 100);
+}
+
+// Known issues of FusedResolver found by the randomized test above, kept here as small deterministic cases. They are
+// DISABLED_ (workerd/kv is outside this change); run them with --gtest_also_run_disabled_tests.
+//
+// A one-source group (8-byte rows), p = 4, T = 8, B = k = 3; each request has 16 rows: pages 0 and 1 leave the tail.
+struct SmallKv {
+  SmallKv() : layout(*KvLayout::Create(Config())), host(8 * layout.page_bytes()), side(layout, host, true),
+              ref(layout, host, false) {}
+  static KvConfig Config() {
+    KvConfig c;
+    c.row_bytes = {8};
+    c.groups = {{0}};
+    c.page_rows = 4;
+    c.hot_rows = 3;
+    c.k = 3;
+    c.tail_rows = 8;
+    c.slots = 2;
+    c.optional_pages = 1;
+    return c;
+  }
+  // Request `id` in `slot` with 16 rows; page 0 backed up on host page `slot` * 2 (original rows), page 1 backed up
+  // only when `page1_backed`.
+  RequestKv Make(RequestId id, SlotIndex slot, bool page1_backed) {
+    RequestKv kv;
+    kv.id = id;
+    kv.slot = slot;
+    kv.appended = {16};
+    kv.tail_write.assign(1, std::vector<CopyEvent>(8));
+    kv.GrowPages(4);
+    for (uint32_t j = 0; j < (page1_backed ? 2u : 1u); ++j) {
+      kv.pages[j].host_page = slot * 2 + j;
+      kv.SetHostReady(j, true);
+      for (uint32_t i = 0; i < 4; ++i) {
+        const auto row = OriginalRow(id, 0, Position{j} * 4 + i, 8);
+        std::memcpy(host.data() + (slot * 2 + j) * layout.page_bytes() + layout.InPage(0, i), row.data(), 8);
+      }
+    }
+    return kv;
+  }
+  KvLayout layout;
+  std::vector<uint8_t> host;
+  Side side, ref;
+};
+
+// An INTERNAL error (a selected row with no copy) in a later query of a batch must leave nothing of the batch
+// resolved, like RESOURCE_EXHAUSTED and copy failures: the hot slots that earlier queries claimed are invalidated
+// (resolver.h). FusedResolver::Plan returns NoCopy without invalidating plan->assigned, so the slot claimed for row 1
+// of request 1 keeps row 1 in its index although its bytes were never copied: the next step counts it a hot hit and
+// returns the slot's stale bytes. ReferenceResolver invalidates them.
+TEST(FusedResolverKnownIssue, DISABLED_InternalAfterEarlierClaimsLeavesNoClaim) {
+  SmallKv f;
+  RequestKv a = f.Make(1, 0, true), b = f.Make(2, 1, false);
+  const std::vector<SourceId> src = {0};
+  std::vector<Position> sel_a = {1, -1, -1}, sel_b = {5, -1, -1};  // row 5 of request 2: page 1, no copy
+  std::vector<Location> out_a(3), out_b(3);
+  std::vector<ResolveQuery> batch = {{&a, sel_a, out_a}, {&b, sel_b, out_b}};
+  for (Side* s : {&f.side, &f.ref}) {
+    ASSERT_EQ(s->resolver->Resolve(0, src, batch).code(), absl::StatusCode::kInternal);
+    ResolveQuery again{&a, sel_a, out_a};
+    ASSERT_TRUE(s->resolver->Resolve(0, src, {&again, 1}).ok());
+    const auto want = OriginalRow(1, 0, 1, 8);
+    EXPECT_EQ(0, std::memcmp(s->At(out_a[0]), want.data(), 8)) << (s == &f.side ? "fused" : "reference");
+    EXPECT_EQ(s->resolver->census(0).host, 1u) << "row 1 must be recovered from host, not found hot";
+  }
+}
+
+// The reference touches a hot slot again for a duplicate entry of one query (pass 1 re-stamps it: most recent);
+// FusedResolver's Claim returns the duplicate's slot without touching it. Same census, but a different LRU order, so
+// later victims (locations) differ, against resolver.h's "same locations and census for the same inputs". Top-k
+// selections hold distinct positions, so the worker is not affected; the randomized test keeps positions distinct.
+TEST(FusedResolverKnownIssue, DISABLED_DuplicateEntryOfOneQuery) {
+  SmallKv f;
+  RequestKv a = f.Make(1, 0, true);
+  RequestKv a_ref = f.Make(1, 0, true);
+  const std::vector<SourceId> src = {0};
+  std::vector<Location> out_f(3), out_r(3);
+  auto both = [&](std::vector<Position> sel) {
+    ResolveQuery qf{&a, sel, out_f}, qr{&a_ref, sel, out_r};
+    ASSERT_TRUE(f.side.resolver->Resolve(0, src, {&qf, 1}).ok());
+    ASSERT_TRUE(f.ref.resolver->Resolve(0, src, {&qr, 1}).ok());
+    EXPECT_EQ(out_f, out_r) << "selection " << sel[0] << ", " << sel[1] << ", " << sel[2];
+  };
+  both({0, 1, 0});    // rows 0, 1 missing, row 0 twice: slots 0, 1; the reference makes row 0 the most recent
+  both({2, -1, -1});  // row 2 into the empty slot 2
+  both({3, -1, -1});  // the victim: row 0 (slot 0) in the fused resolver, row 1 (slot 1) in the reference
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomResolver, ::testing::Range<uint64_t>(1, 9));
+
+}  // namespace
+}  // namespace dhs
