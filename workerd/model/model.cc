@@ -158,7 +158,9 @@ absl::Status Model::Step(std::span<StepInput> batch, KvAccess& kv, std::span<Ste
     return absl::InvalidArgumentError(
         absl::StrCat("model step: ", out.size(), " outputs for a batch of ", batch.size()));
   }
-  return Run(batch, kv, out);
+  absl::Status s = Run(batch, kv, out);
+  if (s.ok() && logits_hook_) logits_hook_(batch, out);
+  return s;
 }
 
 absl::Status Model::ImportPrefix(ModelSession& session, std::span<const Token> tokens, KvAccess& kv) const {

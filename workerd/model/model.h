@@ -7,6 +7,7 @@
 // A ModelSession is used by one thread at a time.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -105,6 +106,12 @@ class Model {
   absl::Status ImportRows(ModelSession& session, uint32_t tokens, std::span<const std::vector<uint8_t>> rows,
                           std::span<const std::vector<float>> keys, KvAccess& kv) const;
 
+  // --- test seam, off by default (no hook): when set, called at the end of every successful Step with the batch and
+  // its outputs, before the caller digests or samples the logits. Tests flip one bit of one logit the model produced
+  // to show that the exactness check reports it (tests/tools/replay_flip_test.cc). Set it only while no Step runs.
+  using LogitsHook = std::function<void(std::span<const StepInput> batch, std::span<StepOutput> out)>;
+  void SetLogitsHookForTest(LogitsHook hook) { logits_hook_ = std::move(hook); }
+
  private:
   struct LayerWeights;
   struct Weights;
@@ -117,6 +124,7 @@ class Model {
   ModelConfig config_;
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<Plan> plan_;
+  LogitsHook logits_hook_;  // test seam (see SetLogitsHookForTest); empty in production
 
  public:
   ~Model();
