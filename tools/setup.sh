@@ -21,6 +21,12 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The CUDA backend (meson option `cuda`, auto): Meson finds nvcc through $NVCC or PATH; the CUDA toolkit's default
+# place is /usr/local/cuda, which is not on PATH on a fresh machine.
+if [[ -z "${NVCC:-}" ]] && ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export NVCC=/usr/local/cuda/bin/nvcc CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
+fi
+
 if [[ ! -f "$build_dir/build.ninja" ]]; then
   meson setup "$build_dir" "$@" >/dev/null || { echo "setup: meson setup failed; see $build_dir/meson-logs/meson-log.txt" >&2; exit 1; }
 elif (($#)); then
