@@ -20,7 +20,7 @@
 //      in selection order, then misses claimed in selection order.
 //   D. emission and gather: out[si * k + j] = the row's byte offset in the KV pool (-1 kept); every host-resolved
 //      row of every source is copied from the host pool (host page h at h * page_bytes) into its hot slot, 16 bytes
-//      per lane step.
+//      kUnroll chunks in flight per lane.
 // The cache clock advances by 2k + 2 per planned query, so last_use values stay distinct within a cache.
 //
 // Preconditions (the caller's, as Resolver::Validate checks them): every t < the group's length; each slot (hot
@@ -40,6 +40,12 @@ namespace dhs::plan {
 
 inline constexpr int64_t kNone = -1;
 inline constexpr int64_t kProtectedKey = INT64_MAX;  // sort key of a slot that cannot be a victim
+
+// 16 bytes in flight (gather). kUnroll: chunks each lane loads before it stores.
+struct alignas(16) Chunk16 {
+  uint8_t b[16];
+};
+inline constexpr uint32_t kUnroll = 4;
 
 // Per-query error codes (QueryResult::error).
 inline constexpr int32_t kOk = 0;
@@ -160,9 +166,12 @@ struct HostLanes {
   void min32(int32_t* p, int32_t v) const { *p = v < *p ? v : *p; }
   void max64(int64_t* p, int64_t v) const { *p = v > *p ? v : *p; }
   void store_i32(int32_t* p, int32_t v) const { *p = v; }
-  // Copies n <= 16 bytes.
-  void copy16(uint8_t* dst, const uint8_t* src, uint32_t n) const {
-    for (uint32_t i = 0; i < n; ++i) dst[i] = src[i];
+  // Loads / stores n <= 16 bytes through a Chunk16.
+  void load16(const uint8_t* src, uint32_t n, Chunk16* c) const {
+    for (uint32_t i = 0; i < n; ++i) c->b[i] = src[i];
+  }
+  void store16(uint8_t* dst, uint32_t n, const Chunk16& c) const {
+    for (uint32_t i = 0; i < n; ++i) dst[i] = c.b[i];
   }
 };
 
@@ -364,22 +373,39 @@ DHS_HD void PlanAndGather(const Lanes& L, const Geometry& g, const Query& q, uin
     q.out[e] = LocationOf(g, q, si, q.selection[j], s.kind[j], s.aux[j]);
   }
   if (!any_miss) return;
+  // Gather: 16-byte chunks of every host-resolved row of every source; each lane loads kUnroll chunks before it
+  // stores any, so that many reads of (mapped, pinned) host memory are in flight at once. Locations are recomputed
+  // here, never read back from `out` (another lane writes it, with no sync in between).
   uint64_t max_row = 0;
   for (uint32_t si = 0; si < g.num_sources; ++si) max_row = g.row_bytes[si] > max_row ? g.row_bytes[si] : max_row;
   const uint32_t chunks = static_cast<uint32_t>((max_row + 15) / 16);
+  const uint64_t total = uint64_t{n} * chunks;
   unsigned long long bytes = 0;
-  for (uint64_t c = lane; c < uint64_t{n} * chunks; c += lanes) {
-    const uint32_t e = static_cast<uint32_t>(c / chunks), part = static_cast<uint32_t>(c % chunks);
-    const uint32_t si = e / k, j = e % k;
-    if (s.kind[j] != kKindHost) continue;
-    const uint64_t rb = g.row_bytes[si], at = uint64_t{part} * 16;
-    if (at >= rb) continue;
-    const int64_t t = q.selection[j];
-    const uint64_t src = static_cast<uint64_t>(q.host_page[static_cast<uint64_t>(t) / p]) * g.page_bytes +
-                         g.in_page[si] + (static_cast<uint64_t>(t) % p) * rb;
-    const uint32_t len = rb - at < 16 ? static_cast<uint32_t>(rb - at) : 16;
-    L.copy16(device_pool + q.out[e] + at, host_pool + src + at, len);
-    if (part == 0) bytes += rb;
+  for (uint64_t base = lane; base < total; base += uint64_t{lanes} * kUnroll) {
+    Chunk16 buf[kUnroll];
+    uint8_t* dst[kUnroll];
+    uint32_t len[kUnroll];
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      len[u] = 0;
+      dst[u] = nullptr;
+      const uint64_t c = base + uint64_t{u} * lanes;
+      if (c >= total) continue;
+      const uint32_t e = static_cast<uint32_t>(c / chunks), part = static_cast<uint32_t>(c % chunks);
+      const uint32_t si = e / k, j = e % k;
+      if (s.kind[j] != kKindHost) continue;
+      const uint64_t rb = g.row_bytes[si], at = uint64_t{part} * 16;
+      if (at >= rb) continue;
+      const int64_t t = q.selection[j];
+      const uint64_t src = static_cast<uint64_t>(q.host_page[static_cast<uint64_t>(t) / p]) * g.page_bytes +
+                           g.in_page[si] + (static_cast<uint64_t>(t) % p) * rb;
+      len[u] = rb - at < 16 ? static_cast<uint32_t>(rb - at) : 16;
+      dst[u] = device_pool + LocationOf(g, q, si, t, kKindHost, s.aux[j]) + at;
+      L.load16(host_pool + src + at, len[u], &buf[u]);
+      if (part == 0) bytes += rb;
+    }
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      if (len[u] != 0) L.store16(dst[u], len[u], buf[u]);
+    }
   }
   if (bytes) L.add(&r->bytes_recovered, bytes);
 }
