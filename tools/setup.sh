@@ -2,9 +2,11 @@
 # tools/setup.sh: make a fresh Debian 12 machine able to build, then configure and build into build/.
 # Idempotent: installs only missing packages (quiet when all are present), reconfigures only when needed.
 # Usage: tools/setup.sh [BUILD_DIR] [extra meson setup args...]
+#        tools/setup.sh --deps-only   (install the missing packages, no build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${1:-build}"; shift || true
+deps_only=0; [[ "$build_dir" == "--deps-only" ]] && deps_only=1
 
 pkgs=(g++ meson ninja-build pkg-config libboost-dev libzmq3-dev cppzmq-dev flatbuffers-compiler
       libflatbuffers-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
@@ -19,6 +21,14 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+((deps_only)) && exit 0
+
+# The CUDA backend (meson option `cuda`, auto): Meson finds nvcc through $NVCC or PATH; the CUDA toolkit's default
+# place is /usr/local/cuda, which is not on PATH on a fresh machine.
+if [[ -z "${NVCC:-}" ]] && ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export NVCC=/usr/local/cuda/bin/nvcc CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
 fi
 
 if [[ ! -f "$build_dir/build.ninja" ]]; then

@@ -9,6 +9,9 @@
 #include "CLI/CLI.hpp"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
+#ifdef DHS_HAVE_CUDA
+#include "workerd/device/cuda_device.h"
+#endif
 #include "workerd/memd_client.h"
 #include "workerd/model/weights.h"
 #include "workerd/serving.h"
@@ -36,11 +39,15 @@ int main(int argc, char** argv) {
   std::string run_dir, mode_name = "adaptive", weights, preset = "dsv4flash-like", log_level = "info";
   uint64_t seed = 1;
   int connect_timeout_ms = 10000;
+  std::string device_name = "auto";
   dhs::WorkerConfig config;
   app.add_option("--run-dir", run_dir, "run directory holding memd.sock (mode 0700)")->required();
   app.add_option("--gpu", config.gpu, "GPU id served by this worker")->capture_default_str();
   app.add_option("--mode", mode_name, "resident | hisparse | adaptive")
       ->check(CLI::IsMember({"resident", "hisparse", "adaptive"}))->capture_default_str();
+  app.add_option("--device", device_name,
+                 "device backend: cpu | cuda | auto (auto: cuda when built with CUDA and a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
   app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--weights", weights, "safetensors weights file (else --preset + --seed)");
@@ -88,8 +95,38 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
 
-  dhs::CpuDevice device;  // the CPU backend (brief §9); a CUDA backend would be chosen here
-  const dhs::wire::HelloT hello = dhs::MakeHello((*model)->config(), config, *geometry, "cpu-backend");
+  // The device backend (brief §9). CUDA: the KV pools are managed memory (CudaDeviceOptions::managed_pools) while the
+  // model still runs on the CPU and reads them through HostVisible; copies run on CUDA streams with events.
+  std::unique_ptr<dhs::Device> device;
+  std::string backend = "cpu-backend";
+#ifdef DHS_HAVE_CUDA
+  dhs::CudaDevice* cuda_device = nullptr;
+#endif
+#ifdef DHS_HAVE_CUDA
+  const bool gpu_present = dhs::CudaDeviceCount() > static_cast<int>(config.gpu);
+#else
+  const bool gpu_present = false;
+#endif
+  if (device_name == "cuda" || (device_name == "auto" && gpu_present)) {
+#ifdef DHS_HAVE_CUDA
+    absl::StatusOr<std::unique_ptr<dhs::CudaDevice>> cuda =
+        dhs::CudaDevice::Create(dhs::CudaDeviceOptions{static_cast<int>(config.gpu), /*managed_pools=*/true});
+    if (!cuda.ok()) {
+      spdlog::error("workerd: --device {}: {}", device_name, cuda.status().ToString());
+      return 1;
+    }
+    cuda_device = cuda->get();
+    device = std::move(*cuda);
+    backend = "cuda-backend";
+#else
+    spdlog::error("workerd: --device cuda: this workerd was built without CUDA (meson option cuda)");
+    return 2;
+#endif
+  } else {
+    device = std::make_unique<dhs::CpuDevice>();
+  }
+  spdlog::info("workerd: device backend {}", backend);
+  const dhs::wire::HelloT hello = dhs::MakeHello((*model)->config(), config, *geometry, backend);
   absl::StatusOr<std::unique_ptr<dhs::MemdClient>> memd =
       dhs::MemdClient::Connect(run_dir, hello, std::chrono::milliseconds(connect_timeout_ms));
   if (!memd.ok()) {
@@ -100,13 +137,21 @@ int main(int argc, char** argv) {
     spdlog::error("workerd: mode {} needs a host pool, memd listed none", mode_name);
     return 1;
   }
+#ifdef DHS_HAVE_CUDA
+  // memd's host-pool segment, pinned and mapped: host<->device copies are DMA of pinned memory.
+  if (cuda_device != nullptr && !(*memd)->host_pages().empty()) {
+    if (absl::StatusOr<uint8_t*> pinned = cuda_device->RegisterHostPool((*memd)->host_pages()); !pinned.ok()) {
+      spdlog::warn("workerd: host pool not pinned (copies stay correct, slower): {}", pinned.status().ToString());
+    }
+  }
+#endif
   absl::StatusOr<std::unique_ptr<dhs::ServingFrontend>> frontend = dhs::ServingFrontend::Bind(run_dir, config.gpu);
   if (!frontend.ok()) {
     spdlog::error("workerd: cannot bind the serving socket: {}", frontend.status().ToString());
     return 1;
   }
   absl::StatusOr<std::unique_ptr<dhs::Worker>> worker =
-      dhs::Worker::Create(model->get(), &device, config, (*memd)->host_pages(), memd->get(), frontend->get());
+      dhs::Worker::Create(model->get(), device.get(), config, (*memd)->host_pages(), memd->get(), frontend->get());
   if (!worker.ok()) {
     spdlog::error("workerd: {}", worker.status().ToString());
     return 1;
