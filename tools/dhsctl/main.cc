@@ -3,6 +3,7 @@
 //
 //   dhsctl [--run-dir DIR] [--json] [--timeout-ms MS] status | gpus | requests | request ID | pages GPU | queue
 //   dhsctl ... watch [--interval S] [--count N] [VIEW]     (repeats `status` or VIEW every S seconds)
+//   dhsctl [--json] plan --preset NAME --context TOKENS ...   (capacity plan, no memd needed; docs/planner.md)
 //
 // Exit codes (docs/operations.md): 0 ok (also --help); 1 memd is not running (no socket, cannot connect); 2 bad command
 // line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error,
@@ -21,6 +22,7 @@
 #include "common/transport.h"
 #include "memd/daemon.h"
 #include "nlohmann/json.hpp"
+#include "tools/planner/plan_command.h"
 
 namespace {
 
@@ -95,7 +97,7 @@ CLI::Validator NonNegativeId(const char* what) {
       "", "ID");
 }
 
-constexpr const char* kCommands = "status, gpus, requests, request, pages, queue, watch";
+constexpr const char* kCommands = "status, gpus, requests, request, pages, queue, watch, plan";
 
 }  // namespace
 
@@ -144,6 +146,8 @@ int main(int argc, char** argv) {
   watch->add_option("VIEW", watch_view, "the view to repeat")
       ->check(CLI::IsMember({"status", "gpus", "requests", "queue"}))
       ->capture_default_str();
+  dhs::planner::PlanCommandOptions plan_options;
+  CLI::App* plan = dhs::planner::AddPlanSubcommand(app, &plan_options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -158,6 +162,7 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  if (plan->parsed()) return dhs::planner::RunPlanCommand(plan_options, json);
 
   const std::string socket_path = run_dir + "/memd.sock";
   if (!std::filesystem::exists(socket_path)) {

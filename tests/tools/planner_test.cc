@@ -1,0 +1,432 @@
+// tests/tools/planner_test.cc: the capacity planner (tools/planner; brief §6, §8; docs/planner.md). Every figure of
+// both presets at several contexts against arithmetic written out here by hand (not the library's helpers), the
+// description file, bad input naming its field, and `dhsctl plan` run as a process (table, --json, errors).
+#include "tools/planner/planner.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <tuple>
+#include <unistd.h>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace dhs::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+PlanInput Input(const char* preset, uint64_t context) {
+  PlanInput in;
+  in.topology = *Preset(preset);
+  in.context_tokens = context;
+  return in;
+}
+
+// glm5-like, brief §8: L_pay 78, L_idx 21, k 2048, d_KV 576, d_idx 132, p 64, B 4096, tail 64; drafter W 2048,
+// K_max 8, 12,288 draft bytes/row, χ 4; N 64 (docs/planner.md); metadata 16 bytes per hot slot and producer.
+TEST(PlannerGlm5, Context100000) {
+  auto p = Compute(Input("glm5-like", 100000));
+  ASSERT_TRUE(p.ok()) << p.status();
+  // n_pad: 100000 / 64 = 1562.5 -> 1563 pages -> 100032 tokens.
+  EXPECT_EQ(p->padded_context_tokens, 100032u);
+  EXPECT_EQ(p->metadata_bytes_per_session, 16ull * 4096 * 21);  // 1,376,256
+  // resident: 100032 * (78 * 576 + 21 * 132) = 100032 * 47700.
+  EXPECT_EQ(p->resident_bytes_per_session, 4771526400ull);
+  EXPECT_EQ(p->resident_bytes_per_session, 100032ull * (78 * 576 + 21 * 132));
+  // hierarchical: 100032 * 21 * 132 + (4096 + 64) * 78 * 576 + 1376256 = 277288704 + 186900480 + 1376256.
+  EXPECT_EQ(p->hierarchical_bytes_per_session, 465565440ull);
+  // R_d = 64 * ceil((2048 + 8 + 63) / 64) = 64 * ceil(2119 / 64) = 64 * 34.
+  EXPECT_EQ(p->draft_ring_rows, 2176u);
+  EXPECT_EQ(p->draft_ring_bytes_per_session, 2176ull * 12288);     // 26,738,688
+  EXPECT_EQ(p->draft_ring_bytes_per_gpu, 64ull * 2176 * 12288);    // 1,711,276,032
+  // M_stage = 4 * 64 * 8 * 2048 * 576; one arena per payload layer: 78 * 64 * 8 * 2048 * 576.
+  EXPECT_EQ(p->staging_bytes_per_gpu, 2415919104ull);
+  EXPECT_EQ(p->staging_bytes_per_session, 37748736ull);            // 4 * 8 * 2048 * 576
+  EXPECT_EQ(p->staging_bytes_one_arena_per_layer, 47110422528ull);
+  // with a drafter: 465565440 + 26738688 + 37748736.
+  EXPECT_EQ(p->hierarchical_with_drafter_bytes_per_session, 530052864ull);
+  EXPECT_DOUBLE_EQ(p->resident_over_hierarchical, 4771526400.0 / 465565440.0);
+  EXPECT_DOUBLE_EQ(p->resident_over_hierarchical_with_drafter, 4771526400.0 / 530052864.0);
+  // host: 100032 * 78 * 576.
+  EXPECT_EQ(p->host_bytes_per_session, 4494237696ull);
+  // fetch at μ = 0.1: 0.1 * 21 selections * 2048 * (78 / 21) follower layers * 576 = 0.1 * 92,012,544.
+  EXPECT_NEAR(p->host_bytes_per_token, 9201254.4, 1e-6);
+  EXPECT_FALSE(p->sessions_per_gpu.has_value());
+  EXPECT_FALSE(p->sessions_per_host.has_value());
+  EXPECT_FALSE(p->speculation.has_value());
+}
+
+TEST(PlannerGlm5, ShortContextsRoundUpToWholePages) {
+  // n = 1 -> n_pad 64; n = 128 -> 128 (exact); n = 129 -> 192.
+  for (auto [n, n_pad] : {std::pair<uint64_t, uint64_t>{1, 64}, {128, 128}, {129, 192}}) {
+    auto p = Compute(Input("glm5-like", n));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->padded_context_tokens, n_pad);
+    EXPECT_EQ(p->resident_bytes_per_session, n_pad * 47700) << n;
+    EXPECT_EQ(p->hierarchical_bytes_per_session, n_pad * 2772 + 4160ull * 44928 + 1376256) << n;
+    EXPECT_EQ(p->host_bytes_per_session, n_pad * 44928) << n;
+    // Draft ring and staging do not depend on the context (brief §6).
+    EXPECT_EQ(p->draft_ring_rows, 2176u);
+    EXPECT_EQ(p->hierarchical_with_drafter_bytes_per_session,
+              n_pad * 2772 + 4160ull * 44928 + 1376256 + 26738688 + 37748736) << n;
+  }
+  // At n = 64 the hierarchy costs more than resident serving: 64 * 47700 = 3,052,800 < 190,457,088.
+  auto p = Compute(Input("glm5-like", 64));
+  ASSERT_TRUE(p.ok());
+  EXPECT_DOUBLE_EQ(p->resident_over_hierarchical, 3052800.0 / (64.0 * 2772 + 186900480 + 1376256));
+}
+
+TEST(PlannerGlm5, SessionsPerGpuAndHostAndSpeculation) {
+  PlanInput in = Input("glm5-like", 131072);  // exact: 2048 pages
+  in.hbm_bytes = 100ull << 30;               // 107,374,182,400 bytes
+  in.host_bytes = 1ull << 40;                // 1,099,511,627,776 bytes
+  in.miss_rate = 0.05;
+  in.tpot_base_ms = 30;
+  in.tpot_spec_ms = 20;
+  auto p = Compute(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->padded_context_tokens, 131072u);
+  // resident 131072 * 47700 = 6,252,134,400 -> floor(107374182400 / 6252134400) = 17.
+  EXPECT_EQ(p->resident_bytes_per_session, 6252134400ull);
+  // hierarchical 131072 * 2772 + 186900480 + 1376256 = 363,331,584 + 188,276,736 = 551,608,320 -> 194.
+  EXPECT_EQ(p->hierarchical_bytes_per_session, 551608320ull);
+  // with drafter 551,608,320 + 26,738,688 + 37,748,736 = 616,095,744 -> 174.
+  EXPECT_EQ(p->hierarchical_with_drafter_bytes_per_session, 616095744ull);
+  ASSERT_TRUE(p->sessions_per_gpu.has_value());
+  EXPECT_EQ(p->sessions_per_gpu->resident, 17u);
+  EXPECT_EQ(p->sessions_per_gpu->hierarchical, 194u);
+  EXPECT_EQ(p->sessions_per_gpu->hierarchical_with_drafter, 174u);
+  // host 131072 * 44928 = 5,888,802,816 -> floor(1099511627776 / 5888802816) = 186.
+  EXPECT_EQ(p->host_bytes_per_session, 5888802816ull);
+  ASSERT_TRUE(p->sessions_per_host.has_value());
+  EXPECT_EQ(*p->sessions_per_host, 186u);
+  EXPECT_NEAR(p->host_bytes_per_token, 0.05 * 78 * 2048 * 576, 1e-6);  // 4,600,627.2
+  // §6: 174 / 194 = 0.8969 > 20 / 30 = 0.6667: pays; break-even TPOT_spec = 30 * 174 / 194.
+  ASSERT_TRUE(p->speculation.has_value());
+  EXPECT_EQ(p->speculation->sessions_base, 194u);
+  EXPECT_EQ(p->speculation->sessions_spec, 174u);
+  EXPECT_DOUBLE_EQ(p->speculation->sessions_ratio, 174.0 / 194.0);
+  EXPECT_DOUBLE_EQ(p->speculation->tpot_ratio, 20.0 / 30.0);
+  EXPECT_DOUBLE_EQ(p->speculation->break_even_tpot_spec_ms, 30.0 * (174.0 / 194.0));
+  EXPECT_TRUE(p->speculation->pays);
+  // TPOT_spec 28 ms: 28 / 30 = 0.9333 > 0.8969: does not pay.
+  in.tpot_spec_ms = 28;
+  p = Compute(in);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->speculation->pays);
+}
+
+TEST(PlannerGlm5, SpeculationAtExactBreakEvenDoesNotPay) {
+  // The brief's test is strict (>). Budget for exactly 2 base and 1 spec sessions at n = 64:
+  // hierarchical 64 * 2772 + 186900480 + 1376256 = 188,454,144; with drafter + 64,487,424 = 252,941,568.
+  PlanInput in = Input("glm5-like", 64);
+  in.hbm_bytes = 2ull * 188454144;  // 376,908,288: 2 hierarchical, 1 with drafter (< 2 * 252,941,568)
+  in.tpot_base_ms = 10;
+  in.tpot_spec_ms = 5;              // ratio 0.5 == 1 / 2
+  auto p = Compute(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sessions_per_gpu->hierarchical, 2u);
+  EXPECT_EQ(p->sessions_per_gpu->hierarchical_with_drafter, 1u);
+  EXPECT_FALSE(p->speculation->pays);
+  in.tpot_spec_ms = 4.999;
+  p = Compute(in);
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->speculation->pays);
+}
+
+// dsv4flash-like, brief §8: 8 sources, 8 index producers, k 512, d_KV 288, d_idx 132, p 64; B 1024 (2k), tail 64,
+// one row per selection, 8 selections per token, χ 1, drafter as glm5-like, N 64 (docs/planner.md).
+TEST(PlannerDsv4Flash, Context100000) {
+  auto p = Compute(Input("dsv4flash-like", 100000));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->padded_context_tokens, 100032u);
+  EXPECT_EQ(p->metadata_bytes_per_session, 16ull * 1024 * 8);                         // 131,072
+  EXPECT_EQ(p->resident_bytes_per_session, 100032ull * (8 * 288 + 8 * 132));          // 100032 * 3360
+  EXPECT_EQ(p->resident_bytes_per_session, 336107520ull);
+  // 100032 * 1056 + (1024 + 64) * 2304 + 131072 = 105,633,792 + 2,506,752 + 131,072.
+  EXPECT_EQ(p->hierarchical_bytes_per_session, 108271616ull);
+  EXPECT_EQ(p->draft_ring_rows, 2176u);
+  EXPECT_EQ(p->draft_ring_bytes_per_session, 26738688ull);
+  EXPECT_EQ(p->draft_ring_bytes_per_gpu, 64ull * 26738688);
+  EXPECT_EQ(p->staging_bytes_per_session, 1ull * 8 * 512 * 288);                      // 1,179,648
+  EXPECT_EQ(p->staging_bytes_per_gpu, 1ull * 64 * 8 * 512 * 288);                      // 75,497,472
+  EXPECT_EQ(p->staging_bytes_one_arena_per_layer, 8ull * 64 * 8 * 512 * 288);          // 603,979,776
+  EXPECT_EQ(p->hierarchical_with_drafter_bytes_per_session, 108271616ull + 26738688 + 1179648);
+  EXPECT_DOUBLE_EQ(p->resident_over_hierarchical, 336107520.0 / 108271616.0);
+  EXPECT_EQ(p->host_bytes_per_session, 100032ull * 8 * 288);                          // 230,473,728
+  EXPECT_NEAR(p->host_bytes_per_token, 0.1 * 8 * 512 * 1 * 288, 1e-6);                // 117,964.8
+}
+
+TEST(PlannerDsv4Flash, OverridesAndBudgets) {
+  PlanInput in = Input("dsv4flash-like", 65);  // n_pad 128
+  in.topology.hot_rows = 2048;
+  in.topology.slots = 16;
+  in.hbm_bytes = 1000000000;
+  in.host_bytes = 1000000;
+  auto p = Compute(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->padded_context_tokens, 128u);
+  EXPECT_EQ(p->metadata_bytes_per_session, 16ull * 2048 * 8);                         // 262,144
+  EXPECT_EQ(p->resident_bytes_per_session, 128ull * 3360);                            // 430,080
+  EXPECT_EQ(p->hierarchical_bytes_per_session, 128ull * 1056 + 2112ull * 2304 + 262144);  // 5,263,360
+  EXPECT_EQ(p->draft_ring_bytes_per_gpu, 16ull * 2176 * 12288);
+  EXPECT_EQ(p->staging_bytes_per_gpu, 16ull * 8 * 512 * 288);
+  EXPECT_EQ(p->staging_bytes_one_arena_per_layer, 8ull * 16 * 8 * 512 * 288);
+  // 1e9 / 430080 = 2325; 1e9 / 5263360 = 189; 1e9 / (5263360 + 26738688 + 1179648 = 33181696) = 30.
+  EXPECT_EQ(p->sessions_per_gpu->resident, 2325u);
+  EXPECT_EQ(p->sessions_per_gpu->hierarchical, 189u);
+  EXPECT_EQ(p->sessions_per_gpu->hierarchical_with_drafter, 30u);
+  // host 128 * 2304 = 294,912 -> 1e6 / 294912 = 3.
+  EXPECT_EQ(*p->sessions_per_host, 3u);
+}
+
+TEST(PlannerInput, BadFieldsAreNamed) {
+  struct Case {
+    std::function<void(PlanInput&)> edit;
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](PlanInput& i) { i.context_tokens = 0; }, "context_tokens"},
+      {[](PlanInput& i) { i.topology.page_rows = 0; }, "page_rows"},
+      {[](PlanInput& i) { i.topology.payload_layers = 0; }, "payload_layers"},
+      {[](PlanInput& i) { i.topology.index_producers = 0; }, "index_producers"},
+      {[](PlanInput& i) { i.topology.top_k = 0; }, "top_k"},
+      {[](PlanInput& i) { i.topology.payload_row_bytes = 0; }, "payload_row_bytes"},
+      {[](PlanInput& i) { i.topology.index_key_bytes = 0; }, "index_key_bytes"},
+      {[](PlanInput& i) { i.topology.slots = 0; }, "slots"},
+      {[](PlanInput& i) { i.topology.k_max = 0; }, "k_max"},
+      {[](PlanInput& i) { i.topology.live_payload_layers = 0; }, "live_payload_layers"},
+      {[](PlanInput& i) { i.topology.live_payload_layers = 79; }, "live_payload_layers"},
+      {[](PlanInput& i) { i.topology.hot_rows = 2047; }, "hot_rows"},
+      {[](PlanInput& i) { i.topology.tail_rows = 65; }, "tail_rows"},
+      {[](PlanInput& i) { i.topology.selections_per_token = 0; }, "selections_per_token"},
+      {[](PlanInput& i) { i.topology.rows_per_selection = -1; }, "rows_per_selection"},
+      {[](PlanInput& i) { i.miss_rate = 1.5; }, "miss_rate"},
+      {[](PlanInput& i) { i.miss_rate = std::nan(""); }, "miss_rate"},
+      {[](PlanInput& i) { i.hbm_bytes = 0; }, "hbm_bytes"},
+      {[](PlanInput& i) { i.host_bytes = 0; }, "host_bytes"},
+      {[](PlanInput& i) { i.hbm_bytes = 1ull << 40; i.tpot_base_ms = 10; }, "tpot_spec_ms"},
+      {[](PlanInput& i) { i.hbm_bytes = 1ull << 40; i.tpot_spec_ms = 10; }, "tpot_base_ms"},
+      {[](PlanInput& i) { i.hbm_bytes = 1ull << 40; i.tpot_base_ms = 0; i.tpot_spec_ms = 1; }, "tpot_base_ms"},
+      {[](PlanInput& i) { i.tpot_base_ms = 10; i.tpot_spec_ms = 5; }, "hbm_bytes"},
+  };
+  for (const Case& c : cases) {
+    PlanInput in = Input("glm5-like", 1000);
+    c.edit(in);
+    auto p = Compute(in);
+    ASSERT_FALSE(p.ok()) << c.field;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr(c.field)) << p.status();
+  }
+}
+
+TEST(PlannerInput, BudgetTooSmallAndOverflow) {
+  PlanInput in = Input("glm5-like", 64);
+  in.hbm_bytes = 188454143;  // one byte short of one hierarchical session (188,454,144)
+  auto p = Compute(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("188454144"));
+  in.hbm_bytes = 188454144;  // exactly one
+  p = Compute(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sessions_per_gpu->hierarchical, 1u);
+  EXPECT_EQ(p->sessions_per_gpu->resident, 188454144u / 3052800);  // 61
+
+  in = Input("glm5-like", 64);
+  in.host_bytes = 64 * 44928 - 1;
+  p = Compute(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("host_bytes"));
+
+  in = Input("glm5-like", uint64_t{1} << 60);
+  p = Compute(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(PlannerInput, UnknownPreset) {
+  auto t = Preset("llama");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("glm5-like"));
+}
+
+constexpr const char* kDsv4Description = R"({
+  "name": "mine", "payload_layers": 8, "index_producers": 8, "top_k": 512, "payload_row_bytes": 288,
+  "index_key_bytes": 132, "page_rows": 64, "hot_rows": 1024, "tail_rows": 64, "selections_per_token": 8,
+  "rows_per_selection": 1, "drafter_window": 2048, "k_max": 8, "draft_bytes_per_row": 12288,
+  "live_payload_layers": 1, "slots": 64
+})";
+
+TEST(PlannerDescription, SameFiguresAsThePreset) {
+  auto t = TopologyFromJson(kDsv4Description);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->name, "mine");
+  EXPECT_EQ(t->metadata_bytes_per_hot_slot, 16u);  // the default
+  PlanInput in;
+  in.topology = *t;
+  in.context_tokens = 100000;
+  auto p = Compute(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->hierarchical_bytes_per_session, 108271616ull);
+  EXPECT_EQ(p->resident_bytes_per_session, 336107520ull);
+}
+
+TEST(PlannerDescription, ErrorsNameTheKey) {
+  nlohmann::json base = nlohmann::json::parse(kDsv4Description);
+  auto expect_error = [](const nlohmann::json& doc, const char* key) {
+    auto t = TopologyFromJson(doc.dump());
+    ASSERT_FALSE(t.ok()) << key;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr(key)) << t.status();
+  };
+  for (const char* key : {"payload_layers", "top_k", "page_rows", "slots", "rows_per_selection", "k_max"}) {
+    nlohmann::json doc = base;
+    doc.erase(key);
+    expect_error(doc, key);
+  }
+  nlohmann::json doc = base;
+  doc["page_rows"] = -64;
+  expect_error(doc, "page_rows");
+  doc = base;
+  doc["top_k"] = 1.5;
+  expect_error(doc, "top_k");
+  doc = base;
+  doc["hot_rows"] = "1024";
+  expect_error(doc, "hot_rows");
+  doc = base;
+  doc["miss_rates"] = 0.1;
+  expect_error(doc, "miss_rates");
+  doc = base;
+  doc["name"] = 3;
+  expect_error(doc, "name");
+  EXPECT_FALSE(TopologyFromJson("{").ok());
+  EXPECT_FALSE(TopologyFromJson("[1, 2]").ok());
+  // Well-formed but out of range: Validate names it.
+  doc = base;
+  doc["page_rows"] = 0;
+  auto t = TopologyFromJson(doc.dump());
+  ASSERT_TRUE(t.ok());
+  PlanInput in;
+  in.topology = *t;
+  in.context_tokens = 10;
+  EXPECT_THAT(std::string(Compute(in).status().message()), HasSubstr("page_rows"));
+}
+
+TEST(PlannerOutput, JsonCarriesEveryFigure) {
+  PlanInput in = Input("glm5-like", 100000);
+  in.hbm_bytes = 100ull << 30;
+  auto p = Compute(in);
+  ASSERT_TRUE(p.ok());
+  const nlohmann::json j = PlanToJson(*p);
+  EXPECT_EQ(j["resident_bytes_per_session"], 4771526400ull);
+  EXPECT_EQ(j["hierarchical_bytes_per_session"], 465565440ull);
+  EXPECT_EQ(j["hierarchical_with_drafter_bytes_per_session"], 530052864ull);
+  EXPECT_EQ(j["draft_ring_rows"], 2176u);
+  EXPECT_EQ(j["draft_ring_bytes_per_gpu"], 1711276032ull);
+  EXPECT_EQ(j["staging_bytes_per_gpu"], 2415919104ull);
+  EXPECT_EQ(j["staging_bytes_one_arena_per_layer"], 47110422528ull);
+  // 107374182400 / 4771526400 = 22; / 465565440 = 230; / 530052864 = 202.
+  EXPECT_EQ(j["sessions_per_gpu"]["resident"], 22u);
+  EXPECT_EQ(j["sessions_per_gpu"]["hierarchical"], 230u);
+  EXPECT_EQ(j["sessions_per_gpu"]["hierarchical_with_drafter"], 202u);
+  EXPECT_EQ(j["host_bytes_per_session"], 4494237696ull);
+  EXPECT_TRUE(j["sessions_per_host"].is_null());
+  EXPECT_NEAR(j["host_bytes_per_token"].get<double>(), 9201254.4, 1e-6);
+  EXPECT_TRUE(j["speculation"].is_null());
+  EXPECT_EQ(j["input"]["topology"]["name"], "glm5-like");
+  EXPECT_EQ(j["input"]["context_tokens"], 100000u);
+  const std::string table = PlanToTable(*p);
+  EXPECT_THAT(table, HasSubstr("4771526400 B"));
+  EXPECT_THAT(table, HasSubstr("resident 22, hierarchical 230, with drafter 202"));
+}
+
+// ---- dhsctl plan as a process ----
+
+std::pair<int, std::string> RunDhsctl(const std::string& args) {
+  const std::string cmd = std::string(DHSCTL_BIN) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(DhsctlPlan, JsonWithoutMemd) {
+  // --run-dir points nowhere: plan needs no memd.
+  auto [rc, out] = RunDhsctl("--run-dir /nonexistent plan --preset glm5-like --context 100000 --hbm-bytes 107374182400 "
+                       "--host-bytes 1099511627776 --tpot-base-ms 30 --tpot-spec-ms 20 --json");
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["resident_bytes_per_session"], 4771526400ull);
+  EXPECT_EQ(j["hierarchical_bytes_per_session"], 465565440ull);
+  EXPECT_EQ(j["hierarchical_with_drafter_bytes_per_session"], 530052864ull);
+  EXPECT_EQ(j["draft_ring_rows"], 2176u);
+  EXPECT_EQ(j["draft_ring_bytes_per_gpu"], 1711276032ull);
+  EXPECT_EQ(j["staging_bytes_per_gpu"], 2415919104ull);
+  EXPECT_EQ(j["staging_bytes_one_arena_per_layer"], 47110422528ull);
+  EXPECT_EQ(j["sessions_per_gpu"]["hierarchical"], 230u);
+  EXPECT_EQ(j["host_bytes_per_session"], 4494237696ull);
+  EXPECT_EQ(j["sessions_per_host"], 1099511627776ull / 4494237696ull);  // 244
+  EXPECT_NEAR(j["host_bytes_per_token"].get<double>(), 9201254.4, 1e-6);
+  // 202 / 230 = 0.878 > 20 / 30.
+  EXPECT_EQ(j["speculation"]["pays"], true);
+  // The app-level --json works as well.
+  auto [rc2, out2] = RunDhsctl("--json plan --preset dsv4flash-like --context 100000 --hot-rows 2048 --slots 16");
+  ASSERT_EQ(rc2, 0) << out2;
+  const nlohmann::json j2 = nlohmann::json::parse(out2, nullptr, false);
+  EXPECT_EQ(j2["hierarchical_bytes_per_session"], 100032ull * 1056 + 2112ull * 2304 + 16ull * 2048 * 8);
+  EXPECT_EQ(j2["staging_bytes_per_gpu"], 16ull * 8 * 512 * 288);
+}
+
+TEST(DhsctlPlan, TableAndDescriptionFile) {
+  const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                     ("planner_test_" + std::to_string(getpid()) + ".json");
+  std::ofstream(file) << kDsv4Description;
+  auto [rc, out] = RunDhsctl("plan --file " + file.string() + " --context 100000");
+  std::filesystem::remove(file);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, HasSubstr("108271616 B"));
+  EXPECT_THAT(out, HasSubstr("mine"));
+}
+
+TEST(DhsctlPlan, Errors) {
+  auto [rc, out] = RunDhsctl("plan --preset glm5-like --context 0");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("context_tokens"));
+  std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --context -5");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("--context"));
+  std::tie(rc, out) = RunDhsctl("plan --preset nope --context 10");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("--preset"));
+  std::tie(rc, out) = RunDhsctl("plan --context 10");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("--preset"));
+  std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --file x.json --context 10");
+  EXPECT_EQ(rc, 2);
+  std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --context 10 --live");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("not yet"));
+  std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --context 64 --hbm-bytes 1000");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("hbm_bytes"));
+  std::tie(rc, out) = RunDhsctl("plan --file /nonexistent/x.json --context 10");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(out, HasSubstr("cannot read"));
+}
+
+}  // namespace
+}  // namespace dhs::planner

@@ -1,0 +1,101 @@
+// tools/planner/plan_command.cc: see plan_command.h.
+#include "tools/planner/plan_command.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_join.h"
+#include "tools/planner/planner.h"
+
+namespace dhs::planner {
+namespace {
+
+const CLI::Validator kDecimal(
+    [](std::string& v) {
+      if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
+        return "must be a non-negative integer, got '" + v + "'";
+      }
+      return std::string();
+    },
+    "", "INT");
+
+}  // namespace
+
+CLI::App* AddPlanSubcommand(CLI::App& app, PlanCommandOptions* o) {
+  CLI::App* plan = app.add_subcommand("plan", "capacity plan from a model preset or a description (no memd needed)");
+  auto* preset = plan->add_option("--preset", o->preset, "model preset: " + absl::StrJoin(PresetNames(), ", "))
+                     ->check(CLI::IsMember(PresetNames()));
+  auto* file = plan->add_option("--file", o->file, "JSON description of the topology (docs/planner.md)");
+  preset->excludes(file);
+  file->excludes(preset);
+  plan->add_option("--context", o->context_tokens, "context length n, tokens (>= 1)")->check(kDecimal)->required();
+  plan->add_option("--hot-rows", o->hot_rows, "hot-cache rows B per request and layer (overrides the preset)")->check(kDecimal);
+  plan->add_option("--tail-rows", o->tail_rows, "tail rows per request and layer, a multiple of p")->check(kDecimal);
+  plan->add_option("--slots", o->slots, "request slots N per GPU (sizes the draft ring and staging per GPU)")->check(kDecimal);
+  plan->add_option("--metadata-bytes-per-hot-slot", o->metadata_bytes_per_hot_slot,
+                   "GPU metadata per hot slot and index producer, bytes")->check(kDecimal);
+  plan->add_option("--hbm-bytes", o->hbm_bytes, "KV budget of one GPU, bytes: sessions per GPU")->check(kDecimal);
+  plan->add_option("--host-bytes", o->host_bytes, "host-tier budget of one host, bytes: sessions per host")->check(kDecimal);
+  plan->add_option("--miss-rate", o->miss_rate, "share of selected rows recovered from host, in [0, 1]")
+      ->capture_default_str();
+  plan->add_option("--tpot-base-ms", o->tpot_base_ms, "per-token latency without the drafter, ms (brief §6)");
+  plan->add_option("--tpot-spec-ms", o->tpot_spec_ms, "per-token latency with the drafter, ms (brief §6)");
+  plan->add_flag("--json", o->json, "print JSON (sizes in bytes) instead of a table");
+  plan->add_flag("--live", o->live, "use memd's live state (not yet)");
+  return plan;
+}
+
+int RunPlanCommand(const PlanCommandOptions& o, bool json) {
+  if (o.live) {
+    std::fprintf(stderr, "dhsctl plan: --live is not yet supported (needs memd's live state)\n");
+    return 2;
+  }
+  PlanInput in;
+  if (!o.file.empty()) {
+    std::ifstream f(o.file);
+    if (!f) {
+      std::fprintf(stderr, "dhsctl plan: cannot read --file %s\n", o.file.c_str());
+      return 1;
+    }
+    std::stringstream text;
+    text << f.rdbuf();
+    absl::StatusOr<Topology> t = TopologyFromJson(text.str());
+    if (!t.ok()) {
+      std::fprintf(stderr, "dhsctl plan: --file %s: %s\n", o.file.c_str(), std::string(t.status().message()).c_str());
+      return 2;
+    }
+    in.topology = *t;
+  } else if (!o.preset.empty()) {
+    absl::StatusOr<Topology> t = Preset(o.preset);
+    if (!t.ok()) {
+      std::fprintf(stderr, "dhsctl plan: --preset: %s\n", std::string(t.status().message()).c_str());
+      return 2;
+    }
+    in.topology = *t;
+  } else {
+    std::fprintf(stderr, "dhsctl plan: give --preset NAME or --file DESCRIPTION.json\n");
+    return 2;
+  }
+  if (o.hot_rows) in.topology.hot_rows = *o.hot_rows;
+  if (o.tail_rows) in.topology.tail_rows = *o.tail_rows;
+  if (o.slots) in.topology.slots = *o.slots;
+  if (o.metadata_bytes_per_hot_slot) in.topology.metadata_bytes_per_hot_slot = *o.metadata_bytes_per_hot_slot;
+  in.context_tokens = o.context_tokens;
+  in.hbm_bytes = o.hbm_bytes;
+  in.host_bytes = o.host_bytes;
+  in.miss_rate = o.miss_rate;
+  in.tpot_base_ms = o.tpot_base_ms;
+  in.tpot_spec_ms = o.tpot_spec_ms;
+  absl::StatusOr<Plan> plan = Compute(in);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "dhsctl plan: %s\n", std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  const std::string out = json || o.json ? PlanToJson(*plan).dump(2) + "\n" : PlanToTable(*plan);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace dhs::planner

@@ -1,0 +1,430 @@
+// tools/planner/planner.cc: see planner.h; the formulas and their sources are in docs/planner.md.
+#include "tools/planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <initializer_list>
+#include <map>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace dhs::planner {
+namespace {
+
+// Default GPU metadata per hot slot and index producer: an 8-byte position tag and an 8-byte LRU stamp, as
+// workerd/kv/hot_cache.h keeps per slot (docs/planner.md, "metadata").
+constexpr uint64_t kDefaultMetadataBytesPerHotSlot = 16;
+
+Topology Glm5Like() {
+  Topology t;
+  t.name = "glm5-like";
+  t.payload_layers = 78;
+  t.index_producers = 21;
+  t.top_k = 2048;
+  t.payload_row_bytes = 576;
+  t.index_key_bytes = 132;
+  t.page_rows = 64;
+  t.hot_rows = 4096;
+  t.tail_rows = 64;  // one page
+  t.metadata_bytes_per_hot_slot = kDefaultMetadataBytesPerHotSlot;
+  t.selections_per_token = 21;           // one selection per index producer
+  t.rows_per_selection = 78.0 / 21.0;    // "~3.7 follower payload layers" per selection: L_pay / L_idx
+  t.drafter_window = 2048;
+  t.k_max = 8;
+  t.draft_bytes_per_row = 12288;         // all 6 draft layers together
+  t.live_payload_layers = 4;
+  t.slots = 64;
+  return t;
+}
+
+Topology Dsv4FlashLike() {
+  Topology t;
+  t.name = "dsv4flash-like";
+  t.payload_layers = 8;
+  t.index_producers = 8;
+  t.top_k = 512;
+  t.payload_row_bytes = 288;
+  t.index_key_bytes = 132;
+  t.page_rows = 64;
+  t.hot_rows = 1024;                     // 2k, the glm5-like ratio B / k (§8 gives none)
+  t.tail_rows = 64;                      // one page, as glm5-like
+  t.metadata_bytes_per_hot_slot = kDefaultMetadataBytesPerHotSlot;
+  t.selections_per_token = 8;            // one fresh top-k per source (Reuse consumers resolve nothing)
+  t.rows_per_selection = 1;              // "one source row per selection"
+  t.drafter_window = 2048;               // drafter as glm5-like (§8 gives none)
+  t.k_max = 8;
+  t.draft_bytes_per_row = 12288;
+  t.live_payload_layers = 1;             // one source live at a time: its consumers share it
+  t.slots = 64;
+  return t;
+}
+
+// 64-bit arithmetic that records the first overflow with the figure it happened in.
+class Checked {
+ public:
+  uint64_t Mul(std::initializer_list<uint64_t> factors, std::string_view figure) {
+    uint64_t r = 1;
+    for (uint64_t f : factors) {
+      if (__builtin_mul_overflow(r, f, &r)) Overflow(figure);
+    }
+    return r;
+  }
+  uint64_t Add(std::initializer_list<uint64_t> terms, std::string_view figure) {
+    uint64_t r = 0;
+    for (uint64_t t : terms) {
+      if (__builtin_add_overflow(r, t, &r)) Overflow(figure);
+    }
+    return r;
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  void Overflow(std::string_view figure) {
+    if (status_.ok()) status_ = absl::OutOfRangeError(absl::StrCat(std::string(figure), " does not fit in 64 bits"));
+  }
+  absl::Status status_;
+};
+
+// ceil(a / b) for b > 0, without overflow.
+uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+absl::Status Bad(std::string_view field, std::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", std::string(why)));
+}
+
+bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
+
+}  // namespace
+
+std::vector<std::string> PresetNames() { return {"glm5-like", "dsv4flash-like"}; }
+
+absl::StatusOr<Topology> Preset(std::string_view name) {
+  if (name == "glm5-like") return Glm5Like();
+  if (name == "dsv4flash-like") return Dsv4FlashLike();
+  return absl::NotFoundError(
+      absl::StrCat("unknown preset '", std::string(name), "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
+}
+
+absl::StatusOr<Topology> TopologyFromJson(std::string_view text) {
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("description: not valid JSON");
+  if (!doc.is_object()) return absl::InvalidArgumentError("description: must be a JSON object");
+  Topology t;
+  t.name = "custom";
+  t.metadata_bytes_per_hot_slot = kDefaultMetadataBytesPerHotSlot;
+  struct IntField {
+    uint64_t* dst;
+    bool required;
+  };
+  const std::map<std::string, IntField> ints = {
+      {"payload_layers", {&t.payload_layers, true}},
+      {"index_producers", {&t.index_producers, true}},
+      {"top_k", {&t.top_k, true}},
+      {"payload_row_bytes", {&t.payload_row_bytes, true}},
+      {"index_key_bytes", {&t.index_key_bytes, true}},
+      {"page_rows", {&t.page_rows, true}},
+      {"hot_rows", {&t.hot_rows, true}},
+      {"tail_rows", {&t.tail_rows, true}},
+      {"metadata_bytes_per_hot_slot", {&t.metadata_bytes_per_hot_slot, false}},
+      {"drafter_window", {&t.drafter_window, true}},
+      {"k_max", {&t.k_max, true}},
+      {"draft_bytes_per_row", {&t.draft_bytes_per_row, true}},
+      {"live_payload_layers", {&t.live_payload_layers, true}},
+      {"slots", {&t.slots, true}},
+  };
+  const std::map<std::string, double*> reals = {
+      {"selections_per_token", &t.selections_per_token},
+      {"rows_per_selection", &t.rows_per_selection},
+  };
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "name") {
+      if (!value.is_string()) return Bad("description: name", "must be a string");
+      t.name = value.get<std::string>();
+    } else if (auto it = ints.find(key); it != ints.end()) {
+      if (!value.is_number_unsigned()) {
+        return Bad(absl::StrCat("description: ", key), "must be a non-negative integer, got " + value.dump());
+      }
+      *it->second.dst = value.get<uint64_t>();
+    } else if (auto rt = reals.find(key); rt != reals.end()) {
+      if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
+        return Bad(absl::StrCat("description: ", key), "must be a non-negative number, got " + value.dump());
+      }
+      *rt->second = value.get<double>();
+    } else {
+      return Bad(absl::StrCat("description: ", key), "unknown key");
+    }
+  }
+  for (const auto& [key, field] : ints) {
+    if (field.required && !doc.contains(key)) return Bad(absl::StrCat("description: ", key), "missing");
+  }
+  for (const auto& [key, dst] : reals) {
+    if (!doc.contains(key)) return Bad(absl::StrCat("description: ", key), "missing");
+  }
+  return t;
+}
+
+absl::Status Validate(const PlanInput& in) {
+  const Topology& t = in.topology;
+  if (in.context_tokens == 0) return Bad("context_tokens", "must be >= 1");
+  const std::pair<const char*, uint64_t> nonzero[] = {
+      {"payload_layers", t.payload_layers}, {"index_producers", t.index_producers},
+      {"top_k", t.top_k},                   {"payload_row_bytes", t.payload_row_bytes},
+      {"index_key_bytes", t.index_key_bytes}, {"page_rows", t.page_rows},
+      {"hot_rows", t.hot_rows},             {"slots", t.slots},
+      {"k_max", t.k_max},                   {"live_payload_layers", t.live_payload_layers},
+  };
+  for (const auto& [field, value] : nonzero) {
+    if (value == 0) return Bad(field, "must be >= 1");
+  }
+  if (t.hot_rows < t.top_k) {
+    return Bad("hot_rows", absl::StrCat("B = ", t.hot_rows, " is below k = ", t.top_k,
+                                        " (one selection must fit the hot cache, brief §5)"));
+  }
+  if (t.tail_rows % t.page_rows != 0) {
+    return Bad("tail_rows", absl::StrCat(t.tail_rows, " is not a multiple of page_rows ", t.page_rows));
+  }
+  if (t.live_payload_layers > t.payload_layers) {
+    return Bad("live_payload_layers", absl::StrCat("χ = ", t.live_payload_layers, " exceeds payload_layers ",
+                                                   t.payload_layers));
+  }
+  if (!PositiveFinite(t.selections_per_token)) return Bad("selections_per_token", "must be a finite number > 0");
+  if (!PositiveFinite(t.rows_per_selection)) return Bad("rows_per_selection", "must be a finite number > 0");
+  if (!(in.miss_rate >= 0 && in.miss_rate <= 1)) return Bad("miss_rate", "must be in [0, 1]");
+  if (in.hbm_bytes && *in.hbm_bytes == 0) return Bad("hbm_bytes", "must be >= 1");
+  if (in.host_bytes && *in.host_bytes == 0) return Bad("host_bytes", "must be >= 1");
+  if (in.tpot_base_ms.has_value() != in.tpot_spec_ms.has_value()) {
+    return Bad(in.tpot_base_ms ? "tpot_spec_ms" : "tpot_base_ms", "give both TPOT figures or neither");
+  }
+  if (in.tpot_base_ms) {
+    if (!PositiveFinite(*in.tpot_base_ms)) return Bad("tpot_base_ms", "must be a finite number > 0");
+    if (!PositiveFinite(*in.tpot_spec_ms)) return Bad("tpot_spec_ms", "must be a finite number > 0");
+    if (!in.hbm_bytes) return Bad("hbm_bytes", "needed with the TPOT figures (N_spec and N_base, brief §6)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Plan> Compute(const PlanInput& in) {
+  if (absl::Status s = Validate(in); !s.ok()) return s;
+  const Topology& t = in.topology;
+  Checked c;
+  Plan p;
+  p.input = in;
+  const uint64_t n = in.context_tokens;
+  const uint64_t pg = t.page_rows;
+  // §8: "rounded up to whole pages".
+  p.padded_context_tokens = c.Mul({CeilDiv(n, pg), pg}, "padded_context_tokens");
+  const uint64_t n_pad = p.padded_context_tokens;
+  // §8 (metadata): per hot slot and index producer (docs/planner.md).
+  p.metadata_bytes_per_session =
+      c.Mul({t.metadata_bytes_per_hot_slot, t.hot_rows, t.index_producers}, "metadata_bytes_per_session");
+  // §8 resident: n_pad * (L_pay * d_KV + L_idx * d_idx).
+  const uint64_t payload_per_pos = c.Mul({t.payload_layers, t.payload_row_bytes}, "payload bytes per position");
+  const uint64_t index_per_pos = c.Mul({t.index_producers, t.index_key_bytes}, "index bytes per position");
+  p.resident_bytes_per_session =
+      c.Mul({n_pad, c.Add({payload_per_pos, index_per_pos}, "resident_bytes_per_session")},
+            "resident_bytes_per_session");
+  // §8 hierarchical: n_pad * L_idx * d_idx + (B + tail_rows) * L_pay * d_KV + metadata.
+  p.hierarchical_bytes_per_session =
+      c.Add({c.Mul({n_pad, index_per_pos}, "hierarchical_bytes_per_session"),
+             c.Mul({c.Add({t.hot_rows, t.tail_rows}, "hot + tail rows"), payload_per_pos},
+                   "hierarchical_bytes_per_session"),
+             p.metadata_bytes_per_session},
+            "hierarchical_bytes_per_session");
+  // §6 draft ring: R_d = p * ceil((W + K_max + p - 1) / p), exactly as the brief writes it.
+  p.draft_ring_rows =
+      c.Mul({CeilDiv(c.Add({t.drafter_window, t.k_max, pg - 1}, "draft_ring_rows"), pg), pg}, "draft_ring_rows");
+  p.draft_ring_bytes_per_session = c.Mul({p.draft_ring_rows, t.draft_bytes_per_row}, "draft_ring_bytes_per_session");
+  p.draft_ring_bytes_per_gpu = c.Mul({t.slots, p.draft_ring_bytes_per_session}, "draft_ring_bytes_per_gpu");
+  // §6 staging: M_stage = χ * N * K_max * k * d_KV; against one arena per payload layer: L_pay * N * K_max * k * d_KV.
+  p.staging_bytes_per_session =
+      c.Mul({t.live_payload_layers, t.k_max, t.top_k, t.payload_row_bytes}, "staging_bytes_per_session");
+  p.staging_bytes_per_gpu = c.Mul({t.slots, p.staging_bytes_per_session}, "staging_bytes_per_gpu");
+  p.staging_bytes_one_arena_per_layer =
+      c.Mul({t.payload_layers, t.slots, t.k_max, t.top_k, t.payload_row_bytes}, "staging_bytes_one_arena_per_layer");
+  // §8 with a drafter: add R_d * draft_bytes_per_row and M_stage / N.
+  p.hierarchical_with_drafter_bytes_per_session =
+      c.Add({p.hierarchical_bytes_per_session, p.draft_ring_bytes_per_session, p.staging_bytes_per_session},
+            "hierarchical_with_drafter_bytes_per_session");
+  // §8 host tier: n_pad * L_pay * d_KV.
+  p.host_bytes_per_session = c.Mul({n_pad, payload_per_pos}, "host_bytes_per_session");
+  if (!c.status().ok()) return c.status();
+
+  p.resident_over_hierarchical =
+      static_cast<double>(p.resident_bytes_per_session) / static_cast<double>(p.hierarchical_bytes_per_session);
+  p.resident_over_hierarchical_with_drafter = static_cast<double>(p.resident_bytes_per_session) /
+                                              static_cast<double>(p.hierarchical_with_drafter_bytes_per_session);
+  // §8 fetch: μ * selections_per_token * k * rows_per_selection * d_KV.
+  p.host_bytes_per_token = in.miss_rate * t.selections_per_token * static_cast<double>(t.top_k) *
+                           t.rows_per_selection * static_cast<double>(t.payload_row_bytes);
+
+  if (in.hbm_bytes) {
+    const uint64_t x = *in.hbm_bytes;
+    SessionsPerGpu s;
+    s.resident = x / p.resident_bytes_per_session;
+    s.hierarchical = x / p.hierarchical_bytes_per_session;
+    s.hierarchical_with_drafter = x / p.hierarchical_with_drafter_bytes_per_session;
+    if (s.hierarchical == 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("hbm_bytes: ", x, " bytes hold no hierarchical session (one needs ",
+                       p.hierarchical_bytes_per_session, " bytes at context ", n, ")"));
+    }
+    p.sessions_per_gpu = s;
+    if (in.tpot_base_ms) {
+      // §6: speculation raises throughput while N_spec / N_base > TPOT_spec / TPOT_base.
+      SpeculationVerdict v;
+      v.sessions_base = s.hierarchical;
+      v.sessions_spec = s.hierarchical_with_drafter;
+      v.sessions_ratio = static_cast<double>(v.sessions_spec) / static_cast<double>(v.sessions_base);
+      v.tpot_ratio = *in.tpot_spec_ms / *in.tpot_base_ms;
+      v.break_even_tpot_spec_ms = *in.tpot_base_ms * v.sessions_ratio;
+      // Cross-multiplied (N_spec * TPOT_base > N_base * TPOT_spec) so that no rounded quotient decides.
+      v.pays = static_cast<double>(v.sessions_spec) * *in.tpot_base_ms >
+               static_cast<double>(v.sessions_base) * *in.tpot_spec_ms;
+      p.speculation = v;
+    }
+  }
+  if (in.host_bytes) {
+    const uint64_t y = *in.host_bytes;
+    if (y / p.host_bytes_per_session == 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("host_bytes: ", y, " bytes hold no session's host tier (one needs ",
+                                                       p.host_bytes_per_session, " bytes at context ", n, ")"));
+    }
+    p.sessions_per_host = y / p.host_bytes_per_session;
+  }
+  return p;
+}
+
+namespace {
+
+nlohmann::json TopologyToJson(const Topology& t) {
+  return {{"name", t.name},
+          {"payload_layers", t.payload_layers},
+          {"index_producers", t.index_producers},
+          {"top_k", t.top_k},
+          {"payload_row_bytes", t.payload_row_bytes},
+          {"index_key_bytes", t.index_key_bytes},
+          {"page_rows", t.page_rows},
+          {"hot_rows", t.hot_rows},
+          {"tail_rows", t.tail_rows},
+          {"metadata_bytes_per_hot_slot", t.metadata_bytes_per_hot_slot},
+          {"selections_per_token", t.selections_per_token},
+          {"rows_per_selection", t.rows_per_selection},
+          {"drafter_window", t.drafter_window},
+          {"k_max", t.k_max},
+          {"draft_bytes_per_row", t.draft_bytes_per_row},
+          {"live_payload_layers", t.live_payload_layers},
+          {"slots", t.slots}};
+}
+
+template <typename T>
+nlohmann::json OrNull(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+std::string Bytes(uint64_t b) {
+  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%d B (%.2f GiB)", b, static_cast<double>(b) / (1 << 30));
+  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%d B (%.2f MiB)", b, static_cast<double>(b) / (1 << 20));
+  return absl::StrFormat("%d B", b);
+}
+
+}  // namespace
+
+nlohmann::json PlanToJson(const Plan& p) {
+  nlohmann::json input = {{"topology", TopologyToJson(p.input.topology)},
+                          {"context_tokens", p.input.context_tokens},
+                          {"hbm_bytes", OrNull(p.input.hbm_bytes)},
+                          {"host_bytes", OrNull(p.input.host_bytes)},
+                          {"miss_rate", p.input.miss_rate},
+                          {"tpot_base_ms", OrNull(p.input.tpot_base_ms)},
+                          {"tpot_spec_ms", OrNull(p.input.tpot_spec_ms)}};
+  nlohmann::json sessions = nullptr;
+  if (p.sessions_per_gpu) {
+    sessions = {{"resident", p.sessions_per_gpu->resident},
+                {"hierarchical", p.sessions_per_gpu->hierarchical},
+                {"hierarchical_with_drafter", p.sessions_per_gpu->hierarchical_with_drafter}};
+  }
+  nlohmann::json spec = nullptr;
+  if (p.speculation) {
+    const SpeculationVerdict& v = *p.speculation;
+    spec = {{"sessions_base", v.sessions_base},
+            {"sessions_spec", v.sessions_spec},
+            {"sessions_ratio", v.sessions_ratio},
+            {"tpot_ratio", v.tpot_ratio},
+            {"break_even_tpot_spec_ms", v.break_even_tpot_spec_ms},
+            {"pays", v.pays}};
+  }
+  return {{"input", input},
+          {"padded_context_tokens", p.padded_context_tokens},
+          {"metadata_bytes_per_session", p.metadata_bytes_per_session},
+          {"resident_bytes_per_session", p.resident_bytes_per_session},
+          {"hierarchical_bytes_per_session", p.hierarchical_bytes_per_session},
+          {"hierarchical_with_drafter_bytes_per_session", p.hierarchical_with_drafter_bytes_per_session},
+          {"resident_over_hierarchical", p.resident_over_hierarchical},
+          {"resident_over_hierarchical_with_drafter", p.resident_over_hierarchical_with_drafter},
+          {"draft_ring_rows", p.draft_ring_rows},
+          {"draft_ring_bytes_per_session", p.draft_ring_bytes_per_session},
+          {"draft_ring_bytes_per_gpu", p.draft_ring_bytes_per_gpu},
+          {"staging_bytes_per_session", p.staging_bytes_per_session},
+          {"staging_bytes_per_gpu", p.staging_bytes_per_gpu},
+          {"staging_bytes_one_arena_per_layer", p.staging_bytes_one_arena_per_layer},
+          {"sessions_per_gpu", sessions},
+          {"host_bytes_per_session", p.host_bytes_per_session},
+          {"sessions_per_host", OrNull(p.sessions_per_host)},
+          {"host_bytes_per_token", p.host_bytes_per_token},
+          {"speculation", spec}};
+}
+
+std::string PlanToTable(const Plan& p) {
+  const Topology& t = p.input.topology;
+  std::vector<std::pair<std::string, std::string>> rows;
+  auto row = [&](std::string k, std::string v) { rows.emplace_back(std::move(k), std::move(v)); };
+  row("preset", t.name);
+  row("context n (padded n_pad)", absl::StrCat(p.input.context_tokens, " tokens (", p.padded_context_tokens, ")"));
+  row("slots N, hot rows B, tail rows", absl::StrCat(t.slots, ", ", t.hot_rows, ", ", t.tail_rows));
+  row("resident per session", Bytes(p.resident_bytes_per_session));
+  row("hierarchical per session", Bytes(p.hierarchical_bytes_per_session));
+  row("  of which metadata", Bytes(p.metadata_bytes_per_session));
+  row("hierarchical + drafter per session", Bytes(p.hierarchical_with_drafter_bytes_per_session));
+  row("resident / hierarchical", absl::StrFormat("%.2f", p.resident_over_hierarchical));
+  row("resident / (hierarchical + drafter)", absl::StrFormat("%.2f", p.resident_over_hierarchical_with_drafter));
+  row("draft ring R_d", absl::StrCat(p.draft_ring_rows, " rows per slot"));
+  row("draft ring per session", Bytes(p.draft_ring_bytes_per_session));
+  row("draft ring per GPU (N slots)", Bytes(p.draft_ring_bytes_per_gpu));
+  row(absl::StrCat("staging M_stage per GPU (chi = ", t.live_payload_layers, ")"), Bytes(p.staging_bytes_per_gpu));
+  row("staging share per session (M_stage / N)", Bytes(p.staging_bytes_per_session));
+  row(absl::StrCat("staging, one arena per payload layer (", t.payload_layers, ")"),
+      Bytes(p.staging_bytes_one_arena_per_layer));
+  if (p.sessions_per_gpu) {
+    row(absl::StrCat("sessions per GPU (", *p.input.hbm_bytes, " B)"),
+        absl::StrCat("resident ", p.sessions_per_gpu->resident, ", hierarchical ", p.sessions_per_gpu->hierarchical,
+                     ", with drafter ", p.sessions_per_gpu->hierarchical_with_drafter));
+  } else {
+    row("sessions per GPU", "- (give --hbm-bytes)");
+  }
+  row("host tier per session", Bytes(p.host_bytes_per_session));
+  row("sessions per host",
+      p.sessions_per_host ? absl::StrCat(*p.sessions_per_host, " (", *p.input.host_bytes, " B)")
+                          : std::string("- (give --host-bytes)"));
+  row(absl::StrFormat("host bytes per token (miss rate %g)", p.input.miss_rate),
+      absl::StrFormat("%.1f B", p.host_bytes_per_token));
+  if (p.speculation) {
+    const SpeculationVerdict& v = *p.speculation;
+    row("speculation pays",
+        absl::StrFormat("%s: N_spec/N_base = %d/%d = %.4f %s TPOT_spec/TPOT_base = %.4f (break-even TPOT_spec %.3f ms)",
+                        v.pays ? "yes" : "no", v.sessions_spec, v.sessions_base, v.sessions_ratio,
+                        v.pays ? ">" : "<=", v.tpot_ratio, v.break_even_tpot_spec_ms));
+  } else {
+    row("speculation pays", "- (give --hbm-bytes, --tpot-base-ms and --tpot-spec-ms)");
+  }
+  size_t width = 0;
+  for (const auto& [k, v] : rows) width = std::max(width, k.size());
+  std::string out;
+  for (const auto& [k, v] : rows) absl::StrAppend(&out, k, std::string(width - k.size() + 2, ' '), v, "\n");
+  return out;
+}
+
+}  // namespace dhs::planner

@@ -1,0 +1,125 @@
+// tools/planner/planner.h: the capacity planner behind `dhsctl plan` (issue 14; brief §6 and §8; docs/planner.md).
+//
+// A pure library: no sockets, no clocks, no files (the CLI reads the description file and hands its text here).
+// A Topology (a preset or a JSON description) plus a context length and optional budgets form a PlanInput;
+// Compute turns it into a Plan of figures. Every size is in bytes, every count in rows, tokens or sessions, as the
+// field names say. The formulas, their sources and the choices made where the brief leaves a parameter open are in
+// docs/planner.md.
+//
+// Thread-safety: free functions over values; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace dhs::planner {
+
+// The model and node shape the planner needs (brief §8 table, §6 drafter and staging).
+struct Topology {
+  std::string name;                      // preset name or the description's "name" (informational)
+  uint64_t payload_layers = 0;           // L_pay: payload layers (sources), each with its own rows
+  uint64_t index_producers = 0;          // L_idx: indexer layers, one index key per position each (stay on GPU)
+  uint64_t top_k = 0;                    // k: rows one selection returns
+  uint64_t payload_row_bytes = 0;        // d_KV: bytes of one stored payload row of one layer
+  uint64_t index_key_bytes = 0;          // d_idx: bytes of one index key of one indexer layer
+  uint64_t page_rows = 0;                // p: rows (positions) per page
+  uint64_t hot_rows = 0;                 // B: hot-cache rows per request and payload layer
+  uint64_t tail_rows = 0;                // tail rows per request and payload layer
+  uint64_t metadata_bytes_per_hot_slot = 0;  // GPU metadata per hot slot and index producer (docs/planner.md)
+  double selections_per_token = 0;       // selections (resolver calls with a fresh top-k) per decoded token
+  double rows_per_selection = 0;         // payload rows fetched per selected position (follower layers per selection)
+  uint64_t drafter_window = 0;           // W: prior positions the drafter reads
+  uint64_t k_max = 0;                    // K_max: target queries per verification round (anchor + proposals)
+  uint64_t draft_bytes_per_row = 0;      // bytes of one draft-ring row (all draft layers together)
+  uint64_t live_payload_layers = 0;      // χ: payload sources live at once in a layer group (staging arenas)
+  uint64_t slots = 0;                    // N: request slots per GPU (sizes the per-GPU ring and staging)
+};
+
+// The names of the built-in presets: "glm5-like", "dsv4flash-like".
+std::vector<std::string> PresetNames();
+
+// The brief §8 preset `name`, with the choices of docs/planner.md where §8 is silent.
+// Errors: NOT_FOUND naming the preset and the known names.
+absl::StatusOr<Topology> Preset(std::string_view name);
+
+// A topology from a JSON description (an object; keys are the Topology field names; docs/planner.md lists them).
+// Every Topology field except `name` (default "custom") and `metadata_bytes_per_hot_slot` (default 16) is required.
+// Errors: INVALID_ARGUMENT naming the key for malformed JSON, a missing or unknown key, or a value of the wrong type
+// (integers must be non-negative whole numbers, the two rates non-negative finite numbers). Range checks are
+// Validate's.
+absl::StatusOr<Topology> TopologyFromJson(std::string_view text);
+
+struct PlanInput {
+  Topology topology;
+  uint64_t context_tokens = 0;           // n: tokens of context per session, >= 1
+  std::optional<uint64_t> hbm_bytes;     // KV budget of one GPU, bytes: gives sessions per GPU
+  std::optional<uint64_t> host_bytes;    // host-tier budget of one host, bytes: gives sessions per host
+  double miss_rate = 0.1;                // μ: share of selected rows recovered from host, in [0, 1]
+  std::optional<double> tpot_base_ms;    // per-token latency without the drafter, ms (with tpot_spec_ms)
+  std::optional<double> tpot_spec_ms;    // per-token latency with the drafter, ms (with tpot_base_ms)
+};
+
+// Sessions of one GPU's budget, per serving mode.
+struct SessionsPerGpu {
+  uint64_t resident = 0;
+  uint64_t hierarchical = 0;
+  uint64_t hierarchical_with_drafter = 0;
+};
+
+// Brief §6, "when speculation pays": N_spec / N_base > TPOT_spec / TPOT_base.
+struct SpeculationVerdict {
+  uint64_t sessions_base = 0;            // N_base = sessions_per_gpu.hierarchical
+  uint64_t sessions_spec = 0;            // N_spec = sessions_per_gpu.hierarchical_with_drafter
+  double sessions_ratio = 0;             // N_spec / N_base
+  double tpot_ratio = 0;                 // TPOT_spec / TPOT_base
+  double break_even_tpot_spec_ms = 0;    // TPOT_base * N_spec / N_base: speculation pays below this
+  bool pays = false;                     // sessions_ratio > tpot_ratio (strict)
+};
+
+struct Plan {
+  PlanInput input;
+  uint64_t padded_context_tokens = 0;    // n_pad = p * ceil(n / p), tokens (rows per layer)
+  uint64_t metadata_bytes_per_session = 0;     // metadata_bytes_per_hot_slot * B * L_idx
+  uint64_t resident_bytes_per_session = 0;     // n_pad * (L_pay * d_KV + L_idx * d_idx)
+  uint64_t hierarchical_bytes_per_session = 0; // n_pad * L_idx * d_idx + (B + tail) * L_pay * d_KV + metadata
+  uint64_t draft_ring_rows = 0;                // R_d = p * ceil((W + K_max + p - 1) / p), rows per request slot
+  uint64_t draft_ring_bytes_per_session = 0;   // R_d * draft_bytes_per_row
+  uint64_t draft_ring_bytes_per_gpu = 0;       // N * R_d * draft_bytes_per_row
+  uint64_t staging_bytes_per_gpu = 0;          // M_stage = χ * N * K_max * k * d_KV
+  uint64_t staging_bytes_per_session = 0;      // M_stage / N = χ * K_max * k * d_KV
+  uint64_t staging_bytes_one_arena_per_layer = 0;  // L_pay * N * K_max * k * d_KV (the layout χ arenas avoid)
+  uint64_t hierarchical_with_drafter_bytes_per_session = 0;  // hierarchical + ring + M_stage / N
+  double resident_over_hierarchical = 0;       // resident / hierarchical
+  double resident_over_hierarchical_with_drafter = 0;
+  std::optional<SessionsPerGpu> sessions_per_gpu;   // floor(hbm_bytes / per-session bytes), with hbm_bytes
+  uint64_t host_bytes_per_session = 0;         // n_pad * L_pay * d_KV
+  std::optional<uint64_t> sessions_per_host;   // floor(host_bytes / host_bytes_per_session), with host_bytes
+  double host_bytes_per_token = 0;             // μ * selections_per_token * k * rows_per_selection * d_KV
+  std::optional<SpeculationVerdict> speculation;  // with hbm_bytes and both TPOT figures
+};
+
+// INVALID_ARGUMENT naming the field for: context_tokens 0; any of payload_layers, index_producers, top_k,
+// payload_row_bytes, index_key_bytes, page_rows, hot_rows, slots, k_max, live_payload_layers 0; hot_rows < top_k
+// (a single selection must fit the hot cache, brief §5); tail_rows not a multiple of page_rows; live_payload_layers >
+// payload_layers; selections_per_token or rows_per_selection not finite and > 0; miss_rate outside [0, 1];
+// hbm_bytes or host_bytes 0; only one of the TPOT figures, or one not finite and > 0; TPOT figures without hbm_bytes.
+absl::Status Validate(const PlanInput& input);
+
+// The figures of brief §8 and §6 for `input`. Errors: Validate's; OUT_OF_RANGE naming the figure when one does not
+// fit in 64 bits; RESOURCE_EXHAUSTED when hbm_bytes holds no hierarchical session or host_bytes no host session
+// (the message gives the per-session figure).
+absl::StatusOr<Plan> Compute(const PlanInput& input);
+
+// The plan as JSON: every figure under the field name above (sizes in bytes, absent figures null), plus "input".
+nlohmann::json PlanToJson(const Plan& plan);
+
+// The plan as an aligned text table: one line per figure, bytes also in GiB/MiB.
+std::string PlanToTable(const Plan& plan);
+
+}  // namespace dhs::planner
