@@ -3,43 +3,57 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 namespace dhs {
 
 // Event state completed by the device (copy thread or EndReaders). Waiters block on its own condition variable.
+// With the link model, a completed event is done only once its clock reaches ready_at_ (the modelled delivery).
 class CpuDevice::State final : public EventState {
  public:
   bool Done() const override {
     std::lock_guard<std::mutex> l(mu_);
-    return done_;
+    return Arrived();
   }
   absl::Status Status() const override {
     std::lock_guard<std::mutex> l(mu_);
-    return done_ ? status_ : absl::UnavailableError("copy event pending");
+    return Arrived() ? status_ : absl::UnavailableError("copy event pending");
   }
   absl::Status Wait() const override {
     std::unique_lock<std::mutex> l(mu_);
     cv_.wait(l, [&] { return done_; });
+    if (clock_ != nullptr) clock_->SleepUntil(ready_at_);  // sleeps (or moves a simulated clock); never spins
     return status_;
   }
-  void Complete(absl::Status s) {
+  void Complete(absl::Status s) { CompleteAt(std::move(s), nullptr, absl::InfinitePast()); }
+  // Completes with the outcome `s`, visible once `clock` reads `ready_at` or later (at once when clock is null).
+  void CompleteAt(absl::Status s, const LinkClock* clock, absl::Time ready_at) {
     {
       std::lock_guard<std::mutex> l(mu_);
       done_ = true;
       status_ = std::move(s);
+      clock_ = clock;
+      ready_at_ = ready_at;
     }
     cv_.notify_all();
   }
 
  private:
+  bool Arrived() const { return done_ && (clock_ == nullptr || clock_->Now() >= ready_at_); }
+
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;
   absl::Status status_;
+  const LinkClock* clock_ = nullptr;
+  absl::Time ready_at_ = absl::InfinitePast();
 };
 
-CpuDevice::CpuDevice() : thread_([this] { CopyLoop(); }) {}
+CpuDevice::CpuDevice() : CpuDevice(LinkModelConfig{}) {}
+
+CpuDevice::CpuDevice(const LinkModelConfig& link, const LinkClock* clock)
+    : link_config_(link), clock_(clock), link_(link), thread_([this] { CopyLoop(); }) {}
 
 CpuDevice::~CpuDevice() {
   {
@@ -105,7 +119,7 @@ CopyEvent CpuDevice::Submit(CopyKind kind, std::vector<Op> ops, std::vector<Devi
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    queue_.push_back(Job{info.id, std::move(ops), std::vector<CopyEvent>(after.begin(), after.end()), state,
+    queue_.push_back(Job{info.id, kind, std::move(ops), std::vector<CopyEvent>(after.begin(), after.end()), state,
                          fate == CopyFate::kHold});
   }
   cv_.notify_all();
@@ -170,8 +184,20 @@ void CpuDevice::CopyLoop() {
     });
     if (it == queue_.end()) {
       if (stop_) return;
-      // Dependencies may complete on other devices' threads; poll them at a short interval as well.
-      cv_.wait_for(l, std::chrono::milliseconds(queue_.empty() ? 100 : 1));
+      // Dependencies may complete on other devices' threads; poll them at a short interval as well. A dependency
+      // may also be a modelled link transfer still in flight: wake when the next one arrives, if sooner.
+      std::chrono::nanoseconds wait = std::chrono::milliseconds(queue_.empty() ? 100 : 1);
+      if (!queue_.empty() && !link_pending_.empty()) {
+        const absl::Time now = clock_->Now();
+        while (!link_pending_.empty() && link_pending_.front() <= now) {
+          std::pop_heap(link_pending_.begin(), link_pending_.end(), std::greater<>());
+          link_pending_.pop_back();
+        }
+        if (!link_pending_.empty()) {
+          wait = std::min(wait, absl::ToChronoNanoseconds(link_pending_.front() - now));
+        }
+      }
+      cv_.wait_for(l, wait);
       continue;
     }
     Job job = std::move(*it);
@@ -186,13 +212,26 @@ void CpuDevice::CopyLoop() {
         break;
       }
     }
+    uint64_t bytes = 0;
     if (s.ok()) {
       for (const Op& op : job.ops) {
         if (op.bytes > 0) std::memmove(op.dst, op.src, op.bytes);
+        bytes += op.bytes;
       }
     }
-    job.state->Complete(std::move(s));
-    l.lock();
+    if (s.ok() && link_config_.enabled && job.kind != CopyKind::kDeviceToDevice) {
+      // The link model (link_model.h): the batch may start now, its dependencies having arrived.
+      const absl::Time ready = link_.Schedule(
+          job.kind == CopyKind::kHostToDevice ? LinkDirection::kHostToDevice : LinkDirection::kDeviceToHost, bytes,
+          clock_->Now());
+      job.state->CompleteAt(std::move(s), clock_, ready);
+      l.lock();
+      link_pending_.push_back(ready);
+      std::push_heap(link_pending_.begin(), link_pending_.end(), std::greater<>());
+    } else {
+      job.state->Complete(std::move(s));
+      l.lock();
+    }
     busy_ = false;
     cv_.notify_all();
   }

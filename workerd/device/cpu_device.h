@@ -2,6 +2,10 @@
 // completed asynchronously by one copy thread (in dependency order, not issue order, like independent streams),
 // reader tracking in memory.
 //
+// Link model (optional, off by default; link_model.h): host<->device batches complete when a modelled PCIe link
+// would have delivered them. The bytes still move at once; only the event's completion (Done, Status, Wait) waits
+// for the modelled time, and Wait sleeps until then rather than spinning.
+//
 // Test seam: a CopyHook decides, when a batch is issued, whether it runs, is held (until ReleaseHeld) or fails (its
 // event reports the failure; no byte is written).
 //
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "workerd/device/device.h"
+#include "workerd/device/link_model.h"
 
 namespace dhs {
 
@@ -36,6 +41,9 @@ using CopyHook = std::function<CopyFate(const CopyInfo&)>;
 class CpuDevice final : public Device {
  public:
   CpuDevice();
+  // With a link model (ignored when !link.enabled); `clock` (default RealLinkClock()) must outlive the device and
+  // every event it returned.
+  explicit CpuDevice(const LinkModelConfig& link, const LinkClock* clock = RealLinkClock());
   ~CpuDevice() override;  // waits for runnable copies; held copies are failed
   CpuDevice(const CpuDevice&) = delete;
   CpuDevice& operator=(const CpuDevice&) = delete;
@@ -59,6 +67,7 @@ class CpuDevice final : public Device {
   void ReleaseAllHeld();
   void WaitIdle();                                     // until no runnable batch is queued or running
   uint64_t CopiesIssued() const;
+  const LinkModelConfig& link_model() const { return link_config_; }
 
  private:
   class State;
@@ -69,6 +78,7 @@ class CpuDevice final : public Device {
   };
   struct Job {
     uint64_t id;
+    CopyKind kind;
     std::vector<Op> ops;
     std::vector<CopyEvent> after;
     std::shared_ptr<State> state;
@@ -95,6 +105,10 @@ class CpuDevice final : public Device {
   ReaderId next_reader_ = 1;
   std::map<ReaderId, std::vector<DeviceRange>> readers_;
   std::vector<Fence> fences_;
+  const LinkModelConfig link_config_;
+  const LinkClock* const clock_;
+  LinkModel link_;                              // copy thread only
+  std::vector<absl::Time> link_pending_;        // completion times still ahead, a min-heap; copy thread only
   std::thread thread_;  // last: starts after the members above exist
 };
 
