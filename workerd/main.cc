@@ -12,6 +12,7 @@
 #ifdef DHS_HAVE_CUDA
 #include "workerd/device/cuda_device.h"
 #endif
+#include "workerd/device/link_model_cli.h"
 #include "workerd/memd_client.h"
 #include "workerd/model/weights.h"
 #include "workerd/serving.h"
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600000))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
+  dhs::LinkModelFlags link_flags;
+  dhs::AddLinkModelOptions(app, &link_flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -82,6 +85,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.mode = *mode;
+  absl::StatusOr<dhs::LinkModelConfig> link = dhs::ResolveLinkModel(link_flags);
+  if (!link.ok()) {
+    spdlog::error("workerd: {}", std::string(link.status().message()));
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(weights, preset, seed);
   if (!model.ok()) {
     spdlog::error("workerd: cannot load the model: {}", model.status().ToString());
@@ -108,6 +116,10 @@ int main(int argc, char** argv) {
   const bool gpu_present = false;
 #endif
   if (device_name == "cuda" || (device_name == "auto" && gpu_present)) {
+    if (link->enabled) {  // docs/link_model.md: a model of the link for the CPU backend; on a GPU the link is real
+      spdlog::error("workerd: --link-model models the host-device link of the CPU backend; use --device cpu with it");
+      return 2;
+    }
 #ifdef DHS_HAVE_CUDA
     absl::StatusOr<std::unique_ptr<dhs::CudaDevice>> cuda =
         dhs::CudaDevice::Create(dhs::CudaDeviceOptions{static_cast<int>(config.gpu), /*managed_pools=*/true});
@@ -123,7 +135,11 @@ int main(int argc, char** argv) {
     return 2;
 #endif
   } else {
-    device = std::make_unique<dhs::CpuDevice>();
+    device = std::make_unique<dhs::CpuDevice>(*link);
+    if (link->enabled) {
+      spdlog::info("workerd: link model on: host->device {} GB/s, device->host {} GB/s, {} us per batch",
+                   link->host_to_device_gb_per_s, link->device_to_host_gb_per_s, link->latency_us);
+    }
   }
   spdlog::info("workerd: device backend {}", backend);
   const dhs::wire::HelloT hello = dhs::MakeHello((*model)->config(), config, *geometry, backend);

@@ -193,6 +193,10 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
     launch.host_pool_bytes = HostPoolBytes(trace, geometry->page_bytes, geometry->kv.page_rows);
     launch.slots = static_cast<uint32_t>(options.slots);
     if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
+    launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off
+    if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
+      launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
+    }
     auto started = EmbeddedNode::Start(launch);
     if (!started.ok()) return started.status();
     node.emplace(std::move(*started));

@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "workerd/device/link_model_cli.h"
 
 #ifndef DHS_REPLAY_DEFAULT_TRACE
 #define DHS_REPLAY_DEFAULT_TRACE "tools/replay/data/mooncake_conversation_head200.jsonl"
@@ -63,6 +64,9 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   }
   if (!o.connect.empty() && !o.reclaim_policy.empty()) {
     return bad("--reclaim-policy applies to a node the tool starts, not to --connect ", o.connect);
+  }
+  if (!o.connect.empty() && o.link_model.enabled) {
+    return bad("--link-model applies to the worker the tool starts, not to --connect ", o.connect);
   }
   if (!o.connect.empty() && o.check_exact) {
     return bad("--check-exact needs a resident reference node that the tool starts; with --connect ", o.connect,
@@ -138,6 +142,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--reclaim-policy", o.reclaim_policy,
                               "Victim order of the memd the tool starts (default: memd's, largest-first)")
                    ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}));
+  LinkModelFlags link_flags;
+  AddLinkModelOptions(app, &link_flags);
   copt->excludes(topt);
   sopt->excludes(copt);
   sopt->excludes(topt);
@@ -158,6 +164,13 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   if (copt->count() > 0) o.concurrency = concurrency;
   if (topt->count() > 0) o.time_scale = time_scale;
   if (hopt->count() > 0) o.hbm_budget_bytes = hbm_budget;
+  absl::StatusOr<LinkModelConfig> link = ResolveLinkModel(link_flags);
+  if (!link.ok()) {
+    cl.exit_code = 2;
+    cl.message = absl::StrCat("dhs-replay: ", link.status().message(), "\nRun with --help for more information.\n");
+    return cl;
+  }
+  o.link_model = *link;
   std::sort(o.sweep.begin(), o.sweep.end());
   if (!o.concurrency && !o.time_scale && o.sweep.empty()) o.concurrency = ReplayOptions::kDefaultConcurrency;
   absl::Status s = ValidateReplayOptions(o);
@@ -217,6 +230,7 @@ RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, st
   s.check_exact = options.check_exact;
   s.connect = options.connect;
   s.reclaim_policy = options.reclaim_policy;
+  s.link_model = options.link_model;
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "tools/replay/report.h"
 #include "tools/replay/scheduler.h"
 #include "tools/replay/trace.h"
+#include "workerd/device/link_model.h"
 
 namespace dhs::replay {
 
@@ -55,6 +56,9 @@ struct ReplayOptions {
   bool prepared_prefix = false;            // --prepared-prefix: import history from hash_ids instead of prefill
   std::string reclaim_policy;              // --reclaim-policy: memd's victim order of a node the tool starts
                                            // (oldest-first / newest-first / largest-first; "" = memd's default)
+  LinkModelConfig link_model;              // --link-model off|pcie5 [--link-h2d-gb-per-s X] [--link-d2h-gb-per-s X]
+                                           // [--link-latency-us X]: the host-device link model of the workerd the
+                                           // tool starts (docs/link_model.md); off by default
 };
 
 // The outcome of parsing argv. When exit_code is set, main prints `message` (to stdout for 0, stderr
@@ -73,7 +77,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 // InvalidArgument naming the option for: requests < 1, concurrency < 1, time scale < 0 or not finite,
 // length scale <= 0 or not finite, hbm budget <= 0, concurrency/time-scale/sweep combined, a sweep value < 1
 // or repeated, --plot without --sweep, an empty --trace, a --connect endpoint other than tcp:// or ipc://,
-// --reclaim-policy together with --connect, --check-exact together with --connect (the resident reference run
+// --reclaim-policy together with --connect, --link-model (enabled) together with --connect, --check-exact together
+// with --connect (the resident reference run
 // would go to the same worker: a run compared with itself).
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
 

@@ -123,6 +123,16 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
   return r;
 }
 
+// The worker's link model: {"model": "off"} with null figures, or "pcie5" with the figures in use.
+static json LinkModelJson(const LinkModelConfig& l) {
+  if (!l.enabled) {
+    return json{{"model", "off"}, {"host_to_device_gb_per_s", nullptr}, {"device_to_host_gb_per_s", nullptr},
+                {"latency_us", nullptr}};
+  }
+  return json{{"model", "pcie5"}, {"host_to_device_gb_per_s", l.host_to_device_gb_per_s},
+              {"device_to_host_gb_per_s", l.device_to_host_gb_per_s}, {"latency_us", l.latency_us}};
+}
+
 json ReportToJson(const ReplayReport& r) {
   const RunSettings& s = r.settings;
   json gpus = json::array();
@@ -169,7 +179,8 @@ json ReportToJson(const ReplayReport& r) {
         {"hbm_budget_bytes", OrNull(s.hbm_budget_bytes)},
         {"check_exact", s.check_exact},
         {"connect", s.connect},
-        {"reclaim_policy", s.reclaim_policy.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.reclaim_policy)}}},
+        {"reclaim_policy", s.reclaim_policy.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.reclaim_policy)},
+        {"link_model", LinkModelJson(s.link_model)}}},
   };
 }
 
@@ -208,6 +219,11 @@ std::string FormatSummary(const ReplayReport& r) {
   absl::StrAppendFormat(&out, "  mode %s, prefill %s, exact match %s\n", s.mode,
                         s.prefill.empty() ? "n/a" : s.prefill,
                         r.exact_match ? (*r.exact_match ? "yes" : "NO") : "not checked");
+  if (s.link_model.enabled) {
+    absl::StrAppendFormat(&out, "  link model: host->device %g GB/s, device->host %g GB/s, %g us per batch\n",
+                          s.link_model.host_to_device_gb_per_s, s.link_model.device_to_host_gb_per_s,
+                          s.link_model.latency_us);
+  }
   absl::StrAppendFormat(&out, "  served %d/%d in %.1f s: %d output tokens, %.1f tokens/s\n", r.requests_served,
                         r.requests_total, r.elapsed_s, r.output_tokens, r.output_tokens_per_s);
   absl::StrAppendFormat(&out, "  TTFT ms p50 %s p99 %s; TPOT ms p50 %s p99 %s; allocation wait %s of TTFT\n",

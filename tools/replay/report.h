@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/replay/driver.h"
 #include "tools/replay/node_client.h"
+#include "workerd/device/link_model.h"
 
 namespace dhs::replay {
 
@@ -38,6 +39,7 @@ struct RunSettings {
   bool check_exact = false;
   std::string connect;                // node endpoint; empty when the tool started its own node
   std::string reclaim_policy;         // memd's victim order when the tool chose it; empty = memd's default
+  LinkModelConfig link_model;         // the worker's host-device link model (docs/link_model.md); off by default
 };
 
 struct Percentiles {
