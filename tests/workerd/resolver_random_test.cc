@@ -401,8 +401,8 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
   EXPECT_GT(recoveries, 100);
 }
 
-// Known issues of FusedResolver found by the randomized test above, kept here as small deterministic cases. They are
-// DISABLED_ (workerd/kv is outside this change); run them with --gtest_also_run_disabled_tests.
+// Issues of FusedResolver found by the randomized test above (fixed), kept here as small deterministic cases, and
+// the contract decisions of resolver.h they led to.
 //
 // A one-source group (8-byte rows), p = 4, T = 8, B = k = 3; each request has 16 rows: pages 0 and 1 leave the tail.
 struct SmallKv {
@@ -446,10 +446,10 @@ struct SmallKv {
 
 // An INTERNAL error (a selected row with no copy) in a later query of a batch must leave nothing of the batch
 // resolved, like RESOURCE_EXHAUSTED and copy failures: the hot slots that earlier queries claimed are invalidated
-// (resolver.h). FusedResolver::Plan returns NoCopy without invalidating plan->assigned, so the slot claimed for row 1
-// of request 1 keeps row 1 in its index although its bytes were never copied: the next step counts it a hot hit and
-// returns the slot's stale bytes. ReferenceResolver invalidates them.
-TEST(FusedResolverKnownIssue, DISABLED_InternalAfterEarlierClaimsLeavesNoClaim) {
+// (resolver.h). FusedResolver::Plan used to return NoCopy without invalidating plan->assigned, so the slot claimed
+// for row 1 of request 1 kept row 1 in its index although its bytes were never copied: the next step counted it a hot
+// hit and returned the slot's stale bytes. ReferenceResolver invalidates them.
+TEST(ResolverFailure, InternalAfterEarlierClaimsLeavesNoClaim) {
   SmallKv f;
   RequestKv a = f.Make(1, 0, true), b = f.Make(2, 1, false);
   const std::vector<SourceId> src = {0};
@@ -463,6 +463,54 @@ TEST(FusedResolverKnownIssue, DISABLED_InternalAfterEarlierClaimsLeavesNoClaim) 
     const auto want = OriginalRow(1, 0, 1, 8);
     EXPECT_EQ(0, std::memcmp(s->At(out_a[0]), want.data(), 8)) << (s == &f.side ? "fused" : "reference");
     EXPECT_EQ(s->resolver->census(0).host, 1u) << "row 1 must be recovered from host, not found hot";
+  }
+}
+
+// Every error leaves every output entry of the batch -1 (resolver.h), whether it comes from validation, planning
+// (INTERNAL, RESOURCE_EXHAUSTED) or a copy: the fused resolver used to leave its output untouched on a planning error
+// while the reference filled it with -1. Outputs start at -7 here.
+TEST(ResolverFailure, EveryErrorClearsEveryOutput) {
+  SmallKv f;
+  RequestKv a = f.Make(1, 0, true), b = f.Make(2, 1, false);
+  const std::vector<SourceId> src = {0};
+  struct Case {
+    const char* name;
+    std::vector<Position> sel_a, sel_b;
+    absl::StatusCode want;
+  };
+  const Case cases[] = {
+      {"internal", {1, 12, -1}, {12, 5, -1}, absl::StatusCode::kInternal},         // b's row 5: no copy
+      {"exhausted", {1, 12, -1}, {0, 1, 2}, absl::StatusCode::kResourceExhausted},  // a's union 0..3 > B = 3
+      {"invalid", {1, 12, -1}, {16, -1, -1}, absl::StatusCode::kInvalidArgument},   // b has 16 rows
+  };
+  for (const Case& cs : cases) {
+    for (Side* s : {&f.side, &f.ref}) {
+      std::vector<Location> out_a(3, -7), out_b(3, -7);
+      std::vector<ResolveQuery> batch = {{&a, cs.sel_a, out_a}, {&b, cs.sel_b, out_b}};
+      const std::vector<Position> sel_a2 = {3, -1, -1};
+      if (cs.want == absl::StatusCode::kResourceExhausted) {
+        batch[1] = ResolveQuery{&a, cs.sel_b, out_b};
+        batch.push_back(ResolveQuery{&a, sel_a2, out_a});  // out_a written twice: both must end -1
+      }
+      const Census before = s->resolver->census(0);
+      EXPECT_EQ(s->resolver->Resolve(0, src, batch).code(), cs.want) << cs.name;
+      const char* who = s == &f.side ? "fused" : "reference";
+      EXPECT_EQ(out_a, std::vector<Location>(3, kNoLocation)) << cs.name << " " << who;
+      EXPECT_EQ(out_b, std::vector<Location>(3, kNoLocation)) << cs.name << " " << who;
+      EXPECT_EQ(s->resolver->census(0), before) << cs.name << " " << who;
+    }
+  }
+  // A failed copy (already so before this change).
+  for (Side* s : {&f.side, &f.ref}) {
+    std::vector<Position> sel = {2, 12, -1};
+    std::vector<Location> out(3, -7);
+    ResolveQuery q{&a, sel, out};
+    s->device.SetCopyHook([](const CopyInfo& i) {
+      return i.kind == CopyKind::kHostToDevice ? CopyFate::kFail : CopyFate::kRun;
+    });
+    EXPECT_EQ(s->resolver->Resolve(0, src, {&q, 1}).code(), absl::StatusCode::kUnavailable);
+    s->device.SetCopyHook(nullptr);
+    EXPECT_EQ(out, std::vector<Location>(3, kNoLocation));
   }
 }
 

@@ -87,6 +87,11 @@ bool DirectFromRecord(const KvLayout& l, const RequestKv& kv, std::span<const So
   return false;
 }
 
+// Every output entry of every query is -1 after an error (resolver.h).
+void ClearOutputs(std::span<ResolveQuery> batch) {
+  for (ResolveQuery& q : batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+}
+
 absl::Status NoCopy(const RequestKv& kv, Position t) {
   return absl::InternalError(absl::StrCat("resolver: row ", t, " of request ", kv.id,
                                           " is neither ready on GPU nor backed up on host (safety invariant)"));
@@ -136,7 +141,10 @@ void FusedResolver::ResetSlot(SlotIndex slot) {
 
 absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<const SourceId> sources,
                                                                   std::span<ResolveQuery> batch) {
-  if (absl::Status s = Validate(group, sources, batch); !s.ok()) return s;
+  if (absl::Status s = Validate(group, sources, batch); !s.ok()) {
+    ClearOutputs(batch);
+    return s;
+  }
   const KvLayout& l = *env_.layout;
   const auto& gs = l.config().groups[group];
   PlannedBatchPtr plan(new PlannedBatch());
@@ -147,6 +155,14 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
   plan->events.resize(sources.size());
   plan->issued.assign(sources.size(), false);
   const uint64_t step = ++step_;
+  // A planning error (INTERNAL, RESOURCE_EXHAUSTED) in query qi: the slots claimed by queries before it (and by qi)
+  // hold rows whose bytes were never copied; they are invalidated, as after a failed copy (Finish). Hits touched so
+  // far stay touched, as in the reference.
+  auto fail = [&](absl::Status status) {
+    for (auto [qq, hh] : plan->assigned) Cache(batch[qq].kv->slot, group).Invalidate(hh);
+    ClearOutputs(batch);
+    return status;
+  };
   for (size_t qi = 0; qi < batch.size(); ++qi) {
     const ResolveQuery& q = batch[qi];
     q.kv->IndexPages();  // O(1) unless pages were added by hand
@@ -163,7 +179,7 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
         ++plan->census.direct;
         continue;
       }
-      if (!q.kv->HostReady(t, l.config().page_rows)) return NoCopy(*q.kv, t);
+      if (!q.kv->HostReady(t, l.config().page_rows)) return fail(NoCopy(*q.kv, t));
       ++rest;
     }
     if (rest == 0) {
@@ -184,9 +200,8 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
       bool assigned = false;
       const uint32_t h = hc.Claim(q.selection[j], step, &assigned);
       if (h == HotCache::kNone) {
-        for (auto [qq, hh] : plan->assigned) Cache(batch[qq].kv->slot, group).Invalidate(hh);
-        return absl::ResourceExhaustedError(absl::StrCat("resolver: request ", q.kv->id,
-                                                         " selects more distinct missing rows than B in one step"));
+        return fail(absl::ResourceExhaustedError(absl::StrCat(
+            "resolver: request ", q.kv->id, " selects more distinct missing rows than B in one step")));
       }
       if (!assigned) {  // a duplicate assigned just before
         es[j] = Entry{Kind::kHot, h, 0};
@@ -248,7 +263,7 @@ absl::Status FusedResolver::Finish(PlannedBatchPtr plan) {
   }
   if (!status.ok()) {
     for (auto [qi, h] : plan->assigned) Cache(plan->batch[qi].kv->slot, plan->group).Invalidate(h);
-    for (ResolveQuery& q : plan->batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+    ClearOutputs(plan->batch);
     return status;
   }
   Census& c = census_[plan->group];
@@ -290,7 +305,10 @@ void ReferenceResolver::ResetSlot(SlotIndex slot) {
 
 absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId> sources,
                                         std::span<ResolveQuery> batch) {
-  if (absl::Status s = Validate(group, sources, batch); !s.ok()) return s;
+  if (absl::Status s = Validate(group, sources, batch); !s.ok()) {
+    ClearOutputs(batch);
+    return s;
+  }
   const KvLayout& l = *env_.layout;
   const KvConfig& c = l.config();
   const auto& gs = c.groups[group];
@@ -303,7 +321,7 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
       cache->stamp[h] = 0;
       cache->last_use[h] = --low_;
     }
-    for (ResolveQuery& q : batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+    ClearOutputs(batch);
     return s;
   };
   for (ResolveQuery& q : batch) {

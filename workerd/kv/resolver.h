@@ -9,6 +9,9 @@
 // Failure of any copy: nothing of the batch counts as resolved (census untouched), the targeted hot slots are
 // invalidated, the call returns the copy's error. Hot caches are per (request slot, group): no request ever sees
 // another's rows.
+// Any error (validation, planning or copy): every entry of every query's `out` is -1, the census is untouched, and
+// every hot slot the batch claimed for a miss is invalidated (its bytes may never have been copied), so a slot the
+// cache maps to row t always holds t's original bytes. Hits touched before a planning error stay touched.
 // Census (per group): selected rows resolved direct / hot / host, hot-cache scans skipped, bytes recovered.
 //
 // Thread-safety: none; driven by the worker thread. Copies run on the Device.
