@@ -514,25 +514,44 @@ TEST(ResolverFailure, EveryErrorClearsEveryOutput) {
   }
 }
 
-// The reference touches a hot slot again for a duplicate entry of one query (pass 1 re-stamps it: most recent);
-// FusedResolver's Claim returns the duplicate's slot without touching it. Same census, but a different LRU order, so
-// later victims (locations) differ, against resolver.h's "same locations and census for the same inputs". Top-k
-// selections hold distinct positions, so the worker is not affected; the randomized test keeps positions distinct.
-TEST(FusedResolverKnownIssue, DISABLED_DuplicateEntryOfOneQuery) {
+// A position repeated in one query is INVALID_ARGUMENT in both resolvers (resolver.h), before any state changes. It
+// used to be accepted with different LRU effects: the reference touched the slot again for the repeated miss (most
+// recent), FusedResolver's Claim returned the slot without touching it; same census, but later victims (locations)
+// differed, against resolver.h's "same locations and census for the same inputs". Top-k selections hold distinct
+// positions, so rejecting costs the worker nothing. -1 padding may repeat; several queries of one request may share
+// rows.
+TEST(ResolverContract, PositionRepeatedInOneQueryIsInvalid) {
   SmallKv f;
   RequestKv a = f.Make(1, 0, true);
   RequestKv a_ref = f.Make(1, 0, true);
   const std::vector<SourceId> src = {0};
   std::vector<Location> out_f(3), out_r(3);
-  auto both = [&](std::vector<Position> sel) {
+  auto both = [&](std::vector<Position> sel, absl::StatusCode want) {
+    std::fill(out_f.begin(), out_f.end(), -7);
+    std::fill(out_r.begin(), out_r.end(), -7);
     ResolveQuery qf{&a, sel, out_f}, qr{&a_ref, sel, out_r};
-    ASSERT_TRUE(f.side.resolver->Resolve(0, src, {&qf, 1}).ok());
-    ASSERT_TRUE(f.ref.resolver->Resolve(0, src, {&qr, 1}).ok());
+    EXPECT_EQ(f.side.resolver->Resolve(0, src, {&qf, 1}).code(), want) << "fused " << sel[0] << sel[1] << sel[2];
+    EXPECT_EQ(f.ref.resolver->Resolve(0, src, {&qr, 1}).code(), want) << "reference " << sel[0] << sel[1] << sel[2];
     EXPECT_EQ(out_f, out_r) << "selection " << sel[0] << ", " << sel[1] << ", " << sel[2];
+    EXPECT_EQ(f.side.resolver->census(0), f.ref.resolver->census(0));
   };
-  both({0, 1, 0});    // rows 0, 1 missing, row 0 twice: slots 0, 1; the reference makes row 0 the most recent
-  both({2, -1, -1});  // row 2 into the empty slot 2
-  both({3, -1, -1});  // the victim: row 0 (slot 0) in the fused resolver, row 1 (slot 1) in the reference
+  const auto kInvalid = absl::StatusCode::kInvalidArgument, kOk = absl::StatusCode::kOk;
+  both({0, 1, 0}, kInvalid);  // a repeated miss (the case that diverged)
+  EXPECT_EQ(out_f, std::vector<Location>(3, kNoLocation));
+  EXPECT_EQ(f.side.resolver->census(0), Census{});
+  both({12, 12, -1}, kInvalid);  // a repeated tail row
+  both({0, -1, -1}, kOk);        // row 0 into slot 0; -1 repeats
+  both({0, 0, 1}, kInvalid);     // a repeated hit
+  both({1, -1, -1}, kOk);        // row 1 into slot 1
+  both({2, -1, -1}, kOk);        // row 2 into the empty slot 2
+  both({3, -1, -1}, kOk);        // the victim: row 0 (slot 0), least recent: nothing above touched it again
+  EXPECT_EQ(out_f[0], f.layout.HotRow(0, 0, 0));
+  // Two queries of one request selecting the same row: one union, one slot.
+  std::vector<Position> s1 = {0, 2, -1}, s2 = {0, -1, -1};
+  std::vector<Location> o1(3), o2(3);
+  std::vector<ResolveQuery> batch = {{&a, s1, o1}, {&a, s2, o2}};
+  ASSERT_TRUE(f.side.resolver->Resolve(0, src, batch).ok());
+  EXPECT_EQ(o1[0], o2[0]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomResolver, ::testing::Range<uint64_t>(1, 9));

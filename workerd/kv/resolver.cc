@@ -20,6 +20,7 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
     }
   }
   const auto& group_sources = l.config().groups[group];
+  std::vector<Position> sorted;  // one query's positions, for the duplicate check
   for (const ResolveQuery& q : batch) {
     if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");
     if (q.out.size() != sources.size() * q.selection.size()) {
@@ -31,6 +32,15 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
       if (t < kNoPosition || t >= n) {
         return absl::InvalidArgumentError(
             absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " but has ", n, " rows"));
+      }
+    }
+    // Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h).
+    sorted.assign(q.selection.begin(), q.selection.end());
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t j = 1; j < sorted.size(); ++j) {
+      if (sorted[j] == sorted[j - 1] && sorted[j] != kNoPosition) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("resolver: request ", q.kv->id, " selects position ", sorted[j], " twice in one query"));
       }
     }
   }
@@ -203,10 +213,9 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
         return fail(absl::ResourceExhaustedError(absl::StrCat(
             "resolver: request ", q.kv->id, " selects more distinct missing rows than B in one step")));
       }
-      if (!assigned) {  // a duplicate assigned just before
-        es[j] = Entry{Kind::kHot, h, 0};
-        ++plan->census.hot;
-        continue;
+      if (!assigned) {  // unreachable: positions are distinct (Validate), earlier queries' claims were hits above
+        return fail(absl::InternalError(absl::StrCat("resolver: position ", q.selection[j], " of request ",
+                                                     q.kv->id, " claimed twice in one query")));
       }
       es[j] = Entry{Kind::kHost, h, 0};
       plan->assigned.emplace_back(qi, h);

@@ -1,6 +1,8 @@
 // workerd/kv/resolver.h: the fused resolver (brief §5) and its oracle, ReferenceResolver.
 //
-// Input: a batch of (request, ordered selection of k positions, -1 = empty) over one group's sources. Output: for
+// Input: a batch of (request, ordered selection of k distinct positions, -1 = empty) over one group's sources; a
+// position selected twice in one query is INVALID_ARGUMENT (a top-k selection never repeats one; the LRU order a
+// repeated miss would give is left undefined). Several queries of one request may select the same rows. Output: for
 // each source s (index si in `sources`) and entry j, out[si * k + j] = the row's byte offset in the KV pool, -1 kept.
 // Steps, per query: (1) direct: tail or ready map; (2) hot cache: hits touched (LRU), every slot selected in this
 // step protected, unselected LRU slots are victims; the scan is skipped only when every selected row resolved
@@ -42,7 +44,7 @@ struct Census {
 
 struct ResolveQuery {
   RequestKv* kv = nullptr;
-  std::span<const Position> selection;  // k entries
+  std::span<const Position> selection;  // k entries, distinct but for -1
   std::span<Location> out;              // sources.size() * k entries
 };
 
@@ -60,7 +62,7 @@ class Resolver {
   // Empties the hot caches of `slot` (a request was admitted into it).
   virtual void ResetSlot(SlotIndex slot) = 0;
   // Resolves the batch over `sources` (all in group `group`, non-empty). Errors: INVALID_ARGUMENT (bad sizes,
-  // position not appended, source outside the group), RESOURCE_EXHAUSTED (one step's union of a request exceeds B),
+  // position not appended, position repeated in one query, source outside the group), RESOURCE_EXHAUSTED (one step's union of a request exceeds B),
   // INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery copy failed.
   virtual absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) = 0;
   const Census& census(uint32_t group) const { return census_[group]; }
