@@ -554,6 +554,57 @@ TEST(ResolverContract, PositionRepeatedInOneQueryIsInvalid) {
   EXPECT_EQ(o1[0], o2[0]);
 }
 
+// Resolve takes the whole group (each source once, any order), else INVALID_ARGUMENT (resolver.h): the hot cache of
+// a request is shared by the group's sources, so a slot filled for source 0 alone used to be a hit with stale bytes
+// (zeros here) for source 1 in the next whole-group step.
+TEST(ResolverContract, PartialGroupIsInvalid) {
+  KvConfig c;
+  c.row_bytes = {8, 16};
+  c.groups = {{0, 1}};
+  c.page_rows = 4;
+  c.hot_rows = 3;
+  c.k = 3;
+  c.tail_rows = 8;
+  c.slots = 1;
+  c.optional_pages = 1;
+  const KvLayout layout = *KvLayout::Create(c);
+  std::vector<uint8_t> host(2 * layout.page_bytes());
+  Side fused(layout, host, true), ref(layout, host, false);
+  RequestKv kv;
+  kv.id = 1;
+  kv.appended = {16, 16};
+  kv.tail_write.assign(2, std::vector<CopyEvent>(8));
+  kv.GrowPages(4);
+  kv.pages[0].host_page = 0;
+  kv.SetHostReady(0, true);
+  for (SourceId s = 0; s < 2; ++s) {
+    for (uint32_t i = 0; i < 4; ++i) {
+      const auto row = OriginalRow(1, s, i, layout.row_bytes(s));
+      std::memcpy(host.data() + layout.InPage(s, i), row.data(), row.size());
+    }
+  }
+  std::vector<Position> sel = {1, -1, -1};
+  for (Side* side : {&fused, &ref}) {
+    const char* who = side == &fused ? "fused" : "reference";
+    for (const std::vector<SourceId>& src : {std::vector<SourceId>{0}, std::vector<SourceId>{1},
+                                             std::vector<SourceId>{0, 0}, std::vector<SourceId>{1, 1, 0}}) {
+      std::vector<Location> out(src.size() * 3, -7);
+      ResolveQuery q{&kv, sel, out};
+      EXPECT_EQ(side->resolver->Resolve(0, src, {&q, 1}).code(), absl::StatusCode::kInvalidArgument)
+          << who << ", " << src.size() << " sources";
+      EXPECT_EQ(out, std::vector<Location>(out.size(), kNoLocation)) << who;
+    }
+    const std::vector<SourceId> src = {1, 0};  // whole, either order
+    std::vector<Location> out(6);
+    ResolveQuery q{&kv, sel, out};
+    ASSERT_TRUE(side->resolver->Resolve(0, src, {&q, 1}).ok()) << who;
+    for (size_t si = 0; si < 2; ++si) {
+      const auto want = OriginalRow(1, src[si], 1, layout.row_bytes(src[si]));
+      EXPECT_EQ(0, std::memcmp(side->At(out[si * 3]), want.data(), want.size())) << who << " source " << src[si];
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomResolver, ::testing::Range<uint64_t>(1, 9));
 
 }  // namespace

@@ -20,6 +20,17 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
     }
   }
   const auto& group_sources = l.config().groups[group];
+  // The whole group, each source once (any order): its hot cache is shared by the group's sources, so a slot filled
+  // for some of them would be a hit with stale bytes for the others.
+  bool whole = sources.size() == group_sources.size();
+  for (size_t i = 0; whole && i < sources.size(); ++i) {
+    whole = std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) ==
+            sources.begin() + static_cast<std::ptrdiff_t>(i);
+  }
+  if (!whole) {
+    return absl::InvalidArgumentError(absl::StrCat("resolver: ", sources.size(), " sources given, group ", group,
+                                                   " has ", group_sources.size(), ": pass each source of the group once"));
+  }
   std::vector<Position> sorted;  // one query's positions, for the duplicate check
   for (const ResolveQuery& q : batch) {
     if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");

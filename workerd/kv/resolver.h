@@ -61,8 +61,10 @@ class Resolver {
   virtual ~Resolver() = default;
   // Empties the hot caches of `slot` (a request was admitted into it).
   virtual void ResetSlot(SlotIndex slot) = 0;
-  // Resolves the batch over `sources` (all in group `group`, non-empty). Errors: INVALID_ARGUMENT (bad sizes,
-  // position not appended, position repeated in one query, source outside the group), RESOURCE_EXHAUSTED (one step's union of a request exceeds B),
+  // Resolves the batch over `sources`: every source of group `group` exactly once, in any order (the hot cache of a
+  // request is shared by the group's sources: a slot filled for a subset would be a hit with stale bytes for the
+  // others). Errors: INVALID_ARGUMENT (bad sizes, position not appended, position repeated in one query, source
+  // outside the group, not the whole group or a source twice), RESOURCE_EXHAUSTED (one step's union of a request exceeds B),
   // INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery copy failed.
   virtual absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) = 0;
   const Census& census(uint32_t group) const { return census_[group]; }
@@ -93,7 +95,8 @@ class FusedResolver final : public Resolver {
   absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
 
   // Steps 1-2 and the victim choice for every query; no copy is issued yet. The batch's spans must stay valid
-  // until Finish. At most one planned batch per group may be open.
+  // until Finish. At most one planned batch per group may be open. Validation and planning errors as Resolve's, with
+  // the same effects (outputs -1, claimed slots invalidated).
   absl::StatusOr<PlannedBatchPtr> Plan(uint32_t group, std::span<const SourceId> sources,
                                                      std::span<ResolveQuery> batch);
   // Issues the host-recovery copies of follower `source_index` (index into `sources`) and writes its output
