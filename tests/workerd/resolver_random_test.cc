@@ -2,7 +2,9 @@
 // histories, tails, ready-map pages and host copies that change between steps, hot caches warmed by earlier steps,
 // several requests per batch, several queries of one request selecting overlapping rows (one union per request and
 // step), -1 padding, followers in either order, unions of more than B missing rows (RESOURCE_EXHAUSTED),
-// rows with no copy (INTERNAL) and failed recovery copies (UNAVAILABLE).
+// rows with no copy (INTERNAL) in any query of a batch, failed recovery copies (UNAVAILABLE: every copy, or only those
+// into one request's hot region of one source, so that other copies of the batch land) in batches of several queries,
+// and a position repeated in one query (INVALID_ARGUMENT).
 //
 // Each step both resolvers get the same batch over the same RequestKv records; each has its own device pool (same
 // layout), filled by the test with the original rows (tail ring and ready pages; host pages in one shared host pool).
@@ -14,11 +16,11 @@
 //     TailRow / PageRow; other rows in the request's own hot region of that source; one position, one location
 //     within a request's union; the census delta (direct, hot + host, scans skipped, bytes recovered) as counted by
 //     the test; and the fused locations and census equal the reference's;
-//   - on failure: the census of both resolvers is unchanged (nothing of the batch counts as resolved). The hot-cache
-//     state after a failure (the targeted slots invalidated, resolver.h) is checked by every later step, whose
-//     locations and census must still equal the reference's.
-// Positions are distinct within one query, and a row with no copy is selected only by the first query of a batch:
-// the two known issues at the end of this file (DISABLED_) show what happens otherwise.
+//   - on failure: the census of both resolvers is unchanged (nothing of the batch counts as resolved), every output
+//     entry is -1. The hot-cache state after a failure (the targeted slots invalidated, resolver.h) is checked by
+//     every later step, whose locations and census must still equal the reference's;
+//   - after every step, ok or failed (exactness, brief §7): both resolvers map every hot slot to the same row, and
+//     every slot mapped to row t holds t's original bytes for every source of the group.
 // Seeds are printed; the run is deterministic. RESOLVER_TRACE=1 in the environment prints every batch and its outputs.
 #include <gtest/gtest.h>
 
@@ -162,7 +164,7 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
   }
 
   std::map<absl::StatusCode, int> outcomes;
-  int multi_query_unions = 0, hits = 0, recoveries = 0;
+  int multi_query_unions = 0, multi_query_unavailable = 0, hits = 0, recoveries = 0;
   for (int step = 0; step < 1500; ++step) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " step " << step);
     // --- the state changes between steps
@@ -189,8 +191,12 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     if (g == 0 && coin(0.3)) sources = {1, 0};
     const bool wide = coin(0.12);         // many distinct host rows: unions beyond B
     const bool unbacked = coin(0.04);     // one row with no copy at all
-    const bool fail_copies = coin(0.05);  // every recovery copy of this step fails
-    const size_t queries = fail_copies ? 1 : wide ? 2 + below(3) : 1 + below(4);
+    const bool fail_copies = coin(0.06);  // recovery copies of this step fail: all, or only those of one region
+    const bool fail_one_region = coin(0.5);
+    const SlotIndex fail_slot = static_cast<SlotIndex>(below(c.slots));
+    const SourceId fail_source = c.groups[g][below(c.groups[g].size())];
+    const bool repeat = coin(0.02);  // a position twice in one query
+    const size_t queries = wide ? 2 + below(3) : 1 + below(4);
     const SlotIndex wide_slot = static_cast<SlotIndex>(below(c.slots));  // wide: every query of this request
     std::vector<std::vector<Position>> sel(queries);
     std::vector<SlotIndex> slot_of(queries);
@@ -229,20 +235,32 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
           put(j, t);
         }
       }
-      // In the first query only: an INTERNAL error after earlier queries of the batch claimed hot slots leaves those
-      // claims in the fused resolver (see FusedResolverKnownIssue below).
-      if (unbacked && qi == 0 && !spare.empty()) put(static_cast<uint32_t>(below(k)), spare[below(spare.size())]);
+      // In any query: an INTERNAL error after earlier queries of the batch claimed hot slots must invalidate those
+      // claims (ResolverFailure.InternalAfterEarlierClaimsLeavesNoClaim).
+      if (unbacked && !spare.empty() && coin(0.5)) put(static_cast<uint32_t>(below(k)), spare[below(spare.size())]);
       last_query[s] = qi;
       for (Position t : q) {
         if (t >= 0 && backed(r, t) && r.recent.size() < 3 * B) r.recent.push_back(t);
       }
       if (r.recent.size() >= 3 * B || coin(0.05)) r.recent.clear();
     }
+    if (repeat) {  // entry j2 of one query repeats its entry j1
+      std::vector<Position>& q = sel[below(queries)];
+      const size_t j1 = below(k), j2 = (j1 + 1 + below(k - 1)) % k;
+      if (q[j1] >= 0) q[j2] = q[j1];
+    }
 
     // --- the expected outcome, from the test's own page states
     absl::StatusCode want = absl::StatusCode::kOk;
     Census want_delta;
-    {
+    for (const auto& q : sel) {
+      for (size_t j = 0; j < q.size(); ++j) {
+        if (q[j] >= 0 && std::find(q.begin() + static_cast<std::ptrdiff_t>(j) + 1, q.end(), q[j]) != q.end()) {
+          want = absl::StatusCode::kInvalidArgument;
+        }
+      }
+    }
+    if (want == absl::StatusCode::kOk) {
       std::map<SlotIndex, std::set<Position>> unions;
       for (size_t qi = 0; qi < queries && want == absl::StatusCode::kOk; ++qi) {
         const Req& r = reqs[slot_of[qi]];
@@ -279,9 +297,17 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     const Census before_f[2] = {fused.resolver->census(0), fused.resolver->census(1)};
     const Census before_r[2] = {ref.resolver->census(0), ref.resolver->census(1)};
     if (fail_copies) {
+      // All recovery copies, or those into the hot region of one (request slot, source): then the batches of the
+      // other sources (fused) or the copies of earlier rows (reference) land before the failure.
+      const Location lo = layout.HotRow(fail_slot, fail_source, 0), hi = layout.HotRow(fail_slot, fail_source, B);
       for (Side* s : sides) {
-        s->device.SetCopyHook([](const CopyInfo& i) {
-          return i.kind == CopyKind::kHostToDevice ? CopyFate::kFail : CopyFate::kRun;
+        s->device.SetCopyHook([=](const CopyInfo& i) {
+          if (i.kind != CopyKind::kHostToDevice) return CopyFate::kRun;
+          if (!fail_one_region) return CopyFate::kFail;
+          for (const DeviceRange& r : i.device) {
+            if (static_cast<Location>(r.offset) >= lo && static_cast<Location>(r.offset) < hi) return CopyFate::kFail;
+          }
+          return CopyFate::kRun;
         });
       }
     }
@@ -311,14 +337,38 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     }
     ASSERT_EQ(sf.code(), sr.code()) << "fused: " << sf << "; reference: " << sr;
     ++outcomes[sf.code()];
+    multi_query_unavailable += sf.code() == absl::StatusCode::kUnavailable && queries > 1;
     if (fail_copies && want == absl::StatusCode::kOk && sf.code() == absl::StatusCode::kUnavailable) {
       want = absl::StatusCode::kUnavailable;  // some row was recovered from host, and its copy failed
     }
     ASSERT_EQ(sf.code(), want) << sf;
+    // Exactness of the hot caches, after every step (ok or failed): the same rows in both resolvers, and every slot
+    // mapped to a row holds that row's original bytes, for every source of the group.
+    for (SlotIndex slot = 0; slot < c.slots; ++slot) {
+      for (uint32_t gg = 0; gg < 2; ++gg) {
+        for (uint32_t h = 0; h < B; ++h) {
+          const Position t = fused.resolver->HotPosition(slot, gg, h);
+          ASSERT_EQ(t, ref.resolver->HotPosition(slot, gg, h)) << "slot " << slot << " group " << gg << " hot " << h;
+          if (t == kNoPosition) continue;
+          for (SourceId s : c.groups[gg]) {
+            const auto want_row = OriginalRow(reqs[slot].kv.id, s, t, layout.row_bytes(s));
+            for (Side* side : sides) {
+              ASSERT_EQ(0, std::memcmp(side->At(layout.HotRow(slot, s, h)), want_row.data(), want_row.size()))
+                  << (side == &fused ? "fused" : "reference") << ": slot " << slot << " source " << s << " hot "
+                  << h << " mapped to row " << t << " holds other bytes";
+            }
+          }
+        }
+      }
+    }
     if (!sf.ok()) {  // nothing of the batch counts as resolved
       for (uint32_t gg = 0; gg < 2; ++gg) {
         ASSERT_EQ(fused.resolver->census(gg), before_f[gg]) << "group " << gg;
         ASSERT_EQ(ref.resolver->census(gg), before_r[gg]) << "group " << gg;
+      }
+      for (size_t qi = 0; qi < queries; ++qi) {
+        ASSERT_EQ(out_f[qi], std::vector<Location>(out_f[qi].size(), kNoLocation)) << "fused, query " << qi;
+        ASSERT_EQ(out_r[qi], std::vector<Location>(out_r[qi].size(), kNoLocation)) << "reference, query " << qi;
       }
       continue;
     }
@@ -386,16 +436,18 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     hits += static_cast<int>(af.hot - bf.hot);
     recoveries += static_cast<int>(af.host - bf.host);
   }
-  std::printf("  outcomes: ok %d, resource exhausted %d, internal %d, unavailable %d; multi-query unions %d, hot hits "
-              "%d, host recoveries %d\n",
+  std::printf("  outcomes: ok %d, resource exhausted %d, internal %d, unavailable %d (multi-query %d), invalid "
+              "argument %d; multi-query unions %d, hot hits %d, host recoveries %d\n",
               outcomes[absl::StatusCode::kOk], outcomes[absl::StatusCode::kResourceExhausted],
-              outcomes[absl::StatusCode::kInternal], outcomes[absl::StatusCode::kUnavailable], multi_query_unions,
-              hits, recoveries);
+              outcomes[absl::StatusCode::kInternal], outcomes[absl::StatusCode::kUnavailable], multi_query_unavailable,
+              outcomes[absl::StatusCode::kInvalidArgument], multi_query_unions, hits, recoveries);
   // The schedule exercised every path.
   EXPECT_GT(outcomes[absl::StatusCode::kOk], 500);
   EXPECT_GT(outcomes[absl::StatusCode::kResourceExhausted], 5);
   EXPECT_GT(outcomes[absl::StatusCode::kInternal], 2);
   EXPECT_GT(outcomes[absl::StatusCode::kUnavailable], 2);
+  EXPECT_GT(multi_query_unavailable, 1);
+  EXPECT_GT(outcomes[absl::StatusCode::kInvalidArgument], 2);
   EXPECT_GT(multi_query_unions, 100);
   EXPECT_GT(hits, 100);
   EXPECT_GT(recoveries, 100);

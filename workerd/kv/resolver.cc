@@ -344,10 +344,15 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
     ClearOutputs(batch);
     return s;
   };
-  for (ResolveQuery& q : batch) {
+  // Every query is planned (steps 1-2, victims) before any copy, as in the fused resolver: a failed copy of any
+  // query then leaves the same hot-cache state in both (every query's hits touched, every claim invalidated).
+  std::vector<std::vector<Entry>> entries(batch.size());
+  for (size_t qi = 0; qi < batch.size(); ++qi) {
+    ResolveQuery& q = batch[qi];
     const size_t k = q.selection.size();
     Slots& hc = caches_[q.kv->slot * groups_ + group];
-    std::vector<Entry> es(k);
+    std::vector<Entry>& es = entries[qi];
+    es.resize(k);
     bool all_direct = true;
     for (size_t j = 0; j < k; ++j) {
       const Position t = q.selection[j];
@@ -388,7 +393,12 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
         hc.last_use[h] = ++clock_;
       }
     }
+  }
+  for (size_t qi = 0; qi < batch.size(); ++qi) {
     // Emit and recover this query's misses, one source at a time, waiting each copy.
+    ResolveQuery& q = batch[qi];
+    const size_t k = q.selection.size();
+    const std::vector<Entry>& es = entries[qi];
     for (size_t si = 0; si < sources.size(); ++si) {
       const SourceId s = sources[si];
       for (size_t j = 0; j < k; ++j) {

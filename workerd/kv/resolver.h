@@ -8,8 +8,9 @@
 // step protected, unselected LRU slots are victims; the scan is skipped only when every selected row resolved
 // directly; (3) host recovery: each remaining miss is copied from its host page into a victim slot, per source.
 // Fused: one pass over the batch, all copies issued (one batch per source) and waited once; cost bounded by B and k.
-// Failure of any copy: nothing of the batch counts as resolved (census untouched), the targeted hot slots are
-// invalidated, the call returns the copy's error. Hot caches are per (request slot, group): no request ever sees
+// Failure of any copy: nothing of the batch counts as resolved (census untouched), every hot slot the batch targeted
+// is invalidated (every query is planned before any copy: the hits of every query stay touched), the call returns
+// the copy's error. Hot caches are per (request slot, group): no request ever sees
 // another's rows.
 // Any error (validation, planning or copy): every entry of every query's `out` is -1, the census is untouched, and
 // every hot slot the batch claimed for a miss is invalidated (its bytes may never have been copied), so a slot the
@@ -68,6 +69,9 @@ class Resolver {
   // INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery copy failed.
   virtual absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) = 0;
   const Census& census(uint32_t group) const { return census_[group]; }
+  // The row that hot slot h (< B) of (request slot, group) holds, kNoPosition when empty; for checks and tests.
+  // Invariant (brief §7): the slot's bytes of every source of the group are that row's original bytes.
+  virtual Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const = 0;
 
  protected:
   explicit Resolver(const ResolverEnv& env) : env_(env), census_(env.layout->config().groups.size()) {}
@@ -93,6 +97,9 @@ class FusedResolver final : public Resolver {
 
   void ResetSlot(SlotIndex slot) override;
   absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
+  Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const override {
+    return caches_[slot * groups_ + group].PositionAt(h);
+  }
 
   // Steps 1-2 and the victim choice for every query; no copy is issued yet. The batch's spans must stay valid
   // until Finish. At most one planned batch per group may be open. Validation and planning errors as Resolve's, with
@@ -114,13 +121,17 @@ class FusedResolver final : public Resolver {
   uint64_t step_ = 0;
 };
 
-// The oracle: a simple per-query loop (linear scans, LRU by stamps, copies waited per query). Same locations and
-// census as FusedResolver for the same inputs.
+// The oracle: a simple per-query loop (linear scans, LRU by stamps), every query of the batch planned before any
+// copy, then copies issued and waited one row at a time. Same locations, census, errors and hot-cache state
+// (HotPosition, later victims) as FusedResolver for the same inputs, after a failed step too.
 class ReferenceResolver final : public Resolver {
  public:
   explicit ReferenceResolver(const ResolverEnv& env);
   void ResetSlot(SlotIndex slot) override;
   absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
+  Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const override {
+    return caches_[slot * groups_ + group].pos[h];
+  }
 
  private:
   struct Slots {
