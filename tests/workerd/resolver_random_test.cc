@@ -657,6 +657,31 @@ TEST(ResolverContract, PartialGroupIsInvalid) {
   }
 }
 
+// A tail row whose write failed is not there: resolving it fails the batch in both resolvers (UNAVAILABLE, outputs
+// -1, nothing counted). The fused resolver used to skip a tail write that was already done, failed or not, and
+// returned the row's location (bytes never written); the reference waited it and failed.
+TEST(ResolverFailure, FailedTailWriteFailsTheBatch) {
+  SmallKv f;
+  const std::vector<SourceId> src = {0};
+  for (Side* s : {&f.side, &f.ref}) {
+    const char* who = s == &f.side ? "fused" : "reference";
+    RequestKv a = f.Make(1, 0, true);
+    s->device.SetCopyHook([](const CopyInfo&) { return CopyFate::kFail; });
+    const uint8_t row[8] = {};
+    const HostToDeviceCopy op{DeviceRange{s->pool, f.layout.TailRow(0, 0, 12), 8}, row};
+    a.tail_write[0][12 % 8] = s->device.CopyHostToDevice({&op, 1}, {});  // the write of row 12, failed
+    s->device.SetCopyHook(nullptr);
+    ASSERT_TRUE(a.tail_write[0][12 % 8].Failed());
+    std::vector<Position> sel = {12, 1, -1};
+    std::vector<Location> out(3, -7);
+    ResolveQuery q{&a, sel, out};
+    EXPECT_EQ(s->resolver->Resolve(0, src, {&q, 1}).code(), absl::StatusCode::kUnavailable) << who;
+    EXPECT_EQ(out, std::vector<Location>(3, kNoLocation)) << who;
+    EXPECT_EQ(s->resolver->census(0), Census{}) << who;
+    EXPECT_EQ(s->resolver->HotPosition(0, 0, 0), kNoPosition) << who << ": row 1's claim is invalidated";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomResolver, ::testing::Range<uint64_t>(1, 9));
 
 }  // namespace

@@ -253,7 +253,7 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
       q.out[si * k + j] = LocationOf(l, *q.kv, s, t, e);
       if (e.kind == Kind::kTail) {
         const CopyEvent& w = q.kv->tail_write[s][static_cast<size_t>(t % T)];
-        if (!w.Done()) after.push_back(w);
+        if (!w.Done() || w.Failed()) after.push_back(w);  // a failed write fails the batch: the row is not there
       } else if (e.kind == Kind::kHost) {
         if (hot_readers == kUnknown) {
           const uint64_t bytes = uint64_t{l.config().hot_rows} * l.row_bytes(s);
