@@ -31,7 +31,6 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
     return absl::InvalidArgumentError(absl::StrCat("resolver: ", sources.size(), " sources given, group ", group,
                                                    " has ", group_sources.size(), ": pass each source of the group once"));
   }
-  std::vector<Position> sorted;  // one query's positions, for the duplicate check
   for (const ResolveQuery& q : batch) {
     if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");
     if (q.out.size() != sources.size() * q.selection.size()) {
@@ -45,14 +44,20 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
             absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " but has ", n, " rows"));
       }
     }
-    // Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h).
-    sorted.assign(q.selection.begin(), q.selection.end());
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t j = 1; j < sorted.size(); ++j) {
-      if (sorted[j] == sorted[j - 1] && sorted[j] != kNoPosition) {
+    // Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). An open
+    // addressing table of at least 2k entries, reused across calls: O(k) per query, no allocation in steady state.
+    size_t cap = 16;
+    while (cap < 2 * q.selection.size()) cap <<= 1;
+    seen_.assign(cap, kNoPosition);
+    for (Position t : q.selection) {
+      if (t == kNoPosition) continue;
+      size_t i = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
+      while (seen_[i] != kNoPosition && seen_[i] != t) i = (i + 1) & (cap - 1);
+      if (seen_[i] == t) {
         return absl::InvalidArgumentError(
-            absl::StrCat("resolver: request ", q.kv->id, " selects position ", sorted[j], " twice in one query"));
+            absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
       }
+      seen_[i] = t;
     }
   }
   return absl::OkStatus();

@@ -80,6 +80,9 @@ class Resolver {
 
   ResolverEnv env_;
   std::vector<Census> census_;
+
+ private:
+  mutable std::vector<Position> seen_;  // Validate's duplicate check (scratch)
 };
 
 // A planned batch of the fused resolver: the shared position->slot plan of one group, ready to issue each
