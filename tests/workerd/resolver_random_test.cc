@@ -186,8 +186,8 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     const uint32_t g = static_cast<uint32_t>(below(2));
     std::vector<SourceId> sources = c.groups[g];
     // Always the whole group (in either order): the hot cache is per group, so a slot filled for a subset of its
-    // sources would be a hit with stale bytes for the others (Validate accepts subsets; HierarchicalKvAccess and
-    // the model always pass the whole group).
+    // sources would be a hit with stale bytes for the others; Validate rejects subsets
+    // (ResolverContract.PartialGroupIsInvalid).
     if (g == 0 && coin(0.3)) sources = {1, 0};
     const bool wide = coin(0.12);         // many distinct host rows: unions beyond B
     const bool unbacked = coin(0.04);     // one row with no copy at all

@@ -29,7 +29,8 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
   }
   if (!whole) {
     return absl::InvalidArgumentError(absl::StrCat("resolver: ", sources.size(), " sources given, group ", group,
-                                                   " has ", group_sources.size(), ": pass each source of the group once"));
+                                                   " has ", group_sources.size(),
+                                                   ": pass each source of the group once"));
   }
   for (const ResolveQuery& q : batch) {
     if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");

@@ -10,8 +10,7 @@
 // Fused: one pass over the batch, all copies issued (one batch per source) and waited once; cost bounded by B and k.
 // Failure of any copy: nothing of the batch counts as resolved (census untouched), every hot slot the batch targeted
 // is invalidated (every query is planned before any copy: the hits of every query stay touched), the call returns
-// the copy's error. Hot caches are per (request slot, group): no request ever sees
-// another's rows.
+// the copy's error. Hot caches are per (request slot, group): no request ever sees another's rows.
 // Any error (validation, planning or copy): every entry of every query's `out` is -1, the census is untouched, and
 // every hot slot the batch claimed for a miss is invalidated (its bytes may never have been copied), so a slot the
 // cache maps to row t always holds t's original bytes. Hits touched before a planning error stay touched.
@@ -65,8 +64,9 @@ class Resolver {
   // Resolves the batch over `sources`: every source of group `group` exactly once, in any order (the hot cache of a
   // request is shared by the group's sources: a slot filled for a subset would be a hit with stale bytes for the
   // others). Errors: INVALID_ARGUMENT (bad sizes, position not appended, position repeated in one query, source
-  // outside the group, not the whole group or a source twice), RESOURCE_EXHAUSTED (one step's union of a request exceeds B),
-  // INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery copy failed.
+  // outside the group, not the whole group or a source twice), RESOURCE_EXHAUSTED (one step's union of a request
+  // exceeds B), INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery
+  // copy, or the write of a selected tail row, failed. Effects of an error: see the top of this file.
   virtual absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) = 0;
   const Census& census(uint32_t group) const { return census_[group]; }
   // The row that hot slot h (< B) of (request slot, group) holds, kNoPosition when empty; for checks and tests.
