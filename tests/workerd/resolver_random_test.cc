@@ -2,7 +2,9 @@
 // histories, tails, ready-map pages and host copies that change between steps, hot caches warmed by earlier steps,
 // several requests per batch, several queries of one request selecting overlapping rows (one union per request and
 // step), -1 padding, followers in either order, unions of more than B missing rows (RESOURCE_EXHAUSTED),
-// rows with no copy (INTERNAL) and failed recovery copies (UNAVAILABLE).
+// rows with no copy (INTERNAL) in any query of a batch, failed recovery copies (UNAVAILABLE: every copy, or only those
+// into one request's hot region of one source, so that other copies of the batch land) in batches of several queries,
+// and a position repeated in one query (INVALID_ARGUMENT).
 //
 // Each step both resolvers get the same batch over the same RequestKv records; each has its own device pool (same
 // layout), filled by the test with the original rows (tail ring and ready pages; host pages in one shared host pool).
@@ -14,11 +16,11 @@
 //     TailRow / PageRow; other rows in the request's own hot region of that source; one position, one location
 //     within a request's union; the census delta (direct, hot + host, scans skipped, bytes recovered) as counted by
 //     the test; and the fused locations and census equal the reference's;
-//   - on failure: the census of both resolvers is unchanged (nothing of the batch counts as resolved). The hot-cache
-//     state after a failure (the targeted slots invalidated, resolver.h) is checked by every later step, whose
-//     locations and census must still equal the reference's.
-// Positions are distinct within one query, and a row with no copy is selected only by the first query of a batch:
-// the two known issues at the end of this file (DISABLED_) show what happens otherwise.
+//   - on failure: the census of both resolvers is unchanged (nothing of the batch counts as resolved), every output
+//     entry is -1. The hot-cache state after a failure (the targeted slots invalidated, resolver.h) is checked by
+//     every later step, whose locations and census must still equal the reference's;
+//   - after every step, ok or failed (exactness, brief §7): both resolvers map every hot slot to the same row, and
+//     every slot mapped to row t holds t's original bytes for every source of the group.
 // Seeds are printed; the run is deterministic. RESOLVER_TRACE=1 in the environment prints every batch and its outputs.
 #include <gtest/gtest.h>
 
@@ -162,7 +164,7 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
   }
 
   std::map<absl::StatusCode, int> outcomes;
-  int multi_query_unions = 0, hits = 0, recoveries = 0;
+  int multi_query_unions = 0, multi_query_unavailable = 0, hits = 0, recoveries = 0;
   for (int step = 0; step < 1500; ++step) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " step " << step);
     // --- the state changes between steps
@@ -184,13 +186,17 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     const uint32_t g = static_cast<uint32_t>(below(2));
     std::vector<SourceId> sources = c.groups[g];
     // Always the whole group (in either order): the hot cache is per group, so a slot filled for a subset of its
-    // sources would be a hit with stale bytes for the others (Validate accepts subsets; HierarchicalKvAccess and
-    // the model always pass the whole group).
+    // sources would be a hit with stale bytes for the others; Validate rejects subsets
+    // (ResolverContract.PartialGroupIsInvalid).
     if (g == 0 && coin(0.3)) sources = {1, 0};
     const bool wide = coin(0.12);         // many distinct host rows: unions beyond B
     const bool unbacked = coin(0.04);     // one row with no copy at all
-    const bool fail_copies = coin(0.05);  // every recovery copy of this step fails
-    const size_t queries = fail_copies ? 1 : wide ? 2 + below(3) : 1 + below(4);
+    const bool fail_copies = coin(0.06);  // recovery copies of this step fail: all, or only those of one region
+    const bool fail_one_region = coin(0.5);
+    const SlotIndex fail_slot = static_cast<SlotIndex>(below(c.slots));
+    const SourceId fail_source = c.groups[g][below(c.groups[g].size())];
+    const bool repeat = coin(0.02);  // a position twice in one query
+    const size_t queries = wide ? 2 + below(3) : 1 + below(4);
     const SlotIndex wide_slot = static_cast<SlotIndex>(below(c.slots));  // wide: every query of this request
     std::vector<std::vector<Position>> sel(queries);
     std::vector<SlotIndex> slot_of(queries);
@@ -229,20 +235,32 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
           put(j, t);
         }
       }
-      // In the first query only: an INTERNAL error after earlier queries of the batch claimed hot slots leaves those
-      // claims in the fused resolver (see FusedResolverKnownIssue below).
-      if (unbacked && qi == 0 && !spare.empty()) put(static_cast<uint32_t>(below(k)), spare[below(spare.size())]);
+      // In any query: an INTERNAL error after earlier queries of the batch claimed hot slots must invalidate those
+      // claims (ResolverFailure.InternalAfterEarlierClaimsLeavesNoClaim).
+      if (unbacked && !spare.empty() && coin(0.5)) put(static_cast<uint32_t>(below(k)), spare[below(spare.size())]);
       last_query[s] = qi;
       for (Position t : q) {
         if (t >= 0 && backed(r, t) && r.recent.size() < 3 * B) r.recent.push_back(t);
       }
       if (r.recent.size() >= 3 * B || coin(0.05)) r.recent.clear();
     }
+    if (repeat) {  // entry j2 of one query repeats its entry j1
+      std::vector<Position>& q = sel[below(queries)];
+      const size_t j1 = below(k), j2 = (j1 + 1 + below(k - 1)) % k;
+      if (q[j1] >= 0) q[j2] = q[j1];
+    }
 
     // --- the expected outcome, from the test's own page states
     absl::StatusCode want = absl::StatusCode::kOk;
     Census want_delta;
-    {
+    for (const auto& q : sel) {
+      for (size_t j = 0; j < q.size(); ++j) {
+        if (q[j] >= 0 && std::find(q.begin() + static_cast<std::ptrdiff_t>(j) + 1, q.end(), q[j]) != q.end()) {
+          want = absl::StatusCode::kInvalidArgument;
+        }
+      }
+    }
+    if (want == absl::StatusCode::kOk) {
       std::map<SlotIndex, std::set<Position>> unions;
       for (size_t qi = 0; qi < queries && want == absl::StatusCode::kOk; ++qi) {
         const Req& r = reqs[slot_of[qi]];
@@ -279,9 +297,17 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     const Census before_f[2] = {fused.resolver->census(0), fused.resolver->census(1)};
     const Census before_r[2] = {ref.resolver->census(0), ref.resolver->census(1)};
     if (fail_copies) {
+      // All recovery copies, or those into the hot region of one (request slot, source): then the batches of the
+      // other sources (fused) or the copies of earlier rows (reference) land before the failure.
+      const Location lo = layout.HotRow(fail_slot, fail_source, 0), hi = layout.HotRow(fail_slot, fail_source, B);
       for (Side* s : sides) {
-        s->device.SetCopyHook([](const CopyInfo& i) {
-          return i.kind == CopyKind::kHostToDevice ? CopyFate::kFail : CopyFate::kRun;
+        s->device.SetCopyHook([=](const CopyInfo& i) {
+          if (i.kind != CopyKind::kHostToDevice) return CopyFate::kRun;
+          if (!fail_one_region) return CopyFate::kFail;
+          for (const DeviceRange& r : i.device) {
+            if (static_cast<Location>(r.offset) >= lo && static_cast<Location>(r.offset) < hi) return CopyFate::kFail;
+          }
+          return CopyFate::kRun;
         });
       }
     }
@@ -311,14 +337,38 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     }
     ASSERT_EQ(sf.code(), sr.code()) << "fused: " << sf << "; reference: " << sr;
     ++outcomes[sf.code()];
+    multi_query_unavailable += sf.code() == absl::StatusCode::kUnavailable && queries > 1;
     if (fail_copies && want == absl::StatusCode::kOk && sf.code() == absl::StatusCode::kUnavailable) {
       want = absl::StatusCode::kUnavailable;  // some row was recovered from host, and its copy failed
     }
     ASSERT_EQ(sf.code(), want) << sf;
+    // Exactness of the hot caches, after every step (ok or failed): the same rows in both resolvers, and every slot
+    // mapped to a row holds that row's original bytes, for every source of the group.
+    for (SlotIndex slot = 0; slot < c.slots; ++slot) {
+      for (uint32_t gg = 0; gg < 2; ++gg) {
+        for (uint32_t h = 0; h < B; ++h) {
+          const Position t = fused.resolver->HotPosition(slot, gg, h);
+          ASSERT_EQ(t, ref.resolver->HotPosition(slot, gg, h)) << "slot " << slot << " group " << gg << " hot " << h;
+          if (t == kNoPosition) continue;
+          for (SourceId s : c.groups[gg]) {
+            const auto want_row = OriginalRow(reqs[slot].kv.id, s, t, layout.row_bytes(s));
+            for (Side* side : sides) {
+              ASSERT_EQ(0, std::memcmp(side->At(layout.HotRow(slot, s, h)), want_row.data(), want_row.size()))
+                  << (side == &fused ? "fused" : "reference") << ": slot " << slot << " source " << s << " hot "
+                  << h << " mapped to row " << t << " holds other bytes";
+            }
+          }
+        }
+      }
+    }
     if (!sf.ok()) {  // nothing of the batch counts as resolved
       for (uint32_t gg = 0; gg < 2; ++gg) {
         ASSERT_EQ(fused.resolver->census(gg), before_f[gg]) << "group " << gg;
         ASSERT_EQ(ref.resolver->census(gg), before_r[gg]) << "group " << gg;
+      }
+      for (size_t qi = 0; qi < queries; ++qi) {
+        ASSERT_EQ(out_f[qi], std::vector<Location>(out_f[qi].size(), kNoLocation)) << "fused, query " << qi;
+        ASSERT_EQ(out_r[qi], std::vector<Location>(out_r[qi].size(), kNoLocation)) << "reference, query " << qi;
       }
       continue;
     }
@@ -386,23 +436,25 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
     hits += static_cast<int>(af.hot - bf.hot);
     recoveries += static_cast<int>(af.host - bf.host);
   }
-  std::printf("  outcomes: ok %d, resource exhausted %d, internal %d, unavailable %d; multi-query unions %d, hot hits "
-              "%d, host recoveries %d\n",
+  std::printf("  outcomes: ok %d, resource exhausted %d, internal %d, unavailable %d (multi-query %d), invalid "
+              "argument %d; multi-query unions %d, hot hits %d, host recoveries %d\n",
               outcomes[absl::StatusCode::kOk], outcomes[absl::StatusCode::kResourceExhausted],
-              outcomes[absl::StatusCode::kInternal], outcomes[absl::StatusCode::kUnavailable], multi_query_unions,
-              hits, recoveries);
+              outcomes[absl::StatusCode::kInternal], outcomes[absl::StatusCode::kUnavailable], multi_query_unavailable,
+              outcomes[absl::StatusCode::kInvalidArgument], multi_query_unions, hits, recoveries);
   // The schedule exercised every path.
   EXPECT_GT(outcomes[absl::StatusCode::kOk], 500);
   EXPECT_GT(outcomes[absl::StatusCode::kResourceExhausted], 5);
   EXPECT_GT(outcomes[absl::StatusCode::kInternal], 2);
   EXPECT_GT(outcomes[absl::StatusCode::kUnavailable], 2);
+  EXPECT_GT(multi_query_unavailable, 1);
+  EXPECT_GT(outcomes[absl::StatusCode::kInvalidArgument], 2);
   EXPECT_GT(multi_query_unions, 100);
   EXPECT_GT(hits, 100);
   EXPECT_GT(recoveries, 100);
 }
 
-// Known issues of FusedResolver found by the randomized test above, kept here as small deterministic cases. They are
-// DISABLED_ (workerd/kv is outside this change); run them with --gtest_also_run_disabled_tests.
+// Issues of FusedResolver found by the randomized test above (fixed), kept here as small deterministic cases, and
+// the contract decisions of resolver.h they led to.
 //
 // A one-source group (8-byte rows), p = 4, T = 8, B = k = 3; each request has 16 rows: pages 0 and 1 leave the tail.
 struct SmallKv {
@@ -446,10 +498,10 @@ struct SmallKv {
 
 // An INTERNAL error (a selected row with no copy) in a later query of a batch must leave nothing of the batch
 // resolved, like RESOURCE_EXHAUSTED and copy failures: the hot slots that earlier queries claimed are invalidated
-// (resolver.h). FusedResolver::Plan returns NoCopy without invalidating plan->assigned, so the slot claimed for row 1
-// of request 1 keeps row 1 in its index although its bytes were never copied: the next step counts it a hot hit and
-// returns the slot's stale bytes. ReferenceResolver invalidates them.
-TEST(FusedResolverKnownIssue, DISABLED_InternalAfterEarlierClaimsLeavesNoClaim) {
+// (resolver.h). FusedResolver::Plan used to return NoCopy without invalidating plan->assigned, so the slot claimed
+// for row 1 of request 1 kept row 1 in its index although its bytes were never copied: the next step counted it a hot
+// hit and returned the slot's stale bytes. ReferenceResolver invalidates them.
+TEST(ResolverFailure, InternalAfterEarlierClaimsLeavesNoClaim) {
   SmallKv f;
   RequestKv a = f.Make(1, 0, true), b = f.Make(2, 1, false);
   const std::vector<SourceId> src = {0};
@@ -466,25 +518,168 @@ TEST(FusedResolverKnownIssue, DISABLED_InternalAfterEarlierClaimsLeavesNoClaim) 
   }
 }
 
-// The reference touches a hot slot again for a duplicate entry of one query (pass 1 re-stamps it: most recent);
-// FusedResolver's Claim returns the duplicate's slot without touching it. Same census, but a different LRU order, so
-// later victims (locations) differ, against resolver.h's "same locations and census for the same inputs". Top-k
-// selections hold distinct positions, so the worker is not affected; the randomized test keeps positions distinct.
-TEST(FusedResolverKnownIssue, DISABLED_DuplicateEntryOfOneQuery) {
+// Every error leaves every output entry of the batch -1 (resolver.h), whether it comes from validation, planning
+// (INTERNAL, RESOURCE_EXHAUSTED) or a copy: the fused resolver used to leave its output untouched on a planning error
+// while the reference filled it with -1. Outputs start at -7 here.
+TEST(ResolverFailure, EveryErrorClearsEveryOutput) {
+  SmallKv f;
+  RequestKv a = f.Make(1, 0, true), b = f.Make(2, 1, false);
+  const std::vector<SourceId> src = {0};
+  struct Case {
+    const char* name;
+    std::vector<Position> sel_a, sel_b;
+    absl::StatusCode want;
+  };
+  const Case cases[] = {
+      {"internal", {1, 12, -1}, {12, 5, -1}, absl::StatusCode::kInternal},         // b's row 5: no copy
+      {"exhausted", {1, 12, -1}, {0, 1, 2}, absl::StatusCode::kResourceExhausted},  // a's union 0..3 > B = 3
+      {"invalid", {1, 12, -1}, {16, -1, -1}, absl::StatusCode::kInvalidArgument},   // b has 16 rows
+  };
+  for (const Case& cs : cases) {
+    for (Side* s : {&f.side, &f.ref}) {
+      std::vector<Location> out_a(3, -7), out_b(3, -7);
+      std::vector<ResolveQuery> batch = {{&a, cs.sel_a, out_a}, {&b, cs.sel_b, out_b}};
+      const std::vector<Position> sel_a2 = {3, -1, -1};
+      if (cs.want == absl::StatusCode::kResourceExhausted) {
+        batch[1] = ResolveQuery{&a, cs.sel_b, out_b};
+        batch.push_back(ResolveQuery{&a, sel_a2, out_a});  // out_a written twice: both must end -1
+      }
+      const Census before = s->resolver->census(0);
+      EXPECT_EQ(s->resolver->Resolve(0, src, batch).code(), cs.want) << cs.name;
+      const char* who = s == &f.side ? "fused" : "reference";
+      EXPECT_EQ(out_a, std::vector<Location>(3, kNoLocation)) << cs.name << " " << who;
+      EXPECT_EQ(out_b, std::vector<Location>(3, kNoLocation)) << cs.name << " " << who;
+      EXPECT_EQ(s->resolver->census(0), before) << cs.name << " " << who;
+    }
+  }
+  // A failed copy (already so before this change).
+  for (Side* s : {&f.side, &f.ref}) {
+    std::vector<Position> sel = {2, 12, -1};
+    std::vector<Location> out(3, -7);
+    ResolveQuery q{&a, sel, out};
+    s->device.SetCopyHook([](const CopyInfo& i) {
+      return i.kind == CopyKind::kHostToDevice ? CopyFate::kFail : CopyFate::kRun;
+    });
+    EXPECT_EQ(s->resolver->Resolve(0, src, {&q, 1}).code(), absl::StatusCode::kUnavailable);
+    s->device.SetCopyHook(nullptr);
+    EXPECT_EQ(out, std::vector<Location>(3, kNoLocation));
+  }
+}
+
+// A position repeated in one query is INVALID_ARGUMENT in both resolvers (resolver.h), before any state changes. It
+// used to be accepted with different LRU effects: the reference touched the slot again for the repeated miss (most
+// recent), FusedResolver's Claim returned the slot without touching it; same census, but later victims (locations)
+// differed, against resolver.h's "same locations and census for the same inputs". Top-k selections hold distinct
+// positions, so rejecting costs the worker nothing. -1 padding may repeat; several queries of one request may share
+// rows.
+TEST(ResolverContract, PositionRepeatedInOneQueryIsInvalid) {
   SmallKv f;
   RequestKv a = f.Make(1, 0, true);
   RequestKv a_ref = f.Make(1, 0, true);
   const std::vector<SourceId> src = {0};
   std::vector<Location> out_f(3), out_r(3);
-  auto both = [&](std::vector<Position> sel) {
+  auto both = [&](std::vector<Position> sel, absl::StatusCode want) {
+    std::fill(out_f.begin(), out_f.end(), -7);
+    std::fill(out_r.begin(), out_r.end(), -7);
     ResolveQuery qf{&a, sel, out_f}, qr{&a_ref, sel, out_r};
-    ASSERT_TRUE(f.side.resolver->Resolve(0, src, {&qf, 1}).ok());
-    ASSERT_TRUE(f.ref.resolver->Resolve(0, src, {&qr, 1}).ok());
+    EXPECT_EQ(f.side.resolver->Resolve(0, src, {&qf, 1}).code(), want) << "fused " << sel[0] << sel[1] << sel[2];
+    EXPECT_EQ(f.ref.resolver->Resolve(0, src, {&qr, 1}).code(), want) << "reference " << sel[0] << sel[1] << sel[2];
     EXPECT_EQ(out_f, out_r) << "selection " << sel[0] << ", " << sel[1] << ", " << sel[2];
+    EXPECT_EQ(f.side.resolver->census(0), f.ref.resolver->census(0));
   };
-  both({0, 1, 0});    // rows 0, 1 missing, row 0 twice: slots 0, 1; the reference makes row 0 the most recent
-  both({2, -1, -1});  // row 2 into the empty slot 2
-  both({3, -1, -1});  // the victim: row 0 (slot 0) in the fused resolver, row 1 (slot 1) in the reference
+  const auto kInvalid = absl::StatusCode::kInvalidArgument, kOk = absl::StatusCode::kOk;
+  both({0, 1, 0}, kInvalid);  // a repeated miss (the case that diverged)
+  EXPECT_EQ(out_f, std::vector<Location>(3, kNoLocation));
+  EXPECT_EQ(f.side.resolver->census(0), Census{});
+  both({12, 12, -1}, kInvalid);  // a repeated tail row
+  both({0, -1, -1}, kOk);        // row 0 into slot 0; -1 repeats
+  both({0, 0, 1}, kInvalid);     // a repeated hit
+  both({1, -1, -1}, kOk);        // row 1 into slot 1
+  both({2, -1, -1}, kOk);        // row 2 into the empty slot 2
+  both({3, -1, -1}, kOk);        // the victim: row 0 (slot 0), least recent: nothing above touched it again
+  EXPECT_EQ(out_f[0], f.layout.HotRow(0, 0, 0));
+  // Two queries of one request selecting the same row: one union, one slot.
+  std::vector<Position> s1 = {0, 2, -1}, s2 = {0, -1, -1};
+  std::vector<Location> o1(3), o2(3);
+  std::vector<ResolveQuery> batch = {{&a, s1, o1}, {&a, s2, o2}};
+  ASSERT_TRUE(f.side.resolver->Resolve(0, src, batch).ok());
+  EXPECT_EQ(o1[0], o2[0]);
+}
+
+// Resolve takes the whole group (each source once, any order), else INVALID_ARGUMENT (resolver.h): the hot cache of
+// a request is shared by the group's sources, so a slot filled for source 0 alone used to be a hit with stale bytes
+// (zeros here) for source 1 in the next whole-group step.
+TEST(ResolverContract, PartialGroupIsInvalid) {
+  KvConfig c;
+  c.row_bytes = {8, 16};
+  c.groups = {{0, 1}};
+  c.page_rows = 4;
+  c.hot_rows = 3;
+  c.k = 3;
+  c.tail_rows = 8;
+  c.slots = 1;
+  c.optional_pages = 1;
+  const KvLayout layout = *KvLayout::Create(c);
+  std::vector<uint8_t> host(2 * layout.page_bytes());
+  Side fused(layout, host, true), ref(layout, host, false);
+  RequestKv kv;
+  kv.id = 1;
+  kv.appended = {16, 16};
+  kv.tail_write.assign(2, std::vector<CopyEvent>(8));
+  kv.GrowPages(4);
+  kv.pages[0].host_page = 0;
+  kv.SetHostReady(0, true);
+  for (SourceId s = 0; s < 2; ++s) {
+    for (uint32_t i = 0; i < 4; ++i) {
+      const auto row = OriginalRow(1, s, i, layout.row_bytes(s));
+      std::memcpy(host.data() + layout.InPage(s, i), row.data(), row.size());
+    }
+  }
+  std::vector<Position> sel = {1, -1, -1};
+  for (Side* side : {&fused, &ref}) {
+    const char* who = side == &fused ? "fused" : "reference";
+    for (const std::vector<SourceId>& src : {std::vector<SourceId>{0}, std::vector<SourceId>{1},
+                                             std::vector<SourceId>{0, 0}, std::vector<SourceId>{1, 1, 0}}) {
+      std::vector<Location> out(src.size() * 3, -7);
+      ResolveQuery q{&kv, sel, out};
+      EXPECT_EQ(side->resolver->Resolve(0, src, {&q, 1}).code(), absl::StatusCode::kInvalidArgument)
+          << who << ", " << src.size() << " sources";
+      EXPECT_EQ(out, std::vector<Location>(out.size(), kNoLocation)) << who;
+    }
+    const std::vector<SourceId> src = {1, 0};  // whole, either order
+    std::vector<Location> out(6);
+    ResolveQuery q{&kv, sel, out};
+    ASSERT_TRUE(side->resolver->Resolve(0, src, {&q, 1}).ok()) << who;
+    for (size_t si = 0; si < 2; ++si) {
+      const auto want = OriginalRow(1, src[si], 1, layout.row_bytes(src[si]));
+      EXPECT_EQ(0, std::memcmp(side->At(out[si * 3]), want.data(), want.size())) << who << " source " << src[si];
+    }
+  }
+}
+
+// A tail row whose write failed is not there: resolving it fails the batch in both resolvers (UNAVAILABLE, outputs
+// -1, nothing counted). The fused resolver used to skip a tail write that was already done, failed or not, and
+// returned the row's location (bytes never written); the reference waited it and failed.
+TEST(ResolverFailure, FailedTailWriteFailsTheBatch) {
+  SmallKv f;
+  const std::vector<SourceId> src = {0};
+  for (Side* s : {&f.side, &f.ref}) {
+    const char* who = s == &f.side ? "fused" : "reference";
+    RequestKv a = f.Make(1, 0, true);
+    s->device.SetCopyHook([](const CopyInfo&) { return CopyFate::kFail; });
+    const uint8_t row[8] = {};
+    const HostToDeviceCopy op{DeviceRange{s->pool, f.layout.TailRow(0, 0, 12), 8}, row};
+    a.tail_write[0][12 % 8] = s->device.CopyHostToDevice({&op, 1}, {});  // the write of row 12, failed
+    s->device.SetCopyHook(nullptr);
+    ASSERT_TRUE(a.tail_write[0][12 % 8].Failed());
+    std::vector<Position> sel = {12, 1, -1};
+    std::vector<Location> out(3, -7);
+    ResolveQuery q{&a, sel, out};
+    EXPECT_EQ(s->resolver->Resolve(0, src, {&q, 1}).code(), absl::StatusCode::kUnavailable) << who;
+    EXPECT_EQ(out, std::vector<Location>(3, kNoLocation)) << who;
+    EXPECT_EQ(s->resolver->census(0), Census{}) << who;
+    EXPECT_EQ(s->resolver->HotPosition(0, 0, 0), kNoPosition) << who << ": row 1's claim is invalidated";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomResolver, ::testing::Range<uint64_t>(1, 9));

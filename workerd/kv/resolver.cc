@@ -20,6 +20,18 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
     }
   }
   const auto& group_sources = l.config().groups[group];
+  // The whole group, each source once (any order): its hot cache is shared by the group's sources, so a slot filled
+  // for some of them would be a hit with stale bytes for the others.
+  bool whole = sources.size() == group_sources.size();
+  for (size_t i = 0; whole && i < sources.size(); ++i) {
+    whole = std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) ==
+            sources.begin() + static_cast<std::ptrdiff_t>(i);
+  }
+  if (!whole) {
+    return absl::InvalidArgumentError(absl::StrCat("resolver: ", sources.size(), " sources given, group ", group,
+                                                   " has ", group_sources.size(),
+                                                   ": pass each source of the group once"));
+  }
   for (const ResolveQuery& q : batch) {
     if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");
     if (q.out.size() != sources.size() * q.selection.size()) {
@@ -32,6 +44,21 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
         return absl::InvalidArgumentError(
             absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " but has ", n, " rows"));
       }
+    }
+    // Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). An open
+    // addressing table of at least 2k entries, reused across calls: O(k) per query, no allocation in steady state.
+    size_t cap = 16;
+    while (cap < 2 * q.selection.size()) cap <<= 1;
+    seen_.assign(cap, kNoPosition);
+    for (Position t : q.selection) {
+      if (t == kNoPosition) continue;
+      size_t i = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
+      while (seen_[i] != kNoPosition && seen_[i] != t) i = (i + 1) & (cap - 1);
+      if (seen_[i] == t) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
+      }
+      seen_[i] = t;
     }
   }
   return absl::OkStatus();
@@ -87,6 +114,11 @@ bool DirectFromRecord(const KvLayout& l, const RequestKv& kv, std::span<const So
   return false;
 }
 
+// Every output entry of every query is -1 after an error (resolver.h).
+void ClearOutputs(std::span<ResolveQuery> batch) {
+  for (ResolveQuery& q : batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+}
+
 absl::Status NoCopy(const RequestKv& kv, Position t) {
   return absl::InternalError(absl::StrCat("resolver: row ", t, " of request ", kv.id,
                                           " is neither ready on GPU nor backed up on host (safety invariant)"));
@@ -136,7 +168,10 @@ void FusedResolver::ResetSlot(SlotIndex slot) {
 
 absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<const SourceId> sources,
                                                                   std::span<ResolveQuery> batch) {
-  if (absl::Status s = Validate(group, sources, batch); !s.ok()) return s;
+  if (absl::Status s = Validate(group, sources, batch); !s.ok()) {
+    ClearOutputs(batch);
+    return s;
+  }
   const KvLayout& l = *env_.layout;
   const auto& gs = l.config().groups[group];
   PlannedBatchPtr plan(new PlannedBatch());
@@ -147,6 +182,14 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
   plan->events.resize(sources.size());
   plan->issued.assign(sources.size(), false);
   const uint64_t step = ++step_;
+  // A planning error (INTERNAL, RESOURCE_EXHAUSTED) in query qi: the slots claimed by queries before it (and by qi)
+  // hold rows whose bytes were never copied; they are invalidated, as after a failed copy (Finish). Hits touched so
+  // far stay touched, as in the reference.
+  auto fail = [&](absl::Status status) {
+    for (auto [qq, hh] : plan->assigned) Cache(batch[qq].kv->slot, group).Invalidate(hh);
+    ClearOutputs(batch);
+    return status;
+  };
   for (size_t qi = 0; qi < batch.size(); ++qi) {
     const ResolveQuery& q = batch[qi];
     q.kv->IndexPages();  // O(1) unless pages were added by hand
@@ -163,7 +206,7 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
         ++plan->census.direct;
         continue;
       }
-      if (!q.kv->HostReady(t, l.config().page_rows)) return NoCopy(*q.kv, t);
+      if (!q.kv->HostReady(t, l.config().page_rows)) return fail(NoCopy(*q.kv, t));
       ++rest;
     }
     if (rest == 0) {
@@ -184,14 +227,12 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
       bool assigned = false;
       const uint32_t h = hc.Claim(q.selection[j], step, &assigned);
       if (h == HotCache::kNone) {
-        for (auto [qq, hh] : plan->assigned) Cache(batch[qq].kv->slot, group).Invalidate(hh);
-        return absl::ResourceExhaustedError(absl::StrCat("resolver: request ", q.kv->id,
-                                                         " selects more distinct missing rows than B in one step"));
+        return fail(absl::ResourceExhaustedError(absl::StrCat(
+            "resolver: request ", q.kv->id, " selects more distinct missing rows than B in one step")));
       }
-      if (!assigned) {  // a duplicate assigned just before
-        es[j] = Entry{Kind::kHot, h, 0};
-        ++plan->census.hot;
-        continue;
+      if (!assigned) {  // unreachable: positions are distinct (Validate), earlier queries' claims were hits above
+        return fail(absl::InternalError(absl::StrCat("resolver: position ", q.selection[j], " of request ",
+                                                     q.kv->id, " claimed twice in one query")));
       }
       es[j] = Entry{Kind::kHost, h, 0};
       plan->assigned.emplace_back(qi, h);
@@ -218,7 +259,7 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
       q.out[si * k + j] = LocationOf(l, *q.kv, s, t, e);
       if (e.kind == Kind::kTail) {
         const CopyEvent& w = q.kv->tail_write[s][static_cast<size_t>(t % T)];
-        if (!w.Done()) after.push_back(w);
+        if (!w.Done() || w.Failed()) after.push_back(w);  // a failed write fails the batch: the row is not there
       } else if (e.kind == Kind::kHost) {
         if (hot_readers == kUnknown) {
           const uint64_t bytes = uint64_t{l.config().hot_rows} * l.row_bytes(s);
@@ -248,7 +289,7 @@ absl::Status FusedResolver::Finish(PlannedBatchPtr plan) {
   }
   if (!status.ok()) {
     for (auto [qi, h] : plan->assigned) Cache(plan->batch[qi].kv->slot, plan->group).Invalidate(h);
-    for (ResolveQuery& q : plan->batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+    ClearOutputs(plan->batch);
     return status;
   }
   Census& c = census_[plan->group];
@@ -290,7 +331,10 @@ void ReferenceResolver::ResetSlot(SlotIndex slot) {
 
 absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId> sources,
                                         std::span<ResolveQuery> batch) {
-  if (absl::Status s = Validate(group, sources, batch); !s.ok()) return s;
+  if (absl::Status s = Validate(group, sources, batch); !s.ok()) {
+    ClearOutputs(batch);
+    return s;
+  }
   const KvLayout& l = *env_.layout;
   const KvConfig& c = l.config();
   const auto& gs = c.groups[group];
@@ -303,13 +347,18 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
       cache->stamp[h] = 0;
       cache->last_use[h] = --low_;
     }
-    for (ResolveQuery& q : batch) std::fill(q.out.begin(), q.out.end(), kNoLocation);
+    ClearOutputs(batch);
     return s;
   };
-  for (ResolveQuery& q : batch) {
+  // Every query is planned (steps 1-2, victims) before any copy, as in the fused resolver: a failed copy of any
+  // query then leaves the same hot-cache state in both (every query's hits touched, every claim invalidated).
+  std::vector<std::vector<Entry>> entries(batch.size());
+  for (size_t qi = 0; qi < batch.size(); ++qi) {
+    ResolveQuery& q = batch[qi];
     const size_t k = q.selection.size();
     Slots& hc = caches_[q.kv->slot * groups_ + group];
-    std::vector<Entry> es(k);
+    std::vector<Entry>& es = entries[qi];
+    es.resize(k);
     bool all_direct = true;
     for (size_t j = 0; j < k; ++j) {
       const Position t = q.selection[j];
@@ -350,7 +399,12 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
         hc.last_use[h] = ++clock_;
       }
     }
+  }
+  for (size_t qi = 0; qi < batch.size(); ++qi) {
     // Emit and recover this query's misses, one source at a time, waiting each copy.
+    ResolveQuery& q = batch[qi];
+    const size_t k = q.selection.size();
+    const std::vector<Entry>& es = entries[qi];
     for (size_t si = 0; si < sources.size(); ++si) {
       const SourceId s = sources[si];
       for (size_t j = 0; j < k; ++j) {

@@ -1,14 +1,19 @@
 // workerd/kv/resolver.h: the fused resolver (brief §5) and its oracle, ReferenceResolver.
 //
-// Input: a batch of (request, ordered selection of k positions, -1 = empty) over one group's sources. Output: for
+// Input: a batch of (request, ordered selection of k distinct positions, -1 = empty) over one group's sources; a
+// position selected twice in one query is INVALID_ARGUMENT (a top-k selection never repeats one; the LRU order a
+// repeated miss would give is left undefined). Several queries of one request may select the same rows. Output: for
 // each source s (index si in `sources`) and entry j, out[si * k + j] = the row's byte offset in the KV pool, -1 kept.
 // Steps, per query: (1) direct: tail or ready map; (2) hot cache: hits touched (LRU), every slot selected in this
 // step protected, unselected LRU slots are victims; the scan is skipped only when every selected row resolved
 // directly; (3) host recovery: each remaining miss is copied from its host page into a victim slot, per source.
 // Fused: one pass over the batch, all copies issued (one batch per source) and waited once; cost bounded by B and k.
-// Failure of any copy: nothing of the batch counts as resolved (census untouched), the targeted hot slots are
-// invalidated, the call returns the copy's error. Hot caches are per (request slot, group): no request ever sees
-// another's rows.
+// Failure of any copy: nothing of the batch counts as resolved (census untouched), every hot slot the batch targeted
+// is invalidated (every query is planned before any copy: the hits of every query stay touched), the call returns
+// the copy's error. Hot caches are per (request slot, group): no request ever sees another's rows.
+// Any error (validation, planning or copy): every entry of every query's `out` is -1, the census is untouched, and
+// every hot slot the batch claimed for a miss is invalidated (its bytes may never have been copied), so a slot the
+// cache maps to row t always holds t's original bytes. Hits touched before a planning error stay touched.
 // Census (per group): selected rows resolved direct / hot / host, hot-cache scans skipped, bytes recovered.
 //
 // Thread-safety: none; driven by the worker thread. Copies run on the Device.
@@ -39,7 +44,7 @@ struct Census {
 
 struct ResolveQuery {
   RequestKv* kv = nullptr;
-  std::span<const Position> selection;  // k entries
+  std::span<const Position> selection;  // k entries, distinct but for -1
   std::span<Location> out;              // sources.size() * k entries
 };
 
@@ -56,11 +61,17 @@ class Resolver {
   virtual ~Resolver() = default;
   // Empties the hot caches of `slot` (a request was admitted into it).
   virtual void ResetSlot(SlotIndex slot) = 0;
-  // Resolves the batch over `sources` (all in group `group`, non-empty). Errors: INVALID_ARGUMENT (bad sizes,
-  // position not appended, source outside the group), RESOURCE_EXHAUSTED (one step's union of a request exceeds B),
-  // INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery copy failed.
+  // Resolves the batch over `sources`: every source of group `group` exactly once, in any order (the hot cache of a
+  // request is shared by the group's sources: a slot filled for a subset would be a hit with stale bytes for the
+  // others). Errors: INVALID_ARGUMENT (bad sizes, position not appended, position repeated in one query, source
+  // outside the group, not the whole group or a source twice), RESOURCE_EXHAUSTED (one step's union of a request
+  // exceeds B), INTERNAL (a row with neither a GPU nor a host copy), the copy's error (UNAVAILABLE) when a recovery
+  // copy, or the write of a selected tail row, failed. Effects of an error: see the top of this file.
   virtual absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) = 0;
   const Census& census(uint32_t group) const { return census_[group]; }
+  // The row that hot slot h (< B) of (request slot, group) holds, kNoPosition when empty; for checks and tests.
+  // Invariant (brief §7): the slot's bytes of every source of the group are that row's original bytes.
+  virtual Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const = 0;
 
  protected:
   explicit Resolver(const ResolverEnv& env) : env_(env), census_(env.layout->config().groups.size()) {}
@@ -69,6 +80,9 @@ class Resolver {
 
   ResolverEnv env_;
   std::vector<Census> census_;
+
+ private:
+  mutable std::vector<Position> seen_;  // Validate's duplicate check (scratch)
 };
 
 // A planned batch of the fused resolver: the shared position->slot plan of one group, ready to issue each
@@ -86,9 +100,13 @@ class FusedResolver final : public Resolver {
 
   void ResetSlot(SlotIndex slot) override;
   absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
+  Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const override {
+    return caches_[slot * groups_ + group].PositionAt(h);
+  }
 
   // Steps 1-2 and the victim choice for every query; no copy is issued yet. The batch's spans must stay valid
-  // until Finish. At most one planned batch per group may be open.
+  // until Finish. At most one planned batch per group may be open. Validation and planning errors as Resolve's, with
+  // the same effects (outputs -1, claimed slots invalidated).
   absl::StatusOr<PlannedBatchPtr> Plan(uint32_t group, std::span<const SourceId> sources,
                                                      std::span<ResolveQuery> batch);
   // Issues the host-recovery copies of follower `source_index` (index into `sources`) and writes its output
@@ -106,13 +124,17 @@ class FusedResolver final : public Resolver {
   uint64_t step_ = 0;
 };
 
-// The oracle: a simple per-query loop (linear scans, LRU by stamps, copies waited per query). Same locations and
-// census as FusedResolver for the same inputs.
+// The oracle: a simple per-query loop (linear scans, LRU by stamps), every query of the batch planned before any
+// copy, then copies issued and waited one row at a time. Same locations, census, errors and hot-cache state
+// (HotPosition, later victims) as FusedResolver for the same inputs, after a failed step too.
 class ReferenceResolver final : public Resolver {
  public:
   explicit ReferenceResolver(const ResolverEnv& env);
   void ResetSlot(SlotIndex slot) override;
   absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
+  Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const override {
+    return caches_[slot * groups_ + group].pos[h];
+  }
 
  private:
   struct Slots {
