@@ -5,8 +5,8 @@
 //   dhsctl ... watch [--interval S] [--count N] [VIEW]     (repeats `status` or VIEW every S seconds)
 //
 // Exit codes (docs/operations.md): 0 ok (also --help); 1 memd is not running (no socket, cannot connect); 2 bad command
-// line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error,
-// including a request or GPU it does not know (`request ID`, `pages GPU`).
+// line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error
+// (ErrorReply), including NOT_FOUND for a request or GPU it does not know (`request ID`, `pages GPU`).
 #include <unistd.h>
 
 #include <chrono>
@@ -19,7 +19,6 @@
 #include "CLI/CLI.hpp"
 #include "common/status.h"
 #include "common/transport.h"
-#include "memd/daemon.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -29,6 +28,15 @@ struct Query {
   uint64_t request = 0;
   uint32_t gpu = 0;
 };
+
+// Exit code of an error memd answered (its wire code, never its text): NOT_FOUND (unknown request or GPU) and every
+// other error code exit 4 (docs/operations.md).
+int ExitCodeOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kNotFound: return 4;
+    default: return 4;
+  }
+}
 
 int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milliseconds timeout, uint64_t seq) {
   dhs::wire::IntrospectQueryT body;
@@ -48,36 +56,21 @@ int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milli
     return 4;
   }
   if (message->type == dhs::wire::Body::ErrorReply) {
-    std::fprintf(stderr, "dhsctl: memd: %s\n", dhs::ReadErrorStatus(*message).ToString().c_str());
-    return 4;
+    const absl::Status error = dhs::ReadErrorStatus(*message);
+    // NOT_FOUND: a request or GPU memd does not know. With --json the error is a JSON document on stdout too.
+    if (json && error.code() == absl::StatusCode::kNotFound) {
+      std::printf("%s\n", nlohmann::json{{"error", std::string(error.message())}}.dump(2).c_str());
+      std::fflush(stdout);
+    }
+    std::fprintf(stderr, "dhsctl: memd: %s\n", error.ToString().c_str());
+    return ExitCodeOf(error.code());
   }
   auto reply = dhs::ReadIntrospectReply(*message);
   if (!reply.ok()) {
     std::fprintf(stderr, "dhsctl: %s\n", std::string(reply.status().message()).c_str());
     return 4;
   }
-  // One request or one GPU that memd does not know: memd renders {"error": ...} (JSON) or "...: not found" (text).
-  // Both are answers with an error: exit 4; the table form goes to stderr, the JSON document stays on stdout.
   const std::string& doc = reply->document;
-  if (q.what == dhs::wire::IntrospectWhat::Request || q.what == dhs::wire::IntrospectWhat::Pages) {
-    std::string error;
-    if (json) {
-      const nlohmann::json parsed = nlohmann::json::parse(doc, nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_object() && parsed.contains("error")) error = parsed["error"].is_string()
-                                                                      ? parsed["error"].get<std::string>()
-                                                                      : parsed["error"].dump();
-    } else if (doc.ends_with(": not found\n")) {
-      error = doc.substr(0, doc.size() - 1);
-    }
-    if (!error.empty()) {
-      if (json) {
-        std::fwrite(doc.data(), 1, doc.size(), stdout);
-        std::fflush(stdout);
-      }
-      std::fprintf(stderr, "dhsctl: memd: %s\n", error.c_str());
-      return 4;
-    }
-  }
   std::fwrite(doc.data(), 1, doc.size(), stdout);
   std::fflush(stdout);
   return 0;
@@ -100,7 +93,7 @@ constexpr const char* kCommands = "status, gpus, requests, request, pages, queue
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string run_dir = dhs::memd::DefaultRunDir();
+  std::string run_dir = dhs::DefaultRunDir();
   bool json = false;
   int timeout_ms = 2000;
   CLI::App app("dhsctl: show memd's state (GPU page accounting, requests, queue)");
