@@ -1,5 +1,5 @@
 // memd/residency_manager.h: the one owner of memd's residency state (brief §3, §4): GPU page accounting per GPU,
-// the host pool's page accounting, admission (resident-first), reclaim, population, decode appends and completion.
+// the host pool's page accounting, request slots, admission (resident-first), reclaim, population and completion.
 //
 // Events in, orders out: the daemon loop maps each inbound wire message to one event call below and sends each order
 // drained from the outbox (DrainOrders) as one wire message. No sockets, no threads, no wall clock: time comes from
@@ -8,8 +8,9 @@
 // Unit: a "page" is one page of a GPU's KV pools (p positions of the request's payload sources) and one host pool
 // page holds the same rows; host pages are accounted under SourceId 0 (kAllSources) per request.
 //
-// Per request: gpu, slot, required pages, history = complete pages (each: where on GPU + whether a complete host copy
-// exists); rows beyond complete pages live in the tail (part of the required allocation, always on GPU).
+// Per request: gpu, slot, required pages, history = every page of its full context (input + max_new), each with a
+// host page assigned at the grant and a HistoryState (memd/history_page.h); rows of pages not yet confirmed written
+// live in the worker's tail (part of the required allocation, always on GPU).
 //
 // Decisions (see memd/README.md for the page state diagram and docs/protocol.md for the conversation):
 // - Admission is FIFO per GPU. The head is granted when its required pages fit in the free pages beyond M_res
