@@ -296,7 +296,10 @@ absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m) {
         "BackupComplete with order 0 is refused since protocol version 3: report host copies written outside a "
         "ReclaimOrder with HostCopyWritten");
   }
-  if (!b->ok) spdlog::warn("memd: reclaim order {} of request {}: backup failed: {}", b->order, b->request, b->message);
+  if (!b->ok) {
+    spdlog::warn("memd: reclaim order {} of request {}: backup failed ({}); the victim stays untouched", b->order,
+                 b->request, b->message);
+  }
   if (absl::Status s = core_->OnBackupComplete(b->order, b->pages, b->ok, b->deferred_pages); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("BackupComplete: ", s.message()));
   }
@@ -314,7 +317,10 @@ absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m) {
     }
     host_pages.push_back(ref.page());
   }
-  if (!w->ok) spdlog::warn("memd: request {}: host copy failed: {}", w->request, w->message);
+  if (!w->ok) {
+    spdlog::warn("memd: request {}: host copy of {} history pages failed: {}", w->request, w->history_pages.size(),
+                 w->message);
+  }
   if (absl::Status s = core_->OnHostCopyWritten(w->request, w->history_pages, host_pages, w->ok); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("HostCopyWritten: ", s.message()));
   }

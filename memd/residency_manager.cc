@@ -141,7 +141,6 @@ absl::Status ResidencyManager::OnBackupComplete(OrderId order, std::span<const P
           "deferred page %d is not among the pages reported for reclaim order %d", p, order)));
     }
   }
-  if (!ok) spdlog::warn("memd: reclaim order {}: backup failed; the victim stays untouched", order);
   std::vector<std::pair<CopyId, bool>> done;  // (copy, written); the entry may be erased by what they cause
   for (PageIndex p : reported) {
     done.emplace_back(it->second.copies.at(p), !ok || !deferred_set.contains(p));
@@ -213,7 +212,6 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
   }
   if (!ok) {  // nothing changes: the rows stay in the worker's tail, the pages are not populated
     counters_.host_write_failures += pages.size();
-    spdlog::warn("memd: request {}: host copy of {} history pages failed", id, pages.size());
     return Finish(absl::OkStatus());
   }
   for (uint32_t h : pages) {

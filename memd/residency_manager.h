@@ -111,8 +111,8 @@ class ResidencyManager {
   absl::Status OnReadyPublish(OrderId order, std::span<const PageIndex> pages, bool ok);
   // ReadersDone of ReclaimOrder `order`: the worker withdrew the pages' ready-map entries and their readers finished.
   // May come before the order's backups or population copies reported (held until they did). A report for a reclaim
-  // already retired or cancelled by a completion is stale (OK, counted). Errors: NotFound (never issued or a populate
-  // order), FailedPrecondition (the reclaim was aborted by a failed backup and still waits for backup reports).
+  // already retired or cancelled by a completion is stale (OK, counted). Errors: NotFound (never issued, or an open
+  // populate order), FailedPrecondition (the reclaim was aborted by a failed backup and still waits for backup reports).
   absl::Status OnReadersDone(OrderId order);
   // HostCopyWritten: the worker wrote history pages `history_pages` of `request` to their assigned host pages
   // (host_pages[i] for history_pages[i] when given; empty = not stated). ok = false: the copies failed (counted,

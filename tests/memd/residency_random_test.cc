@@ -139,8 +139,12 @@ class Harness {
     a.history_pages = Pick(9);
     a.context_pages = a.history_pages + Pick(4) + (Pick(60) == 0 ? kHost : 0);
     a.optional_history = Pick(4) != 0;
-    model_[r] = MReq{.gpu = a.gpu, .required = a.required_pages, .complete = a.history_pages,
-                     .context = a.context_pages, .optional_history = a.optional_history};
+    MReq& m = model_[r];
+    m.gpu = a.gpu;
+    m.required = a.required_pages;
+    m.complete = a.history_pages;
+    m.context = a.context_pages;
+    m.optional_history = a.optional_history;
     Run(mgr_->Admit(a));
   }
 
@@ -357,7 +361,9 @@ class Harness {
     }
     ASSERT_EQ(g.required_pages.size(), m.required);
     ASSERT_LE(g.optional_pages.size(), m.complete);
-    if (!m.optional_history) ASSERT_TRUE(g.optional_pages.empty());
+    if (!m.optional_history) {
+      ASSERT_TRUE(g.optional_pages.empty());
+    }
     ASSERT_EQ(g.host_pages.size(), m.context);
     const std::map<std::pair<GpuId, PageIndex>, RequestId> owners = ExpectedOwners();
     for (const auto* list : {&g.required_pages, &g.optional_pages}) {
@@ -385,7 +391,9 @@ class Harness {
     ASSERT_TRUE(m.granted && m.optional_history);
     ASSERT_EQ(m.reclaim, 0u) << "two live reclaims of request " << rc.request;
     ASSERT_FALSE(reclaims_.count(rc.order) || populates_.count(rc.order)) << "order id reused";
-    FakeReclaim f{.request = rc.request, .gpu = rc.gpu};
+    FakeReclaim f;
+    f.request = rc.request;
+    f.gpu = rc.gpu;
     std::set<PageIndex> expect_pages, expect_backups;
     for (uint32_t h = 0; h < m.pages.size(); ++h) {
       const MPage& mp = m.pages[h];
@@ -420,7 +428,9 @@ class Harness {
     ASSERT_EQ(p.history_pages.size(), p.gpu_pages.size());
     ASSERT_EQ(p.host_pages.size(), p.gpu_pages.size());
     const std::map<std::pair<GpuId, PageIndex>, RequestId> owners = ExpectedOwners();
-    FakePopulate fp{.request = p.request, .gpu = p.gpu};
+    FakePopulate fp;
+    fp.request = p.request;
+    fp.gpu = p.gpu;
     for (size_t i = 0; i < p.gpu_pages.size(); ++i) {
       ASSERT_LT(p.history_pages[i], m.pages.size());
       MPage& mp = m.pages[p.history_pages[i]];
