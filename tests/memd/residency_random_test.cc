@@ -617,7 +617,19 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     regranted += h.regranted();
     slot_waits += h.slot_waits();
   }
-  // The run must have exercised every path it claims to (each is reached many times over 20 seeds).
+  std::printf(
+      "grants %lu, reclaims retired %lu, aborted %lu, populates %lu (failed %lu), rejects %lu, deferred backups %lu, "
+      "host writes %lu (failed %lu), stale reports %lu, early readers-done %lu, regranted %lu, slot waits %lu\n",
+      static_cast<unsigned long>(total.grants), static_cast<unsigned long>(total.reclaims_retired),
+      static_cast<unsigned long>(total.reclaims_failed), static_cast<unsigned long>(total.populates_ordered),
+      static_cast<unsigned long>(total.populates_failed), static_cast<unsigned long>(total.rejects),
+      static_cast<unsigned long>(total.deferred_backups), static_cast<unsigned long>(total.host_writes),
+      static_cast<unsigned long>(total.host_write_failures), static_cast<unsigned long>(total.stale_reports),
+      static_cast<unsigned long>(early), static_cast<unsigned long>(regranted),
+      static_cast<unsigned long>(slot_waits));
+  // The run must have exercised every path it claims to (each is reached many times over the 20 default seeds; one
+  // seed alone, rerun with DHS_SEED, may miss a rare one).
+  if (std::getenv("DHS_SEED") != nullptr) return;
   EXPECT_GT(total.grants, 0u);
   EXPECT_GT(total.reclaims_retired, 0u);
   EXPECT_GT(total.reclaims_failed, 0u);
@@ -630,16 +642,6 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.stale_reports, 0u);
   EXPECT_GT(early, 0u);
   EXPECT_GT(regranted, 0u);
-  std::printf(
-      "grants %lu, reclaims retired %lu, aborted %lu, populates %lu (failed %lu), rejects %lu, deferred backups %lu, "
-      "host writes %lu (failed %lu), stale reports %lu, early readers-done %lu, regranted %lu, slot waits %lu\n",
-      static_cast<unsigned long>(total.grants), static_cast<unsigned long>(total.reclaims_retired),
-      static_cast<unsigned long>(total.reclaims_failed), static_cast<unsigned long>(total.populates_ordered),
-      static_cast<unsigned long>(total.populates_failed), static_cast<unsigned long>(total.rejects),
-      static_cast<unsigned long>(total.deferred_backups), static_cast<unsigned long>(total.host_writes),
-      static_cast<unsigned long>(total.host_write_failures), static_cast<unsigned long>(total.stale_reports),
-      static_cast<unsigned long>(early), static_cast<unsigned long>(regranted),
-      static_cast<unsigned long>(slot_waits));
 }
 
 }  // namespace
