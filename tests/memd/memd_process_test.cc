@@ -273,6 +273,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
   const wire::AdmitGrantT g1 = *ReadAdmitGrant(*m);
   EXPECT_EQ(g1.request, 1u);
+  EXPECT_EQ(g1.slot, 0u);  // memd chooses the slot: the lowest free of GPU 1's request_slots
   EXPECT_EQ(g1.required_pages.size(), 2u);
   ASSERT_EQ(g1.optional_pages.size(), 4u);
   EXPECT_EQ(g1.optional_history_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
@@ -384,6 +385,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_EQ(retire.regranted_to, 2u);
   const wire::AdmitGrantT g2 = *ReadAdmitGrant(got[wire::Body::AdmitGrant]);
   EXPECT_EQ(g2.request, 2u);
+  EXPECT_EQ(g2.slot, 1u);  // slot 0 is request 1's
   EXPECT_EQ(g2.required_pages.size(), 6u);
   EXPECT_TRUE(g2.optional_pages.empty());
   // The second admission's required pages are the 2 free ones plus the 4 retired ones: all of GPU 1 but request 1's.
