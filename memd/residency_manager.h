@@ -130,7 +130,6 @@ class ResidencyManager {
 
   // ---- outputs ----
   std::vector<Order> DrainOrders();
-  const std::vector<Order>& outbox() const { return outbox_; }
   absl::Status CheckInvariants() const;
   StateDump Dump() const;
   const Counters& counters() const { return counters_; }
