@@ -54,6 +54,8 @@ bool SocketHasListener(const std::string& path) {
 
 }  // namespace
 
+std::string DefaultRunDir() { return absl::StrFormat("/tmp/dhs-%d", getuid()); }
+
 absl::Status MakeRunDir(std::string_view path) {
   const std::string dir(path);
   if (dir.empty()) return absl::InvalidArgumentError("empty run directory path");

@@ -35,6 +35,9 @@ namespace dhs {
 // FAILED_PRECONDITION (PERMISSION_DENIED for another owner). Errors from mkdir are returned.
 absl::Status MakeRunDir(std::string_view path);
 
+// The default run directory of memd and its clients when --run-dir is not given: /tmp/dhs-<uid>.
+std::string DefaultRunDir();
+
 // ipc endpoint of socket `name` in `run_dir`: "ipc://<run_dir>/<name>.sock".
 std::string IpcEndpoint(std::string_view run_dir, std::string_view name);
 

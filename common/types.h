@@ -19,5 +19,6 @@ using Location = int64_t;     // byte offset into a device pool; -1 = none
 
 inline constexpr Position kNoPosition = -1;
 inline constexpr Location kNoLocation = -1;
+inline constexpr SlotIndex kNoSlot = ~SlotIndex{0};  // no slot assigned (an admission still queued)
 
 }  // namespace dhs

@@ -5,8 +5,9 @@
 #include <algorithm>
 #include <variant>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -45,8 +46,6 @@ DumpView ViewOf(const wire::IntrospectQueryT& q) {
 
 }  // namespace
 
-std::string DefaultRunDir() { return absl::StrFormat("/tmp/dhs-%d", getuid()); }
-
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   DaemonOptions options = in;
   if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is empty");
@@ -78,14 +77,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   config.host_page_bytes = options.page_bytes;
   config.populate_pages_per_attempt = options.populate_pages_per_attempt;
   config.reclaim_policy = options.reclaim_policy;
+  // On a failure below, the segment just created is removed again (a failed removal is logged: the failure that
+  // stopped the start is the one returned).
+  auto remove_segment = [&] {
+    (*segment).reset();
+    if (absl::Status s = HostPoolSegment::Remove(options.segment_name); !s.ok()) {
+      spdlog::warn("memd: {}", std::string(s.message()));
+    }
+  };
   auto core = ResidencyManager::Create(config, NowUs);
   if (!core.ok()) {
-    (void)HostPoolSegment::Remove(options.segment_name);
+    remove_segment();
     return core.status();
   }
   auto router = RouterServer::Bind(options.run_dir, "memd");
   if (!router.ok()) {
-    (void)HostPoolSegment::Remove(options.segment_name);
+    remove_segment();
     return router.status();
   }
   std::unique_ptr<Daemon> d(
@@ -120,16 +127,8 @@ std::string Daemon::metrics() const {
 }
 
 void Daemon::PublishMetrics() {
-  std::string text = RenderPrometheus(core_->Dump(), core_->counters());
-  const std::pair<const char*, uint64_t> own[] = {
-      {"messages", counters_.messages},         {"hellos", counters_.hellos},
-      {"host_writes", counters_.host_writes},   {"host_write_failures", counters_.host_write_failures},
-      {"send_failures", counters_.send_failures}, {"deferred_backups", counters_.deferred_backups},
-  };
-  for (const auto& [name, v] : own) {
-    absl::StrAppendFormat(&text, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
-  }
-  absl::StrAppendFormat(&text, "# TYPE dhs_memd_workers gauge\ndhs_memd_workers %d\n", gpus_.size());
+  counters_.workers = gpus_.size();
+  std::string text = RenderPrometheus(core_->Dump(), core_->counters(), counters_);
   std::lock_guard<std::mutex> lock(metrics_mu_);
   metrics_ = std::move(text);
 }
@@ -156,9 +155,9 @@ void Daemon::Tick() {
   const auto now = std::chrono::steady_clock::now();
   if (now >= next_retry_) {
     next_retry_ = now + options_.retry_period;
-    (void)core_->RetryBackups();
+    DHS_CHECK_OK(core_->RetryBackups());  // events without input cannot be refused
   }
-  (void)core_->Populate();
+  DHS_CHECK_OK(core_->Populate());
   FlushOrders();
   PublishMetrics();
 }
@@ -189,6 +188,8 @@ void Daemon::Register() {
               counted([this](const Message& m, std::string_view p) { return OnAdmit(m, p); }));
   server_->On(wire::Body::BackupComplete,
               counted([this](const Message& m, std::string_view) { return OnBackupComplete(m); }));
+  server_->On(wire::Body::HostCopyWritten,
+              counted([this](const Message& m, std::string_view) { return OnHostCopyWritten(m); }));
   server_->On(wire::Body::ReadersDone,
               counted([this](const Message& m, std::string_view) { return OnReadersDone(m); }));
   server_->On(wire::Body::ReadyPublish,
@@ -224,7 +225,7 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
     reason = absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
                              hello->gpu, known->second.capacity_pages, hello->capacity_pages);
   } else if (known == gpus_.end()) {
-    if (absl::Status s = core_->RegisterGpu(hello->gpu, hello->capacity_pages); !s.ok()) {
+    if (absl::Status s = core_->RegisterGpu(hello->gpu, hello->capacity_pages, hello->request_slots); !s.ok()) {
       reason = std::string(s.message());
     }
   }
@@ -238,7 +239,6 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   g.peer = std::string(peer);
   g.page_rows = hello->page_rows;
   g.capacity_pages = hello->capacity_pages;
-  g.request_slots = hello->request_slots;
   ++g.epoch;
   ++counters_.hellos;
   spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}", hello->gpu,
@@ -270,101 +270,59 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
     return reject(absl::FailedPreconditionError(
         absl::StrFormat("GPU %d has no registered worker on this connection (send Hello first)", a->gpu)));
   }
-  if (requests_.count(a->request)) {
-    return reject(absl::AlreadyExistsError(absl::StrFormat("request %d already known", a->request)));
+  const uint64_t context_pages = (a->history_rows + g->second.page_rows - 1) / g->second.page_rows;  // rows -> pages
+  if (context_pages > UINT32_MAX) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrFormat("request %d: history_rows %d is beyond any host pool", a->request, a->history_rows)));
   }
-  GpuInfo& gpu = g->second;
-  const uint64_t context_pages = (a->history_rows + gpu.page_rows - 1) / gpu.page_rows;
-  if (context_pages > UINT32_MAX || a->complete_pages > context_pages) {
-    return reject(absl::InvalidArgumentError(absl::StrFormat(
-        "request %d: complete_pages %d exceeds the %d pages of history_rows %d", a->request, a->complete_pages,
-        context_pages, a->history_rows)));
-  }
-  if (a->host_backed) {
-    return reject(absl::UnimplementedError("host_backed admissions (resume after a worker restart) are not served yet"));
-  }
-  SlotIndex slot = 0;
-  if (gpu.request_slots != 0) {
-    while (slot < gpu.request_slots && gpu.used_slots.count(slot)) ++slot;
-    if (slot == gpu.request_slots) {
-      return reject(absl::ResourceExhaustedError(
-          absl::StrFormat("GPU %d: all %d request slots are in use", a->gpu, gpu.request_slots)));
-    }
-  } else {
-    while (gpu.used_slots.count(slot)) ++slot;
-  }
-  AdmitRequest core_admit;
-  core_admit.request = a->request;
-  core_admit.gpu = a->gpu;
-  core_admit.slot = slot;
-  core_admit.required_pages = a->required_pages;
-  core_admit.history_pages = a->complete_pages;
-  core_admit.optional_history = a->optional_history;
-  core_admit.assign_host_pages = true;
-  core_admit.context_pages = static_cast<uint32_t>(context_pages);
-  if (absl::Status s = core_->Admit(core_admit); !s.ok()) return reject(s);
-  gpu.used_slots.insert(slot);
-  requests_[a->request] = RequestInfo{a->gpu, m.sequence, slot};
+  AdmitRequest admit;
+  admit.request = a->request;
+  admit.gpu = a->gpu;
+  admit.required_pages = a->required_pages;
+  admit.history_pages = a->complete_pages;
+  admit.context_pages = static_cast<uint32_t>(context_pages);
+  admit.optional_history = a->optional_history;
+  admit.host_backed = a->host_backed;
+  if (absl::Status s = core_->Admit(admit); !s.ok()) return reject(s);
+  admit_sequence_[a->request] = m.sequence;
   return std::string();  // Grant / Wait / Reject go out with the drained orders
 }
 
 absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m) {
   auto b = ReadBackupComplete(m);
   if (!b.ok()) return b.status();
-  if (b->order == 0) {  // deferred backups during import/decode (contract §3): pages are history pages
-    if (!b->ok) {
-      ++counters_.host_write_failures;
-      spdlog::warn("memd: request {}: host backup of {} pages failed: {}", b->request, b->pages.size(), b->message);
-      return std::string();
-    }
-    for (uint32_t h : b->pages) {
-      if (absl::Status s = core_->OnHostCopyWritten(b->request, h); !s.ok()) return s;
-      ++counters_.host_writes;
-    }
-    return std::string();
-  }
-  auto it = orders_.find(b->order);
-  if (it == orders_.end() || !it->second.reclaim) {
-    return absl::NotFoundError(absl::StrFormat("BackupComplete: reclaim order %d unknown", b->order));
-  }
-  WireOrder& o = it->second;
-  std::vector<PageIndex> pages = b->pages;
-  if (pages.empty()) {  // the whole order
-    for (const auto& [page, copy] : o.copies) pages.push_back(page);
-  }
-  absl::flat_hash_set<PageIndex> seen;
-  for (PageIndex p : pages) {
-    if (!o.copies.contains(p)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("BackupComplete: page %d is not a backup page of reclaim order %d", p, b->order));
-    }
-    if (!seen.insert(p).second) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("BackupComplete: page %d named twice for reclaim order %d", p, b->order));
-    }
-  }
-  const absl::flat_hash_set<PageIndex> deferred(b->deferred_pages.begin(), b->deferred_pages.end());
-  for (PageIndex p : deferred) {
-    if (std::find(pages.begin(), pages.end(), p) == pages.end()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "BackupComplete: deferred page %d is not among the pages reported for reclaim order %d", p, b->order));
-    }
-  }
-  for (PageIndex p : pages) {
-    auto c = o.copies.find(p);
-    const CopyId copy = c->second;
-    o.copies.erase(c);
-    // A deferred page (contract §4) held nothing yet: host-covered by the worker's tail, written later (order 0).
-    const bool written = !b->ok || !deferred.contains(p);
-    if (!written) ++counters_.deferred_backups;
-    if (absl::Status s = core_->OnBackupDone(copy, b->ok, written); !s.ok()) return s;
+  if (b->order == 0) {
+    return absl::InvalidArgumentError(
+        "BackupComplete with order 0 is refused since protocol version 3: report host copies written outside a "
+        "ReclaimOrder with HostCopyWritten");
   }
   if (!b->ok) {
     spdlog::warn("memd: reclaim order {} of request {}: backup failed ({}); the victim stays untouched", b->order,
-                 o.request, b->message);
-    // The core aborted the reclaim; the wire order is finished once its other backups reported.
-    reclaim_orders_.erase(o.reclaim_id);
-    if (o.copies.empty()) orders_.erase(it);
+                 b->request, b->message);
+  }
+  if (absl::Status s = core_->OnBackupComplete(b->order, b->pages, b->ok, b->deferred_pages); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("BackupComplete: ", s.message()));
+  }
+  return std::string();
+}
+
+absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m) {
+  auto w = ReadHostCopyWritten(m);
+  if (!w.ok()) return w.status();
+  std::vector<PageIndex> host_pages;
+  for (const wire::HostPageRef& ref : w->host_pages) {
+    if (ref.segment() != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("HostCopyWritten: host segment %d unknown (memd has one: 0)",
+                                                        ref.segment()));
+    }
+    host_pages.push_back(ref.page());
+  }
+  if (!w->ok) {
+    spdlog::warn("memd: request {}: host copy of {} history pages failed: {}", w->request, w->history_pages.size(),
+                 w->message);
+  }
+  if (absl::Status s = core_->OnHostCopyWritten(w->request, w->history_pages, host_pages, w->ok); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("HostCopyWritten: ", s.message()));
   }
   return std::string();
 }
@@ -372,71 +330,43 @@ absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m) {
 absl::StatusOr<std::string> Daemon::OnReadersDone(const Message& m) {
   auto r = ReadReadersDone(m);
   if (!r.ok()) return r.status();
-  auto it = orders_.find(r->order);
-  if (it == orders_.end() || !it->second.reclaim) {
-    return absl::NotFoundError(absl::StrFormat("ReadersDone: reclaim order %d unknown", r->order));
+  if (absl::Status s = core_->OnReadersDone(r->order); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("ReadersDone: ", s.message()));
   }
-  WireOrder& o = it->second;
-  if (!reclaim_orders_.count(o.reclaim_id)) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("ReadersDone: reclaim order %d was aborted by a failed backup", r->order));
-  }
-  if (!o.withdrawn) {  // e.g. a population copy into one of its pages has not reported yet: hold it
-    o.readers_done = true;
-    return std::string();
-  }
-  if (absl::Status s = core_->OnReadersDone(o.reclaim_id); !s.ok()) return s;
   return std::string();
 }
 
 absl::StatusOr<std::string> Daemon::OnReadyPublish(const Message& m) {
   auto r = ReadReadyPublish(m);
   if (!r.ok()) return r.status();
-  auto it = orders_.find(r->order);
-  if (it == orders_.end() || it->second.reclaim) {
-    return absl::NotFoundError(absl::StrFormat("ReadyPublish: populate order %d unknown", r->order));
+  if (absl::Status s = core_->OnReadyPublish(r->order, r->pages, r->ok); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("ReadyPublish: ", s.message()));
   }
-  WireOrder& o = it->second;
-  std::vector<PageIndex> pages = r->pages;
-  if (pages.empty()) {
-    for (const auto& [page, copy] : o.copies) pages.push_back(page);
-  }
-  for (PageIndex p : pages) {
-    auto c = o.copies.find(p);
-    if (c == o.copies.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("ReadyPublish: page %d is not a page of populate order %d", p, r->order));
-    }
-    const CopyId copy = c->second;
-    o.copies.erase(c);
-    if (absl::Status s = core_->OnPopulateDone(copy, r->ok); !s.ok()) return s;
-  }
-  if (o.copies.empty()) orders_.erase(it);
   return std::string();
 }
 
 absl::StatusOr<std::string> Daemon::OnComplete(const Message& m) {
   auto c = ReadComplete(m);
   if (!c.ok()) return c.status();
-  auto info = requests_.find(c->request);
-  if (info == requests_.end()) return absl::NotFoundError(absl::StrFormat("Complete: request %d unknown", c->request));
-  uint32_t released = 0;
-  if (const GpuPageTable* t = core_->gpu_table(info->second.gpu)) {
-    for (PageIndex p = 0; p < t->pages(); ++p) released += t->owner(p) == c->request;
+  if (absl::Status s = core_->Complete(c->request); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("Complete: ", s.message()));
   }
-  if (absl::Status s = core_->Complete(c->request); !s.ok()) return s;
-  gpus_[info->second.gpu].used_slots.erase(info->second.slot);
-  requests_.erase(info);
-  wire::CompleteAckT ack;
-  ack.request = c->request;
-  ack.released_pages = released;
-  return EncodeCompleteAck(ack, m.sequence, kSender);
+  return FlushOrders(m.sequence);  // the CompleteAck answers this message
 }
 
+// A view naming a request or GPU memd does not know is answered with NOT_FOUND (dhsctl exits 4 on the code).
 absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   auto q = ReadIntrospectQuery(m);
   if (!q.ok()) return q.status();
   const StateDump dump = core_->Dump();
+  if (q->what == wire::IntrospectWhat::Request &&
+      std::none_of(dump.requests.begin(), dump.requests.end(), [&](const RequestDump& r) { return r.request == q->request; })) {
+    return absl::NotFoundError(absl::StrFormat("request %d not found", q->request));
+  }
+  if (q->what == wire::IntrospectWhat::Pages &&
+      std::none_of(dump.gpus.begin(), dump.gpus.end(), [&](const GpuDump& g) { return g.gpu == q->gpu; })) {
+    return absl::NotFoundError(absl::StrFormat("GPU %d not found", q->gpu));
+  }
   const DumpView view = ViewOf(*q);
   wire::IntrospectReplyT reply;
   reply.what = q->what;
@@ -446,146 +376,98 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   return EncodeIntrospectReply(reply, m.sequence, kSender);
 }
 
-// ---------------------------------------------------------------- orders -> wire
+// ---------------------------------------------------------------- orders -> wire (one message each)
 
-void Daemon::FlushOrders() {
-  struct Out {
-    GpuId gpu = 0;
-    uint64_t sequence = 0;
-    std::variant<wire::AdmitGrantT, wire::AdmitWaitT, wire::AdmitRejectT, wire::ReclaimOrderT, wire::PopulateOrderT,
-                 wire::RetireT>
-        body;
-  };
-  std::vector<Out> out;
-  std::map<std::pair<GpuId, RequestId>, size_t> populate_out;  // this flush's wire PopulateOrder per request
-  std::map<ReclaimId, size_t> reclaim_out;                     // this flush's wire ReclaimOrder per reclaim
-  while (!core_->outbox().empty()) {
-    for (Order& order : core_->DrainOrders()) {
-      if (auto* g = std::get_if<GrantOrder>(&order)) {
-        wire::AdmitGrantT w;
-        w.request = g->request;
-        w.slot = g->slot;
-        w.required_pages = g->required_pages;
-        w.optional_pages = g->history_gpu_pages;
-        for (uint32_t h = 0; h < g->history_gpu_pages.size(); ++h) w.optional_history_pages.push_back(h);
-        for (PageIndex hp : g->context_host_pages) w.backup_host_pages.push_back(HostRef(hp));
-        out.push_back({g->gpu, requests_[g->request].admit_sequence, std::move(w)});
-      } else if (auto* wt = std::get_if<WaitOrder>(&order)) {
-        wire::AdmitWaitT w;
-        w.request = wt->request;
-        w.queue_position = wt->queue_position;
-        w.deficit_pages = wt->deficit_pages;
-        out.push_back({wt->gpu, requests_[wt->request].admit_sequence, std::move(w)});
-      } else if (auto* rj = std::get_if<RejectOrder>(&order)) {
-        wire::AdmitRejectT w;
-        w.request = rj->request;
-        w.code = ToWireError(rj->error);
-        w.reason = std::string(rj->error.message());
-        auto info = requests_.find(rj->request);
-        const uint64_t seq = info == requests_.end() ? 0 : info->second.admit_sequence;
-        if (info != requests_.end()) {
-          gpus_[info->second.gpu].used_slots.erase(info->second.slot);
-          requests_.erase(info);
-        }
-        out.push_back({rj->gpu, seq, std::move(w)});
-      } else if (auto* rs = std::get_if<ReclaimStartOrder>(&order)) {
-        const uint64_t id = next_order_++;
-        WireOrder& wo = orders_[id];
-        wo.gpu = rs->gpu;
-        wo.request = rs->request;
-        wo.reclaim_id = rs->reclaim;
-        reclaim_orders_[rs->reclaim] = id;
-        wire::ReclaimOrderT w;
-        w.order = id;
-        w.gpu = rs->gpu;
-        w.request = rs->request;
-        w.pages = rs->gpu_pages;
-        reclaim_out[rs->reclaim] = out.size();
-        out.push_back({rs->gpu, next_sequence_++, std::move(w)});
-      } else if (auto* b = std::get_if<BackupOrder>(&order)) {
-        auto rc = reclaim_out.find(b->reclaim);
-        if (b->reclaim == 0 || rc == reclaim_out.end()) {  // tail backups are the worker's own (contract §3)
-          spdlog::error("memd: backup order of request {} outside a reclaim start; not sent", b->request);
-          continue;
-        }
-        auto& w = std::get<wire::ReclaimOrderT>(out[rc->second].body);
-        w.backup_pages.push_back(b->gpu_page);
-        w.backup_targets.push_back(HostRef(b->host_page));
-        orders_[w.order].copies[b->gpu_page] = b->copy;
-      } else if (auto* p = std::get_if<PopulateOrder>(&order)) {
-        auto [slot, fresh] = populate_out.try_emplace({p->gpu, p->request}, out.size());
-        if (fresh) {
-          const uint64_t id = next_order_++;
-          WireOrder& wo = orders_[id];
-          wo.reclaim = false;
-          wo.gpu = p->gpu;
-          wo.request = p->request;
-          wire::PopulateOrderT w;
-          w.order = id;
-          w.gpu = p->gpu;
-          w.request = p->request;
-          out.push_back({p->gpu, next_sequence_++, std::move(w)});
-        }
-        auto& w = std::get<wire::PopulateOrderT>(out[slot->second].body);
-        w.pages.push_back(p->gpu_page);
-        w.history_pages.push_back(p->history_page);
-        w.host_pages.push_back(HostRef(p->host_page));
-        orders_[w.order].copies[p->gpu_page] = p->copy;
-      } else if (auto* wd = std::get_if<WithdrawOrder>(&order)) {
-        // Internal: the worker withdraws on its own after the backups (contract §4). Apply a held ReadersDone.
-        auto id = reclaim_orders_.find(wd->reclaim);
-        if (id == reclaim_orders_.end()) continue;
-        WireOrder& o = orders_.at(id->second);
-        o.withdrawn = true;
-        if (o.readers_done) {
-          if (absl::Status s = core_->OnReadersDone(wd->reclaim); !s.ok()) {
-            spdlog::error("memd: held readers-done of reclaim {}: {}", wd->reclaim, std::string(s.message()));
-          }
-        }
-      } else if (auto* rt = std::get_if<RetireOrder>(&order)) {
-        auto id = reclaim_orders_.find(rt->reclaim);
-        wire::RetireT w;
-        w.order = id == reclaim_orders_.end() ? 0 : id->second;
-        w.gpu = rt->gpu;
-        w.request = rt->request;
-        w.pages = rt->gpu_pages;
-        if (id != reclaim_orders_.end()) {
-          orders_.erase(id->second);
-          reclaim_orders_.erase(id);
-        }
-        out.push_back({rt->gpu, next_sequence_++, std::move(w)});
-      }
+std::string Daemon::FlushOrders(uint64_t answering_sequence) {
+  std::string reply;
+  for (const Order& order : core_->DrainOrders()) {
+    if (const auto* ack = std::get_if<CompleteAckOrder>(&order)) {
+      wire::CompleteAckT w;
+      w.request = ack->request;
+      w.released_pages = ack->released_pages;
+      admit_sequence_.erase(ack->request);
+      reply = EncodeCompleteAck(w, answering_sequence, kSender);
+      continue;
     }
-  }
-  // regranted_to: the admission of this flush whose required allocation took retired pages.
-  for (Out& o : out) {
-    auto* retire = std::get_if<wire::RetireT>(&o.body);
-    if (!retire) continue;
-    for (const Out& g : out) {
-      const auto* grant = std::get_if<wire::AdmitGrantT>(&g.body);
-      if (!grant || g.gpu != o.gpu) continue;
-      const bool took = std::any_of(retire->pages.begin(), retire->pages.end(), [&](uint32_t p) {
-        return std::find(grant->required_pages.begin(), grant->required_pages.end(), p) != grant->required_pages.end();
-      });
-      if (took) retire->regranted_to = grant->request;
-    }
-  }
-  for (const Out& o : out) {
+    const GpuId gpu = std::visit([](const auto& o) { return o.gpu; }, order);
     const std::string bytes = std::visit(
-        [&](const auto& body) -> std::string {
-          using T = std::decay_t<decltype(body)>;
-          if constexpr (std::is_same_v<T, wire::AdmitGrantT>) return EncodeAdmitGrant(body, o.sequence, kSender);
-          if constexpr (std::is_same_v<T, wire::AdmitWaitT>) return EncodeAdmitWait(body, o.sequence, kSender);
-          if constexpr (std::is_same_v<T, wire::AdmitRejectT>) return EncodeAdmitReject(body, o.sequence, kSender);
-          if constexpr (std::is_same_v<T, wire::ReclaimOrderT>) return EncodeReclaimOrder(body, o.sequence, kSender);
-          if constexpr (std::is_same_v<T, wire::PopulateOrderT>) {
-            return EncodePopulateOrder(body, o.sequence, kSender);
+        [this](const auto& o) -> std::string {
+          if constexpr (std::is_same_v<std::decay_t<decltype(o)>, CompleteAckOrder>) {
+            return std::string();  // handled above
+          } else {
+            return Encode(o);
           }
-          if constexpr (std::is_same_v<T, wire::RetireT>) return EncodeRetire(body, o.sequence, kSender);
         },
-        o.body);
-    SendToGpu(o.gpu, bytes);
+        order);
+    SendToGpu(gpu, bytes);
   }
+  return reply;
+}
+
+uint64_t Daemon::AdmitSequence(RequestId request) const {
+  auto it = admit_sequence_.find(request);
+  return it == admit_sequence_.end() ? 0 : it->second;
+}
+
+std::string Daemon::Encode(const GrantOrder& g) {
+  wire::AdmitGrantT w;
+  w.request = g.request;
+  w.slot = g.slot;
+  w.required_pages = g.required_pages;
+  w.optional_pages = g.optional_pages;
+  for (uint32_t h = 0; h < g.optional_pages.size(); ++h) w.optional_history_pages.push_back(h);
+  for (PageIndex hp : g.host_pages) w.backup_host_pages.push_back(HostRef(hp));
+  return EncodeAdmitGrant(w, AdmitSequence(g.request), kSender);
+}
+
+std::string Daemon::Encode(const WaitOrder& o) {
+  wire::AdmitWaitT w;
+  w.request = o.request;
+  w.queue_position = o.queue_position;
+  w.deficit_pages = o.deficit_pages;
+  return EncodeAdmitWait(w, AdmitSequence(o.request), kSender);
+}
+
+std::string Daemon::Encode(const RejectOrder& o) {
+  wire::AdmitRejectT w;
+  w.request = o.request;
+  w.code = ToWireError(o.error);
+  w.reason = std::string(o.error.message());
+  const uint64_t sequence = AdmitSequence(o.request);
+  admit_sequence_.erase(o.request);
+  return EncodeAdmitReject(w, sequence, kSender);
+}
+
+std::string Daemon::Encode(const ReclaimOrder& o) {
+  wire::ReclaimOrderT w;
+  w.order = o.order;
+  w.gpu = o.gpu;
+  w.request = o.request;
+  w.pages = o.gpu_pages;
+  w.backup_pages = o.backup_pages;
+  for (PageIndex hp : o.backup_host_pages) w.backup_targets.push_back(HostRef(hp));
+  return EncodeReclaimOrder(w, next_sequence_++, kSender);
+}
+
+std::string Daemon::Encode(const PopulateOrder& o) {
+  wire::PopulateOrderT w;
+  w.order = o.order;
+  w.gpu = o.gpu;
+  w.request = o.request;
+  w.pages = o.gpu_pages;
+  w.history_pages = o.history_pages;
+  for (PageIndex hp : o.host_pages) w.host_pages.push_back(HostRef(hp));
+  return EncodePopulateOrder(w, next_sequence_++, kSender);
+}
+
+std::string Daemon::Encode(const RetireOrder& o) {
+  wire::RetireT w;
+  w.order = o.order;
+  w.gpu = o.gpu;
+  w.request = o.request;
+  w.pages = o.gpu_pages;
+  w.regranted_to = o.regranted_to;
+  return EncodeRetire(w, next_sequence_++, kSender);
 }
 
 }  // namespace dhs::memd

@@ -8,10 +8,11 @@
 // shared renderers DumpToJson / DumpToTable. On every tick the Prometheus text is published to a
 // mutex-guarded snapshot (metrics()) that the HTTP thread reads.
 //
-// Wire <-> core mapping (decided in memd/README.md): one wire ReclaimOrder per ReclaimStartOrder (its BackupOrders
-// become backup_pages/backup_targets); WithdrawOrder is internal (the worker withdraws after its BackupComplete and
-// answers ReadersDone; a ReadersDone that arrives before the core withdrew is held until it does); PopulateOrders of
-// one request drained together become one wire PopulateOrder. BackupComplete{order = 0} marks history pages written.
+// The daemon makes no residency decision: each inbound message is decoded and checked for its wire form (a Hello's
+// page size, the peer that registered the GPU, HostPageRef segments, rows -> pages), mapped to one core event, and
+// each order drained from the core is encoded as exactly one wire message (memd/orders.h lists the mapping). The core's
+// OrderIds are the wire order ids. BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
+// host copies written outside a ReclaimOrder come as HostCopyWritten.
 //
 // Thread-safety: Serve/Run and the constructor/destructor from one thread; metrics() from any thread.
 #pragma once
@@ -22,7 +23,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,9 +34,6 @@
 
 namespace dhs::memd {
 
-// The default run directory when --run-dir is not given: /tmp/dhs-<uid>.
-std::string DefaultRunDir();
-
 struct DaemonOptions {
   std::string run_dir;                      // created with MakeRunDir (0700); holds memd.sock
   uint64_t page_bytes = 0;                  // bytes per page; every worker's Hello must say the same
@@ -47,16 +44,6 @@ struct DaemonOptions {
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-memd-<pid>"
-};
-
-// Counters of the daemon itself (the core's are in Counters), exported to Prometheus.
-struct DaemonCounters {
-  uint64_t messages = 0;          // inbound messages that reached a handler
-  uint64_t hellos = 0;            // accepted Hellos
-  uint64_t host_writes = 0;       // history pages confirmed by BackupComplete{order = 0}
-  uint64_t host_write_failures = 0;
-  uint64_t deferred_backups = 0;  // reclaimed pages the worker had only planned to keep (BackupComplete.deferred_pages)
-  uint64_t send_failures = 0;     // orders that could not be sent (worker gone)
 };
 
 class Daemon {
@@ -84,24 +71,7 @@ class Daemon {
     std::string peer;          // ROUTER routing id of the worker
     uint32_t page_rows = 0;    // p
     uint32_t capacity_pages = 0;
-    uint32_t request_slots = 0;  // N (0: unlimited)
     uint64_t epoch = 0;
-    std::set<SlotIndex> used_slots;
-  };
-  struct RequestInfo {
-    GpuId gpu = 0;
-    uint64_t admit_sequence = 0;  // the AdmitRequest's sequence, repeated by its Grant/Wait/Reject
-    SlotIndex slot = 0;
-  };
-  // One wire order in flight (ReclaimOrder or PopulateOrder).
-  struct WireOrder {
-    bool reclaim = true;
-    GpuId gpu = 0;
-    RequestId request = 0;
-    ReclaimId reclaim_id = 0;
-    std::map<PageIndex, CopyId> copies;  // GPU page -> backup (reclaim) or population copy not yet reported
-    bool withdrawn = false;              // the core emitted its WithdrawOrder
-    bool readers_done = false;           // the worker's ReadersDone arrived before the core withdrew
   };
 
   Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<RouterServer> router,
@@ -110,12 +80,22 @@ class Daemon {
   absl::StatusOr<std::string> OnHello(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnAdmit(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnBackupComplete(const Message& m);
+  absl::StatusOr<std::string> OnHostCopyWritten(const Message& m);
   absl::StatusOr<std::string> OnReadersDone(const Message& m);
   absl::StatusOr<std::string> OnReadyPublish(const Message& m);
   absl::StatusOr<std::string> OnComplete(const Message& m);
   absl::StatusOr<std::string> OnIntrospect(const Message& m);
   void Tick();
-  void FlushOrders();
+  // Drains the core's outbox and sends each order as one wire message to the worker of its GPU; a CompleteAck is
+  // returned instead (encoded with `answering_sequence`): it is the reply of the Complete being handled.
+  std::string FlushOrders(uint64_t answering_sequence = 0);
+  std::string Encode(const GrantOrder& order);
+  std::string Encode(const WaitOrder& order);
+  std::string Encode(const RejectOrder& order);
+  std::string Encode(const ReclaimOrder& order);
+  std::string Encode(const PopulateOrder& order);
+  std::string Encode(const RetireOrder& order);
+  uint64_t AdmitSequence(RequestId request) const;
   void SendToGpu(GpuId gpu, const std::string& bytes);
   void PublishMetrics();
 
@@ -125,10 +105,7 @@ class Daemon {
   std::unique_ptr<ResidencyManager> core_;
   std::unique_ptr<Server> server_;
   std::map<GpuId, GpuInfo> gpus_;
-  std::map<RequestId, RequestInfo> requests_;
-  std::map<uint64_t, WireOrder> orders_;            // wire order id -> order
-  std::map<ReclaimId, uint64_t> reclaim_orders_;    // core reclaim -> wire order id
-  uint64_t next_order_ = 1;
+  std::map<RequestId, uint64_t> admit_sequence_;  // the AdmitRequest's sequence, repeated by its Grant/Wait/Reject
   uint64_t next_sequence_ = 1;
   DaemonCounters counters_;
   std::chrono::steady_clock::time_point next_tick_, next_retry_;

@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "common/host_pool.h"
+#include "common/transport.h"
 #include "memd/daemon.h"
 #include "memd/metrics_server.h"
 #include "spdlog/spdlog.h"
@@ -22,18 +23,15 @@ CLI::Validator NotNegative() {
       "", "NOT_NEGATIVE");
 }
 
-}  // namespace
-
-// Exit codes: 0 clean stop (SIGTERM/SIGINT) or --help; 1 a runtime failure (the host pool does not fit in /dev/shm,
-// an unusable run directory, a live memd on it, the metrics address cannot be bound, the loop failed); 2 a bad
-// command line (unknown flag, missing --page-bytes, a value out of range).
-int main(int argc, char** argv) {
-  dhs::memd::DaemonOptions o;
-  o.run_dir = dhs::memd::DefaultRunDir();
+struct CommandLine {
+  dhs::memd::DaemonOptions options;
   uint64_t pool_bytes = 0, pool_pages = 0;
   std::string metrics_address, log_level = "info";
-  CLI::App app("memd: the node memory daemon of Adaptive DHiSparse (host pool, GPU page accounting, admission, "
-               "reclaim and population)");
+};
+
+// Declares every flag of memd on `app`, writing into `c`.
+void AddFlags(CLI::App& app, CommandLine& c) {
+  dhs::memd::DaemonOptions& o = c.options;
   app.add_option("--run-dir", o.run_dir, "run directory (created 0700); holds memd.sock")->capture_default_str();
   app.add_option("--page-bytes", o.page_bytes,
                  "bytes per KV page = p * sum of d_KV (contract \"Units\"), a positive multiple of 64; every "
@@ -50,12 +48,12 @@ int main(int argc, char** argv) {
           },
           "", "PAGE_BYTES"));
   // K/M/G/T = powers of 1000, KiB/MiB/GiB/TiB = powers of 1024 (case-insensitive), as dhs-replay's --hbm-budget.
-  auto* bytes_opt = app.add_option("--host-pool-bytes", pool_bytes,
+  auto* bytes_opt = app.add_option("--host-pool-bytes", c.pool_bytes,
                                    "host pool size, bytes (K/M/G/T = 1000^n, KiB/MiB/GiB/TiB = 1024^n; rounded down "
                                    "to pages)")
                         ->transform(CLI::AsSizeValue(true))
                         ->transform(NotNegative());  // a transform runs before those added earlier: sign first
-  auto* pages_opt = app.add_option("--host-pool-pages", pool_pages, "host pool size, pages")->check(NotNegative());
+  auto* pages_opt = app.add_option("--host-pool-pages", c.pool_pages, "host pool size, pages")->check(NotNegative());
   bytes_opt->excludes(pages_opt);
   app.add_option("--reserve-pages", o.reserve_pages, "admission reserve M_res per GPU, pages")
       ->check(NotNegative())
@@ -76,33 +74,38 @@ int main(int argc, char** argv) {
           },
           "", "AT_LEAST_1"))
       ->capture_default_str();
-  app.add_option("--metrics-address", metrics_address,
+  app.add_option("--metrics-address", c.metrics_address,
                  "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is "
                  "written to RUN_DIR/memd.metrics)");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+  app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // --help prints and exits 0; every bad command line exits 2
-  }
-  spdlog::set_level(spdlog::level::from_str(log_level));
-  if (pool_pages == 0) pool_pages = pool_bytes / o.page_bytes;
+}
+
+// The host pool size in pages from --host-pool-pages or --host-pool-bytes. Returns false (message printed) when
+// missing, zero pages, or too large.
+bool SetPoolPages(CommandLine& c) {
+  const uint64_t page_bytes = c.options.page_bytes;
+  uint64_t pool_pages = c.pool_pages != 0 ? c.pool_pages : c.pool_bytes / page_bytes;
   if (pool_pages == 0 || pool_pages > UINT32_MAX) {
     std::fprintf(stderr,
                  "memd: give --host-pool-pages N or --host-pool-bytes N (at least one page of %llu bytes, fewer "
                  "than 2^32 pages)\n",
-                 static_cast<unsigned long long>(o.page_bytes));
-    return 2;
+                 static_cast<unsigned long long>(page_bytes));
+    return false;
   }
-  if (o.page_bytes > (static_cast<uint64_t>(INT64_MAX) - dhs::kHostPoolHeaderBytes) / pool_pages) {
+  if (page_bytes > (static_cast<uint64_t>(INT64_MAX) - dhs::kHostPoolHeaderBytes) / pool_pages) {
     std::fprintf(stderr, "memd: %llu pages of %llu bytes overflow a file size\n",
-                 static_cast<unsigned long long>(pool_pages), static_cast<unsigned long long>(o.page_bytes));
-    return 2;
+                 static_cast<unsigned long long>(pool_pages), static_cast<unsigned long long>(page_bytes));
+    return false;
   }
-  o.host_pool_pages = static_cast<uint32_t>(pool_pages);
+  c.options.host_pool_pages = static_cast<uint32_t>(pool_pages);
+  return true;
+}
 
+// Starts the daemon (and the metrics endpoint) and serves until SIGTERM/SIGINT. Returns the exit code.
+int Serve(const CommandLine& c) {
+  const dhs::memd::DaemonOptions& o = c.options;
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   auto daemon = dhs::memd::Daemon::Start(o);
@@ -111,9 +114,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<dhs::memd::MetricsServer> metrics;
-  if (!metrics_address.empty()) {
+  if (!c.metrics_address.empty()) {
     dhs::memd::Daemon* d = daemon->get();
-    auto m = dhs::memd::MetricsServer::Start(metrics_address, [d] { return d->metrics(); });
+    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [d] { return d->metrics(); });
     if (!m.ok()) {
       std::fprintf(stderr, "memd: %s\n", std::string(m.status().message()).c_str());
       return 1;
@@ -135,4 +138,25 @@ int main(int argc, char** argv) {
   }
   spdlog::info("memd: stopped cleanly");
   return 0;
+}
+
+}  // namespace
+
+// Exit codes: 0 clean stop (SIGTERM/SIGINT) or --help; 1 a runtime failure (the host pool does not fit in /dev/shm,
+// an unusable run directory, a live memd on it, the metrics address cannot be bound, the loop failed); 2 a bad
+// command line (unknown flag, missing --page-bytes, a value out of range).
+int main(int argc, char** argv) {
+  CommandLine c;
+  c.options.run_dir = dhs::DefaultRunDir();
+  CLI::App app("memd: the node memory daemon of Adaptive DHiSparse (host pool, GPU page accounting, admission, "
+               "reclaim and population)");
+  AddFlags(app, c);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help prints and exits 0; every bad command line exits 2
+  }
+  spdlog::set_level(spdlog::level::from_str(c.log_level));
+  if (!SetPoolPages(c)) return 2;
+  return Serve(c);
 }

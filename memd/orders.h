@@ -1,8 +1,12 @@
-// memd/orders.h: the orders memd's decision core emits (one struct per outbound wire message).
+// memd/orders.h: the orders memd's decision core emits, one struct per outbound wire message (docs/protocol.md).
 //
-// ResidencyManager appends orders to its outbox while it handles an event; the daemon loop drains the outbox and
-// sends each order as one wire message to the worker of `gpu` (Grant/Wait/Reject answer an admission).
-// CopyId and ReclaimId are unique for the life of a ResidencyManager and come back in the worker's reports.
+// ResidencyManager appends orders to its outbox while it handles an event; the daemon drains the outbox and encodes
+// each order as exactly one wire message, with no decision of its own:
+//   GrantOrder -> AdmitGrant, WaitOrder -> AdmitWait, RejectOrder -> AdmitReject (answers of an admission),
+//   ReclaimOrder -> ReclaimOrder, PopulateOrder -> PopulateOrder, RetireOrder -> Retire (to the worker of `gpu`),
+//   CompleteAckOrder -> CompleteAck (the answer of the Complete that produced it).
+// OrderId is the wire order id of a ReclaimOrder or PopulateOrder (one counter for both, unique for the life of a
+// ResidencyManager, 0 never used); the worker's reports (BackupComplete, ReadersDone, ReadyPublish) name it.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -17,27 +21,24 @@
 
 namespace dhs::memd {
 
-using CopyId = uint64_t;     // one backup or population copy; 0 is never used
-using ReclaimId = uint64_t;  // one reclaim of one victim request; 0 is never used
+using OrderId = uint64_t;   // a ReclaimOrder or PopulateOrder; 0 is never used
+using ReclaimId = OrderId;  // a reclaim of one victim is named by its ReclaimOrder's id
 
-// Admission granted. History page h (0-based, complete pages of the imported history) goes to
-// history_gpu_pages[h] for h < history_gpu_pages.size() (optional-ready, no host copy yet: backup deferred), and to
-// host page history_host_pages[h - history_gpu_pages.size()] otherwise (imported straight to host). The worker writes
-// the imported history into these places before the request's first query; memd counts it present from the grant.
+// Admission granted (-> AdmitGrant). The request runs in `slot` (chosen by memd, 0 .. request_slots-1).
+// History page h (0-based page of the full context) is kept on GPU in optional_pages[h] for h < optional_pages.size()
+// (optional-ready, no host copy yet: backup deferred). Every page j of the full context has host page host_pages[j]
+// (the host pool); pages j >= optional_pages.size() count as host-covered from the grant (the worker keeps their
+// rows in its tail until it reports them written with HostCopyWritten).
 struct GrantOrder {
   RequestId request = 0;
   GpuId gpu = 0;
   SlotIndex slot = 0;
-  std::vector<PageIndex> required_pages;  // the required allocation (hot cache + tail + metadata)
-  std::vector<PageIndex> history_gpu_pages;
-  std::vector<PageIndex> history_host_pages;
-  // Only for an admission with assign_host_pages (the worker contract, docs/protocol.md): the host page of history
-  // page j for EVERY page j of the full context (history_host_pages is then empty). Pages j >= history_gpu_pages.size()
-  // count as host-covered from the grant (the worker keeps their rows in its tail until their backup completed).
-  std::vector<PageIndex> context_host_pages;
+  std::vector<PageIndex> required_pages;  // the required allocation (hot cache + tail + metadata), GPU pages
+  std::vector<PageIndex> optional_pages;  // GPU page of history page h = index
+  std::vector<PageIndex> host_pages;      // host page of context page j = index (context_pages entries)
 };
 
-// The admission is queued (sent once, when it first cannot be granted).
+// The admission is queued (-> AdmitWait; sent once, when it first cannot be granted).
 struct WaitOrder {
   RequestId request = 0;
   GpuId gpu = 0;
@@ -45,67 +46,58 @@ struct WaitOrder {
   uint32_t deficit_pages = 0;   // Δ at the time (GPU pages)
 };
 
-// The admission can never fit (or is otherwise refused); `error` says why.
+// The admission can never fit (or is otherwise refused) (-> AdmitReject); `error` says why.
 struct RejectOrder {
   RequestId request = 0;
   GpuId gpu = 0;
   absl::Status error;
 };
 
-// Copy history page `history_page` of `request` from GPU to host page `host_page`; report with OnBackupDone(copy).
-// from_tail: the page is a just-completed tail page (gpu_page is then meaningless: the rows are in the tail).
-struct BackupOrder {
-  CopyId copy = 0;
+// Reclaim all optional pages `gpu_pages` of victim `request` (-> ReclaimOrder): back up backup_pages[i] into host page
+// backup_host_pages[i] (the pages without a host copy), withdraw their ready-map entries, wait for their readers.
+// The worker answers BackupComplete(order) for the backups, then ReadersDone(order); memd answers RetireOrder.
+struct ReclaimOrder {
+  OrderId order = 0;
   RequestId request = 0;
   GpuId gpu = 0;
-  uint32_t history_page = 0;
-  bool from_tail = false;
-  PageIndex gpu_page = 0;
-  PageIndex host_page = 0;
-  ReclaimId reclaim = 0;  // the reclaim that ordered it (follows its ReclaimStartOrder); 0 for a tail backup
+  std::vector<PageIndex> gpu_pages;
+  std::vector<PageIndex> backup_pages;       // subset of gpu_pages
+  std::vector<PageIndex> backup_host_pages;  // host page for backup_pages[i] (the one assigned at the grant)
 };
 
-// Copy history page `history_page` from host page `host_page` into GPU page `gpu_page`, publish its ready-map entries
-// after the copy completed, then report OnPopulateDone(copy).
+// Copy history page history_pages[i] of `request` from host page host_pages[i] into GPU page gpu_pages[i], publish
+// its ready-map entries after the copy completed, then report ReadyPublish(order) (-> PopulateOrder).
 struct PopulateOrder {
-  CopyId copy = 0;
-  RequestId request = 0;
-  GpuId gpu = 0;
-  uint32_t history_page = 0;
-  PageIndex host_page = 0;
-  PageIndex gpu_page = 0;
-};
-
-// Reclaim: withdraw the ready-map entries of `gpu_pages` (all backups done), wait until every reader that could read
-// them finished, then report OnReadersDone(reclaim).
-struct WithdrawOrder {
-  ReclaimId reclaim = 0;
+  OrderId order = 0;
   RequestId request = 0;
   GpuId gpu = 0;
   std::vector<PageIndex> gpu_pages;
+  std::vector<uint32_t> history_pages;
+  std::vector<PageIndex> host_pages;
 };
 
-// The reclaimed pages are retired: they no longer belong to `request` (its history is on host only).
+// The reclaimed pages are retired (-> Retire): they no longer belong to `request` (its history is on host only).
+// regranted_to: the admission granted by the same event whose required allocation took some of them (0: none).
 struct RetireOrder {
-  ReclaimId reclaim = 0;
+  OrderId order = 0;
   RequestId request = 0;
   GpuId gpu = 0;
   std::vector<PageIndex> gpu_pages;
+  RequestId regranted_to = 0;
 };
 
-// A reclaim of one victim started: `gpu_pages` (all its optional pages) are now reclaiming. Emitted before the
-// BackupOrders of the same reclaim (they carry `reclaim`); the daemon sends both as one wire ReclaimOrder.
-struct ReclaimStartOrder {
-  ReclaimId reclaim = 0;
+// The request finished (-> CompleteAck): released_pages = GPU pages it held (required + optional, a page with a
+// population copy in flight included: it is freed when that copy reports); 0 for a queued admission cancelled.
+struct CompleteAckOrder {
   RequestId request = 0;
   GpuId gpu = 0;
-  std::vector<PageIndex> gpu_pages;
+  uint32_t released_pages = 0;
 };
 
-using Order = std::variant<GrantOrder, WaitOrder, RejectOrder, BackupOrder, PopulateOrder, WithdrawOrder, RetireOrder,
-                           ReclaimStartOrder>;
+using Order =
+    std::variant<GrantOrder, WaitOrder, RejectOrder, ReclaimOrder, PopulateOrder, RetireOrder, CompleteAckOrder>;
 
-// "grant", "wait", "reject", "backup", "populate", "withdraw", "retire", "reclaim".
+// "grant", "wait", "reject", "reclaim", "populate", "retire", "complete-ack".
 std::string_view OrderName(const Order& order);
 
 }  // namespace dhs::memd

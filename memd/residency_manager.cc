@@ -3,14 +3,16 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs::memd {
 
 std::string_view OrderName(const Order& order) {
-  static constexpr std::string_view kNames[] = {"grant", "wait", "reject", "backup", "populate", "withdraw", "retire",
-                                                "reclaim"};
+  static constexpr std::string_view kNames[] = {"grant", "wait", "reject", "reclaim", "populate", "retire",
+                                                "complete-ack"};
   return kNames[order.index()];
 }
 
@@ -52,11 +54,12 @@ absl::Status ResidencyManager::Finish(absl::Status status) {
 
 // ---------------------------------------------------------------- events
 
-absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages) {
+absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots) {
   if (gpus_.count(gpu)) return Finish(absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu)));
   auto table = GpuPageTable::Create(gpu, pages, config_.reserve_pages);
   if (!table.ok()) return Finish(table.status());
-  gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0});
+  gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
+                         request_slots, {}});
   return Finish(absl::OkStatus());
 }
 
@@ -71,21 +74,22 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& a) {
   if (a.required_pages == 0) {
     return Finish(absl::InvalidArgumentError(absl::StrFormat("request %d: required_pages must be > 0", a.request)));
   }
-  if (a.assign_host_pages && a.context_pages < a.history_pages) {
+  if (a.context_pages < a.history_pages) {
     return Finish(absl::InvalidArgumentError(absl::StrFormat(
         "request %d: %d complete history pages exceed the %d pages of its context", a.request, a.history_pages,
         a.context_pages)));
   }
+  if (a.host_backed) {
+    return Finish(absl::UnimplementedError(absl::StrFormat(
+        "request %d: host_backed admissions (resume after a worker restart) are not served yet", a.request)));
+  }
   Request r;
   r.id = a.request;
   r.gpu = a.gpu;
-  r.slot = a.slot;
   r.required_count = a.required_pages;
   r.imported_pages = a.history_pages;
-  r.assign_host_pages = a.assign_host_pages;
-  r.context_pages = a.assign_host_pages ? a.context_pages : a.history_pages;
+  r.context_pages = a.context_pages;
   r.optional_history = a.optional_history;
-  r.state = RequestState::kQueued;
   r.time_us = clock_();
   ++counters_.admissions;
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
@@ -99,130 +103,127 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& a) {
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::OnBackupDone(CopyId copy, bool ok, bool written) {
-  auto it = copies_.find(copy);
-  if (it == copies_.end() || !it->second.backup) {
-    return Finish(absl::NotFoundError(absl::StrFormat("backup copy %d unknown", copy)));
+// The pages a report names (empty = every unreported one), checked against the order: all-or-nothing.
+absl::Status ResidencyManager::CheckReportedPages(const OrderEntry& entry, OrderId order,
+                                                  std::span<const PageIndex> pages,
+                                                  std::vector<PageIndex>& out) const {
+  if (pages.empty()) {
+    for (const auto& [page, copy] : entry.copies) out.push_back(page);
+    return absl::OkStatus();
   }
-  const Copy c = it->second;
-  copies_.erase(it);
-  (void)host_.Unpin(c.host_page);
-  if (!ok) ++counters_.backups_failed;
-  if (c.orphan) return Finish(absl::OkStatus());  // request completed; its host page was freed (reusable now)
-  Request& r = requests_.at(c.request);
-  HistoryPage& hp = r.history[c.history_page];
-  hp.backup = 0;
-  if (ok) {
-    const bool confirmed = hp.has_host && !hp.awaiting_write && hp.host_page == c.host_page;
-    hp.has_host = true;
-    hp.host_page = c.host_page;
-    hp.host_reserved = false;
-    hp.awaiting_write = !written && !confirmed;  // deferred: covered by the worker's tail until OnHostCopyWritten
-    if (c.from_tail) hp.where = Where::kNone;  // leaves the tail: host only until population brings it back
-    if (c.reclaim != 0) {
-      Reclaim& rc = reclaims_.at(c.reclaim);
-      --rc.backups;
-      AdvanceReclaim(rc);
+  absl::flat_hash_set<PageIndex> seen;
+  for (PageIndex p : pages) {
+    if (!entry.copies.contains(p)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("page %d is not an unreported page of %s order %d", p, entry.reclaim ? "reclaim" : "populate",
+                          order));
     }
-  } else {
-    // An assigned host page stays the request's; so does one that became a valid copy meanwhile (OnHostCopyWritten).
-    if (!hp.host_reserved && !(hp.has_host && hp.host_page == c.host_page)) (void)host_.Free(c.host_page);
-    if (c.from_tail) r.tail_retry.push_back(c.history_page);
-    if (c.reclaim != 0) AbortReclaim(r, gpus_.at(r.gpu));
+    if (!seen.insert(p).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("page %d named twice for order %d", p, order));
+    }
+    out.push_back(p);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ResidencyManager::OnBackupComplete(OrderId order, std::span<const PageIndex> pages, bool ok,
+                                                std::span<const PageIndex> deferred) {
+  auto it = orders_.find(order);
+  if (it == orders_.end() || !it->second.reclaim) {
+    return Finish(absl::NotFoundError(absl::StrFormat("reclaim order %d unknown (or all its backups reported)", order)));
+  }
+  std::vector<PageIndex> reported;
+  if (absl::Status s = CheckReportedPages(it->second, order, pages, reported); !s.ok()) return Finish(s);
+  const absl::flat_hash_set<PageIndex> deferred_set(deferred.begin(), deferred.end());
+  for (PageIndex p : deferred_set) {
+    if (std::find(reported.begin(), reported.end(), p) == reported.end()) {
+      return Finish(absl::InvalidArgumentError(absl::StrFormat(
+          "deferred page %d is not among the pages reported for reclaim order %d", p, order)));
+    }
+  }
+  std::vector<std::pair<CopyId, bool>> done;  // (copy, written); the entry may be erased by what they cause
+  for (PageIndex p : reported) {
+    done.emplace_back(it->second.copies.at(p), !ok || !deferred_set.contains(p));
+    it->second.copies.erase(p);
+  }
+  for (const auto& [copy, written] : done) BackupDone(copy, ok, written);
+  EraseOrderIfDone(order);
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::OnPopulateDone(CopyId copy, bool ok) {
-  auto it = copies_.find(copy);
-  if (it == copies_.end() || it->second.backup) {
-    return Finish(absl::NotFoundError(absl::StrFormat("population copy %d unknown", copy)));
+absl::Status ResidencyManager::OnReadyPublish(OrderId order, std::span<const PageIndex> pages, bool ok) {
+  auto it = orders_.find(order);
+  if (it == orders_.end() || it->second.reclaim) {
+    return Finish(absl::NotFoundError(absl::StrFormat("populate order %d unknown", order)));
   }
-  const Copy c = it->second;
-  copies_.erase(it);
-  (void)host_.Unpin(c.host_page);
-  if (!ok) ++counters_.populates_failed;
-  Gpu& g = gpus_.at(c.gpu);
-  if (c.orphan) {  // request completed while the copy was in flight: the page is free only now
-    (void)g.table.Release(c.gpu_page);
-    return Finish(absl::OkStatus());
+  std::vector<PageIndex> reported;
+  if (absl::Status s = CheckReportedPages(it->second, order, pages, reported); !s.ok()) return Finish(s);
+  std::vector<CopyId> done;  // the entry may be erased by what they cause
+  for (PageIndex p : reported) {
+    done.push_back(it->second.copies.at(p));
+    it->second.copies.erase(p);
   }
-  Request& r = requests_.at(c.request);
-  HistoryPage& hp = r.history[c.history_page];
-  hp.populate = 0;
-  const bool reclaiming = g.table.state(c.gpu_page) == PageState::kReclaiming;
-  if (ok) {
-    if (!reclaiming) {
-      (void)g.table.Transition(c.gpu_page, PageState::kOptionalPending, PageState::kOptionalReady);
-    } else {
-      Reclaim& rc = reclaims_.at(r.reclaim);
-      --rc.populates;
-      AdvanceReclaim(rc);
-    }
-  } else {
-    // Nothing was published: the page holds no readable data and is freed at once.
-    (void)g.table.Release(c.gpu_page);
-    hp.where = Where::kNone;
-    --r.optional;
-    if (reclaiming) {
-      Reclaim& rc = reclaims_.at(r.reclaim);
-      rc.pages.erase(std::find(rc.pages.begin(), rc.pages.end(), c.gpu_page));
-      --g.reclaiming_pages;
-      --rc.populates;
-      AdvanceReclaim(rc);
-    }
-  }
+  for (CopyId copy : done) PopulateDone(copy, ok);
+  EraseOrderIfDone(order);
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::OnReadersDone(ReclaimId id) {
-  auto it = reclaims_.find(id);
+absl::Status ResidencyManager::OnReadersDone(OrderId order) {
+  auto it = reclaims_.find(order);
   if (it == reclaims_.end()) {
-    if (id != 0 && id < next_reclaim_) {  // cancelled by its request's completion
-      ++counters_.stale_reports;
+    auto entry = orders_.find(order);
+    if (entry != orders_.end() && entry->second.reclaim && entry->second.aborted) {
+      return Finish(absl::FailedPreconditionError(
+          absl::StrFormat("reclaim order %d was aborted by a failed backup", order)));
+    }
+    if (order != 0 && order < next_order_ && (entry == orders_.end() || entry->second.reclaim)) {
+      ++counters_.stale_reports;  // retired already, or cancelled by its request's completion
       return Finish(absl::OkStatus());
     }
-    return Finish(absl::NotFoundError(absl::StrFormat("reclaim %d never issued", id)));
+    return Finish(absl::NotFoundError(absl::StrFormat("reclaim order %d never issued", order)));
   }
-  if (!it->second.withdrawn) {
-    return Finish(absl::FailedPreconditionError(absl::StrFormat("reclaim %d: readers-done before withdrawal", id)));
-  }
-  RetireReclaim(id);
+  it->second.readers_done = true;
+  AdvanceReclaim(it->second);
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, uint32_t history_page) {
+absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const uint32_t> pages,
+                                                 std::span<const PageIndex> host_pages, bool ok) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
   Request& r = it->second;
   if (r.state == RequestState::kQueued) {
     return Finish(absl::FailedPreconditionError(absl::StrFormat("request %d is not admitted yet", id)));
   }
-  if (history_page >= r.history.size()) {
-    return Finish(absl::OutOfRangeError(
-        absl::StrFormat("request %d has %d history pages, not page %d", id, r.history.size(), history_page)));
+  if (!host_pages.empty() && host_pages.size() != pages.size()) {
+    return Finish(absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: %d host pages for %d history pages", id, host_pages.size(), pages.size())));
   }
-  HistoryPage& hp = r.history[history_page];
-  if (!hp.has_host && !hp.host_reserved) {
-    return Finish(absl::FailedPreconditionError(
-        absl::StrFormat("request %d history page %d has no host page assigned", id, history_page)));
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i] >= r.history.size()) {
+      return Finish(absl::OutOfRangeError(
+          absl::StrFormat("request %d has %d history pages, not page %d", id, r.history.size(), pages[i])));
+    }
+    if (!host_pages.empty() && host_pages[i] != r.history[pages[i]].host_page) {
+      return Finish(absl::InvalidArgumentError(absl::StrFormat(
+          "request %d history page %d: host page %d written, but host page %d was assigned", id, pages[i],
+          host_pages[i], r.history[pages[i]].host_page)));
+    }
   }
-  hp.has_host = true;
-  hp.host_reserved = false;
-  hp.awaiting_write = false;
-  return Finish(absl::OkStatus());
-}
-
-absl::Status ResidencyManager::OnTailPageComplete(RequestId id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
-  Request& r = it->second;
-  if (r.state == RequestState::kQueued) {
-    return Finish(absl::FailedPreconditionError(absl::StrFormat("request %d is not admitted yet", id)));
+  if (!ok) {  // nothing changes: the rows stay in the worker's tail, the pages are not populated
+    counters_.host_write_failures += pages.size();
+    return Finish(absl::OkStatus());
   }
-  r.history.push_back(HistoryPage{.where = Where::kTail});
-  r.tail_retry.push_back(static_cast<uint32_t>(r.history.size() - 1));
-  OrderTailBackups(r);
+  for (uint32_t h : pages) {
+    HistoryPage& hp = r.history[h];
+    ++counters_.host_writes;
+    switch (hp.state) {
+      case HistoryState::kHostPending: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost)); break;
+      case HistoryState::kGpu:
+      case HistoryState::kGpuDeferred: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost)); break;
+      default: break;  // already a complete host copy (a repeated report)
+    }
+  }
   return Finish(absl::OkStatus());
 }
 
@@ -231,29 +232,37 @@ absl::Status ResidencyManager::Complete(RequestId id) {
   if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
   Request& r = it->second;
   Gpu& g = gpus_.at(r.gpu);
+  uint32_t released = 0;
   if (r.state == RequestState::kQueued) {
     g.queue.erase(std::find(g.queue.begin(), g.queue.end(), id));
   } else {
-    for (PageIndex p : r.required) (void)g.table.Release(p);
-    for (HistoryPage& hp : r.history) {
-      if (hp.backup != 0) copies_.at(hp.backup).orphan = true;
-      if (hp.where != Where::kPage) continue;
-      if (hp.populate != 0) {
-        copies_.at(hp.populate).orphan = true;  // the page is freed when the copy reports
-      } else {
-        (void)g.table.Release(hp.gpu_page);
-      }
-    }
-    if (r.reclaim != 0) {
-      g.reclaiming_pages -= static_cast<uint32_t>(reclaims_.at(r.reclaim).pages.size());
-      reclaims_.erase(r.reclaim);
-    }
-    host_.ReleaseRequest(id);  // pinned pages become reusable after their copy reports
+    released = ReleaseAdmitted(r, g);
   }
-  r.state = RequestState::kCompleted;
+  outbox_.push_back(CompleteAckOrder{id, r.gpu, released});
   requests_.erase(it);
   ++counters_.completions;
   return Finish(absl::OkStatus());
+}
+
+// Frees everything an admitted request holds; returns the GPU pages it held (required + optional).
+uint32_t ResidencyManager::ReleaseAdmitted(Request& r, Gpu& g) {
+  uint32_t released = static_cast<uint32_t>(r.required.size());
+  for (PageIndex p : r.required) DHS_CHECK_OK(g.table.Release(p));
+  for (HistoryPage& hp : r.history) {
+    if (hp.copy != 0) copies_.at(hp.copy).orphan = true;  // its report only unpins (and frees a population page)
+    if (!HoldsGpuPage(hp.state)) continue;
+    ++released;
+    if (hp.state != HistoryState::kPopulating) DHS_CHECK_OK(g.table.Release(hp.gpu_page));
+  }
+  if (r.reclaim != 0) {
+    g.reclaiming_pages -= static_cast<uint32_t>(reclaims_.at(r.reclaim).pages.size());
+    reclaims_.erase(r.reclaim);
+    EraseOrderIfDone(r.reclaim);
+  }
+  g.used_slots.erase(r.slot);
+  host_.ReleaseRequest(r.id);  // pinned pages become reusable after their copy reports
+  r.state = RequestState::kCompleted;
+  return released;
 }
 
 absl::Status ResidencyManager::Populate() {
@@ -261,43 +270,116 @@ absl::Status ResidencyManager::Populate() {
     if (!g.queue.empty()) continue;  // never take what a queued admission needs
     std::vector<PopulationCandidate> candidates;
     for (const auto& [id, r] : requests_) {
-      if (r.gpu != gpu_id || r.state != RequestState::kAdmitted) continue;
-      uint32_t missing = 0;
-      if (!r.optional_history) continue;  // hisparse: history stays on host
-      for (const HistoryPage& hp : r.history) missing += hp.where == Where::kNone && hp.has_host && !hp.awaiting_write;
+      if (r.gpu != gpu_id || r.state != RequestState::kAdmitted || !r.optional_history) continue;
+      const uint32_t missing = static_cast<uint32_t>(std::count_if(
+          r.history.begin(), r.history.end(), [](const HistoryPage& hp) { return hp.state == HistoryState::kHost; }));
       if (missing > 0) candidates.push_back({id, missing});
     }
     for (const PopulationGrant& grant : g.scheduler.Plan(candidates, g.table.lendable())) {
-      Request& r = requests_.at(grant.request);
-      auto pages = g.table.Take(r.id, grant.pages, PageState::kOptionalPending);
-      if (!pages.ok()) break;  // cannot happen: the plan stays within lendable()
-      size_t next = 0;
-      for (uint32_t h = 0; h < r.history.size() && next < pages->size(); ++h) {
-        HistoryPage& hp = r.history[h];
-        if (hp.where != Where::kNone || !hp.has_host || hp.awaiting_write) continue;
-        const CopyId id = next_copy_++;
-        const PageIndex gp = (*pages)[next++];
-        copies_[id] = Copy{.backup = false, .request = r.id, .gpu = gpu_id, .history_page = h,
-                           .host_page = hp.host_page, .gpu_page = gp};
-        (void)host_.Pin(hp.host_page);
-        hp.where = Where::kPage;
-        hp.gpu_page = gp;
-        hp.populate = id;
-        ++r.optional;
-        ++counters_.populates_ordered;
-        outbox_.push_back(PopulateOrder{id, r.id, gpu_id, h, hp.host_page, gp});
-      }
+      PopulateRequest(gpu_id, g, requests_.at(grant.request), grant.pages);
     }
   }
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::RetryBackups() {
-  for (auto& [id, r] : requests_) {
-    r.backoff = false;
-    if (!r.tail_retry.empty()) OrderTailBackups(r);
+// One PopulateOrder: `count` lendable pages (the scheduler's plan stays within lendable()) for r's kHost pages.
+void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_t count) {
+  auto pages = g.table.Take(r.id, count, PageState::kOptionalPending);
+  DHS_CHECK_OK(pages.status());
+  PopulateOrder order;
+  order.order = next_order_++;
+  order.request = r.id;
+  order.gpu = gpu_id;
+  OrderEntry& entry = orders_[order.order];
+  entry.reclaim = false;
+  entry.request = r.id;
+  entry.gpu = gpu_id;
+  size_t next = 0;
+  for (uint32_t h = 0; h < r.history.size() && next < pages->size(); ++h) {
+    HistoryPage& hp = r.history[h];
+    if (hp.state != HistoryState::kHost) continue;
+    const CopyId id = next_copy_++;
+    const PageIndex gp = (*pages)[next++];
+    copies_[id] = Copy{.backup = false, .request = r.id, .gpu = gpu_id, .history_page = h,
+                       .host_page = hp.host_page, .gpu_page = gp, .order = order.order};
+    DHS_CHECK_OK(host_.Pin(hp.host_page));
+    DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kHost, HistoryState::kPopulating));
+    hp.gpu_page = gp;
+    hp.copy = id;
+    ++r.optional;
+    ++counters_.populates_ordered;
+    entry.copies[gp] = id;
+    order.gpu_pages.push_back(gp);
+    order.history_pages.push_back(h);
+    order.host_pages.push_back(hp.host_page);
   }
+  DHS_CHECK_OK(next == pages->size() ? absl::OkStatus() : absl::InternalError("population plan beyond candidates"));
+  outbox_.push_back(std::move(order));
+}
+
+absl::Status ResidencyManager::RetryBackups() {
+  for (auto& [id, r] : requests_) r.backoff = false;
   return Finish(absl::OkStatus());
+}
+
+// ---------------------------------------------------------------- copies reported
+
+void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written) {
+  auto node = copies_.extract(copy);
+  const Copy& c = node.mapped();
+  DHS_CHECK_OK(host_.Unpin(c.host_page));
+  if (!ok) ++counters_.backups_failed;
+  if (c.orphan) return;  // request completed; its host page was freed (reusable now)
+  Request& r = requests_.at(c.request);
+  HistoryPage& hp = r.history[c.history_page];
+  hp.copy = 0;
+  if (!ok) {
+    if (c.reclaim != 0) AbortReclaim(r, gpus_.at(r.gpu));
+    return;
+  }
+  if (!written) ++counters_.deferred_backups;
+  // A page confirmed by HostCopyWritten while its backup was in flight (kGpuAndHost) stays confirmed.
+  if (hp.state == HistoryState::kGpu) {
+    DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, written ? HistoryState::kGpuAndHost
+                                                                    : HistoryState::kGpuDeferred));
+  }
+  if (c.reclaim != 0) {
+    Reclaim& rc = reclaims_.at(c.reclaim);
+    --rc.backups;
+    AdvanceReclaim(rc);
+  }
+}
+
+void ResidencyManager::PopulateDone(CopyId copy, bool ok) {
+  auto node = copies_.extract(copy);
+  const Copy& c = node.mapped();
+  DHS_CHECK_OK(host_.Unpin(c.host_page));
+  if (!ok) ++counters_.populates_failed;
+  Gpu& g = gpus_.at(c.gpu);
+  if (c.orphan) {  // request completed while the copy was in flight: the page is free only now
+    DHS_CHECK_OK(g.table.Release(c.gpu_page));
+    return;
+  }
+  Request& r = requests_.at(c.request);
+  HistoryPage& hp = r.history[c.history_page];
+  hp.copy = 0;
+  const bool reclaiming = g.table.state(c.gpu_page) == PageState::kReclaiming;
+  if (ok) {
+    DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kPopulating, HistoryState::kGpuAndHost));
+    if (!reclaiming) DHS_CHECK_OK(g.table.Transition(c.gpu_page, PageState::kOptionalPending, PageState::kOptionalReady));
+  } else {  // nothing was published: the page holds no readable data and is freed at once
+    DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kPopulating, HistoryState::kHost));
+    DHS_CHECK_OK(g.table.Release(c.gpu_page));
+    --r.optional;
+  }
+  if (!reclaiming) return;
+  Reclaim& rc = reclaims_.at(r.reclaim);
+  if (!ok) {
+    rc.pages.erase(std::find(rc.pages.begin(), rc.pages.end(), c.gpu_page));
+    --g.reclaiming_pages;
+  }
+  --rc.populates;
+  AdvanceReclaim(rc);
 }
 
 // ---------------------------------------------------------------- decisions
@@ -313,81 +395,69 @@ absl::Status ResidencyManager::NeverFits(const Request& r, const Gpu& g) const {
         "request %d needs %d required pages but GPU %d can lend at most %d (M=%d, M_res=%d): it can never fit", r.id,
         r.required_count, r.gpu, m - res, m, res));
   }
-  if (r.assign_host_pages && r.context_pages > host_.pages()) {
+  if (r.context_pages > host_.pages()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "request %d needs %d host pages for its context but the host pool has %d pages: it can never fit", r.id,
         r.context_pages, host_.pages()));
   }
-  const uint64_t room = (r.optional_history ? uint64_t{m - res - r.required_count} : 0) + host_.pages();
-  if (!r.assign_host_pages && r.imported_pages > room) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "request %d imports %d history pages but GPU %d (%d spare) and the host pool (%d pages) can never hold them",
-        r.id, r.imported_pages, r.gpu, m - res - r.required_count, host_.pages()));
-  }
   return absl::OkStatus();
+}
+
+SlotIndex ResidencyManager::FreeSlot(const Gpu& g) {
+  SlotIndex slot = 0;
+  while (g.used_slots.count(slot)) ++slot;  // lowest free
+  return g.request_slots != 0 && slot >= g.request_slots ? kNoSlot : slot;
 }
 
 bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   const uint32_t lend = g.table.lendable();
-  if (r.required_count > lend) return false;
+  if (r.required_count > lend || r.context_pages > host_.reusable()) return false;  // waits for pages
+  const SlotIndex slot = FreeSlot(g);
+  if (slot == kNoSlot) return false;  // waits for a completion
   // Resident-first: spare pages keep imported history on GPU, but leave what the admissions queued behind require.
   uint32_t behind = 0;
   for (size_t i = 1; i < g.queue.size(); ++i) behind += requests_.at(g.queue[i]).required_count;
   const uint32_t spare = lend - r.required_count;
-  uint32_t on_gpu = r.optional_history ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
-  if (r.assign_host_pages) {
-    if (r.context_pages > host_.reusable()) return false;  // waits for host pages (a completion frees them)
-    return GrantWithHostPages(r, g, on_gpu);
-  }
-  if (r.optional_history && r.imported_pages - on_gpu > host_.reusable()) on_gpu = std::min(r.imported_pages, spare);
-  const uint32_t to_host = r.imported_pages - on_gpu;
-  if (to_host > host_.reusable()) return false;
-
-  auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
-  auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
-  auto host = host_.Allocate(r.id, kAllSources, to_host);
-  r.required = *required;
-  r.history.resize(r.imported_pages);
-  for (uint32_t h = 0; h < on_gpu; ++h) r.history[h] = HistoryPage{.where = Where::kPage, .gpu_page = (*optional)[h]};
-  for (uint32_t h = 0; h < to_host; ++h) {
-    r.history[on_gpu + h] = HistoryPage{.has_host = true, .host_page = (*host)[h]};
-  }
-  r.optional = on_gpu;
-  r.state = RequestState::kAdmitted;
-  r.time_us = clock_();
-  r.seq = next_seq_++;
-  ++counters_.grants;
-  outbox_.push_back(GrantOrder{r.id, r.gpu, r.slot, *required, *optional, *host, {}});
-  return true;
-}
-
-bool ResidencyManager::GrantWithHostPages(Request& r, Gpu& g, uint32_t on_gpu) {
+  const uint32_t on_gpu = r.optional_history ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
   auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
   auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
   auto host = host_.Allocate(r.id, kAllSources, r.context_pages);
+  DHS_CHECK_OK(required.status());
+  DHS_CHECK_OK(optional.status());
+  DHS_CHECK_OK(host.status());
   r.required = *required;
   r.history.resize(r.context_pages);
   for (uint32_t h = 0; h < r.context_pages; ++h) {
     HistoryPage& hp = r.history[h];
     hp.host_page = (*host)[h];
     if (h < on_gpu) {  // optional-ready, backup deferred into its assigned host page
-      hp.where = Where::kPage;
+      hp.state = HistoryState::kGpu;
       hp.gpu_page = (*optional)[h];
-      hp.host_reserved = true;
-    } else {  // covered by the worker's tail until its backup completed (contract §3)
-      hp.has_host = true;
-      hp.awaiting_write = true;
-    }
+    }  // else kHostPending: covered by the worker's tail until its write is confirmed (contract §3)
   }
   r.optional = on_gpu;
+  r.slot = slot;
+  g.used_slots.insert(slot);
   r.state = RequestState::kAdmitted;
   r.time_us = clock_();
   r.seq = next_seq_++;
   ++counters_.grants;
-  GrantOrder grant{r.id, r.gpu, r.slot, *required, *optional, {}, {}};
-  grant.context_host_pages = *host;
+  GrantOrder grant{r.id, r.gpu, slot, *required, *optional, *host};
+  MarkRegranted(grant);
   outbox_.push_back(std::move(grant));
   return true;
+}
+
+// Retire orders of this event on the grant's GPU whose pages the grant's required allocation took: regranted_to.
+void ResidencyManager::MarkRegranted(GrantOrder& grant) {
+  for (Order& o : outbox_) {
+    auto* retire = std::get_if<RetireOrder>(&o);
+    if (!retire || retire->gpu != grant.gpu || retire->regranted_to != 0) continue;
+    const bool took = std::any_of(retire->gpu_pages.begin(), retire->gpu_pages.end(), [&](PageIndex p) {
+      return std::find(grant.required_pages.begin(), grant.required_pages.end(), p) != grant.required_pages.end();
+    });
+    if (took) retire->regranted_to = grant.request;
+  }
 }
 
 std::vector<ReclaimCandidate> ResidencyManager::Candidates(GpuId gpu, bool skip_backoff) const {
@@ -403,103 +473,87 @@ std::vector<ReclaimCandidate> ResidencyManager::Candidates(GpuId gpu, bool skip_
 void ResidencyManager::PumpGpu(GpuId gpu_id, Gpu& g) {
   while (!g.queue.empty()) {
     Request& head = requests_.at(g.queue.front());
-    if (absl::Status never = NeverFits(head, g); !never.ok()) {
-      spdlog::info("memd: reject: {}", std::string(never.message()));
-      outbox_.push_back(RejectOrder{head.id, gpu_id, never});
-      ++counters_.rejects;
-      g.queue.pop_front();
-      requests_.erase(head.id);
-      continue;
-    }
     if (TryGrant(head, g)) {
       g.queue.pop_front();
       continue;
     }
-    // Deficit Δ: reclaim whole requests in the reclaim order; a victim whose backup cannot start is skipped.
-    for (;;) {
-      const int64_t delta = int64_t{head.required_count} - g.table.lendable() - g.reclaiming_pages;
-      if (delta <= 0) break;
-      VictimChoice choice = policy_->Choose(Candidates(gpu_id, true), static_cast<uint32_t>(delta));
-      if (!choice.covers) break;  // all optional pages cannot cover Δ: wait until capacity frees
-      bool all_started = true;
-      for (RequestId v : choice.victims) all_started &= StartReclaim(requests_.at(v), g);
-      if (all_started) break;
+    // Deficit Δ: reclaim whole requests in the reclaim order.
+    const int64_t delta = int64_t{head.required_count} - g.table.lendable() - g.reclaiming_pages;
+    if (delta > 0) {
+      const VictimChoice choice = policy_->Choose(Candidates(gpu_id, true), static_cast<uint32_t>(delta));
+      if (choice.covers) {  // else all optional pages cannot cover Δ: wait until capacity frees
+        for (RequestId v : choice.victims) StartReclaim(requests_.at(v), g);
+      }
     }
     break;  // FIFO: those behind the head wait
   }
+  SendWaits(gpu_id, g);
+}
+
+void ResidencyManager::SendWaits(GpuId gpu_id, Gpu& g) {
   for (size_t i = 0; i < g.queue.size(); ++i) {
     Request& r = requests_.at(g.queue[i]);
     if (r.wait_sent) continue;
     r.wait_sent = true;
     ++counters_.waits;
     const int64_t deficit = int64_t{r.required_count} - g.table.lendable();
-    outbox_.push_back(WaitOrder{r.id, gpu_id, static_cast<uint32_t>(i), static_cast<uint32_t>(std::max<int64_t>(0, deficit))});
+    outbox_.push_back(WaitOrder{r.id, gpu_id, static_cast<uint32_t>(i),
+                                static_cast<uint32_t>(std::max<int64_t>(0, deficit))});
   }
 }
 
-bool ResidencyManager::StartReclaim(Request& v, Gpu& g) {
-  std::vector<uint32_t> need_backup;
-  for (uint32_t h = 0; h < v.history.size(); ++h) {
-    const HistoryPage& hp = v.history[h];
-    if (hp.where == Where::kPage && !hp.has_host && hp.backup == 0 && hp.populate == 0) need_backup.push_back(h);
-  }
-  uint32_t unassigned = 0;  // pages needing a backup that have no host page yet
-  for (uint32_t h : need_backup) unassigned += !v.history[h].host_reserved;
-  auto host = host_.Allocate(v.id, kAllSources, unassigned);
-  if (!host.ok()) {  // host pool full: the victim stays untouched
-    spdlog::debug("memd: reclaim of request {} not started: {}", v.id, std::string(host.status().message()));
-    v.backoff = true;
-    ++counters_.reclaims_failed;
-    ++counters_.backups_failed;
-    return false;
-  }
-  const ReclaimId id = next_reclaim_++;
+void ResidencyManager::StartReclaim(Request& v, Gpu& g) {
+  const ReclaimId id = next_order_++;
   Reclaim rc;
   rc.id = id;
   rc.victim = v.id;
   rc.gpu = v.gpu;
-  for (HistoryPage& hp : v.history) {
-    if (hp.where != Where::kPage) continue;
-    (void)g.table.Transition(hp.gpu_page, hp.populate ? PageState::kOptionalPending : PageState::kOptionalReady,
-                             PageState::kReclaiming);
+  ReclaimOrder order;
+  order.order = id;
+  order.request = v.id;
+  order.gpu = v.gpu;
+  OrderEntry& entry = orders_[id];
+  entry.request = v.id;
+  entry.gpu = v.gpu;
+  for (uint32_t h = 0; h < v.history.size(); ++h) {
+    HistoryPage& hp = v.history[h];
+    if (!HoldsGpuPage(hp.state)) continue;
+    const bool populating = hp.state == HistoryState::kPopulating;
+    DHS_CHECK_OK(g.table.Transition(hp.gpu_page, populating ? PageState::kOptionalPending : PageState::kOptionalReady,
+                                    PageState::kReclaiming));
     rc.pages.push_back(hp.gpu_page);
-    if (hp.populate != 0) ++rc.populates;
-    if (hp.backup != 0) {  // a backup of an earlier, aborted attempt is still in flight: adopt it
-      copies_.at(hp.backup).reclaim = id;
+    order.gpu_pages.push_back(hp.gpu_page);
+    if (populating) {
+      ++rc.populates;  // it has a host copy; the reclaim waits for its copy's report
+    } else if (hp.copy != 0) {
+      copies_.at(hp.copy).reclaim = id;  // a backup of an aborted attempt is still in flight: adopt it
       ++rc.backups;
+    } else if (hp.state == HistoryState::kGpu) {  // no host copy yet: back it up into its assigned host page
+      const CopyId cid = next_copy_++;
+      copies_[cid] = Copy{.backup = true, .request = v.id, .gpu = v.gpu, .history_page = h,
+                          .host_page = hp.host_page, .gpu_page = hp.gpu_page, .order = id, .reclaim = id};
+      DHS_CHECK_OK(host_.Pin(hp.host_page));
+      hp.copy = cid;
+      ++rc.backups;
+      ++counters_.backups_ordered;
+      entry.copies[hp.gpu_page] = cid;
+      order.backup_pages.push_back(hp.gpu_page);
+      order.backup_host_pages.push_back(hp.host_page);
     }
-  }
-  ReclaimStartOrder start{id, v.id, v.gpu, rc.pages};
-  outbox_.push_back(std::move(start));
-  size_t next_host = 0;
-  for (size_t i = 0; i < need_backup.size(); ++i) {
-    HistoryPage& hp = v.history[need_backup[i]];
-    const CopyId cid = next_copy_++;
-    const PageIndex host_page = hp.host_reserved ? hp.host_page : (*host)[next_host++];
-    copies_[cid] = Copy{.backup = true, .request = v.id, .gpu = v.gpu, .history_page = need_backup[i],
-                        .host_page = host_page, .gpu_page = hp.gpu_page, .reclaim = id};
-    (void)host_.Pin(host_page);
-    hp.backup = cid;
-    ++rc.backups;
-    ++counters_.backups_ordered;
-    outbox_.push_back(BackupOrder{cid, v.id, v.gpu, need_backup[i], false, hp.gpu_page, host_page, id});
   }
   v.state = RequestState::kReclaiming;
   v.reclaim = id;
   g.reclaiming_pages += static_cast<uint32_t>(rc.pages.size());
   ++counters_.reclaims_started;
+  outbox_.push_back(std::move(order));
   AdvanceReclaim(reclaims_.emplace(id, std::move(rc)).first->second);
-  return true;
 }
 
+// Retires the reclaim once every backup and population copy reported and the worker's readers are done.
 void ResidencyManager::AdvanceReclaim(Reclaim& rc) {
-  if (rc.withdrawn || rc.backups != 0 || rc.populates != 0) return;
-  if (rc.pages.empty()) {  // every page's population failed: nothing was published, nothing to withdraw
-    RetireReclaim(rc.id);
-    return;
-  }
-  rc.withdrawn = true;
-  outbox_.push_back(WithdrawOrder{rc.id, rc.victim, rc.gpu, rc.pages});
+  if (rc.backups != 0 || rc.populates != 0) return;
+  // Every page's population failed: nothing was published, nothing to wait for (a later ReadersDone is stale).
+  if (rc.readers_done || rc.pages.empty()) RetireReclaim(rc.id);
 }
 
 void ResidencyManager::RetireReclaim(ReclaimId id) {
@@ -508,9 +562,11 @@ void ResidencyManager::RetireReclaim(ReclaimId id) {
   Request& v = requests_.at(rc.victim);
   Gpu& g = gpus_.at(rc.gpu);
   for (HistoryPage& hp : v.history) {
-    if (hp.where != Where::kPage) continue;
-    (void)g.table.Release(hp.gpu_page);
-    hp.where = Where::kNone;
+    if (!HoldsGpuPage(hp.state)) continue;
+    // Only pages with a host copy (or covered by the worker's tail) may be retired: kGpu or kPopulating here is a bug.
+    DHS_CHECK_OK(TransitionHistory(hp, hp.state, hp.state == HistoryState::kGpuDeferred ? HistoryState::kHostPending
+                                                                                       : HistoryState::kHost));
+    DHS_CHECK_OK(g.table.Release(hp.gpu_page));
     --v.optional;
   }
   g.reclaiming_pages -= static_cast<uint32_t>(rc.pages.size());
@@ -519,18 +575,23 @@ void ResidencyManager::RetireReclaim(ReclaimId id) {
   ++counters_.reclaims_retired;
   counters_.pages_retired += rc.pages.size();
   if (!rc.pages.empty()) outbox_.push_back(RetireOrder{rc.id, rc.victim, rc.gpu, std::move(rc.pages)});
+  EraseOrderIfDone(id);
 }
 
 void ResidencyManager::AbortReclaim(Request& v, Gpu& g) {
   auto it = reclaims_.find(v.reclaim);
   for (HistoryPage& hp : v.history) {
-    if (hp.where != Where::kPage) continue;
-    (void)g.table.Transition(hp.gpu_page, PageState::kReclaiming,
-                             hp.populate ? PageState::kOptionalPending : PageState::kOptionalReady);
-    if (hp.backup != 0) copies_.at(hp.backup).reclaim = 0;  // detach: its result still counts as a host copy
+    if (!HoldsGpuPage(hp.state)) continue;
+    const bool populating = hp.state == HistoryState::kPopulating;
+    DHS_CHECK_OK(g.table.Transition(hp.gpu_page, PageState::kReclaiming,
+                                    populating ? PageState::kOptionalPending : PageState::kOptionalReady));
+    if (hp.copy != 0 && !populating) copies_.at(hp.copy).reclaim = 0;  // detach: its result still counts
   }
   g.reclaiming_pages -= static_cast<uint32_t>(it->second.pages.size());
+  orders_.at(it->first).aborted = true;
+  const ReclaimId id = it->first;
   reclaims_.erase(it);
+  EraseOrderIfDone(id);
   v.state = RequestState::kAdmitted;
   v.reclaim = 0;
   v.backoff = true;
@@ -538,125 +599,29 @@ void ResidencyManager::AbortReclaim(Request& v, Gpu& g) {
   spdlog::debug("memd: reclaim of request {} aborted by a failed backup; it may be retried", v.id);
 }
 
-void ResidencyManager::OrderTailBackups(Request& r) {
-  size_t done = 0;
-  for (; done < r.tail_retry.size(); ++done) {
-    auto host = host_.Allocate(r.id, kAllSources, 1);
-    if (!host.ok()) break;  // host pool full: stays in the tail until RetryBackups
-    const uint32_t h = r.tail_retry[done];
-    const CopyId cid = next_copy_++;
-    copies_[cid] = Copy{.backup = true, .request = r.id, .gpu = r.gpu, .history_page = h, .host_page = (*host)[0],
-                        .from_tail = true};
-    (void)host_.Pin((*host)[0]);
-    r.history[h].backup = cid;
-    ++counters_.backups_ordered;
-    outbox_.push_back(BackupOrder{cid, r.id, r.gpu, h, true, 0, (*host)[0]});
-  }
-  r.tail_retry.erase(r.tail_retry.begin(), r.tail_retry.begin() + static_cast<std::ptrdiff_t>(done));
+// An order entry lives while its reclaim is live or it still owes copy reports.
+void ResidencyManager::EraseOrderIfDone(OrderId order) {
+  auto it = orders_.find(order);
+  if (it == orders_.end() || !it->second.copies.empty()) return;
+  if (it->second.reclaim && reclaims_.count(order)) return;
+  orders_.erase(it);
 }
 
 // ---------------------------------------------------------------- checks and dump
 
 absl::Status ResidencyManager::CheckInvariants() const {
   if (absl::Status s = host_.CheckInvariants(); !s.ok()) return s;
+  if (absl::Status s = CheckQueues(); !s.ok()) return s;
   std::map<GpuId, std::vector<RequestId>> owner;  // expected owner of every GPU page
-  std::map<GpuId, uint32_t> reclaiming_expected;
-  size_t queued = 0;
   for (const auto& [gid, g] : gpus_) {
     if (absl::Status s = g.table.CheckInvariants(); !s.ok()) return s;
     owner[gid].assign(g.table.pages(), kNoOwner);
-    for (RequestId q : g.queue) {
-      auto it = requests_.find(q);
-      if (it == requests_.end() || it->second.state != RequestState::kQueued || it->second.gpu != gid) {
-        return absl::InternalError(absl::StrFormat("GPU %d queue holds request %d that is not queued there", gid, q));
-      }
-    }
-    queued += g.queue.size();
   }
-  auto claim = [&](GpuId gid, PageIndex p, RequestId r, PageState want) -> absl::Status {
-    const GpuPageTable& t = gpus_.at(gid).table;
-    if (p >= t.pages() || owner[gid][p] != kNoOwner) {
-      return absl::InternalError(absl::StrFormat("GPU %d page %d owned twice (request %d)", gid, p, r));
-    }
-    owner[gid][p] = r;
-    if (t.owner(p) != r || t.state(p) != want) {
-      return absl::InternalError(absl::StrFormat("GPU %d page %d: table says %s of %d, expected %s of %d", gid, p,
-                                                 PageStateName(t.state(p)), t.owner(p), PageStateName(want), r));
-    }
-    return absl::OkStatus();
-  };
   std::set<PageIndex> host_pages;
-  size_t queued_requests = 0;
   for (const auto& [id, r] : requests_) {
-    if (r.state == RequestState::kQueued) {
-      ++queued_requests;
-      if (!r.required.empty() || !r.history.empty()) return absl::InternalError("queued request holds pages");
-      continue;
-    }
-    const bool reclaiming = r.state == RequestState::kReclaiming;
-    if (reclaiming != (r.reclaim != 0) || (reclaiming && !reclaims_.count(r.reclaim))) {
-      return absl::InternalError(absl::StrFormat("request %d: reclaim state inconsistent", id));
-    }
-    for (PageIndex p : r.required) {
-      if (absl::Status s = claim(r.gpu, p, id, PageState::kRequired); !s.ok()) return s;
-    }
-    uint32_t optional = 0, host_expected = 0;
-    for (uint32_t h = 0; h < r.history.size(); ++h) {
-      const HistoryPage& hp = r.history[h];
-      if (hp.where == Where::kPage) {
-        ++optional;
-        const PageState want = reclaiming        ? PageState::kReclaiming
-                               : hp.populate != 0 ? PageState::kOptionalPending
-                                                  : PageState::kOptionalReady;
-        if (absl::Status s = claim(r.gpu, hp.gpu_page, id, want); !s.ok()) return s;
-      }
-      const bool ready_on_gpu = hp.where == Where::kTail || (hp.where == Where::kPage && hp.populate == 0);
-      if (!ready_on_gpu && !hp.has_host) {
-        return absl::InternalError(absl::StrFormat(
-            "safety: request %d history page %d is neither ready on GPU nor has a host copy", id, h));
-      }
-      if (hp.populate != 0 && !hp.has_host) {
-        return absl::InternalError(absl::StrFormat("request %d page %d populated without host copy", id, h));
-      }
-      if (hp.has_host && hp.host_reserved) {
-        return absl::InternalError(absl::StrFormat("request %d page %d: host copy and reservation at once", id, h));
-      }
-      if (hp.has_host || hp.host_reserved) {
-        ++host_expected;
-        if (!host_.is_allocated(hp.host_page) || host_.owner(hp.host_page) != id ||
-            !host_pages.insert(hp.host_page).second) {
-          return absl::InternalError(absl::StrFormat("request %d page %d: host page %d not its own", id, h, hp.host_page));
-        }
-      }
-      if (hp.backup != 0) {
-        auto c = copies_.find(hp.backup);
-        if (c == copies_.end() || c->second.request != id || c->second.history_page != h || c->second.orphan) {
-          return absl::InternalError(absl::StrFormat("request %d page %d: backup copy record missing", id, h));
-        }
-        // A backup into the page's own (assigned or confirmed) host page pins no further page.
-        const bool own_page = (hp.has_host || hp.host_reserved) && c->second.host_page == hp.host_page;
-        if (!own_page) ++host_expected;
-      }
-    }
-    if (optional != r.optional) {
-      return absl::InternalError(absl::StrFormat("request %d: a_r %d but %d optional pages", id, r.optional, optional));
-    }
-    if (host_.pages_of(id) != host_expected) {
-      return absl::InternalError(
-          absl::StrFormat("request %d holds %d host pages, expected %d", id, host_.pages_of(id), host_expected));
-    }
+    if (absl::Status s = CheckRequest(r, owner, host_pages); !s.ok()) return s;
   }
-  if (queued != queued_requests) return absl::InternalError("queued requests and queues disagree");
-  for (const auto& [cid, c] : copies_) {
-    if (!c.backup && c.orphan) {  // page kept until the population copy reports
-      const PageState st = gpus_.at(c.gpu).table.state(c.gpu_page);
-      if (owner[c.gpu][c.gpu_page] != kNoOwner ||
-          (st != PageState::kOptionalPending && st != PageState::kReclaiming)) {
-        return absl::InternalError(absl::StrFormat("orphan population page %d of GPU %d inconsistent", c.gpu_page, c.gpu));
-      }
-      owner[c.gpu][c.gpu_page] = c.request;
-    }
-  }
+  if (absl::Status s = CheckCopiesAndOrders(owner); !s.ok()) return s;
   for (const auto& [gid, g] : gpus_) {
     for (PageIndex p = 0; p < g.table.pages(); ++p) {
       if (owner[gid][p] != g.table.owner(p)) {
@@ -665,10 +630,169 @@ absl::Status ResidencyManager::CheckInvariants() const {
       }
     }
   }
+  return CheckReclaims();
+}
+
+absl::Status ResidencyManager::CheckQueues() const {
+  size_t queued = 0, queued_requests = 0;
+  for (const auto& [gid, g] : gpus_) {
+    for (RequestId q : g.queue) {
+      auto it = requests_.find(q);
+      if (it == requests_.end() || it->second.state != RequestState::kQueued || it->second.gpu != gid) {
+        return absl::InternalError(absl::StrFormat("GPU %d queue holds request %d that is not queued there", gid, q));
+      }
+    }
+    queued += g.queue.size();
+    std::set<SlotIndex> slots;
+    for (const auto& [id, r] : requests_) {
+      if (r.gpu != gid || r.state == RequestState::kQueued) continue;
+      if (r.slot == kNoSlot || (g.request_slots != 0 && r.slot >= g.request_slots) || !slots.insert(r.slot).second) {
+        return absl::InternalError(absl::StrFormat("GPU %d: request %d has slot %d (taken or out of range)", gid, id,
+                                                   r.slot));
+      }
+    }
+    if (slots != g.used_slots) return absl::InternalError(absl::StrFormat("GPU %d: used slots disagree", gid));
+  }
+  for (const auto& [id, r] : requests_) {
+    if (r.state != RequestState::kQueued) continue;
+    ++queued_requests;
+    if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot || host_.pages_of(id) != 0) {
+      return absl::InternalError(absl::StrFormat("queued request %d holds pages or a slot", id));
+    }
+  }
+  if (queued != queued_requests) return absl::InternalError("queued requests and queues disagree");
+  return absl::OkStatus();
+}
+
+// One admitted request: its GPU pages (claimed in `owner`), its host pages (one per context page, its own, claimed in
+// `host_pages`), a_r, and every history page against its state.
+absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
+                                            std::set<PageIndex>& host_pages) const {
+  if (r.state == RequestState::kQueued) return absl::OkStatus();
+  const bool reclaiming = r.state == RequestState::kReclaiming;
+  if (reclaiming != (r.reclaim != 0) || (reclaiming && !reclaims_.count(r.reclaim))) {
+    return absl::InternalError(absl::StrFormat("request %d: reclaim state inconsistent", r.id));
+  }
+  const GpuPageTable& t = gpus_.at(r.gpu).table;
+  auto claim = [&](PageIndex p, PageState want) -> absl::Status {
+    if (p >= t.pages() || owner[r.gpu][p] != kNoOwner || t.owner(p) != r.id || t.state(p) != want) {
+      return absl::InternalError(absl::StrFormat("GPU %d page %d of request %d: table says %s of %d, expected %s",
+                                                 r.gpu, p, r.id, PageStateName(t.state(p)), t.owner(p),
+                                                 PageStateName(want)));
+    }
+    owner[r.gpu][p] = r.id;
+    return absl::OkStatus();
+  };
+  for (PageIndex p : r.required) {
+    if (absl::Status s = claim(p, PageState::kRequired); !s.ok()) return s;
+  }
+  if (r.history.size() != r.context_pages || host_.pages_of(r.id) != r.context_pages) {
+    return absl::InternalError(absl::StrFormat("request %d: %d history pages, %d host pages, context %d", r.id,
+                                               r.history.size(), host_.pages_of(r.id), r.context_pages));
+  }
+  uint32_t optional = 0;
+  for (uint32_t h = 0; h < r.history.size(); ++h) {
+    const HistoryPage& hp = r.history[h];
+    if (!host_.is_allocated(hp.host_page) || host_.owner(hp.host_page) != r.id ||
+        !host_pages.insert(hp.host_page).second) {
+      return absl::InternalError(absl::StrFormat("request %d page %d: host page %d not its own", r.id, h, hp.host_page));
+    }
+    if (absl::Status s = CheckHistoryPage(r, h); !s.ok()) return s;
+    if (!HoldsGpuPage(hp.state)) continue;
+    ++optional;
+    const PageState want = reclaiming                               ? PageState::kReclaiming
+                           : hp.state == HistoryState::kPopulating ? PageState::kOptionalPending
+                                                                   : PageState::kOptionalReady;
+    if (absl::Status s = claim(hp.gpu_page, want); !s.ok()) return s;
+  }
+  if (optional != r.optional) {
+    return absl::InternalError(absl::StrFormat("request %d: a_r %d but %d optional pages", r.id, r.optional, optional));
+  }
+  return absl::OkStatus();
+}
+
+// A history page's state against its copy in flight and its request.
+absl::Status ResidencyManager::CheckHistoryPage(const Request& r, uint32_t h) const {
+  const HistoryPage& hp = r.history[h];
+  auto bad = [&](std::string_view what) {
+    return absl::InternalError(absl::StrFormat("request %d history page %d (%s): %s", r.id, h,
+                                               HistoryStateName(hp.state), what));
+  };
+  if (HoldsGpuPage(hp.state) && !r.optional_history) return bad("on GPU without optional history");
+  const bool backup_allowed = hp.state == HistoryState::kGpu || hp.state == HistoryState::kGpuAndHost;
+  const bool populate_needed = hp.state == HistoryState::kPopulating;
+  if (hp.copy == 0) return populate_needed ? bad("populating without a copy") : absl::OkStatus();
+  auto c = copies_.find(hp.copy);
+  if (c == copies_.end() || c->second.request != r.id || c->second.history_page != h || c->second.orphan ||
+      c->second.host_page != hp.host_page) {
+    return bad("copy record missing or not this page's");
+  }
+  if (c->second.backup ? !backup_allowed : !populate_needed) return bad("copy of the wrong kind");
+  if (c->second.gpu_page != hp.gpu_page) return bad("copy into another GPU page");
+  if (c->second.backup && r.state == RequestState::kReclaiming && c->second.reclaim != r.reclaim) {
+    return bad("backup in flight not counted by the live reclaim");
+  }
+  return absl::OkStatus();
+}
+
+// Copies: each pins its host page, is listed by its order's entry; orphan population pages are owned by their
+// completed request until the copy reports. Order entries: every listed copy exists and names the entry.
+absl::Status ResidencyManager::CheckCopiesAndOrders(std::map<GpuId, std::vector<RequestId>>& owner) const {
+  for (const auto& [cid, c] : copies_) {
+    auto entry = orders_.find(c.order);
+    if (entry == orders_.end() || entry->second.copies.count(c.gpu_page) == 0 ||
+        entry->second.copies.at(c.gpu_page) != cid || entry->second.reclaim != c.backup) {
+      return absl::InternalError(absl::StrFormat("copy %d is not listed by its order %d", cid, c.order));
+    }
+    if (!host_.is_pinned(c.host_page)) return absl::InternalError(absl::StrFormat("copy %d: host page not pinned", cid));
+    if (c.backup || !c.orphan) continue;
+    const PageState st = gpus_.at(c.gpu).table.state(c.gpu_page);
+    if (owner[c.gpu][c.gpu_page] != kNoOwner || (st != PageState::kOptionalPending && st != PageState::kReclaiming)) {
+      return absl::InternalError(absl::StrFormat("orphan population page %d of GPU %d inconsistent", c.gpu_page, c.gpu));
+    }
+    owner[c.gpu][c.gpu_page] = c.request;
+  }
+  if (host_.pinned() != copies_.size()) {
+    return absl::InternalError(absl::StrFormat("%d host pages pinned, %d copies in flight", host_.pinned(),
+                                               copies_.size()));
+  }
+  for (const auto& [id, entry] : orders_) {
+    for (const auto& [page, cid] : entry.copies) {
+      auto c = copies_.find(cid);
+      if (c == copies_.end() || c->second.order != id) {
+        return absl::InternalError(absl::StrFormat("order %d lists copy %d that is not its own", id, cid));
+      }
+    }
+    if (entry.copies.empty() && !(entry.reclaim && reclaims_.count(id))) {
+      return absl::InternalError(absl::StrFormat("order %d owes nothing but was kept", id));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reclaims: victim, pages, outstanding copies and the per-GPU reclaiming page counts.
+absl::Status ResidencyManager::CheckReclaims() const {
+  std::map<GpuId, uint32_t> reclaiming_expected;
   for (const auto& [rid, rc] : reclaims_) {
     reclaiming_expected[rc.gpu] += static_cast<uint32_t>(rc.pages.size());
     auto v = requests_.find(rc.victim);
-    if (v == requests_.end() || v->second.reclaim != rid) return absl::InternalError("reclaim without its victim");
+    if (v == requests_.end() || v->second.reclaim != rid || !orders_.count(rid)) {
+      return absl::InternalError(absl::StrFormat("reclaim %d without its victim or order", rid));
+    }
+    std::vector<PageIndex> pages;
+    uint32_t populates = 0;
+    for (const HistoryPage& hp : v->second.history) {
+      if (HoldsGpuPage(hp.state)) pages.push_back(hp.gpu_page);
+      populates += hp.state == HistoryState::kPopulating;
+    }
+    const uint32_t backups = static_cast<uint32_t>(std::count_if(
+        copies_.begin(), copies_.end(), [&](const auto& c) { return c.second.backup && c.second.reclaim == rid; }));
+    std::vector<PageIndex> listed = rc.pages;
+    std::sort(pages.begin(), pages.end());
+    std::sort(listed.begin(), listed.end());
+    if (pages != listed || populates != rc.populates || backups != rc.backups) {
+      return absl::InternalError(absl::StrFormat("reclaim %d: pages or outstanding copies disagree", rid));
+    }
   }
   for (const auto& [gid, g] : gpus_) {
     if (g.reclaiming_pages != reclaiming_expected[gid]) {
@@ -716,8 +840,8 @@ StateDump ResidencyManager::Dump() const {
     rd.optional_pages = r.optional;
     rd.history_pages = static_cast<uint32_t>(r.state == RequestState::kQueued ? r.imported_pages : r.history.size());
     for (const HistoryPage& hp : r.history) {
-      rd.host_pages += hp.has_host;
-      rd.tail_pages += hp.where == Where::kTail;
+      rd.host_pages += hp.state != HistoryState::kGpu;  // a host copy, or covered by the worker's tail until written
+      rd.tail_pages += hp.state == HistoryState::kHostPending || hp.state == HistoryState::kGpuDeferred;
     }
     rd.admitted_at_us = r.time_us;
     auto it = rank.find(id);

@@ -1,5 +1,5 @@
 // memd/residency_manager.h: the one owner of memd's residency state (brief §3, §4): GPU page accounting per GPU,
-// the host pool's page accounting, admission (resident-first), reclaim, population, decode appends and completion.
+// the host pool's page accounting, request slots, admission (resident-first), reclaim, population and completion.
 //
 // Events in, orders out: the daemon loop maps each inbound wire message to one event call below and sends each order
 // drained from the outbox (DrainOrders) as one wire message. No sockets, no threads, no wall clock: time comes from
@@ -8,33 +8,31 @@
 // Unit: a "page" is one page of a GPU's KV pools (p positions of the request's payload sources) and one host pool
 // page holds the same rows; host pages are accounted under SourceId 0 (kAllSources) per request.
 //
-// Per request: gpu, slot, required pages, history = complete pages (each: where on GPU + whether a complete host copy
-// exists); rows beyond complete pages live in the tail (part of the required allocation, always on GPU).
+// Per request: gpu, slot, required pages, history = every page of its full context (input + max_new), each with a
+// host page assigned at the grant and a HistoryState (memd/history_page.h); rows of pages not yet confirmed written
+// live in the worker's tail (part of the required allocation, always on GPU).
 //
-// Decisions (see memd/README.md for the page state diagram):
+// Decisions (see memd/README.md for the page state diagram and docs/protocol.md for the conversation):
 // - Admission is FIFO per GPU. The head is granted when its required pages fit in the free pages beyond M_res
-//   (lendable); its imported history then takes further lendable pages as optional-ready (host backup deferred) and
-//   the rest is imported straight to host (host pages allocated at the grant). A deficit Δ = required - lendable -
-//   (pages already being reclaimed on that GPU) starts reclaims of whole requests chosen by the ReclaimPolicy. If all
-//   optional pages cannot cover Δ, or the host pool cannot take the history that does not fit on GPU, the head waits.
-//   An admission that can never fit (required > M - M_res, or history beyond GPU room > host pool) is rejected at
-//   once (RejectOrder with ResourceExhausted), never queued, so it blocks nobody behind it.
-// - Reclaim of a victim: its optional pages become reclaiming; backups are ordered for pages without a host copy; a
-//   page still optional-pending keeps its population copy in flight (it has a host copy already). When no backup and
-//   no population copy is outstanding, a WithdrawOrder is sent; OnReadersDone retires the pages (RetireOrder) and
-//   frees them for the waiting admission. A failed backup (host pool full or copy error) aborts that victim's reclaim:
-//   its pages return to their previous states, its a_r is unchanged, it is skipped by later victim choices until
-//   RetryBackups(); backups that did complete stay valid host copies (host coverage only grows).
-// - Decode appends: OnTailPageComplete adds a history page that stays in the tail until its host backup completes;
-//   it then leaves the tail (the worker may reuse the tail page) and lives on host only until population brings it
-//   back as optional history. A tail page whose backup cannot be ordered (host pool full) or failed waits for
-//   RetryBackups().
+//   (lendable), a request slot is free and the host pool can give a host page to every page of its full context (one
+//   grant path: host pages are assigned at the grant, so no reclaim ever waits for host pages). Its complete imported
+//   history then keeps further lendable pages as optional-ready (host backup deferred), leaving what the admissions
+//   queued behind it require; a request without optional history (hisparse) keeps none. A deficit
+//   Δ = required - lendable - (pages already being reclaimed on that GPU) starts reclaims of whole requests chosen by
+//   the ReclaimPolicy. If all optional pages cannot cover Δ, the head waits. An admission that can never fit
+//   (required > M - M_res, or context > host pool) is rejected at once, never queued, so it blocks nobody.
+// - Reclaim of a victim: one ReclaimOrder with all its optional pages and the backups of the pages without a host copy
+//   (into their assigned host pages); a page being populated keeps its copy in flight. The pages are retired
+//   (RetireOrder) once every backup and population copy reported and the worker's ReadersDone arrived, in any order
+//   (an early ReadersDone is held). A failed backup aborts the victim's reclaim: its pages return to their previous
+//   states, a_r unchanged, it is skipped by victim choice until RetryBackups(); backups that completed stay valid.
+//   A backup answered deferred lets the reclaim go on: the page is covered by the worker's tail until HostCopyWritten.
 // - Population (Populate()): per GPU with no queued admission, the PopulationScheduler hands out lendable pages,
-//   bounded per attempt, as optional-pending; OnPopulateDone makes them optional-ready (or frees them on failure).
-// - Complete releases everything: required pages, optional pages (a page with a population copy in flight after that
-//   copy's report), host pages (pinned ones after their copy's report); an in-flight reclaim is cancelled.
-// Safety invariant (checked by CheckInvariants): every history page of every admitted request is ready on GPU (tail,
-// optional-ready, or reclaiming with its data) or has a complete host copy.
+//   bounded per attempt, to pages with a confirmed host copy (kHost), one PopulateOrder per request.
+// - Complete releases everything: required pages, optional pages (one with a population copy in flight after that
+//   copy's report), host pages (pinned ones after their copy's report), the slot; an in-flight reclaim is cancelled.
+// History page states: memd/history_page.h. Safety (every history page of every admitted request is ready on GPU or
+// has a host copy) holds in every state; CheckInvariants checks the states against the page tables and copies.
 //
 // Thread-safety: none. One loop drives it.
 #pragma once
@@ -44,6 +42,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "common/types.h"
 #include "memd/gpu_page_table.h"
+#include "memd/history_page.h"
 #include "memd/host_page_allocator.h"
 #include "memd/orders.h"
 #include "memd/population_scheduler.h"
@@ -72,17 +73,13 @@ struct ResidencyConfig {
 struct AdmitRequest {
   RequestId request = 0;
   GpuId gpu = 0;
-  SlotIndex slot = 0;
   uint32_t required_pages = 0;  // > 0: hot cache + tail + metadata pages
   uint32_t history_pages = 0;   // complete pages of imported history (candidates for optional history)
-  // The worker contract (docs/protocol.md "Conversation contract"): memd assigns a host page to every page of the
-  // full context (context_pages >= history_pages) at the grant. History pages not kept on GPU count as host-covered
-  // from the grant, but are populated only after OnHostCopyWritten (or a reclaim backup) confirmed their bytes.
-  bool assign_host_pages = false;
-  uint32_t context_pages = 0;   // pages of the full context (input + max_new), with assign_host_pages
+  uint32_t context_pages = 0;   // pages of the full context (input + max_new) >= history_pages; each gets a host page
   // false: the request never holds optional history (hisparse mode, issue 5): none of its history is kept on GPU at
-  // the grant (it all goes to host pages) and population never brings it back; it is never a reclaim victim.
+  // the grant and population never brings it back; it is never a reclaim victim.
   bool optional_history = true;
+  bool host_backed = false;     // resume from host KV after a worker restart: not served yet (Unimplemented)
 };
 
 class ResidencyManager {
@@ -93,65 +90,61 @@ class ResidencyManager {
   static absl::StatusOr<std::unique_ptr<ResidencyManager>> Create(const ResidencyConfig& config, Clock clock);
 
   // ---- events (each returns a non-OK status for bad input and then changes nothing) ----
-  // A worker registered GPU `gpu` with `pages` = M. Errors: AlreadyExists, InvalidArgument (M == 0 or M_res > M).
-  absl::Status RegisterGpu(GpuId gpu, uint32_t pages);
+  // A worker registered GPU `gpu` with `pages` = M and `request_slots` = N slots (0: unlimited).
+  // Errors: AlreadyExists, InvalidArgument (M == 0 or M_res > M).
+  absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
-  // NotFound (gpu not registered), InvalidArgument (required_pages == 0).
+  // NotFound (gpu not registered), InvalidArgument (required_pages == 0, history_pages > context_pages),
+  // Unimplemented (host_backed).
   absl::Status Admit(const AdmitRequest& admission);
-  // A backup copy finished (ok) or failed. Errors: NotFound (unknown copy id).
-  // written = false (with ok; a reclaim backup only): the worker did not copy the page because it held nothing yet
-  // (only planned to be kept; its rows are still in the worker's tail, contract §4): the reclaim goes on as if backed
-  // up, the page counts as host-covered, and it is populated only after OnHostCopyWritten confirms the bytes (a
-  // confirmation that arrived first is kept).
-  absl::Status OnBackupDone(CopyId copy, bool ok, bool written = true);
-  // A population copy finished and its ready locations were published (ok), or it failed.
-  // Errors: NotFound (unknown copy id).
-  absl::Status OnPopulateDone(CopyId copy, bool ok);
-  // Readers of a withdrawn reclaim finished. Reports for reclaims cancelled by a completion are ignored (OK).
-  // Errors: NotFound (never issued), FailedPrecondition (no WithdrawOrder sent yet).
-  absl::Status OnReadersDone(ReclaimId reclaim);
-  // The worker wrote history page `history_page` of `request` to its assigned host page (BackupComplete with order 0):
-  // it is now a complete host copy that population may read. Errors: NotFound (unknown request), FailedPrecondition
-  // (queued, or the page has no host page assigned), OutOfRange (no such history page).
-  absl::Status OnHostCopyWritten(RequestId request, uint32_t history_page);
-  // A tail page of `request` became complete (joins history). Errors: NotFound, FailedPrecondition (queued).
-  absl::Status OnTailPageComplete(RequestId request);
-  // The request finished (or a queued admission was cancelled). Errors: NotFound.
+  // BackupComplete of ReclaimOrder `order`: `pages` (GPU pages of its backup_pages; empty = every backup not yet
+  // reported) were written (ok) or failed. deferred (with ok): pages the worker had only planned to keep (rows still
+  // being written, contract §4): nothing was copied, the reclaim goes on, the page is covered by the worker's tail
+  // and populated only after HostCopyWritten. A failure aborts the reclaim (victim untouched, RetryBackups() later).
+  // Errors: NotFound (no such reclaim order, or all its backups reported), InvalidArgument (a page not an unreported
+  // backup of the order, named twice, or a deferred page not among `pages`).
+  absl::Status OnBackupComplete(OrderId order, std::span<const PageIndex> pages, bool ok,
+                                std::span<const PageIndex> deferred = {});
+  // ReadyPublish of PopulateOrder `order`: `pages` (GPU pages; empty = every page not yet reported) were copied and
+  // published (ok), or failed (nothing published: the pages are freed). Errors: NotFound (no such populate order),
+  // InvalidArgument (a page not an unreported page of the order, or named twice).
+  absl::Status OnReadyPublish(OrderId order, std::span<const PageIndex> pages, bool ok);
+  // ReadersDone of ReclaimOrder `order`: the worker withdrew the pages' ready-map entries and their readers finished.
+  // May come before the order's backups or population copies reported (held until they did). A report for a reclaim
+  // already retired or cancelled by a completion is stale (OK, counted). Errors: NotFound (never issued, or an open
+  // populate order), FailedPrecondition (the reclaim was aborted by a failed backup and still waits for backup reports).
+  absl::Status OnReadersDone(OrderId order);
+  // HostCopyWritten: the worker wrote history pages `history_pages` of `request` to their assigned host pages
+  // (host_pages[i] for history_pages[i] when given; empty = not stated). ok = false: the copies failed (counted,
+  // nothing changes: the pages stay covered by the worker's tail and are not populated).
+  // Errors: NotFound (unknown request), FailedPrecondition (queued), OutOfRange (no such history page),
+  // InvalidArgument (host_pages of another length, or a host page not the one assigned).
+  absl::Status OnHostCopyWritten(RequestId request, std::span<const uint32_t> history_pages,
+                                 std::span<const PageIndex> host_pages, bool ok);
+  // The request finished (or a queued admission was cancelled): answered by a CompleteAckOrder. Errors: NotFound.
   absl::Status Complete(RequestId request);
   // One population attempt on every GPU (the daemon calls it on its tick).
   absl::Status Populate();
-  // Retries what failed: clears the reclaim back-off of victims whose backup failed and re-orders tail backups.
+  // Clears the reclaim back-off of victims whose backup failed (the daemon calls it on a slower tick).
   absl::Status RetryBackups();
 
   // ---- outputs ----
   std::vector<Order> DrainOrders();
-  const std::vector<Order>& outbox() const { return outbox_; }
   absl::Status CheckInvariants() const;
   StateDump Dump() const;
   const Counters& counters() const { return counters_; }
   const GpuPageTable* gpu_table(GpuId gpu) const;
   const HostPageAllocator& host() const { return host_; }
+  size_t open_orders() const { return orders_.size(); }  // ReclaimOrders / PopulateOrders still owing reports
+  size_t copies_in_flight() const { return copies_.size(); }
 
  private:
-  struct HistoryPage {
-    enum class Where : uint8_t { kNone, kTail, kPage };
-    Where where = Where::kNone;
-    PageIndex gpu_page = 0;   // valid when where == kPage
-    CopyId populate = 0;      // a population copy into gpu_page in flight (0: none)
-    CopyId backup = 0;        // a backup copy in flight (0: none)
-    bool has_host = false;    // a complete host copy exists in host_page (or counts as one: see awaiting_write)
-    PageIndex host_page = 0;
-    bool host_reserved = false;  // host_page is assigned (assign_host_pages) but holds no copy yet
-    bool awaiting_write = false; // has_host from the grant; the worker has not confirmed the bytes: not populated
-  };
-  using Where = HistoryPage::Where;
   struct Request {
     RequestId id = 0;
     GpuId gpu = 0;
-    SlotIndex slot = 0;
+    SlotIndex slot = kNoSlot;  // chosen at the grant
     uint32_t required_count = 0;
-    uint32_t imported_pages = 0;
-    bool assign_host_pages = false;
+    uint32_t imported_pages = 0;  // complete pages of imported history
     uint32_t context_pages = 0;
     bool optional_history = true;
     RequestState state = RequestState::kQueued;
@@ -161,18 +154,17 @@ class ResidencyManager {
     bool backoff = false;  // a backup of its reclaim failed; skipped as a victim until RetryBackups
     ReclaimId reclaim = 0;
     std::vector<PageIndex> required;
-    std::vector<HistoryPage> history;
-    uint32_t optional = 0;             // a_r
-    std::vector<uint32_t> tail_retry;  // history pages in the tail whose backup must be (re)ordered
+    std::vector<HistoryPage> history;  // context_pages entries once granted
+    uint32_t optional = 0;             // a_r: history pages holding a GPU page
   };
   struct Reclaim {
     ReclaimId id = 0;
     RequestId victim = 0;
     GpuId gpu = 0;
     std::vector<PageIndex> pages;
-    uint32_t backups = 0;    // outstanding
+    uint32_t backups = 0;    // outstanding (its own and adopted ones)
     uint32_t populates = 0;  // outstanding
-    bool withdrawn = false;
+    bool readers_done = false;
   };
   struct Copy {
     bool backup = true;  // false: population
@@ -181,15 +173,25 @@ class ResidencyManager {
     uint32_t history_page = 0;
     PageIndex host_page = 0;
     PageIndex gpu_page = 0;
-    bool from_tail = false;
-    ReclaimId reclaim = 0;   // backup ordered by this reclaim (0: none or detached)
+    OrderId order = 0;       // the wire order the worker reports it under
+    ReclaimId reclaim = 0;   // backup: the live reclaim waiting for it (0: detached by an abort)
     bool orphan = false;     // its request completed
+  };
+  // A ReclaimOrder or PopulateOrder sent and not finished: the copies it still owes a report for.
+  struct OrderEntry {
+    bool reclaim = true;
+    RequestId request = 0;
+    GpuId gpu = 0;
+    std::map<PageIndex, CopyId> copies;  // GPU page -> copy not yet reported
+    bool aborted = false;                // reclaim aborted by a failed backup
   };
   struct Gpu {
     GpuPageTable table;
     std::deque<RequestId> queue;
     PopulationScheduler scheduler;
     uint32_t reclaiming_pages = 0;  // pages held by live reclaims on this GPU
+    uint32_t request_slots = 0;     // N (0: unlimited)
+    std::set<SlotIndex> used_slots;
   };
 
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
@@ -197,15 +199,30 @@ class ResidencyManager {
   absl::Status Finish(absl::Status status);  // counts the event, then Pump()s when OK
   void Pump();
   void PumpGpu(GpuId gpu_id, Gpu& gpu);
+  void SendWaits(GpuId gpu_id, Gpu& gpu);
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
+  static SlotIndex FreeSlot(const Gpu& gpu);
   bool TryGrant(Request& r, Gpu& gpu);
-  bool GrantWithHostPages(Request& r, Gpu& gpu, uint32_t on_gpu);
-  bool StartReclaim(Request& victim, Gpu& gpu);
+  void MarkRegranted(GrantOrder& grant);
+  void StartReclaim(Request& victim, Gpu& gpu);
+  void AdvanceReclaim(Reclaim& rc);
   void RetireReclaim(ReclaimId id);
   void AbortReclaim(Request& victim, Gpu& gpu);
-  void AdvanceReclaim(Reclaim& rc);
-  void OrderTailBackups(Request& r);
+  void EraseOrderIfDone(OrderId order);
+  absl::Status CheckReportedPages(const OrderEntry& entry, OrderId order, std::span<const PageIndex> pages,
+                                  std::vector<PageIndex>& out) const;
+  void BackupDone(CopyId copy, bool ok, bool written);
+  void PopulateDone(CopyId copy, bool ok);
+  void PopulateRequest(GpuId gpu_id, Gpu& gpu, Request& r, uint32_t pages);
+  uint32_t ReleaseAdmitted(Request& r, Gpu& gpu);
   std::vector<ReclaimCandidate> Candidates(GpuId gpu, bool skip_backoff) const;
+  // CheckInvariants parts.
+  absl::Status CheckQueues() const;
+  absl::Status CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
+                            std::set<PageIndex>& host_pages) const;
+  absl::Status CheckHistoryPage(const Request& r, uint32_t h) const;
+  absl::Status CheckCopiesAndOrders(std::map<GpuId, std::vector<RequestId>>& owner) const;
+  absl::Status CheckReclaims() const;
 
   ResidencyConfig config_;
   Clock clock_;
@@ -215,11 +232,12 @@ class ResidencyManager {
   std::map<RequestId, Request> requests_;
   std::map<ReclaimId, Reclaim> reclaims_;
   std::map<CopyId, Copy> copies_;
+  std::map<OrderId, OrderEntry> orders_;
   std::vector<Order> outbox_;
   Counters counters_;
   uint64_t next_seq_ = 1;
   CopyId next_copy_ = 1;
-  ReclaimId next_reclaim_ = 1;
+  OrderId next_order_ = 1;
 };
 
 }  // namespace dhs::memd

@@ -32,7 +32,7 @@ json GpuJson(const GpuDump& g) {
 json RequestJson(const RequestDump& r) {
   return json{{"request", r.request},
               {"gpu", r.gpu},
-              {"slot", r.slot},
+              {"slot", r.slot == kNoSlot ? json(nullptr) : json(r.slot)},
               {"state", RequestStateName(r.state)},
               {"required_pages", r.required_pages},
               {"a_r", r.optional_pages},
@@ -89,7 +89,8 @@ std::string RequestHeader() {
                          "HOST", "TAIL", "RANK");
 }
 std::string RequestRow(const RequestDump& r) {
-  return absl::StrFormat("%-8d %4d %5d %-10s %5d %5d %9s %5d %5d\n", r.request, r.gpu, r.slot,
+  const std::string slot = r.slot == kNoSlot ? "-" : absl::StrCat(r.slot);
+  return absl::StrFormat("%-8d %4d %5s %-10s %5d %5d %9s %5d %5d\n", r.request, r.gpu, slot,
                          RequestStateName(r.state), r.required_pages, r.optional_pages, Coverage(r), r.tail_pages,
                          r.reclaim_rank);
 }
@@ -219,7 +220,7 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
   return "unknown view\n";
 }
 
-std::string RenderPrometheus(const StateDump& d, const Counters& c) {
+std::string RenderPrometheus(const StateDump& d, const Counters& c, const DaemonCounters& daemon) {
   std::string out;
   out += "# HELP dhs_memd_gpu_pages GPU KV pool pages by kind (brief section 4: M, M_req, M_opt, M_res).\n";
   out += "# TYPE dhs_memd_gpu_pages gauge\n";
@@ -262,10 +263,17 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c) {
       {"backups_failed", c.backups_failed},
       {"populates_ordered", c.populates_ordered},
       {"populates_failed", c.populates_failed},
-      {"stale_reports", c.stale_reports}};
+      {"stale_reports", c.stale_reports},
+      {"host_writes", c.host_writes},
+      {"host_write_failures", c.host_write_failures},
+      {"deferred_backups", c.deferred_backups},
+      {"messages", daemon.messages},
+      {"hellos", daemon.hellos},
+      {"send_failures", daemon.send_failures}};
   for (const auto& [name, v] : counters) {
     absl::StrAppendFormat(&out, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
   }
+  absl::StrAppendFormat(&out, "# TYPE dhs_memd_workers gauge\ndhs_memd_workers %d\n", daemon.workers);
   return out;
 }
 

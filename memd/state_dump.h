@@ -41,13 +41,13 @@ struct GpuDump {
 struct RequestDump {
   RequestId request = 0;
   GpuId gpu = 0;
-  SlotIndex slot = 0;
+  SlotIndex slot = kNoSlot;      // chosen at the grant; kNoSlot while queued (JSON null, "-" in the table)
   RequestState state = RequestState::kQueued;
   uint32_t required_pages = 0;
   uint32_t optional_pages = 0;   // a_r
   uint32_t history_pages = 0;    // complete history pages (imported + completed tail pages)
-  uint32_t host_pages = 0;       // history pages with a complete host copy
-  uint32_t tail_pages = 0;       // completed tail pages still in the tail awaiting their host backup
+  uint32_t host_pages = 0;       // history pages with a complete host copy or covered by the worker's tail
+  uint32_t tail_pages = 0;       // history pages covered by the worker's tail, host copy not confirmed written yet
   int64_t admitted_at_us = 0;    // injected clock; queued requests: time queued
   int32_t reclaim_rank = -1;     // 0-based place in the reclaim order among a_r > 0 requests; -1 none
 };
@@ -86,7 +86,18 @@ struct Counters {
   uint64_t backups_failed = 0;
   uint64_t populates_ordered = 0;
   uint64_t populates_failed = 0;
-  uint64_t stale_reports = 0;     // readers-done of a reclaim cancelled by its request's completion
+  uint64_t stale_reports = 0;     // readers-done of a reclaim already retired or cancelled by a completion
+  uint64_t host_writes = 0;       // history pages confirmed written by HostCopyWritten
+  uint64_t host_write_failures = 0;  // history pages HostCopyWritten reported failed
+  uint64_t deferred_backups = 0;  // reclaim backups answered deferred (BackupComplete.deferred_pages)
+};
+
+// Counters of the daemon around the core (memd/daemon.h), rendered with the core's by RenderPrometheus.
+struct DaemonCounters {
+  uint64_t messages = 0;       // inbound messages that reached a handler
+  uint64_t hellos = 0;         // accepted Hellos
+  uint64_t send_failures = 0;  // orders that could not be sent (worker gone)
+  uint64_t workers = 0;        // GPUs whose worker said Hello (gauge)
 };
 
 // A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu>", "queue".
@@ -103,7 +114,8 @@ absl::StatusOr<DumpView> ParseDumpView(std::string_view text);
 nlohmann::json DumpToJson(const StateDump& dump, const DumpView& view);
 // Fixed-width text table of one view (what `dhsctl` prints), one row per line, ending in '\n'.
 std::string DumpToTable(const StateDump& dump, const DumpView& view);
-// Prometheus text exposition (format 0.0.4): dhs_memd_gpu_pages{gpu="0",kind="required"} etc. and counters.
-std::string RenderPrometheus(const StateDump& dump, const Counters& counters);
+// Prometheus text exposition (format 0.0.4): dhs_memd_gpu_pages{gpu="0",kind="required"} etc., the core's counters
+// and the daemon's (the one place memd's metrics are rendered).
+std::string RenderPrometheus(const StateDump& dump, const Counters& counters, const DaemonCounters& daemon = {});
 
 }  // namespace dhs::memd

@@ -4,6 +4,7 @@
 // Prints figures only.
 #include <benchmark/benchmark.h>
 
+#include "common/check.h"
 #include "memd/reclaim_policy.h"
 #include "memd/residency_manager.h"
 
@@ -31,23 +32,23 @@ void BM_AdmitWithReclaimChoice(benchmark::State& state) {
                       .populate_pages_per_attempt = 8, .reclaim_policy = "oldest-first"};
   int64_t now = 0;
   auto mgr = std::move(*ResidencyManager::Create(cfg, [&now] { return now; }));
-  (void)mgr->RegisterGpu(0, kRequests * 3 + 16);
+  DHS_CHECK_OK(mgr->RegisterGpu(0, kRequests * 3 + 16));
   for (RequestId r = 0; r < kRequests; ++r) {
     ++now;
-    (void)mgr->Admit({r, 0, static_cast<SlotIndex>(r), 1, 2});
+    DHS_CHECK_OK(mgr->Admit({.request = r, .gpu = 0, .required_pages = 1, .history_pages = 2, .context_pages = 2}));
   }
   mgr->DrainOrders();
   RequestId next = kRequests;
   for (auto _ : state) {
     ++now;
     const RequestId r = next++;
-    (void)mgr->Admit({r, 0, 0, 4, 0});  // Δ = 4 -> two victims
+    DHS_CHECK_OK(mgr->Admit({.request = r, .gpu = 0, .required_pages = 4}));  // Δ = 4 -> two victims
     auto orders = mgr->DrainOrders();
-    (void)mgr->Complete(r);
+    DHS_CHECK_OK(mgr->Complete(r));
     for (const Order& o : orders) {  // answer: the backups fail, the victims stay untouched
-      if (auto* b = std::get_if<BackupOrder>(&o)) (void)mgr->OnBackupDone(b->copy, false);
+      if (auto* rc = std::get_if<ReclaimOrder>(&o)) DHS_CHECK_OK(mgr->OnBackupComplete(rc->order, {}, false));
     }
-    (void)mgr->RetryBackups();
+    DHS_CHECK_OK(mgr->RetryBackups());
     mgr->DrainOrders();
   }
   state.SetItemsProcessed(state.iterations());

@@ -13,6 +13,7 @@
 #include "benchmark/benchmark.h"
 #include "common/protocol.h"
 #include "common/transport.h"
+#include "common/check.h"
 #include "memd/daemon.h"
 
 namespace {
@@ -35,7 +36,7 @@ void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
     return;
   }
   std::atomic<bool> stop{false};
-  std::thread loop([&] { (void)(*daemon)->Run([&] { return !stop.load(); }); });
+  std::thread loop([&] { DHS_CHECK_OK((*daemon)->Run([&] { return !stop.load(); })); });
 
   dhs::DealerClient::Options co;
   co.identity = "worker/0";
@@ -45,7 +46,12 @@ void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
   hello.capacity_pages = 4096;
   hello.page_rows = 64;
   hello.page_bytes = o.page_bytes;
-  (void)client->Request(dhs::EncodeHello(hello, 1, "worker"), std::chrono::seconds(5));
+  if (auto reply = client->Request(dhs::EncodeHello(hello, 1, "worker"), std::chrono::seconds(5)); !reply.ok()) {
+    state.SkipWithError("no HelloReply");
+    stop = true;
+    loop.join();
+    return;
+  }
 
   std::vector<double> rtt_us;
   uint64_t seq = 2;
@@ -69,7 +75,7 @@ void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
     dhs::wire::CompleteT c;
     c.request = id++;
     c.gpu = 0;
-    (void)client->Request(dhs::EncodeComplete(c, seq++, "worker"), std::chrono::seconds(5));
+    DHS_CHECK_OK(client->Request(dhs::EncodeComplete(c, seq++, "worker"), std::chrono::seconds(5)).status());
     state.ResumeTiming();
   }
   stop = true;

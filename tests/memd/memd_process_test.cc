@@ -108,6 +108,12 @@ class FakeWorker {
   std::deque<std::string> buffers_;  // keeps the bytes of decoded messages alive at stable addresses
 };
 
+// Removes the host-pool segment of a SIGKILLed memd (already gone when memd stopped cleanly: not an error).
+void RemoveSegmentOf(pid_t pid) {
+  const absl::Status s = HostPoolSegment::Remove("dhs-memd-" + std::to_string(pid));
+  EXPECT_TRUE(s.ok() || absl::IsNotFound(s)) << s;
+}
+
 // Runs a shell command line as given; returns its exit code (-1 if it did not exit) and what it wrote to stdout.
 std::pair<int, std::string> CaptureShell(const std::string& command_line) {
   FILE* f = popen(command_line.c_str(), "r");
@@ -205,7 +211,7 @@ class MemdProcess : public ::testing::Test {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
-      (void)HostPoolSegment::Remove("dhs-memd-" + std::to_string(pid_));  // SIGKILL skips memd's own cleanup
+      RemoveSegmentOf(pid_);  // SIGKILL skips memd's own cleanup
     }
     std::filesystem::remove_all(dir_);
   }
@@ -267,6 +273,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
   const wire::AdmitGrantT g1 = *ReadAdmitGrant(*m);
   EXPECT_EQ(g1.request, 1u);
+  EXPECT_EQ(g1.slot, 0u);  // memd chooses the slot: the lowest free of GPU 1's request_slots
   EXPECT_EQ(g1.required_pages.size(), 2u);
   ASSERT_EQ(g1.optional_pages.size(), 4u);
   EXPECT_EQ(g1.optional_history_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
@@ -378,6 +385,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_EQ(retire.regranted_to, 2u);
   const wire::AdmitGrantT g2 = *ReadAdmitGrant(got[wire::Body::AdmitGrant]);
   EXPECT_EQ(g2.request, 2u);
+  EXPECT_EQ(g2.slot, 1u);  // slot 0 is request 1's
   EXPECT_EQ(g2.required_pages.size(), 6u);
   EXPECT_TRUE(g2.optional_pages.empty());
   // The second admission's required pages are the 2 free ones plus the 4 retired ones: all of GPU 1 but request 1's.
@@ -389,17 +397,16 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_EQ(requests[0]["a_r"], 0);
   EXPECT_EQ(requests[0]["host_coverage"], "6/6");
 
-  // The worker confirms the deferred backups of history pages 4 and 5 (order 0), then request 2 completes:
+  // The worker confirms the host copies of history pages 4 and 5 (HostCopyWritten), then request 2 completes:
   // 6 pages free again and population brings history pages 0-2 (backed up), 4 and 5 back, not page 3 (deferred and not
   // confirmed yet); once page 3 is confirmed, it comes back too.
-  wire::BackupCompleteT deferred;
-  deferred.order = 0;
-  deferred.request = 1;
-  deferred.gpu = 1;
-  deferred.pages = {4, 5};
-  deferred.host_pages = {g1.backup_host_pages[4], g1.backup_host_pages[5]};
-  deferred.ok = true;
-  w1.Send(EncodeBackupComplete(deferred, w1.seq(), "worker"));
+  wire::HostCopyWrittenT written;
+  written.request = 1;
+  written.gpu = 1;
+  written.history_pages = {4, 5};
+  written.host_pages = {g1.backup_host_pages[4], g1.backup_host_pages[5]};
+  written.ok = true;
+  w1.Send(EncodeHostCopyWritten(written, w1.seq(), "worker"));
   wire::CompleteT done;
   done.request = 2;
   done.gpu = 1;
@@ -420,9 +427,9 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   status = DhsctlJson("gpus");
   EXPECT_EQ(status[1]["optional_pending"], 5);
   EXPECT_EQ(status[1]["optional_ready"], 0);
-  deferred.pages = {3};
-  deferred.host_pages = {g1.backup_host_pages[3]};
-  w1.Send(EncodeBackupComplete(deferred, w1.seq(), "worker"));
+  written.history_pages = {3};
+  written.host_pages = {g1.backup_host_pages[3]};
+  w1.Send(EncodeHostCopyWritten(written, w1.seq(), "worker"));
   m = w1.Next();
   ASSERT_TRUE(m && m->type == wire::Body::PopulateOrder);
   const wire::PopulateOrderT pop3 = *ReadPopulateOrder(*m);
@@ -498,11 +505,56 @@ TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
   EXPECT_EQ(ReadErrorReply(*m)->answering_sequence, seq);
 
   // Still serving: a valid admission is granted.
-  w.Admit(8, 1, 2 * kPageRows, 2);
+  w.Admit(8, 1, 3 * kPageRows, 2);
   m = w.Next();
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
-  EXPECT_EQ(ReadAdmitGrant(*m)->optional_pages.size(), 2u);
-  const std::string metrics = MetricsWith("dhs_memd_grants_total 1");
+  const wire::AdmitGrantT g8 = *ReadAdmitGrant(*m);
+  EXPECT_EQ(g8.optional_pages.size(), 2u);
+  ASSERT_EQ(g8.backup_host_pages.size(), 3u);
+  EXPECT_EQ(DhsctlJson("request 8")["host_coverage"], "1/3");  // page 2 is covered by the worker's tail
+
+  // BackupComplete with order 0 (protocol version 2's way to report host writes, whose `pages` were history pages)
+  // is refused since version 3: INVALID_ARGUMENT, nothing changes, memd keeps serving.
+  wire::BackupCompleteT order0;
+  order0.order = 0;
+  order0.request = 8;
+  order0.gpu = 0;
+  order0.pages = {2};
+  order0.host_pages = {g8.backup_host_pages[2]};
+  order0.ok = true;
+  const uint64_t seq0 = w.seq();
+  w.Send(EncodeBackupComplete(order0, seq0, "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ReadErrorReply(*m)->answering_sequence, seq0);
+  EXPECT_NE(ReadErrorReply(*m)->message.find("HostCopyWritten"), std::string::npos) << ReadErrorReply(*m)->message;
+  EXPECT_EQ(DhsctlJson("request 8")["host_coverage"], "1/3");
+  // HostCopyWritten naming a host page other than the one assigned at the grant is refused too.
+  wire::HostCopyWrittenT written;
+  written.request = 8;
+  written.gpu = 0;
+  written.history_pages = {2};
+  written.host_pages = {g8.backup_host_pages[0]};
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  // The same report with the right host page is accepted (no reply): page 2 now has a confirmed host copy, so the
+  // population tick brings it into the one free GPU page. Confirming the kept pages 0 and 1 makes 3/3.
+  written.host_pages = {g8.backup_host_pages[2]};
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  written.history_pages = {0, 1};
+  written.host_pages = {g8.backup_host_pages[0], g8.backup_host_pages[1]};
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::PopulateOrder);
+  EXPECT_EQ(ReadPopulateOrder(*m)->history_pages, std::vector<uint32_t>{2});
+  EXPECT_EQ(ReadPopulateOrder(*m)->host_pages[0].page(), g8.backup_host_pages[2].page());
+  EXPECT_FALSE(w.Next(100ms).has_value());
+  EXPECT_EQ(DhsctlJson("request 8")["host_coverage"], "3/3");
+  const std::string metrics = MetricsWith("dhs_memd_host_writes_total 3");
+  EXPECT_NE(metrics.find("dhs_memd_grants_total 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dhs_memd_rejects_total 1\n"), std::string::npos) << metrics;
 }
 
@@ -533,8 +585,8 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   int owned = 0;
   for (const json& p : pages["pages"]) owned += p["owner"] == 77;
   EXPECT_EQ(owned, 7);
-  // A request or GPU memd does not know: memd answers with an error -> exit 4 (docs/operations.md), the JSON
-  // document on stdout with --json, the message on stderr in table mode.
+  // A request or GPU memd does not know: memd answers NOT_FOUND -> exit 4 (docs/operations.md), an {"error": ...}
+  // document on stdout with --json, the message on stderr.
   {
     auto [jrc, jout] = Dhsctl("--json request 78");
     EXPECT_EQ(jrc, 4) << jout;
@@ -544,7 +596,10 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
     EXPECT_EQ(tout, "");  // nothing on stdout
     auto [erc, err] = Dhsctl("request 78", "", /*with_stderr=*/true);
     EXPECT_EQ(erc, 4);
-    EXPECT_NE(err.find("request 78: not found"), std::string::npos) << err;
+    EXPECT_NE(err.find("NOT_FOUND: request 78 not found"), std::string::npos) << err;
+    auto [prc, perr] = Dhsctl("pages 9", "", /*with_stderr=*/true);
+    EXPECT_EQ(prc, 4);
+    EXPECT_NE(perr.find("NOT_FOUND: GPU 9 not found"), std::string::npos) << perr;
     EXPECT_EQ(Dhsctl("pages 9").first, 4);
     EXPECT_EQ(Dhsctl("--json pages 9").first, 4);
     EXPECT_EQ(Dhsctl("request 77").first, 0);  // a known one still exits 0
@@ -586,7 +641,7 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   EXPECT_EQ(Dhsctl("--timeout-ms 300 status").first, 3);
   EXPECT_EQ(Dhsctl("--timeout-ms -5 status").first, 2);  // refused before connecting: never waits forever
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  (void)HostPoolSegment::Remove("dhs-memd-" + std::to_string(pid_));
+  RemoveSegmentOf(pid_);
   pid_ = -1;
 }
 

@@ -1,240 +1,576 @@
-// Randomized state-machine test of ResidencyManager (brief §4): random admissions, completions, decode appends,
-// population attempts and retries, against fake workers that hold the outstanding orders (backups, population
-// copies, withdrawals) and answer them in random order, some failing. After every event: CheckInvariants, page
-// ownership counted from the dump, and safety from the test's own model of which history pages have a host copy or
-// are readable on GPU. Seeds: 1..20 by default, or the one in env DHS_SEED; events per seed: env DHS_EVENTS (2000).
+// Randomized state-machine test of ResidencyManager (brief §4) driven through the events memd's daemon really sends:
+// admissions with host pages for the whole context (some with optional_history = false, some that can never fit),
+// HostCopyWritten confirmations (some failing), ReclaimOrders answered by BackupComplete over random subsets of pages
+// (some failing, some deferred), ReadersDone sent early (before the order's population copies reported),
+// PopulateOrders answered by ReadyPublish over random subsets (some failing), Complete at any time (queued, admitted,
+// reclaiming, with copies in flight), population attempts and retries, and malformed reports that must change nothing.
+//
+// A fake worker holds every outstanding order; the test keeps its own model of each request's pages (on GPU, being
+// populated, host copy confirmed, covered by the worker's tail, backup in flight) and checks, after every event:
+// CheckInvariants, the safety invariant from the model, every GPU page's owner and state, host coverage, slots, pinned
+// host pages = copies in flight, open orders, and that a Retire comes exactly when the model says the reclaim is done
+// (readers done, no backup or population copy in flight), with regranted_to and CompleteAck.released_pages computed by
+// the model. At the end everything is answered and completed: every GPU page free, no host page pinned or allocated,
+// no order entry left. Seeds: 1..20 by default, or the one in env DHS_SEED; events per seed: env DHS_EVENTS (2000).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <random>
 #include <set>
 
 #include "memd/residency_manager.h"
+#include "spdlog/spdlog.h"
 
 namespace dhs::memd {
 namespace {
 
-constexpr uint32_t kGpus = 2, kM = 24, kRes = 2, kHost = 48;
+constexpr uint32_t kGpus = 2, kM = 24, kRes = 2, kHost = 96, kSlots = 5;
 
-struct ModelPage {
-  bool on_gpu = false;  // readable on GPU: tail, or an optional page whose copy completed and is not retired
-  bool host = false;    // complete host copy
+struct MPage {
+  PageIndex host_page = 0;
+  bool on_gpu = false;       // holds a GPU page (kept, populating, ready, reclaiming)
+  PageIndex gpu_page = 0;
+  bool populating = false;   // population copy in flight: not readable yet
+  bool written = false;      // complete host copy confirmed (backup done, HostCopyWritten)
+  bool tail = false;         // covered by the worker's tail (not kept at the grant, or a deferred backup)
+  bool backup = false;       // a backup copy in flight
+};
+struct MReq {
+  GpuId gpu = 0;
+  bool granted = false;
+  SlotIndex slot = 0;
+  uint32_t required = 0, complete = 0, context = 0;
+  bool optional_history = true;
+  std::vector<PageIndex> required_pages;
+  std::vector<MPage> pages;
+  OrderId reclaim = 0;  // the live reclaim (0: none)
+};
+struct FakeReclaim {
+  RequestId request = 0;
+  GpuId gpu = 0;
+  std::set<PageIndex> pages;                // GPU pages still in the reclaim
+  std::map<PageIndex, uint32_t> backups;    // unreported backups: GPU page -> history page
+  std::map<PageIndex, PageIndex> targets;   // GPU page -> host page of unreported backups
+  bool failed = false, readers_sent = false, gone = false;  // gone: request completed
+};
+struct FakePopulate {
+  RequestId request = 0;
+  GpuId gpu = 0;
+  std::map<PageIndex, std::pair<uint32_t, PageIndex>> pages;  // unreported: GPU page -> (history page, host page)
 };
 
 class Harness {
  public:
-  explicit Harness(uint64_t seed, const std::string& policy) : rng_(seed) {
+  Harness(uint64_t seed, const std::string& policy) : rng_(seed) {
     ResidencyConfig c{.reserve_pages = kRes, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy};
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }));
-    for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM).ok());
+    for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
   }
 
   void Step() {
     ++now_;
-    const int dice = Pick(100);
-    absl::Status s;
-    if (dice < 18 && live_.size() + queued_.size() < 14) {
-      const RequestId r = next_id_++;
-      const bool oversize = Pick(40) == 0;
-      const uint32_t required = oversize ? kM : 1 + Pick(5);
-      s = mgr_->Admit({r, static_cast<GpuId>(Pick(kGpus)), static_cast<SlotIndex>(r), required, Pick(9)});
-      queued_.insert(r);
-    } else if (dice < 28 && !AllRequests().empty()) {
-      const RequestId r = PickFrom(AllRequests());
-      s = mgr_->Complete(r);
-      live_.erase(r);
-      queued_.erase(r);
-      model_.erase(r);
-    } else if (dice < 40 && !live_.empty()) {
-      const RequestId r = PickFrom(live_);
-      s = mgr_->OnTailPageComplete(r);
-      model_[r].push_back({.on_gpu = true, .host = false});
-    } else if (dice < 60 && !backups_.empty()) {
-      s = AnswerBackup(Pick(10) != 0);
-    } else if (dice < 75 && !populates_.empty()) {
-      s = AnswerPopulate(Pick(10) != 0);
-    } else if (dice < 87 && !withdraws_.empty()) {
-      s = mgr_->OnReadersDone(Take(withdraws_).reclaim);
-    } else if (dice < 95) {
-      s = mgr_->Populate();
-    } else {
-      s = mgr_->RetryBackups();
-    }
-    ASSERT_TRUE(s.ok()) << s;
-    Absorb();
-    Check();
+    const int dice = static_cast<int>(Pick(100));
+    if (dice < 16 && model_.size() < 16) return Admit();
+    if (dice < 24 && !model_.empty()) return Run(mgr_->Complete(PickKey(model_)), /*complete=*/true);
+    if (dice < 34) return Written();
+    if (dice < 50) return AnswerBackup(Pick(8) != 0);
+    if (dice < 60) return SendReadersDone();
+    if (dice < 76) return AnswerPopulate(Pick(8) != 0);
+    if (dice < 78) return Malformed();
+    if (dice < 94) return Run(mgr_->Populate());
+    return Run(mgr_->RetryBackups());
   }
 
-  // Answers everything (ok), completes every request; then all pages must be free again.
+  // Answers everything (ok), completes every request; then everything must be released.
   void Drain() {
-    for (;;) {
-      while (!backups_.empty() || !populates_.empty() || !withdraws_.empty()) {
-        if (!backups_.empty()) ASSERT_TRUE(AnswerBackup(true).ok());
-        else if (!populates_.empty()) ASSERT_TRUE(AnswerPopulate(true).ok());
-        else ASSERT_TRUE(mgr_->OnReadersDone(Take(withdraws_).reclaim).ok());
-        Absorb();
-        Check();
+    for (int guard = 0; guard < 100000; ++guard) {
+      if (HasBackups()) {
+        AnswerBackup(true);
+      } else if (!populates_.empty()) {
+        AnswerPopulate(true);
+      } else if (ReadersDoneDue()) {
+        SendReadersDone();
+      } else if (!model_.empty()) {
+        Run(mgr_->Complete(model_.begin()->first), true);
+      } else {
+        break;
       }
-      const std::set<RequestId> all = AllRequests();
-      if (all.empty()) break;
-      const RequestId r = *all.begin();
-      ASSERT_TRUE(mgr_->Complete(r).ok());
-      live_.erase(r);
-      queued_.erase(r);
-      model_.erase(r);
-      Absorb();  // may grant queued admissions
-      Check();
+      if (::testing::Test::HasFatalFailure()) return;
     }
-    for (GpuId g = 0; g < kGpus; ++g) EXPECT_EQ(mgr_->gpu_table(g)->free(), kM);
+    for (GpuId g = 0; g < kGpus; ++g) EXPECT_EQ(mgr_->gpu_table(g)->free(), kM) << "GPU " << g;
     EXPECT_EQ(mgr_->host().reusable(), kHost);
+    EXPECT_EQ(mgr_->host().pinned(), 0u);
+    EXPECT_EQ(mgr_->host().allocated(), 0u);
+    EXPECT_EQ(mgr_->open_orders(), 0u);
+    EXPECT_EQ(mgr_->copies_in_flight(), 0u);
+    EXPECT_TRUE(reclaims_.empty());
   }
 
   const Counters& counters() const { return mgr_->counters(); }
-
-  // A fake worker answers one outstanding backup / population copy (picked at random); the model follows.
-  absl::Status AnswerBackup(bool ok) {
-    const BackupOrder b = Take(backups_);
-    absl::Status s = mgr_->OnBackupDone(b.copy, ok);
-    if (ok && live_.count(b.request)) {
-      ModelPage& p = model_[b.request][b.history_page];
-      p.host = true;
-      if (b.from_tail) p.on_gpu = false;  // leaves the tail after its backup
-    }
-    return s;
-  }
-  absl::Status AnswerPopulate(bool ok) {
-    const PopulateOrder p = Take(populates_);
-    absl::Status s = mgr_->OnPopulateDone(p.copy, ok);
-    if (ok && live_.count(p.request)) model_[p.request][p.history_page].on_gpu = true;
-    return s;
-  }
+  uint64_t early_readers_done() const { return early_readers_done_; }
+  uint64_t regranted() const { return regranted_; }
+  uint64_t slot_waits() const { return slot_waits_; }
 
  private:
   uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
-  template <typename C>
-  RequestId PickFrom(const C& c) {
-    auto it = c.begin();
-    std::advance(it, Pick(static_cast<uint32_t>(c.size())));
-    return *it;
+  template <typename M>
+  typename M::key_type PickKey(const M& m) {
+    auto it = m.begin();
+    std::advance(it, Pick(static_cast<uint32_t>(m.size())));
+    return it->first;
   }
-  template <typename T>
-  T Take(std::vector<T>& v) {
-    const size_t i = Pick(static_cast<uint32_t>(v.size()));
-    T t = v[i];
-    v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
-    return t;
+  bool HasBackups() const {
+    return std::any_of(reclaims_.begin(), reclaims_.end(), [](const auto& r) { return !r.second.backups.empty(); });
   }
-  std::set<RequestId> AllRequests() const {
-    std::set<RequestId> all = live_;
-    all.insert(queued_.begin(), queued_.end());
-    return all;
+  bool Due(const FakeReclaim& f) const { return !f.readers_sent && !f.failed && f.backups.empty(); }
+  bool ReadersDoneDue() const {
+    return std::any_of(reclaims_.begin(), reclaims_.end(), [&](const auto& r) { return Due(r.second); });
   }
 
-  // Applies the orders to the fake workers and the model.
-  void Absorb() {
-    for (Order& o : mgr_->DrainOrders()) {
-      if (auto* g = std::get_if<GrantOrder>(&o)) {
-        ASSERT_TRUE(queued_.erase(g->request));
-        live_.insert(g->request);
-        auto& pages = model_[g->request];
-        for (PageIndex p : g->history_gpu_pages) {
-          gpu_map_[{g->gpu, p}] = {g->request, static_cast<uint32_t>(pages.size())};
-          pages.push_back({.on_gpu = true, .host = false});
-        }
-        for (size_t i = 0; i < g->history_host_pages.size(); ++i) pages.push_back({.on_gpu = false, .host = true});
-        required_[g->request] = static_cast<uint32_t>(g->required_pages.size());
-      } else if (auto* r = std::get_if<RejectOrder>(&o)) {
-        ASSERT_TRUE(queued_.erase(r->request));
-        EXPECT_EQ(r->error.code(), absl::StatusCode::kResourceExhausted);
-      } else if (auto* b = std::get_if<BackupOrder>(&o)) {
-        backups_.push_back(*b);
-      } else if (auto* p = std::get_if<PopulateOrder>(&o)) {
-        populates_.push_back(*p);
-        gpu_map_[{p->gpu, p->gpu_page}] = {p->request, p->history_page};
-        EXPECT_TRUE(model_[p->request][p->history_page].host) << "population from a page without host copy";
-      } else if (auto* w = std::get_if<WithdrawOrder>(&o)) {
-        withdraws_.push_back(*w);
-      } else if (auto* rt = std::get_if<RetireOrder>(&o)) {
-        for (PageIndex p : rt->gpu_pages) {
-          auto [req, h] = gpu_map_.at({rt->gpu, p});
-          ASSERT_EQ(req, rt->request);
-          EXPECT_TRUE(model_[req][h].host) << "retired a page without a host copy";
-          model_[req][h].on_gpu = false;
+  void Admit() {
+    const RequestId r = next_id_++;
+    AdmitRequest a;
+    a.request = r;
+    a.gpu = Pick(kGpus);
+    a.required_pages = Pick(40) == 0 ? kM : 1 + Pick(5);  // some can never fit
+    a.history_pages = Pick(9);
+    a.context_pages = a.history_pages + Pick(4) + (Pick(60) == 0 ? kHost : 0);
+    a.optional_history = Pick(4) != 0;
+    MReq& m = model_[r];
+    m.gpu = a.gpu;
+    m.required = a.required_pages;
+    m.complete = a.history_pages;
+    m.context = a.context_pages;
+    m.optional_history = a.optional_history;
+    Run(mgr_->Admit(a));
+  }
+
+  // The worker confirms host copies: mostly pages its tail covers, sometimes any page (a kept page, a repeat).
+  void Written() {
+    std::vector<RequestId> granted;
+    for (const auto& [id, m] : model_) {
+      if (m.granted && !m.pages.empty()) granted.push_back(id);
+    }
+    if (granted.empty()) return Run(mgr_->Populate());
+    const RequestId r = granted[Pick(static_cast<uint32_t>(granted.size()))];
+    MReq& m = model_.at(r);
+    std::vector<uint32_t> pages;
+    for (uint32_t h = 0; h < m.pages.size(); ++h) {
+      if ((m.pages[h].tail && !m.pages[h].written) ? Pick(2) == 0 : Pick(12) == 0) pages.push_back(h);
+    }
+    if (pages.empty()) pages.push_back(Pick(static_cast<uint32_t>(m.pages.size())));
+    const bool ok = Pick(6) != 0;
+    if (ok) {
+      for (uint32_t h : pages) m.pages[h].written = true;
+    }
+    std::vector<PageIndex> host;
+    if (Pick(2) == 0) {
+      for (uint32_t h : pages) host.push_back(m.pages[h].host_page);
+    }
+    Run(mgr_->OnHostCopyWritten(r, pages, host, ok));
+  }
+
+  void AnswerBackup(bool ok) {
+    std::vector<OrderId> with;
+    for (const auto& [o, f] : reclaims_) {
+      if (!f.backups.empty()) with.push_back(o);
+    }
+    if (with.empty()) return Run(mgr_->Populate());
+    const OrderId o = with[Pick(static_cast<uint32_t>(with.size()))];
+    FakeReclaim& f = reclaims_.at(o);
+    std::vector<PageIndex> pages, deferred;
+    for (const auto& [p, h] : f.backups) {
+      if (Pick(2) == 0) pages.push_back(p);
+    }
+    const bool all = pages.empty();  // an empty list reports every unreported backup
+    std::vector<PageIndex> reported = pages;
+    if (all) {
+      for (const auto& [p, h] : f.backups) reported.push_back(p);
+    }
+    for (PageIndex p : reported) {
+      if (ok && Pick(4) == 0) deferred.push_back(p);
+    }
+    auto it = model_.find(f.request);
+    for (PageIndex p : reported) {
+      const uint32_t h = f.backups.at(p);
+      f.backups.erase(p);
+      f.targets.erase(p);
+      if (it == model_.end() || f.gone) continue;
+      MPage& mp = it->second.pages[h];
+      mp.backup = false;
+      if (!ok) continue;
+      (std::find(deferred.begin(), deferred.end(), p) != deferred.end() ? mp.tail : mp.written) = true;
+    }
+    if (!ok && it != model_.end() && !f.gone && it->second.reclaim != 0) {  // aborts the request's live reclaim
+      reclaims_.at(it->second.reclaim).failed = true;
+      it->second.reclaim = 0;
+    }
+    Run(mgr_->OnBackupComplete(o, pages, ok, deferred));
+  }
+
+  // ReadersDone once the worker's own backups of the order reported (none failed); population copies into its pages
+  // may still be in flight (early: memd holds it). Also for orders of requests that completed (stale: OK).
+  void SendReadersDone() {
+    std::vector<OrderId> due;
+    for (const auto& [o, f] : reclaims_) {
+      if (Due(f)) due.push_back(o);
+    }
+    if (due.empty()) return Run(mgr_->Populate());
+    const OrderId o = due[Pick(static_cast<uint32_t>(due.size()))];
+    FakeReclaim& f = reclaims_.at(o);
+    f.readers_sent = true;
+    for (const auto& [po, fp] : populates_) {
+      for (const auto& [p, hp] : fp.pages) early_readers_done_ += f.pages.count(p) && fp.gpu == f.gpu && !f.gone;
+    }
+    Run(mgr_->OnReadersDone(o));
+  }
+
+  void AnswerPopulate(bool ok) {
+    if (populates_.empty()) return Run(mgr_->Populate());
+    const OrderId o = PickKey(populates_);
+    FakePopulate& fp = populates_.at(o);
+    std::vector<PageIndex> pages;
+    for (const auto& [p, x] : fp.pages) {
+      if (Pick(2) == 0) pages.push_back(p);
+    }
+    std::vector<PageIndex> reported = pages;
+    if (pages.empty()) {
+      for (const auto& [p, x] : fp.pages) reported.push_back(p);
+    }
+    auto it = model_.find(fp.request);
+    for (PageIndex p : reported) {
+      const uint32_t h = fp.pages.at(p).first;
+      fp.pages.erase(p);
+      if (it == model_.end()) continue;  // orphan: the page is freed now
+      MPage& mp = it->second.pages[h];
+      mp.populating = false;
+      if (ok) continue;
+      mp.on_gpu = false;  // nothing published: freed at once, leaves its reclaim
+      if (it->second.reclaim != 0) {
+        FakeReclaim& f = reclaims_.at(it->second.reclaim);
+        f.pages.erase(p);
+        if (f.pages.empty()) {  // the reclaim ends without a Retire (nothing was published)
+          f.gone = true;
+          it->second.reclaim = 0;
         }
       }
     }
+    if (fp.pages.empty()) populates_.erase(o);
+    Run(mgr_->OnReadyPublish(o, pages, ok));
+  }
+
+  // Malformed reports are refused whole and change nothing (the checks after the event see any change).
+  void Malformed() {
+    const uint64_t errors = mgr_->counters().event_errors;
+    absl::Status s;
+    if (HasBackups()) {
+      OrderId o = 0;
+      for (const auto& [id, f] : reclaims_) {
+        if (!f.backups.empty()) o = id;
+      }
+      const PageIndex p = reclaims_.at(o).backups.begin()->first;
+      s = mgr_->OnBackupComplete(o, {{p, p}}, Pick(2) == 0);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    } else if (!populates_.empty()) {
+      s = mgr_->OnBackupComplete(populates_.begin()->first, {}, true);  // a populate order is not a reclaim order
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    } else {
+      s = mgr_->OnReadyPublish(1'000'000'000, {}, true);
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    }
+    EXPECT_EQ(mgr_->counters().event_errors, errors + 1);
+    EXPECT_TRUE(mgr_->DrainOrders().empty());
+    Check();
+  }
+
+  // Runs an event that must be accepted, applies its orders to the fake worker and the model, checks everything.
+  void Run(absl::Status s, bool complete = false) {
+    ASSERT_TRUE(s.ok()) << s;
+    std::set<OrderId> due;  // reclaims the model says end with a Retire in this event
+    for (const auto& [o, f] : reclaims_) {
+      if (f.gone || f.failed || !f.readers_sent || !f.backups.empty()) continue;
+      const MReq& m = model_.at(f.request);
+      bool busy = false;
+      for (const MPage& mp : m.pages) busy |= mp.on_gpu && (mp.backup || mp.populating);
+      if (!busy) due.insert(o);
+    }
+    std::vector<Order> orders = mgr_->DrainOrders();
+    if (complete) ApplyComplete(orders);
+    std::set<OrderId> retired;
+    for (const Order& o : orders) Absorb(o, orders, retired);
+    ASSERT_EQ(retired, due) << "Retires of this event differ from the reclaims the model says are done";
+    Check();
+  }
+
+  void ApplyComplete(const std::vector<Order>& orders) {
+    const CompleteAckOrder* ack = nullptr;
+    for (const Order& o : orders) {
+      if (const auto* a = std::get_if<CompleteAckOrder>(&o)) ack = a;
+    }
+    ASSERT_NE(ack, nullptr);
+    auto it = model_.find(ack->request);
+    ASSERT_NE(it, model_.end());
+    uint32_t held = 0;
+    if (it->second.granted) {
+      held = static_cast<uint32_t>(it->second.required_pages.size());
+      for (const MPage& mp : it->second.pages) held += mp.on_gpu;
+    }
+    EXPECT_EQ(ack->released_pages, held) << "request " << ack->request;
+    if (it->second.reclaim != 0) reclaims_.at(it->second.reclaim).gone = true;
+    for (auto& [o, f] : reclaims_) f.gone |= f.request == ack->request;
+    model_.erase(it);
+  }
+
+  void Absorb(const Order& o, const std::vector<Order>& all, std::set<OrderId>& retired) {
+    if (const auto* g = std::get_if<GrantOrder>(&o)) return OnGrant(*g);
+    if (const auto* w = std::get_if<WaitOrder>(&o)) {
+      ASSERT_TRUE(model_.count(w->request) && !model_.at(w->request).granted);
+      slot_waits_ += SlotsInUse(w->gpu) == kSlots;
+      return;
+    }
+    if (const auto* r = std::get_if<RejectOrder>(&o)) {
+      ASSERT_TRUE(model_.count(r->request) && !model_.at(r->request).granted);
+      const MReq& m = model_.at(r->request);
+      EXPECT_TRUE(m.required > kM - kRes || m.context > kHost) << "rejected although it could fit";
+      EXPECT_EQ(r->error.code(), absl::StatusCode::kResourceExhausted);
+      model_.erase(r->request);
+      return;
+    }
+    if (const auto* rc = std::get_if<ReclaimOrder>(&o)) return OnReclaim(*rc);
+    if (const auto* p = std::get_if<PopulateOrder>(&o)) return OnPopulate(*p);
+    if (const auto* rt = std::get_if<RetireOrder>(&o)) return OnRetire(*rt, all, retired);
+  }
+
+  uint32_t SlotsInUse(GpuId gpu) const {
+    uint32_t n = 0;
+    for (const auto& [id, m] : model_) n += m.granted && m.gpu == gpu;
+    return n;
+  }
+
+  void OnGrant(const GrantOrder& g) {
+    ASSERT_TRUE(model_.count(g.request));
+    MReq& m = model_.at(g.request);
+    ASSERT_FALSE(m.granted);
+    ASSERT_EQ(g.gpu, m.gpu);
+    ASSERT_LT(g.slot, kSlots);
+    for (const auto& [id, other] : model_) {
+      ASSERT_FALSE(other.granted && other.gpu == m.gpu && other.slot == g.slot) << "slot " << g.slot << " twice";
+    }
+    ASSERT_EQ(g.required_pages.size(), m.required);
+    ASSERT_LE(g.optional_pages.size(), m.complete);
+    if (!m.optional_history) {
+      ASSERT_TRUE(g.optional_pages.empty());
+    }
+    ASSERT_EQ(g.host_pages.size(), m.context);
+    const std::map<std::pair<GpuId, PageIndex>, RequestId> owners = ExpectedOwners();
+    for (const auto* list : {&g.required_pages, &g.optional_pages}) {
+      for (PageIndex p : *list) ASSERT_FALSE(owners.count({g.gpu, p})) << "GPU page " << p << " granted twice";
+    }
+    const std::set<PageIndex> busy = BusyHostPages();
+    for (PageIndex hp : g.host_pages) ASSERT_FALSE(busy.count(hp)) << "host page " << hp << " in use or pinned";
+    ASSERT_EQ(std::set<PageIndex>(g.host_pages.begin(), g.host_pages.end()).size(), g.host_pages.size());
+    m.granted = true;
+    m.slot = g.slot;
+    m.required_pages = g.required_pages;
+    m.pages.resize(m.context);
+    for (uint32_t h = 0; h < m.context; ++h) {
+      MPage& mp = m.pages[h];
+      mp.host_page = g.host_pages[h];
+      mp.on_gpu = h < g.optional_pages.size();
+      mp.gpu_page = mp.on_gpu ? g.optional_pages[h] : 0;
+      mp.tail = !mp.on_gpu;
+    }
+  }
+
+  void OnReclaim(const ReclaimOrder& rc) {
+    ASSERT_TRUE(model_.count(rc.request));
+    MReq& m = model_.at(rc.request);
+    ASSERT_TRUE(m.granted && m.optional_history);
+    ASSERT_EQ(m.reclaim, 0u) << "two live reclaims of request " << rc.request;
+    ASSERT_FALSE(reclaims_.count(rc.order) || populates_.count(rc.order)) << "order id reused";
+    FakeReclaim f;
+    f.request = rc.request;
+    f.gpu = rc.gpu;
+    std::set<PageIndex> expect_pages, expect_backups;
+    for (uint32_t h = 0; h < m.pages.size(); ++h) {
+      const MPage& mp = m.pages[h];
+      if (!mp.on_gpu) continue;
+      expect_pages.insert(mp.gpu_page);
+      if (!mp.populating && !mp.written && !mp.tail && !mp.backup) expect_backups.insert(mp.gpu_page);
+    }
+    ASSERT_EQ(std::set<PageIndex>(rc.gpu_pages.begin(), rc.gpu_pages.end()), expect_pages);
+    ASSERT_EQ(std::set<PageIndex>(rc.backup_pages.begin(), rc.backup_pages.end()), expect_backups);
+    ASSERT_EQ(rc.backup_host_pages.size(), rc.backup_pages.size());
+    for (size_t i = 0; i < rc.backup_pages.size(); ++i) {
+      for (uint32_t h = 0; h < m.pages.size(); ++h) {
+        MPage& mp = m.pages[h];
+        if (!mp.on_gpu || mp.gpu_page != rc.backup_pages[i]) continue;
+        ASSERT_EQ(rc.backup_host_pages[i], mp.host_page) << "backup not into the host page assigned at the grant";
+        mp.backup = true;
+        f.backups[mp.gpu_page] = h;
+        f.targets[mp.gpu_page] = mp.host_page;
+      }
+    }
+    f.pages = expect_pages;
+    m.reclaim = rc.order;
+    reclaims_[rc.order] = std::move(f);
+  }
+
+  void OnPopulate(const PopulateOrder& p) {
+    ASSERT_TRUE(model_.count(p.request));
+    MReq& m = model_.at(p.request);
+    ASSERT_TRUE(m.granted && m.optional_history && m.reclaim == 0);
+    ASSERT_FALSE(reclaims_.count(p.order) || populates_.count(p.order)) << "order id reused";
+    ASSERT_FALSE(p.gpu_pages.empty());
+    ASSERT_EQ(p.history_pages.size(), p.gpu_pages.size());
+    ASSERT_EQ(p.host_pages.size(), p.gpu_pages.size());
+    const std::map<std::pair<GpuId, PageIndex>, RequestId> owners = ExpectedOwners();
+    FakePopulate fp;
+    fp.request = p.request;
+    fp.gpu = p.gpu;
+    for (size_t i = 0; i < p.gpu_pages.size(); ++i) {
+      ASSERT_LT(p.history_pages[i], m.pages.size());
+      MPage& mp = m.pages[p.history_pages[i]];
+      ASSERT_TRUE(mp.written && !mp.on_gpu) << "population of a page without a confirmed host copy, or on GPU";
+      ASSERT_EQ(p.host_pages[i], mp.host_page);
+      ASSERT_FALSE(owners.count({p.gpu, p.gpu_pages[i]})) << "population into a page in use";
+      mp.on_gpu = true;
+      mp.populating = true;
+      mp.gpu_page = p.gpu_pages[i];
+      fp.pages[p.gpu_pages[i]] = {p.history_pages[i], mp.host_page};
+    }
+    populates_[p.order] = std::move(fp);
+  }
+
+  void OnRetire(const RetireOrder& rt, const std::vector<Order>& all, std::set<OrderId>& retired) {
+    ASSERT_TRUE(reclaims_.count(rt.order));
+    FakeReclaim& f = reclaims_.at(rt.order);
+    ASSERT_EQ(f.request, rt.request);
+    ASSERT_EQ(std::set<PageIndex>(rt.gpu_pages.begin(), rt.gpu_pages.end()), f.pages);
+    MReq& m = model_.at(rt.request);
+    for (MPage& mp : m.pages) {
+      if (!mp.on_gpu) continue;
+      ASSERT_TRUE(mp.written || mp.tail) << "retired a page without a host copy";
+      mp.on_gpu = false;
+    }
+    m.reclaim = 0;
+    retired.insert(rt.order);
+    RequestId expect = 0;  // the grant of this event whose required pages took retired ones
+    for (const Order& o : all) {
+      const auto* g = std::get_if<GrantOrder>(&o);
+      if (!g || g->gpu != rt.gpu || expect != 0) continue;
+      for (PageIndex p : g->required_pages) expect = f.pages.count(p) ? g->request : expect;
+    }
+    EXPECT_EQ(rt.regranted_to, expect);
+    regranted_ += expect != 0;
+    reclaims_.erase(rt.order);
+  }
+
+  // Expected owner of every used GPU page: required and optional pages of granted requests, and pages of population
+  // copies still in flight for completed requests (freed when the copy reports).
+  std::map<std::pair<GpuId, PageIndex>, RequestId> ExpectedOwners() const {
+    std::map<std::pair<GpuId, PageIndex>, RequestId> owners;
+    for (const auto& [id, m] : model_) {
+      for (PageIndex p : m.required_pages) owners[{m.gpu, p}] = id;
+      for (const MPage& mp : m.pages) {
+        if (mp.on_gpu) owners[{m.gpu, mp.gpu_page}] = id;
+      }
+    }
+    for (const auto& [o, fp] : populates_) {
+      if (model_.count(fp.request)) continue;
+      for (const auto& [p, x] : fp.pages) owners[{fp.gpu, p}] = fp.request;
+    }
+    return owners;
+  }
+  // Host pages of live requests, and host pages of copies in flight (pinned: not reusable until they report).
+  std::set<PageIndex> BusyHostPages() const {
+    std::set<PageIndex> busy;
+    for (const auto& [id, m] : model_) {
+      for (const MPage& mp : m.pages) busy.insert(mp.host_page);
+    }
+    for (const auto& [o, f] : reclaims_) {
+      for (const auto& [p, hp] : f.targets) busy.insert(hp);
+    }
+    for (const auto& [o, fp] : populates_) {
+      for (const auto& [p, x] : fp.pages) busy.insert(x.second);
+    }
+    return busy;
   }
 
   void Check() {
     ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
     const StateDump d = mgr_->Dump();
-    // Safety from the model: every history page of every admitted request is on GPU or has a host copy.
-    for (const auto& [r, pages] : model_) {
-      for (size_t h = 0; h < pages.size(); ++h) {
-        ASSERT_TRUE(pages[h].on_gpu || pages[h].host) << "request " << r << " history page " << h << " lost";
-      }
-    }
-    std::set<RequestId> dead_owners_expected;
-    std::map<RequestId, uint32_t> orphan_pages;
-    for (const PopulateOrder& p : populates_) {
-      if (!live_.count(p.request)) ++orphan_pages[p.request];
-    }
-    std::map<RequestId, const RequestDump*> by_id;
-    for (const RequestDump& rd : d.requests) by_id[rd.request] = &rd;
-    ASSERT_EQ(by_id.size(), live_.size() + queued_.size());
+    const auto owners = ExpectedOwners();
     for (const GpuDump& g : d.gpus) {
-      ASSERT_LE(g.required_pages + g.optional_pages + g.reserve_pages, g.pages);
-      std::map<RequestId, uint32_t> req, opt;
-      uint32_t free = 0;
-      for (size_t p = 0; p < g.page_states.size(); ++p) {
-        const PageState s = g.page_states[p];
-        const RequestId o = g.page_owners[p];
-        if (s == PageState::kFree) {
-          ++free;
+      for (PageIndex p = 0; p < g.page_states.size(); ++p) {
+        auto it = owners.find({g.gpu, p});
+        const RequestId want = it == owners.end() ? kNoOwner : it->second;
+        ASSERT_EQ(g.page_owners[p], want) << "GPU " << g.gpu << " page " << p;
+        if (want == kNoOwner) continue;
+        const PageState st = g.page_states[p];
+        auto m = model_.find(want);
+        if (m == model_.end()) {  // orphan population page
+          ASSERT_TRUE(st == PageState::kOptionalPending || st == PageState::kReclaiming);
           continue;
         }
-        (s == PageState::kRequired ? req : opt)[o]++;
-        if (s == PageState::kReclaiming && live_.count(o)) {
-          ASSERT_EQ(by_id.at(o)->state, RequestState::kReclaiming);
-        }
-      }
-      ASSERT_EQ(free, g.free_pages);
-      for (const auto& [o, n] : opt) {
-        if (live_.count(o)) {
-          ASSERT_EQ(by_id.at(o)->optional_pages, n) << "a_r of request " << o;
-        } else {
-          ASSERT_EQ(orphan_pages[o], n) << "pages owned by completed request " << o;
-        }
-      }
-      for (const auto& [o, n] : req) {
-        ASSERT_TRUE(live_.count(o)) << "required page of a request that is not admitted";
-        ASSERT_EQ(required_.at(o), n);
+        const bool required =
+            std::count(m->second.required_pages.begin(), m->second.required_pages.end(), p) > 0;
+        bool populating = false;
+        for (const MPage& mp : m->second.pages) populating |= mp.on_gpu && mp.gpu_page == p && mp.populating;
+        const PageState expect = required                   ? PageState::kRequired
+                                 : m->second.reclaim != 0   ? PageState::kReclaiming
+                                 : populating               ? PageState::kOptionalPending
+                                                            : PageState::kOptionalReady;
+        ASSERT_EQ(st, expect) << "GPU " << g.gpu << " page " << p << " of request " << want;
       }
     }
-    for (RequestId r : live_) {
-      const RequestDump& rd = *by_id.at(r);
-      ASSERT_EQ(rd.required_pages, required_.at(r));
-      uint32_t host = 0;
-      for (const ModelPage& p : model_[r]) host += p.host;
-      ASSERT_EQ(rd.history_pages, model_[r].size());
-      ASSERT_EQ(rd.host_pages, host) << "host coverage of request " << r;
+    ASSERT_EQ(d.requests.size(), model_.size());
+    for (const RequestDump& rd : d.requests) {
+      const MReq& m = model_.at(rd.request);
+      ASSERT_EQ(rd.state == RequestState::kQueued, !m.granted);
+      if (!m.granted) continue;
+      ASSERT_EQ(rd.state == RequestState::kReclaiming, m.reclaim != 0) << "request " << rd.request;
+      ASSERT_EQ(rd.slot, m.slot);
+      uint32_t host = 0, tail = 0, optional = 0;
+      for (const MPage& mp : m.pages) {
+        // Safety (brief §4): every history page is readable on GPU or has a host copy (or the worker's tail).
+        ASSERT_TRUE((mp.on_gpu && !mp.populating) || mp.written || mp.tail) << "request " << rd.request << " lost";
+        host += mp.written || mp.tail;
+        tail += mp.tail && !mp.written;
+        optional += mp.on_gpu;
+      }
+      ASSERT_EQ(rd.history_pages, m.context);
+      ASSERT_EQ(rd.host_pages, host) << "host coverage of request " << rd.request;
+      ASSERT_EQ(rd.tail_pages, tail) << "tail-covered pages of request " << rd.request;
+      ASSERT_EQ(rd.optional_pages, optional) << "a_r of request " << rd.request;
     }
-    for (RequestId r : queued_) ASSERT_EQ(by_id.at(r)->state, RequestState::kQueued);
+    uint32_t copies = 0;
+    size_t open = 0;
+    for (const auto& [o, f] : reclaims_) {
+      copies += static_cast<uint32_t>(f.backups.size());
+      open += !f.backups.empty() || (!f.gone && !f.failed);
+    }
+    for (const auto& [o, fp] : populates_) copies += static_cast<uint32_t>(fp.pages.size());
+    open += populates_.size();
+    ASSERT_EQ(mgr_->host().pinned(), copies) << "pinned host pages vs copies in flight";
+    ASSERT_EQ(mgr_->open_orders(), open) << "order entries vs orders still owing reports";
+    // The fake worker forgets reclaims that owe nothing more (a cancelled one after its stale ReadersDone).
+    std::erase_if(reclaims_, [](const auto& r) {
+      return r.second.backups.empty() && (r.second.failed || (r.second.gone && r.second.readers_sent));
+    });
   }
 
   std::mt19937_64 rng_;
   int64_t now_ = 0;
   RequestId next_id_ = 1;
   std::unique_ptr<ResidencyManager> mgr_;
-  std::set<RequestId> live_, queued_;
-  std::map<RequestId, std::vector<ModelPage>> model_;
-  std::map<RequestId, uint32_t> required_;
-  std::map<std::pair<GpuId, PageIndex>, std::pair<RequestId, uint32_t>> gpu_map_;
-  std::vector<BackupOrder> backups_;
-  std::vector<PopulateOrder> populates_;
-  std::vector<WithdrawOrder> withdraws_;
+  std::map<RequestId, MReq> model_;  // queued and granted requests
+  std::map<OrderId, FakeReclaim> reclaims_;
+  std::map<OrderId, FakePopulate> populates_;
+  uint64_t early_readers_done_ = 0, regranted_ = 0, slot_waits_ = 0;
 };
 
 std::vector<uint64_t> Seeds() {
@@ -250,10 +586,13 @@ int Events() {
 }
 
 TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
+  spdlog::set_level(spdlog::level::err);  // the core logs every reject and failed copy; thousands here
   const char* policies[] = {"oldest-first", "newest-first", "largest-first"};
   Counters total;
+  uint64_t early = 0, regranted = 0, slot_waits = 0;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
+    std::printf("DHS_SEED=%lu (policy %s)\n", static_cast<unsigned long>(seed), policy.c_str());
     SCOPED_TRACE("DHS_SEED=" + std::to_string(seed) + " policy " + policy);
     Harness h(seed, policy);
     for (int i = 0; i < Events(); ++i) {
@@ -263,22 +602,46 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     }
     h.Drain();
     if (::testing::Test::HasFatalFailure()) return;
-    total.grants += h.counters().grants;
-    total.reclaims_retired += h.counters().reclaims_retired;
-    total.reclaims_failed += h.counters().reclaims_failed;
-    total.populates_ordered += h.counters().populates_ordered;
-    total.rejects += h.counters().rejects;
+    const Counters& c = h.counters();
+    total.grants += c.grants;
+    total.reclaims_retired += c.reclaims_retired;
+    total.reclaims_failed += c.reclaims_failed;
+    total.populates_ordered += c.populates_ordered;
+    total.populates_failed += c.populates_failed;
+    total.rejects += c.rejects;
+    total.deferred_backups += c.deferred_backups;
+    total.host_writes += c.host_writes;
+    total.host_write_failures += c.host_write_failures;
+    total.stale_reports += c.stale_reports;
+    early += h.early_readers_done();
+    regranted += h.regranted();
+    slot_waits += h.slot_waits();
   }
-  // The run must have exercised the interesting paths (each is reached many times over 20 seeds).
+  std::printf(
+      "grants %lu, reclaims retired %lu, aborted %lu, populates %lu (failed %lu), rejects %lu, deferred backups %lu, "
+      "host writes %lu (failed %lu), stale reports %lu, early readers-done %lu, regranted %lu, slot waits %lu\n",
+      static_cast<unsigned long>(total.grants), static_cast<unsigned long>(total.reclaims_retired),
+      static_cast<unsigned long>(total.reclaims_failed), static_cast<unsigned long>(total.populates_ordered),
+      static_cast<unsigned long>(total.populates_failed), static_cast<unsigned long>(total.rejects),
+      static_cast<unsigned long>(total.deferred_backups), static_cast<unsigned long>(total.host_writes),
+      static_cast<unsigned long>(total.host_write_failures), static_cast<unsigned long>(total.stale_reports),
+      static_cast<unsigned long>(early), static_cast<unsigned long>(regranted),
+      static_cast<unsigned long>(slot_waits));
+  // The run must have exercised every path it claims to (each is reached many times over the 20 default seeds; one
+  // seed alone, rerun with DHS_SEED, may miss a rare one).
+  if (std::getenv("DHS_SEED") != nullptr) return;
   EXPECT_GT(total.grants, 0u);
   EXPECT_GT(total.reclaims_retired, 0u);
   EXPECT_GT(total.reclaims_failed, 0u);
   EXPECT_GT(total.populates_ordered, 0u);
+  EXPECT_GT(total.populates_failed, 0u);
   EXPECT_GT(total.rejects, 0u);
-  std::printf("grants %lu, reclaims retired %lu, failed %lu, populates %lu, rejects %lu\n",
-              static_cast<unsigned long>(total.grants), static_cast<unsigned long>(total.reclaims_retired),
-              static_cast<unsigned long>(total.reclaims_failed), static_cast<unsigned long>(total.populates_ordered),
-              static_cast<unsigned long>(total.rejects));
+  EXPECT_GT(total.deferred_backups, 0u);
+  EXPECT_GT(total.host_writes, 0u);
+  EXPECT_GT(total.host_write_failures, 0u);
+  EXPECT_GT(total.stale_reports, 0u);
+  EXPECT_GT(early, 0u);
+  EXPECT_GT(regranted, 0u);
 }
 
 }  // namespace

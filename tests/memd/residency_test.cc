@@ -1,6 +1,8 @@
-// Deterministic cases of the residency state machine (brief §4): deficit covered by exactly the first q requests
-// per policy, uncoverable deficit, failing backup, oversize request, host page reuse, pending-page reclaim,
-// counts returning to their start.
+// Deterministic cases of the residency state machine (brief §4) through the events memd's daemon really sends: deficit
+// covered by exactly the first q requests per policy, uncoverable deficit, failing backup and retry, slots chosen at
+// the grant, oversize request, host page reuse after a copy, reclaim of pages being populated with an early
+// ReadersDone, completion during a reclaim, counts returning to their start, and the worker contract (host pages for
+// the whole context, HostCopyWritten, deferred backups, hisparse).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -20,10 +22,17 @@ std::vector<T> OfType(const std::vector<Order>& orders) {
   return out;
 }
 
+// History page of `gpu_page` in a grant (its index in optional_pages).
+uint32_t HistoryOf(const GrantOrder& g, PageIndex gpu_page) {
+  auto it = std::find(g.optional_pages.begin(), g.optional_pages.end(), gpu_page);
+  EXPECT_NE(it, g.optional_pages.end()) << "GPU page " << gpu_page << " not in the grant";
+  return static_cast<uint32_t>(it - g.optional_pages.begin());
+}
+
 class ResidencyTest : public ::testing::Test {
  protected:
   void Make(uint32_t m, uint32_t reserve, uint32_t host_pages, std::string policy = "oldest-first",
-            uint32_t populate = 8) {
+            uint32_t populate = 8, uint32_t slots = 0) {
     ResidencyConfig c;
     c.reserve_pages = reserve;
     c.host_pages = host_pages;
@@ -33,7 +42,7 @@ class ResidencyTest : public ::testing::Test {
     auto m_or = ResidencyManager::Create(c, [this] { return now_us_; });
     ASSERT_TRUE(m_or.ok()) << m_or.status();
     mgr_ = std::move(*m_or);
-    ASSERT_TRUE(mgr_->RegisterGpu(0, m).ok());
+    ASSERT_TRUE(mgr_->RegisterGpu(0, m, slots).ok());
   }
   // Runs an event, checks it succeeded and the invariants hold, returns the orders it produced.
   std::vector<Order> Do(absl::Status s) {
@@ -43,8 +52,17 @@ class ResidencyTest : public ::testing::Test {
     now_us_ += 10;
     return mgr_->DrainOrders();
   }
-  std::vector<Order> Admit(RequestId r, uint32_t required, uint32_t history) {
-    return Do(mgr_->Admit({r, 0, static_cast<SlotIndex>(r), required, history}));
+  // context = history unless given.
+  std::vector<Order> Admit(RequestId r, uint32_t required, uint32_t history, int64_t context = -1) {
+    AdmitRequest a;
+    a.request = r;
+    a.required_pages = required;
+    a.history_pages = history;
+    a.context_pages = context < 0 ? history : static_cast<uint32_t>(context);
+    return Do(mgr_->Admit(a));
+  }
+  std::vector<Order> Written(RequestId r, std::vector<uint32_t> pages, bool ok = true) {
+    return Do(mgr_->OnHostCopyWritten(r, pages, {}, ok));
   }
   RequestDump Req(RequestId r) {
     for (const RequestDump& d : mgr_->Dump().requests) {
@@ -59,15 +77,15 @@ class ResidencyTest : public ::testing::Test {
     }
     return false;
   }
-  // Completes every backup (ok), then readers-done for every withdrawal; returns all orders produced.
+  // Answers every ReclaimOrder in `orders`: all backups ok, then ReadersDone; returns all orders produced.
   std::vector<Order> FinishReclaims(std::vector<Order> orders) {
     std::vector<Order> all = orders;
-    for (const BackupOrder& b : OfType<BackupOrder>(orders)) {
-      auto more = Do(mgr_->OnBackupDone(b.copy, true));
-      all.insert(all.end(), more.begin(), more.end());
-    }
-    for (const WithdrawOrder& w : OfType<WithdrawOrder>(all)) {
-      auto more = Do(mgr_->OnReadersDone(w.reclaim));
+    for (const ReclaimOrder& rc : OfType<ReclaimOrder>(orders)) {
+      if (!rc.backup_pages.empty()) {
+        auto more = Do(mgr_->OnBackupComplete(rc.order, {}, true));
+        all.insert(all.end(), more.begin(), more.end());
+      }
+      auto more = Do(mgr_->OnReadersDone(rc.order));
       all.insert(all.end(), more.begin(), more.end());
     }
     return all;
@@ -79,18 +97,20 @@ class ResidencyTest : public ::testing::Test {
 
 TEST_F(ResidencyTest, ResidentFirstKeepsImportedHistoryOnGpuThenHost) {
   Make(10, 2, 16);
-  auto o = Admit(1, 2, 9);  // lendable 8: 2 required, 6 history on GPU (optional-ready), 3 imported to host
+  auto o = Admit(1, 2, 9);  // lendable 8: 2 required, 6 history on GPU (optional-ready), 3 on host (tail-covered)
   auto grants = OfType<GrantOrder>(o);
   ASSERT_EQ(grants.size(), 1u);
   EXPECT_EQ(grants[0].required_pages.size(), 2u);
-  EXPECT_EQ(grants[0].history_gpu_pages.size(), 6u);
-  EXPECT_EQ(grants[0].history_host_pages.size(), 3u);
-  EXPECT_TRUE(OfType<BackupOrder>(o).empty());  // host backup deferred
+  EXPECT_EQ(grants[0].optional_pages.size(), 6u);
+  EXPECT_EQ(grants[0].host_pages.size(), 9u);  // a host page for every page of the context
+  EXPECT_EQ(grants[0].slot, 0u);
+  EXPECT_TRUE(OfType<ReclaimOrder>(o).empty());  // host backup deferred
   const GpuPageTable* t = mgr_->gpu_table(0);
   EXPECT_EQ(t->required(), 2u);
   EXPECT_EQ(t->optional_ready(), 6u);
   EXPECT_EQ(t->free(), 2u);  // exactly M_res left
   EXPECT_EQ(Req(1).host_pages, 3u);
+  EXPECT_EQ(Req(1).tail_pages, 3u);
   EXPECT_EQ(Req(1).optional_pages, 6u);
 }
 
@@ -115,10 +135,14 @@ TEST_P(DeficitTest, ReclaimsExactlyTheFirstQRequests) {
   EXPECT_TRUE(OfType<GrantOrder>(o).empty());
   ASSERT_EQ(OfType<WaitOrder>(o).size(), 1u);
   EXPECT_EQ(OfType<WaitOrder>(o)[0].deficit_pages, c.delta);
-  std::set<RequestId> backed_up;
-  for (const BackupOrder& b : OfType<BackupOrder>(o)) backed_up.insert(b.request);
-  EXPECT_EQ(backed_up, c.victims);
   const uint32_t a[] = {0, 3, 4, 5};
+  std::set<RequestId> reclaimed;
+  for (const ReclaimOrder& rc : OfType<ReclaimOrder>(o)) {
+    reclaimed.insert(rc.request);
+    EXPECT_EQ(rc.gpu_pages.size(), a[rc.request]);
+    EXPECT_EQ(rc.backup_pages, rc.gpu_pages);  // no host copy yet: every page is backed up
+  }
+  EXPECT_EQ(reclaimed, c.victims);
   for (RequestId r = 1; r <= 3; ++r) {
     const bool victim = c.victims.count(r) > 0;
     EXPECT_EQ(Req(r).state, victim ? RequestState::kReclaiming : RequestState::kAdmitted) << r;
@@ -150,12 +174,15 @@ TEST_F(ResidencyTest, UncoverableDeficitWaitsAndProceedsAfterCompletion) {
   Make(10, 2, 8);
   Admit(1, 5, 1);  // a_1 = 1, lendable 2
   auto o = Admit(2, 5, 0);  // Δ = 3 > 1: no reclaim, waits
-  EXPECT_TRUE(OfType<BackupOrder>(o).empty());
+  EXPECT_TRUE(OfType<ReclaimOrder>(o).empty());
   EXPECT_TRUE(OfType<GrantOrder>(o).empty());
   ASSERT_EQ(OfType<WaitOrder>(o).size(), 1u);
   EXPECT_EQ(Req(2).state, RequestState::kQueued);
   EXPECT_EQ(Req(1).state, RequestState::kAdmitted);
   o = Do(mgr_->Complete(1));
+  auto acks = OfType<CompleteAckOrder>(o);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].released_pages, 6u);  // 5 required + 1 optional
   auto g = OfType<GrantOrder>(o);
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].request, 2u);
@@ -165,18 +192,22 @@ TEST_F(ResidencyTest, FailedBackupLeavesVictimUntouchedAndRetrySucceeds) {
   Make(8, 0, 16);
   auto a = OfType<GrantOrder>(Admit(1, 1, 3))[0];  // a_1 = 3, lendable 4
   auto o = Admit(2, 6, 0);                          // Δ = 2 -> reclaim request 1
-  auto backups = OfType<BackupOrder>(o);
-  ASSERT_EQ(backups.size(), 3u);
-  Do(mgr_->OnBackupDone(backups[0].copy, true));
-  o = Do(mgr_->OnBackupDone(backups[1].copy, false));  // copy error
-  EXPECT_TRUE(OfType<WithdrawOrder>(o).empty());
-  o = Do(mgr_->OnBackupDone(backups[2].copy, true));
-  EXPECT_TRUE(OfType<WithdrawOrder>(o).empty());
+  auto rc = OfType<ReclaimOrder>(o);
+  ASSERT_EQ(rc.size(), 1u);
+  ASSERT_EQ(rc[0].backup_pages.size(), 3u);
+  const std::vector<PageIndex> bp = rc[0].backup_pages;
+  Do(mgr_->OnBackupComplete(rc[0].order, {{bp[0]}}, true));
+  o = Do(mgr_->OnBackupComplete(rc[0].order, {{bp[1]}}, false));  // copy error
+  EXPECT_TRUE(o.empty());
+  EXPECT_EQ(mgr_->OnReadersDone(rc[0].order).code(), absl::StatusCode::kFailedPrecondition);  // aborted
+  o = Do(mgr_->OnBackupComplete(rc[0].order, {{bp[2]}}, true));
+  EXPECT_TRUE(OfType<RetireOrder>(o).empty());
   EXPECT_TRUE(OfType<GrantOrder>(o).empty());
+  EXPECT_EQ(mgr_->open_orders(), 0u);  // the aborted order owes nothing more
   // Victim untouched: admitted, same pages, all optional-ready; admission still waits.
   EXPECT_EQ(Req(1).state, RequestState::kAdmitted);
   EXPECT_EQ(Req(1).optional_pages, 3u);
-  for (PageIndex p : a.history_gpu_pages) {
+  for (PageIndex p : a.optional_pages) {
     EXPECT_EQ(mgr_->gpu_table(0)->state(p), PageState::kOptionalReady);
     EXPECT_EQ(mgr_->gpu_table(0)->owner(p), 1u);
   }
@@ -187,23 +218,32 @@ TEST_F(ResidencyTest, FailedBackupLeavesVictimUntouchedAndRetrySucceeds) {
   o = Do(mgr_->Populate());
   EXPECT_TRUE(o.empty());
   o = Do(mgr_->RetryBackups());
-  backups = OfType<BackupOrder>(o);
-  ASSERT_EQ(backups.size(), 1u);  // only the page without a host copy
-  EXPECT_EQ(backups[0].history_page, 1u);
+  rc = OfType<ReclaimOrder>(o);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].gpu_pages.size(), 3u);
+  ASSERT_EQ(rc[0].backup_pages, std::vector<PageIndex>{bp[1]});  // only the page without a host copy
+  EXPECT_EQ(rc[0].backup_host_pages, std::vector<PageIndex>{a.host_pages[HistoryOf(a, bp[1])]});
   auto all = FinishReclaims(o);
   ASSERT_EQ(OfType<GrantOrder>(all).size(), 1u);
   EXPECT_EQ(Req(1).host_pages, 3u);
   EXPECT_EQ(Req(1).optional_pages, 0u);
 }
 
-TEST_F(ResidencyTest, HostPoolFullDoesNotStartTheReclaim) {
-  Make(8, 0, 2);
-  Admit(1, 1, 3);            // a_1 = 3 (no host copies)
-  auto o = Admit(2, 6, 0);   // Δ = 2, but 3 backups need 3 host pages > 2
-  EXPECT_TRUE(OfType<BackupOrder>(o).empty());
-  EXPECT_EQ(Req(1).state, RequestState::kAdmitted);
-  EXPECT_EQ(Req(2).state, RequestState::kQueued);
-  EXPECT_EQ(mgr_->host().reusable(), 2u);  // nothing kept
+TEST_F(ResidencyTest, SlotIsChosenAtTheGrantAndFreedAtCompletion) {
+  Make(16, 0, 16, "oldest-first", 8, /*slots=*/2);
+  EXPECT_EQ(OfType<GrantOrder>(Admit(1, 1, 0))[0].slot, 0u);
+  EXPECT_EQ(OfType<GrantOrder>(Admit(2, 1, 0))[0].slot, 1u);
+  auto o = Admit(3, 1, 0);  // pages enough, but both slots in use: waits (no reclaim)
+  EXPECT_TRUE(OfType<GrantOrder>(o).empty());
+  ASSERT_EQ(OfType<WaitOrder>(o).size(), 1u);
+  EXPECT_TRUE(OfType<ReclaimOrder>(o).empty());
+  o = Do(mgr_->Complete(1));
+  auto g = OfType<GrantOrder>(o);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].request, 3u);
+  EXPECT_EQ(g[0].slot, 0u);  // the lowest free slot
+  EXPECT_EQ(Req(3).slot, 0u);
+  EXPECT_EQ(Req(2).slot, 1u);
 }
 
 TEST_F(ResidencyTest, OversizeHeadRejectedAtOnceAndTheOneBehindAdmitted) {
@@ -229,113 +269,168 @@ TEST_F(ResidencyTest, OversizeHeadRejectedAtOnceAndTheOneBehindAdmitted) {
 
 TEST_F(ResidencyTest, BadEventsAreClearErrors) {
   Make(10, 2, 8);
-  EXPECT_EQ(mgr_->Admit({1, 7, 0, 1, 0}).code(), absl::StatusCode::kNotFound);      // unknown GPU
-  EXPECT_EQ(mgr_->Admit({1, 0, 0, 0, 0}).code(), absl::StatusCode::kInvalidArgument);  // no required pages
-  Admit(1, 1, 0);
-  EXPECT_EQ(mgr_->Admit({1, 0, 0, 1, 0}).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(mgr_->OnBackupDone(99, true).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(mgr_->OnPopulateDone(99, true).code(), absl::StatusCode::kNotFound);
+  AdmitRequest a;
+  a.request = 1;
+  a.gpu = 7;
+  a.required_pages = 1;
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kNotFound);  // unknown GPU
+  a.gpu = 0;
+  a.required_pages = 0;
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kInvalidArgument);  // no required pages
+  a.required_pages = 1;
+  a.history_pages = 3;
+  a.context_pages = 2;
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kInvalidArgument);  // complete pages beyond the context
+  a.history_pages = 0;
+  a.host_backed = true;
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kUnimplemented);
+  Admit(1, 1, 0, 2);
+  a.host_backed = false;
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(mgr_->OnBackupComplete(99, {}, true).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->OnReadyPublish(99, {}, true).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(mgr_->OnReadersDone(99).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(42, {{0u}}, {}, true).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{2u}}, {}, true).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{0u}}, {{7u, 7u}}, true).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(mgr_->Complete(42).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(mgr_->RegisterGpu(0, 4).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(mgr_->RegisterGpu(1, 1).code(), absl::StatusCode::kInvalidArgument);  // M_res 2 > M 1
   EXPECT_EQ(ResidencyManager::Create({.reclaim_policy = "lru"}, [] { return 0; }).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(mgr_->CheckInvariants().ok());
-  EXPECT_EQ(mgr_->counters().event_errors, 9u);  // every refused event above
+  EXPECT_EQ(mgr_->counters().event_errors, 14u);  // every refused event above
+  EXPECT_TRUE(mgr_->DrainOrders().empty());  // a refused event orders nothing
 }
 
+// A report of a reclaim order that names a page it does not owe, names one twice, or says deferred for a page it
+// does not report, is refused whole: nothing changes.
+TEST_F(ResidencyTest, MalformedBackupReportChangesNothing) {
+  Make(8, 0, 16);
+  Admit(1, 1, 3);
+  auto rc = OfType<ReclaimOrder>(Admit(2, 6, 0));
+  ASSERT_EQ(rc.size(), 1u);
+  const std::vector<PageIndex>& bp = rc[0].backup_pages;
+  ASSERT_EQ(bp.size(), 3u);
+  const PageIndex required_page = 7;  // not a page of the reclaim
+  ASSERT_EQ(std::count(bp.begin(), bp.end(), required_page), 0);
+  const Counters before = mgr_->counters();
+  EXPECT_EQ(mgr_->OnBackupComplete(rc[0].order, {{bp[0], required_page}}, true).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->OnBackupComplete(rc[0].order, {{bp[0], bp[0]}}, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->OnBackupComplete(rc[0].order, {{bp[0]}}, true, {{bp[1]}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->OnReadyPublish(rc[0].order, {}, true).code(), absl::StatusCode::kNotFound);  // not a populate order
+  EXPECT_EQ(mgr_->counters().backups_failed, before.backups_failed);
+  EXPECT_EQ(Req(1).host_pages, 0u);
+  EXPECT_TRUE(mgr_->DrainOrders().empty());
+  auto all = FinishReclaims({rc[0]});
+  EXPECT_EQ(OfType<GrantOrder>(all).size(), 1u);
+  EXPECT_EQ(mgr_->OnBackupComplete(rc[0].order, {}, true).code(), absl::StatusCode::kNotFound);  // all reported
+}
+
+// A completed request's host page stays pinned (not reusable) until its population copy reports.
 TEST_F(ResidencyTest, HostPageReusedOnlyAfterItsCopyCompletes) {
-  Make(10, 0, 1);
-  Admit(1, 1, 0);
-  auto o = Do(mgr_->OnTailPageComplete(1));
-  auto b = OfType<BackupOrder>(o);
-  ASSERT_EQ(b.size(), 1u);
-  EXPECT_TRUE(b[0].from_tail);
-  EXPECT_EQ(Req(1).tail_pages, 1u);  // in the tail until its backup completes
-  Do(mgr_->Complete(1));             // the copy is still in flight
+  Make(4, 0, 1);
+  Admit(1, 1, 1);                       // history page 0 kept on GPU, lendable 2
+  auto o = FinishReclaims(Admit(2, 3, 0));  // Δ = 1: request 1 reclaimed, page backed up, retired, 2 granted
+  ASSERT_EQ(OfType<GrantOrder>(o).size(), 1u);
+  Do(mgr_->Complete(2));
+  auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
+  ASSERT_EQ(pops.size(), 1u);
+  ASSERT_EQ(pops[0].history_pages, std::vector<uint32_t>{0});
+  auto ack = OfType<CompleteAckOrder>(Do(mgr_->Complete(1)));  // the population copy is still in flight
+  ASSERT_EQ(ack.size(), 1u);
+  EXPECT_EQ(ack[0].released_pages, 2u);  // required + the pending page (freed when its copy reports)
   EXPECT_EQ(mgr_->host().reusable(), 0u);
-  Admit(2, 1, 0);
-  o = Do(mgr_->OnTailPageComplete(2));
-  EXPECT_TRUE(OfType<BackupOrder>(o).empty());  // the only host page is still pinned by request 1's copy
-  EXPECT_EQ(Req(2).tail_pages, 1u);
-  Do(mgr_->OnBackupDone(b[0].copy, true));
-  EXPECT_EQ(mgr_->host().reusable(), 1u);
-  o = Do(mgr_->RetryBackups());
-  auto b2 = OfType<BackupOrder>(o);
-  ASSERT_EQ(b2.size(), 1u);
-  EXPECT_EQ(b2[0].host_page, b[0].host_page);
-  Do(mgr_->OnBackupDone(b2[0].copy, true));
-  EXPECT_EQ(Req(2).tail_pages, 0u);  // left the tail
-  EXPECT_EQ(Req(2).host_pages, 1u);
+  EXPECT_EQ(mgr_->gpu_table(0)->free(), 3u);
+  o = Admit(3, 1, 0, 1);  // needs the only host page: waits
+  EXPECT_EQ(OfType<WaitOrder>(o).size(), 1u);
+  o = Do(mgr_->OnReadyPublish(pops[0].order, {}, true));
+  EXPECT_EQ(mgr_->gpu_table(0)->free(), 4u - 1u);  // the orphan page is free, request 3 took one
+  auto g = OfType<GrantOrder>(o);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].host_pages, pops[0].host_pages);
+  EXPECT_EQ(mgr_->open_orders(), 0u);
 }
 
-TEST_F(ResidencyTest, ReclaimOfPendingPagesWaitsForTheirCopies) {
+// Pages being populated are reclaimed with their copies in flight; the worker's ReadersDone may arrive first and is
+// held until the copies reported; a failed population frees its page at once; the retire names the admission that
+// took the pages (regranted_to).
+TEST_F(ResidencyTest, ReclaimOfPendingPagesWaitsForTheirCopiesAndHoldsAnEarlyReadersDone) {
   Make(6, 0, 8);
-  Admit(1, 1, 0);
-  for (int i = 0; i < 3; ++i) {
-    auto b = OfType<BackupOrder>(Do(mgr_->OnTailPageComplete(1)));
-    ASSERT_EQ(b.size(), 1u);
-    Do(mgr_->OnBackupDone(b[0].copy, true));
-  }
+  Admit(1, 1, 0, 3);
+  Written(1, {0, 1, 2});
   auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
-  ASSERT_EQ(pops.size(), 3u);
-  Do(mgr_->OnPopulateDone(pops[0].copy, true));  // one ready, two pending
+  ASSERT_EQ(pops.size(), 1u);
+  ASSERT_EQ(pops[0].gpu_pages.size(), 3u);
+  const std::vector<PageIndex> pp = pops[0].gpu_pages;
+  Do(mgr_->OnReadyPublish(pops[0].order, {{pp[0]}}, true));  // one ready, two pending
   EXPECT_EQ(mgr_->gpu_table(0)->optional_pending(), 2u);
   auto o = Admit(2, 4, 0);  // lendable 2, Δ = 2 -> reclaim request 1 (a = 3)
-  EXPECT_TRUE(OfType<BackupOrder>(o).empty());    // all pages have host copies
-  EXPECT_TRUE(OfType<WithdrawOrder>(o).empty());  // two population copies still in flight
+  auto rc = OfType<ReclaimOrder>(o);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_TRUE(rc[0].backup_pages.empty());  // all pages have host copies
   EXPECT_EQ(mgr_->gpu_table(0)->reclaiming(), 3u);
-  o = Do(mgr_->OnPopulateDone(pops[1].copy, false));  // failed: nothing published, page freed at once
-  EXPECT_TRUE(OfType<WithdrawOrder>(o).empty());
+  o = Do(mgr_->OnReadersDone(rc[0].order));  // early: two population copies still in flight
+  EXPECT_TRUE(o.empty());
+  o = Do(mgr_->OnReadyPublish(pops[0].order, {{pp[1]}}, false));  // failed: nothing published, page freed at once
+  EXPECT_TRUE(o.empty());
   EXPECT_EQ(mgr_->gpu_table(0)->reclaiming(), 2u);
-  o = Do(mgr_->OnPopulateDone(pops[2].copy, true));  // published, so it must be withdrawn
-  auto w = OfType<WithdrawOrder>(o);
-  ASSERT_EQ(w.size(), 1u);
-  EXPECT_EQ(w[0].gpu_pages.size(), 2u);
-  EXPECT_TRUE(OfType<GrantOrder>(o).empty());
-  o = Do(mgr_->OnReadersDone(w[0].reclaim));
-  ASSERT_EQ(OfType<RetireOrder>(o).size(), 1u);
+  o = Do(mgr_->OnReadyPublish(pops[0].order, {{pp[2]}}, true));  // the last copy: the held ReadersDone applies
+  auto retire = OfType<RetireOrder>(o);
+  ASSERT_EQ(retire.size(), 1u);
+  EXPECT_EQ(retire[0].order, rc[0].order);
+  EXPECT_EQ(std::set<PageIndex>(retire[0].gpu_pages.begin(), retire[0].gpu_pages.end()),
+            (std::set<PageIndex>{pp[0], pp[2]}));
+  EXPECT_EQ(retire[0].regranted_to, 2u);
   ASSERT_EQ(OfType<GrantOrder>(o).size(), 1u);
   EXPECT_EQ(Req(1).optional_pages, 0u);
   EXPECT_EQ(Req(1).host_pages, 3u);
+  EXPECT_EQ(mgr_->open_orders(), 0u);
 }
 
 TEST_F(ResidencyTest, CompletionCancelsReclaimAndLateReportsAreIgnored) {
   Make(8, 0, 16);
   Admit(1, 1, 3);
-  auto o = Admit(2, 6, 0);
-  auto backups = OfType<BackupOrder>(o);
-  ASSERT_EQ(backups.size(), 3u);
-  for (const auto& b : backups) Do(mgr_->OnBackupDone(b.copy, true));
-  auto w = OfType<WithdrawOrder>(mgr_->outbox());
-  EXPECT_TRUE(w.empty());  // drained by Do
-  o = Do(mgr_->Complete(1));
-  ASSERT_EQ(OfType<GrantOrder>(o).size(), 1u);
-  EXPECT_TRUE(mgr_->OnReadersDone(1).ok());  // stale: its reclaim was cancelled
+  auto rc = OfType<ReclaimOrder>(Admit(2, 6, 0));
+  ASSERT_EQ(rc.size(), 1u);
+  Do(mgr_->OnBackupComplete(rc[0].order, {}, true));
+  auto o = Do(mgr_->Complete(1));
+  ASSERT_EQ(OfType<CompleteAckOrder>(o).size(), 1u);
+  EXPECT_EQ(OfType<CompleteAckOrder>(o)[0].released_pages, 4u);
+  auto g = OfType<GrantOrder>(o);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_TRUE(OfType<RetireOrder>(o).empty());
+  EXPECT_TRUE(mgr_->OnReadersDone(rc[0].order).ok());  // stale: its reclaim was cancelled
   EXPECT_EQ(mgr_->counters().stale_reports, 1u);
+  EXPECT_EQ(mgr_->open_orders(), 0u);
 }
 
 TEST_F(ResidencyTest, FreeCountsReturnToStartAfterManyCompletions) {
   Make(32, 2, 64, "largest-first", 4);
   std::vector<Order> pending;
   for (RequestId r = 1; r <= 40; ++r) {
-    auto o = Admit(r, 1 + r % 5, r % 7);
+    auto o = Admit(r, 1 + r % 5, r % 7, r % 7 + 1);
     pending.insert(pending.end(), o.begin(), o.end());
-    if (r % 3 == 0 && Req(r).state != RequestState::kQueued) {
-      o = Do(mgr_->OnTailPageComplete(r));
-      pending.insert(pending.end(), o.begin(), o.end());
-    }
     o = Do(mgr_->Populate());
     pending.insert(pending.end(), o.begin(), o.end());
-    // Answer everything outstanding (this loop's orders may produce more).
+    // Answer everything outstanding (this loop's orders may produce more); confirm every granted page written.
     while (!pending.empty()) {
       Order x = pending.back();
       pending.pop_back();
       std::vector<Order> more;
-      if (auto* b = std::get_if<BackupOrder>(&x)) more = Do(mgr_->OnBackupDone(b->copy, true));
-      if (auto* p = std::get_if<PopulateOrder>(&x)) more = Do(mgr_->OnPopulateDone(p->copy, true));
-      if (auto* w = std::get_if<WithdrawOrder>(&x)) more = Do(mgr_->OnReadersDone(w->reclaim));
+      if (auto* g = std::get_if<GrantOrder>(&x)) {
+        std::vector<uint32_t> all(g->host_pages.size());
+        for (uint32_t h = 0; h < all.size(); ++h) all[h] = h;
+        more = Written(g->request, all);
+      }
+      if (auto* rc = std::get_if<ReclaimOrder>(&x)) {
+        if (!rc->backup_pages.empty()) more = Do(mgr_->OnBackupComplete(rc->order, {}, true));
+        auto done = Do(mgr_->OnReadersDone(rc->order));
+        more.insert(more.end(), done.begin(), done.end());
+      }
+      if (auto* p = std::get_if<PopulateOrder>(&x)) more = Do(mgr_->OnReadyPublish(p->order, {}, true));
       pending.insert(pending.end(), more.begin(), more.end());
     }
     if (r > 5) Do(mgr_->Complete(r - 5));
@@ -344,104 +439,99 @@ TEST_F(ResidencyTest, FreeCountsReturnToStartAfterManyCompletions) {
   EXPECT_TRUE(mgr_->Dump().requests.empty());
   EXPECT_EQ(mgr_->gpu_table(0)->free(), 32u);
   EXPECT_EQ(mgr_->host().reusable(), 64u);
+  EXPECT_EQ(mgr_->open_orders(), 0u);
   EXPECT_GT(mgr_->counters().reclaims_retired, 0u);
   EXPECT_GT(mgr_->counters().populates_ordered, 0u);
 }
 
 // The worker contract (docs/protocol.md): a host page for every page of the full context at the grant; pages not
-// kept optional are host-covered from the grant but populated only after the worker confirmed their bytes; a reclaim
-// backs up into the page's assigned host page, and a failed backup keeps that assignment.
-class ContractTest : public ResidencyTest {
- protected:
-  std::vector<Order> AdmitContract(RequestId r, uint32_t required, uint32_t complete, uint32_t context) {
-    AdmitRequest a{r, 0, static_cast<SlotIndex>(r), required, complete};
-    a.assign_host_pages = true;
-    a.context_pages = context;
-    return Do(mgr_->Admit(a));
-  }
-};
+// kept optional are host-covered from the grant but populated only after the worker confirmed their bytes
+// (HostCopyWritten); a reclaim backs up into the page's assigned host page, and a failed backup keeps that assignment.
+using ContractTest = ResidencyTest;
 
 TEST_F(ContractTest, HostPagesForTheWholeContextAndPopulationAfterConfirmedWrites) {
   Make(8, 0, 16);
-  auto g = OfType<GrantOrder>(AdmitContract(1, 2, 4, 6));
+  auto g = OfType<GrantOrder>(Admit(1, 2, 4, 6));
   ASSERT_EQ(g.size(), 1u);
-  EXPECT_EQ(g[0].history_gpu_pages.size(), 4u);  // 6 spare GPU pages keep all 4 complete pages
-  EXPECT_TRUE(g[0].history_host_pages.empty());
-  ASSERT_EQ(g[0].context_host_pages.size(), 6u);
-  EXPECT_EQ(std::set<PageIndex>(g[0].context_host_pages.begin(), g[0].context_host_pages.end()).size(), 6u);
+  EXPECT_EQ(g[0].optional_pages.size(), 4u);  // 6 spare GPU pages keep all 4 complete pages
+  ASSERT_EQ(g[0].host_pages.size(), 6u);
+  EXPECT_EQ(std::set<PageIndex>(g[0].host_pages.begin(), g[0].host_pages.end()).size(), 6u);
   EXPECT_EQ(mgr_->host().allocated(), 6u);
   EXPECT_EQ(Req(1).host_pages, 2u);  // pages 4, 5: covered by the worker's tail until written
 
   // Request 2 (6 required) reclaims request 1: the backups go to the host pages assigned at the grant.
-  auto o = AdmitContract(2, 6, 0, 1);
-  auto starts = OfType<ReclaimStartOrder>(o);
-  ASSERT_EQ(starts.size(), 1u);
-  EXPECT_EQ(starts[0].gpu_pages.size(), 4u);
-  auto backups = OfType<BackupOrder>(o);
-  ASSERT_EQ(backups.size(), 4u);
-  for (const BackupOrder& b : backups) {
-    EXPECT_EQ(b.reclaim, starts[0].reclaim);
-    EXPECT_EQ(b.host_page, g[0].context_host_pages[b.history_page]);
+  auto rc = OfType<ReclaimOrder>(Admit(2, 6, 0, 1));
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].gpu_pages.size(), 4u);
+  ASSERT_EQ(rc[0].backup_pages.size(), 4u);
+  for (size_t i = 0; i < rc[0].backup_pages.size(); ++i) {
+    EXPECT_EQ(rc[0].backup_host_pages[i], g[0].host_pages[HistoryOf(g[0], rc[0].backup_pages[i])]);
   }
   EXPECT_EQ(mgr_->host().allocated(), 6u);  // request 2 is queued: it holds nothing yet
   // A failed backup aborts the reclaim and keeps the assigned host pages.
-  Do(mgr_->OnBackupDone(backups[0].copy, false));
+  Do(mgr_->OnBackupComplete(rc[0].order, {{rc[0].backup_pages[0]}}, false));
   EXPECT_EQ(mgr_->host().pages_of(1), 6u);
-  for (size_t i = 1; i < backups.size(); ++i) Do(mgr_->OnBackupDone(backups[i].copy, true));
+  Do(mgr_->OnBackupComplete(rc[0].order, {}, true));  // the other three
   EXPECT_EQ(mgr_->host().pages_of(1), 6u);
   EXPECT_EQ(Req(1).host_pages, 5u);  // 3 backed up + 2 covered by the tail
   Do(mgr_->Complete(2));
 
   // Population: nothing to populate yet (the 4 pages are on GPU; pages 4, 5 are not confirmed written).
   EXPECT_TRUE(OfType<PopulateOrder>(Do(mgr_->Populate())).empty());
-  Do(mgr_->OnHostCopyWritten(1, 5));
+  Written(1, {5}, /*ok=*/false);  // a failed write changes nothing
+  EXPECT_EQ(mgr_->counters().host_write_failures, 1u);
+  EXPECT_TRUE(OfType<PopulateOrder>(Do(mgr_->Populate())).empty());
+  Do(mgr_->OnHostCopyWritten(1, {{5u}}, {{g[0].host_pages[5]}}, true));
   auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
   ASSERT_EQ(pops.size(), 1u);
-  EXPECT_EQ(pops[0].history_page, 5u);
-  EXPECT_EQ(pops[0].host_page, g[0].context_host_pages[5]);
+  EXPECT_EQ(pops[0].history_pages, std::vector<uint32_t>{5});
+  EXPECT_EQ(pops[0].host_pages, std::vector<PageIndex>{g[0].host_pages[5]});
 
   // Bad reports are refused and change nothing.
-  EXPECT_EQ(mgr_->OnHostCopyWritten(1, 6).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(mgr_->OnHostCopyWritten(9, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{6u}}, {}, true).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(9, {{0u}}, {}, true).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{4u}}, {{g[0].host_pages[5]}}, true).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Req(1).tail_pages, 1u);  // page 4 still unconfirmed
   EXPECT_TRUE(mgr_->CheckInvariants().ok());
 }
 
-// A reclaim backup answered "deferred" (written = false: the worker had only planned to keep the page, whose rows
-// it is still writing, contract §4) lets the reclaim go on at once and covers the page by the worker's tail, but the
-// page is populated only after the worker confirms its bytes (OnHostCopyWritten). A confirmation that arrives before
-// the deferred answer is kept.
+// A reclaim backup answered "deferred" (the worker had only planned to keep the page, whose rows it is still writing,
+// contract §4) lets the reclaim go on at once and covers the page by the worker's tail, but the page is populated only
+// after the worker confirms its bytes (HostCopyWritten). A confirmation that arrives before the deferred answer is
+// kept.
 TEST_F(ContractTest, DeferredReclaimBackupRetiresAtOnceAndPopulatesOnlyAfterTheWrite) {
   Make(8, 0, 16);
-  auto g = OfType<GrantOrder>(AdmitContract(1, 2, 4, 6));
+  auto g = OfType<GrantOrder>(Admit(1, 2, 4, 6));
   ASSERT_EQ(g.size(), 1u);
-  ASSERT_EQ(g[0].history_gpu_pages.size(), 4u);
-  auto o = AdmitContract(2, 6, 0, 1);  // needs request 1's 4 optional pages
-  auto backups = OfType<BackupOrder>(o);
-  ASSERT_EQ(backups.size(), 4u);
-  std::map<uint32_t, CopyId> copy_of;
-  for (const BackupOrder& b : backups) copy_of[b.history_page] = b.copy;
-  // Page 3 is confirmed written (order 0) before its reclaim answer says deferred; pages 2 and 3 are deferred.
-  Do(mgr_->OnHostCopyWritten(1, 3));
-  Do(mgr_->OnBackupDone(copy_of[0], true));
-  Do(mgr_->OnBackupDone(copy_of[1], true));
-  Do(mgr_->OnBackupDone(copy_of[2], true, /*written=*/false));
-  auto w = OfType<WithdrawOrder>(Do(mgr_->OnBackupDone(copy_of[3], true, /*written=*/false)));
-  ASSERT_EQ(w.size(), 1u) << "the reclaim waits for nothing once every page is answered";
-  auto granted = OfType<GrantOrder>(Do(mgr_->OnReadersDone(w[0].reclaim)));
+  ASSERT_EQ(g[0].optional_pages.size(), 4u);
+  auto rc = OfType<ReclaimOrder>(Admit(2, 6, 0, 1));  // needs request 1's 4 optional pages
+  ASSERT_EQ(rc.size(), 1u);
+  ASSERT_EQ(rc[0].backup_pages.size(), 4u);
+  const std::vector<PageIndex>& opt = g[0].optional_pages;  // GPU page of history page h
+  // Page 3 is confirmed written before its reclaim answer says deferred; pages 2 and 3 are deferred.
+  Written(1, {3});
+  Do(mgr_->OnBackupComplete(rc[0].order, {{opt[0], opt[1]}}, true));
+  auto o = Do(mgr_->OnBackupComplete(rc[0].order, {{opt[2], opt[3]}}, true, {{opt[2], opt[3]}}));
+  EXPECT_TRUE(o.empty()) << "the retire waits for the worker's ReadersDone";
+  EXPECT_EQ(mgr_->counters().deferred_backups, 2u);
+  auto granted = OfType<GrantOrder>(Do(mgr_->OnReadersDone(rc[0].order)));
   ASSERT_EQ(granted.size(), 1u);
   EXPECT_EQ(granted[0].request, 2u);
   EXPECT_EQ(Req(1).host_pages, 6u);  // all host-covered: 2 written, 1 confirmed, 1 deferred, 2 by the tail
-  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+  EXPECT_EQ(Req(1).tail_pages, 3u);  // page 2 (deferred) and pages 4, 5
   Do(mgr_->Complete(2));
   // Pages 0, 1 (backed up) and 3 (confirmed) are populated; page 2 is not until its write is confirmed.
   std::set<uint32_t> populated;
-  for (const PopulateOrder& p : OfType<PopulateOrder>(Do(mgr_->Populate()))) populated.insert(p.history_page);
+  for (const PopulateOrder& p : OfType<PopulateOrder>(Do(mgr_->Populate()))) {
+    populated.insert(p.history_pages.begin(), p.history_pages.end());
+  }
   EXPECT_EQ(populated, (std::set<uint32_t>{0, 1, 3}));
-  Do(mgr_->OnHostCopyWritten(1, 2));
+  Written(1, {2});
   auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
   ASSERT_EQ(pops.size(), 1u);
-  EXPECT_EQ(pops[0].history_page, 2u);
-  EXPECT_EQ(pops[0].host_page, g[0].context_host_pages[2]);
+  EXPECT_EQ(pops[0].history_pages, std::vector<uint32_t>{2});
+  EXPECT_EQ(pops[0].host_pages, std::vector<PageIndex>{g[0].host_pages[2]});
   EXPECT_TRUE(mgr_->CheckInvariants().ok());
 }
 
@@ -450,49 +540,40 @@ TEST_F(ContractTest, DeferredReclaimBackupRetiresAtOnceAndPopulatesOnlyAfterTheW
 // request beside it is populated.
 TEST_F(ContractTest, RequestWithoutOptionalHistoryIsNeverKeptPopulatedOrReclaimed) {
   Make(16, 0, 32);
-  AdmitRequest a{1, 0, 1, 2, 4};
-  a.assign_host_pages = true;
+  AdmitRequest a;
+  a.request = 1;
+  a.required_pages = 2;
+  a.history_pages = 4;
   a.context_pages = 6;
   a.optional_history = false;
   auto g = OfType<GrantOrder>(Do(mgr_->Admit(a)));
   ASSERT_EQ(g.size(), 1u);
-  EXPECT_TRUE(g[0].history_gpu_pages.empty()) << "spare GPU pages, but hisparse keeps no optional history";
-  ASSERT_EQ(g[0].context_host_pages.size(), 6u);
-  auto g2 = OfType<GrantOrder>(AdmitContract(2, 2, 0, 6));
-  ASSERT_EQ(g2.size(), 1u);
-  for (uint32_t h = 0; h < 6; ++h) {
-    Do(mgr_->OnHostCopyWritten(1, h));
-    Do(mgr_->OnHostCopyWritten(2, h));
-  }
+  EXPECT_TRUE(g[0].optional_pages.empty()) << "spare GPU pages, but hisparse keeps no optional history";
+  ASSERT_EQ(g[0].host_pages.size(), 6u);
+  ASSERT_EQ(OfType<GrantOrder>(Admit(2, 2, 0, 6)).size(), 1u);
+  Written(1, {0, 1, 2, 3, 4, 5});
+  Written(2, {0, 1, 2, 3, 4, 5});
   std::set<RequestId> populated;
   for (const PopulateOrder& p : OfType<PopulateOrder>(Do(mgr_->Populate()))) populated.insert(p.request);
   EXPECT_EQ(populated, std::set<RequestId>{2});
   EXPECT_EQ(Req(1).optional_pages, 0u);
   // A deficit reclaims request 2 (the only one with optional pages), never request 1.
-  auto starts = OfType<ReclaimStartOrder>(AdmitContract(3, 12, 0, 1));
-  ASSERT_EQ(starts.size(), 1u);
-  EXPECT_EQ(starts[0].request, 2u);
-  // Imported history of a request without optional history that fits nowhere but on GPU is refused at once.
-  Make(16, 0, 2);
-  AdmitRequest b{5, 0, 0, 2, 4};
-  b.optional_history = false;
-  auto rej = OfType<RejectOrder>(Do(mgr_->Admit(b)));
-  ASSERT_EQ(rej.size(), 1u);
-  EXPECT_EQ(rej[0].error.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+  auto rc = OfType<ReclaimOrder>(Admit(3, 12, 0, 1));
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].request, 2u);
 }
 
 TEST_F(ContractTest, ContextLargerThanTheHostPoolIsRejectedAndWaitsForHostPages) {
   Make(8, 0, 4);
-  auto rej = OfType<RejectOrder>(AdmitContract(1, 1, 0, 5));
+  auto rej = OfType<RejectOrder>(Admit(1, 1, 0, 5));
   ASSERT_EQ(rej.size(), 1u);
   EXPECT_EQ(rej[0].error.code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_EQ(OfType<GrantOrder>(AdmitContract(2, 1, 0, 3)).size(), 1u);
-  auto o = AdmitContract(3, 1, 0, 2);  // GPU room, but only 1 host page left: waits
+  ASSERT_EQ(OfType<GrantOrder>(Admit(2, 1, 0, 3)).size(), 1u);
+  auto o = Admit(3, 1, 0, 2);  // GPU room, but only 1 host page left: waits
   EXPECT_TRUE(OfType<GrantOrder>(o).empty());
   EXPECT_EQ(OfType<WaitOrder>(o).size(), 1u);
   EXPECT_EQ(OfType<GrantOrder>(Do(mgr_->Complete(2))).size(), 1u);
-  EXPECT_EQ(mgr_->OnHostCopyWritten(3, 0).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(3, {{0u}}, {}, true).code(), absl::StatusCode::kOk);
 }
 
 }  // namespace

@@ -15,8 +15,10 @@ class DumpTest : public ::testing::Test {
     ResidencyConfig c{.reserve_pages = 2, .host_pages = 8, .host_page_bytes = 4096, .reclaim_policy = "oldest-first"};
     mgr_ = std::move(*ResidencyManager::Create(c, [] { return int64_t{5000}; }));
     ASSERT_TRUE(mgr_->RegisterGpu(0, 10).ok());
-    ASSERT_TRUE(mgr_->Admit({1, 0, 4, 2, 3}).ok());  // lendable 8 -> 2 required, 3 optional-ready
-    ASSERT_TRUE(mgr_->Admit({2, 0, 5, 7, 0}).ok());  // lendable 3 -> Δ = 4 > a_1 = 3: waits, no reclaim
+    // lendable 8 -> 2 required, 3 optional-ready; slot 0 (the lowest free, chosen at the grant)
+    ASSERT_TRUE(mgr_->Admit({.request = 1, .gpu = 0, .required_pages = 2, .history_pages = 3, .context_pages = 3}).ok());
+    // lendable 3 -> Δ = 4 > a_1 = 3: waits, no reclaim, no slot yet
+    ASSERT_TRUE(mgr_->Admit({.request = 2, .gpu = 0, .required_pages = 7}).ok());
     dump_ = mgr_->Dump();
   }
   std::unique_ptr<ResidencyManager> mgr_;
@@ -47,12 +49,13 @@ TEST_F(DumpTest, JsonViews) {
   EXPECT_EQ(r1["state"], "admitted");
   EXPECT_EQ(r1["a_r"], 3);
   EXPECT_EQ(r1["host_coverage"], "0/3");
-  EXPECT_EQ(r1["slot"], 4);
+  EXPECT_EQ(r1["slot"], 0);
   EXPECT_EQ(r1["reclaim_rank"], 0);
   auto r2 = DumpToJson(dump_, *ParseDumpView("request 2"));
   EXPECT_EQ(r2["state"], "queued");
   EXPECT_EQ(r2["required_pages"], 7);
   EXPECT_EQ(r2["reclaim_rank"], -1);
+  EXPECT_TRUE(r2["slot"].is_null());
   EXPECT_TRUE(DumpToJson(dump_, *ParseDumpView("request 9")).contains("error"));
   auto q = DumpToJson(dump_, *ParseDumpView("queue"));
   ASSERT_EQ(q.size(), 1u);
@@ -75,8 +78,8 @@ TEST_F(DumpTest, TableViews) {
             "GPU        M   M_req   M_opt   M_res    free pending   ready  queued reclaim\n"
             "0         10       2       3       2       5       0       3       1       0\n");
   const std::string reqs = DumpToTable(dump_, *ParseDumpView("requests"));
-  EXPECT_NE(reqs.find("1           0     4 admitted       2     3       0/3     0     0\n"), std::string::npos) << reqs;
-  EXPECT_NE(reqs.find("2           0     5 queued         7     0       0/0     0    -1\n"), std::string::npos) << reqs;
+  EXPECT_NE(reqs.find("1           0     0 admitted       2     3       0/3     0     0\n"), std::string::npos) << reqs;
+  EXPECT_NE(reqs.find("2           0     - queued         7     0       0/0     0    -1\n"), std::string::npos) << reqs;
   const std::string pages = DumpToTable(dump_, *ParseDumpView("pages 0"));
   EXPECT_NE(pages.find("2      optional-ready   1"), std::string::npos) << pages;
   EXPECT_NE(pages.find("9      free             -"), std::string::npos) << pages;

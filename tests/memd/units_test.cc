@@ -4,6 +4,7 @@
 #include <set>
 
 #include "memd/gpu_page_table.h"
+#include "memd/history_page.h"
 #include "memd/host_page_allocator.h"
 #include "memd/population_scheduler.h"
 #include "memd/reclaim_policy.h"
@@ -50,6 +51,38 @@ TEST(GpuPageTable, TransitionsAreChecked) {
   EXPECT_EQ(t.Release(p).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(t.free(), 4u);
   EXPECT_TRUE(t.CheckInvariants().ok());
+}
+
+// The nine allowed moves of a history page, spelled out here independently of kHistoryTransitions; every other
+// (from, to) pair is refused and leaves the page unchanged, and so is a move from a state the page is not in.
+TEST(HistoryPage, OnlyTheListedTransitionsAreAllowed) {
+  using S = HistoryState;
+  const std::set<std::pair<S, S>> allowed = {
+      {S::kHostPending, S::kHost},  {S::kGpu, S::kGpuAndHost},        {S::kGpuDeferred, S::kGpuAndHost},
+      {S::kGpu, S::kGpuDeferred},   {S::kHost, S::kPopulating},       {S::kPopulating, S::kGpuAndHost},
+      {S::kPopulating, S::kHost},   {S::kGpuAndHost, S::kHost},       {S::kGpuDeferred, S::kHostPending}};
+  int ok = 0;
+  for (int f = 0; f <= 5; ++f) {
+    for (int t = 0; t <= 5; ++t) {
+      const S from = static_cast<S>(f), to = static_cast<S>(t);
+      HistoryPage page{.state = from};
+      const absl::Status s = TransitionHistory(page, from, to);
+      EXPECT_EQ(s.ok(), allowed.count({from, to}) > 0) << HistoryStateName(from) << " -> " << HistoryStateName(to);
+      EXPECT_EQ(page.state, s.ok() ? to : from);
+      ok += s.ok();
+    }
+  }
+  EXPECT_EQ(ok, 9);
+  HistoryPage page{.state = S::kHost};
+  EXPECT_EQ(TransitionHistory(page, S::kHostPending, S::kHost).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(page.state, S::kHost);
+  // Only the states with a GPU page count in a_r.
+  EXPECT_FALSE(HoldsGpuPage(S::kHostPending));
+  EXPECT_FALSE(HoldsGpuPage(S::kHost));
+  EXPECT_TRUE(HoldsGpuPage(S::kPopulating));
+  EXPECT_TRUE(HoldsGpuPage(S::kGpu));
+  EXPECT_TRUE(HoldsGpuPage(S::kGpuDeferred));
+  EXPECT_TRUE(HoldsGpuPage(S::kGpuAndHost));
 }
 
 TEST(HostPageAllocator, AllOrNothingAndPerRequest) {

@@ -6,8 +6,8 @@
 //   dhsctl [--json] plan --preset NAME --context TOKENS ...   (capacity plan, no memd needed; docs/planner.md)
 //
 // Exit codes (docs/operations.md): 0 ok (also --help); 1 memd is not running (no socket, cannot connect); 2 bad command
-// line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error,
-// including a request or GPU it does not know (`request ID`, `pages GPU`).
+// line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error
+// (ErrorReply), including NOT_FOUND for a request or GPU it does not know (`request ID`, `pages GPU`).
 #include <unistd.h>
 
 #include <chrono>
@@ -20,7 +20,6 @@
 #include "CLI/CLI.hpp"
 #include "common/status.h"
 #include "common/transport.h"
-#include "memd/daemon.h"
 #include "nlohmann/json.hpp"
 #include "tools/planner/plan_command.h"
 
@@ -31,6 +30,15 @@ struct Query {
   uint64_t request = 0;
   uint32_t gpu = 0;
 };
+
+// Exit code of an error memd answered (its wire code, never its text): NOT_FOUND (unknown request or GPU) and every
+// other error code exit 4 (docs/operations.md).
+int ExitCodeOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kNotFound: return 4;
+    default: return 4;
+  }
+}
 
 int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milliseconds timeout, uint64_t seq) {
   dhs::wire::IntrospectQueryT body;
@@ -50,36 +58,21 @@ int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milli
     return 4;
   }
   if (message->type == dhs::wire::Body::ErrorReply) {
-    std::fprintf(stderr, "dhsctl: memd: %s\n", dhs::ReadErrorStatus(*message).ToString().c_str());
-    return 4;
+    const absl::Status error = dhs::ReadErrorStatus(*message);
+    // NOT_FOUND: a request or GPU memd does not know. With --json the error is a JSON document on stdout too.
+    if (json && error.code() == absl::StatusCode::kNotFound) {
+      std::printf("%s\n", nlohmann::json{{"error", std::string(error.message())}}.dump(2).c_str());
+      std::fflush(stdout);
+    }
+    std::fprintf(stderr, "dhsctl: memd: %s\n", error.ToString().c_str());
+    return ExitCodeOf(error.code());
   }
   auto reply = dhs::ReadIntrospectReply(*message);
   if (!reply.ok()) {
     std::fprintf(stderr, "dhsctl: %s\n", std::string(reply.status().message()).c_str());
     return 4;
   }
-  // One request or one GPU that memd does not know: memd renders {"error": ...} (JSON) or "...: not found" (text).
-  // Both are answers with an error: exit 4; the table form goes to stderr, the JSON document stays on stdout.
   const std::string& doc = reply->document;
-  if (q.what == dhs::wire::IntrospectWhat::Request || q.what == dhs::wire::IntrospectWhat::Pages) {
-    std::string error;
-    if (json) {
-      const nlohmann::json parsed = nlohmann::json::parse(doc, nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_object() && parsed.contains("error")) error = parsed["error"].is_string()
-                                                                      ? parsed["error"].get<std::string>()
-                                                                      : parsed["error"].dump();
-    } else if (doc.ends_with(": not found\n")) {
-      error = doc.substr(0, doc.size() - 1);
-    }
-    if (!error.empty()) {
-      if (json) {
-        std::fwrite(doc.data(), 1, doc.size(), stdout);
-        std::fflush(stdout);
-      }
-      std::fprintf(stderr, "dhsctl: memd: %s\n", error.c_str());
-      return 4;
-    }
-  }
   std::fwrite(doc.data(), 1, doc.size(), stdout);
   std::fflush(stdout);
   return 0;
@@ -99,37 +92,43 @@ CLI::Validator NonNegativeId(const char* what) {
 
 constexpr const char* kCommands = "status, gpus, requests, request, pages, queue, watch, plan";
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string run_dir = dhs::memd::DefaultRunDir();
+// The command line: the query (one view) and, for `watch`, how to repeat it.
+struct Args {
+  std::string run_dir = dhs::DefaultRunDir();
   bool json = false;
   int timeout_ms = 2000;
-  CLI::App app("dhsctl: show memd's state (GPU page accounting, requests, queue)");
-  app.add_option("--run-dir", run_dir, "memd's run directory")->capture_default_str();
-  app.add_flag("--json", json, "print JSON instead of a table");
-  app.add_option("--timeout-ms", timeout_ms, "give up when memd does not answer in time (1..3600000)")
-      ->check(CLI::Range(1, 3600000))
-      ->capture_default_str();
-  app.require_subcommand(1);
   Query q;
-  app.add_subcommand("status", "GPUs (M, M_req, M_opt, M_res, free), requests and host pool")
-      ->callback([&] { q.what = dhs::wire::IntrospectWhat::Status; });
-  app.add_subcommand("gpus", "page accounting per GPU")->callback([&] { q.what = dhs::wire::IntrospectWhat::Gpus; });
-  app.add_subcommand("requests", "admitted and queued requests (a_r, host coverage)")
-      ->callback([&] { q.what = dhs::wire::IntrospectWhat::Requests; });
-  auto* request = app.add_subcommand("request", "one request");
-  request->add_option("ID", q.request, "request id")->required()->check(NonNegativeId("request ID"));
-  request->callback([&] { q.what = dhs::wire::IntrospectWhat::Request; });
-  auto* pages = app.add_subcommand("pages", "state and owner of every page of one GPU");
-  pages->add_option("GPU", q.gpu, "GPU id")->required()->check(NonNegativeId("GPU"));
-  pages->callback([&] { q.what = dhs::wire::IntrospectWhat::Pages; });
-  app.add_subcommand("queue", "queued admissions per GPU")->callback([&] { q.what = dhs::wire::IntrospectWhat::Queue; });
   double interval_s = 1.0;
   int count = 0;
   std::string watch_view = "status";
-  auto* watch = app.add_subcommand("watch", "repeat a view (status, gpus, requests, queue)");
-  watch->add_option("--interval", interval_s, "seconds between refreshes, in (0, 86400]")
+  CLI::App* watch = nullptr;
+  dhs::planner::PlanCommandOptions plan_options;
+  CLI::App* plan = nullptr;
+};
+
+// Declares the options and subcommands on `app`, writing into `a`.
+void AddCommands(CLI::App& app, Args& a) {
+  app.add_option("--run-dir", a.run_dir, "memd's run directory")->capture_default_str();
+  app.add_flag("--json", a.json, "print JSON instead of a table");
+  app.add_option("--timeout-ms", a.timeout_ms, "give up when memd does not answer in time (1..3600000)")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
+  app.require_subcommand(1);
+  Query& q = a.q;
+  app.add_subcommand("status", "GPUs (M, M_req, M_opt, M_res, free), requests and host pool")
+      ->callback([&q] { q.what = dhs::wire::IntrospectWhat::Status; });
+  app.add_subcommand("gpus", "page accounting per GPU")->callback([&q] { q.what = dhs::wire::IntrospectWhat::Gpus; });
+  app.add_subcommand("requests", "admitted and queued requests (a_r, host coverage)")
+      ->callback([&q] { q.what = dhs::wire::IntrospectWhat::Requests; });
+  auto* request = app.add_subcommand("request", "one request");
+  request->add_option("ID", q.request, "request id")->required()->check(NonNegativeId("request ID"));
+  request->callback([&q] { q.what = dhs::wire::IntrospectWhat::Request; });
+  auto* pages = app.add_subcommand("pages", "state and owner of every page of one GPU");
+  pages->add_option("GPU", q.gpu, "GPU id")->required()->check(NonNegativeId("GPU"));
+  pages->callback([&q] { q.what = dhs::wire::IntrospectWhat::Pages; });
+  app.add_subcommand("queue", "queued admissions per GPU")->callback([&q] { q.what = dhs::wire::IntrospectWhat::Queue; });
+  a.watch = app.add_subcommand("watch", "repeat a view (status, gpus, requests, queue)");
+  a.watch->add_option("--interval", a.interval_s, "seconds between refreshes, in (0, 86400]")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) {
@@ -140,14 +139,49 @@ int main(int argc, char** argv) {
             return std::string();
           },
           "", "SECONDS"));
-  watch->add_option("--count", count, "stop after N refreshes (0: until interrupted)")
+  a.watch->add_option("--count", a.count, "stop after N refreshes (0: until interrupted)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  watch->add_option("VIEW", watch_view, "the view to repeat")
+  a.watch->add_option("VIEW", a.watch_view, "the view to repeat")
       ->check(CLI::IsMember({"status", "gpus", "requests", "queue"}))
       ->capture_default_str();
-  dhs::planner::PlanCommandOptions plan_options;
-  CLI::App* plan = dhs::planner::AddPlanSubcommand(app, &plan_options);
+  a.plan = dhs::planner::AddPlanSubcommand(app, &a.plan_options);
+}
+
+// Connects to memd and asks once (or repeats for `watch`). Returns the exit code.
+int Run(Args& a) {
+  const std::string socket_path = a.run_dir + "/memd.sock";
+  if (!std::filesystem::exists(socket_path)) {
+    std::fprintf(stderr, "dhsctl: memd is not running (no socket at %s)\n", socket_path.c_str());
+    return 1;
+  }
+  dhs::DealerClient::Options options;
+  options.identity = "dhsctl/" + std::to_string(getpid());
+  auto client = dhs::DealerClient::Connect(dhs::IpcEndpoint(a.run_dir, "memd"), options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "dhsctl: %s\n", std::string(client.status().message()).c_str());
+    return 1;
+  }
+  const std::chrono::milliseconds timeout(a.timeout_ms);
+  if (!a.watch->parsed()) return Ask(**client, a.q, a.json, timeout, 1);
+  if (a.watch_view == "gpus") a.q.what = dhs::wire::IntrospectWhat::Gpus;
+  else if (a.watch_view == "requests") a.q.what = dhs::wire::IntrospectWhat::Requests;
+  else if (a.watch_view == "queue") a.q.what = dhs::wire::IntrospectWhat::Queue;
+  else a.q.what = dhs::wire::IntrospectWhat::Status;
+  for (int i = 0; a.count == 0 || i < a.count; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::duration<double>(a.interval_s));
+    if (!a.json && isatty(STDOUT_FILENO)) std::fputs("\033[H\033[2J", stdout);
+    if (int rc = Ask(**client, a.q, a.json, timeout, static_cast<uint64_t>(i) + 1); rc != 0) return rc;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app("dhsctl: show memd's state (GPU page accounting, requests, queue)");
+  AddCommands(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -162,30 +196,6 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
-  if (plan->parsed()) return dhs::planner::RunPlanCommand(plan_options, json);
-
-  const std::string socket_path = run_dir + "/memd.sock";
-  if (!std::filesystem::exists(socket_path)) {
-    std::fprintf(stderr, "dhsctl: memd is not running (no socket at %s)\n", socket_path.c_str());
-    return 1;
-  }
-  dhs::DealerClient::Options options;
-  options.identity = "dhsctl/" + std::to_string(getpid());
-  auto client = dhs::DealerClient::Connect(dhs::IpcEndpoint(run_dir, "memd"), options);
-  if (!client.ok()) {
-    std::fprintf(stderr, "dhsctl: %s\n", std::string(client.status().message()).c_str());
-    return 1;
-  }
-  const std::chrono::milliseconds timeout(timeout_ms);
-  if (!watch->parsed()) return Ask(**client, q, json, timeout, 1);
-  if (watch_view == "gpus") q.what = dhs::wire::IntrospectWhat::Gpus;
-  else if (watch_view == "requests") q.what = dhs::wire::IntrospectWhat::Requests;
-  else if (watch_view == "queue") q.what = dhs::wire::IntrospectWhat::Queue;
-  else q.what = dhs::wire::IntrospectWhat::Status;
-  for (int i = 0; count == 0 || i < count; ++i) {
-    if (i > 0) std::this_thread::sleep_for(std::chrono::duration<double>(interval_s));
-    if (!json && isatty(STDOUT_FILENO)) std::fputs("\033[H\033[2J", stdout);
-    if (int rc = Ask(**client, q, json, timeout, static_cast<uint64_t>(i) + 1); rc != 0) return rc;
-  }
-  return 0;
+  if (a.plan->parsed()) return dhs::planner::RunPlanCommand(a.plan_options, a.json);
+  return Run(a);
 }
