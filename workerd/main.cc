@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     spdlog::error("workerd: {}", worker.status().ToString());
     return 1;
   }
-  (*frontend)->set_worker(worker->get());
+  (*frontend)->set_submitter(worker->get());
   spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
                config.gpu, mode_name, (*frontend)->endpoint(), geometry->capacity_pages, geometry->page_bytes,
                geometry->hot_rows, geometry->tail_rows, config.page_rows, config.slots);

@@ -148,6 +148,9 @@ absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
 absl::Status MemdClient::SendBackupComplete(const wire::BackupCompleteT& m) {
   return dealer_->Send(EncodeBackupComplete(m, NextSeq(), sender_));
 }
+absl::Status MemdClient::SendHostCopyWritten(const wire::HostCopyWrittenT& m) {
+  return dealer_->Send(EncodeHostCopyWritten(m, NextSeq(), sender_));
+}
 absl::Status MemdClient::SendReadersDone(const wire::ReadersDoneT& m) {
   return dealer_->Send(EncodeReadersDone(m, NextSeq(), sender_));
 }

@@ -252,11 +252,7 @@ absl::Status FusedResolver::Finish(PlannedBatchPtr plan) {
     return status;
   }
   Census& c = census_[plan->group];
-  c.direct += plan->census.direct;
-  c.hot += plan->census.hot;
-  c.host += plan->census.host;
-  c.scans_skipped += plan->census.scans_skipped;
-  c.bytes_recovered += plan->census.bytes_recovered;
+  c += plan->census;
   return absl::OkStatus();
 }
 
