@@ -366,12 +366,7 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
       }
     }
   }
-  Census& cc = census_[group];
-  cc.direct += add.direct;
-  cc.hot += add.hot;
-  cc.host += add.host;
-  cc.scans_skipped += add.scans_skipped;
-  cc.bytes_recovered += add.bytes_recovered;
+  census_[group] += add;
   return absl::OkStatus();
 }
 
