@@ -15,6 +15,29 @@ namespace {
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// The KV groups: one per source, except an index producer's followers, which join its group (brief §5).
+std::vector<std::vector<SourceId>> KvGroups(const model::ModelConfig& model) {
+  std::vector<std::vector<SourceId>> groups;
+  std::vector<int> group_of(model.n_sources(), -1);
+  int producer_group = -1;
+  for (const model::LayerSpec& l : model.layers) {
+    if (l.kind == model::LayerKind::kProducer) {
+      producer_group = static_cast<int>(groups.size());
+      groups.push_back({l.source});
+      group_of[l.source] = producer_group;
+    } else if (l.kind == model::LayerKind::kFollower) {
+      if (group_of[l.source] < 0) {
+        groups[producer_group].push_back(l.source);
+        group_of[l.source] = producer_group;
+      }
+    } else if (group_of[l.source] < 0) {
+      group_of[l.source] = static_cast<int>(groups.size());
+      groups.push_back({l.source});
+    }
+  }
+  return groups;
+}
+
 }  // namespace
 
 std::string_view WorkerModeName(WorkerMode mode) {
@@ -68,24 +91,7 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
                                                    span, " exceeds hot rows ", g.hot_rows));
   }
   g.kv.row_bytes.assign(n_sources, model.row_bytes());
-  // Groups: one per source, except an index producer's followers, which join its group (brief §5).
-  std::vector<int> group_of(n_sources, -1);
-  int producer_group = -1;
-  for (const model::LayerSpec& l : model.layers) {
-    if (l.kind == model::LayerKind::kProducer) {
-      producer_group = static_cast<int>(g.kv.groups.size());
-      g.kv.groups.push_back({l.source});
-      group_of[l.source] = producer_group;
-    } else if (l.kind == model::LayerKind::kFollower) {
-      if (group_of[l.source] < 0) {
-        g.kv.groups[producer_group].push_back(l.source);
-        group_of[l.source] = producer_group;
-      }
-    } else if (group_of[l.source] < 0) {
-      group_of[l.source] = static_cast<int>(g.kv.groups.size());
-      g.kv.groups.push_back({l.source});
-    }
-  }
+  g.kv.groups = KvGroups(model);
   g.kv.page_rows = p;
   g.kv.hot_rows = g.hot_rows;
   g.kv.k = k;

@@ -1,6 +1,6 @@
-// workerd/main.cc: the worker process (brief §3): one per GPU. Loads the model (a weights file, or a preset + seed),
-// says Hello to memd, maps the host pool, serves clients on ipc://<run_dir>/worker-<gpu>.sock and runs the serving
-// loop until SIGTERM/SIGINT.
+// workerd/main.cc: the worker process (brief §3): one per GPU. Parses the command line, loads the model (a weights
+// file, or a preset + seed), then WorkerProcess::Start (Hello to memd, host pool, ipc://<run_dir>/worker-<gpu>.sock)
+// and WorkerProcess::Run until SIGTERM/SIGINT, as memd's main does with Daemon::Start / Run.
 #include <csignal>
 #include <cstdlib>
 #include <memory>
@@ -9,10 +9,8 @@
 #include "CLI/CLI.hpp"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
-#include "workerd/memd_client.h"
 #include "workerd/model/weights.h"
-#include "workerd/serving.h"
-#include "workerd/worker.h"
+#include "workerd/worker_process.h"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -29,14 +27,24 @@ absl::StatusOr<std::unique_ptr<dhs::model::Model>> LoadModel(const std::string& 
   if (!file.ok()) return file.status();
   return dhs::model::Model::FromSafetensors(*file);
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"workerd: the Adaptive DHiSparse worker (one per GPU)"};
+struct CommandLine {
   std::string run_dir, mode_name = "adaptive", weights, preset = "dsv4flash-like", log_level = "info";
   uint64_t seed = 1;
   int connect_timeout_ms = 10000;
   dhs::WorkerConfig config;
+};
+
+// Declares the options of `c` on `app`.
+void AddOptions(CLI::App& app, CommandLine& c) {
+  std::string& run_dir = c.run_dir;
+  std::string& mode_name = c.mode_name;
+  std::string& weights = c.weights;
+  std::string& preset = c.preset;
+  std::string& log_level = c.log_level;
+  uint64_t& seed = c.seed;
+  int& connect_timeout_ms = c.connect_timeout_ms;
+  dhs::WorkerConfig& config = c.config;
   app.add_option("--run-dir", run_dir, "run directory holding memd.sock (mode 0700)")->required();
   app.add_option("--gpu", config.gpu, "GPU id served by this worker")->capture_default_str();
   app.add_option("--mode", mode_name, "resident | hisparse | adaptive")
@@ -61,13 +69,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600000))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"workerd: the Adaptive DHiSparse worker (one per GPU)"};
+  CommandLine cl;
+  AddOptions(app, cl);
+  const std::string& run_dir = cl.run_dir;
+  const std::string& mode_name = cl.mode_name;
+  dhs::WorkerConfig& config = cl.config;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (0) or the error
     return rc == 0 ? 0 : 2;      // every bad command-line value exits 2 (docs/operations.md)
   }
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_level(spdlog::level::from_str(cl.log_level));
 
   absl::StatusOr<dhs::WorkerMode> mode = dhs::ParseWorkerMode(mode_name);
   if (!mode.ok()) {
@@ -75,7 +93,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.mode = *mode;
-  absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(weights, preset, seed);
+  absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(cl.weights, cl.preset, cl.seed);
   if (!model.ok()) {
     spdlog::error("workerd: cannot load the model: {}", model.status().ToString());
     return 1;
@@ -89,62 +107,24 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
 
   dhs::CpuDevice device;  // the CPU backend (brief §9); a CUDA backend would be chosen here
-  const dhs::wire::HelloT hello = dhs::MakeHello((*model)->config(), config, *geometry, "cpu-backend");
-  absl::StatusOr<std::unique_ptr<dhs::MemdClient>> memd =
-      dhs::MemdClient::Connect(run_dir, hello, std::chrono::milliseconds(connect_timeout_ms));
-  if (!memd.ok()) {
-    spdlog::error("workerd: cannot join memd: {}", memd.status().ToString());
+  dhs::WorkerProcessOptions options;
+  options.run_dir = run_dir;
+  options.config = config;
+  options.connect_timeout = std::chrono::milliseconds(cl.connect_timeout_ms);
+  absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
+      dhs::WorkerProcess::Start(model->get(), &device, options);
+  if (!process.ok()) {
+    spdlog::error("workerd: {}", process.status().ToString());
     return 1;
   }
-  if (config.mode != dhs::WorkerMode::kResident && (*memd)->host_pages().empty()) {
-    spdlog::error("workerd: mode {} needs a host pool, memd listed none", mode_name);
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<dhs::ServingFrontend>> frontend = dhs::ServingFrontend::Bind(run_dir, config.gpu);
-  if (!frontend.ok()) {
-    spdlog::error("workerd: cannot bind the serving socket: {}", frontend.status().ToString());
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<dhs::Worker>> worker =
-      dhs::Worker::Create(model->get(), &device, config, (*memd)->host_pages(), memd->get(), frontend->get());
-  if (!worker.ok()) {
-    spdlog::error("workerd: {}", worker.status().ToString());
-    return 1;
-  }
-  (*frontend)->set_submitter(worker->get());
   spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
-               config.gpu, mode_name, (*frontend)->endpoint(), geometry->capacity_pages, geometry->page_bytes,
+               config.gpu, mode_name, (*process)->endpoint(), geometry->capacity_pages, geometry->page_bytes,
                geometry->hot_rows, geometry->tail_rows, config.page_rows, config.slots);
-
-  bool busy = false;
-  uint64_t tokens_before = 0;
-  auto rate_since = std::chrono::steady_clock::now();
-  float tokens_per_s = 0;
-  while (!g_stop) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - rate_since >= std::chrono::seconds(1)) {
-      const uint64_t tokens = (*worker)->stats().tokens_generated;
-      tokens_per_s = static_cast<float>(tokens - tokens_before) /
-                     std::chrono::duration<float>(now - rate_since).count();
-      tokens_before = tokens;
-      rate_since = now;
-    }
-    dhs::MemdClient::Load load{(*worker)->active_requests(), (*worker)->pending_orders(), tokens_per_s};
-    if (absl::Status s = (*memd)->Poll(**worker, load); !s.ok()) {
-      spdlog::error("workerd: memd connection: {}", s.ToString());
-      return 1;
-    }
-    if (absl::Status s = (*frontend)->Serve(std::chrono::milliseconds(busy ? 0 : 5)); !s.ok()) {
-      spdlog::error("workerd: serving socket: {}", s.ToString());
-      return 1;
-    }
-    absl::StatusOr<bool> more = (*worker)->Iterate();
-    if (!more.ok()) {
-      spdlog::error("workerd: {}", more.status().ToString());
-      return 1;
-    }
-    busy = *more;
+  if (absl::Status s = (*process)->Run([] { return g_stop == 0; }); !s.ok()) {
+    spdlog::error("workerd: {}", s.ToString());
+    return 1;
   }
-  spdlog::info("workerd: gpu {} stopping ({} tokens generated)", config.gpu, (*worker)->stats().tokens_generated);
+  spdlog::info("workerd: gpu {} stopping ({} tokens generated)", config.gpu,
+               (*process)->worker().stats().tokens_generated);
   return 0;
 }

@@ -250,13 +250,8 @@ absl::Status Worker::ReplayFed(Request& r) {
   return absl::OkStatus();
 }
 
-absl::Status Worker::RunBatch() {
-  struct Item {
-    Request* r;
-    std::vector<model::Token> tokens;
-    bool emits;
-  };
-  std::vector<Item> items;
+std::vector<Worker::BatchItem> Worker::CollectBatch() {
+  std::vector<BatchItem> items;
   std::vector<RequestId> failed;
   for (auto& [id, rp] : requests_) {
     Request& r = *rp;
@@ -271,7 +266,7 @@ absl::Status Worker::RunBatch() {
       }
       if (r.fed < import_end) continue;
     }
-    Item item{&r, {}, true};
+    BatchItem item{&r, {}, true};
     if (r.fed < in) {
       const size_t n = std::min<size_t>(geometry_.prefill_chunk, static_cast<size_t>(in - r.fed));
       item.tokens.assign(r.input.begin() + r.fed, r.input.begin() + r.fed + static_cast<Position>(n));
@@ -284,40 +279,44 @@ absl::Status Worker::RunBatch() {
   for (RequestId id : failed) {
     Finish(id, absl::UnavailableError(absl::StrCat("request ", id, " failed: its KV could not be imported")));
   }
-  if (items.empty()) return absl::OkStatus();
+  return items;
+}
 
+void Worker::RetryAlone(std::vector<BatchItem>& items) {
+  for (BatchItem& item : items) {
+    Request& r = *item.r;
+    absl::Status s = ReplayFed(r);
+    model::StepOutput solo;
+    if (s.ok()) {
+      model::StepInput in{&*r.session, item.tokens};
+      s = model_->Step(std::span<model::StepInput>(&in, 1), kv(), std::span<model::StepOutput>(&solo, 1));
+    }
+    if (!s.ok()) {
+      Finish(r.id, absl::Status(s.code(), absl::StrCat("request ", r.id, " failed: ", s.message())));
+      continue;
+    }
+    r.fed += static_cast<Position>(item.tokens.size());
+    if (item.emits) EmitToken(r, std::span<const float>(solo.logits).last(model::kVocab));
+  }
+}
+
+absl::Status Worker::RunBatch() {
+  std::vector<BatchItem> items = CollectBatch();
+  if (items.empty()) return absl::OkStatus();
   std::vector<model::StepInput> batch;
-  for (Item& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens});
+  for (BatchItem& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens});
   std::vector<model::StepOutput> out(items.size());
-  absl::Status st = model_->Step(batch, kv(), out);
-  std::vector<RequestId> to_finish;
-  if (st.ok()) {
+  if (absl::Status st = model_->Step(batch, kv(), out); st.ok()) {
     for (size_t b = 0; b < items.size(); ++b) {
       Request& r = *items[b].r;
       r.fed += static_cast<Position>(items[b].tokens.size());
-      if (items[b].emits) {
-        EmitToken(r, std::span<const float>(out[b].logits).last(model::kVocab));
-      }
+      if (items[b].emits) EmitToken(r, std::span<const float>(out[b].logits).last(model::kVocab));
     }
   } else {
     // The batch failed as a whole: each request is rebuilt alone and its step retried, so only the request whose own
     // copies fail ends (its rows are never handed to another request: hot caches are per slot).
     spdlog::warn("worker: batched step of {} requests failed ({}); retrying each alone", items.size(), st.ToString());
-    for (Item& item : items) {
-      Request& r = *item.r;
-      absl::Status s = ReplayFed(r);
-      model::StepOutput solo;
-      if (s.ok()) {
-        model::StepInput in{&*r.session, item.tokens};
-        s = model_->Step(std::span<model::StepInput>(&in, 1), kv(), std::span<model::StepOutput>(&solo, 1));
-      }
-      if (!s.ok()) {
-        Finish(r.id, absl::Status(s.code(), absl::StrCat("request ", r.id, " failed: ", s.message())));
-        continue;
-      }
-      r.fed += static_cast<Position>(item.tokens.size());
-      if (item.emits) EmitToken(r, std::span<const float>(solo.logits).last(model::kVocab));
-    }
+    RetryAlone(items);
   }
   // Finished requests (their last chunk is out): release and tell memd.
   std::vector<RequestId> done;

@@ -131,7 +131,17 @@ class Worker final : public MemdHandler, public Submitter {
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
   KvAccess& kv() { return *kv_; }
+  // One request's part of a step: its tokens, and whether the step's last logits give its next token.
+  struct BatchItem {
+    Request* r;
+    std::vector<model::Token> tokens;
+    bool emits;
+  };
   void StartGranted();
+  // The active requests' next tokens (importing prepared-prefix chunks first; a failed import ends its request).
+  std::vector<BatchItem> CollectBatch();
+  // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).
+  void RetryAlone(std::vector<BatchItem>& items);
   absl::Status RunBatch();
   absl::Status ReplayFed(Request& r);
   absl::Status ImportChunk(Request& r);
