@@ -113,7 +113,9 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
       wire::HeartbeatAckT ack;
       ack.sender_time_ns = hb->sender_time_ns;
       ack.receiver_time_ns = NowNs();
-      (void)dealer_->Send(EncodeHeartbeatAck(ack, msg->sequence, sender_));
+      if (absl::Status s = dealer_->Send(EncodeHeartbeatAck(ack, msg->sequence, sender_)); !s.ok()) {
+        spdlog::warn("workerd: cannot answer memd's heartbeat: {}", s.ToString());
+      }
       return;
     }
     case wire::Body::HeartbeatAck:

@@ -7,6 +7,13 @@
 #include "absl/strings/str_cat.h"
 
 namespace dhs {
+namespace {
+
+// Blocks until `e` ended (a copy whose slot, page or buffer is about to be reused). Its outcome is not this caller's:
+// it stays readable in the event (Status()), where Update reads it for the copy's owner.
+void AwaitEnded(const CopyEvent& e) { e.Wait().IgnoreError(); }
+
+}  // namespace
 
 HierarchicalKvAccess::HierarchicalKvAccess(KvLayout layout, Device* device, HostPoolAccess host)
     : layout_(std::move(layout)), device_(device), host_(std::move(host)) {}
@@ -15,15 +22,15 @@ HierarchicalKvAccess::~HierarchicalKvAccess() {
   // Copies may still read the tail upload buffers or write host pages: let them finish.
   for (auto& [id, kv] : requests_) {
     for (auto& per_source : kv->tail_write) {
-      for (auto& e : per_source) (void)e.Wait();
+      for (auto& e : per_source) AwaitEnded(e);
     }
     for (auto& pg : kv->pages) {
-      (void)pg.backup.Wait();
-      (void)pg.populate.Wait();
+      AwaitEnded(pg.backup);
+      AwaitEnded(pg.populate);
     }
   }
   for (auto& f : pending_free_) {
-    for (auto& e : f.events) (void)e.Wait();
+    for (auto& e : f.events) AwaitEnded(e);
   }
 }
 
@@ -133,7 +140,7 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
       Update();
     }
     if (pg.device_page >= 0 && !pg.ready && !pg.host_ready) {
-      (void)pg.populate.Wait();  // ... or after its kept copy (a failed one falls back to a host backup in Update)
+      AwaitEnded(pg.populate);  // ... or after its kept copy (a failed one falls back to a host backup in Update)
       Update();
       if (pg.host_page >= 0 && !pg.host_ready) {
         if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;
@@ -560,7 +567,10 @@ void HierarchicalKvAccess::Update() {
       RequestKv& kv = *it->second;
       if (p.kept && pg.host_page < 0 && p.page < kv.host_plan.size() && kv.host_plan[p.page] >= 0) {
         // A failed kept copy: the rows are still in the tail (its slots wait for this page), back them up instead.
-        (void)IssueBackup(kv, p.page, static_cast<PageIndex>(kv.host_plan[p.page]));
+        const PageIndex hp = static_cast<PageIndex>(kv.host_plan[p.page]);
+        if (absl::StatusOr<CopyEvent> b = IssueBackup(kv, p.page, hp); !b.ok()) {
+          completions_.backups.push_back({p.request, p.page, hp, b.status()});  // reported as a failed host copy
+        }
       }
     }
     return true;
@@ -635,7 +645,7 @@ void HierarchicalKvAccess::Release(RequestId request) {
   if (it == requests_.end()) return;
   RequestKv& kv = *it->second;
   for (auto& per_source : kv.tail_write) {
-    for (auto& e : per_source) (void)e.Wait();  // the slot's tail and upload buffer may be reused at once
+    for (auto& e : per_source) AwaitEnded(e);  // the slot's tail and upload buffer may be reused at once
   }
   for (KvPage& pg : kv.pages) {
     if (pg.host_page >= 0) FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {pg.backup, pg.populate});
