@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <utility>
 
-#include <unistd.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"

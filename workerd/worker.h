@@ -30,14 +30,10 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <set>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "dhs_generated.h"
 #include "workerd/device/device.h"
