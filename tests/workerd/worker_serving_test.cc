@@ -160,6 +160,25 @@ TEST(WorkerSubmit, PreparedPrefixIsDeterministicAndSharedBlocksAreEqual) {
   EXPECT_EQ(std::vector<model::Token>(tc.begin() + 102, tc.end()), (std::vector<model::Token>{1, 2, 3, 4, 5, 6, 7, 8}));
 }
 
+// The required pages of a request (AdmitRequest.required_pages, and dhs-replay's resident sizing): hot cache + tail in
+// pages, plus its index keys in pages, plus in resident mode its whole context in pages.
+TEST(WorkerGeometry, RequiredPagesAreHotTailIndexKeysAndResidentContext) {
+  auto mc = model::PresetConfig("dsv4flash-like");
+  ASSERT_TRUE(mc.ok());
+  WorkerGeometry g;
+  g.kv.page_rows = 16;
+  g.hot_rows = 64;
+  g.tail_rows = 32;
+  const uint64_t key_bytes = static_cast<uint64_t>(mc->n_indexers()) * mc->index_key_bytes();  // per token
+  ASSERT_GT(key_bytes, 0u);
+  g.page_bytes = 10 * key_bytes;  // 10 tokens of index keys per page
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kAdaptive, 0), 6u);                  // (64 + 32) / 16
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kAdaptive, 10), 7u);                 // + 1 page of keys
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kHisparse, 11), 8u);                 // + 2 pages of keys
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 11), 9u);                 // + 1 context page (11 rows)
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 17), 6u + 2u + 2u);       // 17 rows: 2 context pages
+}
+
 TEST(WorkerSubmit, LogitsDigestIsFnv1aOverTheFloatBits) {
   EXPECT_EQ(LogitsDigest({}), 0xcbf29ce484222325ULL);  // FNV-1a 64 offset basis
   // The float whose bits are 0x00000061 has the little-endian bytes "a\0\0\0"; FNV-1a("a") = 0xaf63dc4c8601ec8c, then
