@@ -913,6 +913,36 @@ TEST(WorkerOrders, CompleteWaitsForTheRequestsHostBackupsInFlight) {
   EXPECT_FALSE(f.sink.errors.contains(1));
 }
 
+// memd owns the request slot (AdmitGrant.slot). A grant with a slot outside N, or one another live request holds, fails
+// that request with a clear error (and Complete, so memd frees what it granted); the worker keeps serving.
+TEST(WorkerAdmission, BadSlotFromMemdFailsOnlyThatRequest) {
+  ScriptedFixture f;  // N = 2
+  f.SubmitAndGrant(1, 20, 2);  // slot 0
+  auto submit = [&](RequestId id, SlotIndex slot) {
+    wire::SubmitRequestT s;
+    s.request = id;
+    s.prompt = Prompt(20, static_cast<uint32_t>(id));
+    s.max_new_tokens = 2;
+    ASSERT_TRUE(f.worker->Submit(s, ClientRef{"c", id}).ok());
+    wire::AdmitGrantT grant;
+    grant.request = id;
+    grant.slot = slot;
+    for (uint32_t j = 0; j < 2; ++j) grant.backup_host_pages.emplace_back(0, 30 + 10 * id + j);
+    f.worker->OnAdmitGrant(grant);
+  };
+  submit(2, 2);  // outside N
+  submit(3, 0);  // request 1's
+  ASSERT_TRUE(f.sink.errors.contains(2));
+  EXPECT_NE(f.sink.errors[2].find("slot 2"), std::string::npos) << f.sink.errors[2];
+  ASSERT_TRUE(f.sink.errors.contains(3));
+  EXPECT_NE(f.sink.errors[3].find("request 1 holds it"), std::string::npos) << f.sink.errors[3];
+  EXPECT_NE(f.memd.Index("complete/2"), -1);
+  EXPECT_NE(f.memd.Index("complete/3"), -1);
+  ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(1); }));
+  EXPECT_FALSE(f.sink.errors.contains(1));
+  EXPECT_EQ(f.sink.out[1].tokens.size(), 2u);
+}
+
 // A reclaim order for a request this worker process never served (admitted through an earlier process that died) must
 // not be answered "backed up": nothing was written here. A finished request's crossing order still is (contract §4).
 TEST(WorkerOrders, ReclaimOfARequestUnknownToThisProcessIsRefusedNotReportedBackedUp) {
