@@ -104,7 +104,8 @@ class ResidencyAgent {
     // History pages whose host copy is not written yet (copies in flight, pages still being written whose backup
     // replaces their keep plan); their completions come from Poll.
     std::set<uint32_t> awaiting;
-    std::map<uint32_t, PageIndex> planned;  // pages only planned to be kept (history -> GPU page): kept again on failure
+    // Pages only planned to be kept (history -> GPU page): kept again if the order fails.
+    std::map<uint32_t, PageIndex> planned;
     std::vector<PageIndex> deferred;        // GPU pages of backup_pages not written yet (BackupComplete.deferred_pages)
     std::vector<uint32_t> backup_history;   // history pages of the backup pages, deferred ones excepted
     uint64_t copies = 0;                    // host copies this order wrote

@@ -207,7 +207,9 @@ class FakeKv final : public KvResidency {
         pg->into_gpu.reset();
       }
       out.published.push_back({c.request, c.page, dp, s, c.kind == Kind::kKeep});
-      if (!s.ok() && c.kind == Kind::kKeep && pg->host_page < 0) IssueBackup(c.request, c.page, HostPlan(c.request, c.page));
+      if (!s.ok() && c.kind == Kind::kKeep && pg->host_page < 0) {
+        IssueBackup(c.request, c.page, HostPlan(c.request, c.page));  // the rows are still in the tail
+      }
     }
     return out;
   }
@@ -216,7 +218,9 @@ class FakeKv final : public KvResidency {
     auto it = reqs_.find(request);
     if (it == reqs_.end()) return out;
     for (const auto& [j, pg] : it->second.pages) {
-      if (pg.device_page >= 0) out.into_gpu.emplace_back(static_cast<PageIndex>(pg.device_page), CopyEvent(pg.into_gpu));
+      if (pg.device_page >= 0) {
+        out.into_gpu.emplace_back(static_cast<PageIndex>(pg.device_page), CopyEvent(pg.into_gpu));
+      }
       if (pg.host_page >= 0 && !pg.host_written) out.to_host.push_back(CopyEvent(pg.backup));
     }
     return out;
@@ -868,7 +872,8 @@ class RandomConversation {
       std::optional<GpuPageUse> use = kv_.GpuPageOf(m.request, dp);
       EXPECT_FALSE(use && use->held) << "ReadersDone while GPU page " << dp << " is still mapped (published and "
                                      << "withdrawn at once)";
-      EXPECT_FALSE(kv_.ReadersBusy(dp)) << "ReadersDone while GPU page " << dp << " still has readers (order " << m.order << ", request " << m.request << ", crossed Complete " << o.complete_first << ")";
+      EXPECT_FALSE(kv_.ReadersBusy(dp)) << "ReadersDone while GPU page " << dp << " still has readers (order "
+                                        << m.order << ", request " << m.request << ")";
       for (const auto& [order, page] : populate_page_) {
         EXPECT_FALSE(page == dp && !publishes_.contains(order))
             << "ReadersDone for GPU page " << dp << " before its populate order " << order << " was answered";
@@ -932,7 +937,9 @@ class RandomConversation {
     // memd frees the request's GPU pages, except those of populate orders not answered yet (freed by the answer).
     for (const auto& [j, dp] : live->second.gpu) {
       bool populating = false;
-      for (const auto& [order, page] : populate_page_) populating = populating || (page == dp && !publishes_.contains(order));
+      for (const auto& [order, page] : populate_page_) {
+        populating = populating || (page == dp && !publishes_.contains(order));
+      }
       if (!populating) free_gpu_.insert(dp);
     }
     live_.erase(live);

@@ -238,7 +238,8 @@ void HierarchicalKvAccess::SetGpuPageOwner(PageIndex dp, int64_t request, uint32
   device_page_page_[dp] = page;
 }
 
-absl::Status HierarchicalKvAccess::PlanResidency(RequestId request, SlotIndex slot, std::span<const PageIndex> host_pages,
+absl::Status HierarchicalKvAccess::PlanResidency(RequestId request, SlotIndex slot,
+                                                 std::span<const PageIndex> host_pages,
                                                  std::span<const std::pair<uint32_t, PageIndex>> keep) {
   const KvConfig& c = layout_.config();
   for (PageIndex hp : host_pages) {
