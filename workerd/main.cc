@@ -1,6 +1,6 @@
-// workerd/main.cc: the worker process (brief §3): one per GPU. Loads the model (a weights file, or a preset + seed),
-// says Hello to memd, maps the host pool, serves clients on ipc://<run_dir>/worker-<gpu>.sock and runs the serving
-// loop until SIGTERM/SIGINT.
+// workerd/main.cc: the worker process (brief §3): one per GPU. Parses the command line, loads the model (a weights
+// file, or a preset + seed), then WorkerProcess::Start (Hello to memd, host pool, ipc://<run_dir>/worker-<gpu>.sock)
+// and WorkerProcess::Run until SIGTERM/SIGINT, as memd's main does with Daemon::Start / Run.
 #include <csignal>
 #include <cstdlib>
 #include <memory>
@@ -13,10 +13,8 @@
 #include "workerd/device/cuda_device.h"
 #endif
 #include "workerd/device/link_model_cli.h"
-#include "workerd/memd_client.h"
 #include "workerd/model/weights.h"
-#include "workerd/serving.h"
-#include "workerd/worker.h"
+#include "workerd/worker_process.h"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -33,20 +31,31 @@ absl::StatusOr<std::unique_ptr<dhs::model::Model>> LoadModel(const std::string& 
   if (!file.ok()) return file.status();
   return dhs::model::Model::FromSafetensors(*file);
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"workerd: the Adaptive DHiSparse worker (one per GPU)"};
+struct CommandLine {
   std::string run_dir, mode_name = "adaptive", weights, preset = "dsv4flash-like", log_level = "info";
   uint64_t seed = 1;
   int connect_timeout_ms = 10000;
   std::string device_name = "auto";
+  dhs::LinkModelFlags link_flags;
   dhs::WorkerConfig config;
+};
+
+// Declares the options of `c` on `app`.
+void AddOptions(CLI::App& app, CommandLine& c) {
+  std::string& run_dir = c.run_dir;
+  std::string& mode_name = c.mode_name;
+  std::string& weights = c.weights;
+  std::string& preset = c.preset;
+  std::string& log_level = c.log_level;
+  uint64_t& seed = c.seed;
+  int& connect_timeout_ms = c.connect_timeout_ms;
+  dhs::WorkerConfig& config = c.config;
   app.add_option("--run-dir", run_dir, "run directory holding memd.sock (mode 0700)")->required();
   app.add_option("--gpu", config.gpu, "GPU id served by this worker")->capture_default_str();
   app.add_option("--mode", mode_name, "resident | hisparse | adaptive")
       ->check(CLI::IsMember({"resident", "hisparse", "adaptive"}))->capture_default_str();
-  app.add_option("--device", device_name,
+  app.add_option("--device", c.device_name,
                  "device backend: cpu | cuda | auto (auto: cuda when built with CUDA and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
   app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)")
@@ -69,15 +78,76 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600000))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
-  dhs::LinkModelFlags link_flags;
-  dhs::AddLinkModelOptions(app, &link_flags);
+  dhs::AddLinkModelOptions(app, &c.link_flags);
+}
+
+// The device backend (brief §9) chosen by --device, with the Hello's device name and, for CUDA, the registration of
+// memd's host pool as pinned memory (WorkerProcessOptions::on_host_pool).
+struct Backend {
+  std::unique_ptr<dhs::Device> device;
+  std::string name = "cpu-backend";
+  std::function<absl::Status(std::span<uint8_t>)> on_host_pool;
+};
+
+// Errors: INVALID_ARGUMENT (the link model with a CUDA device; --device cuda without CUDA in the build), the CUDA
+// device's (CudaDevice::Create).
+absl::StatusOr<Backend> MakeBackend(const std::string& device_name, const dhs::LinkModelConfig& link, dhs::GpuId gpu) {
+#ifdef DHS_HAVE_CUDA
+  const bool gpu_present = dhs::CudaDeviceCount() > static_cast<int>(gpu);
+#else
+  const bool gpu_present = false;
+#endif
+  Backend b;
+  if (device_name == "cpu" || (device_name == "auto" && !gpu_present)) {
+    b.device = std::make_unique<dhs::CpuDevice>(link);
+    if (link.enabled) {
+      spdlog::info("workerd: link model on: host->device {} GB/s, device->host {} GB/s, {} us per batch",
+                   link.host_to_device_gb_per_s, link.device_to_host_gb_per_s, link.latency_us);
+    }
+    return b;
+  }
+  if (link.enabled) {  // docs/link_model.md: a model of the link for the CPU backend; on a GPU the link is real
+    return absl::InvalidArgumentError(
+        "--link-model models the host-device link of the CPU backend; use --device cpu with it");
+  }
+#ifdef DHS_HAVE_CUDA
+  // CUDA: the KV pools are managed memory (CudaDeviceOptions::managed_pools) while the model still runs on the CPU and
+  // reads them through HostVisible; copies run on CUDA streams with events.
+  absl::StatusOr<std::unique_ptr<dhs::CudaDevice>> cuda =
+      dhs::CudaDevice::Create(dhs::CudaDeviceOptions{static_cast<int>(gpu), /*managed_pools=*/true});
+  if (!cuda.ok()) return cuda.status();
+  dhs::CudaDevice* raw = cuda->get();
+  b.device = *std::move(cuda);
+  b.name = "cuda-backend";
+  // memd's host-pool segment, pinned and mapped: host<->device copies are DMA of pinned memory. A failure is logged
+  // and not fatal: copies stay correct, only slower.
+  b.on_host_pool = [raw](std::span<uint8_t> pool) {
+    if (absl::StatusOr<uint8_t*> pinned = raw->RegisterHostPool(pool); !pinned.ok()) {
+      spdlog::warn("workerd: host pool not pinned (copies stay correct, slower): {}", pinned.status().ToString());
+    }
+    return absl::OkStatus();
+  };
+  return b;
+#else
+  return absl::InvalidArgumentError("--device cuda: this workerd was built without CUDA (meson option cuda)");
+#endif
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"workerd: the Adaptive DHiSparse worker (one per GPU)"};
+  CommandLine cl;
+  AddOptions(app, cl);
+  const std::string& run_dir = cl.run_dir;
+  const std::string& mode_name = cl.mode_name;
+  dhs::WorkerConfig& config = cl.config;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (0) or the error
     return rc == 0 ? 0 : 2;      // every bad command-line value exits 2 (docs/operations.md)
   }
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_level(spdlog::level::from_str(cl.log_level));
 
   absl::StatusOr<dhs::WorkerMode> mode = dhs::ParseWorkerMode(mode_name);
   if (!mode.ok()) {
@@ -85,12 +155,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.mode = *mode;
-  absl::StatusOr<dhs::LinkModelConfig> link = dhs::ResolveLinkModel(link_flags);
+  absl::StatusOr<dhs::LinkModelConfig> link = dhs::ResolveLinkModel(cl.link_flags);
   if (!link.ok()) {
     spdlog::error("workerd: {}", std::string(link.status().message()));
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(weights, preset, seed);
+  absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(cl.weights, cl.preset, cl.seed);
   if (!model.ok()) {
     spdlog::error("workerd: cannot load the model: {}", model.status().ToString());
     return 1;
@@ -103,109 +173,32 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
 
-  // The device backend (brief §9). CUDA: the KV pools are managed memory (CudaDeviceOptions::managed_pools) while the
-  // model still runs on the CPU and reads them through HostVisible; copies run on CUDA streams with events.
-  std::unique_ptr<dhs::Device> device;
-  std::string backend = "cpu-backend";
-#ifdef DHS_HAVE_CUDA
-  dhs::CudaDevice* cuda_device = nullptr;
-#endif
-#ifdef DHS_HAVE_CUDA
-  const bool gpu_present = dhs::CudaDeviceCount() > static_cast<int>(config.gpu);
-#else
-  const bool gpu_present = false;
-#endif
-  if (device_name == "cuda" || (device_name == "auto" && gpu_present)) {
-    if (link->enabled) {  // docs/link_model.md: a model of the link for the CPU backend; on a GPU the link is real
-      spdlog::error("workerd: --link-model models the host-device link of the CPU backend; use --device cpu with it");
-      return 2;
-    }
-#ifdef DHS_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<dhs::CudaDevice>> cuda =
-        dhs::CudaDevice::Create(dhs::CudaDeviceOptions{static_cast<int>(config.gpu), /*managed_pools=*/true});
-    if (!cuda.ok()) {
-      spdlog::error("workerd: --device {}: {}", device_name, cuda.status().ToString());
-      return 1;
-    }
-    cuda_device = cuda->get();
-    device = std::move(*cuda);
-    backend = "cuda-backend";
-#else
-    spdlog::error("workerd: --device cuda: this workerd was built without CUDA (meson option cuda)");
-    return 2;
-#endif
-  } else {
-    device = std::make_unique<dhs::CpuDevice>(*link);
-    if (link->enabled) {
-      spdlog::info("workerd: link model on: host->device {} GB/s, device->host {} GB/s, {} us per batch",
-                   link->host_to_device_gb_per_s, link->device_to_host_gb_per_s, link->latency_us);
-    }
+  absl::StatusOr<Backend> backend = MakeBackend(cl.device_name, *link, config.gpu);
+  if (!backend.ok()) {
+    spdlog::error("workerd: --device {}: {}", cl.device_name, backend.status().ToString());
+    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  spdlog::info("workerd: device backend {}", backend);
-  const dhs::wire::HelloT hello = dhs::MakeHello((*model)->config(), config, *geometry, backend);
-  absl::StatusOr<std::unique_ptr<dhs::MemdClient>> memd =
-      dhs::MemdClient::Connect(run_dir, hello, std::chrono::milliseconds(connect_timeout_ms));
-  if (!memd.ok()) {
-    spdlog::error("workerd: cannot join memd: {}", memd.status().ToString());
+  spdlog::info("workerd: device backend {}", backend->name);
+  dhs::WorkerProcessOptions options;
+  options.run_dir = run_dir;
+  options.config = config;
+  options.connect_timeout = std::chrono::milliseconds(cl.connect_timeout_ms);
+  options.device_name = backend->name;
+  options.on_host_pool = backend->on_host_pool;
+  absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
+      dhs::WorkerProcess::Start(model->get(), backend->device.get(), options);
+  if (!process.ok()) {
+    spdlog::error("workerd: {}", process.status().ToString());
     return 1;
   }
-  if (config.mode != dhs::WorkerMode::kResident && (*memd)->host_pages().empty()) {
-    spdlog::error("workerd: mode {} needs a host pool, memd listed none", mode_name);
-    return 1;
-  }
-#ifdef DHS_HAVE_CUDA
-  // memd's host-pool segment, pinned and mapped: host<->device copies are DMA of pinned memory.
-  if (cuda_device != nullptr && !(*memd)->host_pages().empty()) {
-    if (absl::StatusOr<uint8_t*> pinned = cuda_device->RegisterHostPool((*memd)->host_pages()); !pinned.ok()) {
-      spdlog::warn("workerd: host pool not pinned (copies stay correct, slower): {}", pinned.status().ToString());
-    }
-  }
-#endif
-  absl::StatusOr<std::unique_ptr<dhs::ServingFrontend>> frontend = dhs::ServingFrontend::Bind(run_dir, config.gpu);
-  if (!frontend.ok()) {
-    spdlog::error("workerd: cannot bind the serving socket: {}", frontend.status().ToString());
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<dhs::Worker>> worker =
-      dhs::Worker::Create(model->get(), device.get(), config, (*memd)->host_pages(), memd->get(), frontend->get());
-  if (!worker.ok()) {
-    spdlog::error("workerd: {}", worker.status().ToString());
-    return 1;
-  }
-  (*frontend)->set_worker(worker->get());
   spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
-               config.gpu, mode_name, (*frontend)->endpoint(), geometry->capacity_pages, geometry->page_bytes,
+               config.gpu, mode_name, (*process)->endpoint(), geometry->capacity_pages, geometry->page_bytes,
                geometry->hot_rows, geometry->tail_rows, config.page_rows, config.slots);
-
-  bool busy = false;
-  uint64_t tokens_before = 0;
-  auto rate_since = std::chrono::steady_clock::now();
-  float tokens_per_s = 0;
-  while (!g_stop) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - rate_since >= std::chrono::seconds(1)) {
-      const uint64_t tokens = (*worker)->stats().tokens_generated;
-      tokens_per_s = static_cast<float>(tokens - tokens_before) /
-                     std::chrono::duration<float>(now - rate_since).count();
-      tokens_before = tokens;
-      rate_since = now;
-    }
-    dhs::MemdClient::Load load{(*worker)->active_requests(), (*worker)->pending_orders(), tokens_per_s};
-    if (absl::Status s = (*memd)->Poll(**worker, load); !s.ok()) {
-      spdlog::error("workerd: memd connection: {}", s.ToString());
-      return 1;
-    }
-    if (absl::Status s = (*frontend)->Serve(std::chrono::milliseconds(busy ? 0 : 5)); !s.ok()) {
-      spdlog::error("workerd: serving socket: {}", s.ToString());
-      return 1;
-    }
-    absl::StatusOr<bool> more = (*worker)->Iterate();
-    if (!more.ok()) {
-      spdlog::error("workerd: {}", more.status().ToString());
-      return 1;
-    }
-    busy = *more;
+  if (absl::Status s = (*process)->Run([] { return g_stop == 0; }); !s.ok()) {
+    spdlog::error("workerd: {}", s.ToString());
+    return 1;
   }
-  spdlog::info("workerd: gpu {} stopping ({} tokens generated)", config.gpu, (*worker)->stats().tokens_generated);
+  spdlog::info("workerd: gpu {} stopping ({} tokens generated)", config.gpu,
+               (*process)->worker().stats().tokens_generated);
   return 0;
 }

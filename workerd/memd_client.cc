@@ -113,7 +113,9 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
       wire::HeartbeatAckT ack;
       ack.sender_time_ns = hb->sender_time_ns;
       ack.receiver_time_ns = NowNs();
-      (void)dealer_->Send(EncodeHeartbeatAck(ack, msg->sequence, sender_));
+      if (absl::Status s = dealer_->Send(EncodeHeartbeatAck(ack, msg->sequence, sender_)); !s.ok()) {
+        spdlog::warn("workerd: cannot answer memd's heartbeat: {}", s.ToString());
+      }
       return;
     }
     case wire::Body::HeartbeatAck:
@@ -147,6 +149,9 @@ absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
 }
 absl::Status MemdClient::SendBackupComplete(const wire::BackupCompleteT& m) {
   return dealer_->Send(EncodeBackupComplete(m, NextSeq(), sender_));
+}
+absl::Status MemdClient::SendHostCopyWritten(const wire::HostCopyWrittenT& m) {
+  return dealer_->Send(EncodeHostCopyWritten(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendReadersDone(const wire::ReadersDoneT& m) {
   return dealer_->Send(EncodeReadersDone(m, NextSeq(), sender_));

@@ -47,6 +47,7 @@ class MemdClient final : public MemdLink {
   // MemdLink.
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override;
   absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override;
+  absl::Status SendHostCopyWritten(const wire::HostCopyWrittenT& m) override;
   absl::Status SendReadersDone(const wire::ReadersDoneT& m) override;
   absl::Status SendReadyPublish(const wire::ReadyPublishT& m) override;
   absl::Status SendComplete(const wire::CompleteT& m) override;

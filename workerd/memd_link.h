@@ -18,7 +18,10 @@ class MemdLink {
   virtual ~MemdLink() = default;
   // Each Send queues the message for memd without blocking. Errors: UNAVAILABLE when it cannot be queued.
   virtual absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) = 0;
+  // Only for a ReclaimOrder (m.order != 0); pages are GPU pages.
   virtual absl::Status SendBackupComplete(const wire::BackupCompleteT& m) = 0;
+  // History pages written to their host pages outside any ReclaimOrder (protocol version 3).
+  virtual absl::Status SendHostCopyWritten(const wire::HostCopyWrittenT& m) = 0;
   virtual absl::Status SendReadersDone(const wire::ReadersDoneT& m) = 0;
   virtual absl::Status SendReadyPublish(const wire::ReadyPublishT& m) = 0;
   virtual absl::Status SendComplete(const wire::CompleteT& m) = 0;

@@ -9,7 +9,6 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
-#include "workerd/worker.h"
 
 namespace dhs {
 

@@ -1,6 +1,8 @@
 // workerd/serving.h: the client side of the worker's wire (docs/protocol.md, "client/replay <-> workerd"):
 // submit validation, the prepared-prefix token generator, the logits digest, the ClientSink the serving core writes
-// to, and ServingFrontend, the RouterServer `worker-<gpu>` that feeds SubmitRequest / WorkerStatsQuery to a Worker.
+// to, the Submitter it feeds (implemented by Worker), and ServingFrontend, the RouterServer `worker-<gpu>` that feeds
+// SubmitRequest / WorkerStatsQuery to a Submitter. serving.h does not know the Worker (worker.h includes it, not the
+// other way round), as the Worker knows memd only as a MemdLink.
 //
 // Thread-safety: the free functions are pure; ServingFrontend is driven by the worker thread only.
 #pragma once
@@ -20,8 +22,6 @@
 #include "workerd/model/config.h"
 
 namespace dhs {
-
-class Worker;
 
 // Checks a SubmitRequest against the limits. `max_context_tokens`: input + max_new_tokens must not exceed it.
 // Errors (INVALID_ARGUMENT, the message names the field): empty prompt without hash_ids ("empty prompt"),
@@ -56,6 +56,16 @@ class ClientSink {
   virtual void Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) = 0;
 };
 
+// What the frontend hands client requests to (the serving core).
+class Submitter {
+ public:
+  virtual ~Submitter() = default;
+  // A client's request. A returned error is the client's ErrorReply; nothing else changed.
+  virtual absl::Status Submit(const wire::SubmitRequestT& submit, const ClientRef& client) = 0;
+  // The counters of WorkerStatsReply.
+  virtual wire::WorkerStatsReplyT StatsReply() const = 0;
+};
+
 // The RouterServer `worker-<gpu>` in the run dir. Serve() answers SubmitRequest (ErrorReply on a validation error,
 // the worker keeps serving), WorkerStatsQuery (WorkerStatsReply) and anything else with an ErrorReply
 // (UNKNOWN_MESSAGE; undecodable -> INVALID_MESSAGE). As a ClientSink it encodes SubmitAccepted / TokenChunk.
@@ -64,7 +74,7 @@ class ServingFrontend final : public ClientSink {
   // Binds ipc://<run_dir>/worker-<gpu>.sock. Errors: as RouterServer::Bind.
   static absl::StatusOr<std::unique_ptr<ServingFrontend>> Bind(std::string_view run_dir, GpuId gpu);
 
-  void set_worker(Worker* worker) { worker_ = worker; }
+  void set_submitter(Submitter* submitter) { worker_ = submitter; }
   // Serves the messages that arrive within `timeout` (at least one wait of `timeout`, then drains without waiting).
   // Errors only from the socket.
   absl::Status Serve(std::chrono::milliseconds timeout);
@@ -81,7 +91,7 @@ class ServingFrontend final : public ClientSink {
 
   std::unique_ptr<RouterServer> router_;
   std::string sender_;
-  Worker* worker_ = nullptr;
+  Submitter* worker_ = nullptr;
 };
 
 }  // namespace dhs

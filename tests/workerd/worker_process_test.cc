@@ -1,7 +1,7 @@
 // tests/workerd/worker_process_test.cc: the real `workerd` executable as a process, one request in each mode, against
 // a stand-in memd in this test (a RouterServer at ipc://<run_dir>/memd.sock that owns a host-pool segment and answers
 // Hello / AdmitRequest / Complete / Heartbeat per the conversation contract; the memd daemon did not exist yet) and a
-// client DealerClient on worker-0. Checks the Hello, the mapped host pool (BackupComplete lists its pages), the
+// client DealerClient on worker-0. Checks the Hello, the mapped host pool (HostCopyWritten lists its pages), the
 // streamed tokens and digests against the oracle, WorkerStats, and a clean exit on SIGTERM.
 // The worker is started with posix_spawn (fork + exec at once), killed by pid at teardown.
 #include <signal.h>
@@ -91,6 +91,7 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
           EXPECT_EQ(a->complete_pages, GetParam() == "adaptive" ? prompt.size() / kPageRows : 0u);
           wire::AdmitGrantT g;
           g.request = a->request;
+          g.slot = 0;  // one request at a time
           for (uint32_t j = 0; j < a->complete_pages && j < 1; ++j) {  // keep one page resident-first
             g.optional_pages.push_back(next_gpu++);
             g.optional_history_pages.push_back(j);
@@ -99,13 +100,16 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
           reply = EncodeAdmitGrant(g, m->sequence, "memd");
           break;
         }
-        case wire::Body::BackupComplete: {
-          auto b = ReadBackupComplete(*m);
+        case wire::Body::HostCopyWritten: {
+          auto b = ReadHostCopyWritten(*m);
           EXPECT_TRUE(b->ok) << b->message;
-          EXPECT_EQ(b->order, 0u);
-          backed_up_pages += static_cast<uint32_t>(b->pages.size());
+          EXPECT_EQ(b->history_pages.size(), b->host_pages.size());
+          backed_up_pages += static_cast<uint32_t>(b->history_pages.size());
           break;
         }
+        case wire::Body::BackupComplete:
+          ADD_FAILURE() << "BackupComplete without a ReclaimOrder (version 3: HostCopyWritten)";
+          break;
         case wire::Body::Complete: {
           wire::CompleteAckT ack;
           ack.request = ReadComplete(*m)->request;

@@ -42,7 +42,7 @@ struct Fixture {
     auto g = ComputeGeometry(model->config(), config);
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 64 * g->page_bytes;
-    memd = std::make_unique<FakeMemd>(64, g->page_bytes, config.page_rows, 256, 1, false);
+    memd = std::make_unique<FakeMemd>(64, g->page_bytes, config.page_rows, 256, 1, false, config.slots);
     auto w = Worker::Create(model.get(), &device, config, memd->host, memd.get(), &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
@@ -160,6 +160,25 @@ TEST(WorkerSubmit, PreparedPrefixIsDeterministicAndSharedBlocksAreEqual) {
   EXPECT_EQ(std::vector<model::Token>(tc.begin() + 102, tc.end()), (std::vector<model::Token>{1, 2, 3, 4, 5, 6, 7, 8}));
 }
 
+// The required pages of a request (AdmitRequest.required_pages, and dhs-replay's resident sizing): hot cache + tail in
+// pages, plus its index keys in pages, plus in resident mode its whole context in pages.
+TEST(WorkerGeometry, RequiredPagesAreHotTailIndexKeysAndResidentContext) {
+  auto mc = model::PresetConfig("dsv4flash-like");
+  ASSERT_TRUE(mc.ok());
+  WorkerGeometry g;
+  g.kv.page_rows = 16;
+  g.hot_rows = 64;
+  g.tail_rows = 32;
+  const uint64_t key_bytes = static_cast<uint64_t>(mc->n_indexers()) * mc->index_key_bytes();  // per token
+  ASSERT_GT(key_bytes, 0u);
+  g.page_bytes = 10 * key_bytes;  // 10 tokens of index keys per page
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kAdaptive, 0), 6u);                  // (64 + 32) / 16
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kAdaptive, 10), 7u);                 // + 1 page of keys
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kHisparse, 11), 8u);                 // + 2 pages of keys
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 11), 9u);                 // + 1 context page (11 rows)
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 17), 6u + 2u + 2u);       // 17 rows: 2 context pages
+}
+
 TEST(WorkerSubmit, LogitsDigestIsFnv1aOverTheFloatBits) {
   EXPECT_EQ(LogitsDigest({}), 0xcbf29ce484222325ULL);  // FNV-1a 64 offset basis
   // The float whose bits are 0x00000061 has the little-endian bytes "a\0\0\0"; FNV-1a("a") = 0xaf63dc4c8601ec8c, then
@@ -223,9 +242,11 @@ TEST(WorkerKv, KeptPageIsPublishedOnlyAfterItsCopyAndNeverBackedUp) {
   Harness h(c, 8);
   const std::vector<PageIndex> host_plan{6, 5, 4};
   const std::vector<std::pair<uint32_t, PageIndex>> keep{{0, 1}};
-  ASSERT_TRUE(h.kv->PlanResidency(1, host_plan, keep).ok());
+  ASSERT_TRUE(h.kv->PlanResidency(1, 0, host_plan, keep).ok());
   const std::vector<std::pair<uint32_t, PageIndex>> bad{{1, 9}};
-  EXPECT_EQ(h.kv->PlanResidency(2, host_plan, bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.kv->PlanResidency(2, 0, host_plan, bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.kv->PlanResidency(2, 0, host_plan, {}).code(), absl::StatusCode::kFailedPrecondition);  // 1's slot
+  EXPECT_EQ(h.kv->PlanResidency(2, 1, host_plan, {}).code(), absl::StatusCode::kInvalidArgument);     // N = 1
   h.device.SetCopyHook([](const CopyInfo& i) { return i.kind == CopyKind::kDeviceToDevice && !i.device.empty()
                                                            ? CopyFate::kHold : CopyFate::kRun; });
   for (Position t = 0; t < 4; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
@@ -353,6 +374,12 @@ class ScriptedMemd final : public MemdLink {
     if (on_backup_complete) on_backup_complete(m);
     return absl::OkStatus();
   }
+  absl::Status SendHostCopyWritten(const wire::HostCopyWrittenT& m) override {
+    log.push_back(absl::StrCat("host_copy/", m.request));
+    host_copies.push_back(m);
+    if (on_host_copy) on_host_copy(m);
+    return absl::OkStatus();
+  }
   absl::Status SendReadersDone(const wire::ReadersDoneT& m) override {
     log.push_back(absl::StrCat("readers_done/", m.order));
     readers_done.push_back(m);
@@ -366,6 +393,10 @@ class ScriptedMemd final : public MemdLink {
   }
   absl::Status SendComplete(const wire::CompleteT& m) override {
     log.push_back(absl::StrCat("complete/", m.request));
+    if (auto it = slot_of.find(m.request); it != slot_of.end()) {
+      used_slots.erase(it->second);
+      slot_of.erase(it);
+    }
     if (on_complete) on_complete(m);
     return absl::OkStatus();
   }
@@ -376,11 +407,24 @@ class ScriptedMemd final : public MemdLink {
   }
 
   std::vector<std::string> log;
+  // memd owns the slots: the lowest free one for `request` (freed at its Complete).
+  SlotIndex TakeSlot(RequestId request) {
+    SlotIndex slot = 0;
+    while (used_slots.contains(slot)) ++slot;
+    used_slots.insert(slot);
+    slot_of[request] = slot;
+    return slot;
+  }
+
   std::vector<wire::BackupCompleteT> backups;
+  std::vector<wire::HostCopyWrittenT> host_copies;
+  std::set<SlotIndex> used_slots;
+  std::map<RequestId, SlotIndex> slot_of;
   std::vector<wire::ReadersDoneT> readers_done;
   std::vector<wire::ReadyPublishT> publishes;
   std::function<void(const wire::ReadersDoneT&)> on_readers_done;
   std::function<void(const wire::BackupCompleteT&)> on_backup_complete;
+  std::function<void(const wire::HostCopyWrittenT&)> on_host_copy;
   std::function<void(const wire::CompleteT&)> on_complete;
 };
 
@@ -412,6 +456,7 @@ struct ScriptedFixture {
     ASSERT_TRUE(worker->Submit(s, ClientRef{"c", id}).ok());
     wire::AdmitGrantT grant;
     grant.request = id;
+    grant.slot = memd.TakeSlot(id);
     for (uint32_t j = 0; j < (prompt + max_new + 15) / 16; ++j) grant.backup_host_pages.emplace_back(0, host_base + j);
     for (const auto& [j, dp] : kept) {
       grant.optional_history_pages.push_back(j);
@@ -451,19 +496,17 @@ struct ScriptedFixture {
     }
     return out;
   }
-  // Whether a BackupComplete with order 0 named history page `page` of `id`.
+  // Whether a HostCopyWritten{ok} named history page `page` of `id`.
   bool ReportedDeferred(RequestId id, uint32_t page) const {
-    for (const wire::BackupCompleteT& b : memd.backups) {
-      if (b.order == 0 && b.request == id && std::count(b.pages.begin(), b.pages.end(), page)) return true;
+    for (const wire::HostCopyWrittenT& b : memd.host_copies) {
+      if (b.ok && b.request == id && std::count(b.history_pages.begin(), b.history_pages.end(), page)) return true;
     }
     return false;
   }
   // Iterates until history page `page` of `id` has a completed host copy reported to memd.
   void RunUntilHostCopy(RequestId id, uint32_t page) {
     for (int it = 0; it < 200; ++it) {
-      for (const wire::BackupCompleteT& b : memd.backups) {
-        if (b.order == 0 && b.request == id && std::count(b.pages.begin(), b.pages.end(), page)) return;
-      }
+      if (ReportedDeferred(id, page)) return;
       ASSERT_TRUE(worker->Iterate().ok());
       device.WaitIdle();
     }
@@ -657,26 +700,28 @@ void ExpectHostPageHolds(const ScriptedFixture& f, PageIndex host_page, uint32_t
 
 // At every BackupComplete{ok} of a reclaim order, each page it names has a written host copy on the worker, except
 // the pages it names deferred (only planned to be kept, contract §4: they must hold nothing, their rows still to be
-// written); at every BackupComplete{order = 0, ok}, each history page it names has a written host copy. memd counts
-// those pages as host copies, and may populate them, from that message on.
+// written); at every HostCopyWritten{ok}, each history page it names has a written host copy. memd counts those
+// pages as host copies, and may populate them, from that message on. BackupComplete never has order 0 (version 3).
 void CheckBackupsAreWritten(ScriptedFixture& f, RequestId id, std::map<PageIndex, uint32_t> history_of) {
-  f.memd.on_backup_complete = [&f, id, history_of](const wire::BackupCompleteT& m) {
+  f.memd.on_host_copy = [&f, id](const wire::HostCopyWrittenT& m) {
     if (!m.ok || m.request != id) return;
     const RequestKv* kv = f.worker->hierarchical()->Find(id);
-    if (m.order == 0) {
-      ASSERT_NE(kv, nullptr);
-      for (uint32_t j : m.pages) {
-        ASSERT_LT(j, kv->pages.size());
-        EXPECT_TRUE(kv->pages[j].host_ready) << "history page " << j << " reported written before its copy ended";
-      }
-      return;
+    ASSERT_NE(kv, nullptr);
+    for (uint32_t j : m.history_pages) {
+      ASSERT_LT(j, kv->pages.size());
+      EXPECT_TRUE(kv->pages[j].host_ready) << "history page " << j << " reported written before its copy ended";
     }
+  };
+  f.memd.on_backup_complete = [&f, id, history_of](const wire::BackupCompleteT& m) {
+    EXPECT_NE(m.order, 0u) << "BackupComplete with order 0 (version 3: HostCopyWritten)";
+    if (!m.ok || m.request != id) return;
+    const RequestKv* kv = f.worker->hierarchical()->Find(id);
     EXPECT_FALSE(m.pages.empty()) << "an empty list reads as the whole order at memd";
     for (uint32_t dp : m.pages) {
       auto h = history_of.find(dp);
       ASSERT_NE(h, history_of.end()) << "GPU page " << dp;
       const bool deferred = std::count(m.deferred_pages.begin(), m.deferred_pages.end(), dp) != 0;
-      if (kv == nullptr) {  // not started: nothing can be written, every page must be deferred
+      if (kv == nullptr || kv->pages.empty()) {  // nothing written yet: every page must be deferred
         EXPECT_TRUE(deferred) << "GPU page " << dp << " of a request that has not started reported backed up";
         continue;
       }
@@ -805,23 +850,20 @@ TEST(WorkerOrders, FailedHostWriteFailsTheReclaimAndRestoresThePlannedKeep) {
   EXPECT_EQ(f.sink.out[1].digests, want.digests);
 }
 
-// A reclaim order that arrives while the victim is granted but still waits for a slot (nothing written, nothing
-// kept): the order is answered at once with the page deferred, the page is not kept when the request starts, and its
-// host copy is reported with order 0 once written.
+// A reclaim order that arrives while the victim is granted but has not started (nothing written, nothing kept: its
+// plan keeps history page 0 on the reclaimed GPU page): the order is answered at once with the page deferred, the page
+// is not kept when the request runs, and its host copy is reported (HostCopyWritten) once written.
 TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) {
-  ScriptedFixture f;  // 2 slots
+  ScriptedFixture f;
   constexpr PageIndex kDp = 6;
-  f.SubmitAndGrant(1, 10, 30, {}, 10);
-  f.SubmitAndGrant(2, 10, 30, {}, 20);
-  ASSERT_TRUE(f.worker->Iterate().ok());
   f.SubmitAndGrant(3, 40, 2, {{0, kDp}}, 30);
-  ASSERT_TRUE(f.worker->Iterate().ok());
-  ASSERT_EQ(f.worker->active_requests(), 2u);
-  ASSERT_EQ(f.worker->hierarchical()->Find(3), nullptr);  // granted, waiting for a slot
+  ASSERT_EQ(f.worker->active_requests(), 0u);  // granted, not started: no Iterate yet
   CheckBackupsAreWritten(f, 3, {{kDp, 0}});
+  Position appended_at_readers_done = -1;
+  f.memd.on_readers_done = [&](const wire::ReadersDoneT&) { appended_at_readers_done = f.Appended(3); };
   f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(302, 3, {kDp}, {30}));
   ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
-  EXPECT_EQ(f.worker->hierarchical()->Find(3), nullptr) << "the order waited for the victim to start";
+  EXPECT_EQ(appended_at_readers_done, 0) << "the order waited for the victim to write its rows";
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(302);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].ok);
@@ -871,6 +913,36 @@ TEST(WorkerOrders, CompleteWaitsForTheRequestsHostBackupsInFlight) {
   EXPECT_FALSE(f.sink.errors.contains(1));
 }
 
+// memd owns the request slot (AdmitGrant.slot). A grant with a slot outside N, or one another live request holds, fails
+// that request with a clear error (and Complete, so memd frees what it granted); the worker keeps serving.
+TEST(WorkerAdmission, BadSlotFromMemdFailsOnlyThatRequest) {
+  ScriptedFixture f;  // N = 2
+  f.SubmitAndGrant(1, 20, 2);  // slot 0
+  auto submit = [&](RequestId id, SlotIndex slot) {
+    wire::SubmitRequestT s;
+    s.request = id;
+    s.prompt = Prompt(20, static_cast<uint32_t>(id));
+    s.max_new_tokens = 2;
+    ASSERT_TRUE(f.worker->Submit(s, ClientRef{"c", id}).ok());
+    wire::AdmitGrantT grant;
+    grant.request = id;
+    grant.slot = slot;
+    for (uint32_t j = 0; j < 2; ++j) grant.backup_host_pages.emplace_back(0, 30 + 10 * id + j);
+    f.worker->OnAdmitGrant(grant);
+  };
+  submit(2, 2);  // outside N
+  submit(3, 0);  // request 1's
+  ASSERT_TRUE(f.sink.errors.contains(2));
+  EXPECT_NE(f.sink.errors[2].find("slot 2"), std::string::npos) << f.sink.errors[2];
+  ASSERT_TRUE(f.sink.errors.contains(3));
+  EXPECT_NE(f.sink.errors[3].find("request 1 holds it"), std::string::npos) << f.sink.errors[3];
+  EXPECT_NE(f.memd.Index("complete/2"), -1);
+  EXPECT_NE(f.memd.Index("complete/3"), -1);
+  ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(1); }));
+  EXPECT_FALSE(f.sink.errors.contains(1));
+  EXPECT_EQ(f.sink.out[1].tokens.size(), 2u);
+}
+
 // A reclaim order for a request this worker process never served (admitted through an earlier process that died) must
 // not be answered "backed up": nothing was written here. A finished request's crossing order still is (contract §4).
 TEST(WorkerOrders, ReclaimOfARequestUnknownToThisProcessIsRefusedNotReportedBackedUp) {
@@ -902,13 +974,13 @@ TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {
   auto g = ComputeGeometry(model->config(), config);
   ASSERT_TRUE(g.ok());
   config.hbm_budget_bytes = 32 * g->page_bytes;
-  FakeMemd memd(32, g->page_bytes, 16, 64, 1, false);
+  FakeMemd memd(32, g->page_bytes, 16, 64, 1, false, config.slots);
   auto frontend = ServingFrontend::Bind(dir.path(), 0);
   ASSERT_TRUE(frontend.ok()) << frontend.status();
   CpuDevice device;
   auto worker = Worker::Create(model.get(), &device, config, memd.host, &memd, frontend->get());
   ASSERT_TRUE(worker.ok());
-  (*frontend)->set_worker(worker->get());
+  (*frontend)->set_submitter(worker->get());
   auto client = DealerClient::Connect(IpcEndpoint(dir.path(), "worker-0"));
   ASSERT_TRUE(client.ok());
 

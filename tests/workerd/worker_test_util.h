@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <random>
 #include <set>
@@ -94,21 +95,59 @@ class RecordingSink final : public ClientSink {
   std::vector<wire::TokenChunkT> chunks;
 };
 
-// A fake memd: host pool in plain memory, GPU page accounting of M pages, admission (resident-first optional history),
+// A fake memd: host pool in plain memory, GPU page accounting of M pages, admission (resident-first optional history)
+// into one of `slots` request slots (memd owns the slot: a request waits for a free one, granted in admission order),
 // and, with chaos, reclaim and population orders drawn from a seeded generator.
 class FakeMemd final : public MemdLink {
  public:
   FakeMemd(uint32_t capacity_pages, uint64_t page_bytes, uint32_t page_rows, uint32_t host_pages, uint64_t seed,
-           bool chaos)
+           bool chaos, uint32_t slots)
       : host(uint64_t{host_pages} * page_bytes), p_(page_rows), rng_(seed), chaos_(chaos) {
     for (uint32_t i = 0; i < capacity_pages; ++i) free_gpu_.insert(i);
     for (uint32_t i = 0; i < host_pages; ++i) free_host_.insert(i);
+    for (uint32_t i = 0; i < slots; ++i) free_slots_.insert(i);
   }
 
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
     Req& r = reqs_[m.request];
     r.optional_history = m.optional_history;
     if (m.optional_history) ++admits_with_optional_history;
+    waiting_.push_back(Admission{m.request, m.history_rows, m.complete_pages});
+    GrantWaiting();
+    return absl::OkStatus();
+  }
+  absl::Status SendHostCopyWritten(const wire::HostCopyWrittenT& m) override {
+    EXPECT_TRUE(m.ok) << m.message;
+    EXPECT_EQ(m.history_pages.size(), m.host_pages.size());
+    ++host_copy_messages;
+    Req& r = reqs_[m.request];
+    for (size_t i = 0; i < m.history_pages.size(); ++i) {
+      const uint32_t j = m.history_pages[i];
+      EXPECT_LT(j, r.host.size());
+      if (j < r.host.size() && i < m.host_pages.size()) {
+        EXPECT_EQ(m.host_pages[i].page(), r.host[j]);
+      }
+      r.host_copy.insert(j);
+    }
+    return absl::OkStatus();
+  }
+  // Grants waiting admissions in order while a slot is free.
+  void GrantWaiting() {
+    while (!waiting_.empty() && !free_slots_.empty()) {
+      const Admission m = waiting_.front();
+      waiting_.pop_front();
+      Grant(m, *free_slots_.begin());
+      free_slots_.erase(free_slots_.begin());
+    }
+  }
+  struct Admission {
+    RequestId request;
+    uint64_t history_rows;
+    uint32_t complete_pages;
+  };
+  void Grant(const Admission& m, SlotIndex slot) {
+    Req& r = reqs_[m.request];
+    r.slot = slot;
     const uint64_t pages = (m.history_rows + p_ - 1) / p_;
     EXPECT_LE(pages, free_host_.size()) << "fake memd: host pool too small";
     for (uint64_t j = 0; j < pages; ++j) {
@@ -117,6 +156,7 @@ class FakeMemd final : public MemdLink {
     }
     auto grant = std::make_unique<wire::AdmitGrantT>();
     grant->request = m.request;
+    grant->slot = slot;
     for (uint32_t j = 0; j < m.complete_pages && !free_gpu_.empty(); ++j) {
       const uint32_t dp = *free_gpu_.begin();
       free_gpu_.erase(free_gpu_.begin());
@@ -126,14 +166,13 @@ class FakeMemd final : public MemdLink {
     }
     for (PageIndex h : r.host) grant->backup_host_pages.emplace_back(0, h);
     inbox_.push_back(std::move(grant));
-    return absl::OkStatus();
   }
   absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override {
     EXPECT_TRUE(m.ok) << m.message;
     ++backup_messages;
     Req& r = reqs_[m.request];
     if (m.order == 0) {
-      for (uint32_t j : m.pages) r.host_copy.insert(j);
+      ADD_FAILURE() << "BackupComplete with order 0 (protocol version 3: HostCopyWritten)";
     } else {
       auto it = reclaims_.find(m.order);
       if (it == reclaims_.end()) {  // only for an order that crossed the request's Complete
@@ -196,10 +235,12 @@ class FakeMemd final : public MemdLink {
     if (it != reqs_.end()) {
       for (const auto& [j, dp] : it->second.optional) free_gpu_.insert(dp);
       for (PageIndex h : it->second.host) free_host_.insert(h);
+      if (it->second.slot) free_slots_.insert(*it->second.slot);
       std::erase_if(reclaims_, [&](const auto& e) { return e.second.request == m.request; });
       reqs_.erase(it);
     }
     ++completes;
+    GrantWaiting();
     return absl::OkStatus();
   }
 
@@ -257,6 +298,7 @@ class FakeMemd final : public MemdLink {
   int reclaims_done = 0;
   int pages_populated = 0;
   int backup_messages = 0;
+  int host_copy_messages = 0;
   int deferred_pages = 0;  // reclaimed pages reported deferred (no host copy yet)
   int admits_with_optional_history = 0;  // AdmitRequests that allow optional history (adaptive mode only)
   int completes = 0;
@@ -268,6 +310,7 @@ class FakeMemd final : public MemdLink {
     std::set<uint32_t> host_copy;           // history pages with a reported host copy
     bool optional_history = true;           // AdmitRequest.optional_history: false = never populated (hisparse)
     bool busy = false;                      // an order is in flight
+    std::optional<SlotIndex> slot;          // granted into it
   };
   struct Reclaim {
     RequestId request;
@@ -293,6 +336,8 @@ class FakeMemd final : public MemdLink {
   bool chaos_;
   std::set<uint32_t> free_gpu_;
   std::set<uint32_t> free_host_;
+  std::set<SlotIndex> free_slots_;
+  std::deque<Admission> waiting_;
   std::map<RequestId, Req> reqs_;
   std::map<uint64_t, Reclaim> reclaims_;
   std::deque<Msg> inbox_;

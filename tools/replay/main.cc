@@ -24,7 +24,7 @@
 #include "tools/replay/report.h"
 #include "tools/replay/zmq_node_client.h"
 #include "workerd/model/config.h"
-#include "workerd/worker.h"
+#include "workerd/geometry.h"
 
 #ifndef DHS_MEMD_PATH
 #define DHS_MEMD_PATH ""
@@ -113,13 +113,9 @@ uint64_t HostPoolBytes(const Trace& trace, uint64_t page_bytes, uint64_t page_ro
   return (pages + 64) * page_bytes;
 }
 
-// Pages a request needs when everything stays on GPU (resident mode): hot cache + tail + index keys + its context
-// (the worker's admission rule, workerd/worker.cc).
+// Pages a request needs when everything stays on GPU (resident mode): the worker's admission rule (RequiredPages).
 uint64_t ResidentPages(const TraceRequest& r, const WorkerGeometry& g, const model::ModelConfig& mc) {
-  const uint64_t p = g.kv.page_rows;
-  const uint64_t ctx = static_cast<uint64_t>(r.input_tokens + r.output_tokens);
-  const uint64_t meta = (ctx * mc.n_indexers() * mc.index_key_bytes() + g.page_bytes - 1) / g.page_bytes;
-  return (g.hot_rows + g.tail_rows + p - 1) / p + meta + (ctx + p - 1) / p;
+  return RequiredPages(mc, g, WorkerMode::kResident, static_cast<uint64_t>(r.input_tokens + r.output_tokens));
 }
 
 // Default GPU KV budget: the required allocations of every slot plus optional history for about half the mean

@@ -7,23 +7,30 @@
 #include "absl/strings/str_cat.h"
 
 namespace dhs {
+namespace {
+
+// Blocks until `e` ended (a copy whose slot, page or buffer is about to be reused). Its outcome is not this caller's:
+// it stays readable in the event (Status()), where Update reads it for the copy's owner.
+void AwaitEnded(const CopyEvent& e) { e.Wait().IgnoreError(); }
+
+}  // namespace
 
 HierarchicalKvAccess::HierarchicalKvAccess(KvLayout layout, Device* device, HostPoolAccess host)
     : layout_(std::move(layout)), device_(device), host_(std::move(host)) {}
 
 HierarchicalKvAccess::~HierarchicalKvAccess() {
-  // Copies may still read the staging buffers or write host pages: let them finish.
+  // Copies may still read the tail upload buffers or write host pages: let them finish.
   for (auto& [id, kv] : requests_) {
     for (auto& per_source : kv->tail_write) {
-      for (auto& e : per_source) (void)e.Wait();
+      for (auto& e : per_source) AwaitEnded(e);
     }
     for (auto& pg : kv->pages) {
-      (void)pg.backup.Wait();
-      (void)pg.populate.Wait();
+      AwaitEnded(pg.backup);
+      AwaitEnded(pg.populate);
     }
   }
   for (auto& f : pending_free_) {
-    for (auto& e : f.events) (void)e.Wait();
+    for (auto& e : f.events) AwaitEnded(e);
   }
 }
 
@@ -51,14 +58,17 @@ absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Crea
   }
   a->slot_used_.assign(config.slots, false);
   a->device_page_owner_.assign(config.optional_pages, -1);
+  a->device_page_page_.assign(config.optional_pages, 0);
+  a->keep_planner_.assign(config.optional_pages, -1);
+  a->keep_planned_page_.assign(config.optional_pages, 0);
   a->readers_.resize(config.groups.size());
-  uint64_t staging = 0;
-  for (uint64_t rb : config.row_bytes) staging += rb * config.tail_rows;
-  a->staging_.assign(config.slots, std::vector<uint8_t>(staging));
+  uint64_t upload = 0;
+  for (uint64_t rb : config.row_bytes) upload += rb * config.tail_rows;
+  a->tail_upload_.assign(config.slots, std::vector<uint8_t>(upload));
   return a;
 }
 
-uint64_t HierarchicalKvAccess::StagingOffset(SourceId s, Position t) const {
+uint64_t HierarchicalKvAccess::TailUploadOffset(SourceId s, Position t) const {
   uint64_t off = 0;
   const KvConfig& c = layout_.config();
   for (SourceId i = 0; i < s; ++i) off += c.row_bytes[i] * c.tail_rows;
@@ -70,17 +80,35 @@ const RequestKv* HierarchicalKvAccess::Find(RequestId request) const {
   return it == requests_.end() ? nullptr : it->second.get();
 }
 
-absl::StatusOr<RequestKv*> HierarchicalKvAccess::Admit(RequestId request) {
+absl::StatusOr<RequestKv*> HierarchicalKvAccess::AdmitAnySlot(RequestId request) {
   auto it = requests_.find(request);
   if (it != requests_.end()) return it->second.get();
   auto free_slot = std::find(slot_used_.begin(), slot_used_.end(), false);
   if (free_slot == slot_used_.end()) {
     return absl::ResourceExhaustedError(absl::StrCat("KV: no free request slot for request ", request));
   }
-  *free_slot = true;
+  return Admit(request, static_cast<SlotIndex>(free_slot - slot_used_.begin()));
+}
+
+absl::StatusOr<RequestKv*> HierarchicalKvAccess::Admit(RequestId request, SlotIndex slot) {
+  if (slot >= slot_used_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: slot ", slot, " of request ", request, " is not below N = ",
+                                                   slot_used_.size()));
+  }
+  auto it = requests_.find(request);
+  if (it != requests_.end()) {
+    if (it->second->slot == slot) return it->second.get();
+    return absl::FailedPreconditionError(absl::StrCat("KV: request ", request, " holds slot ", it->second->slot,
+                                                      ", not ", slot));
+  }
+  if (slot_used_[slot]) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: slot ", slot, " of request ", request,
+                                                      " is held by another request"));
+  }
+  slot_used_[slot] = true;
   auto kv = std::make_unique<RequestKv>();
   kv->id = request;
-  kv->slot = static_cast<SlotIndex>(free_slot - slot_used_.begin());
+  kv->slot = slot;
   kv->appended.assign(layout_.num_sources(), 0);
   kv->tail_write.assign(layout_.num_sources(), std::vector<CopyEvent>(layout_.config().tail_rows));
   resolver_->ResetSlot(kv->slot);
@@ -97,7 +125,7 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
     return absl::InvalidArgumentError(absl::StrCat("KV: row of ", row.size(), " bytes, source ", source, " has ",
                                                    c.row_bytes[source]));
   }
-  absl::StatusOr<RequestKv*> kvp = Admit(request);
+  absl::StatusOr<RequestKv*> kvp = AdmitAnySlot(request);
   if (!kvp.ok()) return kvp.status();
   RequestKv& kv = **kvp;
   if (position != kv.appended[source]) {
@@ -112,7 +140,7 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
       Update();
     }
     if (pg.device_page >= 0 && !pg.ready && !pg.host_ready) {
-      (void)pg.populate.Wait();  // ... or after its kept copy (a failed one falls back to a host backup in Update)
+      AwaitEnded(pg.populate);  // ... or after its kept copy (a failed one falls back to a host backup in Update)
       Update();
       if (pg.host_page >= 0 && !pg.host_ready) {
         if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;
@@ -125,13 +153,13 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
     }
   }
   CopyEvent& write = kv.tail_write[source][static_cast<size_t>(position % c.tail_rows)];
-  if (absl::Status s = write.Wait(); !s.ok() && !absl::IsUnavailable(s)) return s;  // staging slot free again
-  uint8_t* staging = staging_[kv.slot].data() + StagingOffset(source, position);
-  std::memcpy(staging, row.data(), row.size());
+  if (absl::Status s = write.Wait(); !s.ok() && !absl::IsUnavailable(s)) return s;  // upload slot free again
+  uint8_t* upload = tail_upload_[kv.slot].data() + TailUploadOffset(source, position);
+  std::memcpy(upload, row.data(), row.size());
   const DeviceRange dst{pool_, layout_.TailRow(kv.slot, source, position), row.size()};
   std::vector<CopyEvent> after;
   if (device_->ReadersBusy(dst)) after.push_back(device_->ReadersFence(dst));
-  HostToDeviceCopy op{dst, staging};
+  HostToDeviceCopy op{dst, upload};
   write = device_->CopyHostToDevice({&op, 1}, after);
   ++kv.appended[source];
   // Page completion: every source has the whole page -> schedule its backup (brief §4, §6).
@@ -150,7 +178,7 @@ absl::Status HierarchicalKvAccess::OnPageComplete(RequestKv& kv, uint32_t page) 
   if (pg.host_page >= 0 || pg.device_page >= 0) return absl::OkStatus();  // re-appended after a Truncate
   if (page < kv.keep_plan.size() && kv.keep_plan[page] >= 0) {
     const PageIndex dp = static_cast<PageIndex>(kv.keep_plan[page]);
-    kv.keep_plan[page] = -1;
+    SetKeepPlan(kv, page, -1);
     return KeepOptional(kv, page, dp);
   }
   std::optional<PageIndex> hp;
@@ -186,12 +214,32 @@ absl::Status HierarchicalKvAccess::KeepOptional(RequestKv& kv, uint32_t page, Pa
   pg.device_page = device_page;
   kv.SetReady(page, false);  // published by Update only after the copy completed
   pg.populate = device_->CopyDeviceToDevice(ops, after);
-  device_page_owner_[device_page] = static_cast<int64_t>(kv.id);
+  SetGpuPageOwner(device_page, static_cast<int64_t>(kv.id), page);
   pending_populates_.push_back(PendingPopulate{kv.id, page, true});
   return absl::OkStatus();
 }
 
-absl::Status HierarchicalKvAccess::PlanResidency(RequestId request, std::span<const PageIndex> host_pages,
+void HierarchicalKvAccess::SetKeepPlan(RequestKv& kv, uint32_t page, int64_t dp) {
+  if (page < kv.keep_plan.size() && kv.keep_plan[page] >= 0 &&
+      keep_planner_[kv.keep_plan[page]] == static_cast<int64_t>(kv.id)) {
+    keep_planner_[kv.keep_plan[page]] = -1;
+  }
+  if (dp < 0 && page >= kv.keep_plan.size()) return;
+  if (kv.keep_plan.size() <= page) kv.keep_plan.resize(page + 1, -1);
+  kv.keep_plan[page] = dp;
+  if (dp >= 0) {
+    keep_planner_[dp] = static_cast<int64_t>(kv.id);
+    keep_planned_page_[dp] = page;
+  }
+}
+
+void HierarchicalKvAccess::SetGpuPageOwner(PageIndex dp, int64_t request, uint32_t page) {
+  device_page_owner_[dp] = request;
+  device_page_page_[dp] = page;
+}
+
+absl::Status HierarchicalKvAccess::PlanResidency(RequestId request, SlotIndex slot,
+                                                 std::span<const PageIndex> host_pages,
                                                  std::span<const std::pair<uint32_t, PageIndex>> keep) {
   const KvConfig& c = layout_.config();
   for (PageIndex hp : host_pages) {
@@ -207,18 +255,17 @@ absl::Status HierarchicalKvAccess::PlanResidency(RequestId request, std::span<co
       return absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " is in use"));
     }
   }
-  absl::StatusOr<RequestKv*> kvp = Admit(request);
+  absl::StatusOr<RequestKv*> kvp = Admit(request, slot);
   if (!kvp.ok()) return kvp.status();
   RequestKv& kv = **kvp;
   kv.host_plan.assign(host_pages.begin(), host_pages.end());
-  kv.keep_plan.clear();
+  for (uint32_t page = 0; page < kv.keep_plan.size(); ++page) SetKeepPlan(kv, page, -1);
   for (const auto& [page, dp] : keep) {
     if (page < kv.pages.size() && (kv.pages[page].host_page >= 0 || kv.pages[page].device_page >= 0)) {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
                                                         " is already complete"));
     }
-    if (kv.keep_plan.size() <= page) kv.keep_plan.resize(page + 1, -1);
-    kv.keep_plan[page] = dp;
+    SetKeepPlan(kv, page, dp);
   }
   return absl::OkStatus();
 }
@@ -228,7 +275,7 @@ bool HierarchicalKvAccess::DropKeep(RequestId request, uint32_t page) {
   if (it == requests_.end()) return false;
   RequestKv& kv = *it->second;
   if (page >= kv.keep_plan.size() || kv.keep_plan[page] < 0) return false;
-  kv.keep_plan[page] = -1;
+  SetKeepPlan(kv, page, -1);
   return true;
 }
 
@@ -259,7 +306,7 @@ absl::StatusOr<bool> HierarchicalKvAccess::BackupInsteadOfKeep(RequestId request
     return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
                                                       " left the tail without a copy"));
   }
-  if (page < kv.keep_plan.size()) kv.keep_plan[page] = -1;
+  SetKeepPlan(kv, page, -1);
   if (kv.host_plan.size() <= page) kv.host_plan.resize(page + 1, -1);
   kv.host_plan[page] = host_page;
   if (!Complete(kv, page)) return false;  // OnPageComplete issues it into host_plan[page]
@@ -283,8 +330,7 @@ absl::Status HierarchicalKvAccess::RestoreKeep(RequestId request, uint32_t page,
                                                       " already has a host copy or a device page"));
   }
   if (!Complete(kv, page)) {
-    if (kv.keep_plan.size() <= page) kv.keep_plan.resize(page + 1, -1);
-    kv.keep_plan[page] = device_page;
+    SetKeepPlan(kv, page, device_page);
     return absl::OkStatus();
   }
   if (!InTail(kv, page)) {
@@ -295,12 +341,64 @@ absl::Status HierarchicalKvAccess::RestoreKeep(RequestId request, uint32_t page,
 }
 
 std::optional<uint32_t> HierarchicalKvAccess::HistoryPageOf(RequestId request, PageIndex device_page) const {
-  const RequestKv* kv = Find(request);
-  if (kv == nullptr) return std::nullopt;
-  for (size_t j = 0; j < kv->pages.size(); ++j) {
-    if (kv->pages[j].device_page == static_cast<int64_t>(device_page)) return static_cast<uint32_t>(j);
+  if (device_page >= device_page_owner_.size() || device_page_owner_[device_page] != static_cast<int64_t>(request)) {
+    return std::nullopt;
+  }
+  return device_page_page_[device_page];
+}
+
+std::optional<GpuPageUse> HierarchicalKvAccess::GpuPageOf(RequestId request, PageIndex device_page) const {
+  if (std::optional<uint32_t> j = HistoryPageOf(request, device_page)) return GpuPageUse{*j, true};
+  if (device_page < keep_planner_.size() && keep_planner_[device_page] == static_cast<int64_t>(request)) {
+    return GpuPageUse{keep_planned_page_[device_page], false};
   }
   return std::nullopt;
+}
+
+PageResidency HierarchicalKvAccess::Residency(RequestId request, uint32_t page) const {
+  const RequestKv* kv = Find(request);
+  if (kv == nullptr) return PageResidency::kNone;
+  if (page < kv->pages.size()) {
+    const KvPage& pg = kv->pages[page];
+    if (pg.host_page >= 0) return pg.host_ready ? PageResidency::kHostWritten : PageResidency::kHostWriting;
+    if (pg.device_page >= 0) return PageResidency::kOnGpu;
+  }
+  if (page < kv->keep_plan.size() && kv->keep_plan[page] >= 0) return PageResidency::kKeepPlanned;
+  return PageResidency::kNone;
+}
+
+absl::Status HierarchicalKvAccess::BackupHeldPage(RequestId request, uint32_t page, PageIndex host_page) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  if (page >= it->second->pages.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: request ", request, " has no page ", page));
+  }
+  // A keep copy still in flight: back up what it holds. A failed one left the rows in the tail (IssueBackup reads
+  // them there) or is reported in the error below.
+  const absl::Status copied = it->second->pages[page].populate.Wait();
+  absl::StatusOr<CopyEvent> e = IssueBackup(*it->second, page, host_page);
+  if (!e.ok() && !copied.ok()) {
+    return absl::Status(e.status().code(), absl::StrCat(e.status().message(), " (its GPU copy failed: ",
+                                                        copied.message(), ")"));
+  }
+  return e.status();
+}
+
+RequestCopies HierarchicalKvAccess::CopiesInFlight(RequestId request) const {
+  RequestCopies out;
+  const RequestKv* kv = Find(request);
+  if (kv == nullptr) return out;
+  for (const KvPage& pg : kv->pages) {
+    if (pg.device_page >= 0) out.into_gpu.emplace_back(static_cast<PageIndex>(pg.device_page), pg.populate);
+    if (pg.host_page >= 0 && !pg.host_ready) out.to_host.push_back(pg.backup);
+  }
+  return out;
+}
+
+Census HierarchicalKvAccess::TotalCensus() const {
+  Census total;
+  for (uint32_t g = 0; g < layout_.config().groups.size(); ++g) total += census(g);
+  return total;
 }
 
 absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page) {
@@ -383,7 +481,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::WithdrawReady(RequestId request,
     kv.SetReady(page, false);  // new lookups fall back to the hot cache and host from now on
     pg.device_page = -1;
     pg.populate = CopyEvent();
-    device_page_owner_[dp] = -1;
+    SetGpuPageOwner(dp, -1, 0);
   }
   return device_->CopyDeviceToDevice({}, events);
 }
@@ -416,7 +514,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
   pg.device_page = device_page;
   kv.SetReady(page, false);  // published by Poll only after the copy completed
   pg.populate = device_->CopyHostToDevice(ops, {&fence, 1});
-  device_page_owner_[device_page] = static_cast<int64_t>(request);
+  SetGpuPageOwner(device_page, static_cast<int64_t>(request), page);
   pending_populates_.push_back(PendingPopulate{request, page, false});
   return pg.populate;
 }
@@ -465,12 +563,15 @@ void HierarchicalKvAccess::Update() {
     if (s.ok()) {
       it->second->SetReady(p.page, true);  // the ready map entry, set only after the copy completed
     } else {
-      device_page_owner_[pg.device_page] = -1;
+      SetGpuPageOwner(static_cast<PageIndex>(pg.device_page), -1, 0);
       pg.device_page = -1;
       RequestKv& kv = *it->second;
       if (p.kept && pg.host_page < 0 && p.page < kv.host_plan.size() && kv.host_plan[p.page] >= 0) {
         // A failed kept copy: the rows are still in the tail (its slots wait for this page), back them up instead.
-        (void)IssueBackup(kv, p.page, static_cast<PageIndex>(kv.host_plan[p.page]));
+        const PageIndex hp = static_cast<PageIndex>(kv.host_plan[p.page]);
+        if (absl::StatusOr<CopyEvent> b = IssueBackup(kv, p.page, hp); !b.ok()) {
+          completions_.backups.push_back({p.request, p.page, hp, b.status()});  // reported as a failed host copy
+        }
       }
     }
     return true;
@@ -545,12 +646,13 @@ void HierarchicalKvAccess::Release(RequestId request) {
   if (it == requests_.end()) return;
   RequestKv& kv = *it->second;
   for (auto& per_source : kv.tail_write) {
-    for (auto& e : per_source) (void)e.Wait();  // the slot's tail and staging may be reused at once
+    for (auto& e : per_source) AwaitEnded(e);  // the slot's tail and upload buffer may be reused at once
   }
   for (KvPage& pg : kv.pages) {
     if (pg.host_page >= 0) FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {pg.backup, pg.populate});
-    if (pg.device_page >= 0) device_page_owner_[pg.device_page] = -1;
+    if (pg.device_page >= 0) SetGpuPageOwner(static_cast<PageIndex>(pg.device_page), -1, 0);
   }
+  for (uint32_t page = 0; page < kv.keep_plan.size(); ++page) SetKeepPlan(kv, page, -1);
   slot_used_[kv.slot] = false;
   requests_.erase(it);
   Update();

@@ -29,6 +29,7 @@
 #include "workerd/kv/request_kv.h"
 #include "workerd/kv/resolver.h"
 #include "workerd/kv_access.h"
+#include "workerd/kv_residency.h"
 
 namespace dhs {
 
@@ -41,52 +42,50 @@ struct HostPoolAccess {
   std::function<void(PageIndex)> free_host_page;
 };
 
-// Completions the worker loop reports to memd.
-struct KvCompletions {
-  struct Backup { RequestId request; uint32_t page; PageIndex host_page; absl::Status status; };
-  // kept = true: a KeepOptional copy of adaptive mode (no PopulateOrder behind it; memd is not told).
-  struct Published { RequestId request; uint32_t page; PageIndex device_page; absl::Status status; bool kept; };
-  std::vector<Backup> backups;
-  std::vector<Published> published;
-};
-
-class HierarchicalKvAccess final : public KvAccess {
+class HierarchicalKvAccess final : public KvAccess, public KvResidency {
  public:
   // Errors: INVALID_ARGUMENT (config, see KvLayout::Create), RESOURCE_EXHAUSTED (device pool).
   static absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> Create(const KvConfig& config, Device* device,
                                                                       HostPoolAccess host, ResolverKind kind);
   ~HierarchicalKvAccess() override;
 
-  // KvAccess. A request is admitted into a free slot at its first Append (RESOURCE_EXHAUSTED when none).
+  // KvAccess. A request not planned by PlanResidency is admitted at its first Append into the lowest free slot
+  // (RESOURCE_EXHAUSTED when none): a convenience of KV-only tests; the worker always plans with memd's slot first.
   absl::Status Append(RequestId request, SourceId source, Position position, std::span<const uint8_t> row) override;
   absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override;
   void ReadersDone(std::span<const SourceId> sources) override;
   void Release(RequestId request) override;
 
-  // Residency plan of `request` (admits it into a free slot if new; RESOURCE_EXHAUSTED when none).
+  // Residency plan of `request` in slot `slot` (memd's AdmitGrant.slot; admits it there when new).
   // host_pages[j]: host page of history page j (memd's grant; pages beyond it come from allocate_host_page);
   // keep: (history page, optional device page) pairs kept on GPU when the page completes (adaptive mode).
-  // Errors: INVALID_ARGUMENT (device page outside the optional pool, host page outside the host pool),
-  // FAILED_PRECONDITION (a kept device page is in use, or the history page is already complete).
-  absl::Status PlanResidency(RequestId request, std::span<const PageIndex> host_pages,
-                             std::span<const std::pair<uint32_t, PageIndex>> keep);
+  // Errors: INVALID_ARGUMENT (slot >= N, device page outside the optional pool, host page outside the host pool),
+  // FAILED_PRECONDITION (the slot is another request's, the request has another slot, a kept device page is in use,
+  // or the history page is already complete).
+  absl::Status PlanResidency(RequestId request, SlotIndex slot, std::span<const PageIndex> host_pages,
+                             std::span<const std::pair<uint32_t, PageIndex>> keep) override;
+  PageResidency Residency(RequestId request, uint32_t page) const override;
+  std::optional<GpuPageUse> GpuPageOf(RequestId request, PageIndex device_page) const override;
   // Forgets the keep plan of history page `page` that has not completed yet (its device page was reclaimed before it
   // held anything); the page is then backed up to its host page when it completes. Returns whether a plan existed.
-  bool DropKeep(RequestId request, uint32_t page);
+  bool DropKeep(RequestId request, uint32_t page) override;
   // A reclaim (docs/protocol.md, contract §4) took the device page planned to keep history page `page` before the
   // page was kept (the request is still writing its rows): the keep plan is replaced by a backup into `host_page`,
   // issued now when the page is complete (from the tail), else as soon as its last row is appended (the copy waits for
   // the rows' write events). Either way Poll reports the backup once the copy ended. Returns true when issued now.
   // Errors: NOT_FOUND (unknown request), INVALID_ARGUMENT (host page outside the host pool), FAILED_PRECONDITION (the
   // page already has a host copy or a device page, or its rows left the tail).
-  absl::StatusOr<bool> BackupInsteadOfKeep(RequestId request, uint32_t page, PageIndex host_page);
+  absl::StatusOr<bool> BackupInsteadOfKeep(RequestId request, uint32_t page, PageIndex host_page) override;
   // Undoes BackupInsteadOfKeep after that reclaim's backup failed (memd then leaves the victim's pages as they were):
   // history page `page` is kept on `device_page` again: planned when not complete yet, else copied device->device from
   // the tail now (published by Poll after the copy). Errors: NOT_FOUND (unknown request), INVALID_ARGUMENT (device
   // page outside the optional pool), FAILED_PRECONDITION (device page in use; the page has a host copy or a device
   // page, or its rows left the tail).
-  absl::Status RestoreKeep(RequestId request, uint32_t page, PageIndex device_page);
-  // The history page whose optional-history device page is `device_page` (pending or ready), or nullopt.
+  absl::Status RestoreKeep(RequestId request, uint32_t page, PageIndex device_page) override;
+  // Backs up page `page`, held on an optional GPU page, into `host_page` after its keep/populate copy ended (from the
+  // tail while the rows are still there, else from the GPU page); reported by Poll. Errors: as BackupPages.
+  absl::Status BackupHeldPage(RequestId request, uint32_t page, PageIndex host_page) override;
+  // The history page whose optional-history device page is `device_page` (pending or ready), or nullopt. O(1).
   std::optional<uint32_t> HistoryPageOf(RequestId request, PageIndex device_page) const;
 
   // Drops rows at positions >= length (rejected speculative rows, brief §6). Only rows not yet in a complete page
@@ -98,16 +97,20 @@ class HierarchicalKvAccess final : public KvAccess {
   absl::StatusOr<CopyEvent> BackupPages(RequestId request, std::span<const uint32_t> pages,
                                         std::span<const PageIndex> host_pages);
   // Withdraws ready-map entries now; the returned event completes when their readers finished.
-  absl::StatusOr<CopyEvent> WithdrawReady(RequestId request, std::span<const uint32_t> pages);
+  absl::StatusOr<CopyEvent> WithdrawReady(RequestId request, std::span<const uint32_t> pages) override;
   // Populates device page `device_page` from the page's host copy; published by Poll after the copy completed.
-  absl::StatusOr<CopyEvent> Populate(RequestId request, uint32_t page, PageIndex device_page);
+  absl::StatusOr<CopyEvent> Populate(RequestId request, uint32_t page, PageIndex device_page) override;
   // The device pages are retired (back to memd). FAILED_PRECONDITION if still mapped or read.
-  absl::Status Retire(std::span<const PageIndex> device_pages);
+  absl::Status Retire(std::span<const PageIndex> device_pages) override;
   // Publishes completed populates, records completed backups, frees host pages whose copies finished.
-  KvCompletions Poll();
+  KvCompletions Poll() override;
+  // Keep/populate copies into the request's GPU pages and host backups still being written.
+  RequestCopies CopiesInFlight(RequestId request) const override;
 
   const KvLayout& layout() const { return layout_; }
   const Census& census(uint32_t group) const { return resolver_->census(group); }
+  // The census summed over every group.
+  Census TotalCensus() const;
   PoolId pool() const { return pool_; }
   // Test/introspection: the request's state, or nullptr.
   const RequestKv* Find(RequestId request) const;
@@ -115,7 +118,12 @@ class HierarchicalKvAccess final : public KvAccess {
 
  private:
   HierarchicalKvAccess(KvLayout layout, Device* device, HostPoolAccess host);
-  absl::StatusOr<RequestKv*> Admit(RequestId request);
+  absl::StatusOr<RequestKv*> Admit(RequestId request, SlotIndex slot);
+  absl::StatusOr<RequestKv*> AdmitAnySlot(RequestId request);
+  // Sets (dp >= 0) or clears (dp = -1) the keep plan of `page`, keeping the GPU page index in step.
+  void SetKeepPlan(RequestKv& kv, uint32_t page, int64_t dp);
+  // Maps (or unmaps, request = -1) optional GPU page `dp` in the GPU page index.
+  void SetGpuPageOwner(PageIndex dp, int64_t request, uint32_t page);
   absl::StatusOr<CopyEvent> IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page);
   absl::Status KeepOptional(RequestKv& kv, uint32_t page, PageIndex device_page);
   absl::Status OnPageComplete(RequestKv& kv, uint32_t page);
@@ -123,7 +131,7 @@ class HierarchicalKvAccess final : public KvAccess {
   bool InTail(const RequestKv& kv, uint32_t page) const;    // every source still holds the page in its tail
   void FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events);
   void Update();  // the state part of Poll; completions accumulate in completions_
-  uint64_t StagingOffset(SourceId s, Position t) const;
+  uint64_t TailUploadOffset(SourceId s, Position t) const;
 
   KvLayout layout_;
   Device* device_;
@@ -132,7 +140,12 @@ class HierarchicalKvAccess final : public KvAccess {
   std::unique_ptr<Resolver> resolver_;
   absl::flat_hash_map<RequestId, std::unique_ptr<RequestKv>> requests_;
   std::vector<bool> slot_used_;
-  std::vector<int64_t> device_page_owner_;  // request owning a pending/ready device page, -1 free
+  // The GPU page index, by optional GPU page: the request holding it (pending or ready; -1 free) and its history page,
+  // and the request planning to keep a page in it (-1 none) with that history page.
+  std::vector<int64_t> device_page_owner_;
+  std::vector<uint32_t> device_page_page_;
+  std::vector<int64_t> keep_planner_;
+  std::vector<uint32_t> keep_planned_page_;
   std::vector<std::vector<ReaderId>> readers_;  // per group: readers of the last Fetches
   struct PendingFree { PageIndex host_page; std::vector<CopyEvent> events; };
   std::vector<PendingFree> pending_free_;
@@ -140,7 +153,9 @@ class HierarchicalKvAccess final : public KvAccess {
   std::vector<PendingBackup> pending_backups_;
   struct PendingPopulate { RequestId request; uint32_t page; bool kept; };
   std::vector<PendingPopulate> pending_populates_;
-  std::vector<std::vector<uint8_t>> staging_;  // per slot: host staging of tail rows being written
+  // Per slot: the tail upload buffer, host memory holding tail rows while their host->device write is in flight (not
+  // the "staging arena" of brief §6).
+  std::vector<std::vector<uint8_t>> tail_upload_;
   KvCompletions completions_;
 };
 

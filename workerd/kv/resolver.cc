@@ -293,11 +293,7 @@ absl::Status FusedResolver::Finish(PlannedBatchPtr plan) {
     return status;
   }
   Census& c = census_[plan->group];
-  c.direct += plan->census.direct;
-  c.hot += plan->census.hot;
-  c.host += plan->census.host;
-  c.scans_skipped += plan->census.scans_skipped;
-  c.bytes_recovered += plan->census.bytes_recovered;
+  c += plan->census;
   return absl::OkStatus();
 }
 
@@ -424,12 +420,7 @@ absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId
       }
     }
   }
-  Census& cc = census_[group];
-  cc.direct += add.direct;
-  cc.hot += add.hot;
-  cc.host += add.host;
-  cc.scans_skipped += add.scans_skipped;
-  cc.bytes_recovered += add.bytes_recovered;
+  census_[group] += add;
   return absl::OkStatus();
 }
 

@@ -40,6 +40,15 @@ struct Census {
   uint64_t scans_skipped = 0;    // queries whose rows all resolved directly
   uint64_t bytes_recovered = 0;  // host->device bytes, all sources of the group
   bool operator==(const Census&) const = default;
+  // The one way to add censuses (groups, workers, runs).
+  Census& operator+=(const Census& o) {
+    direct += o.direct;
+    hot += o.hot;
+    host += o.host;
+    scans_skipped += o.scans_skipped;
+    bytes_recovered += o.bytes_recovered;
+    return *this;
+  }
 };
 
 struct ResolveQuery {

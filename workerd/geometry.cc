@@ -1,0 +1,140 @@
+// workerd/geometry.cc: see geometry.h.
+#include "workerd/geometry.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/protocol.h"
+
+namespace dhs {
+namespace {
+
+uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// The KV groups: one per source, except an index producer's followers, which join its group (brief §5).
+std::vector<std::vector<SourceId>> KvGroups(const model::ModelConfig& model) {
+  std::vector<std::vector<SourceId>> groups;
+  std::vector<int> group_of(model.n_sources(), -1);
+  int producer_group = -1;
+  for (const model::LayerSpec& l : model.layers) {
+    if (l.kind == model::LayerKind::kProducer) {
+      producer_group = static_cast<int>(groups.size());
+      groups.push_back({l.source});
+      group_of[l.source] = producer_group;
+    } else if (l.kind == model::LayerKind::kFollower) {
+      if (group_of[l.source] < 0) {
+        groups[producer_group].push_back(l.source);
+        group_of[l.source] = producer_group;
+      }
+    } else if (group_of[l.source] < 0) {
+      group_of[l.source] = static_cast<int>(groups.size());
+      groups.push_back({l.source});
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::string_view WorkerModeName(WorkerMode mode) {
+  switch (mode) {
+    case WorkerMode::kResident: return "resident";
+    case WorkerMode::kHisparse: return "hisparse";
+    case WorkerMode::kAdaptive: return "adaptive";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<WorkerMode> ParseWorkerMode(std::string_view name) {
+  if (name == "resident") return WorkerMode::kResident;
+  if (name == "hisparse") return WorkerMode::kHisparse;
+  if (name == "adaptive") return WorkerMode::kAdaptive;
+  return absl::InvalidArgumentError(absl::StrCat("unknown mode '", std::string(name), "' (resident, hisparse, adaptive)"));
+}
+
+absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config) {
+  WorkerGeometry g;
+  const uint32_t p = config.page_rows;
+  if (p == 0) return absl::InvalidArgumentError("worker: page rows p must be > 0");
+  const uint32_t k = static_cast<uint32_t>(model.top_k);
+  const uint32_t span = k + static_cast<uint32_t>(model.local_window);
+  g.hot_rows = config.hot_rows != 0 ? config.hot_rows : std::max<uint32_t>(64, 4 * span);
+  g.tail_rows = config.tail_rows != 0 ? config.tail_rows : 2 * p;
+  if (g.tail_rows % p != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: tail rows ", g.tail_rows, " not a multiple of p = ", p));
+  }
+  if (config.mode != WorkerMode::kResident && g.hot_rows < span) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: hot rows B = ", g.hot_rows, " < k + window = ", span));
+  }
+  if (config.slots == 0) return absl::InvalidArgumentError("worker: request slots N must be > 0");
+  const int n_sources = model.n_sources();
+  g.page_bytes = uint64_t{p} * model.row_bytes() * static_cast<uint64_t>(n_sources);
+  const uint64_t m = config.hbm_budget_bytes / g.page_bytes;
+  if (m == 0 || m > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: HBM budget of ", config.hbm_budget_bytes,
+                                                   " bytes gives ", m, " pages of ", g.page_bytes, " bytes"));
+  }
+  g.capacity_pages = static_cast<uint32_t>(m);
+  if (config.prefill_chunk != 0) {
+    g.prefill_chunk = config.prefill_chunk;
+  } else {
+    // The same in every mode (resident included) so that the modes differ in memory only, not in how prefill
+    // interleaves with decode: B / (k + window), the most one step's selections of one request can keep hot.
+    g.prefill_chunk = std::max<uint32_t>(1, g.hot_rows / span);
+  }
+  if (config.mode != WorkerMode::kResident && g.prefill_chunk * span > g.hot_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: prefill chunk ", g.prefill_chunk, " x (k + window) ",
+                                                   span, " exceeds hot rows ", g.hot_rows));
+  }
+  g.kv.row_bytes.assign(n_sources, model.row_bytes());
+  g.kv.groups = KvGroups(model);
+  g.kv.page_rows = p;
+  g.kv.hot_rows = g.hot_rows;
+  g.kv.k = k;
+  g.kv.tail_rows = g.tail_rows;
+  g.kv.slots = config.slots;
+  g.kv.optional_pages = g.capacity_pages;
+  return g;
+}
+
+wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& geometry,
+                       std::string_view device_name) {
+  wire::HelloT h;
+  h.protocol_version = kProtocolVersion;
+  h.gpu = config.gpu;
+  h.pid = static_cast<uint32_t>(::getpid());
+  h.device_name = std::string(device_name);
+  h.capacity_pages = geometry.capacity_pages;
+  h.page_rows = config.page_rows;
+  h.page_bytes = geometry.page_bytes;
+  h.request_slots = config.slots;
+  std::vector<uint32_t> consumers(model.n_sources(), 0);
+  for (const model::LayerSpec& l : model.layers) ++consumers[l.source];
+  for (int s = 0; s < model.n_sources(); ++s) {
+    auto info = std::make_unique<wire::SourceInfoT>();
+    info->source = static_cast<uint32_t>(s);
+    info->bytes_per_row = static_cast<uint32_t>(model.row_bytes());
+    info->positions_per_row = 1;
+    info->consumers = consumers[s];
+    h.sources.push_back(std::move(info));
+  }
+  h.has_drafter = false;
+  h.draft_ring_rows = 0;
+  return h;
+}
+
+uint32_t RequiredPages(const model::ModelConfig& model, const WorkerGeometry& geometry, WorkerMode mode,
+                       uint64_t context_tokens) {
+  const uint64_t p = geometry.kv.page_rows;
+  const uint64_t meta = CeilDiv(context_tokens * static_cast<uint64_t>(model.n_indexers()) * model.index_key_bytes(),
+                                geometry.page_bytes);
+  uint64_t required = CeilDiv(geometry.hot_rows + geometry.tail_rows, p) + meta;
+  if (mode == WorkerMode::kResident) required += CeilDiv(context_tokens, p);
+  return static_cast<uint32_t>(required);
+}
+
+}  // namespace dhs

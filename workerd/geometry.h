@@ -1,0 +1,61 @@
+// workerd/geometry.h: the configuration of one worker and the sizes derived from it (brief §8): WorkerConfig, the
+// geometry (page bytes, M, B, T, the KV layout), the Hello that announces them to memd (contract §1), and the pages a
+// request needs on GPU before it may start (AdmitRequest.required_pages). One formula, used by the worker and by
+// dhs-replay (which sizes its node with it).
+//
+// Thread-safety: pure functions and plain values.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "dhs_generated.h"
+#include "workerd/kv/layout.h"
+#include "workerd/model/config.h"
+
+namespace dhs {
+
+enum class WorkerMode { kResident, kHisparse, kAdaptive };
+std::string_view WorkerModeName(WorkerMode mode);
+// "resident" | "hisparse" | "adaptive"; else INVALID_ARGUMENT.
+absl::StatusOr<WorkerMode> ParseWorkerMode(std::string_view name);
+
+struct WorkerConfig {
+  GpuId gpu = 0;
+  WorkerMode mode = WorkerMode::kAdaptive;
+  uint64_t hbm_budget_bytes = uint64_t{64} << 20;  // GPU KV budget, bytes: M = budget / page_bytes
+  uint32_t slots = 8;                // N request slots
+  uint32_t hot_rows = 0;             // B per slot and source; 0 = max(64, 4 * (k + local_window))
+  uint32_t tail_rows = 0;            // T per slot and source, a multiple of p; 0 = 2 * p
+  uint32_t page_rows = 64;           // p
+  uint64_t max_context_tokens = 131072;  // prompt + max_new_tokens limit per request, tokens
+  uint64_t prefix_cache_bytes = uint64_t{256} << 20;  // prepared-prefix row cache (prefix_cache.h), bytes; 0 = off
+  uint32_t prefill_chunk = 0;        // prompt tokens fed per request and step; 0 = auto: B / (k + window) in every
+                                     // mode, so one step's selections fit the hot cache and the modes interleave
+                                     // prefill with decode alike
+};
+
+// The sizes derived from the model and the config (brief §8).
+struct WorkerGeometry {
+  uint64_t page_bytes = 0;       // p * sum of d_KV over payload sources (contract "Units")
+  uint32_t capacity_pages = 0;   // M
+  uint32_t hot_rows = 0;         // B
+  uint32_t tail_rows = 0;        // T
+  uint32_t prefill_chunk = 0;    // tokens
+  KvConfig kv;                   // the hierarchical layout (optional_pages = M)
+};
+// Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page).
+absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
+
+// The Hello of this worker (contract §1).
+wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& geometry,
+                       std::string_view device_name);
+
+// GPU pages request needs granted before it starts (AdmitRequest.required_pages): its hot cache and tail, ceil(B + T
+// / p), plus its index keys, ceil(context * indexers * index-key bytes / page bytes), plus, in resident mode, its
+// whole context, ceil(context / p). `context_tokens`: input + max_new_tokens.
+uint32_t RequiredPages(const model::ModelConfig& model, const WorkerGeometry& geometry, WorkerMode mode,
+                       uint64_t context_tokens);
+
+}  // namespace dhs

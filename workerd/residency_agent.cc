@@ -1,0 +1,554 @@
+// workerd/residency_agent.cc: see residency_agent.h.
+#include "workerd/residency_agent.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace dhs {
+namespace {
+
+bool HasHostCopy(PageResidency r) { return r == PageResidency::kHostWriting || r == PageResidency::kHostWritten; }
+
+bool Contains(std::span<const PageIndex> pages, PageIndex dp) {
+  return std::find(pages.begin(), pages.end(), dp) != pages.end();
+}
+
+}  // namespace
+
+ResidencyAgent::ResidencyAgent(ResidencyAgentConfig config, KvResidency* kv, MemdLink* memd)
+    : config_(config), kv_(kv), memd_(memd) {}
+
+ResidencyAgent::Granted* ResidencyAgent::Find(RequestId request) {
+  auto it = granted_.find(request);
+  return it == granted_.end() ? nullptr : &it->second;
+}
+
+std::optional<SlotIndex> ResidencyAgent::SlotOf(RequestId request) const {
+  auto it = granted_.find(request);
+  if (it == granted_.end()) return std::nullopt;
+  return it->second.slot;
+}
+
+void ResidencyAgent::Sent(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  spdlog::error("worker: cannot send {} to memd: {}", what, s.ToString());
+  if (link_status_.ok()) link_status_ = absl::UnavailableError(absl::StrCat("cannot send ", what, " to memd: ",
+                                                                            s.message()));
+}
+
+void ResidencyAgent::WaitCopy(const CopyEvent& e, RequestId request, const char* what) {
+  // Only that the copy ended matters here (memd may hand its page on); a failure was reported by Poll or is moot.
+  if (absl::Status s = e.Wait(); !s.ok()) {
+    spdlog::debug("worker: {} of request {} ended with {}", what, request, s.ToString());
+  }
+}
+
+void ResidencyAgent::RememberFinished(RequestId request) {
+  if (!finished_ids_.insert(request).second) return;
+  finished_order_.push_back(request);
+  if (finished_order_.size() > kFinishedMemory) {
+    finished_ids_.erase(finished_order_.front());
+    finished_order_.pop_front();
+  }
+}
+
+// ---- grants ----
+
+absl::Status ResidencyAgent::CheckGrant(const wire::AdmitGrantT& m, uint64_t complete_pages) const {
+  if (m.slot >= config_.slots) {
+    return absl::InvalidArgumentError(absl::StrCat("memd granted slot ", m.slot, " to request ", m.request,
+                                                   "; this worker has N = ", config_.slots, " slots"));
+  }
+  for (const auto& [id, g] : granted_) {
+    if (g.slot == m.slot && id != m.request) {
+      return absl::FailedPreconditionError(absl::StrCat("memd granted slot ", m.slot, " to request ", m.request,
+                                                        " while request ", id, " holds it"));
+    }
+  }
+  if (config_.host_tier && m.backup_host_pages.size() < complete_pages) {
+    return absl::InternalError(absl::StrCat("memd granted ", m.backup_host_pages.size(), " host pages for ",
+                                            complete_pages, " complete pages of request ", m.request));
+  }
+  for (const auto& ref : m.backup_host_pages) {
+    if (ref.segment() != 0) {
+      return absl::UnimplementedError(absl::StrCat("host page in segment ", ref.segment(),
+                                                   ": this worker maps segment 0 only"));
+    }
+  }
+  if (m.optional_pages.size() != m.optional_history_pages.size()) {
+    return absl::InternalError("AdmitGrant: optional_pages and optional_history_pages differ in length");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResidencyAgent::PlanKv(RequestId request, const Granted& g) {
+  std::vector<std::pair<uint32_t, PageIndex>> keep;
+  if (config_.keep_optional) keep.assign(g.gpu_pages.begin(), g.gpu_pages.end());
+  return kv_->PlanResidency(request, g.slot, g.host_pages, keep);
+}
+
+absl::Status ResidencyAgent::OnGrant(const wire::AdmitGrantT& m, uint64_t complete_pages) {
+  if (absl::Status s = CheckGrant(m, complete_pages); !s.ok()) return s;
+  Granted g;
+  g.slot = m.slot;
+  for (const auto& ref : m.backup_host_pages) g.host_pages.push_back(ref.page());
+  for (size_t i = 0; i < m.optional_pages.size(); ++i) g.gpu_pages[m.optional_history_pages[i]] = m.optional_pages[i];
+  if (absl::Status s = PlanKv(m.request, g); !s.ok()) return s;
+  granted_[m.request] = std::move(g);
+  return absl::OkStatus();
+}
+
+void ResidencyAgent::RefuseGrant(const wire::AdmitGrantT& m) {
+  wire::CompleteT c;
+  c.request = m.request;
+  c.gpu = config_.gpu;
+  Sent(memd_->SendComplete(c), "Complete");
+}
+
+// ---- reclaim orders ----
+
+void ResidencyAgent::SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status,
+                                        std::vector<PageIndex> deferred) {
+  wire::BackupCompleteT done;
+  done.order = m.order;
+  done.request = m.request;
+  done.gpu = config_.gpu;
+  done.pages = m.backup_pages;
+  done.host_pages = m.backup_targets;
+  done.ok = status.ok();
+  if (status.ok()) done.deferred_pages = std::move(deferred);
+  if (!status.ok()) {
+    done.error = ToWireError(status);
+    done.message = std::string(status.message());
+  }
+  Sent(memd_->SendBackupComplete(done), "BackupComplete");
+}
+
+absl::Status ResidencyAgent::MapBackupPages(const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const {
+  for (size_t i = 0; i < m.backup_pages.size(); ++i) {
+    const PageIndex dp = m.backup_pages[i];
+    std::optional<GpuPageUse> use = kv_->GpuPageOf(m.request, dp);
+    if (!use) {
+      return absl::FailedPreconditionError(absl::StrCat("ReclaimOrder ", m.order, ": GPU page ", dp,
+                                                        " holds no history page of request ", m.request, " here"));
+    }
+    if (m.backup_targets[i].segment() != 0) {
+      return absl::UnimplementedError(absl::StrCat("ReclaimOrder ", m.order, ": host page in segment ",
+                                                   m.backup_targets[i].segment(), ": this worker maps segment 0 only"));
+    }
+    items.push_back(BackupItem{use->page, m.backup_targets[i].page(), use->held});
+  }
+  return absl::OkStatus();
+}
+
+void ResidencyAgent::IssueBackup(Granted& g, const wire::ReclaimOrderT& m, size_t i, const BackupItem& item,
+                                 Reclaim& rc) {
+  const uint32_t j = item.page;
+  if (j < g.host_pages.size() && item.target != g.host_pages[j]) {
+    spdlog::warn("worker: reclaim order {} targets host page {} for history page {}, the grant gave another",
+                 m.order, item.target, j);
+    g.host_pages[j] = item.target;  // where the copy lives now
+  }
+  const PageResidency where = kv_->Residency(m.request, j);
+  if (HasHostCopy(where)) {  // written, or being written: that copy's completion is this order's
+    rc.backup_history.push_back(j);
+    if (where == PageResidency::kHostWriting) rc.awaiting.insert(j);
+    return;
+  }
+  absl::Status issued;
+  if (item.held) {
+    issued = kv_->BackupHeldPage(m.request, j, item.target);
+  } else {
+    // Only planned to be kept: the GPU page holds nothing. A page whose rows are all written (still in the tail) is
+    // backed up now and awaited; one the victim is still writing is *deferred* (contract §4): it goes to its host page
+    // when it completes (HostCopyWritten), and the order does not wait for the victim's prefill.
+    rc.planned[j] = m.backup_pages[i];
+    absl::StatusOr<bool> now = kv_->BackupInsteadOfKeep(m.request, j, item.target);
+    issued = now.status();
+    if (now.ok() && !*now) {
+      rc.deferred.push_back(m.backup_pages[i]);
+      return;
+    }
+  }
+  rc.backup_history.push_back(j);
+  if (issued.ok()) {
+    rc.awaiting.insert(j);
+  } else if (rc.backup_status.ok()) {
+    rc.backup_status = issued;
+  }
+}
+
+void ResidencyAgent::OnReclaimOrder(const wire::ReclaimOrderT& m) {
+  Reclaim rc;
+  rc.order = m;
+  if (m.backup_pages.size() != m.backup_targets.size()) {
+    SendBackupComplete(m, absl::InvalidArgumentError("ReclaimOrder: backup_pages and backup_targets differ in length"));
+    return;
+  }
+  Granted* g = Find(m.request);
+  if (g == nullptr && !Finished(m.request)) {
+    // Never served by this worker process (admitted through an earlier one that died): nothing of it was written
+    // here, so no host copy may be reported. memd keeps the victim as it was.
+    if (!m.backup_pages.empty()) {
+      SendBackupComplete(m, absl::FailedPreconditionError(absl::StrCat("ReclaimOrder ", m.order, ": request ",
+                                                                       m.request, " is unknown to this worker "
+                                                                       "process; no host copy written")));
+      return;
+    }
+  }
+  if (g == nullptr) {
+    // Finished here: its Complete crossed the order and memd dropped the reclaim and the request's pages with it.
+    // The answer only closes memd's orphaned copies (contract, details); ReadersDone follows (nothing is mapped).
+    if (!m.backup_pages.empty()) SendBackupComplete(m, absl::OkStatus());
+    reclaims_[m.order] = std::move(rc);
+    AdvanceReclaims();
+    return;
+  }
+  std::vector<BackupItem> items;
+  if (absl::Status s = MapBackupPages(m, items); !s.ok()) {
+    SendBackupComplete(m, s);
+    return;
+  }
+  // Pages named without a backup (memd has their host copy) and only planned: the plan is dropped; they go to host
+  // when they complete (HostCopyWritten).
+  for (PageIndex dp : m.pages) {
+    if (Contains(m.backup_pages, dp)) continue;
+    std::optional<GpuPageUse> use = kv_->GpuPageOf(m.request, dp);
+    if (use && !use->held) kv_->DropKeep(m.request, use->page);
+  }
+  for (size_t i = 0; i < items.size(); ++i) IssueBackup(*g, m, i, items[i], rc);
+  reclaims_[m.order] = std::move(rc);
+  AdvanceReclaims();
+}
+
+bool ResidencyAgent::BackupInFlight(const Reclaim& rc) const {
+  for (uint32_t j : rc.awaiting) {
+    if (HasHostCopy(kv_->Residency(rc.order.request, j))) return true;  // issued; its completion not polled yet
+  }
+  return false;
+}
+
+bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
+  const wire::ReclaimOrderT& m = rc.order;
+  // Every backup page's host copy written -> BackupComplete ok. A failure is reported once none of the order's copies
+  // is still writing (memd may hand the host pages on after it); pages not issued yet are not waited for.
+  if (!rc.awaiting.empty() && (rc.backup_status.ok() || BackupInFlight(rc))) return false;
+  rc.backup_reported = true;
+  if (!m.backup_pages.empty()) SendBackupComplete(m, rc.backup_status, rc.deferred);
+  if (!rc.backup_status.ok()) {
+    // memd leaves the victim untouched and may retry: a page only planned to be kept is kept again on its GPU page
+    // (its rows are still in the tail: a page without a host copy never leaves it).
+    spdlog::warn("worker: backup of reclaim order {} failed: {}", m.order, rc.backup_status.ToString());
+    for (const auto& [j, dp] : rc.planned) {
+      if (HasHostCopy(kv_->Residency(m.request, j))) continue;  // written: host copy, nothing to undo
+      if (absl::Status s = kv_->RestoreKeep(m.request, j, dp); !s.ok()) {
+        spdlog::error("worker: keeping page {} of request {} again failed: {}", j, m.request, s.ToString());
+      }
+    }
+    erased = true;
+    return false;
+  }
+  for (uint32_t j : rc.backup_history) g->reported.insert(j);
+  stats_.pages_backed_up += rc.copies;
+  return true;
+}
+
+void ResidencyAgent::Withdraw(Reclaim& rc, Granted* g) {
+  const wire::ReclaimOrderT& m = rc.order;
+  if (!rc.withdrawing && !rc.readers_done) {
+    // Every page of the order still held here is withdrawn, including pages whose populate copy was in flight when
+    // the order came (memd reclaims whole requests), but only after that populate was answered (ReadyPublish): memd
+    // waits for that answer before it retires the page. ReadersDone goes out once no page of the order is mapped
+    // (contract §4, brief §4).
+    if (g != nullptr && PopulateInFlight(m.request, m.pages)) return;
+    std::vector<uint32_t> held;
+    for (PageIndex dp : m.pages) {
+      std::optional<GpuPageUse> use = g != nullptr ? kv_->GpuPageOf(m.request, dp) : std::nullopt;
+      if (use && use->held) held.push_back(use->page);
+    }
+    if (!held.empty()) {
+      absl::StatusOr<CopyEvent> e = kv_->WithdrawReady(m.request, held);
+      if (!e.ok()) spdlog::error("worker: withdraw of order {} failed: {}", m.order, e.status().ToString());
+      if (e.ok()) rc.withdraw = *e;
+    }
+    rc.withdrawing = true;
+  }
+  if (!rc.withdrawing || !rc.withdraw.Done()) return;
+  rc.withdrawing = false;
+  rc.readers_done = true;
+  if (g != nullptr) {
+    for (PageIndex dp : m.pages) std::erase_if(g->gpu_pages, [&](const auto& e) { return e.second == dp; });
+  }
+  wire::ReadersDoneT done;
+  done.order = m.order;
+  done.request = m.request;
+  done.gpu = config_.gpu;
+  done.pages = m.pages;
+  Sent(memd_->SendReadersDone(done), "ReadersDone");
+  // Obeyed: the pages are unmapped and unread. Counted here, not at Retire, which may come after the request finished
+  // and its orders were forgotten; an order that crossed its request's Complete reclaimed nothing.
+  if (g != nullptr) {
+    ++stats_.reclaims_obeyed;
+    stats_.pages_reclaimed += m.pages.size();
+  }
+}
+
+void ResidencyAgent::AdvanceReclaims() {
+  for (auto it = reclaims_.begin(); it != reclaims_.end();) {
+    Reclaim& rc = it->second;
+    Granted* g = Find(rc.order.request);
+    if (!rc.backup_reported && g != nullptr) {
+      bool erased = false;
+      if (!ReportBackup(rc, g, erased)) {
+        it = erased ? reclaims_.erase(it) : std::next(it);
+        continue;
+      }
+    }
+    Withdraw(rc, g);
+    ++it;
+  }
+}
+
+bool ResidencyAgent::PopulateInFlight(RequestId request, std::span<const PageIndex> device_pages) const {
+  for (const auto& [order, po] : populates_) {
+    if (po.order.request != request) continue;
+    for (size_t i = 0; i < po.order.pages.size() && i < po.order.history_pages.size(); ++i) {
+      if (po.pending.contains(po.order.history_pages[i]) && Contains(device_pages, po.order.pages[i])) return true;
+    }
+  }
+  return false;
+}
+
+void ResidencyAgent::OnRetire(const wire::RetireT& m) {
+  auto it = reclaims_.find(m.order);
+  if (it == reclaims_.end()) {
+    // Its request finished after ReadersDone went out (EndRequest forgets the request's orders): nothing is mapped.
+    spdlog::debug("worker: Retire for order {} of a finished request", m.order);
+  } else if (!it->second.readers_done) {
+    spdlog::warn("worker: Retire for order {} that has not reached ReadersDone", m.order);
+  }
+  if (absl::Status s = kv_->Retire(m.pages); !s.ok()) spdlog::error("worker: Retire: {}", s.ToString());
+  if (it != reclaims_.end()) reclaims_.erase(it);
+}
+
+// ---- populate orders ----
+
+void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
+  Populate& po = populates_[m.order];
+  po.order = m;
+  const Granted* g = Find(m.request);
+  if (m.pages.size() != m.history_pages.size() || m.pages.size() != m.host_pages.size()) {
+    po.status = absl::InvalidArgumentError("PopulateOrder: pages, history_pages and host_pages differ in length");
+  } else if (g == nullptr) {
+    po.status = absl::FailedPreconditionError(absl::StrCat("PopulateOrder: request ", m.request,
+                                                           " has no hierarchical KV on this worker"));
+  }
+  for (size_t i = 0; i < m.pages.size() && po.status.ok(); ++i) {
+    const uint32_t j = m.history_pages[i];
+    if (m.host_pages[i].segment() != 0 || j >= g->host_pages.size() || g->host_pages[j] != m.host_pages[i].page()) {
+      po.status = absl::InvalidArgumentError(absl::StrCat("PopulateOrder: host page of history page ", j,
+                                                          " differs from the grant"));
+      break;
+    }
+    absl::StatusOr<CopyEvent> e = kv_->Populate(m.request, j, m.pages[i]);
+    if (!e.ok()) {
+      po.status = e.status();
+      break;
+    }
+    po.pending.insert(j);
+  }
+  if (po.pending.empty()) AnswerPopulate(po);  // nothing in flight: answered at once
+}
+
+void ResidencyAgent::AnswerPopulate(Populate& po) {
+  const wire::PopulateOrderT& m = po.order;
+  Granted* g = Find(m.request);
+  if (!po.status.ok() && g != nullptr && !po.published.empty()) {
+    // Not published as a whole: withdraw the pages that did complete before memd frees them.
+    absl::StatusOr<CopyEvent> e = kv_->WithdrawReady(m.request, po.published);
+    if (e.ok()) {
+      WaitCopy(*e, m.request, "withdrawal of a partly failed populate");
+    } else {
+      spdlog::error("worker: withdraw of populate order {} failed: {}", m.order, e.status().ToString());
+    }
+  }
+  if (po.status.ok() && g != nullptr) {
+    for (size_t i = 0; i < m.pages.size(); ++i) g->gpu_pages[m.history_pages[i]] = m.pages[i];
+    stats_.pages_populated += m.pages.size();
+  }
+  wire::ReadyPublishT pub;
+  pub.order = m.order;
+  pub.gpu = config_.gpu;
+  pub.request = m.request;
+  pub.pages = m.pages;
+  pub.history_pages = m.history_pages;
+  pub.ok = po.status.ok();
+  if (!po.status.ok()) pub.error = ToWireError(po.status);
+  const uint64_t order = m.order;
+  Sent(memd_->SendReadyPublish(pub), "ReadyPublish");
+  populates_.erase(order);
+}
+
+// ---- KV completions ----
+
+ResidencyAgent::Reclaim* ResidencyAgent::AwaitingOrder(RequestId request, uint32_t page) {
+  for (auto& [order, rc] : reclaims_) {
+    if (rc.order.request == request && !rc.backup_reported && rc.awaiting.contains(page)) return &rc;
+  }
+  return nullptr;
+}
+
+void ResidencyAgent::ReportBackups(const std::vector<KvCompletions::Backup>& backups) {
+  std::map<RequestId, wire::HostCopyWrittenT> written;
+  for (const KvCompletions::Backup& b : backups) {
+    if (Reclaim* rc = AwaitingOrder(b.request, b.page)) {
+      // A copy a reclaim order waits for: reported with that order's BackupComplete (AdvanceReclaims).
+      rc->awaiting.erase(b.page);
+      if (b.status.ok()) {
+        ++rc->copies;
+      } else if (rc->backup_status.ok()) {
+        rc->backup_status = absl::Status(b.status.code(), absl::StrCat("host copy of page ", b.page, " failed: ",
+                                                                        b.status.message()));
+      }
+      continue;
+    }
+    Granted* g = Find(b.request);
+    if (g == nullptr) continue;
+    if (!b.status.ok()) {
+      spdlog::error("worker: backup of page {} of request {} failed: {}", b.page, b.request, b.status.ToString());
+      wire::HostCopyWrittenT fail;
+      fail.request = b.request;
+      fail.gpu = config_.gpu;
+      fail.history_pages = {b.page};
+      fail.host_pages = {wire::HostPageRef(0, b.host_page)};
+      fail.ok = false;
+      fail.error = ToWireError(b.status);
+      fail.message = std::string(b.status.message());
+      Sent(memd_->SendHostCopyWritten(fail), "HostCopyWritten");
+      continue;
+    }
+    ++stats_.pages_backed_up;
+    if (!g->reported.insert(b.page).second) continue;  // a replayed page: reported before
+    wire::HostCopyWrittenT& w = written[b.request];
+    w.request = b.request;
+    w.gpu = config_.gpu;
+    w.ok = true;
+    w.history_pages.push_back(b.page);
+    w.host_pages.emplace_back(0, b.host_page);
+  }
+  for (auto& [id, w] : written) Sent(memd_->SendHostCopyWritten(w), "HostCopyWritten");
+}
+
+void ResidencyAgent::ReportPublished(const std::vector<KvCompletions::Published>& published) {
+  for (const KvCompletions::Published& p : published) {
+    if (p.kept) {
+      if (p.status.ok()) {
+        ++stats_.pages_kept;
+      } else {
+        spdlog::warn("worker: keeping page {} of request {} on GPU failed ({}); backed up to host instead", p.page,
+                     p.request, p.status.ToString());
+      }
+      continue;
+    }
+    auto pit = std::find_if(populates_.begin(), populates_.end(), [&](const auto& e) {
+      return e.second.order.request == p.request && e.second.pending.contains(p.page);
+    });
+    if (pit == populates_.end()) continue;
+    Populate& po = pit->second;
+    po.pending.erase(p.page);
+    if (p.status.ok()) {
+      po.published.push_back(p.page);
+    } else if (po.status.ok()) {
+      po.status = p.status;
+    }
+    if (po.pending.empty()) AnswerPopulate(po);
+  }
+}
+
+void ResidencyAgent::Poll() {
+  std::erase_if(cancelled_, [&](const Cancelled& c) {
+    if (!std::all_of(c.copies.begin(), c.copies.end(), [](const CopyEvent& e) { return e.Done(); })) return false;
+    Sent(memd_->SendReadyPublish(c.answer), "ReadyPublish");
+    return true;
+  });
+  KvCompletions c = kv_->Poll();
+  ReportBackups(c.backups);
+  ReportPublished(c.published);
+  AdvanceReclaims();
+}
+
+// ---- the loop's decisions ----
+
+absl::Status ResidencyAgent::RebuildKv(RequestId request) {
+  for (const auto& [order, rc] : reclaims_) {
+    if (rc.order.request == request && !rc.readers_done) {
+      return absl::AbortedError("a reclaim order of this request is in flight");
+    }
+  }
+  for (const auto& [order, po] : populates_) {
+    if (po.order.request == request) return absl::AbortedError("a populate order of this request is in flight");
+  }
+  kv_->Release(request);
+  const Granted* g = Find(request);
+  if (g == nullptr) return absl::FailedPreconditionError(absl::StrCat("request ", request, " is not granted"));
+  return PlanKv(request, *g);
+}
+
+void ResidencyAgent::EndRequest(RequestId request) {
+  RememberFinished(request);
+  // Populate orders in flight die with the request, but memd frees their GPU pages only when they are answered
+  // (contract §5): each is answered unpublished once its copies into those pages ended (Poll).
+  std::vector<Cancelled> cancelled;
+  for (const auto& [order, po] : populates_) {
+    if (po.order.request != request) continue;
+    Cancelled c;
+    c.answer.order = order;
+    c.answer.gpu = config_.gpu;
+    c.answer.request = request;
+    c.answer.pages = po.order.pages;
+    c.answer.history_pages = po.order.history_pages;
+    c.answer.ok = false;
+    c.answer.error = wire::ErrorCode::CANCELLED;
+    cancelled.push_back(std::move(c));
+  }
+  const RequestCopies copies = kv_->CopiesInFlight(request);
+  for (const auto& [dp, copy] : copies.into_gpu) {
+    bool populated = false;
+    for (Cancelled& c : cancelled) {
+      if (Contains(c.answer.pages, dp)) {
+        c.copies.push_back(copy);
+        populated = true;
+      }
+    }
+    // A kept page's device->device copy: memd frees the page at Complete, so it must have landed by then.
+    if (!populated) WaitCopy(copy, request, "keep copy");
+  }
+  // Likewise every host backup still being written: memd frees the request's host pages at Complete and may grant
+  // them at once; a late write would land in another request's page.
+  for (const CopyEvent& e : copies.to_host) WaitCopy(e, request, "host backup");
+  kv_->Release(request);
+  // Orders of this request die with it: Complete releases everything at memd (contract §6).
+  std::erase_if(reclaims_, [&](const auto& e) { return e.second.order.request == request; });
+  std::erase_if(populates_, [&](const auto& e) { return e.second.order.request == request; });
+  granted_.erase(request);
+  wire::CompleteT c;
+  c.request = request;
+  c.gpu = config_.gpu;
+  Sent(memd_->SendComplete(c), "Complete");
+  for (Cancelled& x : cancelled) cancelled_.push_back(std::move(x));
+}
+
+bool ResidencyAgent::busy() const {
+  if (!populates_.empty() || !cancelled_.empty()) return true;
+  return std::any_of(reclaims_.begin(), reclaims_.end(), [](const auto& e) { return !e.second.readers_done; });
+}
+
+uint32_t ResidencyAgent::pending_orders() const {
+  return static_cast<uint32_t>(reclaims_.size() + populates_.size() + cancelled_.size());
+}
+
+}  // namespace dhs

@@ -1,0 +1,176 @@
+// workerd/residency_agent.h: the worker side of the memd conversation (docs/protocol.md, "Conversation contract
+// (worker <-> memd)", brief §4): grants' residency plans, reclaim orders (backups, withdrawal, ReadersDone, Retire),
+// populate orders, host copies written outside an order, and the end of a request (Complete).
+//
+// Owns: per granted request its slot (memd's AdmitGrant.slot, validated here), its host page per history page, memd's
+// optional GPU pages of it (history page -> GPU page) and the history pages reported written to host; the reclaim and
+// populate orders in flight (by order id); the answers of populate orders whose request ended; the ids of requests
+// finished by this process. The KV hierarchy's state (where a page is, its keep plan) stays in the KvResidency.
+//
+// Events in: OnGrant / OnReclaimOrder / OnRetire / OnPopulateOrder (memd's messages), Poll (KV completions: host
+// copies written, populates published, withdrawals done), RebuildKv and EndRequest (the batching loop's decisions).
+// Out: messages to memd through the MemdLink (BackupComplete, HostCopyWritten, ReadersDone, ReadyPublish, Complete)
+// and, as the Status of OnGrant / RebuildKv, the requests the loop must fail. It never calls back into the loop, has
+// no sockets and no clocks (the house model of memd/residency_manager.h).
+//
+// Keys: a reclaimed page is followed by order id (the order), GPU page (memd's unit on the wire, mapped to the history
+// page by the KV's GPU page index) and history page (the KV's and the completions' unit).
+//
+// Thread-safety: none; one worker thread drives every method.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "common/types.h"
+#include "dhs_generated.h"
+#include "workerd/kv_residency.h"
+#include "workerd/memd_link.h"
+
+namespace dhs {
+
+struct ResidencyAgentConfig {
+  GpuId gpu = 0;
+  uint32_t slots = 1;         // N: a grant's slot must be below it
+  bool keep_optional = true;  // adaptive mode: the grant's optional GPU pages keep their history pages (brief §4)
+  bool host_tier = true;      // not resident: a grant must name a host page for every page the request completes
+};
+
+// Counters since start (WorkerStatsReply), pages.
+struct ResidencyStats {
+  uint64_t reclaims_obeyed = 0;  // reclaim orders answered with ReadersDone while their request lived
+  uint64_t pages_reclaimed = 0;  // GPU pages of those orders
+  uint64_t pages_populated = 0;  // pages of populate orders published
+  uint64_t pages_kept = 0;       // pages kept on their granted GPU page (no host backup)
+  uint64_t pages_backed_up = 0;  // host copies written
+};
+
+class ResidencyAgent {
+ public:
+  // `kv` and `memd` must outlive the agent.
+  ResidencyAgent(ResidencyAgentConfig config, KvResidency* kv, MemdLink* memd);
+
+  // AdmitGrant of a request the loop is waiting for (contract §2). `complete_pages`: pages the request will complete
+  // (rows ever appended / p). Validates the slot (< N, not another live request's), the host pages (one per complete
+  // page with a host tier, segment 0 only) and the optional pages, then plans the request's residency in the KV.
+  // Errors (the loop fails the request, then calls EndRequest): INVALID_ARGUMENT, FAILED_PRECONDITION, INTERNAL,
+  // UNIMPLEMENTED (segment != 0), or the KV's plan error.
+  absl::Status OnGrant(const wire::AdmitGrantT& m, uint64_t complete_pages);
+  // AdmitGrant of a request this worker does not serve: released at once (Complete).
+  void RefuseGrant(const wire::AdmitGrantT& m);
+
+  void OnReclaimOrder(const wire::ReclaimOrderT& m);  // contract §4
+  void OnRetire(const wire::RetireT& m);              // contract §4
+  void OnPopulateOrder(const wire::PopulateOrderT& m);  // contract §5
+
+  // Reports the KV's completions to memd and advances the reclaim orders (BackupComplete once every copy of an order
+  // ended, withdrawal, ReadersDone once its readers finished). Call once or twice per loop iteration.
+  void Poll();
+
+  // The loop rebuilds the request's KV from its tokens (a failed batched step, brief §11): the KV is released and the
+  // residency planned again. Errors: ABORTED while a reclaim (before ReadersDone) or populate order of it is in
+  // flight; the KV's plan error.
+  absl::Status RebuildKv(RequestId request);
+
+  // The request ended (finished, failed or cancelled): waits for the copies memd would free pages under, answers its
+  // populate orders once their copies ended, forgets its orders, releases its KV and sends Complete (contract §6).
+  void EndRequest(RequestId request);
+
+  // Orders in flight: reclaims before ReadersDone, populates, answers waiting for copies.
+  bool busy() const;
+  // Copies and orders in flight (Heartbeat.pending_copies).
+  uint32_t pending_orders() const;
+  const ResidencyStats& stats() const { return stats_; }
+  // The first message memd could not be sent (the conversation is broken from then on), else OK.
+  const absl::Status& link_status() const { return link_status_; }
+  std::optional<SlotIndex> SlotOf(RequestId request) const;
+
+ private:
+  struct Granted {
+    SlotIndex slot = 0;
+    std::vector<PageIndex> host_pages;        // host page by history page (grant; a reclaim's target updates it)
+    std::map<uint32_t, PageIndex> gpu_pages;  // history page -> optional GPU page memd gave it (grant, populate)
+    std::set<uint32_t> reported;              // history pages reported to memd with a host copy
+  };
+  struct Reclaim {
+    wire::ReclaimOrderT order;
+    // History pages whose host copy is not written yet (copies in flight, pages still being written whose backup
+    // replaces their keep plan); their completions come from Poll.
+    std::set<uint32_t> awaiting;
+    // Pages only planned to be kept (history -> GPU page): kept again if the order fails.
+    std::map<uint32_t, PageIndex> planned;
+    std::vector<PageIndex> deferred;        // GPU pages of backup_pages not written yet (BackupComplete.deferred_pages)
+    std::vector<uint32_t> backup_history;   // history pages of the backup pages, deferred ones excepted
+    uint64_t copies = 0;                    // host copies this order wrote
+    absl::Status backup_status;             // the first failed copy (or issue) of the order
+    bool backup_reported = false;
+    CopyEvent withdraw;
+    bool withdrawing = false;
+    bool readers_done = false;
+  };
+  struct Populate {
+    wire::PopulateOrderT order;
+    std::set<uint32_t> pending;       // history pages whose copy is in flight
+    absl::Status status;
+    std::vector<uint32_t> published;  // history pages issued and completed ok
+  };
+  struct Cancelled {  // a populate order of an ended request, answered once its copies ended
+    wire::ReadyPublishT answer;
+    std::vector<CopyEvent> copies;
+  };
+  struct BackupItem {
+    uint32_t page;  // history page
+    PageIndex target;
+    bool held;
+  };
+
+  Granted* Find(RequestId request);
+  bool Finished(RequestId request) const { return finished_ids_.contains(request); }
+  void RememberFinished(RequestId request);
+  absl::Status CheckGrant(const wire::AdmitGrantT& m, uint64_t complete_pages) const;
+  absl::Status PlanKv(RequestId request, const Granted& g);
+  // Pass 1 of a reclaim: every backup page mapped to its history page; an error refuses the order.
+  absl::Status MapBackupPages(const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const;
+  void IssueBackup(Granted& g, const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
+  void AdvanceReclaims();
+  // Step 1 of a reclaim: BackupComplete once its copies ended. Returns false while it must wait, or when the order
+  // failed and was dropped (`erased` set).
+  bool ReportBackup(Reclaim& rc, Granted* g, bool& erased);
+  // Step 2: withdraw the held pages; ReadersDone once their readers finished.
+  void Withdraw(Reclaim& rc, Granted* g);
+  bool BackupInFlight(const Reclaim& rc) const;
+  bool PopulateInFlight(RequestId request, std::span<const PageIndex> device_pages) const;
+  // The reclaim order still awaiting the host copy of (request, history page), or nullptr.
+  Reclaim* AwaitingOrder(RequestId request, uint32_t page);
+  void ReportBackups(const std::vector<KvCompletions::Backup>& backups);
+  void ReportPublished(const std::vector<KvCompletions::Published>& published);
+  void AnswerPopulate(Populate& po);
+  void SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status,
+                          std::vector<PageIndex> deferred = {});
+  void Sent(const absl::Status& s, const char* what);
+  void WaitCopy(const CopyEvent& e, RequestId request, const char* what);
+
+  ResidencyAgentConfig config_;
+  KvResidency* kv_;
+  MemdLink* memd_;
+  std::map<RequestId, Granted> granted_;
+  std::map<uint64_t, Reclaim> reclaims_;    // by order id
+  std::map<uint64_t, Populate> populates_;  // by order id
+  std::vector<Cancelled> cancelled_;
+  // Requests this process finished (newest kFinishedMemory): an order for one of them crossed its Complete; an order
+  // for a request neither served nor finished here (admitted through an earlier worker process) is refused.
+  static constexpr size_t kFinishedMemory = size_t{1} << 16;
+  std::deque<RequestId> finished_order_;
+  absl::flat_hash_set<RequestId> finished_ids_;
+  ResidencyStats stats_;
+  absl::Status link_status_;
+};
+
+}  // namespace dhs

@@ -1,0 +1,66 @@
+// workerd/worker_process.cc: see worker_process.h.
+#include "workerd/worker_process.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace dhs {
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model::Model* model, Device* device,
+                                                                     const WorkerProcessOptions& options) {
+  const WorkerConfig& config = options.config;
+  absl::StatusOr<WorkerGeometry> geometry = ComputeGeometry(model->config(), config);
+  if (!geometry.ok()) return geometry.status();
+  std::unique_ptr<WorkerProcess> p(new WorkerProcess());
+  const wire::HelloT hello = MakeHello(model->config(), config, *geometry, options.device_name);
+  absl::StatusOr<std::unique_ptr<MemdClient>> memd = MemdClient::Connect(options.run_dir, hello,
+                                                                         options.connect_timeout);
+  if (!memd.ok()) return memd.status();
+  p->memd_ = *std::move(memd);
+  if (config.mode != WorkerMode::kResident && p->memd_->host_pages().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("mode ", std::string(WorkerModeName(config.mode)),
+                                                      " needs a host pool, memd listed none"));
+  }
+  if (options.on_host_pool && !p->memd_->host_pages().empty()) {
+    if (absl::Status s = options.on_host_pool(p->memd_->host_pages()); !s.ok()) return s;
+  }
+  absl::StatusOr<std::unique_ptr<ServingFrontend>> frontend = ServingFrontend::Bind(options.run_dir, config.gpu);
+  if (!frontend.ok()) return frontend.status();
+  p->frontend_ = *std::move(frontend);
+  absl::StatusOr<std::unique_ptr<Worker>> worker =
+      Worker::Create(model, device, config, p->memd_->host_pages(), p->memd_.get(), p->frontend_.get());
+  if (!worker.ok()) return worker.status();
+  p->worker_ = *std::move(worker);
+  p->frontend_->set_submitter(p->worker_.get());
+  return p;
+}
+
+absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - rate_since_ >= std::chrono::seconds(1)) {
+    const uint64_t tokens = worker_->stats().tokens_generated;
+    tokens_per_s_ = static_cast<float>(tokens - tokens_before_) /
+                    std::chrono::duration<float>(now - rate_since_).count();
+    tokens_before_ = tokens;
+    rate_since_ = now;
+  }
+  const MemdClient::Load load{worker_->active_requests(), worker_->pending_orders(), tokens_per_s_};
+  if (absl::Status s = memd_->Poll(*worker_, load); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
+  }
+  if (absl::Status s = frontend_->Serve(wait); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("serving socket: ", s.message()));
+  }
+  return worker_->Iterate();
+}
+
+absl::Status WorkerProcess::Run(const std::function<bool()>& keep_going) {
+  bool busy = false;
+  while (keep_going()) {
+    absl::StatusOr<bool> more = ServeOnce(std::chrono::milliseconds(busy ? 0 : 5));
+    if (!more.ok()) return more.status();
+    busy = *more;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dhs

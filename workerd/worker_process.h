@@ -1,0 +1,65 @@
+// workerd/worker_process.h: one worker process (brief §3), the counterpart of memd's Daemon: Start joins memd (Hello,
+// the mapped host pool), binds the serving socket ipc://<run_dir>/worker-<gpu>.sock and creates the Worker; Run drives
+// the event loop (memd's messages and heartbeats, clients' requests, one serving iteration) until told to stop.
+// workerd's main only parses the command line, loads the model and calls Start / Run, as memd's main does.
+//
+// Thread-safety: Start, Run and ServeOnce from one thread (the ZeroMQ sockets are single-thread objects).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "workerd/device/device.h"
+#include "workerd/geometry.h"
+#include "workerd/memd_client.h"
+#include "workerd/model/model.h"
+#include "workerd/serving.h"
+#include "workerd/worker.h"
+
+namespace dhs {
+
+struct WorkerProcessOptions {
+  std::string run_dir;  // holds memd.sock; the serving socket is bound here
+  WorkerConfig config;
+  std::chrono::milliseconds connect_timeout{10000};  // how long to wait for memd's HelloReply
+  std::string device_name = "cpu-backend";           // Hello.device_name
+  // Called once with memd's mapped host pool before the Worker is created (the CUDA backend pins it there); an error
+  // stops Start. Empty: nothing to do.
+  std::function<absl::Status(std::span<uint8_t> host_pool)> on_host_pool;
+};
+
+class WorkerProcess {
+ public:
+  // `model` and `device` must outlive the process. Errors: INVALID_ARGUMENT (config, see ComputeGeometry), memd's
+  // (MemdClient::Connect), FAILED_PRECONDITION (a hierarchical mode without a host pool from memd), the serving
+  // socket's (RouterServer::Bind), the Worker's (Worker::Create).
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(const model::Model* model, Device* device,
+                                                              const WorkerProcessOptions& options);
+
+  // Serves until keep_going() is false (checked every iteration, at most ~5 ms apart when idle). Errors: the memd
+  // connection's or the serving socket's, or the Worker's (Iterate): the process should exit.
+  absl::Status Run(const std::function<bool()>& keep_going);
+  // One iteration: memd's messages (and our heartbeat), clients' messages (waiting up to `wait`), Worker::Iterate.
+  // Returns whether work remains.
+  absl::StatusOr<bool> ServeOnce(std::chrono::milliseconds wait);
+
+  const Worker& worker() const { return *worker_; }
+  const std::string& endpoint() const { return frontend_->endpoint(); }
+
+ private:
+  WorkerProcess() = default;
+
+  std::unique_ptr<MemdClient> memd_;
+  std::unique_ptr<ServingFrontend> frontend_;
+  std::unique_ptr<Worker> worker_;
+  // Decode rate for the heartbeat, tokens/s over the last second.
+  uint64_t tokens_before_ = 0;
+  std::chrono::steady_clock::time_point rate_since_ = std::chrono::steady_clock::now();
+  float tokens_per_s_ = 0;
+};
+
+}  // namespace dhs
