@@ -246,8 +246,10 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
   const KvLayout& l = *env_.layout;
   const SourceId s = plan.sources[si];
   const uint32_t T = l.config().tail_rows;
-  std::vector<HostToDeviceCopy> ops;
-  std::vector<CopyEvent> after;
+  std::vector<HostToDeviceCopy>& ops = ops_;  // scratch, reused across calls
+  std::vector<CopyEvent>& after = after_;
+  ops.clear();
+  after.clear();
   for (size_t qi = 0; qi < plan.batch.size(); ++qi) {
     const ResolveQuery& q = plan.batch[qi];
     const size_t k = q.selection.size();
@@ -266,10 +268,19 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
           const DeviceRange region{env_.pool, l.HotRow(q.kv->slot, s, 0), bytes};
           hot_readers = env_.device->ReadersBusy(region) ? kBusy : kIdle;
         }
-        const DeviceRange dst{env_.pool, q.out[si * k + j], l.row_bytes(s)};
+        const uint64_t row_bytes = l.row_bytes(s);
+        const DeviceRange dst{env_.pool, q.out[si * k + j], row_bytes};
         if (hot_readers == kBusy && env_.device->ReadersBusy(dst)) after.push_back(env_.device->ReadersFence(dst));
-        ops.push_back(HostToDeviceCopy{dst, HostRow(*q.kv->Page(t, l.config().page_rows), s, t)});
-        plan.census.bytes_recovered += l.row_bytes(s);
+        const uint8_t* src = HostRow(*q.kv->Page(t, l.config().page_rows), s, t);
+        // Rows adjacent on both sides (consecutive positions of one host page into consecutive hot slots, the
+        // common case of LRU victims taken in order) extend the previous copy: one memcpy per run, not per row.
+        if (!ops.empty() && ops.back().dst.offset + static_cast<Location>(ops.back().dst.bytes) == dst.offset &&
+            ops.back().src + ops.back().dst.bytes == src) {
+          ops.back().dst.bytes += row_bytes;
+        } else {
+          ops.push_back(HostToDeviceCopy{dst, src});
+        }
+        plan.census.bytes_recovered += row_bytes;
       }
     }
   }
