@@ -21,7 +21,8 @@
 //    same hot-cache bytes, both timed in the same iterations (order alternated). Counters: recovery_GBps,
 //    memcpy_GBps, recovery_vs_memcpy (= recovery bandwidth / memcpy bandwidth), plan_share (share of the recovery
 //    time spent in Plan, before any copy is issued), copy_part_vs_memcpy (the rest of the recovery time, issue + copy
-//    engine + wait, over the memcpy time).
+//    engine + wait, over the memcpy time), recovery_ns_per_step and memcpy_ns_per_step. At 1 row per step,
+//    recovery_ns_per_step is the fixed cost of a step (validation, plan, one copy batch issued and waited).
 // After all benchmarks a summary prints the median ns_per_step per history size, max/min across sizes, and the
 // bandwidth ratios. Step benchmarks run 3 repetitions (the summary takes the median).
 //
@@ -85,6 +86,11 @@ std::map<std::string, std::map<int64_t, Samples>>& StepFigures() {
   return m;
 }
 std::map<int64_t, std::pair<double, double>>& BandwidthFigures() {  // rows per step -> (recovery, memcpy) GB/s
+  static std::map<int64_t, std::pair<double, double>> m;
+  return m;
+}
+
+std::map<int64_t, std::pair<double, double>>& StepNs() {  // rows per step -> (recovery, memcpy) ns per step
   static std::map<int64_t, std::pair<double, double>> m;
   return m;
 }
@@ -358,10 +364,14 @@ void BM_HostRecoveryVsMemcpy(benchmark::State& state) {
   state.counters["plan_share"] = rec_sec > 0 ? plan_sec / rec_sec : 0;  // of the recovery time: Plan (no copy)
   // The rest of the recovery (issue, copy engine, wait) against memcpy of the same bytes: >1 = slower than memcpy.
   state.counters["copy_part_vs_memcpy"] = cpy_sec > 0 ? (rec_sec - plan_sec) / cpy_sec : 0;
+  state.counters["recovery_ns_per_step"] = rec_sec * 1e9 / static_cast<double>(n);  // at 1 row: the fixed cost
+  state.counters["memcpy_ns_per_step"] = cpy_sec * 1e9 / static_cast<double>(n);
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
   BandwidthFigures()[k] = {rec, cpy};
+  StepNs()[k] = {rec_sec * 1e9 / static_cast<double>(n), cpy_sec * 1e9 / static_cast<double>(n)};
 }
-BENCHMARK(BM_HostRecoveryVsMemcpy)->Arg(kK)->Arg(2048)->Unit(benchmark::kMicrosecond)->UseRealTime();
+// 1 row per step: the fixed cost of a recovery step (recovery_ns_per_step); 64 (= k) and 2048: the ratios.
+BENCHMARK(BM_HostRecoveryVsMemcpy)->Arg(1)->Arg(kK)->Arg(2048)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 void PrintSummary() {
   for (const auto& [name, by_rows] : StepFigures()) {
@@ -386,6 +396,10 @@ void PrintSummary() {
     std::printf("summary host recovery, %lld rows x %llu B per step: %.2f GB/s vs memcpy %.2f GB/s, ratio %.3f\n",
                 static_cast<long long>(k), static_cast<unsigned long long>(kRowBytes), bw.first, bw.second,
                 bw.second > 0 ? bw.first / bw.second : 0.0);
+  }
+  for (const auto& [k, ns] : StepNs()) {
+    std::printf("summary host recovery, %lld rows per step: %.0f ns per step (memcpy of the same rows %.0f ns)\n",
+                static_cast<long long>(k), ns.first, ns.second);
   }
 }
 
