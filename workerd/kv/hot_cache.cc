@@ -101,6 +101,16 @@ uint32_t HotCache::Claim(Position t, uint64_t step, bool* assigned) {
   return h;
 }
 
+uint32_t HotCache::ClaimAbsent(Position t, uint64_t step) {
+  const uint32_t h = Victim(step);
+  if (h == kNone) return kNone;
+  if (pos_[h] != kNoPosition) MapErase(pos_[h]);
+  map_[Probe(t)] = MapEntry{t, h};
+  pos_[h] = t;
+  Touch(h, step);
+  return h;
+}
+
 void HotCache::Invalidate(uint32_t h) {
   if (pos_[h] != kNoPosition) MapErase(pos_[h]);
   pos_[h] = kNoPosition;

@@ -30,6 +30,10 @@ class HotCache {
   // step; *assigned = false, nothing changes), else the least recent unprotected slot, now holding t, most recent
   // and protected (*assigned = true); kNone when every slot is protected (nothing changes).
   uint32_t Claim(Position t, uint64_t step, bool* assigned);
+  // Claim of a row known to be absent (Find(t) == kNone since the last change): the least recent unprotected slot,
+  // now holding t, most recent and protected; kNone when every slot is protected (nothing changes). Saves Claim's
+  // duplicate probe.
+  uint32_t ClaimAbsent(Position t, uint64_t step);
   void Invalidate(uint32_t h);                   // empty, least recent
   Position PositionAt(uint32_t h) const { return pos_[h]; }
 

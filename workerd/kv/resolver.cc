@@ -47,18 +47,25 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
     }
     // Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). An open
     // addressing table of at least 2k entries, reused across calls: O(k) per query, no allocation in steady state.
+    // Entries carry the stamp of the query that wrote them, so the table is not cleared per query (only when it
+    // grows or the stamp wraps).
     size_t cap = 16;
     while (cap < 2 * q.selection.size()) cap <<= 1;
-    seen_.assign(cap, kNoPosition);
+    if (seen_.size() < cap || ++seen_stamp_ == 0) {
+      seen_.assign(std::max(cap, seen_.size()), SeenEntry{});
+      seen_stamp_ = 1;
+    }
+    cap = seen_.size();
+    const uint32_t stamp = seen_stamp_;
     for (Position t : q.selection) {
       if (t == kNoPosition) continue;
       size_t i = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
-      while (seen_[i] != kNoPosition && seen_[i] != t) i = (i + 1) & (cap - 1);
-      if (seen_[i] == t) {
+      while (seen_[i].stamp == stamp && seen_[i].t != t) i = (i + 1) & (cap - 1);
+      if (seen_[i].stamp == stamp) {
         return absl::InvalidArgumentError(
             absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
       }
-      seen_[i] = t;
+      seen_[i] = SeenEntry{t, stamp};
     }
   }
   return absl::OkStatus();
@@ -224,15 +231,12 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
     }
     for (size_t j = 0; j < q.selection.size(); ++j) {  // (3) misses take unprotected LRU victims
       if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
-      bool assigned = false;
-      const uint32_t h = hc.Claim(q.selection[j], step, &assigned);
+      // Absent from the cache: not found in (2), and claims since then were of this query's other positions
+      // (distinct, Validate); earlier queries' claims were hits in (2).
+      const uint32_t h = hc.ClaimAbsent(q.selection[j], step);
       if (h == HotCache::kNone) {
         return fail(absl::ResourceExhaustedError(absl::StrCat(
             "resolver: request ", q.kv->id, " selects more distinct missing rows than B in one step")));
-      }
-      if (!assigned) {  // unreachable: positions are distinct (Validate), earlier queries' claims were hits above
-        return fail(absl::InternalError(absl::StrCat("resolver: position ", q.selection[j], " of request ",
-                                                     q.kv->id, " claimed twice in one query")));
       }
       es[j] = Entry{Kind::kHost, h, 0};
       plan->assigned.emplace_back(qi, h);

@@ -83,7 +83,12 @@ class Resolver {
   std::vector<Census> census_;
 
  private:
-  mutable std::vector<Position> seen_;  // Validate's duplicate check (scratch)
+  struct SeenEntry {
+    Position t = kNoPosition;
+    uint32_t stamp = 0;  // the query that wrote it; other stamps are empty
+  };
+  mutable std::vector<SeenEntry> seen_;  // Validate's duplicate check (scratch, power-of-two size)
+  mutable uint32_t seen_stamp_ = 0;
 };
 
 // A planned batch of the fused resolver: the shared position->slot plan of one group, ready to issue each
