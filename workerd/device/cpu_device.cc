@@ -126,11 +126,16 @@ CopyEvent CpuDevice::Submit(CopyKind kind, uint64_t id, CopyHook hook, std::vect
     l.unlock();
     Execute(job, l);
     busy_ = false;
+    // Wake the copy thread (or WaitIdle) only when some batch is queued (this one may have been its dependency) or
+    // someone waits for idle: a wake per batch would cost a thread switch per step when nothing else is going on.
+    const bool wake = !queue_.empty() || idle_waiters_ > 0;
+    l.unlock();
+    if (wake) cv_.notify_all();
   } else {
     queue_.push_back(std::move(job));
+    l.unlock();
+    cv_.notify_all();
   }
-  l.unlock();
-  cv_.notify_all();
   return CopyEvent(state);
 }
 
@@ -384,7 +389,9 @@ void CpuDevice::WaitIdle() {
       return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
     });
     if (!runnable && !busy_) return;
+    ++idle_waiters_;
     cv_.wait_for(l, std::chrono::milliseconds(1));
+    --idle_waiters_;
   }
 }
 

@@ -111,6 +111,7 @@ class CpuDevice final : public Device {
   std::deque<Job> queue_;
   bool stop_ = false;
   bool busy_ = false;  // a batch is executing (on the copy thread or, fast path, on an issuing thread)
+  int idle_waiters_ = 0;  // threads in WaitIdle
   uint64_t next_copy_id_ = 1;
   CopyHook hook_;
   ReaderId next_reader_ = 1;
