@@ -12,7 +12,9 @@
 //    sizes see the same load; counters ns_per_step_<rows> and max_over_min (window 0: whole ready map; 4096: fixed).
 //    BM_PlanStepFixedWindow/<history rows>: a diagnostic, as BM_PlanStep but the direct rows come from a fixed window
 //    of 4096 ready rows at every size, so the same lookups touch a ready-map region of fixed size.
-//    Counters: ns_per_step, ns_per_row (per selected row), the per-step census (direct/hot/host) measured from the
+//    Counters: ns_per_step, ns_per_row (per selected row), thread_cpu_ns_per_step (the stepping thread's CPU time:
+//    on a loaded machine a thread that never sleeps is preempted inside the timed region, one that sleeps in waits
+//    is favoured by the scheduler, so compare both figures), the per-step census (direct/hot/host) measured from the
 //    resolver's census, hot_index_KiB (the dense ready_page + host_ready index the lookups read, request_kv.h) and
 //    page_record_KiB (the KvPage record beside it, not read by the lookups). The composition is checked against the
 //    census (error otherwise).
@@ -35,6 +37,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <random>
@@ -50,6 +53,12 @@ namespace dhs {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 constexpr uint32_t kK = 64, kB = 256, kP = 64;
 constexpr uint64_t kRowBytes = 576;  // d_KV of the glm5-like preset (brief §8)
@@ -175,19 +184,23 @@ class StepLane {
   double Step() {
     MakeSelection(next_++, rows_, window_, rng_, sel_);
     ResolveQuery q{&b_.kv, sel_, out_};
+    const double cpu0 = ThreadCpuSeconds();
     const Clock::time_point t0 = Clock::now();
-    double sec;
+    double sec, cpu;
     absl::Status s;
     if (plan_only_) {
       absl::StatusOr<PlannedBatchPtr> plan = b_.resolver.Plan(0, b_.sources, {&q, 1});
       sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      cpu = ThreadCpuSeconds() - cpu0;
       s = plan.ok() ? b_.resolver.Finish(*std::move(plan)) : plan.status();
     } else {
       s = b_.resolver.Resolve(0, b_.sources, {&q, 1});
       sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      cpu = ThreadCpuSeconds() - cpu0;
     }
     ++steps_;
     total_sec_ += sec;
+    total_cpu_sec_ += cpu;
     return s.ok() ? sec : -1;
   }
   // True when every timed step resolved exactly kDirect / kHot / kHost rows (from the resolver's census).
@@ -201,6 +214,9 @@ class StepLane {
     return steps_ == 0 ? 0 : static_cast<double>(b_.resolver.census(0).*field - before_.*field) / steps_;
   }
   double ns_per_step() const { return steps_ == 0 ? 0 : total_sec_ * 1e9 / static_cast<double>(steps_); }
+  // The calling thread's CPU time per step (excludes time preempted by other processes on a loaded machine, and
+  // the copy thread's work when copies run there).
+  double cpu_ns_per_step() const { return steps_ == 0 ? 0 : total_cpu_sec_ * 1e9 / static_cast<double>(steps_); }
   // The dense hot index the resolver's lookups read (request_kv.h: ready_page, 4 B, and host_ready, 1 B, per page),
   // and the per-page record beside it (KvPage) that they no longer read.
   double hot_index_kib() const {
@@ -222,6 +238,7 @@ class StepLane {
   uint64_t next_ = 1;
   uint64_t steps_ = 0;
   double total_sec_ = 0;
+  double total_cpu_sec_ = 0;
   Census before_;
 };
 
@@ -241,12 +258,14 @@ void RunStep(benchmark::State& state, bool plan_only, Position direct_window, co
   }
   state.counters["ns_per_step"] = lane.ns_per_step();
   state.counters["ns_per_row"] = lane.ns_per_step() / kK;
+  state.counters["thread_cpu_ns_per_step"] = lane.cpu_ns_per_step();
   state.counters["direct"] = lane.PerStep(&Census::direct);
   state.counters["hot"] = lane.PerStep(&Census::hot);
   state.counters["host"] = lane.PerStep(&Census::host);
   state.counters["hot_index_KiB"] = lane.hot_index_kib();
   state.counters["page_record_KiB"] = lane.page_record_kib();
   StepFigures()[name][lane.rows()].Add(state.iterations(), lane.ns_per_step());
+  StepFigures()[std::string(name) + " thread_cpu"][lane.rows()].Add(state.iterations(), lane.cpu_ns_per_step());
 }
 
 void BM_PlanStep(benchmark::State& state) { RunStep(state, true, 0, "BM_PlanStep"); }
