@@ -103,6 +103,23 @@ TEST(CpuDevice, ReadyBatchRunsOnIssueAndQueuedDependentsStillRunInDependencyOrde
   EXPECT_EQ(d.CopiesIssued(), 4u);
 }
 
+// Over the inline limit (or with the fast path off) a batch goes to the copy thread; results are the same.
+TEST(CpuDevice, BatchesOverTheInlineLimitRunOnTheCopyThread) {
+  for (uint64_t limit : {uint64_t{0}, uint64_t{8}, CpuDevice::kDefaultInlineLimit}) {
+    CpuDevice d;
+    d.SetInlineLimit(limit);
+    PoolId p = *d.AllocatePool(64);
+    std::vector<uint8_t> a(16), back(16, 0);
+    std::iota(a.begin(), a.end(), uint8_t{3});
+    HostToDeviceCopy w{DeviceRange{p, 0, 16}, a.data()};
+    CopyEvent e = d.CopyHostToDevice({&w, 1}, {});
+    ASSERT_TRUE(e.Wait().ok());
+    DeviceToHostCopy r{back.data(), DeviceRange{p, 0, 16}};
+    ASSERT_TRUE(d.CopyDeviceToHost({&r, 1}, {}).Wait().ok());
+    EXPECT_EQ(back, a) << "limit " << limit;
+  }
+}
+
 // A ready batch with a failed dependency fails on the fast path as on the copy thread: nothing written.
 TEST(CpuDevice, ReadyBatchWithFailedDependencyFailsAndWritesNothing) {
   CpuDevice d;

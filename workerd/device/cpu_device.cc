@@ -118,10 +118,12 @@ CopyEvent CpuDevice::Submit(CopyKind kind, uint64_t id, CopyHook hook, std::vect
   Job job{id, kind, std::move(ops), std::vector<CopyEvent>(after.begin(), after.end()), state,
           fate == CopyFate::kHold};
   // Fast path (cpu_device.h): dependencies done (checked before taking mu_: Done locks the event's own mutex).
+  uint64_t bytes = 0;
+  for (const Op& op : job.ops) bytes += op.bytes;
   const bool ready = !job.held && std::all_of(job.after.begin(), job.after.end(),
                                               [](const CopyEvent& e) { return e.Done(); });
   std::unique_lock<std::mutex> l(mu_);
-  if (ready && !stop_ && !busy_ && !AnyRunnable()) {
+  if (ready && bytes <= inline_limit_ && !stop_ && !busy_ && !AnyRunnable()) {
     busy_ = true;
     l.unlock();
     Execute(job, l);
@@ -393,6 +395,11 @@ void CpuDevice::WaitIdle() {
     cv_.wait_for(l, std::chrono::milliseconds(1));
     --idle_waiters_;
   }
+}
+
+void CpuDevice::SetInlineLimit(uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  inline_limit_ = bytes;
 }
 
 uint64_t CpuDevice::CopiesIssued() const {

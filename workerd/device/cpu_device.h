@@ -6,7 +6,9 @@
 // running or runnable, is executed on the issuing thread before the call returns (its event may already be done).
 // The copy engine stays one serial engine: batches still execute one at a time and in the order the copy thread
 // would run them (a runnable queued batch goes first), and the copy thread never runs one while an issuing thread
-// does. This removes the two thread hand-offs (issue -> copy thread -> waiter) that dominated small batches.
+// does. This removes the two thread hand-offs (issue -> copy thread -> waiter) that dominated small batches. Batches
+// of more than inline_limit bytes (SetInlineLimit; default kDefaultInlineLimit) always go to the copy thread, so a
+// large copy the issuer does not wait for at once still overlaps the issuer's work.
 //
 // Link model (optional, off by default; link_model.h): host<->device batches complete when a modelled PCIe link
 // would have delivered them. The bytes still move at once; only the event's completion (Done, Status, Wait) waits
@@ -73,6 +75,10 @@ class CpuDevice final : public Device {
   void ReleaseAllHeld();
   void WaitIdle();                                     // until no runnable batch is queued or running
   uint64_t CopiesIssued() const;
+  // Largest batch (sum of its ops' bytes) the fast path runs on the issuing thread; 0: every batch goes to the copy
+  // thread (the behaviour before the fast path).
+  static constexpr uint64_t kDefaultInlineLimit = uint64_t{4} << 20;
+  void SetInlineLimit(uint64_t bytes);
   const LinkModelConfig& link_model() const { return link_config_; }
 
  private:
@@ -112,6 +118,7 @@ class CpuDevice final : public Device {
   bool stop_ = false;
   bool busy_ = false;  // a batch is executing (on the copy thread or, fast path, on an issuing thread)
   int idle_waiters_ = 0;  // threads in WaitIdle
+  uint64_t inline_limit_ = kDefaultInlineLimit;
   uint64_t next_copy_id_ = 1;
   CopyHook hook_;
   ReaderId next_reader_ = 1;
