@@ -320,6 +320,53 @@ TEST(HotCache, ClaimReturnsDuplicatesTakesLruVictimsAndRefusesWhenAllProtected) 
   EXPECT_EQ(hc.Claim(15, 2, &assigned), HotCache::kNone);
 }
 
+// The position->slot table (open addressing, backward-shift deletion) against a naive model: random claims, hits,
+// absent claims and invalidations over a small key space, so clusters form, wrap and shift; after every operation
+// every slot's row is found at that slot and every other key is absent.
+TEST(HotCache, TableAgreesWithNaiveModelUnderRandomChurn) {
+  for (uint32_t b : {1u, 3u, 7u, 16u, 61u}) {
+    HotCache hc(b);
+    std::vector<Position> model(b, kNoPosition);  // slot -> row
+    std::mt19937_64 rng(b);
+    const Position keys = 4 * static_cast<Position>(b) + 3;
+    uint64_t step = 1;
+    for (int op = 0; op < 20000; ++op) {
+      if (rng() % 16 == 0) ++step;
+      const Position t = static_cast<Position>(rng() % static_cast<uint64_t>(keys)) * 977;  // spread the hashes
+      const uint32_t found = hc.Find(t);
+      const auto it = std::find(model.begin(), model.end(), t);
+      ASSERT_EQ(found, it == model.end() ? HotCache::kNone : static_cast<uint32_t>(it - model.begin()));
+      switch (rng() % 4) {
+        case 0:
+        case 1: {
+          uint32_t h;
+          if (found == HotCache::kNone && rng() % 2 == 0) {
+            h = hc.ClaimAbsent(t, step);
+          } else {
+            bool assigned = false;
+            h = hc.Claim(t, step, &assigned);
+            ASSERT_EQ(assigned, found == HotCache::kNone && h != HotCache::kNone);
+          }
+          if (h != HotCache::kNone) model[h] = t;
+          break;
+        }
+        case 2:
+          if (found != HotCache::kNone) hc.Touch(found, step);
+          break;
+        default: {
+          const uint32_t h = static_cast<uint32_t>(rng() % b);
+          hc.Invalidate(h);
+          model[h] = kNoPosition;
+        }
+      }
+      for (uint32_t h = 0; h < b; ++h) {
+        ASSERT_EQ(hc.PositionAt(h), model[h]);
+        if (model[h] != kNoPosition) ASSERT_EQ(hc.Find(model[h]), h);
+      }
+    }
+  }
+}
+
 // A request state written by hand (pages resized and set directly, as the resolver benchmark does) is indexed on its
 // first use, and the fused resolver then agrees with the record.
 TEST(KvHotIndex, PagesSetByHandAreIndexedOnFirstUse) {

@@ -12,7 +12,9 @@
 //    sizes see the same load; counters ns_per_step_<rows> and max_over_min (window 0: whole ready map; 4096: fixed).
 //    BM_PlanStepFixedWindow/<history rows>: a diagnostic, as BM_PlanStep but the direct rows come from a fixed window
 //    of 4096 ready rows at every size, so the same lookups touch a ready-map region of fixed size.
-//    Counters: ns_per_step, ns_per_row (per selected row), the per-step census (direct/hot/host) measured from the
+//    Counters: ns_per_step, ns_per_row (per selected row), thread_cpu_ns_per_step (the stepping thread's CPU time:
+//    on a loaded machine a thread that never sleeps is preempted inside the timed region, one that sleeps in waits
+//    is favoured by the scheduler, so compare both figures), the per-step census (direct/hot/host) measured from the
 //    resolver's census, hot_index_KiB (the dense ready_page + host_ready index the lookups read, request_kv.h) and
 //    page_record_KiB (the KvPage record beside it, not read by the lookups). The composition is checked against the
 //    census (error otherwise).
@@ -21,7 +23,9 @@
 //    same hot-cache bytes, both timed in the same iterations (order alternated). Counters: recovery_GBps,
 //    memcpy_GBps, recovery_vs_memcpy (= recovery bandwidth / memcpy bandwidth), plan_share (share of the recovery
 //    time spent in Plan, before any copy is issued), copy_part_vs_memcpy (the rest of the recovery time, issue + copy
-//    engine + wait, over the memcpy time).
+//    engine + wait, over the memcpy time), recovery_ns_per_step and memcpy_ns_per_step. At 1 row per step,
+//    recovery_ns_per_step is the fixed cost of a step (validation, plan, one copy batch issued and waited).
+//    recovery_vs_memcpy_cpu: the same ratio from the process's CPU time (all threads), for loaded machines.
 // After all benchmarks a summary prints the median ns_per_step per history size, max/min across sizes, and the
 // bandwidth ratios. Step benchmarks run 3 repetitions (the summary takes the median).
 //
@@ -34,6 +38,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <random>
@@ -49,6 +54,18 @@ namespace dhs {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double ProcessCpuSeconds() {  // every thread of the process (the device's copy thread included)
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 constexpr uint32_t kK = 64, kB = 256, kP = 64;
 constexpr uint64_t kRowBytes = 576;  // d_KV of the glm5-like preset (brief §8)
@@ -85,6 +102,15 @@ std::map<std::string, std::map<int64_t, Samples>>& StepFigures() {
   return m;
 }
 std::map<int64_t, std::pair<double, double>>& BandwidthFigures() {  // rows per step -> (recovery, memcpy) GB/s
+  static std::map<int64_t, std::pair<double, double>> m;
+  return m;
+}
+
+std::map<int64_t, double>& CpuRatios() {  // rows per step -> memcpy CPU time / recovery CPU time
+  static std::map<int64_t, double> m;
+  return m;
+}
+std::map<int64_t, std::pair<double, double>>& StepNs() {  // rows per step -> (recovery, memcpy) ns per step
   static std::map<int64_t, std::pair<double, double>> m;
   return m;
 }
@@ -169,19 +195,23 @@ class StepLane {
   double Step() {
     MakeSelection(next_++, rows_, window_, rng_, sel_);
     ResolveQuery q{&b_.kv, sel_, out_};
+    const double cpu0 = ThreadCpuSeconds();
     const Clock::time_point t0 = Clock::now();
-    double sec;
+    double sec, cpu;
     absl::Status s;
     if (plan_only_) {
       absl::StatusOr<PlannedBatchPtr> plan = b_.resolver.Plan(0, b_.sources, {&q, 1});
       sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      cpu = ThreadCpuSeconds() - cpu0;
       s = plan.ok() ? b_.resolver.Finish(*std::move(plan)) : plan.status();
     } else {
       s = b_.resolver.Resolve(0, b_.sources, {&q, 1});
       sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      cpu = ThreadCpuSeconds() - cpu0;
     }
     ++steps_;
     total_sec_ += sec;
+    total_cpu_sec_ += cpu;
     return s.ok() ? sec : -1;
   }
   // True when every timed step resolved exactly kDirect / kHot / kHost rows (from the resolver's census).
@@ -195,6 +225,9 @@ class StepLane {
     return steps_ == 0 ? 0 : static_cast<double>(b_.resolver.census(0).*field - before_.*field) / steps_;
   }
   double ns_per_step() const { return steps_ == 0 ? 0 : total_sec_ * 1e9 / static_cast<double>(steps_); }
+  // The calling thread's CPU time per step (excludes time preempted by other processes on a loaded machine, and
+  // the copy thread's work when copies run there).
+  double cpu_ns_per_step() const { return steps_ == 0 ? 0 : total_cpu_sec_ * 1e9 / static_cast<double>(steps_); }
   // The dense hot index the resolver's lookups read (request_kv.h: ready_page, 4 B, and host_ready, 1 B, per page),
   // and the per-page record beside it (KvPage) that they no longer read.
   double hot_index_kib() const {
@@ -216,6 +249,7 @@ class StepLane {
   uint64_t next_ = 1;
   uint64_t steps_ = 0;
   double total_sec_ = 0;
+  double total_cpu_sec_ = 0;
   Census before_;
 };
 
@@ -235,12 +269,14 @@ void RunStep(benchmark::State& state, bool plan_only, Position direct_window, co
   }
   state.counters["ns_per_step"] = lane.ns_per_step();
   state.counters["ns_per_row"] = lane.ns_per_step() / kK;
+  state.counters["thread_cpu_ns_per_step"] = lane.cpu_ns_per_step();
   state.counters["direct"] = lane.PerStep(&Census::direct);
   state.counters["hot"] = lane.PerStep(&Census::hot);
   state.counters["host"] = lane.PerStep(&Census::host);
   state.counters["hot_index_KiB"] = lane.hot_index_kib();
   state.counters["page_record_KiB"] = lane.page_record_kib();
   StepFigures()[name][lane.rows()].Add(state.iterations(), lane.ns_per_step());
+  StepFigures()[std::string(name) + " thread_cpu"][lane.rows()].Add(state.iterations(), lane.cpu_ns_per_step());
 }
 
 void BM_PlanStep(benchmark::State& state) { RunStep(state, true, 0, "BM_PlanStep"); }
@@ -309,23 +345,26 @@ void BM_HostRecoveryVsMemcpy(benchmark::State& state) {
   std::vector<Location> out(k);
   uint8_t* pool_base = b.device.HostVisible(b.pool, 0);
   Position next = 0;
-  double rec_sec = 0, cpy_sec = 0, plan_sec = 0;
+  double rec_sec = 0, cpy_sec = 0, plan_sec = 0, rec_cpu = 0, cpy_cpu = 0;
   uint64_t iter = 0;
   const Census before = b.resolver.census(0);
   for (auto _ : state) {
     for (auto& t : sel) t = (next++) % region;  // consecutive rows; the previous step's k rows are all evicted
     auto recover = [&] {
       ResolveQuery q{&b.kv, sel, out};
+      const double c0 = ProcessCpuSeconds();
       const Clock::time_point t0 = Clock::now();
       absl::StatusOr<PlannedBatchPtr> plan = b.resolver.Plan(0, b.sources, {&q, 1});  // = Resolve, split in two
       const Clock::time_point t1 = Clock::now();
       const absl::Status s = plan.ok() ? b.resolver.Finish(*std::move(plan)) : plan.status();
       const Clock::time_point t2 = Clock::now();
+      rec_cpu += ProcessCpuSeconds() - c0;
       rec_sec += std::chrono::duration<double>(t2 - t0).count();
       plan_sec += std::chrono::duration<double>(t1 - t0).count();
       if (!s.ok()) state.SkipWithError("resolve failed");
     };
     auto copy = [&] {
+      const double c0 = ProcessCpuSeconds();
       const Clock::time_point t0 = Clock::now();
       for (uint32_t j = 0; j < k; ++j) {
         const Position t = sel[j];
@@ -336,6 +375,7 @@ void BM_HostRecoveryVsMemcpy(benchmark::State& state) {
       }
       benchmark::ClobberMemory();
       cpy_sec += std::chrono::duration<double>(Clock::now() - t0).count();
+      cpy_cpu += ProcessCpuSeconds() - c0;
     };
     if (iter++ % 2 == 0) {
       recover();
@@ -358,10 +398,19 @@ void BM_HostRecoveryVsMemcpy(benchmark::State& state) {
   state.counters["plan_share"] = rec_sec > 0 ? plan_sec / rec_sec : 0;  // of the recovery time: Plan (no copy)
   // The rest of the recovery (issue, copy engine, wait) against memcpy of the same bytes: >1 = slower than memcpy.
   state.counters["copy_part_vs_memcpy"] = cpy_sec > 0 ? (rec_sec - plan_sec) / cpy_sec : 0;
+  // The same ratio from the process's CPU time (all threads): not inflated by preemption on a loaded machine, where
+  // a thread that never sleeps loses time slices inside either timed region. Each region includes two
+  // clock_gettime(CLOCK_PROCESS_CPUTIME_ID) calls (a system call, ~0.1-0.5 us): meaningful from tens of us per step.
+  state.counters["recovery_vs_memcpy_cpu"] = rec_cpu > 0 ? cpy_cpu / rec_cpu : 0;
+  CpuRatios()[k] = rec_cpu > 0 ? cpy_cpu / rec_cpu : 0;
+  state.counters["recovery_ns_per_step"] = rec_sec * 1e9 / static_cast<double>(n);  // at 1 row: the fixed cost
+  state.counters["memcpy_ns_per_step"] = cpy_sec * 1e9 / static_cast<double>(n);
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
   BandwidthFigures()[k] = {rec, cpy};
+  StepNs()[k] = {rec_sec * 1e9 / static_cast<double>(n), cpy_sec * 1e9 / static_cast<double>(n)};
 }
-BENCHMARK(BM_HostRecoveryVsMemcpy)->Arg(kK)->Arg(2048)->Unit(benchmark::kMicrosecond)->UseRealTime();
+// 1 row per step: the fixed cost of a recovery step (recovery_ns_per_step); 64 (= k) and 2048: the ratios.
+BENCHMARK(BM_HostRecoveryVsMemcpy)->Arg(1)->Arg(kK)->Arg(2048)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 void PrintSummary() {
   for (const auto& [name, by_rows] : StepFigures()) {
@@ -386,6 +435,14 @@ void PrintSummary() {
     std::printf("summary host recovery, %lld rows x %llu B per step: %.2f GB/s vs memcpy %.2f GB/s, ratio %.3f\n",
                 static_cast<long long>(k), static_cast<unsigned long long>(kRowBytes), bw.first, bw.second,
                 bw.second > 0 ? bw.first / bw.second : 0.0);
+  }
+  for (const auto& [k, r] : CpuRatios()) {
+    std::printf("summary host recovery, %lld rows per step: ratio from process CPU time %.3f\n",
+                static_cast<long long>(k), r);
+  }
+  for (const auto& [k, ns] : StepNs()) {
+    std::printf("summary host recovery, %lld rows per step: %.0f ns per step (memcpy of the same rows %.0f ns)\n",
+                static_cast<long long>(k), ns.first, ns.second);
   }
 }
 

@@ -96,88 +96,168 @@ uint8_t* CpuDevice::HostVisible(PoolId pool, Location offset) {
   return Resolve(DeviceRange{pool, offset, 0});
 }
 
-CopyEvent CpuDevice::Submit(CopyKind kind, std::vector<Op> ops, std::vector<DeviceRange> device, bool valid,
-                            std::span<const CopyEvent> after) {
+CopyEvent CpuDevice::Submit(CopyKind kind, uint64_t id, CopyHook hook, std::vector<Op> ops,
+                            std::vector<DeviceRange> device, bool valid, std::span<const CopyEvent> after) {
   auto state = std::make_shared<State>();
-  CopyInfo info;
-  CopyHook hook;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    info.id = next_copy_id_++;
-    hook = hook_;
-  }
   if (!valid) {
     state->Complete(absl::InvalidArgumentError("CpuDevice: copy range outside its device pool"));
     return CopyEvent(state);
   }
-  info.kind = kind;
-  info.device = std::move(device);
-  const CopyFate fate = hook ? hook(info) : CopyFate::kRun;
+  CopyFate fate = CopyFate::kRun;
+  if (hook) {
+    CopyInfo info;
+    info.id = id;
+    info.kind = kind;
+    info.device = std::move(device);
+    fate = hook(info);
+  }
   if (fate == CopyFate::kFail) {
-    state->Complete(absl::UnavailableError("CpuDevice: copy " + std::to_string(info.id) + " failed (injected)"));
+    state->Complete(absl::UnavailableError("CpuDevice: copy " + std::to_string(id) + " failed (injected)"));
     return CopyEvent(state);
   }
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    queue_.push_back(Job{info.id, kind, std::move(ops), std::vector<CopyEvent>(after.begin(), after.end()), state,
-                         fate == CopyFate::kHold});
+  Job job{id, kind, std::move(ops), std::vector<CopyEvent>(after.begin(), after.end()), state,
+          fate == CopyFate::kHold};
+  // Fast path (cpu_device.h): dependencies done (checked before taking mu_: Done locks the event's own mutex).
+  uint64_t bytes = 0;
+  for (const Op& op : job.ops) bytes += op.bytes;
+  const bool ready = !job.held && std::all_of(job.after.begin(), job.after.end(),
+                                              [](const CopyEvent& e) { return e.Done(); });
+  std::unique_lock<std::mutex> l(mu_);
+  if (ready && bytes <= inline_limit_ && !stop_ && !busy_ && !AnyRunnable()) {
+    busy_ = true;
+    l.unlock();
+    Execute(job, l);
+    busy_ = false;
+    // Wake the copy thread (or WaitIdle) only when some batch is queued (this one may have been its dependency) or
+    // someone waits for idle: a wake per batch would cost a thread switch per step when nothing else is going on.
+    const bool wake = !queue_.empty() || idle_waiters_ > 0;
+    l.unlock();
+    if (wake) cv_.notify_all();
+  } else {
+    queue_.push_back(std::move(job));
+    l.unlock();
+    cv_.notify_all();
   }
-  cv_.notify_all();
   return CopyEvent(state);
 }
 
 CopyEvent CpuDevice::CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) {
-  std::vector<Op> v;
+  std::vector<Op> v(ops.size());
   std::vector<DeviceRange> dev;
   bool valid = true;
+  uint64_t id;
+  CopyHook hook;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const auto& o : ops) {
+    id = next_copy_id_++;
+    if (hook_) {
+      hook = hook_;
+      dev.reserve(ops.size());
+      for (const auto& o : ops) dev.push_back(o.dst);
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const HostToDeviceCopy& o = ops[i];
       uint8_t* d = Resolve(o.dst);
       valid = valid && d != nullptr && o.src != nullptr;
-      v.push_back(Op{d, o.src, o.dst.bytes});
-      dev.push_back(o.dst);
+      v[i] = Op{d, o.src, o.dst.bytes};
     }
   }
-  return Submit(CopyKind::kHostToDevice, std::move(v), std::move(dev), valid, after);
+  return Submit(CopyKind::kHostToDevice, id, std::move(hook), std::move(v), std::move(dev), valid, after);
 }
 
 CopyEvent CpuDevice::CopyDeviceToHost(std::span<const DeviceToHostCopy> ops, std::span<const CopyEvent> after) {
-  std::vector<Op> v;
+  std::vector<Op> v(ops.size());
   std::vector<DeviceRange> dev;
   bool valid = true;
+  uint64_t id;
+  CopyHook hook;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const auto& o : ops) {
+    id = next_copy_id_++;
+    if (hook_) {
+      hook = hook_;
+      dev.reserve(ops.size());
+      for (const auto& o : ops) dev.push_back(o.src);
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const DeviceToHostCopy& o = ops[i];
       const uint8_t* s = Resolve(o.src);
       valid = valid && s != nullptr && o.dst != nullptr;
-      v.push_back(Op{o.dst, s, o.src.bytes});
-      dev.push_back(o.src);
+      v[i] = Op{o.dst, s, o.src.bytes};
     }
   }
-  return Submit(CopyKind::kDeviceToHost, std::move(v), std::move(dev), valid, after);
+  return Submit(CopyKind::kDeviceToHost, id, std::move(hook), std::move(v), std::move(dev), valid, after);
 }
 
 CopyEvent CpuDevice::CopyDeviceToDevice(std::span<const DeviceToDeviceCopy> ops, std::span<const CopyEvent> after) {
-  std::vector<Op> v;
+  std::vector<Op> v(ops.size());
   std::vector<DeviceRange> dev;
   bool valid = true;
+  uint64_t id;
+  CopyHook hook;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const auto& o : ops) {
+    id = next_copy_id_++;
+    if (hook_) {
+      hook = hook_;
+      dev.reserve(ops.size());
+      for (const auto& o : ops) dev.push_back(o.dst);
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const DeviceToDeviceCopy& o = ops[i];
       uint8_t* d = Resolve(o.dst);
       const uint8_t* s = Resolve(o.src);
       valid = valid && d != nullptr && s != nullptr && o.src.bytes == o.dst.bytes;
-      v.push_back(Op{d, s, o.dst.bytes});
-      dev.push_back(o.dst);
+      v[i] = Op{d, s, o.dst.bytes};
     }
   }
-  return Submit(CopyKind::kDeviceToDevice, std::move(v), std::move(dev), valid, after);
+  return Submit(CopyKind::kDeviceToDevice, id, std::move(hook), std::move(v), std::move(dev), valid, after);
+}
+
+bool CpuDevice::AnyRunnable() const {
+  return std::any_of(queue_.begin(), queue_.end(), [](const Job& j) {
+    return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
+  });
+}
+
+void CpuDevice::Execute(Job& job, std::unique_lock<std::mutex>& l) {
+  absl::Status s;
+  for (const CopyEvent& e : job.after) {
+    if (!e.Status().ok()) {
+      s = absl::UnavailableError("CpuDevice: a dependency of copy " + std::to_string(job.id) +
+                                 " failed: " + std::string(e.Status().message()));
+      break;
+    }
+  }
+  uint64_t bytes = 0;
+  if (s.ok()) {
+    for (const Op& op : job.ops) {
+      if (op.bytes > 0) std::memmove(op.dst, op.src, op.bytes);
+      bytes += op.bytes;
+    }
+  }
+  if (s.ok() && link_config_.enabled && job.kind != CopyKind::kDeviceToDevice) {
+    // The link model (link_model.h): the batch may start now, its dependencies having arrived.
+    const absl::Time ready = link_.Schedule(
+        job.kind == CopyKind::kHostToDevice ? LinkDirection::kHostToDevice : LinkDirection::kDeviceToHost, bytes,
+        clock_->Now());
+    job.state->CompleteAt(std::move(s), clock_, ready);
+    l.lock();
+    link_pending_.push_back(ready);
+    std::push_heap(link_pending_.begin(), link_pending_.end(), std::greater<>());
+  } else {
+    job.state->Complete(std::move(s));
+    l.lock();
+  }
 }
 
 void CpuDevice::CopyLoop() {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
+    if (busy_) {  // an issuing thread is executing a batch (fast path); it notifies when done
+      cv_.wait(l);
+      continue;
+    }
     // First queued job that is not held and whose dependencies are all done.
     auto it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) {
       return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
@@ -204,34 +284,7 @@ void CpuDevice::CopyLoop() {
     queue_.erase(it);
     busy_ = true;
     l.unlock();
-    absl::Status s;
-    for (const CopyEvent& e : job.after) {
-      if (!e.Status().ok()) {
-        s = absl::UnavailableError("CpuDevice: a dependency of copy " + std::to_string(job.id) +
-                                   " failed: " + std::string(e.Status().message()));
-        break;
-      }
-    }
-    uint64_t bytes = 0;
-    if (s.ok()) {
-      for (const Op& op : job.ops) {
-        if (op.bytes > 0) std::memmove(op.dst, op.src, op.bytes);
-        bytes += op.bytes;
-      }
-    }
-    if (s.ok() && link_config_.enabled && job.kind != CopyKind::kDeviceToDevice) {
-      // The link model (link_model.h): the batch may start now, its dependencies having arrived.
-      const absl::Time ready = link_.Schedule(
-          job.kind == CopyKind::kHostToDevice ? LinkDirection::kHostToDevice : LinkDirection::kDeviceToHost, bytes,
-          clock_->Now());
-      job.state->CompleteAt(std::move(s), clock_, ready);
-      l.lock();
-      link_pending_.push_back(ready);
-      std::push_heap(link_pending_.begin(), link_pending_.end(), std::greater<>());
-    } else {
-      job.state->Complete(std::move(s));
-      l.lock();
-    }
+    Execute(job, l);
     busy_ = false;
     cv_.notify_all();
   }
@@ -338,8 +391,15 @@ void CpuDevice::WaitIdle() {
       return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
     });
     if (!runnable && !busy_) return;
+    ++idle_waiters_;
     cv_.wait_for(l, std::chrono::milliseconds(1));
+    --idle_waiters_;
   }
+}
+
+void CpuDevice::SetInlineLimit(uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  inline_limit_ = bytes;
 }
 
 uint64_t CpuDevice::CopiesIssued() const {

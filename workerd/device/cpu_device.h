@@ -2,6 +2,14 @@
 // completed asynchronously by one copy thread (in dependency order, not issue order, like independent streams),
 // reader tracking in memory.
 //
+// Fast path: a batch issued with every dependency already done, that the hook lets run, while no other batch is
+// running or runnable, is executed on the issuing thread before the call returns (its event may already be done).
+// The copy engine stays one serial engine: batches still execute one at a time and in the order the copy thread
+// would run them (a runnable queued batch goes first), and the copy thread never runs one while an issuing thread
+// does. This removes the two thread hand-offs (issue -> copy thread -> waiter) that dominated small batches. Batches
+// of more than inline_limit bytes (SetInlineLimit; default kDefaultInlineLimit) always go to the copy thread, so a
+// large copy the issuer does not wait for at once still overlaps the issuer's work.
+//
 // Link model (optional, off by default; link_model.h): host<->device batches complete when a modelled PCIe link
 // would have delivered them. The bytes still move at once; only the event's completion (Done, Status, Wait) waits
 // for the modelled time, and Wait sleeps until then rather than spinning.
@@ -67,6 +75,10 @@ class CpuDevice final : public Device {
   void ReleaseAllHeld();
   void WaitIdle();                                     // until no runnable batch is queued or running
   uint64_t CopiesIssued() const;
+  // Largest batch (sum of its ops' bytes) the fast path runs on the issuing thread; 0: every batch goes to the copy
+  // thread (the behaviour before the fast path).
+  static constexpr uint64_t kDefaultInlineLimit = uint64_t{4} << 20;
+  void SetInlineLimit(uint64_t bytes);
   const LinkModelConfig& link_model() const { return link_config_; }
 
  private:
@@ -90,8 +102,13 @@ class CpuDevice final : public Device {
   };
 
   uint8_t* Resolve(const DeviceRange& r) const;  // nullptr when out of range
-  CopyEvent Submit(CopyKind kind, std::vector<Op> ops, std::vector<DeviceRange> device, bool valid,
-                   std::span<const CopyEvent> after);
+  // `id` and `hook` were taken under mu_ with the ops; `device` is filled only when there is a hook.
+  CopyEvent Submit(CopyKind kind, uint64_t id, CopyHook hook, std::vector<Op> ops, std::vector<DeviceRange> device,
+                   bool valid, std::span<const CopyEvent> after);
+  bool AnyRunnable() const;  // mu_ held: a queued batch not held whose dependencies are all done
+  // Executes one batch (dependency check, bytes, completion with the link model); called with `l` unlocked and
+  // busy_ set by the caller; returns with `l` locked.
+  void Execute(Job& job, std::unique_lock<std::mutex>& l);
   void CopyLoop();
 
   mutable std::mutex mu_;
@@ -99,7 +116,9 @@ class CpuDevice final : public Device {
   std::vector<std::vector<uint8_t>> pools_;
   std::deque<Job> queue_;
   bool stop_ = false;
-  bool busy_ = false;
+  bool busy_ = false;  // a batch is executing (on the copy thread or, fast path, on an issuing thread)
+  int idle_waiters_ = 0;  // threads in WaitIdle
+  uint64_t inline_limit_ = kDefaultInlineLimit;
   uint64_t next_copy_id_ = 1;
   CopyHook hook_;
   ReaderId next_reader_ = 1;
@@ -107,8 +126,8 @@ class CpuDevice final : public Device {
   std::vector<Fence> fences_;
   const LinkModelConfig link_config_;
   const LinkClock* const clock_;
-  LinkModel link_;                              // copy thread only
-  std::vector<absl::Time> link_pending_;        // completion times still ahead, a min-heap; copy thread only
+  LinkModel link_;                              // only whoever set busy_ (the executing thread)
+  std::vector<absl::Time> link_pending_;        // completion times still ahead, a min-heap; under mu_
   std::thread thread_;  // last: starts after the members above exist
 };
 

@@ -1,15 +1,44 @@
 // workerd/kv/hot_cache.cc: see hot_cache.h.
 #include "workerd/kv/hot_cache.h"
 
+#include <algorithm>
+
 namespace dhs {
 
 HotCache::HotCache(uint32_t slots) : pos_(slots), stamp_(slots), prev_(slots), next_(slots) {
-  map_.reserve(size_t{slots} + 1);  // Claim inserts before it erases the victim's old row
+  size_t cap = 16;
+  while (cap < 2 * (size_t{slots} + 1)) cap <<= 1;
+  map_.resize(cap);
+  shift_ = static_cast<uint32_t>(64 - __builtin_ctzll(cap));
   Reset();
 }
 
+size_t HotCache::Probe(Position t) const {
+  const size_t mask = map_.size() - 1;
+  size_t i = Home(t);
+  while (map_[i].key != kNoPosition && map_[i].key != t) i = (i + 1) & mask;
+  return i;
+}
+
+void HotCache::MapErase(Position t) {
+  const size_t mask = map_.size() - 1;
+  size_t i = Probe(t);
+  if (map_[i].key == kNoPosition) return;
+  // Backward-shift deletion: move later entries of the cluster into the hole when their home allows it.
+  for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+    if (map_[j].key == kNoPosition) break;
+    const size_t home = Home(map_[j].key);
+    // j's entry may fill the hole at i unless its home lies cyclically in (i, j].
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      map_[i] = map_[j];
+      i = j;
+    }
+  }
+  map_[i] = MapEntry{};
+}
+
 void HotCache::Reset() {
-  map_.clear();
+  std::fill(map_.begin(), map_.end(), MapEntry{});
   head_ = tail_ = kNone;
   for (uint32_t h = 0; h < size(); ++h) {
     pos_[h] = kNoPosition;
@@ -19,8 +48,7 @@ void HotCache::Reset() {
 }
 
 uint32_t HotCache::Find(Position t) const {
-  auto it = map_.find(t);
-  return it == map_.end() ? kNone : it->second;
+  return map_[Probe(t)].slot;  // kNone in an empty entry
 }
 
 void HotCache::Unlink(uint32_t h) {
@@ -57,23 +85,34 @@ uint32_t HotCache::Victim(uint64_t step) const {
 
 uint32_t HotCache::Claim(Position t, uint64_t step, bool* assigned) {
   *assigned = false;
-  auto [it, inserted] = map_.try_emplace(t, kNone);
-  if (!inserted) return it->second;
+  const size_t i = Probe(t);
+  if (map_[i].key == t) return map_[i].slot;
   const uint32_t h = Victim(step);
-  if (h == kNone) {
-    map_.erase(it);
-    return kNone;
+  if (h == kNone) return kNone;
+  if (pos_[h] == kNoPosition) {
+    map_[i] = MapEntry{t, h};
+  } else {
+    MapErase(pos_[h]);  // may move entries: probe again for t's place
+    map_[Probe(t)] = MapEntry{t, h};
   }
-  it->second = h;
-  if (pos_[h] != kNoPosition) map_.erase(pos_[h]);  // another key: `it` is not used after this
   pos_[h] = t;
   Touch(h, step);
   *assigned = true;
   return h;
 }
 
+uint32_t HotCache::ClaimAbsent(Position t, uint64_t step) {
+  const uint32_t h = Victim(step);
+  if (h == kNone) return kNone;
+  if (pos_[h] != kNoPosition) MapErase(pos_[h]);
+  map_[Probe(t)] = MapEntry{t, h};
+  pos_[h] = t;
+  Touch(h, step);
+  return h;
+}
+
 void HotCache::Invalidate(uint32_t h) {
-  if (pos_[h] != kNoPosition) map_.erase(pos_[h]);
+  if (pos_[h] != kNoPosition) MapErase(pos_[h]);
   pos_[h] = kNoPosition;
   stamp_[h] = 0;
   Unlink(h);

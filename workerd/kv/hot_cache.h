@@ -1,5 +1,6 @@
 // workerd/kv/hot_cache.h (internal): the hot cache of one (request, group): B slots with LRU replacement (brief §5).
-// A position->slot map of at most B entries plus an intrusive LRU list; every operation is O(1) except Victim and
+// A position->slot map of at most B entries (an open-addressing table with linear probing and backward-shift
+// deletion, at most half full: no allocation after construction) plus an intrusive LRU list; every operation is O(1) except Victim and
 // Claim, which walk from the LRU end past protected slots (at most k of them). Slots selected in the current step are
 // protected (their stamp equals the step's). Initial LRU order: slot 0 is least recent. An invalidated slot becomes
 // the least recent.
@@ -7,10 +8,10 @@
 // Thread-safety: none.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "common/types.h"
 
 namespace dhs {
@@ -29,6 +30,10 @@ class HotCache {
   // step; *assigned = false, nothing changes), else the least recent unprotected slot, now holding t, most recent
   // and protected (*assigned = true); kNone when every slot is protected (nothing changes).
   uint32_t Claim(Position t, uint64_t step, bool* assigned);
+  // Claim of a row known to be absent (Find(t) == kNone since the last change): the least recent unprotected slot,
+  // now holding t, most recent and protected; kNone when every slot is protected (nothing changes). Saves Claim's
+  // duplicate probe.
+  uint32_t ClaimAbsent(Position t, uint64_t step);
   void Invalidate(uint32_t h);                   // empty, least recent
   Position PositionAt(uint32_t h) const { return pos_[h]; }
 
@@ -37,7 +42,19 @@ class HotCache {
   void PushFront(uint32_t h);  // most recent
   void PushBack(uint32_t h);   // least recent
 
-  absl::flat_hash_map<Position, uint32_t> map_;
+  // The position->slot table: entries with key kNoPosition are empty.
+  struct MapEntry {
+    Position key = kNoPosition;
+    uint32_t slot = kNone;
+  };
+  size_t Home(Position t) const {
+    return static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+  size_t Probe(Position t) const;  // index of t's entry, or of the empty entry where t would go
+  void MapErase(Position t);
+
+  std::vector<MapEntry> map_;  // power-of-two size >= 2 * (B + 1)
+  uint32_t shift_ = 64;
   std::vector<Position> pos_;
   std::vector<uint64_t> stamp_;
   std::vector<uint32_t> prev_, next_;

@@ -47,18 +47,25 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
     }
     // Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). An open
     // addressing table of at least 2k entries, reused across calls: O(k) per query, no allocation in steady state.
+    // Entries carry the stamp of the query that wrote them, so the table is not cleared per query (only when it
+    // grows or the stamp wraps).
     size_t cap = 16;
     while (cap < 2 * q.selection.size()) cap <<= 1;
-    seen_.assign(cap, kNoPosition);
+    if (seen_.size() < cap || ++seen_stamp_ == 0) {
+      seen_.assign(std::max(cap, seen_.size()), SeenEntry{});
+      seen_stamp_ = 1;
+    }
+    cap = seen_.size();
+    const uint32_t stamp = seen_stamp_;
     for (Position t : q.selection) {
       if (t == kNoPosition) continue;
       size_t i = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
-      while (seen_[i] != kNoPosition && seen_[i] != t) i = (i + 1) & (cap - 1);
-      if (seen_[i] == t) {
+      while (seen_[i].stamp == stamp && seen_[i].t != t) i = (i + 1) & (cap - 1);
+      if (seen_[i].stamp == stamp) {
         return absl::InvalidArgumentError(
             absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
       }
-      seen_[i] = t;
+      seen_[i] = SeenEntry{t, stamp};
     }
   }
   return absl::OkStatus();
@@ -224,15 +231,12 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
     }
     for (size_t j = 0; j < q.selection.size(); ++j) {  // (3) misses take unprotected LRU victims
       if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
-      bool assigned = false;
-      const uint32_t h = hc.Claim(q.selection[j], step, &assigned);
+      // Absent from the cache: not found in (2), and claims since then were of this query's other positions
+      // (distinct, Validate); earlier queries' claims were hits in (2).
+      const uint32_t h = hc.ClaimAbsent(q.selection[j], step);
       if (h == HotCache::kNone) {
         return fail(absl::ResourceExhaustedError(absl::StrCat(
             "resolver: request ", q.kv->id, " selects more distinct missing rows than B in one step")));
-      }
-      if (!assigned) {  // unreachable: positions are distinct (Validate), earlier queries' claims were hits above
-        return fail(absl::InternalError(absl::StrCat("resolver: position ", q.selection[j], " of request ",
-                                                     q.kv->id, " claimed twice in one query")));
       }
       es[j] = Entry{Kind::kHost, h, 0};
       plan->assigned.emplace_back(qi, h);
@@ -246,8 +250,10 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
   const KvLayout& l = *env_.layout;
   const SourceId s = plan.sources[si];
   const uint32_t T = l.config().tail_rows;
-  std::vector<HostToDeviceCopy> ops;
-  std::vector<CopyEvent> after;
+  std::vector<HostToDeviceCopy>& ops = ops_;  // scratch, reused across calls
+  std::vector<CopyEvent>& after = after_;
+  ops.clear();
+  after.clear();
   for (size_t qi = 0; qi < plan.batch.size(); ++qi) {
     const ResolveQuery& q = plan.batch[qi];
     const size_t k = q.selection.size();
@@ -266,10 +272,19 @@ CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
           const DeviceRange region{env_.pool, l.HotRow(q.kv->slot, s, 0), bytes};
           hot_readers = env_.device->ReadersBusy(region) ? kBusy : kIdle;
         }
-        const DeviceRange dst{env_.pool, q.out[si * k + j], l.row_bytes(s)};
+        const uint64_t row_bytes = l.row_bytes(s);
+        const DeviceRange dst{env_.pool, q.out[si * k + j], row_bytes};
         if (hot_readers == kBusy && env_.device->ReadersBusy(dst)) after.push_back(env_.device->ReadersFence(dst));
-        ops.push_back(HostToDeviceCopy{dst, HostRow(*q.kv->Page(t, l.config().page_rows), s, t)});
-        plan.census.bytes_recovered += l.row_bytes(s);
+        const uint8_t* src = HostRow(*q.kv->Page(t, l.config().page_rows), s, t);
+        // Rows adjacent on both sides (consecutive positions of one host page into consecutive hot slots, the
+        // common case of LRU victims taken in order) extend the previous copy: one memcpy per run, not per row.
+        if (!ops.empty() && ops.back().dst.offset + static_cast<Location>(ops.back().dst.bytes) == dst.offset &&
+            ops.back().src + ops.back().dst.bytes == src) {
+          ops.back().dst.bytes += row_bytes;
+        } else {
+          ops.push_back(HostToDeviceCopy{dst, src});
+        }
+        plan.census.bytes_recovered += row_bytes;
       }
     }
   }

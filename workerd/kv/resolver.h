@@ -8,6 +8,7 @@
 // step protected, unselected LRU slots are victims; the scan is skipped only when every selected row resolved
 // directly; (3) host recovery: each remaining miss is copied from its host page into a victim slot, per source.
 // Fused: one pass over the batch, all copies issued (one batch per source) and waited once; cost bounded by B and k.
+// Rows adjacent in both the host pool and the KV pool are issued as one copy (same bytes, fewer ops).
 // Failure of any copy: nothing of the batch counts as resolved (census untouched), every hot slot the batch targeted
 // is invalidated (every query is planned before any copy: the hits of every query stay touched), the call returns
 // the copy's error. Hot caches are per (request slot, group): no request ever sees another's rows.
@@ -91,7 +92,12 @@ class Resolver {
   std::vector<Census> census_;
 
  private:
-  mutable std::vector<Position> seen_;  // Validate's duplicate check (scratch)
+  struct SeenEntry {
+    Position t = kNoPosition;
+    uint32_t stamp = 0;  // the query that wrote it; other stamps are empty
+  };
+  mutable std::vector<SeenEntry> seen_;  // Validate's duplicate check (scratch, power-of-two size)
+  mutable uint32_t seen_stamp_ = 0;
 };
 
 // A planned batch of the fused resolver: the shared position->slot plan of one group, ready to issue each
@@ -131,6 +137,8 @@ class FusedResolver final : public Resolver {
   uint32_t groups_;
   std::vector<HotCache> caches_;
   uint64_t step_ = 0;
+  std::vector<HostToDeviceCopy> ops_;  // IssueFollower's scratch (the device copies the ops it is given)
+  std::vector<CopyEvent> after_;
 };
 
 // The oracle: a simple per-query loop (linear scans, LRU by stamps), every query of the batch planned before any
