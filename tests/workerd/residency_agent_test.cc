@@ -816,7 +816,9 @@ class RandomConversation {
     }
     if (pending.empty()) return;
     const FakeKv::Copy* c = pending[rng_() % pending.size()];
-    const bool fail = c->kind != FakeKv::Kind::kWithdraw && rng_() % 10 == 0;
+    // Keep copies fail more often: each failed one leaves a GPU page memd still counts (until HostCopyWritten), which
+    // a reclaim may name (cov.lost).
+    const bool fail = c->kind != FakeKv::Kind::kWithdraw && rng_() % (c->kind == FakeKv::Kind::kKeep ? 4 : 10) == 0;
     kv_.Complete(*c->event, fail ? absl::InternalError("injected") : absl::OkStatus());
   }
   void ReclaimOne() {
