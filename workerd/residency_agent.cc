@@ -266,9 +266,9 @@ bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
         // Its backup was written, but memd counts none of the failed order's copies: the page is on host, not on its
         // GPU page. Reported like any page written outside an order (memd frees the GPU page, contract §4).
         LoseGpuPage(m.request, j, dp);
-        if (where == PageResidency::kHostWritten && g->reported.insert(j).second) {
+        if (where == PageResidency::kHostWritten && j < g->host_pages.size() && g->reported.insert(j).second) {
           written.history_pages.push_back(j);
-          written.host_pages.emplace_back(0, j < g->host_pages.size() ? g->host_pages[j] : 0);
+          written.host_pages.emplace_back(0, g->host_pages[j]);  // the order's target (IssueBackup keeps it there)
           ++stats_.pages_backed_up;
         }  // (still writing: Poll reports it, the order being gone)
         continue;
