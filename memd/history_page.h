@@ -10,6 +10,7 @@
 //   kHost          none                                  complete copy                     yes (candidate)
 //   kPopulating    optional-pending or reclaiming        complete copy (being read)        copy in flight
 //   kGpu           optional-ready or reclaiming          assigned, no copy (deferred)      -
+//                  (HostCopyWritten outside a reclaim: the worker did not keep the page; the GPU page is freed, kHost)
 //   kGpuDeferred   reclaiming (backup answered deferred) covered by the worker's tail      -
 //   kGpuAndHost    optional-ready or reclaiming          complete copy                     -
 //
@@ -47,7 +48,8 @@ bool HoldsGpuPage(HistoryState state);
 // Every allowed move, with the event that makes it (nothing else may change a history page's state):
 inline constexpr std::pair<HistoryState, HistoryState> kHistoryTransitions[] = {
     {HistoryState::kHostPending, HistoryState::kHost},        // HostCopyWritten
-    {HistoryState::kGpu, HistoryState::kGpuAndHost},          // HostCopyWritten, or a reclaim backup completed
+    {HistoryState::kGpu, HistoryState::kGpuAndHost},          // HostCopyWritten in a reclaim, or its backup completed
+    {HistoryState::kGpu, HistoryState::kHost},                // HostCopyWritten outside a reclaim: the keep failed
     {HistoryState::kGpuDeferred, HistoryState::kGpuAndHost},  // HostCopyWritten of a deferred page (before retire)
     {HistoryState::kGpu, HistoryState::kGpuDeferred},         // a reclaim backup answered deferred
     {HistoryState::kHost, HistoryState::kPopulating},         // PopulateOrder

@@ -214,12 +214,25 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
     counters_.host_write_failures += pages.size();
     return Finish(absl::OkStatus());
   }
+  Gpu& g = gpus_.at(r.gpu);
   for (uint32_t h : pages) {
     HistoryPage& hp = r.history[h];
     ++counters_.host_writes;
     switch (hp.state) {
       case HistoryState::kHostPending: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost)); break;
       case HistoryState::kGpu:
+        if (r.state == RequestState::kAdmitted && hp.copy == 0) {
+          // A page kept at the grant is written to host outside an order only when the worker did not keep it (its
+          // keep copy failed, contract §3): the GPU page holds nothing and never will. It is freed now (lendable
+          // again: a waiting admission may take it without a reclaim); the page is host-resident, a population
+          // candidate. In a reclaim (or with a backup in flight) the reclaim retires the GPU page instead.
+          DHS_CHECK_OK(g.table.Release(hp.gpu_page));
+          DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
+          --r.optional;
+          ++counters_.keeps_lost;
+          break;
+        }
+        [[fallthrough]];
       case HistoryState::kGpuDeferred: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost)); break;
       default: break;  // already a complete host copy (a repeated report)
     }

@@ -116,7 +116,8 @@ class ResidencyManager {
   absl::Status OnReadersDone(OrderId order);
   // HostCopyWritten: the worker wrote history pages `history_pages` of `request` to their assigned host pages
   // (host_pages[i] for history_pages[i] when given; empty = not stated). ok = false: the copies failed (counted,
-  // nothing changes: the pages stay covered by the worker's tail and are not populated).
+  // nothing changes: the pages stay covered by the worker's tail and are not populated). A kept page (kGpu) reported
+  // written outside a reclaim was not kept (the worker's keep copy failed, contract §3): its GPU page is freed (kHost).
   // Errors: NotFound (unknown request), FailedPrecondition (queued), OutOfRange (no such history page),
   // InvalidArgument (host_pages of another length, or a host page not the one assigned).
   absl::Status OnHostCopyWritten(RequestId request, std::span<const uint32_t> history_pages,

@@ -267,6 +267,7 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"host_writes", c.host_writes},
       {"host_write_failures", c.host_write_failures},
       {"deferred_backups", c.deferred_backups},
+      {"keeps_lost", c.keeps_lost},
       {"messages", daemon.messages},
       {"hellos", daemon.hellos},
       {"send_failures", daemon.send_failures}};

@@ -90,6 +90,7 @@ struct Counters {
   uint64_t host_writes = 0;       // history pages confirmed written by HostCopyWritten
   uint64_t host_write_failures = 0;  // history pages HostCopyWritten reported failed
   uint64_t deferred_backups = 0;  // reclaim backups answered deferred (BackupComplete.deferred_pages)
+  uint64_t keeps_lost = 0;        // kept pages written to host outside a reclaim (keep failed): GPU page freed
 };
 
 // Counters of the daemon around the core (memd/daemon.h), rendered with the core's by RenderPrometheus.

@@ -128,10 +128,16 @@ void ResidencyAgent::SendBackupComplete(const wire::ReclaimOrderT& m, const absl
   Sent(memd_->SendBackupComplete(done), "BackupComplete");
 }
 
-absl::Status ResidencyAgent::MapBackupPages(const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const {
+absl::Status ResidencyAgent::MapBackupPages(const Granted& g, const wire::ReclaimOrderT& m,
+                                            std::vector<BackupItem>& items) const {
   for (size_t i = 0; i < m.backup_pages.size(); ++i) {
     const PageIndex dp = m.backup_pages[i];
     std::optional<GpuPageUse> use = kv_->GpuPageOf(m.request, dp);
+    bool lost = false;
+    if (auto it = g.lost.find(dp); !use && it != g.lost.end()) {  // memd's page, not used: it holds nothing
+      use = GpuPageUse{it->second, false};
+      lost = true;
+    }
     if (!use) {
       return absl::FailedPreconditionError(absl::StrCat("ReclaimOrder ", m.order, ": GPU page ", dp,
                                                         " holds no history page of request ", m.request, " here"));
@@ -140,7 +146,7 @@ absl::Status ResidencyAgent::MapBackupPages(const wire::ReclaimOrderT& m, std::v
       return absl::UnimplementedError(absl::StrCat("ReclaimOrder ", m.order, ": host page in segment ",
                                                    m.backup_targets[i].segment(), ": this worker maps segment 0 only"));
     }
-    items.push_back(BackupItem{use->page, m.backup_targets[i].page(), use->held});
+    items.push_back(BackupItem{use->page, m.backup_targets[i].page(), use->held, lost});
   }
   return absl::OkStatus();
 }
@@ -160,7 +166,17 @@ void ResidencyAgent::IssueBackup(Granted& g, const wire::ReclaimOrderT& m, size_
     return;
   }
   absl::Status issued;
-  if (item.held) {
+  if (item.lost) {
+    // Its GPU page holds nothing (the keep copy failed) and it has no host copy (the fallback copy failed): its rows
+    // are still in the tail (a page without a host copy never leaves it). Backed up from there now and awaited, like
+    // a planned page whose rows are all written; nothing to keep again if the order fails (the page stays lost).
+    absl::StatusOr<bool> now = kv_->BackupInsteadOfKeep(m.request, j, item.target);
+    issued = now.status();
+    if (now.ok() && !*now) {  // not complete (cannot happen for a page that was kept): deferred
+      rc.deferred.push_back(m.backup_pages[i]);
+      return;
+    }
+  } else if (item.held) {
     issued = kv_->BackupHeldPage(m.request, j, item.target);
   } else {
     // Only planned to be kept: the GPU page holds nothing. A page whose rows are all written (still in the tail) is
@@ -209,7 +225,7 @@ void ResidencyAgent::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     return;
   }
   std::vector<BackupItem> items;
-  if (absl::Status s = MapBackupPages(m, items); !s.ok()) {
+  if (absl::Status s = MapBackupPages(*g, m, items); !s.ok()) {
     SendBackupComplete(m, s);
     return;
   }
@@ -243,11 +259,29 @@ bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
     // memd leaves the victim untouched and may retry: a page only planned to be kept is kept again on its GPU page
     // (its rows are still in the tail: a page without a host copy never leaves it).
     spdlog::warn("worker: backup of reclaim order {} failed: {}", m.order, rc.backup_status.ToString());
+    wire::HostCopyWrittenT written;
     for (const auto& [j, dp] : rc.planned) {
-      if (HasHostCopy(kv_->Residency(m.request, j))) continue;  // written: host copy, nothing to undo
+      const PageResidency where = kv_->Residency(m.request, j);
+      if (HasHostCopy(where)) {
+        // Its backup was written, but memd counts none of the failed order's copies: the page is on host, not on its
+        // GPU page. Reported like any page written outside an order (memd frees the GPU page, contract §4).
+        LoseGpuPage(m.request, j, dp);
+        if (where == PageResidency::kHostWritten && j < g->host_pages.size() && g->reported.insert(j).second) {
+          written.history_pages.push_back(j);
+          written.host_pages.emplace_back(0, g->host_pages[j]);  // the order's target (IssueBackup keeps it there)
+          ++stats_.pages_backed_up;
+        }  // (still writing: Poll reports it, the order being gone)
+        continue;
+      }
       if (absl::Status s = kv_->RestoreKeep(m.request, j, dp); !s.ok()) {
         spdlog::error("worker: keeping page {} of request {} again failed: {}", j, m.request, s.ToString());
       }
+    }
+    if (!written.history_pages.empty()) {
+      written.request = m.request;
+      written.gpu = config_.gpu;
+      written.ok = true;
+      Sent(memd_->SendHostCopyWritten(written), "HostCopyWritten");
     }
     erased = true;
     return false;
@@ -281,7 +315,10 @@ void ResidencyAgent::Withdraw(Reclaim& rc, Granted* g) {
   rc.withdrawing = false;
   rc.readers_done = true;
   if (g != nullptr) {
-    for (PageIndex dp : m.pages) std::erase_if(g->gpu_pages, [&](const auto& e) { return e.second == dp; });
+    for (PageIndex dp : m.pages) {
+      std::erase_if(g->gpu_pages, [&](const auto& e) { return e.second == dp; });
+      g->lost.erase(dp);
+    }
   }
   wire::ReadersDoneT done;
   done.order = m.order;
@@ -338,6 +375,9 @@ void ResidencyAgent::OnRetire(const wire::RetireT& m) {
 // ---- populate orders ----
 
 void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
+  if (Granted* gm = Find(m.request)) {
+    for (PageIndex dp : m.pages) gm->lost.erase(dp);  // memd freed it (HostCopyWritten) and gives it out again
+  }
   Populate& po = populates_[m.order];
   po.order = m;
   const Granted* g = Find(m.request);
@@ -395,6 +435,14 @@ void ResidencyAgent::AnswerPopulate(Populate& po) {
 
 // ---- KV completions ----
 
+void ResidencyAgent::LoseGpuPage(RequestId request, uint32_t page, PageIndex dp) {
+  Granted* g = Find(request);
+  if (g == nullptr) return;
+  // Not planned onto it again (RebuildKv): memd frees it once the page's host copy is reported.
+  if (auto it = g->gpu_pages.find(page); it != g->gpu_pages.end() && it->second == dp) g->gpu_pages.erase(it);
+  g->lost[dp] = page;
+}
+
 ResidencyAgent::Reclaim* ResidencyAgent::AwaitingOrder(RequestId request, uint32_t page) {
   for (auto& [order, rc] : reclaims_) {
     if (rc.order.request == request && !rc.backup_reported && rc.awaiting.contains(page)) return &rc;
@@ -449,8 +497,11 @@ void ResidencyAgent::ReportPublished(const std::vector<KvCompletions::Published>
       if (p.status.ok()) {
         ++stats_.pages_kept;
       } else {
+        // The KV backs the page up to its host page instead; its HostCopyWritten tells memd the GPU page holds
+        // nothing (memd frees it). Until then memd may name the page in a ReclaimOrder: answered through `lost`.
         spdlog::warn("worker: keeping page {} of request {} on GPU failed ({}); backed up to host instead", p.page,
                      p.request, p.status.ToString());
+        LoseGpuPage(p.request, p.page, p.device_page);
       }
       continue;
     }

@@ -98,6 +98,11 @@ class ResidencyAgent {
     std::vector<PageIndex> host_pages;        // host page by history page (grant; a reclaim's target updates it)
     std::map<uint32_t, PageIndex> gpu_pages;  // history page -> optional GPU page memd gave it (grant, populate)
     std::set<uint32_t> reported;              // history pages reported to memd with a host copy
+    // GPU page -> history page: optional pages memd gave this request that hold nothing because the page was not kept
+    // there after all (its keep copy failed, or a failed reclaim left it written to host instead). memd frees such a
+    // page at the page's HostCopyWritten, or retires it through a ReclaimOrder that names it (contract §3-§4); until
+    // then an order naming it is mapped here and answered, never refused.
+    std::map<PageIndex, uint32_t> lost;
   };
   struct Reclaim {
     wire::ReclaimOrderT order;
@@ -129,6 +134,7 @@ class ResidencyAgent {
     uint32_t page;  // history page
     PageIndex target;
     bool held;
+    bool lost = false;  // Granted::lost: the GPU page holds nothing, the rows are in the tail or on host
   };
 
   Granted* Find(RequestId request);
@@ -137,7 +143,9 @@ class ResidencyAgent {
   absl::Status CheckGrant(const wire::AdmitGrantT& m, uint64_t complete_pages) const;
   absl::Status PlanKv(RequestId request, const Granted& g);
   // Pass 1 of a reclaim: every backup page mapped to its history page; an error refuses the order.
-  absl::Status MapBackupPages(const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const;
+  absl::Status MapBackupPages(const Granted& g, const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const;
+  // Page `page` of `request` is not on GPU page `dp` that memd gave it (Granted::lost).
+  void LoseGpuPage(RequestId request, uint32_t page, PageIndex dp);
   void IssueBackup(Granted& g, const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
   void AdvanceReclaims();
   // Step 1 of a reclaim: BackupComplete once its copies ended. Returns false while it must wait, or when the order

@@ -540,20 +540,22 @@ TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
   m = w.Next();
   ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
   EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
-  // The same report with the right host page is accepted (no reply): page 2 now has a confirmed host copy, so the
-  // population tick brings it into the one free GPU page. Confirming the kept pages 0 and 1 makes 3/3.
-  written.host_pages = {g8.backup_host_pages[2]};
-  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
-  written.history_pages = {0, 1};
-  written.host_pages = {g8.backup_host_pages[0], g8.backup_host_pages[1]};
+  // The same report with the right host page is accepted (no reply), in one message with the kept pages 0 and 1:
+  // page 2 now has a confirmed host copy, and the kept pages, written to host outside a reclaim, were not kept (their
+  // keep copies failed, contract §3), so memd frees their GPU pages. The population tick brings all three back, from
+  // their host pages, into the one free GPU page and the two freed ones: 3/3.
+  written.history_pages = {2, 0, 1};
+  written.host_pages = {g8.backup_host_pages[2], g8.backup_host_pages[0], g8.backup_host_pages[1]};
   w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
   m = w.Next();
   ASSERT_TRUE(m && m->type == wire::Body::PopulateOrder);
-  EXPECT_EQ(ReadPopulateOrder(*m)->history_pages, std::vector<uint32_t>{2});
-  EXPECT_EQ(ReadPopulateOrder(*m)->host_pages[0].page(), g8.backup_host_pages[2].page());
+  EXPECT_EQ(ReadPopulateOrder(*m)->history_pages, (std::vector<uint32_t>{0, 1, 2}));
+  ASSERT_EQ(ReadPopulateOrder(*m)->host_pages.size(), 3u);
+  EXPECT_EQ(ReadPopulateOrder(*m)->host_pages[2].page(), g8.backup_host_pages[2].page());
   EXPECT_FALSE(w.Next(100ms).has_value());
   EXPECT_EQ(DhsctlJson("request 8")["host_coverage"], "3/3");
   const std::string metrics = MetricsWith("dhs_memd_host_writes_total 3");
+  EXPECT_NE(metrics.find("dhs_memd_keeps_lost_total 2\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dhs_memd_grants_total 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dhs_memd_rejects_total 1\n"), std::string::npos) << metrics;
 }

@@ -164,7 +164,13 @@ class Harness {
     if (pages.empty()) pages.push_back(Pick(static_cast<uint32_t>(m.pages.size())));
     const bool ok = Pick(6) != 0;
     if (ok) {
-      for (uint32_t h : pages) m.pages[h].written = true;
+      for (uint32_t h : pages) {
+        MPage& mp = m.pages[h];
+        // A kept page (on GPU, no host copy, no copy in flight) written outside a reclaim: the worker did not keep it,
+        // memd frees its GPU page (contract §3). In a reclaim, or with a backup in flight, it stays on GPU.
+        if (mp.on_gpu && !mp.written && !mp.tail && !mp.backup && !mp.populating && m.reclaim == 0) mp.on_gpu = false;
+        mp.written = true;
+      }
     }
     std::vector<PageIndex> host;
     if (Pick(2) == 0) {
@@ -613,20 +619,22 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     total.host_writes += c.host_writes;
     total.host_write_failures += c.host_write_failures;
     total.stale_reports += c.stale_reports;
+    total.keeps_lost += c.keeps_lost;
     early += h.early_readers_done();
     regranted += h.regranted();
     slot_waits += h.slot_waits();
   }
   std::printf(
       "grants %lu, reclaims retired %lu, aborted %lu, populates %lu (failed %lu), rejects %lu, deferred backups %lu, "
-      "host writes %lu (failed %lu), stale reports %lu, early readers-done %lu, regranted %lu, slot waits %lu\n",
+      "host writes %lu (failed %lu), stale reports %lu, early readers-done %lu, regranted %lu, slot waits %lu, "
+      "keeps lost %lu\n",
       static_cast<unsigned long>(total.grants), static_cast<unsigned long>(total.reclaims_retired),
       static_cast<unsigned long>(total.reclaims_failed), static_cast<unsigned long>(total.populates_ordered),
       static_cast<unsigned long>(total.populates_failed), static_cast<unsigned long>(total.rejects),
       static_cast<unsigned long>(total.deferred_backups), static_cast<unsigned long>(total.host_writes),
       static_cast<unsigned long>(total.host_write_failures), static_cast<unsigned long>(total.stale_reports),
       static_cast<unsigned long>(early), static_cast<unsigned long>(regranted),
-      static_cast<unsigned long>(slot_waits));
+      static_cast<unsigned long>(slot_waits), static_cast<unsigned long>(total.keeps_lost));
   // The run must have exercised every path it claims to (each is reached many times over the 20 default seeds; one
   // seed alone, rerun with DHS_SEED, may miss a rare one).
   if (std::getenv("DHS_SEED") != nullptr) return;
@@ -640,6 +648,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.host_writes, 0u);
   EXPECT_GT(total.host_write_failures, 0u);
   EXPECT_GT(total.stale_reports, 0u);
+  EXPECT_GT(total.keeps_lost, 0u);
   EXPECT_GT(early, 0u);
   EXPECT_GT(regranted, 0u);
 }

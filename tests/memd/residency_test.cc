@@ -415,14 +415,17 @@ TEST_F(ResidencyTest, FreeCountsReturnToStartAfterManyCompletions) {
     pending.insert(pending.end(), o.begin(), o.end());
     o = Do(mgr_->Populate());
     pending.insert(pending.end(), o.begin(), o.end());
-    // Answer everything outstanding (this loop's orders may produce more); confirm every granted page written.
+    // Answer everything outstanding (this loop's orders may produce more); confirm every granted page written except
+    // the kept ones (a kept page's HostCopyWritten would say its keep failed: memd would free its GPU page).
     while (!pending.empty()) {
       Order x = pending.back();
       pending.pop_back();
       std::vector<Order> more;
       if (auto* g = std::get_if<GrantOrder>(&x)) {
-        std::vector<uint32_t> all(g->host_pages.size());
-        for (uint32_t h = 0; h < all.size(); ++h) all[h] = h;
+        std::vector<uint32_t> all;
+        for (uint32_t h = static_cast<uint32_t>(g->optional_pages.size()); h < g->host_pages.size(); ++h) {
+          all.push_back(h);
+        }
         more = Written(g->request, all);
       }
       if (auto* rc = std::get_if<ReclaimOrder>(&x)) {
@@ -532,6 +535,58 @@ TEST_F(ContractTest, DeferredReclaimBackupRetiresAtOnceAndPopulatesOnlyAfterTheW
   ASSERT_EQ(pops.size(), 1u);
   EXPECT_EQ(pops[0].history_pages, std::vector<uint32_t>{2});
   EXPECT_EQ(pops[0].host_pages, std::vector<PageIndex>{g[0].host_pages[2]});
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+}
+
+// A page kept at the grant whose keep copy failed is written to its host page instead and reported with
+// HostCopyWritten (contract §3): outside a reclaim memd frees its GPU page at once (gpu -> host, a_r - 1), so an
+// admission that needs the page is granted without a reclaim, and the page is populated only from its host copy. The
+// same report crossing a reclaim of the request (the GPU page is the reclaim's) makes the page gpu-and-host and the
+// reclaim retires it.
+TEST_F(ContractTest, KeptPageWrittenOutsideAReclaimFreesItsGpuPage) {
+  Make(8, 0, 16);
+  auto g = OfType<GrantOrder>(Admit(1, 2, 4, 6));
+  ASSERT_EQ(g.size(), 1u);
+  ASSERT_EQ(g[0].optional_pages.size(), 4u);  // history pages 0..3 kept; 2 GPU pages free
+  const std::vector<PageIndex>& opt = g[0].optional_pages;
+  auto o = Written(1, {0});  // page 0's keep copy failed: written to host instead
+  EXPECT_TRUE(OfType<ReclaimOrder>(o).empty());
+  EXPECT_EQ(Req(1).optional_pages, 3u);
+  EXPECT_EQ(Req(1).tail_pages, 2u) << "pages 4, 5 only";
+  EXPECT_EQ(mgr_->gpu_table(0)->free(), 3u);
+  EXPECT_EQ(mgr_->gpu_table(0)->state(opt[0]), PageState::kFree);
+  EXPECT_EQ(mgr_->counters().keeps_lost, 1u);
+  // Request 2 needs 3 pages: granted at once, with page 0's GPU page, no reclaim.
+  o = Admit(2, 3, 0, 1);
+  auto g2 = OfType<GrantOrder>(o);
+  ASSERT_EQ(g2.size(), 1u);
+  EXPECT_TRUE(OfType<ReclaimOrder>(o).empty());
+  EXPECT_NE(std::find(g2[0].required_pages.begin(), g2[0].required_pages.end(), opt[0]),
+            g2[0].required_pages.end());
+  Do(mgr_->Complete(2));
+  // Page 0 is host now: populated from its host page (into any free GPU page).
+  auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
+  ASSERT_EQ(pops.size(), 1u);
+  EXPECT_EQ(pops[0].history_pages, std::vector<uint32_t>{0});
+  EXPECT_EQ(pops[0].host_pages, std::vector<PageIndex>{g[0].host_pages[0]});
+  Do(mgr_->OnReadyPublish(pops[0].order, {}, true));
+  // A reclaim of request 1 orders backups of pages 1..3; page 1's HostCopyWritten crosses it: the page stays the
+  // reclaim's (gpu-and-host), its GPU page is retired with the others.
+  auto rc = OfType<ReclaimOrder>(Admit(3, 6, 0, 1));
+  ASSERT_EQ(rc.size(), 1u);
+  ASSERT_EQ(rc[0].backup_pages.size(), 3u);
+  EXPECT_EQ(rc[0].gpu_pages.size(), 4u);
+  Written(1, {1});
+  EXPECT_EQ(Req(1).optional_pages, 4u) << "a reclaim's page is freed only by its Retire";
+  EXPECT_EQ(mgr_->gpu_table(0)->state(opt[1]), PageState::kReclaiming);
+  EXPECT_EQ(mgr_->counters().keeps_lost, 1u);
+  auto all = FinishReclaims({Order(rc[0])});
+  auto retired = OfType<RetireOrder>(all);
+  ASSERT_EQ(retired.size(), 1u);
+  EXPECT_EQ(retired[0].gpu_pages.size(), 4u);
+  EXPECT_NE(std::find(retired[0].gpu_pages.begin(), retired[0].gpu_pages.end(), opt[1]), retired[0].gpu_pages.end());
+  EXPECT_EQ(OfType<GrantOrder>(all).size(), 1u);
+  EXPECT_EQ(Req(1).optional_pages, 0u);
   EXPECT_TRUE(mgr_->CheckInvariants().ok());
 }
 

@@ -850,6 +850,60 @@ TEST(WorkerOrders, FailedHostWriteFailsTheReclaimAndRestoresThePlannedKeep) {
   EXPECT_EQ(f.sink.out[1].digests, want.digests);
 }
 
+// A kept page whose keep copy (tail -> optional GPU page) fails holds nothing on that GPU page: the KV backs the page up
+// to its grant's host page instead (held here), and memd, not told yet (HostCopyWritten comes once that copy is
+// written, contract §3), orders a reclaim naming the GPU page among its backup pages. The order is answered, not
+// refused: the fallback copy is the page's backup (awaited), nothing is withdrawn, the page is retired, and the request
+// ends bit-identical. Before, the worker refused every such order (GpuPageOf found nothing) and memd kept the page,
+// with the admission waiting on it, until the request ended.
+TEST(WorkerOrders, ReclaimOfAPageWhoseKeepCopyFailedIsAnsweredWithTheFallbackCopy) {
+  ScriptedFixture f;
+  constexpr PageIndex kDp0 = 3;
+  const std::vector<uint8_t> prompt = Prompt(70, 1);
+  f.SubmitAndGrant(1, 70, 4, {{0, kDp0}});
+  HierarchicalKvAccess* kv = f.worker->hierarchical();
+  CheckBackupsAreWritten(f, 1, {{kDp0, 0}});
+  ASSERT_NE(kv->Find(1), nullptr);
+  const Location dp0 = f.layout->PageRow(kDp0, 0, 0), tail0 = f.layout->TailRow(kv->Find(1)->slot, 0, 0);
+  f.device.SetCopyHook([dp0, tail0](const CopyInfo& i) {
+    for (const DeviceRange& r : i.device) {
+      if (i.kind == CopyKind::kDeviceToDevice && r.offset == dp0) return CopyFate::kFail;  // the keep copy
+      if (i.kind == CopyKind::kDeviceToHost && r.offset == tail0) return CopyFate::kHold;   // its fallback backup
+    }
+    return CopyFate::kRun;
+  });
+  ASSERT_TRUE(f.IterateUntil([&] { return !f.device.HeldCopies().empty(); }));
+  ASSERT_LT(f.Appended(1), 48) << "page 0's tail slots reused before its host copy";
+  EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::nullopt) << "the failed keep copy left GPU page " << kDp0 << " mapped";
+  EXPECT_FALSE(kv->Find(1)->pages[0].ready);
+  EXPECT_FALSE(f.ReportedDeferred(1, 0));
+  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(303, 1, {kDp0}, {10}));
+  EXPECT_TRUE(f.BackupsOf(303).empty()) << "the order was answered (refused?) before the fallback copy ended: "
+                                        << (f.BackupsOf(303).empty() ? "" : f.BackupsOf(303)[0].message);
+  f.ReleaseHeld();
+  ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
+  const std::vector<wire::BackupCompleteT> done = f.BackupsOf(303);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].ok) << done[0].message;
+  EXPECT_EQ(done[0].pages, std::vector<uint32_t>{kDp0});
+  EXPECT_TRUE(done[0].deferred_pages.empty());
+  EXPECT_LT(f.memd.Index("backup/303"), f.memd.Index("readers_done/303"));
+  wire::RetireT retire;
+  retire.order = 303;
+  retire.request = 1;
+  retire.pages = {kDp0};
+  f.worker->OnRetire(retire);
+  EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
+  EXPECT_FALSE(f.ReportedDeferred(1, 0)) << "page 0's copy belongs to the order's BackupComplete";
+  ExpectHostPageHolds(f, 10, 0, OriginalRows(*f.model, prompt));
+  ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(1); }, 500));
+  EXPECT_FALSE(f.sink.errors.contains(1)) << f.sink.errors[1];
+  const Generated want = Oracle(*f.model, std::vector<model::Token>(prompt.begin(), prompt.end()), 4);
+  EXPECT_EQ(f.sink.out[1].tokens, want.tokens);
+  EXPECT_EQ(f.sink.out[1].digests, want.digests);
+  EXPECT_EQ(f.worker->pending_orders(), 0u);
+}
+
 // A reclaim order that arrives while the victim is granted but has not started (nothing written, nothing kept: its
 // plan keeps history page 0 on the reclaimed GPU page): the order is answered at once with the page deferred, the page
 // is not kept when the request runs, and its host copy is reported (HostCopyWritten) once written.
