@@ -270,6 +270,8 @@ uint32_t ResidencyManager::ReleaseAdmitted(Request& r, Gpu& g) {
 absl::Status ResidencyManager::Populate() {
   for (auto& [gpu_id, g] : gpus_) {
     if (!g.queue.empty()) continue;  // never take what a queued admission needs
+    // Nothing to hand out: the plan would be empty (and leave the scheduler as it is); skip the O(context pages) scan.
+    if (g.table.lendable() == 0) continue;
     std::vector<PopulationCandidate> candidates;
     for (const auto& [id, r] : requests_) {
       if (r.gpu != gpu_id || r.state != RequestState::kAdmitted || !r.optional_history) continue;
@@ -883,10 +885,12 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
   return absl::OkStatus();
 }
 
-StateDump ResidencyManager::Dump() const {
+StateDump ResidencyManager::Dump(DumpDetail detail) const {
   StateDump d;
   d.policy = std::string(policy_->name());
   d.now_us = clock_();
+  d.request_count = requests_.size();
+  const bool full = detail == DumpDetail::kFull;
   std::map<RequestId, int32_t> rank;
   for (const auto& [gid, g] : gpus_) {
     GpuDump gd;
@@ -902,16 +906,18 @@ StateDump ResidencyManager::Dump() const {
     gd.reclaiming_pages = t.reclaiming();
     gd.queue.assign(g.queue.begin(), g.queue.end());
     for (const auto& [rid, rc] : reclaims_) gd.reclaims_in_flight += rc.gpu == gid;
-    for (PageIndex p = 0; p < t.pages(); ++p) {
+    for (PageIndex p = 0; full && p < t.pages(); ++p) {
       gd.page_states.push_back(t.state(p));
       gd.page_owners.push_back(t.owner(p));
     }
     d.gpus.push_back(std::move(gd));
+    if (!full) continue;
     std::vector<ReclaimCandidate> c = Candidates(gid, false);
     policy_->Order(c);
     for (size_t i = 0; i < c.size(); ++i) rank[c[i].request] = static_cast<int32_t>(i);
   }
-  for (const auto& [id, r] : requests_) {
+  for (auto req = full ? requests_.begin() : requests_.end(); req != requests_.end(); ++req) {
+    const auto& [id, r] = *req;
     RequestDump rd;
     rd.request = id;
     rd.gpu = r.gpu;

@@ -132,7 +132,7 @@ class ResidencyManager {
   // ---- outputs ----
   std::vector<Order> DrainOrders();
   absl::Status CheckInvariants() const;
-  StateDump Dump() const;
+  StateDump Dump(DumpDetail detail = DumpDetail::kFull) const;
   const Counters& counters() const { return counters_; }
   const GpuPageTable* gpu_table(GpuId gpu) const;
   const HostPageAllocator& host() const { return host_; }

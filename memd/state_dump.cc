@@ -246,7 +246,7 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
                                                    {"pinned", d.host.pinned_pages},
                                                    {"freed_pinned", d.host.freed_pinned_pages}};
   for (const auto& [kind, v] : host) absl::StrAppendFormat(&out, "dhs_memd_host_pages{kind=\"%s\"} %d\n", kind, v);
-  absl::StrAppendFormat(&out, "# TYPE dhs_memd_requests gauge\ndhs_memd_requests %d\n", d.requests.size());
+  absl::StrAppendFormat(&out, "# TYPE dhs_memd_requests gauge\ndhs_memd_requests %d\n", d.request_count);
   const std::pair<const char*, uint64_t> counters[] = {
       {"events", c.events},
       {"event_errors", c.event_errors},

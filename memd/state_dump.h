@@ -61,11 +61,17 @@ struct HostDump {
   uint32_t freed_pinned_pages = 0;  // freed while pinned, reusable after the copy completes
 };
 
+// How much ResidencyManager::Dump fills: kFull everything; kCounts (the daemon's metrics snapshot on every tick,
+// all RenderPrometheus reads) leaves out what costs O(M) or O(requests): page_states, page_owners and requests
+// (request_count still says how many there are). O(GPUs + reclaims in flight) instead of O(M + context pages).
+enum class DumpDetail : uint8_t { kFull = 0, kCounts = 1 };
+
 struct StateDump {
   std::string policy;
   int64_t now_us = 0;
   std::vector<GpuDump> gpus;          // ascending gpu
-  std::vector<RequestDump> requests;  // ascending request id (queued ones included)
+  std::vector<RequestDump> requests;  // ascending request id (queued ones included); empty with kCounts
+  size_t request_count = 0;           // requests known (queued ones included): requests.size() of a full dump
   HostDump host;
 };
 
