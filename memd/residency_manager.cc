@@ -906,6 +906,14 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
     gd.reclaiming_pages = t.reclaiming();
     gd.queue.assign(g.queue.begin(), g.queue.end());
     for (const auto& [rid, rc] : reclaims_) gd.reclaims_in_flight += rc.gpu == gid;
+    gd.reclaimable_pages = static_cast<uint32_t>(g.victims.total_pages());
+    gd.request_slots = g.request_slots;
+    gd.used_slots = static_cast<uint32_t>(g.used_slots.size());
+    for (RequestId q : g.queue) {
+      const Request& r = requests_.at(q);
+      gd.queued_required_pages += r.required_count;
+      gd.queued_host_pages += r.context_pages;
+    }
     for (PageIndex p = 0; full && p < t.pages(); ++p) {
       gd.page_states.push_back(t.state(p));
       gd.page_owners.push_back(t.owner(p));

@@ -26,7 +26,12 @@ json GpuJson(const GpuDump& g) {
               {"optional_ready", g.ready_pages},
               {"reclaiming", g.reclaiming_pages},
               {"queued", g.queue.size()},
-              {"reclaims_in_flight", g.reclaims_in_flight}};
+              {"reclaims_in_flight", g.reclaims_in_flight},
+              {"reclaimable", g.reclaimable_pages},
+              {"slots", g.request_slots},
+              {"slots_used", g.used_slots},
+              {"queued_required", g.queued_required_pages},
+              {"queued_host", g.queued_host_pages}};
 }
 
 json RequestJson(const RequestDump& r) {

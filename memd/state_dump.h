@@ -34,6 +34,14 @@ struct GpuDump {
   uint32_t reclaiming_pages = 0;
   std::vector<RequestId> queue;   // queued admissions, head first
   uint32_t reclaims_in_flight = 0;
+  // What `dhsctl plan --live` reads (docs/planner.md, "Live"): pages a deficit could reclaim now (a_r of the victim
+  // candidates: admitted, not reclaiming, not backed off), the Hello's request slots N (0: unlimited) and those in
+  // use, and what the queued admissions will take first (their required pages and one host page per context page).
+  uint32_t reclaimable_pages = 0;
+  uint32_t request_slots = 0;
+  uint32_t used_slots = 0;
+  uint64_t queued_required_pages = 0;
+  uint64_t queued_host_pages = 0;
   std::vector<PageState> page_states;  // indexed by page
   std::vector<RequestId> page_owners;  // indexed by page; kNoOwner when free
 };
