@@ -163,13 +163,18 @@ absl::StatusOr<std::string> FetchStatusJson(const Args& a) {
   dhs::wire::IntrospectQueryT body;
   body.what = dhs::wire::IntrospectWhat::Status;
   body.format = dhs::wire::IntrospectFormat::Json;
-  auto bytes = (*client)->Request(dhs::EncodeIntrospectQuery(body, 1, "dhsctl"), std::chrono::milliseconds(a.timeout_ms));
-  if (!bytes.ok()) return absl::DeadlineExceededError("memd did not answer within " + std::to_string(a.timeout_ms) + " ms");
+  auto bytes =
+      (*client)->Request(dhs::EncodeIntrospectQuery(body, 1, "dhsctl"), std::chrono::milliseconds(a.timeout_ms));
+  if (!bytes.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat("memd did not answer within ", a.timeout_ms, " ms"));
+  }
   auto message = dhs::DecodeEnvelope(*bytes);
   if (!message.ok()) return absl::InternalError(absl::StrCat("bad reply: ", message.status().message()));
   if (message->type == dhs::wire::Body::ErrorReply) {
     const absl::Status error = dhs::ReadErrorStatus(*message);
-    return absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error) ? absl::InternalError(error.ToString()) : error;
+    // Unavailable / DeadlineExceeded mean "not running" / "no answer" to RunPlanCommand: memd's own are errors (4).
+    return absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error) ? absl::InternalError(error.ToString())
+                                                                         : error;
   }
   auto reply = dhs::ReadIntrospectReply(*message);
   if (!reply.ok()) return absl::InternalError(reply.status().message());
@@ -224,6 +229,8 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
-  if (a.plan->parsed()) return dhs::planner::RunPlanCommand(a.plan_options, a.json, [&a] { return FetchStatusJson(a); });
+  if (a.plan->parsed()) {
+    return dhs::planner::RunPlanCommand(a.plan_options, a.json, [&a] { return FetchStatusJson(a); });
+  }
   return Run(a);
 }

@@ -444,7 +444,9 @@ absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text) {
   if (!j.contains("host")) return absl::InvalidArgumentError("memd's status: \"host\" missing");
   if (absl::Status st = number(j["host"], "page_bytes", s.page_bytes); !st.ok()) return st;
   if (absl::Status st = number(j["host"], "reusable", s.host_reusable_pages); !st.ok()) return st;
-  if (!j.contains("gpus") || !j["gpus"].is_array()) return absl::InvalidArgumentError("memd's status: \"gpus\" missing");
+  if (!j.contains("gpus") || !j["gpus"].is_array()) {
+    return absl::InvalidArgumentError("memd's status: \"gpus\" missing");
+  }
   for (const nlohmann::json& g : j["gpus"]) {
     LiveGpu lg;
     uint64_t id = 0;
