@@ -218,12 +218,16 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
     HistoryPage& hp = r.history[h];
     ++counters_.host_writes;
     switch (hp.state) {
-      case HistoryState::kHostPending: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost)); break;
+      case HistoryState::kHostPending:
+        DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
+        ++r.host_only;
+        break;
       case HistoryState::kGpu:
       case HistoryState::kGpuDeferred: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost)); break;
       default: break;  // already a complete host copy (a repeated report)
     }
   }
+  Reindex(r, gpus_.at(r.gpu));
   return Finish(absl::OkStatus());
 }
 
@@ -273,12 +277,7 @@ absl::Status ResidencyManager::Populate() {
     // Nothing to hand out: the plan would be empty (and leave the scheduler as it is); skip the O(context pages) scan.
     if (g.table.lendable() == 0) continue;
     std::vector<PopulationCandidate> candidates;
-    for (const auto& [id, r] : requests_) {
-      if (r.gpu != gpu_id || r.state != RequestState::kAdmitted || !r.optional_history) continue;
-      const uint32_t missing = static_cast<uint32_t>(std::count_if(
-          r.history.begin(), r.history.end(), [](const HistoryPage& hp) { return hp.state == HistoryState::kHost; }));
-      if (missing > 0) candidates.push_back({id, missing});
-    }
+    for (RequestId id : g.populatable) candidates.push_back({id, requests_.at(id).host_only});
     for (const PopulationGrant& grant : g.scheduler.Plan(candidates, g.table.lendable())) {
       PopulateRequest(gpu_id, g, requests_.at(grant.request), grant.pages);
     }
@@ -308,6 +307,7 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
                        .host_page = hp.host_page, .gpu_page = gp, .order = order.order};
     DHS_CHECK_OK(host_.Pin(hp.host_page));
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kHost, HistoryState::kPopulating));
+    --r.host_only;
     hp.gpu_page = gp;
     hp.copy = id;
     ++r.optional;
@@ -381,6 +381,7 @@ void ResidencyManager::PopulateDone(CopyId copy, bool ok) {
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kPopulating, HistoryState::kHost));
     DHS_CHECK_OK(g.table.Release(c.gpu_page));
     --r.optional;
+    ++r.host_only;
     Reindex(r, g);
   }
   if (!reclaiming) return;
@@ -434,6 +435,11 @@ void ResidencyManager::ReleaseSlot(Gpu& g, SlotIndex slot) {
 }
 
 void ResidencyManager::Reindex(Request& r, Gpu& g) {
+  if (r.state == RequestState::kAdmitted && r.optional_history && r.host_only > 0) {
+    g.populatable.insert(r.id);
+  } else {
+    g.populatable.erase(r.id);
+  }
   if (r.victim_key) {
     g.victims.Erase(*r.victim_key);
     r.victim_key.reset();
@@ -600,8 +606,9 @@ void ResidencyManager::RetireReclaim(ReclaimId id) {
   for (HistoryPage& hp : v.history) {
     if (!HoldsGpuPage(hp.state)) continue;
     // Only pages with a host copy (or covered by the worker's tail) may be retired: kGpu or kPopulating here is a bug.
-    DHS_CHECK_OK(TransitionHistory(hp, hp.state, hp.state == HistoryState::kGpuDeferred ? HistoryState::kHostPending
-                                                                                       : HistoryState::kHost));
+    const HistoryState to = hp.state == HistoryState::kGpuDeferred ? HistoryState::kHostPending : HistoryState::kHost;
+    DHS_CHECK_OK(TransitionHistory(hp, hp.state, to));
+    v.host_only += to == HistoryState::kHost;
     DHS_CHECK_OK(g.table.Release(hp.gpu_page));
     --v.optional;
   }
@@ -869,6 +876,13 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
       return absl::InternalError(absl::StrFormat("GPU %d: slots beyond slot_high %d in use", gid, g.slot_high));
     }
   }
+  for (const auto& [gid, g] : gpus_) {
+    for (RequestId id : g.populatable) {
+      if (!requests_.contains(id) || requests_.at(id).gpu != gid) {
+        return absl::InternalError(absl::StrFormat("GPU %d: population candidate %d not its request", gid, id));
+      }
+    }
+  }
   size_t backed_off = 0;
   for (const auto& [id, r] : requests_) {
     backed_off += r.backoff;
@@ -879,6 +893,13 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
     if (candidate != r.victim_key.has_value() ||
         (candidate && (r.victim_key->optional_pages != r.optional || r.victim_key->admission_seq != r.seq))) {
       return absl::InternalError(absl::StrFormat("request %d: reclaim index key stale", id));
+    }
+    const auto host_only = static_cast<uint32_t>(std::count_if(
+        r.history.begin(), r.history.end(), [](const HistoryPage& hp) { return hp.state == HistoryState::kHost; }));
+    const bool populatable = r.state == RequestState::kAdmitted && r.optional_history && host_only > 0;
+    if (host_only != r.host_only || populatable != gpus_.at(r.gpu).populatable.contains(id)) {
+      return absl::InternalError(absl::StrFormat("request %d: %d kHost pages, host_only %d, population candidate %d",
+                                                 id, host_only, r.host_only, populatable));
     }
   }
   if (backed_off != backoff_.size()) return absl::InternalError("back-off set names unknown requests");

@@ -158,6 +158,7 @@ class ResidencyManager {
     std::vector<PageIndex> required;
     std::vector<HistoryPage> history;  // context_pages entries once granted
     uint32_t optional = 0;             // a_r: history pages holding a GPU page
+    uint32_t host_only = 0;            // history pages in kHost: what population can bring back
   };
   struct Reclaim {
     ReclaimId id = 0;
@@ -200,6 +201,9 @@ class ResidencyManager {
     // Free slots below slot_high (slots from slot_high up were never taken): the lowest free slot in O(log n).
     std::set<SlotIndex> released_slots;
     SlotIndex slot_high = 0;
+    // Population candidates: admitted requests with optional history and host_only > 0 (ascending id, the order
+    // Populate hands them to the scheduler), so a tick does not scan every request's history.
+    std::set<RequestId> populatable;
   };
 
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
@@ -212,7 +216,8 @@ class ResidencyManager {
   static SlotIndex FreeSlot(const Gpu& gpu);
   static void TakeSlot(Gpu& gpu, SlotIndex slot);
   static void ReleaseSlot(Gpu& gpu, SlotIndex slot);
-  // Re-keys `r` in its GPU's ReclaimIndex after a change of its state, a_r, backoff or admission time (or removes it).
+  // Re-keys `r` in its GPU's ReclaimIndex and population candidates after a change of its state, a_r, host_only,
+  // backoff or admission time (or removes it).
   void Reindex(Request& r, Gpu& gpu);
   bool TryGrant(Request& r, Gpu& gpu);
   void MarkRegranted(GrantOrder& grant);
