@@ -128,7 +128,8 @@ std::string Daemon::metrics() const {
 
 void Daemon::PublishMetrics() {
   counters_.workers = gpus_.size();
-  std::string text = RenderPrometheus(core_->Dump(), core_->counters(), counters_);
+  // Counts only: a full dump is O(M + context pages) and would stall the loop on every tick (issue 14).
+  std::string text = RenderPrometheus(core_->Dump(DumpDetail::kCounts), core_->counters(), counters_);
   std::lock_guard<std::mutex> lock(metrics_mu_);
   metrics_ = std::move(text);
 }

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 
 namespace dhs::memd {
 namespace {
@@ -15,29 +16,30 @@ bool EarlierAdmitted(const ReclaimCandidate& a, const ReclaimCandidate& b) {
 class OldestFirst final : public ReclaimPolicy {
  public:
   std::string_view name() const override { return "oldest-first"; }
-  void Order(std::vector<ReclaimCandidate>& c) const override { std::sort(c.begin(), c.end(), EarlierAdmitted); }
+  bool Before(const ReclaimCandidate& a, const ReclaimCandidate& b) const override { return EarlierAdmitted(a, b); }
 };
 
 class NewestFirst final : public ReclaimPolicy {
  public:
   std::string_view name() const override { return "newest-first"; }
-  void Order(std::vector<ReclaimCandidate>& c) const override {
-    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return EarlierAdmitted(b, a); });
-  }
+  bool Before(const ReclaimCandidate& a, const ReclaimCandidate& b) const override { return EarlierAdmitted(b, a); }
 };
 
 class LargestFirst final : public ReclaimPolicy {
  public:
   std::string_view name() const override { return "largest-first"; }
-  void Order(std::vector<ReclaimCandidate>& c) const override {
-    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-      if (a.optional_pages != b.optional_pages) return a.optional_pages > b.optional_pages;
-      return EarlierAdmitted(a, b);
-    });
+  bool Before(const ReclaimCandidate& a, const ReclaimCandidate& b) const override {
+    if (a.optional_pages != b.optional_pages) return a.optional_pages > b.optional_pages;
+    return EarlierAdmitted(a, b);
   }
 };
 
 }  // namespace
+
+void ReclaimPolicy::Order(std::vector<ReclaimCandidate>& candidates) const {
+  std::sort(candidates.begin(), candidates.end(),
+            [this](const ReclaimCandidate& a, const ReclaimCandidate& b) { return Before(a, b); });
+}
 
 VictimChoice ReclaimPolicy::Choose(std::vector<ReclaimCandidate> candidates, uint32_t deficit_pages) const {
   VictimChoice choice;
@@ -50,6 +52,35 @@ VictimChoice ReclaimPolicy::Choose(std::vector<ReclaimCandidate> candidates, uin
     if (c.optional_pages == 0) continue;
     choice.victims.push_back(c.request);
     choice.pages += c.optional_pages;
+  }
+  choice.covers = true;
+  return choice;
+}
+
+void ReclaimIndex::Insert(const ReclaimCandidate& candidate) {
+  DHS_CHECK_OK(candidate.optional_pages > 0 && set_.insert(candidate).second
+                   ? absl::OkStatus()
+                   : absl::InternalError(absl::StrFormat("reclaim index: request %d inserted twice or with a_r = 0",
+                                                         candidate.request)));
+  total_pages_ += candidate.optional_pages;
+}
+
+void ReclaimIndex::Erase(const ReclaimCandidate& candidate) {
+  DHS_CHECK_OK(set_.erase(candidate) == 1
+                   ? absl::OkStatus()
+                   : absl::InternalError(absl::StrFormat("reclaim index: request %d not indexed under that key",
+                                                         candidate.request)));
+  total_pages_ -= candidate.optional_pages;
+}
+
+// Walks the order from r_1 until the pages cover Δ: the same victims as ReclaimPolicy::Choose (which skips a_r = 0;
+// the index holds none).
+VictimChoice ReclaimIndex::Choose(uint32_t deficit_pages) const {
+  VictimChoice choice;
+  if (total_pages_ < deficit_pages) return choice;
+  for (auto it = set_.begin(); it != set_.end() && choice.pages < deficit_pages; ++it) {
+    choice.victims.push_back(it->request);
+    choice.pages += it->optional_pages;
   }
   choice.covers = true;
   return choice;

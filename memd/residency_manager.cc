@@ -59,7 +59,7 @@ absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t r
   auto table = GpuPageTable::Create(gpu, pages, config_.reserve_pages);
   if (!table.ok()) return Finish(table.status());
   gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
-                         request_slots, {}});
+                         request_slots, {}, ReclaimIndex(policy_.get()), {}, 0});
   return Finish(absl::OkStatus());
 }
 
@@ -219,7 +219,10 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
     HistoryPage& hp = r.history[h];
     ++counters_.host_writes;
     switch (hp.state) {
-      case HistoryState::kHostPending: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost)); break;
+      case HistoryState::kHostPending:
+        DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
+        ++r.host_only;
+        break;
       case HistoryState::kGpu:
         if (r.state == RequestState::kAdmitted && hp.copy == 0) {
           // A page kept at the grant is written to host outside an order only when the worker did not keep it (its
@@ -237,6 +240,7 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
       default: break;  // already a complete host copy (a repeated report)
     }
   }
+  Reindex(r, gpus_.at(r.gpu));
   return Finish(absl::OkStatus());
 }
 
@@ -272,22 +276,21 @@ uint32_t ResidencyManager::ReleaseAdmitted(Request& r, Gpu& g) {
     reclaims_.erase(r.reclaim);
     EraseOrderIfDone(r.reclaim);
   }
-  g.used_slots.erase(r.slot);
+  ReleaseSlot(g, r.slot);
   host_.ReleaseRequest(r.id);  // pinned pages become reusable after their copy reports
   r.state = RequestState::kCompleted;
+  if (r.backoff) backoff_.erase(r.id);
+  Reindex(r, g);
   return released;
 }
 
 absl::Status ResidencyManager::Populate() {
   for (auto& [gpu_id, g] : gpus_) {
     if (!g.queue.empty()) continue;  // never take what a queued admission needs
+    // Nothing to hand out: the plan would be empty (and leave the scheduler as it is); skip the O(context pages) scan.
+    if (g.table.lendable() == 0) continue;
     std::vector<PopulationCandidate> candidates;
-    for (const auto& [id, r] : requests_) {
-      if (r.gpu != gpu_id || r.state != RequestState::kAdmitted || !r.optional_history) continue;
-      const uint32_t missing = static_cast<uint32_t>(std::count_if(
-          r.history.begin(), r.history.end(), [](const HistoryPage& hp) { return hp.state == HistoryState::kHost; }));
-      if (missing > 0) candidates.push_back({id, missing});
-    }
+    for (RequestId id : g.populatable) candidates.push_back({id, requests_.at(id).host_only});
     for (const PopulationGrant& grant : g.scheduler.Plan(candidates, g.table.lendable())) {
       PopulateRequest(gpu_id, g, requests_.at(grant.request), grant.pages);
     }
@@ -317,6 +320,7 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
                        .host_page = hp.host_page, .gpu_page = gp, .order = order.order};
     DHS_CHECK_OK(host_.Pin(hp.host_page));
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kHost, HistoryState::kPopulating));
+    --r.host_only;
     hp.gpu_page = gp;
     hp.copy = id;
     ++r.optional;
@@ -327,11 +331,17 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
     order.host_pages.push_back(hp.host_page);
   }
   DHS_CHECK_OK(next == pages->size() ? absl::OkStatus() : absl::InternalError("population plan beyond candidates"));
+  Reindex(r, g);
   outbox_.push_back(std::move(order));
 }
 
 absl::Status ResidencyManager::RetryBackups() {
-  for (auto& [id, r] : requests_) r.backoff = false;
+  for (RequestId id : backoff_) {
+    Request& r = requests_.at(id);
+    r.backoff = false;
+    Reindex(r, gpus_.at(r.gpu));
+  }
+  backoff_.clear();
   return Finish(absl::OkStatus());
 }
 
@@ -384,6 +394,8 @@ void ResidencyManager::PopulateDone(CopyId copy, bool ok) {
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kPopulating, HistoryState::kHost));
     DHS_CHECK_OK(g.table.Release(c.gpu_page));
     --r.optional;
+    ++r.host_only;
+    Reindex(r, g);
   }
   if (!reclaiming) return;
   Reclaim& rc = reclaims_.at(r.reclaim);
@@ -417,9 +429,37 @@ absl::Status ResidencyManager::NeverFits(const Request& r, const Gpu& g) const {
 }
 
 SlotIndex ResidencyManager::FreeSlot(const Gpu& g) {
-  SlotIndex slot = 0;
-  while (g.used_slots.count(slot)) ++slot;  // lowest free
+  const SlotIndex slot = g.released_slots.empty() ? g.slot_high : *g.released_slots.begin();  // lowest free
   return g.request_slots != 0 && slot >= g.request_slots ? kNoSlot : slot;
+}
+
+void ResidencyManager::TakeSlot(Gpu& g, SlotIndex slot) {
+  g.used_slots.insert(slot);
+  if (slot == g.slot_high) {
+    ++g.slot_high;
+  } else {
+    g.released_slots.erase(slot);
+  }
+}
+
+void ResidencyManager::ReleaseSlot(Gpu& g, SlotIndex slot) {
+  g.used_slots.erase(slot);
+  g.released_slots.insert(slot);
+}
+
+void ResidencyManager::Reindex(Request& r, Gpu& g) {
+  if (r.state == RequestState::kAdmitted && r.optional_history && r.host_only > 0) {
+    g.populatable.insert(r.id);
+  } else {
+    g.populatable.erase(r.id);
+  }
+  if (r.victim_key) {
+    g.victims.Erase(*r.victim_key);
+    r.victim_key.reset();
+  }
+  if (r.state != RequestState::kAdmitted || r.optional == 0 || r.backoff) return;
+  r.victim_key = ReclaimCandidate{r.id, r.time_us, r.seq, r.optional};
+  g.victims.Insert(*r.victim_key);
 }
 
 bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
@@ -450,10 +490,11 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   }
   r.optional = on_gpu;
   r.slot = slot;
-  g.used_slots.insert(slot);
+  TakeSlot(g, slot);
   r.state = RequestState::kAdmitted;
   r.time_us = clock_();
   r.seq = next_seq_++;
+  Reindex(r, g);
   ++counters_.grants;
   GrantOrder grant{r.id, r.gpu, slot, *required, *optional, *host};
   MarkRegranted(grant);
@@ -493,7 +534,7 @@ void ResidencyManager::PumpGpu(GpuId gpu_id, Gpu& g) {
     // Deficit Δ: reclaim whole requests in the reclaim order.
     const int64_t delta = int64_t{head.required_count} - g.table.lendable() - g.reclaiming_pages;
     if (delta > 0) {
-      const VictimChoice choice = policy_->Choose(Candidates(gpu_id, true), static_cast<uint32_t>(delta));
+      const VictimChoice choice = g.victims.Choose(static_cast<uint32_t>(delta));
       if (choice.covers) {  // else all optional pages cannot cover Δ: wait until capacity frees
         for (RequestId v : choice.victims) StartReclaim(requests_.at(v), g);
       }
@@ -556,6 +597,7 @@ void ResidencyManager::StartReclaim(Request& v, Gpu& g) {
   }
   v.state = RequestState::kReclaiming;
   v.reclaim = id;
+  Reindex(v, g);
   g.reclaiming_pages += static_cast<uint32_t>(rc.pages.size());
   ++counters_.reclaims_started;
   outbox_.push_back(std::move(order));
@@ -577,14 +619,16 @@ void ResidencyManager::RetireReclaim(ReclaimId id) {
   for (HistoryPage& hp : v.history) {
     if (!HoldsGpuPage(hp.state)) continue;
     // Only pages with a host copy (or covered by the worker's tail) may be retired: kGpu or kPopulating here is a bug.
-    DHS_CHECK_OK(TransitionHistory(hp, hp.state, hp.state == HistoryState::kGpuDeferred ? HistoryState::kHostPending
-                                                                                       : HistoryState::kHost));
+    const HistoryState to = hp.state == HistoryState::kGpuDeferred ? HistoryState::kHostPending : HistoryState::kHost;
+    DHS_CHECK_OK(TransitionHistory(hp, hp.state, to));
+    v.host_only += to == HistoryState::kHost;
     DHS_CHECK_OK(g.table.Release(hp.gpu_page));
     --v.optional;
   }
   g.reclaiming_pages -= static_cast<uint32_t>(rc.pages.size());
   v.state = RequestState::kAdmitted;
   v.reclaim = 0;
+  Reindex(v, g);
   ++counters_.reclaims_retired;
   counters_.pages_retired += rc.pages.size();
   if (!rc.pages.empty()) outbox_.push_back(RetireOrder{rc.id, rc.victim, rc.gpu, std::move(rc.pages)});
@@ -608,6 +652,8 @@ void ResidencyManager::AbortReclaim(Request& v, Gpu& g) {
   v.state = RequestState::kAdmitted;
   v.reclaim = 0;
   v.backoff = true;
+  backoff_.insert(v.id);
+  Reindex(v, g);
   ++counters_.reclaims_failed;
   spdlog::debug("memd: reclaim of request {} aborted by a failed backup; it may be retried", v.id);
 }
@@ -643,7 +689,8 @@ absl::Status ResidencyManager::CheckInvariants() const {
       }
     }
   }
-  return CheckReclaims();
+  if (absl::Status s = CheckReclaims(); !s.ok()) return s;
+  return CheckVictimIndex();
 }
 
 absl::Status ResidencyManager::CheckQueues() const {
@@ -815,10 +862,69 @@ absl::Status ResidencyManager::CheckReclaims() const {
   return absl::OkStatus();
 }
 
-StateDump ResidencyManager::Dump() const {
+// Every GPU's ReclaimIndex holds exactly its victim candidates, in the order the policy's sort gives them (the
+// reference), each under the key its request remembers; the back-off set names exactly the backed-off requests; the
+// released slots are the free slots below slot_high.
+absl::Status ResidencyManager::CheckVictimIndex() const {
+  for (const auto& [gid, g] : gpus_) {
+    std::vector<ReclaimCandidate> want = Candidates(gid, true);
+    policy_->Order(want);
+    const std::vector<ReclaimCandidate> have = g.victims.Ordered();
+    uint64_t total = 0;
+    for (const ReclaimCandidate& c : want) total += c.optional_pages;
+    auto same = [](const ReclaimCandidate& a, const ReclaimCandidate& b) {
+      return a.request == b.request && a.admitted_at_us == b.admitted_at_us && a.admission_seq == b.admission_seq &&
+             a.optional_pages == b.optional_pages;
+    };
+    if (have.size() != want.size() || !std::equal(have.begin(), have.end(), want.begin(), same) ||
+        g.victims.total_pages() != total) {
+      return absl::InternalError(absl::StrFormat("GPU %d: reclaim index disagrees with the sorted candidates", gid));
+    }
+    for (SlotIndex s = 0; s < g.slot_high; ++s) {
+      if (g.used_slots.contains(s) == g.released_slots.contains(s)) {
+        return absl::InternalError(absl::StrFormat("GPU %d: slot %d both used and released, or neither", gid, s));
+      }
+    }
+    if (g.used_slots.size() + g.released_slots.size() != g.slot_high) {
+      return absl::InternalError(absl::StrFormat("GPU %d: slots beyond slot_high %d in use", gid, g.slot_high));
+    }
+  }
+  for (const auto& [gid, g] : gpus_) {
+    for (RequestId id : g.populatable) {
+      if (!requests_.contains(id) || requests_.at(id).gpu != gid) {
+        return absl::InternalError(absl::StrFormat("GPU %d: population candidate %d not its request", gid, id));
+      }
+    }
+  }
+  size_t backed_off = 0;
+  for (const auto& [id, r] : requests_) {
+    backed_off += r.backoff;
+    if (r.backoff != backoff_.contains(id)) {
+      return absl::InternalError(absl::StrFormat("request %d: back-off flag and set disagree", id));
+    }
+    const bool candidate = r.state == RequestState::kAdmitted && r.optional > 0 && !r.backoff;
+    if (candidate != r.victim_key.has_value() ||
+        (candidate && (r.victim_key->optional_pages != r.optional || r.victim_key->admission_seq != r.seq))) {
+      return absl::InternalError(absl::StrFormat("request %d: reclaim index key stale", id));
+    }
+    const auto host_only = static_cast<uint32_t>(std::count_if(
+        r.history.begin(), r.history.end(), [](const HistoryPage& hp) { return hp.state == HistoryState::kHost; }));
+    const bool populatable = r.state == RequestState::kAdmitted && r.optional_history && host_only > 0;
+    if (host_only != r.host_only || populatable != gpus_.at(r.gpu).populatable.contains(id)) {
+      return absl::InternalError(absl::StrFormat("request %d: %d kHost pages, host_only %d, population candidate %d",
+                                                 id, host_only, r.host_only, populatable));
+    }
+  }
+  if (backed_off != backoff_.size()) return absl::InternalError("back-off set names unknown requests");
+  return absl::OkStatus();
+}
+
+StateDump ResidencyManager::Dump(DumpDetail detail) const {
   StateDump d;
   d.policy = std::string(policy_->name());
   d.now_us = clock_();
+  d.request_count = requests_.size();
+  const bool full = detail == DumpDetail::kFull;
   std::map<RequestId, int32_t> rank;
   for (const auto& [gid, g] : gpus_) {
     GpuDump gd;
@@ -834,16 +940,26 @@ StateDump ResidencyManager::Dump() const {
     gd.reclaiming_pages = t.reclaiming();
     gd.queue.assign(g.queue.begin(), g.queue.end());
     for (const auto& [rid, rc] : reclaims_) gd.reclaims_in_flight += rc.gpu == gid;
-    for (PageIndex p = 0; p < t.pages(); ++p) {
+    gd.reclaimable_pages = static_cast<uint32_t>(g.victims.total_pages());
+    gd.request_slots = g.request_slots;
+    gd.used_slots = static_cast<uint32_t>(g.used_slots.size());
+    for (RequestId q : g.queue) {
+      const Request& r = requests_.at(q);
+      gd.queued_required_pages += r.required_count;
+      gd.queued_host_pages += r.context_pages;
+    }
+    for (PageIndex p = 0; full && p < t.pages(); ++p) {
       gd.page_states.push_back(t.state(p));
       gd.page_owners.push_back(t.owner(p));
     }
     d.gpus.push_back(std::move(gd));
+    if (!full) continue;
     std::vector<ReclaimCandidate> c = Candidates(gid, false);
     policy_->Order(c);
     for (size_t i = 0; i < c.size(); ++i) rank[c[i].request] = static_cast<int32_t>(i);
   }
-  for (const auto& [id, r] : requests_) {
+  for (auto req = full ? requests_.begin() : requests_.end(); req != requests_.end(); ++req) {
+    const auto& [id, r] = *req;
     RequestDump rd;
     rd.request = id;
     rd.gpu = r.gpu;

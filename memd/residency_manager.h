@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -132,7 +133,7 @@ class ResidencyManager {
   // ---- outputs ----
   std::vector<Order> DrainOrders();
   absl::Status CheckInvariants() const;
-  StateDump Dump() const;
+  StateDump Dump(DumpDetail detail = DumpDetail::kFull) const;
   const Counters& counters() const { return counters_; }
   const GpuPageTable* gpu_table(GpuId gpu) const;
   const HostPageAllocator& host() const { return host_; }
@@ -153,10 +154,12 @@ class ResidencyManager {
     uint64_t seq = 0;     // admission sequence
     bool wait_sent = false;
     bool backoff = false;  // a backup of its reclaim failed; skipped as a victim until RetryBackups
+    std::optional<ReclaimCandidate> victim_key;  // its key in its GPU's ReclaimIndex while it is a victim candidate
     ReclaimId reclaim = 0;
     std::vector<PageIndex> required;
     std::vector<HistoryPage> history;  // context_pages entries once granted
     uint32_t optional = 0;             // a_r: history pages holding a GPU page
+    uint32_t host_only = 0;            // history pages in kHost: what population can bring back
   };
   struct Reclaim {
     ReclaimId id = 0;
@@ -193,6 +196,15 @@ class ResidencyManager {
     uint32_t reclaiming_pages = 0;  // pages held by live reclaims on this GPU
     uint32_t request_slots = 0;     // N (0: unlimited)
     std::set<SlotIndex> used_slots;
+    // Victim candidates (admitted, a_r > 0, not backed off) in the policy's reclaim order: a deficit's choice walks
+    // only the victims it takes (issue 14: the choice used to sort every admitted request).
+    ReclaimIndex victims;
+    // Free slots below slot_high (slots from slot_high up were never taken): the lowest free slot in O(log n).
+    std::set<SlotIndex> released_slots;
+    SlotIndex slot_high = 0;
+    // Population candidates: admitted requests with optional history and host_only > 0 (ascending id, the order
+    // Populate hands them to the scheduler), so a tick does not scan every request's history.
+    std::set<RequestId> populatable;
   };
 
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
@@ -203,6 +215,11 @@ class ResidencyManager {
   void SendWaits(GpuId gpu_id, Gpu& gpu);
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
   static SlotIndex FreeSlot(const Gpu& gpu);
+  static void TakeSlot(Gpu& gpu, SlotIndex slot);
+  static void ReleaseSlot(Gpu& gpu, SlotIndex slot);
+  // Re-keys `r` in its GPU's ReclaimIndex and population candidates after a change of its state, a_r, host_only,
+  // backoff or admission time (or removes it).
+  void Reindex(Request& r, Gpu& gpu);
   bool TryGrant(Request& r, Gpu& gpu);
   void MarkRegranted(GrantOrder& grant);
   void StartReclaim(Request& victim, Gpu& gpu);
@@ -224,6 +241,7 @@ class ResidencyManager {
   absl::Status CheckHistoryPage(const Request& r, uint32_t h) const;
   absl::Status CheckCopiesAndOrders(std::map<GpuId, std::vector<RequestId>>& owner) const;
   absl::Status CheckReclaims() const;
+  absl::Status CheckVictimIndex() const;
 
   ResidencyConfig config_;
   Clock clock_;
@@ -234,6 +252,7 @@ class ResidencyManager {
   std::map<ReclaimId, Reclaim> reclaims_;
   std::map<CopyId, Copy> copies_;
   std::map<OrderId, OrderEntry> orders_;
+  std::set<RequestId> backoff_;  // requests with backoff set (RetryBackups visits only these)
   std::vector<Order> outbox_;
   Counters counters_;
   uint64_t next_seq_ = 1;

@@ -26,7 +26,12 @@ json GpuJson(const GpuDump& g) {
               {"optional_ready", g.ready_pages},
               {"reclaiming", g.reclaiming_pages},
               {"queued", g.queue.size()},
-              {"reclaims_in_flight", g.reclaims_in_flight}};
+              {"reclaims_in_flight", g.reclaims_in_flight},
+              {"reclaimable", g.reclaimable_pages},
+              {"slots", g.request_slots},
+              {"slots_used", g.used_slots},
+              {"queued_required", g.queued_required_pages},
+              {"queued_host", g.queued_host_pages}};
 }
 
 json RequestJson(const RequestDump& r) {
@@ -246,7 +251,7 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
                                                    {"pinned", d.host.pinned_pages},
                                                    {"freed_pinned", d.host.freed_pinned_pages}};
   for (const auto& [kind, v] : host) absl::StrAppendFormat(&out, "dhs_memd_host_pages{kind=\"%s\"} %d\n", kind, v);
-  absl::StrAppendFormat(&out, "# TYPE dhs_memd_requests gauge\ndhs_memd_requests %d\n", d.requests.size());
+  absl::StrAppendFormat(&out, "# TYPE dhs_memd_requests gauge\ndhs_memd_requests %d\n", d.request_count);
   const std::pair<const char*, uint64_t> counters[] = {
       {"events", c.events},
       {"event_errors", c.event_errors},

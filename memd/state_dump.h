@@ -34,6 +34,14 @@ struct GpuDump {
   uint32_t reclaiming_pages = 0;
   std::vector<RequestId> queue;   // queued admissions, head first
   uint32_t reclaims_in_flight = 0;
+  // What `dhsctl plan --live` reads (docs/planner.md, "Live"): pages a deficit could reclaim now (a_r of the victim
+  // candidates: admitted, not reclaiming, not backed off), the Hello's request slots N (0: unlimited) and those in
+  // use, and what the queued admissions will take first (their required pages and one host page per context page).
+  uint32_t reclaimable_pages = 0;
+  uint32_t request_slots = 0;
+  uint32_t used_slots = 0;
+  uint64_t queued_required_pages = 0;
+  uint64_t queued_host_pages = 0;
   std::vector<PageState> page_states;  // indexed by page
   std::vector<RequestId> page_owners;  // indexed by page; kNoOwner when free
 };
@@ -61,11 +69,17 @@ struct HostDump {
   uint32_t freed_pinned_pages = 0;  // freed while pinned, reusable after the copy completes
 };
 
+// How much ResidencyManager::Dump fills: kFull everything; kCounts (the daemon's metrics snapshot on every tick,
+// all RenderPrometheus reads) leaves out what costs O(M) or O(requests): page_states, page_owners and requests
+// (request_count still says how many there are). O(GPUs + reclaims in flight) instead of O(M + context pages).
+enum class DumpDetail : uint8_t { kFull = 0, kCounts = 1 };
+
 struct StateDump {
   std::string policy;
   int64_t now_us = 0;
   std::vector<GpuDump> gpus;          // ascending gpu
-  std::vector<RequestDump> requests;  // ascending request id (queued ones included)
+  std::vector<RequestDump> requests;  // ascending request id (queued ones included); empty with kCounts
+  size_t request_count = 0;           // requests known (queued ones included): requests.size() of a full dump
   HostDump host;
 };
 

@@ -1,7 +1,6 @@
-// Admission decisions per second with 1,000 admitted requests on one GPU (brief §4): each iteration admits a request
-// whose deficit forces a reclaim-victim choice over the 1,000 candidates, then completes it again (so the state is the
-// same every iteration; the victims' reclaims started by it are cancelled by completing and re-admitting them).
-// Prints figures only.
+// Admission decisions per second with 100, 1K, 10K and 100K admitted requests on one GPU (brief §4; issue 14: at
+// least 100k/s at 1K, the cost of a decision growing at most logarithmically with the admitted requests). Prints
+// figures only (items_per_second = decisions/s); compare the rows of one run (the machine is shared).
 #include <benchmark/benchmark.h>
 
 #include "common/check.h"
@@ -11,34 +10,62 @@
 namespace dhs::memd {
 namespace {
 
-// Pure victim choice over 1,000 candidates (what every deficit admission pays).
-void BM_ChooseVictims(benchmark::State& state) {
-  auto policy = *MakeReclaimPolicy(state.range(0) == 0 ? "oldest-first" : state.range(0) == 1 ? "newest-first"
-                                                                                                : "largest-first");
+std::unique_ptr<ReclaimPolicy> PolicyOf(int64_t arg) {
+  return *MakeReclaimPolicy(arg == 0 ? "oldest-first" : arg == 1 ? "newest-first" : "largest-first");
+}
+
+std::vector<ReclaimCandidate> CandidatesOf(uint32_t n) {
   std::vector<ReclaimCandidate> c;
-  for (uint32_t i = 0; i < 1000; ++i) c.push_back({i, int64_t{i} * 7919 % 1000, i, 1 + i % 8});
+  for (uint32_t i = 0; i < n; ++i) c.push_back({i, int64_t{i} * 7919 % 1000, i, 1 + i % 8});
+  return c;
+}
+
+// Victim choice over n candidates by sorting them all (ReclaimPolicy::Choose, what every deficit admission paid
+// before issue 14). Args: policy (0 oldest, 1 newest, 2 largest), n.
+void BM_ChooseVictimsSorted(benchmark::State& state) {
+  auto policy = PolicyOf(state.range(0));
+  const std::vector<ReclaimCandidate> c = CandidatesOf(static_cast<uint32_t>(state.range(1)));
   for (auto _ : state) benchmark::DoNotOptimize(policy->Choose(c, 20));
   state.SetItemsProcessed(state.iterations());
   state.SetLabel(std::string(policy->name()));
 }
-BENCHMARK(BM_ChooseVictims)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_ChooseVictimsSorted)->ArgsProduct({{0, 1, 2}, {100, 1000, 10000}});
 
-// Full admission decision through ResidencyManager with 1,000 admitted requests (2 optional pages each):
+// The same choice from the ordered index the core keeps (ReclaimIndex), plus one re-key (erase + insert of a
+// candidate, what an event changing a request's key costs).
+void BM_ChooseVictimsIndexed(benchmark::State& state) {
+  auto policy = PolicyOf(state.range(0));
+  const std::vector<ReclaimCandidate> c = CandidatesOf(static_cast<uint32_t>(state.range(1)));
+  ReclaimIndex index(policy.get());
+  for (const ReclaimCandidate& x : c) index.Insert(x);
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(index.Choose(20));
+    const ReclaimCandidate& x = c[i++ % c.size()];
+    index.Erase(x);
+    index.Insert(x);
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.SetLabel(std::string(policy->name()));
+}
+BENCHMARK(BM_ChooseVictimsIndexed)->ArgsProduct({{0, 1, 2}, {100, 1000, 10000, 100000}});
+
+// Full admission decision through ResidencyManager with n admitted requests (2 optional pages each), arg n:
 // Admit (deficit -> victim choice -> reclaim start with backups), then Complete the new request (cancels nothing) and
-// fail the victims' backups so they return to their state (the next iteration picks other victims: back-off).
+// fail the victims' backups so they return to their state (back-off, cleared by RetryBackups).
 void BM_AdmitWithReclaimChoice(benchmark::State& state) {
-  constexpr uint32_t kRequests = 1000;
-  ResidencyConfig cfg{.reserve_pages = 16, .host_pages = 1 << 16, .host_page_bytes = 4096,
+  const auto requests = static_cast<uint32_t>(state.range(0));
+  ResidencyConfig cfg{.reserve_pages = 16, .host_pages = 2 * requests + 64, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 8, .reclaim_policy = "oldest-first"};
   int64_t now = 0;
   auto mgr = std::move(*ResidencyManager::Create(cfg, [&now] { return now; }));
-  DHS_CHECK_OK(mgr->RegisterGpu(0, kRequests * 3 + 16));
-  for (RequestId r = 0; r < kRequests; ++r) {
+  DHS_CHECK_OK(mgr->RegisterGpu(0, requests * 3 + 16));
+  for (RequestId r = 0; r < requests; ++r) {
     ++now;
     DHS_CHECK_OK(mgr->Admit({.request = r, .gpu = 0, .required_pages = 1, .history_pages = 2, .context_pages = 2}));
+    mgr->DrainOrders();
   }
-  mgr->DrainOrders();
-  RequestId next = kRequests;
+  RequestId next = requests;
   for (auto _ : state) {
     ++now;
     const RequestId r = next++;
@@ -52,9 +79,9 @@ void BM_AdmitWithReclaimChoice(benchmark::State& state) {
     mgr->DrainOrders();
   }
   state.SetItemsProcessed(state.iterations());
-  state.counters["admitted"] = kRequests;
+  state.counters["admitted"] = requests;
 }
-BENCHMARK(BM_AdmitWithReclaimChoice);
+BENCHMARK(BM_AdmitWithReclaimChoice)->Arg(100)->Arg(1000)->Arg(10000)->Arg(100000);
 
 }  // namespace
 }  // namespace dhs::memd

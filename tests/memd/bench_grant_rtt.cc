@@ -1,6 +1,13 @@
 // Round-trip latency of an admission over ipc:// against a real memd Daemon serving on its own thread:
 // AdmitRequest -> AdmitGrant, then Complete -> CompleteAck (to free the pages for the next iteration).
 // Prints p50/p99 of the grant round trip as counters (microseconds); asserts nothing about time.
+// The breakdown (issue 14, "where the time goes"), each measured alone:
+// - BM_TransportEchoRoundTrip: the same DealerClient / RouterServer / Server over ipc:// with a handler that answers
+//   the AdmitRequest at once with a prebuilt AdmitGrant (decode + verify + encode + ZeroMQ, no core): the floor.
+// - BM_DaemonMessageWork: what the daemon loop does per Admit + Complete besides the transport, in-process: decode,
+//   core event, drain, encode of the grant and the ack.
+// - BM_TickWork: the periodic tick (Populate, FlushOrders, metrics snapshot) on the bench's state; a message arriving
+//   during a tick waits for it (one message per tick in this one-at-a-time bench: it shows at p99.9 / max).
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +22,8 @@
 #include "common/transport.h"
 #include "common/check.h"
 #include "memd/daemon.h"
+#include "memd/residency_manager.h"
+#include "memd/state_dump.h"
 
 namespace {
 
@@ -43,7 +52,7 @@ void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
   auto client = std::move(*dhs::DealerClient::Connect(dhs::IpcEndpoint(o.run_dir, "memd"), co));
   dhs::wire::HelloT hello;
   hello.gpu = 0;
-  hello.capacity_pages = 4096;
+  hello.capacity_pages = static_cast<uint32_t>(state.range(0));
   hello.page_rows = 64;
   hello.page_bytes = o.page_bytes;
   if (auto reply = client->Request(dhs::EncodeHello(hello, 1, "worker"), std::chrono::seconds(5)); !reply.ok()) {
@@ -87,9 +96,143 @@ void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
   std::sort(rtt_us.begin(), rtt_us.end());
   state.counters["p50_us"] = rtt_us[rtt_us.size() / 2];
   state.counters["p99_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)];
+  state.counters["p999_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 999 / 1000)];
+  state.counters["max_us"] = rtt_us.back();
   state.counters["grants"] = static_cast<double>(rtt_us.size());
 }
-BENCHMARK(BM_AdmissionGrantRoundTrip)->Iterations(2000)->Unit(benchmark::kMicrosecond);
+// Arg: the GPU's M (pages): 4096 as before, 65536 (an H200-sized pool of 2 MiB pages) where the per-tick work of a
+// loop that scales with M shows in the tail.
+BENCHMARK(BM_AdmissionGrantRoundTrip)->Arg(4096)->Arg(65536)->Iterations(2000)->Unit(benchmark::kMicrosecond);
+
+dhs::wire::AdmitRequestT BenchAdmit(dhs::RequestId id) {
+  dhs::wire::AdmitRequestT a;
+  a.request = id;
+  a.gpu = 0;
+  a.required_pages = 8;
+  a.history_rows = 64 * 16;
+  a.complete_pages = 12;
+  return a;
+}
+
+// A grant of the bench's shape: 8 required pages, 12 optional, 16 host pages.
+dhs::wire::AdmitGrantT BenchGrant(dhs::RequestId id) {
+  dhs::wire::AdmitGrantT w;
+  w.request = id;
+  for (uint32_t i = 0; i < 8; ++i) w.required_pages.push_back(i);
+  for (uint32_t i = 0; i < 12; ++i) {
+    w.optional_pages.push_back(8 + i);
+    w.optional_history_pages.push_back(i);
+  }
+  for (uint32_t i = 0; i < 16; ++i) w.backup_host_pages.push_back(dhs::wire::HostPageRef(0, i));
+  return w;
+}
+
+void BM_TransportEchoRoundTrip(benchmark::State& state) {
+  char tmpl[] = "/tmp/memd_bench_XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    state.SkipWithError("mkdtemp failed");
+    return;
+  }
+  const std::string dir = tmpl;
+  auto router = dhs::RouterServer::Bind(dir, "echo");
+  if (!router.ok()) {
+    state.SkipWithError(std::string(router.status().message()).c_str());
+    return;
+  }
+  dhs::Server server(router->get(), "memd");
+  server.On(dhs::wire::Body::AdmitRequest, [](const dhs::Message& m, std::string_view) -> absl::StatusOr<std::string> {
+    auto a = dhs::ReadAdmitRequest(m);
+    if (!a.ok()) return a.status();
+    return dhs::EncodeAdmitGrant(BenchGrant(a->request), m.sequence, "memd");
+  });
+  std::atomic<bool> stop{false};
+  std::thread loop([&] { DHS_CHECK_OK(server.Run([&] { return !stop.load(); }, std::chrono::milliseconds(20))); });
+  dhs::DealerClient::Options co;
+  co.identity = "worker/0";
+  auto client = std::move(*dhs::DealerClient::Connect(dhs::IpcEndpoint(dir, "echo"), co));
+  std::vector<double> rtt_us;
+  uint64_t seq = 1;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto grant = client->Request(dhs::EncodeAdmitRequest(BenchAdmit(static_cast<dhs::RequestId>(seq)), seq, "worker"),
+                                 std::chrono::seconds(5));
+    const auto t1 = std::chrono::steady_clock::now();
+    ++seq;
+    if (!grant.ok()) {
+      state.SkipWithError("no echo");
+      break;
+    }
+    rtt_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  stop = true;
+  loop.join();
+  client.reset();
+  router->reset();
+  std::filesystem::remove_all(dir);
+  if (rtt_us.empty()) return;
+  std::sort(rtt_us.begin(), rtt_us.end());
+  state.counters["p50_us"] = rtt_us[rtt_us.size() / 2];
+  state.counters["p99_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)];
+  state.counters["p999_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 999 / 1000)];
+  state.counters["max_us"] = rtt_us.back();
+}
+BENCHMARK(BM_TransportEchoRoundTrip)->Iterations(2000)->Unit(benchmark::kMicrosecond);
+
+// The core and codec work of one Admit (grant) + Complete (ack), no sockets: what the daemon adds to the echo.
+void BM_DaemonMessageWork(benchmark::State& state) {
+  dhs::memd::ResidencyConfig cfg{.reserve_pages = 0, .host_pages = 1024, .host_page_bytes = 4096};
+  auto core = std::move(*dhs::memd::ResidencyManager::Create(cfg, [] { return int64_t{0}; }));
+  DHS_CHECK_OK(core->RegisterGpu(0, 4096));
+  dhs::RequestId id = 1;
+  uint64_t seq = 1;
+  for (auto _ : state) {
+    const std::string in = dhs::EncodeAdmitRequest(BenchAdmit(id), seq, "worker");
+    auto m = dhs::DecodeEnvelope(in, dhs::kMaxMessageBytes);
+    auto a = dhs::ReadAdmitRequest(*m);
+    DHS_CHECK_OK(core->Admit({.request = a->request, .gpu = 0, .required_pages = a->required_pages,
+                              .history_pages = a->complete_pages, .context_pages = 16}));
+    for (const auto& o : core->DrainOrders()) {
+      if (std::holds_alternative<dhs::memd::GrantOrder>(o)) {
+        benchmark::DoNotOptimize(dhs::EncodeAdmitGrant(BenchGrant(id), seq, "memd"));
+      }
+    }
+    const std::string cin = dhs::EncodeComplete([&] {
+      dhs::wire::CompleteT c;
+      c.request = id;
+      return c;
+    }(), seq + 1, "worker");
+    auto cm = dhs::DecodeEnvelope(cin, dhs::kMaxMessageBytes);
+    DHS_CHECK_OK(core->Complete(dhs::ReadComplete(*cm)->request));
+    core->DrainOrders();
+    dhs::wire::CompleteAckT ack;
+    ack.request = id;
+    benchmark::DoNotOptimize(dhs::EncodeCompleteAck(ack, seq + 1, "memd"));
+    ++id;
+    seq += 2;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_DaemonMessageWork)->Unit(benchmark::kMicrosecond);
+
+// The daemon's tick on the bench's state (M = 4096 pages, one admitted request): Populate + the metrics snapshot
+// (Dump + RenderPrometheus), as Daemon::Tick does them. Args: GPU pages M; 0 = full dump (what the tick rendered
+// before issue 14: O(M)), 1 = counts dump (what it renders now).
+void BM_TickWork(benchmark::State& state) {
+  dhs::memd::ResidencyConfig cfg{.reserve_pages = 0, .host_pages = 1024, .host_page_bytes = 4096};
+  auto core = std::move(*dhs::memd::ResidencyManager::Create(cfg, [] { return int64_t{0}; }));
+  DHS_CHECK_OK(core->RegisterGpu(0, static_cast<uint32_t>(state.range(0))));
+  DHS_CHECK_OK(core->Admit({.request = 1, .gpu = 0, .required_pages = 8, .history_pages = 12, .context_pages = 16}));
+  core->DrainOrders();
+  dhs::memd::DaemonCounters dc;
+  const auto detail = static_cast<dhs::memd::DumpDetail>(state.range(1));
+  for (auto _ : state) {
+    DHS_CHECK_OK(core->Populate());
+    core->DrainOrders();
+    benchmark::DoNotOptimize(dhs::memd::RenderPrometheus(core->Dump(detail), core->counters(), dc));
+  }
+  state.SetLabel(detail == dhs::memd::DumpDetail::kFull ? "full dump (before issue 14)" : "counts dump");
+}
+BENCHMARK(BM_TickWork)->ArgsProduct({{4096, 65536}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -74,7 +74,7 @@ class FakeWorker {
     }
     return out;
   }
-  wire::HelloReplyT Hello(uint32_t capacity_pages, uint64_t page_bytes = kPageBytes) {
+  wire::HelloReplyT Hello(uint32_t capacity_pages, uint64_t page_bytes = kPageBytes, uint32_t request_slots = 4) {
     wire::HelloT h;
     h.protocol_version = kProtocolVersion;
     h.gpu = gpu_;
@@ -83,7 +83,7 @@ class FakeWorker {
     h.capacity_pages = capacity_pages;
     h.page_rows = kPageRows;
     h.page_bytes = page_bytes;
-    h.request_slots = 4;
+    h.request_slots = request_slots;
     Send(EncodeHello(h, seq_++, "worker"));
     auto m = Next();
     EXPECT_TRUE(m && m->type == wire::Body::HelloReply);
@@ -561,6 +561,103 @@ TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
 }
 
 // dhsctl (suite tools): table and JSON views, bad views, and a clear error when memd is not running.
+// `dhsctl plan --live` against a started memd with a fake worker, then the worker admits sessions of the plan's shape:
+// exactly the number the live plan gave are granted (one of them after a reclaim), the next one waits.
+// Topology (a description file): p = 16 rows, L_pay = 1, d_KV = 256, so its page is 16 * 1 * 256 = 4096 bytes =
+// memd's --page-bytes. Context n = 100 -> n_pad = 112 -> 7 host pages per session. Hierarchical bytes per session =
+// n_pad * L_idx * d_idx + (B + tail) * L_pay * d_KV + 16 * B * L_idx = 112 * 132 + (64 + 16) * 256 + 16 * 64 = 14784 +
+// 20480 + 1024 = 36288 -> ceil(36288 / 4096) = 9 GPU pages per session.
+// memd state: GPU 0 with M = 30, 8 slots; request 1 holds 2 required + 6 optional pages (8 context pages). Lendable
+// 30 - 8 = 22, reclaimable 6 -> 28 pages -> floor(28 / 9) = 3 sessions; free slots 8 - 1 = 7; host 64 - 8 = 56 pages
+// -> 8 sessions. memd would admit 3 now.
+TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
+  const std::string topo = dir_ + "/topology.json";
+  std::ofstream(topo) << R"({"payload_layers": 1, "index_producers": 1, "top_k": 32, "payload_row_bytes": 256,
+    "index_key_bytes": 132, "page_rows": 16, "hot_rows": 64, "tail_rows": 16, "selections_per_token": 1,
+    "rows_per_selection": 1, "drafter_window": 16, "k_max": 2, "draft_bytes_per_row": 64,
+    "live_payload_layers": 1, "slots": 8})";
+  const std::string plan = "--json plan --file " + topo + " --context 100 --live";
+
+  // Before any worker: nothing to plan against (exit 2, the message says why).
+  auto [rc0, err0] = Dhsctl(plan, "", /*with_stderr=*/true);
+  EXPECT_EQ(rc0, 2) << err0;
+  EXPECT_NE(err0.find("no GPU registered"), std::string::npos) << err0;
+
+  FakeWorker w0(run_dir_, 0);
+  ASSERT_TRUE(w0.Hello(30, kPageBytes, 8).accepted);
+  w0.Admit(1, 2, 8 * kPageRows, 6);
+  auto m = w0.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  ASSERT_EQ(ReadAdmitGrant(*m)->optional_pages.size(), 6u);
+
+  auto [rc, out] = Dhsctl(plan);
+  ASSERT_EQ(rc, 0) << out;
+  const json j = json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_EQ(j["hierarchical_bytes_per_session"], 36288);  // the static plan is printed as without --live
+  const json& live = j["live"];
+  EXPECT_EQ(live["page_bytes"], 4096);
+  EXPECT_EQ(live["required_pages_per_session"], 9);
+  EXPECT_EQ(live["host_pages_per_session"], 7);
+  ASSERT_EQ(live["gpus"].size(), 1u);
+  EXPECT_EQ(live["gpus"][0]["available_pages"], 28);
+  EXPECT_EQ(live["gpus"][0]["free_slots"], 7);
+  EXPECT_EQ(live["gpus"][0]["sessions"], 3);
+  EXPECT_EQ(live["host_available_pages"], 56);
+  EXPECT_EQ(live["sessions_by_host"], 8);
+  EXPECT_EQ(live["sessions_now"], 3);
+
+  // Sessions 11, 12: granted from the 22 lendable pages (4 left).
+  for (RequestId r : {11, 12}) {
+    w0.Admit(r, 9, 100, 0);
+    m = w0.Next();
+    ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant) << r;
+  }
+  // Session 13: Δ = 9 - 4 = 5 <= a_1 = 6: request 1 is reclaimed (backup, readers done, retire), then 13 is granted.
+  w0.Admit(13, 9, 100, 0);
+  auto got = w0.NextN(2);
+  ASSERT_TRUE(got.count(wire::Body::ReclaimOrder) && got.count(wire::Body::AdmitWait));
+  const wire::ReclaimOrderT rc1 = *ReadReclaimOrder(got[wire::Body::ReclaimOrder]);
+  EXPECT_EQ(rc1.request, 1u);
+  wire::BackupCompleteT b;
+  b.order = rc1.order;
+  b.request = 1;
+  b.gpu = 0;
+  b.ok = true;  // pages empty: every backup of the order
+  w0.Send(EncodeBackupComplete(b, w0.seq(), "worker"));
+  wire::ReadersDoneT rd;
+  rd.order = rc1.order;
+  rd.request = 1;
+  rd.gpu = 0;
+  w0.Send(EncodeReadersDone(rd, w0.seq(), "worker"));
+  got = w0.NextN(2);
+  ASSERT_TRUE(got.count(wire::Body::Retire) && got.count(wire::Body::AdmitGrant));
+  EXPECT_EQ(ReadAdmitGrant(got[wire::Body::AdmitGrant])->request, 13u);
+  // Session 14: 1 lendable page, nothing reclaimable: it waits (queued), as the plan said. (A population tick may
+  // have ordered that 1 page back to request 1's history meanwhile: a_1 = 1 then, still far from 9.)
+  w0.Admit(14, 9, 100, 0);
+  do {
+    m = w0.Next();
+  } while (m && m->type == wire::Body::PopulateOrder);
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitWait);
+  const json status = DhsctlJson("status");
+  EXPECT_EQ(status["gpus"][0]["queued"], 1);
+  EXPECT_EQ(status["gpus"][0]["slots_used"], 4);  // requests 1, 11, 12, 13
+
+  // And now the live plan says 0: 1 lendable page, the queued session takes 9 first.
+  auto [rc2, out2] = Dhsctl(plan);
+  ASSERT_EQ(rc2, 0) << out2;
+  const json j2 = json::parse(out2, nullptr, false);
+  EXPECT_EQ(j2["live"]["gpus"][0]["available_pages"], 0);
+  EXPECT_EQ(j2["live"]["sessions_now"], 0);
+
+  // A topology whose page is not memd's page is refused (exit 2), memd not running exits 1.
+  auto [rc3, err3] = Dhsctl("plan --preset glm5-like --context 100 --live", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc3, 2) << err3;
+  EXPECT_NE(err3.find("memd's page is 4096 bytes"), std::string::npos) << err3;
+  EXPECT_EQ(Dhsctl(plan, dir_ + "/nothing").first, 1);
+}
+
 TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   FakeWorker w(run_dir_, 3);
   ASSERT_TRUE(w.Hello(16).accepted);

@@ -1,6 +1,9 @@
 // Unit tests of memd's pure modules: GpuPageTable, HostPageAllocator, ReclaimPolicy, PopulationScheduler.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <random>
 #include <set>
 
 #include "memd/gpu_page_table.h"
@@ -166,6 +169,73 @@ TEST(ReclaimPolicy, UncoverableDeficitChoosesNobody) {
   VictimChoice v = policy->Choose(Abcd(), 13);  // 3 + 4 + 5 = 12 < 13
   EXPECT_FALSE(v.covers);
   EXPECT_TRUE(v.victims.empty());
+}
+
+// ReclaimIndex (what the core uses, issue 14) against the sort-based ReclaimPolicy::Choose (the reference) on random
+// states: candidates come and go and are re-keyed (a_r changes) in random order, with few distinct admission times
+// and a_r values so that ties must be broken by sequence and request id; every deficit from 1 to the total + 1 is
+// asked after every change. The expected answer is the reference's, computed from the plain list of candidates.
+TEST(ReclaimIndex, ChoosesWhatTheSortedReferenceChooses) {
+  for (const char* name : {"oldest-first", "newest-first", "largest-first"}) {
+    SCOPED_TRACE(name);
+    auto policy = *MakeReclaimPolicy(name);
+    std::mt19937_64 rng(0x14 + name[0]);
+    ReclaimIndex index(policy.get());
+    std::map<RequestId, ReclaimCandidate> live;  // the reference state: every candidate in the index
+    uint64_t seq = 0;
+    for (int step = 0; step < 600; ++step) {
+      const RequestId id = rng() % 40;
+      auto it = live.find(id);
+      if (it != live.end()) {
+        index.Erase(it->second);
+        if (rng() % 3 == 0) {
+          live.erase(it);  // no longer a candidate (completed, reclaimed or backed off)
+        } else {
+          it->second.optional_pages = 1 + static_cast<uint32_t>(rng() % 4);  // re-keyed: a_r changed
+          index.Insert(it->second);
+        }
+      } else {
+        const ReclaimCandidate c{id, static_cast<int64_t>(rng() % 5), ++seq, 1 + static_cast<uint32_t>(rng() % 4)};
+        live.emplace(id, c);
+        index.Insert(c);
+      }
+      std::vector<ReclaimCandidate> all;
+      uint32_t total = 0;
+      for (const auto& [rid, c] : live) {
+        all.push_back(c);
+        total += c.optional_pages;
+      }
+      all.push_back({1000 + static_cast<RequestId>(step), 0, 0, 0});  // a_r = 0: the reference skips it
+      ASSERT_EQ(index.total_pages(), total);
+      std::vector<ReclaimCandidate> sorted = all;
+      policy->Order(sorted);
+      sorted.erase(std::remove_if(sorted.begin(), sorted.end(), [](const auto& c) { return c.optional_pages == 0; }),
+                   sorted.end());
+      const std::vector<ReclaimCandidate> ordered = index.Ordered();
+      ASSERT_EQ(ordered.size(), sorted.size());
+      for (size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(ordered[i].request, sorted[i].request) << "rank " << i;
+      for (uint32_t delta = 1; delta <= total + 1; ++delta) {
+        const VictimChoice want = policy->Choose(all, delta);
+        const VictimChoice have = index.Choose(delta);
+        ASSERT_EQ(have.covers, want.covers) << "delta " << delta;
+        ASSERT_EQ(have.victims, want.victims) << "delta " << delta;
+        ASSERT_EQ(have.pages, want.pages) << "delta " << delta;
+      }
+    }
+  }
+}
+
+// The hand-computed cases above, through the index.
+TEST(ReclaimIndex, FirstQCoverTheDeficitExactly) {
+  auto policy = *MakeReclaimPolicy("largest-first");
+  ReclaimIndex index(policy.get());
+  for (const ReclaimCandidate& c : Abcd()) {
+    if (c.optional_pages > 0) index.Insert(c);
+  }
+  EXPECT_EQ(index.Choose(6).victims, (std::vector<RequestId>{12, 11}));
+  EXPECT_EQ(index.Choose(12).victims, (std::vector<RequestId>{12, 11, 10}));
+  EXPECT_FALSE(index.Choose(13).covers);
+  EXPECT_TRUE(index.Choose(13).victims.empty());
 }
 
 TEST(ReclaimPolicy, UnknownNameIsAClearError) {

@@ -402,6 +402,52 @@ TEST(DhsctlPlan, TableAndDescriptionFile) {
   EXPECT_THAT(out, HasSubstr("mine"));
 }
 
+// ComputeLive (dhsctl plan --live) on hand-made live states. Topology: glm5-like with p = 64, L_pay = 78,
+// d_KV = 576: page = 64 * 78 * 576 = 2875392 bytes. Context 100000 -> n_pad 100032 -> 1563 host pages per session;
+// hierarchical 465565440 bytes -> ceil(465565440 / 2875392) = 162 GPU pages (161.9...).
+TEST(LivePlan, SessionsFromFreeReclaimableSlotsAndHost) {
+  PlanInput in;
+  in.topology = *Preset("glm5-like");
+  in.context_tokens = 100000;
+  const Plan plan = *Compute(in);
+  ASSERT_EQ(plan.hierarchical_bytes_per_session, 465565440u);
+  LiveState s;
+  s.page_bytes = 2875392;
+  s.host_reusable_pages = 10 * 1563 + 5;  // 10 sessions by host
+  // GPU 0: free 1000 - M_res 40 = 960 lendable + 100 reclaimable + 20 reclaiming - 162 queued = 918 -> 5 sessions
+  // (5 * 162 = 810, 6 * 162 = 972); slots 64 - 10 used - 1 queued = 53.
+  s.gpus.push_back({.gpu = 0, .pages = 4000, .reserve_pages = 40, .free_pages = 1000, .reclaimable_pages = 100,
+                    .reclaiming_pages = 20, .slots = 64, .slots_used = 10, .queued = 1, .queued_required_pages = 162,
+                    .queued_host_pages = 1563});
+  // GPU 1: 3000 - 0 = 3000 pages -> 18 by pages, but slots 4 - 2 = 2 -> 2 sessions.
+  s.gpus.push_back({.gpu = 1, .pages = 4000, .free_pages = 3000, .slots = 4, .slots_used = 2});
+  // GPU 2: unlimited slots, free below the reserve: 0 pages -> 0 sessions.
+  s.gpus.push_back({.gpu = 2, .pages = 4000, .reserve_pages = 40, .free_pages = 30});
+  const LivePlan l = *ComputeLive(plan, s);
+  EXPECT_EQ(l.required_pages_per_session, 162u);
+  EXPECT_EQ(l.host_pages_per_session, 1563u);
+  ASSERT_EQ(l.gpus.size(), 3u);
+  EXPECT_EQ(l.gpus[0].available_pages, 918u);
+  EXPECT_EQ(l.gpus[0].free_slots, std::optional<uint64_t>(53));
+  EXPECT_EQ(l.gpus[0].sessions, 5u);
+  EXPECT_EQ(l.gpus[1].sessions, 2u);
+  EXPECT_EQ(l.gpus[2].available_pages, 0u);
+  EXPECT_EQ(l.gpus[2].free_slots, std::nullopt);
+  EXPECT_EQ(l.gpus[2].sessions, 0u);
+  EXPECT_EQ(l.host_available_pages, 9u * 1563 + 5);  // the queued admission's context pages come first
+  EXPECT_EQ(l.sessions_by_host, 9u);
+  EXPECT_EQ(l.sessions_now, 7u);  // min(5 + 2 + 0, 9)
+  s.host_reusable_pages = 1563 * 5;  // host-bound: (5 - 1 queued) = 4 sessions
+  EXPECT_EQ(ComputeLive(plan, s)->sessions_now, 4u);
+
+  s.page_bytes = 4096;  // not the topology's page
+  EXPECT_EQ(ComputeLive(plan, s).status().code(), absl::StatusCode::kFailedPrecondition);
+  s.page_bytes = 2875392;
+  s.gpus.clear();
+  EXPECT_EQ(ComputeLive(plan, s).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(LiveStateFromStatusJson("{\"gpus\": []}").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DhsctlPlan, Errors) {
   auto [rc, out] = RunDhsctl("plan --preset glm5-like --context 0");
   EXPECT_EQ(rc, 2);
@@ -417,9 +463,9 @@ TEST(DhsctlPlan, Errors) {
   EXPECT_THAT(out, HasSubstr("--preset"));
   std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --file x.json --context 10");
   EXPECT_EQ(rc, 2);
-  std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --context 10 --live");
-  EXPECT_EQ(rc, 2);
-  EXPECT_THAT(out, HasSubstr("not yet"));
+  std::tie(rc, out) = RunDhsctl("--run-dir /nonexistent plan --preset glm5-like --context 10 --live");
+  EXPECT_EQ(rc, 1);  // --live needs a running memd (tests/memd/memd_process_test.cc runs it against one)
+  EXPECT_THAT(out, HasSubstr("memd is not running"));
   std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --context 64 --hbm-bytes 1000");
   EXPECT_EQ(rc, 2);
   EXPECT_THAT(out, HasSubstr("hbm_bytes"));

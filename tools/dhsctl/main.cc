@@ -4,6 +4,7 @@
 //   dhsctl [--run-dir DIR] [--json] [--timeout-ms MS] status | gpus | requests | request ID | pages GPU | queue
 //   dhsctl ... watch [--interval S] [--count N] [VIEW]     (repeats `status` or VIEW every S seconds)
 //   dhsctl [--json] plan --preset NAME --context TOKENS ...   (capacity plan, no memd needed; docs/planner.md)
+//   dhsctl ... plan ... --live                                (plus what the running memd would admit now)
 //
 // Exit codes (docs/operations.md): 0 ok (also --help); 1 memd is not running (no socket, cannot connect); 2 bad command
 // line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "nlohmann/json.hpp"
@@ -148,6 +150,37 @@ void AddCommands(CLI::App& app, Args& a) {
   a.plan = dhs::planner::AddPlanSubcommand(app, &a.plan_options);
 }
 
+// memd's `status` view as JSON, for `plan --live`. Errors: UNAVAILABLE (not running), DEADLINE_EXCEEDED (no answer),
+// memd's error reply otherwise.
+absl::StatusOr<std::string> FetchStatusJson(const Args& a) {
+  if (!std::filesystem::exists(a.run_dir + "/memd.sock")) {
+    return absl::UnavailableError("memd is not running (no socket at " + a.run_dir + "/memd.sock)");
+  }
+  dhs::DealerClient::Options options;
+  options.identity = "dhsctl/" + std::to_string(getpid());
+  auto client = dhs::DealerClient::Connect(dhs::IpcEndpoint(a.run_dir, "memd"), options);
+  if (!client.ok()) return absl::UnavailableError(client.status().message());
+  dhs::wire::IntrospectQueryT body;
+  body.what = dhs::wire::IntrospectWhat::Status;
+  body.format = dhs::wire::IntrospectFormat::Json;
+  auto bytes =
+      (*client)->Request(dhs::EncodeIntrospectQuery(body, 1, "dhsctl"), std::chrono::milliseconds(a.timeout_ms));
+  if (!bytes.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat("memd did not answer within ", a.timeout_ms, " ms"));
+  }
+  auto message = dhs::DecodeEnvelope(*bytes);
+  if (!message.ok()) return absl::InternalError(absl::StrCat("bad reply: ", message.status().message()));
+  if (message->type == dhs::wire::Body::ErrorReply) {
+    const absl::Status error = dhs::ReadErrorStatus(*message);
+    // Unavailable / DeadlineExceeded mean "not running" / "no answer" to RunPlanCommand: memd's own are errors (4).
+    return absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error) ? absl::InternalError(error.ToString())
+                                                                         : error;
+  }
+  auto reply = dhs::ReadIntrospectReply(*message);
+  if (!reply.ok()) return absl::InternalError(reply.status().message());
+  return reply->document;
+}
+
 // Connects to memd and asks once (or repeats for `watch`). Returns the exit code.
 int Run(Args& a) {
   const std::string socket_path = a.run_dir + "/memd.sock";
@@ -196,6 +229,8 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
-  if (a.plan->parsed()) return dhs::planner::RunPlanCommand(a.plan_options, a.json);
+  if (a.plan->parsed()) {
+    return dhs::planner::RunPlanCommand(a.plan_options, a.json, [&a] { return FetchStatusJson(a); });
+  }
   return Run(a);
 }

@@ -42,15 +42,11 @@ CLI::App* AddPlanSubcommand(CLI::App& app, PlanCommandOptions* o) {
   plan->add_option("--tpot-base-ms", o->tpot_base_ms, "per-token latency without the drafter, ms (brief §6)");
   plan->add_option("--tpot-spec-ms", o->tpot_spec_ms, "per-token latency with the drafter, ms (brief §6)");
   plan->add_flag("--json", o->json, "print JSON (sizes in bytes) instead of a table");
-  plan->add_flag("--live", o->live, "use memd's live state (not yet)");
+  plan->add_flag("--live", o->live, "also: what the running memd would admit now, in sessions of this shape");
   return plan;
 }
 
-int RunPlanCommand(const PlanCommandOptions& o, bool json) {
-  if (o.live) {
-    std::fprintf(stderr, "dhsctl plan: --live is not yet supported (needs memd's live state)\n");
-    return 2;
-  }
+int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson& fetch_status) {
   PlanInput in;
   if (!o.file.empty()) {
     std::ifstream f(o.file);
@@ -92,7 +88,34 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json) {
     std::fprintf(stderr, "dhsctl plan: %s\n", std::string(plan.status().message()).c_str());
     return 2;
   }
-  const std::string out = json || o.json ? PlanToJson(*plan).dump(2) + "\n" : PlanToTable(*plan);
+  std::optional<LivePlan> live;
+  if (o.live) {
+    absl::StatusOr<std::string> status =
+        fetch_status ? fetch_status() : absl::UnavailableError("no connection to memd");
+    if (!status.ok()) {
+      std::fprintf(stderr, "dhsctl plan --live: %s\n", std::string(status.status().message()).c_str());
+      return absl::IsUnavailable(status.status()) ? 1 : absl::IsDeadlineExceeded(status.status()) ? 3 : 4;
+    }
+    absl::StatusOr<LiveState> state = LiveStateFromStatusJson(*status);
+    if (!state.ok()) {
+      std::fprintf(stderr, "dhsctl plan --live: %s\n", std::string(state.status().message()).c_str());
+      return 4;
+    }
+    absl::StatusOr<LivePlan> lp = ComputeLive(*plan, *state);
+    if (!lp.ok()) {
+      std::fprintf(stderr, "dhsctl plan --live: %s\n", std::string(lp.status().message()).c_str());
+      return 2;
+    }
+    live = *lp;
+  }
+  std::string out;
+  if (json || o.json) {
+    nlohmann::json j = PlanToJson(*plan);
+    if (live) j["live"] = LivePlanToJson(*live);
+    out = j.dump(2) + "\n";
+  } else {
+    out = PlanToTable(*plan) + (live ? LivePlanToTable(*live) : std::string());
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
   return 0;

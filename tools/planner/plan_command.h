@@ -1,21 +1,25 @@
 // tools/planner/plan_command.h: the `dhsctl plan` subcommand (issue 14; docs/planner.md): registers its options on a
-// CLI11 app and runs the planner (planner.h). It needs no running memd.
+// CLI11 app and runs the planner (planner.h). It needs no running memd, except with --live.
 //
 //   dhsctl plan (--preset NAME | --file DESCRIPTION.json) --context TOKENS [--hot-rows B] [--tail-rows T]
 //               [--slots N] [--metadata-bytes-per-hot-slot M] [--hbm-bytes X] [--host-bytes Y] [--miss-rate MU]
-//               [--tpot-base-ms A --tpot-spec-ms B] [--json]
+//               [--tpot-base-ms A --tpot-spec-ms B] [--live] [--json]
 //
-// Exit codes: 0 the plan was printed; 2 bad command line or input (the message names the option or field);
-// 1 the description file cannot be read. `--live` is refused (exit 2): it needs memd's live state (not yet).
+// --live adds what the running memd would admit now in sessions of this shape (ComputeLive over memd's `status`).
+// Exit codes: 0 the plan was printed; 2 bad command line or input (the message names the option or field), or a
+// topology whose page differs from memd's; 1 the description file cannot be read, or (--live) memd is not running;
+// 3 (--live) memd did not answer in time; 4 (--live) memd answered with an error.
 //
 // Thread-safety: one thread (the CLI's).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 
 namespace dhs::planner {
 
@@ -35,9 +39,13 @@ struct PlanCommandOptions {
 // options take plain non-negative decimal numbers (CLI11 alone would wrap "-1").
 CLI::App* AddPlanSubcommand(CLI::App& app, PlanCommandOptions* options);
 
+// Fetches memd's `status` view as JSON (dhsctl's IntrospectQuery). Errors: UNAVAILABLE memd not running,
+// DEADLINE_EXCEEDED no answer in time, any other code: memd's error reply.
+using FetchStatusJson = std::function<absl::StatusOr<std::string>()>;
+
 // Runs the parsed `plan` subcommand: prints the table, or the JSON with `json` (the app's --json) or `plan --json`,
-// to stdout; errors to stderr.
+// to stdout; errors to stderr. `fetch_status` is called once with --live (and may be empty without it).
 // Returns the exit code above.
-int RunPlanCommand(const PlanCommandOptions& options, bool json);
+int RunPlanCommand(const PlanCommandOptions& options, bool json, const FetchStatusJson& fetch_status = {});
 
 }  // namespace dhs::planner

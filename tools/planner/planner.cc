@@ -427,4 +427,115 @@ std::string PlanToTable(const Plan& p) {
   return out;
 }
 
+// ---------------------------------------------------------------- live
+
+absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("memd's status is not a JSON object");
+  auto number = [](const nlohmann::json& o, const char* key, uint64_t& out) -> absl::Status {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_number_unsigned()) {
+      return absl::InvalidArgumentError(absl::StrCat("memd's status: \"", key,
+                                                     "\" missing or not a non-negative integer (memd too old?)"));
+    }
+    out = o[key].get<uint64_t>();
+    return absl::OkStatus();
+  };
+  LiveState s;
+  if (!j.contains("host")) return absl::InvalidArgumentError("memd's status: \"host\" missing");
+  if (absl::Status st = number(j["host"], "page_bytes", s.page_bytes); !st.ok()) return st;
+  if (absl::Status st = number(j["host"], "reusable", s.host_reusable_pages); !st.ok()) return st;
+  if (!j.contains("gpus") || !j["gpus"].is_array()) {
+    return absl::InvalidArgumentError("memd's status: \"gpus\" missing");
+  }
+  for (const nlohmann::json& g : j["gpus"]) {
+    LiveGpu lg;
+    uint64_t id = 0;
+    const std::pair<const char*, uint64_t*> fields[] = {
+        {"gpu", &id},          {"M", &lg.pages},           {"M_res", &lg.reserve_pages},
+        {"free", &lg.free_pages}, {"reclaimable", &lg.reclaimable_pages}, {"reclaiming", &lg.reclaiming_pages},
+        {"slots", &lg.slots},  {"slots_used", &lg.slots_used}, {"queued", &lg.queued},
+        {"queued_required", &lg.queued_required_pages}, {"queued_host", &lg.queued_host_pages}};
+    for (const auto& [key, out] : fields) {
+      if (absl::Status st = number(g, key, *out); !st.ok()) return st;
+    }
+    lg.gpu = static_cast<uint32_t>(id);
+    s.gpus.push_back(lg);
+  }
+  return s;
+}
+
+absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live) {
+  const Topology& t = plan.input.topology;
+  uint64_t topology_page = 0;
+  if (__builtin_mul_overflow(t.page_rows, t.payload_layers, &topology_page) ||
+      __builtin_mul_overflow(topology_page, t.payload_row_bytes, &topology_page) || live.page_bytes == 0) {
+    return absl::FailedPreconditionError("the topology's page size does not fit in 64 bits, or memd's is 0");
+  }
+  if (topology_page != live.page_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "memd's page is ", live.page_bytes, " bytes but the topology's page is p * L_pay * d_KV = ", t.page_rows,
+        " * ", t.payload_layers, " * ", t.payload_row_bytes, " = ", topology_page,
+        " bytes: the live plan counts in memd's pages, give the topology memd serves"));
+  }
+  if (live.gpus.empty()) return absl::FailedPreconditionError("memd has no GPU registered (no worker said Hello)");
+  auto sub = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
+  LivePlan lp;
+  lp.page_bytes = live.page_bytes;
+  lp.required_pages_per_session = (plan.hierarchical_bytes_per_session + live.page_bytes - 1) / live.page_bytes;
+  lp.host_pages_per_session = plan.padded_context_tokens / t.page_rows;
+  uint64_t gpu_sessions = 0;
+  for (const LiveGpu& g : live.gpus) {
+    LiveGpuPlan gp;
+    gp.gpu = g.gpu;
+    gp.available_pages = sub(sub(g.free_pages, g.reserve_pages) + g.reclaimable_pages + g.reclaiming_pages,
+                             g.queued_required_pages);
+    gp.sessions = gp.available_pages / lp.required_pages_per_session;
+    if (g.slots != 0) {
+      gp.free_slots = sub(g.slots, g.slots_used + g.queued);
+      gp.sessions = std::min(gp.sessions, *gp.free_slots);
+    }
+    gpu_sessions += gp.sessions;
+    lp.gpus.push_back(gp);
+  }
+  const uint64_t queued_host = [&] {
+    uint64_t q = 0;
+    for (const LiveGpu& g : live.gpus) q += g.queued_host_pages;
+    return q;
+  }();
+  lp.host_available_pages = sub(live.host_reusable_pages, queued_host);
+  lp.sessions_by_host = lp.host_available_pages / lp.host_pages_per_session;
+  lp.sessions_now = std::min(gpu_sessions, lp.sessions_by_host);
+  return lp;
+}
+
+nlohmann::json LivePlanToJson(const LivePlan& l) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (const LiveGpuPlan& g : l.gpus) {
+    gpus.push_back({{"gpu", g.gpu},
+                    {"available_pages", g.available_pages},
+                    {"free_slots", g.free_slots ? nlohmann::json(*g.free_slots) : nlohmann::json(nullptr)},
+                    {"sessions", g.sessions}});
+  }
+  return {{"page_bytes", l.page_bytes},
+          {"required_pages_per_session", l.required_pages_per_session},
+          {"host_pages_per_session", l.host_pages_per_session},
+          {"gpus", gpus},
+          {"host_available_pages", l.host_available_pages},
+          {"sessions_by_host", l.sessions_by_host},
+          {"sessions_now", l.sessions_now}};
+}
+
+std::string LivePlanToTable(const LivePlan& l) {
+  std::string out = absl::StrFormat("live (memd now, pages of %d B): a session takes %d GPU pages and %d host pages\n",
+                                    l.page_bytes, l.required_pages_per_session, l.host_pages_per_session);
+  for (const LiveGpuPlan& g : l.gpus) {
+    absl::StrAppendFormat(&out, "  GPU %d: %d pages available, %s free slots -> %d sessions\n", g.gpu,
+                          g.available_pages, g.free_slots ? absl::StrCat(*g.free_slots) : "unlimited", g.sessions);
+  }
+  absl::StrAppendFormat(&out, "  host: %d pages available -> %d sessions\n", l.host_available_pages,
+                        l.sessions_by_host);
+  absl::StrAppendFormat(&out, "sessions memd would admit now: %d\n", l.sessions_now);
+  return out;
+}
+
 }  // namespace dhs::planner

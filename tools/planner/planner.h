@@ -119,6 +119,60 @@ absl::StatusOr<Plan> Compute(const PlanInput& input);
 // The plan as JSON: every figure under the field name above (sizes in bytes, absent figures null), plus "input".
 nlohmann::json PlanToJson(const Plan& plan);
 
+// ---- live: what a running memd would admit now (`dhsctl plan --live`, issue 14; docs/planner.md, "Live") ----
+
+// One GPU of memd's live state, in memd's pages (the fields of `dhsctl --json status`, memd/state_dump.h).
+struct LiveGpu {
+  uint32_t gpu = 0;
+  uint64_t pages = 0;                  // M
+  uint64_t reserve_pages = 0;          // M_res
+  uint64_t free_pages = 0;             // free (lendable = free - M_res)
+  uint64_t reclaimable_pages = 0;      // a_r of the victim candidates: what deficits can reclaim now
+  uint64_t reclaiming_pages = 0;       // held by reclaims in flight (free once retired)
+  uint64_t slots = 0;                  // N of the worker's Hello; 0 = unlimited
+  uint64_t slots_used = 0;
+  uint64_t queued = 0;                 // admissions queued (FIFO: served before a new one)
+  uint64_t queued_required_pages = 0;
+  uint64_t queued_host_pages = 0;
+};
+
+struct LiveState {
+  uint64_t page_bytes = 0;             // memd's page (GPU and host pool page), bytes
+  uint64_t host_reusable_pages = 0;    // host pool pages free to assign now
+  std::vector<LiveGpu> gpus;
+};
+
+// Parses the JSON of memd's `status` view (an IntrospectReply, the text `dhsctl --json status` prints).
+// Errors: INVALID_ARGUMENT naming the missing or malformed key.
+absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text);
+
+struct LiveGpuPlan {
+  uint32_t gpu = 0;
+  // lendable + reclaimable + reclaiming - queued_required (>= 0): GPU pages new sessions can have, pages
+  uint64_t available_pages = 0;
+  std::optional<uint64_t> free_slots;  // N - used - queued (>= 0); none when N is unlimited
+  uint64_t sessions = 0;               // min(floor(available_pages / required_pages_per_session), free_slots)
+};
+
+struct LivePlan {
+  uint64_t page_bytes = 0;
+  uint64_t required_pages_per_session = 0;  // ceil(hierarchical_bytes_per_session / page_bytes): memd lends pages
+  uint64_t host_pages_per_session = 0;      // n_pad / p: one host page per context page (memd assigns at the grant)
+  std::vector<LiveGpuPlan> gpus;
+  uint64_t host_available_pages = 0;        // host_reusable - sum of queued_host (>= 0)
+  uint64_t sessions_by_host = 0;            // floor(host_available_pages / host_pages_per_session)
+  uint64_t sessions_now = 0;                // min(sum of gpus[].sessions, sessions_by_host)
+};
+
+// What memd would admit now, in sessions of `plan`'s shape (hierarchical mode, one per request: required pages on the
+// GPU, a host page per context page). Errors: FAILED_PRECONDITION when memd's page differs from the topology's page
+// (p * L_pay * d_KV bytes: the page both count in) or no worker registered a GPU yet.
+absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live);
+
+// The live figures as JSON (under "live" of `dhsctl plan --live --json`) and as table lines.
+nlohmann::json LivePlanToJson(const LivePlan& live);
+std::string LivePlanToTable(const LivePlan& live);
+
 // The plan as an aligned text table: one line per figure, bytes also in GiB/MiB.
 std::string PlanToTable(const Plan& plan);
 
