@@ -232,6 +232,7 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
           DHS_CHECK_OK(g.table.Release(hp.gpu_page));
           DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
           --r.optional;
+          ++r.host_only;
           ++counters_.keeps_lost;
           break;
         }
