@@ -642,6 +642,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.stale_reports, 0u);
   EXPECT_GT(early, 0u);
   EXPECT_GT(regranted, 0u);
+  EXPECT_GT(slot_waits, 0u);  // a Wait sent while every request slot of the GPU was in use (slots, not pages, bind)
 }
 
 }  // namespace
