@@ -62,6 +62,12 @@ namespace dhs::memd {
 
 inline constexpr SourceId kAllSources = 0;
 
+// Upper bounds of a Hello (RegisterGpu), so a worker's number never makes memd allocate without bound: M per GPU at
+// most 2^26 = 67,108,864 pages (an H200 has about 2.5M pages of 55,296 bytes: 26x headroom; memd's page table costs
+// ~13 bytes a page, 0.9 GB at the bound), request slots at most 2^16 per GPU.
+inline constexpr uint32_t kMaxGpuPages = uint32_t{1} << 26;
+inline constexpr uint32_t kMaxRequestSlots = uint32_t{1} << 16;
+
 struct ResidencyConfig {
   uint32_t reserve_pages = 0;             // M_res per GPU
   uint32_t host_pages = 0;                // host pool size, pages
@@ -76,6 +82,10 @@ struct AdmitRequest {
   uint32_t required_pages = 0;  // > 0: hot cache + tail + metadata pages
   uint32_t history_pages = 0;   // complete pages of imported history (candidates for optional history)
   uint32_t context_pages = 0;   // pages of the full context (input + max_new) >= history_pages; each gets a host page
+  // page_rows > 0: the core computes context_pages = ceil(context_rows / page_rows) itself (the wire's history_rows;
+  // InvalidArgument when that is beyond 2^32-1 pages) and context_pages above is ignored.
+  uint64_t context_rows = 0;
+  uint32_t page_rows = 0;
   // false: the request never holds optional history (hisparse mode, issue 5): none of its history is kept on GPU at
   // the grant and population never brings it back; it is never a reclaim victim.
   bool optional_history = true;
@@ -91,10 +101,11 @@ class ResidencyManager {
 
   // ---- events (each returns a non-OK status for bad input and then changes nothing) ----
   // A worker registered GPU `gpu` with `pages` = M and `request_slots` = N slots (0: unlimited).
-  // Errors: AlreadyExists, InvalidArgument (M == 0 or M_res > M).
+  // Errors: AlreadyExists, InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M, request_slots > kMaxRequestSlots).
   absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
-  // NotFound (gpu not registered), InvalidArgument (required_pages == 0, history_pages > context_pages),
+  // NotFound (gpu not registered), InvalidArgument (required_pages == 0, context_rows beyond 2^32-1 pages,
+  // history_pages > context_pages),
   // Unimplemented (host_backed).
   absl::Status Admit(const AdmitRequest& admission);
   // BackupComplete of ReclaimOrder `order`: `pages` (GPU pages of its backup_pages; empty = every backup not yet
@@ -118,7 +129,7 @@ class ResidencyManager {
   // (host_pages[i] for history_pages[i] when given; empty = not stated). ok = false: the copies failed (counted,
   // nothing changes: the pages stay covered by the worker's tail and are not populated).
   // Errors: NotFound (unknown request), FailedPrecondition (queued), OutOfRange (no such history page),
-  // InvalidArgument (host_pages of another length, or a host page not the one assigned).
+  // InvalidArgument (host_pages of another length, a history page named twice, or a host page not the one assigned).
   absl::Status OnHostCopyWritten(RequestId request, std::span<const uint32_t> history_pages,
                                  std::span<const PageIndex> host_pages, bool ok);
   // The request finished (or a queued admission was cancelled): answered by a CompleteAckOrder. Errors: NotFound.

@@ -74,7 +74,7 @@ class FakeWorker {
     }
     return out;
   }
-  wire::HelloReplyT Hello(uint32_t capacity_pages, uint64_t page_bytes = kPageBytes) {
+  wire::HelloReplyT Hello(uint32_t capacity_pages, uint64_t page_bytes = kPageBytes, uint32_t request_slots = 4) {
     wire::HelloT h;
     h.protocol_version = kProtocolVersion;
     h.gpu = gpu_;
@@ -83,7 +83,7 @@ class FakeWorker {
     h.capacity_pages = capacity_pages;
     h.page_rows = kPageRows;
     h.page_bytes = page_bytes;
-    h.request_slots = 4;
+    h.request_slots = request_slots;
     Send(EncodeHello(h, seq_++, "worker"));
     auto m = Next();
     EXPECT_TRUE(m && m->type == wire::Body::HelloReply);
@@ -556,6 +556,63 @@ TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
   const std::string metrics = MetricsWith("dhs_memd_host_writes_total 3");
   EXPECT_NE(metrics.find("dhs_memd_grants_total 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dhs_memd_rejects_total 1\n"), std::string::npos) << metrics;
+}
+
+// A Hello with M = 2^32-1 pages (it used to kill memd with std::bad_alloc, leaving its shm segment behind) or too
+// many request slots is refused with the reason, and memd keeps serving.
+TEST_F(MemdProcess, HelloBeyondTheBoundsIsRefusedAndMemdKeepsServing) {
+  FakeWorker w(run_dir_, 0);
+  auto huge = w.Hello(UINT32_MAX);
+  EXPECT_FALSE(huge.accepted);
+  EXPECT_NE(huge.reason.find("exceeds memd's bound of 67108864 pages"), std::string::npos) << huge.reason;
+  auto slots = w.Hello(4, kPageBytes, UINT32_MAX);
+  EXPECT_FALSE(slots.accepted);
+  EXPECT_NE(slots.reason.find("request slots"), std::string::npos) << slots.reason;
+  ASSERT_TRUE(w.Hello(4).accepted);  // still serving; the GPU was never registered with the refused numbers
+}
+
+// history_rows = 2^64-1: the daemon's rows -> pages used to wrap to 0 context pages and grant it; the core now refuses
+// it (INVALID_ARGUMENT).
+TEST_F(MemdProcess, AdmitWithHistoryRowsBeyondAnyPoolIsRejected) {
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(4).accepted);
+  w.Admit(1, 1, UINT64_MAX, 0);
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitReject) << (m ? BodyName(m->type) : "nothing");
+  EXPECT_EQ(ReadAdmitReject(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(ReadAdmitReject(*m)->reason.find("history_rows"), std::string::npos) << ReadAdmitReject(*m)->reason;
+  EXPECT_EQ(Dhsctl("request 1").first, 4);  // not admitted
+}
+
+// HostCopyWritten naming a page three times used to be accepted and counted three times: INVALID_ARGUMENT, nothing
+// changes.
+TEST_F(MemdProcess, HostCopyWrittenNamingAPageTwiceIsRefused) {
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(4).accepted);
+  w.Admit(2, 1, 3 * kPageRows, 0);
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  const wire::AdmitGrantT g = *ReadAdmitGrant(*m);
+  ASSERT_EQ(g.backup_host_pages.size(), 3u);
+  EXPECT_EQ(DhsctlJson("request 2")["host_coverage"], "3/3");  // all three covered by the worker's tail
+  wire::HostCopyWrittenT written;
+  written.request = 2;
+  written.gpu = 0;
+  written.history_pages = {1, 1, 1};
+  written.ok = true;
+  const uint64_t seq = w.seq();
+  w.Send(EncodeHostCopyWritten(written, seq, "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply) << (m ? BodyName(m->type) : "nothing");
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ReadErrorReply(*m)->answering_sequence, seq);
+  EXPECT_NE(ReadErrorReply(*m)->message.find("named twice"), std::string::npos) << ReadErrorReply(*m)->message;
+  EXPECT_EQ(DhsctlJson("request 2")["tail_pages"], 3);  // state unchanged
+  written.history_pages = {1};
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  const std::string metrics = MetricsWith("dhs_memd_host_writes_total 1");
+  EXPECT_NE(metrics.find("dhs_memd_host_writes_total 1\n"), std::string::npos) << metrics;
+  EXPECT_EQ(DhsctlJson("request 2")["tail_pages"], 2);
 }
 
 // dhsctl (suite tools): table and JSON views, bad views, and a clear error when memd is not running.

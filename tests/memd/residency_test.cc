@@ -303,6 +303,63 @@ TEST_F(ResidencyTest, BadEventsAreClearErrors) {
   EXPECT_TRUE(mgr_->DrainOrders().empty());  // a refused event orders nothing
 }
 
+// A Hello whose M or request slots are beyond memd's bounds is refused (InvalidArgument), before any allocation: an
+// M of 2^32-1 pages used to make the page table allocate ~50 GB and kill memd with std::bad_alloc.
+TEST_F(ResidencyTest, RegisterGpuBeyondTheBoundsIsRefused) {
+  Make(10, 2, 8);
+  EXPECT_EQ(mgr_->RegisterGpu(1, kMaxGpuPages + 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->RegisterGpu(1, 4, kMaxRequestSlots + 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->RegisterGpu(1, 4, UINT32_MAX).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->RegisterGpu(1, UINT32_MAX).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->gpu_table(1), nullptr);
+  EXPECT_EQ(mgr_->counters().event_errors, 4u);
+  EXPECT_TRUE(mgr_->RegisterGpu(1, 4, kMaxRequestSlots).ok());  // at the bound: accepted
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+}
+
+// The wire's history_rows is converted to context pages by the core, without overflow: ceil(rows / p) beyond 2^32-1
+// pages (history_rows = 2^64-1 used to wrap to 0 pages in the daemon and be granted) is InvalidArgument, nothing
+// changes; 2^32-1 pages is a valid number that can never fit (Reject).
+TEST_F(ResidencyTest, ContextRowsBeyondAnyPoolAreRefusedWithoutOverflow) {
+  Make(10, 2, 8);
+  AdmitRequest a;
+  a.request = 1;
+  a.required_pages = 1;
+  a.page_rows = 16;
+  for (uint64_t rows : {UINT64_MAX, UINT64_MAX - 15, uint64_t{16} * UINT32_MAX + 1}) {
+    a.context_rows = rows;
+    EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kInvalidArgument) << rows;
+  }
+  EXPECT_FALSE(Known(1));
+  EXPECT_TRUE(mgr_->DrainOrders().empty());
+  a.context_rows = uint64_t{16} * UINT32_MAX;  // exactly 2^32-1 pages: more than the host pool, rejected at once
+  auto rejects = OfType<RejectOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(rejects.size(), 1u);
+  EXPECT_EQ(rejects[0].error.code(), absl::StatusCode::kResourceExhausted);
+  a.request = 2;
+  a.context_rows = 33;  // 3 pages of 16 rows (the last one partial)
+  auto grants = OfType<GrantOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(grants.size(), 1u);
+  EXPECT_EQ(grants[0].host_pages.size(), 3u);
+}
+
+// HostCopyWritten naming a history page twice is refused whole (as BackupComplete and ReadyPublish refuse it): it
+// used to be accepted and counted once per mention.
+TEST_F(ResidencyTest, HostCopyWrittenNamingAPageTwiceIsRefused) {
+  Make(10, 2, 8);
+  Admit(1, 1, 0, 3);
+  const Counters before = mgr_->counters();
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{2u, 2u, 2u}}, {}, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{0u, 1u, 0u}}, {}, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->counters().host_writes, before.host_writes);
+  EXPECT_EQ(mgr_->counters().host_write_failures, before.host_write_failures);
+  EXPECT_EQ(Req(1).tail_pages, 3u);
+  EXPECT_TRUE(mgr_->DrainOrders().empty());
+  Written(1, {0, 1, 2});
+  EXPECT_EQ(mgr_->counters().host_writes, before.host_writes + 3);
+  EXPECT_EQ(Req(1).tail_pages, 0u);
+}
+
 // A report of a reclaim order that names a page it does not owe, names one twice, or says deferred for a page it
 // does not report, is refused whole: nothing changes.
 TEST_F(ResidencyTest, MalformedBackupReportChangesNothing) {
