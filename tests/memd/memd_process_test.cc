@@ -667,6 +667,19 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
     EXPECT_EQ(rc1, 2);
     EXPECT_NE(neg.find("request ID must be a non-negative integer, got '-1'"), std::string::npos) << neg;
     EXPECT_EQ(Dhsctl("pages -3").first, 2);
+    // A number beyond the id's type used to saturate to 2^64-1 (asked for, exit 4): exit 2, naming the word.
+    auto [rc5, big] = Dhsctl("request 99999999999999999999999", "", true);
+    EXPECT_EQ(rc5, 2) << big;
+    EXPECT_NE(big.find("request ID must be at most 18446744073709551615, got '99999999999999999999999'"),
+              std::string::npos)
+        << big;
+    auto [rc6, gpu] = Dhsctl("pages 4294967296", "", true);
+    EXPECT_EQ(rc6, 2) << gpu;
+    EXPECT_NE(gpu.find("GPU must be at most 4294967295, got '4294967296'"), std::string::npos) << gpu;
+    // An empty run directory used to look for /memd.sock (exit 1): exit 2.
+    auto [rc7, empty] = CaptureShell(std::string(DHSCTL_BIN) + " --run-dir '' status 2>&1");
+    EXPECT_EQ(rc7, 2) << empty;
+    EXPECT_NE(empty.find("empty run directory"), std::string::npos) << empty;
     auto [rc2, bogus] = Dhsctl("bogus", "", true);
     EXPECT_EQ(rc2, 2);
     EXPECT_NE(bogus.find("unknown command 'bogus'"), std::string::npos) << bogus;
