@@ -208,6 +208,7 @@ class ResidencyManager {
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
                    std::unique_ptr<ReclaimPolicy> policy);
   absl::Status Finish(absl::Status status);  // counts the event, then Pump()s when OK
+  absl::Status FinishTick();                 // counts the tick (Populate, RetryBackups), then Pump()s
   void Pump();
   void PumpGpu(GpuId gpu_id, Gpu& gpu);
   void SendWaits(GpuId gpu_id, Gpu& gpu);

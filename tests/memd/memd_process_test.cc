@@ -615,6 +615,17 @@ TEST_F(MemdProcess, HostCopyWrittenNamingAPageTwiceIsRefused) {
   EXPECT_EQ(DhsctlJson("request 2")["tail_pages"], 2);
 }
 
+// An idle memd counts its 20 ms timer in dhs_memd_ticks_total, not in dhs_memd_events_total (it used to count ~50
+// events a second with no peer at all).
+TEST_F(MemdProcess, IdleTicksAreNotCountedAsEvents) {
+  std::this_thread::sleep_for(300ms);  // ~15 ticks
+  const std::string metrics = MetricsWith("dhs_memd_events_total 0");
+  EXPECT_NE(metrics.find("dhs_memd_events_total 0\n"), std::string::npos) << metrics;
+  const size_t at = metrics.find("\ndhs_memd_ticks_total ");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GT(std::stoull(metrics.substr(at + 22)), 0u) << metrics;
+}
+
 // dhsctl (suite tools): table and JSON views, bad views, and a clear error when memd is not running.
 TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   FakeWorker w(run_dir_, 3);

@@ -360,6 +360,19 @@ TEST_F(ResidencyTest, HostCopyWrittenNamingAPageTwiceIsRefused) {
   EXPECT_EQ(Req(1).tail_pages, 0u);
 }
 
+// Populate() and RetryBackups() (the daemon's 20 ms / 1 s timer) are ticks, not events: an idle memd used to count
+// ~50 events a second in dhs_memd_events_total.
+TEST_F(ResidencyTest, TicksAreNotCountedAsEvents) {
+  Make(10, 2, 8);
+  const uint64_t events = mgr_->counters().events;  // RegisterGpu
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(mgr_->Populate().ok());
+  ASSERT_TRUE(mgr_->RetryBackups().ok());
+  EXPECT_EQ(mgr_->counters().events, events);
+  EXPECT_EQ(mgr_->counters().ticks, 6u);
+  Admit(1, 1, 0, 1);
+  EXPECT_EQ(mgr_->counters().events, events + 1);
+}
+
 // A report of a reclaim order that names a page it does not owe, names one twice, or says deferred for a page it
 // does not report, is refused whole: nothing changes.
 TEST_F(ResidencyTest, MalformedBackupReportChangesNothing) {
