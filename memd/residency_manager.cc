@@ -348,7 +348,9 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
 }
 
 absl::Status ResidencyManager::RetryBackups() {
-  for (auto& [id, r] : requests_) r.backoff = false;
+  for (auto& [id, r] : requests_) {
+    if (r.backoff && --r.retry_ticks == 0) r.backoff = false;
+  }
   return FinishTick();
 }
 
@@ -600,6 +602,7 @@ void ResidencyManager::RetireReclaim(ReclaimId id) {
     --v.optional;
   }
   g.reclaiming_pages -= static_cast<uint32_t>(rc.pages.size());
+  v.backup_failures = 0;  // its backups went through: a later failure starts the back-off over
   v.state = RequestState::kAdmitted;
   v.reclaim = 0;
   ++counters_.reclaims_retired;
@@ -625,6 +628,8 @@ void ResidencyManager::AbortReclaim(Request& v, Gpu& g) {
   v.state = RequestState::kAdmitted;
   v.reclaim = 0;
   v.backoff = true;
+  ++v.backup_failures;
+  v.retry_ticks = std::min(uint32_t{1} << std::min(v.backup_failures - 1, 6u), kMaxRetryTicks);
   ++counters_.reclaims_failed;
   spdlog::debug("memd: reclaim of request {} aborted by a failed backup; it may be retried", v.id);
 }

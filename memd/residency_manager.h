@@ -25,7 +25,8 @@
 //   (into their assigned host pages); a page being populated keeps its copy in flight. The pages are retired
 //   (RetireOrder) once every backup and population copy reported and the worker's ReadersDone arrived, in any order
 //   (an early ReadersDone is held). A failed backup aborts the victim's reclaim: its pages return to their previous
-//   states, a_r unchanged, it is skipped by victim choice until RetryBackups(); backups that completed stay valid.
+//   states, a_r unchanged, it is skipped by victim choice for a back-off of 1, 2, 4 .. 64 RetryBackups() calls
+//   (doubling per consecutive failure); backups that completed stay valid.
 //   A backup answered deferred lets the reclaim go on: the page is covered by the worker's tail until HostCopyWritten.
 // - Population (Populate()): per GPU with no queued admission, the PopulationScheduler hands out lendable pages,
 //   bounded per attempt, to pages with a confirmed host copy (kHost), one PopulateOrder per request.
@@ -67,6 +68,8 @@ inline constexpr SourceId kAllSources = 0;
 // ~13 bytes a page, 0.9 GB at the bound), request slots at most 2^16 per GPU.
 inline constexpr uint32_t kMaxGpuPages = uint32_t{1} << 26;
 inline constexpr uint32_t kMaxRequestSlots = uint32_t{1} << 16;
+// The longest reclaim back-off of a victim whose backups keep failing, in RetryBackups() calls (1 s each in memd).
+inline constexpr uint32_t kMaxRetryTicks = 64;
 
 struct ResidencyConfig {
   uint32_t reserve_pages = 0;             // M_res per GPU
@@ -136,7 +139,9 @@ class ResidencyManager {
   absl::Status Complete(RequestId request);
   // One population attempt on every GPU (the daemon calls it on its tick).
   absl::Status Populate();
-  // Clears the reclaim back-off of victims whose backup failed (the daemon calls it on a slower tick).
+  // Ends the reclaim back-off of victims whose backup failed once it is due (the daemon calls it every second): after
+  // the k-th consecutive aborted reclaim of a victim it sits out min(2^(k-1), kMaxRetryTicks) calls, so a backup that
+  // keeps failing is re-ordered after 1, 2, 4, ... 64 calls, then every 64, not on every call.
   absl::Status RetryBackups();
 
   // ---- outputs ----
@@ -162,7 +167,9 @@ class ResidencyManager {
     int64_t time_us = 0;  // queued at, then admitted at
     uint64_t seq = 0;     // admission sequence
     bool wait_sent = false;
-    bool backoff = false;  // a backup of its reclaim failed; skipped as a victim until RetryBackups
+    bool backoff = false;  // a backup of its reclaim failed; skipped as a victim for retry_ticks RetryBackups calls
+    uint32_t backup_failures = 0;  // consecutive reclaims aborted by a failed backup (reset when one retires)
+    uint32_t retry_ticks = 0;      // RetryBackups calls left before it is a victim again: min(2^(failures-1), 64)
     ReclaimId reclaim = 0;
     std::vector<PageIndex> required;
     std::vector<HistoryPage> history;  // context_pages entries once granted

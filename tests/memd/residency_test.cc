@@ -229,6 +229,32 @@ TEST_F(ResidencyTest, FailedBackupLeavesVictimUntouchedAndRetrySucceeds) {
   EXPECT_EQ(Req(1).optional_pages, 0u);
 }
 
+// A backup that keeps failing: the victim is re-ordered after 1, 2, 4, ... RetryBackups calls (bounded back-off,
+// at most kMaxRetryTicks), not on every call; once a reclaim of it retires, the back-off starts over. It used to be
+// re-ordered on every RetryBackups (every second in memd) forever.
+TEST_F(ResidencyTest, RepeatedBackupFailuresBackOffExponentially) {
+  Make(8, 0, 16);
+  Admit(1, 1, 3);                                      // a_1 = 3, lendable 4
+  auto rc = OfType<ReclaimOrder>(Admit(2, 6, 0));      // Δ = 2 -> reclaim request 1
+  std::vector<uint32_t> waited;                        // RetryBackups calls before each new ReclaimOrder
+  for (int failure = 0; failure < 9; ++failure) {
+    ASSERT_EQ(rc.size(), 1u) << "failure " << failure;
+    Do(mgr_->OnBackupComplete(rc[0].order, {}, false));  // every backup fails
+    uint32_t calls = 0;
+    for (rc.clear(); rc.empty() && calls < 1000; ++calls) {
+      auto o = Do(mgr_->Populate());                   // ticks in between never re-order it
+      ASSERT_TRUE(OfType<ReclaimOrder>(o).empty());
+      rc = OfType<ReclaimOrder>(Do(mgr_->RetryBackups()));
+    }
+    waited.push_back(calls);
+  }
+  EXPECT_EQ(waited, (std::vector<uint32_t>{1, 2, 4, 8, 16, 32, 64, 64, 64}));
+  ASSERT_EQ(rc.size(), 1u);
+  auto all = FinishReclaims({rc[0]});  // this time the backups succeed: retired, request 2 granted
+  ASSERT_EQ(OfType<GrantOrder>(all).size(), 1u);
+  EXPECT_EQ(mgr_->counters().reclaims_failed, 9u);
+}
+
 TEST_F(ResidencyTest, SlotIsChosenAtTheGrantAndFreedAtCompletion) {
   Make(16, 0, 16, "oldest-first", 8, /*slots=*/2);
   EXPECT_EQ(OfType<GrantOrder>(Admit(1, 1, 0))[0].slot, 0u);
