@@ -258,30 +258,22 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
 absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view peer) {
   auto a = ReadAdmitRequest(m);
   if (!a.ok()) return a.status();
-  auto reject = [&](absl::Status why) {
-    wire::AdmitRejectT r;
-    r.request = a->request;
-    r.code = ToWireError(why);
-    r.reason = std::string(why.message());
-    spdlog::info("memd: admission of request {} rejected: {}", a->request, r.reason);
-    return EncodeAdmitReject(r, m.sequence, kSender);
-  };
+  // An admission refused as bad input (the core's status, or no Hello on this connection) is answered directly, by
+  // the same encoder as the core's RejectOrder (never fits): it cannot go out through the outbox, since it must reach
+  // the sender (its GPU may have no worker) and must not touch a live request that has the same id.
+  auto reject = [&](const absl::Status& why) { return EncodeReject(a->request, why, m.sequence); };
   auto g = gpus_.find(a->gpu);
   if (g == gpus_.end() || g->second.peer != peer) {
     return reject(absl::FailedPreconditionError(
         absl::StrFormat("GPU %d has no registered worker on this connection (send Hello first)", a->gpu)));
-  }
-  const uint64_t context_pages = (a->history_rows + g->second.page_rows - 1) / g->second.page_rows;  // rows -> pages
-  if (context_pages > UINT32_MAX) {
-    return reject(absl::InvalidArgumentError(
-        absl::StrFormat("request %d: history_rows %d is beyond any host pool", a->request, a->history_rows)));
   }
   AdmitRequest admit;
   admit.request = a->request;
   admit.gpu = a->gpu;
   admit.required_pages = a->required_pages;
   admit.history_pages = a->complete_pages;
-  admit.context_pages = static_cast<uint32_t>(context_pages);
+  admit.context_rows = a->history_rows;  // the core converts rows to pages (and refuses what overflows)
+  admit.page_rows = g->second.page_rows;
   admit.optional_history = a->optional_history;
   admit.host_backed = a->host_backed;
   if (absl::Status s = core_->Admit(admit); !s.ok()) return reject(s);
@@ -430,12 +422,18 @@ std::string Daemon::Encode(const WaitOrder& o) {
 }
 
 std::string Daemon::Encode(const RejectOrder& o) {
-  wire::AdmitRejectT w;
-  w.request = o.request;
-  w.code = ToWireError(o.error);
-  w.reason = std::string(o.error.message());
   const uint64_t sequence = AdmitSequence(o.request);
   admit_sequence_.erase(o.request);
+  return EncodeReject(o.request, o.error, sequence);
+}
+
+// The one AdmitReject encoder: the core's RejectOrder (never fits) and an admission refused as bad input.
+std::string Daemon::EncodeReject(RequestId request, const absl::Status& why, uint64_t sequence) {
+  wire::AdmitRejectT w;
+  w.request = request;
+  w.code = ToWireError(why);
+  w.reason = std::string(why.message());
+  spdlog::info("memd: admission of request {} rejected: {}", request, w.reason);
   return EncodeAdmitReject(w, sequence, kSender);
 }
 

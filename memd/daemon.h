@@ -93,6 +93,7 @@ class Daemon {
   std::string Encode(const GrantOrder& order);
   std::string Encode(const WaitOrder& order);
   std::string Encode(const RejectOrder& order);
+  std::string EncodeReject(RequestId request, const absl::Status& why, uint64_t sequence);  // the one AdmitReject encoder
   std::string Encode(const ReclaimOrder& order);
   std::string Encode(const PopulateOrder& order);
   std::string Encode(const RetireOrder& order);

@@ -43,7 +43,7 @@ std::vector<Order> ResidencyManager::DrainOrders() {
 }
 
 absl::Status ResidencyManager::Finish(absl::Status status) {
-  ++counters_.events;
+  ++counters_.events;  // Populate() and RetryBackups() are ticks: FinishTick()
   if (!status.ok()) {
     ++counters_.event_errors;
     return status;
@@ -52,10 +52,25 @@ absl::Status ResidencyManager::Finish(absl::Status status) {
   return status;
 }
 
+// A timer call (Populate, RetryBackups): counted as a tick, not an event (20 ms ticks would swamp the event count).
+absl::Status ResidencyManager::FinishTick() {
+  ++counters_.ticks;
+  Pump();
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------- events
 
 absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots) {
   if (gpus_.count(gpu)) return Finish(absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu)));
+  if (pages > kMaxGpuPages) {
+    return Finish(absl::InvalidArgumentError(absl::StrFormat(
+        "GPU %d: M = %d pages exceeds memd's bound of %d pages per GPU", gpu, pages, kMaxGpuPages)));
+  }
+  if (request_slots > kMaxRequestSlots) {
+    return Finish(absl::InvalidArgumentError(absl::StrFormat(
+        "GPU %d: %d request slots exceed memd's bound of %d per GPU", gpu, request_slots, kMaxRequestSlots)));
+  }
   auto table = GpuPageTable::Create(gpu, pages, config_.reserve_pages);
   if (!table.ok()) return Finish(table.status());
   gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
@@ -63,7 +78,17 @@ absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t r
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::Admit(const AdmitRequest& a) {
+absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
+  AdmitRequest a = in;
+  if (a.page_rows > 0) {  // rows -> pages without overflow: ceil(rows / p) for every rows up to 2^64-1
+    const uint64_t pages = a.context_rows / a.page_rows + (a.context_rows % a.page_rows != 0 ? 1 : 0);
+    if (pages > UINT32_MAX) {
+      return Finish(absl::InvalidArgumentError(absl::StrFormat(
+          "request %d: history_rows %d is %d pages of %d rows, beyond any host pool (at most 2^32-1 pages)", a.request,
+          a.context_rows, pages, a.page_rows)));
+    }
+    a.context_pages = static_cast<uint32_t>(pages);
+  }
   if (requests_.count(a.request)) {
     return Finish(absl::AlreadyExistsError(absl::StrFormat("request %d already known", a.request)));
   }
@@ -199,10 +224,15 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
     return Finish(absl::InvalidArgumentError(absl::StrFormat(
         "request %d: %d host pages for %d history pages", id, host_pages.size(), pages.size())));
   }
+  absl::flat_hash_set<uint32_t> seen;
   for (size_t i = 0; i < pages.size(); ++i) {
     if (pages[i] >= r.history.size()) {
       return Finish(absl::OutOfRangeError(
           absl::StrFormat("request %d has %d history pages, not page %d", id, r.history.size(), pages[i])));
+    }
+    if (!seen.insert(pages[i]).second) {
+      return Finish(absl::InvalidArgumentError(
+          absl::StrFormat("request %d: history page %d named twice in one HostCopyWritten", id, pages[i])));
     }
     if (!host_pages.empty() && host_pages[i] != r.history[pages[i]].host_page) {
       return Finish(absl::InvalidArgumentError(absl::StrFormat(
@@ -296,7 +326,7 @@ absl::Status ResidencyManager::Populate() {
       PopulateRequest(gpu_id, g, requests_.at(grant.request), grant.pages);
     }
   }
-  return Finish(absl::OkStatus());
+  return FinishTick();
 }
 
 // One PopulateOrder: `count` lendable pages (the scheduler's plan stays within lendable()) for r's kHost pages.
@@ -337,13 +367,17 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
 }
 
 absl::Status ResidencyManager::RetryBackups() {
-  for (RequestId id : backoff_) {
-    Request& r = requests_.at(id);
+  for (auto it = backoff_.begin(); it != backoff_.end();) {
+    Request& r = requests_.at(*it);
+    if (--r.retry_ticks > 0) {
+      ++it;
+      continue;
+    }
     r.backoff = false;
     Reindex(r, gpus_.at(r.gpu));
+    it = backoff_.erase(it);
   }
-  backoff_.clear();
-  return Finish(absl::OkStatus());
+  return FinishTick();
 }
 
 // ---------------------------------------------------------------- copies reported
@@ -627,6 +661,7 @@ void ResidencyManager::RetireReclaim(ReclaimId id) {
     --v.optional;
   }
   g.reclaiming_pages -= static_cast<uint32_t>(rc.pages.size());
+  v.backup_failures = 0;  // its backups went through: a later failure starts the back-off over
   v.state = RequestState::kAdmitted;
   v.reclaim = 0;
   Reindex(v, g);
@@ -654,6 +689,8 @@ void ResidencyManager::AbortReclaim(Request& v, Gpu& g) {
   v.reclaim = 0;
   v.backoff = true;
   backoff_.insert(v.id);
+  ++v.backup_failures;
+  v.retry_ticks = std::min(uint32_t{1} << std::min(v.backup_failures - 1, 6u), kMaxRetryTicks);
   Reindex(v, g);
   ++counters_.reclaims_failed;
   spdlog::debug("memd: reclaim of request {} aborted by a failed backup; it may be retried", v.id);

@@ -25,7 +25,8 @@
 //   (into their assigned host pages); a page being populated keeps its copy in flight. The pages are retired
 //   (RetireOrder) once every backup and population copy reported and the worker's ReadersDone arrived, in any order
 //   (an early ReadersDone is held). A failed backup aborts the victim's reclaim: its pages return to their previous
-//   states, a_r unchanged, it is skipped by victim choice until RetryBackups(); backups that completed stay valid.
+//   states, a_r unchanged, it is skipped by victim choice for a back-off of 1, 2, 4 .. 64 RetryBackups() calls
+//   (doubling per consecutive failure); backups that completed stay valid.
 //   A backup answered deferred lets the reclaim go on: the page is covered by the worker's tail until HostCopyWritten.
 // - Population (Populate()): per GPU with no queued admission, the PopulationScheduler hands out lendable pages,
 //   bounded per attempt, to pages with a confirmed host copy (kHost), one PopulateOrder per request.
@@ -63,6 +64,14 @@ namespace dhs::memd {
 
 inline constexpr SourceId kAllSources = 0;
 
+// Upper bounds of a Hello (RegisterGpu), so a worker's number never makes memd allocate without bound: M per GPU at
+// most 2^26 = 67,108,864 pages (an H200 has about 2.5M pages of 55,296 bytes: 26x headroom; memd's page table costs
+// ~13 bytes a page, 0.9 GB at the bound), request slots at most 2^16 per GPU.
+inline constexpr uint32_t kMaxGpuPages = uint32_t{1} << 26;
+inline constexpr uint32_t kMaxRequestSlots = uint32_t{1} << 16;
+// The longest reclaim back-off of a victim whose backups keep failing, in RetryBackups() calls (1 s each in memd).
+inline constexpr uint32_t kMaxRetryTicks = 64;
+
 struct ResidencyConfig {
   uint32_t reserve_pages = 0;             // M_res per GPU
   uint32_t host_pages = 0;                // host pool size, pages
@@ -77,6 +86,10 @@ struct AdmitRequest {
   uint32_t required_pages = 0;  // > 0: hot cache + tail + metadata pages
   uint32_t history_pages = 0;   // complete pages of imported history (candidates for optional history)
   uint32_t context_pages = 0;   // pages of the full context (input + max_new) >= history_pages; each gets a host page
+  // page_rows > 0: the core computes context_pages = ceil(context_rows / page_rows) itself (the wire's history_rows;
+  // InvalidArgument when that is beyond 2^32-1 pages) and context_pages above is ignored.
+  uint64_t context_rows = 0;
+  uint32_t page_rows = 0;
   // false: the request never holds optional history (hisparse mode, issue 5): none of its history is kept on GPU at
   // the grant and population never brings it back; it is never a reclaim victim.
   bool optional_history = true;
@@ -92,10 +105,11 @@ class ResidencyManager {
 
   // ---- events (each returns a non-OK status for bad input and then changes nothing) ----
   // A worker registered GPU `gpu` with `pages` = M and `request_slots` = N slots (0: unlimited).
-  // Errors: AlreadyExists, InvalidArgument (M == 0 or M_res > M).
+  // Errors: AlreadyExists, InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M, request_slots > kMaxRequestSlots).
   absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
-  // NotFound (gpu not registered), InvalidArgument (required_pages == 0, history_pages > context_pages),
+  // NotFound (gpu not registered), InvalidArgument (required_pages == 0, context_rows beyond 2^32-1 pages,
+  // history_pages > context_pages),
   // Unimplemented (host_backed).
   absl::Status Admit(const AdmitRequest& admission);
   // BackupComplete of ReclaimOrder `order`: `pages` (GPU pages of its backup_pages; empty = every backup not yet
@@ -120,14 +134,16 @@ class ResidencyManager {
   // nothing changes: the pages stay covered by the worker's tail and are not populated). A kept page (kGpu) reported
   // written outside a reclaim was not kept (the worker's keep copy failed, contract §3): its GPU page is freed (kHost).
   // Errors: NotFound (unknown request), FailedPrecondition (queued), OutOfRange (no such history page),
-  // InvalidArgument (host_pages of another length, or a host page not the one assigned).
+  // InvalidArgument (host_pages of another length, a history page named twice, or a host page not the one assigned).
   absl::Status OnHostCopyWritten(RequestId request, std::span<const uint32_t> history_pages,
                                  std::span<const PageIndex> host_pages, bool ok);
   // The request finished (or a queued admission was cancelled): answered by a CompleteAckOrder. Errors: NotFound.
   absl::Status Complete(RequestId request);
   // One population attempt on every GPU (the daemon calls it on its tick).
   absl::Status Populate();
-  // Clears the reclaim back-off of victims whose backup failed (the daemon calls it on a slower tick).
+  // Ends the reclaim back-off of victims whose backup failed once it is due (the daemon calls it every second): after
+  // the k-th consecutive aborted reclaim of a victim it sits out min(2^(k-1), kMaxRetryTicks) calls, so a backup that
+  // keeps failing is re-ordered after 1, 2, 4, ... 64 calls, then every 64, not on every call.
   absl::Status RetryBackups();
 
   // ---- outputs ----
@@ -153,7 +169,9 @@ class ResidencyManager {
     int64_t time_us = 0;  // queued at, then admitted at
     uint64_t seq = 0;     // admission sequence
     bool wait_sent = false;
-    bool backoff = false;  // a backup of its reclaim failed; skipped as a victim until RetryBackups
+    bool backoff = false;  // a backup of its reclaim failed; skipped as a victim for retry_ticks RetryBackups calls
+    uint32_t backup_failures = 0;  // consecutive reclaims aborted by a failed backup (reset when one retires)
+    uint32_t retry_ticks = 0;      // RetryBackups calls left before it is a victim again: min(2^(failures-1), 64)
     std::optional<ReclaimCandidate> victim_key;  // its key in its GPU's ReclaimIndex while it is a victim candidate
     ReclaimId reclaim = 0;
     std::vector<PageIndex> required;
@@ -210,6 +228,7 @@ class ResidencyManager {
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
                    std::unique_ptr<ReclaimPolicy> policy);
   absl::Status Finish(absl::Status status);  // counts the event, then Pump()s when OK
+  absl::Status FinishTick();                 // counts the tick (Populate, RetryBackups), then Pump()s
   void Pump();
   void PumpGpu(GpuId gpu_id, Gpu& gpu);
   void SendWaits(GpuId gpu_id, Gpu& gpu);

@@ -255,6 +255,7 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
   const std::pair<const char*, uint64_t> counters[] = {
       {"events", c.events},
       {"event_errors", c.event_errors},
+      {"ticks", c.ticks},
       {"admissions", c.admissions},
       {"grants", c.grants},
       {"waits", c.waits},

@@ -85,8 +85,9 @@ struct StateDump {
 
 // Event and order counters since start (monotonic), exported to Prometheus.
 struct Counters {
-  uint64_t events = 0;
+  uint64_t events = 0;            // event calls of the daemon's inbound messages (RegisterGpu ... Complete)
   uint64_t event_errors = 0;      // events refused with a non-OK status
+  uint64_t ticks = 0;             // Populate() and RetryBackups() calls of the daemon's timer (not events)
   uint64_t admissions = 0;        // Admit events accepted
   uint64_t grants = 0;
   uint64_t waits = 0;

@@ -560,6 +560,74 @@ TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
   EXPECT_NE(metrics.find("dhs_memd_rejects_total 1\n"), std::string::npos) << metrics;
 }
 
+// A Hello with M = 2^32-1 pages (it used to kill memd with std::bad_alloc, leaving its shm segment behind) or too
+// many request slots is refused with the reason, and memd keeps serving.
+TEST_F(MemdProcess, HelloBeyondTheBoundsIsRefusedAndMemdKeepsServing) {
+  FakeWorker w(run_dir_, 0);
+  auto huge = w.Hello(UINT32_MAX);
+  EXPECT_FALSE(huge.accepted);
+  EXPECT_NE(huge.reason.find("exceeds memd's bound of 67108864 pages"), std::string::npos) << huge.reason;
+  auto slots = w.Hello(4, kPageBytes, UINT32_MAX);
+  EXPECT_FALSE(slots.accepted);
+  EXPECT_NE(slots.reason.find("request slots"), std::string::npos) << slots.reason;
+  ASSERT_TRUE(w.Hello(4).accepted);  // still serving; the GPU was never registered with the refused numbers
+}
+
+// history_rows = 2^64-1: the daemon's rows -> pages used to wrap to 0 context pages and grant it; the core now refuses
+// it (INVALID_ARGUMENT).
+TEST_F(MemdProcess, AdmitWithHistoryRowsBeyondAnyPoolIsRejected) {
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(4).accepted);
+  w.Admit(1, 1, UINT64_MAX, 0);
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitReject) << (m ? BodyName(m->type) : "nothing");
+  EXPECT_EQ(ReadAdmitReject(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(ReadAdmitReject(*m)->reason.find("history_rows"), std::string::npos) << ReadAdmitReject(*m)->reason;
+  EXPECT_EQ(Dhsctl("request 1").first, 4);  // not admitted
+}
+
+// HostCopyWritten naming a page three times used to be accepted and counted three times: INVALID_ARGUMENT, nothing
+// changes.
+TEST_F(MemdProcess, HostCopyWrittenNamingAPageTwiceIsRefused) {
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(4).accepted);
+  w.Admit(2, 1, 3 * kPageRows, 0);
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  const wire::AdmitGrantT g = *ReadAdmitGrant(*m);
+  ASSERT_EQ(g.backup_host_pages.size(), 3u);
+  EXPECT_EQ(DhsctlJson("request 2")["host_coverage"], "3/3");  // all three covered by the worker's tail
+  wire::HostCopyWrittenT written;
+  written.request = 2;
+  written.gpu = 0;
+  written.history_pages = {1, 1, 1};
+  written.ok = true;
+  const uint64_t seq = w.seq();
+  w.Send(EncodeHostCopyWritten(written, seq, "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply) << (m ? BodyName(m->type) : "nothing");
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ReadErrorReply(*m)->answering_sequence, seq);
+  EXPECT_NE(ReadErrorReply(*m)->message.find("named twice"), std::string::npos) << ReadErrorReply(*m)->message;
+  EXPECT_EQ(DhsctlJson("request 2")["tail_pages"], 3);  // state unchanged
+  written.history_pages = {1};
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  const std::string metrics = MetricsWith("dhs_memd_host_writes_total 1");
+  EXPECT_NE(metrics.find("dhs_memd_host_writes_total 1\n"), std::string::npos) << metrics;
+  EXPECT_EQ(DhsctlJson("request 2")["tail_pages"], 2);
+}
+
+// An idle memd counts its 20 ms timer in dhs_memd_ticks_total, not in dhs_memd_events_total (it used to count ~50
+// events a second with no peer at all).
+TEST_F(MemdProcess, IdleTicksAreNotCountedAsEvents) {
+  std::this_thread::sleep_for(300ms);  // ~15 ticks
+  const std::string metrics = MetricsWith("dhs_memd_events_total 0");
+  EXPECT_NE(metrics.find("dhs_memd_events_total 0\n"), std::string::npos) << metrics;
+  const size_t at = metrics.find("\ndhs_memd_ticks_total ");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GT(std::stoull(metrics.substr(at + 22)), 0u) << metrics;
+}
+
 // dhsctl (suite tools): table and JSON views, bad views, and a clear error when memd is not running.
 // `dhsctl plan --live` against a started memd with a fake worker, then the worker admits sessions of the plan's shape:
 // exactly the number the live plan gave are granted (one of them after a reclaim), the next one waits.
@@ -709,6 +777,19 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
     EXPECT_EQ(rc1, 2);
     EXPECT_NE(neg.find("request ID must be a non-negative integer, got '-1'"), std::string::npos) << neg;
     EXPECT_EQ(Dhsctl("pages -3").first, 2);
+    // A number beyond the id's type used to saturate to 2^64-1 (asked for, exit 4): exit 2, naming the word.
+    auto [rc5, big] = Dhsctl("request 99999999999999999999999", "", true);
+    EXPECT_EQ(rc5, 2) << big;
+    EXPECT_NE(big.find("request ID must be at most 18446744073709551615, got '99999999999999999999999'"),
+              std::string::npos)
+        << big;
+    auto [rc6, gpu] = Dhsctl("pages 4294967296", "", true);
+    EXPECT_EQ(rc6, 2) << gpu;
+    EXPECT_NE(gpu.find("GPU must be at most 4294967295, got '4294967296'"), std::string::npos) << gpu;
+    // An empty run directory used to look for /memd.sock (exit 1): exit 2.
+    auto [rc7, empty] = CaptureShell(std::string(DHSCTL_BIN) + " --run-dir '' status 2>&1");
+    EXPECT_EQ(rc7, 2) << empty;
+    EXPECT_NE(empty.find("empty run directory"), std::string::npos) << empty;
     auto [rc2, bogus] = Dhsctl("bogus", "", true);
     EXPECT_EQ(rc2, 2);
     EXPECT_NE(bogus.find("unknown command 'bogus'"), std::string::npos) << bogus;

@@ -651,6 +651,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.keeps_lost, 0u);
   EXPECT_GT(early, 0u);
   EXPECT_GT(regranted, 0u);
+  EXPECT_GT(slot_waits, 0u);  // a Wait sent while every request slot of the GPU was in use (slots, not pages, bind)
 }
 
 }  // namespace

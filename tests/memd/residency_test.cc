@@ -229,6 +229,32 @@ TEST_F(ResidencyTest, FailedBackupLeavesVictimUntouchedAndRetrySucceeds) {
   EXPECT_EQ(Req(1).optional_pages, 0u);
 }
 
+// A backup that keeps failing: the victim is re-ordered after 1, 2, 4, ... RetryBackups calls (bounded back-off,
+// at most kMaxRetryTicks), not on every call; once a reclaim of it retires, the back-off starts over. It used to be
+// re-ordered on every RetryBackups (every second in memd) forever.
+TEST_F(ResidencyTest, RepeatedBackupFailuresBackOffExponentially) {
+  Make(8, 0, 16);
+  Admit(1, 1, 3);                                      // a_1 = 3, lendable 4
+  auto rc = OfType<ReclaimOrder>(Admit(2, 6, 0));      // Δ = 2 -> reclaim request 1
+  std::vector<uint32_t> waited;                        // RetryBackups calls before each new ReclaimOrder
+  for (int failure = 0; failure < 9; ++failure) {
+    ASSERT_EQ(rc.size(), 1u) << "failure " << failure;
+    Do(mgr_->OnBackupComplete(rc[0].order, {}, false));  // every backup fails
+    uint32_t calls = 0;
+    for (rc.clear(); rc.empty() && calls < 1000; ++calls) {
+      auto o = Do(mgr_->Populate());                   // ticks in between never re-order it
+      ASSERT_TRUE(OfType<ReclaimOrder>(o).empty());
+      rc = OfType<ReclaimOrder>(Do(mgr_->RetryBackups()));
+    }
+    waited.push_back(calls);
+  }
+  EXPECT_EQ(waited, (std::vector<uint32_t>{1, 2, 4, 8, 16, 32, 64, 64, 64}));
+  ASSERT_EQ(rc.size(), 1u);
+  auto all = FinishReclaims({rc[0]});  // this time the backups succeed: retired, request 2 granted
+  ASSERT_EQ(OfType<GrantOrder>(all).size(), 1u);
+  EXPECT_EQ(mgr_->counters().reclaims_failed, 9u);
+}
+
 TEST_F(ResidencyTest, SlotIsChosenAtTheGrantAndFreedAtCompletion) {
   Make(16, 0, 16, "oldest-first", 8, /*slots=*/2);
   EXPECT_EQ(OfType<GrantOrder>(Admit(1, 1, 0))[0].slot, 0u);
@@ -301,6 +327,76 @@ TEST_F(ResidencyTest, BadEventsAreClearErrors) {
   EXPECT_TRUE(mgr_->CheckInvariants().ok());
   EXPECT_EQ(mgr_->counters().event_errors, 14u);  // every refused event above
   EXPECT_TRUE(mgr_->DrainOrders().empty());  // a refused event orders nothing
+}
+
+// A Hello whose M or request slots are beyond memd's bounds is refused (InvalidArgument), before any allocation: an
+// M of 2^32-1 pages used to make the page table allocate ~50 GB and kill memd with std::bad_alloc.
+TEST_F(ResidencyTest, RegisterGpuBeyondTheBoundsIsRefused) {
+  Make(10, 2, 8);
+  EXPECT_EQ(mgr_->RegisterGpu(1, kMaxGpuPages + 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->RegisterGpu(1, 4, kMaxRequestSlots + 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->RegisterGpu(1, 4, UINT32_MAX).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->RegisterGpu(1, UINT32_MAX).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->gpu_table(1), nullptr);
+  EXPECT_EQ(mgr_->counters().event_errors, 4u);
+  EXPECT_TRUE(mgr_->RegisterGpu(1, 4, kMaxRequestSlots).ok());  // at the bound: accepted
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+}
+
+// The wire's history_rows is converted to context pages by the core, without overflow: ceil(rows / p) beyond 2^32-1
+// pages (history_rows = 2^64-1 used to wrap to 0 pages in the daemon and be granted) is InvalidArgument, nothing
+// changes; 2^32-1 pages is a valid number that can never fit (Reject).
+TEST_F(ResidencyTest, ContextRowsBeyondAnyPoolAreRefusedWithoutOverflow) {
+  Make(10, 2, 8);
+  AdmitRequest a;
+  a.request = 1;
+  a.required_pages = 1;
+  a.page_rows = 16;
+  for (uint64_t rows : {UINT64_MAX, UINT64_MAX - 15, uint64_t{16} * UINT32_MAX + 1}) {
+    a.context_rows = rows;
+    EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kInvalidArgument) << rows;
+  }
+  EXPECT_FALSE(Known(1));
+  EXPECT_TRUE(mgr_->DrainOrders().empty());
+  a.context_rows = uint64_t{16} * UINT32_MAX;  // exactly 2^32-1 pages: more than the host pool, rejected at once
+  auto rejects = OfType<RejectOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(rejects.size(), 1u);
+  EXPECT_EQ(rejects[0].error.code(), absl::StatusCode::kResourceExhausted);
+  a.request = 2;
+  a.context_rows = 33;  // 3 pages of 16 rows (the last one partial)
+  auto grants = OfType<GrantOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(grants.size(), 1u);
+  EXPECT_EQ(grants[0].host_pages.size(), 3u);
+}
+
+// HostCopyWritten naming a history page twice is refused whole (as BackupComplete and ReadyPublish refuse it): it
+// used to be accepted and counted once per mention.
+TEST_F(ResidencyTest, HostCopyWrittenNamingAPageTwiceIsRefused) {
+  Make(10, 2, 8);
+  Admit(1, 1, 0, 3);
+  const Counters before = mgr_->counters();
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{2u, 2u, 2u}}, {}, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{0u, 1u, 0u}}, {}, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->counters().host_writes, before.host_writes);
+  EXPECT_EQ(mgr_->counters().host_write_failures, before.host_write_failures);
+  EXPECT_EQ(Req(1).tail_pages, 3u);
+  EXPECT_TRUE(mgr_->DrainOrders().empty());
+  Written(1, {0, 1, 2});
+  EXPECT_EQ(mgr_->counters().host_writes, before.host_writes + 3);
+  EXPECT_EQ(Req(1).tail_pages, 0u);
+}
+
+// Populate() and RetryBackups() (the daemon's 20 ms / 1 s timer) are ticks, not events: an idle memd used to count
+// ~50 events a second in dhs_memd_events_total.
+TEST_F(ResidencyTest, TicksAreNotCountedAsEvents) {
+  Make(10, 2, 8);
+  const uint64_t events = mgr_->counters().events;  // RegisterGpu
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(mgr_->Populate().ok());
+  ASSERT_TRUE(mgr_->RetryBackups().ok());
+  EXPECT_EQ(mgr_->counters().events, events);
+  EXPECT_EQ(mgr_->counters().ticks, 6u);
+  Admit(1, 1, 0, 1);
+  EXPECT_EQ(mgr_->counters().events, events + 1);
 }
 
 // A report of a reclaim order that names a page it does not owe, names one twice, or says deferred for a page it

@@ -11,7 +11,9 @@
 // (ErrorReply), including NOT_FOUND for a request or GPU it does not know (`request ID`, `pages GPU`).
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -80,12 +82,18 @@ int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milli
   return 0;
 }
 
-// An unsigned id as a plain decimal number: CLI11 would wrap "-1" to 2^64-1.
-CLI::Validator NonNegativeId(const char* what) {
+// An unsigned id as a plain decimal number at most `max`: CLI11 would wrap "-1" to 2^64-1 and saturate a number
+// beyond 2^64-1 to 2^64-1 (a valid id), so both are refused here, naming the word.
+CLI::Validator NonNegativeId(const char* what, uint64_t max) {
   return CLI::Validator(
-      [what](std::string& v) {
+      [what, max](std::string& v) {
         if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
           return std::string(what) + " must be a non-negative integer, got '" + v + "'";
+        }
+        uint64_t n = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (ec != std::errc() || end != v.data() + v.size() || n > max) {
+          return std::string(what) + " must be at most " + std::to_string(max) + ", got '" + v + "'";
         }
         return std::string();
       },
@@ -123,10 +131,10 @@ void AddCommands(CLI::App& app, Args& a) {
   app.add_subcommand("requests", "admitted and queued requests (a_r, host coverage)")
       ->callback([&q] { q.what = dhs::wire::IntrospectWhat::Requests; });
   auto* request = app.add_subcommand("request", "one request");
-  request->add_option("ID", q.request, "request id")->required()->check(NonNegativeId("request ID"));
+  request->add_option("ID", q.request, "request id")->required()->check(NonNegativeId("request ID", UINT64_MAX));
   request->callback([&q] { q.what = dhs::wire::IntrospectWhat::Request; });
   auto* pages = app.add_subcommand("pages", "state and owner of every page of one GPU");
-  pages->add_option("GPU", q.gpu, "GPU id")->required()->check(NonNegativeId("GPU"));
+  pages->add_option("GPU", q.gpu, "GPU id")->required()->check(NonNegativeId("GPU", UINT32_MAX));
   pages->callback([&q] { q.what = dhs::wire::IntrospectWhat::Pages; });
   app.add_subcommand("queue", "queued admissions per GPU")->callback([&q] { q.what = dhs::wire::IntrospectWhat::Queue; });
   a.watch = app.add_subcommand("watch", "repeat a view (status, gpus, requests, queue)");
@@ -231,6 +239,10 @@ int main(int argc, char** argv) {
   }
   if (a.plan->parsed()) {
     return dhs::planner::RunPlanCommand(a.plan_options, a.json, [&a] { return FetchStatusJson(a); });
+  }
+  if (a.run_dir.empty()) {  // would look for /memd.sock
+    std::fprintf(stderr, "dhsctl: --run-dir: empty run directory\n");
+    return 2;
   }
   return Run(a);
 }
