@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -94,8 +95,9 @@ class ResidencyManager {
   // Errors: AlreadyExists, InvalidArgument (M == 0 or M_res > M).
   absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
-  // NotFound (gpu not registered), InvalidArgument (required_pages == 0, history_pages > context_pages),
-  // Unimplemented (host_backed).
+  // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0,
+  // history_pages > context_pages), Unimplemented (host_backed). A grant the page tables refuse (a bug) becomes a
+  // Reject with Internal: no event aborts memd.
   absl::Status Admit(const AdmitRequest& admission);
   // BackupComplete of ReclaimOrder `order`: `pages` (GPU pages of its backup_pages; empty = every backup not yet
   // reported) were written (ok) or failed. deferred (with ok): pages the worker had only planned to keep (rows still
@@ -137,6 +139,10 @@ class ResidencyManager {
   const HostPageAllocator& host() const { return host_; }
   size_t open_orders() const { return orders_.size(); }  // ReclaimOrders / PopulateOrders still owing reports
   size_t copies_in_flight() const { return copies_.size(); }
+  // The GPU of a known request / of an order still owing reports; nullopt when unknown (the daemon accepts a report
+  // only from the worker of that GPU).
+  std::optional<GpuId> GpuOfRequest(RequestId request) const;
+  std::optional<GpuId> GpuOfOrder(OrderId order) const;
 
  private:
   struct Request {
@@ -202,6 +208,7 @@ class ResidencyManager {
   void SendWaits(GpuId gpu_id, Gpu& gpu);
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
   static SlotIndex FreeSlot(const Gpu& gpu);
+  // Grants the queue head if it fits (true: the caller pops it; it may have been rejected and erased instead).
   bool TryGrant(Request& r, Gpu& gpu);
   void MarkRegranted(GrantOrder& grant);
   void StartReclaim(Request& victim, Gpu& gpu);
