@@ -218,7 +218,11 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   wire::HelloReplyT reply;
   std::string reason;
   auto known = gpus_.find(hello->gpu);
-  if (hello->page_bytes != options_.page_bytes) {
+  if (peer != absl::StrCat("worker/", hello->gpu)) {  // a client must not take a GPU's role (and its orders) over
+    ++counters_.refused_peers;
+    reason = absl::StrFormat("a Hello of GPU %d must come from the routing id worker/%d, not '%s'", hello->gpu,
+                             hello->gpu, peer);
+  } else if (hello->page_bytes != options_.page_bytes) {
     reason = absl::StrFormat("page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
                              hello->page_bytes, options_.page_bytes);
   } else if (hello->capacity_pages == 0 || hello->page_rows == 0) {

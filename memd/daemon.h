@@ -12,7 +12,8 @@
 // page size, the peer that registered the GPU, HostPageRef segments, rows -> pages), mapped to one core event, and
 // each order drained from the core is encoded as exactly one wire message (memd/orders.h lists the mapping). The core's
 // OrderIds are the wire order ids. Roles: worker-only messages are accepted only from the peer that said Hello for the
-// GPU of the request / order they name (CheckWorkerPeer); Hello, Heartbeat and IntrospectQuery from any peer. BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
+// GPU of the request / order they name (CheckWorkerPeer); Hello only from the routing id worker/<gpu>; Heartbeat and
+// IntrospectQuery from any peer. BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
 // host copies written outside a ReclaimOrder come as HostCopyWritten.
 //
 // Thread-safety: Serve/Run and the constructor/destructor from one thread; metrics() from any thread.

@@ -585,6 +585,11 @@ TEST_F(MemdProcess, ReservedIdsAndMessagesFromTheWrongPeerAreRefused) {
 
   FakeWorker client(run_dir_, 0, "dhsctl/4242");  // a client on memd's socket, claiming GPU 0's request
   int refused = 0;
+  // It cannot take GPU 0's role over with a Hello: only the routing id worker/0 may say it.
+  const wire::HelloReplyT taken = client.Hello(8);
+  EXPECT_FALSE(taken.accepted);
+  EXPECT_NE(taken.reason.find("must come from the routing id worker/0"), std::string::npos) << taken.reason;
+  ++refused;
   auto expect_refused = [&](FakeWorker& from, const std::string& bytes, const std::string& what) {
     from.Send(bytes);
     auto r = from.Next();
