@@ -78,6 +78,41 @@ absl::Status MakeRunDir(std::string_view path) {
   return absl::OkStatus();
 }
 
+static_assert(kMaxSocketPathBytes + 1 == sizeof(sockaddr_un{}.sun_path));
+
+absl::Status CheckSocketPaths(std::string_view run_dir, std::optional<GpuId> gpu) {
+  const GpuId worst = gpu.value_or(kMaxGpus - 1);
+  for (const std::string& name : {std::string("memd"), absl::StrCat("worker-", worst)}) {
+    const std::string path = absl::StrCat(std::string(run_dir), "/", name, ".sock");
+    if (path.size() > kMaxSocketPathBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "run directory too long for its sockets: %s is %d bytes, a unix socket path holds at most %d (choose a run "
+          "directory of at most %d bytes)",
+          path, path.size(), kMaxSocketPathBytes, kMaxSocketPathBytes - (path.size() - run_dir.size())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSocketAccess(std::string_view run_dir, std::string_view name) {
+  const std::string path = absl::StrCat(std::string(run_dir), "/", std::string(name), ".sock");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int e = errno;
+    if (e == EACCES) return absl::PermissionDeniedError(absl::StrCat("permission denied: cannot reach ", path));
+    if (e == ENOENT) return absl::NotFoundError(absl::StrCat("no socket at ", path));
+    if (e == ENOTDIR) return absl::FailedPreconditionError(absl::StrCat(path, ": a path component is not a directory"));
+    return ErrnoStatus(e, absl::StrCat("stat ", path));
+  }
+  if (!S_ISSOCK(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(path, " is not a socket"));
+  if (::access(path.c_str(), R_OK | W_OK) != 0) {  // connecting to a unix socket needs write permission on it
+    const int e = errno;
+    if (e == EACCES) return absl::PermissionDeniedError(absl::StrCat("permission denied: cannot connect to ", path));
+    return ErrnoStatus(e, absl::StrCat("access ", path));
+  }
+  return absl::OkStatus();
+}
+
 std::string IpcEndpoint(std::string_view run_dir, std::string_view name) {
   return absl::StrCat("ipc://", std::string(run_dir), "/", std::string(name), ".sock");
 }

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/protocol.h"
+#include "common/types.h"
 
 namespace zmq {
 class context_t;
@@ -37,6 +38,21 @@ absl::Status MakeRunDir(std::string_view path);
 
 // The default run directory of memd and its clients when --run-dir is not given: /tmp/dhs-<uid>.
 std::string DefaultRunDir();
+
+// The longest path of a unix socket (sockaddr_un.sun_path: 108 bytes with the NUL): 107.
+inline constexpr size_t kMaxSocketPathBytes = 107;
+
+// Checks, before anything is created, that every socket a node creates in `run_dir` fits kMaxSocketPathBytes:
+// <run_dir>/memd.sock and <run_dir>/worker-<gpu>.sock, for `gpu` or, when nullopt, the longest GPU number
+// (kMaxGpus - 1; memd does not know which workers will come). INVALID_ARGUMENT naming the longest path, its length
+// and the limit. memd and workerd call it at start, dhs-replay when it picks a run directory.
+absl::Status CheckSocketPaths(std::string_view run_dir, std::optional<GpuId> gpu = std::nullopt);
+
+// Whether this process may connect to <run_dir>/<name>.sock, checked before a ZeroMQ connect (which retries silently
+// and never reports a refused permission). NOT_FOUND: no such socket (its server is not running); PERMISSION_DENIED
+// (the message starts "permission denied"): the run directory or the socket may not be searched / written by this
+// user; FAILED_PRECONDITION: a path component is not a directory, or the path is not a socket. Never throws.
+absl::Status CheckSocketAccess(std::string_view run_dir, std::string_view name);
 
 // ipc endpoint of socket `name` in `run_dir`: "ipc://<run_dir>/<name>.sock".
 std::string IpcEndpoint(std::string_view run_dir, std::string_view name);

@@ -8,8 +8,8 @@
 
 namespace dhs {
 
-using RequestId = uint64_t;   // request r; unique per node for the life of memd
-using GpuId = uint32_t;       // index of a GPU on the node (one workerd each)
+using RequestId = uint64_t;   // request r; unique per node for the life of memd (0 and 2^64-1 are reserved)
+using GpuId = uint32_t;       // index of a GPU on the node (one workerd each), < kMaxGpus
 using SourceId = uint32_t;    // KV source (a physical store of rows), brief §2
 using SlotIndex = uint32_t;   // request slot i on a worker
 using Position = int64_t;     // token position t; -1 = empty selection entry
@@ -18,6 +18,9 @@ using PageIndex = uint32_t;   // page number inside one pool (GPU page pool or h
 using Location = int64_t;     // byte offset into a device pool; -1 = none
 
 inline constexpr Position kNoPosition = -1;
+// GPUs per node: a worker's node request ids carry its GPU in their top 16 bits (workerd/worker.h), and the longest
+// socket name a node creates is worker-65535 (CheckSocketPaths, common/transport.h).
+inline constexpr uint32_t kMaxGpus = 1u << 16;
 inline constexpr Location kNoLocation = -1;
 inline constexpr SlotIndex kNoSlot = ~SlotIndex{0};  // no slot assigned (an admission still queued)
 

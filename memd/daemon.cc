@@ -58,6 +58,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     return absl::InvalidArgumentError("populate_pages_per_attempt must be at least 1 (0 would never populate)");
   }
   if (options.segment_name.empty()) options.segment_name = absl::StrFormat("dhs-memd-%d", getpid());
+  // Every socket of the node must fit sun_path, the workers' too: checked before anything is created.
+  if (absl::Status s = CheckSocketPaths(options.run_dir); !s.ok()) return s;
   if (absl::Status s = MakeRunDir(options.run_dir); !s.ok()) return s;
 
   // The segment first: a pool larger than the free /dev/shm fails at once (HostPoolSegment::Create checks the free
@@ -188,14 +190,14 @@ void Daemon::Register() {
   server_->On(wire::Body::AdmitRequest,
               counted([this](const Message& m, std::string_view p) { return OnAdmit(m, p); }));
   server_->On(wire::Body::BackupComplete,
-              counted([this](const Message& m, std::string_view) { return OnBackupComplete(m); }));
+              counted([this](const Message& m, std::string_view p) { return OnBackupComplete(m, p); }));
   server_->On(wire::Body::HostCopyWritten,
-              counted([this](const Message& m, std::string_view) { return OnHostCopyWritten(m); }));
+              counted([this](const Message& m, std::string_view p) { return OnHostCopyWritten(m, p); }));
   server_->On(wire::Body::ReadersDone,
-              counted([this](const Message& m, std::string_view) { return OnReadersDone(m); }));
+              counted([this](const Message& m, std::string_view p) { return OnReadersDone(m, p); }));
   server_->On(wire::Body::ReadyPublish,
-              counted([this](const Message& m, std::string_view) { return OnReadyPublish(m); }));
-  server_->On(wire::Body::Complete, counted([this](const Message& m, std::string_view) { return OnComplete(m); }));
+              counted([this](const Message& m, std::string_view p) { return OnReadyPublish(m, p); }));
+  server_->On(wire::Body::Complete, counted([this](const Message& m, std::string_view p) { return OnComplete(m, p); }));
   server_->On(wire::Body::IntrospectQuery,
               counted([this](const Message& m, std::string_view) { return OnIntrospect(m); }));
   server_->On(wire::Body::Heartbeat,
@@ -217,7 +219,11 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   wire::HelloReplyT reply;
   std::string reason;
   auto known = gpus_.find(hello->gpu);
-  if (hello->page_bytes != options_.page_bytes) {
+  if (peer != absl::StrCat("worker/", hello->gpu)) {  // a client must not take a GPU's role (and its orders) over
+    ++counters_.refused_peers;
+    reason = absl::StrFormat("a Hello of GPU %d must come from the routing id worker/%d, not '%s'", hello->gpu,
+                             hello->gpu, peer);
+  } else if (hello->page_bytes != options_.page_bytes) {
     reason = absl::StrFormat("page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
                              hello->page_bytes, options_.page_bytes);
   } else if (hello->capacity_pages == 0 || hello->page_rows == 0) {
@@ -264,6 +270,7 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   auto reject = [&](const absl::Status& why) { return EncodeReject(a->request, why, m.sequence); };
   auto g = gpus_.find(a->gpu);
   if (g == gpus_.end() || g->second.peer != peer) {
+    ++counters_.refused_peers;
     return reject(absl::FailedPreconditionError(
         absl::StrFormat("GPU %d has no registered worker on this connection (send Hello first)", a->gpu)));
   }
@@ -281,9 +288,24 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   return std::string();  // Grant / Wait / Reject go out with the drained orders
 }
 
-absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m) {
+absl::Status Daemon::CheckWorkerPeer(std::string_view peer, std::optional<GpuId> gpu, std::string_view what) {
+  if (gpu.has_value()) {
+    auto g = gpus_.find(*gpu);
+    if (g != gpus_.end() && g->second.peer == peer) return absl::OkStatus();
+  } else if (std::any_of(gpus_.begin(), gpus_.end(), [&](const auto& e) { return e.second.peer == peer; })) {
+    return absl::OkStatus();  // a registered worker: the core refuses the unknown request / order
+  }
+  ++counters_.refused_peers;
+  spdlog::warn("memd: {} from peer '{}' refused: only the worker of its GPU may send it", what, peer);
+  return absl::PermissionDeniedError(
+      gpu.has_value() ? absl::StrFormat("%s: only the worker of GPU %d may send it (peer '%s')", what, *gpu, peer)
+                      : absl::StrFormat("%s: only a worker may send it (peer '%s' said no accepted Hello)", what, peer));
+}
+
+absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m, std::string_view peer) {
   auto b = ReadBackupComplete(m);
   if (!b.ok()) return b.status();
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(b->order), "BackupComplete"); !s.ok()) return s;
   if (b->order == 0) {
     return absl::InvalidArgumentError(
         "BackupComplete with order 0 is refused since protocol version 3: report host copies written outside a "
@@ -299,9 +321,10 @@ absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m) {
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m) {
+absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m, std::string_view peer) {
   auto w = ReadHostCopyWritten(m);
   if (!w.ok()) return w.status();
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(w->request), "HostCopyWritten"); !s.ok()) return s;
   std::vector<PageIndex> host_pages;
   for (const wire::HostPageRef& ref : w->host_pages) {
     if (ref.segment() != 0) {
@@ -320,27 +343,30 @@ absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m) {
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnReadersDone(const Message& m) {
+absl::StatusOr<std::string> Daemon::OnReadersDone(const Message& m, std::string_view peer) {
   auto r = ReadReadersDone(m);
   if (!r.ok()) return r.status();
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(r->order), "ReadersDone"); !s.ok()) return s;
   if (absl::Status s = core_->OnReadersDone(r->order); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("ReadersDone: ", s.message()));
   }
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnReadyPublish(const Message& m) {
+absl::StatusOr<std::string> Daemon::OnReadyPublish(const Message& m, std::string_view peer) {
   auto r = ReadReadyPublish(m);
   if (!r.ok()) return r.status();
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(r->order), "ReadyPublish"); !s.ok()) return s;
   if (absl::Status s = core_->OnReadyPublish(r->order, r->pages, r->ok); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("ReadyPublish: ", s.message()));
   }
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnComplete(const Message& m) {
+absl::StatusOr<std::string> Daemon::OnComplete(const Message& m, std::string_view peer) {
   auto c = ReadComplete(m);
   if (!c.ok()) return c.status();
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(c->request), "Complete"); !s.ok()) return s;
   if (absl::Status s = core_->Complete(c->request); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Complete: ", s.message()));
   }

@@ -12,7 +12,9 @@
 // The daemon makes no residency decision: each inbound message is decoded and checked for its wire form (a Hello's
 // page size, the peer that registered the GPU, HostPageRef segments, rows -> pages), mapped to one core event, and
 // each order drained from the core is encoded as exactly one wire message (memd/orders.h lists the mapping). The core's
-// OrderIds are the wire order ids. BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
+// OrderIds are the wire order ids. Roles: worker-only messages are accepted only from the peer that said Hello for the
+// GPU of the request / order they name (CheckWorkerPeer); Hello only from the routing id worker/<gpu>; Heartbeat and
+// IntrospectQuery from any peer. BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
 // host copies written outside a ReclaimOrder come as HostCopyWritten.
 //
 // Thread-safety: Serve/Run and the constructor/destructor from one thread; metrics() from any thread.
@@ -24,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,7 +52,8 @@ struct DaemonOptions {
 
 class Daemon {
  public:
-  // Creates the run directory, the host-pool segment and binds memd.sock. Errors: InvalidArgument (bad options),
+  // Creates the run directory, the host-pool segment and binds memd.sock. Errors: InvalidArgument (bad options, a run
+  // directory too long for the node's sockets: CheckSocketPaths),
   // ResourceExhausted (/dev/shm too small for the pool), AlreadyExists (a live memd in the run dir, or the segment).
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();  // closes the socket and removes the host-pool segment
@@ -80,12 +84,17 @@ class Daemon {
   void Register();
   absl::StatusOr<std::string> OnHello(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnAdmit(const Message& m, std::string_view peer);
-  absl::StatusOr<std::string> OnBackupComplete(const Message& m);
-  absl::StatusOr<std::string> OnHostCopyWritten(const Message& m);
-  absl::StatusOr<std::string> OnReadersDone(const Message& m);
-  absl::StatusOr<std::string> OnReadyPublish(const Message& m);
-  absl::StatusOr<std::string> OnComplete(const Message& m);
+  absl::StatusOr<std::string> OnBackupComplete(const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnHostCopyWritten(const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnReadersDone(const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnReadyPublish(const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnComplete(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnIntrospect(const Message& m);
+  // The role check of a worker-only message (BackupComplete, HostCopyWritten, ReadersDone, ReadyPublish, Complete):
+  // `peer` must be the worker that said Hello for `gpu`, the GPU of the request or order the message names. With
+  // `gpu` unknown to the core (nullopt), any registered worker passes (the core refuses the unknown id). Else
+  // PERMISSION_DENIED, counted in refused_peers; the message then changes nothing.
+  absl::Status CheckWorkerPeer(std::string_view peer, std::optional<GpuId> gpu, std::string_view what);
   void Tick();
   // Drains the core's outbox and sends each order as one wire message to the worker of its GPU; a CompleteAck is
   // returned instead (encoded with `answering_sequence`): it is the reply of the Complete being handled.

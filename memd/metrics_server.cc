@@ -1,5 +1,7 @@
 #include "memd/metrics_server.h"
 
+#include <sys/socket.h>
+
 #include <charconv>
 
 #include "absl/strings/str_format.h"
@@ -22,12 +24,20 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->host_ = std::string(address.substr(0, colon));
   m->http_ = std::make_unique<httplib::Server>();
+  // Exclusive: cpp-httplib's default sets SO_REUSEPORT, with which a second memd binds the same address and scrapes
+  // reach either node at random. SO_REUSEADDR alone lets a restarted memd bind over TIME_WAIT connections only.
+  m->http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   m->http_->Get("/metrics", [snapshot = std::move(snapshot)](const httplib::Request&, httplib::Response& res) {
     res.set_content(snapshot(), "text/plain; version=0.0.4");
   });
   m->port_ = port == 0 ? m->http_->bind_to_any_port(m->host_) : (m->http_->bind_to_port(m->host_, port) ? port : -1);
   if (m->port_ <= 0) {
-    return absl::UnavailableError(absl::StrFormat("metrics: cannot listen on %s", std::string(address)));
+    return absl::UnavailableError(
+        absl::StrFormat("metrics: cannot listen on %s (in use by another process, or not a local address)",
+                        std::string(address)));
   }
   httplib::Server* http = m->http_.get();
   m->thread_ = std::thread([http] { http->listen_after_bind(); });

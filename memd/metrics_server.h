@@ -1,7 +1,8 @@
 // memd/metrics_server.h: the Prometheus endpoint of memd (GET /metrics, text format 0.0.4) on cpp-httplib.
 //
 // Serves whatever text the `snapshot` callback returns (the daemon's metrics(), published by its loop under a
-// mutex), from its own thread. Start binds HOST:PORT (PORT 0 = an ephemeral port; port() tells which).
+// mutex), from its own thread. Start binds HOST:PORT exclusively (no SO_REUSEPORT: a second memd on the same address
+// fails; PORT 0 = an ephemeral port; port() tells which).
 //
 // Thread-safety: Start/Stop/destructor from one thread; `snapshot` is called from the HTTP thread.
 #pragma once
@@ -22,7 +23,8 @@ namespace dhs::memd {
 
 class MetricsServer {
  public:
-  // `address` is "HOST:PORT" (e.g. "127.0.0.1:9464"). Errors: InvalidArgument (bad address), Unavailable (bind).
+  // `address` is "HOST:PORT" (e.g. "127.0.0.1:9464"). Errors: InvalidArgument (bad address), Unavailable (bind;
+  // e.g. the address is in use, by another memd too).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(std::string_view address,
                                                               std::function<std::string()> snapshot);
   ~MetricsServer();  // stops the server and joins its thread

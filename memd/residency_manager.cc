@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "spdlog/spdlog.h"
@@ -80,6 +81,10 @@ absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t r
 
 absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   AdmitRequest a = in;
+  if (a.request == 0 || a.request == kNoOwner) {  // 0: RetireOrder.regranted_to's "none"; kNoOwner: a free page
+    return Finish(absl::InvalidArgumentError(
+        absl::StrFormat("request id %d is reserved (0 and 2^64-1 are never request ids)", a.request)));
+  }
   if (a.page_rows > 0) {  // rows -> pages without overflow: ceil(rows / p) for every rows up to 2^64-1
     const uint64_t pages = a.context_rows / a.page_rows + (a.context_rows % a.page_rows != 0 ? 1 : 0);
     if (pages > UINT32_MAX) {
@@ -510,9 +515,22 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
   auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
   auto host = host_.Allocate(r.id, kAllSources, r.context_pages);
-  DHS_CHECK_OK(required.status());
-  DHS_CHECK_OK(optional.status());
-  DHS_CHECK_OK(host.status());
+  if (!required.ok() || !optional.ok() || !host.ok()) {
+    // The tables refused what lendable() / reusable() promised: a bug, never a peer's input (Admit checks the id and
+    // the counts). memd does not abort on it: the admission is refused, nothing of it stays taken, memd keeps serving.
+    for (const auto* taken : {&required, &optional}) {
+      if (taken->ok()) {
+        for (PageIndex p : **taken) (void)g.table.Release(p);
+      }
+    }
+    host_.ReleaseRequest(r.id);
+    const absl::Status why = !required.ok() ? required.status() : !optional.ok() ? optional.status() : host.status();
+    spdlog::error("memd: request {}: the page tables refused its grant: {}", r.id, why.ToString());
+    outbox_.push_back(RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
+    ++counters_.rejects;
+    requests_.erase(r.id);  // the caller pops it from the queue and does not touch it again
+    return true;
+  }
   r.required = *required;
   r.history.resize(r.context_pages);
   for (uint32_t h = 0; h < r.context_pages; ++h) {
@@ -1018,6 +1036,16 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
   d.host = HostDump{host_.pages(), host_.page_bytes(), host_.reusable(), host_.allocated(), host_.pinned(),
                     host_.freed_pinned()};
   return d;
+}
+
+std::optional<GpuId> ResidencyManager::GpuOfRequest(RequestId request) const {
+  auto it = requests_.find(request);
+  return it == requests_.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);
+}
+
+std::optional<GpuId> ResidencyManager::GpuOfOrder(OrderId order) const {
+  auto it = orders_.find(order);
+  return it == orders_.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);
 }
 
 }  // namespace dhs::memd

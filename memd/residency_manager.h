@@ -108,9 +108,9 @@ class ResidencyManager {
   // Errors: AlreadyExists, InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M, request_slots > kMaxRequestSlots).
   absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
-  // NotFound (gpu not registered), InvalidArgument (required_pages == 0, context_rows beyond 2^32-1 pages,
-  // history_pages > context_pages),
-  // Unimplemented (host_backed).
+  // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0, context_rows
+  // beyond 2^32-1 pages, history_pages > context_pages), Unimplemented (host_backed). A grant the page tables refuse
+  // (a bug) becomes a Reject with Internal: no event aborts memd.
   absl::Status Admit(const AdmitRequest& admission);
   // BackupComplete of ReclaimOrder `order`: `pages` (GPU pages of its backup_pages; empty = every backup not yet
   // reported) were written (ok) or failed. deferred (with ok): pages the worker had only planned to keep (rows still
@@ -155,6 +155,10 @@ class ResidencyManager {
   const HostPageAllocator& host() const { return host_; }
   size_t open_orders() const { return orders_.size(); }  // ReclaimOrders / PopulateOrders still owing reports
   size_t copies_in_flight() const { return copies_.size(); }
+  // The GPU of a known request / of an order still owing reports; nullopt when unknown (the daemon accepts a report
+  // only from the worker of that GPU).
+  std::optional<GpuId> GpuOfRequest(RequestId request) const;
+  std::optional<GpuId> GpuOfOrder(OrderId order) const;
 
  private:
   struct Request {
@@ -239,6 +243,7 @@ class ResidencyManager {
   // Re-keys `r` in its GPU's ReclaimIndex and population candidates after a change of its state, a_r, host_only,
   // backoff or admission time (or removes it).
   void Reindex(Request& r, Gpu& gpu);
+  // Grants the queue head if it fits (true: the caller pops it; it may have been rejected and erased instead).
   bool TryGrant(Request& r, Gpu& gpu);
   void MarkRegranted(GrantOrder& grant);
   void StartReclaim(Request& victim, Gpu& gpu);

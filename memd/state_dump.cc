@@ -276,7 +276,8 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"keeps_lost", c.keeps_lost},
       {"messages", daemon.messages},
       {"hellos", daemon.hellos},
-      {"send_failures", daemon.send_failures}};
+      {"send_failures", daemon.send_failures},
+      {"refused_peers", daemon.refused_peers}};
   for (const auto& [name, v] : counters) {
     absl::StrAppendFormat(&out, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
   }

@@ -113,6 +113,7 @@ struct DaemonCounters {
   uint64_t messages = 0;       // inbound messages that reached a handler
   uint64_t hellos = 0;         // accepted Hellos
   uint64_t send_failures = 0;  // orders that could not be sent (worker gone)
+  uint64_t refused_peers = 0;  // worker-only messages refused (PERMISSION_DENIED): not from that GPU's worker
   uint64_t workers = 0;        // GPUs whose worker said Hello (gauge)
 };
 

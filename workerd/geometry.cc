@@ -71,6 +71,10 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
     return absl::InvalidArgumentError(absl::StrCat("worker: hot rows B = ", g.hot_rows, " < k + window = ", span));
   }
   if (config.slots == 0) return absl::InvalidArgumentError("worker: request slots N must be > 0");
+  if (config.gpu >= kMaxGpus) {  // the GPU is the top 16 bits of the worker's node request ids (worker.h)
+    return absl::InvalidArgumentError(absl::StrCat("worker: GPU ", config.gpu, " out of range (at most ", kMaxGpus - 1,
+                                                   ")"));
+  }
   const int n_sources = model.n_sources();
   g.page_bytes = uint64_t{p} * model.row_bytes() * static_cast<uint64_t>(n_sources);
   const uint64_t m = config.hbm_budget_bytes / g.page_bytes;

@@ -45,7 +45,7 @@ struct WorkerGeometry {
   uint32_t prefill_chunk = 0;    // tokens
   KvConfig kv;                   // the hierarchical layout (optional_pages = M)
 };
-// Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page).
+// Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page, gpu >= kMaxGpus).
 absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
 
 // The Hello of this worker (contract §1).

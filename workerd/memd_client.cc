@@ -18,6 +18,11 @@ uint64_t NowNs() {
 
 absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view run_dir, const wire::HelloT& hello,
                                                                 std::chrono::milliseconds timeout) {
+  // A socket this user may not reach fails now, not after `timeout` without a HelloReply (ZeroMQ would retry silently).
+  // No socket yet (memd still starting) is waited for as before.
+  if (absl::Status s = CheckSocketAccess(run_dir, "memd"); !s.ok() && !absl::IsNotFound(s)) {
+    return absl::Status(s.code(), absl::StrCat("memd: ", s.message()));
+  }
   const std::string sender = absl::StrCat("worker/", hello.gpu);
   absl::StatusOr<std::unique_ptr<DealerClient>> dealer =
       DealerClient::Connect(IpcEndpoint(run_dir, "memd"), DealerClient::Options{sender, std::chrono::milliseconds(20)});

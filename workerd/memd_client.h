@@ -25,7 +25,8 @@ namespace dhs {
 class MemdClient final : public MemdLink {
  public:
   // Connects to memd in `run_dir`, sends `hello` and waits up to `timeout` for HelloReply (retrying while memd is not
-  // up), then maps segment 0 of the reply. Errors: DEADLINE_EXCEEDED (no reply), FAILED_PRECONDITION (not accepted:
+  // up), then maps segment 0 of the reply. Errors: PERMISSION_DENIED / FAILED_PRECONDITION at once when memd's socket
+  // may not be reached (CheckSocketAccess), DEADLINE_EXCEEDED (no reply), FAILED_PRECONDITION (not accepted:
   // the reason), the ErrorReply's status, DATA_LOSS/NOT_FOUND (segment), INVALID_ARGUMENT (segment page size differs
   // from hello.page_bytes).
   static absl::StatusOr<std::unique_ptr<MemdClient>> Connect(std::string_view run_dir, const wire::HelloT& hello,

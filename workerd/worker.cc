@@ -68,11 +68,12 @@ uint32_t Worker::waiting_requests() const {
 
 absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef& client) {
   if (absl::Status s = ValidateSubmit(submit, config_.max_context_tokens); !s.ok()) return s;
-  if (requests_.contains(submit.request)) {
+  if (client_ids_.contains({client.peer, submit.request})) {
     return absl::AlreadyExistsError(absl::StrCat("request ", submit.request, " is already being served"));
   }
   auto r = std::make_unique<Request>();
-  r->id = submit.request;
+  r->id = NodeRequestId(submit.request);
+  r->client_id = submit.request;
   r->client = client;
   r->input = SubmitInputTokens(submit);
   r->prefix_tokens = static_cast<Position>(SubmitPrefixTokens(submit));
@@ -107,11 +108,31 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
   }
   wire::SubmitAcceptedT accepted;
-  accepted.request = r->id;
+  accepted.request = r->client_id;
   accepted.queue_position = waiting_requests();
+  if (r->id != r->client_id) {
+    spdlog::debug("worker: request {} of client {} is node request {}", r->client_id, client.peer, r->id);
+  }
+  client_ids_.emplace(std::make_pair(client.peer, r->client_id), r->id);
   requests_.emplace(r->id, std::move(r));
   client_->Accepted(client, accepted);
   return absl::OkStatus();
+}
+
+RequestId Worker::NodeRequestId(RequestId client_id) {
+  constexpr uint64_t kLow = (uint64_t{1} << 48) - 1;
+  const uint64_t gpu = uint64_t{config_.gpu} << 48;  // config_.gpu < kMaxGpus (ComputeGeometry)
+  if (client_id != 0 && client_id <= kLow && !requests_.contains(gpu | client_id)) return gpu | client_id;
+  while (true) {  // fewer requests in flight than 2^48: a free value comes
+    const uint64_t n = next_node_;
+    next_node_ = next_node_ >= kLow ? 1 : next_node_ + 1;
+    if (!requests_.contains(gpu | n)) return gpu | n;
+  }
+}
+
+void Worker::Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it) {
+  client_ids_.erase({it->second->client.peer, it->second->client_id});
+  requests_.erase(it);
 }
 
 // ---- memd's messages ----
@@ -153,7 +174,7 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
   ++stats_.failed_requests;
   ++stats_.finished_requests;
   std::erase(granted_, r.id);
-  requests_.erase(it);  // never admitted: nothing to release
+  Erase(it);  // never admitted: nothing to release
 }
 
 void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
@@ -290,7 +311,7 @@ void Worker::RetryAlone(std::vector<BatchItem>& items) {
       s = model_->Step(std::span<model::StepInput>(&in, 1), kv(), std::span<model::StepOutput>(&solo, 1));
     }
     if (!s.ok()) {
-      Finish(r.id, absl::Status(s.code(), absl::StrCat("request ", r.id, " failed: ", s.message())));
+      Finish(r.id, absl::Status(s.code(), absl::StrCat("request ", r.client_id, " failed: ", s.message())));
       continue;
     }
     r.fed += static_cast<Position>(item.tokens.size());
@@ -338,7 +359,7 @@ void Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std::vector
                        const absl::Status& error) {
   const auto now = std::chrono::steady_clock::now();
   wire::TokenChunkT chunk;
-  chunk.request = r.id;
+  chunk.request = r.client_id;
   for (model::Token t : tokens) chunk.tokens.push_back(static_cast<uint8_t>(t));
   chunk.logits_digests = std::move(digests);
   chunk.finished = finished;
@@ -364,7 +385,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
   }
   ++stats_.finished_requests;
   agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
-  requests_.erase(it);
+  Erase(it);
 }
 
 absl::StatusOr<bool> Worker::Iterate() {

@@ -74,8 +74,15 @@ class Worker final : public MemdHandler, public Submitter {
                                                         MemdLink* memd, ClientSink* client);
   ~Worker() override;
 
-  // A client's request. Validates it (ValidateSubmit; duplicate id -> ALREADY_EXISTS), sends SubmitAccepted to the
-  // client and AdmitRequest to memd. A returned error is the client's ErrorReply; nothing else changed.
+  // A client's request. Validates it (ValidateSubmit; an id the same client (ClientRef.peer) has in flight ->
+  // ALREADY_EXISTS), gives it a node request id (NodeRequestId), sends SubmitAccepted to the client and AdmitRequest
+  // to memd. A returned error is the client's ErrorReply; nothing else changed.
+  //
+  // Request ids: the client's id (SubmitRequest.request) is the client's own and is any uint64; the client sees it in
+  // SubmitAccepted and every TokenChunk. memd and every message to it see the node request id: (gpu << 48) | n with
+  // n in [1, 2^48), unique among this worker's requests in flight, so two workers never collide and 0 / 2^64-1
+  // (reserved by memd) are never used. n is the client's id when that is in range and free (dhsctl then shows the
+  // client's id on GPU 0), else the next free value of a per-worker counter.
   absl::Status Submit(const wire::SubmitRequestT& submit, const ClientRef& client) override;
 
   // One iteration of the serving loop (header comment). Returns whether work remains (requests active, waiting for a
@@ -106,7 +113,8 @@ class Worker final : public MemdHandler, public Submitter {
  private:
   enum class Phase { kWaitGrant, kGranted, kActive };
   struct Request {
-    RequestId id = 0;
+    RequestId id = 0;          // the node request id (memd's)
+    RequestId client_id = 0;   // the client's SubmitRequest.request
     ClientRef client;
     Phase phase = Phase::kWaitGrant;
     std::vector<model::Token> input;   // prepared prefix (if any) then prompt
@@ -143,6 +151,10 @@ class Worker final : public MemdHandler, public Submitter {
   absl::Status ImportChunk(Request& r);
   void EmitToken(Request& r, std::span<const float> logits);
   void Finish(RequestId id, absl::Status error);
+  // A node request id for a client's id (Submit), not in flight.
+  RequestId NodeRequestId(RequestId client_id);
+  // Forgets a request (ended, rejected): its node id and its client id become free.
+  void Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it);
   void SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests, bool finished,
                  const absl::Status& error);
 
@@ -156,6 +168,8 @@ class Worker final : public MemdHandler, public Submitter {
   HierarchicalKvAccess* hier_ = nullptr;
   std::map<RequestId, std::unique_ptr<Request>> requests_;  // ordered: the batch order is stable
   std::deque<RequestId> granted_;                           // granted, not started yet
+  std::map<std::pair<std::string, RequestId>, RequestId> client_ids_;  // (client peer, client id) -> node id, in flight
+  uint64_t next_node_ = 1;  // the counter of NodeRequestId
   std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
   std::unique_ptr<ResidencyAgent> agent_;      // the memd conversation
   WorkerStats stats_;

@@ -10,7 +10,24 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   const WorkerConfig& config = options.config;
   absl::StatusOr<WorkerGeometry> geometry = ComputeGeometry(model->config(), config);
   if (!geometry.ok()) return geometry.status();
+  // memd's socket and ours must fit sun_path: checked before anything is bound or sent.
+  if (absl::Status s = CheckSocketPaths(options.run_dir, config.gpu); !s.ok()) return s;
   std::unique_ptr<WorkerProcess> p(new WorkerProcess());
+  // A run directory this user may not reach fails now, with "permission denied" (MemdClient::Connect checks again).
+  if (absl::Status s = CheckSocketAccess(options.run_dir, "memd"); !s.ok() && !absl::IsNotFound(s)) {
+    return absl::Status(s.code(), absl::StrCat("memd: ", s.message()));
+  }
+  // The serving socket first: a second workerd for a GPU whose worker is live fails here (RouterServer::Bind finds
+  // the live listener: ALREADY_EXISTS) before it connects to memd as worker/<gpu>, which would take the live worker's
+  // link to memd over (ROUTER_HANDOVER). A stale socket file of a crashed worker is replaced: a restart still works.
+  absl::StatusOr<std::unique_ptr<ServingFrontend>> frontend = ServingFrontend::Bind(options.run_dir, config.gpu);
+  if (!frontend.ok()) {
+    return absl::Status(frontend.status().code(),
+                        absl::StrCat("serving socket of GPU ", config.gpu, ": ", frontend.status().message(),
+                                     absl::IsAlreadyExists(frontend.status()) ? " (a worker for this GPU is running)"
+                                                                              : ""));
+  }
+  p->frontend_ = *std::move(frontend);
   const wire::HelloT hello = MakeHello(model->config(), config, *geometry, options.device_name);
   absl::StatusOr<std::unique_ptr<MemdClient>> memd = MemdClient::Connect(options.run_dir, hello,
                                                                          options.connect_timeout);
@@ -23,9 +40,6 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   if (options.on_host_pool && !p->memd_->host_pages().empty()) {
     if (absl::Status s = options.on_host_pool(p->memd_->host_pages()); !s.ok()) return s;
   }
-  absl::StatusOr<std::unique_ptr<ServingFrontend>> frontend = ServingFrontend::Bind(options.run_dir, config.gpu);
-  if (!frontend.ok()) return frontend.status();
-  p->frontend_ = *std::move(frontend);
   absl::StatusOr<std::unique_ptr<Worker>> worker =
       Worker::Create(model, device, config, p->memd_->host_pages(), p->memd_.get(), p->frontend_.get());
   if (!worker.ok()) return worker.status();

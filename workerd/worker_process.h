@@ -1,5 +1,6 @@
-// workerd/worker_process.h: one worker process (brief §3), the counterpart of memd's Daemon: Start joins memd (Hello,
-// the mapped host pool), binds the serving socket ipc://<run_dir>/worker-<gpu>.sock and creates the Worker; Run drives
+// workerd/worker_process.h: one worker process (brief §3), the counterpart of memd's Daemon: Start binds the serving
+// socket ipc://<run_dir>/worker-<gpu>.sock (first: a live worker of the GPU makes a second one fail before it says
+// Hello), joins memd (Hello, the mapped host pool) and creates the Worker; Run drives
 // the event loop (memd's messages and heartbeats, clients' requests, one serving iteration) until told to stop.
 // workerd's main only parses the command line, loads the model and calls Start / Run, as memd's main does.
 //
@@ -34,9 +35,10 @@ struct WorkerProcessOptions {
 
 class WorkerProcess {
  public:
-  // `model` and `device` must outlive the process. Errors: INVALID_ARGUMENT (config, see ComputeGeometry), memd's
-  // (MemdClient::Connect), FAILED_PRECONDITION (a hierarchical mode without a host pool from memd), the serving
-  // socket's (RouterServer::Bind), the Worker's (Worker::Create).
+  // `model` and `device` must outlive the process. Errors: INVALID_ARGUMENT (config, see ComputeGeometry; a socket
+  // path beyond sun_path, CheckSocketPaths), the serving socket's (RouterServer::Bind; ALREADY_EXISTS: a live worker
+  // serves this GPU, nothing was sent to memd), memd's (MemdClient::Connect), FAILED_PRECONDITION (a hierarchical
+  // mode without a host pool from memd), the Worker's (Worker::Create).
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(const model::Model* model, Device* device,
                                                               const WorkerProcessOptions& options);
 

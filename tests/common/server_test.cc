@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "common/protocol.h"
 #include "common/status.h"
@@ -35,6 +36,45 @@ TEST(MakeRunDir, CreatesWithMode0700AndChecksAnExistingOne) {
   ASSERT_EQ(::chmod(dir.path().c_str(), 0700), 0);
   EXPECT_EQ(MakeRunDir("").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeRunDir(dir.path() + "/missing/child").code(), absl::StatusCode::kNotFound);
+}
+
+// Every socket a node creates must fit sun_path (107 bytes + NUL); memd checks the longest worker socket
+// (worker-65535.sock), a worker its own. The error names the path, its length and the longest run directory.
+TEST(CheckSocketPaths, EverySocketOfTheNodeMustFitSunPath) {
+  EXPECT_TRUE(CheckSocketPaths("/tmp/dhs-0").ok());
+  const std::string fits_all(89, 'd');   // 89 + "/worker-65535.sock" (18) = 107
+  EXPECT_TRUE(CheckSocketPaths(fits_all).ok());
+  const absl::Status s = CheckSocketPaths(fits_all + "d");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find(fits_all + "d/worker-65535.sock is 108 bytes"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("at most 89 bytes"), std::string::npos) << s;
+  const std::string dir95(95, 'd');  // memd.sock fits (105), worker-0.sock does not (109)
+  EXPECT_TRUE(CheckSocketPaths(std::string(93, 'd'), 0).ok());
+  const absl::Status w = CheckSocketPaths(dir95, 0);
+  EXPECT_EQ(w.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(w.message()).find("worker-0.sock is 109 bytes"), std::string::npos) << w;
+  EXPECT_FALSE(CheckSocketPaths(std::string(98, 'd'), 0).ok());  // memd.sock: 108
+}
+
+// Before a ZeroMQ connect (which retries silently): no socket, a path component that is no directory, a file that is
+// no socket, a socket this user may not reach (as root: checked in the process tests, which run a child as nobody).
+TEST(CheckSocketAccess, NamesWhyASocketCannotBeReached) {
+  testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  EXPECT_EQ(CheckSocketAccess(dir.path(), "memd").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CheckSocketAccess("/etc/passwd", "memd").code(), absl::StatusCode::kFailedPrecondition);
+  { std::ofstream(dir.path() + "/plain.sock") << "x"; }
+  EXPECT_EQ(CheckSocketAccess(dir.path(), "plain").code(), absl::StatusCode::kFailedPrecondition);
+  auto server = RouterServer::Bind(dir.path(), "memd");
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(CheckSocketAccess(dir.path(), "memd").ok());
+  if (::geteuid() != 0) {
+    ASSERT_EQ(::chmod(dir.path().c_str(), 0), 0);
+    const absl::Status s = CheckSocketAccess(dir.path(), "memd");
+    ::chmod(dir.path().c_str(), 0700);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_EQ(std::string(s.message()).rfind("permission denied", 0), 0u) << s;
+  }
 }
 
 TEST(RouterServer, RefusesALiveServerReplacesAStaleSocketRemovesOnClose) {

@@ -1,5 +1,6 @@
-// tests/common/test_util.h: helpers of the process tests of every suite: a private run directory per test, a bounded
-// wait on a pipe (no sleeps) and a spawned child process killed at teardown.
+// tests/common/test_util.h: helpers of the tests of every suite: a private run directory per test, a private temporary
+// directory (never a fixed name in /tmp: two suites run at once must not collide), a bounded wait on a pipe (no
+// sleeps) and a spawned child process killed at teardown.
 #pragma once
 
 #include <fcntl.h>
@@ -8,6 +9,8 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <stdlib.h>
 
 #include <atomic>
 #include <filesystem>
@@ -36,6 +39,32 @@ class ScopedRunDir {
  private:
   std::string path_;
 };
+
+// A fresh private directory <temp>/<prefix>XXXXXX (mkdtemp under $TMPDIR, else /tmp), removed with its content on
+// destruction. Tests write their files here, never under a fixed name in /tmp.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& prefix = "dhs-test-") {
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) != nullptr) path_ = pattern;
+  }
+  ~ScopedTempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::string& path() const { return path_; }  // empty when mkdtemp failed
+
+ private:
+  std::string path_;
+};
+
+// This test process's own temporary directory (one ScopedTempDir, removed at exit).
+inline const std::string& ProcessTempDir() {
+  static const ScopedTempDir dir("dhs-test-");
+  return dir.path();
+}
 
 // Reads one byte from `fd`, waiting at most `timeout_ms`; returns the byte or -1.
 inline int ReadByte(int fd, int timeout_ms) {
@@ -74,8 +103,16 @@ class ChildProcess {
   // Whether the child has exited (reaps it; never blocks).
   bool Exited() {
     int status = 0;
-    if (!reaped_ && ::waitpid(pid_, &status, WNOHANG) == pid_) reaped_ = true;
+    if (!reaped_ && ::waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
     return reaped_;
+  }
+  // Waits up to `timeout_ms` for the exit; returns its exit code, or -1 (still running, or killed by a signal).
+  int WaitExit(int timeout_ms) {
+    for (int waited = 0; !Exited() && waited < timeout_ms; waited += 10) ::poll(nullptr, 0, 10);
+    return reaped_ ? exit_code_ : -1;
   }
   // SIGTERM, then wait up to ~10 s for the exit; returns the exit status or -1.
   int Terminate() {
@@ -95,6 +132,7 @@ class ChildProcess {
   pid_t pid_ = -1;
   bool ok_ = false;
   bool reaped_ = false;
+  int exit_code_ = -1;
 };
 
 }  // namespace dhs::testing

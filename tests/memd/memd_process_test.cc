@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -46,9 +48,10 @@ std::vector<uint32_t> Sorted(std::vector<uint32_t> v) {
 // A fake worker: a DEALER with identity worker/<gpu> that sends contract messages and reads memd's orders.
 class FakeWorker {
  public:
-  FakeWorker(const std::string& run_dir, GpuId gpu) : gpu_(gpu) {
+  // `identity`: the DEALER's routing id (default worker/<gpu>; another one plays a client that is no worker).
+  FakeWorker(const std::string& run_dir, GpuId gpu, const std::string& identity = "") : gpu_(gpu) {
     DealerClient::Options o;
-    o.identity = "worker/" + std::to_string(gpu);
+    o.identity = identity.empty() ? "worker/" + std::to_string(gpu) : identity;
     client_ = std::move(*DealerClient::Connect(IpcEndpoint(run_dir, "memd"), o));
   }
   void Send(const std::string& bytes) { ASSERT_TRUE(client_->Send(bytes).ok()); }
@@ -626,6 +629,118 @@ TEST_F(MemdProcess, IdleTicksAreNotCountedAsEvents) {
   const size_t at = metrics.find("\ndhs_memd_ticks_total ");
   ASSERT_NE(at, std::string::npos) << metrics;
   EXPECT_GT(std::stoull(metrics.substr(at + 22)), 0u) << metrics;
+}
+
+// Issue 12: memd never aborts on what a peer sent. Reserved request ids (0, 2^64-1 = memd's "no owner") are refused
+// with INVALID_ARGUMENT; worker-only messages (Complete, HostCopyWritten, BackupComplete, ReadersDone, ReadyPublish)
+// are accepted only from the worker that said Hello for the GPU of the request / order they name: another peer (a
+// client, or the worker of another GPU) gets PERMISSION_DENIED, the message changes nothing, and the refusal is counted
+// (dhs_memd_refused_peers_total).
+TEST_F(MemdProcess, ReservedIdsAndMessagesFromTheWrongPeerAreRefused) {
+  FakeWorker w(run_dir_, 0);
+  FakeWorker other(run_dir_, 1);
+  ASSERT_TRUE(w.Hello(8).accepted);
+  ASSERT_TRUE(other.Hello(8).accepted);
+  for (RequestId reserved : {~RequestId{0}, RequestId{0}}) {
+    w.Admit(reserved, 1, kPageRows, 0);
+    auto m = w.Next();
+    ASSERT_TRUE(m && m->type == wire::Body::AdmitReject);
+    EXPECT_EQ(ReadAdmitReject(*m)->code, wire::ErrorCode::INVALID_ARGUMENT);
+    EXPECT_NE(ReadAdmitReject(*m)->reason.find("reserved"), std::string::npos) << ReadAdmitReject(*m)->reason;
+  }
+  w.Admit(5, 1, 3 * kPageRows, 2);
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  const wire::AdmitGrantT g5 = *ReadAdmitGrant(*m);
+
+  FakeWorker client(run_dir_, 0, "dhsctl/4242");  // a client on memd's socket, claiming GPU 0's request
+  int refused = 0;
+  // It cannot take GPU 0's role over with a Hello: only the routing id worker/0 may say it.
+  const wire::HelloReplyT taken = client.Hello(8);
+  EXPECT_FALSE(taken.accepted);
+  EXPECT_NE(taken.reason.find("must come from the routing id worker/0"), std::string::npos) << taken.reason;
+  ++refused;
+  auto expect_refused = [&](FakeWorker& from, const std::string& bytes, const std::string& what) {
+    from.Send(bytes);
+    auto r = from.Next();
+    ASSERT_TRUE(r && r->type == wire::Body::ErrorReply) << what;
+    EXPECT_EQ(ReadErrorReply(*r)->code, wire::ErrorCode::PERMISSION_DENIED) << what << ": " << ReadErrorReply(*r)->message;
+    ++refused;
+  };
+  wire::CompleteT complete;
+  complete.request = 5;
+  complete.gpu = 0;
+  expect_refused(client, EncodeComplete(complete, client.seq(), "dhsctl"), "Complete from a client");
+  expect_refused(other, EncodeComplete(complete, other.seq(), "worker"), "Complete from GPU 1's worker");
+  wire::HostCopyWrittenT written;
+  written.request = 5;
+  written.gpu = 0;
+  written.history_pages = {2};
+  written.host_pages = {g5.backup_host_pages[2]};
+  written.ok = true;
+  expect_refused(client, EncodeHostCopyWritten(written, client.seq(), "dhsctl"), "HostCopyWritten");
+  wire::BackupCompleteT backup;
+  backup.order = 1;
+  backup.request = 5;
+  backup.ok = true;
+  expect_refused(client, EncodeBackupComplete(backup, client.seq(), "dhsctl"), "BackupComplete");
+  wire::ReadersDoneT readers;
+  readers.order = 1;
+  readers.request = 5;
+  expect_refused(client, EncodeReadersDone(readers, client.seq(), "dhsctl"), "ReadersDone");
+  wire::ReadyPublishT publish;
+  publish.order = 1;
+  publish.request = 5;
+  publish.ok = true;
+  expect_refused(client, EncodeReadyPublish(publish, client.seq(), "dhsctl"), "ReadyPublish");
+  // Nothing changed: request 5 is admitted with its pages and its one host-covered page (the tail's).
+  const json r5 = DhsctlJson("request 5");
+  EXPECT_EQ(r5["state"], "admitted");
+  EXPECT_EQ(r5["host_coverage"], "1/3");
+  EXPECT_NE(MetricsWith("dhs_memd_refused_peers_total " + std::to_string(refused)).find(
+                "dhs_memd_refused_peers_total " + std::to_string(refused) + "\n"),
+            std::string::npos);
+  // The owner's Complete is accepted; introspection from anyone still is.
+  w.Send(EncodeComplete(complete, w.seq(), "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
+  EXPECT_EQ(ReadCompleteAck(*m)->released_pages, 3u);
+  EXPECT_EQ(Dhsctl("status").first, 0);
+}
+
+// The metrics address is bound exclusively (issue 12): cpp-httplib's default SO_REUSEPORT let a second memd bind the
+// same address, and scrapes reached either node at random. The second memd exits 1 naming the address, leaves no
+// socket or segment, and the first keeps serving its metrics.
+TEST_F(MemdProcess, SecondMemdOnTheSameMetricsAddressFails) {
+  const std::string other = dir_ + "/other";
+  auto [rc, out] = RunShell(std::string(MEMD_BIN) + " --run-dir " + other + " --page-bytes 4096 --host-pool-pages 8 " +
+                            "--metrics-address " + metrics_address_);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("metrics: cannot listen on " + metrics_address_), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(other + "/memd.sock"));
+  EXPECT_FALSE(std::filesystem::exists(other + "/memd.metrics"));
+  EXPECT_NE(MetricsWith("dhs_memd_workers 0").find("dhs_memd_workers 0\n"), std::string::npos);
+}
+
+// dhsctl on a run directory it may not read (issue 12): exit 1 with "permission denied", never an uncaught exception
+// (exit 134). Root passes every permission check, so as root dhsctl runs as nobody (setpriv); a path component that is
+// not a directory is the other way std::filesystem used to throw.
+TEST_F(MemdProcess, DhsctlOnARunDirectoryItMayNotReadExits1) {
+  auto [rc, out] = Dhsctl("status", "/etc/passwd/run", true);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("not a directory"), std::string::npos) << out;
+  std::string as_other = std::string(DHSCTL_BIN) + " --run-dir " + run_dir_ + " status 2>&1";
+  if (::geteuid() == 0) {
+    if (!std::filesystem::exists("/usr/bin/setpriv")) GTEST_SKIP() << "root without setpriv";
+    as_other = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups " + as_other;
+  } else {
+    ASSERT_EQ(::chmod(run_dir_.c_str(), 0), 0);
+  }
+  std::tie(rc, out) = CaptureShell(as_other);
+  if (::geteuid() != 0) ::chmod(run_dir_.c_str(), 0700);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("dhsctl: permission denied: cannot reach " + run_dir_ + "/memd.sock"), std::string::npos) << out;
+  EXPECT_EQ(Dhsctl("status").first, 0);  // memd itself is fine
 }
 
 // dhsctl (suite tools): table and JSON views, bad views, and a clear error when memd is not running.

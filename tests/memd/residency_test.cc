@@ -95,6 +95,29 @@ class ResidencyTest : public ::testing::Test {
   std::unique_ptr<ResidencyManager> mgr_;
 };
 
+// Reserved request ids (issue 12): 0 (RetireOrder.regranted_to's "none") and kNoOwner (2^64-1, a free page's owner)
+// are refused with INVALID_ARGUMENT and change nothing; before, kNoOwner reached GpuPageTable::Take and a
+// DHS_CHECK_OK aborted memd. The core's other answers to them (GpuOfRequest) say "unknown".
+TEST_F(ResidencyTest, ReservedRequestIdsAreRefusedAndChangeNothing) {
+  Make(4, 0, 8);
+  for (RequestId reserved : {RequestId{0}, kNoOwner}) {
+    AdmitRequest a;
+    a.request = reserved;
+    a.required_pages = 1;
+    a.history_pages = 1;
+    a.context_pages = 1;
+    const absl::Status s = mgr_->Admit(a);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find("reserved"), std::string::npos) << s;
+    EXPECT_TRUE(mgr_->DrainOrders().empty());
+    EXPECT_FALSE(Known(reserved));
+    EXPECT_FALSE(mgr_->GpuOfRequest(reserved).has_value());
+  }
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+  EXPECT_EQ(OfType<GrantOrder>(Admit(kNoOwner - 1, 1, 1)).size(), 1u);  // the largest id that is not reserved
+  EXPECT_EQ(mgr_->GpuOfRequest(kNoOwner - 1), std::optional<GpuId>(0));
+}
+
 TEST_F(ResidencyTest, ResidentFirstKeepsImportedHistoryOnGpuThenHost) {
   Make(10, 2, 16);
   auto o = Admit(1, 2, 9);  // lendable 8: 2 required, 6 history on GPU (optional-ready), 3 on host (tail-covered)

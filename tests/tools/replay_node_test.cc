@@ -11,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "tools/replay/node_client.h"
 #include "tools/replay/node_launcher.h"
+#include "common/transport.h"
+#include "tests/common/test_util.h"
 
 namespace dhs::replay {
 namespace {
@@ -68,7 +70,7 @@ TEST(DescribeWaitStatus, DecodesExitCodesAndSignals) {
 }
 
 TEST(EmbeddedNode, AFailedStartKeepsTheRunDirectoryAndDecodesTheExit) {
-  const std::string tmp = ::testing::TempDir() + "/replay_node_test_tmp";
+  const std::string tmp = dhs::testing::ProcessTempDir() + "/replay_node_test_tmp";
   std::filesystem::create_directories(tmp);
   setenv("TMPDIR", tmp.c_str(), 1);
   NodeLaunchOptions o;
@@ -90,6 +92,27 @@ TEST(EmbeddedNode, AFailedStartKeepsTheRunDirectoryAndDecodesTheExit) {
   EXPECT_THAT(message, HasSubstr(dir + "/memd.log"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/memd.log")) << dir;  // the log the message points at is there
   std::filesystem::remove_all(dir);
+}
+
+// A run directory whose sockets do not fit sun_path (issue 12): with a long TMPDIR the fresh run directory goes under
+// /tmp instead (the node's sockets are checked as memd checks them: CheckSocketPaths); a given run directory that is
+// too long is refused before anything starts.
+TEST(EmbeddedNode, ALongTmpdirGivesARunDirectoryWhoseSocketsFit) {
+  EXPECT_EQ(TempRunDirParent(nullptr), "/tmp");
+  EXPECT_EQ(TempRunDirParent(""), "/tmp");
+  EXPECT_EQ(TempRunDirParent("/var/tmp/"), "/var/tmp");
+  const std::string long_tmp = "/tmp/" + std::string(90, 't');
+  EXPECT_EQ(TempRunDirParent(long_tmp.c_str()), "/tmp");
+  ASSERT_TRUE(CheckSocketPaths(TempRunDirParent(long_tmp.c_str()) + "/dhs-replay-XXXXXX").ok());
+
+  NodeLaunchOptions o;
+  o.memd_path = o.workerd_path = "/bin/false";
+  o.page_bytes = o.hbm_budget_bytes = o.host_pool_bytes = 4096;
+  o.run_dir = long_tmp;
+  auto node = EmbeddedNode::Start(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(node.status())) << node.status();
+  EXPECT_THAT(std::string(node.status().message()), HasSubstr("worker-65535.sock is 113 bytes"));
+  EXPECT_FALSE(std::filesystem::exists(long_tmp));  // nothing created
 }
 
 TEST(EmbeddedNode, AMissingExecutableIsReported) {

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/replay/options.h"
+#include "tests/common/test_util.h"
 
 namespace dhs::replay {
 namespace {
@@ -158,9 +159,9 @@ TEST(ReplayOptions, CheckExactWithConnectIsRejected) {
 TEST(ReplayOptions, OutputPathsInExistingDirectoriesPass) {
   ReplayOptions o;
   o.json_out = "r.json";  // the current directory
-  o.csv_out = ::testing::TempDir() + "/r.csv";
+  o.csv_out = dhs::testing::ProcessTempDir() + "/r.csv";
   EXPECT_TRUE(ValidateOutputPaths(o).ok()) << ValidateOutputPaths(o);
-  o.csv_out = ::testing::TempDir() + "/missing-dir-of-replay-test/r.csv";
+  o.csv_out = dhs::testing::ProcessTempDir() + "/missing-dir-of-replay-test/r.csv";
   EXPECT_TRUE(absl::IsInvalidArgument(ValidateOutputPaths(o)));
 }
 

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/replay/report.h"
+#include "tests/common/test_util.h"
 
 namespace dhs::replay {
 namespace {
@@ -197,7 +198,7 @@ TEST(ReportCsv, OneRowMatchingTheHeader) {
 }
 
 TEST(ReportFiles, WrittenAndReadBack) {
-  const std::string dir = ::testing::TempDir();
+  const std::string dir = dhs::testing::ProcessTempDir();
   ReplayReport r = BuildReport(SampleResult(), SampleSettings());
   ASSERT_TRUE(WriteReportJson(r, dir + "/replay_report.json").ok());
   ASSERT_TRUE(WriteReportCsv(r, dir + "/replay_report.csv").ok());
@@ -251,7 +252,7 @@ TEST(Sweep, JsonArrayOfReports) {
 }
 
 std::string WriteScript(const std::string& name, const std::string& body) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = dhs::testing::ProcessTempDir() + "/" + name;
   std::ofstream(path, std::ios::trunc) << body;
   std::filesystem::permissions(path, std::filesystem::perms::owner_all);
   return path;
@@ -280,7 +281,7 @@ TEST(Plot, OtherFailuresAreErrors) {
 
 TEST(Plot, RealScriptWritesPngOrNamesMatplotlib) {
   EXPECT_EQ(PlotCommand{}.script, DHS_REPLAY_PLOT_SCRIPT_PATH);
-  const std::string dir = ::testing::TempDir();
+  const std::string dir = dhs::testing::ProcessTempDir();
   ASSERT_TRUE(WriteSweepCsv(SamplePoints(), dir + "/replay_sweep.csv").ok());
   std::filesystem::remove(dir + "/replay_sweep.png");
   const bool have_matplotlib = std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;

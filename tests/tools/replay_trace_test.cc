@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "tools/replay/node_client.h"
 #include "tools/replay/trace.h"
+#include "tests/common/test_util.h"
 
 namespace dhs::replay {
 namespace {
@@ -23,7 +24,7 @@ const std::string kAzureConv = kDataDir + "/azure_llm_conv_2023_head200.csv";
 
 // Writes `text` to a fresh file named `name` in the test's temporary directory and returns its path.
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/replay_trace_test_" + name;
+  const std::string path = dhs::testing::ProcessTempDir() + "/replay_trace_test_" + name;
   std::ofstream(path, std::ios::trunc) << text;
   return path;
 }
@@ -121,7 +122,7 @@ TEST(MooncakeReader, TimestampBeforeTheFirstIsAnError) {
 }
 
 TEST(MooncakeReader, MissingAndEmptyFiles) {
-  auto missing = ReadMooncakeTrace(::testing::TempDir() + "/no_such_trace.jsonl");
+  auto missing = ReadMooncakeTrace(dhs::testing::ProcessTempDir() + "/no_such_trace.jsonl");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("no_such_trace.jsonl"));
   auto empty = ReadMooncakeTrace(WriteTemp("empty.jsonl", "\n"));

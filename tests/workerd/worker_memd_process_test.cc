@@ -4,6 +4,8 @@
 // Processes are started with posix_spawn (fork + exec at once; their stderr goes to files in the run directory, printed
 // on failure) and killed by pid at teardown.
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "common/protocol.h"
@@ -124,6 +127,180 @@ TEST_P(RealMemd, WorkerServesOneRequestPerMode) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, RealMemd, ::testing::Values("resident", "hisparse", "adaptive"));
+
+// A real node for the edge cases of issue 12: memd and the workerd of `gpus`, glm5-like, in a private run directory.
+class RealNode {
+ public:
+  static constexpr uint32_t kPageRows = 16;
+  explicit RealNode(const std::string& run_dir) : run_dir_(run_dir), model_(MakePresetModel("glm5-like", 3)) {
+    page_bytes_ = uint64_t{kPageRows} * model_->config().row_bytes() * model_->config().n_sources();
+  }
+  bool Available() const {
+    const char* m = std::getenv("MEMD");
+    return m != nullptr && std::getenv("WORKERD") != nullptr && std::filesystem::exists(m);
+  }
+  std::vector<std::string> MemdArgs() const {
+    return {std::getenv("MEMD"), "--run-dir", run_dir_, "--page-bytes", std::to_string(page_bytes_),
+            "--host-pool-pages", "64", "--log-level", "warn"};
+  }
+  std::vector<std::string> WorkerArgs(GpuId gpu) const {
+    return {std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", std::to_string(gpu), "--mode", "adaptive",
+            "--preset", "glm5-like", "--seed", "3", "--page-rows", std::to_string(kPageRows), "--tail-rows", "32",
+            "--slots", "2", "--hbm-budget", std::to_string(40 * page_bytes_), "--log-level", "warn"};
+  }
+  std::string Log(const std::string& name) const { return run_dir_ + "/" + name + ".log"; }
+  std::string Logs() const {
+    std::string out;
+    for (const auto& e : std::filesystem::directory_iterator(run_dir_)) {
+      if (e.path().extension() == ".log") out += "\n" + e.path().string() + ":\n" + ReadFile(e.path().string());
+    }
+    return out;
+  }
+  // A client of the worker of `gpu`, once its serving socket accepts.
+  std::unique_ptr<DealerClient> Client(GpuId gpu) {
+    auto c = DealerClient::Connect(IpcEndpoint(run_dir_, "worker-" + std::to_string(gpu)));
+    EXPECT_TRUE(c.ok());
+    if (!c.ok()) return nullptr;
+    EXPECT_TRUE((*c)->WaitPeerConnected(true, std::chrono::milliseconds(10000))) << "no worker " << gpu << Logs();
+    return std::move(*c);
+  }
+  static void Submit(DealerClient& c, RequestId id, uint32_t salt) {
+    wire::SubmitRequestT s;
+    s.request = id;
+    s.prompt = Prompt(40, salt);
+    s.max_new_tokens = 4;
+    ASSERT_TRUE(c.Send(EncodeSubmitRequest(s, id + 1, "replay")).ok());
+  }
+  // Reads `c`'s replies until every request of `ids` finished (their chunks interleave); returns the errors ("" =
+  // none): an ErrorReply, an error chunk, a chunk of an id not asked for, or "no finish".
+  static std::string WaitFinished(DealerClient& c, std::set<RequestId> ids) {
+    std::string errors;
+    for (int i = 0; i < 2000 && !ids.empty(); ++i) {
+      auto r = c.Receive(std::chrono::milliseconds(10));
+      if (!r.ok()) continue;
+      auto m = DecodeEnvelope(*r);
+      if (!m.ok()) return "undecodable reply";
+      if (m->type == wire::Body::ErrorReply) errors += ReadErrorReply(*m)->message + "; ";
+      if (m->type != wire::Body::TokenChunk) continue;
+      auto chunk = ReadTokenChunk(*m);
+      if (!ids.count(chunk->request)) errors += "a chunk of request " + std::to_string(chunk->request) + "; ";
+      if (chunk->error != wire::ErrorCode::OK) errors += chunk->error_message + "; ";
+      if (chunk->finished) ids.erase(chunk->request);
+    }
+    return ids.empty() ? errors : errors + "no finish";
+  }
+
+ private:
+  std::string run_dir_;
+  std::unique_ptr<model::Model> model_;
+  uint64_t page_bytes_ = 0;
+};
+
+// Request ids are the client's (issue 12): clients of two workers (GPU 0, GPU 1) submit the same ids at once, memd
+// sees node ids (gpu << 48 | n) and every request is served; an id of 2^64-1 (memd's "no owner") is one like any other.
+TEST(RealNodeEdges, ClientsOfTwoWorkersUseTheSameIdsAtOnce) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  ChildProcess w0(node.WorkerArgs(0), node.Log("workerd0"));
+  ChildProcess w1(node.WorkerArgs(1), node.Log("workerd1"));
+  auto c0 = node.Client(0), c1 = node.Client(1);
+  ASSERT_TRUE(c0 && c1);
+  const std::vector<RequestId> ids = {1, 2, ~RequestId{0}};
+  for (RequestId id : ids) {
+    RealNode::Submit(*c0, id, 1);
+    RealNode::Submit(*c1, id, 2);
+  }
+  EXPECT_EQ(RealNode::WaitFinished(*c0, {ids.begin(), ids.end()}), "") << "GPU 0" << node.Logs();
+  EXPECT_EQ(RealNode::WaitFinished(*c1, {ids.begin(), ids.end()}), "") << "GPU 1" << node.Logs();
+  EXPECT_FALSE(memd.Exited()) << node.Logs();
+  EXPECT_EQ(w0.Terminate(), 0);
+  EXPECT_EQ(w1.Terminate(), 0);
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+}
+
+// A second workerd for a GPU whose worker is live fails before it says Hello (its serving socket is taken), exits 1
+// naming the reason, and the live worker keeps its link to memd: its requests are still served. A worker restarted
+// after a crash (its socket file stale) registers again as before.
+TEST(RealNodeEdges, SecondWorkerForALiveGpuIsRefusedAndTheFirstKeepsServing) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  auto first = std::make_unique<ChildProcess>(node.WorkerArgs(0), node.Log("workerd-first"));
+  auto c = node.Client(0);
+  ASSERT_TRUE(c);
+  ChildProcess second(node.WorkerArgs(0), node.Log("workerd-second"));
+  EXPECT_EQ(second.WaitExit(20000), 1) << node.Logs();
+  EXPECT_NE(ReadFile(node.Log("workerd-second")).find("a worker for this GPU is running"), std::string::npos)
+      << node.Logs();
+  RealNode::Submit(*c, 7, 3);
+  EXPECT_EQ(RealNode::WaitFinished(*c, {7}), "") << node.Logs();
+  // A crash (SIGKILL) leaves a stale socket file; the restarted worker takes over the GPU and serves.
+  first.reset();
+  c.reset();
+  ChildProcess restarted(node.WorkerArgs(0), node.Log("workerd-restarted"));
+  auto c2 = node.Client(0);
+  ASSERT_TRUE(c2);
+  RealNode::Submit(*c2, 8, 4);
+  EXPECT_EQ(RealNode::WaitFinished(*c2, {8}), "") << node.Logs();
+  EXPECT_EQ(restarted.Terminate(), 0);
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+}
+
+// Every socket a node creates is checked at start: a run directory short enough for memd.sock but not for
+// worker-<gpu>.sock (sun_path holds 107 bytes) is refused by memd (it checks the longest worker socket) and by the
+// worker, each with exit 1 and a message naming the path and its length; nothing registers.
+TEST(RealNodeEdges, RunDirectoryTooLongForTheWorkerSocketIsRefusedAtStart) {
+  dhs::testing::ScopedRunDir base;
+  ASSERT_TRUE(MakeRunDir(base.path()).ok());
+  std::string run_dir = base.path() + "/";
+  run_dir += std::string(95 - run_dir.size(), 'r');  // 95 bytes: memd.sock fits (105), worker-0.sock does not (109)
+  ASSERT_EQ(run_dir.size(), 95u);
+  ASSERT_TRUE(MakeRunDir(run_dir).ok());
+  RealNode node(run_dir);
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  const std::string memd_log = base.path() + "/memd.log", worker_log = base.path() + "/workerd.log";
+  ChildProcess memd(node.MemdArgs(), memd_log);
+  EXPECT_EQ(memd.WaitExit(20000), 1) << ReadFile(memd_log);
+  EXPECT_NE(ReadFile(memd_log).find("worker-65535.sock is 113 bytes"), std::string::npos) << ReadFile(memd_log);
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/memd.sock"));
+  ChildProcess worker(node.WorkerArgs(0), worker_log);
+  EXPECT_EQ(worker.WaitExit(20000), 1) << ReadFile(worker_log);
+  EXPECT_NE(ReadFile(worker_log).find("worker-0.sock is 109 bytes"), std::string::npos) << ReadFile(worker_log);
+}
+
+// A run directory this user may not reach: the worker fails at once with "permission denied" (not after waiting 10 s
+// for a HelloReply). Root passes every permission check, so the worker runs as nobody (setpriv) when the test is root.
+TEST(RealNodeEdges, WorkerOnARunDirectoryItMayNotReadFailsAtOnce) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());  // mode 0700, ours
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  for (int i = 0; i < 500 && !std::filesystem::exists(dir.path() + "/memd.sock"); ++i) ::poll(nullptr, 0, 10);
+  std::vector<std::string> args = node.WorkerArgs(0);
+  if (::geteuid() == 0) {
+    if (!std::filesystem::exists("/usr/bin/setpriv")) GTEST_SKIP() << "root without setpriv";
+    args.insert(args.begin(), {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"});
+  } else {
+    ASSERT_EQ(::chmod(dir.path().c_str(), 0), 0);
+  }
+  dhs::testing::ScopedRunDir logs;
+  ASSERT_TRUE(MakeRunDir(logs.path()).ok());
+  ASSERT_EQ(::chmod(logs.path().c_str(), 0777), 0);  // the log of a worker run as nobody
+  const std::string worker_log = logs.path() + "/workerd.log";
+  const auto start = std::chrono::steady_clock::now();
+  ChildProcess worker(args, worker_log);
+  EXPECT_EQ(worker.WaitExit(20000), 1) << ReadFile(worker_log);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << ReadFile(worker_log);
+  EXPECT_NE(ReadFile(worker_log).find("permission denied"), std::string::npos) << ReadFile(worker_log);
+  if (::geteuid() != 0) ::chmod(dir.path().c_str(), 0700);
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+}
 
 }  // namespace
 }  // namespace dhs::test

@@ -33,8 +33,10 @@ wire::SubmitRequestT Submit(RequestId id, std::vector<uint8_t> prompt, uint32_t 
 
 // A worker on a CpuDevice with a quiet fake memd.
 struct Fixture {
-  explicit Fixture(WorkerMode mode, const std::string& preset = "dsv4flash-like") : model(MakePresetModel(preset)) {
+  explicit Fixture(WorkerMode mode, const std::string& preset = "dsv4flash-like", GpuId gpu = 0)
+      : model(MakePresetModel(preset)) {
     config.mode = mode;
+    config.gpu = gpu;
     config.page_rows = 16;
     config.tail_rows = 32;
     config.slots = 4;
@@ -114,6 +116,52 @@ TEST(WorkerSubmit, BadSubmissionsGetClearErrorsAndTheWorkerKeepsServing) {
   EXPECT_EQ(f.sink.out[8].digests, want.digests);
   EXPECT_TRUE(f.sink.errors.empty());
   EXPECT_EQ(f.memd->completes, 1);
+}
+
+// Request ids are the client's (issue 12): memd sees node request ids (gpu << 48) | n, unique among the worker's
+// requests in flight and never a reserved value (0, 2^64-1), so clients of different workers never collide; the client
+// sees its own id in SubmitAccepted and TokenChunk. Two clients may use the same id at once; one client may not (it is
+// ALREADY_EXISTS while in flight) but may reuse an id once its request finished.
+TEST(WorkerSubmit, ClientIdsMapToNodeIdsThatNeverCollideOrUseReservedValues) {
+  Fixture f(WorkerMode::kAdaptive, "dsv4flash-like", /*gpu=*/1);
+  constexpr RequestId kMax = ~RequestId{0};
+  constexpr RequestId kGpu1 = RequestId{1} << 48;
+  ASSERT_TRUE(f.worker->Submit(Submit(kMax, Prompt(20, 1), 3), ClientRef{"a", 1}).ok());
+  ASSERT_TRUE(f.worker->Submit(Submit(5, Prompt(20, 2), 3), ClientRef{"a", 2}).ok());
+  ASSERT_TRUE(f.worker->Submit(Submit(5, Prompt(20, 3), 3), ClientRef{"b", 1}).ok());  // another client, same id
+  ASSERT_TRUE(f.worker->Submit(Submit(0, Prompt(20, 4), 3), ClientRef{"b", 2}).ok());
+  EXPECT_EQ(f.worker->Submit(Submit(5, Prompt(20, 2), 3), ClientRef{"a", 3}).code(), absl::StatusCode::kAlreadyExists);
+  // The client's id when it fits and is free (5 -> gpu | 5), else the per-worker counter (from 1, skipping ids taken).
+  EXPECT_EQ(f.memd->admitted_ids, (std::vector<RequestId>{kGpu1 | 1, kGpu1 | 5, kGpu1 | 2, kGpu1 | 3}));
+  EXPECT_EQ(f.sink.accepted, (std::vector<RequestId>{kMax, 5, 5, 0}));
+  for (int it = 0; it < 5000 && f.memd->completes < 4; ++it) {
+    f.memd->Pump(*f.worker);
+    ASSERT_TRUE(f.worker->Iterate().ok());
+  }
+  EXPECT_EQ(f.memd->completes, 4);
+  EXPECT_TRUE(f.sink.errors.empty());
+  size_t finished = 0;
+  for (const wire::TokenChunkT& c : f.sink.chunks) {
+    EXPECT_TRUE(c.request == kMax || c.request == 5 || c.request == 0) << c.request;  // the clients' ids
+    finished += c.finished;
+  }
+  EXPECT_EQ(finished, 4u);
+  EXPECT_EQ(f.sink.out[kMax].tokens, Oracle(*f.model, f.Input(Prompt(20, 1)), 3).tokens);
+  // A finished id is free again, for its client and the node.
+  ASSERT_TRUE(f.worker->Submit(Submit(5, Prompt(20, 2), 3), ClientRef{"a", 4}).ok());
+  EXPECT_EQ(f.memd->admitted_ids.back(), kGpu1 | 5);
+}
+
+// A GPU beyond the 16 bits of a node request id is refused at the start (before any Hello).
+TEST(WorkerGeometry, GpuBeyondTheNodeIdRangeIsRefused) {
+  auto model = MakePresetModel("dsv4flash-like");
+  WorkerConfig config;
+  config.page_rows = 16;
+  config.tail_rows = 32;
+  config.gpu = kMaxGpus;
+  auto g = ComputeGeometry(model->config(), config);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
+  EXPECT_NE(std::string(g.status().message()).find("GPU 65536 out of range"), std::string::npos) << g.status();
 }
 
 TEST(WorkerSubmit, PreparedPrefixIsDeterministicAndSharedBlocksAreEqual) {

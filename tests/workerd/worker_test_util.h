@@ -109,6 +109,7 @@ class FakeMemd final : public MemdLink {
   }
 
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
+    admitted_ids.push_back(m.request);
     Req& r = reqs_[m.request];
     r.optional_history = m.optional_history;
     if (m.optional_history) ++admits_with_optional_history;
@@ -300,6 +301,7 @@ class FakeMemd final : public MemdLink {
   int backup_messages = 0;
   int host_copy_messages = 0;
   int deferred_pages = 0;  // reclaimed pages reported deferred (no host copy yet)
+  std::vector<RequestId> admitted_ids;   // AdmitRequest.request in order (node request ids)
   int admits_with_optional_history = 0;  // AdmitRequests that allow optional history (adaptive mode only)
   int completes = 0;
 

@@ -192,8 +192,12 @@ absl::StatusOr<std::string> FetchStatusJson(const Args& a) {
 // Connects to memd and asks once (or repeats for `watch`). Returns the exit code.
 int Run(Args& a) {
   const std::string socket_path = a.run_dir + "/memd.sock";
-  if (!std::filesystem::exists(socket_path)) {
-    std::fprintf(stderr, "dhsctl: memd is not running (no socket at %s)\n", socket_path.c_str());
+  if (absl::Status s = dhs::CheckSocketAccess(a.run_dir, "memd"); !s.ok()) {
+    if (absl::IsNotFound(s)) {
+      std::fprintf(stderr, "dhsctl: memd is not running (no socket at %s)\n", socket_path.c_str());
+    } else {  // "permission denied: ...", a path that is no directory: never an uncaught exception
+      std::fprintf(stderr, "dhsctl: %s\n", std::string(s.message()).c_str());
+    }
     return 1;
   }
   dhs::DealerClient::Options options;

@@ -61,6 +61,15 @@ std::string DescribeWaitStatus(int status) {
   return absl::StrCat("status ", status);
 }
 
+std::string TempRunDirParent(const char* tmpdir) {
+  if (tmpdir != nullptr && *tmpdir != '\0') {
+    std::string parent(tmpdir);
+    while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+    if (CheckSocketPaths(absl::StrCat(parent, "/dhs-replay-XXXXXX")).ok()) return parent;
+  }
+  return "/tmp";
+}
+
 absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaunchOptions& options) {
   for (const std::string* path : {&options.memd_path, &options.workerd_path}) {
     if (path->empty() || ::access(path->c_str(), X_OK) != 0) {
@@ -72,8 +81,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaun
   }
   std::unique_ptr<EmbeddedNode> node(new EmbeddedNode());
   if (options.run_dir.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/dhs-replay-XXXXXX");
+    std::string pattern = absl::StrCat(TempRunDirParent(std::getenv("TMPDIR")), "/dhs-replay-XXXXXX");
     if (::mkdtemp(pattern.data()) == nullptr) {
       return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
     }
@@ -81,6 +89,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaun
     node->owns_run_dir_ = true;
   } else {
     node->run_dir_ = options.run_dir;
+    if (absl::Status s = CheckSocketPaths(node->run_dir_); !s.ok()) return s;  // as memd will check it
     if (absl::Status s = MakeRunDir(node->run_dir_); !s.ok()) return s;
   }
   const std::string memd_log = node->run_dir_ + "/memd.log";

@@ -24,7 +24,7 @@ namespace dhs::replay {
 struct NodeLaunchOptions {
   std::string memd_path;        // the memd executable
   std::string workerd_path;     // the workerd executable
-  std::string run_dir;          // "" = a fresh mkdtemp directory under $TMPDIR (removed by Stop)
+  std::string run_dir;          // "" = a fresh mkdtemp directory under TempRunDirParent() (removed by Stop)
   std::string mode = "adaptive";  // workerd --mode
   std::string preset = "dsv4flash-like";  // workerd --preset (weights generated from --seed)
   uint64_t seed = 1;
@@ -37,9 +37,15 @@ struct NodeLaunchOptions {
   std::chrono::milliseconds start_timeout{20000};
 };
 
+// Where a fresh run directory (<parent>/dhs-replay-XXXXXX) goes: `tmpdir` ($TMPDIR) when set and short enough for the
+// node's sockets (CheckSocketPaths, common/transport.h), else /tmp (a long TMPDIR would give a run directory whose
+// worker socket does not fit sun_path).
+std::string TempRunDirParent(const char* tmpdir);
+
 class EmbeddedNode {
  public:
-  // Starts memd, waits for its socket, starts workerd, waits for its socket. Errors: INVALID_ARGUMENT (paths),
+  // Starts memd, waits for its socket, starts workerd, waits for its socket. Errors: INVALID_ARGUMENT (paths; a given
+  // run directory too long for the node's sockets),
   // UNAVAILABLE (a child could not be started, exited or did not come up in time; the message names how it
   // ended (DescribeWaitStatus), its log and the log's tail). On failure the run directory is kept, even a
   // temporary one, and the message says so.
