@@ -95,7 +95,7 @@ class ResidencyAgent {
  private:
   struct Granted {
     SlotIndex slot = 0;
-    std::vector<PageIndex> host_pages;        // host page by history page (grant; a reclaim's target updates it)
+    std::vector<PageIndex> host_pages;        // host page by history page, fixed at the grant
     std::map<uint32_t, PageIndex> gpu_pages;  // history page -> optional GPU page memd gave it (grant, populate)
     std::set<uint32_t> reported;              // history pages reported to memd with a host copy
   };
@@ -137,8 +137,8 @@ class ResidencyAgent {
   absl::Status CheckGrant(const wire::AdmitGrantT& m, uint64_t complete_pages) const;
   absl::Status PlanKv(RequestId request, const Granted& g);
   // Pass 1 of a reclaim: every backup page mapped to its history page; an error refuses the order.
-  absl::Status MapBackupPages(const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const;
-  void IssueBackup(Granted& g, const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
+  absl::Status MapBackupPages(const Granted& g, const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const;
+  void IssueBackup(const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
   void AdvanceReclaims();
   // Step 1 of a reclaim: BackupComplete once its copies ended. Returns false while it must wait, or when the order
   // failed and was dropped (`erased` set).
