@@ -37,14 +37,17 @@ uint64_t DefaultHbmBudget(const Trace& trace, const ReplayOptions& options) {
   auto mc = model::PresetConfig(options.preset);
   if (!probe.ok() || !mc.ok()) return kFallbackBudget;
   const uint64_t p = probe->kv.page_rows;
-  double mean_pages = 0;
+  double mean_pages = 0, mean_context = 0;
   uint64_t largest_context = 0;
   for (const TraceRequest& r : trace.requests) {
     mean_pages += std::ceil(double(ContextTokens(r)) / p);
+    mean_context += double(ContextTokens(r));
     largest_context = std::max(largest_context, ContextTokens(r));
   }
   mean_pages /= std::max<size_t>(1, trace.requests.size());
-  const uint64_t required_per_slot = RequiredPages(*mc, *probe, WorkerMode::kAdaptive, largest_context);
+  mean_context /= std::max<size_t>(1, trace.requests.size());
+  const uint64_t required_per_slot =
+      RequiredPages(*mc, *probe, WorkerMode::kAdaptive, static_cast<uint64_t>(std::ceil(mean_context)));
   const uint64_t largest_resident = RequiredPages(*mc, *probe, WorkerMode::kResident, largest_context);
   const uint64_t pages = static_cast<uint64_t>(options.slots) * (required_per_slot + uint64_t(mean_pages / 2)) + 8;
   return std::max(pages, largest_resident + 8) * probe->page_bytes;

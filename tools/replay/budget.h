@@ -22,8 +22,8 @@ absl::StatusOr<WorkerGeometry> ReplayGeometry(const ReplayOptions& options, uint
 uint64_t HostPoolBytes(const Trace& trace, uint64_t page_bytes, uint64_t page_rows);
 
 // Default GPU KV budget (`--hbm-budget` not given), bytes: per slot, the required pages (RequiredPages, hierarchical
-// modes) of the trace's largest request plus optional history for half the mean context, + 8 pages; never less than
-// the largest request's resident RequiredPages + 8. So adaptive mode reclaims and repopulates, and resident mode
+// modes) of a request of the mean context plus optional history for half the mean context, + 8 pages; never less
+// than the largest request's resident RequiredPages + 8. So adaptive mode reclaims and repopulates, and resident mode
 // serves every request but cannot keep every session at once (brief §4).
 uint64_t DefaultHbmBudget(const Trace& trace, const ReplayOptions& options);
 
