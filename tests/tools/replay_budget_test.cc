@@ -39,16 +39,20 @@ TraceRequest Request(int64_t index, int64_t input, int64_t output) {
   return r;
 }
 
-// Row 12 of the bundled Mooncake slice: 87169 input + 402 output tokens. Before the fix the reference budget gave
-// the resident run 241 lendable pages where the request needs 243, so `--check-exact` failed on it.
+// Row 12 of the bundled Mooncake slice (87169 input + 402 output tokens) at the default length scale, as
+// `dhs-replay --trace ONE_ROW --requests 1 --check-exact` replays it. Before the fix the reference budget gave the
+// resident run 241 lendable pages where the request needs 243, so `--check-exact` failed on it.
 TEST(ReplayBudget, ReferenceFitsALongRequestWhollyResident) {
   auto m = model::PresetConfig("dsv4flash-like");
   ASSERT_TRUE(m.ok()) << m.status();
   ReplayOptions options;
-  Trace trace;
-  trace.requests.push_back(Request(11, 87169, 402));
-  const Expected e = ExpectedResident(*m, 87169 + 402);
-  auto g = ReplayGeometry(options, ReferenceHbmBudget(trace, options));
+  Trace unscaled;
+  unscaled.requests.push_back(Request(11, 87169, 402));
+  auto trace = ScaleLengths(unscaled, options.length_scale);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const TraceRequest& r = trace->requests[0];
+  const Expected e = ExpectedResident(*m, static_cast<uint64_t>(r.input_tokens + r.output_tokens));
+  auto g = ReplayGeometry(options, ReferenceHbmBudget(*trace, options));
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->page_bytes, e.page_bytes);
   EXPECT_GE(g->capacity_pages, e.resident_pages);
