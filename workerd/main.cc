@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -132,68 +133,51 @@ absl::StatusOr<Backend> MakeBackend(const std::string& device_name, const dhs::L
   return absl::InvalidArgumentError("--device cuda: this workerd was built without CUDA (meson option cuda)");
 #endif
 }
-}  // namespace
-
-int main(int argc, char** argv) {
+// Parses the command line into `cl` and resolves the mode (into cl.config) and the link model. Returns the exit code
+// when the process ends here: 0 after --help, 2 for every bad command-line value (docs/operations.md).
+std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine& cl, dhs::LinkModelConfig& link) {
   CLI::App app{"workerd: the Adaptive DHiSparse worker (one per GPU)"};
-  CommandLine cl;
   AddOptions(app, cl);
-  const std::string& run_dir = cl.run_dir;
-  const std::string& mode_name = cl.mode_name;
-  dhs::WorkerConfig& config = cl.config;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (0) or the error
-    return rc == 0 ? 0 : 2;      // every bad command-line value exits 2 (docs/operations.md)
+    return rc == 0 ? 0 : 2;
   }
   spdlog::set_level(spdlog::level::from_str(cl.log_level));
-
-  absl::StatusOr<dhs::WorkerMode> mode = dhs::ParseWorkerMode(mode_name);
+  absl::StatusOr<dhs::WorkerMode> mode = dhs::ParseWorkerMode(cl.mode_name);
   if (!mode.ok()) {
     spdlog::error("workerd: {}", mode.status().ToString());
     return 2;
   }
-  config.mode = *mode;
-  absl::StatusOr<dhs::LinkModelConfig> link = dhs::ResolveLinkModel(cl.link_flags);
-  if (!link.ok()) {
-    spdlog::error("workerd: {}", std::string(link.status().message()));
+  cl.config.mode = *mode;
+  absl::StatusOr<dhs::LinkModelConfig> resolved = dhs::ResolveLinkModel(cl.link_flags);
+  if (!resolved.ok()) {
+    spdlog::error("workerd: {}", std::string(resolved.status().message()));
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(cl.weights, cl.preset, cl.seed);
-  if (!model.ok()) {
-    spdlog::error("workerd: cannot load the model: {}", model.status().ToString());
-    return 1;
-  }
-  absl::StatusOr<dhs::WorkerGeometry> geometry = dhs::ComputeGeometry((*model)->config(), config);
-  if (!geometry.ok()) {
-    spdlog::error("workerd: {}", geometry.status().ToString());
-    return 2;
-  }
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
+  link = *resolved;
+  return std::nullopt;
+}
 
-  absl::StatusOr<Backend> backend = MakeBackend(cl.device_name, *link, config.gpu);
-  if (!backend.ok()) {
-    spdlog::error("workerd: --device {}: {}", cl.device_name, backend.status().ToString());
-    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  spdlog::info("workerd: device backend {}", backend->name);
+// Starts the worker process on `backend` and serves until SIGTERM / SIGINT. Returns the exit code.
+int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeometry& geometry, Backend& backend) {
+  const dhs::WorkerConfig& config = cl.config;
   dhs::WorkerProcessOptions options;
-  options.run_dir = run_dir;
+  options.run_dir = cl.run_dir;
   options.config = config;
   options.connect_timeout = std::chrono::milliseconds(cl.connect_timeout_ms);
-  options.device_name = backend->name;
-  options.on_host_pool = backend->on_host_pool;
+  options.device_name = backend.name;
+  options.on_host_pool = backend.on_host_pool;
   absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
-      dhs::WorkerProcess::Start(model->get(), backend->device.get(), options);
+      dhs::WorkerProcess::Start(model, backend.device.get(), options);
   if (!process.ok()) {
     spdlog::error("workerd: {}", process.status().ToString());
     return 1;
   }
   spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
-               config.gpu, mode_name, (*process)->endpoint(), geometry->capacity_pages, geometry->page_bytes,
-               geometry->hot_rows, geometry->tail_rows, config.page_rows, config.slots);
+               config.gpu, cl.mode_name, (*process)->endpoint(), geometry.capacity_pages, geometry.page_bytes,
+               geometry.hot_rows, geometry.tail_rows, config.page_rows, config.slots);
   if (absl::Status s = (*process)->Run([] { return g_stop == 0; }); !s.ok()) {
     spdlog::error("workerd: {}", s.ToString());
     return 1;
@@ -201,4 +185,31 @@ int main(int argc, char** argv) {
   spdlog::info("workerd: gpu {} stopping ({} tokens generated)", config.gpu,
                (*process)->worker().stats().tokens_generated);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CommandLine cl;
+  dhs::LinkModelConfig link;
+  if (std::optional<int> rc = ParseCommandLine(argc, argv, cl, link)) return *rc;
+  absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(cl.weights, cl.preset, cl.seed);
+  if (!model.ok()) {
+    spdlog::error("workerd: cannot load the model: {}", model.status().ToString());
+    return 1;
+  }
+  absl::StatusOr<dhs::WorkerGeometry> geometry = dhs::ComputeGeometry((*model)->config(), cl.config);
+  if (!geometry.ok()) {
+    spdlog::error("workerd: {}", geometry.status().ToString());
+    return 2;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  absl::StatusOr<Backend> backend = MakeBackend(cl.device_name, link, cl.config.gpu);
+  if (!backend.ok()) {
+    spdlog::error("workerd: --device {}: {}", cl.device_name, backend.status().ToString());
+    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  spdlog::info("workerd: device backend {}", backend->name);
+  return Serve(cl, model->get(), *geometry, *backend);
 }

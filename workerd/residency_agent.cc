@@ -146,19 +146,20 @@ absl::Status ResidencyAgent::MapBackupPages(const Granted& g, const wire::Reclai
       return absl::UnimplementedError(absl::StrCat("ReclaimOrder ", m.order, ": host page in segment ",
                                                    m.backup_targets[i].segment(), ": this worker maps segment 0 only"));
     }
-    items.push_back(BackupItem{use->page, m.backup_targets[i].page(), use->held, lost});
+    // The host page of a history page is fixed at the grant (contract §2): an order naming another is refused.
+    const uint32_t j = use->page;
+    if (j >= g.host_pages.size() || g.host_pages[j] != m.backup_targets[i].page()) {
+      return absl::InvalidArgumentError(absl::StrCat("ReclaimOrder ", m.order, ": backup target host page ",
+                                                     m.backup_targets[i].page(), " of history page ", j,
+                                                     " differs from the grant"));
+    }
+    items.push_back(BackupItem{j, m.backup_targets[i].page(), use->held, lost});
   }
   return absl::OkStatus();
 }
 
-void ResidencyAgent::IssueBackup(Granted& g, const wire::ReclaimOrderT& m, size_t i, const BackupItem& item,
-                                 Reclaim& rc) {
-  const uint32_t j = item.page;
-  if (j < g.host_pages.size() && item.target != g.host_pages[j]) {
-    spdlog::warn("worker: reclaim order {} targets host page {} for history page {}, the grant gave another",
-                 m.order, item.target, j);
-    g.host_pages[j] = item.target;  // where the copy lives now
-  }
+void ResidencyAgent::IssueBackup(const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc) {
+  const uint32_t j = item.page;  // item.target is the grant's host page of j (MapBackupPages)
   const PageResidency where = kv_->Residency(m.request, j);
   if (HasHostCopy(where)) {  // written, or being written: that copy's completion is this order's
     rc.backup_history.push_back(j);
@@ -225,7 +226,7 @@ void ResidencyAgent::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     return;
   }
   std::vector<BackupItem> items;
-  if (absl::Status s = MapBackupPages(*g, m, items); !s.ok()) {
+  if (absl::Status s = MapBackupPages(*g, m, items); !s.ok()) {  // a bad order: refused, nothing changed
     SendBackupComplete(m, s);
     return;
   }
@@ -236,7 +237,7 @@ void ResidencyAgent::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     std::optional<GpuPageUse> use = kv_->GpuPageOf(m.request, dp);
     if (use && !use->held) kv_->DropKeep(m.request, use->page);
   }
-  for (size_t i = 0; i < items.size(); ++i) IssueBackup(*g, m, i, items[i], rc);
+  for (size_t i = 0; i < items.size(); ++i) IssueBackup(m, i, items[i], rc);
   reclaims_[m.order] = std::move(rc);
   AdvanceReclaims();
 }

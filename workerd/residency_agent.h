@@ -95,7 +95,7 @@ class ResidencyAgent {
  private:
   struct Granted {
     SlotIndex slot = 0;
-    std::vector<PageIndex> host_pages;        // host page by history page (grant; a reclaim's target updates it)
+    std::vector<PageIndex> host_pages;        // host page by history page, fixed at the grant
     std::map<uint32_t, PageIndex> gpu_pages;  // history page -> optional GPU page memd gave it (grant, populate)
     std::set<uint32_t> reported;              // history pages reported to memd with a host copy
     // GPU page -> history page: optional pages memd gave this request that hold nothing because the page was not kept
@@ -146,7 +146,7 @@ class ResidencyAgent {
   absl::Status MapBackupPages(const Granted& g, const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const;
   // Page `page` of `request` is not on GPU page `dp` that memd gave it (Granted::lost).
   void LoseGpuPage(RequestId request, uint32_t page, PageIndex dp);
-  void IssueBackup(Granted& g, const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
+  void IssueBackup(const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
   void AdvanceReclaims();
   // Step 1 of a reclaim: BackupComplete once its copies ended. Returns false while it must wait, or when the order
   // failed and was dropped (`erased` set).

@@ -49,9 +49,9 @@ absl::Status ValidateSubmit(const wire::SubmitRequestT& s, uint64_t max_context_
                                                    " input + ", s.max_new_tokens, " new > limit ",
                                                    max_context_tokens));
   }
-  if (std::isnan(s.temperature) || s.temperature < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", s.request, ": bad sampling: temperature ", s.temperature, " (must be >= 0)"));
+  if (!std::isfinite(s.temperature) || s.temperature < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": bad sampling: temperature ",
+                                                   s.temperature, " (must be finite and >= 0)"));
   }
   if (std::isnan(s.top_p) || !(s.top_p > 0.0f && s.top_p <= 1.0f)) {
     return absl::InvalidArgumentError(

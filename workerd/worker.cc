@@ -166,8 +166,17 @@ void Worker::OnAdmitWait(const wire::AdmitWaitT& m) {
 
 void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
   auto it = requests_.find(m.request);
-  if (it == requests_.end()) return;
+  if (it == requests_.end()) {
+    spdlog::warn("worker: AdmitReject for request {} that is not here; ignored", m.request);
+    return;
+  }
   Request& r = *it->second;
+  if (r.phase != Phase::kWaitGrant) {
+    // Granted already: it holds its slot, its plan and its KV, and ends only through Finish (Complete). A reject
+    // after the grant breaks the contract (§2: one answer per AdmitRequest); it is not obeyed.
+    spdlog::warn("worker: AdmitReject for request {}, which memd granted already; ignored", m.request);
+    return;
+  }
   absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
   SendChunk(r, {}, {}, true, error);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -95,7 +97,7 @@ TEST(WorkerSubmit, BadSubmissionsGetClearErrorsAndTheWorkerKeepsServing) {
   suffix.input_tokens = 40;
   suffix.prefix_block_tokens = 32;  // 32 prefix tokens + 8 prompt tokens would make 40; 3 given
   ExpectInvalid(*f.worker, suffix, "needs 8 prompt tokens");
-  for (float t : {-0.5f, std::numeric_limits<float>::quiet_NaN()}) {
+  for (float t : {-0.5f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     wire::SubmitRequestT s = Submit(6, Prompt(10, 1), 4);
     s.temperature = t;
     ExpectInvalid(*f.worker, s, "bad sampling");
@@ -393,6 +395,28 @@ TEST(WorkerAdmission, RejectedAdmissionEndsTheRequestWithMemdsReason) {
   EXPECT_EQ(f.worker->waiting_requests(), 0u);
 }
 
+// AdmitReject answers an AdmitRequest still waiting for its grant. One for a request memd granted already (it holds its
+// slot and KV: ending it here would leak both and never send Complete) is logged and ignored; the request runs on.
+TEST(WorkerAdmission, RejectAfterTheGrantIsIgnored) {
+  Fixture f(WorkerMode::kAdaptive);
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 4), ClientRef{"c", 1}).ok());
+  f.memd->Pump(*f.worker);  // the grant
+  wire::AdmitRejectT reject;
+  reject.request = 1;
+  reject.code = wire::ErrorCode::RESOURCE_EXHAUSTED;
+  reject.reason = "late reject";
+  f.worker->OnAdmitReject(reject);  // granted, not started
+  EXPECT_FALSE(f.sink.finished.contains(1));
+  ASSERT_TRUE(f.worker->Iterate().ok());
+  ASSERT_EQ(f.worker->active_requests(), 1u);
+  f.worker->OnAdmitReject(reject);  // active
+  EXPECT_FALSE(f.sink.finished.contains(1));
+  f.RunUntilFinished(1);
+  EXPECT_FALSE(f.sink.errors.contains(1)) << f.sink.errors[1];
+  EXPECT_EQ(f.sink.out[1].tokens.size(), 4u);
+  EXPECT_EQ(f.memd->completes, 1) << "the granted request ended without Complete";
+}
+
 TEST(WorkerAdmission, AllocationWaitIsSubmitToGrant) {
   Fixture f(WorkerMode::kAdaptive);
   ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 3), ClientRef{"c", 1}).ok());
@@ -476,9 +500,53 @@ class ScriptedMemd final : public MemdLink {
   std::function<void(const wire::CompleteT&)> on_complete;
 };
 
-// An adaptive worker on a CpuDevice talking to a ScriptedMemd; host pages 10.. of a 64-page host pool.
+// A Device forwarding to a CpuDevice that lets a test see a thread about to block on a device->host copy: the event
+// of every such copy is wrapped, and a Wait on one not yet done first calls `on_wait` (on the waiting thread).
+class WaitWatchingDevice final : public Device {
+ public:
+  explicit WaitWatchingDevice(CpuDevice* device) : d_(device) {}
+  std::function<void()> on_wait;  // set before the worker runs
+
+  absl::StatusOr<PoolId> AllocatePool(uint64_t bytes) override { return d_->AllocatePool(bytes); }
+  uint64_t PoolBytes(PoolId pool) const override { return d_->PoolBytes(pool); }
+  CopyEvent CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) override {
+    return d_->CopyHostToDevice(ops, after);
+  }
+  CopyEvent CopyDeviceToHost(std::span<const DeviceToHostCopy> ops, std::span<const CopyEvent> after) override {
+    return CopyEvent(std::make_shared<Watched>(d_->CopyDeviceToHost(ops, after), this));
+  }
+  CopyEvent CopyDeviceToDevice(std::span<const DeviceToDeviceCopy> ops, std::span<const CopyEvent> after) override {
+    return d_->CopyDeviceToDevice(ops, after);
+  }
+  ReaderId BeginReaders(std::span<const DeviceRange> ranges) override { return d_->BeginReaders(ranges); }
+  void EndReaders(ReaderId reader) override { d_->EndReaders(reader); }
+  bool ReadersBusy(const DeviceRange& range) const override { return d_->ReadersBusy(range); }
+  CopyEvent ReadersFence(const DeviceRange& range) override { return d_->ReadersFence(range); }
+  uint8_t* HostVisible(PoolId pool, Location offset) override { return d_->HostVisible(pool, offset); }
+
+ private:
+  class Watched final : public EventState {
+   public:
+    Watched(CopyEvent inner, const WaitWatchingDevice* device) : inner_(std::move(inner)), device_(device) {}
+    bool Done() const override { return inner_.Done(); }
+    absl::Status Status() const override { return inner_.Status(); }
+    absl::Status Wait() const override {
+      if (!inner_.Done() && device_->on_wait) device_->on_wait();
+      return inner_.Wait();
+    }
+
+   private:
+    CopyEvent inner_;
+    const WaitWatchingDevice* device_;
+  };
+  CpuDevice* d_;
+};
+
+// An adaptive worker on a CpuDevice talking to a ScriptedMemd; host pages 10.. of a 64-page host pool. With
+// `watch_waits` the worker's device is a WaitWatchingDevice over `device` (`watched`).
 struct ScriptedFixture {
-  ScriptedFixture() : model(MakePresetModel("dsv4flash-like")) {
+  explicit ScriptedFixture(bool watch_waits = false) : model(MakePresetModel("dsv4flash-like")) {
+    if (watch_waits) watched = std::make_unique<WaitWatchingDevice>(&device);
     config.mode = WorkerMode::kAdaptive;
     config.page_rows = 16;
     config.tail_rows = 32;
@@ -488,7 +556,8 @@ struct ScriptedFixture {
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 16 * g->page_bytes;
     host.assign(64 * g->page_bytes, 0);
-    auto w = Worker::Create(model.get(), &device, config, host, &memd, &sink);
+    Device* worker_device = watched ? static_cast<Device*>(watched.get()) : &device;
+    auto w = Worker::Create(model.get(), worker_device, config, host, &memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
     layout = std::make_unique<KvLayout>(*KvLayout::Create(worker->geometry().kv));
@@ -599,6 +668,7 @@ struct ScriptedFixture {
   std::unique_ptr<model::Model> model;
   WorkerConfig config;
   CpuDevice device;
+  std::unique_ptr<WaitWatchingDevice> watched;  // with watch_waits: the worker's device
   ScriptedMemd memd;
   RecordingSink sink;
   std::vector<uint8_t> host;
@@ -989,29 +1059,52 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) 
 
 // A request whose last page completes on its last step ends with that page's host backup still in flight. memd
 // frees the request's host pages at Complete and may grant them to another request at once, so Complete must follow
-// the copy: a late write would land in a host page that already belongs to someone else. (The copy is held here and
-// released by another thread a while after it was issued; before the fix Complete went out while it was held.)
+// the copy: a late write would land in a host page that already belongs to someone else. Forced interleaving, no
+// sleeps: the copy is held; another thread releases it only once the worker thread, after the request's last step,
+// is about to block on it (WaitWatchingDevice), or once Complete was sent (the defect), whichever comes first.
 TEST(WorkerOrders, CompleteWaitsForTheRequestsHostBackupsInFlight) {
-  ScriptedFixture f;
+  ScriptedFixture f(/*watch_waits=*/true);
   f.SubmitAndGrant(1, 31, 2);  // rows ever appended: 31 + 2 - 1 = 32, so page 1 completes on the last step
   ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 1; }));
   f.HoldHostCopyOf(1, 1);
-  bool held_at_complete = true;
-  f.memd.on_complete = [&](const wire::CompleteT& m) {
-    if (m.request == 1) held_at_complete = !f.device.HeldCopies().empty();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool blocked_on_held = false;    // the worker thread was about to wait while the copy was held
+  bool finished_at_block = false;  // ... after the request's last token went out
+  bool complete_sent = false, held_at_complete = false, complete_before_release = false, stop = false;
+  f.watched->on_wait = [&] {  // the worker thread
+    std::lock_guard<std::mutex> lock(mu);
+    if (blocked_on_held || f.device.HeldCopies().empty()) return;
+    blocked_on_held = true;
+    finished_at_block = f.sink.finished.contains(1);
+    cv.notify_all();
   };
-  std::atomic<bool> stop{false};
+  f.memd.on_complete = [&](const wire::CompleteT& m) {  // the worker thread
+    if (m.request != 1) return;
+    std::lock_guard<std::mutex> lock(mu);
+    complete_sent = true;
+    held_at_complete = !f.device.HeldCopies().empty();
+    cv.notify_all();
+  };
   std::thread releaser([&] {
-    while (!stop && f.device.HeldCopies().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker reaches Complete first if it can
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return blocked_on_held || complete_sent || stop; });
+    complete_before_release = complete_sent;
+    lock.unlock();
     f.device.ReleaseAllHeld();
   });
-  const bool finished = f.IterateUntil([&] { return f.sink.finished.contains(1); });
-  stop = true;
+  const bool finished = f.IterateUntil([&] { return f.sink.finished.contains(1) && f.memd.Index("complete/1") >= 0; });
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+    cv.notify_all();
+  }
   releaser.join();
   ASSERT_TRUE(finished);
-  ASSERT_NE(f.memd.Index("complete/1"), -1);
-  EXPECT_FALSE(held_at_complete) << "Complete sent while the request's host backup was still being written";
+  EXPECT_TRUE(blocked_on_held) << "the worker never waited for the held host backup";
+  EXPECT_TRUE(finished_at_block) << "it waited for the backup before the request's last step, not to end it";
+  EXPECT_FALSE(complete_before_release) << "Complete sent while the request's host backup was still held";
+  EXPECT_FALSE(held_at_complete);
   EXPECT_FALSE(f.sink.errors.contains(1));
 }
 

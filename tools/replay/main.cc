@@ -18,13 +18,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tools/replay/budget.h"
 #include "tools/replay/driver.h"
 #include "tools/replay/node_launcher.h"
 #include "tools/replay/options.h"
 #include "tools/replay/report.h"
 #include "tools/replay/zmq_node_client.h"
-#include "workerd/model/config.h"
-#include "workerd/geometry.h"
 
 #ifndef DHS_MEMD_PATH
 #define DHS_MEMD_PATH ""
@@ -53,10 +52,16 @@ void StartSignalThread() {
     int sig = 0;
     while (sigwait(&set, &sig) != 0) {
     }
-    std::fprintf(stderr, "\ndhs-replay: %s: stopping the node\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     {
       std::lock_guard<std::mutex> lock(g_node_mutex);
-      if (g_node) g_node->Stop().IgnoreError();  // workerd, memd, then the temporary run directory
+      // With --connect (or between runs) no node of this tool is running: there is nothing to stop.
+      std::fprintf(stderr, "\ndhs-replay: %s: %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                   g_node ? "stopping the node" : "exiting (no node of this tool is running)");
+      if (g_node) {  // workerd, memd, then the temporary run directory
+        if (absl::Status s = g_node->Stop(); !s.ok()) {
+          std::fprintf(stderr, "dhs-replay: stopping the node: %s\n", std::string(s.message()).c_str());
+        }
+      }
       std::fflush(stdout);
       std::fflush(stderr);
       ::_exit(128 + sig);
@@ -81,7 +86,7 @@ class RegisteredNode {
     std::lock_guard<std::mutex> lock(g_node_mutex);
     if (!node_) return;
     g_node = nullptr;
-    node_->Stop().IgnoreError();
+    if (absl::Status s = node_->Stop(); !s.ok()) std::cerr << "dhs-replay: stopping the node: " << s.message() << "\n";
     node_.reset();
   }
 
@@ -94,50 +99,6 @@ std::string EnvOr(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
-// The node geometry the worker will use (same code as the worker: ComputeGeometry), so memd's page size matches.
-absl::StatusOr<WorkerGeometry> Geometry(const ReplayOptions& options, uint64_t hbm_budget) {
-  auto model = model::PresetConfig(options.preset);
-  if (!model.ok()) return model.status();
-  WorkerConfig config;
-  config.hbm_budget_bytes = hbm_budget;
-  config.slots = static_cast<uint32_t>(options.slots);
-  return ComputeGeometry(*model, config);
-}
-
-// Pages of the full context of every request (brief §8 host tier: n_pad per session), bytes, plus slack.
-uint64_t HostPoolBytes(const Trace& trace, uint64_t page_bytes, uint64_t page_rows) {
-  uint64_t pages = 0;
-  for (const TraceRequest& r : trace.requests) {
-    pages += (static_cast<uint64_t>(r.input_tokens + r.output_tokens) + page_rows - 1) / page_rows;
-  }
-  return (pages + 64) * page_bytes;
-}
-
-// Pages a request needs when everything stays on GPU (resident mode): the worker's admission rule (RequiredPages).
-uint64_t ResidentPages(const TraceRequest& r, const WorkerGeometry& g, const model::ModelConfig& mc) {
-  return RequiredPages(mc, g, WorkerMode::kResident, static_cast<uint64_t>(r.input_tokens + r.output_tokens));
-}
-
-// Default GPU KV budget: the required allocations of every slot plus optional history for about half the mean
-// context per slot, and never less than the largest request needs in resident mode. So adaptive mode has to reclaim
-// and repopulate, resident mode can serve every request but cannot keep every session at once (brief §4).
-uint64_t DefaultHbmBudget(const Trace& trace, const ReplayOptions& options) {
-  auto probe = Geometry(options, uint64_t{1} << 30);
-  auto mc = model::PresetConfig(options.preset);
-  if (!probe.ok() || !mc.ok()) return uint64_t{64} << 20;
-  const uint64_t p = probe->kv.page_rows;
-  double mean_pages = 0;
-  uint64_t largest_resident = 0;
-  for (const TraceRequest& r : trace.requests) {
-    mean_pages += std::ceil(double(r.input_tokens + r.output_tokens) / p);
-    largest_resident = std::max(largest_resident, ResidentPages(r, *probe, *mc));
-  }
-  mean_pages /= std::max<size_t>(1, trace.requests.size());
-  const uint64_t required_per_slot = (probe->hot_rows + probe->tail_rows + p - 1) / p + 1;
-  const uint64_t pages = static_cast<uint64_t>(options.slots) * (required_per_slot + uint64_t(mean_pages / 2)) + 8;
-  return std::max(pages, largest_resident + 8) * probe->page_bytes;
-}
-
 struct RunOutcome {
   DriverResult result;
   bool complete = true;  // false: the run failed part-way (result holds what was recorded; error says why)
@@ -145,16 +106,6 @@ struct RunOutcome {
   std::string prefill;
   std::optional<uint64_t> hbm_budget_bytes;  // the budget of the node this tool started (nullopt with --connect)
 };
-
-// The budget of the --check-exact reference run: every session's whole context resident at once (the "everything on
-// GPU" of brief §7), whatever the budget of the run under test.
-uint64_t ReferenceHbmBudget(const Trace& trace, const ReplayOptions& options) {
-  auto probe = Geometry(options, uint64_t{1} << 30);
-  if (!probe.ok()) return uint64_t{1} << 30;
-  const uint64_t p = probe->kv.page_rows;
-  const uint64_t required_per_slot = (probe->hot_rows + probe->tail_rows + p - 1) / p + 1;
-  return HostPoolBytes(trace, probe->page_bytes, p) + options.slots * required_per_slot * probe->page_bytes;
-}
 
 absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& trace, std::string_view mode,
                                    std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {}) {
@@ -175,7 +126,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
                             : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
                                                        : DefaultHbmBudget(trace, options);
     used_budget = budget;
-    auto geometry = Geometry(options, budget);
+    auto geometry = ReplayGeometry(options, budget);
     if (!geometry.ok()) return geometry.status();
     NodeLaunchOptions launch;
     launch.memd_path = EnvOr("DHS_MEMD", DHS_MEMD_PATH);
@@ -293,7 +244,7 @@ int Main(int argc, char** argv) {
       report.complete = false;
       std::cout << FormatSummary(report) << std::flush;
       sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
-      WriteOutputs(options, sweep).IgnoreError();
+      if (!WriteOutputs(options, sweep).ok()) std::cerr << "dhs-replay: the partial report was not written\n";
       return 1;
     }
     std::optional<bool> exact;

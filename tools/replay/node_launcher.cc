@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -210,11 +211,14 @@ absl::Status EmbeddedNode::Stop() {
     std::error_code ec;
     std::filesystem::remove_all(run_dir_, ec);
     owns_run_dir_ = false;
+    if (ec) return absl::InternalError(absl::StrCat("cannot remove the run directory ", run_dir_, ": ", ec.message()));
   }
   return absl::OkStatus();
 }
 
-EmbeddedNode::~EmbeddedNode() { Stop().IgnoreError(); }
+EmbeddedNode::~EmbeddedNode() {
+  if (absl::Status s = Stop(); !s.ok()) std::cerr << "dhs-replay: stopping the node: " << s.message() << "\n";
+}
 
 std::string EmbeddedNode::memd_endpoint() const { return IpcEndpoint(run_dir_, "memd"); }
 std::string EmbeddedNode::worker_endpoint() const { return IpcEndpoint(run_dir_, "worker-0"); }

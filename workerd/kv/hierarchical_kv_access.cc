@@ -3,15 +3,21 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace dhs {
 namespace {
 
-// Blocks until `e` ended (a copy whose slot, page or buffer is about to be reused). Its outcome is not this caller's:
-// it stays readable in the event (Status()), where Update reads it for the copy's owner.
-void AwaitEnded(const CopyEvent& e) { e.Wait().IgnoreError(); }
+// Blocks until `e` ended (a copy whose slot, page or buffer is about to be reused) in a path that cannot fail (a
+// destructor, the release of a request): a failed copy is logged with `what`, the copy it was.
+void AwaitEndedOrLog(const CopyEvent& e, std::string_view what) {
+  if (absl::Status s = e.Wait(); !s.ok()) {
+    spdlog::warn("KV: {} failed: {}", what, s.ToString());
+  }
+}
 
 }  // namespace
 
@@ -22,15 +28,15 @@ HierarchicalKvAccess::~HierarchicalKvAccess() {
   // Copies may still read the tail upload buffers or write host pages: let them finish.
   for (auto& [id, kv] : requests_) {
     for (auto& per_source : kv->tail_write) {
-      for (auto& e : per_source) AwaitEnded(e);
+      for (auto& e : per_source) AwaitEndedOrLog(e, absl::StrCat("tail write of request ", id, " at shutdown"));
     }
     for (auto& pg : kv->pages) {
-      AwaitEnded(pg.backup);
-      AwaitEnded(pg.populate);
+      AwaitEndedOrLog(pg.backup, absl::StrCat("host backup of request ", id, " at shutdown"));
+      AwaitEndedOrLog(pg.populate, absl::StrCat("copy into a GPU page of request ", id, " at shutdown"));
     }
   }
   for (auto& f : pending_free_) {
-    for (auto& e : f.events) AwaitEnded(e);
+    for (auto& e : f.events) AwaitEndedOrLog(e, absl::StrCat("copy of host page ", f.host_page, " at shutdown"));
   }
 }
 
@@ -132,26 +138,7 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
     return absl::InvalidArgumentError(absl::StrCat("KV: request ", request, " source ", source, " expects position ",
                                                    kv.appended[source], ", got ", position));
   }
-  const Position old = position - static_cast<Position>(c.tail_rows);  // the row this tail slot held
-  if (old >= 0) {
-    KvPage& pg = kv.pages[static_cast<size_t>(old / c.page_rows)];
-    if (pg.host_page >= 0 && !pg.host_ready) {
-      if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;  // tail slot reused only after its backup
-      Update();
-    }
-    if (pg.device_page >= 0 && !pg.ready && !pg.host_ready) {
-      AwaitEnded(pg.populate);  // ... or after its kept copy (a failed one falls back to a host backup in Update)
-      Update();
-      if (pg.host_page >= 0 && !pg.host_ready) {
-        if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;
-        Update();
-      }
-    }
-    if (!pg.host_ready && !pg.ready) {
-      return absl::ResourceExhaustedError(absl::StrCat("KV: tail of request ", request, " is full: page ",
-                                                       old / c.page_rows, " has no host copy yet"));
-    }
-  }
+  if (absl::Status s = FreeTailSlot(kv, position - static_cast<Position>(c.tail_rows)); !s.ok()) return s;
   CopyEvent& write = kv.tail_write[source][static_cast<size_t>(position % c.tail_rows)];
   if (absl::Status s = write.Wait(); !s.ok() && !absl::IsUnavailable(s)) return s;  // upload slot free again
   uint8_t* upload = tail_upload_[kv.slot].data() + TailUploadOffset(source, position);
@@ -169,6 +156,39 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
     const bool complete = std::all_of(kv.appended.begin(), kv.appended.end(),
                                       [&](Position n) { return n >= Position{page + 1} * c.page_rows; });
     if (complete) return OnPageComplete(kv, page);
+  }
+  return absl::OkStatus();
+}
+
+// The tail slot of row `old` (the row it held; < 0: never used) may be reused once that row's page has a host copy
+// or is ready on GPU; waits for the page's copies in flight. Errors: the failed copy's, or RESOURCE_EXHAUSTED.
+absl::Status HierarchicalKvAccess::FreeTailSlot(RequestKv& kv, Position old) {
+  const KvConfig& c = layout_.config();
+  const RequestId request = kv.id;
+  if (old >= 0) {
+    KvPage& pg = kv.pages[static_cast<size_t>(old / c.page_rows)];
+    if (pg.host_page >= 0 && !pg.host_ready) {
+      if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;  // tail slot reused only after its backup
+      Update();
+    }
+    if (pg.device_page >= 0 && !pg.ready && !pg.host_ready) {
+      // ... or after its kept copy. A failed one is reported by Update (a failed publish) and falls back to a host
+      // backup there; without one the tail slot cannot be reused and the copy's error is returned.
+      const absl::Status kept = pg.populate.Wait();
+      Update();
+      if (pg.host_page >= 0 && !pg.host_ready) {
+        if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;
+        Update();
+      }
+      if (!kept.ok() && !pg.host_ready) {
+        return absl::Status(kept.code(), absl::StrCat("KV: request ", request, " page ", old / c.page_rows,
+                                                      ": kept copy failed and no host copy: ", kept.message()));
+      }
+    }
+    if (!pg.host_ready && !pg.ready) {
+      return absl::ResourceExhaustedError(absl::StrCat("KV: tail of request ", request, " is full: page ",
+                                                       old / c.page_rows, " has no host copy yet"));
+    }
   }
   return absl::OkStatus();
 }
@@ -646,7 +666,9 @@ void HierarchicalKvAccess::Release(RequestId request) {
   if (it == requests_.end()) return;
   RequestKv& kv = *it->second;
   for (auto& per_source : kv.tail_write) {
-    for (auto& e : per_source) AwaitEnded(e);  // the slot's tail and upload buffer may be reused at once
+    // The slot's tail and upload buffer may be reused at once. A failed write was the request's error already if a
+    // Fetch read its row (the resolver waits for it); one nobody read is only logged: the request ends here.
+    for (auto& e : per_source) AwaitEndedOrLog(e, absl::StrCat("tail write of released request ", request));
   }
   for (KvPage& pg : kv.pages) {
     if (pg.host_page >= 0) FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {pg.backup, pg.populate});

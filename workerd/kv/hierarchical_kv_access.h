@@ -126,6 +126,8 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   void SetGpuPageOwner(PageIndex dp, int64_t request, uint32_t page);
   absl::StatusOr<CopyEvent> IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page);
   absl::Status KeepOptional(RequestKv& kv, uint32_t page, PageIndex device_page);
+  // Before the tail slot of row `old` is reused: waits for its page's copies (see the .cc). Errors: a failed copy's.
+  absl::Status FreeTailSlot(RequestKv& kv, Position old);
   absl::Status OnPageComplete(RequestKv& kv, uint32_t page);
   bool Complete(const RequestKv& kv, uint32_t page) const;  // every source appended the whole page
   bool InTail(const RequestKv& kv, uint32_t page) const;    // every source still holds the page in its tail

@@ -31,19 +31,77 @@ struct Model::Plan {
   std::vector<std::vector<int>> release_after;   // per layer: fetching layers whose readers are done after it
 };
 
-namespace {
+// One step's state: the batch's queries (query qi = q_offset[b] + j is token j of input b, at position n_b + j), the
+// hidden states, and the step buffers, one row per query (Q x width): every projection runs as one weight-stationary
+// MatMul over all Q queries of the step, so a weight matrix is streamed from memory once per step for the whole batch.
+// Each output element is the same kernels::Dot whatever Q is, so the numerics stay batch-invariant (brief §11).
+struct Model::Scratch {
+  // Rows handed back by one Fetch: per query qi a block of k + w positions (selection, then window) and
+  // S * (k + w) row pointers laid out [selection: source][j] then [window: source][j] (KvQuery::rows_out layout).
+  struct Fetched {
+    std::vector<Position> positions;
+    std::vector<const uint8_t*> rows;
+    std::vector<KvQuery> queries;
+    size_t n_sources = 0;
+    bool outstanding = false;
+  };
 
-// Rows handed back by one Fetch: per query qi a block of k + w positions (selection, then window) and
-// S * (k + w) row pointers laid out [selection: source][j] then [window: source][j] (KvQuery::rows_out layout).
-struct Fetched {
-  std::vector<Position> positions;
-  std::vector<const uint8_t*> rows;
-  std::vector<KvQuery> queries;
-  size_t n_sources = 0;
-  bool outstanding = false;
+  Scratch(const ModelConfig& c, std::span<StepInput> in);
+  // out_buf[qi * D ..] = RMSNorm(hidden row qi, gain) for every query.
+  void NormAll(const ModelConfig& c, const std::vector<float>& gain, std::vector<float>& out_buf);
+  void AddDelta();  // hidden += delta
+
+  std::span<StepInput> batch;
+  std::vector<size_t> q_offset;
+  size_t Q = 0;
+  int Qi = 0;
+  std::vector<Position> query_pos;
+  std::vector<float> hidden, xn, xk, rowbuf, keybuf, idx_q, idx_w, qc, qr, o, delta, ff, scores, o_win, rows;
+  std::unique_ptr<bool[]> valid;
+  TopK topk;
+  std::vector<Fetched> fetched;  // per layer
 };
 
-}  // namespace
+Model::Scratch::Scratch(const ModelConfig& c, std::span<StepInput> in) : batch(in), q_offset(in.size() + 1, 0) {
+  const int D = c.d_model, H = c.n_heads, width = c.d_c + c.d_r, span_len = c.top_k + c.local_window;
+  for (size_t b = 0; b < batch.size(); ++b) q_offset[b + 1] = q_offset[b] + batch[b].tokens.size();
+  Q = q_offset.back();
+  Qi = static_cast<int>(Q);
+  query_pos.resize(Q);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
+      query_pos[q_offset[b] + j] = batch[b].session->position_ + static_cast<Position>(j);
+    }
+  }
+  const int idx_q_width = c.idx_heads * c.idx_dim;
+  hidden.resize(Q * D);
+  xn.resize(Q * D);
+  xk.resize(Q * D);
+  rowbuf.resize(Q * width);
+  keybuf.resize(Q * c.idx_dim);
+  idx_q.resize(Q * idx_q_width);
+  idx_w.resize(Q * c.idx_heads);
+  qc.resize(Q * H * c.d_c);
+  qr.resize(Q * H * c.d_r);
+  o.resize(Q * H * c.d_c);
+  delta.resize(Q * D);
+  ff.resize(Q * c.d_ff);
+  o_win.resize(c.d_c);
+  rows.resize(static_cast<size_t>(span_len) * width);
+  valid.reset(new bool[std::max(span_len, 1)]);
+  fetched.resize(c.n_layers());
+}
+
+void Model::Scratch::NormAll(const ModelConfig& c, const std::vector<float>& gain, std::vector<float>& out_buf) {
+  const int D = c.d_model;
+  for (size_t qi = 0; qi < Q; ++qi) {
+    kernels::RmsNorm(hidden.data() + qi * D, gain.data(), D, c.norm_eps, out_buf.data() + qi * D);
+  }
+}
+
+void Model::Scratch::AddDelta() {
+  for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += delta[i];
+}
 
 Model::Model(ModelConfig config, std::unique_ptr<Weights> weights)
     : config_(std::move(config)), weights_(std::move(weights)), plan_(std::make_unique<Plan>()) {
@@ -215,8 +273,7 @@ absl::Status Model::ImportRows(ModelSession& session, uint32_t tokens, std::span
   return absl::OkStatus();
 }
 
-absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const {
-  // ---- validate everything before touching any state ----
+absl::Status Model::ValidateStep(std::span<StepInput> batch) const {
   std::set<const ModelSession*> seen;
   for (size_t b = 0; b < batch.size(); ++b) {
     const StepInput& in = batch[b];
@@ -238,183 +295,184 @@ absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<Step
       }
     }
   }
+  return absl::OkStatus();
+}
 
+void Model::Embed(Scratch& s) const {
+  const int D = config_.d_model;
+  for (size_t b = 0; b < s.batch.size(); ++b) {
+    for (size_t j = 0; j < s.batch[b].tokens.size(); ++j) {
+      const float* e = weights_->tok_emb.data() + static_cast<size_t>(s.batch[b].tokens[j]) * D;
+      std::copy(e, e + D, s.hidden.data() + (s.q_offset[b] + j) * D);
+    }
+  }
+}
+
+// Payload rows of the new positions (brief §2: the writing consumer; a producer writes its whole group).
+absl::Status Model::AppendRows(int l, KvAccess& kv, Scratch& s) const {
   const ModelConfig& c = config_;
-  const Plan& plan = *plan_;
-  const Weights& w = *weights_;
+  const int D = c.d_model, width = c.d_c + c.d_r;
+  const size_t row_bytes = c.row_bytes();
+  for (int wl : plan_->row_writers[l]) {
+    const LayerWeights& ww = weights_->layers[wl];
+    const SourceId source = c.layers[wl].source;
+    s.NormAll(c, ww.kv_norm, s.xk);
+    kernels::MatMul(ww.w_dkv.data(), c.d_c, D, s.xk.data(), D, s.Qi, s.rowbuf.data(), width);
+    kernels::MatMul(ww.w_kr.data(), c.d_r, D, s.xk.data(), D, s.Qi, s.rowbuf.data() + c.d_c, width);
+    for (size_t qi = 0; qi < s.Q; ++qi) {
+      kernels::Rope(s.rowbuf.data() + qi * width + c.d_c, c.d_r, s.query_pos[qi], c.rope_theta);
+    }
+    for (size_t b = 0; b < s.batch.size(); ++b) {
+      const ModelSession& session = *s.batch[b].session;
+      for (size_t j = 0; j < s.batch[b].tokens.size(); ++j) {
+        const Position t = session.position_ + static_cast<Position>(j);
+        const auto* row = reinterpret_cast<const uint8_t*>(s.rowbuf.data() + (s.q_offset[b] + j) * width);
+        if (auto st = kv.Append(session.request_, source, t, std::span<const uint8_t>(row, row_bytes)); !st.ok()) {
+          return st;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Index keys of the new positions, the indexer's queries and weights, then per query its index scores over every
+// visible position, the top-k selection (and the local window) into the layer's Fetch, and the Fetch itself.
+absl::Status Model::IndexAndFetch(int l, KvAccess& kv, Scratch& s) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = weights_->layers[l];
+  const int D = c.d_model, k = c.top_k, win = c.local_window, span_len = k + win;
+  const int idx_q_width = c.idx_heads * c.idx_dim;
+  const int slot = plan_->indexer_slot[l];
+  kernels::MatMul(lw.idx_wk.data(), c.idx_dim, D, s.xn.data(), D, s.Qi, s.keybuf.data(), c.idx_dim);
+  for (size_t b = 0; b < s.batch.size(); ++b) {
+    std::vector<float>& keys = s.batch[b].session->index_keys_[slot];
+    const float* first = s.keybuf.data() + s.q_offset[b] * c.idx_dim;
+    keys.insert(keys.end(), first, first + s.batch[b].tokens.size() * c.idx_dim);
+  }
+  kernels::MatMul(lw.idx_wq.data(), idx_q_width, D, s.xn.data(), D, s.Qi, s.idx_q.data(), idx_q_width);
+  kernels::MatMul(lw.idx_ww.data(), c.idx_heads, D, s.xn.data(), D, s.Qi, s.idx_w.data(), c.idx_heads);
+  Scratch::Fetched& f = s.fetched[l];
+  const size_t S = plan_->sources[l].size();
+  f.n_sources = S;
+  f.positions.assign(s.Q * span_len, kNoPosition);
+  f.rows.assign(s.Q * S * span_len, nullptr);
+  f.queries.clear();
+  for (size_t b = 0; b < s.batch.size(); ++b) {
+    const ModelSession& session = *s.batch[b].session;
+    for (size_t j = 0; j < s.batch[b].tokens.size(); ++j) {
+      const size_t qi = s.q_offset[b] + j;
+      const Position t = session.position_ + static_cast<Position>(j);
+      const size_t visible = static_cast<size_t>(t) + 1;
+      s.scores.resize(visible);
+      IndexScores(std::span<const float>(s.idx_q).subspan(qi * idx_q_width, idx_q_width),
+                  std::span<const float>(s.idx_w).subspan(qi * c.idx_heads, c.idx_heads),
+                  std::span<const float>(session.index_keys_[slot]).first(visible * c.idx_dim), c.idx_dim, s.scores);
+      std::span<Position> sel(f.positions.data() + qi * span_len, k);
+      s.topk.Select(s.scores, sel);
+      f.queries.push_back({session.request_, sel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len, S * k)});
+      if (win > 0) {
+        std::span<Position> wsel(f.positions.data() + qi * span_len + k, win);
+        const Position first = std::max<Position>(0, t - win + 1);
+        for (int i = 0; i < win; ++i) wsel[i] = first + i <= t ? first + i : kNoPosition;
+        f.queries.push_back(
+            {session.request_, wsel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len + S * k, S * win)});
+      }
+    }
+  }
+  if (auto st = kv.Fetch(plan_->sources[l], f.queries); !st.ok()) return st;
+  f.outstanding = true;
+  return absl::OkStatus();
+}
+
+// Attention over the fetched rows (the layer's own Fetch, or an inherited one: Reuse / follower), then the output
+// projection into the residual stream.
+void Model::Attend(int l, Scratch& s) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = weights_->layers[l];
   const int D = c.d_model, H = c.n_heads, k = c.top_k, win = c.local_window, width = c.d_c + c.d_r;
   const int span_len = k + win;
   const float scale = 1.0f / std::sqrt(static_cast<float>(width));
   const size_t row_bytes = c.row_bytes();
-
-  // Query qi = q_offset[b] + j is token j of input b, at position n_b + j.
-  std::vector<size_t> q_offset(batch.size() + 1, 0);
-  for (size_t b = 0; b < batch.size(); ++b) q_offset[b + 1] = q_offset[b] + batch[b].tokens.size();
-  const size_t Q = q_offset.back();
-  std::vector<Position> query_pos(Q);
-  for (size_t b = 0; b < batch.size(); ++b) {
-    for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
-      query_pos[q_offset[b] + j] = batch[b].session->position_ + static_cast<Position>(j);
+  const Scratch::Fetched& f = s.fetched[plan_->fetch_layer[l]];
+  const size_t S = f.n_sources, si = static_cast<size_t>(plan_->source_index[l]);
+  kernels::MatMul(lw.w_qc.data(), H * c.d_c, D, s.xn.data(), D, s.Qi, s.qc.data(), H * c.d_c);
+  kernels::MatMul(lw.w_qr.data(), H * c.d_r, D, s.xn.data(), D, s.Qi, s.qr.data(), H * c.d_r);
+  for (size_t qi = 0; qi < s.Q; ++qi) {
+    const uint8_t* const* block = f.rows.data() + qi * S * span_len;
+    for (int j = 0; j < span_len; ++j) {
+      const uint8_t* p = j < k ? block[si * k + j] : block[S * k + si * win + (j - k)];
+      s.valid[j] = p != nullptr;
+      if (p != nullptr) std::memcpy(s.rows.data() + static_cast<size_t>(j) * width, p, row_bytes);
+    }
+    for (int hd = 0; hd < H; ++hd) {
+      const float* q_c = s.qc.data() + (qi * H + hd) * c.d_c;
+      float* q_r = s.qr.data() + (qi * H + hd) * c.d_r;
+      kernels::Rope(q_r, c.d_r, s.query_pos[qi], c.rope_theta);
+      float* o_h = s.o.data() + (qi * H + hd) * c.d_c;
+      kernels::AttendLatent(q_c, q_r, s.rows.data(), s.valid.get(), k, c.d_c, c.d_r, scale, o_h);
+      if (win > 0) {
+        kernels::AttendLatent(q_c, q_r, s.rows.data() + static_cast<size_t>(k) * width, s.valid.get() + k, win,
+                              c.d_c, c.d_r, scale, s.o_win.data());
+        for (int d = 0; d < c.d_c; ++d) o_h[d] += s.o_win[d];
+      }
     }
   }
+  kernels::MatMul(lw.w_o.data(), D, H * c.d_c, s.o.data(), H * c.d_c, s.Qi, s.delta.data(), D);
+  s.AddDelta();
+}
 
-  std::vector<float> hidden(Q * D);
-  for (size_t b = 0; b < batch.size(); ++b) {
-    for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
-      const float* e = w.tok_emb.data() + static_cast<size_t>(batch[b].tokens[j]) * D;
-      std::copy(e, e + D, hidden.data() + (q_offset[b] + j) * D);
-    }
+void Model::Mlp(int l, Scratch& s) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = weights_->layers[l];
+  const int D = c.d_model;
+  s.NormAll(c, lw.mlp_norm, s.xn);
+  kernels::MatMul(lw.w_up.data(), c.d_ff, D, s.xn.data(), D, s.Qi, s.ff.data(), c.d_ff);
+  for (size_t qi = 0; qi < s.Q; ++qi) kernels::Silu(s.ff.data() + qi * c.d_ff, c.d_ff);
+  kernels::MatMul(lw.w_down.data(), D, c.d_ff, s.ff.data(), c.d_ff, s.Qi, s.delta.data(), D);
+  s.AddDelta();
+}
+
+void Model::Logits(Scratch& s, std::span<StepOutput> out) const {
+  const int D = config_.d_model;
+  s.NormAll(config_, weights_->final_norm, s.xn);
+  std::vector<float> logits(s.Q * kVocab);
+  kernels::MatMul(weights_->lm_head.data(), kVocab, D, s.xn.data(), D, s.Qi, logits.data(), kVocab);
+  for (size_t b = 0; b < s.batch.size(); ++b) {
+    const float* first = logits.data() + s.q_offset[b] * kVocab;
+    out[b].logits.assign(first, first + s.batch[b].tokens.size() * kVocab);
   }
+}
 
-  std::vector<Fetched> fetched(c.n_layers());
+// Validate everything before touching any state; then per layer: its normalized input, the payload rows it writes,
+// its indexer and Fetch, attention, MLP, and the Fetches whose readers are done after it; then the logits.
+absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const {
+  if (absl::Status v = ValidateStep(batch); !v.ok()) return v;
+  const ModelConfig& c = config_;
+  Scratch s(c, batch);
+  Embed(s);
   auto release = [&](int f) {
-    if (!fetched[f].outstanding) return;
-    kv.ReadersDone(plan.sources[f]);
-    fetched[f].outstanding = false;
+    if (!s.fetched[f].outstanding) return;
+    kv.ReadersDone(plan_->sources[f]);
+    s.fetched[f].outstanding = false;
   };
-  auto fail = [&](absl::Status s) {
+  auto fail = [&](absl::Status st) {
     for (int f = 0; f < c.n_layers(); ++f) release(f);
     for (StepInput& in : batch) in.session->broken_ = true;
-    return s;
+    return st;
   };
-
-  // Step buffers, one row per query (Q x width): every projection runs as one weight-stationary MatMul over all Q
-  // queries of the step, so a weight matrix is streamed from memory once per step for the whole batch. Each output
-  // element is the same kernels::Dot whatever Q is, so the numerics stay batch-invariant (brief §11).
-  const int idx_q_width = c.idx_heads * c.idx_dim;
-  std::vector<float> xn(Q * D), xk(Q * D), rowbuf(Q * width), keybuf(Q * c.idx_dim), idx_q(Q * idx_q_width),
-      idx_w(Q * c.idx_heads), qc(Q * H * c.d_c), qr(Q * H * c.d_r), o(Q * H * c.d_c), delta(Q * D),
-      ff(Q * c.d_ff), scores, o_win(c.d_c);
-  std::vector<float> rows(static_cast<size_t>(span_len) * width);
-  std::unique_ptr<bool[]> valid(new bool[std::max(span_len, 1)]);
-  TopK topk;
-  const int Qi = static_cast<int>(Q);
-  // out[qi * D ..] = RMSNorm(hidden row qi, gain) for every query.
-  auto norm_all = [&](const std::vector<float>& gain, std::vector<float>& out_buf) {
-    for (size_t qi = 0; qi < Q; ++qi) {
-      kernels::RmsNorm(hidden.data() + qi * D, gain.data(), D, c.norm_eps, out_buf.data() + qi * D);
-    }
-  };
-  auto add_delta = [&]() {
-    for (size_t i = 0; i < Q * D; ++i) hidden[i] += delta[i];
-  };
-
   for (int l = 0; l < c.n_layers(); ++l) {
-    const LayerSpec& spec = c.layers[l];
-    const LayerWeights& lw = w.layers[l];
     // The layer's input, normalized: read by its indexer and its attention queries (h is unchanged until then).
-    norm_all(lw.attn_norm, xn);
-
-    // ---- payload rows of the new positions (brief §2: the writing consumer; a producer writes its whole group) ----
-    for (int wl : plan.row_writers[l]) {
-      const LayerWeights& ww = w.layers[wl];
-      const SourceId source = c.layers[wl].source;
-      norm_all(ww.kv_norm, xk);
-      kernels::MatMul(ww.w_dkv.data(), c.d_c, D, xk.data(), D, Qi, rowbuf.data(), width);
-      kernels::MatMul(ww.w_kr.data(), c.d_r, D, xk.data(), D, Qi, rowbuf.data() + c.d_c, width);
-      for (size_t qi = 0; qi < Q; ++qi) {
-        kernels::Rope(rowbuf.data() + qi * width + c.d_c, c.d_r, query_pos[qi], c.rope_theta);
-      }
-      for (size_t b = 0; b < batch.size(); ++b) {
-        const ModelSession& s = *batch[b].session;
-        for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
-          const Position t = s.position_ + static_cast<Position>(j);
-          const auto* row = reinterpret_cast<const uint8_t*>(rowbuf.data() + (q_offset[b] + j) * width);
-          if (auto st = kv.Append(s.request_, source, t, std::span<const uint8_t>(row, row_bytes)); !st.ok()) {
-            return fail(st);
-          }
-        }
-      }
+    s.NormAll(c, weights_->layers[l].attn_norm, s.xn);
+    if (absl::Status st = AppendRows(l, kv, s); !st.ok()) return fail(st);
+    if (c.layers[l].has_indexer()) {
+      if (absl::Status st = IndexAndFetch(l, kv, s); !st.ok()) return fail(st);
     }
-
-    // ---- indexer, top-k and Fetch (write / reindex / producer) ----
-    if (spec.has_indexer()) {
-      const int slot = plan.indexer_slot[l];
-      kernels::MatMul(lw.idx_wk.data(), c.idx_dim, D, xn.data(), D, Qi, keybuf.data(), c.idx_dim);
-      for (size_t b = 0; b < batch.size(); ++b) {
-        std::vector<float>& keys = batch[b].session->index_keys_[slot];
-        const float* first = keybuf.data() + q_offset[b] * c.idx_dim;
-        keys.insert(keys.end(), first, first + batch[b].tokens.size() * c.idx_dim);
-      }
-      kernels::MatMul(lw.idx_wq.data(), idx_q_width, D, xn.data(), D, Qi, idx_q.data(), idx_q_width);
-      kernels::MatMul(lw.idx_ww.data(), c.idx_heads, D, xn.data(), D, Qi, idx_w.data(), c.idx_heads);
-      Fetched& f = fetched[l];
-      const size_t S = plan.sources[l].size();
-      f.n_sources = S;
-      f.positions.assign(Q * span_len, kNoPosition);
-      f.rows.assign(Q * S * span_len, nullptr);
-      f.queries.clear();
-      for (size_t b = 0; b < batch.size(); ++b) {
-        const ModelSession& s = *batch[b].session;
-        for (size_t j = 0; j < batch[b].tokens.size(); ++j) {
-          const size_t qi = q_offset[b] + j;
-          const Position t = s.position_ + static_cast<Position>(j);
-          const size_t visible = static_cast<size_t>(t) + 1;
-          scores.resize(visible);
-          IndexScores(std::span<const float>(idx_q).subspan(qi * idx_q_width, idx_q_width),
-                      std::span<const float>(idx_w).subspan(qi * c.idx_heads, c.idx_heads),
-                      std::span<const float>(s.index_keys_[slot]).first(visible * c.idx_dim), c.idx_dim, scores);
-          std::span<Position> sel(f.positions.data() + qi * span_len, k);
-          topk.Select(scores, sel);
-          f.queries.push_back({s.request_, sel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len, S * k)});
-          if (win > 0) {
-            std::span<Position> wsel(f.positions.data() + qi * span_len + k, win);
-            const Position first = std::max<Position>(0, t - win + 1);
-            for (int i = 0; i < win; ++i) wsel[i] = first + i <= t ? first + i : kNoPosition;
-            f.queries.push_back(
-                {s.request_, wsel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len + S * k, S * win)});
-          }
-        }
-      }
-      if (auto st = kv.Fetch(plan.sources[l], f.queries); !st.ok()) return fail(st);
-      f.outstanding = true;
-    }
-
-    // ---- attention over the fetched rows (own Fetch, or inherited: Reuse / follower) ----
-    const Fetched& f = fetched[plan.fetch_layer[l]];
-    const size_t S = f.n_sources, si = static_cast<size_t>(plan.source_index[l]);
-    kernels::MatMul(lw.w_qc.data(), H * c.d_c, D, xn.data(), D, Qi, qc.data(), H * c.d_c);
-    kernels::MatMul(lw.w_qr.data(), H * c.d_r, D, xn.data(), D, Qi, qr.data(), H * c.d_r);
-    for (size_t qi = 0; qi < Q; ++qi) {
-      const uint8_t* const* block = f.rows.data() + qi * S * span_len;
-      for (int j = 0; j < span_len; ++j) {
-        const uint8_t* p = j < k ? block[si * k + j] : block[S * k + si * win + (j - k)];
-        valid[j] = p != nullptr;
-        if (p != nullptr) std::memcpy(rows.data() + static_cast<size_t>(j) * width, p, row_bytes);
-      }
-      for (int hd = 0; hd < H; ++hd) {
-        const float* q_c = qc.data() + (qi * H + hd) * c.d_c;
-        float* q_r = qr.data() + (qi * H + hd) * c.d_r;
-        kernels::Rope(q_r, c.d_r, query_pos[qi], c.rope_theta);
-        float* o_h = o.data() + (qi * H + hd) * c.d_c;
-        kernels::AttendLatent(q_c, q_r, rows.data(), valid.get(), k, c.d_c, c.d_r, scale, o_h);
-        if (win > 0) {
-          kernels::AttendLatent(q_c, q_r, rows.data() + static_cast<size_t>(k) * width, valid.get() + k, win, c.d_c,
-                                c.d_r, scale, o_win.data());
-          for (int d = 0; d < c.d_c; ++d) o_h[d] += o_win[d];
-        }
-      }
-    }
-    kernels::MatMul(lw.w_o.data(), D, H * c.d_c, o.data(), H * c.d_c, Qi, delta.data(), D);
-    add_delta();
-    // ---- MLP ----
-    norm_all(lw.mlp_norm, xn);
-    kernels::MatMul(lw.w_up.data(), c.d_ff, D, xn.data(), D, Qi, ff.data(), c.d_ff);
-    for (size_t qi = 0; qi < Q; ++qi) kernels::Silu(ff.data() + qi * c.d_ff, c.d_ff);
-    kernels::MatMul(lw.w_down.data(), D, c.d_ff, ff.data(), c.d_ff, Qi, delta.data(), D);
-    add_delta();
-    for (int done : plan.release_after[l]) release(done);
+    Attend(l, s);
+    Mlp(l, s);
+    for (int done : plan_->release_after[l]) release(done);
   }
-
-  if (!out.empty()) {
-    norm_all(w.final_norm, xn);
-    std::vector<float> logits(Q * kVocab);
-    kernels::MatMul(w.lm_head.data(), kVocab, D, xn.data(), D, Qi, logits.data(), kVocab);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const float* first = logits.data() + q_offset[b] * kVocab;
-      out[b].logits.assign(first, first + batch[b].tokens.size() * kVocab);
-    }
-  }
+  if (!out.empty()) Logits(s, out);
   for (StepInput& in : batch) in.session->position_ += static_cast<Position>(in.tokens.size());
   return absl::OkStatus();
 }

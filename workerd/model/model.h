@@ -120,6 +120,14 @@ class Model {
 
   Model(ModelConfig config, std::unique_ptr<Weights> weights);
   absl::Status Run(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const;
+  // The steps of Run, in order (model.cc); `Scratch` is one step's queries and buffers.
+  absl::Status ValidateStep(std::span<StepInput> batch) const;
+  void Embed(Scratch& s) const;
+  absl::Status AppendRows(int layer, KvAccess& kv, Scratch& s) const;
+  absl::Status IndexAndFetch(int layer, KvAccess& kv, Scratch& s) const;
+  void Attend(int layer, Scratch& s) const;
+  void Mlp(int layer, Scratch& s) const;
+  void Logits(Scratch& s, std::span<StepOutput> out) const;
 
   ModelConfig config_;
   std::unique_ptr<Weights> weights_;

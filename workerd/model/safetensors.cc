@@ -71,6 +71,45 @@ absl::StatusOr<TensorInfo> ParseEntry(const std::string& name, const nlohmann::j
   return info;
 }
 
+// The "__metadata__" entry: an object of strings.
+absl::Status ParseMetadata(const nlohmann::json& e, std::map<std::string, std::string>& out) {
+  if (!e.is_object()) return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
+  for (auto m = e.begin(); m != e.end(); ++m) {
+    if (!m->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: __metadata__ '", m.key(), "' is not a string"));
+    }
+    out[m.key()] = m->get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// The entries must tile [0, data_bytes) exactly: sorted by begin, each starts where the previous ended.
+absl::Status CheckTiling(const std::map<std::string, TensorInfo>& tensors, uint64_t data_bytes) {
+  std::vector<std::pair<const std::string*, const TensorInfo*>> order;
+  for (const auto& [name, info] : tensors) order.push_back({&name, &info});
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.second->begin != b.second->begin ? a.second->begin < b.second->begin : a.second->end < b.second->end;
+  });
+  uint64_t cursor = 0;
+  const std::string* prev = nullptr;
+  for (const auto& [name, info] : order) {
+    if (info->begin < cursor) {
+      return Bad(*name, absl::StrCat("data_offsets [", info->begin, ", ", info->end, "] overlap tensor '", *prev, "'"));
+    }
+    if (info->begin > cursor) {
+      return Bad(*name, absl::StrCat("gap of ", info->begin - cursor, " bytes before data_offsets [", info->begin,
+                                      ", ", info->end, "]"));
+    }
+    cursor = info->end;
+    prev = name;
+  }
+  if (cursor != data_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: tensors cover ", cursor, " bytes of a ", data_bytes,
+                                                   "-byte data buffer", prev ? " (after tensor '" + *prev + "')" : ""));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
@@ -96,42 +135,14 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
   const uint64_t data_bytes = bytes.size() - f.data_start_;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      if (!it->is_object()) return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat("safetensors: __metadata__ '", m.key(), "' is not a string"));
-        }
-        f.metadata_[m.key()] = m->get<std::string>();
-      }
+      if (absl::Status m = ParseMetadata(*it, f.metadata_); !m.ok()) return m;
       continue;
     }
     auto info = ParseEntry(it.key(), *it, data_bytes);
     if (!info.ok()) return info.status();
     f.tensors_[it.key()] = std::move(*info);
   }
-  // The entries must tile [0, data_bytes) exactly: sorted by begin, each starts where the previous ended.
-  std::vector<std::pair<const std::string*, const TensorInfo*>> order;
-  for (const auto& [name, info] : f.tensors_) order.push_back({&name, &info});
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-    return a.second->begin != b.second->begin ? a.second->begin < b.second->begin : a.second->end < b.second->end;
-  });
-  uint64_t cursor = 0;
-  const std::string* prev = nullptr;
-  for (const auto& [name, info] : order) {
-    if (info->begin < cursor) {
-      return Bad(*name, absl::StrCat("data_offsets [", info->begin, ", ", info->end, "] overlap tensor '", *prev, "'"));
-    }
-    if (info->begin > cursor) {
-      return Bad(*name, absl::StrCat("gap of ", info->begin - cursor, " bytes before data_offsets [", info->begin,
-                                      ", ", info->end, "]"));
-    }
-    cursor = info->end;
-    prev = name;
-  }
-  if (cursor != data_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: tensors cover ", cursor, " bytes of a ", data_bytes,
-                                                   "-byte data buffer", prev ? " (after tensor '" + *prev + "')" : ""));
-  }
+  if (absl::Status tiled = CheckTiling(f.tensors_, data_bytes); !tiled.ok()) return tiled;
   f.bytes_ = std::move(bytes);
   return f;
 }
