@@ -53,7 +53,7 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
       h.gpu = in.Small32(3);
       h.pid = 1;
       h.device_name = "fuzz";
-      h.capacity_pages = in.Small32(33);
+      h.capacity_pages = in.Below(16) == 0 ? 1u << in.Below(13) : in.Below(33);  // bounded: see HugeHello
       h.page_rows = in.Small32(65);
       h.page_bytes = in.Below(8) == 0 ? in.Small64(256) : kPageBytes;
       h.request_slots = in.Small32(5);
@@ -151,6 +151,17 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
   }
 }
 
+// Known finding (reported, not fixed here: memd/daemon.cc is being changed elsewhere): a Hello with a huge M
+// (capacity_pages, e.g. 0x27ffffff) makes memd allocate its page table at once (GpuPageTable: ~13 bytes per page, so
+// tens of GB for M near 2^32): one message exhausts memd's memory (reproducer: fuzz/known/memd-hello-huge-capacity).
+// Such Hellos are not sent, so the fuzzer goes past it.
+bool HugeHello(const std::string& bytes) {
+  auto m = DecodeEnvelope(bytes);
+  if (!m.ok() || m->type != wire::Body::Hello) return false;
+  auto h = ReadHello(*m);
+  return h.ok() && h->capacity_pages > (1u << 16);
+}
+
 struct Node {
   std::unique_ptr<memd::Daemon> daemon;
   std::unique_ptr<DealerClient> peers[3];
@@ -193,6 +204,7 @@ void Run(const uint8_t* data, size_t size) {
     } else {  // raw bytes
       bytes = in.Bytes(512);
     }
+    if (HugeHello(bytes)) continue;
     std::unique_ptr<DealerClient>& peer = node.peers[who];
     if (peer == nullptr) {
       DealerClient::Options o;
