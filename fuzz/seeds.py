@@ -11,8 +11,8 @@ def put(target, name, data):
         f.write(bytes(data))
 
 # ---- memd (fuzz/memd_fuzz.cc): config byte, then records [peer][kind][fields] ----
-HELLO = [0, 0, 0, 16, 16, 1, 2]              # worker/0: gpu 0, M 16, p 16, page bytes = memd's, 2 slots
-HELLO1 = [1, 0, 1, 8, 16, 1, 1]              # worker/1: gpu 1, M 8
+HELLO = [0, 0, 0, 16, 16, 1, 2]           # worker/0: gpu 0, M 16, p 16, page bytes = memd's, 2 slots
+HELLO1 = [1, 0, 1, 8, 16, 1, 1]            # worker/1: gpu 1, M 8
 def admit(req, gpu=0, required=2, rows=64, complete=3, peer=0):
     return [peer, 1, req, gpu, required, rows, complete, 1, 1]
 def complete(req, peer=0):
