@@ -236,6 +236,7 @@ void Run(const uint8_t* data, size_t size) {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every refused message is logged: quiet, and faster
+  std::atexit([] { ::rmdir(dhs::fuzz::RunDir().c_str()); });  // the run directory each Daemon left (empty)
   return 0;
 }
 
