@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/host_pool.h"
 #include "common/protocol.h"
 #include "common/transport.h"
 #include "fuzz/fuzz_input.h"
@@ -37,6 +38,7 @@ constexpr int kMaxRecords = 64;
 const char* const kPeers[] = {"worker/0", "worker/1", "dhsctl"};
 
 std::string RunDir() { return absl::StrCat("/tmp/dhs-fuzz-memd-", getpid()); }
+std::string SegmentName() { return absl::StrCat("dhs-fuzz-memd-", getpid()); }
 
 std::vector<wire::HostPageRef> HostRefs(Input& in, size_t n) {
   std::vector<wire::HostPageRef> v;
@@ -183,7 +185,7 @@ void Run(const uint8_t* data, size_t size) {
   options.populate_pages_per_attempt = 1 + ((config >> 4) & 7);
   options.tick = std::chrono::milliseconds(0);
   options.retry_period = std::chrono::milliseconds(0);
-  options.segment_name = absl::StrCat("dhs-fuzz-memd-", getpid());
+  options.segment_name = SegmentName();
   Node node;
   auto daemon = memd::Daemon::Start(options);
   DHS_CHECK_OK(daemon.status());
@@ -237,6 +239,7 @@ void Run(const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every refused message is logged: quiet, and faster
   std::atexit([] { ::rmdir(dhs::fuzz::RunDir().c_str()); });  // the run directory each Daemon left (empty)
+  (void)dhs::HostPoolSegment::Remove(dhs::fuzz::SegmentName());  // one left by a killed process with this pid
   return 0;
 }
 
