@@ -902,7 +902,7 @@ absl::Status ResidencyManager::CheckReclaims() const {
       populates += hp.state == HistoryState::kPopulating;
     }
     const uint32_t backups = static_cast<uint32_t>(std::count_if(
-        copies_.begin(), copies_.end(), [&](const auto& c) { return c.second.backup && c.second.reclaim == rid; }));
+        copies_.begin(), copies_.end(), [&, rid = rid](const auto& c) { return c.second.backup && c.second.reclaim == rid; }));
     std::vector<PageIndex> listed = rc.pages;
     std::sort(pages.begin(), pages.end());
     std::sort(listed.begin(), listed.end());

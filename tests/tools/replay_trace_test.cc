@@ -347,6 +347,18 @@ TEST(ScaleLengths, LargerScale) {
   EXPECT_EQ(scaled->requests[0].hash_ids.size(), 14u);  // ceil(13516 / 1024) = 14
 }
 
+// Found by fuzz/trace_fuzz.cc: 9223372036854 tokens x 1e6 overflowed int64 in the block count (UBSan).
+TEST(ScaleLengths, RejectsLengthsBeyondInt64) {
+  Trace t = ThreeRequests();
+  t.requests[0].input_tokens = 9223372036854;
+  auto scaled = ScaleLengths(t, 1e6);
+  EXPECT_EQ(scaled.status().code(), absl::StatusCode::kInvalidArgument) << scaled.status();
+  t.requests[0].input_tokens = int64_t{1} << 61;  // fits at scale 1: kept, its ids cut to ceil(2^61 / 512) blocks
+  auto same = ScaleLengths(t, 1.0);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->requests[0].input_tokens, int64_t{1} << 61);
+}
+
 TEST(ScaleLengths, RejectsNonPositiveScale) {
   for (double x : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     auto scaled = ScaleLengths(ThreeRequests(), x);

@@ -234,15 +234,31 @@ absl::StatusOr<Trace> ScaleLengths(Trace trace, double length_scale) {
   if (!std::isfinite(length_scale) || length_scale <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("length scale must be a number > 0, got ", length_scale));
   }
+  // A scaled length must fit int64 (std::llround of a larger value is unspecified: found by fuzz/trace_fuzz.cc).
+  bool too_large = false;
   auto scale = [&](int64_t n) {
-    return std::max<int64_t>(1, std::llround(static_cast<double>(n) * length_scale));
+    const double scaled = std::round(static_cast<double>(n) * length_scale);
+    if (!(scaled < 0x1p62)) {  // far beyond any trace; also keeps the block arithmetic below in range
+      too_large = true;
+      return int64_t{1};
+    }
+    return std::max<int64_t>(1, static_cast<int64_t>(scaled));
   };
   trace.block_tokens = scale(trace.block_tokens);
   for (TraceRequest& r : trace.requests) {
     r.input_tokens = scale(r.input_tokens);
     r.output_tokens = scale(r.output_tokens);
-    const auto max_blocks = static_cast<size_t>((r.input_tokens + trace.block_tokens - 1) / trace.block_tokens);
+    if (too_large) {
+      return absl::InvalidArgumentError(absl::StrCat("length scale ", length_scale, " makes request ", r.index,
+                                                     " (or the block size) longer than 2^62 tokens"));
+    }
+    const auto max_blocks = static_cast<size_t>(r.input_tokens / trace.block_tokens +
+                                                (r.input_tokens % trace.block_tokens != 0));
     if (r.hash_ids.size() > max_blocks) r.hash_ids.resize(max_blocks);
+  }
+  if (too_large) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length scale ", length_scale, " makes the block size longer than 2^62 tokens"));
   }
   return trace;
 }

@@ -63,7 +63,7 @@ absl::StatusOr<double> ParseAzureTimestampMs(std::string_view text);
 //   block_tokens  <- max(1, round(block_tokens * X)); hash ids keep their values (shared prefixes stay
 //   shared) but are cut to ceil(input_tokens / block_tokens) blocks, so that the blocks never cover more
 //   than the scaled prompt. Rounding is half away from zero (std::llround). Arrivals are unchanged.
-// InvalidArgument when X is not a finite number > 0.
+// InvalidArgument when X is not a finite number > 0, or when a scaled length would reach 2^62 tokens.
 absl::StatusOr<Trace> ScaleLengths(Trace trace, double length_scale);
 
 // Keeps the first n requests (`--requests N`). InvalidArgument when n < 1 or the trace has fewer than n.
