@@ -63,7 +63,7 @@ CpuDevice::~CpuDevice() {
   cv_.notify_all();
   thread_.join();
   for (Job& j : queue_) j.state->Complete(absl::CancelledError("device destroyed"));
-  for (Fence& f : fences_) f.state->Complete(absl::CancelledError("device destroyed"));
+  for (auto& f : readers_.PendingFences()) f->Complete(absl::CancelledError("device destroyed"));
 }
 
 absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
@@ -215,9 +215,7 @@ CopyEvent CpuDevice::CopyDeviceToDevice(std::span<const DeviceToDeviceCopy> ops,
 }
 
 bool CpuDevice::AnyRunnable() const {
-  return std::any_of(queue_.begin(), queue_.end(), [](const Job& j) {
-    return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
-  });
+  return std::any_of(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
 }
 
 void CpuDevice::Execute(Job& job, std::unique_lock<std::mutex>& l) {
@@ -259,9 +257,7 @@ void CpuDevice::CopyLoop() {
       continue;
     }
     // First queued job that is not held and whose dependencies are all done.
-    auto it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) {
-      return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
-    });
+    auto it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
     if (it == queue_.end()) {
       if (stop_) return;
       // Dependencies may complete on other devices' threads; poll them at a short interval as well. A dependency
@@ -292,25 +288,14 @@ void CpuDevice::CopyLoop() {
 
 ReaderId CpuDevice::BeginReaders(std::span<const DeviceRange> ranges) {
   std::lock_guard<std::mutex> l(mu_);
-  const ReaderId id = next_reader_++;
-  readers_.emplace(id, std::vector<DeviceRange>(ranges.begin(), ranges.end()));
-  return id;
+  return readers_.Begin(ranges);
 }
 
 void CpuDevice::EndReaders(ReaderId reader) {
   std::vector<std::shared_ptr<State>> done;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (readers_.erase(reader) == 0) return;
-    for (auto it = fences_.begin(); it != fences_.end();) {
-      std::erase(it->readers, reader);
-      if (it->readers.empty()) {
-        done.push_back(it->state);
-        it = fences_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    if (!readers_.End(reader, &done)) return;
   }
   for (auto& s : done) s->Complete(absl::OkStatus());
   cv_.notify_all();  // copies waiting on these fences may run now
@@ -318,28 +303,13 @@ void CpuDevice::EndReaders(ReaderId reader) {
 
 bool CpuDevice::ReadersBusy(const DeviceRange& range) const {
   std::lock_guard<std::mutex> l(mu_);
-  for (const auto& [id, ranges] : readers_) {
-    for (const auto& r : ranges) {
-      if (Overlaps(r, range)) return true;
-    }
-  }
-  return false;
+  return readers_.Busy(range);
 }
 
 CopyEvent CpuDevice::ReadersFence(const DeviceRange& range) {
   auto state = std::make_shared<State>();
   std::lock_guard<std::mutex> l(mu_);
-  Fence f{{}, state};
-  for (const auto& [id, ranges] : readers_) {
-    if (std::any_of(ranges.begin(), ranges.end(), [&](const DeviceRange& r) { return Overlaps(r, range); })) {
-      f.readers.push_back(id);
-    }
-  }
-  if (f.readers.empty()) {
-    state->Complete(absl::OkStatus());
-  } else {
-    fences_.push_back(std::move(f));
-  }
+  if (!readers_.AddFence(range, state)) state->Complete(absl::OkStatus());
   return CopyEvent(state);
 }
 
@@ -350,27 +320,14 @@ void CpuDevice::SetCopyHook(CopyHook hook) {
 
 std::vector<uint64_t> CpuDevice::HeldCopies() const {
   std::lock_guard<std::mutex> l(mu_);
-  std::vector<uint64_t> ids;
-  for (const Job& j : queue_) {
-    if (j.held) ids.push_back(j.id);
-  }
-  return ids;
+  return HeldCopyIds(queue_);
 }
 
 void CpuDevice::ReleaseHeld(uint64_t id, bool fail) {
   std::shared_ptr<State> failed;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->id != id || !it->held) continue;
-      if (fail) {
-        failed = it->state;
-        queue_.erase(it);
-      } else {
-        it->held = false;
-      }
-      break;
-    }
+    failed = ReleaseHeldCopy(queue_, id, fail);
   }
   if (failed) failed->Complete(absl::UnavailableError("CpuDevice: copy " + std::to_string(id) + " failed (injected)"));
   cv_.notify_all();
@@ -379,7 +336,7 @@ void CpuDevice::ReleaseHeld(uint64_t id, bool fail) {
 void CpuDevice::ReleaseAllHeld() {
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (Job& j : queue_) j.held = false;
+    ReleaseAllHeldCopies(queue_);
   }
   cv_.notify_all();
 }
@@ -387,9 +344,7 @@ void CpuDevice::ReleaseAllHeld() {
 void CpuDevice::WaitIdle() {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    const bool runnable = std::any_of(queue_.begin(), queue_.end(), [](const Job& j) {
-      return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
-    });
+    const bool runnable = std::any_of(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
     if (!runnable && !busy_) return;
     ++idle_waiters_;
     cv_.wait_for(l, std::chrono::milliseconds(1));

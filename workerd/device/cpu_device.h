@@ -31,11 +31,11 @@
 #include <vector>
 
 #include "workerd/device/device.h"
+#include "workerd/device/device_bookkeeping.h"
 #include "workerd/device/link_model.h"
 
 namespace dhs {
 
-enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 enum class CopyFate { kRun, kHold, kFail };
 
 // What the hook sees of one issued batch.
@@ -83,23 +83,8 @@ class CpuDevice final : public Device {
 
  private:
   class State;
-  struct Op {
-    uint8_t* dst;
-    const uint8_t* src;
-    uint64_t bytes;
-  };
-  struct Job {
-    uint64_t id;
-    CopyKind kind;
-    std::vector<Op> ops;
-    std::vector<CopyEvent> after;
-    std::shared_ptr<State> state;
-    bool held = false;
-  };
-  struct Fence {
-    std::vector<ReaderId> readers;
-    std::shared_ptr<State> state;
-  };
+  using Op = CopyOp;
+  using Job = CopyJob<State>;
 
   uint8_t* Resolve(const DeviceRange& r) const;  // nullptr when out of range
   // `id` and `hook` were taken under mu_ with the ops; `device` is filled only when there is a hook.
@@ -121,9 +106,7 @@ class CpuDevice final : public Device {
   uint64_t inline_limit_ = kDefaultInlineLimit;
   uint64_t next_copy_id_ = 1;
   CopyHook hook_;
-  ReaderId next_reader_ = 1;
-  std::map<ReaderId, std::vector<DeviceRange>> readers_;
-  std::vector<Fence> fences_;
+  ReaderFences<State> readers_;
   const LinkModelConfig link_config_;
   const LinkClock* const clock_;
   LinkModel link_;                              // only whoever set busy_ (the executing thread)

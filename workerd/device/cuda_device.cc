@@ -116,10 +116,8 @@ CudaDevice::~CudaDevice() {
   if (thread_.joinable()) thread_.join();
   cudaSetDevice(options_.device);
   for (Job& j : queue_) j.state->Complete(absl::CancelledError("device destroyed"));
-  for (Fence& f : fences_) f.state->Complete(absl::CancelledError("device destroyed"));
-  for (auto& [id, r] : readers_) {
-    if (r.end != nullptr) cudaEventDestroy(r.end);
-  }
+  for (auto& f : readers_.PendingFences()) f->Complete(absl::CancelledError("device destroyed"));
+  for (auto& [id, end] : reader_ends_) cudaEventDestroy(end);
   for (cudaStream_t s : streams_) {
     if (s != nullptr) cudaStreamSynchronize(s);
   }
@@ -281,11 +279,11 @@ void CudaDevice::Loop() {
   for (;;) {
     // Readers ended by an event: end those whose event completed.
     std::vector<std::shared_ptr<State>> fences_done;
-    for (auto it = readers_.begin(); it != readers_.end();) {
+    for (auto it = reader_ends_.begin(); it != reader_ends_.end();) {
       const ReaderId id = it->first;
+      const cudaEvent_t end = it->second;
       ++it;
-      auto& r = readers_[id];
-      if (r.end != nullptr && cudaEventQuery(r.end) != cudaErrorNotReady) EndReaderLocked(id, &fences_done);
+      if (cudaEventQuery(end) != cudaErrorNotReady) EndReaderLocked(id, &fences_done);
     }
     std::erase_if(in_flight_, [](const std::shared_ptr<State>& s) { return s->Done(); });
     if (!fences_done.empty()) {
@@ -294,13 +292,10 @@ void CudaDevice::Loop() {
       l.lock();
       cv_.notify_all();
     }
-    auto it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) {
-      return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
-    });
+    auto it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
     if (it == queue_.end()) {
       if (stop_) return;
-      const bool polling = !queue_.empty() || !in_flight_.empty() ||
-                           std::any_of(readers_.begin(), readers_.end(), [](const auto& r) { return r.second.end; });
+      const bool polling = !queue_.empty() || !in_flight_.empty() || !reader_ends_.empty();
       cv_.wait_for(l, polling ? std::chrono::microseconds(200) : std::chrono::milliseconds(100));
       continue;
     }
@@ -345,25 +340,15 @@ void CudaDevice::Loop() {
 
 ReaderId CudaDevice::BeginReaders(std::span<const DeviceRange> ranges) {
   std::lock_guard<std::mutex> l(mu_);
-  const ReaderId id = next_reader_++;
-  readers_.emplace(id, Reader{std::vector<DeviceRange>(ranges.begin(), ranges.end()), nullptr});
-  return id;
+  return readers_.Begin(ranges);
 }
 
 void CudaDevice::EndReaderLocked(ReaderId reader, std::vector<std::shared_ptr<State>>* done) {
-  auto r = readers_.find(reader);
-  if (r == readers_.end()) return;
-  if (r->second.end != nullptr) cudaEventDestroy(r->second.end);
-  readers_.erase(r);
-  for (auto it = fences_.begin(); it != fences_.end();) {
-    std::erase(it->readers, reader);
-    if (it->readers.empty()) {
-      done->push_back(it->state);
-      it = fences_.erase(it);
-    } else {
-      ++it;
-    }
+  if (auto e = reader_ends_.find(reader); e != reader_ends_.end()) {
+    cudaEventDestroy(e->second);
+    reader_ends_.erase(e);
   }
+  readers_.End(reader, done);
 }
 
 void CudaDevice::EndReaders(ReaderId reader) {
@@ -392,12 +377,11 @@ absl::Status CudaDevice::EndReadersAfter(ReaderId reader, cudaStream_t stream) {
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto r = readers_.find(reader);
-    if (r == readers_.end() || r->second.end != nullptr) {
+    if (!readers_.Known(reader) || reader_ends_.contains(reader)) {
       cudaEventDestroy(ev);
       return absl::OkStatus();
     }
-    r->second.end = ev;
+    reader_ends_.emplace(reader, ev);
   }
   cv_.notify_all();
   return absl::OkStatus();
@@ -405,28 +389,13 @@ absl::Status CudaDevice::EndReadersAfter(ReaderId reader, cudaStream_t stream) {
 
 bool CudaDevice::ReadersBusy(const DeviceRange& range) const {
   std::lock_guard<std::mutex> l(mu_);
-  for (const auto& [id, r] : readers_) {
-    for (const auto& x : r.ranges) {
-      if (Overlaps(x, range)) return true;
-    }
-  }
-  return false;
+  return readers_.Busy(range);
 }
 
 CopyEvent CudaDevice::ReadersFence(const DeviceRange& range) {
   auto state = std::make_shared<State>(options_.device);
   std::lock_guard<std::mutex> l(mu_);
-  Fence f{{}, state};
-  for (const auto& [id, r] : readers_) {
-    if (std::any_of(r.ranges.begin(), r.ranges.end(), [&](const DeviceRange& x) { return Overlaps(x, range); })) {
-      f.readers.push_back(id);
-    }
-  }
-  if (f.readers.empty()) {
-    state->Complete(absl::OkStatus());
-  } else {
-    fences_.push_back(std::move(f));
-  }
+  if (!readers_.AddFence(range, state)) state->Complete(absl::OkStatus());
   return CopyEvent(state);
 }
 
@@ -437,27 +406,14 @@ void CudaDevice::SetCopyHook(CopyHook hook) {
 
 std::vector<uint64_t> CudaDevice::HeldCopies() const {
   std::lock_guard<std::mutex> l(mu_);
-  std::vector<uint64_t> ids;
-  for (const Job& j : queue_) {
-    if (j.held) ids.push_back(j.id);
-  }
-  return ids;
+  return HeldCopyIds(queue_);
 }
 
 void CudaDevice::ReleaseHeld(uint64_t id, bool fail) {
   std::shared_ptr<State> failed;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->id != id || !it->held) continue;
-      if (fail) {
-        failed = it->state;
-        queue_.erase(it);
-      } else {
-        it->held = false;
-      }
-      break;
-    }
+    failed = ReleaseHeldCopy(queue_, id, fail);
   }
   if (failed) failed->Complete(absl::UnavailableError("CudaDevice: copy " + std::to_string(id) + " failed (injected)"));
   cv_.notify_all();
@@ -466,7 +422,7 @@ void CudaDevice::ReleaseHeld(uint64_t id, bool fail) {
 void CudaDevice::ReleaseAllHeld() {
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (Job& j : queue_) j.held = false;
+    ReleaseAllHeldCopies(queue_);
   }
   cv_.notify_all();
 }
@@ -474,9 +430,7 @@ void CudaDevice::ReleaseAllHeld() {
 void CudaDevice::WaitIdle() {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    const bool runnable = std::any_of(queue_.begin(), queue_.end(), [](const Job& j) {
-      return !j.held && std::all_of(j.after.begin(), j.after.end(), [](const CopyEvent& e) { return e.Done(); });
-    });
+    const bool runnable = std::any_of(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
     const bool copying = std::any_of(in_flight_.begin(), in_flight_.end(),
                                      [](const std::shared_ptr<State>& s) { return !s->Done(); });
     if (!runnable && !busy_ && !copying) return;

@@ -39,6 +39,7 @@
 
 #include "workerd/device/cpu_device.h"  // CopyKind, CopyFate, CopyInfo, CopyHook: the shared test seam
 #include "workerd/device/device.h"
+#include "workerd/device/device_bookkeeping.h"
 
 namespace dhs {
 
@@ -99,30 +100,11 @@ class CudaDevice final : public Device {
 
  private:
   class State;
-  struct Op {
-    uint8_t* dst;
-    const uint8_t* src;
-    uint64_t bytes;
-  };
-  struct Job {
-    uint64_t id;
-    CopyKind kind;
-    std::vector<Op> ops;
-    std::vector<CopyEvent> after;
-    std::shared_ptr<State> state;
-    bool held = false;
-  };
-  struct Fence {
-    std::vector<ReaderId> readers;
-    std::shared_ptr<State> state;
-  };
+  using Op = CopyOp;
+  using Job = CopyJob<State>;
   struct Pool {
     uint8_t* ptr = nullptr;
     uint64_t bytes = 0;
-  };
-  struct Reader {
-    std::vector<DeviceRange> ranges;
-    cudaEvent_t end = nullptr;  // EndReadersAfter: ends when this completes
   };
 
   explicit CudaDevice(const CudaDeviceOptions& options);
@@ -144,9 +126,8 @@ class CudaDevice final : public Device {
   bool busy_ = false;
   uint64_t next_copy_id_ = 1;
   CopyHook hook_;
-  ReaderId next_reader_ = 1;
-  std::map<ReaderId, Reader> readers_;
-  std::vector<Fence> fences_;
+  ReaderFences<State> readers_;
+  std::map<ReaderId, cudaEvent_t> reader_ends_;  // EndReadersAfter: the reader ends when its event completes
   std::thread thread_;  // started last, in Create
 };
 
