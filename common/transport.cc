@@ -10,6 +10,7 @@
 #include <iterator>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
@@ -158,6 +159,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Bind(std::string_vie
   }
 }
 
+void RouterServer::SetLinger(std::chrono::milliseconds linger) {
+  socket_->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
+}
+
 RouterServer::~RouterServer() {
   socket_->close();
   context_->close();
@@ -173,7 +178,8 @@ absl::StatusOr<std::optional<Incoming>> RouterServer::Poll(std::chrono::millisec
       return std::optional<Incoming>();
     }
     if (parts.size() != 2) {
-      spdlog::warn("{}: dropping a message of {} frames (expected routing id + payload)", endpoint_, parts.size());
+      DHS_LOG_LIMITED(spdlog::level::warn, "{}: dropping a message of {} frames (expected routing id + payload)",
+                      endpoint_, parts.size());
       return std::optional<Incoming>();
     }
     return std::optional<Incoming>(Incoming{parts[0].to_string(), parts[1].to_string()});
@@ -214,6 +220,10 @@ absl::StatusOr<std::unique_ptr<DealerClient>> DealerClient::Connect(std::string 
   std::unique_ptr<DealerClient> client(new DealerClient(std::move(endpoint), std::move(options)));
   if (absl::Status status = client->OpenSocket(); !status.ok()) return status;
   return client;
+}
+
+void DealerClient::SetLinger(std::chrono::milliseconds linger) {
+  if (socket_ != nullptr) socket_->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
 }
 
 DealerClient::~DealerClient() {
@@ -311,7 +321,8 @@ absl::StatusOr<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
   std::string reply;
   absl::StatusOr<Message> message = DecodeEnvelope(in.bytes, max_message_bytes_);
   if (!message.ok()) {
-    spdlog::warn("{}: bad message of {} bytes: {}", router_->endpoint(), in.bytes.size(), message.status().ToString());
+    DHS_LOG_LIMITED(spdlog::level::warn, "{}: bad message of {} bytes: {}", router_->endpoint(), in.bytes.size(),
+                    message.status().ToString());
     reply = EncodeError(message.status(), PeekSequence(in.bytes), sender_);
   } else {
     auto it = handlers_.find(static_cast<int>(message->type));
@@ -328,7 +339,7 @@ absl::StatusOr<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
   }
   if (!reply.empty()) {
     if (absl::Status status = router_->Reply(in.peer, reply); !status.ok()) {
-      spdlog::warn("{}: reply not delivered: {}", router_->endpoint(), status.ToString());
+      DHS_LOG_LIMITED(spdlog::level::warn, "{}: reply not delivered: {}", router_->endpoint(), status.ToString());
     }
   }
   return true;

@@ -85,6 +85,9 @@ class RouterServer {
 
   const std::string& endpoint() const { return endpoint_; }
   const std::string& socket_path() const { return socket_path_; }
+  // How long close waits to deliver messages still queued (ZMQ_LINGER; 0 by default: dropped). A process that ends
+  // after telling its peers something (a worker stopping) sets it first.
+  void SetLinger(std::chrono::milliseconds linger);
 
   // Waits up to `timeout` for one message; nullopt when none arrived. Malformed multipart
   // frames (not [routing id][payload]) are dropped with a warning.
@@ -139,6 +142,8 @@ class DealerClient {
   // Processes monitor events until peer_connected() == `connected` or `timeout` passed; returns
   // the final state == `connected`.
   bool WaitPeerConnected(bool connected, std::chrono::milliseconds timeout);
+  // As RouterServer::SetLinger.
+  void SetLinger(std::chrono::milliseconds linger);
 
   const std::string& endpoint() const { return endpoint_; }
 

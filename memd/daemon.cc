@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <variant>
 
+#include "common/log_limiter.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -296,7 +297,8 @@ absl::Status Daemon::CheckWorkerPeer(std::string_view peer, std::optional<GpuId>
     return absl::OkStatus();  // a registered worker: the core refuses the unknown request / order
   }
   ++counters_.refused_peers;
-  spdlog::warn("memd: {} from peer '{}' refused: only the worker of its GPU may send it", what, peer);
+  DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from peer '{}' refused: only the worker of its GPU may send it", what,
+                  peer);
   return absl::PermissionDeniedError(
       gpu.has_value() ? absl::StrFormat("%s: only the worker of GPU %d may send it (peer '%s')", what, *gpu, peer)
                       : absl::StrFormat("%s: only a worker may send it (peer '%s' said no accepted Hello)", what, peer));

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include "common/log_limiter.h"
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 #include "common/status.h"
@@ -93,7 +94,7 @@ absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
 void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
   absl::StatusOr<Message> msg = DecodeEnvelope(bytes);
   if (!msg.ok()) {
-    spdlog::warn("workerd: undecodable message from memd dropped: {}", msg.status().ToString());
+    DHS_LOG_LIMITED(spdlog::level::warn, "workerd: undecodable message from memd dropped: {}", msg.status().ToString());
     return;
   }
   auto bad = [&](const absl::Status& s) { spdlog::warn("workerd: bad {} from memd: {}", BodyName(msg->type), s.ToString()); };
@@ -141,7 +142,7 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
       return;
     }
     default:
-      spdlog::warn("workerd: unexpected {} from memd dropped", BodyName(msg->type));
+      DHS_LOG_LIMITED(spdlog::level::warn, "workerd: unexpected {} from memd dropped", BodyName(msg->type));
   }
 #undef DHS_DISPATCH
 }

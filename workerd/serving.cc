@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/log_limiter.h"
 #include "absl/strings/str_cat.h"
 #include "common/prompt_tokens.h"
 #include "common/protocol.h"
@@ -127,14 +128,14 @@ void ServingFrontend::Handle(const Incoming& in) {
     status = UnknownMessageError(absl::StrCat("workerd does not serve ", BodyName(msg->type)));
   }
   if (!status.ok()) {
-    spdlog::info("workerd: {} from a client refused: {}", BodyName(msg->type), status.ToString());
+    DHS_LOG_LIMITED(spdlog::level::info, "workerd: {} from a client refused: {}", BodyName(msg->type), status.ToString());
     Send(in.peer, EncodeError(status, msg->sequence, sender_));
   }
 }
 
 void ServingFrontend::Send(std::string_view peer, const std::string& bytes) {
   if (absl::Status s = router_->Reply(peer, bytes); !s.ok()) {
-    spdlog::warn("workerd: reply to a client failed: {}", s.ToString());
+    DHS_LOG_LIMITED(spdlog::level::warn, "workerd: reply to a client failed: {}", s.ToString());
   }
 }
 
