@@ -182,6 +182,13 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
     spdlog::error("workerd: {}", s.ToString());
     return 1;
   }
+  // Requests still being served end with an error chunk to their clients and a Complete to memd (issue 12).
+  absl::StatusOr<size_t> ended = (*process)->Shutdown(std::chrono::seconds(5));
+  if (!ended.ok()) {
+    spdlog::warn("workerd: gpu {} stopping: {}", config.gpu, ended.status().ToString());
+  } else if (*ended > 0) {
+    spdlog::info("workerd: gpu {} stopping: {} unfinished requests ended (\"worker stopping\")", config.gpu, *ended);
+  }
   spdlog::info("workerd: gpu {} stopping ({} tokens generated)", config.gpu,
                (*process)->worker().stats().tokens_generated);
   return 0;

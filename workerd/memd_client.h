@@ -44,6 +44,8 @@ class MemdClient final : public MemdLink {
     float decode_tokens_per_s = 0;
   };
   absl::Status Poll(MemdHandler& handler, const Load& load);
+  // Messages still queued when the client closes are delivered for up to `linger` (a stopping worker's Completes).
+  void SetLinger(std::chrono::milliseconds linger) { dealer_->SetLinger(linger); }
 
   // MemdLink.
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override;

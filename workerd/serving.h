@@ -82,6 +82,8 @@ class ServingFrontend final : public ClientSink {
   void Accepted(const ClientRef& client, const wire::SubmitAcceptedT& accepted) override;
   void Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) override;
   const std::string& endpoint() const { return router_->endpoint(); }
+  // Replies still queued when the socket closes are delivered for up to `linger` (a stopping worker's last chunks).
+  void SetLinger(std::chrono::milliseconds linger) { router_->SetLinger(linger); }
 
  private:
   ServingFrontend(std::unique_ptr<RouterServer> router, std::string sender)

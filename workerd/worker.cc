@@ -139,6 +139,10 @@ void Worker::Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it) {
 
 void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   auto it = requests_.find(m.request);
+  if (it == requests_.end() && stopping_.contains(m.request)) {
+    // Ended by StopAll while memd granted it: the Complete sent then (memd reads it after this grant) releases it.
+    return;
+  }
   if (it == requests_.end()) {
     spdlog::warn("worker: AdmitGrant for request {} that is not waiting; releasing it", m.request);
     agent_->RefuseGrant(m);
@@ -187,6 +191,7 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
 }
 
 void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
+  stopping_.erase(m.request);
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 
@@ -395,6 +400,22 @@ void Worker::Finish(RequestId id, absl::Status error) {
   ++stats_.finished_requests;
   agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
   Erase(it);
+}
+
+size_t Worker::StopAll(const absl::Status& why) {
+  // Waiting ones first: were a granted one completed first, memd could grant a waiting one its slot meanwhile.
+  std::vector<RequestId> ids;
+  for (const auto& [id, r] : requests_) {
+    if (r->phase == Phase::kWaitGrant) ids.push_back(id);
+  }
+  for (const auto& [id, r] : requests_) {
+    if (r->phase != Phase::kWaitGrant) ids.push_back(id);
+  }
+  for (RequestId id : ids) {
+    stopping_.insert(id);
+    Finish(id, why);  // error chunk, copies waited for, KV released, Complete
+  }
+  return ids.size();
 }
 
 absl::StatusOr<bool> Worker::Iterate() {

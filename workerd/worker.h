@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,6 +90,14 @@ class Worker final : public MemdHandler, public Submitter {
   // grant, or orders in flight). Errors: UNAVAILABLE once a message to memd could not be sent (the conversation is
   // broken); request failures end their request.
   absl::StatusOr<bool> Iterate();
+
+  // The worker stops (SIGTERM, docs/operations.md): every unfinished request (waiting for its grant, granted or
+  // active) ends as a failed one would: a final TokenChunk with `why` to its client, then (once the copies memd would
+  // free pages under ended, as for any end) Complete to memd. Returns how many requests were ended. New submits
+  // should not be served afterwards (WorkerProcess::Shutdown no longer reads the serving socket).
+  size_t StopAll(const absl::Status& why);
+  // Requests ended by StopAll whose CompleteAck has not come yet.
+  size_t unacknowledged_stops() const { return stopping_.size(); }
 
   // MemdHandler: memd's messages (contract §2, §4, §5, §6).
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
@@ -174,6 +183,7 @@ class Worker final : public MemdHandler, public Submitter {
   std::unique_ptr<ResidencyAgent> agent_;      // the memd conversation
   WorkerStats stats_;
   PrefixRowCache prefix_cache_;
+  std::set<RequestId> stopping_;  // StopAll's Completes not acknowledged yet
 };
 
 }  // namespace dhs

@@ -1,6 +1,8 @@
 // workerd/worker_process.cc: see worker_process.h.
 #include "workerd/worker_process.h"
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 
 namespace dhs {
@@ -65,6 +67,35 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
     return absl::Status(s.code(), absl::StrCat("serving socket: ", s.message()));
   }
   return worker_->Iterate();
+}
+
+absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  frontend_->SetLinger(timeout);
+  memd_->SetLinger(timeout);
+  const size_t ended = worker_->StopAll(absl::UnavailableError("worker stopping"));
+  absl::Status status;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const MemdClient::Load load{worker_->active_requests(), worker_->pending_orders(), 0};
+    if (absl::Status s = memd_->Poll(*worker_, load); !s.ok()) {
+      status = absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
+      break;
+    }
+    absl::StatusOr<bool> busy = worker_->Iterate();  // no request is active: advances the orders only
+    if (!busy.ok()) {
+      status = busy.status();
+      break;
+    }
+    if (!*busy && worker_->unacknowledged_stops() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!status.ok()) return status;
+  if (worker_->unacknowledged_stops() != 0) {
+    return absl::DeadlineExceededError(absl::StrCat(worker_->unacknowledged_stops(), " of ", ended,
+                                                    " stopped requests not acknowledged by memd within ",
+                                                    timeout.count(), " ms"));
+  }
+  return ended;
 }
 
 absl::Status WorkerProcess::Run(const std::function<bool()>& keep_going) {

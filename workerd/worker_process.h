@@ -48,6 +48,12 @@ class WorkerProcess {
   // One iteration: memd's messages (and our heartbeat), clients' messages (waiting up to `wait`), Worker::Iterate.
   // Returns whether work remains.
   absl::StatusOr<bool> ServeOnce(std::chrono::milliseconds wait);
+  // After Run, before the process exits (SIGTERM): no more client requests are read; every unfinished request ends
+  // with a final TokenChunk carrying UNAVAILABLE "worker stopping" and memd gets its Complete (Worker::StopAll); then
+  // memd's messages are served until the orders in flight are answered and every such Complete is acknowledged, or
+  // `timeout` passed. Queued replies are delivered for up to `timeout` when the sockets close. Returns how many
+  // requests were ended; errors: the memd connection's (the clients were told already).
+  absl::StatusOr<size_t> Shutdown(std::chrono::milliseconds timeout);
 
   const Worker& worker() const { return *worker_; }
   const std::string& endpoint() const { return frontend_->endpoint(); }

@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -164,11 +166,11 @@ class RealNode {
     EXPECT_TRUE((*c)->WaitPeerConnected(true, std::chrono::milliseconds(10000))) << "no worker " << gpu << Logs();
     return std::move(*c);
   }
-  static void Submit(DealerClient& c, RequestId id, uint32_t salt) {
+  static void Submit(DealerClient& c, RequestId id, uint32_t salt, uint32_t max_new = 4) {
     wire::SubmitRequestT s;
     s.request = id;
     s.prompt = Prompt(40, salt);
-    s.max_new_tokens = 4;
+    s.max_new_tokens = max_new;
     ASSERT_TRUE(c.Send(EncodeSubmitRequest(s, id + 1, "replay")).ok());
   }
   // Reads `c`'s replies until every request of `ids` finished (their chunks interleave); returns the errors ("" =
@@ -300,6 +302,137 @@ TEST(RealNodeEdges, WorkerOnARunDirectoryItMayNotReadFailsAtOnce) {
   EXPECT_NE(ReadFile(worker_log).find("permission denied"), std::string::npos) << ReadFile(worker_log);
   if (::geteuid() != 0) ::chmod(dir.path().c_str(), 0700);
   EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+}
+
+// Back-pressure (issue 12): requests beyond the worker's slots wait for a slot (memd queues the admission, as one
+// short of pages) instead of being refused, and are served in arrival order. 5 requests at once on a worker with 2
+// slots: all are served without error; a request beyond the slots starts (first token) only after an earlier one
+// finished, and the waiting ones start in the order they were submitted.
+TEST(RealNodeEdges, RequestsBeyondTheSlotsWaitForASlotAndAreServedInArrivalOrder) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  ChildProcess worker(node.WorkerArgs(0), node.Log("workerd"));  // --slots 2
+  auto c = node.Client(0);
+  ASSERT_TRUE(c);
+  constexpr int kRequests = 5;
+  for (RequestId id = 1; id <= kRequests; ++id) RealNode::Submit(*c, id, static_cast<uint32_t>(id));
+  // Event numbers (the order chunks arrived in) of each request's first token and finish.
+  std::map<RequestId, int> first, finish;
+  std::string errors;
+  int event = 0;
+  for (int i = 0; i < 3000 && static_cast<int>(finish.size()) < kRequests; ++i) {
+    auto r = c->Receive(std::chrono::milliseconds(10));
+    if (!r.ok()) continue;
+    auto m = DecodeEnvelope(*r);
+    ASSERT_TRUE(m.ok());
+    if (m->type == wire::Body::ErrorReply) errors += ReadErrorReply(*m)->message + "; ";
+    if (m->type != wire::Body::TokenChunk) continue;
+    auto chunk = ReadTokenChunk(*m);
+    ++event;
+    if (chunk->error != wire::ErrorCode::OK) errors += chunk->error_message + "; ";
+    if (!chunk->tokens.empty()) first.emplace(chunk->request, event);
+    if (chunk->finished) finish.emplace(chunk->request, event);
+  }
+  ASSERT_EQ(errors, "") << node.Logs();
+  ASSERT_EQ(finish.size(), static_cast<size_t>(kRequests)) << node.Logs();
+  ASSERT_EQ(first.size(), static_cast<size_t>(kRequests)) << node.Logs();
+  std::vector<int> finishes;
+  for (const auto& [id, e] : finish) finishes.push_back(e);
+  std::sort(finishes.begin(), finishes.end());
+  // Request k (k > 2) needs a slot some earlier request gave back: its first token comes after the (k-2)-th finish.
+  for (RequestId id = 3; id <= kRequests; ++id) {
+    EXPECT_GT(first[id], finishes[id - 3]) << "request " << id << " started before a slot was free" << node.Logs();
+  }
+  for (RequestId id = 2; id <= kRequests; ++id) {
+    EXPECT_LT(first[id - 1], first[id]) << "request " << id << " started before request " << id - 1;
+  }
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(ReadFile(node.Log("workerd")).find("answered message"), std::string::npos) << node.Logs();
+}
+
+// memd's view of one request (IntrospectQuery Request, as `dhsctl request ID`): true when memd knows it.
+bool MemdKnowsRequest(const std::string& run_dir, RequestId id) {
+  DealerClient::Options options;
+  options.identity = "dhsctl/test";
+  auto client = DealerClient::Connect(IpcEndpoint(run_dir, "memd"), options);
+  EXPECT_TRUE(client.ok());
+  if (!client.ok()) return false;
+  wire::IntrospectQueryT q;
+  q.what = wire::IntrospectWhat::Request;
+  q.request = id;
+  q.format = wire::IntrospectFormat::Json;
+  auto bytes = (*client)->Request(EncodeIntrospectQuery(q, 1, "dhsctl"), std::chrono::milliseconds(5000));
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (!bytes.ok()) return false;
+  auto m = DecodeEnvelope(*bytes);
+  EXPECT_TRUE(m.ok());
+  if (!m.ok()) return false;
+  if (m->type == wire::Body::ErrorReply) {
+    EXPECT_TRUE(absl::IsNotFound(ReadErrorStatus(*m))) << ReadErrorStatus(*m);
+    return false;
+  }
+  return m->type == wire::Body::IntrospectReply;
+}
+
+// A worker stopped with SIGTERM while serving (issue 12) tells its clients and memd before it exits: every unfinished
+// request (decoding, or waiting for a slot) gets a final chunk with UNAVAILABLE "worker stopping" at once (not after
+// the client's 120 s), and memd no longer holds any of them (their Complete came).
+TEST(RealNodeEdges, AWorkerStoppedWhileServingEndsItsRequestsWithClientsAndMemd) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  ChildProcess worker(node.WorkerArgs(0), node.Log("workerd"));  // --slots 2
+  auto c = node.Client(0);
+  ASSERT_TRUE(c);
+  const std::vector<RequestId> ids = {5, 6, 7};  // 7 waits for a slot (or pages)
+  for (RequestId id : ids) RealNode::Submit(*c, id, static_cast<uint32_t>(id), /*max_new=*/400);
+  bool streaming = false;
+  std::set<RequestId> finished_early;
+  for (int i = 0; i < 2000 && !streaming; ++i) {
+    auto r = c->Receive(std::chrono::milliseconds(10));
+    if (!r.ok()) continue;
+    auto m = DecodeEnvelope(*r);
+    ASSERT_TRUE(m.ok());
+    if (m->type != wire::Body::TokenChunk) continue;
+    auto chunk = ReadTokenChunk(*m);
+    ASSERT_EQ(chunk->error, wire::ErrorCode::OK) << chunk->error_message << node.Logs();
+    if (chunk->finished) finished_early.insert(chunk->request);
+    streaming = chunk->request == 5 && !chunk->tokens.empty();
+  }
+  ASSERT_TRUE(streaming) << "request 5 never streamed" << node.Logs();
+  ASSERT_TRUE(MemdKnowsRequest(dir.path(), 5)) << node.Logs();  // node id of client id 5 on GPU 0: 5
+  const auto stop = std::chrono::steady_clock::now();
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_LT(std::chrono::steady_clock::now() - stop, std::chrono::seconds(5)) << node.Logs();
+  // The final chunks were sent before the worker exited; they are in our socket now.
+  std::map<RequestId, std::string> ended;  // id -> error message ("" = finished normally)
+  for (RequestId id : finished_early) ended[id] = "";
+  for (int i = 0; i < 500 && ended.size() < ids.size(); ++i) {
+    auto r = c->Receive(std::chrono::milliseconds(10));
+    if (!r.ok()) continue;
+    auto m = DecodeEnvelope(*r);
+    ASSERT_TRUE(m.ok());
+    if (m->type != wire::Body::TokenChunk) continue;
+    auto chunk = ReadTokenChunk(*m);
+    if (!chunk->finished) continue;
+    if (chunk->error != wire::ErrorCode::OK) {
+      EXPECT_EQ(chunk->error, wire::ErrorCode::UNAVAILABLE) << chunk->error_message;
+    }
+    ended[chunk->request] = chunk->error_message;
+  }
+  ASSERT_EQ(ended.size(), ids.size()) << "a request was left without its final chunk" << node.Logs();
+  EXPECT_EQ(ended[5], "worker stopping") << node.Logs();
+  EXPECT_EQ(ended[7], "worker stopping") << node.Logs();
+  for (RequestId id : ids) EXPECT_FALSE(MemdKnowsRequest(dir.path(), id)) << "memd still holds " << id << node.Logs();
+  EXPECT_FALSE(memd.Exited()) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(ReadFile(node.Log("workerd")).find("answered message"), std::string::npos) << node.Logs();
 }
 
 }  // namespace
