@@ -11,6 +11,16 @@ namespace dhs {
 
 absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> sources,
                                 std::span<ResolveQuery> batch) const {
+  if (absl::Status s = ValidateSources(group, sources); !s.ok()) return s;
+  const auto& group_sources = env_.layout->config().groups[group];
+  for (const ResolveQuery& q : batch) {
+    if (absl::Status s = ValidateQuery(group_sources, sources.size(), q); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// A known group, and `sources` is that whole group, each source once (any order).
+absl::Status Resolver::ValidateSources(uint32_t group, std::span<const SourceId> sources) const {
   const KvLayout& l = *env_.layout;
   if (group >= census_.size()) return absl::InvalidArgumentError(absl::StrCat("resolver: unknown group ", group));
   if (sources.empty()) return absl::InvalidArgumentError("resolver: no sources");
@@ -32,41 +42,49 @@ absl::Status Resolver::Validate(uint32_t group, std::span<const SourceId> source
                                                    " has ", group_sources.size(),
                                                    ": pass each source of the group once"));
   }
-  for (const ResolveQuery& q : batch) {
-    if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");
-    if (q.out.size() != sources.size() * q.selection.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("resolver: output has ", q.out.size(), " entries, expected ",
-                                                     sources.size() * q.selection.size()));
+  return absl::OkStatus();
+}
+
+// One query: a request, an output of num_sources * k entries, appended positions (or -1), each at most once.
+absl::Status Resolver::ValidateQuery(std::span<const SourceId> group_sources, size_t num_sources,
+                                     const ResolveQuery& q) const {
+  if (q.kv == nullptr) return absl::InvalidArgumentError("resolver: query without request");
+  if (q.out.size() != num_sources * q.selection.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("resolver: output has ", q.out.size(), " entries, expected ",
+                                                   num_sources * q.selection.size()));
+  }
+  const Position n = q.kv->Length(group_sources);
+  for (Position t : q.selection) {
+    if (t < kNoPosition || t >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " but has ", n, " rows"));
     }
-    const Position n = q.kv->Length(group_sources);
-    for (Position t : q.selection) {
-      if (t < kNoPosition || t >= n) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " but has ", n, " rows"));
-      }
+  }
+  return CheckDistinct(q);
+}
+
+// Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). An open
+// addressing table of at least 2k entries, reused across calls: O(k) per query, no allocation in steady state.
+// Entries carry the stamp of the query that wrote them, so the table is not cleared per query (only when it
+// grows or the stamp wraps).
+absl::Status Resolver::CheckDistinct(const ResolveQuery& q) const {
+  size_t cap = 16;
+  while (cap < 2 * q.selection.size()) cap <<= 1;
+  if (seen_.size() < cap || ++seen_stamp_ == 0) {
+    seen_.assign(std::max(cap, seen_.size()), SeenEntry{});
+    seen_stamp_ = 1;
+  }
+  cap = seen_.size();
+  const uint32_t stamp = seen_stamp_;
+  for (Position t : q.selection) {
+    if (t == kNoPosition) continue;
+    size_t i = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
+    while (seen_[i].stamp == stamp && seen_[i].t != t) i = (i + 1) & (cap - 1);
+    if (seen_[i].stamp == stamp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
     }
-    // Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). An open
-    // addressing table of at least 2k entries, reused across calls: O(k) per query, no allocation in steady state.
-    // Entries carry the stamp of the query that wrote them, so the table is not cleared per query (only when it
-    // grows or the stamp wraps).
-    size_t cap = 16;
-    while (cap < 2 * q.selection.size()) cap <<= 1;
-    if (seen_.size() < cap || ++seen_stamp_ == 0) {
-      seen_.assign(std::max(cap, seen_.size()), SeenEntry{});
-      seen_stamp_ = 1;
-    }
-    cap = seen_.size();
-    const uint32_t stamp = seen_stamp_;
-    for (Position t : q.selection) {
-      if (t == kNoPosition) continue;
-      size_t i = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
-      while (seen_[i].stamp == stamp && seen_[i].t != t) i = (i + 1) & (cap - 1);
-      if (seen_[i].stamp == stamp) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
-      }
-      seen_[i] = SeenEntry{t, stamp};
-    }
+    seen_[i] = SeenEntry{t, stamp};
   }
   return absl::OkStatus();
 }
@@ -179,8 +197,6 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
     ClearOutputs(batch);
     return s;
   }
-  const KvLayout& l = *env_.layout;
-  const auto& gs = l.config().groups[group];
   PlannedBatchPtr plan(new PlannedBatch());
   plan->group = group;
   plan->sources.assign(sources.begin(), sources.end());
@@ -189,61 +205,94 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
   plan->events.resize(sources.size());
   plan->issued.assign(sources.size(), false);
   const uint64_t step = ++step_;
-  // A planning error (INTERNAL, RESOURCE_EXHAUSTED) in query qi: the slots claimed by queries before it (and by qi)
-  // hold rows whose bytes were never copied; they are invalidated, as after a failed copy (Finish). Hits touched so
-  // far stay touched, as in the reference.
-  auto fail = [&](absl::Status status) {
-    for (auto [qq, hh] : plan->assigned) Cache(batch[qq].kv->slot, group).Invalidate(hh);
-    ClearOutputs(batch);
-    return status;
-  };
   for (size_t qi = 0; qi < batch.size(); ++qi) {
-    const ResolveQuery& q = batch[qi];
-    q.kv->IndexPages();  // O(1) unless pages were added by hand
-    auto& es = plan->entries[qi];
-    es.resize(q.selection.size());
-    for (Position t : q.selection) {
-      if (t >= 0) q.kv->PrefetchIndex(t, l.config().page_rows);
-    }
-    size_t rest = 0;
-    for (size_t j = 0; j < q.selection.size(); ++j) {  // (1) direct, from the hot index
-      const Position t = q.selection[j];
-      if (t == kNoPosition) continue;
-      if (Direct(l, *q.kv, gs, t, es[j])) {
-        ++plan->census.direct;
-        continue;
-      }
-      if (!q.kv->HostReady(t, l.config().page_rows)) return fail(NoCopy(*q.kv, t));
-      ++rest;
-    }
-    if (rest == 0) {
-      ++plan->census.scans_skipped;
-      continue;
-    }
-    HotCache& hc = Cache(q.kv->slot, group);
-    for (size_t j = 0; j < q.selection.size(); ++j) {  // (2) hot hits, protected
-      if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
-      const uint32_t h = hc.Find(q.selection[j]);
-      if (h == HotCache::kNone) continue;
-      hc.Touch(h, step);
-      es[j] = Entry{Kind::kHot, h, 0};
-      ++plan->census.hot;
-    }
-    for (size_t j = 0; j < q.selection.size(); ++j) {  // (3) misses take unprotected LRU victims
-      if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
-      // Absent from the cache: not found in (2), and claims since then were of this query's other positions
-      // (distinct, Validate); earlier queries' claims were hits in (2).
-      const uint32_t h = hc.ClaimAbsent(q.selection[j], step);
-      if (h == HotCache::kNone) {
-        return fail(absl::ResourceExhaustedError(absl::StrCat(
-            "resolver: request ", q.kv->id, " selects more distinct missing rows than B in one step")));
-      }
-      es[j] = Entry{Kind::kHost, h, 0};
-      plan->assigned.emplace_back(qi, h);
-      ++plan->census.host;
-    }
+    if (absl::Status s = PlanQuery(*plan, qi, step); !s.ok()) return FailPlan(*plan, std::move(s));
   }
   return plan;
+}
+
+// Steps 1-2 and the victims of query qi: direct rows, then (unless every row resolved directly) hot hits touched
+// and misses given LRU victims.
+absl::Status FusedResolver::PlanQuery(PlannedBatch& plan, size_t qi, uint64_t step) {
+  absl::StatusOr<size_t> rest = PlanDirect(plan, qi);
+  if (!rest.ok()) return rest.status();
+  if (*rest == 0) {
+    ++plan.census.scans_skipped;
+    return absl::OkStatus();
+  }
+  HotCache& hc = Cache(plan.batch[qi].kv->slot, plan.group);
+  PlanHotHits(plan, qi, hc, step);
+  return PlanMisses(plan, qi, hc, step);
+}
+
+// Step 1 of query qi, from the hot index: tail or ready rows. Returns how many rows are left for the hot cache, or
+// INTERNAL for a row with neither a GPU nor a host copy.
+absl::StatusOr<size_t> FusedResolver::PlanDirect(PlannedBatch& plan, size_t qi) const {
+  const KvLayout& l = *env_.layout;
+  const auto& gs = l.config().groups[plan.group];
+  const ResolveQuery& q = plan.batch[qi];
+  q.kv->IndexPages();  // O(1) unless pages were added by hand
+  auto& es = plan.entries[qi];
+  es.resize(q.selection.size());
+  for (Position t : q.selection) {
+    if (t >= 0) q.kv->PrefetchIndex(t, l.config().page_rows);
+  }
+  size_t rest = 0;
+  for (size_t j = 0; j < q.selection.size(); ++j) {
+    const Position t = q.selection[j];
+    if (t == kNoPosition) continue;
+    if (Direct(l, *q.kv, gs, t, es[j])) {
+      ++plan.census.direct;
+      continue;
+    }
+    if (!q.kv->HostReady(t, l.config().page_rows)) return NoCopy(*q.kv, t);
+    ++rest;
+  }
+  return rest;
+}
+
+// Step 2 of query qi: rows in the hot cache are touched (so protected from this step's victim choice).
+void FusedResolver::PlanHotHits(PlannedBatch& plan, size_t qi, HotCache& hc, uint64_t step) {
+  const ResolveQuery& q = plan.batch[qi];
+  auto& es = plan.entries[qi];
+  for (size_t j = 0; j < q.selection.size(); ++j) {
+    if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
+    const uint32_t h = hc.Find(q.selection[j]);
+    if (h == HotCache::kNone) continue;
+    hc.Touch(h, step);
+    es[j] = Entry{Kind::kHot, h, 0};
+    ++plan.census.hot;
+  }
+}
+
+// Victims for query qi: each remaining miss claims an unprotected LRU slot for host recovery; RESOURCE_EXHAUSTED
+// when none is left.
+absl::Status FusedResolver::PlanMisses(PlannedBatch& plan, size_t qi, HotCache& hc, uint64_t step) {
+  const ResolveQuery& q = plan.batch[qi];
+  auto& es = plan.entries[qi];
+  for (size_t j = 0; j < q.selection.size(); ++j) {
+    if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
+    // Absent from the cache: not found in (2), and claims since then were of this query's other positions
+    // (distinct, Validate); earlier queries' claims were hits in (2).
+    const uint32_t h = hc.ClaimAbsent(q.selection[j], step);
+    if (h == HotCache::kNone) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "resolver: request ", q.kv->id, " selects more distinct missing rows than B in one step"));
+    }
+    es[j] = Entry{Kind::kHost, h, 0};
+    plan.assigned.emplace_back(qi, h);
+    ++plan.census.host;
+  }
+  return absl::OkStatus();
+}
+
+// A planning error (INTERNAL, RESOURCE_EXHAUSTED) in some query: the slots claimed by the queries before it (and by
+// it) hold rows whose bytes were never copied; they are invalidated, as after a failed copy (Finish). Hits touched
+// so far stay touched, as in the reference. Returns `status`.
+absl::Status FusedResolver::FailPlan(PlannedBatch& plan, absl::Status status) {
+  for (auto [qq, hh] : plan.assigned) Cache(plan.batch[qq].kv->slot, plan.group).Invalidate(hh);
+  ClearOutputs(plan.batch);
+  return status;
 }
 
 CopyEvent FusedResolver::IssueFollower(PlannedBatch& plan, size_t si) {
@@ -340,103 +389,155 @@ void ReferenceResolver::ResetSlot(SlotIndex slot) {
   for (uint32_t g = 0; g < groups_; ++g) Reset(caches_[slot * groups_ + g]);
 }
 
+struct ReferenceResolver::Planned {
+  std::vector<std::vector<Entry>> entries;         // [query][j]
+  std::vector<std::pair<Slots*, uint32_t>> assigned;  // hot slots claimed for host recovery, in claim order
+  Census add;                                        // committed only when the whole batch resolved
+};
+
 absl::Status ReferenceResolver::Resolve(uint32_t group, std::span<const SourceId> sources,
                                         std::span<ResolveQuery> batch) {
   if (absl::Status s = Validate(group, sources, batch); !s.ok()) {
     ClearOutputs(batch);
     return s;
   }
+  const uint64_t step = ++step_;
+  Planned p;
+  // Every query is planned (steps 1-2, victims) before any copy, as in the fused resolver: a failed copy of any
+  // query then leaves the same hot-cache state in both (every query's hits touched, every claim invalidated).
+  p.entries.resize(batch.size());
+  for (size_t qi = 0; qi < batch.size(); ++qi) {
+    if (absl::Status s = PlanQuery(p, group, batch[qi], qi, step); !s.ok()) return Fail(p, batch, std::move(s));
+  }
+  for (size_t qi = 0; qi < batch.size(); ++qi) {
+    if (absl::Status s = EmitQuery(p, sources, batch[qi], qi); !s.ok()) return Fail(p, batch, std::move(s));
+  }
+  census_[group] += p.add;
+  return absl::OkStatus();
+}
+
+// Steps 1-2 and the victims of query q (index qi): the hot cache is scanned unless every row resolved directly.
+absl::Status ReferenceResolver::PlanQuery(Planned& p, uint32_t group, const ResolveQuery& q, size_t qi,
+                                          uint64_t step) {
+  Slots& hc = caches_[q.kv->slot * groups_ + group];
+  p.entries[qi].resize(q.selection.size());
+  absl::StatusOr<bool> all_direct = PlanDirect(p, group, q, qi);
+  if (!all_direct.ok()) return all_direct.status();
+  if (*all_direct) return absl::OkStatus();
+  return PlanHot(p, hc, q, qi, step);
+}
+
+// Step 1 of query q, from the page record: tail or ready rows, counted in the census. Returns whether every row
+// resolved directly, or INTERNAL for a row with neither a GPU nor a host copy.
+absl::StatusOr<bool> ReferenceResolver::PlanDirect(Planned& p, uint32_t group, const ResolveQuery& q,
+                                                   size_t qi) const {
   const KvLayout& l = *env_.layout;
   const KvConfig& c = l.config();
   const auto& gs = c.groups[group];
-  const uint64_t step = ++step_;
-  Census add;
-  std::vector<std::pair<Slots*, uint32_t>> assigned;
-  auto fail = [&](absl::Status s) {
-    for (auto [cache, h] : assigned) {
-      cache->pos[h] = kNoPosition;
-      cache->stamp[h] = 0;
-      cache->last_use[h] = --low_;
+  std::vector<Entry>& es = p.entries[qi];
+  bool all_direct = true;
+  for (size_t j = 0; j < q.selection.size(); ++j) {
+    const Position t = q.selection[j];
+    if (t == kNoPosition || DirectFromRecord(l, *q.kv, gs, t, es[j])) continue;
+    const KvPage* pg = q.kv->Page(t, c.page_rows);
+    if (pg == nullptr || !pg->host_ready) return NoCopy(*q.kv, t);
+    all_direct = false;
+  }
+  for (const Entry& e : es) p.add.direct += (e.kind == Kind::kTail || e.kind == Kind::kReady);
+  if (all_direct) ++p.add.scans_skipped;
+  return all_direct;
+}
+
+// Step 2 and the victims of query q, in two passes: pass 0 touches the hits; pass 1 gives each miss the least
+// recently used slot not yet used in this step (RESOURCE_EXHAUSTED when none is left).
+absl::Status ReferenceResolver::PlanHot(Planned& p, Slots& hc, const ResolveQuery& q, size_t qi, uint64_t step) {
+  std::vector<Entry>& es = p.entries[qi];
+  for (size_t pass = 0; pass < 2; ++pass) {
+    for (size_t j = 0; j < q.selection.size(); ++j) {
+      const Position t = q.selection[j];
+      if (t == kNoPosition || es[j].kind != Kind::kNone) continue;
+      int64_t h = Scan(hc, t);
+      if (h < 0 && pass == 1) {
+        h = Victim(hc, step);
+        if (h < 0) return absl::ResourceExhaustedError("reference resolver: union exceeds B");
+        hc.pos[h] = t;
+        es[j] = Entry{Kind::kHost, static_cast<uint32_t>(h), 0};
+        p.assigned.emplace_back(&hc, static_cast<uint32_t>(h));
+        ++p.add.host;
+      } else if (h >= 0) {
+        es[j] = Entry{Kind::kHot, static_cast<uint32_t>(h), 0};
+        ++p.add.hot;
+      } else {
+        continue;
+      }
+      hc.stamp[h] = step;
+      hc.last_use[h] = ++clock_;
     }
-    ClearOutputs(batch);
-    return s;
-  };
-  // Every query is planned (steps 1-2, victims) before any copy, as in the fused resolver: a failed copy of any
-  // query then leaves the same hot-cache state in both (every query's hits touched, every claim invalidated).
-  std::vector<std::vector<Entry>> entries(batch.size());
-  for (size_t qi = 0; qi < batch.size(); ++qi) {
-    ResolveQuery& q = batch[qi];
-    const size_t k = q.selection.size();
-    Slots& hc = caches_[q.kv->slot * groups_ + group];
-    std::vector<Entry>& es = entries[qi];
-    es.resize(k);
-    bool all_direct = true;
+  }
+  return absl::OkStatus();
+}
+
+// The slot holding row t (linear scan), -1 when none.
+int64_t ReferenceResolver::Scan(const Slots& hc, Position t) {
+  for (uint32_t h = 0; h < hc.pos.size(); ++h) {
+    if (hc.pos[h] == t) return h;
+  }
+  return -1;
+}
+
+// The least recently used slot not used in `step` (the first such on ties), -1 when every slot is.
+int64_t ReferenceResolver::Victim(const Slots& hc, uint64_t step) {
+  int64_t h = -1;
+  for (uint32_t v = 0; v < hc.pos.size(); ++v) {
+    if (hc.stamp[v] != step && (h < 0 || hc.last_use[v] < hc.last_use[h])) h = v;
+  }
+  return h;
+}
+
+// Emits query q's locations and recovers its misses, one source at a time, waiting each tail write and each copy.
+absl::Status ReferenceResolver::EmitQuery(Planned& p, std::span<const SourceId> sources, const ResolveQuery& q,
+                                          size_t qi) {
+  const KvLayout& l = *env_.layout;
+  const size_t k = q.selection.size();
+  const std::vector<Entry>& es = p.entries[qi];
+  for (size_t si = 0; si < sources.size(); ++si) {
+    const SourceId s = sources[si];
     for (size_t j = 0; j < k; ++j) {
       const Position t = q.selection[j];
-      if (t == kNoPosition || DirectFromRecord(l, *q.kv, gs, t, es[j])) continue;
-      const KvPage* pg = q.kv->Page(t, c.page_rows);
-      if (pg == nullptr || !pg->host_ready) return fail(NoCopy(*q.kv, t));
-      all_direct = false;
-    }
-    for (const Entry& e : es) add.direct += (e.kind == Kind::kTail || e.kind == Kind::kReady);
-    if (all_direct) ++add.scans_skipped;
-    auto scan = [&](Position t) -> int64_t {
-      for (uint32_t h = 0; h < hc.pos.size(); ++h) {
-        if (hc.pos[h] == t) return h;
-      }
-      return -1;
-    };
-    for (size_t pass = 0; pass < 2 && !all_direct; ++pass) {  // pass 0: hits; pass 1: misses
-      for (size_t j = 0; j < k; ++j) {
-        const Position t = q.selection[j];
-        if (t == kNoPosition || es[j].kind != Kind::kNone) continue;
-        int64_t h = scan(t);
-        if (h < 0 && pass == 1) {
-          for (uint32_t v = 0; v < hc.pos.size(); ++v) {
-            if (hc.stamp[v] != step && (h < 0 || hc.last_use[v] < hc.last_use[h])) h = v;
-          }
-          if (h < 0) return fail(absl::ResourceExhaustedError("reference resolver: union exceeds B"));
-          hc.pos[h] = t;
-          es[j] = Entry{Kind::kHost, static_cast<uint32_t>(h), 0};
-          assigned.emplace_back(&hc, static_cast<uint32_t>(h));
-          ++add.host;
-        } else if (h >= 0) {
-          es[j] = Entry{Kind::kHot, static_cast<uint32_t>(h), 0};
-          ++add.hot;
-        } else {
-          continue;
+      q.out[si * k + j] = LocationOf(l, *q.kv, s, t, es[j]);
+      if (es[j].kind == Kind::kTail) {
+        if (absl::Status w = q.kv->tail_write[s][static_cast<size_t>(t % l.config().tail_rows)].Wait(); !w.ok()) {
+          return w;
         }
-        hc.stamp[h] = step;
-        hc.last_use[h] = ++clock_;
+      } else if (es[j].kind == Kind::kHost) {
+        if (absl::Status w = RecoverRow(p, q, s, t, q.out[si * k + j]); !w.ok()) return w;
       }
     }
   }
-  for (size_t qi = 0; qi < batch.size(); ++qi) {
-    // Emit and recover this query's misses, one source at a time, waiting each copy.
-    ResolveQuery& q = batch[qi];
-    const size_t k = q.selection.size();
-    const std::vector<Entry>& es = entries[qi];
-    for (size_t si = 0; si < sources.size(); ++si) {
-      const SourceId s = sources[si];
-      for (size_t j = 0; j < k; ++j) {
-        const Position t = q.selection[j];
-        q.out[si * k + j] = LocationOf(l, *q.kv, s, t, es[j]);
-        if (es[j].kind == Kind::kTail) {
-          if (absl::Status w = q.kv->tail_write[s][static_cast<size_t>(t % c.tail_rows)].Wait(); !w.ok()) {
-            return fail(w);
-          }
-        } else if (es[j].kind == Kind::kHost) {
-          const DeviceRange dst{env_.pool, q.out[si * k + j], l.row_bytes(s)};
-          CopyEvent fence = env_.device->ReadersFence(dst);
-          HostToDeviceCopy op{dst, HostRow(*q.kv->Page(t, c.page_rows), s, t)};
-          if (absl::Status w = env_.device->CopyHostToDevice({&op, 1}, {&fence, 1}).Wait(); !w.ok()) return fail(w);
-          add.bytes_recovered += l.row_bytes(s);
-        }
-      }
-    }
-  }
-  census_[group] += add;
   return absl::OkStatus();
+}
+
+// Copies row t of source s from its host page to `dst` (a hot slot) after the slot's readers, and waits the copy.
+absl::Status ReferenceResolver::RecoverRow(Planned& p, const ResolveQuery& q, SourceId s, Position t, Location dst) {
+  const KvLayout& l = *env_.layout;
+  const DeviceRange range{env_.pool, dst, l.row_bytes(s)};
+  CopyEvent fence = env_.device->ReadersFence(range);
+  HostToDeviceCopy op{range, HostRow(*q.kv->Page(t, l.config().page_rows), s, t)};
+  if (absl::Status w = env_.device->CopyHostToDevice({&op, 1}, {&fence, 1}).Wait(); !w.ok()) return w;
+  p.add.bytes_recovered += l.row_bytes(s);
+  return absl::OkStatus();
+}
+
+// Any error: every slot the batch claimed is emptied and made least recent (in claim order), every output is -1.
+// Returns `status`.
+absl::Status ReferenceResolver::Fail(Planned& p, std::span<ResolveQuery> batch, absl::Status status) {
+  for (auto [cache, h] : p.assigned) {
+    cache->pos[h] = kNoPosition;
+    cache->stamp[h] = 0;
+    cache->last_use[h] = --low_;
+  }
+  ClearOutputs(batch);
+  return status;
 }
 
 }  // namespace dhs

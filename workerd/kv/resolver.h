@@ -92,6 +92,12 @@ class Resolver {
   std::vector<Census> census_;
 
  private:
+  // Validate's steps (resolver.cc).
+  absl::Status ValidateSources(uint32_t group, std::span<const SourceId> sources) const;
+  absl::Status ValidateQuery(std::span<const SourceId> group_sources, size_t num_sources,
+                             const ResolveQuery& q) const;
+  absl::Status CheckDistinct(const ResolveQuery& q) const;
+
   struct SeenEntry {
     Position t = kNoPosition;
     uint32_t stamp = 0;  // the query that wrote it; other stamps are empty
@@ -133,6 +139,12 @@ class FusedResolver final : public Resolver {
 
  private:
   HotCache& Cache(SlotIndex slot, uint32_t group) { return caches_[slot * groups_ + group]; }
+  // Plan's steps for query qi of `plan` (resolver.cc).
+  absl::Status PlanQuery(PlannedBatch& plan, size_t qi, uint64_t step);
+  absl::StatusOr<size_t> PlanDirect(PlannedBatch& plan, size_t qi) const;
+  void PlanHotHits(PlannedBatch& plan, size_t qi, HotCache& hc, uint64_t step);
+  absl::Status PlanMisses(PlannedBatch& plan, size_t qi, HotCache& hc, uint64_t step);
+  absl::Status FailPlan(PlannedBatch& plan, absl::Status status);
 
   uint32_t groups_;
   std::vector<HotCache> caches_;
@@ -159,7 +171,17 @@ class ReferenceResolver final : public Resolver {
     std::vector<int64_t> last_use;
     std::vector<uint64_t> stamp;
   };
+  struct Planned;  // the batch's plan: entries, claimed slots, census (resolver.cc)
   void Reset(Slots& c);
+  // Resolve's steps (resolver.cc).
+  absl::Status PlanQuery(Planned& p, uint32_t group, const ResolveQuery& q, size_t qi, uint64_t step);
+  absl::StatusOr<bool> PlanDirect(Planned& p, uint32_t group, const ResolveQuery& q, size_t qi) const;
+  absl::Status PlanHot(Planned& p, Slots& hc, const ResolveQuery& q, size_t qi, uint64_t step);
+  static int64_t Scan(const Slots& hc, Position t);
+  static int64_t Victim(const Slots& hc, uint64_t step);
+  absl::Status EmitQuery(Planned& p, std::span<const SourceId> sources, const ResolveQuery& q, size_t qi);
+  absl::Status RecoverRow(Planned& p, const ResolveQuery& q, SourceId s, Position t, Location dst);
+  absl::Status Fail(Planned& p, std::span<ResolveQuery> batch, absl::Status status);
   uint32_t groups_;
   std::vector<Slots> caches_;
   uint64_t step_ = 0;
