@@ -120,8 +120,7 @@ CopyEvent CpuDevice::Submit(CopyKind kind, uint64_t id, CopyHook hook, std::vect
   // Fast path (cpu_device.h): dependencies done (checked before taking mu_: Done locks the event's own mutex).
   uint64_t bytes = 0;
   for (const Op& op : job.ops) bytes += op.bytes;
-  const bool ready = !job.held && std::all_of(job.after.begin(), job.after.end(),
-                                              [](const CopyEvent& e) { return e.Done(); });
+  const bool ready = job.Runnable();
   std::unique_lock<std::mutex> l(mu_);
   if (ready && bytes <= inline_limit_ && !stop_ && !busy_ && !AnyRunnable()) {
     busy_ = true;
@@ -214,19 +213,10 @@ CopyEvent CpuDevice::CopyDeviceToDevice(std::span<const DeviceToDeviceCopy> ops,
   return Submit(CopyKind::kDeviceToDevice, id, std::move(hook), std::move(v), std::move(dev), valid, after);
 }
 
-bool CpuDevice::AnyRunnable() const {
-  return std::any_of(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
-}
+bool CpuDevice::AnyRunnable() const { return dhs::AnyRunnable(queue_); }
 
 void CpuDevice::Execute(Job& job, std::unique_lock<std::mutex>& l) {
-  absl::Status s;
-  for (const CopyEvent& e : job.after) {
-    if (!e.Status().ok()) {
-      s = absl::UnavailableError("CpuDevice: a dependency of copy " + std::to_string(job.id) +
-                                 " failed: " + std::string(e.Status().message()));
-      break;
-    }
-  }
+  absl::Status s = DependencyStatus(job.after, "CpuDevice", job.id);
   uint64_t bytes = 0;
   if (s.ok()) {
     for (const Op& op : job.ops) {
@@ -344,7 +334,7 @@ void CpuDevice::ReleaseAllHeld() {
 void CpuDevice::WaitIdle() {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    const bool runnable = std::any_of(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
+    const bool runnable = AnyRunnable();
     if (!runnable && !busy_) return;
     ++idle_waiters_;
     cv_.wait_for(l, std::chrono::milliseconds(1));

@@ -303,14 +303,7 @@ void CudaDevice::Loop() {
     queue_.erase(it);
     busy_ = true;
     l.unlock();
-    absl::Status s;
-    for (const CopyEvent& e : job.after) {
-      if (!e.Status().ok()) {
-        s = absl::UnavailableError(absl::StrCat("CudaDevice: a dependency of copy ", job.id,
-                                                " failed: ", e.Status().message()));
-        break;
-      }
-    }
+    absl::Status s = DependencyStatus(job.after, "CudaDevice", job.id);
     cudaEvent_t ev = nullptr;
     if (s.ok()) {
       cudaStream_t stream = streams_[static_cast<int>(job.kind)];
@@ -430,7 +423,7 @@ void CudaDevice::ReleaseAllHeld() {
 void CudaDevice::WaitIdle() {
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
-    const bool runnable = std::any_of(queue_.begin(), queue_.end(), [](const Job& j) { return j.Runnable(); });
+    const bool runnable = AnyRunnable(queue_);
     const bool copying = std::any_of(in_flight_.begin(), in_flight_.end(),
                                      [](const std::shared_ptr<State>& s) { return !s->Done(); });
     if (!runnable && !busy_ && !copying) return;

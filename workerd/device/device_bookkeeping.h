@@ -21,6 +21,8 @@
 #include <span>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "workerd/device/device.h"
 
 namespace dhs {
@@ -49,6 +51,23 @@ struct CopyJob {
 };
 
 // Ids of the held jobs of `queue`, in queue (issue) order.
+// Whether a queued batch could run now (CopyJob::Runnable). Under the device's mu_.
+template <class State>
+bool AnyRunnable(const std::deque<CopyJob<State>>& queue) {
+  return std::any_of(queue.begin(), queue.end(), [](const CopyJob<State>& j) { return j.Runnable(); });
+}
+
+// OK when every dependency of copy `id` succeeded, else UNAVAILABLE naming the first failed one
+// ("<device>: a dependency of copy <id> failed: <its message>"). Called once all of them are done.
+inline absl::Status DependencyStatus(const std::vector<CopyEvent>& after, absl::string_view device, uint64_t id) {
+  for (const CopyEvent& e : after) {
+    if (absl::Status s = e.Status(); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat(device, ": a dependency of copy ", id, " failed: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <class State>
 std::vector<uint64_t> HeldCopyIds(const std::deque<CopyJob<State>>& queue) {
   std::vector<uint64_t> ids;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "workerd/kv/resolver_plan.h"
 
 namespace dhs {
 
@@ -78,7 +79,7 @@ absl::Status Resolver::CheckDistinct(const ResolveQuery& q) const {
   const uint32_t stamp = seen_stamp_;
   for (Position t : q.selection) {
     if (t == kNoPosition) continue;
-    size_t i = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
+    size_t i = plan::HashOf(t, static_cast<uint32_t>(cap - 1));
     while (seen_[i].stamp == stamp && seen_[i].t != t) i = (i + 1) & (cap - 1);
     if (seen_[i].stamp == stamp) {
       return absl::InvalidArgumentError(
