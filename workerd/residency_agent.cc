@@ -102,9 +102,11 @@ absl::Status ResidencyAgent::OnGrant(const wire::AdmitGrantT& m, uint64_t comple
   return absl::OkStatus();
 }
 
-void ResidencyAgent::RefuseGrant(const wire::AdmitGrantT& m) {
+void ResidencyAgent::RefuseGrant(const wire::AdmitGrantT& m) { SendComplete(m.request); }
+
+void ResidencyAgent::SendComplete(RequestId request) {
   wire::CompleteT c;
-  c.request = m.request;
+  c.request = request;
   c.gpu = config_.gpu;
   Sent(memd_->SendComplete(c), "Complete");
 }
@@ -167,23 +169,16 @@ void ResidencyAgent::IssueBackup(const wire::ReclaimOrderT& m, size_t i, const B
     return;
   }
   absl::Status issued;
-  if (item.lost) {
-    // Its GPU page holds nothing (the keep copy failed) and it has no host copy (the fallback copy failed): its rows
-    // are still in the tail (a page without a host copy never leaves it). Backed up from there now and awaited, like
-    // a planned page whose rows are all written; nothing to keep again if the order fails (the page stays lost).
-    absl::StatusOr<bool> now = kv_->BackupInsteadOfKeep(m.request, j, item.target);
-    issued = now.status();
-    if (now.ok() && !*now) {  // not complete (cannot happen for a page that was kept): deferred
-      rc.deferred.push_back(m.backup_pages[i]);
-      return;
-    }
-  } else if (item.held) {
+  if (item.held) {
     issued = kv_->BackupHeldPage(m.request, j, item.target);
   } else {
-    // Only planned to be kept: the GPU page holds nothing. A page whose rows are all written (still in the tail) is
-    // backed up now and awaited; one the victim is still writing is *deferred* (contract §4): it goes to its host page
-    // when it completes (HostCopyWritten), and the order does not wait for the victim's prefill.
-    rc.planned[j] = m.backup_pages[i];
+    // The GPU page holds nothing: the page was only planned to be kept there, or it is lost (its keep copy failed and
+    // so did its fallback host copy). Its rows are still in the tail (a page without a host copy never leaves it). A
+    // page whose rows are all written is backed up from there now and awaited; one the victim is still writing is
+    // *deferred* (contract §4): it goes to its host page when it completes (HostCopyWritten), and the order does not
+    // wait for the victim's prefill (a lost page was complete: never deferred). Only a planned page is kept again if
+    // the order fails; a lost one stays lost.
+    if (!item.lost) rc.planned[j] = m.backup_pages[i];
     absl::StatusOr<bool> now = kv_->BackupInsteadOfKeep(m.request, j, item.target);
     issued = now.status();
     if (now.ok() && !*now) {
@@ -376,12 +371,12 @@ void ResidencyAgent::OnRetire(const wire::RetireT& m) {
 // ---- populate orders ----
 
 void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
-  if (Granted* gm = Find(m.request)) {
-    for (PageIndex dp : m.pages) gm->lost.erase(dp);  // memd freed it (HostCopyWritten) and gives it out again
+  Granted* g = Find(m.request);
+  if (g != nullptr) {
+    for (PageIndex dp : m.pages) g->lost.erase(dp);  // memd freed it (HostCopyWritten) and gives it out again
   }
   Populate& po = populates_[m.order];
   po.order = m;
-  const Granted* g = Find(m.request);
   if (m.pages.size() != m.history_pages.size() || m.pages.size() != m.host_pages.size()) {
     po.status = absl::InvalidArgumentError("PopulateOrder: pages, history_pages and host_pages differ in length");
   } else if (g == nullptr) {
@@ -587,10 +582,7 @@ void ResidencyAgent::EndRequest(RequestId request) {
   std::erase_if(reclaims_, [&](const auto& e) { return e.second.order.request == request; });
   std::erase_if(populates_, [&](const auto& e) { return e.second.order.request == request; });
   granted_.erase(request);
-  wire::CompleteT c;
-  c.request = request;
-  c.gpu = config_.gpu;
-  Sent(memd_->SendComplete(c), "Complete");
+  SendComplete(request);
   for (Cancelled& x : cancelled) cancelled_.push_back(std::move(x));
 }
 

@@ -146,6 +146,8 @@ class ResidencyAgent {
   absl::Status MapBackupPages(const Granted& g, const wire::ReclaimOrderT& m, std::vector<BackupItem>& items) const;
   // Page `page` of `request` is not on GPU page `dp` that memd gave it (Granted::lost).
   void LoseGpuPage(RequestId request, uint32_t page, PageIndex dp);
+  // Complete{request} to memd (the end of a request, or a grant refused).
+  void SendComplete(RequestId request);
   void IssueBackup(const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
   void AdvanceReclaims();
   // Step 1 of a reclaim: BackupComplete once its copies ended. Returns false while it must wait, or when the order
