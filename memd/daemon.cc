@@ -379,15 +379,14 @@ absl::StatusOr<std::string> Daemon::OnComplete(const Message& m, std::string_vie
 absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   auto q = ReadIntrospectQuery(m);
   if (!q.ok()) return q.status();
-  const StateDump dump = core_->Dump();
-  if (q->what == wire::IntrospectWhat::Request &&
-      std::none_of(dump.requests.begin(), dump.requests.end(), [&](const RequestDump& r) { return r.request == q->request; })) {
+  // Unknown ids are answered before the dump is built (it copies every page of every GPU).
+  if (q->what == wire::IntrospectWhat::Request && !core_->GpuOfRequest(q->request)) {
     return absl::NotFoundError(absl::StrFormat("request %d not found", q->request));
   }
-  if (q->what == wire::IntrospectWhat::Pages &&
-      std::none_of(dump.gpus.begin(), dump.gpus.end(), [&](const GpuDump& g) { return g.gpu == q->gpu; })) {
+  if (q->what == wire::IntrospectWhat::Pages && core_->gpu_table(q->gpu) == nullptr) {
     return absl::NotFoundError(absl::StrFormat("GPU %d not found", q->gpu));
   }
+  const StateDump dump = core_->Dump();
   const DumpView view = ViewOf(*q);
   wire::IntrospectReplyT reply;
   reply.what = q->what;

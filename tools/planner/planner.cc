@@ -481,10 +481,12 @@ absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live) {
   auto sub = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
   LivePlan lp;
   lp.page_bytes = live.page_bytes;
-  lp.required_pages_per_session = (plan.hierarchical_bytes_per_session + live.page_bytes - 1) / live.page_bytes;
+  lp.required_pages_per_session = CeilDiv(plan.hierarchical_bytes_per_session, live.page_bytes);
   lp.host_pages_per_session = plan.padded_context_tokens / t.page_rows;
   uint64_t gpu_sessions = 0;
+  uint64_t queued_host = 0;
   for (const LiveGpu& g : live.gpus) {
+    queued_host += g.queued_host_pages;
     LiveGpuPlan gp;
     gp.gpu = g.gpu;
     gp.available_pages = sub(sub(g.free_pages, g.reserve_pages) + g.reclaimable_pages + g.reclaiming_pages,
@@ -497,11 +499,6 @@ absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live) {
     gpu_sessions += gp.sessions;
     lp.gpus.push_back(gp);
   }
-  const uint64_t queued_host = [&] {
-    uint64_t q = 0;
-    for (const LiveGpu& g : live.gpus) q += g.queued_host_pages;
-    return q;
-  }();
   lp.host_available_pages = sub(live.host_reusable_pages, queued_host);
   lp.sessions_by_host = lp.host_available_pages / lp.host_pages_per_session;
   lp.sessions_now = std::min(gpu_sessions, lp.sessions_by_host);
