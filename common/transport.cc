@@ -193,7 +193,7 @@ absl::Status RouterServer::Reply(std::string_view peer, std::string_view bytes) 
   try {
     if (!socket_->send(zmq::buffer(peer.data(), peer.size()), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
         !socket_->send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait)) {
-      return absl::UnavailableError("reply queue full");
+      return absl::ResourceExhaustedError(absl::StrCat("reply queue of peer full on ", endpoint_));
     }
     return absl::OkStatus();
   } catch (const zmq::error_t& e) {

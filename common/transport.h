@@ -93,7 +93,8 @@ class RouterServer {
   // frames (not [routing id][payload]) are dropped with a warning.
   absl::StatusOr<std::optional<Incoming>> Poll(std::chrono::milliseconds timeout);
 
-  // Sends `bytes` to `peer`; UNAVAILABLE when the peer is not connected (ZMQ_ROUTER_MANDATORY).
+  // Sends `bytes` to `peer` without blocking; UNAVAILABLE when the peer is not connected (ZMQ_ROUTER_MANDATORY),
+  // RESOURCE_EXHAUSTED when its queue is full (ZMQ_SNDHWM reached: it does not read; nothing was sent, retry later).
   absl::Status Reply(std::string_view peer, std::string_view bytes);
 
  private:
