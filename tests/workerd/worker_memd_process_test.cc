@@ -542,6 +542,44 @@ TEST(RealNodeEdges, AClientThatStopsReadingHasItsRequestFailedExplicitlyAndOther
   EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
 }
 
+// A client that goes away while its request streams (its socket closes): the worker's next chunk finds no route
+// (ZMQ_ROUTER_MANDATORY), the request ends and memd releases it, instead of the worker generating every token for no one.
+TEST(RealNodeEdges, TheRequestOfAClientThatWentAwayEndsAndItsPagesReturn) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(/*host_pool_pages=*/1024), node.Log("memd"));
+  ChildProcess worker(node.WorkerArgs(0), node.Log("workerd"));
+  auto reader = node.Client(0);
+  ASSERT_TRUE(reader);
+  auto client = std::make_unique<RawClient>(dir.path(), 0, /*rcvhwm=*/1000);
+  wire::SubmitRequestT s;
+  s.request = 3;
+  s.prompt = Prompt(40, 3);
+  s.max_new_tokens = 6000;
+  client->Send(EncodeSubmitRequest(s, 1, "leaver"));
+  std::string keep;
+  bool streaming = false;
+  for (int i = 0; i < 200 && !streaming; ++i) {
+    std::optional<Message> m = client->Receive(50, &keep);
+    streaming = m && m->type == wire::Body::TokenChunk;
+  }
+  ASSERT_TRUE(streaming) << node.Logs();
+  client.reset();  // the client goes away mid-stream
+  bool released = false;
+  for (int i = 0; i < 600 && !released; ++i) {
+    released = !MemdKnowsRequest(dir.path(), 3);
+    if (!released) ::poll(nullptr, 0, 50);
+  }
+  EXPECT_TRUE(released) << "memd still holds the request of a client that went away" << node.Logs();
+  const wire::WorkerStatsReplyT stats = WorkerStats(*reader);
+  EXPECT_EQ(stats.failed_requests, 1u);
+  EXPECT_LT(stats.tokens_generated, 6000u);
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+}
+
 // A flood of submissions (issue 12) from a raw socket: with --submit-queue 4 every submit is answered once, either
 // SubmitAccepted (then served to its final chunk) or RESOURCE_EXHAUSTED "submit queue full (4)"; the requests waiting
 // for a grant never exceed 4 (the worker's gauge), and the worker serves a normal client afterwards.
