@@ -26,13 +26,7 @@ PushVerdict ClientOutbox::Push(const std::string& peer, std::string bytes, Reply
 }
 
 bool ClientOutbox::Full(const std::string& peer, uint64_t bytes) const {
-  const uint64_t mine = queued_limited(peer);
-  return mine + bytes > limits_.per_client_bytes || limited_bytes_ + bytes > limits_.total_bytes;
-}
-
-uint64_t ClientOutbox::queued_limited(const std::string& peer) const {
-  auto it = clients_.find(peer);
-  return it == clients_.end() ? 0 : it->second.limited_bytes;
+  return queued_bytes(peer) + bytes > limits_.per_client_bytes || stats_.queued_bytes + bytes > limits_.total_bytes;
 }
 
 uint64_t ClientOutbox::queued_bytes(const std::string& peer) const {

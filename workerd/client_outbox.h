@@ -7,11 +7,13 @@
 // no clocks.
 //
 // Each reply has a kind (ReplyKind) that decides what a full buffer does to it:
-//   kStream  a TokenChunk that is not its request's last. Queued while the client's queued bytes stay within
-//            per_client_bytes and all clients' within total_bytes; else refused: the caller fails that request
-//            (RESOURCE_EXHAUSTED, its pages return through the normal Complete path) and sends its final chunk.
+//   kStream  a TokenChunk that is not its request's last. Queued while the client's queued bytes (every kind) stay
+//            within per_client_bytes and all clients' within total_bytes; else refused: the caller fails that
+//            request (RESOURCE_EXHAUSTED, its pages return through the normal Complete path) and sends its final chunk.
 //   kEnd     one per request and end: SubmitAccepted, the final TokenChunk (finished, or with the error). Always
-//            queued, so a request's end is never lost; bounded by the requests in flight (slots + submit queue).
+//            queued, so a request's end is never lost. Bounded all the same: a client that is Full has its submits
+//            refused, so the kEnd replies beyond the limit are those of its requests accepted before (at most the
+//            slots + the submit queue).
 //   kReply   an answer not tied to a request (ErrorReply, WorkerStatsReply). Queued within the limits as kStream;
 //            else refused: the caller drops it and counts it (replies_dropped), as a client that sends without
 //            reading (a flood) must not make the worker buffer without bound.
@@ -19,7 +21,8 @@
 // reported once by TakeGonePeers so that its requests end (their pages return).
 //
 // Invariants (CheckInvariants): total bytes = sum of the clients' queued bytes; each client's kStream + kReply bytes
-// <= per_client_bytes; all clients' kStream + kReply bytes <= total_bytes; a client with nothing queued has no entry.
+// <= per_client_bytes; all clients' kStream + kReply bytes <= total_bytes (only kEnd replies go beyond the limits);
+// a client with nothing queued has no entry.
 //
 // Thread-safety: none; the worker thread drives it.
 #pragma once
@@ -68,7 +71,8 @@ class ClientOutbox {
   void PeerGone(const std::string& peer);
   // The clients with something queued (whom the caller should try to send to), in routing-id order.
   std::vector<std::string> Backlogged() const;
-  // Whether a kStream of `bytes` for `peer` would be refused now (a client not reading: its submits are refused).
+  // Whether a kStream of `bytes` for `peer` would be refused now: its queued bytes (every kind) + `bytes` exceed
+  // per_client_bytes, or all clients' exceed total_bytes. A Full client's submits are refused (it does not read).
   bool Full(const std::string& peer, uint64_t bytes = 1) const;
   // The clients found gone since the last call (each once per PeerGone).
   std::vector<std::string> TakeGonePeers();
@@ -90,7 +94,6 @@ class ClientOutbox {
     uint64_t limited_bytes = 0;  // kStream + kReply
   };
   void Remove(std::map<std::string, Client>::iterator it, const Queued& q);
-  uint64_t queued_limited(const std::string& peer) const;
 
   ClientOutboxLimits limits_;
   std::map<std::string, Client> clients_;  // only clients with something queued

@@ -61,11 +61,13 @@ TEST(ClientOutbox, TheTotalLimitBoundsAllClientsTogether) {
   EXPECT_EQ(box.Push("c", Bytes(1), ReplyKind::kReply), PushVerdict::kRefused);  // a third client too
   EXPECT_EQ(box.stats().streams_refused, 1u);
   EXPECT_EQ(box.stats().replies_dropped, 1u);
-  // kEnd replies are not counted against the limits.
+  // kEnd replies are queued beyond the limits (a request's end is never lost).
   EXPECT_EQ(box.Push("c", Bytes(50), ReplyKind::kEnd), PushVerdict::kQueued);
   EXPECT_EQ(box.stats().queued_bytes, 1050u);
-  Drain(box, "a", 1);  // a's 600 bytes leave: room for c
-  EXPECT_EQ(box.Push("c", Bytes(600), ReplyKind::kStream), PushVerdict::kQueued);
+  Drain(box, "a", 1);  // a's 600 bytes leave: room for c, whose kEnd counts against its limit (50 + 551 > 600)
+  EXPECT_EQ(box.Push("c", Bytes(551), ReplyKind::kStream), PushVerdict::kRefused);
+  EXPECT_EQ(box.Push("c", Bytes(550), ReplyKind::kStream), PushVerdict::kQueued);
+  EXPECT_TRUE(box.Full("c"));
   EXPECT_TRUE(box.CheckInvariants().ok()) << box.CheckInvariants();
 }
 
@@ -102,7 +104,6 @@ TEST(ClientOutbox, RandomizedRunsKeepTheInvariantsAndDeliverEveryQueuedReplyInOr
         uint64_t mine = 0, all = 0;
         for (const auto& [p, list] : promised) {
           for (const auto& [b, k] : list) {
-            if (k == ReplyKind::kEnd) continue;
             all += b.size();
             if (p == peer) mine += b.size();
           }
