@@ -193,7 +193,7 @@ absl::Status RouterServer::Reply(std::string_view peer, std::string_view bytes) 
   try {
     if (!socket_->send(zmq::buffer(peer.data(), peer.size()), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
         !socket_->send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait)) {
-      return absl::UnavailableError("reply queue full");
+      return absl::ResourceExhaustedError(absl::StrCat("reply queue of peer full on ", endpoint_));
     }
     return absl::OkStatus();
   } catch (const zmq::error_t& e) {
@@ -206,11 +206,16 @@ absl::Status RouterServer::Reply(std::string_view peer, std::string_view bytes) 
 class DealerClient::Monitor : public zmq::monitor_t {
  public:
   bool connected() const { return connected_; }
+  int disconnects() const { return disconnects_; }
 
  private:
   void on_event_connected(const zmq_event_t&, const char*) override { connected_ = true; }
-  void on_event_disconnected(const zmq_event_t&, const char*) override { connected_ = false; }
+  void on_event_disconnected(const zmq_event_t&, const char*) override {
+    connected_ = false;
+    ++disconnects_;
+  }
   bool connected_ = false;
+  int disconnects_ = 0;
 };
 
 DealerClient::DealerClient(std::string endpoint, Options options)
@@ -237,6 +242,10 @@ absl::Status DealerClient::OpenSocket() {
     socket_->set(zmq::sockopt::linger, 0);
     socket_->set(zmq::sockopt::reconnect_ivl, static_cast<int>(options_.reconnect_interval.count()));
     if (!options_.identity.empty()) socket_->set(zmq::sockopt::routing_id, options_.identity);
+    if (const int ivl = static_cast<int>(options_.heartbeat_interval.count()); ivl > 0) {
+      socket_->set(zmq::sockopt::heartbeat_ivl, ivl);
+      socket_->set(zmq::sockopt::heartbeat_timeout, 3 * ivl);
+    }
     monitor_ = std::make_unique<Monitor>();
     monitor_->init(*socket_,
                    absl::StrCat("inproc://dhs-monitor-", reinterpret_cast<uintptr_t>(this), "-", ++socket_generation_),
@@ -298,6 +307,13 @@ bool DealerClient::peer_connected() {
   while (monitor_->check_event(0)) {
   }
   return monitor_->connected();
+}
+
+int DealerClient::disconnects() {
+  if (monitor_ == nullptr) return 0;
+  while (monitor_->check_event(0)) {
+  }
+  return monitor_->disconnects();
 }
 
 bool DealerClient::WaitPeerConnected(bool connected, std::chrono::milliseconds timeout) {

@@ -93,7 +93,8 @@ class RouterServer {
   // frames (not [routing id][payload]) are dropped with a warning.
   absl::StatusOr<std::optional<Incoming>> Poll(std::chrono::milliseconds timeout);
 
-  // Sends `bytes` to `peer`; UNAVAILABLE when the peer is not connected (ZMQ_ROUTER_MANDATORY).
+  // Sends `bytes` to `peer` without blocking; UNAVAILABLE when the peer is not connected (ZMQ_ROUTER_MANDATORY),
+  // RESOURCE_EXHAUSTED when its queue is full (ZMQ_SNDHWM reached: it does not read; nothing was sent, retry later).
   absl::Status Reply(std::string_view peer, std::string_view bytes);
 
  private:
@@ -110,6 +111,9 @@ class DealerClient {
   struct Options {
     std::string identity;  // ZeroMQ routing id; empty = chosen by ZeroMQ
     std::chrono::milliseconds reconnect_interval{20};  // ZMQ_RECONNECT_IVL
+    // ZMTP heartbeats (ZMQ_HEARTBEAT_IVL; ZMQ_HEARTBEAT_TIMEOUT = 3 intervals): a peer that stops answering (hung,
+    // SIGSTOP, a dead host behind tcp://) is disconnected and counted in disconnects(). 0 = off.
+    std::chrono::milliseconds heartbeat_interval{0};
   };
 
   // Connects to `endpoint` (e.g. IpcEndpoint(run_dir, "memd")). Connecting succeeds even if no
@@ -138,6 +142,11 @@ class DealerClient {
   // Whether the transport connection to the server is up, from the socket monitor's
   // CONNECTED/DISCONNECTED events seen so far (processes pending events, does not block).
   bool peer_connected();
+
+  // How many times the transport connection to the server dropped since the socket was opened (the server closed it:
+  // it exited or was killed; or missed heartbeats), from the socket monitor (processes pending events, does not
+  // block). A Request that timed out reopens the socket and starts the count again.
+  int disconnects();
 
   // Processes monitor events until peer_connected() == `connected` or `timeout` passed; returns
   // the final state == `connected`.

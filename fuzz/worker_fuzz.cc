@@ -76,7 +76,7 @@ class QuietMemd final : public MemdLink {
 class NullSink final : public ClientSink {
  public:
   void Accepted(const ClientRef&, const wire::SubmitAcceptedT&) override {}
-  void Chunk(const ClientRef&, const wire::TokenChunkT&) override {}
+  absl::Status Chunk(const ClientRef&, const wire::TokenChunkT&) override { return absl::OkStatus(); }
 };
 
 float FuzzFloat(Input& in) {

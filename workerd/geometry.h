@@ -31,6 +31,8 @@ struct WorkerConfig {
   uint32_t page_rows = 64;           // p
   uint64_t max_context_tokens = 131072;  // prompt + max_new_tokens limit per request, tokens
   uint64_t prefix_cache_bytes = uint64_t{256} << 20;  // prepared-prefix row cache (prefix_cache.h), bytes; 0 = off
+  uint32_t submit_queue = 256;       // requests waiting for their grant at most; a submit beyond gets
+                                     // RESOURCE_EXHAUSTED "submit queue full (N)" (issue 12: bounded, not a flood)
   uint32_t prefill_chunk = 0;        // prompt tokens fed per request and step; 0 = auto: B / (k + window) in every
                                      // mode, so one step's selections fit the hot cache and the modes interleave
                                      // prefill with decode alike

@@ -40,6 +40,7 @@ struct CommandLine {
   std::string device_name = "auto";
   dhs::LinkModelFlags link_flags;
   dhs::WorkerConfig config;
+  dhs::ClientOutboxLimits client_buffer;
 };
 
 // Declares the options of `c` on `app`.
@@ -75,6 +76,15 @@ void AddOptions(CLI::App& app, CommandLine& c) {
                  "prepared-prefix row cache (rows produced once per hash-block chain), bytes; 0 = off")
       ->capture_default_str();
   app.add_option("--prefill-chunk", config.prefill_chunk, "prompt tokens per request and step (0 = auto)");
+  app.add_option("--submit-queue", config.submit_queue,
+                 "requests waiting for their grant at most; beyond: RESOURCE_EXHAUSTED \"submit queue full (N)\"")
+      ->check(CLI::Range(1u, 1u << 20))->capture_default_str();
+  app.add_option("--client-buffer-bytes", c.client_buffer.per_client_bytes,
+                 "replies buffered for one client that does not read, bytes; beyond: its streaming request fails")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40))->capture_default_str();
+  app.add_option("--client-buffer-total-bytes", c.client_buffer.total_bytes,
+                 "replies buffered for all clients together, bytes (>= --client-buffer-bytes)")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40))->capture_default_str();
   app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply")
       ->check(CLI::Range(1, 3600000))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
@@ -151,6 +161,11 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine& cl, dhs:
     return 2;
   }
   cl.config.mode = *mode;
+  if (cl.client_buffer.total_bytes < cl.client_buffer.per_client_bytes) {
+    spdlog::error("workerd: --client-buffer-total-bytes {} is below --client-buffer-bytes {}",
+                  cl.client_buffer.total_bytes, cl.client_buffer.per_client_bytes);
+    return 2;
+  }
   absl::StatusOr<dhs::LinkModelConfig> resolved = dhs::ResolveLinkModel(cl.link_flags);
   if (!resolved.ok()) {
     spdlog::error("workerd: {}", std::string(resolved.status().message()));
@@ -168,6 +183,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.config = config;
   options.connect_timeout = std::chrono::milliseconds(cl.connect_timeout_ms);
   options.device_name = backend.name;
+  options.client_buffer = cl.client_buffer;
   options.on_host_pool = backend.on_host_pool;
   absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
       dhs::WorkerProcess::Start(model, backend.device.get(), options);

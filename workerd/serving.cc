@@ -90,38 +90,47 @@ uint64_t LogitsDigest(std::span<const float> logits) {
   return h;
 }
 
-absl::StatusOr<std::unique_ptr<ServingFrontend>> ServingFrontend::Bind(std::string_view run_dir, GpuId gpu) {
+absl::StatusOr<std::unique_ptr<ServingFrontend>> ServingFrontend::Bind(std::string_view run_dir, GpuId gpu,
+                                                                      ClientOutboxLimits limits) {
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Bind(run_dir, absl::StrCat("worker-", gpu));
   if (!router.ok()) return router.status();
-  return std::unique_ptr<ServingFrontend>(new ServingFrontend(*std::move(router), absl::StrCat("worker/", gpu)));
+  return std::unique_ptr<ServingFrontend>(
+      new ServingFrontend(*std::move(router), absl::StrCat("worker/", gpu), limits));
 }
 
 absl::Status ServingFrontend::Serve(std::chrono::milliseconds timeout) {
-  for (std::chrono::milliseconds wait = timeout;; wait = std::chrono::milliseconds(0)) {
+  Flush();
+  std::chrono::milliseconds wait = timeout;
+  for (int n = 0; n < kMaxMessagesPerServe; ++n, wait = std::chrono::milliseconds(0)) {
     absl::StatusOr<std::optional<Incoming>> in = router_->Poll(wait);
     if (!in.ok()) return in.status();
     if (!in->has_value()) return absl::OkStatus();
     Handle(**in);
   }
+  return absl::OkStatus();
 }
 
 void ServingFrontend::Handle(const Incoming& in) {
   absl::StatusOr<Message> msg = DecodeEnvelope(in.bytes);
   if (!msg.ok()) {
-    Send(in.peer, EncodeError(msg.status(), PeekSequence(in.bytes), sender_));
+    Send(in.peer, EncodeError(msg.status(), PeekSequence(in.bytes), sender_), ReplyKind::kReply).IgnoreError();
     return;
   }
   absl::Status status;
   if (msg->type == wire::Body::SubmitRequest) {
-    absl::StatusOr<wire::SubmitRequestT> submit = ReadSubmitRequest(*msg);
-    status = !submit.ok()           ? submit.status()
-             : worker_ == nullptr ? absl::UnavailableError("worker not ready")
-                                  : worker_->Submit(*submit, ClientRef{in.peer, msg->sequence});
+    status = HandleSubmit(*msg, in.peer);
   } else if (msg->type == wire::Body::WorkerStatsQuery) {
     if (worker_ == nullptr) {
       status = absl::UnavailableError("worker not ready");
     } else {
-      Send(in.peer, EncodeWorkerStatsReply(worker_->StatsReply(), msg->sequence, sender_));
+      wire::WorkerStatsReplyT reply = worker_->StatsReply();
+      const ClientOutboxStats& o = outbox_.stats();
+      reply.submits_refused += client_submits_refused_;
+      reply.client_queued_bytes = o.queued_bytes;
+      reply.client_queued_peak_bytes = o.peak_queued_bytes;
+      reply.client_streams_refused = o.streams_refused;
+      reply.client_replies_dropped = o.replies_dropped + o.dropped_for_gone;
+      Send(in.peer, EncodeWorkerStatsReply(reply, msg->sequence, sender_), ReplyKind::kReply).IgnoreError();
       return;
     }
   } else {
@@ -129,22 +138,68 @@ void ServingFrontend::Handle(const Incoming& in) {
   }
   if (!status.ok()) {
     DHS_LOG_LIMITED(spdlog::level::info, "workerd: {} from a client refused: {}", BodyName(msg->type), status.ToString());
-    Send(in.peer, EncodeError(status, msg->sequence, sender_));
+    Send(in.peer, EncodeError(status, msg->sequence, sender_), ReplyKind::kReply).IgnoreError();
   }
 }
 
-void ServingFrontend::Send(std::string_view peer, const std::string& bytes) {
-  if (absl::Status s = router_->Reply(peer, bytes); !s.ok()) {
-    DHS_LOG_LIMITED(spdlog::level::warn, "workerd: reply to a client failed: {}", s.ToString());
+absl::Status ServingFrontend::HandleSubmit(const Message& msg, const std::string& peer) {
+  absl::StatusOr<wire::SubmitRequestT> submit = ReadSubmitRequest(msg);
+  if (!submit.ok()) return submit.status();
+  if (worker_ == nullptr) return absl::UnavailableError("worker not ready");
+  if (outbox_.Full(peer)) {
+    // Its replies are not read: a new request would only be failed later, after it took a slot and pages.
+    ++client_submits_refused_;
+    return absl::ResourceExhaustedError(absl::StrCat("request ", submit->request, ": client not reading: ",
+                                                     outbox_.queued_bytes(peer), " bytes of replies wait for it (limit ",
+                                                     outbox_.limits().per_client_bytes, " per client, ",
+                                                     outbox_.limits().total_bytes, " in total)"));
   }
+  return worker_->Submit(*submit, ClientRef{peer, msg.sequence});
+}
+
+absl::Status ServingFrontend::Send(const std::string& peer, std::string bytes, ReplyKind kind) {
+  const size_t size = bytes.size();
+  if (outbox_.Push(peer, std::move(bytes), kind) == PushVerdict::kRefused) {
+    if (kind == ReplyKind::kReply) {
+      DHS_LOG_LIMITED(spdlog::level::warn, "workerd: a reply of {} bytes to a client that does not read is dropped "
+                      "(its buffer is full; counted in client_replies_dropped)", size);
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("client not reading: its reply buffer is full (",
+                                                     outbox_.queued_bytes(peer), " bytes queued, limit ",
+                                                     outbox_.limits().per_client_bytes, " per client, ",
+                                                     outbox_.limits().total_bytes, " in total)"));
+  }
+  FlushPeer(peer);
+  return absl::OkStatus();
+}
+
+void ServingFrontend::FlushPeer(const std::string& peer) {
+  while (const std::string* bytes = outbox_.Front(peer)) {
+    absl::Status s = router_->Reply(peer, *bytes);
+    if (s.ok()) {
+      outbox_.Sent(peer);
+    } else if (absl::IsResourceExhausted(s)) {
+      return;  // its socket queue is full: the rest waits for the next Flush
+    } else {
+      DHS_LOG_LIMITED(spdlog::level::info, "workerd: client gone ({}); {} bytes of replies for it dropped",
+                      s.ToString(), outbox_.queued_bytes(peer));
+      outbox_.PeerGone(peer);
+      return;
+    }
+  }
+}
+
+void ServingFrontend::Flush() {
+  for (const std::string& peer : outbox_.Backlogged()) FlushPeer(peer);
 }
 
 void ServingFrontend::Accepted(const ClientRef& client, const wire::SubmitAcceptedT& accepted) {
-  Send(client.peer, EncodeSubmitAccepted(accepted, client.sequence, sender_));
+  Send(client.peer, EncodeSubmitAccepted(accepted, client.sequence, sender_), ReplyKind::kEnd).IgnoreError();
 }
 
-void ServingFrontend::Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) {
-  Send(client.peer, EncodeTokenChunk(chunk, client.sequence, sender_));
+absl::Status ServingFrontend::Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) {
+  return Send(client.peer, EncodeTokenChunk(chunk, client.sequence, sender_),
+              chunk.finished ? ReplyKind::kEnd : ReplyKind::kStream);
 }
 
 }  // namespace dhs

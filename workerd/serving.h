@@ -1,7 +1,8 @@
 // workerd/serving.h: the client side of the worker's wire (docs/protocol.md, "client/replay <-> workerd"):
 // submit validation, the prepared-prefix token generator, the logits digest, the ClientSink the serving core writes
 // to, the Submitter it feeds (implemented by Worker), and ServingFrontend, the RouterServer `worker-<gpu>` that feeds
-// SubmitRequest / WorkerStatsQuery to a Submitter. serving.h does not know the Worker (worker.h includes it, not the
+// SubmitRequest / WorkerStatsQuery to a Submitter and sends the replies through a ClientOutbox (bounded buffering of
+// replies to clients that do not read, workerd/client_outbox.h). serving.h does not know the Worker (worker.h includes it, not the
 // other way round), as the Worker knows memd only as a MemdLink.
 //
 // Thread-safety: the free functions are pure; ServingFrontend is driven by the worker thread only.
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "common/transport.h"
 #include "dhs_generated.h"
+#include "workerd/client_outbox.h"
 #include "workerd/model/config.h"
 
 namespace dhs {
@@ -48,12 +50,15 @@ struct ClientRef {
   uint64_t sequence = 0;
 };
 
-// What the serving core sends to clients.
+// What the serving core sends to clients. Accepted and a final chunk (`finished`) are always taken (one per request).
+// A chunk that is not final may be refused: RESOURCE_EXHAUSTED when the client's reply buffer is full (it does not
+// read, ClientOutbox); the caller then fails the request (its final chunk carries the error) and sends no more of its
+// chunks.
 class ClientSink {
  public:
   virtual ~ClientSink() = default;
   virtual void Accepted(const ClientRef& client, const wire::SubmitAcceptedT& accepted) = 0;
-  virtual void Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) = 0;
+  virtual absl::Status Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) = 0;
 };
 
 // What the frontend hands client requests to (the serving core).
@@ -69,30 +74,50 @@ class Submitter {
 // The RouterServer `worker-<gpu>` in the run dir. Serve() answers SubmitRequest (ErrorReply on a validation error,
 // the worker keeps serving), WorkerStatsQuery (WorkerStatsReply) and anything else with an ErrorReply
 // (UNKNOWN_MESSAGE; undecodable -> INVALID_MESSAGE). As a ClientSink it encodes SubmitAccepted / TokenChunk.
+//
+// Every reply goes through a ClientOutbox: what the socket cannot take now (the client's ZeroMQ queue is full: it
+// does not read) waits there, up to the limits; Serve first sends what waits. Beyond the client's limit a streamed
+// chunk is refused (Chunk: RESOURCE_EXHAUSTED, the request fails), an ErrorReply / WorkerStatsReply is dropped and
+// counted (client_replies_dropped), and the client's new submits are refused (RESOURCE_EXHAUSTED "client not
+// reading"). A client whose connection is gone loses what waited for it; TakeGonePeers names it (its requests end).
 class ServingFrontend final : public ClientSink {
  public:
+  // The most messages one Serve call reads (a flood of submits cannot starve the serving loop).
+  static constexpr int kMaxMessagesPerServe = 64;
+
   // Binds ipc://<run_dir>/worker-<gpu>.sock. Errors: as RouterServer::Bind.
-  static absl::StatusOr<std::unique_ptr<ServingFrontend>> Bind(std::string_view run_dir, GpuId gpu);
+  static absl::StatusOr<std::unique_ptr<ServingFrontend>> Bind(std::string_view run_dir, GpuId gpu,
+                                                              ClientOutboxLimits limits = {});
 
   void set_submitter(Submitter* submitter) { worker_ = submitter; }
-  // Serves the messages that arrive within `timeout` (at least one wait of `timeout`, then drains without waiting).
-  // Errors only from the socket.
+  // Sends what waits in the outbox, then serves the messages that arrive within `timeout` (at least one wait of
+  // `timeout`, then drains without waiting, at most kMaxMessagesPerServe). Errors only from the socket.
   absl::Status Serve(std::chrono::milliseconds timeout);
+  // Sends what waits in the outbox to each client whose socket queue takes it.
+  void Flush();
+  // The clients found disconnected since the last call (ClientOutbox::TakeGonePeers).
+  std::vector<std::string> TakeGonePeers() { return outbox_.TakeGonePeers(); }
+  const ClientOutbox& outbox() const { return outbox_; }
 
   void Accepted(const ClientRef& client, const wire::SubmitAcceptedT& accepted) override;
-  void Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) override;
+  absl::Status Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) override;
   const std::string& endpoint() const { return router_->endpoint(); }
   // Replies still queued when the socket closes are delivered for up to `linger` (a stopping worker's last chunks).
   void SetLinger(std::chrono::milliseconds linger) { router_->SetLinger(linger); }
 
  private:
-  ServingFrontend(std::unique_ptr<RouterServer> router, std::string sender)
-      : router_(std::move(router)), sender_(std::move(sender)) {}
+  ServingFrontend(std::unique_ptr<RouterServer> router, std::string sender, ClientOutboxLimits limits)
+      : router_(std::move(router)), sender_(std::move(sender)), outbox_(limits) {}
   void Handle(const Incoming& in);
-  void Send(std::string_view peer, const std::string& bytes);
+  absl::Status HandleSubmit(const Message& msg, const std::string& peer);
+  // Queues `bytes` for `peer` (ClientOutbox::Push) and sends what the socket takes. RESOURCE_EXHAUSTED when refused.
+  absl::Status Send(const std::string& peer, std::string bytes, ReplyKind kind);
+  void FlushPeer(const std::string& peer);
 
   std::unique_ptr<RouterServer> router_;
   std::string sender_;
+  ClientOutbox outbox_;
+  uint64_t client_submits_refused_ = 0;  // submits refused because their client's buffer was full
   Submitter* worker_ = nullptr;
 };
 

@@ -60,6 +60,12 @@ uint32_t Worker::active_requests() const {
   return n;
 }
 
+uint32_t Worker::WaitingForGrant() const {
+  uint32_t n = 0;
+  for (const auto& [id, r] : requests_) n += r->phase == Phase::kWaitGrant;
+  return n;
+}
+
 uint32_t Worker::waiting_requests() const {
   uint32_t n = 0;
   for (const auto& [id, r] : requests_) n += r->phase != Phase::kActive;
@@ -70,6 +76,11 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
   if (absl::Status s = ValidateSubmit(submit, config_.max_context_tokens); !s.ok()) return s;
   if (client_ids_.contains({client.peer, submit.request})) {
     return absl::AlreadyExistsError(absl::StrCat("request ", submit.request, " is already being served"));
+  }
+  if (WaitingForGrant() >= config_.submit_queue) {
+    ++stats_.submits_refused;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request ", submit.request, ": submit queue full (", config_.submit_queue, ")"));
   }
   auto r = std::make_unique<Request>();
   r->id = NodeRequestId(submit.request);
@@ -115,6 +126,7 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
   }
   client_ids_.emplace(std::make_pair(client.peer, r->client_id), r->id);
   requests_.emplace(r->id, std::move(r));
+  stats_.waiting_requests_peak = std::max(stats_.waiting_requests_peak, WaitingForGrant());
   client_->Accepted(client, accepted);
   return absl::OkStatus();
 }
@@ -183,7 +195,7 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
   }
   absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
-  SendChunk(r, {}, {}, true, error);
+  SendChunk(r, {}, {}, true, error).IgnoreError();  // a final chunk is always taken
   ++stats_.failed_requests;
   ++stats_.finished_requests;
   std::erase(granted_, r.id);
@@ -351,12 +363,17 @@ absl::Status Worker::RunBatch() {
     spdlog::warn("worker: batched step of {} requests failed ({}); retrying each alone", items.size(), st.ToString());
     RetryAlone(items);
   }
-  // Finished requests (their last chunk is out): release and tell memd.
-  std::vector<RequestId> done;
+  // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd.
+  std::vector<std::pair<RequestId, absl::Status>> done;
   for (const auto& [id, r] : requests_) {
-    if (r->phase == Phase::kActive && r->generated.size() >= r->max_new) done.push_back(id);
+    if (r->phase != Phase::kActive) continue;
+    if (!r->client_error.ok()) {
+      done.emplace_back(id, r->client_error);
+    } else if (r->generated.size() >= r->max_new) {
+      done.emplace_back(id, absl::OkStatus());
+    }
   }
-  for (RequestId id : done) Finish(id, absl::OkStatus());
+  for (auto& [id, status] : done) Finish(id, std::move(status));
   return absl::OkStatus();
 }
 
@@ -366,11 +383,16 @@ void Worker::EmitToken(Request& r, std::span<const float> logits) {
   if (r.generated.empty()) r.ttft_us = MicrosSince(r.submitted, now);
   r.generated.push_back(token);
   ++stats_.tokens_generated;
-  SendChunk(r, {token}, {LogitsDigest(logits)}, r.generated.size() >= r.max_new, absl::OkStatus());
+  absl::Status sent = SendChunk(r, {token}, {LogitsDigest(logits)}, r.generated.size() >= r.max_new, absl::OkStatus());
+  if (!sent.ok()) {
+    // The client does not read: the request fails (RunBatch ends it; its final chunk carries this error).
+    r.client_error = absl::Status(sent.code(), absl::StrCat("request ", r.client_id, " failed after ",
+                                                            r.generated.size() - 1, " tokens: ", sent.message()));
+  }
 }
 
-void Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests, bool finished,
-                       const absl::Status& error) {
+absl::Status Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests,
+                               bool finished, const absl::Status& error) {
   const auto now = std::chrono::steady_clock::now();
   wire::TokenChunkT chunk;
   chunk.request = r.client_id;
@@ -384,7 +406,7 @@ void Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std::vector
     chunk.error = ToWireError(error);
     chunk.error_message = std::string(error.message());
   }
-  client_->Chunk(r.client, chunk);
+  return client_->Chunk(r.client, chunk);
 }
 
 void Worker::Finish(RequestId id, absl::Status error) {
@@ -394,7 +416,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
   std::erase(granted_, id);
   if (!error.ok()) {
     spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
-    SendChunk(r, {}, {}, true, error);
+    SendChunk(r, {}, {}, true, error).IgnoreError();  // a final chunk is always taken
     ++stats_.failed_requests;
   }
   ++stats_.finished_requests;
@@ -415,6 +437,15 @@ size_t Worker::StopAll(const absl::Status& why) {
     stopping_.insert(id);
     Finish(id, why);  // error chunk, copies waited for, KV released, Complete
   }
+  return ids.size();
+}
+
+size_t Worker::EndClient(const std::string& peer, const absl::Status& why) {
+  std::vector<RequestId> ids;
+  for (const auto& [key, id] : client_ids_) {
+    if (key.first == peer) ids.push_back(id);
+  }
+  for (RequestId id : ids) Finish(id, why);  // error chunk (dropped: no one reads it), KV released, Complete
   return ids.size();
 }
 
@@ -460,6 +491,8 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.tokens_generated = s.tokens_generated;
   r.prefix_blocks_imported = s.prefix_blocks_imported;
   r.prefix_blocks_computed = s.prefix_blocks_computed;
+  r.submits_refused = s.submits_refused;
+  r.waiting_requests_peak = s.waiting_requests_peak;
   r.capacity_pages = geometry_.capacity_pages;
   r.page_bytes = geometry_.page_bytes;
   return r;

@@ -63,6 +63,8 @@ struct WorkerStats {
   uint64_t tokens_generated = 0;
   uint64_t prefix_blocks_imported = 0;  // prepared-prefix blocks imported from the row cache (not computed)
   uint64_t prefix_blocks_computed = 0;  // prepared-prefix blocks computed (and offered to the cache)
+  uint64_t submits_refused = 0;         // submits refused with "submit queue full"
+  uint32_t waiting_requests_peak = 0;   // the most requests waiting for their grant at once
 };
 
 class Worker final : public MemdHandler, public Submitter {
@@ -76,7 +78,8 @@ class Worker final : public MemdHandler, public Submitter {
   ~Worker() override;
 
   // A client's request. Validates it (ValidateSubmit; an id the same client (ClientRef.peer) has in flight ->
-  // ALREADY_EXISTS), gives it a node request id (NodeRequestId), sends SubmitAccepted to the client and AdmitRequest
+  // ALREADY_EXISTS; config.submit_queue requests already waiting for their grant -> RESOURCE_EXHAUSTED "submit queue
+  // full (N)"), gives it a node request id (NodeRequestId), sends SubmitAccepted to the client and AdmitRequest
   // to memd. A returned error is the client's ErrorReply; nothing else changed.
   //
   // Request ids: the client's id (SubmitRequest.request) is the client's own and is any uint64; the client sees it in
@@ -96,6 +99,9 @@ class Worker final : public MemdHandler, public Submitter {
   // free pages under ended, as for any end) Complete to memd. Returns how many requests were ended. New submits
   // should not be served afterwards (WorkerProcess::Shutdown no longer reads the serving socket).
   size_t StopAll(const absl::Status& why);
+  // The client `peer` went away (its connection is gone): each of its unfinished requests ends as a failed one
+  // (`why`), its pages return to memd (Complete). Returns how many ended.
+  size_t EndClient(const std::string& peer, const absl::Status& why);
   // Requests ended by StopAll whose CompleteAck has not come yet.
   size_t unacknowledged_stops() const { return stopping_.size(); }
 
@@ -140,10 +146,12 @@ class Worker final : public MemdHandler, public Submitter {
     std::vector<model::Token> generated;
     std::chrono::steady_clock::time_point submitted, granted;
     uint64_t ttft_us = 0;
+    absl::Status client_error;  // the client refused a chunk (ClientSink::Chunk): the request fails with it
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
   KvAccess& kv() { return *kv_; }
+  uint32_t WaitingForGrant() const;  // requests in Phase::kWaitGrant (the submit queue)
   // One request's part of a step: its tokens, and whether the step's last logits give its next token.
   struct BatchItem {
     Request* r;
@@ -164,8 +172,9 @@ class Worker final : public MemdHandler, public Submitter {
   RequestId NodeRequestId(RequestId client_id);
   // Forgets a request (ended, rejected): its node id and its client id become free.
   void Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it);
-  void SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests, bool finished,
-                 const absl::Status& error);
+  // Sends one TokenChunk; a refused one (not final) returns the sink's error.
+  absl::Status SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests, bool finished,
+                         const absl::Status& error);
 
   const model::Model* model_;
   Device* device_;

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace dhs {
 
@@ -22,7 +23,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   // The serving socket first: a second workerd for a GPU whose worker is live fails here (RouterServer::Bind finds
   // the live listener: ALREADY_EXISTS) before it connects to memd as worker/<gpu>, which would take the live worker's
   // link to memd over (ROUTER_HANDOVER). A stale socket file of a crashed worker is replaced: a restart still works.
-  absl::StatusOr<std::unique_ptr<ServingFrontend>> frontend = ServingFrontend::Bind(options.run_dir, config.gpu);
+  absl::StatusOr<std::unique_ptr<ServingFrontend>> frontend = ServingFrontend::Bind(options.run_dir, config.gpu,
+                                                                                    options.client_buffer);
   if (!frontend.ok()) {
     return absl::Status(frontend.status().code(),
                         absl::StrCat("serving socket of GPU ", config.gpu, ": ", frontend.status().message(),
@@ -66,6 +68,11 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
   if (absl::Status s = frontend_->Serve(wait); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("serving socket: ", s.message()));
   }
+  for (const std::string& peer : frontend_->TakeGonePeers()) {
+    if (const size_t n = worker_->EndClient(peer, absl::UnavailableError("client went away")); n > 0) {
+      spdlog::info("workerd: a client went away; its {} requests end", n);
+    }
+  }
   return worker_->Iterate();
 }
 
@@ -81,6 +88,7 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
       status = absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
       break;
     }
+    frontend_->Flush();  // the final chunks of slow clients
     absl::StatusOr<bool> busy = worker_->Iterate();  // no request is active: advances the orders only
     if (!busy.ok()) {
       status = busy.status();

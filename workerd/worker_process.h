@@ -28,6 +28,7 @@ struct WorkerProcessOptions {
   WorkerConfig config;
   std::chrono::milliseconds connect_timeout{10000};  // how long to wait for memd's HelloReply
   std::string device_name = "cpu-backend";           // Hello.device_name
+  ClientOutboxLimits client_buffer;  // replies buffered for clients that do not read (ServingFrontend)
   // Called once with memd's mapped host pool before the Worker is created (the CUDA backend pins it there); an error
   // stops Start. Empty: nothing to do.
   std::function<absl::Status(std::span<uint8_t> host_pool)> on_host_pool;
@@ -45,8 +46,9 @@ class WorkerProcess {
   // Serves until keep_going() is false (checked every iteration, at most ~5 ms apart when idle). Errors: the memd
   // connection's or the serving socket's, or the Worker's (Iterate): the process should exit.
   absl::Status Run(const std::function<bool()>& keep_going);
-  // One iteration: memd's messages (and our heartbeat), clients' messages (waiting up to `wait`), Worker::Iterate.
-  // Returns whether work remains.
+  // One iteration: memd's messages (and our heartbeat), clients' messages (waiting up to `wait`; replies waiting for
+  // slow clients sent first), the requests of clients found gone end (UNAVAILABLE "client went away"),
+  // Worker::Iterate. Returns whether work remains.
   absl::StatusOr<bool> ServeOnce(std::chrono::milliseconds wait);
   // After Run, before the process exits (SIGTERM): no more client requests are read; every unfinished request ends
   // with a final TokenChunk carrying UNAVAILABLE "worker stopping" and memd gets its Complete (Worker::StopAll); then

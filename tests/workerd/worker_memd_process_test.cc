@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tests/workerd/worker_test_util.h"
+#include "zmq.hpp"
 
 namespace dhs::test {
 namespace {
@@ -141,9 +142,9 @@ class RealNode {
     const char* m = std::getenv("MEMD");
     return m != nullptr && std::getenv("WORKERD") != nullptr && std::filesystem::exists(m);
   }
-  std::vector<std::string> MemdArgs() const {
+  std::vector<std::string> MemdArgs(uint32_t host_pool_pages = 64) const {
     return {std::getenv("MEMD"), "--run-dir", run_dir_, "--page-bytes", std::to_string(page_bytes_),
-            "--host-pool-pages", "64", "--log-level", "warn"};
+            "--host-pool-pages", std::to_string(host_pool_pages), "--log-level", "warn"};
   }
   std::vector<std::string> WorkerArgs(GpuId gpu) const {
     return {std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", std::to_string(gpu), "--mode", "adaptive",
@@ -433,6 +434,217 @@ TEST(RealNodeEdges, AWorkerStoppedWhileServingEndsItsRequestsWithClientsAndMemd)
   EXPECT_FALSE(memd.Exited()) << node.Logs();
   EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
   EXPECT_EQ(ReadFile(node.Log("workerd")).find("answered message"), std::string::npos) << node.Logs();
+}
+
+// A raw ZeroMQ DEALER on a worker's socket, for clients that misbehave: `rcvhwm` messages at most queued on our side
+// (1: a client that stops reading fills the worker's queue at once) and a small kernel receive buffer.
+class RawClient {
+ public:
+  RawClient(const std::string& run_dir, GpuId gpu, int rcvhwm) : socket_(context_, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::rcvhwm, rcvhwm);
+    socket_.set(zmq::sockopt::rcvbuf, 4096);
+    socket_.connect(IpcEndpoint(run_dir, "worker-" + std::to_string(gpu)));
+  }
+  void Send(const std::string& bytes) { socket_.send(zmq::buffer(bytes), zmq::send_flags::none); }
+  // The next message within `timeout_ms`, or nullopt.
+  std::optional<Message> Receive(int timeout_ms, std::string* keep) {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) == 0) return std::nullopt;
+    zmq::message_t m;
+    if (!socket_.recv(m, zmq::recv_flags::dontwait)) return std::nullopt;
+    *keep = m.to_string();
+    auto decoded = DecodeEnvelope(*keep);
+    EXPECT_TRUE(decoded.ok()) << decoded.status();
+    if (!decoded.ok()) return std::nullopt;
+    return *decoded;
+  }
+
+ private:
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+};
+
+wire::WorkerStatsReplyT WorkerStats(DealerClient& c) {
+  auto bytes = c.Request(EncodeWorkerStatsQuery(wire::WorkerStatsQueryT{}, 99999, "test"), std::chrono::seconds(10));
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (!bytes.ok()) return {};
+  auto m = DecodeEnvelope(*bytes);
+  EXPECT_TRUE(m.ok());
+  if (!m.ok() || m->type != wire::Body::WorkerStatsReply) return {};
+  return *ReadWorkerStatsReply(*m);
+}
+
+// Back-pressure (issue 12): a client that stops reading while its request streams 6000 tokens gets bounded buffering
+// (--client-buffer-bytes) and then an explicit failure of that request: memd releases it (its pages return) while it
+// still streams, and, once the client reads again, it receives every token the worker buffered, in order, then a final
+// chunk with RESOURCE_EXHAUSTED naming that count. Meanwhile a client that reads gets every token and its final chunk.
+TEST(RealNodeEdges, AClientThatStopsReadingHasItsRequestFailedExplicitlyAndOthersAreServed) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(/*host_pool_pages=*/1024), node.Log("memd"));
+  std::vector<std::string> args = node.WorkerArgs(0);
+  for (const char* a : {"--client-buffer-bytes", "65536", "--client-buffer-total-bytes", "1048576"}) args.push_back(a);
+  ChildProcess worker(args, node.Log("workerd"));
+  auto reader = node.Client(0);
+  ASSERT_TRUE(reader);
+  RawClient slow(dir.path(), 0, /*rcvhwm=*/1);
+  constexpr uint32_t kLong = 6000;
+  wire::SubmitRequestT s;
+  s.request = 1;
+  s.prompt = Prompt(40, 1);
+  s.max_new_tokens = kLong;
+  slow.Send(EncodeSubmitRequest(s, 2, "slow"));
+  // The slow client reads nothing. memd forgets request 1 once the worker failed it (Complete: its pages returned).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool known = false;
+  while (std::chrono::steady_clock::now() < deadline && !(known && !MemdKnowsRequest(dir.path(), 1))) {
+    known = known || MemdKnowsRequest(dir.path(), 1);
+    ::poll(nullptr, 0, 50);
+  }
+  ASSERT_TRUE(known) << "request 1 never reached memd" << node.Logs();
+  ASSERT_FALSE(MemdKnowsRequest(dir.path(), 1)) << "the slow client's request was never failed" << node.Logs();
+  // Another client reads normally: every token, then its final chunk, no error.
+  RealNode::Submit(*reader, 2, 2, /*max_new=*/300);
+  EXPECT_EQ(RealNode::WaitFinished(*reader, {2}), "") << node.Logs();
+  const wire::WorkerStatsReplyT stats = WorkerStats(*reader);
+  EXPECT_EQ(stats.client_streams_refused, 1u);
+  EXPECT_EQ(stats.failed_requests, 1u);
+  EXPECT_LE(stats.client_queued_peak_bytes, 65536u + 1024u) << "buffered beyond the limit (+ one final chunk)";
+  EXPECT_GT(stats.client_queued_bytes, 0u) << "the slow client's replies should still wait";
+  // The slow client reads again: SubmitAccepted, tokens with no gap, then the failure.
+  std::string keep;
+  uint64_t tokens = 0;
+  std::optional<wire::TokenChunkT> last;
+  bool accepted = false;
+  while (!last) {
+    std::optional<Message> m = slow.Receive(10000, &keep);
+    ASSERT_TRUE(m.has_value()) << "the slow client's stream ended without a final chunk after " << tokens << node.Logs();
+    if (m->type == wire::Body::SubmitAccepted) accepted = true;
+    if (m->type != wire::Body::TokenChunk) continue;
+    auto chunk = ReadTokenChunk(*m);
+    ASSERT_TRUE(chunk.ok());
+    tokens += chunk->tokens.size();
+    if (chunk->finished) last = *chunk;
+  }
+  EXPECT_TRUE(accepted);
+  EXPECT_EQ(last->error, wire::ErrorCode::RESOURCE_EXHAUSTED) << last->error_message;
+  EXPECT_LT(tokens, kLong);
+  EXPECT_NE(last->error_message.find("failed after " + std::to_string(tokens) + " tokens: client not reading"),
+            std::string::npos) << last->error_message << " (received " << tokens << ")";
+  EXPECT_EQ(WorkerStats(*reader).client_queued_bytes, 0u);
+  std::printf("slow client: %llu of %u tokens delivered before the failure, reply buffer peak %llu bytes\n",
+              static_cast<unsigned long long>(tokens), kLong,
+              static_cast<unsigned long long>(stats.client_queued_peak_bytes));
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+}
+
+// A client that goes away while its request streams (its socket closes): the worker's next chunk finds no route
+// (ZMQ_ROUTER_MANDATORY), the request ends and memd releases it, instead of the worker generating every token for no one.
+TEST(RealNodeEdges, TheRequestOfAClientThatWentAwayEndsAndItsPagesReturn) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(/*host_pool_pages=*/1024), node.Log("memd"));
+  ChildProcess worker(node.WorkerArgs(0), node.Log("workerd"));
+  auto reader = node.Client(0);
+  ASSERT_TRUE(reader);
+  auto client = std::make_unique<RawClient>(dir.path(), 0, /*rcvhwm=*/1000);
+  wire::SubmitRequestT s;
+  s.request = 3;
+  s.prompt = Prompt(40, 3);
+  s.max_new_tokens = 6000;
+  client->Send(EncodeSubmitRequest(s, 1, "leaver"));
+  std::string keep;
+  bool streaming = false;
+  for (int i = 0; i < 200 && !streaming; ++i) {
+    std::optional<Message> m = client->Receive(50, &keep);
+    streaming = m && m->type == wire::Body::TokenChunk;
+  }
+  ASSERT_TRUE(streaming) << node.Logs();
+  client.reset();  // the client goes away mid-stream
+  bool released = false;
+  for (int i = 0; i < 600 && !released; ++i) {
+    released = !MemdKnowsRequest(dir.path(), 3);
+    if (!released) ::poll(nullptr, 0, 50);
+  }
+  EXPECT_TRUE(released) << "memd still holds the request of a client that went away" << node.Logs();
+  const wire::WorkerStatsReplyT stats = WorkerStats(*reader);
+  EXPECT_EQ(stats.failed_requests, 1u);
+  EXPECT_LT(stats.tokens_generated, 6000u);
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+}
+
+// A flood of submissions (issue 12) from a raw socket: with --submit-queue 4 every submit is answered once, either
+// SubmitAccepted (then served to its final chunk) or RESOURCE_EXHAUSTED "submit queue full (4)"; the requests waiting
+// for a grant never exceed 4 (the worker's gauge), and the worker serves a normal client afterwards.
+TEST(RealNodeEdges, AFloodOfSubmitsGetsErrorRepliesFromABoundedQueue) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  std::vector<std::string> args = node.WorkerArgs(0);
+  for (const char* a : {"--submit-queue", "4"}) args.push_back(a);
+  ChildProcess worker(args, node.Log("workerd"));
+  auto reader = node.Client(0);
+  ASSERT_TRUE(reader);
+  RawClient flood(dir.path(), 0, /*rcvhwm=*/1000);
+  constexpr int kSubmits = 3000;
+  for (int i = 1; i <= kSubmits; ++i) {
+    wire::SubmitRequestT s;
+    s.request = static_cast<RequestId>(i);
+    s.prompt = Prompt(20, static_cast<uint32_t>(i));
+    s.max_new_tokens = 2;
+    flood.Send(EncodeSubmitRequest(s, static_cast<uint64_t>(i), "flood"));
+  }
+  std::set<uint64_t> answered;  // sequences answered by SubmitAccepted or ErrorReply
+  std::set<RequestId> accepted, finished;
+  int refused = 0;
+  std::string errors, keep;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while ((answered.size() < kSubmits || finished.size() < accepted.size()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::optional<Message> m = flood.Receive(100, &keep);
+    if (!m) continue;
+    if (m->type == wire::Body::SubmitAccepted || m->type == wire::Body::ErrorReply) {
+      EXPECT_TRUE(answered.insert(m->sequence).second) << "sequence " << m->sequence << " answered twice";
+    }
+    if (m->type == wire::Body::SubmitAccepted) accepted.insert(ReadSubmitAccepted(*m)->request);
+    if (m->type == wire::Body::ErrorReply) {
+      auto e = ReadErrorReply(*m);
+      ++refused;
+      if (e->code != wire::ErrorCode::RESOURCE_EXHAUSTED || e->message.find("submit queue full (4)") == std::string::npos) {
+        errors += e->message + "; ";
+      }
+    }
+    if (m->type == wire::Body::TokenChunk) {
+      auto c = ReadTokenChunk(*m);
+      if (c->error != wire::ErrorCode::OK) errors += c->error_message + "; ";
+      if (c->finished) finished.insert(c->request);
+    }
+  }
+  EXPECT_EQ(errors, "") << node.Logs();
+  EXPECT_EQ(answered.size(), static_cast<size_t>(kSubmits)) << node.Logs();
+  EXPECT_EQ(finished, accepted) << node.Logs();
+  EXPECT_GT(refused, 0);
+  EXPECT_GE(accepted.size(), 4u);
+  const wire::WorkerStatsReplyT stats = WorkerStats(*reader);
+  EXPECT_LE(stats.waiting_requests_peak, 4u);
+  EXPECT_EQ(stats.submits_refused, static_cast<uint64_t>(refused));
+  EXPECT_EQ(stats.client_replies_dropped, 0u);
+  RealNode::Submit(*reader, 77, 7, /*max_new=*/5);
+  EXPECT_EQ(RealNode::WaitFinished(*reader, {77}), "") << node.Logs();
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+  std::printf("flood: %d submits, %zu accepted, %d refused, waiting peak %u, reply buffer peak %llu bytes\n",
+              kSubmits, accepted.size(), refused, stats.waiting_requests_peak,
+              static_cast<unsigned long long>(stats.client_queued_peak_bytes));
 }
 
 }  // namespace

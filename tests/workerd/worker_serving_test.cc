@@ -417,6 +417,71 @@ TEST(WorkerAdmission, RejectAfterTheGrantIsIgnored) {
   EXPECT_EQ(f.memd->completes, 1) << "the granted request ended without Complete";
 }
 
+// A client that stops reading (issue 12): once its sink refuses a chunk (its buffer is full), the request fails
+// explicitly: a final chunk with RESOURCE_EXHAUSTED naming how many tokens were delivered, Complete to memd (its slot
+// and pages return), no further chunk of it; another client's request is served whole.
+TEST(WorkerBackPressure, AChunkTheClientRefusesFailsItsRequestThroughComplete) {
+  Fixture f(WorkerMode::kAdaptive);
+  f.sink.accept_chunks = 3;  // refuses the 4th chunk on
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 30), ClientRef{"slow", 1}).ok());
+  f.RunUntilFinished(1);
+  EXPECT_EQ(f.sink.refused, 1u) << "a chunk was offered after the refusal";
+  EXPECT_EQ(f.sink.out[1].tokens.size(), 3u);
+  ASSERT_EQ(f.sink.chunks.size(), 4u);
+  EXPECT_EQ(f.sink.chunks.back().error, wire::ErrorCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(f.sink.chunks.back().finished);
+  EXPECT_NE(f.sink.errors[1].find("failed after 3 tokens: client not reading"), std::string::npos) << f.sink.errors[1];
+  EXPECT_EQ(f.memd->completes, 1) << "the failed request did not release its pages";
+  EXPECT_EQ(f.worker->stats().failed_requests, 1u);
+  // The worker serves on: a client that reads gets all of its tokens.
+  f.sink.accept_chunks = SIZE_MAX;
+  ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 6), ClientRef{"fast", 2}).ok());
+  f.RunUntilFinished(2);
+  EXPECT_EQ(f.sink.out[2].tokens, Oracle(*f.model, f.Input(Prompt(20, 2)), 6).tokens);
+  EXPECT_FALSE(f.sink.errors.contains(2)) << f.sink.errors[2];
+}
+
+// A bounded submit queue (issue 12): with submit_queue requests waiting for their grant, the next submit is refused
+// with RESOURCE_EXHAUSTED "submit queue full (N)" and nothing changes (no AdmitRequest); once grants come, submits are
+// accepted again. The peak of waiting requests never exceeds N.
+TEST(WorkerBackPressure, SubmitsBeyondTheSubmitQueueAreRefusedAndTheQueueStaysBounded) {
+  Fixture f(WorkerMode::kAdaptive);
+  f.config.submit_queue = 3;
+  auto w = Worker::Create(f.model.get(), &f.device, f.config, f.memd->host, f.memd.get(), &f.sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  f.worker = std::move(*w);
+  for (RequestId id = 1; id <= 3; ++id) ASSERT_TRUE(f.worker->Submit(Submit(id, Prompt(20, 1), 2), ClientRef{"c", id}).ok());
+  const size_t admits = f.memd->admitted_ids.size();
+  for (RequestId id = 4; id <= 50; ++id) {
+    absl::Status st = f.worker->Submit(Submit(id, Prompt(20, 1), 2), ClientRef{"c", id});
+    ASSERT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    EXPECT_NE(st.message().find("submit queue full (3)"), std::string::npos) << st;
+  }
+  EXPECT_EQ(f.memd->admitted_ids.size(), admits) << "a refused submit reached memd";
+  EXPECT_EQ(f.worker->stats().submits_refused, 47u);
+  EXPECT_EQ(f.worker->stats().waiting_requests_peak, 3u);
+  f.RunUntilFinished(3);
+  ASSERT_TRUE(f.worker->Submit(Submit(51, Prompt(20, 1), 2), ClientRef{"c", 51}).ok());
+  f.RunUntilFinished(4);
+  EXPECT_EQ(f.worker->StatsReply().waiting_requests_peak, 3u);
+  EXPECT_EQ(f.worker->StatsReply().submits_refused, 47u);
+}
+
+// A client that went away (its connection is gone): its unfinished requests end and memd gets their Complete.
+TEST(WorkerBackPressure, EndClientEndsOnlyThatClientsRequests) {
+  Fixture f(WorkerMode::kAdaptive);
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 30), ClientRef{"gone", 1}).ok());
+  ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 5), ClientRef{"here", 2}).ok());
+  f.memd->Pump(*f.worker);
+  ASSERT_TRUE(f.worker->Iterate().ok());
+  EXPECT_EQ(f.worker->EndClient("gone", absl::UnavailableError("client went away")), 1u);
+  EXPECT_EQ(f.memd->completes, 1);
+  EXPECT_EQ(f.sink.errors[1], "client went away");
+  f.RunUntilFinished(2);
+  EXPECT_EQ(f.sink.out[2].tokens, Oracle(*f.model, f.Input(Prompt(20, 2)), 5).tokens);
+  EXPECT_EQ(f.worker->EndClient("gone", absl::UnavailableError("again")), 0u);
+}
+
 TEST(WorkerAdmission, AllocationWaitIsSubmitToGrant) {
   Fixture f(WorkerMode::kAdaptive);
   ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 3), ClientRef{"c", 1}).ok());

@@ -80,14 +80,23 @@ inline Generated Oracle(const model::Model& m, const std::vector<model::Token>& 
 class RecordingSink final : public ClientSink {
  public:
   void Accepted(const ClientRef&, const wire::SubmitAcceptedT& a) override { accepted.push_back(a.request); }
-  void Chunk(const ClientRef&, const wire::TokenChunkT& c) override {
+  // Refuses (RESOURCE_EXHAUSTED) every chunk that is not final once `accept_chunks` chunks were taken (a client that
+  // stopped reading), as ServingFrontend does when the client's buffer is full.
+  absl::Status Chunk(const ClientRef&, const wire::TokenChunkT& c) override {
+    if (!c.finished && chunks.size() >= accept_chunks) {
+      ++refused;
+      return absl::ResourceExhaustedError("client not reading (test)");
+    }
     Generated& g = out[c.request];
     for (uint8_t t : c.tokens) g.tokens.push_back(t);
     for (uint64_t d : c.logits_digests) g.digests.push_back(d);
     if (c.finished) finished.insert(c.request);
     if (c.error != wire::ErrorCode::OK) errors[c.request] = c.error_message;
     chunks.push_back(c);
+    return absl::OkStatus();
   }
+  size_t accept_chunks = SIZE_MAX;
+  size_t refused = 0;
   std::vector<RequestId> accepted;
   std::map<RequestId, Generated> out;
   std::set<RequestId> finished;

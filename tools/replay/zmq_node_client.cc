@@ -14,7 +14,9 @@ constexpr std::string_view kSender = "dhs-replay";
 
 absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
   std::unique_ptr<ZmqNodeClient> client(new ZmqNodeClient(std::move(options)));
-  auto worker = DealerClient::Connect(client->options_.worker_endpoint);
+  DealerClient::Options worker_options;
+  worker_options.heartbeat_interval = client->options_.worker_heartbeat;
+  auto worker = DealerClient::Connect(client->options_.worker_endpoint, worker_options);
   if (!worker.ok()) return worker.status();
   client->worker_ = std::move(*worker);
   if (!client->options_.memd_endpoint.empty()) {
@@ -109,8 +111,13 @@ absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
   }
   auto first = worker_->Receive(std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, timeout_ms))));
   if (!first.ok()) {
-    if (absl::IsDeadlineExceeded(first.status())) return events;
-    return first.status();
+    if (!absl::IsDeadlineExceeded(first.status())) return first.status();
+    if (const int drops = worker_->disconnects(); drops > 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "the worker at ", options_.worker_endpoint, " went away (its connection closed ", drops,
+          drops == 1 ? " time" : " times", "): it exited, was killed or stopped answering heartbeats; see its log"));
+    }
+    return events;
   }
   if (absl::Status s = Handle(*first, events); !s.ok()) return s;
   // Drain what is already queued without waiting again.

@@ -30,6 +30,9 @@ struct ZmqNodeClientOptions {
   bool prepared_prefix = false;
   std::chrono::milliseconds sample_interval{200};  // memd status sampling period while polling
   std::chrono::milliseconds request_timeout{5000}; // stats / introspection round trips
+  // ZMTP heartbeat interval on the worker connection (DealerClient::Options::heartbeat_interval): a worker that
+  // stops answering for 3 intervals counts as gone. 0 = off (a closed connection is still seen at once).
+  std::chrono::milliseconds worker_heartbeat{1000};
 };
 
 class ZmqNodeClient final : public NodeClient {
@@ -40,6 +43,9 @@ class ZmqNodeClient final : public NodeClient {
   static absl::StatusOr<std::unique_ptr<ZmqNodeClient>> Connect(ZmqNodeClientOptions options);
 
   absl::Status Submit(const SubmitRequest& request) override;
+  // As NodeClient::Poll. UNAVAILABLE ("the worker at ... went away") once the worker's connection dropped (the worker
+  // exited or was killed, or missed heartbeats) and every message it sent before was handed out: a dead worker is
+  // seen within seconds, not after the driver's idle timeout.
   absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) override;
   absl::StatusOr<NodeStats> Stats() override;
 
