@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""dhs-node with real processes (tools/node, issue 11 "The node launcher"), in a private temporary directory:
+(1) a bad configuration exits 2 naming the key; (2) a node of two CPU workers (glm5-like preset) comes up: "node
+ready", memd's log shows each worker's pid registered; (3) dhs-replay --connect serves 3 requests on worker 0 (the
+attach documented in docs/operations.md); (4) SIGKILL of worker 0: dhs-node restarts it, the new pid registers with
+memd (epoch 2) and "node ready again" follows; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
+left, no socket and no /dev/shm segment of the node left. Waits poll the node's output or /proc with a deadline
+(orderings, not timings). Usage: node_process_test.py DHS_NODE DHS_REPLAY"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIG = """
+[node]
+run_dir = "{run_dir}"
+
+[memd]
+host_pool_bytes = "16MiB"
+log_level = "info"
+
+[[worker]]
+gpu = 0
+preset = "glm5-like"
+page_rows = 16
+slots = 4
+hbm_budget_bytes = "4MiB"
+device = "cpu"
+
+[[worker]]
+gpu = 1
+preset = "glm5-like"
+page_rows = 16
+slots = 2
+hbm_budget_bytes = "2MiB"
+device = "cpu"
+mode = "resident"
+
+[supervise]
+backoff_initial_ms = 100
+stop_grace_ms = 5000
+"""
+
+
+def read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def wait_until(pred, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def started_pids(out: str, name: str) -> list:
+    return [int(p) for p in re.findall(rf"started {name} \(pid (\d+)\)", out)]
+
+
+def bad_config(node: str, tmp: str) -> list:
+    path = os.path.join(tmp, "bad.toml")
+    with open(path, "w") as f:
+        f.write(CONFIG.format(run_dir=os.path.join(tmp, "bad-run")).replace("slots = 2", "slots = 0"))
+    r = subprocess.run([node, "--config", path], capture_output=True, text=True, timeout=30)
+    failures = []
+    if r.returncode != 2 or "worker[1].slots: 0 is out of range" not in r.stderr:
+        failures.append(f"bad config: rc {r.returncode}, stderr {r.stderr!r}")
+    if os.path.exists(os.path.join(tmp, "bad-run")):
+        failures.append("bad config: the run directory was created")
+    return failures
+
+
+def main() -> int:
+    node, replay = sys.argv[1], sys.argv[2]
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="dhs-node-test-") as tmp:
+        failures += bad_config(node, tmp)
+        run_dir = os.path.join(tmp, "run")
+        config = os.path.join(tmp, "node.toml")
+        with open(config, "w") as f:
+            f.write(CONFIG.format(run_dir=run_dir))
+        out_path = os.path.join(tmp, "node.out")
+        with open(out_path, "w") as out:
+            proc = subprocess.Popen([node, "--config", config], stdout=out, stderr=subprocess.STDOUT)
+        try:
+            failures += scenario(proc, out_path, run_dir, replay, tmp)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if failures:
+            print("---- dhs-node output ----\n" + read(out_path))
+            print("---- memd.log ----\n" + read(os.path.join(run_dir, "memd.log"))[-3000:])
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+def scenario(proc, out_path: str, run_dir: str, replay: str, tmp: str) -> list:
+    memd_log = os.path.join(run_dir, "memd.log")
+    if not wait_until(lambda: "node ready (2 workers)" in read(out_path), 120):
+        return ["no 'node ready (2 workers)' within 120 s"]
+    out = read(out_path)
+    memd_pid = started_pids(out, "memd")[0]
+    w0, w1 = started_pids(out, "worker gpu 0")[0], started_pids(out, "worker gpu 1")[0]
+    failures = []
+    for gpu, pid in ((0, w0), (1, w1)):
+        if f"worker of GPU {gpu} (pid {pid}," not in read(memd_log):
+            failures.append(f"memd did not log GPU {gpu}'s worker pid {pid} registered before 'node ready'")
+    seg = re.search(r"host pool /dev/shm/(\S+):", read(memd_log))
+    segment = "/dev/shm/" + seg.group(1) if seg else None
+    if segment is None or not os.path.exists(segment):
+        failures.append(f"host-pool segment not found ({segment})")
+
+    report = os.path.join(tmp, "replay.json")
+    r = subprocess.run([replay, "--connect", f"ipc://{run_dir}/worker-0.sock", "--preset", "glm5-like",
+                        "--requests", "3", "--length-scale", "0.02", "--json", report],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 or not json.loads(read(report) or "{}").get("complete"):
+        failures.append(f"dhs-replay --connect: rc {r.returncode}, {r.stderr[-500:]!r}")
+
+    os.kill(w0, signal.SIGKILL)
+    if not wait_until(lambda: "node ready again" in read(out_path), 60):
+        return failures + ["no 'node ready again' within 60 s of SIGKILL of worker gpu 0"]
+    out = read(out_path)
+    restarted = started_pids(out, "worker gpu 0")
+    if len(restarted) != 2 or restarted[1] == w0 or gone(restarted[1]):
+        failures.append(f"worker gpu 0 not restarted once with a new live pid: {restarted}")
+    elif not re.search(rf"worker of GPU 0 \(pid {restarted[1]}, [^)]*\) registered: .* epoch 2", read(memd_log)):
+        failures.append(f"the restarted worker (pid {restarted[1]}) did not register with memd as epoch 2")
+    if not gone(w0):
+        failures.append(f"the killed worker {w0} is still there")
+    if started_pids(out, "worker gpu 1") != [w1] or started_pids(out, "memd") != [memd_pid]:
+        failures.append("memd or worker gpu 1 was restarted though only worker gpu 0 died")
+
+    children = [memd_pid, w1] + restarted[1:]
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        return failures + ["dhs-node did not exit within 60 s of SIGTERM"]
+    if rc != 0:
+        failures.append(f"dhs-node exit code {rc} after SIGTERM, want 0")
+    out = read(out_path)
+    if "stopped cleanly" not in out:
+        failures.append("no 'stopped cleanly'")
+    memd_term = out.find("SIGTERM memd")
+    for gpu in (0, 1):
+        exited = out.rfind(f"worker gpu {gpu} (pid")
+        if memd_term < 0 or exited < 0 or exited > memd_term:
+            failures.append(f"memd was not stopped after worker gpu {gpu} exited")
+    for pid in children:
+        if not gone(pid):
+            failures.append(f"child {pid} still running after dhs-node exited")
+    if segment and os.path.exists(segment):
+        failures.append(f"{segment} left in /dev/shm")
+    left = [n for n in os.listdir(run_dir) if n.endswith(".sock")]
+    if left:
+        failures.append(f"sockets left in the run directory: {left}")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
