@@ -5,11 +5,15 @@ ready", memd's log shows each worker's pid registered; (3) dhs-replay --connect 
 attach documented in docs/operations.md); (4) SIGKILL of worker 0: dhs-node restarts it, the new pid registers with
 memd (epoch 2) and "node ready again" follows; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
 left, no socket and no /dev/shm segment of the node left. Waits poll the node's output or /proc with a deadline
-(orderings, not timings). Usage: node_process_test.py DHS_NODE DHS_REPLAY"""
+(orderings, not timings). Readiness notification (when built with libsystemd, SYSTEMD=1): under a NOTIFY_SOCKET
+dhs-node sends READY=1 for "node ready" and "node ready again" and STOPPING=1, and its children none (they do not
+inherit the socket); memd and workerd started from `dhs-node --check`'s command lines each send READY=1 themselves.
+Usage: node_process_test.py DHS_NODE DHS_REPLAY SYSTEMD"""
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -88,8 +92,49 @@ def bad_config(node: str, tmp: str) -> list:
     return failures
 
 
+def notify_socket(tmp: str, name: str):
+    """A datagram socket standing in for systemd's NOTIFY_SOCKET; returns (socket, path)."""
+    path = os.path.join(tmp, name)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    return sock, path
+
+
+def notifications(sock) -> list:
+    msgs = []
+    while True:
+        try:
+            msgs.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            return msgs
+
+
+def daemons_notify(node: str, tmp: str, config: str) -> list:
+    """memd and workerd, started by hand from `dhs-node --check`'s command lines, each send READY=1."""
+    check = subprocess.run([node, "--config", config, "--check"], capture_output=True, text=True, timeout=30)
+    lines = check.stdout.split("\n")
+    if check.returncode != 0 or len(lines) < 2 or "--page-bytes" not in lines[0]:
+        return [f"dhs-node --check: rc {check.returncode}, {check.stdout!r} {check.stderr!r}"]
+    failures, procs = [], []
+    try:
+        for name, line in (("memd", lines[0]), ("workerd", lines[1])):
+            sock, path = notify_socket(tmp, name + ".notify")
+            env = dict(os.environ, NOTIFY_SOCKET=path)
+            procs.append(subprocess.Popen(line.split(), env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            got = []
+            if not wait_until(lambda: got.extend(notifications(sock)) or any("READY=1" in m for m in got), 60):
+                failures.append(f"{name} sent no READY=1 (got {got})")
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+    return failures
+
+
 def main() -> int:
-    node, replay = sys.argv[1], sys.argv[2]
+    node, replay, systemd = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     failures = []
     with tempfile.TemporaryDirectory(prefix="dhs-node-test-") as tmp:
         failures += bad_config(node, tmp)
@@ -97,15 +142,30 @@ def main() -> int:
         config = os.path.join(tmp, "node.toml")
         with open(config, "w") as f:
             f.write(CONFIG.format(run_dir=run_dir))
+        if systemd:
+            by_hand = os.path.join(tmp, "by-hand.toml")
+            with open(by_hand, "w") as f:
+                f.write(CONFIG.format(run_dir=os.path.join(tmp, "by-hand")))
+            failures += daemons_notify(node, tmp, by_hand)
+        notify, notify_path = notify_socket(tmp, "node.notify")
         out_path = os.path.join(tmp, "node.out")
         with open(out_path, "w") as out:
-            proc = subprocess.Popen([node, "--config", config], stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([node, "--config", config], stdout=out, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, NOTIFY_SOCKET=notify_path))
         try:
             failures += scenario(proc, out_path, run_dir, replay, tmp)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        msgs = notifications(notify)
+        ready = [m for m in msgs if "READY=1" in m]
+        want_ready = ["node ready (2 workers)", "node ready again (2 workers)"]
+        if systemd and ([m.split("STATUS=dhs-node: ")[-1] for m in ready] != want_ready or
+                        sum("STOPPING=1" in m for m in msgs) != 1):
+            failures.append(f"notifications to NOTIFY_SOCKET: {msgs}, want READY=1 for {want_ready} and one STOPPING=1")
+        if not systemd and msgs:
+            failures.append(f"built without libsystemd but notified: {msgs}")
         if failures:
             print("---- dhs-node output ----\n" + read(out_path))
             print("---- memd.log ----\n" + read(os.path.join(run_dir, "memd.log"))[-3000:])

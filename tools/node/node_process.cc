@@ -54,6 +54,13 @@ absl::StatusOr<pid_t> Spawn(const std::string& path, const std::vector<std::stri
   std::vector<char*> argv;
   for (std::string& a : storage) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The children do not inherit NOTIFY_SOCKET: under systemd only dhs-node (the unit's main process) reports
+  // readiness, once every child is ready.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) != 0) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   int report[2];  // the child's errno when it cannot exec; closed on exec
   if (::pipe2(report, O_CLOEXEC) != 0) return absl::UnavailableError(absl::StrCat("pipe: ", std::strerror(errno)));
   const pid_t parent = ::getpid();
@@ -78,7 +85,7 @@ absl::StatusOr<pid_t> Spawn(const std::string& path, const std::vector<std::stri
     if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) fail(errno);
     const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0 || ::dup2(in, STDIN_FILENO) < 0) fail(errno);
-    ::execve(path.c_str(), argv.data(), environ);
+    ::execve(path.c_str(), argv.data(), envp.data());
     fail(errno);
   }
   ::close(report[1]);

@@ -8,6 +8,7 @@
 // - a worker of GPU g: answers a WorkerStatsQuery on <run_dir>/worker-<g>.sock with gpu = g (a worker serves its
 //   socket only after memd accepted its Hello) and memd's GPU list holds g.
 // Logs: each child's stdout and stderr are appended to <run_dir>/memd.log or <run_dir>/worker-<g>.log.
+// systemd: "node ready" sends READY=1 (common/sd_notify.h); the children get the environment without NOTIFY_SOCKET.
 //
 // Thread-safety: one thread (the main thread: children get PR_SET_PDEATHSIG(SIGTERM), tied to the thread that
 // spawned them).
