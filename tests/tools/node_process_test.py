@@ -4,7 +4,8 @@
 ready", memd's log shows each worker's pid registered; (3) dhs-replay --connect serves 3 requests on worker 0 (the
 attach documented in docs/operations.md); (4) SIGKILL of worker 0: dhs-node restarts it, the new pid registers with
 memd (epoch 2) and "node ready again" follows; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
-left, no socket and no /dev/shm segment of the node left. Waits poll the node's output or /proc with a deadline
+left, no socket and no /dev/shm segment of the node left; (6) SIGKILL of dhs-node: its children stop on their
+parent-death signal and clean up. Prints start-to-ready and kill-to-ready-again times from the node's log. Waits poll the node's output or /proc with a deadline
 (orderings, not timings). Readiness notification (when built with libsystemd, SYSTEMD=1): under a NOTIFY_SOCKET
 dhs-node sends READY=1 for "node ready" and "node ready again" and STOPPING=1, and its children none (they do not
 inherit the socket); memd and workerd started from `dhs-node --check`'s command lines each send READY=1 themselves.
@@ -133,6 +134,40 @@ def daemons_notify(node: str, tmp: str, config: str) -> list:
     return failures
 
 
+def node_killed(node: str, tmp: str) -> list:
+    """SIGKILL of dhs-node: memd and the workers get SIGTERM from the kernel and stop cleanly."""
+    run_dir = os.path.join(tmp, "killed")
+    config = os.path.join(tmp, "killed.toml")
+    with open(config, "w") as f:
+        f.write(CONFIG.format(run_dir=run_dir))
+    out_path = os.path.join(tmp, "killed.out")
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([node, "--config", config], stdout=out, stderr=subprocess.STDOUT)
+    if not wait_until(lambda: "node ready (2 workers)" in read(out_path), 120):
+        proc.kill()
+        proc.wait()
+        return ["SIGKILL of dhs-node: the node never became ready"]
+    out = read(out_path)
+    children = started_pids(out, "memd") + started_pids(out, "worker gpu 0") + started_pids(out, "worker gpu 1")
+    seg = re.search(r"host pool /dev/shm/(\S+):", read(os.path.join(run_dir, "memd.log")))
+    proc.kill()
+    proc.wait()
+    failures = []
+    if not wait_until(lambda: all(gone(p) for p in children), 30):
+        failures.append(f"SIGKILL of dhs-node: children {children} still running after 30 s")
+    if seg and not wait_until(lambda: not os.path.exists("/dev/shm/" + seg.group(1)), 10):
+        failures.append(f"SIGKILL of dhs-node: /dev/shm/{seg.group(1)} left")
+    return failures
+
+
+def stamp(out: str, text: str, after: int = 0) -> float:
+    """Seconds of the day of the first log line holding `text` at or after offset `after`."""
+    at = out.find(text, after)
+    line = out[out.rfind("\n", 0, at) + 1:at]
+    h, m, sec = re.search(r"(\d\d):(\d\d):(\d\d\.\d+)\]", line).groups()
+    return int(h) * 3600 + int(m) * 60 + float(sec)
+
+
 def main() -> int:
     node, replay, systemd = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     failures = []
@@ -158,6 +193,7 @@ def main() -> int:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        failures += node_killed(node, tmp)
         msgs = notifications(notify)
         ready = [m for m in msgs if "READY=1" in m]
         want_ready = ["node ready (2 workers)", "node ready again (2 workers)"]
@@ -211,6 +247,9 @@ def scenario(proc, out_path: str, run_dir: str, replay: str, tmp: str) -> list:
     if started_pids(out, "worker gpu 1") != [w1] or started_pids(out, "memd") != [memd_pid]:
         failures.append("memd or worker gpu 1 was restarted though only worker gpu 0 died")
 
+    print(f"figures: start -> node ready {stamp(out, 'node ready (') - stamp(out, 'started memd'):.3f} s;"
+          f" worker SIGKILL -> node ready again {stamp(out, 'node ready again') - stamp(out, 'worker gpu 0 (pid'):.3f} s"
+          f" (backoff 0.100 s)")
     children = [memd_pid, w1] + restarted[1:]
     proc.send_signal(signal.SIGTERM)
     try:
