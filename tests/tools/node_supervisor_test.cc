@@ -225,155 +225,176 @@ TEST(Supervisor, StartTimeoutKillsAndCountsAsACrash) {
 
 // ---- randomized ----
 
-struct Model {  // what the test knows independently of the supervisor
-  std::vector<bool> live, termed, killed;
-  std::vector<int64_t> ready_at, restart_at;
-  std::vector<bool> was_ready;
-  std::vector<uint32_t> streak;
-  std::vector<std::deque<int64_t>> crashes;
-  bool terminated = false, gave_up = false, exited = false;
-};
-
 struct Coverage {  // how much the random runs exercised, summed over seeds
   uint64_t starts = 0, readies = 0, memd_restarts = 0, gave_up = 0, clean_stops = 0, sigkills = 0;
 };
 
-void RunRandom(uint64_t seed, size_t workers, const SupervisorPolicy& p, Coverage& cov) {
-  SCOPED_TRACE("seed " + std::to_string(seed) + ", workers " + std::to_string(workers));
-  std::mt19937_64 rng(seed);
-  auto chance = [&](double q) { return std::uniform_real_distribution<double>(0, 1)(rng) < q; };
-  const size_t n = workers + 1;
-  Supervisor s(p, Names(workers));
-  Model m{std::vector<bool>(n), std::vector<bool>(n), std::vector<bool>(n), std::vector<int64_t>(n),
-          std::vector<int64_t>(n, 0), std::vector<bool>(n), std::vector<uint32_t>(n),
-          std::vector<std::deque<int64_t>>(n)};
-  int64_t now = 0;
-  std::function<void()> apply = [&] {
-    std::vector<SupervisorOrder> orders = s.DrainOrders();
-    std::vector<std::pair<size_t, bool>> probes;
-    for (const SupervisorOrder& o : orders) {
-      ASSERT_FALSE(m.exited) << "an order after kExit";
-      switch (o.kind) {
-        case Kind::kStart:
-          ASSERT_FALSE(m.live[o.child]) << "two live processes for child " << o.child;
-          ASSERT_FALSE(m.terminated || m.gave_up) << "a start while stopping";
-          ASSERT_GE(now, m.restart_at[o.child]) << "restarted before its backoff";
-          if (o.child != 0) {
-            ASSERT_EQ(s.state(0), ChildState::kReady) << "a worker started without a ready memd";
-          }
-          m.live[o.child] = true;
-          ++cov.starts;
-          if (o.child == 0 && s.starts(0) > 1) ++cov.memd_restarts;
-          m.termed[o.child] = m.killed[o.child] = m.was_ready[o.child] = false;
-          break;
-        case Kind::kSignal:
-          ASSERT_TRUE(m.live[o.child]) << "a signal to a child with no process";
-          if (o.child == 0 && (m.terminated || m.gave_up)) {
-            for (size_t c = 1; c < n; ++c) ASSERT_FALSE(m.live[c]) << "memd signalled while worker " << c << " lives";
-          }
-          (o.signal == SIGKILL ? m.killed : m.termed)[o.child] = true;
-          cov.sigkills += o.signal == SIGKILL;
-          break;
-        case Kind::kProbe: probes.emplace_back(o.child, chance(0.6)); break;
-        case Kind::kExit:
-          for (size_t c = 0; c < n; ++c) ASSERT_FALSE(m.live[c]);
-          ASSERT_EQ(o.exit_code, m.gave_up ? 1 : 0);
-          m.exited = true;
-          ++(m.gave_up ? cov.gave_up : cov.clean_stops);
-          break;
-        case Kind::kReady:
-          for (size_t c = 0; c < n; ++c) ASSERT_EQ(s.state(c), ChildState::kReady);
-          ++cov.readies;
-          break;
-        case Kind::kLog: break;
+// One random run: a model of the processes (what the test knows independently of the supervisor) and the checks of
+// every order against it. ASSERTs abort the current method; the caller stops on HasFatalFailure().
+class RandomRun {
+ public:
+  RandomRun(uint64_t seed, size_t workers, const SupervisorPolicy& p, Coverage& cov)
+      : rng_(seed), p_(p), n_(workers + 1), s_(p, Names(workers)), cov_(cov), live_(n_), termed_(n_), killed_(n_),
+        was_ready_(n_), ready_at_(n_), restart_at_(n_), streak_(n_), crashes_(n_) {}
+
+  void Run() {
+    s_.Begin(now_);
+    Apply();
+    for (int step = 0; step < 4000 && !exited_ && !::testing::Test::HasFatalFailure(); ++step) {
+      now_ += std::uniform_int_distribution<int64_t>(0, step < 3000 ? 700 : 3000)(rng_);
+      Step(step);
+      Apply();
+      ASSERT_TRUE(s_.CheckInvariants().ok()) << s_.CheckInvariants();
+      for (size_t c = 0; c < n_; ++c) {  // a starting child is probed within one interval
+        if (s_.state(c) == ChildState::kStarting && !killed_[c]) {
+          ASSERT_LE(s_.NextWakeupMs(), now_ + p_.probe_interval_ms);
+        }
       }
     }
-    for (auto [c, ready] : probes) {
-      s.ProbeResult(c, ready, now);
-      if (ready && s.state(c) == ChildState::kReady && !m.was_ready[c]) {
-        m.was_ready[c] = true;
-        m.ready_at[c] = now;
+    for (int i = 0; i < 100 && !exited_; ++i) {  // a stopping node ends once its children obey
+      now_ += p_.stop_grace_ms;
+      s_.Timer(now_);
+      Apply();
+      for (size_t c = 0; c < n_; ++c) {
+        if (live_[c] && killed_[c]) ExitChild(c, SIGKILL);
       }
+      Apply();
     }
-    if (!probes.empty()) apply();
-  };
-  auto exit_child = [&](size_t c, int status) {
-    const bool stopping = m.terminated || m.gave_up;
-    const bool crash = !stopping && !m.termed[c];
-    m.live[c] = false;
-    if (crash) {
-      m.crashes[c].push_back(now);
-      while (m.crashes[c].front() <= now - p.restart_window_ms) m.crashes[c].pop_front();
-      if (m.crashes[c].size() > p.max_restarts) {
-        m.gave_up = true;
-      } else {
-        if (m.was_ready[c] && now - m.ready_at[c] >= p.backoff_reset_ms) m.streak[c] = 0;
-        ++m.streak[c];
-        int64_t delay = p.backoff_initial_ms;
-        for (uint32_t i = 1; i < m.streak[c]; ++i) delay = std::min(delay * 2, p.backoff_max_ms);
-        m.restart_at[c] = now + std::min(delay, p.backoff_max_ms);
-      }
-    }
-    if (c == 0 && crash && p.restart_workers_with_memd) {
-      for (size_t w = 1; w < n; ++w) m.termed[w] = m.termed[w] || m.live[w];  // the core sends them SIGTERM now
-    }
-    s.Exited(c, status, now);
-    if (crash && !m.gave_up) {
-      ASSERT_EQ(s.restart_at_ms(c), m.restart_at[c]);
-      ASSERT_EQ(s.streak(c), m.streak[c]);
-    }
-    ASSERT_EQ(s.stopping(), m.terminated || m.gave_up);
-  };
-  s.Begin(now);
-  apply();
-  for (int step = 0; step < 4000 && !m.exited; ++step) {
-    now += std::uniform_int_distribution<int64_t>(0, step < 3000 ? 700 : 3000)(rng);
-    const double r = std::uniform_real_distribution<double>(0, 1)(rng);
+    ASSERT_TRUE(exited_) << "the node never exited";
+    ASSERT_TRUE(s_.done());
+  }
+
+ private:
+  bool Chance(double q) { return std::uniform_real_distribution<double>(0, 1)(rng_) < q; }
+  bool Stopping() const { return terminated_ || gave_up_; }
+
+  void Step(int step) {
+    const double r = std::uniform_real_distribution<double>(0, 1)(rng_);
     std::vector<size_t> live;
-    for (size_t c = 0; c < n; ++c) {
-      if (m.live[c]) live.push_back(c);
+    for (size_t c = 0; c < n_; ++c) {
+      if (live_[c]) live.push_back(c);
     }
-    if ((step == 3000 || r < 0.005) && !m.terminated) {
-      m.terminated = !m.gave_up;  // a SIGTERM while giving up changes nothing
-      s.Terminate(now);
+    if ((step == 3000 || r < 0.005) && !terminated_) {
+      terminated_ = !gave_up_;  // a SIGTERM while giving up changes nothing
+      s_.Terminate(now_);
     } else if (r < 0.04 && !live.empty()) {  // a crash (or an exit after a signal)
-      const size_t c = live[rng() % live.size()];
-      exit_child(c, m.killed[c] ? SIGKILL : (chance(0.5) ? kCrash : SIGSEGV));
+      const size_t c = live[rng_() % live.size()];
+      ExitChild(c, killed_[c] ? SIGKILL : (Chance(0.5) ? kCrash : SIGSEGV));
     } else if (r < 0.25) {  // signalled children obey (SIGKILL always, SIGTERM mostly)
       for (size_t c : live) {
-        if (m.killed[c] || (m.termed[c] && chance(0.7))) exit_child(c, m.killed[c] ? SIGKILL : 0);
+        if (killed_[c] || (termed_[c] && Chance(0.7))) ExitChild(c, killed_[c] ? SIGKILL : 0);
       }
     } else if (r < 0.27) {  // events that do not fit: ignored
-      const uint64_t before = s.ignored_events();
-      for (size_t c = 0; c < n; ++c) {
-        if (!m.live[c]) s.Exited(c, kCrash, now);
+      const uint64_t before = s_.ignored_events();
+      for (size_t c = 0; c < n_; ++c) {
+        if (!live_[c]) s_.Exited(c, kCrash, now_);
       }
-      s.ProbeResult(n + 3, true, now);
-      ASSERT_GT(s.ignored_events(), before);
+      s_.ProbeResult(n_ + 3, true, now_);
+      ASSERT_GT(s_.ignored_events(), before);
     } else {
-      s.Timer(now);
+      s_.Timer(now_);
     }
-    apply();
-    ASSERT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
-    for (size_t c = 0; c < n; ++c) {  // a starting child is probed within one interval
-      if (s.state(c) == ChildState::kStarting && !m.killed[c]) {
-        ASSERT_LE(s.NextWakeupMs(), now + p.probe_interval_ms);
+  }
+
+  // Drains the orders, checks each against the model, answers the probes (and checks what they cause).
+  void Apply() {
+    std::vector<std::pair<size_t, bool>> probes;
+    for (const SupervisorOrder& o : s_.DrainOrders()) {
+      ASSERT_FALSE(exited_) << "an order after kExit";
+      if (o.kind == Kind::kProbe) probes.emplace_back(o.child, Chance(0.6));
+      CheckOrder(o);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    for (auto [c, ready] : probes) {
+      s_.ProbeResult(c, ready, now_);
+      if (ready && s_.state(c) == ChildState::kReady && !was_ready_[c]) {
+        was_ready_[c] = true;
+        ready_at_[c] = now_;
       }
     }
+    if (!probes.empty()) Apply();
   }
-  // A stopping node ends once its children obey.
-  for (int i = 0; i < 100 && !m.exited; ++i) {
-    now += p.stop_grace_ms;
-    s.Timer(now);
-    apply();
-    for (size_t c = 0; c < n; ++c) {
-      if (m.live[c] && m.killed[c]) exit_child(c, SIGKILL);
+
+  void CheckOrder(const SupervisorOrder& o) {
+    switch (o.kind) {
+      case Kind::kStart:
+        ASSERT_FALSE(live_[o.child]) << "two live processes for child " << o.child;
+        ASSERT_FALSE(Stopping()) << "a start while stopping";
+        ASSERT_GE(now_, restart_at_[o.child]) << "restarted before its backoff";
+        if (o.child != 0) {
+          ASSERT_EQ(s_.state(0), ChildState::kReady) << "a worker started without a ready memd";
+        }
+        live_[o.child] = true;
+        termed_[o.child] = killed_[o.child] = was_ready_[o.child] = false;
+        ++cov_.starts;
+        if (o.child == 0 && s_.starts(0) > 1) ++cov_.memd_restarts;
+        break;
+      case Kind::kSignal:
+        ASSERT_TRUE(live_[o.child]) << "a signal to a child with no process";
+        if (o.child == 0 && Stopping()) {
+          for (size_t c = 1; c < n_; ++c) ASSERT_FALSE(live_[c]) << "memd signalled while worker " << c << " lives";
+        }
+        (o.signal == SIGKILL ? killed_ : termed_)[o.child] = true;
+        cov_.sigkills += o.signal == SIGKILL;
+        break;
+      case Kind::kExit:
+        for (size_t c = 0; c < n_; ++c) ASSERT_FALSE(live_[c]);
+        ASSERT_EQ(o.exit_code, gave_up_ ? 1 : 0);
+        exited_ = true;
+        ++(gave_up_ ? cov_.gave_up : cov_.clean_stops);
+        break;
+      case Kind::kReady:
+        for (size_t c = 0; c < n_; ++c) ASSERT_EQ(s_.state(c), ChildState::kReady);
+        ++cov_.readies;
+        break;
+      case Kind::kProbe:
+      case Kind::kLog: break;
     }
-    apply();
   }
-  ASSERT_TRUE(m.exited) << "the node never exited";
-  ASSERT_TRUE(s.done());
-}
+
+  // Child `c` exits with `status`: the model decides whether it is a crash, its backoff and whether the node gives
+  // up, then the supervisor is told and must agree.
+  void ExitChild(size_t c, int status) {
+    const bool crash = !Stopping() && !termed_[c];
+    live_[c] = false;
+    if (crash) ModelCrash(c);
+    if (c == 0 && crash && p_.restart_workers_with_memd) {
+      for (size_t w = 1; w < n_; ++w) termed_[w] = termed_[w] || live_[w];  // the core sends them SIGTERM now
+    }
+    s_.Exited(c, status, now_);
+    if (crash && !gave_up_) {
+      ASSERT_EQ(s_.restart_at_ms(c), restart_at_[c]);
+      ASSERT_EQ(s_.streak(c), streak_[c]);
+    }
+    ASSERT_EQ(s_.stopping(), Stopping());
+  }
+
+  void ModelCrash(size_t c) {
+    crashes_[c].push_back(now_);
+    while (crashes_[c].front() <= now_ - p_.restart_window_ms) crashes_[c].pop_front();
+    if (crashes_[c].size() > p_.max_restarts) {
+      gave_up_ = true;
+      return;
+    }
+    if (was_ready_[c] && now_ - ready_at_[c] >= p_.backoff_reset_ms) streak_[c] = 0;
+    ++streak_[c];
+    int64_t delay = p_.backoff_initial_ms;
+    for (uint32_t i = 1; i < streak_[c]; ++i) delay = std::min(delay * 2, p_.backoff_max_ms);
+    restart_at_[c] = now_ + std::min(delay, p_.backoff_max_ms);
+  }
+
+  std::mt19937_64 rng_;
+  SupervisorPolicy p_;
+  size_t n_;
+  Supervisor s_;
+  Coverage& cov_;
+  int64_t now_ = 0;
+  std::vector<bool> live_, termed_, killed_, was_ready_;
+  std::vector<int64_t> ready_at_, restart_at_;
+  std::vector<uint32_t> streak_;
+  std::vector<std::deque<int64_t>> crashes_;
+  bool terminated_ = false, gave_up_ = false, exited_ = false;
+};
 
 TEST(SupervisorRandom, InvariantsHoldForRandomEventSequences) {
   SupervisorPolicy p = TestPolicy();
@@ -381,7 +402,8 @@ TEST(SupervisorRandom, InvariantsHoldForRandomEventSequences) {
   for (uint64_t seed = 1; seed <= 300; ++seed) {
     p.restart_workers_with_memd = seed % 3 != 0;
     p.max_restarts = static_cast<uint32_t>(seed % 6);
-    RunRandom(seed, 1 + seed % 4, p, cov);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    RandomRun(seed, 1 + seed % 4, p, cov).Run();
     if (HasFatalFailure()) return;
   }
   std::printf("random runs: %llu starts, %llu node-ready, %llu memd restarts, %llu SIGKILLs, %llu gave up, %llu clean "

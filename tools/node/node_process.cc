@@ -230,7 +230,9 @@ bool ProbeMemd(const std::string& run_dir, std::optional<GpuId> gpu, std::chrono
   const nlohmann::json doc = nlohmann::json::parse(reply->document, nullptr, /*allow_exceptions=*/false);
   if (!doc.is_array()) return false;
   for (const nlohmann::json& g : doc) {
-    if (g.is_object() && g.value("gpu", int64_t{-1}) == static_cast<int64_t>(*gpu)) return true;
+    if (g.is_object() && g.contains("gpu") && g["gpu"].is_number_unsigned() && g["gpu"].get<uint64_t>() == *gpu) {
+      return true;
+    }
   }
   return false;
 }

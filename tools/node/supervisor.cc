@@ -270,7 +270,7 @@ absl::Status Supervisor::CheckInvariants() const {
     if (ch.state == ChildState::kBackoff && ch.restart_at == kNever) return fail("backoff without a restart time");
     if (phase_ == Phase::kDone && ch.live) return fail("live after the node exited");
     if (IsWorker(c) && (ch.state == ChildState::kStarting || ch.state == ChildState::kReady) &&
-        !children_[kMemd].live && !(policy_.restart_workers_with_memd == false)) {
+        !children_[kMemd].live && policy_.restart_workers_with_memd) {
       return fail("a worker starting or ready without memd");
     }
     if (ch.streak > 0 && (BackoffMs(ch.streak) < std::min(policy_.backoff_initial_ms, policy_.backoff_max_ms) ||
