@@ -5,8 +5,9 @@ ready", memd's log shows each worker's pid registered; (3) dhs-replay --connect 
 attach documented in docs/operations.md); (4) SIGKILL of worker 0: dhs-node restarts it, the new pid registers with
 memd (epoch 2) and "node ready again" follows; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
 left, no socket and no /dev/shm segment of the node left; (6) SIGKILL of dhs-node: its children stop on their
-parent-death signal and clean up. Prints start-to-ready and kill-to-ready-again times from the node's log. Waits poll the node's output or /proc with a deadline
-(orderings, not timings). Readiness notification (when built with libsystemd, SYSTEMD=1): under a NOTIFY_SOCKET
+parent-death signal and clean up. Prints start-to-ready and kill-to-ready-again times from the node's log. Waits
+poll the node's output or /proc with a deadline (orderings, not timings). Readiness notification (when built with
+libsystemd, SYSTEMD=1): under a NOTIFY_SOCKET
 dhs-node sends READY=1 for "node ready" and "node ready again" and STOPPING=1, and its children none (they do not
 inherit the socket); memd and workerd started from `dhs-node --check`'s command lines each send READY=1 themselves.
 Usage: node_process_test.py DHS_NODE DHS_REPLAY SYSTEMD"""
@@ -247,9 +248,10 @@ def scenario(proc, out_path: str, run_dir: str, replay: str, tmp: str) -> list:
     if started_pids(out, "worker gpu 1") != [w1] or started_pids(out, "memd") != [memd_pid]:
         failures.append("memd or worker gpu 1 was restarted though only worker gpu 0 died")
 
-    print(f"figures: start -> node ready {stamp(out, 'node ready (') - stamp(out, 'started memd'):.3f} s;"
-          f" worker SIGKILL -> node ready again {stamp(out, 'node ready again') - stamp(out, 'worker gpu 0 (pid'):.3f} s"
-          f" (backoff 0.100 s)")
+    up = stamp(out, "node ready (") - stamp(out, "started memd")
+    again = stamp(out, "node ready again") - stamp(out, "worker gpu 0 (pid")
+    print(f"figures: start -> node ready {up:.3f} s; "
+          f"worker SIGKILL -> node ready again {again:.3f} s (backoff 0.100 s)")
     children = [memd_pid, w1] + restarted[1:]
     proc.send_signal(signal.SIGTERM)
     try:

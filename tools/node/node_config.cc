@@ -104,8 +104,8 @@ absl::StatusOr<uint64_t> ReadNumber(const KeySpec& spec, const toml::node& v, ab
     if (!size.ok()) return KeyError(path, size.status().message());
     n = *size;
   } else {
-    return KeyError(path, absl::StrCat("expected ", spec.kind == KeySpec::kSize ? "an integer or a size string"
-                                                                                 : "an integer", ", got ", TypeName(v)));
+    const char* expected = spec.kind == KeySpec::kSize ? "an integer or a size string" : "an integer";
+    return KeyError(path, absl::StrCat("expected ", expected, ", got ", TypeName(v)));
   }
   if (n < spec.min || n > spec.max) {
     return KeyError(path, absl::StrFormat("%d is out of range [%d, %d]", n, spec.min, spec.max));
@@ -140,7 +140,8 @@ absl::StatusOr<std::string> ReadValue(const KeySpec& spec, const toml::node& v, 
   for (absl::string_view choice : absl::StrSplit(spec.choices, '|')) {
     if (text == choice) return text;
   }
-  return KeyError(path, absl::StrFormat("'%s' is not one of %s", text, absl::StrJoin(absl::StrSplit(spec.choices, '|'), ", ")));
+  return KeyError(path, absl::StrFormat("'%s' is not one of %s", text,
+                                        absl::StrJoin(absl::StrSplit(spec.choices, '|'), ", ")));
 }
 
 // Every key of `table` (named `path`) against `specs`; `extra` keys (handled by the caller) are skipped.
@@ -193,7 +194,9 @@ absl::Status ReadMemd(const toml::table& root, NodeConfig& c) {
   if (!s.ok()) return s.status();
   const bool bytes = s->contains("host_pool_bytes"), pages = s->contains("host_pool_pages");
   if (bytes && pages) return KeyError("memd.host_pool_pages", "excludes memd.host_pool_bytes (give one of them)");
-  if (!bytes && !pages) return KeyError("memd.host_pool_bytes", "missing (give memd.host_pool_bytes or host_pool_pages)");
+  if (!bytes && !pages) {
+    return KeyError("memd.host_pool_bytes", "missing (give memd.host_pool_bytes or host_pool_pages)");
+  }
   if (auto it = s->find("page_bytes"); it != s->end() && std::stoull(it->second) % 64 != 0) {
     return KeyError("memd.page_bytes", absl::StrCat("must be a multiple of 64, got ", it->second));
   }
@@ -237,7 +240,9 @@ absl::Status ReadWorkers(const toml::table& root, NodeConfig& c) {
   const toml::node* n = root.get("worker");
   if (n == nullptr) return KeyError("worker", "missing (one [[worker]] table per GPU)");
   const toml::array* a = n->as_array();
-  if (a == nullptr) return KeyError("worker", absl::StrCat("expected an array of tables ([[worker]]), got ", TypeName(*n)));
+  if (a == nullptr) {
+    return KeyError("worker", absl::StrCat("expected an array of tables ([[worker]]), got ", TypeName(*n)));
+  }
   if (a->empty()) return KeyError("worker", "missing (one [[worker]] table per GPU)");
   std::map<GpuId, size_t> seen;
   for (size_t i = 0; i < a->size(); ++i) {
@@ -254,7 +259,9 @@ absl::Status ReadSupervise(const toml::table& root, NodeConfig& c) {
   if (!s.ok()) return s.status();
   SupervisorPolicy& p = c.supervise;
   auto num = [&](const char* key, auto& field, int64_t scale = 1) {
-    if (auto it = s->find(key); it != s->end()) field = static_cast<std::decay_t<decltype(field)>>(std::stoll(it->second) * scale);
+    if (auto it = s->find(key); it != s->end()) {
+      field = static_cast<std::decay_t<decltype(field)>>(std::stoll(it->second) * scale);
+    }
   };
   num("backoff_initial_ms", p.backoff_initial_ms);
   num("backoff_max_ms", p.backoff_max_ms);
@@ -264,7 +271,9 @@ absl::Status ReadSupervise(const toml::table& root, NodeConfig& c) {
   num("stop_grace_ms", p.stop_grace_ms);
   num("start_timeout_ms", p.start_timeout_ms);
   num("probe_interval_ms", p.probe_interval_ms);
-  if (auto it = s->find("restart_workers_with_memd"); it != s->end()) p.restart_workers_with_memd = it->second == "true";
+  if (auto it = s->find("restart_workers_with_memd"); it != s->end()) {
+    p.restart_workers_with_memd = it->second == "true";
+  }
   if (p.backoff_max_ms < p.backoff_initial_ms) {
     return KeyError("supervise.backoff_max_ms", absl::StrFormat("%d is below supervise.backoff_initial_ms (%d)",
                                                                 p.backoff_max_ms, p.backoff_initial_ms));
@@ -327,7 +336,9 @@ std::vector<std::string> MemdArgs(const NodeConfig& config, uint64_t page_bytes)
   std::vector<std::string> args = {"--run-dir", config.run_dir};
   if (!config.memd.contains("page_bytes")) args.insert(args.end(), {"--page-bytes", absl::StrCat(page_bytes)});
   for (const KeySpec& spec : kMemdKeys) {
-    if (auto it = config.memd.find(spec.name); it != config.memd.end()) args.insert(args.end(), {spec.flag, it->second});
+    if (auto it = config.memd.find(spec.name); it != config.memd.end()) {
+      args.insert(args.end(), {spec.flag, it->second});
+    }
   }
   return args;
 }

@@ -116,7 +116,8 @@ class NodeLoop {
       if (std::optional<int> code = Execute()) return *code;
       const int64_t wake = sup_.NextWakeupMs();
       const int64_t now = NowMs();
-      const int timeout = wake == Supervisor::kNever ? 1000 : static_cast<int>(std::clamp<int64_t>(wake - now, 0, 1000));
+      const int timeout =
+          wake == Supervisor::kNever ? 1000 : static_cast<int>(std::clamp<int64_t>(wake - now, 0, 1000));
       pollfd p{signal_fd, POLLIN, 0};
       if (::poll(&p, 1, timeout) > 0) ReadSignals(signal_fd);
       Reap();
