@@ -171,8 +171,7 @@ void Supervisor::MaybeAnnounceReady() {
   }
   phase_ = Phase::kRunning;
   Order(SupervisorOrder::Kind::kReady, kMemd,
-        absl::StrFormat(announced_ ? "dhs-node: node ready again (%d workers)" : "dhs-node: node ready (%d workers)",
-                        children_.size() - 1));
+        absl::StrCat("dhs-node: node ready", announced_ ? " again" : "", " (", children_.size() - 1, " workers)"));
   announced_ = true;
 }
 
