@@ -10,8 +10,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
