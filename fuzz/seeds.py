@@ -60,3 +60,37 @@ put("trace", "mooncake", b"\0\3" + head("tools/replay/data/mooncake_conversation
 put("trace", "azure", b"\1\3" + head("tools/replay/data/azure_llm_conv_2023_head200.csv", 4))
 put("trace", "timestamp", b"\2\0" + b"2023-11-16 18:17:03.9799600")
 put("trace", "timestamp-offset", b"\2\0" + b"2023-11-16 18:17:03.5+01:30")
+
+# ---- node_config (fuzz/node_config_fuzz.cc): the TOML text of a dhs-node configuration ----
+NODE = b"""[node]
+run_dir = "/tmp/dhs-fuzz"
+[memd]
+host_pool_bytes = "16MiB"
+reserve_pages = 2
+reclaim_policy = "oldest-first"
+[[worker]]
+gpu = 0
+preset = "glm5-like"
+page_rows = 16
+hbm_budget_bytes = "4MiB"
+slots = 4
+[[worker]]
+gpu = 1
+mode = "resident"
+device = "cpu"
+extra_args = ["--link-model", "pcie4"]
+[supervise]
+backoff_initial_ms = 100
+backoff_max_ms = 1600
+max_restarts = 3
+restart_workers_with_memd = false
+"""
+put("node_config", "good", NODE)
+put("node_config", "weights-page-bytes", NODE.replace(b'preset = "glm5-like"', b'weights = "/w.safetensors"')
+    .replace(b"reserve_pages = 2", b"page_bytes = 64512"))
+put("node_config", "duplicate-gpu", NODE.replace(b"gpu = 1", b"gpu = 0"))
+put("node_config", "bad-types", NODE.replace(b"slots = 4", b'slots = "4"').replace(b"gpu = 1", b"gpu = -1"))
+put("node_config", "inline-tables", b'node = { run_dir = "/r" }\nmemd = { host_pool_pages = 8 }\n'
+    b'worker = [ { gpu = 3, page_rows = 8 }, { gpu = 4 } ]\n')
+put("node_config", "syntax", b"[node]\nrun_dir = \"/r\"\n[[worker]\ngpu = = 1\n")
+put("node_config", "size", b"64MiB")

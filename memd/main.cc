@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "common/host_pool.h"
+#include "common/sd_notify.h"
 #include "common/transport.h"
 #include "memd/daemon.h"
 #include "memd/metrics_server.h"
@@ -128,6 +129,7 @@ int Serve(const CommandLine& c) {
   }
   spdlog::info("memd: serving {} (host pool /dev/shm/{}: {} pages x {} bytes, policy {})", (*daemon)->endpoint(),
                (*daemon)->segment().name(), o.host_pool_pages, o.page_bytes, o.reclaim_policy);
+  dhs::NotifyReady("serving " + (*daemon)->endpoint());  // systemd Type=notify (docs/systemd/memd.service)
   absl::Status s = (*daemon)->Run([] { return g_stop == 0; });
   metrics.reset();
   daemon->reset();  // removes memd.sock and the host-pool segment

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "common/sd_notify.h"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
 #ifdef DHS_HAVE_CUDA
@@ -194,6 +195,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
                config.gpu, cl.mode_name, (*process)->endpoint(), geometry.capacity_pages, geometry.page_bytes,
                geometry.hot_rows, geometry.tail_rows, config.page_rows, config.slots);
+  dhs::NotifyReady("serving " + (*process)->endpoint());  // registered with memd; docs/systemd/workerd@.service
   if (absl::Status s = (*process)->Run([] { return g_stop == 0; }); !s.ok()) {
     spdlog::error("workerd: {}", s.ToString());
     return 1;

@@ -1,0 +1,206 @@
+// dhs-node's configuration (tools/node/node_config.h, node_geometry.h): a good file gives the daemons' exact command
+// lines; each kind of error names the key and the problem; memd's page size comes from the presets' row sizes.
+#include "tools/node/node_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tools/node/node_geometry.h"
+#include "workerd/model/config.h"
+
+namespace dhs::node {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kGood[] = R"(
+[node]
+run_dir = "/tmp/dhs-node-test"
+
+[memd]
+host_pool_bytes = "64MiB"
+reserve_pages = 4
+reclaim_policy = "oldest-first"
+metrics_address = "127.0.0.1:0"
+
+[[worker]]
+gpu = 0
+mode = "adaptive"
+preset = "glm5-like"
+page_rows = 16
+hbm_budget_bytes = "1MiB"
+slots = 2
+
+[[worker]]
+gpu = 3
+mode = "resident"
+device = "cpu"
+preset = "glm5-like"
+page_rows = 16
+extra_args = ["--link-model", "pcie4"]
+
+[supervise]
+backoff_initial_ms = 100
+backoff_max_ms = 1600
+max_restarts = 3
+restart_window_s = 60
+stop_grace_ms = 2000
+restart_workers_with_memd = false
+)";
+
+// The error message of parsing `text`, "" when it parsed.
+std::string ErrorOf(const std::string& text) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(text);
+  if (c.ok()) return "";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(c.status().message());
+}
+
+// kGood with `from` replaced by `to` (which must occur).
+std::string Edited(const std::string& from, const std::string& to) {
+  std::string text = kGood;
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+TEST(NodeConfig, GoodConfigGivesTheDaemonsCommandLines) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(kGood);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->run_dir, "/tmp/dhs-node-test");
+  ASSERT_EQ(c->workers.size(), 2u);
+  EXPECT_EQ(c->workers[1].gpu, 3u);
+  EXPECT_THAT(MemdArgs(*c, 4096),
+              ElementsAre("--run-dir", "/tmp/dhs-node-test", "--page-bytes", "4096", "--host-pool-bytes", "67108864",
+                          "--reserve-pages", "4", "--reclaim-policy", "oldest-first", "--metrics-address",
+                          "127.0.0.1:0"));
+  EXPECT_THAT(WorkerArgs(*c, 0),
+              ElementsAre("--run-dir", "/tmp/dhs-node-test", "--gpu", "0", "--mode", "adaptive", "--preset",
+                          "glm5-like", "--hbm-budget", "1048576", "--slots", "2", "--page-rows", "16"));
+  EXPECT_THAT(WorkerArgs(*c, 1),
+              ElementsAre("--run-dir", "/tmp/dhs-node-test", "--gpu", "3", "--mode", "resident", "--device", "cpu",
+                          "--preset", "glm5-like", "--page-rows", "16", "--link-model", "pcie4"));
+  EXPECT_EQ(c->supervise.backoff_initial_ms, 100);
+  EXPECT_EQ(c->supervise.backoff_max_ms, 1600);
+  EXPECT_EQ(c->supervise.max_restarts, 3u);
+  EXPECT_EQ(c->supervise.restart_window_ms, 60000);
+  EXPECT_EQ(c->supervise.stop_grace_ms, 2000);
+  EXPECT_FALSE(c->supervise.restart_workers_with_memd);
+  EXPECT_EQ(c->supervise.start_timeout_ms, SupervisorPolicy{}.start_timeout_ms);  // not given: the default
+}
+
+TEST(NodeConfig, PageBytesGivenIsPassedAsIs) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited("reserve_pages = 4", "page_bytes = 2560"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> args = MemdArgs(*c, 999);
+  EXPECT_THAT(std::vector<std::string>(args.begin(), args.begin() + 4),
+              ElementsAre("--run-dir", "/tmp/dhs-node-test", "--page-bytes", "2560"));
+}
+
+TEST(NodeConfig, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("4096"), 4096u);
+  EXPECT_EQ(*ParseByteSize("64MiB"), 64u << 20);
+  EXPECT_EQ(*ParseByteSize("2 GiB"), uint64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("3G"), 3000000000u);
+  EXPECT_EQ(*ParseByteSize("5kb"), 5000u);
+  EXPECT_EQ(*ParseByteSize("1TiB"), uint64_t{1} << 40);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("MiB").ok());
+  EXPECT_FALSE(ParseByteSize("-1").ok());
+  EXPECT_FALSE(ParseByteSize("12 furlongs").ok());
+  EXPECT_FALSE(ParseByteSize("18446744073709551616").ok());  // 2^64
+  EXPECT_FALSE(ParseByteSize("20000000TiB").ok());           // 2^64 overflow after the unit
+}
+
+TEST(NodeConfig, EachErrorNamesTheKeyAndTheProblem) {
+  struct Case {
+    std::string text, key, problem;
+  };
+  const std::vector<Case> cases = {
+      {Edited("reserve_pages = 4", "reserve_pagez = 4"), "memd.reserve_pagez", "unknown key"},
+      {Edited("[supervise]", "[supervize]"), "supervize", "unknown table"},
+      {Edited("slots = 2", "slots = \"2\""), "worker[0].slots", "expected an integer, got a string"},
+      {Edited("slots = 2", "slots = 0"), "worker[0].slots", "0 is out of range [1, 4096]"},
+      {Edited("slots = 2", "slots = 5000"), "worker[0].slots", "5000 is out of range [1, 4096]"},
+      {Edited("reserve_pages = 4", "reserve_pages = -4"), "memd.reserve_pages", "must not be negative"},
+      {Edited("gpu = 3", "gpu = 0"), "worker[1].gpu", "GPU 0 is already configured by worker[0]"},
+      {Edited("gpu = 3", "gpu = 65536"), "worker[1].gpu", "out of range [0, 65535]"},
+      {Edited("gpu = 3\n", ""), "worker[1].gpu", "missing"},
+      {Edited("run_dir = \"/tmp/dhs-node-test\"", ""), "node.run_dir", "missing"},
+      {Edited("run_dir = \"/tmp/dhs-node-test\"", "run_dir = 7"), "node.run_dir", "expected a string, got an integer"},
+      {Edited("run_dir = \"/tmp/dhs-node-test\"", "run_dir = \"/" + std::string(120, 'x') + "\""), "node.run_dir",
+       "too long"},
+      {Edited("reclaim_policy = \"oldest-first\"", "reclaim_policy = \"random\""), "memd.reclaim_policy",
+       "'random' is not one of oldest-first, newest-first, largest-first"},
+      {Edited("mode = \"resident\"", "mode = true"), "worker[1].mode", "expected a string, got a boolean"},
+      {Edited("host_pool_bytes = \"64MiB\"", "host_pool_bytes = \"64 parsecs\""), "memd.host_pool_bytes",
+       "unknown unit"},
+      {Edited("host_pool_bytes = \"64MiB\"", "host_pool_bytes = 1\nhost_pool_pages = 8"), "memd.host_pool_pages",
+       "excludes memd.host_pool_bytes"},
+      {Edited("host_pool_bytes = \"64MiB\"", ""), "memd.host_pool_bytes", "missing"},
+      {Edited("reserve_pages = 4", "page_bytes = 100"), "memd.page_bytes", "multiple of 64"},
+      {Edited("extra_args = [\"--link-model\", \"pcie4\"]", "extra_args = [\"--x\", 5]"), "worker[1].extra_args[1]",
+       "expected a string"},
+      {Edited("device = \"cpu\"", "weights = \"/w.safetensors\""), "worker[1].preset", "excludes weights"},
+      {Edited("backoff_max_ms = 1600", "backoff_max_ms = 50"), "supervise.backoff_max_ms",
+       "below supervise.backoff_initial_ms"},
+      {Edited("restart_workers_with_memd = false", "restart_workers_with_memd = 0"),
+       "supervise.restart_workers_with_memd", "expected a boolean"},
+      {"[node]\nrun_dir = \"/tmp/x\"\n[memd]\nhost_pool_pages = 8\n", "worker", "missing"},
+      {"worker = 3\n[node]\nrun_dir = \"/tmp/x\"\n[memd]\nhost_pool_pages = 8\n", "worker", "expected an array"},
+      {"memd = 5\n[node]\nrun_dir = \"/tmp/x\"\n", "memd", "expected a table, got an integer"},
+  };
+  for (const Case& c : cases) {
+    const std::string error = ErrorOf(c.text);
+    EXPECT_THAT(error, HasSubstr(c.key + ": ")) << c.text;
+    EXPECT_THAT(error, HasSubstr(c.problem)) << c.text;
+  }
+}
+
+TEST(NodeConfig, SyntaxErrorNamesLineAndColumn) {
+  const std::string error = ErrorOf("[node]\nrun_dir = \"/tmp/x\"\nbroken = = 3\n");
+  EXPECT_THAT(error, HasSubstr("line 3, column"));
+  EXPECT_THAT(ErrorOf("[memd]\nreserve_pages = 1\nreserve_pages = 2\n"), HasSubstr("line 3"));  // duplicate key
+}
+
+// p * d_KV * sources from the preset's fields (brief §8 "Units"), computed here.
+uint64_t PresetPageBytes(const char* preset, uint64_t page_rows) {
+  const model::ModelConfig m = *model::PresetConfig(preset);
+  int sources = 0;
+  for (const model::LayerSpec& l : m.layers) sources = std::max(sources, static_cast<int>(l.source) + 1);
+  return page_rows * 4 * static_cast<uint64_t>(m.d_c + m.d_r) * sources;
+}
+
+TEST(NodeGeometry, PageBytesFromThePresets) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(kGood);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<uint64_t> bytes = ResolvePageBytes(*c);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(*bytes, PresetPageBytes("glm5-like", 16));
+}
+
+TEST(NodeGeometry, DisagreementsNameTheWorker) {
+  // worker[1] with p = 32: twice worker[0]'s pages.
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited("device = \"cpu\"\npreset = \"glm5-like\"\npage_rows = 16",
+                                                        "device = \"cpu\"\npreset = \"glm5-like\"\npage_rows = 32"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(std::string(ResolvePageBytes(*c).status().message()), HasSubstr("worker[1]: its pages are"));
+  // memd.page_bytes differing from the presets'.
+  c = ParseNodeConfig(Edited("reserve_pages = 4", "page_bytes = 64"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(std::string(ResolvePageBytes(*c).status().message()), HasSubstr("but memd.page_bytes gives 64"));
+  // A weights file without memd.page_bytes.
+  c = ParseNodeConfig(Edited("device = \"cpu\"\npreset = \"glm5-like\"", "weights = \"/w.safetensors\""));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(std::string(ResolvePageBytes(*c).status().message()), HasSubstr("memd.page_bytes: missing"));
+  // A budget below one page: the worker's own geometry error, named.
+  c = ParseNodeConfig(Edited("hbm_budget_bytes = \"1MiB\"", "hbm_budget_bytes = 64"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(std::string(ResolvePageBytes(*c).status().message()), HasSubstr("worker[0]: "));
+}
+
+}  // namespace
+}  // namespace dhs::node
