@@ -75,8 +75,8 @@ TEST_F(DumpTest, JsonViews) {
 TEST_F(DumpTest, TableViews) {
   const std::string gpus = DumpToTable(dump_, *ParseDumpView("gpus"));
   EXPECT_EQ(gpus,
-            "GPU        M   M_req   M_opt   M_res    free pending   ready  queued reclaim\n"
-            "0         10       2       3       2       5       0       3       1       0\n");
+            "GPU        M   M_req   M_opt   M_res    free pending   ready  queued reclaim STATE  EPOCH\n"
+            "0         10       2       3       2       5       0       3       1       0 up         1\n");
   const std::string reqs = DumpToTable(dump_, *ParseDumpView("requests"));
   EXPECT_NE(reqs.find("1           0     0 admitted       2     3       0/3     0     0\n"), std::string::npos) << reqs;
   EXPECT_NE(reqs.find("2           0     - queued         7     0       0/0     0    -1\n"), std::string::npos) << reqs;
