@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "common/log_limiter.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -230,6 +231,17 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "fenced: the worker of GPU %d (epoch %d) was fenced (%s); its grants and orders are void: say Hello again "
         "(a new epoch)", gpu, core_->epoch(gpu), g.fenced_why));
+  }
+  // A worker's routing id that said no Hello to this memd: a worker of an earlier memd (memd restarted under it).
+  // (An AdmitRequest is answered by OnAdmit with AdmitReject "send Hello first".)
+  if (peer.starts_with("worker/") && type != wire::Body::Hello && type != wire::Body::IntrospectQuery &&
+      type != wire::Body::AdmitRequest) {
+    ++counters_.fenced_refused;
+    DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from '{}', which said no Hello to this memd, refused",
+                    BodyName(type), peer);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "fenced: '%s' said no Hello to this memd (pid %d; memd restarted?): nothing of an earlier memd is valid, "
+        "say Hello (a new epoch)", peer, getpid()));
   }
   return absl::OkStatus();
 }
