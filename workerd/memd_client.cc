@@ -76,15 +76,19 @@ std::span<uint8_t> MemdClient::host_pages() const {
   return {*segment_->PageData(0), segment_->pages() * segment_->page_bytes()};
 }
 
-absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
+absl::Status MemdClient::CheckEpoch() {
   if (!ended_.ok()) return ended_;
   if (const auto silent = std::chrono::steady_clock::now() - last_heard_; silent > memd_timeout_) {
     ended_ = absl::AbortedError(absl::StrFormat(
         "memd lost: nothing from memd for %d ms (it acks our heartbeat every second; memd timeout %d ms): memd died "
         "or hung, or this worker was stopped; the grants of epoch %d are void",
         std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(), memd_timeout_.count(), epoch_));
-    return ended_;
   }
+  return ended_;
+}
+
+absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
+  if (absl::Status s = CheckEpoch(); !s.ok()) return s;
   while (true) {
     absl::StatusOr<std::string> bytes = dealer_->Receive(std::chrono::milliseconds(0));
     if (absl::IsDeadlineExceeded(bytes.status())) break;

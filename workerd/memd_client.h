@@ -51,6 +51,8 @@ class MemdClient final : public MemdLink {
     float decode_tokens_per_s = 0;
   };
   absl::Status Poll(MemdHandler& handler, const Load& load);
+  // ABORTED once the epoch ended (as Poll: fenced, or memd silent for the memd timeout, checked now), else OK.
+  absl::Status CheckEpoch();
   // Messages still queued when the client closes are delivered for up to `linger` (a stopping worker's Completes).
   void SetLinger(std::chrono::milliseconds linger) { dealer_->SetLinger(linger); }
 

@@ -78,6 +78,11 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
   if (absl::Status s = frontend_->Serve(wait); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("serving socket: ", s.message()));
   }
+  // Again right before the step: a worker stopped (SIGSTOP) while it waited on the serving socket must not step
+  // requests whose grants memd may have fenced meanwhile.
+  if (absl::Status s = memd_->CheckEpoch(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
+  }
   return worker_->Iterate();
 }
 
