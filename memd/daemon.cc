@@ -466,7 +466,9 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
     return absl::NotFoundError(absl::StrFormat("request %d not found", q->request));
   }
   if (q->what == wire::IntrospectWhat::Pages && core_->gpu_table(q->gpu) == nullptr) {
-    return absl::NotFoundError(absl::StrFormat("GPU %d not found", q->gpu));
+    return absl::NotFoundError(core_->fenced(q->gpu)
+                                   ? absl::StrFormat("GPU %d is fenced: no page table until its worker says Hello", q->gpu)
+                                   : absl::StrFormat("GPU %d not found", q->gpu));
   }
   const StateDump dump = core_->Dump();
   const DumpView view = ViewOf(*q);

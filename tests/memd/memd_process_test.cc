@@ -1030,6 +1030,9 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   EXPECT_EQ(DhsctlJson("status")["host"]["allocated"], 1);
   EXPECT_EQ(DhsctlJson("status")["host"]["pinned"], 0);
   EXPECT_EQ(Dhsctl("request 8").first, 4) << "the queued admission of the fenced GPU is gone";
+  const auto [pages_rc, pages_out] = Dhsctl("pages 0", "", /*with_stderr=*/true);
+  EXPECT_EQ(pages_rc, 4);
+  EXPECT_NE(pages_out.find("GPU 0 is fenced"), std::string::npos) << pages_out;
   const std::string metrics = MetricsWith("dhs_memd_gpu_up{gpu=\"0\"} 0\n");
   EXPECT_NE(metrics.find("dhs_memd_gpu_up{gpu=\"1\"} 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dhs_memd_workers_lost_total 1\n"), std::string::npos) << metrics;
