@@ -6,7 +6,6 @@
 #include <variant>
 
 #include "common/log_limiter.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
