@@ -25,8 +25,10 @@ namespace dhs {
 // The protocol version this build speaks (Envelope.protocol_version). Must not change except for
 // an incompatible protocol change (see docs/protocol.md). 2: BackupComplete.deferred_pages (a version-1 memd would
 // read a deferred page as written and could populate it from a host page never written). 3: HostCopyWritten replaces
-// BackupComplete with order 0 (whose `pages` held history pages, not GPU pages).
-inline constexpr uint32_t kProtocolVersion = 3;
+// BackupComplete with order 0 (whose `pages` held history pages, not GPU pages). 4: fencing (issue 11): every Hello
+// starts a new epoch and fences the previous one, messages of a fenced worker are refused FAILED_PRECONDITION
+// "fenced", HelloReply.interrupted_requests (a version-3 worker would never end them: their host pages would leak).
+inline constexpr uint32_t kProtocolVersion = 4;
 
 // Largest inbound message accepted, bytes (control messages are small; bulk KV goes through the
 // host pool, never through sockets).

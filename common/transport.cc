@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <utility>
 #include <vector>
 
 #include "common/log_limiter.h"
@@ -120,12 +121,31 @@ std::string IpcEndpoint(std::string_view run_dir, std::string_view name) {
 
 // ---------------------------------------------------------------- RouterServer
 
+class RouterServer::Monitor : public zmq::monitor_t {
+ public:
+  std::vector<int> Take() {
+    while (check_event(0)) {
+    }
+    return std::exchange(closed_, {});
+  }
+
+ private:
+  void on_event_disconnected(const zmq_event_t& event, const char*) override { closed_.push_back(event.value); }
+  std::vector<int> closed_;
+};
+
 RouterServer::RouterServer(std::unique_ptr<zmq::context_t> context, std::unique_ptr<zmq::socket_t> socket,
                            std::string endpoint, std::string socket_path)
     : context_(std::move(context)),
       socket_(std::move(socket)),
+      monitor_(std::make_unique<Monitor>()),
       endpoint_(std::move(endpoint)),
-      socket_path_(std::move(socket_path)) {}
+      socket_path_(std::move(socket_path)) {
+  monitor_->init(*socket_, absl::StrCat("inproc://dhs-router-monitor-", reinterpret_cast<uintptr_t>(this)),
+                 ZMQ_EVENT_DISCONNECTED);
+}
+
+std::vector<int> RouterServer::TakeDisconnected() { return monitor_->Take(); }
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Bind(std::string_view run_dir, std::string_view name,
                                                                  Options options) {
@@ -152,6 +172,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Bind(std::string_vie
     socket->set(zmq::sockopt::router_mandatory, 1);  // Reply to a gone peer fails instead of dropping
     socket->set(zmq::sockopt::router_handover, 1);   // a restarted peer with the same id takes over
     socket->set(zmq::sockopt::maxmsgsize, options.hard_max_message_bytes);
+    if (options.heartbeat_interval.count() > 0) {
+      socket->set(zmq::sockopt::heartbeat_ivl, static_cast<int>(options.heartbeat_interval.count()));
+      socket->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(options.heartbeat_timeout.count()));
+    }
     socket->bind(endpoint);
     return std::unique_ptr<RouterServer>(new RouterServer(std::move(context), std::move(socket), endpoint, path));
   } catch (const zmq::error_t& e) {
@@ -164,6 +188,7 @@ void RouterServer::SetLinger(std::chrono::milliseconds linger) {
 }
 
 RouterServer::~RouterServer() {
+  monitor_.reset();  // stops monitoring before the socket closes
   socket_->close();
   context_->close();
   ::unlink(socket_path_.c_str());
@@ -182,7 +207,7 @@ absl::StatusOr<std::optional<Incoming>> RouterServer::Poll(std::chrono::millisec
                       endpoint_, parts.size());
       return std::optional<Incoming>();
     }
-    return std::optional<Incoming>(Incoming{parts[0].to_string(), parts[1].to_string()});
+    return std::optional<Incoming>(Incoming{parts[0].to_string(), parts[1].to_string(), zmq_msg_get(parts[1].handle(), ZMQ_SRCFD)});
   } catch (const zmq::error_t& e) {
     if (e.num() == EINTR) return std::optional<Incoming>();
     return ZmqStatus(e, absl::StrCat("receive on ", endpoint_));
@@ -333,6 +358,7 @@ absl::StatusOr<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
   if (!incoming.ok()) return incoming.status();
   if (!incoming->has_value()) return false;
   const Incoming& in = **incoming;
+  source_fd_ = in.source_fd;
 
   std::string reply;
   absl::StatusOr<Message> message = DecodeEnvelope(in.bytes, max_message_bytes_);

@@ -61,6 +61,7 @@ std::string IpcEndpoint(std::string_view run_dir, std::string_view name);
 struct Incoming {
   std::string peer;   // ZeroMQ routing id of the sender (pass back to Reply)
   std::string bytes;  // the message (an Envelope, unverified)
+  int source_fd = -1; // the connection's file descriptor (ZMQ_SRCFD): what RouterServer::TakeDisconnected names
 };
 
 class RouterServer {
@@ -69,6 +70,11 @@ class RouterServer {
     // Hard cap enforced by ZeroMQ (ZMQ_MAXMSGSIZE), bytes: a peer sending more is disconnected.
     // Kept above kMaxMessageBytes so that a message slightly too large still gets an ErrorReply.
     int64_t hard_max_message_bytes = 2 * static_cast<int64_t>(kMaxMessageBytes);
+    // ZMTP heartbeats (ZMQ_HEARTBEAT_IVL / ZMQ_HEARTBEAT_TIMEOUT): a PING every `heartbeat_interval`; a connection
+    // that answers nothing for `heartbeat_timeout` (its process is dead or stopped) is closed, which the socket
+    // monitor reports (TakeDisconnected). 0: off.
+    std::chrono::milliseconds heartbeat_interval{0};
+    std::chrono::milliseconds heartbeat_timeout{0};
   };
 
   // Binds ipc://<run_dir>/<name>.sock. If the socket file exists and a live server accepts on it,
@@ -97,11 +103,17 @@ class RouterServer {
   // RESOURCE_EXHAUSTED when its queue is full (ZMQ_SNDHWM reached: it does not read; nothing was sent, retry later).
   absl::Status Reply(std::string_view peer, std::string_view bytes);
 
+  // File descriptors (Incoming::source_fd) of the connections closed since the last call, oldest first, from the
+  // socket monitor (ZMQ_EVENT_DISCONNECTED: the peer closed, died, or missed its ZMTP heartbeats). Never blocks.
+  std::vector<int> TakeDisconnected();
+
  private:
+  class Monitor;
   RouterServer(std::unique_ptr<zmq::context_t> context, std::unique_ptr<zmq::socket_t> socket,
                std::string endpoint, std::string socket_path);
   std::unique_ptr<zmq::context_t> context_;
   std::unique_ptr<zmq::socket_t> socket_;
+  std::unique_ptr<Monitor> monitor_;
   std::string endpoint_;
   std::string socket_path_;
 };
@@ -196,11 +208,14 @@ class Server {
   absl::Status Run(const std::function<bool()>& keep_going, std::chrono::milliseconds tick);
 
   const std::string& sender() const { return sender_; }
+  // The connection (Incoming::source_fd) of the message being handled, or of the last one served.
+  int source_fd() const { return source_fd_; }
 
  private:
   RouterServer* router_;
   std::string sender_;
   size_t max_message_bytes_ = kMaxMessageBytes;
+  int source_fd_ = -1;
   std::unordered_map<int, Handler> handlers_;
 };
 

@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
         absl::StrFormat("page bytes must be a positive multiple of 64, got %d", options.page_bytes));
   }
   if (options.host_pool_pages == 0) return absl::InvalidArgumentError("the host pool needs at least one page");
+  if (options.worker_timeout.count() <= 0) return absl::InvalidArgumentError("the worker timeout must be > 0 ms");
   if (options.populate_pages_per_attempt == 0) {
     return absl::InvalidArgumentError("populate_pages_per_attempt must be at least 1 (0 would never populate)");
   }
@@ -93,7 +94,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     remove_segment();
     return core.status();
   }
-  auto router = RouterServer::Bind(options.run_dir, "memd");
+  RouterServer::Options router_options;
+  router_options.heartbeat_interval = options.zmq_heartbeat;
+  router_options.heartbeat_timeout = options.worker_timeout;
+  auto router = RouterServer::Bind(options.run_dir, "memd", router_options);
   if (!router.ok()) {
     remove_segment();
     return router.status();
@@ -130,7 +134,7 @@ std::string Daemon::metrics() const {
 }
 
 void Daemon::PublishMetrics() {
-  counters_.workers = gpus_.size();
+  counters_.workers = std::count_if(gpus_.begin(), gpus_.end(), [](const auto& g) { return !g.second.fenced; });
   // Counts only: a full dump is O(M + context pages) and would stall the loop on every tick (issue 14).
   std::string text = RenderPrometheus(core_->Dump(DumpDetail::kCounts), core_->counters(), counters_);
   std::lock_guard<std::mutex> lock(metrics_mu_);
@@ -145,6 +149,7 @@ absl::Status Daemon::Run(const std::function<bool()>& keep_going) {
 }
 
 absl::Status Daemon::ServeOnce(std::chrono::milliseconds timeout) {
+  CheckDisconnects();
   auto served = server_->ServeOnce(timeout);
   if (!served.ok()) return served.status();
   const auto now = std::chrono::steady_clock::now();
@@ -161,19 +166,83 @@ void Daemon::Tick() {
     next_retry_ = now + options_.retry_period;
     DHS_CHECK_OK(core_->RetryBackups());  // events without input cannot be refused
   }
+  CheckSilentWorkers();
   DHS_CHECK_OK(core_->Populate());
   FlushOrders();
   PublishMetrics();
 }
 
+// Precondition: `gpu` is registered and up (FlushOrders drops the orders of a fenced GPU). An order that cannot be
+// delivered fences the GPU: its worker would act on a state memd no longer has.
 void Daemon::SendToGpu(GpuId gpu, const std::string& bytes) {
-  auto it = gpus_.find(gpu);
-  absl::Status s = it == gpus_.end() ? absl::NotFoundError("no worker said Hello")
-                                     : router_->Reply(it->second.peer, bytes);
-  if (!s.ok()) {
+  if (absl::Status s = router_->Reply(gpus_.at(gpu).peer, bytes); !s.ok()) {
     ++counters_.send_failures;
-    spdlog::warn("memd: cannot send to the worker of GPU {}: {}", gpu, std::string(s.message()));
+    Fence(gpu, absl::StrCat("an order could not be sent to it: ", s.message()));
   }
+}
+
+// ---------------------------------------------------------------- liveness and fencing
+
+void Daemon::Fence(GpuId gpu, const std::string& why) {
+  auto it = gpus_.find(gpu);
+  if (it == gpus_.end() || it->second.fenced) return;
+  GpuInfo& g = it->second;
+  g.fenced = true;
+  g.fenced_why = why;
+  ++counters_.workers_lost;
+  spdlog::warn("memd: worker of GPU {} (pid {}, epoch {}) lost: {}; GPU {} fenced", gpu, g.pid, core_->epoch(gpu), why,
+               gpu);
+  if (absl::Status s = core_->FenceGpu(gpu); !s.ok()) spdlog::error("memd: fence of GPU {}: {}", gpu, s.ToString());
+  FlushOrders();  // now: a Hello that re-registers the GPU next must not receive the old epoch's rejects
+}
+
+void Daemon::CheckDisconnects() {
+  for (int fd : router_->TakeDisconnected()) {
+    for (auto& [gpu, g] : gpus_) {
+      if (g.fenced || g.fd != fd) continue;
+      Fence(gpu, absl::StrFormat("its connection closed (the process exited, or answered no ZMTP heartbeat for %d ms)",
+                                 options_.worker_timeout.count()));
+    }
+  }
+}
+
+void Daemon::CheckSilentWorkers() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [gpu, g] : gpus_) {
+    if (g.fenced || now - g.last_heard <= options_.worker_timeout) continue;
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - g.last_heard);
+    Fence(gpu, absl::StrFormat("no message for %d ms (heartbeat timeout %d ms): hung or dead", silent.count(),
+                               options_.worker_timeout.count()));
+  }
+}
+
+absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
+  for (auto& [gpu, g] : gpus_) {
+    if (g.peer != peer) continue;
+    if (!g.fenced) {
+      g.last_heard = std::chrono::steady_clock::now();
+      g.fd = server_->source_fd();
+      return absl::OkStatus();
+    }
+    if (type == wire::Body::Hello || type == wire::Body::IntrospectQuery) return absl::OkStatus();
+    ++counters_.fenced_refused;
+    DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from the fenced worker of GPU {} refused", BodyName(type), gpu);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "fenced: the worker of GPU %d (epoch %d) was fenced (%s); its grants and orders are void: say Hello again "
+        "(a new epoch)", gpu, core_->epoch(gpu), g.fenced_why));
+  }
+  // A worker's routing id that said no Hello to this memd: a worker of an earlier memd (memd restarted under it).
+  // (An AdmitRequest is answered by OnAdmit with AdmitReject "send Hello first".)
+  if (peer.starts_with("worker/") && type != wire::Body::Hello && type != wire::Body::IntrospectQuery &&
+      type != wire::Body::AdmitRequest) {
+    ++counters_.fenced_refused;
+    DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from '{}', which said no Hello to this memd, refused",
+                    BodyName(type), peer);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "fenced: '%s' said no Hello to this memd (pid %d; memd restarted?): nothing of an earlier memd is valid, "
+        "say Hello (a new epoch)", peer, getpid()));
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- handlers
@@ -182,6 +251,8 @@ void Daemon::Register() {
   auto counted = [this](auto fn) {
     return [this, fn](const Message& m, std::string_view peer) -> absl::StatusOr<std::string> {
       ++counters_.messages;
+      CheckDisconnects();  // first: a new connection may reuse the descriptor of one that just closed
+      if (absl::Status s = Heard(peer, m.type); !s.ok()) return s;
       absl::StatusOr<std::string> out = fn(m, peer);
       FlushOrders();  // also on error: an event refused changes nothing, but keep the outbox empty
       return out;
@@ -232,7 +303,11 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   } else if (known != gpus_.end() && known->second.capacity_pages != hello->capacity_pages) {
     reason = absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
                              hello->gpu, known->second.capacity_pages, hello->capacity_pages);
-  } else if (known == gpus_.end()) {
+  } else {
+    if (known != gpus_.end() && !known->second.fenced) {  // a restarted worker: the previous epoch ends here
+      Fence(hello->gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
+                                        hello->gpu, hello->pid, known->second.pid));
+    }
     if (absl::Status s = core_->RegisterGpu(hello->gpu, hello->capacity_pages, hello->request_slots); !s.ok()) {
       reason = std::string(s.message());
     }
@@ -247,12 +322,18 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   g.peer = std::string(peer);
   g.page_rows = hello->page_rows;
   g.capacity_pages = hello->capacity_pages;
-  ++g.epoch;
+  g.pid = hello->pid;
+  g.fenced = false;
+  g.fenced_why.clear();
+  g.fd = server_->source_fd();
+  g.last_heard = std::chrono::steady_clock::now();
   ++counters_.hellos;
-  spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}", hello->gpu,
-               hello->pid, hello->device_name, hello->capacity_pages, hello->page_rows, g.epoch);
   reply.accepted = true;
-  reply.worker_epoch = g.epoch;
+  reply.worker_epoch = core_->epoch(hello->gpu);
+  reply.interrupted_requests = core_->InterruptedRequests(hello->gpu);
+  spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}, {} interrupted "
+               "requests", hello->gpu, hello->pid, hello->device_name, hello->capacity_pages, hello->page_rows,
+               reply.worker_epoch, reply.interrupted_requests.size());
   auto seg = std::make_unique<wire::HostSegmentInfoT>();
   seg->name = segment_->name();
   seg->size_bytes = segment_->size_bytes();
@@ -384,7 +465,9 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
     return absl::NotFoundError(absl::StrFormat("request %d not found", q->request));
   }
   if (q->what == wire::IntrospectWhat::Pages && core_->gpu_table(q->gpu) == nullptr) {
-    return absl::NotFoundError(absl::StrFormat("GPU %d not found", q->gpu));
+    return absl::NotFoundError(core_->fenced(q->gpu)
+                                   ? absl::StrFormat("GPU %d is fenced: no page table until its worker says Hello", q->gpu)
+                                   : absl::StrFormat("GPU %d not found", q->gpu));
   }
   const StateDump dump = core_->Dump();
   const DumpView view = ViewOf(*q);
@@ -400,7 +483,7 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
 
 std::string Daemon::FlushOrders(uint64_t answering_sequence) {
   std::string reply;
-  for (const Order& order : core_->DrainOrders()) {
+  for (const Order& order : core_->DrainOrders()) {  // a Fence while sending flushes the orders it makes itself
     if (const auto* ack = std::get_if<CompleteAckOrder>(&order)) {
       wire::CompleteAckT w;
       w.request = ack->request;
@@ -410,6 +493,11 @@ std::string Daemon::FlushOrders(uint64_t answering_sequence) {
       continue;
     }
     const GpuId gpu = std::visit([](const auto& o) { return o.gpu; }, order);
+    if (auto g = gpus_.find(gpu); g == gpus_.end() || g->second.fenced) {  // its worker is gone: nobody to tell
+      if (const auto* reject = std::get_if<RejectOrder>(&order)) admit_sequence_.erase(reject->request);
+      spdlog::debug("memd: {} order for fenced GPU {} dropped", OrderName(order), gpu);
+      continue;
+    }
     const std::string bytes = std::visit(
         [this](const auto& o) -> std::string {
           if constexpr (std::is_same_v<std::decay_t<decltype(o)>, CompleteAckOrder>) {

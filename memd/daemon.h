@@ -14,7 +14,12 @@
 // each order drained from the core is encoded as exactly one wire message (memd/orders.h lists the mapping). The core's
 // OrderIds are the wire order ids. Roles: worker-only messages are accepted only from the peer that said Hello for the
 // GPU of the request / order they name (CheckWorkerPeer); Hello only from the routing id worker/<gpu>; Heartbeat and
-// IntrospectQuery from any peer. BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
+// IntrospectQuery from any peer.
+// Fencing (issue 11): a GPU is fenced (ResidencyManager::FenceGpu) when its worker's connection closes (socket
+// monitor), when the worker sends nothing for worker_timeout, when an order to it cannot be sent, and when a Hello for
+// it arrives while it is up (a restarted worker: the previous epoch ends). Orders for a fenced GPU are dropped; every
+// message of its worker but Hello is refused FAILED_PRECONDITION "fenced: ..."; a Hello re-registers it (new epoch,
+// HelloReply.interrupted_requests). BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
 // host copies written outside a ReclaimOrder come as HostCopyWritten.
 //
 // Thread-safety: Serve/Run and the constructor/destructor from one thread; metrics() from any thread.
@@ -48,6 +53,12 @@ struct DaemonOptions {
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-memd-<pid>"
+  // Liveness (docs/operations.md): a registered worker that sent nothing for worker_timeout is hung and its GPU is
+  // fenced (workers send a Heartbeat every second); memd's socket PINGs every zmq_heartbeat (ZMTP heartbeats, 0: off)
+  // and closes a connection silent for worker_timeout; the socket monitor's disconnect of a worker's connection
+  // (dead process, closed socket, missed ZMTP heartbeats) fences its GPU at once.
+  std::chrono::milliseconds worker_timeout{3000};
+  std::chrono::milliseconds zmq_heartbeat{1000};
 };
 
 class Daemon {
@@ -76,7 +87,11 @@ class Daemon {
     std::string peer;          // ROUTER routing id of the worker
     uint32_t page_rows = 0;    // p
     uint32_t capacity_pages = 0;
-    uint64_t epoch = 0;
+    uint32_t pid = 0;          // the worker's pid (its Hello), for the logs
+    bool fenced = false;
+    std::string fenced_why;    // why it was fenced (in the FAILED_PRECONDITION of its worker's messages)
+    int fd = -1;               // connection of its latest message (RouterServer::TakeDisconnected names it)
+    std::chrono::steady_clock::time_point last_heard;  // its latest message
   };
 
   Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<RouterServer> router,
@@ -96,6 +111,14 @@ class Daemon {
   // PERMISSION_DENIED, counted in refused_peers; the message then changes nothing.
   absl::Status CheckWorkerPeer(std::string_view peer, std::optional<GpuId> gpu, std::string_view what);
   void Tick();
+  // Liveness: fences the GPU whose worker's connection closed / who was silent for worker_timeout.
+  void CheckDisconnects();
+  void CheckSilentWorkers();
+  // Records a message from `peer` (liveness); FAILED_PRECONDITION when `peer` is a fenced worker and `type` is not
+  // a Hello (or an IntrospectQuery, which any peer may send).
+  absl::Status Heard(std::string_view peer, wire::Body type);
+  // Fences `gpu` in the core and here (its orders are dropped from now on), logs `why`. No-op when not up.
+  void Fence(GpuId gpu, const std::string& why);
   // Drains the core's outbox and sends each order as one wire message to the worker of its GPU; a CompleteAck is
   // returned instead (encoded with `answering_sequence`): it is the reply of the Complete being handled.
   std::string FlushOrders(uint64_t answering_sequence = 0);

@@ -15,6 +15,7 @@ std::string_view HistoryStateName(HistoryState state) {
     case HistoryState::kGpu: return "gpu";
     case HistoryState::kGpuDeferred: return "gpu-deferred";
     case HistoryState::kGpuAndHost: return "gpu-and-host";
+    case HistoryState::kLost: return "lost";
   }
   return "unknown";
 }

@@ -13,6 +13,8 @@
 //                  (HostCopyWritten outside a reclaim: the worker did not keep the page; the GPU page is freed, kHost)
 //   kGpuDeferred   reclaiming (backup answered deferred) covered by the worker's tail      -
 //   kGpuAndHost    optional-ready or reclaiming          complete copy                     -
+//   kLost          none (GPU fenced)                     freed                             - (interrupted request)
+//   FenceGpu moves kHost, kPopulating and kGpuAndHost to kHost (kept) and the others to kLost.
 //
 // A copy in flight (a backup of a kGpu page, a population of a kPopulating page) is referenced by the page, not a
 // state of its own: a kGpu page may be confirmed written (kGpuAndHost) while its backup is still in flight.
@@ -38,6 +40,8 @@ enum class HistoryState : uint8_t {
   kGpu = 3,          // on GPU (optional history kept at the grant), no host copy yet: must be backed up before retire
   kGpuDeferred = 4,  // on GPU (reclaiming); backup answered deferred: host-covered by the worker's tail, not confirmed
   kGpuAndHost = 5,   // on GPU and a complete host copy
+  kLost = 6,         // request interrupted by a fence: the rows were only on the dead GPU (or in its worker's tail);
+                     // no GPU page, host page freed; a resume recomputes them from the request's tokens
 };
 
 std::string_view HistoryStateName(HistoryState state);
@@ -57,6 +61,9 @@ inline constexpr std::pair<HistoryState, HistoryState> kHistoryTransitions[] = {
     {HistoryState::kPopulating, HistoryState::kHost},         // ReadyPublish failed (nothing published)
     {HistoryState::kGpuAndHost, HistoryState::kHost},         // Retire
     {HistoryState::kGpuDeferred, HistoryState::kHostPending}, // Retire of a deferred page
+    {HistoryState::kHostPending, HistoryState::kLost},        // FenceGpu: the rows were in the dead worker's tail
+    {HistoryState::kGpu, HistoryState::kLost},                // FenceGpu: on the dead GPU only (a backup unconfirmed)
+    {HistoryState::kGpuDeferred, HistoryState::kLost},        // FenceGpu: deferred backup, never confirmed
 };
 
 struct HistoryPage {

@@ -76,7 +76,79 @@ absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t r
   if (!table.ok()) return Finish(table.status());
   gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
                          request_slots, {}, ReclaimIndex(policy_.get()), {}, 0});
+  if (++epochs_[gpu] > 1) ++counters_.reregistrations;
   return Finish(absl::OkStatus());
+}
+
+absl::Status ResidencyManager::FenceGpu(GpuId gpu) {
+  auto g = gpus_.find(gpu);
+  if (g == gpus_.end()) {
+    return Finish(absl::NotFoundError(absl::StrFormat("GPU %d is not registered (or already fenced)", gpu)));
+  }
+  FenceCopies(gpu);
+  std::erase_if(orders_, [gpu](const auto& e) { return e.second.gpu == gpu; });
+  std::erase_if(reclaims_, [gpu](const auto& e) { return e.second.gpu == gpu; });
+  for (RequestId q : g->second.queue) {
+    outbox_.push_back(RejectOrder{q, gpu, absl::UnavailableError(absl::StrFormat(
+        "GPU %d was fenced (its worker died or hung) before request %d was granted", gpu, q))});
+    requests_.erase(q);
+    ++counters_.admissions_fenced;
+  }
+  uint32_t interrupted = 0;
+  for (auto& [id, r] : requests_) {
+    if (r.gpu != gpu || (r.state != RequestState::kAdmitted && r.state != RequestState::kReclaiming)) continue;
+    Interrupt(r);
+    ++interrupted;
+  }
+  gpus_.erase(g);
+  ++counters_.fences;
+  spdlog::warn("memd: GPU {} fenced (epoch {}): {} requests interrupted, they keep their confirmed host copies", gpu,
+               epochs_.at(gpu), interrupted);
+  return Finish(absl::OkStatus());
+}
+
+// Every copy in flight on `gpu` ends now: its host page is unpinned (an orphan's freed page becomes reusable), its
+// history page no longer references it. What the page holds is decided by Interrupt.
+void ResidencyManager::FenceCopies(GpuId gpu) {
+  for (auto it = copies_.begin(); it != copies_.end();) {
+    const Copy& c = it->second;
+    if (c.gpu != gpu) {
+      ++it;
+      continue;
+    }
+    DHS_CHECK_OK(host_.Unpin(c.host_page));
+    if (!c.orphan) requests_.at(c.request).history[c.history_page].copy = 0;
+    it = copies_.erase(it);
+  }
+}
+
+// An admitted request of a fenced GPU keeps exactly its confirmed host copies (kHost, kPopulating, kGpuAndHost ->
+// kHost); rows that were only on the GPU or in the worker's tail are lost (kLost, host page freed).
+void ResidencyManager::Interrupt(Request& r) {
+  uint32_t kept = 0;
+  for (HistoryPage& hp : r.history) {
+    switch (hp.state) {
+      case HistoryState::kHost: break;
+      case HistoryState::kPopulating:
+      case HistoryState::kGpuAndHost: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost)); break;
+      default:
+        DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kLost));
+        DHS_CHECK_OK(host_.Free(hp.host_page));
+        ++counters_.host_pages_lost;
+    }
+    hp.gpu_page = 0;
+    kept += hp.state == HistoryState::kHost;
+  }
+  r.required.clear();
+  r.optional = 0;
+  r.host_only = kept;
+  r.slot = kNoSlot;
+  r.reclaim = 0;
+  if (r.backoff) backoff_.erase(r.id);
+  r.backoff = false;
+  r.victim_key.reset();  // the GPU's victim index and population candidates go with the GPU
+  r.state = RequestState::kInterrupted;
+  ++counters_.requests_interrupted;
 }
 
 absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
@@ -99,7 +171,8 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   }
   auto g = gpus_.find(a.gpu);
   if (g == gpus_.end()) {
-    return Finish(absl::NotFoundError(absl::StrFormat("request %d: GPU %d not registered", a.request, a.gpu)));
+    return Finish(absl::NotFoundError(absl::StrFormat("request %d: GPU %d %s", a.request, a.gpu,
+                                                      fenced(a.gpu) ? "is fenced" : "not registered")));
   }
   if (a.required_pages == 0) {
     return Finish(absl::InvalidArgumentError(absl::StrFormat("request %d: required_pages must be > 0", a.request)));
@@ -225,6 +298,10 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
   if (r.state == RequestState::kQueued) {
     return Finish(absl::FailedPreconditionError(absl::StrFormat("request %d is not admitted yet", id)));
   }
+  if (r.state == RequestState::kInterrupted) {
+    return Finish(absl::FailedPreconditionError(
+        absl::StrFormat("request %d was interrupted by a fence of GPU %d: its host copies are fixed", id, r.gpu)));
+  }
   if (!host_pages.empty() && host_pages.size() != pages.size()) {
     return Finish(absl::InvalidArgumentError(absl::StrFormat(
         "request %d: %d host pages for %d history pages", id, host_pages.size(), pages.size())));
@@ -284,9 +361,10 @@ absl::Status ResidencyManager::Complete(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
   Request& r = it->second;
-  Gpu& g = gpus_.at(r.gpu);
   uint32_t released = 0;
-  if (r.state == RequestState::kQueued) {
+  if (r.state == RequestState::kInterrupted) {
+    host_.ReleaseRequest(id);  // its GPU pages went with the fence: nothing pinned, nothing on GPU
+  } else if (Gpu& g = gpus_.at(r.gpu); r.state == RequestState::kQueued) {
     g.queue.erase(std::find(g.queue.begin(), g.queue.end(), id));
   } else {
     released = ReleaseAdmitted(r, g);
@@ -761,7 +839,7 @@ absl::Status ResidencyManager::CheckQueues() const {
     queued += g.queue.size();
     std::set<SlotIndex> slots;
     for (const auto& [id, r] : requests_) {
-      if (r.gpu != gid || r.state == RequestState::kQueued) continue;
+      if (r.gpu != gid || r.state == RequestState::kQueued || r.state == RequestState::kInterrupted) continue;
       if (r.slot == kNoSlot || (g.request_slots != 0 && r.slot >= g.request_slots) || !slots.insert(r.slot).second) {
         return absl::InternalError(absl::StrFormat("GPU %d: request %d has slot %d (taken or out of range)", gid, id,
                                                    r.slot));
@@ -770,6 +848,10 @@ absl::Status ResidencyManager::CheckQueues() const {
     if (slots != g.used_slots) return absl::InternalError(absl::StrFormat("GPU %d: used slots disagree", gid));
   }
   for (const auto& [id, r] : requests_) {
+    if (r.state != RequestState::kInterrupted && !gpus_.contains(r.gpu)) {
+      return absl::InternalError(absl::StrFormat("request %d (%s) on fenced GPU %d", id, RequestStateName(r.state),
+                                                 r.gpu));
+    }
     if (r.state != RequestState::kQueued) continue;
     ++queued_requests;
     if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot || host_.pages_of(id) != 0) {
@@ -785,6 +867,7 @@ absl::Status ResidencyManager::CheckQueues() const {
 absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
                                             std::set<PageIndex>& host_pages) const {
   if (r.state == RequestState::kQueued) return absl::OkStatus();
+  if (r.state == RequestState::kInterrupted) return CheckInterrupted(r, host_pages);
   const bool reclaiming = r.state == RequestState::kReclaiming;
   if (reclaiming != (r.reclaim != 0) || (reclaiming && !reclaims_.count(r.reclaim))) {
     return absl::InternalError(absl::StrFormat("request %d: reclaim state inconsistent", r.id));
@@ -827,6 +910,34 @@ absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, st
   return absl::OkStatus();
 }
 
+// An interrupted request: no GPU page, slot, reclaim or copy; each history page kHost (its own host page, claimed in
+// `host_pages`) or kLost; it owns exactly its kHost pages in the host pool.
+absl::Status ResidencyManager::CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const {
+  if (r.slot != kNoSlot || !r.required.empty() || r.optional != 0 || r.reclaim != 0 || r.backoff || r.victim_key) {
+    return absl::InternalError(absl::StrFormat("interrupted request %d holds a slot, GPU pages or a reclaim", r.id));
+  }
+  uint32_t kept = 0;
+  for (uint32_t h = 0; h < r.history.size(); ++h) {
+    const HistoryPage& hp = r.history[h];
+    if (hp.copy != 0 || (hp.state != HistoryState::kHost && hp.state != HistoryState::kLost)) {
+      return absl::InternalError(absl::StrFormat("interrupted request %d page %d: %s, copy %d", r.id, h,
+                                                 HistoryStateName(hp.state), hp.copy));
+    }
+    if (hp.state == HistoryState::kLost) continue;
+    ++kept;
+    if (!host_.is_allocated(hp.host_page) || host_.owner(hp.host_page) != r.id ||
+        !host_pages.insert(hp.host_page).second) {
+      return absl::InternalError(absl::StrFormat("interrupted request %d page %d: host page %d not its own", r.id, h,
+                                                 hp.host_page));
+    }
+  }
+  if (host_.pages_of(r.id) != kept || r.host_only != kept) {
+    return absl::InternalError(absl::StrFormat("interrupted request %d: %d host pages owned, %d kept, host_only %d",
+                                               r.id, host_.pages_of(r.id), kept, r.host_only));
+  }
+  return absl::OkStatus();
+}
+
 // A history page's state against its copy in flight and its request.
 absl::Status ResidencyManager::CheckHistoryPage(const Request& r, uint32_t h) const {
   const HistoryPage& hp = r.history[h];
@@ -854,7 +965,14 @@ absl::Status ResidencyManager::CheckHistoryPage(const Request& r, uint32_t h) co
 // Copies: each pins its host page, is listed by its order's entry; orphan population pages are owned by their
 // completed request until the copy reports. Order entries: every listed copy exists and names the entry.
 absl::Status ResidencyManager::CheckCopiesAndOrders(std::map<GpuId, std::vector<RequestId>>& owner) const {
+  for (const auto& [id, entry] : orders_) {
+    if (!gpus_.contains(entry.gpu)) return absl::InternalError(absl::StrFormat("order %d of fenced GPU", id));
+  }
+  for (const auto& [id, rc] : reclaims_) {
+    if (!gpus_.contains(rc.gpu)) return absl::InternalError(absl::StrFormat("reclaim %d of fenced GPU", id));
+  }
   for (const auto& [cid, c] : copies_) {
+    if (!gpus_.contains(c.gpu)) return absl::InternalError(absl::StrFormat("copy %d on fenced GPU %d", cid, c.gpu));
     auto entry = orders_.find(c.order);
     if (entry == orders_.end() || entry->second.copies.count(c.gpu_page) == 0 ||
         entry->second.copies.at(c.gpu_page) != cid || entry->second.reclaim != c.backup) {
@@ -966,7 +1084,8 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
     const auto host_only = static_cast<uint32_t>(std::count_if(
         r.history.begin(), r.history.end(), [](const HistoryPage& hp) { return hp.state == HistoryState::kHost; }));
     const bool populatable = r.state == RequestState::kAdmitted && r.optional_history && host_only > 0;
-    if (host_only != r.host_only || populatable != gpus_.at(r.gpu).populatable.contains(id)) {
+    auto g = gpus_.find(r.gpu);  // an interrupted request's GPU may be fenced
+    if (host_only != r.host_only || populatable != (g != gpus_.end() && g->second.populatable.contains(id))) {
       return absl::InternalError(absl::StrFormat("request %d: %d kHost pages, host_only %d, population candidate %d",
                                                  id, host_only, r.host_only, populatable));
     }
@@ -986,6 +1105,7 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
     GpuDump gd;
     const GpuPageTable& t = g.table;
     gd.gpu = gid;
+    gd.epoch = epochs_.at(gid);
     gd.pages = t.pages();
     gd.required_pages = t.required();
     gd.optional_pages = t.optional();
@@ -1014,6 +1134,15 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
     policy_->Order(c);
     for (size_t i = 0; i < c.size(); ++i) rank[c[i].request] = static_cast<int32_t>(i);
   }
+  for (const auto& [gid, epoch] : epochs_) {  // fenced GPUs: no page accounting until a new Hello
+    if (gpus_.contains(gid)) continue;
+    GpuDump gd;
+    gd.gpu = gid;
+    gd.up = false;
+    gd.epoch = epoch;
+    d.gpus.push_back(std::move(gd));
+  }
+  std::sort(d.gpus.begin(), d.gpus.end(), [](const GpuDump& a, const GpuDump& b) { return a.gpu < b.gpu; });
   for (auto req = full ? requests_.begin() : requests_.end(); req != requests_.end(); ++req) {
     const auto& [id, r] = *req;
     RequestDump rd;
@@ -1025,7 +1154,8 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
     rd.optional_pages = r.optional;
     rd.history_pages = static_cast<uint32_t>(r.state == RequestState::kQueued ? r.imported_pages : r.history.size());
     for (const HistoryPage& hp : r.history) {
-      rd.host_pages += hp.state != HistoryState::kGpu;  // a host copy, or covered by the worker's tail until written
+      // A host copy, or covered by the worker's tail until written (kLost: neither, the request was interrupted).
+      rd.host_pages += hp.state != HistoryState::kGpu && hp.state != HistoryState::kLost;
       rd.tail_pages += hp.state == HistoryState::kHostPending || hp.state == HistoryState::kGpuDeferred;
     }
     rd.admitted_at_us = r.time_us;
@@ -1041,6 +1171,31 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
 std::optional<GpuId> ResidencyManager::GpuOfRequest(RequestId request) const {
   auto it = requests_.find(request);
   return it == requests_.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);
+}
+
+uint32_t ResidencyManager::epoch(GpuId gpu) const {
+  auto it = epochs_.find(gpu);
+  return it == epochs_.end() ? 0 : it->second;
+}
+
+bool ResidencyManager::fenced(GpuId gpu) const { return epochs_.contains(gpu) && !gpus_.contains(gpu); }
+
+std::vector<RequestId> ResidencyManager::InterruptedRequests(GpuId gpu) const {
+  std::vector<RequestId> out;
+  for (const auto& [id, r] : requests_) {
+    if (r.gpu == gpu && r.state == RequestState::kInterrupted) out.push_back(id);
+  }
+  return out;
+}
+
+std::map<uint32_t, PageIndex> ResidencyManager::InterruptedHostPages(RequestId request) const {
+  std::map<uint32_t, PageIndex> out;
+  auto it = requests_.find(request);
+  if (it == requests_.end() || it->second.state != RequestState::kInterrupted) return out;
+  for (uint32_t h = 0; h < it->second.history.size(); ++h) {
+    if (it->second.history[h].state == HistoryState::kHost) out[h] = it->second.history[h].host_page;
+  }
+  return out;
 }
 
 std::optional<GpuId> ResidencyManager::GpuOfOrder(OrderId order) const {

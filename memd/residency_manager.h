@@ -104,9 +104,25 @@ class ResidencyManager {
   static absl::StatusOr<std::unique_ptr<ResidencyManager>> Create(const ResidencyConfig& config, Clock clock);
 
   // ---- events (each returns a non-OK status for bad input and then changes nothing) ----
-  // A worker registered GPU `gpu` with `pages` = M and `request_slots` = N slots (0: unlimited).
-  // Errors: AlreadyExists, InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M, request_slots > kMaxRequestSlots).
+  // A worker registered GPU `gpu` with `pages` = M and `request_slots` = N slots (0: unlimited). A GPU fenced before
+  // registers again with a fresh page table and slots: a new epoch (epoch(gpu) + 1, counted in reregistrations); its
+  // interrupted requests stay interrupted (InterruptedRequests lists them for the new worker).
+  // Errors: AlreadyExists (registered and not fenced), InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M,
+  // request_slots > kMaxRequestSlots).
   absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
+  // The worker of GPU `gpu` is gone (dead peer, heartbeat timeout, an order that could not be sent): the GPU is
+  // fenced. Deterministic, all at once:
+  // - every copy in flight on it is resolved: its host page is unpinned; a backup's host page counts as a host copy
+  //   only if HostCopyWritten had confirmed it (kGpuAndHost), a population copy's GPU page is gone with the GPU;
+  // - every ReclaimOrder / PopulateOrder entry of the GPU is dropped (later reports name unknown orders);
+  // - queued admissions of the GPU are answered with a RejectOrder (UNAVAILABLE, "GPU n was fenced");
+  // - admitted requests become kInterrupted: they keep exactly the host pages holding a confirmed host copy (kHost,
+  //   kPopulating, kGpuAndHost -> kHost) and free the others (kHostPending, kGpu, kGpuDeferred -> kLost), lose their
+  //   GPU pages and slot; Complete ends them (memd answers CompleteAck, released_pages 0);
+  // - the GPU's page table, queue and slots are dropped: it is unregistered (fenced) until RegisterGpu.
+  // Freed host pages may let admissions of other GPUs through (orders of this event). Errors: NotFound (the GPU is
+  // not registered, or already fenced).
+  absl::Status FenceGpu(GpuId gpu);
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
   // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0, context_rows
   // beyond 2^32-1 pages, history_pages > context_pages), Unimplemented (host_backed). A grant the page tables refuse
@@ -137,7 +153,8 @@ class ResidencyManager {
   // InvalidArgument (host_pages of another length, a history page named twice, or a host page not the one assigned).
   absl::Status OnHostCopyWritten(RequestId request, std::span<const uint32_t> history_pages,
                                  std::span<const PageIndex> host_pages, bool ok);
-  // The request finished (or a queued admission was cancelled): answered by a CompleteAckOrder. Errors: NotFound.
+  // The request finished (or a queued admission was cancelled, or an interrupted request is given up): answered by a
+  // CompleteAckOrder. Errors: NotFound.
   absl::Status Complete(RequestId request);
   // One population attempt on every GPU (the daemon calls it on its tick).
   absl::Status Populate();
@@ -159,6 +176,16 @@ class ResidencyManager {
   // only from the worker of that GPU).
   std::optional<GpuId> GpuOfRequest(RequestId request) const;
   std::optional<GpuId> GpuOfOrder(OrderId order) const;
+  // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
+  uint32_t epoch(GpuId gpu) const;
+  // True when `gpu` was registered and is fenced now (no page accounting until it registers again).
+  bool fenced(GpuId gpu) const;
+  // Interrupted requests of `gpu` (ascending id): what a re-registering worker must resume or Complete. The hook of
+  // a later resume from host KV: each keeps its kHost pages (InterruptedHostPages).
+  std::vector<RequestId> InterruptedRequests(GpuId gpu) const;
+  // History page -> host page of every confirmed host copy an interrupted request kept (empty: unknown or not
+  // interrupted).
+  std::map<uint32_t, PageIndex> InterruptedHostPages(RequestId request) const;
 
  private:
   struct Request {
@@ -257,6 +284,9 @@ class ResidencyManager {
   void PopulateDone(CopyId copy, bool ok);
   void PopulateRequest(GpuId gpu_id, Gpu& gpu, Request& r, uint32_t pages);
   uint32_t ReleaseAdmitted(Request& r, Gpu& gpu);
+  void FenceCopies(GpuId gpu);
+  void Interrupt(Request& r);
+  absl::Status CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const;
   std::vector<ReclaimCandidate> Candidates(GpuId gpu, bool skip_backoff) const;
   // CheckInvariants parts.
   absl::Status CheckQueues() const;
@@ -271,7 +301,8 @@ class ResidencyManager {
   Clock clock_;
   HostPageAllocator host_;
   std::unique_ptr<ReclaimPolicy> policy_;
-  std::map<GpuId, Gpu> gpus_;
+  std::map<GpuId, Gpu> gpus_;          // registered and not fenced
+  std::map<GpuId, uint32_t> epochs_;   // every GPU ever registered: its epoch (fenced = here but not in gpus_)
   std::map<RequestId, Request> requests_;
   std::map<ReclaimId, Reclaim> reclaims_;
   std::map<CopyId, Copy> copies_;

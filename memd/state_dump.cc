@@ -17,6 +17,8 @@ std::string Coverage(const RequestDump& r) { return absl::StrFormat("%d/%d", r.h
 
 json GpuJson(const GpuDump& g) {
   return json{{"gpu", g.gpu},
+              {"up", g.up},
+              {"epoch", g.epoch},
               {"M", g.pages},
               {"M_req", g.required_pages},
               {"M_opt", g.optional_pages},
@@ -81,13 +83,13 @@ const GpuDump* FindGpu(const StateDump& d, GpuId id) {
 }
 
 std::string GpuHeader() {
-  return absl::StrFormat("%-4s %7s %7s %7s %7s %7s %7s %7s %7s %7s\n", "GPU", "M", "M_req", "M_opt", "M_res", "free",
-                         "pending", "ready", "queued", "reclaim");
+  return absl::StrFormat("%-4s %7s %7s %7s %7s %7s %7s %7s %7s %7s %-6s %5s\n", "GPU", "M", "M_req", "M_opt", "M_res",
+                         "free", "pending", "ready", "queued", "reclaim", "STATE", "EPOCH");
 }
 std::string GpuRow(const GpuDump& g) {
-  return absl::StrFormat("%-4d %7d %7d %7d %7d %7d %7d %7d %7d %7d\n", g.gpu, g.pages, g.required_pages,
+  return absl::StrFormat("%-4d %7d %7d %7d %7d %7d %7d %7d %7d %7d %-6s %5d\n", g.gpu, g.pages, g.required_pages,
                          g.optional_pages, g.reserve_pages, g.free_pages, g.pending_pages, g.ready_pages,
-                         g.queue.size(), g.reclaims_in_flight);
+                         g.queue.size(), g.reclaims_in_flight, g.up ? "up" : "fenced", g.epoch);
 }
 std::string RequestHeader() {
   return absl::StrFormat("%-8s %4s %5s %-10s %5s %5s %9s %5s %5s\n", "REQUEST", "GPU", "SLOT", "STATE", "REQ", "A_R",
@@ -121,6 +123,7 @@ std::string_view RequestStateName(RequestState state) {
     case RequestState::kAdmitted: return "admitted";
     case RequestState::kReclaiming: return "reclaiming";
     case RequestState::kCompleted: return "completed";
+    case RequestState::kInterrupted: return "interrupted";
   }
   return "unknown";
 }
@@ -238,6 +241,12 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       absl::StrAppendFormat(&out, "dhs_memd_gpu_pages{gpu=\"%d\",kind=\"%s\"} %d\n", g.gpu, kind, v);
     }
   }
+  out += "# HELP dhs_memd_gpu_up 1 while the GPU's worker is registered and live, 0 once fenced (dead or hung).\n";
+  out += "# TYPE dhs_memd_gpu_up gauge\n";
+  for (const GpuDump& g : d.gpus) absl::StrAppendFormat(&out, "dhs_memd_gpu_up{gpu=\"%d\"} %d\n", g.gpu, g.up ? 1 : 0);
+  out += "# HELP dhs_memd_gpu_epoch Accepted registrations of the GPU (a new epoch per re-registration).\n";
+  out += "# TYPE dhs_memd_gpu_epoch gauge\n";
+  for (const GpuDump& g : d.gpus) absl::StrAppendFormat(&out, "dhs_memd_gpu_epoch{gpu=\"%d\"} %d\n", g.gpu, g.epoch);
   out += "# HELP dhs_memd_queued_admissions Admissions waiting for GPU pages.\n# TYPE dhs_memd_queued_admissions gauge\n";
   for (const GpuDump& g : d.gpus) absl::StrAppendFormat(&out, "dhs_memd_queued_admissions{gpu=\"%d\"} %d\n", g.gpu, g.queue.size());
   out += "# HELP dhs_memd_reclaims_in_flight Reclaims started and not yet retired.\n# TYPE dhs_memd_reclaims_in_flight gauge\n";
@@ -274,6 +283,13 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"host_write_failures", c.host_write_failures},
       {"deferred_backups", c.deferred_backups},
       {"keeps_lost", c.keeps_lost},
+      {"fences", c.fences},
+      {"reregistrations", c.reregistrations},
+      {"requests_interrupted", c.requests_interrupted},
+      {"admissions_fenced", c.admissions_fenced},
+      {"host_pages_lost", c.host_pages_lost},
+      {"workers_lost", daemon.workers_lost},
+      {"fenced_refused", daemon.fenced_refused},
       {"messages", daemon.messages},
       {"hellos", daemon.hellos},
       {"send_failures", daemon.send_failures},

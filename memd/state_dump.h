@@ -19,11 +19,17 @@
 
 namespace dhs::memd {
 
-enum class RequestState : uint8_t { kQueued = 0, kAdmitted = 1, kReclaiming = 2, kCompleted = 3 };
+// kInterrupted: admitted on a GPU that was fenced (its worker died or hung, ResidencyManager::FenceGpu): no GPU page,
+// no slot, only the host pages that hold a confirmed host copy; ended by Complete (or, later, resumed from host KV).
+enum class RequestState : uint8_t { kQueued = 0, kAdmitted = 1, kReclaiming = 2, kCompleted = 3, kInterrupted = 4 };
 std::string_view RequestStateName(RequestState state);
 
 struct GpuDump {
   GpuId gpu = 0;
+  // false: fenced (its worker died or hung; no page accounting until a new Hello); epoch = accepted registrations
+  // of this GPU (1 after the first Hello, +1 per re-registration after a fence).
+  bool up = true;
+  uint32_t epoch = 0;
   uint32_t pages = 0;             // M
   uint32_t required_pages = 0;    // M_req
   uint32_t optional_pages = 0;    // M_opt = pending + ready + reclaiming
@@ -106,6 +112,11 @@ struct Counters {
   uint64_t host_write_failures = 0;  // history pages HostCopyWritten reported failed
   uint64_t deferred_backups = 0;  // reclaim backups answered deferred (BackupComplete.deferred_pages)
   uint64_t keeps_lost = 0;        // kept pages written to host outside a reclaim (keep failed): GPU page freed
+  uint64_t fences = 0;            // FenceGpu events (a worker died or hung)
+  uint64_t reregistrations = 0;   // RegisterGpu of a fenced GPU (a new epoch)
+  uint64_t requests_interrupted = 0;  // admitted requests of a fenced GPU (kept their confirmed host pages)
+  uint64_t admissions_fenced = 0;     // queued admissions of a fenced GPU, rejected (UNAVAILABLE)
+  uint64_t host_pages_lost = 0;   // host pages without a confirmed host copy freed by a fence (rows only on the GPU)
 };
 
 // Counters of the daemon around the core (memd/daemon.h), rendered with the core's by RenderPrometheus.
@@ -114,7 +125,9 @@ struct DaemonCounters {
   uint64_t hellos = 0;         // accepted Hellos
   uint64_t send_failures = 0;  // orders that could not be sent (worker gone)
   uint64_t refused_peers = 0;  // worker-only messages refused (PERMISSION_DENIED): not from that GPU's worker
-  uint64_t workers = 0;        // GPUs whose worker said Hello (gauge)
+  uint64_t workers = 0;        // GPUs whose worker said Hello and is not fenced (gauge)
+  uint64_t workers_lost = 0;   // workers fenced: dead peer (socket monitor), heartbeat timeout or failed send
+  uint64_t fenced_refused = 0; // messages refused FAILED_PRECONDITION "fenced" (from a fenced worker's old epoch)
 };
 
 // A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu>", "queue".

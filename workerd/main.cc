@@ -38,6 +38,7 @@ struct CommandLine {
   std::string run_dir, mode_name = "adaptive", weights, preset = "dsv4flash-like", log_level = "info";
   uint64_t seed = 1;
   int connect_timeout_ms = 10000;
+  int memd_timeout_ms = 2000;
   std::string device_name = "auto";
   dhs::LinkModelFlags link_flags;
   dhs::WorkerConfig config;
@@ -88,6 +89,11 @@ void AddOptions(CLI::App& app, CommandLine& c) {
       ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40))->capture_default_str();
   app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply")
       ->check(CLI::Range(1, 3600000))->capture_default_str();
+  app.add_option("--memd-timeout-ms", c.memd_timeout_ms,
+                 "memd acks our heartbeat every second; nothing from memd for this long ends this worker's epoch "
+                 "(memd died or hung, or this worker was stopped): requests end with an error, exit code 75. Keep it "
+                 "below memd's --worker-timeout-ms")
+      ->check(CLI::Range(100, 3600000))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
   dhs::AddLinkModelOptions(app, &c.link_flags);
@@ -183,6 +189,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.run_dir = cl.run_dir;
   options.config = config;
   options.connect_timeout = std::chrono::milliseconds(cl.connect_timeout_ms);
+  options.memd_timeout = std::chrono::milliseconds(cl.memd_timeout_ms);
   options.device_name = backend.name;
   options.client_buffer = cl.client_buffer;
   options.on_host_pool = backend.on_host_pool;
@@ -197,8 +204,16 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
                geometry.hot_rows, geometry.tail_rows, config.page_rows, config.slots);
   dhs::NotifyReady("serving " + (*process)->endpoint());  // registered with memd; docs/systemd/workerd@.service
   if (absl::Status s = (*process)->Run([] { return g_stop == 0; }); !s.ok()) {
-    spdlog::error("workerd: {}", s.ToString());
-    return 1;
+    if (!absl::IsAborted(s)) {
+      spdlog::error("workerd: {}", s.ToString());
+      return 1;
+    }
+    // The epoch ended (fenced, or memd lost): nothing memd granted may be used any more (docs/operations.md).
+    const size_t ended = (*process)->Abandon(s, std::chrono::seconds(1));
+    spdlog::error("workerd: gpu {}: {}; {} requests ended with an error; exiting with code {} so that a supervisor "
+                  "restarts this worker (a new Hello: a new epoch)", config.gpu, std::string(s.message()), ended,
+                  dhs::kExitEpochEnded);
+    return dhs::kExitEpochEnded;
   }
   // Requests still being served end with an error chunk to their clients and a Complete to memd (issue 12).
   absl::StatusOr<size_t> ended = (*process)->Shutdown(std::chrono::seconds(5));

@@ -3,8 +3,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/log_limiter.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -48,6 +52,8 @@ absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view
     if (!reply.ok()) return reply.status();
     if (!reply->accepted) return absl::FailedPreconditionError(absl::StrCat("memd refused Hello: ", reply->reason));
     c->epoch_ = reply->worker_epoch;
+    c->interrupted_ = reply->interrupted_requests;
+    c->last_heard_ = std::chrono::steady_clock::now();
     if (!reply->segments.empty()) {
       const wire::HostSegmentInfoT& info = *reply->segments[0];
       absl::StatusOr<std::unique_ptr<HostPoolSegment>> seg = HostPoolSegment::Open(info.name);
@@ -70,15 +76,31 @@ std::span<uint8_t> MemdClient::host_pages() const {
   return {*segment_->PageData(0), segment_->pages() * segment_->page_bytes()};
 }
 
+absl::Status MemdClient::CheckEpoch() {
+  if (!ended_.ok()) return ended_;
+  if (const auto silent = std::chrono::steady_clock::now() - last_heard_; silent > memd_timeout_) {
+    ended_ = absl::AbortedError(absl::StrFormat(
+        "memd lost: nothing from memd for %d ms (it acks our heartbeat every second; memd timeout %d ms): memd died "
+        "or hung, or this worker was stopped; the grants of epoch %d are void",
+        std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(), memd_timeout_.count(), epoch_));
+  }
+  return ended_;
+}
+
 absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
+  if (absl::Status s = CheckEpoch(); !s.ok()) return s;
   while (true) {
     absl::StatusOr<std::string> bytes = dealer_->Receive(std::chrono::milliseconds(0));
     if (absl::IsDeadlineExceeded(bytes.status())) break;
     if (!bytes.ok()) return bytes.status();
+    last_heard_ = std::chrono::steady_clock::now();
     Dispatch(*bytes, handler);
+    if (!ended_.ok()) return ended_;
   }
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_heartbeat_ >= std::chrono::seconds(1)) {
+  // Every second, or a third of the memd timeout when that is shorter: memd's acks keep last_heard_ fresh.
+  if (now - last_heartbeat_ >= std::min<std::chrono::steady_clock::duration>(std::chrono::seconds(1),
+                                                                            memd_timeout_ / 3)) {
     last_heartbeat_ = now;
     wire::HeartbeatT hb;
     hb.sender_time_ns = NowNs();
@@ -138,6 +160,10 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
         handler.OnAdmitReject(reject);
         return;
       }
+      if (absl::IsFailedPrecondition(s) && absl::StartsWith(s.message(), "fenced: ")) {
+        ended_ = absl::AbortedError(absl::StrCat("fenced by memd: ", s.message()));
+        return;
+      }
       spdlog::warn("workerd: memd answered message {} with an error: {}", msg->sequence, s.ToString());
       return;
     }
@@ -148,24 +174,30 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
 }
 
 absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
+  if (!ended_.ok()) return ended_;
   const uint64_t seq = NextSeq();
   admit_seq_[seq] = m.request;
   if (admit_seq_.size() > 4096) admit_seq_.erase(admit_seq_.begin());  // bounded: only recent admissions matter
   return dealer_->Send(EncodeAdmitRequest(m, seq, sender_));
 }
 absl::Status MemdClient::SendBackupComplete(const wire::BackupCompleteT& m) {
+  if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
   return dealer_->Send(EncodeBackupComplete(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendHostCopyWritten(const wire::HostCopyWrittenT& m) {
+  if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
   return dealer_->Send(EncodeHostCopyWritten(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendReadersDone(const wire::ReadersDoneT& m) {
+  if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
   return dealer_->Send(EncodeReadersDone(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendReadyPublish(const wire::ReadyPublishT& m) {
+  if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
   return dealer_->Send(EncodeReadyPublish(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendComplete(const wire::CompleteT& m) {
+  if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
   return dealer_->Send(EncodeComplete(m, NextSeq(), sender_));
 }
 

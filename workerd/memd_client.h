@@ -35,19 +35,28 @@ class MemdClient final : public MemdLink {
   // The host-pool pages of segment 0 (page h at h * page_bytes); empty when memd listed no segment.
   std::span<uint8_t> host_pages() const;
   uint64_t worker_epoch() const { return epoch_; }
+  // HelloReply.interrupted_requests: requests of an earlier epoch of this GPU that memd still holds.
+  const std::vector<uint64_t>& interrupted_requests() const { return interrupted_; }
+  // Liveness: memd acks our heartbeat every second; nothing from memd for `timeout` (default 2 s) ends the epoch.
+  void set_memd_timeout(std::chrono::milliseconds timeout) { memd_timeout_ = timeout; }
 
   // Dispatches every message already received to `handler` (never blocks), answers memd's Heartbeats and sends ours
-  // once a second with `load`. Undecodable messages are logged and dropped. Errors: only from the socket.
+  // once a second with `load`. Undecodable messages are logged and dropped. Errors: from the socket, and ABORTED
+  // once this worker's epoch ended: memd refused a message with FAILED_PRECONDITION "fenced: ..." (nothing after it
+  // is dispatched), or nothing came from memd for the memd timeout (checked before anything queued is dispatched: a
+  // worker resumed after SIGSTOP never acts on an order of an epoch memd may have fenced). ABORTED stays.
   struct Load {
     uint32_t active_requests = 0;
     uint32_t pending_copies = 0;
     float decode_tokens_per_s = 0;
   };
   absl::Status Poll(MemdHandler& handler, const Load& load);
+  // ABORTED once the epoch ended (as Poll: fenced, or memd silent for the memd timeout, checked now), else OK.
+  absl::Status CheckEpoch();
   // Messages still queued when the client closes are delivered for up to `linger` (a stopping worker's Completes).
   void SetLinger(std::chrono::milliseconds linger) { dealer_->SetLinger(linger); }
 
-  // MemdLink.
+  // MemdLink. Once the epoch ended (Poll's ABORTED) nothing is sent: each returns that ABORTED status.
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override;
   absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override;
   absl::Status SendHostCopyWritten(const wire::HostCopyWrittenT& m) override;
@@ -69,6 +78,10 @@ class MemdClient final : public MemdLink {
   std::unique_ptr<HostPoolSegment> segment_;
   absl::flat_hash_map<uint64_t, uint64_t> admit_seq_;  // AdmitRequest sequence -> RequestId (for an ErrorReply)
   std::chrono::steady_clock::time_point last_heartbeat_{};
+  std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();  // latest message from memd
+  std::chrono::milliseconds memd_timeout_{2000};
+  absl::Status ended_;  // ABORTED once the epoch ended
+  std::vector<uint64_t> interrupted_;
 };
 
 }  // namespace dhs

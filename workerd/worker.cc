@@ -132,10 +132,11 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
 }
 
 RequestId Worker::NodeRequestId(RequestId client_id) {
-  constexpr uint64_t kLow = (uint64_t{1} << 48) - 1;
-  const uint64_t gpu = uint64_t{config_.gpu} << 48;  // config_.gpu < kMaxGpus (ComputeGeometry)
+  constexpr uint64_t kLow = (uint64_t{1} << 40) - 1;
+  // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 8 bits sit between the GPU and n.
+  const uint64_t gpu = uint64_t{config_.gpu} << 48 | ((epoch_ - 1) & 0xFF) << 40;
   if (client_id != 0 && client_id <= kLow && !requests_.contains(gpu | client_id)) return gpu | client_id;
-  while (true) {  // fewer requests in flight than 2^48: a free value comes
+  while (true) {  // fewer requests in flight than 2^40: a free value comes
     const uint64_t n = next_node_;
     next_node_ = next_node_ >= kLow ? 1 : next_node_ + 1;
     if (!requests_.contains(gpu | n)) return gpu | n;

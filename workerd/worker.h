@@ -83,10 +83,12 @@ class Worker final : public MemdHandler, public Submitter {
   // to memd. A returned error is the client's ErrorReply; nothing else changed.
   //
   // Request ids: the client's id (SubmitRequest.request) is the client's own and is any uint64; the client sees it in
-  // SubmitAccepted and every TokenChunk. memd and every message to it see the node request id: (gpu << 48) | n with
-  // n in [1, 2^48), unique among this worker's requests in flight, so two workers never collide and 0 / 2^64-1
-  // (reserved by memd) are never used. n is the client's id when that is in range and free (dhsctl then shows the
-  // client's id on GPU 0), else the next free value of a per-worker counter.
+  // SubmitAccepted and every TokenChunk. memd and every message to it see the node request id:
+  // (gpu << 48) | ((epoch - 1) mod 256) << 40 | n with n in [1, 2^40), unique among this worker's requests in flight,
+  // so two workers never collide, a restarted worker (a new epoch, set_epoch) never reuses an id of the interrupted
+  // requests memd still holds from the previous epochs, and 0 / 2^64-1 (reserved by memd) are never used. n is the
+  // client's id when that is in range and free (dhsctl then shows the client's id on GPU 0, epoch 1), else the next
+  // free value of a per-worker counter.
   absl::Status Submit(const wire::SubmitRequestT& submit, const ClientRef& client) override;
 
   // One iteration of the serving loop (header comment). Returns whether work remains (requests active, waiting for a
@@ -102,6 +104,8 @@ class Worker final : public MemdHandler, public Submitter {
   // The client `peer` went away (its connection is gone): each of its unfinished requests ends as a failed one
   // (`why`), its pages return to memd (Complete). Returns how many ended.
   size_t EndClient(const std::string& peer, const absl::Status& why);
+  // The GPU's epoch from memd's HelloReply (>= 1; 1 until set): part of every node request id (Submit).
+  void set_epoch(uint64_t epoch) { epoch_ = epoch == 0 ? 1 : epoch; }
   // Requests ended by StopAll whose CompleteAck has not come yet.
   size_t unacknowledged_stops() const { return stopping_.size(); }
 
@@ -188,6 +192,7 @@ class Worker final : public MemdHandler, public Submitter {
   std::deque<RequestId> granted_;                           // granted, not started yet
   std::map<std::pair<std::string, RequestId>, RequestId> client_ids_;  // (client peer, client id) -> node id, in flight
   uint64_t next_node_ = 1;  // the counter of NodeRequestId
+  uint64_t epoch_ = 1;
   std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
   std::unique_ptr<ResidencyAgent> agent_;      // the memd conversation
   WorkerStats stats_;

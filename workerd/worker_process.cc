@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
                                                                          options.connect_timeout);
   if (!memd.ok()) return memd.status();
   p->memd_ = *std::move(memd);
+  p->memd_->set_memd_timeout(options.memd_timeout);
   if (config.mode != WorkerMode::kResident && p->memd_->host_pages().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("mode ", std::string(WorkerModeName(config.mode)),
                                                       " needs a host pool, memd listed none"));
@@ -48,7 +49,17 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
       Worker::Create(model, device, config, p->memd_->host_pages(), p->memd_.get(), p->frontend_.get());
   if (!worker.ok()) return worker.status();
   p->worker_ = *std::move(worker);
+  p->worker_->set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
+  // Requests of an earlier epoch of this GPU, interrupted when memd fenced it: resuming them from their host copies
+  // is a later part of issue 11 (the hook is here); until then they are ended, which frees their host pages.
+  for (uint64_t id : p->memd_->interrupted_requests()) {
+    wire::CompleteT c;
+    c.request = id;
+    if (absl::Status s = p->memd_->SendComplete(c); !s.ok()) return s;
+    spdlog::info("workerd: interrupted request {} of an earlier epoch of GPU {} ended (resume is not served yet)", id,
+                 config.gpu);
+  }
   return p;
 }
 
@@ -72,6 +83,11 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
     if (const size_t n = worker_->EndClient(peer, absl::UnavailableError("client went away")); n > 0) {
       spdlog::info("workerd: a client went away; its {} requests end", n);
     }
+  }
+  // Again right before the step: a worker stopped (SIGSTOP) while it waited on the serving socket must not step
+  // requests whose grants memd may have fenced meanwhile.
+  if (absl::Status s = memd_->CheckEpoch(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
   }
   return worker_->Iterate();
 }
@@ -104,6 +120,11 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
                                                     timeout.count(), " ms"));
   }
   return ended;
+}
+
+size_t WorkerProcess::Abandon(const absl::Status& why, std::chrono::milliseconds linger) {
+  frontend_->SetLinger(linger);
+  return worker_->StopAll(absl::UnavailableError(absl::StrCat("worker epoch ended: ", why.message())));
 }
 
 absl::Status WorkerProcess::Run(const std::function<bool()>& keep_going) {

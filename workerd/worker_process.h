@@ -23,10 +23,14 @@
 
 namespace dhs {
 
+// workerd's exit code when its epoch ended (fenced by memd, or memd lost): a supervisor restarts it (docs/operations.md).
+inline constexpr int kExitEpochEnded = 75;
+
 struct WorkerProcessOptions {
   std::string run_dir;  // holds memd.sock; the serving socket is bound here
   WorkerConfig config;
   std::chrono::milliseconds connect_timeout{10000};  // how long to wait for memd's HelloReply
+  std::chrono::milliseconds memd_timeout{2000};      // MemdClient: memd silent this long ends the epoch (ABORTED)
   std::string device_name = "cpu-backend";           // Hello.device_name
   ClientOutboxLimits client_buffer;  // replies buffered for clients that do not read (ServingFrontend)
   // Called once with memd's mapped host pool before the Worker is created (the CUDA backend pins it there); an error
@@ -44,7 +48,9 @@ class WorkerProcess {
                                                               const WorkerProcessOptions& options);
 
   // Serves until keep_going() is false (checked every iteration, at most ~5 ms apart when idle). Errors: the memd
-  // connection's or the serving socket's, or the Worker's (Iterate): the process should exit.
+  // connection's or the serving socket's, or the Worker's (Iterate): the process should exit. ABORTED: this worker's
+  // epoch ended (MemdClient::Poll: fenced by memd, or memd silent for memd_timeout): nothing of memd's was acted on
+  // in the iteration that found it; call Abandon, then exit with kExitEpochEnded.
   absl::Status Run(const std::function<bool()>& keep_going);
   // One iteration: memd's messages (and our heartbeat), clients' messages (waiting up to `wait`; replies waiting for
   // slow clients sent first), the requests of clients found gone end (UNAVAILABLE "client went away"),
@@ -56,6 +62,10 @@ class WorkerProcess {
   // `timeout` passed. Queued replies are delivered for up to `timeout` when the sockets close. Returns how many
   // requests were ended; errors: the memd connection's (the clients were told already).
   absl::StatusOr<size_t> Shutdown(std::chrono::milliseconds timeout);
+  // After Run returned ABORTED (the epoch ended): every unfinished request ends with a final TokenChunk carrying
+  // UNAVAILABLE `why` (Worker::StopAll; its Completes go nowhere: memd dropped the epoch), delivered for up to
+  // `linger` when the sockets close. Nothing else is sent; no order of memd is served. Returns how many ended.
+  size_t Abandon(const absl::Status& why, std::chrono::milliseconds linger);
 
   const Worker& worker() const { return *worker_; }
   const std::string& endpoint() const { return frontend_->endpoint(); }

@@ -100,6 +100,9 @@ class ChildProcess {
     }
   }
   bool ok() const { return ok_; }
+  pid_t pid() const { return pid_; }
+  // Sends `signal` (SIGSTOP, SIGCONT, ...); returns kill(2)'s result.
+  int Signal(int signal) { return ::kill(pid_, signal); }
   // Whether the child has exited (reaps it; never blocks).
   bool Exited() {
     int status = 0;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <cstdio>
@@ -198,6 +199,7 @@ class MemdProcess : public ::testing::Test {
     std::vector<std::string> args = {MEMD_BIN,          "--run-dir",         run_dir_,  "--page-bytes",
                                      std::to_string(kPageBytes), "--host-pool-pages", "64", "--metrics-address",
                                      "127.0.0.1:0",     "--log-level",       "warn"};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -210,6 +212,7 @@ class MemdProcess : public ::testing::Test {
     ASSERT_TRUE(std::filesystem::exists(run_dir_ + "/memd.sock")) << "memd did not start";
     std::ifstream(run_dir_ + "/memd.metrics") >> metrics_address_;
   }
+  std::vector<std::string> extra_args_;  // memd flags of a derived fixture (set in its constructor)
   void TearDown() override {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
@@ -938,6 +941,170 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   RemoveSegmentOf(pid_);
   pid_ = -1;
+}
+
+}  // namespace
+}  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// Liveness and fencing (issue 11) with fake workers: a short worker timeout, ZMTP heartbeats off (the fake workers'
+// connections stay up), so the silence of a worker is the only cause of its fence in the first test.
+class MemdFence : public MemdProcess {
+ protected:
+  MemdFence() { extra_args_ = {"--worker-timeout-ms", "2000", "--zmq-heartbeat-ms", "0"}; }
+
+  // Polls `dhsctl --json gpus` until GPU `gpu` shows `up` (each poll is one dhsctl run, no sleep in between).
+  json WaitGpu(GpuId gpu, bool up) {
+    json g;
+    for (int i = 0; i < 400; ++i) {
+      for (const json& e : DhsctlJson("gpus")) {
+        if (e["gpu"] == gpu) g = e;
+      }
+      if (!g.is_null() && g["up"] == up) return g;
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "GPU " << gpu << " never became " << (up ? "up" : "fenced") << ": " << g.dump();
+    return g;
+  }
+};
+
+// A worker that sends nothing for the timeout is fenced: its granted request is interrupted and keeps exactly the
+// host page whose write it confirmed (history page 0 of 3), its queued admission is dropped, its pages and slot are
+// gone; its late messages are refused FAILED_PRECONDITION "fenced"; a new Hello is epoch 2 and lists the request,
+// and Complete of it frees the host page. The other worker (heartbeating) stays up throughout.
+TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
+  FakeWorker w(run_dir_, 0);
+  FakeWorker alive(run_dir_, 1);
+  ASSERT_TRUE(w.Hello(8).accepted);
+  const wire::HelloReplyT first = alive.Hello(8);
+  ASSERT_TRUE(first.accepted);
+  EXPECT_EQ(first.worker_epoch, 1u);
+  w.Admit(7, 2, 3 * kPageRows, 0);  // context 3 pages: host pages assigned at the grant
+  auto m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  const wire::AdmitGrantT grant = *ReadAdmitGrant(*m);
+  ASSERT_EQ(grant.backup_host_pages.size(), 3u);
+  wire::HostCopyWrittenT written;
+  written.request = 7;
+  written.history_pages = {0};
+  written.host_pages = {grant.backup_host_pages[0]};
+  written.ok = true;
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  w.Admit(8, 7, kPageRows, 0);  // 2 + 7 > 8: queued
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitWait);
+
+  const auto silent_from = std::chrono::steady_clock::now();
+  std::atomic<bool> stop{false};
+  std::atomic<int> acks{0};
+  std::thread heartbeats([&] {  // `alive` heartbeats every 100 ms, as workerd does every second
+    while (!stop) {
+      wire::HeartbeatT hb;
+      hb.gpu = 1;
+      alive.Send(EncodeHeartbeat(hb, alive.seq(), "worker"));
+      auto ack = alive.Next();
+      acks += ack && ack->type == wire::Body::HeartbeatAck;
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  struct Join {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Join() { stop = true; t.join(); }
+  } join{stop, heartbeats};
+  json g0 = WaitGpu(0, false);
+  const double fenced_after_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - silent_from).count();
+  std::printf("GPU 0 fenced %.3f s after its worker fell silent (worker timeout 2 s)\n", fenced_after_s);
+  ASSERT_EQ(g0["up"], false) << g0.dump();
+  EXPECT_EQ(g0["epoch"], 1);
+  EXPECT_GE(fenced_after_s, 2.0);
+  for (const json& e : DhsctlJson("gpus")) {
+    if (e["gpu"] == 1) EXPECT_EQ(e["up"], true) << e.dump();
+  }
+  json req = DhsctlJson("request 7");
+  EXPECT_EQ(req["state"], "interrupted") << req.dump();
+  EXPECT_EQ(req["host_pages"], 1);
+  EXPECT_TRUE(req["slot"].is_null());
+  EXPECT_EQ(DhsctlJson("status")["host"]["allocated"], 1);
+  EXPECT_EQ(DhsctlJson("status")["host"]["pinned"], 0);
+  EXPECT_EQ(Dhsctl("request 8").first, 4) << "the queued admission of the fenced GPU is gone";
+  const auto [pages_rc, pages_out] = Dhsctl("pages 0", "", /*with_stderr=*/true);
+  EXPECT_EQ(pages_rc, 4);
+  EXPECT_NE(pages_out.find("GPU 0 is fenced"), std::string::npos) << pages_out;
+  const std::string metrics = MetricsWith("dhs_memd_gpu_up{gpu=\"0\"} 0\n");
+  EXPECT_NE(metrics.find("dhs_memd_gpu_up{gpu=\"1\"} 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("dhs_memd_workers_lost_total 1\n"), std::string::npos) << metrics;
+
+  // The fenced worker's late messages: refused, nothing changes.
+  written.history_pages = {1};
+  written.host_pages = {grant.backup_host_pages[1]};
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::FAILED_PRECONDITION);
+  EXPECT_EQ(ReadErrorReply(*m)->message.rfind("fenced: ", 0), 0u) << ReadErrorReply(*m)->message;
+  EXPECT_EQ(DhsctlJson("request 7")["host_pages"], 1);
+
+  // A new Hello: epoch 2, the interrupted request listed; Complete ends it and frees its host page.
+  const wire::HelloReplyT again = w.Hello(8);
+  ASSERT_TRUE(again.accepted) << again.reason;
+  EXPECT_EQ(again.worker_epoch, 2u);
+  EXPECT_EQ(again.interrupted_requests, (std::vector<uint64_t>{7}));
+  EXPECT_EQ(WaitGpu(0, true)["free"], 8);
+  wire::CompleteT c;
+  c.request = 7;
+  w.Send(EncodeComplete(c, w.seq(), "worker"));
+  m = w.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
+  EXPECT_EQ(ReadCompleteAck(*m)->released_pages, 0u);
+  EXPECT_EQ(DhsctlJson("status")["host"]["allocated"], 0);
+  stop = true;
+  for (const json& e : DhsctlJson("gpus")) {
+    if (e["gpu"] == 1) EXPECT_EQ(e["up"], true) << "a heartbeating worker was fenced: " << e.dump();
+  }
+  EXPECT_GT(acks.load(), 0);
+}
+
+// A worker whose connection closes is fenced by the socket monitor at once: the worker timeout is a minute here, so
+// nothing else can fence it. A Hello while a GPU is up (a restarted worker that came back first) fences the
+// previous epoch itself.
+class MemdFenceOnDisconnect : public MemdFence {
+ protected:
+  MemdFenceOnDisconnect() { extra_args_ = {"--worker-timeout-ms", "60000"}; }
+};
+
+TEST_F(MemdFenceOnDisconnect, ClosedConnectionAndANewHelloFenceTheGpu) {
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  w->Admit(3, 2, 2 * kPageRows, 0);
+  auto m = w->Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  const auto closed_at = std::chrono::steady_clock::now();
+  w.reset();  // closes its socket (what the kernel does for a killed process)
+  json g0 = WaitGpu(0, false);
+  std::printf("GPU 0 fenced %.3f s after its connection closed\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - closed_at).count());
+  EXPECT_EQ(g0["epoch"], 1);
+  EXPECT_EQ(DhsctlJson("request 3")["state"], "interrupted");
+  EXPECT_EQ(DhsctlJson("status")["host"]["allocated"], 0);  // nothing confirmed: nothing kept
+
+  FakeWorker w2(run_dir_, 0);
+  wire::HelloReplyT r = w2.Hello(8);
+  ASSERT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(r.worker_epoch, 2u);
+  EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{3}));
+  w2.Admit(4, 2, kPageRows, 0);
+  m = w2.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  FakeWorker w3(run_dir_, 0);  // a restart that says Hello before memd noticed anything: epoch 3 fences epoch 2
+  r = w3.Hello(8);
+  ASSERT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(r.worker_epoch, 3u);
+  EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{3, 4}));
+  EXPECT_EQ(DhsctlJson("request 4")["state"], "interrupted");
+  EXPECT_EQ(WaitGpu(0, true)["free"], 8);
 }
 
 }  // namespace

@@ -11,12 +11,19 @@
 // host pages = copies in flight, open orders, and that a Retire comes exactly when the model says the reclaim is done
 // (readers done, no backup or population copy in flight), with regranted_to and CompleteAck.released_pages computed by
 // the model. At the end everything is answered and completed: every GPU page free, no host page pinned or allocated,
-// no order entry left. Seeds: 1..20 by default, or the one in env DHS_SEED; events per seed: env DHS_EVENTS (2000).
+// no order entry left.
+// Fences (issue 11): FenceGpu at random points (with backups, populations, reclaims and queued admissions in flight),
+// then RegisterGpu of the fenced GPU at a random later point (a new epoch). The model: queued admissions of the GPU
+// are rejected UNAVAILABLE; granted requests become interrupted and keep exactly the host pages whose host copy was
+// confirmed (never a page whose backup was only in flight); the fake worker forgets every order of the GPU; after
+// every event no copy, order, slot or GPU page of a fenced GPU remains and pinned host pages = copies in flight.
+// Seeds: 1..20 by default, or the one in env DHS_SEED; events per seed: env DHS_EVENTS (2000).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -36,6 +43,7 @@ struct MPage {
   bool written = false;      // complete host copy confirmed (backup done, HostCopyWritten)
   bool tail = false;         // covered by the worker's tail (not kept at the grant, or a deferred backup)
   bool backup = false;       // a backup copy in flight
+  bool lost = false;         // interrupted by a fence without a confirmed host copy: host page freed
 };
 struct MReq {
   GpuId gpu = 0;
@@ -46,6 +54,7 @@ struct MReq {
   std::vector<PageIndex> required_pages;
   std::vector<MPage> pages;
   OrderId reclaim = 0;  // the live reclaim (0: none)
+  bool interrupted = false;  // its GPU was fenced while it was granted
 };
 struct FakeReclaim {
   RequestId request = 0;
@@ -68,12 +77,16 @@ class Harness {
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy};
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }));
     for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
+    epochs_.assign(kGpus, 1);
+    up_.assign(kGpus, true);
   }
 
   void Step() {
     ++now_;
     const int dice = static_cast<int>(Pick(100));
     if (dice < 16 && model_.size() < 16) return Admit();
+    if (dice == 16 && Pick(4) == 0) return Fence();
+    if (dice == 17) return Reregister();
     if (dice < 24 && !model_.empty()) return Run(mgr_->Complete(PickKey(model_)), /*complete=*/true);
     if (dice < 34) return Written();
     if (dice < 50) return AnswerBackup(Pick(8) != 0);
@@ -86,6 +99,9 @@ class Harness {
 
   // Answers everything (ok), completes every request; then everything must be released.
   void Drain() {
+    for (GpuId g = 0; g < kGpus; ++g) {
+      if (!up_[g]) Reregister(g);
+    }
     for (int guard = 0; guard < 100000; ++guard) {
       if (HasBackups()) {
         AnswerBackup(true);
@@ -113,6 +129,9 @@ class Harness {
   uint64_t early_readers_done() const { return early_readers_done_; }
   uint64_t regranted() const { return regranted_; }
   uint64_t slot_waits() const { return slot_waits_; }
+  uint64_t fenced_with_copies() const { return fenced_with_copies_; }
+  uint64_t kept_pages() const { return kept_pages_; }
+  uint64_t lost_backups() const { return lost_backups_; }
 
  private:
   uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
@@ -135,6 +154,13 @@ class Harness {
     AdmitRequest a;
     a.request = r;
     a.gpu = Pick(kGpus);
+    if (!up_[a.gpu]) {  // a fenced GPU has no page accounting: refused, nothing changes
+      a.required_pages = 1;
+      const absl::Status s = mgr_->Admit(a);
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+      EXPECT_TRUE(mgr_->DrainOrders().empty());
+      return Check();
+    }
     a.required_pages = Pick(40) == 0 ? kM : 1 + Pick(5);  // some can never fit
     a.history_pages = Pick(9);
     a.context_pages = a.history_pages + Pick(4) + (Pick(60) == 0 ? kHost : 0);
@@ -152,7 +178,7 @@ class Harness {
   void Written() {
     std::vector<RequestId> granted;
     for (const auto& [id, m] : model_) {
-      if (m.granted && !m.pages.empty()) granted.push_back(id);
+      if (m.granted && !m.interrupted && !m.pages.empty()) granted.push_back(id);
     }
     if (granted.empty()) return Run(mgr_->Populate());
     const RequestId r = granted[Pick(static_cast<uint32_t>(granted.size()))];
@@ -177,6 +203,73 @@ class Harness {
       for (uint32_t h : pages) host.push_back(m.pages[h].host_page);
     }
     Run(mgr_->OnHostCopyWritten(r, pages, host, ok));
+  }
+
+  // The worker of a random live GPU is gone. The model applies the fence first (so Run's expected Retires see no
+  // reclaim of the GPU), then the event runs.
+  void Fence() {
+    std::vector<GpuId> live;
+    for (GpuId g = 0; g < kGpus; ++g) {
+      if (up_[g]) live.push_back(g);
+    }
+    if (live.empty()) return Run(mgr_->Populate());
+    const GpuId g = live[Pick(static_cast<uint32_t>(live.size()))];
+    fenced_with_copies_ += mgr_->copies_in_flight() > 0;
+    for (auto it = model_.begin(); it != model_.end();) {
+      MReq& m = it->second;
+      if (m.gpu != g || m.interrupted) {
+        ++it;
+        continue;
+      }
+      if (!m.granted) {  // answered with UNAVAILABLE by this event
+        fence_rejects_.insert(it->first);
+        it = model_.erase(it);
+        continue;
+      }
+      m.interrupted = true;
+      m.reclaim = 0;
+      m.required_pages.clear();
+      for (MPage& mp : m.pages) {
+        lost_backups_ += mp.backup && !mp.written;
+        mp.lost = !mp.written;  // a backup in flight, a deferred one or the worker's tail: not a host copy
+        kept_pages_ += mp.written;
+        mp.on_gpu = mp.populating = mp.backup = mp.tail = false;
+      }
+      ++it;
+    }
+    std::erase_if(reclaims_, [g](const auto& r) { return r.second.gpu == g; });
+    std::erase_if(populates_, [g](const auto& p) { return p.second.gpu == g; });
+    up_[g] = false;
+    Run(mgr_->FenceGpu(g));
+    ASSERT_TRUE(fence_rejects_.empty()) << "a queued admission of the fenced GPU was not rejected";
+    ASSERT_TRUE(mgr_->fenced(g));
+    ASSERT_EQ(mgr_->gpu_table(g), nullptr);
+    const absl::Status again = mgr_->FenceGpu(g);
+    ASSERT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
+    const absl::Status reg_live = live.size() > 1 ? mgr_->RegisterGpu(live[0] == g ? live[1] : live[0], kM, kSlots)
+                                                  : absl::AlreadyExistsError("");
+    ASSERT_EQ(reg_live.code(), absl::StatusCode::kAlreadyExists) << "a live GPU registered twice";
+    ASSERT_TRUE(mgr_->DrainOrders().empty());
+  }
+
+  // A new worker for a fenced GPU says Hello: a new epoch with a fresh page table; interrupted requests stay.
+  void Reregister(std::optional<GpuId> which = std::nullopt) {
+    std::vector<GpuId> down;
+    for (GpuId g = 0; g < kGpus; ++g) {
+      if (!up_[g]) down.push_back(g);
+    }
+    if (down.empty()) return Run(mgr_->Populate());
+    const GpuId g = which.value_or(down[Pick(static_cast<uint32_t>(down.size()))]);
+    up_[g] = true;
+    ++epochs_[g];
+    Run(mgr_->RegisterGpu(g, kM, kSlots));
+    ASSERT_EQ(mgr_->epoch(g), epochs_[g]);
+    ASSERT_FALSE(mgr_->fenced(g));
+    std::vector<RequestId> want;
+    for (const auto& [id, m] : model_) {
+      if (m.gpu == g && m.interrupted) want.push_back(id);
+    }
+    ASSERT_EQ(mgr_->InterruptedRequests(g), want);
   }
 
   void AnswerBackup(bool ok) {
@@ -338,6 +431,10 @@ class Harness {
       return;
     }
     if (const auto* r = std::get_if<RejectOrder>(&o)) {
+      if (fence_rejects_.erase(r->request)) {
+        ASSERT_EQ(r->error.code(), absl::StatusCode::kUnavailable) << r->error;
+        return;
+      }
       ASSERT_TRUE(model_.count(r->request) && !model_.at(r->request).granted);
       const MReq& m = model_.at(r->request);
       EXPECT_TRUE(m.required > kM - kRes || m.context > kHost) << "rejected although it could fit";
@@ -352,7 +449,7 @@ class Harness {
 
   uint32_t SlotsInUse(GpuId gpu) const {
     uint32_t n = 0;
-    for (const auto& [id, m] : model_) n += m.granted && m.gpu == gpu;
+    for (const auto& [id, m] : model_) n += m.granted && !m.interrupted && m.gpu == gpu;
     return n;
   }
 
@@ -363,7 +460,8 @@ class Harness {
     ASSERT_EQ(g.gpu, m.gpu);
     ASSERT_LT(g.slot, kSlots);
     for (const auto& [id, other] : model_) {
-      ASSERT_FALSE(other.granted && other.gpu == m.gpu && other.slot == g.slot) << "slot " << g.slot << " twice";
+      ASSERT_FALSE(other.granted && !other.interrupted && other.gpu == m.gpu && other.slot == g.slot)
+          << "slot " << g.slot << " twice";
     }
     ASSERT_EQ(g.required_pages.size(), m.required);
     ASSERT_LE(g.optional_pages.size(), m.complete);
@@ -495,7 +593,9 @@ class Harness {
   std::set<PageIndex> BusyHostPages() const {
     std::set<PageIndex> busy;
     for (const auto& [id, m] : model_) {
-      for (const MPage& mp : m.pages) busy.insert(mp.host_page);
+      for (const MPage& mp : m.pages) {
+        if (!mp.lost) busy.insert(mp.host_page);
+      }
     }
     for (const auto& [o, f] : reclaims_) {
       for (const auto& [p, hp] : f.targets) busy.insert(hp);
@@ -510,7 +610,14 @@ class Harness {
     ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
     const StateDump d = mgr_->Dump();
     const auto owners = ExpectedOwners();
+    ASSERT_EQ(d.gpus.size(), kGpus);
     for (const GpuDump& g : d.gpus) {
+      ASSERT_EQ(g.up, bool{up_[g.gpu]}) << "GPU " << g.gpu;
+      ASSERT_EQ(g.epoch, epochs_[g.gpu]) << "GPU " << g.gpu;
+      if (!g.up) {  // fenced: no pages, slots or queue of it remain
+        ASSERT_TRUE(g.page_states.empty() && g.queue.empty() && g.used_slots == 0 && g.reclaims_in_flight == 0);
+        ASSERT_EQ(mgr_->gpu_table(g.gpu), nullptr);
+      }
       for (PageIndex p = 0; p < g.page_states.size(); ++p) {
         auto it = owners.find({g.gpu, p});
         const RequestId want = it == owners.end() ? kNoOwner : it->second;
@@ -538,6 +645,18 @@ class Harness {
       const MReq& m = model_.at(rd.request);
       ASSERT_EQ(rd.state == RequestState::kQueued, !m.granted);
       if (!m.granted) continue;
+      ASSERT_EQ(rd.state == RequestState::kInterrupted, m.interrupted) << "request " << rd.request;
+      if (m.interrupted) {  // keeps exactly its confirmed host copies, nothing else
+        std::map<uint32_t, PageIndex> kept;
+        for (uint32_t h = 0; h < m.pages.size(); ++h) {
+          if (!m.pages[h].lost) kept[h] = m.pages[h].host_page;
+        }
+        ASSERT_EQ(mgr_->InterruptedHostPages(rd.request), kept) << "request " << rd.request;
+        ASSERT_EQ(rd.host_pages, kept.size());
+        ASSERT_EQ(rd.slot, kNoSlot);
+        ASSERT_EQ(rd.required_pages + rd.optional_pages, 0u);
+        continue;
+      }
       ASSERT_EQ(rd.state == RequestState::kReclaiming, m.reclaim != 0) << "request " << rd.request;
       ASSERT_EQ(rd.slot, m.slot);
       uint32_t host = 0, tail = 0, optional = 0;
@@ -577,6 +696,10 @@ class Harness {
   std::map<OrderId, FakeReclaim> reclaims_;
   std::map<OrderId, FakePopulate> populates_;
   uint64_t early_readers_done_ = 0, regranted_ = 0, slot_waits_ = 0;
+  uint64_t fenced_with_copies_ = 0, kept_pages_ = 0, lost_backups_ = 0;
+  std::vector<uint32_t> epochs_;
+  std::vector<bool> up_;
+  std::set<RequestId> fence_rejects_;  // queued admissions a fence must reject (UNAVAILABLE) in this event
 };
 
 std::vector<uint64_t> Seeds() {
@@ -595,7 +718,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   spdlog::set_level(spdlog::level::err);  // the core logs every reject and failed copy; thousands here
   const char* policies[] = {"oldest-first", "newest-first", "largest-first"};
   Counters total;
-  uint64_t early = 0, regranted = 0, slot_waits = 0;
+  uint64_t early = 0, regranted = 0, slot_waits = 0, fenced_with_copies = 0, kept = 0, lost_backups = 0;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
     std::printf("DHS_SEED=%lu (policy %s)\n", static_cast<unsigned long>(seed), policy.c_str());
@@ -620,9 +743,17 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     total.host_write_failures += c.host_write_failures;
     total.stale_reports += c.stale_reports;
     total.keeps_lost += c.keeps_lost;
+    total.fences += c.fences;
+    total.reregistrations += c.reregistrations;
+    total.requests_interrupted += c.requests_interrupted;
+    total.admissions_fenced += c.admissions_fenced;
+    total.host_pages_lost += c.host_pages_lost;
     early += h.early_readers_done();
     regranted += h.regranted();
     slot_waits += h.slot_waits();
+    fenced_with_copies += h.fenced_with_copies();
+    kept += h.kept_pages();
+    lost_backups += h.lost_backups();
   }
   std::printf(
       "grants %lu, reclaims retired %lu, aborted %lu, populates %lu (failed %lu), rejects %lu, deferred backups %lu, "
@@ -635,6 +766,12 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
       static_cast<unsigned long>(total.host_write_failures), static_cast<unsigned long>(total.stale_reports),
       static_cast<unsigned long>(early), static_cast<unsigned long>(regranted),
       static_cast<unsigned long>(slot_waits), static_cast<unsigned long>(total.keeps_lost));
+  std::printf("fences %lu (%lu with copies in flight), re-registrations %lu, interrupted %lu, admissions rejected by a "
+              "fence %lu, host pages kept %lu, lost %lu (backups in flight %lu)\n",
+              static_cast<unsigned long>(total.fences), static_cast<unsigned long>(fenced_with_copies),
+              static_cast<unsigned long>(total.reregistrations), static_cast<unsigned long>(total.requests_interrupted),
+              static_cast<unsigned long>(total.admissions_fenced), static_cast<unsigned long>(kept),
+              static_cast<unsigned long>(total.host_pages_lost), static_cast<unsigned long>(lost_backups));
   // The run must have exercised every path it claims to (each is reached many times over the 20 default seeds; one
   // seed alone, rerun with DHS_SEED, may miss a rare one).
   if (std::getenv("DHS_SEED") != nullptr) return;
@@ -651,7 +788,13 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.keeps_lost, 0u);
   EXPECT_GT(early, 0u);
   EXPECT_GT(regranted, 0u);
-  EXPECT_GT(slot_waits, 0u);  // a Wait sent while every request slot of the GPU was in use (slots, not pages, bind)
+  EXPECT_GT(slot_waits, 0u);
+  EXPECT_GT(fenced_with_copies, 0u);
+  EXPECT_GT(total.reregistrations, 0u);
+  EXPECT_GT(total.admissions_fenced, 0u);
+  EXPECT_GT(kept, 0u);
+  EXPECT_GT(total.host_pages_lost, 0u);
+  EXPECT_GT(lost_backups, 0u);  // a Wait sent while every request slot of the GPU was in use (slots, not pages, bind)
 }
 
 }  // namespace

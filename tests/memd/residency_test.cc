@@ -752,3 +752,91 @@ TEST_F(ContractTest, ContextLargerThanTheHostPoolIsRejectedAndWaitsForHostPages)
 
 }  // namespace
 }  // namespace dhs::memd
+
+namespace dhs::memd {
+namespace {
+
+// Issue 11: a fence while a reclaim's backups and a population copy are held in flight (the core's view of a worker
+// killed while the device's copy hook holds them). Request 1 keeps 4 history pages on GPU (no host copy) + 2 tail
+// pages; request 2 has 3 confirmed host pages being populated; request 3 queues and its deficit reclaims request 1.
+// One backup of request 1 reports ok, history page 1 is confirmed by HostCopyWritten while its backup is in flight,
+// pages 2 and 3 have only their backups in flight. After FenceGpu: nothing pinned, no order, request 3 rejected
+// UNAVAILABLE, request 1 keeps exactly history pages 0 and 1, request 2 keeps 0..2, and the GPU re-registers (epoch 2).
+TEST_F(ResidencyTest, FenceWithBackupAndPopulationHeldResolvesEveryOrder) {
+  Make(10, 0, 32);
+  const auto g1 = OfType<GrantOrder>(Admit(1, 1, 4, 6));
+  ASSERT_EQ(g1.size(), 1u);
+  ASSERT_EQ(g1[0].optional_pages.size(), 4u);
+  const auto g2 = OfType<GrantOrder>(Admit(2, 1, 0, 3));
+  ASSERT_EQ(g2.size(), 1u);
+  Written(2, {0, 1, 2});
+  const auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
+  ASSERT_EQ(pops.size(), 1u);
+  ASSERT_EQ(pops[0].gpu_pages.size(), 3u);
+  const auto rc = OfType<ReclaimOrder>(Admit(3, 4, 0));  // free 1, Δ = 3: reclaims request 1 (a_r = 4)
+  ASSERT_EQ(rc.size(), 1u);
+  ASSERT_EQ(rc[0].request, 1u);
+  ASSERT_EQ(rc[0].backup_pages.size(), 4u);
+  Do(mgr_->OnBackupComplete(rc[0].order, {{g1[0].optional_pages[0]}}, true));
+  Written(1, {1});  // confirmed while its backup is still in flight
+  EXPECT_EQ(mgr_->host().pinned(), 6u);  // 3 backups + 3 population copies held
+  EXPECT_EQ(mgr_->open_orders(), 2u);
+
+  auto o = Do(mgr_->FenceGpu(0));
+  const auto rejects = OfType<RejectOrder>(o);
+  ASSERT_EQ(rejects.size(), 1u);
+  EXPECT_EQ(rejects[0].request, 3u);
+  EXPECT_EQ(rejects[0].error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(o.size(), 1u);
+  EXPECT_EQ(mgr_->host().pinned(), 0u);
+  EXPECT_EQ(mgr_->open_orders(), 0u);
+  EXPECT_EQ(mgr_->copies_in_flight(), 0u);
+  EXPECT_EQ(mgr_->gpu_table(0), nullptr);
+  EXPECT_TRUE(mgr_->fenced(0));
+  EXPECT_EQ(mgr_->InterruptedHostPages(1),
+            (std::map<uint32_t, PageIndex>{{0, g1[0].host_pages[0]}, {1, g1[0].host_pages[1]}}));
+  EXPECT_EQ(mgr_->InterruptedHostPages(2), (std::map<uint32_t, PageIndex>{{0, g2[0].host_pages[0]},
+                                                                         {1, g2[0].host_pages[1]},
+                                                                         {2, g2[0].host_pages[2]}}));
+  EXPECT_EQ(mgr_->host().allocated(), 5u);
+  EXPECT_EQ(mgr_->host().reusable(), 27u);
+  EXPECT_EQ(mgr_->counters().host_pages_lost, 4u);  // history pages 2, 3 (backups unconfirmed), 4, 5 (tail)
+  EXPECT_EQ(Req(1).state, RequestState::kInterrupted);
+  EXPECT_EQ(Req(1).host_pages, 2u);
+  EXPECT_EQ(Req(1).slot, kNoSlot);
+  EXPECT_FALSE(Known(3));
+  const StateDump d = mgr_->Dump();
+  ASSERT_EQ(d.gpus.size(), 1u);
+  EXPECT_FALSE(d.gpus[0].up);
+  EXPECT_EQ(d.gpus[0].epoch, 1u);
+
+  // The dead worker's late reports name orders that no longer exist; its requests' host copies are fixed.
+  EXPECT_EQ(mgr_->OnBackupComplete(rc[0].order, {}, true).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->OnReadyPublish(pops[0].order, {}, true).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{2}}, {}, true).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(mgr_->FenceGpu(0).code(), absl::StatusCode::kNotFound);
+  AdmitRequest a;
+  a.request = 4;
+  a.required_pages = 1;
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(mgr_->DrainOrders().empty());
+  EXPECT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+
+  // A new worker: epoch 2, a fresh table, the interrupted requests listed; Complete releases their host pages.
+  Do(mgr_->RegisterGpu(0, 10));
+  EXPECT_EQ(mgr_->epoch(0), 2u);
+  EXPECT_EQ(mgr_->counters().reregistrations, 1u);
+  EXPECT_EQ(mgr_->InterruptedRequests(0), (std::vector<RequestId>{1, 2}));
+  EXPECT_EQ(mgr_->gpu_table(0)->free(), 10u);
+  EXPECT_EQ(OfType<GrantOrder>(Admit(5, 2, 0, 2)).size(), 1u);
+  for (RequestId r : {1, 2}) {
+    const auto acks = OfType<CompleteAckOrder>(Do(mgr_->Complete(r)));
+    ASSERT_EQ(acks.size(), 1u);
+    EXPECT_EQ(acks[0].released_pages, 0u);
+  }
+  EXPECT_EQ(mgr_->host().allocated(), 2u);  // request 5's context only
+  EXPECT_TRUE(mgr_->InterruptedRequests(0).empty());
+}
+
+}  // namespace
+}  // namespace dhs::memd

@@ -43,6 +43,8 @@ TEST_F(DumpTest, JsonViews) {
   EXPECT_EQ(gpus[0]["M_req"], 2);
   EXPECT_EQ(gpus[0]["M_opt"], 3);
   EXPECT_EQ(gpus[0]["M_res"], 2);
+  EXPECT_EQ(gpus[0]["up"], true);
+  EXPECT_EQ(gpus[0]["epoch"], 1);
   EXPECT_EQ(gpus[0]["free"], 5);
   EXPECT_EQ(gpus[0]["queued"], 1);
   auto r1 = DumpToJson(dump_, *ParseDumpView("request 1"));
@@ -75,8 +77,8 @@ TEST_F(DumpTest, JsonViews) {
 TEST_F(DumpTest, TableViews) {
   const std::string gpus = DumpToTable(dump_, *ParseDumpView("gpus"));
   EXPECT_EQ(gpus,
-            "GPU        M   M_req   M_opt   M_res    free pending   ready  queued reclaim\n"
-            "0         10       2       3       2       5       0       3       1       0\n");
+            "GPU        M   M_req   M_opt   M_res    free pending   ready  queued reclaim STATE  EPOCH\n"
+            "0         10       2       3       2       5       0       3       1       0 up         1\n");
   const std::string reqs = DumpToTable(dump_, *ParseDumpView("requests"));
   EXPECT_NE(reqs.find("1           0     0 admitted       2     3       0/3     0     0\n"), std::string::npos) << reqs;
   EXPECT_NE(reqs.find("2           0     - queued         7     0       0/0     0    -1\n"), std::string::npos) << reqs;
@@ -93,6 +95,8 @@ TEST_F(DumpTest, Prometheus) {
   EXPECT_NE(text.find("dhs_memd_gpu_pages{gpu=\"0\",kind=\"required\"} 2\n"), std::string::npos) << text;
   EXPECT_NE(text.find("dhs_memd_gpu_pages{gpu=\"0\",kind=\"optional\"} 3\n"), std::string::npos);
   EXPECT_NE(text.find("dhs_memd_gpu_pages{gpu=\"0\",kind=\"free\"} 5\n"), std::string::npos);
+  EXPECT_NE(text.find("dhs_memd_gpu_up{gpu=\"0\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("dhs_memd_gpu_epoch{gpu=\"0\"} 1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("dhs_memd_queued_admissions{gpu=\"0\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("dhs_memd_grants_total 1\n"), std::string::npos);
   EXPECT_NE(text.find("dhs_memd_waits_total 1\n"), std::string::npos);

@@ -448,6 +448,20 @@ TEST(LivePlan, SessionsFromFreeReclaimableSlotsAndHost) {
   EXPECT_EQ(LiveStateFromStatusJson("{\"gpus\": []}").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A fenced GPU (issue 11: its worker died or hung) admits nothing: the live plan leaves it out; an up one is read.
+TEST(LivePlan, FencedGpusAreLeftOut) {
+  const std::string up = R"({"gpu": 1, "up": true, "epoch": 2, "M": 100, "M_res": 0, "free": 100, "reclaimable": 0,
+      "reclaiming": 0, "slots": 4, "slots_used": 0, "queued": 0, "queued_required": 0, "queued_host": 0})";
+  const std::string fenced = R"({"gpu": 0, "up": false, "epoch": 1, "M": 0, "M_res": 0, "free": 0, "reclaimable": 0,
+      "reclaiming": 0, "slots": 0, "slots_used": 0, "queued": 0, "queued_required": 0, "queued_host": 0})";
+  auto s = LiveStateFromStatusJson(R"({"host": {"page_bytes": 4096, "reusable": 10}, "gpus": [)" + fenced + "," + up +
+                                   "]}");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->gpus.size(), 1u);
+  EXPECT_EQ(s->gpus[0].gpu, 1u);
+  EXPECT_EQ(s->gpus[0].pages, 100u);
+}
+
 TEST(DhsctlPlan, Errors) {
   auto [rc, out] = RunDhsctl("plan --preset glm5-like --context 0");
   EXPECT_EQ(rc, 2);

@@ -448,6 +448,7 @@ absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text) {
     return absl::InvalidArgumentError("memd's status: \"gpus\" missing");
   }
   for (const nlohmann::json& g : j["gpus"]) {
+    if (g.is_object() && g.contains("up") && g["up"] == false) continue;  // fenced (issue 11): admits nothing
     LiveGpu lg;
     uint64_t id = 0;
     const std::pair<const char*, uint64_t*> fields[] = {

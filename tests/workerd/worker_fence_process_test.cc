@@ -1,0 +1,313 @@
+// tests/workerd/worker_fence_process_test.cc: liveness and fencing (issue 11) with the real `memd`, `workerd` and
+// `dhsctl` executables over ipc:// in a private run directory. Faults are real signals to real processes:
+// - SIGKILL a worker mid-decode: memd fences its GPU within its worker timeout (the socket monitor sees the closed
+//   connection at once); nothing is pinned, no slot or page of the GPU is counted; a new worker registers as epoch 2,
+//   ends the interrupted requests (their host pages return) and serves new requests whose tokens and logits digests
+//   equal the model run alone.
+// - SIGSTOP a worker: fenced within the timeout; after SIGCONT it learns its epoch ended before it acts on anything
+//   memd sent, ends its request with an error to the client, sends memd nothing (no message of it is refused) and
+//   exits 75 (kExitEpochEnded) for a supervisor to restart it; the restarted worker is epoch 2 and serves.
+// - SIGKILL memd under a running worker and start a new memd: the worker ends its request with an error and exits
+//   75 within its memd timeout (it never hangs); restarted, it says Hello to the new memd and serves.
+// memd's view is read with `dhsctl --json` (the operator's view). Times are printed, never asserted below a bound.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/host_pool.h"
+#include "common/protocol.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/test_util.h"
+#include "tests/workerd/worker_test_util.h"
+
+namespace dhs::test {
+namespace {
+
+using dhs::testing::ChildProcess;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kPageRows = 16;
+constexpr int kExitEpochEnded = 75;  // workerd/worker_process.h
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One node: memd + workerd of GPU 0 (adaptive, glm5-like), with the default liveness timeouts given explicitly
+// (memd: worker timeout 3 s, ZMTP heartbeats every second; workerd: memd timeout 2 s).
+class Node {
+ public:
+  explicit Node(const std::string& run_dir) : run_dir_(run_dir), model_(MakePresetModel("glm5-like", 3)) {
+    page_bytes_ = uint64_t{kPageRows} * model_->config().row_bytes() * model_->config().n_sources();
+  }
+  static bool Available() {
+    for (const char* v : {"MEMD", "WORKERD", "DHSCTL"}) {
+      if (std::getenv(v) == nullptr || !std::filesystem::exists(std::getenv(v))) return false;
+    }
+    return true;
+  }
+  std::unique_ptr<ChildProcess> StartMemd(const std::string& log) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{std::getenv("MEMD"), "--run-dir", run_dir_, "--page-bytes",
+                                 std::to_string(page_bytes_), "--host-pool-pages", "2048", "--worker-timeout-ms",
+                                 "3000", "--zmq-heartbeat-ms", "1000", "--log-level", "info"},
+        Log(log));
+  }
+  std::unique_ptr<ChildProcess> StartWorker(const std::string& log) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", "0", "--mode", "adaptive",
+                                 "--preset", "glm5-like", "--seed", "3", "--page-rows", std::to_string(kPageRows),
+                                 "--tail-rows", "32", "--slots", "2", "--hbm-budget", std::to_string(200 * page_bytes_),
+                                 "--memd-timeout-ms", "2000", "--log-level", "info"},
+        Log(log));
+  }
+  std::string Log(const std::string& name) const { return run_dir_ + "/" + name + ".log"; }
+  std::string Logs() const {
+    std::string out;
+    for (const auto& e : std::filesystem::directory_iterator(run_dir_)) {
+      if (e.path().extension() == ".log") out += "\n" + e.path().string() + ":\n" + ReadFile(e.path().string());
+    }
+    return out;
+  }
+  // `dhsctl --json VIEW`; null when dhsctl failed.
+  json Dhsctl(const std::string& view) const {
+    const std::string cmd = std::string(std::getenv("DHSCTL")) + " --run-dir " + run_dir_ + " --json " + view +
+                            " 2>/dev/null";
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    const int status = pclose(f);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return json();
+    return json::parse(out, nullptr, false);
+  }
+  json Gpu0() const {
+    for (const json& g : Dhsctl("gpus")) {
+      if (g["gpu"] == 0) return g;
+    }
+    return json();
+  }
+  // Polls dhsctl until GPU 0 is up == `up` (with `epoch`, when > 0); returns its entry (null on timeout).
+  json WaitGpu0(bool up, int epoch = 0, int timeout_ms = 20000) const {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (Clock::now() < deadline) {
+      json g = Gpu0();
+      if (!g.is_null() && g["up"] == up && (epoch == 0 || g["epoch"] == epoch)) return g;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return json();
+  }
+  std::unique_ptr<DealerClient> Client() const {
+    auto c = DealerClient::Connect(IpcEndpoint(run_dir_, "worker-0"));
+    EXPECT_TRUE(c.ok());
+    if (!c.ok()) return nullptr;
+    EXPECT_TRUE((*c)->WaitPeerConnected(true, std::chrono::milliseconds(15000))) << "no worker" << Logs();
+    return std::move(*c);
+  }
+  static void Submit(DealerClient& c, RequestId id, uint32_t salt, uint32_t max_new) {
+    wire::SubmitRequestT s;
+    s.request = id;
+    s.prompt = Prompt(40, salt);
+    s.max_new_tokens = max_new;
+    ASSERT_TRUE(c.Send(EncodeSubmitRequest(s, id + 1, "replay")).ok());
+  }
+  // Reads chunks of request `id` until it finished or `timeout_ms` passed.
+  struct Outcome {
+    Generated got;
+    bool finished = false;
+    wire::ErrorCode error = wire::ErrorCode::OK;
+    std::string message;
+  };
+  static Outcome Read(DealerClient& c, RequestId id, int timeout_ms, size_t stop_after_tokens = SIZE_MAX) {
+    Outcome o;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!o.finished && Clock::now() < deadline && o.got.tokens.size() < stop_after_tokens) {
+      auto r = c.Receive(std::chrono::milliseconds(10));
+      if (!r.ok()) continue;
+      auto m = DecodeEnvelope(*r);
+      if (!m.ok() || m->type != wire::Body::TokenChunk) continue;
+      auto chunk = ReadTokenChunk(*m);
+      if (chunk->request != id) continue;
+      for (uint8_t t : chunk->tokens) o.got.tokens.push_back(t);
+      for (uint64_t d : chunk->logits_digests) o.got.digests.push_back(d);
+      o.finished = chunk->finished;
+      if (chunk->error != wire::ErrorCode::OK) {
+        o.error = chunk->error;
+        o.message = chunk->error_message;
+      }
+    }
+    return o;
+  }
+  Generated Oracle(uint32_t salt, uint32_t max_new) const {
+    const std::vector<uint8_t> p = Prompt(40, salt);
+    return test::Oracle(*model_, std::vector<model::Token>(p.begin(), p.end()), max_new);
+  }
+  // A fresh worker serves a request exactly as the model alone would.
+  void ExpectServesExactly(RequestId id, uint32_t salt) {
+    auto c = Client();
+    ASSERT_TRUE(c);
+    Submit(*c, id, salt, 6);
+    const Outcome o = Read(*c, id, 30000);
+    ASSERT_TRUE(o.finished) << Logs();
+    EXPECT_EQ(o.error, wire::ErrorCode::OK) << o.message << Logs();
+    const Generated want = Oracle(salt, 6);
+    EXPECT_EQ(o.got.tokens, want.tokens) << Logs();
+    EXPECT_EQ(o.got.digests, want.digests);
+  }
+
+ private:
+  std::string run_dir_;
+  std::unique_ptr<model::Model> model_;
+  uint64_t page_bytes_ = 0;
+};
+
+// Starts a request of 30000 tokens and waits until it streams; returns its client.
+std::unique_ptr<DealerClient> StartStreaming(Node& node, RequestId id) {
+  auto c = node.Client();
+  if (!c) return nullptr;
+  Node::Submit(*c, id, 9, 30000);  // decodes for seconds (~3000 tokens/s here): the faults come mid-decode
+  const Node::Outcome o = Node::Read(*c, id, 30000, 2);
+  EXPECT_GE(o.got.tokens.size(), 2u) << "request " << id << " never streamed" << node.Logs();
+  EXPECT_FALSE(o.finished) << o.message;
+  return c;
+}
+
+TEST(WorkerFence, KilledWorkerIsFencedAndARestartedWorkerIsEpoch2AndServesExactly) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  if (!Node::Available()) GTEST_SKIP() << "no memd / workerd / dhsctl executable";
+  Node node(dir.path());
+  auto memd = node.StartMemd("memd");
+  auto worker = node.StartWorker("workerd-1");
+  auto c = StartStreaming(node, 5);
+  ASSERT_TRUE(c);
+  const json before = node.Gpu0();
+  ASSERT_EQ(before["up"], true) << before.dump();
+  EXPECT_EQ(before["epoch"], 1);
+  EXPECT_GT(before["M_req"], 0) << "the request holds pages while it decodes";
+  const auto killed = Clock::now();
+  worker.reset();  // SIGKILL mid-decode
+  const json fenced = node.WaitGpu0(false, 1);
+  const double fence_s = Since(killed);
+  std::printf("SIGKILL -> GPU 0 fenced in %.3f s (worker timeout 3 s)\n", fence_s);
+  ASSERT_FALSE(fenced.is_null()) << "never fenced" << node.Logs();
+  EXPECT_LT(fence_s, 3.0 + 1.0) << "fenced later than the worker timeout (plus a second of dhsctl polls)";
+  EXPECT_EQ(fenced["M"], 0);  // no page accounting of the dead worker's GPU
+  EXPECT_EQ(fenced["slots_used"], 0);
+  const json status = node.Dhsctl("status");
+  EXPECT_EQ(status["host"]["pinned"], 0) << status.dump();
+  const json req = node.Dhsctl("request 5");  // node id of client id 5 on GPU 0, epoch 1: 5
+  EXPECT_EQ(req["state"], "interrupted") << req.dump();
+  EXPECT_EQ(status["host"]["allocated"], req["host_pages"]) << "only the interrupted request's confirmed copies";
+
+  auto restarted = node.StartWorker("workerd-2");
+  const json up = node.WaitGpu0(true, 2);
+  ASSERT_FALSE(up.is_null()) << node.Logs();
+  // The new worker ended the interrupted request: every page and host page is free again.
+  for (int i = 0; i < 500 && !node.Dhsctl("request 5").is_null(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(node.Dhsctl("request 5").is_null()) << "the interrupted request was never ended" << node.Logs();
+  EXPECT_EQ(node.Dhsctl("status")["host"]["allocated"], 0);
+  EXPECT_EQ(node.Gpu0()["free"], node.Gpu0()["M"]);
+  node.ExpectServesExactly(5, 11);  // client id 5 again: node id (epoch 2) differs from the interrupted one's
+  EXPECT_NE(ReadFile(node.Log("memd")).find("GPU 0 fenced"), std::string::npos) << node.Logs();
+  EXPECT_EQ(restarted->Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
+}
+
+TEST(WorkerFence, StoppedWorkerIsFencedAndAfterContinueEndsItsEpochWithoutActingOnStaleGrants) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  if (!Node::Available()) GTEST_SKIP() << "no memd / workerd / dhsctl executable";
+  Node node(dir.path());
+  auto memd = node.StartMemd("memd");
+  auto w = node.StartWorker("workerd-1");
+  auto c = StartStreaming(node, 7);
+  ASSERT_TRUE(c);
+  const auto stopped = Clock::now();
+  ASSERT_EQ(w->Signal(SIGSTOP), 0);
+  const json fenced = node.WaitGpu0(false, 1);
+  const double fence_s = Since(stopped);
+  std::printf("SIGSTOP -> GPU 0 fenced in %.3f s (worker timeout 3 s)\n", fence_s);
+  ASSERT_FALSE(fenced.is_null()) << node.Logs();
+  EXPECT_GE(fence_s, 0.3) << "fenced before any timeout could pass";
+  EXPECT_EQ(node.Dhsctl("request 7")["state"], "interrupted");
+  ASSERT_EQ(w->Signal(SIGCONT), 0);
+  const auto continued = Clock::now();
+  const Node::Outcome o = Node::Read(*c, 7, 20000);  // read while it ends: its stream must not overflow
+  EXPECT_EQ(w->WaitExit(20000), kExitEpochEnded) << node.Logs();
+  std::printf("SIGCONT -> worker exited %d in %.3f s\n", kExitEpochEnded, Since(continued));
+  EXPECT_TRUE(o.finished) << "the client was never told" << node.Logs();
+  EXPECT_EQ(o.error, wire::ErrorCode::UNAVAILABLE) << o.message;
+  EXPECT_NE(o.message.find("epoch ended"), std::string::npos) << o.message;
+  EXPECT_NE(ReadFile(node.Log("workerd-1")).find("exiting with code 75"), std::string::npos) << node.Logs();
+  // Nothing the stopped worker sent after SIGCONT reached memd's state: memd refused no message as "fenced".
+  EXPECT_EQ(ReadFile(node.Log("memd")).find("from the fenced worker"), std::string::npos) << node.Logs();
+
+  auto restarted = node.StartWorker("workerd-2");
+  ASSERT_FALSE(node.WaitGpu0(true, 2).is_null()) << node.Logs();
+  node.ExpectServesExactly(8, 12);
+  EXPECT_EQ(restarted->Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
+}
+
+// memd dies and stays down: the worker hears nothing for its memd timeout and ends its epoch ("memd lost"). memd
+// restarted at once under a running worker: the worker's next heartbeat reaches the new memd, which refuses it (no
+// Hello from this worker in this memd), and the worker ends its epoch the same way. Each time a restarted worker says
+// Hello to the new memd (epoch 1 there) and serves exactly.
+TEST(WorkerFence, KilledMemdEndsTheWorkersEpochAndARestartedWorkerServesTheNewMemd) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  if (!Node::Available()) GTEST_SKIP() << "no memd / workerd / dhsctl executable";
+  Node node(dir.path());
+  auto memd = node.StartMemd("memd-1");
+  auto w = node.StartWorker("workerd-1");
+  const std::pair<const char*, bool> cases[] = {{"memd lost", false}, {"said no Hello to this memd", true}};
+  int generation = 1;
+  for (const auto& [why, restart_at_once] : cases) {
+    SCOPED_TRACE(why);
+    const RequestId id = 20 + generation;
+    auto c = StartStreaming(node, id);
+    ASSERT_TRUE(c);
+    const int old_pid = memd->pid();
+    const auto killed = Clock::now();
+    memd.reset();  // SIGKILL
+    EXPECT_TRUE(HostPoolSegment::Remove("dhs-memd-" + std::to_string(old_pid)).ok());  // its own cleanup skipped
+    ++generation;
+    if (restart_at_once) memd = node.StartMemd("memd-" + std::to_string(generation));
+    const Node::Outcome o = Node::Read(*c, id, 20000);  // it keeps decoding until its epoch ends: read as it streams
+    const double ended_s = Since(killed);
+    EXPECT_EQ(w->WaitExit(20000), kExitEpochEnded) << node.Logs();
+    std::printf("memd SIGKILL%s -> request ended after %.3f s, worker exited %d after %.3f s (memd timeout 2 s)\n",
+                restart_at_once ? " + new memd" : "", ended_s, kExitEpochEnded, Since(killed));
+    EXPECT_TRUE(o.finished) << node.Logs();
+    EXPECT_EQ(o.error, wire::ErrorCode::UNAVAILABLE) << o.message;
+    EXPECT_NE(o.message.find(why), std::string::npos) << o.message;
+    if (!restart_at_once) memd = node.StartMemd("memd-" + std::to_string(generation));
+    w = node.StartWorker("workerd-" + std::to_string(generation));
+    ASSERT_FALSE(node.WaitGpu0(true, 1).is_null()) << node.Logs();  // the new memd: epoch 1
+    node.ExpectServesExactly(id + 10, 13 + generation);
+  }
+  EXPECT_EQ(w->Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
+}
+
+}  // namespace
+}  // namespace dhs::test
