@@ -2,7 +2,8 @@
 // M pages each registered by fake workers (Hello) and a few requests admitted on every GPU. Prints, per setup:
 // - idle CPU: CPU seconds of this process (the daemon loop, its ZeroMQ threads; the clients are idle) over a few
 //   seconds of idle ticks, as a share of one core;
-// - the admission grant round trip (AdmitRequest -> AdmitGrant) p50/p99 over ipc://, while the GPUs are registered;
+// - the admission grant round trip (AdmitRequest -> AdmitGrant) p50/p99 over ipc://, while the GPUs are registered,
+//   alone and while another client asks the `status` view in a loop;
 // - every dhsctl view (text and JSON, exactly the IntrospectQuery dhsctl sends): the median time of a few queries
 //   and the reply size in bytes, or the error memd or the transport answered.
 // Asserts nothing about time (no timed tests); the figures go to memd/README.md, "Introspection at scale".
@@ -159,6 +160,35 @@ void MeasureView(dhs::DealerClient& cli, View view, dhs::wire::IntrospectFormat 
               format == dhs::wire::IntrospectFormat::Json ? "json" : "text", Percentile(ms, 0.5), outcome.c_str());
 }
 
+// `grants` admissions (+ completions) on GPU 0; with `busy`, another client asks the `status` view (text) in a loop
+// meanwhile, as a `dhsctl watch` or replay's sampling does: a view that stalls the loop shows in the grants' tail.
+void MeasureGrants(dhs::DealerClient& w, const std::string& endpoint, int grants, bool busy, dhs::RequestId& next,
+                   uint64_t& seq) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> views{0};
+  std::thread asker([&] {
+    if (!busy) return;
+    auto cli = std::move(*dhs::DealerClient::Connect(endpoint));
+    dhs::wire::IntrospectQueryT q;
+    q.what = dhs::wire::IntrospectWhat::Status;
+    q.format = dhs::wire::IntrospectFormat::Text;
+    for (uint64_t s = 1; !stop.load(); ++s) {
+      if (cli->Request(dhs::EncodeIntrospectQuery(q, s, "dhsctl"), std::chrono::seconds(60)).ok()) ++views;
+    }
+  });
+  std::vector<double> rtt;
+  for (int i = 0; i < grants; ++i) {
+    const dhs::RequestId id = next++;
+    rtt.push_back(Admit(w, 0, id, seq));
+    Complete(w, 0, id, seq);
+  }
+  stop = true;
+  asker.join();
+  std::printf("  grant round trip%s: p50 %.1f us, p99 %.1f us, max %.1f us (%d grants%s)\n",
+              busy ? " while a client asks `status` in a loop" : "", Percentile(rtt, 0.5), Percentile(rtt, 0.99),
+              Percentile(rtt, 1.0), grants, busy ? absl::StrFormat(", %d views answered", views.load()).c_str() : "");
+}
+
 void RunSetup(const Setup& s, double idle_s, int grants) {
   char tmpl[] = "/tmp/memd_bench_intro_XXXXXX";
   Require(mkdtemp(tmpl) != nullptr, "mkdtemp");
@@ -191,14 +221,8 @@ void RunSetup(const Setup& s, double idle_s, int grants) {
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("  idle CPU: %.4f CPU s over %.2f s = %.2f%% of a core\n", CpuSeconds() - cpu0, wall,
               100 * (CpuSeconds() - cpu0) / wall);
-  std::vector<double> rtt;
-  for (int i = 0; i < grants; ++i) {
-    const dhs::RequestId id = next++;
-    rtt.push_back(Admit(*workers[0], 0, id, seq));
-    Complete(*workers[0], 0, id, seq);
-  }
-  std::printf("  grant round trip: p50 %.1f us, p99 %.1f us (%d grants)\n", Percentile(rtt, 0.5),
-              Percentile(rtt, 0.99), grants);
+  MeasureGrants(*workers[0], endpoint, grants, /*busy=*/false, next, seq);
+  MeasureGrants(*workers[0], endpoint, grants, /*busy=*/true, next, seq);
   auto cli = std::move(*dhs::DealerClient::Connect(endpoint));
   for (const View& v : Views(s.pages)) {
     for (auto f : {dhs::wire::IntrospectFormat::Text, dhs::wire::IntrospectFormat::Json}) MeasureView(*cli, v, f, seq);
