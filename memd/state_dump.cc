@@ -152,8 +152,8 @@ std::string PagesTable(const GpuDump& g, const DumpView& view) {
   }
   const uint64_t next = NextPage(g, view);
   if (next < g.pages) {
-    absl::StrAppendFormat(&out, "... pages %d..%d of GPU %d not shown (M = %d): ask with from %d%s\n", next,
-                          g.pages - 1, g.gpu, g.pages, next, view.runs ? "" : " or runs");
+    absl::StrAppendFormat(&out, "... pages %d..%d of GPU %d not shown (M = %d): --from %d for the next rows%s\n",
+                          next, g.pages - 1, g.gpu, g.pages, next, view.runs ? "" : ", --runs for runs of pages");
   }
   return out;
 }

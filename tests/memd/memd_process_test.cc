@@ -859,7 +859,8 @@ TEST_F(MemdProcess, DhsctlPagesAtRealScale) {
   auto [rc, table] = Dhsctl("pages 1");
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1000 + 1) << table.substr(0, 200);
-  EXPECT_TRUE(table.ends_with("... pages 1000..2499999 of GPU 1 not shown (M = 2500000): ask with from 1000 or runs\n"))
+  EXPECT_TRUE(table.ends_with("... pages 1000..2499999 of GPU 1 not shown (M = 2500000): --from 1000 for the next "
+                              "rows, --runs for runs of pages\n"))
       << table.substr(table.size() - 200);
   json runs = DhsctlJson("pages 1 --runs");
   EXPECT_EQ(runs["runs"], (json{{{"first", 0}, {"count", 3}, {"state", "required"}, {"owner", 5}},

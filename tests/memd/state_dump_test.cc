@@ -125,7 +125,7 @@ TEST_F(DumpTest, PagesFromAndCount) {
             "4      optional-ready   1       \n"
             "5      free             -       \n"
             "6      free             -       \n"
-            "... pages 7..9 of GPU 0 not shown (M = 10): ask with from 7 or runs\n");
+            "... pages 7..9 of GPU 0 not shown (M = 10): --from 7 for the next rows, --runs for runs of pages\n");
   const DumpView tail = *ParseDumpView("pages 0 from 8");  // the last rows: no "not shown" line, next null
   auto t = DumpToJson(mgr_->Dump(DumpScopeOf(tail)), tail);
   ASSERT_EQ(t["pages"].size(), 2u);
@@ -199,10 +199,13 @@ TEST(DumpAtScale, EveryViewIsBoundedAtEightGpusOf2500000Pages) {
   EXPECT_EQ(g[7]["M_opt"], 12);
   EXPECT_EQ(g[7]["free"], kM - 20);
   // pages: 1000 rows by default (header + rows + the "not shown" line), 65536 at most.
-  const std::string trailer = "... pages 1000..2499999 of GPU 5 not shown (M = 2500000): ask with from 1000 or runs\n";
+  const std::string trailer =
+      "... pages 1000..2499999 of GPU 5 not shown (M = 2500000): --from 1000 for the next rows, --runs for runs of "
+      "pages\n";
   EXPECT_EQ(size_of("pages 5", &json_bytes), 33u + 1000 * 33 + trailer.size());  // rows of 6 + 16 + 8 columns
   const DumpView first = *ParseDumpView("pages 5");
-  EXPECT_TRUE(DumpToTable(mgr->Dump(DumpScopeOf(first)), first).ends_with("999    free             -       \n" + trailer));
+  const std::string table = DumpToTable(mgr->Dump(DumpScopeOf(first)), first);
+  EXPECT_TRUE(table.ends_with("999    free             -       \n" + trailer)) << table.substr(table.size() - 200);
   EXPECT_LT(json_bytes, 100'000u);
   EXPECT_LT(size_of("pages 5 count 65536"), 65537u * 40);
   const DumpView last = *ParseDumpView("pages 5 from 2499990");
