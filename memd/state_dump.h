@@ -90,7 +90,7 @@ struct HostDump {
 enum class DumpDetail : uint8_t { kFull = 0, kCounts = 1 };
 
 // Bounds of the `pages GPU` view (issue 12: an H200 has ~2.5M pages, a node 8 GPUs): rows per reply (pages, or runs
-// with --runs) by default and at most. A reply of kMaxPageRows rows is about 2 MiB of text, 8 MiB of JSON.
+// with --runs) by default and at most. A reply of kMaxPageRows rows is about 2.2 MB of text, 5 MB of JSON.
 inline constexpr uint32_t kDefaultPageRows = 1000;
 inline constexpr uint32_t kMaxPageRows = 65536;
 
