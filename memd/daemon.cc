@@ -42,6 +42,9 @@ DumpView ViewOf(const wire::IntrospectQueryT& q) {
   }
   v.request = q.request;
   v.gpu = q.gpu;
+  v.from = q.page_from;
+  v.count = q.page_count == 0 ? kDefaultPageRows : q.page_count;
+  v.runs = q.page_runs;
   return v;
 }
 
@@ -460,17 +463,28 @@ absl::StatusOr<std::string> Daemon::OnComplete(const Message& m, std::string_vie
 absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   auto q = ReadIntrospectQuery(m);
   if (!q.ok()) return q.status();
-  // Unknown ids are answered before the dump is built (it copies every page of every GPU).
   if (q->what == wire::IntrospectWhat::Request && !core_->GpuOfRequest(q->request)) {
     return absl::NotFoundError(absl::StrFormat("request %d not found", q->request));
   }
-  if (q->what == wire::IntrospectWhat::Pages && core_->gpu_table(q->gpu) == nullptr) {
-    return absl::NotFoundError(core_->fenced(q->gpu)
-                                   ? absl::StrFormat("GPU %d is fenced: no page table until its worker says Hello", q->gpu)
-                                   : absl::StrFormat("GPU %d not found", q->gpu));
+  if (q->what == wire::IntrospectWhat::Pages) {
+    const GpuPageTable* table = core_->gpu_table(q->gpu);
+    if (table == nullptr) {
+      return absl::NotFoundError(core_->fenced(q->gpu)
+                                     ? absl::StrFormat("GPU %d is fenced: no page table until its worker says Hello", q->gpu)
+                                     : absl::StrFormat("GPU %d not found", q->gpu));
+    }
+    if (q->page_from >= table->pages()) {
+      return absl::OutOfRangeError(absl::StrFormat("pages: from %d is beyond the last page %d of GPU %d (M = %d)",
+                                                   q->page_from, table->pages() - 1, q->gpu, table->pages()));
+    }
+    if (q->page_count > kMaxPageRows) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pages: count %d is above the %d rows a reply holds", q->page_count, kMaxPageRows));
+    }
   }
-  const StateDump dump = core_->Dump();
+  // Only what the view shows is dumped: the counts, and the requests or the bounded page rows it asks for.
   const DumpView view = ViewOf(*q);
+  const StateDump dump = core_->Dump(DumpScopeOf(view));
   wire::IntrospectReplyT reply;
   reply.what = q->what;
   reply.format = q->format;

@@ -5,9 +5,10 @@
 // verified (common Server: a bad message gets an ErrorReply and the loop keeps serving), mapped to one core event,
 // then the core's orders are drained and sent to the owning worker (the ROUTER peer that sent that GPU's Hello).
 // A periodic tick calls Populate() and, less often, RetryBackups(). dhsctl's IntrospectQuery is answered with the
-// shared renderers DumpToJson / DumpToTable. On every tick the Prometheus text (from a counts-only dump, O(GPUs): a
-// full dump is O(M) and would stall the loop) is published to a mutex-guarded snapshot (metrics()) that the HTTP
-// thread reads.
+// shared renderers DumpToJson / DumpToTable, from a dump of only what the view shows (DumpScopeOf: the `pages` view at
+// most kMaxPageRows rows; a `from` at or past M is OUT_OF_RANGE, a count above it INVALID_ARGUMENT). On every tick the
+// Prometheus text (from a counts-only dump, O(GPUs): a full dump is O(M) and would stall the loop) is published to a
+// mutex-guarded snapshot (metrics()) that the HTTP thread reads.
 //
 // The daemon makes no residency decision: each inbound message is decoded and checked for its wire form (a Hello's
 // page size, the peer that registered the GPU, HostPageRef segments, rows -> pages), mapped to one core event, and

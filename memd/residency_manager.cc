@@ -1094,13 +1094,54 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Page rows of `t` for the `pages` view: at most scope.page_count pages from scope.page_from, or as many maximal runs
+// of one state and owner (the scan stops at the page that would start one run too many, or at M).
+void FillPageRows(const GpuPageTable& t, const DumpScope& scope, GpuDump& gd) {
+  gd.page_from = scope.page_from;
+  const PageIndex m = t.pages();
+  if (!scope.page_runs) {
+    const PageIndex end = scope.page_from >= m ? m : scope.page_from + std::min(scope.page_count, m - scope.page_from);
+    for (PageIndex p = scope.page_from; p < end; ++p) {
+      gd.page_states.push_back(t.state(p));
+      gd.page_owners.push_back(t.owner(p));
+    }
+    return;
+  }
+  for (PageIndex p = scope.page_from; p < m; ++p) {
+    PageRun* last = gd.page_runs.empty() ? nullptr : &gd.page_runs.back();
+    if (last && last->state == t.state(p) && last->owner == t.owner(p)) {
+      ++last->count;
+      continue;
+    }
+    if (gd.page_runs.size() == scope.page_count) break;
+    gd.page_runs.push_back(PageRun{p, 1, t.state(p), t.owner(p)});
+  }
+}
+
+}  // namespace
+
 StateDump ResidencyManager::Dump(DumpDetail detail) const {
+  DumpScope scope;
+  scope.all_requests = detail == DumpDetail::kFull;
+  StateDump d = Dump(scope);
+  for (GpuDump& gd : d.gpus) {
+    if (!scope.all_requests) break;
+    if (!gd.up) continue;  // fenced: no page table
+    DumpScope pages;
+    pages.page_gpu = gd.gpu;
+    pages.page_count = gd.pages;
+    FillPageRows(gpus_.at(gd.gpu).table, pages, gd);
+  }
+  return d;
+}
+
+StateDump ResidencyManager::Dump(const DumpScope& scope) const {
   StateDump d;
   d.policy = std::string(policy_->name());
   d.now_us = clock_();
   d.request_count = requests_.size();
-  const bool full = detail == DumpDetail::kFull;
-  std::map<RequestId, int32_t> rank;
   for (const auto& [gid, g] : gpus_) {
     GpuDump gd;
     const GpuPageTable& t = g.table;
@@ -1124,15 +1165,8 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
       gd.queued_required_pages += r.required_count;
       gd.queued_host_pages += r.context_pages;
     }
-    for (PageIndex p = 0; full && p < t.pages(); ++p) {
-      gd.page_states.push_back(t.state(p));
-      gd.page_owners.push_back(t.owner(p));
-    }
+    if (scope.page_gpu == gid) FillPageRows(t, scope, gd);
     d.gpus.push_back(std::move(gd));
-    if (!full) continue;
-    std::vector<ReclaimCandidate> c = Candidates(gid, false);
-    policy_->Order(c);
-    for (size_t i = 0; i < c.size(); ++i) rank[c[i].request] = static_cast<int32_t>(i);
   }
   for (const auto& [gid, epoch] : epochs_) {  // fenced GPUs: no page accounting until a new Hello
     if (gpus_.contains(gid)) continue;
@@ -1143,29 +1177,51 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
     d.gpus.push_back(std::move(gd));
   }
   std::sort(d.gpus.begin(), d.gpus.end(), [](const GpuDump& a, const GpuDump& b) { return a.gpu < b.gpu; });
-  for (auto req = full ? requests_.begin() : requests_.end(); req != requests_.end(); ++req) {
-    const auto& [id, r] = *req;
-    RequestDump rd;
-    rd.request = id;
-    rd.gpu = r.gpu;
-    rd.slot = r.slot;
-    rd.state = r.state;
-    rd.required_pages = r.state == RequestState::kQueued ? r.required_count : static_cast<uint32_t>(r.required.size());
-    rd.optional_pages = r.optional;
-    rd.history_pages = static_cast<uint32_t>(r.state == RequestState::kQueued ? r.imported_pages : r.history.size());
-    for (const HistoryPage& hp : r.history) {
-      // A host copy, or covered by the worker's tail until written (kLost: neither, the request was interrupted).
-      rd.host_pages += hp.state != HistoryState::kGpu && hp.state != HistoryState::kLost;
-      rd.tail_pages += hp.state == HistoryState::kHostPending || hp.state == HistoryState::kGpuDeferred;
-    }
-    rd.admitted_at_us = r.time_us;
-    auto it = rank.find(id);
-    rd.reclaim_rank = it == rank.end() ? -1 : it->second;
-    d.requests.push_back(rd);
+  if (scope.all_requests) {
+    for (const auto& [id, r] : requests_) d.requests.push_back(RequestDumpOf(r));
+  } else if (scope.request.has_value()) {
+    auto it = requests_.find(*scope.request);
+    if (it != requests_.end()) d.requests.push_back(RequestDumpOf(it->second));
   }
+  AddReclaimRanks(d.requests);
   d.host = HostDump{host_.pages(), host_.page_bytes(), host_.reusable(), host_.allocated(), host_.pinned(),
                     host_.freed_pinned()};
   return d;
+}
+
+// The reclaim rank of every request in `requests`: its place in the policy's order of its GPU's candidates (only the
+// GPUs those requests are on are ordered).
+void ResidencyManager::AddReclaimRanks(std::vector<RequestDump>& requests) const {
+  std::set<GpuId> gpus;
+  for (const RequestDump& rd : requests) gpus.insert(rd.gpu);
+  std::map<RequestId, int32_t> rank;
+  for (GpuId gid : gpus) {
+    std::vector<ReclaimCandidate> c = Candidates(gid, false);
+    policy_->Order(c);
+    for (size_t i = 0; i < c.size(); ++i) rank[c[i].request] = static_cast<int32_t>(i);
+  }
+  for (RequestDump& rd : requests) {
+    auto it = rank.find(rd.request);
+    rd.reclaim_rank = it == rank.end() ? -1 : it->second;
+  }
+}
+
+RequestDump ResidencyManager::RequestDumpOf(const Request& r) {
+  RequestDump rd;
+  rd.request = r.id;
+  rd.gpu = r.gpu;
+  rd.slot = r.slot;
+  rd.state = r.state;
+  rd.required_pages = r.state == RequestState::kQueued ? r.required_count : static_cast<uint32_t>(r.required.size());
+  rd.optional_pages = r.optional;
+  rd.history_pages = static_cast<uint32_t>(r.state == RequestState::kQueued ? r.imported_pages : r.history.size());
+  for (const HistoryPage& hp : r.history) {
+    // A host copy, or covered by the worker's tail until written (kLost: neither, the request was interrupted).
+    rd.host_pages += hp.state != HistoryState::kGpu && hp.state != HistoryState::kLost;
+    rd.tail_pages += hp.state == HistoryState::kHostPending || hp.state == HistoryState::kGpuDeferred;
+  }
+  rd.admitted_at_us = r.time_us;
+  return rd;
 }
 
 std::optional<GpuId> ResidencyManager::GpuOfRequest(RequestId request) const {

@@ -167,6 +167,9 @@ class ResidencyManager {
   std::vector<Order> DrainOrders();
   absl::Status CheckInvariants() const;
   StateDump Dump(DumpDetail detail = DumpDetail::kFull) const;
+  // What one introspection view shows (DumpScopeOf): the counts plus the scope's requests and page rows; its cost
+  // does not grow with M except for a runs scan (bounded by M, one byte and one owner compare per page).
+  StateDump Dump(const DumpScope& scope) const;
   const Counters& counters() const { return counters_; }
   const GpuPageTable* gpu_table(GpuId gpu) const;
   const HostPageAllocator& host() const { return host_; }
@@ -288,6 +291,8 @@ class ResidencyManager {
   void Interrupt(Request& r);
   absl::Status CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const;
   std::vector<ReclaimCandidate> Candidates(GpuId gpu, bool skip_backoff) const;
+  static RequestDump RequestDumpOf(const Request& r);  // reclaim_rank left at -1 (AddReclaimRanks)
+  void AddReclaimRanks(std::vector<RequestDump>& requests) const;
   // CheckInvariants parts.
   absl::Status CheckQueues() const;
   absl::Status CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,

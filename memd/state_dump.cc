@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace dhs::memd {
 namespace {
@@ -109,10 +110,81 @@ std::string QueueTable(const StateDump& d) {
   return out;
 }
 
+// The first page after the rows shown; g.pages (M) when the rows reach the last page.
+uint64_t NextPage(const GpuDump& g, const DumpView& view) {
+  if (view.runs) return g.page_runs.empty() ? g.pages : g.page_runs.back().first + uint64_t{g.page_runs.back().count};
+  return uint64_t{g.page_from} + g.page_states.size();
+}
+
+json OwnerJson(RequestId r) { return r == kNoOwner ? json(nullptr) : json(r); }
+
+// {"gpu", "M", "from", "pages": [{"page", "state", "owner"}] or "runs": [{"first", "count", "state", "owner"}],
+//  "next": the first page not shown, null when the rows reach page M-1}.
+json PagesJson(const GpuDump& g, const DumpView& view) {
+  json rows = json::array();
+  if (view.runs) {
+    for (const PageRun& r : g.page_runs) {
+      rows.push_back(
+          {{"first", r.first}, {"count", r.count}, {"state", PageStateName(r.state)}, {"owner", OwnerJson(r.owner)}});
+    }
+  } else {
+    for (size_t i = 0; i < g.page_states.size(); ++i) {
+      rows.push_back({{"page", g.page_from + i}, {"state", PageStateName(g.page_states[i])},
+                      {"owner", OwnerJson(g.page_owners[i])}});
+    }
+  }
+  const uint64_t next = NextPage(g, view);
+  return json{{"gpu", g.gpu}, {"M", g.pages}, {"from", g.page_from}, {view.runs ? "runs" : "pages", rows},
+              {"next", next < g.pages ? json(next) : json(nullptr)}};
+}
+
+std::string PagesTable(const GpuDump& g, const DumpView& view) {
+  std::string out;
+  if (view.runs) {
+    out = absl::StrFormat("%-9s %9s %-16s %-8s\n", "FIRST", "COUNT", "STATE", "OWNER");
+    for (const PageRun& r : g.page_runs) {
+      absl::StrAppendFormat(&out, "%-9d %9d %-16s %-8s\n", r.first, r.count, PageStateName(r.state), Owner(r.owner));
+    }
+  } else {
+    out = absl::StrFormat("%-6s %-16s %-8s\n", "PAGE", "STATE", "OWNER");
+    for (size_t i = 0; i < g.page_states.size(); ++i) {
+      absl::StrAppendFormat(&out, "%-6d %-16s %-8s\n", g.page_from + i, PageStateName(g.page_states[i]),
+                            Owner(g.page_owners[i]));
+    }
+  }
+  const uint64_t next = NextPage(g, view);
+  if (next < g.pages) {
+    absl::StrAppendFormat(&out, "... pages %d..%d of GPU %d not shown (M = %d): --from %d for the next rows%s\n",
+                          next, g.pages - 1, g.gpu, g.pages, next, view.runs ? "" : ", --runs for runs of pages");
+  }
+  return out;
+}
+
 bool ParseNumber(std::string_view s, uint64_t& out) {
   if (s.empty()) return false;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
   return ec == std::errc() && ptr == s.data() + s.size();
+}
+
+// "pages G [from F] [count N] [runs]": the options after the GPU, in any order.
+absl::Status ParsePageOptions(const std::vector<std::string>& words, DumpView& v) {
+  for (size_t i = 2; i < words.size(); ++i) {
+    uint64_t n = 0;
+    if (words[i] == "runs") {
+      v.runs = true;
+    } else if ((words[i] == "from" || words[i] == "count") && i + 1 < words.size() && ParseNumber(words[i + 1], n)) {
+      if (words[i] == "from" && n > UINT32_MAX) return absl::InvalidArgumentError("pages: from is beyond any page");
+      if (words[i] == "count" && (n == 0 || n > kMaxPageRows)) {
+        return absl::InvalidArgumentError(absl::StrFormat("pages: count must be in 1..%d, got %d", kMaxPageRows, n));
+      }
+      (words[i] == "from" ? v.from : v.count) = static_cast<uint32_t>(n);
+      ++i;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pages: unknown option '%s' (pages GPU [from F] [count N] [runs])", words[i]));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -129,15 +201,16 @@ std::string_view RequestStateName(RequestState state) {
 }
 
 absl::StatusOr<DumpView> ParseDumpView(std::string_view text) {
-  const size_t space = text.find(' ');
-  const std::string_view word = text.substr(0, space);
-  const std::string_view arg = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+  // absl::string_view is not std::string_view in Debian's absl: spell the conversion.
+  const std::vector<std::string> words =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), ' ', absl::SkipEmpty());
+  const std::string word = words.empty() ? std::string() : words[0];
   DumpView v;
   uint64_t n = 0;
-  if ((word == "request" || word == "pages") && !ParseNumber(arg, n)) {
+  if ((word == "request" || word == "pages") && (words.size() < 2 || !ParseNumber(words[1], n))) {
     return absl::InvalidArgumentError(absl::StrFormat("view '%s' needs a number", std::string(text)));
   }
-  if (word != "request" && word != "pages" && !arg.empty()) {
+  if ((word == "request" && words.size() > 2) || (word != "request" && word != "pages" && words.size() > 1)) {
     return absl::InvalidArgumentError(absl::StrFormat("view '%s' takes no argument", std::string(text)));
   }
   if (word == "status") v.kind = DumpView::Kind::kStatus;
@@ -150,7 +223,26 @@ absl::StatusOr<DumpView> ParseDumpView(std::string_view text) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "unknown view '%s' (views: status, gpus, requests, request ID, pages GPU, queue)", std::string(text)));
   }
+  if (v.kind == DumpView::Kind::kPages) {
+    if (absl::Status s = ParsePageOptions(words, v); !s.ok()) return s;
+  }
   return v;
+}
+
+DumpScope DumpScopeOf(const DumpView& view) {
+  DumpScope scope;
+  switch (view.kind) {
+    case DumpView::Kind::kRequests: scope.all_requests = true; break;
+    case DumpView::Kind::kRequest: scope.request = view.request; break;
+    case DumpView::Kind::kPages:
+      scope.page_gpu = view.gpu;
+      scope.page_from = view.from;
+      scope.page_count = std::clamp<uint32_t>(view.count, 1, kMaxPageRows);
+      scope.page_runs = view.runs;
+      break;
+    default: break;  // status, gpus, queue: the counts alone
+  }
+  return scope;
 }
 
 nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
@@ -158,7 +250,7 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
     case DumpView::Kind::kStatus: {
       json gpus = json::array();
       for (const GpuDump& g : d.gpus) gpus.push_back(GpuJson(g));
-      return json{{"policy", d.policy}, {"now_us", d.now_us}, {"gpus", gpus}, {"requests", d.requests.size()},
+      return json{{"policy", d.policy}, {"now_us", d.now_us}, {"gpus", gpus}, {"requests", d.request_count},
                   {"host", HostJson(d.host)}};
     }
     case DumpView::Kind::kGpus: {
@@ -179,13 +271,11 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
     case DumpView::Kind::kPages: {
       const GpuDump* g = FindGpu(d, view.gpu);
       if (!g) return json{{"error", absl::StrFormat("GPU %d not found", view.gpu)}};
-      json pages = json::array();
-      for (size_t p = 0; p < g->page_states.size(); ++p) {
-        json page{{"page", p}, {"state", PageStateName(g->page_states[p])}};
-        page["owner"] = g->page_owners[p] == kNoOwner ? json(nullptr) : json(g->page_owners[p]);
-        pages.push_back(std::move(page));
+      if (view.from >= g->pages) {
+        return json{{"error", absl::StrFormat("GPU %d has M = %d pages: from %d is beyond its last page", g->gpu,
+                                              g->pages, view.from)}};
       }
-      return json{{"gpu", g->gpu}, {"pages", pages}};
+      return PagesJson(*g, view);
     }
     case DumpView::Kind::kQueue: return QueueJson(d);
   }
@@ -197,7 +287,7 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
   switch (view.kind) {
     case DumpView::Kind::kStatus:
       out = absl::StrFormat("policy %s, %d requests, host pool %d/%d pages reusable (%d pinned)\n", d.policy,
-                            d.requests.size(), d.host.reusable_pages, d.host.pages, d.host.pinned_pages);
+                            d.request_count, d.host.reusable_pages, d.host.pages, d.host.pinned_pages);
       out += GpuHeader();
       for (const GpuDump& g : d.gpus) out += GpuRow(g);
       return out;
@@ -217,11 +307,11 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
     case DumpView::Kind::kPages: {
       const GpuDump* g = FindGpu(d, view.gpu);
       if (!g) return absl::StrFormat("GPU %d: not found\n", view.gpu);
-      out = absl::StrFormat("%-6s %-16s %-8s\n", "PAGE", "STATE", "OWNER");
-      for (size_t p = 0; p < g->page_states.size(); ++p) {
-        absl::StrAppendFormat(&out, "%-6d %-16s %-8s\n", p, PageStateName(g->page_states[p]), Owner(g->page_owners[p]));
+      if (view.from >= g->pages) {
+        return absl::StrFormat("GPU %d has M = %d pages: from %d is beyond its last page\n", g->gpu, g->pages,
+                               view.from);
       }
-      return out;
+      return PagesTable(*g, view);
     }
     case DumpView::Kind::kQueue: return QueueTable(d);
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,14 @@ namespace dhs::memd {
 // no slot, only the host pages that hold a confirmed host copy; ended by Complete (or, later, resumed from host KV).
 enum class RequestState : uint8_t { kQueued = 0, kAdmitted = 1, kReclaiming = 2, kCompleted = 3, kInterrupted = 4 };
 std::string_view RequestStateName(RequestState state);
+
+// Pages [first, first + count) of one GPU, all in `state` and held by `owner` (kNoOwner when free).
+struct PageRun {
+  PageIndex first = 0;
+  uint32_t count = 0;
+  PageState state = PageState::kFree;
+  RequestId owner = kNoOwner;
+};
 
 struct GpuDump {
   GpuId gpu = 0;
@@ -48,8 +57,13 @@ struct GpuDump {
   uint32_t used_slots = 0;
   uint64_t queued_required_pages = 0;
   uint64_t queued_host_pages = 0;
-  std::vector<PageState> page_states;  // indexed by page
-  std::vector<RequestId> page_owners;  // indexed by page; kNoOwner when free
+  // Page rows, filled only for the `pages` view of this GPU (DumpScope): pages [page_from, page_from + n) as
+  // page_states / page_owners (n = page_states.size(), at most the view's count), or with runs, page_runs: maximal
+  // runs of consecutive pages of one state and owner, the first starting at page_from, at most the view's count.
+  PageIndex page_from = 0;
+  std::vector<PageState> page_states;  // page_states[i]: state of page page_from + i
+  std::vector<RequestId> page_owners;  // page_owners[i]: owner of page page_from + i; kNoOwner when free
+  std::vector<PageRun> page_runs;
 };
 
 struct RequestDump {
@@ -75,10 +89,28 @@ struct HostDump {
   uint32_t freed_pinned_pages = 0;  // freed while pinned, reusable after the copy completes
 };
 
-// How much ResidencyManager::Dump fills: kFull everything; kCounts (the daemon's metrics snapshot on every tick,
-// all RenderPrometheus reads) leaves out what costs O(M) or O(requests): page_states, page_owners and requests
-// (request_count still says how many there are). O(GPUs + reclaims in flight) instead of O(M + context pages).
+// How much ResidencyManager::Dump fills: kFull everything (every page of every GPU: O(M) per GPU, for tests at small
+// M); kCounts (the daemon's metrics snapshot on every tick, all RenderPrometheus reads) leaves out what costs O(M) or
+// O(requests): page rows and requests (request_count still says how many there are). O(GPUs + queued + reclaims in
+// flight), independent of M.
 enum class DumpDetail : uint8_t { kFull = 0, kCounts = 1 };
+
+// Bounds of the `pages GPU` view (issue 12: an H200 has ~2.5M pages, a node 8 GPUs): rows per reply (pages, or runs
+// with --runs) by default and at most. A reply of kMaxPageRows rows is about 2.2 MB of text, 5 MB of JSON.
+inline constexpr uint32_t kDefaultPageRows = 1000;
+inline constexpr uint32_t kMaxPageRows = 65536;
+
+// What ResidencyManager::Dump fills for one view (DumpScopeOf): the counts (as kCounts) always, plus what the view
+// shows: the requests (O(requests + their history pages)), one request, or at most page_count page rows of one GPU
+// from page_from (O(page_count); runs: O(pages the runs cover), bounded by M).
+struct DumpScope {
+  bool all_requests = false;
+  std::optional<RequestId> request;  // this request only (absent from requests when unknown)
+  std::optional<GpuId> page_gpu;     // page rows of this GPU only
+  PageIndex page_from = 0;
+  uint32_t page_count = 0;           // rows: pages, or runs when page_runs
+  bool page_runs = false;
+};
 
 struct StateDump {
   std::string policy;
@@ -130,15 +162,20 @@ struct DaemonCounters {
   uint64_t fenced_refused = 0; // messages refused FAILED_PRECONDITION "fenced" (from a fenced worker's old epoch)
 };
 
-// A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu>", "queue".
+// A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu> [from F] [count N] [runs]", "queue".
 struct DumpView {
   enum class Kind { kStatus, kGpus, kRequests, kRequest, kPages, kQueue };
   Kind kind = Kind::kStatus;
   RequestId request = 0;  // kRequest
   GpuId gpu = 0;          // kPages
+  PageIndex from = 0;     // kPages: first page shown (runs: where the first run starts)
+  uint32_t count = kDefaultPageRows;  // kPages: rows at most, 1..kMaxPageRows
+  bool runs = false;      // kPages: run-length rows (first page, count, state, owner) instead of one row per page
 };
-// Errors: InvalidArgument for an unknown view or a missing/bad number.
+// Errors: InvalidArgument for an unknown view, a missing/bad number, or a count outside 1..kMaxPageRows.
 absl::StatusOr<DumpView> ParseDumpView(std::string_view text);
+// The part of the state `view` shows (what the daemon asks the core for).
+DumpScope DumpScopeOf(const DumpView& view);
 
 // JSON of one view. Unknown request/GPU in a view: {"error": "..."}.
 nlohmann::json DumpToJson(const StateDump& dump, const DumpView& view);

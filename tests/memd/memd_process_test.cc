@@ -844,6 +844,62 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   EXPECT_EQ(Dhsctl(plan, dir_ + "/nothing").first, 1);
 }
 
+// Issue 12: two GPUs of 2.5M pages (an H200 at 55,296-byte pages). Every dhsctl view answers, bounded: `pages` shows
+// 1000 rows unless --count (at most 65536), pages further on with --from, or runs of pages with --runs.
+TEST_F(MemdProcess, DhsctlPagesAtRealScale) {
+  constexpr uint32_t kM = 2'500'000;
+  FakeWorker w0(run_dir_, 0), w1(run_dir_, 1);
+  ASSERT_TRUE(w0.Hello(kM).accepted);
+  ASSERT_TRUE(w1.Hello(kM).accepted);
+  w1.Admit(5, 3, 5 * kPageRows, 4);  // 3 required pages, 4 optional-ready (the 4 complete history pages)
+  auto m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+
+  json gpus = DhsctlJson("gpus");
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(gpus[1]["M"], kM);
+  EXPECT_EQ(gpus[1]["free"], kM - 7);
+  auto [rc, table] = Dhsctl("pages 1");
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1000 + 1) << table.substr(0, 200);
+  EXPECT_TRUE(table.ends_with("... pages 1000..2499999 of GPU 1 not shown (M = 2500000): --from 1000 for the next "
+                              "rows, --runs for runs of pages\n"))
+      << table.substr(table.size() - 200);
+  json runs = DhsctlJson("pages 1 --runs");
+  EXPECT_EQ(runs["runs"], (json{{{"first", 0}, {"count", 3}, {"state", "required"}, {"owner", 5}},
+                                {{"first", 3}, {"count", 4}, {"state", "optional-ready"}, {"owner", 5}},
+                                {{"first", 7}, {"count", kM - 7}, {"state", "free"}, {"owner", nullptr}}}));
+  EXPECT_TRUE(runs["next"].is_null());
+  json last = DhsctlJson("pages 1 --from 2499999");
+  ASSERT_EQ(last["pages"].size(), 1u);
+  EXPECT_EQ(last["pages"][0]["page"], kM - 1);
+  EXPECT_TRUE(last["next"].is_null());
+  json most = DhsctlJson("pages 0 --count 65536");
+  EXPECT_EQ(most["pages"].size(), 65536u);
+  EXPECT_EQ(most["next"], 65536);
+  auto [prc, past] = Dhsctl("pages 1 --from 2500000", "", /*with_stderr=*/true);
+  EXPECT_EQ(prc, 4) << past;
+  EXPECT_NE(past.find("OUT_OF_RANGE: pages: from 2500000 is beyond the last page 2499999 of GPU 1 (M = 2500000)"),
+            std::string::npos)
+      << past;
+  EXPECT_EQ(Dhsctl("pages 1 --count 65537").first, 2);
+  EXPECT_EQ(Dhsctl("pages 1 --count 0").first, 2);
+  EXPECT_EQ(Dhsctl("pages 1 --from -1").first, 2);
+  // A query sent with a count beyond the bound (dhsctl refuses it first) is INVALID_ARGUMENT from memd.
+  FakeWorker client(run_dir_, 0, "dhsctl/1");
+  wire::IntrospectQueryT q;
+  q.what = wire::IntrospectWhat::Pages;
+  q.gpu = 1;
+  q.page_count = 65537;
+  client.Send(EncodeIntrospectQuery(q, client.seq(), "dhsctl"));
+  auto reply = client.Next();
+  ASSERT_TRUE(reply && reply->type == wire::Body::ErrorReply);
+  EXPECT_EQ(ReadErrorStatus(*reply).code(), absl::StatusCode::kInvalidArgument);
+  auto [src, status] = Dhsctl("status");
+  EXPECT_EQ(src, 0);
+  EXPECT_NE(status.find("0    2500000"), std::string::npos) << status;
+}
+
 TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   FakeWorker w(run_dir_, 3);
   ASSERT_TRUE(w.Hello(16).accepted);

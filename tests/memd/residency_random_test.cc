@@ -72,7 +72,7 @@ struct FakePopulate {
 
 class Harness {
  public:
-  Harness(uint64_t seed, const std::string& policy) : rng_(seed) {
+  Harness(uint64_t seed, const std::string& policy) : rng_(seed), view_rng_(seed ^ 0x9e3779b97f4a7c15ULL) {
     ResidencyConfig c{.reserve_pages = kRes, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy};
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }));
@@ -606,9 +606,47 @@ class Harness {
     return busy;
   }
 
+  // Issue 12: what a view dumps (DumpScope) agrees with the full dump: a random page range of a random GPU is its
+  // slice, runs from a random page (as many as asked) are maximal and cover exactly those pages, and the counts-only
+  // dump holds the same page counts.
+  void CheckScopedDumps(const StateDump& full) {
+    const GpuDump& g = full.gpus[std::uniform_int_distribution<size_t>(0, full.gpus.size() - 1)(view_rng_)];
+    DumpScope scope;
+    scope.page_gpu = g.gpu;
+    scope.page_from = std::uniform_int_distribution<PageIndex>(0, g.pages - 1)(view_rng_);
+    scope.page_count = std::uniform_int_distribution<uint32_t>(1, g.pages)(view_rng_);
+    const GpuDump part = mgr_->Dump(scope).gpus.at(&g - full.gpus.data());
+    const size_t end = std::min<size_t>(g.pages, size_t{scope.page_from} + scope.page_count);
+    ASSERT_EQ(part.page_states, std::vector<PageState>(g.page_states.begin() + scope.page_from,
+                                                       g.page_states.begin() + end));
+    ASSERT_EQ(part.page_owners, std::vector<RequestId>(g.page_owners.begin() + scope.page_from,
+                                                       g.page_owners.begin() + end));
+    scope.page_runs = true;
+    const GpuDump runs = mgr_->Dump(scope).gpus.at(&g - full.gpus.data());
+    ASSERT_FALSE(runs.page_runs.empty());
+    ASSERT_LE(runs.page_runs.size(), scope.page_count);
+    PageIndex p = scope.page_from;
+    for (size_t i = 0; i < runs.page_runs.size(); ++i) {
+      const PageRun& r = runs.page_runs[i];
+      ASSERT_EQ(r.first, p);
+      for (; p < r.first + r.count; ++p) ASSERT_TRUE(g.page_states[p] == r.state && g.page_owners[p] == r.owner) << p;
+      if (p < g.pages) ASSERT_TRUE(g.page_states[p] != r.state || g.page_owners[p] != r.owner) << "run not maximal";
+    }
+    ASSERT_TRUE(p == g.pages || runs.page_runs.size() == scope.page_count);
+    const StateDump counts = mgr_->Dump(DumpDetail::kCounts);
+    for (size_t i = 0; i < counts.gpus.size(); ++i) {
+      ASSERT_EQ(counts.gpus[i].free_pages, full.gpus[i].free_pages);
+      ASSERT_EQ(counts.gpus[i].required_pages, full.gpus[i].required_pages);
+      ASSERT_EQ(counts.gpus[i].optional_pages, full.gpus[i].optional_pages);
+      ASSERT_TRUE(counts.gpus[i].page_states.empty());
+    }
+  }
+
   void Check() {
     ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
     const StateDump d = mgr_->Dump();
+    CheckScopedDumps(d);
+    if (::testing::Test::HasFatalFailure()) return;
     const auto owners = ExpectedOwners();
     ASSERT_EQ(d.gpus.size(), kGpus);
     for (const GpuDump& g : d.gpus) {
@@ -689,6 +727,7 @@ class Harness {
   }
 
   std::mt19937_64 rng_;
+  std::mt19937_64 view_rng_;  // the scoped views checked (own stream: the events of a seed stay as they were)
   int64_t now_ = 0;
   RequestId next_id_ = 1;
   std::unique_ptr<ResidencyManager> mgr_;

@@ -7,6 +7,8 @@
 namespace dhs::memd {
 namespace {
 
+using json = nlohmann::json;
+
 // GPU 0: M = 10, M_res = 2. Request 1: 2 required + 3 history pages on GPU (optional-ready). Request 2 needs 7 with
 // 3 lendable: Δ = 4 > a_1 = 3, so it waits without a reclaim.
 class DumpTest : public ::testing::Test {
@@ -88,6 +90,136 @@ TEST_F(DumpTest, TableViews) {
   EXPECT_EQ(DumpToTable(dump_, *ParseDumpView("request 9")), "request 9: not found\n");
   EXPECT_EQ(DumpToTable(dump_, *ParseDumpView("queue")), "GPU  POSITION REQUEST \n0           0 2       \n");
   EXPECT_NE(DumpToTable(dump_, *ParseDumpView("status")).find("policy oldest-first, 2 requests"), std::string::npos);
+}
+
+TEST_F(DumpTest, ParsesPageOptions) {
+  auto v = ParseDumpView("pages 0 from 3 count 4 runs");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->from, 3u);
+  EXPECT_EQ(v->count, 4u);
+  EXPECT_TRUE(v->runs);
+  EXPECT_EQ(ParseDumpView("pages 0")->count, kDefaultPageRows);
+  EXPECT_FALSE(ParseDumpView("pages 0")->runs);
+  EXPECT_EQ(ParseDumpView("pages 0 count 65536")->count, kMaxPageRows);
+  for (const char* bad : {"pages 0 count 0", "pages 0 count 65537", "pages 0 from", "pages 0 from x", "pages 0 bogus",
+                          "pages 0 from 4294967296", "request 1 runs"}) {
+    auto b = ParseDumpView(bad);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// The page rows of a scoped dump (what the daemon renders) are the slice of the full dump the view names.
+TEST_F(DumpTest, PagesFromAndCount) {
+  const DumpView view = *ParseDumpView("pages 0 from 3 count 4");
+  const StateDump d = mgr_->Dump(DumpScopeOf(view));
+  auto j = DumpToJson(d, view);
+  ASSERT_EQ(j["pages"].size(), 4u) << j;
+  EXPECT_EQ(j["M"], 10);
+  EXPECT_EQ(j["from"], 3);
+  EXPECT_EQ(j["next"], 7);
+  for (int i = 0; i < 4; ++i) {
+    const json want = DumpToJson(dump_, *ParseDumpView("pages 0"))["pages"][3 + i];
+    EXPECT_EQ(j["pages"][i], want) << i;
+  }
+  EXPECT_EQ(DumpToTable(d, view),
+            "PAGE   STATE            OWNER   \n"
+            "3      optional-ready   1       \n"
+            "4      optional-ready   1       \n"
+            "5      free             -       \n"
+            "6      free             -       \n"
+            "... pages 7..9 of GPU 0 not shown (M = 10): --from 7 for the next rows, --runs for runs of pages\n");
+  const DumpView tail = *ParseDumpView("pages 0 from 8");  // the last rows: no "not shown" line, next null
+  auto t = DumpToJson(mgr_->Dump(DumpScopeOf(tail)), tail);
+  ASSERT_EQ(t["pages"].size(), 2u);
+  EXPECT_EQ(t["pages"][1]["page"], 9);
+  EXPECT_TRUE(t["next"].is_null());
+  const DumpView past = *ParseDumpView("pages 0 from 10");
+  EXPECT_EQ(DumpToTable(mgr_->Dump(DumpScopeOf(past)), past),
+            "GPU 0 has M = 10 pages: from 10 is beyond its last page\n");
+}
+
+// Runs: pages 0,1 required (request 1), 2..4 optional-ready (request 1), 5..9 free.
+TEST_F(DumpTest, PageRuns) {
+  const DumpView all = *ParseDumpView("pages 0 runs");
+  const StateDump d = mgr_->Dump(DumpScopeOf(all));
+  EXPECT_EQ(DumpToTable(d, all),
+            "FIRST         COUNT STATE            OWNER   \n"
+            "0                 2 required         1       \n"
+            "2                 3 optional-ready   1       \n"
+            "5                 5 free             -       \n");
+  auto j = DumpToJson(d, all);
+  ASSERT_EQ(j["runs"].size(), 3u);
+  EXPECT_EQ(j["runs"][2], (json{{"first", 5}, {"count", 5}, {"state", "free"}, {"owner", nullptr}}));
+  EXPECT_TRUE(j["next"].is_null());
+  const DumpView two = *ParseDumpView("pages 0 from 3 count 1 runs");  // a run starting inside one
+  auto t = DumpToJson(mgr_->Dump(DumpScopeOf(two)), two);
+  ASSERT_EQ(t["runs"].size(), 1u);
+  EXPECT_EQ(t["runs"][0], (json{{"first", 3}, {"count", 2}, {"state", "optional-ready"}, {"owner", 1}}));
+  EXPECT_EQ(t["next"], 5);
+}
+
+// Each view's scoped dump renders exactly as the full dump does, and holds only what the view shows.
+TEST_F(DumpTest, ScopedDumpsRenderAsTheFullDump) {
+  for (const char* text : {"status", "gpus", "requests", "request 1", "request 2", "request 9", "queue"}) {
+    const DumpView view = *ParseDumpView(text);
+    const StateDump d = mgr_->Dump(DumpScopeOf(view));
+    EXPECT_EQ(DumpToJson(d, view), DumpToJson(dump_, view)) << text;
+    EXPECT_EQ(DumpToTable(d, view), DumpToTable(dump_, view)) << text;
+    for (const GpuDump& g : d.gpus) EXPECT_TRUE(g.page_states.empty() && g.page_runs.empty()) << text;
+  }
+  EXPECT_TRUE(mgr_->Dump(DumpScopeOf(*ParseDumpView("status"))).requests.empty());
+  EXPECT_EQ(mgr_->Dump(DumpScopeOf(*ParseDumpView("request 2"))).requests.size(), 1u);
+}
+
+// Issue 12: a node of 8 GPUs x 2.5M pages (an H200 at 55,296-byte pages). Request 100+g on GPU g holds pages 0..7
+// (required) and 8..19 (optional-ready); the rest is free. Every view's answer is bounded and correct.
+TEST(DumpAtScale, EveryViewIsBoundedAtEightGpusOf2500000Pages) {
+  constexpr uint32_t kM = 2'500'000;
+  ResidencyConfig c{.reserve_pages = 64, .host_pages = 1024, .host_page_bytes = 4096};
+  auto mgr = std::move(*ResidencyManager::Create(c, [] { return int64_t{0}; }));
+  for (GpuId g = 0; g < 8; ++g) {
+    ASSERT_TRUE(mgr->RegisterGpu(g, kM).ok());
+    ASSERT_TRUE(mgr->Admit({.request = 100 + g, .gpu = g, .required_pages = 8, .history_pages = 12,
+                            .context_pages = 12}).ok());
+  }
+  auto size_of = [&](const char* text, size_t* json_bytes = nullptr) {
+    const DumpView view = *ParseDumpView(text);
+    const StateDump d = mgr->Dump(DumpScopeOf(view));
+    if (json_bytes) *json_bytes = DumpToJson(d, view).dump(2).size();
+    return DumpToTable(d, view).size();
+  };
+  size_t json_bytes = 0;
+  for (const char* small : {"status", "gpus", "requests", "request 103", "queue"}) {
+    EXPECT_LT(size_of(small, &json_bytes), 4096u) << small;
+    EXPECT_LT(json_bytes, 8192u) << small;
+  }
+  const DumpView gpus = *ParseDumpView("gpus");
+  auto g = DumpToJson(mgr->Dump(DumpScopeOf(gpus)), gpus);
+  ASSERT_EQ(g.size(), 8u);
+  EXPECT_EQ(g[7]["M"], kM);
+  EXPECT_EQ(g[7]["M_req"], 8);
+  EXPECT_EQ(g[7]["M_opt"], 12);
+  EXPECT_EQ(g[7]["free"], kM - 20);
+  // pages: 1000 rows by default (header + rows + the "not shown" line), 65536 at most.
+  const std::string trailer =
+      "... pages 1000..2499999 of GPU 5 not shown (M = 2500000): --from 1000 for the next rows, --runs for runs of "
+      "pages\n";
+  EXPECT_EQ(size_of("pages 5", &json_bytes), 33u + 1000 * 33 + trailer.size());  // rows of 6 + 16 + 8 columns
+  const DumpView first = *ParseDumpView("pages 5");
+  const std::string table = DumpToTable(mgr->Dump(DumpScopeOf(first)), first);
+  EXPECT_TRUE(table.ends_with("999    free             -       \n" + trailer)) << table.substr(table.size() - 200);
+  EXPECT_LT(json_bytes, 100'000u);
+  EXPECT_LT(size_of("pages 5 count 65536"), 65537u * 40);
+  const DumpView last = *ParseDumpView("pages 5 from 2499990");
+  auto l = DumpToJson(mgr->Dump(DumpScopeOf(last)), last);
+  ASSERT_EQ(l["pages"].size(), 10u);
+  EXPECT_EQ(l["pages"][9], (json{{"page", kM - 1}, {"state", "free"}, {"owner", nullptr}}));
+  const DumpView runs = *ParseDumpView("pages 5 runs");
+  auto r = DumpToJson(mgr->Dump(DumpScopeOf(runs)), runs);
+  EXPECT_EQ(r["runs"], (json{{{"first", 0}, {"count", 8}, {"state", "required"}, {"owner", 105}},
+                             {{"first", 8}, {"count", 12}, {"state", "optional-ready"}, {"owner", 105}},
+                             {{"first", 20}, {"count", kM - 20}, {"state", "free"}, {"owner", nullptr}}}));
+  EXPECT_TRUE(r["next"].is_null());
 }
 
 TEST_F(DumpTest, Prometheus) {

@@ -1,7 +1,8 @@
 // dhsctl: introspection CLI of memd (brief §3). Sends one IntrospectQuery and prints the document memd rendered
 // with the shared DumpToJson / DumpToTable (memd/state_dump.h), so the daemon, the CLI and the tests show the same.
 //
-//   dhsctl [--run-dir DIR] [--json] [--timeout-ms MS] status | gpus | requests | request ID | pages GPU | queue
+//   dhsctl [--run-dir DIR] [--json] [--timeout-ms MS] status | gpus | requests | request ID | queue
+//   dhsctl ... pages GPU [--from F] [--count N] [--runs]   (at most N rows, default 1000: pages, or runs of pages)
 //   dhsctl ... watch [--interval S] [--count N] [VIEW]     (repeats `status` or VIEW every S seconds)
 //   dhsctl [--json] plan --preset NAME --context TOKENS ...   (capacity plan, no memd needed; docs/planner.md)
 //   dhsctl ... plan ... --live                                (plus what the running memd would admit now)
@@ -33,6 +34,9 @@ struct Query {
   dhs::wire::IntrospectWhat what = dhs::wire::IntrospectWhat::Status;
   uint64_t request = 0;
   uint32_t gpu = 0;
+  uint32_t page_from = 0;   // pages: first page shown
+  uint32_t page_count = 0;  // pages: rows at most (0: memd's default, 1000)
+  bool page_runs = false;   // pages: run-length rows
 };
 
 int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milliseconds timeout, uint64_t seq) {
@@ -40,6 +44,9 @@ int Ask(dhs::DealerClient& client, const Query& q, bool json, std::chrono::milli
   body.what = q.what;
   body.request = q.request;
   body.gpu = q.gpu;
+  body.page_from = q.page_from;
+  body.page_count = q.page_count;
+  body.page_runs = q.page_runs;
   body.format = json ? dhs::wire::IntrospectFormat::Json : dhs::wire::IntrospectFormat::Text;
   auto bytes = client.Request(dhs::EncodeIntrospectQuery(body, seq, "dhsctl"), timeout);
   if (!bytes.ok()) {
@@ -124,8 +131,12 @@ void AddCommands(CLI::App& app, Args& a) {
   auto* request = app.add_subcommand("request", "one request");
   request->add_option("ID", q.request, "request id")->required()->check(NonNegativeId("request ID", UINT64_MAX));
   request->callback([&q] { q.what = dhs::wire::IntrospectWhat::Request; });
-  auto* pages = app.add_subcommand("pages", "state and owner of every page of one GPU");
+  auto* pages = app.add_subcommand("pages", "state and owner of the pages of one GPU (1000 rows unless --count)");
   pages->add_option("GPU", q.gpu, "GPU id")->required()->check(NonNegativeId("GPU", UINT32_MAX));
+  pages->add_option("--from", q.page_from, "first page shown (with --runs: where the first run starts), < M")
+      ->check(NonNegativeId("--from", UINT32_MAX));
+  pages->add_option("--count", q.page_count, "rows at most, 1..65536 (default 1000)")->check(CLI::Range(1, 65536));
+  pages->add_flag("--runs", q.page_runs, "run-length rows: first page, count, state, owner of each run");
   pages->callback([&q] { q.what = dhs::wire::IntrospectWhat::Pages; });
   app.add_subcommand("queue", "queued admissions per GPU")->callback([&q] { q.what = dhs::wire::IntrospectWhat::Queue; });
   a.watch = app.add_subcommand("watch", "repeat a view (status, gpus, requests, queue)");

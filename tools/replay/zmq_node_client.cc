@@ -159,20 +159,14 @@ absl::StatusOr<nlohmann::json> ZmqNodeClient::Introspect(wire::IntrospectWhat wh
   return doc;
 }
 
+// One `gpus` view per sample: its size and memd's cost grow with the GPUs only, not with M or the requests (issue 12).
 absl::Status ZmqNodeClient::SampleMemd() {
-  auto requests = Introspect(wire::IntrospectWhat::Requests);
-  if (!requests.ok()) return requests.status();
-  int64_t admitted = 0;  // sessions holding their required allocation now
-  if (requests->is_array()) {
-    for (const auto& r : *requests) {
-      const std::string state = r.value("state", "");
-      admitted += (state == "admitted" || state == "reclaiming") ? 1 : 0;
-    }
-  }
-  peaks_.sessions_admitted_max = std::max(peaks_.sessions_admitted_max, admitted);
   auto gpus = Introspect(wire::IntrospectWhat::Gpus);
   if (!gpus.ok()) return gpus.status();
   if (!gpus->is_array()) return absl::OkStatus();
+  int64_t admitted = 0;  // sessions holding their required allocation now: admitted or reclaiming, one slot each
+  for (const auto& g : *gpus) admitted += g.value("slots_used", int64_t{0});
+  peaks_.sessions_admitted_max = std::max(peaks_.sessions_admitted_max, admitted);
   for (const auto& g : *gpus) {
     const GpuId gpu = g.value("gpu", 0u);
     auto it = std::find_if(peaks_.gpus.begin(), peaks_.gpus.end(), [&](const GpuMemoryUse& u) { return u.gpu == gpu; });

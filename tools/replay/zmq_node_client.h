@@ -1,9 +1,9 @@
 // tools/replay/zmq_node_client.h: the NodeClient that talks to a real node (docs/protocol.md, "client/replay <->
 // workerd" and "dhsctl <-> memd"): SubmitRequest / SubmitAccepted / TokenChunk / ErrorReply with one worker,
-// WorkerStatsQuery at the end, and memd's IntrospectQuery (status JSON) sampled while the run goes on so that the
-// report has peak figures (sessions admitted, pages used): every sample_interval while polling, after a poll that
-// brought a request's first token or a request's end, and once in Stats(). Connect reads the worker's counters
-// once (WorkerStatsQuery) as the baseline, so Stats() reports this run's counters even when the worker served
+// WorkerStatsQuery at the end, and memd's IntrospectQuery (the `gpus` JSON view, O(GPUs)) sampled while the run goes on
+// so that the report has peak figures (sessions admitted, pages used): every sample_interval while polling, after a
+// poll that brought a request's first token or a request's end, and once in Stats(). Connect reads the worker's
+// counters once (WorkerStatsQuery) as the baseline, so Stats() reports this run's counters even when the worker served
 // before (--connect; WorkerCountersSince).
 //
 // Thread-safety: one thread (the ReplayDriver's), as NodeClient requires.
