@@ -21,6 +21,7 @@ absl::Status CheckInput(const UnionPlanInput& in) {
           absl::StrFormat("union plan: query %d selects %d entries, expected k=%d", j, s.size(), in.k));
     }
     absl::flat_hash_set<Position> seen;
+    seen.reserve(s.size());
     for (Position t : s) {
       if (t == kNoPosition) continue;
       if (t < kNoPosition || t > in.frontier + j) {
@@ -43,6 +44,7 @@ absl::StatusOr<UnionPlan> PlanUnion(const UnionPlanInput& in) {
   UnionPlan plan;
   plan.reads.reserve(in.selections.size() * in.k);
   absl::flat_hash_map<Position, ReadLocation> placed;  // rows of D_r already given a copy
+  placed.reserve(in.selections.size() * in.k);
   for (const std::span<const Position> sel : in.selections) {
     for (Position t : sel) {
       if (t == kNoPosition) {
