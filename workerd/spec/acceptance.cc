@@ -1,5 +1,6 @@
 #include "workerd/spec/acceptance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 

@@ -1,6 +1,8 @@
 #include "workerd/spec/draft_ring.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 
