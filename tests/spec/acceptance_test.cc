@@ -10,10 +10,12 @@
 //     same test against p.
 //   - Greedy mode: the emitted tokens are the argmax sequence up to and including the first mismatch; sampling mode
 //     at temperature 0 gives the same; ties take the lowest id.
+//   - The mean acceptance length with i.i.d. acceptance alpha matches (1 - alpha^K) / (1 - alpha) (z-test, 0.001).
 //   - Every round: emitted = accepted + 1 tokens; bonus iff all K_r - 1 accepted; the same key gives the same round.
 #include <gtest/gtest.h>
 
 #include <boost/math/distributions/chi_squared.hpp>
+#include <boost/math/distributions/normal.hpp>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "workerd/spec/acceptance.h"
+#include "workerd/spec/block_width.h"
 #include "workerd/spec/keyed_draw.h"
 
 namespace dhs::spec {
@@ -172,6 +175,39 @@ void RunPair(const Pair& pr) {
 
 TEST(Acceptance, EmittedTokensFollowTheTargetDistribution) {
   for (const Pair& pr : Pairs()) RunPair(pr);
+}
+
+// With the same p and q at every position, each proposal is accepted independently with alpha = Σ min(p, q) = 0.55
+// (pair "q overlapping p"): the mean acceptance length over 100,000 rounds of K_r = 6 must match
+// ExpectedAcceptanceLength(0.55, 6) = (1 - 0.55^6) / 0.45 = 2.160707... (two-sided z-test at significance 0.001, the
+// standard error from the sample variance).
+TEST(Acceptance, MeanAcceptanceLengthMatchesTheFormula) {
+  const Pair pr = Pairs()[0];
+  const int k_r = 6;
+  const std::vector<std::vector<double>> p(k_r, pr.p0);
+  const int64_t rounds = 100000;
+  double sum = 0.0, sum_sq = 0.0;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const RoundKey key{.seed = 17, .request = static_cast<RequestId>(r) + 1, .frontier = 5};
+    std::vector<Proposal> props;
+    for (int j = 1; j < k_r; ++j) {
+      props.push_back({SampleWithUniform(pr.q, KeyedUniform({key.seed, key.request, 5 + j, DrawPurpose::kDraft})),
+                       pr.q});
+    }
+    absl::StatusOr<RoundOutcome> out = AcceptWithDistributions(p, props, key);
+    ASSERT_TRUE(out.ok()) << out.status();
+    const double len = out->accepted + 1.0;
+    sum += len;
+    sum_sq += len * len;
+  }
+  const double mean = sum / rounds;
+  const double se = std::sqrt((sum_sq / rounds - mean * mean) / (rounds - 1));
+  const double want = *ExpectedAcceptanceLength(pr.accept, k_r);
+  EXPECT_NEAR(want, (1.0 - std::pow(0.55, 6)) / 0.45, 1e-12);
+  const double z_crit = boost::math::quantile(boost::math::complement(boost::math::normal(), kAlpha / 2));
+  std::printf("acceptance length mean %.4f (formula %.4f), z = %.2f, critical %.2f\n", mean, want,
+              (mean - want) / se, z_crit);
+  EXPECT_LT(std::fabs(mean - want) / se, z_crit);
 }
 
 TEST(Acceptance, FromLogitsWithTemperatureAndTopP) {

@@ -3,6 +3,7 @@
 // canonical text form, and the confidence rule on hand-made confidence lists.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,16 @@ TEST(ConfidencePrefix, StopsAtTheFirstLowConfidence) {
   EXPECT_EQ(ConfidencePrefix(c, 0.5, -1).status().code(), absl::StatusCode::kInvalidArgument);
   const std::vector<double> bad = {0.9, 1.2};
   EXPECT_EQ(ConfidencePrefix(bad, 0.5, 7).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExpectedAcceptanceLength, ByHand) {
+  EXPECT_DOUBLE_EQ(*ExpectedAcceptanceLength(0.5, 4), 1.875);  // 1 + .5 + .25 + .125
+  EXPECT_DOUBLE_EQ(*ExpectedAcceptanceLength(0.8, 8), (1.0 - std::pow(0.8, 8)) / 0.2);
+  EXPECT_DOUBLE_EQ(*ExpectedAcceptanceLength(1.0, 6), 6.0);
+  EXPECT_DOUBLE_EQ(*ExpectedAcceptanceLength(0.0, 6), 1.0);
+  EXPECT_DOUBLE_EQ(*ExpectedAcceptanceLength(0.9, 1), 1.0);  // K = 1: no proposals
+  EXPECT_EQ(ExpectedAcceptanceLength(1.1, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExpectedAcceptanceLength(0.5, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

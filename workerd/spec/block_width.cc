@@ -83,4 +83,14 @@ absl::StatusOr<int64_t> ConfidencePrefix(std::span<const double> confidences, do
   return n;
 }
 
+absl::StatusOr<double> ExpectedAcceptanceLength(double alpha, int64_t width) {
+  if (!(alpha >= 0.0 && alpha <= 1.0) || width < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "expected acceptance length: alpha %g must be in [0, 1] and width %d >= 1", alpha, width));
+  }
+  double sum = 0.0, term = 1.0;
+  for (int64_t i = 0; i < width; ++i, term *= alpha) sum += term;  // no cancellation near alpha = 1
+  return sum;
+}
+
 }  // namespace dhs::spec

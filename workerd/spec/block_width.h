@@ -46,4 +46,9 @@ class BlockWidthSchedule {
 absl::StatusOr<int64_t> ConfidencePrefix(std::span<const double> confidences, double threshold,
                                          int64_t max_proposals);
 
+// The mean acceptance length (accepted proposals + 1 per round) of a block of `width` queries when every proposal is
+// accepted independently with probability alpha (Leviathan et al. 2023, eq. 1): 1 + alpha + .. + alpha^(width-1)
+// = (1 - alpha^width) / (1 - alpha); width when alpha = 1. INVALID_ARGUMENT unless alpha in [0, 1] and width >= 1.
+absl::StatusOr<double> ExpectedAcceptanceLength(double alpha, int64_t width);
+
 }  // namespace dhs::spec
