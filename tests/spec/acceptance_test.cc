@@ -320,6 +320,9 @@ TEST(Acceptance, BadInputIsRefused) {
   EXPECT_EQ(code({{1, q_short}}, ps), kBad);             // q not kVocab entries
   EXPECT_EQ(code({{1, q_not_one}}, ps), kBad);           // q sums to 0.5
   EXPECT_EQ(code({{1, q}}, {p, q_not_one}), kBad);       // p_1 not a distribution
+  EXPECT_EQ(AcceptWithDistributions(ps, std::vector<Proposal>{{1, q}}, {.frontier = -1}).status().code(), kBad);
+  EXPECT_EQ(AcceptWithDistributions(ps, std::vector<Proposal>{{1, q}}, {.frontier = Position{1} << 56})
+                .status().code(), kBad);
   std::vector<float> logits(2 * kVocab, 0.0f);
   EXPECT_EQ(AcceptRound(AcceptMode::kSampling, std::span<const float>(logits).first(kVocab + 3), {}, {}, {})
                 .status().code(), kBad);

@@ -77,7 +77,13 @@ absl::StatusOr<RoundOutcome> SampleRound(size_t k_r, const RowFn& row_p, std::sp
   return out;
 }
 
-absl::Status CheckRound(size_t k_r, size_t rows, std::span<const Proposal> proposals, bool need_q) {
+absl::Status CheckRound(size_t k_r, size_t rows, std::span<const Proposal> proposals, bool need_q,
+                        const RoundKey& key) {
+  constexpr Position kMaxPosition = Position{1} << 56;  // keyed draws take positions below 2^56
+  if (key.frontier < 0 || key.frontier > kMaxPosition - static_cast<Position>(k_r) - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("speculative round: frontier n_r=%d outside [0, 2^56 - K_r - 1]", key.frontier));
+  }
   if (k_r < 1 || rows != k_r || proposals.size() + 1 != k_r) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "speculative round: %d target rows and %d proposals; expected K_r >= 1 rows and K_r - 1 proposals", rows,
@@ -93,7 +99,7 @@ absl::Status CheckRound(size_t k_r, size_t rows, std::span<const Proposal> propo
 
 absl::StatusOr<RoundOutcome> AcceptWithDistributions(std::span<const std::vector<double>> p,
                                                      std::span<const Proposal> proposals, const RoundKey& key) {
-  if (absl::Status s = CheckRound(p.size(), p.size(), proposals, true); !s.ok()) return s;
+  if (absl::Status s = CheckRound(p.size(), p.size(), proposals, true, key); !s.ok()) return s;
   for (size_t j = 0; j < p.size(); ++j) {
     if (absl::Status s = CheckDistribution(p[j], "target distribution p of query", j); !s.ok()) return s;
   }
@@ -111,7 +117,7 @@ absl::StatusOr<RoundOutcome> AcceptRound(AcceptMode mode, std::span<const float>
   }
   const size_t k_r = target_logits.size() / vocab;
   const bool sampling = mode == AcceptMode::kSampling;
-  if (absl::Status s = CheckRound(proposals.size() + 1, k_r, proposals, sampling); !s.ok()) return s;
+  if (absl::Status s = CheckRound(proposals.size() + 1, k_r, proposals, sampling, key); !s.ok()) return s;
   auto row = [&](size_t j) { return target_logits.subspan(j * vocab, vocab); };
   if (sampling) {
     return SampleRound(k_r, [&](size_t j) -> absl::StatusOr<std::vector<double>> {

@@ -15,8 +15,8 @@
 //
 // Draws: KeyedUniform with (seed, request, position, purpose): the acceptance of x_j at n_r + j (kAccept), the
 // correction at n_r + j (kCorrection), the bonus at n_r + K_r (kBonus). A round is reproducible from its inputs.
-// Errors: INVALID_ARGUMENT (sizes, token ids, q not a distribution or q(x_j) = 0, p not a distribution); nothing
-// else. Thread-safety: pure functions.
+// Errors: INVALID_ARGUMENT (sizes, token ids, q not a distribution or q(x_j) = 0, p not a distribution, n_r outside
+// [0, 2^56 - K_r - 1]); nothing else. Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
