@@ -82,7 +82,8 @@ TEST(DraftRingGeometry, BadSizesAreRefused) {
 }
 
 DraftRing SmallRing() {  // W = 6, K_max = 3, p = 2: 6 + 3 + 1 = 10 -> 5 pages -> R_d = 10
-  absl::StatusOr<DraftRingGeometry> g = DraftRingGeometry::Create({.window = 6, .k_max = 3, .page_rows = 2, .slots = 2});
+  absl::StatusOr<DraftRingGeometry> g =
+      DraftRingGeometry::Create({.window = 6, .k_max = 3, .page_rows = 2, .slots = 2});
   EXPECT_TRUE(g.ok());
   return DraftRing(*g);
 }
@@ -148,7 +149,9 @@ TEST(DraftRing, LiveWindowsNeverAlias) {
     ASSERT_GE(g->rows_per_slot(), w + k_max);
     DraftRing ring(*g);
     std::vector<std::pair<int64_t, Position>> memory(g->total_rows(), {-1, -1});
-    for (uint32_t i = 0; i < slots; ++i) ASSERT_TRUE(ring.Open(i, std::uniform_int_distribution<Position>(0, 50)(rng)).ok());
+    for (uint32_t i = 0; i < slots; ++i) {
+      ASSERT_TRUE(ring.Open(i, std::uniform_int_distribution<Position>(0, 50)(rng)).ok());
+    }
     for (int step = 0; step < 400; ++step) {
       const uint32_t i = std::uniform_int_distribution<uint32_t>(0, slots - 1)(rng);
       const int64_t block = std::uniform_int_distribution<int64_t>(1, k_max)(rng);
