@@ -1,0 +1,48 @@
+// workerd/spec/keyed_draw.h: counter-based random draws keyed by (seed, request, position, purpose), so a speculative
+// round is reproducible whatever the batch, the order of requests or a retry (brief §6 acceptance; §7 determinism).
+//
+// One draw is Philox4x32-10 (Random123, Salmon et al., SC'11; Debian librandom123-dev) with key = seed (64 bits) and
+// counter = (request lo, request hi, position lo, purpose << 24 | position bits 32..55): distinct keys give
+// independent streams, no state is carried between draws. Positions must be in [0, 2^56).
+// The main sampler (workerd/model/sampling.*) draws from a std::mt19937_64 passed in; it can later take this draw
+// instead so that one counter-based generator serves both (not done here: that file belongs to another change).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+
+#include "common/types.h"
+#include "workerd/model/config.h"
+
+namespace dhs::spec {
+
+// What a draw is for; one position may need several (a proposal's acceptance and the correction at the same position).
+enum class DrawPurpose : uint8_t {
+  kDraft = 1,       // the drafter's own choice of proposal x at this position (from q)
+  kAccept = 2,      // the uniform u of accept-iff u * q(x) < p(x)
+  kCorrection = 3,  // the sample from norm(max(0, p - q)) at the first rejection
+  kBonus = 4,       // the sample from p when every proposal was accepted
+};
+
+struct DrawKey {
+  uint64_t seed = 0;
+  RequestId request = 0;
+  Position position = 0;
+  DrawPurpose purpose = DrawPurpose::kAccept;
+};
+
+// The four 32-bit words of Philox4x32-10 for this key.
+std::array<uint32_t, 4> KeyedBits(const DrawKey& key);
+
+// A uniform double in [0, 1) from the first 53 bits of KeyedBits.
+double KeyedUniform(const DrawKey& key);
+
+// Inverse CDF over `probs` (non-negative, any positive total): the first id whose running mass exceeds u * total;
+// ids with probability 0 are never returned (rounding at the top end gives the last id with mass). -1 when the total
+// is not positive. Same rule as model::SampleFrom, with the uniform given.
+model::Token SampleWithUniform(std::span<const double> probs, double u);
+
+}  // namespace dhs::spec
