@@ -137,7 +137,10 @@ int Serve(const CommandLine& c) {
     }
     metrics = std::move(*m);
     const std::string bound = absl::StrFormat("%s:%d", metrics->host(), metrics->port());
-    std::ofstream(o.run_dir + "/memd.metrics") << bound << "\n";
+    // Written whole, then renamed into place: a reader that sees RUN_DIR/memd.metrics never reads it half-written.
+    const std::string metrics_file = o.run_dir + "/memd.metrics";
+    std::ofstream(metrics_file + ".tmp") << bound << "\n";
+    std::rename((metrics_file + ".tmp").c_str(), metrics_file.c_str());
     spdlog::info("memd: metrics on http://{}/metrics", bound);
   }
   spdlog::info("memd: serving {} (host pool /dev/shm/{}: {} pages x {} bytes, policy {})", (*daemon)->endpoint(),
