@@ -19,7 +19,8 @@ replaced (appended when the markers are absent, the file created when missing); 
 
 Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md] [--plots docs/perf]
                             [--figures FILE] [--from-json FIGURES]
---quick: tiny sizes (about 2 minutes; not for conclusions). The full run takes about 30-40 min on 2 cores.
+--quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
+The full run takes about 30-40 min on 2 cores. Needs python3-matplotlib (checked before anything runs).
 Exit status: 0 written; 1 a benchmark failed (its stderr is printed); 2 bad command line or unreadable figures.
 """
 import argparse
@@ -606,11 +607,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (about 2 minutes; not for conclusions)")
     ap.add_argument("--build", default="build", help="the Meson build directory with the programs")
-    ap.add_argument("--out", default="docs/performance.md", help="the Markdown file to write")
-    ap.add_argument("--plots", default="docs/perf", help="directory of the PNG plots")
+    ap.add_argument("--out", default=None,
+                    help="the Markdown file to write (default docs/performance.md; with --quick "
+                         "build/perf-quick/performance.md, so that a quick run does not replace the report)")
+    ap.add_argument("--plots", default=None, help="directory of the PNG plots (default: perf/ beside --out)")
     ap.add_argument("--figures", default="", help="where to save the figures (default: PLOTS/figures.json)")
     ap.add_argument("--from-json", default="", help="render from saved figures; runs nothing")
     args = ap.parse_args()
+    args.out = args.out or ("build/perf-quick/performance.md" if args.quick else "docs/performance.md")
+    args.plots = args.plots or os.path.join(os.path.dirname(args.out), "perf")
     if args.from_json:
         try:
             with open(args.from_json) as f:
