@@ -21,7 +21,9 @@ Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md
                             [--figures FILE] [--from-json FIGURES]
 --quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
 The full run takes about 30-40 min on 2 cores. Needs python3-matplotlib (checked before anything runs).
-Exit status: 0 written; 1 a benchmark failed (its stderr is printed); 2 bad command line or unreadable figures.
+Run it from the repository root. Exit status: 0 written (a benchmark or replay that failed is printed to stderr and
+reported as FAILED / "not measured" in the document); 1 matplotlib missing; 2 bad command line or unreadable
+figures.
 """
 import argparse
 import datetime
@@ -105,7 +107,10 @@ def gbench(exe, flt, min_time, reps):
                "--benchmark_out_format=json"]
         if reps > 1:
             cmd += [f"--benchmark_repetitions={reps}", "--benchmark_report_aggregates_only=true"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            raise BenchFailed(f"cannot run {exe}: {e}")
         if proc.returncode != 0 or not os.path.exists(out):
             last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise BenchFailed(f"{os.path.basename(exe)} exited {proc.returncode}: {last}")
@@ -190,7 +195,7 @@ def collect(args, figures_path):
         print(f"perf_report: measuring {name} ...", file=sys.stderr, flush=True)
         try:
             fig[name] = step()
-        except SystemExit as e:  # a replay failed: the section says so, the others still run
+        except (SystemExit, OSError) as e:  # a program failed: the section says so, the others still run
             print(f"perf_report: {name}: {e}", file=sys.stderr)
             fig[name] = {"error": str(e)}
         save(fig, figures_path)
@@ -305,21 +310,29 @@ def target_beyond(fig, other):
 def target_memory(fig):
     name = (f"hierarchical GPU bytes per session at least {TARGETS['memory_ratio']:.0f}x below resident, glm5-like, "
             f"{PLANNER_CONTEXT // 1000}K context")
-    plan = (fig.get("planner") or {}).get("glm5-like")
+    planner = fig.get("planner") or {}
+    plan = planner.get("glm5-like")
     if not plan:
-        return name, "planner not run", "not measured"
+        return name, "FAILED: " + planner["error"] if "error" in planner else "planner not run", "not measured"
     r = plan["resident_bytes_per_session"] / plan["hierarchical_bytes_per_session"]
     return name, f"{fmt(r, 2)}x (dhsctl plan)", verdict(r >= TARGETS["memory_ratio"])
+
+
+def micro_point(fig, name, key, value):
+    """(point, failure text): the point of microbenchmark `name` whose `key` equals `value`."""
+    got = (fig.get("micro") or {}).get(name)
+    if isinstance(got, dict):
+        return None, "benchmark failed: " + got.get("error", "?")
+    pt = next((p for p in got or [] if p[key] == value), None)
+    return pt, None if pt else "not run"
 
 
 def target_recovery(fig):
     rows = TARGETS["recovery_rows"]
     name = f"host recovery vs memcpy of the same bytes at least {TARGETS['recovery_vs_memcpy']} at {rows} rows"
-    rec = (fig.get("micro") or {}).get("host_recovery")
-    pt = next((p for p in rec if p["rows"] == rows), None) if isinstance(rec, list) else None
+    pt, failure = micro_point(fig, "host_recovery", "rows", rows)
     if pt is None:
-        return name, (rec or {}).get("error", "not run") if isinstance(rec, dict) or rec is None else "not run", \
-            "not measured"
+        return name, failure, "not measured"
     return (name, f"{fmt(pt['recovery_vs_memcpy'], 3)} (wall time; from CPU time {fmt(pt['recovery_vs_memcpy_cpu'], 3)})",
             verdict(pt["recovery_vs_memcpy"] >= TARGETS["recovery_vs_memcpy"]))
 
@@ -327,10 +340,9 @@ def target_recovery(fig):
 def target_admission(fig):
     at = TARGETS["admission_at"]
     name = f"memd admission at least {TARGETS['admission_per_s'] / 1000:.0f}k decisions/s with {at} admitted requests"
-    adm = (fig.get("micro") or {}).get("admission")
-    pt = next((p for p in adm if p["admitted"] == at), None) if isinstance(adm, list) else None
+    pt, failure = micro_point(fig, "admission", "admitted", at)
     if pt is None:
-        return name, "benchmark failed: " + adm["error"] if isinstance(adm, dict) else "not run", "not measured"
+        return name, failure, "not measured"
     return (name, f"{pt['decisions_per_s'] / 1000:.1f}k/s",
             verdict(pt["decisions_per_s"] >= TARGETS["admission_per_s"]))
 
@@ -414,6 +426,8 @@ def per_token_lines(label, st):
 
 def planner_lines(fig):
     plan = fig.get("planner") or {}
+    if "error" in plan:
+        return ["FAILED: " + plan["error"]]
     lines = ["| preset | context | resident bytes/session | hierarchical bytes/session | with drafter | "
              "resident / hierarchical |", "|---|---|---|---|---|---|"]
     for preset, p in plan.items():

@@ -204,6 +204,25 @@ class PerfReportTest(unittest.TestCase):
         self.assertEqual(self.render(canned()), doc)  # rendering again changes nothing
         self.assertEqual(doc.count(begin), 1)
 
+    def test_programs_missing(self):
+        """Every program missing (a build directory that does not exist): each failure is reported, the document is
+        still written, every verdict is "not measured" (nothing is called met without a figure)."""
+        out = os.path.join(self.dir, "p.md")
+        proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--build", os.path.join(self.dir, "no-build"),
+                               "--out", out], capture_output=True, text=True, cwd=self.dir)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(out) as f:
+            doc = f.read()
+        self.assertIn("cannot run", proc.stderr)
+        verdicts = [target(doc, w)[1] for w in ("within 3%", "sessions > resident", "sessions >= hisparse",
+                                                "glm5-like", "host recovery", "admission", "p99 at most 100")]
+        self.assertEqual(verdicts, ["not measured"] * 7)
+        # planner (its section and the memory target), both mode sections, the three microbenchmark programs
+        self.assertEqual(doc.count("FAILED: "), 7)
+        with open(os.path.join(self.dir, "perf", "figures.json")) as f:
+            saved = json.load(f)
+        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner"])
+
     def test_unreadable_figures(self):
         bad = os.path.join(self.dir, "bad.json")
         with open(bad, "w") as f:
@@ -216,5 +235,5 @@ class PerfReportTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    SCRIPT = sys.argv.pop(1)
+    SCRIPT = os.path.abspath(sys.argv.pop(1))
     unittest.main()
