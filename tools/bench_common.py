@@ -23,6 +23,12 @@ def run_replay(replay, options, out, label, allow_unserved=False):
         return json.load(f)
 
 
+def _share(r, kind):
+    """The census share `kind` (direct / hot / host) of a report; NaN when no row was selected."""
+    share = (r["census"] or {}).get(kind)
+    return share if share is not None else float("nan")
+
+
 def figures(r):
     """The scalar figures of one replay report (a point of a sweep or a single run); NaN where not measured."""
     nan = float("nan")
@@ -31,7 +37,9 @@ def figures(r):
         "sessions": r["sessions_admitted_max"],
         "reclaims": r["reclaims"],
         "repopulated_pages": r["repopulated_pages"],
-        "census_host": (r["census"] or {}).get("host") if (r["census"] or {}).get("host") is not None else nan,
+        "census_direct": _share(r, "direct"),
+        "census_hot": _share(r, "hot"),
+        "census_host": _share(r, "host"),
         "allocation_wait_share": r["allocation_wait_share"] if r["allocation_wait_share"] is not None else nan,
         "ttft_p50_ms": (r["ttft_ms"] or {}).get("p50", nan),
         "ttft_p99_ms": (r["ttft_ms"] or {}).get("p99", nan),

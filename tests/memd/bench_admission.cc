@@ -60,12 +60,12 @@ void BM_AdmitWithReclaimChoice(benchmark::State& state) {
   int64_t now = 0;
   auto mgr = std::move(*ResidencyManager::Create(cfg, [&now] { return now; }));
   DHS_CHECK_OK(mgr->RegisterGpu(0, requests * 3 + 16));
-  for (RequestId r = 0; r < requests; ++r) {
+  for (RequestId r = 1; r <= requests; ++r) {  // 0 is a reserved id (memd refuses it)
     ++now;
     DHS_CHECK_OK(mgr->Admit({.request = r, .gpu = 0, .required_pages = 1, .history_pages = 2, .context_pages = 2}));
     mgr->DrainOrders();
   }
-  RequestId next = requests;
+  RequestId next = requests + 1;
   for (auto _ : state) {
     ++now;
     const RequestId r = next++;

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""tests/tools/perf_report_test.py: tools/perf_report.py renders docs/performance.md from saved figures
+(`--from-json`, no benchmark runs): table values equal the input's figures, ratios to resident are taken within a
+repeat and their median is shown, the fit point and the met / not met verdicts follow the figures, the plots are
+PNG files the document links, and hand-written text outside the generated block is kept.
+
+Usage: perf_report_test.py PATH/TO/tools/perf_report.py   (exit 0 = pass)
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = None  # set from argv
+NAN = float("nan")
+
+
+def run_figures(served, sessions, tps, tpot, host=0.0):
+    """One replay's figures as tools/bench_common.figures() makes them."""
+    return {"served": served, "sessions": sessions, "reclaims": 0, "repopulated_pages": 0, "census_direct": 1 - host,
+            "census_hot": 0.0, "census_host": host, "allocation_wait_share": 0.0, "ttft_p50_ms": 100.0,
+            "ttft_p99_ms": 200.0, "tpot_p50_ms": tpot, "output_tokens_per_s": tps}
+
+
+def points(spec):
+    """spec: {(C, mode): [(sessions, tok/s, tpot, host) per repeat]} -> bench_modes points (runs only matter)."""
+    return [{"concurrency": c, "mode": m, "runs": [run_figures(4, s, t, p, h) for s, t, p, h in runs]}
+            for (c, m), runs in spec.items()]
+
+
+# Three repeats. C = 1: every history fits (resident admits 1 of 1); C = 4: resident admits 2 of 4.
+MODES_SPEC = {
+    (1, "resident"): [(1, 10.0, 50.0, 0.0), (1, 20.0, 50.0, 0.0), (1, 30.0, 50.0, 0.0)],
+    (1, "hisparse"): [(1, 10.0, 55.0, 0.4), (1, 19.0, 55.0, 0.4), (1, 33.0, 55.0, 0.4)],
+    (1, "adaptive"): [(1, 9.8, 51.0, 0.0), (1, 19.6, 51.0, 0.0), (1, 29.7, 51.0, 0.0)],
+    (4, "resident"): [(2, 10.0, 60.0, 0.0), (2, 10.0, 60.0, 0.0), (2, 10.0, 60.0, 0.0)],
+    (4, "hisparse"): [(4, 12.0, 70.0, 0.4), (4, 11.0, 70.0, 0.4), (4, 13.0, 70.0, 0.4)],
+    (4, "adaptive"): [(4, 13.0, 65.0, 0.02), (4, 12.0, 65.0, 0.02), (4, 12.0, 65.0, 0.02)],
+}
+
+
+def canned():
+    link = {"model": "pcie5", "host_to_device_gb_per_s": 55.0, "device_to_host_gb_per_s": 55.0, "latency_us": 5.0}
+    return {
+        "meta": {"command": "python3 tools/perf_report.py --quick", "date": "2026-11-30 12:00 UTC", "nproc": 2,
+                 "cpu": "Test CPU 9000", "commit": "0123abcd", "size": "quick"},
+        "planner": {
+            "glm5-like": {"resident_bytes_per_session": 5000, "hierarchical_bytes_per_session": 400,
+                          "hierarchical_with_drafter_bytes_per_session": 450, "resident_over_hierarchical": 12.5,
+                          "context_tokens": 100000},
+            "dsv4flash-like": {"resident_bytes_per_session": 3000, "hierarchical_bytes_per_session": 1000,
+                               "hierarchical_with_drafter_bytes_per_session": 1100,
+                               "resident_over_hierarchical": 3.0, "context_tokens": 100000}},
+        "micro": {
+            "repetitions": 3,
+            "host_recovery": [
+                {"rows": 1, "recovery_vs_memcpy": 0.1, "recovery_vs_memcpy_cpu": 0.5, "recovery_GBps": 1.0,
+                 "memcpy_GBps": 10.0, "recovery_ns_per_step": 400.0},
+                {"rows": 2048, "recovery_vs_memcpy": 0.75, "recovery_vs_memcpy_cpu": 0.7, "recovery_GBps": 15.0,
+                 "memcpy_GBps": 20.0, "recovery_ns_per_step": 60000.0}],
+            "admission": [{"admitted": 100, "decisions_per_s": 200000.0},
+                          {"admitted": 1000, "decisions_per_s": 150000.0}],
+            "grant_rtt": [{"capacity_pages": 4096, "p50_us": 40.0, "p99_us": 80.0, "p999_us": 150.0},
+                          {"capacity_pages": 65536, "p50_us": 70.0, "p99_us": 120.0, "p999_us": 900.0}]},
+        "modes": {"preset": "bench-wide", "requests": 4, "length_scale": 0.05, "trace": None,
+                  "hbm_budget_bytes": 1500000, "link_model": link, "repeat": 3, "points": points(MODES_SPEC)},
+        "long_context": {"error": "bench_modes: resident run 1 failed (exit 2)"},
+    }
+
+
+def table_row(doc, first_cells):
+    """The cells of the first Markdown table row whose leading cells equal first_cells."""
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[:len(first_cells)] == list(first_cells):
+            return cells
+    raise AssertionError(f"no table row starting with {first_cells}")
+
+
+def target(doc, words):
+    """(measured, verdict) of the targets-table row whose target text contains `words`."""
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and words in cells[0]:
+            return cells[1], cells[2].strip("*")
+    raise AssertionError(f"no target row with {words!r}")
+
+
+class PerfReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def render(self, fig, doc_text=None):
+        src = os.path.join(self.dir, "figures.json")
+        with open(src, "w") as f:
+            json.dump(fig, f)
+        out = os.path.join(self.dir, "docs", "performance.md")
+        if doc_text is not None:
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "w") as f:
+                f.write(doc_text)
+        proc = subprocess.run([sys.executable, SCRIPT, "--from-json", src, "--out", out, "--plots",
+                               os.path.join(self.dir, "docs", "perf")], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(out) as f:
+            return f.read()
+
+    def test_table_values_and_ratios(self):
+        doc = self.render(canned())
+        # C = 1 resident: tok/s median of 10, 20, 30.
+        self.assertEqual(table_row(doc, ["1", "resident"])[3:6], ["1", "20.00", "1.000"])
+        # adaptive / resident within each repeat: 0.98, 0.98, 0.99 -> median 0.98, range [0.98, 0.99].
+        row = table_row(doc, ["1", "adaptive"])
+        self.assertEqual(row[4:8], ["19.60", "0.980 [0.98, 0.99]", "51.00", "1.020"])
+        # hisparse: 1.0, 0.95, 1.1 -> 1.0 [0.95, 1.10]; census host 0.4.
+        row = table_row(doc, ["1", "hisparse"])
+        self.assertEqual(row[5], "1.000 [0.95, 1.10]")
+        self.assertEqual(row[8], "0.600 / 0.000 / 0.400")
+        # C = 4 adaptive: 1.3, 1.2, 1.2 -> 1.2 [1.20, 1.30]; sessions 4 vs resident 2.
+        row = table_row(doc, ["4", "adaptive"])
+        self.assertEqual(row[3], "4")
+        self.assertEqual(row[5], "1.200 [1.20, 1.30]")
+        self.assertEqual(table_row(doc, ["4", "resident"])[3], "2")
+
+    def test_fit_point_and_per_token_cost(self):
+        doc = self.render(canned())
+        self.assertIn("**Resident histories stop fitting at C = 4**: resident admitted 2 sessions", doc)
+        self.assertIn("sessions ratio adaptive / resident 2.00x", doc)
+        # adaptive / hisparse at C = 4 within a repeat: 13/12, 12/11, 12/13 -> median 13/12 = 1.083.
+        self.assertIn("(adaptive / hisparse 1.083 [0.92, 1.09]x)", doc)
+        # Equal batch only at C = 1: TPOT 55 / 50 -> +10.0 %, 51 / 50 -> +2.0 %.
+        self.assertIn("C = 1 (1 sessions each): TPOT p50 resident 50.00 ms, hisparse 55.00 ms (+10.0% per token", doc)
+        self.assertIn("adaptive 51.00 ms (+2.0%", doc)
+        self.assertNotIn("C = 4 (", doc)
+
+    def test_verdicts(self):
+        doc = self.render(canned())
+        self.assertEqual(target(doc, "within 3%"), ("short contexts C=1: 0.980x", "met"))
+        self.assertEqual(target(doc, "sessions > resident"),
+                         ("short contexts C=4: sessions 4 vs 2, tokens/s 1.200x", "met"))
+        self.assertEqual(target(doc, "sessions >= hisparse"),
+                         ("short contexts C=4: sessions 4 vs 4, tokens/s 1.083x", "met"))
+        self.assertEqual(target(doc, "glm5-like"), ("12.50x (dhsctl plan)", "met"))
+        self.assertEqual(target(doc, "host recovery")[1], "not met")
+        self.assertTrue(target(doc, "host recovery")[0].startswith("0.750"))
+        self.assertEqual(target(doc, "admission"), ("150.0k/s", "met"))
+        self.assertEqual(target(doc, "p99 at most 100"),
+                         ("4096 pages: p99 80.0 µs; 65536 pages: p99 120.0 µs", "not met"))
+        self.assertIn("FAILED: bench_modes: resident run 1 failed (exit 2)", doc)
+
+    def test_verdicts_follow_the_figures(self):
+        fig = canned()
+        spec = copy.deepcopy(MODES_SPEC)
+        spec[(1, "adaptive")] = [(1, 9.6, 51.0, 0.0), (1, 19.2, 51.0, 0.0), (1, 28.8, 51.0, 0.0)]  # 0.96
+        spec[(4, "adaptive")] = [(4, 11.0, 65.0, 0.0), (4, 10.0, 65.0, 0.0), (4, 10.5, 65.0, 0.0)]
+        fig["modes"]["points"] = points(spec)
+        fig["planner"]["glm5-like"]["hierarchical_bytes_per_session"] = 625  # 8x
+        fig["micro"]["host_recovery"][1]["recovery_vs_memcpy"] = 0.85
+        fig["micro"]["admission"] = {"error": "memd_bench_admission exited -6: CHECK failed"}
+        fig["micro"]["grant_rtt"][1]["p99_us"] = 99.0
+        doc = self.render(fig)
+        self.assertEqual(target(doc, "within 3%"), ("short contexts C=1: 0.960x", "not met"))
+        # adaptive / resident 1.1, 1.0, 1.05 -> 1.05 (> 1, sessions 4 > 2); / hisparse 11/12, 10/11, 10.5/13 < 1.
+        self.assertEqual(target(doc, "sessions > resident")[1], "met")
+        self.assertEqual(target(doc, "sessions >= hisparse")[1], "not met")
+        self.assertEqual(target(doc, "glm5-like"), ("8.00x (dhsctl plan)", "not met"))
+        self.assertEqual(target(doc, "host recovery")[1], "met")
+        self.assertEqual(target(doc, "admission"),
+                         ("benchmark failed: memd_bench_admission exited -6: CHECK failed", "not measured"))
+        self.assertEqual(target(doc, "p99 at most 100")[1], "met")
+
+    def test_planner_and_meta(self):
+        doc = self.render(canned())
+        self.assertEqual(table_row(doc, ["glm5-like"]), ["glm5-like", "100000", "5000", "400", "450", "12.50x"])
+        self.assertEqual(table_row(doc, ["dsv4flash-like"])[5], "3.00x")
+        self.assertIn("Generated by `python3 tools/perf_report.py --quick` on 2026-11-30 12:00 UTC", doc)
+        self.assertIn("2 CPUs, Test CPU 9000; git commit 0123abcd", doc)
+        self.assertIn("2048 rows per step: 0.750 (15.00 vs 20.00 GB/s; 60.0 µs per step)", doc)
+
+    def test_plots_written_and_linked(self):
+        doc = self.render(canned())
+        for name in ("throughput", "sessions", "tokens_vs_resident", "census"):
+            path = os.path.join(self.dir, "docs", "perf", name + ".png")
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n", path)
+            self.assertIn(f"]({os.path.join('perf', name + '.png')})", doc)
+
+    def test_hand_written_text_kept(self):
+        begin = "<!-- generated by tools/perf_report.py: begin -->"
+        end = "<!-- generated by tools/perf_report.py: end -->"
+        before = "# Performance\n\nHand-written intro.\n\n"
+        after = "\n\n## Introspection at scale\n\nAnother engineer's section.\n"
+        doc = self.render(canned(), before + begin + "\nstale figures\n" + end + after)
+        self.assertTrue(doc.startswith(before + begin))
+        self.assertTrue(doc.endswith(end + after))
+        self.assertNotIn("stale figures", doc)
+        self.assertEqual(self.render(canned()), doc)  # rendering again changes nothing
+        self.assertEqual(doc.count(begin), 1)
+
+    def test_programs_missing(self):
+        """Every program missing (a build directory that does not exist): each failure is reported, the document is
+        still written, every verdict is "not measured" (nothing is called met without a figure)."""
+        out = os.path.join(self.dir, "p.md")
+        proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--build", os.path.join(self.dir, "no-build"),
+                               "--out", out], capture_output=True, text=True, cwd=self.dir)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(out) as f:
+            doc = f.read()
+        self.assertIn("cannot run", proc.stderr)
+        verdicts = [target(doc, w)[1] for w in ("within 3%", "sessions > resident", "sessions >= hisparse",
+                                                "glm5-like", "host recovery", "admission", "p99 at most 100")]
+        self.assertEqual(verdicts, ["not measured"] * 7)
+        # planner (its section and the memory target), both mode sections, the three microbenchmark programs
+        self.assertEqual(doc.count("FAILED: "), 7)
+        with open(os.path.join(self.dir, "perf", "figures.json")) as f:
+            saved = json.load(f)
+        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner"])
+
+    def test_unreadable_figures(self):
+        bad = os.path.join(self.dir, "bad.json")
+        with open(bad, "w") as f:
+            f.write("{not json")
+        proc = subprocess.run([sys.executable, SCRIPT, "--from-json", bad, "--out", os.path.join(self.dir, "p.md"),
+                               "--plots", os.path.join(self.dir, "perf")], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn(f"cannot read {bad}", proc.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "p.md")))
+
+
+if __name__ == "__main__":
+    SCRIPT = os.path.abspath(sys.argv.pop(1))
+    unittest.main()
