@@ -1,9 +1,7 @@
 #include "tools/node/node_process.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 #include "common/sd_notify.h"
+#include "common/spawn.h"
 #include "common/transport.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -43,61 +42,6 @@ std::optional<std::string> Ask(const std::string& run_dir, const std::string& na
   absl::StatusOr<std::string> reply = (*client)->Request(request, timeout);
   if (!reply.ok()) return std::nullopt;
   return *std::move(reply);
-}
-
-// Spawns `path args...` with stdout and stderr appended to `log`. Between fork and exec only async-signal-safe calls.
-absl::StatusOr<pid_t> Spawn(const std::string& path, const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> storage = {path};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  // The children do not inherit NOTIFY_SOCKET: under systemd only dhs-node (the unit's main process) reports
-  // readiness, once every child is ready.
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "NOTIFY_SOCKET=", 14) != 0) envp.push_back(*e);
-  }
-  envp.push_back(nullptr);
-  int report[2];  // the child's errno when it cannot exec; closed on exec
-  if (::pipe2(report, O_CLOEXEC) != 0) return absl::UnavailableError(absl::StrCat("pipe: ", std::strerror(errno)));
-  const pid_t parent = ::getpid();
-  const pid_t child = ::fork();
-  if (child < 0) {
-    const int e = errno;
-    ::close(report[0]);
-    ::close(report[1]);
-    return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(e)));
-  }
-  if (child == 0) {
-    auto fail = [&](int e) {
-      (void)!::write(report[1], &e, sizeof e);
-      ::_exit(127);
-    };
-    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) fail(errno);
-    if (::getppid() != parent) ::_exit(143);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) fail(errno);
-    const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (in < 0 || ::dup2(in, STDIN_FILENO) < 0) fail(errno);
-    ::execve(path.c_str(), argv.data(), envp.data());
-    fail(errno);
-  }
-  ::close(report[1]);
-  int child_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(report[0], &child_errno, sizeof child_errno);
-  } while (n < 0 && errno == EINTR);
-  ::close(report[0]);
-  if (n == static_cast<ssize_t>(sizeof child_errno)) {
-    ::waitpid(child, nullptr, 0);
-    return absl::UnavailableError(absl::StrCat("cannot start ", path, ": ", std::strerror(child_errno)));
-  }
-  return child;
 }
 
 // The loop around one Supervisor: its state is the pid of each child and the events waiting to be fed.
@@ -166,8 +110,10 @@ class NodeLoop {
     const bool memd = child == Supervisor::kMemd;
     const std::string log = memd ? config_.run_dir + "/memd.log"
                                  : absl::StrCat(config_.run_dir, "/worker-", config_.workers[child - 1].gpu, ".log");
-    absl::StatusOr<pid_t> pid = Spawn(memd ? paths_.memd : paths_.workerd,
-                                      memd ? MemdArgs(config_, page_bytes_) : WorkerArgs(config_, child - 1), log);
+    absl::StatusOr<pid_t> pid =
+        SpawnChild(memd ? paths_.memd : paths_.workerd,
+                   memd ? MemdArgs(config_, page_bytes_) : WorkerArgs(config_, child - 1),
+                   SpawnOptions{.log = log, .append_log = true, .drop_notify_socket = true});
     if (!pid.ok()) {
       spdlog::error("dhs-node: {}: {}", Name(child), std::string(pid.status().message()));
       sup_.Exited(child, 127 << 8, NowMs());  // as a shell reports a command it cannot run
