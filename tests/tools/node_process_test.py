@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from proc_util import gone, wait_until
+
 CONFIG = """
 [node]
 run_dir = "{run_dir}"
@@ -61,21 +63,8 @@ def read(path: str) -> str:
         return ""
 
 
-def wait_until(pred, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def started_pids(out: str, name: str) -> list:

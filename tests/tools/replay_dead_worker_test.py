@@ -12,19 +12,12 @@ import sys
 import tempfile
 import threading
 
+from proc_util import pids_naming
+
 
 def worker_pid(run_dir: str) -> int:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if run_dir.encode() in args and os.path.basename(args[0]) == b"workerd":
-            return int(entry)
-    return 0
+    pids = pids_naming(run_dir, program="workerd")
+    return pids[0] if pids else 0
 
 
 def check(replay: str, sig: int) -> list:

@@ -10,43 +10,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
+
+from proc_util import gone, pids_naming, wait_until
 
 
-def node_pids(run_dir: str, exclude: int) -> list:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == exclude:
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if run_dir.encode() in args and not alive_is_zombie(int(entry)):
-            pids.append(int(entry))
-    return pids
 
 
-def alive_is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True  # gone
 
 
-def gone(pid: int) -> bool:
-    return not os.path.exists(f"/proc/{pid}") or alive_is_zombie(pid)
 
 
-def wait_until(pred, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 def check(replay: str, sig: int, want_rc: int) -> list:
@@ -60,7 +33,7 @@ def check(replay: str, sig: int, want_rc: int) -> list:
                             os.path.exists(os.path.join(run_dir, "worker-0.sock")), 60)
             if not up or proc.poll() is not None:
                 return [f"{signal.Signals(sig).name}: the node did not come up (rc {proc.poll()})"]
-            pids = node_pids(run_dir, proc.pid)
+            pids = pids_naming(run_dir, exclude=proc.pid)
             if len(pids) != 2:
                 failures.append(f"{signal.Signals(sig).name}: expected memd and workerd, found pids {pids}")
             proc.send_signal(sig)
@@ -74,7 +47,7 @@ def check(replay: str, sig: int, want_rc: int) -> list:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            for p in node_pids(run_dir, proc.pid):  # never leave them behind, whatever failed
+            for p in pids_naming(run_dir, exclude=proc.pid):  # never leave them behind, whatever failed
                 os.kill(p, signal.SIGKILL)
     return failures
 
