@@ -5,7 +5,7 @@
 // them from the records the fake memd kept as memd does (AdmitRequest.record + TokensCommitted), recomputing their KV
 // from the tokens; their clients re-attach saying how many tokens they have: one at once, one while B decodes, one
 // after its request finished, and one whose record lacks the last token the client got (the TokensCommitted of A's
-// last step lost). Each client's stream (A's chunks, then B's) equals the uninterrupted oracle run token for token
+// last step lost); request 1's client lacks the last token its record holds (A killed between the two sends). Each client's stream (A's chunks, then B's) equals the uninterrupted oracle run token for token
 // and digest for digest: nothing lost, nothing twice.
 #include <algorithm>
 #include <cstdint>
@@ -101,6 +101,7 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
   }
   records[4].tokens.pop_back();  // A's last TokensCommitted for request 4 never reached memd
   records[4].logits_digests.pop_back();
+  had[1] -= 1;  // A was killed between committing request 1's last token and sending its chunk: the client lacks it
   // Worker B (epoch 2) resumes all four; clients 1 and 4 attach at once, 2 while B decodes, 3 after its end.
   Side b(m.get(), 2);
   uint64_t rows = 0;
