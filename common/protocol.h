@@ -28,7 +28,9 @@ namespace dhs {
 // BackupComplete with order 0 (whose `pages` held history pages, not GPU pages). 4: fencing (issue 11): every Hello
 // starts a new epoch and fences the previous one, messages of a fenced worker are refused FAILED_PRECONDITION
 // "fenced", HelloReply.interrupted_requests (a version-3 worker would never end them: their host pages would leak).
-inline constexpr uint32_t kProtocolVersion = 4;
+// 5: request records for resume (AdmitRequest.record, TokensCommitted, HelloReply.interrupted_records): a version-4
+// worker would end interrupted requests that memd expects to be resumed, and a version-4 memd would drop the records.
+inline constexpr uint32_t kProtocolVersion = 5;
 
 // Largest inbound message accepted, bytes (control messages are small; bulk KV goes through the
 // host pool, never through sockets).
@@ -69,6 +71,9 @@ DHS_DECLARE_MESSAGE(AdmitReject)
 DHS_DECLARE_MESSAGE(ReclaimOrder)
 DHS_DECLARE_MESSAGE(BackupComplete)
 DHS_DECLARE_MESSAGE(HostCopyWritten)
+DHS_DECLARE_MESSAGE(TokensCommitted)
+DHS_DECLARE_MESSAGE(Attach)
+DHS_DECLARE_MESSAGE(TokensCommittedAck)
 DHS_DECLARE_MESSAGE(ReadersDone)
 DHS_DECLARE_MESSAGE(Retire)
 DHS_DECLARE_MESSAGE(PopulateOrder)

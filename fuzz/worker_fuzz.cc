@@ -69,6 +69,7 @@ class QuietMemd final : public MemdLink {
   }
   absl::Status SendReadyPublish(const wire::ReadyPublishT&) override { return absl::OkStatus(); }
   absl::Status SendComplete(const wire::CompleteT&) override { return absl::OkStatus(); }
+  absl::Status SendTokensCommitted(const wire::TokensCommittedT&) override { return absl::OkStatus(); }
   std::vector<wire::AdmitRequestT> admits;
   std::deque<wire::ReadersDoneT> readers_done;
 };

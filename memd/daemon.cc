@@ -30,6 +30,40 @@ uint64_t NowNs() {
 
 wire::HostPageRef HostRef(PageIndex page) { return wire::HostPageRef(0, page); }
 
+RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
+  RequestRecord r;
+  r.client_request = w.client_request;
+  r.gpu = gpu;
+  r.prompt = w.prompt;
+  r.hash_ids = w.hash_ids;
+  r.input_tokens = w.input_tokens;
+  r.prefix_block_tokens = w.prefix_block_tokens;
+  r.max_new_tokens = w.max_new_tokens;
+  r.temperature = w.temperature;
+  r.top_p = w.top_p;
+  r.seed = w.seed;
+  r.tokens = w.tokens;
+  r.digests = w.logits_digests;
+  return r;
+}
+
+std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRecord& r) {
+  auto w = std::make_unique<wire::RequestRecordT>();
+  w->request = id;
+  w->client_request = r.client_request;
+  w->prompt = r.prompt;
+  w->hash_ids = r.hash_ids;
+  w->input_tokens = r.input_tokens;
+  w->prefix_block_tokens = r.prefix_block_tokens;
+  w->max_new_tokens = r.max_new_tokens;
+  w->temperature = r.temperature;
+  w->top_p = r.top_p;
+  w->seed = r.seed;
+  w->tokens = r.tokens;
+  w->logits_digests = r.digests;
+  return w;
+}
+
 DumpView ViewOf(const wire::IntrospectQueryT& q) {
   DumpView v;
   switch (q.what) {
@@ -272,6 +306,8 @@ void Daemon::Register() {
               counted([this](const Message& m, std::string_view p) { return OnReadersDone(m, p); }));
   server_->On(wire::Body::ReadyPublish,
               counted([this](const Message& m, std::string_view p) { return OnReadyPublish(m, p); }));
+  server_->On(wire::Body::TokensCommitted,
+              counted([this](const Message& m, std::string_view p) { return OnTokensCommitted(m, p); }));
   server_->On(wire::Body::Complete, counted([this](const Message& m, std::string_view p) { return OnComplete(m, p); }));
   server_->On(wire::Body::IntrospectQuery,
               counted([this](const Message& m, std::string_view) { return OnIntrospect(m); }));
@@ -334,9 +370,16 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   reply.accepted = true;
   reply.worker_epoch = core_->epoch(hello->gpu);
   reply.interrupted_requests = core_->InterruptedRequests(hello->gpu);
+  for (RequestId id : reply.interrupted_requests) {
+    if (const RequestRecord* rec = records_.Find(id)) reply.interrupted_records.push_back(ToWireRecord(id, *rec));
+  }
   spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}, {} interrupted "
                "requests", hello->gpu, hello->pid, hello->device_name, hello->capacity_pages, hello->page_rows,
                reply.worker_epoch, reply.interrupted_requests.size());
+  if (!reply.interrupted_requests.empty()) {
+    spdlog::info("memd: GPU {}: {} of its {} interrupted requests have a record to resume from", hello->gpu,
+                 reply.interrupted_records.size(), reply.interrupted_requests.size());
+  }
   auto seg = std::make_unique<wire::HostSegmentInfoT>();
   seg->name = segment_->name();
   seg->size_bytes = segment_->size_bytes();
@@ -368,7 +411,13 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   admit.page_rows = g->second.page_rows;
   admit.optional_history = a->optional_history;
   admit.host_backed = a->host_backed;
-  if (absl::Status s = core_->Admit(admit); !s.ok()) return reject(s);
+  if (a->record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
+    if (absl::Status s = records_.Open(a->request, FromWireRecord(*a->record, a->gpu)); !s.ok()) return reject(s);
+  }
+  if (absl::Status s = core_->Admit(admit); !s.ok()) {
+    if (a->record) records_.Release(a->request);
+    return reject(s);
+  }
   admit_sequence_[a->request] = m.sequence;
   return std::string();  // Grant / Wait / Reject go out with the drained orders
 }
@@ -459,6 +508,30 @@ absl::StatusOr<std::string> Daemon::OnComplete(const Message& m, std::string_vie
   return FlushOrders(m.sequence);  // the CompleteAck answers this message
 }
 
+absl::StatusOr<std::string> Daemon::OnTokensCommitted(const Message& m, std::string_view peer) {
+  auto t = ReadTokensCommitted(m);
+  if (!t.ok()) return t.status();
+  // Each entry on its own: a refused one (wrong peer, no record, a gap) does not hold back the others.
+  absl::Status first;
+  size_t refused = 0;
+  for (const auto& e : t->entries) {
+    if (e == nullptr) continue;
+    absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(e->request), "TokensCommitted");
+    if (s.ok()) s = records_.Commit(e->request, e->from, e->tokens, e->logits_digests);
+    if (s.ok()) continue;
+    if (refused++ == 0) first = s;
+  }
+  if (refused == 0) {
+    wire::TokensCommittedAckT ack;
+    ack.entries = static_cast<uint32_t>(t->entries.size());
+    return EncodeTokensCommittedAck(ack, m.sequence, kSender);
+  }
+  DHS_LOG_LIMITED(spdlog::level::warn, "memd: TokensCommitted: {} of {} entries refused, first: {}", refused,
+                  t->entries.size(), first.ToString());
+  return absl::Status(first.code(), absl::StrFormat("TokensCommitted: %d of %d entries refused, first: %s", refused,
+                                                    t->entries.size(), first.message()));
+}
+
 // A view naming a request or GPU memd does not know is answered with NOT_FOUND (dhsctl exits 4 on the code).
 absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   auto q = ReadIntrospectQuery(m);
@@ -503,9 +576,11 @@ std::string Daemon::FlushOrders(uint64_t answering_sequence) {
       w.request = ack->request;
       w.released_pages = ack->released_pages;
       admit_sequence_.erase(ack->request);
+      records_.Release(ack->request);  // the request ended: nothing left to resume
       reply = EncodeCompleteAck(w, answering_sequence, kSender);
       continue;
     }
+    if (const auto* reject = std::get_if<RejectOrder>(&order)) records_.Release(reject->request);  // never admitted
     const GpuId gpu = std::visit([](const auto& o) { return o.gpu; }, order);
     if (auto g = gpus_.find(gpu); g == gpus_.end() || g->second.fenced) {  // its worker is gone: nobody to tell
       if (const auto* reject = std::get_if<RejectOrder>(&order)) admit_sequence_.erase(reject->request);

@@ -22,6 +22,9 @@
 // message of its worker but Hello is refused FAILED_PRECONDITION "fenced: ..."; a Hello re-registers it (new epoch,
 // HelloReply.interrupted_requests). BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
 // host copies written outside a ReclaimOrder come as HostCopyWritten.
+// Request records (issue 11, resume; memd/request_records.h): AdmitRequest.record opens one (an oversize record
+// refuses the admission), TokensCommitted grows it, CompleteAck and an admission's reject release it, and the
+// HelloReply of a GPU's next worker carries its interrupted requests' records (interrupted_records).
 //
 // Thread-safety: Serve/Run and the constructor/destructor from one thread; metrics() from any thread.
 #pragma once
@@ -40,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "common/host_pool.h"
 #include "common/transport.h"
+#include "memd/request_records.h"
 #include "memd/residency_manager.h"
 
 namespace dhs::memd {
@@ -82,6 +86,7 @@ class Daemon {
   const std::string& endpoint() const { return router_->endpoint(); }
   const HostPoolSegment& segment() const { return *segment_; }
   const ResidencyManager& core() const { return *core_; }
+  const RequestRecordStore& records() const { return records_; }
 
  private:
   struct GpuInfo {
@@ -105,6 +110,9 @@ class Daemon {
   absl::StatusOr<std::string> OnReadersDone(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnReadyPublish(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnComplete(const Message& m, std::string_view peer);
+  // Appends each entry's tokens to its request's record (RequestRecordStore::Commit); entries of other GPUs' requests
+  // are refused (CheckWorkerPeer). Answers TokensCommittedAck, or an ErrorReply naming how many entries were refused.
+  absl::StatusOr<std::string> OnTokensCommitted(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnIntrospect(const Message& m);
   // The role check of a worker-only message (BackupComplete, HostCopyWritten, ReadersDone, ReadyPublish, Complete):
   // `peer` must be the worker that said Hello for `gpu`, the GPU of the request or order the message names. With
@@ -140,6 +148,7 @@ class Daemon {
   std::unique_ptr<ResidencyManager> core_;
   std::unique_ptr<Server> server_;
   std::map<GpuId, GpuInfo> gpus_;
+  RequestRecordStore records_;  // the requests' records for resume (opened with AdmitRequest.record)
   std::map<RequestId, uint64_t> admit_sequence_;  // the AdmitRequest's sequence, repeated by its Grant/Wait/Reject
   uint64_t next_sequence_ = 1;
   DaemonCounters counters_;

@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view
     if (!reply->accepted) return absl::FailedPreconditionError(absl::StrCat("memd refused Hello: ", reply->reason));
     c->epoch_ = reply->worker_epoch;
     c->interrupted_ = reply->interrupted_requests;
+    c->records_ = std::move(reply->interrupted_records);
     c->last_heard_ = std::chrono::steady_clock::now();
     if (!reply->segments.empty()) {
       const wire::HostSegmentInfoT& info = *reply->segments[0];
@@ -148,8 +149,16 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
     }
     case wire::Body::HeartbeatAck:
       return;
+    case wire::Body::TokensCommittedAck:
+      if (msg->sequence == commit_seq_) commit_seq_ = 0;  // the next TokensCommitted may go
+      return;
     case wire::Body::ErrorReply: {
       const absl::Status s = ReadErrorStatus(*msg);
+      if (msg->sequence == commit_seq_ && commit_seq_ != 0) {
+        commit_seq_ = 0;
+        spdlog::warn("workerd: memd refused tokens committed: {}", s.ToString());
+        return;
+      }
       auto it = admit_seq_.find(msg->sequence);
       if (it != admit_seq_.end()) {  // memd could not serve an AdmitRequest: the request is refused
         wire::AdmitRejectT reject;
@@ -199,6 +208,15 @@ absl::Status MemdClient::SendReadyPublish(const wire::ReadyPublishT& m) {
 absl::Status MemdClient::SendComplete(const wire::CompleteT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
   return dealer_->Send(EncodeComplete(m, NextSeq(), sender_));
+}
+absl::Status MemdClient::SendTokensCommitted(const wire::TokensCommittedT& m) {
+  // Checked now, not only at the next Poll: a worker stopped mid-step must not report a step of a fenced epoch.
+  if (absl::Status s = CheckEpoch(); !s.ok()) return s;
+  if (commit_seq_ != 0) return absl::UnavailableError("the previous TokensCommitted is not acknowledged yet");
+  const uint64_t seq = NextSeq();
+  if (absl::Status s = dealer_->Send(EncodeTokensCommitted(m, seq, sender_)); !s.ok()) return s;
+  commit_seq_ = seq;
+  return absl::OkStatus();
 }
 
 }  // namespace dhs

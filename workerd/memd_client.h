@@ -63,6 +63,11 @@ class MemdClient final : public MemdLink {
   absl::Status SendReadersDone(const wire::ReadersDoneT& m) override;
   absl::Status SendReadyPublish(const wire::ReadyPublishT& m) override;
   absl::Status SendComplete(const wire::CompleteT& m) override;
+  // One in flight: UNAVAILABLE (nothing sent) until memd answered the previous one (TokensCommittedAck or
+  // ErrorReply); the worker then sends those tokens with its next step. ABORTED once the epoch ended (checked now).
+  absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override;
+  // HelloReply.interrupted_records: the records memd kept of those requests (the ones that have one).
+  const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const { return records_; }
 
  private:
   MemdClient(std::unique_ptr<DealerClient> dealer, std::string sender, GpuId gpu)
@@ -82,6 +87,8 @@ class MemdClient final : public MemdLink {
   std::chrono::milliseconds memd_timeout_{2000};
   absl::Status ended_;  // ABORTED once the epoch ended
   std::vector<uint64_t> interrupted_;
+  std::vector<std::unique_ptr<wire::RequestRecordT>> records_;
+  uint64_t commit_seq_ = 0;  // the TokensCommitted in flight (0: none): one at a time
 };
 
 }  // namespace dhs

@@ -25,6 +25,9 @@ class MemdLink {
   virtual absl::Status SendReadersDone(const wire::ReadersDoneT& m) = 0;
   virtual absl::Status SendReadyPublish(const wire::ReadyPublishT& m) = 0;
   virtual absl::Status SendComplete(const wire::CompleteT& m) = 0;
+  // At most one per step (protocol version 5): the tokens not yet committed, queued before they go to the clients.
+  // UNAVAILABLE: not sent now (the previous one is not acknowledged, or memd's queue is full); resend them later.
+  virtual absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) = 0;
 };
 
 class MemdHandler {

@@ -119,6 +119,15 @@ void ServingFrontend::Handle(const Incoming& in) {
   absl::Status status;
   if (msg->type == wire::Body::SubmitRequest) {
     status = HandleSubmit(*msg, in.peer);
+  } else if (msg->type == wire::Body::Attach) {
+    absl::StatusOr<wire::AttachT> attach = ReadAttach(*msg);
+    if (!attach.ok()) {
+      status = attach.status();
+    } else if (worker_ == nullptr) {
+      status = absl::UnavailableError("worker not ready");
+    } else {
+      status = worker_->Attach(attach->request, attach->received, ClientRef{in.peer, msg->sequence});
+    }
   } else if (msg->type == wire::Body::WorkerStatsQuery) {
     if (worker_ == nullptr) {
       status = absl::UnavailableError("worker not ready");

@@ -67,12 +67,15 @@ class Submitter {
   virtual ~Submitter() = default;
   // A client's request. A returned error is the client's ErrorReply; nothing else changed.
   virtual absl::Status Submit(const wire::SubmitRequestT& submit, const ClientRef& client) = 0;
+  // A client re-attaches to a request resumed after a worker restart (Attach message, protocol version 5), having
+  // `received` of its tokens. A returned error is the client's ErrorReply.
+  virtual absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client) = 0;
   // The counters of WorkerStatsReply.
   virtual wire::WorkerStatsReplyT StatsReply() const = 0;
 };
 
 // The RouterServer `worker-<gpu>` in the run dir. Serve() answers SubmitRequest (ErrorReply on a validation error,
-// the worker keeps serving), WorkerStatsQuery (WorkerStatsReply) and anything else with an ErrorReply
+// the worker keeps serving), Attach (a resumed request's client re-attaches: Submitter::Attach), WorkerStatsQuery (WorkerStatsReply) and anything else with an ErrorReply
 // (UNKNOWN_MESSAGE; undecodable -> INVALID_MESSAGE). As a ClientSink it encodes SubmitAccepted / TokenChunk.
 //
 // Every reply goes through a ClientOutbox: what the socket cannot take now (the client's ZeroMQ queue is full: it

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_limiter.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "workerd/model/resident_kv_access.h"
@@ -82,42 +83,8 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
     return absl::ResourceExhaustedError(
         absl::StrCat("request ", submit.request, ": submit queue full (", config_.submit_queue, ")"));
   }
-  auto r = std::make_unique<Request>();
-  r->id = NodeRequestId(submit.request);
-  r->client_id = submit.request;
-  r->client = client;
-  r->input = SubmitInputTokens(submit);
-  r->prefix_tokens = static_cast<Position>(SubmitPrefixTokens(submit));
-  r->hash_ids = submit.hash_ids;
-  r->prefix_block_tokens = submit.prefix_block_tokens;
-  r->max_new = submit.max_new_tokens;
-  r->greedy = submit.temperature == 0.0f;
-  r->sampling = model::SamplingParams{submit.temperature, submit.top_p};
-  r->rng.seed(submit.seed);
-  r->submitted = std::chrono::steady_clock::now();
-
-  const uint64_t p = config_.page_rows;
-  const uint64_t ctx = r->input.size() + r->max_new;
-  const model::ModelConfig& mc = model_->config();
-  wire::AdmitRequestT admit;
-  admit.request = r->id;
-  admit.gpu = config_.gpu;
-  admit.required_pages = RequiredPages(mc, geometry_, config_.mode, ctx);
-  admit.history_rows = ctx;
-  admit.complete_pages = config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r->input.size() / p) : 0;
-  // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
-  admit.optional_history = config_.mode == WorkerMode::kAdaptive;
-  for (int s = 0; s < mc.n_sources(); ++s) {
-    auto info = std::make_unique<wire::RequestSourceInfoT>();
-    info->source = static_cast<uint32_t>(s);
-    info->history_rows = ctx;
-    info->complete_pages = admit.complete_pages;
-    admit.sources.push_back(std::move(info));
-  }
-  admit.host_backed = false;
-  if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
-    return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
-  }
+  auto r = NewRequest(submit, client);
+  if (absl::Status s = SendAdmit(*r, submit); !s.ok()) return s;
   wire::SubmitAcceptedT accepted;
   accepted.request = r->client_id;
   accepted.queue_position = waiting_requests();
@@ -129,6 +96,67 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
   stats_.waiting_requests_peak = std::max(stats_.waiting_requests_peak, WaitingForGrant());
   client_->Accepted(client, accepted);
   return absl::OkStatus();
+}
+
+std::unique_ptr<Worker::Request> Worker::NewRequest(const wire::SubmitRequestT& submit, const ClientRef& client) {
+  auto r = std::make_unique<Request>();
+  r->id = NodeRequestId(submit.request);
+  r->client_id = submit.request;
+  r->client = client;
+  r->input = SubmitInputTokens(submit);
+  r->prefix_tokens = static_cast<Position>(SubmitPrefixTokens(submit));
+  r->hash_ids = submit.hash_ids;
+  r->prefix_block_tokens = submit.prefix_block_tokens;
+  r->max_new = submit.max_new_tokens;
+  r->greedy = submit.temperature == 0.0f;
+  r->sampling = model::SamplingParams{submit.temperature, submit.top_p};
+  r->seed = submit.seed;
+  r->submitted = std::chrono::steady_clock::now();
+  return r;
+}
+
+absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& submit) {
+  const uint64_t p = config_.page_rows;
+  const uint64_t ctx = r.input.size() - r.resumed + r.max_new;  // a resumed input holds its committed tokens
+  const model::ModelConfig& mc = model_->config();
+  wire::AdmitRequestT admit;
+  admit.request = r.id;
+  admit.gpu = config_.gpu;
+  admit.required_pages = RequiredPages(mc, geometry_, config_.mode, ctx);
+  admit.history_rows = ctx;
+  admit.complete_pages = config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r.input.size() / p) : 0;
+  // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
+  admit.optional_history = config_.mode == WorkerMode::kAdaptive;
+  for (int s = 0; s < mc.n_sources(); ++s) {
+    auto info = std::make_unique<wire::RequestSourceInfoT>();
+    info->source = static_cast<uint32_t>(s);
+    info->history_rows = ctx;
+    info->complete_pages = admit.complete_pages;
+    admit.sources.push_back(std::move(info));
+  }
+  admit.host_backed = false;
+  admit.record = MakeRecord(r, submit);
+  if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const wire::SubmitRequestT& submit) const {
+  auto rec = std::make_unique<wire::RequestRecordT>();
+  rec->request = r.id;
+  rec->client_request = r.client_id;
+  rec->prompt = submit.prompt;
+  rec->hash_ids = submit.hash_ids;
+  rec->input_tokens = submit.input_tokens;
+  rec->prefix_block_tokens = submit.prefix_block_tokens;
+  rec->max_new_tokens = submit.max_new_tokens;
+  rec->temperature = submit.temperature;
+  rec->top_p = submit.top_p;
+  rec->seed = submit.seed;
+  rec->tokens.assign(r.generated.begin(), r.generated.end());
+  rec->logits_digests = r.digests;
+  return rec;
 }
 
 RequestId Worker::NodeRequestId(RequestId client_id) {
@@ -167,7 +195,7 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     return;
   }
   r.granted = std::chrono::steady_clock::now();
-  const uint64_t rows = r.input.size() + r.max_new - 1;  // rows ever appended
+  const uint64_t rows = r.input.size() - r.resumed + r.max_new - 1;  // rows ever appended
   if (absl::Status s = agent_->OnGrant(m, rows / config_.page_rows); !s.ok()) {
     Finish(r.id, s);
     return;
@@ -211,6 +239,110 @@ void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
 void Worker::OnReclaimOrder(const wire::ReclaimOrderT& m) { agent_->OnReclaimOrder(m); }
 void Worker::OnRetire(const wire::RetireT& m) { agent_->OnRetire(m); }
 void Worker::OnPopulateOrder(const wire::PopulateOrderT& m) { agent_->OnPopulateOrder(m); }
+
+// ---- resume (issue 11) ----
+
+namespace {
+
+wire::SubmitRequestT SubmitOfRecord(const wire::RequestRecordT& rec) {
+  wire::SubmitRequestT s;
+  s.request = rec.client_request;
+  s.prompt = rec.prompt;
+  s.hash_ids = rec.hash_ids;
+  s.input_tokens = rec.input_tokens;
+  s.prefix_block_tokens = rec.prefix_block_tokens;
+  s.max_new_tokens = rec.max_new_tokens;
+  s.temperature = rec.temperature;
+  s.top_p = rec.top_p;
+  s.seed = rec.seed;
+  return s;
+}
+
+}  // namespace
+
+absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& record) {
+  const wire::SubmitRequestT submit = SubmitOfRecord(record);
+  absl::Status valid = ValidateSubmit(submit, config_.max_context_tokens);
+  if (valid.ok() && (record.tokens.size() > record.max_new_tokens ||
+                     record.logits_digests.size() != record.tokens.size())) {
+    valid = absl::InvalidArgumentError(absl::StrCat(record.tokens.size(), " committed tokens, ",
+                                                    record.logits_digests.size(), " digests, max_new ",
+                                                    record.max_new_tokens));
+  }
+  // The interrupted id ends first: memd frees what it kept (its host pages and record); the KV is recomputed below.
+  wire::CompleteT done;
+  done.request = interrupted;
+  done.gpu = config_.gpu;
+  if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
+  }
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interrupted request ", interrupted, ": its record is not resumable: ", valid.message()));
+  }
+  std::unique_ptr<Request> r = NewRequest(submit, ClientRef{});
+  r->detached = true;
+  r->resume_started = r->submitted;
+  r->generated.assign(record.tokens.begin(), record.tokens.end());
+  r->digests = record.logits_digests;
+  r->resumed = static_cast<Position>(r->generated.size());
+  r->committed = r->generated.size();  // the new record opens with them
+  r->input.insert(r->input.end(), r->generated.begin(), r->generated.end());  // recomputed with the input
+  ++stats_.requests_resumed;
+  if (r->generated.size() >= r->max_new) {  // every token was committed: nothing to compute
+    spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
+                 r->client_id, r->max_new);
+    detached_done_[r->client_id] = DetachedOutput{r->generated, r->digests, absl::OkStatus()};
+    return absl::OkStatus();
+  }
+  stats_.rows_recomputed += r->input.size();
+  if (absl::Status s = SendAdmit(*r, submit); !s.ok()) return s;
+  spdlog::info("worker: interrupted request {} (client {}) resumes as {}: {} committed tokens, {} rows recomputed "
+               "from its tokens", interrupted, r->client_id, r->id, r->resumed, r->input.size());
+  client_ids_.emplace(std::make_pair(std::string(), r->client_id), r->id);
+  requests_.emplace(r->id, std::move(r));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Attach(RequestId client_id, uint32_t received, const ClientRef& client) {
+  auto send = [&](Request& r, bool finished, const absl::Status& error) {
+    wire::SubmitAcceptedT accepted;
+    accepted.request = client_id;
+    client_->Accepted(client, accepted);
+    std::vector<model::Token> tokens;
+    std::vector<uint64_t> digests;
+    for (size_t t = received; t < r.generated.size(); ++t) {
+      tokens.push_back(r.generated[t]);
+      digests.push_back(r.digests[t]);
+    }
+    r.client_has = std::max<size_t>(received, r.generated.size());
+    if (!tokens.empty() || finished) return SendChunk(r, std::move(tokens), std::move(digests), finished, error);
+    return absl::OkStatus();
+  };
+  if (auto done = detached_done_.find(client_id); done != detached_done_.end()) {
+    Request r;  // the finished request's output, streamed once
+    r.client_id = client_id;
+    r.client = client;
+    r.generated = done->second.tokens;
+    r.digests = done->second.digests;
+    r.submitted = r.granted = std::chrono::steady_clock::now();
+    const absl::Status error = done->second.error;
+    detached_done_.erase(done);
+    send(r, true, error).IgnoreError();  // a final chunk is always taken
+    return absl::OkStatus();
+  }
+  auto key = client_ids_.find({std::string(), client_id});
+  if (key == client_ids_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", client_id, " is not a resumed request of this worker"));
+  }
+  Request& r = *requests_.at(key->second);
+  client_ids_.erase(key);
+  client_ids_.emplace(std::make_pair(client.peer, client_id), r.id);
+  r.client = client;
+  r.detached = false;
+  if (absl::Status s = send(r, false, absl::OkStatus()); !s.ok()) r.client_error = s;
+  return absl::OkStatus();
+}
 
 // ---- the loop ----
 
@@ -283,8 +415,8 @@ absl::Status Worker::ReplayFed(Request& r) {
   if (absl::Status s = agent_->RebuildKv(r.id); !s.ok()) return s;  // released and planned again
   r.session.emplace(model_->NewSession(r.id));
   r.capture.reset();  // recomputed below without the row cache; a later block starts a fresh capture
-  std::vector<model::Token> all = r.input;
-  all.insert(all.end(), r.generated.begin(), r.generated.end());
+  std::vector<model::Token> all = r.input;  // a resumed request's input ends with its committed tokens
+  all.insert(all.end(), r.generated.begin() + r.resumed, r.generated.end());
   for (Position pos = 0; pos < r.fed;) {
     const size_t n = std::min<size_t>(geometry_.prefill_chunk, static_cast<size_t>(r.fed - pos));
     if (absl::Status s = model_->ImportPrefix(*r.session, std::span<const model::Token>(all.data() + pos, n), kv());
@@ -364,6 +496,7 @@ absl::Status Worker::RunBatch() {
     spdlog::warn("worker: batched step of {} requests failed ({}); retrying each alone", items.size(), st.ToString());
     RetryAlone(items);
   }
+  CommitStep();
   // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd.
   std::vector<std::pair<RequestId, absl::Status>> done;
   for (const auto& [id, r] : requests_) {
@@ -379,21 +512,70 @@ absl::Status Worker::RunBatch() {
 }
 
 void Worker::EmitToken(Request& r, std::span<const float> logits) {
-  const model::Token token = r.greedy ? model::Argmax(logits) : model::Sample(logits, r.sampling, r.rng);
+  // Token t's draw is keyed by (seed, client id, t): a resumed request draws what the dead worker would have.
+  const model::DrawKey key{r.seed, r.client_id, r.generated.size()};
+  const model::Token token = r.greedy ? model::Argmax(logits) : model::Sample(logits, r.sampling, key);
   const auto now = std::chrono::steady_clock::now();
   if (r.generated.empty()) r.ttft_us = MicrosSince(r.submitted, now);
   r.generated.push_back(token);
+  r.digests.push_back(LogitsDigest(logits));
   ++stats_.tokens_generated;
-  absl::Status sent = SendChunk(r, {token}, {LogitsDigest(logits)}, r.generated.size() >= r.max_new, absl::OkStatus());
-  if (!sent.ok()) {
-    // The client does not read: the request fails (RunBatch ends it; its final chunk carries this error).
-    r.client_error = absl::Status(sent.code(), absl::StrCat("request ", r.client_id, " failed after ",
-                                                            r.generated.size() - 1, " tokens: ", sent.message()));
+  step_tokens_.push_back(r.id);  // committed to memd, then streamed, by CommitStep
+}
+
+void Worker::CommitStep() {
+  if (step_tokens_.empty()) return;
+  // The record first (one message for the step), then the chunks: see worker.h, "Committed tokens".
+  wire::TokensCommittedT commit;
+  commit.gpu = config_.gpu;
+  for (RequestId id : step_tokens_) {
+    const Request& r = *requests_.at(id);
+    if (r.committed >= r.generated.size()) continue;
+    auto e = std::make_unique<wire::CommittedTokensT>();
+    e->request = id;
+    e->from = static_cast<uint32_t>(r.committed);  // a step whose message could not be queued is resent here
+    for (size_t t = r.committed; t < r.generated.size(); ++t) {
+      e->tokens.push_back(static_cast<uint8_t>(r.generated[t]));
+      e->logits_digests.push_back(r.digests[t]);
+    }
+    commit.entries.push_back(std::move(e));
+  }
+  std::vector<RequestId> ids = std::move(step_tokens_);
+  step_tokens_.clear();
+  if (absl::Status s = memd_->SendTokensCommitted(commit); s.ok()) {
+    for (RequestId id : ids) requests_.at(id)->committed = requests_.at(id)->generated.size();
+  } else {
+    // The previous message is not acknowledged yet (these tokens go with a later step), or memd is dead or hung (the
+    // liveness checks end the epoch). The tokens stream anyway, ahead of memd's record: a resume regenerates them
+    // identically (worker.h, "Committed tokens").
+    ++stats_.commits_deferred;
+    DHS_LOG_LIMITED(spdlog::level::debug, "worker: TokensCommitted not sent now ({})", s.ToString());
+  }
+  for (RequestId id : ids) {
+    Request& r = *requests_.at(id);
+    const bool finished = r.generated.size() >= r.max_new;
+    if (r.resume_started && r.generated.size() == static_cast<size_t>(r.resumed) + 1) {
+      const uint64_t us = MicrosSince(*r.resume_started, std::chrono::steady_clock::now());
+      stats_.resume_us_max = std::max(stats_.resume_us_max, us);
+      spdlog::info("worker: request {} (client {}) resumed: first new token after {} us ({} rows recomputed)", r.id,
+                   r.client_id, us, r.input.size());
+    }
+    // A re-attached client that had tokens the record lacked gets only the ones after those (same draws: equal).
+    const bool has = r.generated.size() <= r.client_has;
+    if (has && !finished) continue;
+    absl::Status sent = has ? SendChunk(r, {}, {}, true, absl::OkStatus())
+                            : SendChunk(r, {r.generated.back()}, {r.digests.back()}, finished, absl::OkStatus());
+    if (!sent.ok()) {
+      // The client does not read: the request fails (RunBatch ends it; its final chunk carries this error).
+      r.client_error = absl::Status(sent.code(), absl::StrCat("request ", r.client_id, " failed after ",
+                                                              r.generated.size() - 1, " tokens: ", sent.message()));
+    }
   }
 }
 
 absl::Status Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests,
                                bool finished, const absl::Status& error) {
+  if (r.detached) return absl::OkStatus();  // kept in r.generated / r.digests for the client that attaches
   const auto now = std::chrono::steady_clock::now();
   wire::TokenChunkT chunk;
   chunk.request = r.client_id;
@@ -421,6 +603,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
     ++stats_.failed_requests;
   }
   ++stats_.finished_requests;
+  if (r.detached) detached_done_[r.client_id] = DetachedOutput{r.generated, r.digests, error};  // for Attach
   agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
   Erase(it);
 }
@@ -494,6 +677,9 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.prefix_blocks_computed = s.prefix_blocks_computed;
   r.submits_refused = s.submits_refused;
   r.waiting_requests_peak = s.waiting_requests_peak;
+  r.requests_resumed = s.requests_resumed;
+  r.rows_recomputed = s.rows_recomputed;
+  r.resume_us_max = s.resume_us_max;
   r.capacity_pages = geometry_.capacity_pages;
   r.page_bytes = geometry_.page_bytes;
   return r;

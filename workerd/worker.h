@@ -10,10 +10,20 @@
 // The loop (Iterate, one call per iteration): (1) the agent reports KV completions to memd and advances its orders;
 // (2) start granted requests; (3) one Model::Step over every active request: a chunk of the prompt for a prefilling
 // request, the last generated token for a decoding one (a prepared prefix is imported with Model::ImportPrefix chunk
-// by chunk, its last token joins the step); (4) sample (greedy at temperature 0, else the seeded sampler), stream a
+// by chunk, its last token joins the step); (4) sample (greedy at temperature 0, else the counter-based sampler keyed by (seed, client id, token index)), stream a
 // TokenChunk per token with its logits digest, end finished requests (the agent sends Complete, KV released). A
 // failed batched step rebuilds each request of the batch alone (its KV replayed from its tokens, bit-identical by
 // batch invariance, brief §11); a request whose own step still fails ends with an error chunk.
+//
+// Committed tokens (issue 11, resume): memd keeps each request's record (AdmitRequest.record: input, sampling,
+// max_new, client id) and, per step, one TokensCommitted with the step's tokens, queued on the memd socket before the
+// step's TokenChunks go to the clients. One TokensCommitted is in flight at a time (MemdClient): while memd has not
+// acknowledged it, later steps' tokens wait in the request and go with the next message (so a dead memd never fills
+// the worker's queue); the chunks stream anyway, without waiting for memd (a round trip per step). So a killed worker
+// can leave the client with tokens memd's record lacks (its last steps), or the record with the last step's token the
+// client lacks (killed between the two sends): both are prefixes of one stream. Nothing is lost or repeated in the
+// client's stream: the resumed worker regenerates from the record's end with the same keyed draws (exact: DrawKey,
+// batch invariance) and the re-attaching client says how many tokens it has (Attach): only later ones are sent.
 //
 // Modes (WorkerMode): resident: every row on GPU, required pages = whole context; hisparse: hierarchical KV, every
 // completed page backed up to its host page, no optional history; adaptive: hierarchical with resident-first optional
@@ -64,6 +74,10 @@ struct WorkerStats {
   uint64_t prefix_blocks_imported = 0;  // prepared-prefix blocks imported from the row cache (not computed)
   uint64_t prefix_blocks_computed = 0;  // prepared-prefix blocks computed (and offered to the cache)
   uint64_t submits_refused = 0;         // submits refused with "submit queue full"
+  uint64_t requests_resumed = 0;        // interrupted requests of an earlier epoch resumed (Resume)
+  uint64_t rows_recomputed = 0;         // rows those resumed requests recomputed from their tokens, rows
+  uint64_t resume_us_max = 0;           // the longest resume (Resume to its first new token), us
+  uint64_t commits_deferred = 0;        // steps whose tokens went to memd with a later step (one message in flight)
   uint32_t waiting_requests_peak = 0;   // the most requests waiting for their grant at once
 };
 
@@ -104,6 +118,20 @@ class Worker final : public MemdHandler, public Submitter {
   // The client `peer` went away (its connection is gone): each of its unfinished requests ends as a failed one
   // (`why`), its pages return to memd (Complete). Returns how many ended.
   size_t EndClient(const std::string& peer, const absl::Status& why);
+  // Resumes an interrupted request of an earlier epoch of this GPU (HelloReply.interrupted_records; issue 11): ends
+  // its interrupted node id (Complete: memd frees what it kept) and admits it again under a new node id with its
+  // record, committed tokens included. Its KV is recomputed from the record's tokens (input, then the committed
+  // tokens: rows_recomputed counts them); then decoding continues at token t = committed, drawn at (seed, client id,
+  // t), so the tokens equal those of an uninterrupted run. It has no client until one Attaches (its tokens wait in the
+  // request). A request whose record holds all max_new tokens is not admitted: it waits finished for its client.
+  // Errors: INVALID_ARGUMENT (the record is not a valid submit, or holds more tokens than max_new: the request is
+  // ended, nothing admitted), UNAVAILABLE (memd unreachable).
+  absl::Status Resume(RequestId interrupted, const wire::RequestRecordT& record);
+  // A client (re-)attaches to the resumed request `client_id` having `received` tokens of it: SubmitAccepted, then
+  // one TokenChunk with the tokens from `received` on that are known now (final when the request finished), and
+  // from then on the request streams to `client` as a submitted one; tokens below `received` are never sent again.
+  // Errors: NOT_FOUND (no resumed request with that client id waits for a client).
+  absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client) override;
   // The GPU's epoch from memd's HelloReply (>= 1; 1 until set): part of every node request id (Submit).
   void set_epoch(uint64_t epoch) { epoch_ = epoch == 0 ? 1 : epoch; }
   // Requests ended by StopAll whose CompleteAck has not come yet.
@@ -144,13 +172,19 @@ class Worker final : public MemdHandler, public Submitter {
     uint32_t max_new = 0;
     model::SamplingParams sampling;
     bool greedy = true;
-    std::mt19937_64 rng;
+    uint64_t seed = 0;  // SubmitRequest.seed: token t is drawn at DrawKey{seed, client_id, t}
     std::optional<model::ModelSession> session;
     Position fed = 0;                  // tokens fed to the model (input, then generated)
     std::vector<model::Token> generated;
+    std::vector<uint64_t> digests;     // logits digest of generated[t]
     std::chrono::steady_clock::time_point submitted, granted;
     uint64_t ttft_us = 0;
     absl::Status client_error;  // the client refused a chunk (ClientSink::Chunk): the request fails with it
+    Position resumed = 0;       // tokens committed before a resume (generated[0, resumed) are also in `input`)
+    std::optional<std::chrono::steady_clock::time_point> resume_started;  // set for a resumed request
+    size_t client_has = 0;      // tokens a re-attached client had (Attach.received): not streamed again
+    size_t committed = 0;       // generated tokens handed to memd (TokensCommitted queued)
+    bool detached = false;      // resumed, no client attached yet: chunks wait in generated / digests
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
@@ -170,7 +204,16 @@ class Worker final : public MemdHandler, public Submitter {
   absl::Status RunBatch();
   absl::Status ReplayFed(Request& r);
   absl::Status ImportChunk(Request& r);
+  // Samples r's next token (DrawKey{seed, client id, t}) and queues it for CommitStep.
   void EmitToken(Request& r, std::span<const float> logits);
+  // The step's tokens: one TokensCommitted to memd (with any tokens an earlier step could not queue), then one
+  // TokenChunk per token to its client. A TokensCommitted that cannot be queued is logged; the tokens still stream.
+  void CommitStep();
+  // A request for `submit` (not admitted yet; node id chosen) and its AdmitRequest (record included).
+  std::unique_ptr<Request> NewRequest(const wire::SubmitRequestT& submit, const ClientRef& client);
+  absl::Status SendAdmit(const Request& r, const wire::SubmitRequestT& submit);
+  // The record memd keeps for resume (AdmitRequest.record): the submit's input and sampling, r's committed tokens.
+  std::unique_ptr<wire::RequestRecordT> MakeRecord(const Request& r, const wire::SubmitRequestT& submit) const;
   void Finish(RequestId id, absl::Status error);
   // A node request id for a client's id (Submit), not in flight.
   RequestId NodeRequestId(RequestId client_id);
@@ -198,6 +241,14 @@ class Worker final : public MemdHandler, public Submitter {
   WorkerStats stats_;
   PrefixRowCache prefix_cache_;
   std::set<RequestId> stopping_;  // StopAll's Completes not acknowledged yet
+  // Resumed requests that finished before their client attached (client id -> output), until Attach.
+  struct DetachedOutput {
+    std::vector<model::Token> tokens;
+    std::vector<uint64_t> digests;
+    absl::Status error;
+  };
+  std::map<RequestId, DetachedOutput> detached_done_;
+  std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
 };
 
 }  // namespace dhs

@@ -1,6 +1,7 @@
 // workerd/worker_process.cc: see worker_process.h.
 #include "workerd/worker_process.h"
 
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -51,16 +52,31 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   p->worker_ = *std::move(worker);
   p->worker_->set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
-  // Requests of an earlier epoch of this GPU, interrupted when memd fenced it: resuming them from their host copies
-  // is a later part of issue 11 (the hook is here); until then they are ended, which frees their host pages.
-  for (uint64_t id : p->memd_->interrupted_requests()) {
+  if (absl::Status s = p->ResumeInterrupted(); !s.ok()) return s;
+  return p;
+}
+
+absl::Status WorkerProcess::ResumeInterrupted() {
+  // Requests of an earlier epoch of this GPU, interrupted when memd fenced it: each one with a record is resumed
+  // (recomputed from its tokens; Worker::Resume), each one without is ended, which frees its host pages.
+  std::map<uint64_t, const wire::RequestRecordT*> records;
+  for (const auto& rec : memd_->interrupted_records()) records[rec->request] = rec.get();
+  for (uint64_t id : memd_->interrupted_requests()) {
+    auto rec = records.find(id);
+    if (rec != records.end()) {
+      absl::Status s = worker_->Resume(id, *rec->second);
+      if (absl::IsUnavailable(s)) return s;
+      if (!s.ok()) spdlog::warn("workerd: {}; ended", s.ToString());
+      continue;
+    }
     wire::CompleteT c;
     c.request = id;
-    if (absl::Status s = p->memd_->SendComplete(c); !s.ok()) return s;
-    spdlog::info("workerd: interrupted request {} of an earlier epoch of GPU {} ended (resume is not served yet)", id,
-                 config.gpu);
+    c.gpu = worker_->config().gpu;
+    if (absl::Status s = memd_->SendComplete(c); !s.ok()) return s;
+    spdlog::info("workerd: interrupted request {} of an earlier epoch of GPU {} has no record; ended", id,
+                 worker_->config().gpu);
   }
-  return p;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {

@@ -72,6 +72,9 @@ class WorkerProcess {
 
  private:
   WorkerProcess() = default;
+  // HelloReply.interrupted_requests: resumes those with a record (Worker::Resume), ends the others (Complete).
+  // Errors: UNAVAILABLE (memd unreachable); a record that cannot be resumed is logged and its request ended.
+  absl::Status ResumeInterrupted();
 
   std::unique_ptr<MemdClient> memd_;
   std::unique_ptr<ServingFrontend> frontend_;

@@ -1163,5 +1163,92 @@ TEST_F(MemdFenceOnDisconnect, ClosedConnectionAndANewHelloFenceTheGpu) {
   EXPECT_EQ(WaitGpu(0, true)["free"], 8);
 }
 
+
+// Request records (issue 11, resume; memd/request_records.h): AdmitRequest.record opens one, TokensCommitted grows it
+// (a gap is refused with an ErrorReply, a resent overlap accepted), an oversize record refuses the admission, and a
+// Complete releases it; the next epoch's HelloReply carries the records of the interrupted requests, tokens included.
+TEST_F(MemdFenceOnDisconnect, RequestRecordsAreCommittedAndHandedToTheNextEpoch) {
+  auto record = [](RequestId id, RequestId client, size_t prompt) {
+    auto r = std::make_unique<wire::RequestRecordT>();
+    r->request = id;
+    r->client_request = client;
+    r->prompt.assign(prompt, 3);
+    r->max_new_tokens = 4;
+    r->temperature = 0.5f;
+    r->seed = 9;
+    return r;
+  };
+  auto admit = [&](FakeWorker& w, RequestId id, size_t prompt) {
+    wire::AdmitRequestT a;
+    a.request = id;
+    a.gpu = 0;
+    a.required_pages = 2;
+    a.history_rows = kPageRows;
+    a.record = record(id, id + 10, prompt);
+    w.Send(EncodeAdmitRequest(a, w.seq(), "worker"));
+    return w.Next();
+  };
+  auto commit = [](FakeWorker& w, RequestId id, uint32_t from, std::vector<uint8_t> tokens) {
+    wire::TokensCommittedT t;
+    t.gpu = 0;
+    auto e = std::make_unique<wire::CommittedTokensT>();
+    e->request = id;
+    e->from = from;
+    for (uint8_t v : tokens) e->logits_digests.push_back(v * 10);
+    e->tokens = std::move(tokens);
+    t.entries.push_back(std::move(e));
+    w.Send(EncodeTokensCommitted(t, w.seq(), "worker"));
+  };
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  auto m = admit(*w, 1, 5);
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  commit(*w, 1, 0, {7, 8});
+  m = w->Next();
+  ASSERT_TRUE(m && m->type == wire::Body::TokensCommittedAck);
+  EXPECT_EQ(ReadTokensCommittedAck(*m)->entries, 1u);
+  commit(*w, 1, 1, {8});  // resent: accepted, nothing twice
+  m = w->Next();
+  ASSERT_TRUE(m && m->type == wire::Body::TokensCommittedAck);
+  commit(*w, 1, 3, {9});  // a gap: refused
+  m = w->Next();
+  ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
+  auto err = ReadErrorReply(*m);
+  EXPECT_EQ(err->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(err->message.find("only 2 are"), std::string::npos) << err->message;
+  m = admit(*w, 2, size_t{5} << 20);  // 5 MiB of prompt: over the 4 MiB record limit
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitReject);
+  auto reject = ReadAdmitReject(*m);
+  EXPECT_EQ(reject->code, wire::ErrorCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(reject->reason.find("per-record limit"), std::string::npos) << reject->reason;
+  EXPECT_EQ(Dhsctl("--json request 2").first, 4);  // NOT_FOUND: nothing admitted
+  m = admit(*w, 3, 5);
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  commit(*w, 3, 0, {1});
+  m = w->Next();
+  ASSERT_TRUE(m && m->type == wire::Body::TokensCommittedAck);
+  wire::CompleteT c;
+  c.request = 3;
+  c.gpu = 0;
+  w->Send(EncodeComplete(c, w->seq(), "worker"));
+  m = w->Next();
+  ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
+  w.reset();  // the worker dies: request 1 is interrupted and keeps its record
+  WaitGpu(0, false);
+  FakeWorker w2(run_dir_, 0);
+  wire::HelloReplyT r = w2.Hello(8);
+  ASSERT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{1}));
+  ASSERT_EQ(r.interrupted_records.size(), 1u);
+  const wire::RequestRecordT& got = *r.interrupted_records[0];
+  EXPECT_EQ(got.request, 1u);
+  EXPECT_EQ(got.client_request, 11u);
+  EXPECT_EQ(got.prompt, std::vector<uint8_t>(5, 3));
+  EXPECT_EQ(got.max_new_tokens, 4u);
+  EXPECT_EQ(got.temperature, 0.5f);
+  EXPECT_EQ(got.seed, 9u);
+  EXPECT_EQ(got.tokens, (std::vector<uint8_t>{7, 8}));
+  EXPECT_EQ(got.logits_digests, (std::vector<uint64_t>{70, 80}));
+}
 }  // namespace
 }  // namespace dhs

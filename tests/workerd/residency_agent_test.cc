@@ -357,6 +357,7 @@ class RecordingLink final : public MemdLink {
     log.push_back({"complete", 0, m.request, true});
     return send_status;
   }
+  absl::Status SendTokensCommitted(const wire::TokensCommittedT&) override { return absl::OkStatus(); }
   int Count(const std::string& kind, uint64_t order) const {
     return static_cast<int>(std::count_if(log.begin(), log.end(), [&](const Msg& m) {
       return m.kind == kind && m.order == order;

@@ -104,7 +104,7 @@ TEST_P(Exactness, AllModesMatchTheOracleUnderRandomReclaimAndPopulate) {
     sub.input_tokens = s.input_tokens;
     sub.prefix_block_tokens = s.prefix_block_tokens;
     const std::vector<model::Token> input = SubmitInputTokens(sub);
-    want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, s.seed);
+    want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, s.seed, s.id);
   }
   int total_reclaims = 0, total_populated = 0;  // adaptive only in effect: hisparse holds no optional history
   uint64_t prefix_imported = 0;

@@ -53,6 +53,7 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
   const uint32_t max_new = 6;
   bool hello = false, submitted = false, finished = false, completed = false;
   uint32_t backed_up_pages = 0;
+  size_t committed_tokens = 0;  // TokensCommitted (version 5): one in flight, so the last step's may never go
   Generated got;
   uint32_t next_host = 0, next_gpu = 0;
   for (int it = 0; it < 4000 && !(finished && completed); ++it) {
@@ -117,6 +118,14 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
           completed = true;
           break;
         }
+        case wire::Body::TokensCommitted: {  // version 5: the step's tokens, acknowledged as memd does
+          auto t = ReadTokensCommitted(*m);
+          for (const auto& e : t->entries) committed_tokens += e->tokens.size();
+          wire::TokensCommittedAckT ack;
+          ack.entries = static_cast<uint32_t>(t->entries.size());
+          reply = EncodeTokensCommittedAck(ack, m->sequence, "memd");
+          break;
+        }
         case wire::Body::Heartbeat: {
           wire::HeartbeatAckT ack;
           ack.sender_time_ns = ReadHeartbeat(*m)->sender_time_ns;
@@ -161,6 +170,8 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
   const uint32_t complete = (45 + max_new - 1) / kPageRows;
   const uint32_t want_backed = GetParam() == "hisparse" ? complete : GetParam() == "adaptive" ? complete - 1 : 0;
   EXPECT_EQ(backed_up_pages, want_backed);
+  EXPECT_GE(committed_tokens, 1u);
+  EXPECT_LE(committed_tokens, max_new);
 
   // Stats over the wire, then a clean exit on SIGTERM.
   ASSERT_TRUE((*client)->Send(EncodeWorkerStatsQuery(wire::WorkerStatsQueryT(), 6, "replay")).ok());

@@ -120,6 +120,48 @@ TEST(WorkerSubmit, BadSubmissionsGetClearErrorsAndTheWorkerKeepsServing) {
   EXPECT_EQ(f.memd->completes, 1);
 }
 
+// Committed tokens (issue 11, resume): every token is in memd's record (the fake memd keeps TokensCommitted as memd
+// does: in order, no gap, no repeat) before its TokenChunk reaches the client, with one TokensCommitted per step
+// that produced tokens (not one per token); sampled requests draw token t at (seed, client id, t), as the oracle.
+TEST(WorkerCommit, EveryTokenIsCommittedToMemdBeforeItIsStreamedWithOneMessagePerStep) {
+  Fixture f(WorkerMode::kAdaptive);
+  std::map<RequestId, size_t> streamed;
+  size_t checked = 0;
+  f.sink.on_chunk = [&](const wire::TokenChunkT& c) {
+    const std::vector<uint8_t>& have = f.memd->committed[c.request];  // node id == client id (GPU 0, epoch 1)
+    for (uint8_t t : c.tokens) {
+      const size_t i = streamed[c.request]++;
+      ASSERT_LT(i, have.size()) << "request " << c.request << ": token " << i << " streamed before it was committed";
+      EXPECT_EQ(have[i], t);
+      ++checked;
+    }
+  };
+  for (RequestId id : {1, 2, 3}) {
+    wire::SubmitRequestT s = Submit(id, Prompt(10 + 7 * id, static_cast<uint32_t>(id)), 5 + static_cast<uint32_t>(id));
+    s.temperature = id == 2 ? 0.0f : 0.9f;
+    s.seed = 40 + id;
+    ASSERT_TRUE(f.worker->Submit(s, ClientRef{"c", id}).ok());
+  }
+  int steps_with_tokens = 0;
+  for (int it = 0; it < 5000 && f.sink.finished.size() < 3; ++it) {
+    f.memd->Pump(*f.worker);
+    const size_t before = checked;
+    ASSERT_TRUE(f.worker->Iterate().ok());
+    steps_with_tokens += checked > before;
+  }
+  ASSERT_EQ(f.sink.finished.size(), 3u);
+  EXPECT_EQ(checked, 6u + 7u + 8u);
+  EXPECT_EQ(f.memd->commit_messages, steps_with_tokens);
+  EXPECT_LT(f.memd->commit_messages, static_cast<int>(checked));  // batched: the three requests share steps
+  for (RequestId id : {1, 2, 3}) {
+    const Generated want = Oracle(*f.model, f.Input(Prompt(10 + 7 * id, static_cast<uint32_t>(id))),
+                                  5 + static_cast<uint32_t>(id), id == 2 ? 0.0f : 0.9f, 1.0f, 40 + id, id);
+    EXPECT_EQ(f.sink.out[id].tokens, want.tokens) << "request " << id;
+    EXPECT_EQ(f.sink.out[id].digests, want.digests) << "request " << id;
+    EXPECT_EQ(std::vector<int>(f.memd->committed[id].begin(), f.memd->committed[id].end()), want.tokens);
+  }
+}
+
 // Request ids are the client's (issue 12): memd sees node request ids (gpu << 48) | n, unique among the worker's
 // requests in flight and never a reserved value (0, 2^64-1), so clients of different workers never collide; the client
 // sees its own id in SubmitAccepted and TokenChunk. Two clients may use the same id at once; one client may not (it is
@@ -546,6 +588,10 @@ class ScriptedMemd final : public MemdLink {
       slot_of.erase(it);
     }
     if (on_complete) on_complete(m);
+    return absl::OkStatus();
+  }
+  absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override {
+    for (const auto& e : m.entries) log.push_back(absl::StrCat("commit/", e->request, "/", e->from));
     return absl::OkStatus();
   }
   // Position of `entry` in the log, or -1.

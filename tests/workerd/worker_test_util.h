@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <memory>
@@ -54,12 +55,12 @@ struct Generated {
   std::vector<uint64_t> digests;
 };
 
-// The oracle: the model alone, one request, every row resident; prefill at once, then one token per step.
+// The oracle: the model alone, one request, every row resident; prefill at once, then one token per step. Token t is
+// drawn at DrawKey{seed, client_id, t} (the worker's key: the client's request id).
 inline Generated Oracle(const model::Model& m, const std::vector<model::Token>& input, uint32_t max_new,
-                        float temperature = 0, float top_p = 1, uint64_t seed = 0) {
+                        float temperature = 0, float top_p = 1, uint64_t seed = 0, uint64_t client_id = 0) {
   auto kv = model::ResidentKvAccess::ForModel(m.config(), size_t{64} << 20, 16);
   model::ModelSession s = m.NewSession(1);
-  std::mt19937_64 rng(seed);
   Generated g;
   std::vector<model::Token> feed = input;
   for (uint32_t i = 0; i < max_new; ++i) {
@@ -69,7 +70,8 @@ inline Generated Oracle(const model::Model& m, const std::vector<model::Token>& 
     EXPECT_TRUE(st.ok()) << st;
     std::span<const float> last = std::span<const float>(out.logits).last(model::kVocab);
     const model::Token t = temperature == 0 ? model::Argmax(last)
-                                            : model::Sample(last, model::SamplingParams{temperature, top_p}, rng);
+                                            : model::Sample(last, model::SamplingParams{temperature, top_p},
+                                                            model::DrawKey{seed, client_id, i});
     g.tokens.push_back(t);
     g.digests.push_back(LogitsDigest(last));
     feed = {t};
@@ -83,6 +85,7 @@ class RecordingSink final : public ClientSink {
   // Refuses (RESOURCE_EXHAUSTED) every chunk that is not final once `accept_chunks` chunks were taken (a client that
   // stopped reading), as ServingFrontend does when the client's buffer is full.
   absl::Status Chunk(const ClientRef&, const wire::TokenChunkT& c) override {
+    if (on_chunk) on_chunk(c);
     if (!c.finished && chunks.size() >= accept_chunks) {
       ++refused;
       return absl::ResourceExhaustedError("client not reading (test)");
@@ -96,6 +99,7 @@ class RecordingSink final : public ClientSink {
     return absl::OkStatus();
   }
   size_t accept_chunks = SIZE_MAX;
+  std::function<void(const wire::TokenChunkT&)> on_chunk;  // runs first on every chunk offered
   size_t refused = 0;
   std::vector<RequestId> accepted;
   std::map<RequestId, Generated> out;
@@ -119,6 +123,10 @@ class FakeMemd final : public MemdLink {
 
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
     admitted_ids.push_back(m.request);
+    if (m.record) {  // a resumed request's record opens with its committed tokens
+      records[m.request] = *m.record;
+      committed[m.request].assign(m.record->tokens.begin(), m.record->tokens.end());
+    }
     Req& r = reqs_[m.request];
     r.optional_history = m.optional_history;
     if (m.optional_history) ++admits_with_optional_history;
@@ -253,6 +261,22 @@ class FakeMemd final : public MemdLink {
     GrantWaiting();
     return absl::OkStatus();
   }
+  // Keeps each request's committed tokens as memd's record would (in order, no gap, no repeat).
+  absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override {
+    ++commit_messages;
+    for (const auto& e : m.entries) {
+      std::vector<uint8_t>& have = committed[e->request];
+      EXPECT_EQ(e->from, have.size()) << "request " << e->request << ": a gap or a repeat";
+      EXPECT_EQ(e->tokens.size(), e->logits_digests.size());
+      have.insert(have.end(), e->tokens.begin(), e->tokens.end());
+      if (auto rec = records.find(e->request); rec != records.end()) {  // as memd's record: tokens appended
+        rec->second.tokens.insert(rec->second.tokens.end(), e->tokens.begin(), e->tokens.end());
+        rec->second.logits_digests.insert(rec->second.logits_digests.end(), e->logits_digests.begin(),
+                                          e->logits_digests.end());
+      }
+    }
+    return absl::OkStatus();
+  }
 
   // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
   void Pump(Worker& w) {
@@ -313,6 +337,9 @@ class FakeMemd final : public MemdLink {
   std::vector<RequestId> admitted_ids;   // AdmitRequest.request in order (node request ids)
   int admits_with_optional_history = 0;  // AdmitRequests that allow optional history (adaptive mode only)
   int completes = 0;
+  int commit_messages = 0;                              // TokensCommitted messages (one per step with tokens)
+  std::map<RequestId, std::vector<uint8_t>> committed;  // node id -> tokens committed (TokensCommitted)
+  std::map<RequestId, wire::RequestRecordT> records;    // node id -> AdmitRequest.record + committed tokens
 
  private:
   struct Req {

@@ -111,6 +111,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
                                    std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {}) {
   ZmqNodeClientOptions client_options;
   client_options.prepared_prefix = options.prepared_prefix;
+  client_options.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
   std::optional<RegisteredNode> node;
   std::optional<uint64_t> used_budget;
   DriverOptions driver_options;

@@ -137,6 +137,11 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--seed", o.seed, "Weights seed of the built-in model")->capture_default_str();
   app.add_option("--slots", o.slots, "Request slots of the worker the tool starts")
       ->check(CLI::Range(int64_t{1}, int64_t{1024}))->capture_default_str();
+  app.add_option("--reattach-timeout-ms", o.reattach_timeout_ms,
+                 "When the worker goes away with requests unfinished, wait up to MS for a worker on the same socket "
+                 "(restarted by dhs-node or a supervisor) and re-attach them (Attach: the stream goes on, nothing "
+                 "lost or repeated); 0 = off, the run fails")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
   app.add_option("--reclaim-policy", o.reclaim_policy,

@@ -54,6 +54,7 @@ struct ReplayOptions {
   uint64_t seed = 1;                       // --seed: weights seed of the built-in model
   int64_t slots = 8;                       // --slots: request slots N of the worker the tool starts
   bool prepared_prefix = false;            // --prepared-prefix: import history from hash_ids instead of prefill
+  int64_t reattach_timeout_ms = 0;         // --reattach-timeout-ms: wait this long for a restarted worker (0: off)
   std::string reclaim_policy;              // --reclaim-policy: memd's victim order of a node the tool starts
                                            // (oldest-first / newest-first / largest-first; "" = memd's default)
   LinkModelConfig link_model;              // --link-model off|pcie5 [--link-h2d-gb-per-s X] [--link-d2h-gb-per-s X]

@@ -58,6 +58,7 @@ absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
   body.seed = request.sampling.seed;
   const uint64_t seq = next_sequence_++;
   request_of_sequence_[seq] = request.request;
+  received_[request.request] = 0;
   return worker_->Send(EncodeSubmitRequest(body, seq, kSender));
 }
 
@@ -75,6 +76,11 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       event.tokens.assign(chunk->tokens.begin(), chunk->tokens.end());
       event.logits_digests.assign(chunk->logits_digests.begin(), chunk->logits_digests.end());
       event.finished = chunk->finished;
+      if (chunk->finished) {
+        received_.erase(chunk->request);
+      } else if (auto r = received_.find(chunk->request); r != received_.end()) {
+        r->second += static_cast<uint32_t>(chunk->tokens.size());
+      }
       event.allocation_wait_ms = static_cast<double>(chunk->allocation_wait_us) / 1000.0;
       if (chunk->error != wire::ErrorCode::OK) {
         event.error = chunk->error_message.empty() ? "request failed" : chunk->error_message;
@@ -94,6 +100,7 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       event.request = it->second;
       event.finished = true;
       event.error = absl::StrCat("rejected: ", reply->message);
+      received_.erase(it->second);
       out.push_back(std::move(event));
       return absl::OkStatus();
     }
@@ -113,6 +120,10 @@ absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
   if (!first.ok()) {
     if (!absl::IsDeadlineExceeded(first.status())) return first.status();
     if (const int drops = worker_->disconnects(); drops > 0) {
+      if (options_.reattach_timeout.count() > 0 && !received_.empty()) {
+        if (absl::Status s = Reattach(); !s.ok()) return s;
+        return events;
+      }
       return absl::UnavailableError(absl::StrCat(
           "the worker at ", options_.worker_endpoint, " went away (its connection closed ", drops,
           drops == 1 ? " time" : " times", "): it exited, was killed or stopped answering heartbeats; see its log"));
@@ -141,6 +152,36 @@ absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
     if (absl::Status s = SampleMemd(); !s.ok()) return s;
   }
   return events;
+}
+
+absl::Status ZmqNodeClient::Reattach() {
+  const auto deadline = std::chrono::steady_clock::now() + options_.reattach_timeout;
+  DealerClient::Options worker_options;
+  worker_options.heartbeat_interval = options_.worker_heartbeat;
+  absl::Status last = absl::DeadlineExceededError("no attempt");
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto worker = DealerClient::Connect(options_.worker_endpoint, worker_options);
+    if (!worker.ok()) return worker.status();
+    worker_ = std::move(*worker);
+    auto view = QueryWorker();  // answers once a worker serves the endpoint again
+    if (view.ok()) {
+      baseline_ = NodeStats{};  // a new worker's counters start at 0 (the dead worker's are gone with it)
+      for (const auto& [request, received] : received_) {
+        wire::AttachT attach;
+        attach.request = request;
+        attach.received = received;
+        const uint64_t seq = next_sequence_++;
+        request_of_sequence_[seq] = request;
+        if (absl::Status s = worker_->Send(EncodeAttach(attach, seq, kSender)); !s.ok()) return s;
+      }
+      ++reattaches_;
+      return absl::OkStatus();
+    }
+    last = view.status();
+  }
+  return absl::UnavailableError(absl::StrCat("the worker at ", options_.worker_endpoint, " went away and none came back "
+                                             "within ", options_.reattach_timeout.count(), " ms to re-attach ",
+                                             received_.size(), " unfinished requests (", last.message(), ")"));
 }
 
 absl::StatusOr<nlohmann::json> ZmqNodeClient::Introspect(wire::IntrospectWhat what) {

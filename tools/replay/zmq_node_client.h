@@ -33,6 +33,10 @@ struct ZmqNodeClientOptions {
   // ZMTP heartbeat interval on the worker connection (DealerClient::Options::heartbeat_interval): a worker that
   // stops answering for 3 intervals counts as gone. 0 = off (a closed connection is still seen at once).
   std::chrono::milliseconds worker_heartbeat{1000};
+  // Re-attach (issue 11): when the worker went away with requests unfinished, wait up to this long for a worker on
+  // the same endpoint (restarted by dhs-node or a supervisor) and re-attach each unfinished request (Attach with the
+  // tokens received so far): the stream goes on with no token lost or repeated. 0 = off: Poll fails at once.
+  std::chrono::milliseconds reattach_timeout{0};
 };
 
 class ZmqNodeClient final : public NodeClient {
@@ -47,6 +51,8 @@ class ZmqNodeClient final : public NodeClient {
   // exited or was killed, or missed heartbeats) and every message it sent before was handed out: a dead worker is
   // seen within seconds, not after the driver's idle timeout.
   absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) override;
+  // Times the worker went away and every unfinished request was re-attached to its successor.
+  int reattaches() const { return reattaches_; }
   absl::StatusOr<NodeStats> Stats() override;
 
  private:
@@ -61,6 +67,9 @@ class ZmqNodeClient final : public NodeClient {
     int64_t capacity_pages = 0;
   };
   absl::StatusOr<WorkerView> QueryWorker();
+  // The worker went away: reconnects within reattach_timeout and sends Attach for each unfinished request. Errors:
+  // UNAVAILABLE (no worker answered in time).
+  absl::Status Reattach();
 
   ZmqNodeClientOptions options_;
   std::unique_ptr<DealerClient> worker_;
@@ -70,6 +79,8 @@ class ZmqNodeClient final : public NodeClient {
   std::chrono::steady_clock::time_point last_sample_{};
   NodeStats baseline_;  // the worker's counters when Connect ran
   absl::flat_hash_set<RequestId> seen_tokens_;  // requests whose first token arrived
+  absl::flat_hash_map<RequestId, uint32_t> received_;  // unfinished requests -> tokens received (Attach.received)
+  int reattaches_ = 0;
   NodeStats peaks_;  // sessions_admitted_max and per-GPU peaks, from memd samples
   absl::flat_hash_map<GpuId, int64_t> peak_used_pages_;  // max M_req + M_opt seen, pages
 };

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "Random123/philox.h"
+
 namespace dhs::model {
 
 Token Argmax(std::span<const float> logits) {
@@ -52,8 +54,22 @@ std::vector<double> SamplingDistribution(std::span<const float> logits, const Sa
   return p;
 }
 
+double UniformAt(const DrawKey& key) {
+  r123::Philox4x32 philox;
+  const r123::Philox4x32::ctr_type ctr = {{static_cast<uint32_t>(key.stream), static_cast<uint32_t>(key.stream >> 32),
+                                          static_cast<uint32_t>(key.position),
+                                          static_cast<uint32_t>(key.position >> 32)}};
+  const r123::Philox4x32::key_type k = {{static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32)}};
+  const r123::Philox4x32::ctr_type out = philox(ctr, k);
+  const uint64_t word = uint64_t{out[1]} << 32 | out[0];
+  return static_cast<double>(word >> 11) * 0x1p-53;  // [0, 1)
+}
+
 Token SampleFrom(std::span<const double> probs, std::mt19937_64& rng) {
-  const double u = static_cast<double>(rng() >> 11) * 0x1p-53;  // [0, 1)
+  return SampleAt(probs, static_cast<double>(rng() >> 11) * 0x1p-53);
+}
+
+Token SampleAt(std::span<const double> probs, double u) {
   double total = 0.0;
   for (double v : probs) total += v;
   const double target = u * total;
@@ -72,6 +88,12 @@ Token Sample(std::span<const float> logits, const SamplingParams& params, std::m
   if (!(params.temperature > 0.0f)) return Argmax(logits);
   const std::vector<double> p = SamplingDistribution(logits, params);
   return SampleFrom(p, rng);
+}
+
+Token Sample(std::span<const float> logits, const SamplingParams& params, const DrawKey& key) {
+  if (!(params.temperature > 0.0f)) return Argmax(logits);
+  const std::vector<double> p = SamplingDistribution(logits, params);
+  return SampleAt(p, UniformAt(key));
 }
 
 }  // namespace dhs::model

@@ -2,7 +2,12 @@
 //
 // Tie rules: Argmax returns the lowest token id among equal maxima (NaN never wins; all NaN -> 0). The top-p nucleus
 // orders tokens by probability descending, then token id ascending.
-// Thread-safety: pure functions; the generator passed in is the caller's.
+//
+// Recoverable sampling (issue 11, resume): the worker draws token t of a request from a counter-based generator
+// (Philox4x32-10 of Random123, Debian librandom123-dev) keyed by (seed, the client's request id, t) -- DrawKey, no
+// state carried from one token to the next -- so a restarted worker that resumes the request at token t draws exactly
+// what the dead one would have drawn.
+// Thread-safety: pure functions; the generator passed to the std::mt19937_64 overloads is the caller's.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +33,30 @@ Token Argmax(std::span<const float> logits);
 // speculative acceptance (brief §6: p(x)).
 std::vector<double> SamplingDistribution(std::span<const float> logits, const SamplingParams& params);
 
-// Draws a token from a distribution (ids with probability 0 are never drawn) with one 53-bit draw of `rng`.
+// The key of one draw: the request's sampling seed (SubmitRequest.seed), a stream that is stable for the request's
+// life, restarts included (the worker uses the client's request id, SubmitRequest.request), and the index of the
+// generated token (0 = the first generated token).
+struct DrawKey {
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+  uint64_t position = 0;
+};
+
+// The uniform draw of `key`, in [0, 1) with 53 bits: Philox4x32-10 with key (seed) and counter (stream, position);
+// the top 53 bits of its first 64-bit output word, times 2^-53. A pure function of `key`.
+double UniformAt(const DrawKey& key);
+
+// Draws a token from a distribution (ids with probability 0 are never drawn) at the uniform `u` in [0, 1): the first
+// id (ascending) whose cumulative mass exceeds u * total mass (the last id with mass if rounding leaves none).
+Token SampleAt(std::span<const double> probs, double u);
+
+// SampleAt(probs, one 53-bit draw of `rng`).
 Token SampleFrom(std::span<const double> probs, std::mt19937_64& rng);
 
-// SampleFrom(SamplingDistribution(logits, params), rng); greedy (no draw) when temperature <= 0.
+// SampleAt(SamplingDistribution(logits, params), UniformAt(key)); greedy (no draw) when temperature <= 0.
+Token Sample(std::span<const float> logits, const SamplingParams& params, const DrawKey& key);
+// The same with a stateful generator (one 53-bit draw of `rng`): not recoverable across a restart; the worker uses
+// the DrawKey overload.
 Token Sample(std::span<const float> logits, const SamplingParams& params, std::mt19937_64& rng);
 
 }  // namespace dhs::model

@@ -1,0 +1,98 @@
+// memd/request_records.cc: see request_records.h.
+#include "memd/request_records.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace dhs::memd {
+
+absl::Status RequestRecordStore::CheckRoom(GpuId gpu, uint64_t old_bytes, uint64_t new_bytes) const {
+  if (new_bytes > limits_.max_record_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "request record of %d bytes exceeds the per-record limit of %d bytes", new_bytes, limits_.max_record_bytes));
+  }
+  const uint64_t total = total_bytes(gpu) - old_bytes + new_bytes;
+  if (total > limits_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "request records of GPU %d would hold %d bytes, over the limit of %d bytes", gpu, total,
+        limits_.max_total_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequestRecordStore::Open(RequestId request, RequestRecord record) {
+  if (records_.contains(request)) {
+    return absl::AlreadyExistsError(absl::StrFormat("request %d already has a record", request));
+  }
+  if (record.max_new_tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: record with max_new_tokens 0", request));
+  }
+  if (record.tokens.size() != record.digests.size() || record.tokens.size() > record.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: record with %d committed tokens, %d logits digests, max_new_tokens %d", request,
+        record.tokens.size(), record.digests.size(), record.max_new_tokens));
+  }
+  if (absl::Status s = CheckRoom(record.gpu, 0, record.bytes()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("request %d: %s", request, s.message()));
+  }
+  gpu_bytes_[record.gpu] += record.bytes();
+  records_.emplace(request, std::move(record));
+  return absl::OkStatus();
+}
+
+absl::Status RequestRecordStore::Commit(RequestId request, uint32_t from, const std::vector<uint8_t>& tokens,
+                                        const std::vector<uint64_t>& digests) {
+  auto it = records_.find(request);
+  if (it == records_.end()) return absl::NotFoundError(absl::StrFormat("request %d has no record", request));
+  RequestRecord& r = it->second;
+  if (digests.size() != tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: %d tokens but %d logits digests", request,
+                                                      tokens.size(), digests.size()));
+  }
+  const size_t have = r.tokens.size();
+  if (from > have) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: tokens from %d committed, but only %d are (a commit was lost)", request, from, have));
+  }
+  const size_t overlap = std::min(have - from, tokens.size());
+  if (!std::equal(tokens.begin(), tokens.begin() + overlap, r.tokens.begin() + from) ||
+      !std::equal(digests.begin(), digests.begin() + overlap, r.digests.begin() + from)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request %d: tokens from %d differ from those committed before", request, from));
+  }
+  const size_t added = tokens.size() - overlap;
+  if (have + added > r.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: %d tokens committed, over max_new_tokens %d",
+                                                      request, have + added, r.max_new_tokens));
+  }
+  const uint64_t old_bytes = r.bytes();
+  if (absl::Status s = CheckRoom(r.gpu, old_bytes, old_bytes + 9 * added); !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("request %d: %s", request, s.message()));
+  }
+  r.tokens.insert(r.tokens.end(), tokens.begin() + overlap, tokens.end());
+  r.digests.insert(r.digests.end(), digests.begin() + overlap, digests.end());
+  gpu_bytes_[r.gpu] += 9 * added;
+  return absl::OkStatus();
+}
+
+bool RequestRecordStore::Release(RequestId request) {
+  auto it = records_.find(request);
+  if (it == records_.end()) return false;
+  gpu_bytes_[it->second.gpu] -= it->second.bytes();
+  records_.erase(it);
+  return true;
+}
+
+const RequestRecord* RequestRecordStore::Find(RequestId request) const {
+  auto it = records_.find(request);
+  return it == records_.end() ? nullptr : &it->second;
+}
+
+uint64_t RequestRecordStore::total_bytes(GpuId gpu) const {
+  auto it = gpu_bytes_.find(gpu);
+  return it == gpu_bytes_.end() ? 0 : it->second;
+}
+
+}  // namespace dhs::memd

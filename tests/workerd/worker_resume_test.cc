@@ -1,0 +1,154 @@
+// tests/workerd/worker_resume_test.cc: resume after a worker restart (issue 11), in process with the fake memd.
+//
+// Worker A serves four requests (greedy and sampled) and is dropped mid-decode at a chosen step (the in-process
+// stand-in for SIGKILL; tests/workerd/worker_fence_process_test.cc kills real processes). Worker B (epoch 2) resumes
+// them from the records the fake memd kept as memd does (AdmitRequest.record + TokensCommitted), recomputing their KV
+// from the tokens; their clients re-attach saying how many tokens they have: one at once, one while B decodes, one
+// after its request finished, and one whose record lacks the last token the client got (the TokensCommitted of A's
+// last step lost); request 1's client lacks the last token its record holds (A killed between the two sends). Each client's stream (A's chunks, then B's) equals the uninterrupted oracle run token for token
+// and digest for digest: nothing lost, nothing twice.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/workerd/worker_test_util.h"
+#include "workerd/device/cpu_device.h"
+
+namespace dhs::test {
+namespace {
+
+struct Spec {
+  RequestId id;
+  size_t prompt;
+  uint32_t max_new;
+  float temperature;
+  float top_p;
+  uint64_t seed;
+};
+
+const std::vector<Spec>& Specs() {
+  static const std::vector<Spec> s = {
+      {1, 20, 20, 0.0f, 1.0f, 0}, {2, 33, 22, 0.9f, 1.0f, 7}, {3, 15, 18, 1.0f, 0.9f, 8}, {4, 41, 21, 0.0f, 1.0f, 0}};
+  return s;
+}
+
+struct Side {
+  Side(const model::Model* m, uint64_t epoch) {
+    config.mode = WorkerMode::kAdaptive;
+    config.page_rows = 16;
+    config.tail_rows = 32;
+    config.slots = 4;
+    config.max_context_tokens = 200;
+    auto g = ComputeGeometry(m->config(), config);
+    EXPECT_TRUE(g.ok()) << g.status();
+    config.hbm_budget_bytes = 64 * g->page_bytes;
+    memd = std::make_unique<FakeMemd>(64, g->page_bytes, config.page_rows, 256, 1, false, config.slots);
+    auto w = Worker::Create(m, &device, config, memd->host, memd.get(), &sink);
+    EXPECT_TRUE(w.ok()) << w.status();
+    worker = std::move(*w);
+    worker->set_epoch(epoch);
+  }
+  WorkerConfig config;
+  CpuDevice device;
+  std::unique_ptr<FakeMemd> memd;
+  RecordingSink sink;
+  std::unique_ptr<Worker> worker;
+};
+
+TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattachedClients) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : Specs()) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  // Worker A: A is dropped right after the step where the last of the requests streamed its 2nd token.
+  std::map<RequestId, wire::RequestRecordT> records;
+  std::map<RequestId, size_t> had;  // tokens each client received from A
+  {
+    Side a(m.get(), 1);
+    for (const Spec& s : Specs()) {
+      wire::SubmitRequestT sub;
+      sub.request = s.id;
+      sub.prompt = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+      sub.max_new_tokens = s.max_new;
+      sub.temperature = s.temperature;
+      sub.top_p = s.top_p;
+      sub.seed = s.seed;
+      ASSERT_TRUE(a.worker->Submit(sub, ClientRef{"c", s.id}).ok());
+    }
+    auto fewest = [&] {
+      size_t n = SIZE_MAX;
+      for (const Spec& s : Specs()) n = std::min(n, a.sink.out[s.id].tokens.size());
+      return n;
+    };
+    for (int it = 0; it < 500 && fewest() < 2; ++it) {
+      a.memd->Pump(*a.worker);
+      ASSERT_TRUE(a.worker->Iterate().ok());
+    }
+    for (const Spec& s : Specs()) {
+      had[s.id] = a.sink.out[s.id].tokens.size();
+      ASSERT_GE(had[s.id], 1u) << "request " << s.id << " had not started decoding at the kill point";
+      ASSERT_LT(had[s.id], s.max_new) << "request " << s.id << " finished before the kill point";
+      EXPECT_EQ(a.sink.out[s.id].tokens, std::vector<int>(want[s.id].tokens.begin(),
+                                                          want[s.id].tokens.begin() + had[s.id]));
+      records[s.id] = a.memd->records.at(s.id);  // node id == client id on GPU 0, epoch 1
+      ASSERT_EQ(records[s.id].tokens.size(), had[s.id]) << "memd's record must hold every token streamed";
+    }
+  }
+  records[4].tokens.pop_back();  // A's last TokensCommitted for request 4 never reached memd
+  records[4].logits_digests.pop_back();
+  had[1] -= 1;  // A was killed between committing request 1's last token and sending its chunk: the client lacks it
+  // Worker B (epoch 2) resumes all four; clients 1 and 4 attach at once, 2 while B decodes, 3 after its end.
+  Side b(m.get(), 2);
+  uint64_t rows = 0;
+  for (const Spec& s : Specs()) {
+    ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
+    rows += s.prompt + records[s.id].tokens.size();
+  }
+  EXPECT_EQ(b.memd->completes, 4);  // the interrupted ids were ended at once
+  EXPECT_EQ(b.worker->Attach(9, 0, ClientRef{"c2", 1}).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(b.worker->Attach(1, static_cast<uint32_t>(had[1]), ClientRef{"c2", 1}).ok());
+  ASSERT_TRUE(b.worker->Attach(4, static_cast<uint32_t>(had[4]), ClientRef{"c2", 4}).ok());
+  bool attached2 = false;
+  for (int it = 0; it < 5000; ++it) {
+    b.memd->Pump(*b.worker);
+    absl::StatusOr<bool> more = b.worker->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!attached2 && b.worker->stats().tokens_generated >= 4) {
+      ASSERT_TRUE(b.worker->Attach(2, static_cast<uint32_t>(had[2]), ClientRef{"c2", 2}).ok());
+      attached2 = true;
+    }
+    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+  }
+  ASSERT_TRUE(attached2);
+  EXPECT_EQ(b.sink.finished.count(3), 0u);  // finished without a client: its output waits
+  ASSERT_TRUE(b.worker->Attach(3, static_cast<uint32_t>(had[3]), ClientRef{"c2", 3}).ok());
+  EXPECT_EQ(b.worker->Attach(3, 0, ClientRef{"c2", 3}).code(), absl::StatusCode::kNotFound);  // streamed once
+  EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
+  for (const Spec& s : Specs()) {
+    SCOPED_TRACE("request " + std::to_string(s.id));
+    EXPECT_EQ(b.sink.finished.count(s.id), 1u);
+    // A's tokens of the first life, then B's: the uninterrupted run, nothing lost, nothing twice.
+    Generated stream;  // A's part (checked equal to the oracle's prefix above), then B's chunks
+    stream.tokens.assign(want[s.id].tokens.begin(), want[s.id].tokens.begin() + had[s.id]);
+    stream.digests.assign(want[s.id].digests.begin(), want[s.id].digests.begin() + had[s.id]);
+    const Generated& tail = b.sink.out[s.id];
+    stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
+    stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+    EXPECT_EQ(stream.tokens, want[s.id].tokens);
+    EXPECT_EQ(stream.digests, want[s.id].digests);
+  }
+  const WorkerStats st = b.worker->stats();
+  EXPECT_EQ(st.requests_resumed, 4u);
+  EXPECT_EQ(st.rows_recomputed, rows);
+  EXPECT_EQ(b.memd->completes, 8);  // and each resumed request ended once
+  std::printf("resumed 4 requests, %llu rows recomputed, longest resume %llu us\n",
+              static_cast<unsigned long long>(st.rows_recomputed), static_cast<unsigned long long>(st.resume_us_max));
+}
+
+}  // namespace
+}  // namespace dhs::test
