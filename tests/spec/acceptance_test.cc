@@ -80,7 +80,7 @@ TEST(KeyedDraw, PhiloxKnownAnswerThroughTheKeyPacking) {
   EXPECT_EQ(w[1], 0x94fdccebu);
   EXPECT_EQ(w[2], 0x5001e420u);
   EXPECT_EQ(w[3], 0x24126ea1u);
-  EXPECT_EQ(KeyedUniform(key), static_cast<double>((uint64_t{0xd16cfe09} << 32 | 0x94fdcceb) >> 11) * 0x1p-53);
+  EXPECT_EQ(KeyedUniform(key), static_cast<double>((uint64_t{0x94fdcceb} << 32 | 0xd16cfe09) >> 11) * 0x1p-53);
 }
 
 TEST(KeyedDraw, SampleWithUniformIsTheInverseCdf) {

@@ -54,13 +54,18 @@ std::vector<double> SamplingDistribution(std::span<const float> logits, const Sa
   return p;
 }
 
-double UniformAt(const DrawKey& key) {
+std::array<uint32_t, 4> DrawBits(const DrawKey& key) {
   r123::Philox4x32 philox;
-  const r123::Philox4x32::ctr_type ctr = {{static_cast<uint32_t>(key.stream), static_cast<uint32_t>(key.stream >> 32),
-                                          static_cast<uint32_t>(key.position),
-                                          static_cast<uint32_t>(key.position >> 32)}};
+  const r123::Philox4x32::ctr_type ctr = {
+      {static_cast<uint32_t>(key.stream), static_cast<uint32_t>(key.stream >> 32), static_cast<uint32_t>(key.position),
+       uint32_t{key.purpose} << 24 | (static_cast<uint32_t>(key.position >> 32) & 0xFFFFFFu)}};
   const r123::Philox4x32::key_type k = {{static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32)}};
   const r123::Philox4x32::ctr_type out = philox(ctr, k);
+  return {out[0], out[1], out[2], out[3]};
+}
+
+double UniformAt(const DrawKey& key) {
+  const std::array<uint32_t, 4> out = DrawBits(key);
   const uint64_t word = uint64_t{out[1]} << 32 | out[0];
   return static_cast<double>(word >> 11) * 0x1p-53;  // [0, 1)
 }

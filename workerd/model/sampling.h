@@ -10,6 +10,7 @@
 // Thread-safety: pure functions; the generator passed to the std::mt19937_64 overloads is the caller's.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -36,14 +37,22 @@ std::vector<double> SamplingDistribution(std::span<const float> logits, const Sa
 // The key of one draw: the request's sampling seed (SubmitRequest.seed), a stream that is stable for the request's
 // life, restarts included (the worker uses the client's request id, SubmitRequest.request), and the index of the
 // generated token (0 = the first generated token).
+// `purpose` tells apart several draws at one position (0: the token's own sample; speculative decoding's acceptance,
+// correction and bonus draws use others, workerd/spec/keyed_draw.h). Positions must be below 2^56.
 struct DrawKey {
   uint64_t seed = 0;
   uint64_t stream = 0;
   uint64_t position = 0;
+  uint8_t purpose = 0;
 };
 
-// The uniform draw of `key`, in [0, 1) with 53 bits: Philox4x32-10 with key (seed) and counter (stream, position);
-// the top 53 bits of its first 64-bit output word, times 2^-53. A pure function of `key`.
+// The four 32-bit words of Philox4x32-10 (Salmon et al., SC'11; Random123) with key = seed and counter =
+// (stream lo, stream hi, position lo, purpose << 24 | position bits 32..55). The one counter-based generator of the
+// worker: plain sampling and speculative decoding both draw from it.
+std::array<uint32_t, 4> DrawBits(const DrawKey& key);
+
+// The uniform draw of `key`, in [0, 1) with 53 bits: the top 53 bits of DrawBits' first 64-bit output word
+// (word 1 << 32 | word 0), times 2^-53. A pure function of `key`.
 double UniformAt(const DrawKey& key);
 
 // Draws a token from a distribution (ids with probability 0 are never drawn) at the uniform `u` in [0, 1): the first

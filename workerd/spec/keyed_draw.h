@@ -1,11 +1,10 @@
 // workerd/spec/keyed_draw.h: counter-based random draws keyed by (seed, request, position, purpose), so a speculative
 // round is reproducible whatever the batch, the order of requests or a retry (brief §6 acceptance; §7 determinism).
 //
-// One draw is Philox4x32-10 (Random123, Salmon et al., SC'11; Debian librandom123-dev) with key = seed (64 bits) and
-// counter = (request lo, request hi, position lo, purpose << 24 | position bits 32..55): distinct keys give
-// independent streams, no state is carried between draws. Positions must be in [0, 2^56).
-// The main sampler (workerd/model/sampling.*) draws from a std::mt19937_64 passed in; it can later take this draw
-// instead so that one counter-based generator serves both (not done here: that file belongs to another change).
+// The draws are model::DrawBits / model::UniformAt (workerd/model/sampling.h: Philox4x32-10 of Random123, key = seed,
+// counter = (request, position, purpose)), the generator the worker's plain sampling uses with purpose 0: one
+// counter-based generator serves both, and distinct purposes give independent draws at one position. Positions must
+// be in [0, 2^56).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -16,6 +15,7 @@
 
 #include "common/types.h"
 #include "workerd/model/config.h"
+#include "workerd/model/sampling.h"
 
 namespace dhs::spec {
 
