@@ -1154,7 +1154,9 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   EXPECT_EQ(g0["epoch"], 1);
   EXPECT_GE(fenced_after_s, 2.0);
   for (const json& e : DhsctlJson("gpus")) {
-    if (e["gpu"] == 1) EXPECT_EQ(e["up"], true) << e.dump();
+    if (e["gpu"] == 1) {
+      EXPECT_EQ(e["up"], true) << e.dump();
+    }
   }
   json req = DhsctlJson("request 7");
   EXPECT_EQ(req["state"], "interrupted") << req.dump();
@@ -1195,7 +1197,9 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   EXPECT_EQ(DhsctlJson("status")["host"]["allocated"], 0);
   stop = true;
   for (const json& e : DhsctlJson("gpus")) {
-    if (e["gpu"] == 1) EXPECT_EQ(e["up"], true) << "a heartbeating worker was fenced: " << e.dump();
+    if (e["gpu"] == 1) {
+      EXPECT_EQ(e["up"], true) << "a heartbeating worker was fenced: " << e.dump();
+    }
   }
   EXPECT_GT(acks.load(), 0);
 }
