@@ -21,6 +21,18 @@ inline constexpr Position kNoPosition = -1;
 // GPUs per node: a worker's node request ids carry its GPU in their top 16 bits (workerd/worker.h), and the longest
 // socket name a node creates is worker-65535 (CheckSocketPaths, common/transport.h).
 inline constexpr uint32_t kMaxGpus = 1u << 16;
+
+// Node request ids (docs/protocol.md, "Request ids"): every id memd sees is (gpu << 48) | ((epoch - 1) mod 256) << 40
+// | n, n in [1, 2^40). The worker of GPU g gives them (workerd/worker.h: Worker::NodeRequestId); memd refuses an id
+// outside the range of the GPU whose worker sent it (memd/daemon.h), so no worker can name another GPU's request.
+inline constexpr uint64_t kNodeRequestCounterEnd = uint64_t{1} << 40;  // n < this
+// The node request id `n` of GPU `gpu` (< kMaxGpus) in its epoch `epoch` (>= 1; HelloReply.worker_epoch).
+// n in [1, kNodeRequestCounterEnd); larger values would spill into the epoch's bits (the caller's duty).
+constexpr RequestId MakeNodeRequestId(GpuId gpu, uint64_t epoch, uint64_t n) {
+  return uint64_t{gpu} << 48 | ((epoch - 1) & 0xFF) << 40 | n;
+}
+// The GPU whose range holds node request id `id` (its top 16 bits; < kMaxGpus).
+constexpr GpuId GpuOfNodeRequestId(RequestId id) { return static_cast<GpuId>(id >> 48); }
 inline constexpr Location kNoLocation = -1;
 inline constexpr SlotIndex kNoSlot = ~SlotIndex{0};  // no slot assigned (an admission still queued)
 

@@ -46,6 +46,13 @@ std::vector<wire::HostPageRef> HostRefs(Input& in, size_t n) {
   return v;
 }
 
+// A request id: mostly small, so the messages meet the state: 0..3 are GPU 0's node ids (0 reserved), 4..7 GPU 1's
+// node ids 1..4 (MakeNodeRequestId: memd refuses an id outside the sender's GPU range), sometimes any 64-bit value.
+RequestId NodeId(Input& in) {
+  const uint64_t v = in.Small64(8);
+  return v >= 4 && v < 8 ? MakeNodeRequestId(1, 1, v - 3) : v;
+}
+
 // One message built from the input through the typed encoders (kind chooses the body).
 std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string& sender) {
   switch (kind % 11) {
@@ -64,7 +71,7 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
     }
     case 1: {
       wire::AdmitRequestT a;
-      a.request = in.Small64(8);
+      a.request = NodeId(in);
       a.gpu = in.Small32(3);
       a.required_pages = in.Small32(12);
       a.history_rows = in.Small64(2000);
@@ -76,7 +83,7 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
     case 2: {
       wire::BackupCompleteT b;
       b.order = in.Small64(16);
-      b.request = in.Small64(8);
+      b.request = NodeId(in);
       b.gpu = in.Small32(3);
       b.pages = in.SmallVector(4, 33);
       b.host_pages = HostRefs(in, b.pages.size());
@@ -86,7 +93,7 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
     }
     case 3: {
       wire::HostCopyWrittenT w;
-      w.request = in.Small64(8);
+      w.request = NodeId(in);
       w.gpu = in.Small32(3);
       w.history_pages = in.SmallVector(4, 40);
       w.host_pages = HostRefs(in, in.Below(4) == 0 ? in.Below(5) : w.history_pages.size());
@@ -96,7 +103,7 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
     case 4: {
       wire::ReadersDoneT r;
       r.order = in.Small64(16);
-      r.request = in.Small64(8);
+      r.request = NodeId(in);
       r.gpu = in.Small32(3);
       r.pages = in.SmallVector(3, 33);
       return EncodeReadersDone(r, seq, sender);
@@ -105,7 +112,7 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
       wire::ReadyPublishT r;
       r.order = in.Small64(16);
       r.gpu = in.Small32(3);
-      r.request = in.Small64(8);
+      r.request = NodeId(in);
       r.pages = in.SmallVector(3, 33);
       r.history_pages = in.SmallVector(3, 40);
       r.ok = in.Below(4) != 0;
@@ -113,14 +120,14 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
     }
     case 6: {
       wire::CompleteT c;
-      c.request = in.Small64(8);
+      c.request = NodeId(in);
       c.gpu = in.Small32(3);
       return EncodeComplete(c, seq, sender);
     }
     case 7: {
       wire::IntrospectQueryT q;
       q.what = static_cast<wire::IntrospectWhat>(in.Below(7));  // 6: beyond the enum
-      q.request = in.Small64(8);
+      q.request = NodeId(in);
       q.gpu = in.Small32(3);
       q.format = static_cast<wire::IntrospectFormat>(in.Below(3));
       return EncodeIntrospectQuery(q, seq, sender);
@@ -140,13 +147,13 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
       switch (in.Below(3)) {
         case 0: {
           wire::AdmitGrantT g;
-          g.request = in.Small64(8);
+          g.request = NodeId(in);
           return EncodeAdmitGrant(g, seq, sender);
         }
         case 1: return internal::EncodeRawEnvelope(in.Small32(5), in.U8(), seq, sender);
         default: {
           wire::SubmitRequestT s;
-          s.request = in.Small64(8);
+          s.request = NodeId(in);
           return EncodeSubmitRequest(s, seq, sender);
         }
       }

@@ -402,6 +402,7 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
     return reject(absl::FailedPreconditionError(
         absl::StrFormat("GPU %d has no registered worker on this connection (send Hello first)", a->gpu)));
   }
+  if (absl::Status s = CheckRequestIdRange(a->request, a->gpu, "AdmitRequest"); !s.ok()) return reject(s);
   AdmitRequest admit;
   admit.request = a->request;
   admit.gpu = a->gpu;
@@ -437,6 +438,26 @@ absl::Status Daemon::CheckWorkerPeer(std::string_view peer, std::optional<GpuId>
                       : absl::StrFormat("%s: only a worker may send it (peer '%s' said no accepted Hello)", what, peer));
 }
 
+absl::Status Daemon::CheckRequestIdRange(RequestId request, GpuId gpu, std::string_view what) {
+  const GpuId owner = GpuOfNodeRequestId(request);
+  // 2^64-1 (kNoOwner) is no GPU's: the core refuses it by name ("reserved"), as it does 0.
+  if (owner == gpu || request == kNoOwner) return absl::OkStatus();
+  ++counters_.foreign_request_ids;
+  DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from the worker of GPU {} refused: request id {} is GPU {}'s", what,
+                  gpu, request, owner);
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: request id %d is outside GPU %d's range of node request ids (%d << 48 | epoch << 40 | n): it is GPU %d's",
+      what, request, gpu, gpu, owner));
+}
+
+absl::Status Daemon::CheckRequestPeer(std::string_view peer, RequestId request, std::string_view what) {
+  if (std::optional<GpuId> gpu = core_->GpuOfRequest(request)) return CheckWorkerPeer(peer, gpu, what);
+  for (const auto& [gpu, g] : gpus_) {
+    if (g.peer == peer) return CheckRequestIdRange(request, gpu, what);
+  }
+  return CheckWorkerPeer(peer, std::nullopt, what);  // no registered worker: PERMISSION_DENIED
+}
+
 absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m, std::string_view peer) {
   auto b = ReadBackupComplete(m);
   if (!b.ok()) return b.status();
@@ -459,7 +480,7 @@ absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m, std::stri
 absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m, std::string_view peer) {
   auto w = ReadHostCopyWritten(m);
   if (!w.ok()) return w.status();
-  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(w->request), "HostCopyWritten"); !s.ok()) return s;
+  if (absl::Status s = CheckRequestPeer(peer, w->request, "HostCopyWritten"); !s.ok()) return s;
   std::vector<PageIndex> host_pages;
   for (const wire::HostPageRef& ref : w->host_pages) {
     if (ref.segment() != 0) {
@@ -501,7 +522,7 @@ absl::StatusOr<std::string> Daemon::OnReadyPublish(const Message& m, std::string
 absl::StatusOr<std::string> Daemon::OnComplete(const Message& m, std::string_view peer) {
   auto c = ReadComplete(m);
   if (!c.ok()) return c.status();
-  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(c->request), "Complete"); !s.ok()) return s;
+  if (absl::Status s = CheckRequestPeer(peer, c->request, "Complete"); !s.ok()) return s;
   if (absl::Status s = core_->Complete(c->request); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Complete: ", s.message()));
   }

@@ -15,7 +15,7 @@
 // each order drained from the core is encoded as exactly one wire message (memd/orders.h lists the mapping). The core's
 // OrderIds are the wire order ids. Roles: worker-only messages are accepted only from the peer that said Hello for the
 // GPU of the request / order they name (CheckWorkerPeer); Hello only from the routing id worker/<gpu>; Heartbeat and
-// IntrospectQuery from any peer.
+// IntrospectQuery from any peer. Ids: a request id a worker names must be in its GPU's range (CheckRequestIdRange).
 // Fencing (issue 11): a GPU is fenced (ResidencyManager::FenceGpu) when its worker's connection closes (socket
 // monitor), when the worker sends nothing for worker_timeout, when an order to it cannot be sent, and when a Hello for
 // it arrives while it is up (a restarted worker: the previous epoch ends). Orders for a fenced GPU are dropped; every
@@ -119,6 +119,16 @@ class Daemon {
   // `gpu` unknown to the core (nullopt), any registered worker passes (the core refuses the unknown id). Else
   // PERMISSION_DENIED, counted in refused_peers; the message then changes nothing.
   absl::Status CheckWorkerPeer(std::string_view peer, std::optional<GpuId> gpu, std::string_view what);
+  // The id check of a request-scoped message (AdmitRequest, HostCopyWritten, Complete) from the worker of `gpu`:
+  // `request` must be in GPU `gpu`'s range of node request ids (GpuOfNodeRequestId(request) == gpu; the worker gives
+  // ids with MakeNodeRequestId, common/types.h), or the reserved 2^64-1, which the core refuses by name. Else
+  // INVALID_ARGUMENT naming both GPUs, counted in
+  // foreign_request_ids; the message then changes nothing.
+  absl::Status CheckRequestIdRange(RequestId request, GpuId gpu, std::string_view what);
+  // Both checks for a worker-only message naming `request`: a request the core knows must come from its GPU's worker
+  // (CheckWorkerPeer); an unknown one from a registered worker, in that worker's GPU's range (CheckRequestIdRange;
+  // the core then refuses the unknown id NOT_FOUND).
+  absl::Status CheckRequestPeer(std::string_view peer, RequestId request, std::string_view what);
   void Tick();
   // Liveness: fences the GPU whose worker's connection closed / who was silent for worker_timeout.
   void CheckDisconnects();

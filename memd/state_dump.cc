@@ -383,7 +383,8 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"messages", daemon.messages},
       {"hellos", daemon.hellos},
       {"send_failures", daemon.send_failures},
-      {"refused_peers", daemon.refused_peers}};
+      {"refused_peers", daemon.refused_peers},
+      {"foreign_request_ids", daemon.foreign_request_ids}};
   for (const auto& [name, v] : counters) {
     absl::StrAppendFormat(&out, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
   }

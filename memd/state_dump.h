@@ -160,6 +160,8 @@ struct DaemonCounters {
   uint64_t workers = 0;        // GPUs whose worker said Hello and is not fenced (gauge)
   uint64_t workers_lost = 0;   // workers fenced: dead peer (socket monitor), heartbeat timeout or failed send
   uint64_t fenced_refused = 0; // messages refused FAILED_PRECONDITION "fenced" (from a fenced worker's old epoch)
+  uint64_t foreign_request_ids = 0;  // request-scoped messages refused (INVALID_ARGUMENT): a request id outside the
+                                    // range of the sender's GPU (GpuOfNodeRequestId, common/types.h)
 };
 
 // A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu> [from F] [count N] [runs]", "queue".

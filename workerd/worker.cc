@@ -160,9 +160,9 @@ std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const
 }
 
 RequestId Worker::NodeRequestId(RequestId client_id) {
-  constexpr uint64_t kLow = (uint64_t{1} << 40) - 1;
+  constexpr uint64_t kLow = kNodeRequestCounterEnd - 1;
   // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 8 bits sit between the GPU and n.
-  const uint64_t gpu = uint64_t{config_.gpu} << 48 | ((epoch_ - 1) & 0xFF) << 40;
+  const uint64_t gpu = MakeNodeRequestId(config_.gpu, epoch_, 0);
   if (client_id != 0 && client_id <= kLow && !requests_.contains(gpu | client_id)) return gpu | client_id;
   while (true) {  // fewer requests in flight than 2^40: a free value comes
     const uint64_t n = next_node_;

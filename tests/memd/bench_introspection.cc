@@ -212,7 +212,9 @@ void RunSetup(const Setup& s, double idle_s, int grants) {
   dhs::RequestId next = 1;
   const uint32_t per_gpu = std::min<uint32_t>(kRequestsPerGpu, s.pages / 40);
   for (uint32_t g = 0; g < s.gpus; ++g) {
-    for (uint32_t i = 0; i < per_gpu; ++i) Require(Admit(*workers[g], g, next++, seq) >= 0, "admission");
+    for (uint32_t i = 0; i < per_gpu; ++i) {  // ids in GPU g's range, as its worker gives them (memd checks)
+      Require(Admit(*workers[g], g, dhs::MakeNodeRequestId(g, 1, next++), seq) >= 0, "admission");
+    }
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const double cpu0 = CpuSeconds();

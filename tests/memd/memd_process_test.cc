@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -29,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "zmq.hpp"
 
 extern char** environ;
 
@@ -104,6 +106,8 @@ class FakeWorker {
   }
   uint64_t seq() { return seq_++; }
   GpuId gpu() const { return gpu_; }
+  // Node request id `n` of this worker's GPU in epoch `epoch`, as workerd gives it (MakeNodeRequestId).
+  RequestId Id(uint64_t n, uint64_t epoch = 1) const { return MakeNodeRequestId(gpu_, epoch, n); }
 
  private:
   GpuId gpu_;
@@ -272,20 +276,21 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
   EXPECT_EQ(ReadAdmitGrant(*m)->backup_host_pages.size(), 2u);
 
-  // GPU 1 (M = 8): request 1, 2 required, context 6 pages (96 rows), 4 complete imported pages. Resident-first: the
+  // GPU 1 (M = 8): request r1 (node id 1 of GPU 1), 2 required, context 6 pages (96 rows), 4 complete imported pages. Resident-first: the
   // 6 spare pages keep all 4 complete pages as optional history; every one of the 6 context pages gets a host page.
-  w1.Admit(1, 2, 6 * kPageRows, 4);
+  const RequestId r1 = w1.Id(1), r2 = w1.Id(2);
+  w1.Admit(r1, 2, 6 * kPageRows, 4);
   m = w1.Next();
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
   const wire::AdmitGrantT g1 = *ReadAdmitGrant(*m);
-  EXPECT_EQ(g1.request, 1u);
+  EXPECT_EQ(g1.request, r1);
   EXPECT_EQ(g1.slot, 0u);  // memd chooses the slot: the lowest free of GPU 1's request_slots
   EXPECT_EQ(g1.required_pages.size(), 2u);
   ASSERT_EQ(g1.optional_pages.size(), 4u);
   EXPECT_EQ(g1.optional_history_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
   ASSERT_EQ(g1.backup_host_pages.size(), 6u);
 
-  // dhsctl while request 1 holds its optional pages: GPU 1 M 8, M_req 2, M_opt 4, free 2; a_r 4; host 2/6 (the two
+  // dhsctl while request r1 holds its optional pages: GPU 1 M 8, M_req 2, M_opt 4, free 2; a_r 4; host 2/6 (the two
   // pages not kept optional count as host-covered from the grant).
   json status = DhsctlJson("status");
   ASSERT_TRUE(status.is_object()) << status;
@@ -300,12 +305,12 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_EQ(status["gpus"][0]["M_req"], 1);
   EXPECT_EQ(status["gpus"][0]["free"], 3);
   json requests = DhsctlJson("requests");
-  ASSERT_EQ(requests.size(), 2u);
-  EXPECT_EQ(requests[0]["request"], 1);
-  EXPECT_EQ(requests[0]["a_r"], 4);
-  EXPECT_EQ(requests[0]["host_coverage"], "2/6");
-  EXPECT_EQ(requests[1]["request"], 10);
-  EXPECT_EQ(requests[1]["host_coverage"], "2/2");
+  ASSERT_EQ(requests.size(), 2u);  // in id order: GPU 0's ids are below GPU 1's
+  EXPECT_EQ(requests[0]["request"], 10);
+  EXPECT_EQ(requests[0]["host_coverage"], "2/2");
+  EXPECT_EQ(requests[1]["request"], r1);
+  EXPECT_EQ(requests[1]["a_r"], 4);
+  EXPECT_EQ(requests[1]["host_coverage"], "2/6");
   auto [rc, table] = Dhsctl("requests");
   EXPECT_EQ(rc, 0);
   EXPECT_NE(table.find("REQ"), std::string::npos) << table;
@@ -318,17 +323,17 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_NE(metrics.find("dhs_memd_grants_total 2\n"), std::string::npos);
   EXPECT_NE(metrics.find("dhs_memd_workers 2\n"), std::string::npos);
 
-  // Request 2 needs 6 required pages: lendable 2, deficit Δ = 4 = a_1, so request 1 is reclaimed whole and request 2
+  // Request r2 needs 6 required pages: lendable 2, deficit Δ = 4 = a_r1, so request r1 is reclaimed whole and r2
   // waits (queue position 0, Δ 4).
-  w1.Admit(2, 6, 2 * kPageRows, 0);
+  w1.Admit(r2, 6, 2 * kPageRows, 0);
   auto got = w1.NextN(2);
   ASSERT_TRUE(got.count(wire::Body::ReclaimOrder) && got.count(wire::Body::AdmitWait));
   const wire::AdmitWaitT wait = *ReadAdmitWait(got[wire::Body::AdmitWait]);
-  EXPECT_EQ(wait.request, 2u);
+  EXPECT_EQ(wait.request, r2);
   EXPECT_EQ(wait.queue_position, 0u);
   EXPECT_EQ(wait.deficit_pages, 4u);
   const wire::ReclaimOrderT rc1 = *ReadReclaimOrder(got[wire::Body::ReclaimOrder]);
-  EXPECT_EQ(rc1.request, 1u);
+  EXPECT_EQ(rc1.request, r1);
   EXPECT_EQ(rc1.gpu, 1u);
   EXPECT_EQ(Sorted(rc1.pages), Sorted(g1.optional_pages));
   EXPECT_EQ(Sorted(rc1.backup_pages), Sorted(g1.optional_pages));  // no host copy yet: all need a backup
@@ -348,7 +353,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
                                            g1.optional_history_pages.begin()];
   wire::BackupCompleteT bad;
   bad.order = rc1.order;
-  bad.request = 1;
+  bad.request = r1;
   bad.gpu = 1;
   bad.pages = {page3};
   bad.host_pages = {g1.backup_host_pages[3]};
@@ -368,7 +373,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_NE(ReadErrorReply(*m)->message.find("named twice"), std::string::npos) << ReadErrorReply(*m)->message;
   wire::BackupCompleteT bc;
   bc.order = rc1.order;
-  bc.request = 1;
+  bc.request = r1;
   bc.gpu = 1;
   bc.pages = rc1.backup_pages;
   bc.host_pages = rc1.backup_targets;
@@ -378,7 +383,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_FALSE(w1.Next(100ms).has_value());
   wire::ReadersDoneT rd;
   rd.order = rc1.order;
-  rd.request = 1;
+  rd.request = r1;
   rd.gpu = 1;
   rd.pages = rc1.pages;
   w1.Send(EncodeReadersDone(rd, w1.seq(), "worker"));
@@ -386,35 +391,35 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   ASSERT_TRUE(got.count(wire::Body::Retire) && got.count(wire::Body::AdmitGrant));
   const wire::RetireT retire = *ReadRetire(got[wire::Body::Retire]);
   EXPECT_EQ(retire.order, rc1.order);
-  EXPECT_EQ(retire.request, 1u);
+  EXPECT_EQ(retire.request, r1);
   EXPECT_EQ(Sorted(retire.pages), Sorted(rc1.pages));
-  EXPECT_EQ(retire.regranted_to, 2u);
+  EXPECT_EQ(retire.regranted_to, r2);
   const wire::AdmitGrantT g2 = *ReadAdmitGrant(got[wire::Body::AdmitGrant]);
-  EXPECT_EQ(g2.request, 2u);
-  EXPECT_EQ(g2.slot, 1u);  // slot 0 is request 1's
+  EXPECT_EQ(g2.request, r2);
+  EXPECT_EQ(g2.slot, 1u);  // slot 0 is request r1's
   EXPECT_EQ(g2.required_pages.size(), 6u);
   EXPECT_TRUE(g2.optional_pages.empty());
-  // The second admission's required pages are the 2 free ones plus the 4 retired ones: all of GPU 1 but request 1's.
+  // The second admission's required pages are the 2 free ones plus the 4 retired ones: all of GPU 1 but request r1's.
   std::vector<uint32_t> all = g1.required_pages;
   all.insert(all.end(), g2.required_pages.begin(), g2.required_pages.end());
   EXPECT_EQ(Sorted(all), (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
 
-  requests = DhsctlJson("requests");
-  EXPECT_EQ(requests[0]["a_r"], 0);
-  EXPECT_EQ(requests[0]["host_coverage"], "6/6");
+  const json r1_after = DhsctlJson("request " + std::to_string(r1));
+  EXPECT_EQ(r1_after["a_r"], 0);
+  EXPECT_EQ(r1_after["host_coverage"], "6/6");
 
-  // The worker confirms the host copies of history pages 4 and 5 (HostCopyWritten), then request 2 completes:
+  // The worker confirms the host copies of history pages 4 and 5 (HostCopyWritten), then request r2 completes:
   // 6 pages free again and population brings history pages 0-2 (backed up), 4 and 5 back, not page 3 (deferred and not
   // confirmed yet); once page 3 is confirmed, it comes back too.
   wire::HostCopyWrittenT written;
-  written.request = 1;
+  written.request = r1;
   written.gpu = 1;
   written.history_pages = {4, 5};
   written.host_pages = {g1.backup_host_pages[4], g1.backup_host_pages[5]};
   written.ok = true;
   w1.Send(EncodeHostCopyWritten(written, w1.seq(), "worker"));
   wire::CompleteT done;
-  done.request = 2;
+  done.request = r2;
   done.gpu = 1;
   w1.Send(EncodeComplete(done, w1.seq(), "worker"));
   m = w1.Next();
@@ -423,7 +428,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   m = w1.Next();
   ASSERT_TRUE(m && m->type == wire::Body::PopulateOrder);
   const wire::PopulateOrderT pop = *ReadPopulateOrder(*m);
-  EXPECT_EQ(pop.request, 1u);
+  EXPECT_EQ(pop.request, r1);
   EXPECT_EQ(Sorted(pop.history_pages), (std::vector<uint32_t>{0, 1, 2, 4, 5}));
   ASSERT_EQ(pop.host_pages.size(), pop.pages.size());
   for (size_t i = 0; i < pop.pages.size(); ++i) {
@@ -446,7 +451,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
     wire::ReadyPublishT ready;
     ready.order = p->order;
     ready.gpu = 1;
-    ready.request = 1;
+    ready.request = r1;
     ready.pages = p->pages;
     ready.history_pages = p->history_pages;
     ready.ok = true;
@@ -463,7 +468,7 @@ TEST_F(MemdProcess, ReclaimThenPopulateWithTwoWorkers) {
   EXPECT_EQ(status[1]["optional_ready"], 6);
   EXPECT_EQ(status[1]["M_req"], 2);
   EXPECT_EQ(status[1]["free"], 0);
-  EXPECT_EQ(DhsctlJson("request 1")["a_r"], 6);
+  EXPECT_EQ(DhsctlJson("request " + std::to_string(r1))["a_r"], 6);
 
   // The other worker got nothing meant for GPU 1.
   EXPECT_FALSE(w0.Next(100ms).has_value());
@@ -711,6 +716,75 @@ TEST_F(MemdProcess, ReservedIdsAndMessagesFromTheWrongPeerAreRefused) {
   EXPECT_EQ(Dhsctl("status").first, 0);
 }
 
+// Issue 12: memd enforces each worker's range of node request ids (MakeNodeRequestId, common/types.h): a request id a
+// worker names must carry its own GPU. The worker of GPU 1 admitting GPU 0's id 5 (or GPU 2's) is refused with
+// AdmitReject{INVALID_ARGUMENT} naming both GPUs; a Complete / HostCopyWritten of an unknown id of another GPU's range
+// likewise (ErrorReply INVALID_ARGUMENT), one of a known request of another GPU as before (PERMISSION_DENIED). Each
+// refusal is counted (dhs_memd_foreign_request_ids_total) and changes nothing; ids in range, of any epoch, are served.
+TEST_F(MemdProcess, RequestIdsOutsideTheWorkersGpuRangeAreRefused) {
+  FakeWorker w0(run_dir_, 0), w1(run_dir_, 1);
+  ASSERT_TRUE(w0.Hello(8).accepted);
+  ASSERT_TRUE(w1.Hello(8).accepted);
+  w0.Admit(w0.Id(5), 1, 2 * kPageRows, 0);
+  auto m = w0.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  int foreign = 0;
+  const std::vector<std::pair<RequestId, GpuId>> outside = {
+      {w0.Id(5), 0}, {w0.Id(6), 0}, {MakeNodeRequestId(2, 1, 5), 2}, {MakeNodeRequestId(0, 3, 7), 0}};
+  for (const auto& [id, owner] : outside) {
+    w1.Admit(id, 1, kPageRows, 0);
+    m = w1.Next();
+    ASSERT_TRUE(m && m->type == wire::Body::AdmitReject) << id;
+    const wire::AdmitRejectT reject = *ReadAdmitReject(*m);
+    EXPECT_EQ(reject.request, id);
+    EXPECT_EQ(reject.code, wire::ErrorCode::INVALID_ARGUMENT) << reject.reason;
+    EXPECT_NE(reject.reason.find("request id " + std::to_string(id) + " is outside GPU 1's range"), std::string::npos)
+        << reject.reason;
+    EXPECT_NE(reject.reason.find("it is GPU " + std::to_string(owner) + "'s"), std::string::npos) << reject.reason;
+    ++foreign;
+  }
+  auto expect_error = [&](const std::string& bytes, wire::ErrorCode code, const std::string& what) {
+    w1.Send(bytes);
+    auto r = w1.Next();
+    ASSERT_TRUE(r && r->type == wire::Body::ErrorReply) << what;
+    EXPECT_EQ(ReadErrorReply(*r)->code, code) << what << ": " << ReadErrorReply(*r)->message;
+  };
+  wire::CompleteT complete;
+  complete.gpu = 1;
+  complete.request = w0.Id(6);  // unknown, GPU 0's range
+  expect_error(EncodeComplete(complete, w1.seq(), "worker"), wire::ErrorCode::INVALID_ARGUMENT, "Complete, unknown");
+  ++foreign;
+  wire::HostCopyWrittenT written;
+  written.gpu = 1;
+  written.request = w0.Id(6);
+  written.history_pages = {0};
+  written.ok = true;
+  expect_error(EncodeHostCopyWritten(written, w1.seq(), "worker"), wire::ErrorCode::INVALID_ARGUMENT,
+               "HostCopyWritten, unknown");
+  ++foreign;
+  complete.request = w0.Id(5);  // GPU 0's live request: the peer check (not counted as a foreign id)
+  expect_error(EncodeComplete(complete, w1.seq(), "worker"), wire::ErrorCode::PERMISSION_DENIED, "Complete, known");
+  complete.request = w1.Id(9);  // its own range, unknown: the core's NOT_FOUND, as before
+  expect_error(EncodeComplete(complete, w1.seq(), "worker"), wire::ErrorCode::NOT_FOUND, "Complete, own range");
+
+  // Nothing changed: GPU 1 holds nothing, GPU 0's request 5 is admitted.
+  json gpus = DhsctlJson("gpus");
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(gpus[1]["free"], 8) << gpus.dump();
+  EXPECT_EQ(gpus[0]["M_req"], 1) << gpus.dump();
+  EXPECT_EQ(DhsctlJson("request " + std::to_string(w0.Id(5)))["state"], "admitted");
+  const std::string line = "dhs_memd_foreign_request_ids_total " + std::to_string(foreign);
+  EXPECT_NE(MetricsWith(line).find(line + "\n"), std::string::npos) << line;
+  // Ids in GPU 1's range, of epoch 1 and of a later epoch's bits, are served.
+  for (RequestId id : {w1.Id(5), w1.Id(5, 2)}) {
+    w1.Admit(id, 1, kPageRows, 0);
+    m = w1.Next();
+    ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant) << id;
+    EXPECT_EQ(ReadAdmitGrant(*m)->request, id);
+  }
+  EXPECT_EQ(DhsctlJson("gpus")[1]["M_req"], 2);
+}
+
 // The metrics address is bound exclusively (issue 12): cpp-httplib's default SO_REUSEPORT let a second memd bind the
 // same address, and scrapes reached either node at random. The second memd exits 1 naming the address, leaves no
 // socket or segment, and the first keeps serving its metrics.
@@ -851,7 +925,8 @@ TEST_F(MemdProcess, DhsctlPagesAtRealScale) {
   FakeWorker w0(run_dir_, 0), w1(run_dir_, 1);
   ASSERT_TRUE(w0.Hello(kM).accepted);
   ASSERT_TRUE(w1.Hello(kM).accepted);
-  w1.Admit(5, 3, 5 * kPageRows, 4);  // 3 required pages, 4 optional-ready (the 4 complete history pages)
+  const RequestId r5 = w1.Id(5);
+  w1.Admit(r5, 3, 5 * kPageRows, 4);  // 3 required pages, 4 optional-ready (the 4 complete history pages)
   auto m = w1.Next();
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
 
@@ -866,8 +941,8 @@ TEST_F(MemdProcess, DhsctlPagesAtRealScale) {
                               "rows, --runs for runs of pages\n"))
       << table.substr(table.size() - 200);
   json runs = DhsctlJson("pages 1 --runs");
-  EXPECT_EQ(runs["runs"], (json{{{"first", 0}, {"count", 3}, {"state", "required"}, {"owner", 5}},
-                                {{"first", 3}, {"count", 4}, {"state", "optional-ready"}, {"owner", 5}},
+  EXPECT_EQ(runs["runs"], (json{{{"first", 0}, {"count", 3}, {"state", "required"}, {"owner", r5}},
+                                {{"first", 3}, {"count", 4}, {"state", "optional-ready"}, {"owner", r5}},
                                 {{"first", 7}, {"count", kM - 7}, {"state", "free"}, {"owner", nullptr}}}));
   EXPECT_TRUE(runs["next"].is_null());
   json last = DhsctlJson("pages 1 --from 2499999");
@@ -903,7 +978,9 @@ TEST_F(MemdProcess, DhsctlPagesAtRealScale) {
 TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   FakeWorker w(run_dir_, 3);
   ASSERT_TRUE(w.Hello(16).accepted);
-  w.Admit(77, 3, 5 * kPageRows, 4);
+  const RequestId r77 = w.Id(77), r78 = w.Id(78);
+  const std::string id77 = std::to_string(r77), id78 = std::to_string(r78);
+  w.Admit(r77, 3, 5 * kPageRows, 4);
   auto m = w.Next();
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
 
@@ -917,33 +994,33 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   EXPECT_EQ(gpus[0]["M_req"], 3);
   EXPECT_EQ(gpus[0]["M_opt"], 4);
   EXPECT_EQ(gpus[0]["free"], 9);
-  json r = DhsctlJson("request 77");
+  json r = DhsctlJson("request " + id77);
   EXPECT_EQ(r["a_r"], 4);
   EXPECT_EQ(r["host_coverage"], "1/5");
   EXPECT_EQ(r["slot"], 0);
   json pages = DhsctlJson("pages 3");
   ASSERT_EQ(pages["pages"].size(), 16u);
   int owned = 0;
-  for (const json& p : pages["pages"]) owned += p["owner"] == 77;
+  for (const json& p : pages["pages"]) owned += p["owner"] == r77;
   EXPECT_EQ(owned, 7);
   // A request or GPU memd does not know: memd answers NOT_FOUND -> exit 4 (docs/operations.md), an {"error": ...}
   // document on stdout with --json, the message on stderr.
   {
-    auto [jrc, jout] = Dhsctl("--json request 78");
+    auto [jrc, jout] = Dhsctl("--json request " + id78);
     EXPECT_EQ(jrc, 4) << jout;
-    EXPECT_EQ(json::parse(jout, nullptr, false).value("error", ""), "request 78 not found") << jout;
-    auto [trc, tout] = Dhsctl("request 78");
+    EXPECT_EQ(json::parse(jout, nullptr, false).value("error", ""), "request " + id78 + " not found") << jout;
+    auto [trc, tout] = Dhsctl("request " + id78);
     EXPECT_EQ(trc, 4);
     EXPECT_EQ(tout, "");  // nothing on stdout
-    auto [erc, err] = Dhsctl("request 78", "", /*with_stderr=*/true);
+    auto [erc, err] = Dhsctl("request " + id78, "", /*with_stderr=*/true);
     EXPECT_EQ(erc, 4);
-    EXPECT_NE(err.find("NOT_FOUND: request 78 not found"), std::string::npos) << err;
+    EXPECT_NE(err.find("NOT_FOUND: request " + id78 + " not found"), std::string::npos) << err;
     auto [prc, perr] = Dhsctl("pages 9", "", /*with_stderr=*/true);
     EXPECT_EQ(prc, 4);
     EXPECT_NE(perr.find("NOT_FOUND: GPU 9 not found"), std::string::npos) << perr;
     EXPECT_EQ(Dhsctl("pages 9").first, 4);
     EXPECT_EQ(Dhsctl("--json pages 9").first, 4);
-    EXPECT_EQ(Dhsctl("request 77").first, 0);  // a known one still exits 0
+    EXPECT_EQ(Dhsctl("request " + id77).first, 0);  // a known one still exits 0
   }
   // Bad command lines exit 2 and name the problem.
   {
@@ -1077,7 +1154,9 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   EXPECT_EQ(g0["epoch"], 1);
   EXPECT_GE(fenced_after_s, 2.0);
   for (const json& e : DhsctlJson("gpus")) {
-    if (e["gpu"] == 1) EXPECT_EQ(e["up"], true) << e.dump();
+    if (e["gpu"] == 1) {
+      EXPECT_EQ(e["up"], true) << e.dump();
+    }
   }
   json req = DhsctlJson("request 7");
   EXPECT_EQ(req["state"], "interrupted") << req.dump();
@@ -1118,9 +1197,130 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   EXPECT_EQ(DhsctlJson("status")["host"]["allocated"], 0);
   stop = true;
   for (const json& e : DhsctlJson("gpus")) {
-    if (e["gpu"] == 1) EXPECT_EQ(e["up"], true) << "a heartbeating worker was fenced: " << e.dump();
+    if (e["gpu"] == 1) {
+      EXPECT_EQ(e["up"], true) << "a heartbeating worker was fenced: " << e.dump();
+    }
   }
   EXPECT_GT(acks.load(), 0);
+}
+
+// Issue 12 / 11: an order memd cannot deliver fences its GPU (Daemon::SendToGpu), it is never dropped silently. The
+// worker of GPU 0 is a raw DEALER with a receive queue of 1 message and a 4 KiB socket buffer that stops reading after
+// its HelloReply and first grant; it then sends Admit + Complete pairs (blocking sends: memd reads them all), each of
+// which makes memd send an AdmitGrant (an order) and a CompleteAck, until memd's queue to it is full (ZeroMQ's
+// SNDHWM of 1000 messages plus the kernel's buffer) and an AdmitGrant cannot be queued. ZMTP heartbeats are off and
+// the worker timeout is a minute, so the failed send is the only thing that can fence the GPU here. Then: GPU 0
+// fenced (epoch 1), exactly one failed send counted, request 1 interrupted keeping its confirmed host page, the
+// request whose grant failed interrupted too; GPU 1's worker still served; the next Hello lists both.
+class MemdSendFailure : public MemdProcess {
+ protected:
+  MemdSendFailure() { extra_args_ = {"--worker-timeout-ms", "60000", "--zmq-heartbeat-ms", "0"}; }
+};
+
+TEST_F(MemdSendFailure, AnOrderThatCannotBeDeliveredFencesTheGpu) {
+  FakeWorker w1(run_dir_, 1);
+  ASSERT_TRUE(w1.Hello(8).accepted);
+  zmq::context_t context(1);
+  zmq::socket_t stuck(context, zmq::socket_type::dealer);
+  stuck.set(zmq::sockopt::routing_id, "worker/0");
+  stuck.set(zmq::sockopt::rcvhwm, 1);
+  stuck.set(zmq::sockopt::rcvbuf, 4096);
+  stuck.set(zmq::sockopt::rcvtimeo, 3000);
+  stuck.set(zmq::sockopt::linger, 0);
+  stuck.connect(IpcEndpoint(run_dir_, "memd"));
+  auto send = [&](const std::string& bytes) { stuck.send(zmq::buffer(bytes), zmq::send_flags::none); };
+  std::deque<std::string> received;  // copies: a zmq frame's bytes need not be aligned for FlatBuffers (UBSan)
+  auto receive = [&]() -> std::optional<Message> {
+    zmq::message_t msg;
+    if (!stuck.recv(msg)) return std::nullopt;
+    received.push_back(msg.to_string());
+    auto m = DecodeEnvelope(received.back());
+    if (!m.ok()) return std::nullopt;
+    return *m;
+  };
+  wire::HelloT h;
+  h.protocol_version = kProtocolVersion;
+  h.gpu = 0;
+  h.pid = static_cast<uint32_t>(getpid());
+  h.device_name = "stuck";
+  h.capacity_pages = 8;
+  h.page_rows = kPageRows;
+  h.page_bytes = kPageBytes;
+  h.request_slots = 4;
+  send(EncodeHello(h, 1, "worker"));
+  auto hello_reply = receive();
+  ASSERT_TRUE(hello_reply && hello_reply->type == wire::Body::HelloReply);
+  uint64_t seq = 2;
+  auto admit = [&](RequestId r, uint32_t required, uint64_t rows) {
+    wire::AdmitRequestT a;
+    a.request = r;
+    a.gpu = 0;
+    a.required_pages = required;
+    a.history_rows = rows;
+    send(EncodeAdmitRequest(a, seq++, "worker"));
+  };
+  const RequestId r1 = MakeNodeRequestId(0, 1, 1);
+  admit(r1, 2, 3 * kPageRows);
+  auto grant_message = receive();
+  ASSERT_TRUE(grant_message && grant_message->type == wire::Body::AdmitGrant);
+  const wire::AdmitGrantT grant = *ReadAdmitGrant(*grant_message);
+  wire::HostCopyWrittenT written;  // history page 0 is on host: a fence keeps exactly that host page
+  written.request = r1;
+  written.history_pages = {0};
+  written.host_pages = {grant.backup_host_pages[0]};
+  written.ok = true;
+  send(EncodeHostCopyWritten(written, seq++, "worker"));
+
+  // The flood: from now on the worker reads nothing.
+  constexpr uint64_t kMaxPairs = 200000;
+  uint64_t pairs = 0;
+  bool fenced = false;
+  for (uint64_t n = 2; n < kMaxPairs && !fenced; ++n) {
+    admit(MakeNodeRequestId(0, 1, n), 1, kPageRows);
+    wire::CompleteT c;
+    c.request = MakeNodeRequestId(0, 1, n);
+    send(EncodeComplete(c, seq++, "worker"));
+    ++pairs;
+    if (pairs % 512 == 0) {  // is GPU 0 fenced yet? (memd read the pairs before dhsctl's query or after: either way
+                             // the loop goes on until it is)
+      for (const json& g : DhsctlJson("gpus")) fenced |= g["gpu"] == 0 && g["up"] == false;
+    }
+  }
+  ASSERT_TRUE(fenced) << "memd's queue to a worker that reads nothing never filled in " << pairs << " pairs";
+  std::printf("GPU 0 fenced after at most %llu Admit + Complete pairs to a worker that reads nothing\n",
+              static_cast<unsigned long long>(pairs));
+  json g0;
+  for (const json& g : DhsctlJson("gpus")) {
+    if (g["gpu"] == 0) g0 = g;
+    if (g["gpu"] == 1) {
+      EXPECT_EQ(g["up"], true) << g.dump();
+    }
+  }
+  EXPECT_EQ(g0["epoch"], 1) << g0.dump();
+  const std::string failures = MetricsWith("dhs_memd_send_failures_total 1");
+  EXPECT_NE(failures.find("dhs_memd_send_failures_total 1\n"), std::string::npos) << failures;
+  EXPECT_NE(failures.find("dhs_memd_workers_lost_total 1\n"), std::string::npos) << failures;
+  const json req1 = DhsctlJson("request " + std::to_string(r1));
+  EXPECT_EQ(req1["state"], "interrupted") << req1.dump();
+  EXPECT_EQ(req1["host_pages"], 1);
+  // GPU 1's worker is still served.
+  w1.Admit(w1.Id(1), 1, kPageRows, 0);
+  auto m = w1.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+
+  // The next worker of GPU 0 (a new connection under the same routing id) learns both interrupted requests: request 1
+  // and the one whose grant could not be sent (memd had granted it: it was not silently forgotten).
+  stuck.close();
+  FakeWorker w0(run_dir_, 0);
+  const wire::HelloReplyT again = w0.Hello(8);
+  ASSERT_TRUE(again.accepted) << again.reason;
+  EXPECT_EQ(again.worker_epoch, 2u);
+  ASSERT_EQ(again.interrupted_requests.size(), 2u);
+  EXPECT_EQ(again.interrupted_requests[0], r1);
+  const RequestId lost = again.interrupted_requests[1];
+  EXPECT_EQ(GpuOfNodeRequestId(lost), 0u);
+  EXPECT_GT(lost, r1);
+  EXPECT_EQ(DhsctlJson("request " + std::to_string(lost))["state"], "interrupted");
 }
 
 // A worker whose connection closes is fenced by the socket monitor at once: the worker timeout is a minute here, so
