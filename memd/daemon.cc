@@ -132,8 +132,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     return core.status();
   }
   RouterServer::Options router_options;
-  router_options.heartbeat_interval = options.zmq_heartbeat;
-  router_options.heartbeat_timeout = options.worker_timeout;
   auto router = RouterServer::Bind(options.run_dir, "memd", router_options);
   if (!router.ok()) {
     remove_segment();

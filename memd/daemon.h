@@ -59,11 +59,11 @@ struct DaemonOptions {
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-memd-<pid>"
   // Liveness (docs/operations.md): a registered worker that sent nothing for worker_timeout is hung and its GPU is
-  // fenced (workers send a Heartbeat every second); memd's socket PINGs every zmq_heartbeat (ZMTP heartbeats, 0: off)
-  // and closes a connection silent for worker_timeout; the socket monitor's disconnect of a worker's connection
-  // (dead process, closed socket, missed ZMTP heartbeats) fences its GPU at once.
+  // fenced (workers send a Heartbeat every second); the socket monitor's disconnect of a worker's connection (dead
+  // process, closed socket) fences its GPU at once. memd's socket has no ZMTP heartbeats: with router_handover (how a
+  // restarted worker takes its routing id back), libzmq 4.3.4 aborts memd (assertion `!_io_error`,
+  // stream_engine_base.cpp:331) when a second connection claims a live worker's id while heartbeats run.
   std::chrono::milliseconds worker_timeout{3000};
-  std::chrono::milliseconds zmq_heartbeat{1000};
 };
 
 class Daemon {

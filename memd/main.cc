@@ -27,7 +27,7 @@ CLI::Validator NotNegative() {
 struct CommandLine {
   dhs::memd::DaemonOptions options;
   uint64_t pool_bytes = 0, pool_pages = 0;
-  uint64_t worker_timeout_ms = 3000, zmq_heartbeat_ms = 1000;
+  uint64_t worker_timeout_ms = 3000;
   std::string metrics_address, log_level = "info";
 };
 
@@ -81,13 +81,8 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                  "written to RUN_DIR/memd.metrics)");
   app.add_option("--worker-timeout-ms", c.worker_timeout_ms,
                  "a registered worker that sends nothing (its heartbeat comes every second) for this long is hung: "
-                 "its GPU is fenced; also the ZMTP heartbeat timeout of memd's socket")
+                 "its GPU is fenced")
       ->check(CLI::Range(uint64_t{100}, uint64_t{86'400'000}))
-      ->capture_default_str();
-  app.add_option("--zmq-heartbeat-ms", c.zmq_heartbeat_ms,
-                 "ZMTP heartbeat interval of memd's socket (a dead or stopped worker's connection closes after "
-                 "--worker-timeout-ms without an answer and its GPU is fenced at once); 0: off")
-      ->check(CLI::Range(uint64_t{0}, uint64_t{86'400'000}))
       ->capture_default_str();
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
@@ -113,7 +108,6 @@ bool SetPoolPages(CommandLine& c) {
   }
   c.options.host_pool_pages = static_cast<uint32_t>(pool_pages);
   c.options.worker_timeout = std::chrono::milliseconds(c.worker_timeout_ms);
-  c.options.zmq_heartbeat = std::chrono::milliseconds(c.zmq_heartbeat_ms);
   return true;
 }
 

@@ -1,18 +1,23 @@
 // tests/common/test_util.h: helpers of the tests of every suite: a private run directory per test, a private temporary
 // directory (never a fixed name in /tmp: two suites run at once must not collide), a bounded wait on a pipe (no
-// sleeps) and a spawned child process killed at teardown.
+// sleeps), a spawned child process killed at teardown and a hand-written ZMTP peer.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <stdlib.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -137,5 +142,32 @@ class ChildProcess {
   bool reaped_ = false;
   int exit_code_ = -1;
 };
+
+// A ZMTP 3.0 peer written by hand (RFC 23/ZMTP, NULL mechanism): the greeting, then READY with Socket-Type DEALER and
+// `identity`; afterwards it reads and answers nothing (no PONG to a PING, unlike a libzmq peer). Returns the fd or -1.
+inline int RawZmtpPeer(const std::string& path, const std::string& identity) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  std::string greeting(64, '\0');
+  greeting[0] = '\xff';
+  greeting[9] = '\x7f';
+  greeting[10] = 3;  // version 3.0
+  std::memcpy(&greeting[12], "NULL", 4);
+  char theirs[64];
+  if (::write(fd, greeting.data(), 64) != 64 || ::recv(fd, theirs, 64, MSG_WAITALL) != 64) return -1;
+  auto property = [](const std::string& name, const std::string& value) {
+    const uint32_t n = htonl(static_cast<uint32_t>(value.size()));
+    return std::string(1, static_cast<char>(name.size())) + name + std::string(reinterpret_cast<const char*>(&n), 4) +
+           value;
+  };
+  const std::string body = "\x05READY" + property("Socket-Type", "DEALER") + property("Identity", identity);
+  const std::string command = std::string{'\x04', static_cast<char>(body.size())} + body;  // short command frame
+  if (::write(fd, command.data(), command.size()) != static_cast<ssize_t>(command.size())) return -1;
+  return fd;
+}
+
 
 }  // namespace dhs::testing

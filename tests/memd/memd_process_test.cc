@@ -1086,7 +1086,7 @@ namespace {
 // connections stay up), so the silence of a worker is the only cause of its fence in the first test.
 class MemdFence : public MemdProcess {
  protected:
-  MemdFence() { extra_args_ = {"--worker-timeout-ms", "2000", "--zmq-heartbeat-ms", "0"}; }
+  MemdFence() { extra_args_ = {"--worker-timeout-ms", "2000"}; }
 
   // Polls `dhsctl --json gpus` until GPU `gpu` shows `up` (each poll is one dhsctl run, no sleep in between).
   json WaitGpu(GpuId gpu, bool up) {
@@ -1214,7 +1214,7 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
 // request whose grant failed interrupted too; GPU 1's worker still served; the next Hello lists both.
 class MemdSendFailure : public MemdProcess {
  protected:
-  MemdSendFailure() { extra_args_ = {"--worker-timeout-ms", "60000", "--zmq-heartbeat-ms", "0"}; }
+  MemdSendFailure() { extra_args_ = {"--worker-timeout-ms", "60000"}; }
 };
 
 TEST_F(MemdSendFailure, AnOrderThatCannotBeDeliveredFencesTheGpu) {
