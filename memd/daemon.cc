@@ -1,11 +1,19 @@
 #include "memd/daemon.h"
 
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
 
 #include <algorithm>
 #include <variant>
 
 #include "common/log_limiter.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -82,6 +90,27 @@ DumpView ViewOf(const wire::IntrospectQueryT& q) {
   return v;
 }
 
+// Segments `dhs-memd-<pid>` of this user whose memd is gone (no such pid, or the pid now runs another program) are
+// removed before this memd creates its own: a memd killed with SIGKILL cannot remove its pool, and each one left would
+// hold its whole size of /dev/shm for good (issue 11). A live memd's segment is kept.
+void RemoveSegmentsOfDeadMemds() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(kHostPoolShmDir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int pid = 0;
+    if (!absl::StartsWith(name, "dhs-memd-") || !absl::SimpleAtoi(name.substr(9), &pid) || pid <= 0) continue;
+    struct stat st;
+    if (::stat(entry.path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string program;
+    if ((::kill(pid, 0) == 0 || errno == EPERM) && std::getline(comm, program) && program == "memd") continue;
+    if (HostPoolSegment::Remove(name).ok()) {
+      spdlog::warn("memd: removed /dev/shm/{} ({} bytes), the host pool of a memd (pid {}) that is gone", name,
+                   static_cast<int64_t>(st.st_size), pid);
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
@@ -101,6 +130,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   if (absl::Status s = CheckSocketPaths(options.run_dir); !s.ok()) return s;
   if (absl::Status s = MakeRunDir(options.run_dir); !s.ok()) return s;
 
+  RemoveSegmentsOfDeadMemds();
   // The segment first: a pool larger than the free /dev/shm fails at once (HostPoolSegment::Create checks the free
   // space), before the core spends seconds building its host-page allocator for millions of pages.
   auto segment = HostPoolSegment::Create(options.segment_name, options.page_bytes, options.host_pool_pages);

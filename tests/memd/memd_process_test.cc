@@ -1452,3 +1452,45 @@ TEST_F(MemdFenceOnDisconnect, RequestRecordsAreCommittedAndHandedToTheNextEpoch)
 }
 }  // namespace
 }  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// A memd killed with SIGKILL leaves its host pool in /dev/shm; the next memd removes every `dhs-memd-<pid>` segment
+// whose memd is gone (no such pid, or the pid now runs another program) and keeps a live memd's (issue 11: segments of
+// dead memds do not pile up).
+TEST_F(MemdProcess, SegmentsOfDeadMemdsAreRemovedAtStartAndLiveOnesKept) {
+  pid_t dead = 0;
+  char* true_argv[] = {const_cast<char*>("/bin/true"), nullptr};
+  ASSERT_EQ(posix_spawn(&dead, "/bin/true", nullptr, nullptr, true_argv, environ), 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);  // reaped: the pid runs nothing now
+  const std::string dead_name = "dhs-memd-" + std::to_string(dead);
+  const std::string reused_name = "dhs-memd-" + std::to_string(getpid());  // a live pid that is not a memd
+  const std::string live_name = "dhs-memd-" + std::to_string(pid_);       // the fixture's memd
+  ASSERT_TRUE(HostPoolSegment::Create(dead_name, 4096, 2).ok());
+  ASSERT_TRUE(HostPoolSegment::Create(reused_name, 4096, 2).ok());
+  const std::string other = dir_ + "/other";
+  std::vector<std::string> args = {MEMD_BIN, "--run-dir", other, "--page-bytes", "4096", "--host-pool-pages", "8"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t second = 0;
+  ASSERT_EQ(posix_spawn(&second, MEMD_BIN, nullptr, nullptr, argv.data(), environ), 0);
+  for (int i = 0; i < 500 && !std::filesystem::exists(other + "/memd.sock"); ++i) std::this_thread::sleep_for(10ms);
+  const bool started = std::filesystem::exists(other + "/memd.sock");
+  const bool dead_left = std::filesystem::exists("/dev/shm/" + dead_name);
+  const bool reused_left = std::filesystem::exists("/dev/shm/" + reused_name);
+  const bool live_left = std::filesystem::exists("/dev/shm/" + live_name);
+  kill(second, SIGTERM);
+  waitpid(second, nullptr, 0);
+  RemoveSegmentOf(dead);
+  RemoveSegmentOf(getpid());
+  ASSERT_TRUE(started);
+  EXPECT_FALSE(dead_left) << dead_name;
+  EXPECT_FALSE(reused_left) << reused_name;
+  EXPECT_TRUE(live_left) << live_name;
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/dhs-memd-" + std::to_string(second)));  // its clean exit removed it
+}
+
+}  // namespace
+}  // namespace dhs

@@ -172,9 +172,9 @@ def memd_killed(proc, out_path: str, run_dir: str, old_segment: str) -> list:
             failures.append(f"worker gpu {g} not stopped and started again with the new memd: {workers[g]} -> {now}")
         elif not re.search(rf"worker of GPU {g} \(pid {now[-1]}, [^)]*\) registered: .* epoch 1", memd_log):
             failures.append(f"worker gpu {g} (pid {now[-1]}) did not register with the new memd")
-    # The dead memd's segment stays (docs/operations.md "Shutdown and crashes"; issue 11 names segments by run
-    # directory): removed here so that the test leaves nothing behind.
+    # The restarted memd removed the dead one's segment before creating its own (docs/operations.md).
     if old_segment and os.path.exists(old_segment):
+        failures.append(f"the dead memd's segment {old_segment} was not removed by the next memd")
         os.unlink(old_segment)
     return failures
 
