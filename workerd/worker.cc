@@ -224,9 +224,7 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
   }
   absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
-  SendChunk(r, {}, {}, true, error).IgnoreError();  // a final chunk is always taken
-  ++stats_.failed_requests;
-  ++stats_.finished_requests;
+  ReportEnd(r, error);
   std::erase(granted_, r.id);
   Erase(it);  // never admitted: nothing to release
 }
@@ -592,18 +590,22 @@ absl::Status Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std
   return client_->Chunk(r.client, chunk);
 }
 
+void Worker::ReportEnd(Request& r, const absl::Status& error) {
+  if (!error.ok()) {
+    SendChunk(r, {}, {}, true, error).IgnoreError();  // a final chunk is always taken (nothing sent when detached)
+    ++stats_.failed_requests;
+  }
+  ++stats_.finished_requests;
+  if (r.detached) detached_done_[r.client_id] = DetachedOutput{r.generated, r.digests, error};  // for Attach
+}
+
 void Worker::Finish(RequestId id, absl::Status error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
   std::erase(granted_, id);
-  if (!error.ok()) {
-    spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
-    SendChunk(r, {}, {}, true, error).IgnoreError();  // a final chunk is always taken
-    ++stats_.failed_requests;
-  }
-  ++stats_.finished_requests;
-  if (r.detached) detached_done_[r.client_id] = DetachedOutput{r.generated, r.digests, error};  // for Attach
+  if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
+  ReportEnd(r, error);
   agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
   Erase(it);
 }

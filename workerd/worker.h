@@ -215,6 +215,9 @@ class Worker final : public MemdHandler, public Submitter {
   // The record memd keeps for resume (AdmitRequest.record): the submit's input and sampling, r's committed tokens.
   std::unique_ptr<wire::RequestRecordT> MakeRecord(const Request& r, const wire::SubmitRequestT& submit) const;
   void Finish(RequestId id, absl::Status error);
+  // The client's side of any end (Finish, an admission memd refused): a failed request's final chunk (the outbox
+  // always takes a final chunk), the counts, and a detached request's output (or error) kept for its Attach.
+  void ReportEnd(Request& r, const absl::Status& error);
   // A node request id for a client's id (Submit), not in flight.
   RequestId NodeRequestId(RequestId client_id);
   // Forgets a request (ended, rejected): its node id and its client id become free.
