@@ -227,7 +227,7 @@ TEST(WorkerFence, KilledWorkerIsFencedAndARestartedWorkerIsEpoch2AndServesExactl
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(node.Dhsctl("request 5").is_null()) << "the interrupted request was never ended" << node.Logs();
-  const RequestId resumed = RequestId{1} << 40 | 5;  // client id 5 on GPU 0, epoch 2
+  const RequestId resumed = MakeNodeRequestId(0, 2, 5);  // client id 5 on GPU 0, epoch 2
   const json again = node.Dhsctl("request " + std::to_string(resumed));
   EXPECT_FALSE(again.is_null()) << "the request was not resumed" << node.Logs();
   if (!again.is_null()) EXPECT_NE(again["state"], "interrupted") << again.dump();
