@@ -68,6 +68,18 @@ absl::Status HostPageAllocator::Free(PageIndex page) {
   return absl::OkStatus();
 }
 
+absl::Status HostPageAllocator::Transfer(PageIndex page, RequestId to) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d out of range", page));
+  Page& pg = page_[page];
+  if (!pg.allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d is not allocated", page));
+  auto it = by_request_.find(pg.owner);
+  it->second.erase(page);
+  if (it->second.empty()) by_request_.erase(it);
+  pg.owner = to;
+  by_request_[to].insert(page);
+  return absl::OkStatus();
+}
+
 uint32_t HostPageAllocator::ReleaseRequest(RequestId request) {
   auto it = by_request_.find(request);
   if (it == by_request_.end()) return 0;

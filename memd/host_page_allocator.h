@@ -36,6 +36,10 @@ class HostPageAllocator {
   absl::Status Unpin(PageIndex page);
   // Frees an allocated page (reusable now, or at its last Unpin when pinned). Errors: OutOfRange, FailedPrecondition.
   absl::Status Free(PageIndex page);
+  // Hands allocated page `page` to (request `to`, its source unchanged): a resumed request takes over the pages its
+  // interrupted predecessor kept (ResidencyManager::Admit with resume_of). Pins are kept.
+  // Errors: OutOfRange, FailedPrecondition (not allocated).
+  absl::Status Transfer(PageIndex page, RequestId to);
   // Frees every page of `request` (pinned ones after their copy completes); returns how many were allocated.
   uint32_t ReleaseRequest(RequestId request);
 

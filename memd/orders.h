@@ -36,6 +36,9 @@ struct GrantOrder {
   std::vector<PageIndex> required_pages;  // the required allocation (hot cache + tail + metadata), GPU pages
   std::vector<PageIndex> optional_pages;  // GPU page of history page h = index
   std::vector<PageIndex> host_pages;      // host page of context page j = index (context_pages entries)
+  // A resume (AdmitRequest.resume_of): history pages 0 .. imported_pages-1 have a confirmed host copy (payload and
+  // index keys) in host_pages, taken over from the interrupted request; the worker imports them instead of computing.
+  uint32_t imported_pages = 0;
 };
 
 // The admission is queued (-> AdmitWait; sent once, when it first cannot be granted).

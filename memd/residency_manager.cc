@@ -91,6 +91,7 @@ absl::Status ResidencyManager::FenceGpu(GpuId gpu) {
   for (RequestId q : g->second.queue) {
     outbox_.push_back(RejectOrder{q, gpu, absl::UnavailableError(absl::StrFormat(
         "GPU %d was fenced (its worker died or hung) before request %d was granted", gpu, q))});
+    host_.ReleaseRequest(q);  // a queued resume's taken-over host pages
     requests_.erase(q);
     ++counters_.admissions_fenced;
   }
@@ -182,10 +183,8 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
         "request %d: %d complete history pages exceed the %d pages of its context", a.request, a.history_pages,
         a.context_pages)));
   }
-  if (a.host_backed) {
-    return Finish(absl::UnimplementedError(absl::StrFormat(
-        "request %d: host_backed admissions (resume after a worker restart) are not served yet", a.request)));
-  }
+  uint32_t leading = 0;
+  if (absl::Status s = CheckResume(a, &leading); !s.ok()) return Finish(s);
   Request r;
   r.id = a.request;
   r.gpu = a.gpu;
@@ -195,8 +194,10 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   r.optional_history = a.optional_history;
   r.time_us = clock_();
   ++counters_.admissions;
+  if (a.resume_of != 0) TakeOver(r, a.resume_of, leading);
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
     spdlog::info("memd: reject: {}", std::string(never.message()));
+    host_.ReleaseRequest(r.id);  // a resume's taken-over pages
     outbox_.push_back(RejectOrder{r.id, r.gpu, never});
     ++counters_.rejects;
     return Finish(absl::OkStatus());
@@ -204,6 +205,58 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   requests_.emplace(r.id, std::move(r));
   g->second.queue.push_back(a.request);
   return Finish(absl::OkStatus());
+}
+
+absl::Status ResidencyManager::CheckResume(const AdmitRequest& a, uint32_t* leading) const {
+  if (a.host_backed != (a.resume_of != 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: host_backed is %s and resume_of is %d: a resume sets both (host_backed and the interrupted "
+        "request it continues)", a.request, a.host_backed ? "true" : "false", a.resume_of));
+  }
+  if (a.resume_of == 0) return absl::OkStatus();
+  auto it = requests_.find(a.resume_of);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrFormat("request %d resumes request %d, which is unknown", a.request,
+                                               a.resume_of));
+  }
+  const Request& old = it->second;
+  if (old.state != RequestState::kInterrupted) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d resumes request %d, which is %s, not interrupted",
+                                                      a.request, a.resume_of, RequestStateName(old.state)));
+  }
+  if (old.gpu != a.gpu) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d (GPU %d) resumes request %d of GPU %d: only its own GPU's worker resumes it", a.request, a.gpu,
+        a.resume_of, old.gpu));
+  }
+  uint32_t n = 0;
+  while (n < old.history.size() && old.history[n].state == HistoryState::kHost) ++n;
+  if (a.context_pages < n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d has %d context pages, fewer than the %d kept pages of request %d it resumes", a.request,
+        a.context_pages, n, a.resume_of));
+  }
+  *leading = n;
+  return absl::OkStatus();
+}
+
+void ResidencyManager::TakeOver(Request& r, RequestId interrupted, uint32_t leading) {
+  Request& old = requests_.at(interrupted);
+  for (uint32_t h = 0; h < old.history.size(); ++h) {
+    const HistoryPage& hp = old.history[h];
+    if (hp.state != HistoryState::kHost) continue;
+    if (h < leading) {
+      DHS_CHECK_OK(host_.Transfer(hp.host_page, r.id));
+      r.resumed_host.push_back(hp.host_page);
+    } else {
+      DHS_CHECK_OK(host_.Free(hp.host_page));  // after a gap: recomputed by the worker, written again
+    }
+  }
+  requests_.erase(interrupted);
+  ++counters_.resumes;
+  counters_.host_pages_resumed += leading;
+  spdlog::info("memd: request {} resumes interrupted request {}: {} host pages taken over", r.id, interrupted,
+               leading);
 }
 
 // The pages a report names (empty = every unreported one), checked against the order: all-or-nothing.
@@ -366,6 +419,7 @@ absl::Status ResidencyManager::Complete(RequestId id) {
     host_.ReleaseRequest(id);  // its GPU pages went with the fence: nothing pinned, nothing on GPU
   } else if (Gpu& g = gpus_.at(r.gpu); r.state == RequestState::kQueued) {
     g.queue.erase(std::find(g.queue.begin(), g.queue.end(), id));
+    host_.ReleaseRequest(id);  // a queued resume's taken-over host pages
   } else {
     released = ReleaseAdmitted(r, g);
   }
@@ -582,17 +636,21 @@ void ResidencyManager::Reindex(Request& r, Gpu& g) {
 
 bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   const uint32_t lend = g.table.lendable();
-  if (r.required_count > lend || r.context_pages > host_.reusable()) return false;  // waits for pages
+  const auto kept = static_cast<uint32_t>(r.resumed_host.size());  // a resume's host pages, owned already
+  if (r.required_count > lend || r.context_pages - kept > host_.reusable()) return false;  // waits for pages
   const SlotIndex slot = FreeSlot(g);
   if (slot == kNoSlot) return false;  // waits for a completion
   // Resident-first: spare pages keep imported history on GPU, but leave what the admissions queued behind require.
   uint32_t behind = 0;
   for (size_t i = 1; i < g.queue.size(); ++i) behind += requests_.at(g.queue[i]).required_count;
   const uint32_t spare = lend - r.required_count;
-  const uint32_t on_gpu = r.optional_history ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
+  // A resume keeps nothing on GPU at the grant: its history is on host (imported) or recomputed into the tail.
+  const uint32_t on_gpu =
+      r.optional_history && kept == 0 ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
   auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
   auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
-  auto host = host_.Allocate(r.id, kAllSources, r.context_pages);
+  auto host = host_.Allocate(r.id, kAllSources, r.context_pages - kept);
+  if (host.ok()) host->insert(host->begin(), r.resumed_host.begin(), r.resumed_host.end());
   if (!required.ok() || !optional.ok() || !host.ok()) {
     // The tables refused what lendable() / reusable() promised: a bug, never a peer's input (Admit checks the id and
     // the counts). memd does not abort on it: the admission is refused, nothing of it stays taken, memd keeps serving.
@@ -614,12 +672,16 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   for (uint32_t h = 0; h < r.context_pages; ++h) {
     HistoryPage& hp = r.history[h];
     hp.host_page = (*host)[h];
-    if (h < on_gpu) {  // optional-ready, backup deferred into its assigned host page
+    if (h < kept) {  // a resume's confirmed host copy: imported by the worker, a population candidate
+      hp.state = HistoryState::kHost;
+    } else if (h < on_gpu) {  // optional-ready, backup deferred into its assigned host page
       hp.state = HistoryState::kGpu;
       hp.gpu_page = (*optional)[h];
     }  // else kHostPending: covered by the worker's tail until its write is confirmed (contract §3)
   }
+  r.resumed_host.clear();
   r.optional = on_gpu;
+  r.host_only = kept;
   r.slot = slot;
   TakeSlot(g, slot);
   r.state = RequestState::kAdmitted;
@@ -627,7 +689,7 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   r.seq = next_seq_++;
   Reindex(r, g);
   ++counters_.grants;
-  GrantOrder grant{r.id, r.gpu, slot, *required, *optional, *host};
+  GrantOrder grant{r.id, r.gpu, slot, *required, *optional, *host, kept};
   MarkRegranted(grant);
   outbox_.push_back(std::move(grant));
   return true;
@@ -814,6 +876,10 @@ absl::Status ResidencyManager::CheckInvariants() const {
   for (const auto& [id, r] : requests_) {
     if (absl::Status s = CheckRequest(r, owner, host_pages); !s.ok()) return s;
   }
+  if (host_pages.size() != host_.allocated()) {  // every allocated host page belongs to a live request
+    return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests", host_.allocated(),
+                                               host_pages.size()));
+  }
   if (absl::Status s = CheckCopiesAndOrders(owner); !s.ok()) return s;
   for (const auto& [gid, g] : gpus_) {
     for (PageIndex p = 0; p < g.table.pages(); ++p) {
@@ -854,7 +920,7 @@ absl::Status ResidencyManager::CheckQueues() const {
     }
     if (r.state != RequestState::kQueued) continue;
     ++queued_requests;
-    if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot || host_.pages_of(id) != 0) {
+    if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot || host_.pages_of(id) != r.resumed_host.size()) {
       return absl::InternalError(absl::StrFormat("queued request %d holds pages or a slot", id));
     }
   }
@@ -866,7 +932,17 @@ absl::Status ResidencyManager::CheckQueues() const {
 // `host_pages`), a_r, and every history page against its state.
 absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
                                             std::set<PageIndex>& host_pages) const {
-  if (r.state == RequestState::kQueued) return absl::OkStatus();
+  if (r.state == RequestState::kQueued) {  // a resume owns the host pages it took over, nothing else
+    for (PageIndex p : r.resumed_host) {
+      if (!host_.is_allocated(p) || host_.owner(p) != r.id || !host_pages.insert(p).second) {
+        return absl::InternalError(absl::StrFormat("queued request %d: resumed host page %d not its own", r.id, p));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (!r.resumed_host.empty()) {
+    return absl::InternalError(absl::StrFormat("request %d: resumed host pages left after its grant", r.id));
+  }
   if (r.state == RequestState::kInterrupted) return CheckInterrupted(r, host_pages);
   const bool reclaiming = r.state == RequestState::kReclaiming;
   if (reclaiming != (r.reclaim != 0) || (reclaiming && !reclaims_.count(r.reclaim))) {

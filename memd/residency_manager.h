@@ -93,7 +93,10 @@ struct AdmitRequest {
   // false: the request never holds optional history (hisparse mode, issue 5): none of its history is kept on GPU at
   // the grant and population never brings it back; it is never a reclaim victim.
   bool optional_history = true;
-  bool host_backed = false;     // resume from host KV after a worker restart: not served yet (Unimplemented)
+  // Resume from host KV after a worker restart (issue 11): host_backed with resume_of = the interrupted request of
+  // an earlier epoch of the same GPU this admission continues. Both or neither.
+  bool host_backed = false;
+  RequestId resume_of = 0;
 };
 
 class ResidencyManager {
@@ -125,8 +128,15 @@ class ResidencyManager {
   absl::Status FenceGpu(GpuId gpu);
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
   // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0, context_rows
-  // beyond 2^32-1 pages, history_pages > context_pages), Unimplemented (host_backed). A grant the page tables refuse
-  // (a bug) becomes a Reject with Internal: no event aborts memd.
+  // beyond 2^32-1 pages, history_pages > context_pages). A grant the page tables refuse (a bug) becomes a Reject with
+  // Internal: no event aborts memd.
+  // Resume (host_backed, resume_of = R): in this one event the new request takes over the leading run of R's kept
+  // host pages (history pages 0 .. L-1 in kHost; kept pages after the first kLost one are freed: the worker recomputes
+  // those rows anyway) and R ends (its record is the daemon's to drop). The queued request owns those L host pages;
+  // its grant gives history page i < L that host page in kHost (GrantOrder.imported_pages = L), fresh host pages to
+  // the rest, and no optional GPU page (population brings the kHost pages back). One that can never fit is rejected
+  // and its taken-over pages freed. Errors (nothing changed): InvalidArgument (host_backed without resume_of or the
+  // reverse; R not interrupted; R of another GPU; context_pages < L), NotFound (R unknown).
   absl::Status Admit(const AdmitRequest& admission);
   // BackupComplete of ReclaimOrder `order`: `pages` (GPU pages of its backup_pages; empty = every backup not yet
   // reported) were written (ok) or failed. deferred (with ok): pages the worker had only planned to keep (rows still
@@ -199,6 +209,9 @@ class ResidencyManager {
     uint32_t imported_pages = 0;  // complete pages of imported history
     uint32_t context_pages = 0;
     bool optional_history = true;
+    // A resume: the host pages of history pages 0 .. size-1 taken over from the interrupted request (owned while
+    // queued; kHost at the grant).
+    std::vector<PageIndex> resumed_host;
     RequestState state = RequestState::kQueued;
     int64_t time_us = 0;  // queued at, then admitted at
     uint64_t seq = 0;     // admission sequence
@@ -267,6 +280,11 @@ class ResidencyManager {
   void PumpGpu(GpuId gpu_id, Gpu& gpu);
   void SendWaits(GpuId gpu_id, Gpu& gpu);
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
+  // Admit's resume checks (nothing changed on error); `leading` = L, the interrupted request's leading kept pages.
+  absl::Status CheckResume(const AdmitRequest& a, uint32_t* leading) const;
+  // The takeover: the interrupted request's first `leading` host pages go to `r`, its other kept ones are freed, it
+  // ends.
+  void TakeOver(Request& r, RequestId interrupted, uint32_t leading);
   static SlotIndex FreeSlot(const Gpu& gpu);
   static void TakeSlot(Gpu& gpu, SlotIndex slot);
   static void ReleaseSlot(Gpu& gpu, SlotIndex slot);

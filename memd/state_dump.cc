@@ -378,6 +378,8 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"requests_interrupted", c.requests_interrupted},
       {"admissions_fenced", c.admissions_fenced},
       {"host_pages_lost", c.host_pages_lost},
+      {"resumes", c.resumes},
+      {"host_pages_resumed", c.host_pages_resumed},
       {"workers_lost", daemon.workers_lost},
       {"fenced_refused", daemon.fenced_refused},
       {"messages", daemon.messages},

@@ -17,6 +17,12 @@
 // are rejected UNAVAILABLE; granted requests become interrupted and keep exactly the host pages whose host copy was
 // confirmed (never a page whose backup was only in flight); the fake worker forgets every order of the GPU; after
 // every event no copy, order, slot or GPU page of a fenced GPU remains and pinned host pages = copies in flight.
+// Resumes (issue 11): a new request of a live GPU takes over an interrupted request of that GPU (Admit with
+// resume_of) at random points, some with bad input that must change nothing (wrong GPU, context smaller than the kept
+// pages, host_backed without resume_of, unknown or not interrupted). The model: the interrupted request ends in that
+// event; its leading run of kept host pages goes to the new request (held while it is queued), the others are freed;
+// the grant gives exactly those host pages as history pages 0 .. L-1 with a confirmed host copy (imported_pages = L)
+// and no optional GPU page; a queued resume rejected by a fence or completed frees them. Drain checks none leaks.
 // Seeds: 1..20 by default, or the one in env DHS_SEED; events per seed: env DHS_EVENTS (2000).
 #include <gtest/gtest.h>
 
@@ -55,6 +61,7 @@ struct MReq {
   std::vector<MPage> pages;
   OrderId reclaim = 0;  // the live reclaim (0: none)
   bool interrupted = false;  // its GPU was fenced while it was granted
+  std::vector<PageIndex> resumed_host;  // a resume: the host pages it took over (history pages 0 .. L-1)
 };
 struct FakeReclaim {
   RequestId request = 0;
@@ -87,6 +94,7 @@ class Harness {
     if (dice < 16 && model_.size() < 16) return Admit();
     if (dice == 16 && Pick(4) == 0) return Fence();
     if (dice == 17) return Reregister();
+    if (dice == 18 || dice == 19) return Resume();
     if (dice < 24 && !model_.empty()) return Run(mgr_->Complete(PickKey(model_)), /*complete=*/true);
     if (dice < 34) return Written();
     if (dice < 50) return AnswerBackup(Pick(8) != 0);
@@ -132,6 +140,8 @@ class Harness {
   uint64_t fenced_with_copies() const { return fenced_with_copies_; }
   uint64_t kept_pages() const { return kept_pages_; }
   uint64_t lost_backups() const { return lost_backups_; }
+  uint64_t resumed_pages() const { return resumed_pages_; }
+  uint64_t resume_refusals() const { return resume_refusals_; }
 
  private:
   uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
@@ -172,6 +182,75 @@ class Harness {
     m.context = a.context_pages;
     m.optional_history = a.optional_history;
     Run(mgr_->Admit(a));
+  }
+
+  // The restarted worker of a live GPU resumes one of its interrupted requests (Admit with resume_of); sometimes the
+  // admission is bad and must be refused whole.
+  void Resume() {
+    std::vector<RequestId> interrupted;
+    for (const auto& [id, m] : model_) {
+      if (m.interrupted && up_[m.gpu]) interrupted.push_back(id);
+    }
+    if (interrupted.empty()) return Run(mgr_->Populate());
+    const RequestId old = interrupted[Pick(static_cast<uint32_t>(interrupted.size()))];
+    const MReq& om = model_.at(old);
+    std::vector<PageIndex> leading;
+    for (uint32_t h = 0; h < om.pages.size() && !om.pages[h].lost; ++h) leading.push_back(om.pages[h].host_page);
+    AdmitRequest a;
+    a.request = next_id_++;
+    a.gpu = om.gpu;
+    a.required_pages = 1 + Pick(5);
+    a.history_pages = Pick(9);
+    a.context_pages = std::max<uint32_t>(a.history_pages, static_cast<uint32_t>(leading.size())) + Pick(3);
+    a.optional_history = Pick(4) != 0;
+    a.host_backed = true;
+    a.resume_of = old;
+    if (Pick(5) == 0) return ResumeRefused(a, static_cast<uint32_t>(leading.size()));
+    MReq m;
+    m.gpu = a.gpu;
+    m.required = a.required_pages;
+    m.complete = a.history_pages;
+    m.context = a.context_pages;
+    m.optional_history = a.optional_history;
+    m.resumed_host = leading;
+    resumed_pages_ += leading.size();
+    model_.erase(old);
+    model_[a.request] = std::move(m);
+    Run(mgr_->Admit(a));
+    ASSERT_TRUE(mgr_->InterruptedHostPages(old).empty());
+  }
+
+  // A bad resume (one of five kinds) is refused with its code and changes nothing (Check sees any change).
+  void ResumeRefused(AdmitRequest a, uint32_t leading) {
+    absl::StatusCode want = absl::StatusCode::kInvalidArgument;
+    switch (Pick(5)) {
+      case 0:  // another GPU: NotFound while that one is fenced, else InvalidArgument
+        a.gpu = 1 - a.gpu;
+        if (!up_[a.gpu]) want = absl::StatusCode::kNotFound;
+        break;
+      case 1:  // a context smaller than the kept pages
+        if (leading == 0) return;
+        a.context_pages = leading - 1;
+        a.history_pages = 0;
+        break;
+      case 2: a.resume_of = 0; break;  // host_backed without resume_of
+      case 3: a.resume_of = 1'000'000'000; want = absl::StatusCode::kNotFound; break;  // unknown
+      default: {  // a request that is not interrupted
+        RequestId live = 0;
+        for (const auto& [id, m] : model_) {
+          if (!m.interrupted) live = id;
+        }
+        if (live == 0) return;
+        a.resume_of = live;
+      }
+    }
+    const uint64_t errors = mgr_->counters().event_errors;
+    const absl::Status s = mgr_->Admit(a);
+    ASSERT_EQ(s.code(), want) << s;
+    ++resume_refusals_;
+    EXPECT_EQ(mgr_->counters().event_errors, errors + 1);
+    EXPECT_TRUE(mgr_->DrainOrders().empty());
+    Check();
   }
 
   // The worker confirms host copies: mostly pages its tail covers, sometimes any page (a kept page, a repeat).
@@ -474,8 +553,16 @@ class Harness {
       for (PageIndex p : *list) ASSERT_FALSE(owners.count({g.gpu, p})) << "GPU page " << p << " granted twice";
     }
     const std::set<PageIndex> busy = BusyHostPages();
-    for (PageIndex hp : g.host_pages) ASSERT_FALSE(busy.count(hp)) << "host page " << hp << " in use or pinned";
+    for (size_t i = m.resumed_host.size(); i < g.host_pages.size(); ++i) {
+      ASSERT_FALSE(busy.count(g.host_pages[i])) << "host page " << g.host_pages[i] << " in use or pinned";
+    }
     ASSERT_EQ(std::set<PageIndex>(g.host_pages.begin(), g.host_pages.end()).size(), g.host_pages.size());
+    const auto kept = static_cast<uint32_t>(m.resumed_host.size());
+    ASSERT_EQ(g.imported_pages, kept);
+    for (uint32_t h = 0; h < kept; ++h) {
+      ASSERT_EQ(g.host_pages[h], m.resumed_host[h]) << "a resume's history page " << h << " got another host page";
+    }
+    if (kept > 0) ASSERT_TRUE(g.optional_pages.empty()) << "a resume kept history on GPU at its grant";
     m.granted = true;
     m.slot = g.slot;
     m.required_pages = g.required_pages;
@@ -485,8 +572,10 @@ class Harness {
       mp.host_page = g.host_pages[h];
       mp.on_gpu = h < g.optional_pages.size();
       mp.gpu_page = mp.on_gpu ? g.optional_pages[h] : 0;
-      mp.tail = !mp.on_gpu;
+      mp.written = h < kept;  // the interrupted request's confirmed host copy
+      mp.tail = !mp.on_gpu && !mp.written;
     }
+    m.resumed_host.clear();
   }
 
   void OnReclaim(const ReclaimOrder& rc) {
@@ -596,6 +685,7 @@ class Harness {
       for (const MPage& mp : m.pages) {
         if (!mp.lost) busy.insert(mp.host_page);
       }
+      busy.insert(m.resumed_host.begin(), m.resumed_host.end());  // a queued resume's
     }
     for (const auto& [o, f] : reclaims_) {
       for (const auto& [p, hp] : f.targets) busy.insert(hp);
@@ -658,6 +748,12 @@ class Harness {
     CheckScopedDumps(d);
     if (::testing::Test::HasFatalFailure()) return;
     const auto owners = ExpectedOwners();
+    uint32_t host_held = 0;  // host pages the model says are allocated: no leak, none freed early
+    for (const auto& [id, m] : model_) {
+      host_held += static_cast<uint32_t>(m.resumed_host.size());
+      for (const MPage& mp : m.pages) host_held += !mp.lost;
+    }
+    ASSERT_EQ(mgr_->host().allocated(), host_held);
     ASSERT_EQ(d.gpus.size(), kGpus);
     for (const GpuDump& g : d.gpus) {
       ASSERT_EQ(g.up, bool{up_[g.gpu]}) << "GPU " << g.gpu;
@@ -745,7 +841,7 @@ class Harness {
   std::map<OrderId, FakeReclaim> reclaims_;
   std::map<OrderId, FakePopulate> populates_;
   uint64_t early_readers_done_ = 0, regranted_ = 0, slot_waits_ = 0;
-  uint64_t fenced_with_copies_ = 0, kept_pages_ = 0, lost_backups_ = 0;
+  uint64_t fenced_with_copies_ = 0, kept_pages_ = 0, lost_backups_ = 0, resumed_pages_ = 0, resume_refusals_ = 0;
   std::vector<uint32_t> epochs_;
   std::vector<bool> up_;
   std::set<RequestId> fence_rejects_;  // queued admissions a fence must reject (UNAVAILABLE) in this event
@@ -768,6 +864,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   const char* policies[] = {"oldest-first", "newest-first", "largest-first"};
   Counters total;
   uint64_t early = 0, regranted = 0, slot_waits = 0, fenced_with_copies = 0, kept = 0, lost_backups = 0;
+  uint64_t resumed_pages = 0, resume_refusals = 0;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
     std::printf("DHS_SEED=%lu (policy %s)\n", static_cast<unsigned long>(seed), policy.c_str());
@@ -803,7 +900,14 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     fenced_with_copies += h.fenced_with_copies();
     kept += h.kept_pages();
     lost_backups += h.lost_backups();
+    resumed_pages += h.resumed_pages();
+    resume_refusals += h.resume_refusals();
+    total.resumes += c.resumes;
+    EXPECT_EQ(c.host_pages_resumed, h.resumed_pages());
   }
+  std::printf("resumes %lu (host pages taken over %lu), bad resumes refused %lu\n",
+              static_cast<unsigned long>(total.resumes), static_cast<unsigned long>(resumed_pages),
+              static_cast<unsigned long>(resume_refusals));
   std::printf(
       "grants %lu, reclaims retired %lu, aborted %lu, populates %lu (failed %lu), rejects %lu, deferred backups %lu, "
       "host writes %lu (failed %lu), stale reports %lu, early readers-done %lu, regranted %lu, slot waits %lu, "
@@ -843,6 +947,9 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.admissions_fenced, 0u);
   EXPECT_GT(kept, 0u);
   EXPECT_GT(total.host_pages_lost, 0u);
+  EXPECT_GT(total.resumes, 0u);
+  EXPECT_GT(resumed_pages, 0u);
+  EXPECT_GT(resume_refusals, 0u);
   EXPECT_GT(lost_backups, 0u);  // a Wait sent while every request slot of the GPU was in use (slots, not pages, bind)
 }
 

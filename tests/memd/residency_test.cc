@@ -331,8 +331,8 @@ TEST_F(ResidencyTest, BadEventsAreClearErrors) {
   a.context_pages = 2;
   EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kInvalidArgument);  // complete pages beyond the context
   a.history_pages = 0;
-  a.host_backed = true;
-  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kUnimplemented);
+  a.host_backed = true;  // a resume names the request it resumes
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kInvalidArgument);
   Admit(1, 1, 0, 2);
   a.host_backed = false;
   EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kAlreadyExists);
@@ -836,6 +836,130 @@ TEST_F(ResidencyTest, FenceWithBackupAndPopulationHeldResolvesEveryOrder) {
   }
   EXPECT_EQ(mgr_->host().allocated(), 2u);  // request 5's context only
   EXPECT_TRUE(mgr_->InterruptedRequests(0).empty());
+}
+
+
+// Issue 11, resume from host KV: after a fence, a new request of the GPU's next epoch takes over the leading run of
+// an interrupted request's kept host pages in one Admit (history pages 0 and 1 of request 1; its kept page 3 follows
+// the lost page 2 and is freed), the interrupted request ends, the grant names them (imported_pages = 2) with fresh
+// host pages for the rest and no optional GPU page; population brings them back; bad resumes change nothing; at the
+// end no host page is held.
+TEST_F(ResidencyTest, ResumeTakesOverTheLeadingKeptHostPagesInOneEvent) {
+  Make(10, 0, 32);
+  const auto g1 = OfType<GrantOrder>(Admit(1, 1, 0, 5));
+  const auto g2 = OfType<GrantOrder>(Admit(2, 1, 0, 3));
+  ASSERT_EQ(g1.size(), 1u);
+  ASSERT_EQ(g2.size(), 1u);
+  EXPECT_EQ(g1[0].imported_pages, 0u);
+  Written(1, {0, 1, 3});
+  Written(2, {0});
+  Do(mgr_->FenceGpu(0));
+  ASSERT_EQ(mgr_->host().allocated(), 4u);
+  Do(mgr_->RegisterGpu(0, 10));
+  ASSERT_TRUE(mgr_->RegisterGpu(1, 10).ok());
+  const StateDump before = mgr_->Dump();
+
+  AdmitRequest a;
+  a.request = 10;
+  a.required_pages = 1;
+  a.context_pages = 6;
+  a.host_backed = true;
+  uint32_t held = 4;  // host pages allocated: the interrupted requests' kept copies (+ request 3's below)
+  auto refused = [&](AdmitRequest bad, absl::StatusCode code) {
+    const absl::Status s = mgr_->Admit(bad);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_TRUE(mgr_->DrainOrders().empty());
+    EXPECT_TRUE(mgr_->CheckInvariants().ok());
+    EXPECT_EQ(mgr_->InterruptedRequests(0), (std::vector<RequestId>{1, 2}));
+    EXPECT_EQ(mgr_->host().allocated(), held);
+  };
+  refused(a, absl::StatusCode::kInvalidArgument);  // host_backed without resume_of
+  a.resume_of = 99;
+  refused(a, absl::StatusCode::kNotFound);  // unknown
+  Admit(3, 1, 0, 1);
+  held = 5;
+  a.resume_of = 3;
+  refused(a, absl::StatusCode::kInvalidArgument);  // admitted, not interrupted
+  a.resume_of = 1;
+  a.host_backed = false;
+  refused(a, absl::StatusCode::kInvalidArgument);  // resume_of without host_backed
+  a.host_backed = true;
+  a.context_pages = 1;
+  refused(a, absl::StatusCode::kInvalidArgument);  // fewer context pages than the 2 kept
+  a.context_pages = 6;
+  a.gpu = 1;
+  refused(a, absl::StatusCode::kInvalidArgument);  // another GPU's worker
+  a.gpu = 0;
+  EXPECT_EQ(mgr_->InterruptedHostPages(1), (std::map<uint32_t, PageIndex>{
+                                               {0, g1[0].host_pages[0]}, {1, g1[0].host_pages[1]},
+                                               {3, g1[0].host_pages[3]}}));
+  EXPECT_EQ(before.requests.size() + 1, mgr_->Dump().requests.size());  // request 3 only
+
+  const auto g = OfType<GrantOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].request, 10u);
+  EXPECT_EQ(g[0].imported_pages, 2u);
+  ASSERT_EQ(g[0].host_pages.size(), 6u);
+  EXPECT_EQ(g[0].host_pages[0], g1[0].host_pages[0]);
+  EXPECT_EQ(g[0].host_pages[1], g1[0].host_pages[1]);
+  EXPECT_TRUE(g[0].optional_pages.empty());
+  EXPECT_FALSE(Known(1));
+  EXPECT_EQ(mgr_->InterruptedRequests(0), (std::vector<RequestId>{2}));
+  EXPECT_EQ(mgr_->counters().resumes, 1u);
+  EXPECT_EQ(mgr_->counters().host_pages_resumed, 2u);
+  EXPECT_EQ(mgr_->host().allocated(), 1u + 1u + 6u);  // request 2's kept page, request 3, request 10
+  EXPECT_EQ(Req(10).host_pages, 6u);  // host-covered: 2 confirmed copies, 4 in the tail
+  EXPECT_EQ(Req(10).tail_pages, 4u);
+  const auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
+  ASSERT_EQ(pops.size(), 1u);
+  EXPECT_EQ(pops[0].request, 10u);
+  EXPECT_EQ(pops[0].history_pages, (std::vector<uint32_t>{0, 1}));
+  Do(mgr_->OnReadyPublish(pops[0].order, {}, true));
+  for (RequestId r : {10, 2, 3}) Do(mgr_->Complete(r));
+  EXPECT_EQ(mgr_->host().allocated(), 0u);
+  EXPECT_EQ(mgr_->host().reusable(), 32u);
+  EXPECT_EQ(mgr_->gpu_table(0)->free(), 10u);
+}
+
+// A resume that must wait (the only slot is taken) holds the host pages it took over while queued; a fence rejects
+// it and frees them; a queued resume completed by its worker frees them too.
+TEST_F(ResidencyTest, QueuedResumeHoldsItsHostPagesUntilFencedOrCompleted) {
+  Make(10, 0, 32, "oldest-first", 8, /*slots=*/1);
+  Admit(1, 1, 0, 3);
+  Admit(2, 1, 0, 2);  // waits for the slot
+  Do(mgr_->Complete(2));
+  Written(1, {0, 1});
+  Do(mgr_->FenceGpu(0));
+  Do(mgr_->RegisterGpu(0, 10, 1));
+  Admit(3, 1, 0, 1);  // holds the slot
+  AdmitRequest a;
+  a.request = 4;
+  a.required_pages = 1;
+  a.context_pages = 3;
+  a.host_backed = true;
+  a.resume_of = 1;
+  EXPECT_EQ(OfType<WaitOrder>(Do(mgr_->Admit(a))).size(), 1u);
+  EXPECT_EQ(mgr_->host().allocated(), 1u + 2u);  // request 3, request 4's two taken-over pages
+  EXPECT_TRUE(mgr_->InterruptedRequests(0).empty());
+  const auto rejects = OfType<RejectOrder>(Do(mgr_->FenceGpu(0)));
+  ASSERT_EQ(rejects.size(), 1u);
+  EXPECT_EQ(rejects[0].request, 4u);
+  EXPECT_EQ(mgr_->host().allocated(), 0u);  // request 3 was interrupted with no confirmed copy
+  // Completed while queued.
+  Do(mgr_->RegisterGpu(0, 10, 1));
+  Do(mgr_->Complete(3));
+  Admit(5, 1, 0, 2);
+  Written(5, {0});
+  Do(mgr_->FenceGpu(0));
+  Do(mgr_->RegisterGpu(0, 10, 1));
+  Admit(6, 1, 0, 1);
+  a.request = 7;
+  a.resume_of = 5;
+  EXPECT_EQ(OfType<WaitOrder>(Do(mgr_->Admit(a))).size(), 1u);
+  EXPECT_EQ(mgr_->host().allocated(), 2u);
+  Do(mgr_->Complete(7));
+  Do(mgr_->Complete(6));
+  EXPECT_EQ(mgr_->host().allocated(), 0u);
 }
 
 }  // namespace
