@@ -30,7 +30,9 @@ namespace dhs {
 // "fenced", HelloReply.interrupted_requests (a version-3 worker would never end them: their host pages would leak).
 // 5: request records for resume (AdmitRequest.record, TokensCommitted, HelloReply.interrupted_records): a version-4
 // worker would end interrupted requests that memd expects to be resumed, and a version-4 memd would drop the records.
-inline constexpr uint32_t kProtocolVersion = 5;
+// 6: resume from host KV (AdmitRequest.resume_of, AdmitGrant.imported_pages, Hello.host_page_bytes): host pages hold
+// the positions' index keys after the payload rows, so a version-5 worker would write its pages at another stride.
+inline constexpr uint32_t kProtocolVersion = 6;
 
 // Largest inbound message accepted, bytes (control messages are small; bulk KV goes through the
 // host pool, never through sockets).

@@ -66,6 +66,7 @@ std::string Structured(Input& in, uint8_t kind, uint64_t seq, const std::string&
       h.capacity_pages = m == 0xff ? in.U32() : m >= 0xf0 ? 1u << (m & 15) : m % 33;
       h.page_rows = in.Small32(65);
       h.page_bytes = in.Below(8) == 0 ? in.Small64(256) : kPageBytes;
+      h.host_page_bytes = h.page_bytes;  // memd compares its pool page with the host page
       h.request_slots = in.Small32(5);
       return EncodeHello(h, seq, sender);
     }

@@ -259,7 +259,7 @@ void Run(const uint8_t* data, size_t size) {
   auto g = ComputeGeometry(model.config(), config);
   DHS_CHECK_OK(g.status());
   config.hbm_budget_bytes = 16 * g->page_bytes;
-  std::vector<uint8_t> host(kHostPages * g->page_bytes);
+  std::vector<uint8_t> host(kHostPages * g->host_page_bytes);
   CpuDevice device;
   QuietMemd memd;
   NullSink sink;

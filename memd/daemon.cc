@@ -362,9 +362,9 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
     ++counters_.refused_peers;
     reason = absl::StrFormat("a Hello of GPU %d must come from the routing id worker/%d, not '%s'", hello->gpu,
                              hello->gpu, peer);
-  } else if (hello->page_bytes != options_.page_bytes) {
-    reason = absl::StrFormat("page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
-                             hello->page_bytes, options_.page_bytes);
+  } else if (hello->host_page_bytes != options_.page_bytes) {
+    reason = absl::StrFormat("host_page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
+                             hello->host_page_bytes, options_.page_bytes);
   } else if (hello->capacity_pages == 0 || hello->page_rows == 0) {
     reason = "capacity_pages and page_rows must be > 0";
   } else if (known != gpus_.end() && known->second.capacity_pages != hello->capacity_pages) {
@@ -440,6 +440,7 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   admit.page_rows = g->second.page_rows;
   admit.optional_history = a->optional_history;
   admit.host_backed = a->host_backed;
+  admit.resume_of = a->resume_of;
   if (a->record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
     if (absl::Status s = records_.Open(a->request, FromWireRecord(*a->record, a->gpu)); !s.ok()) return reject(s);
   }
@@ -447,6 +448,7 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
     if (a->record) records_.Release(a->request);
     return reject(s);
   }
+  if (admit.resume_of != 0) records_.Release(admit.resume_of);  // the interrupted request ended in that event
   admit_sequence_[a->request] = m.sequence;
   return std::string();  // Grant / Wait / Reject go out with the drained orders
 }
@@ -663,6 +665,7 @@ std::string Daemon::Encode(const GrantOrder& g) {
   w.optional_pages = g.optional_pages;
   for (uint32_t h = 0; h < g.optional_pages.size(); ++h) w.optional_history_pages.push_back(h);
   for (PageIndex hp : g.host_pages) w.backup_host_pages.push_back(HostRef(hp));
+  w.imported_pages = g.imported_pages;
   return EncodeAdmitGrant(w, AdmitSequence(g.request), kSender);
 }
 

@@ -36,8 +36,9 @@ void AddFlags(CLI::App& app, CommandLine& c) {
   dhs::memd::DaemonOptions& o = c.options;
   app.add_option("--run-dir", o.run_dir, "run directory (created 0700); holds memd.sock")->capture_default_str();
   app.add_option("--page-bytes", o.page_bytes,
-                 "bytes per KV page = p * sum of d_KV (contract \"Units\"), a positive multiple of 64; every "
-                 "worker's Hello must match")
+                 "bytes per host pool page = p * (sum of d_KV + sum over indexers of idx_dim * 4): the payload "
+                 "rows, then the index keys (docs/operations.md), a positive multiple of 64; every worker's Hello "
+                 "(host_page_bytes) must match")
       ->required()
       ->check(NotNegative())
       ->check(CLI::Validator(

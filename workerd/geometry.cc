@@ -102,7 +102,14 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
   g.kv.tail_rows = g.tail_rows;
   g.kv.slots = config.slots;
   g.kv.optional_pages = g.capacity_pages;
+  g.kv.key_bytes.assign(static_cast<size_t>(model.n_indexers()), model.index_key_bytes());
+  g.host_page_bytes = HostPageBytes(model, p);
   return g;
+}
+
+uint64_t HostPageBytes(const model::ModelConfig& model, uint32_t page_rows) {
+  return uint64_t{page_rows} * (model.row_bytes() * static_cast<uint64_t>(model.n_sources()) +
+                                model.index_key_bytes() * static_cast<uint64_t>(model.n_indexers()));
 }
 
 wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& geometry,
@@ -115,6 +122,7 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
   h.capacity_pages = geometry.capacity_pages;
   h.page_rows = config.page_rows;
   h.page_bytes = geometry.page_bytes;
+  h.host_page_bytes = geometry.host_page_bytes;
   h.request_slots = config.slots;
   std::vector<uint32_t> consumers(model.n_sources(), 0);
   for (const model::LayerSpec& l : model.layers) ++consumers[l.source];

@@ -40,13 +40,20 @@ struct WorkerConfig {
 
 // The sizes derived from the model and the config (brief §8).
 struct WorkerGeometry {
-  uint64_t page_bytes = 0;       // p * sum of d_KV over payload sources (contract "Units")
+  uint64_t page_bytes = 0;       // GPU page: p * sum of d_KV over payload sources (contract "Units")
+  // Host page: page_bytes + p * sum over indexers of idx_dim * 4 (the payload rows, then the positions' index keys;
+  // KvLayout::host_page_bytes). memd's host pool page size (memd --page-bytes).
+  uint64_t host_page_bytes = 0;
   uint32_t capacity_pages = 0;   // M
   uint32_t hot_rows = 0;         // B
   uint32_t tail_rows = 0;        // T
   uint32_t prefill_chunk = 0;    // tokens
   KvConfig kv;                   // the hierarchical layout (optional_pages = M)
 };
+// Bytes of one host page for `model` at p = page_rows: p * (sum of d_KV over payload sources + sum over indexers of
+// idx_dim * 4) (WorkerGeometry.host_page_bytes; memd --page-bytes of a node serving this model).
+uint64_t HostPageBytes(const model::ModelConfig& model, uint32_t page_rows);
+
 // Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page, gpu >= kMaxGpus).
 absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
 

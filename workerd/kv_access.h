@@ -43,6 +43,18 @@ class KvAccess {
   virtual absl::Status Append(RequestId request, SourceId source, Position position,
                               std::span<const uint8_t> row) = 0;
 
+  // Index keys (resume from host KV, issue 11): the model hands every position's index key of indexer number
+  // `indexer` (0 .. n_indexers-1, layer order) as soon as it computed it: keys holds n * d_I floats (idx_dim each) of
+  // positions first .. first+n-1 of `request`. A store with a host tier keeps them in the positions' host pages
+  // (docs/architecture.md, "Host pages") so that a restarted worker imports them instead of recomputing the history;
+  // the default ignores them (ResidentKvAccess: no host tier). Called after the positions' Append of the same step.
+  // Errors: INVALID_ARGUMENT (indexer out of range, keys not whole keys), NOT_FOUND (unknown request).
+  virtual absl::Status StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
+                                      std::span<const float> keys) {
+    (void)request, (void)indexer, (void)first, (void)keys;
+    return absl::OkStatus();
+  }
+
   // Resolves a batch of selections over the given sources (all of them read with the same selections: one source,
   // or an index producer's followers). Only positions < the request's appended length may be selected.
   // Errors: INVALID_ARGUMENT (position not appended yet, bad request/source), UNAVAILABLE or INTERNAL (a copy failed;

@@ -59,10 +59,10 @@ absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view
       const wire::HostSegmentInfoT& info = *reply->segments[0];
       absl::StatusOr<std::unique_ptr<HostPoolSegment>> seg = HostPoolSegment::Open(info.name);
       if (!seg.ok()) return seg.status();
-      if ((*seg)->page_bytes() != hello.page_bytes) {
+      if ((*seg)->page_bytes() != hello.host_page_bytes) {
         return absl::InvalidArgumentError(absl::StrCat("host pool '", info.name, "' has pages of ",
-                                                       (*seg)->page_bytes(), " bytes, this worker's pages have ",
-                                                       hello.page_bytes));
+                                                       (*seg)->page_bytes(), " bytes, this worker's host pages have ",
+                                                       hello.host_page_bytes));
       }
       c->segment_ = *std::move(seg);
     }

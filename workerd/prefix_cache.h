@@ -92,6 +92,10 @@ class RowCapture final : public KvAccess {
   }
   void ReadersDone(std::span<const SourceId> sources) override { inner_->ReadersDone(sources); }
   void Release(RequestId request) override { inner_->Release(request); }
+  absl::Status StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
+                              std::span<const float> keys) override {
+    return inner_->StoreIndexKeys(request, indexer, first, keys);
+  }
 
  private:
   KvAccess* inner_;

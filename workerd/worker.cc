@@ -134,7 +134,8 @@ absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& sub
     info->complete_pages = admit.complete_pages;
     admit.sources.push_back(std::move(info));
   }
-  admit.host_backed = false;
+  admit.host_backed = r.resume_of != 0;  // a resume takes the interrupted request's kept host pages over
+  admit.resume_of = r.resume_of;
   admit.record = MakeRecord(r, submit);
   if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
@@ -195,6 +196,7 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     return;
   }
   r.granted = std::chrono::steady_clock::now();
+  r.imported_pages = m.imported_pages;
   const uint64_t rows = r.input.size() - r.resumed + r.max_new - 1;  // rows ever appended
   if (absl::Status s = agent_->OnGrant(m, rows / config_.page_rows); !s.ok()) {
     Finish(r.id, s);
@@ -267,14 +269,18 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
                                                     record.logits_digests.size(), " digests, max_new ",
                                                     record.max_new_tokens));
   }
-  // The interrupted id ends first: memd frees what it kept (its host pages and record); the KV is recomputed below.
-  wire::CompleteT done;
-  done.request = interrupted;
-  done.gpu = config_.gpu;
-  if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
-    return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
-  }
+  // Not resumed (a bad record, or every token committed): the interrupted id ends, memd frees what it kept.
+  auto end_interrupted = [&]() -> absl::Status {
+    wire::CompleteT done;
+    done.request = interrupted;
+    done.gpu = config_.gpu;
+    if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
+    }
+    return absl::OkStatus();
+  };
   if (!valid.ok()) {
+    if (absl::Status s = end_interrupted(); !s.ok()) return s;
     return absl::InvalidArgumentError(
         absl::StrCat("interrupted request ", interrupted, ": its record is not resumable: ", valid.message()));
   }
@@ -285,18 +291,19 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
   r->digests = record.logits_digests;
   r->resumed = static_cast<Position>(r->generated.size());
   r->committed = r->generated.size();  // the new record opens with them
-  r->input.insert(r->input.end(), r->generated.begin(), r->generated.end());  // recomputed with the input
+  r->input.insert(r->input.end(), r->generated.begin(), r->generated.end());  // imported or recomputed
   ++stats_.requests_resumed;
   if (r->generated.size() >= r->max_new) {  // every token was committed: nothing to compute
+    if (absl::Status s = end_interrupted(); !s.ok()) return s;
     spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
                  r->client_id, r->max_new);
     detached_done_[r->client_id] = DetachedOutput{r->generated, r->digests, absl::OkStatus()};
     return absl::OkStatus();
   }
-  stats_.rows_recomputed += r->input.size();
+  r->resume_of = interrupted;
   if (absl::Status s = SendAdmit(*r, submit); !s.ok()) return s;
-  spdlog::info("worker: interrupted request {} (client {}) resumes as {}: {} committed tokens, {} rows recomputed "
-               "from its tokens", interrupted, r->client_id, r->id, r->resumed, r->input.size());
+  spdlog::info("worker: interrupted request {} (client {}) resumes as {}: {} committed tokens, {} tokens of history",
+               interrupted, r->client_id, r->id, r->resumed, r->input.size());
   client_ids_.emplace(std::make_pair(std::string(), r->client_id), r->id);
   requests_.emplace(r->id, std::move(r));
   return absl::OkStatus();
@@ -354,7 +361,38 @@ void Worker::StartGranted() {
     Request& r = *it->second;
     r.session.emplace(model_->NewSession(id));
     r.phase = Phase::kActive;
+    if (r.resume_started) ImportResumed(r);
   }
+}
+
+void Worker::ImportResumed(Request& r) {
+  const uint32_t p = config_.page_rows;
+  // The last token is fed by a Step (its logits give the next token): pages wholly before it only.
+  const auto usable = static_cast<uint32_t>((r.input.size() - 1) / p);
+  const uint32_t pages = hier_ == nullptr ? 0 : std::min(r.imported_pages, usable);
+  if (pages > 0) {
+    std::vector<std::vector<float>> keys;
+    absl::Status s = hier_->ImportHostPages(r.id, pages, keys);
+    if (s.ok()) s = model_->ImportKeys(*r.session, pages * p, keys);
+    if (s.ok()) {
+      r.fed = Position{pages} * p;
+    } else {  // recomputed from the tokens instead (same bits): a fresh KV and session
+      spdlog::warn("worker: request {}: import of {} host pages failed ({}); recomputing them", r.id, pages,
+                   s.ToString());
+      if (absl::Status rebuilt = agent_->RebuildKv(r.id); !rebuilt.ok()) {
+        Finish(r.id, rebuilt);
+        return;
+      }
+      r.session.emplace(model_->NewSession(r.id));
+    }
+  }
+  r.rows_imported = r.fed;
+  r.rows_recomputed = static_cast<Position>(r.input.size()) - r.fed;
+  stats_.rows_imported += static_cast<uint64_t>(r.rows_imported);
+  stats_.rows_recomputed += static_cast<uint64_t>(r.rows_recomputed);
+  spdlog::info("worker: resumed request {} (client {}) granted: {} rows imported from host ({} pages kept of {}), "
+               "{} rows recomputed from its tokens", r.id, r.client_id, r.rows_imported, r.imported_pages, usable,
+               r.rows_recomputed);
 }
 
 absl::Status Worker::ImportChunk(Request& r) {
@@ -555,8 +593,8 @@ void Worker::CommitStep() {
     if (r.resume_started && r.generated.size() == static_cast<size_t>(r.resumed) + 1) {
       const uint64_t us = MicrosSince(*r.resume_started, std::chrono::steady_clock::now());
       stats_.resume_us_max = std::max(stats_.resume_us_max, us);
-      spdlog::info("worker: request {} (client {}) resumed: first new token after {} us ({} rows recomputed)", r.id,
-                   r.client_id, us, r.input.size());
+      spdlog::info("worker: request {} (client {}) resumed: first new token after {} us ({} rows imported from host, "
+                   "{} rows recomputed)", r.id, r.client_id, us, r.rows_imported, r.rows_recomputed);
     }
     // A re-attached client that had tokens the record lacked gets only the ones after those (same draws: equal).
     const bool has = r.generated.size() <= r.client_has;
@@ -681,6 +719,7 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.waiting_requests_peak = s.waiting_requests_peak;
   r.requests_resumed = s.requests_resumed;
   r.rows_recomputed = s.rows_recomputed;
+  r.rows_imported = s.rows_imported;
   r.resume_us_max = s.resume_us_max;
   r.capacity_pages = geometry_.capacity_pages;
   r.page_bytes = geometry_.page_bytes;

@@ -76,6 +76,7 @@ struct WorkerStats {
   uint64_t submits_refused = 0;         // submits refused with "submit queue full"
   uint64_t requests_resumed = 0;        // interrupted requests of an earlier epoch resumed (Resume)
   uint64_t rows_recomputed = 0;         // rows those resumed requests recomputed from their tokens, rows
+  uint64_t rows_imported = 0;           // rows they imported from host instead (pages with a confirmed host copy)
   uint64_t resume_us_max = 0;           // the longest resume (Resume to its first new token), us
   uint64_t commits_deferred = 0;        // steps whose tokens went to memd with a later step (one message in flight)
   uint32_t waiting_requests_peak = 0;   // the most requests waiting for their grant at once
@@ -118,14 +119,18 @@ class Worker final : public MemdHandler, public Submitter {
   // The client `peer` went away (its connection is gone): each of its unfinished requests ends as a failed one
   // (`why`), its pages return to memd (Complete). Returns how many ended.
   size_t EndClient(const std::string& peer, const absl::Status& why);
-  // Resumes an interrupted request of an earlier epoch of this GPU (HelloReply.interrupted_records; issue 11): ends
-  // its interrupted node id (Complete: memd frees what it kept) and admits it again under a new node id with its
-  // record, committed tokens included. Its KV is recomputed from the record's tokens (input, then the committed
-  // tokens: rows_recomputed counts them); then decoding continues at token t = committed, drawn at (seed, client id,
-  // t), so the tokens equal those of an uninterrupted run. It has no client until one Attaches (its tokens wait in the
-  // request). A request whose record holds all max_new tokens is not admitted: it waits finished for its client.
-  // Errors: INVALID_ARGUMENT (the record is not a valid submit, or holds more tokens than max_new: the request is
-  // ended, nothing admitted), UNAVAILABLE (memd unreachable).
+  // Resumes an interrupted request of an earlier epoch of this GPU (HelloReply.interrupted_records; issue 11): admits
+  // it again under a new node id with its record, committed tokens included, as a resume of the interrupted id
+  // (AdmitRequest.host_backed + resume_of: memd hands the new id the interrupted one's leading kept host pages and
+  // ends the interrupted id in that event). At the grant (AdmitGrant.imported_pages = L) the first min(L, (n-1) / p)
+  // pages of its n tokens (input, then the committed tokens) are imported from host, never computed (their index
+  // keys read from the host pages, their payload host-resident: HierarchicalKvAccess::ImportHostPages; rows_imported
+  // counts them); the other rows are recomputed from the tokens (rows_recomputed); then decoding continues at token
+  // t = committed, drawn at (seed, client id, t), so the tokens equal those of an uninterrupted run. Resident mode,
+  // or nothing kept: everything is recomputed. It has no client until one Attaches (its tokens wait in the request).
+  // A request whose record holds all max_new tokens is not admitted (its interrupted id is ended with Complete): it
+  // waits finished for its client. Errors: INVALID_ARGUMENT (the record is not a valid submit, or holds more tokens
+  // than max_new: the interrupted id is ended with Complete, nothing admitted), UNAVAILABLE (memd unreachable).
   absl::Status Resume(RequestId interrupted, const wire::RequestRecordT& record);
   // A client (re-)attaches to the resumed request `client_id` having `received` tokens of it: SubmitAccepted, then
   // one TokenChunk with the tokens from `received` on that are known now (final when the request finished), and
@@ -181,6 +186,9 @@ class Worker final : public MemdHandler, public Submitter {
     uint64_t ttft_us = 0;
     absl::Status client_error;  // the client refused a chunk (ClientSink::Chunk): the request fails with it
     Position resumed = 0;       // tokens committed before a resume (generated[0, resumed) are also in `input`)
+    RequestId resume_of = 0;    // a resume: the interrupted node id it continues (AdmitRequest.resume_of)
+    uint32_t imported_pages = 0;  // AdmitGrant.imported_pages: leading pages with a confirmed host copy
+    Position rows_imported = 0, rows_recomputed = 0;  // a resume's history: imported from host / recomputed
     std::optional<std::chrono::steady_clock::time_point> resume_started;  // set for a resumed request
     size_t client_has = 0;      // tokens a re-attached client had (Attach.received): not streamed again
     size_t committed = 0;       // generated tokens handed to memd (TokensCommitted queued)
@@ -197,6 +205,9 @@ class Worker final : public MemdHandler, public Submitter {
     bool emits;
   };
   void StartGranted();
+  // A resumed request's start: its leading pages with a confirmed host copy imported (index keys into the session,
+  // payload host-resident), the rest left to prefill from its tokens; a failed import falls back to recomputing.
+  void ImportResumed(Request& r);
   // The active requests' next tokens (importing prepared-prefix chunks first; a failed import ends its request).
   std::vector<BatchItem> CollectBatch();
   // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).

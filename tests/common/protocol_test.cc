@@ -51,6 +51,7 @@ TEST(ProtocolRoundTrip, Hello) {
   in.capacity_pages = 8192;
   in.page_rows = 64;
   in.page_bytes = 64ull * 576 * 78;
+  in.host_page_bytes = 64ull * (576 * 78 + 132 * 21);  // payload rows, then the index keys
   in.request_slots = 16;
   in.sources.push_back(Source(0, 576, 1, 78));
   in.sources.push_back(Source(7, 288, 4, 2));
@@ -64,6 +65,7 @@ TEST(ProtocolRoundTrip, Hello) {
   EXPECT_EQ(out.capacity_pages, 8192u);
   EXPECT_EQ(out.page_rows, 64u);
   EXPECT_EQ(out.page_bytes, 2875392u);
+  EXPECT_EQ(out.host_page_bytes, 3052800u);
   EXPECT_EQ(out.request_slots, 16u);
   ASSERT_EQ(out.sources.size(), 2u);
   EXPECT_EQ(out.sources[0]->source, 0u);
@@ -112,6 +114,7 @@ TEST(ProtocolRoundTrip, AdmitRequest) {
   src->required_pages = 65;
   in.sources.push_back(std::move(src));
   in.host_backed = true;
+  in.resume_of = 0x0001'0000'0000'0005ull;
   wire::AdmitRequestT out = RoundTrip(in, EncodeAdmitRequest, ReadAdmitRequest, wire::Body::AdmitRequest, 3);
   EXPECT_EQ(out.request, 0x1234567890ull);
   EXPECT_EQ(out.gpu, 1u);
@@ -124,6 +127,7 @@ TEST(ProtocolRoundTrip, AdmitRequest) {
   EXPECT_EQ(out.sources[0]->complete_pages, 107u);
   EXPECT_EQ(out.sources[0]->required_pages, 65u);
   EXPECT_TRUE(out.host_backed);
+  EXPECT_EQ(out.resume_of, 0x0001'0000'0000'0005ull);
 }
 
 TEST(ProtocolRoundTrip, AdmitGrant) {
@@ -134,6 +138,7 @@ TEST(ProtocolRoundTrip, AdmitGrant) {
   in.optional_pages = {100, 101};
   in.optional_history_pages = {0, 1};
   in.backup_host_pages = {wire::HostPageRef(0, 17), wire::HostPageRef(1, 3)};
+  in.imported_pages = 1;
   wire::AdmitGrantT out = RoundTrip(in, EncodeAdmitGrant, ReadAdmitGrant, wire::Body::AdmitGrant, 4);
   EXPECT_EQ(out.request, 9u);
   EXPECT_EQ(out.slot, 4u);
@@ -145,6 +150,7 @@ TEST(ProtocolRoundTrip, AdmitGrant) {
   EXPECT_EQ(out.backup_host_pages[0].page(), 17u);
   EXPECT_EQ(out.backup_host_pages[1].segment(), 1u);
   EXPECT_EQ(out.backup_host_pages[1].page(), 3u);
+  EXPECT_EQ(out.imported_pages, 1u);
 }
 
 TEST(ProtocolRoundTrip, AdmitWaitAndReject) {

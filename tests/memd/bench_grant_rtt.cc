@@ -55,6 +55,7 @@ void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
   hello.capacity_pages = static_cast<uint32_t>(state.range(0));
   hello.page_rows = 64;
   hello.page_bytes = o.page_bytes;
+  hello.host_page_bytes = o.page_bytes;
   if (auto reply = client->Request(dhs::EncodeHello(hello, 1, "worker"), std::chrono::seconds(5)); !reply.ok()) {
     state.SkipWithError("no HelloReply");
     stop = true;

@@ -77,6 +77,7 @@ std::unique_ptr<dhs::DealerClient> Worker(const std::string& endpoint, uint32_t 
   hello.capacity_pages = pages;
   hello.page_rows = kPageRows;
   hello.page_bytes = page_bytes;
+  hello.host_page_bytes = page_bytes;
   auto bytes = client->Request(dhs::EncodeHello(hello, 1, "worker"), std::chrono::seconds(60));
   Require(bytes.ok(), "HelloReply");
   auto reply = dhs::ReadHelloReply(*dhs::DecodeEnvelope(*bytes));

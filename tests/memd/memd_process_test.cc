@@ -89,6 +89,7 @@ class FakeWorker {
     h.capacity_pages = capacity_pages;
     h.page_rows = kPageRows;
     h.page_bytes = page_bytes;
+    h.host_page_bytes = page_bytes;  // memd's pool pages (--page-bytes) are host pages
     h.request_slots = request_slots;
     Send(EncodeHello(h, seq_++, "worker"));
     auto m = Next();
@@ -485,7 +486,7 @@ TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
   // A worker whose page size differs from the host pool's is refused, with the reason.
   auto refused = w.Hello(4, 2 * kPageBytes);
   EXPECT_FALSE(refused.accepted);
-  EXPECT_NE(refused.reason.find("page_bytes"), std::string::npos) << refused.reason;
+  EXPECT_NE(refused.reason.find("host_page_bytes"), std::string::npos) << refused.reason;
 
   // Admission before an accepted Hello is rejected.
   w.Admit(5, 1, kPageRows, 0);
@@ -823,17 +824,18 @@ TEST_F(MemdProcess, DhsctlOnARunDirectoryItMayNotReadExits1) {
 // dhsctl (suite tools): table and JSON views, bad views, and a clear error when memd is not running.
 // `dhsctl plan --live` against a started memd with a fake worker, then the worker admits sessions of the plan's shape:
 // exactly the number the live plan gave are granted (one of them after a reclaim), the next one waits.
-// Topology (a description file): p = 16 rows, L_pay = 1, d_KV = 256, so its page is 16 * 1 * 256 = 4096 bytes =
-// memd's --page-bytes. Context n = 100 -> n_pad = 112 -> 7 host pages per session. Hierarchical bytes per session =
-// n_pad * L_idx * d_idx + (B + tail) * L_pay * d_KV + 16 * B * L_idx = 112 * 132 + (64 + 16) * 256 + 16 * 64 = 14784 +
-// 20480 + 1024 = 36288 -> ceil(36288 / 4096) = 9 GPU pages per session.
+// Topology (a description file): p = 16 rows, L_pay = 1, d_KV = 128, L_idx = 1, d_idx = 128, so its host page (payload
+// rows, then the index keys) is 16 * (128 + 128) = 4096 bytes = memd's --page-bytes and its GPU page 16 * 128 = 2048.
+// Context n = 100 -> n_pad = 112 -> 7 host pages per session. Hierarchical bytes per session =
+// n_pad * L_idx * d_idx + (B + tail) * L_pay * d_KV + 16 * B * L_idx = 112 * 128 + (64 + 16) * 128 + 16 * 64 = 14336 +
+// 10240 + 1024 = 25600 -> ceil(25600 / 2048) = 13 GPU pages per session.
 // memd state: GPU 0 with M = 30, 8 slots; request 1 holds 2 required + 6 optional pages (8 context pages). Lendable
-// 30 - 8 = 22, reclaimable 6 -> 28 pages -> floor(28 / 9) = 3 sessions; free slots 8 - 1 = 7; host 64 - 8 = 56 pages
-// -> 8 sessions. memd would admit 3 now.
+// 30 - 8 = 22, reclaimable 6 -> 28 pages -> floor(28 / 13) = 2 sessions; free slots 8 - 1 = 7; host 64 - 8 = 56 pages
+// -> 8 sessions. memd would admit 2 now.
 TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   const std::string topo = dir_ + "/topology.json";
-  std::ofstream(topo) << R"({"payload_layers": 1, "index_producers": 1, "top_k": 32, "payload_row_bytes": 256,
-    "index_key_bytes": 132, "page_rows": 16, "hot_rows": 64, "tail_rows": 16, "selections_per_token": 1,
+  std::ofstream(topo) << R"({"payload_layers": 1, "index_producers": 1, "top_k": 32, "payload_row_bytes": 128,
+    "index_key_bytes": 128, "page_rows": 16, "hot_rows": 64, "tail_rows": 16, "selections_per_token": 1,
     "rows_per_selection": 1, "drafter_window": 16, "k_max": 2, "draft_bytes_per_row": 64,
     "live_payload_layers": 1, "slots": 8})";
   const std::string plan = "--json plan --file " + topo + " --context 100 --live";
@@ -854,27 +856,26 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   ASSERT_EQ(rc, 0) << out;
   const json j = json::parse(out, nullptr, false);
   ASSERT_TRUE(j.is_object()) << out;
-  EXPECT_EQ(j["hierarchical_bytes_per_session"], 36288);  // the static plan is printed as without --live
+  EXPECT_EQ(j["hierarchical_bytes_per_session"], 25600);  // the static plan is printed as without --live
   const json& live = j["live"];
   EXPECT_EQ(live["page_bytes"], 4096);
-  EXPECT_EQ(live["required_pages_per_session"], 9);
+  EXPECT_EQ(live["gpu_page_bytes"], 2048);
+  EXPECT_EQ(live["required_pages_per_session"], 13);
   EXPECT_EQ(live["host_pages_per_session"], 7);
   ASSERT_EQ(live["gpus"].size(), 1u);
   EXPECT_EQ(live["gpus"][0]["available_pages"], 28);
   EXPECT_EQ(live["gpus"][0]["free_slots"], 7);
-  EXPECT_EQ(live["gpus"][0]["sessions"], 3);
+  EXPECT_EQ(live["gpus"][0]["sessions"], 2);
   EXPECT_EQ(live["host_available_pages"], 56);
   EXPECT_EQ(live["sessions_by_host"], 8);
-  EXPECT_EQ(live["sessions_now"], 3);
+  EXPECT_EQ(live["sessions_now"], 2);
 
-  // Sessions 11, 12: granted from the 22 lendable pages (4 left).
-  for (RequestId r : {11, 12}) {
-    w0.Admit(r, 9, 100, 0);
-    m = w0.Next();
-    ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant) << r;
-  }
-  // Session 13: Δ = 9 - 4 = 5 <= a_1 = 6: request 1 is reclaimed (backup, readers done, retire), then 13 is granted.
-  w0.Admit(13, 9, 100, 0);
+  // Session 11: granted from the 22 lendable pages (9 left).
+  w0.Admit(11, 13, 100, 0);
+  m = w0.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
+  // Session 12: Δ = 13 - 9 = 4 <= a_1 = 6: request 1 is reclaimed (backup, readers done, retire), then 12 is granted.
+  w0.Admit(12, 13, 100, 0);
   auto got = w0.NextN(2);
   ASSERT_TRUE(got.count(wire::Body::ReclaimOrder) && got.count(wire::Body::AdmitWait));
   const wire::ReclaimOrderT rc1 = *ReadReclaimOrder(got[wire::Body::ReclaimOrder]);
@@ -892,19 +893,19 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   w0.Send(EncodeReadersDone(rd, w0.seq(), "worker"));
   got = w0.NextN(2);
   ASSERT_TRUE(got.count(wire::Body::Retire) && got.count(wire::Body::AdmitGrant));
-  EXPECT_EQ(ReadAdmitGrant(got[wire::Body::AdmitGrant])->request, 13u);
-  // Session 14: 1 lendable page, nothing reclaimable: it waits (queued), as the plan said. (A population tick may
-  // have ordered that 1 page back to request 1's history meanwhile: a_1 = 1 then, still far from 9.)
-  w0.Admit(14, 9, 100, 0);
+  EXPECT_EQ(ReadAdmitGrant(got[wire::Body::AdmitGrant])->request, 12u);
+  // Session 13: 2 lendable pages, nothing reclaimable: it waits (queued), as the plan said. (A population tick may
+  // have ordered those pages back to request 1's history meanwhile: a_1 <= 2 then, still far from 13.)
+  w0.Admit(13, 13, 100, 0);
   do {
     m = w0.Next();
   } while (m && m->type == wire::Body::PopulateOrder);
   ASSERT_TRUE(m && m->type == wire::Body::AdmitWait);
   const json status = DhsctlJson("status");
   EXPECT_EQ(status["gpus"][0]["queued"], 1);
-  EXPECT_EQ(status["gpus"][0]["slots_used"], 4);  // requests 1, 11, 12, 13
+  EXPECT_EQ(status["gpus"][0]["slots_used"], 3);  // requests 1, 11, 12
 
-  // And now the live plan says 0: 1 lendable page, the queued session takes 9 first.
+  // And now the live plan says 0: 2 lendable pages, the queued session takes 13 first.
   auto [rc2, out2] = Dhsctl(plan);
   ASSERT_EQ(rc2, 0) << out2;
   const json j2 = json::parse(out2, nullptr, false);
@@ -1246,6 +1247,7 @@ TEST_F(MemdSendFailure, AnOrderThatCannotBeDeliveredFencesTheGpu) {
   h.capacity_pages = 8;
   h.page_rows = kPageRows;
   h.page_bytes = kPageBytes;
+  h.host_page_bytes = kPageBytes;
   h.request_slots = 4;
   send(EncodeHello(h, 1, "worker"));
   auto hello_reply = receive();

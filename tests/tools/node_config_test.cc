@@ -167,11 +167,15 @@ TEST(NodeConfig, SyntaxErrorNamesLineAndColumn) {
 }
 
 // p * d_KV * sources from the preset's fields (brief §8 "Units"), computed here.
+// memd's pool page = a host page: the payload rows of every source, then every indexer's index keys (float32).
 uint64_t PresetPageBytes(const char* preset, uint64_t page_rows) {
   const model::ModelConfig m = *model::PresetConfig(preset);
-  int sources = 0;
-  for (const model::LayerSpec& l : m.layers) sources = std::max(sources, static_cast<int>(l.source) + 1);
-  return page_rows * 4 * static_cast<uint64_t>(m.d_c + m.d_r) * sources;
+  int sources = 0, indexers = 0;
+  for (const model::LayerSpec& l : m.layers) {
+    sources = std::max(sources, static_cast<int>(l.source) + 1);
+    indexers += l.has_indexer();
+  }
+  return page_rows * 4 * (static_cast<uint64_t>(m.d_c + m.d_r) * sources + static_cast<uint64_t>(m.idx_dim) * indexers);
 }
 
 TEST(NodeGeometry, PageBytesFromThePresets) {

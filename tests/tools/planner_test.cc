@@ -54,8 +54,8 @@ TEST(PlannerGlm5, Context100000) {
   EXPECT_EQ(p->hierarchical_with_drafter_bytes_per_session, 530052864ull);
   EXPECT_DOUBLE_EQ(p->resident_over_hierarchical, 4771526400.0 / 465565440.0);
   EXPECT_DOUBLE_EQ(p->resident_over_hierarchical_with_drafter, 4771526400.0 / 530052864.0);
-  // host: 100032 * 78 * 576.
-  EXPECT_EQ(p->host_bytes_per_session, 4494237696ull);
+  // host (payload rows, then the index keys: the resume extension of §8): 100032 * (78 * 576 + 21 * 132).
+  EXPECT_EQ(p->host_bytes_per_session, 100032ull * (78 * 576 + 21 * 132));  // 4,771,526,400
   // fetch at μ = 0.1: 0.1 * 21 selections * 2048 * (78 / 21) follower layers * 576 = 0.1 * 92,012,544.
   EXPECT_NEAR(p->host_bytes_per_token, 9201254.4, 1e-6);
   EXPECT_FALSE(p->sessions_per_gpu.has_value());
@@ -71,7 +71,7 @@ TEST(PlannerGlm5, ShortContextsRoundUpToWholePages) {
     EXPECT_EQ(p->padded_context_tokens, n_pad);
     EXPECT_EQ(p->resident_bytes_per_session, n_pad * 47700) << n;
     EXPECT_EQ(p->hierarchical_bytes_per_session, n_pad * 2772 + 4160ull * 44928 + 1376256) << n;
-    EXPECT_EQ(p->host_bytes_per_session, n_pad * 44928) << n;
+    EXPECT_EQ(p->host_bytes_per_session, n_pad * (44928 + 2772)) << n;
     // Draft ring and staging do not depend on the context (brief §6).
     EXPECT_EQ(p->draft_ring_rows, 2176u);
     EXPECT_EQ(p->hierarchical_with_drafter_bytes_per_session,
@@ -103,10 +103,10 @@ TEST(PlannerGlm5, SessionsPerGpuAndHostAndSpeculation) {
   EXPECT_EQ(p->sessions_per_gpu->resident, 17u);
   EXPECT_EQ(p->sessions_per_gpu->hierarchical, 194u);
   EXPECT_EQ(p->sessions_per_gpu->hierarchical_with_drafter, 174u);
-  // host 131072 * 44928 = 5,888,802,816 -> floor(1099511627776 / 5888802816) = 186.
-  EXPECT_EQ(p->host_bytes_per_session, 5888802816ull);
+  // host 131072 * (44928 + 2772) = 6,252,134,400 -> floor(1099511627776 / 6252134400) = 175.
+  EXPECT_EQ(p->host_bytes_per_session, 131072ull * (44928 + 2772));
   ASSERT_TRUE(p->sessions_per_host.has_value());
-  EXPECT_EQ(*p->sessions_per_host, 186u);
+  EXPECT_EQ(*p->sessions_per_host, 175u);
   EXPECT_NEAR(p->host_bytes_per_token, 0.05 * 78 * 2048 * 576, 1e-6);  // 4,600,627.2
   // §6: 174 / 194 = 0.8969 > 20 / 30 = 0.6667: pays; break-even TPOT_spec = 30 * 174 / 194.
   ASSERT_TRUE(p->speculation.has_value());
@@ -160,7 +160,7 @@ TEST(PlannerDsv4Flash, Context100000) {
   EXPECT_EQ(p->staging_bytes_one_arena_per_layer, 8ull * 64 * 8 * 512 * 288);          // 603,979,776
   EXPECT_EQ(p->hierarchical_with_drafter_bytes_per_session, 108271616ull + 26738688 + 1179648);
   EXPECT_DOUBLE_EQ(p->resident_over_hierarchical, 336107520.0 / 108271616.0);
-  EXPECT_EQ(p->host_bytes_per_session, 100032ull * 8 * 288);                          // 230,473,728
+  EXPECT_EQ(p->host_bytes_per_session, 100032ull * (8 * 288 + 8 * 132));              // 336,107,520
   EXPECT_NEAR(p->host_bytes_per_token, 0.1 * 8 * 512 * 1 * 288, 1e-6);                // 117,964.8
 }
 
@@ -183,8 +183,8 @@ TEST(PlannerDsv4Flash, OverridesAndBudgets) {
   EXPECT_EQ(p->sessions_per_gpu->resident, 2325u);
   EXPECT_EQ(p->sessions_per_gpu->hierarchical, 189u);
   EXPECT_EQ(p->sessions_per_gpu->hierarchical_with_drafter, 30u);
-  // host 128 * 2304 = 294,912 -> 1e6 / 294912 = 3.
-  EXPECT_EQ(*p->sessions_per_host, 3u);
+  // host 128 * (2304 + 1056) = 430,080 -> 1e6 / 430080 = 2.
+  EXPECT_EQ(*p->sessions_per_host, 2u);
 }
 
 TEST(PlannerInput, BadFieldsAreNamed) {
@@ -339,7 +339,7 @@ TEST(PlannerOutput, JsonCarriesEveryFigure) {
   EXPECT_EQ(j["sessions_per_gpu"]["resident"], 22u);
   EXPECT_EQ(j["sessions_per_gpu"]["hierarchical"], 230u);
   EXPECT_EQ(j["sessions_per_gpu"]["hierarchical_with_drafter"], 202u);
-  EXPECT_EQ(j["host_bytes_per_session"], 4494237696ull);
+  EXPECT_EQ(j["host_bytes_per_session"], 100032ull * (78 * 576 + 21 * 132));  // payload rows and index keys
   EXPECT_TRUE(j["sessions_per_host"].is_null());
   EXPECT_NEAR(j["host_bytes_per_token"].get<double>(), 9201254.4, 1e-6);
   EXPECT_TRUE(j["speculation"].is_null());
@@ -378,8 +378,8 @@ TEST(DhsctlPlan, JsonWithoutMemd) {
   EXPECT_EQ(j["staging_bytes_per_gpu"], 2415919104ull);
   EXPECT_EQ(j["staging_bytes_one_arena_per_layer"], 47110422528ull);
   EXPECT_EQ(j["sessions_per_gpu"]["hierarchical"], 230u);
-  EXPECT_EQ(j["host_bytes_per_session"], 4494237696ull);
-  EXPECT_EQ(j["sessions_per_host"], 1099511627776ull / 4494237696ull);  // 244
+  EXPECT_EQ(j["host_bytes_per_session"], 100032ull * (78 * 576 + 21 * 132));
+  EXPECT_EQ(j["sessions_per_host"], 1099511627776ull / 4771526400ull);  // 230
   EXPECT_NEAR(j["host_bytes_per_token"].get<double>(), 9201254.4, 1e-6);
   // 202 / 230 = 0.878 > 20 / 30.
   EXPECT_EQ(j["speculation"]["pays"], true);
@@ -403,7 +403,8 @@ TEST(DhsctlPlan, TableAndDescriptionFile) {
 }
 
 // ComputeLive (dhsctl plan --live) on hand-made live states. Topology: glm5-like with p = 64, L_pay = 78,
-// d_KV = 576: page = 64 * 78 * 576 = 2875392 bytes. Context 100000 -> n_pad 100032 -> 1563 host pages per session;
+// d_KV = 576, L_idx = 21, d_idx = 132: GPU page = 64 * 78 * 576 = 2875392 bytes, host page (memd's pool page) =
+// 64 * (78 * 576 + 21 * 132) = 3052800 bytes. Context 100000 -> n_pad 100032 -> 1563 host pages per session;
 // hierarchical 465565440 bytes -> ceil(465565440 / 2875392) = 162 GPU pages (161.9...).
 TEST(LivePlan, SessionsFromFreeReclaimableSlotsAndHost) {
   PlanInput in;
@@ -412,7 +413,7 @@ TEST(LivePlan, SessionsFromFreeReclaimableSlotsAndHost) {
   const Plan plan = *Compute(in);
   ASSERT_EQ(plan.hierarchical_bytes_per_session, 465565440u);
   LiveState s;
-  s.page_bytes = 2875392;
+  s.page_bytes = 3052800;
   s.host_reusable_pages = 10 * 1563 + 5;  // 10 sessions by host
   // GPU 0: free 1000 - M_res 40 = 960 lendable + 100 reclaimable + 20 reclaiming - 162 queued = 918 -> 5 sessions
   // (5 * 162 = 810, 6 * 162 = 972); slots 64 - 10 used - 1 queued = 53.
@@ -440,9 +441,10 @@ TEST(LivePlan, SessionsFromFreeReclaimableSlotsAndHost) {
   s.host_reusable_pages = 1563 * 5;  // host-bound: (5 - 1 queued) = 4 sessions
   EXPECT_EQ(ComputeLive(plan, s)->sessions_now, 4u);
 
-  s.page_bytes = 4096;  // not the topology's page
+  EXPECT_EQ(ComputeLive(plan, s)->gpu_page_bytes, 2875392u);
+  s.page_bytes = 2875392;  // the GPU page: not memd's pool page (a host page)
   EXPECT_EQ(ComputeLive(plan, s).status().code(), absl::StatusCode::kFailedPrecondition);
-  s.page_bytes = 2875392;
+  s.page_bytes = 3052800;
   s.gpus.clear();
   EXPECT_EQ(ComputeLive(plan, s).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(LiveStateFromStatusJson("{\"gpus\": []}").status().code(), absl::StatusCode::kInvalidArgument);

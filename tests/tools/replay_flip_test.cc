@@ -163,7 +163,7 @@ void Serve(model::Model& m, WorkerMode mode, Flip flip, uint64_t seed, FlipRun& 
   c.hbm_budget_bytes = mode == WorkerMode::kResident ? uint64_t{64} << 20 : kBudgetPages * g->page_bytes;
   CorruptingDevice device;
   RecordingSink sink;
-  FakeMemd memd(mode == WorkerMode::kResident ? 4096 : kBudgetPages, g->page_bytes, c.page_rows, 512, seed,
+  FakeMemd memd(mode == WorkerMode::kResident ? 4096 : kBudgetPages, g->host_page_bytes, c.page_rows, 512, seed,
                 /*chaos=*/mode != WorkerMode::kResident, c.slots);
   auto w = Worker::Create(&m, &device, c, memd.host, &memd, &sink);
   ASSERT_TRUE(w.ok()) << w.status();

@@ -11,6 +11,8 @@ namespace dhs {
 namespace {
 
 using test::Harness;
+using test::IndexInStep;
+using test::Mix;
 using test::OriginalRow;
 
 KvConfig SmallConfig() {
@@ -530,6 +532,91 @@ TEST_P(RandomKv, ExactnessAndFusedEqualsReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kv, RandomKv, ::testing::Bool());
+
+// Index keys of position t, indexer i (n floats), from a hash: independent of the code under test.
+std::vector<float> OriginalKeys(Position t, uint32_t i, size_t n) {
+  std::vector<float> k(n);
+  for (size_t j = 0; j < n; ++j) k[j] = static_cast<float>(Mix(t * 131 + i * 17 + j) % 100000) / 7.0f;
+  return k;
+}
+
+// Resume from host KV (issue 11): a host page is the payload rows (GPU page layout) FOLLOWED by the positions' index
+// keys, indexer by indexer. StoreIndexKeys writes each position's keys into its planned host page at
+// page_bytes + p * (keys of earlier indexers) + row * key bytes, and the page's backup leaves them intact. A second
+// store (the restarted worker) imports the 3 complete pages: the keys come back, the rows are served from host (and
+// the last T rows from the tail, copied from host), and appending goes on after them.
+TEST(Kv, IndexKeysLandInTheirHostPagesAndARestartedStoreImportsThem) {
+  KvConfig c = SmallConfig();
+  c.key_bytes = {8, 12};  // 2 and 3 floats
+  const std::vector<PageIndex> plan = {5, 2, 9, 7};
+  const std::vector<size_t> floats = {2, 3};
+  Harness h(c, 12);
+  EXPECT_EQ(h.layout.host_page_bytes(), 4u * (16 + 24 + 8 + 8 + 12));
+  EXPECT_EQ(h.layout.KeyInPage(1, 2), 4u * (16 + 24 + 8) + 4u * 8 + 2u * 12);
+  ASSERT_TRUE(h.kv->PlanResidency(1, 0, plan, {}).ok());
+  for (Position t = 0; t < 14; ++t) {  // 3 complete pages and 2 rows of the 4th
+    ASSERT_TRUE(h.AppendAll(1, t).ok());
+    for (uint32_t i = 0; i < 2; ++i) ASSERT_TRUE(h.kv->StoreIndexKeys(1, i, t, OriginalKeys(t, i, floats[i])).ok());
+  }
+  h.device.WaitIdle();
+  EXPECT_EQ(h.kv->Poll().backups.size(), 3u);
+  for (Position t = 0; t < 14; ++t) {
+    const uint8_t* page = h.host.data() + plan[t / 4] * h.layout.host_page_bytes();
+    for (uint32_t i = 0; i < 2; ++i) {
+      const std::vector<float> want = OriginalKeys(t, i, floats[i]);
+      EXPECT_EQ(0, std::memcmp(page + h.layout.KeyInPage(i, t % 4), want.data(), c.key_bytes[i])) << t;
+    }
+    if (t >= 12) continue;  // the partial page has keys but no payload copy
+    for (SourceId s = 0; s < 3; ++s) {
+      const std::vector<uint8_t> want = OriginalRow(1, s, t, c.row_bytes[s]);
+      EXPECT_EQ(0, std::memcmp(page + h.layout.InPage(s, t % 4), want.data(), want.size())) << t;
+    }
+  }
+  EXPECT_EQ(h.kv->StoreIndexKeys(1, 2, 0, OriginalKeys(0, 2, 2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.kv->StoreIndexKeys(1, 0, 0, OriginalKeys(0, 0, 3)).code(), absl::StatusCode::kInvalidArgument);
+
+  Harness h2(c, 12);  // the restarted worker's store over the same host pool
+  std::copy(h.host.begin(), h.host.end(), h2.host.begin());
+  std::vector<std::vector<float>> keys;
+  EXPECT_EQ(h2.kv->ImportHostPages(1, 3, keys).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(h2.kv->PlanResidency(1, 0, std::vector<PageIndex>{5, 2}, {}).ok());
+  EXPECT_EQ(h2.kv->ImportHostPages(1, 3, keys).code(), absl::StatusCode::kFailedPrecondition);  // page 2 unplanned
+  h2.kv->Release(1);
+  ASSERT_TRUE(h2.kv->PlanResidency(1, 0, plan, {}).ok());
+  ASSERT_TRUE(h2.kv->ImportHostPages(1, 3, keys).ok());
+  ASSERT_EQ(keys.size(), 2u);
+  for (uint32_t i = 0; i < 2; ++i) {
+    std::vector<float> want;
+    for (Position t = 0; t < 12; ++t) {
+      const std::vector<float> k = OriginalKeys(t, i, floats[i]);
+      want.insert(want.end(), k.begin(), k.end());
+    }
+    EXPECT_EQ(0, std::memcmp(keys[i].data(), want.data(), want.size() * sizeof(float))) << "indexer " << i;
+    EXPECT_EQ(keys[i].size(), want.size());
+  }
+  const RequestKv* kv = h2.kv->Find(1);
+  ASSERT_NE(kv, nullptr);
+  EXPECT_EQ(kv->appended, (std::vector<Position>{12, 12, 12}));
+  for (uint32_t j = 0; j < 3; ++j) EXPECT_TRUE(kv->pages[j].host_ready) << j;
+  EXPECT_TRUE(IndexInStep(*kv));
+  EXPECT_EQ(h2.kv->ImportHostPages(1, 3, keys).code(), absl::StatusCode::kFailedPrecondition);  // rows already
+  ExpectExact(h2, 1, {0, 1}, {0, 3, 1, 2});  // host recovery (hot cache of 6 rows: one selection of k = 4 at once)
+  ExpectExact(h2, 1, {2}, {5, 7, 11, 10});   // the tail (positions 4..11), copied from host
+  for (Position t = 12; t < 17; ++t) ASSERT_TRUE(h2.AppendAll(1, t).ok());  // the 4th page completes: a backup
+  ExpectExact(h2, 1, {0, 1}, {16, 13, 12, kNoPosition});
+  h2.device.WaitIdle();
+  EXPECT_EQ(h2.kv->Poll().backups.size(), 1u);  // only the new page: the imported ones have their host copy
+}
+
+// Without key regions (KvConfig.key_bytes empty) host pages are the GPU pages' size and keys are not kept.
+TEST(Kv, LayoutWithoutIndexersIgnoresIndexKeys) {
+  Harness h(SmallConfig(), 4);
+  EXPECT_EQ(h.layout.host_page_bytes(), h.layout.page_bytes());
+  ASSERT_TRUE(h.AppendAll(1, 0).ok());
+  const std::vector<uint8_t> before = h.host;
+  EXPECT_TRUE(h.kv->StoreIndexKeys(1, 0, 0, OriginalKeys(0, 0, 2)).ok());
+  EXPECT_EQ(h.host, before);
+}
 
 }  // namespace
 }  // namespace dhs

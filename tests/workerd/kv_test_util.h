@@ -48,7 +48,7 @@ inline ::testing::AssertionResult IndexInStep(const RequestKv& kv) {
 
 struct Harness {
   explicit Harness(const KvConfig& c, uint32_t host_pages, ResolverKind kind = ResolverKind::kFused)
-      : layout(*KvLayout::Create(c)), host(host_pages * layout.page_bytes()) {
+      : layout(*KvLayout::Create(c)), host(host_pages * layout.host_page_bytes()) {
     for (PageIndex p = 0; p < host_pages; ++p) free_pages.insert(p);
     HostPoolAccess h{host, [this]() -> std::optional<PageIndex> {
                        if (free_pages.empty()) return std::nullopt;

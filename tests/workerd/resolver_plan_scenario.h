@@ -1,7 +1,9 @@
 // tests/workerd/resolver_plan_scenario.h: random resolver inputs shared by the host test of the shared plan
 // (resolver_plan_test.cc) and the GPU tests (tests/gpu/): a KV layout, one request per slot with its history pages
 // (some in the ready map, most with a host copy), a host pool of bytes from a hash, and selections that mix repeated
-// rows (hot hits), fresh rows (host recovery), tail / ready rows (direct) and -1 padding.
+// rows (hot hits), fresh rows (host recovery), tail / ready rows (direct) and -1 padding. Host pages carry index-key
+// regions after the payload (KvConfig.key_bytes, docs/architecture.md "Host pages"), so a host read at the GPU
+// page's stride instead of the host page's would fetch other bytes.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +26,7 @@ struct PlanScenarioParams {
   double ready_share = 0.3;                                // pages in the ready map
   double repeat_share = 0.5;                               // share of a selection taken from the previous one
   uint32_t padding_max = 3;                                // -1 entries at the end of a selection
+  std::vector<uint64_t> key_bytes = {128, 72};             // index key bytes per position, by indexer (host pages)
 };
 
 inline uint64_t ScenarioMix(uint64_t x) {
@@ -52,6 +55,7 @@ struct PlanScenario {
     config.tail_rows = p.tail_rows;
     config.slots = p.slots;
     config.optional_pages = p.optional_pages;
+    config.key_bytes = p.key_bytes;
     layout = std::make_unique<KvLayout>(*KvLayout::Create(config));
     uint64_t next_host_page = 0;
     for (uint32_t i = 0; i < p.slots; ++i) {
@@ -81,7 +85,7 @@ struct PlanScenario {
       kvs.push_back(std::move(kv));
       host_pages.push_back(std::move(hp));
     }
-    host_pool.resize(next_host_page * layout->page_bytes());
+    host_pool.resize(next_host_page * layout->host_page_bytes());
     for (size_t i = 0; i < host_pool.size(); ++i) host_pool[i] = static_cast<uint8_t>(ScenarioMix(seed * 977 + i) >> 24);
     previous.assign(config.groups.size(), std::vector<std::vector<Position>>(p.slots));
   }
@@ -119,7 +123,7 @@ struct PlanScenario {
   const uint8_t* HostRow(uint32_t i, SourceId s, Position t) const {
     const int64_t hp = host_pages[i][static_cast<size_t>(t / config.page_rows)];
     if (hp < 0) return nullptr;
-    return host_pool.data() + static_cast<uint64_t>(hp) * layout->page_bytes() +
+    return host_pool.data() + static_cast<uint64_t>(hp) * layout->host_page_bytes() +
            layout->InPage(s, static_cast<uint32_t>(t % config.page_rows));
   }
 

@@ -56,7 +56,7 @@ void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budge
   ASSERT_TRUE(g.ok()) << g.status();
   c.hbm_budget_bytes = mode == WorkerMode::kResident ? uint64_t{64} << 20 : budget_pages * g->page_bytes;
   CpuDevice device;
-  FakeMemd memd(mode == WorkerMode::kResident ? 4096 : budget_pages, g->page_bytes, c.page_rows, 512, seed,
+  FakeMemd memd(mode == WorkerMode::kResident ? 4096 : budget_pages, g->host_page_bytes, c.page_rows, 512, seed,
                 /*chaos=*/mode != WorkerMode::kResident, c.slots);
   auto w = Worker::Create(&m, &device, c, memd.host, &memd, &res.sink);
   ASSERT_TRUE(w.ok()) << w.status();

@@ -67,13 +67,14 @@ class Node {
   std::unique_ptr<ChildProcess> StartMemd(const std::string& log) {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{std::getenv("MEMD"), "--run-dir", run_dir_, "--page-bytes",
-                                 std::to_string(page_bytes_), "--host-pool-pages", "2048", "--worker-timeout-ms",
+                                 std::to_string(HostPageBytes(model_->config(), kPageRows)), "--host-pool-pages",
+                                 "2048", "--worker-timeout-ms",
                                  "3000", "--log-level", "info"},
         Log(log));
   }
-  std::unique_ptr<ChildProcess> StartWorker(const std::string& log) {
+  std::unique_ptr<ChildProcess> StartWorker(const std::string& log, const std::string& mode = "adaptive") {
     return std::make_unique<ChildProcess>(
-        std::vector<std::string>{std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", "0", "--mode", "adaptive",
+        std::vector<std::string>{std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", "0", "--mode", mode,
                                  "--preset", "glm5-like", "--seed", "3", "--page-rows", std::to_string(kPageRows),
                                  "--tail-rows", "32", "--slots", "2", "--hbm-budget", std::to_string(200 * page_bytes_),
                                  "--memd-timeout-ms", "2000", "--log-level", "info"},
@@ -238,17 +239,18 @@ TEST(WorkerFence, KilledWorkerIsFencedAndARestartedWorkerIsEpoch2AndServesExactl
 }
 
 // Resume (issue 11): SIGKILL the worker mid-decode (at the point where request 1's client holds 20 tokens), start it
-// again: it resumes both requests from memd's records (recomputing their KV), and a new client connection re-attaches
-// with the tokens each request already streamed. Each stream (before the kill, then after the re-attach) equals the
-// model run alone token for token and digest for digest, greedy and sampled: nothing lost, nothing twice. At the end
-// no host page or GPU page stays allocated.
+// again: it resumes both requests from memd's records, importing the pages memd kept with a confirmed host copy
+// (hisparse: every completed page is backed up, so the history before the kill point is on host) and recomputing
+// only the rest, and a new client connection re-attaches with the tokens each request already streamed. Each stream
+// (before the kill, then after the re-attach) equals the model run alone token for token and digest for digest,
+// greedy and sampled: nothing lost, nothing twice. At the end no host page or GPU page stays allocated.
 TEST(WorkerFence, KilledWorkerResumesItsRequestsExactlyAndClientsReattach) {
   dhs::testing::ScopedRunDir dir;
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
   if (!Node::Available()) GTEST_SKIP() << "no memd / workerd / dhsctl executable";
   Node node(dir.path());
   auto memd = node.StartMemd("memd");
-  auto worker = node.StartWorker("workerd-1");
+  auto worker = node.StartWorker("workerd-1", "hisparse");
   constexpr uint32_t kMaxNew = 400;
   struct Req {
     RequestId id;
@@ -293,7 +295,15 @@ TEST(WorkerFence, KilledWorkerResumesItsRequestsExactlyAndClientsReattach) {
   read(*c1, [] { return false; }, 200);  // and what was queued before the close
   ASSERT_FALSE(finished[1] || finished[2]) << "a request finished before the kill";
   const auto killed = Clock::now();
-  auto restarted = node.StartWorker("workerd-2");
+  ASSERT_FALSE(node.WaitGpu0(false, 1).is_null()) << "never fenced" << node.Logs();
+  uint64_t kept_pages = 0;  // confirmed host copies memd kept (node ids 1 and 2: GPU 0, epoch 1)
+  for (const Req& r : reqs) {
+    const json q = node.Dhsctl("request " + std::to_string(r.id));
+    ASSERT_EQ(q["state"], "interrupted") << q.dump();
+    kept_pages += q["host_pages"].get<uint64_t>();
+  }
+  ASSERT_GT(kept_pages, 0u) << "no page had a confirmed host copy at the kill" << node.Logs();
+  auto restarted = node.StartWorker("workerd-2", "hisparse");
   ASSERT_FALSE(node.WaitGpu0(true, 2).is_null()) << node.Logs();
   auto c2 = node.Client();
   ASSERT_TRUE(c2);
@@ -317,7 +327,8 @@ TEST(WorkerFence, KilledWorkerResumesItsRequestsExactlyAndClientsReattach) {
     EXPECT_EQ(got[r.id].tokens, want.tokens) << "lost or repeated tokens";
     EXPECT_EQ(got[r.id].digests, want.digests);
   }
-  // The restarted worker's counters: both resumed; at least their inputs were recomputed.
+  // The restarted worker's counters: both resumed; the kept pages imported (at most the leading run of each, whole
+  // pages), the rest recomputed: together the inputs and the tokens memd's records held.
   wire::WorkerStatsQueryT q;
   auto reply = c2->Request(EncodeWorkerStatsQuery(q, 500, "replay"), std::chrono::milliseconds(5000));
   ASSERT_TRUE(reply.ok()) << reply.status();
@@ -326,10 +337,17 @@ TEST(WorkerFence, KilledWorkerResumesItsRequestsExactlyAndClientsReattach) {
   EXPECT_EQ(stats->requests_resumed, 2u);
   // Inputs, then the tokens memd's record held: fewer than the clients had when the last commits were in flight at
   // the kill, at most one more each (a step committed whose chunk the kill stopped).
-  EXPECT_GE(stats->rows_recomputed, 80u);
-  EXPECT_LE(stats->rows_recomputed, 80u + had[1] + 1 + had[2] + 1);
-  std::printf("restarted worker: %llu requests resumed, %llu rows recomputed, longest resume %.3f ms\n",
+  EXPECT_GT(stats->rows_imported, 0u) << "nothing imported from host" << node.Logs();
+  EXPECT_EQ(stats->rows_imported % kPageRows, 0u);
+  EXPECT_LE(stats->rows_imported, kept_pages * kPageRows);
+  EXPECT_LT(stats->rows_recomputed, stats->rows_imported) << "most of the history was on host";
+  const uint64_t history = stats->rows_imported + stats->rows_recomputed;
+  EXPECT_GE(history, 80u);
+  EXPECT_LE(history, 80u + had[1] + 1 + had[2] + 1);
+  std::printf("restarted worker: %llu requests resumed, %llu rows imported from host (%llu pages kept), %llu rows "
+              "recomputed, longest resume %.3f ms\n",
               static_cast<unsigned long long>(stats->requests_resumed),
+              static_cast<unsigned long long>(stats->rows_imported), static_cast<unsigned long long>(kept_pages),
               static_cast<unsigned long long>(stats->rows_recomputed), stats->resume_us_max / 1000.0);
   for (int i = 0; i < 500 && node.Dhsctl("status")["host"]["allocated"] != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -51,8 +51,9 @@ TEST_P(RealMemd, WorkerServesOneRequestPerMode) {
   constexpr uint32_t kPageRows = 16;
   auto model = MakePresetModel("glm5-like", 3);
   const uint64_t page_bytes = uint64_t{kPageRows} * model->config().row_bytes() * model->config().n_sources();
+  const uint64_t host_page_bytes = HostPageBytes(model->config(), kPageRows);  // memd's pool pages
   const std::string memd_log = dir.path() + "/memd.log", worker_log = dir.path() + "/workerd.log";
-  ChildProcess memd({memd_bin, "--run-dir", dir.path(), "--page-bytes", std::to_string(page_bytes), "--host-pool-pages",
+  ChildProcess memd({memd_bin, "--run-dir", dir.path(), "--page-bytes", std::to_string(host_page_bytes), "--host-pool-pages",
               "64", "--log-level", "warn"},
              memd_log);
   ASSERT_TRUE(memd.ok());
@@ -143,7 +144,8 @@ class RealNode {
     return m != nullptr && std::getenv("WORKERD") != nullptr && std::filesystem::exists(m);
   }
   std::vector<std::string> MemdArgs(uint32_t host_pool_pages = 64) const {
-    return {std::getenv("MEMD"), "--run-dir", run_dir_, "--page-bytes", std::to_string(page_bytes_),
+    return {std::getenv("MEMD"), "--run-dir", run_dir_, "--page-bytes",
+            std::to_string(HostPageBytes(model_->config(), kPageRows)),
             "--host-pool-pages", std::to_string(host_pool_pages), "--log-level", "warn"};
   }
   std::vector<std::string> WorkerArgs(GpuId gpu) const {

@@ -35,9 +35,12 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
   auto model = MakePresetModel("dsv4flash-like", 5);
   const uint64_t page_bytes = uint64_t{kPageRows} * model->config().row_bytes() * model->config().n_sources();
+  // Host pages: the payload rows, then the positions' index keys (brief §8 extension, docs/architecture.md).
+  const uint64_t host_page_bytes =
+      page_bytes + uint64_t{kPageRows} * model->config().index_key_bytes() * model->config().n_indexers();
   const std::string shm = "dhs-wpt-" + std::to_string(::getpid()) + "-" + GetParam();
   (void)HostPoolSegment::Remove(shm);
-  auto segment = HostPoolSegment::Create(shm, page_bytes, kHostPages);
+  auto segment = HostPoolSegment::Create(shm, host_page_bytes, kHostPages);
   ASSERT_TRUE(segment.ok()) << segment.status();
   auto memd = RouterServer::Bind(dir.path(), "memd");
   ASSERT_TRUE(memd.ok()) << memd.status();
@@ -71,6 +74,7 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
           EXPECT_EQ(h->capacity_pages, 16u);
           EXPECT_EQ(h->page_rows, kPageRows);
           EXPECT_EQ(h->page_bytes, page_bytes);
+          EXPECT_EQ(h->host_page_bytes, host_page_bytes);
           EXPECT_EQ(h->request_slots, 2u);
           EXPECT_EQ(h->sources.size(), static_cast<size_t>(model->config().n_sources()));
           wire::HelloReplyT r;
@@ -79,7 +83,7 @@ TEST_P(WorkerProcess, ServesOneRequestAgainstMemdOverIpc) {
           auto info = std::make_unique<wire::HostSegmentInfoT>();
           info->name = shm;
           info->size_bytes = (*segment)->size_bytes();
-          info->page_bytes = page_bytes;
+          info->page_bytes = host_page_bytes;
           info->pages = kHostPages;
           r.segments.push_back(std::move(info));
           reply = EncodeHelloReply(r, m->sequence, "memd");

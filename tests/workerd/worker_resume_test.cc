@@ -35,25 +35,39 @@ const std::vector<Spec>& Specs() {
   return s;
 }
 
+WorkerConfig SideConfig(WorkerMode mode) {
+  WorkerConfig config;
+  config.mode = mode;
+  config.page_rows = 16;
+  config.tail_rows = 32;
+  config.slots = 4;
+  config.max_context_tokens = 200;
+  return config;
+}
+
+// The memd both lives of the GPU talk to (memd outlives its workers): `gpu_pages` optional pages to keep history on.
+std::unique_ptr<FakeMemd> SharedMemd(const model::Model* m, WorkerMode mode, uint32_t gpu_pages) {
+  const WorkerConfig config = SideConfig(mode);
+  auto g = ComputeGeometry(m->config(), config);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return std::make_unique<FakeMemd>(gpu_pages, g->host_page_bytes, config.page_rows, 256, 1, false, config.slots);
+}
+
+// One life of the worker of GPU 0 (epoch `epoch`) against `memd`.
 struct Side {
-  Side(const model::Model* m, uint64_t epoch) {
-    config.mode = WorkerMode::kAdaptive;
-    config.page_rows = 16;
-    config.tail_rows = 32;
-    config.slots = 4;
-    config.max_context_tokens = 200;
+  Side(const model::Model* m, uint64_t epoch, FakeMemd* shared, WorkerMode mode = WorkerMode::kAdaptive)
+      : config(SideConfig(mode)), memd(shared) {
     auto g = ComputeGeometry(m->config(), config);
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 64 * g->page_bytes;
-    memd = std::make_unique<FakeMemd>(64, g->page_bytes, config.page_rows, 256, 1, false, config.slots);
-    auto w = Worker::Create(m, &device, config, memd->host, memd.get(), &sink);
+    auto w = Worker::Create(m, &device, config, memd->host, memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
     worker->set_epoch(epoch);
   }
   WorkerConfig config;
   CpuDevice device;
-  std::unique_ptr<FakeMemd> memd;
+  FakeMemd* memd;
   RecordingSink sink;
   std::unique_ptr<Worker> worker;
 };
@@ -68,8 +82,9 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
   // Worker A: A is dropped right after the step where the last of the requests streamed its 2nd token.
   std::map<RequestId, wire::RequestRecordT> records;
   std::map<RequestId, size_t> had;  // tokens each client received from A
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kAdaptive, 64);
   {
-    Side a(m.get(), 1);
+    Side a(m.get(), 1, memd.get());
     for (const Spec& s : Specs()) {
       wire::SubmitRequestT sub;
       sub.request = s.id;
@@ -102,14 +117,17 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
   records[4].tokens.pop_back();  // A's last TokensCommitted for request 4 never reached memd
   records[4].logits_digests.pop_back();
   had[1] -= 1;  // A was killed between committing request 1's last token and sending its chunk: the client lacks it
+  memd->Fence();  // memd fences A's GPU: the requests are interrupted, keeping their confirmed host copies
   // Worker B (epoch 2) resumes all four; clients 1 and 4 attach at once, 2 while B decodes, 3 after its end.
-  Side b(m.get(), 2);
+  Side b(m.get(), 2, memd.get());
   uint64_t rows = 0;
   for (const Spec& s : Specs()) {
     ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
     rows += s.prompt + records[s.id].tokens.size();
   }
-  EXPECT_EQ(b.memd->completes, 4);  // the interrupted ids were ended at once
+  EXPECT_EQ(b.memd->completes, 0);  // the interrupted ids end with their resumes' admissions (resume_of)
+  EXPECT_EQ(b.memd->resumes, 4);
+  EXPECT_TRUE(b.memd->interrupted.empty());
   EXPECT_EQ(b.worker->Attach(9, 0, ClientRef{"c2", 1}).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(b.worker->Attach(1, static_cast<uint32_t>(had[1]), ClientRef{"c2", 1}).ok());
   ASSERT_TRUE(b.worker->Attach(4, static_cast<uint32_t>(had[4]), ClientRef{"c2", 4}).ok());
@@ -144,11 +162,116 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
   }
   const WorkerStats st = b.worker->stats();
   EXPECT_EQ(st.requests_resumed, 4u);
-  EXPECT_EQ(st.rows_recomputed, rows);
-  EXPECT_EQ(b.memd->completes, 8);  // and each resumed request ended once
+  EXPECT_EQ(st.rows_recomputed + st.rows_imported, rows);
+  EXPECT_EQ(b.memd->completes, 4);  // and each resumed request ended once
+  EXPECT_EQ(b.memd->host_pages_held(), 0u);
   std::printf("resumed 4 requests, %llu rows recomputed, longest resume %llu us\n",
               static_cast<unsigned long long>(st.rows_recomputed), static_cast<unsigned long long>(st.resume_us_max));
 }
+
+// Resume from host KV (issue 11): worker A serves four requests (greedy and sampled) until each decoded 20 tokens and
+// is dropped; memd fences the GPU, keeping the pages with a confirmed host copy (every completed page is backed up:
+// memd gives no optional GPU page). Worker B imports the leading run of each request's kept pages (index keys into
+// the session, payload host-resident) and recomputes only the rest: the expected counts come from the pages memd
+// kept. The clients' streams equal the uninterrupted run token for token and digest for digest, and no host page is
+// held at the end.
+class WorkerImport : public ::testing::TestWithParam<WorkerMode> {};
+
+TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact) {
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<Spec> specs = {
+      {1, 40, 40, 0.0f, 1.0f, 0}, {2, 57, 40, 0.9f, 1.0f, 7}, {3, 70, 36, 1.0f, 0.9f, 8}, {4, 33, 44, 0.0f, 1.0f, 0}};
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : specs) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), GetParam(), 0);
+  std::map<RequestId, wire::RequestRecordT> records;
+  std::map<RequestId, size_t> had;
+  {
+    Side a(m.get(), 1, memd.get(), GetParam());
+    for (const Spec& s : specs) {
+      wire::SubmitRequestT sub;
+      sub.request = s.id;
+      sub.prompt = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+      sub.max_new_tokens = s.max_new;
+      sub.temperature = s.temperature;
+      sub.top_p = s.top_p;
+      sub.seed = s.seed;
+      ASSERT_TRUE(a.worker->Submit(sub, ClientRef{"c", s.id}).ok());
+    }
+    auto fewest = [&] {
+      size_t n = SIZE_MAX;
+      for (const Spec& s : specs) n = std::min(n, a.sink.out[s.id].tokens.size());
+      return n;
+    };
+    for (int it = 0; it < 2000 && fewest() < 20; ++it) {
+      a.memd->Pump(*a.worker);
+      ASSERT_TRUE(a.worker->Iterate().ok());
+    }
+    for (const Spec& s : specs) {
+      had[s.id] = a.sink.out[s.id].tokens.size();
+      ASSERT_LT(had[s.id], s.max_new) << "request " << s.id << " finished before the kill point";
+      records[s.id] = a.memd->records.at(s.id);
+    }
+  }
+  memd->Fence();
+  // What B must import and recompute, from the pages memd kept: the leading run of confirmed host copies, at most the
+  // pages wholly before the last token of the record (prompt + committed tokens; that token is fed by a step).
+  uint64_t imported = 0, recomputed = 0, taken = 0;
+  for (const Spec& s : specs) {
+    const std::map<uint32_t, PageIndex>& kept = memd->interrupted.at(s.id);
+    uint32_t leading = 0;
+    while (kept.contains(leading)) ++leading;
+    taken += leading;
+    const uint64_t n = s.prompt + records[s.id].tokens.size();
+    const uint64_t rows = std::min<uint64_t>(leading, (n - 1) / 16) * 16;
+    imported += rows;
+    recomputed += n - rows;
+  }
+  ASSERT_GT(imported, 0u) << "no page had a confirmed host copy at the kill point";
+  Side b(m.get(), 2, memd.get(), GetParam());
+  for (const Spec& s : specs) {
+    ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
+    ASSERT_TRUE(b.worker->Attach(s.id, static_cast<uint32_t>(had[s.id]), ClientRef{"c2", s.id}).ok());
+  }
+  EXPECT_EQ(memd->resumes, 4);
+  EXPECT_EQ(memd->pages_taken_over, taken);
+  for (int it = 0; it < 5000; ++it) {
+    b.memd->Pump(*b.worker);
+    absl::StatusOr<bool> more = b.worker->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+  }
+  EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
+  for (const Spec& s : specs) {
+    SCOPED_TRACE("request " + std::to_string(s.id));
+    EXPECT_EQ(b.sink.finished.count(s.id), 1u);
+    Generated stream;
+    stream.tokens.assign(want[s.id].tokens.begin(), want[s.id].tokens.begin() + had[s.id]);
+    stream.digests.assign(want[s.id].digests.begin(), want[s.id].digests.begin() + had[s.id]);
+    const Generated& tail = b.sink.out[s.id];
+    stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
+    stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+    EXPECT_EQ(stream.tokens, want[s.id].tokens);
+    EXPECT_EQ(stream.digests, want[s.id].digests);
+  }
+  const WorkerStats st = b.worker->stats();
+  EXPECT_EQ(st.requests_resumed, 4u);
+  EXPECT_EQ(st.rows_imported, imported);
+  EXPECT_EQ(st.rows_recomputed, recomputed);
+  EXPECT_LT(st.rows_recomputed, imported + recomputed);
+  EXPECT_EQ(memd->completes, 4);
+  EXPECT_EQ(memd->host_pages_held(), 0u);
+  std::printf("%s: resumed 4 requests: %llu rows imported from host, %llu recomputed, longest resume %llu us\n",
+              std::string(WorkerModeName(GetParam())).c_str(), static_cast<unsigned long long>(st.rows_imported),
+              static_cast<unsigned long long>(st.rows_recomputed),
+              static_cast<unsigned long long>(st.resume_us_max));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WorkerImport, ::testing::Values(WorkerMode::kHisparse, WorkerMode::kAdaptive),
+                         [](const auto& info) { return std::string(WorkerModeName(info.param)); });
 
 }  // namespace
 }  // namespace dhs::test

@@ -46,7 +46,7 @@ struct Fixture {
     auto g = ComputeGeometry(model->config(), config);
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 64 * g->page_bytes;
-    memd = std::make_unique<FakeMemd>(64, g->page_bytes, config.page_rows, 256, 1, false, config.slots);
+    memd = std::make_unique<FakeMemd>(64, g->host_page_bytes, config.page_rows, 256, 1, false, config.slots);
     auto w = Worker::Create(model.get(), &device, config, memd->host, memd.get(), &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
@@ -677,7 +677,7 @@ struct ScriptedFixture {
     auto g = ComputeGeometry(model->config(), config);
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 16 * g->page_bytes;
-    host.assign(64 * g->page_bytes, 0);
+    host.assign(64 * g->host_page_bytes, 0);
     Device* worker_device = watched ? static_cast<Device*>(watched.get()) : &device;
     auto w = Worker::Create(model.get(), worker_device, config, host, &memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
@@ -925,7 +925,7 @@ std::map<std::pair<SourceId, Position>, std::vector<uint8_t>> OriginalRows(const
 // the device page layout).
 void ExpectHostPageHolds(const ScriptedFixture& f, PageIndex host_page, uint32_t page,
                          const std::map<std::pair<SourceId, Position>, std::vector<uint8_t>>& rows) {
-  const uint8_t* base = f.host.data() + uint64_t{host_page} * f.layout->page_bytes();
+  const uint8_t* base = f.host.data() + uint64_t{host_page} * f.layout->host_page_bytes();
   for (SourceId s = 0; s < f.layout->num_sources(); ++s) {
     for (uint32_t i = 0; i < 16; ++i) {
       const Position t = Position{page} * 16 + i;
@@ -1291,7 +1291,7 @@ TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {
   auto g = ComputeGeometry(model->config(), config);
   ASSERT_TRUE(g.ok());
   config.hbm_budget_bytes = 32 * g->page_bytes;
-  FakeMemd memd(32, g->page_bytes, 16, 64, 1, false, config.slots);
+  FakeMemd memd(32, g->host_page_bytes, 16, 64, 1, false, config.slots);
   auto frontend = ServingFrontend::Bind(dir.path(), 0);
   ASSERT_TRUE(frontend.ok()) << frontend.status();
   CpuDevice device;

@@ -113,11 +113,12 @@ class RecordingSink final : public ClientSink {
 // and, with chaos, reclaim and population orders drawn from a seeded generator.
 class FakeMemd final : public MemdLink {
  public:
-  FakeMemd(uint32_t capacity_pages, uint64_t page_bytes, uint32_t page_rows, uint32_t host_pages, uint64_t seed,
+  FakeMemd(uint32_t capacity_pages, uint64_t host_page_bytes, uint32_t page_rows, uint32_t host_pages, uint64_t seed,
            bool chaos, uint32_t slots)
-      : host(uint64_t{host_pages} * page_bytes), p_(page_rows), rng_(seed), chaos_(chaos) {
+      : host(uint64_t{host_pages} * host_page_bytes), p_(page_rows), rng_(seed), chaos_(chaos) {
     for (uint32_t i = 0; i < capacity_pages; ++i) free_gpu_.insert(i);
     for (uint32_t i = 0; i < host_pages; ++i) free_host_.insert(i);
+    free_host_total_ = host_pages;
     for (uint32_t i = 0; i < slots; ++i) free_slots_.insert(i);
   }
 
@@ -130,6 +131,7 @@ class FakeMemd final : public MemdLink {
     Req& r = reqs_[m.request];
     r.optional_history = m.optional_history;
     if (m.optional_history) ++admits_with_optional_history;
+    if (m.resume_of != 0) TakeOver(m, r);
     waiting_.push_back(Admission{m.request, m.history_rows, m.complete_pages});
     GrantWaiting();
     return absl::OkStatus();
@@ -167,15 +169,18 @@ class FakeMemd final : public MemdLink {
     Req& r = reqs_[m.request];
     r.slot = slot;
     const uint64_t pages = (m.history_rows + p_ - 1) / p_;
-    EXPECT_LE(pages, free_host_.size()) << "fake memd: host pool too small";
-    for (uint64_t j = 0; j < pages; ++j) {
+    const auto kept = static_cast<uint32_t>(r.host.size());  // a resume's taken-over pages
+    EXPECT_LE(pages - kept, free_host_.size()) << "fake memd: host pool too small";
+    for (uint64_t j = kept; j < pages; ++j) {
       r.host.push_back(*free_host_.begin());
       free_host_.erase(free_host_.begin());
     }
     auto grant = std::make_unique<wire::AdmitGrantT>();
     grant->request = m.request;
     grant->slot = slot;
-    for (uint32_t j = 0; j < m.complete_pages && !free_gpu_.empty(); ++j) {
+    grant->imported_pages = kept;
+    for (uint32_t j = 0; j < kept; ++j) r.host_copy.insert(j);
+    for (uint32_t j = 0; kept == 0 && j < m.complete_pages && !free_gpu_.empty(); ++j) {
       const uint32_t dp = *free_gpu_.begin();
       free_gpu_.erase(free_gpu_.begin());
       grant->optional_pages.push_back(dp);
@@ -278,6 +283,29 @@ class FakeMemd final : public MemdLink {
     return absl::OkStatus();
   }
 
+  // The worker is gone (memd's FenceGpu): every request becomes interrupted and keeps exactly the host pages with a
+  // reported host copy (`interrupted`); its other host pages, GPU pages and slot are freed, every order is dropped.
+  void Fence() {
+    for (auto& [id, r] : reqs_) {
+      std::map<uint32_t, PageIndex>& kept = interrupted[id];
+      for (uint32_t j = 0; j < r.host.size(); ++j) {
+        if (r.host_copy.contains(j)) {
+          kept[j] = r.host[j];
+        } else {
+          free_host_.insert(r.host[j]);
+        }
+      }
+      for (const auto& [j, dp] : r.optional) free_gpu_.insert(dp);
+      if (r.slot) free_slots_.insert(*r.slot);
+    }
+    reqs_.clear();
+    reclaims_.clear();
+    inbox_.clear();
+    waiting_.clear();
+  }
+  // Host pages in use (held by a request or an interrupted one).
+  size_t host_pages_held() const { return free_host_total_ - free_host_.size(); }
+
   // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
   void Pump(Worker& w) {
     while (!inbox_.empty()) {
@@ -340,6 +368,9 @@ class FakeMemd final : public MemdLink {
   int commit_messages = 0;                              // TokensCommitted messages (one per step with tokens)
   std::map<RequestId, std::vector<uint8_t>> committed;  // node id -> tokens committed (TokensCommitted)
   std::map<RequestId, wire::RequestRecordT> records;    // node id -> AdmitRequest.record + committed tokens
+  std::map<RequestId, std::map<uint32_t, PageIndex>> interrupted;  // Fence: node id -> kept history -> host page
+  int resumes = 0;               // admissions with resume_of (memd's resume: the interrupted id ends there)
+  uint32_t pages_taken_over = 0;  // kept host pages those resumes took over (leading runs)
 
  private:
   struct Req {
@@ -364,6 +395,26 @@ class FakeMemd final : public MemdLink {
     ADD_FAILURE() << "fake memd: unknown GPU page " << dp;
     return 0;
   }
+  // As memd's core: the new request takes over the leading run of the interrupted one's kept host pages, the other
+  // kept pages are freed, the interrupted one ends.
+  void TakeOver(const wire::AdmitRequestT& m, Req& r) {
+    EXPECT_TRUE(m.host_backed) << "resume_of without host_backed";
+    auto it = interrupted.find(m.resume_of);
+    if (it == interrupted.end()) {
+      ADD_FAILURE() << "fake memd: request " << m.request << " resumes unknown request " << m.resume_of;
+      return;
+    }
+    for (const auto& [j, hp] : it->second) {
+      if (j == r.host.size()) {
+        r.host.push_back(hp);
+      } else {
+        free_host_.insert(hp);
+      }
+    }
+    pages_taken_over += static_cast<uint32_t>(r.host.size());
+    interrupted.erase(it);
+    ++resumes;
+  }
   void Deliver(Worker& w, const wire::AdmitGrantT& m) { w.OnAdmitGrant(m); }
   void Deliver(Worker& w, const wire::ReclaimOrderT& m) { w.OnReclaimOrder(m); }
   void Deliver(Worker& w, const wire::RetireT& m) { w.OnRetire(m); }
@@ -374,6 +425,7 @@ class FakeMemd final : public MemdLink {
   bool chaos_;
   std::set<uint32_t> free_gpu_;
   std::set<uint32_t> free_host_;
+  size_t free_host_total_ = 0;
   std::set<SlotIndex> free_slots_;
   std::deque<Admission> waiting_;
   std::map<RequestId, Req> reqs_;

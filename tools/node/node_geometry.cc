@@ -33,7 +33,7 @@ absl::StatusOr<std::optional<uint64_t>> WorkerPageBytes(const WorkerEntry& w, si
   config.hbm_budget_bytes = get("hbm_budget_bytes", config.hbm_budget_bytes);
   absl::StatusOr<WorkerGeometry> g = ComputeGeometry(*model, config);
   if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("worker[", index, "]: ", g.status().message()));
-  return std::optional<uint64_t>(g->page_bytes);
+  return std::optional<uint64_t>(g->host_page_bytes);  // memd's pool pages are host pages
 }
 
 }  // namespace

@@ -11,8 +11,9 @@
 
 namespace dhs::node {
 
-// Bytes per KV page for `config`: memd.page_bytes when given, else the page size of the workers' model presets
-// (p * sum of d_KV, ComputeGeometry with each worker's page_rows, tail_rows, hot_rows, slots and hbm_budget_bytes).
+// Bytes per host pool page for `config` (memd --page-bytes): memd.page_bytes when given, else the host page size of
+// the workers' model presets (p * (sum of d_KV + sum over indexers of idx_dim * 4): WorkerGeometry.host_page_bytes,
+// ComputeGeometry with each worker's page_rows, tail_rows, hot_rows, slots and hbm_budget_bytes).
 // Every worker with a preset is checked against it. Errors: INVALID_ARGUMENT naming the key: a worker's geometry
 // error ("worker[1]: ..."), a worker's page size differing from memd.page_bytes or from worker[0]'s, a worker with
 // `weights` and no memd.page_bytes (its page size is known only once the file is loaded).

@@ -249,8 +249,10 @@ absl::StatusOr<Plan> Compute(const PlanInput& in) {
   p.hierarchical_with_drafter_bytes_per_session =
       c.Add({p.hierarchical_bytes_per_session, p.draft_ring_bytes_per_session, p.staging_bytes_per_session},
             "hierarchical_with_drafter_bytes_per_session");
-  // §8 host tier: n_pad * L_pay * d_KV.
-  p.host_bytes_per_session = c.Mul({n_pad, payload_per_pos}, "host_bytes_per_session");
+  // §8 host tier, extended (resume from host KV, docs/architecture.md "Host pages"): a host page holds its positions'
+  // payload rows and their index keys: n_pad * (L_pay * d_KV + L_idx * d_idx).
+  p.host_bytes_per_session =
+      c.Mul({n_pad, c.Add({payload_per_pos, index_per_pos}, "host bytes per position")}, "host_bytes_per_session");
   if (!c.status().ok()) return c.status();
 
   p.resident_over_hierarchical =
@@ -467,22 +469,27 @@ absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text) {
 
 absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live) {
   const Topology& t = plan.input.topology;
-  uint64_t topology_page = 0;
-  if (__builtin_mul_overflow(t.page_rows, t.payload_layers, &topology_page) ||
-      __builtin_mul_overflow(topology_page, t.payload_row_bytes, &topology_page) || live.page_bytes == 0) {
-    return absl::FailedPreconditionError("the topology's page size does not fit in 64 bits, or memd's is 0");
+  // memd's pool page is a host page: p * (L_pay * d_KV + L_idx * d_idx); its GPU pages hold p * L_pay * d_KV.
+  uint64_t gpu_page = 0, keys = 0, host_page = 0;
+  if (__builtin_mul_overflow(t.page_rows, t.payload_layers, &gpu_page) ||
+      __builtin_mul_overflow(gpu_page, t.payload_row_bytes, &gpu_page) ||
+      __builtin_mul_overflow(t.page_rows, t.index_producers, &keys) ||
+      __builtin_mul_overflow(keys, t.index_key_bytes, &keys) || __builtin_add_overflow(gpu_page, keys, &host_page) ||
+      gpu_page == 0 || live.page_bytes == 0) {
+    return absl::FailedPreconditionError("the topology's page size does not fit in 64 bits or is 0, or memd's is 0");
   }
-  if (topology_page != live.page_bytes) {
+  if (host_page != live.page_bytes) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "memd's page is ", live.page_bytes, " bytes but the topology's page is p * L_pay * d_KV = ", t.page_rows,
-        " * ", t.payload_layers, " * ", t.payload_row_bytes, " = ", topology_page,
-        " bytes: the live plan counts in memd's pages, give the topology memd serves"));
+        "memd's page is ", live.page_bytes, " bytes but the topology's host page is p * (L_pay * d_KV + L_idx * d_idx) = ",
+        t.page_rows, " * (", t.payload_layers, " * ", t.payload_row_bytes, " + ", t.index_producers, " * ",
+        t.index_key_bytes, ") = ", host_page, " bytes: the live plan counts in memd's pages, give the topology memd serves"));
   }
   if (live.gpus.empty()) return absl::FailedPreconditionError("memd has no GPU registered (no worker said Hello)");
   auto sub = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
   LivePlan lp;
   lp.page_bytes = live.page_bytes;
-  lp.required_pages_per_session = CeilDiv(plan.hierarchical_bytes_per_session, live.page_bytes);
+  lp.gpu_page_bytes = gpu_page;
+  lp.required_pages_per_session = CeilDiv(plan.hierarchical_bytes_per_session, gpu_page);
   lp.host_pages_per_session = plan.padded_context_tokens / t.page_rows;
   uint64_t gpu_sessions = 0;
   uint64_t queued_host = 0;
@@ -515,6 +522,7 @@ nlohmann::json LivePlanToJson(const LivePlan& l) {
                     {"sessions", g.sessions}});
   }
   return {{"page_bytes", l.page_bytes},
+          {"gpu_page_bytes", l.gpu_page_bytes},
           {"required_pages_per_session", l.required_pages_per_session},
           {"host_pages_per_session", l.host_pages_per_session},
           {"gpus", gpus},
@@ -524,8 +532,9 @@ nlohmann::json LivePlanToJson(const LivePlan& l) {
 }
 
 std::string LivePlanToTable(const LivePlan& l) {
-  std::string out = absl::StrFormat("live (memd now, pages of %d B): a session takes %d GPU pages and %d host pages\n",
-                                    l.page_bytes, l.required_pages_per_session, l.host_pages_per_session);
+  std::string out = absl::StrFormat(
+      "live (memd now, host pages of %d B, GPU pages of %d B): a session takes %d GPU pages and %d host pages\n",
+      l.page_bytes, l.gpu_page_bytes, l.required_pages_per_session, l.host_pages_per_session);
   for (const LiveGpuPlan& g : l.gpus) {
     absl::StrAppendFormat(&out, "  GPU %d: %d pages available, %s free slots -> %d sessions\n", g.gpu,
                           g.available_pages, g.free_slots ? absl::StrCat(*g.free_slots) : "unlimited", g.sessions);

@@ -98,7 +98,7 @@ struct Plan {
   double resident_over_hierarchical = 0;       // resident / hierarchical
   double resident_over_hierarchical_with_drafter = 0;
   std::optional<SessionsPerGpu> sessions_per_gpu;   // floor(hbm_bytes / per-session bytes), with hbm_bytes
-  uint64_t host_bytes_per_session = 0;         // n_pad * L_pay * d_KV
+  uint64_t host_bytes_per_session = 0;         // n_pad * (L_pay * d_KV + L_idx * d_idx): payload and index keys
   std::optional<uint64_t> sessions_per_host;   // floor(host_bytes / host_bytes_per_session), with host_bytes
   double host_bytes_per_token = 0;             // μ * selections_per_token * k * rows_per_selection * d_KV
   std::optional<SpeculationVerdict> speculation;  // with hbm_bytes and both TPOT figures
@@ -137,7 +137,7 @@ struct LiveGpu {
 };
 
 struct LiveState {
-  uint64_t page_bytes = 0;             // memd's page (GPU and host pool page), bytes
+  uint64_t page_bytes = 0;             // memd's pool page (a host page: payload rows, then index keys), bytes
   uint64_t host_reusable_pages = 0;    // host pool pages free to assign now
   std::vector<LiveGpu> gpus;
 };
@@ -155,8 +155,9 @@ struct LiveGpuPlan {
 };
 
 struct LivePlan {
-  uint64_t page_bytes = 0;
-  uint64_t required_pages_per_session = 0;  // ceil(hierarchical_bytes_per_session / page_bytes): memd lends pages
+  uint64_t page_bytes = 0;      // memd's pool page: a host page, p * (L_pay * d_KV + L_idx * d_idx), bytes
+  uint64_t gpu_page_bytes = 0;  // a GPU page, p * L_pay * d_KV, bytes
+  uint64_t required_pages_per_session = 0;  // ceil(hierarchical_bytes_per_session / gpu_page_bytes): memd lends pages
   uint64_t host_pages_per_session = 0;      // n_pad / p: one host page per context page (memd assigns at the grant)
   std::vector<LiveGpuPlan> gpus;
   uint64_t host_available_pages = 0;        // host_reusable - sum of queued_host (>= 0)
@@ -165,8 +166,9 @@ struct LivePlan {
 };
 
 // What memd would admit now, in sessions of `plan`'s shape (hierarchical mode, one per request: required pages on the
-// GPU, a host page per context page). Errors: FAILED_PRECONDITION when memd's page differs from the topology's page
-// (p * L_pay * d_KV bytes: the page both count in) or no worker registered a GPU yet.
+// GPU, a host page per context page). Errors: FAILED_PRECONDITION when memd's page differs from the topology's host
+// page (p * (L_pay * d_KV + L_idx * d_idx) bytes: the payload rows, then the index keys) or no worker registered a GPU
+// yet.
 absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live);
 
 // The live figures as JSON (under "live" of `dhsctl plan --live --json`) and as table lines.

@@ -137,8 +137,8 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
     launch.preset = options.preset;
     launch.seed = options.seed;
     launch.hbm_budget_bytes = budget;
-    launch.page_bytes = geometry->page_bytes;
-    launch.host_pool_bytes = HostPoolBytes(trace, geometry->page_bytes, geometry->kv.page_rows);
+    launch.page_bytes = geometry->host_page_bytes;  // memd's pool pages are host pages (payload, then index keys)
+    launch.host_pool_bytes = HostPoolBytes(trace, geometry->host_page_bytes, geometry->kv.page_rows);
     launch.slots = static_cast<uint32_t>(options.slots);
     if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
     launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off

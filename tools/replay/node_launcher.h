@@ -29,7 +29,7 @@ struct NodeLaunchOptions {
   std::string preset = "dsv4flash-like";  // workerd --preset (weights generated from --seed)
   uint64_t seed = 1;
   uint64_t hbm_budget_bytes = 0;  // workerd --hbm-budget, bytes
-  uint64_t page_bytes = 0;        // memd --page-bytes (must equal the worker's page bytes)
+  uint64_t page_bytes = 0;        // memd --page-bytes (must equal the worker's host page bytes, WorkerGeometry)
   uint64_t host_pool_bytes = 0;   // memd --host-pool-bytes
   uint32_t slots = 8;             // workerd --slots
   std::vector<std::string> extra_memd_args;

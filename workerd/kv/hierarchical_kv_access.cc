@@ -47,9 +47,9 @@ absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Crea
   absl::StatusOr<KvLayout> layout = KvLayout::Create(config);
   if (!layout.ok()) return layout.status();
   if (device == nullptr) return absl::InvalidArgumentError("HierarchicalKvAccess: no device");
-  if (host.bytes.size() % layout->page_bytes() != 0) {
+  if (host.bytes.size() % layout->host_page_bytes() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("HierarchicalKvAccess: host pool of ", host.bytes.size(),
-                                                   " bytes is not a whole number of ", layout->page_bytes(),
+                                                   " bytes is not a whole number of ", layout->host_page_bytes(),
                                                    "-byte pages"));
   }
   std::unique_ptr<HierarchicalKvAccess> a(new HierarchicalKvAccess(*std::move(layout), device, std::move(host)));
@@ -160,6 +160,79 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
   return absl::OkStatus();
 }
 
+absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
+                                                  std::span<const float> keys) {
+  if (layout_.num_indexers() == 0) return absl::OkStatus();  // no key regions in this layout
+  if (indexer >= layout_.num_indexers()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: unknown indexer ", indexer));
+  }
+  const KvConfig& c = layout_.config();
+  const uint64_t key_bytes = c.key_bytes[indexer];
+  if (first < 0 || (keys.size() * sizeof(float)) % key_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: ", keys.size(), " floats at position ", first,
+                                                   " are not whole index keys of ", key_bytes, " bytes"));
+  }
+  absl::StatusOr<RequestKv*> kvp = AdmitAnySlot(request);
+  if (!kvp.ok()) return kvp.status();
+  const RequestKv& kv = **kvp;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(keys.data());
+  const size_t n = keys.size() * sizeof(float) / key_bytes;
+  for (size_t j = 0; j < n; ++j) {
+    const Position t = first + static_cast<Position>(j);
+    const auto page = static_cast<size_t>(t / c.page_rows);
+    if (page >= kv.host_plan.size() || kv.host_plan[page] < 0) continue;
+    uint8_t* dst = host_.bytes.data() + static_cast<uint64_t>(kv.host_plan[page]) * layout_.host_page_bytes() +
+                   layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
+    std::memcpy(dst, bytes + j * key_bytes, key_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, uint32_t pages,
+                                                   std::vector<std::vector<float>>& keys_out) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  const KvConfig& c = layout_.config();
+  if (std::any_of(kv.appended.begin(), kv.appended.end(), [](Position n) { return n != 0; })) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: request ", request, " has rows already"));
+  }
+  for (uint32_t j = 0; j < pages; ++j) {
+    if (j >= kv.host_plan.size() || kv.host_plan[j] < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has no host page"));
+    }
+  }
+  const Position rows = Position{pages} * c.page_rows;
+  keys_out.assign(layout_.num_indexers(), {});
+  for (uint32_t i = 0; i < layout_.num_indexers(); ++i) {
+    const uint64_t kb = c.key_bytes[i];
+    keys_out[i].resize(static_cast<size_t>(rows) * kb / sizeof(float));
+    auto* out = reinterpret_cast<uint8_t*>(keys_out[i].data());
+    for (Position t = 0; t < rows; ++t) {
+      const uint8_t* page = host_.bytes.data() + static_cast<uint64_t>(kv.host_plan[t / c.page_rows]) *
+                                                     layout_.host_page_bytes();
+      std::memcpy(out + t * kb, page + layout_.KeyInPage(i, static_cast<uint32_t>(t % c.page_rows)), kb);
+    }
+  }
+  kv.GrowPages(pages);
+  for (uint32_t j = 0; j < pages; ++j) {
+    kv.pages[j].host_page = kv.host_plan[j];
+    kv.SetHostReady(j, true);
+  }
+  // The tail holds the latest T rows: copied from the host pages (Append of a host-ready page issues no backup).
+  const Position from = std::max<Position>(0, rows - Position{c.tail_rows});
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) kv.appended[s] = from;
+  for (Position t = from; t < rows; ++t) {
+    const uint8_t* page = host_.bytes.data() + static_cast<uint64_t>(kv.host_plan[t / c.page_rows]) *
+                                                   layout_.host_page_bytes();
+    for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+      std::span<const uint8_t> row(page + layout_.InPage(s, static_cast<uint32_t>(t % c.page_rows)), c.row_bytes[s]);
+      if (absl::Status st = Append(request, s, t, row); !st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The tail slot of row `old` (the row it held; < 0: never used) may be reused once that row's page has a host copy
 // or is ready on GPU; waits for the page's copies in flight. Errors: the failed copy's, or RESOURCE_EXHAUSTED.
 absl::Status HierarchicalKvAccess::FreeTailSlot(RequestKv& kv, Position old) {
@@ -263,7 +336,7 @@ absl::Status HierarchicalKvAccess::PlanResidency(RequestId request, SlotIndex sl
                                                  std::span<const std::pair<uint32_t, PageIndex>> keep) {
   const KvConfig& c = layout_.config();
   for (PageIndex hp : host_pages) {
-    if (static_cast<uint64_t>(hp + 1) * layout_.page_bytes() > host_.bytes.size()) {
+    if (static_cast<uint64_t>(hp + 1) * layout_.host_page_bytes() > host_.bytes.size()) {
       return absl::InvalidArgumentError(absl::StrCat("KV: host page ", hp, " outside the host pool"));
     }
   }
@@ -315,7 +388,7 @@ absl::StatusOr<bool> HierarchicalKvAccess::BackupInsteadOfKeep(RequestId request
   auto it = requests_.find(request);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
   RequestKv& kv = *it->second;
-  if (static_cast<uint64_t>(host_page + 1) * layout_.page_bytes() > host_.bytes.size()) {
+  if (static_cast<uint64_t>(host_page + 1) * layout_.host_page_bytes() > host_.bytes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("KV: host page ", host_page, " outside the host pool"));
   }
   if (page < kv.pages.size() && (kv.pages[page].host_page >= 0 || kv.pages[page].device_page >= 0)) {
@@ -423,7 +496,7 @@ Census HierarchicalKvAccess::TotalCensus() const {
 
 absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint32_t page, PageIndex host_page) {
   const KvConfig& c = layout_.config();
-  if (static_cast<uint64_t>(host_page + 1) * layout_.page_bytes() > host_.bytes.size()) {
+  if (static_cast<uint64_t>(host_page + 1) * layout_.host_page_bytes() > host_.bytes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("KV: host page ", host_page, " outside the host pool"));
   }
   if (page >= kv.pages.size() || kv.Length(c.groups[0]) < 0) {
@@ -441,7 +514,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
   const Position first = Position{page} * c.page_rows;
   std::vector<DeviceToHostCopy> ops;
   std::vector<CopyEvent> after;
-  uint8_t* host_base = host_.bytes.data() + uint64_t{host_page} * layout_.page_bytes();
+  uint8_t* host_base = host_.bytes.data() + uint64_t{host_page} * layout_.host_page_bytes();
   bool in_tail = true;
   for (SourceId s = 0; s < layout_.num_sources(); ++s) in_tail = in_tail && first >= kv.appended[s] - Position{c.tail_rows};
   for (SourceId s = 0; s < layout_.num_sources(); ++s) {
@@ -525,7 +598,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
   if (pg.device_page >= 0) return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " already populated"));
   const DeviceRange whole{pool_, layout_.PageRow(device_page, 0, 0), layout_.page_bytes()};
   CopyEvent fence = device_->ReadersFence(whole);
-  const uint8_t* host_base = host_.bytes.data() + static_cast<uint64_t>(pg.host_page) * layout_.page_bytes();
+  const uint8_t* host_base = host_.bytes.data() + static_cast<uint64_t>(pg.host_page) * layout_.host_page_bytes();
   std::vector<HostToDeviceCopy> ops;
   for (SourceId s = 0; s < layout_.num_sources(); ++s) {
     ops.push_back(HostToDeviceCopy{DeviceRange{pool_, layout_.PageRow(device_page, s, 0), c.page_rows * c.row_bytes[s]},

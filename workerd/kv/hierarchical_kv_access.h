@@ -36,7 +36,7 @@ namespace dhs {
 enum class ResolverKind { kFused, kReference };
 
 struct HostPoolAccess {
-  std::span<uint8_t> bytes;  // host page h at h * layout.page_bytes()
+  std::span<uint8_t> bytes;  // host page h at h * layout.host_page_bytes()
   // Returns a free host page, or nullopt (the backup is then deferred until BackupPages).
   std::function<std::optional<PageIndex>()> allocate_host_page;
   std::function<void(PageIndex)> free_host_page;
@@ -55,6 +55,21 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override;
   void ReadersDone(std::span<const SourceId> sources) override;
   void Release(RequestId request) override;
+  // Copies the keys into the key region of each position's planned host page (PlanResidency's host_pages; a
+  // position whose page has none is skipped: nothing would find it). No-op when the layout has no key regions
+  // (KvConfig.key_bytes empty). Errors: as KvAccess, RESOURCE_EXHAUSTED (no slot for a new request).
+  absl::Status StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
+                              std::span<const float> keys) override;
+
+  // Resume from host KV (issue 11): history pages 0 .. pages-1 of `request` (planned, nothing appended yet) hold a
+  // confirmed host copy in their planned host pages (memd's AdmitGrant.imported_pages). They become host-resident
+  // without computing anything: appended = pages * p on every source, each page host-ready in its host page (the
+  // resolver fetches selected rows from there; population may bring them back), and the last min(T, pages * p) rows
+  // are copied from host into the tail (the tail always holds the latest T rows). keys_out[i] receives indexer i's
+  // index keys of positions 0 .. pages*p-1 read from the host pages (idx_dim floats each).
+  // Errors: NOT_FOUND (unknown request), FAILED_PRECONDITION (rows appended already, a page without a planned host
+  // page), or the tail copy's error.
+  absl::Status ImportHostPages(RequestId request, uint32_t pages, std::vector<std::vector<float>>& keys_out);
 
   // Residency plan of `request` in slot `slot` (memd's AdmitGrant.slot; admits it there when new).
   // host_pages[j]: host page of history page j (memd's grant; pages beyond it come from allocate_host_page);

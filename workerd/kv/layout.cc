@@ -43,8 +43,15 @@ absl::StatusOr<KvLayout> KvLayout::Create(const KvConfig& c) {
     slot += (uint64_t{c.hot_rows} + c.tail_rows) * c.row_bytes[s];
     page += c.row_bytes[s];
   }
+  uint64_t keys = 0;
+  for (size_t i = 0; i < c.key_bytes.size(); ++i) {
+    if (c.key_bytes[i] == 0) return absl::InvalidArgumentError(absl::StrCat("KvConfig: indexer ", i, " has 0 key bytes"));
+    l.key_src_.push_back(keys);
+    keys += c.key_bytes[i];
+  }
   l.slot_bytes_ = slot;
   l.page_bytes_ = page * c.page_rows;
+  l.host_page_bytes_ = (page + keys) * c.page_rows;
   l.pages_base_ = slot * c.slots;
   return l;
 }

@@ -4,7 +4,11 @@
 //   - per request slot i, per source s: the hot cache (B rows) then the tail (T rows, a ring: position t at t mod T);
 //   - the optional-history pages (page indices granted by memd). A page covers p positions of EVERY source: inside a
 //     page, source s owns p consecutive rows at p * (sum of row bytes of sources before s).
-// Host pages use the same page layout (page_bytes() bytes each), so a page copies host<->device source by source.
+// Host pages (host_page_bytes() bytes each) start with the same page layout (page_bytes() bytes), so a page copies
+// host<->device source by source, FOLLOWED by the page's index keys (resume from host KV, issue 11; an extension of
+// brief §8, whose index keys otherwise live on GPU only): indexer i owns p consecutive keys of key_bytes[i] bytes at
+// page_bytes() + p * (sum of key bytes of indexers before i). Key regions are written by the worker as keys are
+// computed (HierarchicalKvAccess::StoreIndexKeys) and never copied to a device page.
 // Every source reads only its own rows even though all sources share one pool allocation.
 // Groups: an index producer's followers form one group (one shared position->slot plan, separate bytes per source);
 // a shared-source model has groups of one source. The group is the unit of planning.
@@ -29,6 +33,7 @@ struct KvConfig {
   uint32_t tail_rows = 0;                     // T per request slot and source; a multiple of p, >= p
   uint32_t slots = 1;                         // N request slots
   uint32_t optional_pages = 0;                // device pages for optional history
+  std::vector<uint64_t> key_bytes;            // index key bytes per position, per indexer (idx_dim * 4); may be empty
 };
 
 class KvLayout {
@@ -40,7 +45,14 @@ class KvLayout {
   uint32_t num_sources() const { return static_cast<uint32_t>(config_.row_bytes.size()); }
   uint32_t group_of(SourceId s) const { return group_of_[s]; }
   uint64_t row_bytes(SourceId s) const { return config_.row_bytes[s]; }
-  uint64_t page_bytes() const { return page_bytes_; }  // p * sum of row bytes
+  uint64_t page_bytes() const { return page_bytes_; }  // p * sum of row bytes (a device page)
+  // A host page: page_bytes() + p * sum of key bytes (the payload, then the index keys).
+  uint64_t host_page_bytes() const { return host_page_bytes_; }
+  uint32_t num_indexers() const { return static_cast<uint32_t>(config_.key_bytes.size()); }
+  // Byte offset of the index key of row `row` of indexer i inside a host page.
+  uint64_t KeyInPage(uint32_t indexer, uint32_t row) const {
+    return page_bytes_ + config_.page_rows * key_src_[indexer] + row * config_.key_bytes[indexer];
+  }
   uint64_t pool_bytes() const { return pages_base_ + page_bytes_ * config_.optional_pages; }
 
   // Byte offsets in the KV pool. Arguments are not range-checked (callers validate).
@@ -62,6 +74,8 @@ class KvLayout {
   std::vector<uint32_t> group_of_;
   std::vector<uint64_t> slot_src_;  // offset of source s inside a slot's region
   std::vector<uint64_t> page_src_;  // sum of row bytes of sources before s
+  std::vector<uint64_t> key_src_;   // sum of key bytes of indexers before i
+  uint64_t host_page_bytes_ = 0;
   uint64_t slot_bytes_ = 0;
   uint64_t page_bytes_ = 0;
   uint64_t pages_base_ = 0;

@@ -93,7 +93,7 @@ absl::Status Resolver::CheckDistinct(const ResolveQuery& q) const {
 const uint8_t* Resolver::HostRow(const KvPage& page, SourceId s, Position t) const {
   const KvLayout& l = *env_.layout;
   const uint32_t p = l.config().page_rows;
-  return env_.host_pool.data() + static_cast<uint64_t>(page.host_page) * l.page_bytes() +
+  return env_.host_pool.data() + static_cast<uint64_t>(page.host_page) * l.host_page_bytes() +
          l.InPage(s, static_cast<uint32_t>(t % p));
 }
 

@@ -58,7 +58,7 @@ struct ResolveQuery {
   std::span<Location> out;              // sources.size() * k entries
 };
 
-// What the resolver works on: the KV pool on the device and the host pool (host page h at h * page_bytes).
+// What the resolver works on: the KV pool on the device and the host pool (host page h at h * host_page_bytes).
 struct ResolverEnv {
   const KvLayout* layout = nullptr;
   Device* device = nullptr;

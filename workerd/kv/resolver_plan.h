@@ -19,7 +19,7 @@
 //      resolves to the same slot and counts as hot. These are the LRU rules of HotCache (hot_cache.h): hits touched
 //      in selection order, then misses claimed in selection order.
 //   D. emission and gather: out[si * k + j] = the row's byte offset in the KV pool (-1 kept); every host-resolved
-//      row of every source is copied from the host pool (host page h at h * page_bytes) into its hot slot, 16 bytes
+//      row of every source is copied from the host pool (host page h at h * host_page_bytes) into its hot slot, 16 bytes
 //      kUnroll chunks in flight per lane.
 // The cache clock advances by 2k + 2 per planned query, so last_use values stay distinct within a cache.
 //
@@ -58,7 +58,7 @@ inline constexpr int32_t kKindNone = 0, kKindTail = 1, kKindReady = 2, kKindHot 
 // The KV pool layout seen by one group's sources (a flattened KvLayout; resolver_plan_host.h builds it). Byte
 // offsets: tail row = slot * slot_bytes + slot_src[si] + (B + t mod T) * row_bytes[si]; hot slot h = slot *
 // slot_bytes + slot_src[si] + h * row_bytes[si]; ready row = pages_base + page * page_bytes + in_page[si] +
-// (t mod p) * row_bytes[si]; host row = host_page * page_bytes + in_page[si] + (t mod p) * row_bytes[si].
+// (t mod p) * row_bytes[si]; host row = host_page * host_page_bytes + in_page[si] + (t mod p) * row_bytes[si].
 struct Geometry {
   uint32_t hot_rows = 0;   // B
   uint32_t tail_rows = 0;  // T
@@ -66,7 +66,8 @@ struct Geometry {
   uint32_t num_sources = 0;
   uint64_t slot_bytes = 0;   // bytes of one request slot's region (all sources)
   uint64_t pages_base = 0;   // offset of optional-history page 0
-  uint64_t page_bytes = 0;   // p * sum of row bytes
+  uint64_t page_bytes = 0;   // p * sum of row bytes (a device page)
+  uint64_t host_page_bytes = 0;  // a host page: page_bytes then the index keys (KvLayout::host_page_bytes)
   const uint64_t* slot_src = nullptr;   // [num_sources] offset of the source's hot cache inside a slot's region
   const uint64_t* in_page = nullptr;    // [num_sources] offset of the source's rows inside a page
   const uint64_t* row_bytes = nullptr;  // [num_sources]
@@ -396,7 +397,7 @@ DHS_HD void PlanAndGather(const Lanes& L, const Geometry& g, const Query& q, uin
       const uint64_t rb = g.row_bytes[si], at = uint64_t{part} * 16;
       if (at >= rb) continue;
       const int64_t t = q.selection[j];
-      const uint64_t src = static_cast<uint64_t>(q.host_page[static_cast<uint64_t>(t) / p]) * g.page_bytes +
+      const uint64_t src = static_cast<uint64_t>(q.host_page[static_cast<uint64_t>(t) / p]) * g.host_page_bytes +
                            g.in_page[si] + (static_cast<uint64_t>(t) % p) * rb;
       len[u] = rb - at < 16 ? static_cast<uint32_t>(rb - at) : 16;
       dst[u] = device_pool + LocationOf(g, q, si, t, kKindHost, s.aux[j]) + at;

@@ -37,6 +37,7 @@ struct GeometryStorage {
     g.slot_bytes = static_cast<uint64_t>(layout.HotRow(1, 0, 0) - layout.HotRow(0, 0, 0));
     g.pages_base = static_cast<uint64_t>(layout.PageRow(0, 0, 0)) - layout.InPage(0, 0);
     g.page_bytes = layout.page_bytes();
+    g.host_page_bytes = layout.host_page_bytes();
     g.slot_src = slot_src.data();
     g.in_page = in_page.data();
     g.row_bytes = row_bytes.data();

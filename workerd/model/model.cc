@@ -267,6 +267,34 @@ absl::Status Model::ImportRows(ModelSession& session, uint32_t tokens, std::span
     }
   }
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status st = kv.StoreIndexKeys(session.request_, static_cast<uint32_t>(i), n, keys[i]); !st.ok()) {
+      session.broken_ = true;
+      return st;
+    }
+    session.index_keys_[i].insert(session.index_keys_[i].end(), keys[i].begin(), keys[i].end());
+  }
+  session.position_ += static_cast<Position>(tokens);
+  return absl::OkStatus();
+}
+
+absl::Status Model::ImportKeys(ModelSession& session, uint32_t tokens, std::span<const std::vector<float>> keys) const {
+  const ModelConfig& c = config_;
+  if (session.model_ != this) return absl::InvalidArgumentError("import keys: a session of another model");
+  if (session.broken_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("import keys: request ", session.request_, " is broken by an earlier failed step"));
+  }
+  if (keys.size() != static_cast<size_t>(c.n_indexers())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("import keys: ", keys.size(), " indexers given, the model has ", c.n_indexers()));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].size() != static_cast<size_t>(tokens) * c.idx_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("import keys: indexer ", i, " has ", keys[i].size(),
+                                                     " floats, expected ", tokens, " x ", c.idx_dim));
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
     session.index_keys_[i].insert(session.index_keys_[i].end(), keys[i].begin(), keys[i].end());
   }
   session.position_ += static_cast<Position>(tokens);
@@ -346,9 +374,18 @@ absl::Status Model::IndexAndFetch(int l, KvAccess& kv, Scratch& s) const {
   const int slot = plan_->indexer_slot[l];
   kernels::MatMul(lw.idx_wk.data(), c.idx_dim, D, s.xn.data(), D, s.Qi, s.keybuf.data(), c.idx_dim);
   for (size_t b = 0; b < s.batch.size(); ++b) {
-    std::vector<float>& keys = s.batch[b].session->index_keys_[slot];
+    ModelSession& session = *s.batch[b].session;
+    std::vector<float>& keys = session.index_keys_[slot];
     const float* first = s.keybuf.data() + s.q_offset[b] * c.idx_dim;
-    keys.insert(keys.end(), first, first + s.batch[b].tokens.size() * c.idx_dim);
+    const size_t n = s.batch[b].tokens.size() * c.idx_dim;
+    keys.insert(keys.end(), first, first + n);
+    // The store keeps them with the positions' host pages (resume from host KV): before the step ends, so before
+    // any HostCopyWritten of those pages.
+    if (absl::Status st = kv.StoreIndexKeys(session.request_, static_cast<uint32_t>(slot), session.position_,
+                                            std::span<const float>(first, n));
+        !st.ok()) {
+      return st;
+    }
   }
   kernels::MatMul(lw.idx_wq.data(), idx_q_width, D, s.xn.data(), D, s.Qi, s.idx_q.data(), idx_q_width);
   kernels::MatMul(lw.idx_ww.data(), c.idx_heads, D, s.xn.data(), D, s.Qi, s.idx_w.data(), c.idx_heads);

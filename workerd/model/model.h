@@ -106,6 +106,14 @@ class Model {
   absl::Status ImportRows(ModelSession& session, uint32_t tokens, std::span<const std::vector<uint8_t>> rows,
                           std::span<const std::vector<float>> keys, KvAccess& kv) const;
 
+  // Imports history whose payload rows are already in `kv`'s store (a resumed request's pages imported from host,
+  // HierarchicalKvAccess::ImportHostPages) and whose index keys were kept with them: with n = session.position(),
+  // extends indexer i's keys by keys[i] (tokens * idx_dim floats, positions n .. n+tokens-1), then position +=
+  // tokens. Nothing is computed or appended. When the keys are those an ImportPrefix/Step of the same tokens after the
+  // same history computed, the session ends bit-identical to that computation.
+  // Errors: INVALID_ARGUMENT (foreign session, keys.size() != n_indexers, a wrong size), FAILED_PRECONDITION (broken).
+  absl::Status ImportKeys(ModelSession& session, uint32_t tokens, std::span<const std::vector<float>> keys) const;
+
   // --- test seam, off by default (no hook): when set, called at the end of every successful Step with the batch and
   // its outputs, before the caller digests or samples the logits. Tests flip one bit of one logit the model produced
   // to show that the exactness check reports it (tests/tools/replay_flip_test.cc). Set it only while no Step runs.
