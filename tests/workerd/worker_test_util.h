@@ -285,11 +285,12 @@ class FakeMemd final : public MemdLink {
 
   // The worker is gone (memd's FenceGpu): every request becomes interrupted and keeps exactly the host pages with a
   // reported host copy (`interrupted`); its other host pages, GPU pages and slot are freed, every order is dropped.
-  void Fence() {
+  // keep_host = false: no host copy is kept either (what a resume finds when nothing was confirmed).
+  void Fence(bool keep_host = true) {
     for (auto& [id, r] : reqs_) {
       std::map<uint32_t, PageIndex>& kept = interrupted[id];
       for (uint32_t j = 0; j < r.host.size(); ++j) {
-        if (r.host_copy.contains(j)) {
+        if (keep_host && r.host_copy.contains(j)) {
           kept[j] = r.host[j];
         } else {
           free_host_.insert(r.host[j]);
