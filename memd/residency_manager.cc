@@ -1239,7 +1239,7 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
     for (RequestId q : g.queue) {
       const Request& r = requests_.at(q);
       gd.queued_required_pages += r.required_count;
-      gd.queued_host_pages += r.context_pages;
+      gd.queued_host_pages += r.context_pages - static_cast<uint32_t>(r.resumed_host.size());  // a resume owns some
     }
     if (scope.page_gpu == gid) FillPageRows(t, scope, gd);
     d.gpus.push_back(std::move(gd));
@@ -1296,6 +1296,7 @@ RequestDump ResidencyManager::RequestDumpOf(const Request& r) {
     rd.host_pages += hp.state != HistoryState::kGpu && hp.state != HistoryState::kLost;
     rd.tail_pages += hp.state == HistoryState::kHostPending || hp.state == HistoryState::kGpuDeferred;
   }
+  rd.host_pages += static_cast<uint32_t>(r.resumed_host.size());  // a queued resume's taken-over host copies
   rd.admitted_at_us = r.time_us;
   return rd;
 }

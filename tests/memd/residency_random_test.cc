@@ -788,7 +788,10 @@ class Harness {
     for (const RequestDump& rd : d.requests) {
       const MReq& m = model_.at(rd.request);
       ASSERT_EQ(rd.state == RequestState::kQueued, !m.granted);
-      if (!m.granted) continue;
+      if (!m.granted) {  // a queued resume shows the host copies it took over
+        ASSERT_EQ(rd.host_pages, m.resumed_host.size()) << "request " << rd.request;
+        continue;
+      }
       ASSERT_EQ(rd.state == RequestState::kInterrupted, m.interrupted) << "request " << rd.request;
       if (m.interrupted) {  // keeps exactly its confirmed host copies, nothing else
         std::map<uint32_t, PageIndex> kept;

@@ -940,6 +940,8 @@ TEST_F(ResidencyTest, QueuedResumeHoldsItsHostPagesUntilFencedOrCompleted) {
   a.resume_of = 1;
   EXPECT_EQ(OfType<WaitOrder>(Do(mgr_->Admit(a))).size(), 1u);
   EXPECT_EQ(mgr_->host().allocated(), 1u + 2u);  // request 3, request 4's two taken-over pages
+  EXPECT_EQ(Req(4).host_pages, 2u);
+  EXPECT_EQ(mgr_->Dump().gpus[0].queued_host_pages, 1u);  // its context of 3 pages, 2 of them owned already
   EXPECT_TRUE(mgr_->InterruptedRequests(0).empty());
   const auto rejects = OfType<RejectOrder>(Do(mgr_->FenceGpu(0)));
   ASSERT_EQ(rejects.size(), 1u);
