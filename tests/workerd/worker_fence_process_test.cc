@@ -2,8 +2,8 @@
 // `dhsctl` executables over ipc:// in a private run directory. Faults are real signals to real processes:
 // - SIGKILL a worker mid-decode: memd fences its GPU within its worker timeout (the socket monitor sees the closed
 //   connection at once); nothing is pinned, no slot or page of the GPU is counted; a new worker registers as epoch 2,
-//   ends the interrupted requests (their host pages return) and serves new requests whose tokens and logits digests
-//   equal the model run alone.
+//   resumes the interrupted requests (importing the history memd kept on host, recomputing the rest) and serves new
+//   requests whose tokens and logits digests equal the model run alone.
 // - SIGSTOP a worker: fenced within the timeout; after SIGCONT it learns its epoch ended before it acts on anything
 //   memd sent, ends its request with an error to the client, sends memd nothing (no message of it is refused) and
 //   exits 75 (kExitEpochEnded) for a supervisor to restart it; the restarted worker is epoch 2 and serves.
@@ -222,8 +222,8 @@ TEST(WorkerFence, KilledWorkerIsFencedAndARestartedWorkerIsEpoch2AndServesExactl
   auto restarted = node.StartWorker("workerd-2");
   const json up = node.WaitGpu0(true, 2);
   ASSERT_FALSE(up.is_null()) << node.Logs();
-  // The new worker ended the interrupted id (its host pages returned) and resumed the request under an epoch-2 id
-  // (KilledWorkerResumesItsRequestsExactlyAndClientsReattach checks what it streams).
+  // The new worker resumed the request under an epoch-2 id, whose admission ended the interrupted id (memd handed it
+  // the kept host pages; KilledWorkerResumesItsRequestsExactlyAndClientsReattach checks what it streams).
   for (int i = 0; i < 500 && !node.Dhsctl("request 5").is_null(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
