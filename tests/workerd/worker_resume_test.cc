@@ -178,7 +178,8 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
 // is recomputed, as exactly. The printed resume times compare importing with recomputing the same requests.
 struct ImportCase {
   WorkerMode mode;
-  bool keep;  // memd keeps the confirmed host copies at the fence
+  bool keep;          // memd keeps the confirmed host copies at the fence
+  bool chaos = false;  // B's memd populates (imported pages among them) and reclaims at random
 };
 class WorkerImport : public ::testing::TestWithParam<ImportCase> {
  protected:
@@ -244,6 +245,7 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
   } else {
     ASSERT_EQ(imported, 0u);
   }
+  if (GetParam().chaos) memd->EnableChaos(16);
   Side b(m.get(), 2, memd.get(), Mode());
   for (const Spec& s : specs) {
     ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
@@ -277,8 +279,10 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
   if (imports) EXPECT_LT(st.rows_recomputed, imported + recomputed);
   EXPECT_EQ(memd->completes, 4);
   EXPECT_EQ(memd->host_pages_held(), 0u);
-  std::printf("%s%s: resumed 4 requests: %llu rows imported from host, %llu recomputed, longest resume %llu us\n",
+  if (GetParam().chaos) EXPECT_GT(memd->pages_populated, 0);
+  std::printf("%s%s%s: resumed 4 requests: %llu rows imported from host, %llu recomputed, longest resume %llu us\n",
               std::string(WorkerModeName(Mode())).c_str(), GetParam().keep ? "" : " (nothing kept)",
+              GetParam().chaos ? " (populate/reclaim chaos)" : "",
               static_cast<unsigned long long>(st.rows_imported),
               static_cast<unsigned long long>(st.rows_recomputed),
               static_cast<unsigned long long>(st.resume_us_max));
@@ -287,9 +291,11 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
 INSTANTIATE_TEST_SUITE_P(Modes, WorkerImport,
                          ::testing::Values(ImportCase{WorkerMode::kHisparse, true}, ImportCase{WorkerMode::kAdaptive, true},
                                            ImportCase{WorkerMode::kResident, true},
-                                           ImportCase{WorkerMode::kHisparse, false}),
+                                           ImportCase{WorkerMode::kHisparse, false},
+                                           ImportCase{WorkerMode::kAdaptive, true, true}),
                          [](const auto& info) {
-                           return std::string(WorkerModeName(info.param.mode)) + (info.param.keep ? "" : "_nothing_kept");
+                           return std::string(WorkerModeName(info.param.mode)) +
+                                  (info.param.keep ? "" : "_nothing_kept") + (info.param.chaos ? "_chaos" : "");
                          });
 
 }  // namespace

@@ -304,6 +304,12 @@ class FakeMemd final : public MemdLink {
     inbox_.clear();
     waiting_.clear();
   }
+  // From now on (the next worker's life), with `gpu_pages` GPU pages 0 .. gpu_pages-1 to hand out: Pump emits reclaim
+  // and populate orders too (populating imported pages, reclaiming populated ones).
+  void EnableChaos(uint32_t gpu_pages) {
+    chaos_ = true;
+    for (uint32_t i = 0; i < gpu_pages; ++i) free_gpu_.insert(i);
+  }
   // Host pages in use (held by a request or an interrupted one).
   size_t host_pages_held() const { return free_host_total_ - free_host_.size(); }
 
