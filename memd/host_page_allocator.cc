@@ -31,10 +31,33 @@ absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Allocate(RequestId req
     page_[p].source = source;
     mine.insert(p);
     out.push_back(p);
+    if (journal_ != nullptr) journal_->Assign(p, request, i, count);
   }
   allocated_ += count;
   if (mine.empty()) by_request_.erase(request);
   return out;
+}
+
+absl::Status HostPageAllocator::AllocateAt(RequestId request, SourceId source, PageIndex page,
+                                          uint32_t history_page, uint32_t context_pages) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
+  if (!free_.contains(page)) {
+    return absl::FailedPreconditionError(absl::StrFormat("host page %d is not reusable (owned by request %d)", page,
+                                                         page_[page].allocated ? page_[page].owner : 0));
+  }
+  free_.erase(page);
+  page_[page] = Page{true, 0, request, source};
+  by_request_[request].insert(page);
+  ++allocated_;
+  if (journal_ != nullptr) journal_->Assign(page, request, history_page, context_pages);
+  return absl::OkStatus();
+}
+
+absl::Status HostPageAllocator::Confirm(PageIndex page) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
+  if (!page_[page].allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d not allocated", page));
+  if (journal_ != nullptr) journal_->Confirm(page);
+  return absl::OkStatus();
 }
 
 absl::Status HostPageAllocator::Pin(PageIndex page) {
@@ -65,6 +88,7 @@ absl::Status HostPageAllocator::Free(PageIndex page) {
   pg.allocated = false;
   --allocated_;
   if (pg.pins == 0) free_.insert(page);
+  if (journal_ != nullptr) journal_->Free(page);
   return absl::OkStatus();
 }
 
@@ -76,6 +100,7 @@ uint32_t HostPageAllocator::ReleaseRequest(RequestId request) {
   for (PageIndex p : pages) {
     page_[p].allocated = false;
     if (page_[p].pins == 0) free_.insert(p);
+    if (journal_ != nullptr) journal_->Free(p);
   }
   allocated_ -= static_cast<uint32_t>(pages.size());
   return static_cast<uint32_t>(pages.size());
@@ -97,6 +122,14 @@ absl::Status HostPageAllocator::CheckInvariants() const {
       return absl::InternalError(absl::StrFormat("host page %d: free list disagrees with its state", p));
     }
     reusable += in_free;
+    if (journal_ != nullptr) {
+      const JournalEntry e = journal_->Read(p);
+      if ((e.state != JournalState::kFree) != pg.allocated || (pg.allocated && e.owner != pg.owner)) {
+        return absl::InternalError(absl::StrFormat("host page %d: journal says %s of %d, the allocator %s of %d", p,
+                                                   e.state == JournalState::kFree ? "free" : "owned", e.owner,
+                                                   pg.allocated ? "owned" : "free", pg.owner));
+      }
+    }
     if (pg.allocated) {
       auto it = by_request_.find(pg.owner);
       if (it == by_request_.end() || !it->second.count(p)) {

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/types.h"
+#include "memd/host_journal.h"
 
 namespace dhs::memd {
 
@@ -25,10 +26,22 @@ class HostPageAllocator {
   // `pages` host pages of `page_bytes` bytes each. Errors: InvalidArgument when page_bytes == 0.
   static absl::StatusOr<HostPageAllocator> Create(uint32_t pages, uint64_t page_bytes);
 
+  // Every ownership change from now on is also written to `journal` (nullptr: none; not owned, must outlive this):
+  // page i of an Allocate is recorded as history page i of a context of `count` pages; Free and ReleaseRequest free
+  // entries; Confirm confirms one. The pages allocated so far must already be in it (a new allocator: none).
+  void set_journal(HostJournal* journal) { journal_ = journal; }
+  const HostJournal* journal() const { return journal_; }
   // Allocates `count` reusable pages to (request, source); all or nothing, lowest page first.
   // Errors: ResourceExhausted when fewer than `count` pages are reusable.
   absl::StatusOr<std::vector<PageIndex>> Allocate(RequestId request, SourceId source, uint32_t count);
 
+  // Allocates the reusable page `page` to (request, source) as history page `history_page` of `context_pages`
+  // (adoption of a journal's page). Errors: OutOfRange, FailedPrecondition (not reusable).
+  absl::Status AllocateAt(RequestId request, SourceId source, PageIndex page, uint32_t history_page,
+                          uint32_t context_pages);
+  // The host copy in allocated page `page` is confirmed written (journal only). Errors: OutOfRange,
+  // FailedPrecondition (not allocated).
+  absl::Status Confirm(PageIndex page);
   // Pins an allocated page for one copy (pins nest). Errors: OutOfRange, FailedPrecondition (not allocated).
   absl::Status Pin(PageIndex page);
   // Ends one copy's pin. A page freed while pinned becomes reusable at its last Unpin.
@@ -51,6 +64,7 @@ class HostPageAllocator {
   RequestId owner(PageIndex page) const { return page_[page].owner; }   // precondition: is_allocated(page)
   SourceId source(PageIndex page) const { return page_[page].source; }  // precondition: is_allocated(page)
 
+  // Also, with a journal: a page is allocated exactly when its entry is not free, and then to the entry's owner.
   absl::Status CheckInvariants() const;
 
  private:
@@ -62,6 +76,7 @@ class HostPageAllocator {
   };
   HostPageAllocator(uint32_t pages, uint64_t page_bytes);
 
+  HostJournal* journal_ = nullptr;
   uint64_t page_bytes_;
   uint32_t allocated_ = 0, pinned_ = 0;
   std::vector<Page> page_;

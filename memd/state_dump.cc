@@ -378,6 +378,8 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"requests_interrupted", c.requests_interrupted},
       {"admissions_fenced", c.admissions_fenced},
       {"host_pages_lost", c.host_pages_lost},
+      {"requests_adopted", c.requests_adopted},
+      {"host_pages_adopted", c.host_pages_adopted},
       {"workers_lost", daemon.workers_lost},
       {"fenced_refused", daemon.fenced_refused},
       {"messages", daemon.messages},
