@@ -95,22 +95,20 @@ uint32_t EpochOfNodeRequestId(RequestId id) { return static_cast<uint32_t>((id >
 
 // What a dead memd left for this one: the verified journal's requests (confirmed host pages kept) and the granted
 // requests of the record files that hold no host page (all their rows were lost, as FenceGpu loses them).
-std::vector<AdoptedRequest> AdoptionList(const OpenedPool& pool, const std::map<RequestId, JournaledRecord>& records) {
+std::vector<AdoptedRequest> AdoptionList(const std::map<RequestId, JournaledRequest>& journaled,
+                                         const std::map<RequestId, JournaledRecord>& records) {
   std::vector<AdoptedRequest> out;
-  for (const auto& [id, jr] : pool.adopted) {
+  for (const auto& [id, jr] : journaled) {
     out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), jr.context_pages, jr.confirmed});
   }
   for (const auto& [id, rec] : records) {
-    if (!rec.granted || pool.adopted.contains(id)) continue;
+    if (!rec.granted || journaled.contains(id)) continue;
     out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), rec.context_pages, {}});
   }
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
-  DaemonOptions options = in;
+absl::Status CheckOptions(const DaemonOptions& options) {
   if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is empty");
   if (options.page_bytes == 0 || options.page_bytes % 64 != 0) {
     return absl::InvalidArgumentError(
@@ -121,6 +119,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   if (options.populate_pages_per_attempt == 0) {
     return absl::InvalidArgumentError("populate_pages_per_attempt must be at least 1 (0 would never populate)");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
+  DaemonOptions options = in;
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   // Every socket of the node must fit sun_path, the workers' too: checked before anything is created.
   if (absl::Status s = CheckSocketPaths(options.run_dir); !s.ok()) return s;
   if (absl::Status s = MakeRunDir(options.run_dir); !s.ok()) return s;
@@ -145,8 +151,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
                                         pool.status().message()));
   }
   auto journal = std::make_unique<HostJournal>(*pool->journal);
-  auto remove_segment = [&] {
+  auto remove_segment = [&] {  // a failed start removes a pool it created, never one it was to adopt
     pool->segment.reset();
+    if (pool->reused) return;
     if (absl::Status s = HostPoolSegment::Remove(options.segment_name); !s.ok()) {
       spdlog::warn("memd: {}", std::string(s.message()));
     }
@@ -167,27 +174,35 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     remove_segment();
     return core.status();
   }
-  std::map<RequestId, JournaledRecord> records;
-  if (pool->reused) records = record_journal->LoadAll();
-  const std::vector<AdoptedRequest> adopted = AdoptionList(*pool, records);
-  absl::Status adopt = adopted.empty() ? absl::OkStatus() : (*core)->AdoptHostPages(adopted);
-  if (!adopt.ok()) {
-    remove_segment();  // a bug (Verify checked what AdoptHostPages checks): the next start begins afresh
-    return absl::InternalError(absl::StrFormat("adopting the journal of /dev/shm/%s failed (%s); it was removed",
-                                               options.segment_name, adopt.message()));
-  }
-  std::erase_if(records, [&](const auto& e) { return !(*core)->GpuOfRequest(e.first).has_value(); });
-  record_journal->RemoveAllBut(records);
   std::unique_ptr<Daemon> d(new Daemon(std::move(options), std::move(pool->segment), std::move(journal),
                                        std::move(*router), std::move(*core), std::move(*record_journal)));
-  for (auto& [id, rec] : records) {
-    if (absl::Status s = d->records_.Open(id, std::move(rec.record)); !s.ok()) {
-      spdlog::warn("memd: the record of adopted request {} is not kept: {}", id, s.ToString());
-      d->record_journal_.Release(id);
-    }
-  }
+  if (absl::Status s = d->AdoptLeftovers(pool->adopted, pool->reused); !s.ok()) return s;  // ~Daemon removes the pool
   d->PublishMetrics();
   return d;
+}
+
+absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused) {
+  std::map<RequestId, JournaledRecord> records;
+  if (reused) records = record_journal_.LoadAll();
+  const std::vector<AdoptedRequest> adopted = AdoptionList(journaled, records);
+  if (absl::Status s = adopted.empty() ? absl::OkStatus() : core_->AdoptHostPages(adopted); !s.ok()) {
+    // A bug (Verify checked what AdoptHostPages checks); nothing was adopted, the next start begins afresh.
+    return absl::InternalError(absl::StrFormat("adopting the journal of /dev/shm/%s failed (%s); it is removed",
+                                               segment_->name(), s.message()));
+  }
+  std::erase_if(records, [&](const auto& e) { return !core_->GpuOfRequest(e.first).has_value(); });
+  record_journal_.RemoveAllBut(records);
+  for (auto& [id, rec] : records) {
+    if (absl::Status s = records_.Open(id, std::move(rec.record)); !s.ok()) {
+      spdlog::warn("memd: the record of adopted request {} is not kept: {}", id, s.ToString());
+      record_journal_.Release(id);
+    }
+  }
+  if (!adopted.empty()) {
+    spdlog::warn("memd: adopted {} interrupted requests ({} with a record) from a previous memd of this run directory",
+                 adopted.size(), records_.size());
+  }
+  return absl::OkStatus();
 }
 
 Daemon::Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<HostJournal> journal,

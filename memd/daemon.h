@@ -58,7 +58,7 @@
 namespace dhs::memd {
 
 struct DaemonOptions {
-  std::string run_dir;                      // created with MakeRunDir (0700); holds memd.sock
+  std::string run_dir;                      // created with MakeRunDir (0700); holds memd.sock and records/
   uint64_t page_bytes = 0;                  // bytes per page; every worker's Hello must say the same
   uint32_t host_pool_pages = 0;             // pages of the host-pool segment (> 0)
   uint32_t reserve_pages = 0;               // M_res per GPU
@@ -113,6 +113,10 @@ class Daemon {
   Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<HostJournal> journal,
          std::unique_ptr<RouterServer> router, std::unique_ptr<ResidencyManager> core, RecordJournal record_journal);
   void Register();
+  // Start's last step: the journal's requests (`journaled`) and, when the pool was `reused`, the record files' granted
+  // requests become interrupted requests (ResidencyManager::AdoptHostPages) with their records; other record files
+  // are removed. Errors: INTERNAL when the core refuses the list (nothing adopted).
+  absl::Status AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused);
   absl::StatusOr<std::string> OnHello(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnAdmit(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnBackupComplete(const Message& m, std::string_view peer);
