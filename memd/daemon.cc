@@ -185,7 +185,7 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
   std::map<RequestId, JournaledRecord> records;
   if (reused) records = record_journal_.LoadAll();
   const std::vector<AdoptedRequest> adopted = AdoptionList(journaled, records);
-  if (absl::Status s = adopted.empty() ? absl::OkStatus() : core_->AdoptHostPages(adopted); !s.ok()) {
+  if (absl::Status s = reused ? core_->AdoptHostPages(adopted) : absl::OkStatus(); !s.ok()) {
     // A bug (Verify checked what AdoptHostPages checks); nothing was adopted, the next start begins afresh.
     return absl::InternalError(absl::StrFormat("adopting the journal of /dev/shm/%s failed (%s); it is removed",
                                                segment_->name(), s.message()));
@@ -198,9 +198,11 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
       record_journal_.Release(id);
     }
   }
-  if (!adopted.empty()) {
-    spdlog::warn("memd: adopted {} interrupted requests ({} with a record) from a previous memd of this run directory",
-                 adopted.size(), records_.size());
+  if (reused) {  // the other host pages are held until the dead memd's workers surely stopped writing
+    release_held_at_ = std::chrono::steady_clock::now() + options_.adopt_grace;
+    spdlog::warn("memd: adopted {} interrupted requests ({} with a record) from a previous memd of this run directory; "
+                 "the other host pages are reusable in {} ms (--adopt-grace-ms)", adopted.size(), records_.size(),
+                 options_.adopt_grace.count());
   }
   return absl::OkStatus();
 }
@@ -274,6 +276,10 @@ void Daemon::Tick() {
     DHS_CHECK_OK(core_->RetryBackups());  // events without input cannot be refused
   }
   CheckSilentWorkers();
+  if (release_held_at_ && now >= *release_held_at_) {
+    release_held_at_.reset();
+    DHS_CHECK_OK(core_->ReleaseHeldPages());  // an event without input cannot be refused
+  }
   DHS_CHECK_OK(core_->Populate());
   FlushOrders();
   PublishMetrics();

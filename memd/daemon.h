@@ -73,6 +73,10 @@ struct DaemonOptions {
   // restarted worker takes its routing id back), libzmq 4.3.4 aborts memd (assertion `!_io_error`,
   // stream_engine_base.cpp:331) when a second connection claims a live worker's id while heartbeats run.
   std::chrono::milliseconds worker_timeout{3000};
+  // After adopting a dead memd's pool, the host pages not adopted stay out of use this long: a worker of the dead memd
+  // may still write a backup or tail copy into one until its epoch ends (workerd --memd-timeout-ms, 2 s by default;
+  // a SIGTERMed worker's shutdown, at most 5 s). Admissions that need them wait meanwhile.
+  std::chrono::milliseconds adopt_grace{6000};
 };
 
 class Daemon {
@@ -179,6 +183,7 @@ class Daemon {
   uint64_t next_sequence_ = 1;
   DaemonCounters counters_;
   std::chrono::steady_clock::time_point next_tick_, next_retry_;
+  std::optional<std::chrono::steady_clock::time_point> release_held_at_;  // ReleaseHeldPages due (adopted pool)
   mutable std::mutex metrics_mu_;
   std::string metrics_;
 };

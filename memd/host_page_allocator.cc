@@ -60,6 +60,18 @@ absl::Status HostPageAllocator::Confirm(PageIndex page) {
   return absl::OkStatus();
 }
 
+uint32_t HostPageAllocator::HoldReusable() {
+  const auto taken = static_cast<uint32_t>(free_.size());
+  held_.merge(free_);
+  return taken;
+}
+
+uint32_t HostPageAllocator::ReleaseHeld() {
+  const auto released = static_cast<uint32_t>(held_.size());
+  free_.merge(held_);
+  return released;
+}
+
 absl::Status HostPageAllocator::Pin(PageIndex page) {
   if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
   if (!page_[page].allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d not allocated", page));
@@ -117,9 +129,10 @@ absl::Status HostPageAllocator::CheckInvariants() const {
     const Page& pg = page_[p];
     allocated += pg.allocated;
     pinned += pg.pins > 0;
-    const bool in_free = free_.count(p) > 0;
-    if (in_free != (!pg.allocated && pg.pins == 0)) {
-      return absl::InternalError(absl::StrFormat("host page %d: free list disagrees with its state", p));
+    const bool in_free = free_.count(p) > 0, held = held_.count(p) > 0;
+    // A free unpinned page is reusable or held, never both; no other page is either.
+    if ((in_free && held) || (in_free || held) != (!pg.allocated && pg.pins == 0)) {
+      return absl::InternalError(absl::StrFormat("host page %d: free list (or held set) disagrees with its state", p));
     }
     reusable += in_free;
     if (journal_ != nullptr) {

@@ -42,6 +42,12 @@ class HostPageAllocator {
   // The host copy in allocated page `page` is confirmed written (journal only). Errors: OutOfRange,
   // FailedPrecondition (not allocated).
   absl::Status Confirm(PageIndex page);
+  // Takes every reusable page out of use until ReleaseHeld (after a memd restart: a dead memd's workers may still
+  // write them); returns how many were taken. Held pages are neither reusable nor allocated.
+  uint32_t HoldReusable();
+  // Makes every held page reusable again; returns how many.
+  uint32_t ReleaseHeld();
+  uint32_t held() const { return static_cast<uint32_t>(held_.size()); }
   // Pins an allocated page for one copy (pins nest). Errors: OutOfRange, FailedPrecondition (not allocated).
   absl::Status Pin(PageIndex page);
   // Ends one copy's pin. A page freed while pinned becomes reusable at its last Unpin.
@@ -57,7 +63,7 @@ class HostPageAllocator {
   uint32_t reusable() const { return static_cast<uint32_t>(free_.size()); }  // free and not pinned
   uint32_t allocated() const { return allocated_; }                         // owned by a request
   uint32_t pinned() const { return pinned_; }                               // pinned by >= 1 copy
-  uint32_t freed_pinned() const { return pages() - reusable() - allocated_; }  // freed, waiting for a copy
+  uint32_t freed_pinned() const { return pages() - reusable() - allocated_; }  // freed, waiting for a copy (or held)
   uint32_t pages_of(RequestId request) const;
   bool is_allocated(PageIndex page) const { return page < pages() && page_[page].allocated; }
   bool is_pinned(PageIndex page) const { return page < pages() && page_[page].pins > 0; }
@@ -81,6 +87,7 @@ class HostPageAllocator {
   uint32_t allocated_ = 0, pinned_ = 0;
   std::vector<Page> page_;
   std::set<PageIndex> free_;                            // reusable pages
+  std::set<PageIndex> held_;                            // free, unpinned, out of use until ReleaseHeld
   std::map<RequestId, std::set<PageIndex>> by_request_;  // allocated pages per request
 };
 

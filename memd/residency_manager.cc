@@ -212,8 +212,14 @@ absl::Status ResidencyManager::AdoptHostPages(std::span<const AdoptedRequest> re
   }
   counters_.requests_adopted += requests.size();
   counters_.host_pages_adopted += kept;
+  counters_.host_pages_held += host_.HoldReusable();
   spdlog::info("memd: adopted {} interrupted requests holding {} confirmed host pages from the journal",
                requests.size(), kept);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ResidencyManager::ReleaseHeldPages() {
+  if (const uint32_t n = host_.ReleaseHeld(); n > 0) spdlog::info("memd: {} held host pages are reusable now", n);
   return Finish(absl::OkStatus());
 }
 

@@ -141,10 +141,14 @@ class ResidencyManager {
   // confirmed in the journal) for each of host_pages, kLost for the others; no GPU page, slot or copy. Each GPU named
   // is fenced (known, not registered) at epoch max(its requests' epochs): its next RegisterGpu is a later epoch, its
   // worker finds the requests in InterruptedRequests. Journal entries of pages not adopted (assigned, never
-  // confirmed) are freed. No orders. Errors (nothing changes): FailedPrecondition (a GPU registered or a request known
+  // confirmed) are freed. Every other host page is held (HostPageAllocator::HoldReusable: the dead memd's workers may
+  // still write into it until their epochs end) until ReleaseHeldPages. No orders. Errors (nothing changes): FailedPrecondition (a GPU registered or a request known
   // already), InvalidArgument (a reserved or repeated id, epoch 0, context_pages above the host pool, a history
   // page outside the context, a host page out of range or named twice).
   absl::Status AdoptHostPages(std::span<const AdoptedRequest> requests);
+  // The pages held since AdoptHostPages become reusable (the daemon calls it once the dead memd's workers cannot write
+  // any more: memd --adopt-grace-ms after its start); waiting admissions may be granted (orders). Never fails.
+  absl::Status ReleaseHeldPages();
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
   // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0, context_rows
   // beyond 2^32-1 pages, history_pages > context_pages), Unimplemented (host_backed). A grant the page tables refuse

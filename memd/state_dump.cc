@@ -380,6 +380,7 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"host_pages_lost", c.host_pages_lost},
       {"requests_adopted", c.requests_adopted},
       {"host_pages_adopted", c.host_pages_adopted},
+      {"host_pages_held", c.host_pages_held},
       {"workers_lost", daemon.workers_lost},
       {"fenced_refused", daemon.fenced_refused},
       {"messages", daemon.messages},

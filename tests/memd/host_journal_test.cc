@@ -232,12 +232,29 @@ TEST_F(AdoptTest, AdoptedStateIsExactlyWhatFenceGpuLeaves) {
   EXPECT_EQ(adopted->host().pinned(), 0u);
   EXPECT_EQ(adopted->counters().requests_adopted, 1u);
   EXPECT_EQ(adopted->counters().host_pages_adopted, 3u);
+  EXPECT_EQ(adopted->counters().host_pages_held, 13u);
   // The unconfirmed entries of the dead memd are free now; the GPU is fenced at epoch 3, its next worker gets 4.
   EXPECT_EQ(journal->Verify()->at(1).assigned.size(), 0u);
   EXPECT_TRUE(adopted->fenced(0));
   ASSERT_TRUE(adopted->RegisterGpu(0, 16, 4).ok());
   EXPECT_EQ(adopted->epoch(0), 4u);
   EXPECT_EQ(adopted->InterruptedRequests(0), std::vector<RequestId>{1});
+  // The 13 pages not adopted are held (the dead memd's workers may still write them): an admission waits until
+  // ReleaseHeldPages, then it is granted.
+  EXPECT_EQ(adopted->host().held(), 13u);
+  EXPECT_EQ(adopted->host().reusable(), 0u);
+  AdmitRequest later{.request = 7, .gpu = 0, .required_pages = 1, .history_pages = 0, .context_pages = 2};
+  ASSERT_TRUE(adopted->Admit(later).ok());
+  std::vector<Order> orders_later = adopted->DrainOrders();
+  ASSERT_EQ(orders_later.size(), 1u);
+  EXPECT_TRUE(std::holds_alternative<WaitOrder>(orders_later[0]));
+  ASSERT_TRUE(adopted->ReleaseHeldPages().ok());
+  EXPECT_TRUE(adopted->CheckInvariants().ok()) << adopted->CheckInvariants();
+  orders_later = adopted->DrainOrders();
+  ASSERT_EQ(orders_later.size(), 1u);
+  EXPECT_TRUE(std::holds_alternative<GrantOrder>(orders_later[0]));
+  EXPECT_EQ(adopted->host().held(), 0u);
+  ASSERT_TRUE(adopted->Complete(7).ok());
   // Completing the interrupted request frees its host pages in the core and in the journal.
   ASSERT_TRUE(adopted->Complete(1).ok());
   EXPECT_TRUE(adopted->CheckInvariants().ok()) << adopted->CheckInvariants();

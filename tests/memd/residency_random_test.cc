@@ -101,6 +101,7 @@ class Harness {
     // Restarts only in the first half of a default run: the counters summed at the end are the last core's.
     if (dice == 16 && Pick(3) == 0 && now_ < 1000) return RestartMemd();
     if (dice == 17) return Reregister();
+    if (dice == 18 && Pick(2) == 0) return Run(mgr_->ReleaseHeldPages());  // the adoption's grace period ends
     if (dice < 24 && !model_.empty()) return Run(mgr_->Complete(PickKey(model_)), /*complete=*/true);
     if (dice < 34) return Written();
     if (dice < 50) return AnswerBackup(Pick(8) != 0);
@@ -113,6 +114,7 @@ class Harness {
 
   // Answers everything (ok), completes every request; then everything must be released.
   void Drain() {
+    Run(mgr_->ReleaseHeldPages());
     for (GpuId g = 0; g < kGpus; ++g) {
       if (!up_[g]) Reregister(g);
     }
@@ -322,6 +324,7 @@ class Harness {
     ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
     ASSERT_TRUE(mgr_->DrainOrders().empty());
     for (const AdoptedRequest& a : adopted) ASSERT_EQ(mgr_->InterruptedHostPages(a.request), a.host_pages);
+    ASSERT_EQ(mgr_->host().held() + mgr_->host().allocated(), kHost);  // nothing reusable until ReleaseHeldPages
     if (!adopted.empty()) ASSERT_EQ(mgr_->AdoptHostPages(adopted).code(), absl::StatusCode::kFailedPrecondition);
     for (GpuId g = 0; g < kGpus; ++g) {
       epochs_[g] = 0;

@@ -73,8 +73,8 @@ class Node {
   std::unique_ptr<ChildProcess> StartMemd(const std::string& log) {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{std::getenv("MEMD"), "--run-dir", run_dir_, "--page-bytes",
-                                 std::to_string(page_bytes_), "--host-pool-pages", std::to_string(host_pool_pages_), "--worker-timeout-ms",
-                                 "3000", "--log-level", "info"},
+                                 std::to_string(page_bytes_), "--host-pool-pages", std::to_string(host_pool_pages_),
+                                 "--worker-timeout-ms", "3000", "--adopt-grace-ms", "500", "--log-level", "info"},
         Log(log));
   }
   std::unique_ptr<ChildProcess> StartWorker(const std::string& log) {
