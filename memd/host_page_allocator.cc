@@ -60,14 +60,18 @@ absl::Status HostPageAllocator::Confirm(PageIndex page) {
   return absl::OkStatus();
 }
 
+// The sets are disjoint: the smaller one is merged into the larger (a swap first when needed), O(small log n), so
+// a whole pool of millions of pages is held or released in O(1) and memd's loop never stalls on it.
 uint32_t HostPageAllocator::HoldReusable() {
   const auto taken = static_cast<uint32_t>(free_.size());
+  if (held_.size() < free_.size()) held_.swap(free_);
   held_.merge(free_);
   return taken;
 }
 
 uint32_t HostPageAllocator::ReleaseHeld() {
   const auto released = static_cast<uint32_t>(held_.size());
+  if (free_.size() < held_.size()) free_.swap(held_);
   free_.merge(held_);
   return released;
 }
