@@ -26,6 +26,9 @@ struct SegmentHeader {
   uint64_t page_bytes;  // bytes per page
   uint64_t pages;       // pages in the segment
   uint64_t header_bytes;  // kHostPoolHeaderBytes
+  uint64_t pages_offset;  // version 2: kHostPoolHeaderBytes + the journal region
+  uint64_t tag_bytes;     // version 2: bytes of the owner tag that follows
+  char tag[kHostPoolMaxTagBytes];
 };
 static_assert(sizeof(SegmentHeader) <= kHostPoolHeaderBytes);
 
@@ -70,23 +73,33 @@ HostPoolSegment::HostPoolSegment(std::string name, std::unique_ptr<bip::mapped_r
   const auto* header = reinterpret_cast<const SegmentHeader*>(base_);
   page_bytes_ = header->page_bytes;
   pages_ = header->pages;
+  pages_offset_ = header->pages_offset;
+  owner_tag_.assign(header->tag, header->tag_bytes);
 }
 
 HostPoolSegment::~HostPoolSegment() = default;
 
 absl::StatusOr<std::unique_ptr<HostPoolSegment>> HostPoolSegment::Create(std::string_view name, uint64_t page_bytes,
-                                                                         uint64_t pages) {
+                                                                         uint64_t pages, const HostPoolExtras& extras) {
   if (absl::Status status = CheckName(name); !status.ok()) return status;
+  if (extras.owner_tag.size() > kHostPoolMaxTagBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("owner tag of ", extras.owner_tag.size(), " bytes exceeds ",
+                                                   kHostPoolMaxTagBytes));
+  }
+  if (extras.journal_bytes > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(absl::StrCat("journal of ", extras.journal_bytes, " bytes is too large"));
+  }
+  const uint64_t pages_offset = kHostPoolHeaderBytes + (extras.journal_bytes + 4095) / 4096 * 4096;
   if (page_bytes == 0 || page_bytes % 64 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("page_bytes ", page_bytes, " must be a positive multiple of 64"));
   }
   if (pages == 0 || pages > std::numeric_limits<PageIndex>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("pages ", pages, " must be in 1..2^32-1"));
   }
-  if (pages > (static_cast<uint64_t>(std::numeric_limits<off_t>::max()) - kHostPoolHeaderBytes) / page_bytes) {
+  if (pages > (static_cast<uint64_t>(std::numeric_limits<off_t>::max()) - pages_offset) / page_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(pages, " pages of ", page_bytes, " bytes overflow a file size"));
   }
-  const uint64_t size = kHostPoolHeaderBytes + pages * page_bytes;
+  const uint64_t size = pages_offset + pages * page_bytes;
   const std::string shm_name(name);
   if (absl::Status status = CheckFreeSpace(shm_name, size); !status.ok()) return status;
   try {
@@ -107,6 +120,9 @@ absl::StatusOr<std::unique_ptr<HostPoolSegment>> HostPoolSegment::Create(std::st
     header->page_bytes = page_bytes;
     header->pages = pages;
     header->header_bytes = kHostPoolHeaderBytes;
+    header->pages_offset = pages_offset;
+    header->tag_bytes = extras.owner_tag.size();
+    std::memcpy(header->tag, extras.owner_tag.data(), extras.owner_tag.size());
     std::atomic_thread_fence(std::memory_order_release);
     header->magic = kHostPoolMagic;  // last: an Open of a half-made segment sees no magic
     return std::unique_ptr<HostPoolSegment>(new HostPoolSegment(shm_name, std::move(region)));
@@ -137,8 +153,14 @@ absl::StatusOr<std::unique_ptr<HostPoolSegment>> HostPoolSegment::Open(std::stri
     }
     const uint64_t page_bytes = header->page_bytes;
     const uint64_t pages = header->pages;
+    const uint64_t pages_offset = header->pages_offset;
+    if (pages_offset < kHostPoolHeaderBytes || pages_offset % 4096 != 0 || pages_offset > static_cast<uint64_t>(size) ||
+        header->tag_bytes > kHostPoolMaxTagBytes) {
+      return absl::DataLossError(absl::StrCat("host pool segment '", shm_name, "' header: journal end ", pages_offset,
+                                              " or tag of ", header->tag_bytes, " bytes out of bounds"));
+    }
     if (page_bytes == 0 || pages == 0 ||
-        pages > (static_cast<uint64_t>(size) - kHostPoolHeaderBytes) / page_bytes) {
+        pages > (static_cast<uint64_t>(size) - pages_offset) / page_bytes) {
       return absl::DataLossError(absl::StrCat("host pool segment '", shm_name, "' header claims ", pages,
                                               " pages of ", page_bytes, " bytes in ", size, " bytes"));
     }
@@ -161,7 +183,7 @@ absl::StatusOr<uint64_t> HostPoolSegment::PageOffset(PageIndex page) const {
   if (page >= pages_) {
     return absl::OutOfRangeError(absl::StrCat("host page ", page, " outside segment '", name_, "' of ", pages_, " pages"));
   }
-  return kHostPoolHeaderBytes + static_cast<uint64_t>(page) * page_bytes_;
+  return pages_offset_ + static_cast<uint64_t>(page) * page_bytes_;
 }
 
 absl::StatusOr<uint8_t*> HostPoolSegment::PageData(PageIndex page) const {

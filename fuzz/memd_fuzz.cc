@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -194,6 +195,11 @@ void Run(const uint8_t* data, size_t size) {
   options.tick = std::chrono::milliseconds(0);
   options.retry_period = std::chrono::milliseconds(0);
   options.segment_name = SegmentName();
+  // Each input starts from nothing: a Daemon whose requests still held host pages kept its pool and records for the
+  // next memd (issue 11, memd restart); adopting them would carry one input's state into the next.
+  (void)HostPoolSegment::Remove(options.segment_name);
+  std::error_code ec;
+  std::filesystem::remove_all(options.run_dir + "/records", ec);
   Node node;
   auto daemon = memd::Daemon::Start(options);
   DHS_CHECK_OK(daemon.status());
@@ -246,7 +252,11 @@ void Run(const uint8_t* data, size_t size) {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every refused message is logged: quiet, and faster
-  std::atexit([] { ::rmdir(dhs::fuzz::RunDir().c_str()); });  // the run directory each Daemon left (empty)
+  std::atexit([] {  // the run directory and pool the last Daemon left
+    std::error_code ec;
+    std::filesystem::remove_all(dhs::fuzz::RunDir(), ec);
+    (void)dhs::HostPoolSegment::Remove(dhs::fuzz::SegmentName());
+  });
   (void)dhs::HostPoolSegment::Remove(dhs::fuzz::SegmentName());  // one left by a killed process with this pid
   return 0;
 }

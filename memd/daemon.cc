@@ -90,31 +90,25 @@ DumpView ViewOf(const wire::IntrospectQueryT& q) {
   return v;
 }
 
-// Segments `dhs-memd-<pid>` of this user whose memd is gone (no such pid, or the pid now runs another program) are
-// removed before this memd creates its own: a memd killed with SIGKILL cannot remove its pool, and each one left would
-// hold its whole size of /dev/shm for good (issue 11). A live memd's segment is kept.
-void RemoveSegmentsOfDeadMemds() {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(kHostPoolShmDir, ec)) {
-    const std::string name = entry.path().filename().string();
-    int pid = 0;
-    if (!absl::StartsWith(name, "dhs-memd-") || !absl::SimpleAtoi(name.substr(9), &pid) || pid <= 0) continue;
-    struct stat st;
-    if (::stat(entry.path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
-    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
-    std::string program;
-    if ((::kill(pid, 0) == 0 || errno == EPERM) && std::getline(comm, program) && program == "memd") continue;
-    if (HostPoolSegment::Remove(name).ok()) {
-      spdlog::warn("memd: removed /dev/shm/{} ({} bytes), the host pool of a memd (pid {}) that is gone", name,
-                   static_cast<int64_t>(st.st_size), pid);
-    }
+// The epoch a node request id was given in (1..256: the id keeps it mod 256, common/types.h).
+uint32_t EpochOfNodeRequestId(RequestId id) { return static_cast<uint32_t>((id >> 40) & 0xFF) + 1; }
+
+// What a dead memd left for this one: the verified journal's requests (confirmed host pages kept) and the granted
+// requests of the record files that hold no host page (all their rows were lost, as FenceGpu loses them).
+std::vector<AdoptedRequest> AdoptionList(const std::map<RequestId, JournaledRequest>& journaled,
+                                         const std::map<RequestId, JournaledRecord>& records) {
+  std::vector<AdoptedRequest> out;
+  for (const auto& [id, jr] : journaled) {
+    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), jr.context_pages, jr.confirmed});
   }
+  for (const auto& [id, rec] : records) {
+    if (!rec.granted || journaled.contains(id)) continue;
+    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), rec.context_pages, {}});
+  }
+  return out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
-  DaemonOptions options = in;
+absl::Status CheckOptions(const DaemonOptions& options) {
   if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is empty");
   if (options.page_bytes == 0 || options.page_bytes % 64 != 0) {
     return absl::InvalidArgumentError(
@@ -125,22 +119,49 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   if (options.populate_pages_per_attempt == 0) {
     return absl::InvalidArgumentError("populate_pages_per_attempt must be at least 1 (0 would never populate)");
   }
-  if (options.segment_name.empty()) options.segment_name = absl::StrFormat("dhs-memd-%d", getpid());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
+  DaemonOptions options = in;
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   // Every socket of the node must fit sun_path, the workers' too: checked before anything is created.
   if (absl::Status s = CheckSocketPaths(options.run_dir); !s.ok()) return s;
   if (absl::Status s = MakeRunDir(options.run_dir); !s.ok()) return s;
-
-  RemoveSegmentsOfDeadMemds();
-  // The segment first: a pool larger than the free /dev/shm fails at once (HostPoolSegment::Create checks the free
-  // space), before the core spends seconds building its host-page allocator for millions of pages.
-  auto segment = HostPoolSegment::Create(options.segment_name, options.page_bytes, options.host_pool_pages);
-  if (!segment.ok()) {
-    return absl::Status(segment.status().code(),
+  std::error_code ec;
+  const std::string canonical = std::filesystem::canonical(options.run_dir, ec).string();
+  if (ec) return absl::InternalError(absl::StrFormat("run directory %s: %s", options.run_dir, ec.message()));
+  if (options.segment_name.empty()) options.segment_name = PoolSegmentName(canonical);
+  // The socket first: a live memd of this run directory makes this one fail before its pool is touched.
+  RouterServer::Options router_options;
+  auto router = RouterServer::Bind(options.run_dir, "memd", router_options);
+  if (!router.ok()) return router.status();
+  RemoveStaleSegments(options.segment_name);
+  // The pool before the core: one larger than the free /dev/shm fails at once (HostPoolSegment::Create checks the
+  // free space), before the core spends seconds building its host-page allocator for millions of pages.
+  auto pool = OpenPool(options.segment_name, canonical, options.page_bytes, options.host_pool_pages);
+  if (!pool.ok()) {
+    return absl::Status(pool.status().code(),
                         absl::StrFormat("cannot create the host pool (%d pages x %d bytes = %d bytes in "
                                         "/dev/shm/%s): %s",
                                         options.host_pool_pages, options.page_bytes,
                                         uint64_t{options.host_pool_pages} * options.page_bytes, options.segment_name,
-                                        segment.status().message()));
+                                        pool.status().message()));
+  }
+  auto journal = std::make_unique<HostJournal>(*pool->journal);
+  auto remove_segment = [&] {  // a failed start removes a pool it created, never one it was to adopt
+    pool->segment.reset();
+    if (pool->reused) return;
+    if (absl::Status s = HostPoolSegment::Remove(options.segment_name); !s.ok()) {
+      spdlog::warn("memd: {}", std::string(s.message()));
+    }
+  };
+  auto record_journal = RecordJournal::Create(options.run_dir);
+  if (!record_journal.ok()) {
+    remove_segment();
+    return record_journal.status();
   }
   ResidencyConfig config;
   config.reserve_pages = options.reserve_pages;
@@ -148,38 +169,54 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   config.host_page_bytes = options.page_bytes;
   config.populate_pages_per_attempt = options.populate_pages_per_attempt;
   config.reclaim_policy = options.reclaim_policy;
-  // On a failure below, the segment just created is removed again (a failed removal is logged: the failure that
-  // stopped the start is the one returned).
-  auto remove_segment = [&] {
-    (*segment).reset();
-    if (absl::Status s = HostPoolSegment::Remove(options.segment_name); !s.ok()) {
-      spdlog::warn("memd: {}", std::string(s.message()));
-    }
-  };
-  auto core = ResidencyManager::Create(config, NowUs);
+  auto core = ResidencyManager::Create(config, NowUs, journal.get());
   if (!core.ok()) {
     remove_segment();
     return core.status();
   }
-  RouterServer::Options router_options;
-  auto router = RouterServer::Bind(options.run_dir, "memd", router_options);
-  if (!router.ok()) {
-    remove_segment();
-    return router.status();
-  }
-  std::unique_ptr<Daemon> d(
-      new Daemon(std::move(options), std::move(*segment), std::move(*router), std::move(*core)));
+  std::unique_ptr<Daemon> d(new Daemon(std::move(options), std::move(pool->segment), std::move(journal),
+                                       std::move(*router), std::move(*core), std::move(*record_journal)));
+  if (absl::Status s = d->AdoptLeftovers(pool->adopted, pool->reused); !s.ok()) return s;  // ~Daemon removes the pool
   d->PublishMetrics();
   return d;
 }
 
-Daemon::Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<RouterServer> router,
-               std::unique_ptr<ResidencyManager> core)
+absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused) {
+  std::map<RequestId, JournaledRecord> records;
+  if (reused) records = record_journal_.LoadAll();
+  const std::vector<AdoptedRequest> adopted = AdoptionList(journaled, records);
+  if (absl::Status s = reused ? core_->AdoptHostPages(adopted) : absl::OkStatus(); !s.ok()) {
+    // A bug (Verify checked what AdoptHostPages checks); nothing was adopted, the next start begins afresh.
+    return absl::InternalError(absl::StrFormat("adopting the journal of /dev/shm/%s failed (%s); it is removed",
+                                               segment_->name(), s.message()));
+  }
+  std::erase_if(records, [&](const auto& e) { return !core_->GpuOfRequest(e.first).has_value(); });
+  record_journal_.RemoveAllBut(records);
+  for (auto& [id, rec] : records) {
+    if (absl::Status s = records_.Open(id, std::move(rec.record)); !s.ok()) {
+      spdlog::warn("memd: the record of adopted request {} is not kept: {}", id, s.ToString());
+      record_journal_.Release(id);
+    }
+  }
+  if (reused) {  // the other host pages are held until the dead memd's workers surely stopped writing
+    release_held_at_ = std::chrono::steady_clock::now() + options_.adopt_grace;
+    spdlog::warn("memd: adopted {} interrupted requests ({} with a record) from a previous memd of this run directory; "
+                 "the other host pages are reusable in {} ms (--adopt-grace-ms)", adopted.size(), records_.size(),
+                 options_.adopt_grace.count());
+  }
+  return absl::OkStatus();
+}
+
+Daemon::Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<HostJournal> journal,
+               std::unique_ptr<RouterServer> router, std::unique_ptr<ResidencyManager> core,
+               RecordJournal record_journal)
     : options_(std::move(options)),
       segment_(std::move(segment)),
+      journal_(std::move(journal)),
       router_(std::move(router)),
       core_(std::move(core)),
-      server_(std::make_unique<Server>(router_.get(), kSender)) {
+      server_(std::make_unique<Server>(router_.get(), kSender)),
+      record_journal_(std::move(record_journal)) {
   next_tick_ = std::chrono::steady_clock::now() + options_.tick;
   next_retry_ = std::chrono::steady_clock::now() + options_.retry_period;
   Register();
@@ -189,7 +226,14 @@ Daemon::~Daemon() {
   server_.reset();
   router_.reset();  // removes memd.sock
   const std::string name = segment_->name();
+  const uint32_t held = core_->host().allocated();
   segment_.reset();
+  if (held > 0) {  // interrupted (or live) requests hold host copies: the next memd of this run directory adopts them
+    spdlog::info("memd: /dev/shm/{} kept for the next memd of this run directory: {} host pages of {} requests",
+                 name, held, core_->Dump(DumpDetail::kCounts).request_count);
+    return;
+  }
+  record_journal_.RemoveAllBut({});
   if (absl::Status s = HostPoolSegment::Remove(name); !s.ok()) spdlog::warn("memd: {}", std::string(s.message()));
 }
 
@@ -232,6 +276,10 @@ void Daemon::Tick() {
     DHS_CHECK_OK(core_->RetryBackups());  // events without input cannot be refused
   }
   CheckSilentWorkers();
+  if (release_held_at_ && now >= *release_held_at_) {
+    release_held_at_.reset();
+    DHS_CHECK_OK(core_->ReleaseHeldPages());  // an event without input cannot be refused
+  }
   DHS_CHECK_OK(core_->Populate());
   FlushOrders();
   PublishMetrics();
@@ -442,13 +490,23 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   admit.host_backed = a->host_backed;
   admit.resume_of = a->resume_of;
   if (a->record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
-    if (absl::Status s = records_.Open(a->request, FromWireRecord(*a->record, a->gpu)); !s.ok()) return reject(s);
+    RequestRecord record = FromWireRecord(*a->record, a->gpu);
+    if (absl::Status s = record_journal_.Open(a->request, record); !s.ok()) {
+      record_journal_.Release(a->request);
+      return reject(s);
+    }
+    if (absl::Status s = records_.Open(a->request, std::move(record)); !s.ok()) {
+      record_journal_.Release(a->request);
+      return reject(s);
+    }
   }
   if (absl::Status s = core_->Admit(admit); !s.ok()) {
-    if (a->record) records_.Release(a->request);
+    if (a->record) {
+      ReleaseRecord(a->request);
+    }
     return reject(s);
   }
-  if (admit.resume_of != 0) records_.Release(admit.resume_of);  // the interrupted request ended in that event
+  if (admit.resume_of != 0) ReleaseRecord(admit.resume_of);  // the interrupted request ended in that event
   admit_sequence_[a->request] = m.sequence;
   return std::string();  // Grant / Wait / Reject go out with the drained orders
 }
@@ -569,6 +627,7 @@ absl::StatusOr<std::string> Daemon::OnTokensCommitted(const Message& m, std::str
     if (e == nullptr) continue;
     absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(e->request), "TokensCommitted");
     if (s.ok()) s = records_.Commit(e->request, e->from, e->tokens, e->logits_digests);
+    if (s.ok()) s = record_journal_.Commit(e->request, e->from, e->tokens, e->logits_digests);  // before the ack
     if (s.ok()) continue;
     if (refused++ == 0) first = s;
   }
@@ -627,11 +686,20 @@ std::string Daemon::FlushOrders(uint64_t answering_sequence) {
       w.request = ack->request;
       w.released_pages = ack->released_pages;
       admit_sequence_.erase(ack->request);
-      records_.Release(ack->request);  // the request ended: nothing left to resume
+      ReleaseRecord(ack->request);  // the request ended: nothing left to resume
       reply = EncodeCompleteAck(w, answering_sequence, kSender);
       continue;
     }
-    if (const auto* reject = std::get_if<RejectOrder>(&order)) records_.Release(reject->request);  // never admitted
+    if (const auto* reject = std::get_if<RejectOrder>(&order)) {  // never admitted
+      ReleaseRecord(reject->request);
+    }
+    if (const auto* grant = std::get_if<GrantOrder>(&order); grant && records_.Find(grant->request)) {
+      // A memd restarted after this one died restores the request even when none of its pages was confirmed.
+      if (absl::Status s = record_journal_.Granted(grant->request, static_cast<uint32_t>(grant->host_pages.size()));
+          !s.ok()) {
+        spdlog::warn("memd: request {}: {}", grant->request, s.ToString());
+      }
+    }
     const GpuId gpu = std::visit([](const auto& o) { return o.gpu; }, order);
     if (auto g = gpus_.find(gpu); g == gpus_.end() || g->second.fenced) {  // its worker is gone: nobody to tell
       if (const auto* reject = std::get_if<RejectOrder>(&order)) admit_sequence_.erase(reject->request);

@@ -1,6 +1,8 @@
 // memd/daemon.h: the memory daemon process around the decision core (brief §3, §4; docs/protocol.md).
 //
-// Daemon owns the host-pool segment (created at Start with every page reserved, removed by the destructor), the
+// Daemon owns the host-pool segment (memd/pool_segment.h: named by the canonical run directory; a dead memd's one is
+// adopted when its geometry matches and its journal verifies, else replaced; created with every page reserved; removed
+// by the destructor unless requests still hold host pages, then kept for the next memd), the
 // RouterServer "memd" in the run directory, and the ResidencyManager. One event loop (Serve): each inbound message is
 // verified (common Server: a bad message gets an ErrorReply and the loop keeps serving), mapped to one core event,
 // then the core's orders are drained and sent to the owning worker (the ROUTER peer that sent that GPU's Hello).
@@ -25,6 +27,10 @@
 // Request records (issue 11, resume; memd/request_records.h): AdmitRequest.record opens one (an oversize record
 // refuses the admission), TokensCommitted grows it, CompleteAck and an admission's reject release it, and the
 // HelloReply of a GPU's next worker carries its interrupted requests' records (interrupted_records).
+// memd restart (issue 11): the core writes the host journal in the segment (memd/host_journal.h) and every record
+// change is mirrored in RUN_DIR/records (memd/record_journal.h) before the message is answered; Start adopts what a
+// dead memd left (ResidencyManager::AdoptHostPages): its requests are interrupted requests of their GPUs, each with
+// its record, as if the GPUs had been fenced (docs/operations.md, "memd restart: what survives").
 //
 // Thread-safety: Serve/Run and the constructor/destructor from one thread; metrics() from any thread.
 #pragma once
@@ -43,13 +49,16 @@
 #include "absl/status/statusor.h"
 #include "common/host_pool.h"
 #include "common/transport.h"
+#include "memd/host_journal.h"
+#include "memd/pool_segment.h"
+#include "memd/record_journal.h"
 #include "memd/request_records.h"
 #include "memd/residency_manager.h"
 
 namespace dhs::memd {
 
 struct DaemonOptions {
-  std::string run_dir;                      // created with MakeRunDir (0700); holds memd.sock
+  std::string run_dir;                      // created with MakeRunDir (0700); holds memd.sock and records/
   uint64_t page_bytes = 0;                  // bytes per page; every worker's Hello must say the same
   uint32_t host_pool_pages = 0;             // pages of the host-pool segment (> 0)
   uint32_t reserve_pages = 0;               // M_res per GPU
@@ -57,20 +66,25 @@ struct DaemonOptions {
   uint32_t populate_pages_per_attempt = 8;  // bound of one population attempt, pages (>= 1)
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
-  std::string segment_name;                 // shm name; empty = "dhs-memd-<pid>"
+  std::string segment_name;                 // shm name; empty = "dhs-pool-<hash of the canonical run dir>"
   // Liveness (docs/operations.md): a registered worker that sent nothing for worker_timeout is hung and its GPU is
   // fenced (workers send a Heartbeat every second); the socket monitor's disconnect of a worker's connection (dead
   // process, closed socket) fences its GPU at once. memd's socket has no ZMTP heartbeats: with router_handover (how a
   // restarted worker takes its routing id back), libzmq 4.3.4 aborts memd (assertion `!_io_error`,
   // stream_engine_base.cpp:331) when a second connection claims a live worker's id while heartbeats run.
   std::chrono::milliseconds worker_timeout{3000};
+  // After adopting a dead memd's pool, the host pages not adopted stay out of use this long: a worker of the dead memd
+  // may still write a backup or tail copy into one until its epoch ends (workerd --memd-timeout-ms, 2 s by default;
+  // a SIGTERMed worker's shutdown, at most 5 s). Admissions that need them wait meanwhile.
+  std::chrono::milliseconds adopt_grace{6000};
 };
 
 class Daemon {
  public:
-  // Creates the run directory, the host-pool segment and binds memd.sock. Errors: InvalidArgument (bad options, a run
-  // directory too long for the node's sockets: CheckSocketPaths),
-  // ResourceExhausted (/dev/shm too small for the pool), AlreadyExists (a live memd in the run dir, or the segment).
+  // Creates the run directory, binds memd.sock, removes stale segments (RemoveStaleSegments), opens or creates the
+  // host-pool segment (OpenPool) and adopts a dead memd's journal and records. Errors: InvalidArgument (bad options, a
+  // run directory too long for the node's sockets: CheckSocketPaths), ResourceExhausted (/dev/shm too small for the
+  // pool), AlreadyExists (a live memd in the run dir, or the segment belongs to another run directory).
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();  // closes the socket and removes the host-pool segment
   Daemon(const Daemon&) = delete;
@@ -100,9 +114,13 @@ class Daemon {
     std::chrono::steady_clock::time_point last_heard;  // its latest message
   };
 
-  Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<RouterServer> router,
-         std::unique_ptr<ResidencyManager> core);
+  Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<HostJournal> journal,
+         std::unique_ptr<RouterServer> router, std::unique_ptr<ResidencyManager> core, RecordJournal record_journal);
   void Register();
+  // Start's last step: the journal's requests (`journaled`) and, when the pool was `reused`, the record files' granted
+  // requests become interrupted requests (ResidencyManager::AdoptHostPages) with their records; other record files
+  // are removed. Errors: INTERNAL when the core refuses the list (nothing adopted).
+  absl::Status AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused);
   absl::StatusOr<std::string> OnHello(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnAdmit(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnBackupComplete(const Message& m, std::string_view peer);
@@ -154,15 +172,23 @@ class Daemon {
 
   DaemonOptions options_;
   std::unique_ptr<HostPoolSegment> segment_;
+  std::unique_ptr<HostJournal> journal_;  // over segment_->journal(); the core writes it
   std::unique_ptr<RouterServer> router_;
   std::unique_ptr<ResidencyManager> core_;
   std::unique_ptr<Server> server_;
   std::map<GpuId, GpuInfo> gpus_;
   RequestRecordStore records_;  // the requests' records for resume (opened with AdmitRequest.record)
+  RecordJournal record_journal_;  // records_ mirrored in RUN_DIR/records, for the next memd
+  // Drops a request's record from records_ and from record_journal_ (both: they mirror each other).
+  void ReleaseRecord(RequestId request) {
+    records_.Release(request);
+    record_journal_.Release(request);
+  }
   std::map<RequestId, uint64_t> admit_sequence_;  // the AdmitRequest's sequence, repeated by its Grant/Wait/Reject
   uint64_t next_sequence_ = 1;
   DaemonCounters counters_;
   std::chrono::steady_clock::time_point next_tick_, next_retry_;
+  std::optional<std::chrono::steady_clock::time_point> release_held_at_;  // ReleaseHeldPages due (adopted pool)
   mutable std::mutex metrics_mu_;
   std::string metrics_;
 };

@@ -14,7 +14,9 @@ HostPageAllocator::HostPageAllocator(uint32_t pages, uint64_t page_bytes) : page
 }
 
 absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Allocate(RequestId request, SourceId source,
-                                                                    uint32_t count) {
+                                                                    uint32_t count, uint32_t first_history_page,
+                                                                    uint32_t context_pages) {
+  if (context_pages == 0) context_pages = count;
   if (count > reusable()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "host pool full: request %d asks %d pages, %d reusable of %d (%d waiting for copy completions)", request,
@@ -31,10 +33,49 @@ absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Allocate(RequestId req
     page_[p].source = source;
     mine.insert(p);
     out.push_back(p);
+    if (journal_ != nullptr) journal_->Assign(p, request, first_history_page + i, context_pages);
   }
   allocated_ += count;
   if (mine.empty()) by_request_.erase(request);
   return out;
+}
+
+absl::Status HostPageAllocator::AllocateAt(RequestId request, SourceId source, PageIndex page,
+                                          uint32_t history_page, uint32_t context_pages) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
+  if (!free_.contains(page)) {
+    return absl::FailedPreconditionError(absl::StrFormat("host page %d is not reusable (owned by request %d)", page,
+                                                         page_[page].allocated ? page_[page].owner : 0));
+  }
+  free_.erase(page);
+  page_[page] = Page{true, 0, request, source};
+  by_request_[request].insert(page);
+  ++allocated_;
+  if (journal_ != nullptr) journal_->Assign(page, request, history_page, context_pages);
+  return absl::OkStatus();
+}
+
+absl::Status HostPageAllocator::Confirm(PageIndex page) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
+  if (!page_[page].allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d not allocated", page));
+  if (journal_ != nullptr) journal_->Confirm(page);
+  return absl::OkStatus();
+}
+
+// The sets are disjoint: the smaller one is merged into the larger (a swap first when needed), O(small log n), so
+// a whole pool of millions of pages is held or released in O(1) and memd's loop never stalls on it.
+uint32_t HostPageAllocator::HoldReusable() {
+  const auto taken = static_cast<uint32_t>(free_.size());
+  if (held_.size() < free_.size()) held_.swap(free_);
+  held_.merge(free_);
+  return taken;
+}
+
+uint32_t HostPageAllocator::ReleaseHeld() {
+  const auto released = static_cast<uint32_t>(held_.size());
+  if (free_.size() < held_.size()) free_.swap(held_);
+  free_.merge(held_);
+  return released;
 }
 
 absl::Status HostPageAllocator::Pin(PageIndex page) {
@@ -65,10 +106,12 @@ absl::Status HostPageAllocator::Free(PageIndex page) {
   pg.allocated = false;
   --allocated_;
   if (pg.pins == 0) free_.insert(page);
+  if (journal_ != nullptr) journal_->Free(page);
   return absl::OkStatus();
 }
 
-absl::Status HostPageAllocator::Transfer(PageIndex page, RequestId to) {
+absl::Status HostPageAllocator::Transfer(PageIndex page, RequestId to, uint32_t history_page,
+                                         uint32_t context_pages) {
   if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d out of range", page));
   Page& pg = page_[page];
   if (!pg.allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d is not allocated", page));
@@ -77,6 +120,13 @@ absl::Status HostPageAllocator::Transfer(PageIndex page, RequestId to) {
   if (it->second.empty()) by_request_.erase(it);
   pg.owner = to;
   by_request_[to].insert(page);
+  if (journal_ != nullptr) {
+    // Three journal stores (host_journal.h): a kill between them leaves the page free in the journal, so a memd
+    // that adopts it loses this one host copy (the worker recomputes its rows), never names a wrong owner.
+    journal_->Free(page);
+    journal_->Assign(page, to, history_page, context_pages);
+    journal_->Confirm(page);
+  }
   return absl::OkStatus();
 }
 
@@ -88,6 +138,7 @@ uint32_t HostPageAllocator::ReleaseRequest(RequestId request) {
   for (PageIndex p : pages) {
     page_[p].allocated = false;
     if (page_[p].pins == 0) free_.insert(p);
+    if (journal_ != nullptr) journal_->Free(p);
   }
   allocated_ -= static_cast<uint32_t>(pages.size());
   return static_cast<uint32_t>(pages.size());
@@ -104,11 +155,20 @@ absl::Status HostPageAllocator::CheckInvariants() const {
     const Page& pg = page_[p];
     allocated += pg.allocated;
     pinned += pg.pins > 0;
-    const bool in_free = free_.count(p) > 0;
-    if (in_free != (!pg.allocated && pg.pins == 0)) {
-      return absl::InternalError(absl::StrFormat("host page %d: free list disagrees with its state", p));
+    const bool in_free = free_.count(p) > 0, held = held_.count(p) > 0;
+    // A free unpinned page is reusable or held, never both; no other page is either.
+    if ((in_free && held) || (in_free || held) != (!pg.allocated && pg.pins == 0)) {
+      return absl::InternalError(absl::StrFormat("host page %d: free list (or held set) disagrees with its state", p));
     }
     reusable += in_free;
+    if (journal_ != nullptr) {
+      const JournalEntry e = journal_->Read(p);
+      if ((e.state != JournalState::kFree) != pg.allocated || (pg.allocated && e.owner != pg.owner)) {
+        return absl::InternalError(absl::StrFormat("host page %d: journal says %s of %d, the allocator %s of %d", p,
+                                                   e.state == JournalState::kFree ? "free" : "owned", e.owner,
+                                                   pg.allocated ? "owned" : "free", pg.owner));
+      }
+    }
     if (pg.allocated) {
       auto it = by_request_.find(pg.owner);
       if (it == by_request_.end() || !it->second.count(p)) {

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/types.h"
+#include "memd/host_journal.h"
 
 namespace dhs::memd {
 
@@ -25,10 +26,31 @@ class HostPageAllocator {
   // `pages` host pages of `page_bytes` bytes each. Errors: InvalidArgument when page_bytes == 0.
   static absl::StatusOr<HostPageAllocator> Create(uint32_t pages, uint64_t page_bytes);
 
+  // Every ownership change from now on is also written to `journal` (nullptr: none; not owned, must outlive this):
+  // page i of an Allocate is recorded as history page i of a context of `count` pages; Free and ReleaseRequest free
+  // entries; Confirm confirms one. The pages allocated so far must already be in it (a new allocator: none).
+  void set_journal(HostJournal* journal) { journal_ = journal; }
+  const HostJournal* journal() const { return journal_; }
   // Allocates `count` reusable pages to (request, source); all or nothing, lowest page first.
   // Errors: ResourceExhausted when fewer than `count` pages are reusable.
-  absl::StatusOr<std::vector<PageIndex>> Allocate(RequestId request, SourceId source, uint32_t count);
+  // With a journal, page i is journaled as history page first_history_page + i of a context of `context_pages` pages
+  // (0: `count`, the whole context; a resume allocates history pages L .. context-1 behind the L it took over).
+  absl::StatusOr<std::vector<PageIndex>> Allocate(RequestId request, SourceId source, uint32_t count,
+                                                  uint32_t first_history_page = 0, uint32_t context_pages = 0);
 
+  // Allocates the reusable page `page` to (request, source) as history page `history_page` of `context_pages`
+  // (adoption of a journal's page). Errors: OutOfRange, FailedPrecondition (not reusable).
+  absl::Status AllocateAt(RequestId request, SourceId source, PageIndex page, uint32_t history_page,
+                          uint32_t context_pages);
+  // The host copy in allocated page `page` is confirmed written (journal only). Errors: OutOfRange,
+  // FailedPrecondition (not allocated).
+  absl::Status Confirm(PageIndex page);
+  // Takes every reusable page out of use until ReleaseHeld (after a memd restart: a dead memd's workers may still
+  // write them); returns how many were taken. Held pages are neither reusable nor allocated.
+  uint32_t HoldReusable();
+  // Makes every held page reusable again; returns how many.
+  uint32_t ReleaseHeld();
+  uint32_t held() const { return static_cast<uint32_t>(held_.size()); }
   // Pins an allocated page for one copy (pins nest). Errors: OutOfRange, FailedPrecondition (not allocated).
   absl::Status Pin(PageIndex page);
   // Ends one copy's pin. A page freed while pinned becomes reusable at its last Unpin.
@@ -37,9 +59,10 @@ class HostPageAllocator {
   // Frees an allocated page (reusable now, or at its last Unpin when pinned). Errors: OutOfRange, FailedPrecondition.
   absl::Status Free(PageIndex page);
   // Hands allocated page `page` to (request `to`, its source unchanged): a resumed request takes over the pages its
-  // interrupted predecessor kept (ResidencyManager::Admit with resume_of). Pins are kept.
+  // interrupted predecessor kept (ResidencyManager::Admit with resume_of). Pins are kept. With a journal, the page's
+  // entry is rewritten as history page `history_page` of `to`'s `context_pages`, confirmed (it held a confirmed copy).
   // Errors: OutOfRange, FailedPrecondition (not allocated).
-  absl::Status Transfer(PageIndex page, RequestId to);
+  absl::Status Transfer(PageIndex page, RequestId to, uint32_t history_page, uint32_t context_pages);
   // Frees every page of `request` (pinned ones after their copy completes); returns how many were allocated.
   uint32_t ReleaseRequest(RequestId request);
 
@@ -48,13 +71,14 @@ class HostPageAllocator {
   uint32_t reusable() const { return static_cast<uint32_t>(free_.size()); }  // free and not pinned
   uint32_t allocated() const { return allocated_; }                         // owned by a request
   uint32_t pinned() const { return pinned_; }                               // pinned by >= 1 copy
-  uint32_t freed_pinned() const { return pages() - reusable() - allocated_; }  // freed, waiting for a copy
+  uint32_t freed_pinned() const { return pages() - reusable() - allocated_; }  // freed, waiting for a copy (or held)
   uint32_t pages_of(RequestId request) const;
   bool is_allocated(PageIndex page) const { return page < pages() && page_[page].allocated; }
   bool is_pinned(PageIndex page) const { return page < pages() && page_[page].pins > 0; }
   RequestId owner(PageIndex page) const { return page_[page].owner; }   // precondition: is_allocated(page)
   SourceId source(PageIndex page) const { return page_[page].source; }  // precondition: is_allocated(page)
 
+  // Also, with a journal: a page is allocated exactly when its entry is not free, and then to the entry's owner.
   absl::Status CheckInvariants() const;
 
  private:
@@ -66,10 +90,12 @@ class HostPageAllocator {
   };
   HostPageAllocator(uint32_t pages, uint64_t page_bytes);
 
+  HostJournal* journal_ = nullptr;
   uint64_t page_bytes_;
   uint32_t allocated_ = 0, pinned_ = 0;
   std::vector<Page> page_;
   std::set<PageIndex> free_;                            // reusable pages
+  std::set<PageIndex> held_;                            // free, unpinned, out of use until ReleaseHeld
   std::map<RequestId, std::set<PageIndex>> by_request_;  // allocated pages per request
 };
 

@@ -28,6 +28,7 @@ struct CommandLine {
   dhs::memd::DaemonOptions options;
   uint64_t pool_bytes = 0, pool_pages = 0;
   uint64_t worker_timeout_ms = 3000;
+  uint64_t adopt_grace_ms = 6000;
   std::string metrics_address, log_level = "info";
 };
 
@@ -85,6 +86,11 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                  "its GPU is fenced")
       ->check(CLI::Range(uint64_t{100}, uint64_t{86'400'000}))
       ->capture_default_str();
+  app.add_option("--adopt-grace-ms", c.adopt_grace_ms,
+                 "after adopting the host pool of a memd that died, the pages not adopted stay unused this long (its "
+                 "workers may still write them until their epochs end)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{600'000}))
+      ->capture_default_str();
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -109,6 +115,7 @@ bool SetPoolPages(CommandLine& c) {
   }
   c.options.host_pool_pages = static_cast<uint32_t>(pool_pages);
   c.options.worker_timeout = std::chrono::milliseconds(c.worker_timeout_ms);
+  c.options.adopt_grace = std::chrono::milliseconds(c.adopt_grace_ms);
   return true;
 }
 

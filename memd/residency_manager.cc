@@ -18,11 +18,16 @@ std::string_view OrderName(const Order& order) {
 }
 
 absl::StatusOr<std::unique_ptr<ResidencyManager>> ResidencyManager::Create(const ResidencyConfig& config,
-                                                                           Clock clock) {
+                                                                           Clock clock, HostJournal* journal) {
   auto policy = MakeReclaimPolicy(config.reclaim_policy);
   if (!policy.ok()) return policy.status();
   auto host = HostPageAllocator::Create(config.host_pages, config.host_page_bytes);
   if (!host.ok()) return host.status();
+  if (journal != nullptr && journal->pages() != config.host_pages) {
+    return absl::InvalidArgumentError(absl::StrFormat("journal of %d host pages for a host pool of %d",
+                                                      journal->pages(), config.host_pages));
+  }
+  host->set_journal(journal);
   if (!clock) return absl::InvalidArgumentError("ResidencyManager needs a clock");
   return std::unique_ptr<ResidencyManager>(
       new ResidencyManager(config, std::move(clock), std::move(*host), std::move(*policy)));
@@ -152,6 +157,73 @@ void ResidencyManager::Interrupt(Request& r) {
   ++counters_.requests_interrupted;
 }
 
+absl::Status ResidencyManager::CheckAdopted(std::span<const AdoptedRequest> requests) const {
+  if (!gpus_.empty() || !requests_.empty()) {
+    return absl::FailedPreconditionError("AdoptHostPages must be the first event (a GPU or a request is known)");
+  }
+  std::set<RequestId> ids;
+  std::set<PageIndex> pages;
+  for (const AdoptedRequest& a : requests) {
+    if (a.request == 0 || a.request == kNoOwner || !ids.insert(a.request).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("adopted request id %d reserved or repeated", a.request));
+    }
+    if (a.epoch == 0 || a.context_pages > host_.pages()) {
+      return absl::InvalidArgumentError(absl::StrFormat("adopted request %d: epoch %d, %d context pages (pool %d)",
+                                                        a.request, a.epoch, a.context_pages, host_.pages()));
+    }
+    for (const auto& [h, page] : a.host_pages) {
+      if (h >= a.context_pages || page >= host_.pages() || !pages.insert(page).second) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "adopted request %d: history page %d of %d on host page %d (pool %d; out of range or named twice)",
+            a.request, h, a.context_pages, page, host_.pages()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResidencyManager::AdoptHostPages(std::span<const AdoptedRequest> requests) {
+  if (absl::Status s = CheckAdopted(requests); !s.ok()) return Finish(s);
+  uint32_t kept = 0;
+  for (const AdoptedRequest& a : requests) {
+    Request r;
+    r.id = a.request;
+    r.gpu = a.gpu;
+    r.context_pages = a.context_pages;
+    r.time_us = clock_();
+    r.history.resize(a.context_pages);
+    for (HistoryPage& hp : r.history) hp.state = HistoryState::kLost;
+    for (const auto& [h, page] : a.host_pages) {
+      DHS_CHECK_OK(host_.AllocateAt(a.request, kAllSources, page, h, a.context_pages));  // pool empty: checked above
+      DHS_CHECK_OK(host_.Confirm(page));
+      r.history[h].state = HistoryState::kHost;
+      r.history[h].host_page = page;
+    }
+    r.host_only = static_cast<uint32_t>(a.host_pages.size());
+    r.state = RequestState::kInterrupted;
+    kept += r.host_only;
+    uint32_t& epoch = epochs_[a.gpu];
+    epoch = std::max(epoch, a.epoch);
+    requests_.emplace(a.request, std::move(r));
+  }
+  if (HostJournal* journal = const_cast<HostJournal*>(host_.journal())) {
+    for (PageIndex p = 0; p < host_.pages(); ++p) {
+      if (!host_.is_allocated(p)) journal->Free(p);  // assigned, never confirmed: lost as FenceGpu loses it
+    }
+  }
+  counters_.requests_adopted += requests.size();
+  counters_.host_pages_adopted += kept;
+  counters_.host_pages_held += host_.HoldReusable();
+  spdlog::info("memd: adopted {} interrupted requests holding {} confirmed host pages from the journal",
+               requests.size(), kept);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ResidencyManager::ReleaseHeldPages() {
+  if (const uint32_t n = host_.ReleaseHeld(); n > 0) spdlog::info("memd: {} held host pages are reusable now", n);
+  return Finish(absl::OkStatus());
+}
+
 absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   AdmitRequest a = in;
   if (a.request == 0 || a.request == kNoOwner) {  // 0: RetireOrder.regranted_to's "none"; kNoOwner: a free page
@@ -246,7 +318,7 @@ void ResidencyManager::TakeOver(Request& r, RequestId interrupted, uint32_t lead
     const HistoryPage& hp = old.history[h];
     if (hp.state != HistoryState::kHost) continue;
     if (h < leading) {
-      DHS_CHECK_OK(host_.Transfer(hp.host_page, r.id));
+      DHS_CHECK_OK(host_.Transfer(hp.host_page, r.id, h, r.context_pages));
       r.resumed_host.push_back(hp.host_page);
     } else {
       DHS_CHECK_OK(host_.Free(hp.host_page));  // after a gap: recomputed by the worker, written again
@@ -386,6 +458,7 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
     switch (hp.state) {
       case HistoryState::kHostPending:
         DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
+        DHS_CHECK_OK(host_.Confirm(hp.host_page));
         ++r.host_only;
         break;
       case HistoryState::kGpu:
@@ -396,13 +469,17 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
           // candidate. In a reclaim (or with a backup in flight) the reclaim retires the GPU page instead.
           DHS_CHECK_OK(g.table.Release(hp.gpu_page));
           DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
+          DHS_CHECK_OK(host_.Confirm(hp.host_page));
           --r.optional;
           ++r.host_only;
           ++counters_.keeps_lost;
           break;
         }
         [[fallthrough]];
-      case HistoryState::kGpuDeferred: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost)); break;
+      case HistoryState::kGpuDeferred:
+        DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost));
+        DHS_CHECK_OK(host_.Confirm(hp.host_page));
+        break;
       default: break;  // already a complete host copy (a repeated report)
     }
   }
@@ -537,6 +614,7 @@ void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written) {
   if (hp.state == HistoryState::kGpu) {
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, written ? HistoryState::kGpuAndHost
                                                                     : HistoryState::kGpuDeferred));
+    if (written) DHS_CHECK_OK(host_.Confirm(hp.host_page));
   }
   if (c.reclaim != 0) {
     Reclaim& rc = reclaims_.at(c.reclaim);
@@ -649,7 +727,7 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
       r.optional_history && kept == 0 ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
   auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
   auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
-  auto host = host_.Allocate(r.id, kAllSources, r.context_pages - kept);
+  auto host = host_.Allocate(r.id, kAllSources, r.context_pages - kept, kept, r.context_pages);
   if (host.ok()) host->insert(host->begin(), r.resumed_host.begin(), r.resumed_host.end());
   if (!required.ok() || !optional.ok() || !host.ok()) {
     // The tables refused what lendable() / reusable() promised: a bug, never a peer's input (Admit checks the id and
@@ -973,6 +1051,7 @@ absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, st
       return absl::InternalError(absl::StrFormat("request %d page %d: host page %d not its own", r.id, h, hp.host_page));
     }
     if (absl::Status s = CheckHistoryPage(r, h); !s.ok()) return s;
+    if (absl::Status s = CheckJournal(r, h); !s.ok()) return s;
     if (!HoldsGpuPage(hp.state)) continue;
     ++optional;
     const PageState want = reclaiming                               ? PageState::kReclaiming
@@ -1001,6 +1080,7 @@ absl::Status ResidencyManager::CheckInterrupted(const Request& r, std::set<PageI
     }
     if (hp.state == HistoryState::kLost) continue;
     ++kept;
+    if (absl::Status s = CheckJournal(r, h); !s.ok()) return s;
     if (!host_.is_allocated(hp.host_page) || host_.owner(hp.host_page) != r.id ||
         !host_pages.insert(hp.host_page).second) {
       return absl::InternalError(absl::StrFormat("interrupted request %d page %d: host page %d not its own", r.id, h,
@@ -1010,6 +1090,23 @@ absl::Status ResidencyManager::CheckInterrupted(const Request& r, std::set<PageI
   if (host_.pages_of(r.id) != kept || r.host_only != kept) {
     return absl::InternalError(absl::StrFormat("interrupted request %d: %d host pages owned, %d kept, host_only %d",
                                                r.id, host_.pages_of(r.id), kept, r.host_only));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResidencyManager::CheckJournal(const Request& r, uint32_t h) const {
+  const HostJournal* journal = host_.journal();
+  if (journal == nullptr) return absl::OkStatus();
+  const HistoryPage& hp = r.history[h];
+  const JournalEntry e = journal->Read(hp.host_page);
+  const bool confirmed = hp.state == HistoryState::kHost || hp.state == HistoryState::kPopulating ||
+                         hp.state == HistoryState::kGpuAndHost;
+  if (e.owner != r.id || e.history_page != h || e.context_pages != r.context_pages ||
+      (e.state == JournalState::kConfirmed) != confirmed || e.state == JournalState::kFree) {
+    return absl::InternalError(absl::StrFormat(
+        "request %d history page %d (%s): journal entry of host page %d says state %d, owner %d, page %d of %d", r.id,
+        h, HistoryStateName(hp.state), hp.host_page, static_cast<int>(e.state), e.owner, e.history_page,
+        e.context_pages));
   }
   return absl::OkStatus();
 }

@@ -99,12 +99,25 @@ struct AdmitRequest {
   RequestId resume_of = 0;
 };
 
+// One request of a dead memd's journal, adopted by a new memd (AdoptHostPages).
+struct AdoptedRequest {
+  RequestId request = 0;
+  GpuId gpu = 0;
+  uint32_t epoch = 1;          // the epoch of its GPU it was admitted in (>= 1): the GPU's next registration is later
+  uint32_t context_pages = 0;  // pages of its full context (<= host pool pages)
+  std::map<uint32_t, PageIndex> host_pages;  // history page -> host page holding a confirmed host copy
+};
+
 class ResidencyManager {
  public:
   using Clock = std::function<int64_t()>;  // microseconds, monotonic
 
-  // Errors: InvalidArgument for an unknown policy name or host_page_bytes == 0.
-  static absl::StatusOr<std::unique_ptr<ResidencyManager>> Create(const ResidencyConfig& config, Clock clock);
+  // `journal` (nullptr: none; not owned, outlives the core): every host page's owner, history page and confirmed
+  // host copy is written to it inside the event that changes it (memd/host_journal.h); it must be formatted (all
+  // free) or hold exactly what AdoptHostPages will adopt. Errors: InvalidArgument for an unknown policy name,
+  // host_page_bytes == 0, or a journal of another page count.
+  static absl::StatusOr<std::unique_ptr<ResidencyManager>> Create(const ResidencyConfig& config, Clock clock,
+                                                                  HostJournal* journal = nullptr);
 
   // ---- events (each returns a non-OK status for bad input and then changes nothing) ----
   // A worker registered GPU `gpu` with `pages` = M and `request_slots` = N slots (0: unlimited). A GPU fenced before
@@ -126,6 +139,19 @@ class ResidencyManager {
   // Freed host pages may let admissions of other GPUs through (orders of this event). Errors: NotFound (the GPU is
   // not registered, or already fenced).
   absl::Status FenceGpu(GpuId gpu);
+  // The first event of a memd that found a dead memd's verified journal (HostJournal::Verify): every request becomes
+  // kInterrupted on its GPU exactly as FenceGpu leaves it: history of context_pages pages, kHost (host page allocated,
+  // confirmed in the journal) for each of host_pages, kLost for the others; no GPU page, slot or copy. Each GPU named
+  // is fenced (known, not registered) at epoch max(its requests' epochs): its next RegisterGpu is a later epoch, its
+  // worker finds the requests in InterruptedRequests. Journal entries of pages not adopted (assigned, never
+  // confirmed) are freed. Every other host page is held (HostPageAllocator::HoldReusable: the dead memd's workers may
+  // still write into it until their epochs end) until ReleaseHeldPages. No orders. Errors (nothing changes): FailedPrecondition (a GPU registered or a request known
+  // already), InvalidArgument (a reserved or repeated id, epoch 0, context_pages above the host pool, a history
+  // page outside the context, a host page out of range or named twice).
+  absl::Status AdoptHostPages(std::span<const AdoptedRequest> requests);
+  // The pages held since AdoptHostPages become reusable (the daemon calls it once the dead memd's workers cannot write
+  // any more: memd --adopt-grace-ms after its start); waiting admissions may be granted (orders). Never fails.
+  absl::Status ReleaseHeldPages();
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
   // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0, context_rows
   // beyond 2^32-1 pages, history_pages > context_pages). A grant the page tables refuse (a bug) becomes a Reject with
@@ -308,6 +334,10 @@ class ResidencyManager {
   void FenceCopies(GpuId gpu);
   void Interrupt(Request& r);
   absl::Status CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const;
+  absl::Status CheckAdopted(std::span<const AdoptedRequest> requests) const;
+  // With a journal: its entry of r's history page h (host page allocated) names r, h and r's context, and is
+  // confirmed exactly in the states holding a complete host copy (kHost, kPopulating, kGpuAndHost).
+  absl::Status CheckJournal(const Request& r, uint32_t h) const;
   std::vector<ReclaimCandidate> Candidates(GpuId gpu, bool skip_backoff) const;
   static RequestDump RequestDumpOf(const Request& r);  // reclaim_rank left at -1 (AddReclaimRanks)
   void AddReclaimRanks(std::vector<RequestDump>& requests) const;

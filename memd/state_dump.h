@@ -151,6 +151,9 @@ struct Counters {
   uint64_t host_pages_lost = 0;   // host pages without a confirmed host copy freed by a fence (rows only on the GPU)
   uint64_t resumes = 0;           // interrupted requests taken over by a resume admission (Admit with resume_of)
   uint64_t host_pages_resumed = 0;  // kept host pages those resumes took over (imported by the worker, not recomputed)
+  uint64_t requests_adopted = 0;    // interrupted requests adopted from a dead memd's journal (AdoptHostPages)
+  uint64_t host_pages_adopted = 0;  // their confirmed host pages
+  uint64_t host_pages_held = 0;     // the other host pages, held until ReleaseHeldPages (the adoption's grace period)
 };
 
 // Counters of the daemon around the core (memd/daemon.h), rendered with the core's by RenderPrometheus.

@@ -14,6 +14,8 @@
 #include <chrono>
 #include <deque>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -29,6 +31,8 @@
 #include "common/transport.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "memd/host_journal.h"
+#include "memd/pool_segment.h"
 #include "nlohmann/json.hpp"
 #include "zmq.hpp"
 
@@ -117,9 +121,17 @@ class FakeWorker {
   std::deque<std::string> buffers_;  // keeps the bytes of decoded messages alive at stable addresses
 };
 
-// Removes the host-pool segment of a SIGKILLed memd (already gone when memd stopped cleanly: not an error).
-void RemoveSegmentOf(pid_t pid) {
-  const absl::Status s = HostPoolSegment::Remove("dhs-memd-" + std::to_string(pid));
+// The host-pool segment of the memd of `run_dir` (memd/pool_segment.h: named by the canonical run directory).
+std::string SegmentOf(const std::string& run_dir) {
+  return memd::PoolSegmentName(std::filesystem::canonical(run_dir).string());
+}
+
+// Removes the host-pool segment of a memd of `run_dir` (kept by a SIGKILL, or by a clean exit while requests held
+// host pages; already gone otherwise: not an error).
+void RemoveSegmentOf(const std::string& run_dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(run_dir, ec)) return;
+  const absl::Status s = HostPoolSegment::Remove(SegmentOf(run_dir));
   EXPECT_TRUE(s.ok() || absl::IsNotFound(s)) << s;
 }
 
@@ -201,6 +213,11 @@ class MemdProcess : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     run_dir_ = dir_ + "/run";
+    Spawn();
+  }
+  // Starts memd on run_dir_ with the fixture's flags and waits for its socket and metrics address.
+  void Spawn() {
+    std::filesystem::remove(run_dir_ + "/memd.metrics");
     std::vector<std::string> args = {MEMD_BIN,          "--run-dir",         run_dir_,  "--page-bytes",
                                      std::to_string(kPageBytes), "--host-pool-pages", "64", "--metrics-address",
                                      "127.0.0.1:0",     "--log-level",       "warn"};
@@ -217,13 +234,19 @@ class MemdProcess : public ::testing::Test {
     ASSERT_TRUE(std::filesystem::exists(run_dir_ + "/memd.sock")) << "memd did not start";
     std::ifstream(run_dir_ + "/memd.metrics") >> metrics_address_;
   }
+  // SIGKILLs memd (nothing of its own cleanup runs) and waits for it.
+  void KillMemd() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
   std::vector<std::string> extra_args_;  // memd flags of a derived fixture (set in its constructor)
   void TearDown() override {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
-      RemoveSegmentOf(pid_);  // SIGKILL skips memd's own cleanup
     }
+    RemoveSegmentOf(run_dir_);  // SIGKILL skips memd's own cleanup
     std::filesystem::remove_all(dir_);
   }
 
@@ -1073,7 +1096,7 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   EXPECT_EQ(Dhsctl("--timeout-ms 300 status").first, 3);
   EXPECT_EQ(Dhsctl("--timeout-ms -5 status").first, 2);  // refused before connecting: never waits forever
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  RemoveSegmentOf(pid_);
+  RemoveSegmentOf(run_dir_);
   pid_ = -1;
 }
 
@@ -1458,9 +1481,10 @@ TEST_F(MemdFenceOnDisconnect, RequestRecordsAreCommittedAndHandedToTheNextEpoch)
 namespace dhs {
 namespace {
 
-// A memd killed with SIGKILL leaves its host pool in /dev/shm; the next memd removes every `dhs-memd-<pid>` segment
-// whose memd is gone (no such pid, or the pid now runs another program) and keeps a live memd's (issue 11: segments of
-// dead memds do not pile up).
+// A memd killed with SIGKILL leaves its host pool in /dev/shm for the next memd of its run directory; a memd removes
+// at start the segments nobody will use again (issue 11: segments of dead memds do not pile up): a "dhs-pool-*" one
+// whose run directory no longer exists, and the "dhs-memd-<pid>" ones of memds before the run-directory naming whose
+// pid is gone or runs another program. Kept: a live memd's, and one of a run directory that still exists.
 TEST_F(MemdProcess, SegmentsOfDeadMemdsAreRemovedAtStartAndLiveOnesKept) {
   pid_t dead = 0;
   char* true_argv[] = {const_cast<char*>("/bin/true"), nullptr};
@@ -1468,9 +1492,17 @@ TEST_F(MemdProcess, SegmentsOfDeadMemdsAreRemovedAtStartAndLiveOnesKept) {
   ASSERT_EQ(waitpid(dead, nullptr, 0), dead);  // reaped: the pid runs nothing now
   const std::string dead_name = "dhs-memd-" + std::to_string(dead);
   const std::string reused_name = "dhs-memd-" + std::to_string(getpid());  // a live pid that is not a memd
-  const std::string live_name = "dhs-memd-" + std::to_string(pid_);       // the fixture's memd
+  const std::string live_name = SegmentOf(run_dir_);                       // the fixture's memd
+  const std::string kept_dir = dir_ + "/idle";  // a run directory whose memd is down: its next memd adopts the pool
+  const std::string gone_dir = dir_ + "/gone";  // a run directory removed since
+  ASSERT_TRUE(std::filesystem::create_directories(kept_dir));
+  ASSERT_TRUE(std::filesystem::create_directories(gone_dir));
+  const std::string kept_name = SegmentOf(kept_dir), gone_name = SegmentOf(gone_dir);
   ASSERT_TRUE(HostPoolSegment::Create(dead_name, 4096, 2).ok());
   ASSERT_TRUE(HostPoolSegment::Create(reused_name, 4096, 2).ok());
+  ASSERT_TRUE(HostPoolSegment::Create(kept_name, 4096, 2, {0, std::filesystem::canonical(kept_dir).string()}).ok());
+  ASSERT_TRUE(HostPoolSegment::Create(gone_name, 4096, 2, {0, std::filesystem::canonical(gone_dir).string()}).ok());
+  std::filesystem::remove(gone_dir);
   const std::string other = dir_ + "/other";
   std::vector<std::string> args = {MEMD_BIN, "--run-dir", other, "--page-bytes", "4096", "--host-pool-pages", "8"};
   std::vector<char*> argv;
@@ -1483,15 +1515,179 @@ TEST_F(MemdProcess, SegmentsOfDeadMemdsAreRemovedAtStartAndLiveOnesKept) {
   const bool dead_left = std::filesystem::exists("/dev/shm/" + dead_name);
   const bool reused_left = std::filesystem::exists("/dev/shm/" + reused_name);
   const bool live_left = std::filesystem::exists("/dev/shm/" + live_name);
+  const bool kept_left = std::filesystem::exists("/dev/shm/" + kept_name);
+  const bool gone_left = std::filesystem::exists("/dev/shm/" + gone_name);
+  const std::string second_name = SegmentOf(other);
+  const bool second_had = std::filesystem::exists("/dev/shm/" + second_name);
   kill(second, SIGTERM);
   waitpid(second, nullptr, 0);
-  RemoveSegmentOf(dead);
-  RemoveSegmentOf(getpid());
+  for (const std::string& name : {dead_name, reused_name, kept_name, gone_name}) (void)HostPoolSegment::Remove(name);
   ASSERT_TRUE(started);
   EXPECT_FALSE(dead_left) << dead_name;
   EXPECT_FALSE(reused_left) << reused_name;
+  EXPECT_FALSE(gone_left) << gone_name;
   EXPECT_TRUE(live_left) << live_name;
-  EXPECT_FALSE(std::filesystem::exists("/dev/shm/dhs-memd-" + std::to_string(second)));  // its clean exit removed it
+  EXPECT_TRUE(kept_left) << kept_name;
+  EXPECT_TRUE(second_had) << second_name;
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + second_name));  // its clean exit (no host page held) removed it
+}
+
+
+// memd restart (issue 11): memd is SIGKILLed while a worker holds three granted requests: A (3 context pages, host
+// copies of pages 0 and 1 confirmed, tokens 7 8 committed, its host pages filled with a pattern), B (a record, no page
+// confirmed), C (no record, page 0 confirmed). The next memd with the same flags adopts the same segment: the GPU's
+// next worker is epoch 2 and finds A, B, C interrupted, A keeping exactly its 2 confirmed host pages with their bytes,
+// the records of A (tokens included) and B; completing them leaves no host page owned and no record file.
+TEST_F(MemdProcess, HostPoolJournalAndRecordsSurviveASigkilledMemd) {
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  const RequestId a = w->Id(1), b = w->Id(2), c = w->Id(3);
+  auto admit = [&](RequestId id, uint64_t rows, bool with_record) {
+    wire::AdmitRequestT m;
+    m.request = id;
+    m.gpu = 0;
+    m.required_pages = 1;
+    m.history_rows = rows;
+    if (with_record) {
+      m.record = std::make_unique<wire::RequestRecordT>();
+      m.record->request = id;
+      m.record->client_request = id + 100;
+      m.record->prompt = {1, 2, 3};
+      m.record->max_new_tokens = 4;
+      m.record->seed = 5;
+    }
+    w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
+    auto g = w->Next();
+    EXPECT_TRUE(g && g->type == wire::Body::AdmitGrant);
+    return g ? *ReadAdmitGrant(*g) : wire::AdmitGrantT();
+  };
+  auto written = [&](RequestId id, std::vector<uint32_t> pages) {
+    wire::HostCopyWrittenT m;
+    m.request = id;
+    m.gpu = 0;
+    m.history_pages = std::move(pages);
+    m.ok = true;
+    w->Send(EncodeHostCopyWritten(m, w->seq(), "worker"));
+  };
+  const wire::AdmitGrantT ga = admit(a, 3 * kPageRows, true);
+  admit(b, kPageRows, true);
+  admit(c, kPageRows, false);
+  ASSERT_EQ(ga.backup_host_pages.size(), 3u);
+  auto seg = HostPoolSegment::Open(SegmentOf(run_dir_));
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  for (uint32_t h = 0; h < 2; ++h) std::memset(*(*seg)->PageData(ga.backup_host_pages[h].page()), 0x40 + h, kPageBytes);
+  written(a, {0, 1});
+  written(c, {0});
+  wire::TokensCommittedT t;
+  t.gpu = 0;
+  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
+  t.entries[0]->request = a;
+  t.entries[0]->tokens = {7, 8};
+  t.entries[0]->logits_digests = {70, 80};
+  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
+  auto ack = w->Next();
+  ASSERT_TRUE(ack && ack->type == wire::Body::TokensCommittedAck);  // after the HostCopyWritten: memd handled them
+  KillMemd();
+  w.reset();
+  Spawn();
+  const std::string adopted = MetricsWith("dhs_memd_requests_adopted_total 3");
+  EXPECT_NE(adopted.find("dhs_memd_host_pages_adopted_total 3\n"), std::string::npos) << adopted;
+  EXPECT_NE(adopted.find("dhs_memd_host_pages_held_total 61\n"), std::string::npos) << adopted;  // the other pages
+  FakeWorker w2(run_dir_, 0);
+  wire::HelloReplyT r = w2.Hello(8);
+  ASSERT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(r.worker_epoch, 2u);
+  ASSERT_EQ(r.segments.size(), 1u);
+  EXPECT_EQ(r.segments[0]->name, SegmentOf(run_dir_));  // the same segment, adopted
+  EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{a, b, c}));
+  std::map<uint64_t, const wire::RequestRecordT*> records;
+  for (const auto& rec : r.interrupted_records) records[rec->request] = rec.get();
+  ASSERT_EQ(records.size(), 2u);
+  ASSERT_TRUE(records.contains(a) && records.contains(b));
+  EXPECT_EQ(records[a]->client_request, a + 100);
+  EXPECT_EQ(records[a]->prompt, (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(records[a]->tokens, (std::vector<uint8_t>{7, 8}));
+  EXPECT_EQ(records[a]->logits_digests, (std::vector<uint64_t>{70, 80}));
+  EXPECT_TRUE(records[b]->tokens.empty());
+  const json ja = DhsctlJson("request " + std::to_string(a));
+  EXPECT_EQ(ja["state"], "interrupted") << ja.dump();
+  EXPECT_EQ(ja["host_pages"], 2) << ja.dump();
+  EXPECT_EQ(ja["history_pages"], 3) << ja.dump();
+  EXPECT_EQ(DhsctlJson("request " + std::to_string(b))["host_pages"], 0);
+  auto seg2 = HostPoolSegment::Open(SegmentOf(run_dir_));
+  ASSERT_TRUE(seg2.ok());
+  for (uint32_t h = 0; h < 2; ++h) {
+    const uint8_t* p = *(*seg2)->PageData(ga.backup_host_pages[h].page());
+    EXPECT_TRUE(std::all_of(p, p + kPageBytes, [h](uint8_t v) { return v == 0x40 + h; })) << "history page " << h;
+  }
+  for (RequestId id : {a, b, c}) {
+    wire::CompleteT done;
+    done.request = id;
+    done.gpu = 0;
+    w2.Send(EncodeComplete(done, w2.seq(), "worker"));
+    auto m = w2.Next();
+    ASSERT_TRUE(m && m->type == wire::Body::CompleteAck) << id;
+  }
+  EXPECT_NE(MetricsWith("dhs_memd_host_pages{kind=\"allocated\"} 0").find("dhs_memd_host_pages{kind=\"pinned\"} 0\n"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_empty(run_dir_ + "/records"));
+}
+
+// A leftover segment of this run directory that cannot be adopted never blocks memd: another geometry, a journal
+// whose bytes do not verify, and an object that is no host pool at all are each replaced by a new pool (formatted
+// journal, memd's geometry, nothing adopted). One that names another run directory is left alone and memd says why.
+TEST_F(MemdProcess, LeftoverSegmentsThatCannotBeAdoptedAreReplaced) {
+  const std::string name = SegmentOf(run_dir_), canonical = std::filesystem::canonical(run_dir_).string();
+  auto restart_with = [&](const std::function<void()>& leave) {
+    KillMemd();
+    ASSERT_TRUE(HostPoolSegment::Remove(name).ok());
+    leave();
+    Spawn();
+    auto seg = HostPoolSegment::Open(name);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    EXPECT_EQ((*seg)->page_bytes(), kPageBytes);
+    EXPECT_EQ((*seg)->pages(), 64u);
+    auto journal = memd::HostJournal::Attach((*seg)->journal(), 64);
+    ASSERT_TRUE(journal.ok());
+    auto v = journal->Verify();
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_TRUE(v->empty());
+    FakeWorker w(run_dir_, 0);
+    wire::HelloReplyT r = w.Hello(8);
+    EXPECT_TRUE(r.accepted) << r.reason;
+    EXPECT_TRUE(r.interrupted_requests.empty());
+  };
+  {
+    SCOPED_TRACE("other geometry");
+    restart_with([&] {
+      ASSERT_TRUE(HostPoolSegment::Create(name, 2 * kPageBytes, 64,
+                                          {memd::HostJournal::BytesFor(64), canonical}).ok());
+    });
+  }
+  {
+    SCOPED_TRACE("a journal that does not verify");
+    restart_with([&] {
+      auto seg = HostPoolSegment::Create(name, kPageBytes, 64, {memd::HostJournal::BytesFor(64), canonical});
+      ASSERT_TRUE(seg.ok());
+      auto j = memd::HostJournal::Attach((*seg)->journal(), 64);
+      j->Format();
+      j->Assign(3, MakeNodeRequestId(0, 1, 9), 0, 1);
+      j->Confirm(3);
+      (*seg)->journal()[memd::kJournalHeaderBytes + 3 * memd::kJournalEntryBytes] ^= 0x01;  // one bit of the owner
+    });
+  }
+  {
+    SCOPED_TRACE("not a host pool");
+    restart_with([&] { std::ofstream("/dev/shm/" + name) << "garbage bytes, no header"; });
+  }
+  KillMemd();
+  ASSERT_TRUE(HostPoolSegment::Remove(name).ok());
+  ASSERT_TRUE(HostPoolSegment::Create(name, kPageBytes, 64, {memd::HostJournal::BytesFor(64), "/elsewhere"}).ok());
+  auto [rc, out] = RunShell(std::string(MEMD_BIN) + " --run-dir " + run_dir_ + " --page-bytes " +
+                            std::to_string(kPageBytes) + " --host-pool-pages 64");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("belongs to run directory '/elsewhere'"), std::string::npos) << out;
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm/" + name));  // left alone
 }
 
 }  // namespace

@@ -23,6 +23,12 @@
 // event; its leading run of kept host pages goes to the new request (held while it is queued), the others are freed;
 // the grant gives exactly those host pages as history pages 0 .. L-1 with a confirmed host copy (imported_pages = L)
 // and no optional GPU page; a queued resume rejected by a fence or completed frees them. Drain checks none leaks.
+// memd restarts (issue 11): the core writes its host journal (memd/host_journal.h) into a buffer; CheckInvariants
+// checks it against the core after every event. At random points memd "dies": a new core gets a copy of the journal
+// bytes, Verify()s them and adopts them (AdoptHostPages); every GPU's worker then says Hello. The model: exactly what
+// FenceGpu of every GPU leaves (granted requests interrupted with their confirmed host copies, queued admissions
+// gone), except requests that hold no host page (interrupted with no host copy left, or a context of 0 pages), which
+// the journal cannot name (gone too; memd's daemon restores those from their request records, docs/operations.md).
 // Seeds: 1..20 by default, or the one in env DHS_SEED; events per seed: env DHS_EVENTS (2000).
 #include <gtest/gtest.h>
 
@@ -33,6 +39,7 @@
 #include <random>
 #include <set>
 
+#include "memd/host_journal.h"
 #include "memd/residency_manager.h"
 #include "spdlog/spdlog.h"
 
@@ -62,6 +69,7 @@ struct MReq {
   OrderId reclaim = 0;  // the live reclaim (0: none)
   bool interrupted = false;  // its GPU was fenced while it was granted
   std::vector<PageIndex> resumed_host;  // a resume: the host pages it took over (history pages 0 .. L-1)
+  uint32_t epoch = 1;        // its GPU's epoch at its admission
 };
 struct FakeReclaim {
   RequestId request = 0;
@@ -79,10 +87,14 @@ struct FakePopulate {
 
 class Harness {
  public:
-  Harness(uint64_t seed, const std::string& policy) : rng_(seed), view_rng_(seed ^ 0x9e3779b97f4a7c15ULL) {
+  Harness(uint64_t seed, const std::string& policy)
+      : rng_(seed), view_rng_(seed ^ 0x9e3779b97f4a7c15ULL), policy_(policy) {
     ResidencyConfig c{.reserve_pages = kRes, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy};
-    mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }));
+    journal_memory_.assign(HostJournal::BytesFor(kHost) / 8, 0);
+    journal_ = std::make_unique<HostJournal>(*HostJournal::Attach(JournalBytes(), kHost));
+    journal_->Format();
+    mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
     for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
     epochs_.assign(kGpus, 1);
     up_.assign(kGpus, true);
@@ -93,8 +105,11 @@ class Harness {
     const int dice = static_cast<int>(Pick(100));
     if (dice < 16 && model_.size() < 16) return Admit();
     if (dice == 16 && Pick(4) == 0) return Fence();
+    // Restarts only in the first half of a default run: the counters summed at the end are the last core's.
+    if (dice == 16 && Pick(3) == 0 && now_ < 1000) return RestartMemd();
     if (dice == 17) return Reregister();
     if (dice == 18 || dice == 19) return Resume();
+    if (dice == 18 && Pick(2) == 0) return Run(mgr_->ReleaseHeldPages());  // the adoption's grace period ends
     if (dice < 24 && !model_.empty()) return Run(mgr_->Complete(PickKey(model_)), /*complete=*/true);
     if (dice < 34) return Written();
     if (dice < 50) return AnswerBackup(Pick(8) != 0);
@@ -107,6 +122,7 @@ class Harness {
 
   // Answers everything (ok), completes every request; then everything must be released.
   void Drain() {
+    Run(mgr_->ReleaseHeldPages());
     for (GpuId g = 0; g < kGpus; ++g) {
       if (!up_[g]) Reregister(g);
     }
@@ -141,7 +157,9 @@ class Harness {
   uint64_t kept_pages() const { return kept_pages_; }
   uint64_t lost_backups() const { return lost_backups_; }
   uint64_t resumed_pages() const { return resumed_pages_; }
+  uint64_t resumed_pages_since_restart() const { return resumed_pages_since_restart_; }
   uint64_t resume_refusals() const { return resume_refusals_; }
+  uint64_t restarts() const { return restarts_; }
 
  private:
   uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
@@ -177,6 +195,7 @@ class Harness {
     a.optional_history = Pick(4) != 0;
     MReq& m = model_[r];
     m.gpu = a.gpu;
+    m.epoch = epochs_[a.gpu];
     m.required = a.required_pages;
     m.complete = a.history_pages;
     m.context = a.context_pages;
@@ -208,12 +227,14 @@ class Harness {
     if (Pick(5) == 0) return ResumeRefused(a, static_cast<uint32_t>(leading.size()));
     MReq m;
     m.gpu = a.gpu;
+    m.epoch = epochs_[a.gpu];
     m.required = a.required_pages;
     m.complete = a.history_pages;
     m.context = a.context_pages;
     m.optional_history = a.optional_history;
     m.resumed_host = leading;
     resumed_pages_ += leading.size();
+    resumed_pages_since_restart_ += leading.size();
     model_.erase(old);
     model_[a.request] = std::move(m);
     Run(mgr_->Admit(a));
@@ -329,6 +350,94 @@ class Harness {
                                                   : absl::AlreadyExistsError("");
     ASSERT_EQ(reg_live.code(), absl::StatusCode::kAlreadyExists) << "a live GPU registered twice";
     ASSERT_TRUE(mgr_->DrainOrders().empty());
+  }
+
+  std::span<uint8_t> JournalBytes() {
+    return {reinterpret_cast<uint8_t*>(journal_memory_.data()), journal_memory_.size() * 8};
+  }
+
+  // memd is SIGKILLed: a new core adopts a copy of the journal as the segment holds it, then every GPU's new worker
+  // says Hello. The model first becomes what FenceGpu of every GPU leaves.
+  void RestartMemd() {
+    std::vector<uint64_t> copy = journal_memory_;  // the dead memd's bytes, as the segment keeps them
+    for (auto it = model_.begin(); it != model_.end();) {
+      MReq& m = it->second;
+      if (!m.granted && !m.resumed_host.empty()) {
+        // A queued resume owns the host pages it took over (journaled as its history pages 0 .. L-1, confirmed):
+        // the new memd adopts it as an interrupted request holding them, the rest of its context lost.
+        m.granted = true;
+        m.pages.assign(m.context, MPage{});
+        for (uint32_t h = 0; h < m.context; ++h) {
+          m.pages[h].lost = h >= m.resumed_host.size();
+          m.pages[h].written = !m.pages[h].lost;
+          if (m.pages[h].written) m.pages[h].host_page = m.resumed_host[h];
+        }
+        m.resumed_host.clear();
+      }
+      const bool any_written = std::any_of(m.pages.begin(), m.pages.end(), [](const MPage& p) { return p.written; });
+      // Queued: gone with memd. Holding no host page (interrupted without a host copy, or a context of 0 pages): no
+      // journal entry names it, gone too.
+      if (!m.granted || (m.interrupted ? !any_written : m.context == 0)) {
+        it = model_.erase(it);
+        continue;
+      }
+      m.interrupted = true;
+      m.reclaim = 0;
+      m.required_pages.clear();
+      for (MPage& mp : m.pages) {
+        mp.lost = mp.lost || !mp.written;
+        mp.on_gpu = mp.populating = mp.backup = mp.tail = false;
+      }
+      ++it;
+    }
+    reclaims_.clear();
+    populates_.clear();
+    journal_memory_ = std::move(copy);
+    journal_ = std::make_unique<HostJournal>(*HostJournal::Attach(JournalBytes(), kHost));
+    auto verified = journal_->Verify();
+    ASSERT_TRUE(verified.ok()) << verified.status();
+    std::vector<AdoptedRequest> adopted;
+    for (const auto& [id, jr] : *verified) {
+      ASSERT_TRUE(model_.contains(id)) << "the journal names request " << id << " the model does not hold";
+      const MReq& m = model_.at(id);
+      ASSERT_EQ(jr.context_pages, m.context) << "request " << id;
+      adopted.push_back(AdoptedRequest{id, m.gpu, m.epoch, jr.context_pages, jr.confirmed});
+    }
+    ASSERT_EQ(adopted.size(), model_.size()) << "a request the model holds is missing from the journal";
+    ResidencyConfig c{.reserve_pages = kRes, .host_pages = kHost, .host_page_bytes = 4096,
+                      .populate_pages_per_attempt = 3, .reclaim_policy = policy_};
+    mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
+    ++restarts_;
+    resumed_pages_since_restart_ = 0;
+    std::vector<AdoptedRequest> bad = adopted;
+    if (!bad.empty()) {  // a bad list changes nothing
+      bad.push_back(bad.front());
+      ASSERT_EQ(mgr_->AdoptHostPages(bad).code(), absl::StatusCode::kInvalidArgument);
+    }
+    const absl::Status adopt = mgr_->AdoptHostPages(adopted);
+    ASSERT_TRUE(adopt.ok()) << adopt;
+    ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+    ASSERT_TRUE(mgr_->DrainOrders().empty());
+    for (const AdoptedRequest& a : adopted) ASSERT_EQ(mgr_->InterruptedHostPages(a.request), a.host_pages);
+    ASSERT_EQ(mgr_->host().held() + mgr_->host().allocated(), kHost);  // nothing reusable until ReleaseHeldPages
+    if (!adopted.empty()) ASSERT_EQ(mgr_->AdoptHostPages(adopted).code(), absl::StatusCode::kFailedPrecondition);
+    for (GpuId g = 0; g < kGpus; ++g) {
+      epochs_[g] = 0;
+      for (const AdoptedRequest& a : adopted) {
+        if (a.gpu == g) epochs_[g] = std::max(epochs_[g], a.epoch);
+      }
+      ASSERT_EQ(mgr_->fenced(g), epochs_[g] > 0);
+      up_[g] = epochs_[g] == 0;
+      if (up_[g]) {  // a GPU memd knows nothing of: its first registration
+        epochs_[g] = 1;
+        ASSERT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
+      }
+    }
+    ASSERT_TRUE(mgr_->DrainOrders().empty());
+    for (GpuId g = 0; g < kGpus; ++g) {
+      if (!up_[g]) Reregister(g);  // the new epoch follows the adopted requests' one
+      if (::testing::Test::HasFatalFailure()) return;
+    }
   }
 
   // A new worker for a fenced GPU says Hello: a new epoch with a fresh page table; interrupted requests stay.
@@ -845,8 +954,13 @@ class Harness {
   std::map<OrderId, FakePopulate> populates_;
   uint64_t early_readers_done_ = 0, regranted_ = 0, slot_waits_ = 0;
   uint64_t fenced_with_copies_ = 0, kept_pages_ = 0, lost_backups_ = 0, resumed_pages_ = 0, resume_refusals_ = 0;
+  uint64_t resumed_pages_since_restart_ = 0;  // since the last RestartMemd: the core's host_pages_resumed
   std::vector<uint32_t> epochs_;
   std::vector<bool> up_;
+  std::vector<uint64_t> journal_memory_;  // the journal region (the segment's, in memd)
+  std::unique_ptr<HostJournal> journal_;
+  std::string policy_;
+  uint64_t restarts_ = 0;
   std::set<RequestId> fence_rejects_;  // queued admissions a fence must reject (UNAVAILABLE) in this event
 };
 
@@ -868,6 +982,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   Counters total;
   uint64_t early = 0, regranted = 0, slot_waits = 0, fenced_with_copies = 0, kept = 0, lost_backups = 0;
   uint64_t resumed_pages = 0, resume_refusals = 0;
+  uint64_t restarts = 0, adopted = 0, adopted_pages = 0;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
     std::printf("DHS_SEED=%lu (policy %s)\n", static_cast<unsigned long>(seed), policy.c_str());
@@ -906,11 +1021,17 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     resumed_pages += h.resumed_pages();
     resume_refusals += h.resume_refusals();
     total.resumes += c.resumes;
-    EXPECT_EQ(c.host_pages_resumed, h.resumed_pages());
+    EXPECT_EQ(c.host_pages_resumed, h.resumed_pages_since_restart());  // the counters are the last core's
+    restarts += h.restarts();
+    adopted += h.counters().requests_adopted;  // the last core's: adopted by the latest restart
+    adopted_pages += h.counters().host_pages_adopted;
   }
   std::printf("resumes %lu (host pages taken over %lu), bad resumes refused %lu\n",
               static_cast<unsigned long>(total.resumes), static_cast<unsigned long>(resumed_pages),
               static_cast<unsigned long>(resume_refusals));
+  std::printf("memd restarts %lu: the last one of each seed adopted %lu requests, %lu host pages\n",
+              static_cast<unsigned long>(restarts), static_cast<unsigned long>(adopted),
+              static_cast<unsigned long>(adopted_pages));
   std::printf(
       "grants %lu, reclaims retired %lu, aborted %lu, populates %lu (failed %lu), rejects %lu, deferred backups %lu, "
       "host writes %lu (failed %lu), stale reports %lu, early readers-done %lu, regranted %lu, slot waits %lu, "
@@ -953,6 +1074,8 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.resumes, 0u);
   EXPECT_GT(resumed_pages, 0u);
   EXPECT_GT(resume_refusals, 0u);
+  EXPECT_GT(restarts, 0u);
+  EXPECT_GT(adopted_pages, 0u);
   EXPECT_GT(lost_backups, 0u);  // a Wait sent while every request slot of the GPU was in use (slots, not pages, bind)
 }
 

@@ -3,8 +3,8 @@
 (1) a bad configuration exits 2 naming the key; (2) a node of two CPU workers (glm5-like preset) comes up: "node
 ready", memd's log shows each worker's pid registered; (3) dhs-replay --connect serves 3 requests on worker 0 (the
 attach documented in docs/operations.md); (4) SIGKILL of worker 0: dhs-node restarts it, the new pid registers with
-memd (epoch 2) and "node ready again" follows; (4b) SIGKILL of memd: memd restarted, the workers stopped and
-started again, registered with the new memd; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
+memd (epoch 2) and "node ready again" follows; (4b) SIGKILL of memd: memd restarted on the same host-pool segment
+(named by the run directory), the workers stopped and started again, registered with the new memd; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
 left, no socket and no /dev/shm segment of the node left; (6) SIGKILL of dhs-node: its children stop on their
 parent-death signal and clean up. Prints start-to-ready and kill-to-ready-again times from the node's log. Waits
 poll the node's output or /proc with a deadline (orderings, not timings). Readiness notification (when built with
@@ -172,10 +172,11 @@ def memd_killed(proc, out_path: str, run_dir: str, old_segment: str) -> list:
             failures.append(f"worker gpu {g} not stopped and started again with the new memd: {workers[g]} -> {now}")
         elif not re.search(rf"worker of GPU {g} \(pid {now[-1]}, [^)]*\) registered: .* epoch 1", memd_log):
             failures.append(f"worker gpu {g} (pid {now[-1]}) did not register with the new memd")
-    # The restarted memd removed the dead one's segment before creating its own (docs/operations.md).
-    if old_segment and os.path.exists(old_segment):
-        failures.append(f"the dead memd's segment {old_segment} was not removed by the next memd")
-        os.unlink(old_segment)
+    # The restarted memd took the dead one's segment over (named by the run directory, docs/operations.md "memd
+    # restart: what survives"): the same segment, and no other one of this node.
+    segs = re.findall(r"host pool /dev/shm/(\S+):", memd_log)
+    if not old_segment or len(segs) != 2 or "/dev/shm/" + segs[1] != old_segment or not os.path.exists(old_segment):
+        failures.append(f"the restarted memd did not take over the dead one's segment {old_segment}: {segs}")
     return failures
 
 

@@ -1,0 +1,134 @@
+// memd/pool_segment.cc: see pool_segment.h.
+#include "memd/pool_segment.h"
+
+#include <openssl/evp.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+namespace dhs::memd {
+namespace {
+
+bool OwnedByMe(const std::filesystem::path& path, int64_t& size) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) return false;
+  size = static_cast<int64_t>(st.st_size);
+  return true;
+}
+
+// A "dhs-memd-<pid>" segment (memds before issue 11) whose memd is gone: no such pid, or it runs another program.
+bool LegacySegmentOfDeadMemd(const std::string& name, int& pid) {
+  if (!absl::StartsWith(name, "dhs-memd-") || !absl::SimpleAtoi(name.substr(9), &pid) || pid <= 0) return false;
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string program;
+  return !((::kill(pid, 0) == 0 || errno == EPERM) && std::getline(comm, program) && program == "memd");
+}
+
+// Why a "dhs-pool-*" segment is stale ("" when it is not): its run directory is gone. One that does not open as a
+// host pool is left alone: it may be one another memd is creating right now (its header is written last).
+std::string StalePoolReason(const std::string& name) {
+  if (!absl::StartsWith(name, kPoolSegmentPrefix)) return "";
+  auto seg = HostPoolSegment::Open(name);
+  if (!seg.ok()) return "";
+  const std::string& dir = (*seg)->owner_tag();
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) {
+    return absl::StrFormat("its run directory '%s' no longer exists", dir);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string PoolSegmentName(const std::string& canonical_run_dir) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(canonical_run_dir.data(), canonical_run_dir.size(), digest, &length, EVP_sha256(), nullptr);
+  std::string name = kPoolSegmentPrefix;
+  for (int i = 0; i < 8; ++i) absl::StrAppendFormat(&name, "%02x", digest[i]);
+  return name;
+}
+
+void RemoveStaleSegments(const std::string& own_name) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(kHostPoolShmDir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t size = 0;
+    if (name == own_name || !OwnedByMe(entry.path(), size)) continue;
+    int pid = 0;
+    std::string why;
+    if (LegacySegmentOfDeadMemd(name, pid)) {
+      why = absl::StrFormat("the host pool of a memd (pid %d) that is gone", pid);
+    } else {
+      why = StalePoolReason(name);
+    }
+    if (why.empty() || !HostPoolSegment::Remove(name).ok()) continue;
+    spdlog::warn("memd: removed /dev/shm/{} ({} bytes): {}", name, size, why);
+  }
+}
+
+namespace {
+
+// Why the existing segment `seg` cannot be adopted ("" when it can; then `pool` holds its journal's requests).
+std::string CheckLeftover(std::unique_ptr<HostPoolSegment>& seg, uint64_t page_bytes, uint32_t pages,
+                          OpenedPool& pool) {
+  if (seg->page_bytes() != page_bytes || seg->pages() != pages) {
+    return absl::StrFormat("its geometry (%d pages x %d bytes) differs from memd's flags (%d pages x %d bytes)",
+                           seg->pages(), seg->page_bytes(), pages, page_bytes);
+  }
+  auto journal = HostJournal::Attach(seg->journal(), pages);
+  if (!journal.ok()) return absl::StrFormat("it has no journal of %d pages", pages);
+  auto verified = journal->Verify();
+  if (!verified.ok()) return absl::StrFormat("its journal does not verify: %s", verified.status().message());
+  pool.journal.emplace(*journal);
+  pool.adopted = std::move(*verified);
+  pool.segment = std::move(seg);
+  pool.reused = true;
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<OpenedPool> OpenPool(const std::string& name, const std::string& canonical_run_dir, uint64_t page_bytes,
+                                    uint32_t pages) {
+  OpenedPool pool;
+  auto existing = HostPoolSegment::Open(name);
+  if (existing.ok() && (*existing)->owner_tag() != canonical_run_dir) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "host pool segment /dev/shm/%s belongs to run directory '%s', not '%s'; left alone", name,
+        (*existing)->owner_tag(), canonical_run_dir));
+  }
+  if (!absl::IsNotFound(existing.status())) {
+    std::string why = existing.ok() ? CheckLeftover(*existing, page_bytes, pages, pool)
+                                    : absl::StrFormat("it is not a readable host pool (%s)", existing.status().message());
+    if (why.empty()) {
+      spdlog::info("memd: adopting /dev/shm/{} of a previous memd: its journal names {} requests", name,
+                   pool.adopted.size());
+      return pool;
+    }
+    spdlog::warn("memd: the leftover host pool /dev/shm/{} is replaced: {}", name, why);
+    pool = OpenedPool{};
+    existing = absl::NotFoundError("");  // unmapped before it is removed
+    if (absl::Status s = HostPoolSegment::Remove(name); !s.ok() && !absl::IsNotFound(s)) return s;
+  }
+  HostPoolExtras extras;
+  extras.journal_bytes = HostJournal::BytesFor(pages);
+  extras.owner_tag = canonical_run_dir;
+  auto created = HostPoolSegment::Create(name, page_bytes, pages, extras);
+  if (!created.ok()) return created.status();
+  pool.segment = std::move(*created);
+  pool.journal.emplace(*HostJournal::Attach(pool.segment->journal(), pages));
+  pool.journal->Format();
+  return pool;
+}
+
+}  // namespace dhs::memd

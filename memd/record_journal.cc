@@ -1,0 +1,217 @@
+// memd/record_journal.cc: see record_journal.h.
+#include "memd/record_journal.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "common/protocol.h"
+#include "spdlog/spdlog.h"
+
+namespace dhs::memd {
+namespace {
+
+constexpr uint32_t kOpenFrame = 0x4f52454e, kCommitFrame = 0x434f4d4d, kGrantedFrame = 0x4752414e;
+
+uint32_t FrameCheck(const char* data, size_t size) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(data, size, digest, &length, EVP_sha256(), nullptr);
+  uint32_t check;
+  std::memcpy(&check, digest, sizeof(check));
+  return check;
+}
+
+template <typename T>
+void Put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+template <typename T>
+bool Get(const std::string& in, size_t& at, T& v) {
+  if (in.size() - at < sizeof(v) || at > in.size()) return false;
+  std::memcpy(&v, in.data() + at, sizeof(v));
+  at += sizeof(v);
+  return true;
+}
+
+std::string EncodeRecord(RequestId id, const RequestRecord& r) {
+  wire::RequestRecordT w;
+  w.request = id;
+  w.client_request = r.client_request;
+  w.prompt = r.prompt;
+  w.hash_ids = r.hash_ids;
+  w.input_tokens = r.input_tokens;
+  w.prefix_block_tokens = r.prefix_block_tokens;
+  w.max_new_tokens = r.max_new_tokens;
+  w.temperature = r.temperature;
+  w.top_p = r.top_p;
+  w.seed = r.seed;
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(wire::RequestRecord::Pack(fbb, &w));
+  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+
+bool DecodeRecord(const std::string& bytes, GpuId gpu, RequestRecord& r) {
+  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  if (!verifier.VerifyBuffer<wire::RequestRecord>(nullptr)) return false;
+  wire::RequestRecordT w;
+  flatbuffers::GetRoot<wire::RequestRecord>(bytes.data())->UnPackTo(&w);
+  r.client_request = w.client_request;
+  r.gpu = gpu;
+  r.prompt = w.prompt;
+  r.hash_ids = w.hash_ids;
+  r.input_tokens = w.input_tokens;
+  r.prefix_block_tokens = w.prefix_block_tokens;
+  r.max_new_tokens = w.max_new_tokens;
+  r.temperature = w.temperature;
+  r.top_p = w.top_p;
+  r.seed = w.seed;
+  return true;
+}
+
+// Replays one file's frames into `out`; false when its Open frame is unreadable.
+bool ReplayFile(const std::string& bytes, RequestId id, JournaledRecord& out) {
+  RequestRecordStore store;  // the store's rules decide whether a Commit applies
+  size_t at = 0;
+  bool opened = false;
+  while (at < bytes.size()) {
+    uint32_t type = 0, length = 0, check = 0;
+    if (!Get(bytes, at, type) || !Get(bytes, at, length) || !Get(bytes, at, check)) break;
+    if (bytes.size() - at < length) break;  // cut short by a kill
+    const std::string payload = bytes.substr(at, length);
+    at += length;
+    if (FrameCheck(payload.data(), payload.size()) != check) break;
+    if (!opened) {
+      if (type != kOpenFrame || !DecodeRecord(payload, GpuOfNodeRequestId(id), out.record) ||
+          !store.Open(id, out.record).ok()) {
+        return false;
+      }
+      opened = true;
+      continue;
+    }
+    size_t p = 0;
+    if (type == kGrantedFrame) {
+      if (!Get(payload, p, out.context_pages)) break;
+      out.granted = true;
+      continue;
+    }
+    uint32_t from = 0, count = 0;
+    if (type != kCommitFrame || !Get(payload, p, from) || !Get(payload, p, count) ||
+        payload.size() != 8 + size_t{count} * 9) {
+      break;
+    }
+    std::vector<uint8_t> tokens(payload.begin() + 8, payload.begin() + 8 + count);
+    std::vector<uint64_t> digests(count);
+    std::memcpy(digests.data(), payload.data() + 8 + count, size_t{count} * 8);
+    if (!store.Commit(id, from, tokens, digests).ok()) break;
+  }
+  if (!opened) return false;
+  const RequestRecord* r = store.Find(id);
+  out.record.tokens = r->tokens;
+  out.record.digests = r->digests;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<RecordJournal> RecordJournal::Create(const std::string& run_dir) {
+  const std::string dir = run_dir + "/records";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
+  }
+  return RecordJournal(dir);
+}
+
+std::string RecordJournal::PathOf(RequestId request) const { return absl::StrFormat("%s/%016x.rec", dir_, request); }
+
+absl::Status RecordJournal::Append(RequestId request, uint32_t type, const std::string& payload, bool create) {
+  const std::string path = PathOf(request);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0), 0600);
+  if (fd < 0) return absl::InternalError(absl::StrFormat("request record %s: %s", path, std::strerror(errno)));
+  std::string frame;
+  Put(frame, type);
+  Put(frame, static_cast<uint32_t>(payload.size()));
+  Put(frame, FrameCheck(payload.data(), payload.size()));
+  frame += payload;
+  size_t done = 0;
+  while (done < frame.size()) {
+    const ssize_t n = ::write(fd, frame.data() + done, frame.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrFormat("request record %s: write: %s", path, std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status RecordJournal::Open(RequestId request, const RequestRecord& record) {
+  if (absl::Status s = Append(request, kOpenFrame, EncodeRecord(request, record), true); !s.ok()) return s;
+  if (record.tokens.empty()) return absl::OkStatus();
+  return Commit(request, 0, record.tokens, record.digests);  // a resumed request brings its committed tokens
+}
+
+absl::Status RecordJournal::Commit(RequestId request, uint32_t from, const std::vector<uint8_t>& tokens,
+                                   const std::vector<uint64_t>& digests) {
+  std::string payload;
+  Put(payload, from);
+  Put(payload, static_cast<uint32_t>(tokens.size()));
+  payload.append(tokens.begin(), tokens.end());
+  payload.append(reinterpret_cast<const char*>(digests.data()), digests.size() * 8);
+  return Append(request, kCommitFrame, payload, false);
+}
+
+absl::Status RecordJournal::Granted(RequestId request, uint32_t context_pages) {
+  std::string payload;
+  Put(payload, context_pages);
+  return Append(request, kGrantedFrame, payload, false);
+}
+
+void RecordJournal::Release(RequestId request) { ::unlink(PathOf(request).c_str()); }
+
+std::map<RequestId, JournaledRecord> RecordJournal::LoadAll() const {
+  std::map<RequestId, JournaledRecord> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    uint64_t id = 0;
+    if (name.size() != 20 || !name.ends_with(".rec") || !absl::SimpleHexAtoi(name.substr(0, 16), &id)) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    JournaledRecord r;
+    if (!ReplayFile(bytes, id, r)) {
+      spdlog::warn("memd: request record {} is unreadable; dropped", entry.path().string());
+      continue;
+    }
+    out.emplace(id, std::move(r));
+  }
+  return out;
+}
+
+void RecordJournal::RemoveAllBut(const std::map<RequestId, JournaledRecord>& keep) const {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    uint64_t id = 0;
+    if (name.size() == 20 && name.ends_with(".rec") && absl::SimpleHexAtoi(name.substr(0, 16), &id) &&
+        keep.contains(id)) {
+      continue;
+    }
+    std::filesystem::remove(entry.path(), ec);
+  }
+}
+
+}  // namespace dhs::memd
