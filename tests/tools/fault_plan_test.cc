@@ -148,26 +148,33 @@ TEST(FaultPlan, RandomEventSequencesKeepTheInvariants) {
 
 TEST(HostLedger, ChangedAndVanishedPagesAreLostOnce) {
   HostLedger ledger;
-  ledger.Observe({1, 0, 0xaa});
-  ledger.Observe({1, 1, 0xbb});
-  ledger.Observe({2, 0, 0xcc});
-  ledger.Observe({1, 0, 0xaa});  // the same bytes: fine
+  // Node 101 (client 1) holds pages 0 and 1, node 102 (client 2) page 0.
+  ledger.Observe({101, 1, 0, 0xaa});
+  ledger.Observe({101, 1, 1, 0xbb});
+  ledger.Observe({102, 2, 0, 0xcc});
+  ledger.Observe({101, 1, 0, 0xaa});  // the same bytes: fine
   EXPECT_EQ(ledger.pages_lost(), 0u);
   EXPECT_EQ(ledger.pages_checked(), 1u);
-  ledger.Observe({1, 0, 0xab});  // one byte changed
-  ledger.Observe({1, 0, 0xac});  // the same page again: counted once
-  EXPECT_EQ(ledger.pages_changed(), 1u);
-  // After a fault memd holds client 1's page 0 and 2's page 0, not 1's page 1; client 3 is not checked.
-  ledger.Observe({3, 5, 0x11});
-  ledger.CheckAfterFault({1, 2}, {{1, 0, 0xaa}, {2, 0, 0xcc}});
+  // After a fault memd holds client 1's page 0 and client 2's page 0, not client 1's page 1.
+  ledger.CheckAfterFault({101, 102}, {{101, 1, 0, 0xaa}, {102, 2, 0, 0xcc}});
   EXPECT_EQ(ledger.pages_vanished(), 1u);
-  EXPECT_EQ(ledger.pages_lost(), 2u);
-  ledger.CheckAfterFault({1, 2}, {{1, 0, 0xaa}, {2, 0, 0xcc}});
-  EXPECT_EQ(ledger.pages_lost(), 2u);
-  ledger.Forget(2);
-  EXPECT_EQ(ledger.clients(), (std::set<RequestId>{1, 3}));
-  ledger.CheckAfterFault({2, 3}, {});  // client 2 forgotten (ended); client 3's page vanished
+  EXPECT_EQ(ledger.pages_changed(), 0u);
+  ledger.CheckAfterFault({101, 102}, {{101, 1, 0, 0xaa}, {102, 2, 0, 0xcc}});
+  EXPECT_EQ(ledger.pages_lost(), 1u) << "a page is lost once";
+  // Client 1 resumes as node 201 and has only page 0 confirmed again (recomputing): its page 1 is not expected of 201.
+  ledger.Forget(101);
+  ledger.Observe({201, 1, 0, 0xaa});
+  ledger.CheckAfterFault({201}, {{201, 1, 0, 0xaa}});
+  EXPECT_EQ(ledger.pages_lost(), 1u);
+  // Client 2's resumed node writes other bytes for page 0: changed.
+  ledger.Forget(102);
+  ledger.Observe({202, 2, 0, 0xcd});
+  EXPECT_EQ(ledger.pages_changed(), 1u);
+  EXPECT_EQ(ledger.nodes(), (std::set<RequestId>{201, 202}));
+  // memd restarted and lists nothing: node 201's page 0 vanished.
+  ledger.CheckAfterFault(ledger.nodes(), {});
   EXPECT_EQ(ledger.pages_vanished(), 2u);
+  EXPECT_EQ(ledger.pages_lost(), 3u);
 }
 
 }  // namespace

@@ -9,6 +9,9 @@ void HostLedger::Lose(std::pair<RequestId, uint32_t> key, bool vanished) {
 }
 
 void HostLedger::Observe(const HostCopySeen& seen) {
+  auto& held = held_[seen.node];
+  held.first = seen.client;
+  held.second.insert(seen.page);
   const auto key = std::make_pair(seen.client, seen.page);
   auto [it, inserted] = digests_.emplace(key, seen.digest);
   if (inserted) return;
@@ -16,28 +19,31 @@ void HostLedger::Observe(const HostCopySeen& seen) {
   if (it->second != seen.digest) Lose(key, /*vanished=*/false);
 }
 
-void HostLedger::CheckAfterFault(const std::set<RequestId>& clients, const std::vector<HostCopySeen>& present) {
+void HostLedger::CheckAfterFault(const std::set<RequestId>& nodes, const std::vector<HostCopySeen>& present) {
   std::map<std::pair<RequestId, uint32_t>, uint64_t> now;
   for (const HostCopySeen& p : present) now[{p.client, p.page}] = p.digest;
-  for (const auto& [key, digest] : digests_) {
-    if (!clients.contains(key.first)) continue;
-    ++checked_;
-    auto it = now.find(key);
-    if (it == now.end()) {
-      Lose(key, /*vanished=*/true);
-    } else if (it->second != digest) {
-      Lose(key, /*vanished=*/false);
+  for (RequestId node : nodes) {
+    auto h = held_.find(node);
+    if (h == held_.end()) continue;
+    const RequestId client = h->second.first;
+    for (uint32_t page : h->second.second) {
+      const auto key = std::make_pair(client, page);
+      ++checked_;
+      auto it = now.find(key);
+      if (it == now.end()) {
+        Lose(key, /*vanished=*/true);
+      } else if (it->second != digests_.at(key)) {
+        Lose(key, /*vanished=*/false);
+      }
     }
   }
 }
 
-void HostLedger::Forget(RequestId client) {
-  digests_.erase(digests_.lower_bound({client, 0}), digests_.upper_bound({client, UINT32_MAX}));
-}
+void HostLedger::Forget(RequestId node) { held_.erase(node); }
 
-std::set<RequestId> HostLedger::clients() const {
+std::set<RequestId> HostLedger::nodes() const {
   std::set<RequestId> out;
-  for (const auto& [key, digest] : digests_) out.insert(key.first);
+  for (const auto& [node, held] : held_) out.insert(node);
   return out;
 }
 

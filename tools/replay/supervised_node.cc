@@ -153,9 +153,12 @@ struct SupervisedNode::Runtime {
   bool worker_kill_sent = false;    // the worker's death is timed at the kill (not at its reaping)
   bool memd_check_pending = false;  // memd restarted: check the ledger once the new one serves
   bool corrupted = false;
+  bool worker_stopped = false;  // the supervisor signalled the worker (it did not die by itself or by a fault)
+  pid_t memd_of_worker = -1;    // the memd the worker started under
+  std::string armed;            // the worker's --fault-kill-at ("" none)
   std::unique_ptr<HostPoolSegment> pool;
   HostLedger ledger;
-  std::map<std::pair<RequestId, uint32_t>, PageIndex> host_page_of;  // the last sample's host page per recorded page
+  std::map<std::pair<RequestId, uint32_t>, PageIndex> host_page_of;  // (node, page) -> host page, last sample
   int64_t last_sample = 0;
   uint64_t worker_deaths = 0, resumed = 0, recomputed = 0, hooks_armed = 0, fence_timeouts = 0;
   std::vector<std::chrono::steady_clock::time_point> down_at;
@@ -199,6 +202,7 @@ bool SupervisedNode::Runtime::ExecuteSupervisorOrders() {
         case Kind::kStart: StartChild(o.child); break;
         case Kind::kSignal:
           if (pids[o.child] > 0) ::kill(pids[o.child], o.signal);
+          if (o.child == kWorker) worker_stopped = true;  // stopped on purpose (memd went away, or the end)
           break;
         case Kind::kProbe: {
           const std::string& dir = node.run_dir_;
@@ -251,6 +255,11 @@ void SupervisedNode::Runtime::StartChild(size_t child) {
     return;
   }
   pids[child] = *pid;
+  if (!memd) {
+    worker_stopped = false;
+    memd_of_worker = pids[Supervisor::kMemd];
+    armed = args.back().find(':') != std::string::npos && args[args.size() - 2] == "--fault-kill-at" ? args.back() : "";
+  }
 }
 
 FaultStats SupervisedNode::stats() const {
@@ -323,8 +332,13 @@ void SupervisedNode::Runtime::Reap() {
       ++worker_deaths;
       if (!worker_kill_sent) down_at.push_back(std::chrono::steady_clock::now());
       worker_kill_sent = false;
-      Log(absl::StrCat("worker exited (", DescribeWaitStatus(status), ")"));
-      if (memd_ready && pids[Supervisor::kMemd] > 0) AfterWorkerDeath();
+      Log(absl::StrCat("worker exited (", DescribeWaitStatus(status), ")",
+                       armed.empty() ? "" : absl::StrCat(", armed with --fault-kill-at ", armed)));
+      // A worker that died under the memd it registered with: that memd fences its GPU and keeps its requests.
+      if (memd_ready && !worker_stopped && pids[Supervisor::kMemd] > 0 &&
+          pids[Supervisor::kMemd] == memd_of_worker) {
+        AfterWorkerDeath();
+      }
     } else {
       plan.MemdExited(now);
       pool.reset();
@@ -399,11 +413,11 @@ void SupervisedNode::Runtime::Sample() {
   if (!pool || !was_ready[Supervisor::kMemd]) return;
   std::optional<nlohmann::json> requests = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
   if (!requests || !requests->is_array()) return;
-  std::set<RequestId> live;
+  std::set<RequestId> live;  // node ids
   for (const nlohmann::json& r : *requests) {
     if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
     const RequestId id = r["request"].get<RequestId>();
-    live.insert(id & kClientBits);
+    live.insert(id);
     std::optional<nlohmann::json> before = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
     if (!before) continue;
     std::vector<std::pair<uint32_t, uint64_t>> digests;
@@ -417,12 +431,12 @@ void SupervisedNode::Runtime::Sample() {
     for (const auto& [page, digest] : digests) {
       auto it = still.find(page);
       if (it == still.end() || it->second != copies.at(page)) continue;
-      ledger.Observe(HostCopySeen{id & kClientBits, page, digest});
-      host_page_of[{id & kClientBits, page}] = it->second;
+      ledger.Observe(HostCopySeen{id, id & kClientBits, page, digest});
+      host_page_of[{id, page}] = it->second;
     }
   }
-  for (RequestId client : ledger.clients()) {
-    if (!live.contains(client)) ledger.Forget(client);  // ended: memd freed its pages
+  for (RequestId node : ledger.nodes()) {
+    if (!live.contains(node)) ledger.Forget(node);  // ended: memd freed its pages
   }
 }
 
@@ -446,27 +460,27 @@ void SupervisedNode::Runtime::AfterWorkerDeath() {
   CheckAgainstMemd(/*interrupted_only=*/true);
 }
 
-// Every recorded page of the requests memd lists (interrupted ones only, after a worker death; all clients recorded,
-// after a memd restart) against the host copies memd holds for them now.
+// The pages held by the interrupted requests (after a worker death), or by every request recorded (after a memd
+// restart), against the host copies memd holds now.
 void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
   if (!pool) return;
   std::optional<nlohmann::json> requests = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
   if (!requests || !requests->is_array()) return;
-  std::set<RequestId> clients = interrupted_only ? std::set<RequestId>{} : ledger.clients();
+  std::set<RequestId> nodes = interrupted_only ? std::set<RequestId>{} : ledger.nodes();
   std::vector<HostCopySeen> present;
   for (const nlohmann::json& r : *requests) {
     if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
     if (interrupted_only && r.value("state", "") != "interrupted") continue;
     const RequestId id = r["request"].get<RequestId>();
-    clients.insert(id & kClientBits);
+    if (interrupted_only) nodes.insert(id);
     std::optional<nlohmann::json> view = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
     if (!view) continue;
     for (const auto& [page, host_page] : HostCopiesOf(*view)) {
-      if (std::optional<uint64_t> d = Digest(host_page)) present.push_back({id & kClientBits, page, *d});
+      if (std::optional<uint64_t> d = Digest(host_page)) present.push_back({id, id & kClientBits, page, *d});
     }
   }
   const uint64_t lost_before = ledger.pages_lost();
-  ledger.CheckAfterFault(clients, present);
+  ledger.CheckAfterFault(nodes, present);
   if (ledger.pages_lost() > lost_before) {
     Log(absl::StrCat("host_rows_lost: ", ledger.pages_lost() - lost_before, " recorded host pages changed or vanished"
                      " (", ledger.pages_vanished(), " vanished, ", ledger.pages_changed(), " changed in all)"));
@@ -477,12 +491,12 @@ void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
 void SupervisedNode::Runtime::Corrupt() {
   if (!pool || host_page_of.empty()) return;
   for (const auto& [key, host_page] : host_page_of) {
-    if (!ledger.clients().contains(key.first)) continue;
+    if (!ledger.nodes().contains(key.first)) continue;
     absl::StatusOr<uint8_t*> data = pool->PageData(host_page);
     if (!data.ok()) continue;
     (*data)[0] ^= 0xFF;
     corrupted = true;
-    Log(absl::StrCat("TEST ONLY: flipped byte 0 of host page ", host_page, " (client ", key.first, ", history page ",
+    Log(absl::StrCat("TEST ONLY: flipped byte 0 of host page ", host_page, " (request ", key.first, ", history page ",
                      key.second, ")"));
     return;
   }

@@ -10,6 +10,7 @@
 namespace dhs::replay {
 namespace {
 constexpr std::string_view kSender = "dhs-replay";
+constexpr std::chrono::milliseconds kReattachAttempt{200};  // one stats query of Reattach's polling
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
@@ -175,7 +176,8 @@ absl::Status ZmqNodeClient::Reattach() {
     auto worker = DealerClient::Connect(options_.worker_endpoint, worker_options);
     if (!worker.ok()) return worker.status();
     worker_ = std::move(*worker);
-    auto view = QueryWorker();  // answers once a worker serves the endpoint again
+    // Answers once a worker serves the endpoint again; short attempts, so that its arrival is seen soon.
+    auto view = QueryWorker(kReattachAttempt);
     if (view.ok()) {
       baseline_ = NodeStats{};  // a new worker's counters start at 0 (the dead worker's are gone with it)
       for (const auto& [request, received] : received_) {
@@ -241,9 +243,10 @@ absl::Status ZmqNodeClient::SampleMemd() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker() {
+absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker(std::optional<std::chrono::milliseconds> timeout) {
   wire::WorkerStatsQueryT query;
-  auto reply_bytes = worker_->Request(EncodeWorkerStatsQuery(query, next_sequence_++, kSender), options_.request_timeout);
+  auto reply_bytes = worker_->Request(EncodeWorkerStatsQuery(query, next_sequence_++, kSender),
+                                      timeout.value_or(options_.request_timeout));
   if (!reply_bytes.ok()) return absl::UnavailableError(absl::StrCat("worker stats: ", reply_bytes.status().message()));
   auto message = DecodeEnvelope(*reply_bytes);
   if (!message.ok()) return message.status();

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,8 @@ class ZmqNodeClient final : public NodeClient {
     int64_t page_bytes = 0;
     int64_t capacity_pages = 0;
   };
-  absl::StatusOr<WorkerView> QueryWorker();
+  // `timeout`: the reply's deadline (request_timeout when unset).
+  absl::StatusOr<WorkerView> QueryWorker(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // The worker went away: reconnects within reattach_timeout and sends Attach for each unfinished request. Errors:
   // UNAVAILABLE (no worker answered in time).
   absl::Status Reattach();
