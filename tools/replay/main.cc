@@ -155,7 +155,8 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
 }
 
 // The report's fault figures: the supervised node's counts, the client's resubmits, and one recovery sample per
-// re-attach that got a token: from the earliest worker death after the previous recovery to that token.
+// re-attach that got a token: from the latest worker death before that token (and after the previous recovery) to it.
+// A worker killed again before any token came has no sample of its own (its successor's recovery counts).
 FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) {
   FaultFigures f;
   f.fault_seed = node.seed;
@@ -173,8 +174,8 @@ FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) 
   std::sort(down.begin(), down.end());
   std::optional<std::chrono::steady_clock::time_point> previous;
   for (const auto& t : client.recovered_at()) {
-    auto d = std::find_if(down.begin(), down.end(), [&](const auto& x) { return (!previous || x > *previous) && x <= t; });
-    if (d != down.end()) {
+    auto d = std::find_if(down.rbegin(), down.rend(), [&](const auto& x) { return (!previous || x > *previous) && x <= t; });
+    if (d != down.rend()) {
       f.recovery_us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(t - *d).count());
     }
     previous = t;
