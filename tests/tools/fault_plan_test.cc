@@ -138,8 +138,13 @@ TEST(FaultPlan, RandomEventSequencesKeepTheInvariants) {
       }
       for (const FaultOrder& o : plan.DrainOrders()) {
         ASSERT_TRUE(worker && memd) << "an order while a child was not ready, run " << run << " step " << step;
-        if (o.kind == Kind::kKillWorker) plan.WorkerExited(now), worker = false;
-        else plan.MemdExited(now), memd = false;
+        if (o.kind == Kind::kKillWorker) {
+          plan.WorkerExited(now);
+          worker = false;
+        } else {
+          plan.MemdExited(now);
+          memd = false;
+        }
       }
       ASSERT_TRUE(plan.CheckInvariants().ok()) << plan.CheckInvariants() << " run " << run << " step " << step;
     }

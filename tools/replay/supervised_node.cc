@@ -239,11 +239,13 @@ void SupervisedNode::Runtime::StartChild(size_t child) {
   const NodeLaunchOptions& launch = node.options_.launch;
   const bool memd = child == Supervisor::kMemd;
   std::vector<std::string> args = memd ? MemdArgs(launch, node.run_dir_) : WorkerArgs(launch, node.run_dir_);
+  std::string spec;  // the worker's --fault-kill-at
   if (!memd) {
     if (std::optional<FaultKill> kill = plan.WorkerFaultForStart()) {
-      args.insert(args.end(), {"--fault-kill-at", FormatFaultKill(*kill)});
+      spec = FormatFaultKill(*kill);
+      args.insert(args.end(), {"--fault-kill-at", spec});
       ++hooks_armed;
-      Log(absl::StrCat("worker start ", sup.starts(kWorker), " armed with --fault-kill-at ", FormatFaultKill(*kill)));
+      Log(absl::StrCat("worker start ", sup.starts(kWorker), " armed with --fault-kill-at ", spec));
     }
   }
   const std::string log = node.run_dir_ + (memd ? "/memd.log" : "/workerd.log");
@@ -258,7 +260,7 @@ void SupervisedNode::Runtime::StartChild(size_t child) {
   if (!memd) {
     worker_stopped = false;
     memd_of_worker = pids[Supervisor::kMemd];
-    armed = args.back().find(':') != std::string::npos && args[args.size() - 2] == "--fault-kill-at" ? args.back() : "";
+    armed = spec;
   }
 }
 
