@@ -40,7 +40,7 @@ struct FaultPlanConfig {
   int64_t kill_worker_every_ms = 0;   // 0: no timed worker kills
   int64_t restart_memd_every_ms = 0;  // 0: no timed memd kills
   FaultDistribution distribution = FaultDistribution::kExponential;
-  std::vector<FaultKill> hook_kills;  // --fault-kill-at of the 1st, 2nd, ... worker start
+  std::vector<FaultKill> hook_kills = {};  // --fault-kill-at of the 1st, 2nd, ... worker start
 };
 
 struct FaultOrder {
