@@ -1388,10 +1388,14 @@ RequestDump ResidencyManager::RequestDumpOf(const Request& r) {
   rd.required_pages = r.state == RequestState::kQueued ? r.required_count : static_cast<uint32_t>(r.required.size());
   rd.optional_pages = r.optional;
   rd.history_pages = static_cast<uint32_t>(r.state == RequestState::kQueued ? r.imported_pages : r.history.size());
-  for (const HistoryPage& hp : r.history) {
+  for (uint32_t j = 0; j < r.history.size(); ++j) {
+    const HistoryPage& hp = r.history[j];
     // A host copy, or covered by the worker's tail until written (kLost: neither, the request was interrupted).
     rd.host_pages += hp.state != HistoryState::kGpu && hp.state != HistoryState::kLost;
     rd.tail_pages += hp.state == HistoryState::kHostPending || hp.state == HistoryState::kGpuDeferred;
+    const bool confirmed = hp.state == HistoryState::kHost || hp.state == HistoryState::kPopulating ||
+                           hp.state == HistoryState::kGpuAndHost;
+    if (confirmed) rd.host_copies.emplace_back(j, hp.host_page);
   }
   rd.host_pages += static_cast<uint32_t>(r.resumed_host.size());  // a queued resume's taken-over host copies
   rd.admitted_at_us = r.time_us;

@@ -37,19 +37,26 @@ json GpuJson(const GpuDump& g) {
               {"queued_host", g.queued_host_pages}};
 }
 
-json RequestJson(const RequestDump& r) {
-  return json{{"request", r.request},
-              {"gpu", r.gpu},
-              {"slot", r.slot == kNoSlot ? json(nullptr) : json(r.slot)},
-              {"state", RequestStateName(r.state)},
-              {"required_pages", r.required_pages},
-              {"a_r", r.optional_pages},
-              {"history_pages", r.history_pages},
-              {"host_pages", r.host_pages},
-              {"host_coverage", Coverage(r)},
-              {"tail_pages", r.tail_pages},
-              {"admitted_at_us", r.admitted_at_us},
-              {"reclaim_rank", r.reclaim_rank}};
+// with_host_copies: the `request N` view's "host_copies" ([[history page, host page], ...]).
+json RequestJson(const RequestDump& r, bool with_host_copies = false) {
+  json j{{"request", r.request},
+           {"gpu", r.gpu},
+           {"slot", r.slot == kNoSlot ? json(nullptr) : json(r.slot)},
+           {"state", RequestStateName(r.state)},
+           {"required_pages", r.required_pages},
+           {"a_r", r.optional_pages},
+           {"history_pages", r.history_pages},
+           {"host_pages", r.host_pages},
+           {"host_coverage", Coverage(r)},
+           {"tail_pages", r.tail_pages},
+           {"admitted_at_us", r.admitted_at_us},
+           {"reclaim_rank", r.reclaim_rank}};
+  if (with_host_copies) {
+    json copies = json::array();
+    for (const auto& [page, host_page] : r.host_copies) copies.push_back(json::array({page, host_page}));
+    j["host_copies"] = std::move(copies);
+  }
+  return j;
 }
 
 json HostJson(const HostDump& h) {
@@ -266,7 +273,7 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
     case DumpView::Kind::kRequest: {
       const RequestDump* r = FindRequest(d, view.request);
       if (!r) return json{{"error", absl::StrFormat("request %d not found", view.request)}};
-      return RequestJson(*r);
+      return RequestJson(*r, /*with_host_copies=*/true);
     }
     case DumpView::Kind::kPages: {
       const GpuDump* g = FindGpu(d, view.gpu);

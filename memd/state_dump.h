@@ -78,6 +78,10 @@ struct RequestDump {
   uint32_t tail_pages = 0;       // history pages covered by the worker's tail, host copy not confirmed written yet
   int64_t admitted_at_us = 0;    // injected clock; queued requests: time queued
   int32_t reclaim_rank = -1;     // 0-based place in the reclaim order among a_r > 0 requests; -1 none
+  // The history pages whose host copy is complete and confirmed written (HostCopyWritten / BackupComplete), as
+  // (history page, host page of segment 0), ascending history page. Rendered in the `request N` view only (JSON
+  // "host_copies": [[page, host page], ...]); fault-injection checks (dhs-replay's host_rows_lost) digest those pages.
+  std::vector<std::pair<uint32_t, PageIndex>> host_copies;
 };
 
 struct HostDump {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "common/fault_point.h"
 #include "common/sd_notify.h"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
@@ -41,6 +42,7 @@ struct CommandLine {
   int memd_timeout_ms = 2000;
   std::string device_name = "auto";
   dhs::LinkModelFlags link_flags;
+  std::string fault_kill_at;  // test-only: --fault-kill-at KIND:N (common/fault_point.h)
   dhs::WorkerConfig config;
   dhs::ClientOutboxLimits client_buffer;
 };
@@ -97,6 +99,12 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
   dhs::AddLinkModelOptions(app, &c.link_flags);
+  // Test-only, hidden from --help (empty group): fault-injection tests (dhs-replay --kill-worker-at) force a kill
+  // at a chosen point of the serving loop.
+  app.add_option("--fault-kill-at", c.fault_kill_at,
+                 "TEST ONLY: SIGKILL this worker at the N-th arrival at a KIND point (prefill, decode, backup, "
+                 "populate, reclaim), KIND:N")
+      ->group("");
 }
 
 // The device backend (brief §9) chosen by --device, with the Hello's device name and, for CUDA, the registration of
@@ -168,6 +176,15 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine& cl, dhs:
     return 2;
   }
   cl.config.mode = *mode;
+  if (!cl.fault_kill_at.empty()) {
+    absl::StatusOr<dhs::FaultKill> kill = dhs::ParseFaultKill(cl.fault_kill_at);
+    if (!kill.ok()) {
+      spdlog::error("workerd: --fault-kill-at: {}", std::string(kill.status().message()));
+      return 2;
+    }
+    spdlog::warn("workerd: TEST ONLY fault injection armed: SIGKILL at {}", dhs::FormatFaultKill(*kill));
+    dhs::ArmFaultKill(*kill);
+  }
   if (cl.client_buffer.total_bytes < cl.client_buffer.per_client_bytes) {
     spdlog::error("workerd: --client-buffer-total-bytes {} is below --client-buffer-bytes {}",
                   cl.client_buffer.total_bytes, cl.client_buffer.per_client_bytes);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fault_point.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -235,6 +236,7 @@ void ResidencyAgent::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     if (use && !use->held) kv_->DropKeep(m.request, use->page);
   }
   for (size_t i = 0; i < items.size(); ++i) IssueBackup(m, i, items[i], rc);
+  ReachFaultPoint(FaultPoint::kReclaim);  // test-only (common/fault_point.h)
   reclaims_[m.order] = std::move(rc);
   AdvanceReclaims();
 }
@@ -399,6 +401,7 @@ void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
     }
     po.pending.insert(j);
   }
+  if (!po.pending.empty()) ReachFaultPoint(FaultPoint::kPopulate);  // test-only (common/fault_point.h)
   if (po.pending.empty()) AnswerPopulate(po);  // nothing in flight: answered at once
 }
 

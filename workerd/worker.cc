@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fault_point.h"
 #include "common/log_limiter.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -521,11 +522,15 @@ absl::Status Worker::RunBatch() {
   for (BatchItem& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens});
   std::vector<model::StepOutput> out(items.size());
   if (absl::Status st = model_->Step(batch, kv(), out); st.ok()) {
+    bool prefill = false, decode = false;  // test-only kill points (common/fault_point.h)
     for (size_t b = 0; b < items.size(); ++b) {
       Request& r = *items[b].r;
+      (r.fed < static_cast<Position>(r.input.size()) ? prefill : decode) = true;
       r.fed += static_cast<Position>(items[b].tokens.size());
       if (items[b].emits) EmitToken(r, std::span<const float>(out[b].logits).last(model::kVocab));
     }
+    if (prefill) ReachFaultPoint(FaultPoint::kPrefill);
+    if (decode) ReachFaultPoint(FaultPoint::kDecode);
   } else {
     // The batch failed as a whole: each request is rebuilt alone and its step retried, so only the request whose own
     // copies fail ends (its rows are never handed to another request: hot caches are per slot).

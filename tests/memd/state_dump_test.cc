@@ -76,6 +76,23 @@ TEST_F(DumpTest, JsonViews) {
   EXPECT_EQ(status["host"]["pages"], 8);
 }
 
+// The `request N` view lists the history pages with a confirmed host copy and their host pages (those of the grant);
+// the `requests` view does not.
+TEST_F(DumpTest, RequestViewListsConfirmedHostCopies) {
+  std::vector<PageIndex> host_pages;  // request 1's host pages, from its grant
+  for (const Order& o : mgr_->DrainOrders()) {
+    if (const auto* g = std::get_if<GrantOrder>(&o); g != nullptr && g->request == 1) host_pages = g->host_pages;
+  }
+  ASSERT_EQ(host_pages.size(), 3u);
+  EXPECT_EQ(DumpToJson(mgr_->Dump(), *ParseDumpView("request 1"))["host_copies"], json::array());
+  const uint32_t written[] = {0, 2};
+  ASSERT_TRUE(mgr_->OnHostCopyWritten(1, written, {}, true).ok());
+  const json r1 = DumpToJson(mgr_->Dump(), *ParseDumpView("request 1"));
+  EXPECT_EQ(r1["host_copies"], json::array({json::array({0, host_pages[0]}), json::array({2, host_pages[2]})}));
+  EXPECT_EQ(r1["host_coverage"], "2/3");
+  EXPECT_FALSE(DumpToJson(mgr_->Dump(), *ParseDumpView("requests"))[0].contains("host_copies"));
+}
+
 TEST_F(DumpTest, TableViews) {
   const std::string gpus = DumpToTable(dump_, *ParseDumpView("gpus"));
   EXPECT_EQ(gpus,

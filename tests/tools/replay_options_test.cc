@@ -156,6 +156,38 @@ TEST(ReplayOptions, CheckExactWithConnectIsRejected) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("same worker"));
 }
 
+// Fault injection (issue 11): the values, repeated --kill-worker-at, and the refused combinations.
+TEST(ReplayOptions, FaultInjection) {
+  CommandLine cl = Parse({"--kill-worker-every", "2.5", "--restart-memd-every", "30", "--fault-seed", "12",
+                          "--fault-distribution", "uniform", "--kill-worker-at", "prefill:3", "--kill-worker-at",
+                          "random:2"});
+  ASSERT_FALSE(cl.exit_code) << cl.message;
+  EXPECT_EQ(cl.options.kill_worker_every_s, 2.5);
+  EXPECT_EQ(cl.options.restart_memd_every_s, 30);
+  EXPECT_EQ(cl.options.fault_seed, 12u);
+  EXPECT_EQ(cl.options.fault_distribution, "uniform");
+  EXPECT_THAT(cl.options.kill_worker_at, ElementsAre("prefill:3", "random:2"));
+  EXPECT_TRUE(InjectsFaults(cl.options));
+  EXPECT_FALSE(InjectsFaults(Parse({}).options));
+  const std::pair<std::vector<std::string>, const char*> bad[] = {
+      {{"--kill-worker-every", "2", "--connect", "ipc:///tmp/x/worker-0.sock"}, "not --connect"},
+      {{"--kill-worker-every", "-1"}, "--kill-worker-every must be a number of seconds > 0"},
+      {{"--restart-memd-every", "nan"}, "--restart-memd-every must be"},
+      {{"--kill-worker-at", "decode:0"}, "--kill-worker-at: fault kill 'decode:0': N must be"},
+      {{"--kill-worker-at", "nap:3"}, "unknown kind 'nap'"},
+      {{"--kill-worker-at", "decode:3", "--sweep", "1,2"}, "not to --sweep"},
+      {{"--corrupt-host-page-for-test"}, "needs --kill-worker-every"},
+      {{"--fault-distribution", "normal"}, "--fault-distribution"}};
+  for (const auto& [args, want] : bad) {
+    std::vector<const char*> argv = {"dhs-replay"};
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    CommandLine b = ParseReplayCommandLine(static_cast<int>(argv.size()), argv.data());
+    ASSERT_TRUE(b.exit_code) << want;
+    EXPECT_EQ(*b.exit_code, 2) << want;
+    EXPECT_THAT(b.message, HasSubstr(want));
+  }
+}
+
 TEST(ReplayOptions, OutputPathsInExistingDirectoriesPass) {
   ReplayOptions o;
   o.json_out = "r.json";  // the current directory

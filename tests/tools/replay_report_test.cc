@@ -15,6 +15,7 @@ namespace dhs::replay {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(Percentile, NearestRankByHand) {
   // Sorted: 15 20 35 40 50. Rank = max(1, ceil(p * 5 / 100)).
@@ -188,13 +189,48 @@ TEST(ReportCsv, OneRowMatchingTheHeader) {
   const std::string header = ReportCsvHeader();
   const std::string row = ReportCsvRow(r);
   std::vector<std::string> names = absl::StrSplit(header, ',');
-  EXPECT_EQ(names.size(), 25u);
+  EXPECT_EQ(names.size(), 34u);
   EXPECT_EQ(names[0], "requests_total");
   EXPECT_EQ(names[4], "ttft_p50_ms");
   EXPECT_EQ(names[17], "exact_match");
   EXPECT_THAT(row, ::testing::StartsWith("3,2,7,3.5,20,30,5,10,0.166667,2,0.6,0.3,0.1,3,17,adaptive,prefill,,2,"));
-  EXPECT_THAT(row, HasSubstr(",\"dir,with \"\"comma\"\"/t.jsonl\",mooncake,0.02,4,,1048576"));
+  EXPECT_THAT(row, HasSubstr(",\"dir,with \"\"comma\"\"/t.jsonl\",mooncake,0.02,4,,1048576,"));
+  // The fault columns: requests_failed = 3 - 2; no fault injection: no seed, zero counts, no recovery percentiles.
+  EXPECT_EQ(names[25], "requests_failed");
+  EXPECT_EQ(names[31], "host_rows_lost");
+  EXPECT_THAT(row, ::testing::EndsWith(",1048576,1,,0,0,0,0,0,,"));
   EXPECT_EQ(row.find('\n'), std::string::npos);
+}
+
+// The fault figures (issue 11): top-level JSON fields, the CSV's last columns, a summary line; recovery percentiles by
+// nearest rank over {300, 100, 200} us: p50 = 200 (rank ceil(1.5) = 2), p99 = 300 (rank ceil(2.97) = 3).
+TEST(ReportFaults, JsonCsvAndSummary) {
+  ReplayReport r = BuildReport(SampleResult(), SampleSettings());
+  r.faults.fault_seed = 42;
+  r.faults.worker_restarts = 5;
+  r.faults.memd_restarts = 1;
+  r.faults.requests_resumed = 7;
+  r.faults.rows_recomputed = 900;
+  r.faults.host_rows_lost = 0;
+  r.faults.host_pages_checked = 12;
+  r.faults.recovery_us = {300, 100, 200};
+  const nlohmann::json j = ReportToJson(r);
+  EXPECT_EQ(j["fault_seed"], 42);
+  EXPECT_EQ(j["worker_restarts"], 5);
+  EXPECT_EQ(j["memd_restarts"], 1);
+  EXPECT_EQ(j["requests_resumed"], 7);
+  EXPECT_EQ(j["rows_recomputed"], 900);
+  EXPECT_EQ(j["requests_failed"], 1);
+  EXPECT_EQ(j["host_rows_lost"], 0);
+  EXPECT_EQ(j["recovery_us"]["p50"], 200.0);
+  EXPECT_EQ(j["recovery_us"]["p99"], 300.0);
+  EXPECT_EQ(j["recovery_us"]["samples"], nlohmann::json::array({300, 100, 200}));
+  EXPECT_THAT(ReportCsvRow(r), ::testing::EndsWith(",1,42,5,1,7,900,0,200,300"));
+  EXPECT_THAT(FormatSummary(r), HasSubstr("faults (seed 42): worker restarts 5, memd restarts 1"));
+  const nlohmann::json none = ReportToJson(BuildReport(SampleResult(), SampleSettings()));
+  EXPECT_TRUE(none["fault_seed"].is_null());
+  EXPECT_TRUE(none["recovery_us"]["p50"].is_null());
+  EXPECT_THAT(FormatSummary(BuildReport(SampleResult(), SampleSettings())), Not(HasSubstr("faults")));
 }
 
 TEST(ReportFiles, WrittenAndReadBack) {

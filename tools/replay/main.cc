@@ -14,6 +14,7 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -23,6 +24,7 @@
 #include "tools/replay/node_launcher.h"
 #include "tools/replay/options.h"
 #include "tools/replay/report.h"
+#include "tools/replay/supervised_node.h"
 #include "tools/replay/zmq_node_client.h"
 
 #ifndef DHS_MEMD_PATH
@@ -40,7 +42,7 @@ namespace {
 // nothing here has to be async-signal-safe. The node is registered while it runs; the main thread unregisters it
 // under the same mutex before stopping it itself, so the two never stop one node together.
 std::mutex g_node_mutex;
-EmbeddedNode* g_node = nullptr;  // guarded by g_node_mutex
+ReplayNode* g_node = nullptr;  // guarded by g_node_mutex
 
 void StartSignalThread() {
   sigset_t set;
@@ -72,12 +74,13 @@ void StartSignalThread() {
 // Owns the node of one run and keeps it registered for the signal thread while it lives.
 class RegisteredNode {
  public:
-  explicit RegisteredNode(std::unique_ptr<EmbeddedNode> node) : node_(std::move(node)) {
+  explicit RegisteredNode(std::unique_ptr<ReplayNode> node) : node_(std::move(node)) {
     std::lock_guard<std::mutex> lock(g_node_mutex);
     g_node = node_.get();
   }
   ~RegisteredNode() { Stop(); }
-  EmbeddedNode* operator->() { return node_.get(); }
+  ReplayNode* operator->() { return node_.get(); }
+  ReplayNode* get() { return node_.get(); }
   void KeepRunDir() {  // under the lock: the signal thread may be stopping the node
     std::lock_guard<std::mutex> lock(g_node_mutex);
     if (node_) node_->keep_run_dir();
@@ -91,8 +94,11 @@ class RegisteredNode {
   }
 
  private:
-  std::unique_ptr<EmbeddedNode> node_;
+  std::unique_ptr<ReplayNode> node_;
 };
+
+// How long the client waits for a restarted worker when faults are injected and --reattach-timeout-ms is not given.
+constexpr std::chrono::milliseconds kFaultReattachTimeout{60000};
 
 std::string EnvOr(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -105,16 +111,89 @@ struct RunOutcome {
   std::string error;
   std::string prefill;
   std::optional<uint64_t> hbm_budget_bytes;  // the budget of the node this tool started (nullopt with --connect)
+  FaultFigures faults;  // what fault injection did (the run with faults only)
 };
 
+// Fault injection of a run (the run under test; never the resident reference).
+struct FaultSetup {
+  FaultPlanConfig plan;
+  bool corrupt_one_host_page = false;
+};
+
+// Starts the node of a run: supervised (restarts, faults, host-row checks) when `faults` is set or re-attaching is on,
+// else the plain embedded node.
+absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& options, const Trace& trace,
+                                                      std::string_view mode, uint64_t budget,
+                                                      const std::optional<FaultSetup>& faults) {
+  auto geometry = ReplayGeometry(options, budget);
+  if (!geometry.ok()) return geometry.status();
+  NodeLaunchOptions launch;
+  launch.memd_path = EnvOr("DHS_MEMD", DHS_MEMD_PATH);
+  launch.workerd_path = EnvOr("DHS_WORKERD", DHS_WORKERD_PATH);
+  launch.run_dir = options.run_dir;
+  launch.mode = std::string(mode);
+  launch.preset = options.preset;
+  launch.seed = options.seed;
+  launch.hbm_budget_bytes = budget;
+  launch.page_bytes = geometry->host_page_bytes;  // memd's pool pages are host pages (payload, then index keys)
+  launch.host_pool_bytes = HostPoolBytes(trace, geometry->host_page_bytes, geometry->kv.page_rows);
+  launch.slots = static_cast<uint32_t>(options.slots);
+  if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
+  launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off
+  if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
+    launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
+  }
+  if (!faults && options.reattach_timeout_ms == 0) return EmbeddedNode::Start(launch);
+  SupervisedNodeOptions supervised;
+  supervised.launch = launch;
+  if (faults) {
+    supervised.faults = faults->plan;
+    supervised.corrupt_one_host_page = faults->corrupt_one_host_page;
+  }
+  supervised.page_rows = geometry->kv.page_rows;
+  return SupervisedNode::Start(supervised);
+}
+
+// The report's fault figures: the supervised node's counts, the client's resubmits, and one recovery sample per
+// re-attach that got a token: from the latest worker death before that token (and after the previous recovery) to it.
+// A worker killed again before any token came has no sample of its own (its successor's recovery counts).
+FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) {
+  FaultFigures f;
+  f.fault_seed = node.seed;
+  f.worker_restarts = static_cast<int64_t>(node.worker_restarts);
+  f.memd_restarts = static_cast<int64_t>(node.memd_restarts);
+  f.worker_kills = static_cast<int64_t>(node.worker_kills);
+  f.memd_kills = static_cast<int64_t>(node.memd_kills);
+  f.kill_points_armed = static_cast<int64_t>(node.hook_kills_armed);
+  f.requests_resumed = static_cast<int64_t>(node.requests_resumed);
+  f.rows_recomputed = static_cast<int64_t>(node.rows_recomputed);
+  f.requests_resubmitted = client.resubmits();
+  f.host_rows_lost = static_cast<int64_t>(node.host_rows_lost);
+  f.host_pages_checked = static_cast<int64_t>(node.host_pages_checked);
+  std::vector<std::chrono::steady_clock::time_point> down = node.worker_down_at;
+  std::sort(down.begin(), down.end());
+  std::optional<std::chrono::steady_clock::time_point> previous;
+  for (const auto& t : client.recovered_at()) {
+    auto d = std::find_if(down.rbegin(), down.rend(), [&](const auto& x) { return (!previous || x > *previous) && x <= t; });
+    if (d != down.rend()) {
+      f.recovery_us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(t - *d).count());
+    }
+    previous = t;
+  }
+  return f;
+}
+
 absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& trace, std::string_view mode,
-                                   std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {}) {
+                                   std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {},
+                                   const std::optional<FaultSetup>& faults = std::nullopt) {
   ZmqNodeClientOptions client_options;
   client_options.prepared_prefix = options.prepared_prefix;
   client_options.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
+  if (faults && options.reattach_timeout_ms == 0) client_options.reattach_timeout = kFaultReattachTimeout;
   std::optional<RegisteredNode> node;
   std::optional<uint64_t> used_budget;
   DriverOptions driver_options;
+  SupervisedNode* supervised = nullptr;
   if (!options.connect.empty()) {
     client_options.worker_endpoint = options.connect;
     if (absl::StartsWith(options.connect, "ipc://")) {  // memd's socket sits beside the worker's
@@ -127,31 +206,20 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
                             : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
                                                        : DefaultHbmBudget(trace, options);
     used_budget = budget;
-    auto geometry = ReplayGeometry(options, budget);
-    if (!geometry.ok()) return geometry.status();
-    NodeLaunchOptions launch;
-    launch.memd_path = EnvOr("DHS_MEMD", DHS_MEMD_PATH);
-    launch.workerd_path = EnvOr("DHS_WORKERD", DHS_WORKERD_PATH);
-    launch.run_dir = options.run_dir;
-    launch.mode = std::string(mode);
-    launch.preset = options.preset;
-    launch.seed = options.seed;
-    launch.hbm_budget_bytes = budget;
-    launch.page_bytes = geometry->host_page_bytes;  // memd's pool pages are host pages (payload, then index keys)
-    launch.host_pool_bytes = HostPoolBytes(trace, geometry->host_page_bytes, geometry->kv.page_rows);
-    launch.slots = static_cast<uint32_t>(options.slots);
-    if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
-    launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off
-    if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
-      launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
-    }
-    auto started = EmbeddedNode::Start(launch);
+    auto started = StartNode(options, trace, mode, budget, faults);
     if (!started.ok()) return started.status();
     node.emplace(std::move(*started));
+    supervised = dynamic_cast<SupervisedNode*>(node->get());
     client_options.worker_endpoint = (*node)->worker_endpoint();
     client_options.memd_endpoint = (*node)->memd_endpoint();
     driver_options.idle_hint =
         absl::StrCat("; see ", (*node)->run_dir(), "/workerd.log and memd.log (the run directory is kept)");
+  }
+  if (supervised) {  // no kill once every request ended (the closing stats query must find a worker)
+    driver_options.on_progress = [supervised](const Progress& p) {
+      PrintProgressToStderr(p);
+      if (p.ended == p.total) supervised->StopFaults();
+    };
   }
   // After a failure the logs of the node are kept for reading.
   auto fail = [&](absl::Status s) {
@@ -171,15 +239,16 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
             << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
   auto result = driver.Run(trace, *scheduler);
   const std::string prefill = options.prepared_prefix ? "prepared-prefix" : "prefill";
+  const FaultFigures figures = faults && supervised ? CollectFaults(supervised->stats(), **client) : FaultFigures{};
   if (!result.ok()) {
     const absl::Status s = fail(result.status());
     const DriverResult& partial = driver.partial();
     const bool any_served = std::any_of(partial.requests.begin(), partial.requests.end(),
                                         [](const RequestTiming& t) { return t.served(); });
     if (!any_served) return s;
-    return RunOutcome{partial, false, std::string(s.message()), prefill, used_budget};
+    return RunOutcome{partial, false, std::string(s.message()), prefill, used_budget, figures};
   }
-  return RunOutcome{std::move(*result), true, "", prefill, used_budget};
+  return RunOutcome{std::move(*result), true, "", prefill, used_budget, figures};
 }
 
 // Prints why each unserved request ended (stderr) and returns whether all were served.
@@ -209,6 +278,28 @@ absl::Status WriteOutputs(const ReplayOptions& options, const std::vector<SweepP
   return s;
 }
 
+// The fault injection of the options (nullopt without any); prints the seed (drawn from the clock unless given).
+absl::StatusOr<std::optional<FaultSetup>> MakeFaultSetup(const ReplayOptions& options) {
+  if (!InjectsFaults(options)) return std::optional<FaultSetup>();
+  FaultSetup setup;
+  setup.plan.seed = options.fault_seed ? *options.fault_seed
+                                       : (static_cast<uint64_t>(std::random_device{}()) << 32 ^
+                                          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  setup.plan.kill_worker_every_ms = static_cast<int64_t>(std::llround(options.kill_worker_every_s * 1000));
+  setup.plan.restart_memd_every_ms = static_cast<int64_t>(std::llround(options.restart_memd_every_s * 1000));
+  setup.plan.distribution =
+      options.fault_distribution == "uniform" ? FaultDistribution::kUniform : FaultDistribution::kExponential;
+  absl::StatusOr<std::vector<FaultKill>> hooks = ParseHookKills(options.kill_worker_at, setup.plan.seed);
+  if (!hooks.ok()) return hooks.status();
+  setup.plan.hook_kills = *hooks;
+  setup.corrupt_one_host_page = options.corrupt_host_page_for_test;
+  std::string points;
+  for (const FaultKill& k : setup.plan.hook_kills) points += " " + FormatFaultKill(k);
+  std::cerr << "dhs-replay: fault seed " << setup.plan.seed << " (--fault-seed " << setup.plan.seed << " repeats it)"
+            << (points.empty() ? "" : "; kill points:" + points) << "\n";
+  return std::optional<FaultSetup>(setup);
+}
+
 int Main(int argc, char** argv) {
   CommandLine cl = ParseReplayCommandLine(argc, argv);
   if (cl.exit_code) {
@@ -223,6 +314,11 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string mode(ReplayModeName(options.mode));
+  auto faults = MakeFaultSetup(options);
+  if (!faults.ok()) {
+    std::cerr << "dhs-replay: " << faults.status().message() << "\n";
+    return 2;
+  }
   std::vector<std::optional<int64_t>> points;
   if (options.sweep.empty()) {
     points.push_back(std::nullopt);
@@ -232,7 +328,7 @@ int Main(int argc, char** argv) {
   std::vector<SweepPoint> sweep;
   bool ok = true;
   for (const std::optional<int64_t>& c : points) {
-    auto run = RunOnce(options, *trace, mode, c);
+    auto run = RunOnce(options, *trace, mode, c, std::nullopt, *faults);
     if (!run.ok()) {
       std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
       return 1;
@@ -243,6 +339,7 @@ int Main(int argc, char** argv) {
       if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
       ReplayReport report = BuildReport(run->result, settings, std::nullopt);
       report.complete = false;
+      report.faults = run->faults;
       std::cout << FormatSummary(report) << std::flush;
       sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
       if (!WriteOutputs(options, sweep).ok()) std::cerr << "dhs-replay: the partial report was not written\n";
@@ -266,6 +363,7 @@ int Main(int argc, char** argv) {
     RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);
     if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
     ReplayReport report = BuildReport(run->result, settings, exact);
+    report.faults = run->faults;
     std::cout << FormatSummary(report) << std::flush;
     sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
   }

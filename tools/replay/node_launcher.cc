@@ -70,6 +70,37 @@ std::string TempRunDirParent(const char* tmpdir) {
   return "/tmp";
 }
 
+absl::StatusOr<std::string> CreateRunDir(const NodeLaunchOptions& options, bool& temporary) {
+  temporary = false;
+  if (options.run_dir.empty()) {
+    std::string pattern = absl::StrCat(TempRunDirParent(std::getenv("TMPDIR")), "/dhs-replay-XXXXXX");
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+    }
+    temporary = true;
+    return pattern;
+  }
+  if (absl::Status s = CheckSocketPaths(options.run_dir); !s.ok()) return s;  // as memd will check it
+  if (absl::Status s = MakeRunDir(options.run_dir); !s.ok()) return s;
+  return options.run_dir;
+}
+
+std::vector<std::string> MemdArgs(const NodeLaunchOptions& options, const std::string& run_dir) {
+  std::vector<std::string> args = {"--run-dir", run_dir, "--page-bytes", std::to_string(options.page_bytes),
+                                   "--host-pool-bytes", std::to_string(options.host_pool_bytes), "--log-level", "warn"};
+  args.insert(args.end(), options.extra_memd_args.begin(), options.extra_memd_args.end());
+  return args;
+}
+
+std::vector<std::string> WorkerArgs(const NodeLaunchOptions& options, const std::string& run_dir) {
+  std::vector<std::string> args = {
+      "--run-dir", run_dir, "--gpu", "0", "--mode", options.mode, "--preset", options.preset,
+      "--seed", std::to_string(options.seed), "--hbm-budget", std::to_string(options.hbm_budget_bytes),
+      "--slots", std::to_string(options.slots), "--log-level", "warn"};
+  args.insert(args.end(), options.extra_workerd_args.begin(), options.extra_workerd_args.end());
+  return args;
+}
+
 absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaunchOptions& options) {
   for (const std::string* path : {&options.memd_path, &options.workerd_path}) {
     if (path->empty() || ::access(path->c_str(), X_OK) != 0) {
@@ -80,24 +111,12 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaun
     return absl::InvalidArgumentError("page bytes, HBM budget and host pool size must be > 0");
   }
   std::unique_ptr<EmbeddedNode> node(new EmbeddedNode());
-  if (options.run_dir.empty()) {
-    std::string pattern = absl::StrCat(TempRunDirParent(std::getenv("TMPDIR")), "/dhs-replay-XXXXXX");
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
-    }
-    node->run_dir_ = pattern;
-    node->owns_run_dir_ = true;
-  } else {
-    node->run_dir_ = options.run_dir;
-    if (absl::Status s = CheckSocketPaths(node->run_dir_); !s.ok()) return s;  // as memd will check it
-    if (absl::Status s = MakeRunDir(node->run_dir_); !s.ok()) return s;
-  }
+  absl::StatusOr<std::string> dir = CreateRunDir(options, node->owns_run_dir_);
+  if (!dir.ok()) return dir.status();
+  node->run_dir_ = *dir;
   const std::string memd_log = node->run_dir_ + "/memd.log";
   const std::string worker_log = node->run_dir_ + "/workerd.log";
-  std::vector<std::string> memd_args = {
-      "--run-dir", node->run_dir_, "--page-bytes", std::to_string(options.page_bytes),
-      "--host-pool-bytes", std::to_string(options.host_pool_bytes), "--log-level", "warn"};
-  memd_args.insert(memd_args.end(), options.extra_memd_args.begin(), options.extra_memd_args.end());
+  const std::vector<std::string> memd_args = MemdArgs(options, node->run_dir_);
   // On a failed start the directory stays (its logs explain the failure); the node's destructor stops the children.
   auto failed = [&node](const absl::Status& s) {
     node->owns_run_dir_ = false;
@@ -109,11 +128,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaun
   if (absl::Status s = node->WaitForSocket("memd", node->memd_pid_, memd_log, options.start_timeout); !s.ok()) {
     return failed(s);
   }
-  std::vector<std::string> worker_args = {
-      "--run-dir", node->run_dir_, "--gpu", "0", "--mode", options.mode, "--preset", options.preset,
-      "--seed", std::to_string(options.seed), "--hbm-budget", std::to_string(options.hbm_budget_bytes),
-      "--slots", std::to_string(options.slots), "--log-level", "warn"};
-  worker_args.insert(worker_args.end(), options.extra_workerd_args.begin(), options.extra_workerd_args.end());
+  const std::vector<std::string> worker_args = WorkerArgs(options, node->run_dir_);
   if (absl::Status s = node->Spawn(options.workerd_path, worker_args, worker_log, node->worker_pid_); !s.ok()) {
     return failed(s);
   }
@@ -170,7 +185,7 @@ EmbeddedNode::~EmbeddedNode() {
   if (absl::Status s = Stop(); !s.ok()) std::cerr << "dhs-replay: stopping the node: " << s.message() << "\n";
 }
 
-std::string EmbeddedNode::memd_endpoint() const { return IpcEndpoint(run_dir_, "memd"); }
-std::string EmbeddedNode::worker_endpoint() const { return IpcEndpoint(run_dir_, "worker-0"); }
+std::string ReplayNode::memd_endpoint() const { return IpcEndpoint(run_dir(), "memd"); }
+std::string ReplayNode::worker_endpoint() const { return IpcEndpoint(run_dir(), "worker-0"); }
 
 }  // namespace dhs::replay

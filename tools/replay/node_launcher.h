@@ -42,7 +42,26 @@ struct NodeLaunchOptions {
 // worker socket does not fit sun_path).
 std::string TempRunDirParent(const char* tmpdir);
 
-class EmbeddedNode {
+// The command lines of the node's daemons (after the executable): memd's and the worker's of GPU 0, run directory
+// `run_dir`, the options' extra arguments last.
+std::vector<std::string> MemdArgs(const NodeLaunchOptions& options, const std::string& run_dir);
+std::vector<std::string> WorkerArgs(const NodeLaunchOptions& options, const std::string& run_dir);
+
+// What dhs-replay needs of a node it started: its directory and sockets, and stopping it (from any one thread, once
+// at a time: the caller serializes Stop and keep_run_dir).
+class ReplayNode {
+ public:
+  virtual ~ReplayNode() = default;
+  // Stops the node's processes; removes a temporary run directory unless keep_run_dir() was called. Idempotent.
+  virtual absl::Status Stop() = 0;
+  // Keeps a temporary run directory on Stop (to read the logs after a failed run).
+  virtual void keep_run_dir() = 0;
+  virtual const std::string& run_dir() const = 0;
+  std::string memd_endpoint() const;
+  std::string worker_endpoint() const;
+};
+
+class EmbeddedNode final : public ReplayNode {
  public:
   // Starts memd, waits for its socket, starts workerd, waits for its socket. Errors: INVALID_ARGUMENT (paths; a given
   // run directory too long for the node's sockets),
@@ -50,19 +69,15 @@ class EmbeddedNode {
   // ended (DescribeWaitStatus), its log and the log's tail). On failure the run directory is kept, even a
   // temporary one, and the message says so.
   static absl::StatusOr<std::unique_ptr<EmbeddedNode>> Start(const NodeLaunchOptions& options);
-  ~EmbeddedNode();  // Stop()
+  ~EmbeddedNode() override;  // Stop()
   EmbeddedNode(const EmbeddedNode&) = delete;
   EmbeddedNode& operator=(const EmbeddedNode&) = delete;
 
   // Stops workerd then memd; removes the run directory when Start created it (unless keep_run_dir() was
   // called). Idempotent.
-  absl::Status Stop();
-  // Keeps a temporary run directory on Stop (to read the logs after a failed run).
-  void keep_run_dir() { owns_run_dir_ = false; }
-
-  const std::string& run_dir() const { return run_dir_; }
-  std::string memd_endpoint() const;
-  std::string worker_endpoint() const;
+  absl::Status Stop() override;
+  void keep_run_dir() override { owns_run_dir_ = false; }
+  const std::string& run_dir() const override { return run_dir_; }
 
  private:
   EmbeddedNode() = default;
@@ -76,6 +91,11 @@ class EmbeddedNode {
   pid_t memd_pid_ = -1;
   pid_t worker_pid_ = -1;
 };
+
+// Creates the run directory of a node: options.run_dir (checked for the sockets' length, created 0700) or, when
+// empty, a fresh mkdtemp directory under TempRunDirParent (`temporary` set: the caller removes it). Errors:
+// INVALID_ARGUMENT (too long), INTERNAL (mkdtemp), MakeRunDir's.
+absl::StatusOr<std::string> CreateRunDir(const NodeLaunchOptions& options, bool& temporary);
 
 // How a child ended, from a waitpid status: "exit code N", "signal NAME (N)" or "status N" (anything else).
 std::string DescribeWaitStatus(int status);

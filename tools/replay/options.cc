@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "tools/replay/fault_plan.h"
 #include "workerd/device/link_model_cli.h"
 
 #ifndef DHS_REPLAY_DEFAULT_TRACE
@@ -72,7 +73,27 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
     return bad("--check-exact needs a resident reference node that the tool starts; with --connect ", o.connect,
                " both runs would go to the same worker (drop one of the two)");
   }
+  if (InjectsFaults(o)) {
+    if (!o.connect.empty()) {
+      return bad("fault injection (--kill-worker-every, --restart-memd-every, --kill-worker-at) needs a node the tool "
+                 "starts, not --connect ", o.connect);
+    }
+    if (!o.sweep.empty()) return bad("fault injection applies to one run, not to --sweep");
+    for (const auto& [name, value] : {std::pair<const char*, double>{"--kill-worker-every", o.kill_worker_every_s},
+                                      {"--restart-memd-every", o.restart_memd_every_s}}) {
+      if (!std::isfinite(value) || value < 0) return bad(name, " must be a number of seconds > 0, got ", value);
+    }
+    if (absl::StatusOr<std::vector<FaultKill>> k = ParseHookKills(o.kill_worker_at, 1); !k.ok()) return k.status();
+    if (o.corrupt_host_page_for_test && o.kill_worker_every_s <= 0) {
+      return bad("--corrupt-host-page-for-test needs --kill-worker-every (the byte is flipped before a timed kill)");
+    }
+  }
   return absl::OkStatus();
+}
+
+bool InjectsFaults(const ReplayOptions& o) {
+  return o.kill_worker_every_s != 0 || o.restart_memd_every_s != 0 || !o.kill_worker_at.empty() ||
+         o.corrupt_host_page_for_test;
 }
 
 absl::Status ValidateOutputPaths(const ReplayOptions& o) {
@@ -147,6 +168,21 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--reclaim-policy", o.reclaim_policy,
                               "Victim order of the memd the tool starts (default: memd's, largest-first)")
                    ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}));
+  app.add_option("--kill-worker-every", o.kill_worker_every_s,
+                 "Fault injection: SIGKILL the worker of the node the tool starts at random times, S seconds apart on "
+                 "average; it is restarted and its requests resumed and re-attached");
+  app.add_option("--restart-memd-every", o.restart_memd_every_s,
+                 "Fault injection: SIGKILL memd at random times, S seconds apart on average (restarted with the same "
+                 "flags; the worker is restarted with it)");
+  app.add_option("--fault-seed", o.fault_seed, "Seed of the kill times and random kill points (printed)");
+  app.add_option("--fault-distribution", o.fault_distribution,
+                 "Kill intervals: exponential (mean S) or uniform ([S/2, 3S/2])")
+      ->check(CLI::IsMember({"exponential", "uniform"}))->capture_default_str();
+  app.add_option("--kill-worker-at", o.kill_worker_at,
+                 "Fault injection (test-only kill points): the k-th worker start SIGKILLs itself at the N-th KIND "
+                 "point (prefill, decode, backup, populate, reclaim); random:K draws K points from the seed; repeatable");
+  app.add_flag("--corrupt-host-page-for-test", o.corrupt_host_page_for_test,
+               "TEST ONLY: flip a byte of a recorded host page before the first timed kill (host_rows_lost > 0)");
   LinkModelFlags link_flags;
   AddLinkModelOptions(app, &link_flags);
   copt->excludes(topt);

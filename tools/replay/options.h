@@ -57,10 +57,24 @@ struct ReplayOptions {
   int64_t reattach_timeout_ms = 0;         // --reattach-timeout-ms: wait this long for a restarted worker (0: off)
   std::string reclaim_policy;              // --reclaim-policy: memd's victim order of a node the tool starts
                                            // (oldest-first / newest-first / largest-first; "" = memd's default)
+  // Fault injection (issue 11; docs/replay.md "Faults"): only with a node the tool starts, which it then supervises
+  // (tools/replay/supervised_node.h). Any of them turns re-attaching on (reattach_timeout_ms 60000 unless given).
+  double kill_worker_every_s = 0;          // --kill-worker-every S > 0: SIGKILL the worker at random times, mean S
+  double restart_memd_every_s = 0;         // --restart-memd-every S > 0: SIGKILL memd (restarted) at random times
+  std::optional<uint64_t> fault_seed;      // --fault-seed N: seed of the kill times and random kill points (default:
+                                           // drawn from the clock; printed either way)
+  std::string fault_distribution = "exponential";  // --fault-distribution exponential|uniform (mean S / [S/2, 3S/2])
+  std::vector<std::string> kill_worker_at; // --kill-worker-at KIND:N|random:K (repeatable): workerd --fault-kill-at of
+                                           // the 1st, 2nd, ... worker start (test-only kill points)
+  bool corrupt_host_page_for_test = false; // --corrupt-host-page-for-test: flip a byte of a recorded host page before
+                                           // the first timed kill (proves host_rows_lost counts)
   LinkModelConfig link_model;              // --link-model off|pcie5 [--link-h2d-gb-per-s X] [--link-d2h-gb-per-s X]
                                            // [--link-latency-us X]: the host-device link model of the workerd the
                                            // tool starts (docs/link_model.md); off by default
 };
+
+// Whether any fault-injection option is set (the node the tool starts is then supervised).
+bool InjectsFaults(const ReplayOptions& options);
 
 // The outcome of parsing argv. When exit_code is set, main prints `message` (to stdout for 0, stderr
 // otherwise) and exits with it: 0 after --help, 2 for any bad option or value.
@@ -80,7 +94,9 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 // or repeated, --plot without --sweep, an empty --trace, a --connect endpoint other than tcp:// or ipc://,
 // --reclaim-policy together with --connect, --link-model (enabled) together with --connect, --check-exact together
 // with --connect (the resident reference run
-// would go to the same worker: a run compared with itself).
+// would go to the same worker: a run compared with itself), a fault-injection option with --connect or with --sweep,
+// --kill-worker-every / --restart-memd-every not > 0 or not finite, a --kill-worker-at value ParseHookKills refuses,
+// --corrupt-host-page-for-test without --kill-worker-every.
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
 
 // InvalidArgument naming the option when the directory of --json, --csv or --plot does not exist or is not

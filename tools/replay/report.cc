@@ -45,6 +45,7 @@ std::string Cell(double v) { return absl::StrFormat("%.6g", v); }
 std::string Cell(int64_t v) { return absl::StrCat(v); }
 std::string Cell(const std::optional<double>& v) { return v ? Cell(*v) : ""; }
 std::string Cell(const std::optional<int64_t>& v) { return v ? Cell(*v) : ""; }
+std::string Cell(const std::optional<uint64_t>& v) { return v ? absl::StrCat(*v) : ""; }
 std::string Cell(const std::optional<bool>& v) { return v ? (*v ? "true" : "false") : ""; }
 std::string Cell(std::string_view text) {
   if (text.find_first_of(",\"\r\n") == std::string_view::npos) return std::string(text);
@@ -102,6 +103,7 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
     }
     if (auto v = t.tpot_ms()) tpot.push_back(*v);
   }
+  r.requests_failed = r.requests_total - r.requests_served;
   r.elapsed_s = result.elapsed_ms / 1000.0;
   r.output_tokens_per_s = r.elapsed_s > 0 ? static_cast<double>(r.output_tokens) / r.elapsed_s : 0.0;
   r.ttft_ms = P50P99(ttft);
@@ -133,6 +135,30 @@ static json LinkModelJson(const LinkModelConfig& l) {
               {"device_to_host_gb_per_s", l.device_to_host_gb_per_s}, {"latency_us", l.latency_us}};
 }
 
+// Nearest-rank p50 and p99 of the recovery samples, us; nullopt without samples.
+static std::optional<Percentiles> RecoveryPercentiles(const std::vector<int64_t>& us) {
+  std::vector<double> v(us.begin(), us.end());
+  return P50P99(v);
+}
+
+static json FaultsJson(const FaultFigures& f) {
+  const std::optional<Percentiles> p = RecoveryPercentiles(f.recovery_us);
+  return json{{"fault_seed", OrNull(f.fault_seed)},
+              {"worker_restarts", f.worker_restarts},
+              {"memd_restarts", f.memd_restarts},
+              {"worker_kills", f.worker_kills},
+              {"memd_kills", f.memd_kills},
+              {"kill_points_armed", f.kill_points_armed},
+              {"requests_resumed", f.requests_resumed},
+              {"rows_recomputed", f.rows_recomputed},
+              {"requests_resubmitted", f.requests_resubmitted},
+              {"host_rows_lost", f.host_rows_lost},
+              {"host_pages_checked", f.host_pages_checked},
+              {"recovery_us", {{"p50", p ? json(p->p50) : json(nullptr)},
+                               {"p99", p ? json(p->p99) : json(nullptr)},
+                               {"samples", f.recovery_us}}}};
+}
+
 json ReportToJson(const ReplayReport& r) {
   const RunSettings& s = r.settings;
   json gpus = json::array();
@@ -147,10 +173,11 @@ json ReportToJson(const ReplayReport& r) {
   }
   json census = r.census ? json{{"direct", r.census->direct}, {"hot", r.census->hot}, {"host", r.census->host}}
                          : json{{"direct", nullptr}, {"hot", nullptr}, {"host", nullptr}};
-  return json{
+  json out{
       {"complete", r.complete},
       {"requests_total", r.requests_total},
       {"requests_served", r.requests_served},
+      {"requests_failed", r.requests_failed},
       {"output_tokens", r.output_tokens},
       {"output_tokens_per_s", r.output_tokens_per_s},
       {"ttft_ms", PercentilesJson(r.ttft_ms)},
@@ -182,13 +209,16 @@ json ReportToJson(const ReplayReport& r) {
         {"reclaim_policy", s.reclaim_policy.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.reclaim_policy)},
         {"link_model", LinkModelJson(s.link_model)}}},
   };
+  out.update(FaultsJson(r.faults));  // top-level fields (docs/replay.md, "Faults")
+  return out;
 }
 
 std::string ReportCsvHeader() {
   return "requests_total,requests_served,output_tokens,output_tokens_per_s,ttft_p50_ms,ttft_p99_ms,"
          "tpot_p50_ms,tpot_p99_ms,allocation_wait_share,sessions_admitted_max,census_direct,census_hot,"
          "census_host,reclaims,repopulated_pages,mode,prefill,exact_match,elapsed_s,trace,trace_format,"
-         "length_scale,concurrency,time_scale,hbm_budget_bytes";
+         "length_scale,concurrency,time_scale,hbm_budget_bytes,requests_failed,fault_seed,worker_restarts,"
+         "memd_restarts,requests_resumed,rows_recomputed,host_rows_lost,recovery_p50_us,recovery_p99_us";
 }
 
 std::string ReportCsvRow(const ReplayReport& r) {
@@ -207,6 +237,13 @@ std::string ReportCsvRow(const ReplayReport& r) {
       Cell(r.elapsed_s),             Cell(std::string_view(s.trace_path)), Cell(std::string_view(s.trace_format)),
       Cell(s.length_scale),          Cell(s.concurrency),              Cell(s.time_scale),
       Cell(s.hbm_budget_bytes)};
+  const FaultFigures& f = r.faults;
+  const std::optional<Percentiles> recovery = RecoveryPercentiles(f.recovery_us);
+  for (std::string cell : {Cell(r.requests_failed), Cell(f.fault_seed), Cell(f.worker_restarts),
+                           Cell(f.memd_restarts), Cell(f.requests_resumed), Cell(f.rows_recomputed),
+                           Cell(f.host_rows_lost), Cell(P(recovery, false)), Cell(P(recovery, true))}) {
+    cells.push_back(std::move(cell));
+  }
   return absl::StrJoin(cells, ",");
 }
 
@@ -239,6 +276,16 @@ std::string FormatSummary(const ReplayReport& r) {
   if (r.census) {
     absl::StrAppendFormat(&out, "  census: direct %.1f%%, hot %.1f%%, host %.1f%%\n", r.census->direct * 100,
                           r.census->hot * 100, r.census->host * 100);
+  }
+  if (const FaultFigures& f = r.faults; f.fault_seed) {
+    const std::optional<Percentiles> p = RecoveryPercentiles(f.recovery_us);
+    absl::StrAppendFormat(&out,
+                          "  faults (seed %d): worker restarts %d, memd restarts %d, requests resumed %d (%d rows "
+                          "recomputed), resubmitted %d, failed %d, host rows lost %d (%d pages checked); recovery us "
+                          "p50 %s p99 %s\n",
+                          *f.fault_seed, f.worker_restarts, f.memd_restarts, f.requests_resumed, f.rows_recomputed,
+                          f.requests_resubmitted, r.requests_failed, f.host_rows_lost, f.host_pages_checked,
+                          Fixed(P(p, false), 0), Fixed(P(p, true), 0));
   }
   for (const GpuMemoryUse& g : r.gpus) {
     absl::StrAppendFormat(&out, "  gpu %d: peak %d bytes; pages: capacity %d, required %d, optional %d, reserve %d\n",

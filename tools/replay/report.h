@@ -53,10 +53,29 @@ struct CensusShares {  // brief §5 census as fractions of all selected rows (su
   double host = 0;
 };
 
+// What the faults of a run did (issue 11: dhs-replay --kill-worker-every, --restart-memd-every, --kill-worker-at;
+// tools/replay/supervised_node.h). Without fault injection: fault_seed nullopt, counts 0, no recovery samples.
+struct FaultFigures {
+  std::optional<uint64_t> fault_seed;  // the seed of the kill times and random kill points
+  int64_t worker_restarts = 0;         // worker starts after the first (kills, kill points, crashes)
+  int64_t memd_restarts = 0;           // memd starts after the first
+  int64_t worker_kills = 0;            // timed SIGKILLs of the worker
+  int64_t memd_kills = 0;              // timed SIGKILLs of memd
+  int64_t kill_points_armed = 0;       // worker starts given a --fault-kill-at
+  int64_t requests_resumed = 0;        // interrupted requests the restarted workers resumed, summed
+  int64_t rows_recomputed = 0;         // rows those requests recomputed from their tokens, summed
+  int64_t requests_resubmitted = 0;    // unknown to the restarted worker with no token received: submitted again
+  int64_t host_rows_lost = 0;          // rows of recorded host pages whose bytes changed or vanished
+  int64_t host_pages_checked = 0;      // digest comparisons behind host_rows_lost
+  std::vector<int64_t> recovery_us;    // per recovery: the latest worker death (kill sent / exit seen) -> the first
+                                       // token after the client re-attached, microseconds
+};
+
 struct ReplayReport {
   RunSettings settings;
   int64_t requests_total = 0;          // requests in the run
   int64_t requests_served = 0;         // ended without error
+  int64_t requests_failed = 0;         // requests_total - requests_served (failed, or not ended in a partial run)
   int64_t output_tokens = 0;           // tokens received, all requests
   double output_tokens_per_s = 0;      // output_tokens / elapsed_s
   std::optional<Percentiles> ttft_ms;  // over requests with a first token
@@ -71,6 +90,7 @@ struct ReplayReport {
   std::optional<bool> exact_match;     // nullopt: not checked
   std::vector<GpuMemoryUse> gpus;
   double elapsed_s = 0;
+  FaultFigures faults;
   bool complete = true;  // false: the run failed part-way; figures of the requests recorded until then, node-wide
                          // figures (sessions, census, reclaims, pages, gpu_memory) not read (0 / empty)
 };

@@ -10,6 +10,7 @@
 namespace dhs::replay {
 namespace {
 constexpr std::string_view kSender = "dhs-replay";
+constexpr std::chrono::milliseconds kReattachAttempt{200};  // one stats query of Reattach's polling
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
@@ -59,6 +60,7 @@ absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
   const uint64_t seq = next_sequence_++;
   request_of_sequence_[seq] = request.request;
   received_[request.request] = 0;
+  submitted_[request.request] = request;
   return worker_->Send(EncodeSubmitRequest(body, seq, kSender));
 }
 
@@ -76,8 +78,13 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       event.tokens.assign(chunk->tokens.begin(), chunk->tokens.end());
       event.logits_digests.assign(chunk->logits_digests.begin(), chunk->logits_digests.end());
       event.finished = chunk->finished;
+      if (awaiting_recovery_ && !chunk->tokens.empty()) {
+        awaiting_recovery_ = false;
+        recovered_at_.push_back(std::chrono::steady_clock::now());
+      }
       if (chunk->finished) {
         received_.erase(chunk->request);
+        submitted_.erase(chunk->request);
       } else if (auto r = received_.find(chunk->request); r != received_.end()) {
         r->second += static_cast<uint32_t>(chunk->tokens.size());
       }
@@ -96,11 +103,17 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       if (it == request_of_sequence_.end()) {
         return absl::InternalError(absl::StrCat("worker error not tied to a request: ", reply->message));
       }
+      if (attach_of_sequence_.erase(reply->answering_sequence) > 0 && reply->code == wire::ErrorCode::NOT_FOUND &&
+          received_.contains(it->second) && received_[it->second] == 0 && submitted_.contains(it->second)) {
+        ++resubmits_;  // nothing of it survived the dead worker and the client has no token: submitted again
+        return Submit(SubmitRequest(submitted_[it->second]));
+      }
       TokenEvent event;
       event.request = it->second;
       event.finished = true;
       event.error = absl::StrCat("rejected: ", reply->message);
       received_.erase(it->second);
+      submitted_.erase(it->second);
       out.push_back(std::move(event));
       return absl::OkStatus();
     }
@@ -120,7 +133,7 @@ absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
   if (!first.ok()) {
     if (!absl::IsDeadlineExceeded(first.status())) return first.status();
     if (const int drops = worker_->disconnects(); drops > 0) {
-      if (options_.reattach_timeout.count() > 0 && !received_.empty()) {
+      if (options_.reattach_timeout.count() > 0) {
         if (absl::Status s = Reattach(); !s.ok()) return s;
         return events;
       }
@@ -163,7 +176,8 @@ absl::Status ZmqNodeClient::Reattach() {
     auto worker = DealerClient::Connect(options_.worker_endpoint, worker_options);
     if (!worker.ok()) return worker.status();
     worker_ = std::move(*worker);
-    auto view = QueryWorker();  // answers once a worker serves the endpoint again
+    // Answers once a worker serves the endpoint again; short attempts, so that its arrival is seen soon.
+    auto view = QueryWorker(kReattachAttempt);
     if (view.ok()) {
       baseline_ = NodeStats{};  // a new worker's counters start at 0 (the dead worker's are gone with it)
       for (const auto& [request, received] : received_) {
@@ -172,9 +186,11 @@ absl::Status ZmqNodeClient::Reattach() {
         attach.received = received;
         const uint64_t seq = next_sequence_++;
         request_of_sequence_[seq] = request;
+        attach_of_sequence_[seq] = request;
         if (absl::Status s = worker_->Send(EncodeAttach(attach, seq, kSender)); !s.ok()) return s;
       }
       ++reattaches_;
+      awaiting_recovery_ = true;
       return absl::OkStatus();
     }
     last = view.status();
@@ -227,9 +243,10 @@ absl::Status ZmqNodeClient::SampleMemd() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker() {
+absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker(std::optional<std::chrono::milliseconds> timeout) {
   wire::WorkerStatsQueryT query;
-  auto reply_bytes = worker_->Request(EncodeWorkerStatsQuery(query, next_sequence_++, kSender), options_.request_timeout);
+  auto reply_bytes = worker_->Request(EncodeWorkerStatsQuery(query, next_sequence_++, kSender),
+                                      timeout.value_or(options_.request_timeout));
   if (!reply_bytes.ok()) return absl::UnavailableError(absl::StrCat("worker stats: ", reply_bytes.status().message()));
   auto message = DecodeEnvelope(*reply_bytes);
   if (!message.ok()) return message.status();
@@ -254,6 +271,10 @@ absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
     if (absl::Status s = SampleMemd(); !s.ok()) return s;
   }
   auto view = QueryWorker();
+  if (!view.ok() && options_.reattach_timeout.count() > 0) {  // a worker killed at the end: its successor's counters
+    if (absl::Status s = Reattach(); !s.ok()) return s;
+    view = QueryWorker();
+  }
   if (!view.ok()) return view.status();
   NodeStats now = view->counters;
   now.sessions_admitted_max = peaks_.sessions_admitted_max;

@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -53,6 +55,11 @@ class ZmqNodeClient final : public NodeClient {
   absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) override;
   // Times the worker went away and every unfinished request was re-attached to its successor.
   int reattaches() const { return reattaches_; }
+  // Requests submitted again after a re-attach: the successor did not know them (Attach NOT_FOUND) and the client had
+  // none of their tokens (the dead worker never told memd of them, so nothing of them survived; resubmitting is exact).
+  int resubmits() const { return resubmits_; }
+  // For each re-attach, when the first token of any request arrived after it (time to recover, issue 11).
+  const std::vector<std::chrono::steady_clock::time_point>& recovered_at() const { return recovered_at_; }
   absl::StatusOr<NodeStats> Stats() override;
 
  private:
@@ -66,7 +73,8 @@ class ZmqNodeClient final : public NodeClient {
     int64_t page_bytes = 0;
     int64_t capacity_pages = 0;
   };
-  absl::StatusOr<WorkerView> QueryWorker();
+  // `timeout`: the reply's deadline (request_timeout when unset).
+  absl::StatusOr<WorkerView> QueryWorker(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // The worker went away: reconnects within reattach_timeout and sends Attach for each unfinished request. Errors:
   // UNAVAILABLE (no worker answered in time).
   absl::Status Reattach();
@@ -81,6 +89,11 @@ class ZmqNodeClient final : public NodeClient {
   absl::flat_hash_set<RequestId> seen_tokens_;  // requests whose first token arrived
   absl::flat_hash_map<RequestId, uint32_t> received_;  // unfinished requests -> tokens received (Attach.received)
   int reattaches_ = 0;
+  int resubmits_ = 0;
+  absl::flat_hash_map<RequestId, SubmitRequest> submitted_;  // unfinished requests as submitted (for a resubmit)
+  absl::flat_hash_map<uint64_t, RequestId> attach_of_sequence_;  // Attach sequence -> request
+  bool awaiting_recovery_ = false;  // re-attached; no token since
+  std::vector<std::chrono::steady_clock::time_point> recovered_at_;
   NodeStats peaks_;  // sessions_admitted_max and per-GPU peaks, from memd samples
   absl::flat_hash_map<GpuId, int64_t> peak_used_pages_;  // max M_req + M_opt seen, pages
 };

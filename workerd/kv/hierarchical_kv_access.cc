@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/fault_point.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs {
@@ -538,6 +539,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
   kv.SetHostReady(page, false);
   pg.backup = device_->CopyDeviceToHost(ops, after);
   pending_backups_.push_back(PendingBackup{kv.id, page});
+  ReachFaultPoint(FaultPoint::kBackup);  // test-only (common/fault_point.h)
   return pg.backup;
 }
 

@@ -1,0 +1,59 @@
+// tools/replay/host_ledger.h: the bookkeeping behind dhs-replay's host_rows_lost (issue 11): the digest of every host
+// page memd recorded as holding a confirmed host copy, and the pages whose bytes later changed or that vanished. Pure
+// bookkeeping: the process part (tools/replay/supervised_node.cc) reads memd's `request N` views and digests the
+// mapped host pool.
+//
+// Two keys: the bytes of history page j of a request are the same in every incarnation of the request (a resumed
+// request recomputes or imports them bit-exactly), so digests are kept by (client id, history page); which pages a
+// request holds is kept by its node request id (a resumed request has a new one, and may get new host pages).
+// - Observe: node `node` (client `client`) holds a confirmed host copy of `page` with `digest`. The first digest of
+//   (client, page) is recorded; a later one that differs is a changed page.
+// - CheckAfterFault: after the worker died (memd fenced its GPU) or memd restarted, `present` lists the confirmed host
+//   copies memd holds now, by client; every page held by a node in `nodes` must be there with its recorded digest,
+//   else it vanished (or changed). Pages of an earlier incarnation that a resume let go (memd frees them when the
+//   interrupted request ends) are not checked again: the resumed request's copies are compared by Observe.
+// - Forget: the node ended; the pages it held are no longer expected.
+// Each (client, page) is counted lost at most once.
+//
+// Thread-safety: none.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "common/types.h"
+
+namespace dhs::replay {
+
+struct HostCopySeen {
+  RequestId node = 0;    // memd's (node) request id
+  RequestId client = 0;  // the client's request id
+  uint32_t page = 0;     // history page
+  uint64_t digest = 0;   // of the host page's bytes
+};
+
+class HostLedger {
+ public:
+  void Observe(const HostCopySeen& seen);
+  void CheckAfterFault(const std::set<RequestId>& nodes, const std::vector<HostCopySeen>& present);
+  void Forget(RequestId node);
+  std::set<RequestId> nodes() const;  // nodes holding a recorded page
+
+  uint64_t pages_recorded() const { return digests_.size(); }
+  uint64_t pages_checked() const { return checked_; }  // comparisons made (Observe of a known page, CheckAfterFault)
+  uint64_t pages_changed() const { return changed_; }
+  uint64_t pages_vanished() const { return vanished_; }
+  uint64_t pages_lost() const { return changed_ + vanished_; }
+
+ private:
+  void Lose(std::pair<RequestId, uint32_t> key, bool vanished);
+  std::map<std::pair<RequestId, uint32_t>, uint64_t> digests_;  // (client, page) -> digest
+  std::map<RequestId, std::pair<RequestId, std::set<uint32_t>>> held_;  // node -> (client, pages)
+  std::set<std::pair<RequestId, uint32_t>> lost_;
+  uint64_t checked_ = 0, changed_ = 0, vanished_ = 0;
+};
+
+}  // namespace dhs::replay

@@ -1,0 +1,526 @@
+// tools/replay/supervised_node.cc: see supervised_node.h.
+#include "tools/replay/supervised_node.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/host_pool.h"
+#include "common/protocol.h"
+#include "common/spawn.h"
+#include "common/transport.h"
+#include "nlohmann/json.hpp"
+#include "tools/node/node_process.h"
+#include "tools/replay/host_ledger.h"
+
+namespace dhs::replay {
+namespace {
+
+using node::Supervisor;
+using node::SupervisorOrder;
+constexpr size_t kWorker = 1;
+constexpr char kSender[] = "dhs-replay-supervisor";
+constexpr std::chrono::milliseconds kAskTimeout{1000};
+constexpr uint64_t kClientBits = (uint64_t{1} << 40) - 1;  // n of a node request id (common/types.h)
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Log(const std::string& line) { std::cerr << "dhs-replay: " << line << "\n" << std::flush; }
+
+// One request/reply on a fresh connection to <run_dir>/<name>.sock; nullopt on any failure within kAskTimeout.
+std::optional<Message> Ask(const std::string& run_dir, const std::string& name, const std::string& request,
+                           std::string& storage) {
+  auto client = DealerClient::Connect(IpcEndpoint(run_dir, name));
+  if (!client.ok()) return std::nullopt;
+  (*client)->SetLinger(std::chrono::milliseconds(0));
+  absl::StatusOr<std::string> reply = (*client)->Request(request, kAskTimeout);
+  if (!reply.ok()) return std::nullopt;
+  storage = *std::move(reply);
+  absl::StatusOr<Message> m = DecodeEnvelope(storage);
+  if (!m.ok()) return std::nullopt;
+  return *m;
+}
+
+// memd's JSON view `what` (for kRequest: of request `id`); nullopt when memd does not answer.
+std::optional<nlohmann::json> AskMemd(const std::string& run_dir, wire::IntrospectWhat what, RequestId id = 0) {
+  wire::IntrospectQueryT q;
+  q.what = what;
+  q.request = id;
+  q.format = wire::IntrospectFormat::Json;
+  std::string storage;
+  std::optional<Message> m = Ask(run_dir, "memd", EncodeIntrospectQuery(q, 1, kSender), storage);
+  if (!m || m->type != wire::Body::IntrospectReply) return std::nullopt;
+  absl::StatusOr<wire::IntrospectReplyT> reply = ReadIntrospectReply(*m);
+  if (!reply.ok()) return std::nullopt;
+  nlohmann::json doc = nlohmann::json::parse(reply->document, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return std::nullopt;
+  return doc;
+}
+
+std::optional<wire::WorkerStatsReplyT> AskWorker(const std::string& run_dir) {
+  wire::WorkerStatsQueryT q;
+  std::string storage;
+  std::optional<Message> m = Ask(run_dir, "worker-0", EncodeWorkerStatsQuery(q, 1, kSender), storage);
+  if (!m || m->type != wire::Body::WorkerStatsReply) return std::nullopt;
+  absl::StatusOr<wire::WorkerStatsReplyT> stats = ReadWorkerStatsReply(*m);
+  if (!stats.ok()) return std::nullopt;
+  return *stats;
+}
+
+// FNV-1a over the page's bytes, 64 bits (a changed byte changes it; collisions are negligible at these counts).
+uint64_t PageDigest(const uint8_t* data, uint64_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t i = 0; i < bytes; ++i) h = (h ^ data[i]) * 1099511628211ull;
+  return h;
+}
+
+// The /dev/shm object memd `pid` maps (its host pool), from /proc/<pid>/maps; "" when none.
+std::string SegmentOf(pid_t pid) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::string line;
+  const std::string dir = std::string(kHostPoolShmDir) + "/";
+  while (std::getline(maps, line)) {
+    const size_t at = line.find(dir);
+    if (at != std::string::npos) return line.substr(at + dir.size());
+  }
+  return "";
+}
+
+// (history page, host page) pairs of a `request N` view's host_copies.
+std::map<uint32_t, PageIndex> HostCopiesOf(const nlohmann::json& view) {
+  std::map<uint32_t, PageIndex> out;
+  if (!view.is_object() || !view.contains("host_copies") || !view["host_copies"].is_array()) return out;
+  for (const nlohmann::json& c : view["host_copies"]) {
+    if (c.is_array() && c.size() == 2 && c[0].is_number_unsigned() && c[1].is_number_unsigned()) {
+      out[c[0].get<uint32_t>()] = c[1].get<PageIndex>();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+node::SupervisorPolicy SupervisedNodeOptions::ChaosPolicy() {
+  node::SupervisorPolicy p;
+  p.backoff_initial_ms = 100;
+  p.backoff_max_ms = 2000;
+  p.backoff_reset_ms = 2000;
+  p.max_restarts = 1000000;
+  p.restart_window_ms = 1000;
+  p.stop_grace_ms = 5000;
+  p.start_timeout_ms = 60000;
+  p.probe_interval_ms = 50;
+  return p;
+}
+
+// The loop's state (the two cores, the children's pids, the mapped pool and the ledger) and its steps. Runs on the
+// supervision thread only; `node` is read for its options and run directory and written under its mutex.
+struct SupervisedNode::Runtime {
+  Runtime(SupervisedNode& n)
+      : node(n), sup(n.options_.policy, {"memd", "worker gpu 0"}), plan(n.options_.faults) {}
+
+  bool ExecuteSupervisorOrders();  // true once kExit was executed
+  void StartChild(size_t child);
+  void Reap();
+  void ObserveReadiness();
+  void ExecuteFaultOrders();
+  void Sample();
+  void AfterWorkerDeath();
+  void CheckAgainstMemd(bool interrupted_only);
+  void MapPool();
+  void Corrupt();
+  std::optional<uint64_t> Digest(PageIndex host_page) const;
+  void Publish();
+
+  SupervisedNode& node;
+  Supervisor sup;
+  FaultPlan plan;
+  pid_t pids[2] = {-1, -1};
+  bool was_ready[2] = {false, false};
+  bool terminating = false;
+  bool faults_stopped = false;
+  bool worker_kill_sent = false;    // the worker's death is timed at the kill (not at its reaping)
+  bool memd_check_pending = false;  // memd restarted: check the ledger once the new one serves
+  bool corrupted = false;
+  bool worker_stopped = false;  // the supervisor signalled the worker (it did not die by itself or by a fault)
+  pid_t memd_of_worker = -1;    // the memd the worker started under
+  std::string armed;            // the worker's --fault-kill-at ("" none)
+  std::unique_ptr<HostPoolSegment> pool;
+  HostLedger ledger;
+  std::map<std::pair<RequestId, uint32_t>, PageIndex> host_page_of;  // (node, page) -> host page, last sample
+  int64_t last_sample = 0;
+  uint64_t worker_deaths = 0, resumed = 0, recomputed = 0, hooks_armed = 0, fence_timeouts = 0;
+  std::vector<std::chrono::steady_clock::time_point> down_at;
+};
+
+void SupervisedNode::Loop() {
+  Runtime rt(*this);
+  rt.sup.Begin(NowMs());
+  while (!rt.ExecuteSupervisorOrders()) {
+    rt.Reap();
+    if (stop_ && !rt.terminating) {
+      rt.terminating = true;
+      rt.plan.Stop();
+      rt.sup.Terminate(NowMs());
+      continue;
+    }
+    if (stop_faults_ && !rt.faults_stopped) {
+      rt.faults_stopped = true;
+      rt.plan.Stop();
+      std::lock_guard<std::mutex> lock(mu_);
+      faults_stopped_ = true;
+      cv_.notify_all();
+    }
+    rt.ObserveReadiness();
+    rt.plan.Timer(NowMs());
+    rt.ExecuteFaultOrders();
+    if (!rt.terminating && NowMs() - rt.last_sample >= options_.sample_interval.count()) rt.Sample();
+    rt.sup.Timer(NowMs());
+    rt.Publish();
+    const int64_t wake = std::min(rt.sup.NextWakeupMs(), rt.plan.NextWakeupMs());
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp<int64_t>(wake - NowMs(), 1, 10)));
+  }
+  rt.Publish();
+}
+
+bool SupervisedNode::Runtime::ExecuteSupervisorOrders() {
+  using Kind = SupervisorOrder::Kind;
+  for (std::vector<SupervisorOrder> orders = sup.DrainOrders(); !orders.empty(); orders = sup.DrainOrders()) {
+    for (const SupervisorOrder& o : orders) {
+      switch (o.kind) {
+        case Kind::kStart: StartChild(o.child); break;
+        case Kind::kSignal:
+          if (pids[o.child] > 0) ::kill(pids[o.child], o.signal);
+          if (o.child == kWorker) worker_stopped = true;  // stopped on purpose (memd went away, or the end)
+          break;
+        case Kind::kProbe: {
+          const std::string& dir = node.run_dir_;
+          const bool ready = o.child == Supervisor::kMemd
+                                 ? node::ProbeMemd(dir, std::nullopt, node::kProbeTimeout)
+                                 : node::ProbeWorker(dir, 0, node::kProbeTimeout) &&
+                                       node::ProbeMemd(dir, GpuId{0}, node::kProbeTimeout);
+          sup.ProbeResult(o.child, ready, NowMs());
+          ObserveReadiness();  // before the orders this answer causes (a memd check precedes the worker's start)
+          break;
+        }
+        case Kind::kReady: {
+          std::lock_guard<std::mutex> lock(node.mu_);
+          node.ready_ = true;
+          node.cv_.notify_all();
+          break;
+        }
+        case Kind::kLog: Log(o.message); break;
+        case Kind::kExit: {
+          std::lock_guard<std::mutex> lock(node.mu_);
+          node.exited_ = true;
+          node.exit_message_ = o.message;
+          node.cv_.notify_all();
+          if (!terminating) Log(o.message);
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+void SupervisedNode::Runtime::StartChild(size_t child) {
+  const NodeLaunchOptions& launch = node.options_.launch;
+  const bool memd = child == Supervisor::kMemd;
+  std::vector<std::string> args = memd ? MemdArgs(launch, node.run_dir_) : WorkerArgs(launch, node.run_dir_);
+  std::string spec;  // the worker's --fault-kill-at
+  if (!memd) {
+    if (std::optional<FaultKill> kill = plan.WorkerFaultForStart()) {
+      spec = FormatFaultKill(*kill);
+      args.insert(args.end(), {"--fault-kill-at", spec});
+      ++hooks_armed;
+      Log(absl::StrCat("worker start ", sup.starts(kWorker), " armed with --fault-kill-at ", spec));
+    }
+  }
+  const std::string log = node.run_dir_ + (memd ? "/memd.log" : "/workerd.log");
+  absl::StatusOr<pid_t> pid = SpawnChild(memd ? launch.memd_path : launch.workerd_path, args,
+                                         SpawnOptions{.log = log, .append_log = true, .drop_notify_socket = true});
+  if (!pid.ok()) {
+    Log(std::string(pid.status().message()));
+    sup.Exited(child, 127 << 8, NowMs());
+    return;
+  }
+  pids[child] = *pid;
+  if (!memd) {
+    worker_stopped = false;
+    memd_of_worker = pids[Supervisor::kMemd];
+    armed = spec;
+  }
+}
+
+FaultStats SupervisedNode::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+absl::StatusOr<std::unique_ptr<SupervisedNode>> SupervisedNode::Start(const SupervisedNodeOptions& options) {
+  const NodeLaunchOptions& launch = options.launch;
+  for (const std::string* path : {&launch.memd_path, &launch.workerd_path}) {
+    if (path->empty() || ::access(path->c_str(), X_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("not an executable: '", *path, "'"));
+    }
+  }
+  if (launch.page_bytes == 0 || launch.hbm_budget_bytes == 0 || launch.host_pool_bytes == 0) {
+    return absl::InvalidArgumentError("page bytes, HBM budget and host pool size must be > 0");
+  }
+  std::unique_ptr<SupervisedNode> node(new SupervisedNode(options));
+  absl::StatusOr<std::string> dir = CreateRunDir(launch, node->owns_run_dir_);
+  if (!dir.ok()) return dir.status();
+  node->run_dir_ = *dir;
+  node->stats_.seed = options.faults.seed;
+  node->thread_ = std::thread([n = node.get()] { n->Loop(); });
+  std::unique_lock<std::mutex> lock(node->mu_);
+  const bool settled = node->cv_.wait_for(lock, std::chrono::milliseconds(options.policy.start_timeout_ms + 5000),
+                                          [&] { return node->ready_ || node->exited_; });
+  if (settled && node->ready_) return node;
+  const std::string why = node->exited_ ? node->exit_message_ : "not ready in time";
+  lock.unlock();
+  node->keep_run_dir();
+  (void)node->Stop();
+  return absl::UnavailableError(absl::StrCat("the node did not start: ", why, "; see ", node->run_dir_,
+                                             "/memd.log and workerd.log (the run directory is kept)"));
+}
+
+SupervisedNode::~SupervisedNode() {
+  if (absl::Status s = Stop(); !s.ok()) Log(absl::StrCat("stopping the node: ", s.message()));
+}
+
+void SupervisedNode::StopFaults() {
+  stop_faults_ = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::seconds(2), [&] { return faults_stopped_ || exited_; });
+}
+
+absl::Status SupervisedNode::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (owns_run_dir_ && !run_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir_, ec);
+    owns_run_dir_ = false;
+    if (ec) return absl::InternalError(absl::StrCat("cannot remove the run directory ", run_dir_, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+void SupervisedNode::Runtime::Reap() {
+  for (size_t c : {Supervisor::kMemd, kWorker}) {
+    int status = 0;
+    if (pids[c] <= 0 || ::waitpid(pids[c], &status, WNOHANG) != pids[c]) continue;
+    pids[c] = -1;
+    const int64_t now = NowMs();
+    const bool memd_ready = was_ready[Supervisor::kMemd];
+    was_ready[c] = false;
+    sup.Exited(c, status, now);
+    if (terminating) continue;
+    if (c == kWorker) {
+      plan.WorkerExited(now);
+      ++worker_deaths;
+      if (!worker_kill_sent) down_at.push_back(std::chrono::steady_clock::now());
+      worker_kill_sent = false;
+      Log(absl::StrCat("worker exited (", DescribeWaitStatus(status), ")",
+                       armed.empty() ? "" : absl::StrCat(", armed with --fault-kill-at ", armed)));
+      // A worker that died under the memd it registered with: that memd fences its GPU and keeps its requests.
+      if (memd_ready && !worker_stopped && pids[Supervisor::kMemd] > 0 &&
+          pids[Supervisor::kMemd] == memd_of_worker) {
+        AfterWorkerDeath();
+      }
+    } else {
+      plan.MemdExited(now);
+      pool.reset();
+      memd_check_pending = true;
+      Log(absl::StrCat("memd exited (", DescribeWaitStatus(status), ")"));
+    }
+  }
+}
+
+void SupervisedNode::Runtime::ObserveReadiness() {
+  for (size_t c : {Supervisor::kMemd, kWorker}) {
+    const bool ready = sup.state(c) == node::ChildState::kReady;
+    if (ready == was_ready[c]) continue;
+    was_ready[c] = ready;
+    if (!ready) continue;
+    if (c == Supervisor::kMemd) {
+      MapPool();
+      if (memd_check_pending) {  // the new memd serves; the worker starts only after this
+        memd_check_pending = false;
+        CheckAgainstMemd(/*interrupted_only=*/false);
+      }
+      plan.MemdReady(NowMs());
+    } else {
+      if (std::optional<wire::WorkerStatsReplyT> s = AskWorker(node.run_dir_)) {  // its resumes happened at its start
+        resumed += s->requests_resumed;
+        recomputed += s->rows_recomputed;
+      }
+      plan.WorkerReady(NowMs());
+    }
+  }
+}
+
+void SupervisedNode::Runtime::ExecuteFaultOrders() {
+  for (const FaultOrder& o : plan.DrainOrders()) {
+    const size_t c = o.kind == FaultOrder::Kind::kKillWorker ? kWorker : Supervisor::kMemd;
+    if (pids[c] <= 0) continue;
+    Sample();  // the latest digests before the kill
+    if (node.options_.corrupt_one_host_page && !corrupted) Corrupt();
+    if (c == kWorker) {
+      worker_kill_sent = true;
+      down_at.push_back(std::chrono::steady_clock::now());
+    }
+    ::kill(pids[c], SIGKILL);
+    Log(absl::StrCat("fault: SIGKILL ", c == kWorker ? "worker" : "memd", " (pid ", pids[c], ")"));
+  }
+}
+
+void SupervisedNode::Runtime::MapPool() {
+  pool.reset();
+  const std::string name = SegmentOf(pids[Supervisor::kMemd]);
+  if (name.empty()) {
+    Log("host_rows_lost: memd maps no /dev/shm segment; host pages are not checked");
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<HostPoolSegment>> seg = HostPoolSegment::Open(name);
+  if (!seg.ok()) {
+    Log(absl::StrCat("host_rows_lost: cannot map ", name, ": ", seg.status().message()));
+    return;
+  }
+  pool = *std::move(seg);
+}
+
+std::optional<uint64_t> SupervisedNode::Runtime::Digest(PageIndex host_page) const {
+  absl::StatusOr<uint8_t*> data = pool->PageData(host_page);
+  if (!data.ok()) return std::nullopt;
+  return PageDigest(*data, pool->page_bytes());
+}
+
+// Digests of the confirmed host copies of every live request, each page listed before and after its digest.
+void SupervisedNode::Runtime::Sample() {
+  last_sample = NowMs();
+  if (!pool || !was_ready[Supervisor::kMemd]) return;
+  std::optional<nlohmann::json> requests = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
+  if (!requests || !requests->is_array()) return;
+  std::set<RequestId> live;  // node ids
+  for (const nlohmann::json& r : *requests) {
+    if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
+    const RequestId id = r["request"].get<RequestId>();
+    live.insert(id);
+    std::optional<nlohmann::json> before = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
+    if (!before) continue;
+    std::vector<std::pair<uint32_t, uint64_t>> digests;
+    const std::map<uint32_t, PageIndex> copies = HostCopiesOf(*before);
+    for (const auto& [page, host_page] : copies) {
+      if (std::optional<uint64_t> d = Digest(host_page)) digests.emplace_back(page, *d);
+    }
+    std::optional<nlohmann::json> after = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
+    if (!after) continue;
+    const std::map<uint32_t, PageIndex> still = HostCopiesOf(*after);
+    for (const auto& [page, digest] : digests) {
+      auto it = still.find(page);
+      if (it == still.end() || it->second != copies.at(page)) continue;
+      ledger.Observe(HostCopySeen{id, id & kClientBits, page, digest});
+      host_page_of[{id, page}] = it->second;
+    }
+  }
+  for (RequestId node : ledger.nodes()) {
+    if (!live.contains(node)) ledger.Forget(node);  // ended: memd freed its pages
+  }
+}
+
+// The worker died: once memd fenced its GPU, every recorded page of each interrupted request must still be held.
+void SupervisedNode::Runtime::AfterWorkerDeath() {
+  const int64_t deadline = NowMs() + node.options_.fence_timeout.count();
+  while (true) {
+    std::optional<nlohmann::json> gpus = AskMemd(node.run_dir_, wire::IntrospectWhat::Gpus);
+    bool fenced = false;
+    if (gpus && gpus->is_array()) {
+      for (const nlohmann::json& g : *gpus) fenced |= g.value("gpu", 1u) == 0 && !g.value("up", true);
+    }
+    if (fenced) break;
+    if (NowMs() >= deadline) {
+      ++fence_timeouts;
+      Log("host_rows_lost: memd did not show GPU 0 fenced in time; this death's host pages are not checked");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CheckAgainstMemd(/*interrupted_only=*/true);
+}
+
+// The pages held by the interrupted requests (after a worker death), or by every request recorded (after a memd
+// restart), against the host copies memd holds now.
+void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
+  if (!pool) return;
+  std::optional<nlohmann::json> requests = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
+  if (!requests || !requests->is_array()) return;
+  std::set<RequestId> nodes = interrupted_only ? std::set<RequestId>{} : ledger.nodes();
+  std::vector<HostCopySeen> present;
+  for (const nlohmann::json& r : *requests) {
+    if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
+    if (interrupted_only && r.value("state", "") != "interrupted") continue;
+    const RequestId id = r["request"].get<RequestId>();
+    if (interrupted_only) nodes.insert(id);
+    std::optional<nlohmann::json> view = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
+    if (!view) continue;
+    for (const auto& [page, host_page] : HostCopiesOf(*view)) {
+      if (std::optional<uint64_t> d = Digest(host_page)) present.push_back({id, id & kClientBits, page, *d});
+    }
+  }
+  const uint64_t lost_before = ledger.pages_lost();
+  ledger.CheckAfterFault(nodes, present);
+  if (ledger.pages_lost() > lost_before) {
+    Log(absl::StrCat("host_rows_lost: ", ledger.pages_lost() - lost_before, " recorded host pages changed or vanished"
+                     " (", ledger.pages_vanished(), " vanished, ", ledger.pages_changed(), " changed in all)"));
+  }
+}
+
+// Test-only: flips one byte of one recorded host page (a real corruption of the mapped pool).
+void SupervisedNode::Runtime::Corrupt() {
+  if (!pool || host_page_of.empty()) return;
+  for (const auto& [key, host_page] : host_page_of) {
+    if (!ledger.nodes().contains(key.first)) continue;
+    absl::StatusOr<uint8_t*> data = pool->PageData(host_page);
+    if (!data.ok()) continue;
+    (*data)[0] ^= 0xFF;
+    corrupted = true;
+    Log(absl::StrCat("TEST ONLY: flipped byte 0 of host page ", host_page, " (request ", key.first, ", history page ",
+                     key.second, ")"));
+    return;
+  }
+}
+
+void SupervisedNode::Runtime::Publish() {
+  std::lock_guard<std::mutex> lock(node.mu_);
+  FaultStats& s = node.stats_;
+  s.worker_restarts = sup.starts(kWorker) > 0 ? sup.starts(kWorker) - 1 : 0;
+  s.memd_restarts = sup.starts(Supervisor::kMemd) > 0 ? sup.starts(Supervisor::kMemd) - 1 : 0;
+  s.worker_kills = plan.worker_kills();
+  s.memd_kills = plan.memd_kills();
+  s.worker_deaths = worker_deaths;
+  s.hook_kills_armed = hooks_armed;
+  s.requests_resumed = resumed;
+  s.rows_recomputed = recomputed;
+  s.host_pages_recorded = ledger.pages_recorded();
+  s.host_pages_checked = ledger.pages_checked();
+  s.host_pages_lost = ledger.pages_lost();
+  s.host_rows_lost = ledger.pages_lost() * node.options_.page_rows;
+  s.fence_timeouts = fence_timeouts;
+  s.worker_down_at = down_at;
+}
+
+}  // namespace dhs::replay
