@@ -381,7 +381,12 @@ absl::StatusOr<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
   }
   if (!reply.empty()) {
     if (absl::Status status = router_->Reply(in.peer, reply); !status.ok()) {
-      DHS_LOG_LIMITED(spdlog::level::warn, "{}: reply not delivered: {}", router_->endpoint(), status.ToString());
+      if (on_reply_failure_) {
+        on_reply_failure_(in.peer, status);
+      } else {
+        DHS_LOG_LIMITED(spdlog::level::warn, "{}: reply to '{}' not delivered: {}", router_->endpoint(), in.peer,
+                        status.ToString());
+      }
     }
   }
   return true;

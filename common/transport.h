@@ -196,6 +196,12 @@ class Server {
   // Registers the handler of `type` (replaces an earlier one).
   void On(wire::Body type, Handler handler) { handlers_[static_cast<int>(type)] = std::move(handler); }
 
+  // Called when a reply (a handler's, or an ErrorReply) cannot be queued to `peer` (its queue is full, or it is gone:
+  // ROUTER_MANDATORY); `why` is RouterServer::Reply's error. Without one such a reply is logged (rate-limited) and
+  // dropped. memd fences the GPU of a worker whose reply is lost, as for an order (docs/protocol.md).
+  using ReplyFailureHandler = std::function<void(std::string_view peer, const absl::Status& why)>;
+  void OnReplyFailure(ReplyFailureHandler handler) { on_reply_failure_ = std::move(handler); }
+
   // Sets the largest accepted message, bytes (default kMaxMessageBytes).
   void set_max_message_bytes(size_t max_bytes) { max_message_bytes_ = max_bytes; }
 
@@ -217,6 +223,7 @@ class Server {
   size_t max_message_bytes_ = kMaxMessageBytes;
   int source_fd_ = -1;
   std::unordered_map<int, Handler> handlers_;
+  ReplyFailureHandler on_reply_failure_;
 };
 
 }  // namespace dhs

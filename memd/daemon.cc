@@ -294,6 +294,16 @@ void Daemon::SendToGpu(GpuId gpu, const std::string& bytes) {
   }
 }
 
+void Daemon::ReplyNotDelivered(std::string_view peer, const absl::Status& why) {
+  for (const auto& [gpu, g] : gpus_) {
+    if (g.fenced || g.peer != peer) continue;
+    ++counters_.send_failures;
+    Fence(gpu, absl::StrCat("a reply could not be sent to it: ", why.message()));
+    return;
+  }
+  DHS_LOG_LIMITED(spdlog::level::warn, "memd: reply to '{}' not delivered: {}", peer, why.ToString());
+}
+
 // ---------------------------------------------------------------- liveness and fencing
 
 void Daemon::Fence(GpuId gpu, const std::string& why) {
@@ -361,6 +371,7 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
 // ---------------------------------------------------------------- handlers
 
 void Daemon::Register() {
+  server_->OnReplyFailure([this](std::string_view peer, const absl::Status& why) { ReplyNotDelivered(peer, why); });
   auto counted = [this](auto fn) {
     return [this, fn](const Message& m, std::string_view peer) -> absl::StatusOr<std::string> {
       ++counters_.messages;

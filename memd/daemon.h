@@ -168,6 +168,10 @@ class Daemon {
   std::string Encode(const RetireOrder& order);
   uint64_t AdmitSequence(RequestId request) const;
   void SendToGpu(GpuId gpu, const std::string& bytes);
+  // A reply (Server::OnReplyFailure) that could not be queued to `peer`: when `peer` is the worker of a GPU that is
+  // up, that GPU is fenced as for an order (a lost HelloReply, CompleteAck, ErrorReply, ... breaks the conversation);
+  // else (an introspection client, a fenced worker) it is logged, rate-limited, and the client times out.
+  void ReplyNotDelivered(std::string_view peer, const absl::Status& why);
   void PublishMetrics();
 
   DaemonOptions options_;

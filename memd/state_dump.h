@@ -164,7 +164,7 @@ struct Counters {
 struct DaemonCounters {
   uint64_t messages = 0;       // inbound messages that reached a handler
   uint64_t hellos = 0;         // accepted Hellos
-  uint64_t send_failures = 0;  // orders that could not be sent (worker gone)
+  uint64_t send_failures = 0;  // orders and replies that could not be sent to a live worker (each fenced it)
   uint64_t refused_peers = 0;  // worker-only messages refused (PERMISSION_DENIED): not from that GPU's worker
   uint64_t workers = 0;        // GPUs whose worker said Hello and is not fenced (gauge)
   uint64_t workers_lost = 0;   // workers fenced: dead peer (socket monitor), heartbeat timeout or failed send
