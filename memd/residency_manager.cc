@@ -93,14 +93,19 @@ absl::Status ResidencyManager::FenceGpu(GpuId gpu) {
   FenceCopies(gpu);
   std::erase_if(orders_, [gpu](const auto& e) { return e.second.gpu == gpu; });
   std::erase_if(reclaims_, [gpu](const auto& e) { return e.second.gpu == gpu; });
+  uint32_t interrupted = 0;
   for (RequestId q : g->second.queue) {
+    Request& r = requests_.at(q);
+    if (r.resume) {  // its predecessor is gone: rejecting it would lose the host pages and record it took over
+      InterruptQueuedResume(r);
+      ++interrupted;
+      continue;
+    }
     outbox_.push_back(RejectOrder{q, gpu, absl::UnavailableError(absl::StrFormat(
         "GPU %d was fenced (its worker died or hung) before request %d was granted", gpu, q))});
-    host_.ReleaseRequest(q);  // a queued resume's taken-over host pages
     requests_.erase(q);
     ++counters_.admissions_fenced;
   }
-  uint32_t interrupted = 0;
   for (auto& [id, r] : requests_) {
     if (r.gpu != gpu || (r.state != RequestState::kAdmitted && r.state != RequestState::kReclaiming)) continue;
     Interrupt(r);
@@ -126,6 +131,23 @@ void ResidencyManager::FenceCopies(GpuId gpu) {
     if (!c.orphan) requests_.at(c.request).history[c.history_page].copy = 0;
     it = copies_.erase(it);
   }
+}
+
+void ResidencyManager::InterruptQueuedResume(Request& r) {
+  r.history.assign(r.context_pages, HistoryPage{});
+  for (uint32_t h = 0; h < r.context_pages; ++h) {
+    HistoryPage& hp = r.history[h];
+    hp.state = HistoryState::kLost;
+    if (h < r.resumed_host.size()) {
+      hp.state = HistoryState::kHost;
+      hp.host_page = r.resumed_host[h];
+    }
+  }
+  r.host_only = static_cast<uint32_t>(r.resumed_host.size());
+  r.resumed_host.clear();
+  r.wait_sent = false;
+  r.state = RequestState::kInterrupted;
+  ++counters_.requests_interrupted;
 }
 
 // An admitted request of a fenced GPU keeps exactly its confirmed host copies (kHost, kPopulating, kGpuAndHost ->
@@ -266,7 +288,10 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   r.optional_history = a.optional_history;
   r.time_us = clock_();
   ++counters_.admissions;
-  if (a.resume_of != 0) TakeOver(r, a.resume_of, leading);
+  if (a.resume_of != 0) {
+    r.resume = true;
+    TakeOver(r, a.resume_of, leading);
+  }
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
     spdlog::info("memd: reject: {}", std::string(never.message()));
     host_.ReleaseRequest(r.id);  // a resume's taken-over pages

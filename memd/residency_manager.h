@@ -131,7 +131,9 @@ class ResidencyManager {
   // - every copy in flight on it is resolved: its host page is unpinned; a backup's host page counts as a host copy
   //   only if HostCopyWritten had confirmed it (kGpuAndHost), a population copy's GPU page is gone with the GPU;
   // - every ReclaimOrder / PopulateOrder entry of the GPU is dropped (later reports name unknown orders);
-  // - queued admissions of the GPU are answered with a RejectOrder (UNAVAILABLE, "GPU n was fenced");
+  // - queued admissions of the GPU are answered with a RejectOrder (UNAVAILABLE, "GPU n was fenced"), except queued
+  //   resumes (Admit with resume_of): they become interrupted again, holding the host pages they took over as kHost
+  //   history pages 0 .. L-1 (the rest kLost), so the next worker resumes them (no RejectOrder: their record stays);
   // - admitted requests become kInterrupted: they keep exactly the host pages holding a confirmed host copy (kHost,
   //   kPopulating, kGpuAndHost -> kHost) and free the others (kHostPending, kGpu, kGpuDeferred -> kLost), lose their
   //   GPU pages and slot; Complete ends them (memd answers CompleteAck, released_pages 0);
@@ -238,6 +240,7 @@ class ResidencyManager {
     // A resume: the host pages of history pages 0 .. size-1 taken over from the interrupted request (owned while
     // queued; kHost at the grant).
     std::vector<PageIndex> resumed_host;
+    bool resume = false;  // admitted with resume_of: a fence while queued makes it interrupted again (not rejected)
     RequestState state = RequestState::kQueued;
     int64_t time_us = 0;  // queued at, then admitted at
     uint64_t seq = 0;     // admission sequence
@@ -333,6 +336,8 @@ class ResidencyManager {
   uint32_t ReleaseAdmitted(Request& r, Gpu& gpu);
   void FenceCopies(GpuId gpu);
   void Interrupt(Request& r);
+  // A queued resume of a fenced GPU: interrupted again, holding the host pages it took over (none lost).
+  void InterruptQueuedResume(Request& r);
   absl::Status CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const;
   absl::Status CheckAdopted(std::span<const AdoptedRequest> requests) const;
   // With a journal: its entry of r's history page h (host page allocated) names r, h and r's context, and is

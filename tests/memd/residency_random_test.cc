@@ -69,6 +69,7 @@ struct MReq {
   OrderId reclaim = 0;  // the live reclaim (0: none)
   bool interrupted = false;  // its GPU was fenced while it was granted
   std::vector<PageIndex> resumed_host;  // a resume: the host pages it took over (history pages 0 .. L-1)
+  bool resume = false;                  // admitted with resume_of (a fence while queued interrupts it again)
   uint32_t epoch = 1;        // its GPU's epoch at its admission
 };
 struct FakeReclaim {
@@ -233,6 +234,7 @@ class Harness {
     m.context = a.context_pages;
     m.optional_history = a.optional_history;
     m.resumed_host = leading;
+    m.resume = true;
     resumed_pages_ += leading.size();
     resumed_pages_since_restart_ += leading.size();
     model_.erase(old);
@@ -305,6 +307,20 @@ class Harness {
     Run(mgr_->OnHostCopyWritten(r, pages, host, ok));
   }
 
+  // A queued resume whose GPU is fenced (or whose memd restarted): interrupted, history pages 0 .. L-1 on the host
+  // pages it took over (confirmed copies), the rest of its context lost.
+  static void InterruptQueuedResume(MReq& m) {
+    m.granted = true;
+    m.interrupted = true;
+    m.pages.assign(m.context, MPage{});
+    for (uint32_t h = 0; h < m.context; ++h) {
+      m.pages[h].lost = h >= m.resumed_host.size();
+      m.pages[h].written = !m.pages[h].lost;
+      if (m.pages[h].written) m.pages[h].host_page = m.resumed_host[h];
+    }
+    m.resumed_host.clear();
+  }
+
   // The worker of a random live GPU is gone. The model applies the fence first (so Run's expected Retires see no
   // reclaim of the GPU), then the event runs.
   void Fence() {
@@ -318,6 +334,11 @@ class Harness {
     for (auto it = model_.begin(); it != model_.end();) {
       MReq& m = it->second;
       if (m.gpu != g || m.interrupted) {
+        ++it;
+        continue;
+      }
+      if (!m.granted && m.resume) {  // a queued resume is interrupted again, with the host pages it took over
+        InterruptQueuedResume(m);
         ++it;
         continue;
       }
@@ -362,18 +383,9 @@ class Harness {
     std::vector<uint64_t> copy = journal_memory_;  // the dead memd's bytes, as the segment keeps them
     for (auto it = model_.begin(); it != model_.end();) {
       MReq& m = it->second;
-      if (!m.granted && !m.resumed_host.empty()) {
-        // A queued resume owns the host pages it took over (journaled as its history pages 0 .. L-1, confirmed):
-        // the new memd adopts it as an interrupted request holding them, the rest of its context lost.
-        m.granted = true;
-        m.pages.assign(m.context, MPage{});
-        for (uint32_t h = 0; h < m.context; ++h) {
-          m.pages[h].lost = h >= m.resumed_host.size();
-          m.pages[h].written = !m.pages[h].lost;
-          if (m.pages[h].written) m.pages[h].host_page = m.resumed_host[h];
-        }
-        m.resumed_host.clear();
-      }
+      // A queued resume owns the host pages it took over (journaled as its history pages 0 .. L-1, confirmed):
+      // the new memd adopts it as an interrupted request holding them (one with none is gone, below).
+      if (!m.granted && m.resume) InterruptQueuedResume(m);
       const bool any_written = std::any_of(m.pages.begin(), m.pages.end(), [](const MPage& p) { return p.written; });
       // Queued: gone with memd. Holding no host page (interrupted without a host copy, or a context of 0 pages): no
       // journal entry names it, gone too.

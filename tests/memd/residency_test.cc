@@ -943,13 +943,29 @@ TEST_F(ResidencyTest, QueuedResumeHoldsItsHostPagesUntilFencedOrCompleted) {
   EXPECT_EQ(Req(4).host_pages, 2u);
   EXPECT_EQ(mgr_->Dump().gpus[0].queued_host_pages, 1u);  // its context of 3 pages, 2 of them owned already
   EXPECT_TRUE(mgr_->InterruptedRequests(0).empty());
-  const auto rejects = OfType<RejectOrder>(Do(mgr_->FenceGpu(0)));
-  ASSERT_EQ(rejects.size(), 1u);
-  EXPECT_EQ(rejects[0].request, 4u);
-  EXPECT_EQ(mgr_->host().allocated(), 0u);  // request 3 was interrupted with no confirmed copy
-  // Completed while queued.
+  // A fence while it is queued: no reject (its predecessor is gone; rejecting would lose what it took over): it is
+  // interrupted again, holding history pages 0 and 1 on the same host pages, page 2 lost; request 3 had no
+  // confirmed copy, so its host page is freed.
+  const std::map<uint32_t, PageIndex> taken = mgr_->InterruptedHostPages(1);
+  EXPECT_TRUE(taken.empty());  // request 1 ended at the take-over
+  EXPECT_TRUE(OfType<RejectOrder>(Do(mgr_->FenceGpu(0))).empty());
+  EXPECT_EQ(mgr_->InterruptedRequests(0), (std::vector<RequestId>{3, 4}));
+  const std::map<uint32_t, PageIndex> kept = mgr_->InterruptedHostPages(4);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_TRUE(kept.contains(0) && kept.contains(1));
+  EXPECT_EQ(mgr_->host().allocated(), 2u);
+  EXPECT_EQ(Req(4).host_pages, 2u);
+  // The next worker resumes it again: it takes over the same two pages, then completes; request 3 is given up.
   Do(mgr_->RegisterGpu(0, 10, 1));
   Do(mgr_->Complete(3));
+  a.request = 8;
+  a.resume_of = 4;
+  Do(mgr_->Admit(a));
+  EXPECT_EQ(Req(8).host_pages, 3u);  // granted: the 2 taken over + 1 fresh
+  EXPECT_EQ(mgr_->host().allocated(), 3u);
+  Do(mgr_->Complete(8));
+  EXPECT_EQ(mgr_->host().allocated(), 0u);
+  // Completed while queued.
   Admit(5, 1, 0, 2);
   Written(5, {0});
   Do(mgr_->FenceGpu(0));
