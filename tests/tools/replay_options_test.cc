@@ -172,6 +172,8 @@ TEST(ReplayOptions, FaultInjection) {
   const std::pair<std::vector<std::string>, const char*> bad[] = {
       {{"--kill-worker-every", "2", "--connect", "ipc:///tmp/x/worker-0.sock"}, "not --connect"},
       {{"--kill-worker-every", "-1"}, "--kill-worker-every must be a number of seconds > 0"},
+      {{"--kill-worker-every", "0"}, "--kill-worker-every must be a number of seconds > 0, got 0"},
+      {{"--restart-memd-every", "0"}, "--restart-memd-every must be a number of seconds > 0, got 0"},
       {{"--restart-memd-every", "nan"}, "--restart-memd-every must be"},
       {{"--kill-worker-at", "decode:0"}, "--kill-worker-at: fault kill 'decode:0': N must be"},
       {{"--kill-worker-at", "nap:3"}, "unknown kind 'nap'"},

@@ -215,6 +215,12 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   std::sort(o.sweep.begin(), o.sweep.end());
   if (!o.concurrency && !o.time_scale && o.sweep.empty()) o.concurrency = ReplayOptions::kDefaultConcurrency;
   absl::Status s = ValidateReplayOptions(o);
+  for (const char* name : {"--kill-worker-every", "--restart-memd-every"}) {  // 0 is "not given" in ReplayOptions
+    const double value = std::string_view(name) == "--kill-worker-every" ? o.kill_worker_every_s : o.restart_memd_every_s;
+    if (s.ok() && app.count(name) > 0 && value == 0) {
+      s = absl::InvalidArgumentError(absl::StrCat(name, " must be a number of seconds > 0, got 0"));
+    }
+  }
   if (s.ok()) s = ValidateOutputPaths(o);
   if (!s.ok()) {
     cl.exit_code = 2;
