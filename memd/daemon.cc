@@ -182,13 +182,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
 }
 
 absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused) {
-  std::map<RequestId, JournaledRecord> records;
-  if (reused) records = record_journal_.LoadAll();
+  // Records are kept even when the pool was replaced (other geometry, a journal that did not verify): their requests
+  // come back interrupted with nothing kept, and the next worker resumes them by recomputing from their tokens.
+  std::map<RequestId, JournaledRecord> records = record_journal_.LoadAll();
+  std::erase_if(records, [&](const auto& e) {
+    const bool fits = e.second.context_pages <= options_.host_pool_pages;
+    if (!fits) spdlog::warn("memd: the record of request {} is dropped: its {} context pages exceed the host pool", e.first,
+                            e.second.context_pages);
+    return !fits;
+  });
   const std::vector<AdoptedRequest> adopted = AdoptionList(journaled, records);
-  if (absl::Status s = reused ? core_->AdoptHostPages(adopted) : absl::OkStatus(); !s.ok()) {
+  if (absl::Status s = reused || !adopted.empty() ? core_->AdoptHostPages(adopted) : absl::OkStatus(); !s.ok()) {
     // A bug (Verify checked what AdoptHostPages checks); nothing was adopted, the next start begins afresh.
     return absl::InternalError(absl::StrFormat("adopting the journal of /dev/shm/%s failed (%s); it is removed",
                                                segment_->name(), s.message()));
+  }
+  if (!reused && !adopted.empty()) {
+    core_->ReleaseHeldPages().IgnoreError();  // a new pool: no worker of a dead memd writes into it
   }
   std::erase_if(records, [&](const auto& e) { return !core_->GpuOfRequest(e.first).has_value(); });
   record_journal_.RemoveAllBut(records);
@@ -197,6 +207,10 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
       spdlog::warn("memd: the record of adopted request {} is not kept: {}", id, s.ToString());
       record_journal_.Release(id);
     }
+  }
+  if (!reused && !adopted.empty()) {
+    spdlog::warn("memd: the host pool was not adopted; {} requests with a record come back interrupted with no host "
+                 "page kept (their workers recompute them)", adopted.size());
   }
   if (reused) {  // the other host pages are held until the dead memd's workers surely stopped writing
     release_held_at_ = std::chrono::steady_clock::now() + options_.adopt_grace;

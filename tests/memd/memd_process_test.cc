@@ -72,6 +72,16 @@ class FakeWorker {
     if (!m.ok()) return std::nullopt;
     return *m;
   }
+  // The next message of `type`, skipping others memd may send first (e.g. a PopulateOrder of its 20 ms tick once a
+  // host copy is written); nullopt after `timeout` without one.
+  std::optional<Message> NextOf(wire::Body type, std::chrono::milliseconds timeout = 3000ms) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto m = Next(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+      if (!m || m->type == type) return m;
+    }
+    return std::nullopt;
+  }
   // Receives `n` messages and files them by type.
   std::map<wire::Body, Message> NextN(int n) {
     std::map<wire::Body, Message> out;
@@ -1655,7 +1665,7 @@ TEST_F(MemdProcess, HostPoolJournalAndRecordsSurviveASigkilledMemd) {
   t.entries[0]->tokens = {7, 8};
   t.entries[0]->logits_digests = {70, 80};
   w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
-  auto ack = w->Next();
+  auto ack = w->NextOf(wire::Body::TokensCommittedAck);
   ASSERT_TRUE(ack && ack->type == wire::Body::TokensCommittedAck);  // after the HostCopyWritten: memd handled them
   KillMemd();
   w.reset();
@@ -1700,6 +1710,64 @@ TEST_F(MemdProcess, HostPoolJournalAndRecordsSurviveASigkilledMemd) {
   }
   EXPECT_NE(MetricsWith("dhs_memd_host_pages{kind=\"allocated\"} 0").find("dhs_memd_host_pages{kind=\"pinned\"} 0\n"),
             std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_empty(run_dir_ + "/records"));
+}
+
+// The records outlive the pool: when the next memd cannot adopt the pool (here it is gone; another geometry or a
+// journal that does not verify take the same path), each request with a record still comes back interrupted, with
+// nothing kept, so its next worker resumes it by recomputing from its tokens; its record file goes at its Complete.
+TEST_F(MemdProcess, RecordsSurviveAPoolThatIsNotAdopted) {
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  const RequestId a = w->Id(1);
+  wire::AdmitRequestT m;
+  m.request = a;
+  m.gpu = 0;
+  m.required_pages = 1;
+  m.history_rows = 3 * kPageRows;
+  m.record = std::make_unique<wire::RequestRecordT>();
+  m.record->request = a;
+  m.record->client_request = 42;
+  m.record->prompt = {1, 2, 3};
+  m.record->max_new_tokens = 4;
+  w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
+  auto g = w->Next();
+  ASSERT_TRUE(g && g->type == wire::Body::AdmitGrant);
+  wire::HostCopyWrittenT hw;
+  hw.request = a;
+  hw.gpu = 0;
+  hw.history_pages = {0, 1};
+  hw.ok = true;
+  w->Send(EncodeHostCopyWritten(hw, w->seq(), "worker"));
+  wire::TokensCommittedT t;
+  t.gpu = 0;
+  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
+  t.entries[0]->request = a;
+  t.entries[0]->tokens = {7, 8};
+  t.entries[0]->logits_digests = {70, 80};
+  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
+  auto ack = w->NextOf(wire::Body::TokensCommittedAck);
+  ASSERT_TRUE(ack && ack->type == wire::Body::TokensCommittedAck);
+  KillMemd();
+  w.reset();
+  ASSERT_TRUE(HostPoolSegment::Remove(SegmentOf(run_dir_)).ok());  // the pool is gone; RUN_DIR/records is not
+  Spawn();
+  FakeWorker w2(run_dir_, 0);
+  wire::HelloReplyT r = w2.Hello(8);
+  ASSERT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{a}));
+  ASSERT_EQ(r.interrupted_records.size(), 1u);
+  EXPECT_EQ(r.interrupted_records[0]->client_request, 42u);
+  EXPECT_EQ(r.interrupted_records[0]->tokens, (std::vector<uint8_t>{7, 8}));
+  const json ja = DhsctlJson("request " + std::to_string(a));
+  EXPECT_EQ(ja["state"], "interrupted") << ja.dump();
+  EXPECT_EQ(ja["host_pages"], 0) << ja.dump();  // nothing kept: the host copies went with the pool
+  wire::CompleteT done;
+  done.request = a;
+  done.gpu = 0;
+  w2.Send(EncodeComplete(done, w2.seq(), "worker"));
+  auto m2 = w2.Next();
+  ASSERT_TRUE(m2 && m2->type == wire::Body::CompleteAck);
   EXPECT_TRUE(std::filesystem::is_empty(run_dir_ + "/records"));
 }
 
