@@ -92,6 +92,27 @@ TEST(NodeConfig, GoodConfigGivesTheDaemonsCommandLines) {
   EXPECT_EQ(c->supervise.start_timeout_ms, SupervisorPolicy{}.start_timeout_ms);  // not given: the default
 }
 
+TEST(NodeConfig, LivenessTimeoutsAndTheAdoptionGraceArePassedAndChecked) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(
+      Edited("reserve_pages = 4", "reserve_pages = 4\nworker_timeout_ms = 5000\nadopt_grace_ms = 0"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> memd = MemdArgs(*c, 4096);
+  for (const auto& [flag, value] : {std::pair<std::string, std::string>{"--worker-timeout-ms", "5000"},
+                                    {"--adopt-grace-ms", "0"}}) {
+    auto at = std::find(memd.begin(), memd.end(), flag);
+    ASSERT_NE(at, memd.end()) << flag;
+    EXPECT_EQ(*(at + 1), value) << flag;
+  }
+  c = ParseNodeConfig(Edited("page_rows = 16\nextra_args", "page_rows = 16\nmemd_timeout_ms = 1500\nextra_args"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> worker = WorkerArgs(*c, 1);
+  auto at = std::find(worker.begin(), worker.end(), "--memd-timeout-ms");
+  ASSERT_NE(at, worker.end());
+  EXPECT_EQ(*(at + 1), "1500");
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "worker_timeout_ms = 99")), HasSubstr("memd.worker_timeout_ms"));
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "adopt_grace_ms = 600001")), HasSubstr("memd.adopt_grace_ms"));
+}
+
 TEST(NodeConfig, PageBytesGivenIsPassedAsIs) {
   absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited("reserve_pages = 4", "page_bytes = 2560"));
   ASSERT_TRUE(c.ok()) << c.status();

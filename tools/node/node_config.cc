@@ -44,6 +44,8 @@ const KeySpec kMemdKeys[] = {
     {"reclaim_policy", "--reclaim-policy", KeySpec::kChoice, 0, 0, "oldest-first|newest-first|largest-first"},
     {"populate_pages_per_attempt", "--populate-pages-per-attempt", KeySpec::kUint, 1, kU32},
     {"metrics_address", "--metrics-address", KeySpec::kString},
+    {"worker_timeout_ms", "--worker-timeout-ms", KeySpec::kUint, 100, 86400000},
+    {"adopt_grace_ms", "--adopt-grace-ms", KeySpec::kUint, 0, 600000},
     {"log_level", "--log-level", KeySpec::kChoice, 0, 0, "trace|debug|info|warn|error"},
 };
 
@@ -63,6 +65,7 @@ const KeySpec kWorkerKeys[] = {
     {"prefix_cache_bytes", "--prefix-cache-bytes", KeySpec::kSize, 0, kI64},
     {"prefill_chunk", "--prefill-chunk", KeySpec::kUint, 0, kU32},
     {"connect_timeout_ms", "--connect-timeout-ms", KeySpec::kUint, 1, 3600000},
+    {"memd_timeout_ms", "--memd-timeout-ms", KeySpec::kUint, 100, 3600000},
     {"log_level", "--log-level", KeySpec::kChoice, 0, 0, "trace|debug|info|warn|error|critical|off"},
 };
 
