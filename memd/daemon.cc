@@ -1,4 +1,5 @@
 #include "memd/daemon.h"
+#include "memd/record_wire.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -37,40 +38,6 @@ uint64_t NowNs() {
 }
 
 wire::HostPageRef HostRef(PageIndex page) { return wire::HostPageRef(0, page); }
-
-RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
-  RequestRecord r;
-  r.client_request = w.client_request;
-  r.gpu = gpu;
-  r.prompt = w.prompt;
-  r.hash_ids = w.hash_ids;
-  r.input_tokens = w.input_tokens;
-  r.prefix_block_tokens = w.prefix_block_tokens;
-  r.max_new_tokens = w.max_new_tokens;
-  r.temperature = w.temperature;
-  r.top_p = w.top_p;
-  r.seed = w.seed;
-  r.tokens = w.tokens;
-  r.digests = w.logits_digests;
-  return r;
-}
-
-std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRecord& r) {
-  auto w = std::make_unique<wire::RequestRecordT>();
-  w->request = id;
-  w->client_request = r.client_request;
-  w->prompt = r.prompt;
-  w->hash_ids = r.hash_ids;
-  w->input_tokens = r.input_tokens;
-  w->prefix_block_tokens = r.prefix_block_tokens;
-  w->max_new_tokens = r.max_new_tokens;
-  w->temperature = r.temperature;
-  w->top_p = r.top_p;
-  w->seed = r.seed;
-  w->tokens = r.tokens;
-  w->logits_digests = r.digests;
-  return w;
-}
 
 DumpView ViewOf(const wire::IntrospectQueryT& q) {
   DumpView v;

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/protocol.h"
+#include "memd/record_wire.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs::memd {
@@ -44,20 +45,13 @@ bool Get(const std::string& in, size_t& at, T& v) {
   return true;
 }
 
+// The Open frame: the record without its tokens (each commit appends its own frame).
 std::string EncodeRecord(RequestId id, const RequestRecord& r) {
-  wire::RequestRecordT w;
-  w.request = id;
-  w.client_request = r.client_request;
-  w.prompt = r.prompt;
-  w.hash_ids = r.hash_ids;
-  w.input_tokens = r.input_tokens;
-  w.prefix_block_tokens = r.prefix_block_tokens;
-  w.max_new_tokens = r.max_new_tokens;
-  w.temperature = r.temperature;
-  w.top_p = r.top_p;
-  w.seed = r.seed;
+  std::unique_ptr<wire::RequestRecordT> w = ToWireRecord(id, r);
+  w->tokens.clear();
+  w->logits_digests.clear();
   flatbuffers::FlatBufferBuilder fbb;
-  fbb.Finish(wire::RequestRecord::Pack(fbb, &w));
+  fbb.Finish(wire::RequestRecord::Pack(fbb, w.get()));
   return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
 }
 
@@ -66,16 +60,7 @@ bool DecodeRecord(const std::string& bytes, GpuId gpu, RequestRecord& r) {
   if (!verifier.VerifyBuffer<wire::RequestRecord>(nullptr)) return false;
   wire::RequestRecordT w;
   flatbuffers::GetRoot<wire::RequestRecord>(bytes.data())->UnPackTo(&w);
-  r.client_request = w.client_request;
-  r.gpu = gpu;
-  r.prompt = w.prompt;
-  r.hash_ids = w.hash_ids;
-  r.input_tokens = w.input_tokens;
-  r.prefix_block_tokens = w.prefix_block_tokens;
-  r.max_new_tokens = w.max_new_tokens;
-  r.temperature = w.temperature;
-  r.top_p = w.top_p;
-  r.seed = w.seed;
+  r = FromWireRecord(w, gpu);
   return true;
 }
 
