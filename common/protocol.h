@@ -32,7 +32,9 @@ namespace dhs {
 // worker would end interrupted requests that memd expects to be resumed, and a version-4 memd would drop the records.
 // 6: resume from host KV (AdmitRequest.resume_of, AdmitGrant.imported_pages, Hello.host_page_bytes): host pages hold
 // the positions' index keys after the payload rows, so a version-5 worker would write its pages at another stride.
-inline constexpr uint32_t kProtocolVersion = 6;
+// 7: re-Hello with a report (Hello.rehello / worker_epoch / report, HelloReply.refused_reports): a version-6 memd would
+// skip the report and start a new epoch while the worker kept serving the old epoch's grants.
+inline constexpr uint32_t kProtocolVersion = 7;
 
 // Largest inbound message accepted, bytes (control messages are small; bulk KV goes through the
 // host pool, never through sockets).

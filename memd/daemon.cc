@@ -410,6 +410,8 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   } else if (known != gpus_.end() && known->second.capacity_pages != hello->capacity_pages) {
     reason = absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
                              hello->gpu, known->second.capacity_pages, hello->capacity_pages);
+  } else if (hello->rehello) {  // a worker that survived a memd restart: its epoch and requests go on
+    reason = ReHello(*hello, reply);
   } else {
     if (known != gpus_.end() && !known->second.fenced) {  // a restarted worker: the previous epoch ends here
       Fence(hello->gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
@@ -455,6 +457,50 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   seg->pages = static_cast<uint32_t>(segment_->pages());
   reply.segments.push_back(std::move(seg));
   return EncodeHelloReply(reply, m.sequence, kSender);
+}
+
+std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply) {
+  if (hello.worker_epoch == 0 || hello.worker_epoch > UINT32_MAX) {
+    return absl::StrFormat("a re-Hello needs the epoch of its grants (worker_epoch %d)", hello.worker_epoch);
+  }
+  std::vector<ReportedRequest> reports;
+  for (const auto& w : hello.report) {
+    ReportedRequest r{w->request, w->slot, w->required_pages, w->complete_pages, w->optional_history, {}};
+    for (const auto& p : w->history) {
+      r.history.push_back({p->host_page, p->host_copy,
+                           p->has_gpu_page ? std::optional<PageIndex>(p->gpu_page) : std::nullopt});
+    }
+    reports.push_back(std::move(r));
+  }
+  std::vector<absl::Status> outcomes;
+  if (absl::Status s = core_->AdoptGpu(hello.gpu, hello.capacity_pages, hello.request_slots,
+                                       static_cast<uint32_t>(hello.worker_epoch), reports, &outcomes);
+      !s.ok()) {
+    return std::string(s.message());
+  }
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const RequestId id = reports[i].request;
+    if (!outcomes[i].ok()) {
+      reply.refused_reports.push_back(id);
+      reply.refused_reasons.push_back(std::string(outcomes[i].message()));
+      continue;
+    }
+    if (!hello.report[i]->record) continue;
+    // The worker's record has every token it committed: it replaces the one the journal kept (if any).
+    ReleaseRecord(id);
+    RequestRecord record = FromWireRecord(*hello.report[i]->record, hello.gpu);
+    absl::Status s = record_journal_.Open(id, record);
+    if (s.ok()) s = record_journal_.Granted(id, static_cast<uint32_t>(reports[i].history.size()));
+    if (s.ok()) s = records_.Open(id, std::move(record));
+    if (!s.ok()) {
+      record_journal_.Release(id);
+      spdlog::warn("memd: reported request {}: its record is not kept ({}); it cannot be resumed", id, s.ToString());
+    }
+  }
+  spdlog::warn("memd: worker of GPU {} (pid {}) survived a memd restart: {} of its {} requests adopted (epoch {})",
+               hello.gpu, hello.pid, reports.size() - reply.refused_reports.size(), reports.size(),
+               hello.worker_epoch);
+  return "";
 }
 
 absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view peer) {

@@ -122,6 +122,9 @@ class Daemon {
   // are removed. Errors: INTERNAL when the core refuses the list (nothing adopted).
   absl::Status AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused);
   absl::StatusOr<std::string> OnHello(const Message& m, std::string_view peer);
+  // A re-Hello with a report (a worker that survived a memd restart; ResidencyManager::AdoptGpu): fills the reply's
+  // refused reports and keeps the reported records; returns why the Hello is refused ("" when accepted).
+  std::string ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply);
   absl::StatusOr<std::string> OnAdmit(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnBackupComplete(const Message& m, std::string_view peer);
   absl::StatusOr<std::string> OnHostCopyWritten(const Message& m, std::string_view peer);

@@ -1,5 +1,7 @@
 #include "memd/gpu_page_table.h"
 
+#include <set>
+
 #include "absl/strings/str_format.h"
 
 namespace dhs::memd {
@@ -59,6 +61,37 @@ absl::StatusOr<std::vector<PageIndex>> GpuPageTable::Take(RequestId owner, uint3
   }
   Counter(state) += count;
   return pages;
+}
+
+absl::Status GpuPageTable::TakeAt(RequestId owner, std::span<const PageIndex> pages, PageState state) {
+  if (state == PageState::kFree || state == PageState::kReclaiming) {
+    return absl::InvalidArgumentError(absl::StrFormat("cannot take pages in state %s", PageStateName(state)));
+  }
+  if (owner == kNoOwner) return absl::InvalidArgumentError("cannot take pages for kNoOwner");
+  std::set<PageIndex> want;
+  for (PageIndex p : pages) {
+    if (p >= this->pages()) {
+      return absl::OutOfRangeError(absl::StrFormat("GPU %d: page %d >= M=%d", gpu_, p, this->pages()));
+    }
+    if (state_[p] != PageState::kFree) {
+      return absl::FailedPreconditionError(absl::StrFormat("GPU %d page %d is %s, not free (owner %d)", gpu_, p,
+                                                           PageStateName(state_[p]), owner_[p]));
+    }
+    if (!want.insert(p).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("GPU %d page %d named twice", gpu_, p));
+    }
+  }
+  if (want.size() > lendable()) {
+    return absl::ResourceExhaustedError(absl::StrFormat("GPU %d: %d pages asked, %d lendable (free %d, M_res %d)",
+                                                        gpu_, want.size(), lendable(), free(), reserve_));
+  }
+  std::erase_if(free_list_, [&](PageIndex p) { return want.contains(p); });
+  for (PageIndex p : want) {
+    state_[p] = state;
+    owner_[p] = owner;
+  }
+  Counter(state) += static_cast<uint32_t>(want.size());
+  return absl::OkStatus();
 }
 
 absl::Status GpuPageTable::Transition(PageIndex page, PageState from, PageState to) {

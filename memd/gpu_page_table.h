@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -41,6 +42,12 @@ class GpuPageTable {
   // Returns the page numbers (lowest free first). Errors: InvalidArgument (bad state, owner kNoOwner),
   // ResourceExhausted when it would leave fewer than M_res pages free.
   absl::StatusOr<std::vector<PageIndex>> Take(RequestId owner, uint32_t count, PageState state);
+
+  // Takes exactly the free pages `pages` for `owner` in `state` (a surviving worker's report rebuilds its page table
+  // after a memd restart, ResidencyManager::AdoptGpu). All or nothing. Errors: InvalidArgument (bad state, owner
+  // kNoOwner, a page named twice), OutOfRange (a page >= M), FailedPrecondition (a page not free),
+  // ResourceExhausted (it would leave fewer than M_res pages free).
+  absl::Status TakeAt(RequestId owner, std::span<const PageIndex> pages, PageState state);
 
   // Moves one owned page from `from` to `to`, keeping its owner. Allowed: pending->ready, pending->reclaiming,
   // ready->reclaiming, reclaiming->ready, reclaiming->pending. Errors: OutOfRange, FailedPrecondition.

@@ -43,11 +43,12 @@ absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Allocate(RequestId req
 absl::Status HostPageAllocator::AllocateAt(RequestId request, SourceId source, PageIndex page,
                                           uint32_t history_page, uint32_t context_pages) {
   if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
-  if (!free_.contains(page)) {
+  if (!is_free(page)) {
     return absl::FailedPreconditionError(absl::StrFormat("host page %d is not reusable (owned by request %d)", page,
                                                          page_[page].allocated ? page_[page].owner : 0));
   }
   free_.erase(page);
+  held_.erase(page);
   page_[page] = Page{true, 0, request, source};
   by_request_[request].insert(page);
   ++allocated_;

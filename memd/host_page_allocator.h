@@ -38,8 +38,9 @@ class HostPageAllocator {
   absl::StatusOr<std::vector<PageIndex>> Allocate(RequestId request, SourceId source, uint32_t count,
                                                   uint32_t first_history_page = 0, uint32_t context_pages = 0);
 
-  // Allocates the reusable page `page` to (request, source) as history page `history_page` of `context_pages`
-  // (adoption of a journal's page). Errors: OutOfRange, FailedPrecondition (not reusable).
+  // Allocates the reusable or held page `page` to (request, source) as history page `history_page` of
+  // `context_pages` (adoption of a journal's page, or of the page a surviving worker reports as assigned to it).
+  // Errors: OutOfRange, FailedPrecondition (neither reusable nor held).
   absl::Status AllocateAt(RequestId request, SourceId source, PageIndex page, uint32_t history_page,
                           uint32_t context_pages);
   // The host copy in allocated page `page` is confirmed written (journal only). Errors: OutOfRange,
@@ -51,6 +52,7 @@ class HostPageAllocator {
   // Makes every held page reusable again; returns how many.
   uint32_t ReleaseHeld();
   uint32_t held() const { return static_cast<uint32_t>(held_.size()); }
+  bool is_free(PageIndex page) const { return free_.contains(page) || held_.contains(page); }  // reusable or held
   // Pins an allocated page for one copy (pins nest). Errors: OutOfRange, FailedPrecondition (not allocated).
   absl::Status Pin(PageIndex page);
   // Ends one copy's pin. A page freed while pinned becomes reusable at its last Unpin.

@@ -67,22 +67,157 @@ absl::Status ResidencyManager::FinishTick() {
 
 // ---------------------------------------------------------------- events
 
-absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots) {
-  if (gpus_.count(gpu)) return Finish(absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu)));
+absl::Status ResidencyManager::AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots) {
+  if (gpus_.count(gpu)) return absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu));
   if (pages > kMaxGpuPages) {
-    return Finish(absl::InvalidArgumentError(absl::StrFormat(
-        "GPU %d: M = %d pages exceeds memd's bound of %d pages per GPU", gpu, pages, kMaxGpuPages)));
+    return absl::InvalidArgumentError(absl::StrFormat("GPU %d: M = %d pages exceeds memd's bound of %d pages per GPU",
+                                                      gpu, pages, kMaxGpuPages));
   }
   if (request_slots > kMaxRequestSlots) {
-    return Finish(absl::InvalidArgumentError(absl::StrFormat(
-        "GPU %d: %d request slots exceed memd's bound of %d per GPU", gpu, request_slots, kMaxRequestSlots)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GPU %d: %d request slots exceed memd's bound of %d per GPU", gpu, request_slots, kMaxRequestSlots));
   }
   auto table = GpuPageTable::Create(gpu, pages, config_.reserve_pages);
-  if (!table.ok()) return Finish(table.status());
+  if (!table.ok()) return table.status();
   gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
-                         request_slots, {}, ReclaimIndex(policy_.get()), {}, 0});
+                         request_slots, {}, ReclaimIndex(policy_.get()), {}, 0, {}});
+  journal_gpus_.erase(gpu);
+  return absl::OkStatus();
+}
+
+absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots) {
+  if (absl::Status s = AddGpu(gpu, pages, request_slots); !s.ok()) return Finish(s);
   if (++epochs_[gpu] > 1) ++counters_.reregistrations;
   return Finish(absl::OkStatus());
+}
+
+absl::Status ResidencyManager::AdoptGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, uint32_t epoch,
+                                        std::span<const ReportedRequest> reports,
+                                        std::vector<absl::Status>* outcomes) {
+  if (gpus_.count(gpu)) return Finish(absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu)));
+  if (epochs_.contains(gpu) && !journal_gpus_.contains(gpu)) {
+    return Finish(absl::FailedPreconditionError(absl::StrFormat(
+        "GPU %d was registered with this memd (epoch %d) and fenced: its worker says Hello without a report (a new "
+        "epoch)", gpu, epochs_.at(gpu))));
+  }
+  const uint32_t journal_epoch = epochs_.contains(gpu) ? epochs_.at(gpu) : 0;
+  if (epoch == 0 || epoch < journal_epoch) {
+    return Finish(absl::FailedPreconditionError(absl::StrFormat(
+        "GPU %d: a report of epoch %d, but the journal holds requests of epoch %d (a stale worker)", gpu, epoch,
+        journal_epoch)));
+  }
+  if (absl::Status s = AddGpu(gpu, pages, request_slots); !s.ok()) return Finish(s);
+  epochs_[gpu] = epoch;
+  Gpu& g = gpus_.at(gpu);
+  uint32_t taken = 0;
+  for (const ReportedRequest& rep : reports) {
+    absl::Status s = CheckReport(gpu, g, rep);
+    if (s.ok()) {
+      AdoptReport(gpu, g, rep);
+      ++taken;
+    } else {
+      ++counters_.reports_refused;
+      spdlog::warn("memd: GPU {}: report of request {} refused: {}", gpu, rep.request, s.ToString());
+    }
+    if (outcomes != nullptr) outcomes->push_back(std::move(s));
+  }
+  counters_.requests_reported += taken;
+  spdlog::info("memd: worker of GPU {} survived a memd restart (epoch {}): {} of {} reported requests adopted", gpu,
+               epoch, taken, reports.size());
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ResidencyManager::CheckReport(GpuId gpu, const Gpu& g, const ReportedRequest& rep) const {
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: %s", rep.request, why));
+  };
+  if (rep.request == 0 || rep.request == kNoOwner) return bad("a reserved id");
+  const auto known = requests_.find(rep.request);
+  const Request* old = known == requests_.end() ? nullptr : &known->second;
+  if (old != nullptr && (old->state != RequestState::kInterrupted || old->gpu != gpu)) {
+    return absl::AlreadyExistsError(absl::StrFormat("request %d is known (%s on GPU %d)", rep.request,
+                                                    RequestStateName(old->state), old->gpu));
+  }
+  const auto context = static_cast<uint32_t>(rep.history.size());
+  if (rep.required_pages.empty()) return bad("no required page");
+  if (context > host_.pages() || rep.history_pages > context) return bad("context or complete pages out of range");
+  if (old != nullptr && old->context_pages != context) {
+    return bad(absl::StrFormat("%d context pages, the journal says %d", context, old->context_pages));
+  }
+  if (rep.slot >= (g.request_slots != 0 ? g.request_slots : kMaxRequestSlots) || g.used_slots.contains(rep.slot)) {
+    return absl::AlreadyExistsError(absl::StrFormat("request %d: slot %d out of range or taken", rep.request, rep.slot));
+  }
+  std::set<PageIndex> gpu_pages(rep.required_pages.begin(), rep.required_pages.end());
+  size_t named = rep.required_pages.size();
+  std::set<PageIndex> host_pages;
+  for (uint32_t h = 0; h < context; ++h) {
+    const ReportedHistoryPage& hp = rep.history[h];
+    if (hp.gpu_page) {
+      if (!rep.optional_history) return bad("an optional GPU page without optional history");
+      gpu_pages.insert(*hp.gpu_page);
+      ++named;
+    }
+    if (!host_pages.insert(hp.host_page).second) return bad(absl::StrFormat("host page %d named twice", hp.host_page));
+    const bool journal = old != nullptr && old->history[h].state == HistoryState::kHost;
+    if (journal && old->history[h].host_page != hp.host_page) {
+      return bad(absl::StrFormat("history page %d: host page %d, the journal says %d", h, hp.host_page,
+                                 old->history[h].host_page));
+    }
+    if (!journal && !host_.is_free(hp.host_page)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "request %d: host page %d of history page %d is not free (pool %d pages)", rep.request, hp.host_page, h,
+          host_.pages()));
+    }
+  }
+  if (gpu_pages.size() != named) return bad("a GPU page named twice");
+  for (PageIndex p : gpu_pages) {
+    if (p >= g.table.pages() || g.table.state(p) != PageState::kFree) {
+      return absl::FailedPreconditionError(absl::StrFormat("request %d: GPU %d page %d out of range or taken",
+                                                           rep.request, gpu, p));
+    }
+  }
+  if (gpu_pages.size() > g.table.lendable()) return bad("more GPU pages than lendable (M - M_res)");
+  return absl::OkStatus();
+}
+
+void ResidencyManager::AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep) {
+  Request r;
+  r.id = rep.request;
+  r.gpu = gpu;
+  r.required_count = static_cast<uint32_t>(rep.required_pages.size());
+  r.imported_pages = rep.history_pages;
+  r.context_pages = static_cast<uint32_t>(rep.history.size());
+  r.optional_history = rep.optional_history;
+  r.required = rep.required_pages;
+  r.history.resize(r.context_pages);
+  const auto old = requests_.find(rep.request);
+  std::vector<PageIndex> optional;
+  for (uint32_t h = 0; h < r.context_pages; ++h) {
+    const ReportedHistoryPage& in = rep.history[h];
+    HistoryPage& hp = r.history[h];
+    hp.host_page = in.host_page;
+    const bool copy = old != requests_.end() && old->second.history[h].state == HistoryState::kHost;
+    if (!copy) DHS_CHECK_OK(host_.AllocateAt(r.id, kAllSources, in.host_page, h, r.context_pages));  // checked
+    if (in.gpu_page) {
+      hp.state = copy ? HistoryState::kGpuAndHost : HistoryState::kGpu;
+      hp.gpu_page = *in.gpu_page;
+      optional.push_back(*in.gpu_page);
+    } else {
+      hp.state = copy ? HistoryState::kHost : HistoryState::kHostPending;
+    }
+    r.host_only += hp.state == HistoryState::kHost;
+  }
+  DHS_CHECK_OK(g.table.TakeAt(r.id, r.required, PageState::kRequired));  // checked: free, distinct, lendable
+  DHS_CHECK_OK(g.table.TakeAt(r.id, optional, PageState::kOptionalReady));
+  r.optional = static_cast<uint32_t>(optional.size());
+  r.slot = rep.slot;
+  TakeSlot(g, rep.slot);
+  r.state = RequestState::kAdmitted;
+  r.time_us = clock_();
+  r.seq = next_seq_++;
+  if (old != requests_.end()) requests_.erase(old);
+  Request& placed = requests_.emplace(r.id, std::move(r)).first->second;
+  Reindex(placed, g);
 }
 
 absl::Status ResidencyManager::FenceGpu(GpuId gpu) {
@@ -226,6 +361,7 @@ absl::Status ResidencyManager::AdoptHostPages(std::span<const AdoptedRequest> re
     kept += r.host_only;
     uint32_t& epoch = epochs_[a.gpu];
     epoch = std::max(epoch, a.epoch);
+    journal_gpus_.insert(a.gpu);
     requests_.emplace(a.request, std::move(r));
   }
   if (HostJournal* journal = const_cast<HostJournal*>(host_.journal())) {
@@ -710,8 +846,9 @@ SlotIndex ResidencyManager::FreeSlot(const Gpu& g) {
 
 void ResidencyManager::TakeSlot(Gpu& g, SlotIndex slot) {
   g.used_slots.insert(slot);
-  if (slot == g.slot_high) {
-    ++g.slot_high;
+  if (slot >= g.slot_high) {  // above the high mark (a report's slot): the slots skipped are free
+    for (SlotIndex s = g.slot_high; s < slot; ++s) g.released_slots.insert(s);
+    g.slot_high = slot + 1;
   } else {
     g.released_slots.erase(slot);
   }

@@ -108,6 +108,24 @@ struct AdoptedRequest {
   std::map<uint32_t, PageIndex> host_pages;  // history page -> host page holding a confirmed host copy
 };
 
+// One history page of a live request as a surviving worker reports it (AdoptGpu).
+struct ReportedHistoryPage {
+  PageIndex host_page = 0;            // the host page its grant assigned
+  bool host_copy = false;             // the worker wrote that host page and reported it (HostCopyWritten / backup ok)
+  std::optional<PageIndex> gpu_page;  // the optional GPU page it keeps (readable) with the rows; none: the rows are
+                                      // in the worker's tail or only in the host copy
+};
+
+// One live (granted) request of a worker that survived a memd restart, as its re-Hello reports it (AdoptGpu).
+struct ReportedRequest {
+  RequestId request = 0;
+  SlotIndex slot = 0;
+  std::vector<PageIndex> required_pages;     // its required allocation (GPU pages, >= 1)
+  uint32_t history_pages = 0;                // complete pages of imported history (the admission's)
+  bool optional_history = true;
+  std::vector<ReportedHistoryPage> history;  // one per page of its full context
+};
+
 class ResidencyManager {
  public:
   using Clock = std::function<int64_t()>;  // microseconds, monotonic
@@ -151,6 +169,24 @@ class ResidencyManager {
   // already), InvalidArgument (a reserved or repeated id, epoch 0, context_pages above the host pool, a history
   // page outside the context, a host page out of range or named twice).
   absl::Status AdoptHostPages(std::span<const AdoptedRequest> requests);
+  // The worker of GPU `gpu` survived a memd restart and says Hello again with a report of its live requests
+  // (docs/protocol.md "Re-Hello with a report"): the GPU is registered with `pages` = M and `request_slots` like
+  // RegisterGpu, but keeps its epoch: epoch(gpu) becomes `epoch` (the one its node ids carry), not epoch + 1. Each
+  // report becomes an admitted request (slot, required GPU pages, optional GPU pages as reported; no orders):
+  // - history page h is a host copy only when this memd adopted it from the journal (AdoptHostPages) for the same
+  //   request, history page and host page (the journal wins; a copy the worker claims but the journal lacks is none);
+  //   then kGpuAndHost with a GPU page, kHost without; otherwise kGpu with a GPU page, kHostPending without (the rows
+  //   are in the worker's tail), its reported host page allocated to it again (it must be free or held);
+  // - a request the journal adopted (interrupted on this GPU) is replaced by its report; one the journal lacks (no
+  //   host page ever confirmed) is admitted from its report alone; interrupted requests not reported stay interrupted.
+  // A report that does not fit (unknown-GPU page, page or slot taken or named twice, a host page of another owner, a
+  // context other than the journal's, a GPU page kept without optional history) is refused alone and changes nothing
+  // of its request (an interrupted one stays interrupted); `outcomes` (optional) gets one status per report.
+  // Errors (nothing changes): AlreadyExists (registered), FailedPrecondition (this memd registered or fenced the GPU
+  // itself: a fenced worker starts a new epoch; or `epoch` is below the journal's epoch of the GPU), InvalidArgument
+  // (epoch 0 and RegisterGpu's bounds).
+  absl::Status AdoptGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, uint32_t epoch,
+                        std::span<const ReportedRequest> reports, std::vector<absl::Status>* outcomes = nullptr);
   // The pages held since AdoptHostPages become reusable (the daemon calls it once the dead memd's workers cannot write
   // any more: memd --adopt-grace-ms after its start); waiting admissions may be granted (orders). Never fails.
   absl::Status ReleaseHeldPages();
@@ -303,6 +339,10 @@ class ResidencyManager {
 
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
                    std::unique_ptr<ReclaimPolicy> policy);
+  absl::Status AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots);  // RegisterGpu's checks and table
+  // AdoptGpu of one report: checked first (nothing changes on error), then the request is (re)built as admitted.
+  absl::Status CheckReport(GpuId gpu, const Gpu& g, const ReportedRequest& rep) const;
+  void AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep);
   absl::Status Finish(absl::Status status);  // counts the event, then Pump()s when OK
   absl::Status FinishTick();                 // counts the tick (Populate, RetryBackups), then Pump()s
   void Pump();
@@ -361,6 +401,7 @@ class ResidencyManager {
   std::unique_ptr<ReclaimPolicy> policy_;
   std::map<GpuId, Gpu> gpus_;          // registered and not fenced
   std::map<GpuId, uint32_t> epochs_;   // every GPU ever registered: its epoch (fenced = here but not in gpus_)
+  std::set<GpuId> journal_gpus_;       // fenced by AdoptHostPages and not registered since: AdoptGpu may take them
   std::map<RequestId, Request> requests_;
   std::map<ReclaimId, Reclaim> reclaims_;
   std::map<CopyId, Copy> copies_;

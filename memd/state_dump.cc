@@ -390,6 +390,8 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       {"requests_adopted", c.requests_adopted},
       {"host_pages_adopted", c.host_pages_adopted},
       {"host_pages_held", c.host_pages_held},
+      {"requests_reported", c.requests_reported},
+      {"reports_refused", c.reports_refused},
       {"workers_lost", daemon.workers_lost},
       {"fenced_refused", daemon.fenced_refused},
       {"messages", daemon.messages},

@@ -157,6 +157,8 @@ struct Counters {
   uint64_t host_pages_resumed = 0;  // kept host pages those resumes took over (imported by the worker, not recomputed)
   uint64_t requests_adopted = 0;    // interrupted requests adopted from a dead memd's journal (AdoptHostPages)
   uint64_t host_pages_adopted = 0;  // their confirmed host pages
+  uint64_t requests_reported = 0;   // live requests of surviving workers taken back as admitted (AdoptGpu)
+  uint64_t reports_refused = 0;     // reports AdoptGpu refused (the request stays as it was)
   uint64_t host_pages_held = 0;     // the other host pages, held until ReleaseHeldPages (the adoption's grace period)
 };
 

@@ -286,5 +286,69 @@ TEST_F(AdoptTest, BadAdoptionsAreRefusedAndChangeNothing) {
   refused({{1, 0, 1, 2, {{0, 3}}}}, absl::StatusCode::kFailedPrecondition);  // not the first event
 }
 
+// ---------------------------------------------------------------- AdoptGpu (a worker survives a memd restart)
+
+// Request 1 (context 4 pages, 2 kept on GPU at the grant): history page 2 confirmed by HostCopyWritten, then memd
+// dies. Its worker survives and reports: pages 0, 1 on their kept GPU pages (page 1 claims a host copy the journal
+// lacks), page 2 host only (confirmed), page 3 in the tail. The new core rebuilds exactly that: the grant's GPU pages
+// and slot, history page 2 the only host copy, the epoch kept; a second report with the same slot is refused alone.
+TEST_F(AdoptTest, SurvivingWorkerReportRebuildsItsRequest) {
+  AdmitRequest a{.request = 1, .gpu = 0, .required_pages = 2, .history_pages = 2, .context_pages = 4};
+  Ok(old_->Admit(a));
+  std::vector<Order> orders = old_->DrainOrders();
+  ASSERT_EQ(orders.size(), 1u);
+  const GrantOrder grant = std::get<GrantOrder>(orders[0]);
+  ASSERT_EQ(grant.optional_pages.size(), 2u);
+  ASSERT_EQ(grant.host_pages.size(), 4u);
+  Ok(old_->OnHostCopyWritten(1, std::vector<uint32_t>{2}, {}, true));
+  Buffer copy = buffer_;  // memd dies here
+  std::optional<HostJournal> journal;
+  std::unique_ptr<ResidencyManager> m = Adopt(copy, journal, 1);
+  ASSERT_EQ(m->InterruptedHostPages(1), (std::map<uint32_t, PageIndex>{{2, grant.host_pages[2]}}));
+  ReportedRequest rep{1, grant.slot, grant.required_pages, 2, true, {}};
+  rep.history = {{grant.host_pages[0], false, grant.optional_pages[0]},
+                 {grant.host_pages[1], true, grant.optional_pages[1]},
+                 {grant.host_pages[2], true, std::nullopt},
+                 {grant.host_pages[3], false, std::nullopt}};
+  ReportedRequest twin{7, grant.slot, {15}, 0, true, {}};
+  std::vector<absl::Status> outcomes;
+  ASSERT_EQ(m->AdoptGpu(0, 16, 4, 0, std::vector<ReportedRequest>{rep}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m->AdoptGpu(0, 16, 4, 1, std::vector<ReportedRequest>{rep, twin}, &outcomes).ok());
+  ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_TRUE(outcomes[0].ok()) << outcomes[0];
+  EXPECT_EQ(outcomes[1].code(), absl::StatusCode::kAlreadyExists) << outcomes[1];
+  EXPECT_EQ(m->epoch(0), 1u);
+  EXPECT_FALSE(m->fenced(0));
+  EXPECT_TRUE(m->InterruptedRequests(0).empty());
+  const GpuPageTable* t = m->gpu_table(0);
+  ASSERT_NE(t, nullptr);
+  for (PageIndex p : grant.required_pages) EXPECT_EQ(t->state(p), PageState::kRequired);
+  for (PageIndex p : grant.optional_pages) EXPECT_EQ(t->state(p), PageState::kOptionalReady);
+  EXPECT_EQ(t->free(), 12u);
+  EXPECT_EQ(m->host().allocated(), 4u);
+  auto v = journal->Verify();
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->at(1).confirmed, (std::map<uint32_t, PageIndex>{{2, grant.host_pages[2]}}));  // page 1's claim: none
+  EXPECT_EQ(v->at(1).assigned.size(), 3u);
+  EXPECT_EQ(m->counters().requests_reported, 1u);
+  EXPECT_EQ(m->counters().reports_refused, 1u);
+  // Population brings the host-only page back; completion releases every page.
+  ASSERT_TRUE(m->Populate().ok());
+  orders = m->DrainOrders();
+  ASSERT_EQ(orders.size(), 1u);
+  const PopulateOrder pop = std::get<PopulateOrder>(orders[0]);
+  EXPECT_EQ(pop.history_pages, std::vector<uint32_t>{2});
+  EXPECT_EQ(pop.host_pages, std::vector<PageIndex>{grant.host_pages[2]});
+  ASSERT_TRUE(m->OnReadyPublish(pop.order, {}, true).ok());
+  ASSERT_TRUE(m->Complete(1).ok());
+  orders = m->DrainOrders();
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(std::get<CompleteAckOrder>(orders[0]).released_pages, 5u);  // 2 required + 2 kept + 1 populated
+  EXPECT_EQ(t->free(), 16u);
+  EXPECT_EQ(m->host().allocated(), 0u);
+  ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace dhs::memd

@@ -1713,6 +1713,142 @@ TEST_F(MemdProcess, HostPoolJournalAndRecordsSurviveASigkilledMemd) {
   EXPECT_TRUE(std::filesystem::is_empty(run_dir_ + "/records"));
 }
 
+// A worker survives a memd SIGKILL (issue 11): it says Hello again to the new memd with a report of its granted
+// requests (Hello.rehello). Request a (3 context pages, 2 kept on GPU at the grant, page 0 confirmed before the kill)
+// is adopted as admitted with its slot, GPU pages and epoch; its report claims a host copy of page 1 the journal never
+// confirmed (not one: only page 0 is populated back); the worker's record replaces the journal's. Request b's report names a's slot: refused alone, b stays interrupted. At the end nothing is held.
+TEST_F(MemdProcess, ReHelloWithAReportKeepsASurvivingWorkersRequests) {
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  const RequestId a = w->Id(1), b = w->Id(2);
+  auto admit = [&](RequestId id, uint64_t rows, uint32_t complete) {
+    wire::AdmitRequestT m;
+    m.request = id;
+    m.gpu = 0;
+    m.required_pages = 1;
+    m.history_rows = rows;
+    m.complete_pages = complete;
+    m.record = std::make_unique<wire::RequestRecordT>();
+    m.record->request = id;
+    m.record->prompt = {1, 2, 3};
+    m.record->max_new_tokens = 4;
+    w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
+    auto g = w->Next();
+    EXPECT_TRUE(g && g->type == wire::Body::AdmitGrant);
+    return g ? *ReadAdmitGrant(*g) : wire::AdmitGrantT();
+  };
+  const wire::AdmitGrantT ga = admit(a, 3 * kPageRows, 2);
+  const wire::AdmitGrantT gb = admit(b, kPageRows, 0);
+  ASSERT_EQ(ga.backup_host_pages.size(), 3u);
+  ASSERT_EQ(ga.optional_pages.size(), 2u);
+  wire::HostCopyWrittenT hw;
+  hw.request = a;
+  hw.gpu = 0;
+  hw.history_pages = {0};
+  hw.ok = true;
+  w->Send(EncodeHostCopyWritten(hw, w->seq(), "worker"));  // page 0 was kept: memd frees its GPU page (contract §3)
+  wire::TokensCommittedT t;
+  t.gpu = 0;
+  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
+  t.entries[0]->request = a;
+  t.entries[0]->tokens = {7};
+  t.entries[0]->logits_digests = {70};
+  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
+  auto ack = w->NextOf(wire::Body::TokensCommittedAck);  // a PopulateOrder may come first
+  ASSERT_TRUE(ack && ack->type == wire::Body::TokensCommittedAck);  // memd handled the HostCopyWritten
+  KillMemd();
+  w.reset();  // its DEALER would reconnect as worker/0 too and take the routing id over
+  Spawn();
+  MetricsWith("dhs_memd_requests_adopted_total 2");
+  FakeWorker w2(run_dir_, 0);  // the same worker's new connection
+  wire::HelloT h;
+  h.protocol_version = kProtocolVersion;
+  h.gpu = 0;
+  h.pid = static_cast<uint32_t>(getpid());
+  h.device_name = "fake";
+  h.capacity_pages = 8;
+  h.page_rows = kPageRows;
+  h.page_bytes = kPageBytes;
+  h.host_page_bytes = kPageBytes;
+  h.request_slots = 4;
+  h.rehello = true;
+  h.worker_epoch = 1;
+  auto report = [&](const wire::AdmitGrantT& g, uint32_t slot, uint32_t complete, std::vector<bool> copies) {
+    auto r = std::make_unique<wire::ReportedRequestT>();
+    r->request = g.request;
+    r->slot = slot;
+    r->required_pages = g.required_pages;
+    r->complete_pages = complete;
+    for (size_t i = 0; i < g.backup_host_pages.size(); ++i) {
+      auto p = std::make_unique<wire::ReportedPageT>();
+      p->host_page = g.backup_host_pages[i].page();
+      p->host_copy = copies[i];
+      for (size_t k = 0; k < g.optional_history_pages.size(); ++k) {
+        if (g.optional_history_pages[k] == i && i != 0) {  // page 0's GPU page was freed by its HostCopyWritten
+          p->has_gpu_page = true;
+          p->gpu_page = g.optional_pages[k];
+        }
+      }
+      r->history.push_back(std::move(p));
+    }
+    r->record = std::make_unique<wire::RequestRecordT>();
+    r->record->request = g.request;
+    r->record->prompt = {1, 2, 3};
+    r->record->max_new_tokens = 4;
+    r->record->tokens = {7, 8};
+    r->record->logits_digests = {70, 80};
+    return r;
+  };
+  h.report.push_back(report(ga, ga.slot, 2, {true, true, false}));
+  h.report.push_back(report(gb, ga.slot, 0, {false}));
+  w2.Send(EncodeHello(h, w2.seq(), "worker"));
+  auto m = w2.Next();
+  ASSERT_TRUE(m && m->type == wire::Body::HelloReply);
+  const wire::HelloReplyT r = *ReadHelloReply(*m);
+  ASSERT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(r.worker_epoch, 1u);  // kept: the worker's node ids carry it
+  EXPECT_EQ(r.refused_reports, std::vector<uint64_t>{b});
+  ASSERT_EQ(r.refused_reasons.size(), 1u);
+  EXPECT_NE(r.refused_reasons[0].find("slot"), std::string::npos) << r.refused_reasons[0];
+  EXPECT_EQ(r.interrupted_requests, std::vector<uint64_t>{b});
+  const json ja = DhsctlJson("request " + std::to_string(a));
+  EXPECT_EQ(ja["state"], "admitted") << ja.dump();
+  EXPECT_EQ(ja["slot"], ga.slot) << ja.dump();
+  EXPECT_EQ(ja["host_copies"], json::array({json::array({0, ga.backup_host_pages[0].page()})})) << ja.dump();
+  // Population brings the one confirmed copy (page 0) back next to the kept page 1.
+  auto po = w2.Next();
+  ASSERT_TRUE(po && po->type == wire::Body::PopulateOrder) << (po ? BodyName(po->type) : "nothing");
+  const wire::PopulateOrderT order = *ReadPopulateOrder(*po);
+  EXPECT_EQ(order.request, a);
+  EXPECT_EQ(order.history_pages, std::vector<uint32_t>{0});
+  ASSERT_EQ(order.host_pages.size(), 1u);
+  EXPECT_EQ(order.host_pages[0].page(), ga.backup_host_pages[0].page());
+  wire::ReadyPublishT rp;
+  rp.order = order.order;
+  rp.gpu = 0;
+  rp.request = a;
+  rp.pages = order.pages;
+  rp.history_pages = order.history_pages;
+  w2.Send(EncodeReadyPublish(rp, w2.seq(), "worker"));
+  const std::string gauges = MetricsWith("dhs_memd_gpu_pages{gpu=\"0\",kind=\"optional_ready\"} 2");
+  EXPECT_NE(gauges.find("dhs_memd_gpu_pages{gpu=\"0\",kind=\"required\"} 1\n"), std::string::npos) << gauges;
+  EXPECT_NE(gauges.find("dhs_memd_gpu_epoch{gpu=\"0\"} 1\n"), std::string::npos) << gauges;
+  for (RequestId id : {a, b}) {
+    wire::CompleteT done;
+    done.request = id;
+    done.gpu = 0;
+    w2.Send(EncodeComplete(done, w2.seq(), "worker"));
+    auto c = w2.Next();
+    ASSERT_TRUE(c && c->type == wire::Body::CompleteAck) << id << " " << (c ? BodyName(c->type) : "nothing");
+    EXPECT_EQ(ReadCompleteAck(*c)->released_pages, id == a ? 3u : 0u);  // a: required + kept page 1 + populated 0
+  }
+  const std::string end = MetricsWith("dhs_memd_host_pages{kind=\"allocated\"} 0");
+  EXPECT_NE(end.find("dhs_memd_host_pages{kind=\"pinned\"} 0\n"), std::string::npos) << end;
+  EXPECT_NE(end.find("dhs_memd_gpu_pages{gpu=\"0\",kind=\"free\"} 8\n"), std::string::npos) << end;
+  EXPECT_NE(end.find("dhs_memd_requests_reported_total 1\n"), std::string::npos) << end;
+  EXPECT_TRUE(std::filesystem::is_empty(run_dir_ + "/records"));
+}
+
 // The records outlive the pool: when the next memd cannot adopt the pool (here it is gone; another geometry or a
 // journal that does not verify take the same path), each request with a record still comes back interrupted, with
 // nothing kept, so its next worker resumes it by recomputing from its tokens; its record file goes at its Complete.

@@ -161,6 +161,9 @@ class Harness {
   uint64_t resumed_pages_since_restart() const { return resumed_pages_since_restart_; }
   uint64_t resume_refusals() const { return resume_refusals_; }
   uint64_t restarts() const { return restarts_; }
+  uint64_t survived() const { return survived_; }
+  uint64_t reported() const { return reported_; }
+  uint64_t refused_reports() const { return refused_reports_; }
 
  private:
   uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
@@ -365,6 +368,8 @@ class Harness {
     ASSERT_TRUE(fence_rejects_.empty()) << "a queued admission of the fenced GPU was not rejected";
     ASSERT_TRUE(mgr_->fenced(g));
     ASSERT_EQ(mgr_->gpu_table(g), nullptr);
+    // A fenced worker starts a new epoch: a re-Hello with a report is for a memd restart only.
+    ASSERT_EQ(mgr_->AdoptGpu(g, kM, kSlots, epochs_[g], {}).code(), absl::StatusCode::kFailedPrecondition);
     const absl::Status again = mgr_->FenceGpu(g);
     ASSERT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
     const absl::Status reg_live = live.size() > 1 ? mgr_->RegisterGpu(live[0] == g ? live[1] : live[0], kM, kSlots)
@@ -381,8 +386,15 @@ class Harness {
   // says Hello. The model first becomes what FenceGpu of every GPU leaves.
   void RestartMemd() {
     std::vector<uint64_t> copy = journal_memory_;  // the dead memd's bytes, as the segment keeps them
+    std::vector<bool> survives(kGpus);  // its worker lives on and says Hello again with a report (AdoptGpu)
+    for (GpuId g = 0; g < kGpus; ++g) survives[g] = up_[g] && Pick(2) == 0;
     for (auto it = model_.begin(); it != model_.end();) {
       MReq& m = it->second;
+      if (survives[m.gpu] && m.granted && !m.interrupted) {  // continues untouched, the dead memd's orders resolved
+        Survive(m);
+        ++it;
+        continue;
+      }
       // A queued resume owns the host pages it took over (journaled as its history pages 0 .. L-1, confirmed):
       // the new memd adopts it as an interrupted request holding them (one with none is gone, below).
       if (!m.granted && m.resume) InterruptQueuedResume(m);
@@ -415,7 +427,11 @@ class Harness {
       ASSERT_EQ(jr.context_pages, m.context) << "request " << id;
       adopted.push_back(AdoptedRequest{id, m.gpu, m.epoch, jr.context_pages, jr.confirmed});
     }
-    ASSERT_EQ(adopted.size(), model_.size()) << "a request the model holds is missing from the journal";
+    // A surviving worker's request with a context of 0 pages holds no host page: only its report names it.
+    const auto unjournaled = std::count_if(model_.begin(), model_.end(), [&](const auto& e) {
+      return survives[e.second.gpu] && !e.second.interrupted && e.second.context == 0;
+    });
+    ASSERT_EQ(adopted.size() + unjournaled, model_.size()) << "a request the model holds is missing from the journal";
     ResidencyConfig c{.reserve_pages = kRes, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy_};
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
@@ -434,6 +450,11 @@ class Harness {
     ASSERT_EQ(mgr_->host().held() + mgr_->host().allocated(), kHost);  // nothing reusable until ReleaseHeldPages
     if (!adopted.empty()) ASSERT_EQ(mgr_->AdoptHostPages(adopted).code(), absl::StatusCode::kFailedPrecondition);
     for (GpuId g = 0; g < kGpus; ++g) {
+      if (survives[g]) SurvivorHello(g, adopted);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    for (GpuId g = 0; g < kGpus; ++g) {
+      if (survives[g]) continue;
       epochs_[g] = 0;
       for (const AdoptedRequest& a : adopted) {
         if (a.gpu == g) epochs_[g] = std::max(epochs_[g], a.epoch);
@@ -450,6 +471,65 @@ class Harness {
       if (!up_[g]) Reregister(g);  // the new epoch follows the adopted requests' one
       if (::testing::Test::HasFatalFailure()) return;
     }
+  }
+
+  // A worker whose memd died resolves the dead memd's orders before it reports (docs/protocol.md): a population in
+  // flight is undone (its page was not readable yet); a reclaim whose ReadersDone was sent drops its pages (each has a
+  // host copy or the tail), any other reclaim is abandoned (its pages stay kept on GPU); a backup in flight was never
+  // confirmed (no host copy). Pages neither on GPU nor confirmed are in the worker's tail.
+  void Survive(MReq& m) {
+    const bool dropped = m.reclaim != 0 && reclaims_.at(m.reclaim).readers_sent;
+    for (MPage& mp : m.pages) {
+      if (mp.populating || (dropped && mp.on_gpu)) mp.on_gpu = false;
+      mp.populating = mp.backup = false;
+      mp.tail = !mp.on_gpu && !mp.written;
+    }
+    m.reclaim = 0;
+    ++survived_;
+  }
+
+  // The surviving worker of GPU g says Hello again with a report of its granted requests (AdoptGpu), keeping its
+  // epoch. Some reports claim a host copy the journal lacks (ignored: the journal wins); bad ones (a slot or a GPU
+  // page taken twice, a page beyond M) are refused alone and change nothing; a report of an epoch below the
+  // journal's is refused whole.
+  void SurvivorHello(GpuId g, const std::vector<AdoptedRequest>& adopted) {
+    std::vector<ReportedRequest> reports;
+    for (const auto& [id, m] : model_) {
+      if (m.gpu != g || !m.granted || m.interrupted) continue;
+      ReportedRequest rep{id, m.slot, m.required_pages, m.complete, m.optional_history, {}};
+      for (const MPage& mp : m.pages) {
+        rep.history.push_back({mp.host_page, mp.written || Pick(8) == 0,
+                               mp.on_gpu ? std::optional<PageIndex>(mp.gpu_page) : std::nullopt});
+      }
+      reports.push_back(std::move(rep));
+    }
+    const size_t good = reports.size();
+    if (good > 0 && Pick(2) == 0) {  // another id with the first one's slot and pages
+      ReportedRequest twin = reports.front();
+      twin.request = next_id_++;
+      reports.push_back(std::move(twin));
+    }
+    if (Pick(3) == 0) reports.push_back(ReportedRequest{next_id_++, kSlots - 1, {kM}, 0, true, {}});
+    uint32_t journal_epoch = 0;
+    for (const AdoptedRequest& a : adopted) journal_epoch = a.gpu == g ? std::max(journal_epoch, a.epoch) : journal_epoch;
+    if (journal_epoch > 1) {
+      ASSERT_EQ(mgr_->AdoptGpu(g, kM, kSlots, journal_epoch - 1, reports).code(),
+                absl::StatusCode::kFailedPrecondition);
+      ASSERT_TRUE(mgr_->fenced(g));
+    }
+    std::vector<absl::Status> outcomes;
+    const absl::Status s = mgr_->AdoptGpu(g, kM, kSlots, epochs_[g], reports, &outcomes);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(outcomes.size(), reports.size());
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      ASSERT_EQ(outcomes[i].ok(), i < good) << "report of request " << reports[i].request << ": " << outcomes[i];
+    }
+    reported_ += good;
+    refused_reports_ += reports.size() - good;
+    ASSERT_EQ(mgr_->epoch(g), epochs_[g]);
+    ASSERT_EQ(mgr_->AdoptGpu(g, kM, kSlots, epochs_[g], {}).code(), absl::StatusCode::kAlreadyExists);
+    ASSERT_TRUE(mgr_->DrainOrders().empty());
+    up_[g] = true;
   }
 
   // A new worker for a fenced GPU says Hello: a new epoch with a fresh page table; interrupted requests stay.
@@ -973,6 +1053,7 @@ class Harness {
   std::unique_ptr<HostJournal> journal_;
   std::string policy_;
   uint64_t restarts_ = 0;
+  uint64_t survived_ = 0, reported_ = 0, refused_reports_ = 0;  // requests of surviving workers; reports adopted, refused
   std::set<RequestId> fence_rejects_;  // queued admissions a fence must reject (UNAVAILABLE) in this event
 };
 
@@ -994,7 +1075,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   Counters total;
   uint64_t early = 0, regranted = 0, slot_waits = 0, fenced_with_copies = 0, kept = 0, lost_backups = 0;
   uint64_t resumed_pages = 0, resume_refusals = 0;
-  uint64_t restarts = 0, adopted = 0, adopted_pages = 0;
+  uint64_t restarts = 0, adopted = 0, adopted_pages = 0, survived = 0, reported = 0, refused_reports = 0;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
     std::printf("DHS_SEED=%lu (policy %s)\n", static_cast<unsigned long>(seed), policy.c_str());
@@ -1035,12 +1116,18 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     total.resumes += c.resumes;
     EXPECT_EQ(c.host_pages_resumed, h.resumed_pages_since_restart());  // the counters are the last core's
     restarts += h.restarts();
+    survived += h.survived();
+    reported += h.reported();
+    refused_reports += h.refused_reports();
     adopted += h.counters().requests_adopted;  // the last core's: adopted by the latest restart
     adopted_pages += h.counters().host_pages_adopted;
   }
   std::printf("resumes %lu (host pages taken over %lu), bad resumes refused %lu\n",
               static_cast<unsigned long>(total.resumes), static_cast<unsigned long>(resumed_pages),
               static_cast<unsigned long>(resume_refusals));
+  std::printf("requests of workers that survived a memd restart %lu (reports adopted %lu, bad reports refused %lu)\n",
+              static_cast<unsigned long>(survived), static_cast<unsigned long>(reported),
+              static_cast<unsigned long>(refused_reports));
   std::printf("memd restarts %lu: the last one of each seed adopted %lu requests, %lu host pages\n",
               static_cast<unsigned long>(restarts), static_cast<unsigned long>(adopted),
               static_cast<unsigned long>(adopted_pages));
@@ -1087,6 +1174,9 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(resumed_pages, 0u);
   EXPECT_GT(resume_refusals, 0u);
   EXPECT_GT(restarts, 0u);
+  EXPECT_GT(survived, 0u);
+  EXPECT_EQ(reported, survived);
+  EXPECT_GT(refused_reports, 0u);
   EXPECT_GT(adopted_pages, 0u);
   EXPECT_GT(lost_backups, 0u);  // a Wait sent while every request slot of the GPU was in use (slots, not pages, bind)
 }
