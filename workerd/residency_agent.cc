@@ -37,8 +37,10 @@ std::optional<SlotIndex> ResidencyAgent::SlotOf(RequestId request) const {
 void ResidencyAgent::Sent(const absl::Status& s, const char* what) {
   if (s.ok()) return;
   spdlog::error("worker: cannot send {} to memd: {}", what, s.ToString());
-  if (link_status_.ok()) link_status_ = absl::UnavailableError(absl::StrCat("cannot send ", what, " to memd: ",
-                                                                            s.message()));
+  // ABORTED (the epoch ended: memd lost, or this worker fenced) stays ABORTED, so the worker exits 75 for its
+  // supervisor as for any end of its epoch; any other send failure is UNAVAILABLE.
+  const absl::StatusCode code = absl::IsAborted(s) ? absl::StatusCode::kAborted : absl::StatusCode::kUnavailable;
+  if (link_status_.ok()) link_status_ = absl::Status(code, absl::StrCat("cannot send ", what, " to memd: ", s.message()));
 }
 
 void ResidencyAgent::WaitCopy(const CopyEvent& e, RequestId request, const char* what) {

@@ -715,6 +715,17 @@ TEST(ResidencyAgentLink, AFailedSendIsKeptAsTheLinkStatus) {
   EXPECT_EQ(f.agent.link_status().code(), absl::StatusCode::kUnavailable);
 }
 
+// A send refused because the epoch ended (MemdClient: "memd lost", "fenced by memd") keeps ABORTED, which workerd
+// turns into exit 75 for its supervisor; as UNAVAILABLE it exited 1 (seen under load in worker_fence_process).
+TEST(ResidencyAgentLink, ASendRefusedAtTheEndOfTheEpochStaysAborted) {
+  Fixture f;
+  f.link.send_status = absl::AbortedError("memd lost: nothing from memd for 2000 ms");
+  ASSERT_TRUE(f.agent.OnGrant(Grant(1, 0, {}, {}), 0).ok());
+  f.agent.EndRequest(1);
+  EXPECT_EQ(f.agent.link_status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(std::string(f.agent.link_status().message()).find("memd lost"), std::string::npos);
+}
+
 // ---- randomized conversation ----
 
 // memd's side, following the contract: grants, whole-request reclaims (backup for pages without a reported host
