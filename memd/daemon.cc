@@ -68,9 +68,11 @@ std::vector<AdoptedRequest> AdoptionList(const std::map<RequestId, JournaledRequ
   for (const auto& [id, jr] : journaled) {
     out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), jr.context_pages, jr.confirmed});
   }
+  // A record without journaled pages: granted with nothing confirmed, or still queued (a resume waiting for host
+  // pages, or a new request): interrupted with nothing kept, so the next worker resumes it from its tokens.
   for (const auto& [id, rec] : records) {
-    if (!rec.granted || journaled.contains(id)) continue;
-    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), rec.context_pages, {}});
+    if (journaled.contains(id)) continue;
+    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), rec.granted ? rec.context_pages : 0, {}});
   }
   return out;
 }
@@ -180,7 +182,10 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
                  "page kept (their workers recompute them)", adopted.size());
   }
   if (reused) {  // the other host pages are held until the dead memd's workers surely stopped writing
+    for (const auto& [id, jr] : journaled) adopt_waiting_gpus_.insert(GpuOfNodeRequestId(id));
+    for (const AdoptedRequest& a : adopted) adopt_waiting_gpus_.insert(a.gpu);
     release_held_at_ = std::chrono::steady_clock::now() + options_.adopt_grace;
+    if (adopt_waiting_gpus_.empty()) ReleaseHeldNow("the journal names no page: no worker of the dead memd writes");
     spdlog::warn("memd: adopted {} interrupted requests ({} with a record) from a previous memd of this run directory; "
                  "the other host pages are reusable in {} ms (--adopt-grace-ms)", adopted.size(), records_.size(),
                  options_.adopt_grace.count());
@@ -250,6 +255,13 @@ absl::Status Daemon::ServeOnce(std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
+void Daemon::ReleaseHeldNow(std::string_view why) {
+  release_held_at_.reset();
+  adopt_waiting_gpus_.clear();
+  spdlog::info("memd: the host pages held since the adoption are reusable: {}", why);
+  DHS_CHECK_OK(core_->ReleaseHeldPages());  // an event without input cannot be refused
+}
+
 void Daemon::Tick() {
   const auto now = std::chrono::steady_clock::now();
   if (now >= next_retry_) {
@@ -257,10 +269,7 @@ void Daemon::Tick() {
     DHS_CHECK_OK(core_->RetryBackups());  // events without input cannot be refused
   }
   CheckSilentWorkers();
-  if (release_held_at_ && now >= *release_held_at_) {
-    release_held_at_.reset();
-    DHS_CHECK_OK(core_->ReleaseHeldPages());  // an event without input cannot be refused
-  }
+  if (release_held_at_ && now >= *release_held_at_) ReleaseHeldNow("--adopt-grace-ms passed");
   DHS_CHECK_OK(core_->Populate());
   FlushOrders();
   PublishMetrics();
@@ -439,6 +448,11 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   ++counters_.hellos;
   reply.accepted = true;
   reply.worker_epoch = core_->epoch(hello->gpu);
+  if (release_held_at_ && adopt_waiting_gpus_.erase(hello->gpu) > 0 && adopt_waiting_gpus_.empty()) {
+    // A worker says Hello only once its GPU's previous worker stopped serving (its socket is checked first) or, after
+    // a memd restart, resolved the dead memd's orders (re-Hello): nothing of the dead memd writes any more.
+    ReleaseHeldNow("every GPU the journal names registered with this memd");
+  }
   reply.interrupted_requests = core_->InterruptedRequests(hello->gpu);
   for (RequestId id : reply.interrupted_requests) {
     if (const RequestRecord* rec = records_.Find(id)) reply.interrupted_records.push_back(ToWireRecord(id, *rec));

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -196,6 +197,9 @@ class Daemon {
   DaemonCounters counters_;
   std::chrono::steady_clock::time_point next_tick_, next_retry_;
   std::optional<std::chrono::steady_clock::time_point> release_held_at_;  // ReleaseHeldPages due (adopted pool)
+  std::set<GpuId> adopt_waiting_gpus_;  // GPUs the adopted journal names that have not said Hello to this memd yet
+  // Ends the adoption's hold of host pages now (the grace passed, or every GPU of the journal registered).
+  void ReleaseHeldNow(std::string_view why);
   mutable std::mutex metrics_mu_;
   std::string metrics_;
 };

@@ -186,8 +186,22 @@ TEST(Supervisor, StopsWorkersFirstThenMemdWithSigkillAfterTheGrace) {
   EXPECT_TRUE(s.done());
 }
 
-TEST(Supervisor, MemdCrashRestartsTheWorkersOnceTheNewMemdIsReady) {
+// By default a memd crash leaves the workers alone: each ends its own epoch (exit 75) when it notices, so its
+// requests stay with memd's adopted pool for its successor; only memd is restarted here.
+TEST(Supervisor, MemdCrashLeavesTheWorkersAloneByDefault) {
+  ASSERT_FALSE(SupervisorPolicy{}.restart_workers_with_memd);
   Supervisor s(TestPolicy(), Names(1));
+  int64_t now = StartAll(s, 1);
+  s.Exited(0, SIGKILL, now);
+  EXPECT_TRUE(KindsOf(s.DrainOrders()).empty());  // no signal to the worker
+  s.Timer(now + 100);
+  EXPECT_EQ(KindsOf(s.DrainOrders()), (std::vector<std::pair<Kind, size_t>>{{Kind::kStart, 0}}));
+}
+
+TEST(Supervisor, MemdCrashRestartsTheWorkersOnceTheNewMemdIsReady) {
+  SupervisorPolicy policy = TestPolicy();
+  policy.restart_workers_with_memd = true;
+  Supervisor s(policy, Names(1));
   int64_t now = StartAll(s, 1);
   s.Exited(0, SIGKILL, now);
   std::vector<SupervisorOrder> orders = s.DrainOrders();

@@ -14,9 +14,11 @@
 //   for backoff_reset_ms when it exited starts a new streak. A worker is (re)started only while memd is ready.
 //   More than max_restarts crashes of one child within restart_window_ms: the node gives up (stops everything as
 //   below, then kExit with code 1 and a message naming the child).
-// - memd exits while the node runs: with restart_workers_with_memd (default; today's workers do not say Hello again
-//   to a new memd) every live worker is stopped (SIGTERM) and started again, without backoff and not counted as a
-//   crash, once the new memd is ready.
+// - memd exits while the node runs: by default nothing is done to the workers: each notices the lost memd within its
+//   --memd-timeout-ms, ends its epoch without ending its requests (exit 75) and is restarted like any crash; the new
+//   memd adopted those requests (host pool + records), so the restarted worker resumes them and clients re-attach.
+//   With restart_workers_with_memd every live worker is stopped (SIGTERM: its requests END, "worker stopping") and
+//   started again, without backoff and not counted as a crash, once the new memd is ready.
 // - Terminate (SIGTERM/SIGINT) or giving up: restarts are cancelled; every live worker gets SIGTERM; memd gets
 //   SIGTERM only after every worker exited; a child still alive stop_grace_ms after its SIGTERM gets SIGKILL; once
 //   all exited, kExit (code 0 on Terminate, 1 on giving up). A second Terminate changes nothing.
@@ -44,7 +46,7 @@ struct SupervisorPolicy {
   int64_t stop_grace_ms = 10000;      // SIGTERM -> SIGKILL, ms
   int64_t start_timeout_ms = 120000;  // start -> ready, ms
   int64_t probe_interval_ms = 200;    // between readiness probes of a starting child, ms
-  bool restart_workers_with_memd = true;
+  bool restart_workers_with_memd = false;
 };
 
 enum class ChildState {

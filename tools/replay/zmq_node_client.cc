@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/prompt_tokens.h"
 #include "common/protocol.h"
@@ -10,7 +11,9 @@
 namespace dhs::replay {
 namespace {
 constexpr std::string_view kSender = "dhs-replay";
-constexpr std::chrono::milliseconds kReattachAttempt{200};  // one stats query of Reattach's polling
+constexpr std::chrono::milliseconds kReattachAttempt{200};
+// How workerd's final chunks begin when its epoch ended (WorkerProcess::Abandon): the request is not over.
+constexpr char kEpochEndedPrefix[] = "worker epoch ended: ";  // one stats query of Reattach's polling
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
@@ -78,6 +81,17 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       event.tokens.assign(chunk->tokens.begin(), chunk->tokens.end());
       event.logits_digests.assign(chunk->logits_digests.begin(), chunk->logits_digests.end());
       event.finished = chunk->finished;
+      // The worker ended its epoch (memd lost, or it was fenced) without ending the request: memd keeps it for the
+      // GPU's next worker. With re-attaching on, it stays outstanding and is re-attached once the worker is back.
+      if (chunk->error == wire::ErrorCode::UNAVAILABLE && options_.reattach_timeout.count() > 0 &&
+          absl::StartsWith(chunk->error_message, kEpochEndedPrefix) && received_.contains(chunk->request)) {
+        if (auto r = received_.find(chunk->request); !chunk->tokens.empty()) {
+          r->second += static_cast<uint32_t>(chunk->tokens.size());
+          event.finished = false;
+          out.push_back(std::move(event));
+        }
+        return absl::OkStatus();
+      }
       if (awaiting_recovery_ && !chunk->tokens.empty()) {
         awaiting_recovery_ = false;
         recovered_at_.push_back(std::chrono::steady_clock::now());
