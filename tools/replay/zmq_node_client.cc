@@ -13,7 +13,9 @@ namespace {
 constexpr std::string_view kSender = "dhs-replay";
 constexpr std::chrono::milliseconds kReattachAttempt{200};
 // How workerd's final chunks begin when its epoch ended (WorkerProcess::Abandon): the request is not over.
-constexpr char kEpochEndedPrefix[] = "worker epoch ended: ";  // one stats query of Reattach's polling
+constexpr char kEpochEndedPrefix[] = "worker epoch ended: ";
+// A memd sample's wait while faults may restart memd (a missed sample is skipped).
+constexpr std::chrono::milliseconds kMemdSampleTimeout{300};  // one stats query of Reattach's polling
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
@@ -214,11 +216,12 @@ absl::Status ZmqNodeClient::Reattach() {
                                              received_.size(), " unfinished requests (", last.message(), ")"));
 }
 
-absl::StatusOr<nlohmann::json> ZmqNodeClient::Introspect(wire::IntrospectWhat what) {
+absl::StatusOr<nlohmann::json> ZmqNodeClient::Introspect(wire::IntrospectWhat what,
+                                                        std::chrono::milliseconds timeout) {
   wire::IntrospectQueryT query;
   query.what = what;
   query.format = wire::IntrospectFormat::Json;
-  auto reply_bytes = memd_->Request(EncodeIntrospectQuery(query, next_sequence_++, kSender), options_.request_timeout);
+  auto reply_bytes = memd_->Request(EncodeIntrospectQuery(query, next_sequence_++, kSender), timeout);
   if (!reply_bytes.ok()) return absl::UnavailableError(absl::StrCat("memd introspection: ", reply_bytes.status().message()));
   auto message = DecodeEnvelope(*reply_bytes);
   if (!message.ok()) return message.status();
@@ -232,8 +235,11 @@ absl::StatusOr<nlohmann::json> ZmqNodeClient::Introspect(wire::IntrospectWhat wh
 
 // One `gpus` view per sample: its size and memd's cost grow with the GPUs only, not with M or the requests (issue 12).
 absl::Status ZmqNodeClient::SampleMemd() {
-  auto gpus = Introspect(wire::IntrospectWhat::Gpus);
-  if (!gpus.ok()) return gpus.status();
+  // With re-attaching on (faults), memd may be restarting: a sample it does not answer soon is skipped, not fatal.
+  const bool tolerant = options_.reattach_timeout.count() > 0;
+  auto gpus = Introspect(wire::IntrospectWhat::Gpus,
+                         tolerant ? std::min(options_.request_timeout, kMemdSampleTimeout) : options_.request_timeout);
+  if (!gpus.ok()) return tolerant ? absl::OkStatus() : gpus.status();
   if (!gpus->is_array()) return absl::OkStatus();
   int64_t admitted = 0;  // sessions holding their required allocation now: admitted or reclaiming, one slot each
   for (const auto& g : *gpus) admitted += g.value("slots_used", int64_t{0});

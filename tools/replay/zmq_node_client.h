@@ -65,7 +65,7 @@ class ZmqNodeClient final : public NodeClient {
  private:
   explicit ZmqNodeClient(ZmqNodeClientOptions options) : options_(std::move(options)) {}
   absl::Status SampleMemd();  // updates the peaks from memd's requests and gpus views
-  absl::StatusOr<nlohmann::json> Introspect(wire::IntrospectWhat what);
+  absl::StatusOr<nlohmann::json> Introspect(wire::IntrospectWhat what, std::chrono::milliseconds timeout);
   absl::Status Handle(std::string_view bytes, std::vector<TokenEvent>& out);
   struct WorkerView {  // one WorkerStatsReply: the counters as NodeStats fields, plus the pool geometry
     NodeStats counters;
