@@ -31,6 +31,7 @@
 #include "common/host_pool.h"
 #include "common/protocol.h"
 #include "common/transport.h"
+#include "memd/pool_segment.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/test_util.h"
@@ -63,6 +64,13 @@ class Node {
   explicit Node(const std::string& run_dir, uint32_t host_pool_pages = 2048)
       : run_dir_(run_dir), model_(MakePresetModel("glm5-like", 3)), host_pool_pages_(host_pool_pages) {
     page_bytes_ = uint64_t{kPageRows} * model_->config().row_bytes() * model_->config().n_sources();
+  }
+  // The memds of a test are gone by now (declared after the Node); one SIGKILLed, or stopped while requests held host
+  // pages, left its host pool (named by the run directory) in /dev/shm: removed, so runs do not pile them up.
+  ~Node() {
+    std::error_code ec;
+    if (!std::filesystem::exists(run_dir_, ec)) return;
+    HostPoolSegment::Remove(memd::PoolSegmentName(std::filesystem::canonical(run_dir_, ec).string())).IgnoreError();
   }
   static bool Available() {
     for (const char* v : {"MEMD", "WORKERD", "DHSCTL"}) {
