@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "common/log_limiter.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,9 @@
 
 namespace dhs::memd {
 namespace {
+
+// A peer's routing id as a log shows it: bytes outside printable ASCII escaped (a raw peer may send any id).
+std::string Printable(std::string_view bytes) { return absl::CHexEscape(absl::string_view(bytes.data(), bytes.size())); }
 
 constexpr char kSender[] = "memd";
 
@@ -291,7 +295,8 @@ void Daemon::ReplyNotDelivered(std::string_view peer, const absl::Status& why) {
     Fence(gpu, absl::StrCat("a reply could not be sent to it: ", why.message()));
     return;
   }
-  DHS_LOG_LIMITED(spdlog::level::warn, "memd: reply to '{}' not delivered: {}", peer, why.ToString());
+  DHS_LOG_LIMITED(spdlog::level::warn, "memd: reply to '{}' not delivered: {}", Printable(peer),
+                  why.ToString());
 }
 
 // ---------------------------------------------------------------- liveness and fencing
@@ -350,7 +355,7 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
       type != wire::Body::AdmitRequest) {
     ++counters_.fenced_refused;
     DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from '{}', which said no Hello to this memd, refused",
-                    BodyName(type), peer);
+                    BodyName(type), Printable(peer));
     return absl::FailedPreconditionError(absl::StrFormat(
         "fenced: '%s' said no Hello to this memd (pid %d; memd restarted?): nothing of an earlier memd is valid, "
         "say Hello (a new epoch)", peer, getpid()));
@@ -572,7 +577,7 @@ absl::Status Daemon::CheckWorkerPeer(std::string_view peer, std::optional<GpuId>
   }
   ++counters_.refused_peers;
   DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from peer '{}' refused: only the worker of its GPU may send it", what,
-                  peer);
+                  Printable(peer));
   return absl::PermissionDeniedError(
       gpu.has_value() ? absl::StrFormat("%s: only the worker of GPU %d may send it (peer '%s')", what, *gpu, peer)
                       : absl::StrFormat("%s: only a worker may send it (peer '%s' said no accepted Hello)", what, peer));
