@@ -52,6 +52,23 @@ std::vector<uint32_t> Sorted(std::vector<uint32_t> v) {
   return v;
 }
 
+// A worker's Hello for GPU `gpu` with M = `capacity_pages`, p = kPageRows, `page_bytes` as both its GPU page and its
+// host page (memd's pool pages, --page-bytes), N = `request_slots`.
+wire::HelloT MakeTestHello(GpuId gpu, std::string device_name, uint32_t capacity_pages, uint64_t page_bytes,
+                           uint32_t request_slots) {
+  wire::HelloT h;
+  h.protocol_version = kProtocolVersion;
+  h.gpu = gpu;
+  h.pid = static_cast<uint32_t>(getpid());
+  h.device_name = std::move(device_name);
+  h.capacity_pages = capacity_pages;
+  h.page_rows = kPageRows;
+  h.page_bytes = page_bytes;
+  h.host_page_bytes = page_bytes;
+  h.request_slots = request_slots;
+  return h;
+}
+
 // A fake worker: a DEALER with identity worker/<gpu> that sends contract messages and reads memd's orders.
 class FakeWorker {
  public:
@@ -95,17 +112,7 @@ class FakeWorker {
     return out;
   }
   wire::HelloReplyT Hello(uint32_t capacity_pages, uint64_t page_bytes = kPageBytes, uint32_t request_slots = 4) {
-    wire::HelloT h;
-    h.protocol_version = kProtocolVersion;
-    h.gpu = gpu_;
-    h.pid = static_cast<uint32_t>(getpid());
-    h.device_name = "fake";
-    h.capacity_pages = capacity_pages;
-    h.page_rows = kPageRows;
-    h.page_bytes = page_bytes;
-    h.host_page_bytes = page_bytes;  // memd's pool pages (--page-bytes) are host pages
-    h.request_slots = request_slots;
-    Send(EncodeHello(h, seq_++, "worker"));
+    Send(EncodeHello(MakeTestHello(gpu_, "fake", capacity_pages, page_bytes, request_slots), seq_++, "worker"));
     auto m = Next();
     EXPECT_TRUE(m && m->type == wire::Body::HelloReply);
     return m ? *ReadHelloReply(*m) : wire::HelloReplyT();
@@ -1286,17 +1293,7 @@ class StuckWorker {
     return *m;
   }
   bool Hello() {
-    wire::HelloT h;
-    h.protocol_version = kProtocolVersion;
-    h.gpu = 0;
-    h.pid = static_cast<uint32_t>(getpid());
-    h.device_name = "stuck";
-    h.capacity_pages = 8;
-    h.page_rows = kPageRows;
-    h.page_bytes = kPageBytes;
-    h.host_page_bytes = kPageBytes;
-    h.request_slots = 4;
-    Send(EncodeHello(h, seq_++, "worker"));
+    Send(EncodeHello(MakeTestHello(0, "stuck", 8, kPageBytes, 4), seq_++, "worker"));
     auto reply = Receive();
     return reply && reply->type == wire::Body::HelloReply && ReadHelloReply(*reply)->accepted;
   }
@@ -1761,16 +1758,7 @@ TEST_F(MemdProcess, ReHelloWithAReportKeepsASurvivingWorkersRequests) {
   Spawn();
   MetricsWith("dhs_memd_requests_adopted_total 2");
   FakeWorker w2(run_dir_, 0);  // the same worker's new connection
-  wire::HelloT h;
-  h.protocol_version = kProtocolVersion;
-  h.gpu = 0;
-  h.pid = static_cast<uint32_t>(getpid());
-  h.device_name = "fake";
-  h.capacity_pages = 8;
-  h.page_rows = kPageRows;
-  h.page_bytes = kPageBytes;
-  h.host_page_bytes = kPageBytes;
-  h.request_slots = 4;
+  wire::HelloT h = MakeTestHello(0, "fake", 8, kPageBytes, 4);
   h.rehello = true;
   h.worker_epoch = 1;
   auto report = [&](const wire::AdmitGrantT& g, uint32_t slot, uint32_t complete, std::vector<bool> copies) {
