@@ -35,6 +35,18 @@ const std::vector<Spec>& Specs() {
   return s;
 }
 
+// The client's SubmitRequest of `s` (its prompt from Prompt).
+wire::SubmitRequestT SubmitOf(const Spec& s) {
+  wire::SubmitRequestT sub;
+  sub.request = s.id;
+  sub.prompt = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+  sub.max_new_tokens = s.max_new;
+  sub.temperature = s.temperature;
+  sub.top_p = s.top_p;
+  sub.seed = s.seed;
+  return sub;
+}
+
 WorkerConfig SideConfig(WorkerMode mode) {
   WorkerConfig config;
   config.mode = mode;
@@ -86,14 +98,7 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
   {
     Side a(m.get(), 1, memd.get());
     for (const Spec& s : Specs()) {
-      wire::SubmitRequestT sub;
-      sub.request = s.id;
-      sub.prompt = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-      sub.max_new_tokens = s.max_new;
-      sub.temperature = s.temperature;
-      sub.top_p = s.top_p;
-      sub.seed = s.seed;
-      ASSERT_TRUE(a.worker->Submit(sub, ClientRef{"c", s.id}).ok());
+      ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
     }
     auto fewest = [&] {
       size_t n = SIZE_MAX;
@@ -201,14 +206,7 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
   {
     Side a(m.get(), 1, memd.get(), Mode());
     for (const Spec& s : specs) {
-      wire::SubmitRequestT sub;
-      sub.request = s.id;
-      sub.prompt = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-      sub.max_new_tokens = s.max_new;
-      sub.temperature = s.temperature;
-      sub.top_p = s.top_p;
-      sub.seed = s.seed;
-      ASSERT_TRUE(a.worker->Submit(sub, ClientRef{"c", s.id}).ok());
+      ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
     }
     auto fewest = [&] {
       size_t n = SIZE_MAX;
