@@ -59,6 +59,29 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 // One node: memd + workerd of GPU 0 (adaptive, glm5-like), with the default liveness timeouts given explicitly
 // (memd: worker timeout 3 s, ZMTP heartbeats every second; workerd: memd timeout 2 s).
+// What a client received over its DealerClient: tokens and logits digests per request and which requests finished;
+// every chunk must carry no error.
+struct ClientStreams {
+  std::map<RequestId, Generated> got;
+  std::map<RequestId, bool> finished;
+  // Reads TokenChunks from `c` until `done()` or `timeout_ms` passed.
+  void Read(DealerClient& c, const std::function<bool()>& done, int timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      auto b = c.Receive(std::chrono::milliseconds(10));
+      if (!b.ok()) continue;
+      auto m = DecodeEnvelope(*b);
+      if (!m.ok() || m->type != wire::Body::TokenChunk) continue;
+      auto chunk = ReadTokenChunk(*m);
+      EXPECT_EQ(chunk->error, wire::ErrorCode::OK) << chunk->error_message;
+      Generated& g = got[chunk->request];
+      for (uint8_t t : chunk->tokens) g.tokens.push_back(t);
+      for (uint64_t d : chunk->logits_digests) g.digests.push_back(d);
+      if (chunk->finished) finished[chunk->request] = true;
+    }
+  }
+};
+
 class Node {
  public:
   explicit Node(const std::string& run_dir, uint32_t host_pool_pages = 2048)
@@ -285,29 +308,15 @@ TEST(WorkerFence, KilledWorkerResumesItsRequestsExactlyAndClientsReattach) {
     s.seed = r.seed;
     ASSERT_TRUE(c1->Send(EncodeSubmitRequest(s, r.id + 1, "replay")).ok());
   }
-  std::map<RequestId, Generated> got;
-  std::map<RequestId, bool> finished;
-  auto read = [&](DealerClient& c, std::function<bool()> done, int timeout_ms) {
-    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!done() && Clock::now() < deadline) {
-      auto b = c.Receive(std::chrono::milliseconds(10));
-      if (!b.ok()) continue;
-      auto m = DecodeEnvelope(*b);
-      if (!m.ok() || m->type != wire::Body::TokenChunk) continue;
-      auto chunk = ReadTokenChunk(*m);
-      EXPECT_EQ(chunk->error, wire::ErrorCode::OK) << chunk->error_message;
-      Generated& g = got[chunk->request];
-      for (uint8_t t : chunk->tokens) g.tokens.push_back(t);
-      for (uint64_t d : chunk->logits_digests) g.digests.push_back(d);
-      if (chunk->finished) finished[chunk->request] = true;
-    }
-  };
-  read(*c1, [&] { return got[1].tokens.size() >= 20; }, 30000);
+  ClientStreams streams;
+  std::map<RequestId, Generated>& got = streams.got;
+  std::map<RequestId, bool>& finished = streams.finished;
+  streams.Read(*c1, [&] { return got[1].tokens.size() >= 20; }, 30000);
   ASSERT_GE(got[1].tokens.size(), 20u) << node.Logs();
   worker.reset();  // SIGKILL mid-decode
   // What the dead worker had sent is still delivered to c1: read it until its connection reports the loss.
-  read(*c1, [&] { return c1->disconnects() > 0; }, 10000);
-  read(*c1, [] { return false; }, 200);  // and what was queued before the close
+  streams.Read(*c1, [&] { return c1->disconnects() > 0; }, 10000);
+  streams.Read(*c1, [] { return false; }, 200);  // and what was queued before the close
   ASSERT_FALSE(finished[1] || finished[2]) << "a request finished before the kill";
   const auto killed = Clock::now();
   ASSERT_FALSE(node.WaitGpu0(false, 1).is_null()) << "never fenced" << node.Logs();
@@ -330,7 +339,7 @@ TEST(WorkerFence, KilledWorkerResumesItsRequestsExactlyAndClientsReattach) {
     a.received = static_cast<uint32_t>(had[r.id]);
     ASSERT_TRUE(c2->Send(EncodeAttach(a, 100 + r.id, "replay")).ok());
   }
-  read(*c2, [&] { return finished[1] && finished[2]; }, 60000);
+  streams.Read(*c2, [&] { return finished[1] && finished[2]; }, 60000);
   std::printf("kill -> both requests finished on the restarted worker in %.3f s (had %zu and %zu tokens)\n",
               Since(killed), had[1], had[2]);
   for (const Req& r : reqs) {
@@ -398,29 +407,15 @@ TEST(WorkerFence, KilledMemdAndWorkerResumeFromTheAdoptedPoolExactly) {
     s.seed = seed;
     ASSERT_TRUE(c1->Send(EncodeSubmitRequest(s, id + 1, "replay")).ok());
   }
-  std::map<RequestId, Generated> got;
-  std::map<RequestId, bool> finished;
-  auto read = [&](DealerClient& c, std::function<bool()> done, int timeout_ms) {
-    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!done() && Clock::now() < deadline) {
-      auto b = c.Receive(std::chrono::milliseconds(10));
-      if (!b.ok()) continue;
-      auto m = DecodeEnvelope(*b);
-      if (!m.ok() || m->type != wire::Body::TokenChunk) continue;
-      auto chunk = ReadTokenChunk(*m);
-      EXPECT_EQ(chunk->error, wire::ErrorCode::OK) << chunk->error_message;
-      Generated& g = got[chunk->request];
-      for (uint8_t t : chunk->tokens) g.tokens.push_back(t);
-      for (uint64_t d : chunk->logits_digests) g.digests.push_back(d);
-      if (chunk->finished) finished[chunk->request] = true;
-    }
-  };
-  read(*c1, [&] { return got[1].tokens.size() >= 20 && got[2].tokens.size() >= 20; }, 30000);
+  ClientStreams streams;
+  std::map<RequestId, Generated>& got = streams.got;
+  std::map<RequestId, bool>& finished = streams.finished;
+  streams.Read(*c1, [&] { return got[1].tokens.size() >= 20 && got[2].tokens.size() >= 20; }, 30000);
   ASSERT_GE(got[2].tokens.size(), 20u) << node.Logs();
   memd.reset();    // SIGKILL: nothing of memd's cleanup runs
   worker.reset();  // SIGKILL, before its memd timeout
-  read(*c1, [&] { return c1->disconnects() > 0; }, 10000);
-  read(*c1, [] { return false; }, 200);
+  streams.Read(*c1, [&] { return c1->disconnects() > 0; }, 10000);
+  streams.Read(*c1, [] { return false; }, 200);
   ASSERT_FALSE(finished[1] || finished[2]) << "a request finished before the kill";
   const auto killed = Clock::now();
   memd = node.StartMemd("memd-2");
@@ -441,7 +436,7 @@ TEST(WorkerFence, KilledMemdAndWorkerResumeFromTheAdoptedPoolExactly) {
     a.received = static_cast<uint32_t>(had[id]);
     ASSERT_TRUE(c2->Send(EncodeAttach(a, 100 + id, "replay")).ok());
   }
-  read(*c2, [&] { return finished[1] && finished[2]; }, 60000);
+  streams.Read(*c2, [&] { return finished[1] && finished[2]; }, 60000);
   std::printf("memd + worker SIGKILL -> both requests finished after restarts in %.3f s (had %zu and %zu tokens)\n",
               Since(killed), had[1], had[2]);
   for (const auto& [id, salt, temperature, seed] : reqs) {
