@@ -182,7 +182,7 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
     const Position t = first + static_cast<Position>(j);
     const auto page = static_cast<size_t>(t / c.page_rows);
     if (page >= kv.host_plan.size() || kv.host_plan[page] < 0) continue;
-    uint8_t* dst = host_.bytes.data() + static_cast<uint64_t>(kv.host_plan[page]) * layout_.host_page_bytes() +
+    uint8_t* dst = HostPageData(kv.host_plan[page]) +
                    layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
     std::memcpy(dst, bytes + j * key_bytes, key_bytes);
   }
@@ -210,8 +210,7 @@ absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, uint32_t p
     keys_out[i].resize(static_cast<size_t>(rows) * kb / sizeof(float));
     auto* out = reinterpret_cast<uint8_t*>(keys_out[i].data());
     for (Position t = 0; t < rows; ++t) {
-      const uint8_t* page = host_.bytes.data() + static_cast<uint64_t>(kv.host_plan[t / c.page_rows]) *
-                                                     layout_.host_page_bytes();
+      const uint8_t* page = HostPageData(kv.host_plan[t / c.page_rows]);
       std::memcpy(out + t * kb, page + layout_.KeyInPage(i, static_cast<uint32_t>(t % c.page_rows)), kb);
     }
   }
@@ -224,8 +223,7 @@ absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, uint32_t p
   const Position from = std::max<Position>(0, rows - Position{c.tail_rows});
   for (SourceId s = 0; s < layout_.num_sources(); ++s) kv.appended[s] = from;
   for (Position t = from; t < rows; ++t) {
-    const uint8_t* page = host_.bytes.data() + static_cast<uint64_t>(kv.host_plan[t / c.page_rows]) *
-                                                   layout_.host_page_bytes();
+    const uint8_t* page = HostPageData(kv.host_plan[t / c.page_rows]);
     for (SourceId s = 0; s < layout_.num_sources(); ++s) {
       std::span<const uint8_t> row(page + layout_.InPage(s, static_cast<uint32_t>(t % c.page_rows)), c.row_bytes[s]);
       if (absl::Status st = Append(request, s, t, row); !st.ok()) return st;
@@ -515,7 +513,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
   const Position first = Position{page} * c.page_rows;
   std::vector<DeviceToHostCopy> ops;
   std::vector<CopyEvent> after;
-  uint8_t* host_base = host_.bytes.data() + uint64_t{host_page} * layout_.host_page_bytes();
+  uint8_t* host_base = HostPageData(host_page);
   bool in_tail = true;
   for (SourceId s = 0; s < layout_.num_sources(); ++s) in_tail = in_tail && first >= kv.appended[s] - Position{c.tail_rows};
   for (SourceId s = 0; s < layout_.num_sources(); ++s) {
@@ -600,7 +598,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
   if (pg.device_page >= 0) return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " already populated"));
   const DeviceRange whole{pool_, layout_.PageRow(device_page, 0, 0), layout_.page_bytes()};
   CopyEvent fence = device_->ReadersFence(whole);
-  const uint8_t* host_base = host_.bytes.data() + static_cast<uint64_t>(pg.host_page) * layout_.host_page_bytes();
+  const uint8_t* host_base = HostPageData(pg.host_page);
   std::vector<HostToDeviceCopy> ops;
   for (SourceId s = 0; s < layout_.num_sources(); ++s) {
     ops.push_back(HostToDeviceCopy{DeviceRange{pool_, layout_.PageRow(device_page, s, 0), c.page_rows * c.row_bytes[s]},

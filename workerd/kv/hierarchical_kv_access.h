@@ -149,6 +149,10 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   void FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events);
   void Update();  // the state part of Poll; completions accumulate in completions_
   uint64_t TailUploadOffset(SourceId s, Position t) const;
+  // The first byte of host page `host_page` in the mapped pool (payload rows, then index keys; KvLayout).
+  uint8_t* HostPageData(int64_t host_page) const {
+    return host_.bytes.data() + static_cast<uint64_t>(host_page) * layout_.host_page_bytes();
+  }
 
   KvLayout layout_;
   Device* device_;
