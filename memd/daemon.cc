@@ -171,6 +171,8 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
                                                segment_->name(), s.message()));
   }
   if (!reused && !adopted.empty()) {
+    spdlog::warn("memd: the host pool was not adopted; {} requests with a record come back interrupted with no host "
+                 "page kept (their workers recompute them)", adopted.size());
     core_->ReleaseHeldPages().IgnoreError();  // a new pool: no worker of a dead memd writes into it
   }
   std::erase_if(records, [&](const auto& e) { return !core_->GpuOfRequest(e.first).has_value(); });
@@ -181,18 +183,13 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
       record_journal_.Release(id);
     }
   }
-  if (!reused && !adopted.empty()) {
-    spdlog::warn("memd: the host pool was not adopted; {} requests with a record come back interrupted with no host "
-                 "page kept (their workers recompute them)", adopted.size());
-  }
   if (reused) {  // the other host pages are held until the dead memd's workers surely stopped writing
-    for (const auto& [id, jr] : journaled) adopt_waiting_gpus_.insert(GpuOfNodeRequestId(id));
-    for (const AdoptedRequest& a : adopted) adopt_waiting_gpus_.insert(a.gpu);
-    release_held_at_ = std::chrono::steady_clock::now() + options_.adopt_grace;
-    if (adopt_waiting_gpus_.empty()) ReleaseHeldNow("the journal names no page: no worker of the dead memd writes");
     spdlog::warn("memd: adopted {} interrupted requests ({} with a record) from a previous memd of this run directory; "
                  "the other host pages are reusable in {} ms (--adopt-grace-ms)", adopted.size(), records_.size(),
                  options_.adopt_grace.count());
+    for (const AdoptedRequest& a : adopted) adopt_waiting_gpus_.insert(a.gpu);  // every journaled request is in it
+    release_held_at_ = std::chrono::steady_clock::now() + options_.adopt_grace;
+    if (adopt_waiting_gpus_.empty()) ReleaseHeldNow("the journal names no page: no worker of the dead memd writes");
   }
   return absl::OkStatus();
 }
