@@ -223,6 +223,33 @@ class PerfReportTest(unittest.TestCase):
             saved = json.load(f)
         self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner"])
 
+    def test_sections_measures_only_those(self):
+        """--sections planner with no programs: the planner section is measured again (and fails, no build), every
+        other section keeps its saved figures, and the meta lists the partial run."""
+        plots = os.path.join(self.dir, "perf")
+        os.makedirs(plots)
+        fig = canned()
+        with open(os.path.join(plots, "figures.json"), "w") as f:
+            json.dump(fig, f)
+        out = os.path.join(self.dir, "p.md")
+        proc = subprocess.run([sys.executable, SCRIPT, "--sections", "planner", "--build",
+                               os.path.join(self.dir, "no-build"), "--out", out], capture_output=True, text=True,
+                              cwd=self.dir)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(os.path.join(plots, "figures.json")) as f:
+            saved = json.load(f)
+        self.assertIn("error", saved["planner"])
+        for name in ("micro", "modes", "long_context"):
+            self.assertEqual(saved[name], fig[name])
+        self.assertEqual(saved["meta"]["date"], fig["meta"]["date"])
+        self.assertEqual([r["sections"] for r in saved["meta"]["partial_runs"]], [["planner"]])
+        with open(out) as f:
+            self.assertIn("): planner.", f.read())
+        bad = subprocess.run([sys.executable, SCRIPT, "--sections", "planner,nope", "--out", out],
+                             capture_output=True, text=True, cwd=self.dir)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("unknown nope", bad.stderr)
+
     def test_unreadable_figures(self):
         bad = os.path.join(self.dir, "bad.json")
         with open(bad, "w") as f:
