@@ -650,6 +650,8 @@ void Worker::CommitStep() {
     if (r.resume_started && r.generated.size() == static_cast<size_t>(r.resumed) + 1) {
       const uint64_t us = MicrosSince(*r.resume_started, std::chrono::steady_clock::now());
       stats_.resume_us_max = std::max(stats_.resume_us_max, us);
+      resume_figures_[r.client_id] = ResumeFigures{r.id, static_cast<uint64_t>(r.rows_imported),
+                                                   static_cast<uint64_t>(r.rows_recomputed), us};
       spdlog::info("worker: request {} (client {}) resumed: first new token after {} us ({} rows imported from host, "
                    "{} rows recomputed)", r.id, r.client_id, us, r.rows_imported, r.rows_recomputed);
     }

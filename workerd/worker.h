@@ -154,6 +154,16 @@ class Worker final : public MemdHandler, public Submitter {
   void OnCompleteAck(const wire::CompleteAckT& m) override;
 
   WorkerStats stats() const;
+  // Per resumed request (by client id), once its first new token came (Resume): its history's rows imported from host
+  // (pages with a confirmed host copy) and recomputed from its tokens (pages without one, and the tail), in rows, and
+  // the time from Resume to that token, us. Kept for the worker's life (one entry per resume).
+  struct ResumeFigures {
+    RequestId request = 0;  // the node id it resumed as
+    uint64_t rows_imported = 0;
+    uint64_t rows_recomputed = 0;
+    uint64_t resume_us = 0;
+  };
+  const std::map<RequestId, ResumeFigures>& resume_figures() const { return resume_figures_; }
   wire::WorkerStatsReplyT StatsReply() const override;
   const WorkerGeometry& geometry() const { return geometry_; }
   const WorkerConfig& config() const { return config_; }
@@ -279,6 +289,7 @@ class Worker final : public MemdHandler, public Submitter {
     absl::Status error;
   };
   std::map<RequestId, DetachedOutput> detached_done_;
+  std::map<RequestId, ResumeFigures> resume_figures_;  // client id -> figures (resume_figures())
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
 };
 
