@@ -374,14 +374,13 @@ void Worker::ImportResumed(Request& r) {
   const uint32_t p = config_.page_rows;
   // The last token is fed by a Step (its logits give the next token): pages wholly before it only.
   const auto usable = static_cast<uint32_t>((r.input.size() - 1) / p);
-  std::vector<uint32_t> pages;
-  if (hier_ != nullptr) {
-    for (uint32_t j : r.host_backed) {
-      if (j < usable) pages.push_back(j);
-    }
+  std::vector<uint32_t> backed, pages;  // every host-backed page; those imported (wholly before the last token)
+  if (hier_ != nullptr) backed = r.host_backed;
+  std::sort(backed.begin(), backed.end());
+  backed.erase(std::unique(backed.begin(), backed.end()), backed.end());
+  for (uint32_t j : backed) {
+    if (j < usable) pages.push_back(j);
   }
-  std::sort(pages.begin(), pages.end());
-  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   for (uint32_t j : pages) {  // maximal runs of consecutive pages
     if (!r.host_runs.empty() && r.host_runs.back().first + r.host_runs.back().second == j) {
       ++r.host_runs.back().second;
@@ -396,8 +395,10 @@ void Worker::ImportResumed(Request& r) {
   spdlog::info("worker: resumed request {} (client {}) granted: {} of its {} pages before the last token are "
                "host-backed ({} runs): {} rows to import from host, {} rows to recompute from its tokens", r.id,
                r.client_id, pages.size(), usable, r.host_runs.size(), r.rows_imported, r.rows_recomputed);
-  if (pages.empty()) return;
-  if (absl::Status s = hier_->ImportHostPages(r.id, pages); !s.ok()) {
+  if (backed.empty()) return;
+  // Host-ready from now on, the pages recomputed after the last token included (the record may end before rows the
+  // dead worker had backed up): their confirmed host copy is never written again.
+  if (absl::Status s = hier_->ImportHostPages(r.id, backed); !s.ok()) {
     if (absl::Status rebuilt = FallBackToRecompute(r, s); !rebuilt.ok()) Finish(r.id, rebuilt);
   }
 }

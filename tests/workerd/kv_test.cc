@@ -650,6 +650,8 @@ TEST(Kv, ResumeImportsHostRunsBetweenRecomputedPagesInPositionOrder) {
     }
   };
   EXPECT_EQ(h2.kv->ImportHostRows(1, 1, 1, keys).code(), absl::StatusCode::kFailedPrecondition);  // page 1: no copy
+  // An imported page's confirmed copy is never written again: keys stored for its positions do not land there.
+  ASSERT_TRUE(h2.kv->StoreIndexKeys(1, 0, 2, OriginalKeys(99, 0, floats[0])).ok());
   ASSERT_TRUE(h2.kv->ImportHostRows(1, 0, 1, keys).ok());
   expect_keys(0, 4);
   EXPECT_EQ(h2.kv->ImportHostRows(1, 2, 3, keys).code(), absl::StatusCode::kFailedPrecondition);  // not at page 2

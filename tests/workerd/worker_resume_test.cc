@@ -177,8 +177,8 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
 
 // Resume from host KV (issue 11): worker A serves four requests (greedy and sampled) until each decoded 20 tokens and
 // is dropped; memd fences the GPU, keeping the pages with a confirmed host copy (every completed page is backed up:
-// memd gives no optional GPU page). Worker B imports the leading run of each request's kept pages (index keys into
-// the session, payload host-resident) and recomputes only the rest: the expected counts come from the pages memd
+// memd gives no optional GPU page). Worker B imports each request's kept pages (index keys into the session, payload
+// host-resident) and recomputes only the rest: the expected counts come from the pages memd
 // kept. The clients' streams equal the uninterrupted run token for token and digest for digest, and no host page is
 // held at the end. Fallbacks: resident mode keeps nothing on host, and a fence that kept nothing (`drop`): everything
 // is recomputed, as exactly. The printed resume times compare importing with recomputing the same requests.
@@ -225,16 +225,15 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
     }
   }
   memd->Fence(GetParam().keep);
-  // What B must import and recompute, from the pages memd kept: the leading run of confirmed host copies, at most the
-  // pages wholly before the last token of the record (prompt + committed tokens; that token is fed by a step).
+  // What B must import and recompute, from the pages memd kept: every confirmed host copy among the pages wholly
+  // before the last token of the record (prompt + committed tokens; that token is fed by a step).
   uint64_t imported = 0, recomputed = 0, taken = 0;
   for (const Spec& s : specs) {
     const std::map<uint32_t, PageIndex>& kept = memd->interrupted.at(s.id);
-    uint32_t leading = 0;
-    while (kept.contains(leading)) ++leading;
-    taken += leading;
+    taken += kept.size();
     const uint64_t n = s.prompt + records[s.id].tokens.size();
-    const uint64_t rows = std::min<uint64_t>(leading, (n - 1) / 16) * 16;
+    uint64_t rows = 0;
+    for (const auto& [j, hp] : kept) rows += j < (n - 1) / 16 ? 16 : 0;
     imported += rows;
     recomputed += n - rows;
   }
@@ -316,13 +315,14 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
   constexpr uint32_t kTail = 128, kP = 16;
   auto m = MakePresetModel("dsv4flash-like");
   const std::vector<Spec> specs = {
-      {1, 70, 40, 0.0f, 1.0f, 0}, {2, 57, 40, 0.9f, 1.0f, 7}, {3, 66, 36, 1.0f, 0.9f, 8}, {4, 48, 44, 0.0f, 1.0f, 0}};
+      {1, 70, 40, 0.0f, 1.0f, 0}, {2, 57, 40, 0.9f, 1.0f, 7}, {3, 66, 36, 1.0f, 0.9f, 8}, {4, 65, 44, 0.0f, 1.0f, 0}};
   std::map<RequestId, Generated> want;
   for (const Spec& s : specs) {
     const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
     want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
   }
-  // Adaptive: 2 GPU pages to keep history on, all granted to request 1 (its pages 0 and 1).
+  // Adaptive: 2 GPU pages to keep history on, all granted to request 1 (its pages 0 and 1). Request 4's record loses
+  // its tokens below.
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), mode, mode == WorkerMode::kAdaptive ? 2 : 0);
   std::map<RequestId, wire::RequestRecordT> records;
   std::map<RequestId, size_t> had;
@@ -360,11 +360,17 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
     EXPECT_GE(a.device.HeldCopies().size(), 7u) << "the backups of pages 1 and 3 were not all held";
     for (uint64_t id : a.device.HeldCopies()) a.device.ReleaseHeld(id, /*fail=*/true);  // never landed
   }  // A is gone (its copies ended)
+  // Request 4's record lost every token (no TokensCommitted of A reached memd): its 65 rows end inside page 4, which
+  // A had completed and backed up: a host-backed page after the last token, recomputed, never written again.
+  records[4].tokens.clear();
+  records[4].logits_digests.clear();
   memd->Fence();
+  EXPECT_TRUE(memd->interrupted.at(4).contains(4));
   // What B must import and recompute, from memd's view of each request's pages: every kept page wholly before the
   // last token of the record (prompt + committed tokens; that token is fed by a step) imported, every other row
   // recomputed.
   std::map<RequestId, std::pair<uint64_t, uint64_t>> expect;  // imported, recomputed rows
+  const std::map<RequestId, std::map<uint32_t, PageIndex>> kept_of = memd->interrupted;
   uint32_t taken = 0;
   for (const Spec& s : specs) {
     SCOPED_TRACE("request " + std::to_string(s.id));
@@ -381,7 +387,22 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
     expect[s.id] = {imported, n - imported};
   }
   if (GetParam().chaos) memd->EnableChaos(16);
-  Side b(m.get(), 2, memd.get(), mode);
+  Side b(m.get(), 2, memd.get(), mode, kTail);
+  // B never writes a page memd holds a confirmed copy of: no backup from the tail rows of a kept page.
+  int rewrites = 0;
+  HierarchicalKvAccess* bkv = b.worker->hierarchical();
+  ASSERT_NE(bkv, nullptr);
+  b.device.SetCopyHook([&](const CopyInfo& info) {
+    if (info.kind != CopyKind::kDeviceToHost || info.device.empty()) return CopyFate::kRun;
+    for (const Spec& s : specs) {
+      const RequestKv* r = bkv->Find(MakeNodeRequestId(0, 2, s.id));
+      if (r == nullptr) continue;
+      for (const auto& [j, hp] : kept_of.at(s.id)) {
+        if (info.device[0].offset == bkv->layout().TailRow(r->slot, 0, Position{j} * kP)) ++rewrites;
+      }
+    }
+    return CopyFate::kRun;
+  });
   for (const Spec& s : specs) {
     ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
     ASSERT_TRUE(b.worker->Attach(s.id, static_cast<uint32_t>(had[s.id]), ClientRef{"c2", s.id}).ok());
@@ -420,6 +441,7 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
   const WorkerStats st = b.worker->stats();
   EXPECT_EQ(st.rows_imported, imported);
   EXPECT_EQ(st.rows_recomputed, recomputed);
+  EXPECT_EQ(rewrites, 0) << "a kept (confirmed) host page was backed up again";
   EXPECT_EQ(memd->completes, 4);
   EXPECT_EQ(memd->host_pages_held(), 0u);
   if (GetParam().chaos) EXPECT_GT(memd->pages_populated, 0);

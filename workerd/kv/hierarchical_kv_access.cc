@@ -182,6 +182,7 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
     const Position t = first + static_cast<Position>(j);
     const auto page = static_cast<size_t>(t / c.page_rows);
     if (page >= kv.host_plan.size() || kv.host_plan[page] < 0) continue;
+    if (page < kv.pages.size() && kv.pages[page].imported) continue;  // a resume's confirmed copy holds them
     uint8_t* dst = HostPageData(kv.host_plan[page]) +
                    layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
     std::memcpy(dst, bytes + j * key_bytes, key_bytes);
@@ -204,6 +205,7 @@ absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<
   for (uint32_t j : pages) {
     kv.GrowPages(j + 1);
     kv.pages[j].host_page = kv.host_plan[j];
+    kv.pages[j].imported = true;
     kv.SetHostReady(j, true);
   }
   return absl::OkStatus();

@@ -56,7 +56,8 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   void ReadersDone(std::span<const SourceId> sources) override;
   void Release(RequestId request) override;
   // Copies the keys into the key region of each position's planned host page (PlanResidency's host_pages; a
-  // position whose page has none is skipped: nothing would find it). No-op when the layout has no key regions
+  // position whose page has none is skipped: nothing would find it; so is a position of a resume's imported page:
+  // its confirmed copy holds them already, ImportHostPages). No-op when the layout has no key regions
   // (KvConfig.key_bytes empty). Errors: as KvAccess, RESOURCE_EXHAUSTED (no slot for a new request).
   absl::Status StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
                               std::span<const float> keys) override;
@@ -64,7 +65,8 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // Resume from host KV (issue 11), step 1, at the grant: history pages `pages` of `request` (planned, nothing
   // appended yet; any set, gaps allowed) hold a confirmed host copy in their planned host pages (memd's
   // AdmitGrant.host_backed_pages). Each becomes host-ready in its host page at once (population may bring it back;
-  // when its rows are appended later, no backup is issued). Nothing is appended: ImportHostRows brings the rows in,
+  // when its rows are appended later, by ImportHostRows or computed, no backup is issued and no key is stored: the
+  // confirmed copy is never written again). Nothing is appended: ImportHostRows brings the rows in,
   // in position order, between the recomputed ones.
   // Errors: NOT_FOUND (unknown request), FAILED_PRECONDITION (rows appended already, a page without a planned host
   // page).
