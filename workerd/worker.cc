@@ -420,12 +420,26 @@ absl::Status Worker::ImportHostRun(Request& r) {
   return absl::OkStatus();
 }
 
+void Worker::CountRecomputed(Request& r, Position rows) {
+  stats_.rows_imported -= static_cast<uint64_t>(rows);
+  stats_.rows_recomputed += static_cast<uint64_t>(rows);
+  r.rows_recomputed += rows;
+  r.rows_imported -= rows;
+}
+
 void Worker::CountAllRecomputed(Request& r) {
-  stats_.rows_imported -= static_cast<uint64_t>(r.rows_imported);
-  stats_.rows_recomputed += static_cast<uint64_t>(r.rows_imported);
-  r.rows_recomputed += r.rows_imported;
-  r.rows_imported = 0;
+  CountRecomputed(r, r.rows_imported);
   r.host_runs.clear();
+}
+
+bool Worker::RemarkHostBacked(Request& r) {
+  if (hier_ == nullptr || r.host_backed.empty()) return false;
+  if (absl::Status s = hier_->ImportHostPages(r.id, r.host_backed); !s.ok()) {
+    spdlog::warn("worker: request {}: its host-backed pages are not host-ready again ({}); their host pages are "
+                 "written again with the same rows", r.id, s.ToString());
+    return false;
+  }
+  return true;
 }
 
 absl::Status Worker::FallBackToRecompute(Request& r, const absl::Status& why) {
@@ -435,6 +449,7 @@ absl::Status Worker::FallBackToRecompute(Request& r, const absl::Status& why) {
   r.fed = 0;
   r.capture.reset();
   if (absl::Status rebuilt = agent_->RebuildKv(r.id); !rebuilt.ok()) return rebuilt;
+  RemarkHostBacked(r);  // recomputed, but their confirmed copies are not written again
   r.session.emplace(model_->NewSession(r.id));
   return absl::OkStatus();
 }
@@ -494,7 +509,17 @@ absl::Status Worker::ImportChunk(Request& r) {
 
 absl::Status Worker::ReplayFed(Request& r) {
   if (absl::Status s = agent_->RebuildKv(r.id); !s.ok()) return s;  // released and planned again
-  CountAllRecomputed(r);  // a resume's imported rows are recomputed below too (the rebuilt KV has no host import)
+  // A resume: the rows it imported so far are recomputed below too; its host-backed pages are host-ready again, so
+  // the runs after `fed` are still imported (else everything is recomputed).
+  if (!r.host_backed.empty()) {
+    Position ahead = 0;
+    for (const auto& [first, count] : r.host_runs) ahead += Position{count} * config_.page_rows;
+    if (RemarkHostBacked(r)) {
+      CountRecomputed(r, r.rows_imported - ahead);
+    } else {
+      CountAllRecomputed(r);
+    }
+  }
   r.session.emplace(model_->NewSession(r.id));
   r.capture.reset();  // recomputed below without the row cache; a later block starts a fresh capture
   std::vector<model::Token> all = r.input;  // a resumed request's input ends with its committed tokens

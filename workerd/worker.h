@@ -233,8 +233,13 @@ class Worker final : public MemdHandler, public Submitter {
   // A resume's import failed: a fresh KV and session, every row recomputed from the tokens (same bits); the
   // figures count every row recomputed. Errors: RebuildKv's (the request must end).
   absl::Status FallBackToRecompute(Request& r, const absl::Status& why);
+  // A resume's figures: `rows` of its planned imports recomputed instead.
+  void CountRecomputed(Request& r, Position rows);
   // A resume's figures once its KV is rebuilt from the tokens: every row recomputed, no host run left to import.
   void CountAllRecomputed(Request& r);
+  // After a KV rebuild (RebuildKv): r's host-backed pages host-ready again (ImportHostPages), so their confirmed
+  // copies are never written again and later runs can still be imported. False (logged) when r has none or it failed.
+  bool RemarkHostBacked(Request& r);
   // The active requests' next tokens (importing prepared-prefix chunks first; a failed import ends its request).
   std::vector<BatchItem> CollectBatch();
   // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).
