@@ -473,7 +473,7 @@ absl::Status ResidencyManager::CheckResume(const AdmitRequest& a) const {
 
 void ResidencyManager::TakeOver(Request& r, RequestId interrupted) {
   Request& old = requests_.at(interrupted);
-  uint32_t leading = 0;  // for the log: the run a version-7 worker would import
+  uint32_t leading = 0;  // for the log: the run a worker that reads no host_backed_pages imports
   for (uint32_t h = 0; h < old.history.size(); ++h) {
     const HistoryPage& hp = old.history[h];
     if (hp.state != HistoryState::kHost) continue;  // kLost: no host page, the worker recomputes those rows

@@ -151,7 +151,7 @@ class ResidencyManager {
   // - every ReclaimOrder / PopulateOrder entry of the GPU is dropped (later reports name unknown orders);
   // - queued admissions of the GPU are answered with a RejectOrder (UNAVAILABLE, "GPU n was fenced"), except queued
   //   resumes (Admit with resume_of): they become interrupted again, holding the host pages they took over as kHost
-  //   history pages 0 .. L-1 (the rest kLost), so the next worker resumes them (no RejectOrder: their record stays);
+  //   history pages (the rest kLost), so the next worker resumes them (no RejectOrder: their record stays);
   // - admitted requests become kInterrupted: they keep exactly the host pages holding a confirmed host copy (kHost,
   //   kPopulating, kGpuAndHost -> kHost) and free the others (kHostPending, kGpu, kGpuDeferred -> kLost), lose their
   //   GPU pages and slot; Complete ends them (memd answers CompleteAck, released_pages 0);
