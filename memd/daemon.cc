@@ -788,6 +788,7 @@ std::string Daemon::Encode(const GrantOrder& g) {
   for (uint32_t h = 0; h < g.optional_pages.size(); ++h) w.optional_history_pages.push_back(h);
   for (PageIndex hp : g.host_pages) w.backup_host_pages.push_back(HostRef(hp));
   w.imported_pages = g.imported_pages;
+  w.host_backed_pages = g.host_backed_pages;
   return EncodeAdmitGrant(w, AdmitSequence(g.request), kSender);
 }
 

@@ -17,6 +17,12 @@ absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Allocate(RequestId req
                                                                     uint32_t count, uint32_t first_history_page,
                                                                     uint32_t context_pages) {
   if (context_pages == 0) context_pages = count;
+  return Take(request, source, count, context_pages, [&](uint32_t i) { return first_history_page + i; });
+}
+
+absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Take(RequestId request, SourceId source, uint32_t count,
+                                                               uint32_t context_pages,
+                                                               absl::FunctionRef<uint32_t(uint32_t)> history_page) {
   if (count > reusable()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "host pool full: request %d asks %d pages, %d reusable of %d (%d waiting for copy completions)", request,
@@ -33,11 +39,18 @@ absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::Allocate(RequestId req
     page_[p].source = source;
     mine.insert(p);
     out.push_back(p);
-    if (journal_ != nullptr) journal_->Assign(p, request, first_history_page + i, context_pages);
+    if (journal_ != nullptr) journal_->Assign(p, request, history_page(i), context_pages);
   }
   allocated_ += count;
   if (mine.empty()) by_request_.erase(request);
   return out;
+}
+
+absl::StatusOr<std::vector<PageIndex>> HostPageAllocator::AllocateHistory(RequestId request, SourceId source,
+                                                                           std::span<const uint32_t> history_pages,
+                                                                           uint32_t context_pages) {
+  return Take(request, source, static_cast<uint32_t>(history_pages.size()), context_pages,
+              [&](uint32_t i) { return history_pages[i]; });
 }
 
 absl::Status HostPageAllocator::AllocateAt(RequestId request, SourceId source, PageIndex page,

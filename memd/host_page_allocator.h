@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/types.h"
@@ -37,6 +39,13 @@ class HostPageAllocator {
   // (0: `count`, the whole context; a resume allocates history pages L .. context-1 behind the L it took over).
   absl::StatusOr<std::vector<PageIndex>> Allocate(RequestId request, SourceId source, uint32_t count,
                                                   uint32_t first_history_page = 0, uint32_t context_pages = 0);
+
+  // Allocates one reusable page per entry of `history_pages` to (request, source); all or nothing, lowest page first.
+  // With a journal, page i is journaled as history page history_pages[i] of a context of `context_pages` pages (a
+  // resume's grant fills the history pages around those it took over). Errors: ResourceExhausted.
+  absl::StatusOr<std::vector<PageIndex>> AllocateHistory(RequestId request, SourceId source,
+                                                         std::span<const uint32_t> history_pages,
+                                                         uint32_t context_pages);
 
   // Allocates the reusable or held page `page` to (request, source) as history page `history_page` of
   // `context_pages` (adoption of a journal's page, or of the page a surviving worker reports as assigned to it).
@@ -91,6 +100,10 @@ class HostPageAllocator {
     SourceId source = 0;
   };
   HostPageAllocator(uint32_t pages, uint64_t page_bytes);
+  // Allocate's body: page i is journaled as history page history_page(i).
+  absl::StatusOr<std::vector<PageIndex>> Take(RequestId request, SourceId source, uint32_t count,
+                                              uint32_t context_pages,
+                                              absl::FunctionRef<uint32_t(uint32_t)> history_page);
 
   HostJournal* journal_ = nullptr;
   uint64_t page_bytes_;

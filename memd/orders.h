@@ -37,8 +37,11 @@ struct GrantOrder {
   std::vector<PageIndex> optional_pages;  // GPU page of history page h = index
   std::vector<PageIndex> host_pages;      // host page of context page j = index (context_pages entries)
   // A resume (AdmitRequest.resume_of): history pages 0 .. imported_pages-1 have a confirmed host copy (payload and
-  // index keys) in host_pages, taken over from the interrupted request; the worker imports them instead of computing.
+  // index keys) in host_pages, taken over from the interrupted request: the leading run of host_backed_pages.
   uint32_t imported_pages = 0;
+  // A resume: EVERY history page with a confirmed host copy taken over from the interrupted request (ascending; same
+  // history page as there, its host page in host_pages): the worker imports those rows and recomputes the others.
+  std::vector<uint32_t> host_backed_pages;
 };
 
 // The admission is queued (-> AdmitWait; sent once, when it first cannot be granted).

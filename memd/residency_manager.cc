@@ -273,9 +273,9 @@ void ResidencyManager::InterruptQueuedResume(Request& r) {
   for (uint32_t h = 0; h < r.context_pages; ++h) {
     HistoryPage& hp = r.history[h];
     hp.state = HistoryState::kLost;
-    if (h < r.resumed_host.size()) {
+    if (auto kept = r.resumed_host.find(h); kept != r.resumed_host.end()) {
       hp.state = HistoryState::kHost;
-      hp.host_page = r.resumed_host[h];
+      hp.host_page = kept->second;
     }
   }
   r.host_only = static_cast<uint32_t>(r.resumed_host.size());
@@ -413,8 +413,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
         "request %d: %d complete history pages exceed the %d pages of its context", a.request, a.history_pages,
         a.context_pages)));
   }
-  uint32_t leading = 0;
-  if (absl::Status s = CheckResume(a, &leading); !s.ok()) return Finish(s);
+  if (absl::Status s = CheckResume(a); !s.ok()) return Finish(s);
   Request r;
   r.id = a.request;
   r.gpu = a.gpu;
@@ -426,7 +425,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   ++counters_.admissions;
   if (a.resume_of != 0) {
     r.resume = true;
-    TakeOver(r, a.resume_of, leading);
+    TakeOver(r, a.resume_of);
   }
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
     spdlog::info("memd: reject: {}", std::string(never.message()));
@@ -440,7 +439,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::CheckResume(const AdmitRequest& a, uint32_t* leading) const {
+absl::Status ResidencyManager::CheckResume(const AdmitRequest& a) const {
   if (a.host_backed != (a.resume_of != 0)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "request %d: host_backed is %s and resume_of is %d: a resume sets both (host_backed and the interrupted "
@@ -462,34 +461,32 @@ absl::Status ResidencyManager::CheckResume(const AdmitRequest& a, uint32_t* lead
         "request %d (GPU %d) resumes request %d of GPU %d: only its own GPU's worker resumes it", a.request, a.gpu,
         a.resume_of, old.gpu));
   }
-  uint32_t n = 0;
-  while (n < old.history.size() && old.history[n].state == HistoryState::kHost) ++n;
-  if (a.context_pages < n) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "request %d has %d context pages, fewer than the %d kept pages of request %d it resumes", a.request,
-        a.context_pages, n, a.resume_of));
+  for (uint32_t h = a.context_pages; h < old.history.size(); ++h) {
+    if (old.history[h].state == HistoryState::kHost) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "request %d has %d context pages, but request %d it resumes kept a host copy of history page %d",
+          a.request, a.context_pages, a.resume_of, h));
+    }
   }
-  *leading = n;
   return absl::OkStatus();
 }
 
-void ResidencyManager::TakeOver(Request& r, RequestId interrupted, uint32_t leading) {
+void ResidencyManager::TakeOver(Request& r, RequestId interrupted) {
   Request& old = requests_.at(interrupted);
+  uint32_t leading = 0;  // for the log: the run a worker that reads no host_backed_pages imports
   for (uint32_t h = 0; h < old.history.size(); ++h) {
     const HistoryPage& hp = old.history[h];
-    if (hp.state != HistoryState::kHost) continue;
-    if (h < leading) {
-      DHS_CHECK_OK(host_.Transfer(hp.host_page, r.id, h, r.context_pages));
-      r.resumed_host.push_back(hp.host_page);
-    } else {
-      DHS_CHECK_OK(host_.Free(hp.host_page));  // after a gap: recomputed by the worker, written again
-    }
+    if (hp.state != HistoryState::kHost) continue;  // kLost: no host page, the worker recomputes those rows
+    DHS_CHECK_OK(host_.Transfer(hp.host_page, r.id, h, r.context_pages));
+    r.resumed_host.emplace(h, hp.host_page);
+    if (h == leading) ++leading;
   }
   requests_.erase(interrupted);
+  const auto taken = static_cast<uint32_t>(r.resumed_host.size());
   ++counters_.resumes;
-  counters_.host_pages_resumed += leading;
-  spdlog::info("memd: request {} resumes interrupted request {}: {} host pages taken over", r.id, interrupted,
-               leading);
+  counters_.host_pages_resumed += taken;
+  spdlog::info("memd: request {} resumes interrupted request {}: {} host pages taken over ({} leading, {} after a "
+               "gap)", r.id, interrupted, taken, leading, taken - leading);
 }
 
 // The pages a report names (empty = every unreported one), checked against the order: all-or-nothing.
@@ -889,8 +886,12 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
       r.optional_history && kept == 0 ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
   auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
   auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
-  auto host = host_.Allocate(r.id, kAllSources, r.context_pages - kept, kept, r.context_pages);
-  if (host.ok()) host->insert(host->begin(), r.resumed_host.begin(), r.resumed_host.end());
+  std::vector<uint32_t> fresh;  // history pages without a taken-over host copy: a fresh host page each
+  fresh.reserve(r.context_pages - kept);
+  for (uint32_t h = 0; h < r.context_pages; ++h) {
+    if (!r.resumed_host.contains(h)) fresh.push_back(h);
+  }
+  auto host = host_.AllocateHistory(r.id, kAllSources, fresh, r.context_pages);
   if (!required.ok() || !optional.ok() || !host.ok()) {
     // The tables refused what lendable() / reusable() promised: a bug, never a peer's input (Admit checks the id and
     // the counts). memd does not abort on it: the admission is refused, nothing of it stays taken, memd keeps serving.
@@ -908,18 +909,13 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
     return true;
   }
   r.required = *required;
-  r.history.resize(r.context_pages);
-  for (uint32_t h = 0; h < r.context_pages; ++h) {
-    HistoryPage& hp = r.history[h];
-    hp.host_page = (*host)[h];
-    if (h < kept) {  // a resume's confirmed host copy: imported by the worker, a population candidate
-      hp.state = HistoryState::kHost;
-    } else if (h < on_gpu) {  // optional-ready, backup deferred into its assigned host page
-      hp.state = HistoryState::kGpu;
-      hp.gpu_page = (*optional)[h];
-    }  // else kHostPending: covered by the worker's tail until its write is confirmed (contract §3)
-  }
-  r.resumed_host.clear();
+  GrantOrder grant;
+  grant.request = r.id;
+  grant.gpu = r.gpu;
+  grant.slot = slot;
+  grant.required_pages = *required;
+  grant.optional_pages = *optional;
+  AssignHistory(r, fresh, *host, *optional, grant);
   r.optional = on_gpu;
   r.host_only = kept;
   r.slot = slot;
@@ -929,10 +925,32 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   r.seq = next_seq_++;
   Reindex(r, g);
   ++counters_.grants;
-  GrantOrder grant{r.id, r.gpu, slot, *required, *optional, *host, kept};
   MarkRegranted(grant);
   outbox_.push_back(std::move(grant));
   return true;
+}
+
+void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh,
+                                     std::span<const PageIndex> fresh_host, std::span<const PageIndex> optional,
+                                     GrantOrder& grant) {
+  r.history.assign(r.context_pages, HistoryPage{});
+  grant.host_pages.assign(r.context_pages, 0);
+  for (size_t i = 0; i < fresh.size(); ++i) grant.host_pages[fresh[i]] = fresh_host[i];
+  for (uint32_t h = 0; h < r.context_pages; ++h) {
+    HistoryPage& hp = r.history[h];
+    if (auto taken = r.resumed_host.find(h); taken != r.resumed_host.end()) {
+      // A resume's confirmed host copy: imported by the worker, a population candidate.
+      grant.host_pages[h] = taken->second;
+      hp.state = HistoryState::kHost;
+      grant.host_backed_pages.push_back(h);
+      if (h == grant.imported_pages) ++grant.imported_pages;  // the leading run
+    } else if (h < optional.size()) {  // optional-ready, backup deferred into its assigned host page
+      hp.state = HistoryState::kGpu;
+      hp.gpu_page = optional[h];
+    }  // else kHostPending: covered by the worker's tail until its write is confirmed (contract §3)
+    hp.host_page = grant.host_pages[h];
+  }
+  r.resumed_host.clear();
 }
 
 // Retire orders of this event on the grant's GPU whose pages the grant's required allocation took: regranted_to.
@@ -1172,14 +1190,7 @@ absl::Status ResidencyManager::CheckQueues() const {
 // `host_pages`), a_r, and every history page against its state.
 absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
                                             std::set<PageIndex>& host_pages) const {
-  if (r.state == RequestState::kQueued) {  // a resume owns the host pages it took over, nothing else
-    for (PageIndex p : r.resumed_host) {
-      if (!host_.is_allocated(p) || host_.owner(p) != r.id || !host_pages.insert(p).second) {
-        return absl::InternalError(absl::StrFormat("queued request %d: resumed host page %d not its own", r.id, p));
-      }
-    }
-    return absl::OkStatus();
-  }
+  if (r.state == RequestState::kQueued) return CheckQueuedResume(r, host_pages);
   if (!r.resumed_host.empty()) {
     return absl::InternalError(absl::StrFormat("request %d: resumed host pages left after its grant", r.id));
   }
@@ -1252,6 +1263,26 @@ absl::Status ResidencyManager::CheckInterrupted(const Request& r, std::set<PageI
   if (host_.pages_of(r.id) != kept || r.host_only != kept) {
     return absl::InternalError(absl::StrFormat("interrupted request %d: %d host pages owned, %d kept, host_only %d",
                                                r.id, host_.pages_of(r.id), kept, r.host_only));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResidencyManager::CheckQueuedResume(const Request& r, std::set<PageIndex>& host_pages) const {
+  const HostJournal* journal = host_.journal();
+  for (const auto& [h, p] : r.resumed_host) {
+    if (h >= r.context_pages || !host_.is_allocated(p) || host_.owner(p) != r.id || !host_pages.insert(p).second) {
+      return absl::InternalError(absl::StrFormat("queued request %d: resumed host page %d (history page %d of %d) "
+                                                 "not its own", r.id, p, h, r.context_pages));
+    }
+    if (journal == nullptr) continue;
+    const JournalEntry e = journal->Read(p);
+    if (e.owner != r.id || e.history_page != h || e.context_pages != r.context_pages ||
+        e.state != JournalState::kConfirmed) {
+      return absl::InternalError(absl::StrFormat(
+          "queued request %d: journal entry of its taken-over host page %d says state %d, owner %d, page %d of %d "
+          "(history page %d expected, confirmed)", r.id, p, static_cast<int>(e.state), e.owner, e.history_page,
+          e.context_pages, h));
+    }
   }
   return absl::OkStatus();
 }

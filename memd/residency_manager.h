@@ -151,7 +151,7 @@ class ResidencyManager {
   // - every ReclaimOrder / PopulateOrder entry of the GPU is dropped (later reports name unknown orders);
   // - queued admissions of the GPU are answered with a RejectOrder (UNAVAILABLE, "GPU n was fenced"), except queued
   //   resumes (Admit with resume_of): they become interrupted again, holding the host pages they took over as kHost
-  //   history pages 0 .. L-1 (the rest kLost), so the next worker resumes them (no RejectOrder: their record stays);
+  //   history pages (the rest kLost), so the next worker resumes them (no RejectOrder: their record stays);
   // - admitted requests become kInterrupted: they keep exactly the host pages holding a confirmed host copy (kHost,
   //   kPopulating, kGpuAndHost -> kHost) and free the others (kHostPending, kGpu, kGpuDeferred -> kLost), lose their
   //   GPU pages and slot; Complete ends them (memd answers CompleteAck, released_pages 0);
@@ -194,13 +194,14 @@ class ResidencyManager {
   // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0, context_rows
   // beyond 2^32-1 pages, history_pages > context_pages). A grant the page tables refuse (a bug) becomes a Reject with
   // Internal: no event aborts memd.
-  // Resume (host_backed, resume_of = R): in this one event the new request takes over the leading run of R's kept
-  // host pages (history pages 0 .. L-1 in kHost; kept pages after the first kLost one are freed: the worker recomputes
-  // those rows anyway) and R ends (its record is the daemon's to drop). The queued request owns those L host pages;
-  // its grant gives history page i < L that host page in kHost (GrantOrder.imported_pages = L), fresh host pages to
-  // the rest, and no optional GPU page (population brings the kHost pages back). One that can never fit is rejected
-  // and its taken-over pages freed. Errors (nothing changed): InvalidArgument (host_backed without resume_of or the
-  // reverse; R not interrupted; R of another GPU; context_pages < L), NotFound (R unknown).
+  // Resume (host_backed, resume_of = R): in this one event the new request takes over EVERY kept host page of R
+  // (each history page h in kHost, gaps and all: the worker imports those rows and recomputes only the kLost ones)
+  // and R ends (its record is the daemon's to drop). The queued request owns those host pages under the same history
+  // page h; its grant gives history page h that host page in kHost (GrantOrder.host_backed_pages lists every such h,
+  // ascending; GrantOrder.imported_pages = the leading run of them), fresh host pages to the other pages, and no
+  // optional GPU page (population brings the kHost pages back). One that can never fit is rejected and its
+  // taken-over pages freed. Errors (nothing changed): InvalidArgument (host_backed without resume_of or the reverse; R
+  // not interrupted; R of another GPU; a kept page h >= context_pages), NotFound (R unknown).
   absl::Status Admit(const AdmitRequest& admission);
   // BackupComplete of ReclaimOrder `order`: `pages` (GPU pages of its backup_pages; empty = every backup not yet
   // reported) were written (ok) or failed. deferred (with ok): pages the worker had only planned to keep (rows still
@@ -273,9 +274,9 @@ class ResidencyManager {
     uint32_t imported_pages = 0;  // complete pages of imported history
     uint32_t context_pages = 0;
     bool optional_history = true;
-    // A resume: the host pages of history pages 0 .. size-1 taken over from the interrupted request (owned while
-    // queued; kHost at the grant).
-    std::vector<PageIndex> resumed_host;
+    // A resume: history page -> host page of every confirmed host copy taken over from the interrupted request
+    // (owned while queued; kHost at the grant, same history page).
+    std::map<uint32_t, PageIndex> resumed_host;
     bool resume = false;  // admitted with resume_of: a fence while queued makes it interrupted again (not rejected)
     RequestState state = RequestState::kQueued;
     int64_t time_us = 0;  // queued at, then admitted at
@@ -349,11 +350,11 @@ class ResidencyManager {
   void PumpGpu(GpuId gpu_id, Gpu& gpu);
   void SendWaits(GpuId gpu_id, Gpu& gpu);
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
-  // Admit's resume checks (nothing changed on error); `leading` = L, the interrupted request's leading kept pages.
-  absl::Status CheckResume(const AdmitRequest& a, uint32_t* leading) const;
-  // The takeover: the interrupted request's first `leading` host pages go to `r`, its other kept ones are freed, it
-  // ends.
-  void TakeOver(Request& r, RequestId interrupted, uint32_t leading);
+  // Admit's resume checks (nothing changed on error).
+  absl::Status CheckResume(const AdmitRequest& a) const;
+  // The takeover: every kept host page of the interrupted request goes to `r` (same history page); the interrupted
+  // request ends.
+  void TakeOver(Request& r, RequestId interrupted);
   static SlotIndex FreeSlot(const Gpu& gpu);
   static void TakeSlot(Gpu& gpu, SlotIndex slot);
   static void ReleaseSlot(Gpu& gpu, SlotIndex slot);
@@ -363,6 +364,11 @@ class ResidencyManager {
   // Grants the queue head if it fits (true: the caller pops it; it may have been rejected and erased instead).
   bool TryGrant(Request& r, Gpu& gpu);
   void MarkRegranted(GrantOrder& grant);
+  // A grant's history: page h gets its taken-over host page in kHost (listed in grant.host_backed_pages; the leading
+  // run counted in grant.imported_pages), else the fresh host page fresh_host[i] of h = fresh[i], kept on
+  // optional[h] (kGpu) for h < optional.size(), else kHostPending. Fills grant.host_pages.
+  void AssignHistory(Request& r, std::span<const uint32_t> fresh, std::span<const PageIndex> fresh_host,
+                     std::span<const PageIndex> optional, GrantOrder& grant);
   void StartReclaim(Request& victim, Gpu& gpu);
   void AdvanceReclaim(Reclaim& rc);
   void RetireReclaim(ReclaimId id);
@@ -379,6 +385,9 @@ class ResidencyManager {
   // A queued resume of a fenced GPU: interrupted again, holding the host pages it took over (none lost).
   void InterruptQueuedResume(Request& r);
   absl::Status CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const;
+  // A queued resume owns exactly its taken-over host pages (claimed in `host_pages`), each a history page of its
+  // context, journaled (with a journal) as that page of this request, confirmed.
+  absl::Status CheckQueuedResume(const Request& r, std::set<PageIndex>& host_pages) const;
   absl::Status CheckAdopted(std::span<const AdoptedRequest> requests) const;
   // With a journal: its entry of r's history page h (host page allocated) names r, h and r's context, and is
   // confirmed exactly in the states holding a complete host copy (kHost, kPopulating, kGpuAndHost).

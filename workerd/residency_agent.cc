@@ -100,8 +100,14 @@ absl::Status ResidencyAgent::OnGrant(const wire::AdmitGrantT& m, uint64_t comple
   g.slot = m.slot;
   for (const auto& ref : m.backup_host_pages) g.host_pages.push_back(ref.page());
   for (size_t i = 0; i < m.optional_pages.size(); ++i) g.gpu_pages[m.optional_history_pages[i]] = m.optional_pages[i];
-  // A resume's imported pages: memd holds their confirmed host copies already (never reported again).
-  for (uint32_t j = 0; j < m.imported_pages && j < g.host_pages.size(); ++j) g.reported.insert(j);
+  // A resume's host-backed pages: memd holds their confirmed host copies already (never reported again). A memd that
+  // does not list them: the leading run 0 .. imported_pages-1.
+  for (uint32_t j : m.host_backed_pages) {
+    if (j < g.host_pages.size()) g.reported.insert(j);
+  }
+  for (uint32_t j = 0; m.host_backed_pages.empty() && j < m.imported_pages && j < g.host_pages.size(); ++j) {
+    g.reported.insert(j);
+  }
   if (absl::Status s = PlanKv(m.request, g); !s.ok()) return s;
   granted_[m.request] = std::move(g);
   return absl::OkStatus();

@@ -197,7 +197,11 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     return;
   }
   r.granted = std::chrono::steady_clock::now();
-  r.imported_pages = m.imported_pages;
+  // A resume's host-backed pages: every one memd took over (a memd that does not list them: the leading run).
+  r.host_backed = m.host_backed_pages;
+  if (r.host_backed.empty()) {
+    for (uint32_t j = 0; j < m.imported_pages; ++j) r.host_backed.push_back(j);
+  }
   const uint64_t rows = r.input.size() - r.resumed + r.max_new - 1;  // rows ever appended
   if (absl::Status s = agent_->OnGrant(m, rows / config_.page_rows); !s.ok()) {
     Finish(r.id, s);
@@ -370,38 +374,93 @@ void Worker::ImportResumed(Request& r) {
   const uint32_t p = config_.page_rows;
   // The last token is fed by a Step (its logits give the next token): pages wholly before it only.
   const auto usable = static_cast<uint32_t>((r.input.size() - 1) / p);
-  const uint32_t pages = hier_ == nullptr ? 0 : std::min(r.imported_pages, usable);
-  if (pages > 0) {
-    std::vector<std::vector<float>> keys;
-    absl::Status s = hier_->ImportHostPages(r.id, pages, keys);
-    if (s.ok()) s = model_->ImportKeys(*r.session, pages * p, keys);
-    if (s.ok()) {
-      r.fed = Position{pages} * p;
-    } else {  // recomputed from the tokens instead (same bits): a fresh KV and session
-      spdlog::warn("worker: request {}: import of {} host pages failed ({}); recomputing them", r.id, pages,
-                   s.ToString());
-      if (absl::Status rebuilt = agent_->RebuildKv(r.id); !rebuilt.ok()) {
-        Finish(r.id, rebuilt);
-        return;
-      }
-      r.session.emplace(model_->NewSession(r.id));
+  std::vector<uint32_t> backed, pages;  // every host-backed page; those imported (wholly before the last token)
+  if (hier_ != nullptr) backed = r.host_backed;
+  std::sort(backed.begin(), backed.end());
+  backed.erase(std::unique(backed.begin(), backed.end()), backed.end());
+  for (uint32_t j : backed) {
+    if (j < usable) pages.push_back(j);
+  }
+  for (uint32_t j : pages) {  // maximal runs of consecutive pages
+    if (!r.host_runs.empty() && r.host_runs.back().first + r.host_runs.back().second == j) {
+      ++r.host_runs.back().second;
+    } else {
+      r.host_runs.emplace_back(j, 1);
     }
   }
-  r.rows_imported = r.fed;
-  r.rows_recomputed = static_cast<Position>(r.input.size()) - r.fed;
+  r.rows_imported = Position{static_cast<int64_t>(pages.size())} * p;  // planned; a fallback moves them
+  r.rows_recomputed = static_cast<Position>(r.input.size()) - r.rows_imported;
   stats_.rows_imported += static_cast<uint64_t>(r.rows_imported);
   stats_.rows_recomputed += static_cast<uint64_t>(r.rows_recomputed);
-  spdlog::info("worker: resumed request {} (client {}) granted: {} rows imported from host ({} pages kept of {}), "
-               "{} rows recomputed from its tokens", r.id, r.client_id, r.rows_imported, r.imported_pages, usable,
-               r.rows_recomputed);
+  spdlog::info("worker: resumed request {} (client {}) granted: {} of its {} pages before the last token are "
+               "host-backed ({} runs): {} rows to import from host, {} rows to recompute from its tokens", r.id,
+               r.client_id, pages.size(), usable, r.host_runs.size(), r.rows_imported, r.rows_recomputed);
+  if (backed.empty()) return;
+  // Host-ready from now on, the pages recomputed after the last token included (the record may end before rows the
+  // dead worker had backed up): their confirmed host copy is never written again.
+  if (absl::Status s = hier_->ImportHostPages(r.id, backed); !s.ok()) {
+    if (absl::Status rebuilt = FallBackToRecompute(r, s); !rebuilt.ok()) Finish(r.id, rebuilt);
+  }
+}
+
+Position Worker::NextHostRow(const Request& r) const {
+  if (r.host_runs.empty()) return static_cast<Position>(r.input.size());
+  return Position{r.host_runs.front().first} * config_.page_rows;
+}
+
+absl::Status Worker::ImportHostRun(Request& r) {
+  if (r.host_runs.empty() || r.fed != NextHostRow(r)) return absl::OkStatus();
+  const auto [first, count] = r.host_runs.front();
+  std::vector<std::vector<float>> keys;
+  absl::Status s = hier_->ImportHostRows(r.id, first, count, keys);
+  if (s.ok()) s = model_->ImportKeys(*r.session, count * config_.page_rows, keys);
+  if (!s.ok()) return FallBackToRecompute(r, s);
+  r.fed += Position{count} * config_.page_rows;
+  r.host_runs.pop_front();
+  return absl::OkStatus();
+}
+
+void Worker::CountRecomputed(Request& r, Position rows) {
+  stats_.rows_imported -= static_cast<uint64_t>(rows);
+  stats_.rows_recomputed += static_cast<uint64_t>(rows);
+  r.rows_recomputed += rows;
+  r.rows_imported -= rows;
+}
+
+void Worker::CountAllRecomputed(Request& r) {
+  CountRecomputed(r, r.rows_imported);
+  r.host_runs.clear();
+}
+
+bool Worker::RemarkHostBacked(Request& r) {
+  if (hier_ == nullptr || r.host_backed.empty()) return false;
+  if (absl::Status s = hier_->ImportHostPages(r.id, r.host_backed); !s.ok()) {
+    spdlog::warn("worker: request {}: its host-backed pages are not host-ready again ({}); their host pages are "
+                 "written again with the same rows", r.id, s.ToString());
+    return false;
+  }
+  return true;
+}
+
+absl::Status Worker::FallBackToRecompute(Request& r, const absl::Status& why) {
+  spdlog::warn("worker: request {}: import of its host pages failed ({}); recomputing every row", r.id,
+               why.ToString());
+  CountAllRecomputed(r);
+  r.fed = 0;
+  r.capture.reset();
+  if (absl::Status rebuilt = agent_->RebuildKv(r.id); !rebuilt.ok()) return rebuilt;
+  RemarkHostBacked(r);  // recomputed, but their confirmed copies are not written again
+  r.session.emplace(model_->NewSession(r.id));
+  return absl::OkStatus();
 }
 
 absl::Status Worker::ImportChunk(Request& r) {
   // The prefix ends at prefix_tokens; the last input token is always fed by a Step (its logits start decoding).
   const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix_tokens);
-  Position end = std::min<Position>(last, r.fed + static_cast<Position>(geometry_.prefill_chunk));
+  // A resume recomputes up to its next host run only (imported there); its rows bypass the row cache meanwhile.
+  Position end = std::min({last, r.fed + static_cast<Position>(geometry_.prefill_chunk), NextHostRow(r)});
   const Position block = static_cast<Position>(r.prefix_block_tokens);
-  const bool cached = prefix_cache_.capacity_bytes() > 0 && block > 0;
+  const bool cached = prefix_cache_.capacity_bytes() > 0 && block > 0 && r.host_runs.empty();
   const Position first = cached ? r.fed / block * block : 0;
   std::span<const uint64_t> chain;
   if (cached) {
@@ -450,6 +509,17 @@ absl::Status Worker::ImportChunk(Request& r) {
 
 absl::Status Worker::ReplayFed(Request& r) {
   if (absl::Status s = agent_->RebuildKv(r.id); !s.ok()) return s;  // released and planned again
+  // A resume: the rows it imported so far are recomputed below too; its host-backed pages are host-ready again, so
+  // the runs after `fed` are still imported (else everything is recomputed).
+  if (!r.host_backed.empty()) {
+    Position ahead = 0;
+    for (const auto& [first, count] : r.host_runs) ahead += Position{count} * config_.page_rows;
+    if (RemarkHostBacked(r)) {
+      CountRecomputed(r, r.rows_imported - ahead);
+    } else {
+      CountAllRecomputed(r);
+    }
+  }
   r.session.emplace(model_->NewSession(r.id));
   r.capture.reset();  // recomputed below without the row cache; a later block starts a fresh capture
   std::vector<model::Token> all = r.input;  // a resumed request's input ends with its committed tokens
@@ -473,6 +543,12 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     if (r.phase != Phase::kActive) continue;
     const Position in = static_cast<Position>(r.input.size());
     const Position import_end = std::min<Position>(r.prefix_tokens, in - 1);
+    if (absl::Status s = ImportHostRun(r); !s.ok()) {  // a resume's host run starting here (no compute)
+      failed.push_back(id);
+      spdlog::warn("worker: request {} failed: its KV could not be rebuilt after a failed import: {}", id,
+                   s.ToString());
+      continue;
+    }
     if (r.fed < import_end) {
       if (absl::Status s = ImportChunk(r); !s.ok()) {
         failed.push_back(id);
@@ -483,7 +559,9 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     }
     BatchItem item{&r, {}, true};
     if (r.fed < in) {
-      const size_t n = std::min<size_t>(geometry_.prefill_chunk, static_cast<size_t>(in - r.fed));
+      // A resume's prefill stops at its next host run (imported by the next iteration's ImportHostRun).
+      const size_t n = std::min<size_t>(geometry_.prefill_chunk, static_cast<size_t>(NextHostRow(r) - r.fed));
+      if (n == 0) continue;  // a host run starts here: the next iteration imports it
       item.tokens.assign(r.input.begin() + r.fed, r.input.begin() + r.fed + static_cast<Position>(n));
       item.emits = r.fed + static_cast<Position>(n) == in;
     } else {
@@ -598,6 +676,8 @@ void Worker::CommitStep() {
     if (r.resume_started && r.generated.size() == static_cast<size_t>(r.resumed) + 1) {
       const uint64_t us = MicrosSince(*r.resume_started, std::chrono::steady_clock::now());
       stats_.resume_us_max = std::max(stats_.resume_us_max, us);
+      resume_figures_[r.client_id] = ResumeFigures{r.id, static_cast<uint64_t>(r.rows_imported),
+                                                   static_cast<uint64_t>(r.rows_recomputed), us};
       spdlog::info("worker: request {} (client {}) resumed: first new token after {} us ({} rows imported from host, "
                    "{} rows recomputed)", r.id, r.client_id, us, r.rows_imported, r.rows_recomputed);
     }

@@ -121,13 +121,15 @@ class Worker final : public MemdHandler, public Submitter {
   size_t EndClient(const std::string& peer, const absl::Status& why);
   // Resumes an interrupted request of an earlier epoch of this GPU (HelloReply.interrupted_records; issue 11): admits
   // it again under a new node id with its record, committed tokens included, as a resume of the interrupted id
-  // (AdmitRequest.host_backed + resume_of: memd hands the new id the interrupted one's leading kept host pages and
-  // ends the interrupted id in that event). At the grant (AdmitGrant.imported_pages = L) the first min(L, (n-1) / p)
-  // pages of its n tokens (input, then the committed tokens) are imported from host, never computed (their index
-  // keys read from the host pages, their payload host-resident: HierarchicalKvAccess::ImportHostPages; rows_imported
-  // counts them); the other rows are recomputed from the tokens (rows_recomputed); then decoding continues at token
-  // t = committed, drawn at (seed, client id, t), so the tokens equal those of an uninterrupted run. Resident mode,
-  // or nothing kept: everything is recomputed. It has no client until one Attaches (its tokens wait in the request).
+  // (AdmitRequest.host_backed + resume_of: memd hands the new id EVERY kept host page of the interrupted one and ends
+  // the interrupted id in that event). Of its n tokens (input, then the committed tokens), each page wholly before the
+  // last token ((n-1) / p pages) that the grant names host-backed (AdmitGrant.host_backed_pages) is imported from
+  // host, never computed (its index keys read from its host page, its payload host-resident:
+  // HierarchicalKvAccess::ImportHostPages / ImportHostRows; rows_imported counts them); every other row (pages
+  // without a confirmed copy, and the tail) is recomputed from the tokens (rows_recomputed), in position order with
+  // the imports, so each recomputed row reads exactly the earlier rows and index keys an uninterrupted run had; then
+  // decoding continues at token t = committed, drawn at (seed, client id, t), so the tokens equal those of an
+  // uninterrupted run. Resident mode, or nothing kept: everything is recomputed. It has no client until one Attaches (its tokens wait in the request).
   // A request whose record holds all max_new tokens is not admitted (its interrupted id is ended with Complete): it
   // waits finished for its client. Errors: INVALID_ARGUMENT (the record is not a valid submit, or holds more tokens
   // than max_new: the interrupted id is ended with Complete, nothing admitted), UNAVAILABLE (memd unreachable).
@@ -152,6 +154,16 @@ class Worker final : public MemdHandler, public Submitter {
   void OnCompleteAck(const wire::CompleteAckT& m) override;
 
   WorkerStats stats() const;
+  // Per resumed request (by client id), once its first new token came (Resume): its history's rows imported from host
+  // (pages with a confirmed host copy) and recomputed from its tokens (pages without one, and the tail), in rows, and
+  // the time from Resume to that token, us. Kept for the worker's life (one entry per resume).
+  struct ResumeFigures {
+    RequestId request = 0;  // the node id it resumed as
+    uint64_t rows_imported = 0;
+    uint64_t rows_recomputed = 0;
+    uint64_t resume_us = 0;
+  };
+  const std::map<RequestId, ResumeFigures>& resume_figures() const { return resume_figures_; }
   wire::WorkerStatsReplyT StatsReply() const override;
   const WorkerGeometry& geometry() const { return geometry_; }
   const WorkerConfig& config() const { return config_; }
@@ -187,7 +199,10 @@ class Worker final : public MemdHandler, public Submitter {
     absl::Status client_error;  // the client refused a chunk (ClientSink::Chunk): the request fails with it
     Position resumed = 0;       // tokens committed before a resume (generated[0, resumed) are also in `input`)
     RequestId resume_of = 0;    // a resume: the interrupted node id it continues (AdmitRequest.resume_of)
-    uint32_t imported_pages = 0;  // AdmitGrant.imported_pages: leading pages with a confirmed host copy
+    std::vector<uint32_t> host_backed;  // a resume's history pages with a confirmed host copy (the grant's)
+    // A resume's runs of host-backed pages not imported yet, in position order: (first page, pages). The run at the
+    // front is imported when `fed` reaches its first row; recomputing stops there.
+    std::deque<std::pair<uint32_t, uint32_t>> host_runs;
     Position rows_imported = 0, rows_recomputed = 0;  // a resume's history: imported from host / recomputed
     std::optional<std::chrono::steady_clock::time_point> resume_started;  // set for a resumed request
     size_t client_has = 0;      // tokens a re-attached client had (Attach.received): not streamed again
@@ -205,9 +220,26 @@ class Worker final : public MemdHandler, public Submitter {
     bool emits;
   };
   void StartGranted();
-  // A resumed request's start: its leading pages with a confirmed host copy imported (index keys into the session,
-  // payload host-resident), the rest left to prefill from its tokens; a failed import falls back to recomputing.
+  // A resumed request's start: its host-backed pages (the grant's, those wholly before its last token) made
+  // host-resident and planned as runs (host_runs), the rows between them left to prefill from its tokens; a failed
+  // import falls back to recomputing everything.
   void ImportResumed(Request& r);
+  // Imports the host run at the front of r.host_runs when r.fed is at its first row (payload rows and index keys; no
+  // compute). A failure falls back to recomputing (FallBackToRecompute): the request goes on, exactly.
+  // Errors: the KV rebuild's of a fallback (the request must end).
+  absl::Status ImportHostRun(Request& r);
+  // The first row of r's next host run (r.input.size() when none): recomputing stops there.
+  Position NextHostRow(const Request& r) const;
+  // A resume's import failed: a fresh KV and session, every row recomputed from the tokens (same bits); the
+  // figures count every row recomputed. Errors: RebuildKv's (the request must end).
+  absl::Status FallBackToRecompute(Request& r, const absl::Status& why);
+  // A resume's figures: `rows` of its planned imports recomputed instead.
+  void CountRecomputed(Request& r, Position rows);
+  // A resume's figures once its KV is rebuilt from the tokens: every row recomputed, no host run left to import.
+  void CountAllRecomputed(Request& r);
+  // After a KV rebuild (RebuildKv): r's host-backed pages host-ready again (ImportHostPages), so their confirmed
+  // copies are never written again and later runs can still be imported. False (logged) when r has none or it failed.
+  bool RemarkHostBacked(Request& r);
   // The active requests' next tokens (importing prepared-prefix chunks first; a failed import ends its request).
   std::vector<BatchItem> CollectBatch();
   // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).
@@ -262,6 +294,7 @@ class Worker final : public MemdHandler, public Submitter {
     absl::Status error;
   };
   std::map<RequestId, DetachedOutput> detached_done_;
+  std::map<RequestId, ResumeFigures> resume_figures_;  // client id -> figures (resume_figures())
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
 };
 

@@ -139,6 +139,7 @@ TEST(ProtocolRoundTrip, AdmitGrant) {
   in.optional_history_pages = {0, 1};
   in.backup_host_pages = {wire::HostPageRef(0, 17), wire::HostPageRef(1, 3)};
   in.imported_pages = 1;
+  in.host_backed_pages = {0, 2, 3};  // a resume: copy, gap, copy, copy
   wire::AdmitGrantT out = RoundTrip(in, EncodeAdmitGrant, ReadAdmitGrant, wire::Body::AdmitGrant, 4);
   EXPECT_EQ(out.request, 9u);
   EXPECT_EQ(out.slot, 4u);
@@ -151,6 +152,7 @@ TEST(ProtocolRoundTrip, AdmitGrant) {
   EXPECT_EQ(out.backup_host_pages[1].segment(), 1u);
   EXPECT_EQ(out.backup_host_pages[1].page(), 3u);
   EXPECT_EQ(out.imported_pages, 1u);
+  EXPECT_EQ(out.host_backed_pages, (std::vector<uint32_t>{0, 2, 3}));
 }
 
 TEST(ProtocolRoundTrip, AdmitWaitAndReject) {

@@ -20,8 +20,9 @@
 // Resumes (issue 11): a new request of a live GPU takes over an interrupted request of that GPU (Admit with
 // resume_of) at random points, some with bad input that must change nothing (wrong GPU, context smaller than the kept
 // pages, host_backed without resume_of, unknown or not interrupted). The model: the interrupted request ends in that
-// event; its leading run of kept host pages goes to the new request (held while it is queued), the others are freed;
-// the grant gives exactly those host pages as history pages 0 .. L-1 with a confirmed host copy (imported_pages = L)
+// event; EVERY kept host page goes to the new request under the same history page, gaps and all (held while it is
+// queued), none is freed; the grant gives exactly those host pages to those history pages with a confirmed host copy
+// (host_backed_pages = the kept history pages, imported_pages = their leading run), fresh host pages to the others,
 // and no optional GPU page; a queued resume rejected by a fence or completed frees them. Drain checks none leaks.
 // memd restarts (issue 11): the core writes its host journal (memd/host_journal.h) into a buffer; CheckInvariants
 // checks it against the core after every event. At random points memd "dies": a new core gets a copy of the journal
@@ -68,7 +69,7 @@ struct MReq {
   std::vector<MPage> pages;
   OrderId reclaim = 0;  // the live reclaim (0: none)
   bool interrupted = false;  // its GPU was fenced while it was granted
-  std::vector<PageIndex> resumed_host;  // a resume: the host pages it took over (history pages 0 .. L-1)
+  std::map<uint32_t, PageIndex> resumed_host;  // a resume: history page -> host page it took over (every kept one)
   bool resume = false;                  // admitted with resume_of (a fence while queued interrupts it again)
   uint32_t epoch = 1;        // its GPU's epoch at its admission
 };
@@ -160,6 +161,7 @@ class Harness {
   uint64_t resumed_pages() const { return resumed_pages_; }
   uint64_t resumed_pages_since_restart() const { return resumed_pages_since_restart_; }
   uint64_t resume_refusals() const { return resume_refusals_; }
+  uint64_t resumes_with_gaps() const { return resumes_with_gaps_; }  // took over kept pages after a lost one
   uint64_t restarts() const { return restarts_; }
   uint64_t survived() const { return survived_; }
   uint64_t reported() const { return reported_; }
@@ -217,18 +219,21 @@ class Harness {
     if (interrupted.empty()) return Run(mgr_->Populate());
     const RequestId old = interrupted[Pick(static_cast<uint32_t>(interrupted.size()))];
     const MReq& om = model_.at(old);
-    std::vector<PageIndex> leading;
-    for (uint32_t h = 0; h < om.pages.size() && !om.pages[h].lost; ++h) leading.push_back(om.pages[h].host_page);
+    std::map<uint32_t, PageIndex> kept;  // every confirmed host copy, gaps and all
+    for (uint32_t h = 0; h < om.pages.size(); ++h) {
+      if (!om.pages[h].lost) kept.emplace(h, om.pages[h].host_page);
+    }
+    const uint32_t span = kept.empty() ? 0 : kept.rbegin()->first + 1;  // the context must hold the last kept page
     AdmitRequest a;
     a.request = next_id_++;
     a.gpu = om.gpu;
     a.required_pages = 1 + Pick(5);
     a.history_pages = Pick(9);
-    a.context_pages = std::max<uint32_t>(a.history_pages, static_cast<uint32_t>(leading.size())) + Pick(3);
+    a.context_pages = std::max<uint32_t>(a.history_pages, span) + Pick(3);
     a.optional_history = Pick(4) != 0;
     a.host_backed = true;
     a.resume_of = old;
-    if (Pick(5) == 0) return ResumeRefused(a, static_cast<uint32_t>(leading.size()));
+    if (Pick(5) == 0) return ResumeRefused(a, span);
     MReq m;
     m.gpu = a.gpu;
     m.epoch = epochs_[a.gpu];
@@ -236,10 +241,11 @@ class Harness {
     m.complete = a.history_pages;
     m.context = a.context_pages;
     m.optional_history = a.optional_history;
-    m.resumed_host = leading;
+    resumed_pages_ += kept.size();
+    resumed_pages_since_restart_ += kept.size();
+    if (!kept.empty() && kept.size() < span) ++resumes_with_gaps_;
+    m.resumed_host = std::move(kept);
     m.resume = true;
-    resumed_pages_ += leading.size();
-    resumed_pages_since_restart_ += leading.size();
     model_.erase(old);
     model_[a.request] = std::move(m);
     Run(mgr_->Admit(a));
@@ -247,16 +253,16 @@ class Harness {
   }
 
   // A bad resume (one of five kinds) is refused with its code and changes nothing (Check sees any change).
-  void ResumeRefused(AdmitRequest a, uint32_t leading) {
+  void ResumeRefused(AdmitRequest a, uint32_t span) {
     absl::StatusCode want = absl::StatusCode::kInvalidArgument;
     switch (Pick(5)) {
       case 0:  // another GPU: NotFound while that one is fenced, else InvalidArgument
         a.gpu = 1 - a.gpu;
         if (!up_[a.gpu]) want = absl::StatusCode::kNotFound;
         break;
-      case 1:  // a context smaller than the kept pages
-        if (leading == 0) return;
-        a.context_pages = leading - 1;
+      case 1:  // a context that does not hold the last kept page
+        if (span == 0) return;
+        a.context_pages = span - 1;
         a.history_pages = 0;
         break;
       case 2: a.resume_of = 0; break;  // host_backed without resume_of
@@ -310,16 +316,16 @@ class Harness {
     Run(mgr_->OnHostCopyWritten(r, pages, host, ok));
   }
 
-  // A queued resume whose GPU is fenced (or whose memd restarted): interrupted, history pages 0 .. L-1 on the host
-  // pages it took over (confirmed copies), the rest of its context lost.
+  // A queued resume whose GPU is fenced (or whose memd restarted): interrupted, the history pages it took over on
+  // their host pages (confirmed copies), the rest of its context lost.
   static void InterruptQueuedResume(MReq& m) {
     m.granted = true;
     m.interrupted = true;
     m.pages.assign(m.context, MPage{});
     for (uint32_t h = 0; h < m.context; ++h) {
-      m.pages[h].lost = h >= m.resumed_host.size();
+      m.pages[h].lost = !m.resumed_host.contains(h);
       m.pages[h].written = !m.pages[h].lost;
-      if (m.pages[h].written) m.pages[h].host_page = m.resumed_host[h];
+      if (m.pages[h].written) m.pages[h].host_page = m.resumed_host.at(h);
     }
     m.resumed_host.clear();
   }
@@ -395,7 +401,7 @@ class Harness {
         ++it;
         continue;
       }
-      // A queued resume owns the host pages it took over (journaled as its history pages 0 .. L-1, confirmed):
+      // A queued resume owns the host pages it took over (journaled as their history pages, confirmed):
       // the new memd adopts it as an interrupted request holding them (one with none is gone, below).
       if (!m.granted && m.resume) InterruptQueuedResume(m);
       const bool any_written = std::any_of(m.pages.begin(), m.pages.end(), [](const MPage& p) { return p.written; });
@@ -754,15 +760,21 @@ class Harness {
       for (PageIndex p : *list) ASSERT_FALSE(owners.count({g.gpu, p})) << "GPU page " << p << " granted twice";
     }
     const std::set<PageIndex> busy = BusyHostPages();
-    for (size_t i = m.resumed_host.size(); i < g.host_pages.size(); ++i) {
-      ASSERT_FALSE(busy.count(g.host_pages[i])) << "host page " << g.host_pages[i] << " in use or pinned";
+    for (uint32_t h = 0; h < g.host_pages.size(); ++h) {
+      if (m.resumed_host.contains(h)) continue;
+      ASSERT_FALSE(busy.count(g.host_pages[h])) << "host page " << g.host_pages[h] << " in use or pinned";
     }
     ASSERT_EQ(std::set<PageIndex>(g.host_pages.begin(), g.host_pages.end()).size(), g.host_pages.size());
     const auto kept = static_cast<uint32_t>(m.resumed_host.size());
-    ASSERT_EQ(g.imported_pages, kept);
-    for (uint32_t h = 0; h < kept; ++h) {
-      ASSERT_EQ(g.host_pages[h], m.resumed_host[h]) << "a resume's history page " << h << " got another host page";
+    std::vector<uint32_t> backed;  // the model's: every taken-over history page, ascending
+    uint32_t leading = 0;
+    for (const auto& [h, hp] : m.resumed_host) {
+      ASSERT_EQ(g.host_pages[h], hp) << "a resume's history page " << h << " got another host page";
+      backed.push_back(h);
+      if (h == leading) ++leading;
     }
+    ASSERT_EQ(g.host_backed_pages, backed);
+    ASSERT_EQ(g.imported_pages, leading);
     if (kept > 0) ASSERT_TRUE(g.optional_pages.empty()) << "a resume kept history on GPU at its grant";
     m.granted = true;
     m.slot = g.slot;
@@ -773,7 +785,7 @@ class Harness {
       mp.host_page = g.host_pages[h];
       mp.on_gpu = h < g.optional_pages.size();
       mp.gpu_page = mp.on_gpu ? g.optional_pages[h] : 0;
-      mp.written = h < kept;  // the interrupted request's confirmed host copy
+      mp.written = m.resumed_host.contains(h);  // the interrupted request's confirmed host copy
       mp.tail = !mp.on_gpu && !mp.written;
     }
     m.resumed_host.clear();
@@ -886,7 +898,7 @@ class Harness {
       for (const MPage& mp : m.pages) {
         if (!mp.lost) busy.insert(mp.host_page);
       }
-      busy.insert(m.resumed_host.begin(), m.resumed_host.end());  // a queued resume's
+      for (const auto& [h, hp] : m.resumed_host) busy.insert(hp);  // a queued resume's
     }
     for (const auto& [o, f] : reclaims_) {
       for (const auto& [p, hp] : f.targets) busy.insert(hp);
@@ -1047,6 +1059,7 @@ class Harness {
   uint64_t early_readers_done_ = 0, regranted_ = 0, slot_waits_ = 0;
   uint64_t fenced_with_copies_ = 0, kept_pages_ = 0, lost_backups_ = 0, resumed_pages_ = 0, resume_refusals_ = 0;
   uint64_t resumed_pages_since_restart_ = 0;  // since the last RestartMemd: the core's host_pages_resumed
+  uint64_t resumes_with_gaps_ = 0;
   std::vector<uint32_t> epochs_;
   std::vector<bool> up_;
   std::vector<uint64_t> journal_memory_;  // the journal region (the segment's, in memd)
@@ -1074,7 +1087,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   const char* policies[] = {"oldest-first", "newest-first", "largest-first"};
   Counters total;
   uint64_t early = 0, regranted = 0, slot_waits = 0, fenced_with_copies = 0, kept = 0, lost_backups = 0;
-  uint64_t resumed_pages = 0, resume_refusals = 0;
+  uint64_t resumed_pages = 0, resume_refusals = 0, resumes_with_gaps = 0;
   uint64_t restarts = 0, adopted = 0, adopted_pages = 0, survived = 0, reported = 0, refused_reports = 0;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
@@ -1113,6 +1126,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     lost_backups += h.lost_backups();
     resumed_pages += h.resumed_pages();
     resume_refusals += h.resume_refusals();
+    resumes_with_gaps += h.resumes_with_gaps();
     total.resumes += c.resumes;
     EXPECT_EQ(c.host_pages_resumed, h.resumed_pages_since_restart());  // the counters are the last core's
     restarts += h.restarts();
@@ -1122,9 +1136,10 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     adopted += h.counters().requests_adopted;  // the last core's: adopted by the latest restart
     adopted_pages += h.counters().host_pages_adopted;
   }
-  std::printf("resumes %lu (host pages taken over %lu), bad resumes refused %lu\n",
+  std::printf("resumes %lu (host pages taken over %lu; %lu resumes took kept pages after a lost one), bad resumes "
+              "refused %lu\n",
               static_cast<unsigned long>(total.resumes), static_cast<unsigned long>(resumed_pages),
-              static_cast<unsigned long>(resume_refusals));
+              static_cast<unsigned long>(resumes_with_gaps), static_cast<unsigned long>(resume_refusals));
   std::printf("requests of workers that survived a memd restart %lu (reports adopted %lu, bad reports refused %lu)\n",
               static_cast<unsigned long>(survived), static_cast<unsigned long>(reported),
               static_cast<unsigned long>(refused_reports));
@@ -1173,6 +1188,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(total.resumes, 0u);
   EXPECT_GT(resumed_pages, 0u);
   EXPECT_GT(resume_refusals, 0u);
+  EXPECT_GT(resumes_with_gaps, 0u);
   EXPECT_GT(restarts, 0u);
   EXPECT_GT(survived, 0u);
   EXPECT_EQ(reported, survived);

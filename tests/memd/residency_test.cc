@@ -839,22 +839,23 @@ TEST_F(ResidencyTest, FenceWithBackupAndPopulationHeldResolvesEveryOrder) {
 }
 
 
-// Issue 11, resume from host KV: after a fence, a new request of the GPU's next epoch takes over the leading run of
-// an interrupted request's kept host pages in one Admit (history pages 0 and 1 of request 1; its kept page 3 follows
-// the lost page 2 and is freed), the interrupted request ends, the grant names them (imported_pages = 2) with fresh
-// host pages for the rest and no optional GPU page; population brings them back; bad resumes change nothing; at the
-// end no host page is held.
-TEST_F(ResidencyTest, ResumeTakesOverTheLeadingKeptHostPagesInOneEvent) {
+// Issue 11, resume from host KV: after a fence, a new request of the GPU's next epoch takes over EVERY kept host page
+// of an interrupted request in one Admit, gaps and all (request 1 of 5 pages: copy, gap, copy, gap, tail = history
+// pages 0 and 2 confirmed), the interrupted request ends, the grant names them (host_backed_pages = {0, 2}, the
+// leading run imported_pages = 1) on the same host pages with fresh host pages for the rest and no optional GPU page;
+// population brings them back; bad resumes change nothing; at the end no host page is held.
+TEST_F(ResidencyTest, ResumeTakesOverEveryKeptHostPageGapsAndAllInOneEvent) {
   Make(10, 0, 32);
   const auto g1 = OfType<GrantOrder>(Admit(1, 1, 0, 5));
   const auto g2 = OfType<GrantOrder>(Admit(2, 1, 0, 3));
   ASSERT_EQ(g1.size(), 1u);
   ASSERT_EQ(g2.size(), 1u);
   EXPECT_EQ(g1[0].imported_pages, 0u);
-  Written(1, {0, 1, 3});
+  EXPECT_TRUE(g1[0].host_backed_pages.empty());
+  Written(1, {0, 2});
   Written(2, {0});
   Do(mgr_->FenceGpu(0));
-  ASSERT_EQ(mgr_->host().allocated(), 4u);
+  ASSERT_EQ(mgr_->host().allocated(), 3u);
   Do(mgr_->RegisterGpu(0, 10));
   ASSERT_TRUE(mgr_->RegisterGpu(1, 10).ok());
   const StateDump before = mgr_->Dump();
@@ -862,9 +863,9 @@ TEST_F(ResidencyTest, ResumeTakesOverTheLeadingKeptHostPagesInOneEvent) {
   AdmitRequest a;
   a.request = 10;
   a.required_pages = 1;
-  a.context_pages = 6;
+  a.context_pages = 5;
   a.host_backed = true;
-  uint32_t held = 4;  // host pages allocated: the interrupted requests' kept copies (+ request 3's below)
+  uint32_t held = 3;  // host pages allocated: the interrupted requests' kept copies (+ request 3's below)
   auto refused = [&](AdmitRequest bad, absl::StatusCode code) {
     const absl::Status s = mgr_->Admit(bad);
     EXPECT_EQ(s.code(), code) << s;
@@ -877,43 +878,49 @@ TEST_F(ResidencyTest, ResumeTakesOverTheLeadingKeptHostPagesInOneEvent) {
   a.resume_of = 99;
   refused(a, absl::StatusCode::kNotFound);  // unknown
   Admit(3, 1, 0, 1);
-  held = 5;
+  held = 4;
   a.resume_of = 3;
   refused(a, absl::StatusCode::kInvalidArgument);  // admitted, not interrupted
   a.resume_of = 1;
   a.host_backed = false;
   refused(a, absl::StatusCode::kInvalidArgument);  // resume_of without host_backed
   a.host_backed = true;
-  a.context_pages = 1;
-  refused(a, absl::StatusCode::kInvalidArgument);  // fewer context pages than the 2 kept
-  a.context_pages = 6;
+  a.context_pages = 2;
+  refused(a, absl::StatusCode::kInvalidArgument);  // kept history page 2 is outside a context of 2 pages
+  a.context_pages = 5;
   a.gpu = 1;
   refused(a, absl::StatusCode::kInvalidArgument);  // another GPU's worker
   a.gpu = 0;
-  EXPECT_EQ(mgr_->InterruptedHostPages(1), (std::map<uint32_t, PageIndex>{
-                                               {0, g1[0].host_pages[0]}, {1, g1[0].host_pages[1]},
-                                               {3, g1[0].host_pages[3]}}));
+  EXPECT_EQ(mgr_->InterruptedHostPages(1), (std::map<uint32_t, PageIndex>{{0, g1[0].host_pages[0]},
+                                                                          {2, g1[0].host_pages[2]}}));
   EXPECT_EQ(before.requests.size() + 1, mgr_->Dump().requests.size());  // request 3 only
 
   const auto g = OfType<GrantOrder>(Do(mgr_->Admit(a)));
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].request, 10u);
-  EXPECT_EQ(g[0].imported_pages, 2u);
-  ASSERT_EQ(g[0].host_pages.size(), 6u);
+  EXPECT_EQ(g[0].imported_pages, 1u);  // the leading run (what a worker that reads no host_backed_pages imports)
+  EXPECT_EQ(g[0].host_backed_pages, (std::vector<uint32_t>{0, 2}));
+  ASSERT_EQ(g[0].host_pages.size(), 5u);
   EXPECT_EQ(g[0].host_pages[0], g1[0].host_pages[0]);
-  EXPECT_EQ(g[0].host_pages[1], g1[0].host_pages[1]);
+  EXPECT_EQ(g[0].host_pages[2], g1[0].host_pages[2]);
+  const std::set<PageIndex> distinct(g[0].host_pages.begin(), g[0].host_pages.end());
+  EXPECT_EQ(distinct.size(), 5u);  // pages 1, 3, 4: fresh host pages of their own
   EXPECT_TRUE(g[0].optional_pages.empty());
   EXPECT_FALSE(Known(1));
   EXPECT_EQ(mgr_->InterruptedRequests(0), (std::vector<RequestId>{2}));
   EXPECT_EQ(mgr_->counters().resumes, 1u);
   EXPECT_EQ(mgr_->counters().host_pages_resumed, 2u);
-  EXPECT_EQ(mgr_->host().allocated(), 1u + 1u + 6u);  // request 2's kept page, request 3, request 10
-  EXPECT_EQ(Req(10).host_pages, 6u);  // host-covered: 2 confirmed copies, 4 in the tail
-  EXPECT_EQ(Req(10).tail_pages, 4u);
+  EXPECT_EQ(mgr_->host().allocated(), 1u + 1u + 5u);  // request 2's kept page, request 3, request 10
+  EXPECT_EQ(Req(10).host_pages, 5u);  // host-covered: 2 confirmed copies, 3 in the tail
+  EXPECT_EQ(Req(10).tail_pages, 3u);
+  // The pages without a copy are recomputed by the worker and written as any other page: confirmed by
+  // HostCopyWritten into the fresh host pages the grant assigned.
+  Written(10, {1});
+  EXPECT_EQ(Req(10).tail_pages, 2u);
   const auto pops = OfType<PopulateOrder>(Do(mgr_->Populate()));
   ASSERT_EQ(pops.size(), 1u);
   EXPECT_EQ(pops[0].request, 10u);
-  EXPECT_EQ(pops[0].history_pages, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(pops[0].history_pages, (std::vector<uint32_t>{0, 1, 2}));
   Do(mgr_->OnReadyPublish(pops[0].order, {}, true));
   for (RequestId r : {10, 2, 3}) Do(mgr_->Complete(r));
   EXPECT_EQ(mgr_->host().allocated(), 0u);

@@ -578,12 +578,16 @@ TEST(Kv, IndexKeysLandInTheirHostPagesAndARestartedStoreImportsThem) {
   Harness h2(c, 12);  // the restarted worker's store over the same host pool
   std::copy(h.host.begin(), h.host.end(), h2.host.begin());
   std::vector<std::vector<float>> keys;
-  EXPECT_EQ(h2.kv->ImportHostPages(1, 3, keys).code(), absl::StatusCode::kNotFound);
+  const std::vector<uint32_t> three = {0, 1, 2};
+  EXPECT_EQ(h2.kv->ImportHostPages(1, three).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(h2.kv->PlanResidency(1, 0, std::vector<PageIndex>{5, 2}, {}).ok());
-  EXPECT_EQ(h2.kv->ImportHostPages(1, 3, keys).code(), absl::StatusCode::kFailedPrecondition);  // page 2 unplanned
+  EXPECT_EQ(h2.kv->ImportHostPages(1, three).code(), absl::StatusCode::kFailedPrecondition);  // page 2 unplanned
   h2.kv->Release(1);
   ASSERT_TRUE(h2.kv->PlanResidency(1, 0, plan, {}).ok());
-  ASSERT_TRUE(h2.kv->ImportHostPages(1, 3, keys).ok());
+  EXPECT_EQ(h2.kv->ImportHostRows(1, 0, 3, keys).code(), absl::StatusCode::kFailedPrecondition);  // not imported
+  ASSERT_TRUE(h2.kv->ImportHostPages(1, three).ok());
+  EXPECT_EQ(h2.kv->ImportHostRows(1, 1, 2, keys).code(), absl::StatusCode::kFailedPrecondition);  // not at page 1
+  ASSERT_TRUE(h2.kv->ImportHostRows(1, 0, 3, keys).ok());
   ASSERT_EQ(keys.size(), 2u);
   for (uint32_t i = 0; i < 2; ++i) {
     std::vector<float> want;
@@ -599,13 +603,85 @@ TEST(Kv, IndexKeysLandInTheirHostPagesAndARestartedStoreImportsThem) {
   EXPECT_EQ(kv->appended, (std::vector<Position>{12, 12, 12}));
   for (uint32_t j = 0; j < 3; ++j) EXPECT_TRUE(kv->pages[j].host_ready) << j;
   EXPECT_TRUE(IndexInStep(*kv));
-  EXPECT_EQ(h2.kv->ImportHostPages(1, 3, keys).code(), absl::StatusCode::kFailedPrecondition);  // rows already
+  EXPECT_EQ(h2.kv->ImportHostPages(1, three).code(), absl::StatusCode::kFailedPrecondition);  // rows already
   ExpectExact(h2, 1, {0, 1}, {0, 3, 1, 2});  // host recovery (hot cache of 6 rows: one selection of k = 4 at once)
   ExpectExact(h2, 1, {2}, {5, 7, 11, 10});   // the tail (positions 4..11), copied from host
   for (Position t = 12; t < 17; ++t) ASSERT_TRUE(h2.AppendAll(1, t).ok());  // the 4th page completes: a backup
   ExpectExact(h2, 1, {0, 1}, {16, 13, 12, kNoPosition});
   h2.device.WaitIdle();
   EXPECT_EQ(h2.kv->Poll().backups.size(), 1u);  // only the new page: the imported ones have their host copy
+}
+
+// Resume with gaps (issue 11): of 6 pages (p = 4, T = 8) pages 0, 2, 3, 4 have a confirmed host copy, pages 1 and 5
+// do not (their host pages hold nothing: zeroed here). The restarted store makes the four host-ready at once, then
+// walks the positions in order: page 0 imported, page 1 appended (the worker recomputes it), pages 2..4 imported as
+// one run of 12 rows (> T: only the last 8 are copied into the tail, after the slots they take were freed), page 5
+// appended. Every row then reads back exactly (from host, the tail or the hot cache), the imported keys are the
+// positions' keys, and only pages 1 and 5 are backed up: into their planned host pages, with their rows.
+TEST(Kv, ResumeImportsHostRunsBetweenRecomputedPagesInPositionOrder) {
+  KvConfig c = SmallConfig();
+  c.key_bytes = {8, 12};
+  const std::vector<PageIndex> plan = {5, 2, 9, 7, 3, 11};
+  const std::vector<size_t> floats = {2, 3};
+  Harness h(c, 12);
+  ASSERT_TRUE(h.kv->PlanResidency(1, 0, plan, {}).ok());
+  for (Position t = 0; t < 24; ++t) {
+    ASSERT_TRUE(h.AppendAll(1, t).ok());
+    for (uint32_t i = 0; i < 2; ++i) ASSERT_TRUE(h.kv->StoreIndexKeys(1, i, t, OriginalKeys(t, i, floats[i])).ok());
+  }
+  h.device.WaitIdle();
+  ASSERT_EQ(h.kv->Poll().backups.size(), 6u);
+  Harness h2(c, 12);
+  std::copy(h.host.begin(), h.host.end(), h2.host.begin());
+  const uint64_t hpb = h2.layout.host_page_bytes();
+  for (uint32_t gap : {1u, 5u}) std::fill_n(h2.host.begin() + plan[gap] * hpb, hpb, uint8_t{0});
+  ASSERT_TRUE(h2.kv->PlanResidency(1, 0, plan, {}).ok());
+  ASSERT_TRUE(h2.kv->ImportHostPages(1, std::vector<uint32_t>{0, 2, 3, 4}).ok());
+  std::vector<std::vector<float>> keys;
+  auto expect_keys = [&](Position first, Position last) {
+    ASSERT_EQ(keys.size(), 2u);
+    for (uint32_t i = 0; i < 2; ++i) {
+      std::vector<float> want;
+      for (Position t = first; t < last; ++t) {
+        const std::vector<float> k = OriginalKeys(t, i, floats[i]);
+        want.insert(want.end(), k.begin(), k.end());
+      }
+      EXPECT_EQ(keys[i], want) << "indexer " << i << " positions " << first << ".." << last;
+    }
+  };
+  EXPECT_EQ(h2.kv->ImportHostRows(1, 1, 1, keys).code(), absl::StatusCode::kFailedPrecondition);  // page 1: no copy
+  // An imported page's confirmed copy is never written again: keys stored for its positions do not land there.
+  ASSERT_TRUE(h2.kv->StoreIndexKeys(1, 0, 2, OriginalKeys(99, 0, floats[0])).ok());
+  ASSERT_TRUE(h2.kv->ImportHostRows(1, 0, 1, keys).ok());
+  expect_keys(0, 4);
+  EXPECT_EQ(h2.kv->ImportHostRows(1, 2, 3, keys).code(), absl::StatusCode::kFailedPrecondition);  // not at page 2
+  for (Position t = 4; t < 8; ++t) {  // page 1 recomputed
+    ASSERT_TRUE(h2.AppendAll(1, t).ok());
+    for (uint32_t i = 0; i < 2; ++i) ASSERT_TRUE(h2.kv->StoreIndexKeys(1, i, t, OriginalKeys(t, i, floats[i])).ok());
+  }
+  ASSERT_TRUE(h2.kv->ImportHostRows(1, 2, 3, keys).ok());
+  expect_keys(8, 20);
+  const RequestKv* kv = h2.kv->Find(1);
+  ASSERT_NE(kv, nullptr);
+  EXPECT_EQ(kv->appended, (std::vector<Position>{20, 20, 20}));
+  EXPECT_TRUE(IndexInStep(*kv));
+  ExpectExact(h2, 1, {0, 1}, {0, 5, 9, 13});   // host, host (page 1 backed up by now, or the tail), host, host
+  ExpectExact(h2, 1, {2}, {19, 12, 6, 3});     // the tail (12..19, copied from host), page 1, page 0
+  for (Position t = 20; t < 24; ++t) ASSERT_TRUE(h2.AppendAll(1, t).ok());  // page 5 recomputed
+  ExpectExact(h2, 1, {0, 1}, {23, 7, 16, 1});
+  h2.device.WaitIdle();
+  std::set<uint32_t> backed;
+  for (const auto& b : h2.kv->Poll().backups) backed.insert(b.page);
+  EXPECT_EQ(backed, (std::set<uint32_t>{1, 5})) << "only the recomputed pages are written to host";
+  for (uint32_t gap : {1u, 5u}) {
+    const uint8_t* page = h2.host.data() + plan[gap] * hpb;
+    for (Position t = Position{gap} * 4; t < Position{gap} * 4 + 4; ++t) {
+      for (SourceId s = 0; s < 3; ++s) {
+        const std::vector<uint8_t> want = OriginalRow(1, s, t, c.row_bytes[s]);
+        EXPECT_EQ(0, std::memcmp(page + h2.layout.InPage(s, t % 4), want.data(), want.size())) << t;
+      }
+    }
+  }
 }
 
 // Without key regions (KvConfig.key_bytes empty) host pages are the GPU pages' size and keys are not kept.

@@ -109,15 +109,19 @@ class Node {
                                  "500", "--log-level", "info"},
         Log(log));
   }
-  std::unique_ptr<ChildProcess> StartWorker(const std::string& log, const std::string& mode = "adaptive") {
+  // `gpu_pages`: the worker's HBM budget in GPU pages (M).
+  std::unique_ptr<ChildProcess> StartWorker(const std::string& log, const std::string& mode = "adaptive",
+                                            uint64_t gpu_pages = 200) {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", "0", "--mode", mode,
                                  "--preset", "glm5-like", "--seed", "3", "--page-rows", std::to_string(kPageRows),
-                                 "--tail-rows", "32", "--slots", "2", "--hbm-budget", std::to_string(200 * page_bytes_),
+                                 "--tail-rows", "32", "--slots", "2", "--hbm-budget",
+                                 std::to_string(gpu_pages * page_bytes_),
                                  "--memd-timeout-ms", "2000", "--log-level", "info"},
         Log(log));
   }
   std::string Log(const std::string& name) const { return run_dir_ + "/" + name + ".log"; }
+  const model::Model& model() const { return *model_; }
   std::string Logs() const {
     std::string out;
     for (const auto& e : std::filesystem::directory_iterator(run_dir_)) {
@@ -378,6 +382,134 @@ TEST(WorkerFence, KilledWorkerResumesItsRequestsExactlyAndClientsReattach) {
   }
   EXPECT_EQ(node.Dhsctl("status")["host"]["allocated"], 0) << "host pages left behind" << node.Logs();
   EXPECT_EQ(node.Gpu0()["free"], node.Gpu0()["M"]);
+  EXPECT_EQ(restarted->Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
+}
+
+// Resume with gaps in adaptive mode (issue 11): M is sized so that request 1 (greedy) keeps its two prompt pages on
+// GPU at its grant (resident-first: no host copy), and request 2's admission (sampled) makes memd reclaim them (backed
+// up: host copies now) and keep request 2's first prompt page on GPU instead (no host copy); every page completed
+// while decoding is backed up. The worker is SIGKILLed mid-decode: memd keeps request 1's pages 0, 1 (the reclaim's)
+// and the later ones, and request 2's pages after its lost page 0: a copy after a gap. The restarted worker imports
+// every kept page and recomputes the rest: each request's figures (its log line) equal what memd's view of its pages
+// (`dhsctl request N`, host_copies) says, and the streams equal the model run alone.
+TEST(WorkerFence, KilledAdaptiveWorkerImportsEveryKeptPageAroundTheGaps) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  if (!Node::Available()) GTEST_SKIP() << "no memd / workerd / dhsctl executable";
+  Node node(dir.path());
+  struct Req {
+    RequestId id;
+    uint32_t salt;
+    float temperature;
+    uint64_t seed;
+    uint32_t max_new;
+  };
+  const std::vector<Req> reqs = {{1, 31, 0.0f, 0, 1500}, {2, 32, 0.9f, 5, 400}};
+  WorkerConfig wc;
+  wc.mode = WorkerMode::kAdaptive;
+  wc.page_rows = kPageRows;
+  wc.tail_rows = 32;
+  wc.slots = 2;
+  wc.hbm_budget_bytes = uint64_t{1} << 30;
+  const auto geo = ComputeGeometry(node.model().config(), wc);
+  ASSERT_TRUE(geo.ok()) << geo.status();
+  const uint32_t r1 = RequiredPages(node.model().config(), *geo, wc.mode, 40 + reqs[0].max_new);
+  const uint32_t r2 = RequiredPages(node.model().config(), *geo, wc.mode, 40 + reqs[1].max_new);
+  // Request 1 keeps 2 pages (M - r1 >= 2); then r2 > M - r1 - 2: a reclaim of them; then 1 spare page for request 2.
+  auto memd = node.StartMemd("memd");
+  auto worker = node.StartWorker("workerd-1", "adaptive", r1 + r2 + 1);
+  auto c1 = node.Client();
+  ASSERT_TRUE(c1);
+  auto submit = [&](const Req& r) {
+    wire::SubmitRequestT sub;
+    sub.request = r.id;
+    sub.prompt = Prompt(40, r.salt);
+    sub.max_new_tokens = r.max_new;
+    sub.temperature = r.temperature;
+    sub.seed = r.seed;
+    ASSERT_TRUE(c1->Send(EncodeSubmitRequest(sub, r.id + 1, "replay")).ok());
+  };
+  auto copies = [&](RequestId id) {
+    std::set<uint32_t> pages;
+    const json q = node.Dhsctl("request " + std::to_string(id));
+    for (const json& c : q["host_copies"]) pages.insert(c[0].get<uint32_t>());
+    return pages;
+  };
+  ClientStreams streams;
+  std::map<RequestId, Generated>& got = streams.got;
+  std::map<RequestId, bool>& finished = streams.finished;
+  submit(reqs[0]);
+  streams.Read(*c1, [&] { return got[1].tokens.size() >= 2; }, 30000);
+  const json before = node.Dhsctl("request 1");
+  // Its prompt pages 0, 1 on GPU, no host copy (population may have brought backed-up pages back too).
+  ASSERT_GE(before["a_r"], 2) << "request 1 kept no prompt page on GPU: " << before.dump() << node.Logs();
+  ASSERT_FALSE(copies(1).contains(0)) << before.dump();
+  ASSERT_FALSE(copies(1).contains(1)) << before.dump();
+  submit(reqs[1]);
+  streams.Read(*c1, [&] { return got[2].tokens.size() >= 20; }, 30000);
+  ASSERT_GE(got[2].tokens.size(), 20u) << node.Logs();
+  worker.reset();  // SIGKILL mid-decode
+  streams.Read(*c1, [&] { return c1->disconnects() > 0; }, 10000);
+  streams.Read(*c1, [] { return false; }, 200);
+  ASSERT_FALSE(finished[1] || finished[2]) << "a request finished before the kill";
+  ASSERT_FALSE(node.WaitGpu0(false, 1).is_null()) << "never fenced" << node.Logs();
+  std::map<RequestId, std::set<uint32_t>> kept;  // memd's view: history pages with a confirmed host copy
+  for (const Req& r : reqs) {
+    const json q = node.Dhsctl("request " + std::to_string(r.id));
+    ASSERT_EQ(q["state"], "interrupted") << q.dump();
+    kept[r.id] = copies(r.id);
+  }
+  EXPECT_TRUE(kept[1].contains(0) && kept[1].contains(1)) << "the reclaim's backups of request 1's kept pages";
+  EXPECT_FALSE(kept[2].contains(0)) << "request 2's page 0 was kept on GPU only";
+  EXPECT_TRUE(kept[2].contains(1)) << "a copy after the gap";
+  auto restarted = node.StartWorker("workerd-2", "adaptive", r1 + r2 + 1);
+  ASSERT_FALSE(node.WaitGpu0(true, 2).is_null()) << node.Logs();
+  auto c2 = node.Client();
+  ASSERT_TRUE(c2);
+  for (const Req& r : reqs) {
+    wire::AttachT a;
+    a.request = r.id;
+    a.received = static_cast<uint32_t>(got[r.id].tokens.size());
+    ASSERT_TRUE(c2->Send(EncodeAttach(a, 100 + r.id, "replay")).ok());
+  }
+  streams.Read(*c2, [&] { return finished[1] && finished[2]; }, 120000);
+  for (const Req& r : reqs) {
+    SCOPED_TRACE("request " + std::to_string(r.id));
+    ASSERT_TRUE(finished[r.id]) << node.Logs();
+    const std::vector<uint8_t> p = Prompt(40, r.salt);
+    const Generated want = test::Oracle(node.model(), {p.begin(), p.end()}, r.max_new, r.temperature, 1.0f, r.seed,
+                                        r.id);
+    EXPECT_EQ(got[r.id].tokens, want.tokens) << "lost or repeated tokens";
+    EXPECT_EQ(got[r.id].digests, want.digests);
+  }
+  // Each request's figures from the restarted worker's log line, against memd's view before the resume: of its n rows
+  // (imported + recomputed: the record's tokens), the kept pages wholly before the last row imported, the rest
+  // recomputed.
+  const std::string log = ReadFile(node.Log("workerd-2"));
+  for (const Req& r : reqs) {
+    SCOPED_TRACE("request " + std::to_string(r.id));
+    const std::string key = "(client " + std::to_string(r.id) + ") resumed: first new token after ";
+    const size_t at = log.find(key);
+    ASSERT_NE(at, std::string::npos) << log;
+    unsigned long long us = 0, imported = 0, recomputed = 0;
+    ASSERT_EQ(std::sscanf(log.c_str() + at + key.size(), "%llu us (%llu rows imported from host, %llu rows recomputed",
+                          &us, &imported, &recomputed),
+              3)
+        << log.substr(at, 200);
+    const uint64_t n = imported + recomputed;
+    uint64_t want = 0;
+    for (uint32_t j : kept[r.id]) want += j < (n - 1) / kPageRows ? kPageRows : 0;
+    EXPECT_EQ(imported, want) << "kept pages " << kept[r.id].size() << ", " << n << " rows";
+    EXPECT_GE(n, 40u + 1);
+    std::printf("request %llu: %zu pages kept (first: %u), %llu rows imported, %llu recomputed, resumed in %.3f ms\n",
+                static_cast<unsigned long long>(r.id), kept[r.id].size(),
+                kept[r.id].empty() ? 0u : *kept[r.id].begin(), imported, recomputed, us / 1000.0);
+  }
+  for (int i = 0; i < 500 && node.Dhsctl("status")["host"]["allocated"] != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(node.Dhsctl("status")["host"]["allocated"], 0) << "host pages left behind" << node.Logs();
   EXPECT_EQ(restarted->Terminate(), 0) << node.Logs();
   EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
 }

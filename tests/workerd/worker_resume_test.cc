@@ -47,11 +47,11 @@ wire::SubmitRequestT SubmitOf(const Spec& s) {
   return sub;
 }
 
-WorkerConfig SideConfig(WorkerMode mode) {
+WorkerConfig SideConfig(WorkerMode mode, uint32_t tail_rows = 32) {
   WorkerConfig config;
   config.mode = mode;
   config.page_rows = 16;
-  config.tail_rows = 32;
+  config.tail_rows = tail_rows;
   config.slots = 4;
   config.max_context_tokens = 200;
   return config;
@@ -67,8 +67,9 @@ std::unique_ptr<FakeMemd> SharedMemd(const model::Model* m, WorkerMode mode, uin
 
 // One life of the worker of GPU 0 (epoch `epoch`) against `memd`.
 struct Side {
-  Side(const model::Model* m, uint64_t epoch, FakeMemd* shared, WorkerMode mode = WorkerMode::kAdaptive)
-      : config(SideConfig(mode)), memd(shared) {
+  Side(const model::Model* m, uint64_t epoch, FakeMemd* shared, WorkerMode mode = WorkerMode::kAdaptive,
+       uint32_t tail_rows = 32)
+      : config(SideConfig(mode, tail_rows)), memd(shared) {
     auto g = ComputeGeometry(m->config(), config);
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 64 * g->page_bytes;
@@ -176,8 +177,8 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
 
 // Resume from host KV (issue 11): worker A serves four requests (greedy and sampled) until each decoded 20 tokens and
 // is dropped; memd fences the GPU, keeping the pages with a confirmed host copy (every completed page is backed up:
-// memd gives no optional GPU page). Worker B imports the leading run of each request's kept pages (index keys into
-// the session, payload host-resident) and recomputes only the rest: the expected counts come from the pages memd
+// memd gives no optional GPU page). Worker B imports each request's kept pages (index keys into the session, payload
+// host-resident) and recomputes only the rest: the expected counts come from the pages memd
 // kept. The clients' streams equal the uninterrupted run token for token and digest for digest, and no host page is
 // held at the end. Fallbacks: resident mode keeps nothing on host, and a fence that kept nothing (`drop`): everything
 // is recomputed, as exactly. The printed resume times compare importing with recomputing the same requests.
@@ -224,16 +225,15 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
     }
   }
   memd->Fence(GetParam().keep);
-  // What B must import and recompute, from the pages memd kept: the leading run of confirmed host copies, at most the
-  // pages wholly before the last token of the record (prompt + committed tokens; that token is fed by a step).
+  // What B must import and recompute, from the pages memd kept: every confirmed host copy among the pages wholly
+  // before the last token of the record (prompt + committed tokens; that token is fed by a step).
   uint64_t imported = 0, recomputed = 0, taken = 0;
   for (const Spec& s : specs) {
     const std::map<uint32_t, PageIndex>& kept = memd->interrupted.at(s.id);
-    uint32_t leading = 0;
-    while (kept.contains(leading)) ++leading;
-    taken += leading;
+    taken += kept.size();
     const uint64_t n = s.prompt + records[s.id].tokens.size();
-    const uint64_t rows = std::min<uint64_t>(leading, (n - 1) / 16) * 16;
+    uint64_t rows = 0;
+    for (const auto& [j, hp] : kept) rows += j < (n - 1) / 16 ? 16 : 0;
     imported += rows;
     recomputed += n - rows;
   }
@@ -294,6 +294,190 @@ INSTANTIATE_TEST_SUITE_P(Modes, WorkerImport,
                          [](const auto& info) {
                            return std::string(WorkerModeName(info.param.mode)) +
                                   (info.param.keep ? "" : "_nothing_kept") + (info.param.chaos ? "_chaos" : "");
+                         });
+
+// Resume from host KV with gaps (issue 11): worker A (a tail of 128 rows, so that held backups do not stall it) serves
+// four requests (greedy and sampled); the device's copy hook holds the host backups of history pages 1 and 3 of every
+// request, and A is dropped mid-decode with them held; they then fail (the dead GPU's copies never landed: those
+// host pages hold nothing). In adaptive mode memd also kept request 1's pages 0 and 1 on GPU at its grant (no host
+// copy: resident-first). So memd keeps copy, gap, copy, gap, copies.. (hisparse) and gap, gap, copy, gap, copies..
+// (adaptive, request 1). Worker B imports every kept page and recomputes only the others, in position order. Each
+// request's figures equal what memd's view of its pages says (kept pages wholly before the last token imported, the
+// rest recomputed), and the clients' streams equal the uninterrupted run token for token and digest for digest.
+struct GapCase {
+  WorkerMode mode;
+  bool chaos = false;  // B's memd populates (pages not imported yet among them) and reclaims at random
+  // B's first host->device copy into a request slot (a row written into its tail, here the first imported run's, or a
+  // host recovery into its hot cache) fails: the batched step that depends on it fails and each of its requests is
+  // rebuilt from its tokens (Worker::ReplayFed), its host-backed pages host-ready again, the runs still ahead
+  // imported. B has T = 32 then (tail slots shared by pages 2 apart), so the no-rewrite check is not made.
+  bool fail_step = false;
+};
+class WorkerImportGaps : public ::testing::TestWithParam<GapCase> {};
+
+TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayExact) {
+  const WorkerMode mode = GetParam().mode;
+  constexpr uint32_t kTail = 128, kP = 16;
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<Spec> specs = {
+      {1, 70, 40, 0.0f, 1.0f, 0}, {2, 57, 40, 0.9f, 1.0f, 7}, {3, 66, 36, 1.0f, 0.9f, 8}, {4, 65, 44, 0.0f, 1.0f, 0}};
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : specs) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  // Adaptive: 2 GPU pages to keep history on, all granted to request 1 (its pages 0 and 1). Request 4's record loses
+  // its tokens below.
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), mode, mode == WorkerMode::kAdaptive ? 2 : 0);
+  std::map<RequestId, wire::RequestRecordT> records;
+  std::map<RequestId, size_t> had;
+  {
+    Side a(m.get(), 1, memd.get(), mode, kTail);
+    HierarchicalKvAccess* kv = a.worker->hierarchical();
+    ASSERT_NE(kv, nullptr);
+    a.device.SetCopyHook([&](const CopyInfo& info) {
+      if (info.kind != CopyKind::kDeviceToHost || info.device.empty()) return CopyFate::kRun;
+      for (const Spec& s : specs) {
+        const RequestKv* r = kv->Find(s.id);
+        if (r == nullptr) continue;
+        for (Position page : {1, 3}) {
+          if (info.device[0].offset == kv->layout().TailRow(r->slot, 0, page * kP)) return CopyFate::kHold;
+        }
+      }
+      return CopyFate::kRun;
+    });
+    for (const Spec& s : specs) ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
+    auto fewest = [&] {
+      size_t n = SIZE_MAX;
+      for (const Spec& s : specs) n = std::min(n, a.sink.out[s.id].tokens.size());
+      return n;
+    };
+    for (int it = 0; it < 2000 && fewest() < 20; ++it) {
+      a.memd->Pump(*a.worker);
+      ASSERT_TRUE(a.worker->Iterate().ok());
+    }
+    for (const Spec& s : specs) {
+      had[s.id] = a.sink.out[s.id].tokens.size();
+      ASSERT_LT(had[s.id], s.max_new) << "request " << s.id << " finished before the kill point";
+      ASSERT_LT(s.prompt + had[s.id], kP + kTail) << "a held page's tail slot would be needed";
+      records[s.id] = a.memd->records.at(s.id);
+    }
+    EXPECT_GE(a.device.HeldCopies().size(), 7u) << "the backups of pages 1 and 3 were not all held";
+    for (uint64_t id : a.device.HeldCopies()) a.device.ReleaseHeld(id, /*fail=*/true);  // never landed
+  }  // A is gone (its copies ended)
+  // Request 4's record lost every token (no TokensCommitted of A reached memd): its 65 rows end inside page 4, which
+  // A had completed and backed up: a host-backed page after the last token, recomputed, never written again.
+  records[4].tokens.clear();
+  records[4].logits_digests.clear();
+  memd->Fence();
+  EXPECT_TRUE(memd->interrupted.at(4).contains(4));
+  // What B must import and recompute, from memd's view of each request's pages: every kept page wholly before the
+  // last token of the record (prompt + committed tokens; that token is fed by a step) imported, every other row
+  // recomputed.
+  std::map<RequestId, std::pair<uint64_t, uint64_t>> expect;  // imported, recomputed rows
+  const std::map<RequestId, std::map<uint32_t, PageIndex>> kept_of = memd->interrupted;
+  uint32_t taken = 0;
+  for (const Spec& s : specs) {
+    SCOPED_TRACE("request " + std::to_string(s.id));
+    const std::map<uint32_t, PageIndex>& kept = memd->interrupted.at(s.id);
+    taken += static_cast<uint32_t>(kept.size());
+    EXPECT_FALSE(kept.contains(1));
+    EXPECT_FALSE(kept.contains(3));
+    EXPECT_TRUE(kept.contains(2)) << "a copy after the gap";
+    EXPECT_EQ(kept.contains(0), mode == WorkerMode::kHisparse || s.id != 1) << "page 0: kept on GPU or backed up";
+    const uint64_t n = s.prompt + records[s.id].tokens.size();
+    const uint64_t usable = (n - 1) / kP;
+    uint64_t imported = 0;
+    for (const auto& [j, hp] : kept) imported += j < usable ? kP : 0;
+    expect[s.id] = {imported, n - imported};
+  }
+  if (GetParam().chaos) memd->EnableChaos(16);
+  const bool fail_step = GetParam().fail_step;
+  Side b(m.get(), 2, memd.get(), mode, fail_step ? 32 : kTail);
+  // B never writes a page memd holds a confirmed copy of: no backup from the tail rows of a kept page.
+  int rewrites = 0, failed = 0;
+  HierarchicalKvAccess* bkv = b.worker->hierarchical();
+  ASSERT_NE(bkv, nullptr);
+  b.device.SetCopyHook([&](const CopyInfo& info) {
+    if (fail_step) {
+      const KvLayout& l = bkv->layout();
+      for (const DeviceRange& d : info.device) {
+        const Location lo = l.HotRow(0, 0, 0), hi = l.HotRow(l.config().slots, 0, 0);  // every slot's region
+        if (info.kind == CopyKind::kHostToDevice && failed == 0 && d.offset >= lo && d.offset < hi) {
+          ++failed;
+          return CopyFate::kFail;
+        }
+      }
+      return CopyFate::kRun;
+    }
+    if (info.kind != CopyKind::kDeviceToHost || info.device.empty()) return CopyFate::kRun;
+    for (const Spec& s : specs) {
+      const RequestKv* r = bkv->Find(MakeNodeRequestId(0, 2, s.id));
+      if (r == nullptr) continue;
+      for (const auto& [j, hp] : kept_of.at(s.id)) {
+        if (info.device[0].offset == bkv->layout().TailRow(r->slot, 0, Position{j} * kP)) ++rewrites;
+      }
+    }
+    return CopyFate::kRun;
+  });
+  for (const Spec& s : specs) {
+    ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
+    ASSERT_TRUE(b.worker->Attach(s.id, static_cast<uint32_t>(had[s.id]), ClientRef{"c2", s.id}).ok());
+  }
+  EXPECT_EQ(memd->pages_taken_over, taken);  // every kept page, gaps and all
+  for (int it = 0; it < 5000; ++it) {
+    b.memd->Pump(*b.worker);
+    absl::StatusOr<bool> more = b.worker->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+  }
+  EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
+  uint64_t imported = 0, recomputed = 0;
+  for (const Spec& s : specs) {
+    SCOPED_TRACE("request " + std::to_string(s.id));
+    EXPECT_EQ(b.sink.finished.count(s.id), 1u);
+    Generated stream;
+    stream.tokens.assign(want[s.id].tokens.begin(), want[s.id].tokens.begin() + had[s.id]);
+    stream.digests.assign(want[s.id].digests.begin(), want[s.id].digests.begin() + had[s.id]);
+    const Generated& tail = b.sink.out[s.id];
+    stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
+    stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+    EXPECT_EQ(stream.tokens, want[s.id].tokens);
+    EXPECT_EQ(stream.digests, want[s.id].digests);
+    ASSERT_TRUE(b.worker->resume_figures().contains(s.id));
+    const Worker::ResumeFigures& f = b.worker->resume_figures().at(s.id);
+    if (fail_step) {  // rows imported before the failed step were recomputed in its retry
+      EXPECT_LE(f.rows_imported, expect[s.id].first);
+      EXPECT_EQ(f.rows_imported + f.rows_recomputed, expect[s.id].first + expect[s.id].second);
+    } else {
+      EXPECT_EQ(f.rows_imported, expect[s.id].first);
+      EXPECT_EQ(f.rows_recomputed, expect[s.id].second);
+    }
+    imported += f.rows_imported;
+    recomputed += f.rows_recomputed;
+    std::printf("%s%s%s: request %llu: %llu rows imported, %llu recomputed, resumed in %llu us\n",
+                std::string(WorkerModeName(mode)).c_str(), GetParam().chaos ? " (chaos)" : "",
+                fail_step ? " (a failed step)" : "",
+                static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(f.rows_imported),
+                static_cast<unsigned long long>(f.rows_recomputed), static_cast<unsigned long long>(f.resume_us));
+  }
+  const WorkerStats st = b.worker->stats();
+  EXPECT_EQ(st.rows_imported, imported);
+  EXPECT_EQ(st.rows_recomputed, recomputed);
+  EXPECT_EQ(rewrites, 0) << "a kept (confirmed) host page was backed up again";
+  if (fail_step) EXPECT_EQ(failed, 1) << "no host recovery to fail";
+  EXPECT_EQ(memd->completes, 4);
+  EXPECT_EQ(memd->host_pages_held(), 0u);
+  if (GetParam().chaos) EXPECT_GT(memd->pages_populated, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WorkerImportGaps,
+                         ::testing::Values(GapCase{WorkerMode::kHisparse}, GapCase{WorkerMode::kAdaptive},
+                                           GapCase{WorkerMode::kAdaptive, true},
+                                           GapCase{WorkerMode::kHisparse, false, true}),
+                         [](const auto& info) {
+                           return std::string(WorkerModeName(info.param.mode)) + (info.param.chaos ? "_chaos" : "") +
+                                  (info.param.fail_step ? "_failed_step" : "");
                          });
 
 }  // namespace

@@ -169,17 +169,23 @@ class FakeMemd final : public MemdLink {
     Req& r = reqs_[m.request];
     r.slot = slot;
     const uint64_t pages = (m.history_rows + p_ - 1) / p_;
-    const auto kept = static_cast<uint32_t>(r.host.size());  // a resume's taken-over pages
+    const auto kept = static_cast<uint32_t>(r.taken.size());  // a resume's taken-over pages
     EXPECT_LE(pages - kept, free_host_.size()) << "fake memd: host pool too small";
-    for (uint64_t j = kept; j < pages; ++j) {
-      r.host.push_back(*free_host_.begin());
-      free_host_.erase(free_host_.begin());
-    }
     auto grant = std::make_unique<wire::AdmitGrantT>();
     grant->request = m.request;
     grant->slot = slot;
-    grant->imported_pages = kept;
-    for (uint32_t j = 0; j < kept; ++j) r.host_copy.insert(j);
+    for (uint32_t j = 0; j < pages; ++j) {
+      if (auto t = r.taken.find(j); t != r.taken.end()) {  // as memd: same history page, confirmed
+        r.host.push_back(t->second);
+        r.host_copy.insert(j);
+        grant->host_backed_pages.push_back(j);
+        if (j == grant->imported_pages) ++grant->imported_pages;
+        continue;
+      }
+      r.host.push_back(*free_host_.begin());
+      free_host_.erase(free_host_.begin());
+    }
+    r.taken.clear();
     for (uint32_t j = 0; kept == 0 && j < m.complete_pages && !free_gpu_.empty(); ++j) {
       const uint32_t dp = *free_gpu_.begin();
       free_gpu_.erase(free_gpu_.begin());
@@ -258,6 +264,7 @@ class FakeMemd final : public MemdLink {
     if (it != reqs_.end()) {
       for (const auto& [j, dp] : it->second.optional) free_gpu_.insert(dp);
       for (PageIndex h : it->second.host) free_host_.insert(h);
+      for (const auto& [j, h] : it->second.taken) free_host_.insert(h);  // a queued resume's
       if (it->second.slot) free_slots_.insert(*it->second.slot);
       std::erase_if(reclaims_, [&](const auto& e) { return e.second.request == m.request; });
       reqs_.erase(it);
@@ -289,6 +296,7 @@ class FakeMemd final : public MemdLink {
   void Fence(bool keep_host = true) {
     for (auto& [id, r] : reqs_) {
       std::map<uint32_t, PageIndex>& kept = interrupted[id];
+      kept.insert(r.taken.begin(), r.taken.end());  // a queued resume keeps what it took over
       for (uint32_t j = 0; j < r.host.size(); ++j) {
         if (keep_host && r.host_copy.contains(j)) {
           kept[j] = r.host[j];
@@ -377,11 +385,12 @@ class FakeMemd final : public MemdLink {
   std::map<RequestId, wire::RequestRecordT> records;    // node id -> AdmitRequest.record + committed tokens
   std::map<RequestId, std::map<uint32_t, PageIndex>> interrupted;  // Fence: node id -> kept history -> host page
   int resumes = 0;               // admissions with resume_of (memd's resume: the interrupted id ends there)
-  uint32_t pages_taken_over = 0;  // kept host pages those resumes took over (leading runs)
+  uint32_t pages_taken_over = 0;  // kept host pages those resumes took over (every one)
 
  private:
   struct Req {
     std::vector<PageIndex> host;
+    std::map<uint32_t, PageIndex> taken;    // a resume's kept host pages (history page -> host page) until its grant
     std::map<uint32_t, uint32_t> optional;  // history page -> GPU page (ready or kept)
     std::set<uint32_t> host_copy;           // history pages with a reported host copy
     bool optional_history = true;           // AdmitRequest.optional_history: false = never populated (hisparse)
@@ -402,8 +411,8 @@ class FakeMemd final : public MemdLink {
     ADD_FAILURE() << "fake memd: unknown GPU page " << dp;
     return 0;
   }
-  // As memd's core: the new request takes over the leading run of the interrupted one's kept host pages, the other
-  // kept pages are freed, the interrupted one ends.
+  // As memd's core: the new request takes over every kept host page of the interrupted one (same history page, gaps
+  // and all), the interrupted one ends.
   void TakeOver(const wire::AdmitRequestT& m, Req& r) {
     EXPECT_TRUE(m.host_backed) << "resume_of without host_backed";
     auto it = interrupted.find(m.resume_of);
@@ -411,14 +420,8 @@ class FakeMemd final : public MemdLink {
       ADD_FAILURE() << "fake memd: request " << m.request << " resumes unknown request " << m.resume_of;
       return;
     }
-    for (const auto& [j, hp] : it->second) {
-      if (j == r.host.size()) {
-        r.host.push_back(hp);
-      } else {
-        free_host_.insert(hp);
-      }
-    }
-    pages_taken_over += static_cast<uint32_t>(r.host.size());
+    r.taken = it->second;
+    pages_taken_over += static_cast<uint32_t>(r.taken.size());
     interrupted.erase(it);
     ++resumes;
   }

@@ -182,6 +182,7 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
     const Position t = first + static_cast<Position>(j);
     const auto page = static_cast<size_t>(t / c.page_rows);
     if (page >= kv.host_plan.size() || kv.host_plan[page] < 0) continue;
+    if (page < kv.pages.size() && kv.pages[page].imported) continue;  // a resume's confirmed copy holds them
     uint8_t* dst = HostPageData(kv.host_plan[page]) +
                    layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
     std::memcpy(dst, bytes + j * key_bytes, key_bytes);
@@ -189,41 +190,66 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
   return absl::OkStatus();
 }
 
-absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, uint32_t pages,
-                                                   std::vector<std::vector<float>>& keys_out) {
+absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<const uint32_t> pages) {
   auto it = requests_.find(request);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
   RequestKv& kv = *it->second;
-  const KvConfig& c = layout_.config();
   if (std::any_of(kv.appended.begin(), kv.appended.end(), [](Position n) { return n != 0; })) {
     return absl::FailedPreconditionError(absl::StrCat("KV: request ", request, " has rows already"));
   }
-  for (uint32_t j = 0; j < pages; ++j) {
+  for (uint32_t j : pages) {
     if (j >= kv.host_plan.size() || kv.host_plan[j] < 0) {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has no host page"));
     }
   }
-  const Position rows = Position{pages} * c.page_rows;
+  for (uint32_t j : pages) {
+    kv.GrowPages(j + 1);
+    kv.pages[j].host_page = kv.host_plan[j];
+    kv.pages[j].imported = true;
+    kv.SetHostReady(j, true);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalKvAccess::ImportHostRows(RequestId request, uint32_t first, uint32_t count,
+                                                  std::vector<std::vector<float>>& keys_out) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  const KvConfig& c = layout_.config();
+  const Position begin = Position{first} * c.page_rows, end = Position{first + count} * c.page_rows;
+  if (std::any_of(kv.appended.begin(), kv.appended.end(), [&](Position n) { return n != begin; })) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: request ", request, " is not at the start of page ",
+                                                      first, " on every source"));
+  }
+  for (uint32_t j = first; j < first + count; ++j) {
+    if (j >= kv.pages.size() || !kv.pages[j].host_ready) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request,
+                                                        " was not imported (no confirmed host copy)"));
+    }
+  }
   keys_out.assign(layout_.num_indexers(), {});
   for (uint32_t i = 0; i < layout_.num_indexers(); ++i) {
     const uint64_t kb = c.key_bytes[i];
-    keys_out[i].resize(static_cast<size_t>(rows) * kb / sizeof(float));
+    keys_out[i].resize(static_cast<size_t>(end - begin) * kb / sizeof(float));
     auto* out = reinterpret_cast<uint8_t*>(keys_out[i].data());
-    for (Position t = 0; t < rows; ++t) {
-      const uint8_t* page = HostPageData(kv.host_plan[t / c.page_rows]);
-      std::memcpy(out + t * kb, page + layout_.KeyInPage(i, static_cast<uint32_t>(t % c.page_rows)), kb);
+    for (Position t = begin; t < end; ++t) {
+      const uint8_t* page = HostPageData(kv.pages[static_cast<size_t>(t / c.page_rows)].host_page);
+      std::memcpy(out + (t - begin) * kb, page + layout_.KeyInPage(i, static_cast<uint32_t>(t % c.page_rows)), kb);
     }
   }
-  kv.GrowPages(pages);
-  for (uint32_t j = 0; j < pages; ++j) {
-    kv.pages[j].host_page = kv.host_plan[j];
-    kv.SetHostReady(j, true);
-  }
   // The tail holds the latest T rows: copied from the host pages (Append of a host-ready page issues no backup).
-  const Position from = std::max<Position>(0, rows - Position{c.tail_rows});
+  const Position from = std::max<Position>(begin, end - Position{c.tail_rows});
+  if (from > begin) {
+    // Appends from `from` on skip rows: the slots they take hold rows before `begin`, which Append's own check
+    // (the row T earlier) would not wait for. Their pages' copies end first.
+    for (Position old = std::max<Position>(0, begin - Position{c.tail_rows}); old < begin; ++old) {
+      if (absl::Status s = FreeTailSlot(kv, old); !s.ok()) return s;
+    }
+  }
   for (SourceId s = 0; s < layout_.num_sources(); ++s) kv.appended[s] = from;
-  for (Position t = from; t < rows; ++t) {
-    const uint8_t* page = HostPageData(kv.host_plan[t / c.page_rows]);
+  for (Position t = from; t < end; ++t) {
+    const uint8_t* page = HostPageData(kv.pages[static_cast<size_t>(t / c.page_rows)].host_page);
     for (SourceId s = 0; s < layout_.num_sources(); ++s) {
       std::span<const uint8_t> row(page + layout_.InPage(s, static_cast<uint32_t>(t % c.page_rows)), c.row_bytes[s]);
       if (absl::Status st = Append(request, s, t, row); !st.ok()) return st;

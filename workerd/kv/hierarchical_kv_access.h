@@ -56,20 +56,30 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   void ReadersDone(std::span<const SourceId> sources) override;
   void Release(RequestId request) override;
   // Copies the keys into the key region of each position's planned host page (PlanResidency's host_pages; a
-  // position whose page has none is skipped: nothing would find it). No-op when the layout has no key regions
+  // position whose page has none is skipped: nothing would find it; so is a position of a resume's imported page:
+  // its confirmed copy holds them already, ImportHostPages). No-op when the layout has no key regions
   // (KvConfig.key_bytes empty). Errors: as KvAccess, RESOURCE_EXHAUSTED (no slot for a new request).
   absl::Status StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
                               std::span<const float> keys) override;
 
-  // Resume from host KV (issue 11): history pages 0 .. pages-1 of `request` (planned, nothing appended yet) hold a
-  // confirmed host copy in their planned host pages (memd's AdmitGrant.imported_pages). They become host-resident
-  // without computing anything: appended = pages * p on every source, each page host-ready in its host page (the
-  // resolver fetches selected rows from there; population may bring them back), and the last min(T, pages * p) rows
-  // are copied from host into the tail (the tail always holds the latest T rows). keys_out[i] receives indexer i's
-  // index keys of positions 0 .. pages*p-1 read from the host pages (idx_dim floats each).
+  // Resume from host KV (issue 11), step 1, at the grant: history pages `pages` of `request` (planned, nothing
+  // appended yet; any set, gaps allowed) hold a confirmed host copy in their planned host pages (memd's
+  // AdmitGrant.host_backed_pages). Each becomes host-ready in its host page at once (population may bring it back;
+  // when its rows are appended later, by ImportHostRows or computed, no backup is issued and no key is stored: the
+  // confirmed copy is never written again). Nothing is appended: ImportHostRows brings the rows in,
+  // in position order, between the recomputed ones.
   // Errors: NOT_FOUND (unknown request), FAILED_PRECONDITION (rows appended already, a page without a planned host
-  // page), or the tail copy's error.
-  absl::Status ImportHostPages(RequestId request, uint32_t pages, std::vector<std::vector<float>>& keys_out);
+  // page).
+  absl::Status ImportHostPages(RequestId request, std::span<const uint32_t> pages);
+  // Step 2, when the request's rows reach page `first`: pages first .. first+count-1 (host-ready by ImportHostPages)
+  // are taken as appended without computing anything: appended = (first+count) * p on every source (it must be
+  // first * p on every source: the earlier pages imported or recomputed), the last min(T, count*p) of their rows copied
+  // from host into the tail (the tail always holds the latest T rows; the tail slots they take are freed first, as
+  // Append frees them). keys_out[i] receives indexer i's index keys of positions first*p .. (first+count)*p-1 read
+  // from the host pages (idx_dim floats each). Errors: NOT_FOUND (unknown request), FAILED_PRECONDITION (appended is
+  // not first * p on every source, a page not host-ready), or the tail copy's error.
+  absl::Status ImportHostRows(RequestId request, uint32_t first, uint32_t count,
+                              std::vector<std::vector<float>>& keys_out);
 
   // Residency plan of `request` in slot `slot` (memd's AdmitGrant.slot; admits it there when new).
   // host_pages[j]: host page of history page j (memd's grant; pages beyond it come from allocate_host_page);

@@ -28,6 +28,9 @@ struct KvPage {
   int64_t host_page = -1;
   bool host_ready = false;
   CopyEvent backup;
+  // A resume's page with a confirmed host copy taken over (HierarchicalKvAccess::ImportHostPages): its host page is
+  // never written again (no backup, no index key).
+  bool imported = false;
   // Optional history: device_page >= 0 while populating or ready; `ready` (the ready map entry) is set only after
   // the populate copy completed, and cleared by a withdrawal before the page is retired.
   int64_t device_page = -1;

@@ -107,7 +107,7 @@ class Model {
                           std::span<const std::vector<float>> keys, KvAccess& kv) const;
 
   // Imports history whose payload rows are already in `kv`'s store (a resumed request's pages imported from host,
-  // HierarchicalKvAccess::ImportHostPages) and whose index keys were kept with them: with n = session.position(),
+  // HierarchicalKvAccess::ImportHostRows) and whose index keys were kept with them: with n = session.position(),
   // extends indexer i's keys by keys[i] (tokens * idx_dim floats, positions n .. n+tokens-1), then position +=
   // tokens. Nothing is computed or appended. When the keys are those an ImportPrefix/Step of the same tokens after the
   // same history computed, the session ends bit-identical to that computation.
