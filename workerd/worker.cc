@@ -485,7 +485,16 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     const Position in = static_cast<Position>(r.input.size());
     const Position import_end = std::min<Position>(r.prefix_tokens, in - 1);
     const auto chunk = static_cast<Position>(std::max<uint32_t>(geometry_.prefill_chunk, r.prefix_block_tokens));
-    if (!MayStep(r, r.fed < in ? std::min<Position>(chunk, in - r.fed) : 1)) continue;
+    if (!MayStep(r, r.fed < in ? std::min<Position>(chunk, in - r.fed) : 1)) {
+      if (away_ && !r.paused_away && !r.ending && r.client_error.ok() && r.generated.size() < r.max_new) {
+        r.paused_away = true;
+        ++stats_.paused_while_away;
+        spdlog::info("worker: request {} (client {}) pauses until memd is back ({} tokens held, tail full or held "
+                     "bound {})", r.id, r.client_id, r.held_from ? r.generated.size() - *r.held_from : 0,
+                     config_.away_held_tokens);
+      }
+      continue;
+    }
     if (r.fed < import_end) {
       if (absl::Status s = ImportChunk(r); !s.ok()) {
         failed.push_back(id);
@@ -604,6 +613,7 @@ void Worker::CommitStep() {
       Request& r = *requests_.at(id);
       if (!r.held_from) r.held_from = r.generated.size() - 1;
     }
+    stats_.tokens_while_away += ids.size();
     return;
   }
   if (absl::Status s = memd_->SendTokensCommitted(commit); s.ok()) {
@@ -744,6 +754,7 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
     if (r->phase == Phase::kWaitGrant) continue;
     adopted.insert(id);
     r->committed = r->generated.size();
+    r->paused_away = false;
     FlushHeld(*r);
   }
   agent_->ReturnFromAway(adopted);
@@ -766,8 +777,9 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
     r->admit_unsent = false;
     if (absl::Status s = SendAdmit(*r, r->submit); !s.ok()) return s;
   }
-  spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away", adopted.size(),
-               reply.refused_reports.size(), ended.size());
+  spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away; {} tokens generated and "
+               "{} requests paused while away (since start)", adopted.size(), reply.refused_reports.size(), ended.size(),
+               stats_.tokens_while_away, stats_.paused_while_away);
   return absl::OkStatus();
 }
 
@@ -830,6 +842,7 @@ void Worker::FlushHeld(Request& r) {
 void Worker::EnterAway() {
   if (away_) return;
   away_ = true;
+  ++stats_.memd_aways;
   agent_->EnterAway();
   if (hier_ != nullptr) hier_->PauseHostWrites();
   spdlog::warn("worker: memd is away: serving {} granted requests from the GPU (no admissions, no host writes, "

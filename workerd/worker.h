@@ -80,6 +80,9 @@ struct WorkerStats {
   uint64_t resume_us_max = 0;           // the longest resume (Resume to its first new token), us
   uint64_t commits_deferred = 0;        // steps whose tokens went to memd with a later step (one message in flight)
   uint32_t waiting_requests_peak = 0;   // the most requests waiting for their grant at once
+  uint64_t memd_aways = 0;              // times memd died under this worker (EnterAway)
+  uint64_t tokens_while_away = 0;       // tokens generated while memd was away (held from clients until it was back)
+  uint64_t paused_while_away = 0;       // requests paused while memd was away (held-token or tail bound)
 };
 
 class Worker final : public MemdHandler, public Submitter {
@@ -227,6 +230,7 @@ class Worker final : public MemdHandler, public Submitter {
     std::optional<size_t> held_from;  // memd away: generated[held_from..] not streamed yet (sent after the re-Hello)
     bool admit_unsent = false;        // submitted while memd was away: its AdmitRequest goes after the re-Hello
     std::optional<absl::Status> ending;  // ended while memd was away: Finish after the re-Hello
+    bool paused_away = false;            // memd away: paused (held tokens or tail bound), logged once
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
