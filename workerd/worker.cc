@@ -761,9 +761,15 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
   if (hier_ != nullptr) {
     if (absl::Status s = hier_->ResumeHostWrites(); !s.ok()) spdlog::error("worker: deferred backups: {}", s.ToString());
   }
-  std::vector<std::pair<RequestId, absl::Status>> ended;
+  std::vector<std::pair<RequestId, absl::Status>> ended;  // failed, finished or left by its client while away
   for (auto& [id, r] : requests_) {
-    if (r->ending) ended.emplace_back(id, *r->ending);
+    if (r->ending) {
+      ended.emplace_back(id, *r->ending);
+    } else if (r->phase == Phase::kActive && !r->client_error.ok()) {
+      ended.emplace_back(id, r->client_error);
+    } else if (r->phase == Phase::kActive && r->generated.size() >= r->max_new) {
+      ended.emplace_back(id, absl::OkStatus());
+    }
   }
   for (auto& [id, why] : ended) Finish(id, why);
   if (absl::Status s = ResumeInterrupted(reply.interrupted_requests, reply.interrupted_records); !s.ok()) return s;
@@ -814,9 +820,10 @@ absl::Status Worker::ResumeInterrupted(std::span<const uint64_t> ids,
 }
 
 bool Worker::MayStep(const Request& r, Position rows) const {
-  if (r.ending) return false;
+  // Finished (or failed) while memd was away: it ends after the re-Hello, it never steps again.
+  if (r.ending || r.generated.size() >= r.max_new) return false;
   if (!away_) return true;
-  if (r.generated.size() >= r.max_new || !r.client_error.ok()) return false;  // ends after the re-Hello
+  if (!r.client_error.ok()) return false;
   if (r.held_from && r.generated.size() - *r.held_from >= config_.away_held_tokens) return false;
   return hier_ == nullptr || hier_->TailHasRoom(r.id, rows);
 }
