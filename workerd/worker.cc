@@ -729,6 +729,10 @@ absl::StatusOr<bool> Worker::Iterate() {
 
 absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
   const std::set<RequestId> interrupted(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
+  std::vector<RequestId> waiting;  // admissions the dead memd never granted, and submits of the away time
+  for (const auto& [id, r] : requests_) {
+    if (r->phase == Phase::kWaitGrant) waiting.push_back(id);
+  }
   // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
   // resumed: from memd's interrupted record (ResumeInterrupted below), else from this worker's record.
   std::vector<std::unique_ptr<wire::RequestRecordT>> own;
@@ -778,10 +782,11 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
     if (absl::IsUnavailable(s)) return s;
     if (!s.ok()) spdlog::warn("worker: {}; ended", s.ToString());
   }
-  for (auto& [id, r] : requests_) {  // queued admissions, and submits that came while memd was away
-    if (r->phase != Phase::kWaitGrant) continue;
-    r->admit_unsent = false;
-    if (absl::Status s = SendAdmit(*r, r->submit); !s.ok()) return s;
+  for (RequestId id : waiting) {  // sent again last (the resumes above sent their own)
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second->phase != Phase::kWaitGrant) continue;
+    it->second->admit_unsent = false;
+    if (absl::Status s = SendAdmit(*it->second, it->second->submit); !s.ok()) return s;
   }
   spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away; {} tokens generated and "
                "{} requests paused while away (since start)", adopted.size(), reply.refused_reports.size(), ended.size(),

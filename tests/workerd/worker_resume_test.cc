@@ -415,3 +415,71 @@ TEST(WorkerReHelloInProcess, AwayWorkerDecodesSendsNothingAndItsReportHoldsEvery
 
 }  // namespace
 }  // namespace dhs::test
+
+namespace dhs::test {
+namespace {
+
+// A report memd refused (issue 11): request 1's report is refused and memd holds nothing of it; request 2's is
+// adopted. Request 1 ends to its client like after a fence (final UNAVAILABLE "worker epoch ended: memd refused its
+// report: ...", none of its held tokens) and is admitted again from the worker's own record (every token it generated,
+// recomputed); its client re-attaches with what it had and the two parts equal the uninterrupted run. Request 2 goes
+// on untouched: its held tokens, then the rest.
+TEST(WorkerReHelloInProcess, ARefusedReportEndsLikeAFenceAndIsResumedFromTheWorkersRecord) {
+  auto m = MakePresetModel("dsv4flash-like");
+  // Long enough that neither finishes while away (each pauses when its tail is full).
+  const std::vector<Spec> specs = {{1, 20, 60, 0.0f, 1.0f, 0}, {2, 33, 60, 0.9f, 1.0f, 7}};
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : specs) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+  for (const Spec& s : specs) ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
+  for (int it = 0; it < 500 && (a.sink.out[1].tokens.size() < 2 || a.sink.out[2].tokens.size() < 2); ++it) {
+    memd->Pump(*a.worker);
+    ASSERT_TRUE(a.worker->Iterate().ok());
+  }
+  const size_t had1 = a.sink.out[1].tokens.size();
+  a.worker->EnterAway();
+  for (int it = 0; it < 1000 && *a.worker->Iterate(); ++it) {
+  }
+  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->Report();
+  ASSERT_EQ(report.size(), 2u);
+  ASSERT_GT(report[0]->record->tokens.size(), had1);
+  std::vector<std::unique_ptr<wire::ReportedRequestT>> adopted;
+  adopted.push_back(std::make_unique<wire::ReportedRequestT>(*report[1]));
+  memd->AdoptReport(adopted);
+  wire::CompleteT gone;  // the new memd holds nothing of request 1: the fake forgets it too
+  gone.request = 1;
+  ASSERT_TRUE(memd->SendComplete(gone).ok());
+  const size_t admitted = memd->admitted_ids.size();
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = 1;
+  reply.refused_reports = {1};
+  reply.refused_reasons = {"request 1: slot 0 out of range or taken"};
+  ASSERT_TRUE(a.worker->ReturnFromAway(reply).ok());
+  ASSERT_EQ(a.sink.finished.count(1), 1u);
+  EXPECT_NE(a.sink.errors[1].find("worker epoch ended: memd refused its report: request 1: slot 0"), std::string::npos)
+      << a.sink.errors[1];
+  EXPECT_EQ(a.sink.out[1].tokens.size(), had1) << "held tokens of a refused report reached its client";
+  ASSERT_EQ(memd->admitted_ids.size(), admitted + 1) << "the refused request was not admitted again";
+  EXPECT_EQ(memd->records[memd->admitted_ids.back()].tokens, report[0]->record->tokens);
+  ASSERT_TRUE(a.worker->Attach(1, static_cast<uint32_t>(had1), ClientRef{"c2", 1}).ok());
+  for (int it = 0; it < 5000; ++it) {
+    memd->Pump(*a.worker);
+    absl::StatusOr<bool> more = a.worker->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more && a.worker->active_requests() == 0 && a.worker->waiting_requests() == 0) break;
+  }
+  EXPECT_EQ(a.sink.finished.count(2), 1u);
+  EXPECT_EQ(a.sink.out[2].tokens, want[2].tokens) << "the adopted request's stream";
+  EXPECT_EQ(a.sink.out[2].digests, want[2].digests);
+  // The sink keeps request 1's chunks of both connections in order: before the refusal, then after the attach.
+  EXPECT_EQ(a.sink.out[1].tokens, want[1].tokens) << "lost or repeated tokens of the refused request";
+  EXPECT_EQ(a.sink.out[1].digests, want[1].digests);
+}
+
+}  // namespace
+}  // namespace dhs::test
