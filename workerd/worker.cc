@@ -170,15 +170,16 @@ std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const
   return rec;
 }
 
-RequestId Worker::NodeRequestId(RequestId client_id) {
+RequestId Worker::NodeRequestId(RequestId client_id, RequestId avoid) {
   constexpr uint64_t kLow = kNodeRequestCounterEnd - 1;
   // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 8 bits sit between the GPU and n.
   const uint64_t gpu = MakeNodeRequestId(config_.gpu, epoch_, 0);
-  if (client_id != 0 && client_id <= kLow && !requests_.contains(gpu | client_id)) return gpu | client_id;
+  auto free = [&](uint64_t id) { return id != avoid && !requests_.contains(id); };
+  if (client_id != 0 && client_id <= kLow && free(gpu | client_id)) return gpu | client_id;
   while (true) {  // fewer requests in flight than 2^40: a free value comes
     const uint64_t n = next_node_;
     next_node_ = next_node_ >= kLow ? 1 : next_node_ + 1;
-    if (!requests_.contains(gpu | n)) return gpu | n;
+    if (free(gpu | n)) return gpu | n;
   }
 }
 
@@ -296,6 +297,7 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
         absl::StrCat("interrupted request ", interrupted, ": its record is not resumable: ", valid.message()));
   }
   std::unique_ptr<Request> r = NewRequest(submit, ClientRef{});
+  if (interrupted != 0 && r->id == interrupted) r->id = NodeRequestId(submit.request, interrupted);
   r->detached = true;
   r->resume_started = r->submitted;
   r->generated.assign(record.tokens.begin(), record.tokens.end());
@@ -727,12 +729,8 @@ absl::StatusOr<bool> Worker::Iterate() {
   return active_requests() > 0 || agent_->busy();
 }
 
-absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
-  const std::set<RequestId> interrupted(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
-  std::vector<RequestId> waiting;  // admissions the dead memd never granted, and submits of the away time
-  for (const auto& [id, r] : requests_) {
-    if (r->phase == Phase::kWaitGrant) waiting.push_back(id);
-  }
+std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const wire::HelloReplyT& reply,
+                                                                       const std::set<RequestId>& interrupted) {
   // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
   // resumed: from memd's interrupted record (ResumeInterrupted below), else from this worker's record.
   std::vector<std::unique_ptr<wire::RequestRecordT>> own;
@@ -751,6 +749,16 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
     std::erase(granted_, id);
     Erase(it);
   }
+  return own;
+}
+
+absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
+  const std::set<RequestId> interrupted(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
+  std::vector<RequestId> waiting;  // admissions the dead memd never granted, and submits of the away time
+  for (const auto& [id, r] : requests_) {
+    if (r->phase == Phase::kWaitGrant) waiting.push_back(id);
+  }
+  std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(reply, interrupted);
   away_ = false;
   // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.
   std::set<RequestId> adopted;

@@ -271,11 +271,16 @@ class Worker final : public MemdHandler, public Submitter {
   bool MayStep(const Request& r, Position rows) const;
   // After a re-Hello: the tokens held from r's client while memd was away, in one chunk (final when r finished).
   void FlushHeld(Request& r);
+  // After a re-Hello: each refused report's request is dropped here (nothing sent to memd) and ended to its client
+  // like after a fence. Returns the records (every token) of those memd does not list as `interrupted`, to resume.
+  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const wire::HelloReplyT& reply,
+                                                                 const std::set<RequestId>& interrupted);
   // The client's side of any end (Finish, an admission memd refused): a failed request's final chunk (the outbox
   // always takes a final chunk), the counts, and a detached request's output (or error) kept for its Attach.
   void ReportEnd(Request& r, const absl::Status& error);
-  // A node request id for a client's id (Submit), not in flight.
-  RequestId NodeRequestId(RequestId client_id);
+  // A node request id for a client's id (Submit), not in flight and not `avoid` (a resume in the same epoch must not
+  // take the interrupted id it continues: after a re-Hello both are of this epoch).
+  RequestId NodeRequestId(RequestId client_id, RequestId avoid = 0);
   // Forgets a request (ended, rejected): its node id and its client id become free.
   void Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it);
   // Sends one TokenChunk; a refused one (not final) returns the sink's error.

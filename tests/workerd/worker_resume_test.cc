@@ -419,12 +419,13 @@ TEST(WorkerReHelloInProcess, AwayWorkerDecodesSendsNothingAndItsReportHoldsEvery
 namespace dhs::test {
 namespace {
 
-// A report memd refused (issue 11): request 1's report is refused and memd holds nothing of it; request 2's is
-// adopted. Request 1 ends to its client like after a fence (final UNAVAILABLE "worker epoch ended: memd refused its
-// report: ...", none of its held tokens) and is admitted again from the worker's own record (every token it generated,
-// recomputed); its client re-attaches with what it had and the two parts equal the uninterrupted run. Request 2 goes
-// on untouched: its held tokens, then the rest.
-TEST(WorkerReHelloInProcess, ARefusedReportEndsLikeAFenceAndIsResumedFromTheWorkersRecord) {
+// A report memd refused (issue 11): request 1's report is refused; request 2's is adopted. Request 1 ends to its
+// client like after a fence (final UNAVAILABLE "worker epoch ended: memd refused its report: ...", none of its held
+// tokens) and is admitted again: from the worker's own record (every token it generated) when memd holds nothing of
+// it, else as a resume of the interrupted id memd lists (its record; a new node id of the same epoch, never the
+// interrupted one). Its client re-attaches with what it had and the two parts equal the uninterrupted run. Request 2
+// goes on untouched: its held tokens, then the rest.
+void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
   auto m = MakePresetModel("dsv4flash-like");
   // Long enough that neither finishes while away (each pauses when its tail is full).
   const std::vector<Spec> specs = {{1, 20, 60, 0.0f, 1.0f, 0}, {2, 33, 60, 0.9f, 1.0f, 7}};
@@ -450,11 +451,16 @@ TEST(WorkerReHelloInProcess, ARefusedReportEndsLikeAFenceAndIsResumedFromTheWork
   std::vector<std::unique_ptr<wire::ReportedRequestT>> adopted;
   adopted.push_back(std::make_unique<wire::ReportedRequestT>(*report[1]));
   memd->AdoptReport(adopted);
-  wire::CompleteT gone;  // the new memd holds nothing of request 1: the fake forgets it too
+  wire::CompleteT gone;  // the new memd holds nothing of request 1 (or only as interrupted): the fake forgets it too
   gone.request = 1;
   ASSERT_TRUE(memd->SendComplete(gone).ok());
-  const size_t admitted = memd->admitted_ids.size();
   wire::HelloReplyT reply;
+  if (memd_holds_it_interrupted) {  // with the journal's record: the tokens committed before memd died
+    memd->interrupted[1] = {};
+    reply.interrupted_requests = {1};
+    reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(memd->records.at(1)));
+  }
+  const size_t admitted = memd->admitted_ids.size();
   reply.accepted = true;
   reply.worker_epoch = 1;
   reply.refused_reports = {1};
@@ -465,7 +471,12 @@ TEST(WorkerReHelloInProcess, ARefusedReportEndsLikeAFenceAndIsResumedFromTheWork
       << a.sink.errors[1];
   EXPECT_EQ(a.sink.out[1].tokens.size(), had1) << "held tokens of a refused report reached its client";
   ASSERT_EQ(memd->admitted_ids.size(), admitted + 1) << "the refused request was not admitted again";
-  EXPECT_EQ(memd->records[memd->admitted_ids.back()].tokens, report[0]->record->tokens);
+  if (memd_holds_it_interrupted) {
+    EXPECT_NE(memd->admitted_ids.back(), 1u) << "the resume took the interrupted id";
+    EXPECT_EQ(memd->resumes, 1);
+  } else {
+    EXPECT_EQ(memd->records[memd->admitted_ids.back()].tokens, report[0]->record->tokens);
+  }
   ASSERT_TRUE(a.worker->Attach(1, static_cast<uint32_t>(had1), ClientRef{"c2", 1}).ok());
   for (int it = 0; it < 5000; ++it) {
     memd->Pump(*a.worker);
@@ -479,6 +490,13 @@ TEST(WorkerReHelloInProcess, ARefusedReportEndsLikeAFenceAndIsResumedFromTheWork
   // The sink keeps request 1's chunks of both connections in order: before the refusal, then after the attach.
   EXPECT_EQ(a.sink.out[1].tokens, want[1].tokens) << "lost or repeated tokens of the refused request";
   EXPECT_EQ(a.sink.out[1].digests, want[1].digests);
+}
+
+TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsNothingOfIsResumedFromTheWorkersRecord) {
+  RefusedReportIsResumed(false);
+}
+TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsInterruptedIsResumedUnderANewIdOfTheSameEpoch) {
+  RefusedReportIsResumed(true);
 }
 
 }  // namespace
