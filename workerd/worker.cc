@@ -122,7 +122,6 @@ std::unique_ptr<Worker::Request> Worker::NewRequest(const wire::SubmitRequestT& 
 }
 
 absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& submit) {
-  const uint64_t p = config_.page_rows;
   const uint64_t ctx = r.input.size() - r.resumed + r.max_new;  // a resumed input holds its committed tokens
   const model::ModelConfig& mc = model_->config();
   wire::AdmitRequestT admit;
