@@ -327,17 +327,25 @@ absl::StatusOr<std::string> DealerClient::Request(std::string_view bytes, std::c
   return reply;
 }
 
+void DealerClient::DrainMonitor() {
+  try {
+    while (monitor_->check_event(0)) {
+    }
+  } catch (const zmq::error_t& e) {
+    // A signal (EINTR) interrupted the poll: the events left are processed by the next call.
+    if (e.num() != EINTR) spdlog::warn("socket monitor of {}: {}", endpoint_, e.what());
+  }
+}
+
 bool DealerClient::peer_connected() {
   if (monitor_ == nullptr) return false;
-  while (monitor_->check_event(0)) {
-  }
+  DrainMonitor();
   return monitor_->connected();
 }
 
 int DealerClient::disconnects() {
   if (monitor_ == nullptr) return 0;
-  while (monitor_->check_event(0)) {
-  }
+  DrainMonitor();
   return monitor_->disconnects();
 }
 

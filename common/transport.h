@@ -173,6 +173,8 @@ class DealerClient {
   DealerClient(std::string endpoint, Options options);
   absl::Status OpenSocket();
   void CloseSocket();
+  // Processes the monitor's pending events without blocking (an EINTR ends it early, never throws).
+  void DrainMonitor();
 
   std::string endpoint_;
   Options options_;

@@ -8,7 +8,7 @@
 #             6 worker starts in a row SIGKILL themselves at the N-th such point (--kill-worker-at KIND:N, N drawn from
 #             the run's seed; a point a worker never reaches kills nothing and is not counted)
 #   memd      (with --memd) SIGKILL of memd (--restart-memd-every 2): the new memd adopts the host pool and the
-#             records, the worker ends its epoch (exit 75) and its successor resumes the requests
+#             records, the worker survives and says its re-Hello with a report (the same process goes on)
 # Then prints one row per fault kind: runs, kills (tries), requests failed, host rows lost (and host pages checked),
 # runs not exact, and the time to recover (worker down -> first token after the client re-attached) p50 / p99 over the
 # runs' recovery_us samples (nearest rank). Every run's seed is printed: `dhs-replay ... --fault-seed N` repeats it.

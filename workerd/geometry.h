@@ -36,6 +36,8 @@ struct WorkerConfig {
   uint32_t prefill_chunk = 0;        // prompt tokens fed per request and step; 0 = auto: B / (k + window) in every
                                      // mode, so one step's selections fit the hot cache and the modes interleave
                                      // prefill with decode alike
+  uint32_t away_held_tokens = 4096;  // memd away (issue 11): a request whose tokens held back from its client (not
+                                     // yet in memd's record) reach this pauses until memd is back, tokens
 };
 
 // The sizes derived from the model and the config (brief §8).

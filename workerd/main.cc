@@ -40,6 +40,7 @@ struct CommandLine {
   uint64_t seed = 1;
   int connect_timeout_ms = 10000;
   int memd_timeout_ms = 2000;
+  int memd_reconnect_ms = 30000;
   std::string device_name = "auto";
   dhs::LinkModelFlags link_flags;
   std::string fault_kill_at;  // test-only: --fault-kill-at KIND:N (common/fault_point.h)
@@ -92,9 +93,14 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply")
       ->check(CLI::Range(1, 3600000))->capture_default_str();
   app.add_option("--memd-timeout-ms", c.memd_timeout_ms,
-                 "memd acks our heartbeat every second; nothing from memd for this long ends this worker's epoch "
-                 "(memd died or hung, or this worker was stopped): requests end with an error, exit code 75. Keep it "
-                 "below memd's --worker-timeout-ms")
+                 "memd acks our heartbeat every second; nothing from memd for this long over a live connection ends "
+                 "this worker's epoch (memd hung, or this worker was stopped): requests end with an error, exit code "
+                 "75. Keep it below memd's --worker-timeout-ms")
+      ->check(CLI::Range(100, 3600000))->capture_default_str();
+  app.add_option("--memd-reconnect-ms", c.memd_reconnect_ms,
+                 "memd died (its connection closed): keep serving the granted requests from the GPU and say Hello "
+                 "again with a report (backoff 50 ms doubling to 1 s) for up to this long; then the epoch ends "
+                 "(exit code 75)")
       ->check(CLI::Range(100, 3600000))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
@@ -207,6 +213,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.config = config;
   options.connect_timeout = std::chrono::milliseconds(cl.connect_timeout_ms);
   options.memd_timeout = std::chrono::milliseconds(cl.memd_timeout_ms);
+  options.memd_reconnect = std::chrono::milliseconds(cl.memd_reconnect_ms);
   options.device_name = backend.name;
   options.client_buffer = cl.client_buffer;
   options.on_host_pool = backend.on_host_pool;
@@ -225,7 +232,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
       spdlog::error("workerd: {}", s.ToString());
       return 1;
     }
-    // The epoch ended (fenced, or memd lost): nothing memd granted may be used any more (docs/operations.md).
+    // The epoch ended (fenced, memd hung, or memd died and none came back in time): nothing memd granted may be used any more (docs/operations.md).
     const size_t ended = (*process)->Abandon(s, std::chrono::seconds(1));
     spdlog::error("workerd: gpu {}: {}; {} requests ended with an error; exiting with code {} so that a supervisor "
                   "restarts this worker (a new Hello: a new epoch)", config.gpu, std::string(s.message()), ended,

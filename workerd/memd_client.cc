@@ -1,6 +1,7 @@
 // workerd/memd_client.cc: see memd_client.h.
 #include "workerd/memd_client.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,13 @@
 
 namespace dhs {
 namespace {
+// The inode of shm object `name` (0 when it cannot be read): a fresh pool under the same name is another object.
+uint64_t ShmInode(const std::string& name) {
+  struct stat st {};
+  if (::stat(absl::StrCat(kHostPoolShmDir, "/", name).c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
 uint64_t NowNs() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
@@ -32,7 +40,7 @@ absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view
   absl::StatusOr<std::unique_ptr<DealerClient>> dealer =
       DealerClient::Connect(IpcEndpoint(run_dir, "memd"), DealerClient::Options{sender, std::chrono::milliseconds(20)});
   if (!dealer.ok()) return dealer.status();
-  std::unique_ptr<MemdClient> c(new MemdClient(*std::move(dealer), sender, hello.gpu));
+  std::unique_ptr<MemdClient> c(new MemdClient(*std::move(dealer), sender, hello.gpu, std::string(run_dir)));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const uint64_t seq = c->NextSeq();
   if (absl::Status s = c->dealer_->Send(EncodeHello(hello, seq, sender)); !s.ok()) return s;
@@ -65,6 +73,7 @@ absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view
                                                        hello.host_page_bytes));
       }
       c->segment_ = *std::move(seg);
+      c->pool_inode_ = ShmInode(info.name);
     }
     spdlog::info("workerd: memd accepted gpu {} (epoch {}, {} host segment(s))", hello.gpu, c->epoch_,
                  reply->segments.size());
@@ -79,10 +88,16 @@ std::span<uint8_t> MemdClient::host_pages() const {
 
 absl::Status MemdClient::CheckEpoch() {
   if (!ended_.ok()) return ended_;
+  if (away_) return absl::OkStatus();
+  // memd's connection closed: it died (checked before the silence: a dead memd is not a hung one).
+  if (dealer_->disconnects() > 0) {
+    EnterAway();
+    return absl::OkStatus();
+  }
   if (const auto silent = std::chrono::steady_clock::now() - last_heard_; silent > memd_timeout_) {
     ended_ = absl::AbortedError(absl::StrFormat(
-        "memd lost: nothing from memd for %d ms (it acks our heartbeat every second; memd timeout %d ms): memd died "
-        "or hung, or this worker was stopped; the grants of epoch %d are void",
+        "memd lost: nothing from memd for %d ms over a live connection (it acks our heartbeat every second; memd "
+        "timeout %d ms): memd hung, or this worker was stopped; the grants of epoch %d are void",
         std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(), memd_timeout_.count(), epoch_));
   }
   return ended_;
@@ -90,6 +105,7 @@ absl::Status MemdClient::CheckEpoch() {
 
 absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
+  if (away_) return absl::OkStatus();  // PollAway
   while (true) {
     absl::StatusOr<std::string> bytes = dealer_->Receive(std::chrono::milliseconds(0));
     if (absl::IsDeadlineExceeded(bytes.status())) break;
@@ -184,6 +200,7 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
 
 absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
   if (!ended_.ok()) return ended_;
+  if (away_) return absl::OkStatus();  // memd died: the worker sends its waiting admissions again after the re-Hello
   const uint64_t seq = NextSeq();
   admit_seq_[seq] = m.request;
   if (admit_seq_.size() > 4096) admit_seq_.erase(admit_seq_.begin());  // bounded: only recent admissions matter
@@ -191,32 +208,158 @@ absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
 }
 absl::Status MemdClient::SendBackupComplete(const wire::BackupCompleteT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
+  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeBackupComplete(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendHostCopyWritten(const wire::HostCopyWrittenT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
+  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeHostCopyWritten(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendReadersDone(const wire::ReadersDoneT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
+  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeReadersDone(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendReadyPublish(const wire::ReadyPublishT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
+  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeReadyPublish(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendComplete(const wire::CompleteT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
+  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeComplete(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendTokensCommitted(const wire::TokensCommittedT& m) {
   // Checked now, not only at the next Poll: a worker stopped mid-step must not report a step of a fenced epoch.
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
+  if (away_) return absl::UnavailableError("memd is away (it died): the tokens go with the re-Hello's report");
   if (commit_seq_ != 0) return absl::UnavailableError("the previous TokensCommitted is not acknowledged yet");
   const uint64_t seq = NextSeq();
   if (absl::Status s = dealer_->Send(EncodeTokensCommitted(m, seq, sender_)); !s.ok()) return s;
   commit_seq_ = seq;
   return absl::OkStatus();
+}
+
+}  // namespace dhs
+
+namespace dhs {
+
+void MemdClient::EnterAway() {
+  away_ = true;
+  away_since_ = std::chrono::steady_clock::now();
+  backoff_ = std::chrono::milliseconds(50);
+  next_attempt_ = away_since_ + backoff_;
+  attempts_ = 0;
+  dealer_.reset();  // closed with linger 0: nothing queued for the dead memd reaches the next one
+  commit_seq_ = 0;
+  admit_seq_.clear();
+  spdlog::warn("workerd: memd's connection closed (memd died): serving from the GPU and saying Hello again to the "
+               "next memd (epoch {}) for up to {} ms", epoch_, reconnect_bound_.count());
+}
+
+void MemdClient::RetryLater(std::chrono::steady_clock::time_point now) {
+  dealer_.reset();
+  next_attempt_ = now + backoff_;
+  backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, std::chrono::seconds(1));
+}
+
+absl::Status MemdClient::CheckSamePool(const wire::HelloReplyT& reply) const {
+  if (segment_ == nullptr) return absl::OkStatus();  // resident mode without a pool
+  if (reply.segments.empty()) return absl::AbortedError("the new memd lists no host pool");
+  const wire::HostSegmentInfoT& info = *reply.segments[0];
+  if (info.name != segment_->name() || info.size_bytes != segment_->size_bytes() ||
+      info.page_bytes != segment_->page_bytes() || ShmInode(info.name) != pool_inode_) {
+    return absl::AbortedError(absl::StrCat("the new memd's host pool '", info.name, "' (", info.size_bytes,
+                                           " bytes) is not the one this worker maps ('", segment_->name(), "', ",
+                                           segment_->size_bytes(), " bytes): it started a fresh pool"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MemdClient::AcceptReHello(const wire::HelloReplyT& reply) {
+  absl::Status s;
+  if (!reply.accepted) {
+    s = absl::AbortedError(absl::StrCat("memd refused the re-Hello: ", reply.reason));
+  } else if (reply.worker_epoch != epoch_) {
+    s = absl::AbortedError(absl::StrCat("memd answered the re-Hello of epoch ", epoch_, " with epoch ",
+                                        reply.worker_epoch));
+  } else {
+    s = CheckSamePool(reply);
+  }
+  if (!s.ok()) {
+    ended_ = absl::AbortedError(absl::StrCat("memd restart: ", s.message()));
+    dealer_.reset();
+    return ended_;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  away_ = false;
+  last_heard_ = now;
+  last_heartbeat_ = {};
+  interrupted_ = reply.interrupted_requests;
+  spdlog::info("workerd: memd took the re-Hello of gpu {} (epoch {}) {} ms after the old one died ({} attempts): {} "
+               "reports refused, {} interrupted requests", gpu_, epoch_,
+               std::chrono::duration_cast<std::chrono::milliseconds>(now - away_since_).count(), attempts_,
+               reply.refused_reports.size(), reply.interrupted_requests.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<wire::HelloReplyT>> MemdClient::PollAway(const std::function<wire::HelloT()>& make_hello) {
+  if (!ended_.ok()) return ended_;
+  if (!away_) return std::nullopt;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - away_since_ > reconnect_bound_) {
+    dealer_.reset();
+    ended_ = absl::AbortedError(absl::StrFormat(
+        "memd lost: it died and no memd took the re-Hello within %d ms (%d attempts); the grants of epoch %d are void",
+        reconnect_bound_.count(), attempts_, epoch_));
+    return ended_;
+  }
+  if (dealer_ != nullptr) {  // a Hello is out
+    while (true) {
+      absl::StatusOr<std::string> bytes = dealer_->Receive(std::chrono::milliseconds(0));
+      if (!bytes.ok()) break;
+      absl::StatusOr<Message> msg = DecodeEnvelope(*bytes);
+      if (!msg.ok()) continue;
+      if (msg->type == wire::Body::ErrorReply) {
+        ended_ = absl::AbortedError(absl::StrCat("memd restart: memd answered the re-Hello with an error: ",
+                                                 ReadErrorStatus(*msg).ToString()));
+        dealer_.reset();
+        return ended_;
+      }
+      if (msg->type != wire::Body::HelloReply) continue;
+      absl::StatusOr<wire::HelloReplyT> reply = ReadHelloReply(*msg);
+      if (!reply.ok()) continue;
+      if (absl::Status s = AcceptReHello(*reply); !s.ok()) return s;
+      return std::optional<wire::HelloReplyT>(*std::move(reply));
+    }
+    if (dealer_->disconnects() > 0 || now - hello_sent_ > memd_timeout_) RetryLater(now);
+    return std::nullopt;
+  }
+  if (now < next_attempt_) return std::nullopt;
+  if (!CheckSocketAccess(run_dir_, "memd").ok()) {  // no memd socket (yet): nothing to connect to
+    RetryLater(now);
+    return std::nullopt;
+  }
+  absl::StatusOr<std::unique_ptr<DealerClient>> dealer =
+      DealerClient::Connect(IpcEndpoint(run_dir_, "memd"), DealerClient::Options{sender_, std::chrono::milliseconds(20)});
+  if (!dealer.ok()) {
+    RetryLater(now);
+    return std::nullopt;
+  }
+  dealer_ = *std::move(dealer);
+  ++attempts_;
+  wire::HelloT hello = make_hello();
+  hello.rehello = true;
+  hello.worker_epoch = epoch_;
+  if (absl::Status s = dealer_->Send(EncodeHello(hello, NextSeq(), sender_)); !s.ok()) {
+    RetryLater(now);
+    return std::nullopt;
+  }
+  hello_sent_ = now;
+  spdlog::info("workerd: re-Hello attempt {} to memd ({} requests reported)", attempts_, hello.report.size());
+  return std::nullopt;
 }
 
 }  // namespace dhs

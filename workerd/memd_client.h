@@ -8,7 +8,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,6 +41,27 @@ class MemdClient final : public MemdLink {
   const std::vector<uint64_t>& interrupted_requests() const { return interrupted_; }
   // Liveness: memd acks our heartbeat every second; nothing from memd for `timeout` (default 2 s) ends the epoch.
   void set_memd_timeout(std::chrono::milliseconds timeout) { memd_timeout_ = timeout; }
+  // How long a worker whose memd died tries to say its re-Hello (default 30 s) before its epoch ends.
+  void set_reconnect_bound(std::chrono::milliseconds bound) { reconnect_bound_ = bound; }
+
+  // memd away (issue 11, docs/protocol.md "Re-Hello with a report"). memd died when its connection closed (the socket
+  // monitor's DISCONNECTED: the process is gone; a worker that merely heard nothing for the memd timeout over a live
+  // connection was stopped, or memd hangs: its epoch ends, see Poll). Then the socket is closed at once (what was
+  // queued for the dead memd is dropped; exactly one connection to memd at a time) and away() is true until a memd
+  // takes the re-Hello (PollAway); meanwhile every Send* drops its message (returns OK; SendTokensCommitted:
+  // UNAVAILABLE) and Poll dispatches nothing.
+  bool away() const { return away_; }
+  // A re-Hello is out and not answered yet (the worker does not step meanwhile: its report holds every token).
+  bool rehello_in_flight() const { return away_ && dealer_ != nullptr; }
+  // Call every iteration while away(); never blocks. Reconnects with exponential backoff (50 ms doubling to 1 s; an
+  // attempt with no memd socket is skipped; an unanswered Hello is given up after the memd timeout and its socket
+  // closed before the next attempt) and sends `make_hello()` (the worker's Hello with rehello, its epoch and report).
+  // Returns the HelloReply once memd accepted it (no longer away; Poll serves memd again), nullopt while still away.
+  // Errors, all ABORTED (the epoch ends; stays): memd did not come back within the reconnect bound; it refused the
+  // re-Hello (accepted = false: e.g. it registered or fenced this GPU itself, or the epoch is stale) or answered an
+  // ErrorReply; its host pool is not the segment this worker maps (another name, size or page size, or a fresh pool
+  // in its place), or the epoch differs.
+  absl::StatusOr<std::optional<wire::HelloReplyT>> PollAway(const std::function<wire::HelloT()>& make_hello);
 
   // Dispatches every message already received to `handler` (never blocks), answers memd's Heartbeats and sends ours
   // once a second with `load`. Undecodable messages are logged and dropped. Errors: from the socket, and ABORTED
@@ -54,7 +77,9 @@ class MemdClient final : public MemdLink {
   // ABORTED once the epoch ended (as Poll: fenced, or memd silent for the memd timeout, checked now), else OK.
   absl::Status CheckEpoch();
   // Messages still queued when the client closes are delivered for up to `linger` (a stopping worker's Completes).
-  void SetLinger(std::chrono::milliseconds linger) { dealer_->SetLinger(linger); }
+  void SetLinger(std::chrono::milliseconds linger) {
+    if (dealer_ != nullptr) dealer_->SetLinger(linger);
+  }
 
   // MemdLink. Once the epoch ended (Poll's ABORTED) nothing is sent: each returns that ABORTED status.
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override;
@@ -70,10 +95,17 @@ class MemdClient final : public MemdLink {
   const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const { return records_; }
 
  private:
-  MemdClient(std::unique_ptr<DealerClient> dealer, std::string sender, GpuId gpu)
-      : dealer_(std::move(dealer)), sender_(std::move(sender)), gpu_(gpu) {}
+  MemdClient(std::unique_ptr<DealerClient> dealer, std::string sender, GpuId gpu, std::string run_dir)
+      : dealer_(std::move(dealer)), sender_(std::move(sender)), gpu_(gpu), run_dir_(std::move(run_dir)) {}
   uint64_t NextSeq() { return ++seq_; }
   void Dispatch(const std::string& bytes, MemdHandler& handler);
+  void EnterAway();
+  // The next attempt after the current one failed (backoff doubled, at most 1 s); the socket is closed.
+  void RetryLater(std::chrono::steady_clock::time_point now);
+  // A HelloReply to the re-Hello: checked (see PollAway); OK -> connected again.
+  absl::Status AcceptReHello(const wire::HelloReplyT& reply);
+  // Whether memd's pool in `reply` is the segment mapped here (name, sizes, and the same shm object).
+  absl::Status CheckSamePool(const wire::HelloReplyT& reply) const;
 
   std::unique_ptr<DealerClient> dealer_;
   std::string sender_;
@@ -89,6 +121,13 @@ class MemdClient final : public MemdLink {
   std::vector<uint64_t> interrupted_;
   std::vector<std::unique_ptr<wire::RequestRecordT>> records_;
   uint64_t commit_seq_ = 0;  // the TokensCommitted in flight (0: none): one at a time
+  std::string run_dir_;
+  uint64_t pool_inode_ = 0;  // the mapped segment's shm object (a fresh pool of a new memd is another one)
+  std::chrono::milliseconds reconnect_bound_{30000};
+  bool away_ = false;
+  std::chrono::steady_clock::time_point away_since_{}, next_attempt_{}, hello_sent_{};
+  std::chrono::milliseconds backoff_{50};
+  uint32_t attempts_ = 0;
 };
 
 }  // namespace dhs

@@ -98,6 +98,7 @@ absl::Status ResidencyAgent::OnGrant(const wire::AdmitGrantT& m, uint64_t comple
   if (absl::Status s = CheckGrant(m, complete_pages); !s.ok()) return s;
   Granted g;
   g.slot = m.slot;
+  g.required = m.required_pages;
   for (const auto& ref : m.backup_host_pages) g.host_pages.push_back(ref.page());
   for (size_t i = 0; i < m.optional_pages.size(); ++i) g.gpu_pages[m.optional_history_pages[i]] = m.optional_pages[i];
   // A resume's host-backed pages: memd holds their confirmed host copies already (never reported again). A memd that
@@ -414,6 +415,11 @@ void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
 }
 
 void ResidencyAgent::AnswerPopulate(Populate& po) {
+  if (away_) {  // an order of the dead memd: undone, answered to no one
+    UndoPopulate(po);
+    populates_.erase(po.order.order);
+    return;
+  }
   const wire::PopulateOrderT& m = po.order;
   Granted* g = Find(m.request);
   if (!po.status.ok() && g != nullptr && !po.published.empty()) {
@@ -475,6 +481,12 @@ void ResidencyAgent::ReportBackups(const std::vector<KvCompletions::Backup>& bac
     }
     Granted* g = Find(b.request);
     if (g == nullptr) continue;
+    if (away_) {  // memd died: reported (ok) by ReturnFromAway to the memd that adopts the request
+      if (b.status.ok()) ++stats_.pages_backed_up;
+      if (!b.status.ok()) spdlog::error("worker: backup of page {} of request {} failed: {}", b.page, b.request,
+                                        b.status.ToString());
+      continue;
+    }
     if (!b.status.ok()) {
       spdlog::error("worker: backup of page {} of request {} failed: {}", b.page, b.request, b.status.ToString());
       wire::HostCopyWrittenT fail;
@@ -597,6 +609,131 @@ void ResidencyAgent::EndRequest(RequestId request) {
   granted_.erase(request);
   SendComplete(request);
   for (Cancelled& x : cancelled) cancelled_.push_back(std::move(x));
+}
+
+// ---- memd away (issue 11) ----
+
+void ResidencyAgent::UndoPopulate(Populate& po) {
+  const wire::PopulateOrderT& m = po.order;
+  // The copies into the GPU pages end first (the new memd may lend those pages at once).
+  for (const auto& [dp, copy] : kv_->CopiesInFlight(m.request).into_gpu) {
+    if (Contains(m.pages, dp)) WaitCopy(copy, m.request, "population copy of a dead memd's order");
+  }
+  std::vector<uint32_t> mapped;  // published or still pending in the KV: withdrawn
+  for (size_t i = 0; i < m.pages.size() && i < m.history_pages.size(); ++i) {
+    std::optional<GpuPageUse> use = kv_->GpuPageOf(m.request, m.pages[i]);
+    if (use && use->held && use->page == m.history_pages[i]) mapped.push_back(use->page);
+  }
+  if (!mapped.empty()) {
+    absl::StatusOr<CopyEvent> e = kv_->WithdrawReady(m.request, mapped);
+    if (e.ok()) {
+      WaitCopy(*e, m.request, "withdrawal of a dead memd's population");
+    } else {
+      spdlog::error("worker: withdraw of population order {} failed: {}", m.order, e.status().ToString());
+    }
+  }
+  spdlog::info("worker: population order {} of request {} of the dead memd undone ({} pages)", m.order, m.request,
+               m.pages.size());
+}
+
+void ResidencyAgent::ResolveReclaim(Reclaim& rc) {
+  const wire::ReclaimOrderT& m = rc.order;
+  Granted* g = Find(m.request);
+  if (g == nullptr) return;  // its request ended: nothing of it is mapped
+  if (rc.readers_done || rc.withdrawing) {
+    // Its pages were backed up and are withdrawn (or being withdrawn): they are dropped, each has a host copy.
+    if (rc.withdrawing) WaitCopy(rc.withdraw, m.request, "withdrawal of a dead memd's reclaim");
+    for (PageIndex dp : m.pages) {
+      std::erase_if(g->gpu_pages, [&](const auto& e) { return e.second == dp; });
+      g->lost.erase(dp);
+    }
+    spdlog::info("worker: reclaim order {} of request {} of the dead memd: its {} pages dropped (on host)", m.order,
+                 m.request, m.pages.size());
+    return;
+  }
+  // Abandoned: the pages stay kept on GPU. A page only planned to be kept is kept again, unless its backup was issued
+  // (then it is on host, not on that GPU page).
+  for (const auto& [j, dp] : rc.planned) {
+    if (HasHostCopy(kv_->Residency(m.request, j))) {
+      LoseGpuPage(m.request, j, dp);
+      continue;
+    }
+    if (absl::Status s = kv_->RestoreKeep(m.request, j, dp); !s.ok()) {
+      spdlog::error("worker: keeping page {} of request {} again failed: {}", j, m.request, s.ToString());
+      LoseGpuPage(m.request, j, dp);
+    }
+  }
+  spdlog::info("worker: reclaim order {} of request {} of the dead memd abandoned: its pages stay on GPU", m.order,
+               m.request);
+}
+
+void ResidencyAgent::EnterAway() {
+  away_ = true;
+  for (Cancelled& c : cancelled_) {  // answers owed to the dead memd: dropped once the copies into the pages ended
+    for (const CopyEvent& e : c.copies) WaitCopy(e, c.answer.request, "population copy of an ended request");
+  }
+  cancelled_.clear();
+  std::vector<uint64_t> orders;
+  for (const auto& [order, po] : populates_) orders.push_back(order);
+  for (uint64_t order : orders) {
+    auto it = populates_.find(order);
+    if (it == populates_.end()) continue;
+    UndoPopulate(it->second);
+    populates_.erase(it);
+  }
+  for (auto& [order, rc] : reclaims_) ResolveReclaim(rc);
+  reclaims_.clear();
+}
+
+std::unique_ptr<wire::ReportedRequestT> ResidencyAgent::Report(RequestId request) const {
+  auto it = granted_.find(request);
+  if (it == granted_.end()) return nullptr;
+  const Granted& g = it->second;
+  auto rep = std::make_unique<wire::ReportedRequestT>();
+  rep->request = request;
+  rep->slot = g.slot;
+  rep->required_pages = g.required;
+  for (uint32_t j = 0; j < g.host_pages.size(); ++j) {
+    auto page = std::make_unique<wire::ReportedPageT>();
+    page->host_page = g.host_pages[j];
+    page->host_copy = g.reported.contains(j);
+    if (auto dp = g.gpu_pages.find(j); dp != g.gpu_pages.end()) {
+      page->has_gpu_page = true;
+      page->gpu_page = dp->second;
+    }
+    rep->history.push_back(std::move(page));
+  }
+  return rep;
+}
+
+void ResidencyAgent::ReturnFromAway(const std::set<RequestId>& adopted) {
+  away_ = false;
+  for (auto& [id, g] : granted_) {
+    if (!adopted.contains(id)) continue;
+    // memd's journal decides which host copies count: every written one that is not on a GPU page is reported again
+    // (a repeated report of a confirmed copy changes nothing). A page on a GPU page keeps what memd says.
+    std::erase_if(g.reported, [&](uint32_t j) { return !g.gpu_pages.contains(j); });
+    wire::HostCopyWrittenT w;
+    for (uint32_t j = 0; j < g.host_pages.size(); ++j) {
+      if (g.gpu_pages.contains(j) || kv_->Residency(id, j) != PageResidency::kHostWritten) continue;
+      g.reported.insert(j);
+      w.history_pages.push_back(j);
+      w.host_pages.emplace_back(0, g.host_pages[j]);
+    }
+    if (w.history_pages.empty()) continue;
+    w.request = id;
+    w.gpu = config_.gpu;
+    w.ok = true;
+    Sent(memd_->SendHostCopyWritten(w), "HostCopyWritten");
+  }
+}
+
+void ResidencyAgent::Forget(RequestId request) {
+  const RequestCopies copies = kv_->CopiesInFlight(request);
+  for (const auto& [dp, copy] : copies.into_gpu) WaitCopy(copy, request, "keep copy");
+  for (const CopyEvent& e : copies.to_host) WaitCopy(e, request, "host backup");
+  kv_->Release(request);
+  granted_.erase(request);
 }
 
 bool ResidencyAgent::busy() const {

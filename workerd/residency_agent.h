@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -83,6 +84,28 @@ class ResidencyAgent {
   // populate orders once their copies ended, forgets its orders, releases its KV and sends Complete (contract §6).
   void EndRequest(RequestId request);
 
+  // memd died (issue 11, docs/protocol.md "Re-Hello with a report"): its orders are resolved here, nothing is
+  // answered to anyone: each population copy in flight finishes and is undone (withdrawn; no GPU page is reported for
+  // it); a reclaim whose ReadersDone was sent, or whose pages were being withdrawn after their backups, drops its pages
+  // (each has a host copy); any other reclaim is abandoned and its pages stay kept on GPU (a page it only planned to
+  // keep is kept again, or counts as on host when its backup was issued already); answers owed for ended requests
+  // are dropped once their copies ended. Until ReturnFromAway nothing is sent to memd: host copies that complete are
+  // not reported (Poll), Complete is never sent (the loop defers ends).
+  void EnterAway();
+  bool away() const { return away_; }
+  // The report of granted request `request` for the re-Hello: slot, required pages, and one page per page of its
+  // full context (its grant's host page, whether its host copy was reported to the dead memd, its optional GPU page
+  // if it keeps or plans to keep one). The loop adds the request's complete pages, mode and record. nullptr when
+  // the request is not granted here.
+  std::unique_ptr<wire::ReportedRequestT> Report(RequestId request) const;
+  // The new memd accepted the re-Hello: `adopted` are the requests it took over (the others were dropped with
+  // Forget). For each, every page with a written host copy and no GPU page is reported again (HostCopyWritten: memd
+  // counts only the copies its journal confirmed); host copies that complete later are reported as usual.
+  void ReturnFromAway(const std::set<RequestId>& adopted);
+  // A granted request memd did not adopt (its report was refused): its copies end, its KV is released and it is
+  // forgotten; nothing is sent (memd holds it as interrupted, or not at all).
+  void Forget(RequestId request);
+
   // Orders in flight: reclaims before ReadersDone, populates, answers waiting for copies.
   bool busy() const;
   // Copies and orders in flight (Heartbeat.pending_copies).
@@ -91,10 +114,13 @@ class ResidencyAgent {
   // The first message memd could not be sent (the conversation is broken from then on), else OK.
   const absl::Status& link_status() const { return link_status_; }
   std::optional<SlotIndex> SlotOf(RequestId request) const;
+  // Whether this process ended `request` (among the newest ones; its Complete went out).
+  bool Finished(RequestId request) const { return finished_ids_.contains(request); }
 
  private:
   struct Granted {
     SlotIndex slot = 0;
+    std::vector<PageIndex> required;          // AdmitGrant.required_pages (reported at a re-Hello)
     std::vector<PageIndex> host_pages;        // host page by history page, fixed at the grant
     std::map<uint32_t, PageIndex> gpu_pages;  // history page -> optional GPU page memd gave it (grant, populate)
     std::set<uint32_t> reported;              // history pages reported to memd with a host copy
@@ -138,7 +164,6 @@ class ResidencyAgent {
   };
 
   Granted* Find(RequestId request);
-  bool Finished(RequestId request) const { return finished_ids_.contains(request); }
   void RememberFinished(RequestId request);
   absl::Status CheckGrant(const wire::AdmitGrantT& m, uint64_t complete_pages) const;
   absl::Status PlanKv(RequestId request, const Granted& g);
@@ -165,6 +190,9 @@ class ResidencyAgent {
   void SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status,
                           std::vector<PageIndex> deferred = {});
   void Sent(const absl::Status& s, const char* what);
+  // EnterAway's parts: a population undone once its copies ended; a reclaim resolved.
+  void UndoPopulate(Populate& po);
+  void ResolveReclaim(Reclaim& rc);
   void WaitCopy(const CopyEvent& e, RequestId request, const char* what);
 
   ResidencyAgentConfig config_;
@@ -181,6 +209,7 @@ class ResidencyAgent {
   absl::flat_hash_set<RequestId> finished_ids_;
   ResidencyStats stats_;
   absl::Status link_status_;
+  bool away_ = false;  // memd died: nothing is sent until ReturnFromAway
 };
 
 }  // namespace dhs

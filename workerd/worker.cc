@@ -85,7 +85,11 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
         absl::StrCat("request ", submit.request, ": submit queue full (", config_.submit_queue, ")"));
   }
   auto r = NewRequest(submit, client);
-  if (absl::Status s = SendAdmit(*r, submit); !s.ok()) return s;
+  if (away_) {
+    r->admit_unsent = true;  // memd is away: admitted after the re-Hello (ReturnFromAway)
+  } else if (absl::Status s = SendAdmit(*r, submit); !s.ok()) {
+    return s;
+  }
   wire::SubmitAcceptedT accepted;
   accepted.request = r->client_id;
   accepted.queue_position = waiting_requests();
@@ -113,11 +117,11 @@ std::unique_ptr<Worker::Request> Worker::NewRequest(const wire::SubmitRequestT& 
   r->sampling = model::SamplingParams{submit.temperature, submit.top_p};
   r->seed = submit.seed;
   r->submitted = std::chrono::steady_clock::now();
+  r->submit = submit;
   return r;
 }
 
 absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& submit) {
-  const uint64_t p = config_.page_rows;
   const uint64_t ctx = r.input.size() - r.resumed + r.max_new;  // a resumed input holds its committed tokens
   const model::ModelConfig& mc = model_->config();
   wire::AdmitRequestT admit;
@@ -125,7 +129,7 @@ absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& sub
   admit.gpu = config_.gpu;
   admit.required_pages = RequiredPages(mc, geometry_, config_.mode, ctx);
   admit.history_rows = ctx;
-  admit.complete_pages = config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r.input.size() / p) : 0;
+  admit.complete_pages = AdmitCompletePages(r);
   // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
   admit.optional_history = config_.mode == WorkerMode::kAdaptive;
   for (int s = 0; s < mc.n_sources(); ++s) {
@@ -142,6 +146,10 @@ absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& sub
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
   }
   return absl::OkStatus();
+}
+
+uint32_t Worker::AdmitCompletePages(const Request& r) const {
+  return config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r.input.size() / config_.page_rows) : 0;
 }
 
 std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const wire::SubmitRequestT& submit) const {
@@ -161,15 +169,16 @@ std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const
   return rec;
 }
 
-RequestId Worker::NodeRequestId(RequestId client_id) {
+RequestId Worker::NodeRequestId(RequestId client_id, RequestId avoid) {
   constexpr uint64_t kLow = kNodeRequestCounterEnd - 1;
   // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 8 bits sit between the GPU and n.
   const uint64_t gpu = MakeNodeRequestId(config_.gpu, epoch_, 0);
-  if (client_id != 0 && client_id <= kLow && !requests_.contains(gpu | client_id)) return gpu | client_id;
+  auto free = [&](uint64_t id) { return id != avoid && !requests_.contains(id); };
+  if (client_id != 0 && client_id <= kLow && free(gpu | client_id)) return gpu | client_id;
   while (true) {  // fewer requests in flight than 2^40: a free value comes
     const uint64_t n = next_node_;
     next_node_ = next_node_ >= kLow ? 1 : next_node_ + 1;
-    if (!requests_.contains(gpu | n)) return gpu | n;
+    if (free(gpu | n)) return gpu | n;
   }
 }
 
@@ -276,6 +285,7 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
   }
   // Not resumed (a bad record, or every token committed): the interrupted id ends, memd frees what it kept.
   auto end_interrupted = [&]() -> absl::Status {
+    if (interrupted == 0) return absl::OkStatus();  // a refused report memd holds nothing of (ReturnFromAway)
     wire::CompleteT done;
     done.request = interrupted;
     done.gpu = config_.gpu;
@@ -290,6 +300,7 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
         absl::StrCat("interrupted request ", interrupted, ": its record is not resumable: ", valid.message()));
   }
   std::unique_ptr<Request> r = NewRequest(submit, ClientRef{});
+  if (interrupted != 0 && r->id == interrupted) r->id = NodeRequestId(submit.request, interrupted);
   r->detached = true;
   r->resume_started = r->submitted;
   r->generated.assign(record.tokens.begin(), record.tokens.end());
@@ -321,11 +332,12 @@ absl::Status Worker::Attach(RequestId client_id, uint32_t received, const Client
     client_->Accepted(client, accepted);
     std::vector<model::Token> tokens;
     std::vector<uint64_t> digests;
-    for (size_t t = received; t < r.generated.size(); ++t) {
+    const size_t known = r.held_from ? *r.held_from : r.generated.size();  // held ones go after the re-Hello
+    for (size_t t = received; t < known; ++t) {
       tokens.push_back(r.generated[t]);
       digests.push_back(r.digests[t]);
     }
-    r.client_has = std::max<size_t>(received, r.generated.size());
+    r.client_has = std::max<size_t>(received, known);
     if (!tokens.empty() || finished) return SendChunk(r, std::move(tokens), std::move(digests), finished, error);
     return absl::OkStatus();
   };
@@ -543,7 +555,21 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     if (r.phase != Phase::kActive) continue;
     const Position in = static_cast<Position>(r.input.size());
     const Position import_end = std::min<Position>(r.prefix_tokens, in - 1);
-    if (absl::Status s = ImportHostRun(r); !s.ok()) {  // a resume's host run starting here (no compute)
+    const auto chunk = static_cast<Position>(std::max<uint32_t>(geometry_.prefill_chunk, r.prefix_block_tokens));
+    if (!MayStep(r, r.fed < in ? std::min<Position>(chunk, in - r.fed) : 1)) {
+      if (away_ && !r.paused_away && !r.ending && r.client_error.ok() && r.generated.size() < r.max_new) {
+        r.paused_away = true;
+        ++stats_.paused_while_away;
+        spdlog::info("worker: request {} (client {}) pauses until memd is back ({} tokens held, tail full or held "
+                     "bound {})", r.id, r.client_id, r.held_from ? r.generated.size() - *r.held_from : 0,
+                     config_.away_held_tokens);
+      }
+      continue;
+    }
+    // A resume's host run starting here is imported (no compute), but not while memd is away: the jump may overwrite
+    // tail slots whose backups wait for the re-Hello (host writes are paused).
+    if (away_ && !r.host_runs.empty() && r.fed == NextHostRow(r)) continue;
+    if (absl::Status s = ImportHostRun(r); !s.ok()) {
       failed.push_back(id);
       spdlog::warn("worker: request {} failed: its KV could not be rebuilt after a failed import: {}", id,
                    s.ToString());
@@ -595,6 +621,7 @@ void Worker::RetryAlone(std::vector<BatchItem>& items) {
 
 absl::Status Worker::RunBatch() {
   std::vector<BatchItem> items = CollectBatch();
+  last_batch_ = items.size();
   if (items.empty()) return absl::OkStatus();
   std::vector<model::StepInput> batch;
   for (BatchItem& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens});
@@ -616,7 +643,9 @@ absl::Status Worker::RunBatch() {
     RetryAlone(items);
   }
   CommitStep();
-  // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd.
+  // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd
+  // (memd away: after the re-Hello).
+  if (away_) return absl::OkStatus();
   std::vector<std::pair<RequestId, absl::Status>> done;
   for (const auto& [id, r] : requests_) {
     if (r->phase != Phase::kActive) continue;
@@ -661,6 +690,14 @@ void Worker::CommitStep() {
   }
   std::vector<RequestId> ids = std::move(step_tokens_);
   step_tokens_.clear();
+  if (away_) {  // memd away: no record can take them, so no client gets them yet (FlushHeld after the re-Hello)
+    for (RequestId id : ids) {
+      Request& r = *requests_.at(id);
+      if (!r.held_from) r.held_from = r.generated.size() - 1;
+    }
+    stats_.tokens_while_away += ids.size();
+    return;
+  }
   if (absl::Status s = memd_->SendTokensCommitted(commit); s.ok()) {
     for (RequestId id : ids) requests_.at(id)->committed = requests_.at(id)->generated.size();
   } else {
@@ -726,6 +763,10 @@ void Worker::Finish(RequestId id, absl::Status error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
+  if (away_ && !stopping_all_) {  // no Complete can go now: ended after the re-Hello (ReturnFromAway)
+    if (!r.ending) r.ending = std::move(error);
+    return;
+  }
   std::erase(granted_, id);
   if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
   ReportEnd(r, error);
@@ -742,10 +783,12 @@ size_t Worker::StopAll(const absl::Status& why) {
   for (const auto& [id, r] : requests_) {
     if (r->phase != Phase::kWaitGrant) ids.push_back(id);
   }
+  stopping_all_ = true;
   for (RequestId id : ids) {
     stopping_.insert(id);
     Finish(id, why);  // error chunk, copies waited for, KV released, Complete
   }
+  stopping_all_ = false;
   return ids.size();
 }
 
@@ -764,8 +807,164 @@ absl::StatusOr<bool> Worker::Iterate() {
   if (absl::Status s = RunBatch(); !s.ok()) return s;
   agent_->Poll();
   if (!agent_->link_status().ok()) return agent_->link_status();
+  if (away_) return last_batch_ > 0;  // paused requests wait for memd, not for the loop
   return active_requests() > 0 || agent_->busy();
 }
+
+std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const wire::HelloReplyT& reply,
+                                                                       const std::set<RequestId>& interrupted) {
+  // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
+  // resumed: from memd's interrupted record (ResumeInterrupted below), else from this worker's record.
+  std::vector<std::unique_ptr<wire::RequestRecordT>> own;
+  for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
+    const RequestId id = reply.refused_reports[i];
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    const std::string why = i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "";
+    spdlog::warn("worker: memd refused the report of request {}: {}; it is resumed", id, why);
+    agent_->Forget(id);
+    if (!interrupted.contains(id)) own.push_back(MakeRecord(r, r.submit));
+    SendChunk(r, {}, {}, true, absl::UnavailableError(absl::StrCat("worker epoch ended: memd refused its report: ", why)))
+        .IgnoreError();
+    ++stats_.failed_requests;
+    std::erase(granted_, id);
+    Erase(it);
+  }
+  return own;
+}
+
+absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
+  const std::set<RequestId> interrupted(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
+  std::vector<RequestId> waiting;  // admissions the dead memd never granted, and submits of the away time
+  for (const auto& [id, r] : requests_) {
+    if (r->phase == Phase::kWaitGrant) waiting.push_back(id);
+  }
+  std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(reply, interrupted);
+  away_ = false;
+  // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.
+  std::set<RequestId> adopted;
+  for (auto& [id, r] : requests_) {
+    if (r->phase == Phase::kWaitGrant) continue;
+    adopted.insert(id);
+    r->committed = r->generated.size();
+    r->paused_away = false;
+    FlushHeld(*r);
+  }
+  agent_->ReturnFromAway(adopted);
+  if (hier_ != nullptr) {
+    if (absl::Status s = hier_->ResumeHostWrites(); !s.ok()) spdlog::error("worker: deferred backups: {}", s.ToString());
+  }
+  std::vector<std::pair<RequestId, absl::Status>> ended;  // failed, finished or left by its client while away
+  for (auto& [id, r] : requests_) {
+    if (r->ending) {
+      ended.emplace_back(id, *r->ending);
+    } else if (r->phase == Phase::kActive && !r->client_error.ok()) {
+      ended.emplace_back(id, r->client_error);
+    } else if (r->phase == Phase::kActive && r->generated.size() >= r->max_new) {
+      ended.emplace_back(id, absl::OkStatus());
+    }
+  }
+  for (auto& [id, why] : ended) Finish(id, why);
+  if (absl::Status s = ResumeInterrupted(reply.interrupted_requests, reply.interrupted_records); !s.ok()) return s;
+  for (const auto& rec : own) {
+    absl::Status s = Resume(0, *rec);
+    if (absl::IsUnavailable(s)) return s;
+    if (!s.ok()) spdlog::warn("worker: {}; ended", s.ToString());
+  }
+  for (RequestId id : waiting) {  // sent again last (the resumes above sent their own)
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second->phase != Phase::kWaitGrant) continue;
+    it->second->admit_unsent = false;
+    if (absl::Status s = SendAdmit(*it->second, it->second->submit); !s.ok()) return s;
+  }
+  spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away; {} tokens generated and "
+               "{} requests paused while away (since start)", adopted.size(), reply.refused_reports.size(), ended.size(),
+               stats_.tokens_while_away, stats_.paused_while_away);
+  return absl::OkStatus();
+}
+
+absl::Status Worker::ResumeInterrupted(std::span<const uint64_t> ids,
+                                       const std::vector<std::unique_ptr<wire::RequestRecordT>>& records) {
+  std::map<uint64_t, const wire::RequestRecordT*> by_id;
+  for (const auto& rec : records) by_id[rec->request] = rec.get();
+  for (uint64_t id : ids) {
+    auto served = requests_.find(id);
+    if (served != requests_.end() && served->second->phase != Phase::kWaitGrant) continue;  // adopted
+    auto rec = by_id.find(id);
+    // Resumed when it has a record, unless this worker ended it (its Complete went to a dead memd) or waits for its
+    // grant (the dead memd's grant never came: it is admitted again, after this Complete).
+    if (rec != by_id.end() && served == requests_.end() && !agent_->Finished(id)) {
+      absl::Status s = Resume(id, *rec->second);
+      if (absl::IsUnavailable(s)) return s;
+      if (!s.ok()) spdlog::warn("workerd: {}; ended", s.ToString());
+      continue;
+    }
+    wire::CompleteT c;
+    c.request = id;
+    c.gpu = config_.gpu;
+    if (absl::Status s = memd_->SendComplete(c); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
+    }
+    spdlog::info("workerd: interrupted request {} of GPU {} ended ({})", id, config_.gpu,
+                 served != requests_.end() ? "its admission is sent again"
+                 : agent_->Finished(id)    ? "it had finished here"
+                                           : "no record");
+  }
+  return absl::OkStatus();
+}
+
+bool Worker::MayStep(const Request& r, Position rows) const {
+  // Finished (or failed) while memd was away: it ends after the re-Hello, it never steps again.
+  if (r.ending || r.generated.size() >= r.max_new) return false;
+  if (!away_) return true;
+  if (!r.client_error.ok()) return false;
+  if (r.held_from && r.generated.size() - *r.held_from >= config_.away_held_tokens) return false;
+  return hier_ == nullptr || hier_->TailHasRoom(r.id, rows);
+}
+
+void Worker::FlushHeld(Request& r) {
+  if (!r.held_from) return;
+  const size_t from = std::max(*r.held_from, r.client_has);
+  r.held_from.reset();
+  const bool finished = r.generated.size() >= r.max_new;
+  if (from >= r.generated.size() && !finished) return;
+  std::vector<model::Token> tokens(r.generated.begin() + static_cast<std::ptrdiff_t>(std::min(from, r.generated.size())),
+                                   r.generated.end());
+  std::vector<uint64_t> digests(r.digests.begin() + static_cast<std::ptrdiff_t>(std::min(from, r.digests.size())),
+                                r.digests.end());
+  if (absl::Status s = SendChunk(r, std::move(tokens), std::move(digests), finished, absl::OkStatus()); !s.ok()) {
+    r.client_error = absl::Status(s.code(), absl::StrCat("request ", r.client_id, " failed after ", r.generated.size(),
+                                                         " tokens: ", s.message()));
+  }
+}
+
+// ---- memd away (issue 11) ----
+
+void Worker::EnterAway() {
+  if (away_) return;
+  away_ = true;
+  ++stats_.memd_aways;
+  agent_->EnterAway();
+  if (hier_ != nullptr) hier_->PauseHostWrites();
+  spdlog::warn("worker: memd is away: serving {} granted requests from the GPU (no admissions, no host writes, "
+               "tokens held from clients) until a memd takes the re-Hello", active_requests());
+}
+
+std::vector<std::unique_ptr<wire::ReportedRequestT>> Worker::Report() const {
+  std::vector<std::unique_ptr<wire::ReportedRequestT>> out;
+  for (const auto& [id, r] : requests_) {
+    if (r->phase == Phase::kWaitGrant) continue;  // its AdmitRequest goes again
+    std::unique_ptr<wire::ReportedRequestT> rep = agent_->Report(id);
+    if (rep == nullptr) continue;
+    rep->complete_pages = AdmitCompletePages(*r);
+    rep->optional_history = config_.mode == WorkerMode::kAdaptive;
+    rep->record = MakeRecord(*r, r->submit);
+    out.push_back(std::move(rep));
+  }
+  return out;
+}
+
 
 WorkerStats Worker::stats() const {
   WorkerStats s = stats_;

@@ -80,6 +80,9 @@ struct WorkerStats {
   uint64_t resume_us_max = 0;           // the longest resume (Resume to its first new token), us
   uint64_t commits_deferred = 0;        // steps whose tokens went to memd with a later step (one message in flight)
   uint32_t waiting_requests_peak = 0;   // the most requests waiting for their grant at once
+  uint64_t memd_aways = 0;              // times memd died under this worker (EnterAway)
+  uint64_t tokens_while_away = 0;       // tokens generated while memd was away (held from clients until it was back)
+  uint64_t paused_while_away = 0;       // requests paused while memd was away (held-token or tail bound)
 };
 
 class Worker final : public MemdHandler, public Submitter {
@@ -133,6 +136,8 @@ class Worker final : public MemdHandler, public Submitter {
   // A request whose record holds all max_new tokens is not admitted (its interrupted id is ended with Complete): it
   // waits finished for its client. Errors: INVALID_ARGUMENT (the record is not a valid submit, or holds more tokens
   // than max_new: the interrupted id is ended with Complete, nothing admitted), UNAVAILABLE (memd unreachable).
+  // `interrupted` = 0: a request memd holds nothing of (a re-Hello's refused report): admitted afresh with its record
+  // (every row recomputed), nothing is ended.
   absl::Status Resume(RequestId interrupted, const wire::RequestRecordT& record);
   // A client (re-)attaches to the resumed request `client_id` having `received` tokens of it: SubmitAccepted, then
   // one TokenChunk with the tokens from `received` on that are known now (final when the request finished), and
@@ -141,6 +146,34 @@ class Worker final : public MemdHandler, public Submitter {
   absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client) override;
   // The GPU's epoch from memd's HelloReply (>= 1; 1 until set): part of every node request id (Submit).
   void set_epoch(uint64_t epoch) { epoch_ = epoch == 0 ? 1 : epoch; }
+  // HelloReply.interrupted_requests (with interrupted_records): each one this worker neither serves nor ended is
+  // resumed (Resume) when it has a record, else ended (Complete); one this worker ended already (its Complete went to
+  // a memd that died), or one it still waits a grant for (the dead memd's grant never came), is ended (Complete:
+  // a waiting one is admitted again afterwards). Errors: UNAVAILABLE (memd unreachable); a record that cannot be
+  // resumed is logged and its request ended.
+  absl::Status ResumeInterrupted(std::span<const uint64_t> ids,
+                                 const std::vector<std::unique_ptr<wire::RequestRecordT>>& records);
+
+  // memd away (issue 11, docs/protocol.md "Re-Hello with a report"). EnterAway: memd died (its connection closed);
+  // its orders are resolved locally (ResidencyAgent::EnterAway) and, until ReturnFromAway, the worker keeps decoding
+  // its granted requests from the GPU without writing a host page (HierarchicalKvAccess::PauseHostWrites): nothing is
+  // sent to memd; submits are accepted and wait (their AdmitRequest goes after the re-Hello); the step's tokens are
+  // held from the clients (memd's record must have them first); a request pauses when its held tokens reach
+  // config.away_held_tokens or its next step would need a host write (its tail is full); a request that ends (finished,
+  // failed, its client gone) stays until the re-Hello, then ends as usual.
+  void EnterAway();
+  bool away() const { return away_; }
+  // The re-Hello's report (Hello.report): one ReportedRequest per granted request: slot, required pages, pages
+  // (ResidencyAgent::Report), AdmitRequest.complete_pages, optional_history and its record with every token it
+  // generated.
+  std::vector<std::unique_ptr<wire::ReportedRequestT>> Report() const;
+  // memd accepted the re-Hello (`reply`): each refused report's request ends here like after a fence (its client gets
+  // a final UNAVAILABLE "worker epoch ended: memd refused its report: ..." and re-attaches; it is resumed from memd's
+  // interrupted record, or from this worker's record when memd holds none); the adopted ones' held tokens go to their
+  // clients (the report carried them), their written host copies are reported again, host writes resume, the ends
+  // deferred while away happen (Complete), the interrupted requests are resumed (ResumeInterrupted) and the waiting
+  // admissions are sent again. Errors: UNAVAILABLE (memd unreachable).
+  absl::Status ReturnFromAway(const wire::HelloReplyT& reply);
   // Requests ended by StopAll whose CompleteAck has not come yet.
   size_t unacknowledged_stops() const { return stopping_.size(); }
 
@@ -208,6 +241,11 @@ class Worker final : public MemdHandler, public Submitter {
     size_t client_has = 0;      // tokens a re-attached client had (Attach.received): not streamed again
     size_t committed = 0;       // generated tokens handed to memd (TokensCommitted queued)
     bool detached = false;      // resumed, no client attached yet: chunks wait in generated / digests
+    wire::SubmitRequestT submit;  // what the client asked (the record, an AdmitRequest sent again after a re-Hello)
+    std::optional<size_t> held_from;  // memd away: generated[held_from..] not streamed yet (sent after the re-Hello)
+    bool admit_unsent = false;        // submitted while memd was away: its AdmitRequest goes after the re-Hello
+    std::optional<absl::Status> ending;  // ended while memd was away: Finish after the re-Hello
+    bool paused_away = false;            // memd away: paused (held tokens or tail bound), logged once
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
@@ -258,11 +296,23 @@ class Worker final : public MemdHandler, public Submitter {
   // The record memd keeps for resume (AdmitRequest.record): the submit's input and sampling, r's committed tokens.
   std::unique_ptr<wire::RequestRecordT> MakeRecord(const Request& r, const wire::SubmitRequestT& submit) const;
   void Finish(RequestId id, absl::Status error);
+  // AdmitRequest.complete_pages of r (imported history that may stay on GPU; adaptive mode only).
+  uint32_t AdmitCompletePages(const Request& r) const;
+  // Whether r may step now (memd away: not ended, not finished, held tokens below the bound, room in its tail for
+  // `rows` more rows without a host write). Always true with memd up.
+  bool MayStep(const Request& r, Position rows) const;
+  // After a re-Hello: the tokens held from r's client while memd was away, in one chunk (final when r finished).
+  void FlushHeld(Request& r);
+  // After a re-Hello: each refused report's request is dropped here (nothing sent to memd) and ended to its client
+  // like after a fence. Returns the records (every token) of those memd does not list as `interrupted`, to resume.
+  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const wire::HelloReplyT& reply,
+                                                                 const std::set<RequestId>& interrupted);
   // The client's side of any end (Finish, an admission memd refused): a failed request's final chunk (the outbox
   // always takes a final chunk), the counts, and a detached request's output (or error) kept for its Attach.
   void ReportEnd(Request& r, const absl::Status& error);
-  // A node request id for a client's id (Submit), not in flight.
-  RequestId NodeRequestId(RequestId client_id);
+  // A node request id for a client's id (Submit), not in flight and not `avoid` (a resume in the same epoch must not
+  // take the interrupted id it continues: after a re-Hello both are of this epoch).
+  RequestId NodeRequestId(RequestId client_id, RequestId avoid = 0);
   // Forgets a request (ended, rejected): its node id and its client id become free.
   void Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it);
   // Sends one TokenChunk; a refused one (not final) returns the sink's error.
@@ -296,6 +346,9 @@ class Worker final : public MemdHandler, public Submitter {
   std::map<RequestId, DetachedOutput> detached_done_;
   std::map<RequestId, ResumeFigures> resume_figures_;  // client id -> figures (resume_figures())
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
+  bool away_ = false;        // memd died; not back yet (EnterAway .. ReturnFromAway)
+  bool stopping_all_ = false;  // StopAll: ends happen now, memd away or not
+  size_t last_batch_ = 0;    // requests in the latest step
 };
 
 }  // namespace dhs

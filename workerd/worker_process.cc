@@ -39,6 +39,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   if (!memd.ok()) return memd.status();
   p->memd_ = *std::move(memd);
   p->memd_->set_memd_timeout(options.memd_timeout);
+  p->memd_->set_reconnect_bound(options.memd_reconnect);
+  p->hello_ = hello;
   if (config.mode != WorkerMode::kResident && p->memd_->host_pages().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("mode ", std::string(WorkerModeName(config.mode)),
                                                       " needs a host pool, memd listed none"));
@@ -52,31 +54,11 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   p->worker_ = *std::move(worker);
   p->worker_->set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
-  if (absl::Status s = p->ResumeInterrupted(); !s.ok()) return s;
-  return p;
-}
-
-absl::Status WorkerProcess::ResumeInterrupted() {
-  // Requests of an earlier epoch of this GPU, interrupted when memd fenced it: each one with a record is resumed
-  // (recomputed from its tokens; Worker::Resume), each one without is ended, which frees its host pages.
-  std::map<uint64_t, const wire::RequestRecordT*> records;
-  for (const auto& rec : memd_->interrupted_records()) records[rec->request] = rec.get();
-  for (uint64_t id : memd_->interrupted_requests()) {
-    auto rec = records.find(id);
-    if (rec != records.end()) {
-      absl::Status s = worker_->Resume(id, *rec->second);
-      if (absl::IsUnavailable(s)) return s;
-      if (!s.ok()) spdlog::warn("workerd: {}; ended", s.ToString());
-      continue;
-    }
-    wire::CompleteT c;
-    c.request = id;
-    c.gpu = worker_->config().gpu;
-    if (absl::Status s = memd_->SendComplete(c); !s.ok()) return s;
-    spdlog::info("workerd: interrupted request {} of an earlier epoch of GPU {} has no record; ended", id,
-                 worker_->config().gpu);
+  if (absl::Status s = p->worker_->ResumeInterrupted(p->memd_->interrupted_requests(), p->memd_->interrupted_records());
+      !s.ok()) {
+    return s;
   }
-  return absl::OkStatus();
+  return p;
 }
 
 absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
@@ -92,6 +74,7 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
   if (absl::Status s = memd_->Poll(*worker_, load); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
   }
+  if (absl::Status s = ServeAway(); !s.ok()) return s;
   if (absl::Status s = frontend_->Serve(wait); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("serving socket: ", s.message()));
   }
@@ -105,7 +88,21 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
   if (absl::Status s = memd_->CheckEpoch(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
   }
+  if (memd_->rehello_in_flight()) return false;  // the report holds every token: nothing steps until memd answers
   return worker_->Iterate();
+}
+
+absl::Status WorkerProcess::ServeAway() {
+  if (!memd_->away()) return absl::OkStatus();
+  worker_->EnterAway();  // once per death
+  absl::StatusOr<std::optional<wire::HelloReplyT>> back = memd_->PollAway([this] {
+    wire::HelloT hello = hello_;
+    hello.report = worker_->Report();
+    return hello;
+  });
+  if (!back.ok()) return absl::Status(back.status().code(), absl::StrCat("memd connection: ", back.status().message()));
+  if (!back->has_value()) return absl::OkStatus();
+  return worker_->ReturnFromAway(**back);
 }
 
 absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout) {
@@ -127,6 +124,7 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
       break;
     }
     if (!*busy && worker_->unacknowledged_stops() == 0) break;
+    if (memd_->away()) break;  // memd died: no Complete can be acknowledged (the next memd holds them interrupted)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (!status.ok()) return status;

@@ -31,6 +31,8 @@ struct WorkerProcessOptions {
   WorkerConfig config;
   std::chrono::milliseconds connect_timeout{10000};  // how long to wait for memd's HelloReply
   std::chrono::milliseconds memd_timeout{2000};      // MemdClient: memd silent this long ends the epoch (ABORTED)
+  std::chrono::milliseconds memd_reconnect{30000};   // MemdClient: a dead memd's successor must take the re-Hello
+                                                     // within this long, else the epoch ends (ABORTED)
   std::string device_name = "cpu-backend";           // Hello.device_name
   ClientOutboxLimits client_buffer;  // replies buffered for clients that do not read (ServingFrontend)
   // Called once with memd's mapped host pool before the Worker is created (the CUDA backend pins it there); an error
@@ -49,10 +51,14 @@ class WorkerProcess {
 
   // Serves until keep_going() is false (checked every iteration, at most ~5 ms apart when idle). Errors: the memd
   // connection's or the serving socket's, or the Worker's (Iterate): the process should exit. ABORTED: this worker's
-  // epoch ended (MemdClient::Poll: fenced by memd, or memd silent for memd_timeout): nothing of memd's was acted on
-  // in the iteration that found it; call Abandon, then exit with kExitEpochEnded.
+  // epoch ended (MemdClient::Poll: fenced by memd, or memd silent for memd_timeout over a live connection; PollAway:
+  // memd died and no memd took the re-Hello within memd_reconnect, or the new one refused it): nothing of memd's was
+  // acted on in the iteration that found it; call Abandon, then exit with kExitEpochEnded. memd's death alone does
+  // not end the epoch: the worker serves on (Worker::EnterAway) and says its re-Hello (Worker::Report) to the next
+  // memd (MemdClient::PollAway), then goes on where it was (Worker::ReturnFromAway).
   absl::Status Run(const std::function<bool()>& keep_going);
-  // One iteration: memd's messages (and our heartbeat), clients' messages (waiting up to `wait`; replies waiting for
+  // One iteration: memd's messages (and our heartbeat; memd away: the re-Hello's next step, and no step of the
+  // Worker while a re-Hello is out), clients' messages (waiting up to `wait`; replies waiting for
   // slow clients sent first), the requests of clients found gone end (UNAVAILABLE "client went away"),
   // Worker::Iterate. Returns whether work remains.
   absl::StatusOr<bool> ServeOnce(std::chrono::milliseconds wait);
@@ -72,11 +78,12 @@ class WorkerProcess {
 
  private:
   WorkerProcess() = default;
-  // HelloReply.interrupted_requests: resumes those with a record (Worker::Resume), ends the others (Complete).
-  // Errors: UNAVAILABLE (memd unreachable); a record that cannot be resumed is logged and its request ended.
-  absl::Status ResumeInterrupted();
+  // memd away: enters it (Worker::EnterAway), advances the re-Hello (MemdClient::PollAway) and, once a memd took it,
+  // returns (Worker::ReturnFromAway). Errors: ABORTED (the epoch ended), UNAVAILABLE (memd unreachable after it).
+  absl::Status ServeAway();
 
   std::unique_ptr<MemdClient> memd_;
+  wire::HelloT hello_;  // this worker's Hello (the re-Hello adds the report)
   std::unique_ptr<ServingFrontend> frontend_;
   std::unique_ptr<Worker> worker_;
   // Decode rate for the heartbeat, tokens/s over the last second.

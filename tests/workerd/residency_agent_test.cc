@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1118,6 +1119,108 @@ class RandomConversation {
 // conversation can take must occur (coverage below); DHS_SEED=N runs seeds N..N+39 instead (exploration, or the rerun
 // of a printed seed).
 constexpr uint64_t kDefaultSeedBase = 1;
+
+// memd died (issue 11): its orders are resolved locally and nothing is sent until the re-Hello was taken. Request 1
+// (adaptive: pages 0, 1 kept on GPU pages 5, 6; page 2 planned on 7) has reclaim 9 of page 0 answered up to
+// ReadersDone (its Retire never comes), and reclaim 10 of pages 1 (held: backup in flight) and 2 (planned: deferred)
+// not answered; request 2 has population order 11 of its page 0 in flight. After EnterAway: reclaim 9's page is
+// dropped (on host), reclaim 10 is abandoned (page 1 stays on GPU page 6, page 2 is planned on 7 again), the
+// population is undone (its copy finished, then withdrawn: no GPU page). The report says exactly that, page by page;
+// host copies that complete meanwhile are not reported; ReturnFromAway reports every written host copy that is not on
+// a GPU page again (memd's journal decides), and nothing else.
+TEST(ResidencyAgentAway, DeadMemdsOrdersAreResolvedLocallyAndTheReportSaysWhereEachPageIs) {
+  Fixture f;
+  ASSERT_TRUE(f.agent.OnGrant(Grant(1, 0, {40, 41, 42, 43}, {{0, 5}, {1, 6}, {2, 7}}), 4).ok());
+  f.kv.WritePage(1);
+  f.kv.WritePage(1);
+  f.FinishCopies();  // pages 0 and 1 kept on 5 and 6
+  ASSERT_TRUE(f.agent.OnGrant(Grant(2, 1, {50, 51}, {}), 2).ok());
+  f.kv.WritePage(2);
+  f.FinishCopies();  // request 2's page 0 written to host page 50 and reported
+  ASSERT_EQ(f.link.host_copies.size(), 1u);
+  f.agent.OnReclaimOrder(Reclaim(9, 1, {5}, {5}, {40}));
+  f.FinishCopies();  // the backup
+  f.FinishCopies();  // the withdrawal's readers
+  ASSERT_EQ(f.link.Count("readers_done", 9), 1);
+  f.agent.OnReclaimOrder(Reclaim(10, 1, {6, 7}, {6, 7}, {41, 42}));
+  ASSERT_EQ(f.kv.Residency(1, 1), PageResidency::kHostWriting);
+  wire::PopulateOrderT pop;
+  pop.order = 11;
+  pop.request = 2;
+  pop.pages = {8};
+  pop.history_pages = {0};
+  pop.host_pages = {wire::HostPageRef(0, 50)};
+  f.agent.OnPopulateOrder(pop);
+  ASSERT_EQ(f.kv.Find(2, 0)->device_page, 8);
+  const size_t sent = f.link.log.size();
+
+  f.agent.EnterAway();
+  EXPECT_EQ(f.link.log.size(), sent) << "an answer went to the dead memd";
+  EXPECT_FALSE(f.agent.busy()) << "an order of the dead memd is still open";
+  EXPECT_EQ(f.kv.Find(2, 0)->device_page, -1) << "the population was not undone";
+  EXPECT_FALSE(f.kv.ReadersBusy(8)) << "the undone population's readers were not waited for";
+  EXPECT_EQ(f.kv.Find(1, 2)->keep, 7) << "the abandoned reclaim's planned page is not planned on its GPU page again";
+
+  const std::unique_ptr<wire::ReportedRequestT> r1 = f.agent.Report(1);
+  ASSERT_NE(r1, nullptr);
+  EXPECT_EQ(r1->request, 1u);
+  EXPECT_EQ(r1->slot, 0u);
+  ASSERT_EQ(r1->history.size(), 4u);
+  const std::vector<std::tuple<uint32_t, bool, bool, uint32_t>> want1 = {
+      {40, true, false, 0}, {41, false, true, 6}, {42, false, true, 7}, {43, false, false, 0}};
+  for (size_t j = 0; j < want1.size(); ++j) {
+    SCOPED_TRACE("request 1 page " + std::to_string(j));
+    const auto& [host, copy, has_gpu, gpu] = want1[j];
+    EXPECT_EQ(r1->history[j]->host_page, host);
+    EXPECT_EQ(r1->history[j]->host_copy, copy);
+    EXPECT_EQ(r1->history[j]->has_gpu_page, has_gpu);
+    if (has_gpu) EXPECT_EQ(r1->history[j]->gpu_page, gpu);
+  }
+  const std::unique_ptr<wire::ReportedRequestT> r2 = f.agent.Report(2);
+  ASSERT_NE(r2, nullptr);
+  EXPECT_EQ(r2->slot, 1u);
+  ASSERT_EQ(r2->history.size(), 2u);
+  EXPECT_TRUE(r2->history[0]->host_copy);
+  EXPECT_FALSE(r2->history[0]->has_gpu_page) << "an undone population reported on its GPU page";
+  EXPECT_EQ(f.agent.Report(3), nullptr);
+
+  f.FinishCopies();  // reclaim 10's backup of page 1 ends while memd is away
+  EXPECT_EQ(f.link.log.size(), sent) << "a host copy was reported to no memd";
+  ASSERT_EQ(f.kv.Residency(1, 1), PageResidency::kHostWritten);
+  f.agent.ReturnFromAway({1, 2});
+  ASSERT_EQ(f.link.host_copies.size(), 3u);
+  EXPECT_EQ(f.link.host_copies[1].request, 1u);
+  EXPECT_EQ(f.link.host_copies[1].history_pages, std::vector<uint32_t>{0}) << "page 1 is on GPU page 6";
+  ASSERT_EQ(f.link.host_copies[1].host_pages.size(), 1u);
+  EXPECT_EQ(f.link.host_copies[1].host_pages[0].page(), 40u);
+  EXPECT_EQ(f.link.host_copies[2].request, 2u);
+  EXPECT_EQ(f.link.host_copies[2].history_pages, std::vector<uint32_t>{0});
+  EXPECT_EQ(f.link.log.size(), sent + 2);
+  f.kv.WritePage(1);  // after the re-Hello: page 2 kept on 7 as planned, page 3 reported as usual
+  f.kv.WritePage(1);
+  f.FinishCopies();
+  ASSERT_EQ(f.link.host_copies.size(), 4u);
+  EXPECT_EQ(f.link.host_copies[3].history_pages, std::vector<uint32_t>{3});
+  EXPECT_EQ(f.kv.Find(1, 2)->device_page, 7);
+}
+
+// A report memd refused: the request is forgotten here (its copies end, its KV is released) and nothing is sent, not
+// even Complete (memd holds it as interrupted, or not at all); an adopted one is untouched.
+TEST(ResidencyAgentAway, AForgottenRequestSendsNothingAndReleasesItsKv) {
+  Fixture f;
+  ASSERT_TRUE(f.agent.OnGrant(Grant(1, 0, {40, 41}, {}), 2).ok());
+  ASSERT_TRUE(f.agent.OnGrant(Grant(2, 1, {50, 51}, {}), 2).ok());
+  f.kv.WritePage(1);  // backup in flight
+  f.agent.EnterAway();
+  f.agent.Forget(1);
+  EXPECT_FALSE(f.kv.Known(1));
+  EXPECT_FALSE(f.kv.CopiesOfRequestRunning(1)) << "released with its backup still writing";
+  EXPECT_EQ(f.agent.Report(1), nullptr);
+  EXPECT_NE(f.agent.Report(2), nullptr);
+  f.agent.ReturnFromAway({2});
+  EXPECT_TRUE(f.link.log.empty());
+  EXPECT_TRUE(f.link.completes.empty());
+}
 
 TEST(ResidencyAgentRandomized, InvariantsHoldAfterEveryEvent) {
   const char* env = std::getenv("DHS_SEED");

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -479,6 +480,208 @@ INSTANTIATE_TEST_SUITE_P(Modes, WorkerImportGaps,
                            return std::string(WorkerModeName(info.param.mode)) + (info.param.chaos ? "_chaos" : "") +
                                   (info.param.fail_step ? "_failed_step" : "");
                          });
+
+}  // namespace
+}  // namespace dhs::test
+
+namespace dhs::test {
+namespace {
+
+// memd dies under a live worker (issue 11), in process with the fake memd: after EnterAway the worker keeps decoding
+// its granted requests (hisparse: every completed page would be backed up) but sends memd nothing (no
+// TokensCommitted, HostCopyWritten, Complete or AdmitRequest: a submit meanwhile waits) and streams nothing to its
+// clients, until each request's tail is full (it pauses) or it finished. Its report has one entry per granted request
+// with its slot, one page per page of its context (host copies reported before the death form a prefix), and a record
+// holding every token it generated: the uninterrupted run's prefix, longer than what the clients got. After
+// ReturnFromAway the held tokens reach the clients, the deferred backups are reported with the grant's host pages, the
+// waiting submit is admitted, and every stream equals the uninterrupted run: nothing lost, nothing twice.
+TEST(WorkerReHelloInProcess, AwayWorkerDecodesSendsNothingAndItsReportHoldsEveryToken) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::vector<Spec> specs = Specs();
+  const Spec late{5, 25, 12, 0.7f, 1.0f, 3};  // submitted while memd is away
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : specs) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  const std::vector<uint8_t> lp = Prompt(late.prompt, static_cast<uint32_t>(late.id));
+  want[late.id] = Oracle(*m, {lp.begin(), lp.end()}, late.max_new, late.temperature, late.top_p, late.seed, late.id);
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+  for (const Spec& s : specs) ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
+  auto fewest = [&] {
+    size_t n = SIZE_MAX;
+    for (const Spec& s : specs) n = std::min(n, a.sink.out[s.id].tokens.size());
+    return n;
+  };
+  for (int it = 0; it < 500 && fewest() < 2; ++it) {
+    memd->Pump(*a.worker);
+    ASSERT_TRUE(a.worker->Iterate().ok());
+  }
+  std::map<RequestId, size_t> had;
+  for (const Spec& s : specs) had[s.id] = a.sink.out[s.id].tokens.size();
+  const int commits = memd->commit_messages, copies = memd->host_copy_messages, completes = memd->completes;
+  const size_t admitted = memd->admitted_ids.size();
+  const uint64_t generated = a.worker->stats().tokens_generated;
+
+  a.worker->EnterAway();
+  ASSERT_TRUE(a.worker->Submit(SubmitOf(late), ClientRef{"c", late.id}).ok());
+  bool more = true;
+  for (int it = 0; it < 1000 && more; ++it) {  // memd is dead: nothing of the fake is delivered (no Pump)
+    absl::StatusOr<bool> m_more = a.worker->Iterate();
+    ASSERT_TRUE(m_more.ok()) << m_more.status();
+    more = *m_more;
+  }
+  ASSERT_FALSE(more) << "the away worker never paused";
+  EXPECT_GT(a.worker->stats().tokens_generated, generated) << "nothing decoded while memd was away";
+  EXPECT_EQ(a.worker->stats().tokens_while_away, a.worker->stats().tokens_generated - generated);
+  EXPECT_EQ(memd->commit_messages, commits);
+  EXPECT_EQ(memd->host_copy_messages, copies);
+  EXPECT_EQ(memd->completes, completes);
+  EXPECT_EQ(memd->admitted_ids.size(), admitted) << "an AdmitRequest went to a dead memd";
+  for (const Spec& s : specs) EXPECT_EQ(a.sink.out[s.id].tokens.size(), had[s.id]) << "a token reached a client";
+  EXPECT_EQ(std::count(a.sink.accepted.begin(), a.sink.accepted.end(), late.id), 1) << "the submit was not accepted";
+
+  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->Report();
+  ASSERT_EQ(report.size(), specs.size()) << "one report per granted request (the waiting submit is not reported)";
+  std::set<uint32_t> slots;
+  for (const auto& rep : report) {
+    SCOPED_TRACE("request " + std::to_string(rep->request));
+    const Spec& s = specs[rep->request - 1];
+    slots.insert(rep->slot);
+    EXPECT_EQ(rep->complete_pages, 0u);  // hisparse: no imported history kept on GPU
+    EXPECT_FALSE(rep->optional_history);
+    EXPECT_EQ(rep->history.size(), (s.prompt + s.max_new + 15) / 16);
+    bool prefix = true;
+    std::set<uint32_t> hosts;
+    for (const auto& page : rep->history) {
+      EXPECT_FALSE(page->has_gpu_page);
+      hosts.insert(page->host_page);
+      if (page->host_copy) EXPECT_TRUE(prefix) << "a reported host copy after an unreported page";
+      prefix = prefix && page->host_copy;
+    }
+    EXPECT_EQ(hosts.size(), rep->history.size()) << "a host page named twice";
+    ASSERT_NE(rep->record, nullptr);
+    const size_t n = rep->record->tokens.size();
+    EXPECT_GT(n, had[rep->request]) << "the record lacks the tokens decoded while away";
+    ASSERT_LE(n, want[rep->request].tokens.size());
+    EXPECT_EQ(rep->record->tokens, std::vector<uint8_t>(want[rep->request].tokens.begin(),
+                                                        want[rep->request].tokens.begin() + n));
+    EXPECT_EQ(rep->record->logits_digests, std::vector<uint64_t>(want[rep->request].digests.begin(),
+                                                                 want[rep->request].digests.begin() + n));
+  }
+  EXPECT_EQ(slots.size(), specs.size());
+
+  memd->AdoptReport(report);
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = 1;
+  ASSERT_TRUE(a.worker->ReturnFromAway(reply).ok());
+  EXPECT_FALSE(a.worker->away());
+  EXPECT_EQ(memd->admitted_ids.size(), admitted + 1) << "the submit made while away was not admitted";
+  for (int it = 0; it < 5000; ++it) {
+    memd->Pump(*a.worker);
+    absl::StatusOr<bool> m_more = a.worker->Iterate();
+    ASSERT_TRUE(m_more.ok()) << m_more.status();
+    if (!*m_more && a.worker->active_requests() == 0 && a.worker->waiting_requests() == 0) break;
+  }
+  EXPECT_GT(memd->host_copy_messages, copies) << "the deferred backups were never reported";
+  EXPECT_TRUE(a.sink.errors.empty()) << a.sink.errors.begin()->second;
+  specs.push_back(late);
+  for (const Spec& s : specs) {
+    SCOPED_TRACE("request " + std::to_string(s.id));
+    EXPECT_EQ(a.sink.finished.count(s.id), 1u);
+    EXPECT_EQ(a.sink.out[s.id].tokens, std::vector<int>(want[s.id].tokens.begin(), want[s.id].tokens.end()));
+    EXPECT_EQ(a.sink.out[s.id].digests, want[s.id].digests);
+    EXPECT_EQ(memd->committed[s.id].size(), s.max_new) << "memd's record lacks tokens";
+  }
+}
+
+}  // namespace
+}  // namespace dhs::test
+
+namespace dhs::test {
+namespace {
+
+// A report memd refused (issue 11): request 1's report is refused; request 2's is adopted. Request 1 ends to its
+// client like after a fence (final UNAVAILABLE "worker epoch ended: memd refused its report: ...", none of its held
+// tokens) and is admitted again: from the worker's own record (every token it generated) when memd holds nothing of
+// it, else as a resume of the interrupted id memd lists (its record; a new node id of the same epoch, never the
+// interrupted one). Its client re-attaches with what it had and the two parts equal the uninterrupted run. Request 2
+// goes on untouched: its held tokens, then the rest.
+void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
+  auto m = MakePresetModel("dsv4flash-like");
+  // Long enough that neither finishes while away (each pauses when its tail is full).
+  const std::vector<Spec> specs = {{1, 20, 60, 0.0f, 1.0f, 0}, {2, 33, 60, 0.9f, 1.0f, 7}};
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : specs) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+  for (const Spec& s : specs) ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
+  for (int it = 0; it < 500 && (a.sink.out[1].tokens.size() < 2 || a.sink.out[2].tokens.size() < 2); ++it) {
+    memd->Pump(*a.worker);
+    ASSERT_TRUE(a.worker->Iterate().ok());
+  }
+  const size_t had1 = a.sink.out[1].tokens.size();
+  a.worker->EnterAway();
+  for (int it = 0; it < 1000 && *a.worker->Iterate(); ++it) {
+  }
+  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->Report();
+  ASSERT_EQ(report.size(), 2u);
+  ASSERT_GT(report[0]->record->tokens.size(), had1);
+  std::vector<std::unique_ptr<wire::ReportedRequestT>> adopted;
+  adopted.push_back(std::make_unique<wire::ReportedRequestT>(*report[1]));
+  memd->AdoptReport(adopted);
+  wire::CompleteT gone;  // the new memd holds nothing of request 1 (or only as interrupted): the fake forgets it too
+  gone.request = 1;
+  ASSERT_TRUE(memd->SendComplete(gone).ok());
+  wire::HelloReplyT reply;
+  if (memd_holds_it_interrupted) {  // with the journal's record: the tokens committed before memd died
+    memd->interrupted[1] = {};
+    reply.interrupted_requests = {1};
+    reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(memd->records.at(1)));
+  }
+  const size_t admitted = memd->admitted_ids.size();
+  reply.accepted = true;
+  reply.worker_epoch = 1;
+  reply.refused_reports = {1};
+  reply.refused_reasons = {"request 1: slot 0 out of range or taken"};
+  ASSERT_TRUE(a.worker->ReturnFromAway(reply).ok());
+  ASSERT_EQ(a.sink.finished.count(1), 1u);
+  EXPECT_NE(a.sink.errors[1].find("worker epoch ended: memd refused its report: request 1: slot 0"), std::string::npos)
+      << a.sink.errors[1];
+  EXPECT_EQ(a.sink.out[1].tokens.size(), had1) << "held tokens of a refused report reached its client";
+  ASSERT_EQ(memd->admitted_ids.size(), admitted + 1) << "the refused request was not admitted again";
+  if (memd_holds_it_interrupted) {
+    EXPECT_NE(memd->admitted_ids.back(), 1u) << "the resume took the interrupted id";
+    EXPECT_EQ(memd->resumes, 1);
+  } else {
+    EXPECT_EQ(memd->records[memd->admitted_ids.back()].tokens, report[0]->record->tokens);
+  }
+  ASSERT_TRUE(a.worker->Attach(1, static_cast<uint32_t>(had1), ClientRef{"c2", 1}).ok());
+  for (int it = 0; it < 5000; ++it) {
+    memd->Pump(*a.worker);
+    absl::StatusOr<bool> more = a.worker->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more && a.worker->active_requests() == 0 && a.worker->waiting_requests() == 0) break;
+  }
+  EXPECT_EQ(a.sink.finished.count(2), 1u);
+  EXPECT_EQ(a.sink.out[2].tokens, want[2].tokens) << "the adopted request's stream";
+  EXPECT_EQ(a.sink.out[2].digests, want[2].digests);
+  // The sink keeps request 1's chunks of both connections in order: before the refusal, then after the attach.
+  EXPECT_EQ(a.sink.out[1].tokens, want[1].tokens) << "lost or repeated tokens of the refused request";
+  EXPECT_EQ(a.sink.out[1].digests, want[1].digests);
+}
+
+TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsNothingOfIsResumedFromTheWorkersRecord) {
+  RefusedReportIsResumed(false);
+}
+TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsInterruptedIsResumedUnderANewIdOfTheSameEpoch) {
+  RefusedReportIsResumed(true);
+}
 
 }  // namespace
 }  // namespace dhs::test

@@ -312,6 +312,17 @@ class FakeMemd final : public MemdLink {
     inbox_.clear();
     waiting_.clear();
   }
+  // A re-Hello's report (memd restarted, the worker survived): each reported record replaces the one kept, as memd's
+  // Daemon::ReHello does (the fake's accounting of the requests stays: the same memd state stands in for the adopted
+  // one).
+  void AdoptReport(const std::vector<std::unique_ptr<wire::ReportedRequestT>>& report) {
+    for (const auto& rep : report) {
+      if (!rep->record) continue;
+      records[rep->request] = *rep->record;
+      committed[rep->request].assign(rep->record->tokens.begin(), rep->record->tokens.end());
+    }
+    ++rehellos;
+  }
   // From now on (the next worker's life), with `gpu_pages` GPU pages 0 .. gpu_pages-1 to hand out: Pump emits reclaim
   // and populate orders too (populating imported pages, reclaiming populated ones).
   void EnableChaos(uint32_t gpu_pages) {
@@ -384,6 +395,7 @@ class FakeMemd final : public MemdLink {
   std::map<RequestId, std::vector<uint8_t>> committed;  // node id -> tokens committed (TokensCommitted)
   std::map<RequestId, wire::RequestRecordT> records;    // node id -> AdmitRequest.record + committed tokens
   std::map<RequestId, std::map<uint32_t, PageIndex>> interrupted;  // Fence: node id -> kept history -> host page
+  int rehellos = 0;              // AdoptReport calls
   int resumes = 0;               // admissions with resume_of (memd's resume: the interrupted id ends there)
   uint32_t pages_taken_over = 0;  // kept host pages those resumes took over (every one)
 

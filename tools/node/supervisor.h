@@ -14,9 +14,11 @@
 //   for backoff_reset_ms when it exited starts a new streak. A worker is (re)started only while memd is ready.
 //   More than max_restarts crashes of one child within restart_window_ms: the node gives up (stops everything as
 //   below, then kExit with code 1 and a message naming the child).
-// - memd exits while the node runs: by default nothing is done to the workers: each notices the lost memd within its
-//   --memd-timeout-ms, ends its epoch without ending its requests (exit 75) and is restarted like any crash; the new
-//   memd adopted those requests (host pool + records), so the restarted worker resumes them and clients re-attach.
+// - memd exits while the node runs: by default nothing is done to the workers: each sees memd's connection close,
+//   serves on from its GPU and says its re-Hello with a report to the restarted memd (the same process goes on); one
+//   that no memd answers within its --memd-reconnect-ms ends its epoch without ending its requests (exit 75) and is
+//   restarted like any crash; the new memd adopted those requests (host pool + records), so the restarted worker
+//   resumes them and clients re-attach.
 //   With restart_workers_with_memd every live worker is stopped (SIGTERM: its requests END, "worker stopping") and
 //   started again, without backoff and not counted as a crash, once the new memd is ready.
 // - Terminate (SIGTERM/SIGINT) or giving up: restarts are cancelled; every live worker gets SIGTERM; memd gets

@@ -470,6 +470,19 @@ void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
   if (!requests || !requests->is_array()) return;
   std::set<RequestId> nodes = interrupted_only ? std::set<RequestId>{} : ledger.nodes();
   std::vector<HostCopySeen> present;
+  std::set<RequestId> listed;
+  for (const nlohmann::json& r : *requests) {
+    if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
+    listed.insert(r["request"].get<RequestId>());
+  }
+  if (!interrupted_only && sup.state(kWorker) == node::ChildState::kReady) {
+    // The worker survived the memd restart (issue 11: its re-Hello) and may have completed requests since: the new
+    // memd lists every request the journal or a report kept, so one it does not list ended and its pages were freed.
+    for (RequestId id : ledger.nodes()) {
+      if (!listed.contains(id)) ledger.Forget(id);
+    }
+    nodes = ledger.nodes();
+  }
   for (const nlohmann::json& r : *requests) {
     if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
     if (interrupted_only && r.value("state", "") != "interrupted") continue;

@@ -183,9 +183,13 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
     const auto page = static_cast<size_t>(t / c.page_rows);
     if (page >= kv.host_plan.size() || kv.host_plan[page] < 0) continue;
     if (page < kv.pages.size() && kv.pages[page].imported) continue;  // a resume's confirmed copy holds them
-    uint8_t* dst = HostPageData(kv.host_plan[page]) +
-                   layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
-    std::memcpy(dst, bytes + j * key_bytes, key_bytes);
+    const uint64_t offset = layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
+    if (host_writes_paused_) {  // memd away: written by ResumeHostWrites
+      held_keys_.push_back(HeldKey{kv.host_plan[page], offset,
+                                   std::vector<uint8_t>(bytes + j * key_bytes, bytes + (j + 1) * key_bytes)});
+      continue;
+    }
+    std::memcpy(HostPageData(kv.host_plan[page]) + offset, bytes + j * key_bytes, key_bytes);
   }
   return absl::OkStatus();
 }
@@ -305,9 +309,48 @@ absl::Status HierarchicalKvAccess::OnPageComplete(RequestKv& kv, uint32_t page) 
   } else if (host_.allocate_host_page) {
     hp = host_.allocate_host_page();
   }
-  if (!hp) return absl::OkStatus();  // deferred until BackupPages
+  if (!hp || host_writes_paused_) return absl::OkStatus();  // deferred until BackupPages / ResumeHostWrites
   absl::StatusOr<CopyEvent> b = IssueBackup(kv, page, *hp);
   return b.status();
+}
+
+absl::Status HierarchicalKvAccess::ResumeHostWrites() {
+  host_writes_paused_ = false;
+  for (const HeldKey& k : held_keys_) std::memcpy(HostPageData(k.host_page) + k.offset, k.bytes.data(), k.bytes.size());
+  held_keys_.clear();
+  const KvConfig& c = layout_.config();
+  absl::Status first;
+  for (auto& [id, kvp] : requests_) {
+    RequestKv& kv = *kvp;
+    const Position rows = *std::min_element(kv.appended.begin(), kv.appended.end());
+    const auto complete = static_cast<uint32_t>(std::max<Position>(rows, 0) / c.page_rows);
+    for (uint32_t j = 0; j < complete && j < kv.pages.size(); ++j) {
+      const KvPage& pg = kv.pages[j];
+      if (pg.host_page >= 0 || pg.device_page >= 0 || j >= kv.host_plan.size() || kv.host_plan[j] < 0) continue;
+      if (j < kv.keep_plan.size() && kv.keep_plan[j] >= 0) continue;
+      if (absl::StatusOr<CopyEvent> b = IssueBackup(kv, j, static_cast<PageIndex>(kv.host_plan[j]));
+          !b.ok() && first.ok()) {
+        first = b.status();
+      }
+    }
+  }
+  return first;
+}
+
+bool HierarchicalKvAccess::TailHasRoom(RequestId request, Position rows) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return true;
+  const RequestKv& kv = *it->second;
+  const KvConfig& c = layout_.config();
+  for (Position n : kv.appended) {
+    for (Position t = n; t < n + rows; ++t) {
+      const Position old = t - Position{c.tail_rows};
+      if (old < 0) continue;
+      const auto j = static_cast<size_t>(old / c.page_rows);
+      if (j >= kv.pages.size() || (kv.pages[j].host_page < 0 && kv.pages[j].device_page < 0)) return false;
+    }
+  }
+  return true;
 }
 
 absl::Status HierarchicalKvAccess::KeepOptional(RequestKv& kv, uint32_t page, PageIndex device_page) {
@@ -685,7 +728,8 @@ void HierarchicalKvAccess::Update() {
       SetGpuPageOwner(static_cast<PageIndex>(pg.device_page), -1, 0);
       pg.device_page = -1;
       RequestKv& kv = *it->second;
-      if (p.kept && pg.host_page < 0 && p.page < kv.host_plan.size() && kv.host_plan[p.page] >= 0) {
+      if (p.kept && !host_writes_paused_ && pg.host_page < 0 && p.page < kv.host_plan.size() &&
+          kv.host_plan[p.page] >= 0) {
         // A failed kept copy: the rows are still in the tail (its slots wait for this page), back them up instead.
         const PageIndex hp = static_cast<PageIndex>(kv.host_plan[p.page]);
         if (absl::StatusOr<CopyEvent> b = IssueBackup(kv, p.page, hp); !b.ok()) {

@@ -113,6 +113,19 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // The history page whose optional-history device page is `device_page` (pending or ready), or nullopt. O(1).
   std::optional<uint32_t> HistoryPageOf(RequestId request, PageIndex device_page) const;
 
+  // memd away (issue 11, docs/protocol.md "Re-Hello with a report"): while host writes are paused nothing is written
+  // to a host page (a new memd may not have adopted it): a completed page without a kept GPU page is not backed up
+  // (its rows stay in the tail), and index keys (StoreIndexKeys) are held in memory. Copies issued before the pause
+  // still finish. ResumeHostWrites writes the held keys, then issues the deferred backups (reported by Poll as usual).
+  // Errors (Resume): a backup's issue error (the page stays in the tail, not backed up).
+  void PauseHostWrites() { host_writes_paused_ = true; }
+  absl::Status ResumeHostWrites();
+  bool host_writes_paused() const { return host_writes_paused_; }
+  // Whether `rows` more rows can be appended to every source of `request` without reusing a tail slot whose page has
+  // neither a host copy (written or writing) nor a GPU page: with host writes paused such an Append would fail (the
+  // tail is full). True for an unknown request (its first Append admits it).
+  bool TailHasRoom(RequestId request, Position rows) const;
+
   // Drops rows at positions >= length (rejected speculative rows, brief §6). Only rows not yet in a complete page
   // can be dropped: FAILED_PRECONDITION otherwise.
   absl::Status Truncate(RequestId request, Position length);
@@ -188,6 +201,9 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // the "staging arena" of brief §6).
   std::vector<std::vector<uint8_t>> tail_upload_;
   KvCompletions completions_;
+  bool host_writes_paused_ = false;
+  struct HeldKey { int64_t host_page; uint64_t offset; std::vector<uint8_t> bytes; };
+  std::vector<HeldKey> held_keys_;  // StoreIndexKeys while host writes are paused
 };
 
 }  // namespace dhs
