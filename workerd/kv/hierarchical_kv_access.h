@@ -103,6 +103,14 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // The history page whose optional-history device page is `device_page` (pending or ready), or nullopt. O(1).
   std::optional<uint32_t> HistoryPageOf(RequestId request, PageIndex device_page) const;
 
+  // Speculative rounds (KvAccess; brief §6 "Commit"): while held, a page with a row at a position >= `from` is not
+  // completed at Append; CommitVerified drops rows >= length on every source (tail only: they were never backed up
+  // nor kept), ends the hold and completes the pages now whole below `length` (backup into the planned host page, or
+  // the kept device->device copy in adaptive mode), in page order. Errors: as KvAccess; INVALID_ARGUMENT for a `from`
+  // below a source's appended rows or a `length` outside [from, appended].
+  absl::Status HoldUnverified(RequestId request, Position from) override;
+  absl::Status CommitVerified(RequestId request, Position length) override;
+
   // Drops rows at positions >= length (rejected speculative rows, brief §6). Only rows not yet in a complete page
   // can be dropped: FAILED_PRECONDITION otherwise.
   absl::Status Truncate(RequestId request, Position length);

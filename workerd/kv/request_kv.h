@@ -48,6 +48,9 @@ struct RequestKv {
   // -1 = none.
   std::vector<int64_t> host_plan;
   std::vector<int64_t> keep_plan;
+  // Speculative round (HierarchicalKvAccess::HoldUnverified): rows at positions >= hold_from are unverified; a page
+  // holding one is not completed (no backup, no kept copy) until CommitVerified. INT64_MAX: no hold.
+  Position hold_from = INT64_MAX;
 
   // Rows of group `sources` selectable now: the smallest appended length among them.
   Position Length(std::span<const SourceId> sources) const {

@@ -1,0 +1,178 @@
+// tests/workerd/speculation_kv_test.cc: the KV side of a verified speculative round (brief §6 "Commit"; issue 13):
+// rows appended by a round are held unverified, rejected rows are dropped and never reach the host, the pages the
+// kept rows complete are backed up after verification only; and the model's round (K_r queries in one Step, then
+// EndVerification) gives the logits plain greedy decoding gives, bit for bit.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "tests/workerd/kv_test_util.h"
+#include "tests/workerd/worker_test_util.h"
+#include "workerd/spec/acceptance.h"
+
+namespace dhs {
+namespace {
+
+using test::Harness;
+using test::OriginalRow;
+
+constexpr uint64_t kRejected = 7;  // salt of the rows a round rejects; kept rows have salt 0
+
+KvConfig SmallConfig() {
+  KvConfig c;
+  c.row_bytes = {16, 24, 8};
+  c.groups = {{0, 1}, {2}};
+  c.page_rows = 4;
+  c.hot_rows = 6;
+  c.k = 4;
+  c.tail_rows = 8;
+  c.slots = 3;
+  c.optional_pages = 6;
+  return c;
+}
+
+// One round of request 1: hold from anchor + 1, append the anchor (kept) and the proposals (salt per position),
+// then keep `length` rows.
+absl::Status Round(Harness& h, Position anchor, Position end, Position rejected_from, Position length) {
+  if (absl::Status s = h.kv->HoldUnverified(1, anchor + 1); !s.ok()) return s;
+  for (Position t = anchor; t < end; ++t) {
+    if (absl::Status s = h.AppendAll(1, t, t >= rejected_from ? kRejected : 0); !s.ok()) return s;
+  }
+  return h.kv->CommitVerified(1, length);
+}
+
+TEST(SpeculativeKv, HeldPagesAreBackedUpAfterVerificationWithKeptRowsOnly) {
+  Harness h(SmallConfig(), 16);
+  std::atomic<int> d2h{0};
+  h.device.SetCopyHook([&](const CopyInfo& c) {
+    if (c.kind == CopyKind::kDeviceToHost) ++d2h;
+    return CopyFate::kRun;
+  });
+  for (Position t = 0; t < 6; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  EXPECT_EQ(d2h.load(), 1);  // page 0
+  // Round A: anchor 6, proposals 7..9 all rejected: page 1 (4..7) was completed by a rejected row: no backup.
+  ASSERT_TRUE(Round(h, 6, 10, 7, 7).ok());
+  EXPECT_EQ(d2h.load(), 1);
+  EXPECT_EQ(h.kv->Find(1)->appended, (std::vector<Position>{7, 7, 7}));
+  // Round B: anchor 7 (its row completes page 1 below the hold: backed up at Append), 8..10 accepted.
+  ASSERT_TRUE(Round(h, 7, 11, 11, 11).ok());
+  EXPECT_EQ(d2h.load(), 2);
+  // Round C: anchor 11 completes page 2; 12, 13 rejected.
+  ASSERT_TRUE(Round(h, 11, 14, 12, 12).ok());
+  EXPECT_EQ(d2h.load(), 3);
+  // Round D: anchor 12, 13..15 accepted (page 3 held: 15 >= 13), 16 rejected: page 3 backed up by CommitVerified.
+  ASSERT_TRUE(h.kv->HoldUnverified(1, 13).ok());
+  for (Position t = 12; t < 17; ++t) ASSERT_TRUE(h.AppendAll(1, t, t >= 16 ? kRejected : 0).ok());
+  EXPECT_EQ(d2h.load(), 3) << "a page holding unverified rows was backed up before verification";
+  ASSERT_TRUE(h.kv->CommitVerified(1, 16).ok());
+  EXPECT_EQ(d2h.load(), 4);
+  h.device.WaitIdle();
+  KvCompletions done = h.kv->Poll();
+  ASSERT_EQ(done.backups.size(), 4u);
+  // Every host page holds the kept rows (salt 0), never a rejected one: independent of the code under test.
+  const RequestKv& kv = *h.kv->Find(1);
+  for (uint32_t page = 0; page < 4; ++page) {
+    ASSERT_TRUE(kv.pages[page].host_ready) << page;
+    const uint8_t* base = h.host.data() + kv.pages[page].host_page * h.layout.host_page_bytes();
+    for (SourceId s = 0; s < 3; ++s) {
+      for (uint32_t r = 0; r < 4; ++r) {
+        const Position t = page * 4 + r;
+        auto want = OriginalRow(1, s, t, h.layout.row_bytes(s));
+        EXPECT_EQ(0, std::memcmp(base + h.layout.InPage(s, r), want.data(), want.size())) << "page " << page << " t " << t;
+      }
+    }
+  }
+  // The rejected row 16 is gone: selecting it is an error.
+  std::vector<Position> sel = {16, -1, -1, -1};
+  std::vector<const uint8_t*> out(4);
+  KvQuery q{1, sel, out};
+  std::vector<SourceId> src = {2};
+  EXPECT_EQ(h.kv->Fetch(src, {&q, 1}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SpeculativeKv, RefusesRoundsOutOfOrder) {
+  Harness h(SmallConfig(), 16);
+  for (Position t = 0; t < 3; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  EXPECT_EQ(h.kv->CommitVerified(1, 3).code(), absl::StatusCode::kFailedPrecondition);  // no hold
+  EXPECT_EQ(h.kv->HoldUnverified(1, 2).code(), absl::StatusCode::kInvalidArgument);    // below appended
+  EXPECT_EQ(h.kv->HoldUnverified(9, 3).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(h.kv->HoldUnverified(1, 4).ok());
+  for (Position t = 3; t < 6; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  EXPECT_EQ(h.kv->CommitVerified(1, 3).code(), absl::StatusCode::kInvalidArgument);  // below the hold
+  EXPECT_EQ(h.kv->CommitVerified(1, 7).code(), absl::StatusCode::kInvalidArgument);  // beyond appended
+  EXPECT_TRUE(h.kv->CommitVerified(1, 5).ok());
+}
+
+// The model's round against the oracle (plain greedy decoding, one token per step): K_r = 4 queries with proposals
+// t1, t2 (the greedy tokens) and a wrong third; rows 0..2 of the round's logits are the plain steps' logits; greedy
+// acceptance keeps 2 and corrects with t3; after EndVerification, plain decoding continues bit-identically.
+void RoundMatchesPlainDecoding(KvAccess& kv, size_t prefill_chunk) {
+  auto m = test::MakePresetModel("dsv4flash-like");
+  const std::vector<model::Token> input = [] {
+    std::vector<uint8_t> p = test::Prompt(70, 3);
+    return std::vector<model::Token>(p.begin(), p.end());
+  }();
+  const test::Generated want = test::Oracle(*m, input, 8);
+  model::ModelSession s = m->NewSession(1);
+  model::StepOutput out;
+  for (size_t at = 0; at < input.size(); at += prefill_chunk) {  // the hierarchy serves B / (k + w) queries a step
+    model::StepInput prefill{&s, std::span<const model::Token>(input).subspan(at, std::min(prefill_chunk,
+                                                                                            input.size() - at))};
+    ASSERT_TRUE(m->Step(std::span<model::StepInput>(&prefill, 1), kv, std::span<model::StepOutput>(&out, 1)).ok());
+  }
+  const Position n = s.position();
+  const model::Token wrong = static_cast<model::Token>((want.tokens[3] + 1) % model::kVocab);
+  std::vector<model::Token> round = {want.tokens[0], want.tokens[1], want.tokens[2], wrong};
+  ASSERT_TRUE(m->BeginVerification(s, kv).ok());
+  model::StepInput in{&s, round};
+  ASSERT_TRUE(m->Step(std::span<model::StepInput>(&in, 1), kv, std::span<model::StepOutput>(&out, 1)).ok());
+  for (size_t j = 0; j < 3; ++j) {
+    EXPECT_EQ(LogitsDigest(std::span<const float>(out.logits).subspan(j * model::kVocab, model::kVocab)),
+              want.digests[j + 1]) << "query " << j;
+  }
+  std::vector<spec::Proposal> proposals = {{round[1], {}}, {round[2], {}}, {round[3], {}}};
+  auto outcome = spec::AcceptRound(spec::AcceptMode::kGreedy, out.logits, {}, proposals, {0, 1, n});
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->accepted, 2);
+  EXPECT_EQ(outcome->emitted, (std::vector<model::Token>{want.tokens[1], want.tokens[2], want.tokens[3]}));
+  EXPECT_EQ(m->EndVerification(s, n, kv).code(), absl::StatusCode::kInvalidArgument) << "drops the anchor's row";
+  ASSERT_TRUE(m->EndVerification(s, n + 3, kv).ok());
+  EXPECT_EQ(s.position(), n + 3);
+  EXPECT_EQ(s.index_keys(0).size(), static_cast<size_t>(n + 3) * m->config().idx_dim);
+  EXPECT_EQ(m->EndVerification(s, n + 3, kv).code(), absl::StatusCode::kFailedPrecondition);  // no round open
+  std::vector<model::Token> next = {want.tokens[3]};
+  for (size_t i = 4; i < want.tokens.size(); ++i) {
+    model::StepInput plain{&s, next};
+    ASSERT_TRUE(m->Step(std::span<model::StepInput>(&plain, 1), kv, std::span<model::StepOutput>(&out, 1)).ok());
+    EXPECT_EQ(LogitsDigest(out.logits), want.digests[i]) << "token " << i;
+    next = {want.tokens[i]};
+  }
+}
+
+TEST(SpeculativeModel, RoundThenRollbackMatchesPlainDecodingResident) {
+  auto kv = model::ResidentKvAccess::ForModel(*model::PresetConfig("dsv4flash-like"), size_t{64} << 20, 16);
+  RoundMatchesPlainDecoding(*kv, 1000);
+}
+
+TEST(SpeculativeModel, RoundThenRollbackMatchesPlainDecodingHierarchical) {
+  auto mc = *model::PresetConfig("dsv4flash-like");
+  WorkerConfig c;
+  c.mode = WorkerMode::kHisparse;
+  c.page_rows = 16;
+  c.tail_rows = 32;
+  c.hot_rows = static_cast<uint32_t>(4 * (mc.top_k + mc.local_window));  // a round of 4 queries fits
+  auto g = ComputeGeometry(mc, c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  CpuDevice device;
+  std::vector<uint8_t> host(64 * g->host_page_bytes);
+  PageIndex next = 0;
+  HostPoolAccess access{host, [&]() -> std::optional<PageIndex> { return next < 64 ? std::optional(next++) : std::nullopt; },
+                        [](PageIndex) {}};
+  auto kv = HierarchicalKvAccess::Create(g->kv, &device, access, ResolverKind::kFused);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  RoundMatchesPlainDecoding(**kv, g->prefill_chunk);
+}
+
+}  // namespace
+}  // namespace dhs
