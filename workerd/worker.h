@@ -57,6 +57,9 @@
 #include "workerd/prefix_cache.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving.h"
+#include "workerd/spec/acceptance.h"
+#include "workerd/spec/block_width.h"
+#include "workerd/spec/proposer.h"
 
 namespace dhs {
 
@@ -80,6 +83,13 @@ struct WorkerStats {
   uint64_t resume_us_max = 0;           // the longest resume (Resume to its first new token), us
   uint64_t commits_deferred = 0;        // steps whose tokens went to memd with a later step (one message in flight)
   uint32_t waiting_requests_peak = 0;   // the most requests waiting for their grant at once
+  // Speculation (--speculate; workerd/worker_speculation.cc):
+  uint64_t spec_rounds = 0;          // verified rounds (K_r >= 2)
+  uint64_t spec_round_tokens = 0;    // tokens those rounds emitted: sum of A_r + 1
+  uint64_t spec_proposed = 0;        // proposals verified: sum of K_r - 1
+  uint64_t spec_accepted = 0;        // proposals accepted: sum of A_r
+  uint64_t spec_propose_us = 0;      // time in Proposer::Propose, us (the synthetic proposer's target steps)
+  std::vector<uint64_t> spec_width_rounds;  // [K] = rounds of K_r = K queries (index 0 and 1 unused)
 };
 
 class Worker final : public MemdHandler, public Submitter {
@@ -193,6 +203,7 @@ class Worker final : public MemdHandler, public Submitter {
     size_t client_has = 0;      // tokens a re-attached client had (Attach.received): not streamed again
     size_t committed = 0;       // generated tokens handed to memd (TokensCommitted queued)
     bool detached = false;      // resumed, no client attached yet: chunks wait in generated / digests
+    int spec_slot = -1;         // the proposer's slot (speculation on, decoding), else -1
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
@@ -203,6 +214,8 @@ class Worker final : public MemdHandler, public Submitter {
     Request* r;
     std::vector<model::Token> tokens;
     bool emits;
+    bool round = false;        // a speculative round: tokens = anchor then draft.tokens (worker_speculation.cc)
+    spec::DraftResult draft;
   };
   void StartGranted();
   // A resumed request's start: its leading pages with a confirmed host copy imported (index keys into the session,
@@ -213,10 +226,25 @@ class Worker final : public MemdHandler, public Submitter {
   // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).
   void RetryAlone(std::vector<BatchItem>& items);
   absl::Status RunBatch();
+  // Speculation (worker_speculation.cc; brief §6). The proposer of --speculate (nullptr when off).
+  absl::Status CreateProposer();
+  // The round width K_r for r now: the schedule's (or --block) width at the active sessions, capped by the tokens r
+  // may still emit. 1 = a plain step.
+  int64_t RoundWidth(const Request& r, int64_t active) const;
+  // Decoding items with K_r >= 2 get the proposer's tokens (one Propose for the batch; a failed Propose leaves the
+  // items plain) and their rows from n_r + 1 on held unverified (Model::BeginVerification).
+  void AddProposals(std::vector<BatchItem>& items);
+  // A verified round: acceptance (greedy or sampling with keyed draws), the A_r + 1 tokens emitted (each with its
+  // query's logits digest), the rejected rows dropped (Model::EndVerification: backups of the kept rows only), the
+  // proposer committed. An error fails the request.
+  absl::Status FinishRound(BatchItem& item, std::span<const float> logits);
+  void ReleaseSpecSlot(Request& r);
   absl::Status ReplayFed(Request& r);
   absl::Status ImportChunk(Request& r);
   // Samples r's next token (DrawKey{seed, client id, t}) and queues it for CommitStep.
   void EmitToken(Request& r, std::span<const float> logits);
+  // Appends `token` (its logits' digest) to r's output and queues it for CommitStep.
+  void RecordToken(Request& r, model::Token token, std::span<const float> logits);
   // The step's tokens: one TokensCommitted to memd (with any tokens an earlier step could not queue), then one
   // TokenChunk per token to its client. A TokensCommitted that cannot be queued is logged; the tokens still stream.
   void CommitStep();
@@ -263,6 +291,9 @@ class Worker final : public MemdHandler, public Submitter {
   };
   std::map<RequestId, DetachedOutput> detached_done_;
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
+  std::unique_ptr<spec::Proposer> proposer_;        // --speculate (nullptr when off)
+  std::optional<spec::BlockWidthSchedule> schedule_;  // --block-schedule (else --block at every load)
+  std::vector<bool> spec_slot_used_;                // the proposer's slots
 };
 
 }  // namespace dhs

@@ -1,0 +1,239 @@
+// tests/workerd/worker_speculation_test.cc: speculative decoding in the Worker (brief §6, §7; issue 13) with the
+// synthetic proposer: greedy speculative output equals plain greedy decoding bit for bit (tokens and per-token logits
+// digests, against the model alone) in resident, hisparse and adaptive modes while a fake memd forces reclaims and
+// repopulations; every host page written holds the oracle's rows (a rejected row never reaches the host); rounds
+// commit A_r + 1 tokens; the drafter modes and blocks the KV cannot serve are refused at start.
+#include <cstdio>
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "tests/workerd/worker_test_util.h"
+#include "workerd/device/cpu_device.h"
+
+namespace dhs::test {
+namespace {
+
+struct Spec {
+  RequestId id;
+  std::vector<uint8_t> prompt;
+  uint32_t max_new;
+  float temperature = 0;
+  int submit_at = 0;
+};
+
+std::vector<Spec> Requests(int k) {
+  return {{1, Prompt(5, 1), 17},  {2, Prompt(static_cast<size_t>(k), 2), 21, 0, 0}, {3, Prompt(37, 3), 25, 0, 2},
+          {4, Prompt(64, 4), 19, 0, 5}, {5, Prompt(83, 5), 14, 0.8f, 9}, {6, Prompt(48, 2), 23, 0, 30}};
+}
+
+// The oracle's rows of every position of input + tokens[0 .. max_new-2] (what the worker commits), and its index keys.
+struct OracleRows {
+  std::unique_ptr<model::ResidentKvAccess> kv;
+  std::optional<model::ModelSession> session;
+};
+
+OracleRows RowsOf(const model::Model& m, const std::vector<model::Token>& input, const Generated& g) {
+  OracleRows o{model::ResidentKvAccess::ForModel(m.config(), size_t{64} << 20, 16), m.NewSession(1)};
+  std::vector<model::Token> all = input;
+  all.insert(all.end(), g.tokens.begin(), g.tokens.end() - 1);
+  EXPECT_TRUE(m.ImportPrefix(*o.session, all, *o.kv).ok());
+  return o;
+}
+
+// Every host page of `request` with a completed backup holds the oracle's payload rows and index keys.
+void ExpectHostPagesExact(Worker& w, RequestId request, const std::vector<uint8_t>& host, const model::Model& m,
+                          OracleRows& oracle, int& pages_checked) {
+  HierarchicalKvAccess* h = w.hierarchical();
+  const RequestKv* kv = h == nullptr ? nullptr : h->Find(request);
+  if (kv == nullptr) return;
+  const KvLayout& l = h->layout();
+  const uint32_t p = l.config().page_rows;
+  for (uint32_t page = 0; page < kv->pages.size(); ++page) {
+    const KvPage& pg = kv->pages[page];
+    if (!pg.host_ready) continue;
+    const uint8_t* base = host.data() + pg.host_page * l.host_page_bytes();
+    for (uint32_t r = 0; r < p; ++r) {
+      const Position t = Position{page} * p + r;
+      std::vector<Position> sel = {t};
+      for (SourceId s = 0; s < l.num_sources(); ++s) {
+        std::vector<const uint8_t*> out(1);
+        KvQuery q{1, sel, out};
+        ASSERT_TRUE(oracle.kv->Fetch(std::vector<SourceId>{s}, {&q, 1}).ok()) << "t " << t;
+        ASSERT_EQ(0, std::memcmp(base + l.InPage(s, r), out[0], l.row_bytes(s)))
+            << "request " << request << " page " << page << " position " << t << " source " << s;
+      }
+      for (int i = 0; i < m.config().n_indexers(); ++i) {
+        const float* want = oracle.session->index_keys(i).data() + t * m.config().idx_dim;
+        ASSERT_EQ(0, std::memcmp(base + l.KeyInPage(static_cast<uint32_t>(i), r), want,
+                                 static_cast<size_t>(m.config().idx_dim) * sizeof(float)))
+            << "index key of position " << t;
+      }
+    }
+    ++pages_checked;
+  }
+}
+
+struct RunResult {
+  RecordingSink sink;
+  int reclaims = 0, populated = 0, host_pages_checked = 0;
+  WorkerStats stats;
+};
+
+WorkerConfig SpecConfig(const model::Model& m, WorkerMode mode, double corruption) {
+  WorkerConfig c;
+  c.mode = mode;
+  c.page_rows = 16;
+  c.tail_rows = 32;
+  c.slots = 4;
+  c.hot_rows = static_cast<uint32_t>(4 * (m.config().top_k + m.config().local_window));  // max_block 4
+  c.speculation.mode = spec::SpeculateMode::kSynthetic;
+  c.speculation.block = 4;
+  c.speculation.corruption = corruption;
+  return c;
+}
+
+// Rounds a greedy request of max_new tokens takes when every proposal is accepted (all) or none is: its first token
+// comes from prefill, then rounds of K_r = min(4, tokens left) while K_r >= 2 (one token left: a plain step).
+uint64_t ExpectedRounds(uint32_t max_new, bool all) {
+  uint64_t rounds = 0;
+  for (int64_t left = max_new - 1; left > 0;) {
+    const int64_t k = std::min<int64_t>(4, left);
+    if (k >= 2) ++rounds;
+    left -= k >= 2 && all ? k : 1;
+  }
+  return rounds;
+}
+
+void Serve(const model::Model& m, WorkerConfig c, uint64_t seed, uint32_t budget_pages,
+           std::map<RequestId, OracleRows>& oracle, const std::vector<Spec>& specs, RunResult& res) {
+  auto g = ComputeGeometry(m.config(), c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const bool resident = c.mode == WorkerMode::kResident;
+  c.hbm_budget_bytes = resident ? uint64_t{64} << 20 : budget_pages * g->page_bytes;
+  CpuDevice device;
+  FakeMemd memd(resident ? 4096 : budget_pages, g->host_page_bytes, c.page_rows, 512, seed, !resident, c.slots);
+  auto w = Worker::Create(&m, &device, c, memd.host, &memd, &res.sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int it = 0; it < 20000; ++it) {
+    for (const Spec& s : specs) {
+      if (s.submit_at != it) continue;
+      wire::SubmitRequestT sub;
+      sub.request = s.id;
+      sub.prompt = s.prompt;
+      sub.max_new_tokens = s.max_new;
+      sub.temperature = s.temperature;
+      sub.seed = 5;
+      ASSERT_TRUE((*w)->Submit(sub, ClientRef{"c", s.id}).ok());
+    }
+    memd.Pump(**w);
+    auto more = (*w)->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    for (const Spec& s : specs) {
+      ExpectSafe(**w, s.id);
+      if (s.temperature == 0) ExpectHostPagesExact(**w, s.id, memd.host, m, oracle.at(s.id), res.host_pages_checked);
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+    if (res.sink.finished.size() == specs.size()) break;
+  }
+  ASSERT_EQ(res.sink.finished.size(), specs.size()) << "not every request finished";
+  res.reclaims = memd.reclaims_done;
+  res.populated = memd.pages_populated;
+  res.stats = (*w)->stats();
+  EXPECT_EQ(memd.completes, static_cast<int>(specs.size()));
+}
+
+TEST(WorkerSpeculation, GreedyRoundsMatchPlainDecodingInEveryModeUnderReclaims) {
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<Spec> specs = Requests(m->config().top_k);
+  std::map<RequestId, Generated> want;
+  std::map<RequestId, OracleRows> oracle;
+  for (const Spec& s : specs) {
+    const std::vector<model::Token> input(s.prompt.begin(), s.prompt.end());
+    want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, 5, s.id);
+    if (s.temperature == 0) oracle.emplace(s.id, RowsOf(*m, input, want[s.id]));
+  }
+  int reclaims = 0, populated = 0, pages_checked = 0;
+  for (double corruption : {0.0, 0.4, 1.0}) {
+    // The sampled request 5 joins the mixed run only: at 0 and 1 every round's acceptance is known exactly.
+    std::vector<Spec> run;
+    for (const Spec& s : specs) {
+      if (s.temperature == 0 || corruption == 0.4) run.push_back(s);
+    }
+    uint64_t want_rounds = 0;
+    for (const Spec& s : run) want_rounds += ExpectedRounds(s.max_new, corruption == 0.0);
+    for (WorkerMode mode : {WorkerMode::kResident, WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
+      for (uint64_t seed : {1ull, 2ull}) {
+        if (mode != WorkerMode::kAdaptive && seed > 1) continue;
+        SCOPED_TRACE(std::string(WorkerModeName(mode)) + " corruption " + std::to_string(corruption) + " seed " +
+                     std::to_string(seed));
+        RunResult res;
+        Serve(*m, SpecConfig(*m, mode, corruption), seed, /*budget_pages=*/24, oracle, run, res);
+        if (HasFatalFailure()) return;
+        EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
+        for (const Spec& s : run) {
+          EXPECT_EQ(res.sink.out[s.id].tokens.size(), s.max_new) << "request " << s.id;
+          if (s.temperature != 0) continue;  // sampled: same distribution, other draws (see the sampling test)
+          EXPECT_EQ(res.sink.out[s.id].tokens, want[s.id].tokens) << "request " << s.id;
+          EXPECT_EQ(res.sink.out[s.id].digests, want[s.id].digests) << "request " << s.id;
+        }
+        const WorkerStats& st = res.stats;
+        // Each round commits A_r + 1 tokens; greedy acceptance of the target's own continuation accepts every
+        // uncorrupted proposal up to the first corrupted one.
+        EXPECT_GT(st.spec_rounds, 0u);
+        EXPECT_EQ(st.spec_round_tokens, st.spec_accepted + st.spec_rounds);
+        uint64_t max_new = 0;
+        for (const Spec& s : run) max_new += s.max_new;
+        EXPECT_EQ(st.tokens_generated, max_new);
+        if (corruption == 0.0) {
+          EXPECT_EQ(st.spec_accepted, st.spec_proposed);
+          EXPECT_EQ(st.spec_rounds, want_rounds);
+        }
+        if (corruption == 1.0) {  // K_r >= 2 with the draft always rejected, many rounds
+          EXPECT_EQ(st.spec_accepted, 0u);
+          EXPECT_EQ(st.spec_rounds, want_rounds);
+        }
+        uint64_t widths = 0;
+        for (uint64_t n : st.spec_width_rounds) widths += n;
+        EXPECT_EQ(widths, st.spec_rounds);
+        std::printf("%s corruption %.1f seed %llu: rounds %llu, acceptance length %.2f, reclaims %d, populated %d, "
+                    "host pages checked %d\n",
+                    std::string(WorkerModeName(mode)).c_str(), corruption, static_cast<unsigned long long>(seed),
+                    static_cast<unsigned long long>(st.spec_rounds),
+                    static_cast<double>(st.spec_round_tokens) / static_cast<double>(st.spec_rounds), res.reclaims,
+                    res.populated, res.host_pages_checked);
+        reclaims += res.reclaims;
+        populated += res.populated;
+        pages_checked += res.host_pages_checked;
+      }
+    }
+  }
+  EXPECT_GT(reclaims, 0);
+  EXPECT_GT(populated, 0);
+  EXPECT_GT(pages_checked, 0);
+}
+
+TEST(WorkerSpeculation, DrafterModesAndOversizedBlocksAreRefusedAtStart) {
+  auto m = MakePresetModel("dsv4flash-like");
+  for (spec::SpeculateMode mode : {spec::SpeculateMode::kFixed, spec::SpeculateMode::kConfidence}) {
+    WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0);
+    c.speculation.mode = mode;
+    auto g = ComputeGeometry(m->config(), c);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(g.status().message().find("drafter"), std::string_view::npos) << g.status();
+  }
+  WorkerConfig c = SpecConfig(*m, WorkerMode::kHisparse, 0);
+  c.speculation.block = 5;  // B / (k + w) = 4
+  auto g = ComputeGeometry(m->config(), c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("--block 5 outside [1, 4]"), std::string_view::npos) << g.status();
+  c.speculation.block = 4;
+  c.speculation.schedule = "1:4,3:2";
+  EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());
+  c.speculation.schedule = "1:5";
+  EXPECT_EQ(ComputeGeometry(m->config(), c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dhs::test
