@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <set>
 
 #include "tests/workerd/kv_test_util.h"
 #include "tests/workerd/worker_test_util.h"
@@ -172,6 +173,50 @@ TEST(SpeculativeModel, RoundThenRollbackMatchesPlainDecodingHierarchical) {
   auto kv = HierarchicalKvAccess::Create(g->kv, &device, access, ResolverKind::kFused);
   ASSERT_TRUE(kv.ok()) << kv.status();
   RoundMatchesPlainDecoding(**kv, g->prefill_chunk);
+}
+
+}  // namespace
+}  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// Union retrieval (brief §6 "Union retrieval"): the K_r queries of one request in one Fetch; a host-only row selected
+// by three queries and another by two are copied once each (two host copies), and every query reads the same bytes.
+TEST(SpeculativeKv, UnionOfTheRoundsQueriesCopiesEachMissingRowOnce) {
+  Harness h(SmallConfig(), 16);
+  for (Position t = 0; t < 17; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());  // tail: 9..16; 0..7 only on host
+  h.device.WaitIdle();
+  h.kv->Poll();
+  std::vector<std::vector<Position>> sel = {{0, 1, 14, -1}, {0, 1, 13, 15}, {0, 16, 12, -1}};
+  std::set<Position> missing;  // the independent count: selected rows neither in the tail nor on GPU
+  for (const auto& q : sel) {
+    for (Position t : q) {
+      if (t >= 0 && t < 17 - 8) missing.insert(t);
+    }
+  }
+  ASSERT_EQ(missing.size(), 2u);
+  std::vector<std::vector<const uint8_t*>> out(3, std::vector<const uint8_t*>(4));
+  std::vector<KvQuery> batch;
+  for (size_t j = 0; j < 3; ++j) batch.push_back(KvQuery{1, sel[j], out[j]});
+  std::vector<SourceId> src = {2};
+  const Census before = h.kv->census(1);
+  ASSERT_TRUE(h.kv->Fetch(src, batch).ok());
+  const Census after = h.kv->census(1);
+  EXPECT_EQ(after.host - before.host, missing.size());
+  EXPECT_EQ(after.bytes_recovered - before.bytes_recovered, missing.size() * h.layout.row_bytes(2));
+  EXPECT_EQ(after.hot - before.hot, 3u);  // the other selections of rows 0 and 1 read the copied rows
+  EXPECT_EQ(out[0][0], out[1][0]);
+  EXPECT_EQ(out[0][0], out[2][0]);
+  EXPECT_EQ(out[0][1], out[1][1]);
+  for (size_t j = 0; j < 3; ++j) {
+    for (size_t e = 0; e < 4; ++e) {
+      if (sel[j][e] < 0) continue;
+      auto want = OriginalRow(1, 2, sel[j][e], h.layout.row_bytes(2));
+      EXPECT_EQ(0, std::memcmp(out[j][e], want.data(), want.size())) << "query " << j << " row " << sel[j][e];
+    }
+  }
+  h.kv->ReadersDone(src);
 }
 
 }  // namespace
