@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "workerd/spec/speculation_config.h"
@@ -33,6 +34,16 @@ inline void AddSpeculationOptions(CLI::App& app, SpeculationFlags* flags) {
       ->capture_default_str();
   app.add_option("--spec-corruption", flags->config.corruption,
                  "synthetic mode: probability a proposal is corrupted, in [0, 1]")->capture_default_str();
+}
+
+// The workerd arguments that give a worker `config` (empty when off): what dhs-replay passes to the workerd it starts.
+inline std::vector<std::string> SpeculationArgs(const SpeculationConfig& config) {
+  if (config.mode == SpeculateMode::kOff) return {};
+  std::vector<std::string> args = {"--speculate", std::string(SpeculateModeName(config.mode)), "--block",
+                                   std::to_string(config.block), "--spec-confidence", std::to_string(config.confidence),
+                                   "--spec-corruption", std::to_string(config.corruption)};
+  if (!config.schedule.empty()) args.insert(args.end(), {"--block-schedule", config.schedule});
+  return args;
 }
 
 // The config with the parsed mode. Errors: INVALID_ARGUMENT (unknown mode).
