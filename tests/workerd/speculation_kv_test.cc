@@ -221,3 +221,47 @@ TEST(SpeculativeKv, UnionOfTheRoundsQueriesCopiesEachMissingRowOnce) {
 
 }  // namespace
 }  // namespace dhs
+
+#include "workerd/spec/synthetic_proposer.h"
+
+namespace dhs {
+namespace {
+
+// The synthetic proposer (benchmarks only): a long history is fed at most catch_up tokens per Propose (no
+// proposals until it caught up), then the proposals are the model's own greedy continuation (the oracle's tokens)
+// at corruption 0 and never it at corruption 1; a Propose before the slot's Commit is refused.
+TEST(SyntheticProposer, CatchesUpInBoundedStepsThenProposesTheGreedyContinuation) {
+  auto m = test::MakePresetModel("dsv4flash-like");
+  std::vector<uint8_t> p = test::Prompt(30, 9);
+  const std::vector<model::Token> prompt(p.begin(), p.end());
+  const test::Generated want = test::Oracle(*m, prompt, 6);
+  for (double corruption : {0.0, 1.0}) {
+    auto proposer = spec::SyntheticProposer::Create(m.get(), 2, corruption, size_t{8} << 20, /*catch_up_tokens=*/8);
+    ASSERT_TRUE(proposer.ok()) << proposer.status();
+    std::vector<model::Token> tokens = prompt;
+    tokens.push_back(want.tokens[0]);  // the anchor at position 30
+    spec::DraftRequest r{1, spec::RoundKey{3, 42, 30}, tokens, {}, 4};
+    spec::DraftResult out;
+    int calls = 0;
+    do {
+      ASSERT_TRUE((*proposer)->Propose({&r, 1}, {&out, 1}).ok());
+      ++calls;
+      if (out.tokens.empty()) {
+        EXPECT_EQ((*proposer)->Propose({&r, 1}, {&out, 1}).code(), absl::StatusCode::kFailedPrecondition);
+        ASSERT_TRUE((*proposer)->Commit(1, 0).ok());
+      }
+    } while (out.tokens.empty() && calls < 10);
+    EXPECT_EQ(calls, 4);  // 8 + 8 + 8 + 6 history tokens
+    ASSERT_EQ(out.tokens.size(), 4u);
+    for (size_t j = 0; j < 4; ++j) {
+      if (corruption == 0.0) EXPECT_EQ(out.tokens[j], want.tokens[j + 1]) << j;
+      if (corruption == 1.0) EXPECT_NE(out.tokens[j], want.tokens[j + 1]) << j;
+      EXPECT_EQ(out.q[j][static_cast<size_t>(out.tokens[j])], 1.0);
+    }
+    EXPECT_EQ((*proposer)->Commit(1, 5).code(), absl::StatusCode::kInvalidArgument);  // more than proposed
+    ASSERT_TRUE((*proposer)->Commit(1, 4).ok());
+  }
+}
+
+}  // namespace
+}  // namespace dhs

@@ -45,12 +45,14 @@ absl::StatusOr<std::vector<model::Token>> SyntheticProposals(std::span<const mod
 namespace dhs::spec {
 
 absl::StatusOr<std::unique_ptr<SyntheticProposer>> SyntheticProposer::Create(const model::Model* model, int slots,
-                                                                             double corruption, size_t arena_bytes) {
-  if (model == nullptr || slots < 1 || !(corruption >= 0.0 && corruption <= 1.0)) {
+                                                                             double corruption, size_t arena_bytes,
+                                                                             int64_t catch_up_tokens) {
+  if (model == nullptr || slots < 1 || !(corruption >= 0.0 && corruption <= 1.0) || catch_up_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "synthetic proposer: needs a model, slots >= 1 (got %d) and corruption in [0, 1] (got %g)", slots, corruption));
+        "synthetic proposer: needs a model, slots >= 1 (got %d), corruption in [0, 1] (got %g) and catch-up tokens "
+        ">= 1 (got %d)", slots, corruption, catch_up_tokens));
   }
-  std::unique_ptr<SyntheticProposer> p(new SyntheticProposer(model, slots, corruption, arena_bytes));
+  std::unique_ptr<SyntheticProposer> p(new SyntheticProposer(model, slots, corruption, arena_bytes, catch_up_tokens));
   if (p->kv_.total_pages() == 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("synthetic proposer: an arena of %d bytes holds no page", arena_bytes));
@@ -58,9 +60,11 @@ absl::StatusOr<std::unique_ptr<SyntheticProposer>> SyntheticProposer::Create(con
   return p;
 }
 
-SyntheticProposer::SyntheticProposer(const model::Model* model, int slots, double corruption, size_t arena_bytes)
+SyntheticProposer::SyntheticProposer(const model::Model* model, int slots, double corruption, size_t arena_bytes,
+                                     int64_t catch_up)
     : model_(model),
       corruption_(corruption),
+      catch_up_(catch_up),
       kv_(std::vector<size_t>(model->config().n_sources(), model->config().row_bytes()), arena_bytes),
       slots_(static_cast<size_t>(slots)) {}
 
@@ -72,13 +76,18 @@ void SyntheticProposer::Reset(Slot& slot, RequestId request) {
   slot.session.emplace(model_->NewSession(index + 1));
 }
 
-absl::Status SyntheticProposer::CatchUp(std::span<const DraftRequest> batch) {
+absl::Status SyntheticProposer::CatchUp(std::span<const DraftRequest> batch, std::vector<bool>& ready) {
   std::vector<model::StepInput> in;
   std::vector<Slot*> who;
-  for (const DraftRequest& r : batch) {  // every token before the anchor (the anchor is fed by Continue)
+  ready.assign(batch.size(), true);
+  for (size_t b = 0; b < batch.size(); ++b) {  // the tokens before the anchor (the anchor is fed by Continue)
+    const DraftRequest& r = batch[b];
     Slot& s = slots_[static_cast<size_t>(r.slot)];
     if (s.fed.size() + 1 >= r.tokens.size()) continue;
-    in.push_back(model::StepInput{&*s.session, r.tokens.subspan(s.fed.size(), r.tokens.size() - 1 - s.fed.size())});
+    const size_t behind = r.tokens.size() - 1 - s.fed.size();
+    const size_t n = std::min(behind, static_cast<size_t>(catch_up_));
+    ready[b] = n == behind;
+    in.push_back(model::StepInput{&*s.session, r.tokens.subspan(s.fed.size(), n)});
     who.push_back(&s);
   }
   if (in.empty()) return absl::OkStatus();
@@ -91,23 +100,26 @@ absl::Status SyntheticProposer::CatchUp(std::span<const DraftRequest> batch) {
   return absl::OkStatus();
 }
 
-absl::Status SyntheticProposer::Continue(std::span<const DraftRequest> batch,
+absl::Status SyntheticProposer::Continue(std::span<const DraftRequest> batch, const std::vector<bool>& ready,
                                          std::vector<std::vector<model::Token>>& out) {
   // A round on the private session: the anchor, then c_1 .. c_{P-1}, each the argmax after the previous; only the
   // anchor's row is kept (EndVerification), so the session holds the request's committed tokens.
   out.assign(batch.size(), {});
   int64_t longest = 0;
-  for (const DraftRequest& r : batch) {
-    if (r.max_proposals < 1) continue;
+  std::vector<int64_t> want(batch.size(), 0);  // proposals of slot b this round
+  for (size_t b = 0; b < batch.size(); ++b) want[b] = ready[b] ? batch[b].max_proposals : 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const DraftRequest& r = batch[b];
+    if (want[b] < 1) continue;
     Slot& s = slots_[static_cast<size_t>(r.slot)];
     if (absl::Status st = model_->BeginVerification(*s.session, kv_); !st.ok()) return st;
-    longest = std::max(longest, r.max_proposals);
+    longest = std::max(longest, want[b]);
   }
   for (int64_t i = 0; i < longest; ++i) {  // feeds the anchor (i = 0) or c_i, reads c_{i+1}
     std::vector<model::StepInput> in;
     std::vector<size_t> who;
     for (size_t b = 0; b < batch.size(); ++b) {
-      if (batch[b].max_proposals <= i) continue;
+      if (want[b] <= i) continue;
       const model::Token* token = i == 0 ? &batch[b].tokens.back() : &out[b][static_cast<size_t>(i) - 1];
       in.push_back(model::StepInput{&*slots_[static_cast<size_t>(batch[b].slot)].session,
                                     std::span<const model::Token>(token, 1)});
@@ -118,8 +130,9 @@ absl::Status SyntheticProposer::Continue(std::span<const DraftRequest> batch,
     for (size_t j = 0; j < who.size(); ++j) out[who[j]].push_back(model::Argmax(logits[j].logits));
     reference_positions_ += in.size();
   }
-  for (const DraftRequest& r : batch) {
-    if (r.max_proposals < 1) continue;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const DraftRequest& r = batch[b];
+    if (want[b] < 1) continue;
     Slot& s = slots_[static_cast<size_t>(r.slot)];
     if (absl::Status st = model_->EndVerification(*s.session, static_cast<Position>(r.tokens.size()), kv_); !st.ok()) {
       return st;
@@ -156,8 +169,9 @@ absl::Status SyntheticProposer::Propose(std::span<const DraftRequest> batch, std
     }
   }
   std::vector<std::vector<model::Token>> continuation;
-  absl::Status st = CatchUp(batch);
-  if (st.ok()) st = Continue(batch, continuation);
+  std::vector<bool> ready;
+  absl::Status st = CatchUp(batch, ready);
+  if (st.ok()) st = Continue(batch, ready, continuation);
   if (!st.ok()) {
     for (const DraftRequest& r : batch) Reset(slots_[static_cast<size_t>(r.slot)], r.key.request);
     return st;

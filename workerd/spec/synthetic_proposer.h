@@ -46,8 +46,11 @@ class SyntheticProposer final : public Proposer {
   // `model` must outlive the proposer; `slots` >= 1 request slots; `corruption` in [0, 1]; `arena_bytes`: the
   // private resident store shared by the slots (rows of every source of every position a slot fed; host memory).
   // Errors: INVALID_ARGUMENT (null model, slots < 1, corruption outside [0, 1], an arena below one page).
+  // `catch_up_tokens` (>= 1): the most history tokens one Propose feeds a slot's private session, so that a long
+  // prompt never stalls the caller's loop; a slot still behind gets no proposals this round (an empty result).
   static absl::StatusOr<std::unique_ptr<SyntheticProposer>> Create(const model::Model* model, int slots,
-                                                                  double corruption, size_t arena_bytes);
+                                                                  double corruption, size_t arena_bytes,
+                                                                  int64_t catch_up_tokens = 64);
 
   // Errors (Proposer): INVALID_ARGUMENT (slot outside [0, slots), out.size() != batch.size(), a slot twice, no
   // tokens), FAILED_PRECONDITION (the slot's previous round not committed), RESOURCE_EXHAUSTED (the private arena is
@@ -68,15 +71,19 @@ class SyntheticProposer final : public Proposer {
     bool pending = false;           // proposed, not committed yet
     int64_t proposed = 0;
   };
-  SyntheticProposer(const model::Model* model, int slots, double corruption, size_t arena_bytes);
+  SyntheticProposer(const model::Model* model, int slots, double corruption, size_t arena_bytes, int64_t catch_up);
   void Reset(Slot& slot, RequestId request);
-  // Feeds each slot's tokens beyond `fed` up to the anchor, excluded (one batched Step).
-  absl::Status CatchUp(std::span<const DraftRequest> batch);
-  // The greedy continuation of every slot of `batch`: out[b] has batch[b].max_proposals tokens.
-  absl::Status Continue(std::span<const DraftRequest> batch, std::vector<std::vector<model::Token>>& out);
+  // Feeds each slot's tokens beyond `fed` up to the anchor, excluded, at most catch_up_ per slot (one batched
+  // Step). ready[b]: slot b's session holds every token before the anchor.
+  absl::Status CatchUp(std::span<const DraftRequest> batch, std::vector<bool>& ready);
+  // The greedy continuation of every ready slot of `batch`: out[b] has batch[b].max_proposals tokens (none when not
+  // ready).
+  absl::Status Continue(std::span<const DraftRequest> batch, const std::vector<bool>& ready,
+                        std::vector<std::vector<model::Token>>& out);
 
   const model::Model* model_;
   double corruption_;
+  int64_t catch_up_;
   model::ResidentKvAccess kv_;
   std::vector<Slot> slots_;
   uint64_t reference_positions_ = 0;
