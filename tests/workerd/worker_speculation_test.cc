@@ -3,6 +3,7 @@
 // digests, against the model alone) in resident, hisparse and adaptive modes while a fake memd forces reclaims and
 // repopulations; every host page written holds the oracle's rows (a rejected row never reaches the host); rounds
 // commit A_r + 1 tokens; the drafter modes and blocks the KV cannot serve are refused at start.
+#include <boost/math/distributions/chi_squared.hpp>
 #include <cstdio>
 #include <cstring>
 
@@ -210,6 +211,122 @@ TEST(WorkerSpeculation, GreedyRoundsMatchPlainDecodingInEveryModeUnderReclaims) 
   EXPECT_GT(reclaims, 0);
   EXPECT_GT(populated, 0);
   EXPECT_GT(pages_checked, 0);
+}
+
+// Sampling mode (brief §6 acceptance): N = 1200 requests with one prompt, temperature 0.3, each with its own keyed
+// draws (client ids 1..N). Token 0 comes from prefill, token 1 from a K = 2 round whose proposal (the greedy continuation,
+// corrupted with probability 0.2) is accepted with min(1, p/q) or corrected from norm(max(0, p - q)). Given t0, t1 must
+// follow the target's own p(t1 | t0), computed independently with the model alone: Pearson chi-square per t0 (cells
+// with expected count < 5 pooled), summed, at significance 0.001, critical value from Boost.Math's quantile.
+TEST(WorkerSpeculation, SampledRoundsEmitTheTargetsOwnDistribution) {
+  constexpr int kRequests = 1200;
+  constexpr float kTemperature = 0.3f;
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<uint8_t> prompt = Prompt(12, 4);
+  const model::SamplingParams params{kTemperature, 1.0f};
+  // p(t0) and p(t1 | t0) with the model alone.
+  auto kv = model::ResidentKvAccess::ForModel(m->config(), size_t{64} << 20, 16);
+  std::vector<double> p0;
+  std::vector<std::vector<double>> p1(model::kVocab);
+  {
+    model::ModelSession s = m->NewSession(1);
+    std::vector<model::Token> in(prompt.begin(), prompt.end());
+    model::StepInput step{&s, in};
+    model::StepOutput out;
+    ASSERT_TRUE(m->Step(std::span<model::StepInput>(&step, 1), *kv, std::span<model::StepOutput>(&out, 1)).ok());
+    p0 = model::SamplingDistribution(std::span<const float>(out.logits).last(model::kVocab), params);
+    kv->Release(1);
+  }
+  for (int t0 = 0; t0 < model::kVocab; ++t0) {
+    if (p0[static_cast<size_t>(t0)] * kRequests < 1e-3) continue;  // never matters to any cell
+    model::ModelSession s = m->NewSession(2);
+    std::vector<model::Token> in(prompt.begin(), prompt.end());
+    in.push_back(t0);
+    model::StepInput step{&s, in};
+    model::StepOutput out;
+    ASSERT_TRUE(m->Step(std::span<model::StepInput>(&step, 1), *kv, std::span<model::StepOutput>(&out, 1)).ok());
+    p1[static_cast<size_t>(t0)] = model::SamplingDistribution(std::span<const float>(out.logits).last(model::kVocab),
+                                                              params);
+    kv->Release(2);
+  }
+  // The worker, speculating with K = 2 rounds.
+  WorkerConfig c = SpecConfig(*m, WorkerMode::kResident, 0.2);
+  c.speculation.block = 2;
+  c.submit_queue = kRequests;
+  auto g = ComputeGeometry(m->config(), c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  CpuDevice device;
+  FakeMemd memd(4096, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
+  RecordingSink sink;
+  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (RequestId id = 1; id <= kRequests; ++id) {
+    wire::SubmitRequestT sub;
+    sub.request = id;
+    sub.prompt = prompt;
+    sub.max_new_tokens = 3;  // token 1 from the round (K = min(2, 3 - 1)); token 2 its bonus or a plain step
+    sub.temperature = kTemperature;
+    sub.seed = 11;
+    ASSERT_TRUE((*w)->Submit(sub, ClientRef{"c", id}).ok());
+  }
+  for (int it = 0; it < 100000 && sink.finished.size() < kRequests; ++it) {
+    memd.Pump(**w);
+    ASSERT_TRUE((*w)->Iterate().ok());
+  }
+  ASSERT_EQ(sink.finished.size(), static_cast<size_t>(kRequests));
+  EXPECT_EQ((*w)->stats().spec_rounds, static_cast<uint64_t>(kRequests));  // token 1 of every request
+  // Given t0, the t1 of the requests that drew t0 are i.i.d. draws of p(t1 | t0) (t1's draws are independent of t0's):
+  // one Pearson statistic per t0 drawn at least 20 times against p(. | t0), summed (independent groups: the degrees
+  // of freedom add up).
+  std::map<int, std::vector<int64_t>> by_t0;
+  for (const auto& [id, out] : sink.out) {
+    ASSERT_EQ(out.tokens.size(), 3u) << id;
+    std::vector<int64_t>& c = by_t0[out.tokens[0]];
+    c.resize(model::kVocab, 0);
+    ++c[static_cast<size_t>(out.tokens[1])];
+  }
+  double stat = 0;
+  int bins = 0, groups = 0;
+  for (const auto& [t0, c] : by_t0) {
+    ASSERT_FALSE(p1[static_cast<size_t>(t0)].empty()) << "t0 = " << t0 << " has probability ~0 but was drawn";
+    int64_t n = 0;
+    for (int64_t x : c) n += x;
+    if (n < 20) continue;
+    const std::vector<double>& p = p1[static_cast<size_t>(t0)];
+    double pooled_e = 0;
+    int64_t pooled_o = 0;
+    int group_bins = 0;
+    for (int t1 = 0; t1 < model::kVocab; ++t1) {
+      const int64_t o = c[static_cast<size_t>(t1)];
+      if (p[static_cast<size_t>(t1)] == 0.0) {
+        EXPECT_EQ(o, 0) << "(" << t0 << ", " << t1 << ") has probability 0 but was emitted";
+        continue;
+      }
+      const double e = p[static_cast<size_t>(t1)] * static_cast<double>(n);
+      if (e < 5.0) {
+        pooled_e += e;
+        pooled_o += o;
+        continue;
+      }
+      stat += (static_cast<double>(o) - e) * (static_cast<double>(o) - e) / e;
+      ++group_bins;
+    }
+    if (pooled_e > 0) {
+      stat += (static_cast<double>(pooled_o) - pooled_e) * (static_cast<double>(pooled_o) - pooled_e) / pooled_e;
+      ++group_bins;
+    }
+    bins += group_bins - 1;
+    ++groups;
+  }
+  ++bins;  // df = bins - 1 below = the sum of the groups' degrees of freedom
+  const int df = bins - 1;
+  ASSERT_GE(df, 3) << "too few cells to test";
+  const double critical = boost::math::quantile(boost::math::complement(boost::math::chi_squared(df), 0.001));
+  std::printf("t1 given t0 (%d groups of %d sampled requests): chi2 = %.2f, df = %d, critical(0.001) = %.2f; "
+              "acceptance %llu of %llu proposals\n", groups, kRequests, stat, df, critical,
+              static_cast<unsigned long long>((*w)->stats().spec_accepted),
+              static_cast<unsigned long long>((*w)->stats().spec_proposed));
+  EXPECT_LT(stat, critical);
 }
 
 TEST(WorkerSpeculation, DrafterModesAndOversizedBlocksAreRefusedAtStart) {
