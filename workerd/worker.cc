@@ -627,11 +627,11 @@ void Worker::CommitStep() {
     const size_t first = std::max(r.generated.size() - new_tokens[id], r.client_has);
     const bool has = r.generated.size() <= first;
     if (has && !finished) continue;
+    const auto from = static_cast<ptrdiff_t>(first);
     absl::Status sent =
         has ? SendChunk(r, {}, {}, true, absl::OkStatus())
-            : SendChunk(r, std::vector<model::Token>(r.generated.begin() + static_cast<ptrdiff_t>(first), r.generated.end()),
-                        std::vector<uint64_t>(r.digests.begin() + static_cast<ptrdiff_t>(first), r.digests.end()),
-                        finished, absl::OkStatus());
+            : SendChunk(r, std::vector<model::Token>(r.generated.begin() + from, r.generated.end()),
+                        std::vector<uint64_t>(r.digests.begin() + from, r.digests.end()), finished, absl::OkStatus());
     if (!sent.ok()) {
       // The client does not read: the request fails (RunBatch ends it; its final chunk carries this error).
       r.client_error = absl::Status(sent.code(), absl::StrCat("request ", r.client_id, " failed after ",

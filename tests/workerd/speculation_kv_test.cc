@@ -80,7 +80,8 @@ TEST(SpeculativeKv, HeldPagesAreBackedUpAfterVerificationWithKeptRowsOnly) {
       for (uint32_t r = 0; r < 4; ++r) {
         const Position t = page * 4 + r;
         auto want = OriginalRow(1, s, t, h.layout.row_bytes(s));
-        EXPECT_EQ(0, std::memcmp(base + h.layout.InPage(s, r), want.data(), want.size())) << "page " << page << " t " << t;
+        EXPECT_EQ(0, std::memcmp(base + h.layout.InPage(s, r), want.data(), want.size()))
+            << "page " << page << " t " << t;
       }
     }
   }
@@ -168,8 +169,8 @@ TEST(SpeculativeModel, RoundThenRollbackMatchesPlainDecodingHierarchical) {
   CpuDevice device;
   std::vector<uint8_t> host(64 * g->host_page_bytes);
   PageIndex next = 0;
-  HostPoolAccess access{host, [&]() -> std::optional<PageIndex> { return next < 64 ? std::optional(next++) : std::nullopt; },
-                        [](PageIndex) {}};
+  auto allocate = [&]() -> std::optional<PageIndex> { return next < 64 ? std::optional(next++) : std::nullopt; };
+  HostPoolAccess access{host, allocate, [](PageIndex) {}};
   auto kv = HierarchicalKvAccess::Create(g->kv, &device, access, ResolverKind::kFused);
   ASSERT_TRUE(kv.ok()) << kv.status();
   RoundMatchesPlainDecoding(**kv, g->prefill_chunk);

@@ -214,10 +214,11 @@ TEST(WorkerSpeculation, GreedyRoundsMatchPlainDecodingInEveryModeUnderReclaims) 
 }
 
 // Sampling mode (brief §6 acceptance): N = 1200 requests with one prompt, temperature 0.3, each with its own keyed
-// draws (client ids 1..N). Token 0 comes from prefill, token 1 from a K = 2 round whose proposal (the greedy continuation,
-// corrupted with probability 0.2) is accepted with min(1, p/q) or corrected from norm(max(0, p - q)). Given t0, t1 must
-// follow the target's own p(t1 | t0), computed independently with the model alone: Pearson chi-square per t0 (cells
-// with expected count < 5 pooled), summed, at significance 0.001, critical value from Boost.Math's quantile.
+// draws (client ids 1..N). Token 0 comes from prefill, token 1 from a K = 2 round whose proposal (the greedy
+// continuation, corrupted with probability 0.2) is accepted with min(1, p/q) or corrected from norm(max(0, p - q)).
+// Given t0, t1 must follow the target's own p(t1 | t0), computed independently with the model alone: Pearson
+// chi-square per t0 (cells with expected count < 5 pooled), summed, at significance 0.001, critical value from
+// Boost.Math's quantile.
 TEST(WorkerSpeculation, SampledRoundsEmitTheTargetsOwnDistribution) {
   constexpr int kRequests = 1200;
   constexpr float kTemperature = 0.3f;

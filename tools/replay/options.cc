@@ -221,7 +221,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   absl::StatusOr<spec::SpeculationConfig> speculation = spec::ResolveSpeculation(speculation_flags);
   if (!speculation.ok()) {
     cl.exit_code = 2;
-    cl.message = absl::StrCat("dhs-replay: ", speculation.status().message(), "\nRun with --help for more information.\n");
+    cl.message =
+        absl::StrCat("dhs-replay: ", speculation.status().message(), "\nRun with --help for more information.\n");
     return cl;
   }
   o.speculation = *speculation;

@@ -14,9 +14,10 @@
 //
 // SyntheticProposer (a spec::Proposer, FOR BENCHMARKS AND TESTS ONLY): gets the continuation by running the target
 // greedily on a private resident session per slot (its own ResidentKvAccess, host memory), then corrupts it with
-// SyntheticProposals. Per Propose batch: one batched Step feeds each slot's newly committed tokens before the anchor,
-// then max_proposals batched one-token Steps feed the anchor and extend the greedy continuation, which is then rolled
-// back to the anchor (Model::BeginVerification / EndVerification), so the private session holds committed tokens only. Its compute
+// SyntheticProposals. Per Propose batch: one batched Step feeds each slot's newly committed tokens before the
+// anchor, then max_proposals batched one-token Steps feed the anchor and extend the greedy continuation, which is
+// then rolled back to the anchor (Model::BeginVerification / EndVerification): the private session holds committed
+// tokens only. Its compute
 // is about K_r target steps per round (not a drafter's cost: benchmarks report the proposer's time apart).
 #pragma once
 
