@@ -93,6 +93,52 @@ TEST(SpeculativeKv, HeldPagesAreBackedUpAfterVerificationWithKeptRowsOnly) {
   EXPECT_EQ(h.kv->Fetch(src, {&q, 1}).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A backup of the newest committed page still in flight (held by the copy hook) while a round discards its rejected
+// rows: the kept rows stay, the held backup completes with the original bytes, the page the next round completes is
+// backed up with kept rows only, and each host page goes back exactly once when the request is released.
+TEST(SpeculativeKv, RoundCommitsWhileABackupIsInFlightAndFreesNothingTwice) {
+  Harness h(SmallConfig(), 16);
+  std::atomic<int> d2h{0};
+  h.device.SetCopyHook([&](const CopyInfo& c) {
+    if (c.kind != CopyKind::kDeviceToHost) return CopyFate::kRun;
+    return ++d2h == 1 ? CopyFate::kHold : CopyFate::kRun;  // page 0's backup waits
+  });
+  for (Position t = 0; t < 4; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  ASSERT_EQ(h.device.HeldCopies().size(), 1u);
+  // Round: anchor 4, proposals 5..7; one accepted (rows 4, 5 kept), 6 and 7 dropped while page 0's copy is in flight.
+  ASSERT_TRUE(Round(h, 4, 8, 6, 6).ok());
+  EXPECT_EQ(d2h.load(), 1);
+  EXPECT_FALSE(h.kv->Find(1)->pages[0].host_ready);
+  h.device.ReleaseAllHeld();
+  h.device.WaitIdle();
+  KvCompletions done = h.kv->Poll();
+  ASSERT_EQ(done.backups.size(), 1u);
+  EXPECT_EQ(done.backups[0].page, 0u);
+  // Next round: anchor 6, 7 accepted (page 1 held until the commit), 8 (its tail slot is page 0's, backed up) dropped.
+  ASSERT_TRUE(Round(h, 6, 9, 8, 8).ok());
+  EXPECT_EQ(d2h.load(), 2);
+  h.device.WaitIdle();
+  done = h.kv->Poll();
+  ASSERT_EQ(done.backups.size(), 1u);
+  EXPECT_EQ(done.backups[0].page, 1u);
+  const RequestKv& kv = *h.kv->Find(1);
+  for (uint32_t page = 0; page < 2; ++page) {
+    const uint8_t* base = h.host.data() + kv.pages[page].host_page * h.layout.host_page_bytes();
+    for (SourceId s = 0; s < 3; ++s) {
+      for (uint32_t r = 0; r < 4; ++r) {
+        auto want = OriginalRow(1, s, page * 4 + r, h.layout.row_bytes(s));
+        EXPECT_EQ(0, std::memcmp(base + h.layout.InPage(s, r), want.data(), want.size())) << page << " " << r;
+      }
+    }
+  }
+  const std::set<PageIndex> used = {static_cast<PageIndex>(kv.pages[0].host_page),
+                                    static_cast<PageIndex>(kv.pages[1].host_page)};
+  h.kv->Release(1);
+  h.kv->Poll();
+  EXPECT_EQ(h.freed.size(), 2u);
+  EXPECT_EQ(std::set<PageIndex>(h.freed.begin(), h.freed.end()), used);
+}
+
 TEST(SpeculativeKv, RefusesRoundsOutOfOrder) {
   Harness h(SmallConfig(), 16);
   for (Position t = 0; t < 3; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
