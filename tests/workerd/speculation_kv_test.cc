@@ -139,6 +139,30 @@ TEST(SpeculativeKv, RoundCommitsWhileABackupIsInFlightAndFreesNothingTwice) {
   EXPECT_EQ(std::set<PageIndex>(h.freed.begin(), h.freed.end()), used);
 }
 
+// Rows a round drops took the tail slots of the rows T before them: after the commit those older rows are no longer
+// in the tail (though appended - T would say so) and are read from their host copies (found by the worker test on
+// glm5-like: a backup from the tail copied a dropped row's slot).
+TEST(SpeculativeKv, RowsEvictedByDroppedRowsAreReadFromHost) {
+  Harness h(SmallConfig(), 16);
+  for (Position t = 0; t < 8; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  ASSERT_TRUE(Round(h, 8, 12, 9, 9).ok());  // rows 9..11 dropped; their slots held rows 1..3
+  h.device.WaitIdle();
+  h.kv->Poll();
+  const Census before = h.kv->census(1);
+  std::vector<Position> sel = {1, 2, 3, 8};
+  std::vector<const uint8_t*> out(4);
+  KvQuery q{1, sel, out};
+  std::vector<SourceId> src = {2};
+  ASSERT_TRUE(h.kv->Fetch(src, {&q, 1}).ok());
+  for (size_t e = 0; e < sel.size(); ++e) {
+    auto want = OriginalRow(1, 2, sel[e], h.layout.row_bytes(2));
+    EXPECT_EQ(0, std::memcmp(out[e], want.data(), want.size())) << "row " << sel[e];
+  }
+  h.kv->ReadersDone(src);
+  EXPECT_EQ(h.kv->census(1).host - before.host, 3u);    // rows 1..3 from their host copies
+  EXPECT_EQ(h.kv->census(1).direct - before.direct, 1u);  // row 8 (the anchor) in the tail
+}
+
 TEST(SpeculativeKv, RefusesRoundsOutOfOrder) {
   Harness h(SmallConfig(), 16);
   for (Position t = 0; t < 3; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());

@@ -143,8 +143,10 @@ void Serve(const model::Model& m, WorkerConfig c, uint64_t seed, uint32_t budget
   EXPECT_EQ(memd.completes, static_cast<int>(specs.size()));
 }
 
-TEST(WorkerSpeculation, GreedyRoundsMatchPlainDecodingInEveryModeUnderReclaims) {
-  auto m = MakePresetModel("dsv4flash-like");
+class GreedyRounds : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GreedyRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
+  auto m = MakePresetModel(GetParam());
   const std::vector<Spec> specs = Requests(m->config().top_k);
   std::map<RequestId, Generated> want;
   std::map<RequestId, OracleRows> oracle;
@@ -219,6 +221,10 @@ TEST(WorkerSpeculation, GreedyRoundsMatchPlainDecodingInEveryModeUnderReclaims) 
 // Given t0, t1 must follow the target's own p(t1 | t0), computed independently with the model alone: Pearson
 // chi-square per t0 (cells with expected count < 5 pooled), summed, at significance 0.001, critical value from
 // Boost.Math's quantile.
+// dsv4flash-like: sources shared by Reuse / Reindex layers; glm5-like: index producers whose followers' rows come in
+// one Fetch over several sources.
+INSTANTIATE_TEST_SUITE_P(Presets, GreedyRounds, ::testing::Values("dsv4flash-like", "glm5-like"));
+
 TEST(WorkerSpeculation, SampledRoundsEmitTheTargetsOwnDistribution) {
   constexpr int kRequests = 1200;
   constexpr float kTemperature = 0.3f;

@@ -117,6 +117,7 @@ absl::StatusOr<RequestKv*> HierarchicalKvAccess::Admit(RequestId request, SlotIn
   kv->id = request;
   kv->slot = slot;
   kv->appended.assign(layout_.num_sources(), 0);
+  kv->tail_end.assign(layout_.num_sources(), 0);
   kv->tail_write.assign(layout_.num_sources(), std::vector<CopyEvent>(layout_.config().tail_rows));
   resolver_->ResetSlot(kv->slot);
   RequestKv* raw = kv.get();
@@ -150,6 +151,7 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
   HostToDeviceCopy op{dst, upload};
   write = device_->CopyHostToDevice({&op, 1}, after);
   ++kv.appended[source];
+  kv.tail_end[source] = std::max(kv.tail_end[source], kv.appended[source]);
   // Page completion: every source has the whole page -> schedule its backup (brief §4, §6); a page with an
   // unverified row waits for CommitVerified.
   if ((position + 1) % c.page_rows == 0 && position < kv.hold_from) {
@@ -379,8 +381,10 @@ bool HierarchicalKvAccess::Complete(const RequestKv& kv, uint32_t page) const {
 
 bool HierarchicalKvAccess::InTail(const RequestKv& kv, uint32_t page) const {
   const Position first = Position{page} * layout_.config().page_rows;
-  return std::all_of(kv.appended.begin(), kv.appended.end(),
-                     [&](Position n) { return first >= n - Position{layout_.config().tail_rows}; });
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    if (first < kv.TailEnd(s) - Position{layout_.config().tail_rows}) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<bool> HierarchicalKvAccess::BackupInsteadOfKeep(RequestId request, uint32_t page,
@@ -516,7 +520,9 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
   std::vector<CopyEvent> after;
   uint8_t* host_base = HostPageData(host_page);
   bool in_tail = true;
-  for (SourceId s = 0; s < layout_.num_sources(); ++s) in_tail = in_tail && first >= kv.appended[s] - Position{c.tail_rows};
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    in_tail = in_tail && first >= kv.TailEnd(s) - Position{c.tail_rows};
+  }
   for (SourceId s = 0; s < layout_.num_sources(); ++s) {
     const uint64_t bytes = c.page_rows * c.row_bytes[s];
     Location src;
