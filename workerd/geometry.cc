@@ -94,6 +94,8 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
     return absl::InvalidArgumentError(absl::StrCat("worker: prefill chunk ", g.prefill_chunk, " x (k + window) ",
                                                    span, " exceeds hot rows ", g.hot_rows));
   }
+  g.max_block = std::max<uint32_t>(1, std::min<uint32_t>(g.hot_rows / span, g.tail_rows - p + 1));
+  if (absl::Status s = spec::CheckSpeculation(config.speculation, g.max_block); !s.ok()) return s;
   g.kv.row_bytes.assign(n_sources, model.row_bytes());
   g.kv.groups = KvGroups(model);
   g.kv.page_rows = p;

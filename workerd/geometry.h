@@ -13,6 +13,7 @@
 #include "dhs_generated.h"
 #include "workerd/kv/layout.h"
 #include "workerd/model/config.h"
+#include "workerd/spec/speculation_config.h"
 
 namespace dhs {
 
@@ -38,6 +39,7 @@ struct WorkerConfig {
                                      // prefill with decode alike
   uint32_t away_held_tokens = 4096;  // memd away (issue 11): a request whose tokens held back from its client (not
                                      // yet in memd's record) reach this pauses until memd is back, tokens
+  spec::SpeculationConfig speculation;  // --speculate, --block, ... (workerd/spec/speculation_config.h)
 };
 
 // The sizes derived from the model and the config (brief §8).
@@ -50,13 +52,19 @@ struct WorkerGeometry {
   uint32_t hot_rows = 0;         // B
   uint32_t tail_rows = 0;        // T
   uint32_t prefill_chunk = 0;    // tokens
+  // The widest speculative round, queries: min(B / (k + window), T - p + 1), the same in every mode (so the modes
+  // differ in memory only): a round's K_r selections must fit the hot cache (no staging arena yet) and the tail must
+  // hold a page plus the round's rows (a rejected row never pushes an unbacked page out of the tail).
+  uint32_t max_block = 1;
   KvConfig kv;                   // the hierarchical layout (optional_pages = M)
 };
 // Bytes of one host page for `model` at p = page_rows: p * (sum of d_KV over payload sources + sum over indexers of
 // idx_dim * 4) (WorkerGeometry.host_page_bytes; memd --page-bytes of a node serving this model).
 uint64_t HostPageBytes(const model::ModelConfig& model, uint32_t page_rows);
 
-// Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page, gpu >= kMaxGpus).
+// Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page, gpu >= kMaxGpus,
+// speculation options spec::CheckSpeculation refuses with max_block), UNIMPLEMENTED (a speculation mode needing the
+// drafter).
 absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
 
 // The Hello of this worker (contract §1).

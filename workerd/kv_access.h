@@ -66,6 +66,25 @@ class KvAccess {
 
   // The request finished or was cancelled: its rows may be dropped.
   virtual void Release(RequestId request) = 0;
+
+  // Speculative rounds (brief §6 "Commit"; workerd/speculation.h). A verification pass appends rows the round may
+  // reject. HoldUnverified: rows of `request` at positions >= `from` appended from now on are unverified: a store with
+  // a host tier completes no page holding one (no backup, no kept copy: they never reach the host nor the optional
+  // history). `from` >= every source's appended length; the worker passes n_r + 1 before the round's step (the
+  // anchor's row at n_r is always kept). CommitVerified: the round is
+  // verified: rows at positions >= `length` (>= the held `from`) are dropped on every source, the hold ends, and the
+  // pages now complete below `length` are completed as an Append would have (backup or kept copy scheduled).
+  // Errors: NOT_FOUND (unknown request), INVALID_ARGUMENT (`from` / `length` out of range: below the rows that are
+  // already immutable, or above the appended length), FAILED_PRECONDITION (CommitVerified without a hold),
+  // UNIMPLEMENTED (a store that cannot drop rows: the default).
+  virtual absl::Status HoldUnverified(RequestId request, Position from) {
+    (void)request, (void)from;
+    return absl::UnimplementedError("KV store: speculative rounds are not supported");
+  }
+  virtual absl::Status CommitVerified(RequestId request, Position length) {
+    (void)request, (void)length;
+    return absl::UnimplementedError("KV store: speculative rounds are not supported");
+  }
 };
 
 }  // namespace dhs

@@ -16,6 +16,7 @@
 #include "workerd/device/cuda_device.h"
 #endif
 #include "workerd/device/link_model_cli.h"
+#include "workerd/spec/speculation_cli.h"
 #include "workerd/model/weights.h"
 #include "workerd/worker_process.h"
 
@@ -43,6 +44,7 @@ struct CommandLine {
   int memd_reconnect_ms = 30000;
   std::string device_name = "auto";
   dhs::LinkModelFlags link_flags;
+  dhs::spec::SpeculationFlags speculation;
   std::string fault_kill_at;  // test-only: --fault-kill-at KIND:N (common/fault_point.h)
   dhs::WorkerConfig config;
   dhs::ClientOutboxLimits client_buffer;
@@ -105,6 +107,7 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
   dhs::AddLinkModelOptions(app, &c.link_flags);
+  dhs::spec::AddSpeculationOptions(app, &c.speculation);
   // Test-only, hidden from --help (empty group): fault-injection tests (dhs-replay --kill-worker-at) force a kill
   // at a chosen point of the serving loop.
   app.add_option("--fault-kill-at", c.fault_kill_at,
@@ -182,6 +185,12 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine& cl, dhs:
     return 2;
   }
   cl.config.mode = *mode;
+  absl::StatusOr<dhs::spec::SpeculationConfig> speculation = dhs::spec::ResolveSpeculation(cl.speculation);
+  if (!speculation.ok()) {
+    spdlog::error("workerd: {}", std::string(speculation.status().message()));
+    return 2;
+  }
+  cl.config.speculation = *speculation;
   if (!cl.fault_kill_at.empty()) {
     absl::StatusOr<dhs::FaultKill> kill = dhs::ParseFaultKill(cl.fault_kill_at);
     if (!kill.ok()) {

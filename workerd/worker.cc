@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   ResidencyAgentConfig agent{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive,
                              config.mode != WorkerMode::kResident};
   w->agent_ = std::make_unique<ResidencyAgent>(agent, residency, memd);
+  if (absl::Status s = w->CreateProposer(); !s.ok()) return s;
   return w;
 }
 
@@ -583,7 +584,7 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
       }
       if (r.fed < import_end) continue;
     }
-    BatchItem item{&r, {}, true};
+    BatchItem item{&r, {}, true, false, {}};
     if (r.fed < in) {
       // A resume's prefill stops at its next host run (imported by the next iteration's ImportHostRun).
       const size_t n = std::min<size_t>(geometry_.prefill_chunk, static_cast<size_t>(NextHostRow(r) - r.fed));
@@ -598,6 +599,7 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
   for (RequestId id : failed) {
     Finish(id, absl::UnavailableError(absl::StrCat("request ", id, " failed: its KV could not be imported")));
   }
+  AddProposals(items);  // speculative rounds for decoding items (worker_speculation.cc)
   return items;
 }
 
@@ -606,12 +608,17 @@ void Worker::RetryAlone(std::vector<BatchItem>& items) {
     Request& r = *item.r;
     absl::Status s = ReplayFed(r);
     model::StepOutput solo;
+    if (s.ok() && item.round) s = model_->BeginVerification(*r.session, kv());  // rebuilt: hold its round again
     if (s.ok()) {
       model::StepInput in{&*r.session, item.tokens};
       s = model_->Step(std::span<model::StepInput>(&in, 1), kv(), std::span<model::StepOutput>(&solo, 1));
     }
     if (!s.ok()) {
       Finish(r.id, absl::Status(s.code(), absl::StrCat("request ", r.client_id, " failed: ", s.message())));
+      continue;
+    }
+    if (item.round) {
+      if (absl::Status f = FinishRound(item, solo.logits); !f.ok()) Finish(r.id, f);
       continue;
     }
     r.fed += static_cast<Position>(item.tokens.size());
@@ -628,12 +635,18 @@ absl::Status Worker::RunBatch() {
   std::vector<model::StepOutput> out(items.size());
   if (absl::Status st = model_->Step(batch, kv(), out); st.ok()) {
     bool prefill = false, decode = false;  // test-only kill points (common/fault_point.h)
+    std::vector<std::pair<RequestId, absl::Status>> failed_rounds;
     for (size_t b = 0; b < items.size(); ++b) {
       Request& r = *items[b].r;
       (r.fed < static_cast<Position>(r.input.size()) ? prefill : decode) = true;
+      if (items[b].round) {
+        if (absl::Status f = FinishRound(items[b], out[b].logits); !f.ok()) failed_rounds.emplace_back(r.id, f);
+        continue;
+      }
       r.fed += static_cast<Position>(items[b].tokens.size());
       if (items[b].emits) EmitToken(r, std::span<const float>(out[b].logits).last(model::kVocab));
     }
+    for (auto& [id, f] : failed_rounds) Finish(id, std::move(f));  // before CommitStep: they emitted nothing
     if (prefill) ReachFaultPoint(FaultPoint::kPrefill);
     if (decode) ReachFaultPoint(FaultPoint::kDecode);
   } else {
@@ -662,7 +675,10 @@ absl::Status Worker::RunBatch() {
 void Worker::EmitToken(Request& r, std::span<const float> logits) {
   // Token t's draw is keyed by (seed, client id, t): a resumed request draws what the dead worker would have.
   const model::DrawKey key{r.seed, r.client_id, r.generated.size()};
-  const model::Token token = r.greedy ? model::Argmax(logits) : model::Sample(logits, r.sampling, key);
+  RecordToken(r, r.greedy ? model::Argmax(logits) : model::Sample(logits, r.sampling, key), logits);
+}
+
+void Worker::RecordToken(Request& r, model::Token token, std::span<const float> logits) {
   const auto now = std::chrono::steady_clock::now();
   if (r.generated.empty()) r.ttft_us = MicrosSince(r.submitted, now);
   r.generated.push_back(token);
@@ -673,10 +689,18 @@ void Worker::EmitToken(Request& r, std::span<const float> logits) {
 
 void Worker::CommitStep() {
   if (step_tokens_.empty()) return;
+  // A speculative round emits several tokens of one request (RecordToken per token): one entry per request, with the
+  // count of its tokens this step.
+  std::vector<RequestId> ids;
+  std::map<RequestId, size_t> new_tokens;
+  for (RequestId id : step_tokens_) {
+    if (new_tokens[id]++ == 0) ids.push_back(id);
+  }
+  step_tokens_.clear();
   // The record first (one message for the step), then the chunks: see worker.h, "Committed tokens".
   wire::TokensCommittedT commit;
   commit.gpu = config_.gpu;
-  for (RequestId id : step_tokens_) {
+  for (RequestId id : ids) {
     const Request& r = *requests_.at(id);
     if (r.committed >= r.generated.size()) continue;
     auto e = std::make_unique<wire::CommittedTokensT>();
@@ -688,14 +712,12 @@ void Worker::CommitStep() {
     }
     commit.entries.push_back(std::move(e));
   }
-  std::vector<RequestId> ids = std::move(step_tokens_);
-  step_tokens_.clear();
   if (away_) {  // memd away: no record can take them, so no client gets them yet (FlushHeld after the re-Hello)
     for (RequestId id : ids) {
       Request& r = *requests_.at(id);
-      if (!r.held_from) r.held_from = r.generated.size() - 1;
+      if (!r.held_from) r.held_from = r.generated.size() - new_tokens[id];
+      stats_.tokens_while_away += new_tokens[id];
     }
-    stats_.tokens_while_away += ids.size();
     return;
   }
   if (absl::Status s = memd_->SendTokensCommitted(commit); s.ok()) {
@@ -719,10 +741,14 @@ void Worker::CommitStep() {
                    "{} rows recomputed)", r.id, r.client_id, us, r.rows_imported, r.rows_recomputed);
     }
     // A re-attached client that had tokens the record lacked gets only the ones after those (same draws: equal).
-    const bool has = r.generated.size() <= r.client_has;
+    const size_t first = std::max(r.generated.size() - new_tokens[id], r.client_has);
+    const bool has = r.generated.size() <= first;
     if (has && !finished) continue;
-    absl::Status sent = has ? SendChunk(r, {}, {}, true, absl::OkStatus())
-                            : SendChunk(r, {r.generated.back()}, {r.digests.back()}, finished, absl::OkStatus());
+    const auto from = static_cast<ptrdiff_t>(first);
+    absl::Status sent =
+        has ? SendChunk(r, {}, {}, true, absl::OkStatus())
+            : SendChunk(r, std::vector<model::Token>(r.generated.begin() + from, r.generated.end()),
+                        std::vector<uint64_t>(r.digests.begin() + from, r.digests.end()), finished, absl::OkStatus());
     if (!sent.ok()) {
       // The client does not read: the request fails (RunBatch ends it; its final chunk carries this error).
       r.client_error = absl::Status(sent.code(), absl::StrCat("request ", r.client_id, " failed after ",
@@ -769,6 +795,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
   }
   std::erase(granted_, id);
   if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
+  ReleaseSpecSlot(r);
   ReportEnd(r, error);
   agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
   Erase(it);
@@ -1007,6 +1034,13 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.resume_us_max = s.resume_us_max;
   r.capacity_pages = geometry_.capacity_pages;
   r.page_bytes = geometry_.page_bytes;
+  r.speculate = std::string(spec::SpeculateModeName(config_.speculation.mode));
+  r.spec_rounds = s.spec_rounds;
+  r.spec_round_tokens = s.spec_round_tokens;
+  r.spec_proposed = s.spec_proposed;
+  r.spec_accepted = s.spec_accepted;
+  r.spec_propose_us = s.spec_propose_us;
+  r.spec_width_rounds = s.spec_width_rounds;
   return r;
 }
 

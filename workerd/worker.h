@@ -57,6 +57,9 @@
 #include "workerd/prefix_cache.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving.h"
+#include "workerd/spec/acceptance.h"
+#include "workerd/spec/block_width.h"
+#include "workerd/spec/proposer.h"
 
 namespace dhs {
 
@@ -83,6 +86,13 @@ struct WorkerStats {
   uint64_t memd_aways = 0;              // times memd died under this worker (EnterAway)
   uint64_t tokens_while_away = 0;       // tokens generated while memd was away (held from clients until it was back)
   uint64_t paused_while_away = 0;       // requests paused while memd was away (held-token or tail bound)
+  // Speculation (--speculate; workerd/worker_speculation.cc):
+  uint64_t spec_rounds = 0;          // verified rounds (K_r >= 2)
+  uint64_t spec_round_tokens = 0;    // tokens those rounds emitted: sum of A_r + 1
+  uint64_t spec_proposed = 0;        // proposals verified: sum of K_r - 1
+  uint64_t spec_accepted = 0;        // proposals accepted: sum of A_r
+  uint64_t spec_propose_us = 0;      // time in Proposer::Propose, us (the synthetic proposer's target steps)
+  std::vector<uint64_t> spec_width_rounds;  // [K] = rounds of K_r = K queries (index 0 and 1 unused)
 };
 
 class Worker final : public MemdHandler, public Submitter {
@@ -246,6 +256,7 @@ class Worker final : public MemdHandler, public Submitter {
     bool admit_unsent = false;        // submitted while memd was away: its AdmitRequest goes after the re-Hello
     std::optional<absl::Status> ending;  // ended while memd was away: Finish after the re-Hello
     bool paused_away = false;            // memd away: paused (held tokens or tail bound), logged once
+    int spec_slot = -1;         // the proposer's slot (speculation on, decoding), else -1
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
@@ -256,6 +267,8 @@ class Worker final : public MemdHandler, public Submitter {
     Request* r;
     std::vector<model::Token> tokens;
     bool emits;
+    bool round = false;        // a speculative round: tokens = anchor then draft.tokens (worker_speculation.cc)
+    spec::DraftResult draft;
   };
   void StartGranted();
   // A resumed request's start: its host-backed pages (the grant's, those wholly before its last token) made
@@ -283,10 +296,25 @@ class Worker final : public MemdHandler, public Submitter {
   // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).
   void RetryAlone(std::vector<BatchItem>& items);
   absl::Status RunBatch();
+  // Speculation (worker_speculation.cc; brief §6). The proposer of --speculate (nullptr when off).
+  absl::Status CreateProposer();
+  // The round width K_r for r now: the schedule's (or --block) width at the active sessions, capped by the tokens r
+  // may still emit. 1 = a plain step.
+  int64_t RoundWidth(const Request& r, int64_t active) const;
+  // Decoding items with K_r >= 2 get the proposer's tokens (one Propose for the batch; a failed Propose leaves the
+  // items plain) and their rows from n_r + 1 on held unverified (Model::BeginVerification).
+  void AddProposals(std::vector<BatchItem>& items);
+  // A verified round: acceptance (greedy or sampling with keyed draws), the A_r + 1 tokens emitted (each with its
+  // query's logits digest), the rejected rows dropped (Model::EndVerification: backups of the kept rows only), the
+  // proposer committed. An error fails the request.
+  absl::Status FinishRound(BatchItem& item, std::span<const float> logits);
+  void ReleaseSpecSlot(Request& r);
   absl::Status ReplayFed(Request& r);
   absl::Status ImportChunk(Request& r);
   // Samples r's next token (DrawKey{seed, client id, t}) and queues it for CommitStep.
   void EmitToken(Request& r, std::span<const float> logits);
+  // Appends `token` (its logits' digest) to r's output and queues it for CommitStep.
+  void RecordToken(Request& r, model::Token token, std::span<const float> logits);
   // The step's tokens: one TokensCommitted to memd (with any tokens an earlier step could not queue), then one
   // TokenChunk per token to its client. A TokensCommitted that cannot be queued is logged; the tokens still stream.
   void CommitStep();
@@ -349,6 +377,9 @@ class Worker final : public MemdHandler, public Submitter {
   bool away_ = false;        // memd died; not back yet (EnterAway .. ReturnFromAway)
   bool stopping_all_ = false;  // StopAll: ends happen now, memd away or not
   size_t last_batch_ = 0;    // requests in the latest step
+  std::unique_ptr<spec::Proposer> proposer_;        // --speculate (nullptr when off)
+  std::optional<spec::BlockWidthSchedule> schedule_;  // --block-schedule (else --block at every load)
+  std::vector<bool> spec_slot_used_;                // the proposer's slots
 };
 
 }  // namespace dhs

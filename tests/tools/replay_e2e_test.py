@@ -2,7 +2,9 @@
 """End-to-end replay (issue 5): dhs-replay starts a real node (memd + workerd) and replays a 50-request slice of the
 bundled Mooncake trace in adaptive mode under a GPU budget that forces reclaims, then replays it again in resident
 mode (--check-exact). Asserts every request is served in both, and that tokens and per-token logits digests are
-bit-identical (brief §7). Usage: replay_e2e_test.py DHS_REPLAY"""
+bit-identical (brief §7). Then the same with speculative decoding (--speculate synthetic, issue 13) in the adaptive
+run against a plain resident reference: still bit-identical, and the speculation figures are consistent.
+Usage: replay_e2e_test.py DHS_REPLAY"""
 import json
 import os
 import subprocess
@@ -10,21 +12,56 @@ import sys
 import tempfile
 
 
-def main() -> int:
-    replay = sys.argv[1]
+def run(replay: str, extra: list) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         cmd = [replay, "--requests", "50", "--length-scale", "0.03", "--concurrency", "4",
-               "--check-exact", "--json", out]
+               "--check-exact", "--json", out] + extra
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         sys.stdout.write(proc.stdout)
         sys.stderr.write(proc.stderr[-4000:])
         if proc.returncode != 0:
-            print(f"FAIL: dhs-replay exited {proc.returncode}")
-            return 1
+            print(f"FAIL: dhs-replay {' '.join(extra)} exited {proc.returncode}")
+            return {}
         with open(out) as f:
-            report = json.load(f)
+            return json.load(f)
+
+
+def check_speculation(report: dict) -> list:
     failures = []
+    if report.get("speculate") != "synthetic":
+        failures.append(f"speculate = {report.get('speculate')!r}, want 'synthetic'")
+    rounds = report.get("rounds", 0)
+    widths = report.get("block_width") or {}
+    proposals = report.get("proposals") or {}
+    mean = report.get("acceptance_length_mean")
+    if rounds < 1 or mean is None:
+        return failures + [f"rounds = {rounds}, acceptance_length_mean = {mean}: no speculative round"]
+    if sum(widths.values()) != rounds or any(int(k) < 2 or int(k) > 4 for k in widths):
+        failures.append(f"block_width {widths} does not count {rounds} rounds of 2..4 queries")
+    # Each round emits its accepted proposals + 1 tokens; proposals verified = sum of (K_r - 1).
+    if abs(mean * rounds - (proposals.get("accepted", -1) + rounds)) > 1e-6:
+        failures.append(f"acceptance_length_mean {mean} x {rounds} rounds != accepted {proposals} + rounds")
+    if proposals.get("verified") != sum((int(k) - 1) * n for k, n in widths.items()):
+        failures.append(f"proposals verified {proposals.get('verified')} != sum of (K - 1) over {widths}")
+    if report.get("staging_bytes") != 0 or report.get("draft_ring_bytes") != 0:
+        failures.append("staging_bytes / draft_ring_bytes: none is reserved in this build")
+    return failures
+
+
+def main() -> int:
+    replay = sys.argv[1]
+    failures = []
+    report = run(replay, [])
+    spec = run(replay, ["--speculate", "synthetic", "--block", "4", "--spec-corruption", "0.3"])
+    if not report or not spec:
+        return 1
+    failures += [f"speculative run: {f}" for f in check_speculation(spec)]
+    for key, want in {"requests_served": 50, "mode": "adaptive", "exact_match": True}.items():
+        if spec.get(key) != want:
+            failures.append(f"speculative run: {key} = {spec.get(key)!r}, want {want!r}")
+    if spec.get("reclaims", 0) < 1:
+        failures.append("speculative run: no reclaim happened")
     expect = {"requests_total": 50, "requests_served": 50, "mode": "adaptive", "exact_match": True}
     for key, want in expect.items():
         if report.get(key) != want:

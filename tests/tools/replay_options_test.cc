@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/replay/options.h"
+#include "workerd/spec/speculation_cli.h"
 #include "tests/common/test_util.h"
 
 namespace dhs::replay {
@@ -75,6 +76,21 @@ TEST(ReplayOptions, SizesAndModes) {
   EXPECT_EQ(ReplayModeName(ReplayMode::kHisparse), "hisparse");
 }
 
+TEST(ReplayOptions, SpeculationOptionsReachTheRunSettings) {
+  CommandLine cl = Parse({"--speculate", "synthetic", "--block", "3", "--block-schedule", "1:3,4:2",
+                          "--spec-corruption", "0.25"});
+  ASSERT_FALSE(cl.exit_code) << cl.message;
+  EXPECT_EQ(cl.options.speculation.mode, spec::SpeculateMode::kSynthetic);
+  EXPECT_EQ(cl.options.speculation.block, 3);
+  EXPECT_EQ(cl.options.speculation.schedule, "1:3,4:2");
+  EXPECT_EQ(cl.options.speculation.corruption, 0.25);
+  EXPECT_EQ(Parse({}).options.speculation.mode, spec::SpeculateMode::kOff);
+  EXPECT_EQ(spec::SpeculationArgs(cl.options.speculation),
+            (std::vector<std::string>{"--speculate", "synthetic", "--block", "3", "--spec-confidence", "0.500000",
+                                      "--spec-corruption", "0.250000", "--block-schedule", "1:3,4:2"}));
+  EXPECT_TRUE(spec::SpeculationArgs(Parse({}).options.speculation).empty());
+}
+
 TEST(ReplayOptions, SweepIsSortedAndPlotNeedsIt) {
   CommandLine cl = Parse({"--sweep", "8,2,4", "--plot", "s.png"});
   ASSERT_FALSE(cl.exit_code) << cl.message;
@@ -122,6 +138,8 @@ TEST(ReplayOptions, BadValuesExitTwoWithAClearMessage) {
       {{"--sweep", "1,2", "--plot", "/nonexistent/p.png"}, "--plot: directory '/nonexistent'"},
       {{"--json", "/proc/self/status/r.json"}, "does not exist"},  // the parent is a file, not a directory
       {{"--bogus"}, "--bogus"},
+      {{"--speculate", "always"}, "--speculate"},
+      {{"--speculate", "synthetic", "--connect", "ipc:///tmp/n/worker-0.sock"}, "--speculate applies to the worker"},
   };
   for (const BadArgs& c : cases) {
     std::vector<std::string> all = {"dhs-replay"};

@@ -23,6 +23,7 @@
 #include "tools/replay/driver.h"
 #include "tools/replay/node_launcher.h"
 #include "tools/replay/options.h"
+#include "workerd/spec/speculation_cli.h"
 #include "tools/replay/report.h"
 #include "tools/replay/supervised_node.h"
 #include "tools/replay/zmq_node_client.h"
@@ -143,6 +144,8 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
     launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
   }
+  const std::vector<std::string> speculation = spec::SpeculationArgs(options.speculation);  // empty when off
+  launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), speculation.begin(), speculation.end());
   if (!faults && options.reattach_timeout_ms == 0) return EmbeddedNode::Start(launch);
   SupervisedNodeOptions supervised;
   supervised.launch = launch;
@@ -347,7 +350,9 @@ int Main(int argc, char** argv) {
     }
     std::optional<bool> exact;
     if (options.check_exact) {
-      auto reference = RunOnce(options, *trace, "resident", c, ReferenceHbmBudget(*trace, options));
+      ReplayOptions plain = options;  // the reference decodes without speculation (brief §7: same bits)
+      plain.speculation = spec::SpeculationConfig{};
+      auto reference = RunOnce(plain, *trace, "resident", c, ReferenceHbmBudget(*trace, options));
       if (!reference.ok() || !reference->complete) {
         std::cerr << "dhs-replay: resident reference run failed: "
                   << (reference.ok() ? reference->error : std::string(reference.status().message())) << "\n";

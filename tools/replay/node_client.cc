@@ -21,8 +21,11 @@ std::string SynthesizePrompt(const PromptRef& prompt) {
 }
 
 NodeStats WorkerCountersSince(const NodeStats& now, const NodeStats& baseline) {
-  int64_t NodeStats::*const counters[] = {&NodeStats::reclaims, &NodeStats::repopulated_pages,
-                                          &NodeStats::prefix_blocks_imported, &NodeStats::prefix_blocks_computed};
+  int64_t NodeStats::*const counters[] = {&NodeStats::reclaims,          &NodeStats::repopulated_pages,
+                                          &NodeStats::prefix_blocks_imported, &NodeStats::prefix_blocks_computed,
+                                          &NodeStats::spec_rounds,       &NodeStats::spec_round_tokens,
+                                          &NodeStats::spec_proposed,     &NodeStats::spec_accepted,
+                                          &NodeStats::spec_propose_us};
   int64_t Census::*const census[] = {&Census::direct, &Census::hot, &Census::host};
   for (auto c : counters) {
     if (now.*c < baseline.*c) return now;  // the worker restarted: its counters start again from 0
@@ -33,6 +36,9 @@ NodeStats WorkerCountersSince(const NodeStats& now, const NodeStats& baseline) {
   NodeStats out = now;
   for (auto c : counters) out.*c -= baseline.*c;
   for (auto c : census) out.census.*c -= baseline.census.*c;
+  for (size_t k = 0; k < out.spec_width_rounds.size() && k < baseline.spec_width_rounds.size(); ++k) {
+    out.spec_width_rounds[k] -= std::min(out.spec_width_rounds[k], baseline.spec_width_rounds[k]);
+  }
   return out;
 }
 

@@ -80,6 +80,16 @@ struct NodeStats {
   int64_t prefix_blocks_imported = 0; // prepared-prefix blocks imported from the worker's row cache
   int64_t prefix_blocks_computed = 0; // prepared-prefix blocks computed by the worker
   std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id
+  // Speculation (the worker's WorkerStatsReply; 0 / empty when off):
+  std::string speculate;              // the worker's --speculate
+  int64_t spec_rounds = 0;            // verified rounds
+  int64_t spec_round_tokens = 0;      // tokens they emitted (sum of A_r + 1)
+  int64_t spec_proposed = 0;          // proposals verified
+  int64_t spec_accepted = 0;          // proposals accepted
+  int64_t spec_propose_us = 0;        // proposer time, us
+  std::vector<int64_t> spec_width_rounds;  // [K] = rounds of K queries
+  int64_t staging_bytes = 0;          // staging arenas reserved, bytes
+  int64_t draft_ring_bytes = 0;       // draft rings reserved, bytes
 };
 
 // The node as the replay sees it.

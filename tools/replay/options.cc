@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "tools/replay/fault_plan.h"
 #include "workerd/device/link_model_cli.h"
+#include "workerd/spec/speculation_cli.h"
 
 #ifndef DHS_REPLAY_DEFAULT_TRACE
 #define DHS_REPLAY_DEFAULT_TRACE "tools/replay/data/mooncake_conversation_head200.jsonl"
@@ -68,6 +69,9 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   }
   if (!o.connect.empty() && o.link_model.enabled) {
     return bad("--link-model applies to the worker the tool starts, not to --connect ", o.connect);
+  }
+  if (!o.connect.empty() && o.speculation.mode != spec::SpeculateMode::kOff) {
+    return bad("--speculate applies to the worker the tool starts, not to --connect ", o.connect);
   }
   if (!o.connect.empty() && o.check_exact) {
     return bad("--check-exact needs a resident reference node that the tool starts; with --connect ", o.connect,
@@ -185,6 +189,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
                "TEST ONLY: flip a byte of a recorded host page before the first timed kill (host_rows_lost > 0)");
   LinkModelFlags link_flags;
   AddLinkModelOptions(app, &link_flags);
+  spec::SpeculationFlags speculation_flags;
+  spec::AddSpeculationOptions(app, &speculation_flags);
   copt->excludes(topt);
   sopt->excludes(copt);
   sopt->excludes(topt);
@@ -212,6 +218,14 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
     return cl;
   }
   o.link_model = *link;
+  absl::StatusOr<spec::SpeculationConfig> speculation = spec::ResolveSpeculation(speculation_flags);
+  if (!speculation.ok()) {
+    cl.exit_code = 2;
+    cl.message =
+        absl::StrCat("dhs-replay: ", speculation.status().message(), "\nRun with --help for more information.\n");
+    return cl;
+  }
+  o.speculation = *speculation;
   std::sort(o.sweep.begin(), o.sweep.end());
   if (!o.concurrency && !o.time_scale && o.sweep.empty()) o.concurrency = ReplayOptions::kDefaultConcurrency;
   absl::Status s = ValidateReplayOptions(o);
@@ -278,6 +292,7 @@ RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, st
   s.connect = options.connect;
   s.reclaim_policy = options.reclaim_policy;
   s.link_model = options.link_model;
+  s.speculation = options.speculation;
   return s;
 }
 

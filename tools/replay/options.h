@@ -17,6 +17,7 @@
 #include "tools/replay/scheduler.h"
 #include "tools/replay/trace.h"
 #include "workerd/device/link_model.h"
+#include "workerd/spec/speculation_config.h"
 
 namespace dhs::replay {
 
@@ -68,6 +69,9 @@ struct ReplayOptions {
                                            // the 1st, 2nd, ... worker start (test-only kill points)
   bool corrupt_host_page_for_test = false; // --corrupt-host-page-for-test: flip a byte of a recorded host page before
                                            // the first timed kill (proves host_rows_lost counts)
+  spec::SpeculationConfig speculation;     // --speculate off|synthetic|... --block K --block-schedule S
+                                           // --spec-confidence X --spec-corruption X: the workerd the tool starts
+                                           // (workerd/spec/speculation_config.h); the --check-exact reference is plain
   LinkModelConfig link_model;              // --link-model off|pcie5 [--link-h2d-gb-per-s X] [--link-d2h-gb-per-s X]
                                            // [--link-latency-us X]: the host-device link model of the workerd the
                                            // tool starts (docs/link_model.md); off by default

@@ -122,6 +122,18 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
   r.prefix_blocks_computed = s.prefix_blocks_computed;
   r.exact_match = exact_match;
   r.gpus = s.gpus;
+  SpeculationFigures& f = r.speculation;
+  f.speculate = s.speculate.empty() ? std::string(spec::SpeculateModeName(settings.speculation.mode)) : s.speculate;
+  f.rounds = s.spec_rounds;
+  if (s.spec_rounds > 0) f.acceptance_length_mean = static_cast<double>(s.spec_round_tokens) / s.spec_rounds;
+  f.proposed = s.spec_proposed;
+  f.accepted = s.spec_accepted;
+  f.proposer_s = static_cast<double>(s.spec_propose_us) / 1e6;
+  for (size_t k = 0; k < s.spec_width_rounds.size(); ++k) {
+    if (s.spec_width_rounds[k] > 0) f.block_width[static_cast<int64_t>(k)] = s.spec_width_rounds[k];
+  }
+  f.staging_bytes = s.staging_bytes;
+  f.draft_ring_bytes = s.draft_ring_bytes;
   return r;
 }
 
@@ -210,6 +222,17 @@ json ReportToJson(const ReplayReport& r) {
         {"link_model", LinkModelJson(s.link_model)}}},
   };
   out.update(FaultsJson(r.faults));  // top-level fields (docs/replay.md, "Faults")
+  const SpeculationFigures& f = r.speculation;  // top-level fields (docs/replay.md, "Speculation")
+  json widths = json::object();
+  for (const auto& [k, n] : f.block_width) widths[std::to_string(k)] = n;
+  out.update(json{{"speculate", f.speculate},
+                  {"acceptance_length_mean", OrNull(f.acceptance_length_mean)},
+                  {"rounds", f.rounds},
+                  {"proposals", {{"verified", f.proposed}, {"accepted", f.accepted}}},
+                  {"proposer_s", f.proposer_s},
+                  {"draft_ring_bytes", f.draft_ring_bytes},
+                  {"staging_bytes", f.staging_bytes},
+                  {"block_width", widths}});
   return out;
 }
 
@@ -272,6 +295,15 @@ std::string FormatSummary(const ReplayReport& r) {
   if (s.prefill == "prepared-prefix") {
     absl::StrAppendFormat(&out, "  prepared-prefix blocks: %d imported from the row cache, %d computed\n",
                           r.prefix_blocks_imported, r.prefix_blocks_computed);
+  }
+  if (const SpeculationFigures& f = r.speculation; f.speculate != "off") {
+    std::string widths;
+    for (const auto& [k, n] : f.block_width) absl::StrAppendFormat(&widths, " K=%d:%d", k, n);
+    absl::StrAppendFormat(&out, "  speculation %s: %d rounds, acceptance length %s, %d/%d proposals accepted, "
+                                "proposer %.2f s; block widths%s\n",
+                          f.speculate, f.rounds,
+                          f.acceptance_length_mean ? absl::StrFormat("%.2f", *f.acceptance_length_mean) : "n/a",
+                          f.accepted, f.proposed, f.proposer_s, widths.empty() ? " none" : widths);
   }
   if (r.census) {
     absl::StrAppendFormat(&out, "  census: direct %.1f%%, hot %.1f%%, host %.1f%%\n", r.census->direct * 100,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include "tools/replay/driver.h"
 #include "tools/replay/node_client.h"
 #include "workerd/device/link_model.h"
+#include "workerd/spec/speculation_config.h"
 
 namespace dhs::replay {
 
@@ -40,6 +42,19 @@ struct RunSettings {
   std::string connect;                // node endpoint; empty when the tool started its own node
   std::string reclaim_policy;         // memd's victim order when the tool chose it; empty = memd's default
   LinkModelConfig link_model;         // the worker's host-device link model (docs/link_model.md); off by default
+  spec::SpeculationConfig speculation;  // the worker's --speculate options (off by default)
+};
+
+// Speculative decoding figures of a run (issue 13; docs/replay.md "Speculation").
+struct SpeculationFigures {
+  std::string speculate = "off";                 // the worker's mode (what it reported; the settings' when none)
+  int64_t rounds = 0;                            // verified rounds (K_r >= 2)
+  std::optional<double> acceptance_length_mean;  // (accepted proposals + 1) per round, averaged; nullopt: no round
+  int64_t proposed = 0, accepted = 0;            // proposals verified / accepted
+  double proposer_s = 0;                         // time the proposer took, s (the synthetic proposer's target steps)
+  std::map<int64_t, int64_t> block_width;        // K -> rounds of K queries
+  int64_t staging_bytes = 0;                     // staging arenas reserved, bytes
+  int64_t draft_ring_bytes = 0;                  // draft rings reserved, bytes
 };
 
 struct Percentiles {
@@ -91,6 +106,7 @@ struct ReplayReport {
   std::vector<GpuMemoryUse> gpus;
   double elapsed_s = 0;
   FaultFigures faults;
+  SpeculationFigures speculation;
   bool complete = true;  // false: the run failed part-way; figures of the requests recorded until then, node-wide
                          // figures (sessions, census, reclaims, pages, gpu_memory) not read (0 / empty)
 };

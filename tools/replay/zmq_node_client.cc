@@ -280,6 +280,15 @@ absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker(std::option
   view.counters.repopulated_pages = static_cast<int64_t>(stats->pages_populated);
   view.counters.prefix_blocks_imported = static_cast<int64_t>(stats->prefix_blocks_imported);
   view.counters.prefix_blocks_computed = static_cast<int64_t>(stats->prefix_blocks_computed);
+  view.counters.speculate = stats->speculate.empty() ? "off" : stats->speculate;
+  view.counters.spec_rounds = static_cast<int64_t>(stats->spec_rounds);
+  view.counters.spec_round_tokens = static_cast<int64_t>(stats->spec_round_tokens);
+  view.counters.spec_proposed = static_cast<int64_t>(stats->spec_proposed);
+  view.counters.spec_accepted = static_cast<int64_t>(stats->spec_accepted);
+  view.counters.spec_propose_us = static_cast<int64_t>(stats->spec_propose_us);
+  view.counters.spec_width_rounds.assign(stats->spec_width_rounds.begin(), stats->spec_width_rounds.end());
+  view.counters.staging_bytes = static_cast<int64_t>(stats->staging_bytes);
+  view.counters.draft_ring_bytes = static_cast<int64_t>(stats->draft_ring_bytes);
   view.gpu = stats->gpu;
   view.page_bytes = static_cast<int64_t>(stats->page_bytes);
   view.capacity_pages = static_cast<int64_t>(stats->capacity_pages);

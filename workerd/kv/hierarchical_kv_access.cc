@@ -117,6 +117,7 @@ absl::StatusOr<RequestKv*> HierarchicalKvAccess::Admit(RequestId request, SlotIn
   kv->id = request;
   kv->slot = slot;
   kv->appended.assign(layout_.num_sources(), 0);
+  kv->tail_end.assign(layout_.num_sources(), 0);
   kv->tail_write.assign(layout_.num_sources(), std::vector<CopyEvent>(layout_.config().tail_rows));
   resolver_->ResetSlot(kv->slot);
   RequestKv* raw = kv.get();
@@ -150,8 +151,10 @@ absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Po
   HostToDeviceCopy op{dst, upload};
   write = device_->CopyHostToDevice({&op, 1}, after);
   ++kv.appended[source];
-  // Page completion: every source has the whole page -> schedule its backup (brief §4, §6).
-  if ((position + 1) % c.page_rows == 0) {
+  kv.tail_end[source] = std::max(kv.tail_end[source], kv.appended[source]);
+  // Page completion: every source has the whole page -> schedule its backup (brief §4, §6); a page with an
+  // unverified row waits for CommitVerified.
+  if ((position + 1) % c.page_rows == 0 && position < kv.hold_from) {
     const uint32_t page = static_cast<uint32_t>(position / c.page_rows);
     kv.GrowPages(page + 1);
     const bool complete = std::all_of(kv.appended.begin(), kv.appended.end(),
@@ -447,8 +450,10 @@ bool HierarchicalKvAccess::Complete(const RequestKv& kv, uint32_t page) const {
 
 bool HierarchicalKvAccess::InTail(const RequestKv& kv, uint32_t page) const {
   const Position first = Position{page} * layout_.config().page_rows;
-  return std::all_of(kv.appended.begin(), kv.appended.end(),
-                     [&](Position n) { return first >= n - Position{layout_.config().tail_rows}; });
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    if (first < kv.TailEnd(s) - Position{layout_.config().tail_rows}) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<bool> HierarchicalKvAccess::BackupInsteadOfKeep(RequestId request, uint32_t page,
@@ -584,7 +589,9 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
   std::vector<CopyEvent> after;
   uint8_t* host_base = HostPageData(host_page);
   bool in_tail = true;
-  for (SourceId s = 0; s < layout_.num_sources(); ++s) in_tail = in_tail && first >= kv.appended[s] - Position{c.tail_rows};
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    in_tail = in_tail && first >= kv.TailEnd(s) - Position{c.tail_rows};
+  }
   for (SourceId s = 0; s < layout_.num_sources(); ++s) {
     const uint64_t bytes = c.page_rows * c.row_bytes[s];
     Location src;
@@ -801,6 +808,44 @@ absl::Status HierarchicalKvAccess::Truncate(RequestId request, Position length) 
                                                       ": rows below ", (n / p) * p, " are immutable"));
   }
   for (Position& a : kv.appended) a = std::min(a, length);
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalKvAccess::HoldUnverified(RequestId request, Position from) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  const Position n = *std::max_element(kv.appended.begin(), kv.appended.end());
+  if (from < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV: request ", request, " holds rows from ", from, " but has ", n, " appended"));
+  }
+  kv.hold_from = from;
+  return absl::OkStatus();
+}
+
+absl::Status HierarchicalKvAccess::CommitVerified(RequestId request, Position length) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  RequestKv& kv = *it->second;
+  if (kv.hold_from == INT64_MAX) {
+    return absl::FailedPreconditionError(absl::StrCat("KV: request ", request, " commits rows without a hold"));
+  }
+  const Position n = *std::min_element(kv.appended.begin(), kv.appended.end());
+  if (length < kv.hold_from || length > n) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: request ", request, " commits ", length, " rows, outside [",
+                                                   kv.hold_from, ", ", n, "]"));
+  }
+  const Position p = layout_.config().page_rows;
+  const Position from = kv.hold_from;
+  for (Position& a : kv.appended) a = length;  // the rejected rows are dropped (tail only, never copied out)
+  kv.hold_from = INT64_MAX;
+  // Pages completed by verified rows that the hold kept from completing: those ending in [from, length).
+  for (Position page = from / p; (page + 1) * p <= length; ++page) {
+    if ((page + 1) * p - 1 < from) continue;  // completed at its Append, before the hold
+    kv.GrowPages(static_cast<size_t>(page) + 1);
+    if (absl::Status s = OnPageComplete(kv, static_cast<uint32_t>(page)); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 

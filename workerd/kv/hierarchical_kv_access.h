@@ -125,6 +125,13 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // neither a host copy (written or writing) nor a GPU page: with host writes paused such an Append would fail (the
   // tail is full). True for an unknown request (its first Append admits it).
   bool TailHasRoom(RequestId request, Position rows) const;
+  // Speculative rounds (KvAccess; brief §6 "Commit"): while held, a page with a row at a position >= `from` is not
+  // completed at Append; CommitVerified drops rows >= length on every source (tail only: they were never backed up
+  // nor kept), ends the hold and completes the pages now whole below `length` (backup into the planned host page, or
+  // the kept device->device copy in adaptive mode), in page order. Errors: as KvAccess; INVALID_ARGUMENT for a `from`
+  // below a source's appended rows or a `length` outside [from, appended].
+  absl::Status HoldUnverified(RequestId request, Position from) override;
+  absl::Status CommitVerified(RequestId request, Position length) override;
 
   // Drops rows at positions >= length (rejected speculative rows, brief §6). Only rows not yet in a complete page
   // can be dropped: FAILED_PRECONDITION otherwise.

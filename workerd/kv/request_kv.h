@@ -42,6 +42,10 @@ struct RequestKv {
   RequestId id = 0;
   SlotIndex slot = 0;
   std::vector<Position> appended;                // rows appended per source (positions 0..appended-1)
+  // Per source: one past the highest position ever written into the tail. Above `appended` after a speculative
+  // round dropped rows (CommitVerified): the dropped rows took the tail slots of rows tail_end - T .. appended - T
+  // - 1, which are then no longer in the tail. Empty (a state written by hand): `appended` stands for it.
+  std::vector<Position> tail_end;
   std::vector<std::vector<CopyEvent>> tail_write;  // [source][t mod T]: the write of the row now in that tail slot
   std::vector<KvPage> pages;                     // by page index t / p (the record; see the hot index below)
   // Hot index, by page index, kept in step with `pages` (see the header comment).
@@ -51,6 +55,9 @@ struct RequestKv {
   // -1 = none.
   std::vector<int64_t> host_plan;
   std::vector<int64_t> keep_plan;
+  // Speculative round (HierarchicalKvAccess::HoldUnverified): rows at positions >= hold_from are unverified; a page
+  // holding one is not completed (no backup, no kept copy) until CommitVerified. INT64_MAX: no hold.
+  Position hold_from = INT64_MAX;
 
   // Rows of group `sources` selectable now: the smallest appended length among them.
   Position Length(std::span<const SourceId> sources) const {
@@ -58,10 +65,12 @@ struct RequestKv {
     for (SourceId s : sources) n = std::min(n, appended[s]);
     return n;
   }
+  // One past the newest row in source s's tail ring: the ring holds positions TailEnd(s) - T .. appended - 1.
+  Position TailEnd(SourceId s) const { return s < tail_end.size() ? std::max(appended[s], tail_end[s]) : appended[s]; }
   // True when position t (< Length) is in the tail ring of every source of the group.
   bool InTail(std::span<const SourceId> sources, Position t, uint32_t tail_rows) const {
     for (SourceId s : sources) {
-      if (t < appended[s] - static_cast<Position>(tail_rows)) return false;
+      if (t < TailEnd(s) - static_cast<Position>(tail_rows)) return false;
     }
     return true;
   }

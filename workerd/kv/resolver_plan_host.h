@@ -88,7 +88,7 @@ inline Query MakeQuery(const RequestKv& kv, std::span<const SourceId> group_sour
   Query q;
   q.slot = kv.slot;
   int64_t hi = INT64_MIN;
-  for (SourceId s : group_sources) hi = kv.appended[s] > hi ? kv.appended[s] : hi;
+  for (SourceId s : group_sources) hi = kv.TailEnd(s) > hi ? kv.TailEnd(s) : hi;
   q.tail_low = hi - static_cast<int64_t>(tail_rows);
   q.pages = std::min<uint64_t>({kv.ready_page.size(), kv.host_ready.size(), host_pages.size()});
   q.ready_page = kv.ready_page.data();

@@ -301,6 +301,42 @@ absl::Status Model::ImportKeys(ModelSession& session, uint32_t tokens, std::span
   return absl::OkStatus();
 }
 
+absl::Status Model::BeginVerification(ModelSession& session, KvAccess& kv) const {
+  if (session.model_ != this) return absl::InvalidArgumentError("verification: a session of another model");
+  if (session.broken_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("verification: request ", session.request_, " is broken by an earlier failed step"));
+  }
+  if (absl::Status s = kv.HoldUnverified(session.request_, session.position_ + 1); !s.ok()) return s;
+  session.verify_from_ = session.position_ + 1;
+  return absl::OkStatus();
+}
+
+absl::Status Model::EndVerification(ModelSession& session, Position length, KvAccess& kv) const {
+  if (session.model_ != this) return absl::InvalidArgumentError("verification: a session of another model");
+  if (session.broken_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("verification: request ", session.request_, " is broken by an earlier failed step"));
+  }
+  if (session.verify_from_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("verification: request ", session.request_, " ends a round it did not begin"));
+  }
+  if (length < session.verify_from_ || length > session.position_) {
+    return absl::InvalidArgumentError(absl::StrCat("verification: request ", session.request_, " keeps ", length,
+                                                   " positions, outside [", session.verify_from_, ", ",
+                                                   session.position_, "]"));
+  }
+  if (absl::Status s = kv.CommitVerified(session.request_, length); !s.ok()) {
+    session.broken_ = true;
+    return s;
+  }
+  for (std::vector<float>& keys : session.index_keys_) keys.resize(static_cast<size_t>(length) * config_.idx_dim);
+  session.position_ = length;
+  session.verify_from_ = -1;
+  return absl::OkStatus();
+}
+
 absl::Status Model::ValidateStep(std::span<StepInput> batch) const {
   std::set<const ModelSession*> seen;
   for (size_t b = 0; b < batch.size(); ++b) {

@@ -47,6 +47,7 @@ class ModelSession {
   Position position_ = 0;
   std::vector<std::vector<float>> index_keys_;
   bool broken_ = false;
+  Position verify_from_ = -1;  // BeginVerification's n + 1 until EndVerification; -1 outside a round
 };
 
 // One request of a batched step: feed `tokens` at positions n .. n+q-1 (n = session->position(), q = tokens.size()).
@@ -113,6 +114,18 @@ class Model {
   // same history computed, the session ends bit-identical to that computation.
   // Errors: INVALID_ARGUMENT (foreign session, keys.size() != n_indexers, a wrong size), FAILED_PRECONDITION (broken).
   absl::Status ImportKeys(ModelSession& session, uint32_t tokens, std::span<const std::vector<float>> keys) const;
+
+  // A speculative round (brief §6; workerd/speculation.h). Before the Step that feeds the round's K_r tokens
+  // (anchor at n = session.position(), proposals after it; query j sees positions <= n + j, each with its own
+  // selection), BeginVerification marks the rows from n + 1 on as unverified in `kv` (KvAccess::HoldUnverified: no
+  // page holding one is backed up or kept). After acceptance, EndVerification keeps positions 0 .. length-1
+  // (length = n'_r = n + A_r + 1, spec::CommitRound) and drops the rest: the session's position becomes `length`, its
+  // index keys of later positions are erased, and kv.CommitVerified(request, length) drops their rows and completes
+  // the pages the kept rows finished. The model's positions have one row each (m = 1), so every kept row joins history.
+  // Errors: INVALID_ARGUMENT (foreign session; length outside [held n + 1, position()]), FAILED_PRECONDITION (broken
+  // session; EndVerification without BeginVerification), or the KvAccess's error (the session is then broken).
+  absl::Status BeginVerification(ModelSession& session, KvAccess& kv) const;
+  absl::Status EndVerification(ModelSession& session, Position length, KvAccess& kv) const;
 
   // --- test seam, off by default (no hook): when set, called at the end of every successful Step with the batch and
   // its outputs, before the caller digests or samples the logits. Tests flip one bit of one logit the model produced

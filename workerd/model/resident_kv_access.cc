@@ -13,7 +13,8 @@ ResidentKvAccess::ResidentKvAccess(std::vector<size_t> row_bytes, size_t arena_b
   for (size_t b : row_bytes_) widest = std::max(widest, b);
   page_bytes_ = page_rows_ * widest;
   total_pages_ = arena_bytes / page_bytes_;
-  arena_ = std::make_unique<uint8_t[]>(std::max<size_t>(total_pages_ * page_bytes_, 1));
+  // Not zero-filled: a page is written before it is read, and untouched pages of a large arena cost no memory.
+  arena_.reset(new uint8_t[std::max<size_t>(total_pages_ * page_bytes_, 1)]);
   for (size_t p = total_pages_; p > 0; --p) free_pages_.push_back(static_cast<uint32_t>(p - 1));
 }
 
@@ -92,7 +93,46 @@ absl::Status ResidentKvAccess::Fetch(std::span<const SourceId> sources, std::spa
   return absl::OkStatus();
 }
 
+absl::Status ResidentKvAccess::HoldUnverified(RequestId request, Position from) {
+  auto it = streams_.find(request);
+  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("resident kv: unknown request ", request));
+  for (const Stream& s : it->second) {
+    if (from < s.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("resident kv: request ", request, " holds from ", from,
+                                                     " below its ", s.rows, " appended rows"));
+    }
+  }
+  held_[request] = from;
+  return absl::OkStatus();
+}
+
+absl::Status ResidentKvAccess::CommitVerified(RequestId request, Position length) {
+  auto it = streams_.find(request);
+  if (it == streams_.end()) return absl::NotFoundError(absl::StrCat("resident kv: unknown request ", request));
+  auto held = held_.find(request);
+  if (held == held_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("resident kv: request ", request, " commits without a hold"));
+  }
+  for (const Stream& s : it->second) {
+    if (length < held->second || length > s.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("resident kv: request ", request, " commits ", length,
+                                                     " rows, outside [", held->second, ", ", s.rows, "]"));
+    }
+  }
+  for (Stream& s : it->second) {
+    s.rows = length;
+    const size_t pages = (static_cast<size_t>(length) + page_rows_ - 1) / page_rows_;
+    while (s.pages.size() > pages) {
+      free_pages_.push_back(s.pages.back());
+      s.pages.pop_back();
+    }
+  }
+  held_.erase(held);
+  return absl::OkStatus();
+}
+
 void ResidentKvAccess::Release(RequestId request) {
+  held_.erase(request);
   auto it = streams_.find(request);
   if (it == streams_.end()) return;
   for (const Stream& s : it->second) free_pages_.insert(free_pages_.end(), s.pages.rbegin(), s.pages.rend());

@@ -34,6 +34,10 @@ class ResidentKvAccess final : public KvAccess {
   absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override;
   void ReadersDone(std::span<const SourceId> sources) override {}
   void Release(RequestId request) override;
+  // Speculative rounds (KvAccess): nothing is ever published here, so the hold only records `from`;
+  // CommitVerified drops rows >= length and returns pages no longer used to the free stack.
+  absl::Status HoldUnverified(RequestId request, Position from) override;
+  absl::Status CommitVerified(RequestId request, Position length) override;
 
   // Rows appended so far for (request, source); 0 for an unknown request.
   Position appended_rows(RequestId request, SourceId source) const;
@@ -54,6 +58,7 @@ class ResidentKvAccess final : public KvAccess {
   std::unique_ptr<uint8_t[]> arena_;
   std::vector<uint32_t> free_pages_;  // a stack: the most recently freed page is reused first
   absl::flat_hash_map<RequestId, std::vector<Stream>> streams_;  // per request: one stream per source
+  absl::flat_hash_map<RequestId, Position> held_;  // HoldUnverified's `from`, until CommitVerified
 };
 
 }  // namespace dhs::model

@@ -1,0 +1,363 @@
+// tests/workerd/worker_speculation_test.cc: speculative decoding in the Worker (brief §6, §7; issue 13) with the
+// synthetic proposer: greedy speculative output equals plain greedy decoding bit for bit (tokens and per-token logits
+// digests, against the model alone) in resident, hisparse and adaptive modes while a fake memd forces reclaims and
+// repopulations; every host page written holds the oracle's rows (a rejected row never reaches the host); rounds
+// commit A_r + 1 tokens; the drafter modes and blocks the KV cannot serve are refused at start.
+#include <boost/math/distributions/chi_squared.hpp>
+#include <cstdio>
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "tests/workerd/worker_test_util.h"
+#include "workerd/device/cpu_device.h"
+
+namespace dhs::test {
+namespace {
+
+struct Spec {
+  RequestId id;
+  std::vector<uint8_t> prompt;
+  uint32_t max_new;
+  float temperature = 0;
+  int submit_at = 0;
+};
+
+std::vector<Spec> Requests(int k) {
+  return {{1, Prompt(5, 1), 17},  {2, Prompt(static_cast<size_t>(k), 2), 21, 0, 0}, {3, Prompt(37, 3), 25, 0, 2},
+          {4, Prompt(64, 4), 19, 0, 5}, {5, Prompt(83, 5), 14, 0.8f, 9}, {6, Prompt(48, 2), 23, 0, 30}};
+}
+
+// The oracle's rows of every position of input + tokens[0 .. max_new-2] (what the worker commits), and its index keys.
+struct OracleRows {
+  std::unique_ptr<model::ResidentKvAccess> kv;
+  std::optional<model::ModelSession> session;
+};
+
+OracleRows RowsOf(const model::Model& m, const std::vector<model::Token>& input, const Generated& g) {
+  OracleRows o{model::ResidentKvAccess::ForModel(m.config(), size_t{64} << 20, 16), m.NewSession(1)};
+  std::vector<model::Token> all = input;
+  all.insert(all.end(), g.tokens.begin(), g.tokens.end() - 1);
+  EXPECT_TRUE(m.ImportPrefix(*o.session, all, *o.kv).ok());
+  return o;
+}
+
+// Every host page of `request` with a completed backup holds the oracle's payload rows and index keys.
+void ExpectHostPagesExact(Worker& w, RequestId request, const std::vector<uint8_t>& host, const model::Model& m,
+                          OracleRows& oracle, int& pages_checked) {
+  HierarchicalKvAccess* h = w.hierarchical();
+  const RequestKv* kv = h == nullptr ? nullptr : h->Find(request);
+  if (kv == nullptr) return;
+  const KvLayout& l = h->layout();
+  const uint32_t p = l.config().page_rows;
+  for (uint32_t page = 0; page < kv->pages.size(); ++page) {
+    const KvPage& pg = kv->pages[page];
+    if (!pg.host_ready) continue;
+    const uint8_t* base = host.data() + pg.host_page * l.host_page_bytes();
+    for (uint32_t r = 0; r < p; ++r) {
+      const Position t = Position{page} * p + r;
+      std::vector<Position> sel = {t};
+      for (SourceId s = 0; s < l.num_sources(); ++s) {
+        std::vector<const uint8_t*> out(1);
+        KvQuery q{1, sel, out};
+        ASSERT_TRUE(oracle.kv->Fetch(std::vector<SourceId>{s}, {&q, 1}).ok()) << "t " << t;
+        ASSERT_EQ(0, std::memcmp(base + l.InPage(s, r), out[0], l.row_bytes(s)))
+            << "request " << request << " page " << page << " position " << t << " source " << s;
+      }
+      for (int i = 0; i < m.config().n_indexers(); ++i) {
+        const float* want = oracle.session->index_keys(i).data() + t * m.config().idx_dim;
+        ASSERT_EQ(0, std::memcmp(base + l.KeyInPage(static_cast<uint32_t>(i), r), want,
+                                 static_cast<size_t>(m.config().idx_dim) * sizeof(float)))
+            << "index key of position " << t;
+      }
+    }
+    ++pages_checked;
+  }
+}
+
+struct RunResult {
+  RecordingSink sink;
+  int reclaims = 0, populated = 0, host_pages_checked = 0;
+  WorkerStats stats;
+};
+
+WorkerConfig SpecConfig(const model::Model& m, WorkerMode mode, double corruption) {
+  WorkerConfig c;
+  c.mode = mode;
+  c.page_rows = 16;
+  c.tail_rows = 32;
+  c.slots = 4;
+  c.hot_rows = static_cast<uint32_t>(4 * (m.config().top_k + m.config().local_window));  // max_block 4
+  c.speculation.mode = spec::SpeculateMode::kSynthetic;
+  c.speculation.block = 4;
+  c.speculation.corruption = corruption;
+  return c;
+}
+
+// Rounds a greedy request of max_new tokens takes when every proposal is accepted (all) or none is: its first token
+// comes from prefill, then rounds of K_r = min(4, tokens left) while K_r >= 2 (one token left: a plain step).
+uint64_t ExpectedRounds(uint32_t max_new, bool all) {
+  uint64_t rounds = 0;
+  for (int64_t left = max_new - 1; left > 0;) {
+    const int64_t k = std::min<int64_t>(4, left);
+    if (k >= 2) ++rounds;
+    left -= k >= 2 && all ? k : 1;
+  }
+  return rounds;
+}
+
+void Serve(const model::Model& m, WorkerConfig c, uint64_t seed, uint32_t budget_pages,
+           std::map<RequestId, OracleRows>& oracle, const std::vector<Spec>& specs, RunResult& res) {
+  auto g = ComputeGeometry(m.config(), c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const bool resident = c.mode == WorkerMode::kResident;
+  c.hbm_budget_bytes = resident ? uint64_t{64} << 20 : budget_pages * g->page_bytes;
+  CpuDevice device;
+  FakeMemd memd(resident ? 4096 : budget_pages, g->host_page_bytes, c.page_rows, 512, seed, !resident, c.slots);
+  auto w = Worker::Create(&m, &device, c, memd.host, &memd, &res.sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int it = 0; it < 20000; ++it) {
+    for (const Spec& s : specs) {
+      if (s.submit_at != it) continue;
+      wire::SubmitRequestT sub;
+      sub.request = s.id;
+      sub.prompt = s.prompt;
+      sub.max_new_tokens = s.max_new;
+      sub.temperature = s.temperature;
+      sub.seed = 5;
+      ASSERT_TRUE((*w)->Submit(sub, ClientRef{"c", s.id}).ok());
+    }
+    memd.Pump(**w);
+    auto more = (*w)->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    for (const Spec& s : specs) {
+      ExpectSafe(**w, s.id);
+      if (s.temperature == 0) ExpectHostPagesExact(**w, s.id, memd.host, m, oracle.at(s.id), res.host_pages_checked);
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+    if (res.sink.finished.size() == specs.size()) break;
+  }
+  ASSERT_EQ(res.sink.finished.size(), specs.size()) << "not every request finished";
+  res.reclaims = memd.reclaims_done;
+  res.populated = memd.pages_populated;
+  res.stats = (*w)->stats();
+  EXPECT_EQ(memd.completes, static_cast<int>(specs.size()));
+}
+
+class GreedyRounds : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GreedyRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
+  auto m = MakePresetModel(GetParam());
+  const std::vector<Spec> specs = Requests(m->config().top_k);
+  std::map<RequestId, Generated> want;
+  std::map<RequestId, OracleRows> oracle;
+  for (const Spec& s : specs) {
+    const std::vector<model::Token> input(s.prompt.begin(), s.prompt.end());
+    want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, 5, s.id);
+    if (s.temperature == 0) oracle.emplace(s.id, RowsOf(*m, input, want[s.id]));
+  }
+  int reclaims = 0, populated = 0, pages_checked = 0;
+  for (double corruption : {0.0, 0.4, 1.0}) {
+    // The sampled request 5 joins the mixed run only: at 0 and 1 every round's acceptance is known exactly.
+    std::vector<Spec> run;
+    for (const Spec& s : specs) {
+      if (s.temperature == 0 || corruption == 0.4) run.push_back(s);
+    }
+    uint64_t want_rounds = 0;
+    for (const Spec& s : run) want_rounds += ExpectedRounds(s.max_new, corruption == 0.0);
+    for (WorkerMode mode : {WorkerMode::kResident, WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
+      for (uint64_t seed : {1ull, 2ull}) {
+        if (mode != WorkerMode::kAdaptive && seed > 1) continue;
+        SCOPED_TRACE(std::string(WorkerModeName(mode)) + " corruption " + std::to_string(corruption) + " seed " +
+                     std::to_string(seed));
+        RunResult res;
+        Serve(*m, SpecConfig(*m, mode, corruption), seed, /*budget_pages=*/24, oracle, run, res);
+        if (HasFatalFailure()) return;
+        EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
+        for (const Spec& s : run) {
+          EXPECT_EQ(res.sink.out[s.id].tokens.size(), s.max_new) << "request " << s.id;
+          if (s.temperature != 0) continue;  // sampled: same distribution, other draws (see the sampling test)
+          EXPECT_EQ(res.sink.out[s.id].tokens, want[s.id].tokens) << "request " << s.id;
+          EXPECT_EQ(res.sink.out[s.id].digests, want[s.id].digests) << "request " << s.id;
+        }
+        const WorkerStats& st = res.stats;
+        // Each round commits A_r + 1 tokens; greedy acceptance of the target's own continuation accepts every
+        // uncorrupted proposal up to the first corrupted one.
+        EXPECT_GT(st.spec_rounds, 0u);
+        EXPECT_EQ(st.spec_round_tokens, st.spec_accepted + st.spec_rounds);
+        uint64_t max_new = 0;
+        for (const Spec& s : run) max_new += s.max_new;
+        EXPECT_EQ(st.tokens_generated, max_new);
+        if (corruption == 0.0) {
+          EXPECT_EQ(st.spec_accepted, st.spec_proposed);
+          EXPECT_EQ(st.spec_rounds, want_rounds);
+        }
+        if (corruption == 1.0) {  // K_r >= 2 with the draft always rejected, many rounds
+          EXPECT_EQ(st.spec_accepted, 0u);
+          EXPECT_EQ(st.spec_rounds, want_rounds);
+        }
+        uint64_t widths = 0;
+        for (uint64_t n : st.spec_width_rounds) widths += n;
+        EXPECT_EQ(widths, st.spec_rounds);
+        std::printf("%s corruption %.1f seed %llu: rounds %llu, acceptance length %.2f, reclaims %d, populated %d, "
+                    "host pages checked %d\n",
+                    std::string(WorkerModeName(mode)).c_str(), corruption, static_cast<unsigned long long>(seed),
+                    static_cast<unsigned long long>(st.spec_rounds),
+                    static_cast<double>(st.spec_round_tokens) / static_cast<double>(st.spec_rounds), res.reclaims,
+                    res.populated, res.host_pages_checked);
+        reclaims += res.reclaims;
+        populated += res.populated;
+        pages_checked += res.host_pages_checked;
+      }
+    }
+  }
+  EXPECT_GT(reclaims, 0);
+  EXPECT_GT(populated, 0);
+  EXPECT_GT(pages_checked, 0);
+}
+
+// Sampling mode (brief §6 acceptance): N = 1200 requests with one prompt, temperature 0.3, each with its own keyed
+// draws (client ids 1..N). Token 0 comes from prefill, token 1 from a K = 2 round whose proposal (the greedy
+// continuation, corrupted with probability 0.2) is accepted with min(1, p/q) or corrected from norm(max(0, p - q)).
+// Given t0, t1 must follow the target's own p(t1 | t0), computed independently with the model alone: Pearson
+// chi-square per t0 (cells with expected count < 5 pooled), summed, at significance 0.001, critical value from
+// Boost.Math's quantile.
+// dsv4flash-like: sources shared by Reuse / Reindex layers; glm5-like: index producers whose followers' rows come in
+// one Fetch over several sources.
+INSTANTIATE_TEST_SUITE_P(Presets, GreedyRounds, ::testing::Values("dsv4flash-like", "glm5-like"));
+
+TEST(WorkerSpeculation, SampledRoundsEmitTheTargetsOwnDistribution) {
+  constexpr int kRequests = 1200;
+  constexpr float kTemperature = 0.3f;
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<uint8_t> prompt = Prompt(12, 4);
+  const model::SamplingParams params{kTemperature, 1.0f};
+  // p(t0) and p(t1 | t0) with the model alone.
+  auto kv = model::ResidentKvAccess::ForModel(m->config(), size_t{64} << 20, 16);
+  std::vector<double> p0;
+  std::vector<std::vector<double>> p1(model::kVocab);
+  {
+    model::ModelSession s = m->NewSession(1);
+    std::vector<model::Token> in(prompt.begin(), prompt.end());
+    model::StepInput step{&s, in};
+    model::StepOutput out;
+    ASSERT_TRUE(m->Step(std::span<model::StepInput>(&step, 1), *kv, std::span<model::StepOutput>(&out, 1)).ok());
+    p0 = model::SamplingDistribution(std::span<const float>(out.logits).last(model::kVocab), params);
+    kv->Release(1);
+  }
+  for (int t0 = 0; t0 < model::kVocab; ++t0) {
+    if (p0[static_cast<size_t>(t0)] * kRequests < 1e-3) continue;  // never matters to any cell
+    model::ModelSession s = m->NewSession(2);
+    std::vector<model::Token> in(prompt.begin(), prompt.end());
+    in.push_back(t0);
+    model::StepInput step{&s, in};
+    model::StepOutput out;
+    ASSERT_TRUE(m->Step(std::span<model::StepInput>(&step, 1), *kv, std::span<model::StepOutput>(&out, 1)).ok());
+    p1[static_cast<size_t>(t0)] = model::SamplingDistribution(std::span<const float>(out.logits).last(model::kVocab),
+                                                              params);
+    kv->Release(2);
+  }
+  // The worker, speculating with K = 2 rounds.
+  WorkerConfig c = SpecConfig(*m, WorkerMode::kResident, 0.2);
+  c.speculation.block = 2;
+  c.submit_queue = kRequests;
+  auto g = ComputeGeometry(m->config(), c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  CpuDevice device;
+  FakeMemd memd(4096, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
+  RecordingSink sink;
+  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (RequestId id = 1; id <= kRequests; ++id) {
+    wire::SubmitRequestT sub;
+    sub.request = id;
+    sub.prompt = prompt;
+    sub.max_new_tokens = 3;  // token 1 from the round (K = min(2, 3 - 1)); token 2 its bonus or a plain step
+    sub.temperature = kTemperature;
+    sub.seed = 11;
+    ASSERT_TRUE((*w)->Submit(sub, ClientRef{"c", id}).ok());
+  }
+  for (int it = 0; it < 100000 && sink.finished.size() < kRequests; ++it) {
+    memd.Pump(**w);
+    ASSERT_TRUE((*w)->Iterate().ok());
+  }
+  ASSERT_EQ(sink.finished.size(), static_cast<size_t>(kRequests));
+  EXPECT_EQ((*w)->stats().spec_rounds, static_cast<uint64_t>(kRequests));  // token 1 of every request
+  // Given t0, the t1 of the requests that drew t0 are i.i.d. draws of p(t1 | t0) (t1's draws are independent of t0's):
+  // one Pearson statistic per t0 drawn at least 20 times against p(. | t0), summed (independent groups: the degrees
+  // of freedom add up).
+  std::map<int, std::vector<int64_t>> by_t0;
+  for (const auto& [id, out] : sink.out) {
+    ASSERT_EQ(out.tokens.size(), 3u) << id;
+    std::vector<int64_t>& c = by_t0[out.tokens[0]];
+    c.resize(model::kVocab, 0);
+    ++c[static_cast<size_t>(out.tokens[1])];
+  }
+  double stat = 0;
+  int bins = 0, groups = 0;
+  for (const auto& [t0, c] : by_t0) {
+    ASSERT_FALSE(p1[static_cast<size_t>(t0)].empty()) << "t0 = " << t0 << " has probability ~0 but was drawn";
+    int64_t n = 0;
+    for (int64_t x : c) n += x;
+    if (n < 20) continue;
+    const std::vector<double>& p = p1[static_cast<size_t>(t0)];
+    double pooled_e = 0;
+    int64_t pooled_o = 0;
+    int group_bins = 0;
+    for (int t1 = 0; t1 < model::kVocab; ++t1) {
+      const int64_t o = c[static_cast<size_t>(t1)];
+      if (p[static_cast<size_t>(t1)] == 0.0) {
+        EXPECT_EQ(o, 0) << "(" << t0 << ", " << t1 << ") has probability 0 but was emitted";
+        continue;
+      }
+      const double e = p[static_cast<size_t>(t1)] * static_cast<double>(n);
+      if (e < 5.0) {
+        pooled_e += e;
+        pooled_o += o;
+        continue;
+      }
+      stat += (static_cast<double>(o) - e) * (static_cast<double>(o) - e) / e;
+      ++group_bins;
+    }
+    if (pooled_e > 0) {
+      stat += (static_cast<double>(pooled_o) - pooled_e) * (static_cast<double>(pooled_o) - pooled_e) / pooled_e;
+      ++group_bins;
+    }
+    bins += group_bins - 1;
+    ++groups;
+  }
+  ++bins;  // df = bins - 1 below = the sum of the groups' degrees of freedom
+  const int df = bins - 1;
+  ASSERT_GE(df, 3) << "too few cells to test";
+  const double critical = boost::math::quantile(boost::math::complement(boost::math::chi_squared(df), 0.001));
+  std::printf("t1 given t0 (%d groups of %d sampled requests): chi2 = %.2f, df = %d, critical(0.001) = %.2f; "
+              "acceptance %llu of %llu proposals\n", groups, kRequests, stat, df, critical,
+              static_cast<unsigned long long>((*w)->stats().spec_accepted),
+              static_cast<unsigned long long>((*w)->stats().spec_proposed));
+  EXPECT_LT(stat, critical);
+}
+
+TEST(WorkerSpeculation, DrafterModesAndOversizedBlocksAreRefusedAtStart) {
+  auto m = MakePresetModel("dsv4flash-like");
+  for (spec::SpeculateMode mode : {spec::SpeculateMode::kFixed, spec::SpeculateMode::kConfidence}) {
+    WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0);
+    c.speculation.mode = mode;
+    auto g = ComputeGeometry(m->config(), c);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(g.status().message().find("drafter"), std::string_view::npos) << g.status();
+  }
+  WorkerConfig c = SpecConfig(*m, WorkerMode::kHisparse, 0);
+  c.speculation.block = 5;  // B / (k + w) = 4
+  auto g = ComputeGeometry(m->config(), c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("--block 5 outside [1, 4]"), std::string_view::npos) << g.status();
+  c.speculation.block = 4;
+  c.speculation.schedule = "1:4,3:2";
+  EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());
+  c.speculation.schedule = "1:5";
+  EXPECT_EQ(ComputeGeometry(m->config(), c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dhs::test

@@ -1,0 +1,51 @@
+#include "workerd/spec/speculation_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "workerd/spec/block_width.h"
+
+namespace dhs::spec {
+
+std::string_view SpeculateModeName(SpeculateMode mode) {
+  switch (mode) {
+    case SpeculateMode::kOff: return "off";
+    case SpeculateMode::kFixed: return "fixed";
+    case SpeculateMode::kConfidence: return "confidence";
+    case SpeculateMode::kSynthetic: return "synthetic";
+  }
+  return "off";
+}
+
+absl::StatusOr<SpeculateMode> ParseSpeculateMode(std::string_view name) {
+  for (SpeculateMode m : {SpeculateMode::kOff, SpeculateMode::kFixed, SpeculateMode::kConfidence,
+                          SpeculateMode::kSynthetic}) {
+    if (name == SpeculateModeName(m)) return m;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--speculate '", std::string(name), "': expected off, fixed, confidence or synthetic"));
+}
+
+absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block) {
+  if (config.mode == SpeculateMode::kOff) return absl::OkStatus();
+  if (config.mode == SpeculateMode::kFixed || config.mode == SpeculateMode::kConfidence) {
+    return absl::UnimplementedError(absl::StrCat("--speculate ", std::string(SpeculateModeName(config.mode)),
+                                                 " needs the drafter, which this build does not link yet; use "
+                                                 "--speculate synthetic (benchmarks only) or off"));
+  }
+  if (!(config.confidence >= 0.0 && config.confidence <= 1.0) ||
+      !(config.corruption >= 0.0 && config.corruption <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec-confidence ", config.confidence, " and --spec-corruption ",
+                                                   config.corruption, " must be in [0, 1]"));
+  }
+  if (config.block < 1 || config.block > max_block) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--block ", config.block, " outside [1, ", max_block, "]: a round's K_r queries select up to K_r * (k + w) "
+        "rows that must fit the hot cache B, and the tail T must hold a page and a block (K_r <= T - p + 1)"));
+  }
+  if (!config.schedule.empty()) {
+    absl::StatusOr<BlockWidthSchedule> s = BlockWidthSchedule::Parse(config.schedule, config.block);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("--block-schedule: ", s.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dhs::spec

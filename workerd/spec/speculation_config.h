@@ -1,0 +1,41 @@
+// workerd/spec/speculation_config.h: the worker's speculation options (brief §6 "Proposal modes"; issue 13), shared
+// by workerd and dhs-replay: --speculate off|fixed|confidence|synthetic, --block K, --block-schedule,
+// --spec-confidence, --spec-corruption.
+//
+// Modes: off (plain decoding, the default); fixed (the drafter proposes K_r - 1 tokens); confidence (the drafter's
+// prefix above a confidence threshold, ConfidencePrefix); synthetic (FOR BENCHMARKS ONLY: SyntheticProposer, the
+// target's own greedy continuation corrupted with probability --spec-corruption). fixed and confidence need the
+// drafter, which is not linked yet: CheckSpeculation refuses them with a clear error.
+// Thread-safety: pure functions and plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dhs::spec {
+
+enum class SpeculateMode { kOff, kFixed, kConfidence, kSynthetic };
+std::string_view SpeculateModeName(SpeculateMode mode);
+// "off" | "fixed" | "confidence" | "synthetic"; else INVALID_ARGUMENT naming the choices.
+absl::StatusOr<SpeculateMode> ParseSpeculateMode(std::string_view name);
+
+struct SpeculationConfig {
+  SpeculateMode mode = SpeculateMode::kOff;
+  int64_t block = 4;           // K_max: queries per round, anchor included (1 = no speculation), >= 1
+  std::string schedule;        // BlockWidthSchedule text ("1:8,33:6,128:4"); empty = `block` at every load
+  double confidence = 0.5;     // confidence mode's threshold, in [0, 1]
+  double corruption = 0.0;     // synthetic mode: probability a proposal is corrupted, in [0, 1]
+};
+
+// Checks the options against the worker's KV geometry. `max_block`: the widest round the KV serves without staging
+// arenas (workerd/speculation.h: the union of the K_r queries' selections must fit the hot cache, and the tail must
+// hold a page plus a block). Errors: INVALID_ARGUMENT (block < 1, block or a schedule width above max_block, with the
+// numbers; a bad schedule; confidence or corruption outside [0, 1]), UNIMPLEMENTED (fixed / confidence: the drafter
+// is not linked in this build).
+absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block);
+
+}  // namespace dhs::spec

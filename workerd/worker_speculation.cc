@@ -1,0 +1,137 @@
+// workerd/worker_speculation.cc: the Worker's speculative rounds (brief §6; issue 13): see worker.h (AddProposals,
+// FinishRound) and workerd/spec/README.md.
+//
+// A round of a decoding request r at frontier n_r (its anchor, the last emitted token, not fed yet): the proposer
+// drafts K_r - 1 tokens; the anchor and the proposals are fed in the batch's one Model::Step (query j sees positions
+// <= n_r + j, its own selection); the rows from n_r + 1 on are held unverified (no page holding one is backed up or
+// kept); spec::AcceptRound on the K_r rows of logits gives A_r (greedy requests: argmax, identical to plain greedy
+// decoding; sampling: the speculative sampling rule with keyed draws); positions n_r .. n_r + A_r are kept, the rest
+// dropped (Model::EndVerification), the A_r + 1 tokens are emitted with their queries' logits digests (the same bits
+// plain decoding gives: batch-invariant numerics), then the proposer commits A_r.
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "workerd/spec/synthetic_proposer.h"
+#include "workerd/worker.h"
+
+namespace dhs {
+
+absl::Status Worker::CreateProposer() {
+  const spec::SpeculationConfig& sc = config_.speculation;
+  if (sc.mode == spec::SpeculateMode::kOff) return absl::OkStatus();
+  if (absl::Status s = spec::CheckSpeculation(sc, geometry_.max_block); !s.ok()) return s;
+  if (!sc.schedule.empty()) {
+    absl::StatusOr<spec::BlockWidthSchedule> schedule = spec::BlockWidthSchedule::Parse(sc.schedule, sc.block);
+    if (!schedule.ok()) return schedule.status();
+    schedule_ = *std::move(schedule);
+  }
+  spec_slot_used_.assign(config_.slots, false);
+  // Synthetic (benchmarks only): a private resident copy of each slot's history, host memory; the arena is not
+  // zero-filled, so only the pages the sessions touch cost memory (at most 4 GiB of address space).
+  const model::ModelConfig& mc = model_->config();
+  const uint64_t per_position = mc.row_bytes() * static_cast<uint64_t>(mc.n_sources());
+  const uint64_t arena =
+      std::min<uint64_t>(uint64_t{4} << 30, (config_.max_context_tokens + 64) * per_position * config_.slots);
+  absl::StatusOr<std::unique_ptr<spec::SyntheticProposer>> p = spec::SyntheticProposer::Create(
+      model_, static_cast<int>(config_.slots), sc.corruption, static_cast<size_t>(arena));
+  if (!p.ok()) return p.status();
+  proposer_ = *std::move(p);
+  return absl::OkStatus();
+}
+
+int64_t Worker::RoundWidth(const Request& r, int64_t active) const {
+  if (!proposer_) return 1;
+  int64_t width = schedule_ ? schedule_->WidthFor(active) : config_.speculation.block;
+  width = std::min<int64_t>(width, geometry_.max_block);
+  const int64_t remaining = static_cast<int64_t>(r.max_new) - static_cast<int64_t>(r.generated.size());
+  return std::max<int64_t>(1, std::min(width, remaining));
+}
+
+void Worker::AddProposals(std::vector<BatchItem>& items) {
+  if (!proposer_) return;
+  const auto active = static_cast<int64_t>(active_requests());
+  std::vector<spec::DraftRequest> drafts;
+  std::vector<std::vector<model::Token>> histories;  // the spans of `drafts` point here
+  std::vector<BatchItem*> which;
+  histories.reserve(items.size());
+  for (BatchItem& item : items) {
+    Request& r = *item.r;
+    if (r.fed < static_cast<Position>(r.input.size()) || r.generated.empty()) continue;  // prefilling
+    const int64_t width = RoundWidth(r, active);
+    if (width < 2) continue;
+    if (r.spec_slot < 0) {
+      auto free = std::find(spec_slot_used_.begin(), spec_slot_used_.end(), false);
+      if (free == spec_slot_used_.end()) continue;
+      *free = true;
+      r.spec_slot = static_cast<int>(free - spec_slot_used_.begin());
+    }
+    std::vector<model::Token>& all = histories.emplace_back(r.input);  // a resumed input ends with its committed
+    all.insert(all.end(), r.generated.begin() + r.resumed, r.generated.end());
+    drafts.push_back(spec::DraftRequest{r.spec_slot, spec::RoundKey{r.seed, r.client_id, r.fed}, all, {}, width - 1});
+    which.push_back(&item);
+  }
+  if (drafts.empty()) return;
+  std::vector<spec::DraftResult> results(drafts.size());
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status proposed = proposer_->Propose(drafts, results);
+  stats_.spec_propose_us += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count());
+  if (!proposed.ok()) {
+    spdlog::warn("worker: the proposer failed ({}); this step decodes without speculation", proposed.ToString());
+    return;
+  }
+  for (size_t i = 0; i < which.size(); ++i) {
+    BatchItem& item = *which[i];
+    Request& r = *item.r;
+    absl::Status held = results[i].tokens.empty() ? absl::CancelledError("no proposal")
+                                                  : model_->BeginVerification(*r.session, kv());
+    if (!held.ok()) {  // a plain step; the proposer's round ends with nothing accepted
+      if (!absl::IsCancelled(held)) spdlog::warn("worker: request {} steps plainly: {}", r.id, held.ToString());
+      proposer_->Commit(r.spec_slot, 0).IgnoreError();
+      continue;
+    }
+    item.draft = std::move(results[i]);
+    item.tokens.insert(item.tokens.end(), item.draft.tokens.begin(), item.draft.tokens.end());
+    item.round = true;
+  }
+}
+
+absl::Status Worker::FinishRound(BatchItem& item, std::span<const float> logits) {
+  Request& r = *item.r;
+  const Position n = r.fed;
+  const std::vector<spec::Proposal> proposals = item.draft.proposals();
+  absl::StatusOr<spec::RoundOutcome> outcome =
+      spec::AcceptRound(r.greedy ? spec::AcceptMode::kGreedy : spec::AcceptMode::kSampling, logits, r.sampling,
+                        proposals, spec::RoundKey{r.seed, r.client_id, n});
+  if (!outcome.ok()) return outcome.status();
+  const Position length = n + outcome->accepted + 1;
+  if (absl::Status s = model_->EndVerification(*r.session, length, kv()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("request ", r.client_id, " failed committing its round: ", s.message()));
+  }
+  if (absl::Status s = proposer_->Commit(r.spec_slot, outcome->accepted); !s.ok()) {
+    spdlog::warn("worker: proposer commit of request {}: {}", r.id, s.ToString());  // it restarts the slot
+  }
+  r.fed = length;
+  for (size_t j = 0; j < outcome->emitted.size(); ++j) {
+    RecordToken(r, outcome->emitted[j], logits.subspan(j * model::kVocab, model::kVocab));
+  }
+  const size_t width = item.tokens.size();
+  ++stats_.spec_rounds;
+  stats_.spec_round_tokens += outcome->emitted.size();
+  stats_.spec_proposed += width - 1;
+  stats_.spec_accepted += static_cast<uint64_t>(outcome->accepted);
+  if (stats_.spec_width_rounds.size() <= width) stats_.spec_width_rounds.resize(width + 1, 0);
+  ++stats_.spec_width_rounds[width];
+  return absl::OkStatus();
+}
+
+void Worker::ReleaseSpecSlot(Request& r) {
+  if (r.spec_slot < 0) return;
+  proposer_->Release(r.spec_slot);
+  spec_slot_used_[static_cast<size_t>(r.spec_slot)] = false;
+  r.spec_slot = -1;
+}
+
+}  // namespace dhs
