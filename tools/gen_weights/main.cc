@@ -1,6 +1,8 @@
-// dhs-gen-weights: writes the built-in model's weights for a preset from a seed (safetensors; brief §11).
+// dhs-gen-weights: writes the built-in model's weights for a preset from a seed (safetensors; brief §11), or with
+// --drafter the built-in drafter's weights (workerd/spec/drafter_model.h) paired with that preset's d_model.
 //   dhs-gen-weights --preset NAME --seed N --out FILE
-// Deterministic: the same preset and seed give the same bytes. Exit status 0 on success, 1 on an error (printed).
+//   dhs-gen-weights --drafter --preset NAME --seed N --out FILE [--layers L] [--window W] [--k-max K]
+// Deterministic: the same arguments give the same bytes. Exit status 0 on success, 1 on an error (printed).
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -8,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "workerd/model/config.h"
 #include "workerd/model/weights.h"
+#include "workerd/spec/drafter_model.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Write the built-in model's seeded weights as a safetensors file"};
@@ -17,6 +20,12 @@ int main(int argc, char** argv) {
   app.add_option("--preset", preset, "model preset: dsv4flash-like | glm5-like | bench-wide")->required();
   app.add_option("--seed", seed, "random seed")->required();
   app.add_option("--out", out, "output file")->required();
+  bool drafter = false;
+  dhs::spec::DrafterConfig dc;
+  app.add_flag("--drafter", drafter, "write the drafter's weights (paired with the preset's d_model) instead");
+  app.add_option("--layers", dc.n_layers, "drafter layers")->capture_default_str();
+  app.add_option("--window", dc.window, "drafter attention window W (positions)")->capture_default_str();
+  app.add_option("--k-max", dc.k_max, "drafter K_max (queries per round, anchor included)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto config = dhs::model::PresetConfig(preset);
@@ -24,7 +33,8 @@ int main(int argc, char** argv) {
     std::cerr << "dhs-gen-weights: " << config.status().message() << "\n";
     return 1;
   }
-  auto writer = dhs::model::GenerateWeights(*config, seed);
+  dc.target_d_model = config->d_model;
+  auto writer = drafter ? dhs::spec::GenerateDrafterWeights(dc, seed) : dhs::model::GenerateWeights(*config, seed);
   if (!writer.ok()) {
     std::cerr << "dhs-gen-weights: " << writer.status().message() << "\n";
     return 1;
