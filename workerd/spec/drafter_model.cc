@@ -120,8 +120,9 @@ absl::StatusOr<model::SafetensorsWriter> GenerateDrafterWeights(const DrafterCon
   return writer;
 }
 
-DrafterModel::DrafterModel(DrafterConfig config, std::unique_ptr<Weights> weights, std::string seed)
-    : config_(std::move(config)), weights_(std::move(weights)), seed_(std::move(seed)) {}
+DrafterModel::DrafterModel(DrafterConfig config, std::unique_ptr<Weights> weights,
+                           std::map<std::string, std::string> metadata)
+    : config_(std::move(config)), weights_(std::move(weights)), metadata_(std::move(metadata)) {}
 
 DrafterModel::~DrafterModel() = default;
 
@@ -151,9 +152,7 @@ absl::StatusOr<std::unique_ptr<DrafterModel>> DrafterModel::FromSafetensors(cons
       return absl::InvalidArgumentError(absl::StrCat("drafter weights: unexpected tensor '", name, "' for this config"));
     }
   }
-  auto seed = meta.find("seed");
-  return std::unique_ptr<DrafterModel>(
-      new DrafterModel(*config, std::move(w), seed == meta.end() ? std::string() : seed->second));
+  return std::unique_ptr<DrafterModel>(new DrafterModel(*config, std::move(w), meta));
 }
 
 absl::StatusOr<std::unique_ptr<DrafterModel>> DrafterModel::Load(const std::string& path) {
@@ -168,10 +167,25 @@ model::SafetensorsWriter DrafterModel::ToSafetensors() const {
     absl::Status s = writer.AddF32(spec.name, spec.shape, *slot);  // shapes were checked at load: cannot fail
     (void)s;
   }
-  writer.SetMetadata("format", kDrafterFormat);
-  if (!seed_.empty()) writer.SetMetadata("seed", seed_);
-  writer.SetMetadata("config", config_.ToJson());
+  for (const auto& [key, value] : metadata_) writer.SetMetadata(key, value);  // format and config included
   return writer;
+}
+
+absl::StatusOr<std::unique_ptr<DrafterModel>> DrafterModel::WithOutputLayers(std::span<const float> lm_head,
+                                                                             std::span<const float> w_feat,
+                                                                             const std::string& meta_key,
+                                                                             const std::string& meta_value) const {
+  if (lm_head.size() != weights_->lm_head.size() || w_feat.size() != weights_->w_feat.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("drafter output layers: lm_head has ", lm_head.size(),
+                                                   " floats (want ", weights_->lm_head.size(), "), w_feat ",
+                                                   w_feat.size(), " (want ", weights_->w_feat.size(), ")"));
+  }
+  auto w = std::make_unique<Weights>(*weights_);
+  w->lm_head.assign(lm_head.begin(), lm_head.end());
+  w->w_feat.assign(w_feat.begin(), w_feat.end());
+  std::map<std::string, std::string> meta = metadata_;
+  meta[meta_key] = meta_value;
+  return std::unique_ptr<DrafterModel>(new DrafterModel(config_, std::move(w), std::move(meta)));
 }
 
 // One forward's buffers, one row per query.
@@ -290,6 +304,7 @@ void DrafterModel::Forward(std::span<const DrafterQuery> queries, const DraftRin
   const int Q = static_cast<int>(s.Q);
   out.logits.resize(s.Q * model::kVocab);
   out.features.resize(s.Q * c.target_d_model);
+  out.hidden.assign(s.xn.begin(), s.xn.end());
   kernels::MatMul(weights_->lm_head.data(), model::kVocab, D, s.xn.data(), D, Q, out.logits.data(), model::kVocab);
   kernels::MatMul(weights_->w_feat.data(), c.target_d_model, D, s.xn.data(), D, Q, out.features.data(),
                   c.target_d_model);

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -83,6 +84,7 @@ struct DrafterQuery {
 struct DrafterOutput {
   std::vector<float> logits;    // Q * kVocab: row i = the drafter's logits of the token after query i
   std::vector<float> features;  // Q * target_d_model: row i = predicted feature f_{position_i}
+  std::vector<float> hidden;    // Q * d_model: row i = h (step 3), what lm_head and w_feat read
 };
 
 class DrafterModel {
@@ -97,6 +99,12 @@ class DrafterModel {
   const DrafterConfig& config() const { return config_; }
   // The weights and metadata as a file image writer (save; FromSafetensors(Parse(Serialize())) gives the same model).
   model::SafetensorsWriter ToSafetensors() const;
+  // A copy with new output layers (lm_head [256, D], w_feat [Dt, D]; drafter_distill.h fits them) and one more
+  // __metadata__ entry. Error: INVALID_ARGUMENT on a wrong size.
+  absl::StatusOr<std::unique_ptr<DrafterModel>> WithOutputLayers(std::span<const float> lm_head,
+                                                                 std::span<const float> w_feat,
+                                                                 const std::string& meta_key,
+                                                                 const std::string& meta_value) const;
 
   // One batched forward pass. Preconditions (the proposer's duty, unchecked): tokens in [0, kVocab); features empty
   // or target_d_model floats; ring holds geometry.total_rows() * row_floats floats; the queries of one slot have
@@ -111,7 +119,7 @@ class DrafterModel {
 
  private:
   struct Scratch;
-  DrafterModel(DrafterConfig config, std::unique_ptr<Weights> weights, std::string seed);
+  DrafterModel(DrafterConfig config, std::unique_ptr<Weights> weights, std::map<std::string, std::string> metadata);
   void Embed(std::span<const DrafterQuery> queries, Scratch& s) const;
   void AttentionLayer(int l, std::span<const DrafterQuery> queries, const DraftRingGeometry& geometry,
                       std::span<float> ring, Scratch& s) const;
@@ -121,7 +129,7 @@ class DrafterModel {
 
   DrafterConfig config_;
   std::unique_ptr<Weights> weights_;
-  std::string seed_;  // metadata, kept for ToSafetensors
+  std::map<std::string, std::string> metadata_;  // the file's __metadata__, kept for ToSafetensors
 };
 
 }  // namespace dhs::spec
