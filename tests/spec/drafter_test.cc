@@ -58,8 +58,8 @@ bool SameResult(const DraftResult& a, const DraftResult& b) {
 }
 
 // A fresh proposer's round for a committed history (tokens 0 .. n, hidden states of 0 .. n - 1 in one request).
-DraftResult FreshRound(std::shared_ptr<const DrafterModel> m, const DrafterOptions& o, std::span<const model::Token> tokens,
-                       RequestId request, uint32_t salt, int64_t max_proposals) {
+DraftResult FreshRound(std::shared_ptr<const DrafterModel> m, const DrafterOptions& o,
+                       std::span<const model::Token> tokens, RequestId request, uint32_t salt, int64_t max_proposals) {
   auto p = NewProposer(m, o);
   std::vector<float> hidden;
   const Position n = static_cast<Position>(tokens.size()) - 1;
@@ -397,6 +397,11 @@ TEST(Drafter, BadCallsAreRefusedAndChangeNothing) {
   bad = good;
   bad.target_hidden = bad.target_hidden.first(bad.target_hidden.size() - 1);
   expect_refused(bad, absl::StatusCode::kInvalidArgument, "short hidden");
+  std::vector<float> nan_hidden(good.target_hidden.begin(), good.target_hidden.end());
+  nan_hidden[70] = std::nanf("");
+  bad = good;
+  bad.target_hidden = nan_hidden;
+  expect_refused(bad, absl::StatusCode::kInvalidArgument, "hidden state not finite");
   bad = good;
   bad.tokens = bad.tokens.first(bad.tokens.size() - 1);
   expect_refused(bad, absl::StatusCode::kInvalidArgument, "tokens != frontier + 1");
@@ -503,9 +508,11 @@ TEST(DrafterWeights, DeterministicRoundTripAndBadFiles) {
 
 // The fraction of positions of `texts` where the drafter's argmax (fed as in its catch-up, features = the target's
 // hidden states) equals the target's argmax of the next token.
-double Agreement(const DrafterModel& d, const model::Model& target, const std::vector<std::vector<model::Token>>& texts) {
+double Agreement(const DrafterModel& d, const model::Model& target,
+                 const std::vector<std::vector<model::Token>>& texts) {
   const DrafterConfig& c = d.config();
-  const DraftRingGeometry g = *DraftRingGeometry::Create({.window = c.window, .k_max = c.k_max, .page_rows = 1, .slots = 1});
+  const DraftRingGeometry g =
+      *DraftRingGeometry::Create({.window = c.window, .k_max = c.k_max, .page_rows = 1, .slots = 1});
   int64_t same = 0, all = 0;
   for (const auto& text : texts) {
     auto kv = model::ResidentKvAccess::ForModel(target.config(), 16u << 20, 16);

@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   int distill_texts = 0;
   uint64_t target_seed = 1;
   app.add_option("--distill-texts", distill_texts, "drafter: fit its output layers on this many target texts");
-  app.add_option("--target-seed", target_seed, "drafter distillation: seed of the target's weights")->capture_default_str();
+  app.add_option("--target-seed", target_seed, "drafter distillation: seed of the target's weights")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto config = dhs::model::PresetConfig(preset);

@@ -1,6 +1,7 @@
 #include "workerd/spec/drafter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -66,7 +67,9 @@ absl::StatusOr<std::unique_ptr<DrafterProposer>> DrafterProposer::Load(const std
 
 absl::Status DrafterProposer::CheckRequest(const DraftRequest& r) const {
   const int64_t N = static_cast<int64_t>(slots_.size());
-  if (r.slot < 0 || r.slot >= N) return absl::InvalidArgumentError(absl::StrFormat("drafter: slot %d outside [0, %d)", r.slot, N));
+  if (r.slot < 0 || r.slot >= N) {
+    return absl::InvalidArgumentError(absl::StrFormat("drafter: slot %d outside [0, %d)", r.slot, N));
+  }
   const SlotIndex slot = static_cast<SlotIndex>(r.slot);
   const SlotState& st = slots_[slot];
   const bool open = ring_.open(slot);
@@ -90,7 +93,9 @@ absl::Status DrafterProposer::CheckRequest(const DraftRequest& r) const {
         r.slot, n, r.tokens.size(), committed));
   }
   for (model::Token t : r.tokens) {
-    if (t < 0 || t >= model::kVocab) return absl::InvalidArgumentError(absl::StrFormat("drafter: token %d outside [0, %d)", t, model::kVocab));
+    if (t < 0 || t >= model::kVocab) {
+      return absl::InvalidArgumentError(absl::StrFormat("drafter: token %d outside [0, %d)", t, model::kVocab));
+    }
   }
   const Position first = open ? std::max<Position>(0, st.final_frontier - 1) : 0;
   const size_t want = static_cast<size_t>(n - first) * model_->config().target_d_model;
@@ -98,6 +103,13 @@ absl::Status DrafterProposer::CheckRequest(const DraftRequest& r) const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "drafter: slot %d needs the target's hidden states of positions %d .. %d (%d floats), got %d floats", r.slot,
         first, n - 1, want, r.target_hidden.size()));
+  }
+  for (size_t i = 0; i < want; ++i) {
+    if (!std::isfinite(r.target_hidden[i])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "drafter: slot %d: the target's hidden state of position %d is not finite", r.slot,
+          first + static_cast<Position>(i / model_->config().target_d_model)));
+    }
   }
   return absl::OkStatus();
 }
@@ -108,7 +120,9 @@ absl::Status DrafterProposer::Check(std::span<const DraftRequest> batch, std::sp
   }
   std::set<int> seen;
   for (const DraftRequest& r : batch) {
-    if (!seen.insert(r.slot).second) return absl::InvalidArgumentError(absl::StrFormat("drafter: slot %d twice in a batch", r.slot));
+    if (!seen.insert(r.slot).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("drafter: slot %d twice in a batch", r.slot));
+    }
     if (absl::Status s = CheckRequest(r); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -127,6 +141,10 @@ void DrafterProposer::BookChunk(SlotIndex slot, Position first, Position last, P
   if (last == anchor) (void)ring_.Write(slot);
 }
 
+// Catch-up blocks of at most K_max positions per request, all requests in one Forward per block. The rows a query at t
+// reads (max(0, t-W+1) .. t, with t >= F) are intact: earlier rounds wrote no position above F - 1 + K_max - 2 (the
+// previous round fed its anchor F - 1 and at most K_max - 2 proposals), so a row read at s >= F - W + 1 was last
+// written by s itself (W + K_max - 4 < R_d); within one block the span is W + K_max - 1 < R_d.
 void DrafterProposer::CatchUp(std::vector<Work>& work) {
   const int Dt = model_->config().target_d_model;
   std::vector<DrafterQuery> queries;

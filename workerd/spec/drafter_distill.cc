@@ -18,7 +18,8 @@ std::unique_ptr<model::ResidentKvAccess> KvFor(const model::ModelConfig& c, size
   return model::ResidentKvAccess::ForModel(c, pages * kPageRows * c.row_bytes() * c.n_sources(), kPageRows);
 }
 
-// Normal equations of the two ridge regressions: G = Σ h hᵀ (D x D), Bz = Σ z hᵀ (kVocab x D), Bf = Σ f hᵀ (Dt x D).
+// Normal equations of the two ridge regressions: G = Σ h hᵀ (D x D), Bz = Σ z hᵀ (kVocab x D),
+// Bf = Σ f hᵀ (Dt x D).
 struct Normal {
   int D = 0, Dt = 0;
   int64_t positions = 0;

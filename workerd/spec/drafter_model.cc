@@ -64,9 +64,13 @@ absl::Status DrafterConfig::Validate() const {
                                                {"n_layers", n_layers},             {"n_heads", n_heads},
                                                {"head_dim", head_dim},             {"d_ff", d_ff}};
   for (const auto& [name, v] : sizes) {
-    if (v < 1 || v > (1 << 16)) return absl::InvalidArgumentError(absl::StrCat("drafter config: ", name, "=", v, " not in [1, 65536]"));
+    if (v < 1 || v > (1 << 16)) {
+      return absl::InvalidArgumentError(absl::StrCat("drafter config: ", name, "=", v, " not in [1, 65536]"));
+    }
   }
-  if (head_dim % 2 != 0) return absl::InvalidArgumentError(absl::StrCat("drafter config: head_dim=", head_dim, " is odd (RoPE pairs)"));
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("drafter config: head_dim=", head_dim, " is odd (RoPE pairs)"));
+  }
   if (window < 1 || window > (1 << 20) || k_max < 1 || k_max > (1 << 20)) {
     return absl::InvalidArgumentError(
         absl::StrCat("drafter config: window=", window, " and k_max=", k_max, " must be in [1, 2^20]"));
@@ -149,7 +153,8 @@ absl::StatusOr<std::unique_ptr<DrafterModel>> DrafterModel::FromSafetensors(cons
   }
   for (const auto& [name, info] : file.tensors()) {
     if (!expected.contains(name)) {
-      return absl::InvalidArgumentError(absl::StrCat("drafter weights: unexpected tensor '", name, "' for this config"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("drafter weights: unexpected tensor '", name, "' for this config"));
     }
   }
   return std::unique_ptr<DrafterModel>(new DrafterModel(*config, std::move(w), meta));

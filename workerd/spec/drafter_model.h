@@ -6,10 +6,10 @@
 //   1. input x = tok_emb[token_t] + w_in · RMSNorm(f_{t-1}, feat_norm), where the feature f_{t-1} (Dt floats) is the
 //      target's final hidden state at t-1 (model::StepOutput::hidden) when the target fed t-1, else the drafter's own
 //      prediction of it (step 4); position 0 has no feature (x = tok_emb[token_0]).
-//   2. per layer l: xn = RMSNorm(x, attn_norm); q, k, v = w_q·xn, w_k·xn, w_v·xn (H*d_h each), RoPE on each head of q
-//      and k at t; [k, v] is the layer's part of the ring row of t; per head, softmax((q·k_s) / sqrt(d_h)) over the
-//      positions s = max(0, t-W+1) .. t (the last W positions, t included; max-subtracted, ascending s) weights the
-//      v_s; x += w_o · concat_h(o); then x += w_down · SiLU(w_up · RMSNorm(x, mlp_norm)).
+//   2. per layer l: xn = RMSNorm(x, attn_norm); q, k, v = w_q·xn, w_k·xn, w_v·xn (H*d_h each), RoPE on each head
+//      of q and k at t; [k, v] is the layer's part of the ring row of t; per head, softmax((q·k_s) / sqrt(d_h)) over
+//      the positions s = max(0, t-W+1) .. t (the last W positions, t included; max-subtracted, ascending s) weights
+//      the v_s; x += w_o · concat_h(o); then x += w_down · SiLU(w_up · RMSNorm(x, mlp_norm)).
 //   3. h = RMSNorm(x, final_norm); logits = lm_head · h (kVocab floats).
 //   4. predicted feature f_t = w_feat · h (Dt floats), the input of t+1 while the target has not fed t.
 // Ring row of one position: for each layer, k (H*d_h floats) then v (H*d_h floats): draft_bytes_per_row =
