@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -471,12 +472,13 @@ TEST(DrafterWeights, DeterministicRoundTripAndBadFiles) {
   };
   const absl::Status target = parse_error(*model::GenerateWeights(Target(), 1));
   EXPECT_NE(std::string(target.message()).find("expected \"dhs-drafter/1\""), std::string::npos) << target;
-  auto rebuild = [&](const std::string& skip, const std::string& reshape, bool extra) {
+  auto rebuild = [&](const std::string& skip, const std::string& reshape, bool extra, const std::string& poison = "") {
     model::SafetensorsWriter w;
     auto f = model::SafetensorsFile::Parse(a);
     for (const auto& spec : DrafterTensorSpecs(c)) {
       if (spec.name == skip) continue;
       auto data = f->ReadF32(spec.name, spec.shape);
+      if (spec.name == poison) (*data)[3] = std::numeric_limits<float>::infinity();
       std::vector<int64_t> shape = spec.shape;
       if (spec.name == reshape) shape = {static_cast<int64_t>(data->size())};
       EXPECT_TRUE(w.AddF32(spec.name, shape, *data).ok());
@@ -492,6 +494,8 @@ TEST(DrafterWeights, DeterministicRoundTripAndBadFiles) {
   EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(shape.message()).find("w_feat"), std::string::npos) << shape;
   const absl::Status extra = parse_error(rebuild("", "", true));
+  const absl::Status inf = parse_error(rebuild("", "", false, "layers.0.w_k"));
+  EXPECT_NE(std::string(inf.message()).find("'layers.0.w_k' holds a non-finite value"), std::string::npos) << inf;
   EXPECT_NE(std::string(extra.message()).find("unexpected tensor 'layers.9.w_q'"), std::string::npos) << extra;
   // dhs-gen-weights --drafter writes the same bytes (the preset's d_model 64 as target_d_model).
   if (const char* exe = std::getenv("DHS_GEN_WEIGHTS"); exe != nullptr) {

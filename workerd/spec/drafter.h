@@ -7,8 +7,9 @@
 // Propose and Commit, the round's anchor n_r and proposal count. Propose(request at frontier n_r):
 //   1. catch-up: positions F .. n_r (the anchor last) are fed with the target's features f_{t-1} =
 //      DraftRequest.target_hidden, which must hold the target's final hidden state (model::StepOutput::hidden) of
-//      positions max(0, F - 1) .. n_r - 1: on a slot's first round every position 0 .. n_r - 1 (F = 0), afterwards the
-//      previous round's anchor .. n_r - 1 (the positions the target kept since the last Commit). Rows of accepted
+//      positions max(0, F - 1) .. n_r - 1: on a slot's first round every position 0 .. n_r - 1 (F = 0), afterwards
+//      from the previous round's anchor n' on (its verification pass fed n' .. n' + A, of which the kept ones count,
+//      and any plain steps since fed the rest). Rows of accepted
 //      proposals, drafted with predicted features, are recomputed here (EAGLE-style), so the state after any history
 //      of rounds equals, bit for bit, that of a drafter fed the committed tokens in one go.
 //   2. proposals x_1 .. x_m at n_r + 1 ..: q_j = model::SamplingDistribution(drafter logits, temperature); x_j =

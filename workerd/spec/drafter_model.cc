@@ -148,6 +148,10 @@ absl::StatusOr<std::unique_ptr<DrafterModel>> DrafterModel::FromSafetensors(cons
   for (auto& [spec, slot] : TensorSlots(*config, w.get())) {
     absl::StatusOr<std::vector<float>> data = file.ReadF32(spec.name, spec.shape);
     if (!data.ok()) return data.status();
+    if (!std::all_of(data->begin(), data->end(), [](float v) { return std::isfinite(v); })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("drafter weights: tensor '", spec.name, "' holds a non-finite value"));
+    }
     *slot = std::move(*data);
     expected.insert(spec.name);
   }

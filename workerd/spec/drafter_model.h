@@ -90,8 +90,9 @@ struct DrafterOutput {
 class DrafterModel {
  public:
   // Builds from a parsed file: __metadata__ "format" must be kDrafterFormat and "config" a valid DrafterConfig; every
-  // tensor of DrafterTensorSpecs F32 with its shape, no other tensor. Errors: INVALID_ARGUMENT (format, config, dtype,
-  // shape, unexpected tensor), NOT_FOUND (missing tensor); messages name the tensor or field.
+  // tensor of DrafterTensorSpecs F32 with its shape and finite values, no other tensor. Errors: INVALID_ARGUMENT
+  // (format, config, dtype, shape, a NaN or infinity, unexpected tensor), NOT_FOUND (missing tensor); messages name
+  // the tensor or field.
   static absl::StatusOr<std::unique_ptr<DrafterModel>> FromSafetensors(const model::SafetensorsFile& file);
   // Errors: as SafetensorsFile::Load, then FromSafetensors.
   static absl::StatusOr<std::unique_ptr<DrafterModel>> Load(const std::string& path);
