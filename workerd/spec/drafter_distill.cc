@@ -131,7 +131,9 @@ absl::StatusOr<std::unique_ptr<DrafterModel>> DistillOutputLayers(const DrafterM
         "distill: drafter for d_model %d, target d_model %d, ridge %g (> 0)", c.target_d_model,
         target.config().d_model, options.ridge));
   }
-  Normal n{.D = c.d_model, .Dt = c.target_d_model};
+  Normal n;
+  n.D = c.d_model;
+  n.Dt = c.target_d_model;
   n.G.assign(static_cast<size_t>(n.D) * n.D, 0.0);
   n.Bz.assign(static_cast<size_t>(model::kVocab) * n.D, 0.0);
   n.Bf.assign(static_cast<size_t>(n.Dt) * n.D, 0.0);
