@@ -8,7 +8,9 @@
 //     fresh drafter fed only the committed history; determinism across batch composition;
 //   - confidence mode cuts at the first proposal whose q(x) is under the threshold; greedy mode's q is one-hot;
 //   - bad configurations, files and calls are refused with clear errors and change nothing;
-//   - weights: same seed same bytes, save/load round trip, dhs-gen-weights --drafter.
+//   - weights: same seed same bytes, save/load round trip, dhs-gen-weights --drafter;
+//   - the optional distillation raises agreement with the target, and the whole round contract with the real target
+//     (Propose, one verification pass, AcceptRound, Commit, target_hidden) gives plain greedy's tokens.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -28,6 +30,7 @@
 #include "workerd/model/model.h"
 #include "workerd/model/resident_kv_access.h"
 #include "workerd/model/sampling.h"
+#include "workerd/spec/acceptance.h"
 #include "workerd/spec/drafter_distill.h"
 
 namespace dhs::spec {
@@ -582,6 +585,70 @@ TEST(DrafterDistill, FittedOutputLayersAgreeWithTheTarget) {
   }
   EXPECT_EQ(DistillOutputLayers(*random, **target, *train, {.ridge = 0.0}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The whole round contract with the real target: Propose -> one target pass over the anchor and the proposals (a
+// fresh session that imports the committed history: the model cannot roll back) -> AcceptRound (greedy) -> Commit ->
+// the next round's target_hidden = that pass's hidden states of the kept positions. The emitted tokens equal plain
+// greedy decoding, token for token (the distilled drafter gets some proposals accepted, so every path runs).
+TEST(DrafterDistill, GreedySpeculationWithTheDrafterEqualsPlainGreedy) {
+  auto tw = model::GenerateWeights(Target(), 1);
+  auto target = model::Model::FromSafetensors(*model::SafetensorsFile::Parse(tw->Serialize()));
+  ASSERT_TRUE(target.ok());
+  const model::Model& t = **target;
+  auto texts = SampleTargetTexts(t, 16, 128, 7);
+  auto fitted = DistillOutputLayers(*MakeDrafter(DrafterConfig{}, 1), t, *texts, {});
+  ASSERT_TRUE(fitted.ok());
+  auto p = NewProposer(std::shared_ptr<const DrafterModel>(std::move(*fitted)), {.slots = 1, .greedy = true});
+  const std::string prompt = "Speculative decoding keeps the output bits. ";
+  std::vector<model::Token> tokens(prompt.begin(), prompt.end());
+  auto run = [&](std::span<const model::Token> history, std::span<const model::Token> feed, model::StepOutput& out) {
+    auto kv = model::ResidentKvAccess::ForModel(t.config(), 16u << 20, 16);
+    model::ModelSession s = t.NewSession(1);
+    if (!history.empty()) {
+      ASSERT_TRUE(t.ImportPrefix(s, history, *kv).ok());
+    }
+    model::StepInput in{&s, feed, true};
+    ASSERT_TRUE(t.Step(std::span(&in, 1), *kv, std::span(&out, 1)).ok());
+  };
+  model::StepOutput first;
+  run({}, tokens, first);  // prefill: the first anchor and the hidden states of the prompt
+  std::vector<float> hidden = first.hidden;
+  tokens.push_back(model::Argmax(std::span<const float>(first.logits).last(model::kVocab)));
+  const size_t P = prompt.size(), generate = 64;
+  int64_t accepted = 0;
+  while (tokens.size() < P + generate) {
+    const Position n = static_cast<Position>(tokens.size()) - 1;
+    DraftRequest r{.slot = 0, .key = {1, 1, n}, .tokens = tokens, .target_hidden = hidden, .max_proposals = 3};
+    DraftResult res;
+    ASSERT_TRUE(p->Propose(std::span(&r, 1), std::span(&res, 1)).ok());
+    std::vector<model::Token> block = {tokens.back()};
+    block.insert(block.end(), res.tokens.begin(), res.tokens.end());
+    model::StepOutput verify;
+    run(std::span(tokens).first(n), block, verify);
+    auto outcome = AcceptRound(AcceptMode::kGreedy, verify.logits, {}, res.proposals(), r.key);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    ASSERT_TRUE(p->Commit(0, outcome->accepted).ok());
+    accepted += outcome->accepted;
+    hidden.assign(verify.hidden.begin(), verify.hidden.begin() + (outcome->accepted + 1) * t.config().d_model);
+    tokens.insert(tokens.end(), outcome->emitted.begin(), outcome->emitted.end());
+  }
+  // Plain greedy decoding, token by token.
+  std::vector<model::Token> plain(prompt.begin(), prompt.end());
+  auto kv = model::ResidentKvAccess::ForModel(t.config(), 16u << 20, 16);
+  model::ModelSession s = t.NewSession(1);
+  std::vector<model::Token> feed = plain;
+  while (plain.size() < tokens.size()) {
+    model::StepInput in{&s, feed};
+    model::StepOutput out;
+    ASSERT_TRUE(t.Step(std::span(&in, 1), *kv, std::span(&out, 1)).ok());
+    plain.push_back(model::Argmax(std::span<const float>(out.logits).last(model::kVocab)));
+    feed = {plain.back()};
+  }
+  EXPECT_EQ(tokens, plain);
+  EXPECT_GT(accepted, 0);
+  std::printf("greedy speculation with the distilled drafter: %lld proposals accepted over %zu tokens\n",
+              static_cast<long long>(accepted), tokens.size() - P);
 }
 
 }  // namespace
