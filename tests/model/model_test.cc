@@ -1,6 +1,7 @@
 // The model's forward step: batch invariance, multi-token == token-by-token, topology call pattern (Reuse makes no
 // Fetch, followers fetched in one call), ImportPrefix, input errors, sampling, ResidentKvAccess (brief §5, §11).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
@@ -225,6 +226,63 @@ TEST_P(PresetTest, SeedChangesLogits) {
   }
   EXPECT_FALSE(SameBits(la, lb));
   for (float v : la) ASSERT_TRUE(std::isfinite(v));
+}
+
+// The final hidden state (StepInput::want_hidden): absent unless asked; asking leaves the logits bit-identical; the
+// same bits whether the request is fed token by token alone or in chunks inside a mixed batch (batch invariance);
+// and it is the vector lm_head reads: each logit equals lm_head[v] · hidden computed here in double from the
+// weights file (independent of the model's kernels; tolerance 1e-4 relative to the row's magnitude).
+TEST_P(PresetTest, FinalHiddenStateIsOptInBatchInvariantAndFeedsLmHead) {
+  const ModelConfig& c = model_->config();
+  const size_t D = static_cast<size_t>(c.d_model);
+  const auto tokens = Tokens(40, 5), other = Tokens(40, 6);
+  // Alone, token by token, asking for the hidden state; and alone without asking (logits only).
+  auto kv1 = NewKv(), kv2 = NewKv();
+  ModelSession one = model_->NewSession(1), plain = model_->NewSession(1);
+  std::vector<float> hidden_alone, logits_alone, logits_plain;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    StepInput in{&one, std::span<const Token>(tokens).subspan(i, 1), true};
+    StepInput in_plain{&plain, std::span<const Token>(tokens).subspan(i, 1)};
+    StepOutput out, out_plain;
+    ASSERT_TRUE(model_->Step(std::span<StepInput>(&in, 1), *kv1, std::span<StepOutput>(&out, 1)).ok());
+    ASSERT_TRUE(model_->Step(std::span<StepInput>(&in_plain, 1), *kv2, std::span<StepOutput>(&out_plain, 1)).ok());
+    ASSERT_EQ(out.hidden.size(), D);
+    EXPECT_TRUE(out_plain.hidden.empty());
+    hidden_alone.insert(hidden_alone.end(), out.hidden.begin(), out.hidden.end());
+    logits_alone.insert(logits_alone.end(), out.logits.begin(), out.logits.end());
+    logits_plain.insert(logits_plain.end(), out_plain.logits.begin(), out_plain.logits.end());
+  }
+  EXPECT_TRUE(SameBits(logits_alone, logits_plain));
+  // In chunks of 25 and 15, batched with another request that does not ask.
+  auto kv3 = NewKv();
+  ModelSession mixed = model_->NewSession(1), neighbour = model_->NewSession(2);
+  std::vector<float> hidden_batched;
+  for (auto [at, len] : {std::pair<size_t, size_t>{0, 25}, {25, 15}}) {
+    StepInput batch[2] = {{&neighbour, std::span<const Token>(other).subspan(at, len)},
+                          {&mixed, std::span<const Token>(tokens).subspan(at, len), true}};
+    StepOutput outs[2];
+    ASSERT_TRUE(model_->Step(batch, *kv3, outs).ok());
+    EXPECT_TRUE(outs[0].hidden.empty());
+    ASSERT_EQ(outs[1].hidden.size(), len * D);
+    hidden_batched.insert(hidden_batched.end(), outs[1].hidden.begin(), outs[1].hidden.end());
+  }
+  EXPECT_TRUE(SameBits(hidden_alone, hidden_batched));
+  // logits = lm_head · hidden, recomputed in double from the tensors.
+  auto writer = GenerateWeights(c, 1);
+  ASSERT_TRUE(writer.ok());
+  auto file = SafetensorsFile::Parse(writer->Serialize());
+  ASSERT_TRUE(file.ok());
+  auto lm_head = file->ReadF32("lm_head", std::vector<int64_t>{kVocab, c.d_model});
+  ASSERT_TRUE(lm_head.ok());
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    double scale = 0.0;
+    for (int v = 0; v < kVocab; ++v) scale = std::max(scale, std::abs(double{logits_alone[t * kVocab + v]}));
+    for (int v = 0; v < kVocab; ++v) {
+      double dot = 0.0;
+      for (size_t d = 0; d < D; ++d) dot += double{(*lm_head)[v * D + d]} * hidden_alone[t * D + d];
+      ASSERT_NEAR(logits_alone[t * kVocab + v], dot, 1e-4 * (1.0 + scale)) << "position " << t << " token " << v;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PresetTest, ::testing::Values("dsv4flash-like", "glm5-like"));

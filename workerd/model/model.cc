@@ -514,6 +514,12 @@ void Model::Logits(Scratch& s, std::span<StepOutput> out) const {
   for (size_t b = 0; b < s.batch.size(); ++b) {
     const float* first = logits.data() + s.q_offset[b] * kVocab;
     out[b].logits.assign(first, first + s.batch[b].tokens.size() * kVocab);
+    if (s.batch[b].want_hidden) {
+      const float* h = s.xn.data() + s.q_offset[b] * D;
+      out[b].hidden.assign(h, h + s.batch[b].tokens.size() * D);
+    } else {
+      out[b].hidden.clear();
+    }
   }
 }
 

@@ -51,14 +51,21 @@ class ModelSession {
 };
 
 // One request of a batched step: feed `tokens` at positions n .. n+q-1 (n = session->position(), q = tokens.size()).
+// want_hidden: also return the final hidden state of every fed token (StepOutput::hidden); off by default (no cost).
 struct StepInput {
   ModelSession* session = nullptr;
   std::span<const Token> tokens;
+  bool want_hidden = false;
 };
 
 // Logits of every fed token: tokens.size() * 256 floats, row j = the distribution after token j (position n+j).
+// hidden (only when the input asked for it, else left empty): tokens.size() * d_model floats, row j = the final hidden
+// state of position n+j, RMSNorm(h, final_norm): the vector lm_head reads (logits row j = lm_head · hidden row j, with
+// the same kernels::Dot). Like the logits it is bit-identical whatever the batch composition or chunking. A drafter
+// conditioned on the target (workerd/spec/drafter.h) reads it.
 struct StepOutput {
   std::vector<float> logits;
+  std::vector<float> hidden;
 };
 
 class Model {

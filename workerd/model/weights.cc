@@ -37,13 +37,11 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& c) {
   return specs;
 }
 
-absl::StatusOr<SafetensorsWriter> GenerateWeights(const ModelConfig& config, uint64_t seed) {
-  if (auto s = config.Validate(); !s.ok()) return s;
+absl::Status AddSeededTensors(std::span<const TensorSpec> specs, uint64_t seed, SafetensorsWriter& writer) {
   std::mt19937_64 rng(seed);
   // 24 random bits -> a float in [-1, 1): exact in float, so no platform-dependent rounding.
   auto uniform = [&rng]() { return static_cast<float>(static_cast<int64_t>(rng() >> 40) - (1 << 23)) * 0x1p-23f; };
-  SafetensorsWriter writer;
-  for (const TensorSpec& spec : ModelTensorSpecs(config)) {
+  for (const TensorSpec& spec : specs) {
     int64_t count = 1;
     for (int64_t d : spec.shape) count *= d;
     std::vector<float> data(static_cast<size_t>(count));
@@ -52,6 +50,13 @@ absl::StatusOr<SafetensorsWriter> GenerateWeights(const ModelConfig& config, uin
     for (float& v : data) v = is_gain ? 1.0f + 0.1f * uniform() : bound * uniform();
     if (auto s = writer.AddF32(spec.name, spec.shape, data); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsWriter> GenerateWeights(const ModelConfig& config, uint64_t seed) {
+  if (auto s = config.Validate(); !s.ok()) return s;
+  SafetensorsWriter writer;
+  if (auto s = AddSeededTensors(ModelTensorSpecs(config), seed, writer); !s.ok()) return s;
   writer.SetMetadata("format", kWeightsFormat);
   writer.SetMetadata("preset", config.preset);
   writer.SetMetadata("seed", absl::StrCat(seed));

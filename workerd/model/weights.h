@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,5 +35,11 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config);
 // bytes on every platform), plus the metadata. Norm gains are 1 +- 0.1; matrices uniform in +-sqrt(3 / fan_in);
 // tok_emb uniform in +-1. Error: INVALID_ARGUMENT when the config does not validate.
 absl::StatusOr<SafetensorsWriter> GenerateWeights(const ModelConfig& config, uint64_t seed);
+
+// The generator GenerateWeights uses, for any tensor list (the drafter's too, workerd/spec/drafter_model.h): draws
+// every tensor of `specs` in order from std::mt19937_64(seed) with the same rules (1-D tensors are gains 1 +- 0.1,
+// "tok_emb" uniform in +-1, other matrices uniform in +-sqrt(3 / fan_in)) and adds them to `writer`.
+// Error: INVALID_ARGUMENT from SafetensorsWriter::AddF32 (a duplicate name).
+absl::Status AddSeededTensors(std::span<const TensorSpec> specs, uint64_t seed, SafetensorsWriter& writer);
 
 }  // namespace dhs::model
