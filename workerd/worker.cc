@@ -732,7 +732,7 @@ void Worker::CommitStep() {
   for (RequestId id : ids) {
     Request& r = *requests_.at(id);
     const bool finished = r.generated.size() >= r.max_new;
-    if (r.resume_started && r.generated.size() == static_cast<size_t>(r.resumed) + 1) {
+    if (r.resume_started && r.generated.size() - new_tokens[id] == static_cast<size_t>(r.resumed)) {
       const uint64_t us = MicrosSince(*r.resume_started, std::chrono::steady_clock::now());
       stats_.resume_us_max = std::max(stats_.resume_us_max, us);
       resume_figures_[r.client_id] = ResumeFigures{r.id, static_cast<uint64_t>(r.rows_imported),

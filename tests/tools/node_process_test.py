@@ -4,7 +4,9 @@
 ready", memd's log shows each worker's pid registered; (3) dhs-replay --connect serves 3 requests on worker 0 (the
 attach documented in docs/operations.md); (4) SIGKILL of worker 0: dhs-node restarts it, the new pid registers with
 memd (epoch 2) and "node ready again" follows; (4b) SIGKILL of memd: memd restarted on the same host-pool segment
-(named by the run directory), the workers keep running (the same pids) and say their re-Hello to the new memd; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
+(named by the run directory), the workers keep running (the same pids) and say their re-Hello to the new memd; (4c)
+SIGSTOP of memd (hung): dhs-node's liveness probes go unanswered, it SIGKILLs memd after memd_liveness_timeout_ms and
+restarts it, the workers again survive with their re-Hello; (5) SIGTERM of dhs-node: workers stop before memd, exit 0, no child
 left, no socket and no /dev/shm segment of the node left; (6) SIGKILL of dhs-node: its children stop on their
 parent-death signal and clean up. Prints start-to-ready and kill-to-ready-again times from the node's log. Waits
 poll the node's output or /proc with a deadline (orderings, not timings). Readiness notification (when built with
@@ -31,6 +33,7 @@ run_dir = "{run_dir}"
 [memd]
 host_pool_bytes = "16MiB"
 log_level = "info"
+worker_timeout_ms = 6000
 
 [[worker]]
 gpu = 0
@@ -39,6 +42,7 @@ page_rows = 16
 slots = 4
 hbm_budget_bytes = "4MiB"
 device = "cpu"
+memd_timeout_ms = 5000
 
 [[worker]]
 gpu = 1
@@ -48,10 +52,13 @@ slots = 2
 hbm_budget_bytes = "2MiB"
 device = "cpu"
 mode = "resident"
+memd_timeout_ms = 5000
 
 [supervise]
 backoff_initial_ms = 100
 stop_grace_ms = 5000
+liveness_probe_ms = 200
+memd_liveness_timeout_ms = 1000
 """
 
 
@@ -181,6 +188,34 @@ def memd_killed(proc, out_path: str, run_dir: str, old_segment: str) -> list:
     return failures
 
 
+def memd_hung(out_path: str, run_dir: str) -> list:
+    """SIGSTOP of memd: no liveness probe answers; dhs-node SIGKILLs it after memd_liveness_timeout_ms (1 s here, well
+    under the workers' memd_timeout_ms of 5 s, so the workers see its connection close, not a silence) and restarts
+    it; the same worker processes say their re-Hello to the third memd; "node ready again"."""
+    out = read(out_path)
+    memd_pid = started_pids(out, "memd")[-1]
+    workers = {g: started_pids(out, f"worker gpu {g}") for g in (0, 1)}
+    os.kill(memd_pid, signal.SIGSTOP)
+    if not wait_until(lambda: read(out_path).count("node ready again") == 3, 60):
+        os.kill(memd_pid, signal.SIGKILL)
+        return ["no third 'node ready again' within 60 s of SIGSTOP of memd"]
+    out = read(out_path)
+    failures = []
+    if not re.search(r"memd answered no probe for \d+ ms \(hung\): SIGKILL", out):
+        failures.append("dhs-node did not log the hung memd's SIGKILL")
+    memds = started_pids(out, "memd")
+    if len(memds) != 3 or not gone(memd_pid) or gone(memds[-1]):
+        failures.append(f"the hung memd {memd_pid} was not killed and replaced once: {memds}")
+    memd_log = read(os.path.join(run_dir, "memd.log"))
+    for g in (0, 1):
+        now = started_pids(out, f"worker gpu {g}")
+        if now != workers[g] or gone(now[-1]):
+            failures.append(f"worker gpu {g} did not survive the hung memd: {workers[g]} -> {now}")
+        elif len(re.findall(rf"worker of GPU {g} \(pid {now[-1]}\) survived a memd restart", memd_log)) != 2:
+            failures.append(f"worker gpu {g} (pid {now[-1]}) did not say its re-Hello to the third memd")
+    return failures
+
+
 def stamp(out: str, text: str, after: int = 0) -> float:
     """Seconds of the day of the first log line holding `text` at or after offset `after`."""
     at = out.find(text, after)
@@ -217,7 +252,7 @@ def main() -> int:
         failures += node_killed(node, tmp)
         msgs = notifications(notify)
         ready = [m for m in msgs if "READY=1" in m]
-        want_ready = ["node ready (2 workers)"] + ["node ready again (2 workers)"] * 2  # worker, then memd killed
+        want_ready = ["node ready (2 workers)"] + ["node ready again (2 workers)"] * 3  # worker, memd killed, hung
         if systemd and ([m.split("STATUS=dhs-node: ")[-1] for m in ready] != want_ready or
                         sum("STOPPING=1" in m for m in msgs) != 1):
             failures.append(f"notifications to NOTIFY_SOCKET: {msgs}, want READY=1 for {want_ready} and one STOPPING=1")
@@ -273,6 +308,7 @@ def scenario(proc, out_path: str, run_dir: str, replay: str, tmp: str) -> list:
     print(f"figures: start -> node ready {up:.3f} s; "
           f"worker SIGKILL -> node ready again {again:.3f} s (backoff 0.100 s)")
     failures += memd_killed(proc, out_path, run_dir, segment)
+    failures += memd_hung(out_path, run_dir)
     out = read(out_path)
     children = started_pids(out, "memd")[-1:] + started_pids(out, "worker gpu 0")[-1:] + \
         started_pids(out, "worker gpu 1")[-1:]

@@ -31,6 +31,7 @@ SupervisorPolicy TestPolicy() {
   p.stop_grace_ms = 2000;
   p.start_timeout_ms = 4000;
   p.probe_interval_ms = 50;
+  p.memd_liveness_timeout_ms = 0;  // off: the liveness watch has its own test
   return p;
 }
 
@@ -221,6 +222,37 @@ TEST(Supervisor, MemdCrashRestartsTheWorkersOnceTheNewMemdIsReady) {
   orders = s.DrainOrders();
   ASSERT_EQ(orders.size(), 1u);
   EXPECT_THAT(orders[0].message, HasSubstr("node ready again"));
+}
+
+// A ready memd is probed every liveness_probe_ms; an answer resets the clock; none for memd_liveness_timeout_ms: SIGKILL
+// (once), and its exit is an ordinary memd exit (restarted after the backoff, the workers left alone).
+TEST(Supervisor, HungMemdIsKilledAfterTheLivenessTimeoutAndRestarted) {
+  SupervisorPolicy policy = TestPolicy();
+  policy.liveness_probe_ms = 100;
+  policy.memd_liveness_timeout_ms = 1000;
+  Supervisor s(policy, Names(1));
+  StartAll(s, 1);  // memd ready (and answered) at 50: probes at 150, 250, ...
+  int64_t killed_at = -1;
+  for (int64_t t = 150; t <= 3000 && killed_at < 0; t += 100) {
+    s.Timer(t);
+    ASSERT_EQ(KindsOf(s.DrainOrders()), (std::vector<std::pair<Kind, size_t>>{{Kind::kProbe, 0}})) << t;
+    s.ProbeResult(0, /*ready=*/t <= 650, t);  // answers until 650, then hangs
+    std::vector<SupervisorOrder> orders = s.DrainOrders();
+    if (!orders.empty()) {
+      ASSERT_EQ(KindsOf(orders), (std::vector<std::pair<Kind, size_t>>{{Kind::kSignal, 0}})) << t;
+      EXPECT_EQ(orders[0].signal, SIGKILL);
+      EXPECT_THAT(orders[1].message, HasSubstr("answered no probe for 1000 ms (hung)"));
+      killed_at = t;
+    }
+  }
+  EXPECT_EQ(killed_at, 650 + 1000);  // the last answer + the timeout, on the probe grid
+  s.Timer(killed_at + 500);
+  EXPECT_TRUE(KindsOf(s.DrainOrders()).empty());  // killed once, no probe of a killed memd
+  s.Exited(0, SIGKILL, killed_at + 510);
+  EXPECT_TRUE(KindsOf(s.DrainOrders()).empty());  // the worker is left alone
+  s.Timer(killed_at + 510 + s.BackoffMs(1));
+  EXPECT_EQ(KindsOf(s.DrainOrders()), (std::vector<std::pair<Kind, size_t>>{{Kind::kStart, 0}}));
+  EXPECT_EQ(s.streak(0), 1u);
 }
 
 TEST(Supervisor, StartTimeoutKillsAndCountsAsACrash) {

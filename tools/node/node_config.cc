@@ -66,6 +66,7 @@ const KeySpec kWorkerKeys[] = {
     {"prefill_chunk", "--prefill-chunk", KeySpec::kUint, 0, kU32},
     {"connect_timeout_ms", "--connect-timeout-ms", KeySpec::kUint, 1, 3600000},
     {"memd_timeout_ms", "--memd-timeout-ms", KeySpec::kUint, 100, 3600000},
+    {"memd_reconnect_ms", "--memd-reconnect-ms", KeySpec::kUint, 100, 3600000},
     {"log_level", "--log-level", KeySpec::kChoice, 0, 0, "trace|debug|info|warn|error|critical|off"},
 };
 
@@ -79,6 +80,8 @@ const KeySpec kSuperviseKeys[] = {
     {"start_timeout_ms", "", KeySpec::kUint, 1, 86400000},
     {"probe_interval_ms", "", KeySpec::kUint, 1, 60000},
     {"restart_workers_with_memd", "", KeySpec::kBool},
+    {"liveness_probe_ms", "", KeySpec::kUint, 100, 60000},
+    {"memd_liveness_timeout_ms", "", KeySpec::kUint, 0, 3600000},
 };
 
 absl::Status KeyError(absl::string_view path, absl::string_view problem) {
@@ -274,6 +277,8 @@ absl::Status ReadSupervise(const toml::table& root, NodeConfig& c) {
   num("stop_grace_ms", p.stop_grace_ms);
   num("start_timeout_ms", p.start_timeout_ms);
   num("probe_interval_ms", p.probe_interval_ms);
+  num("liveness_probe_ms", p.liveness_probe_ms);
+  num("memd_liveness_timeout_ms", p.memd_liveness_timeout_ms);
   if (auto it = s->find("restart_workers_with_memd"); it != s->end()) {
     p.restart_workers_with_memd = it->second == "true";
   }

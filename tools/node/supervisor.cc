@@ -151,7 +151,31 @@ void Supervisor::StartDueChildren(int64_t now) {
   }
 }
 
+bool Supervisor::WatchesMemd() const {
+  const Child& m = children_[kMemd];
+  return policy_.memd_liveness_timeout_ms > 0 && m.state == ChildState::kReady && !m.kill_sent;
+}
+
+// A liveness probe of a ready memd answered (or not): one unanswered for memd_liveness_timeout_ms gets SIGKILL.
+void Supervisor::OnMemdLiveness(bool answered, int64_t now) {
+  Child& m = children_[kMemd];
+  if (answered) {
+    m.answered_at = now;
+    return;
+  }
+  if (now - m.answered_at < policy_.memd_liveness_timeout_ms) return;
+  m.kill_sent = true;
+  Order(SupervisorOrder::Kind::kSignal, kMemd, "", SIGKILL);
+  Order(SupervisorOrder::Kind::kLog, kMemd,
+        absl::StrFormat("dhs-node: %s answered no probe for %d ms (hung): SIGKILL; it is restarted like a crash",
+                        m.name, now - m.answered_at));
+}
+
 void Supervisor::ProbeResult(size_t c, bool ready, int64_t now) {
+  if (c == kMemd && WatchesMemd()) {
+    OnMemdLiveness(ready, now);
+    return;
+  }
   if (!Valid(c) || children_[c].state != ChildState::kStarting || children_[c].kill_sent) {
     ++ignored_;
     return;
@@ -160,6 +184,8 @@ void Supervisor::ProbeResult(size_t c, bool ready, int64_t now) {
   Child& ch = children_[c];
   ch.state = ChildState::kReady;
   ch.ready_at = now;
+  ch.answered_at = now;
+  ch.next_probe = now + policy_.liveness_probe_ms;  // memd's liveness watch (WatchesMemd)
   if (c == kMemd) StartDueChildren(now);
   MaybeAnnounceReady();
 }
@@ -192,6 +218,9 @@ void Supervisor::Timer(int64_t now) {
     } else if (ch.state == ChildState::kStarting && !ch.kill_sent && ch.next_probe <= now) {
       ch.next_probe = now + policy_.probe_interval_ms;
       Order(SupervisorOrder::Kind::kProbe, c);
+    } else if (c == kMemd && phase_ != Phase::kStopping && WatchesMemd() && ch.next_probe <= now) {
+      ch.next_probe = now + policy_.liveness_probe_ms;
+      Order(SupervisorOrder::Kind::kProbe, c);
     }
   }
   StartDueChildren(now);
@@ -206,6 +235,7 @@ int64_t Supervisor::NextWakeupMs() const {
     if (ch.state == ChildState::kStarting && !ch.kill_sent) {
       next = std::min({next, ch.next_probe, ch.started_at + policy_.start_timeout_ms});
     }
+    if (c == kMemd && phase_ != Phase::kStopping && WatchesMemd()) next = std::min(next, ch.next_probe);
     const bool can_start = !IsWorker(c) || children_[kMemd].state == ChildState::kReady;
     if (ch.state == ChildState::kBackoff && can_start) next = std::min(next, ch.restart_at);
   }

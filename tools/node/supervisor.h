@@ -19,6 +19,9 @@
 //   that no memd answers within its --memd-reconnect-ms ends its epoch without ending its requests (exit 75) and is
 //   restarted like any crash; the new memd adopted those requests (host pool + records), so the restarted worker
 //   resumes them and clients re-attach.
+//   A memd that is live but does not answer (hung: SIGSTOPped, deadlocked) is probed every liveness_probe_ms once it
+//   is ready; when no probe has answered for memd_liveness_timeout_ms it gets SIGKILL (logged as hung), and its exit
+//   is handled as any memd exit (restart with backoff; the new memd adopts the host pool and the records). 0 = off.
 //   With restart_workers_with_memd every live worker is stopped (SIGTERM: its requests END, "worker stopping") and
 //   started again, without backoff and not counted as a crash, once the new memd is ready.
 // - Terminate (SIGTERM/SIGINT) or giving up: restarts are cancelled; every live worker gets SIGTERM; memd gets
@@ -49,6 +52,8 @@ struct SupervisorPolicy {
   int64_t start_timeout_ms = 120000;  // start -> ready, ms
   int64_t probe_interval_ms = 200;    // between readiness probes of a starting child, ms
   bool restart_workers_with_memd = false;
+  int64_t liveness_probe_ms = 1000;          // between liveness probes of a ready memd, ms
+  int64_t memd_liveness_timeout_ms = 10000;  // a ready memd no probe reached this long is hung: SIGKILL; 0 = off
 };
 
 enum class ChildState {
@@ -122,6 +127,7 @@ class Supervisor {
     ChildState state = ChildState::kDown;
     bool live = false;
     int64_t started_at = 0, ready_at = 0, next_probe = 0;
+    int64_t answered_at = 0;   // the last probe that found it ready (memd's liveness), ms
     int64_t kill_at = kNever;  // SIGKILL time of a live child signalled with SIGTERM (or a start timeout)
     bool kill_sent = false;
     bool respawn_after_stop = false;  // stopped because memd went away: start again, no backoff, not a crash
@@ -138,6 +144,8 @@ class Supervisor {
   void SendTerm(size_t c, int64_t now);
   void OnCrash(size_t c, int wait_status, int64_t now);
   void OnMemdGone(int64_t now);
+  void OnMemdLiveness(bool answered, int64_t now);
+  bool WatchesMemd() const;
   void StartDueChildren(int64_t now);
   void MaybeAnnounceReady();
   void BeginStop(int64_t now, int code, std::string message);
