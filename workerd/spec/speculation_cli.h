@@ -2,7 +2,7 @@
 // and dhs-replay so that both spell them alike. Header-only: includers bring CLI11.
 //
 //   --speculate off|fixed|confidence|synthetic  [--block K] [--block-schedule "1:8,33:6,128:4"]
-//   [--spec-confidence X] [--spec-corruption X]
+//   [--spec-confidence X] [--spec-corruption X] [--drafter-weights FILE]
 //
 // ResolveSpeculationMode turns the mode's text into the config after parsing; CheckSpeculation (run with the worker's
 // geometry) checks the values, errors naming the option.
@@ -23,7 +23,7 @@ struct SpeculationFlags {
 
 inline void AddSpeculationOptions(CLI::App& app, SpeculationFlags* flags) {
   app.add_option("--speculate", flags->mode,
-                 "speculative decoding: off | fixed | confidence (need the drafter) | synthetic (benchmarks only: "
+                 "speculative decoding: off | fixed | confidence (need --drafter-weights) | synthetic (benchmarks only: "
                  "the target's own greedy continuation, corrupted with --spec-corruption)")
       ->check(CLI::IsMember({"off", "fixed", "confidence", "synthetic"}))->capture_default_str();
   app.add_option("--block", flags->config.block, "K_max: target queries per round, anchor included (1 = none)")
@@ -43,6 +43,7 @@ inline std::vector<std::string> SpeculationArgs(const SpeculationConfig& config)
                                    std::to_string(config.block), "--spec-confidence", std::to_string(config.confidence),
                                    "--spec-corruption", std::to_string(config.corruption)};
   if (!config.schedule.empty()) args.insert(args.end(), {"--block-schedule", config.schedule});
+  if (!config.drafter_weights.empty()) args.insert(args.end(), {"--drafter-weights", config.drafter_weights});
   return args;
 }
 
