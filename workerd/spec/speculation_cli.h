@@ -34,6 +34,8 @@ inline void AddSpeculationOptions(CLI::App& app, SpeculationFlags* flags) {
       ->capture_default_str();
   app.add_option("--spec-corruption", flags->config.corruption,
                  "synthetic mode: probability a proposal is corrupted, in [0, 1]")->capture_default_str();
+  app.add_option("--drafter-weights", flags->config.drafter_weights,
+                 "fixed / confidence: the drafter's safetensors weights (dhs-gen-weights --drafter makes one)");
 }
 
 // The workerd arguments that give a worker `config` (empty when off): what dhs-replay passes to the workerd it starts.
