@@ -610,7 +610,7 @@ void Worker::RetryAlone(std::vector<BatchItem>& items) {
     model::StepOutput solo;
     if (s.ok() && item.round) s = model_->BeginVerification(*r.session, kv());  // rebuilt: hold its round again
     if (s.ok()) {
-      model::StepInput in{&*r.session, item.tokens};
+      model::StepInput in{&*r.session, item.tokens, WantsHidden(r)};
       s = model_->Step(std::span<model::StepInput>(&in, 1), kv(), std::span<model::StepOutput>(&solo, 1));
     }
     if (!s.ok()) {
@@ -618,9 +618,10 @@ void Worker::RetryAlone(std::vector<BatchItem>& items) {
       continue;
     }
     if (item.round) {
-      if (absl::Status f = FinishRound(item, solo.logits); !f.ok()) Finish(r.id, f);
+      if (absl::Status f = FinishRound(item, solo.logits, solo.hidden); !f.ok()) Finish(r.id, f);
       continue;
     }
+    KeepHidden(r, r.fed, solo.hidden, item.tokens.size());
     r.fed += static_cast<Position>(item.tokens.size());
     if (item.emits) EmitToken(r, std::span<const float>(solo.logits).last(model::kVocab));
   }
@@ -631,7 +632,7 @@ absl::Status Worker::RunBatch() {
   last_batch_ = items.size();
   if (items.empty()) return absl::OkStatus();
   std::vector<model::StepInput> batch;
-  for (BatchItem& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens});
+  for (BatchItem& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens, WantsHidden(*it.r)});
   std::vector<model::StepOutput> out(items.size());
   if (absl::Status st = model_->Step(batch, kv(), out); st.ok()) {
     bool prefill = false, decode = false;  // test-only kill points (common/fault_point.h)
@@ -640,9 +641,12 @@ absl::Status Worker::RunBatch() {
       Request& r = *items[b].r;
       (r.fed < static_cast<Position>(r.input.size()) ? prefill : decode) = true;
       if (items[b].round) {
-        if (absl::Status f = FinishRound(items[b], out[b].logits); !f.ok()) failed_rounds.emplace_back(r.id, f);
+        if (absl::Status f = FinishRound(items[b], out[b].logits, out[b].hidden); !f.ok()) {
+          failed_rounds.emplace_back(r.id, f);
+        }
         continue;
       }
+      KeepHidden(r, r.fed, out[b].hidden, items[b].tokens.size());
       r.fed += static_cast<Position>(items[b].tokens.size());
       if (items[b].emits) EmitToken(r, std::span<const float>(out[b].logits).last(model::kVocab));
     }
@@ -1041,6 +1045,7 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.spec_accepted = s.spec_accepted;
   r.spec_propose_us = s.spec_propose_us;
   r.spec_width_rounds = s.spec_width_rounds;
+  r.draft_ring_bytes = drafter_ ? static_cast<uint64_t>(drafter_->draft_ring_bytes()) : 0;
   return r;
 }
 

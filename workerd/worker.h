@@ -59,6 +59,7 @@
 #include "workerd/serving.h"
 #include "workerd/spec/acceptance.h"
 #include "workerd/spec/block_width.h"
+#include "workerd/spec/drafter.h"
 #include "workerd/spec/proposer.h"
 
 namespace dhs {
@@ -257,6 +258,13 @@ class Worker final : public MemdHandler, public Submitter {
     std::optional<absl::Status> ending;  // ended while memd was away: Finish after the re-Hello
     bool paused_away = false;            // memd away: paused (held tokens or tail bound), logged once
     int spec_slot = -1;         // the proposer's slot (speculation on, decoding), else -1
+    // The drafter (--speculate fixed|confidence): the target's final hidden states (d_model floats per position) of
+    // positions [hidden_from, hidden_end) fed since the slot's last Propose (the prompt before the first), handed
+    // to the drafter as DraftRequest.target_hidden and released then. hidden_gap: positions were fed without one
+    // (an imported prefix or host run): the request decodes without the drafter.
+    std::vector<float> target_hidden;
+    Position hidden_from = 0, hidden_end = 0;
+    bool hidden_gap = false;
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
@@ -298,6 +306,7 @@ class Worker final : public MemdHandler, public Submitter {
   absl::Status RunBatch();
   // Speculation (worker_speculation.cc; brief §6). The proposer of --speculate (nullptr when off).
   absl::Status CreateProposer();
+  absl::Status CreateDrafter();
   // The round width K_r for r now: the schedule's (or --block) width at the active sessions, capped by the tokens r
   // may still emit. 1 = a plain step.
   int64_t RoundWidth(const Request& r, int64_t active) const;
@@ -307,7 +316,12 @@ class Worker final : public MemdHandler, public Submitter {
   // A verified round: acceptance (greedy or sampling with keyed draws), the A_r + 1 tokens emitted (each with its
   // query's logits digest), the rejected rows dropped (Model::EndVerification: backups of the kept rows only), the
   // proposer committed. An error fails the request.
-  absl::Status FinishRound(BatchItem& item, std::span<const float> logits);
+  // hidden: the pass's hidden states (empty unless WantsHidden), rows of the kept positions go to KeepHidden.
+  absl::Status FinishRound(BatchItem& item, std::span<const float> logits, std::span<const float> hidden);
+  // Whether r's steps ask the target's hidden states (the drafter conditions on them).
+  bool WantsHidden(const Request& r) const { return drafter_ != nullptr && !r.hidden_gap; }
+  // Keeps the first `rows` hidden states of a step that fed r from position `first` (r.hidden_end, else a gap).
+  void KeepHidden(Request& r, Position first, std::span<const float> hidden, size_t rows);
   void ReleaseSpecSlot(Request& r);
   absl::Status ReplayFed(Request& r);
   absl::Status ImportChunk(Request& r);
@@ -378,6 +392,7 @@ class Worker final : public MemdHandler, public Submitter {
   bool stopping_all_ = false;  // StopAll: ends happen now, memd away or not
   size_t last_batch_ = 0;    // requests in the latest step
   std::unique_ptr<spec::Proposer> proposer_;        // --speculate (nullptr when off)
+  spec::DrafterProposer* drafter_ = nullptr;         // proposer_ when it is the drafter (fixed / confidence)
   std::optional<spec::BlockWidthSchedule> schedule_;  // --block-schedule (else --block at every load)
   std::vector<bool> spec_slot_used_;                // the proposer's slots
 };

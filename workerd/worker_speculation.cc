@@ -28,6 +28,7 @@ absl::Status Worker::CreateProposer() {
     schedule_ = *std::move(schedule);
   }
   spec_slot_used_.assign(config_.slots, false);
+  if (sc.mode == spec::SpeculateMode::kFixed || sc.mode == spec::SpeculateMode::kConfidence) return CreateDrafter();
   // Synthetic (benchmarks only): a private resident copy of each slot's history, host memory; the arena is not
   // zero-filled, so only the pages the sessions touch cost memory (at most 4 GiB of address space).
   const model::ModelConfig& mc = model_->config();
@@ -39,6 +40,39 @@ absl::Status Worker::CreateProposer() {
   if (!p.ok()) return p.status();
   proposer_ = *std::move(p);
   return absl::OkStatus();
+}
+
+// The drafter of --drafter-weights: N = slots request slots, rings of whole pages of the worker's p rows, sized for
+// K_max = --block; proposals argmax for greedy requests (DraftRequest.greedy), keyed draws from q otherwise.
+absl::Status Worker::CreateDrafter() {
+  const spec::SpeculationConfig& sc = config_.speculation;
+  spec::DrafterOptions o;
+  o.slots = config_.slots;
+  o.page_rows = config_.page_rows;
+  o.k_max = sc.block;
+  o.mode = sc.mode == spec::SpeculateMode::kConfidence ? spec::DraftMode::kConfidence : spec::DraftMode::kFixed;
+  o.threshold = sc.confidence;
+  absl::StatusOr<std::unique_ptr<spec::DrafterProposer>> d =
+      spec::DrafterProposer::Load(sc.drafter_weights, model_->config(), o);
+  if (!d.ok()) {
+    return absl::Status(d.status().code(), absl::StrCat("--drafter-weights ", sc.drafter_weights, ": ",
+                                                        d.status().message()));
+  }
+  drafter_ = d->get();
+  proposer_ = *std::move(d);
+  return absl::OkStatus();
+}
+
+void Worker::KeepHidden(Request& r, Position first, std::span<const float> hidden, size_t rows) {
+  if (!WantsHidden(r)) return;
+  const auto d = static_cast<size_t>(model_->config().d_model);
+  if (first != r.hidden_end || hidden.size() < rows * d) {  // positions fed without their hidden states
+    r.hidden_gap = true;
+    std::vector<float>().swap(r.target_hidden);
+    return;
+  }
+  r.target_hidden.insert(r.target_hidden.end(), hidden.begin(), hidden.begin() + static_cast<ptrdiff_t>(rows * d));
+  r.hidden_end += static_cast<Position>(rows);
 }
 
 int64_t Worker::RoundWidth(const Request& r, int64_t active) const {
@@ -61,6 +95,8 @@ void Worker::AddProposals(std::vector<BatchItem>& items) {
     if (r.fed < static_cast<Position>(r.input.size()) || r.generated.empty()) continue;  // prefilling
     const int64_t width = RoundWidth(r, active);
     if (width < 2) continue;
+    // The drafter needs the hidden states of every position since its slot's last round (all, on the first).
+    if (drafter_ && (r.hidden_gap || r.hidden_end != r.fed || (r.spec_slot < 0 && r.hidden_from != 0))) continue;
     if (r.spec_slot < 0) {
       auto free = std::find(spec_slot_used_.begin(), spec_slot_used_.end(), false);
       if (free == spec_slot_used_.end()) continue;
@@ -69,7 +105,8 @@ void Worker::AddProposals(std::vector<BatchItem>& items) {
     }
     std::vector<model::Token>& all = histories.emplace_back(r.input);  // a resumed input ends with its committed
     all.insert(all.end(), r.generated.begin() + r.resumed, r.generated.end());
-    drafts.push_back(spec::DraftRequest{r.spec_slot, spec::RoundKey{r.seed, r.client_id, r.fed}, all, {}, width - 1});
+    drafts.push_back(spec::DraftRequest{r.spec_slot, spec::RoundKey{r.seed, r.client_id, r.fed}, all,
+                                        r.target_hidden, width - 1, r.greedy});
     which.push_back(&item);
   }
   if (drafts.empty()) return;
@@ -85,6 +122,8 @@ void Worker::AddProposals(std::vector<BatchItem>& items) {
   for (size_t i = 0; i < which.size(); ++i) {
     BatchItem& item = *which[i];
     Request& r = *item.r;
+    std::vector<float>().swap(r.target_hidden);  // the drafter consumed them: its slot's frontier is past them
+    r.hidden_from = r.hidden_end;
     absl::Status held = results[i].tokens.empty() ? absl::CancelledError("no proposal")
                                                   : model_->BeginVerification(*r.session, kv());
     if (!held.ok()) {  // a plain step; the proposer's round ends with nothing accepted
@@ -98,7 +137,7 @@ void Worker::AddProposals(std::vector<BatchItem>& items) {
   }
 }
 
-absl::Status Worker::FinishRound(BatchItem& item, std::span<const float> logits) {
+absl::Status Worker::FinishRound(BatchItem& item, std::span<const float> logits, std::span<const float> hidden) {
   Request& r = *item.r;
   const Position n = r.fed;
   const std::vector<spec::Proposal> proposals = item.draft.proposals();
@@ -112,7 +151,9 @@ absl::Status Worker::FinishRound(BatchItem& item, std::span<const float> logits)
   }
   if (absl::Status s = proposer_->Commit(r.spec_slot, outcome->accepted); !s.ok()) {
     spdlog::warn("worker: proposer commit of request {}: {}", r.id, s.ToString());  // it restarts the slot
+    r.hidden_gap = true;  // a restarted drafter slot would need every position's hidden state again
   }
+  KeepHidden(r, n, hidden, static_cast<size_t>(outcome->accepted) + 1);  // the kept positions n .. n + A_r
   r.fed = length;
   for (size_t j = 0; j < outcome->emitted.size(); ++j) {
     RecordToken(r, outcome->emitted[j], logits.subspan(j * model::kVocab, model::kVocab));

@@ -3,13 +3,18 @@
 // digests, against the model alone) in resident, hisparse and adaptive modes while a fake memd forces reclaims and
 // repopulations; every host page written holds the oracle's rows (a rejected row never reaches the host); rounds
 // commit A_r + 1 tokens; the drafter modes and blocks the KV cannot serve are refused at start.
+#include <unistd.h>
+
 #include <boost/math/distributions/chi_squared.hpp>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "gtest/gtest.h"
 #include "tests/workerd/worker_test_util.h"
 #include "workerd/device/cpu_device.h"
+#include "workerd/spec/drafter_distill.h"
+#include "workerd/spec/drafter_model.h"
 
 namespace dhs::test {
 namespace {
@@ -78,6 +83,7 @@ struct RunResult {
   RecordingSink sink;
   int reclaims = 0, populated = 0, host_pages_checked = 0;
   WorkerStats stats;
+  uint64_t draft_ring_bytes = 0;  // the worker's WorkerStatsReply
 };
 
 WorkerConfig SpecConfig(const model::Model& m, WorkerMode mode, double corruption) {
@@ -140,6 +146,7 @@ void Serve(const model::Model& m, WorkerConfig c, uint64_t seed, uint32_t budget
   res.reclaims = memd.reclaims_done;
   res.populated = memd.pages_populated;
   res.stats = (*w)->stats();
+  res.draft_ring_bytes = (*w)->StatsReply().draft_ring_bytes;
   EXPECT_EQ(memd.completes, static_cast<int>(specs.size()));
 }
 
@@ -343,8 +350,8 @@ TEST(WorkerSpeculation, DrafterModesAndOversizedBlocksAreRefusedAtStart) {
     c.speculation.mode = mode;
     auto g = ComputeGeometry(m->config(), c);
     ASSERT_FALSE(g.ok());
-    EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_NE(g.status().message().find("drafter"), std::string_view::npos) << g.status();
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("--drafter-weights FILE"), std::string_view::npos) << g.status();
   }
   WorkerConfig c = SpecConfig(*m, WorkerMode::kHisparse, 0);
   c.speculation.block = 5;  // B / (k + w) = 4
@@ -357,6 +364,126 @@ TEST(WorkerSpeculation, DrafterModesAndOversizedBlocksAreRefusedAtStart) {
   EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());
   c.speculation.schedule = "1:5";
   EXPECT_EQ(ComputeGeometry(m->config(), c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The drafter's weights for `target`, written under `dir`: DrafterConfig{} paired with target_d_model, its output
+// layers distilled on the target's own texts when `distill` (so that rounds accept some proposals).
+std::string WriteDrafter(const model::Model& target, int target_d_model, bool distill,
+                         const std::filesystem::path& dir) {
+  spec::DrafterConfig dc;
+  dc.target_d_model = target_d_model;
+  auto w = spec::GenerateDrafterWeights(dc, 1);
+  EXPECT_TRUE(w.ok()) << w.status();
+  const std::string path = (dir / (distill ? "drafter_distilled.safetensors" : "drafter.safetensors")).string();
+  if (!distill) {
+    EXPECT_TRUE(w->WriteFile(path).ok());
+    return path;
+  }
+  auto random = spec::DrafterModel::FromSafetensors(*model::SafetensorsFile::Parse(w->Serialize()));
+  auto texts = spec::SampleTargetTexts(target, 8, 128, 7);
+  EXPECT_TRUE(random.ok() && texts.ok());
+  auto fitted = spec::DistillOutputLayers(**random, target, *texts, {});
+  EXPECT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_TRUE((*fitted)->ToSafetensors().WriteFile(path).ok());
+  return path;
+}
+
+std::filesystem::path FreshDir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dhs_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The built-in drafter (--speculate fixed | confidence, --drafter-weights) in the worker: greedy output equals plain
+// greedy decoding bit for bit (tokens and logits digests, against the model alone) in resident, hisparse and adaptive
+// with forced reclaims; the drafter is fed the target's hidden states of the positions since its slot's last round
+// (a wrong or missing one makes Propose fail, and no round happens). The sampled request 5 draws keyed proposals.
+// The worker reports the draft ring: N * R_d * draft bytes per row, R_d = p * ceil((W + K_max + p - 1) / p).
+class DrafterRounds : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DrafterRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
+  auto m = MakePresetModel(GetParam());
+  const std::filesystem::path dir = FreshDir("worker_drafter_" + GetParam());
+  const std::string drafter = WriteDrafter(*m, m->config().d_model, /*distill=*/true, dir);
+  const std::vector<Spec> specs = Requests(m->config().top_k);
+  std::map<RequestId, Generated> want;
+  std::map<RequestId, OracleRows> oracle;
+  for (const Spec& s : specs) {
+    const std::vector<model::Token> input(s.prompt.begin(), s.prompt.end());
+    want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, 5, s.id);
+    if (s.temperature == 0) oracle.emplace(s.id, RowsOf(*m, input, want[s.id]));
+  }
+  const spec::DrafterConfig dc;  // WriteDrafter's shape
+  const int64_t p = 16, k_max = 4, slots = 4;  // SpecConfig's page_rows, block, slots
+  const int64_t ring_rows = p * ((dc.window + k_max + p - 1 + p - 1) / p);  // 16 * ceil(51 / 16) = 64
+  const int64_t row_bytes = 4 * int64_t{dc.n_layers} * 2 * dc.n_heads * dc.head_dim;  // K and V, f32: 1024
+  uint64_t accepted = 0;
+  int reclaims = 0;
+  for (spec::SpeculateMode spec_mode : {spec::SpeculateMode::kFixed, spec::SpeculateMode::kConfidence}) {
+    for (WorkerMode mode : {WorkerMode::kResident, WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
+      for (uint64_t seed : {1ull, 2ull}) {
+        if (mode != WorkerMode::kAdaptive && seed > 1) continue;
+        SCOPED_TRACE(std::string(spec::SpeculateModeName(spec_mode)) + " " + std::string(WorkerModeName(mode)) +
+                     " seed " + std::to_string(seed));
+        WorkerConfig c = SpecConfig(*m, mode, 0);
+        c.speculation.mode = spec_mode;
+        c.speculation.confidence = 0.02;  // the distilled drafter's confidences: 0.001 .. 0.05, median ~0.02
+        c.speculation.drafter_weights = drafter;
+        RunResult res;
+        Serve(*m, c, seed, /*budget_pages=*/24, oracle, specs, res);
+        if (HasFatalFailure()) return;
+        EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
+        for (const Spec& s : specs) {
+          EXPECT_EQ(res.sink.out[s.id].tokens.size(), s.max_new) << "request " << s.id;
+          if (s.temperature != 0) continue;
+          EXPECT_EQ(res.sink.out[s.id].tokens, want[s.id].tokens) << "request " << s.id;
+          EXPECT_EQ(res.sink.out[s.id].digests, want[s.id].digests) << "request " << s.id;
+        }
+        const WorkerStats& st = res.stats;
+        EXPECT_GT(st.spec_rounds, 0u);
+        EXPECT_EQ(st.spec_round_tokens, st.spec_accepted + st.spec_rounds);
+        EXPECT_EQ(res.draft_ring_bytes, static_cast<uint64_t>(slots * ring_rows * row_bytes));
+        accepted += st.spec_accepted;
+        reclaims += res.reclaims;
+        std::printf("%s %s seed %llu: rounds %llu, proposals %llu, accepted %llu, acceptance length %.2f, "
+                    "reclaims %d, draft ring %llu bytes\n",
+                    std::string(spec::SpeculateModeName(spec_mode)).c_str(), std::string(WorkerModeName(mode)).c_str(),
+                    static_cast<unsigned long long>(seed), static_cast<unsigned long long>(st.spec_rounds),
+                    static_cast<unsigned long long>(st.spec_proposed),
+                    static_cast<unsigned long long>(st.spec_accepted),
+                    static_cast<double>(st.spec_round_tokens) / static_cast<double>(st.spec_rounds), res.reclaims,
+                    static_cast<unsigned long long>(res.draft_ring_bytes));
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0u) << "the distilled drafter never agreed with the target: rounds were not exercised";
+  EXPECT_GT(reclaims, 0);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, DrafterRounds, ::testing::Values("dsv4flash-like", "glm5-like"));
+
+// A drafter not paired with the target (its target_d_model is not the target's d_model) and a missing file are
+// refused at the worker's start, naming the flag.
+TEST(WorkerSpeculation, AnUnpairedOrMissingDrafterIsRefusedAtStart) {
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::filesystem::path dir = FreshDir("worker_drafter_unpaired");
+  for (const std::string& path : {WriteDrafter(*m, m->config().d_model + 8, false, dir), (dir / "none").string()}) {
+    WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0);
+    c.speculation.mode = spec::SpeculateMode::kFixed;
+    c.speculation.drafter_weights = path;
+    auto g = ComputeGeometry(m->config(), c);
+    ASSERT_TRUE(g.ok()) << g.status();
+    c.hbm_budget_bytes = 24 * g->page_bytes;
+    CpuDevice device;
+    FakeMemd memd(24, g->host_page_bytes, c.page_rows, 512, 1, true, c.slots);
+    RunResult res;
+    auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &res.sink);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("--drafter-weights " + path), std::string_view::npos) << w.status();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

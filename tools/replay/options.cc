@@ -226,6 +226,12 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
     return cl;
   }
   o.speculation = *speculation;
+  // The worker it starts reads the drafter's file: a relative path is the caller's, made absolute here.
+  if (!o.speculation.drafter_weights.empty()) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(o.speculation.drafter_weights, ec);
+    if (!ec) o.speculation.drafter_weights = abs.string();
+  }
   std::sort(o.sweep.begin(), o.sweep.end());
   if (!o.concurrency && !o.time_scale && o.sweep.empty()) o.concurrency = ReplayOptions::kDefaultConcurrency;
   absl::Status s = ValidateReplayOptions(o);

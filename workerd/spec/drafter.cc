@@ -186,7 +186,7 @@ bool DrafterProposer::ChooseProposal(Work& w) {
   const Position at = r.key.frontier + static_cast<Position>(res.tokens.size()) + 1;
   std::vector<double> q = model::SamplingDistribution(w.logits, {.temperature = options_.temperature, .top_p = 1.0f});
   model::Token x;
-  if (options_.greedy) {
+  if (options_.greedy || r.greedy) {
     x = model::Argmax(w.logits);
   } else {
     x = model::SampleAt(q, KeyedUniform({r.key.seed, r.key.request, at, DrawPurpose::kDraft}));
@@ -196,7 +196,7 @@ bool DrafterProposer::ChooseProposal(Work& w) {
     absl::StatusOr<int64_t> keep = ConfidencePrefix(std::span<const double>(&confidence, 1), options_.threshold, 1);
     if (!keep.ok() || *keep == 0) return false;
   }
-  if (options_.greedy) {
+  if (options_.greedy || r.greedy) {
     std::fill(q.begin(), q.end(), 0.0);
     q[x] = 1.0;
   }

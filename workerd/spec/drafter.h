@@ -55,7 +55,7 @@ struct DrafterOptions {
   int64_t k_max = 0;         // K_max (queries per round, anchor included); 0 = the drafter file's k_max
   DraftMode mode = DraftMode::kFixed;
   double threshold = 0.0;    // confidence mode: in [0, 1]
-  bool greedy = false;       // argmax proposals (one-hot q) instead of keyed draws from q
+  bool greedy = false;       // argmax proposals (one-hot q) for every request (else per DraftRequest.greedy)
   float temperature = 1.0f;  // q = softmax(logits / temperature); > 0
 };
 

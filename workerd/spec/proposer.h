@@ -37,6 +37,7 @@ struct DraftRequest {
   // proposer that does not use it.
   std::span<const float> target_hidden;
   int64_t max_proposals = 0;                   // K_r - 1 >= 0
+  bool greedy = false;                         // a greedy request: argmax proposals (one-hot q) if the proposer draws
 };
 
 // What a proposer returns for one DraftRequest: tokens.size() <= max_proposals (fewer in confidence mode);

@@ -2,7 +2,7 @@
 // and dhs-replay so that both spell them alike. Header-only: includers bring CLI11.
 //
 //   --speculate off|fixed|confidence|synthetic  [--block K] [--block-schedule "1:8,33:6,128:4"]
-//   [--spec-confidence X] [--spec-corruption X]
+//   [--spec-confidence X] [--spec-corruption X] [--drafter-weights FILE]
 //
 // ResolveSpeculationMode turns the mode's text into the config after parsing; CheckSpeculation (run with the worker's
 // geometry) checks the values, errors naming the option.
@@ -23,7 +23,7 @@ struct SpeculationFlags {
 
 inline void AddSpeculationOptions(CLI::App& app, SpeculationFlags* flags) {
   app.add_option("--speculate", flags->mode,
-                 "speculative decoding: off | fixed | confidence (need the drafter) | synthetic (benchmarks only: "
+                 "speculative decoding: off | fixed | confidence (need --drafter-weights) | synthetic (benchmarks only: "
                  "the target's own greedy continuation, corrupted with --spec-corruption)")
       ->check(CLI::IsMember({"off", "fixed", "confidence", "synthetic"}))->capture_default_str();
   app.add_option("--block", flags->config.block, "K_max: target queries per round, anchor included (1 = none)")
@@ -34,6 +34,8 @@ inline void AddSpeculationOptions(CLI::App& app, SpeculationFlags* flags) {
       ->capture_default_str();
   app.add_option("--spec-corruption", flags->config.corruption,
                  "synthetic mode: probability a proposal is corrupted, in [0, 1]")->capture_default_str();
+  app.add_option("--drafter-weights", flags->config.drafter_weights,
+                 "fixed / confidence: the drafter's safetensors weights (dhs-gen-weights --drafter makes one)");
 }
 
 // The workerd arguments that give a worker `config` (empty when off): what dhs-replay passes to the workerd it starts.
@@ -43,6 +45,7 @@ inline std::vector<std::string> SpeculationArgs(const SpeculationConfig& config)
                                    std::to_string(config.block), "--spec-confidence", std::to_string(config.confidence),
                                    "--spec-corruption", std::to_string(config.corruption)};
   if (!config.schedule.empty()) args.insert(args.end(), {"--block-schedule", config.schedule});
+  if (!config.drafter_weights.empty()) args.insert(args.end(), {"--drafter-weights", config.drafter_weights});
   return args;
 }
 

@@ -26,10 +26,11 @@ absl::StatusOr<SpeculateMode> ParseSpeculateMode(std::string_view name) {
 
 absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block) {
   if (config.mode == SpeculateMode::kOff) return absl::OkStatus();
-  if (config.mode == SpeculateMode::kFixed || config.mode == SpeculateMode::kConfidence) {
-    return absl::UnimplementedError(absl::StrCat("--speculate ", std::string(SpeculateModeName(config.mode)),
-                                                 " needs the drafter, which this build does not link yet; use "
-                                                 "--speculate synthetic (benchmarks only) or off"));
+  if ((config.mode == SpeculateMode::kFixed || config.mode == SpeculateMode::kConfidence) &&
+      config.drafter_weights.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--speculate ", std::string(SpeculateModeName(config.mode)),
+                                                   " needs the drafter: give --drafter-weights FILE (dhs-gen-weights "
+                                                   "--drafter makes one)"));
   }
   if (!(config.confidence >= 0.0 && config.confidence <= 1.0) ||
       !(config.corruption >= 0.0 && config.corruption <= 1.0)) {

@@ -1,11 +1,11 @@
 // workerd/spec/speculation_config.h: the worker's speculation options (brief §6 "Proposal modes"; issue 13), shared
 // by workerd and dhs-replay: --speculate off|fixed|confidence|synthetic, --block K, --block-schedule,
-// --spec-confidence, --spec-corruption.
+// --spec-confidence, --spec-corruption, --drafter-weights FILE.
 //
 // Modes: off (plain decoding, the default); fixed (the drafter proposes K_r - 1 tokens); confidence (the drafter's
 // prefix above a confidence threshold, ConfidencePrefix); synthetic (FOR BENCHMARKS ONLY: SyntheticProposer, the
 // target's own greedy continuation corrupted with probability --spec-corruption). fixed and confidence need the
-// drafter, which is not linked yet: CheckSpeculation refuses them with a clear error.
+// drafter's weights (--drafter-weights FILE, made by dhs-gen-weights --drafter; workerd/spec/drafter.h).
 // Thread-safety: pure functions and plain values.
 #pragma once
 
@@ -29,13 +29,14 @@ struct SpeculationConfig {
   std::string schedule;        // BlockWidthSchedule text ("1:8,33:6,128:4"); empty = `block` at every load
   double confidence = 0.5;     // confidence mode's threshold, in [0, 1]
   double corruption = 0.0;     // synthetic mode: probability a proposal is corrupted, in [0, 1]
+  std::string drafter_weights;  // fixed / confidence: the drafter's safetensors file (its d_model pairing checked at
+                                // the worker's start)
 };
 
 // Checks the options against the worker's KV geometry. `max_block`: the widest round the KV serves without staging
 // arenas (workerd/speculation.h: the union of the K_r queries' selections must fit the hot cache, and the tail must
 // hold a page plus a block). Errors: INVALID_ARGUMENT (block < 1, block or a schedule width above max_block, with the
-// numbers; a bad schedule; confidence or corruption outside [0, 1]), UNIMPLEMENTED (fixed / confidence: the drafter
-// is not linked in this build).
+// numbers; a bad schedule; confidence or corruption outside [0, 1]; fixed / confidence without --drafter-weights).
 absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block);
 
 }  // namespace dhs::spec
