@@ -150,6 +150,16 @@ void Serve(const model::Model& m, WorkerConfig c, uint64_t seed, uint32_t budget
   EXPECT_EQ(memd.completes, static_cast<int>(specs.size()));
 }
 
+// The model alone's output of every request (`want`), and, for the greedy ones, its rows and keys (`oracle`).
+void ComputeOracle(const model::Model& m, const std::vector<Spec>& specs, std::map<RequestId, Generated>& want,
+                   std::map<RequestId, OracleRows>& oracle) {
+  for (const Spec& s : specs) {
+    const std::vector<model::Token> input(s.prompt.begin(), s.prompt.end());
+    want[s.id] = Oracle(m, input, s.max_new, s.temperature, 1.0f, 5, s.id);
+    if (s.temperature == 0) oracle.emplace(s.id, RowsOf(m, input, want[s.id]));
+  }
+}
+
 class GreedyRounds : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GreedyRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
@@ -157,11 +167,7 @@ TEST_P(GreedyRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
   const std::vector<Spec> specs = Requests(m->config().top_k);
   std::map<RequestId, Generated> want;
   std::map<RequestId, OracleRows> oracle;
-  for (const Spec& s : specs) {
-    const std::vector<model::Token> input(s.prompt.begin(), s.prompt.end());
-    want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, 5, s.id);
-    if (s.temperature == 0) oracle.emplace(s.id, RowsOf(*m, input, want[s.id]));
-  }
+  ComputeOracle(*m, specs, want, oracle);
   int reclaims = 0, populated = 0, pages_checked = 0;
   for (double corruption : {0.0, 0.4, 1.0}) {
     // The sampled request 5 joins the mixed run only: at 0 and 1 every round's acceptance is known exactly.
@@ -409,11 +415,7 @@ TEST_P(DrafterRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
   const std::vector<Spec> specs = Requests(m->config().top_k);
   std::map<RequestId, Generated> want;
   std::map<RequestId, OracleRows> oracle;
-  for (const Spec& s : specs) {
-    const std::vector<model::Token> input(s.prompt.begin(), s.prompt.end());
-    want[s.id] = Oracle(*m, input, s.max_new, s.temperature, 1.0f, 5, s.id);
-    if (s.temperature == 0) oracle.emplace(s.id, RowsOf(*m, input, want[s.id]));
-  }
+  ComputeOracle(*m, specs, want, oracle);
   const spec::DrafterConfig dc;  // WriteDrafter's shape
   const int64_t p = 16, k_max = 4, slots = 4;  // SpecConfig's page_rows, block, slots
   const int64_t ring_rows = p * ((dc.window + k_max + p - 1 + p - 1) / p);  // 16 * ceil(51 / 16) = 64
