@@ -691,17 +691,7 @@ void Worker::RecordToken(Request& r, model::Token token, std::span<const float> 
   step_tokens_.push_back(r.id);  // committed to memd, then streamed, by CommitStep
 }
 
-void Worker::CommitStep() {
-  if (step_tokens_.empty()) return;
-  // A speculative round emits several tokens of one request (RecordToken per token): one entry per request, with the
-  // count of its tokens this step.
-  std::vector<RequestId> ids;
-  std::map<RequestId, size_t> new_tokens;
-  for (RequestId id : step_tokens_) {
-    if (new_tokens[id]++ == 0) ids.push_back(id);
-  }
-  step_tokens_.clear();
-  // The record first (one message for the step), then the chunks: see worker.h, "Committed tokens".
+wire::TokensCommittedT Worker::TokensCommittedOf(std::span<const RequestId> ids) const {
   wire::TokensCommittedT commit;
   commit.gpu = config_.gpu;
   for (RequestId id : ids) {
@@ -716,6 +706,19 @@ void Worker::CommitStep() {
     }
     commit.entries.push_back(std::move(e));
   }
+  return commit;
+}
+
+void Worker::CommitStep() {
+  if (step_tokens_.empty()) return;
+  // A speculative round emits several tokens of one request (RecordToken per token): one entry per request, with the
+  // count of its tokens this step.
+  std::vector<RequestId> ids;
+  std::map<RequestId, size_t> new_tokens;
+  for (RequestId id : step_tokens_) {
+    if (new_tokens[id]++ == 0) ids.push_back(id);
+  }
+  step_tokens_.clear();
   if (away_) {  // memd away: no record can take them, so no client gets them yet (FlushHeld after the re-Hello)
     for (RequestId id : ids) {
       Request& r = *requests_.at(id);
@@ -724,7 +727,8 @@ void Worker::CommitStep() {
     }
     return;
   }
-  if (absl::Status s = memd_->SendTokensCommitted(commit); s.ok()) {
+  // The record first (one message for the step), then the chunks: see worker.h, "Committed tokens".
+  if (absl::Status s = memd_->SendTokensCommitted(TokensCommittedOf(ids)); s.ok()) {
     for (RequestId id : ids) requests_.at(id)->committed = requests_.at(id)->generated.size();
   } else {
     // The previous message is not acknowledged yet (these tokens go with a later step), or memd is dead or hung (the

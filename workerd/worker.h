@@ -332,6 +332,8 @@ class Worker final : public MemdHandler, public Submitter {
   // The step's tokens: one TokensCommitted to memd (with any tokens an earlier step could not queue), then one
   // TokenChunk per token to its client. A TokensCommitted that cannot be queued is logged; the tokens still stream.
   void CommitStep();
+  // The TokensCommitted of `ids` (requests with tokens this step): each one's tokens from its `committed` on.
+  wire::TokensCommittedT TokensCommittedOf(std::span<const RequestId> ids) const;
   // A request for `submit` (not admitted yet; node id chosen) and its AdmitRequest (record included).
   std::unique_ptr<Request> NewRequest(const wire::SubmitRequestT& submit, const ClientRef& client);
   absl::Status SendAdmit(const Request& r, const wire::SubmitRequestT& submit);
