@@ -153,7 +153,9 @@ void Supervisor::StartDueChildren(int64_t now) {
 
 bool Supervisor::WatchesMemd() const {
   const Child& m = children_[kMemd];
-  return policy_.memd_liveness_timeout_ms > 0 && m.state == ChildState::kReady && !m.kill_sent;
+  // Not while the node stops: memd stays ready until every worker exited, and its SIGTERM/SIGKILL are the stop's.
+  return policy_.memd_liveness_timeout_ms > 0 && phase_ != Phase::kStopping && m.state == ChildState::kReady &&
+         !m.kill_sent;
 }
 
 // A liveness probe of a ready memd answered (or not): one unanswered for memd_liveness_timeout_ms gets SIGKILL.
@@ -218,7 +220,7 @@ void Supervisor::Timer(int64_t now) {
     } else if (ch.state == ChildState::kStarting && !ch.kill_sent && ch.next_probe <= now) {
       ch.next_probe = now + policy_.probe_interval_ms;
       Order(SupervisorOrder::Kind::kProbe, c);
-    } else if (c == kMemd && phase_ != Phase::kStopping && WatchesMemd() && ch.next_probe <= now) {
+    } else if (c == kMemd && WatchesMemd() && ch.next_probe <= now) {
       ch.next_probe = now + policy_.liveness_probe_ms;
       Order(SupervisorOrder::Kind::kProbe, c);
     }
@@ -235,7 +237,7 @@ int64_t Supervisor::NextWakeupMs() const {
     if (ch.state == ChildState::kStarting && !ch.kill_sent) {
       next = std::min({next, ch.next_probe, ch.started_at + policy_.start_timeout_ms});
     }
-    if (c == kMemd && phase_ != Phase::kStopping && WatchesMemd()) next = std::min(next, ch.next_probe);
+    if (c == kMemd && WatchesMemd()) next = std::min(next, ch.next_probe);
     const bool can_start = !IsWorker(c) || children_[kMemd].state == ChildState::kReady;
     if (ch.state == ChildState::kBackoff && can_start) next = std::min(next, ch.restart_at);
   }
