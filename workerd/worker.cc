@@ -535,8 +535,7 @@ absl::Status Worker::ReplayFed(Request& r) {
   }
   r.session.emplace(model_->NewSession(r.id));
   r.capture.reset();  // recomputed below without the row cache; a later block starts a fresh capture
-  std::vector<model::Token> all = r.input;  // a resumed request's input ends with its committed tokens
-  all.insert(all.end(), r.generated.begin() + r.resumed, r.generated.end());
+  const std::vector<model::Token> all = r.Tokens();
   for (Position pos = 0; pos < r.fed;) {
     const size_t n = std::min<size_t>(geometry_.prefill_chunk, static_cast<size_t>(r.fed - pos));
     if (absl::Status s = model_->ImportPrefix(*r.session, std::span<const model::Token>(all.data() + pos, n), kv());

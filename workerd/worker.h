@@ -242,6 +242,13 @@ class Worker final : public MemdHandler, public Submitter {
     uint64_t ttft_us = 0;
     absl::Status client_error;  // the client refused a chunk (ClientSink::Chunk): the request fails with it
     Position resumed = 0;       // tokens committed before a resume (generated[0, resumed) are also in `input`)
+    // Every token of the request in position order: input, then the tokens generated after it (a resumed input ends
+    // with the committed ones, generated[0, resumed)).
+    std::vector<model::Token> Tokens() const {
+      std::vector<model::Token> all = input;
+      all.insert(all.end(), generated.begin() + resumed, generated.end());
+      return all;
+    }
     RequestId resume_of = 0;    // a resume: the interrupted node id it continues (AdmitRequest.resume_of)
     std::vector<uint32_t> host_backed;  // a resume's history pages with a confirmed host copy (the grant's)
     // A resume's runs of host-backed pages not imported yet, in position order: (first page, pages). The run at the

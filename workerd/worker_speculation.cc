@@ -103,8 +103,7 @@ void Worker::AddProposals(std::vector<BatchItem>& items) {
       *free = true;
       r.spec_slot = static_cast<int>(free - spec_slot_used_.begin());
     }
-    std::vector<model::Token>& all = histories.emplace_back(r.input);  // a resumed input ends with its committed
-    all.insert(all.end(), r.generated.begin() + r.resumed, r.generated.end());
+    const std::vector<model::Token>& all = histories.emplace_back(r.Tokens());
     drafts.push_back(spec::DraftRequest{r.spec_slot, spec::RoundKey{r.seed, r.client_id, r.fed}, all,
                                         r.target_hidden, width - 1, r.greedy});
     which.push_back(&item);
