@@ -182,5 +182,34 @@ TEST(HostLedger, ChangedAndVanishedPagesAreLostOnce) {
   EXPECT_EQ(ledger.pages_lost(), 3u);
 }
 
+TEST(HostLedger, ARequestThatEndsDuringTheCheckIsForgottenNotLost) {
+  // The check after a memd restart lists requests, then reads each one's view: node 101 (2 recorded pages) was listed,
+  // then the surviving worker's Complete ended it before its view was read (memd answered "not found"), and memd's
+  // listing afterwards no longer has it. Node 102 was listed and read; node 103's view could not be read either, but
+  // memd still lists it: it is not checked this time, and its pages stay expected.
+  HostLedger ledger;
+  ledger.Observe({101, 1, 0, 0xa0});
+  ledger.Observe({101, 1, 1, 0xa1});
+  ledger.Observe({102, 2, 0, 0xb0});
+  ledger.Observe({103, 3, 0, 0xc0});
+  const auto lost = ledger.CheckAfterFault({101, 102, 103}, {{102, 2, 0, 0xb0}}, /*unread=*/{101, 103},
+                                           /*listed_after=*/{102, 103});
+  EXPECT_TRUE(lost.empty());
+  EXPECT_EQ(ledger.pages_lost(), 0u);
+  EXPECT_EQ(ledger.pages_checked(), 1u) << "only node 102's page was compared";
+  EXPECT_EQ(ledger.pages_unchecked(), 1u) << "node 103's page";
+  EXPECT_EQ(ledger.nodes(), (std::set<RequestId>{102, 103})) << "node 101 ended: forgotten";
+  // The next check reads node 103 and finds its page gone: now it is lost, and reported by key.
+  const auto later = ledger.CheckAfterFault(ledger.nodes(), {{102, 2, 0, 0xb0}});
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0], (std::pair<RequestId, uint32_t>{3, 0}));
+  EXPECT_EQ(ledger.pages_vanished(), 1u);
+  // Without the second listing's evidence the same unread node would have counted 2 vanished pages (the old check).
+  HostLedger old;
+  old.Observe({101, 1, 0, 0xa0});
+  old.Observe({101, 1, 1, 0xa1});
+  EXPECT_EQ(old.CheckAfterFault({101}, {}).size(), 2u);
+}
+
 }  // namespace
 }  // namespace dhs::replay

@@ -3,9 +3,10 @@
 
 namespace dhs::replay {
 
-void HostLedger::Lose(std::pair<RequestId, uint32_t> key, bool vanished) {
-  if (!lost_.insert(key).second) return;
+bool HostLedger::Lose(std::pair<RequestId, uint32_t> key, bool vanished) {
+  if (!lost_.insert(key).second) return false;
   ++(vanished ? vanished_ : changed_);
+  return true;
 }
 
 void HostLedger::Observe(const HostCopySeen& seen) {
@@ -19,24 +20,34 @@ void HostLedger::Observe(const HostCopySeen& seen) {
   if (it->second != seen.digest) Lose(key, /*vanished=*/false);
 }
 
-void HostLedger::CheckAfterFault(const std::set<RequestId>& nodes, const std::vector<HostCopySeen>& present) {
+std::vector<std::pair<RequestId, uint32_t>> HostLedger::CheckAfterFault(const std::set<RequestId>& nodes,
+                                                                        const std::vector<HostCopySeen>& present,
+                                                                        const std::set<RequestId>& unread,
+                                                                        const std::set<RequestId>& listed_after) {
   std::map<std::pair<RequestId, uint32_t>, uint64_t> now;
   for (const HostCopySeen& p : present) now[{p.client, p.page}] = p.digest;
+  std::vector<std::pair<RequestId, uint32_t>> lost;
   for (RequestId node : nodes) {
     auto h = held_.find(node);
     if (h == held_.end()) continue;
+    if (unread.contains(node)) {
+      if (!listed_after.contains(node)) {
+        held_.erase(h);  // ended during the check: memd freed its pages with it
+      } else {
+        unchecked_ += h->second.second.size();
+      }
+      continue;
+    }
     const RequestId client = h->second.first;
     for (uint32_t page : h->second.second) {
       const auto key = std::make_pair(client, page);
       ++checked_;
       auto it = now.find(key);
-      if (it == now.end()) {
-        Lose(key, /*vanished=*/true);
-      } else if (it->second != digests_.at(key)) {
-        Lose(key, /*vanished=*/false);
-      }
+      const bool vanished = it == now.end();
+      if ((vanished || it->second != digests_.at(key)) && Lose(key, vanished)) lost.push_back(key);
     }
   }
+  return lost;
 }
 
 void HostLedger::Forget(RequestId node) { held_.erase(node); }

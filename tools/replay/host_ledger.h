@@ -12,6 +12,10 @@
 //   copies memd holds now, by client; every page held by a node in `nodes` must be there with its recorded digest,
 //   else it vanished (or changed). Pages of an earlier incarnation that a resume let go (memd frees them when the
 //   interrupted request ends) are not checked again: the resumed request's copies are compared by Observe.
+//   The check is not atomic (a listing, then one view per request): a node whose view could not be read (`unread`:
+//   memd answered "not found" or nothing) and that memd no longer lists afterwards (`listed_after`) ended during the
+//   check, e.g. a surviving worker's Complete after its re-Hello: it is forgotten, not lost (memd frees a request's
+//   pages with it). An unread node still listed is not checked this time (`pages_unchecked`), never counted lost.
 // - Forget: the node ended; the pages it held are no longer expected.
 // Each (client, page) is counted lost at most once.
 //
@@ -38,7 +42,11 @@ struct HostCopySeen {
 class HostLedger {
  public:
   void Observe(const HostCopySeen& seen);
-  void CheckAfterFault(const std::set<RequestId>& nodes, const std::vector<HostCopySeen>& present);
+  // Returns the (client, page) keys this check counted lost (each once over the ledger's life).
+  std::vector<std::pair<RequestId, uint32_t>> CheckAfterFault(const std::set<RequestId>& nodes,
+                                                              const std::vector<HostCopySeen>& present,
+                                                              const std::set<RequestId>& unread = {},
+                                                              const std::set<RequestId>& listed_after = {});
   void Forget(RequestId node);
   std::set<RequestId> nodes() const;  // nodes holding a recorded page
 
@@ -47,13 +55,14 @@ class HostLedger {
   uint64_t pages_changed() const { return changed_; }
   uint64_t pages_vanished() const { return vanished_; }
   uint64_t pages_lost() const { return changed_ + vanished_; }
+  uint64_t pages_unchecked() const { return unchecked_; }  // pages of unread nodes still listed, skipped by a check
 
  private:
-  void Lose(std::pair<RequestId, uint32_t> key, bool vanished);
+  bool Lose(std::pair<RequestId, uint32_t> key, bool vanished);  // false: counted lost before
   std::map<std::pair<RequestId, uint32_t>, uint64_t> digests_;  // (client, page) -> digest
   std::map<RequestId, std::pair<RequestId, std::set<uint32_t>>> held_;  // node -> (client, pages)
   std::set<std::pair<RequestId, uint32_t>> lost_;
-  uint64_t checked_ = 0, changed_ = 0, vanished_ = 0;
+  uint64_t checked_ = 0, changed_ = 0, vanished_ = 0, unchecked_ = 0;
 };
 
 }  // namespace dhs::replay

@@ -483,22 +483,43 @@ void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
     }
     nodes = ledger.nodes();
   }
+  std::set<RequestId> unread;  // listed, but the view could not be read (ended since the listing, or no answer)
   for (const nlohmann::json& r : *requests) {
     if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
     if (interrupted_only && r.value("state", "") != "interrupted") continue;
     const RequestId id = r["request"].get<RequestId>();
     if (interrupted_only) nodes.insert(id);
     std::optional<nlohmann::json> view = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
-    if (!view) continue;
+    if (!view || !view->contains("host_copies")) {
+      unread.insert(id);
+      continue;
+    }
     for (const auto& [page, host_page] : HostCopiesOf(*view)) {
       if (std::optional<uint64_t> d = Digest(host_page)) present.push_back({id, id & kClientBits, page, *d});
     }
   }
-  const uint64_t lost_before = ledger.pages_lost();
-  ledger.CheckAfterFault(nodes, present);
-  if (ledger.pages_lost() > lost_before) {
-    Log(absl::StrCat("host_rows_lost: ", ledger.pages_lost() - lost_before, " recorded host pages changed or vanished"
-                     " (", ledger.pages_vanished(), " vanished, ", ledger.pages_changed(), " changed in all)"));
+  // The check is a listing then one view per request: a request that ended in between (a surviving worker's Complete
+  // right after its re-Hello) has no view; memd's listing now says whether it ended (host_ledger.h).
+  std::set<RequestId> listed_after;
+  if (!unread.empty()) {
+    std::optional<nlohmann::json> again = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
+    for (const nlohmann::json& r : again && again->is_array() ? *again : nlohmann::json::array()) {
+      if (r.is_object() && r.contains("request") && r["request"].is_number_unsigned()) {
+        listed_after.insert(r["request"].get<RequestId>());
+      }
+    }
+    if (!again) listed_after = listed;  // no answer: nothing is taken as ended
+    for (RequestId id : unread) {
+      Log(absl::StrCat("host_rows_lost: request ", id, "'s view could not be read; ",
+                       listed_after.contains(id) ? "still listed: not checked this time" : "it ended meanwhile"));
+    }
+  }
+  const std::vector<std::pair<RequestId, uint32_t>> lost = ledger.CheckAfterFault(nodes, present, unread, listed_after);
+  if (!lost.empty()) {
+    std::string which;
+    for (const auto& [client, page] : lost) absl::StrAppend(&which, which.empty() ? "" : ", ", client, ":", page);
+    Log(absl::StrCat("host_rows_lost: ", lost.size(), " recorded host pages changed or vanished (client:page ", which,
+                     "; ", ledger.pages_vanished(), " vanished, ", ledger.pages_changed(), " changed in all)"));
   }
 }
 
