@@ -2,6 +2,7 @@
 #include "workerd/worker.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -222,6 +223,7 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
 }
 
 void Worker::OnAdmitWait(const wire::AdmitWaitT& m) {
+  if (auto it = requests_.find(m.request); it != requests_.end()) it->second->told_to_wait = true;
   spdlog::debug("worker: request {} waits for admission (queue position {}, deficit {} pages)", m.request,
                 m.queue_position, m.deficit_pages);
 }
@@ -633,7 +635,16 @@ absl::Status Worker::RunBatch() {
   std::vector<model::StepInput> batch;
   for (BatchItem& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens, WantsHidden(*it.r)});
   std::vector<model::StepOutput> out(items.size());
-  if (absl::Status st = model_->Step(batch, kv(), out); st.ok()) {
+  const auto step_start = std::chrono::steady_clock::now();
+  absl::Status st = model_->Step(batch, kv(), out);
+  if (online_width_ && st.ok()) {  // t(Q): the step's time against its queries (every token fed is one)
+    int64_t queries = 0;
+    for (const BatchItem& it : items) queries += static_cast<int64_t>(it.tokens.size());
+    online_width_->ObserveStep(queries, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
+                                                                                  step_start).count() + 1e-3)
+        .IgnoreError();  // queries >= 1, time > 0
+  }
+  if (st.ok()) {
     bool prefill = false, decode = false;  // test-only kill points (common/fault_point.h)
     std::vector<std::pair<RequestId, absl::Status>> failed_rounds;
     for (size_t b = 0; b < items.size(); ++b) {

@@ -60,6 +60,7 @@
 #include "workerd/spec/acceptance.h"
 #include "workerd/spec/block_width.h"
 #include "workerd/spec/drafter.h"
+#include "workerd/spec/online_block_width.h"
 #include "workerd/spec/proposer.h"
 
 namespace dhs {
@@ -225,6 +226,7 @@ class Worker final : public MemdHandler, public Submitter {
     RequestId client_id = 0;   // the client's SubmitRequest.request
     ClientRef client;
     Phase phase = Phase::kWaitGrant;
+    bool told_to_wait = false;         // memd answered AdmitWait (it does not fit in free memory now)
     std::vector<model::Token> input;   // prepared prefix (if any) then prompt
     Position prefix_tokens = 0;        // leading input tokens imported with ImportPrefix (the prepared prefix)
     std::vector<uint64_t> hash_ids;    // the prefix's block chain (row-cache keys)
@@ -314,9 +316,12 @@ class Worker final : public MemdHandler, public Submitter {
   // Speculation (worker_speculation.cc; brief §6). The proposer of --speculate (nullptr when off).
   absl::Status CreateProposer();
   absl::Status CreateDrafter();
-  // The round width K_r for r now: the schedule's (or --block) width at the active sessions, capped by the tokens r
-  // may still emit. 1 = a plain step.
-  int64_t RoundWidth(const Request& r, int64_t active) const;
+  // The step's block width: OnlineBlockWidth's decision (--block-schedule online: decoding sessions, and requests
+  // waiting for their grant that memd has not told to wait, i.e. that fit in its free memory), else the schedule's
+  // (or --block) width at the active sessions; capped by max_block.
+  int64_t StepWidth(int64_t active) const;
+  // The round width K_r for r now: `width` capped by the tokens r may still emit. 1 = a plain step.
+  int64_t RoundWidth(const Request& r, int64_t width) const;
   // Decoding items with K_r >= 2 get the proposer's tokens (one Propose for the batch; a failed Propose leaves the
   // items plain) and their rows from n_r + 1 on held unverified (Model::BeginVerification).
   void AddProposals(std::vector<BatchItem>& items);
@@ -403,6 +408,7 @@ class Worker final : public MemdHandler, public Submitter {
   std::unique_ptr<spec::Proposer> proposer_;        // --speculate (nullptr when off)
   spec::DrafterProposer* drafter_ = nullptr;         // proposer_ when it is the drafter (fixed / confidence)
   std::optional<spec::BlockWidthSchedule> schedule_;  // --block-schedule (else --block at every load)
+  std::optional<spec::OnlineBlockWidth> online_width_;  // --block-schedule online
   std::vector<bool> spec_slot_used_;                // the proposer's slots
 };
 

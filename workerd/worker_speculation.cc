@@ -22,7 +22,11 @@ absl::Status Worker::CreateProposer() {
   const spec::SpeculationConfig& sc = config_.speculation;
   if (sc.mode == spec::SpeculateMode::kOff) return absl::OkStatus();
   if (absl::Status s = spec::CheckSpeculation(sc, geometry_.max_block); !s.ok()) return s;
-  if (!sc.schedule.empty()) {
+  if (sc.schedule == spec::kOnlineSchedule) {
+    absl::StatusOr<spec::OnlineBlockWidth> online = spec::OnlineBlockWidth::Create({.k_max = sc.block});
+    if (!online.ok()) return online.status();
+    online_width_ = *std::move(online);
+  } else if (!sc.schedule.empty()) {
     absl::StatusOr<spec::BlockWidthSchedule> schedule = spec::BlockWidthSchedule::Parse(sc.schedule, sc.block);
     if (!schedule.ok()) return schedule.status();
     schedule_ = *std::move(schedule);
@@ -75,17 +79,27 @@ void Worker::KeepHidden(Request& r, Position first, std::span<const float> hidde
   r.hidden_end += static_cast<Position>(rows);
 }
 
-int64_t Worker::RoundWidth(const Request& r, int64_t active) const {
+int64_t Worker::StepWidth(int64_t active) const {
+  int64_t width = config_.speculation.block;
+  if (online_width_) {
+    int64_t joining = 0;  // granted soon: sent to memd and not told to wait
+    for (const auto& [id, r] : requests_) joining += r->phase == Phase::kWaitGrant && !r->told_to_wait;
+    width = online_width_->Decide(active, joining, config_.speculation.block).width;
+  } else if (schedule_) {
+    width = schedule_->WidthFor(active);
+  }
+  return std::min<int64_t>(width, geometry_.max_block);
+}
+
+int64_t Worker::RoundWidth(const Request& r, int64_t width) const {
   if (!proposer_) return 1;
-  int64_t width = schedule_ ? schedule_->WidthFor(active) : config_.speculation.block;
-  width = std::min<int64_t>(width, geometry_.max_block);
   const int64_t remaining = static_cast<int64_t>(r.max_new) - static_cast<int64_t>(r.generated.size());
   return std::max<int64_t>(1, std::min(width, remaining));
 }
 
 void Worker::AddProposals(std::vector<BatchItem>& items) {
   if (!proposer_) return;
-  const auto active = static_cast<int64_t>(active_requests());
+  const int64_t step_width = StepWidth(static_cast<int64_t>(active_requests()));
   std::vector<spec::DraftRequest> drafts;
   std::vector<std::vector<model::Token>> histories;  // the spans of `drafts` point here
   std::vector<BatchItem*> which;
@@ -93,7 +107,7 @@ void Worker::AddProposals(std::vector<BatchItem>& items) {
   for (BatchItem& item : items) {
     Request& r = *item.r;
     if (r.fed < static_cast<Position>(r.input.size()) || r.generated.empty()) continue;  // prefilling
-    const int64_t width = RoundWidth(r, active);
+    const int64_t width = RoundWidth(r, step_width);
     if (width < 2) continue;
     // The drafter needs the hidden states of every position since its slot's last round (all, on the first).
     if (drafter_ && (r.hidden_gap || r.hidden_end != r.fed || (r.spec_slot < 0 && r.hidden_from != 0))) continue;
@@ -162,6 +176,7 @@ absl::Status Worker::FinishRound(BatchItem& item, std::span<const float> logits,
   stats_.spec_round_tokens += outcome->emitted.size();
   stats_.spec_proposed += width - 1;
   stats_.spec_accepted += static_cast<uint64_t>(outcome->accepted);
+  if (online_width_) online_width_->ObserveRound(static_cast<int64_t>(width) - 1, outcome->accepted).IgnoreError();
   if (stats_.spec_width_rounds.size() <= width) stats_.spec_width_rounds.resize(width + 1, 0);
   ++stats_.spec_width_rounds[width];
   return absl::OkStatus();

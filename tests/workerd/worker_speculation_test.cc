@@ -228,6 +228,50 @@ TEST_P(GreedyRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
   EXPECT_GT(pages_checked, 0);
 }
 
+// --block-schedule online (spec::OnlineBlockWidth): the width changes from step to step with the measured acceptance
+// and step times; outputs stay those of the model alone, every round's width is within [2, --block], and the rounds
+// add up. (The choice itself is tested with made-up figures in tests/spec/online_block_width_test.cc.)
+TEST(WorkerSpeculation, OnlineBlockWidthKeepsGreedyOutputsExact) {
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<Spec> specs = Requests(m->config().top_k);
+  std::map<RequestId, Generated> want;
+  std::map<RequestId, OracleRows> oracle;
+  ComputeOracle(*m, specs, want, oracle);
+  std::vector<Spec> run;
+  for (const Spec& s : specs) {
+    if (s.temperature == 0) run.push_back(s);
+  }
+  for (WorkerMode mode : {WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
+    SCOPED_TRACE(std::string(WorkerModeName(mode)));
+    WorkerConfig c = SpecConfig(*m, mode, 0.4);
+    c.speculation.schedule = std::string(spec::kOnlineSchedule);
+    RunResult res;
+    Serve(*m, c, /*seed=*/3, /*budget_pages=*/24, oracle, run, res);
+    if (HasFatalFailure()) return;
+    EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
+    for (const Spec& s : run) {
+      EXPECT_EQ(res.sink.out[s.id].tokens, want[s.id].tokens) << "request " << s.id;
+      EXPECT_EQ(res.sink.out[s.id].digests, want[s.id].digests) << "request " << s.id;
+    }
+    const WorkerStats& st = res.stats;
+    EXPECT_GT(st.spec_rounds, 0u);
+    EXPECT_EQ(st.spec_round_tokens, st.spec_accepted + st.spec_rounds);
+    uint64_t widths = 0;
+    for (size_t w = 0; w < st.spec_width_rounds.size(); ++w) {
+      if (st.spec_width_rounds[w] == 0) continue;
+      EXPECT_GE(w, 2u);
+      EXPECT_LE(static_cast<int64_t>(w), c.speculation.block);
+      widths += st.spec_width_rounds[w];
+    }
+    EXPECT_EQ(widths, st.spec_rounds);
+    std::string hist;
+    for (size_t w = 2; w < st.spec_width_rounds.size(); ++w) absl::StrAppend(&hist, " K=", w, ":", st.spec_width_rounds[w]);
+    std::printf("%s online: rounds %llu, acceptance length %.2f, widths%s\n", std::string(WorkerModeName(mode)).c_str(),
+                static_cast<unsigned long long>(st.spec_rounds),
+                static_cast<double>(st.spec_round_tokens) / static_cast<double>(st.spec_rounds), hist.c_str());
+  }
+}
+
 // Sampling mode (brief §6 acceptance): N = 1200 requests with one prompt, temperature 0.3, each with its own keyed
 // draws (client ids 1..N). Token 0 comes from prefill, token 1 from a K = 2 round whose proposal (the greedy
 // continuation, corrupted with probability 0.2) is accepted with min(1, p/q) or corrected from norm(max(0, p - q)).
@@ -370,6 +414,8 @@ TEST(WorkerSpeculation, DrafterModesAndOversizedBlocksAreRefusedAtStart) {
   EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());
   c.speculation.schedule = "1:5";
   EXPECT_EQ(ComputeGeometry(m->config(), c).status().code(), absl::StatusCode::kInvalidArgument);
+  c.speculation.schedule = std::string(spec::kOnlineSchedule);  // the online width, up to --block
+  EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());
 }
 
 // The drafter's weights for `target`, written under `dir`: DrafterConfig{} paired with target_d_model, its output

@@ -29,7 +29,8 @@ inline void AddSpeculationOptions(CLI::App& app, SpeculationFlags* flags) {
   app.add_option("--block", flags->config.block, "K_max: target queries per round, anchor included (1 = none)")
       ->capture_default_str();
   app.add_option("--block-schedule", flags->config.schedule,
-                 "block width by live sessions, \"from:width,...\" (e.g. 1:8,33:6,128:4; widths <= --block)");
+                 "block width by live sessions, \"from:width,...\" (e.g. 1:8,33:6,128:4; widths <= --block), or \"online\" "
+                 "(chosen each step from measured acceptance, step time and load, up to --block)");
   app.add_option("--spec-confidence", flags->config.confidence, "confidence mode's threshold, in [0, 1]")
       ->capture_default_str();
   app.add_option("--spec-corruption", flags->config.corruption,

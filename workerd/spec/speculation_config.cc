@@ -42,7 +42,7 @@ absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block
         "--block ", config.block, " outside [1, ", max_block, "]: a round's K_r queries select up to K_r * (k + w) "
         "rows that must fit the hot cache B, and the tail T must hold a page and a block (K_r <= T - p + 1)"));
   }
-  if (!config.schedule.empty()) {
+  if (!config.schedule.empty() && config.schedule != kOnlineSchedule) {
     absl::StatusOr<BlockWidthSchedule> s = BlockWidthSchedule::Parse(config.schedule, config.block);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("--block-schedule: ", s.status().message()));
   }

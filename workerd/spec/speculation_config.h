@@ -23,10 +23,14 @@ std::string_view SpeculateModeName(SpeculateMode mode);
 // "off" | "fixed" | "confidence" | "synthetic"; else INVALID_ARGUMENT naming the choices.
 absl::StatusOr<SpeculateMode> ParseSpeculateMode(std::string_view name);
 
+// --block-schedule's value that chooses the width online (OnlineBlockWidth: measured acceptance, step time, load).
+inline constexpr std::string_view kOnlineSchedule = "online";
+
 struct SpeculationConfig {
   SpeculateMode mode = SpeculateMode::kOff;
   int64_t block = 4;           // K_max: queries per round, anchor included (1 = no speculation), >= 1
-  std::string schedule;        // BlockWidthSchedule text ("1:8,33:6,128:4"); empty = `block` at every load
+  std::string schedule;        // BlockWidthSchedule text ("1:8,33:6,128:4"); empty = `block` at every load;
+                               // "online" (kOnlineSchedule) = OnlineBlockWidth (online_block_width.h), up to `block`
   double confidence = 0.5;     // confidence mode's threshold, in [0, 1]
   double corruption = 0.0;     // synthetic mode: probability a proposal is corrupted, in [0, 1]
   std::string drafter_weights;  // fixed / confidence: the drafter's safetensors file (its d_model pairing checked at
