@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/workerd/worker_test_util.h"
 #include "workerd/device/cpu_device.h"
