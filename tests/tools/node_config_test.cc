@@ -113,6 +113,32 @@ TEST(NodeConfig, LivenessTimeoutsAndTheAdoptionGraceArePassedAndChecked) {
   EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "adopt_grace_ms = 600001")), HasSubstr("memd.adopt_grace_ms"));
 }
 
+TEST(NodeConfig, SpeculationKeysBecomeWorkerFlags) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited(
+      "page_rows = 16\nextra_args",
+      "page_rows = 16\nspeculate = \"fixed\"\nblock = 4\nblock_schedule = \"online\"\nspec_confidence = 0.25\n"
+      "spec_corruption = 1\ndrafter_weights = \"/w/drafter.safetensors\"\nextra_args"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> worker = WorkerArgs(*c, 1);
+  for (const auto& [flag, value] : {std::pair<std::string, std::string>{"--speculate", "fixed"},
+                                    {"--block", "4"},
+                                    {"--block-schedule", "online"},
+                                    {"--spec-confidence", "0.25"},
+                                    {"--spec-corruption", "1"},
+                                    {"--drafter-weights", "/w/drafter.safetensors"}}) {
+    auto at = std::find(worker.begin(), worker.end(), flag);
+    ASSERT_NE(at, worker.end()) << flag;
+    EXPECT_EQ(*(at + 1), value) << flag;
+  }
+  EXPECT_THAT(ErrorOf(Edited("slots = 2", "slots = 2\nspec_confidence = 1.5")),
+              HasSubstr("worker[0].spec_confidence: 1.5 is out of range [0, 1]"));
+  EXPECT_THAT(ErrorOf(Edited("slots = 2", "slots = 2\nspec_corruption = \"half\"")),
+              HasSubstr("worker[0].spec_corruption: expected a number in [0, 1], got a string"));
+  EXPECT_THAT(ErrorOf(Edited("slots = 2", "slots = 2\nspeculate = \"always\"")),
+              HasSubstr("worker[0].speculate: 'always' is not one of off, fixed, confidence, synthetic"));
+  EXPECT_THAT(ErrorOf(Edited("slots = 2", "slots = 2\nblock = 0")), HasSubstr("worker[0].block: 0 is out of range"));
+}
+
 TEST(NodeConfig, PageBytesGivenIsPassedAsIs) {
   absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited("reserve_pages = 4", "page_bytes = 2560"));
   ASSERT_TRUE(c.ok()) << c.status();

@@ -25,7 +25,7 @@ constexpr uint64_t kI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::ma
 struct KeySpec {
   const char* name;
   const char* flag;
-  enum Kind { kUint, kSize, kString, kChoice, kBool } kind;
+  enum Kind { kUint, kSize, kString, kChoice, kBool, kFraction } kind;  // kFraction: a number in [0, 1]
   uint64_t min = 0, max = kI64;
   const char* choices = "";  // kChoice: "a|b|c"
 };
@@ -67,6 +67,13 @@ const KeySpec kWorkerKeys[] = {
     {"connect_timeout_ms", "--connect-timeout-ms", KeySpec::kUint, 1, 3600000},
     {"memd_timeout_ms", "--memd-timeout-ms", KeySpec::kUint, 100, 3600000},
     {"memd_reconnect_ms", "--memd-reconnect-ms", KeySpec::kUint, 100, 3600000},
+    // Speculative decoding (workerd/spec/speculation_cli.h; brief §6): workerd checks the combination at its start.
+    {"speculate", "--speculate", KeySpec::kChoice, 0, 0, "off|fixed|confidence|synthetic"},
+    {"block", "--block", KeySpec::kUint, 1, 64},
+    {"block_schedule", "--block-schedule", KeySpec::kString},
+    {"spec_confidence", "--spec-confidence", KeySpec::kFraction},
+    {"spec_corruption", "--spec-corruption", KeySpec::kFraction},
+    {"drafter_weights", "--drafter-weights", KeySpec::kString},
     {"log_level", "--log-level", KeySpec::kChoice, 0, 0, "trace|debug|info|warn|error|critical|off"},
 };
 
@@ -127,6 +134,18 @@ absl::StatusOr<std::string> ReadValue(const KeySpec& spec, const toml::node& v, 
       absl::StatusOr<uint64_t> n = ReadNumber(spec, v, path);
       if (!n.ok()) return n.status();
       return absl::StrCat(*n);
+    }
+    case KeySpec::kFraction: {
+      double x = 0;
+      if (const auto* f = v.as_floating_point()) {
+        x = f->get();
+      } else if (const auto* i = v.as_integer()) {
+        x = static_cast<double>(i->get());
+      } else {
+        return KeyError(path, absl::StrCat("expected a number in [0, 1], got ", TypeName(v)));
+      }
+      if (!(x >= 0.0 && x <= 1.0)) return KeyError(path, absl::StrFormat("%g is out of range [0, 1]", x));
+      return absl::StrFormat("%.17g", x);
     }
     case KeySpec::kBool:
       if (!v.is_boolean()) return KeyError(path, absl::StrCat("expected a boolean, got ", TypeName(v)));
