@@ -336,3 +336,161 @@ TEST(SyntheticProposer, CatchesUpInBoundedStepsThenProposesTheGreedyContinuation
 
 }  // namespace
 }  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// Staging arenas (brief §6 "Staging"): SmallConfig with χ = 2 arenas (group 0 has two sources, one arena each) of
+// K_max * k = 3 * 4 rows per slot, B = 4 hot rows.
+KvConfig StagingConfig() {
+  KvConfig c = SmallConfig();
+  c.hot_rows = 4;
+  c.staging_arenas = 2;
+  c.staging_k_max = 3;
+  return c;
+}
+
+// Host->device rows the KV access copies, counted by the device's copy hook (independent of the KV access): by the
+// destination pool (the KV pool's hot slots, or the staging pool) and row size.
+struct HostCopies {
+  std::atomic<uint64_t> kv_bytes{0}, staging_bytes{0};
+  void Watch(Harness& h) {
+    const PoolId kv_pool = h.kv->pool();
+    h.device.SetCopyHook([this, kv_pool](const CopyInfo& c) {
+      if (c.kind != CopyKind::kHostToDevice) return CopyFate::kRun;
+      for (const DeviceRange& r : c.device) (r.pool == kv_pool ? kv_bytes : staging_bytes) += r.bytes;
+      return CopyFate::kRun;
+    });
+  }
+};
+
+// Request 1 with rows 0..16 appended and backed up (tail: 9..16; 0..7 only on host), rows 0, 1, 2 in its hot cache of
+// group 1 (a plain Fetch), then a round held from 17 on with the anchor 16 appended.
+void PrepareRound(Harness& h) {
+  for (Position t = 0; t < 17; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  h.device.WaitIdle();
+  h.kv->Poll();
+  for (std::vector<SourceId> src : {std::vector<SourceId>{2}, std::vector<SourceId>{0, 1}}) {
+    std::vector<Position> warm = {0, 1, 2, -1};
+    std::vector<const uint8_t*> out(4 * src.size());
+    KvQuery q{1, warm, out};
+    ASSERT_TRUE(h.kv->Fetch(src, {&q, 1}).ok());
+    h.kv->ReadersDone(src);
+  }
+  ASSERT_TRUE(h.kv->HoldUnverified(1, 17).ok());
+}
+
+// A union larger than the hot cache: 3 queries at n_r = 16 .. 18 (the anchor and two proposals, rows 17, 18 appended
+// held) select hot rows 0, 1, 2 (hits: one unprotected slot left), row 3 (three queries) and row 5 (two queries):
+// row 3 takes the hot slot, row 5 goes to a staging row: exactly two host copies per source, every query that
+// selected a row reads the same copy, every read gives the original bytes, and the arena is free after ReadersDone.
+TEST(StagingKv, ARowSelectedByThreeQueriesAndAnotherByTwoCauseExactlyTwoHostCopies) {
+  for (ResolverKind kind : {ResolverKind::kFused, ResolverKind::kReference}) {
+    Harness h(StagingConfig(), 16, kind);
+    PrepareRound(h);
+    if (HasFatalFailure()) return;
+    for (Position t = 17; t < 19; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+    EXPECT_EQ(h.kv->staging_bytes(), 2 * 3 * 3 * 4 * 24);  // χ * N * K_max * k * d_KV (the largest row)
+    const std::vector<std::vector<Position>> sel = {{3, 0, 1, 16}, {2, 3, 5, -1}, {5, 18, 3, 17}};
+    for (std::vector<SourceId> src : {std::vector<SourceId>{2}, std::vector<SourceId>{0, 1}}) {
+      SCOPED_TRACE(src.size() == 1 ? "group 1" : "group 0");
+      const size_t S = src.size();
+      std::vector<std::vector<const uint8_t*>> out(3, std::vector<const uint8_t*>(4 * S));
+      std::vector<KvQuery> batch;
+      for (size_t j = 0; j < 3; ++j) batch.push_back(KvQuery{1, sel[j], out[j], 16 + static_cast<Position>(j)});
+      HostCopies copies;
+      copies.Watch(h);
+      const StagingCensus before = h.kv->staging_census();
+      ASSERT_TRUE(h.kv->Fetch(src, batch).ok());
+      h.device.SetCopyHook(nullptr);
+      uint64_t one_row = 0;  // one row of every source of the group
+      for (SourceId s : src) one_row += h.layout.row_bytes(s);
+      EXPECT_EQ(copies.kv_bytes.load(), one_row) << "row 3 into the hot cache, once";
+      EXPECT_EQ(copies.staging_bytes.load(), one_row) << "row 5 into a staging row, once";
+      EXPECT_EQ(h.kv->staging_census().rows - before.rows, 1u);
+      EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u - S);
+      for (size_t si = 0; si < S; ++si) {
+        const size_t k = 4;
+        EXPECT_EQ(out[0][si * k + 0], out[1][si * k + 1]);  // row 3
+        EXPECT_EQ(out[0][si * k + 0], out[2][si * k + 2]);
+        EXPECT_EQ(out[1][si * k + 2], out[2][si * k + 0]);  // row 5
+        for (size_t j = 0; j < 3; ++j) {
+          for (size_t e = 0; e < k; ++e) {
+            const Position t = sel[j][e];
+            if (t < 0) {
+              EXPECT_EQ(out[j][si * k + e], nullptr);
+              continue;
+            }
+            auto want = OriginalRow(1, src[si], t, h.layout.row_bytes(src[si]));
+            EXPECT_EQ(0, std::memcmp(out[j][si * k + e], want.data(), want.size()))
+                << "query " << j << " row " << t << " source " << src[si];
+          }
+        }
+      }
+      h.kv->ReadersDone(src);
+      EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+    }
+    ASSERT_TRUE(h.kv->CommitVerified(1, 18).ok());
+  }
+}
+
+// χ arenas are shared by the layer groups whose readers are still reading: a second group needing an arena while
+// the first holds both is refused (RESOURCE_EXHAUSTED, nothing resolved, no arena kept) until the first group's
+// readers finished. A bad query (a position beyond the appended rows, a query not allowed to see a row) is refused.
+TEST(StagingKv, ArenasAreReusedOnlyAfterTheirReadersFinished) {
+  Harness h(StagingConfig(), 16);
+  PrepareRound(h);
+  if (HasFatalFailure()) return;
+  for (Position t = 17; t < 19; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  const std::vector<std::vector<Position>> sel = {{3, 0, 1, 16}, {2, 4, 5, -1}, {6, 18, 7, 17}};
+  auto fetch = [&](std::vector<SourceId> src, std::vector<std::vector<const uint8_t*>>& out) {
+    out.assign(3, std::vector<const uint8_t*>(4 * src.size()));
+    std::vector<KvQuery> batch;
+    for (size_t j = 0; j < 3; ++j) batch.push_back(KvQuery{1, sel[j], out[j], 16 + static_cast<Position>(j)});
+    return h.kv->Fetch(src, batch);
+  };
+  std::vector<std::vector<const uint8_t*>> out0, out1;
+  ASSERT_TRUE(fetch({0, 1}, out0).ok());
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 0u);
+  const absl::Status busy = fetch({2}, out1);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kResourceExhausted) << busy;
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 0u);
+  h.kv->ReadersDone(std::vector<SourceId>{0, 1});
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+  ASSERT_TRUE(fetch({2}, out1).ok());
+  for (size_t j = 0; j < 3; ++j) {
+    for (size_t e = 0; e < 4; ++e) {
+      if (sel[j][e] < 0) continue;
+      auto want = OriginalRow(1, 2, sel[j][e], h.layout.row_bytes(2));
+      EXPECT_EQ(0, std::memcmp(out1[j][e], want.data(), want.size())) << "query " << j << " row " << sel[j][e];
+    }
+  }
+  h.kv->ReadersDone(std::vector<SourceId>{2});
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+  // Query 0 (at 16) may not see 17; no query may select 19 (not appended).
+  std::vector<Position> ahead = {17, -1, -1, -1}, beyond = {19, -1, -1, -1};
+  for (const std::vector<Position>* bad : {&ahead, &beyond}) {
+    std::vector<const uint8_t*> o(4);
+    KvQuery q{1, *bad, o, 16};
+    EXPECT_EQ(h.kv->Fetch(std::vector<SourceId>{2}, {&q, 1}).code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+}
+
+TEST(StagingKv, TooFewArenasForAGroupAreRefusedAtCreate) {
+  KvConfig c = StagingConfig();
+  c.staging_arenas = 1;  // group 0 has two sources
+  CpuDevice device;
+  std::vector<uint8_t> host(16 * KvLayout::Create(c)->host_page_bytes());
+  auto kv = HierarchicalKvAccess::Create(c, &device, HostPoolAccess{host, {}, {}}, ResolverKind::kFused);
+  ASSERT_FALSE(kv.ok());
+  EXPECT_EQ(kv.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(kv.status().message().find("χ >= 2"), std::string_view::npos) << kv.status();
+  c.staging_arenas = 2;
+  c.staging_k_max = 0;
+  kv = HierarchicalKvAccess::Create(c, &device, HostPoolAccess{host, {}, {}}, ResolverKind::kFused);
+  EXPECT_EQ(kv.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dhs
