@@ -1,11 +1,14 @@
 // tests/workerd/speculation_kv_test.cc: the KV side of a verified speculative round (brief §6 "Commit"; issue 13):
 // rows appended by a round are held unverified, rejected rows are dropped and never reach the host, the pages the
 // kept rows complete are backed up after verification only; and the model's round (K_r queries in one Step, then
-// EndVerification) gives the logits plain greedy decoding gives, bit for bit.
+// EndVerification) gives the logits plain greedy decoding gives, bit for bit. Staging arenas (StagingKv): a round's
+// union beyond the hot cache is served from staging rows, each distinct missing row copied once (counted by the
+// device's copy hook), every read the original row, arenas freed by the readers and every page freed at the end.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <random>
 #include <set>
 
 #include "tests/workerd/kv_test_util.h"
@@ -490,6 +493,131 @@ TEST(StagingKv, TooFewArenasForAGroupAreRefusedAtCreate) {
   c.staging_k_max = 0;
   kv = HierarchicalKvAccess::Create(c, &device, HostPoolAccess{host, {}, {}}, ResolverKind::kFused);
   EXPECT_EQ(kv.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// Many requests (three slots, each request released at 40 positions and replaced by a new one) run random rounds:
+// K_r = 1 .. 3 queries, each a top-k selection of random visible positions and a local window, some requests
+// stepping plainly in the same batch, random acceptance. Every row read through the fused resolver or the reference
+// one, hot or staged, is the original row; χ = 3 arenas are all free after every step's readers finished; at the end
+// every request is released, every host page is back and every arena free.
+TEST(StagingKv, ManyRequestsWithRandomAcceptanceLeaveEveryArenaAndPageFree) {
+  for (ResolverKind kind : {ResolverKind::kFused, ResolverKind::kReference}) {
+    KvConfig c = SmallConfig();
+    c.hot_rows = 4;
+    c.staging_arenas = 3;
+    c.staging_k_max = 3;
+    const uint32_t host_pages = 128;
+    Harness h(c, host_pages, kind);
+    const uint64_t seed = 1313 + static_cast<uint64_t>(kind);
+    std::mt19937_64 rng(seed);
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+    std::vector<RequestId> live = {1, 2, 3};
+    RequestId next_id = 4;
+    std::vector<Position> length(1024, 0);  // by request id
+    int requests_done = 0;
+    uint64_t reads_checked = 0;
+    const std::vector<std::vector<SourceId>> groups = {{0, 1}, {2}};
+    for (int step = 0; step < 400; ++step) {
+      struct Item {
+        RequestId r;
+        bool round;
+        int64_t k_r;
+        std::vector<std::vector<Position>> sel;  // per query: top-k, then window
+      };
+      std::vector<Item> items;
+      for (RequestId r : live) {
+        Item it{r, length[r] > 0 && std::bernoulli_distribution(0.7)(rng), 1, {}};
+        const Position n = length[r];
+        if (it.round) {
+          it.k_r = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+          ASSERT_TRUE(h.kv->HoldUnverified(r, n + 1).ok());
+        }
+        for (int64_t j = 0; j < it.k_r; ++j) ASSERT_TRUE(h.AppendAll(r, n + j).ok());
+        for (int64_t j = 0; j < it.k_r; ++j) {
+          const Position at = n + j;
+          std::vector<Position> visible(static_cast<size_t>(at + 1));
+          for (Position t = 0; t <= at; ++t) visible[static_cast<size_t>(t)] = t;
+          std::shuffle(visible.begin(), visible.end(), rng);
+          std::vector<Position> top(visible.begin(), visible.begin() + std::min<size_t>(4, visible.size()));
+          top.resize(4, kNoPosition);
+          it.sel.push_back(top);
+          it.sel.push_back({at > 0 ? at - 1 : kNoPosition, at});
+        }
+        items.push_back(std::move(it));
+      }
+      for (const std::vector<SourceId>& src : groups) {
+        std::vector<std::vector<const uint8_t*>> out;
+        std::vector<KvQuery> batch;
+        std::vector<std::pair<RequestId, const std::vector<Position>*>> who;
+        for (const Item& it : items) {
+          for (size_t q = 0; q < it.sel.size(); ++q) who.emplace_back(it.r, &it.sel[q]);
+        }
+        out.reserve(who.size());
+        for (size_t q = 0; q < who.size(); ++q) out.emplace_back(who[q].second->size() * src.size());
+        size_t q = 0;
+        for (const Item& it : items) {
+          for (size_t s = 0; s < it.sel.size(); ++s, ++q) {
+            batch.push_back(KvQuery{it.r, it.sel[s], out[q], length[it.r] + static_cast<Position>(s / 2)});
+          }
+        }
+        const absl::Status fetched = h.kv->Fetch(src, batch);
+        ASSERT_TRUE(fetched.ok()) << fetched << " step " << step;
+        for (size_t b = 0; b < batch.size(); ++b) {
+          const std::vector<Position>& sel = *who[b].second;
+          for (size_t si = 0; si < src.size(); ++si) {
+            for (size_t e = 0; e < sel.size(); ++e) {
+              const uint8_t* row = out[b][si * sel.size() + e];
+              if (sel[e] < 0) {
+                ASSERT_EQ(row, nullptr);
+                continue;
+              }
+              auto want = OriginalRow(who[b].first, src[si], sel[e], h.layout.row_bytes(src[si]));
+              ASSERT_EQ(0, std::memcmp(row, want.data(), want.size()))
+                  << "step " << step << " request " << who[b].first << " row " << sel[e] << " source " << src[si];
+              ++reads_checked;
+            }
+          }
+        }
+      }
+      for (const std::vector<SourceId>& src : groups) h.kv->ReadersDone(src);
+      ASSERT_EQ(h.kv->staging_pool()->free_arenas(), 3u) << "step " << step;
+      for (Item& it : items) {
+        if (it.round) {
+          const int64_t accepted = std::uniform_int_distribution<int64_t>(0, it.k_r - 1)(rng);
+          ASSERT_TRUE(h.kv->CommitVerified(it.r, length[it.r] + accepted + 1).ok());
+          length[it.r] += accepted + 1;
+        } else {
+          length[it.r] += 1;
+        }
+      }
+      h.device.WaitIdle();
+      h.kv->Poll();
+      for (RequestId& r : live) {
+        if (length[r] < 40) continue;
+        h.kv->Release(r);
+        ++requests_done;
+        r = next_id++;  // a fresh request in the released slot
+      }
+    }
+    for (RequestId r : live) h.kv->Release(r);
+    h.device.WaitIdle();
+    h.kv->Poll();
+    EXPECT_EQ(h.free_pages.size(), host_pages) << "a host page was not given back";
+    EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 3u);
+    const StagingCensus& sc = h.kv->staging_census();
+    std::printf("%s: %d requests completed, %llu reads checked, %llu unions, %llu rows staged in %llu fetches\n",
+                kind == ResolverKind::kFused ? "fused" : "reference", requests_done,
+                static_cast<unsigned long long>(reads_checked), static_cast<unsigned long long>(sc.unions),
+                static_cast<unsigned long long>(sc.rows), static_cast<unsigned long long>(sc.staged_fetches));
+    EXPECT_GT(requests_done, 10);
+    EXPECT_GT(sc.rows, 0u) << "no row went through a staging arena";
+  }
 }
 
 }  // namespace
