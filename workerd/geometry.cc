@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
+#include "workerd/spec/staging_pool.h"
 
 namespace dhs {
 namespace {
@@ -94,8 +95,23 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
     return absl::InvalidArgumentError(absl::StrCat("worker: prefill chunk ", g.prefill_chunk, " x (k + window) ",
                                                    span, " exceeds hot rows ", g.hot_rows));
   }
-  g.max_block = std::max<uint32_t>(1, std::min<uint32_t>(g.hot_rows / span, g.tail_rows - p + 1));
-  if (absl::Status s = spec::CheckSpeculation(config.speculation, g.max_block); !s.ok()) return s;
+  const spec::SpeculationConfig& sc = config.speculation;
+  const bool staging = sc.mode != spec::SpeculateMode::kOff && config.staging_arenas > 0;
+  const uint32_t tail_cap = g.tail_rows - p + 1;
+  if (staging) {
+    // min(K_max, T - p + 1); a block above the tail's cap is refused by CheckSpeculation with these numbers.
+    g.max_block = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(sc.block, tail_cap)));
+  } else {
+    g.max_block = std::max<uint32_t>(1, std::min<uint32_t>(g.hot_rows / span, tail_cap));
+  }
+  if (absl::Status s = spec::CheckSpeculation(sc, g.max_block, staging); !s.ok()) return s;
+  if (staging && config.mode != WorkerMode::kResident) {
+    g.staging_arenas = config.staging_arenas;
+    absl::StatusOr<int64_t> bytes = spec::StagingReservationBytes(
+        {g.staging_arenas, config.slots, sc.block, k, static_cast<int64_t>(model.row_bytes())});
+    if (!bytes.ok()) return bytes.status();
+    g.staging_bytes = *bytes;
+  }
   g.kv.row_bytes.assign(n_sources, model.row_bytes());
   g.kv.groups = KvGroups(model);
   g.kv.page_rows = p;
@@ -105,6 +121,8 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
   g.kv.slots = config.slots;
   g.kv.optional_pages = g.capacity_pages;
   g.kv.key_bytes.assign(static_cast<size_t>(model.n_indexers()), model.index_key_bytes());
+  g.kv.staging_arenas = g.staging_arenas;
+  g.kv.staging_k_max = g.staging_arenas > 0 ? static_cast<uint32_t>(sc.block) : 0;
   g.host_page_bytes = HostPageBytes(model, p);
   return g;
 }

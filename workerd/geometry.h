@@ -40,6 +40,9 @@ struct WorkerConfig {
   uint32_t away_held_tokens = 4096;  // memd away (issue 11): a request whose tokens held back from its client (not
                                      // yet in memd's record) reach this pauses until memd is back, tokens
   spec::SpeculationConfig speculation;  // --speculate, --block, ... (workerd/spec/speculation_config.h)
+  // χ (--staging-arenas, brief §6 "Staging", §8: 4 live payload layers): staging arenas of speculative verification,
+  // used when speculation is on and the mode is hierarchical; 0 = none (a round's union must then fit the hot cache).
+  uint32_t staging_arenas = 4;
 };
 
 // The sizes derived from the model and the config (brief §8).
@@ -52,10 +55,17 @@ struct WorkerGeometry {
   uint32_t hot_rows = 0;         // B
   uint32_t tail_rows = 0;        // T
   uint32_t prefill_chunk = 0;    // tokens
-  // The widest speculative round, queries: min(B / (k + window), T - p + 1), the same in every mode (so the modes
-  // differ in memory only): a round's K_r selections must fit the hot cache (no staging arena yet) and the tail must
-  // hold a page plus the round's rows (a rejected row never pushes an unbacked page out of the tail).
+  // The widest speculative round, queries, the same in every mode (so the modes differ in memory only): the tail must
+  // hold a page plus the round's rows (a rejected row never pushes an unbacked page out of the tail), T - p + 1; with
+  // staging arenas (speculation on, χ > 0) that is all, min(K_max = --block, T - p + 1), since the rows of a round's
+  // union beyond the hot cache go to a staging arena; without, also B / (k + window) (the union must fit the hot
+  // cache).
   uint32_t max_block = 1;
+  // Staging arenas (brief §6): χ (0 when speculation is off, --staging-arenas 0 or resident mode: no arena) and
+  // M_stage = χ * N * K_max * k * d_KV bytes (spec::StagingReservationBytes, K_max = --block), allocated once at
+  // worker start on the device (HierarchicalKvAccess).
+  uint32_t staging_arenas = 0;
+  int64_t staging_bytes = 0;
   KvConfig kv;                   // the hierarchical layout (optional_pages = M)
 };
 // Bytes of one host page for `model` at p = page_rows: p * (sum of d_KV over payload sources + sum over indexers of

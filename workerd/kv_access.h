@@ -31,6 +31,11 @@ struct KvQuery {
   // rows_out[s * k + j] points at d_KV bytes of row selection[j] of sources[s]; nullptr where selection[j] == -1.
   // Valid until ReadersDone() for these sources.
   std::span<const uint8_t*> rows_out;
+  // The position of the query that made this selection (a round's query j sits at n_r + j, brief §6), or
+  // kNoPosition when unknown. A store that serves a round's union through staging (workerd/kv) uses it to group a
+  // query's selections (its top-k and its local window) and to check the causal mask; without it the union is still
+  // served, checked only against the appended rows.
+  Position at = kNoPosition;
 };
 
 class KvAccess {

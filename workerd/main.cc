@@ -76,6 +76,10 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--slots", config.slots, "request slots N")->check(CLI::Range(1u, 4096u))->capture_default_str();
   app.add_option("--hot-rows", config.hot_rows, "hot-cache rows B per slot and source (0 = auto)");
   app.add_option("--tail-rows", config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)");
+  app.add_option("--staging-arenas", config.staging_arenas,
+                 "χ: staging arenas of speculative verification (rows of a round's union beyond the hot cache), "
+                 "M_stage = χ * N * K_max * k * d_KV bytes at start; 0 = none (a round must fit the hot cache)")
+      ->check(CLI::Range(0u, 1024u))->capture_default_str();
   app.add_option("--page-rows", config.page_rows, "rows per page p")->check(CLI::Range(1u, 1u << 20))->capture_default_str();
   app.add_option("--max-context", config.max_context_tokens, "prompt + max_new_tokens limit, tokens")
       ->check(CLI::PositiveNumber)->capture_default_str();

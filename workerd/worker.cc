@@ -1060,6 +1060,7 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.spec_propose_us = s.spec_propose_us;
   r.spec_width_rounds = s.spec_width_rounds;
   r.draft_ring_bytes = drafter_ ? static_cast<uint64_t>(drafter_->draft_ring_bytes()) : 0;
+  r.staging_bytes = static_cast<uint64_t>(staging_bytes());
   return r;
 }
 

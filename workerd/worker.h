@@ -218,6 +218,10 @@ class Worker final : public MemdHandler, public Submitter {
   uint32_t pending_orders() const { return agent_->pending_orders(); }
   // Test/introspection: the hierarchical KV store, or nullptr in resident mode.
   HierarchicalKvAccess* hierarchical() { return hier_; }
+  // Bytes of the staging arenas allocated at start (brief §6: M_stage = χ * N * K_max * k * d_KV, K_max = --block;
+  // WorkerGeometry::staging_bytes), 0 without (speculation off, --staging-arenas 0, resident mode). Reported as
+  // WorkerStatsReply.staging_bytes.
+  int64_t staging_bytes() const { return hier_ != nullptr ? hier_->staging_bytes() : 0; }
 
  private:
   enum class Phase { kWaitGrant, kGranted, kActive };

@@ -21,7 +21,7 @@ namespace dhs {
 absl::Status Worker::CreateProposer() {
   const spec::SpeculationConfig& sc = config_.speculation;
   if (sc.mode == spec::SpeculateMode::kOff) return absl::OkStatus();
-  if (absl::Status s = spec::CheckSpeculation(sc, geometry_.max_block); !s.ok()) return s;
+  if (absl::Status s = spec::CheckSpeculation(sc, geometry_.max_block, config_.staging_arenas > 0); !s.ok()) return s;
   if (sc.schedule == spec::kOnlineSchedule) {
     absl::StatusOr<spec::OnlineBlockWidth> online = spec::OnlineBlockWidth::Create({.k_max = sc.block});
     if (!online.ok()) return online.status();

@@ -94,6 +94,63 @@ TEST(UnionPlan, BadSelectionsAreRefused) {
   EXPECT_EQ(PlanUnion(no_pred).status().code(), kBad);
 }
 
+TEST(UnionPlan, WindowsJoinTheirQueryWithQueryOf) {
+  // Two queries at n_r = 20 and 21, each a top-k selection (k = 3) and a local window of 2: selections
+  // [sel_0, win_0, sel_1, win_1] with query_of {0, 0, 1, 1}. The windows are in the tail (ready); row 5 is selected by
+  // both queries, row 21 only by query 1 (it may see it), and is ready too.
+  const std::vector<Sel> sels = {{5, 7, -1}, {19, 20}, {21, 5, 9}, {20, 21}};
+  const std::vector<int64_t> query_of = {0, 0, 1, 1};
+  std::vector<std::span<const Position>> spans(sels.begin(), sels.end());
+  const std::set<Position> ready = {19, 20, 21};
+  UnionPlanInput in{.selections = spans, .k = 3, .k_max = 2, .frontier = 20, .hot_budget = 1,
+                    .ready = [&](Position t) { return ready.count(t) > 0; }, .query_of = query_of};
+  absl::StatusOr<UnionPlan> plan = PlanUnion(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->copies, (std::vector<RowCopy>{{5, ReadFrom::kHot, 0}, {7, ReadFrom::kStaging, 0},
+                                                {9, ReadFrom::kStaging, 1}}));
+  EXPECT_EQ(plan->reads, (std::vector<ReadLocation>{Hot(0), Stage(0), kNone, kDirect, kDirect,  //
+                                                    kDirect, Hot(0), Stage(1), kDirect, kDirect}));
+  EXPECT_EQ(plan->shared_reads, 1);
+  // Query 0's window may not see 21 (the causal mask follows query_of, not the selection's index).
+  const std::vector<Sel> bad = {{5, 7, -1}, {20, 21}};
+  std::vector<std::span<const Position>> bad_spans(bad.begin(), bad.end());
+  const std::vector<int64_t> both0 = {0, 0};
+  in.selections = bad_spans;
+  in.query_of = both0;
+  EXPECT_EQ(PlanUnion(in).status().code(), absl::StatusCode::kInvalidArgument);
+  // query_of of the wrong length, a negative query, K_r = 3 > K_max = 2, a selection longer than k: refused.
+  const std::vector<int64_t> one = {0};
+  in.selections = spans;
+  in.query_of = one;
+  EXPECT_EQ(PlanUnion(in).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> negative = {0, -1, 1, 1};
+  in.query_of = negative;
+  EXPECT_EQ(PlanUnion(in).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> three = {0, 0, 1, 2};
+  in.query_of = three;
+  EXPECT_EQ(PlanUnion(in).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<Sel> wide = {{1, 2, 3, 4}};
+  std::vector<std::span<const Position>> wide_spans(wide.begin(), wide.end());
+  in.selections = wide_spans;
+  in.query_of = one;
+  EXPECT_EQ(PlanUnion(in).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(UnionPlan, MoreMissingRowsThanBudgetAndArenaIsExhausted) {
+  // K_max = 1, k = 2: the arena holds 2 rows. One query whose selection and window miss 4 distinct rows, budget 1:
+  // 3 staged rows do not fit. Nothing is planned; with a budget of 2 they fit.
+  const std::vector<Sel> sels = {{1, 2}, {3, 4}};
+  const std::vector<int64_t> query_of = {0, 0};
+  std::vector<std::span<const Position>> spans(sels.begin(), sels.end());
+  UnionPlanInput in{.selections = spans, .k = 2, .k_max = 1, .frontier = 10, .hot_budget = 1,
+                    .ready = [](Position) { return false; }, .query_of = query_of};
+  EXPECT_EQ(PlanUnion(in).status().code(), absl::StatusCode::kResourceExhausted);
+  in.hot_budget = 2;
+  absl::StatusOr<UnionPlan> plan = PlanUnion(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->staging_copies, 2);
+}
+
 int64_t RowBytes(Position t) { return t * 1000003 + 17; }  // the "original bytes" of row t
 
 TEST(UnionPlan, RandomAgainstNaiveModel) {

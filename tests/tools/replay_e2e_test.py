@@ -7,6 +7,7 @@ run against a plain resident reference: still bit-identical, and the speculation
 the built-in drafter (--speculate fixed --drafter-weights FILE made by dhs-gen-weights --drafter): bit-identical,
 rounds > 0, and draft_ring_bytes = N * R_d * bytes per row, computed here from the file's own config
 (R_d = p * ceil((W + K_max + p - 1) / p), brief §6; a row holds K and V of every layer and head, f32).
+Both speculative runs report the staging arenas, staging_bytes = chi * N * K_max * k * d_KV (STAGING_BYTES).
 Usage: replay_e2e_test.py DHS_REPLAY DHS_GEN_WEIGHTS"""
 import json
 import os
@@ -31,6 +32,12 @@ def run(replay: str, extra: list) -> dict:
             return json.load(f)
 
 
+# The staging arenas the adaptive worker reserves with speculation on (brief §6: M_stage = chi * N * K_max * k * d_KV):
+# workerd's --staging-arenas default chi = 4, dhs-replay's --slots default N = 8, --block 4 in both runs, and the
+# dsv4flash-like preset's k = 16 and d_KV = 288 bytes (brief §8).
+STAGING_BYTES = 4 * 8 * 4 * 16 * 288
+
+
 def check_speculation(report: dict, mode: str = "synthetic", ring_bytes: int = 0) -> list:
     failures = []
     if report.get("speculate") != mode:
@@ -48,8 +55,8 @@ def check_speculation(report: dict, mode: str = "synthetic", ring_bytes: int = 0
         failures.append(f"acceptance_length_mean {mean} x {rounds} rounds != accepted {proposals} + rounds")
     if proposals.get("verified") != sum((int(k) - 1) * n for k, n in widths.items()):
         failures.append(f"proposals verified {proposals.get('verified')} != sum of (K - 1) over {widths}")
-    if report.get("staging_bytes") != 0:
-        failures.append("staging_bytes: none is reserved in this build")
+    if report.get("staging_bytes") != STAGING_BYTES:
+        failures.append(f"staging_bytes = {report.get('staging_bytes')}, want chi * N * K_max * k * d_KV = {STAGING_BYTES}")
     if report.get("draft_ring_bytes") != ring_bytes:
         failures.append(f"draft_ring_bytes = {report.get('draft_ring_bytes')}, want {ring_bytes}")
     return failures

@@ -1,11 +1,14 @@
 // tests/workerd/speculation_kv_test.cc: the KV side of a verified speculative round (brief §6 "Commit"; issue 13):
 // rows appended by a round are held unverified, rejected rows are dropped and never reach the host, the pages the
 // kept rows complete are backed up after verification only; and the model's round (K_r queries in one Step, then
-// EndVerification) gives the logits plain greedy decoding gives, bit for bit.
+// EndVerification) gives the logits plain greedy decoding gives, bit for bit. Staging arenas (StagingKv): a round's
+// union beyond the hot cache is served from staging rows, each distinct missing row copied once (counted by the
+// device's copy hook), every read the original row, arenas freed by the readers and every page freed at the end.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <random>
 #include <set>
 
 #include "tests/workerd/kv_test_util.h"
@@ -331,6 +334,289 @@ TEST(SyntheticProposer, CatchesUpInBoundedStepsThenProposesTheGreedyContinuation
     }
     EXPECT_EQ((*proposer)->Commit(1, 5).code(), absl::StatusCode::kInvalidArgument);  // more than proposed
     ASSERT_TRUE((*proposer)->Commit(1, 4).ok());
+  }
+}
+
+}  // namespace
+}  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// Staging arenas (brief §6 "Staging"): SmallConfig with χ = 2 arenas (group 0 has two sources, one arena each) of
+// K_max * k = 3 * 4 rows per slot, B = 4 hot rows.
+KvConfig StagingConfig() {
+  KvConfig c = SmallConfig();
+  c.hot_rows = 4;
+  c.staging_arenas = 2;
+  c.staging_k_max = 3;
+  return c;
+}
+
+// Host->device rows the KV access copies, counted by the device's copy hook (independent of the KV access): by the
+// destination pool (the KV pool's hot slots, or the staging pool) and row size.
+struct HostCopies {
+  std::atomic<uint64_t> kv_bytes{0}, staging_bytes{0};
+  void Watch(Harness& h) {
+    const PoolId kv_pool = h.kv->pool();
+    h.device.SetCopyHook([this, kv_pool](const CopyInfo& c) {
+      if (c.kind != CopyKind::kHostToDevice) return CopyFate::kRun;
+      for (const DeviceRange& r : c.device) (r.pool == kv_pool ? kv_bytes : staging_bytes) += r.bytes;
+      return CopyFate::kRun;
+    });
+  }
+};
+
+// Request 1 with rows 0..16 appended and backed up (tail: 9..16; 0..7 only on host), rows 0, 1, 2 in its hot cache of
+// group 1 (a plain Fetch), then a round held from 17 on with the anchor 16 appended.
+void PrepareRound(Harness& h) {
+  for (Position t = 0; t < 17; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  h.device.WaitIdle();
+  h.kv->Poll();
+  for (std::vector<SourceId> src : {std::vector<SourceId>{2}, std::vector<SourceId>{0, 1}}) {
+    std::vector<Position> warm = {0, 1, 2, -1};
+    std::vector<const uint8_t*> out(4 * src.size());
+    KvQuery q{1, warm, out};
+    ASSERT_TRUE(h.kv->Fetch(src, {&q, 1}).ok());
+    h.kv->ReadersDone(src);
+  }
+  ASSERT_TRUE(h.kv->HoldUnverified(1, 17).ok());
+}
+
+// A union larger than the hot cache: 3 queries at n_r = 16 .. 18 (the anchor and two proposals, rows 17, 18 appended
+// held) select hot rows 0, 1, 2 (hits: one unprotected slot left), row 3 (three queries) and row 5 (two queries):
+// row 3 takes the hot slot, row 5 goes to a staging row: exactly two host copies per source, every query that
+// selected a row reads the same copy, every read gives the original bytes, and the arena is free after ReadersDone.
+TEST(StagingKv, ARowSelectedByThreeQueriesAndAnotherByTwoCauseExactlyTwoHostCopies) {
+  for (ResolverKind kind : {ResolverKind::kFused, ResolverKind::kReference}) {
+    Harness h(StagingConfig(), 16, kind);
+    PrepareRound(h);
+    if (HasFatalFailure()) return;
+    for (Position t = 17; t < 19; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+    EXPECT_EQ(h.kv->staging_bytes(), 2 * 3 * 3 * 4 * 24);  // χ * N * K_max * k * d_KV (the largest row)
+    const std::vector<std::vector<Position>> sel = {{3, 0, 1, 16}, {2, 3, 5, -1}, {5, 18, 3, 17}};
+    for (std::vector<SourceId> src : {std::vector<SourceId>{2}, std::vector<SourceId>{0, 1}}) {
+      SCOPED_TRACE(src.size() == 1 ? "group 1" : "group 0");
+      const size_t S = src.size();
+      std::vector<std::vector<const uint8_t*>> out(3, std::vector<const uint8_t*>(4 * S));
+      std::vector<KvQuery> batch;
+      for (size_t j = 0; j < 3; ++j) batch.push_back(KvQuery{1, sel[j], out[j], 16 + static_cast<Position>(j)});
+      HostCopies copies;
+      copies.Watch(h);
+      const StagingCensus before = h.kv->staging_census();
+      ASSERT_TRUE(h.kv->Fetch(src, batch).ok());
+      h.device.SetCopyHook(nullptr);
+      uint64_t one_row = 0;  // one row of every source of the group
+      for (SourceId s : src) one_row += h.layout.row_bytes(s);
+      EXPECT_EQ(copies.kv_bytes.load(), one_row) << "row 3 into the hot cache, once";
+      EXPECT_EQ(copies.staging_bytes.load(), one_row) << "row 5 into a staging row, once";
+      EXPECT_EQ(h.kv->staging_census().rows - before.rows, 1u);
+      EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u - S);
+      for (size_t si = 0; si < S; ++si) {
+        const size_t k = 4;
+        EXPECT_EQ(out[0][si * k + 0], out[1][si * k + 1]);  // row 3
+        EXPECT_EQ(out[0][si * k + 0], out[2][si * k + 2]);
+        EXPECT_EQ(out[1][si * k + 2], out[2][si * k + 0]);  // row 5
+        for (size_t j = 0; j < 3; ++j) {
+          for (size_t e = 0; e < k; ++e) {
+            const Position t = sel[j][e];
+            if (t < 0) {
+              EXPECT_EQ(out[j][si * k + e], nullptr);
+              continue;
+            }
+            auto want = OriginalRow(1, src[si], t, h.layout.row_bytes(src[si]));
+            EXPECT_EQ(0, std::memcmp(out[j][si * k + e], want.data(), want.size()))
+                << "query " << j << " row " << t << " source " << src[si];
+          }
+        }
+      }
+      h.kv->ReadersDone(src);
+      EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+    }
+    ASSERT_TRUE(h.kv->CommitVerified(1, 18).ok());
+  }
+}
+
+// χ arenas are shared by the layer groups whose readers are still reading: a second group needing an arena while
+// the first holds both is refused (RESOURCE_EXHAUSTED, nothing resolved, no arena kept) until the first group's
+// readers finished. A bad query (a position beyond the appended rows, a query not allowed to see a row) is refused.
+TEST(StagingKv, ArenasAreReusedOnlyAfterTheirReadersFinished) {
+  Harness h(StagingConfig(), 16);
+  PrepareRound(h);
+  if (HasFatalFailure()) return;
+  for (Position t = 17; t < 19; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  const std::vector<std::vector<Position>> sel = {{3, 0, 1, 16}, {2, 4, 5, -1}, {6, 18, 7, 17}};
+  auto fetch = [&](std::vector<SourceId> src, std::vector<std::vector<const uint8_t*>>& out) {
+    out.assign(3, std::vector<const uint8_t*>(4 * src.size()));
+    std::vector<KvQuery> batch;
+    for (size_t j = 0; j < 3; ++j) batch.push_back(KvQuery{1, sel[j], out[j], 16 + static_cast<Position>(j)});
+    return h.kv->Fetch(src, batch);
+  };
+  std::vector<std::vector<const uint8_t*>> out0, out1;
+  ASSERT_TRUE(fetch({0, 1}, out0).ok());
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 0u);
+  const absl::Status busy = fetch({2}, out1);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kResourceExhausted) << busy;
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 0u);
+  h.kv->ReadersDone(std::vector<SourceId>{0, 1});
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+  ASSERT_TRUE(fetch({2}, out1).ok());
+  for (size_t j = 0; j < 3; ++j) {
+    for (size_t e = 0; e < 4; ++e) {
+      if (sel[j][e] < 0) continue;
+      auto want = OriginalRow(1, 2, sel[j][e], h.layout.row_bytes(2));
+      EXPECT_EQ(0, std::memcmp(out1[j][e], want.data(), want.size())) << "query " << j << " row " << sel[j][e];
+    }
+  }
+  h.kv->ReadersDone(std::vector<SourceId>{2});
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+  // Query 0 (at 16) may not see 17; no query may select 19 (not appended).
+  std::vector<Position> ahead = {17, -1, -1, -1}, beyond = {19, -1, -1, -1};
+  for (const std::vector<Position>* bad : {&ahead, &beyond}) {
+    std::vector<const uint8_t*> o(4);
+    KvQuery q{1, *bad, o, 16};
+    EXPECT_EQ(h.kv->Fetch(std::vector<SourceId>{2}, {&q, 1}).code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+}
+
+TEST(StagingKv, TooFewArenasForAGroupAreRefusedAtCreate) {
+  KvConfig c = StagingConfig();
+  c.staging_arenas = 1;  // group 0 has two sources
+  CpuDevice device;
+  std::vector<uint8_t> host(16 * KvLayout::Create(c)->host_page_bytes());
+  auto kv = HierarchicalKvAccess::Create(c, &device, HostPoolAccess{host, {}, {}}, ResolverKind::kFused);
+  ASSERT_FALSE(kv.ok());
+  EXPECT_EQ(kv.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(kv.status().message().find("χ >= 2"), std::string_view::npos) << kv.status();
+  c.staging_arenas = 2;
+  c.staging_k_max = 0;
+  kv = HierarchicalKvAccess::Create(c, &device, HostPoolAccess{host, {}, {}}, ResolverKind::kFused);
+  EXPECT_EQ(kv.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// Many requests (three slots, each request released at 40 positions and replaced by a new one) run random rounds:
+// K_r = 1 .. 3 queries, each a top-k selection of random visible positions and a local window, some requests
+// stepping plainly in the same batch, random acceptance. Every row read through the fused resolver or the reference
+// one, hot or staged, is the original row; χ = 3 arenas are all free after every step's readers finished; at the end
+// every request is released, every host page is back and every arena free.
+TEST(StagingKv, ManyRequestsWithRandomAcceptanceLeaveEveryArenaAndPageFree) {
+  for (ResolverKind kind : {ResolverKind::kFused, ResolverKind::kReference}) {
+    KvConfig c = SmallConfig();
+    c.hot_rows = 4;
+    c.staging_arenas = 3;
+    c.staging_k_max = 3;
+    const uint32_t host_pages = 128;
+    Harness h(c, host_pages, kind);
+    const uint64_t seed = 1313 + static_cast<uint64_t>(kind);
+    std::mt19937_64 rng(seed);
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+    std::vector<RequestId> live = {1, 2, 3};
+    RequestId next_id = 4;
+    std::vector<Position> length(1024, 0);  // by request id
+    int requests_done = 0;
+    uint64_t reads_checked = 0;
+    const std::vector<std::vector<SourceId>> groups = {{0, 1}, {2}};
+    for (int step = 0; step < 400; ++step) {
+      struct Item {
+        RequestId r;
+        bool round;
+        int64_t k_r;
+        std::vector<std::vector<Position>> sel;  // per query: top-k, then window
+      };
+      std::vector<Item> items;
+      for (RequestId r : live) {
+        Item it{r, length[r] > 0 && std::bernoulli_distribution(0.7)(rng), 1, {}};
+        const Position n = length[r];
+        if (it.round) {
+          it.k_r = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+          ASSERT_TRUE(h.kv->HoldUnverified(r, n + 1).ok());
+        }
+        for (int64_t j = 0; j < it.k_r; ++j) ASSERT_TRUE(h.AppendAll(r, n + j).ok());
+        for (int64_t j = 0; j < it.k_r; ++j) {
+          const Position at = n + j;
+          std::vector<Position> visible(static_cast<size_t>(at + 1));
+          for (Position t = 0; t <= at; ++t) visible[static_cast<size_t>(t)] = t;
+          std::shuffle(visible.begin(), visible.end(), rng);
+          std::vector<Position> top(visible.begin(), visible.begin() + std::min<size_t>(4, visible.size()));
+          top.resize(4, kNoPosition);
+          it.sel.push_back(top);
+          it.sel.push_back({at > 0 ? at - 1 : kNoPosition, at});
+        }
+        items.push_back(std::move(it));
+      }
+      for (const std::vector<SourceId>& src : groups) {
+        std::vector<std::vector<const uint8_t*>> out;
+        std::vector<KvQuery> batch;
+        std::vector<std::pair<RequestId, const std::vector<Position>*>> who;
+        for (const Item& it : items) {
+          for (size_t q = 0; q < it.sel.size(); ++q) who.emplace_back(it.r, &it.sel[q]);
+        }
+        out.reserve(who.size());
+        for (size_t q = 0; q < who.size(); ++q) out.emplace_back(who[q].second->size() * src.size());
+        size_t q = 0;
+        for (const Item& it : items) {
+          for (size_t s = 0; s < it.sel.size(); ++s, ++q) {
+            batch.push_back(KvQuery{it.r, it.sel[s], out[q], length[it.r] + static_cast<Position>(s / 2)});
+          }
+        }
+        const absl::Status fetched = h.kv->Fetch(src, batch);
+        ASSERT_TRUE(fetched.ok()) << fetched << " step " << step;
+        for (size_t b = 0; b < batch.size(); ++b) {
+          const std::vector<Position>& sel = *who[b].second;
+          for (size_t si = 0; si < src.size(); ++si) {
+            for (size_t e = 0; e < sel.size(); ++e) {
+              const uint8_t* row = out[b][si * sel.size() + e];
+              if (sel[e] < 0) {
+                ASSERT_EQ(row, nullptr);
+                continue;
+              }
+              auto want = OriginalRow(who[b].first, src[si], sel[e], h.layout.row_bytes(src[si]));
+              ASSERT_EQ(0, std::memcmp(row, want.data(), want.size()))
+                  << "step " << step << " request " << who[b].first << " row " << sel[e] << " source " << src[si];
+              ++reads_checked;
+            }
+          }
+        }
+      }
+      for (const std::vector<SourceId>& src : groups) h.kv->ReadersDone(src);
+      ASSERT_EQ(h.kv->staging_pool()->free_arenas(), 3u) << "step " << step;
+      for (Item& it : items) {
+        if (it.round) {
+          const int64_t accepted = std::uniform_int_distribution<int64_t>(0, it.k_r - 1)(rng);
+          ASSERT_TRUE(h.kv->CommitVerified(it.r, length[it.r] + accepted + 1).ok());
+          length[it.r] += accepted + 1;
+        } else {
+          length[it.r] += 1;
+        }
+      }
+      h.device.WaitIdle();
+      h.kv->Poll();
+      for (RequestId& r : live) {
+        if (length[r] < 40) continue;
+        h.kv->Release(r);
+        ++requests_done;
+        r = next_id++;  // a fresh request in the released slot
+      }
+    }
+    for (RequestId r : live) h.kv->Release(r);
+    h.device.WaitIdle();
+    h.kv->Poll();
+    EXPECT_EQ(h.free_pages.size(), host_pages) << "a host page was not given back";
+    EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 3u);
+    const StagingCensus& sc = h.kv->staging_census();
+    std::printf("%s: %d requests completed, %llu reads checked, %llu unions, %llu rows staged in %llu fetches\n",
+                kind == ResolverKind::kFused ? "fused" : "reference", requests_done,
+                static_cast<unsigned long long>(reads_checked), static_cast<unsigned long long>(sc.unions),
+                static_cast<unsigned long long>(sc.rows), static_cast<unsigned long long>(sc.staged_fetches));
+    EXPECT_GT(requests_done, 10);
+    EXPECT_GT(sc.rows, 0u) << "no row went through a staging arena";
   }
 }
 

@@ -85,6 +85,10 @@ struct RunResult {
   int reclaims = 0, populated = 0, host_pages_checked = 0;
   WorkerStats stats;
   uint64_t draft_ring_bytes = 0;  // the worker's WorkerStatsReply
+  uint64_t staging_bytes = 0;     // the worker's WorkerStatsReply
+  StagingCensus staging;          // what the staging path did (hierarchical modes)
+  uint32_t arenas = 0, free_arenas = 0;  // χ, and the arenas free after the run
+  size_t host_pages_held = 0, gpu_pages_free = 0, kv_requests_left = 0;  // after the run
 };
 
 WorkerConfig SpecConfig(const model::Model& m, WorkerMode mode, double corruption) {
@@ -148,7 +152,18 @@ void Serve(const model::Model& m, WorkerConfig c, uint64_t seed, uint32_t budget
   res.populated = memd.pages_populated;
   res.stats = (*w)->stats();
   res.draft_ring_bytes = (*w)->StatsReply().draft_ring_bytes;
+  res.staging_bytes = (*w)->StatsReply().staging_bytes;
+  if (HierarchicalKvAccess* h = (*w)->hierarchical(); h != nullptr) {
+    res.staging = h->staging_census();
+    if (const spec::StagingArenaPool* pool = h->staging_pool(); pool != nullptr) {
+      res.arenas = pool->arenas();
+      res.free_arenas = pool->free_arenas();
+    }
+    for (const Spec& s : specs) res.kv_requests_left += h->Find(s.id) != nullptr;
+  }
   EXPECT_EQ(memd.completes, static_cast<int>(specs.size()));
+  res.host_pages_held = memd.host_pages_held();
+  res.gpu_pages_free = memd.gpu_pages_free();
 }
 
 // The model alone's output of every request (`want`), and, for the greedy ones, its rows and keys (`oracle`).
@@ -272,6 +287,85 @@ TEST(WorkerSpeculation, OnlineBlockWidthKeepsGreedyOutputsExact) {
                 static_cast<double>(st.spec_round_tokens) / static_cast<double>(st.spec_rounds), hist.c_str());
   }
 }
+
+// Staging arenas (brief §6 "Staging"): with B = k + w hot rows a round of K_r = 4 or 8 queries selects a union far
+// larger than the hot cache; its rows beyond the hot cache are copied once each into a staging arena (χ = 4, the
+// default). Greedy speculative output equals the model alone's plain greedy decoding bit for bit (tokens and logits
+// digests) in hisparse and adaptive modes under the fake memd's reclaims and repopulations, with random acceptance
+// (corruption 0.4) and full acceptance (the widest rounds). After every request ran to completion, every staging
+// arena is free, the KV store holds no request, and every host and GPU page is back with memd. The worker reports
+// staging_bytes = χ * N * K_max * k * d_KV, computed here from the config.
+class StagingRounds : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StagingRounds, AUnionLargerThanBIsServedThroughStagingAndMatchesTheReference) {
+  auto m = MakePresetModel(GetParam());
+  const model::ModelConfig& mc = m->config();
+  std::vector<Spec> specs;
+  for (const Spec& s : Requests(mc.top_k)) {
+    if (s.temperature == 0) specs.push_back(s);  // greedy: exact against the model alone
+  }
+  std::map<RequestId, Generated> want;
+  std::map<RequestId, OracleRows> oracle;
+  ComputeOracle(*m, specs, want, oracle);
+  const uint32_t budget_pages = 24;
+  uint64_t staged_total = 0;
+  int reclaims = 0;
+  for (int64_t block : {4, 8}) {
+    for (double corruption : {0.0, 0.4}) {
+      for (WorkerMode mode : {WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
+        for (uint64_t seed : {1ull, 2ull}) {
+          if (mode != WorkerMode::kAdaptive && seed > 1) continue;
+          SCOPED_TRACE(std::string(WorkerModeName(mode)) + " K_max " + std::to_string(block) + " corruption " +
+                       std::to_string(corruption) + " seed " + std::to_string(seed));
+          WorkerConfig c = SpecConfig(*m, mode, corruption);
+          c.hot_rows = static_cast<uint32_t>(mc.top_k + mc.local_window);  // B = k + w: one query's selections
+          c.speculation.block = block;
+          auto g = ComputeGeometry(mc, c);
+          ASSERT_TRUE(g.ok()) << g.status();
+          EXPECT_EQ(g->max_block, static_cast<uint32_t>(block));  // min(K_max, T - p + 1 = 17): no B / (k + w) cap
+          RunResult res;
+          Serve(*m, c, seed, budget_pages, oracle, specs, res);
+          if (HasFatalFailure()) return;
+          EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
+          for (const Spec& s : specs) {
+            EXPECT_EQ(res.sink.out[s.id].tokens, want[s.id].tokens) << "request " << s.id;
+            EXPECT_EQ(res.sink.out[s.id].digests, want[s.id].digests) << "request " << s.id;
+          }
+          const WorkerStats& st = res.stats;
+          EXPECT_GT(st.spec_rounds, 0u);
+          if (corruption == 0.0) {  // every proposal accepted: rounds as wide as the tokens left allow
+            EXPECT_EQ(st.spec_accepted, st.spec_proposed);
+            ASSERT_GT(st.spec_width_rounds.size(), static_cast<size_t>(block));
+            EXPECT_GT(st.spec_width_rounds[static_cast<size_t>(block)], 0u) << "no round of width K_max";
+          }
+          EXPECT_EQ(res.staging_bytes,
+                    uint64_t{4} * c.slots * static_cast<uint64_t>(block) * static_cast<uint64_t>(mc.top_k) *
+                        mc.row_bytes());
+          EXPECT_EQ(res.arenas, 4u);
+          EXPECT_EQ(res.free_arenas, 4u) << "a staging arena is still held after every request finished";
+          EXPECT_EQ(res.kv_requests_left, 0u);
+          EXPECT_EQ(res.host_pages_held, 0u);
+          EXPECT_EQ(res.gpu_pages_free, budget_pages);
+          EXPECT_GT(res.staging.unions, 0u);
+          std::printf("%s K_max %lld corruption %.1f seed %llu: rounds %llu, acceptance length %.2f, unions %llu, "
+                      "staged rows %llu in %llu fetches, reclaims %d, populated %d\n",
+                      std::string(WorkerModeName(mode)).c_str(), static_cast<long long>(block), corruption,
+                      static_cast<unsigned long long>(seed), static_cast<unsigned long long>(st.spec_rounds),
+                      static_cast<double>(st.spec_round_tokens) / static_cast<double>(st.spec_rounds),
+                      static_cast<unsigned long long>(res.staging.unions),
+                      static_cast<unsigned long long>(res.staging.rows),
+                      static_cast<unsigned long long>(res.staging.staged_fetches), res.reclaims, res.populated);
+          staged_total += res.staging.rows;
+          reclaims += res.reclaims;
+        }
+      }
+    }
+  }
+  EXPECT_GT(staged_total, 0u) << "no row went through a staging arena";
+  EXPECT_GT(reclaims, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, StagingRounds, ::testing::Values("dsv4flash-like", "glm5-like"));
 
 // Sampling mode (brief §6 acceptance): N = 1200 requests with one prompt, temperature 0.3, each with its own keyed
 // draws (client ids 1..N). Token 0 comes from prefill, token 1 from a K = 2 round whose proposal (the greedy
@@ -405,11 +499,20 @@ TEST(WorkerSpeculation, DrafterModesAndOversizedBlocksAreRefusedAtStart) {
     EXPECT_NE(g.status().message().find("--drafter-weights FILE"), std::string_view::npos) << g.status();
   }
   WorkerConfig c = SpecConfig(*m, WorkerMode::kHisparse, 0);
+  c.staging_arenas = 0;     // without staging arenas a round must fit the hot cache
   c.speculation.block = 5;  // B / (k + w) = 4
   auto g = ComputeGeometry(m->config(), c);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(g.status().message().find("--block 5 outside [1, 4]"), std::string_view::npos) << g.status();
+  c.staging_arenas = 4;  // with them only the tail limits a round: T - p + 1 = 32 - 16 + 1 = 17
+  EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());
+  c.speculation.block = 17;
+  EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());
+  c.speculation.block = 18;
+  g = ComputeGeometry(m->config(), c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("--block 18 outside [1, 17]"), std::string_view::npos) << g.status();
   c.speculation.block = 4;
   c.speculation.schedule = "1:4,3:2";
   EXPECT_TRUE(ComputeGeometry(m->config(), c).ok());

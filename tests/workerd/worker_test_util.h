@@ -250,6 +250,7 @@ class FakeMemd final : public MemdLink {
     Req& r = found->second;
     r.busy = false;
     for (size_t i = 0; i < m.pages.size(); ++i) {
+      r.populating.erase(m.pages[i]);
       if (m.ok) {
         r.optional[m.history_pages[i]] = m.pages[i];
         ++pages_populated;
@@ -263,6 +264,7 @@ class FakeMemd final : public MemdLink {
     auto it = reqs_.find(m.request);
     if (it != reqs_.end()) {
       for (const auto& [j, dp] : it->second.optional) free_gpu_.insert(dp);
+      for (uint32_t dp : it->second.populating) free_gpu_.insert(dp);  // a populate that crossed the Complete
       for (PageIndex h : it->second.host) free_host_.insert(h);
       for (const auto& [j, h] : it->second.taken) free_host_.insert(h);  // a queued resume's
       if (it->second.slot) free_slots_.insert(*it->second.slot);
@@ -305,6 +307,7 @@ class FakeMemd final : public MemdLink {
         }
       }
       for (const auto& [j, dp] : r.optional) free_gpu_.insert(dp);
+      for (uint32_t dp : r.populating) free_gpu_.insert(dp);
       if (r.slot) free_slots_.insert(*r.slot);
     }
     reqs_.clear();
@@ -329,8 +332,9 @@ class FakeMemd final : public MemdLink {
     chaos_ = true;
     for (uint32_t i = 0; i < gpu_pages; ++i) free_gpu_.insert(i);
   }
-  // Host pages in use (held by a request or an interrupted one).
+  // Host pages in use (held by a request or an interrupted one); GPU pages free.
   size_t host_pages_held() const { return free_host_total_ - free_host_.size(); }
+  size_t gpu_pages_free() const { return free_gpu_.size(); }
 
   // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
   void Pump(Worker& w) {
@@ -370,6 +374,7 @@ class FakeMemd final : public MemdLink {
         if (r.optional.contains(j) || free_gpu_.empty() || o->pages.size() == 2) continue;
         const uint32_t dp = *free_gpu_.begin();
         free_gpu_.erase(free_gpu_.begin());
+        r.populating.insert(dp);
         o->pages.push_back(dp);
         o->history_pages.push_back(j);
         o->host_pages.emplace_back(0, r.host[j]);
@@ -404,6 +409,7 @@ class FakeMemd final : public MemdLink {
     std::vector<PageIndex> host;
     std::map<uint32_t, PageIndex> taken;    // a resume's kept host pages (history page -> host page) until its grant
     std::map<uint32_t, uint32_t> optional;  // history page -> GPU page (ready or kept)
+    std::set<uint32_t> populating;          // GPU pages of a populate order in flight (freed by Complete)
     std::set<uint32_t> host_copy;           // history pages with a reported host copy
     bool optional_history = true;           // AdmitRequest.optional_history: false = never populated (hisparse)
     bool busy = false;                      // an order is in flight

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/fault_point.h"
 #include "spdlog/spdlog.h"
@@ -69,6 +70,26 @@ absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Crea
   a->keep_planner_.assign(config.optional_pages, -1);
   a->keep_planned_page_.assign(config.optional_pages, 0);
   a->readers_.resize(config.groups.size());
+  a->staging_held_.resize(config.groups.size());
+  if (config.staging_arenas > 0) {
+    size_t widest = 0;
+    for (const auto& g : config.groups) widest = std::max(widest, g.size());
+    if (config.staging_k_max == 0 || config.staging_arenas < widest) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HierarchicalKvAccess: staging arenas χ = ", config.staging_arenas, " with K_max = ", config.staging_k_max,
+          ": K_max must be >= 1 and χ >= ", widest, " (the largest group's sources, one arena each)"));
+    }
+    const uint64_t d_kv = *std::max_element(config.row_bytes.begin(), config.row_bytes.end());
+    a->staging_shape_ = spec::StagingShape{config.staging_arenas, config.slots, config.staging_k_max, config.k,
+                                           static_cast<int64_t>(d_kv)};
+    absl::StatusOr<int64_t> bytes = spec::StagingReservationBytes(a->staging_shape_);
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<PoolId> staging = device->AllocatePool(static_cast<uint64_t>(*bytes));
+    if (!staging.ok()) return staging.status();
+    a->staging_pool_id_ = *staging;
+    a->staging_bytes_ = *bytes;
+    a->arenas_.emplace(config.staging_arenas);
+  }
   uint64_t upload = 0;
   for (uint64_t rb : config.row_bytes) upload += rb * config.tail_rows;
   a->tail_upload_.assign(config.slots, std::vector<uint8_t>(upload));
@@ -564,6 +585,8 @@ RequestCopies HierarchicalKvAccess::CopiesInFlight(RequestId request) const {
 Census HierarchicalKvAccess::TotalCensus() const {
   Census total;
   for (uint32_t g = 0; g < layout_.config().groups.size(); ++g) total += census(g);
+  total.host += staging_census_.rows;
+  total.bytes_recovered += staging_census_.bytes;
   return total;
 }
 
@@ -765,6 +788,12 @@ absl::Status HierarchicalKvAccess::Fetch(std::span<const SourceId> sources, std:
   if (sources[0] >= layout_.num_sources()) return absl::InvalidArgumentError(absl::StrCat("KV: unknown source ", sources[0]));
   const uint32_t group = layout_.group_of(sources[0]);
   Update();
+  if (arenas_) {
+    for (const KvQuery& q : batch) {
+      auto it = requests_.find(q.request);
+      if (it != requests_.end() && it->second->hold_from != INT64_MAX) return FetchWithStaging(group, sources, batch);
+    }
+  }
   std::vector<ResolveQuery> queries(batch.size());
   std::vector<std::vector<Location>> locs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -790,11 +819,227 @@ absl::Status HierarchicalKvAccess::Fetch(std::span<const SourceId> sources, std:
   return absl::OkStatus();
 }
 
+// One round request of a staged Fetch: its queries (batch indices), the union plan, and the one resolver query over
+// U_r without its staged rows (first appearance order) with that query's output.
+namespace {
+struct RoundUnion {
+  RequestKv* kv = nullptr;
+  std::vector<size_t> members;
+  spec::UnionPlan plan;
+  std::vector<Position> unified;
+  absl::flat_hash_map<Position, size_t> unified_index;
+  std::vector<Location> out;
+};
+}  // namespace
+
+absl::Status HierarchicalKvAccess::FetchWithStaging(uint32_t group, std::span<const SourceId> sources,
+                                                    std::span<KvQuery> batch) {
+  const KvConfig& c = layout_.config();
+  const std::vector<SourceId>& gs = c.groups[group];
+  const size_t num_sources = sources.size();
+  std::vector<RoundUnion> rounds;
+  absl::flat_hash_map<RequestId, size_t> round_of;
+  std::vector<ResolveQuery> queries;
+  std::vector<std::vector<Location>> locs(batch.size());
+  std::vector<bool> plain(batch.size(), false);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto it = requests_.find(batch[i].request);
+    if (it == requests_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("KV: unknown request ", batch[i].request));
+    }
+    if (batch[i].rows_out.size() != num_sources * batch[i].selection.size()) {
+      return absl::InvalidArgumentError("KV: rows_out must hold sources.size() * k entries");
+    }
+    RequestKv* kv = it->second.get();
+    if (kv->hold_from == INT64_MAX) {  // not in a round: its own query, as Fetch without staging
+      locs[i].assign(batch[i].rows_out.size(), kNoLocation);
+      queries.push_back(ResolveQuery{kv, batch[i].selection, locs[i]});
+      plain[i] = true;
+      continue;
+    }
+    auto [at, fresh] = round_of.try_emplace(kv->id, rounds.size());
+    if (fresh) rounds.push_back(RoundUnion{kv});
+    rounds[at->second].members.push_back(i);
+  }
+  // The decision, per round request (spec::PlanUnion): R_r = tail, ready map and this round's hot hits; the hot
+  // cache takes as many missing rows as it has slots the hits leave unprotected, a staging arena the rest.
+  int64_t staged_rows = 0;
+  for (RoundUnion& r : rounds) {
+    RequestKv& kv = *r.kv;
+    kv.IndexPages();
+    const Position length = kv.Length(gs);
+    bool located = true;
+    Position n_r = INT64_MAX;
+    for (size_t i : r.members) {
+      located = located && batch[i].at != kNoPosition;
+      n_r = std::min(n_r, batch[i].at);
+    }
+    std::vector<std::span<const Position>> selections;
+    std::vector<int64_t> query_of;
+    for (size_t i : r.members) {
+      for (Position t : batch[i].selection) {
+        if (t < kNoPosition || t >= length) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("KV: request ", kv.id, " selects position ", t, " but has ", length, " rows"));
+        }
+      }
+      // PlanUnion takes selections of at most k entries: a longer one (a local window wider than k) in pieces of
+      // the same query; `reads` follows the entries in the same order either way.
+      for (size_t from = 0; from < batch[i].selection.size(); from += c.k) {
+        const size_t n = std::min<size_t>(c.k, batch[i].selection.size() - from);
+        selections.push_back(batch[i].selection.subspan(from, n));
+        query_of.push_back(located ? batch[i].at - n_r : 0);
+      }
+    }
+    auto direct = [&](Position t) { return kv.InTail(gs, t, c.tail_rows) || kv.ReadyPage(t, c.page_rows) >= 0; };
+    absl::flat_hash_set<Position> hits;
+    for (std::span<const Position> sel : selections) {
+      for (Position t : sel) {
+        if (t >= 0 && !direct(t) && resolver_->HotHolds(kv.slot, group, t)) hits.insert(t);
+      }
+    }
+    spec::UnionPlanInput in{.selections = selections,
+                            .k = c.k,
+                            .k_max = c.staging_k_max,
+                            .frontier = located ? n_r : std::max<Position>(0, length - 1),
+                            .hot_budget = static_cast<int64_t>(c.hot_rows) - static_cast<int64_t>(hits.size()),
+                            .ready = [&](Position t) { return direct(t) || hits.contains(t); },
+                            .query_of = query_of};
+    absl::StatusOr<spec::UnionPlan> plan =
+        selections.empty() ? absl::StatusOr<spec::UnionPlan>(spec::UnionPlan{}) : spec::PlanUnion(in);
+    if (!plan.ok()) {
+      return absl::Status(plan.status().code(), absl::StrCat("KV: request ", kv.id, ": ", plan.status().message()));
+    }
+    r.plan = *std::move(plan);
+    size_t e = 0;
+    for (std::span<const Position> sel : selections) {
+      for (Position t : sel) {
+        const spec::ReadLocation& read = r.plan.reads[e++];
+        if (t == kNoPosition || read.from == spec::ReadFrom::kStaging) continue;
+        if (r.unified_index.try_emplace(t, r.unified.size()).second) r.unified.push_back(t);
+      }
+    }
+    for (const spec::RowCopy& copy : r.plan.copies) {
+      if (copy.to == spec::ReadFrom::kStaging && !kv.HostReady(copy.row, c.page_rows)) {
+        return absl::InternalError(absl::StrCat("KV: row ", copy.row, " of request ", kv.id,
+                                                " is neither ready on GPU nor backed up on host (safety invariant)"));
+      }
+    }
+    staged_rows += r.plan.staging_copies;
+    r.out.assign(num_sources * r.unified.size(), kNoLocation);
+  }
+  for (RoundUnion& r : rounds) queries.push_back(ResolveQuery{r.kv, r.unified, r.out});
+  // Execution: one arena per source of the group when any row is staged, each staged row copied once per source
+  // from its host page; the resolver's copies (hot cache) meanwhile.
+  std::vector<uint32_t> held;
+  auto release_held = [&] {
+    for (uint32_t arena : held) arenas_->ReleaseReader(arena).IgnoreError();  // held by this call: cannot fail
+  };
+  auto staging_row = [&](size_t si, SlotIndex slot, int64_t row) {
+    return DeviceRange{staging_pool_id_, spec::StagingRowOffset(staging_shape_, held[si], slot, row),
+                       c.row_bytes[sources[si]]};
+  };
+  CopyEvent staged;
+  if (staged_rows > 0) {
+    const uint32_t serial = ++staging_serial_;
+    for (size_t si = 0; si < num_sources; ++si) {
+      absl::StatusOr<uint32_t> arena = arenas_->Acquire(serial, static_cast<uint32_t>(si), 1);
+      if (!arena.ok()) {
+        release_held();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "KV: no free staging arena for group ", group, " (χ = ", arenas_->arenas(),
+            ", every one held by a Fetch whose readers have not finished): ", arena.status().message()));
+      }
+      held.push_back(*arena);
+    }
+    std::vector<HostToDeviceCopy> ops;
+    std::vector<CopyEvent> after;
+    const auto slot_bytes = static_cast<uint64_t>(staging_shape_.k_max * staging_shape_.k * staging_shape_.row_bytes);
+    for (const RoundUnion& r : rounds) {
+      if (r.plan.staging_copies == 0) continue;
+      for (size_t si = 0; si < num_sources; ++si) {
+        const DeviceRange rows{staging_pool_id_, spec::StagingRowOffset(staging_shape_, held[si], r.kv->slot, 0),
+                               slot_bytes};
+        if (device_->ReadersBusy(rows)) after.push_back(device_->ReadersFence(rows));
+      }
+      for (const spec::RowCopy& copy : r.plan.copies) {
+        if (copy.to != spec::ReadFrom::kStaging) continue;
+        const uint8_t* page = HostPageData(r.kv->pages[static_cast<size_t>(copy.row / c.page_rows)].host_page);
+        for (size_t si = 0; si < num_sources; ++si) {
+          const auto in_page = static_cast<uint32_t>(copy.row % c.page_rows);
+          ops.push_back(HostToDeviceCopy{staging_row(si, r.kv->slot, copy.index),
+                                         page + layout_.InPage(sources[si], in_page)});
+        }
+      }
+    }
+    staged = device_->CopyHostToDevice(ops, after);
+  }
+  if (absl::Status st = resolver_->Resolve(group, sources, queries); !st.ok()) {
+    staged.Wait().IgnoreError();  // the arena rows are free again only once the copy ended
+    release_held();
+    return st;
+  }
+  if (absl::Status st = staged.Wait(); !st.ok()) {
+    release_held();
+    return absl::Status(st.code(), absl::StrCat("KV: staging copy of group ", group, " failed: ", st.message()));
+  }
+  // Every (query, entry, source) reads its planned location: direct / hot from the resolver's union query, staged
+  // from its arena row (the same copy for every query that selected the row).
+  std::vector<DeviceRange> read;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!plain[i]) continue;
+    const size_t k = batch[i].selection.size();
+    for (size_t e = 0; e < locs[i].size(); ++e) {
+      const Location l = locs[i][e];
+      batch[i].rows_out[e] = l == kNoLocation ? nullptr : device_->HostVisible(pool_, l);
+      if (l != kNoLocation) read.push_back(DeviceRange{pool_, l, layout_.row_bytes(sources[e / k])});
+    }
+  }
+  uint64_t row_bytes_all = 0;
+  for (SourceId s : sources) row_bytes_all += c.row_bytes[s];
+  for (const RoundUnion& r : rounds) {
+    size_t e0 = 0;
+    for (size_t i : r.members) {
+      const size_t n = batch[i].selection.size();
+      for (size_t j = 0; j < n; ++j) {
+        const Position t = batch[i].selection[j];
+        const spec::ReadLocation& at = r.plan.reads[e0 + j];
+        for (size_t si = 0; si < num_sources; ++si) {
+          const uint8_t*& row = batch[i].rows_out[si * n + j];
+          if (t == kNoPosition) {
+            row = nullptr;
+            continue;
+          }
+          const DeviceRange range =
+              at.from == spec::ReadFrom::kStaging
+                  ? staging_row(si, r.kv->slot, at.index)
+                  : DeviceRange{pool_, r.out[si * r.unified.size() + r.unified_index.at(t)], c.row_bytes[sources[si]]};
+          row = device_->HostVisible(range.pool, range.offset);
+          read.push_back(range);
+        }
+      }
+      e0 += n;
+    }
+  }
+  readers_[group].push_back(device_->BeginReaders(read));
+  staging_held_[group].insert(staging_held_[group].end(), held.begin(), held.end());
+  staging_census_.unions += rounds.size();
+  if (staged_rows > 0) {
+    ++staging_census_.staged_fetches;
+    staging_census_.rows += static_cast<uint64_t>(staged_rows);
+    staging_census_.bytes += static_cast<uint64_t>(staged_rows) * row_bytes_all;
+  }
+  return absl::OkStatus();
+}
+
 void HierarchicalKvAccess::ReadersDone(std::span<const SourceId> sources) {
   if (sources.empty() || sources[0] >= layout_.num_sources()) return;
-  auto& rs = readers_[layout_.group_of(sources[0])];
+  const uint32_t group = layout_.group_of(sources[0]);
+  auto& rs = readers_[group];
   for (ReaderId r : rs) device_->EndReaders(r);
   rs.clear();
+  for (uint32_t arena : staging_held_[group]) arenas_->ReleaseReader(arena).IgnoreError();  // held: cannot fail
+  staging_held_[group].clear();
 }
 
 absl::Status HierarchicalKvAccess::Truncate(RequestId request, Position length) {

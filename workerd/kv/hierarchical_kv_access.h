@@ -13,6 +13,16 @@
 // device page is copied device->device from the tail into it (KeepOptional, no host backup; ready after the copy);
 // every other completed page is backed up into its planned host page (else one from `allocate_host_page`).
 //
+// Staging arenas (brief §6 "Staging"; KvConfig.staging_arenas = χ > 0): a second device pool of
+// M_stage = χ * N * K_max * k * d_KV bytes (spec::StagingReservationBytes, d_KV the largest row), allocated in Create.
+// A Fetch serves the queries of a request in a speculative round (HoldUnverified until CommitVerified) as one union
+// (spec::PlanUnion, the decision; this class executes it): its distinct missing rows are copied once each, the first
+// ones into the hot cache (as many as it has unprotected slots after this round's hits), the rest from their host
+// copies into rows of a staging arena (spec::StagingArenaPool: one arena per source of the group, acquired by the
+// Fetch, freed by the ReadersDone of that group), and every query that selected a row reads the same copy. Staged
+// rows are not promoted into the hot cache. Other requests' queries, and every query when χ = 0, take the resolver's
+// per-query path unchanged.
+//
 // Thread-safety: driven by one worker thread (KvAccess contract); no method is called concurrently.
 #pragma once
 
@@ -30,10 +40,23 @@
 #include "workerd/kv/resolver.h"
 #include "workerd/kv_access.h"
 #include "workerd/kv_residency.h"
+#include "workerd/spec/staging_pool.h"
+#include "workerd/spec/union_plan.h"
 
 namespace dhs {
 
 enum class ResolverKind { kFused, kReference };
+
+// What the staging path did (HierarchicalKvAccess::staging_census): Fetches that staged rows, distinct rows copied
+// into staging arenas (each once, whatever number of queries selected it), their bytes (all sources of the group),
+// and the round unions served (with or without staged rows).
+struct StagingCensus {
+  uint64_t unions = 0;
+  uint64_t staged_fetches = 0;
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  bool operator==(const StagingCensus&) const = default;
+};
 
 struct HostPoolAccess {
   std::span<uint8_t> bytes;  // host page h at h * layout.host_page_bytes()
@@ -44,7 +67,8 @@ struct HostPoolAccess {
 
 class HierarchicalKvAccess final : public KvAccess, public KvResidency {
  public:
-  // Errors: INVALID_ARGUMENT (config, see KvLayout::Create), RESOURCE_EXHAUSTED (device pool).
+  // Errors: INVALID_ARGUMENT (config, see KvLayout::Create; staging arenas with K_max = 0, or χ below the largest
+  // group's source count: a group's sources each stage into their own arena), RESOURCE_EXHAUSTED (device pools).
   static absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> Create(const KvConfig& config, Device* device,
                                                                       HostPoolAccess host, ResolverKind kind);
   ~HierarchicalKvAccess() override;
@@ -152,9 +176,15 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // Keep/populate copies into the request's GPU pages and host backups still being written.
   RequestCopies CopiesInFlight(RequestId request) const override;
 
+  // Staging (see the top of this file): the bytes of the staging pool, M_stage (0 without arenas); the arena
+  // bookkeeping (nullptr without arenas; every arena free between steps); what the staging path did.
+  int64_t staging_bytes() const { return staging_bytes_; }
+  const spec::StagingArenaPool* staging_pool() const { return arenas_ ? &*arenas_ : nullptr; }
+  const StagingCensus& staging_census() const { return staging_census_; }
+
   const KvLayout& layout() const { return layout_; }
   const Census& census(uint32_t group) const { return resolver_->census(group); }
-  // The census summed over every group.
+  // The census summed over every group, staged rows included as host recoveries (host, bytes_recovered).
   Census TotalCensus() const;
   PoolId pool() const { return pool_; }
   // Test/introspection: the request's state, or nullptr.
@@ -177,6 +207,10 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   bool Complete(const RequestKv& kv, uint32_t page) const;  // every source appended the whole page
   bool InTail(const RequestKv& kv, uint32_t page) const;    // every source still holds the page in its tail
   void FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events);
+  // Fetch with staging arenas: the queries of requests in a round served as one union each (see the top of this
+  // file), the others as usual. Errors: Fetch's; RESOURCE_EXHAUSTED (no free arena, or a union beyond the hot cache
+  // and the arena); nothing is resolved nor held after an error.
+  absl::Status FetchWithStaging(uint32_t group, std::span<const SourceId> sources, std::span<KvQuery> batch);
   void Update();  // the state part of Poll; completions accumulate in completions_
   uint64_t TailUploadOffset(SourceId s, Position t) const;
   // The first byte of host page `host_page` in the mapped pool (payload rows, then index keys; KvLayout).
@@ -198,6 +232,15 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   std::vector<int64_t> keep_planner_;
   std::vector<uint32_t> keep_planned_page_;
   std::vector<std::vector<ReaderId>> readers_;  // per group: readers of the last Fetches
+  // Staging arenas (KvConfig.staging_arenas > 0): their pool, shape, bookkeeping, and per group the arenas its
+  // outstanding Fetches hold (one reader each, released by ReadersDone).
+  PoolId staging_pool_id_ = 0;
+  spec::StagingShape staging_shape_;
+  int64_t staging_bytes_ = 0;
+  std::optional<spec::StagingArenaPool> arenas_;
+  std::vector<std::vector<uint32_t>> staging_held_;
+  uint32_t staging_serial_ = 0;  // the `group` key of StagingArenaPool::Acquire: one per Fetch
+  StagingCensus staging_census_;
   struct PendingFree { PageIndex host_page; std::vector<CopyEvent> events; };
   std::vector<PendingFree> pending_free_;
   struct PendingBackup { RequestId request; uint32_t page; };

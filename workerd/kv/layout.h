@@ -34,6 +34,10 @@ struct KvConfig {
   uint32_t slots = 1;                         // N request slots
   uint32_t optional_pages = 0;                // device pages for optional history
   std::vector<uint64_t> key_bytes;            // index key bytes per position, per indexer (idx_dim * 4); may be empty
+  // Staging arenas of speculative verification (brief §6 "Staging"; HierarchicalKvAccess): χ arenas of K_max * k
+  // rows per request slot, in their own device pool. 0 arenas: none (a round's union must then fit the hot cache).
+  uint32_t staging_arenas = 0;                // χ
+  uint32_t staging_k_max = 0;                 // K_max queries per round (>= 1 with arenas)
 };
 
 class KvLayout {

@@ -20,6 +20,7 @@
 // Thread-safety: none; driven by the worker thread. Copies run on the Device.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -82,6 +83,9 @@ class Resolver {
   // The row that hot slot h (< B) of (request slot, group) holds, kNoPosition when empty; for checks and tests.
   // Invariant (brief §7): the slot's bytes of every source of the group are that row's original bytes.
   virtual Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const = 0;
+  // Whether the hot cache of (request slot, group) holds row t now (a hit if selected in the next step), without
+  // touching it: the union plan's view of the hot cache (HierarchicalKvAccess's staging path, brief §6).
+  virtual bool HotHolds(SlotIndex slot, uint32_t group, Position t) const = 0;
 
  protected:
   explicit Resolver(const ResolverEnv& env) : env_(env), census_(env.layout->config().groups.size()) {}
@@ -124,6 +128,9 @@ class FusedResolver final : public Resolver {
   Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const override {
     return caches_[slot * groups_ + group].PositionAt(h);
   }
+  bool HotHolds(SlotIndex slot, uint32_t group, Position t) const override {
+    return caches_[slot * groups_ + group].Find(t) != HotCache::kNone;
+  }
 
   // Steps 1-2 and the victim choice for every query; no copy is issued yet. The batch's spans must stay valid
   // until Finish. At most one planned batch per group may be open. Validation and planning errors as Resolve's, with
@@ -163,6 +170,10 @@ class ReferenceResolver final : public Resolver {
   absl::Status Resolve(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) override;
   Position HotPosition(SlotIndex slot, uint32_t group, uint32_t h) const override {
     return caches_[slot * groups_ + group].pos[h];
+  }
+  bool HotHolds(SlotIndex slot, uint32_t group, Position t) const override {
+    const std::vector<Position>& pos = caches_[slot * groups_ + group].pos;
+    return t != kNoPosition && std::find(pos.begin(), pos.end(), t) != pos.end();
   }
 
  private:

@@ -443,13 +443,14 @@ absl::Status Model::IndexAndFetch(int l, KvAccess& kv, Scratch& s) const {
                   std::span<const float>(session.index_keys_[slot]).first(visible * c.idx_dim), c.idx_dim, s.scores);
       std::span<Position> sel(f.positions.data() + qi * span_len, k);
       s.topk.Select(s.scores, sel);
-      f.queries.push_back({session.request_, sel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len, S * k)});
+      f.queries.push_back(
+          {session.request_, sel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len, S * k), t});
       if (win > 0) {
         std::span<Position> wsel(f.positions.data() + qi * span_len + k, win);
         const Position first = std::max<Position>(0, t - win + 1);
         for (int i = 0; i < win; ++i) wsel[i] = first + i <= t ? first + i : kNoPosition;
         f.queries.push_back(
-            {session.request_, wsel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len + S * k, S * win)});
+            {session.request_, wsel, std::span<const uint8_t*>(f.rows.data() + qi * S * span_len + S * k, S * win), t});
       }
     }
   }

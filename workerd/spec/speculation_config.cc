@@ -24,7 +24,7 @@ absl::StatusOr<SpeculateMode> ParseSpeculateMode(std::string_view name) {
       absl::StrCat("--speculate '", std::string(name), "': expected off, fixed, confidence or synthetic"));
 }
 
-absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block) {
+absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block, bool staging) {
   if (config.mode == SpeculateMode::kOff) return absl::OkStatus();
   if ((config.mode == SpeculateMode::kFixed || config.mode == SpeculateMode::kConfidence) &&
       config.drafter_weights.empty()) {
@@ -39,8 +39,11 @@ absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block
   }
   if (config.block < 1 || config.block > max_block) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--block ", config.block, " outside [1, ", max_block, "]: a round's K_r queries select up to K_r * (k + w) "
-        "rows that must fit the hot cache B, and the tail T must hold a page and a block (K_r <= T - p + 1)"));
+        "--block ", config.block, " outside [1, ", max_block, "]: ",
+        staging ? "the tail T must hold a page and a block (K_r <= T - p + 1; the rows of a round's union beyond the "
+                  "hot cache go to the staging arenas)"
+                : "without staging arenas (--staging-arenas 0) a round's K_r queries select up to K_r * (k + w) rows "
+                  "that must fit the hot cache B, and the tail T must hold a page and a block (K_r <= T - p + 1)"));
   }
   if (!config.schedule.empty() && config.schedule != kOnlineSchedule) {
     absl::StatusOr<BlockWidthSchedule> s = BlockWidthSchedule::Parse(config.schedule, config.block);

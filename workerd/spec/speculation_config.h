@@ -37,10 +37,11 @@ struct SpeculationConfig {
                                 // the worker's start)
 };
 
-// Checks the options against the worker's KV geometry. `max_block`: the widest round the KV serves without staging
-// arenas (workerd/speculation.h: the union of the K_r queries' selections must fit the hot cache, and the tail must
-// hold a page plus a block). Errors: INVALID_ARGUMENT (block < 1, block or a schedule width above max_block, with the
-// numbers; a bad schedule; confidence or corruption outside [0, 1]; fixed / confidence without --drafter-weights).
-absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block);
+// Checks the options against the worker's KV geometry. `max_block`: the widest round the KV serves
+// (workerd/geometry.h WorkerGeometry::max_block: the tail must hold a page plus a block; without staging arenas,
+// `staging` false, the union of the K_r queries' selections must also fit the hot cache). Errors: INVALID_ARGUMENT
+// (block < 1, block or a schedule width above max_block, with the numbers and the limit that applies; a bad schedule;
+// confidence or corruption outside [0, 1]; fixed / confidence without --drafter-weights).
+absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block, bool staging = false);
 
 }  // namespace dhs::spec

@@ -10,8 +10,16 @@
 // every (query, selection slot) where it reads: kNone for -1, kDirect for a ready row (the resolver's location), or the
 // hot ordinal / staging row of its copy. Every query that selected a missing row reads the same copy.
 //
-// Errors (INVALID_ARGUMENT, nothing planned): K_r = 0 or K_r > K_max, a selection not of k entries, a position < -1,
-// a position repeated within one query, a position query j may not see (t > n_r + j, the causal mask).
+// Several selections per query (the serving path: a query's top-k selection and its local window, brief §5): give
+// `query_of`, one entry per selection, the query j (0 .. K_r - 1) each belongs to; K_r is then max + 1 and a
+// selection may hold 1 .. k entries. Without it selection i is query i and holds exactly k entries. `reads` follows
+// the selections, entry by entry (the sum of their sizes).
+//
+// Errors (INVALID_ARGUMENT, nothing planned): K_r = 0 or K_r > K_max, a selection not of k entries (at most k with
+// `query_of`), `query_of` not one entry per selection or naming a query < 0, a position < -1, a position repeated
+// within one selection, a position query j may not see (t > n_r + j, the causal mask). RESOURCE_EXHAUSTED (nothing
+// planned): more distinct missing rows than hot_budget + K_max * k (only possible when windows add missing rows:
+// the K_r <= K_max top-k selections alone never exceed the arena).
 // Pure: the predicate is the only view of the KV state. Thread-safety: pure function.
 #pragma once
 
@@ -32,6 +40,7 @@ struct UnionPlanInput {
   Position frontier = 0;        // n_r: query j may select positions <= n_r + j
   int64_t hot_budget = 0;       // hot-cache slots the round may fill (>= 0)
   std::function<bool(Position)> ready;  // t in R_r
+  std::span<const int64_t> query_of;    // optional: the query j of each selection (see above)
 };
 
 enum class ReadFrom : uint8_t { kNone, kDirect, kHot, kStaging };
@@ -51,7 +60,7 @@ struct RowCopy {
 
 struct UnionPlan {
   std::vector<RowCopy> copies;       // |D_r| entries, first appearance order: hot copies, then staging copies
-  std::vector<ReadLocation> reads;   // K_r * k entries, query-major
+  std::vector<ReadLocation> reads;   // one per selected entry (K_r * k without query_of), selection-major
   int64_t hot_copies = 0, staging_copies = 0;
   int64_t direct_reads = 0;          // selected entries read directly
   int64_t shared_reads = 0;          // selected entries served by a copy another query (or entry) already caused
