@@ -43,6 +43,11 @@ uint64_t NowNs() {
 
 wire::HostPageRef HostRef(PageIndex page) { return wire::HostPageRef(0, page); }
 
+// The Hello's page bytes and speculation totals (issue 13), what the core checks each admission's share against.
+GpuDeclaration DeclarationOf(const wire::HelloT& hello) {
+  return GpuDeclaration{hello.page_bytes, hello.draft_ring_bytes, hello.staging_bytes};
+}
+
 DumpView ViewOf(const wire::IntrospectQueryT& q) {
   DumpView v;
   switch (q.what) {
@@ -428,7 +433,9 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
       Fence(hello->gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
                                         hello->gpu, hello->pid, known->second.pid));
     }
-    if (absl::Status s = core_->RegisterGpu(hello->gpu, hello->capacity_pages, hello->request_slots); !s.ok()) {
+    if (absl::Status s = core_->RegisterGpu(hello->gpu, hello->capacity_pages, hello->request_slots,
+                                            DeclarationOf(*hello));
+        !s.ok()) {
       reason = std::string(s.message());
     }
   }
@@ -481,7 +488,8 @@ std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply)
   }
   std::vector<ReportedRequest> reports;
   for (const auto& w : hello.report) {
-    ReportedRequest r{w->request, w->slot, w->required_pages, w->complete_pages, w->optional_history, {}};
+    ReportedRequest r{w->request, w->slot, w->required_pages, w->complete_pages, w->optional_history, {},
+                      SpeculationShare{w->draft_ring_pages, w->staging_pages, w->draft_ring_bytes, w->staging_bytes}};
     for (const auto& p : w->history) {
       r.history.push_back({p->host_page, p->host_copy,
                            p->has_gpu_page ? std::optional<PageIndex>(p->gpu_page) : std::nullopt});
@@ -490,7 +498,8 @@ std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply)
   }
   std::vector<absl::Status> outcomes;
   if (absl::Status s = core_->AdoptGpu(hello.gpu, hello.capacity_pages, hello.request_slots,
-                                       static_cast<uint32_t>(hello.worker_epoch), reports, &outcomes);
+                                       static_cast<uint32_t>(hello.worker_epoch), reports, &outcomes,
+                                       DeclarationOf(hello));
       !s.ok()) {
     return std::string(s.message());
   }
@@ -543,6 +552,7 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   admit.optional_history = a->optional_history;
   admit.host_backed = a->host_backed;
   admit.resume_of = a->resume_of;
+  admit.speculation = SpeculationShare{a->draft_ring_pages, a->staging_pages, a->draft_ring_bytes, a->staging_bytes};
   if (a->record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
     RequestRecord record = FromWireRecord(*a->record, a->gpu);
     if (absl::Status s = record_journal_.Open(a->request, record); !s.ok()) {

@@ -67,7 +67,8 @@ absl::Status ResidencyManager::FinishTick() {
 
 // ---------------------------------------------------------------- events
 
-absl::Status ResidencyManager::AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots) {
+absl::Status ResidencyManager::AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots,
+                                      const GpuDeclaration& declared) {
   if (gpus_.count(gpu)) return absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu));
   if (pages > kMaxGpuPages) {
     return absl::InvalidArgumentError(absl::StrFormat("GPU %d: M = %d pages exceeds memd's bound of %d pages per GPU",
@@ -77,23 +78,28 @@ absl::Status ResidencyManager::AddGpu(GpuId gpu, uint32_t pages, uint32_t reques
     return absl::InvalidArgumentError(absl::StrFormat(
         "GPU %d: %d request slots exceed memd's bound of %d per GPU", gpu, request_slots, kMaxRequestSlots));
   }
+  if (declared.page_bytes > kMaxGpuPageBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("GPU %d: page_bytes %d exceeds memd's bound of %d bytes", gpu,
+                                                      declared.page_bytes, kMaxGpuPageBytes));
+  }
   auto table = GpuPageTable::Create(gpu, pages, config_.reserve_pages);
   if (!table.ok()) return table.status();
   gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
-                         request_slots, {}, ReclaimIndex(policy_.get()), {}, 0, {}});
+                         request_slots, {}, ReclaimIndex(policy_.get()), {}, 0, {}, declared, {}});
   journal_gpus_.erase(gpu);
   return absl::OkStatus();
 }
 
-absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots) {
-  if (absl::Status s = AddGpu(gpu, pages, request_slots); !s.ok()) return Finish(s);
+absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots,
+                                           const GpuDeclaration& declared) {
+  if (absl::Status s = AddGpu(gpu, pages, request_slots, declared); !s.ok()) return Finish(s);
   if (++epochs_[gpu] > 1) ++counters_.reregistrations;
   return Finish(absl::OkStatus());
 }
 
 absl::Status ResidencyManager::AdoptGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, uint32_t epoch,
                                         std::span<const ReportedRequest> reports,
-                                        std::vector<absl::Status>* outcomes) {
+                                        std::vector<absl::Status>* outcomes, const GpuDeclaration& declared) {
   if (gpus_.count(gpu)) return Finish(absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu)));
   if (epochs_.contains(gpu) && !journal_gpus_.contains(gpu)) {
     return Finish(absl::FailedPreconditionError(absl::StrFormat(
@@ -106,7 +112,7 @@ absl::Status ResidencyManager::AdoptGpu(GpuId gpu, uint32_t pages, uint32_t requ
         "GPU %d: a report of epoch %d, but the journal holds requests of epoch %d (a stale worker)", gpu, epoch,
         journal_epoch)));
   }
-  if (absl::Status s = AddGpu(gpu, pages, request_slots); !s.ok()) return Finish(s);
+  if (absl::Status s = AddGpu(gpu, pages, request_slots, declared); !s.ok()) return Finish(s);
   epochs_[gpu] = epoch;
   Gpu& g = gpus_.at(gpu);
   uint32_t taken = 0;
@@ -140,6 +146,12 @@ absl::Status ResidencyManager::CheckReport(GpuId gpu, const Gpu& g, const Report
   }
   const auto context = static_cast<uint32_t>(rep.history.size());
   if (rep.required_pages.empty()) return bad("no required page");
+  if (rep.required_pages.size() > UINT32_MAX) return bad("more required pages than any GPU has");
+  if (absl::Status s = CheckShare(rep.request, static_cast<uint32_t>(rep.required_pages.size()), rep.speculation,
+                                  g.declared);
+      !s.ok()) {
+    return s;
+  }
   if (context > host_.pages() || rep.history_pages > context) return bad("context or complete pages out of range");
   if (old != nullptr && old->context_pages != context) {
     return bad(absl::StrFormat("%d context pages, the journal says %d", context, old->context_pages));
@@ -188,6 +200,7 @@ void ResidencyManager::AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep
   r.imported_pages = rep.history_pages;
   r.context_pages = static_cast<uint32_t>(rep.history.size());
   r.optional_history = rep.optional_history;
+  r.speculation = rep.speculation;
   r.required = rep.required_pages;
   r.history.resize(r.context_pages);
   const auto old = requests_.find(rep.request);
@@ -215,6 +228,7 @@ void ResidencyManager::AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep
   r.state = RequestState::kAdmitted;
   r.time_us = clock_();
   r.seq = next_seq_++;
+  CountShare(g, r.speculation, +1);
   if (old != requests_.end()) requests_.erase(old);
   Request& placed = requests_.emplace(r.id, std::move(r)).first->second;
   Reindex(placed, g);
@@ -281,6 +295,7 @@ void ResidencyManager::InterruptQueuedResume(Request& r) {
   r.host_only = static_cast<uint32_t>(r.resumed_host.size());
   r.resumed_host.clear();
   r.wait_sent = false;
+  r.speculation = {};  // no required allocation any more (its GPU's sums went with the GPU)
   r.state = RequestState::kInterrupted;
   ++counters_.requests_interrupted;
 }
@@ -303,6 +318,7 @@ void ResidencyManager::Interrupt(Request& r) {
     kept += hp.state == HistoryState::kHost;
   }
   r.required.clear();
+  r.speculation = {};  // its share of the required allocation went with it (and its GPU's sums with the GPU)
   r.optional = 0;
   r.host_only = kept;
   r.slot = kNoSlot;
@@ -382,6 +398,41 @@ absl::Status ResidencyManager::ReleaseHeldPages() {
   return Finish(absl::OkStatus());
 }
 
+absl::Status ResidencyManager::CheckShare(RequestId request, uint32_t required, const SpeculationShare& share,
+                                          const GpuDeclaration& declared) {
+  if (share.empty()) return absl::OkStatus();
+  const auto bad = [request](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: speculation share: %s", request, why));
+  };
+  if (share.pages() > required) {
+    return bad(absl::StrFormat("draft ring %d + staging %d pages exceed its %d required pages", share.draft_ring_pages,
+                               share.staging_pages, required));
+  }
+  if (declared.page_bytes == 0) return bad("its GPU's Hello declared no page_bytes");
+  const auto pages_of = [&](uint64_t bytes) { return bytes / declared.page_bytes + (bytes % declared.page_bytes != 0); };
+  if (pages_of(share.draft_ring_bytes) != share.draft_ring_pages ||
+      pages_of(share.staging_bytes) != share.staging_pages) {
+    return bad(absl::StrFormat(
+        "draft ring %d bytes in %d pages and staging %d bytes in %d pages, but pages of %d bytes need %d and %d",
+        share.draft_ring_bytes, share.draft_ring_pages, share.staging_bytes, share.staging_pages, declared.page_bytes,
+        pages_of(share.draft_ring_bytes), pages_of(share.staging_bytes)));
+  }
+  if (share.draft_ring_bytes > declared.draft_ring_bytes || share.staging_bytes > declared.staging_bytes) {
+    return bad(absl::StrFormat(
+        "draft ring %d and staging %d bytes exceed its GPU's declared totals (Hello: draft ring %d, staging %d bytes)",
+        share.draft_ring_bytes, share.staging_bytes, declared.draft_ring_bytes, declared.staging_bytes));
+  }
+  return absl::OkStatus();
+}
+
+void ResidencyManager::CountShare(Gpu& g, const SpeculationShare& share, int sign) {
+  const auto add = [sign](auto& sum, auto v) { sum = sign > 0 ? sum + v : sum - v; };
+  add(g.speculation.draft_ring_pages, share.draft_ring_pages);
+  add(g.speculation.staging_pages, share.staging_pages);
+  add(g.speculation.draft_ring_bytes, share.draft_ring_bytes);
+  add(g.speculation.staging_bytes, share.staging_bytes);
+}
+
 absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   AdmitRequest a = in;
   if (a.request == 0 || a.request == kNoOwner) {  // 0: RetireOrder.regranted_to's "none"; kNoOwner: a free page
@@ -413,6 +464,9 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
         "request %d: %d complete history pages exceed the %d pages of its context", a.request, a.history_pages,
         a.context_pages)));
   }
+  if (absl::Status s = CheckShare(a.request, a.required_pages, a.speculation, g->second.declared); !s.ok()) {
+    return Finish(s);
+  }
   if (absl::Status s = CheckResume(a); !s.ok()) return Finish(s);
   Request r;
   r.id = a.request;
@@ -421,6 +475,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   r.imported_pages = a.history_pages;
   r.context_pages = a.context_pages;
   r.optional_history = a.optional_history;
+  r.speculation = a.speculation;
   r.time_us = clock_();
   ++counters_.admissions;
   if (a.resume_of != 0) {
@@ -680,6 +735,7 @@ uint32_t ResidencyManager::ReleaseAdmitted(Request& r, Gpu& g) {
     EraseOrderIfDone(r.reclaim);
   }
   ReleaseSlot(g, r.slot);
+  CountShare(g, r.speculation, -1);
   host_.ReleaseRequest(r.id);  // pinned pages become reusable after their copy reports
   r.state = RequestState::kCompleted;
   if (r.backoff) backoff_.erase(r.id);
@@ -920,6 +976,7 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   r.host_only = kept;
   r.slot = slot;
   TakeSlot(g, slot);
+  CountShare(g, r.speculation, +1);
   r.state = RequestState::kAdmitted;
   r.time_us = clock_();
   r.seq = next_seq_++;
@@ -1162,14 +1219,33 @@ absl::Status ResidencyManager::CheckQueues() const {
     }
     queued += g.queue.size();
     std::set<SlotIndex> slots;
+    SpeculationShare speculation;  // the recount of g.speculation
     for (const auto& [id, r] : requests_) {
       if (r.gpu != gid || r.state == RequestState::kQueued || r.state == RequestState::kInterrupted) continue;
       if (r.slot == kNoSlot || (g.request_slots != 0 && r.slot >= g.request_slots) || !slots.insert(r.slot).second) {
         return absl::InternalError(absl::StrFormat("GPU %d: request %d has slot %d (taken or out of range)", gid, id,
                                                    r.slot));
       }
+      if (r.speculation.pages() > r.required.size()) {
+        return absl::InternalError(absl::StrFormat("GPU %d: request %d: a speculation share of %d pages in %d required",
+                                                   gid, id, r.speculation.pages(), r.required.size()));
+      }
+      speculation.draft_ring_pages += r.speculation.draft_ring_pages;
+      speculation.staging_pages += r.speculation.staging_pages;
+      speculation.draft_ring_bytes += r.speculation.draft_ring_bytes;
+      speculation.staging_bytes += r.speculation.staging_bytes;
     }
     if (slots != g.used_slots) return absl::InternalError(absl::StrFormat("GPU %d: used slots disagree", gid));
+    const SpeculationShare& sum = g.speculation;
+    if (sum.draft_ring_pages != speculation.draft_ring_pages || sum.staging_pages != speculation.staging_pages ||
+        sum.draft_ring_bytes != speculation.draft_ring_bytes || sum.staging_bytes != speculation.staging_bytes ||
+        sum.pages() > g.table.required()) {
+      return absl::InternalError(absl::StrFormat(
+          "GPU %d: speculation in use %d + %d pages, %d + %d bytes; its requests hold %d + %d pages, %d + %d bytes "
+          "(M_req %d)", gid, sum.draft_ring_pages, sum.staging_pages, sum.draft_ring_bytes, sum.staging_bytes,
+          speculation.draft_ring_pages, speculation.staging_pages, speculation.draft_ring_bytes,
+          speculation.staging_bytes, g.table.required()));
+    }
   }
   for (const auto& [id, r] : requests_) {
     if (r.state != RequestState::kInterrupted && !gpus_.contains(r.gpu)) {
@@ -1526,6 +1602,12 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
     gd.reclaimable_pages = static_cast<uint32_t>(g.victims.total_pages());
     gd.request_slots = g.request_slots;
     gd.used_slots = static_cast<uint32_t>(g.used_slots.size());
+    gd.declared_draft_ring_bytes = g.declared.draft_ring_bytes;
+    gd.declared_staging_bytes = g.declared.staging_bytes;
+    gd.draft_ring_pages = g.speculation.draft_ring_pages;
+    gd.staging_pages = g.speculation.staging_pages;
+    gd.draft_ring_bytes = g.speculation.draft_ring_bytes;
+    gd.staging_bytes = g.speculation.staging_bytes;
     for (RequestId q : g.queue) {
       const Request& r = requests_.at(q);
       gd.queued_required_pages += r.required_count;
@@ -1592,6 +1674,10 @@ RequestDump ResidencyManager::RequestDumpOf(const Request& r) {
   }
   rd.host_pages += static_cast<uint32_t>(r.resumed_host.size());  // a queued resume's taken-over host copies
   rd.admitted_at_us = r.time_us;
+  rd.draft_ring_pages = r.speculation.draft_ring_pages;
+  rd.staging_pages = r.speculation.staging_pages;
+  rd.draft_ring_bytes = r.speculation.draft_ring_bytes;
+  rd.staging_bytes = r.speculation.staging_bytes;
   return rd;
 }
 

@@ -69,6 +69,9 @@ inline constexpr SourceId kAllSources = 0;
 // ~13 bytes a page, 0.9 GB at the bound), request slots at most 2^16 per GPU.
 inline constexpr uint32_t kMaxGpuPages = uint32_t{1} << 26;
 inline constexpr uint32_t kMaxRequestSlots = uint32_t{1} << 16;
+// A Hello's page_bytes at most 2^37 bytes (128 GiB a page): M * page_bytes then fits 64 bits, and so does the sum of a
+// GPU's speculation shares' bytes (each at most its pages * page_bytes).
+inline constexpr uint64_t kMaxGpuPageBytes = uint64_t{1} << 37;
 // The longest reclaim back-off of a victim whose backups keep failing, in RetryBackups() calls (1 s each in memd).
 inline constexpr uint32_t kMaxRetryTicks = 64;
 
@@ -80,10 +83,33 @@ struct ResidencyConfig {
   std::string reclaim_policy = "largest-first";  // default chosen by measurement (memd/README.md)
 };
 
+// A request slot's share of its worker's speculation memory, a required allocation (brief §2 "required allocation",
+// §6 "Staging" and "Draft KV ring", §8 "with a drafter": add R_d * draft_bytes_per_row and M_stage / N per session).
+// The pages are part of the request's required_pages (admission counts them like the hot cache and tail: a GPU whose
+// pages go to draft rings and staging admits fewer sessions); the bytes are what they stand for.
+struct SpeculationShare {
+  uint32_t draft_ring_pages = 0;  // ceil(draft_ring_bytes / page_bytes)
+  uint32_t staging_pages = 0;     // ceil(staging_bytes / page_bytes)
+  uint64_t draft_ring_bytes = 0;  // R_d * draft_bytes_per_row: one slot's draft KV ring (0 without a drafter)
+  uint64_t staging_bytes = 0;     // M_stage / N = χ * K_max * k * d_KV: one slot's staging rows (0: no speculation)
+  uint64_t pages() const { return uint64_t{draft_ring_pages} + staging_pages; }
+  bool empty() const { return pages() == 0 && draft_ring_bytes == 0 && staging_bytes == 0; }
+};
+
+// What a worker's Hello declares of its GPU for the speculation shares of its admissions (RegisterGpu, AdoptGpu).
+// page_bytes 0 (a Hello without it, e.g. the core's tests): no share is accepted on that GPU unless it is empty.
+struct GpuDeclaration {
+  uint64_t page_bytes = 0;        // bytes per GPU page (Hello.page_bytes), at most kMaxGpuPageBytes
+  uint64_t draft_ring_bytes = 0;  // N * R_d * draft_bytes_per_row: the worker's draft rings of all N slots
+  uint64_t staging_bytes = 0;     // M_stage = χ * N * K_max * k * d_KV
+};
+
 struct AdmitRequest {
   RequestId request = 0;
   GpuId gpu = 0;
-  uint32_t required_pages = 0;  // > 0: hot cache + tail + metadata pages
+  uint32_t required_pages = 0;  // > 0: hot cache + tail + metadata pages, + speculation.pages()
+  // Part of required_pages (Admit refuses a share above it): the slot's draft ring and staging (issue 13).
+  SpeculationShare speculation;
   uint32_t history_pages = 0;   // complete pages of imported history (candidates for optional history)
   uint32_t context_pages = 0;   // pages of the full context (input + max_new) >= history_pages; each gets a host page
   // page_rows > 0: the core computes context_pages = ceil(context_rows / page_rows) itself (the wire's history_rows;
@@ -124,6 +150,7 @@ struct ReportedRequest {
   uint32_t history_pages = 0;                // complete pages of imported history (the admission's)
   bool optional_history = true;
   std::vector<ReportedHistoryPage> history;  // one per page of its full context
+  SpeculationShare speculation;              // part of required_pages, as its admission declared it
 };
 
 class ResidencyManager {
@@ -141,9 +168,11 @@ class ResidencyManager {
   // A worker registered GPU `gpu` with `pages` = M and `request_slots` = N slots (0: unlimited). A GPU fenced before
   // registers again with a fresh page table and slots: a new epoch (epoch(gpu) + 1, counted in reregistrations); its
   // interrupted requests stay interrupted (InterruptedRequests lists them for the new worker).
+  // `declared`: the Hello's page bytes and speculation totals (what each admission's SpeculationShare is checked
+  // against, and what the dump shows per GPU).
   // Errors: AlreadyExists (registered and not fenced), InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M,
-  // request_slots > kMaxRequestSlots).
-  absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
+  // request_slots > kMaxRequestSlots, declared.page_bytes > kMaxGpuPageBytes).
+  absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0, const GpuDeclaration& declared = {});
   // The worker of GPU `gpu` is gone (dead peer, heartbeat timeout, an order that could not be sent): the GPU is
   // fenced. Deterministic, all at once:
   // - every copy in flight on it is resolved: its host page is unpinned; a backup's host page counts as a host copy
@@ -184,15 +213,18 @@ class ResidencyManager {
   // of its request (an interrupted one stays interrupted); `outcomes` (optional) gets one status per report.
   // Errors (nothing changes): AlreadyExists (registered), FailedPrecondition (this memd registered or fenced the GPU
   // itself: a fenced worker starts a new epoch; or `epoch` is below the journal's epoch of the GPU), InvalidArgument
-  // (epoch 0 and RegisterGpu's bounds).
+  // (epoch 0 and RegisterGpu's bounds). A report's speculation share is checked as Admit checks one.
   absl::Status AdoptGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, uint32_t epoch,
-                        std::span<const ReportedRequest> reports, std::vector<absl::Status>* outcomes = nullptr);
+                        std::span<const ReportedRequest> reports, std::vector<absl::Status>* outcomes = nullptr,
+                        const GpuDeclaration& declared = {});
   // The pages held since AdoptHostPages become reusable (the daemon calls it once the dead memd's workers cannot write
   // any more: memd --adopt-grace-ms after its start); waiting admissions may be granted (orders). Never fails.
   absl::Status ReleaseHeldPages();
   // A new admission (answered by Grant, Wait then Grant, or Reject). Errors: AlreadyExists (id in use),
   // NotFound (gpu not registered), InvalidArgument (a reserved id: 0 or kNoOwner; required_pages == 0, context_rows
-  // beyond 2^32-1 pages, history_pages > context_pages). A grant the page tables refuse (a bug) becomes a Reject with
+  // beyond 2^32-1 pages, history_pages > context_pages; a speculation share (CheckShare) whose pages exceed
+  // required_pages, whose pages are not ceil(bytes / the GPU's page_bytes), or whose bytes exceed the GPU's declared
+  // totals). A grant the page tables refuse (a bug) becomes a Reject with
   // Internal: no event aborts memd.
   // Resume (host_backed, resume_of = R): in this one event the new request takes over EVERY kept host page of R
   // (each history page h in kHost, gaps and all: the worker imports those rows and recomputes only the kLost ones)
@@ -274,6 +306,7 @@ class ResidencyManager {
     uint32_t imported_pages = 0;  // complete pages of imported history
     uint32_t context_pages = 0;
     bool optional_history = true;
+    SpeculationShare speculation;  // part of required_count (issue 13)
     // A resume: history page -> host page of every confirmed host copy taken over from the interrupted request
     // (owned while queued; kHost at the grant, same history page).
     std::map<uint32_t, PageIndex> resumed_host;
@@ -336,11 +369,23 @@ class ResidencyManager {
     // Population candidates: admitted requests with optional history and host_only > 0 (ascending id, the order
     // Populate hands them to the scheduler), so a tick does not scan every request's history.
     std::set<RequestId> populatable;
+    GpuDeclaration declared;    // the Hello's page bytes and speculation totals
+    // Sums of the speculation shares of the requests holding their required pages (admitted, reclaiming): part of
+    // M_req. Pages at most M; bytes at most M * page_bytes (kMaxGpuPageBytes), so no sum overflows.
+    SpeculationShare speculation;
   };
 
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
                    std::unique_ptr<ReclaimPolicy> policy);
-  absl::Status AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots);  // RegisterGpu's checks and table
+  // RegisterGpu's checks and table.
+  absl::Status AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, const GpuDeclaration& declared);
+  // A speculation share of a request with `required` pages on a GPU that declared `declared` (Admit's and AdoptGpu's
+  // check, issue 13): InvalidArgument naming the numbers, else OK.
+  static absl::Status CheckShare(RequestId request, uint32_t required, const SpeculationShare& share,
+                                 const GpuDeclaration& declared);
+  // Adds (+1) or removes (-1) a request's share to / from its GPU's in-use sums (at the grant, the report's adoption,
+  // the release).
+  static void CountShare(Gpu& gpu, const SpeculationShare& share, int sign);
   // AdoptGpu of one report: checked first (nothing changes on error), then the request is (re)built as admitted.
   absl::Status CheckReport(GpuId gpu, const Gpu& g, const ReportedRequest& rep) const;
   void AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep);

@@ -34,7 +34,13 @@ json GpuJson(const GpuDump& g) {
               {"slots", g.request_slots},
               {"slots_used", g.used_slots},
               {"queued_required", g.queued_required_pages},
-              {"queued_host", g.queued_host_pages}};
+              {"queued_host", g.queued_host_pages},
+              {"draft_ring_pages", g.draft_ring_pages},
+              {"draft_ring_bytes", g.draft_ring_bytes},
+              {"staging_pages", g.staging_pages},
+              {"staging_bytes", g.staging_bytes},
+              {"declared_draft_ring_bytes", g.declared_draft_ring_bytes},
+              {"declared_staging_bytes", g.declared_staging_bytes}};
 }
 
 // with_host_copies: the `request N` view's "host_copies" ([[history page, host page], ...]).
@@ -50,7 +56,11 @@ json RequestJson(const RequestDump& r, bool with_host_copies = false) {
            {"host_coverage", Coverage(r)},
            {"tail_pages", r.tail_pages},
            {"admitted_at_us", r.admitted_at_us},
-           {"reclaim_rank", r.reclaim_rank}};
+           {"reclaim_rank", r.reclaim_rank},
+           {"draft_ring_pages", r.draft_ring_pages},
+           {"draft_ring_bytes", r.draft_ring_bytes},
+           {"staging_pages", r.staging_pages},
+           {"staging_bytes", r.staging_bytes}};
   if (with_host_copies) {
     json copies = json::array();
     for (const auto& [page, host_page] : r.host_copies) copies.push_back(json::array({page, host_page}));
@@ -90,24 +100,42 @@ const GpuDump* FindGpu(const StateDump& d, GpuId id) {
   return nullptr;
 }
 
+// RING / STAGE: pages of M_req held by draft rings / staging reservations (issue 13).
 std::string GpuHeader() {
-  return absl::StrFormat("%-4s %7s %7s %7s %7s %7s %7s %7s %7s %7s %-6s %5s\n", "GPU", "M", "M_req", "M_opt", "M_res",
-                         "free", "pending", "ready", "queued", "reclaim", "STATE", "EPOCH");
+  return absl::StrFormat("%-4s %7s %7s %7s %7s %7s %7s %7s %7s %7s %-6s %5s %6s %6s\n", "GPU", "M", "M_req", "M_opt",
+                         "M_res", "free", "pending", "ready", "queued", "reclaim", "STATE", "EPOCH", "RING", "STAGE");
 }
 std::string GpuRow(const GpuDump& g) {
-  return absl::StrFormat("%-4d %7d %7d %7d %7d %7d %7d %7d %7d %7d %-6s %5d\n", g.gpu, g.pages, g.required_pages,
-                         g.optional_pages, g.reserve_pages, g.free_pages, g.pending_pages, g.ready_pages,
-                         g.queue.size(), g.reclaims_in_flight, g.up ? "up" : "fenced", g.epoch);
+  return absl::StrFormat("%-4d %7d %7d %7d %7d %7d %7d %7d %7d %7d %-6s %5d %6d %6d\n", g.gpu, g.pages,
+                         g.required_pages, g.optional_pages, g.reserve_pages, g.free_pages, g.pending_pages,
+                         g.ready_pages, g.queue.size(), g.reclaims_in_flight, g.up ? "up" : "fenced", g.epoch,
+                         g.draft_ring_pages, g.staging_pages);
+}
+// One line per GPU with speculation memory declared or in use: bytes (the table's RING / STAGE columns are pages).
+std::string GpuSpeculationLines(const StateDump& d) {
+  std::string out;
+  for (const GpuDump& g : d.gpus) {
+    if (g.declared_draft_ring_bytes == 0 && g.declared_staging_bytes == 0 && g.draft_ring_bytes == 0 &&
+        g.staging_bytes == 0) {
+      continue;
+    }
+    absl::StrAppendFormat(&out,
+                          "GPU %d speculation: draft ring %d pages = %d bytes in use (%d declared), staging %d pages = "
+                          "%d bytes in use (%d declared)\n",
+                          g.gpu, g.draft_ring_pages, g.draft_ring_bytes, g.declared_draft_ring_bytes, g.staging_pages,
+                          g.staging_bytes, g.declared_staging_bytes);
+  }
+  return out;
 }
 std::string RequestHeader() {
-  return absl::StrFormat("%-8s %4s %5s %-10s %5s %5s %9s %5s %5s\n", "REQUEST", "GPU", "SLOT", "STATE", "REQ", "A_R",
-                         "HOST", "TAIL", "RANK");
+  return absl::StrFormat("%-8s %4s %5s %-10s %5s %5s %9s %5s %5s %5s %5s\n", "REQUEST", "GPU", "SLOT", "STATE", "REQ",
+                         "A_R", "HOST", "TAIL", "RANK", "RING", "STAGE");
 }
 std::string RequestRow(const RequestDump& r) {
   const std::string slot = r.slot == kNoSlot ? "-" : absl::StrCat(r.slot);
-  return absl::StrFormat("%-8d %4d %5s %-10s %5d %5d %9s %5d %5d\n", r.request, r.gpu, slot,
+  return absl::StrFormat("%-8d %4d %5s %-10s %5d %5d %9s %5d %5d %5d %5d\n", r.request, r.gpu, slot,
                          RequestStateName(r.state), r.required_pages, r.optional_pages, Coverage(r), r.tail_pages,
-                         r.reclaim_rank);
+                         r.reclaim_rank, r.draft_ring_pages, r.staging_pages);
 }
 std::string QueueTable(const StateDump& d) {
   std::string out = absl::StrFormat("%-4s %8s %-8s\n", "GPU", "POSITION", "REQUEST");
@@ -297,11 +325,11 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
                             d.request_count, d.host.reusable_pages, d.host.pages, d.host.pinned_pages);
       out += GpuHeader();
       for (const GpuDump& g : d.gpus) out += GpuRow(g);
-      return out;
+      return out + GpuSpeculationLines(d);
     case DumpView::Kind::kGpus:
       out = GpuHeader();
       for (const GpuDump& g : d.gpus) out += GpuRow(g);
-      return out;
+      return out + GpuSpeculationLines(d);
     case DumpView::Kind::kRequests:
       out = RequestHeader();
       for (const RequestDump& r : d.requests) out += RequestRow(r);
@@ -309,7 +337,12 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
     case DumpView::Kind::kRequest: {
       const RequestDump* r = FindRequest(d, view.request);
       if (!r) return absl::StrFormat("request %d: not found\n", view.request);
-      return RequestHeader() + RequestRow(*r);
+      out = RequestHeader() + RequestRow(*r);
+      if (r->draft_ring_pages != 0 || r->staging_pages != 0) {
+        absl::StrAppendFormat(&out, "speculation: draft ring %d pages = %d bytes, staging %d pages = %d bytes\n",
+                              r->draft_ring_pages, r->draft_ring_bytes, r->staging_pages, r->staging_bytes);
+      }
+      return out;
     }
     case DumpView::Kind::kPages: {
       const GpuDump* g = FindGpu(d, view.gpu);
@@ -337,6 +370,33 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
     for (const auto& [kind, v] : kinds) {
       absl::StrAppendFormat(&out, "dhs_memd_gpu_pages{gpu=\"%d\",kind=\"%s\"} %d\n", g.gpu, kind, v);
     }
+  }
+  out += "# HELP dhs_memd_gpu_speculation_pages GPU pages of the admitted requests' speculation shares by kind, part "
+         "of M_req (issue 13: draft_ring, staging).\n";
+  out += "# TYPE dhs_memd_gpu_speculation_pages gauge\n";
+  for (const GpuDump& g : d.gpus) {
+    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_pages{gpu=\"%d\",kind=\"draft_ring\"} %d\n", g.gpu,
+                          g.draft_ring_pages);
+    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_pages{gpu=\"%d\",kind=\"staging\"} %d\n", g.gpu,
+                          g.staging_pages);
+  }
+  out += "# HELP dhs_memd_gpu_speculation_bytes Bytes of the admitted requests' speculation shares by kind (issue 13: "
+         "draft_ring = R_d * draft bytes per row, staging = M_stage / N, per request).\n";
+  out += "# TYPE dhs_memd_gpu_speculation_bytes gauge\n";
+  for (const GpuDump& g : d.gpus) {
+    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_bytes{gpu=\"%d\",kind=\"draft_ring\"} %d\n", g.gpu,
+                          g.draft_ring_bytes);
+    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_bytes{gpu=\"%d\",kind=\"staging\"} %d\n", g.gpu,
+                          g.staging_bytes);
+  }
+  out += "# HELP dhs_memd_gpu_declared_speculation_bytes The worker's speculation memory for its N slots as its Hello "
+         "declared it (issue 13: draft_ring = N * R_d * draft bytes per row, staging = M_stage).\n";
+  out += "# TYPE dhs_memd_gpu_declared_speculation_bytes gauge\n";
+  for (const GpuDump& g : d.gpus) {
+    absl::StrAppendFormat(&out, "dhs_memd_gpu_declared_speculation_bytes{gpu=\"%d\",kind=\"draft_ring\"} %d\n",
+                          g.gpu, g.declared_draft_ring_bytes);
+    absl::StrAppendFormat(&out, "dhs_memd_gpu_declared_speculation_bytes{gpu=\"%d\",kind=\"staging\"} %d\n",
+                          g.gpu, g.declared_staging_bytes);
   }
   out += "# HELP dhs_memd_gpu_up 1 while the GPU's worker is registered and live, 0 once fenced (dead or hung).\n";
   out += "# TYPE dhs_memd_gpu_up gauge\n";

@@ -57,6 +57,15 @@ struct GpuDump {
   uint32_t used_slots = 0;
   uint64_t queued_required_pages = 0;
   uint64_t queued_host_pages = 0;
+  // Speculation memory (issue 13; brief §6, §8 "with a drafter"): the Hello's totals for the worker's N slots, bytes
+  // (draft rings N * R_d * draft_bytes_per_row; staging M_stage = χ * N * K_max * k * d_KV), and the sums of the
+  // shares of the requests holding their required pages now (admitted, reclaiming): pages (part of M_req) and bytes.
+  uint64_t declared_draft_ring_bytes = 0;
+  uint64_t declared_staging_bytes = 0;
+  uint32_t draft_ring_pages = 0;
+  uint32_t staging_pages = 0;
+  uint64_t draft_ring_bytes = 0;
+  uint64_t staging_bytes = 0;
   // Page rows, filled only for the `pages` view of this GPU (DumpScope): pages [page_from, page_from + n) as
   // page_states / page_owners (n = page_states.size(), at most the view's count), or with runs, page_runs: maximal
   // runs of consecutive pages of one state and owner, the first starting at page_from, at most the view's count.
@@ -78,6 +87,12 @@ struct RequestDump {
   uint32_t tail_pages = 0;       // history pages covered by the worker's tail, host copy not confirmed written yet
   int64_t admitted_at_us = 0;    // injected clock; queued requests: time queued
   int32_t reclaim_rank = -1;     // 0-based place in the reclaim order among a_r > 0 requests; -1 none
+  // Its slot's speculation share as its admission declared it (issue 13), part of required_pages: its draft ring
+  // (R_d * draft_bytes_per_row bytes) and staging reservation (M_stage / N bytes), pages = ceil(bytes / page bytes).
+  uint32_t draft_ring_pages = 0;
+  uint32_t staging_pages = 0;
+  uint64_t draft_ring_bytes = 0;
+  uint64_t staging_bytes = 0;
   // The history pages whose host copy is complete and confirmed written (HostCopyWritten / BackupComplete), as
   // (history page, host page of segment 0), ascending history page. Rendered in the `request N` view only (JSON
   // "host_copies": [[page, host page], ...]); fault-injection checks (dhs-replay's host_rows_lost) digest those pages.

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
+#include "workerd/spec/draft_ring.h"
+#include "workerd/spec/drafter_model.h"
 #include "workerd/spec/staging_pool.h"
 
 namespace dhs {
@@ -37,6 +39,54 @@ std::vector<std::vector<SourceId>> KvGroups(const model::ModelConfig& model) {
     }
   }
   return groups;
+}
+
+// The speculation memory of `config` (WorkerGeometry::Speculation): staging with any --speculate mode but off, the
+// draft ring with the drafter (its W and row bytes from --drafter-weights). g.page_bytes is set.
+absl::Status ComputeSpeculation(const model::ModelConfig& model, const WorkerConfig& config, WorkerGeometry& g) {
+  const spec::SpeculationConfig& sc = config.speculation;
+  WorkerGeometry::Speculation s;
+  if (sc.mode == spec::SpeculateMode::kOff) {
+    g.speculation = s;
+    return absl::OkStatus();
+  }
+  const uint64_t page_bytes = g.page_bytes;
+  const auto pages_of = [page_bytes](uint64_t bytes) { return CeilDiv(bytes, page_bytes); };
+  // The staging arenas ComputeGeometry sized (g.staging_arenas = --staging-arenas χ in the hierarchical modes; none in
+  // resident mode or with --staging-arenas 0): the reservation HierarchicalKvAccess allocates is the one declared.
+  s.staging_arenas = g.staging_arenas;
+  s.staging_bytes = static_cast<uint64_t>(g.staging_bytes);
+  s.slot_staging_bytes = s.staging_bytes / config.slots;  // exact: N is a factor of M_stage
+  if (sc.mode == spec::SpeculateMode::kFixed || sc.mode == spec::SpeculateMode::kConfidence) {
+    absl::StatusOr<std::unique_ptr<spec::DrafterModel>> drafter = spec::DrafterModel::Load(sc.drafter_weights);
+    if (!drafter.ok()) {
+      return absl::Status(drafter.status().code(), absl::StrCat("--drafter-weights ", sc.drafter_weights, ": ",
+                                                                drafter.status().message()));
+    }
+    const spec::DrafterConfig& dc = (*drafter)->config();
+    // The ring the drafter builds (DrafterProposer::Create: W, K_max = --block, the worker's p, N, exactly R_d rows).
+    absl::StatusOr<spec::DraftRingGeometry> ring = spec::DraftRingGeometry::Create(
+        {.window = dc.window, .k_max = sc.block, .page_rows = config.page_rows, .slots = config.slots,
+         .ring_rows = 0, .draft_bytes_per_row = dc.draft_bytes_per_row()});
+    if (!ring.ok()) {
+      return absl::Status(ring.status().code(), absl::StrCat("--drafter-weights ", sc.drafter_weights, ": ",
+                                                             ring.status().message()));
+    }
+    s.draft_ring_rows = ring->rows_per_slot();
+    s.draft_bytes_per_row = dc.draft_bytes_per_row();
+    s.draft_ring_bytes = static_cast<uint64_t>(ring->bytes());
+    s.slot_draft_ring_bytes = static_cast<uint64_t>(ring->rows_per_slot() * dc.draft_bytes_per_row());
+  }
+  const uint64_t ring_pages = pages_of(s.slot_draft_ring_bytes), staging_pages = pages_of(s.slot_staging_bytes);
+  if (ring_pages + staging_pages > UINT32_MAX / 2) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: a slot's draft ring (", s.slot_draft_ring_bytes,
+                                                   " bytes) and staging (", s.slot_staging_bytes,
+                                                   " bytes) need more pages of ", page_bytes, " bytes than M can be"));
+  }
+  s.draft_ring_pages = static_cast<uint32_t>(ring_pages);
+  s.staging_pages = static_cast<uint32_t>(staging_pages);
+  g.speculation = s;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -124,6 +174,7 @@ absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, 
   g.kv.staging_arenas = g.staging_arenas;
   g.kv.staging_k_max = g.staging_arenas > 0 ? static_cast<uint32_t>(sc.block) : 0;
   g.host_page_bytes = HostPageBytes(model, p);
+  if (absl::Status s = ComputeSpeculation(model, config, g); !s.ok()) return s;
   return g;
 }
 
@@ -154,8 +205,11 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
     info->consumers = consumers[s];
     h.sources.push_back(std::move(info));
   }
-  h.has_drafter = false;
-  h.draft_ring_rows = 0;
+  h.has_drafter = geometry.speculation.draft_ring_rows > 0;
+  h.draft_ring_rows = static_cast<uint32_t>(geometry.speculation.draft_ring_rows);
+  h.draft_ring_bytes = geometry.speculation.draft_ring_bytes;
+  h.staging_bytes = geometry.speculation.staging_bytes;
+  h.staging_arenas = geometry.speculation.staging_arenas;
   return h;
 }
 
@@ -166,6 +220,7 @@ uint32_t RequiredPages(const model::ModelConfig& model, const WorkerGeometry& ge
                                 geometry.page_bytes);
   uint64_t required = CeilDiv(geometry.hot_rows + geometry.tail_rows, p) + meta;
   if (mode == WorkerMode::kResident) required += CeilDiv(context_tokens, p);
+  required += uint64_t{geometry.speculation.draft_ring_pages} + geometry.speculation.staging_pages;
   return static_cast<uint32_t>(required);
 }
 

@@ -1,9 +1,10 @@
 // workerd/geometry.h: the configuration of one worker and the sizes derived from it (brief §8): WorkerConfig, the
-// geometry (page bytes, M, B, T, the KV layout), the Hello that announces them to memd (contract §1), and the pages a
-// request needs on GPU before it may start (AdmitRequest.required_pages). One formula, used by the worker and by
-// dhs-replay (which sizes its node with it).
+// geometry (page bytes, M, B, T, the KV layout, the speculation memory), the Hello that announces them to memd
+// (contract §1), and the pages a request needs on GPU before it may start (AdmitRequest.required_pages). One formula,
+// used by the worker and by dhs-replay (which sizes its node with it).
 //
-// Thread-safety: pure functions and plain values.
+// Thread-safety: plain values and functions; ComputeGeometry reads the drafter's file (--drafter-weights) when the
+// speculation mode has a drafter, nothing else does I/O.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "workerd/spec/speculation_config.h"
 
 namespace dhs {
+
 
 enum class WorkerMode { kResident, kHisparse, kAdaptive };
 std::string_view WorkerModeName(WorkerMode mode);
@@ -67,14 +69,30 @@ struct WorkerGeometry {
   uint32_t staging_arenas = 0;
   int64_t staging_bytes = 0;
   KvConfig kv;                   // the hierarchical layout (optional_pages = M)
+  // Speculation memory (issue 13; brief §6 "Staging", "Draft KV ring", §8 "with a drafter"): required allocations
+  // declared to memd, the totals in the Hello and each slot's share in every AdmitRequest (inside required_pages).
+  // All 0 with --speculate off; the draft ring 0 without a drafter (synthetic mode).
+  struct Speculation {
+    uint32_t staging_arenas = 0;       // χ (WorkerGeometry::staging_arenas: --staging-arenas, 0 in resident mode)
+    int64_t draft_ring_rows = 0;       // R_d = p * ceil((W + K_max + p - 1) / p) rows per slot (the drafter's W)
+    int64_t draft_bytes_per_row = 0;   // the drafter's ring row, bytes (all its layers)
+    uint64_t draft_ring_bytes = 0;     // N * R_d * draft_bytes_per_row, bytes
+    uint64_t staging_bytes = 0;        // M_stage = χ * N * K_max * k * d_KV, bytes (K_max = --block)
+    uint64_t slot_draft_ring_bytes = 0;  // R_d * draft_bytes_per_row: one slot's share, bytes
+    uint64_t slot_staging_bytes = 0;     // M_stage / N = χ * K_max * k * d_KV: one slot's share, bytes
+    uint32_t draft_ring_pages = 0;     // ceil(slot_draft_ring_bytes / page_bytes), per request
+    uint32_t staging_pages = 0;        // ceil(slot_staging_bytes / page_bytes), per request
+  } speculation;
 };
 // Bytes of one host page for `model` at p = page_rows: p * (sum of d_KV over payload sources + sum over indexers of
 // idx_dim * 4) (WorkerGeometry.host_page_bytes; memd --page-bytes of a node serving this model).
 uint64_t HostPageBytes(const model::ModelConfig& model, uint32_t page_rows);
 
-// Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page, gpu >= kMaxGpus,
-// speculation options spec::CheckSpeculation refuses with max_block), UNIMPLEMENTED (a speculation mode needing the
-// drafter).
+// With --speculate fixed / confidence the drafter's config is read from --drafter-weights (its W and ring row bytes
+// size the draft ring). Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page,
+// gpu >= kMaxGpus, speculation options spec::CheckSpeculation refuses with max_block, a staging reservation or draft
+// ring whose size overflows), the drafter file's errors (spec::DrafterModel::Load: NOT_FOUND, INVALID_ARGUMENT, ...)
+// prefixed with "--drafter-weights FILE: ".
 absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
 
 // The Hello of this worker (contract §1).
@@ -83,7 +101,9 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
 
 // GPU pages request needs granted before it starts (AdmitRequest.required_pages): its hot cache and tail, ceil(B + T
 // / p), plus its index keys, ceil(context * indexers * index-key bytes / page bytes), plus, in resident mode, its
-// whole context, ceil(context / p). `context_tokens`: input + max_new_tokens.
+// whole context, ceil(context / p), plus, with speculation, its slot's share of the draft ring and staging arenas
+// (geometry.speculation.draft_ring_pages + staging_pages, brief §8 "with a drafter"), in every mode.
+// `context_tokens`: input + max_new_tokens.
 uint32_t RequiredPages(const model::ModelConfig& model, const WorkerGeometry& geometry, WorkerMode mode,
                        uint64_t context_tokens);
 

@@ -55,6 +55,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
                              config.mode != WorkerMode::kResident};
   w->agent_ = std::make_unique<ResidencyAgent>(agent, residency, memd);
   if (absl::Status s = w->CreateProposer(); !s.ok()) return s;
+  if (const uint64_t ring = w->drafter_ ? static_cast<uint64_t>(w->drafter_->draft_ring_bytes()) : 0;
+      ring != w->geometry_.speculation.draft_ring_bytes) {  // what the Hello declared is what the drafter holds
+    return absl::InternalError(absl::StrCat("worker: the drafter's ring holds ", ring, " bytes, the geometry declares ",
+                                            w->geometry_.speculation.draft_ring_bytes));
+  }
   return w;
 }
 
@@ -129,7 +134,11 @@ absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& sub
   wire::AdmitRequestT admit;
   admit.request = r.id;
   admit.gpu = config_.gpu;
-  admit.required_pages = RequiredPages(mc, geometry_, config_.mode, ctx);
+  admit.required_pages = RequiredPages(mc, geometry_, config_.mode, ctx);  // the speculation share included
+  admit.draft_ring_pages = geometry_.speculation.draft_ring_pages;
+  admit.staging_pages = geometry_.speculation.staging_pages;
+  admit.draft_ring_bytes = geometry_.speculation.slot_draft_ring_bytes;
+  admit.staging_bytes = geometry_.speculation.slot_staging_bytes;
   admit.history_rows = ctx;
   admit.complete_pages = AdmitCompletePages(r);
   // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
@@ -1005,6 +1014,10 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> Worker::Report() const {
     rep->complete_pages = AdmitCompletePages(*r);
     rep->optional_history = config_.mode == WorkerMode::kAdaptive;
     rep->record = MakeRecord(*r, r->submit);
+    rep->draft_ring_pages = geometry_.speculation.draft_ring_pages;  // as its AdmitRequest declared them
+    rep->staging_pages = geometry_.speculation.staging_pages;
+    rep->draft_ring_bytes = geometry_.speculation.slot_draft_ring_bytes;
+    rep->staging_bytes = geometry_.speculation.slot_staging_bytes;
     out.push_back(std::move(rep));
   }
   return out;
@@ -1059,7 +1072,9 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.spec_accepted = s.spec_accepted;
   r.spec_propose_us = s.spec_propose_us;
   r.spec_width_rounds = s.spec_width_rounds;
-  r.draft_ring_bytes = drafter_ ? static_cast<uint64_t>(drafter_->draft_ring_bytes()) : 0;
+  // The reservations declared to memd (Hello): the drafter's ring is checked equal at Create, the staging arenas are
+  // the KV hierarchy's (staging_bytes(), sized by the same geometry).
+  r.draft_ring_bytes = geometry_.speculation.draft_ring_bytes;
   r.staging_bytes = static_cast<uint64_t>(staging_bytes());
   return r;
 }

@@ -625,6 +625,88 @@ TEST_F(MemdProcess, HelloBeyondTheBoundsIsRefusedAndMemdKeepsServing) {
   ASSERT_TRUE(w.Hello(4).accepted);  // still serving; the GPU was never registered with the refused numbers
 }
 
+// Speculation memory declared to memd (issue 13): the Hello's totals for N = 4 slots (draft rings 4 * 10000 bytes,
+// staging 4 * 5000) and each admission's share inside its required pages (ceil(10000 / 4096) = 3 ring pages,
+// ceil(5000 / 4096) = 2 staging pages, + 2 for the hot cache and tail = 7). M = 16: two sessions take 14 pages and a
+// third waits (2 lendable < 7), where without the shares 16 / 2 = 8 would fit N = 4 slots. dhsctl shows each request's
+// share and the GPU's sums; GET /metrics counts them; a share whose pages are not its bytes is rejected.
+TEST_F(MemdProcess, DhsctlAndMetricsShowSpeculationShares) {
+  FakeWorker w(run_dir_, 2);
+  wire::HelloT hello = MakeTestHello(2, "fake", 16, kPageBytes, 4);
+  hello.has_drafter = true;
+  hello.draft_ring_bytes = 40000;
+  hello.staging_bytes = 20000;
+  hello.staging_arenas = 4;
+  w.Send(EncodeHello(hello, w.seq(), "worker"));
+  auto reply = w.Next();
+  ASSERT_TRUE(reply && reply->type == wire::Body::HelloReply);
+  ASSERT_TRUE(ReadHelloReply(*reply)->accepted) << ReadHelloReply(*reply)->reason;
+  const auto admit = [&](uint64_t n, uint32_t ring_pages) {
+    wire::AdmitRequestT a;
+    a.request = w.Id(n);
+    a.gpu = 2;
+    a.required_pages = 2 + ring_pages + 2;
+    a.history_rows = kPageRows;
+    a.draft_ring_pages = ring_pages;
+    a.staging_pages = 2;
+    a.draft_ring_bytes = 10000;
+    a.staging_bytes = 5000;
+    w.Send(EncodeAdmitRequest(a, w.seq(), "worker"));
+    return w.Next();
+  };
+  for (uint64_t n : {1, 2}) {
+    auto m = admit(n, 3);
+    ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant) << (m ? BodyName(m->type) : "nothing");
+    EXPECT_EQ(ReadAdmitGrant(*m)->required_pages.size(), 7u);
+  }
+  auto wait = admit(3, 3);
+  ASSERT_TRUE(wait && wait->type == wire::Body::AdmitWait) << (wait ? BodyName(wait->type) : "nothing");
+  EXPECT_EQ(ReadAdmitWait(*wait)->deficit_pages, 5u);  // 7 - 2 lendable
+  auto bad = admit(4, 2);  // 10000 bytes are 3 pages of 4096, not 2
+  ASSERT_TRUE(bad && bad->type == wire::Body::AdmitReject) << (bad ? BodyName(bad->type) : "nothing");
+  EXPECT_EQ(ReadAdmitReject(*bad)->code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(ReadAdmitReject(*bad)->reason.find("pages of 4096 bytes need 3 and 2"), std::string::npos)
+      << ReadAdmitReject(*bad)->reason;
+
+  const json r1 = DhsctlJson("request " + std::to_string(w.Id(1)));
+  EXPECT_EQ(r1["required_pages"], 7);
+  EXPECT_EQ(r1["draft_ring_pages"], 3);
+  EXPECT_EQ(r1["draft_ring_bytes"], 10000);
+  EXPECT_EQ(r1["staging_pages"], 2);
+  EXPECT_EQ(r1["staging_bytes"], 5000);
+  const json r3 = DhsctlJson("request " + std::to_string(w.Id(3)));  // queued: its share, not yet counted
+  EXPECT_EQ(r3["state"], "queued");
+  EXPECT_EQ(r3["draft_ring_bytes"], 10000);
+  const json g = DhsctlJson("gpus")[0];
+  EXPECT_EQ(g["M_req"], 14);
+  EXPECT_EQ(g["draft_ring_pages"], 6);
+  EXPECT_EQ(g["staging_pages"], 4);
+  EXPECT_EQ(g["draft_ring_bytes"], 20000);
+  EXPECT_EQ(g["staging_bytes"], 10000);
+  EXPECT_EQ(g["declared_draft_ring_bytes"], 40000);
+  EXPECT_EQ(g["declared_staging_bytes"], 20000);
+  auto [rc, text] = Dhsctl("request " + std::to_string(w.Id(1)));
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(text.find("speculation: draft ring 3 pages = 10000 bytes, staging 2 pages = 5000 bytes"),
+            std::string::npos)
+      << text;
+  auto [grc, gtext] = Dhsctl("gpus");
+  EXPECT_EQ(grc, 0);
+  EXPECT_NE(gtext.find("GPU 2 speculation: draft ring 6 pages = 20000 bytes in use (40000 declared), staging 4 pages "
+                       "= 10000 bytes in use (20000 declared)"),
+            std::string::npos)
+      << gtext;
+  const std::string metrics = MetricsWith("dhs_memd_gpu_speculation_pages{gpu=\"2\",kind=\"draft_ring\"} 6");
+  for (const char* line : {"dhs_memd_gpu_speculation_pages{gpu=\"2\",kind=\"draft_ring\"} 6\n",
+                           "dhs_memd_gpu_speculation_pages{gpu=\"2\",kind=\"staging\"} 4\n",
+                           "dhs_memd_gpu_speculation_bytes{gpu=\"2\",kind=\"draft_ring\"} 20000\n",
+                           "dhs_memd_gpu_speculation_bytes{gpu=\"2\",kind=\"staging\"} 10000\n",
+                           "dhs_memd_gpu_declared_speculation_bytes{gpu=\"2\",kind=\"draft_ring\"} 40000\n",
+                           "dhs_memd_gpu_declared_speculation_bytes{gpu=\"2\",kind=\"staging\"} 20000\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << metrics;
+  }
+}
+
 // history_rows = 2^64-1: the daemon's rows -> pages used to wrap to 0 context pages and grant it; the core now refuses
 // it (INVALID_ARGUMENT).
 TEST_F(MemdProcess, AdmitWithHistoryRowsBeyondAnyPoolIsRejected) {

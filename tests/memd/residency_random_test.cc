@@ -48,6 +48,12 @@ namespace dhs::memd {
 namespace {
 
 constexpr uint32_t kGpus = 2, kM = 24, kRes = 2, kHost = 96, kSlots = 5;
+// Speculation shares (issue 13): every GPU's Hello declares a draft ring of at most 2 pages and staging of at most one
+// page per slot for its kSlots slots; admissions declare random shares up to those, inside their required pages.
+constexpr uint64_t kGpuPageBytes = 4096, kRingSlotBytes = 2 * kGpuPageBytes, kStagingSlotBytes = kGpuPageBytes;
+constexpr GpuDeclaration kDeclared{kGpuPageBytes, kSlots * kRingSlotBytes, kSlots * kStagingSlotBytes};
+
+uint32_t PagesOf(uint64_t bytes) { return static_cast<uint32_t>((bytes + kGpuPageBytes - 1) / kGpuPageBytes); }
 
 struct MPage {
   PageIndex host_page = 0;
@@ -72,6 +78,7 @@ struct MReq {
   std::map<uint32_t, PageIndex> resumed_host;  // a resume: history page -> host page it took over (every kept one)
   bool resume = false;                  // admitted with resume_of (a fence while queued interrupts it again)
   uint32_t epoch = 1;        // its GPU's epoch at its admission
+  SpeculationShare share;    // its slot's draft ring and staging (inside `required`); none once interrupted
 };
 struct FakeReclaim {
   RequestId request = 0;
@@ -90,14 +97,17 @@ struct FakePopulate {
 class Harness {
  public:
   Harness(uint64_t seed, const std::string& policy)
-      : rng_(seed), view_rng_(seed ^ 0x9e3779b97f4a7c15ULL), policy_(policy) {
+      : rng_(seed),
+        view_rng_(seed ^ 0x9e3779b97f4a7c15ULL),
+        share_rng_(seed ^ 0x5851f42d4c957f2dULL),
+        policy_(policy) {
     ResidencyConfig c{.reserve_pages = kRes, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy};
     journal_memory_.assign(HostJournal::BytesFor(kHost) / 8, 0);
     journal_ = std::make_unique<HostJournal>(*HostJournal::Attach(JournalBytes(), kHost));
     journal_->Format();
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
-    for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
+    for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots, kDeclared).ok());
     epochs_.assign(kGpus, 1);
     up_.assign(kGpus, true);
   }
@@ -162,6 +172,9 @@ class Harness {
   uint64_t resumed_pages_since_restart() const { return resumed_pages_since_restart_; }
   uint64_t resume_refusals() const { return resume_refusals_; }
   uint64_t resumes_with_gaps() const { return resumes_with_gaps_; }  // took over kept pages after a lost one
+  uint64_t bad_shares() const { return bad_shares_; }                // admissions refused for their share
+  uint64_t bad_share_reports() const { return bad_share_reports_; }  // reports refused for their share
+  uint64_t max_share_pages() const { return max_share_pages_; }      // the most share pages one GPU held at once
   uint64_t restarts() const { return restarts_; }
   uint64_t survived() const { return survived_; }
   uint64_t reported() const { return reported_; }
@@ -199,7 +212,10 @@ class Harness {
     a.history_pages = Pick(9);
     a.context_pages = a.history_pages + Pick(4) + (Pick(60) == 0 ? kHost : 0);
     a.optional_history = Pick(4) != 0;
+    a.speculation = RandomShare();
+    a.required_pages += static_cast<uint32_t>(a.speculation.pages());
     MReq& m = model_[r];
+    m.share = a.speculation;
     m.gpu = a.gpu;
     m.epoch = epochs_[a.gpu];
     m.required = a.required_pages;
@@ -233,8 +249,11 @@ class Harness {
     a.optional_history = Pick(4) != 0;
     a.host_backed = true;
     a.resume_of = old;
+    a.speculation = RandomShare();
+    a.required_pages += static_cast<uint32_t>(a.speculation.pages());
     if (Pick(5) == 0) return ResumeRefused(a, span);
     MReq m;
+    m.share = a.speculation;
     m.gpu = a.gpu;
     m.epoch = epochs_[a.gpu];
     m.required = a.required_pages;
@@ -378,8 +397,9 @@ class Harness {
     ASSERT_EQ(mgr_->AdoptGpu(g, kM, kSlots, epochs_[g], {}).code(), absl::StatusCode::kFailedPrecondition);
     const absl::Status again = mgr_->FenceGpu(g);
     ASSERT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
-    const absl::Status reg_live = live.size() > 1 ? mgr_->RegisterGpu(live[0] == g ? live[1] : live[0], kM, kSlots)
-                                                  : absl::AlreadyExistsError("");
+    const absl::Status reg_live = live.size() > 1
+                                      ? mgr_->RegisterGpu(live[0] == g ? live[1] : live[0], kM, kSlots, kDeclared)
+                                      : absl::AlreadyExistsError("");
     ASSERT_EQ(reg_live.code(), absl::StatusCode::kAlreadyExists) << "a live GPU registered twice";
     ASSERT_TRUE(mgr_->DrainOrders().empty());
   }
@@ -469,7 +489,7 @@ class Harness {
       up_[g] = epochs_[g] == 0;
       if (up_[g]) {  // a GPU memd knows nothing of: its first registration
         epochs_[g] = 1;
-        ASSERT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
+        ASSERT_TRUE(mgr_->RegisterGpu(g, kM, kSlots, kDeclared).ok());
       }
     }
     ASSERT_TRUE(mgr_->DrainOrders().empty());
@@ -502,7 +522,7 @@ class Harness {
     std::vector<ReportedRequest> reports;
     for (const auto& [id, m] : model_) {
       if (m.gpu != g || !m.granted || m.interrupted) continue;
-      ReportedRequest rep{id, m.slot, m.required_pages, m.complete, m.optional_history, {}};
+      ReportedRequest rep{id, m.slot, m.required_pages, m.complete, m.optional_history, {}, m.share};
       for (const MPage& mp : m.pages) {
         rep.history.push_back({mp.host_page, mp.written || Pick(8) == 0,
                                mp.on_gpu ? std::optional<PageIndex>(mp.gpu_page) : std::nullopt});
@@ -516,6 +536,11 @@ class Harness {
       reports.push_back(std::move(twin));
     }
     if (Pick(3) == 0) reports.push_back(ReportedRequest{next_id_++, kSlots - 1, {kM}, 0, true, {}});
+    if (share_rng_() % 3 == 0) {  // a share of more pages than its required ones: refused alone
+      reports.push_back(ReportedRequest{next_id_++, kSlots - 1, {0}, 0, true, {},
+                                        SpeculationShare{1, 1, kGpuPageBytes, kGpuPageBytes}});
+      ++bad_share_reports_;
+    }
     uint32_t journal_epoch = 0;
     for (const AdoptedRequest& a : adopted) journal_epoch = a.gpu == g ? std::max(journal_epoch, a.epoch) : journal_epoch;
     if (journal_epoch > 1) {
@@ -524,7 +549,7 @@ class Harness {
       ASSERT_TRUE(mgr_->fenced(g));
     }
     std::vector<absl::Status> outcomes;
-    const absl::Status s = mgr_->AdoptGpu(g, kM, kSlots, epochs_[g], reports, &outcomes);
+    const absl::Status s = mgr_->AdoptGpu(g, kM, kSlots, epochs_[g], reports, &outcomes, kDeclared);
     ASSERT_TRUE(s.ok()) << s;
     ASSERT_EQ(outcomes.size(), reports.size());
     for (size_t i = 0; i < outcomes.size(); ++i) {
@@ -548,7 +573,7 @@ class Harness {
     const GpuId g = which.value_or(down[Pick(static_cast<uint32_t>(down.size()))]);
     up_[g] = true;
     ++epochs_[g];
-    Run(mgr_->RegisterGpu(g, kM, kSlots));
+    Run(mgr_->RegisterGpu(g, kM, kSlots, kDeclared));
     ASSERT_EQ(mgr_->epoch(g), epochs_[g]);
     ASSERT_FALSE(mgr_->fenced(g));
     std::vector<RequestId> want;
@@ -647,8 +672,54 @@ class Harness {
     Run(mgr_->OnReadyPublish(o, pages, ok));
   }
 
+  // A slot's share: none (speculation off), staging only (no drafter) or both, bytes up to the declared per-slot ones.
+  SpeculationShare RandomShare() {
+    SpeculationShare share;
+    const uint64_t kind = share_rng_() % 3;
+    if (kind == 0) return share;
+    share.staging_bytes = 1 + share_rng_() % kStagingSlotBytes;
+    share.staging_pages = PagesOf(share.staging_bytes);
+    if (kind == 2) {
+      share.draft_ring_bytes = 1 + share_rng_() % kRingSlotBytes;
+      share.draft_ring_pages = PagesOf(share.draft_ring_bytes);
+    }
+    return share;
+  }
+
+  // An admission whose speculation share is bad (one of three kinds) is refused INVALID_ARGUMENT, changes nothing.
+  void BadShare() {
+    std::vector<GpuId> live;
+    for (GpuId g = 0; g < kGpus; ++g) {
+      if (up_[g]) live.push_back(g);
+    }
+    if (live.empty()) return Run(mgr_->Populate());
+    AdmitRequest a;
+    a.request = next_id_++;
+    a.gpu = live[share_rng_() % live.size()];
+    a.context_pages = 2;
+    a.speculation = SpeculationShare{2, 1, kRingSlotBytes, kStagingSlotBytes};
+    a.required_pages = 4;
+    switch (share_rng_() % 3) {
+      case 0: a.required_pages = 2; break;                // 3 pages of share in 2 required
+      case 1: a.speculation.draft_ring_pages = 1; break;  // 8192 bytes are 2 pages of 4096, not 1
+      default:                                            // above the GPU's declared total
+        a.speculation.staging_bytes = kDeclared.staging_bytes + 1;
+        a.speculation.staging_pages = PagesOf(a.speculation.staging_bytes);
+        a.required_pages = 2 + a.speculation.staging_pages;
+    }
+    const uint64_t errors = mgr_->counters().event_errors;
+    const absl::Status s = mgr_->Admit(a);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(mgr_->counters().event_errors, errors + 1);
+    EXPECT_FALSE(mgr_->GpuOfRequest(a.request).has_value());
+    EXPECT_TRUE(mgr_->DrainOrders().empty());
+    ++bad_shares_;
+    Check();
+  }
+
   // Malformed reports are refused whole and change nothing (the checks after the event see any change).
   void Malformed() {
+    if (share_rng_() % 4 == 0) return BadShare();
     const uint64_t errors = mgr_->counters().event_errors;
     absl::Status s;
     if (HasBackups()) {
@@ -970,6 +1041,22 @@ class Harness {
     ASSERT_EQ(d.gpus.size(), kGpus);
     for (const GpuDump& g : d.gpus) {
       ASSERT_EQ(g.up, bool{up_[g.gpu]}) << "GPU " << g.gpu;
+      // Speculation in use = the shares of the requests granted on it (issue 13); the Hello's totals.
+      SpeculationShare want;
+      for (const auto& [id, m] : model_) {
+        if (m.gpu != g.gpu || !m.granted || m.interrupted) continue;
+        want.draft_ring_pages += m.share.draft_ring_pages;
+        want.staging_pages += m.share.staging_pages;
+        want.draft_ring_bytes += m.share.draft_ring_bytes;
+        want.staging_bytes += m.share.staging_bytes;
+      }
+      if (g.up) max_share_pages_ = std::max<uint64_t>(max_share_pages_, want.pages());
+      ASSERT_EQ(g.draft_ring_pages, g.up ? want.draft_ring_pages : 0) << "GPU " << g.gpu;
+      ASSERT_EQ(g.staging_pages, g.up ? want.staging_pages : 0) << "GPU " << g.gpu;
+      ASSERT_EQ(g.draft_ring_bytes, g.up ? want.draft_ring_bytes : 0) << "GPU " << g.gpu;
+      ASSERT_EQ(g.staging_bytes, g.up ? want.staging_bytes : 0) << "GPU " << g.gpu;
+      ASSERT_EQ(g.declared_draft_ring_bytes, g.up ? kDeclared.draft_ring_bytes : 0) << "GPU " << g.gpu;
+      ASSERT_EQ(g.declared_staging_bytes, g.up ? kDeclared.staging_bytes : 0) << "GPU " << g.gpu;
       ASSERT_EQ(g.epoch, epochs_[g.gpu]) << "GPU " << g.gpu;
       if (!g.up) {  // fenced: no pages, slots or queue of it remain
         ASSERT_TRUE(g.page_states.empty() && g.queue.empty() && g.used_slots == 0 && g.reclaims_in_flight == 0);
@@ -1001,6 +1088,11 @@ class Harness {
     for (const RequestDump& rd : d.requests) {
       const MReq& m = model_.at(rd.request);
       ASSERT_EQ(rd.state == RequestState::kQueued, !m.granted);
+      const SpeculationShare share = m.interrupted ? SpeculationShare{} : m.share;  // an interrupted one holds none
+      ASSERT_EQ(rd.draft_ring_pages, share.draft_ring_pages) << "request " << rd.request;
+      ASSERT_EQ(rd.staging_pages, share.staging_pages) << "request " << rd.request;
+      ASSERT_EQ(rd.draft_ring_bytes, share.draft_ring_bytes) << "request " << rd.request;
+      ASSERT_EQ(rd.staging_bytes, share.staging_bytes) << "request " << rd.request;
       if (!m.granted) {  // a queued resume shows the host copies it took over
         ASSERT_EQ(rd.host_pages, m.resumed_host.size()) << "request " << rd.request;
         continue;
@@ -1050,6 +1142,8 @@ class Harness {
 
   std::mt19937_64 rng_;
   std::mt19937_64 view_rng_;  // the scoped views checked (own stream: the events of a seed stay as they were)
+  std::mt19937_64 share_rng_;  // speculation shares and bad-share events (own stream, likewise)
+  uint64_t bad_shares_ = 0, bad_share_reports_ = 0, max_share_pages_ = 0;
   int64_t now_ = 0;
   RequestId next_id_ = 1;
   std::unique_ptr<ResidencyManager> mgr_;
@@ -1089,6 +1183,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   uint64_t early = 0, regranted = 0, slot_waits = 0, fenced_with_copies = 0, kept = 0, lost_backups = 0;
   uint64_t resumed_pages = 0, resume_refusals = 0, resumes_with_gaps = 0;
   uint64_t restarts = 0, adopted = 0, adopted_pages = 0, survived = 0, reported = 0, refused_reports = 0;
+  uint64_t bad_shares = 0, bad_share_reports = 0, max_share_pages = 0;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
     std::printf("DHS_SEED=%lu (policy %s)\n", static_cast<unsigned long>(seed), policy.c_str());
@@ -1127,6 +1222,9 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     resumed_pages += h.resumed_pages();
     resume_refusals += h.resume_refusals();
     resumes_with_gaps += h.resumes_with_gaps();
+    bad_shares += h.bad_shares();
+    bad_share_reports += h.bad_share_reports();
+    max_share_pages = std::max(max_share_pages, h.max_share_pages());
     total.resumes += c.resumes;
     EXPECT_EQ(c.host_pages_resumed, h.resumed_pages_since_restart());  // the counters are the last core's
     restarts += h.restarts();
@@ -1140,6 +1238,9 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
               "refused %lu\n",
               static_cast<unsigned long>(total.resumes), static_cast<unsigned long>(resumed_pages),
               static_cast<unsigned long>(resumes_with_gaps), static_cast<unsigned long>(resume_refusals));
+  std::printf("speculation shares: bad admissions refused %lu, bad reports refused %lu, at most %lu share pages on "
+              "one GPU\n", static_cast<unsigned long>(bad_shares), static_cast<unsigned long>(bad_share_reports),
+              static_cast<unsigned long>(max_share_pages));
   std::printf("requests of workers that survived a memd restart %lu (reports adopted %lu, bad reports refused %lu)\n",
               static_cast<unsigned long>(survived), static_cast<unsigned long>(reported),
               static_cast<unsigned long>(refused_reports));
@@ -1189,6 +1290,9 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   EXPECT_GT(resumed_pages, 0u);
   EXPECT_GT(resume_refusals, 0u);
   EXPECT_GT(resumes_with_gaps, 0u);
+  EXPECT_GT(bad_shares, 0u);
+  EXPECT_GT(bad_share_reports, 0u);
+  EXPECT_GT(max_share_pages, 0u);
   EXPECT_GT(restarts, 0u);
   EXPECT_GT(survived, 0u);
   EXPECT_EQ(reported, survived);

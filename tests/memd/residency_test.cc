@@ -366,6 +366,109 @@ TEST_F(ResidencyTest, RegisterGpuBeyondTheBoundsIsRefused) {
   EXPECT_TRUE(mgr_->CheckInvariants().ok());
 }
 
+// Speculation shares are required pages (issue 13; brief §2 "required allocation", §8 "with a drafter"): a GPU whose
+// pages go to draft rings and staging admits fewer sessions, exactly floor((M - M_res) / (base + ring + staging)).
+// Numbers of brief §8's glm5-like preset, by hand: page = p * d_KV * L_pay = 64 * 576 * 78 = 2,875,392 bytes; base
+// required = ceil((B + T) / p) = ceil((4096 + 64) / 64) = 65 pages; draft ring per slot R_d * 12,288 with R_d =
+// 64 * ceil((2048 + 8 + 63) / 64) = 2176 rows = 26,738,688 bytes = 10 pages (9.3); staging per slot M_stage / N =
+// χ * K_max * k * d_KV = 4 * 8 * 2048 * 576 = 37,748,736 bytes = 14 pages (13.1). With speculation a session requires
+// 65 + 10 + 14 = 89 pages: of M = 1000, 11 sessions (979 pages) instead of floor(1000 / 65) = 15.
+TEST_F(ResidencyTest, SpeculationSharesAreRequiredPagesAndAdmitFewerSessions) {
+  Make(1000, 0, 8, "oldest-first", 8, /*slots=*/16);  // GPU 0: no speculation (its Hello declares none)
+  constexpr uint64_t kPage = 2875392, kRing = 26738688, kStage = 37748736;
+  ASSERT_EQ(kRing, 2176u * 12288);
+  ASSERT_EQ(kStage, 4u * 8 * 2048 * 576);
+  ASSERT_TRUE(mgr_->RegisterGpu(1, 1000, 16, GpuDeclaration{kPage, 16 * kRing, 16 * kStage}).ok());
+  const SpeculationShare share{10, 14, kRing, kStage};
+  std::map<GpuId, std::vector<RequestId>> granted, waiting;
+  for (GpuId gpu : {0u, 1u}) {
+    for (RequestId i = 1; i <= 16; ++i) {
+      AdmitRequest a;
+      a.request = gpu * 100 + i;
+      a.gpu = gpu;
+      a.required_pages = 65;
+      if (gpu == 1) {
+        a.speculation = share;
+        a.required_pages += 24;
+      }
+      const auto orders = Do(mgr_->Admit(a));
+      (OfType<GrantOrder>(orders).empty() ? waiting : granted)[gpu].push_back(a.request);
+    }
+  }
+  EXPECT_EQ(granted[0].size(), 15u);  // 15 * 65 = 975; the 16th waits for 65 of the 25 left
+  EXPECT_EQ(granted[1].size(), 11u);  // 11 * 89 = 979; the 12th waits for 89 of the 21 left
+  EXPECT_EQ(waiting[1].size(), 5u);
+  StateDump d = mgr_->Dump();
+  const GpuDump& g1 = d.gpus[1];
+  EXPECT_EQ(g1.required_pages, 979u);
+  EXPECT_EQ(g1.draft_ring_pages, 110u);
+  EXPECT_EQ(g1.staging_pages, 154u);
+  EXPECT_EQ(g1.draft_ring_bytes, 294125568u);  // 11 * 26,738,688
+  EXPECT_EQ(g1.staging_bytes, 415236096u);     // 11 * 37,748,736
+  EXPECT_EQ(g1.declared_draft_ring_bytes, 427819008u);  // 16 * 26,738,688
+  EXPECT_EQ(g1.declared_staging_bytes, 603979776u);     // 16 * 37,748,736 = χ * N * K_max * k * d_KV
+  EXPECT_EQ(d.gpus[0].draft_ring_pages + d.gpus[0].staging_pages, 0u);
+  const RequestDump queued = Req(waiting[1][0]);  // a queued admission shows its share; the GPU's sums do not count it
+  EXPECT_EQ(queued.state, RequestState::kQueued);
+  EXPECT_EQ(queued.draft_ring_pages, 10u);
+  EXPECT_EQ(queued.staging_bytes, kStage);
+  // A completion frees the 89 pages, share included: the head of the queue is granted, the sums stay at 11 sessions.
+  auto o = Do(mgr_->Complete(granted[1][0]));
+  ASSERT_EQ(OfType<CompleteAckOrder>(o).size(), 1u);
+  EXPECT_EQ(OfType<CompleteAckOrder>(o)[0].released_pages, 89u);
+  ASSERT_EQ(OfType<GrantOrder>(o).size(), 1u);
+  EXPECT_EQ(OfType<GrantOrder>(o)[0].request, waiting[1][0]);
+  EXPECT_EQ(OfType<GrantOrder>(o)[0].required_pages.size(), 89u);
+  EXPECT_EQ(mgr_->Dump().gpus[1].draft_ring_pages, 110u);
+  for (RequestId r = 102; r <= 116; ++r) Do(mgr_->Complete(r));  // 101 completed above
+  d = mgr_->Dump();
+  EXPECT_EQ(d.gpus[1].draft_ring_pages + d.gpus[1].staging_pages, 0u);
+  EXPECT_EQ(d.gpus[1].draft_ring_bytes + d.gpus[1].staging_bytes, 0u);
+  EXPECT_EQ(d.gpus[1].free_pages, 1000u);
+}
+
+// A bad speculation share is refused INVALID_ARGUMENT naming the numbers, and changes nothing.
+TEST_F(ResidencyTest, BadSpeculationSharesAreRefused) {
+  Make(100, 0, 8);
+  ASSERT_TRUE(mgr_->RegisterGpu(1, 100, 4, GpuDeclaration{4096, 4 * 10000, 4 * 5000}).ok());
+  AdmitRequest a;
+  a.request = 1;
+  a.gpu = 1;
+  a.required_pages = 7;
+  a.speculation = SpeculationShare{3, 2, 10000, 5000};  // ceil(10000 / 4096) = 3, ceil(5000 / 4096) = 2
+  const auto refused = [&](AdmitRequest bad, const std::string& says) {
+    const absl::Status s = mgr_->Admit(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(says), std::string::npos) << s;
+    EXPECT_FALSE(mgr_->GpuOfRequest(bad.request).has_value());
+    EXPECT_TRUE(mgr_->DrainOrders().empty());
+    EXPECT_TRUE(mgr_->CheckInvariants().ok());
+  };
+  AdmitRequest b = a;
+  b.required_pages = 4;
+  refused(b, "draft ring 3 + staging 2 pages exceed its 4 required pages");
+  b = a;
+  b.speculation.draft_ring_pages = 2;
+  b.required_pages = 6;
+  refused(b, "pages of 4096 bytes need 3 and 2");
+  b = a;
+  b.speculation.staging_bytes = 20001;  // above the Hello's 4 * 5000
+  b.speculation.staging_pages = 5;
+  b.required_pages = 10;
+  refused(b, "exceed its GPU's declared totals");
+  b = a;
+  b.gpu = 0;  // GPU 0's Hello declared no page bytes
+  refused(b, "declared no page_bytes");
+  EXPECT_EQ(mgr_->RegisterGpu(2, 4, 1, GpuDeclaration{kMaxGpuPageBytes + 1, 0, 0}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr_->counters().event_errors, 5u);
+  const auto o = Do(mgr_->Admit(a));  // the good one is granted with its 7 pages
+  ASSERT_EQ(OfType<GrantOrder>(o).size(), 1u);
+  EXPECT_EQ(Req(1).draft_ring_pages, 3u);
+  EXPECT_EQ(Req(1).staging_bytes, 5000u);
+  EXPECT_EQ(mgr_->Dump().gpus[1].staging_pages, 2u);
+}
+
 // The wire's history_rows is converted to context pages by the core, without overflow: ceil(rows / p) beyond 2^32-1
 // pages (history_rows = 2^64-1 used to wrap to 0 pages in the daemon and be granted) is InvalidArgument, nothing
 // changes; 2^32-1 pages is a valid number that can never fit (Reject).

@@ -96,11 +96,13 @@ TEST_F(DumpTest, RequestViewListsConfirmedHostCopies) {
 TEST_F(DumpTest, TableViews) {
   const std::string gpus = DumpToTable(dump_, *ParseDumpView("gpus"));
   EXPECT_EQ(gpus,
-            "GPU        M   M_req   M_opt   M_res    free pending   ready  queued reclaim STATE  EPOCH\n"
-            "0         10       2       3       2       5       0       3       1       0 up         1\n");
+            "GPU        M   M_req   M_opt   M_res    free pending   ready  queued reclaim STATE  EPOCH   RING  STAGE\n"
+            "0         10       2       3       2       5       0       3       1       0 up         1      0      0\n");
   const std::string reqs = DumpToTable(dump_, *ParseDumpView("requests"));
-  EXPECT_NE(reqs.find("1           0     0 admitted       2     3       0/3     0     0\n"), std::string::npos) << reqs;
-  EXPECT_NE(reqs.find("2           0     - queued         7     0       0/0     0    -1\n"), std::string::npos) << reqs;
+  EXPECT_NE(reqs.find("1           0     0 admitted       2     3       0/3     0     0     0     0\n"), std::string::npos)
+      << reqs;
+  EXPECT_NE(reqs.find("2           0     - queued         7     0       0/0     0    -1     0     0\n"), std::string::npos)
+      << reqs;
   const std::string pages = DumpToTable(dump_, *ParseDumpView("pages 0"));
   EXPECT_NE(pages.find("2      optional-ready   1"), std::string::npos) << pages;
   EXPECT_NE(pages.find("9      free             -"), std::string::npos) << pages;
@@ -250,6 +252,58 @@ TEST_F(DumpTest, Prometheus) {
   EXPECT_NE(text.find("dhs_memd_grants_total 1\n"), std::string::npos);
   EXPECT_NE(text.find("dhs_memd_waits_total 1\n"), std::string::npos);
   EXPECT_NE(text.find("dhs_memd_host_pages{kind=\"total\"} 8\n"), std::string::npos);
+}
+
+// Speculation shares (issue 13) in every rendering: GPU 1's Hello declares draft rings of 4 * 10000 and staging of
+// 4 * 5000 bytes (pages of 4096 bytes); request 3 holds a share of ceil(10000 / 4096) = 3 ring and ceil(5000 / 4096)
+// = 2 staging pages in its 7 required pages; request 4 (4 required, no share) too.
+TEST_F(DumpTest, SpeculationSharesInJsonTableAndPrometheus) {
+  ASSERT_TRUE(mgr_->RegisterGpu(1, 20, 4, GpuDeclaration{4096, 40000, 20000}).ok());
+  ASSERT_TRUE(mgr_->Admit({.request = 3, .gpu = 1, .required_pages = 7,
+                           .speculation = SpeculationShare{3, 2, 10000, 5000}}).ok());
+  ASSERT_TRUE(mgr_->Admit({.request = 4, .gpu = 1, .required_pages = 4}).ok());
+  const StateDump d = mgr_->Dump();
+  const json g1 = DumpToJson(d, *ParseDumpView("gpus"))[1];
+  EXPECT_EQ(g1["M_req"], 11);
+  EXPECT_EQ(g1["draft_ring_pages"], 3);
+  EXPECT_EQ(g1["staging_pages"], 2);
+  EXPECT_EQ(g1["draft_ring_bytes"], 10000);
+  EXPECT_EQ(g1["staging_bytes"], 5000);
+  EXPECT_EQ(g1["declared_draft_ring_bytes"], 40000);
+  EXPECT_EQ(g1["declared_staging_bytes"], 20000);
+  const json r3 = DumpToJson(d, *ParseDumpView("request 3"));
+  EXPECT_EQ(r3["required_pages"], 7);
+  EXPECT_EQ(r3["draft_ring_pages"], 3);
+  EXPECT_EQ(r3["draft_ring_bytes"], 10000);
+  EXPECT_EQ(r3["staging_pages"], 2);
+  EXPECT_EQ(r3["staging_bytes"], 5000);
+  EXPECT_EQ(DumpToJson(d, *ParseDumpView("request 4"))["draft_ring_pages"], 0);
+  const std::string gpus = DumpToTable(d, *ParseDumpView("gpus"));
+  EXPECT_NE(gpus.find("1         20      11       0       2       9       0       0       0       0 up         1      3"
+                      "      2\n"),
+            std::string::npos)
+      << gpus;
+  EXPECT_NE(gpus.find("GPU 1 speculation: draft ring 3 pages = 10000 bytes in use (40000 declared), staging 2 pages = "
+                      "5000 bytes in use (20000 declared)\n"),
+            std::string::npos)
+      << gpus;
+  EXPECT_EQ(gpus.find("GPU 0 speculation"), std::string::npos) << gpus;  // none declared or held
+  const std::string r3_text = DumpToTable(d, *ParseDumpView("request 3"));
+  EXPECT_NE(r3_text.find("admitted       7     0       0/0     0    -1     3     2\n"), std::string::npos) << r3_text;
+  EXPECT_NE(r3_text.find("speculation: draft ring 3 pages = 10000 bytes, staging 2 pages = 5000 bytes\n"),
+            std::string::npos)
+      << r3_text;
+  EXPECT_EQ(DumpToTable(d, *ParseDumpView("request 4")).find("speculation"), std::string::npos);
+  const std::string text = RenderPrometheus(d, mgr_->counters());
+  for (const char* line : {"dhs_memd_gpu_speculation_pages{gpu=\"1\",kind=\"draft_ring\"} 3\n",
+                           "dhs_memd_gpu_speculation_pages{gpu=\"1\",kind=\"staging\"} 2\n",
+                           "dhs_memd_gpu_speculation_bytes{gpu=\"1\",kind=\"draft_ring\"} 10000\n",
+                           "dhs_memd_gpu_speculation_bytes{gpu=\"1\",kind=\"staging\"} 5000\n",
+                           "dhs_memd_gpu_declared_speculation_bytes{gpu=\"1\",kind=\"draft_ring\"} 40000\n",
+                           "dhs_memd_gpu_declared_speculation_bytes{gpu=\"1\",kind=\"staging\"} 20000\n",
+                           "dhs_memd_gpu_speculation_pages{gpu=\"0\",kind=\"draft_ring\"} 0\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << text;
+  }
 }
 
 }  // namespace

@@ -6,8 +6,8 @@ bit-identical (brief §7). Then the same with speculative decoding (--speculate 
 run against a plain resident reference: still bit-identical, and the speculation figures are consistent. Then with
 the built-in drafter (--speculate fixed --drafter-weights FILE made by dhs-gen-weights --drafter): bit-identical,
 rounds > 0, and draft_ring_bytes = N * R_d * bytes per row, computed here from the file's own config
-(R_d = p * ceil((W + K_max + p - 1) / p), brief §6; a row holds K and V of every layer and head, f32).
-Both speculative runs report the staging arenas, staging_bytes = chi * N * K_max * k * d_KV (STAGING_BYTES).
+(R_d = p * ceil((W + K_max + p - 1) / p), brief §6; a row holds K and V of every layer and head, f32). Both
+speculative runs report staging_bytes = χ * N * K_max * k * d_KV (brief §6 "Staging"; χ = 4, brief §8's default).
 Usage: replay_e2e_test.py DHS_REPLAY DHS_GEN_WEIGHTS"""
 import json
 import os
@@ -32,9 +32,9 @@ def run(replay: str, extra: list) -> dict:
             return json.load(f)
 
 
-# The staging arenas the adaptive worker reserves with speculation on (brief §6: M_stage = chi * N * K_max * k * d_KV):
-# workerd's --staging-arenas default chi = 4, dhs-replay's --slots default N = 8, --block 4 in both runs, and the
-# dsv4flash-like preset's k = 16 and d_KV = 288 bytes (brief §8).
+# The staging reservation the worker declares to memd: χ * N * K_max * k * d_KV with χ = 4 (workerd --staging-arenas default,
+# brief §8), N = 8 (dhs-replay's --slots default), K_max = --block 4, and dsv4flash-like's k = 16 and d_KV = 288 bytes
+# (brief §8's table; workerd/model/config.cc): 589,824 bytes.
 STAGING_BYTES = 4 * 8 * 4 * 16 * 288
 
 
@@ -56,7 +56,7 @@ def check_speculation(report: dict, mode: str = "synthetic", ring_bytes: int = 0
     if proposals.get("verified") != sum((int(k) - 1) * n for k, n in widths.items()):
         failures.append(f"proposals verified {proposals.get('verified')} != sum of (K - 1) over {widths}")
     if report.get("staging_bytes") != STAGING_BYTES:
-        failures.append(f"staging_bytes = {report.get('staging_bytes')}, want chi * N * K_max * k * d_KV = {STAGING_BYTES}")
+        failures.append(f"staging_bytes = {report.get('staging_bytes')}, want {STAGING_BYTES}")
     if report.get("draft_ring_bytes") != ring_bytes:
         failures.append(f"draft_ring_bytes = {report.get('draft_ring_bytes')}, want {ring_bytes}")
     return failures
@@ -87,7 +87,8 @@ def drafter_run(replay: str, gen_weights: str) -> list:
         if spec.get(key) != want:
             failures.append(f"{key} = {spec.get(key)!r}, want {want!r}")
     print(f"drafter run: rounds {spec.get('rounds')}, acceptance_length_mean {spec.get('acceptance_length_mean')}, "
-          f"draft_ring_bytes {spec.get('draft_ring_bytes')} (N {slots} x R_d {ring_rows} x {row_bytes} B)")
+          f"draft_ring_bytes {spec.get('draft_ring_bytes')} (N {slots} x R_d {ring_rows} x {row_bytes} B), "
+          f"staging_bytes {spec.get('staging_bytes')}")
     return [f"drafter run: {f}" for f in failures]
 
 

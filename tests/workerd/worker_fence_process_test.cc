@@ -13,6 +13,8 @@
 // - SIGKILL memd and the worker mid-decode, start memd again with the same flags, then the worker: the new memd adopts
 //   the host pool's journal and the request records, the worker resumes the interrupted requests and the clients'
 //   re-attached streams equal the model run alone; no host page stays owned afterwards.
+// - Speculation memory (issue 13): a --speculate worker's staging share and totals as dhsctl shows them, before and
+//   after a memd restart (the re-Hello's report carries the share).
 // memd's view is read with `dhsctl --json` (the operator's view). Times are printed, never asserted below a bound.
 #include <signal.h>
 #include <sys/wait.h>
@@ -111,17 +113,20 @@ class Node {
   }
   // `gpu_pages`: the worker's HBM budget in GPU pages (M); `reconnect_ms`: workerd --memd-reconnect-ms (how long a
   // worker whose memd died tries its re-Hello).
+  // `extra`: more workerd flags (e.g. --speculate).
   std::unique_ptr<ChildProcess> StartWorker(const std::string& log, const std::string& mode = "adaptive",
-                                            uint64_t gpu_pages = 200, int reconnect_ms = 30000) {
-    return std::make_unique<ChildProcess>(
-        std::vector<std::string>{std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", "0", "--mode", mode,
-                                 "--preset", "glm5-like", "--seed", "3", "--page-rows", std::to_string(kPageRows),
-                                 "--tail-rows", "32", "--slots", "2", "--hbm-budget",
-                                 std::to_string(gpu_pages * page_bytes_),
-                                 "--memd-timeout-ms", "2000", "--memd-reconnect-ms", std::to_string(reconnect_ms),
-                                 "--log-level", "info"},
-        Log(log));
+                                            uint64_t gpu_pages = 200, int reconnect_ms = 30000,
+                                            const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {std::getenv("WORKERD"), "--run-dir", run_dir_, "--gpu", "0", "--mode", mode,
+                                     "--preset", "glm5-like", "--seed", "3", "--page-rows", std::to_string(kPageRows),
+                                     "--tail-rows", "32", "--slots", "2", "--hbm-budget",
+                                     std::to_string(gpu_pages * page_bytes_),
+                                     "--memd-timeout-ms", "2000", "--memd-reconnect-ms", std::to_string(reconnect_ms),
+                                     "--log-level", "info"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return std::make_unique<ChildProcess>(std::move(args), Log(log));
   }
+  uint64_t page_bytes() const { return page_bytes_; }
   // Waits until `text` appears in log `name` (an event the process logs), up to `timeout_ms`.
   bool WaitLog(const std::string& name, const std::string& text, int timeout_ms = 20000) const {
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -870,6 +875,50 @@ TEST(WorkerFence, ASecondConnectionUnderALiveWorkersIdDoesNotAbortMemd) {
   EXPECT_FALSE(fenced.is_null()) << node.Logs();
   EXPECT_TRUE(node.Dhsctl("status").is_object()) << node.Logs();
   ::close(impostor);
+}
+
+// Speculation memory declared to memd (issue 13) with the real processes, across a memd restart: a worker with
+// --speculate synthetic --block 4 declares staging of χ * N * K_max * k * d_KV (χ = 4, N = 2, glm5-like k = 32,
+// d_KV = 576: 589,824 bytes) in its Hello, and each admission its slot's share (294,912 bytes in ceil(294,912 / page
+// bytes) pages, inside its required pages); dhsctl shows both. memd is SIGKILLed mid-decode and started again: the
+// surviving worker's re-Hello carries the totals again and its report the request's share, and the new memd shows the
+// same numbers.
+TEST(WorkerSpeculationMemory, SharesAreShownByDhsctlAndSurviveAMemdRestart) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  if (!Node::Available()) GTEST_SKIP() << "no memd / workerd / dhsctl executable";
+  Node node(dir.path());
+  const model::ModelConfig& mc = node.model().config();
+  const uint64_t slot_staging = 4ull * 4 * mc.top_k * mc.row_bytes();  // χ * K_max * k * d_KV
+  const uint64_t staging_pages = (slot_staging + node.page_bytes() - 1) / node.page_bytes();
+  ASSERT_EQ(slot_staging, 294912u);
+  auto memd = node.StartMemd("memd-1");
+  auto worker = node.StartWorker("workerd", "adaptive", 200, 30000, {"--speculate", "synthetic", "--block", "4"});
+  auto c = StartStreaming(node, 3);
+  ASSERT_TRUE(c) << node.Logs();
+  const auto check = [&](const std::string& when) {
+    SCOPED_TRACE(when);
+    const json r = node.Dhsctl("request 3");  // node id of client id 3 on GPU 0, epoch 1
+    ASSERT_FALSE(r.is_null()) << node.Logs();
+    EXPECT_EQ(r["staging_bytes"], slot_staging) << r.dump();
+    EXPECT_EQ(r["staging_pages"], staging_pages) << r.dump();
+    EXPECT_EQ(r["draft_ring_bytes"], 0) << r.dump();  // synthetic proposals: no drafter, no ring
+    EXPECT_GT(r["required_pages"].get<uint64_t>(), staging_pages) << r.dump();
+    const json g = node.Gpu0();
+    EXPECT_EQ(g["staging_pages"], staging_pages) << g.dump();
+    EXPECT_EQ(g["staging_bytes"], slot_staging) << g.dump();
+    EXPECT_EQ(g["declared_staging_bytes"], 2 * slot_staging) << g.dump();  // N = 2
+    EXPECT_EQ(g["declared_draft_ring_bytes"], 0) << g.dump();
+  };
+  check("first memd");
+  memd.reset();  // SIGKILL mid-decode
+  ASSERT_TRUE(node.WaitLog("workerd", "memd's connection closed")) << node.Logs();
+  memd = node.StartMemd("memd-2");
+  ASSERT_TRUE(node.WaitLog("workerd", "memd took the re-Hello")) << node.Logs();
+  ASSERT_FALSE(node.WaitGpu0(true, 1).is_null()) << node.Logs();
+  check("after the re-Hello");
+  EXPECT_EQ(worker->Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
 }
 
 }  // namespace

@@ -617,17 +617,24 @@ TEST_P(DrafterRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
 INSTANTIATE_TEST_SUITE_P(Presets, DrafterRounds, ::testing::Values("dsv4flash-like", "glm5-like"));
 
 // A drafter not paired with the target (its target_d_model is not the target's d_model) and a missing file are
-// refused at the worker's start, naming the flag.
+// refused at the worker's start, naming the flag (a missing file already by ComputeGeometry, which sizes the draft
+// ring from the file).
 TEST(WorkerSpeculation, AnUnpairedOrMissingDrafterIsRefusedAtStart) {
   auto m = MakePresetModel("dsv4flash-like");
   const std::filesystem::path dir = FreshDir("worker_drafter_unpaired");
   for (const std::string& path : {WriteDrafter(*m, m->config().d_model + 8, false, dir), (dir / "none").string()}) {
     WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0);
-    c.speculation.mode = spec::SpeculateMode::kFixed;
-    c.speculation.drafter_weights = path;
-    auto g = ComputeGeometry(m->config(), c);
+    auto g = ComputeGeometry(m->config(), c);  // synthetic: no drafter file read
     ASSERT_TRUE(g.ok()) << g.status();
     c.hbm_budget_bytes = 24 * g->page_bytes;
+    c.speculation.mode = spec::SpeculateMode::kFixed;
+    c.speculation.drafter_weights = path;
+    if (path == (dir / "none").string()) {
+      auto missing = ComputeGeometry(m->config(), c);
+      ASSERT_FALSE(missing.ok());
+      EXPECT_NE(missing.status().message().find("--drafter-weights " + path), std::string_view::npos)
+          << missing.status();
+    }
     CpuDevice device;
     FakeMemd memd(24, g->host_page_bytes, c.page_rows, 512, 1, true, c.slots);
     RunResult res;
@@ -635,6 +642,85 @@ TEST(WorkerSpeculation, AnUnpairedOrMissingDrafterIsRefusedAtStart) {
     ASSERT_FALSE(w.ok());
     EXPECT_NE(w.status().message().find("--drafter-weights " + path), std::string_view::npos) << w.status();
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Speculation memory declared to memd (issue 13; brief §6, §8 "with a drafter"), by hand for dsv4flash-like (k = 16,
+// d_KV = 288 bytes, 3 sources) at p = 16, N = 4, K_max = --block 4, χ = --staging-arenas 4: a GPU page is
+// 16 * 288 * 3 = 13,824 bytes; staging M_stage = χ * N * K_max * k * d_KV = 4 * 4 * 4 * 16 * 288 = 294,912 bytes,
+// 73,728 per slot = 6 pages (5.33); the drafter's ring R_d = 16 * ceil((32 + 4 + 15) / 16) = 64 rows of
+// 4 * 2 layers * 2 * 2 heads * 32 = 1,024 bytes = 65,536 bytes per slot = 5 pages (4.74), 262,144 for N. The Hello
+// carries the totals, every AdmitRequest the slot's share inside its required pages (6 more with synthetic
+// proposals, 11 with the drafter), WorkerStatsReply the totals.
+TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::filesystem::path dir = FreshDir("worker_declares");
+  const std::string drafter = WriteDrafter(*m, m->config().d_model, /*distill=*/false, dir);
+  WorkerConfig off = SpecConfig(*m, WorkerMode::kAdaptive, 0);
+  off.speculation.mode = spec::SpeculateMode::kOff;
+  auto base = ComputeGeometry(m->config(), off);
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ(base->page_bytes, 13824u);
+  EXPECT_EQ(base->speculation.staging_bytes + base->speculation.draft_ring_bytes, 0u);
+  const uint32_t base_required = RequiredPages(m->config(), *base, WorkerMode::kAdaptive, 100);
+  const wire::HelloT base_hello = MakeHello(m->config(), off, *base, "cpu");
+  EXPECT_FALSE(base_hello.has_drafter);
+  EXPECT_EQ(base_hello.staging_bytes, 0u);
+
+  WorkerConfig synthetic = SpecConfig(*m, WorkerMode::kAdaptive, 0);
+  auto sg = ComputeGeometry(m->config(), synthetic);
+  ASSERT_TRUE(sg.ok()) << sg.status();
+  EXPECT_EQ(sg->speculation.staging_bytes, 294912u);
+  EXPECT_EQ(sg->speculation.slot_staging_bytes, 73728u);
+  EXPECT_EQ(sg->speculation.staging_pages, 6u);
+  EXPECT_EQ(sg->speculation.draft_ring_bytes, 0u);  // no drafter
+  EXPECT_EQ(sg->speculation.draft_ring_pages, 0u);
+  EXPECT_EQ(RequiredPages(m->config(), *sg, WorkerMode::kAdaptive, 100), base_required + 6);
+  EXPECT_EQ(RequiredPages(m->config(), *sg, WorkerMode::kResident, 100),
+            RequiredPages(m->config(), *base, WorkerMode::kResident, 100) + 6);
+
+  WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0);
+  c.speculation.mode = spec::SpeculateMode::kFixed;
+  c.speculation.drafter_weights = drafter;
+  auto g = ComputeGeometry(m->config(), c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->speculation.staging_arenas, 4u);
+  EXPECT_EQ(g->speculation.draft_ring_rows, 64);
+  EXPECT_EQ(g->speculation.draft_bytes_per_row, 1024);
+  EXPECT_EQ(g->speculation.slot_draft_ring_bytes, 65536u);
+  EXPECT_EQ(g->speculation.draft_ring_bytes, 262144u);
+  EXPECT_EQ(g->speculation.draft_ring_pages, 5u);
+  EXPECT_EQ(g->speculation.staging_pages, 6u);
+  EXPECT_EQ(RequiredPages(m->config(), *g, WorkerMode::kAdaptive, 100), base_required + 11);
+  const wire::HelloT hello = MakeHello(m->config(), c, *g, "cpu");
+  EXPECT_TRUE(hello.has_drafter);
+  EXPECT_EQ(hello.draft_ring_rows, 64u);
+  EXPECT_EQ(hello.draft_ring_bytes, 262144u);
+  EXPECT_EQ(hello.staging_bytes, 294912u);
+  EXPECT_EQ(hello.staging_arenas, 4u);
+
+  c.hbm_budget_bytes = 64 * g->page_bytes;
+  CpuDevice device;
+  FakeMemd memd(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
+  RunResult res;
+  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &res.sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  wire::SubmitRequestT sub;
+  sub.request = 1;
+  sub.prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  sub.max_new_tokens = 4;
+  ASSERT_TRUE((*w)->Submit(sub, ClientRef{"c", 1}).ok());
+  for (int it = 0; it < 4 && memd.admits.empty(); ++it) ASSERT_TRUE((*w)->Iterate().ok());
+  ASSERT_EQ(memd.admits.size(), 1u);
+  const wire::AdmitRequestT& a = memd.admits[0];
+  EXPECT_EQ(a.required_pages, RequiredPages(m->config(), *g, WorkerMode::kAdaptive, 12));  // 8 + 4 tokens
+  EXPECT_EQ(a.draft_ring_pages, 5u);
+  EXPECT_EQ(a.staging_pages, 6u);
+  EXPECT_EQ(a.draft_ring_bytes, 65536u);
+  EXPECT_EQ(a.staging_bytes, 73728u);
+  const wire::WorkerStatsReplyT stats = (*w)->StatsReply();
+  EXPECT_EQ(stats.draft_ring_bytes, 262144u);
+  EXPECT_EQ(stats.staging_bytes, 294912u);
   std::filesystem::remove_all(dir);
 }
 

@@ -124,6 +124,7 @@ class FakeMemd final : public MemdLink {
 
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
     admitted_ids.push_back(m.request);
+    admits.push_back(m);
     if (m.record) {  // a resumed request's record opens with its committed tokens
       records[m.request] = *m.record;
       committed[m.request].assign(m.record->tokens.begin(), m.record->tokens.end());
@@ -394,6 +395,7 @@ class FakeMemd final : public MemdLink {
   int host_copy_messages = 0;
   int deferred_pages = 0;  // reclaimed pages reported deferred (no host copy yet)
   std::vector<RequestId> admitted_ids;   // AdmitRequest.request in order (node request ids)
+  std::vector<wire::AdmitRequestT> admits;  // every AdmitRequest as sent (issue 13: its speculation share)
   int admits_with_optional_history = 0;  // AdmitRequests that allow optional history (adaptive mode only)
   int completes = 0;
   int commit_messages = 0;                              // TokensCommitted messages (one per step with tokens)

@@ -2,6 +2,7 @@
 // with the shared DumpToJson / DumpToTable (memd/state_dump.h), so the daemon, the CLI and the tests show the same.
 //
 //   dhsctl [--run-dir DIR] [--json] [--timeout-ms MS] status | gpus | requests | request ID | queue
+//     (requests show their speculation share, GPUs the shares in use and the Hello's totals: issue 13)
 //   dhsctl ... pages GPU [--from F] [--count N] [--runs]   (at most N rows, default 1000: pages, or runs of pages)
 //   dhsctl ... watch [--interval S] [--count N] [VIEW]     (repeats `status` or VIEW every S seconds)
 //   dhsctl [--json] plan --preset NAME --context TOKENS ...   (capacity plan, no memd needed; docs/planner.md)
