@@ -142,7 +142,8 @@ class ResidencyManager {
   // registers again with a fresh page table and slots: a new epoch (epoch(gpu) + 1, counted in reregistrations); its
   // interrupted requests stay interrupted (InterruptedRequests lists them for the new worker).
   // Errors: AlreadyExists (registered and not fenced), InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M,
-  // request_slots > kMaxRequestSlots).
+  // request_slots > kMaxRequestSlots), ResourceExhausted (its epoch is kNodeRequestEpochs, common/types.h: the next
+  // epoch's node request ids would be epoch 1's).
   absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0);
   // The worker of GPU `gpu` is gone (dead peer, heartbeat timeout, an order that could not be sent): the GPU is
   // fenced. Deterministic, all at once:
