@@ -300,7 +300,11 @@ TEST(RealNodeEdges, BadWorkerCommandLinesExit2NamingTheFlag) {
   };
   for (const auto& [extra, message] : bad) {
     std::vector<std::string> args = node.WorkerArgs(0);
-    args.insert(args.end(), extra.begin(), extra.end());  // the last --run-dir wins (CLI11 keeps the last value)
+    if (extra[0] == "--run-dir") {  // given once: replaces the node's
+      *(std::find(args.begin(), args.end(), "--run-dir") + 1) = extra[1];
+    } else {
+      args.insert(args.end(), extra.begin(), extra.end());  // the last value of a repeated flag is the one checked
+    }
     const std::string log = dir.path() + "/workerd.log";
     ChildProcess worker(args, log);
     EXPECT_EQ(worker.WaitExit(20000), 2) << extra[0] << ": " << ReadFile(log);
