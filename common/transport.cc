@@ -1,5 +1,6 @@
 #include "common/transport.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -287,6 +288,8 @@ void DealerClient::CloseSocket() {
   monitor_.reset();  // stops monitoring before the socket closes
   if (socket_ != nullptr) socket_->close();
   socket_.reset();
+  source_fd_ = -1;
+  source_inode_ = 0;
 }
 
 absl::Status DealerClient::Send(std::string_view bytes) {
@@ -308,6 +311,13 @@ absl::StatusOr<std::string> DealerClient::Receive(std::chrono::milliseconds time
     if (zmq::poll(&item, 1, timeout) > 0) {
       std::vector<zmq::message_t> parts;
       if (zmq::recv_multipart(*socket_, std::back_inserter(parts), zmq::recv_flags::dontwait) && !parts.empty()) {
+        if (const int fd = zmq_msg_get(parts.back().handle(), ZMQ_SRCFD); fd >= 0 && fd != source_fd_) {
+          struct stat st {};
+          if (::fstat(fd, &st) == 0) {
+            source_fd_ = fd;
+            source_inode_ = st.st_ino;
+          }
+        }
         return parts.back().to_string();
       }
     }
@@ -328,6 +338,7 @@ absl::StatusOr<std::string> DealerClient::Request(std::string_view bytes, std::c
 }
 
 void DealerClient::DrainMonitor() {
+  if (hold_monitor_) return;
   try {
     while (monitor_->check_event(0)) {
     }
@@ -347,6 +358,18 @@ int DealerClient::disconnects() {
   if (monitor_ == nullptr) return 0;
   DrainMonitor();
   return monitor_->disconnects();
+}
+
+bool DealerClient::PeerClosed() {
+  if (disconnects() > 0) return true;
+  if (source_fd_ < 0) return false;
+  // The I/O thread emits DISCONNECTED before it closes the descriptor: a descriptor found closed or reused means the
+  // event is queued; one whose peer hung up is a connection the I/O thread has not processed yet.
+  struct stat st {};
+  if (::fstat(source_fd_, &st) != 0 || st.st_ino != source_inode_) return true;
+  pollfd p{source_fd_, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) return true;
+  return disconnects() > 0;  // closed (and reused) between the two checks: the event is queued by now
 }
 
 bool DealerClient::WaitPeerConnected(bool connected, std::chrono::milliseconds timeout) {

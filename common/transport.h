@@ -160,6 +160,17 @@ class DealerClient {
   // block). A Request that timed out reopens the socket and starts the count again.
   int disconnects();
 
+  // Whether the connection to the server is known to have ended, without waiting for the socket monitor: true when
+  // disconnects() > 0, or when the connection that delivered the latest received message is closed on the peer's side
+  // (POLLHUP / POLLRDHUP) or already closed by ZeroMQ's I/O thread (its descriptor gone or now another socket). A
+  // process resumed after SIGSTOP gets here before its I/O thread has turned the closed connection into the monitor's
+  // DISCONNECTED event; this tells it anyway. False while nothing was received yet (no connection to look at) and
+  // while the connection is open. Never blocks.
+  bool PeerClosed();
+  // TEST ONLY: while held, the socket monitor's events are left queued (as in a process whose I/O thread has not run
+  // yet): disconnects() and peer_connected() do not change.
+  void HoldMonitorEventsForTest(bool hold) { hold_monitor_ = hold; }
+
   // Processes monitor events until peer_connected() == `connected` or `timeout` passed; returns
   // the final state == `connected`.
   bool WaitPeerConnected(bool connected, std::chrono::milliseconds timeout);
@@ -182,6 +193,10 @@ class DealerClient {
   std::unique_ptr<zmq::socket_t> socket_;
   std::unique_ptr<Monitor> monitor_;
   int socket_generation_ = 0;
+  // The connection of the latest received message (ZMQ_SRCFD) and its socket's inode (-1 / 0: none yet).
+  int source_fd_ = -1;
+  uint64_t source_inode_ = 0;
+  bool hold_monitor_ = false;
 };
 
 // Dispatch loop over a RouterServer (Plasma-style single event loop).

@@ -22,14 +22,22 @@ inline constexpr Position kNoPosition = -1;
 // socket name a node creates is worker-65535 (CheckSocketPaths, common/transport.h).
 inline constexpr uint32_t kMaxGpus = 1u << 16;
 
-// Node request ids (docs/protocol.md, "Request ids"): every id memd sees is (gpu << 48) | ((epoch - 1) mod 256) << 40
-// | n, n in [1, 2^40). The worker of GPU g gives them (workerd/worker.h: Worker::NodeRequestId); memd refuses an id
+// Node request ids (docs/protocol.md, "Request ids"): every id memd sees is (gpu << 48) | ((epoch - 1) mod 2^24) << 24
+// | n, n in [1, 2^24). The worker of GPU g gives them (workerd/worker.h: Worker::NodeRequestId); memd refuses an id
 // outside the range of the GPU whose worker sent it (memd/daemon.h), so no worker can name another GPU's request.
-inline constexpr uint64_t kNodeRequestCounterEnd = uint64_t{1} << 40;  // n < this
+// 24 epoch bits: a GPU's worker may be restarted 16,777,216 times (one restart every 10 s for 5 years) before ids of
+// two epochs could meet (8 bits wrapped after 256 restarts); n's 24 bits hold more requests than one worker has in
+// flight (--submit-queue <= 2^20 waiting, --slots <= 4096 active).
+inline constexpr uint64_t kNodeRequestCounterEnd = uint64_t{1} << 24;  // n < this
+inline constexpr uint64_t kNodeRequestEpochs = uint64_t{1} << 24;      // epochs an id tells apart
 // The node request id `n` of GPU `gpu` (< kMaxGpus) in its epoch `epoch` (>= 1; HelloReply.worker_epoch).
 // n in [1, kNodeRequestCounterEnd); larger values would spill into the epoch's bits (the caller's duty).
 constexpr RequestId MakeNodeRequestId(GpuId gpu, uint64_t epoch, uint64_t n) {
-  return uint64_t{gpu} << 48 | ((epoch - 1) & 0xFF) << 40 | n;
+  return uint64_t{gpu} << 48 | ((epoch - 1) % kNodeRequestEpochs) << 24 | n;
+}
+// The epoch node request id `id` was given in, 1..2^24 (the id keeps epoch - 1 mod 2^24).
+constexpr uint32_t EpochOfNodeRequestId(RequestId id) {
+  return static_cast<uint32_t>((id >> 24) % kNodeRequestEpochs) + 1;
 }
 // The GPU whose range holds node request id `id` (its top 16 bits; < kMaxGpus).
 constexpr GpuId GpuOfNodeRequestId(RequestId id) { return static_cast<GpuId>(id >> 48); }

@@ -66,9 +66,6 @@ DumpView ViewOf(const wire::IntrospectQueryT& q) {
   return v;
 }
 
-// The epoch a node request id was given in (1..256: the id keeps it mod 256, common/types.h).
-uint32_t EpochOfNodeRequestId(RequestId id) { return static_cast<uint32_t>((id >> 40) & 0xFF) + 1; }
-
 // What a dead memd left for this one: the verified journal's requests (confirmed host pages kept) and the granted
 // requests of the record files that hold no host page (all their rows were lost, as FenceGpu loses them).
 std::vector<AdoptedRequest> AdoptionList(const std::map<RequestId, JournaledRequest>& journaled,
@@ -598,7 +595,7 @@ absl::Status Daemon::CheckRequestIdRange(RequestId request, GpuId gpu, std::stri
   DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from the worker of GPU {} refused: request id {} is GPU {}'s", what,
                   gpu, request, owner);
   return absl::InvalidArgumentError(absl::StrFormat(
-      "%s: request id %d is outside GPU %d's range of node request ids (%d << 48 | epoch << 40 | n): it is GPU %d's",
+      "%s: request id %d is outside GPU %d's range of node request ids (%d << 48 | epoch << 24 | n): it is GPU %d's",
       what, request, gpu, gpu, owner));
 }
 

@@ -2,9 +2,11 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "CLI/CLI.hpp"
+#include "common/cli_flags.h"
 #include "absl/strings/str_format.h"
 #include "common/host_pool.h"
 #include "common/sd_notify.h"
@@ -57,17 +59,18 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                                    "to pages)")
                         ->transform(CLI::AsSizeValue(true))
                         ->transform(NotNegative());  // a transform runs before those added earlier: sign first
-  auto* pages_opt = app.add_option("--host-pool-pages", c.pool_pages, "host pool size, pages")->check(NotNegative());
+  auto* pages_opt = app.add_option("--host-pool-pages", c.pool_pages, "host pool size, pages")
+                        ->check(dhs::IntegerIn<uint64_t>(0, UINT64_MAX));
   bytes_opt->excludes(pages_opt);
   app.add_option("--reserve-pages", o.reserve_pages, "admission reserve M_res per GPU, pages")
-      ->check(NotNegative())
+      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX))
       ->capture_default_str();
   app.add_option("--reclaim-policy", o.reclaim_policy, "reclaim order of victims")
       ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}))
       ->capture_default_str();
   app.add_option("--populate-pages-per-attempt", o.populate_pages_per_attempt,
                  "pages one population attempt may hand out (>= 1)")
-      ->check(NotNegative())
+      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX))
       ->check(CLI::Validator(
           [](std::string& v) {
             uint64_t n = 0;
@@ -84,12 +87,12 @@ void AddFlags(CLI::App& app, CommandLine& c) {
   app.add_option("--worker-timeout-ms", c.worker_timeout_ms,
                  "a registered worker that sends nothing (its heartbeat comes every second) for this long is hung: "
                  "its GPU is fenced")
-      ->check(CLI::Range(uint64_t{100}, uint64_t{86'400'000}))
+      ->check(dhs::IntegerIn<uint64_t>(100, 86'400'000))
       ->capture_default_str();
   app.add_option("--adopt-grace-ms", c.adopt_grace_ms,
                  "after adopting the host pool of a memd that died, the pages not adopted stay unused this long (its "
                  "workers may still write them until their epochs end)")
-      ->check(CLI::Range(uint64_t{0}, uint64_t{600'000}))
+      ->check(dhs::IntegerIn<uint64_t>(0, 600'000))
       ->capture_default_str();
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
@@ -178,5 +181,14 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(c.log_level));
   if (!SetPoolPages(c)) return 2;
+  // memd creates its run directory (mode 0700), not the directories above it: a missing parent is a bad --run-dir
+  // (exit 2), said so before it could surface as a socket or mkdir error.
+  if (const std::filesystem::path run_dir(c.options.run_dir), parent = run_dir.parent_path();
+      !run_dir.empty() && !parent.empty() && !std::filesystem::is_directory(run_dir) &&
+      !std::filesystem::is_directory(parent)) {
+    std::fprintf(stderr, "memd: run directory %s does not exist and cannot be created: %s does not exist\n",
+                 run_dir.c_str(), parent.c_str());
+    return 2;
+  }
   return Serve(c);
 }

@@ -92,6 +92,12 @@ absl::Status ResidencyManager::AddGpu(GpuId gpu, uint32_t pages, uint32_t reques
 
 absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots,
                                            const GpuDeclaration& declared) {
+  if (auto e = epochs_.find(gpu); e != epochs_.end() && e->second >= kNodeRequestEpochs) {
+    // Its next epoch's node ids would repeat epoch 1's (MakeNodeRequestId keeps the epoch mod 2^24).
+    return Finish(absl::ResourceExhaustedError(absl::StrFormat(
+        "GPU %d: epoch %d is the last one node request ids tell apart (2^24); a new registration would reuse epoch "
+        "1's ids", gpu, e->second)));
+  }
   if (absl::Status s = AddGpu(gpu, pages, request_slots, declared); !s.ok()) return Finish(s);
   if (++epochs_[gpu] > 1) ++counters_.reregistrations;
   return Finish(absl::OkStatus());

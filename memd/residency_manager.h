@@ -171,7 +171,8 @@ class ResidencyManager {
   // `declared`: the Hello's page bytes and speculation totals (what each admission's SpeculationShare is checked
   // against, and what the dump shows per GPU).
   // Errors: AlreadyExists (registered and not fenced), InvalidArgument (M == 0, M > kMaxGpuPages, M_res > M,
-  // request_slots > kMaxRequestSlots, declared.page_bytes > kMaxGpuPageBytes).
+  // request_slots > kMaxRequestSlots, declared.page_bytes > kMaxGpuPageBytes), ResourceExhausted (its epoch is
+  // kNodeRequestEpochs, common/types.h: the next epoch's node request ids would be epoch 1's).
   absl::Status RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots = 0, const GpuDeclaration& declared = {});
   // The worker of GPU `gpu` is gone (dead peer, heartbeat timeout, an order that could not be sent): the GPU is
   // fenced. Deterministic, all at once:

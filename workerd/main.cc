@@ -3,11 +3,13 @@
 // and WorkerProcess::Run until SIGTERM/SIGINT, as memd's main does with Daemon::Start / Run.
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "common/cli_flags.h"
 #include "common/fault_point.h"
 #include "common/sd_notify.h"
 #include "spdlog/spdlog.h"
@@ -61,53 +63,59 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   int& connect_timeout_ms = c.connect_timeout_ms;
   dhs::WorkerConfig& config = c.config;
   app.add_option("--run-dir", run_dir, "run directory holding memd.sock (mode 0700)")->required();
-  app.add_option("--gpu", config.gpu, "GPU id served by this worker")->capture_default_str();
+  app.add_option("--gpu", config.gpu, "GPU id served by this worker")
+      ->check(dhs::IntegerIn<uint32_t>(0, dhs::kMaxGpus - 1))->capture_default_str();
   app.add_option("--mode", mode_name, "resident | hisparse | adaptive")
       ->check(CLI::IsMember({"resident", "hisparse", "adaptive"}))->capture_default_str();
   app.add_option("--device", c.device_name,
                  "device backend: cpu | cuda | auto (auto: cuda when built with CUDA and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
   app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(dhs::IntegerIn<uint64_t>(1, UINT64_MAX))->capture_default_str();
   app.add_option("--weights", weights, "safetensors weights file (else --preset + --seed)");
   app.add_option("--preset", preset, "model preset when no --weights")
       ->check(CLI::IsMember({"dsv4flash-like", "glm5-like", "bench-wide"}))->capture_default_str();
-  app.add_option("--seed", seed, "weights seed with --preset");
-  app.add_option("--slots", config.slots, "request slots N")->check(CLI::Range(1u, 4096u))->capture_default_str();
-  app.add_option("--hot-rows", config.hot_rows, "hot-cache rows B per slot and source (0 = auto)");
-  app.add_option("--tail-rows", config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)");
+  app.add_option("--seed", seed, "weights seed with --preset")->check(dhs::IntegerIn<uint64_t>(0, UINT64_MAX));
+  app.add_option("--slots", config.slots, "request slots N")
+      ->check(dhs::IntegerIn<uint32_t>(1, 4096))->capture_default_str();
+  app.add_option("--hot-rows", config.hot_rows, "hot-cache rows B per slot and source (0 = auto)")
+      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX));
+  app.add_option("--tail-rows", config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)")
+      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX));
   app.add_option("--staging-arenas", config.staging_arenas,
                  "χ: staging arenas of speculative verification (rows of a round's union beyond the hot cache), "
                  "M_stage = χ * N * K_max * k * d_KV bytes at start; 0 = none (a round must fit the hot cache)")
-      ->check(CLI::Range(0u, 1024u))->capture_default_str();
-  app.add_option("--page-rows", config.page_rows, "rows per page p")->check(CLI::Range(1u, 1u << 20))->capture_default_str();
+      ->check(dhs::IntegerIn<uint32_t>(0, 1024))->capture_default_str();
+  app.add_option("--page-rows", config.page_rows, "rows per page p")
+      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 20))->capture_default_str();
   app.add_option("--max-context", config.max_context_tokens, "prompt + max_new_tokens limit, tokens")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(dhs::IntegerIn<uint64_t>(1, UINT64_MAX))->capture_default_str();
   app.add_option("--prefix-cache-bytes", config.prefix_cache_bytes,
                  "prepared-prefix row cache (rows produced once per hash-block chain), bytes; 0 = off")
-      ->capture_default_str();
-  app.add_option("--prefill-chunk", config.prefill_chunk, "prompt tokens per request and step (0 = auto)");
+      ->check(dhs::IntegerIn<uint64_t>(0, UINT64_MAX))->capture_default_str();
+  app.add_option("--prefill-chunk", config.prefill_chunk, "prompt tokens per request and step (0 = auto)")
+      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX));
   app.add_option("--submit-queue", config.submit_queue,
                  "requests waiting for their grant at most; beyond: RESOURCE_EXHAUSTED \"submit queue full (N)\"")
-      ->check(CLI::Range(1u, 1u << 20))->capture_default_str();
+      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 20))->capture_default_str();
   app.add_option("--client-buffer-bytes", c.client_buffer.per_client_bytes,
                  "replies buffered for one client that does not read, bytes; beyond: its streaming request fails")
-      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40))->capture_default_str();
+      ->check(dhs::IntegerIn<uint64_t>(4096, uint64_t{1} << 40))->capture_default_str();
   app.add_option("--client-buffer-total-bytes", c.client_buffer.total_bytes,
                  "replies buffered for all clients together, bytes (>= --client-buffer-bytes)")
-      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 40))->capture_default_str();
+      ->check(dhs::IntegerIn<uint64_t>(4096, uint64_t{1} << 40))->capture_default_str();
   app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply")
-      ->check(CLI::Range(1, 3600000))->capture_default_str();
+      ->check(dhs::IntegerIn(1, 3600000))->capture_default_str();
   app.add_option("--memd-timeout-ms", c.memd_timeout_ms,
-                 "memd acks our heartbeat every second; nothing from memd for this long over a live connection ends "
-                 "this worker's epoch (memd hung, or this worker was stopped): requests end with an error, exit code "
-                 "75. Keep it below memd's --worker-timeout-ms")
-      ->check(CLI::Range(100, 3600000))->capture_default_str();
+                 "memd acks our heartbeat every second; nothing from memd for this long while its connection is "
+                 "open ends this worker's epoch (memd hung, or this worker was stopped): requests end with an error, "
+                 "exit code 75. Keep it below memd's --worker-timeout-ms")
+      ->check(dhs::IntegerIn(100, 3600000))->capture_default_str();
   app.add_option("--memd-reconnect-ms", c.memd_reconnect_ms,
                  "memd died (its connection closed): keep serving the granted requests from the GPU and say Hello "
                  "again with a report (backoff 50 ms doubling to 1 s) for up to this long; then the epoch ends "
                  "(exit code 75)")
-      ->check(CLI::Range(100, 3600000))->capture_default_str();
+      ->check(dhs::IntegerIn(100, 3600000))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
   dhs::AddLinkModelOptions(app, &c.link_flags);
@@ -183,6 +191,12 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine& cl, dhs:
     return rc == 0 ? 0 : 2;
   }
   spdlog::set_level(spdlog::level::from_str(cl.log_level));
+  // memd creates the run directory; a worker started on one that does not exist fails here, not as a bind error.
+  if (std::error_code ec; !std::filesystem::is_directory(cl.run_dir, ec)) {
+    spdlog::error("workerd: run directory {} does not exist (memd creates it: start memd first, with the same "
+                  "--run-dir)", cl.run_dir);
+    return 2;
+  }
   absl::StatusOr<dhs::WorkerMode> mode = dhs::ParseWorkerMode(cl.mode_name);
   if (!mode.ok()) {
     spdlog::error("workerd: {}", mode.status().ToString());

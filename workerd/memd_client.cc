@@ -89,16 +89,25 @@ std::span<uint8_t> MemdClient::host_pages() const {
 absl::Status MemdClient::CheckEpoch() {
   if (!ended_.ok()) return ended_;
   if (away_) return absl::OkStatus();
-  // memd's connection closed: it died (checked before the silence: a dead memd is not a hung one).
-  if (dealer_->disconnects() > 0) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto stalled = now - last_check_;  // this worker did not run (SIGSTOP, starved) for this long
+  last_check_ = now;
+  // memd's connection closed: it died (checked before the silence: a dead memd is not a hung one). PeerClosed, not
+  // the socket monitor alone: after a long stall (SIGSTOP) the I/O thread may not have reported the close yet.
+  if (dealer_->PeerClosed()) {
     EnterAway();
     return absl::OkStatus();
   }
-  if (const auto silent = std::chrono::steady_clock::now() - last_heard_; silent > memd_timeout_) {
+  if (const auto silent = now - last_heard_; silent > memd_timeout_) {
+    const auto ms = [](auto d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); };
     ended_ = absl::AbortedError(absl::StrFormat(
-        "memd lost: nothing from memd for %d ms over a live connection (it acks our heartbeat every second; memd "
-        "timeout %d ms): memd hung, or this worker was stopped; the grants of epoch %d are void",
-        std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(), memd_timeout_.count(), epoch_));
+        "memd lost: nothing from memd for %d ms (memd timeout %d ms; it acks our heartbeat every second) while its "
+        "connection is still open: %s; memd may have fenced this worker meanwhile, the grants of epoch %d are void",
+        ms(silent), memd_timeout_.count(),
+        stalled > memd_timeout_ / 2
+            ? absl::StrFormat("this worker did not run for %d ms (stopped or starved)", ms(stalled))
+            : std::string("memd hangs"),
+        epoch_));
   }
   return ended_;
 }
@@ -334,7 +343,7 @@ absl::StatusOr<std::optional<wire::HelloReplyT>> MemdClient::PollAway(const std:
       if (absl::Status s = AcceptReHello(*reply); !s.ok()) return s;
       return std::optional<wire::HelloReplyT>(*std::move(reply));
     }
-    if (dealer_->disconnects() > 0 || now - hello_sent_ > memd_timeout_) RetryLater(now);
+    if (dealer_->PeerClosed() || now - hello_sent_ > memd_timeout_) RetryLater(now);
     return std::nullopt;
   }
   if (now < next_attempt_) return std::nullopt;

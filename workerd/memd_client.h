@@ -74,8 +74,14 @@ class MemdClient final : public MemdLink {
     float decode_tokens_per_s = 0;
   };
   absl::Status Poll(MemdHandler& handler, const Load& load);
-  // ABORTED once the epoch ended (as Poll: fenced, or memd silent for the memd timeout, checked now), else OK.
+  // ABORTED once the epoch ended (as Poll: fenced, or memd silent for the memd timeout over a connection that is
+  // still open, checked now), else OK. A connection found closed (DealerClient::PeerClosed: also right after a
+  // SIGSTOP, before the socket monitor reported it) makes the client away() instead, whatever the silence: a dead
+  // memd, not a hung one.
   absl::Status CheckEpoch();
+  // TEST ONLY: the socket monitor's events stay queued (DealerClient::HoldMonitorEventsForTest), as in a worker just
+  // resumed after SIGSTOP whose ZeroMQ I/O thread has not run yet.
+  void HoldConnectionEventsForTest() { dealer_->HoldMonitorEventsForTest(true); }
   // Messages still queued when the client closes are delivered for up to `linger` (a stopping worker's Completes).
   void SetLinger(std::chrono::milliseconds linger) {
     if (dealer_ != nullptr) dealer_->SetLinger(linger);
@@ -116,6 +122,7 @@ class MemdClient final : public MemdLink {
   absl::flat_hash_map<uint64_t, uint64_t> admit_seq_;  // AdmitRequest sequence -> RequestId (for an ErrorReply)
   std::chrono::steady_clock::time_point last_heartbeat_{};
   std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();  // latest message from memd
+  std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();  // latest CheckEpoch
   std::chrono::milliseconds memd_timeout_{2000};
   absl::Status ended_;  // ABORTED once the epoch ended
   std::vector<uint64_t> interrupted_;

@@ -36,7 +36,15 @@ std::optional<SlotIndex> ResidencyAgent::SlotOf(RequestId request) const {
 
 void ResidencyAgent::Sent(const absl::Status& s, const char* what) {
   if (s.ok()) return;
-  spdlog::error("worker: cannot send {} to memd: {}", what, s.ToString());
+  if (absl::IsAborted(s)) {
+    // This worker's epoch ended (fenced, or memd lost): memd dropped the epoch's state, so the message (e.g. the
+    // Complete of a request ended by Abandon / StopAll) has nothing left to release. Expected and harmless; the end of
+    // the epoch itself is reported once, by the process (exit 75).
+    spdlog::debug("worker: {} not sent to memd: this worker's epoch ended, memd holds nothing of it ({})", what,
+                  std::string(s.message()));
+  } else {
+    spdlog::error("worker: cannot send {} to memd: {}", what, s.ToString());
+  }
   // ABORTED (the epoch ended: memd lost, or this worker fenced) stays ABORTED, so the worker exits 75 for its
   // supervisor as for any end of its epoch; any other send failure is UNAVAILABLE.
   const absl::StatusCode code = absl::IsAborted(s) ? absl::StatusCode::kAborted : absl::StatusCode::kUnavailable;

@@ -182,11 +182,11 @@ std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const
 
 RequestId Worker::NodeRequestId(RequestId client_id, RequestId avoid) {
   constexpr uint64_t kLow = kNodeRequestCounterEnd - 1;
-  // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 8 bits sit between the GPU and n.
+  // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 24 bits sit between the GPU and n.
   const uint64_t gpu = MakeNodeRequestId(config_.gpu, epoch_, 0);
   auto free = [&](uint64_t id) { return id != avoid && !requests_.contains(id); };
   if (client_id != 0 && client_id <= kLow && free(gpu | client_id)) return gpu | client_id;
-  while (true) {  // fewer requests in flight than 2^40: a free value comes
+  while (true) {  // fewer requests in flight than 2^24 (types.h): a free value comes
     const uint64_t n = next_node_;
     next_node_ = next_node_ >= kLow ? 1 : next_node_ + 1;
     if (free(gpu | n)) return gpu | n;

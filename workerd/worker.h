@@ -114,7 +114,7 @@ class Worker final : public MemdHandler, public Submitter {
   //
   // Request ids: the client's id (SubmitRequest.request) is the client's own and is any uint64; the client sees it in
   // SubmitAccepted and every TokenChunk. memd and every message to it see the node request id:
-  // (gpu << 48) | ((epoch - 1) mod 256) << 40 | n with n in [1, 2^40), unique among this worker's requests in flight,
+  // (gpu << 48) | ((epoch - 1) mod 2^24) << 24 | n with n in [1, 2^24), unique among this worker's requests in flight,
   // so two workers never collide, a restarted worker (a new epoch, set_epoch) never reuses an id of the interrupted
   // requests memd still holds from the previous epochs, and 0 / 2^64-1 (reserved by memd) are never used. n is the
   // client's id when that is in range and free (dhsctl then shows the client's id on GPU 0, epoch 1), else the next

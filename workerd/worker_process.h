@@ -51,7 +51,7 @@ class WorkerProcess {
 
   // Serves until keep_going() is false (checked every iteration, at most ~5 ms apart when idle). Errors: the memd
   // connection's or the serving socket's, or the Worker's (Iterate): the process should exit. ABORTED: this worker's
-  // epoch ended (MemdClient::Poll: fenced by memd, or memd silent for memd_timeout over a live connection; PollAway:
+  // epoch ended (MemdClient::Poll: fenced by memd, or memd silent for memd_timeout while its connection is open; PollAway:
   // memd died and no memd took the re-Hello within memd_reconnect, or the new one refused it): nothing of memd's was
   // acted on in the iteration that found it; call Abandon, then exit with kExitEpochEnded. memd's death alone does
   // not end the epoch: the worker serves on (Worker::EnterAway) and says its re-Hello (Worker::Report) to the next

@@ -288,6 +288,53 @@ TEST_F(AdoptTest, BadAdoptionsAreRefusedAndChangeNothing) {
 
 // ---------------------------------------------------------------- AdoptGpu (a worker survives a memd restart)
 
+// Epochs past the old 8-bit wrap (issue 11): node request ids kept (epoch - 1) mod 256, so a memd adopting a dead
+// memd's journal took a request of epoch 257 for epoch 1 and accepted the re-Hello of a worker 256 restarts stale.
+// Now an id tells 2^24 epochs apart: the adopted epoch is 257, re-Hellos of epochs 1 and 256 are refused as stale, the
+// surviving worker of epoch 257 is taken, a restarted worker gets epoch 258, whose ids differ from epoch 2's; and a GPU
+// at the last epoch ids tell apart (2^24) is refused a new registration instead of reusing epoch 1's ids.
+TEST_F(AdoptTest, EpochsPastTheOldEightBitWrapStillFenceStaleWorkers) {
+  for (uint64_t e : {uint64_t{1}, uint64_t{256}, uint64_t{257}, uint64_t{513}, kNodeRequestEpochs}) {
+    EXPECT_EQ(EpochOfNodeRequestId(MakeNodeRequestId(3, e, 5)), e);
+    EXPECT_EQ(GpuOfNodeRequestId(MakeNodeRequestId(3, e, 5)), 3u);
+    EXPECT_EQ(MakeNodeRequestId(3, e, 5) % kNodeRequestCounterEnd, 5u);
+  }
+  EXPECT_NE(MakeNodeRequestId(0, 257, 5), MakeNodeRequestId(0, 1, 5));
+  EXPECT_NE(MakeNodeRequestId(0, 258, 5), MakeNodeRequestId(0, 2, 5));
+  EXPECT_EQ(MakeNodeRequestId(0, kNodeRequestEpochs + 1, 5), MakeNodeRequestId(0, 1, 5));  // where it wraps now
+
+  const RequestId id = MakeNodeRequestId(0, 257, 1);
+  AdmitRequest a{.request = id, .gpu = 0, .required_pages = 2, .history_pages = 0, .context_pages = 2};
+  Ok(old_->Admit(a));
+  std::vector<Order> orders = old_->DrainOrders();
+  ASSERT_EQ(orders.size(), 1u);
+  Ok(old_->OnHostCopyWritten(id, std::vector<uint32_t>{0}, {}, true));
+  Buffer copy = buffer_;  // memd dies here
+  std::optional<HostJournal> journal;
+  std::unique_ptr<ResidencyManager> m = Adopt(copy, journal, EpochOfNodeRequestId(id));
+  EXPECT_EQ(m->epoch(0), 257u);
+  EXPECT_TRUE(m->fenced(0));
+  for (uint32_t stale : {1u, 256u}) {
+    EXPECT_EQ(m->AdoptGpu(0, 16, 4, stale, {}).code(), absl::StatusCode::kFailedPrecondition) << "epoch " << stale;
+  }
+  ASSERT_TRUE(m->AdoptGpu(0, 16, 4, 257, {}).ok());
+  EXPECT_EQ(m->epoch(0), 257u);
+  EXPECT_FALSE(m->fenced(0));
+  ASSERT_TRUE(m->FenceGpu(0).ok());  // that worker dies too; the next one is a new epoch
+  ASSERT_TRUE(m->RegisterGpu(0, 16, 4).ok());
+  EXPECT_EQ(m->epoch(0), 258u);
+  ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+
+  // A journal whose request is of the last epoch an id tells apart: adopted as such; no later registration.
+  std::optional<HostJournal> last_journal;
+  Buffer last_copy = buffer_;
+  std::unique_ptr<ResidencyManager> last = Adopt(last_copy, last_journal, static_cast<uint32_t>(kNodeRequestEpochs));
+  EXPECT_EQ(last->epoch(0), kNodeRequestEpochs);
+  const absl::Status refused = last->RegisterGpu(0, 16, 4);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("2^24"), std::string::npos) << refused;
+}
+
 // Request 1 (context 4 pages, 2 kept on GPU at the grant): history page 2 confirmed by HostCopyWritten, then memd
 // dies. Its worker survives and reports: pages 0, 1 on their kept GPU pages (page 1 claims a host copy the journal
 // lacks), page 2 host only (confirmed), page 3 in the tail. The new core rebuilds exactly that: the grant's GPU pages

@@ -187,7 +187,15 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
       {"--page-bytes 4096 --host-pool-bytes -1G", "must not be negative"},
       {"--page-bytes 4096 --host-pool-pages 8 --populate-pages-per-attempt 0",
        "--populate-pages-per-attempt must be at least 1"},
-      {"--page-bytes 4096 --host-pool-pages 8 --reserve-pages -1", "must not be negative"},
+      {"--page-bytes 4096 --host-pool-pages 8 --reserve-pages -1",
+       "--reserve-pages: must be an integer in [0, 4294967295], got '-1'"},
+      {"--page-bytes 4096 --host-pool-pages 8 --reserve-pages 1.5",
+       "--reserve-pages: must be an integer in [0, 4294967295], got '1.5'"},
+      {"--page-bytes 4096 --host-pool-pages 8 --worker-timeout-ms 2.5e3",
+       "--worker-timeout-ms: must be an integer in [100, 86400000], got '2.5e3'"},
+      {"--page-bytes 4096 --host-pool-pages 8 --adopt-grace-ms 1e3",
+       "--adopt-grace-ms: must be an integer in [0, 600000], got '1e3'"},
+      {"--page-bytes 4096 --host-pool-pages 1e3", "--host-pool-pages: must be an integer in [0, "},
       {"--page-bytes 4096 --host-pool-pages 8 --reclaim-policy random", "--reclaim-policy"},
       {"--page-bytes 4096 --host-pool-pages 8 --frobnicate", "frobnicate"},
       {"--host-pool-pages 8", "--page-bytes is required"},
@@ -196,6 +204,16 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
     auto [rc, out] = RunShell(memd + args);
     EXPECT_EQ(rc, 2) << args << ": " << out;
     EXPECT_NE(out.find(message), std::string::npos) << args << ": " << out;
+  }
+  {  // memd creates its run directory, not its parent: a missing parent is a bad --run-dir, not a mkdir/bind error
+    const std::string missing = std::string(tmpl) + "/missing/run";
+    auto [rc, out] = RunShell(std::string(MEMD_BIN) + " --run-dir " + missing + " --page-bytes 4096 --host-pool-pages 8");
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("run directory " + missing + " does not exist and cannot be created: " + tmpl +
+                       "/missing does not exist"),
+              std::string::npos)
+        << out;
+    EXPECT_FALSE(std::filesystem::exists(missing));
   }
 
   struct statvfs fs {};

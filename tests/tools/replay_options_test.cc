@@ -114,10 +114,15 @@ struct BadArgs {
 TEST(ReplayOptions, BadValuesExitTwoWithAClearMessage) {
   const std::vector<BadArgs> cases = {
       {{"--concurrency", "2", "--time-scale", "1"}, "excludes"},
-      {{"--concurrency", "0"}, "--concurrency must be >= 1"},
+      {{"--concurrency", "0"}, "--concurrency: must be an integer in [1, 9223372036854775807], got '0'"},
+      {{"--concurrency", "1e3"}, "--concurrency: must be an integer in [1, 9223372036854775807], got '1e3'"},
       {{"--concurrency", "many"}, "--concurrency"},
       {{"--time-scale", "-1"}, "--time-scale must be a number >= 0"},
-      {{"--requests", "0"}, "--requests must be >= 1"},
+      {{"--requests", "0"}, "--requests: must be an integer in [1, 9223372036854775807], got '0'"},
+      {{"--requests", "2.5"}, "--requests: must be an integer in [1, 9223372036854775807], got '2.5'"},
+      {{"--slots", "1e2"}, "--slots: must be an integer in [1, 1024], got '1e2'"},
+      {{"--seed", "-1"}, "--seed: must be an integer in [0, 18446744073709551615], got '-1'"},
+      {{"--reattach-timeout-ms", "1e3"}, "--reattach-timeout-ms: must be an integer in [0, 9223372036854775807]"},
       {{"--length-scale", "0"}, "--length-scale must be a number > 0"},
       {{"--length-scale", "-0.5"}, "--length-scale must be a number > 0"},
       {{"--mode", "fast"}, "--mode"},

@@ -278,6 +278,41 @@ TEST(RealNodeEdges, RunDirectoryTooLongForTheWorkerSocketIsRefusedAtStart) {
   EXPECT_NE(ReadFile(worker_log).find("worker-0.sock is 109 bytes"), std::string::npos) << ReadFile(worker_log);
 }
 
+// workerd's command line (docs/operations.md): a non-integer value of an integer flag exits 2 naming the flag and its
+// range (CLI::Range called "1e3" out of range); a --run-dir that does not exist exits 2 saying so (it used to fail as
+// a bind error of the serving socket, exit 1). Nothing is started: no memd is needed.
+TEST(RealNodeEdges, BadWorkerCommandLinesExit2NamingTheFlag) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--memd-reconnect-ms", "1e3"}, "--memd-reconnect-ms: must be an integer in [100, 3600000], got '1e3'"},
+      {{"--memd-timeout-ms", "2000.5"}, "--memd-timeout-ms: must be an integer in [100, 3600000], got '2000.5'"},
+      {{"--connect-timeout-ms", "0"}, "--connect-timeout-ms: must be an integer in [1, 3600000], got '0'"},
+      {{"--slots", "1.5"}, "--slots: must be an integer in [1, 4096], got '1.5'"},
+      {{"--page-rows", "1e2"}, "--page-rows: must be an integer in [1, 1048576], got '1e2'"},
+      {{"--gpu", "abc"}, "--gpu: must be an integer in [0, 65535], got 'abc'"},
+      {{"--hbm-budget", "1e9"}, "--hbm-budget: must be an integer in [1, 18446744073709551615], got '1e9'"},
+      {{"--seed", "-1"}, "--seed: must be an integer in [0, 18446744073709551615], got '-1'"},
+      {{"--submit-queue", "0x10"}, "--submit-queue: must be an integer in [1, 1048576], got '0x10'"},
+      {{"--run-dir", dir.path() + "/missing"}, "run directory " + dir.path() + "/missing does not exist"},
+  };
+  for (const auto& [extra, message] : bad) {
+    std::vector<std::string> args = node.WorkerArgs(0);
+    if (extra[0] == "--run-dir") {  // given once: replaces the node's
+      *(std::find(args.begin(), args.end(), "--run-dir") + 1) = extra[1];
+    } else {
+      args.insert(args.end(), extra.begin(), extra.end());  // the last value of a repeated flag is the one checked
+    }
+    const std::string log = dir.path() + "/workerd.log";
+    ChildProcess worker(args, log);
+    EXPECT_EQ(worker.WaitExit(20000), 2) << extra[0] << ": " << ReadFile(log);
+    EXPECT_NE(ReadFile(log).find(message), std::string::npos) << extra[0] << ": " << ReadFile(log);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/missing"));
+}
+
 // A run directory this user may not reach: the worker fails at once with "permission denied" (not after waiting 10 s
 // for a HelloReply). Root passes every permission check, so the worker runs as nobody (setpriv) when the test is root.
 TEST(RealNodeEdges, WorkerOnARunDirectoryItMayNotReadFailsAtOnce) {

@@ -197,13 +197,13 @@ TEST(WorkerSubmit, ClientIdsMapToNodeIdsThatNeverCollideOrUseReservedValues) {
 }
 
 // Node ids carry the epoch (issue 11): a restarted worker (epoch 3 here) never reuses the id of a request memd still
-// holds from an earlier epoch of its GPU: client id 5 on GPU 1 is (1 << 48) | (2 << 40) | 5, the counter's ids too.
+// holds from an earlier epoch of its GPU: client id 5 on GPU 1 is (1 << 48) | (2 << 24) | 5, the counter's ids too.
 TEST(WorkerSubmit, NodeIdsOfALaterEpochDifferFromTheFirstEpochs) {
   Fixture f(WorkerMode::kAdaptive, "dsv4flash-like", /*gpu=*/1);
   f.worker->set_epoch(3);
-  constexpr RequestId kEpoch3 = (RequestId{1} << 48) | (RequestId{2} << 40);
+  constexpr RequestId kEpoch3 = (RequestId{1} << 48) | (RequestId{2} << 24);
   ASSERT_TRUE(f.worker->Submit(Submit(5, Prompt(20, 1), 3), ClientRef{"a", 1}).ok());
-  ASSERT_TRUE(f.worker->Submit(Submit(RequestId{1} << 40, Prompt(20, 2), 3), ClientRef{"a", 2}).ok());  // out of n's range
+  ASSERT_TRUE(f.worker->Submit(Submit(RequestId{1} << 24, Prompt(20, 2), 3), ClientRef{"a", 2}).ok());  // out of n's range
   EXPECT_EQ(f.memd->admitted_ids, (std::vector<RequestId>{kEpoch3 | 5, kEpoch3 | 1}));
 }
 

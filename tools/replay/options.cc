@@ -10,6 +10,7 @@
 #include <set>
 
 #include "CLI/CLI.hpp"
+#include "common/cli_flags.h"
 #include "absl/strings/str_cat.h"
 #include "tools/replay/fault_plan.h"
 #include "workerd/device/link_model_cli.h"
@@ -135,10 +136,12 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--trace", o.trace, "Trace file: .jsonl (Mooncake) or .csv (Azure)")
       ->check(CLI::ExistingFile)
       ->capture_default_str();
-  app.add_option("--requests", o.requests, "Replay the first N requests")->capture_default_str();
+  app.add_option("--requests", o.requests, "Replay the first N requests")
+      ->check(IntegerIn<int64_t>(1, INT64_MAX))->capture_default_str();
   auto* copt = app.add_option("--concurrency", concurrency,
                               "Closed loop: keep C requests in flight (default " +
-                                  std::to_string(ReplayOptions::kDefaultConcurrency) + ")");
+                                  std::to_string(ReplayOptions::kDefaultConcurrency) + ")")
+                   ->check(IntegerIn<int64_t>(1, INT64_MAX));
   auto* topt = app.add_option("--time-scale", time_scale,
                               "Open loop: submit each request at its trace arrival (ms) times X");
   app.add_option("--length-scale", o.length_scale,
@@ -159,14 +162,15 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--run-dir", o.run_dir, "Directory for the sockets and logs of a node the tool starts");
   app.add_option("--preset", o.preset, "Built-in model topology of a node the tool starts")
       ->check(CLI::IsMember({"dsv4flash-like", "glm5-like", "bench-wide"}))->capture_default_str();
-  app.add_option("--seed", o.seed, "Weights seed of the built-in model")->capture_default_str();
+  app.add_option("--seed", o.seed, "Weights seed of the built-in model")
+      ->check(IntegerIn<uint64_t>(0, UINT64_MAX))->capture_default_str();
   app.add_option("--slots", o.slots, "Request slots of the worker the tool starts")
-      ->check(CLI::Range(int64_t{1}, int64_t{1024}))->capture_default_str();
+      ->check(IntegerIn<int64_t>(1, 1024))->capture_default_str();
   app.add_option("--reattach-timeout-ms", o.reattach_timeout_ms,
                  "When the worker goes away with requests unfinished, wait up to MS for a worker on the same socket "
                  "(restarted by dhs-node or a supervisor) and re-attach them (Attach: the stream goes on, nothing "
                  "lost or repeated); 0 = off, the run fails")
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntegerIn<int64_t>(0, INT64_MAX));
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
   app.add_option("--reclaim-policy", o.reclaim_policy,
@@ -178,7 +182,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--restart-memd-every", o.restart_memd_every_s,
                  "Fault injection: SIGKILL memd at random times, S seconds apart on average (restarted with the same "
                  "flags; the worker is restarted with it)");
-  app.add_option("--fault-seed", o.fault_seed, "Seed of the kill times and random kill points (printed)");
+  app.add_option("--fault-seed", o.fault_seed, "Seed of the kill times and random kill points (printed)")
+      ->check(IntegerIn<uint64_t>(0, UINT64_MAX));
   app.add_option("--fault-distribution", o.fault_distribution,
                  "Kill intervals: exponential (mean S) or uniform ([S/2, 3S/2])")
       ->check(CLI::IsMember({"exponential", "uniform"}))->capture_default_str();

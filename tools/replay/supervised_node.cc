@@ -29,7 +29,7 @@ using node::SupervisorOrder;
 constexpr size_t kWorker = 1;
 constexpr char kSender[] = "dhs-replay-supervisor";
 constexpr std::chrono::milliseconds kAskTimeout{1000};
-constexpr uint64_t kClientBits = (uint64_t{1} << 40) - 1;  // n of a node request id (common/types.h)
+constexpr uint64_t kClientBits = kNodeRequestCounterEnd - 1;  // n of a node request id (common/types.h)
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())

@@ -1,0 +1,115 @@
+// tests/workerd/memd_client_test.cc: MemdClient's liveness decisions against a stand-in memd in this process (a
+// RouterServer at ipc://<run_dir>/memd.sock with a host-pool segment, answering the Hello).
+// - A worker resumed after a long stall (SIGSTOP) whose memd died meanwhile: nothing was heard from memd beyond the
+//   memd timeout, and the socket monitor has not reported the close yet (its events are held: the interleaving of a
+//   process whose ZeroMQ I/O thread has not run since SIGCONT, forced, not timed). CheckEpoch must find the closed
+//   connection and go away (the re-Hello path), not end the epoch blaming a live connection.
+// - The same silence over a connection that is still open ends the epoch (ABORTED), naming the stall.
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "common/host_pool.h"
+#include "common/protocol.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+#include "workerd/memd_client.h"
+
+namespace dhs::test {
+namespace {
+
+constexpr uint64_t kPageBytes = 4096;
+
+// A stand-in memd that answers one Hello of GPU 0 (epoch 1, its host-pool segment) and acks heartbeats on demand.
+class StandInMemd {
+ public:
+  explicit StandInMemd(const std::string& run_dir) : shm_("dhs-mct-" + std::to_string(::getpid())) {
+    (void)HostPoolSegment::Remove(shm_);
+    auto seg = HostPoolSegment::Create(shm_, kPageBytes, 4);
+    EXPECT_TRUE(seg.ok()) << seg.status();
+    segment_ = *std::move(seg);
+    auto router = RouterServer::Bind(run_dir, "memd");
+    EXPECT_TRUE(router.ok()) << router.status();
+    router_ = *std::move(router);
+  }
+  ~StandInMemd() { (void)HostPoolSegment::Remove(shm_); }
+  // Serves until one Hello was answered or `timeout` passed; returns whether it was.
+  bool AnswerHello(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto in = router_->Poll(std::chrono::milliseconds(5));
+      if (!in.ok() || !in->has_value()) continue;
+      auto m = DecodeEnvelope((*in)->bytes);
+      if (!m.ok() || m->type != wire::Body::Hello) continue;
+      wire::HelloReplyT r;
+      r.accepted = true;
+      r.worker_epoch = 1;
+      auto info = std::make_unique<wire::HostSegmentInfoT>();
+      info->name = shm_;
+      info->size_bytes = segment_->size_bytes();
+      info->page_bytes = kPageBytes;
+      info->pages = 4;
+      r.segments.push_back(std::move(info));
+      return router_->Reply((*in)->peer, EncodeHelloReply(r, m->sequence, "memd")).ok();
+    }
+    return false;
+  }
+  void Die() { router_.reset(); }  // memd's socket closes (its process died)
+
+ private:
+  std::string shm_;
+  std::unique_ptr<HostPoolSegment> segment_;
+  std::unique_ptr<RouterServer> router_;
+};
+
+std::unique_ptr<MemdClient> ConnectedClient(const std::string& run_dir, StandInMemd& memd) {
+  wire::HelloT hello;
+  hello.gpu = 0;
+  hello.host_page_bytes = kPageBytes;
+  absl::StatusOr<std::unique_ptr<MemdClient>> client;
+  std::thread t([&] { client = MemdClient::Connect(run_dir, hello, std::chrono::milliseconds(10000)); });
+  const bool answered = memd.AnswerHello(std::chrono::milliseconds(10000));
+  t.join();
+  EXPECT_TRUE(answered);
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return nullptr;
+  EXPECT_EQ((*client)->worker_epoch(), 1u);
+  return *std::move(client);
+}
+
+TEST(MemdClientLiveness, AStalledWorkerWhoseMemdDiedGoesAwayEvenBeforeTheMonitorReportsTheClose) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path());
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  client->set_memd_timeout(std::chrono::milliseconds(100));
+  ASSERT_TRUE(client->CheckEpoch().ok());
+  client->HoldConnectionEventsForTest();  // the monitor's DISCONNECTED stays queued
+  memd.Die();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the stall: beyond the memd timeout
+  const absl::Status s = client->CheckEpoch();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(client->away()) << "the closed connection was not seen: memd's death taken for a hung memd";
+}
+
+TEST(MemdClientLiveness, SilenceOverAnOpenConnectionEndsTheEpochNamingTheStall) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path());
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  client->set_memd_timeout(std::chrono::milliseconds(100));
+  ASSERT_TRUE(client->CheckEpoch().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // memd alive, nothing sent: silent beyond the timeout
+  const absl::Status s = client->CheckEpoch();
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_FALSE(client->away());
+  EXPECT_NE(s.message().find("while its connection is still open"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("this worker did not run for"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace dhs::test
