@@ -13,6 +13,7 @@
 #include "dhs_generated.h"
 #include "workerd/kv/layout.h"
 #include "workerd/model/config.h"
+#include "workerd/resumed_outputs.h"
 #include "workerd/spec/speculation_config.h"
 
 namespace dhs {
@@ -40,6 +41,7 @@ struct WorkerConfig {
   uint32_t away_held_tokens = 4096;  // memd away (issue 11): a request whose tokens held back from its client (not
                                      // yet in memd's record) reach this pauses until memd is back, tokens
   spec::SpeculationConfig speculation;  // --speculate, --block, ... (workerd/spec/speculation_config.h)
+  ResumedOutputLimits resumed_outputs;  // resumed outputs no client re-attached to (workerd/resumed_outputs.h)
 };
 
 // The sizes derived from the model and the config (brief §8).

@@ -1901,6 +1901,7 @@ TEST_F(MemdProcess, RecordsSurviveAPoolThatIsNotAdopted) {
   m.record = std::make_unique<wire::RequestRecordT>();
   m.record->request = a;
   m.record->client_request = 42;
+  m.record->client = 77;  // the client's identity comes back with the record (a resume is found by it)
   m.record->prompt = {1, 2, 3};
   m.record->max_new_tokens = 4;
   w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
@@ -1931,6 +1932,7 @@ TEST_F(MemdProcess, RecordsSurviveAPoolThatIsNotAdopted) {
   EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{a}));
   ASSERT_EQ(r.interrupted_records.size(), 1u);
   EXPECT_EQ(r.interrupted_records[0]->client_request, 42u);
+  EXPECT_EQ(r.interrupted_records[0]->client, 77u);
   EXPECT_EQ(r.interrupted_records[0]->tokens, (std::vector<uint8_t>{7, 8}));
   const json ja = DhsctlJson("request " + std::to_string(a));
   EXPECT_EQ(ja["state"], "interrupted") << ja.dump();
