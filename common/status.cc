@@ -29,6 +29,22 @@ std::optional<ErrorCode> PayloadCode(const absl::Status& status) {
 
 }  // namespace
 
+absl::Status WorkerEpochEndedError(std::string_view why) {
+  absl::Status status = absl::UnavailableError(absl::StrCat("worker epoch ended: ", absl::string_view(why.data(), why.size())));
+  status.SetPayload(kEndReasonPayloadUrl,
+                    absl::Cord(std::to_string(static_cast<int>(wire::EndReason::WORKER_EPOCH_ENDED))));
+  return status;
+}
+
+wire::EndReason EndReasonOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kEndReasonPayloadUrl);
+  if (!payload.has_value() ||
+      std::string(*payload) != std::to_string(static_cast<int>(wire::EndReason::WORKER_EPOCH_ENDED))) {
+    return wire::EndReason::NONE;
+  }
+  return wire::EndReason::WORKER_EPOCH_ENDED;
+}
+
 absl::Status InvalidMessageError(std::string_view message) {
   return WithWireCode(absl::StatusCode::kInvalidArgument, ErrorCode::INVALID_MESSAGE, message);
 }

@@ -26,6 +26,14 @@ absl::Status InvalidMessageError(std::string_view message);   // -> INVALID_MESS
 absl::Status UnknownMessageError(std::string_view message);   // -> UNKNOWN_MESSAGE
 absl::Status VersionMismatchError(std::string_view message);  // -> VERSION_MISMATCH
 
+// The end of a worker's epoch without the end of its requests (TokenChunk.end_reason = WORKER_EPOCH_ENDED,
+// docs/protocol.md "The epoch's end"): UNAVAILABLE "worker epoch ended: <why>" with a payload under
+// kEndReasonPayloadUrl, which EndReasonOf reads (NONE for any other status). The worker sets the chunk's end_reason
+// from it, so clients match the code, never the text.
+inline constexpr char kEndReasonPayloadUrl[] = "type.dhs/dhs.wire.EndReason";
+absl::Status WorkerEpochEndedError(std::string_view why);
+wire::EndReason EndReasonOf(const absl::Status& status);
+
 // absl::StatusCode -> wire code (kOk -> OK; every canonical code has its own wire code).
 wire::ErrorCode ToWireError(absl::StatusCode code);
 // Full status -> wire code: the protocol payload wins over the canonical code.

@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   RouterServer::Options router_options;
   auto router = RouterServer::Bind(options.run_dir, "memd", router_options);
   if (!router.ok()) return router.status();
-  RemoveStaleSegments(options.segment_name);
+  RemoveStaleSegments(options.segment_name, options.unreadable_segment_age);
   // The pool before the core: one larger than the free /dev/shm fails at once (HostPoolSegment::Create checks the
   // free space), before the core spends seconds building its host-page allocator for millions of pages.
   auto pool = OpenPool(options.segment_name, canonical, options.page_bytes, options.host_pool_pages);

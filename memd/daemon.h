@@ -68,6 +68,8 @@ struct DaemonOptions {
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-pool-<hash of the canonical run dir>"
+  // RemoveStaleSegments: an unreadable "dhs-pool-*" segment last modified this long ago or longer is removed at start.
+  std::chrono::seconds unreadable_segment_age{3600};
   // Liveness (docs/operations.md): a registered worker that sent nothing for worker_timeout is hung and its GPU is
   // fenced (workers send a Heartbeat every second); the socket monitor's disconnect of a worker's connection (dead
   // process, closed socket) fences its GPU at once. memd's socket has no ZMTP heartbeats: with router_handover (how a

@@ -31,6 +31,7 @@ struct CommandLine {
   uint64_t pool_bytes = 0, pool_pages = 0;
   uint64_t worker_timeout_ms = 3000;
   uint64_t adopt_grace_ms = 6000;
+  uint64_t unreadable_segment_age_s = 3600;
   std::string metrics_address, log_level = "info";
 };
 
@@ -94,6 +95,12 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                  "workers may still write them until their epochs end)")
       ->check(dhs::IntegerIn<uint64_t>(0, 600'000))
       ->capture_default_str();
+  app.add_option("--unreadable-segment-age-s", c.unreadable_segment_age_s,
+                 "at start, a dhs-pool-* segment of this user that is not a readable host pool (a memd killed while "
+                 "creating its pool leaves one) is removed once it was last modified this long ago; a younger one may "
+                 "be another memd's pool being created and is kept")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{10} * 365 * 86400))
+      ->capture_default_str();
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -119,6 +126,7 @@ bool SetPoolPages(CommandLine& c) {
   c.options.host_pool_pages = static_cast<uint32_t>(pool_pages);
   c.options.worker_timeout = std::chrono::milliseconds(c.worker_timeout_ms);
   c.options.adopt_grace = std::chrono::milliseconds(c.adopt_grace_ms);
+  c.options.unreadable_segment_age = std::chrono::seconds(c.unreadable_segment_age_s);
   return true;
 }
 

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -18,10 +20,12 @@
 namespace dhs::memd {
 namespace {
 
-bool OwnedByMe(const std::filesystem::path& path, int64_t& size) {
+// Whether `path` is this user's; then its size (bytes) and how long ago it was last modified (s, 0 if in the future).
+bool OwnedByMe(const std::filesystem::path& path, int64_t& size, int64_t& age_s) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) return false;
   size = static_cast<int64_t>(st.st_size);
+  age_s = std::max<int64_t>(0, static_cast<int64_t>(::time(nullptr)) - static_cast<int64_t>(st.st_mtime));
   return true;
 }
 
@@ -33,12 +37,18 @@ bool LegacySegmentOfDeadMemd(const std::string& name, int& pid) {
   return !((::kill(pid, 0) == 0 || errno == EPERM) && std::getline(comm, program) && program == "memd");
 }
 
-// Why a "dhs-pool-*" segment is stale ("" when it is not): its run directory is gone. One that does not open as a
-// host pool is left alone: it may be one another memd is creating right now (its header is written last).
-std::string StalePoolReason(const std::string& name) {
+// Why a "dhs-pool-*" segment is stale ("" when it is not): its run directory is gone, or it does not open as a host
+// pool and was last modified `unreadable_age` or longer ago (`age_s`). A younger unreadable one is left alone: it may
+// be one another memd is creating right now (its header is written last).
+std::string StalePoolReason(const std::string& name, int64_t age_s, std::chrono::seconds unreadable_age) {
   if (!absl::StartsWith(name, kPoolSegmentPrefix)) return "";
   auto seg = HostPoolSegment::Open(name);
-  if (!seg.ok()) return "";
+  if (!seg.ok()) {
+    if (absl::IsNotFound(seg.status()) || age_s < unreadable_age.count()) return "";
+    return absl::StrFormat("it is not a readable host pool (%s) and was last modified %d s ago (at least %d s: no "
+                           "memd is still creating it; a memd killed while creating its pool leaves such a segment)",
+                           seg.status().message(), age_s, unreadable_age.count());
+  }
   const std::string& dir = (*seg)->owner_tag();
   std::error_code ec;
   if (dir.empty() || !std::filesystem::is_directory(dir, ec)) {
@@ -58,18 +68,18 @@ std::string PoolSegmentName(const std::string& canonical_run_dir) {
   return name;
 }
 
-void RemoveStaleSegments(const std::string& own_name) {
+void RemoveStaleSegments(const std::string& own_name, std::chrono::seconds unreadable_age) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(kHostPoolShmDir, ec)) {
     const std::string name = entry.path().filename().string();
-    int64_t size = 0;
-    if (name == own_name || !OwnedByMe(entry.path(), size)) continue;
+    int64_t size = 0, age_s = 0;
+    if (name == own_name || !OwnedByMe(entry.path(), size, age_s)) continue;
     int pid = 0;
     std::string why;
     if (LegacySegmentOfDeadMemd(name, pid)) {
       why = absl::StrFormat("the host pool of a memd (pid %d) that is gone", pid);
     } else {
-      why = StalePoolReason(name);
+      why = StalePoolReason(name, age_s, unreadable_age);
     }
     if (why.empty() || !HostPoolSegment::Remove(name).ok()) continue;
     spdlog::warn("memd: removed /dev/shm/{} ({} bytes): {}", name, size, why);

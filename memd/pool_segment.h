@@ -8,6 +8,7 @@
 // Thread-safety: plain functions, called by memd's start.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -25,11 +26,16 @@ inline constexpr char kPoolSegmentPrefix[] = "dhs-pool-";
 // "dhs-pool-<16 hex>" of `canonical_run_dir` (an absolute path without symlinks, std::filesystem::canonical).
 std::string PoolSegmentName(const std::string& canonical_run_dir);
 
-// Removes, before a memd creates or opens its own, the segments of this user that no memd will use again, logging
-// each with its size: "dhs-pool-*" segments whose owner tag names a run directory that no longer exists (one that is
-// not a readable host pool is left: another memd may be creating it; its own memd replaces it), and the "dhs-memd-<pid>" segments of memds before issue 11's naming whose pid is gone or
-// runs another program. `own_name` is never removed here (OpenPool decides about it).
-void RemoveStaleSegments(const std::string& own_name);
+// Removes, before a memd creates or opens its own, the segments of this user (owner uid = ours) that no memd will use
+// again, logging each with its size and why (docs/operations.md "Host-pool segments"):
+//   - "dhs-pool-*" segments whose owner tag names a run directory that no longer exists;
+//   - "dhs-pool-*" segments that are not a readable host pool (no header yet, truncated, another format) and were last
+//     modified `unreadable_age` or longer ago (memd --unreadable-segment-age-s, default 3600): a memd killed while
+//     creating its pool leaves one, and nobody could tell its run directory. A younger one is left alone: another
+//     memd may be creating it right now (its header is written last); its own memd replaces it (OpenPool);
+//   - the "dhs-memd-<pid>" segments of memds before issue 11's naming whose pid is gone or runs another program.
+// `own_name` (this node's segment) is never removed here (OpenPool decides about it).
+void RemoveStaleSegments(const std::string& own_name, std::chrono::seconds unreadable_age = std::chrono::hours(1));
 
 // The pool a memd starts with.
 struct OpenedPool {

@@ -7,6 +7,7 @@ std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRe
   auto w = std::make_unique<wire::RequestRecordT>();
   w->request = id;
   w->client_request = r.client_request;
+  w->client = r.client;
   w->prompt = r.prompt;
   w->hash_ids = r.hash_ids;
   w->input_tokens = r.input_tokens;
@@ -23,6 +24,7 @@ std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRe
 RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
   RequestRecord r;
   r.client_request = w.client_request;
+  r.client = w.client;
   r.gpu = gpu;
   r.prompt = w.prompt;
   r.hash_ids = w.hash_ids;

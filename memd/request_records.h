@@ -25,6 +25,8 @@ namespace dhs::memd {
 
 struct RequestRecord {
   RequestId client_request = 0;        // the client's SubmitRequest.request
+  uint64_t client = 0;                 // the client's identity (SubmitRequest.client; 0 = none): a resume is found by
+                                       // (client, client_request)
   GpuId gpu = 0;
   std::vector<uint8_t> prompt;         // SubmitRequest.prompt, tokens
   std::vector<uint64_t> hash_ids;      // SubmitRequest.hash_ids (prepared prefix), block ids

@@ -14,6 +14,7 @@
 #include "dhs_generated.h"
 #include "workerd/kv/layout.h"
 #include "workerd/model/config.h"
+#include "workerd/resumed_outputs.h"
 #include "workerd/spec/speculation_config.h"
 
 namespace dhs {
@@ -45,6 +46,7 @@ struct WorkerConfig {
   // χ (--staging-arenas, brief §6 "Staging", §8: 4 live payload layers): staging arenas of speculative verification,
   // used when speculation is on and the mode is hierarchical; 0 = none (a round's union must then fit the hot cache).
   uint32_t staging_arenas = 4;
+  ResumedOutputLimits resumed_outputs;  // resumed outputs no client re-attached to (workerd/resumed_outputs.h)
 };
 
 // The sizes derived from the model and the config (brief §8).

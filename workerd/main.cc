@@ -44,6 +44,7 @@ struct CommandLine {
   int connect_timeout_ms = 10000;
   int memd_timeout_ms = 2000;
   int memd_reconnect_ms = 30000;
+  int64_t resumed_output_age_ms = 600000;  // --resumed-output-age-ms (config.resumed_outputs.max_age)
   std::string device_name = "auto";
   dhs::LinkModelFlags link_flags;
   dhs::spec::SpeculationFlags speculation;
@@ -116,6 +117,17 @@ void AddOptions(CLI::App& app, CommandLine& c) {
                  "again with a report (backoff 50 ms doubling to 1 s) for up to this long; then the epoch ends "
                  "(exit code 75)")
       ->check(dhs::IntegerIn(100, 3600000))->capture_default_str();
+  app.add_option("--resumed-outputs-max", config.resumed_outputs.max_outputs,
+                 "finished outputs of resumed requests kept for a client that has not re-attached (Attach), at most; "
+                 "beyond, the oldest is dropped (logged, counted in resumed_outputs_dropped)")
+      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 24))->capture_default_str();
+  app.add_option("--resumed-output-bytes-max", config.resumed_outputs.max_bytes,
+                 "those outputs' bytes together (12 per token + the error text), at most; beyond, the oldest is "
+                 "dropped")
+      ->check(dhs::IntegerIn<uint64_t>(1, uint64_t{1} << 40))->capture_default_str();
+  app.add_option("--resumed-output-age-ms", c.resumed_output_age_ms,
+                 "how long such an output waits for its client before it is dropped, ms")
+      ->check(dhs::IntegerIn<int64_t>(1, int64_t{1} << 40))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
   dhs::AddLinkModelOptions(app, &c.link_flags);
@@ -209,6 +221,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine& cl, dhs:
     return 2;
   }
   cl.config.speculation = *speculation;
+  cl.config.resumed_outputs.max_age = std::chrono::milliseconds(cl.resumed_output_age_ms);
   if (!cl.fault_kill_at.empty()) {
     absl::StatusOr<dhs::FaultKill> kill = dhs::ParseFaultKill(cl.fault_kill_at);
     if (!kill.ok()) {

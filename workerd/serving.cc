@@ -126,7 +126,7 @@ void ServingFrontend::Handle(const Incoming& in) {
     } else if (worker_ == nullptr) {
       status = absl::UnavailableError("worker not ready");
     } else {
-      status = worker_->Attach(attach->request, attach->received, ClientRef{in.peer, msg->sequence});
+      status = worker_->Attach(attach->request, attach->received, ClientRef{in.peer, msg->sequence}, attach->client);
     }
   } else if (msg->type == wire::Body::WorkerStatsQuery) {
     if (worker_ == nullptr) {

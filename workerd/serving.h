@@ -68,8 +68,10 @@ class Submitter {
   // A client's request. A returned error is the client's ErrorReply; nothing else changed.
   virtual absl::Status Submit(const wire::SubmitRequestT& submit, const ClientRef& client) = 0;
   // A client re-attaches to a request resumed after a worker restart (Attach message, protocol version 5), having
-  // `received` of its tokens. A returned error is the client's ErrorReply.
-  virtual absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client) = 0;
+  // `received` of its tokens; `client_identity` is Attach.client (the SubmitRequest.client it was submitted with,
+  // 0 = none): resumed requests are found by (client_identity, client_id). A returned error is the client's ErrorReply.
+  virtual absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client,
+                              uint64_t client_identity = 0) = 0;
   // The counters of WorkerStatsReply.
   virtual wire::WorkerStatsReplyT StatsReply() const = 0;
 };

@@ -24,7 +24,7 @@ uint64_t MicrosSince(std::chrono::steady_clock::time_point from, std::chrono::st
 Worker::Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry,
                MemdLink* memd, ClientSink* client)
     : model_(model), device_(device), config_(std::move(config)), geometry_(std::move(geometry)), memd_(memd),
-      client_(client), prefix_cache_(config_.prefix_cache_bytes) {}
+      client_(client), prefix_cache_(config_.prefix_cache_bytes), resumed_bound_(config_.resumed_outputs) {}
 
 Worker::~Worker() = default;
 
@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   }
   absl::StatusOr<WorkerGeometry> g = ComputeGeometry(model->config(), config);
   if (!g.ok()) return g.status();
+  if (absl::Status s = ValidateResumedOutputLimits(config.resumed_outputs); !s.ok()) return s;
   std::unique_ptr<Worker> w(new Worker(model, device, config, *std::move(g), memd, client));
   KvResidency* residency = nullptr;
   if (config.mode == WorkerMode::kResident) {
@@ -167,6 +168,7 @@ std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const
   auto rec = std::make_unique<wire::RequestRecordT>();
   rec->request = r.id;
   rec->client_request = r.client_id;
+  rec->client = submit.client;  // the client's identity: its resume is found by (client, client_request)
   rec->prompt = submit.prompt;
   rec->hash_ids = submit.hash_ids;
   rec->input_tokens = submit.input_tokens;
@@ -273,6 +275,7 @@ namespace {
 wire::SubmitRequestT SubmitOfRecord(const wire::RequestRecordT& rec) {
   wire::SubmitRequestT s;
   s.request = rec.client_request;
+  s.client = rec.client;
   s.prompt = rec.prompt;
   s.hash_ids = rec.hash_ids;
   s.input_tokens = rec.input_tokens;
@@ -325,19 +328,20 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
     if (absl::Status s = end_interrupted(); !s.ok()) return s;
     spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
                  r->client_id, r->max_new);
-    detached_done_[r->client_id] = DetachedOutput{r->generated, r->digests, absl::OkStatus()};
+    KeepDetached(KeyOf(*r), DetachedOutput{r->generated, r->digests, absl::OkStatus()});
     return absl::OkStatus();
   }
   r->resume_of = interrupted;
   if (absl::Status s = SendAdmit(*r, submit); !s.ok()) return s;
   spdlog::info("worker: interrupted request {} (client {}) resumes as {}: {} committed tokens, {} tokens of history",
                interrupted, r->client_id, r->id, r->resumed, r->input.size());
-  client_ids_.emplace(std::make_pair(std::string(), r->client_id), r->id);
-  requests_.emplace(r->id, std::move(r));
+  requests_.emplace(r->id, std::move(r));  // detached: found by Attach through (client identity, client id)
   return absl::OkStatus();
 }
 
-absl::Status Worker::Attach(RequestId client_id, uint32_t received, const ClientRef& client) {
+absl::Status Worker::Attach(RequestId client_id, uint32_t received, const ClientRef& client,
+                            uint64_t client_identity) {
+  const ResumeKey key{client_identity, client_id};
   auto send = [&](Request& r, bool finished, const absl::Status& error) {
     wire::SubmitAcceptedT accepted;
     accepted.request = client_id;
@@ -353,7 +357,7 @@ absl::Status Worker::Attach(RequestId client_id, uint32_t received, const Client
     if (!tokens.empty() || finished) return SendChunk(r, std::move(tokens), std::move(digests), finished, error);
     return absl::OkStatus();
   };
-  if (auto done = detached_done_.find(client_id); done != detached_done_.end()) {
+  if (auto done = detached_done_.find(key); done != detached_done_.end()) {
     Request r;  // the finished request's output, streamed once
     r.client_id = client_id;
     r.client = client;
@@ -362,15 +366,18 @@ absl::Status Worker::Attach(RequestId client_id, uint32_t received, const Client
     r.submitted = r.granted = std::chrono::steady_clock::now();
     const absl::Status error = done->second.error;
     detached_done_.erase(done);
+    resumed_bound_.Claim(key);
     send(r, true, error).IgnoreError();  // a final chunk is always taken
     return absl::OkStatus();
   }
-  auto key = client_ids_.find({std::string(), client_id});
-  if (key == client_ids_.end()) {
-    return absl::NotFoundError(absl::StrCat("request ", client_id, " is not a resumed request of this worker"));
+  // A running resumed request of that key (the first in node-id order: anonymous clients may share a key).
+  auto it = std::find_if(requests_.begin(), requests_.end(),
+                         [&](const auto& e) { return e.second->detached && KeyOf(*e.second) == key; });
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", client_id, " of client ", client_identity,
+                                            " is not a resumed request of this worker"));
   }
-  Request& r = *requests_.at(key->second);
-  client_ids_.erase(key);
+  Request& r = *it->second;
   client_ids_.emplace(std::make_pair(client.peer, client_id), r.id);
   r.client = client;
   r.detached = false;
@@ -799,6 +806,7 @@ absl::Status Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std
   if (!error.ok()) {
     chunk.error = ToWireError(error);
     chunk.error_message = std::string(error.message());
+    chunk.end_reason = EndReasonOf(error);  // WORKER_EPOCH_ENDED: the client re-attaches (matches the code, not text)
   }
   return client_->Chunk(r.client, chunk);
 }
@@ -809,7 +817,24 @@ void Worker::ReportEnd(Request& r, const absl::Status& error) {
     ++stats_.failed_requests;
   }
   ++stats_.finished_requests;
-  if (r.detached) detached_done_[r.client_id] = DetachedOutput{r.generated, r.digests, error};  // for Attach
+  if (r.detached) KeepDetached(KeyOf(r), DetachedOutput{r.generated, r.digests, error});  // for Attach
+}
+
+void Worker::KeepDetached(const ResumeKey& key, DetachedOutput output) {
+  const uint64_t bytes = ResumedOutputBytes(output.tokens.size(), output.error.message().size());
+  detached_done_[key] = std::move(output);
+  DropUnclaimed(resumed_bound_.Keep(key, bytes, std::chrono::steady_clock::now()));
+}
+
+void Worker::DropUnclaimed(const std::vector<DroppedOutput>& dropped) {
+  for (const DroppedOutput& d : dropped) {
+    // A replaced one's key now holds the newer output (kept); any other is erased.
+    if (d.reason != ResumedDropReason::kReplaced) detached_done_.erase(d.key);
+    ++stats_.resumed_outputs_dropped;
+    spdlog::warn("worker: the resumed output of request {} of client {} ({} bytes) is dropped, no client attached to "
+                 "it within the bound ({}; waited {} ms): an Attach now gets NOT_FOUND", d.key.second, d.key.first,
+                 d.bytes, ResumedDropReasonName(d.reason), d.waited.count());
+  }
 }
 
 void Worker::Finish(RequestId id, absl::Status error) {
@@ -856,6 +881,7 @@ size_t Worker::EndClient(const std::string& peer, const absl::Status& why) {
 }
 
 absl::StatusOr<bool> Worker::Iterate() {
+  if (!detached_done_.empty()) DropUnclaimed(resumed_bound_.Expire(std::chrono::steady_clock::now()));
   agent_->Poll();
   StartGranted();
   if (absl::Status s = RunBatch(); !s.ok()) return s;
@@ -879,8 +905,7 @@ std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const wir
     spdlog::warn("worker: memd refused the report of request {}: {}; it is resumed", id, why);
     agent_->Forget(id);
     if (!interrupted.contains(id)) own.push_back(MakeRecord(r, r.submit));
-    SendChunk(r, {}, {}, true, absl::UnavailableError(absl::StrCat("worker epoch ended: memd refused its report: ", why)))
-        .IgnoreError();
+    SendChunk(r, {}, {}, true, WorkerEpochEndedError(absl::StrCat("memd refused its report: ", why))).IgnoreError();
     ++stats_.failed_requests;
     std::erase(granted_, id);
     Erase(it);
@@ -1076,6 +1101,8 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   // the KV hierarchy's (staging_bytes(), sized by the same geometry).
   r.draft_ring_bytes = geometry_.speculation.draft_ring_bytes;
   r.staging_bytes = static_cast<uint64_t>(staging_bytes());
+  r.resumed_outputs_waiting = static_cast<uint32_t>(detached_done_.size());
+  r.resumed_outputs_dropped = s.resumed_outputs_dropped;
   return r;
 }
 

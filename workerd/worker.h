@@ -88,6 +88,7 @@ struct WorkerStats {
   uint64_t memd_aways = 0;              // times memd died under this worker (EnterAway)
   uint64_t tokens_while_away = 0;       // tokens generated while memd was away (held from clients until it was back)
   uint64_t paused_while_away = 0;       // requests paused while memd was away (held-token or tail bound)
+  uint64_t resumed_outputs_dropped = 0; // resumed outputs dropped unclaimed (config.resumed_outputs bound)
   // Speculation (--speculate; workerd/worker_speculation.cc):
   uint64_t spec_rounds = 0;          // verified rounds (K_r >= 2)
   uint64_t spec_round_tokens = 0;    // tokens those rounds emitted: sum of A_r + 1
@@ -144,18 +145,24 @@ class Worker final : public MemdHandler, public Submitter {
   // without a confirmed copy, and the tail) is recomputed from the tokens (rows_recomputed), in position order with
   // the imports, so each recomputed row reads exactly the earlier rows and index keys an uninterrupted run had; then
   // decoding continues at token t = committed, drawn at (seed, client id, t), so the tokens equal those of an
-  // uninterrupted run. Resident mode, or nothing kept: everything is recomputed. It has no client until one Attaches (its tokens wait in the request).
+  // uninterrupted run. Resident mode, or nothing kept: everything is recomputed. It has no client until one Attaches
+  // (its tokens wait in the request); it is found by (record.client, record.client_request), the client's identity
+  // and id (ResumeKey).
   // A request whose record holds all max_new tokens is not admitted (its interrupted id is ended with Complete): it
-  // waits finished for its client. Errors: INVALID_ARGUMENT (the record is not a valid submit, or holds more tokens
+  // waits finished for its client. A finished output waits under config.resumed_outputs (ResumedOutputBound: count,
+  // bytes, age); one dropped is logged and counted (WorkerStatsReply.resumed_outputs_dropped). Errors: INVALID_ARGUMENT (the record is not a valid submit, or holds more tokens
   // than max_new: the interrupted id is ended with Complete, nothing admitted), UNAVAILABLE (memd unreachable).
   // `interrupted` = 0: a request memd holds nothing of (a re-Hello's refused report): admitted afresh with its record
   // (every row recomputed), nothing is ended.
   absl::Status Resume(RequestId interrupted, const wire::RequestRecordT& record);
-  // A client (re-)attaches to the resumed request `client_id` having `received` tokens of it: SubmitAccepted, then
+  // A client (re-)attaches to the resumed request `client_id` of client identity `client_identity` (Attach.client =
+  // the SubmitRequest.client it was submitted with; 0 = none) having `received` tokens of it: SubmitAccepted, then
   // one TokenChunk with the tokens from `received` on that are known now (final when the request finished), and
   // from then on the request streams to `client` as a submitted one; tokens below `received` are never sent again.
-  // Errors: NOT_FOUND (no resumed request with that client id waits for a client).
-  absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client) override;
+  // Resumed requests are found by (client_identity, client_id): two clients that used the same ids each get their own.
+  // Errors: NOT_FOUND (no resumed request with that key waits for a client, or its output was dropped unclaimed).
+  absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client,
+                      uint64_t client_identity = 0) override;
   // The GPU's epoch from memd's HelloReply (>= 1; 1 until set): part of every node request id (Submit).
   void set_epoch(uint64_t epoch) { epoch_ = epoch == 0 ? 1 : epoch; }
   // HelloReply.interrupted_requests (with interrupted_records): each one this worker neither serves nor ended is
@@ -370,6 +377,12 @@ class Worker final : public MemdHandler, public Submitter {
   // The client's side of any end (Finish, an admission memd refused): a failed request's final chunk (the outbox
   // always takes a final chunk), the counts, and a detached request's output (or error) kept for its Attach.
   void ReportEnd(Request& r, const absl::Status& error);
+  // A resumed request's as yet unclaimed output, kept for its client's Attach under the bound (resumed_bound_):
+  // the outputs the bound drops are erased, logged and counted.
+  struct DetachedOutput;
+  void KeepDetached(const ResumeKey& key, DetachedOutput output);
+  void DropUnclaimed(const std::vector<DroppedOutput>& dropped);
+  static ResumeKey KeyOf(const Request& r) { return {r.submit.client, r.client_id}; }
   // A node request id for a client's id (Submit), not in flight and not `avoid` (a resume in the same epoch must not
   // take the interrupted id it continues: after a re-Hello both are of this epoch).
   RequestId NodeRequestId(RequestId client_id, RequestId avoid = 0);
@@ -397,13 +410,15 @@ class Worker final : public MemdHandler, public Submitter {
   WorkerStats stats_;
   PrefixRowCache prefix_cache_;
   std::set<RequestId> stopping_;  // StopAll's Completes not acknowledged yet
-  // Resumed requests that finished before their client attached (client id -> output), until Attach.
+  // Resumed requests that finished before their client attached ((client identity, client id) -> output), until
+  // Attach or the bound drops it.
   struct DetachedOutput {
     std::vector<model::Token> tokens;
     std::vector<uint64_t> digests;
     absl::Status error;
   };
-  std::map<RequestId, DetachedOutput> detached_done_;
+  std::map<ResumeKey, DetachedOutput> detached_done_;
+  ResumedOutputBound resumed_bound_;  // which of detached_done_ to drop (config.resumed_outputs)
   std::map<RequestId, ResumeFigures> resume_figures_;  // client id -> figures (resume_figures())
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
   bool away_ = false;        // memd died; not back yet (EnterAway .. ReturnFromAway)

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs {
@@ -138,7 +139,7 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
 
 size_t WorkerProcess::Abandon(const absl::Status& why, std::chrono::milliseconds linger) {
   frontend_->SetLinger(linger);
-  return worker_->StopAll(absl::UnavailableError(absl::StrCat("worker epoch ended: ", why.message())));
+  return worker_->StopAll(WorkerEpochEndedError(std::string(why.message())));
 }
 
 absl::Status WorkerProcess::Run(const std::function<bool()>& keep_going) {

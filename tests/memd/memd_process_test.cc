@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/host_pool.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -1710,6 +1711,54 @@ TEST_F(MemdProcess, SegmentsOfDeadMemdsAreRemovedAtStartAndLiveOnesKept) {
 }
 
 
+// A memd killed while creating its pool leaves a "dhs-pool-*" segment that does not open as a host pool (no header
+// yet, or cut short); nobody can tell its run directory. A memd removes such a segment at start once it was last
+// modified --unreadable-segment-age-s or longer ago (60 s here), and keeps a younger one (another memd may be creating
+// it right now). Removed: a garbage one modified 2 h ago and a real pool truncated to 100 bytes modified 90 s ago.
+// Kept: a garbage one modified now, and the fixture's live segment.
+TEST_F(MemdProcess, UnreadableSegmentsOlderThanTheAgeBoundAreRemovedAtStartYoungerOnesKept) {
+  const std::string tag = absl::StrFormat("%08x", static_cast<uint32_t>(getpid()));
+  const std::string old_garbage = "dhs-pool-" + tag + "0000000a", old_truncated = "dhs-pool-" + tag + "0000000b",
+                    fresh_garbage = "dhs-pool-" + tag + "0000000c";
+  const std::string shm = std::string(kHostPoolShmDir) + "/";
+  auto write_garbage = [&](const std::string& name) {
+    std::ofstream out(shm + name, std::ios::binary);
+    out << std::string(100, 'x');
+  };
+  write_garbage(old_garbage);
+  write_garbage(fresh_garbage);
+  ASSERT_TRUE(HostPoolSegment::Create(old_truncated, 4096, 2).ok());
+  std::filesystem::resize_file(shm + old_truncated, 100);  // its header cut short
+  ASSERT_FALSE(HostPoolSegment::Open(old_truncated).ok());
+  ASSERT_FALSE(HostPoolSegment::Open(old_garbage).ok());
+  const auto now = std::filesystem::file_time_type::clock::now();
+  std::filesystem::last_write_time(shm + old_garbage, now - std::chrono::hours(2));
+  std::filesystem::last_write_time(shm + old_truncated, now - std::chrono::seconds(90));
+  const std::string live_name = SegmentOf(run_dir_);  // the fixture's memd
+  const std::string other = dir_ + "/other";
+  std::vector<std::string> args = {MEMD_BIN, "--run-dir", other, "--page-bytes", "4096", "--host-pool-pages", "8",
+                                   "--unreadable-segment-age-s", "60"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t second = 0;
+  ASSERT_EQ(posix_spawn(&second, MEMD_BIN, nullptr, nullptr, argv.data(), environ), 0);
+  for (int i = 0; i < 500 && !std::filesystem::exists(other + "/memd.sock"); ++i) std::this_thread::sleep_for(10ms);
+  const bool started = std::filesystem::exists(other + "/memd.sock");
+  const bool old_garbage_left = std::filesystem::exists(shm + old_garbage);
+  const bool old_truncated_left = std::filesystem::exists(shm + old_truncated);
+  const bool fresh_left = std::filesystem::exists(shm + fresh_garbage);
+  const bool live_left = std::filesystem::exists(shm + live_name);
+  kill(second, SIGTERM);
+  waitpid(second, nullptr, 0);
+  for (const std::string& name : {old_garbage, old_truncated, fresh_garbage}) std::filesystem::remove(shm + name);
+  ASSERT_TRUE(started);
+  EXPECT_FALSE(old_garbage_left) << old_garbage;
+  EXPECT_FALSE(old_truncated_left) << old_truncated;
+  EXPECT_TRUE(fresh_left) << fresh_garbage << ": younger than the bound, it may be a pool being created";
+  EXPECT_TRUE(live_left) << live_name;
+}
+
 // memd restart (issue 11): memd is SIGKILLed while a worker holds three granted requests: A (3 context pages, host
 // copies of pages 0 and 1 confirmed, tokens 7 8 committed, its host pages filled with a pattern), B (a record, no page
 // confirmed), C (no record, page 0 confirmed). The next memd with the same flags adopts the same segment: the GPU's
@@ -1952,6 +2001,7 @@ TEST_F(MemdProcess, RecordsSurviveAPoolThatIsNotAdopted) {
   m.record = std::make_unique<wire::RequestRecordT>();
   m.record->request = a;
   m.record->client_request = 42;
+  m.record->client = 77;  // the client's identity comes back with the record (a resume is found by it)
   m.record->prompt = {1, 2, 3};
   m.record->max_new_tokens = 4;
   w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
@@ -1982,6 +2032,7 @@ TEST_F(MemdProcess, RecordsSurviveAPoolThatIsNotAdopted) {
   EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{a}));
   ASSERT_EQ(r.interrupted_records.size(), 1u);
   EXPECT_EQ(r.interrupted_records[0]->client_request, 42u);
+  EXPECT_EQ(r.interrupted_records[0]->client, 77u);
   EXPECT_EQ(r.interrupted_records[0]->tokens, (std::vector<uint8_t>{7, 8}));
   const json ja = DhsctlJson("request " + std::to_string(a));
   EXPECT_EQ(ja["state"], "interrupted") << ja.dump();

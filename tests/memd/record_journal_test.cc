@@ -27,6 +27,7 @@ class RecordJournalTest : public ::testing::Test {
   static RequestRecord Record() {
     RequestRecord r;
     r.client_request = 42;
+    r.client = 0xC1E47;  // the client's identity survives the journal (a resume is found by it)
     r.prompt = {1, 2, 3, 4};
     r.hash_ids = {7, 8};
     r.input_tokens = 4;
@@ -66,6 +67,7 @@ TEST_F(RecordJournalTest, RecordsReadBackWithCommitsAndGrant) {
   ASSERT_EQ(all.size(), 2u);
   const JournaledRecord& r = all.at(5);
   EXPECT_EQ(r.record.client_request, 42u);
+  EXPECT_EQ(r.record.client, 0xC1E47u);
   EXPECT_EQ(r.record.prompt, (std::vector<uint8_t>{1, 2, 3, 4}));
   EXPECT_EQ(r.record.hash_ids, (std::vector<uint64_t>{7, 8}));
   EXPECT_EQ(r.record.max_new_tokens, 6u);

@@ -8,7 +8,9 @@ and supervises its own node and replays the bundled trace slice (tools/replay/da
   4. memd SIGKILLed (--restart-memd-every): restarted and counted; every request is still served, exactly, none
      failed, and the worker is never restarted (it survives and says its re-Hello to the new memd).
 1 and 2: every request served, outputs bit-identical to the resident run, host_rows_lost == 0 with host pages
-checked, worker_restarts == the kills. Each run has its own temporary directory; every wait is bounded.
+checked, worker_restarts == the kills; 1 runs in a given --run-dir: the fault run's logs (workerd.log, memd.log) stay
+intact beside the reference run's (workerd.reference.log, memd.reference.log). Each run has its own temporary
+directory; every wait is bounded.
 Usage: replay_faults_test.py DHS_REPLAY"""
 import json
 import os
@@ -52,12 +54,35 @@ def check_clean(failures: list, name: str, rc: int, report: dict, err: str) -> N
         failures.append(f"{name}: no request was resumed")
 
 
+def read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def kill_points(exe: str, tmp: str, failures: list) -> None:
-    args = ["--check-exact", "--fault-seed", "11"]
+    run_dir = os.path.join(tmp, "rd")  # a given --run-dir: --check-exact's two runs share it
+    args = ["--check-exact", "--fault-seed", "11", "--run-dir", run_dir]
     for k in KILL_POINTS:
         args += ["--kill-worker-at", k]
     rc, report, err = replay(exe, args, tmp, "points")
     check_clean(failures, "kill points", rc, report, err)
+    # The fault run's logs stay intact after the resident reference run (its own memd.reference.log and
+    # workerd.reference.log): every armed worker's kill line, appended across the restarts, is still there.
+    fault_log = read(os.path.join(run_dir, "workerd.log"))
+    for k in KILL_POINTS:
+        if f"fault injection: SIGKILL at {k}" not in fault_log:
+            failures.append(f"kill points: {run_dir}/workerd.log lacks the kill at {k} (overwritten by the "
+                            f"reference run?):\n{fault_log[-1500:]}")
+    # The reference run's own logs exist (the daemons log at warn: a clean resident run may leave them empty) and hold
+    # nothing of the fault run.
+    for name in ["workerd.reference.log", "memd.log", "memd.reference.log"]:
+        if not os.path.isfile(os.path.join(run_dir, name)):
+            failures.append(f"kill points: {run_dir}/{name} missing")
+    if "fault injection" in read(os.path.join(run_dir, "workerd.reference.log")):
+        failures.append(f"kill points: {run_dir}/workerd.reference.log holds the fault run's lines")
     expect(failures, "kill points", report, "worker_restarts", len(KILL_POINTS))
     expect(failures, "kill points", report, "kill_points_armed", len(KILL_POINTS))
     expect(failures, "kill points", report, "worker_kills", 0)

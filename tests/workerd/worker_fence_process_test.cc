@@ -193,6 +193,7 @@ class Node {
     bool finished = false;
     wire::ErrorCode error = wire::ErrorCode::OK;
     std::string message;
+    wire::EndReason end_reason = wire::EndReason::NONE;
   };
   static Outcome Read(DealerClient& c, RequestId id, int timeout_ms, size_t stop_after_tokens = SIZE_MAX) {
     Outcome o;
@@ -210,6 +211,7 @@ class Node {
       if (chunk->error != wire::ErrorCode::OK) {
         o.error = chunk->error;
         o.message = chunk->error_message;
+        o.end_reason = chunk->end_reason;
       }
     }
     return o;
@@ -822,6 +824,99 @@ TEST(WorkerFence, ReplayClientReattachesItsRequestsToTheRestartedWorker) {
   EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
 }
 
+// Two dhs-replay clients (ZmqNodeClient, each with its own random identity: SubmitRequest.client) use the same request
+// ids 3 and 4 with different prompts (trace rows 0 and 1: different private tokens). The worker is SIGKILLed mid-decode
+// and a new one starts on the same socket; each client re-attaches by itself (Attach with its identity) and gets
+// exactly its own tokens: each stream equals the model run alone on its own prompt (nothing of the other client's).
+TEST(WorkerFence, TwoReplayClientsWithTheSameRequestIdsEachReattachToTheirOwnRequest) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  if (!Node::Available()) GTEST_SKIP() << "no memd / workerd / dhsctl executable";
+  Node node(dir.path());
+  auto memd = node.StartMemd("memd");
+  auto worker = node.StartWorker("workerd-1", "hisparse");
+  ASSERT_TRUE(node.Client());  // the worker serves
+  constexpr int64_t kMaxNew = 300;
+  const std::vector<RequestId> ids = {3, 4};
+  struct One {
+    std::unique_ptr<replay::ZmqNodeClient> client;
+    int64_t trace_index;
+    std::map<RequestId, Generated> got;
+    std::map<RequestId, bool> finished;
+  };
+  std::vector<One> clients;
+  for (int64_t row : {0, 1}) {
+    replay::ZmqNodeClientOptions o;
+    o.worker_endpoint = IpcEndpoint(dir.path(), "worker-0");
+    o.reattach_timeout = std::chrono::milliseconds(30000);
+    auto c = replay::ZmqNodeClient::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(One{std::move(*c), row, {}, {}});
+  }
+  ASSERT_NE(clients[0].client->client_identity(), clients[1].client->client_identity());
+  auto request_of = [&](const One& c, RequestId id) {
+    replay::SubmitRequest sr;
+    sr.request = id;
+    sr.prompt.trace_index = c.trace_index * 10 + static_cast<int64_t>(id);
+    sr.prompt.input_tokens = 40;
+    sr.max_new_tokens = kMaxNew;
+    sr.sampling = id == 4 ? replay::Sampling{false, 0.8, 4} : replay::Sampling{};
+    return sr;
+  };
+  for (One& c : clients) {
+    for (RequestId id : ids) ASSERT_TRUE(c.client->Submit(request_of(c, id)).ok());
+  }
+  auto poll = [&](const std::function<bool()>& done, int timeout_ms) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!done() && Clock::now() < deadline) {
+      for (One& c : clients) {
+        auto events = c.client->Poll(5);
+        ASSERT_TRUE(events.ok()) << events.status() << node.Logs();
+        for (const replay::TokenEvent& e : *events) {
+          EXPECT_TRUE(e.error.empty()) << e.error;
+          Generated& g = c.got[e.request];
+          g.tokens.insert(g.tokens.end(), e.tokens.begin(), e.tokens.end());
+          g.digests.insert(g.digests.end(), e.logits_digests.begin(), e.logits_digests.end());
+          if (e.finished) c.finished[e.request] = true;
+        }
+      }
+    }
+  };
+  auto every = [&](const std::function<bool(const One&, RequestId)>& p) {
+    for (const One& c : clients) {
+      for (RequestId id : ids) {
+        if (!p(c, id)) return false;
+      }
+    }
+    return true;
+  };
+  auto streaming = [](const One& c, RequestId id) { return c.got.contains(id) && c.got.at(id).tokens.size() >= 10; };
+  poll([&] { return every(streaming); }, 30000);
+  ASSERT_TRUE(every(streaming)) << node.Logs();
+  ASSERT_FALSE(every([](const One& c, RequestId id) { return c.finished.contains(id); }));
+  worker.reset();  // SIGKILL mid-decode
+  auto restarted = node.StartWorker("workerd-2", "hisparse");
+  poll([&] { return every([](const One& c, RequestId id) { return c.finished.contains(id); }); }, 60000);
+  auto model = MakePresetModel("glm5-like", 3);
+  for (One& c : clients) {
+    EXPECT_EQ(c.client->reattaches(), 1);
+    for (RequestId id : ids) {
+      SCOPED_TRACE("client row " + std::to_string(c.trace_index) + " request " + std::to_string(id));
+      ASSERT_TRUE(c.finished[id]) << node.Logs();
+      const replay::SubmitRequest sr = request_of(c, id);
+      std::vector<model::Token> input;
+      for (unsigned char ch : replay::SynthesizePrompt(sr.prompt)) input.push_back(ch);
+      const Generated want = sr.sampling.greedy
+                                 ? test::Oracle(*model, input, kMaxNew)
+                                 : test::Oracle(*model, input, kMaxNew, 0.8f, 1.0f, 4, id);
+      EXPECT_EQ(c.got[id].tokens, want.tokens) << "the other client's tokens, or lost / repeated ones";
+      EXPECT_EQ(c.got[id].digests, want.digests);
+    }
+  }
+  EXPECT_EQ(restarted->Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd->Terminate(), 0) << node.Logs();
+}
+
 TEST(WorkerFence, StoppedWorkerIsFencedAndAfterContinueEndsItsEpochWithoutActingOnStaleGrants) {
   dhs::testing::ScopedRunDir dir;
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
@@ -847,6 +942,7 @@ TEST(WorkerFence, StoppedWorkerIsFencedAndAfterContinueEndsItsEpochWithoutActing
   EXPECT_TRUE(o.finished) << "the client was never told" << node.Logs();
   EXPECT_EQ(o.error, wire::ErrorCode::UNAVAILABLE) << o.message;
   EXPECT_NE(o.message.find("epoch ended"), std::string::npos) << o.message;
+  EXPECT_EQ(o.end_reason, wire::EndReason::WORKER_EPOCH_ENDED) << "the code clients re-attach on";
   EXPECT_NE(ReadFile(node.Log("workerd-1")).find("exiting with code 75"), std::string::npos) << node.Logs();
   // The Complete of its ended request is not sent (memd dropped the epoch): expected, so no error line says so; the
   // one error line is the exit's.
@@ -905,6 +1001,7 @@ TEST(WorkerFence, KilledMemdThatNeverComesBackEndsTheWorkersEpochAfterTheReconne
   EXPECT_NE(o.message.find("worker epoch ended: memd connection: memd lost: it died and no memd took the re-Hello "
                            "within 1500 ms"),
             std::string::npos) << o.message;
+  EXPECT_EQ(o.end_reason, wire::EndReason::WORKER_EPOCH_ENDED) << "the code clients re-attach on";
   memd = node.StartMemd("memd-2");
   w = node.StartWorker("workerd-2");
   // The new memd adopted the dead one's journal and records: the streaming request is an interrupted request of

@@ -12,6 +12,8 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -653,6 +655,12 @@ void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
   ASSERT_EQ(a.sink.finished.count(1), 1u);
   EXPECT_NE(a.sink.errors[1].find("worker epoch ended: memd refused its report: request 1: slot 0"), std::string::npos)
       << a.sink.errors[1];
+  // The client tells the epoch's end by its code, not by the text (dhs-replay re-attaches on it).
+  const auto final1 = std::find_if(a.sink.chunks.begin(), a.sink.chunks.end(),
+                                   [](const wire::TokenChunkT& c) { return c.request == 1 && c.finished; });
+  ASSERT_NE(final1, a.sink.chunks.end());
+  EXPECT_EQ(final1->error, wire::ErrorCode::UNAVAILABLE);
+  EXPECT_EQ(final1->end_reason, wire::EndReason::WORKER_EPOCH_ENDED);
   EXPECT_EQ(a.sink.out[1].tokens.size(), had1) << "held tokens of a refused report reached its client";
   ASSERT_EQ(memd->admitted_ids.size(), admitted + 1) << "the refused request was not admitted again";
   if (memd_holds_it_interrupted) {
@@ -681,6 +689,177 @@ TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsNothingOfIsResumedFromTheWor
 }
 TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsInterruptedIsResumedUnderANewIdOfTheSameEpoch) {
   RefusedReportIsResumed(true);
+}
+
+}  // namespace
+}  // namespace dhs::test
+
+namespace dhs::test {
+namespace {
+
+using Key = std::pair<std::string, RequestId>;  // (ClientRef.peer, client request id)
+
+// Two clients of one worker use the same request ids (1 and 2) with different prompts and their own identities
+// (SubmitRequest.client 101 and 202). The worker is dropped mid-decode; the next one (epoch 2) resumes all four from
+// memd's records. Each client re-attaches with its identity (Attach.client): each gets its own request's tokens, and
+// its stream (before, then after) equals the oracle of its own prompt. Before the fix the resumes were keyed by the
+// request id alone: the second resume of id 1 was unreachable (or the other client's stream was sent).
+TEST(WorkerResume, TwoClientsWithTheSameRequestIdsEachReattachToTheirOwnRequest) {
+  auto m = MakePresetModel("dsv4flash-like");
+  struct Client {
+    std::string peer;
+    uint64_t identity;
+    uint32_t salt;  // its prompts differ from the other client's
+  };
+  const std::vector<Client> clients = {{"alice", 101, 50}, {"bob", 202, 70}};
+  const std::vector<RequestId> ids = {1, 2};
+  constexpr uint32_t kMaxNew = 16;
+  auto submit_of = [&](const Client& c, RequestId id) {
+    wire::SubmitRequestT s;
+    s.request = id;
+    s.client = c.identity;
+    s.prompt = Prompt(20 + id, c.salt + static_cast<uint32_t>(id));
+    s.max_new_tokens = kMaxNew;
+    s.temperature = id == 2 ? 0.8f : 0.0f;
+    s.seed = 9;
+    return s;
+  };
+  std::map<std::pair<std::string, RequestId>, Generated> want;
+  for (const Client& c : clients) {
+    for (RequestId id : ids) {
+      const wire::SubmitRequestT s = submit_of(c, id);
+      want[Key(c.peer, id)] =
+          Oracle(*m, {s.prompt.begin(), s.prompt.end()}, kMaxNew, s.temperature, 1.0f, s.seed, id);
+    }
+  }
+  ASSERT_NE(want[Key("alice", 1)].tokens, want[Key("bob", 1)].tokens) << "the test needs streams that differ";
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  std::map<std::pair<std::string, RequestId>, size_t> had;
+  std::vector<std::pair<RequestId, wire::RequestRecordT>> records;  // (interrupted node id, record)
+  {
+    Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+    for (const Client& c : clients) {
+      for (RequestId id : ids) ASSERT_TRUE(a.worker->Submit(submit_of(c, id), ClientRef{c.peer, id}).ok());
+    }
+    auto fewest = [&] {
+      size_t n = SIZE_MAX;
+      for (const Client& c : clients) {
+        for (RequestId id : ids) n = std::min(n, a.sink.by_peer[Key(c.peer, id)].tokens.size());
+      }
+      return n;
+    };
+    for (int it = 0; it < 500 && fewest() < 3; ++it) {
+      memd->Pump(*a.worker);
+      ASSERT_TRUE(a.worker->Iterate().ok());
+    }
+    for (const Client& c : clients) {
+      for (RequestId id : ids) {
+        had[Key(c.peer, id)] = a.sink.by_peer[Key(c.peer, id)].tokens.size();
+        ASSERT_LT(had[Key(c.peer, id)], kMaxNew) << "finished before the kill point";
+      }
+    }
+    for (const auto& [node, rec] : memd->records) records.emplace_back(node, rec);
+  }
+  ASSERT_EQ(records.size(), 4u);
+  memd->Fence();
+  Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
+  for (const auto& [node, rec] : records) ASSERT_TRUE(b.worker->Resume(node, rec).ok());
+  // Bob first (the resumes of id 1 are in node-id order: Alice's is found first when the key is the id alone).
+  for (auto c = clients.rbegin(); c != clients.rend(); ++c) {
+    for (RequestId id : ids) {
+      const auto received = static_cast<uint32_t>(had[Key(c->peer, id)]);
+      ASSERT_TRUE(b.worker->Attach(id, received, ClientRef{c->peer + "2", id}, c->identity).ok()) << c->peer << id;
+    }
+  }
+  EXPECT_EQ(b.worker->Attach(1, 0, ClientRef{"eve", 1}, 303).code(), absl::StatusCode::kNotFound);  // no such client
+  for (int it = 0; it < 5000; ++it) {
+    memd->Pump(*b.worker);
+    absl::StatusOr<bool> more = b.worker->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+  }
+  EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
+  for (const Client& c : clients) {
+    for (RequestId id : ids) {
+      SCOPED_TRACE(c.peer + " request " + std::to_string(id));
+      // What the first worker streamed to it, then what the second streamed to its new connection.
+      Generated got;
+      const size_t n = had[Key(c.peer, id)];
+      const Generated& oracle = want[Key(c.peer, id)];
+      got.tokens.assign(oracle.tokens.begin(), oracle.tokens.begin() + static_cast<std::ptrdiff_t>(n));
+      got.digests.assign(oracle.digests.begin(), oracle.digests.begin() + static_cast<std::ptrdiff_t>(n));
+      const Generated& after = b.sink.by_peer[Key(c.peer + "2", id)];
+      got.tokens.insert(got.tokens.end(), after.tokens.begin(), after.tokens.end());
+      got.digests.insert(got.digests.end(), after.digests.begin(), after.digests.end());
+      EXPECT_EQ(got.tokens, want[Key(c.peer, id)].tokens) << "another client's tokens, or lost / repeated ones";
+      EXPECT_EQ(got.digests, want[Key(c.peer, id)].digests);
+    }
+  }
+}
+
+// A resumed request's record that holds all its tokens: resumed with interrupted = 0 (nothing at memd to end), it
+// waits finished for its client (Worker::Resume).
+wire::RequestRecordT FinishedRecord(RequestId id, uint64_t client, uint8_t first_token) {
+  wire::RequestRecordT rec;
+  rec.client_request = id;
+  rec.client = client;
+  rec.prompt = Prompt(10, static_cast<uint32_t>(id));
+  rec.max_new_tokens = 3;
+  rec.tokens = {first_token, static_cast<uint8_t>(first_token + 1), static_cast<uint8_t>(first_token + 2)};
+  rec.logits_digests = {first_token * 10ull, first_token * 10ull + 1, first_token * 10ull + 2};
+  return rec;
+}
+
+// The bound on resumed outputs no client re-attached to (workerd/resumed_outputs.h) in the worker: with
+// --resumed-outputs-max 2, a third finished output drops the oldest (logged, counted in resumed_outputs_dropped); an
+// Attach to it gets NOT_FOUND, the two others are streamed to their own clients (the same request id 1 under two
+// identities: each gets its own tokens). With --resumed-output-age-ms 20, an output no one claims is dropped by the
+// loop's iteration once 20 ms passed.
+TEST(WorkerResume, UnclaimedResumedOutputsAreBoundedByCountAndAge) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  {
+    Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
+    WorkerConfig config = b.config;
+    config.resumed_outputs.max_outputs = 2;
+    auto w = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
+    ASSERT_TRUE(w.ok()) << w.status();
+    Worker& worker = **w;
+    ASSERT_TRUE(worker.Resume(0, FinishedRecord(1, 7, 10)).ok());  // client 7's request 1: the oldest
+    ASSERT_TRUE(worker.Resume(0, FinishedRecord(1, 8, 20)).ok());  // client 8's request 1
+    EXPECT_EQ(worker.stats().resumed_outputs_dropped, 0u);
+    ASSERT_TRUE(worker.Resume(0, FinishedRecord(2, 7, 30)).ok());  // a third: client 7's request 1 is dropped
+    EXPECT_EQ(worker.stats().resumed_outputs_dropped, 1u);
+    EXPECT_EQ(worker.StatsReply().resumed_outputs_dropped, 1u);
+    EXPECT_EQ(worker.StatsReply().resumed_outputs_waiting, 2u);
+    EXPECT_EQ(worker.Attach(1, 0, ClientRef{"c7", 1}, 7).code(), absl::StatusCode::kNotFound);
+    ASSERT_TRUE(worker.Attach(1, 1, ClientRef{"c8", 1}, 8).ok());
+    ASSERT_TRUE(worker.Attach(2, 0, ClientRef{"c7", 2}, 7).ok());
+    EXPECT_EQ((b.sink.by_peer[Key("c8", 1)].tokens), (std::vector<int>{21, 22}));  // it had 1 of them
+    EXPECT_EQ((b.sink.by_peer[Key("c7", 2)].tokens), (std::vector<int>{30, 31, 32}));
+    EXPECT_EQ((b.sink.by_peer[Key("c7", 2)].digests), (std::vector<uint64_t>{300, 301, 302}));
+    EXPECT_EQ(worker.StatsReply().resumed_outputs_waiting, 0u);
+  }
+  Side b(m.get(), 3, memd.get(), WorkerMode::kHisparse);
+  WorkerConfig config = b.config;
+  config.resumed_outputs.max_age = std::chrono::milliseconds(20);
+  auto w = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Resume(0, FinishedRecord(4, 9, 40)).ok());
+  const auto kept = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*w)->Iterate().ok());
+  if (std::chrono::steady_clock::now() - kept < std::chrono::milliseconds(20)) {
+    EXPECT_EQ((*w)->stats().resumed_outputs_dropped, 0u) << "dropped before its age";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(25));  // past the age: the next iteration drops it
+  ASSERT_TRUE((*w)->Iterate().ok());
+  EXPECT_EQ((*w)->stats().resumed_outputs_dropped, 1u);
+  EXPECT_EQ((*w)->Attach(4, 0, ClientRef{"c9", 4}, 9).code(), absl::StatusCode::kNotFound);
+  // A limit of 0 is refused at start, naming the flag.
+  config.resumed_outputs.max_bytes = 0;
+  auto bad = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--resumed-output-bytes-max"), std::string::npos) << bad.status();
 }
 
 }  // namespace

@@ -84,12 +84,15 @@ class RecordingSink final : public ClientSink {
   void Accepted(const ClientRef&, const wire::SubmitAcceptedT& a) override { accepted.push_back(a.request); }
   // Refuses (RESOURCE_EXHAUSTED) every chunk that is not final once `accept_chunks` chunks were taken (a client that
   // stopped reading), as ServingFrontend does when the client's buffer is full.
-  absl::Status Chunk(const ClientRef&, const wire::TokenChunkT& c) override {
+  absl::Status Chunk(const ClientRef& client, const wire::TokenChunkT& c) override {
     if (on_chunk) on_chunk(c);
     if (!c.finished && chunks.size() >= accept_chunks) {
       ++refused;
       return absl::ResourceExhaustedError("client not reading (test)");
     }
+    Generated& by = by_peer[{client.peer, c.request}];
+    for (uint8_t t : c.tokens) by.tokens.push_back(t);
+    for (uint64_t d : c.logits_digests) by.digests.push_back(d);
     Generated& g = out[c.request];
     for (uint8_t t : c.tokens) g.tokens.push_back(t);
     for (uint64_t d : c.logits_digests) g.digests.push_back(d);
@@ -103,6 +106,7 @@ class RecordingSink final : public ClientSink {
   size_t refused = 0;
   std::vector<RequestId> accepted;
   std::map<RequestId, Generated> out;
+  std::map<std::pair<std::string, RequestId>, Generated> by_peer;  // (ClientRef.peer, client id) -> what it got
   std::set<RequestId> finished;
   std::map<RequestId, std::string> errors;
   std::vector<wire::TokenChunkT> chunks;

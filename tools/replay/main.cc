@@ -125,13 +125,15 @@ struct FaultSetup {
 // else the plain embedded node.
 absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& options, const Trace& trace,
                                                       std::string_view mode, uint64_t budget,
-                                                      const std::optional<FaultSetup>& faults) {
+                                                      const std::optional<FaultSetup>& faults,
+                                                      const std::string& log_tag) {
   auto geometry = ReplayGeometry(options, budget);
   if (!geometry.ok()) return geometry.status();
   NodeLaunchOptions launch;
   launch.memd_path = EnvOr("DHS_MEMD", DHS_MEMD_PATH);
   launch.workerd_path = EnvOr("DHS_WORKERD", DHS_WORKERD_PATH);
   launch.run_dir = options.run_dir;
+  launch.log_tag = log_tag;
   launch.mode = std::string(mode);
   launch.preset = options.preset;
   launch.seed = options.seed;
@@ -186,9 +188,12 @@ FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) 
   return f;
 }
 
+// `log_tag`: the node's logs are <run dir>/memd[.TAG].log and workerd[.TAG].log (NodeLogPath): --check-exact's
+// reference run is tagged "reference", so a given --run-dir keeps the logs of both runs.
 absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& trace, std::string_view mode,
                                    std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {},
-                                   const std::optional<FaultSetup>& faults = std::nullopt) {
+                                   const std::optional<FaultSetup>& faults = std::nullopt,
+                                   const std::string& log_tag = "") {
   ZmqNodeClientOptions client_options;
   client_options.prepared_prefix = options.prepared_prefix;
   client_options.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
@@ -209,14 +214,15 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
                             : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
                                                        : DefaultHbmBudget(trace, options);
     used_budget = budget;
-    auto started = StartNode(options, trace, mode, budget, faults);
+    auto started = StartNode(options, trace, mode, budget, faults, log_tag);
     if (!started.ok()) return started.status();
     node.emplace(std::move(*started));
     supervised = dynamic_cast<SupervisedNode*>(node->get());
     client_options.worker_endpoint = (*node)->worker_endpoint();
     client_options.memd_endpoint = (*node)->memd_endpoint();
     driver_options.idle_hint =
-        absl::StrCat("; see ", (*node)->run_dir(), "/workerd.log and memd.log (the run directory is kept)");
+        absl::StrCat("; see ", NodeLogPath((*node)->run_dir(), "workerd", log_tag), " and ",
+                     NodeLogPath((*node)->run_dir(), "memd", log_tag), " (the run directory is kept)");
   }
   if (supervised) {  // no kill once every request ended (the closing stats query must find a worker)
     driver_options.on_progress = [supervised](const Progress& p) {
@@ -352,7 +358,9 @@ int Main(int argc, char** argv) {
     if (options.check_exact) {
       ReplayOptions plain = options;  // the reference decodes without speculation (brief §7: same bits)
       plain.speculation = spec::SpeculationConfig{};
-      auto reference = RunOnce(plain, *trace, "resident", c, ReferenceHbmBudget(*trace, options));
+      // Its own logs (memd.reference.log, workerd.reference.log): the run's logs in a given --run-dir stay intact.
+      auto reference = RunOnce(plain, *trace, "resident", c, ReferenceHbmBudget(*trace, options), std::nullopt,
+                               "reference");
       if (!reference.ok() || !reference->complete) {
         std::cerr << "dhs-replay: resident reference run failed: "
                   << (reference.ok() ? reference->error : std::string(reference.status().message())) << "\n";

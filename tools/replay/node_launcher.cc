@@ -85,6 +85,10 @@ absl::StatusOr<std::string> CreateRunDir(const NodeLaunchOptions& options, bool&
   return options.run_dir;
 }
 
+std::string NodeLogPath(const std::string& run_dir, const std::string& daemon, const std::string& log_tag) {
+  return absl::StrCat(run_dir, "/", daemon, log_tag.empty() ? "" : ".", log_tag, ".log");
+}
+
 std::vector<std::string> MemdArgs(const NodeLaunchOptions& options, const std::string& run_dir) {
   std::vector<std::string> args = {"--run-dir", run_dir, "--page-bytes", std::to_string(options.page_bytes),
                                    "--host-pool-bytes", std::to_string(options.host_pool_bytes), "--log-level", "warn"};
@@ -114,8 +118,8 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(const NodeLaun
   absl::StatusOr<std::string> dir = CreateRunDir(options, node->owns_run_dir_);
   if (!dir.ok()) return dir.status();
   node->run_dir_ = *dir;
-  const std::string memd_log = node->run_dir_ + "/memd.log";
-  const std::string worker_log = node->run_dir_ + "/workerd.log";
+  const std::string memd_log = NodeLogPath(node->run_dir_, "memd", options.log_tag);
+  const std::string worker_log = NodeLogPath(node->run_dir_, "workerd", options.log_tag);
   const std::vector<std::string> memd_args = MemdArgs(options, node->run_dir_);
   // On a failed start the directory stays (its logs explain the failure); the node's destructor stops the children.
   auto failed = [&node](const absl::Status& s) {

@@ -35,7 +35,15 @@ struct NodeLaunchOptions {
   std::vector<std::string> extra_memd_args;
   std::vector<std::string> extra_workerd_args;
   std::chrono::milliseconds start_timeout{20000};
+  // Names the logs in the run directory (NodeLogPath): "" gives memd.log / workerd.log, "reference" gives
+  // memd.reference.log / workerd.reference.log, so that two runs in one --run-dir (--check-exact's run, then its
+  // resident reference) keep both runs' logs.
+  std::string log_tag;
 };
+
+// The log of `daemon` ("memd" or "workerd") of a node in `run_dir`: <run_dir>/<daemon>.log, or
+// <run_dir>/<daemon>.<log_tag>.log with a tag (NodeLaunchOptions::log_tag).
+std::string NodeLogPath(const std::string& run_dir, const std::string& daemon, const std::string& log_tag);
 
 // Where a fresh run directory (<parent>/dhs-replay-XXXXXX) goes: `tmpdir` ($TMPDIR) when set and short enough for the
 // node's sockets (CheckSocketPaths, common/transport.h), else /tmp (a long TMPDIR would give a run directory whose

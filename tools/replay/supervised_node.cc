@@ -248,7 +248,7 @@ void SupervisedNode::Runtime::StartChild(size_t child) {
       Log(absl::StrCat("worker start ", sup.starts(kWorker), " armed with --fault-kill-at ", spec));
     }
   }
-  const std::string log = node.run_dir_ + (memd ? "/memd.log" : "/workerd.log");
+  const std::string log = NodeLogPath(node.run_dir_, memd ? "memd" : "workerd", launch.log_tag);
   absl::StatusOr<pid_t> pid = SpawnChild(memd ? launch.memd_path : launch.workerd_path, args,
                                          SpawnOptions{.log = log, .append_log = true, .drop_notify_socket = true});
   if (!pid.ok()) {
@@ -293,8 +293,10 @@ absl::StatusOr<std::unique_ptr<SupervisedNode>> SupervisedNode::Start(const Supe
   lock.unlock();
   node->keep_run_dir();
   (void)node->Stop();
-  return absl::UnavailableError(absl::StrCat("the node did not start: ", why, "; see ", node->run_dir_,
-                                             "/memd.log and workerd.log (the run directory is kept)"));
+  return absl::UnavailableError(absl::StrCat("the node did not start: ", why, "; see ",
+                                             NodeLogPath(node->run_dir_, "memd", launch.log_tag), " and ",
+                                             NodeLogPath(node->run_dir_, "workerd", launch.log_tag),
+                                             " (the run directory is kept)"));
 }
 
 SupervisedNode::~SupervisedNode() {

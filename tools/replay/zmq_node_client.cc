@@ -1,6 +1,7 @@
 #include "tools/replay/zmq_node_client.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,14 +13,16 @@ namespace dhs::replay {
 namespace {
 constexpr std::string_view kSender = "dhs-replay";
 constexpr std::chrono::milliseconds kReattachAttempt{200};
-// How workerd's final chunks begin when its epoch ended (WorkerProcess::Abandon): the request is not over.
-constexpr char kEpochEndedPrefix[] = "worker epoch ended: ";
 // A memd sample's wait while faults may restart memd (a missed sample is skipped).
 constexpr std::chrono::milliseconds kMemdSampleTimeout{300};  // one stats query of Reattach's polling
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
   std::unique_ptr<ZmqNodeClient> client(new ZmqNodeClient(std::move(options)));
+  while (client->options_.client_identity == 0) {  // 64 random bits: two clients' identities differ
+    std::random_device random;
+    client->options_.client_identity = (static_cast<uint64_t>(random()) << 32) ^ random();
+  }
   DealerClient::Options worker_options;
   worker_options.heartbeat_interval = client->options_.worker_heartbeat;
   auto worker = DealerClient::Connect(client->options_.worker_endpoint, worker_options);
@@ -44,6 +47,7 @@ absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeCli
 absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
   wire::SubmitRequestT body;
   body.request = request.request;
+  body.client = options_.client_identity;
   if (options_.prepared_prefix && !request.prompt.hash_ids.empty()) {
     // The prefix blocks are imported by the worker; the tokens after them (if the ids do not cover the input) are
     // sent as prompt bytes, the same tokens SynthesizePrompt gives (common/prompt_tokens.h).
@@ -85,8 +89,9 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       event.finished = chunk->finished;
       // The worker ended its epoch (memd lost, or it was fenced) without ending the request: memd keeps it for the
       // GPU's next worker. With re-attaching on, it stays outstanding and is re-attached once the worker is back.
-      if (chunk->error == wire::ErrorCode::UNAVAILABLE && options_.reattach_timeout.count() > 0 &&
-          absl::StartsWith(chunk->error_message, kEpochEndedPrefix) && received_.contains(chunk->request)) {
+      // Told by the chunk's code (TokenChunk.end_reason), never by its message text.
+      if (chunk->end_reason == wire::EndReason::WORKER_EPOCH_ENDED && options_.reattach_timeout.count() > 0 &&
+          received_.contains(chunk->request)) {
         if (auto r = received_.find(chunk->request); !chunk->tokens.empty()) {
           r->second += static_cast<uint32_t>(chunk->tokens.size());
           event.finished = false;
@@ -200,6 +205,7 @@ absl::Status ZmqNodeClient::Reattach() {
         wire::AttachT attach;
         attach.request = request;
         attach.received = received;
+        attach.client = options_.client_identity;
         const uint64_t seq = next_sequence_++;
         request_of_sequence_[seq] = request;
         attach_of_sequence_[seq] = request;

@@ -39,6 +39,10 @@ struct ZmqNodeClientOptions {
   // the same endpoint (restarted by dhs-node or a supervisor) and re-attach each unfinished request (Attach with the
   // tokens received so far): the stream goes on with no token lost or repeated. 0 = off: Poll fails at once.
   std::chrono::milliseconds reattach_timeout{0};
+  // This client's identity (SubmitRequest.client, Attach.client): a worker finds a resumed request by (identity,
+  // request id), so two clients that use the same request ids each re-attach to their own. 0 = a random non-zero
+  // value drawn at Connect (kept for the client's life: its re-attaches carry it).
+  uint64_t client_identity = 0;
 };
 
 class ZmqNodeClient final : public NodeClient {
@@ -58,6 +62,8 @@ class ZmqNodeClient final : public NodeClient {
   // Requests submitted again after a re-attach: the successor did not know them (Attach NOT_FOUND) and the client had
   // none of their tokens (the dead worker never told memd of them, so nothing of them survived; resubmitting is exact).
   int resubmits() const { return resubmits_; }
+  // The identity this client sends (ZmqNodeClientOptions::client_identity, drawn at Connect when 0).
+  uint64_t client_identity() const { return options_.client_identity; }
   // For each re-attach, when the first token of any request arrived after it (time to recover, issue 11).
   const std::vector<std::chrono::steady_clock::time_point>& recovered_at() const { return recovered_at_; }
   absl::StatusOr<NodeStats> Stats() override;
