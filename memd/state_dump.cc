@@ -371,33 +371,27 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
       absl::StrAppendFormat(&out, "dhs_memd_gpu_pages{gpu=\"%d\",kind=\"%s\"} %d\n", g.gpu, kind, v);
     }
   }
-  out += "# HELP dhs_memd_gpu_speculation_pages GPU pages of the admitted requests' speculation shares by kind, part "
-         "of M_req (issue 13: draft_ring, staging).\n";
-  out += "# TYPE dhs_memd_gpu_speculation_pages gauge\n";
-  for (const GpuDump& g : d.gpus) {
-    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_pages{gpu=\"%d\",kind=\"draft_ring\"} %d\n", g.gpu,
-                          g.draft_ring_pages);
-    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_pages{gpu=\"%d\",kind=\"staging\"} %d\n", g.gpu,
-                          g.staging_pages);
-  }
-  out += "# HELP dhs_memd_gpu_speculation_bytes Bytes of the admitted requests' speculation shares by kind (issue 13: "
-         "draft_ring = R_d * draft bytes per row, staging = M_stage / N, per request).\n";
-  out += "# TYPE dhs_memd_gpu_speculation_bytes gauge\n";
-  for (const GpuDump& g : d.gpus) {
-    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_bytes{gpu=\"%d\",kind=\"draft_ring\"} %d\n", g.gpu,
-                          g.draft_ring_bytes);
-    absl::StrAppendFormat(&out, "dhs_memd_gpu_speculation_bytes{gpu=\"%d\",kind=\"staging\"} %d\n", g.gpu,
-                          g.staging_bytes);
-  }
-  out += "# HELP dhs_memd_gpu_declared_speculation_bytes The worker's speculation memory for its N slots as its Hello "
-         "declared it (issue 13: draft_ring = N * R_d * draft bytes per row, staging = M_stage).\n";
-  out += "# TYPE dhs_memd_gpu_declared_speculation_bytes gauge\n";
-  for (const GpuDump& g : d.gpus) {
-    absl::StrAppendFormat(&out, "dhs_memd_gpu_declared_speculation_bytes{gpu=\"%d\",kind=\"draft_ring\"} %d\n",
-                          g.gpu, g.declared_draft_ring_bytes);
-    absl::StrAppendFormat(&out, "dhs_memd_gpu_declared_speculation_bytes{gpu=\"%d\",kind=\"staging\"} %d\n",
-                          g.gpu, g.declared_staging_bytes);
-  }
+  // Speculation shares (issue 13), each a gauge by GPU and kind (draft_ring, staging).
+  const auto speculation_gauge = [&](const char* name, const char* help, auto ring, auto staging) {
+    absl::StrAppendFormat(&out, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    for (const GpuDump& g : d.gpus) {
+      absl::StrAppendFormat(&out, "%s{gpu=\"%d\",kind=\"draft_ring\"} %d\n", name, g.gpu, ring(g));
+      absl::StrAppendFormat(&out, "%s{gpu=\"%d\",kind=\"staging\"} %d\n", name, g.gpu, staging(g));
+    }
+  };
+  speculation_gauge("dhs_memd_gpu_speculation_pages",
+                    "GPU pages of the admitted requests' speculation shares by kind, part of M_req (issue 13: "
+                    "draft_ring, staging).",
+                    [](const GpuDump& g) { return g.draft_ring_pages; }, [](const GpuDump& g) { return g.staging_pages; });
+  speculation_gauge("dhs_memd_gpu_speculation_bytes",
+                    "Bytes of the admitted requests' speculation shares by kind (issue 13: draft_ring = R_d * draft "
+                    "bytes per row, staging = M_stage / N, per request).",
+                    [](const GpuDump& g) { return g.draft_ring_bytes; }, [](const GpuDump& g) { return g.staging_bytes; });
+  speculation_gauge("dhs_memd_gpu_declared_speculation_bytes",
+                    "The worker's speculation memory for its N slots as its Hello declared it (issue 13: draft_ring = "
+                    "N * R_d * draft bytes per row, staging = M_stage).",
+                    [](const GpuDump& g) { return g.declared_draft_ring_bytes; },
+                    [](const GpuDump& g) { return g.declared_staging_bytes; });
   out += "# HELP dhs_memd_gpu_up 1 while the GPU's worker is registered and live, 0 once fenced (dead or hung).\n";
   out += "# TYPE dhs_memd_gpu_up gauge\n";
   for (const GpuDump& g : d.gpus) absl::StrAppendFormat(&out, "dhs_memd_gpu_up{gpu=\"%d\"} %d\n", g.gpu, g.up ? 1 : 0);

@@ -622,6 +622,22 @@ TEST(WorkerFence, KilledMemdAndWorkerResumeFromTheAdoptedPoolExactly) {
 // worker process (pid) finishes both requests; each client stream equals the model run alone, token for token and
 // digest for digest, exactly max_new tokens (nothing lost, nothing twice, no error chunk); GPU 0 keeps epoch 1; and
 // afterwards memd pins no host page, owns none, and every GPU page of GPU 0 is free.
+// Submits `reqs` ({id, prompt salt, temperature, seed}: a 40-token prompt, `max_new` tokens each) and reads until
+// requests 1 and 2 streamed 20 tokens each (30 s at most).
+void SubmitAndReadTwenty(DealerClient& c, const std::vector<std::tuple<RequestId, uint32_t, float, uint64_t>>& reqs,
+                         uint32_t max_new, ClientStreams& streams) {
+  for (const auto& [id, salt, temperature, seed] : reqs) {
+    wire::SubmitRequestT sr;
+    sr.request = id;
+    sr.prompt = Prompt(40, salt);
+    sr.max_new_tokens = max_new;
+    sr.temperature = temperature;
+    sr.seed = seed;
+    ASSERT_TRUE(c.Send(EncodeSubmitRequest(sr, id + 1, "replay")).ok());
+  }
+  streams.Read(c, [&] { return streams.got[1].tokens.size() >= 20 && streams.got[2].tokens.size() >= 20; }, 30000);
+}
+
 void KilledMemdComesBackAndTheSameWorkerFinishes(const std::string& mode) {
   dhs::testing::ScopedRunDir dir;
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
@@ -634,17 +650,8 @@ void KilledMemdComesBackAndTheSameWorkerFinishes(const std::string& mode) {
   const std::vector<std::tuple<RequestId, uint32_t, float, uint64_t>> reqs = {{1, 41, 0.0f, 0}, {2, 42, 0.8f, 9}};
   auto c = node.Client();
   ASSERT_TRUE(c);
-  for (const auto& [id, salt, temperature, seed] : reqs) {
-    wire::SubmitRequestT sr;
-    sr.request = id;
-    sr.prompt = Prompt(40, salt);
-    sr.max_new_tokens = kMaxNew;
-    sr.temperature = temperature;
-    sr.seed = seed;
-    ASSERT_TRUE(c->Send(EncodeSubmitRequest(sr, id + 1, "replay")).ok());
-  }
   ClientStreams streams;
-  streams.Read(*c, [&] { return streams.got[1].tokens.size() >= 20 && streams.got[2].tokens.size() >= 20; }, 30000);
+  SubmitAndReadTwenty(*c, reqs, kMaxNew, streams);
   ASSERT_GE(streams.got[2].tokens.size(), 20u) << node.Logs();
   const auto killed = Clock::now();
   memd.reset();  // SIGKILL mid-decode
@@ -720,17 +727,8 @@ TEST(WorkerReHello, WorkerStoppedWhileMemdRestartsSaysItsReHelloAfterContinue) {
   const std::vector<std::tuple<RequestId, uint32_t, float, uint64_t>> reqs = {{1, 51, 0.0f, 0}, {2, 52, 0.8f, 3}};
   auto c = node.Client();
   ASSERT_TRUE(c);
-  for (const auto& [id, salt, temperature, seed] : reqs) {
-    wire::SubmitRequestT sr;
-    sr.request = id;
-    sr.prompt = Prompt(40, salt);
-    sr.max_new_tokens = kMaxNew;
-    sr.temperature = temperature;
-    sr.seed = seed;
-    ASSERT_TRUE(c->Send(EncodeSubmitRequest(sr, id + 1, "replay")).ok());
-  }
   ClientStreams streams;
-  streams.Read(*c, [&] { return streams.got[1].tokens.size() >= 20 && streams.got[2].tokens.size() >= 20; }, 30000);
+  SubmitAndReadTwenty(*c, reqs, kMaxNew, streams);
   ASSERT_GE(streams.got[2].tokens.size(), 20u) << node.Logs();
   ASSERT_EQ(worker->Signal(SIGSTOP), 0);
   const auto stopped = Clock::now();
