@@ -409,6 +409,7 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   auto hello = ReadHello(m);
   if (!hello.ok()) return hello.status();
   wire::HelloReplyT reply;
+  reply.worker_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(options_.worker_timeout.count(), UINT32_MAX));
   std::string reason;
   auto known = gpus_.find(hello->gpu);
   if (peer != absl::StrCat("worker/", hello->gpu)) {  // a client must not take a GPU's role (and its orders) over

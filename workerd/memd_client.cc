@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view
     if (!reply.ok()) return reply.status();
     if (!reply->accepted) return absl::FailedPreconditionError(absl::StrCat("memd refused Hello: ", reply->reason));
     c->epoch_ = reply->worker_epoch;
+    c->AdoptWorkerTimeout(reply->worker_timeout_ms);
     c->interrupted_ = reply->interrupted_requests;
     c->records_ = std::move(reply->interrupted_records);
     c->last_heard_ = std::chrono::steady_clock::now();
@@ -274,6 +275,23 @@ void MemdClient::RetryLater(std::chrono::steady_clock::time_point now) {
   backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, std::chrono::seconds(1));
 }
 
+std::chrono::milliseconds EffectiveMemdTimeout(std::chrono::milliseconds configured, uint32_t memd_worker_timeout_ms) {
+  if (memd_worker_timeout_ms == 0) return configured;
+  const std::chrono::milliseconds cap{std::max<int64_t>(1, int64_t{memd_worker_timeout_ms} * 2 / 3)};
+  return std::min(configured, cap);
+}
+
+void MemdClient::AdoptWorkerTimeout(uint32_t memd_worker_timeout_ms) {
+  const bool told = memd_worker_timeout_ms != memd_worker_timeout_ms_;
+  memd_worker_timeout_ms_ = memd_worker_timeout_ms;
+  memd_timeout_ = EffectiveMemdTimeout(configured_timeout_, memd_worker_timeout_ms);
+  if (memd_timeout_ < configured_timeout_ && told) {
+    spdlog::warn("workerd: --memd-timeout-ms {} is not below memd's --worker-timeout-ms {}: using {} ms (2/3 of it), so "
+                 "that a stopped worker learns memd fenced it before acting on a grant",
+                 configured_timeout_.count(), memd_worker_timeout_ms, memd_timeout_.count());
+  }
+}
+
 absl::Status MemdClient::CheckSamePool(const wire::HelloReplyT& reply) const {
   if (segment_ == nullptr) return absl::OkStatus();  // resident mode without a pool
   if (reply.segments.empty()) return absl::AbortedError("the new memd lists no host pool");
@@ -297,6 +315,7 @@ absl::Status MemdClient::AcceptReHello(const wire::HelloReplyT& reply) {
   } else {
     s = CheckSamePool(reply);
   }
+  if (s.ok()) AdoptWorkerTimeout(reply.worker_timeout_ms);  // the new memd may have another --worker-timeout-ms
   if (!s.ok()) {
     ended_ = absl::AbortedError(absl::StrCat("memd restart: ", s.message()));
     dealer_.reset();

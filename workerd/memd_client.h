@@ -24,6 +24,13 @@
 
 namespace dhs {
 
+// The memd silence after which a worker ends its epoch: `configured` (--memd-timeout-ms), capped at 2/3 of memd's
+// worker timeout (HelloReply.worker_timeout_ms; 0 = memd did not say: `configured`). A worker stopped (SIGSTOP) or
+// starved past memd's fence must see its own timeout pass first, so that it never acts on a grant of a fenced epoch
+// (memd fences after worker_timeout without a message; the worker's silence is measured from memd's last ack, which
+// follows the worker's last heartbeat). At least 1 ms.
+std::chrono::milliseconds EffectiveMemdTimeout(std::chrono::milliseconds configured, uint32_t memd_worker_timeout_ms);
+
 class MemdClient final : public MemdLink {
  public:
   // Connects to memd in `run_dir`, sends `hello` and waits up to `timeout` for HelloReply (retrying while memd is not
@@ -40,7 +47,12 @@ class MemdClient final : public MemdLink {
   // HelloReply.interrupted_requests: requests of an earlier epoch of this GPU that memd still holds.
   const std::vector<uint64_t>& interrupted_requests() const { return interrupted_; }
   // Liveness: memd acks our heartbeat every second; nothing from memd for `timeout` (default 2 s) ends the epoch.
-  void set_memd_timeout(std::chrono::milliseconds timeout) { memd_timeout_ = timeout; }
+  // The timeout in force is at most 2/3 of memd's worker timeout (HelloReply.worker_timeout_ms; EffectiveMemdTimeout).
+  void set_memd_timeout(std::chrono::milliseconds timeout) {
+    configured_timeout_ = timeout;
+    AdoptWorkerTimeout(memd_worker_timeout_ms_);
+  }
+  std::chrono::milliseconds memd_timeout() const { return memd_timeout_; }
   // How long a worker whose memd died tries to say its re-Hello (default 30 s) before its epoch ends.
   void set_reconnect_bound(std::chrono::milliseconds bound) { reconnect_bound_ = bound; }
 
@@ -123,7 +135,10 @@ class MemdClient final : public MemdLink {
   std::chrono::steady_clock::time_point last_heartbeat_{};
   std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();  // latest message from memd
   std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();  // latest CheckEpoch
-  std::chrono::milliseconds memd_timeout_{2000};
+  std::chrono::milliseconds memd_timeout_{2000};        // in force
+  std::chrono::milliseconds configured_timeout_{2000};  // --memd-timeout-ms
+  uint32_t memd_worker_timeout_ms_ = 0;                 // HelloReply.worker_timeout_ms (0: not told)
+  void AdoptWorkerTimeout(uint32_t memd_worker_timeout_ms);
   absl::Status ended_;  // ABORTED once the epoch ended
   std::vector<uint64_t> interrupted_;
   std::vector<std::unique_ptr<wire::RequestRecordT>> records_;

@@ -25,7 +25,8 @@ constexpr uint64_t kPageBytes = 4096;
 // A stand-in memd that answers one Hello of GPU 0 (epoch 1, its host-pool segment) and acks heartbeats on demand.
 class StandInMemd {
  public:
-  explicit StandInMemd(const std::string& run_dir) : shm_("dhs-mct-" + std::to_string(::getpid())) {
+  explicit StandInMemd(const std::string& run_dir, uint32_t worker_timeout_ms = 0)
+      : worker_timeout_ms_(worker_timeout_ms), shm_("dhs-mct-" + std::to_string(::getpid())) {
     (void)HostPoolSegment::Remove(shm_);
     auto seg = HostPoolSegment::Create(shm_, kPageBytes, 4);
     EXPECT_TRUE(seg.ok()) << seg.status();
@@ -46,6 +47,7 @@ class StandInMemd {
       wire::HelloReplyT r;
       r.accepted = true;
       r.worker_epoch = 1;
+      r.worker_timeout_ms = worker_timeout_ms_;
       auto info = std::make_unique<wire::HostSegmentInfoT>();
       info->name = shm_;
       info->size_bytes = segment_->size_bytes();
@@ -59,6 +61,7 @@ class StandInMemd {
   void Die() { router_.reset(); }  // memd's socket closes (its process died)
 
  private:
+  uint32_t worker_timeout_ms_;
   std::string shm_;
   std::unique_ptr<HostPoolSegment> segment_;
   std::unique_ptr<RouterServer> router_;
@@ -109,6 +112,26 @@ TEST(MemdClientLiveness, SilenceOverAnOpenConnectionEndsTheEpochNamingTheStall) 
   EXPECT_FALSE(client->away());
   EXPECT_NE(s.message().find("while its connection is still open"), std::string::npos) << s;
   EXPECT_NE(s.message().find("this worker did not run for"), std::string::npos) << s;
+}
+
+// memd fences a worker silent for its --worker-timeout-ms; a worker configured to wait longer for memd (here 8 s against
+// memd's 300 ms) would act on grants of a fenced epoch after a SIGSTOP of 300-8000 ms. The HelloReply tells the worker
+// memd's timeout and the worker ends its epoch after 2/3 of it (200 ms) instead.
+TEST(MemdClientLiveness, TheMemdTimeoutIsCappedByMemdsWorkerTimeout) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(EffectiveMemdTimeout(milliseconds(2000), 3000), milliseconds(2000));
+  EXPECT_EQ(EffectiveMemdTimeout(milliseconds(8000), 3000), milliseconds(2000));
+  EXPECT_EQ(EffectiveMemdTimeout(milliseconds(5000), 0), milliseconds(5000)) << "memd did not say";
+  EXPECT_EQ(EffectiveMemdTimeout(milliseconds(5000), 1), milliseconds(1)) << "at least 1 ms";
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path(), /*worker_timeout_ms=*/300);
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  client->set_memd_timeout(milliseconds(8000));  // after Connect, as WorkerProcess::Start sets it
+  EXPECT_EQ(client->memd_timeout(), milliseconds(200));
+  std::this_thread::sleep_for(milliseconds(400));  // stopped past memd's fence (300 ms)
+  EXPECT_TRUE(absl::IsAborted(client->CheckEpoch()));
 }
 
 }  // namespace
