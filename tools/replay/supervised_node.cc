@@ -362,7 +362,13 @@ void SupervisedNode::Runtime::ObserveReadiness() {
       MapPool();
       if (memd_check_pending) {  // the new memd serves; the worker starts only after this
         memd_check_pending = false;
-        CheckAgainstMemd(/*interrupted_only=*/false);
+        if (terminating) {
+          // The node is stopping: the worker ends its requests ("worker stopping") and memd frees their pages, so
+          // what memd lists no longer says what a restart kept.
+          Log("host_rows_lost: memd came back while the node stops; this restart's host pages are not checked");
+        } else {
+          CheckAgainstMemd(/*interrupted_only=*/false);
+        }
       }
       plan.MemdReady(NowMs());
     } else {
@@ -477,8 +483,11 @@ void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
     if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
     listed.insert(r["request"].get<RequestId>());
   }
-  if (!interrupted_only && sup.state(kWorker) == node::ChildState::kReady) {
-    // The worker survived the memd restart (issue 11: its re-Hello) and may have completed requests since: the new
+  const node::ChildState worker_state = sup.state(kWorker);
+  if (!interrupted_only &&
+      (worker_state == node::ChildState::kReady || worker_state == node::ChildState::kStopping)) {
+    // The worker survived the memd restart (issue 11: its re-Hello; alive, ready or being stopped) and may have
+    // completed requests since: the new
     // memd lists every request the journal or a report kept, so one it does not list ended and its pages were freed.
     for (RequestId id : ledger.nodes()) {
       if (!listed.contains(id)) ledger.Forget(id);
