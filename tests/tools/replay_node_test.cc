@@ -50,6 +50,35 @@ TEST(WorkerCountersSince, SubtractsTheBaselineAndKeepsThePeaks) {
   EXPECT_EQ(WorkerCountersSince(now, NodeStats{}).census.direct, 130);
 }
 
+TEST(AddWorkerCounters, ADeadWorkersCountsJoinTheTotals) {
+  NodeStats dead;  // a killed worker's last sample
+  dead.census = {10, 2, 3};
+  dead.reclaims = 1;
+  dead.spec_rounds = 5;
+  dead.spec_round_tokens = 9;
+  dead.spec_proposed = 15;
+  dead.spec_accepted = 4;
+  dead.spec_width_rounds = {0, 0, 1, 0, 4};
+  NodeStats total;  // the last worker's
+  total.census = {7, 0, 1};
+  total.spec_rounds = 2;
+  total.spec_round_tokens = 2;
+  total.spec_proposed = 2;
+  total.spec_width_rounds = {0, 0, 2};
+  total.sessions_admitted_max = 3;
+  AddWorkerCounters(total, dead);
+  EXPECT_EQ(total.census.direct, 17);
+  EXPECT_EQ(total.census.hot, 2);
+  EXPECT_EQ(total.census.host, 4);
+  EXPECT_EQ(total.reclaims, 1);
+  EXPECT_EQ(total.spec_rounds, 7);
+  EXPECT_EQ(total.spec_round_tokens, 11);
+  EXPECT_EQ(total.spec_proposed, 17);
+  EXPECT_EQ(total.spec_accepted, 4);
+  EXPECT_EQ(total.spec_width_rounds, (std::vector<int64_t>{0, 0, 3, 0, 4}));
+  EXPECT_EQ(total.sessions_admitted_max, 3) << "a peak, not a counter";
+}
+
 TEST(WorkerCountersSince, AWorkerThatRestartedReportsItsNewTotals) {
   NodeStats baseline;
   baseline.reclaims = 10;

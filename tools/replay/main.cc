@@ -255,8 +255,12 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
     const bool any_served = std::any_of(partial.requests.begin(), partial.requests.end(),
                                         [](const RequestTiming& t) { return t.served(); });
     if (!any_served) return s;
-    return RunOutcome{partial, false, std::string(s.message()), prefill, used_budget, figures};
+    DriverResult kept = partial;
+    if (supervised) AddWorkerCounters(kept.stats, supervised->stats().dead_worker_counters);
+    return RunOutcome{std::move(kept), false, std::string(s.message()), prefill, used_budget, figures};
   }
+  // The workers that died counted from 0 each; their counts join the last worker's (WorkerStatsReply).
+  if (supervised) AddWorkerCounters(result->stats, supervised->stats().dead_worker_counters);
   return RunOutcome{std::move(*result), true, "", prefill, used_budget, figures};
 }
 

@@ -20,13 +20,27 @@ std::string SynthesizePrompt(const PromptRef& prompt) {
   return std::string(tokens.begin(), tokens.end());
 }
 
+namespace {
+int64_t NodeStats::*const kCounters[] = {&NodeStats::reclaims,          &NodeStats::repopulated_pages,
+                                         &NodeStats::prefix_blocks_imported, &NodeStats::prefix_blocks_computed,
+                                         &NodeStats::spec_rounds,       &NodeStats::spec_round_tokens,
+                                         &NodeStats::spec_proposed,     &NodeStats::spec_accepted,
+                                         &NodeStats::spec_propose_us};
+int64_t Census::*const kCensus[] = {&Census::direct, &Census::hot, &Census::host};
+}  // namespace
+
+void AddWorkerCounters(NodeStats& into, const NodeStats& from) {
+  for (auto c : kCounters) into.*c += from.*c;
+  for (auto c : kCensus) into.census.*c += from.census.*c;
+  if (into.spec_width_rounds.size() < from.spec_width_rounds.size()) {
+    into.spec_width_rounds.resize(from.spec_width_rounds.size(), 0);
+  }
+  for (size_t k = 0; k < from.spec_width_rounds.size(); ++k) into.spec_width_rounds[k] += from.spec_width_rounds[k];
+}
+
 NodeStats WorkerCountersSince(const NodeStats& now, const NodeStats& baseline) {
-  int64_t NodeStats::*const counters[] = {&NodeStats::reclaims,          &NodeStats::repopulated_pages,
-                                          &NodeStats::prefix_blocks_imported, &NodeStats::prefix_blocks_computed,
-                                          &NodeStats::spec_rounds,       &NodeStats::spec_round_tokens,
-                                          &NodeStats::spec_proposed,     &NodeStats::spec_accepted,
-                                          &NodeStats::spec_propose_us};
-  int64_t Census::*const census[] = {&Census::direct, &Census::hot, &Census::host};
+  const auto& counters = kCounters;
+  const auto& census = kCensus;
   for (auto c : counters) {
     if (now.*c < baseline.*c) return now;  // the worker restarted: its counters start again from 0
   }

@@ -122,6 +122,9 @@ std::string SynthesizePrompt(const PromptRef& prompt);
 // during the run and are kept from `now`. When any counter of `now` is below the baseline the worker restarted
 // during the run and `now` (its totals since that restart) is returned unchanged. Pure function.
 NodeStats WorkerCountersSince(const NodeStats& now, const NodeStats& baseline);
+// Adds the worker counters of `from` (census, reclaims, pages, prefix blocks, speculation counters and widths) to
+// `into`: the counts of a worker that died, kept for the run's totals (a restarted worker counts from 0 again).
+void AddWorkerCounters(NodeStats& into, const NodeStats& from);
 
 // The prompt's hash ids as the wire's unsigned ids.
 std::vector<uint64_t> HashIdsOf(const PromptRef& prompt);

@@ -20,6 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/node/node_process.h"
 #include "tools/replay/host_ledger.h"
+#include "tools/replay/zmq_node_client.h"
 
 namespace dhs::replay {
 namespace {
@@ -161,6 +162,9 @@ struct SupervisedNode::Runtime {
   std::map<std::pair<RequestId, uint32_t>, PageIndex> host_page_of;  // (node, page) -> host page, last sample
   int64_t last_sample = 0;
   uint64_t worker_deaths = 0, resumed = 0, recomputed = 0, hooks_armed = 0, fence_timeouts = 0;
+  std::optional<NodeStats> live_worker_counters;  // the running worker's, sampled (Sample, before a kill)
+  NodeStats dead_worker_counters;                 // summed over the workers that died
+  void SampleWorker();
   std::vector<std::chrono::steady_clock::time_point> down_at;
 };
 
@@ -334,6 +338,8 @@ void SupervisedNode::Runtime::Reap() {
     if (c == kWorker) {
       plan.WorkerExited(now);
       ++worker_deaths;
+      if (live_worker_counters) AddWorkerCounters(dead_worker_counters, *live_worker_counters);
+      live_worker_counters.reset();
       if (!worker_kill_sent) down_at.push_back(std::chrono::steady_clock::now());
       worker_kill_sent = false;
       Log(absl::StrCat("worker exited (", DescribeWaitStatus(status), ")",
@@ -418,8 +424,14 @@ std::optional<uint64_t> SupervisedNode::Runtime::Digest(PageIndex host_page) con
 }
 
 // Digests of the confirmed host copies of every live request, each page listed before and after its digest.
+void SupervisedNode::Runtime::SampleWorker() {
+  if (!was_ready[kWorker]) return;
+  if (std::optional<wire::WorkerStatsReplyT> s = AskWorker(node.run_dir_)) live_worker_counters = WorkerCountersOf(*s);
+}
+
 void SupervisedNode::Runtime::Sample() {
   last_sample = NowMs();
+  SampleWorker();
   if (!pool || !was_ready[Supervisor::kMemd]) return;
   std::optional<nlohmann::json> requests = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
   if (!requests || !requests->is_array()) return;
@@ -566,6 +578,7 @@ void SupervisedNode::Runtime::Publish() {
   s.host_rows_lost = ledger.pages_lost() * node.options_.page_rows;
   s.fence_timeouts = fence_timeouts;
   s.worker_down_at = down_at;
+  s.dead_worker_counters = dead_worker_counters;
 }
 
 }  // namespace dhs::replay

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "tools/node/supervisor.h"
 #include "tools/replay/fault_plan.h"
+#include "tools/replay/node_client.h"
 #include "tools/replay/node_launcher.h"
 
 namespace dhs::replay {
@@ -71,6 +72,9 @@ struct FaultStats {
   uint64_t host_rows_lost = 0;
   uint64_t fence_timeouts = 0;   // worker deaths whose fence memd did not show within fence_timeout (check skipped)
   std::vector<std::chrono::steady_clock::time_point> worker_down_at;  // each worker death: kill sent, or exit seen
+  // The counters of the workers that died (WorkerStatsReply sampled every sample_interval and before a kill: up to one
+  // interval of a worker killed at a kill point is missing); the report adds the last worker's to them.
+  NodeStats dead_worker_counters;
 };
 
 class SupervisedNode final : public ReplayNode {

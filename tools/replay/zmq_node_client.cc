@@ -269,6 +269,27 @@ absl::Status ZmqNodeClient::SampleMemd() {
   return absl::OkStatus();
 }
 
+NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats) {
+  NodeStats c;
+  c.census.direct = static_cast<int64_t>(stats.census_direct);
+  c.census.hot = static_cast<int64_t>(stats.census_hot);
+  c.census.host = static_cast<int64_t>(stats.census_host);
+  c.reclaims = static_cast<int64_t>(stats.reclaims_obeyed);
+  c.repopulated_pages = static_cast<int64_t>(stats.pages_populated);
+  c.prefix_blocks_imported = static_cast<int64_t>(stats.prefix_blocks_imported);
+  c.prefix_blocks_computed = static_cast<int64_t>(stats.prefix_blocks_computed);
+  c.speculate = stats.speculate.empty() ? "off" : stats.speculate;
+  c.spec_rounds = static_cast<int64_t>(stats.spec_rounds);
+  c.spec_round_tokens = static_cast<int64_t>(stats.spec_round_tokens);
+  c.spec_proposed = static_cast<int64_t>(stats.spec_proposed);
+  c.spec_accepted = static_cast<int64_t>(stats.spec_accepted);
+  c.spec_propose_us = static_cast<int64_t>(stats.spec_propose_us);
+  c.spec_width_rounds.assign(stats.spec_width_rounds.begin(), stats.spec_width_rounds.end());
+  c.staging_bytes = static_cast<int64_t>(stats.staging_bytes);
+  c.draft_ring_bytes = static_cast<int64_t>(stats.draft_ring_bytes);
+  return c;
+}
+
 absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker(std::optional<std::chrono::milliseconds> timeout) {
   wire::WorkerStatsQueryT query;
   auto reply_bytes = worker_->Request(EncodeWorkerStatsQuery(query, next_sequence_++, kSender),
@@ -279,22 +300,7 @@ absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker(std::option
   auto stats = ReadWorkerStatsReply(*message);
   if (!stats.ok()) return stats.status();
   WorkerView view;
-  view.counters.census.direct = static_cast<int64_t>(stats->census_direct);
-  view.counters.census.hot = static_cast<int64_t>(stats->census_hot);
-  view.counters.census.host = static_cast<int64_t>(stats->census_host);
-  view.counters.reclaims = static_cast<int64_t>(stats->reclaims_obeyed);
-  view.counters.repopulated_pages = static_cast<int64_t>(stats->pages_populated);
-  view.counters.prefix_blocks_imported = static_cast<int64_t>(stats->prefix_blocks_imported);
-  view.counters.prefix_blocks_computed = static_cast<int64_t>(stats->prefix_blocks_computed);
-  view.counters.speculate = stats->speculate.empty() ? "off" : stats->speculate;
-  view.counters.spec_rounds = static_cast<int64_t>(stats->spec_rounds);
-  view.counters.spec_round_tokens = static_cast<int64_t>(stats->spec_round_tokens);
-  view.counters.spec_proposed = static_cast<int64_t>(stats->spec_proposed);
-  view.counters.spec_accepted = static_cast<int64_t>(stats->spec_accepted);
-  view.counters.spec_propose_us = static_cast<int64_t>(stats->spec_propose_us);
-  view.counters.spec_width_rounds.assign(stats->spec_width_rounds.begin(), stats->spec_width_rounds.end());
-  view.counters.staging_bytes = static_cast<int64_t>(stats->staging_bytes);
-  view.counters.draft_ring_bytes = static_cast<int64_t>(stats->draft_ring_bytes);
+  view.counters = WorkerCountersOf(*stats);
   view.gpu = stats->gpu;
   view.page_bytes = static_cast<int64_t>(stats->page_bytes);
   view.capacity_pages = static_cast<int64_t>(stats->capacity_pages);

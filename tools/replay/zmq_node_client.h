@@ -45,6 +45,9 @@ struct ZmqNodeClientOptions {
   uint64_t client_identity = 0;
 };
 
+// The worker counters of one WorkerStatsReply as NodeStats fields (census, reclaims, pages, prefix blocks, speculation).
+NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats);
+
 class ZmqNodeClient final : public NodeClient {
  public:
   // Connects and reads the worker's counters as the baseline. Errors: those of DealerClient::Connect;
