@@ -185,6 +185,8 @@ TEST(NodeConfig, EachErrorNamesTheKeyAndTheProblem) {
       {Edited("mode = \"resident\"", "mode = true"), "worker[1].mode", "expected a string, got a boolean"},
       {Edited("host_pool_bytes = \"64MiB\"", "host_pool_bytes = \"64 parsecs\""), "memd.host_pool_bytes",
        "unknown unit"},
+      {Edited("host_pool_bytes = \"64MiB\"", "host_pool_bytes = \"1.5GiB\""), "memd.host_pool_bytes",
+       "a size is a whole number"},
       {Edited("host_pool_bytes = \"64MiB\"", "host_pool_bytes = 1\nhost_pool_pages = 8"), "memd.host_pool_pages",
        "excludes memd.host_pool_bytes"},
       {Edited("host_pool_bytes = \"64MiB\"", ""), "memd.host_pool_bytes", "missing"},

@@ -319,6 +319,10 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text_in) {
   if (digits == 0 || !absl::SimpleAtoi(t.substr(0, digits), &n)) {
     return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (digits, then K/M/G/T or KiB..TiB)"));
   }
+  if (digits < t.size() && (t[digits] == '.' || t[digits] == ',')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "': a size is a whole number (e.g. \"1536MiB\" for 1.5 GiB)"));
+  }
   std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(digits)));
   if (unit.size() == 2 && unit[1] == 'b') unit.pop_back();  // "KB" = "K"
   static const std::pair<const char*, uint64_t> kUnits[] = {
