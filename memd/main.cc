@@ -99,7 +99,7 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                  "at start, a dhs-pool-* segment of this user that is not a readable host pool (a memd killed while "
                  "creating its pool leaves one) is removed once it was last modified this long ago; a younger one may "
                  "be another memd's pool being created and is kept")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{10} * 365 * 86400))
+      ->check(dhs::IntegerIn<uint64_t>(1, uint64_t{10} * 365 * 86400))
       ->capture_default_str();
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))

@@ -432,11 +432,11 @@ absl::Status ResidencyManager::CheckShare(RequestId request, uint32_t required, 
 }
 
 void ResidencyManager::CountShare(Gpu& g, const SpeculationShare& share, int sign) {
-  const auto add = [sign](auto& sum, auto v) { sum = sign > 0 ? sum + v : sum - v; };
-  add(g.speculation.draft_ring_pages, share.draft_ring_pages);
-  add(g.speculation.staging_pages, share.staging_pages);
-  add(g.speculation.draft_ring_bytes, share.draft_ring_bytes);
-  add(g.speculation.staging_bytes, share.staging_bytes);
+  if (sign > 0) {
+    g.speculation += share;
+  } else {
+    g.speculation -= share;
+  }
 }
 
 absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
@@ -1236,16 +1236,11 @@ absl::Status ResidencyManager::CheckQueues() const {
         return absl::InternalError(absl::StrFormat("GPU %d: request %d: a speculation share of %d pages in %d required",
                                                    gid, id, r.speculation.pages(), r.required.size()));
       }
-      speculation.draft_ring_pages += r.speculation.draft_ring_pages;
-      speculation.staging_pages += r.speculation.staging_pages;
-      speculation.draft_ring_bytes += r.speculation.draft_ring_bytes;
-      speculation.staging_bytes += r.speculation.staging_bytes;
+      speculation += r.speculation;
     }
     if (slots != g.used_slots) return absl::InternalError(absl::StrFormat("GPU %d: used slots disagree", gid));
     const SpeculationShare& sum = g.speculation;
-    if (sum.draft_ring_pages != speculation.draft_ring_pages || sum.staging_pages != speculation.staging_pages ||
-        sum.draft_ring_bytes != speculation.draft_ring_bytes || sum.staging_bytes != speculation.staging_bytes ||
-        sum.pages() > g.table.required()) {
+    if (sum != speculation || sum.pages() > g.table.required()) {
       return absl::InternalError(absl::StrFormat(
           "GPU %d: speculation in use %d + %d pages, %d + %d bytes; its requests hold %d + %d pages, %d + %d bytes "
           "(M_req %d)", gid, sum.draft_ring_pages, sum.staging_pages, sum.draft_ring_bytes, sum.staging_bytes,

@@ -94,6 +94,22 @@ struct SpeculationShare {
   uint64_t staging_bytes = 0;     // M_stage / N = χ * K_max * k * d_KV: one slot's staging rows (0: no speculation)
   uint64_t pages() const { return uint64_t{draft_ring_pages} + staging_pages; }
   bool empty() const { return pages() == 0 && draft_ring_bytes == 0 && staging_bytes == 0; }
+  // Field by field: a GPU's sums over its admitted requests' shares (no overflow check: bounded by M and the Hello).
+  SpeculationShare& operator+=(const SpeculationShare& o) {
+    draft_ring_pages += o.draft_ring_pages;
+    staging_pages += o.staging_pages;
+    draft_ring_bytes += o.draft_ring_bytes;
+    staging_bytes += o.staging_bytes;
+    return *this;
+  }
+  SpeculationShare& operator-=(const SpeculationShare& o) {
+    draft_ring_pages -= o.draft_ring_pages;
+    staging_pages -= o.staging_pages;
+    draft_ring_bytes -= o.draft_ring_bytes;
+    staging_bytes -= o.staging_bytes;
+    return *this;
+  }
+  bool operator==(const SpeculationShare&) const = default;
 };
 
 // What a worker's Hello declares of its GPU for the speculation shares of its admissions (RegisterGpu, AdoptGpu).

@@ -52,11 +52,9 @@ absl::Status ComputeSpeculation(const model::ModelConfig& model, const WorkerCon
   }
   const uint64_t page_bytes = g.page_bytes;
   const auto pages_of = [page_bytes](uint64_t bytes) { return CeilDiv(bytes, page_bytes); };
-  // The staging arenas ComputeGeometry sized (g.staging_arenas = --staging-arenas χ in the hierarchical modes; none in
+  // The staging arenas ComputeGeometry sized (g.staging_bytes: --staging-arenas χ in the hierarchical modes; none in
   // resident mode or with --staging-arenas 0): the reservation HierarchicalKvAccess allocates is the one declared.
-  s.staging_arenas = g.staging_arenas;
-  s.staging_bytes = static_cast<uint64_t>(g.staging_bytes);
-  s.slot_staging_bytes = s.staging_bytes / config.slots;  // exact: N is a factor of M_stage
+  s.slot_staging_bytes = static_cast<uint64_t>(g.staging_bytes) / config.slots;  // exact: N is a factor of M_stage
   if (sc.mode == spec::SpeculateMode::kFixed || sc.mode == spec::SpeculateMode::kConfidence) {
     absl::StatusOr<std::unique_ptr<spec::DrafterModel>> drafter = spec::DrafterModel::Load(sc.drafter_weights);
     if (!drafter.ok()) {
@@ -208,8 +206,8 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
   h.has_drafter = geometry.speculation.draft_ring_rows > 0;
   h.draft_ring_rows = static_cast<uint32_t>(geometry.speculation.draft_ring_rows);
   h.draft_ring_bytes = geometry.speculation.draft_ring_bytes;
-  h.staging_bytes = geometry.speculation.staging_bytes;
-  h.staging_arenas = geometry.speculation.staging_arenas;
+  h.staging_bytes = static_cast<uint64_t>(geometry.staging_bytes);
+  h.staging_arenas = geometry.staging_arenas;
   return h;
 }
 

@@ -19,7 +19,6 @@
 
 namespace dhs {
 
-
 enum class WorkerMode { kResident, kHisparse, kAdaptive };
 std::string_view WorkerModeName(WorkerMode mode);
 // "resident" | "hisparse" | "adaptive"; else INVALID_ARGUMENT.
@@ -73,15 +72,14 @@ struct WorkerGeometry {
   KvConfig kv;                   // the hierarchical layout (optional_pages = M)
   // Speculation memory (issue 13; brief §6 "Staging", "Draft KV ring", §8 "with a drafter"): required allocations
   // declared to memd, the totals in the Hello and each slot's share in every AdmitRequest (inside required_pages).
-  // All 0 with --speculate off; the draft ring 0 without a drafter (synthetic mode).
+  // All 0 with --speculate off; the draft ring 0 without a drafter (synthetic mode). The staging totals are
+  // staging_arenas / staging_bytes above.
   struct Speculation {
-    uint32_t staging_arenas = 0;       // χ (WorkerGeometry::staging_arenas: --staging-arenas, 0 in resident mode)
     int64_t draft_ring_rows = 0;       // R_d = p * ceil((W + K_max + p - 1) / p) rows per slot (the drafter's W)
     int64_t draft_bytes_per_row = 0;   // the drafter's ring row, bytes (all its layers)
     uint64_t draft_ring_bytes = 0;     // N * R_d * draft_bytes_per_row, bytes
-    uint64_t staging_bytes = 0;        // M_stage = χ * N * K_max * k * d_KV, bytes (K_max = --block)
     uint64_t slot_draft_ring_bytes = 0;  // R_d * draft_bytes_per_row: one slot's share, bytes
-    uint64_t slot_staging_bytes = 0;     // M_stage / N = χ * K_max * k * d_KV: one slot's share, bytes
+    uint64_t slot_staging_bytes = 0;     // staging_bytes / N = χ * K_max * k * d_KV: one slot's share, bytes
     uint32_t draft_ring_pages = 0;     // ceil(slot_draft_ring_bytes / page_bytes), per request
     uint32_t staging_pages = 0;        // ceil(slot_staging_bytes / page_bytes), per request
   } speculation;

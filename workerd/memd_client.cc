@@ -315,12 +315,12 @@ absl::Status MemdClient::AcceptReHello(const wire::HelloReplyT& reply) {
   } else {
     s = CheckSamePool(reply);
   }
-  if (s.ok()) AdoptWorkerTimeout(reply.worker_timeout_ms);  // the new memd may have another --worker-timeout-ms
   if (!s.ok()) {
     ended_ = absl::AbortedError(absl::StrCat("memd restart: ", s.message()));
     dealer_.reset();
     return ended_;
   }
+  AdoptWorkerTimeout(reply.worker_timeout_ms);  // the new memd may have another --worker-timeout-ms
   const auto now = std::chrono::steady_clock::now();
   away_ = false;
   last_heard_ = now;

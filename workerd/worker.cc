@@ -15,6 +15,16 @@
 namespace dhs {
 namespace {
 
+// The slot's share of the draft ring and staging arenas, as an AdmitRequest and a re-Hello's ReportedRequest carry it
+// (inside required_pages; docs/protocol.md "Speculation memory").
+template <class Message>
+void SetSpeculationShare(const WorkerGeometry& g, Message& m) {
+  m.draft_ring_pages = g.speculation.draft_ring_pages;
+  m.staging_pages = g.speculation.staging_pages;
+  m.draft_ring_bytes = g.speculation.slot_draft_ring_bytes;
+  m.staging_bytes = g.speculation.slot_staging_bytes;
+}
+
 uint64_t MicrosSince(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(to - from).count());
 }
@@ -136,10 +146,7 @@ absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& sub
   admit.request = r.id;
   admit.gpu = config_.gpu;
   admit.required_pages = RequiredPages(mc, geometry_, config_.mode, ctx);  // the speculation share included
-  admit.draft_ring_pages = geometry_.speculation.draft_ring_pages;
-  admit.staging_pages = geometry_.speculation.staging_pages;
-  admit.draft_ring_bytes = geometry_.speculation.slot_draft_ring_bytes;
-  admit.staging_bytes = geometry_.speculation.slot_staging_bytes;
+  SetSpeculationShare(geometry_, admit);
   admit.history_rows = ctx;
   admit.complete_pages = AdmitCompletePages(r);
   // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
@@ -1039,10 +1046,7 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> Worker::Report() const {
     rep->complete_pages = AdmitCompletePages(*r);
     rep->optional_history = config_.mode == WorkerMode::kAdaptive;
     rep->record = MakeRecord(*r, r->submit);
-    rep->draft_ring_pages = geometry_.speculation.draft_ring_pages;  // as its AdmitRequest declared them
-    rep->staging_pages = geometry_.speculation.staging_pages;
-    rep->draft_ring_bytes = geometry_.speculation.slot_draft_ring_bytes;
-    rep->staging_bytes = geometry_.speculation.slot_staging_bytes;
+    SetSpeculationShare(geometry_, *rep);  // as its AdmitRequest declared it
     out.push_back(std::move(rep));
   }
   return out;

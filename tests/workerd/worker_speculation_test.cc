@@ -661,7 +661,7 @@ TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
   auto base = ComputeGeometry(m->config(), off);
   ASSERT_TRUE(base.ok()) << base.status();
   EXPECT_EQ(base->page_bytes, 13824u);
-  EXPECT_EQ(base->speculation.staging_bytes + base->speculation.draft_ring_bytes, 0u);
+  EXPECT_EQ(static_cast<uint64_t>(base->staging_bytes) + base->speculation.draft_ring_bytes, 0u);
   const uint32_t base_required = RequiredPages(m->config(), *base, WorkerMode::kAdaptive, 100);
   const wire::HelloT base_hello = MakeHello(m->config(), off, *base, "cpu");
   EXPECT_FALSE(base_hello.has_drafter);
@@ -670,7 +670,7 @@ TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
   WorkerConfig synthetic = SpecConfig(*m, WorkerMode::kAdaptive, 0);
   auto sg = ComputeGeometry(m->config(), synthetic);
   ASSERT_TRUE(sg.ok()) << sg.status();
-  EXPECT_EQ(sg->speculation.staging_bytes, 294912u);
+  EXPECT_EQ(sg->staging_bytes, 294912);
   EXPECT_EQ(sg->speculation.slot_staging_bytes, 73728u);
   EXPECT_EQ(sg->speculation.staging_pages, 6u);
   EXPECT_EQ(sg->speculation.draft_ring_bytes, 0u);  // no drafter
@@ -684,7 +684,7 @@ TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
   c.speculation.drafter_weights = drafter;
   auto g = ComputeGeometry(m->config(), c);
   ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(g->speculation.staging_arenas, 4u);
+  EXPECT_EQ(g->staging_arenas, 4u);
   EXPECT_EQ(g->speculation.draft_ring_rows, 64);
   EXPECT_EQ(g->speculation.draft_bytes_per_row, 1024);
   EXPECT_EQ(g->speculation.slot_draft_ring_bytes, 65536u);

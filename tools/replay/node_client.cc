@@ -39,17 +39,15 @@ void AddWorkerCounters(NodeStats& into, const NodeStats& from) {
 }
 
 NodeStats WorkerCountersSince(const NodeStats& now, const NodeStats& baseline) {
-  const auto& counters = kCounters;
-  const auto& census = kCensus;
-  for (auto c : counters) {
+  for (auto c : kCounters) {
     if (now.*c < baseline.*c) return now;  // the worker restarted: its counters start again from 0
   }
-  for (auto c : census) {
+  for (auto c : kCensus) {
     if (now.census.*c < baseline.census.*c) return now;
   }
   NodeStats out = now;
-  for (auto c : counters) out.*c -= baseline.*c;
-  for (auto c : census) out.census.*c -= baseline.census.*c;
+  for (auto c : kCounters) out.*c -= baseline.*c;
+  for (auto c : kCensus) out.census.*c -= baseline.census.*c;
   for (size_t k = 0; k < out.spec_width_rounds.size() && k < baseline.spec_width_rounds.size(); ++k) {
     out.spec_width_rounds[k] -= std::min(out.spec_width_rounds[k], baseline.spec_width_rounds[k]);
   }

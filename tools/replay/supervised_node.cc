@@ -99,6 +99,18 @@ std::string SegmentOf(pid_t pid) {
 }
 
 // (history page, host page) pairs of a `request N` view's host_copies.
+// memd's `requests` view: node request id -> state ("admitted", "interrupted", ...); malformed entries are skipped.
+std::map<RequestId, std::string> ListedRequests(const nlohmann::json& requests) {
+  std::map<RequestId, std::string> out;
+  if (!requests.is_array()) return out;
+  for (const nlohmann::json& r : requests) {
+    if (r.is_object() && r.contains("request") && r["request"].is_number_unsigned()) {
+      out[r["request"].get<RequestId>()] = r.value("state", "");
+    }
+  }
+  return out;
+}
+
 std::map<uint32_t, PageIndex> HostCopiesOf(const nlohmann::json& view) {
   std::map<uint32_t, PageIndex> out;
   if (!view.is_object() || !view.contains("host_copies") || !view["host_copies"].is_array()) return out;
@@ -423,12 +435,12 @@ std::optional<uint64_t> SupervisedNode::Runtime::Digest(PageIndex host_page) con
   return PageDigest(*data, pool->page_bytes());
 }
 
-// Digests of the confirmed host copies of every live request, each page listed before and after its digest.
 void SupervisedNode::Runtime::SampleWorker() {
   if (!was_ready[kWorker]) return;
   if (std::optional<wire::WorkerStatsReplyT> s = AskWorker(node.run_dir_)) live_worker_counters = WorkerCountersOf(*s);
 }
 
+// Digests of the confirmed host copies of every live request, each page listed before and after its digest.
 void SupervisedNode::Runtime::Sample() {
   last_sample = NowMs();
   SampleWorker();
@@ -436,9 +448,7 @@ void SupervisedNode::Runtime::Sample() {
   std::optional<nlohmann::json> requests = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
   if (!requests || !requests->is_array()) return;
   std::set<RequestId> live;  // node ids
-  for (const nlohmann::json& r : *requests) {
-    if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
-    const RequestId id = r["request"].get<RequestId>();
+  for (const auto& [id, state] : ListedRequests(*requests)) {
     live.insert(id);
     std::optional<nlohmann::json> before = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
     if (!before) continue;
@@ -490,27 +500,21 @@ void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
   if (!requests || !requests->is_array()) return;
   std::set<RequestId> nodes = interrupted_only ? std::set<RequestId>{} : ledger.nodes();
   std::vector<HostCopySeen> present;
-  std::set<RequestId> listed;
-  for (const nlohmann::json& r : *requests) {
-    if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
-    listed.insert(r["request"].get<RequestId>());
-  }
+  const std::map<RequestId, std::string> listed = ListedRequests(*requests);
   const node::ChildState worker_state = sup.state(kWorker);
   if (!interrupted_only &&
       (worker_state == node::ChildState::kReady || worker_state == node::ChildState::kStopping)) {
     // The worker survived the memd restart (issue 11: its re-Hello; alive, ready or being stopped) and may have
-    // completed requests since: the new
-    // memd lists every request the journal or a report kept, so one it does not list ended and its pages were freed.
+    // completed requests since: the new memd lists every request the journal or a report kept, so one it does not
+    // list ended and its pages were freed.
     for (RequestId id : ledger.nodes()) {
       if (!listed.contains(id)) ledger.Forget(id);
     }
     nodes = ledger.nodes();
   }
   std::set<RequestId> unread;  // listed, but the view could not be read (ended since the listing, or no answer)
-  for (const nlohmann::json& r : *requests) {
-    if (!r.is_object() || !r.contains("request") || !r["request"].is_number_unsigned()) continue;
-    if (interrupted_only && r.value("state", "") != "interrupted") continue;
-    const RequestId id = r["request"].get<RequestId>();
+  for (const auto& [id, state] : listed) {
+    if (interrupted_only && state != "interrupted") continue;
     if (interrupted_only) nodes.insert(id);
     std::optional<nlohmann::json> view = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
     if (!view || !view->contains("host_copies")) {
@@ -526,12 +530,8 @@ void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
   std::set<RequestId> listed_after;
   if (!unread.empty()) {
     std::optional<nlohmann::json> again = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
-    for (const nlohmann::json& r : again && again->is_array() ? *again : nlohmann::json::array()) {
-      if (r.is_object() && r.contains("request") && r["request"].is_number_unsigned()) {
-        listed_after.insert(r["request"].get<RequestId>());
-      }
-    }
-    if (!again) listed_after = listed;  // no answer: nothing is taken as ended
+    // No answer: nothing is taken as ended.
+    for (const auto& [id, state] : again ? ListedRequests(*again) : listed) listed_after.insert(id);
     for (RequestId id : unread) {
       Log(absl::StrCat("host_rows_lost: request ", id, "'s view could not be read; ",
                        listed_after.contains(id) ? "still listed: not checked this time" : "it ended meanwhile"));
