@@ -606,6 +606,56 @@ TEST(ResolverContract, PositionRepeatedInOneQueryIsInvalid) {
   EXPECT_EQ(o1[0], o2[0]);
 }
 
+// The duplicate check has two forms (Resolver::CheckDistinct): a bitmap when the request has at most 64 positions per
+// selected row, a hash table otherwise. Both reject a repeated position wherever it sits (first and last entry,
+// positions 64 apart, i.e. the same bit of neighbouring bitmap words) and accept distinct ones, for a short request
+// (n = 16 <= 64 k) and a long one (n = 1024 > 64 k), in both resolvers.
+TEST(ResolverContract, RepeatedPositionIsFoundInShortAndLongRequests) {
+  KvConfig c;
+  c.row_bytes = {8};
+  c.groups = {{0}};
+  c.page_rows = 4;
+  c.hot_rows = 3;
+  c.k = 3;
+  c.tail_rows = 4;
+  c.slots = 1;
+  c.optional_pages = 1;
+  const KvLayout layout = *KvLayout::Create(c);
+  for (const Position n : {Position{16}, Position{1024}}) {
+    ASSERT_EQ(n <= 64 * 3, n == 16);  // the two forms
+    const uint32_t pages = static_cast<uint32_t>(n / 4);
+    std::vector<uint8_t> host(uint64_t{pages} * layout.host_page_bytes());
+    Side fused(layout, host, true), ref(layout, host, false);
+    RequestKv kv;
+    kv.id = 1;
+    kv.appended = {n};
+    kv.tail_write.assign(1, std::vector<CopyEvent>(4));
+    kv.GrowPages(pages);
+    for (uint32_t p = 0; p < pages; ++p) {
+      kv.pages[p].host_page = p;
+      kv.SetHostReady(p, true);
+    }
+    const std::vector<SourceId> src = {0};
+    for (Side* side : {&fused, &ref}) {
+      const char* who = side == &fused ? "fused" : "reference";
+      auto code = [&](std::vector<Position> sel) {
+        std::vector<Location> out(3, -7);
+        ResolveQuery q{&kv, sel, out};
+        return side->resolver->Resolve(0, src, {&q, 1}).code();
+      };
+      const Position last = n - 5;  // the last row before the tail
+      EXPECT_EQ(code({last, 1, last}), absl::StatusCode::kInvalidArgument) << who << " n=" << n;
+      EXPECT_EQ(code({0, -1, 0}), absl::StatusCode::kInvalidArgument) << who << " n=" << n;
+      EXPECT_EQ(code({-1, 2, -1}), absl::StatusCode::kOk) << who << " n=" << n;  // -1 padding may repeat
+      EXPECT_EQ(code({1, 1 + 4, 1 + 8}), absl::StatusCode::kOk) << who << " n=" << n;
+      if (n > 64 + 1) {
+        EXPECT_EQ(code({1, 1 + 64, -1}), absl::StatusCode::kOk) << who << " n=" << n;  // same bit, next word
+        EXPECT_EQ(code({1 + 64, 3, 1 + 64}), absl::StatusCode::kInvalidArgument) << who << " n=" << n;
+      }
+    }
+  }
+}
+
 // Resolve takes the whole group (each source once, any order), else INVALID_ARGUMENT (resolver.h): the hot cache of
 // a request is shared by the group's sources, so a slot filled for source 0 alone used to be a hit with stale bytes
 // (zeros here) for source 1 in the next whole-group step.

@@ -5,7 +5,8 @@
 
 namespace dhs {
 
-HotCache::HotCache(uint32_t slots) : pos_(slots), stamp_(slots), prev_(slots), next_(slots) {
+HotCache::HotCache(uint32_t slots)
+    : entry_(slots), pos_(slots), stamp_(slots), prev_(slots), next_(slots) {
   size_t cap = 16;
   while (cap < 2 * (size_t{slots} + 1)) cap <<= 1;
   map_.resize(cap);
@@ -16,31 +17,40 @@ HotCache::HotCache(uint32_t slots) : pos_(slots), stamp_(slots), prev_(slots), n
 size_t HotCache::Probe(Position t) const {
   const size_t mask = map_.size() - 1;
   size_t i = Home(t);
-  while (map_[i].key != kNoPosition && map_[i].key != t) i = (i + 1) & mask;
+  while (map_[i] != kNone && pos_[map_[i]] != t) i = (i + 1) & mask;
   return i;
 }
 
-void HotCache::MapErase(Position t) {
+void HotCache::MapInsert(Position t, uint32_t h) {
+  const size_t i = Probe(t);
+  map_[i] = h;
+  entry_[h] = static_cast<uint32_t>(i);
+}
+
+void HotCache::MapErase(uint32_t h) {
   const size_t mask = map_.size() - 1;
-  size_t i = Probe(t);
-  if (map_[i].key == kNoPosition) return;
+  size_t i = entry_[h];
+  entry_[h] = kNone;
   // Backward-shift deletion: move later entries of the cluster into the hole when their home allows it.
   for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-    if (map_[j].key == kNoPosition) break;
-    const size_t home = Home(map_[j].key);
+    const uint32_t e = map_[j];
+    if (e == kNone) break;
+    const size_t home = Home(pos_[e]);
     // j's entry may fill the hole at i unless its home lies cyclically in (i, j].
     if (((j - home) & mask) >= ((j - i) & mask)) {
-      map_[i] = map_[j];
+      map_[i] = e;
+      entry_[e] = static_cast<uint32_t>(i);
       i = j;
     }
   }
-  map_[i] = MapEntry{};
+  map_[i] = kNone;
 }
 
 void HotCache::Reset() {
-  std::fill(map_.begin(), map_.end(), MapEntry{});
+  std::fill(map_.begin(), map_.end(), kNone);
   head_ = tail_ = kNone;
   for (uint32_t h = 0; h < size(); ++h) {
+    entry_[h] = kNone;
     pos_[h] = kNoPosition;
     stamp_[h] = 0;
     PushFront(h);  // slot 0 ends up least recent
@@ -48,7 +58,7 @@ void HotCache::Reset() {
 }
 
 uint32_t HotCache::Find(Position t) const {
-  return map_[Probe(t)].slot;  // kNone in an empty entry
+  return map_[Probe(t)];  // kNone in an empty entry
 }
 
 void HotCache::Unlink(uint32_t h) {
@@ -85,34 +95,25 @@ uint32_t HotCache::Victim(uint64_t step) const {
 
 uint32_t HotCache::Claim(Position t, uint64_t step, bool* assigned) {
   *assigned = false;
-  const size_t i = Probe(t);
-  if (map_[i].key == t) return map_[i].slot;
-  const uint32_t h = Victim(step);
-  if (h == kNone) return kNone;
-  if (pos_[h] == kNoPosition) {
-    map_[i] = MapEntry{t, h};
-  } else {
-    MapErase(pos_[h]);  // may move entries: probe again for t's place
-    map_[Probe(t)] = MapEntry{t, h};
-  }
-  pos_[h] = t;
-  Touch(h, step);
-  *assigned = true;
+  const uint32_t found = Find(t);
+  if (found != kNone) return found;
+  const uint32_t h = ClaimAbsent(t, step);
+  *assigned = h != kNone;
   return h;
 }
 
 uint32_t HotCache::ClaimAbsent(Position t, uint64_t step) {
   const uint32_t h = Victim(step);
   if (h == kNone) return kNone;
-  if (pos_[h] != kNoPosition) MapErase(pos_[h]);
-  map_[Probe(t)] = MapEntry{t, h};
+  if (pos_[h] != kNoPosition) MapErase(h);
   pos_[h] = t;
+  MapInsert(t, h);
   Touch(h, step);
   return h;
 }
 
 void HotCache::Invalidate(uint32_t h) {
-  if (pos_[h] != kNoPosition) MapErase(pos_[h]);
+  if (pos_[h] != kNoPosition) MapErase(h);
   pos_[h] = kNoPosition;
   stamp_[h] = 0;
   Unlink(h);

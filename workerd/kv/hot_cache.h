@@ -1,9 +1,10 @@
 // workerd/kv/hot_cache.h (internal): the hot cache of one (request, group): B slots with LRU replacement (brief §5).
-// A position->slot map of at most B entries (an open-addressing table with linear probing and backward-shift
-// deletion, at most half full: no allocation after construction) plus an intrusive LRU list; every operation is O(1) except Victim and
-// Claim, which walk from the LRU end past protected slots (at most k of them). Slots selected in the current step are
-// protected (their stamp equals the step's). Initial LRU order: slot 0 is least recent. An invalidated slot becomes
-// the least recent.
+// A position->slot map of at most B entries (an open-addressing table of slot indices, keyed by the slot's position,
+// with linear probing and backward-shift deletion, at most half full: no allocation after construction; each slot
+// knows its entry, so evicting a slot's old row needs no probe) plus an intrusive LRU list; every operation is O(1)
+// except Victim and Claim, which walk from the LRU end past protected slots (at most k of them). Slots selected in
+// the current step are protected (their stamp equals the step's). Initial LRU order: slot 0 is least recent. An
+// invalidated slot becomes the least recent.
 //
 // Thread-safety: none.
 #pragma once
@@ -24,6 +25,8 @@ class HotCache {
   uint32_t size() const { return static_cast<uint32_t>(pos_.size()); }
   void Reset();
   uint32_t Find(Position t) const;               // slot or kNone
+  // A hint that Find(t) or a claim of t follows soon: loads t's home entry of the map (no effect on the state).
+  void Prefetch(Position t) const { __builtin_prefetch(&map_[Home(t)]); }
   void Touch(uint32_t h, uint64_t step);         // most recent + protected in `step`
   uint32_t Victim(uint64_t step) const;          // least recent unprotected slot, or kNone
   // A missing row t in `step`, with one map probe: the slot already holding t (a duplicate claimed earlier in the
@@ -42,19 +45,18 @@ class HotCache {
   void PushFront(uint32_t h);  // most recent
   void PushBack(uint32_t h);   // least recent
 
-  // The position->slot table: entries with key kNoPosition are empty.
-  struct MapEntry {
-    Position key = kNoPosition;
-    uint32_t slot = kNone;
-  };
+  // The position->slot table holds slot indices (kNone = empty); an entry's key is pos_ of its slot. 4 bytes per
+  // entry keep the table small enough to stay in cache beside the rows a step copies.
   size_t Home(Position t) const {
     return static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL) >> shift_);
   }
   size_t Probe(Position t) const;  // index of t's entry, or of the empty entry where t would go
-  void MapErase(Position t);
+  void MapInsert(Position t, uint32_t h);  // t absent: slot h (pos_[h] = t afterwards) enters the table
+  void MapErase(uint32_t h);               // slot h (mapped) leaves the table
 
-  std::vector<MapEntry> map_;  // power-of-two size >= 2 * (B + 1)
+  std::vector<uint32_t> map_;  // power-of-two size >= 2 * (B + 1)
   uint32_t shift_ = 64;
+  std::vector<uint32_t> entry_;  // [B] index of the slot's table entry, kNone when it holds no row
   std::vector<Position> pos_;
   std::vector<uint64_t> stamp_;
   std::vector<uint32_t> prev_, next_;

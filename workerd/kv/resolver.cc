@@ -61,14 +61,31 @@ absl::Status Resolver::ValidateQuery(std::span<const SourceId> group_sources, si
           absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " but has ", n, " rows"));
     }
   }
-  return CheckDistinct(q);
+  return CheckDistinct(q, n);
 }
 
-// Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). An open
-// addressing table of at least 2k entries, reused across calls: O(k) per query, no allocation in steady state.
-// Entries carry the stamp of the query that wrote them, so the table is not cleared per query (only when it
-// grows or the stamp wraps).
-absl::Status Resolver::CheckDistinct(const ResolveQuery& q) const {
+// Distinct positions (a top-k selection): a repeated miss would need its own LRU rule (resolver.h). O(k) per query,
+// no allocation in steady state. When the request's n positions need at most 64 bits per selected row (n <= 64 k), a
+// bitmap of n bits, cleared per query (n / 8 bytes: at most 8 bytes per selected row), answers with one bit test per
+// row in a table small enough to stay in cache. Otherwise an open-addressing table of at least 2k entries, reused
+// across calls: entries carry the stamp of the query that wrote them, so the table is not cleared per query (only
+// when it grows or the stamp wraps).
+absl::Status Resolver::CheckDistinct(const ResolveQuery& q, Position n) const {
+  auto repeated = [&](Position t) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
+  };
+  if (n <= Position{64} * static_cast<Position>(q.selection.size())) {
+    seen_bits_.assign(static_cast<size_t>((n + 63) / 64), 0);
+    for (Position t : q.selection) {
+      if (t == kNoPosition) continue;
+      uint64_t& word = seen_bits_[static_cast<size_t>(t >> 6)];
+      const uint64_t bit = uint64_t{1} << (t & 63);
+      if (word & bit) return repeated(t);
+      word |= bit;
+    }
+    return absl::OkStatus();
+  }
   size_t cap = 16;
   while (cap < 2 * q.selection.size()) cap <<= 1;
   if (seen_.size() < cap || ++seen_stamp_ == 0) {
@@ -81,10 +98,7 @@ absl::Status Resolver::CheckDistinct(const ResolveQuery& q) const {
     if (t == kNoPosition) continue;
     size_t i = plan::HashOf(t, static_cast<uint32_t>(cap - 1));
     while (seen_[i].stamp == stamp && seen_[i].t != t) i = (i + 1) & (cap - 1);
-    if (seen_[i].stamp == stamp) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("resolver: request ", q.kv->id, " selects position ", t, " twice in one query"));
-    }
+    if (seen_[i].stamp == stamp) return repeated(t);
     seen_[i] = SeenEntry{t, stamp};
   }
   return absl::OkStatus();
@@ -198,13 +212,15 @@ absl::StatusOr<PlannedBatchPtr> FusedResolver::Plan(uint32_t group, std::span<co
     ClearOutputs(batch);
     return s;
   }
-  PlannedBatchPtr plan(new PlannedBatch());
+  PlannedBatchPtr plan = spare_ ? std::move(spare_) : PlannedBatchPtr(new PlannedBatch());
   plan->group = group;
   plan->sources.assign(sources.begin(), sources.end());
   plan->batch = batch;
-  plan->entries.resize(batch.size());
-  plan->events.resize(sources.size());
+  plan->entries.resize(batch.size());  // each query's entries are reset by PlanDirect
+  plan->assigned.clear();
+  plan->events.assign(sources.size(), CopyEvent());
   plan->issued.assign(sources.size(), false);
+  plan->census = Census{};
   const uint64_t step = ++step_;
   for (size_t qi = 0; qi < batch.size(); ++qi) {
     if (absl::Status s = PlanQuery(*plan, qi, step); !s.ok()) return FailPlan(*plan, std::move(s));
@@ -234,7 +250,7 @@ absl::StatusOr<size_t> FusedResolver::PlanDirect(PlannedBatch& plan, size_t qi) 
   const ResolveQuery& q = plan.batch[qi];
   q.kv->IndexPages();  // O(1) unless pages were added by hand
   auto& es = plan.entries[qi];
-  es.resize(q.selection.size());
+  es.assign(q.selection.size(), Entry{});
   for (Position t : q.selection) {
     if (t >= 0) q.kv->PrefetchIndex(t, l.config().page_rows);
   }
@@ -256,6 +272,9 @@ absl::StatusOr<size_t> FusedResolver::PlanDirect(PlannedBatch& plan, size_t qi) 
 void FusedResolver::PlanHotHits(PlannedBatch& plan, size_t qi, HotCache& hc, uint64_t step) {
   const ResolveQuery& q = plan.batch[qi];
   auto& es = plan.entries[qi];
+  for (size_t j = 0; j < q.selection.size(); ++j) {
+    if (q.selection[j] != kNoPosition && es[j].kind == Kind::kNone) hc.Prefetch(q.selection[j]);
+  }
   for (size_t j = 0; j < q.selection.size(); ++j) {
     if (q.selection[j] == kNoPosition || es[j].kind != Kind::kNone) continue;
     const uint32_t h = hc.Find(q.selection[j]);
@@ -359,6 +378,7 @@ absl::Status FusedResolver::Finish(PlannedBatchPtr plan) {
   }
   Census& c = census_[plan->group];
   c += plan->census;
+  spare_ = std::move(plan);
   return absl::OkStatus();
 }
 

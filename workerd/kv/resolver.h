@@ -100,7 +100,8 @@ class Resolver {
   absl::Status ValidateSources(uint32_t group, std::span<const SourceId> sources) const;
   absl::Status ValidateQuery(std::span<const SourceId> group_sources, size_t num_sources,
                              const ResolveQuery& q) const;
-  absl::Status CheckDistinct(const ResolveQuery& q) const;
+  // Every position of q.selection (each in [-1, n)) at most once.
+  absl::Status CheckDistinct(const ResolveQuery& q, Position n) const;
 
   struct SeenEntry {
     Position t = kNoPosition;
@@ -108,6 +109,7 @@ class Resolver {
   };
   mutable std::vector<SeenEntry> seen_;  // Validate's duplicate check (scratch, power-of-two size)
   mutable uint32_t seen_stamp_ = 0;
+  mutable std::vector<uint64_t> seen_bits_;  // the bitmap form of the check, for short requests (resolver.cc)
 };
 
 // A planned batch of the fused resolver: the shared position->slot plan of one group, ready to issue each
@@ -158,6 +160,7 @@ class FusedResolver final : public Resolver {
   uint64_t step_ = 0;
   std::vector<HostToDeviceCopy> ops_;  // IssueFollower's scratch (the device copies the ops it is given)
   std::vector<CopyEvent> after_;
+  PlannedBatchPtr spare_;  // the last finished batch, reused by the next Plan (its vectors keep their capacity)
 };
 
 // The oracle: a simple per-query loop (linear scans, LRU by stamps), every query of the batch planned before any
