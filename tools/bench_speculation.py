@@ -137,6 +137,21 @@ def print_table(result):
               f"{n:>8.3f} {t:>9.3f} {x:>10.3f} {pays}")
 
 
+def markdown_table(result):
+    """The table of print_table as Markdown rows (tools/perf_report.py's speculation section)."""
+    lines = ["| C | config | sessions | acceptance length | TPOT p50 ms | tok/s | tok/s w/o proposer | N_spec/N_base | "
+             "TPOT_spec/TPOT_base | tok/s vs off | pays |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in result["points"]:
+        m, off = row["median"], row["config"] == "off"
+        n, t, x = row["sessions_vs_off"]["median"], row["tpot_vs_off"]["median"], row["throughput_vs_off"]["median"]
+        acc = "-" if off else f"{m['acceptance_length']:.2f}"
+        pays = "" if off else ("yes" if n > t else "no")
+        lines.append(f"| {row['concurrency']} | {row['config']} | {m['sessions']:.0f} | {acc} | {m['tpot_p50_ms']:.2f} | "
+                     f"{m['output_tokens_per_s']:.2f} | {m['tokens_per_s_wo_proposer']:.2f} | {n:.3f} | {t:.3f} | "
+                     f"{x:.3f} | {pays} |")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replay", default="build/tools/replay/dhs-replay")

@@ -68,7 +68,24 @@ def canned():
         "modes": {"preset": "bench-wide", "requests": 4, "length_scale": 0.05, "trace": None,
                   "hbm_budget_bytes": 1500000, "link_model": link, "repeat": 3, "points": points(MODES_SPEC)},
         "long_context": {"error": "bench_modes: resident run 1 failed (exit 2)"},
+        "speculation": {"mode": "adaptive", "preset": "bench-wide", "requests": 3, "length_scale": 0.05,
+                        "hbm_budget_bytes": 1500000, "block": 4, "link_model": "pcie5", "distill_texts": 0,
+                        "repeat": 1, "points": [spec_point(1, "off", 1, 20.0, 10.0, 1.0, 1.0, 1.0),
+                                                spec_point(1, "fixed", 1, 30.0, 8.0, 1.0, 1.5, 0.8, 1.25),
+                                                spec_point(3, "off", 3, 40.0, 12.0, 1.0, 1.0, 1.0),
+                                                spec_point(3, "fixed", 2, 25.0, 13.0, 0.667, 0.625, 1.08, 3.1)]},
     }
+
+
+def spec_point(c, config, sessions, tpot, tps, n_ratio, tpot_ratio, tps_ratio, acceptance=float("nan")):
+    """One row of tools/bench_speculation.py's --json result (its medians and ratios to off, as measure() makes them)."""
+    med = {"sessions": sessions, "acceptance_length": acceptance, "tpot_p50_ms": tpot, "output_tokens_per_s": tps,
+           "tokens_per_s_wo_proposer": tps}
+
+    def rel(x):
+        return {"median": x, "min": x, "max": x}
+    return {"concurrency": c, "config": config, "median": med, "sessions_vs_off": rel(n_ratio),
+            "tpot_vs_off": rel(tpot_ratio), "throughput_vs_off": rel(tps_ratio), "runs": [med]}
 
 
 def table_row(doc, first_cells):
@@ -184,9 +201,25 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("2 CPUs, Test CPU 9000; git commit 0123abcd", doc)
         self.assertIn("2048 rows per step: 0.750 (15.00 vs 20.00 GB/s; 60.0 µs per step)", doc)
 
+    def test_speculation_section(self):
+        """The speculation table shows the saved medians and ratios; `pays` is N_spec/N_base > TPOT_spec/TPOT_base
+        (brief §6): no at C = 1 (1.000 vs 1.500), yes at C = 3 (0.667 vs 0.625)."""
+        doc = self.render(canned())
+        self.assertIn("## With and without speculation under one budget", doc)
+        self.assertEqual(table_row(doc, ["1", "off"]),
+                         ["1", "off", "1", "-", "20.00", "10.00", "10.00", "1.000", "1.000", "1.000", ""])
+        self.assertEqual(table_row(doc, ["1", "fixed"]),
+                         ["1", "fixed", "1", "1.25", "30.00", "8.00", "8.00", "1.000", "1.500", "0.800", "no"])
+        self.assertEqual(table_row(doc, ["3", "fixed"]),
+                         ["3", "fixed", "2", "3.10", "25.00", "13.00", "13.00", "0.667", "0.625", "1.080", "yes"])
+        self.assertIn("GPU KV budget 1500000 bytes, block K = 4, link model pcie5", doc)
+        fig = canned()
+        fig["speculation"] = {"error": "bench_speculation: fixed run 1 failed (exit 2)"}
+        self.assertIn("FAILED: bench_speculation: fixed run 1 failed (exit 2)", self.render(fig))
+
     def test_plots_written_and_linked(self):
         doc = self.render(canned())
-        for name in ("throughput", "sessions", "tokens_vs_resident", "census"):
+        for name in ("throughput", "sessions", "tokens_vs_resident", "census", "speculation"):
             path = os.path.join(self.dir, "docs", "perf", name + ".png")
             with open(path, "rb") as f:
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n", path)
@@ -217,11 +250,12 @@ class PerfReportTest(unittest.TestCase):
         verdicts = [target(doc, w)[1] for w in ("within 3%", "sessions > resident", "sessions >= hisparse",
                                                 "glm5-like", "host recovery", "admission", "p99 at most 100")]
         self.assertEqual(verdicts, ["not measured"] * 7)
-        # planner (its section and the memory target), both mode sections, the three microbenchmark programs
-        self.assertEqual(doc.count("FAILED: "), 7)
+        # planner (its section and the memory target), both mode sections, the three microbenchmark programs,
+        # speculation
+        self.assertEqual(doc.count("FAILED: "), 8)
         with open(os.path.join(self.dir, "perf", "figures.json")) as f:
             saved = json.load(f)
-        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner"])
+        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner", "speculation"])
 
     def test_sections_measures_only_those(self):
         """--sections planner with no programs: the planner section is measured again (and fails, no build), every
@@ -239,8 +273,8 @@ class PerfReportTest(unittest.TestCase):
         with open(os.path.join(plots, "figures.json")) as f:
             saved = json.load(f)
         self.assertIn("error", saved["planner"])
-        for name in ("micro", "modes", "long_context"):
-            self.assertEqual(saved[name], fig[name])
+        for name in ("micro", "modes", "long_context", "speculation"):  # as text: NaN (no acceptance for off)
+            self.assertEqual(json.dumps(saved[name], sort_keys=True), json.dumps(fig[name], sort_keys=True))
         self.assertEqual(saved["meta"]["date"], fig["meta"]["date"])
         self.assertEqual([r["sections"] for r in saved["meta"]["partial_runs"]], [["planner"]])
         with open(out) as f:
