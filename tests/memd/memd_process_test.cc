@@ -286,6 +286,16 @@ class MemdProcess : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
+  // Whether the memd of `run_dir` answers `dhsctl status` within `limit` (polled every 20 ms).
+  bool AnswersWithin(const std::string& run_dir, std::chrono::milliseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (Dhsctl("--timeout-ms 500 status", run_dir).first == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
   // Runs dhsctl with `args`; returns its exit code and stdout (stdout and stderr with `with_stderr`).
   std::pair<int, std::string> Dhsctl(const std::string& args, const std::string& run_dir = "",
                                      bool with_stderr = false) {
@@ -1688,8 +1698,9 @@ TEST_F(MemdProcess, SegmentsOfDeadMemdsAreRemovedAtStartAndLiveOnesKept) {
   argv.push_back(nullptr);
   pid_t second = 0;
   ASSERT_EQ(posix_spawn(&second, MEMD_BIN, nullptr, nullptr, argv.data(), environ), 0);
-  for (int i = 0; i < 500 && !std::filesystem::exists(other + "/memd.sock"); ++i) std::this_thread::sleep_for(10ms);
-  const bool started = std::filesystem::exists(other + "/memd.sock");
+  // Serving: memd answers only once its start (the segment clean-up included) is done; the socket file alone
+  // appears before the clean-up (memd binds first).
+  const bool started = AnswersWithin(other, 5s);
   const bool dead_left = std::filesystem::exists("/dev/shm/" + dead_name);
   const bool reused_left = std::filesystem::exists("/dev/shm/" + reused_name);
   const bool live_left = std::filesystem::exists("/dev/shm/" + live_name);
@@ -1743,8 +1754,9 @@ TEST_F(MemdProcess, UnreadableSegmentsOlderThanTheAgeBoundAreRemovedAtStartYoung
   argv.push_back(nullptr);
   pid_t second = 0;
   ASSERT_EQ(posix_spawn(&second, MEMD_BIN, nullptr, nullptr, argv.data(), environ), 0);
-  for (int i = 0; i < 500 && !std::filesystem::exists(other + "/memd.sock"); ++i) std::this_thread::sleep_for(10ms);
-  const bool started = std::filesystem::exists(other + "/memd.sock");
+  // Serving: memd answers only once its start (the segment clean-up included) is done; the socket file alone
+  // appears before the clean-up (memd binds first).
+  const bool started = AnswersWithin(other, 5s);
   const bool old_garbage_left = std::filesystem::exists(shm + old_garbage);
   const bool old_truncated_left = std::filesystem::exists(shm + old_truncated);
   const bool fresh_left = std::filesystem::exists(shm + fresh_garbage);
