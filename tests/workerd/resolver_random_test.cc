@@ -611,15 +611,8 @@ TEST(ResolverContract, PositionRepeatedInOneQueryIsInvalid) {
 // positions 64 apart, i.e. the same bit of neighbouring bitmap words) and accept distinct ones, for a short request
 // (n = 16 <= 64 k) and a long one (n = 1024 > 64 k), in both resolvers.
 TEST(ResolverContract, RepeatedPositionIsFoundInShortAndLongRequests) {
-  KvConfig c;
-  c.row_bytes = {8};
-  c.groups = {{0}};
-  c.page_rows = 4;
-  c.hot_rows = 3;
-  c.k = 3;
+  KvConfig c = SmallKv::Config();  // B = k = 3, p = 4
   c.tail_rows = 4;
-  c.slots = 1;
-  c.optional_pages = 1;
   const KvLayout layout = *KvLayout::Create(c);
   for (const Position n : {Position{16}, Position{1024}}) {
     ASSERT_EQ(n <= 64 * 3, n == 16);  // the two forms
