@@ -8,6 +8,12 @@
 //   core event, drain, encode of the grant and the ack.
 // - BM_TickWork: the periodic tick (Populate, FlushOrders, metrics snapshot) on the bench's state; a message arriving
 //   during a tick waits for it (one message per tick in this one-at-a-time bench: it shows at p99.9 / max).
+// - BM_UnixSeqpacketEchoRoundTrip: a prototype of a direct path (not in memd): the same request and grant over a unix
+//   SOCK_SEQPACKET connection that the server polls in one zmq_poll with a ZeroMQ ROUTER socket, as memd's loop would
+//   poll both; one thread wake-up per direction instead of the ZeroMQ I/O threads' hand-offs.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include "memd/daemon.h"
 #include "memd/residency_manager.h"
 #include "memd/state_dump.h"
+#include "zmq.hpp"
 
 namespace {
 
@@ -178,6 +185,92 @@ void BM_TransportEchoRoundTrip(benchmark::State& state) {
   state.counters["max_us"] = rtt_us.back();
 }
 BENCHMARK(BM_TransportEchoRoundTrip)->Iterations(2000)->Unit(benchmark::kMicrosecond);
+
+// A system call of the prototype that cannot fail in the bench: aborts with errno when it does.
+void Must(bool ok, const char* what) {
+  if (ok) return;
+  std::perror(what);
+  std::abort();
+}
+
+void BM_UnixSeqpacketEchoRoundTrip(benchmark::State& state) {
+  char tmpl[] = "/tmp/memd_bench_XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    state.SkipWithError("mkdtemp failed");
+    return;
+  }
+  const std::string dir = tmpl;
+  const std::string path = dir + "/grant.sock";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  const int listen_fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  Must(listen_fd >= 0, "socket");
+  Must(::bind(listen_fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0, "bind");
+  Must(::listen(listen_fd, 4) == 0, "listen");
+  // The ZeroMQ socket the server polls alongside (nothing is sent to it here): the loop's shape, not its traffic.
+  zmq::context_t context(1);
+  zmq::socket_t router(context, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind(dhs::IpcEndpoint(dir, "zmq"));
+  std::atomic<bool> stop{false};
+  std::thread loop([&] {
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    Must(fd >= 0, "accept");
+    std::vector<char> buf(size_t{1} << 20);  // far above a grant
+    while (!stop.load()) {
+      zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, fd, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 2, std::chrono::milliseconds(20));
+      if ((items[1].revents & ZMQ_POLLIN) == 0) continue;
+      const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+      if (n <= 0) break;  // the client closed
+      auto m = dhs::DecodeEnvelope(std::string_view(buf.data(), static_cast<size_t>(n)), dhs::kMaxMessageBytes);
+      DHS_CHECK_OK(m.status());
+      auto a = dhs::ReadAdmitRequest(*m);
+      DHS_CHECK_OK(a.status());
+      const std::string reply = dhs::EncodeAdmitGrant(BenchGrant(a->request), m->sequence, "memd");
+      Must(::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(reply.size()), "send");
+    }
+    ::close(fd);
+  });
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  Must(fd >= 0, "socket");
+  Must(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0, "connect");
+  std::vector<char> buf(size_t{1} << 20);  // far above a grant
+  std::vector<double> rtt_us;
+  uint64_t seq = 1;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string request =
+        dhs::EncodeAdmitRequest(BenchAdmit(static_cast<dhs::RequestId>(seq)), seq, "worker");
+    bool ok = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size());
+    pollfd p{fd, POLLIN, 0};
+    ok = ok && ::poll(&p, 1, 5000) == 1;
+    const ssize_t n = ok ? ::recv(fd, buf.data(), buf.size(), 0) : -1;
+    ok = ok && n > 0 && dhs::DecodeEnvelope(std::string_view(buf.data(), static_cast<size_t>(n)), dhs::kMaxMessageBytes).ok();
+    const auto t1 = std::chrono::steady_clock::now();
+    ++seq;
+    if (!ok) {
+      state.SkipWithError("no echo");
+      break;
+    }
+    rtt_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  ::close(fd);
+  stop = true;
+  loop.join();
+  ::close(listen_fd);
+  router.close();
+  context.close();
+  std::filesystem::remove_all(dir);
+  if (rtt_us.empty()) return;
+  std::sort(rtt_us.begin(), rtt_us.end());
+  state.counters["p50_us"] = rtt_us[rtt_us.size() / 2];
+  state.counters["p99_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)];
+  state.counters["p999_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 999 / 1000)];
+  state.counters["max_us"] = rtt_us.back();
+}
+BENCHMARK(BM_UnixSeqpacketEchoRoundTrip)->Iterations(2000)->Unit(benchmark::kMicrosecond);
 
 // The core and codec work of one Admit (grant) + Complete (ack), no sockets: what the daemon adds to the echo.
 void BM_DaemonMessageWork(benchmark::State& state) {
