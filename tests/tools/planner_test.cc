@@ -620,6 +620,17 @@ TEST(DhsctlPlan, WorkerdPresetIsWorkerdsModelAtItsDefaultSizes) {
   EXPECT_DOUBLE_EQ(t["rows_per_selection"].get<double>(), 3.5);  // (4 + 3) / 2
   EXPECT_EQ(j["hierarchical_bytes_per_session"], 1024 * 2 * 128 + (128 + 128) * 7 * 576);
   EXPECT_EQ(j["draft_ring_bytes_per_session"], 0);
+  // workerd's dsv4flash-like: 3 sources of 4 * (64 + 8) = 288 bytes; 5 layers with an indexer (3 write, 2 reindex),
+  // each fetching its own source only: 5 selections of 1 row; B = max(64, 4 * (16 + 4)) = 80.
+  auto [rc_d, out_d] = RunDhsctl("--json plan --preset workerd:dsv4flash-like --context 1000");
+  ASSERT_EQ(rc_d, 0) << out_d;
+  const nlohmann::json d = nlohmann::json::parse(out_d)["input"]["topology"];
+  EXPECT_EQ(d["payload_layers"], 3);
+  EXPECT_EQ(d["payload_row_bytes"], 288);
+  EXPECT_EQ(d["index_producers"], 5);
+  EXPECT_DOUBLE_EQ(d["selections_per_token"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(d["rows_per_selection"].get<double>(), 1.0);
+  EXPECT_EQ(d["hot_rows"], 80);
   auto [rc2, out2] = RunDhsctl("plan --preset workerd:nope --context 1000");
   EXPECT_EQ(rc2, 2) << out2;
   EXPECT_THAT(out2, HasSubstr("--preset"));

@@ -200,6 +200,17 @@ void PlanAndAdmit(Node& node, uint64_t want_required, uint64_t want_speculation_
   EXPECT_EQ(request["draft_ring_pages"].get<uint64_t>() + request["staging_pages"].get<uint64_t>(),
             want_speculation_pages)
       << request.dump(2);
+  // How long the request stayed admitted after it was seen (printed, never asserted: the margin the poll above had).
+  const auto seen = Clock::now();
+  for (bool listed = true; listed && Clock::now() < seen + std::chrono::seconds(60);) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto [rc, r] = node.Dhsctl("requests");
+    const json& list = r.is_array() ? r : r["requests"];
+    listed = rc == 0 && list.is_array() && !list.empty();
+  }
+  std::printf("the request of %llu tokens stayed admitted %.0f ms after the poll saw it\n",
+              static_cast<unsigned long long>(kContext),
+              std::chrono::duration<double, std::milli>(Clock::now() - seen).count());
 }
 
 TEST(PlanLive, RealWorkerWithoutSpeculation) {
