@@ -133,6 +133,30 @@ absl::Status ReadErrorStatus(const Message& message) {
   return status;
 }
 
+WorkerShape WorkerShapeOf(const wire::HelloT& h) {
+  WorkerShape w;
+  w.serving_mode = h.serving_mode;
+  w.page_rows = h.page_rows;
+  w.page_bytes = h.page_bytes;
+  w.host_page_bytes = h.host_page_bytes;
+  w.payload_sources = static_cast<uint32_t>(h.sources.size());
+  w.index_producers = h.index_producers;
+  w.index_key_bytes = h.index_key_bytes;
+  w.top_k = h.top_k;
+  w.hot_rows = h.hot_rows;
+  w.tail_rows = h.tail_rows;
+  w.fetched_rows_per_token = h.fetched_rows_per_token;
+  w.request_slots = h.request_slots;
+  w.drafter_window = h.drafter_window;
+  w.k_max = h.k_max;
+  w.draft_bytes_per_row = h.draft_bytes_per_row;
+  w.draft_ring_rows = h.draft_ring_rows;
+  w.draft_ring_bytes = h.draft_ring_bytes;
+  w.staging_bytes = h.staging_bytes;
+  w.staging_arenas = h.staging_arenas;
+  return w;
+}
+
 namespace internal {
 std::string EncodeRawEnvelope(uint32_t protocol_version, uint8_t body_type, uint64_t seq, std::string_view sender) {
   flatbuffers::FlatBufferBuilder fbb(128);

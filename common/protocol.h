@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/worker_shape.h"
 #include "dhs_generated.h"
 
 namespace dhs {
@@ -56,6 +57,10 @@ absl::StatusOr<Message> DecodeEnvelope(std::string_view bytes, size_t max_bytes 
 // The sequence of `bytes` when it passes the Verifier (whatever its version or body), else 0.
 // Used to address an ErrorReply to a message that failed a later check.
 uint64_t PeekSequence(std::string_view bytes);
+
+// The worker's shape its Hello declares (issue 14; common/worker_shape.h): L_pay = sources.size(), the rest copied
+// field by field. An older worker's Hello gives serving_mode "" (WorkerShape::declared() false).
+WorkerShape WorkerShapeOf(const wire::HelloT& hello);
 
 // Name of a body type for logs ("Hello", ..., "unknown(200)").
 std::string BodyName(wire::Body type);

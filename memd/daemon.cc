@@ -448,6 +448,7 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   g.page_rows = hello->page_rows;
   g.capacity_pages = hello->capacity_pages;
   g.pid = hello->pid;
+  g.shape = WorkerShapeOf(*hello);
   g.fenced = false;
   g.fenced_why.clear();
   g.fd = server_->source_fd();
@@ -729,7 +730,10 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   }
   // Only what the view shows is dumped: the counts, and the requests or the bounded page rows it asks for.
   const DumpView view = ViewOf(*q);
-  const StateDump dump = core_->Dump(DumpScopeOf(view));
+  StateDump dump = core_->Dump(DumpScopeOf(view));
+  for (GpuDump& gd : dump.gpus) {  // the workers' shapes (introspection only: the core never sees them)
+    if (auto it = gpus_.find(gd.gpu); it != gpus_.end() && it->second.shape.declared()) gd.worker = it->second.shape;
+  }
   wire::IntrospectReplyT reply;
   reply.what = q->what;
   reply.format = q->format;

@@ -111,6 +111,7 @@ class Daemon {
     uint32_t page_rows = 0;    // p
     uint32_t capacity_pages = 0;
     uint32_t pid = 0;          // the worker's pid (its Hello), for the logs
+    WorkerShape shape;         // its Hello's shape (issue 14), shown in the status view (GpuDump::worker) only
     bool fenced = false;
     std::string fenced_why;    // why it was fenced (in the FAILED_PRECONDITION of its worker's messages)
     int fd = -1;               // connection of its latest message (RouterServer::TakeDisconnected names it)

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/worker_shape.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs::memd {
@@ -415,7 +416,8 @@ absl::Status ResidencyManager::CheckShare(RequestId request, uint32_t required, 
                                share.staging_pages, required));
   }
   if (declared.page_bytes == 0) return bad("its GPU's Hello declared no page_bytes");
-  const auto pages_of = [&](uint64_t bytes) { return bytes / declared.page_bytes + (bytes % declared.page_bytes != 0); };
+  // The rounding workerd declares with (SessionRequiredPages, common/worker_shape.h).
+  const auto pages_of = [&](uint64_t bytes) { return PagesOfBytes(bytes, declared.page_bytes); };
   if (pages_of(share.draft_ring_bytes) != share.draft_ring_pages ||
       pages_of(share.staging_bytes) != share.staging_pages) {
     return bad(absl::StrFormat(

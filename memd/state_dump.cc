@@ -16,6 +16,29 @@ std::string Owner(RequestId r) { return r == kNoOwner ? "-" : absl::StrCat(r); }
 
 std::string Coverage(const RequestDump& r) { return absl::StrFormat("%d/%d", r.host_pages, r.history_pages); }
 
+json WorkerJson(const std::optional<WorkerShape>& w) {
+  if (!w || !w->declared()) return json(nullptr);
+  return json{{"serving_mode", w->serving_mode},
+              {"page_rows", w->page_rows},
+              {"page_bytes", w->page_bytes},
+              {"host_page_bytes", w->host_page_bytes},
+              {"payload_sources", w->payload_sources},
+              {"index_producers", w->index_producers},
+              {"index_key_bytes", w->index_key_bytes},
+              {"top_k", w->top_k},
+              {"hot_rows", w->hot_rows},
+              {"tail_rows", w->tail_rows},
+              {"fetched_rows_per_token", w->fetched_rows_per_token},
+              {"request_slots", w->request_slots},
+              {"drafter_window", w->drafter_window},
+              {"k_max", w->k_max},
+              {"draft_bytes_per_row", w->draft_bytes_per_row},
+              {"draft_ring_rows", w->draft_ring_rows},
+              {"draft_ring_bytes", w->draft_ring_bytes},
+              {"staging_bytes", w->staging_bytes},
+              {"staging_arenas", w->staging_arenas}};
+}
+
 json GpuJson(const GpuDump& g) {
   return json{{"gpu", g.gpu},
               {"up", g.up},
@@ -40,7 +63,8 @@ json GpuJson(const GpuDump& g) {
               {"staging_pages", g.staging_pages},
               {"staging_bytes", g.staging_bytes},
               {"declared_draft_ring_bytes", g.declared_draft_ring_bytes},
-              {"declared_staging_bytes", g.declared_staging_bytes}};
+              {"declared_staging_bytes", g.declared_staging_bytes},
+              {"worker", WorkerJson(g.worker)}};
 }
 
 // with_host_copies: the `request N` view's "host_copies" ([[history page, host page], ...]).
@@ -124,6 +148,21 @@ std::string GpuSpeculationLines(const StateDump& d) {
                           "%d bytes in use (%d declared)\n",
                           g.gpu, g.draft_ring_pages, g.draft_ring_bytes, g.declared_draft_ring_bytes, g.staging_pages,
                           g.staging_bytes, g.declared_staging_bytes);
+  }
+  return out;
+}
+// One line per GPU whose worker declared its shape (issue 14): what `dhsctl plan --live` plans with.
+std::string GpuWorkerLines(const StateDump& d) {
+  std::string out;
+  for (const GpuDump& g : d.gpus) {
+    if (!g.worker || !g.worker->declared()) continue;
+    const WorkerShape& w = *g.worker;
+    absl::StrAppendFormat(&out,
+                          "GPU %d worker: %s, p %d, L_pay %d, L_idx %d x %d B keys, k %d, B %d, T %d, N %d, "
+                          "K_max %d, W %d, chi %d\n",
+                          g.gpu, w.serving_mode, w.page_rows, w.payload_sources, w.index_producers, w.index_key_bytes,
+                          w.top_k, w.hot_rows, w.tail_rows, w.request_slots, w.k_max, w.drafter_window,
+                          w.staging_arenas);
   }
   return out;
 }
@@ -325,7 +364,7 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
                             d.request_count, d.host.reusable_pages, d.host.pages, d.host.pinned_pages);
       out += GpuHeader();
       for (const GpuDump& g : d.gpus) out += GpuRow(g);
-      return out + GpuSpeculationLines(d);
+      return out + GpuSpeculationLines(d) + GpuWorkerLines(d);
     case DumpView::Kind::kGpus:
       out = GpuHeader();
       for (const GpuDump& g : d.gpus) out += GpuRow(g);

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/types.h"
+#include "common/worker_shape.h"
 #include "memd/gpu_page_table.h"
 #include "nlohmann/json.hpp"
 
@@ -66,6 +67,10 @@ struct GpuDump {
   uint32_t staging_pages = 0;
   uint64_t draft_ring_bytes = 0;
   uint64_t staging_bytes = 0;
+  // The shape its worker's latest accepted Hello declared (issue 14; common/worker_shape.h), for `dhsctl plan --live`
+  // without --preset / --file. Introspection only: filled by the daemon (Daemon::Introspect), not by the core, which
+  // never reads it. Absent (JSON "worker": null) before a Hello or from a worker that declares none.
+  std::optional<WorkerShape> worker;
   // Page rows, filled only for the `pages` view of this GPU (DumpScope): pages [page_from, page_from + n) as
   // page_states / page_owners (n = page_states.size(), at most the view's count), or with runs, page_runs: maximal
   // runs of consecutive pages of one state and owner, the first starting at page_from, at most the view's count.

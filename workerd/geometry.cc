@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
+#include "common/worker_shape.h"
 #include "workerd/spec/draft_ring.h"
 #include "workerd/spec/drafter_model.h"
 #include "workerd/spec/staging_pool.h"
@@ -16,7 +17,6 @@
 namespace dhs {
 namespace {
 
-uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // The KV groups: one per source, except an index producer's followers, which join its group (brief §5).
 std::vector<std::vector<SourceId>> KvGroups(const model::ModelConfig& model) {
@@ -51,7 +51,7 @@ absl::Status ComputeSpeculation(const model::ModelConfig& model, const WorkerCon
     return absl::OkStatus();
   }
   const uint64_t page_bytes = g.page_bytes;
-  const auto pages_of = [page_bytes](uint64_t bytes) { return CeilDiv(bytes, page_bytes); };
+  const auto pages_of = [page_bytes](uint64_t bytes) { return PagesOfBytes(bytes, page_bytes); };
   // The staging arenas ComputeGeometry sized (g.staging_bytes: --staging-arenas χ in the hierarchical modes; none in
   // resident mode or with --staging-arenas 0): the reservation HierarchicalKvAccess allocates is the one declared.
   s.slot_staging_bytes = static_cast<uint64_t>(g.staging_bytes) / config.slots;  // exact: N is a factor of M_stage
@@ -72,6 +72,7 @@ absl::Status ComputeSpeculation(const model::ModelConfig& model, const WorkerCon
     }
     s.draft_ring_rows = ring->rows_per_slot();
     s.draft_bytes_per_row = dc.draft_bytes_per_row();
+    s.drafter_window = dc.window;
     s.draft_ring_bytes = static_cast<uint64_t>(ring->bytes());
     s.slot_draft_ring_bytes = static_cast<uint64_t>(ring->rows_per_slot() * dc.draft_bytes_per_row());
   }
@@ -208,18 +209,44 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
   h.draft_ring_bytes = geometry.speculation.draft_ring_bytes;
   h.staging_bytes = static_cast<uint64_t>(geometry.staging_bytes);
   h.staging_arenas = geometry.staging_arenas;
+  // The shape `dhsctl plan --live` plans with (issue 14): memd shows it, never decides with it.
+  h.serving_mode = std::string(WorkerModeName(config.mode));
+  h.index_producers = static_cast<uint32_t>(model.n_indexers());
+  h.index_key_bytes = static_cast<uint32_t>(model.index_key_bytes());
+  h.top_k = static_cast<uint32_t>(model.top_k);
+  h.hot_rows = geometry.hot_rows;
+  h.tail_rows = geometry.tail_rows;
+  // Each layer with an indexer makes one selection per token; a selected position costs a row of every source of
+  // that layer's KV group (a producer's group: itself and its followers; a write / reindex layer: its own source).
+  uint32_t fetched = 0;
+  for (const model::LayerSpec& l : model.layers) {
+    if (!l.has_indexer()) continue;
+    for (const std::vector<SourceId>& group : geometry.kv.groups) {
+      if (std::find(group.begin(), group.end(), l.source) != group.end()) {
+        fetched += static_cast<uint32_t>(group.size());
+      }
+    }
+  }
+  h.fetched_rows_per_token = fetched;
+  h.drafter_window = static_cast<uint32_t>(geometry.speculation.drafter_window);
+  h.k_max = config.speculation.mode != spec::SpeculateMode::kOff ? static_cast<uint32_t>(config.speculation.block) : 0;
+  h.draft_bytes_per_row = static_cast<uint64_t>(geometry.speculation.draft_bytes_per_row);
   return h;
 }
 
 uint32_t RequiredPages(const model::ModelConfig& model, const WorkerGeometry& geometry, WorkerMode mode,
                        uint64_t context_tokens) {
-  const uint64_t p = geometry.kv.page_rows;
-  const uint64_t meta = CeilDiv(context_tokens * static_cast<uint64_t>(model.n_indexers()) * model.index_key_bytes(),
-                                geometry.page_bytes);
-  uint64_t required = CeilDiv(geometry.hot_rows + geometry.tail_rows, p) + meta;
-  if (mode == WorkerMode::kResident) required += CeilDiv(context_tokens, p);
-  required += uint64_t{geometry.speculation.draft_ring_pages} + geometry.speculation.staging_pages;
-  return static_cast<uint32_t>(required);
+  SessionPagesInput in;
+  in.page_rows = geometry.kv.page_rows;
+  in.page_bytes = geometry.page_bytes;
+  in.hot_rows = geometry.hot_rows;
+  in.tail_rows = geometry.tail_rows;
+  in.index_producers = static_cast<uint64_t>(model.n_indexers());
+  in.index_key_bytes = model.index_key_bytes();
+  in.resident = mode == WorkerMode::kResident;
+  in.slot_draft_ring_bytes = geometry.speculation.slot_draft_ring_bytes;
+  in.slot_staging_bytes = geometry.speculation.slot_staging_bytes;
+  return static_cast<uint32_t>(SessionRequiredPages(in, context_tokens));
 }
 
 }  // namespace dhs

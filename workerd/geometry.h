@@ -77,6 +77,7 @@ struct WorkerGeometry {
   struct Speculation {
     int64_t draft_ring_rows = 0;       // R_d = p * ceil((W + K_max + p - 1) / p) rows per slot (the drafter's W)
     int64_t draft_bytes_per_row = 0;   // the drafter's ring row, bytes (all its layers)
+    int64_t drafter_window = 0;        // W: prior positions the drafter reads (0 without a drafter)
     uint64_t draft_ring_bytes = 0;     // N * R_d * draft_bytes_per_row, bytes
     uint64_t slot_draft_ring_bytes = 0;  // R_d * draft_bytes_per_row: one slot's share, bytes
     uint64_t slot_staging_bytes = 0;     // staging_bytes / N = χ * K_max * k * d_KV: one slot's share, bytes
@@ -95,7 +96,8 @@ uint64_t HostPageBytes(const model::ModelConfig& model, uint32_t page_rows);
 // prefixed with "--drafter-weights FILE: ".
 absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
 
-// The Hello of this worker (contract §1).
+// The Hello of this worker (contract §1), with its shape for `dhsctl plan --live` (issue 14: serving mode, L_idx,
+// d_idx, k, B, T, fetched rows per token, W, K_max, draft bytes per row; common/worker_shape.h).
 wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& geometry,
                        std::string_view device_name);
 
@@ -103,7 +105,8 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
 // / p), plus its index keys, ceil(context * indexers * index-key bytes / page bytes), plus, in resident mode, its
 // whole context, ceil(context / p), plus, with speculation, its slot's share of the draft ring and staging arenas
 // (geometry.speculation.draft_ring_pages + staging_pages, brief §8 "with a drafter"), in every mode.
-// `context_tokens`: input + max_new_tokens.
+// `context_tokens`: input + max_new_tokens. The arithmetic is SessionRequiredPages (common/worker_shape.h), the one
+// `dhsctl plan --live` uses too.
 uint32_t RequiredPages(const model::ModelConfig& model, const WorkerGeometry& geometry, WorkerMode mode,
                        uint64_t context_tokens);
 

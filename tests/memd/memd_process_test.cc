@@ -977,18 +977,20 @@ TEST_F(MemdProcess, DhsctlOnARunDirectoryItMayNotReadExits1) {
 // exactly the number the live plan gave are granted (one of them after a reclaim), the next one waits.
 // Topology (a description file): p = 16 rows, L_pay = 1, d_KV = 128, L_idx = 1, d_idx = 128, so its host page (payload
 // rows, then the index keys) is 16 * (128 + 128) = 4096 bytes = memd's --page-bytes and its GPU page 16 * 128 = 2048.
-// Context n = 100 -> n_pad = 112 -> 7 host pages per session. Hierarchical bytes per session =
+// Context n = 100 -> n_pad = 112 -> 7 host pages per session. Hierarchical bytes per session (the static plan) =
 // n_pad * L_idx * d_idx + (B + tail) * L_pay * d_KV + 16 * B * L_idx = 112 * 128 + (64 + 16) * 128 + 16 * 64 = 14336 +
-// 10240 + 1024 = 25600 -> ceil(25600 / 2048) = 13 GPU pages per session.
+// 10240 + 1024 = 25600. The live plan counts what workerd declares (SessionRequiredPages; "speculation": false, so no
+// draft ring or staging share): ceil((B + T) / p) + ceil(n * L_idx * d_idx / GPU page) = ceil(80 / 16) +
+// ceil(12800 / 2048) = 5 + 7 = 12 GPU pages per session.
 // memd state: GPU 0 with M = 30, 8 slots; request 1 holds 2 required + 6 optional pages (8 context pages). Lendable
-// 30 - 8 = 22, reclaimable 6 -> 28 pages -> floor(28 / 13) = 2 sessions; free slots 8 - 1 = 7; host 64 - 8 = 56 pages
+// 30 - 8 = 22, reclaimable 6 -> 28 pages -> floor(28 / 12) = 2 sessions; free slots 8 - 1 = 7; host 64 - 8 = 56 pages
 // -> 8 sessions. memd would admit 2 now.
 TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   const std::string topo = dir_ + "/topology.json";
   std::ofstream(topo) << R"({"payload_layers": 1, "index_producers": 1, "top_k": 32, "payload_row_bytes": 128,
     "index_key_bytes": 128, "page_rows": 16, "hot_rows": 64, "tail_rows": 16, "selections_per_token": 1,
     "rows_per_selection": 1, "drafter_window": 16, "k_max": 2, "draft_bytes_per_row": 64,
-    "live_payload_layers": 1, "slots": 8})";
+    "live_payload_layers": 1, "slots": 8, "speculation": false})";
   const std::string plan = "--json plan --file " + topo + " --context 100 --live";
 
   // Before any worker: nothing to plan against (exit 2, the message says why).
@@ -1003,6 +1005,14 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
   ASSERT_EQ(ReadAdmitGrant(*m)->optional_pages.size(), 6u);
 
+  // Without --preset / --file the plan takes the worker's declared shape: this fake worker declares none (exit 2).
+  auto [rc_shape, err_shape] = Dhsctl("plan --context 100 --live", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc_shape, 2) << err_shape;
+  EXPECT_NE(err_shape.find("declared no shape"), std::string::npos) << err_shape;
+  auto [rc_gpu, err_gpu] = Dhsctl("plan --context 100 --live --gpu 3", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc_gpu, 2) << err_gpu;
+  EXPECT_NE(err_gpu.find("--gpu: GPU 3 is not registered"), std::string::npos) << err_gpu;
+
   auto [rc, out] = Dhsctl(plan);
   ASSERT_EQ(rc, 0) << out;
   const json j = json::parse(out, nullptr, false);
@@ -1011,7 +1021,8 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   const json& live = j["live"];
   EXPECT_EQ(live["page_bytes"], 4096);
   EXPECT_EQ(live["gpu_page_bytes"], 2048);
-  EXPECT_EQ(live["required_pages_per_session"], 13);
+  EXPECT_EQ(live["required_pages_per_session"], 12);
+  EXPECT_EQ(live["speculation_pages_per_session"], 0);
   EXPECT_EQ(live["host_pages_per_session"], 7);
   ASSERT_EQ(live["gpus"].size(), 1u);
   EXPECT_EQ(live["gpus"][0]["available_pages"], 28);
@@ -1021,12 +1032,12 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   EXPECT_EQ(live["sessions_by_host"], 8);
   EXPECT_EQ(live["sessions_now"], 2);
 
-  // Session 11: granted from the 22 lendable pages (9 left).
-  w0.Admit(11, 13, 100, 0);
+  // Session 11: granted from the 22 lendable pages (10 left).
+  w0.Admit(11, 12, 100, 0);
   m = w0.Next();
   ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant);
-  // Session 12: Δ = 13 - 9 = 4 <= a_1 = 6: request 1 is reclaimed (backup, readers done, retire), then 12 is granted.
-  w0.Admit(12, 13, 100, 0);
+  // Session 12: Δ = 12 - 10 = 2 <= a_1 = 6: request 1 is reclaimed (backup, readers done, retire), then 12 is granted.
+  w0.Admit(12, 12, 100, 0);
   auto got = w0.NextN(2);
   ASSERT_TRUE(got.count(wire::Body::ReclaimOrder) && got.count(wire::Body::AdmitWait));
   const wire::ReclaimOrderT rc1 = *ReadReclaimOrder(got[wire::Body::ReclaimOrder]);
@@ -1045,9 +1056,9 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   got = w0.NextN(2);
   ASSERT_TRUE(got.count(wire::Body::Retire) && got.count(wire::Body::AdmitGrant));
   EXPECT_EQ(ReadAdmitGrant(got[wire::Body::AdmitGrant])->request, 12u);
-  // Session 13: 2 lendable pages, nothing reclaimable: it waits (queued), as the plan said. (A population tick may
-  // have ordered those pages back to request 1's history meanwhile: a_1 <= 2 then, still far from 13.)
-  w0.Admit(13, 13, 100, 0);
+  // Session 13: 4 lendable pages, nothing reclaimable: it waits (queued), as the plan said. (A population tick may
+  // have ordered those pages back to request 1's history meanwhile: a_1 <= 4 then, still far from 12.)
+  w0.Admit(13, 12, 100, 0);
   do {
     m = w0.Next();
   } while (m && m->type == wire::Body::PopulateOrder);
@@ -1056,7 +1067,7 @@ TEST_F(MemdProcess, DhsctlPlanLiveAgreesWithWhatMemdAdmits) {
   EXPECT_EQ(status["gpus"][0]["queued"], 1);
   EXPECT_EQ(status["gpus"][0]["slots_used"], 3);  // requests 1, 11, 12
 
-  // And now the live plan says 0: 2 lendable pages, the queued session takes 13 first.
+  // And now the live plan says 0: 4 lendable pages, the queued session takes 12 first.
   auto [rc2, out2] = Dhsctl(plan);
   ASSERT_EQ(rc2, 0) << out2;
   const json j2 = json::parse(out2, nullptr, false);

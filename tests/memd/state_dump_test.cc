@@ -254,6 +254,46 @@ TEST_F(DumpTest, Prometheus) {
   EXPECT_NE(text.find("dhs_memd_host_pages{kind=\"total\"} 8\n"), std::string::npos);
 }
 
+// The worker's shape (issue 14; filled by the daemon from its Hello) in the status view: JSON "worker" with every
+// field (null without one) and a line of the table; plan --live reads it back (tests/tools/planner_test.cc).
+TEST_F(DumpTest, WorkerShapeInTheStatusView) {
+  ASSERT_TRUE(mgr_->RegisterGpu(1, 20, 4, GpuDeclaration{4096, 40000, 20000}).ok());
+  StateDump d = mgr_->Dump();
+  ASSERT_EQ(d.gpus.size(), 2u);
+  WorkerShape w;
+  w.serving_mode = "hisparse";
+  w.page_rows = 16;
+  w.page_bytes = 4096;
+  w.payload_sources = 2;
+  w.index_producers = 1;
+  w.index_key_bytes = 64;
+  w.top_k = 8;
+  w.hot_rows = 64;
+  w.tail_rows = 32;
+  w.fetched_rows_per_token = 2;
+  w.request_slots = 4;
+  w.drafter_window = 32;
+  w.k_max = 4;
+  w.draft_bytes_per_row = 1024;
+  w.staging_arenas = 2;
+  d.gpus[1].worker = w;
+  const json status = DumpToJson(d, *ParseDumpView("status"));
+  EXPECT_TRUE(status["gpus"][0]["worker"].is_null());
+  const json& wj = status["gpus"][1]["worker"];
+  EXPECT_EQ(wj.size(), 19u);
+  EXPECT_EQ(wj["serving_mode"], "hisparse");
+  EXPECT_EQ(wj["index_key_bytes"], 64);
+  EXPECT_EQ(wj["fetched_rows_per_token"], 2);
+  EXPECT_EQ(wj["k_max"], 4);
+  EXPECT_EQ(wj["draft_bytes_per_row"], 1024);
+  const std::string table = DumpToTable(d, *ParseDumpView("status"));
+  EXPECT_NE(table.find("GPU 1 worker: hisparse, p 16, L_pay 2, L_idx 1 x 64 B keys, k 8, B 64, T 32, N 4, K_max 4, "
+                       "W 32, chi 2\n"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("GPU 0 worker"), std::string::npos) << table;
+}
+
 // Speculation shares (issue 13) in every rendering: GPU 1's Hello declares draft rings of 4 * 10000 and staging of
 // 4 * 5000 bytes (pages of 4096 bytes); request 3 holds a share of ceil(10000 / 4096) = 3 ring and ceil(5000 / 4096)
 // = 2 staging pages in its 7 required pages; request 4 (4 required, no share) too.

@@ -202,7 +202,6 @@ TEST(PlannerInput, BadFieldsAreNamed) {
       {[](PlanInput& i) { i.topology.index_key_bytes = 0; }, "index_key_bytes"},
       {[](PlanInput& i) { i.topology.slots = 0; }, "slots"},
       {[](PlanInput& i) { i.topology.k_max = 0; }, "k_max"},
-      {[](PlanInput& i) { i.topology.live_payload_layers = 0; }, "live_payload_layers"},
       {[](PlanInput& i) { i.topology.live_payload_layers = 79; }, "live_payload_layers"},
       {[](PlanInput& i) { i.topology.hot_rows = 2047; }, "hot_rows"},
       {[](PlanInput& i) { i.topology.tail_rows = 65; }, "tail_rows"},
@@ -297,6 +296,9 @@ TEST(PlannerDescription, ErrorsNameTheKey) {
   nlohmann::json doc = base;
   doc["page_rows"] = -64;
   expect_error(doc, "page_rows");
+  doc = base;
+  doc["speculation"] = 1;
+  expect_error(doc, "speculation");
   doc = base;
   doc["top_k"] = 1.5;
   expect_error(doc, "top_k");
@@ -404,8 +406,10 @@ TEST(DhsctlPlan, TableAndDescriptionFile) {
 
 // ComputeLive (dhsctl plan --live) on hand-made live states. Topology: glm5-like with p = 64, L_pay = 78,
 // d_KV = 576, L_idx = 21, d_idx = 132: GPU page = 64 * 78 * 576 = 2875392 bytes, host page (memd's pool page) =
-// 64 * (78 * 576 + 21 * 132) = 3052800 bytes. Context 100000 -> n_pad 100032 -> 1563 host pages per session;
-// hierarchical 465565440 bytes -> ceil(465565440 / 2875392) = 162 GPU pages (161.9...).
+// 64 * (78 * 576 + 21 * 132) = 3052800 bytes. Context 100000 -> n_pad 100032 -> 1563 host pages per session.
+// Required GPU pages as workerd declares them (SessionRequiredPages): ceil((4096 + 64) / 64) = 65 hot + tail, index
+// keys ceil(100000 * 21 * 132 / 2875392) = ceil(96.4) = 97, the draft ring ceil(2176 * 12288 / 2875392) =
+// ceil(9.3) = 10 and the staging share ceil(4 * 8 * 2048 * 576 / 2875392) = ceil(13.1) = 14: 186 pages.
 TEST(LivePlan, SessionsFromFreeReclaimableSlotsAndHost) {
   PlanInput in;
   in.topology = *Preset("glm5-like");
@@ -415,29 +419,30 @@ TEST(LivePlan, SessionsFromFreeReclaimableSlotsAndHost) {
   LiveState s;
   s.page_bytes = 3052800;
   s.host_reusable_pages = 10 * 1563 + 5;  // 10 sessions by host
-  // GPU 0: free 1000 - M_res 40 = 960 lendable + 100 reclaimable + 20 reclaiming - 162 queued = 918 -> 5 sessions
-  // (5 * 162 = 810, 6 * 162 = 972); slots 64 - 10 used - 1 queued = 53.
+  // GPU 0: free 1000 - M_res 40 = 960 lendable + 100 reclaimable + 20 reclaiming - 162 queued = 918 -> 4 sessions
+  // (4 * 186 = 744, 5 * 186 = 930); slots 64 - 10 used - 1 queued = 53.
   s.gpus.push_back({.gpu = 0, .pages = 4000, .reserve_pages = 40, .free_pages = 1000, .reclaimable_pages = 100,
                     .reclaiming_pages = 20, .slots = 64, .slots_used = 10, .queued = 1, .queued_required_pages = 162,
                     .queued_host_pages = 1563});
-  // GPU 1: 3000 - 0 = 3000 pages -> 18 by pages, but slots 4 - 2 = 2 -> 2 sessions.
+  // GPU 1: 3000 - 0 = 3000 pages -> 16 by pages, but slots 4 - 2 = 2 -> 2 sessions.
   s.gpus.push_back({.gpu = 1, .pages = 4000, .free_pages = 3000, .slots = 4, .slots_used = 2});
   // GPU 2: unlimited slots, free below the reserve: 0 pages -> 0 sessions.
   s.gpus.push_back({.gpu = 2, .pages = 4000, .reserve_pages = 40, .free_pages = 30});
   const LivePlan l = *ComputeLive(plan, s);
-  EXPECT_EQ(l.required_pages_per_session, 162u);
+  EXPECT_EQ(l.required_pages_per_session, 186u);
+  EXPECT_EQ(l.speculation_pages_per_session, 10u + 14);
   EXPECT_EQ(l.host_pages_per_session, 1563u);
   ASSERT_EQ(l.gpus.size(), 3u);
   EXPECT_EQ(l.gpus[0].available_pages, 918u);
   EXPECT_EQ(l.gpus[0].free_slots, std::optional<uint64_t>(53));
-  EXPECT_EQ(l.gpus[0].sessions, 5u);
+  EXPECT_EQ(l.gpus[0].sessions, 4u);
   EXPECT_EQ(l.gpus[1].sessions, 2u);
   EXPECT_EQ(l.gpus[2].available_pages, 0u);
   EXPECT_EQ(l.gpus[2].free_slots, std::nullopt);
   EXPECT_EQ(l.gpus[2].sessions, 0u);
   EXPECT_EQ(l.host_available_pages, 9u * 1563 + 5);  // the queued admission's context pages come first
   EXPECT_EQ(l.sessions_by_host, 9u);
-  EXPECT_EQ(l.sessions_now, 7u);  // min(5 + 2 + 0, 9)
+  EXPECT_EQ(l.sessions_now, 6u);  // min(4 + 2 + 0, 9)
   s.host_reusable_pages = 1563 * 5;  // host-bound: (5 - 1 queued) = 4 sessions
   EXPECT_EQ(ComputeLive(plan, s)->sessions_now, 4u);
 
@@ -464,6 +469,173 @@ TEST(LivePlan, FencedGpusAreLeftOut) {
   EXPECT_EQ(s->gpus[0].pages, 100u);
 }
 
+// A worker's declared shape (its Hello, as memd's `status` view shows it) -> topology -> plan and live figures, all
+// by hand. The worker: adaptive, p = 16, L_pay = 3 sources, GPU page 7680 bytes (d_KV = 7680 / (16 * 3) = 160),
+// L_idx = 1 with 64-byte keys (host page 16 * (3 * 160 + 64) = 8704 bytes), k = 32, B = 192, T = 32, N = 8, 3 rows
+// fetched per selected position; speculating: W = 64, K_max = 4, 1024-byte draft rows, R_d = 16 * ceil((64 + 4 + 15)
+// / 16) = 96, ring totals 8 * 96 * 1024 = 786432, χ = 2 arenas, staging 2 * 8 * 4 * 32 * 160 = 327680.
+WorkerShape SpeculatingWorker() {
+  WorkerShape w;
+  w.serving_mode = "adaptive";
+  w.page_rows = 16;
+  w.page_bytes = 7680;
+  w.host_page_bytes = 8704;
+  w.payload_sources = 3;
+  w.index_producers = 1;
+  w.index_key_bytes = 64;
+  w.top_k = 32;
+  w.hot_rows = 192;
+  w.tail_rows = 32;
+  w.fetched_rows_per_token = 3;
+  w.request_slots = 8;
+  w.drafter_window = 64;
+  w.k_max = 4;
+  w.draft_bytes_per_row = 1024;
+  w.draft_ring_rows = 96;
+  w.draft_ring_bytes = 786432;
+  w.staging_bytes = 327680;
+  w.staging_arenas = 2;
+  return w;
+}
+
+TEST(LivePlan, TopologyFromTheWorkersShapeHandComputed) {
+  auto t = TopologyFromWorker(SpeculatingWorker(), "w");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->payload_layers, 3u);
+  EXPECT_EQ(t->payload_row_bytes, 160u);
+  EXPECT_EQ(t->index_producers, 1u);
+  EXPECT_EQ(t->index_key_bytes, 64u);
+  EXPECT_EQ(t->metadata_bytes_per_hot_slot, 0u);
+  EXPECT_DOUBLE_EQ(t->selections_per_token, 1.0);
+  EXPECT_DOUBLE_EQ(t->rows_per_selection, 3.0);
+  EXPECT_EQ(t->live_payload_layers, 2u);
+  EXPECT_EQ(t->slots, 8u);
+  EXPECT_TRUE(t->speculation);
+  PlanInput in;
+  in.topology = *t;
+  in.context_tokens = 1000;
+  const Plan plan = *Compute(in);
+  EXPECT_EQ(plan.padded_context_tokens, 1008u);                   // 63 pages of 16
+  EXPECT_EQ(plan.hierarchical_bytes_per_session, 1008u * 64 + (192 + 32) * 3 * 160);  // 64512 + 107520
+  EXPECT_EQ(plan.draft_ring_rows, 96u);
+  EXPECT_EQ(plan.draft_ring_bytes_per_session, 96u * 1024);       // = the worker's 786432 / 8
+  EXPECT_EQ(plan.staging_bytes_per_session, 2u * 4 * 32 * 160);   // = the worker's 327680 / 8
+  EXPECT_EQ(plan.draft_ring_bytes_per_gpu, 786432u);
+  EXPECT_EQ(plan.staging_bytes_per_gpu, 327680u);
+
+  // Live: ceil((192 + 32) / 16) = 14 + ceil(1000 * 64 / 7680) = ceil(8.33) = 9 -> 23; the draft ring
+  // ceil(98304 / 7680) = 13 and staging ceil(40960 / 7680) = 6 -> 19 more: 42 pages. Host: 63 pages per session.
+  LiveState s;
+  s.page_bytes = 8704;
+  s.host_reusable_pages = 63 * 10;
+  // GPU 0: (300 - 10) + 20 = 310 available -> floor(310 / 42) = 7 (294; 8 would take 336); 8 free slots.
+  s.gpus.push_back({.gpu = 0, .pages = 400, .reserve_pages = 10, .free_pages = 300, .reclaimable_pages = 20,
+                    .slots = 8});
+  s.gpus.push_back({.gpu = 1, .pages = 400, .free_pages = 400, .slots = 8});  // left out with options.gpu = 0
+  auto l = ComputeLive(plan, s, {.gpu = 0});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->required_pages_per_session, 42u);
+  EXPECT_EQ(l->speculation_pages_per_session, 19u);
+  EXPECT_EQ(l->host_pages_per_session, 63u);
+  ASSERT_EQ(l->gpus.size(), 1u);
+  EXPECT_EQ(l->gpus[0].available_pages, 310u);
+  EXPECT_EQ(l->gpus[0].sessions, 7u);
+  EXPECT_EQ(l->sessions_now, 7u);
+  // Resident mode: + ceil(1000 / 16) = 63 -> 105 pages: floor(310 / 105) = 2.
+  auto r = ComputeLive(plan, s, {.resident = true, .gpu = 0});
+  EXPECT_EQ(r->required_pages_per_session, 105u);
+  EXPECT_EQ(r->sessions_now, 2u);
+  EXPECT_EQ(ComputeLive(plan, s, {.gpu = 5}).status().code(), absl::StatusCode::kNotFound);
+
+  // Without speculation (--speculate off: K_max, W, draft row, χ and the totals 0): 23 pages, every drafter figure 0.
+  WorkerShape off = SpeculatingWorker();
+  off.k_max = off.drafter_window = off.draft_ring_rows = off.staging_arenas = 0;
+  off.draft_bytes_per_row = off.draft_ring_bytes = off.staging_bytes = 0;
+  in.topology = *TopologyFromWorker(off, "w");
+  EXPECT_FALSE(in.topology.speculation);
+  const Plan plain = *Compute(in);
+  EXPECT_EQ(plain.draft_ring_rows, 0u);
+  EXPECT_EQ(plain.staging_bytes_per_session, 0u);
+  EXPECT_EQ(plain.hierarchical_with_drafter_bytes_per_session, plain.hierarchical_bytes_per_session);
+  EXPECT_EQ(ComputeLive(plain, s, {.gpu = 0})->required_pages_per_session, 23u);
+  EXPECT_EQ(ComputeLive(plain, s, {.gpu = 0})->sessions_now, 8u);  // floor(310 / 23) = 13, 8 free slots
+
+  // Errors: no shape declared (an older workerd), a page that is not p * L_pay * d_KV.
+  EXPECT_EQ(TopologyFromWorker(WorkerShape{}, "w").status().code(), absl::StatusCode::kFailedPrecondition);
+  WorkerShape odd = SpeculatingWorker();
+  odd.page_bytes = 7681;
+  EXPECT_EQ(TopologyFromWorker(odd, "w").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// memd's "worker" object (memd/state_dump.cc renders it) parses back into the shape; a GPU without one has none.
+TEST(LivePlan, WorkerShapeFromMemdsStatusJson) {
+  const std::string worker = R"({"serving_mode": "adaptive", "page_rows": 16, "page_bytes": 7680,
+      "host_page_bytes": 8704, "payload_sources": 3, "index_producers": 1, "index_key_bytes": 64, "top_k": 32,
+      "hot_rows": 192, "tail_rows": 32, "fetched_rows_per_token": 3, "request_slots": 8, "drafter_window": 64,
+      "k_max": 4, "draft_bytes_per_row": 1024, "draft_ring_rows": 96, "draft_ring_bytes": 786432,
+      "staging_bytes": 327680, "staging_arenas": 2})";
+  const std::string gpu = R"({"gpu": 0, "up": true, "M": 100, "M_res": 0, "free": 100, "reclaimable": 0,
+      "reclaiming": 0, "slots": 8, "slots_used": 0, "queued": 0, "queued_required": 0, "queued_host": 0, "worker": )";
+  auto s = LiveStateFromStatusJson(R"({"host": {"page_bytes": 8704, "reusable": 10}, "gpus": [)" + gpu + worker +
+                                   "}, " + gpu + "null}]}");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->gpus.size(), 2u);
+  ASSERT_TRUE(s->gpus[0].worker.has_value());
+  const WorkerShape want = SpeculatingWorker();
+  const WorkerShape& got = *s->gpus[0].worker;
+  EXPECT_EQ(got.serving_mode, want.serving_mode);
+  EXPECT_EQ(got.page_bytes, want.page_bytes);
+  EXPECT_EQ(got.host_page_bytes, want.host_page_bytes);
+  EXPECT_EQ(got.fetched_rows_per_token, want.fetched_rows_per_token);
+  EXPECT_EQ(got.draft_bytes_per_row, want.draft_bytes_per_row);
+  EXPECT_EQ(got.staging_bytes, want.staging_bytes);
+  EXPECT_EQ(got.staging_arenas, want.staging_arenas);
+  EXPECT_FALSE(s->gpus[1].worker.has_value());
+  auto bad = LiveStateFromStatusJson(R"({"host": {"page_bytes": 8704, "reusable": 10}, "gpus": [)" + gpu +
+                                     R"({"serving_mode": "adaptive"}}]})");
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("page_rows"));
+}
+
+// workerd's models as presets (`--preset workerd:glm5-like`): workerd's glm5-like (workerd/model/config.cc: 7 payload
+// sources of d_KV = 4 * (128 + 16) = 576 bytes, 2 index producers of 4 * 32 = 128-byte keys, k = 32, window 0, the
+// producers driving 4 and 3 payload layers) at workerd's default sizes (p = 64, N = 8, B = max(64, 4 * (32 + 0)) =
+// 128, T = 2 * 64 = 128, speculation off), through dhsctl. Context 1000 -> n_pad 1024.
+TEST(DhsctlPlan, WorkerdPresetIsWorkerdsModelAtItsDefaultSizes) {
+  auto [rc, out] = RunDhsctl("--json plan --preset workerd:glm5-like --context 1000");
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  const nlohmann::json& t = j["input"]["topology"];
+  EXPECT_EQ(t["name"], "workerd:glm5-like");
+  EXPECT_EQ(t["payload_layers"], 7);
+  EXPECT_EQ(t["payload_row_bytes"], 576);
+  EXPECT_EQ(t["index_producers"], 2);
+  EXPECT_EQ(t["index_key_bytes"], 128);
+  EXPECT_EQ(t["top_k"], 32);
+  EXPECT_EQ(t["page_rows"], 64);
+  EXPECT_EQ(t["hot_rows"], 128);
+  EXPECT_EQ(t["tail_rows"], 128);
+  EXPECT_EQ(t["slots"], 8);
+  EXPECT_EQ(t["speculation"], false);
+  EXPECT_DOUBLE_EQ(t["rows_per_selection"].get<double>(), 3.5);  // (4 + 3) / 2
+  EXPECT_EQ(j["hierarchical_bytes_per_session"], 1024 * 2 * 128 + (128 + 128) * 7 * 576);
+  EXPECT_EQ(j["draft_ring_bytes_per_session"], 0);
+  // workerd's dsv4flash-like: 3 sources of 4 * (64 + 8) = 288 bytes; 5 layers with an indexer (3 write, 2 reindex),
+  // each fetching its own source only: 5 selections of 1 row; B = max(64, 4 * (16 + 4)) = 80.
+  auto [rc_d, out_d] = RunDhsctl("--json plan --preset workerd:dsv4flash-like --context 1000");
+  ASSERT_EQ(rc_d, 0) << out_d;
+  const nlohmann::json d = nlohmann::json::parse(out_d)["input"]["topology"];
+  EXPECT_EQ(d["payload_layers"], 3);
+  EXPECT_EQ(d["payload_row_bytes"], 288);
+  EXPECT_EQ(d["index_producers"], 5);
+  EXPECT_DOUBLE_EQ(d["selections_per_token"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(d["rows_per_selection"].get<double>(), 1.0);
+  EXPECT_EQ(d["hot_rows"], 80);
+  auto [rc2, out2] = RunDhsctl("plan --preset workerd:nope --context 1000");
+  EXPECT_EQ(rc2, 2) << out2;
+  EXPECT_THAT(out2, HasSubstr("--preset"));
+}
+
 TEST(DhsctlPlan, Errors) {
   auto [rc, out] = RunDhsctl("plan --preset glm5-like --context 0");
   EXPECT_EQ(rc, 2);
@@ -479,6 +651,11 @@ TEST(DhsctlPlan, Errors) {
   EXPECT_THAT(out, HasSubstr("--preset"));
   std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --file x.json --context 10");
   EXPECT_EQ(rc, 2);
+  std::tie(rc, out) = RunDhsctl("plan --preset glm5-like --context 10 --gpu 1");
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("--gpu needs --live"));
+  std::tie(rc, out) = RunDhsctl("--run-dir /nonexistent plan --context 10 --live");
+  EXPECT_EQ(rc, 1);  // the worker's shape needs a running memd
   std::tie(rc, out) = RunDhsctl("--run-dir /nonexistent plan --preset glm5-like --context 10 --live");
   EXPECT_EQ(rc, 1);  // --live needs a running memd (tests/memd/memd_process_test.cc runs it against one)
   EXPECT_THAT(out, HasSubstr("memd is not running"));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_join.h"
 #include "tools/planner/planner.h"
+#include "tools/planner/workerd_presets.h"
 
 namespace dhs::planner {
 namespace {
@@ -20,12 +21,23 @@ const CLI::Validator kDecimal(
     },
     "", "INT");
 
+std::vector<std::string> AllPresetNames() {
+  std::vector<std::string> names = PresetNames();
+  for (std::string& n : WorkerdPresetNames()) names.push_back(std::move(n));
+  return names;
+}
+
+void PrintError(const std::string& prefix, const absl::Status& status) {
+  std::fprintf(stderr, "dhsctl plan%s: %s\n", prefix.c_str(), std::string(status.message()).c_str());
+}
+
 }  // namespace
 
 CLI::App* AddPlanSubcommand(CLI::App& app, PlanCommandOptions* o) {
-  CLI::App* plan = app.add_subcommand("plan", "capacity plan from a model preset or a description (no memd needed)");
-  auto* preset = plan->add_option("--preset", o->preset, "model preset: " + absl::StrJoin(PresetNames(), ", "))
-                     ->check(CLI::IsMember(PresetNames()));
+  CLI::App* plan = app.add_subcommand(
+      "plan", "capacity plan from a model preset, a description (no memd needed) or the live worker's shape (--live)");
+  auto* preset = plan->add_option("--preset", o->preset, "model preset: " + absl::StrJoin(AllPresetNames(), ", "))
+                     ->check(CLI::IsMember(AllPresetNames()));
   auto* file = plan->add_option("--file", o->file, "JSON description of the topology (docs/planner.md)");
   preset->excludes(file);
   file->excludes(preset);
@@ -42,12 +54,38 @@ CLI::App* AddPlanSubcommand(CLI::App& app, PlanCommandOptions* o) {
   plan->add_option("--tpot-base-ms", o->tpot_base_ms, "per-token latency without the drafter, ms (brief §6)");
   plan->add_option("--tpot-spec-ms", o->tpot_spec_ms, "per-token latency with the drafter, ms (brief §6)");
   plan->add_flag("--json", o->json, "print JSON (sizes in bytes) instead of a table");
-  plan->add_flag("--live", o->live, "also: what the running memd would admit now, in sessions of this shape");
+  plan->add_flag("--live", o->live,
+                 "also: what the running memd would admit now, in sessions of this shape (without --preset / --file: "
+                 "the shape its worker declared)");
+  plan->add_option("--gpu", o->gpu, "with --live: this GPU only (its worker's shape without --preset / --file)")
+      ->check(kDecimal);
   return plan;
 }
 
 int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson& fetch_status) {
+  if (o.gpu && !o.live) {
+    std::fprintf(stderr, "dhsctl plan: --gpu needs --live\n");
+    return 2;
+  }
+  // memd's state first with --live: without --preset / --file the topology is its worker's.
+  std::optional<LiveState> state;
+  if (o.live) {
+    absl::StatusOr<std::string> status =
+        fetch_status ? fetch_status() : absl::UnavailableError("no connection to memd");
+    if (!status.ok()) {
+      PrintError(" --live", status.status());
+      return absl::IsUnavailable(status.status()) ? 1 : absl::IsDeadlineExceeded(status.status()) ? 3 : 4;
+    }
+    absl::StatusOr<LiveState> s = LiveStateFromStatusJson(*status);
+    if (!s.ok()) {
+      PrintError(" --live", s.status());
+      return 4;
+    }
+    state = *std::move(s);
+  }
   PlanInput in;
+  LiveOptions live_options;
+  live_options.gpu = o.gpu;
   if (!o.file.empty()) {
     std::ifstream f(o.file);
     if (!f) {
@@ -58,19 +96,53 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
     text << f.rdbuf();
     absl::StatusOr<Topology> t = TopologyFromJson(text.str());
     if (!t.ok()) {
-      std::fprintf(stderr, "dhsctl plan: --file %s: %s\n", o.file.c_str(), std::string(t.status().message()).c_str());
+      PrintError(" --file " + o.file, t.status());
       return 2;
     }
     in.topology = *t;
   } else if (!o.preset.empty()) {
-    absl::StatusOr<Topology> t = Preset(o.preset);
+    absl::StatusOr<Topology> t =
+        o.preset.starts_with(kWorkerdPresetPrefix) ? WorkerdPreset(o.preset) : Preset(o.preset);
     if (!t.ok()) {
-      std::fprintf(stderr, "dhsctl plan: --preset: %s\n", std::string(t.status().message()).c_str());
+      PrintError(" --preset", t.status());
       return 2;
     }
     in.topology = *t;
+  } else if (state) {
+    // The worker of GPU --gpu (default: the first registered one) declared its shape in its Hello.
+    const LiveGpu* gpu = nullptr;
+    for (const LiveGpu& g : state->gpus) {
+      if (!o.gpu || g.gpu == *o.gpu) {
+        gpu = &g;
+        break;
+      }
+    }
+    if (gpu == nullptr) {
+      std::string known;
+      for (const LiveGpu& g : state->gpus) known += (known.empty() ? "" : ", ") + std::to_string(g.gpu);
+      if (o.gpu) {
+        std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is not registered with memd (registered: %s)\n", *o.gpu,
+                     known.empty() ? "none" : known.c_str());
+      } else {
+        std::fprintf(stderr, "dhsctl plan --live: memd has no GPU registered (no worker said Hello): give --preset or "
+                             "--file to plan without one\n");
+      }
+      return 2;
+    }
+    absl::StatusOr<Topology> t =
+        gpu->worker ? TopologyFromWorker(*gpu->worker, "worker of GPU " + std::to_string(gpu->gpu) + " (" +
+                                                           gpu->worker->serving_mode + ")")
+                    : TopologyFromWorker(WorkerShape{}, "");
+    if (!t.ok()) {
+      std::fprintf(stderr, "dhsctl plan --live: GPU %u: %s\n", gpu->gpu, std::string(t.status().message()).c_str());
+      return 2;
+    }
+    in.topology = *t;
+    live_options.gpu = gpu->gpu;
+    live_options.resident = gpu->worker->serving_mode == "resident";
   } else {
-    std::fprintf(stderr, "dhsctl plan: give --preset NAME or --file DESCRIPTION.json\n");
+    std::fprintf(stderr, "dhsctl plan: give --preset NAME, --file DESCRIPTION.json, or --live (the running worker's "
+                         "shape)\n");
     return 2;
   }
   if (o.hot_rows) in.topology.hot_rows = *o.hot_rows;
@@ -89,21 +161,14 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
     return 2;
   }
   std::optional<LivePlan> live;
-  if (o.live) {
-    absl::StatusOr<std::string> status =
-        fetch_status ? fetch_status() : absl::UnavailableError("no connection to memd");
-    if (!status.ok()) {
-      std::fprintf(stderr, "dhsctl plan --live: %s\n", std::string(status.status().message()).c_str());
-      return absl::IsUnavailable(status.status()) ? 1 : absl::IsDeadlineExceeded(status.status()) ? 3 : 4;
-    }
-    absl::StatusOr<LiveState> state = LiveStateFromStatusJson(*status);
-    if (!state.ok()) {
-      std::fprintf(stderr, "dhsctl plan --live: %s\n", std::string(state.status().message()).c_str());
-      return 4;
-    }
-    absl::StatusOr<LivePlan> lp = ComputeLive(*plan, *state);
+  if (state) {
+    absl::StatusOr<LivePlan> lp = ComputeLive(*plan, *state, live_options);
     if (!lp.ok()) {
-      std::fprintf(stderr, "dhsctl plan --live: %s\n", std::string(lp.status().message()).c_str());
+      if (absl::IsNotFound(lp.status())) {
+        std::fprintf(stderr, "dhsctl plan --live: --gpu: %s\n", std::string(lp.status().message()).c_str());
+      } else {
+        PrintError(" --live", lp.status());
+      }
       return 2;
     }
     live = *lp;

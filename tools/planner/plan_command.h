@@ -1,14 +1,18 @@
 // tools/planner/plan_command.h: the `dhsctl plan` subcommand (issue 14; docs/planner.md): registers its options on a
 // CLI11 app and runs the planner (planner.h). It needs no running memd, except with --live.
 //
-//   dhsctl plan (--preset NAME | --file DESCRIPTION.json) --context TOKENS [--hot-rows B] [--tail-rows T]
+//   dhsctl plan [--preset NAME | --file DESCRIPTION.json] --context TOKENS [--hot-rows B] [--tail-rows T]
 //               [--slots N] [--metadata-bytes-per-hot-slot M] [--hbm-bytes X] [--host-bytes Y] [--miss-rate MU]
-//               [--tpot-base-ms A --tpot-spec-ms B] [--live] [--json]
+//               [--tpot-base-ms A --tpot-spec-ms B] [--live [--gpu G]] [--json]
 //
-// --live adds what the running memd would admit now in sessions of this shape (ComputeLive over memd's `status`).
-// Exit codes: 0 the plan was printed; 2 bad command line or input (the message names the option or field), or a
-// topology whose page differs from memd's; 1 the description file cannot be read, or (--live) memd is not running;
-// 3 (--live) memd did not answer in time; 4 (--live) memd answered with an error.
+// NAME: a brief-scale preset (planner.h PresetNames) or a workerd model, "workerd:NAME" (workerd_presets.h).
+// --live adds what the running memd would admit now in sessions of this shape (ComputeLive over memd's `status`);
+// without --preset and --file the shape is the one the worker of GPU G declared in its Hello (default: the first
+// registered GPU), in its serving mode, and only GPU G is counted.
+// Exit codes: 0 the plan was printed; 2 bad command line or input (the message names the option or field), a
+// topology whose page differs from memd's, --gpu not registered, or a worker that declared no shape; 1 the
+// description file cannot be read, or (--live) memd is not running; 3 (--live) memd did not answer in time; 4 (--live)
+// memd answered with an error.
 //
 // Thread-safety: one thread (the CLI's).
 #pragma once
@@ -33,6 +37,7 @@ struct PlanCommandOptions {
   std::optional<double> tpot_base_ms, tpot_spec_ms;
   bool json = false;
   bool live = false;
+  std::optional<uint32_t> gpu;  // --gpu G (with --live)
 };
 
 // Adds the `plan` subcommand to `app`; its options land in `*options` (which must outlive the parse). Integer

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <initializer_list>
 #include <map>
 
@@ -109,6 +110,42 @@ absl::StatusOr<Topology> Preset(std::string_view name) {
       absl::StrCat("unknown preset '", std::string(name), "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
 }
 
+absl::StatusOr<Topology> TopologyFromWorker(const WorkerShape& w, std::string name) {
+  if (!w.declared()) {
+    return absl::FailedPreconditionError(
+        "the worker declared no shape in its Hello (a workerd older than issue 14): give --preset or --file");
+  }
+  if (w.payload_sources == 0 || w.page_rows == 0 || w.index_producers == 0) {
+    return Bad("worker", absl::StrCat("declares ", w.payload_sources, " payload sources, p = ", w.page_rows, " and ",
+                                      w.index_producers, " indexers (each must be >= 1)"));
+  }
+  const uint64_t per_row = uint64_t{w.page_rows} * w.payload_sources;
+  if (w.page_bytes == 0 || w.page_bytes % per_row != 0) {
+    return Bad("worker", absl::StrCat("its GPU page of ", w.page_bytes, " bytes is not p * L_pay * d_KV = ",
+                                      w.page_rows, " * ", w.payload_sources, " * d_KV for a whole d_KV"));
+  }
+  Topology t;
+  t.name = std::move(name);
+  t.payload_layers = w.payload_sources;
+  t.index_producers = w.index_producers;
+  t.top_k = w.top_k;
+  t.payload_row_bytes = w.page_bytes / per_row;
+  t.index_key_bytes = w.index_key_bytes;
+  t.page_rows = w.page_rows;
+  t.hot_rows = w.hot_rows;
+  t.tail_rows = w.tail_rows;
+  t.metadata_bytes_per_hot_slot = 0;  // workerd's declared pages count no metadata (SessionRequiredPages)
+  t.selections_per_token = static_cast<double>(w.index_producers);
+  t.rows_per_selection = static_cast<double>(w.fetched_rows_per_token) / static_cast<double>(w.index_producers);
+  t.drafter_window = w.drafter_window;
+  t.k_max = w.k_max;
+  t.draft_bytes_per_row = w.draft_bytes_per_row;
+  t.live_payload_layers = w.staging_arenas;
+  t.slots = w.request_slots;
+  t.speculation = w.speculating();
+  return t;
+}
+
 absl::StatusOr<Topology> TopologyFromJson(std::string_view text) {
   const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return absl::InvalidArgumentError("description: not valid JSON");
@@ -144,6 +181,9 @@ absl::StatusOr<Topology> TopologyFromJson(std::string_view text) {
     if (key == "name") {
       if (!value.is_string()) return Bad("description: name", "must be a string");
       t.name = value.get<std::string>();
+    } else if (key == "speculation") {
+      if (!value.is_boolean()) return Bad("description: speculation", "must be true or false, got " + value.dump());
+      t.speculation = value.get<bool>();
     } else if (auto it = ints.find(key); it != ints.end()) {
       if (!value.is_number_unsigned()) {
         return Bad(absl::StrCat("description: ", key), "must be a non-negative integer, got " + value.dump());
@@ -175,11 +215,11 @@ absl::Status Validate(const PlanInput& in) {
       {"top_k", t.top_k},                   {"payload_row_bytes", t.payload_row_bytes},
       {"index_key_bytes", t.index_key_bytes}, {"page_rows", t.page_rows},
       {"hot_rows", t.hot_rows},             {"slots", t.slots},
-      {"k_max", t.k_max},                   {"live_payload_layers", t.live_payload_layers},
   };
   for (const auto& [field, value] : nonzero) {
     if (value == 0) return Bad(field, "must be >= 1");
   }
+  if (t.speculation && t.k_max == 0) return Bad("k_max", "must be >= 1 (with speculation)");
   if (t.hot_rows < t.top_k) {
     return Bad("hot_rows", absl::StrCat("B = ", t.hot_rows, " is below k = ", t.top_k,
                                         " (one selection must fit the hot cache, brief §5)"));
@@ -234,17 +274,22 @@ absl::StatusOr<Plan> Compute(const PlanInput& in) {
                    "hierarchical_bytes_per_session"),
              p.metadata_bytes_per_session},
             "hierarchical_bytes_per_session");
-  // §6 draft ring: R_d = p * ceil((W + K_max + p - 1) / p), exactly as the brief writes it.
+  // §6 draft ring: R_d = p * ceil((W + K_max + p - 1) / p), exactly as the brief writes it (none without speculation:
+  // every draft-ring and staging figure below is then 0).
   p.draft_ring_rows =
-      c.Mul({CeilDiv(c.Add({t.drafter_window, t.k_max, pg - 1}, "draft_ring_rows"), pg), pg}, "draft_ring_rows");
+      t.speculation
+          ? c.Mul({CeilDiv(c.Add({t.drafter_window, t.k_max, pg - 1}, "draft_ring_rows"), pg), pg}, "draft_ring_rows")
+          : 0;
   p.draft_ring_bytes_per_session = c.Mul({p.draft_ring_rows, t.draft_bytes_per_row}, "draft_ring_bytes_per_session");
   p.draft_ring_bytes_per_gpu = c.Mul({t.slots, p.draft_ring_bytes_per_session}, "draft_ring_bytes_per_gpu");
   // §6 staging: M_stage = χ * N * K_max * k * d_KV; against one arena per payload layer: L_pay * N * K_max * k * d_KV.
+  const uint64_t speculating = t.speculation ? 1 : 0;
   p.staging_bytes_per_session =
-      c.Mul({t.live_payload_layers, t.k_max, t.top_k, t.payload_row_bytes}, "staging_bytes_per_session");
+      c.Mul({speculating, t.live_payload_layers, t.k_max, t.top_k, t.payload_row_bytes}, "staging_bytes_per_session");
   p.staging_bytes_per_gpu = c.Mul({t.slots, p.staging_bytes_per_session}, "staging_bytes_per_gpu");
   p.staging_bytes_one_arena_per_layer =
-      c.Mul({t.payload_layers, t.slots, t.k_max, t.top_k, t.payload_row_bytes}, "staging_bytes_one_arena_per_layer");
+      c.Mul({speculating, t.payload_layers, t.slots, t.k_max, t.top_k, t.payload_row_bytes},
+            "staging_bytes_one_arena_per_layer");
   // §8 with a drafter: add R_d * draft_bytes_per_row and M_stage / N.
   p.hierarchical_with_drafter_bytes_per_session =
       c.Add({p.hierarchical_bytes_per_session, p.draft_ring_bytes_per_session, p.staging_bytes_per_session},
@@ -319,7 +364,8 @@ nlohmann::json TopologyToJson(const Topology& t) {
           {"k_max", t.k_max},
           {"draft_bytes_per_row", t.draft_bytes_per_row},
           {"live_payload_layers", t.live_payload_layers},
-          {"slots", t.slots}};
+          {"slots", t.slots},
+          {"speculation", t.speculation}};
 }
 
 template <typename T>
@@ -431,21 +477,62 @@ std::string PlanToTable(const Plan& p) {
 
 // ---------------------------------------------------------------- live
 
+namespace {
+
+// o[key] as a non-negative integer into `out`; INVALID_ARGUMENT naming `what` and the key otherwise.
+template <typename T>
+absl::Status UnsignedField(const nlohmann::json& o, const char* key, std::string_view what, T& out) {
+  if (!o.is_object() || !o.contains(key) || !o[key].is_number_unsigned() ||
+      o[key].get<uint64_t>() > std::numeric_limits<T>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": \"", key,
+                                                   "\" missing or not a non-negative integer (memd too old?)"));
+  }
+  out = static_cast<T>(o[key].get<uint64_t>());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerShape> WorkerShapeFromJson(const nlohmann::json& j) {
+  constexpr std::string_view kWhat = "memd's status: worker";
+  WorkerShape w;
+  if (!j.is_object() || !j.contains("serving_mode") || !j["serving_mode"].is_string()) {
+    return absl::InvalidArgumentError(std::string(kWhat) + ": \"serving_mode\" missing or not a string");
+  }
+  w.serving_mode = j["serving_mode"].get<std::string>();
+  absl::Status st;
+  auto u32 = [&](const char* key, uint32_t& out) { if (st.ok()) st = UnsignedField(j, key, kWhat, out); };
+  auto u64 = [&](const char* key, uint64_t& out) { if (st.ok()) st = UnsignedField(j, key, kWhat, out); };
+  u32("page_rows", w.page_rows);
+  u64("page_bytes", w.page_bytes);
+  u64("host_page_bytes", w.host_page_bytes);
+  u32("payload_sources", w.payload_sources);
+  u32("index_producers", w.index_producers);
+  u32("index_key_bytes", w.index_key_bytes);
+  u32("top_k", w.top_k);
+  u32("hot_rows", w.hot_rows);
+  u32("tail_rows", w.tail_rows);
+  u32("fetched_rows_per_token", w.fetched_rows_per_token);
+  u32("request_slots", w.request_slots);
+  u32("drafter_window", w.drafter_window);
+  u32("k_max", w.k_max);
+  u64("draft_bytes_per_row", w.draft_bytes_per_row);
+  u32("draft_ring_rows", w.draft_ring_rows);
+  u64("draft_ring_bytes", w.draft_ring_bytes);
+  u64("staging_bytes", w.staging_bytes);
+  u32("staging_arenas", w.staging_arenas);
+  if (!st.ok()) return st;
+  return w;
+}
+
 absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("memd's status is not a JSON object");
-  auto number = [](const nlohmann::json& o, const char* key, uint64_t& out) -> absl::Status {
-    if (!o.is_object() || !o.contains(key) || !o[key].is_number_unsigned()) {
-      return absl::InvalidArgumentError(absl::StrCat("memd's status: \"", key,
-                                                     "\" missing or not a non-negative integer (memd too old?)"));
-    }
-    out = o[key].get<uint64_t>();
-    return absl::OkStatus();
-  };
+  constexpr std::string_view kWhat = "memd's status";
   LiveState s;
   if (!j.contains("host")) return absl::InvalidArgumentError("memd's status: \"host\" missing");
-  if (absl::Status st = number(j["host"], "page_bytes", s.page_bytes); !st.ok()) return st;
-  if (absl::Status st = number(j["host"], "reusable", s.host_reusable_pages); !st.ok()) return st;
+  if (absl::Status st = UnsignedField(j["host"], "page_bytes", kWhat, s.page_bytes); !st.ok()) return st;
+  if (absl::Status st = UnsignedField(j["host"], "reusable", kWhat, s.host_reusable_pages); !st.ok()) return st;
   if (!j.contains("gpus") || !j["gpus"].is_array()) {
     return absl::InvalidArgumentError("memd's status: \"gpus\" missing");
   }
@@ -459,15 +546,20 @@ absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text) {
         {"slots", &lg.slots},  {"slots_used", &lg.slots_used}, {"queued", &lg.queued},
         {"queued_required", &lg.queued_required_pages}, {"queued_host", &lg.queued_host_pages}};
     for (const auto& [key, out] : fields) {
-      if (absl::Status st = number(g, key, *out); !st.ok()) return st;
+      if (absl::Status st = UnsignedField(g, key, kWhat, *out); !st.ok()) return st;
     }
     lg.gpu = static_cast<uint32_t>(id);
+    if (g.contains("worker") && !g["worker"].is_null()) {
+      absl::StatusOr<WorkerShape> w = WorkerShapeFromJson(g["worker"]);
+      if (!w.ok()) return w.status();
+      lg.worker = *w;
+    }
     s.gpus.push_back(lg);
   }
   return s;
 }
 
-absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live) {
+absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live, const LiveOptions& options) {
   const Topology& t = plan.input.topology;
   // memd's pool page is a host page: p * (L_pay * d_KV + L_idx * d_idx); its GPU pages hold p * L_pay * d_KV.
   uint64_t gpu_page = 0, keys = 0, host_page = 0;
@@ -485,23 +577,44 @@ absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live) {
         t.index_key_bytes, ") = ", host_page, " bytes: the live plan counts in memd's pages, give the topology memd serves"));
   }
   if (live.gpus.empty()) return absl::FailedPreconditionError("memd has no GPU registered (no worker said Hello)");
+  std::vector<const LiveGpu*> gpus;
+  for (const LiveGpu& g : live.gpus) {
+    if (!options.gpu || g.gpu == *options.gpu) gpus.push_back(&g);
+  }
+  if (gpus.empty()) {
+    return absl::NotFoundError(absl::StrCat("GPU ", *options.gpu, " is not registered with memd (or is fenced)"));
+  }
   auto sub = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
   LivePlan lp;
   lp.page_bytes = live.page_bytes;
   lp.gpu_page_bytes = gpu_page;
-  lp.required_pages_per_session = CeilDiv(plan.hierarchical_bytes_per_session, gpu_page);
+  lp.resident = options.resident;
+  // What workerd declares for a request of context n (the same function: common/worker_shape.h).
+  SessionPagesInput in;
+  in.page_rows = t.page_rows;
+  in.page_bytes = gpu_page;
+  in.hot_rows = t.hot_rows;
+  in.tail_rows = t.tail_rows;
+  in.index_producers = t.index_producers;
+  in.index_key_bytes = t.index_key_bytes;
+  in.resident = options.resident;
+  in.slot_draft_ring_bytes = plan.draft_ring_bytes_per_session;
+  in.slot_staging_bytes = plan.staging_bytes_per_session;
+  lp.required_pages_per_session = SessionRequiredPages(in, plan.input.context_tokens);
+  lp.speculation_pages_per_session = PagesOfBytes(in.slot_draft_ring_bytes, gpu_page) +
+                                     PagesOfBytes(in.slot_staging_bytes, gpu_page);
   lp.host_pages_per_session = plan.padded_context_tokens / t.page_rows;
   uint64_t gpu_sessions = 0;
   uint64_t queued_host = 0;
-  for (const LiveGpu& g : live.gpus) {
-    queued_host += g.queued_host_pages;
+  for (const LiveGpu& g : live.gpus) queued_host += g.queued_host_pages;  // the host pool is shared by every GPU
+  for (const LiveGpu* g : gpus) {
     LiveGpuPlan gp;
-    gp.gpu = g.gpu;
-    gp.available_pages = sub(sub(g.free_pages, g.reserve_pages) + g.reclaimable_pages + g.reclaiming_pages,
-                             g.queued_required_pages);
+    gp.gpu = g->gpu;
+    gp.available_pages = sub(sub(g->free_pages, g->reserve_pages) + g->reclaimable_pages + g->reclaiming_pages,
+                             g->queued_required_pages);
     gp.sessions = gp.available_pages / lp.required_pages_per_session;
-    if (g.slots != 0) {
-      gp.free_slots = sub(g.slots, g.slots_used + g.queued);
+    if (g->slots != 0) {
+      gp.free_slots = sub(g->slots, g->slots_used + g->queued);
       gp.sessions = std::min(gp.sessions, *gp.free_slots);
     }
     gpu_sessions += gp.sessions;
@@ -523,7 +636,9 @@ nlohmann::json LivePlanToJson(const LivePlan& l) {
   }
   return {{"page_bytes", l.page_bytes},
           {"gpu_page_bytes", l.gpu_page_bytes},
+          {"resident", l.resident},
           {"required_pages_per_session", l.required_pages_per_session},
+          {"speculation_pages_per_session", l.speculation_pages_per_session},
           {"host_pages_per_session", l.host_pages_per_session},
           {"gpus", gpus},
           {"host_available_pages", l.host_available_pages},
@@ -533,8 +648,10 @@ nlohmann::json LivePlanToJson(const LivePlan& l) {
 
 std::string LivePlanToTable(const LivePlan& l) {
   std::string out = absl::StrFormat(
-      "live (memd now, host pages of %d B, GPU pages of %d B): a session takes %d GPU pages and %d host pages\n",
-      l.page_bytes, l.gpu_page_bytes, l.required_pages_per_session, l.host_pages_per_session);
+      "live (memd now, host pages of %d B, GPU pages of %d B): a %ssession takes %d GPU pages (%d of them its "
+      "speculation share) and %d host pages\n",
+      l.page_bytes, l.gpu_page_bytes, l.resident ? "resident " : "", l.required_pages_per_session,
+      l.speculation_pages_per_session, l.host_pages_per_session);
   for (const LiveGpuPlan& g : l.gpus) {
     absl::StrAppendFormat(&out, "  GPU %d: %d pages available, %s free slots -> %d sessions\n", g.gpu,
                           g.available_pages, g.free_slots ? absl::StrCat(*g.free_slots) : "unlimited", g.sessions);

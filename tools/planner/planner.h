@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
 
 namespace dhs::planner {
@@ -39,6 +40,9 @@ struct Topology {
   uint64_t draft_bytes_per_row = 0;      // bytes of one draft-ring row (all draft layers together)
   uint64_t live_payload_layers = 0;      // χ: payload sources live at once in a layer group (staging arenas)
   uint64_t slots = 0;                    // N: request slots per GPU (sizes the per-GPU ring and staging)
+  // false: sessions without speculation (a worker with --speculate off): K_max, W, the draft row and χ may be 0 and
+  // every draft-ring and staging figure is 0 (hierarchical_with_drafter = hierarchical).
+  bool speculation = true;
 };
 
 // The names of the built-in presets: "glm5-like", "dsv4flash-like".
@@ -48,8 +52,18 @@ std::vector<std::string> PresetNames();
 // Errors: NOT_FOUND naming the preset and the known names.
 absl::StatusOr<Topology> Preset(std::string_view name);
 
+// The shape a running worker declared in its Hello (memd's `status` view, "worker" of a GPU; common/worker_shape.h),
+// as a topology (docs/planner.md, "Live"): L_pay = payload_sources, d_KV = page_bytes / (p * L_pay), L_idx, d_idx, k,
+// p, B, T, N as declared; selections_per_token = L_idx and rows_per_selection = fetched_rows_per_token / L_idx;
+// W, K_max, draft_bytes_per_row, χ = staging_arenas as declared, speculation = K_max > 0; metadata 0 (workerd's
+// declared pages count no metadata: SessionRequiredPages). `name`: "worker of GPU <gpu> (<mode>)" or `name` if given.
+// Errors: FAILED_PRECONDITION when the worker declared no shape (an older workerd), INVALID_ARGUMENT when its page is
+// not p * L_pay * d_KV for a whole d_KV or it declares no payload source, page row or indexer.
+absl::StatusOr<Topology> TopologyFromWorker(const WorkerShape& worker, std::string name);
+
 // A topology from a JSON description (an object; keys are the Topology field names; docs/planner.md lists them).
-// Every Topology field except `name` (default "custom") and `metadata_bytes_per_hot_slot` (default 16) is required.
+// Every Topology field except `name` (default "custom"), `metadata_bytes_per_hot_slot` (default 16) and `speculation`
+// (a boolean, default true) is required.
 // Errors: INVALID_ARGUMENT naming the key for malformed JSON, a missing or unknown key, or a value of the wrong type
 // (integers must be non-negative whole numbers, the two rates non-negative finite numbers). Range checks are
 // Validate's.
@@ -105,9 +119,9 @@ struct Plan {
 };
 
 // INVALID_ARGUMENT naming the field for: context_tokens 0; any of payload_layers, index_producers, top_k,
-// payload_row_bytes, index_key_bytes, page_rows, hot_rows, slots, k_max, live_payload_layers 0; hot_rows < top_k
+// payload_row_bytes, index_key_bytes, page_rows, hot_rows, slots 0; k_max 0 with speculation; hot_rows < top_k
 // (a single selection must fit the hot cache, brief §5); tail_rows not a multiple of page_rows; live_payload_layers >
-// payload_layers; selections_per_token or rows_per_selection not finite and > 0; miss_rate outside [0, 1];
+// payload_layers (χ = 0 is allowed: no staging arenas, workerd --staging-arenas 0); selections_per_token or rows_per_selection not finite and > 0; miss_rate outside [0, 1];
 // hbm_bytes or host_bytes 0; only one of the TPOT figures, or one not finite and > 0; TPOT figures without hbm_bytes.
 absl::Status Validate(const PlanInput& input);
 
@@ -134,6 +148,7 @@ struct LiveGpu {
   uint64_t queued = 0;                 // admissions queued (FIFO: served before a new one)
   uint64_t queued_required_pages = 0;
   uint64_t queued_host_pages = 0;
+  std::optional<WorkerShape> worker = std::nullopt;  // its worker's Hello's shape ("worker"; null: none)
 };
 
 struct LiveState {
@@ -142,9 +157,13 @@ struct LiveState {
   std::vector<LiveGpu> gpus;
 };
 
-// Parses the JSON of memd's `status` view (an IntrospectReply, the text `dhsctl --json status` prints).
-// Errors: INVALID_ARGUMENT naming the missing or malformed key.
+// Parses the JSON of memd's `status` view (an IntrospectReply, the text `dhsctl --json status` prints), fenced GPUs
+// left out. Errors: INVALID_ARGUMENT naming the missing or malformed key (a "worker" object must have every
+// WorkerShape field; a memd that sends none gives worker = nullopt).
 absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text);
+// memd's "worker" object of one GPU as a WorkerShape (the inverse of memd's rendering, memd/state_dump.cc).
+// Errors: INVALID_ARGUMENT naming the missing or malformed key.
+absl::StatusOr<WorkerShape> WorkerShapeFromJson(const nlohmann::json& worker);
 
 struct LiveGpuPlan {
   uint32_t gpu = 0;
@@ -157,7 +176,12 @@ struct LiveGpuPlan {
 struct LivePlan {
   uint64_t page_bytes = 0;      // memd's pool page: a host page, p * (L_pay * d_KV + L_idx * d_idx), bytes
   uint64_t gpu_page_bytes = 0;  // a GPU page, p * L_pay * d_KV, bytes
-  uint64_t required_pages_per_session = 0;  // ceil(hierarchical_bytes_per_session / gpu_page_bytes): memd lends pages
+  bool resident = false;        // sessions of a resident-mode worker (LiveOptions::resident)
+  // SessionRequiredPages (common/worker_shape.h), what workerd declares in AdmitRequest.required_pages for context n:
+  // ceil((B + T) / p) + ceil(n * L_idx * d_idx / gpu_page_bytes) [+ ceil(n / p) resident]
+  // + ceil(draft_ring_bytes_per_session / gpu_page_bytes) + ceil(staging_bytes_per_session / gpu_page_bytes)
+  uint64_t required_pages_per_session = 0;
+  uint64_t speculation_pages_per_session = 0;  // the last two terms (0 without speculation)
   uint64_t host_pages_per_session = 0;      // n_pad / p: one host page per context page (memd assigns at the grant)
   std::vector<LiveGpuPlan> gpus;
   uint64_t host_available_pages = 0;        // host_reusable - sum of queued_host (>= 0)
@@ -165,11 +189,17 @@ struct LivePlan {
   uint64_t sessions_now = 0;                // min(sum of gpus[].sessions, sessions_by_host)
 };
 
-// What memd would admit now, in sessions of `plan`'s shape (hierarchical mode, one per request: required pages on the
-// GPU, a host page per context page). Errors: FAILED_PRECONDITION when memd's page differs from the topology's host
-// page (p * (L_pay * d_KV + L_idx * d_idx) bytes: the payload rows, then the index keys) or no worker registered a GPU
-// yet.
-absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live);
+struct LiveOptions {
+  bool resident = false;        // the sessions are a resident-mode worker's (the whole context on GPU too)
+  std::optional<uint32_t> gpu;  // count this GPU only (`--gpu`); none: every registered GPU
+};
+
+// What memd would admit now, in sessions of `plan`'s shape (one per request: the required pages workerd declares on
+// the GPU, SessionRequiredPages, speculation share included when the topology speculates; a host page per context
+// page). Errors: FAILED_PRECONDITION when memd's page differs from the topology's host page (p * (L_pay * d_KV +
+// L_idx * d_idx) bytes: the payload rows, then the index keys) or no worker registered a GPU yet; NOT_FOUND when
+// options.gpu is not a registered, unfenced GPU.
+absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live, const LiveOptions& options = {});
 
 // The live figures as JSON (under "live" of `dhsctl plan --live --json`) and as table lines.
 nlohmann::json LivePlanToJson(const LivePlan& live);
