@@ -654,6 +654,40 @@ TEST_F(MemdProcess, HelloBeyondTheBoundsIsRefusedAndMemdKeepsServing) {
   ASSERT_TRUE(w.Hello(4).accepted);  // still serving; the GPU was never registered with the refused numbers
 }
 
+// The worker's shape (issue 14) is shown in the status view: a Hello whose serving_mode is not one of workerd's modes
+// (here bytes that are not UTF-8, which once made memd terminate when dhsctl --json status rendered them, and a line
+// break that would forge a table line) is refused with the reason, and memd keeps serving; workerd's modes are kept
+// and shown, and a Hello without a shape (an older worker) shows "worker": null.
+TEST_F(MemdProcess, HelloWithAnUnknownServingModeIsRefusedAndStatusStaysValid) {
+  FakeWorker w(run_dir_, 0);
+  for (const char* bad : {"\xff\xfe", "adaptive\nGPU 9 worker: x", "fast"}) {
+    wire::HelloT h = MakeTestHello(0, "fake", 4, kPageBytes, 4);
+    h.serving_mode = bad;
+    w.Send(EncodeHello(h, w.seq(), "worker"));
+    auto m = w.NextOf(wire::Body::HelloReply);
+    ASSERT_TRUE(m.has_value());
+    const wire::HelloReplyT reply = *ReadHelloReply(*m);
+    EXPECT_FALSE(reply.accepted);
+    EXPECT_NE(reply.reason.find("is not resident, hisparse or adaptive"), std::string::npos) << reply.reason;
+  }
+  json status = DhsctlJson("status");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["gpus"].empty()) << status.dump();  // none of them registered the GPU
+  wire::HelloT h = MakeTestHello(0, "fake", 4, kPageBytes, 4);
+  h.serving_mode = "hisparse";
+  h.index_producers = 1;
+  w.Send(EncodeHello(h, w.seq(), "worker"));
+  auto m = w.NextOf(wire::Body::HelloReply);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_TRUE(ReadHelloReply(*m)->accepted);
+  FakeWorker old(run_dir_, 1);
+  ASSERT_TRUE(old.Hello(4).accepted);  // no shape at all
+  status = DhsctlJson("status");
+  ASSERT_EQ(status["gpus"].size(), 2u) << status.dump();
+  EXPECT_EQ(status["gpus"][0]["worker"]["serving_mode"], "hisparse") << status.dump();
+  EXPECT_TRUE(status["gpus"][1]["worker"].is_null()) << status.dump();
+}
+
 // Speculation memory declared to memd (issue 13): the Hello's totals for N = 4 slots (draft rings 4 * 10000 bytes,
 // staging 4 * 5000) and each admission's share inside its required pages (ceil(10000 / 4096) = 3 ring pages,
 // ceil(5000 / 4096) = 2 staging pages, + 2 for the hot cache and tail = 7). M = 16: two sessions take 14 pages and a
