@@ -1621,6 +1621,50 @@ TEST_F(MemdFenceOnDisconnect, ClosedConnectionAndANewHelloFenceTheGpu) {
   EXPECT_EQ(WaitGpu(0, true)["free"], 8);
 }
 
+// A worker whose declared shape the planner refuses (k = 0 here): `plan --live` without --preset / --file exits 2 and
+// says the field came from the worker's Hello, not from the command line.
+TEST_F(MemdFenceOnDisconnect, DhsctlPlanLiveSaysABadFieldIsTheWorkersShape) {
+  FakeWorker w(run_dir_, 0);
+  wire::HelloT h = MakeTestHello(0, "fake", 8, kPageBytes, 4);
+  h.serving_mode = "adaptive";
+  h.sources.push_back(std::make_unique<wire::SourceInfoT>());  // L_pay 1: d_KV = 4096 / 16
+  h.index_producers = 1;
+  h.index_key_bytes = 0;
+  h.top_k = 0;
+  h.hot_rows = 64;
+  h.tail_rows = 16;
+  h.fetched_rows_per_token = 1;
+  w.Send(EncodeHello(h, w.seq(), "worker"));
+  auto m = w.NextOf(wire::Body::HelloReply);
+  ASSERT_TRUE(m && ReadHelloReply(*m)->accepted);
+  auto [rc, err] = Dhsctl("plan --context 100 --live", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc, 2) << err;
+  EXPECT_NE(err.find("top_k: must be >= 1 (in the shape GPU 0's worker declared in its Hello"), std::string::npos)
+      << err;
+}
+
+// `dhsctl plan --live` against a fenced GPU (its worker's connection closed, as for a SIGKILLed worker): memd's status
+// still lists the GPU (and its last worker's shape) but it admits nothing; the plan says the GPU is fenced rather than
+// "not registered", with and without --gpu (exit 2 both).
+TEST_F(MemdFenceOnDisconnect, DhsctlPlanLiveNamesAFencedGpu) {
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  w.reset();
+  WaitGpu(0, false);
+  auto [rc, err] = Dhsctl("plan --context 100 --live --gpu 0", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc, 2) << err;
+  EXPECT_NE(err.find("--gpu: GPU 0 is fenced (its worker exited or stopped answering"), std::string::npos) << err;
+  EXPECT_NE(err.find("live GPUs: none"), std::string::npos) << err;
+  auto [rc_all, err_all] = Dhsctl("plan --context 100 --live", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc_all, 2) << err_all;
+  EXPECT_NE(err_all.find("memd has no live GPU: fenced 0"), std::string::npos) << err_all;
+  FakeWorker w1(run_dir_, 1);
+  ASSERT_TRUE(w1.Hello(8).accepted);
+  auto [rc_other, err_other] = Dhsctl("plan --context 100 --live --gpu 2", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc_other, 2) << err_other;
+  EXPECT_NE(err_other.find("GPU 2 is not registered with memd (live GPUs: 1; fenced: 0)"), std::string::npos)
+      << err_other;
+}
 
 // Request records (issue 11, resume; memd/request_records.h): AdmitRequest.record opens one, TokensCommitted grows it
 // (a gap is refused with an ErrorReply, a resent overlap accepted), an oversize record refuses the admission, and a
