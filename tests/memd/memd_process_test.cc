@@ -1639,7 +1639,7 @@ TEST_F(MemdFenceOnDisconnect, DhsctlPlanLiveSaysABadFieldIsTheWorkersShape) {
   ASSERT_TRUE(m && ReadHelloReply(*m)->accepted);
   auto [rc, err] = Dhsctl("plan --context 100 --live", "", /*with_stderr=*/true);
   EXPECT_EQ(rc, 2) << err;
-  EXPECT_NE(err.find("top_k: must be >= 1 (in the shape GPU 0's worker declared in its Hello"), std::string::npos)
+  EXPECT_NE(err.find("top_k: must be >= 1 (the topology is the shape GPU 0's worker declared in its Hello"), std::string::npos)
       << err;
 }
 

@@ -170,9 +170,9 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
   in.tpot_spec_ms = o.tpot_spec_ms;
   absl::StatusOr<Plan> plan = Compute(in);
   if (!plan.ok()) {
-    // A field the user did not give: say where it came from (`dhsctl status` shows the worker's line).
+    // The field may be one the user never gave: say where the topology came from (`dhsctl status` shows it).
     const std::string from =
-        shape_of_gpu ? " (in the shape GPU " + std::to_string(*shape_of_gpu) +
+        shape_of_gpu ? " (the topology is the shape GPU " + std::to_string(*shape_of_gpu) +
                            "'s worker declared in its Hello, with the options given; `dhsctl status` shows it)"
                      : "";
     std::fprintf(stderr, "dhsctl plan: %s%s\n", std::string(plan.status().message()).c_str(), from.c_str());
