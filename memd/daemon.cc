@@ -421,6 +421,11 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
                              hello->host_page_bytes, options_.page_bytes);
   } else if (hello->capacity_pages == 0 || hello->page_rows == 0) {
     reason = "capacity_pages and page_rows must be > 0";
+  } else if (!hello->serving_mode.empty() && hello->serving_mode != "resident" && hello->serving_mode != "hisparse" &&
+             hello->serving_mode != "adaptive") {
+    // Shown in the status view (JSON strings must be UTF-8) and table: only workerd's modes, or none (older worker).
+    reason = absl::StrFormat("serving_mode '%s' is not resident, hisparse or adaptive (or empty: an older worker)",
+                             Printable(std::string_view(hello->serving_mode).substr(0, 64)));
   } else if (known != gpus_.end() && known->second.capacity_pages != hello->capacity_pages) {
     reason = absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
                              hello->gpu, known->second.capacity_pages, hello->capacity_pages);
@@ -737,8 +742,10 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   wire::IntrospectReplyT reply;
   reply.what = q->what;
   reply.format = q->format;
-  reply.document = q->format == wire::IntrospectFormat::Json ? DumpToJson(dump, view).dump(2) + "\n"
-                                                             : DumpToTable(dump, view);
+  // replace: a string that is not UTF-8 must not make dump() throw (memd would terminate).
+  reply.document = q->format == wire::IntrospectFormat::Json
+                       ? DumpToJson(dump, view).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
+                       : DumpToTable(dump, view);
   return EncodeIntrospectReply(reply, m.sequence, kSender);
 }
 

@@ -654,6 +654,40 @@ TEST_F(MemdProcess, HelloBeyondTheBoundsIsRefusedAndMemdKeepsServing) {
   ASSERT_TRUE(w.Hello(4).accepted);  // still serving; the GPU was never registered with the refused numbers
 }
 
+// The worker's shape (issue 14) is shown in the status view: a Hello whose serving_mode is not one of workerd's modes
+// (here bytes that are not UTF-8, which once made memd terminate when dhsctl --json status rendered them, and a line
+// break that would forge a table line) is refused with the reason, and memd keeps serving; workerd's modes are kept
+// and shown, and a Hello without a shape (an older worker) shows "worker": null.
+TEST_F(MemdProcess, HelloWithAnUnknownServingModeIsRefusedAndStatusStaysValid) {
+  FakeWorker w(run_dir_, 0);
+  for (const char* bad : {"\xff\xfe", "adaptive\nGPU 9 worker: x", "fast"}) {
+    wire::HelloT h = MakeTestHello(0, "fake", 4, kPageBytes, 4);
+    h.serving_mode = bad;
+    w.Send(EncodeHello(h, w.seq(), "worker"));
+    auto m = w.NextOf(wire::Body::HelloReply);
+    ASSERT_TRUE(m.has_value());
+    const wire::HelloReplyT reply = *ReadHelloReply(*m);
+    EXPECT_FALSE(reply.accepted);
+    EXPECT_NE(reply.reason.find("is not resident, hisparse or adaptive"), std::string::npos) << reply.reason;
+  }
+  json status = DhsctlJson("status");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["gpus"].empty()) << status.dump();  // none of them registered the GPU
+  wire::HelloT h = MakeTestHello(0, "fake", 4, kPageBytes, 4);
+  h.serving_mode = "hisparse";
+  h.index_producers = 1;
+  w.Send(EncodeHello(h, w.seq(), "worker"));
+  auto m = w.NextOf(wire::Body::HelloReply);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_TRUE(ReadHelloReply(*m)->accepted);
+  FakeWorker old(run_dir_, 1);
+  ASSERT_TRUE(old.Hello(4).accepted);  // no shape at all
+  status = DhsctlJson("status");
+  ASSERT_EQ(status["gpus"].size(), 2u) << status.dump();
+  EXPECT_EQ(status["gpus"][0]["worker"]["serving_mode"], "hisparse") << status.dump();
+  EXPECT_TRUE(status["gpus"][1]["worker"].is_null()) << status.dump();
+}
+
 // Speculation memory declared to memd (issue 13): the Hello's totals for N = 4 slots (draft rings 4 * 10000 bytes,
 // staging 4 * 5000) and each admission's share inside its required pages (ceil(10000 / 4096) = 3 ring pages,
 // ceil(5000 / 4096) = 2 staging pages, + 2 for the hot cache and tail = 7). M = 16: two sessions take 14 pages and a
@@ -1587,6 +1621,50 @@ TEST_F(MemdFenceOnDisconnect, ClosedConnectionAndANewHelloFenceTheGpu) {
   EXPECT_EQ(WaitGpu(0, true)["free"], 8);
 }
 
+// A worker whose declared shape the planner refuses (k = 0 here): `plan --live` without --preset / --file exits 2 and
+// says the field came from the worker's Hello, not from the command line.
+TEST_F(MemdFenceOnDisconnect, DhsctlPlanLiveSaysABadFieldIsTheWorkersShape) {
+  FakeWorker w(run_dir_, 0);
+  wire::HelloT h = MakeTestHello(0, "fake", 8, kPageBytes, 4);
+  h.serving_mode = "adaptive";
+  h.sources.push_back(std::make_unique<wire::SourceInfoT>());  // L_pay 1: d_KV = 4096 / 16
+  h.index_producers = 1;
+  h.index_key_bytes = 0;
+  h.top_k = 0;
+  h.hot_rows = 64;
+  h.tail_rows = 16;
+  h.fetched_rows_per_token = 1;
+  w.Send(EncodeHello(h, w.seq(), "worker"));
+  auto m = w.NextOf(wire::Body::HelloReply);
+  ASSERT_TRUE(m && ReadHelloReply(*m)->accepted);
+  auto [rc, err] = Dhsctl("plan --context 100 --live", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc, 2) << err;
+  EXPECT_NE(err.find("top_k: must be >= 1 (the topology is the shape GPU 0's worker declared in its Hello"), std::string::npos)
+      << err;
+}
+
+// `dhsctl plan --live` against a fenced GPU (its worker's connection closed, as for a SIGKILLed worker): memd's status
+// still lists the GPU (and its last worker's shape) but it admits nothing; the plan says the GPU is fenced rather than
+// "not registered", with and without --gpu (exit 2 both).
+TEST_F(MemdFenceOnDisconnect, DhsctlPlanLiveNamesAFencedGpu) {
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  w.reset();
+  WaitGpu(0, false);
+  auto [rc, err] = Dhsctl("plan --context 100 --live --gpu 0", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc, 2) << err;
+  EXPECT_NE(err.find("--gpu: GPU 0 is fenced (its worker exited or stopped answering"), std::string::npos) << err;
+  EXPECT_NE(err.find("live GPUs: none"), std::string::npos) << err;
+  auto [rc_all, err_all] = Dhsctl("plan --context 100 --live", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc_all, 2) << err_all;
+  EXPECT_NE(err_all.find("memd has no live GPU: fenced 0"), std::string::npos) << err_all;
+  FakeWorker w1(run_dir_, 1);
+  ASSERT_TRUE(w1.Hello(8).accepted);
+  auto [rc_other, err_other] = Dhsctl("plan --context 100 --live --gpu 2", "", /*with_stderr=*/true);
+  EXPECT_EQ(rc_other, 2) << err_other;
+  EXPECT_NE(err_other.find("GPU 2 is not registered with memd (live GPUs: 1; fenced: 0)"), std::string::npos)
+      << err_other;
+}
 
 // Request records (issue 11, resume; memd/request_records.h): AdmitRequest.record opens one, TokensCommitted grows it
 // (a gap is refused with an ErrorReply, a resent overlap accepted), an oversize record refuses the admission, and a

@@ -649,6 +649,52 @@ TEST(ResolverContract, RepeatedPositionIsFoundInShortAndLongRequests) {
   }
 }
 
+// The two forms of the duplicate check meet at n = 64 k: n = 192 (k = 3) takes the bitmap (the last word's top bit
+// is position 191), n = 193 the hash table. In both, and in both resolvers: the top positions are accepted and found
+// repeated, a selection of padding only (-1 three times) and an empty selection (k = 0, no output) resolve to nothing,
+// and fused and reference give the same locations.
+TEST(ResolverContract, DuplicateCheckAtTheBitmapBoundaryAndDegenerateSelections) {
+  KvConfig c = SmallKv::Config();  // B = k = 3, p = 4
+  c.tail_rows = 4;
+  const KvLayout layout = *KvLayout::Create(c);
+  for (const Position n : {Position{64 * 3}, Position{64 * 3 + 1}}) {
+    const uint32_t pages = static_cast<uint32_t>((n + 3) / 4);
+    std::vector<uint8_t> host(uint64_t{pages} * layout.host_page_bytes());
+    Side fused(layout, host, true), ref(layout, host, false);
+    RequestKv kv;
+    kv.id = 1;
+    kv.appended = {n};
+    kv.tail_write.assign(1, std::vector<CopyEvent>(4));
+    kv.GrowPages(pages);
+    for (uint32_t p = 0; p < pages; ++p) {
+      kv.pages[p].host_page = p;
+      kv.SetHostReady(p, true);
+    }
+    const std::vector<SourceId> src = {0};
+    std::vector<std::vector<Location>> outs[2];
+    for (Side* side : {&fused, &ref}) {
+      const char* who = side == &fused ? "fused" : "reference";
+      auto resolve = [&](std::vector<Position> sel) {
+        std::vector<Location> out(sel.size(), -7);
+        ResolveQuery q{&kv, sel, out};
+        const absl::StatusCode code = side->resolver->Resolve(0, src, {&q, 1}).code();
+        outs[side == &fused ? 0 : 1].push_back(out);
+        return code;
+      };
+      EXPECT_EQ(resolve({191, 127, 63}), absl::StatusCode::kOk) << who << " n=" << n;  // bit 63 of each word
+      EXPECT_EQ(resolve({191, 0, 191}), absl::StatusCode::kInvalidArgument) << who << " n=" << n;
+      EXPECT_EQ(resolve({n - 1, 191, -1}), n == 192 ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kOk)
+          << who << " n=" << n;
+      EXPECT_EQ(resolve({-1, -1, -1}), absl::StatusCode::kOk) << who << " n=" << n;
+      EXPECT_EQ(resolve({}), absl::StatusCode::kOk) << who << " n=" << n;
+      EXPECT_EQ(resolve({n}), absl::StatusCode::kInvalidArgument) << who << " n=" << n;  // beyond the rows
+      EXPECT_EQ(resolve({-2}), absl::StatusCode::kInvalidArgument) << who << " n=" << n;
+    }
+    EXPECT_EQ(outs[0], outs[1]) << "n=" << n;
+    EXPECT_EQ(outs[0][3], (std::vector<Location>(3, kNoLocation))) << "n=" << n;  // padding resolves to nothing
+  }
+}
+
 // Resolve takes the whole group (each source once, any order), else INVALID_ARGUMENT (resolver.h): the hot cache of
 // a request is shared by the group's sources, so a slot filled for source 0 alone used to be a hit with stale bytes
 // (zeros here) for source 1 in the next whole-group step.

@@ -1,6 +1,7 @@
 // tools/planner/plan_command.cc: see plan_command.h.
 #include "tools/planner/plan_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -85,6 +86,7 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
   }
   PlanInput in;
   LiveOptions live_options;
+  std::optional<uint32_t> shape_of_gpu;  // the topology is the shape this GPU's worker declared
   live_options.gpu = o.gpu;
   if (!o.file.empty()) {
     std::ifstream f(o.file);
@@ -118,11 +120,21 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
       }
     }
     if (gpu == nullptr) {
-      std::string known;
+      std::string known, fenced;
       for (const LiveGpu& g : state->gpus) known += (known.empty() ? "" : ", ") + std::to_string(g.gpu);
-      if (o.gpu) {
-        std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is not registered with memd (registered: %s)\n", *o.gpu,
+      for (uint32_t g : state->fenced_gpus) fenced += (fenced.empty() ? "" : ", ") + std::to_string(g);
+      constexpr const char* kFenced =
+          "its worker exited or stopped answering: memd admits nothing there until a worker says Hello again";
+      if (o.gpu && std::find(state->fenced_gpus.begin(), state->fenced_gpus.end(), *o.gpu) != state->fenced_gpus.end()) {
+        std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is fenced (%s; live GPUs: %s)\n", *o.gpu, kFenced,
                      known.empty() ? "none" : known.c_str());
+      } else if (o.gpu) {
+        std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is not registered with memd (live GPUs: %s%s%s)\n",
+                     *o.gpu, known.empty() ? "none" : known.c_str(), fenced.empty() ? "" : "; fenced: ",
+                     fenced.c_str());
+      } else if (!fenced.empty()) {
+        std::fprintf(stderr, "dhsctl plan --live: memd has no live GPU: fenced %s (%s); give --preset or --file to "
+                             "plan without one\n", fenced.c_str(), kFenced);
       } else {
         std::fprintf(stderr, "dhsctl plan --live: memd has no GPU registered (no worker said Hello): give --preset or "
                              "--file to plan without one\n");
@@ -138,6 +150,7 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
       return 2;
     }
     in.topology = *t;
+    shape_of_gpu = gpu->gpu;
     live_options.gpu = gpu->gpu;
     live_options.resident = gpu->worker->serving_mode == "resident";
   } else {
@@ -157,7 +170,12 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
   in.tpot_spec_ms = o.tpot_spec_ms;
   absl::StatusOr<Plan> plan = Compute(in);
   if (!plan.ok()) {
-    std::fprintf(stderr, "dhsctl plan: %s\n", std::string(plan.status().message()).c_str());
+    // The field may be one the user never gave: say where the topology came from (`dhsctl status` shows it).
+    const std::string from =
+        shape_of_gpu ? " (the topology is the shape GPU " + std::to_string(*shape_of_gpu) +
+                           "'s worker declared in its Hello, with the options given; `dhsctl status` shows it)"
+                     : "";
+    std::fprintf(stderr, "dhsctl plan: %s%s\n", std::string(plan.status().message()).c_str(), from.c_str());
     return 2;
   }
   std::optional<LivePlan> live;

@@ -537,7 +537,12 @@ absl::StatusOr<LiveState> LiveStateFromStatusJson(std::string_view text) {
     return absl::InvalidArgumentError("memd's status: \"gpus\" missing");
   }
   for (const nlohmann::json& g : j["gpus"]) {
-    if (g.is_object() && g.contains("up") && g["up"] == false) continue;  // fenced (issue 11): admits nothing
+    if (g.is_object() && g.contains("up") && g["up"] == false) {  // fenced (issue 11): admits nothing
+      if (g.contains("gpu") && g["gpu"].is_number_unsigned() && g["gpu"].get<uint64_t>() <= UINT32_MAX) {
+        s.fenced_gpus.push_back(static_cast<uint32_t>(g["gpu"].get<uint64_t>()));
+      }
+      continue;
+    }
     LiveGpu lg;
     uint64_t id = 0;
     const std::pair<const char*, uint64_t*> fields[] = {

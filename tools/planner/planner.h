@@ -155,6 +155,7 @@ struct LiveState {
   uint64_t page_bytes = 0;             // memd's pool page (a host page: payload rows, then index keys), bytes
   uint64_t host_reusable_pages = 0;    // host pool pages free to assign now
   std::vector<LiveGpu> gpus;
+  std::vector<uint32_t> fenced_gpus;   // GPUs memd shows fenced ("up": false; left out of `gpus`)
 };
 
 // Parses the JSON of memd's `status` view (an IntrospectReply, the text `dhsctl --json status` prints), fenced GPUs
