@@ -485,9 +485,14 @@ def speculation_lines(fig):
     head = (f"{spec['mode']} mode, preset {spec['preset']}, first {spec['requests']} requests at length x"
             f"{spec['length_scale']}, GPU KV budget {spec['hbm_budget_bytes']} bytes, block K = {spec['block']}, link "
             f"model {spec['link_model']}, {spec['repeat']} run(s) per configuration (medians; ratios to `off` within "
-            "a repeat). `fixed`: the built-in drafter (generated weights); `synthetic-C`: the target's own greedy "
-            "continuation corrupted with probability C (benchmarks only; its proposer runs the target, so `tok/s w/o "
-            "proposer` takes that time out). Speculation pays where N_spec/N_base > TPOT_spec/TPOT_base (brief §6).")
+            "a repeat).")
+    configs = {p["config"] for p in spec.get("points", [])}
+    if "fixed" in configs:
+        head += " `fixed`: the built-in drafter (generated weights)."
+    if any(c.startswith("synthetic-") for c in configs):
+        head += (" `synthetic-C`: the target's own greedy continuation corrupted with probability C (benchmarks only; "
+                 "its proposer runs the target, so `tok/s w/o proposer` takes that time out).")
+    head += " Speculation pays where N_spec/N_base > TPOT_spec/TPOT_base (brief §6)."
     return [head, ""] + bench_speculation.markdown_table(spec)
 
 

@@ -213,6 +213,8 @@ class PerfReportTest(unittest.TestCase):
         self.assertEqual(table_row(doc, ["3", "fixed"]),
                          ["3", "fixed", "2", "3.10", "25.00", "13.00", "13.00", "0.667", "0.625", "1.080", "yes"])
         self.assertIn("GPU KV budget 1500000 bytes, block K = 4, link model pcie5", doc)
+        self.assertIn("`fixed`: the built-in drafter", doc)
+        self.assertNotIn("`synthetic-C`", doc)  # no synthetic configuration ran: not described
         fig = canned()
         fig["speculation"] = {"error": "bench_speculation: fixed run 1 failed (exit 2)"}
         self.assertIn("FAILED: bench_speculation: fixed run 1 failed (exit 2)", self.render(fig))
