@@ -34,6 +34,15 @@
 
 namespace {
 
+// Sorts `rtt_us` (round trips, µs; not empty) and sets the p50_us / p99_us / p999_us / max_us counters.
+void SetLatencyCounters(benchmark::State& state, std::vector<double>& rtt_us) {
+  std::sort(rtt_us.begin(), rtt_us.end());
+  state.counters["p50_us"] = rtt_us[rtt_us.size() / 2];
+  state.counters["p99_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)];
+  state.counters["p999_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 999 / 1000)];
+  state.counters["max_us"] = rtt_us.back();
+}
+
 void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
   char tmpl[] = "/tmp/memd_bench_XXXXXX";
   if (!mkdtemp(tmpl)) {
@@ -101,11 +110,7 @@ void BM_AdmissionGrantRoundTrip(benchmark::State& state) {
   daemon->reset();
   std::filesystem::remove_all(dir);
   if (rtt_us.empty()) return;
-  std::sort(rtt_us.begin(), rtt_us.end());
-  state.counters["p50_us"] = rtt_us[rtt_us.size() / 2];
-  state.counters["p99_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)];
-  state.counters["p999_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 999 / 1000)];
-  state.counters["max_us"] = rtt_us.back();
+  SetLatencyCounters(state, rtt_us);
   state.counters["grants"] = static_cast<double>(rtt_us.size());
 }
 // Arg: the GPU's M (pages): 4096 as before, 65536 (an H200-sized pool of 2 MiB pages) where the per-tick work of a
@@ -178,11 +183,7 @@ void BM_TransportEchoRoundTrip(benchmark::State& state) {
   router->reset();
   std::filesystem::remove_all(dir);
   if (rtt_us.empty()) return;
-  std::sort(rtt_us.begin(), rtt_us.end());
-  state.counters["p50_us"] = rtt_us[rtt_us.size() / 2];
-  state.counters["p99_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)];
-  state.counters["p999_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 999 / 1000)];
-  state.counters["max_us"] = rtt_us.back();
+  SetLatencyCounters(state, rtt_us);
 }
 BENCHMARK(BM_TransportEchoRoundTrip)->Iterations(2000)->Unit(benchmark::kMicrosecond);
 
@@ -264,11 +265,7 @@ void BM_UnixSeqpacketEchoRoundTrip(benchmark::State& state) {
   context.close();
   std::filesystem::remove_all(dir);
   if (rtt_us.empty()) return;
-  std::sort(rtt_us.begin(), rtt_us.end());
-  state.counters["p50_us"] = rtt_us[rtt_us.size() / 2];
-  state.counters["p99_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 99 / 100)];
-  state.counters["p999_us"] = rtt_us[std::min(rtt_us.size() - 1, rtt_us.size() * 999 / 1000)];
-  state.counters["max_us"] = rtt_us.back();
+  SetLatencyCounters(state, rtt_us);
 }
 BENCHMARK(BM_UnixSeqpacketEchoRoundTrip)->Iterations(2000)->Unit(benchmark::kMicrosecond);
 
@@ -284,7 +281,7 @@ void BM_DaemonMessageWork(benchmark::State& state) {
     auto m = dhs::DecodeEnvelope(in, dhs::kMaxMessageBytes);
     auto a = dhs::ReadAdmitRequest(*m);
     DHS_CHECK_OK(core->Admit({.request = a->request, .gpu = 0, .required_pages = a->required_pages,
-                              .history_pages = a->complete_pages, .context_pages = 16}));
+                              .speculation = {}, .history_pages = a->complete_pages, .context_pages = 16}));
     for (const auto& o : core->DrainOrders()) {
       if (std::holds_alternative<dhs::memd::GrantOrder>(o)) {
         benchmark::DoNotOptimize(dhs::EncodeAdmitGrant(BenchGrant(id), seq, "memd"));
@@ -315,7 +312,8 @@ void BM_TickWork(benchmark::State& state) {
   dhs::memd::ResidencyConfig cfg{.reserve_pages = 0, .host_pages = 1024, .host_page_bytes = 4096};
   auto core = std::move(*dhs::memd::ResidencyManager::Create(cfg, [] { return int64_t{0}; }));
   DHS_CHECK_OK(core->RegisterGpu(0, static_cast<uint32_t>(state.range(0))));
-  DHS_CHECK_OK(core->Admit({.request = 1, .gpu = 0, .required_pages = 8, .history_pages = 12, .context_pages = 16}));
+  DHS_CHECK_OK(core->Admit({.request = 1, .gpu = 0, .required_pages = 8, .speculation = {},
+                            .history_pages = 12, .context_pages = 16}));
   core->DrainOrders();
   dhs::memd::DaemonCounters dc;
   const auto detail = static_cast<dhs::memd::DumpDetail>(state.range(1));

@@ -606,6 +606,21 @@ TEST(ResolverContract, PositionRepeatedInOneQueryIsInvalid) {
   EXPECT_EQ(o1[0], o2[0]);
 }
 
+// Request 1 with n rows of one source (tail of 4 rows), every one of its `pages` pages backed up on the host page of
+// the same index: every row not in the tail is a host recovery until it is cached.
+RequestKv HostBackedRequest(Position n, uint32_t pages) {
+  RequestKv kv;
+  kv.id = 1;
+  kv.appended = {n};
+  kv.tail_write.assign(1, std::vector<CopyEvent>(4));
+  kv.GrowPages(pages);
+  for (uint32_t p = 0; p < pages; ++p) {
+    kv.pages[p].host_page = p;
+    kv.SetHostReady(p, true);
+  }
+  return kv;
+}
+
 // The duplicate check has two forms (Resolver::CheckDistinct): a bitmap when the request has at most 64 positions per
 // selected row, a hash table otherwise. Both reject a repeated position wherever it sits (first and last entry,
 // positions 64 apart, i.e. the same bit of neighbouring bitmap words) and accept distinct ones, for a short request
@@ -616,18 +631,10 @@ TEST(ResolverContract, RepeatedPositionIsFoundInShortAndLongRequests) {
   const KvLayout layout = *KvLayout::Create(c);
   for (const Position n : {Position{16}, Position{1024}}) {
     ASSERT_EQ(n <= 64 * 3, n == 16);  // the two forms
-    const uint32_t pages = static_cast<uint32_t>(n / 4);
+    const uint32_t pages = static_cast<uint32_t>((n + 3) / 4);
     std::vector<uint8_t> host(uint64_t{pages} * layout.host_page_bytes());
     Side fused(layout, host, true), ref(layout, host, false);
-    RequestKv kv;
-    kv.id = 1;
-    kv.appended = {n};
-    kv.tail_write.assign(1, std::vector<CopyEvent>(4));
-    kv.GrowPages(pages);
-    for (uint32_t p = 0; p < pages; ++p) {
-      kv.pages[p].host_page = p;
-      kv.SetHostReady(p, true);
-    }
+    RequestKv kv = HostBackedRequest(n, pages);
     const std::vector<SourceId> src = {0};
     for (Side* side : {&fused, &ref}) {
       const char* who = side == &fused ? "fused" : "reference";
@@ -661,15 +668,7 @@ TEST(ResolverContract, DuplicateCheckAtTheBitmapBoundaryAndDegenerateSelections)
     const uint32_t pages = static_cast<uint32_t>((n + 3) / 4);
     std::vector<uint8_t> host(uint64_t{pages} * layout.host_page_bytes());
     Side fused(layout, host, true), ref(layout, host, false);
-    RequestKv kv;
-    kv.id = 1;
-    kv.appended = {n};
-    kv.tail_write.assign(1, std::vector<CopyEvent>(4));
-    kv.GrowPages(pages);
-    for (uint32_t p = 0; p < pages; ++p) {
-      kv.pages[p].host_page = p;
-      kv.SetHostReady(p, true);
-    }
+    RequestKv kv = HostBackedRequest(n, pages);
     const std::vector<SourceId> src = {0};
     std::vector<std::vector<Location>> outs[2];
     for (Side* side : {&fused, &ref}) {
