@@ -33,7 +33,7 @@ instead.
 Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md] [--plots docs/perf]
                             [--figures FILE] [--from-json FIGURES]
 --quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
-The full run takes about 40-50 min on 2 cores. Needs python3-matplotlib (checked before anything runs).
+The full run takes about 30 min on a quiet 2-core machine (26 min on 2026-12-01), up to 50 min loaded. Needs python3-matplotlib (checked before anything runs).
 Run it from the repository root. Exit status: 0 written (a benchmark or replay that failed is printed to stderr and
 reported as FAILED / "not measured" in the document); 1 matplotlib missing; 2 bad command line or unreadable
 figures.
