@@ -12,10 +12,8 @@
 
 namespace dhs {
 
-// ceil(bytes / page_bytes) for page_bytes > 0: the whole pages a byte size takes.
-inline uint64_t PagesOfBytes(uint64_t bytes, uint64_t page_bytes) {
-  return bytes / page_bytes + (bytes % page_bytes != 0 ? 1 : 0);
-}
+// ceil(a / b) for b > 0, without overflow: e.g. the whole pages `a` bytes (or rows) take at `b` per page.
+inline uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // What one request of a worker costs on its GPU before it may start (brief §8 hierarchical, §6 / §8 "with a drafter").
 struct SessionPagesInput {
@@ -30,6 +28,12 @@ struct SessionPagesInput {
   uint64_t slot_staging_bytes = 0;     // the slot's staging share, M_stage / N = χ * K_max * k * d_KV (0 without)
 };
 
+// The speculation share's GPU pages: ceil(slot_draft_ring_bytes / page_bytes) + ceil(slot_staging_bytes / page_bytes)
+// (brief §8 "with a drafter"; each part rounded alone, as AdmitRequest declares them).
+inline uint64_t SessionSpeculationPages(const SessionPagesInput& in) {
+  return CeilDiv(in.slot_draft_ring_bytes, in.page_bytes) + CeilDiv(in.slot_staging_bytes, in.page_bytes);
+}
+
 // GPU pages a request of `context_tokens` (prompt + max_new_tokens) declares as required (AdmitRequest.required_pages):
 //   ceil((B + T) / p)                                    hot cache and tail (a page holds p rows of every source)
 // + ceil(context * L_idx * d_idx / page_bytes)           its index keys (unpadded context: no metadata term)
@@ -37,12 +41,10 @@ struct SessionPagesInput {
 // + ceil(slot_draft_ring_bytes / page_bytes) + ceil(slot_staging_bytes / page_bytes)   speculation share
 // No overflow check: callers keep the sizes far below 2^64 (workerd checks its sizes in ComputeGeometry).
 inline uint64_t SessionRequiredPages(const SessionPagesInput& in, uint64_t context_tokens) {
-  uint64_t required = PagesOfBytes(in.hot_rows + in.tail_rows, in.page_rows) +
-                      PagesOfBytes(context_tokens * in.index_producers * in.index_key_bytes, in.page_bytes);
-  if (in.resident) required += PagesOfBytes(context_tokens, in.page_rows);
-  required += PagesOfBytes(in.slot_draft_ring_bytes, in.page_bytes);
-  required += PagesOfBytes(in.slot_staging_bytes, in.page_bytes);
-  return required;
+  uint64_t required = CeilDiv(in.hot_rows + in.tail_rows, in.page_rows) +
+                      CeilDiv(context_tokens * in.index_producers * in.index_key_bytes, in.page_bytes);
+  if (in.resident) required += CeilDiv(context_tokens, in.page_rows);
+  return required + SessionSpeculationPages(in);
 }
 
 // A worker's shape as its Hello declares it (schemas/dhs.fbs Hello; memd keeps it per GPU for its `status` view).
@@ -71,5 +73,30 @@ struct WorkerShape {
   bool declared() const { return !serving_mode.empty(); }
   bool speculating() const { return k_max > 0; }
 };
+
+// Calls visit(name, field) for every numeric field of `w` (all but serving_mode), in declaration order: the one list
+// of field names that memd's status view writes (memd/state_dump.cc) and `dhsctl plan --live` reads back
+// (tools/planner/planner.cc WorkerShapeFromJson). W is WorkerShape or const WorkerShape.
+template <typename W, typename Visit>
+void ForEachNumericField(W& w, Visit&& visit) {
+  visit("page_rows", w.page_rows);
+  visit("page_bytes", w.page_bytes);
+  visit("host_page_bytes", w.host_page_bytes);
+  visit("payload_sources", w.payload_sources);
+  visit("index_producers", w.index_producers);
+  visit("index_key_bytes", w.index_key_bytes);
+  visit("top_k", w.top_k);
+  visit("hot_rows", w.hot_rows);
+  visit("tail_rows", w.tail_rows);
+  visit("fetched_rows_per_token", w.fetched_rows_per_token);
+  visit("request_slots", w.request_slots);
+  visit("drafter_window", w.drafter_window);
+  visit("k_max", w.k_max);
+  visit("draft_bytes_per_row", w.draft_bytes_per_row);
+  visit("draft_ring_rows", w.draft_ring_rows);
+  visit("draft_ring_bytes", w.draft_ring_bytes);
+  visit("staging_bytes", w.staging_bytes);
+  visit("staging_arenas", w.staging_arenas);
+}
 
 }  // namespace dhs

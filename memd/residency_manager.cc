@@ -417,7 +417,7 @@ absl::Status ResidencyManager::CheckShare(RequestId request, uint32_t required, 
   }
   if (declared.page_bytes == 0) return bad("its GPU's Hello declared no page_bytes");
   // The rounding workerd declares with (SessionRequiredPages, common/worker_shape.h).
-  const auto pages_of = [&](uint64_t bytes) { return PagesOfBytes(bytes, declared.page_bytes); };
+  const auto pages_of = [&](uint64_t bytes) { return CeilDiv(bytes, declared.page_bytes); };
   if (pages_of(share.draft_ring_bytes) != share.draft_ring_pages ||
       pages_of(share.staging_bytes) != share.staging_pages) {
     return bad(absl::StrFormat(

@@ -18,25 +18,9 @@ std::string Coverage(const RequestDump& r) { return absl::StrFormat("%d/%d", r.h
 
 json WorkerJson(const std::optional<WorkerShape>& w) {
   if (!w || !w->declared()) return json(nullptr);
-  return json{{"serving_mode", w->serving_mode},
-              {"page_rows", w->page_rows},
-              {"page_bytes", w->page_bytes},
-              {"host_page_bytes", w->host_page_bytes},
-              {"payload_sources", w->payload_sources},
-              {"index_producers", w->index_producers},
-              {"index_key_bytes", w->index_key_bytes},
-              {"top_k", w->top_k},
-              {"hot_rows", w->hot_rows},
-              {"tail_rows", w->tail_rows},
-              {"fetched_rows_per_token", w->fetched_rows_per_token},
-              {"request_slots", w->request_slots},
-              {"drafter_window", w->drafter_window},
-              {"k_max", w->k_max},
-              {"draft_bytes_per_row", w->draft_bytes_per_row},
-              {"draft_ring_rows", w->draft_ring_rows},
-              {"draft_ring_bytes", w->draft_ring_bytes},
-              {"staging_bytes", w->staging_bytes},
-              {"staging_arenas", w->staging_arenas}};
+  json j{{"serving_mode", w->serving_mode}};
+  ForEachNumericField(*w, [&j](const char* key, const auto& value) { j[key] = value; });
+  return j;
 }
 
 json GpuJson(const GpuDump& g) {

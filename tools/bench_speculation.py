@@ -121,6 +121,12 @@ def measure(args, log=sys.stderr):
             "points": rows}
 
 
+def row_ratios(row):
+    """(N_spec/N_base, TPOT_spec/TPOT_base, tok/s vs off, pays) of one point; pays is '' for off (brief §6)."""
+    n, t, x = row["sessions_vs_off"]["median"], row["tpot_vs_off"]["median"], row["throughput_vs_off"]["median"]
+    return n, t, x, "" if row["config"] == "off" else ("yes" if n > t else "no")
+
+
 def print_table(result):
     print(f"bench_speculation: {result['mode']} mode, preset {result['preset']}, {result['requests']} requests, "
           f"length scale {result['length_scale']}, GPU KV budget {result['hbm_budget_bytes']} bytes, block "
@@ -130,8 +136,7 @@ def print_table(result):
           f"{'w/o prop.':>9} {'N/N_base':>8} {'TPOT/base':>9} {'tok/s/base':>10} pays")
     for row in result["points"]:
         m = row["median"]
-        n, t, x = row["sessions_vs_off"]["median"], row["tpot_vs_off"]["median"], row["throughput_vs_off"]["median"]
-        pays = "" if row["config"] == "off" else ("yes" if n > t else "no")
+        n, t, x, pays = row_ratios(row)
         print(f"{row['concurrency']:>3} {row['config']:<15} {m['sessions']:>8.0f} {m['acceptance_length']:>7.2f} "
               f"{m['tpot_p50_ms']:>9.2f} {m['output_tokens_per_s']:>7.2f} {m['tokens_per_s_wo_proposer']:>9.2f} "
               f"{n:>8.3f} {t:>9.3f} {x:>10.3f} {pays}")
@@ -142,10 +147,9 @@ def markdown_table(result):
     lines = ["| C | config | sessions | acceptance length | TPOT p50 ms | tok/s | tok/s w/o proposer | N_spec/N_base | "
              "TPOT_spec/TPOT_base | tok/s vs off | pays |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["points"]:
-        m, off = row["median"], row["config"] == "off"
-        n, t, x = row["sessions_vs_off"]["median"], row["tpot_vs_off"]["median"], row["throughput_vs_off"]["median"]
-        acc = "-" if off else f"{m['acceptance_length']:.2f}"
-        pays = "" if off else ("yes" if n > t else "no")
+        m = row["median"]
+        n, t, x, pays = row_ratios(row)
+        acc = "-" if row["config"] == "off" else f"{m['acceptance_length']:.2f}"
         lines.append(f"| {row['concurrency']} | {row['config']} | {m['sessions']:.0f} | {acc} | {m['tpot_p50_ms']:.2f} | "
                      f"{m['output_tokens_per_s']:.2f} | {m['tokens_per_s_wo_proposer']:.2f} | {n:.3f} | {t:.3f} | "
                      f"{x:.3f} | {pays} |")

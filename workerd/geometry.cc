@@ -51,7 +51,7 @@ absl::Status ComputeSpeculation(const model::ModelConfig& model, const WorkerCon
     return absl::OkStatus();
   }
   const uint64_t page_bytes = g.page_bytes;
-  const auto pages_of = [page_bytes](uint64_t bytes) { return PagesOfBytes(bytes, page_bytes); };
+  const auto pages_of = [page_bytes](uint64_t bytes) { return CeilDiv(bytes, page_bytes); };
   // The staging arenas ComputeGeometry sized (g.staging_bytes: --staging-arenas χ in the hierarchical modes; none in
   // resident mode or with --staging-arenas 0): the reservation HierarchicalKvAccess allocates is the one declared.
   s.slot_staging_bytes = static_cast<uint64_t>(g.staging_bytes) / config.slots;  // exact: N is a factor of M_stage

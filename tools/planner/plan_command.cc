@@ -141,10 +141,9 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
       }
       return 2;
     }
+    const WorkerShape shape = gpu->worker.value_or(WorkerShape{});  // none: TopologyFromWorker says so
     absl::StatusOr<Topology> t =
-        gpu->worker ? TopologyFromWorker(*gpu->worker, "worker of GPU " + std::to_string(gpu->gpu) + " (" +
-                                                           gpu->worker->serving_mode + ")")
-                    : TopologyFromWorker(WorkerShape{}, "");
+        TopologyFromWorker(shape, "worker of GPU " + std::to_string(gpu->gpu) + " (" + shape.serving_mode + ")");
     if (!t.ok()) {
       std::fprintf(stderr, "dhsctl plan --live: GPU %u: %s\n", gpu->gpu, std::string(t.status().message()).c_str());
       return 2;
@@ -152,7 +151,7 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
     in.topology = *t;
     shape_of_gpu = gpu->gpu;
     live_options.gpu = gpu->gpu;
-    live_options.resident = gpu->worker->serving_mode == "resident";
+    live_options.resident = shape.serving_mode == "resident";
   } else {
     std::fprintf(stderr, "dhsctl plan: give --preset NAME, --file DESCRIPTION.json, or --live (the running worker's "
                          "shape)\n");

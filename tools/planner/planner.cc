@@ -90,9 +90,6 @@ class Checked {
   absl::Status status_;
 };
 
-// ceil(a / b) for b > 0, without overflow.
-uint64_t CeilDiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
-
 absl::Status Bad(std::string_view field, std::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", std::string(why)));
 }
@@ -501,26 +498,9 @@ absl::StatusOr<WorkerShape> WorkerShapeFromJson(const nlohmann::json& j) {
   }
   w.serving_mode = j["serving_mode"].get<std::string>();
   absl::Status st;
-  auto u32 = [&](const char* key, uint32_t& out) { if (st.ok()) st = UnsignedField(j, key, kWhat, out); };
-  auto u64 = [&](const char* key, uint64_t& out) { if (st.ok()) st = UnsignedField(j, key, kWhat, out); };
-  u32("page_rows", w.page_rows);
-  u64("page_bytes", w.page_bytes);
-  u64("host_page_bytes", w.host_page_bytes);
-  u32("payload_sources", w.payload_sources);
-  u32("index_producers", w.index_producers);
-  u32("index_key_bytes", w.index_key_bytes);
-  u32("top_k", w.top_k);
-  u32("hot_rows", w.hot_rows);
-  u32("tail_rows", w.tail_rows);
-  u32("fetched_rows_per_token", w.fetched_rows_per_token);
-  u32("request_slots", w.request_slots);
-  u32("drafter_window", w.drafter_window);
-  u32("k_max", w.k_max);
-  u64("draft_bytes_per_row", w.draft_bytes_per_row);
-  u32("draft_ring_rows", w.draft_ring_rows);
-  u64("draft_ring_bytes", w.draft_ring_bytes);
-  u64("staging_bytes", w.staging_bytes);
-  u32("staging_arenas", w.staging_arenas);
+  ForEachNumericField(w, [&](const char* key, auto& out) {
+    if (st.ok()) st = UnsignedField(j, key, kWhat, out);
+  });
   if (!st.ok()) return st;
   return w;
 }
@@ -606,8 +586,7 @@ absl::StatusOr<LivePlan> ComputeLive(const Plan& plan, const LiveState& live, co
   in.slot_draft_ring_bytes = plan.draft_ring_bytes_per_session;
   in.slot_staging_bytes = plan.staging_bytes_per_session;
   lp.required_pages_per_session = SessionRequiredPages(in, plan.input.context_tokens);
-  lp.speculation_pages_per_session = PagesOfBytes(in.slot_draft_ring_bytes, gpu_page) +
-                                     PagesOfBytes(in.slot_staging_bytes, gpu_page);
+  lp.speculation_pages_per_session = SessionSpeculationPages(in);
   lp.host_pages_per_session = plan.padded_context_tokens / t.page_rows;
   uint64_t gpu_sessions = 0;
   uint64_t queued_host = 0;

@@ -29,13 +29,13 @@ class HotCache {
   void Prefetch(Position t) const { __builtin_prefetch(&map_[Home(t)]); }
   void Touch(uint32_t h, uint64_t step);         // most recent + protected in `step`
   uint32_t Victim(uint64_t step) const;          // least recent unprotected slot, or kNone
-  // A missing row t in `step`, with one map probe: the slot already holding t (a duplicate claimed earlier in the
-  // step; *assigned = false, nothing changes), else the least recent unprotected slot, now holding t, most recent
+  // A missing row t in `step` (Find, then ClaimAbsent): the slot already holding t (a duplicate claimed earlier in
+  // the step; *assigned = false, nothing changes), else the least recent unprotected slot, now holding t, most recent
   // and protected (*assigned = true); kNone when every slot is protected (nothing changes).
   uint32_t Claim(Position t, uint64_t step, bool* assigned);
   // Claim of a row known to be absent (Find(t) == kNone since the last change): the least recent unprotected slot,
   // now holding t, most recent and protected; kNone when every slot is protected (nothing changes). Saves Claim's
-  // duplicate probe.
+  // Find (the fused resolver's misses were looked up by its hot-hit pass).
   uint32_t ClaimAbsent(Position t, uint64_t step);
   void Invalidate(uint32_t h);                   // empty, least recent
   Position PositionAt(uint32_t h) const { return pos_[h]; }
