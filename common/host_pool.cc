@@ -51,6 +51,8 @@ absl::Status FromInterprocess(const bip::interprocess_exception& e, std::string_
   }
 }
 
+}  // namespace
+
 // Refuses a segment larger than the free space of the filesystem behind POSIX shared memory, before anything is
 // created: posix_fallocate of an over-sized segment on tmpfs fills the filesystem page by page (about a minute for a
 // terabyte) before it fails with ENOSPC. A filesystem that cannot be queried is left to posix_fallocate.
@@ -65,8 +67,6 @@ absl::Status CheckFreeSpace(const std::string& shm_name, uint64_t size) {
       " bytes free (of ", total_bytes, "); enlarge it (mount -o remount,size=<bytes> ", kHostPoolShmDir,
       ") or shrink the host pool"));
 }
-
-}  // namespace
 
 HostPoolSegment::HostPoolSegment(std::string name, std::unique_ptr<bip::mapped_region> region)
     : name_(std::move(name)), region_(std::move(region)), base_(static_cast<uint8_t*>(region_->get_address())) {

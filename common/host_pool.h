@@ -50,6 +50,11 @@ struct HostPoolExtras {
 // The filesystem behind POSIX shared memory on Linux (shm_open); Create checks its free space.
 inline constexpr char kHostPoolShmDir[] = "/dev/shm";
 
+// OK when a segment of `size` bytes named `shm_name` fits in the free space of kHostPoolShmDir (or that space cannot be
+// queried); RESOURCE_EXHAUSTED naming both sizes and the fix otherwise. HostPoolSegment::Create checks it first;
+// memd --check-config too (dhs-node --check, issue 22).
+absl::Status CheckFreeSpace(const std::string& shm_name, uint64_t size);
+
 class HostPoolSegment {
  public:
   // Creates shm object `name` (plain name, no '/', 1..200 chars) with mode 0600, sized

@@ -46,7 +46,7 @@ absl::StatusOr<pid_t> SpawnChild(const std::string& path, const std::vector<std:
       ::_exit(127);
     };
     // Stop when the starting thread dies; if the parent is already gone, the signal will never come.
-    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) fail(errno);
+    if (::prctl(PR_SET_PDEATHSIG, options.parent_death_signal) != 0) fail(errno);
     if (::getppid() != parent) ::_exit(143);
     ::signal(SIGTERM, SIG_DFL);
     ::signal(SIGINT, SIG_DFL);

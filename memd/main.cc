@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "CLI/CLI.hpp"
 #include "common/cli_flags.h"
@@ -18,6 +19,14 @@
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
+// SIGUSR1: the node stops around memd (dhs-node's parent-death signal for memd, issue 22): the workers got SIGTERM at
+// the same moment and end their requests ("worker stopping") with a Complete each; memd serves on until no request
+// record is left, or kDrainMs passed, then stops as on SIGTERM. Without it, memd would stop first and keep those
+// requests for the next memd, which would resume requests whose clients were told they ended.
+volatile std::sig_atomic_t g_drain = 0;
+void OnDrainSignal(int) { g_drain = 1; }
+// The workers' own stop waits at most 5 s for memd's acknowledgements (WorkerProcess::Shutdown); one more second.
+constexpr std::chrono::milliseconds kDrainMs{6000};
 
 // A plain unsigned integer: CLI11 would wrap "-1" to 2^64-1 for an unsigned option.
 CLI::Validator NotNegative() {
@@ -33,6 +42,7 @@ struct CommandLine {
   uint64_t adopt_grace_ms = 6000;
   uint64_t unreadable_segment_age_s = 3600;
   std::string metrics_address, log_level = "info";
+  bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
 };
 
 // Declares every flag of memd on `app`, writing into `c`.
@@ -104,6 +114,31 @@ void AddFlags(CLI::App& app, CommandLine& c) {
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
+  app.add_flag("--check-config", c.check_config,
+               "check the options and exit: the command line as at a start, the host pool against the free space "
+               "of /dev/shm, the metrics address by binding it for a moment; starts nothing, creates nothing (exit 0 "
+               "ok, 2 a bad command line, 1 a pool or metrics address that would fail the start)");
+}
+
+// --check-config after the command line parsed: what a start would refuse before serving, without starting. Returns
+// the exit code (0 ok, 1 not startable).
+int CheckConfig(const CommandLine& c) {
+  const dhs::memd::DaemonOptions& o = c.options;
+  const uint64_t pool_bytes = dhs::kHostPoolHeaderBytes + uint64_t{o.host_pool_pages} * o.page_bytes;
+  if (absl::Status s = dhs::CheckFreeSpace("host pool of " + o.run_dir, pool_bytes); !s.ok()) {
+    std::fprintf(stderr, "memd: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  if (!c.metrics_address.empty()) {
+    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [] { return std::string(); });
+    if (!m.ok()) {
+      std::fprintf(stderr, "memd: %s\n", std::string(m.status().message()).c_str());
+      return 1;
+    }
+  }
+  std::printf("memd: configuration ok (host pool %llu pages x %llu bytes)\n",
+              static_cast<unsigned long long>(o.host_pool_pages), static_cast<unsigned long long>(o.page_bytes));
+  return 0;
 }
 
 // The host pool size in pages from --host-pool-pages or --host-pool-bytes. Returns false (message printed) when
@@ -135,6 +170,7 @@ int Serve(const CommandLine& c) {
   const dhs::memd::DaemonOptions& o = c.options;
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
+  std::signal(SIGUSR1, OnDrainSignal);
   auto daemon = dhs::memd::Daemon::Start(o);
   if (!daemon.ok()) {
     std::fprintf(stderr, "memd: %s\n", std::string(daemon.status().message()).c_str());
@@ -159,7 +195,23 @@ int Serve(const CommandLine& c) {
   spdlog::info("memd: serving {} (host pool /dev/shm/{}: {} pages x {} bytes, policy {})", (*daemon)->endpoint(),
                (*daemon)->segment().name(), o.host_pool_pages, o.page_bytes, o.reclaim_policy);
   dhs::NotifyReady("serving " + (*daemon)->endpoint());  // systemd Type=notify (docs/systemd/memd.service)
-  absl::Status s = (*daemon)->Run([] { return g_stop == 0; });
+  std::optional<std::chrono::steady_clock::time_point> drain_until;
+  const dhs::memd::Daemon* d = daemon->get();
+  absl::Status s = (*daemon)->Run([&] {
+    if (g_stop != 0) return false;
+    if (g_drain == 0) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (!drain_until) {
+      drain_until = now + kDrainMs;
+      spdlog::info("memd: SIGUSR1 (the node stops): serving until the workers ended their {} requests (at most {} ms)",
+                   d->records().size(), kDrainMs.count());
+    }
+    if (d->records().size() == 0) return false;
+    if (now < *drain_until) return true;
+    spdlog::warn("memd: {} requests still open after {} ms: kept for the next memd", d->records().size(),
+                 kDrainMs.count());
+    return false;
+  });
   metrics.reset();
   daemon->reset();  // removes memd.sock and the host-pool segment
   std::remove((o.run_dir + "/memd.metrics").c_str());
@@ -173,7 +225,8 @@ int Serve(const CommandLine& c) {
 
 }  // namespace
 
-// Exit codes: 0 clean stop (SIGTERM/SIGINT) or --help; 1 a runtime failure (the host pool does not fit in /dev/shm,
+// Exit codes: 0 clean stop (SIGTERM/SIGINT, or SIGUSR1 once the workers ended their requests), --help or a good
+// --check-config; 1 a runtime failure (the host pool does not fit in /dev/shm,
 // an unusable run directory, a live memd on it, the metrics address cannot be bound, the loop failed); 2 a bad
 // command line (unknown flag, missing --page-bytes, a value out of range).
 int main(int argc, char** argv) {
@@ -198,5 +251,6 @@ int main(int argc, char** argv) {
                  run_dir.c_str(), parent.c_str());
     return 2;
   }
+  if (c.check_config) return CheckConfig(c);
   return Serve(c);
 }

@@ -2,6 +2,7 @@
 // file, or a preset + seed), then WorkerProcess::Start (Hello to memd, host pool, ipc://<run_dir>/worker-<gpu>.sock)
 // and WorkerProcess::Run until SIGTERM/SIGINT, as memd's main does with Daemon::Start / Run.
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -49,6 +50,7 @@ struct CommandLine {
   dhs::LinkModelFlags link_flags;
   dhs::spec::SpeculationFlags speculation;
   std::string fault_kill_at;  // test-only: --fault-kill-at KIND:N (common/fault_point.h)
+  bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
   dhs::WorkerConfig config;
   dhs::ClientOutboxLimits client_buffer;
 };
@@ -130,6 +132,10 @@ void AddOptions(CLI::App& app, CommandLine& c) {
       ->check(dhs::IntegerIn<int64_t>(1, int64_t{1} << 40))->capture_default_str();
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
+  app.add_flag("--check-config", c.check_config,
+               "check the options and exit: the command line, the mode, speculation and link-model settings, the "
+               "device choice and the geometry against the model (a --weights file is loaded); needs no memd and no "
+               "run directory, starts nothing (exit 0 ok, 2 a bad option, 1 a weights file that cannot be loaded)");
   dhs::AddLinkModelOptions(app, &c.link_flags);
   dhs::spec::AddSpeculationOptions(app, &c.speculation);
   // Test-only, hidden from --help (empty group): fault-injection tests (dhs-replay --kill-worker-at) force a kill
@@ -148,26 +154,38 @@ struct Backend {
   std::function<absl::Status(std::span<uint8_t>)> on_host_pool;
 };
 
-// Errors: INVALID_ARGUMENT (the link model with a CUDA device; --device cuda without CUDA in the build), the CUDA
-// device's (CudaDevice::Create).
-absl::StatusOr<Backend> MakeBackend(const std::string& device_name, const dhs::LinkModelConfig& link, dhs::GpuId gpu) {
+// Whether `device_name` selects the CPU backend for GPU `gpu`. Errors: INVALID_ARGUMENT (the link model with a CUDA
+// device; --device cuda without CUDA in the build).
+absl::StatusOr<bool> ChooseCpuBackend(const std::string& device_name, const dhs::LinkModelConfig& link,
+                                      dhs::GpuId gpu) {
 #ifdef DHS_HAVE_CUDA
   const bool gpu_present = dhs::CudaDeviceCount() > static_cast<int>(gpu);
 #else
   const bool gpu_present = false;
 #endif
+  if (device_name == "cpu" || (device_name == "auto" && !gpu_present)) return true;
+  if (link.enabled) {  // docs/link_model.md: a model of the link for the CPU backend; on a GPU the link is real
+    return absl::InvalidArgumentError(
+        "--link-model models the host-device link of the CPU backend; use --device cpu with it");
+  }
+#ifndef DHS_HAVE_CUDA
+  return absl::InvalidArgumentError("--device cuda: this workerd was built without CUDA (meson option cuda)");
+#endif
+  return false;
+}
+
+// Errors: ChooseCpuBackend's, the CUDA device's (CudaDevice::Create).
+absl::StatusOr<Backend> MakeBackend(const std::string& device_name, const dhs::LinkModelConfig& link, dhs::GpuId gpu) {
+  absl::StatusOr<bool> cpu = ChooseCpuBackend(device_name, link, gpu);
+  if (!cpu.ok()) return cpu.status();
   Backend b;
-  if (device_name == "cpu" || (device_name == "auto" && !gpu_present)) {
+  if (*cpu) {
     b.device = std::make_unique<dhs::CpuDevice>(link);
     if (link.enabled) {
       spdlog::info("workerd: link model on: host->device {} GB/s, device->host {} GB/s, {} us per batch",
                    link.host_to_device_gb_per_s, link.device_to_host_gb_per_s, link.latency_us);
     }
     return b;
-  }
-  if (link.enabled) {  // docs/link_model.md: a model of the link for the CPU backend; on a GPU the link is real
-    return absl::InvalidArgumentError(
-        "--link-model models the host-device link of the CPU backend; use --device cpu with it");
   }
 #ifdef DHS_HAVE_CUDA
   // CUDA: the KV pools are managed memory (CudaDeviceOptions::managed_pools) while the model still runs on the CPU and
@@ -204,7 +222,7 @@ std::optional<int> ParseCommandLine(int argc, char** argv, CommandLine& cl, dhs:
   }
   spdlog::set_level(spdlog::level::from_str(cl.log_level));
   // memd creates the run directory; a worker started on one that does not exist fails here, not as a bind error.
-  if (std::error_code ec; !std::filesystem::is_directory(cl.run_dir, ec)) {
+  if (std::error_code ec; !cl.check_config && !std::filesystem::is_directory(cl.run_dir, ec)) {
     spdlog::error("workerd: run directory {} does not exist (memd creates it: start memd first, with the same "
                   "--run-dir)", cl.run_dir);
     return 2;
@@ -293,10 +311,42 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
 
 }  // namespace
 
+// --check-config after the command line parsed: the device choice and the geometry against the model's shape (a
+// preset's shape without generating its weights; a --weights file loaded). Returns the exit code.
+int CheckConfig(const CommandLine& cl, const dhs::LinkModelConfig& link) {
+  if (absl::StatusOr<bool> cpu = ChooseCpuBackend(cl.device_name, link, cl.config.gpu); !cpu.ok()) {
+    spdlog::error("workerd: --device {}: {}", cl.device_name, std::string(cpu.status().message()));
+    return 2;
+  }
+  absl::StatusOr<dhs::model::ModelConfig> shape = dhs::model::PresetConfig(cl.preset);
+  if (!cl.weights.empty()) {
+    absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = dhs::model::Model::Load(cl.weights);
+    if (!model.ok()) {
+      spdlog::error("workerd: cannot load the model: {}", model.status().ToString());
+      return 1;
+    }
+    shape = (*model)->config();
+  }
+  if (!shape.ok()) {
+    spdlog::error("workerd: {}", shape.status().ToString());
+    return 2;
+  }
+  absl::StatusOr<dhs::WorkerGeometry> geometry = dhs::ComputeGeometry(*shape, cl.config);
+  if (!geometry.ok()) {
+    spdlog::error("workerd: {}", geometry.status().ToString());
+    return 2;
+  }
+  std::printf("workerd: configuration ok (gpu %u: M = %llu pages of %llu bytes)\n", cl.config.gpu,
+              static_cast<unsigned long long>(geometry->capacity_pages),
+              static_cast<unsigned long long>(geometry->page_bytes));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CommandLine cl;
   dhs::LinkModelConfig link;
   if (std::optional<int> rc = ParseCommandLine(argc, argv, cl, link)) return *rc;
+  if (cl.check_config) return CheckConfig(cl, link);
   absl::StatusOr<std::unique_ptr<dhs::model::Model>> model = LoadModel(cl.weights, cl.preset, cl.seed);
   if (!model.ok()) {
     spdlog::error("workerd: cannot load the model: {}", model.status().ToString());

@@ -49,6 +49,7 @@ max_restarts = 3
 restart_window_s = 60
 stop_grace_ms = 2000
 restart_workers_with_memd = false
+worker_liveness_timeout_ms = 2500
 )";
 
 // The error message of parsing `text`, "" when it parsed.
@@ -90,6 +91,7 @@ TEST(NodeConfig, GoodConfigGivesTheDaemonsCommandLines) {
   EXPECT_EQ(c->supervise.stop_grace_ms, 2000);
   EXPECT_FALSE(c->supervise.restart_workers_with_memd);
   EXPECT_EQ(c->supervise.start_timeout_ms, SupervisorPolicy{}.start_timeout_ms);  // not given: the default
+  EXPECT_EQ(c->supervise.worker_liveness_timeout_ms, 2500);
 }
 
 TEST(NodeConfig, LivenessTimeoutsAndTheAdoptionGraceArePassedAndChecked) {
@@ -198,6 +200,8 @@ TEST(NodeConfig, EachErrorNamesTheKeyAndTheProblem) {
        "below supervise.backoff_initial_ms"},
       {Edited("restart_workers_with_memd = false", "restart_workers_with_memd = 0"),
        "supervise.restart_workers_with_memd", "expected a boolean"},
+      {Edited("worker_liveness_timeout_ms = 2500", "worker_liveness_timeout_ms = -1"),
+       "supervise.worker_liveness_timeout_ms", "must not be negative"},
       {"[node]\nrun_dir = \"/tmp/x\"\n[memd]\nhost_pool_pages = 8\n", "worker", "missing"},
       {"worker = 3\n[node]\nrun_dir = \"/tmp/x\"\n[memd]\nhost_pool_pages = 8\n", "worker", "expected an array"},
       {"memd = 5\n[node]\nrun_dir = \"/tmp/x\"\n", "memd", "expected a table, got an integer"},

@@ -31,7 +31,8 @@ SupervisorPolicy TestPolicy() {
   p.stop_grace_ms = 2000;
   p.start_timeout_ms = 4000;
   p.probe_interval_ms = 50;
-  p.memd_liveness_timeout_ms = 0;  // off: the liveness watch has its own test
+  p.memd_liveness_timeout_ms = 0;    // off: the liveness watch has its own test
+  p.worker_liveness_timeout_ms = 0;  // off: the liveness watch has its own test
   return p;
 }
 
@@ -44,7 +45,7 @@ std::vector<std::string> Names(size_t workers) {
 std::vector<std::pair<Kind, size_t>> KindsOf(const std::vector<SupervisorOrder>& orders) {
   std::vector<std::pair<Kind, size_t>> out;
   for (const SupervisorOrder& o : orders) {
-    if (o.kind != Kind::kLog) out.emplace_back(o.kind, o.child);
+    if (o.kind != Kind::kLog && o.kind != Kind::kLogTail) out.emplace_back(o.kind, o.child);
   }
   return out;
 }
@@ -255,24 +256,187 @@ TEST(Supervisor, HungMemdIsKilledAfterTheLivenessTimeoutAndRestarted) {
   EXPECT_EQ(s.streak(0), 1u);
 }
 
+// A restarted child (it was ready before) not ready within start_timeout_ms: SIGKILL, counted as a crash.
 TEST(Supervisor, StartTimeoutKillsAndCountsAsACrash) {
   Supervisor s(TestPolicy(), Names(1));
-  s.Begin(0);
+  int64_t now = StartAll(s, 1);
+  s.Exited(1, kCrash, now);
   s.DrainOrders();
-  s.Timer(4000);
+  now = s.restart_at_ms(1);
+  s.Timer(now);
+  ASSERT_EQ(KindsOf(s.DrainOrders()), (std::vector<std::pair<Kind, size_t>>{{Kind::kStart, 1}}));
+  s.Timer(now + 4000);
   std::vector<SupervisorOrder> orders = s.DrainOrders();
   ASSERT_FALSE(orders.empty());
   EXPECT_EQ(orders[0].kind, Kind::kSignal);
   EXPECT_EQ(orders[0].signal, SIGKILL);
-  s.Exited(0, SIGKILL, 4001);
-  EXPECT_EQ(s.streak(0), 1u);
-  EXPECT_EQ(s.restart_at_ms(0), 4101);
+  s.Exited(1, SIGKILL, now + 4001);
+  EXPECT_FALSE(s.stopping());
+  EXPECT_EQ(s.streak(1), 2u);
+  EXPECT_EQ(s.restart_at_ms(1), now + 4001 + 200);
+}
+
+// Fail fast (issue 22): memd that exits before it was ever ready (a bad flag, exit code 2) ends the node at once:
+// no restart, its log tail shown, exit code 1. Its start timeout on the first start does the same.
+TEST(Supervisor, MemdNeverReadyEndsTheNodeAtOnce) {
+  for (bool timeout : {false, true}) {
+    SCOPED_TRACE(timeout ? "start timeout" : "exit code 2");
+    Supervisor s(TestPolicy(), Names(2));
+    s.Begin(0);
+    s.DrainOrders();
+    s.Timer(50);
+    s.DrainOrders();
+    s.ProbeResult(0, false, 50);
+    int64_t now = 60;
+    if (timeout) {
+      now = 4000;
+      s.Timer(now);
+      std::vector<SupervisorOrder> orders = s.DrainOrders();
+      ASSERT_EQ(KindsOf(orders), (std::vector<std::pair<Kind, size_t>>{{Kind::kSignal, 0}}));
+      EXPECT_EQ(orders[0].signal, SIGKILL);
+    }
+    s.Exited(0, timeout ? SIGKILL : 2 << 8, now);
+    std::vector<SupervisorOrder> orders = s.DrainOrders();
+    ASSERT_EQ(orders.size(), 2u);
+    EXPECT_EQ(orders[0].kind, Kind::kLogTail);
+    EXPECT_EQ(orders[0].child, 0u);
+    EXPECT_THAT(orders[0].message,
+                HasSubstr(timeout ? "memd exited (signal SIGKILL (9)) before it was ever ready"
+                                  : "memd exited (exit code 2) before it was ever ready"));
+    EXPECT_EQ(orders[1].kind, Kind::kExit);
+    EXPECT_EQ(orders[1].exit_code, 1);
+    EXPECT_EQ(orders[1].message, orders[0].message);
+    EXPECT_TRUE(s.done());
+    EXPECT_EQ(s.starts(0), 1u);
+    EXPECT_EQ(s.starts(1), 0u);
+  }
+}
+
+// A worker that exits before it was ever ready, while the memd it started against is ready: the other workers get
+// SIGTERM, then memd, then exit 1; the failed worker's log tail is shown first.
+TEST(Supervisor, WorkerNeverReadyEndsTheNodeAtOnce) {
+  Supervisor s(TestPolicy(), Names(2));
+  s.Begin(0);
+  s.DrainOrders();
+  s.Timer(50);
+  s.DrainOrders();
+  s.ProbeResult(0, true, 50);  // memd ready: both workers start
+  s.DrainOrders();
+  s.Timer(100);
+  s.DrainOrders();
+  s.ProbeResult(2, true, 100);  // worker gpu 1 ready
+  s.Exited(1, 2 << 8, 120);     // worker gpu 0: a bad flag
+  std::vector<SupervisorOrder> orders = s.DrainOrders();
+  ASSERT_EQ(KindsOf(orders), (std::vector<std::pair<Kind, size_t>>{{Kind::kSignal, 2}}));
+  ASSERT_EQ(orders[0].kind, Kind::kLogTail);
+  EXPECT_EQ(orders[0].child, 1u);
+  EXPECT_THAT(orders[0].message, HasSubstr("worker gpu 0 exited (exit code 2) before it was ever ready"));
+  EXPECT_EQ(s.restart_at_ms(1), Supervisor::kNever);
+  s.Exited(2, 0, 130);
+  ASSERT_EQ(KindsOf(s.DrainOrders()), (std::vector<std::pair<Kind, size_t>>{{Kind::kSignal, 0}}));
+  s.Exited(0, 0, 140);
+  orders = s.DrainOrders();
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].exit_code, 1);
+  EXPECT_EQ(s.starts(1), 1u);  // never restarted
+}
+
+// A worker that fails before it was ever ready while its memd was replaced is an ordinary crash (its failure may be
+// the memd that went away), and so is any child's exit after it was ready once.
+TEST(Supervisor, NeverReadyWorkerIsACrashWhenItsMemdWentAway) {
+  Supervisor s(TestPolicy(), Names(1));
+  s.Begin(0);
+  s.DrainOrders();
+  s.Timer(50);
+  s.DrainOrders();
+  s.ProbeResult(0, true, 50);  // memd ready: the worker starts
+  s.DrainOrders();
+  EXPECT_TRUE(s.ever_ready(0));
+  s.Exited(0, SIGKILL, 60);  // memd dies (it had been ready: a crash)
+  EXPECT_FALSE(s.stopping());
+  s.Exited(1, 1 << 8, 70);  // the worker fails before ready, its memd gone
+  EXPECT_FALSE(s.stopping());
+  EXPECT_EQ(s.state(1), ChildState::kBackoff);
+  EXPECT_EQ(s.streak(1), 1u);
+  EXPECT_FALSE(s.ever_ready(1));
+}
+
+// Worker liveness (issue 22): a ready worker is probed every liveness_probe_ms; an answer resets the clock; none for
+// worker_liveness_timeout_ms: SIGKILL (once), and its exit is an ordinary crash (restarted after the backoff, memd and
+// the other workers left alone). memd's own watch is separate (off here).
+TEST(Supervisor, HungWorkerIsKilledAfterTheLivenessTimeoutAndRestarted) {
+  SupervisorPolicy policy = TestPolicy();
+  policy.liveness_probe_ms = 100;
+  policy.worker_liveness_timeout_ms = 1000;
+  Supervisor s(policy, Names(2));
+  StartAll(s, 2);  // workers ready (and answered) at 100: probes at 200, 300, ...
+  int64_t killed_at = -1;
+  for (int64_t t = 200; t <= 3000 && killed_at < 0; t += 100) {
+    s.Timer(t);
+    ASSERT_EQ(KindsOf(s.DrainOrders()), (std::vector<std::pair<Kind, size_t>>{{Kind::kProbe, 1}, {Kind::kProbe, 2}}))
+        << t;
+    s.ProbeResult(1, true, t);
+    s.ProbeResult(2, /*ready=*/t <= 700, t);  // worker gpu 1 answers until 700, then hangs (or is fenced)
+    std::vector<SupervisorOrder> orders = s.DrainOrders();
+    if (!orders.empty()) {
+      ASSERT_EQ(KindsOf(orders), (std::vector<std::pair<Kind, size_t>>{{Kind::kSignal, 2}})) << t;
+      EXPECT_EQ(orders[0].signal, SIGKILL);
+      EXPECT_THAT(orders[1].message, HasSubstr("worker gpu 1 answered no probe (or memd held its GPU fenced) for "
+                                               "1000 ms (hung)"));
+      killed_at = t;
+    }
+  }
+  EXPECT_EQ(killed_at, 700 + 1000);  // the last answer + the timeout, on the probe grid
+  s.Timer(killed_at + 50);
+  EXPECT_TRUE(KindsOf(s.DrainOrders()).empty());  // killed once; worker gpu 0's next probe is at killed_at + 100
+  s.Exited(2, SIGKILL, killed_at + 60);
+  EXPECT_FALSE(s.stopping());
+  EXPECT_EQ(s.state(2), ChildState::kBackoff);
+  s.Timer(killed_at + 60 + s.BackoffMs(1));
+  std::vector<std::pair<Kind, size_t>> kinds = KindsOf(s.DrainOrders());
+  EXPECT_NE(std::find(kinds.begin(), kinds.end(), std::pair<Kind, size_t>{Kind::kStart, 2}), kinds.end());
+  EXPECT_EQ(s.starts(0), 1u);  // memd untouched
+  EXPECT_EQ(s.starts(1), 1u);  // worker gpu 0 untouched
+}
+
+// Liveness off (0): a ready worker is never probed.
+TEST(Supervisor, WorkerLivenessOffProbesNothing) {
+  Supervisor s(TestPolicy(), Names(1));
+  StartAll(s, 1);
+  for (int64_t t = 200; t <= 5000; t += 100) {
+    s.Timer(t);
+    EXPECT_TRUE(KindsOf(s.DrainOrders()).empty()) << t;
+  }
+  EXPECT_EQ(s.NextWakeupMs(), Supervisor::kNever);
+}
+
+TEST(Supervisor, ChildTransitionsAreOnlyThoseOfTheTable) {
+  const ChildState all[] = {ChildState::kDown, ChildState::kStarting, ChildState::kReady, ChildState::kBackoff,
+                            ChildState::kStopping};
+  size_t allowed = 0;
+  for (ChildState from : all) {
+    for (ChildState to : all) {
+      const absl::Status st = CheckChildTransition(from, to);
+      if (st.ok()) {
+        allowed += from != to;
+      } else {
+        EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+        EXPECT_THAT(std::string(st.message()), HasSubstr(std::string(ChildStateName(from)) + " -> "));
+      }
+    }
+  }
+  EXPECT_EQ(allowed, std::size(kChildTransitions));
+  EXPECT_FALSE(CheckChildTransition(ChildState::kDown, ChildState::kReady).ok());      // ready without a start
+  EXPECT_FALSE(CheckChildTransition(ChildState::kBackoff, ChildState::kReady).ok());   // ready without a start
+  EXPECT_FALSE(CheckChildTransition(ChildState::kStopping, ChildState::kReady).ok());  // a stop is not undone
+  EXPECT_FALSE(CheckChildTransition(ChildState::kDown, ChildState::kBackoff).ok());    // no restart of a stopped child
 }
 
 // ---- randomized ----
 
 struct Coverage {  // how much the random runs exercised, summed over seeds
-  uint64_t starts = 0, readies = 0, memd_restarts = 0, gave_up = 0, clean_stops = 0, sigkills = 0;
+  uint64_t starts = 0, readies = 0, memd_restarts = 0, gave_up = 0, clean_stops = 0, sigkills = 0, failed_fast = 0,
+           liveness_kills = 0;
 };
 
 // One random run: a model of the processes (what the test knows independently of the supervisor) and the checks of
@@ -281,7 +445,8 @@ class RandomRun {
  public:
   RandomRun(uint64_t seed, size_t workers, const SupervisorPolicy& p, Coverage& cov)
       : rng_(seed), p_(p), n_(workers + 1), s_(p, Names(workers)), cov_(cov), live_(n_), termed_(n_), killed_(n_),
-        was_ready_(n_), ready_at_(n_), restart_at_(n_), streak_(n_), crashes_(n_) {}
+        was_ready_(n_), ever_ready_(n_), ready_at_(n_), restart_at_(n_), alive_at_(n_), memd_starts_at_start_(n_),
+        streak_(n_), crashes_(n_) {}
 
   void Run() {
     s_.Begin(now_);
@@ -353,9 +518,12 @@ class RandomRun {
     }
     for (auto [c, ready] : probes) {
       s_.ProbeResult(c, ready, now_);
-      if (ready && s_.state(c) == ChildState::kReady && !was_ready_[c]) {
-        was_ready_[c] = true;
-        ready_at_[c] = now_;
+      if (ready && s_.state(c) == ChildState::kReady) {
+        alive_at_[c] = now_;  // a liveness answer, or the readiness one
+        if (!was_ready_[c]) {
+          was_ready_[c] = ever_ready_[c] = true;
+          ready_at_[c] = now_;
+        }
       }
     }
     if (!probes.empty()) Apply();
@@ -373,12 +541,21 @@ class RandomRun {
         live_[o.child] = true;
         termed_[o.child] = killed_[o.child] = was_ready_[o.child] = false;
         ++cov_.starts;
+        if (o.child == 0) ++memd_starts_;
+        memd_starts_at_start_[o.child] = memd_starts_;
         if (o.child == 0 && s_.starts(0) > 1) ++cov_.memd_restarts;
         break;
       case Kind::kSignal:
         ASSERT_TRUE(live_[o.child]) << "a signal to a child with no process";
         if (o.child == 0 && Stopping()) {
           for (size_t c = 1; c < n_; ++c) ASSERT_FALSE(live_[c]) << "memd signalled while worker " << c << " lives";
+        }
+        if (o.signal == SIGKILL && !Stopping() && !termed_[o.child] && was_ready_[o.child]) {
+          // Only the liveness watch kills a ready child outside a stop: after its timeout without an answer.
+          const int64_t timeout = o.child == 0 ? p_.memd_liveness_timeout_ms : p_.worker_liveness_timeout_ms;
+          ASSERT_GT(timeout, 0) << "a ready child killed with its liveness watch off";
+          ASSERT_GE(now_ - alive_at_[o.child], timeout) << "a liveness SIGKILL before the timeout";
+          ++cov_.liveness_kills;
         }
         (o.signal == SIGKILL ? killed_ : termed_)[o.child] = true;
         cov_.sigkills += o.signal == SIGKILL;
@@ -416,6 +593,14 @@ class RandomRun {
   }
 
   void ModelCrash(size_t c) {
+    // Fail fast: never ready since the node began, and (a worker) its memd is the ready one it started against.
+    const bool memd_ready = live_[0] && was_ready_[0];
+    if (p_.fail_fast && !ever_ready_[c] &&
+        (c == 0 || (memd_ready && memd_starts_at_start_[c] == memd_starts_))) {
+      gave_up_ = true;
+      ++cov_.failed_fast;
+      return;
+    }
     crashes_[c].push_back(now_);
     while (crashes_[c].front() <= now_ - p_.restart_window_ms) crashes_[c].pop_front();
     if (crashes_[c].size() > p_.max_restarts) {
@@ -435,8 +620,10 @@ class RandomRun {
   Supervisor s_;
   Coverage& cov_;
   int64_t now_ = 0;
-  std::vector<bool> live_, termed_, killed_, was_ready_;
-  std::vector<int64_t> ready_at_, restart_at_;
+  std::vector<bool> live_, termed_, killed_, was_ready_, ever_ready_;
+  std::vector<int64_t> ready_at_, restart_at_, alive_at_;
+  std::vector<uint64_t> memd_starts_at_start_;
+  uint64_t memd_starts_ = 0;
   std::vector<uint32_t> streak_;
   std::vector<std::deque<int64_t>> crashes_;
   bool terminated_ = false, gave_up_ = false, exited_ = false;
@@ -448,19 +635,27 @@ TEST(SupervisorRandom, InvariantsHoldForRandomEventSequences) {
   for (uint64_t seed = 1; seed <= 300; ++seed) {
     p.restart_workers_with_memd = seed % 3 != 0;
     p.max_restarts = static_cast<uint32_t>(seed % 6);
+    p.fail_fast = seed % 5 != 0;
+    p.liveness_probe_ms = 100;
+    p.memd_liveness_timeout_ms = seed % 4 == 0 ? 300 : 0;
+    p.worker_liveness_timeout_ms = seed % 2 == 0 ? 300 : 0;
     SCOPED_TRACE("seed " + std::to_string(seed));
     RandomRun(seed, 1 + seed % 4, p, cov).Run();
     if (HasFatalFailure()) return;
   }
-  std::printf("random runs: %llu starts, %llu node-ready, %llu memd restarts, %llu SIGKILLs, %llu gave up, %llu clean "
-              "stops\n", (unsigned long long)cov.starts, (unsigned long long)cov.readies,
-              (unsigned long long)cov.memd_restarts, (unsigned long long)cov.sigkills,
-              (unsigned long long)cov.gave_up, (unsigned long long)cov.clean_stops);
+  std::printf("random runs: %llu starts, %llu node-ready, %llu memd restarts, %llu SIGKILLs (%llu by liveness), %llu "
+              "gave up (%llu failed fast), %llu clean stops\n", (unsigned long long)cov.starts,
+              (unsigned long long)cov.readies, (unsigned long long)cov.memd_restarts,
+              (unsigned long long)cov.sigkills, (unsigned long long)cov.liveness_kills,
+              (unsigned long long)cov.gave_up, (unsigned long long)cov.failed_fast,
+              (unsigned long long)cov.clean_stops);
   // Every outcome was reached: the checks above ran on each kind of path.
   EXPECT_GT(cov.readies, 0u);
   EXPECT_GT(cov.memd_restarts, 0u);
   EXPECT_GT(cov.sigkills, 0u);
   EXPECT_GT(cov.gave_up, 0u);
+  EXPECT_GT(cov.failed_fast, 0u);
+  EXPECT_GT(cov.liveness_kills, 0u);
   EXPECT_GT(cov.clean_stops, 0u);
   EXPECT_EQ(cov.gave_up + cov.clean_stops, 300u);
 }

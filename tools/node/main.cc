@@ -1,11 +1,13 @@
 // dhs-node: starts and supervises one node (memd + one workerd per configured GPU) from a TOML configuration
 // (issue 11, "The node launcher"; docs/operations.md "Running a node with dhs-node").
 //
-//   dhs-node --config node.toml [--check]
+//   dhs-node --config node.toml [--check] [--worker-liveness-timeout-ms MS]
 //
-// Exit codes: 0 clean stop (SIGTERM/SIGINT), --help, or --check of a good configuration; 1 the node could not run or
+// Exit codes: 0 clean stop (SIGTERM/SIGINT), --help, or --check of a good configuration; 1 the node could not run
+// (an unusable or busy run directory, executables not found), a child failed before it was ever ready, or the node
 // gave up (a child crashed more than supervise.max_restarts times within supervise.restart_window_s); 2 a bad
-// command line or configuration (the message names the key and the problem).
+// command line or configuration (the message names the key and the problem), or --check found a problem (the run
+// directory, or memd's or a worker's own --check-config).
 #include <unistd.h>
 
 #include <climits>
@@ -39,7 +41,14 @@ int main(int argc, char** argv) {
   std::string config_path;
   bool check_only = false;
   app.add_option("--config", config_path, "the node's TOML configuration (docs/operations.md)")->required();
-  app.add_flag("--check", check_only, "validate the configuration, print memd's and the workers' command lines, exit");
+  app.add_flag("--check", check_only,
+               "validate the configuration, print memd's and the workers' command lines, run each one's own "
+               "--check-config, check the run directory (writable, no live dhs-node, memd or worker on it), exit");
+  int64_t worker_liveness_timeout_ms = -1;
+  app.add_option("--worker-liveness-timeout-ms", worker_liveness_timeout_ms,
+                 "overrides supervise.worker_liveness_timeout_ms: a ready worker no liveness probe found alive this "
+                 "long gets SIGKILL and is restarted; 0 = off")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -59,6 +68,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dhs-node: %s: %s\n", config_path.c_str(), std::string(page_bytes.status().message()).c_str());
     return 2;
   }
+  if (worker_liveness_timeout_ms >= 0) config->supervise.worker_liveness_timeout_ms = worker_liveness_timeout_ms;
   const dhs::node::NodePaths paths{ExecutablePath(config->memd_path, DHS_MEMD_PATH, "memd"),
                                    ExecutablePath(config->workerd_path, DHS_WORKERD_PATH, "workerd")};
   if (check_only) {
@@ -69,7 +79,22 @@ int main(int argc, char** argv) {
       for (const std::string& a : dhs::node::WorkerArgs(*config, i)) std::printf(" %s", a.c_str());
     }
     std::printf("\n");
-    return 0;
+    std::fflush(stdout);
+    std::vector<absl::Status> problems = {dhs::node::CheckRunDirUsable(config->run_dir),
+                                          dhs::node::CheckRunDirFree(*config)};
+    problems.push_back(
+        dhs::node::CheckChildConfig("memd", paths.memd, dhs::node::MemdArgs(*config, *page_bytes)));
+    for (size_t i = 0; i < config->workers.size(); ++i) {
+      problems.push_back(dhs::node::CheckChildConfig("worker gpu " + std::to_string(config->workers[i].gpu),
+                                                     paths.workerd, dhs::node::WorkerArgs(*config, i)));
+    }
+    int code = 0;
+    for (const absl::Status& s : problems) {
+      if (s.ok()) continue;
+      std::fprintf(stderr, "dhs-node: %s: %s\n", config_path.c_str(), std::string(s.message()).c_str());
+      code = 2;
+    }
+    return code;
   }
   return dhs::node::RunNode(*config, *page_bytes, paths);
 }

@@ -89,6 +89,7 @@ const KeySpec kSuperviseKeys[] = {
     {"restart_workers_with_memd", "", KeySpec::kBool},
     {"liveness_probe_ms", "", KeySpec::kUint, 100, 60000},
     {"memd_liveness_timeout_ms", "", KeySpec::kUint, 0, 3600000},
+    {"worker_liveness_timeout_ms", "", KeySpec::kUint, 0, 3600000},  // issue 22: worker liveness
 };
 
 absl::Status KeyError(absl::string_view path, absl::string_view problem) {
@@ -298,6 +299,7 @@ absl::Status ReadSupervise(const toml::table& root, NodeConfig& c) {
   num("probe_interval_ms", p.probe_interval_ms);
   num("liveness_probe_ms", p.liveness_probe_ms);
   num("memd_liveness_timeout_ms", p.memd_liveness_timeout_ms);
+  num("worker_liveness_timeout_ms", p.worker_liveness_timeout_ms);
   if (auto it = s->find("restart_workers_with_memd"); it != s->end()) {
     p.restart_workers_with_memd = it->second == "true";
   }

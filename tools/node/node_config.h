@@ -12,7 +12,8 @@
 //                hot_rows, tail_rows, page_rows, max_context, prefix_cache_bytes, prefill_chunk, connect_timeout_ms,
 //                log_level, extra_args (array of strings passed last, e.g. the link-model flags)
 //   [supervise]  backoff_initial_ms, backoff_max_ms, backoff_reset_ms, max_restarts, restart_window_s, stop_grace_ms,
-//                start_timeout_ms, probe_interval_ms (SupervisorPolicy, tools/node/supervisor.h)
+//                start_timeout_ms, probe_interval_ms, restart_workers_with_memd, liveness_probe_ms,
+//                memd_liveness_timeout_ms, worker_liveness_timeout_ms (SupervisorPolicy, tools/node/supervisor.h)
 // Byte sizes (*_bytes) are integers or strings with a unit: K/M/G/T = 1000^n, KiB/MiB/GiB/TiB = 1024^n (as memd's
 // --host-pool-bytes).
 //

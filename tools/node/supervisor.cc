@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 
 namespace dhs::node {
 
@@ -20,6 +21,15 @@ const char* ChildStateName(ChildState s) {
     case ChildState::kStopping: return "stopping";
   }
   return "?";
+}
+
+absl::Status CheckChildTransition(ChildState from, ChildState to) {
+  if (from == to) return absl::OkStatus();
+  for (const auto& [f, t] : kChildTransitions) {
+    if (f == from && t == to) return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("child state ", ChildStateName(from), " -> ", ChildStateName(to), " is not a move"));
 }
 
 std::string DescribeExit(int wait_status) {
@@ -51,9 +61,15 @@ void Supervisor::Order(SupervisorOrder::Kind kind, size_t child, std::string mes
 
 std::vector<SupervisorOrder> Supervisor::DrainOrders() { return std::exchange(orders_, {}); }
 
+void Supervisor::SetState(size_t c, ChildState to) {
+  DHS_CHECK_OK(CheckChildTransition(children_[c].state, to));
+  children_[c].state = to;
+}
+
 void Supervisor::Start(size_t c, int64_t now) {
   Child& ch = children_[c];
-  ch.state = ChildState::kStarting;
+  SetState(c, ChildState::kStarting);
+  ch.memd_starts_at_start = children_[kMemd].starts;
   ch.live = true;
   ch.started_at = now;
   ch.next_probe = now + policy_.probe_interval_ms;
@@ -68,7 +84,7 @@ void Supervisor::Start(size_t c, int64_t now) {
 void Supervisor::SendTerm(size_t c, int64_t now) {
   Child& ch = children_[c];
   if (!ch.live || ch.state == ChildState::kStopping) return;
-  ch.state = ChildState::kStopping;
+  SetState(c, ChildState::kStopping);
   ch.kill_at = now + policy_.stop_grace_ms;
   Order(SupervisorOrder::Kind::kSignal, c, "", SIGTERM);
 }
@@ -91,12 +107,12 @@ void Supervisor::Exited(size_t c, int wait_status, int64_t now) {
   ch.live = false;
   ch.kill_at = kNever;
   if (stopping()) {
-    ch.state = ChildState::kDown;
+    SetState(c, ChildState::kDown);
     AdvanceStop(now);
     return;
   }
   if (ch.respawn_after_stop) {  // stopped because memd went away: started again once memd is ready
-    ch.state = ChildState::kBackoff;
+    SetState(c, ChildState::kBackoff);
     ch.restart_at = now;
     ch.respawn_after_stop = false;
     StartDueChildren(now);
@@ -105,23 +121,42 @@ void Supervisor::Exited(size_t c, int wait_status, int64_t now) {
   OnCrash(c, wait_status, now);
 }
 
+bool Supervisor::FailsFast(size_t c) const {
+  const Child& ch = children_[c];
+  if (!policy_.fail_fast || ch.ever_ready) return false;
+  if (c == kMemd) return true;
+  const Child& m = children_[kMemd];  // the memd this worker started against is still the ready one
+  return m.state == ChildState::kReady && m.starts == ch.memd_starts_at_start;
+}
+
 void Supervisor::OnCrash(size_t c, int wait_status, int64_t now) {
   Child& ch = children_[c];
   const bool was_ready = ch.state == ChildState::kReady;
   if (phase_ == Phase::kRunning) phase_ = Phase::kStarting;  // "node ready" again once it recovered
+  if (FailsFast(c)) {
+    SetState(c, ChildState::kDown);
+    std::string message = absl::StrFormat(
+        "dhs-node: %s exited (%s) before it was ever ready: it would fail the same way again; stopping the node "
+        "(its log follows)", ch.name, DescribeExit(wait_status));
+    Order(SupervisorOrder::Kind::kLogTail, c, message);
+    BeginStop(now, 1, std::move(message), /*log=*/false);
+    return;
+  }
   ch.crashes.push_back(now);
   while (!ch.crashes.empty() && ch.crashes.front() <= now - policy_.restart_window_ms) ch.crashes.pop_front();
   if (ch.crashes.size() > policy_.max_restarts) {
-    ch.state = ChildState::kDown;
-    BeginStop(now, 1,
-              absl::StrFormat("dhs-node: giving up: %s exited %d times within %d s (last: %s); stopping the node",
-                              ch.name, ch.crashes.size(), policy_.restart_window_ms / 1000, DescribeExit(wait_status)));
+    SetState(c, ChildState::kDown);
+    std::string message =
+        absl::StrFormat("dhs-node: giving up: %s exited %d times within %d s (last: %s); stopping the node",
+                        ch.name, ch.crashes.size(), policy_.restart_window_ms / 1000, DescribeExit(wait_status));
+    Order(SupervisorOrder::Kind::kLogTail, c, message);
+    BeginStop(now, 1, std::move(message), /*log=*/false);
     return;
   }
   if (was_ready && now - ch.ready_at >= policy_.backoff_reset_ms) ch.streak = 0;
   ++ch.streak;
   const int64_t delay = BackoffMs(ch.streak);
-  ch.state = ChildState::kBackoff;
+  SetState(c, ChildState::kBackoff);
   ch.restart_at = now + delay;
   Order(SupervisorOrder::Kind::kLog, c,
         absl::StrFormat("dhs-node: %s exited (%s); restart %d of %d in this window, in %d ms", ch.name,
@@ -151,31 +186,36 @@ void Supervisor::StartDueChildren(int64_t now) {
   }
 }
 
-bool Supervisor::WatchesMemd() const {
-  const Child& m = children_[kMemd];
-  // Not while the node stops: memd stays ready until every worker exited, and its SIGTERM/SIGKILL are the stop's.
-  return policy_.memd_liveness_timeout_ms > 0 && phase_ != Phase::kStopping && m.state == ChildState::kReady &&
-         !m.kill_sent;
+int64_t Supervisor::LivenessTimeoutMs(size_t c) const {
+  return c == kMemd ? policy_.memd_liveness_timeout_ms : policy_.worker_liveness_timeout_ms;
 }
 
-// A liveness probe of a ready memd answered (or not): one unanswered for memd_liveness_timeout_ms gets SIGKILL.
-void Supervisor::OnMemdLiveness(bool answered, int64_t now) {
-  Child& m = children_[kMemd];
+bool Supervisor::Watches(size_t c) const {
+  const Child& ch = children_[c];
+  // Not while the node stops: memd stays ready until every worker exited, and its SIGTERM/SIGKILL are the stop's.
+  return LivenessTimeoutMs(c) > 0 && phase_ != Phase::kStopping && phase_ != Phase::kDone &&
+         ch.state == ChildState::kReady && !ch.kill_sent;
+}
+
+// A liveness probe of a ready child answered (or not): none found it alive for its liveness timeout: SIGKILL (once);
+// its exit is then an ordinary crash (restarted after its backoff).
+void Supervisor::OnLiveness(size_t c, bool answered, int64_t now) {
+  Child& ch = children_[c];
   if (answered) {
-    m.answered_at = now;
+    ch.answered_at = now;
     return;
   }
-  if (now - m.answered_at < policy_.memd_liveness_timeout_ms) return;
-  m.kill_sent = true;
-  Order(SupervisorOrder::Kind::kSignal, kMemd, "", SIGKILL);
-  Order(SupervisorOrder::Kind::kLog, kMemd,
-        absl::StrFormat("dhs-node: %s answered no probe for %d ms (hung): SIGKILL; it is restarted like a crash",
-                        m.name, now - m.answered_at));
+  if (now - ch.answered_at < LivenessTimeoutMs(c)) return;
+  ch.kill_sent = true;
+  Order(SupervisorOrder::Kind::kSignal, c, "", SIGKILL);
+  Order(SupervisorOrder::Kind::kLog, c,
+        absl::StrFormat("dhs-node: %s answered no probe%s for %d ms (hung): SIGKILL; it is restarted like a crash",
+                        ch.name, c == kMemd ? "" : " (or memd held its GPU fenced)", now - ch.answered_at));
 }
 
 void Supervisor::ProbeResult(size_t c, bool ready, int64_t now) {
-  if (c == kMemd && WatchesMemd()) {
-    OnMemdLiveness(ready, now);
+  if (Valid(c) && Watches(c)) {
+    OnLiveness(c, ready, now);
     return;
   }
   if (!Valid(c) || children_[c].state != ChildState::kStarting || children_[c].kill_sent) {
@@ -184,10 +224,11 @@ void Supervisor::ProbeResult(size_t c, bool ready, int64_t now) {
   }
   if (!ready) return;  // probed again at next_probe
   Child& ch = children_[c];
-  ch.state = ChildState::kReady;
+  SetState(c, ChildState::kReady);
+  ch.ever_ready = true;
   ch.ready_at = now;
   ch.answered_at = now;
-  ch.next_probe = now + policy_.liveness_probe_ms;  // memd's liveness watch (WatchesMemd)
+  ch.next_probe = now + policy_.liveness_probe_ms;  // the liveness watch (Watches)
   if (c == kMemd) StartDueChildren(now);
   MaybeAnnounceReady();
 }
@@ -220,7 +261,7 @@ void Supervisor::Timer(int64_t now) {
     } else if (ch.state == ChildState::kStarting && !ch.kill_sent && ch.next_probe <= now) {
       ch.next_probe = now + policy_.probe_interval_ms;
       Order(SupervisorOrder::Kind::kProbe, c);
-    } else if (c == kMemd && WatchesMemd() && ch.next_probe <= now) {
+    } else if (Watches(c) && ch.next_probe <= now) {
       ch.next_probe = now + policy_.liveness_probe_ms;
       Order(SupervisorOrder::Kind::kProbe, c);
     }
@@ -237,7 +278,7 @@ int64_t Supervisor::NextWakeupMs() const {
     if (ch.state == ChildState::kStarting && !ch.kill_sent) {
       next = std::min({next, ch.next_probe, ch.started_at + policy_.start_timeout_ms});
     }
-    if (c == kMemd && WatchesMemd()) next = std::min(next, ch.next_probe);
+    if (Watches(c)) next = std::min(next, ch.next_probe);
     const bool can_start = !IsWorker(c) || children_[kMemd].state == ChildState::kReady;
     if (ch.state == ChildState::kBackoff && can_start) next = std::min(next, ch.restart_at);
   }
@@ -256,15 +297,16 @@ void Supervisor::Terminate(int64_t now) {
   BeginStop(now, 0, "dhs-node: stopped cleanly");
 }
 
-void Supervisor::BeginStop(int64_t now, int code, std::string message) {
+void Supervisor::BeginStop(int64_t now, int code, std::string message, bool log) {
   phase_ = Phase::kStopping;
   exit_code_ = code;
   exit_message_ = std::move(message);
-  if (code != 0) Order(SupervisorOrder::Kind::kLog, kMemd, exit_message_);
-  for (Child& ch : children_) {
+  if (code != 0 && log) Order(SupervisorOrder::Kind::kLog, kMemd, exit_message_);
+  for (size_t c = 0; c < children_.size(); ++c) {
+    Child& ch = children_[c];
     ch.respawn_after_stop = false;
     ch.restart_at = kNever;
-    if (!ch.live) ch.state = ChildState::kDown;
+    if (!ch.live) SetState(c, ChildState::kDown);
   }
   AdvanceStop(now);
 }

@@ -9,6 +9,11 @@
 // Decisions:
 // - Start-up: memd first; the workers once memd is ready (its probe answered); "node ready" (kReady) once every child
 //   is ready. A child not ready within start_timeout_ms is killed (SIGKILL) and counts as a crash.
+// - Fail fast (issue 22): a child that exits (or cannot be started, or is killed by its start timeout) before it was
+//   EVER ready fails the same way on every try (a bad flag, a bad metrics address, a pool too large for /dev/shm, a
+//   live memd on the run directory): the node stops at once (below) with exit code 1, and the child's log since its
+//   start is shown (kLogTail). A worker counts only when the memd it started against is still the ready one (a worker
+//   that failed while memd restarted is an ordinary crash). The same log tail is shown when the node gives up.
 // - A child that exits (or cannot be started) while the node runs is restarted after an exponential backoff:
 //   backoff_initial_ms * 2^(k-1) for the k-th crash of a streak, at most backoff_max_ms; a child that had been ready
 //   for backoff_reset_ms when it exited starts a new streak. A worker is (re)started only while memd is ready.
@@ -22,6 +27,10 @@
 //   A memd that is live but does not answer (hung: SIGSTOPped, deadlocked) is probed every liveness_probe_ms once it
 //   is ready; when no probe has answered for memd_liveness_timeout_ms it gets SIGKILL (logged as hung), and its exit
 //   is handled as any memd exit (restart with backoff; the new memd adopts the host pool and the records). 0 = off.
+// - Worker liveness (issue 22): a ready worker is probed the same way (every liveness_probe_ms: it must answer a
+//   WorkerStatsQuery on its serving socket, and memd, when it answers, must not hold its GPU fenced); a worker no probe
+//   found alive for worker_liveness_timeout_ms (stopped, deadlocked, or fenced and not exiting) gets SIGKILL and is
+//   restarted like a crash, so its GPU serves again. 0 = off.
 //   With restart_workers_with_memd every live worker is stopped (SIGTERM: its requests END, "worker stopping") and
 //   started again, without backoff and not counted as a crash, once the new memd is ready.
 // - Terminate (SIGTERM/SIGINT) or giving up: restarts are cancelled; every live worker gets SIGTERM; memd gets
@@ -36,6 +45,7 @@
 #include <deque>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,6 +64,12 @@ struct SupervisorPolicy {
   bool restart_workers_with_memd = false;
   int64_t liveness_probe_ms = 1000;          // between liveness probes of a ready memd, ms
   int64_t memd_liveness_timeout_ms = 10000;  // a ready memd no probe reached this long is hung: SIGKILL; 0 = off
+  // A ready worker no liveness probe found alive (answering, its GPU not fenced) this long is hung: SIGKILL, restarted
+  // like a crash; 0 = off (issue 22). ms.
+  int64_t worker_liveness_timeout_ms = 10000;
+  // A child that exits before it was ever ready ends the node at once (see above); false: it is restarted like any
+  // crash (dhs-replay's supervised node, whose faults kill children on purpose).
+  bool fail_fast = true;
 };
 
 enum class ChildState {
@@ -65,6 +81,25 @@ enum class ChildState {
 };
 const char* ChildStateName(ChildState s);
 
+// The only moves of a child's state (Supervisor changes it through one validating function; a move not listed is a
+// bug of the core and aborts). Staying in a state is not a move.
+inline constexpr std::pair<ChildState, ChildState> kChildTransitions[] = {
+    {ChildState::kDown, ChildState::kStarting},      // started (first start, or a respawn after the node's memd came)
+    {ChildState::kBackoff, ChildState::kStarting},   // its restart time came (a worker: memd ready)
+    {ChildState::kStarting, ChildState::kReady},     // a readiness probe answered
+    {ChildState::kStarting, ChildState::kBackoff},   // exited before ready (a crash; restarted later)
+    {ChildState::kReady, ChildState::kBackoff},      // exited while ready (a crash, a liveness SIGKILL)
+    {ChildState::kStopping, ChildState::kBackoff},   // stopped because memd went away: respawned without backoff
+    {ChildState::kStarting, ChildState::kStopping},  // SIGTERM (the node stops, or memd went away)
+    {ChildState::kReady, ChildState::kStopping},     // SIGTERM
+    {ChildState::kStarting, ChildState::kDown},      // exited while the node stops, or it failed fast / gave up
+    {ChildState::kReady, ChildState::kDown},         // exited while the node stops (a SIGKILL'd child), or gave up
+    {ChildState::kStopping, ChildState::kDown},      // exited after its SIGTERM
+    {ChildState::kBackoff, ChildState::kDown},       // the node stops: its restart is cancelled
+};
+// OK when `from` -> `to` is in kChildTransitions or from == to; FAILED_PRECONDITION naming both otherwise.
+absl::Status CheckChildTransition(ChildState from, ChildState to);
+
 struct SupervisorOrder {
   enum class Kind {
     kStart,   // spawn child `child` (answered by Exited if the spawn fails, with an exit status 127)
@@ -73,6 +108,7 @@ struct SupervisorOrder {
     kReady,   // every child is ready: log `message`; the first one also notifies systemd (READY=1)
     kExit,    // every child exited: log `message`, exit with `exit_code`
     kLog,     // something to log (`message`, warning level)
+    kLogTail, // log `message` (error level), then the last lines child `child`'s log got since its last start
   };
   Kind kind = Kind::kLog;
   size_t child = 0;
@@ -109,6 +145,8 @@ class Supervisor {
   uint32_t streak(size_t child) const { return children_.at(child).streak; }
   int64_t restart_at_ms(size_t child) const { return children_.at(child).restart_at; }
   uint64_t starts(size_t child) const { return children_.at(child).starts; }
+  // Whether child `child` was ready at least once since Begin (a child never ready fails fast).
+  bool ever_ready(size_t child) const { return children_.at(child).ever_ready; }
   bool stopping() const { return phase_ == Phase::kStopping || phase_ == Phase::kDone; }
   bool done() const { return phase_ == Phase::kDone; }
   uint64_t ignored_events() const { return ignored_; }
@@ -127,7 +165,7 @@ class Supervisor {
     ChildState state = ChildState::kDown;
     bool live = false;
     int64_t started_at = 0, ready_at = 0, next_probe = 0;
-    int64_t answered_at = 0;   // the last probe that found it ready (memd's liveness), ms
+    int64_t answered_at = 0;   // the last probe that found it ready or alive (liveness), ms
     int64_t kill_at = kNever;  // SIGKILL time of a live child signalled with SIGTERM (or a start timeout)
     bool kill_sent = false;
     bool respawn_after_stop = false;  // stopped because memd went away: start again, no backoff, not a crash
@@ -135,6 +173,8 @@ class Supervisor {
     uint32_t streak = 0;
     std::deque<int64_t> crashes;  // crash times within the window
     uint64_t starts = 0;
+    bool ever_ready = false;          // ready at least once since Begin
+    uint64_t memd_starts_at_start = 0;  // a worker: memd's `starts` when it was last started
   };
 
   bool IsWorker(size_t c) const { return c != kMemd; }
@@ -144,11 +184,14 @@ class Supervisor {
   void SendTerm(size_t c, int64_t now);
   void OnCrash(size_t c, int wait_status, int64_t now);
   void OnMemdGone(int64_t now);
-  void OnMemdLiveness(bool answered, int64_t now);
-  bool WatchesMemd() const;
+  void SetState(size_t c, ChildState to);  // through CheckChildTransition
+  void OnLiveness(size_t c, bool answered, int64_t now);
+  int64_t LivenessTimeoutMs(size_t c) const;
+  bool Watches(size_t c) const;  // a liveness watch runs on child c (ready, not killed, the node not stopping)
+  bool FailsFast(size_t c) const;  // child c's exit now ends the node (never ready, see the header)
   void StartDueChildren(int64_t now);
   void MaybeAnnounceReady();
-  void BeginStop(int64_t now, int code, std::string message);
+  void BeginStop(int64_t now, int code, std::string message, bool log = true);  // log: a kLog of `message` now
   void AdvanceStop(int64_t now);
 
   SupervisorPolicy policy_;

@@ -134,6 +134,10 @@ node::SupervisorPolicy SupervisedNodeOptions::ChaosPolicy() {
   p.stop_grace_ms = 5000;
   p.start_timeout_ms = 60000;
   p.probe_interval_ms = 50;
+  // Its faults kill the children on purpose: a child killed before it was ready is restarted, and a worker busy with
+  // a long CPU step is not probed into a SIGKILL (issue 22's worker liveness is dhs-node's).
+  p.fail_fast = false;
+  p.worker_liveness_timeout_ms = 0;
   return p;
 }
 
@@ -236,7 +240,8 @@ bool SupervisedNode::Runtime::ExecuteSupervisorOrders() {
           node.cv_.notify_all();
           break;
         }
-        case Kind::kLog: Log(o.message); break;
+        case Kind::kLog:
+        case Kind::kLogTail: Log(o.message); break;
         case Kind::kExit: {
           std::lock_guard<std::mutex> lock(node.mu_);
           node.exited_ = true;
