@@ -492,8 +492,16 @@ class RandomRun {
       const size_t c = live[rng_() % live.size()];
       ExitChild(c, killed_[c] ? SIGKILL : (Chance(0.5) ? kCrash : SIGSEGV));
     } else if (r < 0.25) {  // signalled children obey (SIGKILL always, SIGTERM mostly)
+      // Those signalled before this step (an exit here may make the core signal others; those orders are not
+      // drained yet, so their children cannot have obeyed them).
+      std::vector<std::pair<size_t, int>> obey;
       for (size_t c : live) {
-        if (killed_[c] || (termed_[c] && Chance(0.7))) ExitChild(c, killed_[c] ? SIGKILL : 0);
+        if (killed_[c] || (termed_[c] && Chance(0.7))) obey.emplace_back(c, killed_[c] ? SIGKILL : 0);
+      }
+      for (auto [c, status] : obey) {  // one event at a time, its orders checked before the next
+        ExitChild(c, status);
+        Apply();
+        if (::testing::Test::HasFatalFailure()) return;
       }
     } else if (r < 0.27) {  // events that do not fit: ignored
       const uint64_t before = s_.ignored_events();
@@ -546,7 +554,8 @@ class RandomRun {
         if (o.child == 0 && s_.starts(0) > 1) ++cov_.memd_restarts;
         break;
       case Kind::kSignal:
-        ASSERT_TRUE(live_[o.child]) << "a signal to a child with no process";
+        ASSERT_TRUE(live_[o.child]) << "a signal to a child with no process: child " << o.child << " signal "
+                                    << o.signal << " state " << ChildStateName(s_.state(o.child)) << " at " << now_;
         if (o.child == 0 && Stopping()) {
           for (size_t c = 1; c < n_; ++c) ASSERT_FALSE(live_[c]) << "memd signalled while worker " << c << " lives";
         }

@@ -85,6 +85,7 @@ void Supervisor::SendTerm(size_t c, int64_t now) {
   Child& ch = children_[c];
   if (!ch.live || ch.state == ChildState::kStopping) return;
   SetState(c, ChildState::kStopping);
+  if (ch.kill_sent) return;  // SIGKILL'd already (liveness, start timeout): its exit is on its way
   ch.kill_at = now + policy_.stop_grace_ms;
   Order(SupervisorOrder::Kind::kSignal, c, "", SIGTERM);
 }
