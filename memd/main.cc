@@ -195,7 +195,7 @@ int Serve(const CommandLine& c) {
   spdlog::info("memd: serving {} (host pool /dev/shm/{}: {} pages x {} bytes, policy {})", (*daemon)->endpoint(),
                (*daemon)->segment().name(), o.host_pool_pages, o.page_bytes, o.reclaim_policy);
   dhs::NotifyReady("serving " + (*daemon)->endpoint());  // systemd Type=notify (docs/systemd/memd.service)
-  std::optional<std::chrono::steady_clock::time_point> drain_until;
+  std::optional<std::chrono::steady_clock::time_point> drain_until, drained_at;
   const dhs::memd::Daemon* d = daemon->get();
   absl::Status s = (*daemon)->Run([&] {
     if (g_stop != 0) return false;
@@ -206,7 +206,11 @@ int Serve(const CommandLine& c) {
       spdlog::info("memd: SIGUSR1 (the node stops): serving until the workers ended their {} requests (at most {} ms)",
                    d->records().size(), kDrainMs.count());
     }
-    if (d->records().size() == 0) return false;
+    if (d->records().size() == 0) {
+      // Serve a last moment so that the CompleteAcks just sent reach the workers (the socket closes without linger).
+      if (!drained_at) drained_at = now;
+      return now < *drained_at + std::chrono::milliseconds(200);
+    }
     if (now < *drain_until) return true;
     spdlog::warn("memd: {} requests still open after {} ms: kept for the next memd", d->records().size(),
                  kDrainMs.count());
