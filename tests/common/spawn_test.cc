@@ -1,5 +1,6 @@
 // common/spawn.h: a child's output goes to its log (truncated or appended), a missing program is an error of
-// SpawnChild itself, NOTIFY_SOCKET is dropped only when asked, and signals blocked in the parent are unblocked.
+// SpawnChild itself, NOTIFY_SOCKET is dropped only when asked, signals blocked in the parent are unblocked, and the
+// parent-death signal is the one asked for.
 #include "common/spawn.h"
 
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -79,6 +81,26 @@ TEST_F(SpawnTest, SignalsBlockedInTheParentAreUnblockedInTheChild) {
   const int status = Run("kill -TERM $$; sleep 5", {.log = dir_ + "/log"});
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+}
+
+// The parent-death signal is SpawnOptions::parent_death_signal (dhs-node gives memd SIGUSR1, issue 22): the child of a
+// thread that ended gets it (a shell at SIGUSR1's default action dies by it), SIGTERM by default.
+TEST_F(SpawnTest, TheChildGetsItsParentDeathSignalWhenTheStartingThreadEnds) {
+  for (int sig : {SIGUSR1, SIGTERM}) {
+    pid_t pid = -1;
+    std::thread starter([&] {
+      SpawnOptions options{.log = dir_ + "/log"};
+      if (sig != SIGTERM) options.parent_death_signal = sig;
+      absl::StatusOr<pid_t> p = SpawnChild("/bin/sleep", {"30"}, options);
+      ASSERT_TRUE(p.ok()) << p.status();
+      pid = *p;
+    });
+    starter.join();  // the thread that spawned the child ends: the kernel signals the child
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << sig << ": status " << status;
+  }
 }
 
 }  // namespace
