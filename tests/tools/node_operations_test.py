@@ -5,11 +5,13 @@ temporary directory:
     own error among the log lines dhs-node prints; a memd whose metrics address is bad does the same;
 (2) --check runs each child's own --check-config: a bad worker flag, a bad metrics address and a host pool larger
     than /dev/shm each fail --check (exit 2) naming the child and its problem; a good configuration passes;
-(3) run directory: an unwritable one gets a clear message before anything starts; a second dhs-node on the run
-    directory of a live one refuses (exit 1, the live node's pid named) without writing a byte into the live node's
-    logs, and --check of that configuration names the live node too;
-(4) worker liveness: SIGSTOP of a ready worker: dhs-node SIGKILLs it once no probe found it alive for
-    supervise.worker_liveness_timeout_ms, restarts it, "node ready again", and the GPU serves again (dhs-replay);
+(3) run directory: an unwritable one gets a clear message before anything starts (as root: made immutable with
+    chattr +i, skipped where that is not possible); a memd started by hand on it makes dhs-node refuse; a second
+    dhs-node on the run directory of a live one refuses (exit 1, the live node's pid named) without writing into the
+    live node's logs, and --check of that configuration names the live node too;
+(4) worker liveness: SIGSTOP of a ready worker: dhs-node SIGKILLs it once no probe found it alive for the bound
+    (--worker-liveness-timeout-ms, overriding the file's 0), restarts it, "node ready again", and the GPU serves
+    again (dhs-replay);
 (5) SIGKILL of dhs-node while requests decode: the workers end them ("worker stopping") and memd (its parent-death
     signal is SIGUSR1) waits for their Completes, so memd keeps nothing: the host-pool segment is removed and the next
     node on the run directory resumes no request.

@@ -6,9 +6,9 @@
 // Readiness probes (one short request each, ProbeTimeout below):
 // - memd: answers an IntrospectQuery (Gpus, JSON) on <run_dir>/memd.sock;
 // - a worker of GPU g: answers a WorkerStatsQuery on <run_dir>/worker-<g>.sock with gpu = g (a worker serves its
-//   socket only after memd accepted its Hello) and memd's GPU list holds g.
-// Liveness probes of a ready child (issue 22): memd as above; a worker must answer its WorkerStatsQuery, and memd, when it
-// answers, must not list its GPU as fenced (memd away is not the worker's fault).
+//   socket only after memd accepted its Hello) and memd's GPU list holds g, up (not fenced).
+// Liveness probes of a ready child (issue 22): memd as above; a worker must answer its WorkerStatsQuery, and memd, when
+// it answers, must not list its GPU as fenced (memd away is not the worker's fault).
 // Logs: each child's stdout and stderr are appended to <run_dir>/memd.log or <run_dir>/worker-<g>.log. A child that
 // fails fast or makes the node give up has the last kLogTailLines lines of its log since its start shown in dhs-node's
 // output (error level, "NAME | line").
