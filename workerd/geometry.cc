@@ -106,54 +106,84 @@ absl::StatusOr<WorkerMode> ParseWorkerMode(std::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown mode '", std::string(name), "' (resident, hisparse, adaptive)"));
 }
 
-absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config) {
-  WorkerGeometry g;
-  const uint32_t p = config.page_rows;
+absl::Status ValidateGeometry(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& g) {
+  const uint32_t p = g.kv.page_rows, b = g.hot_rows, t = g.tail_rows, c = g.prefill_chunk;
+  const uint32_t k = static_cast<uint32_t>(model.top_k), w = static_cast<uint32_t>(model.local_window);
+  const bool hierarchical = config.mode != WorkerMode::kResident;
   if (p == 0) return absl::InvalidArgumentError("worker: page rows p must be > 0");
-  const uint32_t k = static_cast<uint32_t>(model.top_k);
-  const uint32_t span = k + static_cast<uint32_t>(model.local_window);
-  g.hot_rows = config.hot_rows != 0 ? config.hot_rows : std::max<uint32_t>(64, 4 * span);
-  g.tail_rows = config.tail_rows != 0 ? config.tail_rows : 2 * p;
-  if (g.tail_rows % p != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("worker: tail rows ", g.tail_rows, " not a multiple of p = ", p));
-  }
-  if (config.mode != WorkerMode::kResident && g.hot_rows < span) {
-    return absl::InvalidArgumentError(absl::StrCat("worker: hot rows B = ", g.hot_rows, " < k + window = ", span));
+  if (t == 0 || t % p != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker: tail rows T = ", t, " is not a positive multiple of page rows p = ", p));
   }
   if (config.slots == 0) return absl::InvalidArgumentError("worker: request slots N must be > 0");
   if (config.gpu >= kMaxGpus) {  // the GPU is the top 16 bits of the worker's node request ids (worker.h)
     return absl::InvalidArgumentError(absl::StrCat("worker: GPU ", config.gpu, " out of range (at most ", kMaxGpus - 1,
                                                    ")"));
   }
-  const int n_sources = model.n_sources();
-  g.page_bytes = uint64_t{p} * model.row_bytes() * static_cast<uint64_t>(n_sources);
-  const uint64_t m = config.hbm_budget_bytes / g.page_bytes;
+  if (c == 0) return absl::InvalidArgumentError("worker: prefill chunk must be > 0");
+  if (hierarchical) {
+    // One query selects k rows and reads its local window: the hot cache holds them while it reads (brief §5).
+    if (b < k + w) {
+      return absl::InvalidArgumentError(absl::StrCat("worker: hot rows B = ", b, " < k + window = ", k, " + ", w, " = ",
+                                                     k + w, " (one query's selection must fit the hot cache)"));
+    }
+    // The tail rule (issue 22). A step appends its C rows to the tail (T slots, row t in slot t mod T) before it reads
+    // them; slot t mod T may be reused only once the row it held, t - T, has a host copy (or is ready on GPU), and a
+    // page gets its backup only when every source has all its p rows. A chunk may start anywhere in a page (after a
+    // prepared prefix, a resume's host run, a decode), so its page may be p - 1 rows along: C + p - 1 <= T.
+    if (c > t - p + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker: prefill chunk C = ", c, " > T - p + 1 = ", t, " - ", p, " + 1 = ", t - p + 1,
+          ": a step's rows and the partial page before them must fit the tail (a tail slot is reused only once its "
+          "page has a host copy); lower --prefill-chunk or raise --tail-rows"));
+    }
+    // One step's selections of one request stay protected in the hot cache until its readers finish (brief §5).
+    if (uint64_t{c} * (k + w) > b) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker: prefill chunk C = ", c, " x (k + window) = ", c, " x ", k + w, " = ", uint64_t{c} * (k + w),
+          " > hot rows B = ", b, ": one step's selections must fit the hot cache; lower --prefill-chunk or raise "
+          "--hot-rows"));
+    }
+  }
+  const uint64_t m = g.page_bytes == 0 ? 0 : config.hbm_budget_bytes / g.page_bytes;
   if (m == 0 || m > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("worker: HBM budget of ", config.hbm_budget_bytes,
                                                    " bytes gives ", m, " pages of ", g.page_bytes, " bytes"));
   }
-  g.capacity_pages = static_cast<uint32_t>(m);
-  if (config.prefill_chunk != 0) {
-    g.prefill_chunk = config.prefill_chunk;
-  } else {
-    // The same in every mode (resident included) so that the modes differ in memory only, not in how prefill
-    // interleaves with decode: B / (k + window), the most one step's selections of one request can keep hot.
-    g.prefill_chunk = std::max<uint32_t>(1, g.hot_rows / span);
-  }
-  if (config.mode != WorkerMode::kResident && g.prefill_chunk * span > g.hot_rows) {
-    return absl::InvalidArgumentError(absl::StrCat("worker: prefill chunk ", g.prefill_chunk, " x (k + window) ",
-                                                   span, " exceeds hot rows ", g.hot_rows));
-  }
+  // Speculation: K_max = --block against the widest round the tail (and, without staging arenas, the hot cache)
+  // serves, g.max_block.
+  const spec::SpeculationConfig& sc = config.speculation;
+  return spec::CheckSpeculation(sc, g.max_block, sc.mode != spec::SpeculateMode::kOff && config.staging_arenas > 0);
+}
+
+absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config) {
+  WorkerGeometry g;
+  const uint32_t p = config.page_rows;
+  const uint32_t k = static_cast<uint32_t>(model.top_k);
+  const uint32_t span = k + static_cast<uint32_t>(model.local_window);
+  g.kv.page_rows = p;
+  g.hot_rows = config.hot_rows != 0 ? config.hot_rows : std::max<uint32_t>(64, 4 * span);
+  g.tail_rows = config.tail_rows != 0 ? config.tail_rows : 2 * p;
+  // The widest step of one request, queries: its selections fit the hot cache, B / (k + window), and its rows with
+  // the partial page before them fit the tail, T - p + 1 (ValidateGeometry). 1 when T < p (refused there).
+  const uint32_t tail_cap = g.tail_rows >= p && p > 0 ? g.tail_rows - p + 1 : 1;
+  const uint32_t widest_step = std::max<uint32_t>(1, std::min<uint32_t>(span == 0 ? g.hot_rows : g.hot_rows / span,
+                                                                        tail_cap));
+  // The same in every mode (resident included) so that the modes differ in memory only, not in how prefill
+  // interleaves with decode.
+  g.prefill_chunk = config.prefill_chunk != 0 ? config.prefill_chunk : widest_step;
+  const int n_sources = model.n_sources();
+  g.page_bytes = uint64_t{p} * model.row_bytes() * static_cast<uint64_t>(n_sources);
   const spec::SpeculationConfig& sc = config.speculation;
   const bool staging = sc.mode != spec::SpeculateMode::kOff && config.staging_arenas > 0;
-  const uint32_t tail_cap = g.tail_rows - p + 1;
   if (staging) {
     // min(K_max, T - p + 1); a block above the tail's cap is refused by CheckSpeculation with these numbers.
     g.max_block = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(sc.block, tail_cap)));
   } else {
-    g.max_block = std::max<uint32_t>(1, std::min<uint32_t>(g.hot_rows / span, tail_cap));
+    g.max_block = widest_step;
   }
-  if (absl::Status s = spec::CheckSpeculation(sc, g.max_block, staging); !s.ok()) return s;
+  if (absl::Status s = ValidateGeometry(model, config, g); !s.ok()) return s;
+  g.capacity_pages = static_cast<uint32_t>(config.hbm_budget_bytes / g.page_bytes);
   if (staging && config.mode != WorkerMode::kResident) {
     g.staging_arenas = config.staging_arenas;
     absl::StatusOr<int64_t> bytes = spec::StagingReservationBytes(

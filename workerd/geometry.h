@@ -36,9 +36,10 @@ struct WorkerConfig {
   uint64_t prefix_cache_bytes = uint64_t{256} << 20;  // prepared-prefix row cache (prefix_cache.h), bytes; 0 = off
   uint32_t submit_queue = 256;       // requests waiting for their grant at most; a submit beyond gets
                                      // RESOURCE_EXHAUSTED "submit queue full (N)" (issue 12: bounded, not a flood)
-  uint32_t prefill_chunk = 0;        // prompt tokens fed per request and step; 0 = auto: B / (k + window) in every
-                                     // mode, so one step's selections fit the hot cache and the modes interleave
-                                     // prefill with decode alike
+  uint32_t prefill_chunk = 0;        // prompt tokens fed per request and step; 0 = auto: min(B / (k + window),
+                                     // T - p + 1) in every mode, so one step's selections fit the hot cache and its
+                                     // rows the tail (ValidateGeometry) and the modes interleave prefill with decode
+                                     // alike
   uint32_t away_held_tokens = 4096;  // memd away (issue 11): a request whose tokens held back from its client (not
                                      // yet in memd's record) reach this pauses until memd is back, tokens
   spec::SpeculationConfig speculation;  // --speculate, --block, ... (workerd/spec/speculation_config.h)
@@ -62,7 +63,7 @@ struct WorkerGeometry {
   // hold a page plus the round's rows (a rejected row never pushes an unbacked page out of the tail), T - p + 1; with
   // staging arenas (speculation on, χ > 0) that is all, min(K_max = --block, T - p + 1), since the rows of a round's
   // union beyond the hot cache go to a staging arena; without, also B / (k + window) (the union must fit the hot
-  // cache).
+  // cache): then the same bound as the default prefill chunk (ValidateGeometry).
   uint32_t max_block = 1;
   // Staging arenas (brief §6): χ (0 when speculation is off, --staging-arenas 0 or resident mode: no arena) and
   // M_stage = χ * N * K_max * k * d_KV bytes (spec::StagingReservationBytes, K_max = --block), allocated once at
@@ -89,11 +90,32 @@ struct WorkerGeometry {
 // idx_dim * 4) (WorkerGeometry.host_page_bytes; memd --page-bytes of a node serving this model).
 uint64_t HostPageBytes(const model::ModelConfig& model, uint32_t page_rows);
 
+// The geometry rules (issue 22), in one place: a geometry that passes serves every prompt the limits admit (any
+// length up to --max-context, a chunk starting anywhere in a page), one that fails is refused at start with the rule's
+// formula and numbers. `g` holds the resolved sizes (defaults applied): kv.page_rows p, hot_rows B, tail_rows T,
+// prefill_chunk C, max_block, page_bytes; k and the local window w come from `model`. Rules, in this order:
+//   p > 0; T a positive multiple of p; N = slots > 0; gpu < kMaxGpus; C > 0;
+//   hisparse / adaptive only (resident keeps every row on GPU: no hot cache, no tail reuse):
+//     B >= k + w                 one query's selection fits the hot cache;
+//     C <= T - p + 1             the tail rule: a step's C rows are appended to the T-slot tail before it reads them,
+//                                and tail slot t mod T is reused only once row t - T has a host copy, which its page
+//                                gets only when every source holds all p of its rows; a chunk may start p - 1 rows
+//                                into a page (after a prepared prefix, a resume's host run, a decode), so
+//                                C + p - 1 <= T ("tail of request N is full: page j has no host copy yet" otherwise);
+//     C * (k + w) <= B           one step's selections of one request stay protected in the hot cache;
+//   1 <= M = hbm_budget / page_bytes <= 2^32 - 1;
+//   speculation (spec::CheckSpeculation): K_max = --block <= max_block = min(K_max, T - p + 1) with staging arenas,
+//     else min(B / (k + w), T - p + 1) (a round of K_r queries is a step of K_r rows and K_r selections).
+// Errors: INVALID_ARGUMENT naming the rule, e.g. "worker: prefill chunk C = 100 > T - p + 1 = 128 - 64 + 1 = 65: ...".
+// ComputeGeometry calls it; every program that starts or sizes a worker goes through ComputeGeometry (workerd,
+// dhs-replay's budget, dhs-node's page size check, the planner's workerd presets).
+absl::Status ValidateGeometry(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& g);
+
 // With --speculate fixed / confidence the drafter's config is read from --drafter-weights (its W and ring row bytes
-// size the draft ring). Errors: INVALID_ARGUMENT (p = 0, T not a multiple of p, B < k + window, budget below one page,
-// gpu >= kMaxGpus, speculation options spec::CheckSpeculation refuses with max_block, a staging reservation or draft
-// ring whose size overflows), the drafter file's errors (spec::DrafterModel::Load: NOT_FOUND, INVALID_ARGUMENT, ...)
-// prefixed with "--drafter-weights FILE: ".
+// size the draft ring). Defaults: B = max(64, 4 (k + w)), T = 2p, C = min(B / (k + w), T - p + 1) (at least 1).
+// Errors: INVALID_ARGUMENT (every rule of ValidateGeometry, with its formula and numbers; a staging reservation or
+// draft ring whose size overflows), the drafter file's errors (spec::DrafterModel::Load: NOT_FOUND, INVALID_ARGUMENT,
+// ...) prefixed with "--drafter-weights FILE: ".
 absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
 
 // The Hello of this worker (contract §1), with its shape for `dhsctl plan --live` (issue 14: serving mode, L_idx,

@@ -26,6 +26,14 @@ absl::StatusOr<std::optional<uint64_t>> WorkerPageBytes(const WorkerEntry& w, si
   }
   WorkerConfig config;
   config.gpu = w.gpu;
+  if (auto mode = w.settings.find("mode"); mode != w.settings.end()) {  // the geometry rules depend on it
+    absl::StatusOr<WorkerMode> parsed = ParseWorkerMode(mode->second);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("worker[", index, "].mode: ", parsed.status().message()));
+    }
+    config.mode = *parsed;
+  }
+  config.prefill_chunk = get("prefill_chunk", config.prefill_chunk);
   config.page_rows = get("page_rows", config.page_rows);
   config.tail_rows = get("tail_rows", config.tail_rows);
   config.hot_rows = get("hot_rows", config.hot_rows);
