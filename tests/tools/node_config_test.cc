@@ -259,5 +259,19 @@ TEST(NodeGeometry, DisagreementsNameTheWorker) {
   EXPECT_THAT(std::string(ResolvePageBytes(*c).status().message()), HasSubstr("worker[0]: "));
 }
 
+// The geometry rules (issue 22, workerd's ValidateGeometry) refuse the node before anything starts: an adaptive
+// worker's prefill chunk beyond its tail (glm5-like, p = 16, T = 2p: C <= 17); a resident worker keeps every row on
+// GPU, so the same chunk is accepted there.
+TEST(NodeGeometry, TheWorkersGeometryRulesApply) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(
+      Edited("hbm_budget_bytes = \"1MiB\"", "hbm_budget_bytes = \"1MiB\"\nhot_rows = 4096\nprefill_chunk = 18"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(std::string(ResolvePageBytes(*c).status().message()),
+              HasSubstr("worker[0]: worker: prefill chunk C = 18 > T - p + 1 = 32 - 16 + 1 = 17"));
+  c = ParseNodeConfig(Edited("mode = \"resident\"", "mode = \"resident\"\nhot_rows = 4096\nprefill_chunk = 18"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(ResolvePageBytes(*c).ok()) << ResolvePageBytes(*c).status();
+}
+
 }  // namespace
 }  // namespace dhs::node

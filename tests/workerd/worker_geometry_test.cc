@@ -89,7 +89,9 @@ void Serve(const model::Model& m, const Shape& shape, WorkerMode mode, RunResult
   res.prefill_chunk = g->prefill_chunk;
   const std::vector<Spec> specs = Requests(shape, kPageRows);
   uint64_t longest = 0;
-  for (const Spec& s : specs) longest = std::max<uint64_t>(longest, std::max<uint64_t>(s.prompt.size(), s.input_tokens) + s.max_new);
+  for (const Spec& s : specs) {
+    longest = std::max<uint64_t>(longest, std::max<uint64_t>(s.prompt.size(), s.input_tokens) + s.max_new);
+  }
   const uint32_t one = RequiredPages(m.config(), *g, mode, longest);
   // Hierarchical: both slots' required pages and 3 pages more, so adaptive's optional history is reclaimed as the
   // second request arrives. Resident: room for everything.
