@@ -297,6 +297,8 @@ TEST(RealNodeEdges, BadWorkerCommandLinesExit2NamingTheFlag) {
       {{"--seed", "-1"}, "--seed: must be an integer in [0, 18446744073709551615], got '-1'"},
       {{"--submit-queue", "0x10"}, "--submit-queue: must be an integer in [1, 1048576], got '0x10'"},
       {{"--run-dir", dir.path() + "/missing"}, "run directory " + dir.path() + "/missing does not exist"},
+      // The geometry rules (issue 22, ValidateGeometry): glm5-like, p = 16, T = 32, so a chunk of 18 overflows the tail.
+      {{"--hot-rows", "4096", "--prefill-chunk", "18"}, "worker: prefill chunk C = 18 > T - p + 1 = 32 - 16 + 1 = 17"},
   };
   for (const auto& [extra, message] : bad) {
     std::vector<std::string> args = node.WorkerArgs(0);
