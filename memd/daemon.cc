@@ -72,7 +72,8 @@ std::vector<AdoptedRequest> AdoptionList(const std::map<RequestId, JournaledRequ
                                          const std::map<RequestId, JournaledRecord>& records) {
   std::vector<AdoptedRequest> out;
   for (const auto& [id, jr] : journaled) {
-    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), jr.context_pages, jr.confirmed});
+    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), jr.context_pages, jr.confirmed,
+                   jr.checksums});
   }
   // A record without journaled pages: granted with nothing confirmed, or still queued (a resume waiting for host
   // pages, or a new request): interrupted with nothing kept, so the next worker resumes it from its tokens.
@@ -496,7 +497,7 @@ std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply)
                       SpeculationShare{w->draft_ring_pages, w->staging_pages, w->draft_ring_bytes, w->staging_bytes}};
     for (const auto& p : w->history) {
       r.history.push_back({p->host_page, p->host_copy,
-                           p->has_gpu_page ? std::optional<PageIndex>(p->gpu_page) : std::nullopt});
+                           p->has_gpu_page ? std::optional<PageIndex>(p->gpu_page) : std::nullopt, p->checksum});
     }
     reports.push_back(std::move(r));
   }
@@ -627,7 +628,7 @@ absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m, std::stri
     spdlog::warn("memd: reclaim order {} of request {}: backup failed ({}); the victim stays untouched", b->order,
                  b->request, b->message);
   }
-  if (absl::Status s = core_->OnBackupComplete(b->order, b->pages, b->ok, b->deferred_pages); !s.ok()) {
+  if (absl::Status s = core_->OnBackupComplete(b->order, b->pages, b->ok, b->deferred_pages, b->checksums); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("BackupComplete: ", s.message()));
   }
   return std::string();
@@ -649,7 +650,8 @@ absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m, std::str
     spdlog::warn("memd: request {}: host copy of {} history pages failed: {}", w->request, w->history_pages.size(),
                  w->message);
   }
-  if (absl::Status s = core_->OnHostCopyWritten(w->request, w->history_pages, host_pages, w->ok); !s.ok()) {
+  if (absl::Status s = core_->OnHostCopyWritten(w->request, w->history_pages, host_pages, w->ok, w->checksums);
+      !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("HostCopyWritten: ", s.message()));
   }
   return std::string();
@@ -808,6 +810,7 @@ std::string Daemon::Encode(const GrantOrder& g) {
   for (PageIndex hp : g.host_pages) w.backup_host_pages.push_back(HostRef(hp));
   w.imported_pages = g.imported_pages;
   w.host_backed_pages = g.host_backed_pages;
+  w.host_backed_checksums = g.host_backed_checksums;
   return EncodeAdmitGrant(w, AdmitSequence(g.request), kSender);
 }
 

@@ -71,6 +71,10 @@ struct HistoryPage {
   PageIndex host_page = 0;  // assigned at the grant (host pool page)
   PageIndex gpu_page = 0;   // valid while HoldsGpuPage(state)
   CopyId copy = 0;          // the backup (kGpu, kGpuAndHost) or population (kPopulating) copy in flight; 0 none
+  // Host-page integrity (issue 22): the checksum the worker reported with the page's confirmation (payload and keys,
+  // common/page_checksum.h); valid while the state holds a complete host copy (kHost, kPopulating, kGpuAndHost);
+  // 0 = none known. Journaled with the confirmation; handed to a resume (GrantOrder.host_backed_checksums).
+  uint64_t checksum = 0;
 };
 
 // Moves `page` from `from` to `to`. Errors: FailedPrecondition when the page is not in `from` or the move is not in

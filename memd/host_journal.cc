@@ -10,11 +10,14 @@ namespace dhs::memd {
 namespace {
 
 constexpr uint64_t kJournalVersion = 1;
-constexpr int kOwner = 0, kMeta = 1, kTag = 2;
+constexpr int kOwner = 0, kMeta = 1, kTag = 2, kChecksum = 3;
 
-// 56-bit check of an entry (splitmix64 finaliser over the three words).
-uint64_t Check(RequestId owner, uint64_t meta, JournalState state) {
-  uint64_t x = owner ^ (meta * 0x9e3779b97f4a7c15ull) ^ (uint64_t{static_cast<uint8_t>(state)} << 59);
+// 56-bit check of an entry (splitmix64 finaliser over the words; the checksum counts only when confirmed, and a
+// checksum 0 adds nothing: an entry of a journal before issue 22 has the check it had).
+uint64_t Check(RequestId owner, uint64_t meta, JournalState state, uint64_t checksum) {
+  if (state != JournalState::kConfirmed) checksum = 0;
+  uint64_t x = owner ^ (meta * 0x9e3779b97f4a7c15ull) ^ (uint64_t{static_cast<uint8_t>(state)} << 59) ^
+               (checksum * 0xd6e8feb86659fd93ull);
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 27;
@@ -23,9 +26,9 @@ uint64_t Check(RequestId owner, uint64_t meta, JournalState state) {
   return x >> 8;
 }
 
-uint64_t Tag(RequestId owner, uint64_t meta, JournalState state) {
+uint64_t Tag(RequestId owner, uint64_t meta, JournalState state, uint64_t checksum = 0) {
   if (state == JournalState::kFree) owner = meta = 0;
-  return Check(owner, meta, state) << 8 | static_cast<uint8_t>(state);
+  return Check(owner, meta, state, checksum) << 8 | static_cast<uint8_t>(state);
 }
 
 // A broken precondition of the one writer (a bug, never input): abort with its text.
@@ -58,7 +61,7 @@ void HostJournal::Format() {
     Store(Word(p, kTag), Tag(0, 0, JournalState::kFree));
     Store(Word(p, kOwner), 0);
     Store(Word(p, kMeta), 0);
-    Store(Word(p, 3), 0);
+    Store(Word(p, kChecksum), 0);
   }
   Store(&header[1], kJournalVersion);
   Store(&header[2], pages_);
@@ -81,11 +84,17 @@ void HostJournal::Assign(PageIndex page, RequestId owner, uint32_t history_page,
   Store(Word(page, kTag), Tag(owner, meta, JournalState::kAssigned));  // last: the entry exists from here on
 }
 
-void HostJournal::Confirm(PageIndex page) {
+void HostJournal::Confirm(PageIndex page, uint64_t checksum) {
   Require(page < pages_, "journal: host page out of range");
   const uint64_t owner = Load(Word(page, kOwner)), meta = Load(Word(page, kMeta));
-  Require((Load(Word(page, kTag)) & 0xFF) != static_cast<uint8_t>(JournalState::kFree), "journal: Confirm of a free page");
-  Store(Word(page, kTag), Tag(owner, meta, JournalState::kConfirmed));
+  const auto state = static_cast<JournalState>(Load(Word(page, kTag)) & 0xFF);
+  Require(state != JournalState::kFree, "journal: Confirm of a free page");
+  if (state == JournalState::kConfirmed) {
+    if (Load(Word(page, kChecksum)) == checksum) return;
+    Store(Word(page, kTag), Tag(owner, meta, JournalState::kAssigned));  // the old checksum is ignored from here on
+  }
+  Store(Word(page, kChecksum), checksum);
+  Store(Word(page, kTag), Tag(owner, meta, JournalState::kConfirmed, checksum));  // last: covers the checksum
 }
 
 void HostJournal::Free(PageIndex page) {
@@ -93,6 +102,7 @@ void HostJournal::Free(PageIndex page) {
   Store(Word(page, kTag), Tag(0, 0, JournalState::kFree));  // first: from here on the owner/meta bytes are ignored
   Store(Word(page, kOwner), 0);
   Store(Word(page, kMeta), 0);
+  Store(Word(page, kChecksum), 0);
 }
 
 JournalEntry HostJournal::Read(PageIndex page) const {
@@ -104,6 +114,7 @@ JournalEntry HostJournal::Read(PageIndex page) const {
   const uint64_t meta = Load(Word(page, kMeta));
   e.history_page = static_cast<uint32_t>(meta >> 32);
   e.context_pages = static_cast<uint32_t>(meta);
+  if (e.state == JournalState::kConfirmed) e.checksum = Load(Word(page, kChecksum));
   return e;
 }
 
@@ -125,7 +136,7 @@ absl::StatusOr<std::map<RequestId, JournaledRequest>> HostJournal::Verify() cons
                                                  "of %d): %s", p, tag, e.owner, e.history_page, e.context_pages, what));
     };
     if (static_cast<uint8_t>(state) > static_cast<uint8_t>(JournalState::kConfirmed)) return bad("unknown state");
-    if (tag != Tag(e.owner, meta, state)) return bad("check does not match");
+    if (tag != Tag(e.owner, meta, state, e.checksum)) return bad("check does not match");
     if (state == JournalState::kFree) continue;
     if (e.owner == 0 || e.owner == ~RequestId{0}) return bad("reserved owner id");
     if (e.context_pages == 0 || e.context_pages > pages_ || e.history_page >= e.context_pages) {
@@ -138,6 +149,7 @@ absl::StatusOr<std::map<RequestId, JournaledRequest>> HostJournal::Verify() cons
       return bad("history page held by two host pages");
     }
     (state == JournalState::kConfirmed ? r.confirmed : r.assigned)[e.history_page] = p;
+    if (state == JournalState::kConfirmed) r.checksums[e.history_page] = e.checksum;
   }
   return out;
 }

@@ -5,16 +5,20 @@
 // (ResidencyManager::AdoptHostPages): they become interrupted requests, exactly what FenceGpu leaves.
 //
 // Memory layout (little-endian, 8-byte aligned): a 64-byte header {magic "DHSJRNL1", version, pages} written by Format,
-// then `pages` entries of 32 bytes: {owner u64, meta u64 = history_page << 32 | context_pages, tag u64, reserved u64};
-// tag = state (low 8 bits) | check (high 56 bits, a mix of owner, meta and state; a free entry's check covers
-// owner 0 and meta 0, so it does not depend on the bytes a free entry leaves behind).
+// then `pages` entries of 32 bytes: {owner u64, meta u64 = history_page << 32 | context_pages, tag u64, checksum u64};
+// tag = state (low 8 bits) | check (high 56 bits, a mix of owner, meta and state, and of the checksum when
+// confirmed; a free entry's check covers owner 0 and meta 0, so it does not depend on the bytes a free entry leaves
+// behind). checksum (issue 22, host-page integrity; the word was reserved and 0 before, so an older journal verifies
+// unchanged with no checksum known): the confirmed host copy's checksum (common/page_checksum.h), 0 = none known.
 //
 // Crash consistency (memd may be SIGKILLed at any instruction): an entry's owner and meta words are written only while
 // its tag says free, and every state change is ONE aligned 8-byte store of the tag (std::atomic_ref, release), made
 // after the owner and meta stores it covers:
 //   Assign:  (tag is free) store owner, store meta, then store tag = assigned   -- a kill before the tag store leaves
 //            a free entry (its owner/meta bytes are ignored); after it, the owner/meta the tag covers are in place.
-//   Confirm: store tag = confirmed (owner/meta unchanged).
+//   Confirm: store checksum, then tag = confirmed (owner/meta unchanged). An entry confirmed already with another
+//            checksum goes through assigned first (tag = assigned, checksum, tag = confirmed): a kill in between leaves
+//            a copy that is not confirmed (its rows recomputed), never a checksum its check does not cover.
 //   Free:    store tag = free, then clear owner and meta (a kill between leaves a free entry).
 // So at every instruction boundary each entry is either free or non-free with the owner and meta its check covers;
 // a reader after the writer died sees exactly the stores made before the kill (one shared mapping, no cache of its
@@ -40,6 +44,7 @@ struct JournalEntry {
   RequestId owner = 0;          // valid when not free
   uint32_t history_page = 0;    // valid when not free: the page of the owner's context this host page holds
   uint32_t context_pages = 0;   // valid when not free: pages of the owner's full context
+  uint64_t checksum = 0;        // valid when confirmed: its host copy's checksum (0 = none known)
 };
 
 // One request as a verified journal shows it.
@@ -47,6 +52,7 @@ struct JournaledRequest {
   uint32_t context_pages = 0;
   std::map<uint32_t, PageIndex> confirmed;  // history page -> host page with a confirmed host copy
   std::map<uint32_t, PageIndex> assigned;   // history page -> host page assigned, copy not confirmed
+  std::map<uint32_t, uint64_t> checksums;   // history page -> checksum of each confirmed copy (0 = none known)
 };
 
 inline constexpr uint64_t kJournalMagic = 0x314c4e524a534844ull;  // "DHSJRNL1"
@@ -66,8 +72,9 @@ class HostJournal {
   // Host page `page` now belongs to `owner` as history page `history_page` of `context_pages` (not confirmed).
   // Precondition (checked: aborts): page < pages(); the entry is free, or already holds exactly this owner and meta.
   void Assign(PageIndex page, RequestId owner, uint32_t history_page, uint32_t context_pages);
-  // The host copy of `page` is confirmed written. Precondition (checked): the entry is not free.
-  void Confirm(PageIndex page);
+  // The host copy of `page` is confirmed written, its bytes with `checksum` (0 = none known). Precondition (checked):
+  // the entry is not free.
+  void Confirm(PageIndex page, uint64_t checksum = 0);
   // `page` is free (idempotent).
   void Free(PageIndex page);
 

@@ -69,10 +69,10 @@ absl::Status HostPageAllocator::AllocateAt(RequestId request, SourceId source, P
   return absl::OkStatus();
 }
 
-absl::Status HostPageAllocator::Confirm(PageIndex page) {
+absl::Status HostPageAllocator::Confirm(PageIndex page, uint64_t checksum) {
   if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d >= %d", page, pages()));
   if (!page_[page].allocated) return absl::FailedPreconditionError(absl::StrFormat("host page %d not allocated", page));
-  if (journal_ != nullptr) journal_->Confirm(page);
+  if (journal_ != nullptr) journal_->Confirm(page, checksum);
   return absl::OkStatus();
 }
 
@@ -137,9 +137,10 @@ absl::Status HostPageAllocator::Transfer(PageIndex page, RequestId to, uint32_t 
   if (journal_ != nullptr) {
     // Three journal stores (host_journal.h): a kill between them leaves the page free in the journal, so a memd
     // that adopts it loses this one host copy (the worker recomputes its rows), never names a wrong owner.
+    const uint64_t checksum = journal_->Read(page).checksum;  // the confirmed copy's, kept with it (issue 22)
     journal_->Free(page);
     journal_->Assign(page, to, history_page, context_pages);
-    journal_->Confirm(page);
+    journal_->Confirm(page, checksum);
   }
   return absl::OkStatus();
 }

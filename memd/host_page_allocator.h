@@ -54,7 +54,8 @@ class HostPageAllocator {
                           uint32_t context_pages);
   // The host copy in allocated page `page` is confirmed written (journal only). Errors: OutOfRange,
   // FailedPrecondition (not allocated).
-  absl::Status Confirm(PageIndex page);
+  // checksum (issue 22): the confirmed copy's checksum, journaled with it (0 = none known).
+  absl::Status Confirm(PageIndex page, uint64_t checksum = 0);
   // Takes every reusable page out of use until ReleaseHeld (after a memd restart: a dead memd's workers may still
   // write them); returns how many were taken. Held pages are neither reusable nor allocated.
   uint32_t HoldReusable();

@@ -42,6 +42,8 @@ struct GrantOrder {
   // A resume: EVERY history page with a confirmed host copy taken over from the interrupted request (ascending; same
   // history page as there, its host page in host_pages): the worker imports those rows and recomputes the others.
   std::vector<uint32_t> host_backed_pages;
+  // Issue 22: the checksum memd keeps of each host_backed_pages[i]'s confirmed copy (same length; 0 = none known).
+  std::vector<uint64_t> host_backed_checksums;
 };
 
 // The admission is queued (-> AdmitWait; sent once, when it first cannot be granted).

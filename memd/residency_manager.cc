@@ -218,6 +218,10 @@ void ResidencyManager::AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep
     hp.host_page = in.host_page;
     const bool copy = old != requests_.end() && old->second.history[h].state == HistoryState::kHost;
     if (!copy) DHS_CHECK_OK(host_.AllocateAt(r.id, kAllSources, in.host_page, h, r.context_pages));  // checked
+    if (copy) {  // issue 22: the journal's checksum wins; the report's fills one the journal lacks
+      hp.checksum = old->second.history[h].checksum != 0 ? old->second.history[h].checksum : in.checksum;
+      if (hp.checksum != old->second.history[h].checksum) DHS_CHECK_OK(host_.Confirm(in.host_page, hp.checksum));
+    }
     if (in.gpu_page) {
       hp.state = copy ? HistoryState::kGpuAndHost : HistoryState::kGpu;
       hp.gpu_page = *in.gpu_page;
@@ -297,10 +301,12 @@ void ResidencyManager::InterruptQueuedResume(Request& r) {
     if (auto kept = r.resumed_host.find(h); kept != r.resumed_host.end()) {
       hp.state = HistoryState::kHost;
       hp.host_page = kept->second;
+      if (auto sum = r.resumed_checksums.find(h); sum != r.resumed_checksums.end()) hp.checksum = sum->second;
     }
   }
   r.host_only = static_cast<uint32_t>(r.resumed_host.size());
   r.resumed_host.clear();
+  r.resumed_checksums.clear();
   r.wait_sent = false;
   r.speculation = {};  // no required allocation any more (its GPU's sums went with the GPU)
   r.state = RequestState::kInterrupted;
@@ -375,7 +381,9 @@ absl::Status ResidencyManager::AdoptHostPages(std::span<const AdoptedRequest> re
     for (HistoryPage& hp : r.history) hp.state = HistoryState::kLost;
     for (const auto& [h, page] : a.host_pages) {
       DHS_CHECK_OK(host_.AllocateAt(a.request, kAllSources, page, h, a.context_pages));  // pool empty: checked above
-      DHS_CHECK_OK(host_.Confirm(page));
+      const auto sum = a.checksums.find(h);
+      r.history[h].checksum = sum == a.checksums.end() ? 0 : sum->second;
+      DHS_CHECK_OK(host_.Confirm(page, r.history[h].checksum));
       r.history[h].state = HistoryState::kHost;
       r.history[h].host_page = page;
     }
@@ -542,6 +550,7 @@ void ResidencyManager::TakeOver(Request& r, RequestId interrupted) {
     if (hp.state != HistoryState::kHost) continue;  // kLost: no host page, the worker recomputes those rows
     DHS_CHECK_OK(host_.Transfer(hp.host_page, r.id, h, r.context_pages));
     r.resumed_host.emplace(h, hp.host_page);
+    r.resumed_checksums.emplace(h, hp.checksum);
     if (h == leading) ++leading;
   }
   requests_.erase(interrupted);
@@ -576,13 +585,20 @@ absl::Status ResidencyManager::CheckReportedPages(const OrderEntry& entry, Order
 }
 
 absl::Status ResidencyManager::OnBackupComplete(OrderId order, std::span<const PageIndex> pages, bool ok,
-                                                std::span<const PageIndex> deferred) {
+                                                std::span<const PageIndex> deferred,
+                                                std::span<const uint64_t> checksums) {
   auto it = orders_.find(order);
   if (it == orders_.end() || !it->second.reclaim) {
     return Finish(absl::NotFoundError(absl::StrFormat("reclaim order %d unknown (or all its backups reported)", order)));
   }
+  if (!checksums.empty() && checksums.size() != pages.size()) {
+    return Finish(absl::InvalidArgumentError(absl::StrFormat(
+        "reclaim order %d: %d checksums for %d pages", order, checksums.size(), pages.size())));
+  }
   std::vector<PageIndex> reported;
   if (absl::Status s = CheckReportedPages(it->second, order, pages, reported); !s.ok()) return Finish(s);
+  absl::flat_hash_map<PageIndex, uint64_t> checksum_of;  // issue 22: GPU page -> its host copy's checksum
+  for (size_t i = 0; i < checksums.size(); ++i) checksum_of[pages[i]] = checksums[i];
   const absl::flat_hash_set<PageIndex> deferred_set(deferred.begin(), deferred.end());
   for (PageIndex p : deferred_set) {
     if (std::find(reported.begin(), reported.end(), p) == reported.end()) {
@@ -590,12 +606,15 @@ absl::Status ResidencyManager::OnBackupComplete(OrderId order, std::span<const P
           "deferred page %d is not among the pages reported for reclaim order %d", p, order)));
     }
   }
-  std::vector<std::pair<CopyId, bool>> done;  // (copy, written); the entry may be erased by what they cause
+  struct Done { CopyId copy; bool written; uint64_t checksum; };  // the entry may be erased by what they cause
+  std::vector<Done> done;
   for (PageIndex p : reported) {
-    done.emplace_back(it->second.copies.at(p), !ok || !deferred_set.contains(p));
+    const auto sum = checksum_of.find(p);
+    done.push_back(Done{it->second.copies.at(p), !ok || !deferred_set.contains(p),
+                        sum == checksum_of.end() ? 0 : sum->second});
     it->second.copies.erase(p);
   }
-  for (const auto& [copy, written] : done) BackupDone(copy, ok, written);
+  for (const Done& d : done) BackupDone(d.copy, ok, d.written, d.checksum);
   EraseOrderIfDone(order);
   return Finish(absl::OkStatus());
 }
@@ -637,7 +656,8 @@ absl::Status ResidencyManager::OnReadersDone(OrderId order) {
 }
 
 absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const uint32_t> pages,
-                                                 std::span<const PageIndex> host_pages, bool ok) {
+                                                 std::span<const PageIndex> host_pages, bool ok,
+                                                 std::span<const uint64_t> checksums) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
   Request& r = it->second;
@@ -651,6 +671,10 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
   if (!host_pages.empty() && host_pages.size() != pages.size()) {
     return Finish(absl::InvalidArgumentError(absl::StrFormat(
         "request %d: %d host pages for %d history pages", id, host_pages.size(), pages.size())));
+  }
+  if (!checksums.empty() && checksums.size() != pages.size()) {
+    return Finish(absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: %d checksums for %d history pages", id, checksums.size(), pages.size())));
   }
   absl::flat_hash_set<uint32_t> seen;
   for (size_t i = 0; i < pages.size(); ++i) {
@@ -673,13 +697,16 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
     return Finish(absl::OkStatus());
   }
   Gpu& g = gpus_.at(r.gpu);
-  for (uint32_t h : pages) {
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const uint32_t h = pages[i];
     HistoryPage& hp = r.history[h];
+    const uint64_t checksum = checksums.empty() ? 0 : checksums[i];
     ++counters_.host_writes;
     switch (hp.state) {
       case HistoryState::kHostPending:
         DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
-        DHS_CHECK_OK(host_.Confirm(hp.host_page));
+        hp.checksum = checksum;
+        DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
         ++r.host_only;
         break;
       case HistoryState::kGpu:
@@ -690,7 +717,8 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
           // candidate. In a reclaim (or with a backup in flight) the reclaim retires the GPU page instead.
           DHS_CHECK_OK(g.table.Release(hp.gpu_page));
           DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
-          DHS_CHECK_OK(host_.Confirm(hp.host_page));
+          hp.checksum = checksum;
+          DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
           --r.optional;
           ++r.host_only;
           ++counters_.keeps_lost;
@@ -699,9 +727,15 @@ absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const u
         [[fallthrough]];
       case HistoryState::kGpuDeferred:
         DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost));
-        DHS_CHECK_OK(host_.Confirm(hp.host_page));
+        hp.checksum = checksum;
+        DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
         break;
-      default: break;  // already a complete host copy (a repeated report)
+      default:  // already a complete host copy (a repeated report): a checksum only where none was known
+        if (hp.checksum == 0 && checksum != 0 && hp.state != HistoryState::kLost) {
+          hp.checksum = checksum;
+          DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
+        }
+        break;
     }
   }
   Reindex(r, gpus_.at(r.gpu));
@@ -818,7 +852,7 @@ absl::Status ResidencyManager::RetryBackups() {
 
 // ---------------------------------------------------------------- copies reported
 
-void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written) {
+void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written, uint64_t checksum) {
   auto node = copies_.extract(copy);
   const Copy& c = node.mapped();
   DHS_CHECK_OK(host_.Unpin(c.host_page));
@@ -836,7 +870,10 @@ void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written) {
   if (hp.state == HistoryState::kGpu) {
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, written ? HistoryState::kGpuAndHost
                                                                     : HistoryState::kGpuDeferred));
-    if (written) DHS_CHECK_OK(host_.Confirm(hp.host_page));
+    if (written) {
+      hp.checksum = checksum;
+      DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
+    }
   }
   if (c.reclaim != 0) {
     Reclaim& rc = reclaims_.at(c.reclaim);
@@ -1007,7 +1044,10 @@ void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh
       // A resume's confirmed host copy: imported by the worker, a population candidate.
       grant.host_pages[h] = taken->second;
       hp.state = HistoryState::kHost;
+      const auto sum = r.resumed_checksums.find(h);
+      hp.checksum = sum == r.resumed_checksums.end() ? 0 : sum->second;
       grant.host_backed_pages.push_back(h);
+      grant.host_backed_checksums.push_back(hp.checksum);
       if (h == grant.imported_pages) ++grant.imported_pages;  // the leading run
     } else if (h < optional.size()) {  // optional-ready, backup deferred into its assigned host page
       hp.state = HistoryState::kGpu;
@@ -1016,6 +1056,7 @@ void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh
     hp.host_page = grant.host_pages[h];
   }
   r.resumed_host.clear();
+  r.resumed_checksums.clear();
 }
 
 // Retire orders of this event on the grant's GPU whose pages the grant's required allocation took: regranted_to.

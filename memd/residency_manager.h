@@ -148,6 +148,7 @@ struct AdoptedRequest {
   uint32_t epoch = 1;          // the epoch of its GPU it was admitted in (>= 1): the GPU's next registration is later
   uint32_t context_pages = 0;  // pages of its full context (<= host pool pages)
   std::map<uint32_t, PageIndex> host_pages;  // history page -> host page holding a confirmed host copy
+  std::map<uint32_t, uint64_t> checksums;    // history page -> its copy's checksum (issue 22; absent/0 = none known)
 };
 
 // One history page of a live request as a surviving worker reports it (AdoptGpu).
@@ -156,6 +157,8 @@ struct ReportedHistoryPage {
   bool host_copy = false;             // the worker wrote that host page and reported it (HostCopyWritten / backup ok)
   std::optional<PageIndex> gpu_page;  // the optional GPU page it keeps (readable) with the rows; none: the rows are
                                       // in the worker's tail or only in the host copy
+  uint64_t checksum = 0;              // its host copy's checksum as the worker reports it (issue 22; 0 = none known);
+                                      // the journal's wins when it knows one
 };
 
 // One live (granted) request of a worker that survived a memd restart, as its re-Hello reports it (AdoptGpu).
@@ -258,8 +261,10 @@ class ResidencyManager {
   // and populated only after HostCopyWritten. A failure aborts the reclaim (victim untouched, RetryBackups() later).
   // Errors: NotFound (no such reclaim order, or all its backups reported), InvalidArgument (a page not an unreported
   // backup of the order, named twice, or a deferred page not among `pages`).
+  // checksums (issue 22): with ok, checksums[i] of pages[i]'s written host copy (kept with the confirmation and
+  // journaled; 0 = none known); empty = none, else the length of `pages` (InvalidArgument otherwise).
   absl::Status OnBackupComplete(OrderId order, std::span<const PageIndex> pages, bool ok,
-                                std::span<const PageIndex> deferred = {});
+                                std::span<const PageIndex> deferred = {}, std::span<const uint64_t> checksums = {});
   // ReadyPublish of PopulateOrder `order`: `pages` (GPU pages; empty = every page not yet reported) were copied and
   // published (ok), or failed (nothing published: the pages are freed). Errors: NotFound (no such populate order),
   // InvalidArgument (a page not an unreported page of the order, or named twice).
@@ -275,8 +280,12 @@ class ResidencyManager {
   // written outside a reclaim was not kept (the worker's keep copy failed, contract §3): its GPU page is freed (kHost).
   // Errors: NotFound (unknown request), FailedPrecondition (queued), OutOfRange (no such history page),
   // InvalidArgument (host_pages of another length, a history page named twice, or a host page not the one assigned).
+  // checksums (issue 22): checksums[i] of history_pages[i]'s host copy, kept with its confirmation (and journaled);
+  // a repeated report of a confirmed page records a checksum only when none was known. Empty = none, else the
+  // length of history_pages (InvalidArgument otherwise).
   absl::Status OnHostCopyWritten(RequestId request, std::span<const uint32_t> history_pages,
-                                 std::span<const PageIndex> host_pages, bool ok);
+                                 std::span<const PageIndex> host_pages, bool ok,
+                                 std::span<const uint64_t> checksums = {});
   // The request finished (or a queued admission was cancelled, or an interrupted request is given up): answered by a
   // CompleteAckOrder. Errors: NotFound.
   absl::Status Complete(RequestId request);
@@ -327,6 +336,7 @@ class ResidencyManager {
     // A resume: history page -> host page of every confirmed host copy taken over from the interrupted request
     // (owned while queued; kHost at the grant, same history page).
     std::map<uint32_t, PageIndex> resumed_host;
+    std::map<uint32_t, uint64_t> resumed_checksums;  // their checksums (issue 22; 0 = none known)
     bool resume = false;  // admitted with resume_of: a fence while queued makes it interrupted again (not rejected)
     RequestState state = RequestState::kQueued;
     int64_t time_us = 0;  // queued at, then admitted at
@@ -438,7 +448,7 @@ class ResidencyManager {
   void EraseOrderIfDone(OrderId order);
   absl::Status CheckReportedPages(const OrderEntry& entry, OrderId order, std::span<const PageIndex> pages,
                                   std::vector<PageIndex>& out) const;
-  void BackupDone(CopyId copy, bool ok, bool written);
+  void BackupDone(CopyId copy, bool ok, bool written, uint64_t checksum = 0);
   void PopulateDone(CopyId copy, bool ok);
   void PopulateRequest(GpuId gpu_id, Gpu& gpu, Request& r, uint32_t pages);
   uint32_t ReleaseAdmitted(Request& r, Gpu& gpu);

@@ -41,7 +41,9 @@ struct GpuPageUse {
 
 // Completions the worker reports to memd (KvResidency::Poll).
 struct KvCompletions {
-  struct Backup { RequestId request; uint32_t page; PageIndex host_page; absl::Status status; };
+  // checksum: the host page's checksum (common/page_checksum.h) with an ok status, computed when the completion is
+  // drained (every key of the page stored by then); kNoChecksum otherwise.
+  struct Backup { RequestId request; uint32_t page; PageIndex host_page; absl::Status status; uint64_t checksum = 0; };
   // kept = true: a keep copy of adaptive mode (no PopulateOrder behind it; memd is not told).
   struct Published { RequestId request; uint32_t page; PageIndex device_page; absl::Status status; bool kept; };
   std::vector<Backup> backups;
@@ -82,6 +84,10 @@ class KvResidency {
 
   // The copies to wait for before the request can finish (brief §4); then Release frees its slot and pages.
   virtual RequestCopies CopiesInFlight(RequestId request) const = 0;
+  // Host-page integrity (issue 22): the checksum of history page `page`'s confirmed host copy (payload and keys), as
+  // the worker computed it after its copy completed or took it from the grant of a resume; kNoChecksum (0) when none
+  // is known (no host copy, or its completion not drained by Poll yet).
+  virtual uint64_t HostChecksum(RequestId /*request*/, uint32_t /*page*/) const { return 0; }
   virtual void Release(RequestId request) = 0;
 };
 

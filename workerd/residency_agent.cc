@@ -134,7 +134,8 @@ void ResidencyAgent::SendComplete(RequestId request) {
 // ---- reclaim orders ----
 
 void ResidencyAgent::SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status,
-                                        std::vector<PageIndex> deferred) {
+                                        std::vector<PageIndex> deferred,
+                                        const std::map<PageIndex, uint32_t>* history_of) {
   wire::BackupCompleteT done;
   done.order = m.order;
   done.request = m.request;
@@ -142,6 +143,13 @@ void ResidencyAgent::SendBackupComplete(const wire::ReclaimOrderT& m, const absl
   done.pages = m.backup_pages;
   done.host_pages = m.backup_targets;
   done.ok = status.ok();
+  if (status.ok() && history_of != nullptr) {  // issue 22: each written page's checksum (0: deferred, none known)
+    for (PageIndex dp : m.backup_pages) {
+      auto h = history_of->find(dp);
+      const bool later = std::find(deferred.begin(), deferred.end(), dp) != deferred.end();
+      done.checksums.push_back(h == history_of->end() || later ? 0 : kv_->HostChecksum(m.request, h->second));
+    }
+  }
   if (status.ok()) done.deferred_pages = std::move(deferred);
   if (!status.ok()) {
     done.error = ToWireError(status);
@@ -252,6 +260,7 @@ void ResidencyAgent::OnReclaimOrder(const wire::ReclaimOrderT& m) {
     std::optional<GpuPageUse> use = kv_->GpuPageOf(m.request, dp);
     if (use && !use->held) kv_->DropKeep(m.request, use->page);
   }
+  for (size_t i = 0; i < items.size(); ++i) rc.history_of[m.backup_pages[i]] = items[i].page;
   for (size_t i = 0; i < items.size(); ++i) IssueBackup(m, i, items[i], rc);
   ReachFaultPoint(FaultPoint::kReclaim);  // test-only (common/fault_point.h)
   reclaims_[m.order] = std::move(rc);
@@ -271,7 +280,7 @@ bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
   // is still writing (memd may hand the host pages on after it); pages not issued yet are not waited for.
   if (!rc.awaiting.empty() && (rc.backup_status.ok() || BackupInFlight(rc))) return false;
   rc.backup_reported = true;
-  if (!m.backup_pages.empty()) SendBackupComplete(m, rc.backup_status, rc.deferred);
+  if (!m.backup_pages.empty()) SendBackupComplete(m, rc.backup_status, rc.deferred, &rc.history_of);
   if (!rc.backup_status.ok()) {
     // memd leaves the victim untouched and may retry: a page only planned to be kept is kept again on its GPU page
     // (its rows are still in the tail: a page without a host copy never leaves it).
@@ -286,6 +295,7 @@ bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
         if (where == PageResidency::kHostWritten && j < g->host_pages.size() && g->reported.insert(j).second) {
           written.history_pages.push_back(j);
           written.host_pages.emplace_back(0, g->host_pages[j]);  // the order's target (IssueBackup keeps it there)
+          written.checksums.push_back(kv_->HostChecksum(m.request, j));
           ++stats_.pages_backed_up;
         }  // (still writing: Poll reports it, the order being gone)
         continue;
@@ -414,6 +424,7 @@ void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
     absl::StatusOr<CopyEvent> e = kv_->Populate(m.request, j, m.pages[i]);
     if (!e.ok()) {
       po.status = e.status();
+      if (e.status().code() == absl::StatusCode::kDataLoss) failures_.emplace_back(m.request, e.status());
       break;
     }
     po.pending.insert(j);
@@ -516,6 +527,7 @@ void ResidencyAgent::ReportBackups(const std::vector<KvCompletions::Backup>& bac
     w.ok = true;
     w.history_pages.push_back(b.page);
     w.host_pages.emplace_back(0, b.host_page);
+    w.checksums.push_back(b.checksum);
   }
   for (auto& [id, w] : written) Sent(memd_->SendHostCopyWritten(w), "HostCopyWritten");
 }
@@ -705,6 +717,7 @@ std::unique_ptr<wire::ReportedRequestT> ResidencyAgent::Report(RequestId request
     auto page = std::make_unique<wire::ReportedPageT>();
     page->host_page = g.host_pages[j];
     page->host_copy = g.reported.contains(j);
+    if (page->host_copy) page->checksum = kv_->HostChecksum(request, j);
     if (auto dp = g.gpu_pages.find(j); dp != g.gpu_pages.end()) {
       page->has_gpu_page = true;
       page->gpu_page = dp->second;
@@ -727,6 +740,7 @@ void ResidencyAgent::ReturnFromAway(const std::set<RequestId>& adopted) {
       g.reported.insert(j);
       w.history_pages.push_back(j);
       w.host_pages.emplace_back(0, g.host_pages[j]);
+      w.checksums.push_back(kv_->HostChecksum(id, j));
     }
     if (w.history_pages.empty()) continue;
     w.request = id;

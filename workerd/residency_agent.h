@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -106,6 +107,10 @@ class ResidencyAgent {
   // forgotten; nothing is sent (memd holds it as interrupted, or not at all).
   void Forget(RequestId request);
 
+  // Host-page integrity (issue 22): requests a populate found with a host page that does not match its checksum
+  // (DATA_LOSS); the loop fails each (never serves it on with foreign bytes). Emptied by the call.
+  std::vector<std::pair<RequestId, absl::Status>> TakeFailures() { return std::exchange(failures_, {}); }
+
   // Orders in flight: reclaims before ReadersDone, populates, answers waiting for copies.
   bool busy() const;
   // Copies and orders in flight (Heartbeat.pending_copies).
@@ -139,6 +144,7 @@ class ResidencyAgent {
     std::map<uint32_t, PageIndex> planned;
     std::vector<PageIndex> deferred;        // GPU pages of backup_pages not written yet (BackupComplete.deferred_pages)
     std::vector<uint32_t> backup_history;   // history pages of the backup pages, deferred ones excepted
+    std::map<PageIndex, uint32_t> history_of;  // backup page (GPU page) -> its history page (checksums, issue 22)
     uint64_t copies = 0;                    // host copies this order wrote
     absl::Status backup_status;             // the first failed copy (or issue) of the order
     bool backup_reported = false;
@@ -187,8 +193,11 @@ class ResidencyAgent {
   void ReportBackups(const std::vector<KvCompletions::Backup>& backups);
   void ReportPublished(const std::vector<KvCompletions::Published>& published);
   void AnswerPopulate(Populate& po);
+  // `history_of` (GPU page -> history page of the order's backup pages): with an ok status, each written page's
+  // checksum goes with it (issue 22); nullptr: none.
   void SendBackupComplete(const wire::ReclaimOrderT& m, const absl::Status& status,
-                          std::vector<PageIndex> deferred = {});
+                          std::vector<PageIndex> deferred = {},
+                          const std::map<PageIndex, uint32_t>* history_of = nullptr);
   void Sent(const absl::Status& s, const char* what);
   // EnterAway's parts: a population undone once its copies ended; a reclaim resolved.
   void UndoPopulate(Populate& po);
@@ -209,6 +218,7 @@ class ResidencyAgent {
   absl::flat_hash_set<RequestId> finished_ids_;
   ResidencyStats stats_;
   absl::Status link_status_;
+  std::vector<std::pair<RequestId, absl::Status>> failures_;  // TakeFailures
   bool away_ = false;  // memd died: nothing is sent until ReturnFromAway
 };
 

@@ -231,10 +231,32 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   if (r.host_backed.empty()) {
     for (uint32_t j = 0; j < m.imported_pages; ++j) r.host_backed.push_back(j);
   }
+  for (size_t i = 0; i < r.host_backed.size(); ++i) {
+    r.host_checksums[r.host_backed[i]] = i < m.host_backed_checksums.size() ? m.host_backed_checksums[i] : 0;
+  }
   const uint64_t rows = r.input.size() - r.resumed + r.max_new - 1;  // rows ever appended
   if (absl::Status s = agent_->OnGrant(m, rows / config_.page_rows); !s.ok()) {
     Finish(r.id, s);
     return;
+  }
+  if (hier_ != nullptr && !r.host_backed.empty()) {
+    // Host-page integrity (issue 22): each host-backed page is checked against memd's checksum before anything
+    // imports it; a page that does not match (or has none) is treated as not host-backed: its rows are recomputed
+    // from the record's tokens (and its host page written again with them, the same bytes as the confirmed copy).
+    std::vector<uint64_t> sums;
+    for (uint32_t j : r.host_backed) sums.push_back(r.host_checksums[j]);
+    absl::StatusOr<std::vector<uint32_t>> bad = hier_->CheckHostCopies(r.id, r.host_backed, sums);
+    if (!bad.ok()) {
+      Finish(r.id, bad.status());
+      return;
+    }
+    if (!bad->empty()) {
+      spdlog::warn("worker: resumed request {} (client {}): {} of its {} host-backed pages do not match their "
+                   "checksums; their rows are recomputed from its tokens", r.id, r.client_id, bad->size(),
+                   r.host_backed.size());
+      std::erase_if(r.host_backed, [&](uint32_t j) { return std::find(bad->begin(), bad->end(), j) != bad->end(); });
+      for (uint32_t j : *bad) r.host_checksums.erase(j);
+    }
   }
   r.phase = Phase::kGranted;
   granted_.push_back(r.id);
@@ -436,9 +458,18 @@ void Worker::ImportResumed(Request& r) {
   if (backed.empty()) return;
   // Host-ready from now on, the pages recomputed after the last token included (the record may end before rows the
   // dead worker had backed up): their confirmed host copy is never written again.
-  if (absl::Status s = hier_->ImportHostPages(r.id, backed); !s.ok()) {
+  if (absl::Status s = hier_->ImportHostPages(r.id, backed, HostChecksumsOf(r, backed)); !s.ok()) {
     if (absl::Status rebuilt = FallBackToRecompute(r, s); !rebuilt.ok()) Finish(r.id, rebuilt);
   }
+}
+
+std::vector<uint64_t> Worker::HostChecksumsOf(const Request& r, std::span<const uint32_t> pages) {
+  std::vector<uint64_t> sums;
+  for (uint32_t j : pages) {
+    auto it = r.host_checksums.find(j);
+    sums.push_back(it == r.host_checksums.end() ? 0 : it->second);
+  }
+  return sums;
 }
 
 Position Worker::NextHostRow(const Request& r) const {
@@ -472,7 +503,7 @@ void Worker::CountAllRecomputed(Request& r) {
 
 bool Worker::RemarkHostBacked(Request& r) {
   if (hier_ == nullptr || r.host_backed.empty()) return false;
-  if (absl::Status s = hier_->ImportHostPages(r.id, r.host_backed); !s.ok()) {
+  if (absl::Status s = hier_->ImportHostPages(r.id, r.host_backed, HostChecksumsOf(r, r.host_backed)); !s.ok()) {
     spdlog::warn("worker: request {}: its host-backed pages are not host-ready again ({}); their host pages are "
                  "written again with the same rows", r.id, s.ToString());
     return false;
@@ -890,6 +921,7 @@ size_t Worker::EndClient(const std::string& peer, const absl::Status& why) {
 absl::StatusOr<bool> Worker::Iterate() {
   if (!detached_done_.empty()) DropUnclaimed(resumed_bound_.Expire(std::chrono::steady_clock::now()));
   agent_->Poll();
+  for (auto& [id, why] : agent_->TakeFailures()) Finish(id, std::move(why));  // issue 22: a corrupt host page
   StartGranted();
   if (absl::Status s = RunBatch(); !s.ok()) return s;
   agent_->Poll();
@@ -1056,6 +1088,7 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> Worker::Report() const {
 WorkerStats Worker::stats() const {
   WorkerStats s = stats_;
   if (hier_ != nullptr) s.census = hier_->TotalCensus();
+  if (hier_ != nullptr) s.host_integrity = hier_->host_integrity();
   const ResidencyStats& a = agent_->stats();
   s.reclaims_obeyed = a.reclaims_obeyed;
   s.pages_reclaimed = a.pages_reclaimed;
@@ -1107,6 +1140,10 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.staging_bytes = static_cast<uint64_t>(staging_bytes());
   r.resumed_outputs_waiting = static_cast<uint32_t>(detached_done_.size());
   r.resumed_outputs_dropped = s.resumed_outputs_dropped;
+  r.host_pages_checksummed = s.host_integrity.pages_checksummed;
+  r.host_pages_verified = s.host_integrity.pages_verified;
+  r.host_bytes_verified = s.host_integrity.bytes_verified;
+  r.host_page_mismatches = s.host_integrity.mismatches;
   return r;
 }
 

@@ -89,6 +89,8 @@ struct WorkerStats {
   uint64_t tokens_while_away = 0;       // tokens generated while memd was away (held from clients until it was back)
   uint64_t paused_while_away = 0;       // requests paused while memd was away (held-token or tail bound)
   uint64_t resumed_outputs_dropped = 0; // resumed outputs dropped unclaimed (config.resumed_outputs bound)
+  // Host-page integrity (issue 22; HierarchicalKvAccess::host_integrity):
+  HostIntegrityCounters host_integrity;  // pages checksummed / verified (bytes) / mismatched
   // Speculation (--speculate; workerd/worker_speculation.cc):
   uint64_t spec_rounds = 0;          // verified rounds (K_r >= 2)
   uint64_t spec_round_tokens = 0;    // tokens those rounds emitted: sum of A_r + 1
@@ -264,6 +266,7 @@ class Worker final : public MemdHandler, public Submitter {
     }
     RequestId resume_of = 0;    // a resume: the interrupted node id it continues (AdmitRequest.resume_of)
     std::vector<uint32_t> host_backed;  // a resume's history pages with a confirmed host copy (the grant's)
+    std::map<uint32_t, uint64_t> host_checksums;  // their checksums (AdmitGrant.host_backed_checksums; issue 22)
     // A resume's runs of host-backed pages not imported yet, in position order: (first page, pages). The run at the
     // front is imported when `fed` reaches its first row; recomputing stops there.
     std::deque<std::pair<uint32_t, uint32_t>> host_runs;
@@ -309,6 +312,8 @@ class Worker final : public MemdHandler, public Submitter {
   absl::Status ImportHostRun(Request& r);
   // The first row of r's next host run (r.input.size() when none): recomputing stops there.
   Position NextHostRow(const Request& r) const;
+  // The checksums r.host_checksums keeps of `pages` (0 for a page without one), same order.
+  static std::vector<uint64_t> HostChecksumsOf(const Request& r, std::span<const uint32_t> pages);
   // A resume's import failed: a fresh KV and session, every row recomputed from the tokens (same bits); the
   // figures count every row recomputed. Errors: RebuildKv's (the request must end).
   absl::Status FallBackToRecompute(Request& r, const absl::Status& why);

@@ -183,7 +183,7 @@ class AdoptTest : public ::testing::Test {
     auto v = journal->Verify();
     EXPECT_TRUE(v.ok()) << v.status();
     std::vector<AdoptedRequest> adopted;
-    for (const auto& [id, jr] : *v) adopted.push_back({id, 0, epoch, jr.context_pages, jr.confirmed});
+    for (const auto& [id, jr] : *v) adopted.push_back({id, 0, epoch, jr.context_pages, jr.confirmed, jr.checksums});
     auto m = ResidencyManager::Create(Config(), [] { return 9; }, &*journal);
     EXPECT_TRUE(m.ok());
     EXPECT_TRUE((*m)->AdoptHostPages(adopted).ok());

@@ -451,7 +451,7 @@ class Harness {
       ASSERT_TRUE(model_.contains(id)) << "the journal names request " << id << " the model does not hold";
       const MReq& m = model_.at(id);
       ASSERT_EQ(jr.context_pages, m.context) << "request " << id;
-      adopted.push_back(AdoptedRequest{id, m.gpu, m.epoch, jr.context_pages, jr.confirmed});
+      adopted.push_back(AdoptedRequest{id, m.gpu, m.epoch, jr.context_pages, jr.confirmed, jr.checksums});
     }
     // A surviving worker's request with a context of 0 pages holds no host page: only its report names it.
     const auto unjournaled = std::count_if(model_.begin(), model_.end(), [&](const auto& e) {
@@ -525,7 +525,7 @@ class Harness {
       ReportedRequest rep{id, m.slot, m.required_pages, m.complete, m.optional_history, {}, m.share};
       for (const MPage& mp : m.pages) {
         rep.history.push_back({mp.host_page, mp.written || Pick(8) == 0,
-                               mp.on_gpu ? std::optional<PageIndex>(mp.gpu_page) : std::nullopt});
+                               mp.on_gpu ? std::optional<PageIndex>(mp.gpu_page) : std::nullopt, 0});
       }
       reports.push_back(std::move(rep));
     }

@@ -152,6 +152,8 @@ class FakeMemd final : public MemdLink {
       if (j < r.host.size() && i < m.host_pages.size()) {
         EXPECT_EQ(m.host_pages[i].page(), r.host[j]);
       }
+      EXPECT_EQ(m.checksums.size(), m.history_pages.size()) << "HostCopyWritten without checksums (issue 22)";
+      if (j < r.host.size() && i < m.checksums.size()) host_checksums[r.host[j]] = m.checksums[i];
       r.host_copy.insert(j);
     }
     return absl::OkStatus();
@@ -184,6 +186,7 @@ class FakeMemd final : public MemdLink {
         r.host.push_back(t->second);
         r.host_copy.insert(j);
         grant->host_backed_pages.push_back(j);
+        grant->host_backed_checksums.push_back(host_checksums[t->second]);  // as memd: the confirmed copy's
         if (j == grant->imported_pages) ++grant->imported_pages;
         continue;
       }
@@ -214,9 +217,14 @@ class FakeMemd final : public MemdLink {
         reqs_.erase(m.request);
         return absl::OkStatus();
       }
-      for (uint32_t dp : m.pages) {
+      for (size_t i = 0; i < m.pages.size(); ++i) {
+        const uint32_t dp = m.pages[i];
         // A deferred page (contract §4) has no host copy yet: it comes later with order 0.
         if (std::find(m.deferred_pages.begin(), m.deferred_pages.end(), dp) == m.deferred_pages.end()) {
+          EXPECT_EQ(m.checksums.size(), m.pages.size()) << "BackupComplete without checksums (issue 22)";
+          if (i < m.checksums.size() && i < m.host_pages.size()) {
+            host_checksums[m.host_pages[i].page()] = m.checksums[i];
+          }
           r.host_copy.insert(HistoryOf(r, dp));
         } else {
           ++deferred_pages;
@@ -406,6 +414,7 @@ class FakeMemd final : public MemdLink {
   std::map<RequestId, std::vector<uint8_t>> committed;  // node id -> tokens committed (TokensCommitted)
   std::map<RequestId, wire::RequestRecordT> records;    // node id -> AdmitRequest.record + committed tokens
   std::map<RequestId, std::map<uint32_t, PageIndex>> interrupted;  // Fence: node id -> kept history -> host page
+  std::map<PageIndex, uint64_t> host_checksums;  // host page -> the checksum its confirmation carried (issue 22)
   int rehellos = 0;              // AdoptReport calls
   int resumes = 0;               // admissions with resume_of (memd's resume: the interrupted id ends there)
   uint32_t pages_taken_over = 0;  // kept host pages those resumes took over (every one)

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/fault_point.h"
+#include "common/page_checksum.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs {
@@ -58,7 +59,8 @@ absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Crea
   absl::StatusOr<PoolId> pool = device->AllocatePool(a->layout_.pool_bytes());
   if (!pool.ok()) return pool.status();
   a->pool_ = *pool;
-  ResolverEnv env{&a->layout_, device, a->pool_, a->host_.bytes};
+  ResolverEnv env{&a->layout_, device, a->pool_, a->host_.bytes,
+                  [raw = a.get()](RequestKv& kv, uint32_t page) { return raw->VerifyHostPage(kv, page); }};
   if (kind == ResolverKind::kFused) {
     a->resolver_ = std::make_unique<FusedResolver>(env);
   } else {
@@ -218,7 +220,56 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
   return absl::OkStatus();
 }
 
-absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<const uint32_t> pages) {
+absl::StatusOr<std::vector<uint32_t>> HierarchicalKvAccess::CheckHostCopies(RequestId request,
+                                                                            std::span<const uint32_t> pages,
+                                                                            std::span<const uint64_t> checksums) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
+  const RequestKv& kv = *it->second;
+  std::vector<uint32_t> bad;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const uint32_t j = pages[i];
+    if (j >= kv.host_plan.size() || kv.host_plan[j] < 0) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has no host page"));
+    }
+    const uint64_t want = i < checksums.size() ? checksums[i] : kNoChecksum;
+    ++integrity_.pages_verified;
+    integrity_.bytes_verified += layout_.host_page_bytes();
+    if (PageChecksumMatches({HostPageData(kv.host_plan[j]), layout_.host_page_bytes()}, want)) continue;
+    ++integrity_.mismatches;
+    bad.push_back(j);
+    spdlog::error("KV: host page {} (history page {} of request {}) {}: its rows are recomputed, not imported",
+                  kv.host_plan[j], j, request,
+                  want == kNoChecksum ? "has no checksum" : "does not match its confirmed checksum");
+  }
+  return bad;
+}
+
+absl::Status HierarchicalKvAccess::VerifyHostPage(RequestKv& kv, uint32_t page) {
+  KvPage& pg = kv.pages[page];
+  if (pg.verified || pg.checksum == kNoChecksum) return absl::OkStatus();
+  ++integrity_.pages_verified;
+  integrity_.bytes_verified += layout_.host_page_bytes();
+  if (PageChecksumMatches({HostPageData(pg.host_page), layout_.host_page_bytes()}, pg.checksum)) {
+    pg.verified = true;
+    return absl::OkStatus();
+  }
+  ++integrity_.mismatches;
+  spdlog::error("KV: host page {} (history page {} of request {}) does not match its confirmed checksum", pg.host_page,
+                page, kv.id);
+  return absl::DataLossError(absl::StrCat("KV: host page ", pg.host_page, " (history page ", page, " of request ",
+                                          kv.id, ") changed after its copy was confirmed (checksum mismatch)"));
+}
+
+uint64_t HierarchicalKvAccess::HostChecksum(RequestId request, uint32_t page) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end() || page >= it->second->pages.size()) return kNoChecksum;
+  const KvPage& pg = it->second->pages[page];
+  return pg.host_ready ? pg.checksum : kNoChecksum;
+}
+
+absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<const uint32_t> pages,
+                                                   std::span<const uint64_t> checksums) {
   auto it = requests_.find(request);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
   RequestKv& kv = *it->second;
@@ -230,10 +281,13 @@ absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has no host page"));
     }
   }
-  for (uint32_t j : pages) {
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const uint32_t j = pages[i];
     kv.GrowPages(j + 1);
     kv.pages[j].host_page = kv.host_plan[j];
     kv.pages[j].imported = true;
+    kv.pages[j].checksum = i < checksums.size() ? checksums[i] : kNoChecksum;
+    kv.pages[j].verified = kv.pages[j].checksum != kNoChecksum;  // checked by the caller (CheckHostCopies)
     kv.SetHostReady(j, true);
   }
   return absl::OkStatus();
@@ -695,6 +749,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
   }
   KvPage& pg = kv.pages[page];
   if (pg.device_page >= 0) return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " already populated"));
+  if (absl::Status v = VerifyHostPage(kv, page); !v.ok()) return v;  // issue 22: never populate foreign bytes
   const DeviceRange whole{pool_, layout_.PageRow(device_page, 0, 0), layout_.page_bytes()};
   CopyEvent fence = device_->ReadersFence(whole);
   const uint8_t* host_base = HostPageData(pg.host_page);
@@ -778,6 +833,22 @@ void HierarchicalKvAccess::Update() {
 
 KvCompletions HierarchicalKvAccess::Poll() {
   Update();
+  // Host-page integrity (issue 22): the checksum of each completed backup, now that the step that completed it has
+  // stored every key of its positions (StoreIndexKeys precedes the page's report in program order).
+  for (KvCompletions::Backup& b : completions_.backups) {
+    if (!b.status.ok()) continue;
+    auto it = requests_.find(b.request);
+    if (it == requests_.end() || b.page >= it->second->pages.size()) continue;
+    KvPage& pg = it->second->pages[b.page];
+    if (!pg.host_ready || pg.host_page != static_cast<int64_t>(b.host_page)) continue;
+    if (pg.checksum == kNoChecksum) {
+      // Not marked verified: the first use after this confirmation checks the bytes against it (a byte changed
+      // between the confirmation and that use is caught; docs/architecture.md "Host-page integrity").
+      pg.checksum = PageChecksum({HostPageData(pg.host_page), layout_.host_page_bytes()});
+      ++integrity_.pages_checksummed;
+    }
+    b.checksum = pg.checksum;
+  }
   KvCompletions out = std::move(completions_);
   completions_ = KvCompletions();
   return out;
@@ -923,6 +994,9 @@ absl::Status HierarchicalKvAccess::FetchWithStaging(uint32_t group, std::span<co
       if (copy.to == spec::ReadFrom::kStaging && !kv.HostReady(copy.row, c.page_rows)) {
         return absl::InternalError(absl::StrCat("KV: row ", copy.row, " of request ", kv.id,
                                                 " is neither ready on GPU nor backed up on host (safety invariant)"));
+      }
+      if (copy.to == spec::ReadFrom::kStaging) {  // issue 22: a staged row's host page is verified like a recovery's
+        if (absl::Status v = VerifyHostPage(kv, static_cast<uint32_t>(copy.row / c.page_rows)); !v.ok()) return v;
       }
     }
     staged_rows += r.plan.staging_copies;

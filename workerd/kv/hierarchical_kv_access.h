@@ -58,6 +58,15 @@ struct StagingCensus {
   bool operator==(const StagingCensus&) const = default;
 };
 
+// Host-page integrity (issue 22; common/page_checksum.h): what the checks of confirmed host pages did.
+struct HostIntegrityCounters {
+  uint64_t pages_checksummed = 0;  // checksums computed of the worker's own completed backups (Poll)
+  uint64_t pages_verified = 0;     // host pages checked against their checksum before use (recovery, populate, import)
+  uint64_t bytes_verified = 0;     // their bytes (host_page_bytes each)
+  uint64_t mismatches = 0;         // pages that did not match (recovery, populate: DATA_LOSS; import: recomputed)
+  bool operator==(const HostIntegrityCounters&) const = default;
+};
+
 struct HostPoolAccess {
   std::span<uint8_t> bytes;  // host page h at h * layout.host_page_bytes()
   // Returns a free host page, or nullopt (the backup is then deferred until BackupPages).
@@ -94,7 +103,24 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // in position order, between the recomputed ones.
   // Errors: NOT_FOUND (unknown request), FAILED_PRECONDITION (rows appended already, a page without a planned host
   // page).
-  absl::Status ImportHostPages(RequestId request, std::span<const uint32_t> pages);
+  // Before it (issue 22): the caller verifies the pages with CheckHostCopies and imports only those that match; the
+  // pages imported are recorded verified with their checksums[i] (same length as pages; empty: none known).
+  absl::Status ImportHostPages(RequestId request, std::span<const uint32_t> pages,
+                               std::span<const uint64_t> checksums = {});
+  // Host-page integrity of a resume (issue 22): each history page pages[i] of `request` (planned host page) is checked
+  // against checksums[i] (memd's AdmitGrant.host_backed_checksums; a missing or kNoChecksum entry never matches).
+  // Returns the pages that do NOT match, in the order given (each counted in host_integrity().mismatches and logged);
+  // the caller recomputes their rows instead of importing them. Errors: NOT_FOUND (unknown request),
+  // FAILED_PRECONDITION (a page without a planned host page).
+  absl::StatusOr<std::vector<uint32_t>> CheckHostCopies(RequestId request, std::span<const uint32_t> pages,
+                                                        std::span<const uint64_t> checksums);
+  // Verifies history page `page` of `kv` (host_ready) against its recorded checksum before its host bytes are used
+  // (the resolver's recoveries, staging, Populate), once per page: OK when verified before, or when no checksum is
+  // recorded yet (its backup completed within the current step; Poll records it before memd hears of the copy: the
+  // bytes are the worker's own fresh copy). Errors: DATA_LOSS (the bytes differ; the page stays unverified).
+  absl::Status VerifyHostPage(RequestKv& kv, uint32_t page);
+  uint64_t HostChecksum(RequestId request, uint32_t page) const override;
+  const HostIntegrityCounters& host_integrity() const { return integrity_; }
   // Step 2, when the request's rows reach page `first`: pages first .. first+count-1 (host-ready by ImportHostPages)
   // are taken as appended without computing anything: appended = (first+count) * p on every source (it must be
   // first * p on every source: the earlier pages imported or recomputed), the last min(T, count*p) of their rows copied
@@ -252,6 +278,7 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   std::vector<std::vector<uint8_t>> tail_upload_;
   KvCompletions completions_;
   bool host_writes_paused_ = false;
+  HostIntegrityCounters integrity_;
   struct HeldKey { int64_t host_page; uint64_t offset; std::vector<uint8_t> bytes; };
   std::vector<HeldKey> held_keys_;  // StoreIndexKeys while host writes are paused
 };

@@ -31,6 +31,13 @@ struct KvPage {
   // A resume's page with a confirmed host copy taken over (HierarchicalKvAccess::ImportHostPages): its host page is
   // never written again (no backup, no index key).
   bool imported = false;
+  // Host-page integrity (issue 22; common/page_checksum.h): the page's checksum (payload and keys, all
+  // host_page_bytes) once its host copy is confirmed: recorded by Poll when the worker's own backup completed, or
+  // taken from memd's grant for a resume's imported page; kNoChecksum until then. `verified`: the host bytes were
+  // checked against it once (a confirmed host page is immutable while the request holds it: verified once per page,
+  // not per recovery; docs/architecture.md "Host-page integrity").
+  uint64_t checksum = 0;
+  bool verified = false;
   // Optional history: device_page >= 0 while populating or ready; `ready` (the ready map entry) is set only after
   // the populate copy completed, and cleared by a withdrawal before the page is retired.
   int64_t device_page = -1;

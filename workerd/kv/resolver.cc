@@ -104,6 +104,13 @@ absl::Status Resolver::CheckDistinct(const ResolveQuery& q, Position n) const {
   return absl::OkStatus();
 }
 
+absl::Status Resolver::VerifyHostPage(RequestKv& kv, Position t) const {
+  if (!env_.verify_host_page) return absl::OkStatus();
+  const auto pg = static_cast<uint32_t>(t / env_.layout->config().page_rows);
+  if (kv.pages[pg].verified) return absl::OkStatus();
+  return env_.verify_host_page(kv, pg);
+}
+
 const uint8_t* Resolver::HostRow(const KvPage& page, SourceId s, Position t) const {
   const KvLayout& l = *env_.layout;
   const uint32_t p = l.config().page_rows;
@@ -302,6 +309,7 @@ absl::Status FusedResolver::PlanMisses(PlannedBatch& plan, size_t qi, HotCache& 
     es[j] = Entry{Kind::kHost, h, 0};
     plan.assigned.emplace_back(qi, h);
     ++plan.census.host;
+    if (absl::Status v = VerifyHostPage(*q.kv, q.selection[j]); !v.ok()) return v;
   }
   return absl::OkStatus();
 }
@@ -485,6 +493,7 @@ absl::Status ReferenceResolver::PlanHot(Planned& p, Slots& hc, const ResolveQuer
         es[j] = Entry{Kind::kHost, static_cast<uint32_t>(h), 0};
         p.assigned.emplace_back(&hc, static_cast<uint32_t>(h));
         ++p.add.host;
+        if (absl::Status v = VerifyHostPage(*q.kv, t); !v.ok()) return v;
       } else if (h >= 0) {
         es[j] = Entry{Kind::kHot, static_cast<uint32_t>(h), 0};
         ++p.add.hot;

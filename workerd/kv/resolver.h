@@ -16,12 +16,15 @@
 // every hot slot the batch claimed for a miss is invalidated (its bytes may never have been copied), so a slot the
 // cache maps to row t always holds t's original bytes. Hits touched before a planning error stay touched.
 // Census (per group): selected rows resolved direct / hot / host, hot-cache scans skipped, bytes recovered.
+// Host-page integrity (ResolverEnv.verify_host_page): the page of each host-recovery miss is verified before its
+// bytes are copied, once per page (KvPage.verified); a mismatch is DATA_LOSS with the effects of any error.
 //
 // Thread-safety: none; driven by the worker thread. Copies run on the Device.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -59,12 +62,19 @@ struct ResolveQuery {
   std::span<Location> out;              // sources.size() * k entries
 };
 
+// Host-page integrity (issue 22): called during planning for the page of every host-recovery miss whose KvPage is
+// not `verified` yet, before any of its bytes is copied; sets `verified` when the page matches its checksum, returns
+// DATA_LOSS when it does not (the batch then fails as after a planning error: nothing resolved, claimed slots
+// invalidated). HierarchicalKvAccess::VerifyHostPage is the one implementation.
+using HostPageVerifier = std::function<absl::Status(RequestKv& kv, uint32_t page)>;
+
 // What the resolver works on: the KV pool on the device and the host pool (host page h at h * host_page_bytes).
 struct ResolverEnv {
   const KvLayout* layout = nullptr;
   Device* device = nullptr;
   PoolId pool = 0;
   std::span<uint8_t> host_pool;
+  HostPageVerifier verify_host_page;  // empty: host pages are not verified (states built by hand in tests, benchmarks)
 };
 
 class Resolver {
@@ -91,6 +101,8 @@ class Resolver {
   explicit Resolver(const ResolverEnv& env) : env_(env), census_(env.layout->config().groups.size()) {}
   absl::Status Validate(uint32_t group, std::span<const SourceId> sources, std::span<ResolveQuery> batch) const;
   const uint8_t* HostRow(const KvPage& page, SourceId s, Position t) const;
+  // The page of host-recovery miss t verified (env_.verify_host_page; OK without one or when verified before).
+  absl::Status VerifyHostPage(RequestKv& kv, Position t) const;
 
   ResolverEnv env_;
   std::vector<Census> census_;
