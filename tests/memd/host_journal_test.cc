@@ -397,5 +397,100 @@ TEST_F(AdoptTest, SurvivingWorkerReportRebuildsItsRequest) {
   ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
 }
 
+// Issue 22: a confirmed entry keeps its host copy's checksum (the reserved word of issue 11's layout): read back,
+// verified (the check covers it: a changed checksum word does not verify), carried by Transfer; an entry without one
+// (0, what an older memd wrote) verifies as before. Confirming again with another checksum goes through assigned, and
+// every store boundary of it verifies to the old confirmed copy's owner with no confirmed copy, or the new checksum.
+TEST(HostJournal, ConfirmedEntriesKeepTheirChecksum) {
+  Buffer b(kPages);
+  HostJournal j = Formatted(b);
+  j.Assign(2, 77, 0, 3);
+  j.Confirm(2, 0xABCDEF0123456789ull);
+  j.Assign(4, 77, 1, 3);
+  j.Confirm(4);  // none known
+  EXPECT_EQ(j.Read(2).checksum, 0xABCDEF0123456789ull);
+  EXPECT_EQ(j.Read(4).checksum, 0u);
+  auto v = j.Verify();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->at(77).checksums, (std::map<uint32_t, uint64_t>{{0, 0xABCDEF0123456789ull}, {1, 0}}));
+  Buffer damaged = b;
+  damaged.word(2, 3) ^= 1;
+  EXPECT_EQ(HostJournal::Attach(damaged.bytes(), kPages)->Verify().status().code(), absl::StatusCode::kDataLoss);
+
+  Buffer before = b;
+  Buffer after = b;
+  HostJournal ja = *HostJournal::Attach(after.bytes(), kPages);
+  ja.Confirm(2, 42);
+  EXPECT_EQ(ja.Read(2).checksum, 42u);
+  // Stores of a re-confirm: tag (assigned), checksum, tag (confirmed). Apply a prefix of them to `before`.
+  for (int stores = 0; stores <= 3; ++stores) {
+    Buffer torn = before;
+    if (stores >= 1) {  // tag = assigned: what Assign leaves for the same owner and meta
+      Buffer assigned = before;
+      HostJournal jx = *HostJournal::Attach(assigned.bytes(), kPages);
+      jx.Free(2);
+      jx.Assign(2, 77, 0, 3);
+      torn.word(2, 2) = assigned.word(2, 2);
+    }
+    if (stores >= 2) torn.word(2, 3) = after.word(2, 3);
+    if (stores >= 3) torn.word(2, 2) = after.word(2, 2);
+    auto tv = HostJournal::Attach(torn.bytes(), kPages)->Verify();
+    ASSERT_TRUE(tv.ok()) << "after " << stores << " stores: " << tv.status();
+    const JournaledRequest& r = tv->at(77);
+    if (stores == 0) {
+      EXPECT_EQ(r.checksums.at(0), 0xABCDEF0123456789ull);
+    } else if (stores < 3) {
+      EXPECT_FALSE(r.confirmed.contains(0)) << stores;
+      EXPECT_TRUE(r.assigned.contains(0)) << stores;
+    } else {
+      EXPECT_EQ(r.checksums.at(0), 42u);
+    }
+  }
+}
+
+// Issue 22 through the core: checksums reported with HostCopyWritten and with a reclaim's BackupComplete land in the
+// journal; a new memd adopting it hands them to the resume's grant.
+TEST_F(AdoptTest, ChecksumsSurviveAMemdRestartIntoTheResumeGrant) {
+  AdmitRequest a{.request = 1, .gpu = 0, .required_pages = 2, .history_pages = 2, .context_pages = 6};
+  Ok(old_->Admit(a));
+  (void)old_->DrainOrders();
+  Ok(old_->OnHostCopyWritten(1, std::vector<uint32_t>{2, 3}, {}, true, std::vector<uint64_t>{22, 33}));
+  AdmitRequest b{.request = 2, .gpu = 0, .required_pages = 14, .history_pages = 0, .context_pages = 1};
+  Ok(old_->Admit(b));
+  const ReclaimOrder* rc = nullptr;
+  std::vector<Order> orders = old_->DrainOrders();
+  for (const Order& o : orders) {
+    if (const auto* r = std::get_if<ReclaimOrder>(&o)) rc = r;
+  }
+  ASSERT_NE(rc, nullptr);
+  ASSERT_EQ(rc->backup_pages.size(), 2u);
+  EXPECT_EQ(old_->OnBackupComplete(rc->order, std::vector<PageIndex>{rc->backup_pages[0]}, true, {},
+                                   std::vector<uint64_t>{1, 2})
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // one checksum per page reported
+  Ok(old_->OnBackupComplete(rc->order, std::vector<PageIndex>{rc->backup_pages[0]}, true, {},
+                            std::vector<uint64_t>{1000}));
+  Buffer copy = buffer_;
+  std::optional<HostJournal> journal;
+  std::unique_ptr<ResidencyManager> adopted = Adopt(copy, journal, 3);
+  EXPECT_EQ(journal->Verify()->at(1).checksums, (std::map<uint32_t, uint64_t>{{0, 1000}, {2, 22}, {3, 33}}));
+  ASSERT_TRUE(adopted->RegisterGpu(0, 16, 4).ok());
+  AdmitRequest resume{.request = 5, .gpu = 0, .required_pages = 1, .history_pages = 0, .context_pages = 6,
+                      .host_backed = true, .resume_of = 1};
+  ASSERT_TRUE(adopted->ReleaseHeldPages().ok());
+  ASSERT_TRUE(adopted->Admit(resume).ok());
+  const GrantOrder* grant = nullptr;
+  std::vector<Order> granted = adopted->DrainOrders();
+  for (const Order& o : granted) {
+    if (const auto* g = std::get_if<GrantOrder>(&o)) grant = g;
+  }
+  ASSERT_NE(grant, nullptr);
+  EXPECT_EQ(grant->host_backed_pages, (std::vector<uint32_t>{0, 2, 3}));
+  EXPECT_EQ(grant->host_backed_checksums, (std::vector<uint64_t>{1000, 22, 33}));
+  // The takeover moved the pages to request 5 in the journal with their checksums.
+  EXPECT_EQ(journal->Verify()->at(5).checksums, (std::map<uint32_t, uint64_t>{{0, 1000}, {2, 22}, {3, 33}}));
+  EXPECT_TRUE(adopted->CheckInvariants().ok()) << adopted->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace dhs::memd

@@ -1090,5 +1090,42 @@ TEST_F(ResidencyTest, QueuedResumeHoldsItsHostPagesUntilFencedOrCompleted) {
   EXPECT_EQ(mgr_->host().allocated(), 0u);
 }
 
+// Issue 22, host-page integrity: the checksum a HostCopyWritten reports with each page is kept with the confirmed
+// copy (a repeated report never replaces a known one; a list of another length is refused and changes nothing),
+// survives the fence with the page, and the resume's grant names it with its page (host_backed_checksums, same
+// order as host_backed_pages). A page confirmed without a checksum is handed on with 0 (none known).
+TEST_F(ResidencyTest, ChecksumsOfConfirmedCopiesReachTheResumeGrant) {
+  Make(10, 0, 32);
+  ASSERT_EQ(OfType<GrantOrder>(Admit(1, 1, 0, 5)).size(), 1u);
+  EXPECT_EQ(mgr_->OnHostCopyWritten(1, std::vector<uint32_t>{0, 2}, {}, true, std::vector<uint64_t>{111})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Req(1).tail_pages, 5u);  // refused whole: nothing confirmed
+  Do(mgr_->OnHostCopyWritten(1, std::vector<uint32_t>{0, 2}, {}, true, std::vector<uint64_t>{111, 333}));
+  Do(mgr_->OnHostCopyWritten(1, std::vector<uint32_t>{2}, {}, true, std::vector<uint64_t>{999}));  // repeated
+  Written(1, {3});  // no checksum
+  Do(mgr_->FenceGpu(0));
+  Do(mgr_->RegisterGpu(0, 10));
+  AdmitRequest a;
+  a.request = 10;
+  a.required_pages = 1;
+  a.context_pages = 5;
+  a.host_backed = true;
+  a.resume_of = 1;
+  const auto g = OfType<GrantOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].host_backed_pages, (std::vector<uint32_t>{0, 2, 3}));
+  EXPECT_EQ(g[0].host_backed_checksums, (std::vector<uint64_t>{111, 333, 0}));
+  // A fence of the resumed request keeps them again for the next resume.
+  Do(mgr_->FenceGpu(0));
+  Do(mgr_->RegisterGpu(0, 10));
+  a.request = 11;
+  a.resume_of = 10;
+  const auto g2 = OfType<GrantOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(g2.size(), 1u);
+  EXPECT_EQ(g2[0].host_backed_checksums, (std::vector<uint64_t>{111, 333, 0}));
+  Do(mgr_->Complete(11));
+}
+
 }  // namespace
 }  // namespace dhs::memd

@@ -26,6 +26,15 @@
 //    engine + wait, over the memcpy time), recovery_ns_per_step and memcpy_ns_per_step. At 1 row per step,
 //    recovery_ns_per_step is the fixed cost of a step (validation, plan, one copy batch issued and waited).
 //    recovery_vs_memcpy_cpu: the same ratio from the process's CPU time (all threads), for loaded machines.
+// 3. BM_HostRecoveryVerified/<rows per step>/<mode>: host-page integrity (issue 22) on the recovery path, the same
+//    all-miss steps as (2) with the resolver's page verifier (ResolverEnv.verify_host_page, as HierarchicalKvAccess
+//    sets it: XXH3-64 of the whole host page against its recorded checksum, common/page_checksum.h). mode 0: no
+//    verifier (the baseline); 1: cached, each page verified at its first recovery and never again (the worker's
+//    design: in steady state only the per-miss flag check remains); 2: every page a step recovers from is verified
+//    in that step (flags cleared before each step: the cost of a page's first recovery, or of verifying once per
+//    page per batch). Counters: ns_per_step, verify_ns_per_row (mode minus the baseline of the same rows, per
+//    recovered row), pages_verified_per_step, page_bytes. Rows are consecutive, so a step of r rows verifies
+//    ceil(r / p) pages (p = 64): at 1 row per step every row pays a whole page's hash (the worst case).
 // After all benchmarks a summary prints the median ns_per_step per history size, max/min across sizes, and the
 // bandwidth ratios. Step benchmarks run 3 repetitions (the summary takes the median).
 //
@@ -41,10 +50,12 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/page_checksum.h"
 #include "workerd/device/cpu_device.h"
 #include "workerd/kv/layout.h"
 #include "workerd/kv/request_kv.h"
@@ -412,6 +423,67 @@ void BM_HostRecoveryVsMemcpy(benchmark::State& state) {
 // 1 row per step: the fixed cost of a recovery step (recovery_ns_per_step); 64 (= k) and 2048: the ratios.
 BENCHMARK(BM_HostRecoveryVsMemcpy)->Arg(1)->Arg(kK)->Arg(2048)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// Host recovery with the page verifier (see 3. at the top): mode 0 none, 1 cached, 2 every page of every step.
+std::map<int64_t, std::map<int64_t, double>>& VerifyNs() {  // rows per step -> mode -> ns per step
+  static std::map<int64_t, std::map<int64_t, double>> m;
+  return m;
+}
+void BM_HostRecoveryVerified(benchmark::State& state) {
+  const uint32_t k = static_cast<uint32_t>(state.range(0));
+  const int64_t mode = state.range(1);
+  constexpr uint32_t kPages = 64;
+  const Position region = Position{kPages} * kP;
+  Bench b(region + kP, k, k, kPages);
+  const uint64_t page_bytes = b.layout.page_bytes();  // host page = GPU page here (no index keys)
+  std::vector<uint64_t> sums(kPages);
+  for (uint32_t p = 0; p < kPages; ++p) {
+    sums[p] = PageChecksum({b.host.data() + uint64_t{p} * page_bytes, page_bytes});
+    b.kv.pages[p].checksum = sums[p];
+  }
+  uint64_t verified = 0;
+  std::optional<FusedResolver> verifying;
+  if (mode > 0) {
+    ResolverEnv env{&b.layout, &b.device, b.pool, b.host, [&](RequestKv& kv, uint32_t page) {
+                      KvPage& pg = kv.pages[page];
+                      ++verified;
+                      if (!PageChecksumMatches({b.host.data() + uint64_t(pg.host_page) * page_bytes, page_bytes},
+                                               pg.checksum)) {
+                        return absl::DataLossError("bench: page changed");
+                      }
+                      pg.verified = true;
+                      return absl::OkStatus();
+                    }};
+    verifying.emplace(env);
+  }
+  FusedResolver& resolver = mode > 0 ? *verifying : b.resolver;
+  std::vector<Position> sel(k);
+  std::vector<Location> out(k);
+  Position next = 0;
+  double sec = 0;
+  for (auto _ : state) {
+    for (auto& t : sel) t = (next++) % region;
+    if (mode == 2) {
+      for (uint32_t p = 0; p < kPages; ++p) b.kv.pages[p].verified = false;
+    }
+    ResolveQuery q{&b.kv, sel, out};
+    const Clock::time_point t0 = Clock::now();
+    const absl::Status s = resolver.Resolve(0, b.sources, {&q, 1});
+    sec += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!s.ok()) state.SkipWithError("resolve failed");
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double ns = sec * 1e9 / n;
+  state.counters["ns_per_step"] = ns;
+  state.counters["pages_verified_per_step"] = static_cast<double>(verified) / n;
+  state.counters["page_bytes"] = static_cast<double>(page_bytes);
+  VerifyNs()[k][mode] = ns;
+  if (mode > 0 && VerifyNs()[k].contains(0)) state.counters["verify_ns_per_row"] = (ns - VerifyNs()[k][0]) / k;
+}
+BENCHMARK(BM_HostRecoveryVerified)
+    ->ArgsProduct({{1, kK, 2048}, {0, 1, 2}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 void PrintSummary() {
   for (const auto& [name, by_rows] : StepFigures()) {
     std::map<int64_t, double> med;
@@ -439,6 +511,16 @@ void PrintSummary() {
   for (const auto& [k, r] : CpuRatios()) {
     std::printf("summary host recovery, %lld rows per step: ratio from process CPU time %.3f\n",
                 static_cast<long long>(k), r);
+  }
+  for (const auto& [k, by_mode] : VerifyNs()) {
+    if (!by_mode.contains(0) || !by_mode.contains(1) || !by_mode.contains(2)) continue;
+    const double off = by_mode.at(0), cached = by_mode.at(1), each = by_mode.at(2);
+    std::printf("summary host-page verification, %lld rows per step: %.0f ns per step unverified, %.0f cached "
+                "(%+.1f ns per row), %.0f verifying every page of the step (%+.1f ns per row, one %llu-byte page per "
+                "%lld rows)\n",
+                static_cast<long long>(k), off, cached, (cached - off) / k, each, (each - off) / k,
+                static_cast<unsigned long long>(uint64_t{kP} * kRowBytes),
+                static_cast<long long>(std::min<int64_t>(k, kP)));
   }
   for (const auto& [k, ns] : StepNs()) {
     std::printf("summary host recovery, %lld rows per step: %.0f ns per step (memcpy of the same rows %.0f ns)\n",
