@@ -79,7 +79,7 @@ std::vector<AdoptedRequest> AdoptionList(const std::map<RequestId, JournaledRequ
   // pages, or a new request): interrupted with nothing kept, so the next worker resumes it from its tokens.
   for (const auto& [id, rec] : records) {
     if (journaled.contains(id)) continue;
-    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), rec.granted ? rec.context_pages : 0, {}});
+    out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), rec.granted ? rec.context_pages : 0, {}, {}});
   }
   return out;
 }

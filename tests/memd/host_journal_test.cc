@@ -274,16 +274,16 @@ TEST_F(AdoptTest, BadAdoptionsAreRefusedAndChangeNothing) {
     EXPECT_FALSE(m->fenced(0));
     EXPECT_TRUE(m->CheckInvariants().ok());
   };
-  refused({{0, 0, 1, 2, {}}}, absl::StatusCode::kInvalidArgument);                           // reserved id
-  refused({{1, 0, 1, 2, {}}, {1, 0, 1, 2, {}}}, absl::StatusCode::kInvalidArgument);         // id twice
-  refused({{1, 0, 0, 2, {}}}, absl::StatusCode::kInvalidArgument);                           // epoch 0
-  refused({{1, 0, 1, 0, {{0, 1}}}}, absl::StatusCode::kInvalidArgument);                     // no context
-  refused({{1, 0, 1, 17, {}}}, absl::StatusCode::kInvalidArgument);                          // beyond the pool
-  refused({{1, 0, 1, 2, {{2, 0}}}}, absl::StatusCode::kInvalidArgument);                     // page outside context
-  refused({{1, 0, 1, 2, {{0, 16}}}}, absl::StatusCode::kInvalidArgument);                    // host page beyond
-  refused({{1, 0, 1, 2, {{0, 3}}}, {2, 0, 1, 2, {{1, 3}}}}, absl::StatusCode::kInvalidArgument);  // host page twice
+  refused({{0, 0, 1, 2, {}, {}}}, absl::StatusCode::kInvalidArgument);                           // reserved id
+  refused({{1, 0, 1, 2, {}, {}}, {1, 0, 1, 2, {}, {}}}, absl::StatusCode::kInvalidArgument);         // id twice
+  refused({{1, 0, 0, 2, {}, {}}}, absl::StatusCode::kInvalidArgument);                           // epoch 0
+  refused({{1, 0, 1, 0, {{0, 1}}, {}}}, absl::StatusCode::kInvalidArgument);                     // no context
+  refused({{1, 0, 1, 17, {}, {}}}, absl::StatusCode::kInvalidArgument);                          // beyond the pool
+  refused({{1, 0, 1, 2, {{2, 0}}, {}}}, absl::StatusCode::kInvalidArgument);                     // page outside context
+  refused({{1, 0, 1, 2, {{0, 16}}, {}}}, absl::StatusCode::kInvalidArgument);                    // host page beyond
+  refused({{1, 0, 1, 2, {{0, 3}}, {}}, {2, 0, 1, 2, {{1, 3}}, {}}}, absl::StatusCode::kInvalidArgument);  // host page twice
   ASSERT_TRUE(m->RegisterGpu(1, 4).ok());
-  refused({{1, 0, 1, 2, {{0, 3}}}}, absl::StatusCode::kFailedPrecondition);  // not the first event
+  refused({{1, 0, 1, 2, {{0, 3}}, {}}}, absl::StatusCode::kFailedPrecondition);  // not the first event
 }
 
 // ---------------------------------------------------------------- AdoptGpu (a worker survives a memd restart)

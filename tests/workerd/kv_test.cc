@@ -377,7 +377,7 @@ TEST(KvHotIndex, PagesSetByHandAreIndexedOnFirstUse) {
   std::vector<uint8_t> host(4 * l.page_bytes());
   CpuDevice device;
   const PoolId pool = *device.AllocatePool(l.pool_bytes());
-  FusedResolver fr(ResolverEnv{&l, &device, pool, host});
+  FusedResolver fr(ResolverEnv{&l, &device, pool, host, {}});
   RequestKv kv;
   kv.id = 1;
   kv.appended = {24, 24, 24};

@@ -146,7 +146,7 @@ struct Bench {
       : layout(*KvLayout::Create(Config(hot_rows, k, kDevicePages))),
         host(uint64_t{host_pages} * layout.page_bytes()),
         pool(*device.AllocatePool(layout.pool_bytes())),
-        resolver(ResolverEnv{&layout, &device, pool, host}) {
+        resolver(ResolverEnv{&layout, &device, pool, host, {}}) {
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
     const uint32_t pages = static_cast<uint32_t>(rows / kP);
     kv.id = 1;

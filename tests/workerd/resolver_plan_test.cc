@@ -40,7 +40,7 @@ void RunAgainstReference(uint64_t seed, const PlanScenarioParams& params, int st
   const KvLayout& l = *sc.layout;
   CpuDevice device;
   const PoolId pool = *device.AllocatePool(l.pool_bytes());
-  ReferenceResolver ref(ResolverEnv{&l, &device, pool, std::span<uint8_t>(sc.host_pool)});
+  ReferenceResolver ref(ResolverEnv{&l, &device, pool, std::span<uint8_t>(sc.host_pool), {}});
   std::vector<uint8_t> plan_pool(l.pool_bytes(), 0);
   std::vector<plan::HotSlotsStorage> caches;
   for (size_t g = 0; g < sc.config.groups.size(); ++g) caches.emplace_back(sc.config.slots, sc.config.hot_rows);

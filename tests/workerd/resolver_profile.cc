@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   const PoolId pool = *device.AllocatePool(layout.pool_bytes());
   std::vector<uint8_t> host(uint64_t{kPages} * layout.page_bytes());
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
-  FusedResolver resolver(ResolverEnv{&layout, &device, pool, host});
+  FusedResolver resolver(ResolverEnv{&layout, &device, pool, host, {}});
   const Position region = Position{kPages} * kP;
   RequestKv kv;
   kv.id = 1;

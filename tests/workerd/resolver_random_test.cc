@@ -52,7 +52,7 @@ enum PageState : uint8_t { kFresh = 0, kHost = 1, kReady = 2, kBoth = 3, kNeithe
 struct Side {
   Side(const KvLayout& layout, std::span<uint8_t> host, bool fused) {
     pool = *device.AllocatePool(layout.pool_bytes());
-    const ResolverEnv env{&layout, &device, pool, host};
+    const ResolverEnv env{&layout, &device, pool, host, {}};
     if (fused) {
       resolver = std::make_unique<FusedResolver>(env);
     } else {
