@@ -140,6 +140,7 @@ TEST(ProtocolRoundTrip, AdmitGrant) {
   in.backup_host_pages = {wire::HostPageRef(0, 17), wire::HostPageRef(1, 3)};
   in.imported_pages = 1;
   in.host_backed_pages = {0, 2, 3};  // a resume: copy, gap, copy, copy
+  in.host_backed_checksums = {0xFEDCBA9876543210ull, 0, 7};  // issue 22: 0 = none known
   wire::AdmitGrantT out = RoundTrip(in, EncodeAdmitGrant, ReadAdmitGrant, wire::Body::AdmitGrant, 4);
   EXPECT_EQ(out.request, 9u);
   EXPECT_EQ(out.slot, 4u);
@@ -153,6 +154,7 @@ TEST(ProtocolRoundTrip, AdmitGrant) {
   EXPECT_EQ(out.backup_host_pages[1].page(), 3u);
   EXPECT_EQ(out.imported_pages, 1u);
   EXPECT_EQ(out.host_backed_pages, (std::vector<uint32_t>{0, 2, 3}));
+  EXPECT_EQ(out.host_backed_checksums, (std::vector<uint64_t>{0xFEDCBA9876543210ull, 0, 7}));
 }
 
 TEST(ProtocolRoundTrip, AdmitWaitAndReject) {
@@ -201,6 +203,7 @@ TEST(ProtocolRoundTrip, ReclaimOrderBackupReadersRetire) {
   backup.ok = false;
   backup.error = ErrorCode::DATA_LOSS;
   backup.message = "copy failed";
+  backup.checksums = {0x8000000000000001ull};
   wire::BackupCompleteT b = RoundTrip(backup, EncodeBackupComplete, ReadBackupComplete, wire::Body::BackupComplete, 8);
   EXPECT_EQ(b.order, 77u);
   EXPECT_EQ(b.request, 5u);
@@ -212,6 +215,7 @@ TEST(ProtocolRoundTrip, ReclaimOrderBackupReadersRetire) {
   EXPECT_FALSE(b.ok);
   EXPECT_EQ(b.error, ErrorCode::DATA_LOSS);
   EXPECT_EQ(b.message, "copy failed");
+  EXPECT_EQ(b.checksums, (std::vector<uint64_t>{0x8000000000000001ull}));
 
   wire::ReadersDoneT done;
   done.order = 77;
@@ -244,6 +248,7 @@ TEST(ProtocolRoundTrip, HostCopyWritten) {
   in.gpu = 3;
   in.history_pages = {0, 7};
   in.host_pages = {wire::HostPageRef(0, 11), wire::HostPageRef(0, 95)};
+  in.checksums = {1, 0xFFFFFFFFFFFFFFFFull};
   wire::HostCopyWrittenT out =
       RoundTrip(in, EncodeHostCopyWritten, ReadHostCopyWritten, wire::Body::HostCopyWritten, 21);
   EXPECT_EQ(out.request, 12u);
@@ -252,6 +257,7 @@ TEST(ProtocolRoundTrip, HostCopyWritten) {
   ASSERT_EQ(out.host_pages.size(), 2u);
   EXPECT_EQ(out.host_pages[1].page(), 95u);
   EXPECT_TRUE(out.ok);  // the schema's default: a report of written pages
+  EXPECT_EQ(out.checksums, (std::vector<uint64_t>{1, 0xFFFFFFFFFFFFFFFFull}));
 
   in.ok = false;
   in.error = ErrorCode::DATA_LOSS;
