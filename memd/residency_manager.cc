@@ -1422,6 +1422,10 @@ absl::Status ResidencyManager::CheckJournal(const Request& r, uint32_t h) const 
         h, HistoryStateName(hp.state), hp.host_page, static_cast<int>(e.state), e.owner, e.history_page,
         e.context_pages));
   }
+  if (confirmed && e.checksum != hp.checksum) {  // issue 22: the journal keeps the confirmed copy's checksum
+    return absl::InternalError(absl::StrFormat("request %d history page %d: journal checksum %#x, core %#x", r.id, h,
+                                               e.checksum, hp.checksum));
+  }
   return absl::OkStatus();
 }
 

@@ -332,7 +332,11 @@ class Harness {
     if (Pick(2) == 0) {
       for (uint32_t h : pages) host.push_back(m.pages[h].host_page);
     }
-    Run(mgr_->OnHostCopyWritten(r, pages, host, ok));
+    std::vector<uint64_t> sums;  // issue 22: random checksums (or none); the invariants check the journal keeps them
+    if (Pick(3) != 0) {
+      for (size_t i = 0; i < pages.size(); ++i) sums.push_back(Pick(1000));
+    }
+    Run(mgr_->OnHostCopyWritten(r, pages, host, ok, sums));
   }
 
   // A queued resume whose GPU is fenced (or whose memd restarted): interrupted, the history pages it took over on
@@ -618,7 +622,11 @@ class Harness {
       reclaims_.at(it->second.reclaim).failed = true;
       it->second.reclaim = 0;
     }
-    Run(mgr_->OnBackupComplete(o, pages, ok, deferred));
+    std::vector<uint64_t> sums;  // issue 22: as above
+    if (Pick(3) != 0) {
+      for (size_t i = 0; i < pages.size(); ++i) sums.push_back(Pick(1000));
+    }
+    Run(mgr_->OnBackupComplete(o, pages, ok, deferred, sums));
   }
 
   // ReadersDone once the worker's own backups of the order reported (none failed); population copies into its pages
