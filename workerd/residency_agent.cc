@@ -424,7 +424,6 @@ void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
     absl::StatusOr<CopyEvent> e = kv_->Populate(m.request, j, m.pages[i]);
     if (!e.ok()) {
       po.status = e.status();
-      if (e.status().code() == absl::StatusCode::kDataLoss) failures_.emplace_back(m.request, e.status());
       break;
     }
     po.pending.insert(j);

@@ -107,10 +107,6 @@ class ResidencyAgent {
   // forgotten; nothing is sent (memd holds it as interrupted, or not at all).
   void Forget(RequestId request);
 
-  // Host-page integrity (issue 22): requests a populate found with a host page that does not match its checksum
-  // (DATA_LOSS); the loop fails each (never serves it on with foreign bytes). Emptied by the call.
-  std::vector<std::pair<RequestId, absl::Status>> TakeFailures() { return std::exchange(failures_, {}); }
-
   // Orders in flight: reclaims before ReadersDone, populates, answers waiting for copies.
   bool busy() const;
   // Copies and orders in flight (Heartbeat.pending_copies).
@@ -218,7 +214,6 @@ class ResidencyAgent {
   absl::flat_hash_set<RequestId> finished_ids_;
   ResidencyStats stats_;
   absl::Status link_status_;
-  std::vector<std::pair<RequestId, absl::Status>> failures_;  // TakeFailures
   bool away_ = false;  // memd died: nothing is sent until ReturnFromAway
 };
 

@@ -658,6 +658,16 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
   return items;
 }
 
+void Worker::FailDataLoss(std::vector<BatchItem>* items) {
+  if (hier_ == nullptr) return;
+  for (auto& [id, why] : hier_->TakeDataLoss()) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    if (items != nullptr) std::erase_if(*items, [&](const BatchItem& b) { return b.r->id == id; });  // before Finish
+    Finish(id, absl::DataLossError(absl::StrCat("request ", it->second->client_id, " failed: ", why.message())));
+  }
+}
+
 void Worker::RetryAlone(std::vector<BatchItem>& items) {
   for (BatchItem& item : items) {
     Request& r = *item.r;
@@ -721,6 +731,9 @@ absl::Status Worker::RunBatch() {
     // The batch failed as a whole: each request is rebuilt alone and its step retried, so only the request whose own
     // copies fail ends (its rows are never handed to another request: hot caches are per slot).
     spdlog::warn("worker: batched step of {} requests failed ({}); retrying each alone", items.size(), st.ToString());
+    // Issue 22: a request whose host page changed after its confirmation fails with DATA_LOSS, not rebuilt and
+    // retried (a page that keeps changing would rebuild it forever); the others are retried alone.
+    FailDataLoss(&items);
     RetryAlone(items);
   }
   CommitStep();
@@ -921,7 +934,7 @@ size_t Worker::EndClient(const std::string& peer, const absl::Status& why) {
 absl::StatusOr<bool> Worker::Iterate() {
   if (!detached_done_.empty()) DropUnclaimed(resumed_bound_.Expire(std::chrono::steady_clock::now()));
   agent_->Poll();
-  for (auto& [id, why] : agent_->TakeFailures()) Finish(id, std::move(why));  // issue 22: a corrupt host page
+  FailDataLoss();  // issue 22: a populate found a changed host page
   StartGranted();
   if (absl::Status s = RunBatch(); !s.ok()) return s;
   agent_->Poll();

@@ -328,6 +328,9 @@ class Worker final : public MemdHandler, public Submitter {
   std::vector<BatchItem> CollectBatch();
   // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).
   void RetryAlone(std::vector<BatchItem>& items);
+  // Host-page integrity (issue 22): fails with DATA_LOSS every request the KV found with a changed host page
+  // (HierarchicalKvAccess::TakeDataLoss), first removing its entries from `items` (when given).
+  void FailDataLoss(std::vector<BatchItem>* items = nullptr);
   absl::Status RunBatch();
   // Speculation (worker_speculation.cc; brief §6). The proposer of --speculate (nullptr when off).
   absl::Status CreateProposer();

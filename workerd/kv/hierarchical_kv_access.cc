@@ -257,8 +257,13 @@ absl::Status HierarchicalKvAccess::VerifyHostPage(RequestKv& kv, uint32_t page) 
   ++integrity_.mismatches;
   spdlog::error("KV: host page {} (history page {} of request {}) does not match its confirmed checksum", pg.host_page,
                 page, kv.id);
-  return absl::DataLossError(absl::StrCat("KV: host page ", pg.host_page, " (history page ", page, " of request ",
-                                          kv.id, ") changed after its copy was confirmed (checksum mismatch)"));
+  absl::Status lost = absl::DataLossError(absl::StrCat("KV: host page ", pg.host_page, " (history page ", page,
+                                                       " of request ", kv.id,
+                                                       ") changed after its copy was confirmed (checksum mismatch)"));
+  if (std::none_of(data_loss_.begin(), data_loss_.end(), [&](const auto& d) { return d.first == kv.id; })) {
+    data_loss_.emplace_back(kv.id, lost);
+  }
+  return lost;
 }
 
 uint64_t HierarchicalKvAccess::HostChecksum(RequestId request, uint32_t page) const {

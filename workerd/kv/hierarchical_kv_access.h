@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -121,6 +122,9 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   absl::Status VerifyHostPage(RequestKv& kv, uint32_t page);
   uint64_t HostChecksum(RequestId request, uint32_t page) const override;
   const HostIntegrityCounters& host_integrity() const { return integrity_; }
+  // The requests VerifyHostPage found with a changed host page since the last call (each once, with its DATA_LOSS
+  // status): the loop fails them (a Fetch or Populate error does not say whose page it was). Emptied by the call.
+  std::vector<std::pair<RequestId, absl::Status>> TakeDataLoss() { return std::exchange(data_loss_, {}); }
   // Step 2, when the request's rows reach page `first`: pages first .. first+count-1 (host-ready by ImportHostPages)
   // are taken as appended without computing anything: appended = (first+count) * p on every source (it must be
   // first * p on every source: the earlier pages imported or recomputed), the last min(T, count*p) of their rows copied
@@ -279,6 +283,7 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   KvCompletions completions_;
   bool host_writes_paused_ = false;
   HostIntegrityCounters integrity_;
+  std::vector<std::pair<RequestId, absl::Status>> data_loss_;  // TakeDataLoss
   struct HeldKey { int64_t host_page; uint64_t offset; std::vector<uint8_t> bytes; };
   std::vector<HeldKey> held_keys_;  // StoreIndexKeys while host writes are paused
 };
