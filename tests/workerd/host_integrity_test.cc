@@ -184,5 +184,41 @@ TEST(HostIntegrity, ResumeImportsOnlyPagesMatchingTheirChecksums) {
   EXPECT_EQ(h2.kv->host_integrity().pages_verified, verified);
 }
 
+// The staging path (brief §6 "Staging"; a speculative round's union beyond the hot cache): a row staged from a host
+// page that changed after its confirmation fails the Fetch with DATA_LOSS before any arena is taken, and the KV names
+// the request for the loop to fail (TakeDataLoss), once.
+TEST(HostIntegrity, AStagedRowOfAChangedPageIsDataLoss) {
+  KvConfig c = KeyedConfig();
+  c.key_bytes.clear();
+  c.hot_rows = 4;
+  c.staging_arenas = 2;
+  c.staging_k_max = 3;
+  Harness h(c, 16);
+  for (Position t = 0; t < 17; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());  // tail 9..16; 0..7 on host only
+  h.device.WaitIdle();
+  h.kv->Poll();
+  std::vector<SourceId> src = {2};
+  ASSERT_TRUE(FetchRows(h, src, {0, 1, 2, -1}).ok());  // rows 0..2 hot: one unprotected slot left
+  ASSERT_TRUE(h.kv->HoldUnverified(1, 17).ok());
+  for (Position t = 17; t < 19; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());
+  const int64_t hp = h.kv->Find(1)->pages[1].host_page;  // rows 4..7
+  ASSERT_GE(hp, 0);
+  h.host[static_cast<uint64_t>(hp) * h.layout.host_page_bytes() + h.layout.InPage(2, 1)] ^= 0x02;  // row 5, source 2
+  const std::vector<std::vector<Position>> sel = {{3, 0, 1, 16}, {2, 3, 5, -1}, {5, 18, 3, 17}};
+  std::vector<std::vector<const uint8_t*>> out(3, std::vector<const uint8_t*>(4));
+  std::vector<KvQuery> batch;
+  for (size_t j = 0; j < 3; ++j) batch.push_back(KvQuery{1, sel[j], out[j], 16 + static_cast<Position>(j)});
+  const StagingCensus before = h.kv->staging_census();
+  EXPECT_EQ(h.kv->Fetch(src, batch).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(h.kv->staging_census(), before);
+  EXPECT_EQ(h.kv->staging_pool()->free_arenas(), 2u);
+  const auto lost = h.kv->TakeDataLoss();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].first, 1u);
+  EXPECT_EQ(lost[0].second.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(h.kv->TakeDataLoss().empty());
+  h.kv->ReadersDone(src);
+}
+
 }  // namespace
 }  // namespace dhs
