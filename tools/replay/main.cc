@@ -346,6 +346,12 @@ int Main(int argc, char** argv) {
       std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
       return 1;
     }
+    if (!options.outputs_out.empty()) {  // --outputs: this run's tokens, also of a run that failed part-way
+      if (absl::Status s = WriteRequestOutputs(run->result, options.outputs_out); !s.ok()) {
+        std::cerr << "dhs-replay: --outputs: " << s.message() << "\n";
+        return 1;
+      }
+    }
     if (!run->complete) {  // failed part-way: report what finished (complete: false) and stop
       std::cerr << "\ndhs-replay: run failed: " << run->error << "\n";
       RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);

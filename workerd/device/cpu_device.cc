@@ -68,27 +68,29 @@ CpuDevice::~CpuDevice() {
 
 absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
-  try {
-    pools_.emplace_back(bytes, uint8_t{0});
-  } catch (const std::bad_alloc&) {
+  Pool pool;
+  pool.data.reset(static_cast<uint8_t*>(std::calloc(std::max<uint64_t>(bytes, 1), 1)));  // zero pages, touched lazily
+  if (pool.data == nullptr) {
     return absl::ResourceExhaustedError("CpuDevice: cannot allocate a pool of " + std::to_string(bytes) + " bytes");
   }
+  pool.bytes = bytes;
+  pools_.push_back(std::move(pool));
   return static_cast<PoolId>(pools_.size() - 1);
 }
 
 uint64_t CpuDevice::PoolBytes(PoolId pool) const {
   std::lock_guard<std::mutex> l(mu_);
-  return pool < pools_.size() ? pools_[pool].size() : 0;
+  return pool < pools_.size() ? pools_[pool].bytes : 0;
 }
 
 // Pools are never resized after start, so their data pointers are stable.
 uint8_t* CpuDevice::Resolve(const DeviceRange& r) const {
   if (r.pool >= pools_.size() || r.offset < 0) return nullptr;
-  const auto& p = pools_[r.pool];
-  if (static_cast<uint64_t>(r.offset) > p.size() || r.bytes > p.size() - static_cast<uint64_t>(r.offset)) {
+  const Pool& p = pools_[r.pool];
+  if (static_cast<uint64_t>(r.offset) > p.bytes || r.bytes > p.bytes - static_cast<uint64_t>(r.offset)) {
     return nullptr;
   }
-  return const_cast<uint8_t*>(p.data()) + r.offset;
+  return p.data.get() + r.offset;
 }
 
 uint8_t* CpuDevice::HostVisible(PoolId pool, Location offset) {

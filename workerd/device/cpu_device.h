@@ -22,6 +22,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <map>
@@ -98,7 +99,14 @@ class CpuDevice final : public Device {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::vector<uint8_t>> pools_;
+  // A pool's bytes come zero-filled from calloc, which maps large blocks fresh from the kernel: the pages are touched
+  // (and take memory) only when first written or read, so a multi-GB budget starts in milliseconds instead of the
+  // seconds a zero-filling std::vector takes to write every byte (issue 22: start-up that scales).
+  struct Pool {
+    std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, &std::free};
+    uint64_t bytes = 0;
+  };
+  std::vector<Pool> pools_;
   std::deque<Job> queue_;
   bool stop_ = false;
   bool busy_ = false;  // a batch is executing (on the copy thread or, fast path, on an issuing thread)
