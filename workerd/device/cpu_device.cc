@@ -1,6 +1,8 @@
 // workerd/device/cpu_device.cc: see cpu_device.h.
 #include "workerd/device/cpu_device.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -68,14 +70,17 @@ CpuDevice::~CpuDevice() {
 
 absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
-  Pool pool;
-  pool.data.reset(static_cast<uint8_t*>(std::calloc(std::max<uint64_t>(bytes, 1), 1)));  // zero pages, touched lazily
-  if (pool.data == nullptr) {
+  void* data = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);  // zero pages, taken when first written
+  if (data == MAP_FAILED) {
     return absl::ResourceExhaustedError("CpuDevice: cannot allocate a pool of " + std::to_string(bytes) + " bytes");
   }
-  pool.bytes = bytes;
-  pools_.push_back(std::move(pool));
+  pools_.emplace_back(static_cast<uint8_t*>(data), bytes);
   return static_cast<PoolId>(pools_.size() - 1);
+}
+
+CpuDevice::Pool::~Pool() {
+  if (data != nullptr) ::munmap(data, std::max<uint64_t>(bytes, 1));
 }
 
 uint64_t CpuDevice::PoolBytes(PoolId pool) const {
@@ -90,7 +95,7 @@ uint8_t* CpuDevice::Resolve(const DeviceRange& r) const {
   if (static_cast<uint64_t>(r.offset) > p.bytes || r.bytes > p.bytes - static_cast<uint64_t>(r.offset)) {
     return nullptr;
   }
-  return p.data.get() + r.offset;
+  return p.data + r.offset;
 }
 
 uint8_t* CpuDevice::HostVisible(PoolId pool, Location offset) {
