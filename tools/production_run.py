@@ -255,6 +255,8 @@ class HostLedger:
 
 
 def compare(run_path, ref_path):
+    if not os.path.exists(run_path):
+        return False, "the run wrote no outputs (it failed)"
     load = lambda p: {r["trace_index"]: r for r in map(json.loads, open(p))}
     run, ref = load(run_path), load(ref_path)
     for i, want in sorted(ref.items()):
@@ -271,7 +273,7 @@ def compare(run_path, ref_path):
 def replay(a, node, outputs, json_out, log_path, reattach):
     cmd = [os.path.join(a.build, "tools/replay/dhs-replay"), "--connect", f"ipc://{node.run_dir}/worker-0.sock",
            "--requests", str(a.requests), "--length-scale", str(a.length_scale), "--concurrency", str(a.concurrency),
-           "--outputs", outputs, "--json", json_out]
+           "--outputs", outputs, "--json", json_out, "--idle-timeout-ms", str(a.idle_timeout_s * 1000)]
     if reattach:
         cmd += ["--reattach-timeout-ms", "600000"]
     return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
@@ -302,6 +304,9 @@ def main():
     p.add_argument("--memd-kills", type=int, default=1)
     p.add_argument("--kill-every-s", type=float, default=20, help="seconds between kills (the first after the first)")
     p.add_argument("--prefill-chunk", type=int, default=0, help="workerd --prefill-chunk (0 = its default)")
+    p.add_argument("--idle-timeout-s", type=int, default=1800,
+                   help="dhs-replay --idle-timeout-ms / 1000: a prefill at k = 2048 on the CPU backend sends no event "
+                        "for minutes")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
@@ -357,6 +362,7 @@ def main():
             if run.poll() is not None:
                 log(f"the replay ended before the {what} kill")
                 break
+            wait_until(lambda: node.child("workerd") and node.child("memd"), 600, "both children of dhs-node")
             ledger.record()
             pid = node.child("memd" if what == "memd" else "workerd")
             readies = node.ready_count()

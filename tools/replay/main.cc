@@ -201,6 +201,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   std::optional<RegisteredNode> node;
   std::optional<uint64_t> used_budget;
   DriverOptions driver_options;
+  driver_options.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);
   SupervisedNode* supervised = nullptr;
   if (!options.connect.empty()) {
     client_options.worker_endpoint = options.connect;

@@ -156,6 +156,9 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_flag("--check-exact", o.check_exact, "Also run resident and compare the tokens (brief §7)");
   app.add_option("--json", o.json_out, "Write the report as JSON to OUT");
   app.add_option("--csv", o.csv_out, "Write the report's scalar fields as CSV to OUT");
+  app.add_option("--idle-timeout-ms", o.idle_timeout_ms,
+                 "Fail the run after MS with requests in flight and no event from the node (a long prefill sends none)")
+      ->check(IntegerIn<int64_t>(1000, 86400000))->capture_default_str();
   app.add_option("--outputs", o.outputs_out,
                  "Write every request's output tokens and logits digests to OUT, one JSON object a line (compare two "
                  "runs' files for exactness across runs, e.g. against a resident run on another node)");
