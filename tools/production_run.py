@@ -8,7 +8,7 @@ What it does, in order, with every process in a private temporary directory (rem
    --tail-rows (64) rows per slot and source.
 2. The reference: a node under dhs-node in resident mode (everything on the "GPU"), the long-context slice replayed
    with `dhs-replay --connect ... --outputs ref.jsonl` (no faults).
-3. The run under test: a node under dhs-node in adaptive mode with a multi-GB KV budget (--budget, 6e9 bytes), the
+3. The run under test: a node under dhs-node in adaptive (--mode) mode with a multi-GB KV budget (--budget, 6e9 bytes), the
    same slice with `--reattach-timeout-ms`, while this script SIGKILLs the worker (--worker-kills times) and memd
    (--memd-kills times) at spaced moments. Before each kill it records the confirmed host copies of every request
    memd holds (`dhsctl --json request ID`: host_copies) and digests those host pages in the mapped pool; after the
@@ -296,6 +296,8 @@ def main():
     p.add_argument("--tail-rows", type=int, default=64, help="tail rows per slot and source (the seed: 64)")
     p.add_argument("--page-rows", type=int, default=64)
     p.add_argument("--preset", default="glm5-like")
+    p.add_argument("--mode", default="adaptive", choices=["adaptive", "hisparse"],
+                   help="the run under test (hisparse backs every page up: the most host pages to check)")
     p.add_argument("--requests", type=int, default=6)
     p.add_argument("--length-scale", type=float, default=0.5, help="of the bundled Mooncake slice")
     p.add_argument("--concurrency", type=int, default=3)
@@ -339,7 +341,7 @@ def main():
         log(f"resident reference: {a.requests} requests in {time.monotonic() - t0:.0f} s")
         ref.stop()
         # 3. The run under test.
-        node = Node(a, tmp, "run", "adaptive", weights, page_bytes, host_pool, max_context)
+        node = Node(a, tmp, "run", a.mode, weights, page_bytes, host_pool, max_context)
         nodes.append(node)
         node.wait_ready(1, 600)
         ready_s = time.monotonic() - node.started
@@ -391,7 +393,7 @@ def main():
         print()
         print("| figure | value |")
         print("|---|---|")
-        print(f"| shapes | {a.preset} weights with k = {a.top_k}, B = {a.hot_rows}, tail {a.tail_rows}, p = {a.page_rows}, "
+        print(f"| shapes | {a.mode}, {a.preset} weights with k = {a.top_k}, B = {a.hot_rows}, tail {a.tail_rows}, p = {a.page_rows}, "
               f"N = {a.slots}, budget {a.budget} B, host pool {host_pool} B |")
         print(f"| slice | {a.requests} Mooncake requests x{a.length_scale}: contexts {min(contexts)}..{max(contexts)} "
               f"tokens, concurrency {a.concurrency} |")
