@@ -1,6 +1,7 @@
 // workerd/worker_process.h: one worker process (brief §3), the counterpart of memd's Daemon: Start binds the serving
 // socket ipc://<run_dir>/worker-<gpu>.sock (first: a live worker of the GPU makes a second one fail before it says
-// Hello), joins memd (Hello, the mapped host pool) and creates the Worker; Run drives
+// Hello), joins memd (Hello, the mapped host pool) and creates the Worker while a helper thread keeps memd informed
+// (issue 22: a long preparation is never taken for a hung worker); Run drives
 // the event loop (memd's messages and heartbeats, clients' requests, one serving iteration) until told to stop.
 // workerd's main only parses the command line, loads the model and calls Start / Run, as memd's main does.
 //
