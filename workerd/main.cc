@@ -1,6 +1,7 @@
 // workerd/main.cc: the worker process (brief §3): one per GPU. Parses the command line, loads the model (a weights
-// file, or a preset + seed), then WorkerProcess::Start (Hello to memd, host pool, ipc://<run_dir>/worker-<gpu>.sock)
-// and WorkerProcess::Run until SIGTERM/SIGINT, as memd's main does with Daemon::Start / Run.
+// file, or a preset + seed) and creates the device backend before anything is said to memd, then WorkerProcess::Start
+// (ipc://<run_dir>/worker-<gpu>.sock, Hello to memd, then the preparation with memd kept informed: host pool, pools,
+// Worker) and WorkerProcess::Run until SIGTERM/SIGINT, as memd's main does with Daemon::Start / Run.
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +52,7 @@ struct CommandLine {
   dhs::spec::SpeculationFlags speculation;
   std::string fault_kill_at;  // test-only: --fault-kill-at KIND:N (common/fault_point.h)
   bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
+  int fault_start_delay_ms = 0;  // test-only: --fault-start-delay-ms N (WorkerProcessOptions::start_delay_for_test)
   dhs::WorkerConfig config;
   dhs::ClientOutboxLimits client_buffer;
 };
@@ -143,6 +145,11 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--fault-kill-at", c.fault_kill_at,
                  "TEST ONLY: SIGKILL this worker at the N-th arrival at a KIND point (prefill, decode, backup, "
                  "populate, reclaim), KIND:N")
+      ->group("");
+  app.add_option("--fault-start-delay-ms", c.fault_start_delay_ms,
+                 "TEST ONLY: the start-up's preparation after memd's HelloReply takes N ms longer (a slow start: "
+                 "pinning a large host pool, allocating large pools)")
+      ->check(dhs::IntegerIn(0, 3600000))
       ->group("");
 }
 
@@ -275,11 +282,13 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.device_name = backend.name;
   options.client_buffer = cl.client_buffer;
   options.on_host_pool = backend.on_host_pool;
+  options.start_delay_for_test = std::chrono::milliseconds(cl.fault_start_delay_ms);
   absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
       dhs::WorkerProcess::Start(model, backend.device.get(), options);
   if (!process.ok()) {
     spdlog::error("workerd: {}", process.status().ToString());
-    return 1;
+    // The epoch ended while the worker prepared (fenced, or memd silent): a supervisor restarts it (a new Hello).
+    return absl::IsAborted(process.status()) ? dhs::kExitEpochEnded : 1;
   }
   spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
                config.gpu, cl.mode_name, (*process)->endpoint(), geometry.capacity_pages, geometry.page_bytes,

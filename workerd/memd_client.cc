@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "common/log_limiter.h"
 #include "absl/strings/match.h"
@@ -116,6 +117,13 @@ absl::Status MemdClient::CheckEpoch() {
 absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
   if (away_) return absl::OkStatus();  // PollAway
+  // What arrived while the worker prepared (KeepAlive), first and in order.
+  std::vector<std::string> held = std::move(held_);
+  held_.clear();
+  for (const std::string& bytes : held) {
+    Dispatch(bytes, handler);
+    if (!ended_.ok()) return ended_;
+  }
   while (true) {
     absl::StatusOr<std::string> bytes = dealer_->Receive(std::chrono::milliseconds(0));
     if (absl::IsDeadlineExceeded(bytes.status())) break;
@@ -124,6 +132,10 @@ absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
     Dispatch(*bytes, handler);
     if (!ended_.ok()) return ended_;
   }
+  return HeartbeatIfDue(load);
+}
+
+absl::Status MemdClient::HeartbeatIfDue(const Load& load) {
   const auto now = std::chrono::steady_clock::now();
   // Every second, or a third of the memd timeout when that is shorter: memd's acks keep last_heard_ fresh.
   if (now - last_heartbeat_ >= std::min<std::chrono::steady_clock::duration>(std::chrono::seconds(1),
@@ -137,6 +149,50 @@ absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
     hb.decode_tokens_per_s = load.decode_tokens_per_s;
     if (absl::Status s = dealer_->Send(EncodeHeartbeat(hb, NextSeq(), sender_)); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+namespace {
+// KeepAlive's handler: only Heartbeat, HeartbeatAck and ErrorReply reach Dispatch before the Worker exists, and none
+// of those calls a handler then (no AdmitRequest is out: the ErrorReply of one cannot come). An order reaching it
+// would be a bug of KeepAlive's sorting, so it is logged, never acted on.
+class NoWorkerYet final : public MemdHandler {
+ public:
+  void OnAdmitGrant(const wire::AdmitGrantT&) override { Drop("AdmitGrant"); }
+  void OnAdmitWait(const wire::AdmitWaitT&) override { Drop("AdmitWait"); }
+  void OnAdmitReject(const wire::AdmitRejectT&) override { Drop("AdmitReject"); }
+  void OnReclaimOrder(const wire::ReclaimOrderT&) override { Drop("ReclaimOrder"); }
+  void OnRetire(const wire::RetireT&) override { Drop("Retire"); }
+  void OnPopulateOrder(const wire::PopulateOrderT&) override { Drop("PopulateOrder"); }
+  void OnCompleteAck(const wire::CompleteAckT&) override { Drop("CompleteAck"); }
+
+ private:
+  static void Drop(const char* what) { spdlog::error("workerd: {} from memd before the worker exists, dropped", what); }
+};
+}  // namespace
+
+absl::Status MemdClient::KeepAlive(std::chrono::milliseconds wait) {
+  if (absl::Status s = CheckEpoch(); !s.ok()) return s;
+  if (away_) {  // memd died: the re-Hello needs the Worker's report; the first Poll after the start begins it
+    std::this_thread::sleep_for(wait);
+    return absl::OkStatus();
+  }
+  if (absl::Status s = HeartbeatIfDue(Load{}); !s.ok()) return s;
+  absl::StatusOr<std::string> bytes = dealer_->Receive(wait);
+  while (bytes.ok()) {
+    last_heard_ = std::chrono::steady_clock::now();
+    absl::StatusOr<Message> msg = DecodeEnvelope(*bytes);
+    if (msg.ok() && (msg->type == wire::Body::Heartbeat || msg->type == wire::Body::HeartbeatAck ||
+                     msg->type == wire::Body::ErrorReply)) {
+      NoWorkerYet none;
+      Dispatch(*bytes, none);  // answers memd's Heartbeat; a "fenced" ErrorReply ends the epoch now
+      if (!ended_.ok()) return ended_;
+    } else {
+      held_.push_back(*std::move(bytes));  // an order (or an undecodable message): the first Poll dispatches it
+    }
+    bytes = dealer_->Receive(std::chrono::milliseconds(0));
+  }
+  if (!absl::IsDeadlineExceeded(bytes.status())) return bytes.status();
   return absl::OkStatus();
 }
 
@@ -263,6 +319,7 @@ void MemdClient::EnterAway() {
   next_attempt_ = away_since_ + backoff_;
   attempts_ = 0;
   dealer_.reset();  // closed with linger 0: nothing queued for the dead memd reaches the next one
+  held_.clear();    // nor is anything the dead memd sent during the start-up acted on
   commit_seq_ = 0;
   admit_seq_.clear();
   spdlog::warn("workerd: memd's connection closed (memd died): serving from the GPU and saying Hello again to the "

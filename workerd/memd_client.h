@@ -86,6 +86,20 @@ class MemdClient final : public MemdLink {
     float decode_tokens_per_s = 0;
   };
   absl::Status Poll(MemdHandler& handler, const Load& load);
+  // Start-up (issue 22, docs/protocol.md "Start-up and the silence clock"): between HelloReply and the first Poll the
+  // worker prepares (pins memd's host pool, allocates its pools, creates the Worker: seconds to minutes at production
+  // sizes) and no MemdHandler exists yet, while memd's silence clock already runs (it started at the Hello). KeepAlive
+  // keeps the conversation going meanwhile: it waits up to `wait` for memd's messages, answers memd's Heartbeats and
+  // sends ours when due (as Poll does, with an idle load), and holds every other message, in arrival order, for the
+  // first Poll, which dispatches them before anything newer (nothing is acted on before the Worker exists). Errors: as
+  // CheckEpoch (ABORTED: fenced, or nothing from memd for the memd timeout: this worker could not run); memd's death
+  // makes the client away() instead (the held messages are dropped: nothing of a dead memd is acted on) and the
+  // first Poll / PollAway go on from there. Threads: the client may be used by another thread than the one that
+  // connected (WorkerProcess::Start keeps it alive on a helper thread while its own thread prepares), one thread at a
+  // time, handed over with a memory barrier (a thread join), as ZeroMQ requires of its sockets.
+  absl::Status KeepAlive(std::chrono::milliseconds wait);
+  // Messages KeepAlive holds for the first Poll.
+  size_t held_messages() const { return held_.size(); }
   // ABORTED once the epoch ended (as Poll: fenced, or memd silent for the memd timeout over a connection that is
   // still open, checked now), else OK. A connection found closed (DealerClient::PeerClosed: also right after a
   // SIGSTOP, before the socket monitor reported it) makes the client away() instead, whatever the silence: a dead
@@ -117,6 +131,8 @@ class MemdClient final : public MemdLink {
       : dealer_(std::move(dealer)), sender_(std::move(sender)), gpu_(gpu), run_dir_(std::move(run_dir)) {}
   uint64_t NextSeq() { return ++seq_; }
   void Dispatch(const std::string& bytes, MemdHandler& handler);
+  // Sends our Heartbeat (with `load`) when one is due: every second, or a third of the memd timeout when shorter.
+  absl::Status HeartbeatIfDue(const Load& load);
   void EnterAway();
   // The next attempt after the current one failed (backoff doubled, at most 1 s); the socket is closed.
   void RetryLater(std::chrono::steady_clock::time_point now);
@@ -141,6 +157,7 @@ class MemdClient final : public MemdLink {
   void AdoptWorkerTimeout(uint32_t memd_worker_timeout_ms);
   absl::Status ended_;  // ABORTED once the epoch ended
   std::vector<uint64_t> interrupted_;
+  std::vector<std::string> held_;  // memd's messages received by KeepAlive, for the first Poll (start-up)
   std::vector<std::unique_ptr<wire::RequestRecordT>> records_;
   uint64_t commit_seq_ = 0;  // the TokensCommitted in flight (0: none): one at a time
   std::string run_dir_;

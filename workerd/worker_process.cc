@@ -1,6 +1,7 @@
 // workerd/worker_process.cc: see worker_process.h.
 #include "workerd/worker_process.h"
 
+#include <atomic>
 #include <map>
 #include <thread>
 
@@ -46,13 +47,43 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
     return absl::FailedPreconditionError(absl::StrCat("mode ", std::string(WorkerModeName(config.mode)),
                                                       " needs a host pool, memd listed none"));
   }
-  if (options.on_host_pool && !p->memd_->host_pages().empty()) {
-    if (absl::Status s = options.on_host_pool(p->memd_->host_pages()); !s.ok()) return s;
+  // The preparation, while a helper thread keeps memd informed (the only thread using memd_ until it is joined; the
+  // join is the memory barrier that hands the socket back to this thread). The preparation itself stays on this
+  // thread: a CUDA backend's device and pinning calls see the thread that created the device.
+  const auto prepare_start = std::chrono::steady_clock::now();
+  absl::Status kept_alive;
+  absl::Status prepared;
+  {
+    std::atomic<bool> done{false};
+    std::thread keeper([&] {
+      while (!done.load(std::memory_order_acquire)) {
+        if (absl::Status s = p->memd_->KeepAlive(std::chrono::milliseconds(20)); !s.ok()) {
+          kept_alive = s;
+          return;
+        }
+      }
+    });
+    struct Join {  // also when the preparation throws (std::bad_alloc): a joinable std::thread must not be destroyed
+      std::atomic<bool>& done;
+      std::thread& keeper;
+      ~Join() {
+        done.store(true, std::memory_order_release);
+        keeper.join();
+      }
+    } join{done, keeper};
+    prepared = p->Prepare(model, device, options);
   }
-  absl::StatusOr<std::unique_ptr<Worker>> worker =
-      Worker::Create(model, device, config, p->memd_->host_pages(), p->memd_.get(), p->frontend_.get());
-  if (!worker.ok()) return worker.status();
-  p->worker_ = *std::move(worker);
+  const auto prepare_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - prepare_start).count();
+  if (!kept_alive.ok()) {
+    return absl::Status(kept_alive.code(),
+                        absl::StrCat("while preparing (", prepare_ms, " ms after memd's HelloReply): ",
+                                     kept_alive.message()));
+  }
+  if (!prepared.ok()) return prepared;
+  spdlog::info("workerd: gpu {} prepared in {} ms after memd's HelloReply (host pool, device pools, worker; memd "
+               "kept informed; {} of memd's messages held for the first poll)", config.gpu, prepare_ms,
+               p->memd_->held_messages());
   p->worker_->set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
   if (absl::Status s = p->worker_->ResumeInterrupted(p->memd_->interrupted_requests(), p->memd_->interrupted_records());
@@ -60,6 +91,21 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
     return s;
   }
   return p;
+}
+
+absl::Status WorkerProcess::Prepare(const model::Model* model, Device* device, const WorkerProcessOptions& options) {
+  if (options.start_delay_for_test.count() > 0) {
+    spdlog::warn("workerd: TEST ONLY slow start: the preparation takes {} ms longer", options.start_delay_for_test.count());
+    std::this_thread::sleep_for(options.start_delay_for_test);
+  }
+  if (options.on_host_pool && !memd_->host_pages().empty()) {
+    if (absl::Status s = options.on_host_pool(memd_->host_pages()); !s.ok()) return s;
+  }
+  absl::StatusOr<std::unique_ptr<Worker>> worker =
+      Worker::Create(model, device, options.config, memd_->host_pages(), memd_.get(), frontend_.get());
+  if (!worker.ok()) return worker.status();
+  worker_ = *std::move(worker);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {

@@ -1,6 +1,7 @@
 // workerd/worker_process.h: one worker process (brief §3), the counterpart of memd's Daemon: Start binds the serving
 // socket ipc://<run_dir>/worker-<gpu>.sock (first: a live worker of the GPU makes a second one fail before it says
-// Hello), joins memd (Hello, the mapped host pool) and creates the Worker; Run drives
+// Hello), joins memd (Hello, the mapped host pool) and creates the Worker while a helper thread keeps memd informed
+// (issue 22: a long preparation is never taken for a hung worker); Run drives
 // the event loop (memd's messages and heartbeats, clients' requests, one serving iteration) until told to stop.
 // workerd's main only parses the command line, loads the model and calls Start / Run, as memd's main does.
 //
@@ -36,16 +37,25 @@ struct WorkerProcessOptions {
   std::string device_name = "cpu-backend";           // Hello.device_name
   ClientOutboxLimits client_buffer;  // replies buffered for clients that do not read (ServingFrontend)
   // Called once with memd's mapped host pool before the Worker is created (the CUDA backend pins it there); an error
-  // stops Start. Empty: nothing to do.
+  // stops Start. Empty: nothing to do. It runs during the start-up's preparation (Start), with memd kept informed.
   std::function<absl::Status(std::span<uint8_t> host_pool)> on_host_pool;
+  // TEST ONLY (workerd --fault-start-delay-ms): the preparation after HelloReply takes this much longer, as pinning a
+  // terabyte of host memory or allocating a large pool would (issue 22); 0 = none.
+  std::chrono::milliseconds start_delay_for_test{0};
 };
 
 class WorkerProcess {
  public:
-  // `model` and `device` must outlive the process. Errors: INVALID_ARGUMENT (config, see ComputeGeometry; a socket
-  // path beyond sun_path, CheckSocketPaths), the serving socket's (RouterServer::Bind; ALREADY_EXISTS: a live worker
-  // serves this GPU, nothing was sent to memd), memd's (MemdClient::Connect), FAILED_PRECONDITION (a hierarchical
-  // mode without a host pool from memd), the Worker's (Worker::Create).
+  // `model` and `device` must outlive the process. Start-up (issue 22; docs/operations.md "Start-up"): what needs no
+  // memd (the model's weights, the geometry, the serving socket) happens before the Hello; what needs memd's
+  // HelloReply (its host pool: mapped, pinned by on_host_pool; the Worker: its device pools, the hot caches) is the
+  // preparation, and during it a helper thread keeps memd informed (MemdClient::KeepAlive: heartbeats both ways,
+  // memd's orders held for the first Poll), so a preparation of any length is never taken for a hung worker.
+  // Errors: INVALID_ARGUMENT (config, see ComputeGeometry; a socket path beyond sun_path, CheckSocketPaths), the
+  // serving socket's (RouterServer::Bind; ALREADY_EXISTS: a live worker serves this GPU, nothing was sent to memd),
+  // memd's (MemdClient::Connect), FAILED_PRECONDITION (a hierarchical mode without a host pool from memd), the
+  // Worker's (Worker::Create), ABORTED (the epoch ended during the preparation: memd fenced this worker, or it heard
+  // nothing from memd for the memd timeout: exit with kExitEpochEnded).
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Start(const model::Model* model, Device* device,
                                                               const WorkerProcessOptions& options);
 
@@ -81,6 +91,8 @@ class WorkerProcess {
   // memd away: enters it (Worker::EnterAway), advances the re-Hello (MemdClient::PollAway) and, once a memd took it,
   // returns (Worker::ReturnFromAway). Errors: ABORTED (the epoch ended), UNAVAILABLE (memd unreachable after it).
   absl::Status ServeAway();
+  // The preparation after HelloReply (see Start): on_host_pool, then Worker::Create, on this thread.
+  absl::Status Prepare(const model::Model* model, Device* device, const WorkerProcessOptions& options);
 
   std::unique_ptr<MemdClient> memd_;
   wire::HelloT hello_;  // this worker's Hello (the re-Hello adds the report)

@@ -2,6 +2,7 @@
 // JSON fields, CSV, summary, sweep CSV and the plot script's failure modes (tools/replay/report.h).
 #include <cmath>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 
@@ -245,6 +246,40 @@ TEST(ReportFiles, WrittenAndReadBack) {
   std::string text((std::istreambuf_iterator<char>(csv_in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text, ReportCsvHeader() + "\n" + ReportCsvRow(r) + "\n");
   EXPECT_EQ(WriteReportJson(r, dir + "/no/such/dir/r.json").code(), absl::StatusCode::kPermissionDenied);
+}
+
+// dhs-replay --outputs (issue 22): one JSON line per request, in trace order, with its tokens and logits digests, so
+// that two runs' outputs compare exactly (tools/production_run.sh).
+TEST(ReportFiles, RequestOutputsOneJsonLinePerRequest) {
+  DriverResult result;
+  RequestTiming a;
+  a.trace_index = 0;
+  a.request = 7;
+  a.finished = true;
+  a.output = {3, 1, 4};
+  a.logits_digests = {1, 18446744073709551615ull, 2};  // a digest needs all 64 bits
+  RequestTiming b;
+  b.trace_index = 1;
+  b.request = 8;
+  b.error = "worker stopping";
+  b.output = {5};
+  result.requests = {a, b};
+  const std::string text = RequestOutputsJsonLines(result);
+  ASSERT_EQ(std::count(text.begin(), text.end(), '\n'), 2);
+  const nlohmann::json first = nlohmann::json::parse(text.substr(0, text.find('\n')));
+  const nlohmann::json second = nlohmann::json::parse(text.substr(text.find('\n') + 1));
+  EXPECT_EQ(first["request"], 7);
+  EXPECT_EQ(first["trace_index"], 0);
+  EXPECT_EQ(first["served"], true);
+  EXPECT_EQ(first["tokens"], nlohmann::json::array({3, 1, 4}));
+  EXPECT_EQ(first["logits_digests"][1].get<uint64_t>(), 18446744073709551615ull);
+  EXPECT_EQ(second["served"], false);
+  EXPECT_EQ(second["error"], "worker stopping");
+  EXPECT_EQ(second["tokens"], nlohmann::json::array({5}));
+  const std::string dir = dhs::testing::ProcessTempDir();
+  ASSERT_TRUE(WriteRequestOutputs(result, dir + "/outputs.jsonl").ok());
+  std::ifstream in(dir + "/outputs.jsonl");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), text);
 }
 
 TEST(Summary, NamesTheMainFigures) {

@@ -7,6 +7,7 @@
 // - The same silence over a connection that is still open ends the epoch (ABORTED), naming the stall.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -59,6 +60,24 @@ class StandInMemd {
     return false;
   }
   void Die() { router_.reset(); }  // memd's socket closes (its process died)
+  // Sends `bytes` to the worker of GPU 0.
+  bool SendToWorker(const std::string& bytes) { return router_->Reply("worker/0", bytes).ok(); }
+  // Serves for up to `wait`: acks the worker's Heartbeats; returns the types of the messages received.
+  std::vector<wire::Body> Serve(std::chrono::milliseconds wait) {
+    std::vector<wire::Body> got;
+    auto in = router_->Poll(wait);
+    while (in.ok() && in->has_value()) {
+      auto m = DecodeEnvelope((*in)->bytes);
+      if (m.ok()) {
+        got.push_back(m->type);
+        if (m->type == wire::Body::Heartbeat) {
+          EXPECT_TRUE(router_->Reply((*in)->peer, EncodeHeartbeatAck(wire::HeartbeatAckT(), m->sequence, "memd")).ok());
+        }
+      }
+      in = router_->Poll(std::chrono::milliseconds(0));
+    }
+    return got;
+  }
 
  private:
   uint32_t worker_timeout_ms_;
@@ -132,6 +151,88 @@ TEST(MemdClientLiveness, TheMemdTimeoutIsCappedByMemdsWorkerTimeout) {
   EXPECT_EQ(client->memd_timeout(), milliseconds(200));
   std::this_thread::sleep_for(milliseconds(400));  // stopped past memd's fence (300 ms)
   EXPECT_TRUE(absl::IsAborted(client->CheckEpoch()));
+}
+
+// Records the orders dispatched to it, in order.
+class RecordingHandler final : public MemdHandler {
+ public:
+  void OnAdmitGrant(const wire::AdmitGrantT& m) override { seen.push_back("grant " + std::to_string(m.request)); }
+  void OnAdmitWait(const wire::AdmitWaitT& m) override { seen.push_back("wait " + std::to_string(m.request)); }
+  void OnAdmitReject(const wire::AdmitRejectT& m) override { seen.push_back("reject " + std::to_string(m.request)); }
+  void OnReclaimOrder(const wire::ReclaimOrderT&) override { seen.push_back("reclaim"); }
+  void OnRetire(const wire::RetireT& m) override { seen.push_back("retire " + std::to_string(m.request)); }
+  void OnPopulateOrder(const wire::PopulateOrderT&) override { seen.push_back("populate"); }
+  void OnCompleteAck(const wire::CompleteAckT& m) override { seen.push_back("ack " + std::to_string(m.request)); }
+  std::vector<std::string> seen;
+};
+
+// Start-up (issue 22): while the worker prepares (no handler yet) for longer than its memd timeout, KeepAlive sends
+// heartbeats (memd's acks keep the epoch alive), answers memd's own Heartbeat, and holds memd's orders; the first Poll
+// dispatches them in arrival order, before anything newer. Without KeepAlive the same pause ends the epoch (the test
+// above: SilenceOverAnOpenConnectionEndsTheEpochNamingTheStall).
+TEST(MemdClientStartup, KeepAliveHeartbeatsThroughALongPreparationAndHoldsOrdersForTheFirstPoll) {
+  using std::chrono::milliseconds;
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path(), /*worker_timeout_ms=*/300);
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  client->set_memd_timeout(milliseconds(8000));  // capped to 200 ms by memd's 300
+  ASSERT_EQ(client->memd_timeout(), milliseconds(200));
+  wire::RetireT retire;
+  retire.request = 7;
+  wire::CompleteAckT ack;
+  ack.request = 9;
+  wire::HeartbeatT memd_heartbeat;
+  ASSERT_TRUE(memd.SendToWorker(EncodeRetire(retire, 1, "memd")));
+  ASSERT_TRUE(memd.SendToWorker(EncodeHeartbeat(memd_heartbeat, 2, "memd")));
+  ASSERT_TRUE(memd.SendToWorker(EncodeCompleteAck(ack, 3, "memd")));
+  std::vector<wire::Body> at_memd;
+  const auto end = std::chrono::steady_clock::now() + milliseconds(1000);  // five memd timeouts of preparation
+  while (std::chrono::steady_clock::now() < end) {
+    const absl::Status s = client->KeepAlive(milliseconds(10));
+    ASSERT_TRUE(s.ok()) << s;
+    for (wire::Body b : memd.Serve(milliseconds(5))) at_memd.push_back(b);
+  }
+  EXPECT_GE(std::count(at_memd.begin(), at_memd.end(), wire::Body::Heartbeat), 5)
+      << "a heartbeat every third of the memd timeout (66 ms) over 1 s";
+  EXPECT_EQ(std::count(at_memd.begin(), at_memd.end(), wire::Body::HeartbeatAck), 1) << "memd's Heartbeat answered";
+  EXPECT_EQ(client->held_messages(), 2u);
+  ASSERT_TRUE(client->CheckEpoch().ok()) << "the epoch outlived the preparation";
+  // A message that comes after the preparation is dispatched after the held ones.
+  wire::RetireT later;
+  later.request = 8;
+  ASSERT_TRUE(memd.SendToWorker(EncodeRetire(later, 4, "memd")));
+  RecordingHandler handler;
+  for (int i = 0; i < 200 && handler.seen.size() < 3; ++i) {
+    ASSERT_TRUE(client->Poll(handler, MemdClient::Load{}).ok());
+    (void)memd.Serve(milliseconds(5));
+  }
+  EXPECT_EQ(handler.seen, (std::vector<std::string>{"retire 7", "ack 9", "retire 8"}));
+  EXPECT_EQ(client->held_messages(), 0u);
+}
+
+// memd dies while the worker prepares: KeepAlive makes the client away (what the dead memd sent is dropped, never
+// acted on), and the first Poll after the preparation dispatches nothing (the re-Hello path, PollAway, goes on).
+TEST(MemdClientStartup, MemdDyingDuringThePreparationMakesTheClientAwayAndDropsItsHeldOrders) {
+  using std::chrono::milliseconds;
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path());
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  wire::RetireT retire;
+  retire.request = 7;
+  ASSERT_TRUE(memd.SendToWorker(EncodeRetire(retire, 1, "memd")));
+  for (int i = 0; i < 100 && client->held_messages() == 0; ++i) ASSERT_TRUE(client->KeepAlive(milliseconds(10)).ok());
+  ASSERT_EQ(client->held_messages(), 1u);
+  memd.Die();
+  for (int i = 0; i < 300 && !client->away(); ++i) ASSERT_TRUE(client->KeepAlive(milliseconds(10)).ok());
+  ASSERT_TRUE(client->away());
+  EXPECT_EQ(client->held_messages(), 0u);
+  RecordingHandler handler;
+  EXPECT_TRUE(client->Poll(handler, MemdClient::Load{}).ok());
+  EXPECT_TRUE(handler.seen.empty());
 }
 
 }  // namespace

@@ -201,6 +201,7 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   std::optional<RegisteredNode> node;
   std::optional<uint64_t> used_budget;
   DriverOptions driver_options;
+  driver_options.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);
   SupervisedNode* supervised = nullptr;
   if (!options.connect.empty()) {
     client_options.worker_endpoint = options.connect;
@@ -345,6 +346,12 @@ int Main(int argc, char** argv) {
     if (!run.ok()) {
       std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
       return 1;
+    }
+    if (!options.outputs_out.empty()) {  // --outputs: this run's tokens, also of a run that failed part-way
+      if (absl::Status s = WriteRequestOutputs(run->result, options.outputs_out); !s.ok()) {
+        std::cerr << "dhs-replay: --outputs: " << s.message() << "\n";
+        return 1;
+      }
     }
     if (!run->complete) {  // failed part-way: report what finished (complete: false) and stop
       std::cerr << "\ndhs-replay: run failed: " << run->error << "\n";

@@ -55,6 +55,7 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   }
   if (!o.sweep.empty()) {
     if (o.concurrency || o.time_scale) return bad("--sweep excludes --concurrency and --time-scale");
+    if (!o.outputs_out.empty()) return bad("--outputs writes one run's outputs; it excludes --sweep");
     std::set<int64_t> seen;
     for (int64_t c : o.sweep) {
       if (c < 1) return bad("--sweep: every concurrency must be >= 1, got ", c);
@@ -103,7 +104,7 @@ bool InjectsFaults(const ReplayOptions& o) {
 
 absl::Status ValidateOutputPaths(const ReplayOptions& o) {
   const std::pair<const char*, const std::string*> outputs[] = {
-      {"--json", &o.json_out}, {"--csv", &o.csv_out}, {"--plot", &o.plot_out}};
+      {"--json", &o.json_out}, {"--csv", &o.csv_out}, {"--plot", &o.plot_out}, {"--outputs", &o.outputs_out}};
   for (const auto& [name, path] : outputs) {
     if (path->empty()) continue;
     const std::filesystem::path p(*path);
@@ -155,6 +156,12 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_flag("--check-exact", o.check_exact, "Also run resident and compare the tokens (brief §7)");
   app.add_option("--json", o.json_out, "Write the report as JSON to OUT");
   app.add_option("--csv", o.csv_out, "Write the report's scalar fields as CSV to OUT");
+  app.add_option("--idle-timeout-ms", o.idle_timeout_ms,
+                 "Fail the run after MS with requests in flight and no event from the node (a long prefill sends none)")
+      ->check(IntegerIn<int64_t>(1000, 86400000))->capture_default_str();
+  app.add_option("--outputs", o.outputs_out,
+                 "Write every request's output tokens and logits digests to OUT, one JSON object a line (compare two "
+                 "runs' files for exactness across runs, e.g. against a resident run on another node)");
   auto* sopt = app.add_option("--sweep", o.sweep, "Closed-loop runs at each concurrency C1,C2,...")
                    ->delimiter(',');
   auto* popt = app.add_option("--plot", o.plot_out, "With --sweep: plot throughput against concurrency to OUT.png");

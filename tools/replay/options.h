@@ -47,6 +47,10 @@ struct ReplayOptions {
   bool check_exact = false;                // --check-exact: also run resident and compare tokens (brief §7)
   std::string json_out;                    // --json OUT ("" = none)
   std::string csv_out;                     // --csv OUT ("" = none)
+  int64_t idle_timeout_ms = 120000;        // --idle-timeout-ms: fail after this long with requests in flight and no
+                                           // event (issue 22: a long prefill at production sizes on the CPU backend)
+  std::string outputs_out;                 // --outputs OUT: every request's tokens and logits digests, JSON lines
+                                           // (issue 22: exactness across separate runs; "" = none; not with --sweep)
   std::vector<int64_t> sweep;              // --sweep C1,C2,...: closed-loop runs, sorted ascending, distinct, >= 1
   std::string plot_out;                    // --plot OUT.png (needs --sweep)
   std::string connect;                     // --connect ENDPOINT (tcp://... or ipc://...; "" = start a node)

@@ -331,6 +331,20 @@ absl::Status WriteReportJson(const ReplayReport& report, std::string_view path) 
   return WriteFile(path, ReportToJson(report).dump(2) + "\n");
 }
 
+std::string RequestOutputsJsonLines(const DriverResult& result) {
+  std::string out;
+  for (const RequestTiming& t : result.requests) {
+    const nlohmann::json line = {{"trace_index", t.trace_index}, {"request", t.request},  {"served", t.served()},
+                                 {"error", t.error},             {"tokens", t.output},    {"logits_digests", t.logits_digests}};
+    absl::StrAppend(&out, line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "\n");
+  }
+  return out;
+}
+
+absl::Status WriteRequestOutputs(const DriverResult& result, std::string_view path) {
+  return WriteFile(path, RequestOutputsJsonLines(result));
+}
+
 absl::Status WriteReportCsv(const ReplayReport& report, std::string_view path) {
   return WriteFile(path, ReportCsvHeader() + "\n" + ReportCsvRow(report) + "\n");
 }

@@ -126,6 +126,12 @@ std::string FormatSummary(const ReplayReport& report);
 
 absl::Status WriteReportJson(const ReplayReport& report, std::string_view path);
 absl::Status WriteReportCsv(const ReplayReport& report, std::string_view path);  // header + row
+// dhs-replay --outputs (issue 22): one JSON object a line per request, in trace order: {"trace_index", "request",
+// "served" (finished without error), "error" ("" = none), "tokens": [token, ...], "logits_digests": [u64, ...]}.
+// Two runs' files are compared for exactness when the runs cannot be made by one dhs-replay (--check-exact), e.g. a
+// node under dhs-node against a resident reference node (tools/production_run.sh).
+std::string RequestOutputsJsonLines(const DriverResult& result);
+absl::Status WriteRequestOutputs(const DriverResult& result, std::string_view path);
 
 // --sweep: one closed-loop run per concurrency.
 struct SweepPoint {

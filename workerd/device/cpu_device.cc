@@ -1,6 +1,8 @@
 // workerd/device/cpu_device.cc: see cpu_device.h.
 #include "workerd/device/cpu_device.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -68,27 +70,32 @@ CpuDevice::~CpuDevice() {
 
 absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
-  try {
-    pools_.emplace_back(bytes, uint8_t{0});
-  } catch (const std::bad_alloc&) {
+  void* data = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);  // zero pages, taken when first written
+  if (data == MAP_FAILED) {
     return absl::ResourceExhaustedError("CpuDevice: cannot allocate a pool of " + std::to_string(bytes) + " bytes");
   }
+  pools_.emplace_back(static_cast<uint8_t*>(data), bytes);
   return static_cast<PoolId>(pools_.size() - 1);
+}
+
+CpuDevice::Pool::~Pool() {
+  if (data != nullptr) ::munmap(data, std::max<uint64_t>(bytes, 1));
 }
 
 uint64_t CpuDevice::PoolBytes(PoolId pool) const {
   std::lock_guard<std::mutex> l(mu_);
-  return pool < pools_.size() ? pools_[pool].size() : 0;
+  return pool < pools_.size() ? pools_[pool].bytes : 0;
 }
 
 // Pools are never resized after start, so their data pointers are stable.
 uint8_t* CpuDevice::Resolve(const DeviceRange& r) const {
   if (r.pool >= pools_.size() || r.offset < 0) return nullptr;
-  const auto& p = pools_[r.pool];
-  if (static_cast<uint64_t>(r.offset) > p.size() || r.bytes > p.size() - static_cast<uint64_t>(r.offset)) {
+  const Pool& p = pools_[r.pool];
+  if (static_cast<uint64_t>(r.offset) > p.bytes || r.bytes > p.bytes - static_cast<uint64_t>(r.offset)) {
     return nullptr;
   }
-  return const_cast<uint8_t*>(p.data()) + r.offset;
+  return p.data + r.offset;
 }
 
 uint8_t* CpuDevice::HostVisible(PoolId pool, Location offset) {
