@@ -153,6 +153,7 @@ struct SupervisedNode::Runtime {
   void ObserveReadiness();
   void ExecuteFaultOrders();
   void Sample();
+  void ObserveCoverage(RequestId id, const nlohmann::json& view, const std::map<uint32_t, PageIndex>& confirmed);
   void AfterWorkerDeath();
   void CheckAgainstMemd(bool interrupted_only);
   void MapPool();
@@ -446,6 +447,22 @@ void SupervisedNode::Runtime::SampleWorker() {
 }
 
 // Digests of the confirmed host copies of every live request, each page listed before and after its digest.
+// Issue 28: the pages of node request `id` that should hold a confirmed host copy by the rows the client saw
+// computed (below the worker's tail window), against the confirmed copies and the GPU pages of memd's view.
+void SupervisedNode::Runtime::ObserveCoverage(RequestId id, const nlohmann::json& view,
+                                              const std::map<uint32_t, PageIndex>& confirmed) {
+  const SupervisedNodeOptions& o = node.options_;
+  if (!o.rows_computed || o.tail_rows == 0 || o.page_rows == 0) return;
+  const int64_t rows = o.rows_computed(id & kClientBits);
+  const int64_t window = (o.tail_rows + o.page_rows - 1) / o.page_rows + 1;
+  const int64_t due = rows / o.page_rows - window;
+  if (due <= 0) return;
+  CoverageSeen seen{id, id & kClientBits, static_cast<uint32_t>(due), 0, 0};
+  for (const auto& [page, host_page] : confirmed) seen.confirmed_due += page < seen.due_pages;
+  if (view.contains("a_r") && view["a_r"].is_number_unsigned()) seen.on_gpu = view["a_r"].get<uint32_t>();
+  ledger.ObserveCoverage(seen);
+}
+
 void SupervisedNode::Runtime::Sample() {
   last_sample = NowMs();
   SampleWorker();
@@ -465,6 +482,7 @@ void SupervisedNode::Runtime::Sample() {
     std::optional<nlohmann::json> after = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
     if (!after) continue;
     const std::map<uint32_t, PageIndex> still = HostCopiesOf(*after);
+    ObserveCoverage(id, *after, still);
     for (const auto& [page, digest] : digests) {
       auto it = still.find(page);
       if (it == still.end() || it->second != copies.at(page)) continue;
@@ -581,6 +599,7 @@ void SupervisedNode::Runtime::Publish() {
   s.host_pages_checked = ledger.pages_checked();
   s.host_pages_lost = ledger.pages_lost();
   s.host_rows_lost = ledger.pages_lost() * node.options_.page_rows;
+  s.host_pages_unconfirmed = ledger.pages_unconfirmed();
   s.fence_timeouts = fence_timeouts;
   s.worker_down_at = down_at;
   s.dead_worker_counters = dead_worker_counters;
