@@ -9,7 +9,8 @@ lengths x0.03, concurrency 4) in adaptive mode under the default reclaiming budg
 one worker kill point (decode:30, so the node is supervised and its host ledger runs), --check-exact against the
 resident run (also on the asynchronous device). Asserts: every request served, outputs bit-identical, no request
 failed, host_rows_lost 0 and host_pages_unconfirmed 0 (every page below the tail window confirmed) with host pages
-checked, and the run reclaimed. On failure, prints the tail of each workerd log (where a hazard is described).
+checked, no worker crash (worker_crashes 0, one restart: the kill point's; a supervised node would otherwise hide a
+hazard's abort behind a restart), and the run reclaimed. On failure, prints the tail of each workerd log (where a hazard is described).
 Usage: replay_async_test.py DHS_REPLAY"""
 import glob
 import json
@@ -28,7 +29,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         run_dir = os.path.join(tmp, "run")
-        os.makedirs(run_dir)
+        os.makedirs(run_dir, mode=0o700)
         cmd = [exe] + ARGS + ["--json", out, "--run-dir", run_dir]
         print("$ dhs-replay", " ".join(cmd[1:]), flush=True)
         try:
@@ -42,7 +43,8 @@ def main() -> int:
         if rc != 0:
             failures.append(f"dhs-replay exited {rc}:\n{err[-3000:]}")
         for key, want in {"requests_served": 50, "requests_failed": 0, "exact_match": True, "host_rows_lost": 0,
-                          "host_pages_unconfirmed": 0, "complete": True}.items():
+                          "host_pages_unconfirmed": 0, "worker_crashes": 0, "worker_restarts": 1,
+                          "complete": True}.items():
             if report.get(key) != want:
                 failures.append(f"{key} = {report.get(key)!r}, want {want!r}")
         if report.get("host_pages_checked", 0) < 1:

@@ -117,6 +117,7 @@ struct RunOutcome {
   std::string prefill;
   std::optional<uint64_t> hbm_budget_bytes;  // the budget of the node this tool started (nullopt with --connect)
   FaultFigures faults;  // what fault injection did (the run with faults only)
+  std::string crash;    // the supervised node's latest worker crash (issue 28), when faults.worker_crashes > 0
 };
 
 // Fault injection of a run (the run under test; never the resident reference).
@@ -188,6 +189,7 @@ FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) 
   f.host_rows_lost = static_cast<int64_t>(node.host_rows_lost);
   f.host_pages_checked = static_cast<int64_t>(node.host_pages_checked);
   f.host_pages_unconfirmed = static_cast<int64_t>(node.host_pages_unconfirmed);
+  f.worker_crashes = static_cast<int64_t>(node.worker_crashes);
   std::vector<std::chrono::steady_clock::time_point> down = node.worker_down_at;
   std::sort(down.begin(), down.end());
   std::optional<std::chrono::steady_clock::time_point> previous;
@@ -288,7 +290,9 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   }
   // The workers that died counted from 0 each; their counts join the last worker's (WorkerStatsReply).
   if (supervised) AddWorkerCounters(result->stats, supervised->stats().dead_worker_counters);
-  return RunOutcome{std::move(*result), true, "", prefill, used_budget, figures};
+  RunOutcome outcome{std::move(*result), true, "", prefill, used_budget, figures};
+  if (faults && supervised) outcome.crash = supervised->stats().last_crash;
+  return outcome;
 }
 
 // Prints why each unserved request ended (stderr) and returns whether all were served.
@@ -404,6 +408,11 @@ int Main(int argc, char** argv) {
       ok = ok && *exact;
     }
     ok = AllServed(run->result, mode) && ok;
+    if (run->faults.worker_crashes > 0) {  // issue 28: a restart must not hide a crash (a read hazard aborts)
+      std::cerr << "dhs-replay: the worker crashed " << run->faults.worker_crashes
+                << " time(s), not by a fault the tool injected; the latest: " << run->crash << "\n";
+      ok = false;
+    }
     if (run->faults.host_pages_unconfirmed > 0) {  // issue 28: missing confirmations make a run not clean
       std::cerr << "dhs-replay: host copies not confirmed: " << run->faults.host_pages_unconfirmed
                 << " history pages should have held a confirmed host copy by the steps taken (below the worker's "

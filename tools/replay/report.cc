@@ -167,6 +167,7 @@ static json FaultsJson(const FaultFigures& f) {
               {"host_rows_lost", f.host_rows_lost},
               {"host_pages_checked", f.host_pages_checked},
               {"host_pages_unconfirmed", f.host_pages_unconfirmed},
+              {"worker_crashes", f.worker_crashes},
               {"recovery_us", {{"p50", p ? json(p->p50) : json(nullptr)},
                                {"p99", p ? json(p->p99) : json(nullptr)},
                                {"samples", f.recovery_us}}}};

@@ -5,9 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -38,6 +41,20 @@ int64_t NowMs() {
 }
 
 void Log(const std::string& line) { std::cerr << "dhs-replay: " << line << "\n" << std::flush; }
+
+// The last non-empty line of the log at `path` (at most its last 64 KiB read), or "(no log)".
+std::string LastLogLine(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "(no log)";
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 65536);
+  f.seekg(from);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  const size_t nl = text.rfind('\n');
+  return nl == std::string::npos ? text : text.substr(nl + 1);
+}
 
 // One request/reply on a fresh connection to <run_dir>/<name>.sock; nullopt on any failure within kAskTimeout.
 std::optional<Message> Ask(const std::string& run_dir, const std::string& name, const std::string& request,
@@ -178,6 +195,8 @@ struct SupervisedNode::Runtime {
   HostLedger ledger;
   std::map<std::pair<RequestId, uint32_t>, PageIndex> host_page_of;  // (node, page) -> host page, last sample
   int64_t last_sample = 0;
+  uint64_t worker_crashes = 0;  // worker ends other than SIGKILL (the tool kills only by SIGKILL)
+  std::string last_crash;
   uint64_t worker_deaths = 0, resumed = 0, recomputed = 0, hooks_armed = 0, fence_timeouts = 0;
   std::optional<NodeStats> live_worker_counters;  // the running worker's, sampled (Sample, before a kill)
   NodeStats dead_worker_counters;                 // summed over the workers that died
@@ -362,6 +381,14 @@ void SupervisedNode::Runtime::Reap() {
       worker_kill_sent = false;
       Log(absl::StrCat("worker exited (", DescribeWaitStatus(status), ")",
                        armed.empty() ? "" : absl::StrCat(", armed with --fault-kill-at ", armed)));
+      // Every death the tool causes is a SIGKILL (timed kills, kill points): any other end is a crash (issue 28: the
+      // asynchronous device's read hazard aborts), which a restart must not hide. Its log's last line says why.
+      if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+        ++worker_crashes;
+        last_crash = absl::StrCat(DescribeWaitStatus(status), ": ",
+                                  LastLogLine(NodeLogPath(node.run_dir_, "workerd", node.options_.launch.log_tag)));
+        Log(absl::StrCat("worker crashed: ", last_crash));
+      }
       // A worker that died under the memd it registered with: that memd fences its GPU and keeps its requests.
       if (memd_ready && !worker_stopped && pids[Supervisor::kMemd] > 0 &&
           pids[Supervisor::kMemd] == memd_of_worker) {
@@ -592,6 +619,8 @@ void SupervisedNode::Runtime::Publish() {
   s.worker_kills = plan.worker_kills();
   s.memd_kills = plan.memd_kills();
   s.worker_deaths = worker_deaths;
+  s.worker_crashes = worker_crashes;
+  s.last_crash = last_crash;
   s.hook_kills_armed = hooks_armed;
   s.requests_resumed = resumed;
   s.rows_recomputed = recomputed;

@@ -69,6 +69,8 @@ struct FaultStats {
   uint64_t worker_kills = 0;     // timed SIGKILLs of the worker (the fault plan's)
   uint64_t memd_kills = 0;       // timed SIGKILLs of memd
   uint64_t worker_deaths = 0;    // worker exits while the node ran (kills, kill points, crashes)
+  uint64_t worker_crashes = 0;   // of those, ends other than SIGKILL: crashes, not faults the tool injected (issue 28)
+  std::string last_crash;        // the latest crash: how it ended and its log's last line
   uint64_t hook_kills_armed = 0;  // worker starts given a --fault-kill-at
   uint64_t requests_resumed = 0;  // summed over the workers' lives (WorkerStatsReply at each ready)
   uint64_t rows_recomputed = 0;
