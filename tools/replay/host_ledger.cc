@@ -58,6 +58,9 @@ void HostLedger::Forget(RequestId node) {
 }
 
 void HostLedger::ObserveCoverage(const CoverageSeen& seen) {
+  // Only a client's first incarnation is checked: the client's rows also count what a resumed one still recomputes,
+  // and an interrupted one keeps none of its tail pages.
+  if (first_node_.try_emplace(seen.client, seen.node).first->second != seen.node) return;
   const uint32_t covered = seen.confirmed_due + seen.on_gpu;
   const uint32_t uncovered = seen.due_pages > covered ? seen.due_pages - covered : 0;
   auto [last, fresh] = uncovered_last_.try_emplace(seen.node, uncovered);

@@ -21,7 +21,8 @@
 // - ObserveCoverage (issue 28): by the steps taken (rows the client saw computed) and the grant, the history pages
 //   below the worker's tail window must hold a confirmed host copy or be on GPU (memd's a_r). Pages that hold neither
 //   in two samples of a node in a row are unconfirmed: a worker that never confirms its host copies. They are counted
-//   apart from lost pages (no byte was seen to change), at most the largest count seen per client.
+//   apart from lost pages (no byte was seen to change), at most the largest count seen per client. Only a client's
+//   first node is checked (a resumed request recomputes pages the client's rows already count).
 //
 // Thread-safety: none.
 #pragma once
@@ -82,6 +83,7 @@ class HostLedger {
   std::set<std::pair<RequestId, uint32_t>> lost_;
   std::map<RequestId, uint32_t> uncovered_last_;     // node -> pages uncovered at its latest sample
   std::map<RequestId, uint32_t> unconfirmed_;        // client -> most pages uncovered in two samples in a row
+  std::map<RequestId, RequestId> first_node_;         // client -> its first node (the only one checked)
   uint64_t checked_ = 0, changed_ = 0, vanished_ = 0, unchecked_ = 0;
 };
 

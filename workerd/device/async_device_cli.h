@@ -28,6 +28,10 @@ inline AsyncDeviceConfig WorkerAsyncDevice(uint64_t seed) {
   c.enabled = seed != 0;
   c.seed = seed;
   c.fatal_hazards = true;
+  // A worker's step issues some hundreds of device steps; a reader must outlive a memd round trip (about one step)
+  // for an early ReadersDone or Retire to meet it, as a GPU's queued reads can.
+  c.reader_steps_min = 256;
+  c.reader_steps_max = 1024;
   return c;
 }
 

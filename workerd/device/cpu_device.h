@@ -20,8 +20,9 @@
 // move, read from its source and written to its destination at that moment) and completes 1..copy_steps_max steps
 // after it became runnable, and a reader ended by EndReaders really ends reader_steps_min..reader_steps_max steps
 // later (the fences waiting for it complete then; ReadersBusy stays true until then); the delays are drawn from a
-// generator seeded by `seed`, so the same sequence of calls gives the same schedule. Wait moves time forward until
-// its event completes. Nothing runs on the copy thread and there is no fast path. Checks (read hazards,
+// generator seeded by `seed`, so the same sequence of calls gives the same schedule. Wait completes what its event
+// waits for at once, as a GPU synchronizing on one event: its batch and the batches it depends on run, the readers
+// of the fences among them end (those their owner ended); other readers keep reading. Nothing runs on the copy thread and there is no fast path. Checks (read hazards,
 // ReadHazards): a batch that writes bytes a reader still reads, and a range Freed while a reader still reads it,
 // are recorded (a Freed range is filled with kPoisonByte in any case) (or abort the process, fatal_hazards): on a GPU that
 // reader would return foreign bytes. A Wait that cannot progress for stuck_after (its event waits for readers their
@@ -137,6 +138,8 @@ class CpuDevice final : public Device {
   // waiting for time (a batch or a reader end scheduled later), or anything completed in this step.
   bool StepLocked();
   bool Step();  // takes mu_
+  bool ForceLocked(const EventState* state, int depth);  // AsyncLink::Force
+  bool EndNowLocked(ReaderId r);  // ends reader r at once if its owner ended it
   uint32_t Draw(uint32_t lo, uint32_t hi);  // uniform in [lo, hi], from the seeded generator
   void ExecuteAsync(Job& job);
   void CheckWrite(const Job& job);  // read hazards of the batch's destination ranges
