@@ -21,7 +21,7 @@ import tempfile
 
 ARGS = ["--requests", "50", "--length-scale", "0.03", "--concurrency", "4", "--check-exact",
         "--async-device", "7", "--speculate", "synthetic", "--block", "4", "--spec-corruption", "0.3",
-        "--kill-worker-at", "decode:30", "--fault-seed", "28"]
+        "--hot-rows", "20", "--hbm-budget", "4500000", "--kill-worker-at", "decode:30", "--fault-seed", "28"]
 
 
 def main() -> int:

@@ -152,6 +152,9 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
     launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
   }
+  if (options.hot_rows != 0) {
+    launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--hot-rows", std::to_string(options.hot_rows)});
+  }
   if (options.async_device_seed != 0) {  // issue 28: the CPU device's asynchronous test mode (both runs)
     const std::vector<std::string> async = AsyncDeviceArgs(options.async_device_seed);
     launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), async.begin(), async.end());

@@ -72,6 +72,9 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   if (!o.connect.empty() && o.link_model.enabled) {
     return bad("--link-model applies to the worker the tool starts, not to --connect ", o.connect);
   }
+  if (!o.connect.empty() && o.hot_rows != 0) {
+    return bad("--hot-rows applies to the worker the tool starts, not to --connect ", o.connect);
+  }
   if (!o.connect.empty() && o.async_device_seed != 0) {
     return bad("--async-device applies to the worker the tool starts, not to --connect ", o.connect);
   }
@@ -200,6 +203,10 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   LinkModelFlags link_flags;
   AddLinkModelOptions(app, &link_flags);
   AddAsyncDeviceOption(app, &o.async_device_seed);
+  app.add_option("--hot-rows", o.hot_rows,
+                 "hot-cache rows B per slot and source of the workerd the tool starts (0 = workerd's auto); with "
+                 "B = k + window, speculative unions go through the staging arenas")
+      ->check(IntegerIn<uint32_t>(0, 1u << 20));
   spec::SpeculationFlags speculation_flags;
   spec::AddSpeculationOptions(app, &speculation_flags);
   copt->excludes(topt);

@@ -32,6 +32,8 @@ inline AsyncDeviceConfig WorkerAsyncDevice(uint64_t seed) {
   // for an early ReadersDone or Retire to meet it, as a GPU's queued reads can.
   c.reader_steps_min = 256;
   c.reader_steps_max = 1024;
+  // A wait that cannot end fails after 2 s (the worker's loop is blocked meanwhile: memd's silence clock is longer).
+  c.stuck_after = absl::Seconds(2);
   return c;
 }
 
