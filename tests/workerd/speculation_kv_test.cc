@@ -507,13 +507,14 @@ namespace {
 // one, hot or staged, is the original row; χ = 3 arenas are all free after every step's readers finished; at the end
 // every request is released, every host page is back and every arena free.
 TEST(StagingKv, ManyRequestsWithRandomAcceptanceLeaveEveryArenaAndPageFree) {
-  // The fused and reference resolvers on the synchronous device, then the fused one on the asynchronous device
-  // (issue 28: reads end steps after ReadersDone, so an arena reused before its readers ended is a read hazard, and
-  // a wait that cannot end fails within stuck_after naming what it waits for instead of hanging).
+  // The fused resolver on the asynchronous device first (issue 28: reads end steps after ReadersDone, so an arena
+  // reused before its readers ended is a read hazard, and a wait that can never end fails at once naming what it
+  // waits for, where the synchronous device would hang), then the fused and reference resolvers on the synchronous
+  // device.
   for (int pass = 0; pass < 3; ++pass) {
-    const ResolverKind kind = pass == 1 ? ResolverKind::kReference : ResolverKind::kFused;
+    const ResolverKind kind = pass == 2 ? ResolverKind::kReference : ResolverKind::kFused;
     AsyncDeviceConfig async;
-    async.enabled = pass == 2;
+    async.enabled = pass == 0;
     async.seed = 29;
     async.stuck_after = absl::Seconds(5);
     KvConfig c = SmallConfig();

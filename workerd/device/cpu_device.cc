@@ -45,6 +45,14 @@ class CpuDevice::AsyncLink {
     std::lock_guard<std::mutex> dl(device_->mu_);
     return device_->ForceLocked(state, 0);
   }
+  // Whether `state` waits (through its dependencies) for a reader the calling thread began and has not ended: a
+  // wait on this thread can never end.
+  bool WaitsForOwnOpenReader(const EventState* state) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (device_ == nullptr) return false;
+    std::lock_guard<std::mutex> dl(device_->mu_);
+    return device_->WaitsForOwnOpenReaderLocked(state, std::this_thread::get_id(), 0);
+  }
   std::string Describe(const EventState* state) {
     std::lock_guard<std::mutex> l(mu_);
     if (device_ == nullptr) return "the device was destroyed";
@@ -123,6 +131,12 @@ class CpuDevice::State final : public EventState {
       if (async_->Force(this)) {
         last_progress = absl::Now();
         continue;
+      }
+      if (async_->WaitsForOwnOpenReader(this)) {  // this thread would wait for itself: fail now, not after the bound
+        return absl::DeadlineExceededError(absl::StrCat(
+            "CpuDevice (asynchronous mode): a wait that can never end (it waits for a reader this thread began and "
+            "has not ended): ",
+            async_->Describe(this)));
       }
       std::unique_lock<std::mutex> l(mu_);
       if (done_) return status_;
@@ -402,6 +416,7 @@ ReaderId CpuDevice::BeginReaders(std::span<const DeviceRange> ranges) {
   const ReaderId id = readers_.Begin(ranges);
   if (async_.enabled) {
     reader_begun_[id] = step_ + 1;
+    reader_thread_[id] = std::this_thread::get_id();
     StepLocked();
   }
   return id;
@@ -525,6 +540,7 @@ bool CpuDevice::StepLocked() {
     }
     readers_.End(it->reader, &fences);
     reader_begun_.erase(it->reader);
+    reader_thread_.erase(it->reader);
     it = ending_.erase(it);
     moved = true;
   }
@@ -571,9 +587,29 @@ bool CpuDevice::EndNowLocked(ReaderId r) {
   std::vector<std::shared_ptr<State>> fences;
   readers_.End(r, &fences);
   reader_begun_.erase(r);
+  reader_thread_.erase(r);
   ending_.erase(e);
   for (auto& f : fences) f->Complete(absl::OkStatus());
   return true;
+}
+
+bool CpuDevice::WaitsForOwnOpenReaderLocked(const EventState* state, std::thread::id self, int depth) const {
+  if (depth > 256) return false;
+  InAsyncStep guard;
+  for (ReaderId r : readers_.FenceReaders(state)) {
+    const bool open = std::none_of(ending_.begin(), ending_.end(), [&](const Ending& e) { return e.reader == r; });
+    auto t = reader_thread_.find(r);
+    if (open && t != reader_thread_.end() && t->second == self) return true;
+  }
+  for (const Job& j : queue_) {
+    if (static_cast<const EventState*>(j.state.get()) != state) continue;
+    for (const CopyEvent& e : j.after) {
+      if (e.state() != nullptr && !e.state()->Done() && WaitsForOwnOpenReaderLocked(e.state(), self, depth + 1)) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 bool CpuDevice::ForceLocked(const EventState* state, int depth) {

@@ -27,7 +27,8 @@
 // are recorded (a Freed range is filled with kPoisonByte in any case) (or abort the process, fatal_hazards): on a GPU that
 // reader would return foreign bytes. A Wait that cannot progress for stuck_after (its event waits for readers their
 // owner has not ended, a held copy, or another device's event) returns DEADLINE_EXCEEDED naming what it waits for,
-// instead of hanging. The link model is not applied in this mode.
+// instead of hanging; at once when it waits for a reader the waiting thread began and has not ended (a wait that can
+// never end). The link model is not applied in this mode.
 //
 // Test seam: a CopyHook decides, when a batch is issued, whether it runs, is held (until ReleaseHeld) or fails (its
 // event reports the failure; no byte is written).
@@ -140,6 +141,7 @@ class CpuDevice final : public Device {
   bool Step();  // takes mu_
   bool ForceLocked(const EventState* state, int depth);  // AsyncLink::Force
   bool EndNowLocked(ReaderId r);  // ends reader r at once if its owner ended it
+  bool WaitsForOwnOpenReaderLocked(const EventState* state, std::thread::id self, int depth) const;
   uint32_t Draw(uint32_t lo, uint32_t hi);  // uniform in [lo, hi], from the seeded generator
   void ExecuteAsync(Job& job);
   void CheckWrite(const Job& job);  // read hazards of the batch's destination ranges
@@ -172,6 +174,7 @@ class CpuDevice final : public Device {
   };
   std::vector<Ending> ending_;                   // readers ended by their owner, still reading
   std::map<ReaderId, uint64_t> reader_begun_;    // reader -> step of its BeginReaders (async mode)
+  std::map<ReaderId, std::thread::id> reader_thread_;  // reader -> the thread that began it (async mode)
   std::map<uint64_t, uint64_t> job_due_;          // copy id -> step at which it executes (once runnable)
   uint64_t rng_state_ = 0;
   uint64_t hazard_count_ = 0;
