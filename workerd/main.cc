@@ -19,6 +19,7 @@
 #ifdef DHS_HAVE_CUDA
 #include "workerd/device/cuda_device.h"
 #endif
+#include "workerd/device/async_device_cli.h"
 #include "workerd/device/link_model_cli.h"
 #include "workerd/spec/speculation_cli.h"
 #include "workerd/model/weights.h"
@@ -49,6 +50,7 @@ struct CommandLine {
   int64_t resumed_output_age_ms = 600000;  // --resumed-output-age-ms (config.resumed_outputs.max_age)
   std::string device_name = "auto";
   dhs::LinkModelFlags link_flags;
+  uint64_t async_device_seed = 0;  // --async-device SEED (issue 28): the CPU backend's asynchronous test mode
   dhs::spec::SpeculationFlags speculation;
   std::string fault_kill_at;  // test-only: --fault-kill-at KIND:N (common/fault_point.h)
   bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
@@ -139,6 +141,7 @@ void AddOptions(CLI::App& app, CommandLine& c) {
                "device choice and the geometry against the model (a --weights file is loaded); needs no memd and no "
                "run directory, starts nothing (exit 0 ok, 2 a bad option, 1 a weights file that cannot be loaded)");
   dhs::AddLinkModelOptions(app, &c.link_flags);
+  dhs::AddAsyncDeviceOption(app, &c.async_device_seed);
   dhs::spec::AddSpeculationOptions(app, &c.speculation);
   // Test-only, hidden from --help (empty group): fault-injection tests (dhs-replay --kill-worker-at) force a kill
   // at a chosen point of the serving loop.
@@ -181,11 +184,20 @@ absl::StatusOr<bool> ChooseCpuBackend(const std::string& device_name, const dhs:
   return false;
 }
 
-// Errors: ChooseCpuBackend's, the CUDA device's (CudaDevice::Create).
-absl::StatusOr<Backend> MakeBackend(const std::string& device_name, const dhs::LinkModelConfig& link, dhs::GpuId gpu) {
+// Errors: ChooseCpuBackend's, the CUDA device's (CudaDevice::Create); INVALID_ARGUMENT for --async-device off the CPU
+// backend or with the link model.
+absl::StatusOr<Backend> MakeBackend(const std::string& device_name, const dhs::LinkModelConfig& link, dhs::GpuId gpu,
+                                    uint64_t async_device_seed) {
   absl::StatusOr<bool> cpu = ChooseCpuBackend(device_name, link, gpu);
   if (!cpu.ok()) return cpu.status();
   Backend b;
+  if (async_device_seed != 0) {  // issue 28: a test mode of the CPU backend, never of a GPU
+    if (!*cpu) return absl::InvalidArgumentError("--async-device is a mode of the CPU backend; use --device cpu with it");
+    if (link.enabled) return absl::InvalidArgumentError("--async-device and --link-model exclude each other");
+    b.device = std::make_unique<dhs::CpuDevice>(dhs::WorkerAsyncDevice(async_device_seed));
+    spdlog::warn("workerd: TEST MODE: asynchronous CPU device, seed {} (read hazards abort)", async_device_seed);
+    return b;
+  }
   if (*cpu) {
     b.device = std::make_unique<dhs::CpuDevice>(link);
     if (link.enabled) {
@@ -368,7 +380,7 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  absl::StatusOr<Backend> backend = MakeBackend(cl.device_name, link, cl.config.gpu);
+  absl::StatusOr<Backend> backend = MakeBackend(cl.device_name, link, cl.config.gpu, cl.async_device_seed);
   if (!backend.ok()) {
     spdlog::error("workerd: --device {}: {}", cl.device_name, backend.status().ToString());
     return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

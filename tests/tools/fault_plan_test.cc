@@ -211,5 +211,28 @@ TEST(HostLedger, ARequestThatEndsDuringTheCheckIsForgottenNotLost) {
   EXPECT_EQ(old.CheckAfterFault({101}, {}).size(), 2u);
 }
 
+// Issue 28: pages below the tail window that hold neither a confirmed host copy nor a GPU page, in two samples of a
+// node in a row, are unconfirmed (the largest such count per client), and never lost.
+TEST(HostLedger, PagesNeverConfirmedAreCountedApartFromLostOnes) {
+  HostLedger l;
+  l.ObserveCoverage({1, 1, 5, 5, 0});  // all 5 due pages confirmed
+  l.ObserveCoverage({1, 1, 8, 5, 1});  // 2 uncovered: one sample only, a confirmation may be in flight
+  EXPECT_EQ(l.pages_unconfirmed(), 0u);
+  l.ObserveCoverage({1, 1, 9, 5, 1});  // 3 uncovered now, 2 in both samples
+  EXPECT_EQ(l.pages_unconfirmed(), 2u);
+  l.ObserveCoverage({1, 1, 9, 9, 0});  // confirmed late: the worst stays
+  EXPECT_EQ(l.pages_unconfirmed(), 2u);
+  l.ObserveCoverage({2, 1, 9, 0, 0});  // the resumed request of client 1 (node 2) recomputes: not checked
+  l.ObserveCoverage({2, 1, 10, 0, 0});
+  EXPECT_EQ(l.pages_unconfirmed(), 2u);
+  l.ObserveCoverage({3, 7, 4, 0, 3});
+  l.ObserveCoverage({3, 7, 4, 0, 3});   // client 7: 1 page
+  EXPECT_EQ(l.pages_unconfirmed(), 3u);
+  EXPECT_EQ(l.pages_lost(), 0u);
+  l.Forget(3);
+  l.ObserveCoverage({3, 7, 9, 0, 0});  // a forgotten node starts over (one sample: nothing more counted)
+  EXPECT_EQ(l.pages_unconfirmed(), 3u);
+}
+
 }  // namespace
 }  // namespace dhs::replay

@@ -46,7 +46,7 @@ def check_clean(failures: list, name: str, rc: int, report: dict, err: str) -> N
         failures.append(f"{name}: dhs-replay exited {rc}:\n{err[-3000:]}")
         return
     for key, want in {"requests_served": 50, "requests_failed": 0, "exact_match": True, "host_rows_lost": 0,
-                      "complete": True}.items():
+                      "host_pages_unconfirmed": 0, "complete": True}.items():
         expect(failures, name, report, key, want)
     if report.get("host_pages_checked", 0) < 1:
         failures.append(f"{name}: no host page was checked: host_rows_lost == 0 proves nothing")

@@ -47,8 +47,10 @@ inline ::testing::AssertionResult IndexInStep(const RequestKv& kv) {
 }
 
 struct Harness {
-  explicit Harness(const KvConfig& c, uint32_t host_pages, ResolverKind kind = ResolverKind::kFused)
-      : layout(*KvLayout::Create(c)), host(host_pages * layout.host_page_bytes()) {
+  // `async`: the CPU device's mode (issue 28; disabled by default: the synchronous device).
+  explicit Harness(const KvConfig& c, uint32_t host_pages, ResolverKind kind = ResolverKind::kFused,
+                   const AsyncDeviceConfig& async = {})
+      : device(async), layout(*KvLayout::Create(c)), host(host_pages * layout.host_page_bytes()) {
     for (PageIndex p = 0; p < host_pages; ++p) free_pages.insert(p);
     HostPoolAccess h{host, [this]() -> std::optional<PageIndex> {
                        if (free_pages.empty()) return std::nullopt;

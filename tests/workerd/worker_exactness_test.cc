@@ -2,7 +2,10 @@
 // (prompts below / at / above k, page-aligned and not, a prepared prefix, a sampled request) served by a Worker in
 // resident, hisparse and adaptive modes, under a memory budget that forces reclaims and repopulations driven by a
 // fake memd in seeded random order, give tokens and logits digests bit-identical to the oracle (the model alone).
+#include <array>
 #include <cstdio>
+#include <functional>
+#include <memory>
 
 #include "gtest/gtest.h"
 #include "tests/workerd/worker_test_util.h"
@@ -42,10 +45,14 @@ struct RunResult {
   int reclaims = 0;
   int populated = 0;
   int deferred = 0;  // reclaimed pages answered deferred (only planned to be kept, contract §4)
+  int failed_copies = 0, reclaims_aborted = 0, reclaims_over_populates = 0, populates_overlapping = 0;
   WorkerStats stats;
 };
 
-void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budget_pages, RunResult& res) {
+// `async_seed` != 0: the CPU device's asynchronous mode (issue 28) seeded with it; every read hazard fails the test.
+// `setup` (optional) runs once the worker exists: the fake memd's knobs, the device's copy hook.
+void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budget_pages, RunResult& res,
+           uint64_t async_seed = 0, const std::function<void(FakeMemd&, CpuDevice&, Worker&)>& setup = {}) {
   WorkerConfig c;
   c.mode = mode;
   c.page_rows = 16;
@@ -55,11 +62,15 @@ void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budge
   auto g = ComputeGeometry(m.config(), c);
   ASSERT_TRUE(g.ok()) << g.status();
   c.hbm_budget_bytes = mode == WorkerMode::kResident ? uint64_t{64} << 20 : budget_pages * g->page_bytes;
-  CpuDevice device;
+  AsyncDeviceConfig async;
+  async.enabled = async_seed != 0;
+  async.seed = async_seed;
+  CpuDevice device(async);
   FakeMemd memd(mode == WorkerMode::kResident ? 4096 : budget_pages, g->host_page_bytes, c.page_rows, 512, seed,
                 /*chaos=*/mode != WorkerMode::kResident, c.slots);
   auto w = Worker::Create(&m, &device, c, memd.host, &memd, &res.sink);
   ASSERT_TRUE(w.ok()) << w.status();
+  if (setup) setup(memd, device, **w);
   std::vector<Spec> specs = Requests(m.config().top_k);
   for (int it = 0; it < 20000; ++it) {
     for (const Spec& s : specs) {
@@ -78,6 +89,7 @@ void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budge
     memd.Pump(**w);
     auto more = (*w)->Iterate();
     ASSERT_TRUE(more.ok()) << more.status();
+    ASSERT_TRUE(device.ReadHazards().ok()) << device.ReadHazards() << " (iteration " << it << ")";
     for (const Spec& s : specs) ExpectSafe(**w, s.id);
     if (res.sink.finished.size() == specs.size()) break;
   }
@@ -85,6 +97,11 @@ void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budge
   res.reclaims = memd.reclaims_done;
   res.populated = memd.pages_populated;
   res.deferred = memd.deferred_pages;
+  res.failed_copies = memd.failed_copy_reports;
+  res.reclaims_aborted = memd.reclaims_aborted;
+  res.reclaims_over_populates = memd.reclaims_over_populates;
+  res.populates_overlapping = memd.populates_overlapping;
+  device.SetCopyHook(nullptr);
   // Only adaptive mode asks for optional history; memd (this fake too) then never populates hisparse requests.
   EXPECT_EQ(memd.admits_with_optional_history, mode == WorkerMode::kAdaptive ? static_cast<int>(specs.size()) : 0);
   res.stats = (*w)->stats();
@@ -111,13 +128,15 @@ TEST_P(Exactness, AllModesMatchTheOracleUnderRandomReclaimAndPopulate) {
   uint64_t kept = 0, host_rows = 0;
   int deferred = 0;
   for (WorkerMode mode : {WorkerMode::kResident, WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
-    for (uint64_t seed : {1ull, 2ull, 3ull}) {
-      if (mode != WorkerMode::kAdaptive && seed > 1) continue;  // only adaptive gets random memd orders
+    // Seeds 1..3: random memd orders (adaptive only); seed 4: seed 1's orders on the asynchronous device (issue 28).
+    for (uint64_t seed : {1ull, 2ull, 3ull, 4ull}) {
+      if (mode != WorkerMode::kAdaptive && seed > 1 && seed < 4) continue;  // only adaptive gets random memd orders
+      const uint64_t async_seed = seed == 4 ? 11 : 0;
       SCOPED_TRACE(std::string(WorkerModeName(mode)) + " seed " + std::to_string(seed));
-      std::printf("preset %s mode %s order seed %llu\n", GetParam().c_str(), std::string(WorkerModeName(mode)).c_str(),
-                  static_cast<unsigned long long>(seed));
+      std::printf("preset %s mode %s order seed %llu%s\n", GetParam().c_str(), std::string(WorkerModeName(mode)).c_str(),
+                  static_cast<unsigned long long>(seed == 4 ? 1 : seed), async_seed ? " (asynchronous device)" : "");
       RunResult res;
-      Serve(*m, mode, seed, /*budget_pages=*/10, res);
+      Serve(*m, mode, seed == 4 ? 1 : seed, /*budget_pages=*/10, res, async_seed);
       if (HasFatalFailure()) return;
       EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
       for (const Spec& s : specs) {
@@ -151,6 +170,66 @@ TEST_P(Exactness, AllModesMatchTheOracleUnderRandomReclaimAndPopulate) {
   EXPECT_GT(deferred, 0);  // reclaims of pages still being written were answered at once, and outputs still matched
   EXPECT_GT(host_rows, 0u);
   EXPECT_GT(prefix_imported, 0u);  // the row cache served some block, and its outputs matched the oracle above
+}
+
+// Issue 28: adaptive mode on the asynchronous device against a fake memd that does more of what memd does:
+// admissions wait up to 6 Pumps, several orders in flight per request (populates beside populates, reclaims over
+// populates, taking their pages), and failed copies (every 3rd populate copy and every 3rd reclaim backup fail, by
+// the device's copy hook, and memd answers them as memd does). Outputs still match the oracle, bit for bit.
+TEST(ExactnessWithARicherMemd, AdaptiveOnTheAsynchronousDeviceMatchesTheOracle) {
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<Spec> specs = Requests(m->config().top_k);
+  int failed = 0, aborted = 0, over = 0, overlapping = 0, reclaims = 0, populated = 0;
+  for (uint64_t seed : {5ull, 6ull}) {
+    SCOPED_TRACE("order seed " + std::to_string(seed));
+    RunResult res;
+    Serve(*m, WorkerMode::kAdaptive, seed, /*budget_pages=*/10, res, /*async_seed=*/seed + 100,
+          [](FakeMemd& memd, CpuDevice& device, Worker& w) {
+            memd.admission_wait_max = 6;
+            memd.overlapping_orders = true;
+            memd.accept_failed_copies = true;
+            // Copies into / out of the optional-history pages: populates (host->device) and reclaim backups
+            // (device->host); every 3rd of each kind fails.
+            const Location optional_base = w.hierarchical()->layout().PageRow(0, 0, 0);
+            auto counts = std::make_shared<std::array<uint64_t, 3>>();
+            device.SetCopyHook([optional_base, counts](const CopyInfo& i) {
+              if (i.kind == CopyKind::kDeviceToDevice || i.device.empty()) return CopyFate::kRun;
+              if (i.device.front().offset < optional_base) return CopyFate::kRun;
+              return ++(*counts)[static_cast<int>(i.kind)] % 3 == 0 ? CopyFate::kFail : CopyFate::kRun;
+            });
+          });
+    if (HasFatalFailure()) return;
+    EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
+    for (const Spec& s : specs) {
+      const std::vector<model::Token> input = SubmitInputTokens([&] {
+        wire::SubmitRequestT sub;
+        sub.prompt = s.prompt;
+        sub.hash_ids = s.hash_ids;
+        sub.input_tokens = s.input_tokens;
+        sub.prefix_block_tokens = s.prefix_block_tokens;
+        return sub;
+      }());
+      const Generated want = Oracle(*m, input, s.max_new, s.temperature, 1.0f, s.seed, s.id);
+      EXPECT_EQ(res.sink.out[s.id].tokens, want.tokens) << "request " << s.id;
+      EXPECT_EQ(res.sink.out[s.id].digests, want.digests) << "request " << s.id;
+    }
+    std::printf("seed %llu: reclaims %d (aborted by a failed backup %d, over a populate %d), pages populated %d, "
+                "populates beside another %d, failed copies reported %d\n",
+                static_cast<unsigned long long>(seed), res.reclaims, res.reclaims_aborted, res.reclaims_over_populates,
+                res.populated, res.populates_overlapping, res.failed_copies);
+    failed += res.failed_copies;
+    aborted += res.reclaims_aborted;
+    over += res.reclaims_over_populates;
+    overlapping += res.populates_overlapping;
+    reclaims += res.reclaims;
+    populated += res.populated;
+  }
+  // The schedule really did what the knobs promise.
+  EXPECT_GT(reclaims, 0);
+  EXPECT_GT(populated, 0);
+  EXPECT_GT(failed, 0);
+  EXPECT_GT(aborted, 0);
+  EXPECT_GT(over + overlapping, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Exactness, ::testing::Values("dsv4flash-like", "glm5-like"));

@@ -115,6 +115,11 @@ class RecordingSink final : public ClientSink {
 // A fake memd: host pool in plain memory, GPU page accounting of M pages, admission (resident-first optional history)
 // into one of `slots` request slots (memd owns the slot: a request waits for a free one, granted in admission order),
 // and, with chaos, reclaim and population orders drawn from a seeded generator.
+// Issue 28, what the real memd also does (each off by default): admissions that wait some Pumps before their grant
+// (admission_wait_max), several orders in flight for one request (overlapping_orders: populates beside populates, a
+// reclaim while populates are in flight, taking their pages too), and failed copies answered as memd answers them
+// (accept_failed_copies: a failed backup aborts its reclaim and the victim keeps its pages, a failed populate frees
+// its GPU page, a failed host copy stays unconfirmed).
 class FakeMemd final : public MemdLink {
  public:
   FakeMemd(uint32_t capacity_pages, uint64_t host_page_bytes, uint32_t page_rows, uint32_t host_pages, uint64_t seed,
@@ -137,14 +142,19 @@ class FakeMemd final : public MemdLink {
     r.optional_history = m.optional_history;
     if (m.optional_history) ++admits_with_optional_history;
     if (m.resume_of != 0) TakeOver(m, r);
-    waiting_.push_back(Admission{m.request, m.history_rows, m.complete_pages});
+    const uint64_t wait = admission_wait_max == 0 ? 0 : rng_() % (admission_wait_max + 1);
+    waiting_.push_back(Admission{m.request, m.history_rows, m.complete_pages, pumps_ + wait});
     GrantWaiting();
     return absl::OkStatus();
   }
   absl::Status SendHostCopyWritten(const wire::HostCopyWrittenT& m) override {
-    EXPECT_TRUE(m.ok) << m.message;
     EXPECT_EQ(m.history_pages.size(), m.host_pages.size());
     ++host_copy_messages;
+    if (!m.ok) {  // memd: the pages stay unconfirmed (covered by the worker's tail)
+      EXPECT_TRUE(accept_failed_copies) << m.message;
+      ++failed_copy_reports;
+      return absl::OkStatus();
+    }
     Req& r = reqs_[m.request];
     for (size_t i = 0; i < m.history_pages.size(); ++i) {
       const uint32_t j = m.history_pages[i];
@@ -158,9 +168,10 @@ class FakeMemd final : public MemdLink {
     }
     return absl::OkStatus();
   }
-  // Grants waiting admissions in order while a slot is free.
+  // Grants waiting admissions in order while a slot is free (and, with admission_wait_max, the first one's wait is
+  // over: later ones wait behind it, as in memd's queue).
   void GrantWaiting() {
-    while (!waiting_.empty() && !free_slots_.empty()) {
+    while (!waiting_.empty() && !free_slots_.empty() && waiting_.front().ready_at_pump <= pumps_) {
       const Admission m = waiting_.front();
       waiting_.pop_front();
       Grant(m, *free_slots_.begin());
@@ -171,6 +182,7 @@ class FakeMemd final : public MemdLink {
     RequestId request;
     uint64_t history_rows;
     uint32_t complete_pages;
+    uint64_t ready_at_pump = 0;  // admission_wait_max: not granted before this Pump
   };
   void Grant(const Admission& m, SlotIndex slot) {
     Req& r = reqs_[m.request];
@@ -205,9 +217,16 @@ class FakeMemd final : public MemdLink {
     inbox_.push_back(std::move(grant));
   }
   absl::Status SendBackupComplete(const wire::BackupCompleteT& m) override {
-    EXPECT_TRUE(m.ok) << m.message;
     ++backup_messages;
     Req& r = reqs_[m.request];
+    if (!m.ok) {  // memd aborts the reclaim: the victim keeps its pages as they were, no ReadersDone follows
+      EXPECT_TRUE(accept_failed_copies) << m.message;
+      ++failed_copy_reports;
+      ++reclaims_aborted;
+      reclaims_.erase(m.order);
+      r.reclaiming = false;
+      return absl::OkStatus();
+    }
     if (m.order == 0) {
       ADD_FAILURE() << "BackupComplete with order 0 (protocol version 3: HostCopyWritten)";
     } else {
@@ -247,10 +266,10 @@ class FakeMemd final : public MemdLink {
     retire->request = m.request;
     retire->pages = m.pages;
     for (uint32_t dp : m.pages) {
-      std::erase_if(r.optional, [&](const auto& e) { return e.second == dp; });
-      free_gpu_.insert(dp);
+      // A page whose populate failed was freed by its ReadyPublish already (and may be in use again).
+      if (std::erase_if(r.optional, [&](const auto& e) { return e.second == dp; }) > 0) free_gpu_.insert(dp);
     }
-    r.busy = false;
+    r.reclaiming = false;
     reclaims_.erase(it);
     inbox_.push_back(std::move(retire));
     ++reclaims_done;
@@ -259,11 +278,14 @@ class FakeMemd final : public MemdLink {
   absl::Status SendReadyPublish(const wire::ReadyPublishT& m) override {
     auto found = reqs_.find(m.request);
     if (found == reqs_.end()) return absl::OkStatus();  // an order that crossed the request's Complete
-    EXPECT_TRUE(m.ok) << "populate of request " << m.request << " failed: code " << static_cast<int>(m.error);
+    EXPECT_TRUE(m.ok || accept_failed_copies)
+        << "populate of request " << m.request << " failed: code " << static_cast<int>(m.error);
+    if (!m.ok) ++failed_copy_reports;
     Req& r = found->second;
-    r.busy = false;
+    if (r.populates > 0) --r.populates;
     for (size_t i = 0; i < m.pages.size(); ++i) {
       r.populating.erase(m.pages[i]);
+      r.populating_history.erase(m.pages[i]);
       if (m.ok) {
         r.optional[m.history_pages[i]] = m.pages[i];
         ++pages_populated;
@@ -351,6 +373,8 @@ class FakeMemd final : public MemdLink {
 
   // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
   void Pump(Worker& w) {
+    ++pumps_;
+    GrantWaiting();
     while (!inbox_.empty()) {
       auto msg = std::move(inbox_.front());
       inbox_.pop_front();
@@ -360,7 +384,7 @@ class FakeMemd final : public MemdLink {
     const uint64_t dice = rng_() % 8;
     std::vector<RequestId> ids;
     for (const auto& [id, r] : reqs_) {
-      if (!r.busy) ids.push_back(id);
+      if (!r.reclaiming && (overlapping_orders || r.populates == 0)) ids.push_back(id);
     }
     if (ids.empty()) return;
     const RequestId id = ids[rng_() % ids.size()];
@@ -378,16 +402,26 @@ class FakeMemd final : public MemdLink {
           rc.needed_backup = true;
         }
       }
+      // overlapping_orders: pages whose populate is in flight are reclaimed too (memd reclaims whole requests); they
+      // hold a host copy (populated from it), so they need no backup.
+      for (const auto& [dp, j] : r.populating_history) o->pages.push_back(dp);
       reclaims_[o->order] = rc;
-      r.busy = true;
+      r.reclaiming = true;
+      ++reclaims_ordered;
+      if (r.populates > 0) ++reclaims_over_populates;
       inbox_.push_back(std::move(o));
     } else if (dice < 4 && !free_gpu_.empty() && r.optional_history) {  // repopulate up to 2 host-copied pages
       auto o = std::make_unique<wire::PopulateOrderT>();
       for (uint32_t j : r.host_copy) {
         if (r.optional.contains(j) || free_gpu_.empty() || o->pages.size() == 2) continue;
+        if (std::any_of(r.populating_history.begin(), r.populating_history.end(),
+                        [&](const auto& e) { return e.second == j; })) {
+          continue;  // its populate is in flight already (overlapping_orders)
+        }
         const uint32_t dp = *free_gpu_.begin();
         free_gpu_.erase(free_gpu_.begin());
         r.populating.insert(dp);
+        r.populating_history[dp] = j;
         o->pages.push_back(dp);
         o->history_pages.push_back(j);
         o->host_pages.emplace_back(0, r.host[j]);
@@ -395,12 +429,22 @@ class FakeMemd final : public MemdLink {
       if (o->pages.empty()) return;
       o->order = next_order_++;
       o->request = id;
-      r.busy = true;
+      if (r.populates > 0) ++populates_overlapping;
+      ++r.populates;
       inbox_.push_back(std::move(o));
     }
   }
 
   std::vector<uint8_t> host;
+  // Issue 28 knobs (see the class comment); set before the first message.
+  uint32_t admission_wait_max = 0;
+  bool overlapping_orders = false;
+  bool accept_failed_copies = false;
+  int failed_copy_reports = 0;      // BackupComplete / HostCopyWritten / ReadyPublish with ok = false
+  int reclaims_aborted = 0;         // by a failed backup
+  int reclaims_ordered = 0;
+  int reclaims_over_populates = 0;  // reclaims ordered while a populate of the request was in flight
+  int populates_overlapping = 0;    // populates ordered while another of the request was in flight
   int reclaims_done = 0;
   int pages_populated = 0;
   int backup_messages = 0;
@@ -427,7 +471,9 @@ class FakeMemd final : public MemdLink {
     std::set<uint32_t> populating;          // GPU pages of a populate order in flight (freed by Complete)
     std::set<uint32_t> host_copy;           // history pages with a reported host copy
     bool optional_history = true;           // AdmitRequest.optional_history: false = never populated (hisparse)
-    bool busy = false;                      // an order is in flight
+    bool reclaiming = false;                // a reclaim order is in flight
+    int populates = 0;                      // populate orders in flight
+    std::map<uint32_t, uint32_t> populating_history;  // GPU page of a populate in flight -> its history page
     std::optional<SlotIndex> slot;          // granted into it
   };
   struct Reclaim {
@@ -441,6 +487,7 @@ class FakeMemd final : public MemdLink {
     for (const auto& [j, d] : r.optional) {
       if (d == dp) return j;
     }
+    if (auto it = r.populating_history.find(dp); it != r.populating_history.end()) return it->second;
     ADD_FAILURE() << "fake memd: unknown GPU page " << dp;
     return 0;
   }
@@ -475,6 +522,7 @@ class FakeMemd final : public MemdLink {
   std::map<uint64_t, Reclaim> reclaims_;
   std::deque<Msg> inbox_;
   uint64_t next_order_ = 1;
+  uint64_t pumps_ = 0;
 };
 
 // Worker-side safety (brief §4): every row of `request` that left the tail is ready on GPU or has a host copy.

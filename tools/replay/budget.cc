@@ -23,6 +23,7 @@ absl::StatusOr<WorkerGeometry> ReplayGeometry(const ReplayOptions& options, uint
   WorkerConfig config;
   config.hbm_budget_bytes = hbm_budget;
   config.slots = static_cast<uint32_t>(options.slots);
+  config.hot_rows = options.hot_rows;
   config.speculation = options.speculation;  // a block the worker's KV cannot serve is refused here, at start
   return ComputeGeometry(*model, config);
 }

@@ -120,6 +120,7 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
         r.output.insert(r.output.end(), ev.tokens.begin(), ev.tokens.end());
         r.logits_digests.insert(r.logits_digests.end(), ev.logits_digests.begin(), ev.logits_digests.end());
         progress.output_tokens += static_cast<int64_t>(ev.tokens.size());
+        if (options_.on_rows) options_.on_rows(ev.request, trace.requests[it->second].input_tokens + r.tokens - 1);
       }
       r.allocation_wait_ms = std::max(r.allocation_wait_ms, ev.allocation_wait_ms);
       if (!ev.error.empty() || ev.finished) {

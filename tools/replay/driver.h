@@ -83,6 +83,10 @@ struct DriverOptions {
   double progress_interval_ms = 1000; // at most one progress call per interval
   std::function<void(const Progress&)> on_progress = PrintProgressToStderr;  // null: no progress
   std::string idle_hint;  // appended to the idle-timeout error: where to look (the worker's log)
+  // Issue 28 (the host ledger's unconfirmed pages): after each event with tokens, the rows of KV the node has
+  // computed for `request` by the tokens it sent: prompt + output tokens - 1 (the last token's row comes with the
+  // next step). Null: not called. Runs on the driver's thread.
+  std::function<void(RequestId request, int64_t rows)> on_rows;
 };
 
 class ReplayDriver {

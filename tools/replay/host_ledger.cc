@@ -1,6 +1,8 @@
 // tools/replay/host_ledger.cc: see host_ledger.h.
 #include "tools/replay/host_ledger.h"
 
+#include <algorithm>
+
 namespace dhs::replay {
 
 bool HostLedger::Lose(std::pair<RequestId, uint32_t> key, bool vanished) {
@@ -50,7 +52,29 @@ std::vector<std::pair<RequestId, uint32_t>> HostLedger::CheckAfterFault(const st
   return lost;
 }
 
-void HostLedger::Forget(RequestId node) { held_.erase(node); }
+void HostLedger::Forget(RequestId node) {
+  held_.erase(node);
+  uncovered_last_.erase(node);
+}
+
+void HostLedger::ObserveCoverage(const CoverageSeen& seen) {
+  // Only a client's first incarnation is checked: the client's rows also count what a resumed one still recomputes,
+  // and an interrupted one keeps none of its tail pages.
+  if (first_node_.try_emplace(seen.client, seen.node).first->second != seen.node) return;
+  const uint32_t covered = seen.confirmed_due + seen.on_gpu;
+  const uint32_t uncovered = seen.due_pages > covered ? seen.due_pages - covered : 0;
+  auto [last, fresh] = uncovered_last_.try_emplace(seen.node, uncovered);
+  const uint32_t twice = fresh ? 0 : std::min(last->second, uncovered);
+  last->second = uncovered;
+  uint32_t& worst = unconfirmed_[seen.client];
+  worst = std::max(worst, twice);
+}
+
+uint64_t HostLedger::pages_unconfirmed() const {
+  uint64_t n = 0;
+  for (const auto& [client, pages] : unconfirmed_) n += pages;
+  return n;
+}
 
 std::set<RequestId> HostLedger::nodes() const {
   std::set<RequestId> out;

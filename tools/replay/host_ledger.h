@@ -18,6 +18,11 @@
 //   pages with it). An unread node still listed is not checked this time (`pages_unchecked`), never counted lost.
 // - Forget: the node ended; the pages it held are no longer expected.
 // Each (client, page) is counted lost at most once.
+// - ObserveCoverage (issue 28): by the steps taken (rows the client saw computed) and the grant, the history pages
+//   below the worker's tail window must hold a confirmed host copy or be on GPU (memd's a_r). Pages that hold neither
+//   in two samples of a node in a row are unconfirmed: a worker that never confirms its host copies. They are counted
+//   apart from lost pages (no byte was seen to change), at most the largest count seen per client. Only a client's
+//   first node is checked (a resumed request recomputes pages the client's rows already count).
 //
 // Thread-safety: none.
 #pragma once
@@ -39,8 +44,22 @@ struct HostCopySeen {
   uint64_t digest = 0;   // of the host page's bytes
 };
 
+// One sample of a request's coverage (ObserveCoverage).
+struct CoverageSeen {
+  RequestId node = 0;
+  RequestId client = 0;
+  uint32_t due_pages = 0;     // history pages 0 .. due_pages-1 should be covered by now: complete pages (rows
+                              // computed / p) less the worker's tail window (ceil(T / p) + 1, a backup in flight)
+  uint32_t confirmed_due = 0; // of those, pages memd lists with a confirmed host copy
+  uint32_t on_gpu = 0;        // a_r: memd's optional pages of the request (on GPU, no host copy needed yet)
+};
+
 class HostLedger {
  public:
+  void ObserveCoverage(const CoverageSeen& seen);
+  // Pages that should have held a confirmed host copy and did not (ObserveCoverage), summed over clients.
+  uint64_t pages_unconfirmed() const;
+
   void Observe(const HostCopySeen& seen);
   // Returns the (client, page) keys this check counted lost (each once over the ledger's life).
   std::vector<std::pair<RequestId, uint32_t>> CheckAfterFault(const std::set<RequestId>& nodes,
@@ -62,6 +81,9 @@ class HostLedger {
   std::map<std::pair<RequestId, uint32_t>, uint64_t> digests_;  // (client, page) -> digest
   std::map<RequestId, std::pair<RequestId, std::set<uint32_t>>> held_;  // node -> (client, pages)
   std::set<std::pair<RequestId, uint32_t>> lost_;
+  std::map<RequestId, uint32_t> uncovered_last_;     // node -> pages uncovered at its latest sample
+  std::map<RequestId, uint32_t> unconfirmed_;        // client -> most pages uncovered in two samples in a row
+  std::map<RequestId, RequestId> first_node_;         // client -> its first node (the only one checked)
   uint64_t checked_ = 0, changed_ = 0, vanished_ = 0, unchecked_ = 0;
 };
 

@@ -12,6 +12,9 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -23,6 +26,7 @@
 #include "tools/replay/driver.h"
 #include "tools/replay/node_launcher.h"
 #include "tools/replay/options.h"
+#include "workerd/device/async_device_cli.h"
 #include "workerd/spec/speculation_cli.h"
 #include "tools/replay/report.h"
 #include "tools/replay/supervised_node.h"
@@ -113,6 +117,7 @@ struct RunOutcome {
   std::string prefill;
   std::optional<uint64_t> hbm_budget_bytes;  // the budget of the node this tool started (nullopt with --connect)
   FaultFigures faults;  // what fault injection did (the run with faults only)
+  std::string crash;    // the supervised node's latest worker crash (issue 28), when faults.worker_crashes > 0
 };
 
 // Fault injection of a run (the run under test; never the resident reference).
@@ -126,7 +131,8 @@ struct FaultSetup {
 absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& options, const Trace& trace,
                                                       std::string_view mode, uint64_t budget,
                                                       const std::optional<FaultSetup>& faults,
-                                                      const std::string& log_tag) {
+                                                      const std::string& log_tag,
+                                                      std::function<int64_t(RequestId)> rows_computed) {
   auto geometry = ReplayGeometry(options, budget);
   if (!geometry.ok()) return geometry.status();
   NodeLaunchOptions launch;
@@ -146,6 +152,14 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
     launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
   }
+  if (options.hot_rows != 0) {
+    launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--hot-rows", std::to_string(options.hot_rows)});
+  }
+  if (options.async_device_seed != 0) {  // issue 28: the CPU device's asynchronous test mode (both runs)
+    const std::vector<std::string> async = AsyncDeviceArgs(options.async_device_seed);
+    launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), async.begin(), async.end());
+    launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
+  }
   const std::vector<std::string> speculation = spec::SpeculationArgs(options.speculation);  // empty when off
   launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), speculation.begin(), speculation.end());
   if (!faults && options.reattach_timeout_ms == 0) return EmbeddedNode::Start(launch);
@@ -156,6 +170,8 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
     supervised.corrupt_one_host_page = faults->corrupt_one_host_page;
   }
   supervised.page_rows = geometry->kv.page_rows;
+  supervised.tail_rows = geometry->kv.tail_rows;
+  supervised.rows_computed = std::move(rows_computed);
   return SupervisedNode::Start(supervised);
 }
 
@@ -175,6 +191,8 @@ FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) 
   f.requests_resubmitted = client.resubmits();
   f.host_rows_lost = static_cast<int64_t>(node.host_rows_lost);
   f.host_pages_checked = static_cast<int64_t>(node.host_pages_checked);
+  f.host_pages_unconfirmed = static_cast<int64_t>(node.host_pages_unconfirmed);
+  f.worker_crashes = static_cast<int64_t>(node.worker_crashes);
   std::vector<std::chrono::steady_clock::time_point> down = node.worker_down_at;
   std::sort(down.begin(), down.end());
   std::optional<std::chrono::steady_clock::time_point> previous;
@@ -203,6 +221,16 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   DriverOptions driver_options;
   driver_options.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);
   SupervisedNode* supervised = nullptr;
+  // Rows computed per client request, from the driver's thread to the supervision thread's host ledger (issue 28).
+  struct RowsBoard {
+    std::mutex mu;
+    std::map<RequestId, int64_t> by_client;
+  };
+  auto rows = std::make_shared<RowsBoard>();
+  driver_options.on_rows = [rows](RequestId request, int64_t n) {
+    std::lock_guard<std::mutex> l(rows->mu);
+    rows->by_client[request] = n;
+  };
   if (!options.connect.empty()) {
     client_options.worker_endpoint = options.connect;
     if (absl::StartsWith(options.connect, "ipc://")) {  // memd's socket sits beside the worker's
@@ -215,7 +243,11 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
                             : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
                                                        : DefaultHbmBudget(trace, options);
     used_budget = budget;
-    auto started = StartNode(options, trace, mode, budget, faults, log_tag);
+    auto started = StartNode(options, trace, mode, budget, faults, log_tag, [rows](RequestId client) {
+      std::lock_guard<std::mutex> l(rows->mu);
+      auto it = rows->by_client.find(client);
+      return it == rows->by_client.end() ? int64_t{0} : it->second;
+    });
     if (!started.ok()) return started.status();
     node.emplace(std::move(*started));
     supervised = dynamic_cast<SupervisedNode*>(node->get());
@@ -262,7 +294,9 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   }
   // The workers that died counted from 0 each; their counts join the last worker's (WorkerStatsReply).
   if (supervised) AddWorkerCounters(result->stats, supervised->stats().dead_worker_counters);
-  return RunOutcome{std::move(*result), true, "", prefill, used_budget, figures};
+  RunOutcome outcome{std::move(*result), true, "", prefill, used_budget, figures};
+  if (faults && supervised) outcome.crash = supervised->stats().last_crash;
+  return outcome;
 }
 
 // Prints why each unserved request ended (stderr) and returns whether all were served.
@@ -384,6 +418,17 @@ int Main(int argc, char** argv) {
       ok = ok && *exact;
     }
     ok = AllServed(run->result, mode) && ok;
+    if (run->faults.worker_crashes > 0) {  // issue 28: a restart must not hide a crash (a read hazard aborts)
+      std::cerr << "dhs-replay: the worker crashed " << run->faults.worker_crashes
+                << " time(s), not by a fault the tool injected; the latest: " << run->crash << "\n";
+      ok = false;
+    }
+    if (run->faults.host_pages_unconfirmed > 0) {  // issue 28: missing confirmations make a run not clean
+      std::cerr << "dhs-replay: host copies not confirmed: " << run->faults.host_pages_unconfirmed
+                << " history pages should have held a confirmed host copy by the steps taken (below the worker's "
+                   "tail window, not on GPU) and memd never listed one (host_pages_unconfirmed)\n";
+      ok = false;
+    }
     RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);
     if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
     ReplayReport report = BuildReport(run->result, settings, exact);

@@ -13,6 +13,7 @@
 #include "common/cli_flags.h"
 #include "absl/strings/str_cat.h"
 #include "tools/replay/fault_plan.h"
+#include "workerd/device/async_device_cli.h"
 #include "workerd/device/link_model_cli.h"
 #include "workerd/spec/speculation_cli.h"
 
@@ -72,6 +73,13 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   if (!o.connect.empty() && o.link_model.enabled) {
     return bad("--link-model applies to the worker the tool starts, not to --connect ", o.connect);
   }
+  if (!o.connect.empty() && o.hot_rows != 0) {
+    return bad("--hot-rows applies to the worker the tool starts, not to --connect ", o.connect);
+  }
+  if (!o.connect.empty() && o.async_device_seed != 0) {
+    return bad("--async-device applies to the worker the tool starts, not to --connect ", o.connect);
+  }
+  if (o.link_model.enabled && o.async_device_seed != 0) return bad("--async-device and --link-model exclude each other");
   if (!o.connect.empty() && o.speculation.mode != spec::SpeculateMode::kOff) {
     return bad("--speculate applies to the worker the tool starts, not to --connect ", o.connect);
   }
@@ -201,6 +209,11 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
                "TEST ONLY: flip a byte of a recorded host page before the first timed kill (host_rows_lost > 0)");
   LinkModelFlags link_flags;
   AddLinkModelOptions(app, &link_flags);
+  AddAsyncDeviceOption(app, &o.async_device_seed);
+  app.add_option("--hot-rows", o.hot_rows,
+                 "hot-cache rows B per slot and source of the workerd the tool starts (0 = workerd's auto); with "
+                 "B = k + window, speculative unions go through the staging arenas")
+      ->check(IntegerIn<uint32_t>(0, 1u << 20));
   spec::SpeculationFlags speculation_flags;
   spec::AddSpeculationOptions(app, &speculation_flags);
   copt->excludes(topt);

@@ -79,6 +79,10 @@ struct ReplayOptions {
   LinkModelConfig link_model;              // --link-model off|pcie5 [--link-h2d-gb-per-s X] [--link-d2h-gb-per-s X]
                                            // [--link-latency-us X]: the host-device link model of the workerd the
                                            // tool starts (docs/link_model.md); off by default
+  uint32_t hot_rows = 0;                   // --hot-rows B: workerd's hot-cache rows per slot and source (0 = its auto);
+                                           // B = k + window makes speculative unions use the staging arenas (issue 28)
+  uint64_t async_device_seed = 0;          // --async-device SEED (issue 28): the workerd the tool starts (both runs
+                                           // of --check-exact) uses the CPU device's asynchronous test mode; 0 = off
 };
 
 // Whether any fault-injection option is set (the node the tool starts is then supervised).

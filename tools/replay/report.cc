@@ -166,6 +166,8 @@ static json FaultsJson(const FaultFigures& f) {
               {"requests_resubmitted", f.requests_resubmitted},
               {"host_rows_lost", f.host_rows_lost},
               {"host_pages_checked", f.host_pages_checked},
+              {"host_pages_unconfirmed", f.host_pages_unconfirmed},
+              {"worker_crashes", f.worker_crashes},
               {"recovery_us", {{"p50", p ? json(p->p50) : json(nullptr)},
                                {"p99", p ? json(p->p99) : json(nullptr)},
                                {"samples", f.recovery_us}}}};
@@ -313,10 +315,11 @@ std::string FormatSummary(const ReplayReport& r) {
     const std::optional<Percentiles> p = RecoveryPercentiles(f.recovery_us);
     absl::StrAppendFormat(&out,
                           "  faults (seed %d): worker restarts %d, memd restarts %d, requests resumed %d (%d rows "
-                          "recomputed), resubmitted %d, failed %d, host rows lost %d (%d pages checked); recovery us "
-                          "p50 %s p99 %s\n",
+                          "recomputed), resubmitted %d, failed %d, host rows lost %d (%d pages checked), host pages "
+                          "unconfirmed %d; recovery us p50 %s p99 %s\n",
                           *f.fault_seed, f.worker_restarts, f.memd_restarts, f.requests_resumed, f.rows_recomputed,
                           f.requests_resubmitted, r.requests_failed, f.host_rows_lost, f.host_pages_checked,
+                          f.host_pages_unconfirmed,
                           Fixed(P(p, false), 0), Fixed(P(p, true), 0));
   }
   for (const GpuMemoryUse& g : r.gpus) {

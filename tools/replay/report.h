@@ -82,6 +82,9 @@ struct FaultFigures {
   int64_t requests_resubmitted = 0;    // unknown to the restarted worker with no token received: submitted again
   int64_t host_rows_lost = 0;          // rows of recorded host pages whose bytes changed or vanished
   int64_t host_pages_checked = 0;      // digest comparisons behind host_rows_lost
+  int64_t worker_crashes = 0;          // worker ends other than the tool's SIGKILLs (issue 28); > 0: not clean
+  int64_t host_pages_unconfirmed = 0;  // pages that should have held a confirmed host copy by the steps taken and
+                                       // did not (issue 28; never counted in host_rows_lost); > 0: the run is not clean
   std::vector<int64_t> recovery_us;    // per recovery: the latest worker death (kill sent / exit seen) -> the first
                                        // token after the client re-attached, microseconds
 };

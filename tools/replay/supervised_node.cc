@@ -5,9 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -38,6 +41,20 @@ int64_t NowMs() {
 }
 
 void Log(const std::string& line) { std::cerr << "dhs-replay: " << line << "\n" << std::flush; }
+
+// The last non-empty line of the log at `path` (at most its last 64 KiB read), or "(no log)".
+std::string LastLogLine(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "(no log)";
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 65536);
+  f.seekg(from);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  const size_t nl = text.rfind('\n');
+  return nl == std::string::npos ? text : text.substr(nl + 1);
+}
 
 // One request/reply on a fresh connection to <run_dir>/<name>.sock; nullopt on any failure within kAskTimeout.
 std::optional<Message> Ask(const std::string& run_dir, const std::string& name, const std::string& request,
@@ -153,6 +170,7 @@ struct SupervisedNode::Runtime {
   void ObserveReadiness();
   void ExecuteFaultOrders();
   void Sample();
+  void ObserveCoverage(RequestId id, const nlohmann::json& view, const std::map<uint32_t, PageIndex>& confirmed);
   void AfterWorkerDeath();
   void CheckAgainstMemd(bool interrupted_only);
   void MapPool();
@@ -177,6 +195,8 @@ struct SupervisedNode::Runtime {
   HostLedger ledger;
   std::map<std::pair<RequestId, uint32_t>, PageIndex> host_page_of;  // (node, page) -> host page, last sample
   int64_t last_sample = 0;
+  uint64_t worker_crashes = 0;  // worker ends other than SIGKILL (the tool kills only by SIGKILL)
+  std::string last_crash;
   uint64_t worker_deaths = 0, resumed = 0, recomputed = 0, hooks_armed = 0, fence_timeouts = 0;
   std::optional<NodeStats> live_worker_counters;  // the running worker's, sampled (Sample, before a kill)
   NodeStats dead_worker_counters;                 // summed over the workers that died
@@ -361,6 +381,14 @@ void SupervisedNode::Runtime::Reap() {
       worker_kill_sent = false;
       Log(absl::StrCat("worker exited (", DescribeWaitStatus(status), ")",
                        armed.empty() ? "" : absl::StrCat(", armed with --fault-kill-at ", armed)));
+      // Every death the tool causes is a SIGKILL (timed kills, kill points): any other end is a crash (issue 28: the
+      // asynchronous device's read hazard aborts), which a restart must not hide. Its log's last line says why.
+      if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+        ++worker_crashes;
+        last_crash = absl::StrCat(DescribeWaitStatus(status), ": ",
+                                  LastLogLine(NodeLogPath(node.run_dir_, "workerd", node.options_.launch.log_tag)));
+        Log(absl::StrCat("worker crashed: ", last_crash));
+      }
       // A worker that died under the memd it registered with: that memd fences its GPU and keeps its requests.
       if (memd_ready && !worker_stopped && pids[Supervisor::kMemd] > 0 &&
           pids[Supervisor::kMemd] == memd_of_worker) {
@@ -446,6 +474,22 @@ void SupervisedNode::Runtime::SampleWorker() {
 }
 
 // Digests of the confirmed host copies of every live request, each page listed before and after its digest.
+// Issue 28: the pages of node request `id` that should hold a confirmed host copy by the rows the client saw
+// computed (below the worker's tail window), against the confirmed copies and the GPU pages of memd's view.
+void SupervisedNode::Runtime::ObserveCoverage(RequestId id, const nlohmann::json& view,
+                                              const std::map<uint32_t, PageIndex>& confirmed) {
+  const SupervisedNodeOptions& o = node.options_;
+  if (!o.rows_computed || o.tail_rows == 0 || o.page_rows == 0) return;
+  const int64_t rows = o.rows_computed(id & kClientBits);
+  const int64_t window = (o.tail_rows + o.page_rows - 1) / o.page_rows + 1;
+  const int64_t due = rows / o.page_rows - window;
+  if (due <= 0) return;
+  CoverageSeen seen{id, id & kClientBits, static_cast<uint32_t>(due), 0, 0};
+  for (const auto& [page, host_page] : confirmed) seen.confirmed_due += page < seen.due_pages;
+  if (view.contains("a_r") && view["a_r"].is_number_unsigned()) seen.on_gpu = view["a_r"].get<uint32_t>();
+  ledger.ObserveCoverage(seen);
+}
+
 void SupervisedNode::Runtime::Sample() {
   last_sample = NowMs();
   SampleWorker();
@@ -465,6 +509,7 @@ void SupervisedNode::Runtime::Sample() {
     std::optional<nlohmann::json> after = AskMemd(node.run_dir_, wire::IntrospectWhat::Request, id);
     if (!after) continue;
     const std::map<uint32_t, PageIndex> still = HostCopiesOf(*after);
+    ObserveCoverage(id, *after, still);
     for (const auto& [page, digest] : digests) {
       auto it = still.find(page);
       if (it == still.end() || it->second != copies.at(page)) continue;
@@ -574,6 +619,8 @@ void SupervisedNode::Runtime::Publish() {
   s.worker_kills = plan.worker_kills();
   s.memd_kills = plan.memd_kills();
   s.worker_deaths = worker_deaths;
+  s.worker_crashes = worker_crashes;
+  s.last_crash = last_crash;
   s.hook_kills_armed = hooks_armed;
   s.requests_resumed = resumed;
   s.rows_recomputed = recomputed;
@@ -581,6 +628,7 @@ void SupervisedNode::Runtime::Publish() {
   s.host_pages_checked = ledger.pages_checked();
   s.host_pages_lost = ledger.pages_lost();
   s.host_rows_lost = ledger.pages_lost() * node.options_.page_rows;
+  s.host_pages_unconfirmed = ledger.pages_unconfirmed();
   s.fence_timeouts = fence_timeouts;
   s.worker_down_at = down_at;
   s.dead_worker_counters = dead_worker_counters;

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,6 +51,11 @@ struct SupervisedNodeOptions {
   // Test-only: after the first host-page check of a fault found recorded pages, flip one byte of one of them in the
   // mapped pool (--corrupt-host-page-for-test), so that a test proves host_rows_lost can count.
   bool corrupt_one_host_page = false;
+  // Issue 28 (unconfirmed host copies, host_ledger.h ObserveCoverage): the worker's tail rows T, and the rows the
+  // client saw computed for a client request id (0 when unknown; called from the supervision thread). Unset: the
+  // coverage is not checked.
+  uint32_t tail_rows = 0;
+  std::function<int64_t(RequestId client)> rows_computed;
   // dhs-node's policy tuned for many deliberate kills: backoff 100 ms doubling to 2 s, reset after 2 s ready, no
   // giving up (1e6 restarts), start timeout 60 s, probes every 50 ms, stop grace 5 s.
   static node::SupervisorPolicy ChaosPolicy();
@@ -63,6 +69,8 @@ struct FaultStats {
   uint64_t worker_kills = 0;     // timed SIGKILLs of the worker (the fault plan's)
   uint64_t memd_kills = 0;       // timed SIGKILLs of memd
   uint64_t worker_deaths = 0;    // worker exits while the node ran (kills, kill points, crashes)
+  uint64_t worker_crashes = 0;   // of those, ends other than SIGKILL: crashes, not faults the tool injected (issue 28)
+  std::string last_crash;        // the latest crash: how it ended and its log's last line
   uint64_t hook_kills_armed = 0;  // worker starts given a --fault-kill-at
   uint64_t requests_resumed = 0;  // summed over the workers' lives (WorkerStatsReply at each ready)
   uint64_t rows_recomputed = 0;
@@ -70,6 +78,7 @@ struct FaultStats {
   uint64_t host_pages_checked = 0;
   uint64_t host_pages_lost = 0;
   uint64_t host_rows_lost = 0;
+  uint64_t host_pages_unconfirmed = 0;  // pages that should hold a confirmed host copy and did not (issue 28)
   uint64_t fence_timeouts = 0;   // worker deaths whose fence memd did not show within fence_timeout (check skipped)
   std::vector<std::chrono::steady_clock::time_point> worker_down_at;  // each worker death: kill sent, or exit seen
   // The counters of the workers that died (WorkerStatsReply sampled every sample_interval and before a kill: up to one

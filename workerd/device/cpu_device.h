@@ -14,6 +14,22 @@
 // would have delivered them. The bytes still move at once; only the event's completion (Done, Status, Wait) waits
 // for the modelled time, and Wait sleeps until then rather than spinning.
 //
+// Asynchronous mode (issue 28; AsyncDeviceConfig, off by default): the device behaves like a GPU whose streams run
+// behind the host. Time is counted in device steps: every copy issued, every BeginReaders / EndReaders, and every
+// poll (Done, Wait) of one of its pending events from outside the device is one step. A batch executes (its bytes
+// move, read from its source and written to its destination at that moment) and completes 1..copy_steps_max steps
+// after it became runnable, and a reader ended by EndReaders really ends reader_steps_min..reader_steps_max steps
+// later (the fences waiting for it complete then; ReadersBusy stays true until then); the delays are drawn from a
+// generator seeded by `seed`, so the same sequence of calls gives the same schedule. Wait completes what its event
+// waits for at once, as a GPU synchronizing on one event: its batch and the batches it depends on run, the readers
+// of the fences among them end (those their owner ended); other readers keep reading. Nothing runs on the copy thread and there is no fast path. Checks (read hazards,
+// ReadHazards): a batch that writes bytes a reader still reads, and a range Freed while a reader still reads it,
+// are recorded (a Freed range is filled with kPoisonByte in any case) (or abort the process, fatal_hazards): on a GPU that
+// reader would return foreign bytes. A Wait that cannot progress for stuck_after (its event waits for readers their
+// owner has not ended, a held copy, or another device's event) returns DEADLINE_EXCEEDED naming what it waits for,
+// instead of hanging; at once when it waits for a reader the waiting thread began and has not ended (a wait that can
+// never end). The link model is not applied in this mode.
+//
 // Test seam: a CopyHook decides, when a batch is issued, whether it runs, is held (until ReleaseHeld) or fails (its
 // event reports the failure; no byte is written).
 //
@@ -28,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -38,6 +55,19 @@
 namespace dhs {
 
 enum class CopyFate { kRun, kHold, kFail };
+
+// The asynchronous mode (see the header comment). Delays are in device steps, drawn uniformly in [min, max].
+struct AsyncDeviceConfig {
+  bool enabled = false;
+  uint64_t seed = 1;
+  uint32_t copy_steps_max = 4;     // a runnable batch completes 1..copy_steps_max steps later
+  uint32_t reader_steps_min = 4;   // an ended reader really ends reader_steps_min..reader_steps_max steps later
+  uint32_t reader_steps_max = 32;
+  bool fatal_hazards = false;      // a read hazard aborts the process (workerd) instead of being recorded (tests)
+  absl::Duration stuck_after = absl::Seconds(10);  // a Wait without progress this long fails (DEADLINE_EXCEEDED)
+};
+// The byte a range freed while read is filled with (recognisable in a dump: 0xDB, "dead bytes").
+inline constexpr uint8_t kPoisonByte = 0xDB;
 
 // What the hook sees of one issued batch.
 struct CopyInfo {
@@ -53,6 +83,8 @@ class CpuDevice final : public Device {
   // With a link model (ignored when !link.enabled); `clock` (default RealLinkClock()) must outlive the device and
   // every event it returned.
   explicit CpuDevice(const LinkModelConfig& link, const LinkClock* clock = RealLinkClock());
+  // In the asynchronous mode when async.enabled (the link model is then not used).
+  explicit CpuDevice(const AsyncDeviceConfig& async);
   ~CpuDevice() override;  // waits for runnable copies; held copies are failed
   CpuDevice(const CpuDevice&) = delete;
   CpuDevice& operator=(const CpuDevice&) = delete;
@@ -68,6 +100,8 @@ class CpuDevice final : public Device {
   bool ReadersBusy(const DeviceRange& range) const override;
   CopyEvent ReadersFence(const DeviceRange& range) override;
   uint8_t* HostVisible(PoolId pool, Location offset) override;
+  void Freed(const DeviceRange& range) override;
+  absl::Status ReadHazards() const override;
 
   // --- test seam ---
   void SetCopyHook(CopyHook hook);
@@ -81,6 +115,8 @@ class CpuDevice final : public Device {
   static constexpr uint64_t kDefaultInlineLimit = uint64_t{4} << 20;
   void SetInlineLimit(uint64_t bytes);
   const LinkModelConfig& link_model() const { return link_config_; }
+  const AsyncDeviceConfig& async_mode() const { return async_; }
+  uint64_t AsyncSteps() const;  // device steps counted so far (asynchronous mode; 0 otherwise)
 
  private:
   class State;
@@ -96,6 +132,23 @@ class CpuDevice final : public Device {
   // busy_ set by the caller; returns with `l` locked.
   void Execute(Job& job, std::unique_lock<std::mutex>& l);
   void CopyLoop();
+  CpuDevice(const LinkModelConfig& link, const LinkClock* clock, const AsyncDeviceConfig& async);
+
+  // --- asynchronous mode (mu_ held unless said otherwise) ---
+  class AsyncLink;  // how an event reaches its device to count a poll as a step (the device may be gone)
+  // One step: time moves on by one, due readers end, due runnable batches execute. Returns whether work is still
+  // waiting for time (a batch or a reader end scheduled later), or anything completed in this step.
+  bool StepLocked();
+  bool Step();  // takes mu_
+  bool ForceLocked(const EventState* state, int depth);  // AsyncLink::Force
+  bool EndNowLocked(ReaderId r);  // ends reader r at once if its owner ended it
+  bool WaitsForOwnOpenReaderLocked(const EventState* state, std::thread::id self, int depth) const;
+  uint32_t Draw(uint32_t lo, uint32_t hi);  // uniform in [lo, hi], from the seeded generator
+  void ExecuteAsync(Job& job);
+  void CheckWrite(const Job& job);  // read hazards of the batch's destination ranges
+  void Hazard(std::string what);
+  std::string DescribeReader(ReaderId r) const;
+  std::string DescribeWait(const EventState* state) const;  // what a stuck event waits for
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -125,6 +178,21 @@ class CpuDevice final : public Device {
   const LinkClock* const clock_;
   LinkModel link_;                              // only whoever set busy_ (the executing thread)
   std::vector<absl::Time> link_pending_;        // completion times still ahead, a min-heap; under mu_
+  const AsyncDeviceConfig async_;
+  std::shared_ptr<AsyncLink> async_link_;  // async mode only
+  uint64_t step_ = 0;
+  struct Ending {
+    ReaderId reader;
+    uint64_t ended_at;  // step of its EndReaders
+    uint64_t due;       // step at which it really ends
+  };
+  std::vector<Ending> ending_;                   // readers ended by their owner, still reading
+  std::map<ReaderId, uint64_t> reader_begun_;    // reader -> step of its BeginReaders (async mode)
+  std::map<ReaderId, std::thread::id> reader_thread_;  // reader -> the thread that began it (async mode)
+  std::map<uint64_t, uint64_t> job_due_;          // copy id -> step at which it executes (once runnable)
+  uint64_t rng_state_ = 0;
+  uint64_t hazard_count_ = 0;
+  std::vector<std::string> hazards_;             // the first few, for ReadHazards
   std::thread thread_;  // last: starts after the members above exist
 };
 

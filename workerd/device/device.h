@@ -74,6 +74,9 @@ class CopyEvent {
   // Blocks until done. OK, or the copy's error (bytes of a failed copy are not written).
   absl::Status Wait() const { return state_ == nullptr ? absl::OkStatus() : state_->Wait(); }
   absl::Status Status() const { return state_ == nullptr ? absl::OkStatus() : state_->Status(); }
+  // The state behind the event (nullptr: complete); for a device to recognise its own events (CpuDevice's
+  // asynchronous mode names what a stuck wait waits for).
+  const EventState* state() const { return state_.get(); }
 
  private:
   std::shared_ptr<const EventState> state_;
@@ -107,6 +110,16 @@ class Device {
   // Host pointer to the byte at `offset` of `pool`, for backends whose device memory the CPU can read
   // (CpuDevice); nullptr otherwise or when out of range.
   virtual uint8_t* HostVisible(PoolId pool, Location offset) = 0;
+
+  // Issue 28: the owner freed `range` early (memd retired a page still mapped or read). A backend that models reads
+  // ending after the call that ended them (CpuDevice's asynchronous mode) poisons the range (a later read through a
+  // stale mapping returns foreign bytes) and records a read hazard for each reader still reading it (ReadHazards);
+  // elsewhere nothing happens.
+  virtual void Freed(const DeviceRange& range) {}
+  // OK, or DATA_LOSS naming the first read hazard seen (a byte written, or a range freed, while a reader still read
+  // it: on a GPU that reader returns foreign bytes) and how many there were. Only CpuDevice's asynchronous mode
+  // detects them; other backends and modes always answer OK.
+  virtual absl::Status ReadHazards() const { return absl::OkStatus(); }
 };
 
 }  // namespace dhs

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,7 @@ struct CopyJob {
   std::vector<CopyEvent> after;
   std::shared_ptr<State> state;
   bool held = false;
+  std::vector<DeviceRange> written;  // the device ranges it writes (CpuDevice's asynchronous mode only)
 
   // Not held and every dependency done.
   bool Runnable() const {
@@ -124,6 +126,28 @@ class ReaderFences {
       }
     }
     return true;
+  }
+
+  // The readers (with their first range overlapping `range`) that read some byte of it, in reader order.
+  std::vector<std::pair<ReaderId, DeviceRange>> Overlapping(const DeviceRange& range) const {
+    std::vector<std::pair<ReaderId, DeviceRange>> v;
+    for (const auto& [id, ranges] : readers_) {
+      for (const auto& r : ranges) {
+        if (Overlaps(r, range)) {
+          v.emplace_back(id, r);
+          break;
+        }
+      }
+    }
+    return v;
+  }
+
+  // The readers the pending fence with state `state` waits for (empty when it is not a pending fence).
+  std::vector<ReaderId> FenceReaders(const EventState* state) const {
+    for (const Fence& f : fences_) {
+      if (static_cast<const EventState*>(f.state.get()) == state) return f.readers;
+    }
+    return {};
   }
 
   // Some reader's range overlaps `range`.

@@ -774,14 +774,23 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
 absl::Status HierarchicalKvAccess::Retire(std::span<const PageIndex> device_pages) {
   for (PageIndex dp : device_pages) {
     if (dp >= layout_.config().optional_pages) return absl::InvalidArgumentError(absl::StrCat("KV: bad page ", dp));
-    if (device_page_owner_[dp] >= 0) {
-      return absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " is still in a ready map"));
-    }
-    if (device_->ReadersBusy(DeviceRange{pool_, layout_.PageRow(dp, 0, 0), layout_.page_bytes()})) {
-      return absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " still has readers"));
-    }
   }
-  return absl::OkStatus();
+  absl::Status first;
+  for (PageIndex dp : device_pages) {
+    const DeviceRange whole{pool_, layout_.PageRow(dp, 0, 0), layout_.page_bytes()};
+    absl::Status s;
+    if (device_page_owner_[dp] >= 0) {
+      s = absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " is still in a ready map"));
+    } else if (device_->ReadersBusy(whole)) {
+      s = absl::FailedPreconditionError(absl::StrCat("KV: device page ", dp, " still has readers"));
+    }
+    if (s.ok()) continue;
+    // memd freed a page that is still mapped or read (it retired before ReadersDone): the asynchronous CPU device
+    // poisons it and records a read hazard for the readers in flight (issue 28); other devices do nothing.
+    device_->Freed(whole);
+    if (first.ok()) first = s;
+  }
+  return first;
 }
 
 void HierarchicalKvAccess::FreeHostPageAfter(PageIndex host_page, std::vector<CopyEvent> events) {
