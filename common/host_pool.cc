@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -56,16 +57,27 @@ absl::Status FromInterprocess(const bip::interprocess_exception& e, std::string_
 // Refuses a segment larger than the free space of the filesystem behind POSIX shared memory, before anything is
 // created: posix_fallocate of an over-sized segment on tmpfs fills the filesystem page by page (about a minute for a
 // terabyte) before it fails with ENOSPC. A filesystem that cannot be queried is left to posix_fallocate.
-absl::Status CheckFreeSpace(const std::string& shm_name, uint64_t size) {
+absl::Status CheckFreeSpace(const std::string& shm_name, uint64_t size, uint64_t released) {
   struct statvfs fs {};
   if (::statvfs(kHostPoolShmDir, &fs) != 0) return absl::OkStatus();
   const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
-  if (size <= free_bytes) return absl::OkStatus();
+  if (size <= free_bytes + released) return absl::OkStatus();
   const uint64_t total_bytes = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "segment '", shm_name, "' needs ", size, " bytes but ", kHostPoolShmDir, " has only ", free_bytes,
-      " bytes free (of ", total_bytes, "); enlarge it (mount -o remount,size=<bytes> ", kHostPoolShmDir,
-      ") or shrink the host pool"));
+  std::string message = absl::StrCat("segment '", shm_name, "' needs ", size, " bytes but ", kHostPoolShmDir,
+                                     " has only ", free_bytes, " bytes free (of ", total_bytes, ")");
+  if (released > 0) absl::StrAppend(&message, ", ", released, " more once the segment it replaces is removed");
+  absl::StrAppend(&message, "; enlarge it (mount -o remount,size=<bytes> ", kHostPoolShmDir,
+                  ") or shrink the host pool");
+  return absl::ResourceExhaustedError(message);
+}
+
+uint64_t HostPoolSegment::SizeFor(uint64_t page_bytes, uint64_t pages, const HostPoolExtras& extras) {
+  if (extras.journal_bytes > (uint64_t{1} << 40)) return 0;
+  const uint64_t pages_offset = kHostPoolHeaderBytes + (extras.journal_bytes + 4095) / 4096 * 4096;
+  if (page_bytes != 0 && pages > (static_cast<uint64_t>(std::numeric_limits<off_t>::max()) - pages_offset) / page_bytes) {
+    return 0;
+  }
+  return pages_offset + pages * page_bytes;
 }
 
 HostPoolSegment::HostPoolSegment(std::string name, std::unique_ptr<bip::mapped_region> region)
@@ -99,7 +111,7 @@ absl::StatusOr<std::unique_ptr<HostPoolSegment>> HostPoolSegment::Create(std::st
   if (pages > (static_cast<uint64_t>(std::numeric_limits<off_t>::max()) - pages_offset) / page_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(pages, " pages of ", page_bytes, " bytes overflow a file size"));
   }
-  const uint64_t size = pages_offset + pages * page_bytes;
+  const uint64_t size = SizeFor(page_bytes, pages, extras);
   const std::string shm_name(name);
   if (absl::Status status = CheckFreeSpace(shm_name, size); !status.ok()) return status;
   try {
@@ -107,7 +119,12 @@ absl::StatusOr<std::unique_ptr<HostPoolSegment>> HostPoolSegment::Create(std::st
     perm.set_permissions(0600);
     bip::shared_memory_object shm(bip::create_only, shm_name.c_str(), bip::read_write, perm);
     // Reserve every page now: tmpfs refuses (ENOSPC) instead of a SIGBUS on first touch later.
-    const int err = ::posix_fallocate(shm.get_mapping_handle().handle, 0, static_cast<off_t>(size));
+    // A signal (memd's SIGTERM during its start) interrupts tmpfs's fallocate with EINTR: the pages reserved so far
+    // stay reserved, so it is called again.
+    int err;
+    do {
+      err = ::posix_fallocate(shm.get_mapping_handle().handle, 0, static_cast<off_t>(size));
+    } while (err == EINTR);
     if (err != 0) {
       shm.remove(shm_name.c_str());
       return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", size, " bytes of shared memory for '",

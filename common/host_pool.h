@@ -50,10 +50,11 @@ struct HostPoolExtras {
 // The filesystem behind POSIX shared memory on Linux (shm_open); Create checks its free space.
 inline constexpr char kHostPoolShmDir[] = "/dev/shm";
 
-// OK when a segment of `size` bytes named `shm_name` fits in the free space of kHostPoolShmDir (or that space cannot be
-// queried); RESOURCE_EXHAUSTED naming both sizes and the fix otherwise. HostPoolSegment::Create checks it first;
-// memd --check-config too (dhs-node --check, issue 22).
-absl::Status CheckFreeSpace(const std::string& shm_name, uint64_t size);
+// OK when a segment of `size` bytes named `shm_name` fits in the free space of kHostPoolShmDir (statvfs f_bavail *
+// f_frsize) plus `released` bytes (those of a segment that would be removed first: memd replacing a leftover pool,
+// issue 22), or when that space cannot be queried (posix_fallocate decides then); RESOURCE_EXHAUSTED naming the sizes
+// and the fix otherwise. HostPoolSegment::Create checks it first; memd --check-config too (dhs-node --check).
+absl::Status CheckFreeSpace(const std::string& shm_name, uint64_t size, uint64_t released = 0);
 
 class HostPoolSegment {
  public:
@@ -66,6 +67,10 @@ class HostPoolSegment {
   // `extras`: a journal region (zeroed) and an owner tag; INVALID_ARGUMENT for a tag over kHostPoolMaxTagBytes.
   static absl::StatusOr<std::unique_ptr<HostPoolSegment>> Create(std::string_view name, uint64_t page_bytes,
                                                                  uint64_t pages, const HostPoolExtras& extras = {});
+  // The bytes Create(name, page_bytes, pages, extras) makes: the header, the journal region (rounded up to 4096),
+  // then the pages; 0 when they overflow a file size. Create's layout: memd checks the free space with it before it
+  // replaces a leftover segment (issue 22).
+  static uint64_t SizeFor(uint64_t page_bytes, uint64_t pages, const HostPoolExtras& extras = {});
   // Maps an existing segment read/write and validates its header: missing -> NOT_FOUND,
   // garbage or truncated -> DATA_LOSS.
   static absl::StatusOr<std::unique_ptr<HostPoolSegment>> Open(std::string_view name);

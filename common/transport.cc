@@ -6,7 +6,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <utility>
@@ -43,19 +45,181 @@ absl::Status ZmqStatus(const zmq::error_t& e, std::string_view what) {
   return absl::InternalError(absl::StrCat(std::string(what), ": ", e.what()));
 }
 
-// Whether a server accepts connections on the unix socket at `path` right now.
+// Whether a server accepts connections on the unix socket at `path` right now. A connect interrupted by a signal is
+// tried again on a new socket: a live server's socket must not be taken for a stale one.
 bool SocketHasListener(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return live;
+  while (true) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+    const int err = errno;
+    ::close(fd);
+    if (rc == 0) return true;
+    if (err != EINTR) return false;
+  }
+}
+
+// Calls `call` (a libzmq C call: -1 and errno on failure) again while a signal interrupts it (EINTR): a send, receive,
+// bind or connect that failed with EINTR did nothing, so calling it again is what the caller asked for.
+template <typename Call>
+int RetryOnEintr(Call call) {
+  int rc;
+  do {
+    rc = call();
+  } while (rc == -1 && zmq_errno() == EINTR);
+  return rc;
+}
+
+// zmq_poll over `items`: the number ready, 0 when none within `timeout` or when a signal ended the wait early (the
+// caller's loop checks its stop flag and waits again). Throws zmq::error_t for other errors.
+int PollItems(zmq::pollitem_t* items, int count, std::chrono::milliseconds timeout) {
+  const int rc = zmq_poll(items, count, static_cast<long>(timeout.count()));
+  if (rc >= 0) return rc;
+  if (zmq_errno() == EINTR) return 0;
+  throw zmq::error_t();
+}
+
+// Receives every part of the next message without blocking; false when none is queued. A message's parts are queued
+// together, so parts after the first never wait; each receive is retried on EINTR (a message is never left half read).
+bool ReceiveParts(zmq::socket_t& socket, std::vector<zmq::message_t>& parts) {
+  parts.clear();
+  while (true) {
+    zmq::message_t part;
+    if (RetryOnEintr([&] { return zmq_msg_recv(part.handle(), socket.handle(), ZMQ_DONTWAIT); }) == -1) {
+      if (zmq_errno() == EAGAIN && parts.empty()) return false;
+      throw zmq::error_t();
+    }
+    const bool more = zmq_msg_more(part.handle()) != 0;
+    parts.push_back(std::move(part));
+    if (!more) return true;
+  }
+}
+
+// Sends one part without blocking (retried on EINTR); false when it cannot be queued now (EAGAIN).
+bool SendPart(zmq::socket_t& socket, std::string_view bytes, int flags) {
+  if (RetryOnEintr([&] { return zmq_send(socket.handle(), bytes.data(), bytes.size(), flags | ZMQ_DONTWAIT); }) ==
+      -1) {
+    if (zmq_errno() == EAGAIN) return false;
+    throw zmq::error_t();
+  }
+  return true;
+}
+
+void ZmqBind(zmq::socket_t& socket, const std::string& endpoint) {
+  if (RetryOnEintr([&] { return zmq_bind(socket.handle(), endpoint.c_str()); }) != 0) throw zmq::error_t();
+}
+
+void ZmqConnect(zmq::socket_t& socket, const std::string& endpoint) {
+  if (RetryOnEintr([&] { return zmq_connect(socket.handle(), endpoint.c_str()); }) != 0) throw zmq::error_t();
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- ConnectionTable
+
+ConnectionTable::Id ConnectionTable::Opened(int fd) {
+  if (open_.contains(fd)) Closed(fd);  // its close was never reported: the descriptor is another connection's now
+  const Id id = ++next_;
+  open_[fd] = id;
+  last_[fd] = id;
+  return id;
+}
+
+ConnectionTable::Id ConnectionTable::Closed(int fd) {
+  ++closes_;
+  if (auto it = open_.find(fd); it != open_.end()) {
+    const Id id = it->second;
+    open_.erase(it);
+    return id;
+  }
+  const Id id = ++next_;  // opened before the monitor started, or its open was not reported
+  last_[fd] = id;
+  return id;
+}
+
+ConnectionTable::Id ConnectionTable::Of(int fd) {
+  if (auto it = open_.find(fd); it != open_.end()) return it->second;
+  if (auto it = last_.find(fd); it != last_.end()) return it->second;
+  const Id id = ++next_;
+  open_[fd] = id;
+  last_[fd] = id;
+  return id;
+}
+
+bool ConnectionTable::IsOpen(Id id) const {
+  for (const auto& [fd, open] : open_) {
+    if (open == id) return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------- ConnectionMonitor
+
+// A socket monitor (zmq_socket_monitor, event format of libzmq 4.x: a frame of [uint16 event][uint32 value], then a
+// frame with the endpoint) that feeds a ConnectionTable: CONNECTED and ACCEPTED open a connection on the event's
+// descriptor, DISCONNECTED closes it. Every call handles EINTR (cppzmq's monitor_t lets an interrupted poll escape as
+// zmq::error_t and asserts on an interrupted receive). Same thread as the monitored socket.
+class ConnectionMonitor {
+ public:
+  // Starts monitoring `socket` for `events` through inproc `address` of `context`. Throws zmq::error_t.
+  ConnectionMonitor(zmq::context_t& context, zmq::socket_t& socket, const std::string& address, int events)
+      : socket_(socket.handle()) {
+    if (RetryOnEintr([&] { return zmq_socket_monitor(socket_, address.c_str(), events); }) != 0) throw zmq::error_t();
+    try {
+      pair_ = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+      pair_->set(zmq::sockopt::linger, 0);
+      ZmqConnect(*pair_, address);
+    } catch (const zmq::error_t&) {
+      zmq_socket_monitor(socket_, nullptr, 0);
+      throw;
+    }
+  }
+  ~ConnectionMonitor() {
+    zmq_socket_monitor(socket_, nullptr, 0);  // stops monitoring (before the monitored socket closes)
+    pair_->close();
+  }
+  ConnectionMonitor(const ConnectionMonitor&) = delete;
+  ConnectionMonitor& operator=(const ConnectionMonitor&) = delete;
+
+  // Processes every queued event, waiting up to `timeout` for the first; returns how many were processed. A signal
+  // ends the wait early (0). Never throws: an unexpected error is logged once per call and ends it.
+  int Drain(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    int processed = 0;
+    try {
+      zmq::pollitem_t item{pair_->handle(), 0, ZMQ_POLLIN, 0};
+      if (PollItems(&item, 1, timeout) == 0) return 0;
+      std::vector<zmq::message_t> parts;
+      while (ReceiveParts(*pair_, parts)) {
+        if (parts.size() < 1 || parts[0].size() < 6) continue;  // not a libzmq 4.x event: skipped whole
+        uint16_t event = 0;
+        int32_t value = 0;
+        std::memcpy(&event, parts[0].data(), 2);
+        std::memcpy(&value, static_cast<const char*>(parts[0].data()) + 2, 4);
+        if (event == ZMQ_EVENT_CONNECTED || event == ZMQ_EVENT_ACCEPTED) {
+          table_.Opened(value);
+        } else if (event == ZMQ_EVENT_DISCONNECTED) {
+          closed_.push_back(table_.Closed(value));
+        }
+        ++processed;
+      }
+    } catch (const zmq::error_t& e) {
+      DHS_LOG_LIMITED(spdlog::level::warn, "socket monitor: {}", e.what());
+    }
+    return processed;
+  }
+  ConnectionTable& table() { return table_; }
+  // The connections closed since the last call, in the order reported.
+  std::vector<uint64_t> TakeClosed() { return std::exchange(closed_, {}); }
+
+ private:
+  void* socket_;
+  std::unique_ptr<zmq::socket_t> pair_;
+  ConnectionTable table_;
+  std::vector<uint64_t> closed_;
+};
 
 std::string DefaultRunDir() { return absl::StrFormat("/tmp/dhs-%d", getuid()); }
 
@@ -122,31 +286,20 @@ std::string IpcEndpoint(std::string_view run_dir, std::string_view name) {
 
 // ---------------------------------------------------------------- RouterServer
 
-class RouterServer::Monitor : public zmq::monitor_t {
- public:
-  std::vector<int> Take() {
-    while (check_event(0)) {
-    }
-    return std::exchange(closed_, {});
-  }
-
- private:
-  void on_event_disconnected(const zmq_event_t& event, const char*) override { closed_.push_back(event.value); }
-  std::vector<int> closed_;
-};
-
 RouterServer::RouterServer(std::unique_ptr<zmq::context_t> context, std::unique_ptr<zmq::socket_t> socket,
                            std::string endpoint, std::string socket_path)
     : context_(std::move(context)),
       socket_(std::move(socket)),
-      monitor_(std::make_unique<Monitor>()),
+      monitor_(std::make_unique<ConnectionMonitor>(
+          *context_, *socket_, absl::StrCat("inproc://dhs-router-monitor-", reinterpret_cast<uintptr_t>(this)),
+          ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED)),
       endpoint_(std::move(endpoint)),
-      socket_path_(std::move(socket_path)) {
-  monitor_->init(*socket_, absl::StrCat("inproc://dhs-router-monitor-", reinterpret_cast<uintptr_t>(this)),
-                 ZMQ_EVENT_DISCONNECTED);
-}
+      socket_path_(std::move(socket_path)) {}
 
-std::vector<int> RouterServer::TakeDisconnected() { return monitor_->Take(); }
+std::vector<uint64_t> RouterServer::TakeDisconnected() {
+  monitor_->Drain();
+  return monitor_->TakeClosed();
+}
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Bind(std::string_view run_dir, std::string_view name,
                                                                  Options options) {
@@ -177,7 +330,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Bind(std::string_vie
       socket->set(zmq::sockopt::heartbeat_ivl, static_cast<int>(options.heartbeat_interval.count()));
       socket->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(options.heartbeat_timeout.count()));
     }
-    socket->bind(endpoint);
+    ZmqBind(*socket, endpoint);
     return std::unique_ptr<RouterServer>(new RouterServer(std::move(context), std::move(socket), endpoint, path));
   } catch (const zmq::error_t& e) {
     return ZmqStatus(e, absl::StrCat("bind ", endpoint));
@@ -198,27 +351,30 @@ RouterServer::~RouterServer() {
 absl::StatusOr<std::optional<Incoming>> RouterServer::Poll(std::chrono::milliseconds timeout) {
   try {
     zmq::pollitem_t item{socket_->handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Incoming>();
+    if (PollItems(&item, 1, timeout) == 0) return std::optional<Incoming>();
     std::vector<zmq::message_t> parts;
-    if (!zmq::recv_multipart(*socket_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
-      return std::optional<Incoming>();
-    }
+    if (!ReceiveParts(*socket_, parts)) return std::optional<Incoming>();
+    // The monitor's events up to this message (its connection's ACCEPTED, an earlier connection's DISCONNECTED on
+    // the same descriptor number) are queued by now: taken first, so the message is tied to its own connection.
+    monitor_->Drain();
     if (parts.size() != 2) {
       DHS_LOG_LIMITED(spdlog::level::warn, "{}: dropping a message of {} frames (expected routing id + payload)",
                       endpoint_, parts.size());
       return std::optional<Incoming>();
     }
-    return std::optional<Incoming>(Incoming{parts[0].to_string(), parts[1].to_string(), zmq_msg_get(parts[1].handle(), ZMQ_SRCFD)});
+    const int fd = zmq_msg_get(parts[1].handle(), ZMQ_SRCFD);
+    return std::optional<Incoming>(
+        Incoming{parts[0].to_string(), parts[1].to_string(), fd, fd >= 0 ? monitor_->table().Of(fd) : 0});
   } catch (const zmq::error_t& e) {
-    if (e.num() == EINTR) return std::optional<Incoming>();
     return ZmqStatus(e, absl::StrCat("receive on ", endpoint_));
   }
 }
 
 absl::Status RouterServer::Reply(std::string_view peer, std::string_view bytes) {
   try {
-    if (!socket_->send(zmq::buffer(peer.data(), peer.size()), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
-        !socket_->send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait)) {
+    // The routing id and the payload: a ROUTER queues a message's parts together (all or none: the first part's
+    // EAGAIN / EHOSTUNREACH), so the payload is never refused once the id was taken.
+    if (!SendPart(*socket_, peer, ZMQ_SNDMORE) || !SendPart(*socket_, bytes, 0)) {
       return absl::ResourceExhaustedError(absl::StrCat("reply queue of peer full on ", endpoint_));
     }
     return absl::OkStatus();
@@ -228,21 +384,6 @@ absl::Status RouterServer::Reply(std::string_view peer, std::string_view bytes) 
 }
 
 // ---------------------------------------------------------------- DealerClient
-
-class DealerClient::Monitor : public zmq::monitor_t {
- public:
-  bool connected() const { return connected_; }
-  int disconnects() const { return disconnects_; }
-
- private:
-  void on_event_connected(const zmq_event_t&, const char*) override { connected_ = true; }
-  void on_event_disconnected(const zmq_event_t&, const char*) override {
-    connected_ = false;
-    ++disconnects_;
-  }
-  bool connected_ = false;
-  int disconnects_ = 0;
-};
 
 DealerClient::DealerClient(std::string endpoint, Options options)
     : endpoint_(std::move(endpoint)), options_(std::move(options)), context_(std::make_unique<zmq::context_t>(1)) {}
@@ -272,11 +413,11 @@ absl::Status DealerClient::OpenSocket() {
       socket_->set(zmq::sockopt::heartbeat_ivl, ivl);
       socket_->set(zmq::sockopt::heartbeat_timeout, 3 * ivl);
     }
-    monitor_ = std::make_unique<Monitor>();
-    monitor_->init(*socket_,
-                   absl::StrCat("inproc://dhs-monitor-", reinterpret_cast<uintptr_t>(this), "-", ++socket_generation_),
-                   ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
-    socket_->connect(endpoint_);
+    monitor_ = std::make_unique<ConnectionMonitor>(
+        *context_, *socket_,
+        absl::StrCat("inproc://dhs-monitor-", reinterpret_cast<uintptr_t>(this), "-", ++socket_generation_),
+        ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
+    ZmqConnect(*socket_, endpoint_);
     return absl::OkStatus();
   } catch (const zmq::error_t& e) {
     CloseSocket();
@@ -295,7 +436,7 @@ void DealerClient::CloseSocket() {
 absl::Status DealerClient::Send(std::string_view bytes) {
   if (socket_ == nullptr) return absl::UnavailableError("client socket is closed");
   try {
-    if (!socket_->send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::dontwait)) {
+    if (!SendPart(*socket_, bytes, 0)) {
       return absl::UnavailableError(absl::StrCat("cannot queue a message to ", endpoint_));
     }
     return absl::OkStatus();
@@ -306,23 +447,31 @@ absl::Status DealerClient::Send(std::string_view bytes) {
 
 absl::StatusOr<std::string> DealerClient::Receive(std::chrono::milliseconds timeout) {
   if (socket_ == nullptr) return absl::UnavailableError("client socket is closed");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   try {
-    zmq::pollitem_t item{socket_->handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) > 0) {
-      std::vector<zmq::message_t> parts;
-      if (zmq::recv_multipart(*socket_, std::back_inserter(parts), zmq::recv_flags::dontwait) && !parts.empty()) {
-        if (const int fd = zmq_msg_get(parts.back().handle(), ZMQ_SRCFD); fd >= 0 && fd != source_fd_) {
-          struct stat st {};
-          if (::fstat(fd, &st) == 0) {
-            source_fd_ = fd;
-            source_inode_ = st.st_ino;
+    while (true) {
+      zmq::pollitem_t item{socket_->handle(), 0, ZMQ_POLLIN, 0};
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (PollItems(&item, 1, std::max(left, std::chrono::milliseconds(0))) > 0) {
+        std::vector<zmq::message_t> parts;
+        if (ReceiveParts(*socket_, parts) && !parts.empty()) {
+          // The connection that delivered it, by descriptor and inode (a later connection may get the same
+          // descriptor number: its inode differs): what PeerClosed looks at.
+          if (const int fd = zmq_msg_get(parts.back().handle(), ZMQ_SRCFD); fd >= 0) {
+            struct stat st {};
+            if (::fstat(fd, &st) == 0) {
+              source_fd_ = fd;
+              source_inode_ = st.st_ino;
+            }
           }
+          return parts.back().to_string();
         }
-        return parts.back().to_string();
       }
+      if (std::chrono::steady_clock::now() >= deadline) break;  // else a signal ended the poll early: wait on
     }
   } catch (const zmq::error_t& e) {
-    if (e.num() != EINTR) return ZmqStatus(e, absl::StrCat("receive from ", endpoint_));
+    return ZmqStatus(e, absl::StrCat("receive from ", endpoint_));
   }
   return absl::DeadlineExceededError(absl::StrCat("no message from ", endpoint_, " within ", timeout.count(), " ms"));
 }
@@ -338,38 +487,31 @@ absl::StatusOr<std::string> DealerClient::Request(std::string_view bytes, std::c
 }
 
 void DealerClient::DrainMonitor() {
-  if (hold_monitor_) return;
-  try {
-    while (monitor_->check_event(0)) {
-    }
-  } catch (const zmq::error_t& e) {
-    // A signal (EINTR) interrupted the poll: the events left are processed by the next call.
-    if (e.num() != EINTR) spdlog::warn("socket monitor of {}: {}", endpoint_, e.what());
-  }
+  if (hold_monitor_ || monitor_ == nullptr) return;
+  monitor_->Drain();
 }
 
 bool DealerClient::peer_connected() {
   if (monitor_ == nullptr) return false;
   DrainMonitor();
-  return monitor_->connected();
+  return monitor_->table().open_count() > 0;
 }
 
 int DealerClient::disconnects() {
   if (monitor_ == nullptr) return 0;
   DrainMonitor();
-  return monitor_->disconnects();
+  return static_cast<int>(monitor_->table().closes());
 }
 
 bool DealerClient::PeerClosed() {
-  if (disconnects() > 0) return true;
-  if (source_fd_ < 0) return false;
-  // The I/O thread emits DISCONNECTED before it closes the descriptor: a descriptor found closed or reused means the
-  // event is queued; one whose peer hung up is a connection the I/O thread has not processed yet.
+  if (source_fd_ < 0) return disconnects() > 0;  // no answer yet: no connection to tie the question to
+  // The connection of the latest message, named by descriptor and inode: closed by ZeroMQ's I/O thread (descriptor
+  // gone, or reused by a later connection: another inode), or hung up by the peer. The monitor is not asked: its
+  // DISCONNECTED names a descriptor number, which an earlier connection may have had.
   struct stat st {};
   if (::fstat(source_fd_, &st) != 0 || st.st_ino != source_inode_) return true;
   pollfd p{source_fd_, POLLIN | POLLRDHUP, 0};
-  if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) return true;
-  return disconnects() > 0;  // closed (and reused) between the two checks: the event is queued by now
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 bool DealerClient::WaitPeerConnected(bool connected, std::chrono::milliseconds timeout) {
@@ -377,7 +519,11 @@ bool DealerClient::WaitPeerConnected(bool connected, std::chrono::milliseconds t
   while (peer_connected() != connected) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0 || monitor_ == nullptr) return false;
-    monitor_->check_event(static_cast<int>(left.count()));  // blocks until an event or the deadline
+    if (!hold_monitor_) {
+      monitor_->Drain(left);  // blocks until an event or the deadline (a signal: earlier)
+    } else {
+      ::poll(nullptr, 0, static_cast<int>(std::min<int64_t>(left.count(), 10)));
+    }
   }
   return true;
 }
@@ -389,7 +535,7 @@ absl::StatusOr<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
   if (!incoming.ok()) return incoming.status();
   if (!incoming->has_value()) return false;
   const Incoming& in = **incoming;
-  source_fd_ = in.source_fd;
+  source_connection_ = in.connection;
 
   std::string reply;
   absl::StatusOr<Message> message = DecodeEnvelope(in.bytes, max_message_bytes_);

@@ -7,18 +7,28 @@
 //   Server        a dispatch loop over a RouterServer: decode -> ErrorReply on a bad message and
 //                 keep serving -> else the handler registered for the body type.
 //
+// Connections (issue 22): ZeroMQ names a connection by its file descriptor, and the kernel gives a closed descriptor's
+// number to the next connection, so a socket monitor's DISCONNECTED read late would be taken for the connection that
+// now has that number. Here every connection gets an id that is never reused (ConnectionTable), each received message
+// is tied to the connection that delivered it, and a close names the connection it belongs to.
+// Signals (issue 22): every ZeroMQ call handles EINTR (memd and workerd take SIGTERM at any moment): a send, receive,
+// bind, connect or monitor read is retried; a wait (poll) that a signal interrupts ends early as if it timed out, so
+// the caller's loop checks its stop flag. No ZeroMQ error escapes as an exception.
+//
 // Thread-safety: none of these classes is thread-safe (ZeroMQ sockets are single-thread objects);
 // each instance is used by one thread at a time. Each owns its own zmq context, so create them
 // after any fork() that runs code without exec.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/protocol.h"
@@ -30,6 +40,36 @@ class socket_t;
 }  // namespace zmq
 
 namespace dhs {
+
+class ConnectionMonitor;  // transport.cc: a socket monitor feeding a ConnectionTable
+
+// Which connection each socket-monitor event and each received message belongs to: a pure table (events in, ids out;
+// no sockets). Ids are 1, 2, ... in the order the connections were seen, never reused (0 = none). Feed the events in
+// the monitor's order: the I/O thread queues a connection's open (CONNECTED / ACCEPTED) before any of its messages is
+// readable, and its close (DISCONNECTED) before it closes the descriptor, so before the number can be reused; a
+// received message is looked up (Of) after the events queued before it were fed.
+class ConnectionTable {
+ public:
+  using Id = uint64_t;
+  // A connection opened on descriptor `fd`; returns its new id. A connection still open on `fd` (its close was never
+  // reported) is taken as closed first.
+  Id Opened(int fd);
+  // The connection on `fd` closed; returns its id (a new id, closed at once, when no open connection on `fd` was
+  // seen: e.g. opened before the monitor started).
+  Id Closed(int fd);
+  // The connection a message received from `fd` (ZMQ_SRCFD) belongs to: the open one on `fd`, else the latest one that
+  // was on `fd` (a message read after its connection closed), else a new open one (its open was not seen).
+  Id Of(int fd);
+  bool IsOpen(Id id) const;
+  size_t open_count() const { return open_.size(); }
+  uint64_t closes() const { return closes_; }  // Closed calls so far
+
+ private:
+  Id next_ = 0;
+  uint64_t closes_ = 0;
+  std::unordered_map<int, Id> open_;     // fd -> its open connection
+  std::unordered_map<int, Id> last_;     // fd -> the latest connection on it (open or closed)
+};
 
 // Creates the run directory `path` with mode 0700 (the parent must exist). An existing directory
 // is accepted only if it is owned by this user and grants nothing to group/others; otherwise
@@ -61,7 +101,8 @@ std::string IpcEndpoint(std::string_view run_dir, std::string_view name);
 struct Incoming {
   std::string peer;   // ZeroMQ routing id of the sender (pass back to Reply)
   std::string bytes;  // the message (an Envelope, unverified)
-  int source_fd = -1; // the connection's file descriptor (ZMQ_SRCFD): what RouterServer::TakeDisconnected names
+  int source_fd = -1; // the connection's file descriptor (ZMQ_SRCFD); reused by later connections once closed
+  uint64_t connection = 0;  // the connection that delivered it (ConnectionTable id): what TakeDisconnected names
 };
 
 class RouterServer {
@@ -103,17 +144,18 @@ class RouterServer {
   // RESOURCE_EXHAUSTED when its queue is full (ZMQ_SNDHWM reached: it does not read; nothing was sent, retry later).
   absl::Status Reply(std::string_view peer, std::string_view bytes);
 
-  // File descriptors (Incoming::source_fd) of the connections closed since the last call, oldest first, from the
-  // socket monitor (ZMQ_EVENT_DISCONNECTED: the peer closed, died, or missed its ZMTP heartbeats). Never blocks.
-  std::vector<int> TakeDisconnected();
+  // The connections (Incoming::connection ids) closed since the last call, oldest first, from the socket monitor
+  // (ZMQ_EVENT_DISCONNECTED: the peer closed, died, or missed its ZMTP heartbeats). A close is tied to its own
+  // connection: a peer that reconnects (a restarted worker, possibly on the same descriptor number) has a new id, and
+  // the old connection's close, however late it is taken, never names it. Never blocks.
+  std::vector<uint64_t> TakeDisconnected();
 
  private:
-  class Monitor;
   RouterServer(std::unique_ptr<zmq::context_t> context, std::unique_ptr<zmq::socket_t> socket,
                std::string endpoint, std::string socket_path);
   std::unique_ptr<zmq::context_t> context_;
   std::unique_ptr<zmq::socket_t> socket_;
-  std::unique_ptr<Monitor> monitor_;
+  std::unique_ptr<ConnectionMonitor> monitor_;
   std::string endpoint_;
   std::string socket_path_;
 };
@@ -143,7 +185,7 @@ class DealerClient {
   // socket is reset first.
   absl::Status Send(std::string_view bytes);
 
-  // Waits up to `timeout` for the next message; DEADLINE_EXCEEDED when none came.
+  // Waits up to `timeout` for the next message; DEADLINE_EXCEEDED when none came (a signal does not end the wait).
   absl::StatusOr<std::string> Receive(std::chrono::milliseconds timeout);
 
   // Send + Receive. On DEADLINE_EXCEEDED the socket is reset (closed, reopened, reconnected:
@@ -151,24 +193,27 @@ class DealerClient {
   // reply to a later one; the caller may retry the request.
   absl::StatusOr<std::string> Request(std::string_view bytes, std::chrono::milliseconds timeout);
 
-  // Whether the transport connection to the server is up, from the socket monitor's
-  // CONNECTED/DISCONNECTED events seen so far (processes pending events, does not block).
+  // Whether a transport connection to the server is up, from the socket monitor's CONNECTED/DISCONNECTED events seen
+  // so far (processes pending events, does not block).
   bool peer_connected();
 
-  // How many times the transport connection to the server dropped since the socket was opened (the server closed it:
-  // it exited or was killed; or missed heartbeats), from the socket monitor (processes pending events, does not
-  // block). A Request that timed out reopens the socket and starts the count again.
+  // How many transport connections to the server dropped since the socket was opened (the server closed one: it
+  // exited or was killed; or missed heartbeats), from the socket monitor (processes pending events, does not block).
+  // Counts every connection of the socket, also one that dropped before the server that answers now was reached (a
+  // dying server's, before ZeroMQ reconnected to its successor): PeerClosed tells whether the one that answers ended.
+  // A Request that timed out reopens the socket and starts the count again.
   int disconnects();
 
-  // Whether the connection to the server is known to have ended, without waiting for the socket monitor: true when
-  // disconnects() > 0, or when the connection that delivered the latest received message is closed on the peer's side
-  // (POLLHUP / POLLRDHUP) or already closed by ZeroMQ's I/O thread (its descriptor gone or now another socket). A
-  // process resumed after SIGSTOP gets here before its I/O thread has turned the closed connection into the monitor's
-  // DISCONNECTED event; this tells it anyway. False while nothing was received yet (no connection to look at) and
-  // while the connection is open. Never blocks.
+  // Whether the server's connection is known to have ended, tied to the connection (issue 22): once a message was
+  // received, true exactly when the connection that delivered the latest message is closed on the peer's side
+  // (POLLHUP / POLLRDHUP) or already closed by ZeroMQ's I/O thread (its descriptor gone or now another socket: the
+  // connection is named by descriptor and inode, recorded at every receive). An earlier connection's close (a server
+  // that died before ZeroMQ reconnected to the one that answers) is not this one's, however late the monitor reports
+  // it. Before any message: whether any connection dropped (disconnects() > 0). Needs no monitor event: a process
+  // resumed after SIGSTOP sees the close before its I/O thread reported it. Never blocks.
   bool PeerClosed();
   // TEST ONLY: while held, the socket monitor's events are left queued (as in a process whose I/O thread has not run
-  // yet): disconnects() and peer_connected() do not change.
+  // yet, or one that reads them late): disconnects() and peer_connected() do not change.
   void HoldMonitorEventsForTest(bool hold) { hold_monitor_ = hold; }
 
   // Processes monitor events until peer_connected() == `connected` or `timeout` passed; returns
@@ -180,7 +225,6 @@ class DealerClient {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
-  class Monitor;
   DealerClient(std::string endpoint, Options options);
   absl::Status OpenSocket();
   void CloseSocket();
@@ -191,7 +235,7 @@ class DealerClient {
   Options options_;
   std::unique_ptr<zmq::context_t> context_;
   std::unique_ptr<zmq::socket_t> socket_;
-  std::unique_ptr<Monitor> monitor_;
+  std::unique_ptr<ConnectionMonitor> monitor_;
   int socket_generation_ = 0;
   // The connection of the latest received message (ZMQ_SRCFD) and its socket's inode (-1 / 0: none yet).
   int source_fd_ = -1;
@@ -231,14 +275,14 @@ class Server {
   absl::Status Run(const std::function<bool()>& keep_going, std::chrono::milliseconds tick);
 
   const std::string& sender() const { return sender_; }
-  // The connection (Incoming::source_fd) of the message being handled, or of the last one served.
-  int source_fd() const { return source_fd_; }
+  // The connection (Incoming::connection) of the message being handled, or of the last one served.
+  uint64_t source_connection() const { return source_connection_; }
 
  private:
   RouterServer* router_;
   std::string sender_;
   size_t max_message_bytes_ = kMaxMessageBytes;
-  int source_fd_ = -1;
+  uint64_t source_connection_ = 0;
   std::unordered_map<int, Handler> handlers_;
   ReplyFailureHandler on_reply_failure_;
 };

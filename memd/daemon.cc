@@ -117,7 +117,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   RemoveStaleSegments(options.segment_name, options.unreadable_segment_age);
   // The pool before the core: one larger than the free /dev/shm fails at once (HostPoolSegment::Create checks the
   // free space), before the core spends seconds building its host-page allocator for millions of pages.
-  auto pool = OpenPool(options.segment_name, canonical, options.page_bytes, options.host_pool_pages);
+  auto pool = OpenPool(options.segment_name, canonical, options.page_bytes, options.host_pool_pages,
+                       options.replace_host_pool);
   if (!pool.ok()) {
     return absl::Status(pool.status().code(),
                         absl::StrFormat("cannot create the host pool (%d pages x %d bytes = %d bytes in "
@@ -152,7 +153,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   }
   std::unique_ptr<Daemon> d(new Daemon(std::move(options), std::move(pool->segment), std::move(journal),
                                        std::move(*router), std::move(*core), std::move(*record_journal)));
-  if (absl::Status s = d->AdoptLeftovers(pool->adopted, pool->reused); !s.ok()) return s;  // ~Daemon removes the pool
+  if (absl::Status s = d->AdoptLeftovers(pool->adopted, pool->reused); !s.ok()) {
+    d->keep_pool_ = pool->reused;  // a failed start never removes a pool it was to adopt (nor its records)
+    return s;
+  }
   d->PublishMetrics();
   return d;
 }
@@ -218,6 +222,10 @@ Daemon::~Daemon() {
   const std::string name = segment_->name();
   const uint32_t held = core_->host().allocated();
   segment_.reset();
+  if (keep_pool_) {
+    spdlog::info("memd: /dev/shm/{} kept for the next memd of this run directory (this start failed)", name);
+    return;
+  }
   if (held > 0) {  // interrupted (or live) requests hold host copies: the next memd of this run directory adopts them
     spdlog::info("memd: /dev/shm/{} kept for the next memd of this run directory: {} host pages of {} requests",
                  name, held, core_->Dump(DumpDetail::kCounts).request_count);
@@ -315,9 +323,9 @@ void Daemon::Fence(GpuId gpu, const std::string& why) {
 }
 
 void Daemon::CheckDisconnects() {
-  for (int fd : router_->TakeDisconnected()) {
+  for (uint64_t connection : router_->TakeDisconnected()) {  // each close names its own connection (issue 22)
     for (auto& [gpu, g] : gpus_) {
-      if (g.fenced || g.fd != fd) continue;
+      if (g.fenced || g.connection != connection) continue;
       Fence(gpu, absl::StrFormat("its connection closed (the process exited, or answered no ZMTP heartbeat for %d ms)",
                                  options_.worker_timeout.count()));
     }
@@ -339,7 +347,7 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
     if (g.peer != peer) continue;
     if (!g.fenced) {
       g.last_heard = std::chrono::steady_clock::now();
-      g.fd = server_->source_fd();
+      g.connection = server_->source_connection();
       return absl::OkStatus();
     }
     if (type == wire::Body::Hello || type == wire::Body::IntrospectQuery) return absl::OkStatus();
@@ -457,7 +465,7 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   g.shape = WorkerShapeOf(*hello);
   g.fenced = false;
   g.fenced_why.clear();
-  g.fd = server_->source_fd();
+  g.connection = server_->source_connection();
   g.last_heard = std::chrono::steady_clock::now();
   ++counters_.hellos;
   reply.accepted = true;

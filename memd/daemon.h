@@ -1,7 +1,8 @@
 // memd/daemon.h: the memory daemon process around the decision core (brief §3, §4; docs/protocol.md).
 //
 // Daemon owns the host-pool segment (memd/pool_segment.h: named by the canonical run directory; a dead memd's one is
-// adopted when its geometry matches and its journal verifies, else replaced; created with every page reserved; removed
+// adopted when its geometry matches and its journal verifies, else replaced (one of another geometry that still names
+// requests only with replace_host_pool: OpenPool); created with every page reserved; removed
 // by the destructor unless requests still hold host pages, then kept for the next memd), the
 // RouterServer "memd" in the run directory, and the ResidencyManager. One event loop (Serve): each inbound message is
 // verified (common Server: a bad message gets an ErrorReply and the loop keeps serving), mapped to one core event,
@@ -80,6 +81,10 @@ struct DaemonOptions {
   // may still write a backup or tail copy into one until its epoch ends (workerd --memd-timeout-ms, 2 s by default;
   // a SIGTERMed worker's shutdown, at most 5 s). Admissions that need them wait meanwhile.
   std::chrono::milliseconds adopt_grace{6000};
+  // A leftover pool of this run directory that cannot be adopted (another geometry) but whose journal names requests
+  // is replaced, dropping them, only when this is set (memd --replace-host-pool); else Start fails and keeps it
+  // (OpenPool, issue 22).
+  bool replace_host_pool = false;
 };
 
 class Daemon {
@@ -87,7 +92,9 @@ class Daemon {
   // Creates the run directory, binds memd.sock, removes stale segments (RemoveStaleSegments), opens or creates the
   // host-pool segment (OpenPool) and adopts a dead memd's journal and records. Errors: InvalidArgument (bad options, a
   // run directory too long for the node's sockets: CheckSocketPaths), ResourceExhausted (/dev/shm too small for the
-  // pool), AlreadyExists (a live memd in the run dir, or the segment belongs to another run directory).
+  // pool; a leftover pool is then kept), AlreadyExists (a live memd in the run dir, or the segment belongs to another
+  // run directory), FailedPrecondition (a leftover pool with another geometry still holds requests and
+  // replace_host_pool is not set). A start that fails never removes a pool it adopted or could adopt.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();  // closes the socket and removes the host-pool segment
   Daemon(const Daemon&) = delete;
@@ -114,7 +121,7 @@ class Daemon {
     WorkerShape shape;         // its Hello's shape (issue 14), shown in the status view (GpuDump::worker) only
     bool fenced = false;
     std::string fenced_why;    // why it was fenced (in the FAILED_PRECONDITION of its worker's messages)
-    int fd = -1;               // connection of its latest message (RouterServer::TakeDisconnected names it)
+    uint64_t connection = 0;   // connection of its latest message (an Incoming::connection id: TakeDisconnected names it)
     std::chrono::steady_clock::time_point last_heard;  // its latest message
   };
 
@@ -182,6 +189,7 @@ class Daemon {
   void PublishMetrics();
 
   DaemonOptions options_;
+  bool keep_pool_ = false;  // the destructor keeps the segment (a start that failed after adopting it)
   std::unique_ptr<HostPoolSegment> segment_;
   std::unique_ptr<HostJournal> journal_;  // over segment_->journal(); the core writes it
   std::unique_ptr<RouterServer> router_;

@@ -1,4 +1,5 @@
 // memd: the node's memory daemon (brief §3, §4). See docs/operations.md for flags and operation.
+#include <atomic>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -111,6 +112,10 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                  "be another memd's pool being created and is kept")
       ->check(dhs::IntegerIn<uint64_t>(1, uint64_t{10} * 365 * 86400))
       ->capture_default_str();
+  app.add_flag("--replace-host-pool", o.replace_host_pool,
+               "replace a leftover host pool of this run directory that cannot be adopted (another --page-bytes or "
+               "pool size) although its journal still names requests: their host copies are dropped. Without it such "
+               "a start fails (exit 1) naming the requests, their pages and the pool's geometry, and keeps the pool");
   app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -124,16 +129,18 @@ void AddFlags(CLI::App& app, CommandLine& c) {
 // the exit code (0 ok, 1 not startable).
 int CheckConfig(const CommandLine& c) {
   const dhs::memd::DaemonOptions& o = c.options;
-  const uint64_t pool_bytes = dhs::kHostPoolHeaderBytes + uint64_t{o.host_pool_pages} * o.page_bytes;
+  dhs::HostPoolExtras extras;  // the segment memd would create: header, journal, pages (HostPoolSegment's layout)
+  extras.journal_bytes = dhs::memd::HostJournal::BytesFor(o.host_pool_pages);
+  const uint64_t pool_bytes = dhs::HostPoolSegment::SizeFor(o.page_bytes, o.host_pool_pages, extras);
   if (absl::Status s = dhs::CheckFreeSpace("host pool of " + o.run_dir, pool_bytes); !s.ok()) {
     std::fprintf(stderr, "memd: %s\n", std::string(s.message()).c_str());
     return 1;
   }
   if (!c.metrics_address.empty()) {
     auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [] { return std::string(); });
-    if (!m.ok()) {
-      std::fprintf(stderr, "memd: %s\n", std::string(m.status().message()).c_str());
-      return 1;
+    if (!m.ok()) {  // as a start: not HOST:PORT is a bad value (2), an address that cannot be bound 1
+      std::fprintf(stderr, "memd: --metrics-address: %s\n", std::string(m.status().message()).c_str());
+      return absl::IsInvalidArgument(m.status()) ? 2 : 1;
     }
   }
   std::printf("memd: configuration ok (host pool %llu pages x %llu bytes)\n",
@@ -168,23 +175,27 @@ bool SetPoolPages(CommandLine& c) {
 // Starts the daemon (and the metrics endpoint) and serves until SIGTERM/SIGINT. Returns the exit code.
 int Serve(const CommandLine& c) {
   const dhs::memd::DaemonOptions& o = c.options;
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGUSR1, OnDrainSignal);
+  // The metrics address is bound first: a start that fails on it has not opened (nor adopted) the host pool.
+  std::atomic<dhs::memd::Daemon*> serving{nullptr};
+  std::unique_ptr<dhs::memd::MetricsServer> metrics;
+  if (!c.metrics_address.empty()) {
+    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [&serving] {
+      dhs::memd::Daemon* d = serving.load();
+      return d != nullptr ? d->metrics() : std::string();
+    });
+    if (!m.ok()) {  // not HOST:PORT, a port out of range: a bad value (2); an address that cannot be bound: 1
+      std::fprintf(stderr, "memd: --metrics-address: %s\n", std::string(m.status().message()).c_str());
+      return absl::IsInvalidArgument(m.status()) ? 2 : 1;
+    }
+    metrics = std::move(*m);
+  }
   auto daemon = dhs::memd::Daemon::Start(o);
   if (!daemon.ok()) {
     std::fprintf(stderr, "memd: %s\n", std::string(daemon.status().message()).c_str());
     return 1;
   }
-  std::unique_ptr<dhs::memd::MetricsServer> metrics;
-  if (!c.metrics_address.empty()) {
-    dhs::memd::Daemon* d = daemon->get();
-    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [d] { return d->metrics(); });
-    if (!m.ok()) {
-      std::fprintf(stderr, "memd: %s\n", std::string(m.status().message()).c_str());
-      return 1;
-    }
-    metrics = std::move(*m);
+  serving.store(daemon->get());
+  if (metrics != nullptr) {
     const std::string bound = absl::StrFormat("%s:%d", metrics->host(), metrics->port());
     // Written whole, then renamed into place: a reader that sees RUN_DIR/memd.metrics never reads it half-written.
     const std::string metrics_file = o.run_dir + "/memd.metrics";
@@ -216,7 +227,8 @@ int Serve(const CommandLine& c) {
                  kDrainMs.count());
     return false;
   });
-  metrics.reset();
+  metrics.reset();  // its thread stops before the daemon it reads goes
+  serving.store(nullptr);
   daemon->reset();  // removes memd.sock and the host-pool segment
   std::remove((o.run_dir + "/memd.metrics").c_str());
   if (!s.ok()) {
@@ -229,11 +241,17 @@ int Serve(const CommandLine& c) {
 
 }  // namespace
 
-// Exit codes: 0 clean stop (SIGTERM/SIGINT, or SIGUSR1 once the workers ended their requests), --help or a good
-// --check-config; 1 a runtime failure (the host pool does not fit in /dev/shm,
-// an unusable run directory, a live memd on it, the metrics address cannot be bound, the loop failed); 2 a bad
-// command line (unknown flag, missing --page-bytes, a value out of range).
+// Exit codes (docs/operations.md): 0 clean stop (SIGTERM/SIGINT at any moment, or SIGUSR1 once the workers ended their
+// requests), --help or a good --check-config; 1 a runtime failure (the host pool does not fit in /dev/shm, a leftover
+// pool that cannot be adopted still names requests and --replace-host-pool is not given, an unusable run directory, a
+// live memd on it, the metrics address cannot be bound, the loop failed); 2 a bad command line (unknown flag, missing
+// --page-bytes, a value out of range, an empty or too long --run-dir, a --metrics-address that is not HOST:PORT).
 int main(int argc, char** argv) {
+  // First: a SIGTERM at any moment of the start (the pool's fallocate, the core's allocator) is taken, and memd stops
+  // cleanly as soon as it serves (Run checks the flag first) instead of dying with its pool half made (issue 22).
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGUSR1, OnDrainSignal);
   CommandLine c;
   c.options.run_dir = dhs::DefaultRunDir();
   CLI::App app("memd: the node memory daemon of Adaptive DHiSparse (host pool, GPU page accounting, admission, "
@@ -246,6 +264,16 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(c.log_level));
   if (!SetPoolPages(c)) return 2;
+  // An empty --run-dir, or one too long for the node's sockets (memd.sock and every worker-<gpu>.sock must fit a unix
+  // socket path), is a bad value (exit 2), as in dhs-node's configuration check.
+  if (c.options.run_dir.empty()) {
+    std::fprintf(stderr, "memd: --run-dir is empty\n");
+    return 2;
+  }
+  if (absl::Status s = dhs::CheckSocketPaths(c.options.run_dir); !s.ok()) {
+    std::fprintf(stderr, "memd: --run-dir: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   // memd creates its run directory (mode 0700), not the directories above it: a missing parent is a bad --run-dir
   // (exit 2), said so before it could surface as a socket or mkdir error.
   if (const std::filesystem::path run_dir(c.options.run_dir), parent = run_dir.parent_path();

@@ -108,8 +108,25 @@ std::string CheckLeftover(std::unique_ptr<HostPoolSegment>& seg, uint64_t page_b
 
 }  // namespace
 
+LeftoverContents LeftoverRequests(const HostPoolSegment& segment) {
+  LeftoverContents c;
+  if (segment.pages() == 0 || segment.pages() > UINT32_MAX) return c;
+  auto journal = HostJournal::Attach(segment.journal(), static_cast<uint32_t>(segment.pages()));
+  if (!journal.ok()) return c;
+  auto verified = journal->Verify();
+  if (!verified.ok()) return c;
+  c.journal_verified = true;
+  for (const auto& [id, jr] : *verified) {
+    if (jr.confirmed.empty() && jr.assigned.empty()) continue;
+    ++c.requests;
+    c.host_pages += jr.confirmed.size() + jr.assigned.size();
+    c.confirmed_pages += jr.confirmed.size();
+  }
+  return c;
+}
+
 absl::StatusOr<OpenedPool> OpenPool(const std::string& name, const std::string& canonical_run_dir, uint64_t page_bytes,
-                                    uint32_t pages) {
+                                    uint32_t pages, bool replace_requests) {
   OpenedPool pool;
   auto existing = HostPoolSegment::Open(name);
   if (existing.ok() && (*existing)->owner_tag() != canonical_run_dir) {
@@ -117,7 +134,12 @@ absl::StatusOr<OpenedPool> OpenPool(const std::string& name, const std::string& 
         "host pool segment /dev/shm/%s belongs to run directory '%s', not '%s'; left alone", name,
         (*existing)->owner_tag(), canonical_run_dir));
   }
+  HostPoolExtras extras;
+  extras.journal_bytes = HostJournal::BytesFor(pages);
+  extras.owner_tag = canonical_run_dir;
   if (!absl::IsNotFound(existing.status())) {
+    LeftoverContents held;
+    if (existing.ok()) held = LeftoverRequests(**existing);  // before CheckLeftover, which may take the segment
     std::string why = existing.ok() ? CheckLeftover(*existing, page_bytes, pages, pool)
                                     : absl::StrFormat("it is not a readable host pool (%s)", existing.status().message());
     if (why.empty()) {
@@ -125,14 +147,34 @@ absl::StatusOr<OpenedPool> OpenPool(const std::string& name, const std::string& 
                    pool.adopted.size());
       return pool;
     }
-    spdlog::warn("memd: the leftover host pool /dev/shm/{} is replaced: {}", name, why);
+    const std::string dropped =
+        held.requests == 0 ? std::string()
+                           : absl::StrFormat("%d requests of a previous memd holding %d host pages (%d with a confirmed "
+                                             "host copy)", held.requests, held.host_pages, held.confirmed_pages);
+    if (held.requests > 0 && !replace_requests) {  // a wrong flag must not cost the interrupted requests their copies
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the leftover host pool /dev/shm/%s holds %s and cannot be adopted: %s. It is kept: start memd with the "
+          "pool's geometry (--page-bytes %d --host-pool-pages %d) to adopt them, or give --replace-host-pool to drop "
+          "them", name, dropped, why, (*existing)->page_bytes(), (*existing)->pages()));
+    }
+    // The new pool must fit before the leftover goes: a start that fails for space keeps it (and its requests).
+    struct stat st {};
+    const uint64_t released =
+        ::stat(absl::StrCat(kHostPoolShmDir, "/", name).c_str(), &st) == 0 ? uint64_t(st.st_blocks) * 512 : 0;
+    if (absl::Status s = CheckFreeSpace(name, HostPoolSegment::SizeFor(page_bytes, pages, extras), released);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(s.message(), "; the leftover /dev/shm/", name, " is kept"));
+    }
+    if (held.requests > 0) {
+      spdlog::warn("memd: the leftover host pool /dev/shm/{} is replaced (--replace-host-pool): {}; dropped: {}", name,
+                   why, dropped);
+    } else {
+      spdlog::warn("memd: the leftover host pool /dev/shm/{} is replaced: {}", name, why);
+    }
     pool = OpenedPool{};
     existing = absl::NotFoundError("");  // unmapped before it is removed
     if (absl::Status s = HostPoolSegment::Remove(name); !s.ok() && !absl::IsNotFound(s)) return s;
   }
-  HostPoolExtras extras;
-  extras.journal_bytes = HostJournal::BytesFor(pages);
-  extras.owner_tag = canonical_run_dir;
   auto created = HostPoolSegment::Create(name, page_bytes, pages, extras);
   if (!created.ok()) return created.status();
   pool.segment = std::move(*created);

@@ -45,12 +45,30 @@ struct OpenedPool {
   bool reused = false;                             // a dead memd's segment whose journal verified
 };
 
+// What a leftover host pool holds that its journal names (LeftoverRequests): requests and their host pages.
+struct LeftoverContents {
+  bool journal_verified = false;  // the journal verified with the segment's own geometry (else nothing is known)
+  size_t requests = 0;            // requests that own a host page
+  size_t host_pages = 0;          // host pages they own (assigned or confirmed)
+  size_t confirmed_pages = 0;     // of which with a confirmed host copy
+};
+// Reads the journal of `segment` with the segment's own geometry, whatever memd's flags say.
+LeftoverContents LeftoverRequests(const HostPoolSegment& segment);
+
 // Opens segment `name` of `canonical_run_dir` when it exists with the same geometry (page_bytes, pages) and a journal
-// that verifies (its requests are returned for AdoptHostPages), else creates it (journal formatted). A leftover that
-// cannot be used (not a host pool, another geometry, no journal, a journal that does not verify) is logged with the
-// reason and replaced: it never blocks a start. Errors: ALREADY_EXISTS (the segment's owner tag names another run
-// directory: a hash collision or a shared segment name; it is left alone), HostPoolSegment::Create's.
+// that verifies (its requests are returned for AdoptHostPages), else creates it (journal formatted). A start that
+// fails here never touches a pool it could adopt and never loses a pool's requests by mistake (issue 22):
+//   - a leftover with another geometry whose journal (read with its own geometry) names requests is kept and the start
+//     refused (FAILED_PRECONDITION naming the requests, their host pages and the pool's geometry: start memd with
+//     that geometry to adopt them) unless `replace_requests` (memd --replace-host-pool): then it is replaced and the
+//     warning says what was dropped;
+//   - before any leftover is removed, the new pool must fit /dev/shm's free space plus the leftover's bytes, else
+//     RESOURCE_EXHAUSTED and the leftover is kept.
+// A leftover that holds nothing adoptable (not a host pool, a journal that does not verify, another geometry with no
+// request) is logged with the reason and replaced: it never blocks a start. Errors: ALREADY_EXISTS (the segment's
+// owner tag names another run directory: a hash collision or a shared segment name; it is left alone), the two
+// above, HostPoolSegment::Create's.
 absl::StatusOr<OpenedPool> OpenPool(const std::string& name, const std::string& canonical_run_dir, uint64_t page_bytes,
-                                    uint32_t pages);
+                                    uint32_t pages, bool replace_requests = false);
 
 }  // namespace dhs::memd

@@ -419,7 +419,11 @@ absl::StatusOr<std::optional<wire::HelloReplyT>> MemdClient::PollAway(const std:
       if (absl::Status s = AcceptReHello(*reply); !s.ok()) return s;
       return std::optional<wire::HelloReplyT>(*std::move(reply));
     }
-    if (dealer_->PeerClosed() || now - hello_sent_ > memd_timeout_) RetryLater(now);
+    // Unanswered for the memd timeout: given up, the next attempt on a new socket. A connection that dropped before
+    // the answer is no reason: ZeroMQ sends a Hello it had not written yet on its next connection (a dying memd's
+    // socket was reached first, then its successor's), and a second re-Hello to a memd that took the first is refused
+    // (issue 22). A Hello lost with a memd that died is given up at the timeout.
+    if (now - hello_sent_ > memd_timeout_) RetryLater(now);
     return std::nullopt;
   }
   if (now < next_attempt_) return std::nullopt;

@@ -200,6 +200,23 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
       {"--page-bytes 4096 --host-pool-pages 8 --reclaim-policy random", "--reclaim-policy"},
       {"--page-bytes 4096 --host-pool-pages 8 --frobnicate", "frobnicate"},
       {"--host-pool-pages 8", "--page-bytes is required"},
+      // Every flag's bad value (issue 22, docs/operations.md "Exit codes"): each exits 2 and names the flag.
+      {"--page-bytes 4096 --host-pool-pages 8 --host-pool-bytes 1M", "--host-pool-bytes excludes --host-pool-pages"},
+      {"--page-bytes 99999999999999999999999 --host-pool-pages 8", "--page-bytes"},
+      {"--page-bytes 4096 --host-pool-pages 8 --reserve-pages 4294967296",
+       "--reserve-pages: must be an integer in [0, 4294967295], got '4294967296'"},
+      {"--page-bytes 4096 --host-pool-pages 8 --populate-pages-per-attempt -1", "--populate-pages-per-attempt"},
+      {"--page-bytes 4096 --host-pool-pages 8 --worker-timeout-ms 99",
+       "--worker-timeout-ms: must be an integer in [100, 86400000], got '99'"},
+      {"--page-bytes 4096 --host-pool-pages 8 --adopt-grace-ms 600001",
+       "--adopt-grace-ms: must be an integer in [0, 600000], got '600001'"},
+      {"--page-bytes 4096 --host-pool-pages 8 --unreadable-segment-age-s 0", "--unreadable-segment-age-s"},
+      {"--page-bytes 4096 --host-pool-pages 8 --log-level verbose", "--log-level"},
+      {"--page-bytes 4096 --host-pool-pages 8 --metrics-address nonsense",
+       "--metrics-address: metrics address 'nonsense' is not HOST:PORT"},
+      {"--page-bytes 4096 --host-pool-pages 8 --metrics-address 127.0.0.1:65536",
+       "--metrics-address: metrics address '127.0.0.1:65536': bad port"},
+      {"--page-bytes 4096 --host-pool-pages 8 --replace-host-pool=maybe", "--replace-host-pool"},
   };
   for (const auto& [args, message] : bad) {
     auto [rc, out] = RunShell(memd + args);
@@ -215,6 +232,28 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
               std::string::npos)
         << out;
     EXPECT_FALSE(std::filesystem::exists(missing));
+  }
+  {  // an empty --run-dir, and one too long for the node's sockets: bad values, nothing created
+    auto [rc, out] = RunShell(std::string(MEMD_BIN) + " --run-dir '' --page-bytes 4096 --host-pool-pages 8");
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("--run-dir is empty"), std::string::npos) << out;
+    const std::string long_dir = std::string(tmpl) + "/" + std::string(100, 'd');
+    std::tie(rc, out) = RunShell(std::string(MEMD_BIN) + " --run-dir " + long_dir + " --page-bytes 4096 --host-pool-pages 8");
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("--run-dir: run directory too long for its sockets"), std::string::npos) << out;
+    EXPECT_FALSE(std::filesystem::exists(long_dir));
+  }
+  {  // runtime failures exit 1: a run directory that is a file, a metrics address in use
+    const std::string file = std::string(tmpl) + "/a-file";
+    std::ofstream(file) << "x";
+    auto [rc, out] = RunShell(std::string(MEMD_BIN) + " --run-dir " + file + " --page-bytes 4096 --host-pool-pages 8");
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("exists and is not a directory"), std::string::npos) << out;
+  }
+  // Nothing of this test's memds is left in /dev/shm: the segments of its run directories do not exist.
+  for (const std::string& dir : {std::string(tmpl) + "/run", std::string(tmpl) + "/a-file"}) {
+    const std::string canonical = std::filesystem::weakly_canonical(dir).string();
+    EXPECT_FALSE(std::filesystem::exists(std::string("/dev/shm/") + memd::PoolSegmentName(canonical))) << dir;
   }
 
   struct statvfs fs {};
@@ -255,7 +294,7 @@ class MemdProcess : public ::testing::Test {
   void Spawn() {
     std::filesystem::remove(run_dir_ + "/memd.metrics");
     std::vector<std::string> args = {MEMD_BIN,          "--run-dir",         run_dir_,  "--page-bytes",
-                                     std::to_string(kPageBytes), "--host-pool-pages", "64", "--metrics-address",
+                                     std::to_string(kPageBytes), "--host-pool-pages", pool_pages_, "--metrics-address",
                                      "127.0.0.1:0",     "--log-level",       "warn"};
     args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     std::vector<char*> argv;
@@ -277,6 +316,7 @@ class MemdProcess : public ::testing::Test {
     pid_ = -1;
   }
   std::vector<std::string> extra_args_;  // memd flags of a derived fixture (set in its constructor)
+  std::string pool_pages_ = "64";        // memd --host-pool-pages
   void TearDown() override {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
@@ -2202,6 +2242,120 @@ TEST_F(MemdProcess, LeftoverSegmentsThatCannotBeAdoptedAreReplaced) {
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("belongs to run directory '/elsewhere'"), std::string::npos) << out;
   EXPECT_TRUE(std::filesystem::exists("/dev/shm/" + name));  // left alone
+}
+
+// Issue 22: a start that fails, or that was given the wrong geometry, never touches a pool it could adopt. A dead
+// memd's pool holds request a (3 host pages, 2 of them confirmed copies, a record with 2 tokens). A memd started with
+// another --host-pool-pages or --page-bytes exits 1 naming the request, its pages and the pool's geometry, and the
+// pool is kept byte for byte; so does one whose new pool does not fit /dev/shm even with --replace-host-pool (the
+// free space is checked before anything is removed). The right flags then adopt a with its 2 confirmed pages; after
+// another kill, --replace-host-pool with another size replaces the pool, and a comes back with no host page kept (its
+// record survives: it is recomputed from its tokens).
+TEST_F(MemdProcess, AFailedOrMisconfiguredStartNeverTouchesAnAdoptablePool) {
+  const std::string name = SegmentOf(run_dir_);
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  const RequestId a = w->Id(1);
+  wire::AdmitRequestT m;
+  m.request = a;
+  m.gpu = 0;
+  m.required_pages = 1;
+  m.history_rows = 3 * kPageRows;
+  m.record = std::make_unique<wire::RequestRecordT>();
+  m.record->request = a;
+  m.record->prompt = {1, 2, 3};
+  m.record->max_new_tokens = 4;
+  w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
+  auto g = w->Next();
+  ASSERT_TRUE(g && g->type == wire::Body::AdmitGrant);
+  const wire::AdmitGrantT grant = *ReadAdmitGrant(*g);
+  ASSERT_EQ(grant.backup_host_pages.size(), 3u);
+  {
+    auto seg = HostPoolSegment::Open(name);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    for (uint32_t h = 0; h < 2; ++h) {
+      std::memset(*(*seg)->PageData(grant.backup_host_pages[h].page()), 0x50 + h, kPageBytes);
+    }
+  }
+  wire::HostCopyWrittenT hw;
+  hw.request = a;
+  hw.gpu = 0;
+  hw.history_pages = {0, 1};
+  hw.ok = true;
+  w->Send(EncodeHostCopyWritten(hw, w->seq(), "worker"));
+  wire::TokensCommittedT t;
+  t.gpu = 0;
+  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
+  t.entries[0]->request = a;
+  t.entries[0]->tokens = {7, 8};
+  t.entries[0]->logits_digests = {70, 80};
+  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
+  auto ack = w->NextOf(wire::Body::TokensCommittedAck);
+  ASSERT_TRUE(ack && ack->type == wire::Body::TokensCommittedAck);  // after the HostCopyWritten: memd handled both
+  KillMemd();
+  w.reset();
+
+  // The pool as the dead memd left it: its geometry, its journal's one request, the bytes of the confirmed pages.
+  auto expect_kept = [&](const std::string& why) {
+    SCOPED_TRACE(why);
+    auto seg = HostPoolSegment::Open(name);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    EXPECT_EQ((*seg)->page_bytes(), kPageBytes);
+    EXPECT_EQ((*seg)->pages(), 64u);
+    const memd::LeftoverContents held = memd::LeftoverRequests(**seg);
+    EXPECT_TRUE(held.journal_verified);
+    EXPECT_EQ(held.requests, 1u);
+    EXPECT_EQ(held.host_pages, 3u);
+    EXPECT_EQ(held.confirmed_pages, 2u);
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint8_t* p = *(*seg)->PageData(grant.backup_host_pages[h].page());
+      EXPECT_TRUE(std::all_of(p, p + kPageBytes, [h](uint8_t v) { return v == 0x50 + h; })) << "history page " << h;
+    }
+    EXPECT_TRUE(std::filesystem::exists(run_dir_ + absl::StrFormat("/records/%016x.rec", a)));  // RecordJournal
+  };
+  expect_kept("before");
+  const std::string memd = std::string(MEMD_BIN) + " --run-dir " + run_dir_ + " ";
+  const std::string refusal = "holds 1 requests of a previous memd holding 3 host pages (2 with a confirmed host copy)";
+  const std::string how = "start memd with the pool's geometry (--page-bytes 4096 --host-pool-pages 64) to adopt "
+                          "them, or give --replace-host-pool to drop them";
+  for (const std::string& flags : {std::string("--page-bytes 4096 --host-pool-pages 32"),
+                                   std::string("--page-bytes 8192 --host-pool-pages 64"),
+                                   std::string("--page-bytes 4096 --host-pool-bytes 1MiB")}) {
+    auto [rc, out] = RunShell(memd + flags);
+    EXPECT_EQ(rc, 1) << flags << ": " << out;
+    EXPECT_NE(out.find(refusal), std::string::npos) << flags << ": " << out;
+    EXPECT_NE(out.find(how), std::string::npos) << flags << ": " << out;
+    expect_kept(flags);
+  }
+  {  // replacing is allowed, but the new pool does not fit: refused before the leftover is removed
+    struct statvfs fs {};
+    ASSERT_EQ(::statvfs(kHostPoolShmDir, &fs), 0);
+    const uint64_t too_many = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize / (1 << 20) + 1024;
+    auto [rc, out] = RunShell(memd + "--replace-host-pool --page-bytes 1048576 --host-pool-pages " +
+                              std::to_string(too_many));
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("/dev/shm has only"), std::string::npos) << out;
+    EXPECT_NE(out.find("the leftover /dev/shm/" + name + " is kept"), std::string::npos) << out;
+    expect_kept("too large to replace");
+  }
+  Spawn();  // the right flags: adopted
+  const std::string adopted = MetricsWith("dhs_memd_requests_adopted_total 1");
+  EXPECT_NE(adopted.find("dhs_memd_host_pages_adopted_total 2\n"), std::string::npos) << adopted;
+  KillMemd();
+  pool_pages_ = "32";
+  extra_args_ = {"--replace-host-pool"};
+  Spawn();  // the operator said so: replaced, the request comes back with nothing kept
+  auto seg = HostPoolSegment::Open(name);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  EXPECT_EQ((*seg)->pages(), 32u);
+  EXPECT_EQ(memd::LeftoverRequests(**seg).requests, 0u);
+  FakeWorker w2(run_dir_, 0);
+  wire::HelloReplyT r = w2.Hello(8);
+  ASSERT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(r.interrupted_requests, (std::vector<uint64_t>{a}));
+  ASSERT_EQ(r.interrupted_records.size(), 1u);
+  EXPECT_EQ(r.interrupted_records[0]->tokens, (std::vector<uint8_t>{7, 8}));
+  EXPECT_EQ(DhsctlJson("request " + std::to_string(a))["host_pages"], 0);
 }
 
 }  // namespace

@@ -5,10 +5,18 @@
 //   process whose ZeroMQ I/O thread has not run since SIGCONT, forced, not timed). CheckEpoch must find the closed
 //   connection and go away (the re-Hello path), not end the epoch blaming a live connection.
 // - The same silence over a connection that is still open ends the epoch (ABORTED), naming the stall.
+// - Issue 22: a worker whose Hello first reached a hung memd (its connection taken into the kernel's backlog, never
+//   answered) that then died, and was answered by the memd started after it, does not take that first connection's
+//   close for the new memd's death: no away, no re-Hello (which the new memd would refuse: exit 75).
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <cstdio>
 #include <thread>
 
 #include "common/host_pool.h"
@@ -24,40 +32,64 @@ namespace {
 constexpr uint64_t kPageBytes = 4096;
 
 // A stand-in memd that answers one Hello of GPU 0 (epoch 1, its host-pool segment) and acks heartbeats on demand.
+// `same_pool_as`: the memd after another one (a restart): it serves that one's segment (same shm object), as a memd
+// that adopted the pool does.
 class StandInMemd {
  public:
-  explicit StandInMemd(const std::string& run_dir, uint32_t worker_timeout_ms = 0)
+  explicit StandInMemd(const std::string& run_dir, uint32_t worker_timeout_ms = 0,
+                       const StandInMemd* same_pool_as = nullptr)
       : worker_timeout_ms_(worker_timeout_ms), shm_("dhs-mct-" + std::to_string(::getpid())) {
-    (void)HostPoolSegment::Remove(shm_);
-    auto seg = HostPoolSegment::Create(shm_, kPageBytes, 4);
-    EXPECT_TRUE(seg.ok()) << seg.status();
-    segment_ = *std::move(seg);
+    if (same_pool_as == nullptr) {
+      (void)HostPoolSegment::Remove(shm_);
+      auto seg = HostPoolSegment::Create(shm_, kPageBytes, 4);
+      EXPECT_TRUE(seg.ok()) << seg.status();
+      segment_ = *std::move(seg);
+    } else {
+      auto seg = HostPoolSegment::Open(shm_);
+      EXPECT_TRUE(seg.ok()) << seg.status();
+      segment_ = *std::move(seg);
+    }
     auto router = RouterServer::Bind(run_dir, "memd");
     EXPECT_TRUE(router.ok()) << router.status();
     router_ = *std::move(router);
   }
   ~StandInMemd() { (void)HostPoolSegment::Remove(shm_); }
-  // Serves until one Hello was answered or `timeout` passed; returns whether it was.
-  bool AnswerHello(std::chrono::milliseconds timeout) {
+  // The next Hello within `timeout`, not answered yet.
+  std::optional<Incoming> TakeHello(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       auto in = router_->Poll(std::chrono::milliseconds(5));
       if (!in.ok() || !in->has_value()) continue;
       auto m = DecodeEnvelope((*in)->bytes);
       if (!m.ok() || m->type != wire::Body::Hello) continue;
-      wire::HelloReplyT r;
-      r.accepted = true;
-      r.worker_epoch = 1;
-      r.worker_timeout_ms = worker_timeout_ms_;
-      auto info = std::make_unique<wire::HostSegmentInfoT>();
-      info->name = shm_;
-      info->size_bytes = segment_->size_bytes();
-      info->page_bytes = kPageBytes;
-      info->pages = 4;
-      r.segments.push_back(std::move(info));
-      return router_->Reply((*in)->peer, EncodeHelloReply(r, m->sequence, "memd")).ok();
+      ++hellos_;
+      return **in;
     }
-    return false;
+    return std::nullopt;
+  }
+  // Answers `hello`: accepted, unless this stand-in already accepted one (as memd refuses a re-Hello for a GPU that
+  // a re-Hello registered: AdoptGpu of a GPU that is up).
+  bool Answer(const Incoming& hello) {
+    auto m = DecodeEnvelope(hello.bytes);
+    if (!m.ok()) return false;
+    wire::HelloReplyT r;
+    r.accepted = accepted_ == 0;
+    if (!r.accepted) r.reason = "GPU 0 is up (a second Hello)";
+    ++accepted_;
+    r.worker_epoch = 1;
+    r.worker_timeout_ms = worker_timeout_ms_;
+    auto info = std::make_unique<wire::HostSegmentInfoT>();
+    info->name = shm_;
+    info->size_bytes = segment_->size_bytes();
+    info->page_bytes = kPageBytes;
+    info->pages = 4;
+    r.segments.push_back(std::move(info));
+    return router_->Reply(hello.peer, EncodeHelloReply(r, m->sequence, "memd")).ok();
+  }
+  // Serves until one Hello was answered or `timeout` passed; returns whether it was.
+  bool AnswerHello(std::chrono::milliseconds timeout) {
+    std::optional<Incoming> hello = TakeHello(timeout);
+    return hello.has_value() && Answer(*hello);
   }
   void Die() { router_.reset(); }  // memd's socket closes (its process died)
   // Sends `bytes` to the worker of GPU 0.
@@ -78,13 +110,26 @@ class StandInMemd {
     }
     return got;
   }
+  int hellos() const { return hellos_; }
 
  private:
   uint32_t worker_timeout_ms_;
   std::string shm_;
   std::unique_ptr<HostPoolSegment> segment_;
   std::unique_ptr<RouterServer> router_;
+  int hellos_ = 0, accepted_ = 0;
 };
+
+// A unix socket at `path` that listens and never accepts: a hung (SIGSTOPped) memd. The kernel completes a worker's
+// connect into its backlog; nobody answers ZeroMQ's greeting, so the worker's Hello stays queued in ZeroMQ's pipe.
+int HungMemd(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 16) != 0) return -1;
+  return fd;
+}
 
 std::unique_ptr<MemdClient> ConnectedClient(const std::string& run_dir, StandInMemd& memd) {
   wire::HelloT hello;
@@ -131,6 +176,95 @@ TEST(MemdClientLiveness, SilenceOverAnOpenConnectionEndsTheEpochNamingTheStall) 
   EXPECT_FALSE(client->away());
   EXPECT_NE(s.message().find("while its connection is still open"), std::string::npos) << s;
   EXPECT_NE(s.message().find("this worker did not run for"), std::string::npos) << s;
+}
+
+TEST(MemdClientConnections, AnEarlierConnectionsCloseIsNotTakenForTheNewMemdsDeath) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  const int hung = HungMemd(dir.path() + "/memd.sock");
+  ASSERT_GE(hung, 0);
+  wire::HelloT hello;
+  hello.gpu = 0;
+  hello.host_page_bytes = kPageBytes;
+  absl::StatusOr<std::unique_ptr<MemdClient>> client;
+  std::thread t([&] { client = MemdClient::Connect(dir.path(), hello, std::chrono::milliseconds(10000)); });
+  pollfd p{hung, POLLIN, 0};
+  const bool reached = ::poll(&p, 1, 10000) == 1;  // the worker's first connection is in the hung memd's backlog
+  ::close(hung);  // the hung memd is killed: that connection closes; ZeroMQ reconnects to the next memd
+  StandInMemd memd(dir.path());  // the memd started after it: answers the Hello ZeroMQ kept queued
+  const bool answered = memd.AnswerHello(std::chrono::milliseconds(10000));
+  t.join();
+  ASSERT_TRUE(reached);
+  ASSERT_TRUE(answered);
+  ASSERT_TRUE(client.ok()) << client.status();
+  (*client)->set_memd_timeout(std::chrono::milliseconds(5000));
+  const absl::Status s = (*client)->CheckEpoch();  // the first connection's close is read here at the latest
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_FALSE((*client)->away()) << "the first connection's close was taken for the new memd's death";
+  memd.Die();  // the answering memd's death is still seen
+  bool away = false;
+  for (int i = 0; i < 1000 && !away; ++i) {
+    ASSERT_TRUE((*client)->CheckEpoch().ok());
+    away = (*client)->away();
+    if (!away) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(away);
+}
+
+// The same race on the re-Hello path: memd A dies, the worker is away; its re-Hello attempt first reaches a hung memd
+// (which dies), then ZeroMQ delivers the queued re-Hello to memd B over a new connection. The worker looks (PollAway)
+// after that first connection closed and before B answered: the close is no reason to give the attempt up (that would
+// drop B's reply and send a second re-Hello, which memd refuses: exit 75). B's one answer is taken.
+TEST(MemdClientConnections, AReHelloIsNotGivenUpWhenAnEarlierConnectionOfItsAttemptCloses) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  auto a = std::make_unique<StandInMemd>(dir.path());
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), *a);
+  ASSERT_TRUE(client);
+  client->set_memd_timeout(std::chrono::milliseconds(5000));
+  a->Die();
+  for (int i = 0; i < 1000 && !client->away(); ++i) {
+    ASSERT_TRUE(client->CheckEpoch().ok());
+    if (!client->away()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(client->away());
+  const int hung = HungMemd(dir.path() + "/memd.sock");
+  ASSERT_GE(hung, 0);
+  auto make_hello = [] {
+    wire::HelloT h;
+    h.gpu = 0;
+    h.host_page_bytes = kPageBytes;
+    return h;
+  };
+  pollfd p{hung, POLLIN, 0};
+  bool reached = false;
+  for (int i = 0; i < 1000 && !reached; ++i) {  // the attempt's first connection lands in the hung memd's backlog
+    auto r = client->PollAway(make_hello);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_FALSE(r->has_value());
+    reached = ::poll(&p, 1, 10) == 1;
+  }
+  ASSERT_TRUE(reached);
+  ASSERT_TRUE(client->rehello_in_flight());
+  ::close(hung);  // the hung memd is killed
+  StandInMemd b(dir.path(), 0, a.get());
+  std::optional<Incoming> hello = b.TakeHello(std::chrono::milliseconds(10000));  // the queued re-Hello, delivered
+  ASSERT_TRUE(hello.has_value());
+  auto before = client->PollAway(make_hello);  // after the first connection's close, before B's answer
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_FALSE(before->has_value());
+  ASSERT_TRUE(b.Answer(*hello));
+  absl::StatusOr<std::optional<wire::HelloReplyT>> reply;
+  for (int i = 0; i < 1000; ++i) {
+    reply = client->PollAway(make_hello);
+    if (!reply.ok() || reply->has_value()) break;
+    if (std::optional<Incoming> again = b.TakeHello(std::chrono::milliseconds(10))) b.Answer(*again);  // refused
+  }
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->has_value());
+  EXPECT_TRUE((*reply)->accepted);
+  EXPECT_FALSE(client->away());
+  EXPECT_EQ(b.hellos(), 1) << "the attempt was given up and the re-Hello said twice";
 }
 
 // memd fences a worker silent for its --worker-timeout-ms; a worker configured to wait longer for memd (here 8 s against

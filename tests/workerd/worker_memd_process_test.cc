@@ -257,8 +257,9 @@ TEST(RealNodeEdges, SecondWorkerForALiveGpuIsRefusedAndTheFirstKeepsServing) {
 }
 
 // Every socket a node creates is checked at start: a run directory short enough for memd.sock but not for
-// worker-<gpu>.sock (sun_path holds 107 bytes) is refused by memd (it checks the longest worker socket) and by the
-// worker, each with exit 1 and a message naming the path and its length; nothing registers.
+// worker-<gpu>.sock (sun_path holds 107 bytes) is refused by memd (it checks the longest worker socket: a bad
+// --run-dir, exit 2, docs/operations.md) and by the worker (exit 1), each with a message naming the path and its
+// length; nothing registers.
 TEST(RealNodeEdges, RunDirectoryTooLongForTheWorkerSocketIsRefusedAtStart) {
   dhs::testing::ScopedRunDir base;
   ASSERT_TRUE(MakeRunDir(base.path()).ok());
@@ -270,7 +271,7 @@ TEST(RealNodeEdges, RunDirectoryTooLongForTheWorkerSocketIsRefusedAtStart) {
   if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
   const std::string memd_log = base.path() + "/memd.log", worker_log = base.path() + "/workerd.log";
   ChildProcess memd(node.MemdArgs(), memd_log);
-  EXPECT_EQ(memd.WaitExit(20000), 1) << ReadFile(memd_log);
+  EXPECT_EQ(memd.WaitExit(20000), 2) << ReadFile(memd_log);
   EXPECT_NE(ReadFile(memd_log).find("worker-65535.sock is 113 bytes"), std::string::npos) << ReadFile(memd_log);
   EXPECT_FALSE(std::filesystem::exists(run_dir + "/memd.sock"));
   ChildProcess worker(node.WorkerArgs(0), worker_log);
