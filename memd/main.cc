@@ -13,7 +13,7 @@
 #include "common/sd_notify.h"
 #include "common/transport.h"
 #include "memd/daemon.h"
-#include "memd/metrics_server.h"
+#include "common/metrics_server.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -176,21 +176,20 @@ int Serve(const CommandLine& c) {
     std::fprintf(stderr, "memd: %s\n", std::string(daemon.status().message()).c_str());
     return 1;
   }
-  std::unique_ptr<dhs::memd::MetricsServer> metrics;
+  std::unique_ptr<dhs::MetricsServer> metrics;
   if (!c.metrics_address.empty()) {
     dhs::memd::Daemon* d = daemon->get();
-    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [d] { return d->metrics(); });
+    auto m = dhs::MetricsServer::Start(c.metrics_address, [d] { return d->metrics(); });
     if (!m.ok()) {
       std::fprintf(stderr, "memd: %s\n", std::string(m.status().message()).c_str());
       return 1;
     }
     metrics = std::move(*m);
-    const std::string bound = absl::StrFormat("%s:%d", metrics->host(), metrics->port());
     // Written whole, then renamed into place: a reader that sees RUN_DIR/memd.metrics never reads it half-written.
-    const std::string metrics_file = o.run_dir + "/memd.metrics";
-    std::ofstream(metrics_file + ".tmp") << bound << "\n";
-    std::rename((metrics_file + ".tmp").c_str(), metrics_file.c_str());
-    spdlog::info("memd: metrics on http://{}/metrics", bound);
+    if (absl::Status s = metrics->WriteAddressFile(o.run_dir + "/memd.metrics"); !s.ok()) {
+      spdlog::warn("memd: {}", s.ToString());
+    }
+    spdlog::info("memd: metrics on http://{}/metrics", metrics->bound_address());
   }
   spdlog::info("memd: serving {} (host pool /dev/shm/{}: {} pages x {} bytes, policy {})", (*daemon)->endpoint(),
                (*daemon)->segment().name(), o.host_pool_pages, o.page_bytes, o.reclaim_policy);

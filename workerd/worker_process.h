@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -84,6 +85,9 @@ class WorkerProcess {
   size_t Abandon(const absl::Status& why, std::chrono::milliseconds linger);
 
   const Worker& worker() const { return *worker_; }
+  // The latest Prometheus text of this worker (RenderWorkerPrometheus of the frontend's whole WorkerStatsReply),
+  // published by the loop after each iteration (ServeOnce). Thread-safe: workerd's metrics server reads it.
+  std::string metrics() const;
   const std::string& endpoint() const { return frontend_->endpoint(); }
 
  private:
@@ -102,6 +106,9 @@ class WorkerProcess {
   uint64_t tokens_before_ = 0;
   std::chrono::steady_clock::time_point rate_since_ = std::chrono::steady_clock::now();
   float tokens_per_s_ = 0;
+  void PublishMetrics();
+  mutable std::mutex metrics_mu_;
+  std::string metrics_;
 };
 
 }  // namespace dhs
