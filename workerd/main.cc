@@ -301,6 +301,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.client_buffer = cl.client_buffer;
   options.on_host_pool = backend.on_host_pool;
   options.start_delay_for_test = std::chrono::milliseconds(cl.fault_start_delay_ms);
+  options.publish_metrics = !cl.metrics_address.empty();
   absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
       dhs::WorkerProcess::Start(model, backend.device.get(), options);
   if (!process.ok()) {

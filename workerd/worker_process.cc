@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
                p->memd_->held_messages());
   p->worker_->set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
+  p->publish_metrics_ = options.publish_metrics;
   p->PublishMetrics();
   if (absl::Status s = p->worker_->ResumeInterrupted(p->memd_->interrupted_requests(), p->memd_->interrupted_records());
       !s.ok()) {
@@ -145,6 +146,7 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
 }
 
 void WorkerProcess::PublishMetrics() {
+  if (!publish_metrics_) return;
   std::string text = RenderWorkerPrometheus(frontend_->StatsReply());
   std::lock_guard<std::mutex> lock(metrics_mu_);
   metrics_ = std::move(text);

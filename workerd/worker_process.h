@@ -43,6 +43,9 @@ struct WorkerProcessOptions {
   // TEST ONLY (workerd --fault-start-delay-ms): the preparation after HelloReply takes this much longer, as pinning a
   // terabyte of host memory or allocating a large pool would (issue 22); 0 = none.
   std::chrono::milliseconds start_delay_for_test{0};
+  // Publish the Prometheus text after every iteration (metrics(); workerd --metrics-address). Off: metrics() stays
+  // empty and the loop renders nothing.
+  bool publish_metrics = false;
 };
 
 class WorkerProcess {
@@ -86,7 +89,8 @@ class WorkerProcess {
 
   const Worker& worker() const { return *worker_; }
   // The latest Prometheus text of this worker (RenderWorkerPrometheus of the frontend's whole WorkerStatsReply),
-  // published by the loop after each iteration (ServeOnce). Thread-safe: workerd's metrics server reads it.
+  // published by the loop after each iteration (ServeOnce) when options.publish_metrics. Thread-safe: workerd's
+  // metrics server reads it.
   std::string metrics() const;
   const std::string& endpoint() const { return frontend_->endpoint(); }
 
@@ -107,6 +111,7 @@ class WorkerProcess {
   std::chrono::steady_clock::time_point rate_since_ = std::chrono::steady_clock::now();
   float tokens_per_s_ = 0;
   void PublishMetrics();
+  bool publish_metrics_ = false;
   mutable std::mutex metrics_mu_;
   std::string metrics_;
 };
