@@ -24,11 +24,11 @@ LatencyHistogram MakeLatencyHistogram() {
 
 std::string SecondsText(uint64_t us) { return absl::StrFormat("%d.%06d", us / 1000000, us % 1000000); }
 
-void AppendMetricHeader(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+void AppendMetricHeader(std::string& out, absl::string_view name, absl::string_view type, absl::string_view help) {
   absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
 }
 
-void AppendHistogram(std::string& out, std::string_view name, std::string_view labels, const LatencyHistogram& h) {
+void AppendHistogram(std::string& out, absl::string_view name, absl::string_view labels, const LatencyHistogram& h) {
   const bool valid = h.counts.size() == h.bounds_us.size() + 1;
   const std::string sep = labels.empty() ? "" : ",";
   uint64_t cumulative = 0;

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 namespace dhs {
@@ -38,12 +38,12 @@ LatencyHistogram MakeLatencyHistogram();
 std::string SecondsText(uint64_t us);
 
 // Appends "# HELP NAME HELP\n# TYPE NAME TYPE\n" to `out`.
-void AppendMetricHeader(std::string& out, std::string_view name, std::string_view type, std::string_view help);
+void AppendMetricHeader(std::string& out, absl::string_view name, absl::string_view type, absl::string_view help);
 
 // Appends the sample lines of one histogram series (no HELP/TYPE: call AppendMetricHeader once per metric name):
 // NAME_bucket{LABELS,le="B"} per bound (cumulative counts), NAME_bucket{LABELS,le="+Inf"}, NAME_sum{LABELS} (seconds),
 // NAME_count{LABELS}. `labels` is the inside of the braces without them (e.g. `gpu="0"`), or empty.
 // A histogram whose counts size is not bounds + 1 is rendered as empty (every count 0).
-void AppendHistogram(std::string& out, std::string_view name, std::string_view labels, const LatencyHistogram& h);
+void AppendHistogram(std::string& out, absl::string_view name, absl::string_view labels, const LatencyHistogram& h);
 
 }  // namespace dhs

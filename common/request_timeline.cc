@@ -30,7 +30,7 @@ absl::StatusOr<TimelineEvent> TimelineEventOf(std::string_view name) {
   for (size_t i = 0; i < kNames.size(); ++i) {
     if (kNames[i] == name) return static_cast<TimelineEvent>(i);
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown timeline event '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown timeline event '", std::string(name), "'"));
 }
 
 void RequestTimelines::Open(uint64_t request, uint64_t client_request, uint64_t client, uint32_t gpu,

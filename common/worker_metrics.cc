@@ -25,12 +25,12 @@ LatencyHistogram FromWire(const std::unique_ptr<wire::LatencyHistogramT>& w) {
 std::string RenderWorkerPrometheus(const wire::WorkerStatsReplyT& s) {
   std::string out;
   const std::string gpu = absl::StrFormat("gpu=\"%d\"", s.gpu);
-  auto one = [&](std::string_view name, std::string_view type, std::string_view help, uint64_t v) {
+  auto one = [&](absl::string_view name, absl::string_view type, absl::string_view help, uint64_t v) {
     AppendMetricHeader(out, name, type, help);
     absl::StrAppend(&out, name, "{", gpu, "} ", v, "\n");
   };
-  auto by = [&](std::string_view name, std::string_view type, std::string_view help, std::string_view label,
-                std::initializer_list<std::pair<std::string_view, uint64_t>> values) {
+  auto by = [&](absl::string_view name, absl::string_view type, absl::string_view help, absl::string_view label,
+                std::initializer_list<std::pair<absl::string_view, uint64_t>> values) {
     AppendMetricHeader(out, name, type, help);
     for (const auto& [k, v] : values) absl::StrAppend(&out, name, "{", gpu, ",", label, "=\"", k, "\"} ", v, "\n");
   };

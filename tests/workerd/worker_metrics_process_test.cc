@@ -4,8 +4,8 @@
 //   --metrics-address) is scraped over HTTP and equals what the clients observed: tokens, requests, the TTFT / TPOT /
 //   admission-wait histograms' counts (and the TTFT sum bounded by the clients' TTFTs), the census summed over its tiers
 //   equals the selected rows of every query the requests fed (brief §5: min(k, t + 1) non-padding rows per query and
-//   index producer), and `dhsctl worker-stats --json` says the same. A client that goes away mid-stream is counted as
-//   one failure with reason "unavailable". Every metric memd and the worker serve is documented in
+//   index producer), and `dhsctl worker-stats --json` says the same. A request memd refuses (it can never fit) is
+//   counted as one failure under its error code's name. Every metric memd and the worker serve is documented in
 //   docs/operations.md with its type (the doc's metric tables parsed).
 // - `dhsctl request --client ID` finds a request across a worker restart (SIGKILL mid-decode, restart, resume): memd's
 //   events of both epochs (admitted, granted, interrupted, resumed; admitted as a resume, granted, completed) and the
@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -206,6 +207,7 @@ struct Seen {
   size_t tokens = 0;
   bool finished = false;
   std::string error;
+  wire::ErrorCode code = wire::ErrorCode::OK;
   uint64_t ttft_us = 0;
   uint64_t allocation_wait_us = 0;
 };
@@ -229,7 +231,10 @@ void ReadUntil(DealerClient& c, std::map<RequestId, Seen>& seen, const std::func
     auto chunk = ReadTokenChunk(*m);
     Seen& s = seen[chunk->request];
     s.tokens += chunk->tokens.size();
-    if (chunk->error != wire::ErrorCode::OK) s.error = chunk->error_message;
+    if (chunk->error != wire::ErrorCode::OK) {
+      s.error = chunk->error_message;
+      s.code = chunk->error;
+    }
     if (chunk->finished) {
       s.finished = true;
       s.ttft_us = chunk->ttft_us;
@@ -351,19 +356,21 @@ TEST(WorkerMetrics, ScrapedMetricsEqualWhatTheClientsObserved) {
   EXPECT_NE(node.DhsctlText("worker-stats").find("tokens_generated"), std::string::npos);
   EXPECT_NE(node.DhsctlText("worker-stats --gpu 5").find("worker-5 is not running"), std::string::npos);
 
-  // A failure by reason: a client that goes away mid-stream (its request ends UNAVAILABLE "client went away").
-  {
-    auto leaver = node.Client();
-    ASSERT_TRUE(leaver);
-    std::map<RequestId, Seen> left;
-    Submit(*leaver, 9, 9, 6000);
-    ReadUntil(*leaver, left, [&] { return left[9].tokens >= 2; }, 30000);
-    ASSERT_GE(left[9].tokens, 2u) << node.Logs();
-  }
-  const std::string failed = "dhs_worker_requests_failed_total{gpu=\"0\",reason=\"unavailable\"}";
+  // A failure by reason: a request whose context can never fit this GPU's M is accepted, then refused by memd
+  // (AdmitReject): its client gets a final chunk with the error; the worker counts it under the error code's name.
+  std::map<RequestId, Seen> rejected;
+  Submit(*c, 9, 9, 6000);
+  ReadUntil(*c, rejected, [&] { return rejected[9].finished; }, 30000);
+  ASSERT_TRUE(rejected[9].finished) << node.Logs();
+  ASSERT_NE(rejected[9].code, wire::ErrorCode::OK) << node.Logs();
+  std::string reason = wire::EnumNameErrorCode(rejected[9].code);
+  for (char& ch : reason) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string failed = "dhs_worker_requests_failed_total{gpu=\"0\",reason=\"" + reason + "\"}";
   w = node.ScrapeUntil("worker-0", [&](const Scrape& s) { return s.at(failed) == 1; });
-  EXPECT_EQ(w.at(failed), 1) << node.Logs();
+  EXPECT_EQ(w.at(failed), 1) << reason << node.Logs();
   EXPECT_EQ(w.at(finished), 5);
+  EXPECT_EQ(w.at("dhs_worker_tokens_total{gpu=\"0\"}"), tokens);
+  std::printf("the refused request failed with reason %s (%s)\n", reason.c_str(), rejected[9].error.c_str());
   // Every metric either daemon serves is in docs/operations.md, with its type.
   const std::map<std::string, std::string> doc = DocumentedMetrics();
   ExpectDocumented(w, doc, "workerd");
@@ -427,12 +434,23 @@ TEST(WorkerMetrics, DhsctlFindsARequestByItsClientIdAcrossAWorkerRestart) {
   }
   EXPECT_EQ(node_ids.size(), 2u) << doc.dump(2);
   using V = std::vector<std::string>;
-  EXPECT_EQ((by[{1, "memd"}]), (V{"admitted", "granted", "interrupted", "resumed"})) << doc.dump(2);
+  // Epoch 1: admitted, granted, population of its optional history perhaps, then the fence and the resume.
+  const V& e1 = by[{1, "memd"}];
+  ASSERT_GE(e1.size(), 4u) << doc.dump(2);
+  EXPECT_EQ((V{e1[0], e1[1], e1[e1.size() - 2], e1.back()}), (V{"admitted", "granted", "interrupted", "resumed"}))
+      << doc.dump(2);
+  for (size_t i = 2; i + 2 < e1.size(); ++i) {
+    EXPECT_TRUE(e1[i] == "populated" || e1[i] == "reclaimed") << e1[i];
+  }
   const V& e2 = by[{2, "memd"}];
   ASSERT_GE(e2.size(), 3u) << doc.dump(2);
   EXPECT_EQ(e2.front(), "admitted");
   EXPECT_EQ(e2[1], "granted");
   EXPECT_EQ(e2.back(), "completed");
+  for (size_t i = 2; i + 1 < e2.size(); ++i) {
+    EXPECT_TRUE(e2[i] == "populated" || e2[i] == "reclaimed") << e2[i];
+  }
+  EXPECT_TRUE(doc["notes"].empty()) << doc["notes"].dump();
   EXPECT_EQ((by[{2, "worker/0"}]), (V{"submitted", "first_token", "end"})) << doc.dump(2);
   EXPECT_EQ(by.count({1, "worker/0"}), 0u) << "the killed worker's events cannot be known";
   // The table names both node ids, in time order: epoch 1's admission before epoch 2's.

@@ -182,10 +182,11 @@ void AddCommands(CLI::App& app, Args& a) {
       ->capture_default_str();
 }
 
-// One request to a socket of the run dir (memd, worker-<gpu>) and its decoded reply. Errors: UNAVAILABLE (no
-// socket, cannot connect), DEADLINE_EXCEEDED (no answer), INTERNAL (undecodable), the peer's ErrorReply.
+// One request to a socket of the run dir (memd, worker-<gpu>) and its decoded reply, a view into `buffer` (which
+// holds the reply's bytes: keep it while the message is read). Errors: UNAVAILABLE (no socket, cannot connect),
+// DEADLINE_EXCEEDED (no answer), INTERNAL (undecodable), the peer's ErrorReply.
 absl::StatusOr<dhs::Message> AskSocket(const std::string& run_dir, const std::string& name, const std::string& bytes,
-                                       std::chrono::milliseconds timeout) {
+                                       std::chrono::milliseconds timeout, std::string& buffer) {
   if (absl::Status s = dhs::CheckSocketAccess(run_dir, name); !s.ok()) {
     return absl::IsNotFound(s) ? absl::UnavailableError(absl::StrCat(name, " is not running (no socket at ", run_dir,
                                                                      "/", name, ".sock)"))
@@ -199,7 +200,8 @@ absl::StatusOr<dhs::Message> AskSocket(const std::string& run_dir, const std::st
   if (!reply.ok()) {
     return absl::DeadlineExceededError(absl::StrCat(name, " did not answer within ", timeout.count(), " ms"));
   }
-  auto message = dhs::DecodeEnvelope(*reply);
+  buffer = *std::move(reply);
+  auto message = dhs::DecodeEnvelope(buffer);
   if (!message.ok()) return absl::InternalError(absl::StrCat("bad reply: ", message.status().message()));
   if (message->type == dhs::wire::Body::ErrorReply) {
     const absl::Status error = dhs::ReadErrorStatus(*message);
@@ -226,8 +228,9 @@ absl::StatusOr<dhs::wire::WorkerStatsReplyT> AskWorkerStats(const Args& a, uint3
   dhs::wire::WorkerStatsQueryT q;
   q.timeline = timeline;
   q.timeline_client_request = client_request;
+  std::string buffer;
   auto m = AskSocket(a.run_dir, absl::StrCat("worker-", gpu), dhs::EncodeWorkerStatsQuery(q, 1, "dhsctl"),
-                     std::chrono::milliseconds(a.timeout_ms));
+                     std::chrono::milliseconds(a.timeout_ms), buffer);
   if (!m.ok()) return m.status();
   if (m->type != dhs::wire::Body::WorkerStatsReply) {
     return absl::InternalError(absl::StrCat("worker-", gpu, " answered ", dhs::BodyName(m->type)));
@@ -254,8 +257,9 @@ int RunTimeline(const Args& a) {
   body.what = dhs::wire::IntrospectWhat::Timeline;
   body.client_request = a.q.request;
   body.format = dhs::wire::IntrospectFormat::Json;
+  std::string buffer;
   auto m = AskSocket(a.run_dir, "memd", dhs::EncodeIntrospectQuery(body, 1, "dhsctl"),
-                     std::chrono::milliseconds(a.timeout_ms));
+                     std::chrono::milliseconds(a.timeout_ms), buffer);
   if (!m.ok()) {
     if (a.json && absl::IsNotFound(m.status())) {
       std::printf("%s\n", nlohmann::json{{"error", std::string(m.status().message())}}.dump(2).c_str());
@@ -280,8 +284,10 @@ int RunTimeline(const Args& a) {
   std::vector<std::string> notes;
   for (uint32_t gpu : gpus) {
     auto stats = AskWorkerStats(a, gpu, true, a.q.request);
-    absl::StatusOr<std::vector<dhs::RequestTimeline>> w = stats.status();
-    if (stats.ok()) {
+    absl::StatusOr<std::vector<dhs::RequestTimeline>> w = std::vector<dhs::RequestTimeline>();
+    if (!stats.ok()) {
+      w = stats.status();
+    } else {
       auto wdoc = nlohmann::json::parse(stats->timeline_json, nullptr, false);
       if (wdoc.is_discarded()) {
         w = absl::InternalError("its timeline is not JSON");
