@@ -455,6 +455,7 @@ TEST(WorkerMetrics, DhsctlFindsARequestByItsClientIdAcrossAWorkerRestart) {
   EXPECT_EQ(by.count({1, "worker/0"}), 0u) << "the killed worker's events cannot be known";
   // The table names both node ids, in time order: epoch 1's admission before epoch 2's.
   const std::string table = node.DhsctlText("request --client " + std::to_string(kClientId));
+  std::printf("$ dhsctl request --client %llu\n%s", static_cast<unsigned long long>(kClientId), table.c_str());
   const size_t first = table.find("admitted");
   const size_t interrupted = table.find("interrupted");
   const size_t end = table.find(" end ");
