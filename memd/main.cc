@@ -130,7 +130,7 @@ int CheckConfig(const CommandLine& c) {
     return 1;
   }
   if (!c.metrics_address.empty()) {
-    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [] { return std::string(); });
+    auto m = dhs::MetricsServer::Start(c.metrics_address, [] { return std::string(); });
     if (!m.ok()) {
       std::fprintf(stderr, "memd: %s\n", std::string(m.status().message()).c_str());
       return 1;
