@@ -57,6 +57,7 @@ DumpView ViewOf(const wire::IntrospectQueryT& q) {
     case wire::IntrospectWhat::Request: v.kind = DumpView::Kind::kRequest; break;
     case wire::IntrospectWhat::Pages: v.kind = DumpView::Kind::kPages; break;
     case wire::IntrospectWhat::Queue: v.kind = DumpView::Kind::kQueue; break;
+    case wire::IntrospectWhat::Timeline: break;  // answered before (OnIntrospect), never a dump view
   }
   v.request = q.request;
   v.gpu = q.gpu;
@@ -319,6 +320,11 @@ void Daemon::Fence(GpuId gpu, const std::string& why) {
   spdlog::warn("memd: worker of GPU {} (pid {}, epoch {}) lost: {}; GPU {} fenced", gpu, g.pid, core_->epoch(gpu), why,
                gpu);
   if (absl::Status s = core_->FenceGpu(gpu); !s.ok()) spdlog::error("memd: fence of GPU {}: {}", gpu, s.ToString());
+  for (RequestId r : core_->InterruptedRequests(gpu)) {
+    if (const RequestTimeline* t = timelines_.Find(r); t != nullptr && !t->ended) {
+      Note(r, TimelineEvent::kInterrupted, 0, why);
+    }
+  }
   FlushOrders();  // now: a Hello that re-registers the GPU next must not receive the old epoch's rejects
 }
 
@@ -585,6 +591,14 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   }
   if (admit.resume_of != 0) ReleaseRecord(admit.resume_of);  // the interrupted request ended in that event
   admit_sequence_[a->request] = m.sequence;
+  timelines_.Open(a->request, a->record ? a->record->client_request : a->request, a->record ? a->record->client : 0,
+                  a->gpu, EpochOfNodeRequestId(a->request));
+  Note(a->request, TimelineEvent::kAdmitted, 0,
+       admit.resume_of != 0 ? absl::StrCat("resume of ", admit.resume_of) : std::string());
+  if (admit.resume_of != 0) {
+    Note(admit.resume_of, TimelineEvent::kResumed, 0, absl::StrCat("as ", a->request));
+    timelines_.End(admit.resume_of);
+  }
   return std::string();  // Grant / Wait / Reject go out with the drained orders
 }
 
@@ -724,6 +738,18 @@ absl::StatusOr<std::string> Daemon::OnTokensCommitted(const Message& m, std::str
 absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
   auto q = ReadIntrospectQuery(m);
   if (!q.ok()) return q.status();
+  if (q->what == wire::IntrospectWhat::Timeline) {  // issue 22: every kept timeline of the client's request id
+    const std::vector<const RequestTimeline*> found = timelines_.FindClient(q->client_request);
+    if (found.empty()) {
+      return absl::NotFoundError(absl::StrFormat("no request of client id %d is known (never admitted, or its "
+                                                 "timeline was evicted)", q->client_request));
+    }
+    wire::IntrospectReplyT reply;
+    reply.what = q->what;
+    reply.format = wire::IntrospectFormat::Json;
+    reply.document = TimelinesToJson(found, "memd").dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    return EncodeIntrospectReply(reply, m.sequence, kSender);
+  }
   if (q->what == wire::IntrospectWhat::Request && !core_->GpuOfRequest(q->request)) {
     return absl::NotFoundError(absl::StrFormat("request %d not found", q->request));
   }
@@ -770,11 +796,23 @@ std::string Daemon::FlushOrders(uint64_t answering_sequence) {
       w.released_pages = ack->released_pages;
       admit_sequence_.erase(ack->request);
       ReleaseRecord(ack->request);  // the request ended: nothing left to resume
+      Note(ack->request, TimelineEvent::kCompleted, ack->released_pages);
+      timelines_.End(ack->request);
       reply = EncodeCompleteAck(w, answering_sequence, kSender);
       continue;
     }
     if (const auto* reject = std::get_if<RejectOrder>(&order)) {  // never admitted
       ReleaseRecord(reject->request);
+      Note(reject->request, TimelineEvent::kRejected, 0, reject->error.ToString());
+      timelines_.End(reject->request);
+    } else if (const auto* grant = std::get_if<GrantOrder>(&order)) {
+      Note(grant->request, TimelineEvent::kGranted, grant->required_pages.size() + grant->optional_pages.size());
+    } else if (const auto* wait = std::get_if<WaitOrder>(&order)) {
+      Note(wait->request, TimelineEvent::kWaited, wait->queue_position, "pages = queue position");
+    } else if (const auto* reclaim = std::get_if<ReclaimOrder>(&order)) {
+      Note(reclaim->request, TimelineEvent::kReclaimed, reclaim->gpu_pages.size());
+    } else if (const auto* populate = std::get_if<PopulateOrder>(&order)) {
+      Note(populate->request, TimelineEvent::kPopulated, populate->gpu_pages.size());
     }
     if (const auto* grant = std::get_if<GrantOrder>(&order); grant && records_.Find(grant->request)) {
       // A memd restarted after this one died restores the request even when none of its pages was confirmed.
@@ -801,6 +839,10 @@ std::string Daemon::FlushOrders(uint64_t answering_sequence) {
     SendToGpu(gpu, bytes);
   }
   return reply;
+}
+
+void Daemon::Note(RequestId request, TimelineEvent event, uint64_t pages, std::string detail) {
+  timelines_.Add(request, TimelineEntry{NowUs(), event, pages, std::move(detail), ""});
 }
 
 uint64_t Daemon::AdmitSequence(RequestId request) const {

@@ -50,6 +50,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/host_pool.h"
+#include "common/request_timeline.h"
 #include "common/transport.h"
 #include "memd/host_journal.h"
 #include "memd/pool_segment.h"
@@ -111,6 +112,10 @@ class Daemon {
   const HostPoolSegment& segment() const { return *segment_; }
   const ResidencyManager& core() const { return *core_; }
   const RequestRecordStore& records() const { return records_; }
+  // The admission side of `dhsctl request CLIENT_ID` (issue 22): one bounded timeline per node request id
+  // (common/request_timeline.h; the default TimelineLimits: 4096 requests, 32 events each), kept after the request
+  // ended until evicted, so a client's request is found across worker epochs (not across a memd restart).
+  const RequestTimelines& timelines() const { return timelines_; }
 
  private:
   struct GpuInfo {
@@ -206,6 +211,9 @@ class Daemon {
   std::map<RequestId, uint64_t> admit_sequence_;  // the AdmitRequest's sequence, repeated by its Grant/Wait/Reject
   uint64_t next_sequence_ = 1;
   DaemonCounters counters_;
+  RequestTimelines timelines_;
+  // Adds `event` to `request`'s timeline now (memd's clock: CLOCK_MONOTONIC us).
+  void Note(RequestId request, TimelineEvent event, uint64_t pages = 0, std::string detail = {});
   std::chrono::steady_clock::time_point next_tick_, next_retry_;
   std::optional<std::chrono::steady_clock::time_point> release_held_at_;  // ReleaseHeldPages due (adopted pool)
   std::set<GpuId> adopt_waiting_gpus_;  // GPUs the adopted journal names that have not said Hello to this memd yet

@@ -14,7 +14,7 @@
 #include "common/sd_notify.h"
 #include "common/transport.h"
 #include "memd/daemon.h"
-#include "memd/metrics_server.h"
+#include "common/metrics_server.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -137,7 +137,7 @@ int CheckConfig(const CommandLine& c) {
     return 1;
   }
   if (!c.metrics_address.empty()) {
-    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [] { return std::string(); });
+    auto m = dhs::MetricsServer::Start(c.metrics_address, [] { return std::string(); });
     if (!m.ok()) {  // as a start: not HOST:PORT is a bad value (2), an address that cannot be bound 1
       std::fprintf(stderr, "memd: --metrics-address: %s\n", std::string(m.status().message()).c_str());
       return absl::IsInvalidArgument(m.status()) ? 2 : 1;
@@ -177,9 +177,9 @@ int Serve(const CommandLine& c) {
   const dhs::memd::DaemonOptions& o = c.options;
   // The metrics address is bound first: a start that fails on it has not opened (nor adopted) the host pool.
   std::atomic<dhs::memd::Daemon*> serving{nullptr};
-  std::unique_ptr<dhs::memd::MetricsServer> metrics;
+  std::unique_ptr<dhs::MetricsServer> metrics;
   if (!c.metrics_address.empty()) {
-    auto m = dhs::memd::MetricsServer::Start(c.metrics_address, [&serving] {
+    auto m = dhs::MetricsServer::Start(c.metrics_address, [&serving] {
       dhs::memd::Daemon* d = serving.load();
       return d != nullptr ? d->metrics() : std::string();
     });
@@ -196,12 +196,11 @@ int Serve(const CommandLine& c) {
   }
   serving.store(daemon->get());
   if (metrics != nullptr) {
-    const std::string bound = absl::StrFormat("%s:%d", metrics->host(), metrics->port());
     // Written whole, then renamed into place: a reader that sees RUN_DIR/memd.metrics never reads it half-written.
-    const std::string metrics_file = o.run_dir + "/memd.metrics";
-    std::ofstream(metrics_file + ".tmp") << bound << "\n";
-    std::rename((metrics_file + ".tmp").c_str(), metrics_file.c_str());
-    spdlog::info("memd: metrics on http://{}/metrics", bound);
+    if (absl::Status s = metrics->WriteAddressFile(o.run_dir + "/memd.metrics"); !s.ok()) {
+      spdlog::warn("memd: {}", s.ToString());
+    }
+    spdlog::info("memd: metrics on http://{}/metrics", metrics->bound_address());
   }
   spdlog::info("memd: serving {} (host pool /dev/shm/{}: {} pages x {} bytes, policy {})", (*daemon)->endpoint(),
                (*daemon)->segment().name(), o.host_pool_pages, o.page_bytes, o.reclaim_policy);

@@ -13,6 +13,8 @@
 #include "CLI/CLI.hpp"
 #include "common/cli_flags.h"
 #include "common/fault_point.h"
+#include "common/metrics_server.h"
+#include "absl/strings/str_cat.h"
 #include "common/sd_notify.h"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
@@ -55,6 +57,7 @@ struct CommandLine {
   std::string fault_kill_at;  // test-only: --fault-kill-at KIND:N (common/fault_point.h)
   bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
   int fault_start_delay_ms = 0;  // test-only: --fault-start-delay-ms N (WorkerProcessOptions::start_delay_for_test)
+  std::string metrics_address;  // --metrics-address HOST:PORT (empty: no endpoint)
   dhs::WorkerConfig config;
   dhs::ClientOutboxLimits client_buffer;
 };
@@ -134,6 +137,9 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--resumed-output-age-ms", c.resumed_output_age_ms,
                  "how long such an output waits for its client before it is dropped, ms")
       ->check(dhs::IntegerIn<int64_t>(1, int64_t{1} << 40))->capture_default_str();
+  app.add_option("--metrics-address", c.metrics_address,
+                 "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is written "
+                 "to RUN_DIR/worker-<gpu>.metrics); default: off");
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
   app.add_flag("--check-config", c.check_config,
@@ -295,6 +301,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.client_buffer = cl.client_buffer;
   options.on_host_pool = backend.on_host_pool;
   options.start_delay_for_test = std::chrono::milliseconds(cl.fault_start_delay_ms);
+  options.publish_metrics = !cl.metrics_address.empty();
   absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
       dhs::WorkerProcess::Start(model, backend.device.get(), options);
   if (!process.ok()) {
@@ -305,6 +312,27 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   spdlog::info("workerd: gpu {} mode {} serving at {} (M = {} pages of {} bytes, B = {}, T = {}, p = {}, N = {})",
                config.gpu, cl.mode_name, (*process)->endpoint(), geometry.capacity_pages, geometry.page_bytes,
                geometry.hot_rows, geometry.tail_rows, config.page_rows, config.slots);
+  std::unique_ptr<dhs::MetricsServer> metrics;  // destroyed before the process its snapshot reads
+  const std::string metrics_file = absl::StrCat(cl.run_dir, "/worker-", config.gpu, ".metrics");
+  if (!cl.metrics_address.empty()) {
+    dhs::WorkerProcess* p = process->get();
+    absl::StatusOr<std::unique_ptr<dhs::MetricsServer>> m =
+        dhs::MetricsServer::Start(cl.metrics_address, [p] { return p->metrics(); });
+    if (!m.ok()) {
+      spdlog::error("workerd: {}", std::string(m.status().message()));
+      return 1;
+    }
+    metrics = *std::move(m);
+    if (absl::Status s = metrics->WriteAddressFile(metrics_file); !s.ok()) spdlog::warn("workerd: {}", s.ToString());
+    spdlog::info("workerd: metrics on http://{}/metrics", metrics->bound_address());
+  }
+  struct RemoveFile {
+    const std::string& path;
+    bool armed;
+    ~RemoveFile() {
+      if (armed) std::remove(path.c_str());
+    }
+  } remove_metrics_file{metrics_file, metrics != nullptr};
   dhs::NotifyReady("serving " + (*process)->endpoint());  // registered with memd; docs/systemd/workerd@.service
   if (absl::Status s = (*process)->Run([] { return g_stop == 0; }); !s.ok()) {
     if (!absl::IsAborted(s)) {

@@ -132,13 +132,10 @@ void ServingFrontend::Handle(const Incoming& in) {
     if (worker_ == nullptr) {
       status = absl::UnavailableError("worker not ready");
     } else {
-      wire::WorkerStatsReplyT reply = worker_->StatsReply();
-      const ClientOutboxStats& o = outbox_.stats();
-      reply.submits_refused += client_submits_refused_;
-      reply.client_queued_bytes = o.queued_bytes;
-      reply.client_queued_peak_bytes = o.peak_queued_bytes;
-      reply.client_streams_refused = o.streams_refused;
-      reply.client_replies_dropped = o.replies_dropped + o.dropped_for_gone;
+      wire::WorkerStatsReplyT reply = StatsReply();
+      if (absl::StatusOr<wire::WorkerStatsQueryT> q = ReadWorkerStatsQuery(*msg); q.ok() && q->timeline) {
+        reply.timeline_json = worker_->TimelineJson(q->timeline_client_request);
+      }
       Send(in.peer, EncodeWorkerStatsReply(reply, msg->sequence, sender_), ReplyKind::kReply).IgnoreError();
       return;
     }
@@ -149,6 +146,17 @@ void ServingFrontend::Handle(const Incoming& in) {
     DHS_LOG_LIMITED(spdlog::level::info, "workerd: {} from a client refused: {}", BodyName(msg->type), status.ToString());
     Send(in.peer, EncodeError(status, msg->sequence, sender_), ReplyKind::kReply).IgnoreError();
   }
+}
+
+wire::WorkerStatsReplyT ServingFrontend::StatsReply() const {
+  wire::WorkerStatsReplyT reply = worker_->StatsReply();
+  const ClientOutboxStats& o = outbox_.stats();
+  reply.submits_refused += client_submits_refused_;
+  reply.client_queued_bytes = o.queued_bytes;
+  reply.client_queued_peak_bytes = o.peak_queued_bytes;
+  reply.client_streams_refused = o.streams_refused;
+  reply.client_replies_dropped = o.replies_dropped + o.dropped_for_gone;
+  return reply;
 }
 
 absl::Status ServingFrontend::HandleSubmit(const Message& msg, const std::string& peer) {

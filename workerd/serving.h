@@ -74,6 +74,9 @@ class Submitter {
                               uint64_t client_identity = 0) = 0;
   // The counters of WorkerStatsReply.
   virtual wire::WorkerStatsReplyT StatsReply() const = 0;
+  // WorkerStatsReply.timeline_json for WorkerStatsQuery.timeline (issue 22): the submitter's timelines of the client
+  // request id, as common/request_timeline.h TimelinesToJson renders them. Default: none.
+  virtual std::string TimelineJson(uint64_t client_request) const { return {}; }
 };
 
 // The RouterServer `worker-<gpu>` in the run dir. Serve() answers SubmitRequest (ErrorReply on a validation error,
@@ -103,6 +106,10 @@ class ServingFrontend final : public ClientSink {
   // The clients found disconnected since the last call (ClientOutbox::TakeGonePeers).
   std::vector<std::string> TakeGonePeers() { return outbox_.TakeGonePeers(); }
   const ClientOutbox& outbox() const { return outbox_; }
+  // The whole WorkerStatsReply: the submitter's (Submitter::StatsReply) plus this frontend's back-pressure counters
+  // (client_* fields, the submits it refused). What a WorkerStatsQuery and the worker's /metrics read.
+  // Precondition: set_submitter was called.
+  wire::WorkerStatsReplyT StatsReply() const;
 
   void Accepted(const ClientRef& client, const wire::SubmitAcceptedT& accepted) override;
   absl::Status Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) override;

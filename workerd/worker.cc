@@ -2,6 +2,7 @@
 #include "workerd/worker.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <utility>
 
@@ -23,6 +24,19 @@ void SetSpeculationShare(const WorkerGeometry& g, Message& m) {
   m.staging_pages = g.speculation.staging_pages;
   m.draft_ring_bytes = g.speculation.slot_draft_ring_bytes;
   m.staging_bytes = g.speculation.slot_staging_bytes;
+}
+
+// A steady_clock time as CLOCK_MONOTONIC microseconds (the timelines' clock, common/request_timeline.h).
+int64_t NowMicros(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+std::unique_ptr<wire::LatencyHistogramT> ToWireHistogram(const LatencyHistogram& h) {
+  auto w = std::make_unique<wire::LatencyHistogramT>();
+  w->bounds_us = h.bounds_us;
+  w->counts = h.counts;
+  w->sum_us = h.sum_us;
+  return w;
 }
 
 uint64_t MicrosSince(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
@@ -115,6 +129,8 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
     spdlog::debug("worker: request {} of client {} is node request {}", r->client_id, client.peer, r->id);
   }
   client_ids_.emplace(std::make_pair(client.peer, r->client_id), r->id);
+  timelines_.Open(r->id, r->client_id, submit.client, config_.gpu, EpochOfNodeRequestId(r->id));
+  timelines_.Add(r->id, TimelineEntry{NowMicros(r->submitted), TimelineEvent::kSubmitted, 0, "", ""});
   requests_.emplace(r->id, std::move(r));
   stats_.waiting_requests_peak = std::max(stats_.waiting_requests_peak, WaitingForGrant());
   client_->Accepted(client, accepted);
@@ -226,6 +242,7 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     return;
   }
   r.granted = std::chrono::steady_clock::now();
+  stats_.admission_wait.Observe(MicrosSince(r.submitted, r.granted));
   // A resume's host-backed pages: every one memd took over (a memd that does not list them: the leading run).
   r.host_backed = m.host_backed_pages;
   if (r.host_backed.empty()) {
@@ -362,6 +379,10 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
   }
   r->resume_of = interrupted;
   if (absl::Status s = SendAdmit(*r, submit); !s.ok()) return s;
+  timelines_.Open(r->id, r->client_id, submit.client, config_.gpu, EpochOfNodeRequestId(r->id));
+  timelines_.Add(r->id, TimelineEntry{NowMicros(r->submitted), TimelineEvent::kSubmitted,
+                                      static_cast<uint64_t>(r->resumed),
+                                      absl::StrCat("resume of ", interrupted, " (pages = committed tokens)"), ""});
   spdlog::info("worker: interrupted request {} (client {}) resumes as {}: {} committed tokens, {} tokens of history",
                interrupted, r->client_id, r->id, r->resumed, r->input.size());
   requests_.emplace(r->id, std::move(r));  // detached: found by Attach through (client identity, client id)
@@ -762,6 +783,13 @@ void Worker::EmitToken(Request& r, std::span<const float> logits) {
 void Worker::RecordToken(Request& r, model::Token token, std::span<const float> logits) {
   const auto now = std::chrono::steady_clock::now();
   if (r.generated.empty()) r.ttft_us = MicrosSince(r.submitted, now);
+  if (r.generated.size() == static_cast<size_t>(r.resumed)) {  // its first token (a resume: its first new one)
+    stats_.ttft.Observe(MicrosSince(r.submitted, now));
+    timelines_.Add(r.id, TimelineEntry{NowMicros(now), TimelineEvent::kFirstToken, 0, "", ""});
+  } else {
+    stats_.tpot.Observe(MicrosSince(r.last_token, now));
+  }
+  r.last_token = now;
   r.generated.push_back(token);
   r.digests.push_back(LogitsDigest(logits));
   ++stats_.tokens_generated;
@@ -862,12 +890,26 @@ absl::Status Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std
   return client_->Chunk(r.client, chunk);
 }
 
+std::string FailureReason(const absl::Status& error) {
+  std::string name = absl::StatusCodeToString(error.code());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+void Worker::CountFailure(const absl::Status& error) {
+  ++stats_.failed_requests;
+  ++stats_.failures[FailureReason(error)];
+}
+
 void Worker::ReportEnd(Request& r, const absl::Status& error) {
   if (!error.ok()) {
     SendChunk(r, {}, {}, true, error).IgnoreError();  // a final chunk is always taken (nothing sent when detached)
-    ++stats_.failed_requests;
+    CountFailure(error);
   }
   ++stats_.finished_requests;
+  timelines_.Add(r.id, TimelineEntry{NowMicros(std::chrono::steady_clock::now()), TimelineEvent::kEnd,
+                                     r.generated.size(), error.ok() ? "ok" : error.ToString(), ""});
+  timelines_.End(r.id);
   if (r.detached) KeepDetached(KeyOf(r), DetachedOutput{r.generated, r.digests, error});  // for Attach
 }
 
@@ -957,8 +999,12 @@ std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const wir
     spdlog::warn("worker: memd refused the report of request {}: {}; it is resumed", id, why);
     agent_->Forget(id);
     if (!interrupted.contains(id)) own.push_back(MakeRecord(r, r.submit));
-    SendChunk(r, {}, {}, true, WorkerEpochEndedError(absl::StrCat("memd refused its report: ", why))).IgnoreError();
-    ++stats_.failed_requests;
+    const absl::Status ended = WorkerEpochEndedError(absl::StrCat("memd refused its report: ", why));
+    SendChunk(r, {}, {}, true, ended).IgnoreError();
+    CountFailure(ended);
+    timelines_.Add(id, TimelineEntry{NowMicros(std::chrono::steady_clock::now()), TimelineEvent::kEnd,
+                                     r.generated.size(), ended.ToString(), ""});
+    timelines_.End(id);
     std::erase(granted_, id);
     Erase(it);
   }
@@ -1157,7 +1203,21 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   r.host_pages_verified = s.host_integrity.pages_verified;
   r.host_bytes_verified = s.host_integrity.bytes_verified;
   r.host_page_mismatches = s.host_integrity.mismatches;
+  r.ttft = ToWireHistogram(s.ttft);
+  r.tpot = ToWireHistogram(s.tpot);
+  r.admission_wait = ToWireHistogram(s.admission_wait);
+  for (const auto& [reason, count] : s.failures) {
+    auto rc = std::make_unique<wire::ReasonCountT>();
+    rc->reason = reason;
+    rc->count = count;
+    r.failures.push_back(std::move(rc));
+  }
+  r.epoch = static_cast<uint32_t>(epoch_);
   return r;
+}
+
+std::string Worker::TimelineJson(uint64_t client_request) const {
+  return TimelinesToJson(timelines_.FindClient(client_request), absl::StrCat("worker/", config_.gpu)).dump();
 }
 
 }  // namespace dhs

@@ -46,6 +46,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/prometheus.h"
+#include "common/request_timeline.h"
 #include "dhs_generated.h"
 #include "workerd/device/device.h"
 #include "workerd/geometry.h"
@@ -98,7 +100,21 @@ struct WorkerStats {
   uint64_t spec_accepted = 0;        // proposals accepted: sum of A_r
   uint64_t spec_propose_us = 0;      // time in Proposer::Propose, us (the synthetic proposer's target steps)
   std::vector<uint64_t> spec_width_rounds;  // [K] = rounds of K_r = K queries (index 0 and 1 unused)
+  // Metrics (issue 22; docs/operations.md "Worker metrics"), us:
+  LatencyHistogram ttft = MakeLatencyHistogram();            // submit (a resume: its start) to its first token
+  LatencyHistogram tpot = MakeLatencyHistogram();            // between a request's consecutive tokens
+  LatencyHistogram admission_wait = MakeLatencyHistogram();  // submit to AdmitGrant
+  std::map<std::string, uint64_t> failures;  // failed_requests by reason (FailureReason), sums to failed_requests
 };
+
+// The reason label of a failed request: its status code's name in lower case ("unavailable", "resource_exhausted",
+// "invalid_argument", ...).
+std::string FailureReason(const absl::Status& error);
+
+
+// The worker's timeline bound (common/request_timeline.h): the latest 1024 requests, 8 events each (it records at most
+// submitted, first_token and end per request).
+inline constexpr TimelineLimits kWorkerTimelineLimits{1024, 8};
 
 class Worker final : public MemdHandler, public Submitter {
  public:
@@ -219,6 +235,10 @@ class Worker final : public MemdHandler, public Submitter {
   };
   const std::map<RequestId, ResumeFigures>& resume_figures() const { return resume_figures_; }
   wire::WorkerStatsReplyT StatsReply() const override;
+  // TimelinesToJson of the worker's timelines of client id `client_request` (submitted, first_token, end; at most
+  // kWorkerTimelineLimits), as WorkerStatsReply.timeline_json.
+  std::string TimelineJson(uint64_t client_request) const override;
+  const RequestTimelines& timelines() const { return timelines_; }
   const WorkerGeometry& geometry() const { return geometry_; }
   const WorkerConfig& config() const { return config_; }
   uint32_t active_requests() const;
@@ -254,6 +274,7 @@ class Worker final : public MemdHandler, public Submitter {
     std::vector<model::Token> generated;
     std::vector<uint64_t> digests;     // logits digest of generated[t]
     std::chrono::steady_clock::time_point submitted, granted;
+    std::chrono::steady_clock::time_point last_token;  // its latest token (the TPOT histogram)
     uint64_t ttft_us = 0;
     absl::Status client_error;  // the client refused a chunk (ClientSink::Chunk): the request fails with it
     Position resumed = 0;       // tokens committed before a resume (generated[0, resumed) are also in `input`)
@@ -416,6 +437,9 @@ class Worker final : public MemdHandler, public Submitter {
   std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
   std::unique_ptr<ResidencyAgent> agent_;      // the memd conversation
   WorkerStats stats_;
+  // A failed request: counted in failed_requests and by reason (stats_.failures).
+  void CountFailure(const absl::Status& error);
+  RequestTimelines timelines_{kWorkerTimelineLimits};  // the serving side of `dhsctl request` (issue 22)
   PrefixRowCache prefix_cache_;
   std::set<RequestId> stopping_;  // StopAll's Completes not acknowledged yet
   // Resumed requests that finished before their client attached ((client identity, client id) -> output), until

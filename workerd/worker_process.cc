@@ -2,6 +2,8 @@
 #include "workerd/worker_process.h"
 
 #include <atomic>
+#include "common/worker_metrics.h"
+
 #include <map>
 #include <thread>
 
@@ -86,6 +88,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
                p->memd_->held_messages());
   p->worker_->set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
+  p->publish_metrics_ = options.publish_metrics;
+  p->PublishMetrics();
   if (absl::Status s = p->worker_->ResumeInterrupted(p->memd_->interrupted_requests(), p->memd_->interrupted_records());
       !s.ok()) {
     return s;
@@ -136,7 +140,21 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
     return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
   }
   if (memd_->rehello_in_flight()) return false;  // the report holds every token: nothing steps until memd answers
-  return worker_->Iterate();
+  absl::StatusOr<bool> more = worker_->Iterate();
+  PublishMetrics();
+  return more;
+}
+
+void WorkerProcess::PublishMetrics() {
+  if (!publish_metrics_) return;
+  std::string text = RenderWorkerPrometheus(frontend_->StatsReply());
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  metrics_ = std::move(text);
+}
+
+std::string WorkerProcess::metrics() const {
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  return metrics_;
 }
 
 absl::Status WorkerProcess::ServeAway() {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -42,6 +43,9 @@ struct WorkerProcessOptions {
   // TEST ONLY (workerd --fault-start-delay-ms): the preparation after HelloReply takes this much longer, as pinning a
   // terabyte of host memory or allocating a large pool would (issue 22); 0 = none.
   std::chrono::milliseconds start_delay_for_test{0};
+  // Publish the Prometheus text after every iteration (metrics(); workerd --metrics-address). Off: metrics() stays
+  // empty and the loop renders nothing.
+  bool publish_metrics = false;
 };
 
 class WorkerProcess {
@@ -84,6 +88,10 @@ class WorkerProcess {
   size_t Abandon(const absl::Status& why, std::chrono::milliseconds linger);
 
   const Worker& worker() const { return *worker_; }
+  // The latest Prometheus text of this worker (RenderWorkerPrometheus of the frontend's whole WorkerStatsReply),
+  // published by the loop after each iteration (ServeOnce) when options.publish_metrics. Thread-safe: workerd's
+  // metrics server reads it.
+  std::string metrics() const;
   const std::string& endpoint() const { return frontend_->endpoint(); }
 
  private:
@@ -102,6 +110,10 @@ class WorkerProcess {
   uint64_t tokens_before_ = 0;
   std::chrono::steady_clock::time_point rate_since_ = std::chrono::steady_clock::now();
   float tokens_per_s_ = 0;
+  void PublishMetrics();
+  bool publish_metrics_ = false;
+  mutable std::mutex metrics_mu_;
+  std::string metrics_;
 };
 
 }  // namespace dhs

@@ -7,6 +7,9 @@
 //   dhsctl ... watch [--interval S] [--count N] [VIEW]     (repeats `status` or VIEW every S seconds)
 //   dhsctl [--json] plan --preset NAME --context TOKENS ...   (capacity plan, no memd needed; docs/planner.md)
 //   dhsctl ... plan ... --live                                (plus what the running memd would admit now)
+//   dhsctl ... worker-stats [--gpu G]                         (the worker's counters, asked on its serving socket)
+//   dhsctl ... request --client CLIENT_ID                     (a client's request across worker epochs: memd's and
+//                                                              the workers' timelines merged by time; issue 22)
 //
 // Exit codes (docs/operations.md): 0 ok (also --help); 1 memd is not running (no socket, cannot connect); 2 bad command
 // line (the message names the word or the value); 3 no answer within --timeout-ms; 4 memd answered with an error
@@ -18,14 +21,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/protocol.h"
+#include "common/request_timeline.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "common/worker_metrics.h"
 #include "nlohmann/json.hpp"
 #include "tools/planner/plan_command.h"
 
@@ -99,7 +106,7 @@ CLI::Validator NonNegativeId(const char* what, uint64_t max) {
       "", "ID");
 }
 
-constexpr const char* kCommands = "status, gpus, requests, request, pages, queue, watch, plan";
+constexpr const char* kCommands = "status, gpus, requests, request, pages, queue, watch, plan, worker-stats";
 
 // The command line: the query (one view) and, for `watch`, how to repeat it.
 struct Args {
@@ -113,6 +120,9 @@ struct Args {
   CLI::App* watch = nullptr;
   dhs::planner::PlanCommandOptions plan_options;
   CLI::App* plan = nullptr;
+  CLI::App* worker_stats = nullptr;  // worker-stats [--gpu G]
+  uint32_t worker_gpu = 0;
+  bool by_client = false;            // request --client: ID is the client's request id (timeline)
 };
 
 // Declares the options and subcommands on `app`, writing into `a`.
@@ -130,8 +140,15 @@ void AddCommands(CLI::App& app, Args& a) {
   app.add_subcommand("requests", "admitted and queued requests (a_r, host coverage)")
       ->callback([&q] { q.what = dhs::wire::IntrospectWhat::Requests; });
   auto* request = app.add_subcommand("request", "one request");
-  request->add_option("ID", q.request, "request id")->required()->check(NonNegativeId("request ID", UINT64_MAX));
-  request->callback([&q] { q.what = dhs::wire::IntrospectWhat::Request; });
+  request->add_option("ID", q.request, "request id (node id; with --client: the client's id)")
+      ->required()
+      ->check(NonNegativeId("request ID", UINT64_MAX));
+  request->add_flag("--client", a.by_client,
+                    "ID is the client's request id: its timeline in every worker epoch (memd's events and the "
+                    "workers': admitted, granted, reclaimed, populated, first token, end)");
+  request->callback([&q, &a] {
+    q.what = a.by_client ? dhs::wire::IntrospectWhat::Timeline : dhs::wire::IntrospectWhat::Request;
+  });
   auto* pages = app.add_subcommand("pages", "state and owner of the pages of one GPU (1000 rows unless --count)");
   pages->add_option("GPU", q.gpu, "GPU id")->required()->check(NonNegativeId("GPU", UINT32_MAX));
   pages->add_option("--from", q.page_from, "first page shown (with --runs: where the first run starts), < M")
@@ -159,6 +176,144 @@ void AddCommands(CLI::App& app, Args& a) {
       ->check(CLI::IsMember({"status", "gpus", "requests", "queue"}))
       ->capture_default_str();
   a.plan = dhs::planner::AddPlanSubcommand(app, &a.plan_options);
+  a.worker_stats = app.add_subcommand("worker-stats", "a worker's counters (asked on RUN_DIR/worker-<gpu>.sock)");
+  a.worker_stats->add_option("--gpu", a.worker_gpu, "the worker's GPU")
+      ->check(NonNegativeId("--gpu", UINT32_MAX))
+      ->capture_default_str();
+}
+
+// One request to a socket of the run dir (memd, worker-<gpu>) and its decoded reply, a view into `buffer` (which
+// holds the reply's bytes: keep it while the message is read). Errors: UNAVAILABLE (no socket, cannot connect),
+// DEADLINE_EXCEEDED (no answer), INTERNAL (undecodable), the peer's ErrorReply.
+absl::StatusOr<dhs::Message> AskSocket(const std::string& run_dir, const std::string& name, const std::string& bytes,
+                                       std::chrono::milliseconds timeout, std::string& buffer) {
+  if (absl::Status s = dhs::CheckSocketAccess(run_dir, name); !s.ok()) {
+    return absl::IsNotFound(s) ? absl::UnavailableError(absl::StrCat(name, " is not running (no socket at ", run_dir,
+                                                                     "/", name, ".sock)"))
+                               : s;
+  }
+  dhs::DealerClient::Options options;
+  options.identity = "dhsctl/" + std::to_string(getpid());
+  auto client = dhs::DealerClient::Connect(dhs::IpcEndpoint(run_dir, name), options);
+  if (!client.ok()) return absl::UnavailableError(client.status().message());
+  auto reply = (*client)->Request(bytes, timeout);
+  if (!reply.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat(name, " did not answer within ", timeout.count(), " ms"));
+  }
+  buffer = *std::move(reply);
+  auto message = dhs::DecodeEnvelope(buffer);
+  if (!message.ok()) return absl::InternalError(absl::StrCat("bad reply: ", message.status().message()));
+  if (message->type == dhs::wire::Body::ErrorReply) {
+    const absl::Status error = dhs::ReadErrorStatus(*message);
+    // Kept apart from the transport's codes: the peer's own answer (exit 4).
+    return absl::Status(error.code() == absl::StatusCode::kUnavailable ||
+                                error.code() == absl::StatusCode::kDeadlineExceeded
+                            ? absl::StatusCode::kInternal
+                            : error.code(),
+                        absl::StrCat(name, ": ", error.ToString()));
+  }
+  return message;
+}
+
+// The exit code of a failed AskSocket (docs/operations.md): 1 not running, 3 no answer, 4 an error answered.
+int ExitCodeOf(const absl::Status& s) {
+  if (absl::IsUnavailable(s)) return 1;
+  if (absl::IsDeadlineExceeded(s)) return 3;
+  return 4;
+}
+
+// The worker's WorkerStatsReply (with its timelines of `client_request` when `timeline`).
+absl::StatusOr<dhs::wire::WorkerStatsReplyT> AskWorkerStats(const Args& a, uint32_t gpu, bool timeline,
+                                                            uint64_t client_request) {
+  dhs::wire::WorkerStatsQueryT q;
+  q.timeline = timeline;
+  q.timeline_client_request = client_request;
+  std::string buffer;
+  auto m = AskSocket(a.run_dir, absl::StrCat("worker-", gpu), dhs::EncodeWorkerStatsQuery(q, 1, "dhsctl"),
+                     std::chrono::milliseconds(a.timeout_ms), buffer);
+  if (!m.ok()) return m.status();
+  if (m->type != dhs::wire::Body::WorkerStatsReply) {
+    return absl::InternalError(absl::StrCat("worker-", gpu, " answered ", dhs::BodyName(m->type)));
+  }
+  return dhs::ReadWorkerStatsReply(*m);
+}
+
+int RunWorkerStats(const Args& a) {
+  auto stats = AskWorkerStats(a, a.worker_gpu, false, 0);
+  if (!stats.ok()) {
+    std::fprintf(stderr, "dhsctl: %s\n", std::string(stats.status().message()).c_str());
+    return ExitCodeOf(stats.status());
+  }
+  const std::string out =
+      a.json ? dhs::WorkerStatsToJson(*stats).dump(2) + "\n" : dhs::WorkerStatsToTable(*stats);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+// `request --client ID`: memd's timelines of the client id (every epoch it kept), then each GPU's worker's (those it
+// still keeps: a dead worker's are gone with it), merged by time.
+int RunTimeline(const Args& a) {
+  dhs::wire::IntrospectQueryT body;
+  body.what = dhs::wire::IntrospectWhat::Timeline;
+  body.client_request = a.q.request;
+  body.format = dhs::wire::IntrospectFormat::Json;
+  std::string buffer;
+  auto m = AskSocket(a.run_dir, "memd", dhs::EncodeIntrospectQuery(body, 1, "dhsctl"),
+                     std::chrono::milliseconds(a.timeout_ms), buffer);
+  if (!m.ok()) {
+    if (a.json && absl::IsNotFound(m.status())) {
+      std::printf("%s\n", nlohmann::json{{"error", std::string(m.status().message())}}.dump(2).c_str());
+    }
+    std::fprintf(stderr, "dhsctl: %s\n", std::string(m.status().message()).c_str());
+    return ExitCodeOf(m.status());
+  }
+  auto reply = dhs::ReadIntrospectReply(*m);
+  if (!reply.ok()) {
+    std::fprintf(stderr, "dhsctl: %s\n", std::string(reply.status().message()).c_str());
+    return 4;
+  }
+  auto doc = nlohmann::json::parse(reply->document, nullptr, false);
+  absl::StatusOr<std::vector<dhs::RequestTimeline>> timelines = absl::InternalError("memd's timeline is not JSON");
+  if (!doc.is_discarded()) timelines = dhs::TimelinesFromJson(doc);
+  if (!timelines.ok()) {
+    std::fprintf(stderr, "dhsctl: %s\n", std::string(timelines.status().message()).c_str());
+    return 4;
+  }
+  std::set<uint32_t> gpus;
+  for (const dhs::RequestTimeline& t : *timelines) gpus.insert(t.gpu);
+  std::vector<std::string> notes;
+  for (uint32_t gpu : gpus) {
+    auto stats = AskWorkerStats(a, gpu, true, a.q.request);
+    absl::StatusOr<std::vector<dhs::RequestTimeline>> w = std::vector<dhs::RequestTimeline>();
+    if (!stats.ok()) {
+      w = stats.status();
+    } else {
+      auto wdoc = nlohmann::json::parse(stats->timeline_json, nullptr, false);
+      if (wdoc.is_discarded()) {
+        w = absl::InternalError("its timeline is not JSON");
+      } else {
+        w = dhs::TimelinesFromJson(wdoc);
+      }
+    }
+    if (!w.ok()) {
+      notes.push_back(absl::StrCat("worker of GPU ", gpu, ": no events (", w.status().message(), ")"));
+      continue;
+    }
+    for (dhs::RequestTimeline& t : *w) timelines->push_back(std::move(t));
+  }
+  if (a.json) {
+    std::vector<const dhs::RequestTimeline*> all;
+    for (const dhs::RequestTimeline& t : *timelines) all.push_back(&t);
+    nlohmann::json j = dhs::TimelinesToJson(all, "");
+    j["client_request"] = a.q.request;
+    j["notes"] = notes;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::string out = absl::StrCat("client request ", a.q.request, "\n", dhs::RenderTimelineTable(*timelines));
+    for (const std::string& n : notes) absl::StrAppend(&out, n, "\n");
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  return 0;
 }
 
 // memd's `status` view as JSON, for `plan --live`. Errors: UNAVAILABLE (not running), DEADLINE_EXCEEDED (no answer),
@@ -251,5 +406,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dhsctl: --run-dir: empty run directory\n");
     return 2;
   }
+  if (a.worker_stats->parsed()) return RunWorkerStats(a);
+  if (a.q.what == dhs::wire::IntrospectWhat::Timeline) return RunTimeline(a);
   return Run(a);
 }

@@ -67,6 +67,7 @@ const KeySpec kWorkerKeys[] = {
     {"connect_timeout_ms", "--connect-timeout-ms", KeySpec::kUint, 1, 3600000},
     {"memd_timeout_ms", "--memd-timeout-ms", KeySpec::kUint, 100, 3600000},
     {"memd_reconnect_ms", "--memd-reconnect-ms", KeySpec::kUint, 100, 3600000},
+    {"metrics_address", "--metrics-address", KeySpec::kString},  // issue 22: the worker's GET /metrics
     // Speculative decoding (workerd/spec/speculation_cli.h; brief §6): workerd checks the combination at its start.
     {"speculate", "--speculate", KeySpec::kChoice, 0, 0, "off|fixed|confidence|synthetic"},
     {"block", "--block", KeySpec::kUint, 1, 64},

@@ -10,7 +10,7 @@
 //                reclaim_policy, populate_pages_per_attempt, metrics_address, log_level
 //   [[worker]]   one per GPU: gpu (required, unique), mode, device, weights | preset, seed, hbm_budget_bytes, slots,
 //                hot_rows, tail_rows, page_rows, max_context, prefix_cache_bytes, prefill_chunk, connect_timeout_ms,
-//                log_level, extra_args (array of strings passed last, e.g. the link-model flags)
+//                metrics_address, log_level, extra_args (array of strings passed last, e.g. the link-model flags)
 //   [supervise]  backoff_initial_ms, backoff_max_ms, backoff_reset_ms, max_restarts, restart_window_s, stop_grace_ms,
 //                start_timeout_ms, probe_interval_ms, restart_workers_with_memd, liveness_probe_ms,
 //                memd_liveness_timeout_ms, worker_liveness_timeout_ms (SupervisorPolicy, tools/node/supervisor.h)

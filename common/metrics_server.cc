@@ -1,13 +1,15 @@
-#include "memd/metrics_server.h"
+#include "common/metrics_server.h"
 
 #include <sys/socket.h>
 
 #include <charconv>
+#include <cstdio>
+#include <fstream>
 
 #include "absl/strings/str_format.h"
 #include "httplib.h"
 
-namespace dhs::memd {
+namespace dhs {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_view address,
                                                                     std::function<std::string()> snapshot) {
@@ -24,8 +26,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->host_ = std::string(address.substr(0, colon));
   m->http_ = std::make_unique<httplib::Server>();
-  // Exclusive: cpp-httplib's default sets SO_REUSEPORT, with which a second memd binds the same address and scrapes
-  // reach either node at random. SO_REUSEADDR alone lets a restarted memd bind over TIME_WAIT connections only.
+  // Exclusive: cpp-httplib's default sets SO_REUSEPORT, with which a second daemon binds the same address and
+  // scrapes reach either at random. SO_REUSEADDR alone lets a restarted daemon bind over TIME_WAIT connections only.
   m->http_->set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
@@ -44,9 +46,24 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_
   return m;
 }
 
+std::string MetricsServer::bound_address() const { return absl::StrFormat("%s:%d", host_, port_); }
+
+absl::Status MetricsServer::WriteAddressFile(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << bound_address() << "\n";
+    if (!out.flush()) return absl::InternalError(absl::StrFormat("cannot write %s", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrFormat("cannot rename %s to %s", tmp, path));
+  }
+  return absl::OkStatus();
+}
+
 MetricsServer::~MetricsServer() {
   if (http_) http_->stop();
   if (thread_.joinable()) thread_.join();
 }
 
-}  // namespace dhs::memd
+}  // namespace dhs

@@ -1,7 +1,8 @@
-// memd/metrics_server.h: the Prometheus endpoint of memd (GET /metrics, text format 0.0.4) on cpp-httplib.
+// common/metrics_server.h: the Prometheus endpoint of memd and of workerd (GET /metrics, text format 0.0.4) on
+// cpp-httplib.
 //
-// Serves whatever text the `snapshot` callback returns (the daemon's metrics(), published by its loop under a
-// mutex), from its own thread. Start binds HOST:PORT exclusively (no SO_REUSEPORT: a second memd on the same address
+// Serves whatever text the `snapshot` callback returns (memd: Daemon::metrics(); workerd: WorkerProcess::metrics();
+// each published by its loop under a mutex), from its own thread. Start binds HOST:PORT exclusively (no SO_REUSEPORT: a second daemon on the same address
 // fails; PORT 0 = an ephemeral port; port() tells which).
 //
 // Thread-safety: Start/Stop/destructor from one thread; `snapshot` is called from the HTTP thread.
@@ -19,7 +20,7 @@ namespace httplib {
 class Server;
 }
 
-namespace dhs::memd {
+namespace dhs {
 
 class MetricsServer {
  public:
@@ -32,6 +33,11 @@ class MetricsServer {
   MetricsServer& operator=(const MetricsServer&) = delete;
 
   int port() const { return port_; }
+  // "HOST:PORT" as bound (the ephemeral port resolved).
+  std::string bound_address() const;
+  // Writes bound_address() and a newline to `path` whole (a temporary file renamed into place: a reader never sees
+  // it half-written; memd: RUN_DIR/memd.metrics, workerd: RUN_DIR/worker-<gpu>.metrics). Errors: INTERNAL (I/O).
+  absl::Status WriteAddressFile(const std::string& path) const;
   const std::string& host() const { return host_; }
 
  private:
@@ -42,4 +48,4 @@ class MetricsServer {
   int port_ = 0;
 };
 
-}  // namespace dhs::memd
+}  // namespace dhs
