@@ -123,6 +123,7 @@ DHS_DEFINE_MESSAGE(SubmitAccepted)
 DHS_DEFINE_MESSAGE(TokenChunk)
 DHS_DEFINE_MESSAGE(WorkerStatsQuery)
 DHS_DEFINE_MESSAGE(WorkerStatsReply)
+DHS_DEFINE_MESSAGE(Cancel)  // issue 22
 #undef DHS_DEFINE_MESSAGE
 
 absl::Status ReadErrorStatus(const Message& message) {

@@ -101,6 +101,7 @@ DHS_DECLARE_MESSAGE(SubmitAccepted)
 DHS_DECLARE_MESSAGE(TokenChunk)
 DHS_DECLARE_MESSAGE(WorkerStatsQuery)
 DHS_DECLARE_MESSAGE(WorkerStatsReply)
+DHS_DECLARE_MESSAGE(Cancel)  // issue 22
 #undef DHS_DECLARE_MESSAGE
 
 // Reads an ErrorReply message as the absl::Status it carries (FromWireError); a message of

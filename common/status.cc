@@ -29,20 +29,37 @@ std::optional<ErrorCode> PayloadCode(const absl::Status& status) {
 
 }  // namespace
 
-absl::Status WorkerEpochEndedError(std::string_view why) {
-  absl::Status status = absl::UnavailableError(absl::StrCat("worker epoch ended: ", absl::string_view(why.data(), why.size())));
-  status.SetPayload(kEndReasonPayloadUrl,
-                    absl::Cord(std::to_string(static_cast<int>(wire::EndReason::WORKER_EPOCH_ENDED))));
+namespace {
+absl::Status WithEndReason(absl::Status status, wire::EndReason reason) {
+  status.SetPayload(kEndReasonPayloadUrl, absl::Cord(std::to_string(static_cast<int>(reason))));
   return status;
+}
+}  // namespace
+
+absl::Status WorkerEpochEndedError(std::string_view why) {
+  return WithEndReason(
+      absl::UnavailableError(absl::StrCat("worker epoch ended: ", absl::string_view(why.data(), why.size()))),
+      wire::EndReason::WORKER_EPOCH_ENDED);
+}
+
+absl::Status RequestCancelledError(std::string_view reason) {
+  return WithEndReason(absl::CancelledError(absl::StrCat("cancelled: ", absl::string_view(reason.data(), reason.size()))),
+                       wire::EndReason::CANCELLED);
+}
+
+absl::Status WorkerStoppingError() {
+  return WithEndReason(absl::UnavailableError("worker stopping"), wire::EndReason::WORKER_STOPPING);
 }
 
 wire::EndReason EndReasonOf(const absl::Status& status) {
   auto payload = status.GetPayload(kEndReasonPayloadUrl);
-  if (!payload.has_value() ||
-      std::string(*payload) != std::to_string(static_cast<int>(wire::EndReason::WORKER_EPOCH_ENDED))) {
-    return wire::EndReason::NONE;
+  if (!payload.has_value()) return wire::EndReason::NONE;
+  const std::string text(*payload);
+  for (wire::EndReason r : {wire::EndReason::WORKER_EPOCH_ENDED, wire::EndReason::CANCELLED,
+                            wire::EndReason::WORKER_STOPPING}) {
+    if (text == std::to_string(static_cast<int>(r))) return r;
   }
-  return wire::EndReason::WORKER_EPOCH_ENDED;
+  return wire::EndReason::NONE;
 }
 
 absl::Status InvalidMessageError(std::string_view message) {

@@ -32,6 +32,12 @@ absl::Status VersionMismatchError(std::string_view message);  // -> VERSION_MISM
 // from it, so clients match the code, never the text.
 inline constexpr char kEndReasonPayloadUrl[] = "type.dhs/dhs.wire.EndReason";
 absl::Status WorkerEpochEndedError(std::string_view why);
+// Cancel (issue 22): a request its client cancelled (TokenChunk.end_reason = CANCELLED): CANCELLED
+// "cancelled: <reason>".
+absl::Status RequestCancelledError(std::string_view reason);
+// A request the stopping worker ended for good (end_reason = WORKER_STOPPING): UNAVAILABLE "worker stopping".
+absl::Status WorkerStoppingError();
+// The end reason a status carries (one of the three factories above), NONE for any other status.
 wire::EndReason EndReasonOf(const absl::Status& status);
 
 // absl::StatusCode -> wire code (kOk -> OK; every canonical code has its own wire code).

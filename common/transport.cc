@@ -337,6 +337,54 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Bind(std::string_vie
   }
 }
 
+// Issue 22 (TCP serving with CURVE).
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::BindTcp(std::string_view endpoint_view, Options options) {
+  const std::string endpoint(endpoint_view);
+  if (endpoint.rfind("tcp://", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("not a tcp:// endpoint: '", endpoint, "'"));
+  }
+  if (!options.curve_secret_key.empty() && options.curve_secret_key.size() != 40) {
+    return absl::InvalidArgumentError("CURVE secret key: 40 Z85 characters expected");
+  }
+  try {
+    auto context = std::make_unique<zmq::context_t>(1);
+    auto socket = std::make_unique<zmq::socket_t>(*context, zmq::socket_type::router);
+    socket->set(zmq::sockopt::linger, 0);
+    socket->set(zmq::sockopt::router_mandatory, 1);
+    socket->set(zmq::sockopt::router_handover, 1);
+    socket->set(zmq::sockopt::maxmsgsize, options.hard_max_message_bytes);
+    if (options.heartbeat_interval.count() > 0) {
+      socket->set(zmq::sockopt::heartbeat_ivl, static_cast<int>(options.heartbeat_interval.count()));
+      socket->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(options.heartbeat_timeout.count()));
+    }
+    if (!options.curve_secret_key.empty()) {
+      socket->set(zmq::sockopt::curve_server, 1);
+      socket->set(zmq::sockopt::curve_secretkey, options.curve_secret_key);
+    }
+    socket->bind(endpoint);
+    const std::string bound = socket->get(zmq::sockopt::last_endpoint);
+    return std::unique_ptr<RouterServer>(new RouterServer(std::move(context), std::move(socket), bound, ""));
+  } catch (const zmq::error_t& e) {
+    return ZmqStatus(e, absl::StrCat("bind ", endpoint));
+  }
+}
+
+absl::StatusOr<int> RouterServer::WaitReadable(const std::vector<RouterServer*>& routers,
+                                               std::chrono::milliseconds timeout) {
+  std::vector<zmq::pollitem_t> items;
+  for (RouterServer* r : routers) items.push_back(zmq::pollitem_t{r->socket_->handle(), 0, ZMQ_POLLIN, 0});
+  try {
+    if (zmq::poll(items.data(), items.size(), timeout) <= 0) return -1;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return -1;
+    return ZmqStatus(e, "poll of the serving sockets");
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    if ((items[i].revents & ZMQ_POLLIN) != 0) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 void RouterServer::SetLinger(std::chrono::milliseconds linger) {
   socket_->set(zmq::sockopt::linger, static_cast<int>(linger.count()));
 }
@@ -345,7 +393,7 @@ RouterServer::~RouterServer() {
   monitor_.reset();  // stops monitoring before the socket closes
   socket_->close();
   context_->close();
-  ::unlink(socket_path_.c_str());
+  if (!socket_path_.empty()) ::unlink(socket_path_.c_str());  // tcp:// has none
 }
 
 absl::StatusOr<std::optional<Incoming>> RouterServer::Poll(std::chrono::milliseconds timeout) {
@@ -409,6 +457,16 @@ absl::Status DealerClient::OpenSocket() {
     socket_->set(zmq::sockopt::linger, 0);
     socket_->set(zmq::sockopt::reconnect_ivl, static_cast<int>(options_.reconnect_interval.count()));
     if (!options_.identity.empty()) socket_->set(zmq::sockopt::routing_id, options_.identity);
+    if (!options_.curve_server_key.empty()) {  // issue 22: a CURVE client with a key pair of its own
+      char public_key[41], secret_key[41];
+      if (zmq_curve_keypair(public_key, secret_key) != 0) {
+        CloseSocket();
+        return absl::FailedPreconditionError("CURVE is not available in this libzmq (zmq_has(\"curve\") is false)");
+      }
+      socket_->set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
+      socket_->set(zmq::sockopt::curve_publickey, std::string(public_key, 40));
+      socket_->set(zmq::sockopt::curve_secretkey, std::string(secret_key, 40));
+    }
     if (const int ivl = static_cast<int>(options_.heartbeat_interval.count()); ivl > 0) {
       socket_->set(zmq::sockopt::heartbeat_ivl, ivl);
       socket_->set(zmq::sockopt::heartbeat_timeout, 3 * ivl);

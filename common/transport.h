@@ -116,6 +116,11 @@ class RouterServer {
     // monitor reports (TakeDisconnected). 0: off.
     std::chrono::milliseconds heartbeat_interval{0};
     std::chrono::milliseconds heartbeat_timeout{0};
+    // ZeroMQ CURVE (issue 22; common/curve_keys.h): the server's secret key, Z85 (40 characters). Set: every
+    // connection must complete a CURVE handshake with this server's public key (a client without it, or with another
+    // key, is never served: its connection is closed in the handshake); empty: no security mechanism (ipc:// in the
+    // 0700 run directory).
+    std::string curve_secret_key;
   };
 
   // Binds ipc://<run_dir>/<name>.sock. If the socket file exists and a live server accepts on it,
@@ -126,7 +131,11 @@ class RouterServer {
   static absl::StatusOr<std::unique_ptr<RouterServer>> Bind(std::string_view run_dir, std::string_view name) {
     return Bind(run_dir, name, Options());
   }
-  ~RouterServer();  // closes the socket and removes the socket file
+  // Issue 22: binds a tcp:// endpoint ("tcp://ADDR:PORT"; PORT "*" picks a free port: endpoint() then names the one
+  // bound). No socket file. Use Options::curve_secret_key for anything but a test. Errors: INVALID_ARGUMENT (not
+  // tcp://), the bind's (INTERNAL naming the endpoint: address in use, no such interface).
+  static absl::StatusOr<std::unique_ptr<RouterServer>> BindTcp(std::string_view endpoint, Options options);
+  ~RouterServer();  // closes the socket and removes the socket file (ipc)
   RouterServer(const RouterServer&) = delete;
   RouterServer& operator=(const RouterServer&) = delete;
 
@@ -143,6 +152,11 @@ class RouterServer {
   // Sends `bytes` to `peer` without blocking; UNAVAILABLE when the peer is not connected (ZMQ_ROUTER_MANDATORY),
   // RESOURCE_EXHAUSTED when its queue is full (ZMQ_SNDHWM reached: it does not read; nothing was sent, retry later).
   absl::Status Reply(std::string_view peer, std::string_view bytes);
+
+  // Issue 22: waits up to `timeout` until one of `routers` has a message to Poll; its index, or -1 when none came.
+  // Errors: the sockets' (an interrupted wait is -1).
+  static absl::StatusOr<int> WaitReadable(const std::vector<RouterServer*>& routers,
+                                          std::chrono::milliseconds timeout);
 
   // The connections (Incoming::connection ids) closed since the last call, oldest first, from the socket monitor
   // (ZMQ_EVENT_DISCONNECTED: the peer closed, died, or missed its ZMTP heartbeats). A close is tied to its own
@@ -168,6 +182,10 @@ class DealerClient {
     // ZMTP heartbeats (ZMQ_HEARTBEAT_IVL; ZMQ_HEARTBEAT_TIMEOUT = 3 intervals): a peer that stops answering (hung,
     // SIGSTOP, a dead host behind tcp://) is disconnected and counted in disconnects(). 0 = off.
     std::chrono::milliseconds heartbeat_interval{0};
+    // Issue 22: the CURVE server's public key, Z85 (40 characters; a tcp:// worker's serving-curve.pub). Set: the
+    // socket is a CURVE client with a fresh key pair of its own (zmq_curve_keypair) and is served only by the server
+    // holding the matching secret key; empty: no security mechanism.
+    std::string curve_server_key;
   };
 
   // Connects to `endpoint` (e.g. IpcEndpoint(run_dir, "memd")). Connecting succeeds even if no

@@ -60,6 +60,7 @@ struct CommandLine {
   std::string metrics_address;  // --metrics-address HOST:PORT (empty: no endpoint)
   dhs::WorkerConfig config;
   dhs::ClientOutboxLimits client_buffer;
+  std::string listen;  // --listen tcp://ADDR:PORT (issue 22): a second serving socket, CURVE
 };
 
 // Declares the options of `c` on `app`.
@@ -114,6 +115,14 @@ void AddOptions(CLI::App& app, CommandLine& c) {
   app.add_option("--client-buffer-total-bytes", c.client_buffer.total_bytes,
                  "replies buffered for all clients together, bytes (>= --client-buffer-bytes)")
       ->check(dhs::IntegerIn<uint64_t>(4096, uint64_t{1} << 40))->capture_default_str();
+  app.add_option("--listen", c.listen,
+                 "also serve clients on tcp://ADDR:PORT (routers on other hosts) with ZeroMQ CURVE: the key pair is "
+                 "RUN_DIR/serving-curve.secret (0600, created once) and a client needs RUN_DIR/serving-curve.pub; "
+                 "tcp://:PORT binds 127.0.0.1; PORT * picks a free one (logged)")
+      ->check([](const std::string& v) {
+        absl::StatusOr<std::string> e = dhs::ParseListenEndpoint(v);
+        return e.ok() ? std::string() : std::string(e.status().message());
+      });
   app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply")
       ->check(dhs::IntegerIn(1, 3600000))->capture_default_str();
   app.add_option("--memd-timeout-ms", c.memd_timeout_ms,
@@ -299,6 +308,7 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.memd_reconnect = std::chrono::milliseconds(cl.memd_reconnect_ms);
   options.device_name = backend.name;
   options.client_buffer = cl.client_buffer;
+  options.listen = cl.listen;
   options.on_host_pool = backend.on_host_pool;
   options.start_delay_for_test = std::chrono::milliseconds(cl.fault_start_delay_ms);
   options.publish_metrics = !cl.metrics_address.empty();

@@ -1,9 +1,12 @@
 // workerd/serving.cc: see serving.h.
 #include "workerd/serving.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
+#include "common/curve_keys.h"
 #include "common/log_limiter.h"
 #include "absl/strings/str_cat.h"
 #include "common/prompt_tokens.h"
@@ -90,21 +93,68 @@ uint64_t LogitsDigest(std::span<const float> logits) {
   return h;
 }
 
+absl::StatusOr<std::string> ParseListenEndpoint(std::string_view spec) {
+  const std::string text(spec);
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen '", text, "': ", why,
+                                                   " (expected tcp://ADDR:PORT, tcp://:PORT for 127.0.0.1, PORT "
+                                                   "1-65535 or *)"));
+  };
+  if (text.rfind("tcp://", 0) != 0) return bad("not a tcp:// address");
+  const std::string rest = text.substr(6);
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) return bad("no port");
+  std::string addr = rest.substr(0, colon);
+  const std::string port = rest.substr(colon + 1);
+  if (port != "*") {
+    int value = 0;
+    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
+        (value = std::stoi(port)) < 1 || value > 65535) {
+      return bad("bad port");
+    }
+  }
+  if (addr.empty()) addr = "127.0.0.1";  // loopback unless an address is named
+  return absl::StrCat("tcp://", addr, ":", port);
+}
+
 absl::StatusOr<std::unique_ptr<ServingFrontend>> ServingFrontend::Bind(std::string_view run_dir, GpuId gpu,
-                                                                      ClientOutboxLimits limits) {
+                                                                      ClientOutboxLimits limits,
+                                                                      std::string_view tcp_listen) {
+  std::vector<std::unique_ptr<RouterServer>> routers;
   absl::StatusOr<std::unique_ptr<RouterServer>> router = RouterServer::Bind(run_dir, absl::StrCat("worker-", gpu));
   if (!router.ok()) return router.status();
+  routers.push_back(*std::move(router));
+  if (!tcp_listen.empty()) {  // issue 22: the tcp:// socket, CURVE always
+    absl::StatusOr<std::string> endpoint = ParseListenEndpoint(tcp_listen);
+    if (!endpoint.ok()) return endpoint.status();
+    absl::StatusOr<CurveKeyPair> keys = LoadOrCreateServerKeys(run_dir);
+    if (!keys.ok()) return keys.status();
+    RouterServer::Options options;
+    options.curve_secret_key = keys->secret_key;
+    options.heartbeat_interval = kTcpHeartbeatInterval;
+    options.heartbeat_timeout = kTcpHeartbeatTimeout;
+    absl::StatusOr<std::unique_ptr<RouterServer>> tcp = RouterServer::BindTcp(*endpoint, options);
+    if (!tcp.ok()) return tcp.status();
+    spdlog::info("workerd: serving on {} (CURVE; clients need {}/{})", (*tcp)->endpoint(), run_dir, kCurvePublicFile);
+    routers.push_back(*std::move(tcp));
+  }
   return std::unique_ptr<ServingFrontend>(
-      new ServingFrontend(*std::move(router), absl::StrCat("worker/", gpu), limits));
+      new ServingFrontend(std::move(routers), absl::StrCat("worker/", gpu), limits));
 }
 
 absl::Status ServingFrontend::Serve(std::chrono::milliseconds timeout) {
   Flush();
+  std::vector<RouterServer*> sockets;
+  for (auto& r : routers_) sockets.push_back(r.get());
   std::chrono::milliseconds wait = timeout;
   for (int n = 0; n < kMaxMessagesPerServe; ++n, wait = std::chrono::milliseconds(0)) {
-    absl::StatusOr<std::optional<Incoming>> in = router_->Poll(wait);
+    absl::StatusOr<int> ready = RouterServer::WaitReadable(sockets, wait);
+    if (!ready.ok()) return ready.status();
+    if (*ready < 0) return absl::OkStatus();
+    absl::StatusOr<std::optional<Incoming>> in = routers_[*ready]->Poll(std::chrono::milliseconds(0));
     if (!in.ok()) return in.status();
-    if (!in->has_value()) return absl::OkStatus();
+    if (!in->has_value()) continue;
+    (*in)->peer.insert((*in)->peer.begin(), static_cast<char>(*ready));  // the socket's index, then the routing id
     Handle(**in);
   }
   return absl::OkStatus();
@@ -127,6 +177,15 @@ void ServingFrontend::Handle(const Incoming& in) {
       status = absl::UnavailableError("worker not ready");
     } else {
       status = worker_->Attach(attach->request, attach->received, ClientRef{in.peer, msg->sequence}, attach->client);
+    }
+  } else if (msg->type == wire::Body::Cancel) {  // issue 22
+    absl::StatusOr<wire::CancelT> cancel = ReadCancel(*msg);
+    if (!cancel.ok()) {
+      status = cancel.status();
+    } else if (worker_ == nullptr) {
+      status = absl::UnavailableError("worker not ready");
+    } else {
+      status = worker_->Cancel(cancel->request, cancel->client, ClientRef{in.peer, msg->sequence}, cancel->reason);
     }
   } else if (msg->type == wire::Body::WorkerStatsQuery) {
     if (worker_ == nullptr) {
@@ -192,7 +251,13 @@ absl::Status ServingFrontend::Send(const std::string& peer, std::string bytes, R
 
 void ServingFrontend::FlushPeer(const std::string& peer) {
   while (const std::string* bytes = outbox_.Front(peer)) {
-    absl::Status s = router_->Reply(peer, *bytes);
+    if (peer.empty()) {  // never a peer of Serve's
+      outbox_.PeerGone(peer);
+      return;
+    }
+    // peer = the socket's index (one byte), then the client's routing id (Serve).
+    const auto index = static_cast<size_t>(static_cast<unsigned char>(peer.front()));
+    absl::Status s = routers_.at(index)->Reply(std::string_view(peer).substr(1), *bytes);
     if (s.ok()) {
       outbox_.Sent(peer);
     } else if (absl::IsResourceExhausted(s)) {

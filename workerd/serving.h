@@ -72,6 +72,11 @@ class Submitter {
   // 0 = none): resumed requests are found by (client_identity, client_id). A returned error is the client's ErrorReply.
   virtual absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client,
                               uint64_t client_identity = 0) = 0;
+  // Cancel (issue 22): `client` (its routing id, and the Cancel's sequence) cancels its request `client_id`;
+  // `client_identity` = Cancel.client also finds a resumed request no client has re-attached to yet. A returned error
+  // is the client's ErrorReply (NOT_FOUND: no such request in flight; nothing changed).
+  virtual absl::Status Cancel(RequestId client_id, uint64_t client_identity, const ClientRef& client,
+                              std::string_view reason) = 0;
   // The counters of WorkerStatsReply.
   virtual wire::WorkerStatsReplyT StatsReply() const = 0;
   // WorkerStatsReply.timeline_json for WorkerStatsQuery.timeline (issue 22): the submitter's timelines of the client
@@ -79,9 +84,20 @@ class Submitter {
   virtual std::string TimelineJson(uint64_t client_request) const { return {}; }
 };
 
-// The RouterServer `worker-<gpu>` in the run dir. Serve() answers SubmitRequest (ErrorReply on a validation error,
-// the worker keeps serving), Attach (a resumed request's client re-attaches: Submitter::Attach), WorkerStatsQuery (WorkerStatsReply) and anything else with an ErrorReply
-// (UNKNOWN_MESSAGE; undecodable -> INVALID_MESSAGE). As a ClientSink it encodes SubmitAccepted / TokenChunk.
+// The serving address of `workerd --listen` (issue 22): "tcp://ADDR:PORT" as given, "tcp://:PORT" (no address) as
+// "tcp://127.0.0.1:PORT" (loopback by default: another host is served only when its address is named, e.g. "*" or an
+// interface's address). PORT: 1..65535, or "*" (a free port; the log names the one bound). Errors: INVALID_ARGUMENT
+// naming the value (not tcp://, no port, a bad port).
+absl::StatusOr<std::string> ParseListenEndpoint(std::string_view spec);
+
+// The RouterServer `worker-<gpu>` in the run dir, and with `tcp_listen` a second one on that tcp:// endpoint with
+// ZeroMQ CURVE (the run directory's server key, common/curve_keys.h: a client must hold serving-curve.pub; one
+// without it, or with another key, is never served). Both serve the same clients' messages: Serve() answers
+// SubmitRequest (ErrorReply on a validation error, the worker keeps serving), Attach (a resumed request's client
+// re-attaches: Submitter::Attach), Cancel (Submitter::Cancel; issue 22), WorkerStatsQuery (WorkerStatsReply) and
+// anything else with an ErrorReply (UNKNOWN_MESSAGE; undecodable -> INVALID_MESSAGE). As a ClientSink it encodes
+// SubmitAccepted / TokenChunk. A client's peer (ClientRef::peer) is the index of its socket (one byte) then its
+// routing id, so ids of the two sockets never meet.
 //
 // Every reply goes through a ClientOutbox: what the socket cannot take now (the client's ZeroMQ queue is full: it
 // does not read) waits there, up to the limits; Serve first sends what waits. Beyond the client's limit a streamed
@@ -92,14 +108,21 @@ class ServingFrontend final : public ClientSink {
  public:
   // The most messages one Serve call reads (a flood of submits cannot starve the serving loop).
   static constexpr int kMaxMessagesPerServe = 64;
+  // ZMTP heartbeats of the tcp:// socket: a router on another host that vanishes (its host died, the network broke)
+  // is seen gone after kTcpHeartbeatTimeout without an answer, and its requests end ("client went away").
+  static constexpr std::chrono::milliseconds kTcpHeartbeatInterval{2000};
+  static constexpr std::chrono::milliseconds kTcpHeartbeatTimeout{10000};
 
-  // Binds ipc://<run_dir>/worker-<gpu>.sock. Errors: as RouterServer::Bind.
+  // Binds ipc://<run_dir>/worker-<gpu>.sock, then, with `tcp_listen` (ParseListenEndpoint's form), that endpoint with
+  // CURVE (LoadOrCreateServerKeys(run_dir)). Errors: as RouterServer::Bind / BindTcp, ParseListenEndpoint's,
+  // LoadOrCreateServerKeys's.
   static absl::StatusOr<std::unique_ptr<ServingFrontend>> Bind(std::string_view run_dir, GpuId gpu,
-                                                              ClientOutboxLimits limits = {});
+                                                              ClientOutboxLimits limits = {},
+                                                              std::string_view tcp_listen = "");
 
   void set_submitter(Submitter* submitter) { worker_ = submitter; }
-  // Sends what waits in the outbox, then serves the messages that arrive within `timeout` (at least one wait of
-  // `timeout`, then drains without waiting, at most kMaxMessagesPerServe). Errors only from the socket.
+  // Sends what waits in the outbox, then serves the messages that arrive within `timeout` on either socket (at least
+  // one wait of `timeout`, then drains without waiting, at most kMaxMessagesPerServe). Errors only from the sockets.
   absl::Status Serve(std::chrono::milliseconds timeout);
   // Sends what waits in the outbox to each client whose socket queue takes it.
   void Flush();
@@ -113,20 +136,24 @@ class ServingFrontend final : public ClientSink {
 
   void Accepted(const ClientRef& client, const wire::SubmitAcceptedT& accepted) override;
   absl::Status Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) override;
-  const std::string& endpoint() const { return router_->endpoint(); }
+  const std::string& endpoint() const { return routers_.front()->endpoint(); }
+  // The tcp:// endpoint bound (its port resolved), "" without --listen.
+  std::string tcp_endpoint() const { return routers_.size() > 1 ? routers_[1]->endpoint() : std::string(); }
   // Replies still queued when the socket closes are delivered for up to `linger` (a stopping worker's last chunks).
-  void SetLinger(std::chrono::milliseconds linger) { router_->SetLinger(linger); }
+  void SetLinger(std::chrono::milliseconds linger) {
+    for (auto& r : routers_) r->SetLinger(linger);
+  }
 
  private:
-  ServingFrontend(std::unique_ptr<RouterServer> router, std::string sender, ClientOutboxLimits limits)
-      : router_(std::move(router)), sender_(std::move(sender)), outbox_(limits) {}
+  ServingFrontend(std::vector<std::unique_ptr<RouterServer>> routers, std::string sender, ClientOutboxLimits limits)
+      : routers_(std::move(routers)), sender_(std::move(sender)), outbox_(limits) {}
   void Handle(const Incoming& in);
   absl::Status HandleSubmit(const Message& msg, const std::string& peer);
   // Queues `bytes` for `peer` (ClientOutbox::Push) and sends what the socket takes. RESOURCE_EXHAUSTED when refused.
   absl::Status Send(const std::string& peer, std::string bytes, ReplyKind kind);
   void FlushPeer(const std::string& peer);
 
-  std::unique_ptr<RouterServer> router_;
+  std::vector<std::unique_ptr<RouterServer>> routers_;  // [0] ipc://, [1] tcp:// with CURVE (--listen)
   std::string sender_;
   ClientOutbox outbox_;
   uint64_t client_submits_refused_ = 0;  // submits refused because their client's buffer was full

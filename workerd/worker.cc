@@ -209,7 +209,7 @@ RequestId Worker::NodeRequestId(RequestId client_id, RequestId avoid) {
   constexpr uint64_t kLow = kNodeRequestCounterEnd - 1;
   // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 24 bits sit between the GPU and n.
   const uint64_t gpu = MakeNodeRequestId(config_.gpu, epoch_, 0);
-  auto free = [&](uint64_t id) { return id != avoid && !requests_.contains(id); };
+  auto free = [&](uint64_t id) { return id != avoid && !requests_.contains(id) && !ended_waiting_.contains(id); };
   if (client_id != 0 && client_id <= kLow && free(gpu | client_id)) return gpu | client_id;
   while (true) {  // fewer requests in flight than 2^24 (types.h): a free value comes
     const uint64_t n = next_node_;
@@ -227,8 +227,9 @@ void Worker::Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it) {
 
 void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   auto it = requests_.find(m.request);
-  if (it == requests_.end() && stopping_.contains(m.request)) {
-    // Ended by StopAll while memd granted it: the Complete sent then (memd reads it after this grant) releases it.
+  if (it == requests_.end() && (stopping_.contains(m.request) || ended_waiting_.contains(m.request))) {
+    // Ended (StopAll, Cancel, its client gone) while memd granted it: the Complete sent then (memd reads it after this
+    // grant) releases it.
     return;
   }
   if (it == requests_.end()) {
@@ -307,6 +308,7 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
 
 void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
   stopping_.erase(m.request);
+  ended_waiting_.erase(m.request);
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 
@@ -939,6 +941,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
     return;
   }
   std::erase(granted_, id);
+  if (r.phase == Phase::kWaitGrant && !r.admit_unsent) ended_waiting_.insert(id);  // a grant may cross the Complete
   if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
   ReleaseSpecSlot(r);
   ReportEnd(r, error);
@@ -962,6 +965,35 @@ size_t Worker::StopAll(const absl::Status& why) {
   }
   stopping_all_ = false;
   return ids.size();
+}
+
+absl::Status Worker::Cancel(RequestId client_id, uint64_t client_identity, const ClientRef& client,
+                            std::string_view reason) {
+  constexpr size_t kMaxReasonBytes = 256;
+  reason = reason.substr(0, kMaxReasonBytes);
+  Request* r = nullptr;
+  if (auto by_peer = client_ids_.find({client.peer, client_id}); by_peer != client_ids_.end()) {
+    r = requests_.at(by_peer->second).get();
+  } else {
+    // A resumed request no client re-attached to (the first in node-id order, as Attach finds it).
+    const ResumeKey key{client_identity, client_id};
+    auto it = std::find_if(requests_.begin(), requests_.end(),
+                           [&](const auto& e) { return e.second->detached && KeyOf(*e.second) == key; });
+    if (it != requests_.end()) r = it->second.get();
+  }
+  if (r == nullptr || r->ending || r->generated.size() >= r->max_new) {
+    return absl::NotFoundError(absl::StrCat("cancel: request ", client_id, " of this client is not in flight here ",
+                                            r == nullptr ? "(unknown, or finished already)" : "(already ending or finished)"));
+  }
+  if (r->detached) {  // its final chunk answers the Cancel; nothing is kept for an Attach
+    r->detached = false;
+    r->client = client;
+    client_ids_.emplace(std::make_pair(client.peer, client_id), r->id);
+  }
+  ++stats_.requests_cancelled;
+  spdlog::info("worker: request {} (client {}) cancelled by its client: {}", r->id, client_id, reason);
+  Finish(r->id, RequestCancelledError(reason));  // final chunk, copies waited for, KV and slots released, Complete
+  return absl::OkStatus();
 }
 
 size_t Worker::EndClient(const std::string& peer, const absl::Status& why) {
@@ -1213,6 +1245,7 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
     r.failures.push_back(std::move(rc));
   }
   r.epoch = static_cast<uint32_t>(epoch_);
+  r.requests_cancelled = s.requests_cancelled;
   return r;
 }
 

@@ -43,6 +43,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -93,6 +94,7 @@ struct WorkerStats {
   uint64_t resumed_outputs_dropped = 0; // resumed outputs dropped unclaimed (config.resumed_outputs bound)
   // Host-page integrity (issue 22; HierarchicalKvAccess::host_integrity):
   HostIntegrityCounters host_integrity;  // pages checksummed / verified (bytes) / mismatched
+  uint64_t requests_cancelled = 0;      // requests ended by their client's Cancel (issue 22)
   // Speculation (--speculate; workerd/worker_speculation.cc):
   uint64_t spec_rounds = 0;          // verified rounds (K_r >= 2)
   uint64_t spec_round_tokens = 0;    // tokens those rounds emitted: sum of A_r + 1
@@ -181,6 +183,17 @@ class Worker final : public MemdHandler, public Submitter {
   // Errors: NOT_FOUND (no resumed request with that key waits for a client, or its output was dropped unclaimed).
   absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client,
                       uint64_t client_identity = 0) override;
+  // Cancel (issue 22; docs/protocol.md "Cancel"): ends the request `client_id` of `client` (found by (client.peer,
+  // client_id) as Submit keys it, else, for a resumed request no client re-attached to, by (client_identity,
+  // client_id)) as a failed one: its final TokenChunk carries RequestCancelledError(reason) (error CANCELLED,
+  // end_reason CANCELLED) and, through Finish, the copies memd would free pages under are waited for, its KV, slot
+  // and speculation slot are released and memd gets its Complete, whatever its phase (waiting for its grant,
+  // prefilling, decoding; between two iterations no speculative round is open). A resumed request nobody re-attached
+  // to gets its final chunk on `client` (the Cancel's sequence) and is not kept for an Attach. With memd away the
+  // end (chunk and Complete) waits for the re-Hello, as every end does. Errors: NOT_FOUND (no such request in flight:
+  // unknown, finished, or already ending); nothing changed. `reason` is cut to 256 bytes.
+  absl::Status Cancel(RequestId client_id, uint64_t client_identity, const ClientRef& client,
+                      std::string_view reason) override;
   // The GPU's epoch from memd's HelloReply (>= 1; 1 until set): part of every node request id (Submit).
   void set_epoch(uint64_t epoch) { epoch_ = epoch == 0 ? 1 : epoch; }
   // HelloReply.interrupted_requests (with interrupted_records): each one this worker neither serves nor ended is
@@ -442,6 +455,10 @@ class Worker final : public MemdHandler, public Submitter {
   RequestTimelines timelines_{kWorkerTimelineLimits};  // the serving side of `dhsctl request` (issue 22)
   PrefixRowCache prefix_cache_;
   std::set<RequestId> stopping_;  // StopAll's Completes not acknowledged yet
+  // Requests ended while waiting for their grant (Cancel, EndClient, StopAll) whose CompleteAck has not come: a grant
+  // memd sent before it read the Complete is ignored (the Complete releases it), and NodeRequestId never hands their
+  // node id to a new request meanwhile (that request would take the stale grant as its own).
+  std::set<RequestId> ended_waiting_;
   // Resumed requests that finished before their client attached ((client identity, client id) -> output), until
   // Attach or the bound drops it.
   struct DetachedOutput {

@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   // the live listener: ALREADY_EXISTS) before it connects to memd as worker/<gpu>, which would take the live worker's
   // link to memd over (ROUTER_HANDOVER). A stale socket file of a crashed worker is replaced: a restart still works.
   absl::StatusOr<std::unique_ptr<ServingFrontend>> frontend = ServingFrontend::Bind(options.run_dir, config.gpu,
-                                                                                    options.client_buffer);
+                                                                                    options.client_buffer,
+                                                                                    options.listen);
   if (!frontend.ok()) {
     return absl::Status(frontend.status().code(),
                         absl::StrCat("serving socket of GPU ", config.gpu, ": ", frontend.status().message(),
@@ -174,7 +175,7 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   frontend_->SetLinger(timeout);
   memd_->SetLinger(timeout);
-  const size_t ended = worker_->StopAll(absl::UnavailableError("worker stopping"));
+  const size_t ended = worker_->StopAll(WorkerStoppingError());  // end_reason WORKER_STOPPING
   absl::Status status;
   while (std::chrono::steady_clock::now() < deadline) {
     const MemdClient::Load load{worker_->active_requests(), worker_->pending_orders(), 0};

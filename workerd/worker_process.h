@@ -37,6 +37,7 @@ struct WorkerProcessOptions {
                                                      // within this long, else the epoch ends (ABORTED)
   std::string device_name = "cpu-backend";           // Hello.device_name
   ClientOutboxLimits client_buffer;  // replies buffered for clients that do not read (ServingFrontend)
+  std::string listen;  // issue 22: "" or workerd --listen's tcp:// endpoint (ServingFrontend::Bind, CURVE)
   // Called once with memd's mapped host pool before the Worker is created (the CUDA backend pins it there); an error
   // stops Start. Empty: nothing to do. It runs during the start-up's preparation (Start), with memd kept informed.
   std::function<absl::Status(std::span<uint8_t> host_pool)> on_host_pool;

@@ -423,6 +423,30 @@ TEST(ProtocolRoundTrip, Serving) {
   EXPECT_EQ(co.since_submit_us, 5400u);
 }
 
+// Issue 22: Cancel round-trips; the end reasons a status carries are read back by EndReasonOf (and none from a
+// plain status), with their wire codes.
+TEST(ProtocolRoundTrip, CancelAndEndReasons) {
+  wire::CancelT cancel;
+  cancel.request = 77;
+  cancel.client = 0xabcdef;
+  cancel.reason = "timeout after 30000 ms";
+  wire::CancelT out = RoundTrip(cancel, EncodeCancel, ReadCancel, wire::Body::Cancel, 19);
+  EXPECT_EQ(out.request, 77u);
+  EXPECT_EQ(out.client, 0xabcdefu);
+  EXPECT_EQ(out.reason, "timeout after 30000 ms");
+  const absl::Status cancelled = RequestCancelledError("deadline");
+  EXPECT_EQ(cancelled.message(), "cancelled: deadline");
+  EXPECT_EQ(ToWireError(cancelled), ErrorCode::CANCELLED);
+  EXPECT_EQ(EndReasonOf(cancelled), wire::EndReason::CANCELLED);
+  const absl::Status stopping = WorkerStoppingError();
+  EXPECT_EQ(stopping.message(), "worker stopping");
+  EXPECT_EQ(ToWireError(stopping), ErrorCode::UNAVAILABLE);
+  EXPECT_EQ(EndReasonOf(stopping), wire::EndReason::WORKER_STOPPING);
+  EXPECT_EQ(EndReasonOf(WorkerEpochEndedError("fenced")), wire::EndReason::WORKER_EPOCH_ENDED);
+  EXPECT_EQ(EndReasonOf(absl::CancelledError("cancelled: by hand")), wire::EndReason::NONE);
+  EXPECT_EQ(EndReasonOf(absl::UnavailableError("worker stopping")), wire::EndReason::NONE);  // codes, never text
+}
+
 TEST(ProtocolRead, WrongTypeIsFailedPrecondition) {
   wire::CompleteT complete;
   complete.request = 1;

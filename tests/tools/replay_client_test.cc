@@ -6,13 +6,16 @@
 // - Each client sends one non-zero identity (SubmitRequest.client) on every submit, and two clients send different
 //   ones, so a worker can tell their resumed requests apart (Attach.client).
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/protocol.h"
+#include "common/status.h"
 #include "common/transport.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tools/replay/zmq_node_client.h"
@@ -31,9 +34,16 @@ class FakeWorker {
     server_ = std::move(*server);
     thread_ = std::thread([this] { Loop(); });
   }
-  ~FakeWorker() {
+  ~FakeWorker() { Close(); }
+  // The worker exits: its socket closes (the client sees its connection drop).
+  void Close() {
     stop_ = true;
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+  }
+  std::vector<wire::CancelT> cancels() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancels_;
   }
   std::string endpoint() const { return server_->endpoint(); }
   std::vector<wire::SubmitRequestT> submits() {
@@ -60,6 +70,13 @@ class FakeWorker {
         for (const wire::TokenChunkT& c : script_[submit->request]) {
           server_->Reply((*in)->peer, EncodeTokenChunk(c, m->sequence, "worker")).IgnoreError();
         }
+      } else if (m->type == wire::Body::Cancel) {  // recorded, answered NOT_FOUND (as for a request that ended)
+        auto cancel = ReadCancel(*m);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          cancels_.push_back(*cancel);
+        }
+        server_->Reply((*in)->peer, EncodeError(absl::NotFoundError("ended"), m->sequence, "worker")).IgnoreError();
       }
     }
   }
@@ -69,6 +86,7 @@ class FakeWorker {
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::vector<wire::SubmitRequestT> submits_;
+  std::vector<wire::CancelT> cancels_;
 };
 
 wire::TokenChunkT Chunk(RequestId id, std::vector<uint8_t> tokens, bool finished = false) {
@@ -77,6 +95,12 @@ wire::TokenChunkT Chunk(RequestId id, std::vector<uint8_t> tokens, bool finished
   c.tokens = std::move(tokens);
   c.logits_digests.assign(c.tokens.size(), 5);
   c.finished = finished;
+  return c;
+}
+
+wire::TokenChunkT Stamped(RequestId id, std::vector<uint8_t> tokens, uint64_t since_submit_us, bool finished = false) {
+  wire::TokenChunkT c = Chunk(id, std::move(tokens), finished);
+  c.since_submit_us = since_submit_us;
   return c;
 }
 
@@ -172,6 +196,139 @@ TEST(ReplayClient, EachClientSendsItsOwnNonZeroIdentityOnEverySubmit) {
   EXPECT_EQ(per_identity[(*a)->client_identity()], 2);
   EXPECT_EQ(per_identity[(*b)->client_identity()], 1);
   EXPECT_EQ(per_identity[42], 1);
+}
+
+// Polls `client` until `done` or 10 s; every event goes to `events`. Returns the first error status of a Poll.
+absl::Status PollUntil(ZmqNodeClient& client, std::vector<TokenEvent>& events, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline && !done()) {
+    auto got = client.Poll(10);
+    if (!got.ok()) return got.status();
+    events.insert(events.end(), got->begin(), got->end());
+  }
+  return absl::OkStatus();
+}
+
+// Issue 22: a worker that stops (SIGTERM) ends its requests with end_reason WORKER_STOPPING, then closes. The client
+// keeps each request's reason (worker_stopping for the one it ended, worker_gone for one it left open), and says the
+// worker *stopped*, not "went away", from then on (Poll, Submit, Stats).
+TEST(ReplayClient, AStoppedWorkerIsReportedAsStoppedWithEveryRequestsReason) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  wire::TokenChunkT stopping = Final(1, "worker stopping", wire::EndReason::WORKER_STOPPING);
+  FakeWorker worker(dir.path(), {{1, {Chunk(1, {7}), stopping}}, {2, {Chunk(2, {9})}}});
+  ZmqNodeClientOptions o;
+  o.worker_endpoint = worker.endpoint();
+  o.worker_heartbeat = std::chrono::milliseconds(0);
+  auto client = ZmqNodeClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Submit(Request(1)).ok());
+  ASSERT_TRUE((*client)->Submit(Request(2)).ok());
+  std::vector<TokenEvent> events;
+  std::map<RequestId, TokenEvent> ends;
+  auto ended = [&](RequestId id) {
+    for (const TokenEvent& e : events) {
+      if (e.request == id && e.finished) return true;
+    }
+    return false;
+  };
+  auto has_token_of_2 = [&] {
+    for (const TokenEvent& e : events) {
+      if (e.request == 2 && !e.tokens.empty()) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(PollUntil(**client, events, [&] { return ended(1) && has_token_of_2(); }).ok());
+  worker.Close();
+  ASSERT_TRUE(PollUntil(**client, events, [&] { return ended(2); }).ok());
+  for (const TokenEvent& e : events) {
+    if (e.finished) ends[e.request] = e;
+  }
+  ASSERT_EQ(ends.size(), 2u);
+  EXPECT_EQ(ends[1].end_reason, EndReason::kWorkerStopping);
+  EXPECT_EQ(ends[1].error, "worker stopping");
+  EXPECT_EQ(ends[2].end_reason, EndReason::kWorkerGone);
+  EXPECT_THAT(ends[2].error, ::testing::HasSubstr("stopped: it ended 1 request with \"worker stopping\""));
+  EXPECT_THAT(ends[2].error, ::testing::Not(::testing::HasSubstr("went away")));
+  auto next = (*client)->Poll(10);
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(next.status().message()), ::testing::HasSubstr("stopped"));
+  EXPECT_THAT(std::string((*client)->Submit(Request(3)).message()), ::testing::HasSubstr("stopped"));
+  EXPECT_THAT(std::string((*client)->Stats().status().message()), ::testing::HasSubstr("stopped"));
+}
+
+// A worker that dies without ending anything still "went away"; its open request ends with that account.
+TEST(ReplayClient, AWorkerThatDiesWentAwayAndItsOpenRequestsEndWithThatReason) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  FakeWorker worker(dir.path(), {{1, {Chunk(1, {7})}}});
+  ZmqNodeClientOptions o;
+  o.worker_endpoint = worker.endpoint();
+  o.worker_heartbeat = std::chrono::milliseconds(0);
+  auto client = ZmqNodeClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Submit(Request(1)).ok());
+  std::vector<TokenEvent> events;
+  ASSERT_TRUE(PollUntil(**client, events, [&] { return !events.empty(); }).ok());
+  worker.Close();
+  ASSERT_TRUE(PollUntil(**client, events, [&] { return events.back().finished; }).ok());
+  EXPECT_EQ(events.back().request, 1u);
+  EXPECT_EQ(events.back().end_reason, EndReason::kWorkerGone);
+  EXPECT_THAT(events.back().error, ::testing::HasSubstr("went away"));
+}
+
+// Issue 22: the time between tokens is the worker's (TokenChunk.since_submit_us), whenever the client reads them:
+// three chunks read at once give gaps of 1.1 ms each, and the first has none (-1).
+TEST(ReplayClient, TokenIntervalsComeFromTheWorkersStamps) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  FakeWorker worker(dir.path(), {{1, {Stamped(1, {1}, 5000), Stamped(1, {2}, 6100), Stamped(1, {3, 4}, 7200),
+                                      Stamped(1, {}, 7300, true)}}});
+  ZmqNodeClientOptions o;
+  o.worker_endpoint = worker.endpoint();
+  o.worker_heartbeat = std::chrono::milliseconds(0);
+  auto client = ZmqNodeClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Submit(Request(1)).ok());
+  std::vector<TokenEvent> events;
+  ASSERT_TRUE(PollUntil(**client, events, [&] { return !events.empty() && events.back().finished; }).ok());
+  std::vector<double> intervals;
+  for (const TokenEvent& e : events) {
+    if (!e.tokens.empty()) intervals.push_back(e.token_interval_ms);
+  }
+  ASSERT_EQ(intervals.size(), 3u);
+  EXPECT_EQ(intervals[0], -1);
+  EXPECT_NEAR(intervals[1], 1.1, 1e-9);
+  EXPECT_NEAR(intervals[2], 1.1, 1e-9);
+  EXPECT_EQ(events.back().end_reason, EndReason::kFinished);
+}
+
+// Issue 22: Cancel sends the request id, the client's identity and the reason; the worker's NOT_FOUND answer (the
+// request ended first) is not an error of the run.
+TEST(ReplayClient, CancelCarriesTheIdentityAndANotFoundAnswerIsIgnored) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  FakeWorker worker(dir.path(), {{1, {Chunk(1, {7})}}});
+  ZmqNodeClientOptions o;
+  o.worker_endpoint = worker.endpoint();
+  o.worker_heartbeat = std::chrono::milliseconds(0);
+  auto client = ZmqNodeClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Submit(Request(1)).ok());
+  ASSERT_TRUE((*client)->Cancel(1, "timeout after 5 ms").ok());
+  std::vector<wire::CancelT> got;
+  for (int i = 0; i < 500 && (got = worker.cancels()).empty(); ++i) {
+    auto events = (*client)->Poll(10);
+    ASSERT_TRUE(events.ok()) << events.status();  // the NOT_FOUND answer is taken quietly
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].request, 1u);
+  EXPECT_EQ(got[0].client, (*client)->client_identity());
+  EXPECT_EQ(got[0].reason, "timeout after 5 ms");
+  for (int i = 0; i < 20; ++i) {
+    auto events = (*client)->Poll(10);
+    ASSERT_TRUE(events.ok()) << events.status();
+  }
 }
 
 }  // namespace

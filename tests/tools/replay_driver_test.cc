@@ -21,13 +21,15 @@ class FakeClock : public Clock {
 
 // One scripted node event: `after_ms` after the request's Submit, `tokens` new tokens.
 struct Step {
-  Step(double after, int n, bool end = false, std::string err = "", double wait = 0)
-      : after_ms(after), tokens(n), finished(end), error(std::move(err)), allocation_wait_ms(wait) {}
+  Step(double after, int n, bool end = false, std::string err = "", double wait = 0, double interval = -1)
+      : after_ms(after), tokens(n), finished(end), error(std::move(err)), allocation_wait_ms(wait),
+        token_interval_ms(interval) {}
   double after_ms;
   int tokens;
   bool finished;
   std::string error;
   double allocation_wait_ms;
+  double token_interval_ms;  // the node's own gap since the previous tokens (TokenEvent::token_interval_ms)
 };
 
 // Plays each request's script relative to its Submit. Poll jumps the clock to the next scripted event when
@@ -51,6 +53,7 @@ class FakeNode : public NodeClient {
       ev.finished = step.finished;
       ev.error = step.error;
       ev.allocation_wait_ms = step.allocation_wait_ms;
+      ev.token_interval_ms = step.token_interval_ms;
       pending_.emplace(clock_->now + step.after_ms, ev);
     }
     return absl::OkStatus();
@@ -74,6 +77,33 @@ class FakeNode : public NodeClient {
   }
 
   absl::StatusOr<NodeStats> Stats() override { return stats; }
+
+  // As the worker: the request's remaining events are dropped and its end (error "cancelled: <reason>", end reason
+  // kCancelled) comes cancel_delay_ms later; a request that has ended changes nothing.
+  absl::Status Cancel(RequestId request, std::string_view reason) override {
+    cancels.emplace_back(request, std::string(reason));
+    bool open = false;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.request == request) {
+        open = true;
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!open || !confirm_cancels) return absl::OkStatus();
+    TokenEvent ev;
+    ev.request = request;
+    ev.finished = true;
+    ev.error = "cancelled: " + std::string(reason);
+    ev.end_reason = EndReason::kCancelled;
+    pending_.emplace(clock_->now + cancel_delay_ms, ev);
+    return absl::OkStatus();
+  }
+
+  std::vector<std::pair<RequestId, std::string>> cancels;
+  double cancel_delay_ms = 3;
+  bool confirm_cancels = true;
 
   std::vector<SubmitRequest> submits;
   int in_flight = 0;
@@ -237,6 +267,7 @@ TEST(ReplayDriver, EventForUnknownOrEndedRequestIsAnError) {
     DriverOptions options = Quiet();
     options.first_request_id = 50;  // the fake's script is for id 1: no events at all for 50
     options.idle_timeout_ms = 500;
+    options.cancel_wait_ms = 0;  // the fake never confirms a cancel of a request it knows nothing of
     auto result = ReplayDriver(&node, &clock, options).Run(MakeTrace(1), *sched);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
     EXPECT_THAT(std::string(result.status().message()), HasSubstr("1 requests in flight"));
@@ -360,6 +391,80 @@ TEST(ReplayDriver, AFailedRunKeepsWhatItRecordedAndNamesWhereToLook) {
   EXPECT_FALSE(driver.partial().requests[1].served());
   EXPECT_GE(driver.partial().requests[1].submit_ms, 0);
   EXPECT_GT(driver.partial().elapsed_ms, 500);
+}
+
+// Issue 22: a request not ended request_timeout_ms after its submit is cancelled once; the node's confirmation ends
+// it as a timeout (not served), and the run goes on with the others.
+TEST(ReplayDriver, RequestTimeoutCancelsTheRequestAndTheRunGoesOn) {
+  FakeClock clock;
+  // Request 1 streams at +10 and +20, then would finish only at +10000; request 2 is quick.
+  FakeNode node(&clock, {{1, {{10, 1}, {20, 1}, {10000, 1, true}}}, {2, {{10, 1}, {15, 1, true}}}});
+  auto sched = Scheduler::ClosedLoop(2, 2);
+  DriverOptions options = Quiet();
+  options.request_timeout_ms = 100;
+  ReplayDriver driver(&node, &clock, options);
+  auto result = driver.Run(MakeTrace(2), *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(node.cancels.size(), 1u);
+  EXPECT_EQ(node.cancels[0].first, 1u);
+  EXPECT_THAT(node.cancels[0].second, HasSubstr("timeout after 100 ms"));
+  const RequestTiming& r = result->requests[0];
+  EXPECT_FALSE(r.served());
+  EXPECT_EQ(r.end_reason, EndReason::kTimeout);
+  EXPECT_THAT(r.error, HasSubstr("timeout after 100 ms"));
+  EXPECT_EQ(r.tokens, 2);
+  // Polls end at 10, 15, 20 (events), then 70, 120 (50 ms each): cancelled after the one at 120, ended 3 ms later.
+  EXPECT_EQ(r.cancel_sent_ms, 120);
+  EXPECT_EQ(r.end_ms, 123);
+  EXPECT_TRUE(result->requests[1].served());
+  EXPECT_EQ(result->requests[1].end_reason, EndReason::kFinished);
+  EXPECT_LT(result->elapsed_ms, 200);  // not the 10 s of its script
+}
+
+// Issue 22: the idle timeout cancels every request in flight (the worker frees them) before the run fails; the ends
+// the node confirms are recorded as timeouts.
+TEST(ReplayDriver, IdleTimeoutCancelsEveryRequestInFlight) {
+  FakeClock clock;
+  FakeNode node(&clock, {{1, {{10, 1}, {100000, 1, true}}}, {2, {{100000, 1, true}}}});
+  auto sched = Scheduler::ClosedLoop(2, 2);
+  DriverOptions options = Quiet();
+  options.idle_timeout_ms = 500;
+  ReplayDriver driver(&node, &clock, options);
+  auto result = driver.Run(MakeTrace(2), *sched);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+  ASSERT_EQ(node.cancels.size(), 2u);
+  EXPECT_THAT(node.cancels[0].second, HasSubstr("no event from the node"));
+  for (const RequestTiming& r : driver.partial().requests) {
+    EXPECT_EQ(r.end_reason, EndReason::kTimeout) << r.request;
+    EXPECT_GE(r.end_ms, 0);
+  }
+  EXPECT_LT(clock.now - 5000, 600);  // the confirmations came at once: no wait for cancel_wait_ms
+  // A node that never confirms: the driver waits cancel_wait_ms, then fails with the requests not ended.
+  FakeClock clock2;
+  FakeNode silent(&clock2, {{1, {{100000, 1, true}}}});
+  silent.confirm_cancels = false;
+  auto sched2 = Scheduler::ClosedLoop(1, 1);
+  ReplayDriver driver2(&silent, &clock2, options);
+  EXPECT_EQ(driver2.Run(MakeTrace(1), *sched2).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(driver2.partial().requests[0].end_reason, EndReason::kNone);
+  EXPECT_EQ(silent.cancels.size(), 1u);
+}
+
+// Issue 22: TPOT from the node's own gaps between tokens, not from the polls that returned them: a stream whose
+// events all arrive in one poll (a client that read late) still has the worker's 1.1 ms per token.
+TEST(ReplayDriver, TpotUsesTheNodesTokenIntervals) {
+  FakeClock clock;
+  // Four single-token events in one poll (+30), the last three 1.1 ms after the one before as the worker stamped them.
+  FakeNode node(&clock, {{1, {{30, 1}, {30, 1, false, "", 0, 1.1}, {30, 1, false, "", 0, 1.1},
+                              {30, 1, true, "", 0, 1.1}}}});
+  auto sched = Scheduler::ClosedLoop(1, 1);
+  auto result = ReplayDriver(&node, &clock, Quiet()).Run(MakeTrace(1), *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const RequestTiming& r = result->requests[0];
+  EXPECT_EQ(r.first_token_ms, r.last_token_ms);  // one poll
+  ASSERT_TRUE(r.tpot_ms());
+  EXPECT_NEAR(*r.tpot_ms(), 1.1, 1e-9);  // (3 * 1.1) / 3, not 0
+  EXPECT_EQ(r.end_reason, EndReason::kFinished);
 }
 
 // Two runs of two served requests, tokens {1, 2, 3} and {4}, each token with its own digest.

@@ -77,6 +77,12 @@ DriverResult SampleResult() {
   return r;
 }
 
+DriverResult SampleResultAllServed() {
+  DriverResult r = SampleResult();
+  r.requests.pop_back();
+  return r;
+}
+
 RunSettings SampleSettings() {
   RunSettings s;
   s.trace_path = "data/mooncake.jsonl";
@@ -181,6 +187,48 @@ TEST(ReportJson, HasEveryFieldWithItsValue) {
   EXPECT_EQ(j["settings"]["hbm_budget_bytes"], 1 << 20);
   EXPECT_EQ(j["settings"]["check_exact"], false);
   EXPECT_TRUE(j["settings"]["reclaim_policy"].is_null());  // not chosen by the tool: memd's default
+}
+
+// Issue 22: every request's end reason reaches the report: counts by reason (each request once; a partial run's
+// requests that never ended are "not_ended") and one failure entry per request not served, with its text.
+TEST(ReportJson, EndReasonsAndFailuresOfEveryRequest) {
+  DriverResult r;
+  RequestTiming served = Timing(0, 10, 25, 4, 0);
+  served.end_reason = EndReason::kFinished;
+  RequestTiming stopped = Timing(0, 10, 30, 3, 0, false);
+  stopped.request = 2;
+  stopped.trace_index = 1;
+  stopped.end_reason = EndReason::kWorkerStopping;
+  stopped.error = "worker stopping";
+  RequestTiming timed_out = Timing(0, 10, 40, 2, 0, false);
+  timed_out.request = 3;
+  timed_out.trace_index = 2;
+  timed_out.end_reason = EndReason::kTimeout;
+  timed_out.error = "timeout: cancelled: timeout after 100 ms (the worker released it)";
+  RequestTiming never;  // a partial run: not submitted
+  never.request = 4;
+  never.trace_index = 3;
+  r.requests = {served, stopped, timed_out, never};
+  r.elapsed_ms = 1000;
+  ReplayReport report = BuildReport(r, SampleSettings());
+  const std::map<std::string, int64_t> want{{"finished", 1}, {"worker_stopping", 1}, {"timeout", 1}, {"not_ended", 1}};
+  EXPECT_EQ(report.end_reasons, want);
+  nlohmann::json j = ReportToJson(report);
+  EXPECT_EQ(j["end_reasons"]["worker_stopping"], 1);
+  EXPECT_EQ(j["end_reasons"]["timeout"], 1);
+  EXPECT_EQ(j["end_reasons"]["finished"], 1);
+  ASSERT_EQ(j["failures"].size(), 3u);
+  EXPECT_EQ(j["failures"][0]["request"], 2);
+  EXPECT_EQ(j["failures"][0]["trace_row"], 1);
+  EXPECT_EQ(j["failures"][0]["end_reason"], "worker_stopping");
+  EXPECT_EQ(j["failures"][0]["error"], "worker stopping");
+  EXPECT_EQ(j["failures"][1]["end_reason"], "timeout");
+  EXPECT_THAT(j["failures"][1]["error"].get<std::string>(), HasSubstr("timeout after 100 ms"));
+  EXPECT_EQ(j["failures"][2]["end_reason"], "not_ended");
+  EXPECT_EQ(j["failures"][2]["error"], "did not end");
+  EXPECT_THAT(FormatSummary(report), HasSubstr("ends: finished 1, not_ended 1, timeout 1, worker_stopping 1"));
+  // A run where everything was served names no end line.
+  EXPECT_THAT(FormatSummary(BuildReport(SampleResultAllServed(), SampleSettings())), Not(HasSubstr("ends:")));
 }
 
 TEST(ReportCsv, OneRowMatchingTheHeader) {

@@ -20,11 +20,16 @@
 #include <set>
 #include <sstream>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "common/curve_keys.h"
 #include "common/protocol.h"
 #include "common/transport.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tests/workerd/worker_test_util.h"
+#include "nlohmann/json.hpp"
 #include "zmq.hpp"
 
 namespace dhs::test {
@@ -685,6 +690,260 @@ TEST(RealNodeEdges, AFloodOfSubmitsGetsErrorRepliesFromABoundedQueue) {
   std::printf("flood: %d submits, %zu accepted, %d refused, waiting peak %u, reply buffer peak %llu bytes\n",
               kSubmits, accepted.size(), refused, stats.waiting_requests_peak,
               static_cast<unsigned long long>(stats.client_queued_peak_bytes));
+}
+
+// memd's `gpus` view of GPU 0 (IntrospectQuery Gpus, as `dhsctl gpus`): slots_used, M_req, M_opt, queued, ...
+nlohmann::json MemdGpu0(const std::string& run_dir) {
+  DealerClient::Options options;
+  options.identity = "dhsctl/test-gpus";
+  auto client = DealerClient::Connect(IpcEndpoint(run_dir, "memd"), options);
+  EXPECT_TRUE(client.ok());
+  if (!client.ok()) return {};
+  wire::IntrospectQueryT q;
+  q.what = wire::IntrospectWhat::Gpus;
+  q.format = wire::IntrospectFormat::Json;
+  auto bytes = (*client)->Request(EncodeIntrospectQuery(q, 1, "dhsctl"), std::chrono::milliseconds(5000));
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (!bytes.ok()) return {};
+  auto m = DecodeEnvelope(*bytes);
+  if (!m.ok() || m->type != wire::Body::IntrospectReply) return {};
+  nlohmann::json doc = nlohmann::json::parse(ReadIntrospectReply(*m)->document, nullptr, false);
+  if (!doc.is_array() || doc.empty()) return {};
+  return doc[0];
+}
+
+// Reads `c` until request `id`'s final chunk (other requests' chunks are skipped); nullopt when none in ~10 s.
+std::optional<wire::TokenChunkT> FinalChunk(DealerClient& c, RequestId id, std::string* errors = nullptr) {
+  for (int i = 0; i < 1000; ++i) {
+    auto r = c.Receive(std::chrono::milliseconds(10));
+    if (!r.ok()) continue;
+    auto m = DecodeEnvelope(*r);
+    if (!m.ok()) return std::nullopt;
+    if (m->type == wire::Body::ErrorReply && errors != nullptr) *errors += ReadErrorReply(*m)->message + "; ";
+    if (m->type != wire::Body::TokenChunk) continue;
+    auto chunk = ReadTokenChunk(*m);
+    if (chunk->request == id && chunk->finished) return *chunk;
+  }
+  return std::nullopt;
+}
+
+void SendCancel(DealerClient& c, RequestId id, uint64_t seq, const std::string& reason) {
+  wire::CancelT cancel;
+  cancel.request = id;
+  cancel.reason = reason;
+  ASSERT_TRUE(c.Send(EncodeCancel(cancel, seq, "replay")).ok());
+}
+
+// Cancel (issue 22) with the real memd and workerd: a request cancelled mid-stream and one cancelled while waiting for
+// a slot each end with a final chunk carrying CANCELLED and the reason; memd's own view then shows their slots and
+// pages released (its request table no longer holds them, slots_used and M_req fall), the worker's counters count
+// them, and a Cancel of an unknown request gets ErrorReply NOT_FOUND answering its sequence while the others run on.
+TEST(RealNodeEdges, CancelReleasesTheRequestsSlotAndPagesAtMemdMidStreamOrWaiting) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  ChildProcess worker(node.WorkerArgs(0), node.Log("workerd"));  // --slots 2
+  auto c = node.Client(0);
+  ASSERT_TRUE(c);
+  for (RequestId id : {5, 6, 7}) RealNode::Submit(*c, id, static_cast<uint32_t>(id), /*max_new=*/400);  // 7 waits
+  bool streaming = false;
+  for (int i = 0; i < 2000 && !streaming; ++i) {
+    auto r = c->Receive(std::chrono::milliseconds(10));
+    if (!r.ok()) continue;
+    auto m = DecodeEnvelope(*r);
+    ASSERT_TRUE(m.ok());
+    if (m->type != wire::Body::TokenChunk) continue;
+    auto chunk = ReadTokenChunk(*m);
+    ASSERT_EQ(chunk->error, wire::ErrorCode::OK) << chunk->error_message << node.Logs();
+    streaming = chunk->request == 5 && !chunk->tokens.empty();
+  }
+  ASSERT_TRUE(streaming) << node.Logs();
+  const nlohmann::json before = MemdGpu0(dir.path());
+  ASSERT_EQ(before.value("slots_used", -1), 2) << before.dump() << node.Logs();
+  const int64_t req_pages = before.value("M_req", int64_t{-1});
+  ASSERT_GT(req_pages, 0);
+  ASSERT_TRUE(MemdKnowsRequest(dir.path(), 7)) << "request 7 is not queued at memd" << node.Logs();
+
+  SendCancel(*c, 7, 100, "waited too long");  // still waiting for its grant
+  std::optional<wire::TokenChunkT> end7 = FinalChunk(*c, 7);
+  ASSERT_TRUE(end7) << node.Logs();
+  EXPECT_EQ(end7->error, wire::ErrorCode::CANCELLED);
+  EXPECT_EQ(end7->end_reason, wire::EndReason::CANCELLED);
+  EXPECT_EQ(end7->error_message, "cancelled: waited too long");
+  SendCancel(*c, 5, 101, "mid stream");
+  std::optional<wire::TokenChunkT> end5 = FinalChunk(*c, 5);
+  ASSERT_TRUE(end5) << node.Logs();
+  EXPECT_EQ(end5->error, wire::ErrorCode::CANCELLED);
+  EXPECT_EQ(end5->error_message, "cancelled: mid stream");
+  // memd: both gone from its tables, one slot and that request's required pages free (request 6 still runs).
+  nlohmann::json after;
+  for (int i = 0; i < 200; ++i) {
+    after = MemdGpu0(dir.path());
+    if (after.value("slots_used", -1) == 1 && !MemdKnowsRequest(dir.path(), 5) && !MemdKnowsRequest(dir.path(), 7)) {
+      break;
+    }
+    ::poll(nullptr, 0, 20);
+  }
+  EXPECT_EQ(after.value("slots_used", -1), 1) << after.dump() << node.Logs();
+  EXPECT_EQ(after.value("M_req", int64_t{-1}), req_pages / 2) << after.dump();  // same shape: half the pages each
+  EXPECT_FALSE(MemdKnowsRequest(dir.path(), 5)) << node.Logs();
+  EXPECT_FALSE(MemdKnowsRequest(dir.path(), 7)) << node.Logs();
+  // A cancel of an unknown (or finished) request: NOT_FOUND, answering its own sequence; nothing else changes.
+  SendCancel(*c, 42, 102, "no such request");
+  bool not_found = false;
+  for (int i = 0; i < 500 && !not_found; ++i) {
+    auto r = c->Receive(std::chrono::milliseconds(10));
+    if (!r.ok()) continue;
+    auto m = DecodeEnvelope(*r);
+    ASSERT_TRUE(m.ok());
+    if (m->type != wire::Body::ErrorReply) continue;
+    EXPECT_EQ(m->sequence, 102u);
+    EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::NOT_FOUND);
+    not_found = true;
+  }
+  EXPECT_TRUE(not_found) << node.Logs();
+  EXPECT_TRUE(MemdKnowsRequest(dir.path(), 6)) << "request 6 was touched" << node.Logs();
+  SendCancel(*c, 6, 103, "last one");
+  ASSERT_TRUE(FinalChunk(*c, 6)) << node.Logs();
+  for (int i = 0; i < 200 && MemdGpu0(dir.path()).value("slots_used", -1) != 0; ++i) ::poll(nullptr, 0, 20);
+  const nlohmann::json empty = MemdGpu0(dir.path());
+  EXPECT_EQ(empty.value("slots_used", -1), 0) << empty.dump();
+  EXPECT_EQ(empty.value("M_req", int64_t{-1}), 0) << empty.dump();
+  const wire::WorkerStatsReplyT stats = WorkerStats(*c);
+  EXPECT_EQ(stats.requests_cancelled, 3u);
+  EXPECT_EQ(stats.active_requests + stats.waiting_requests, 0u);
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(ReadFile(node.Log("workerd")).find("answered message"), std::string::npos) << node.Logs();
+}
+
+// A free TCP port of 127.0.0.1 (bound to port 0 and closed: the kernel does not hand it out again at once).
+int FreeTcpPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Submits request `id` (Prompt(40, 11), 8 tokens) on `c` and collects its stream; `error` gets any failure.
+Generated ServeOne(DealerClient& c, RequestId id, std::string& error) {
+  wire::SubmitRequestT s;
+  s.request = id;
+  s.prompt = Prompt(40, 11);
+  s.max_new_tokens = 8;
+  Generated got;
+  if (!c.Send(EncodeSubmitRequest(s, id + 1000, "router")).ok()) {
+    error = "send failed";
+    return got;
+  }
+  for (int i = 0; i < 1000; ++i) {
+    auto r = c.Receive(std::chrono::milliseconds(10));
+    if (!r.ok()) continue;
+    auto m = DecodeEnvelope(*r);
+    if (!m.ok()) {
+      error = "undecodable";
+      return got;
+    }
+    if (m->type == wire::Body::ErrorReply) error += ReadErrorReply(*m)->message;
+    if (m->type != wire::Body::TokenChunk) continue;
+    auto chunk = ReadTokenChunk(*m);
+    for (uint8_t t : chunk->tokens) got.tokens.push_back(t);
+    for (uint64_t d : chunk->logits_digests) got.digests.push_back(d);
+    if (chunk->error != wire::ErrorCode::OK) error += chunk->error_message;
+    if (chunk->finished) return got;
+  }
+  error += "no final chunk";
+  return got;
+}
+
+// The serving socket over TCP (issue 22): `workerd --listen tcp://:PORT` binds 127.0.0.1 (loopback by default) with
+// ZeroMQ CURVE; the key pair is created in the run directory (secret 0600, public key readable). A client holding the
+// public key is served over tcp:// with exactly the tokens and logits digests of an ipc:// client; a client without a
+// key, or with another server's key, gets no reply at all, and the worker keeps serving.
+TEST(RealNodeEdges, TcpServingWithCurveServesKeyHoldersOnlyAndExactlyAsIpc) {
+  if (!CurveAvailable()) GTEST_SKIP() << "libzmq without CURVE";
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  RealNode node(dir.path());
+  if (!node.Available()) GTEST_SKIP() << "no memd / workerd executable";
+  const int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  ChildProcess memd(node.MemdArgs(), node.Log("memd"));
+  std::vector<std::string> args = node.WorkerArgs(0);
+  args.insert(args.end(), {"--listen", "tcp://:" + std::to_string(port)});
+  ChildProcess worker(args, node.Log("workerd"));
+  auto ipc = node.Client(0);
+  ASSERT_TRUE(ipc);
+  std::string error;
+  const Generated over_ipc = ServeOne(*ipc, 1, error);  // served: the worker started, its tcp:// socket is bound
+  ASSERT_EQ(error, "") << node.Logs();
+  struct stat st {};
+  ASSERT_EQ(::stat((dir.path() + "/" + kCurveSecretFile).c_str(), &st), 0) << node.Logs();
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((dir.path() + "/" + kCurvePublicFile).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  absl::StatusOr<std::string> key = ReadCurvePublicKey(dir.path() + "/" + kCurvePublicFile);
+  ASSERT_TRUE(key.ok()) << key.status();
+  // The listener is on 127.0.0.1 only (/proc/net/tcp: local address 0100007F, state 0A = LISTEN), not 0.0.0.0.
+  char port_hex[8];
+  std::snprintf(port_hex, sizeof port_hex, "%04X", port);
+  std::istringstream table(ReadFile("/proc/net/tcp"));
+  std::vector<std::string> listeners;
+  for (std::string line; std::getline(table, line);) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 4) == port_hex) listeners.push_back(local);
+  }
+  EXPECT_EQ(listeners, std::vector<std::string>{std::string("0100007F:") + port_hex}) << node.Logs();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  // Without a key, and with another server's key: no reply (the handshake never completes).
+  char other_public[41], other_secret[41];
+  ASSERT_EQ(zmq_curve_keypair(other_public, other_secret), 0);
+  for (const std::string& bad_key : {std::string(), std::string(other_public, 40)}) {
+    DealerClient::Options o;
+    o.curve_server_key = bad_key;
+    auto intruder = DealerClient::Connect(endpoint, o);
+    ASSERT_TRUE(intruder.ok());
+    wire::SubmitRequestT s;
+    s.request = 66;
+    s.prompt = Prompt(40, 11);
+    s.max_new_tokens = 8;
+    ASSERT_TRUE((*intruder)->Send(EncodeSubmitRequest(s, 1, "intruder")).ok());
+    auto reply = (*intruder)->Receive(std::chrono::milliseconds(1500));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(reply.status())) << "a client with key '" << bad_key << "' was answered";
+  }
+  DealerClient::Options o;
+  o.curve_server_key = *key;
+  auto tcp = DealerClient::Connect(endpoint, o);
+  ASSERT_TRUE(tcp.ok());
+  const Generated over_tcp = ServeOne(**tcp, 1, error);
+  ASSERT_EQ(error, "") << node.Logs();
+  EXPECT_EQ(over_tcp.tokens, over_ipc.tokens);
+  EXPECT_EQ(over_tcp.digests, over_ipc.digests);
+  const std::vector<uint8_t> prompt = Prompt(40, 11);
+  const Generated want = Oracle(*MakePresetModel("glm5-like", 3), {prompt.begin(), prompt.end()}, 8);
+  EXPECT_EQ(over_tcp.tokens, want.tokens);
+  EXPECT_EQ(over_tcp.digests, want.digests);
+  const wire::WorkerStatsReplyT stats = WorkerStats(**tcp);  // the refused clients' submits never reached it
+  EXPECT_EQ(stats.finished_requests, 2u);
+  EXPECT_EQ(worker.Terminate(), 0) << node.Logs();
+  EXPECT_EQ(memd.Terminate(), 0) << node.Logs();
+  // A restarted worker keeps the key its clients hold.
+  absl::StatusOr<CurveKeyPair> again = LoadOrCreateServerKeys(dir.path());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->public_key, *key);
 }
 
 }  // namespace

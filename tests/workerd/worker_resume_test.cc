@@ -797,6 +797,49 @@ TEST(WorkerResume, TwoClientsWithTheSameRequestIdsEachReattachToTheirOwnRequest)
   }
 }
 
+// Cancel (issue 22) of resumed requests: one no client re-attached to is found by (client identity, id) and its final
+// chunk (CANCELLED) goes to the canceller, nothing is kept for an Attach (NOT_FOUND afterwards); one re-attached is
+// cancelled by its new connection mid-stream. Both release their slots through Complete; another client identity
+// cannot cancel them.
+TEST(WorkerResume, ResumedRequestsCanBeCancelledAttachedOrNot) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
+  auto record = [&](RequestId id) {  // 3 of 14 tokens committed, as the oracle has them
+    wire::RequestRecordT rec;
+    rec.client_request = id;
+    rec.client = 77;
+    rec.prompt = Prompt(20, static_cast<uint32_t>(id));
+    rec.max_new_tokens = 14;
+    const Generated g = Oracle(*m, {rec.prompt.begin(), rec.prompt.end()}, 3);
+    rec.tokens.assign(g.tokens.begin(), g.tokens.end());
+    rec.logits_digests = g.digests;
+    return rec;
+  };
+  ASSERT_TRUE(b.worker->Resume(0, record(1)).ok());
+  ASSERT_TRUE(b.worker->Resume(0, record(2)).ok());
+  memd->Pump(*b.worker);
+  ASSERT_TRUE(b.worker->Iterate().ok());
+  EXPECT_EQ(b.worker->Cancel(1, 78, ClientRef{"x", 1}, "wrong identity").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(b.worker->Cancel(1, 77, ClientRef{"x", 5}, "nobody came back").ok());
+  EXPECT_EQ(b.sink.errors[1], "cancelled: nobody came back");
+  EXPECT_TRUE(b.sink.finished.contains(1));
+  EXPECT_EQ(memd->completes, 1);
+  EXPECT_EQ(b.worker->Attach(1, 3, ClientRef{"y", 2}, 77).code(), absl::StatusCode::kNotFound) << "kept after cancel";
+  ASSERT_TRUE(b.worker->Attach(2, 3, ClientRef{"z", 3}, 77).ok());
+  for (int it = 0; it < 100 && b.sink.by_peer[Key("z", 2)].tokens.size() < 2; ++it) {
+    memd->Pump(*b.worker);
+    ASSERT_TRUE(b.worker->Iterate().ok());
+  }
+  ASSERT_GE(b.sink.by_peer[Key("z", 2)].tokens.size(), 2u);
+  ASSERT_TRUE(b.worker->Cancel(2, 0, ClientRef{"z", 9}, "enough").ok());  // found by its connection
+  EXPECT_EQ(b.sink.errors[2], "cancelled: enough");
+  EXPECT_EQ(memd->completes, 2);
+  EXPECT_EQ(memd->slots_free(), static_cast<size_t>(b.config.slots));
+  EXPECT_EQ(b.worker->active_requests() + b.worker->waiting_requests(), 0u);
+  EXPECT_EQ(b.worker->stats().requests_cancelled, 2u);
+}
+
 // A resumed request's record that holds all its tokens: resumed with interrupted = 0 (nothing at memd to end), it
 // waits finished for its client (Worker::Resume).
 wire::RequestRecordT FinishedRecord(RequestId id, uint64_t client, uint8_t first_token) {

@@ -535,6 +535,114 @@ TEST(WorkerBackPressure, EndClientEndsOnlyThatClientsRequests) {
   EXPECT_EQ(f.worker->EndClient("gone", absl::UnavailableError("again")), 0u);
 }
 
+// Cancel (issue 22): a request cancelled mid-stream ends at once with a final chunk carrying CANCELLED and the reason,
+// its pages and slot go back through the normal Complete, and its client id may be used again; a cancel of an
+// unknown request, of a finished one, or of another client's request is NOT_FOUND and changes nothing.
+TEST(WorkerCancel, CancelMidStreamEndsTheStreamWithTheReasonAndReleasesItsSlot) {
+  Fixture f(WorkerMode::kAdaptive);
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 30), ClientRef{"c", 7}).ok());
+  ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 4), ClientRef{"c", 8}).ok());
+  const size_t slots = f.memd->slots_free() + 2;
+  for (int it = 0; it < 200 && f.sink.out[1].tokens.size() < 3; ++it) {
+    f.memd->Pump(*f.worker);
+    ASSERT_TRUE(f.worker->Iterate().ok());
+  }
+  ASSERT_GE(f.sink.out[1].tokens.size(), 3u);
+  const size_t had = f.sink.out[1].tokens.size();
+  const size_t chunks = f.sink.chunks.size();
+  // Another client cannot cancel it; an unknown id is NOT_FOUND: nothing changes.
+  EXPECT_EQ(f.worker->Cancel(1, 0, ClientRef{"d", 3}, "not mine").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(f.worker->Cancel(99, 0, ClientRef{"c", 3}, "unknown").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(f.sink.chunks.size(), chunks);
+  EXPECT_EQ(f.memd->completes, 0);
+
+  ASSERT_TRUE(f.worker->Cancel(1, 0, ClientRef{"c", 9}, "deadline passed").ok());
+  ASSERT_EQ(f.sink.chunks.size(), chunks + 1);
+  const wire::TokenChunkT& end = f.sink.chunks.back();
+  EXPECT_EQ(end.request, 1u);
+  EXPECT_TRUE(end.finished);
+  EXPECT_TRUE(end.tokens.empty());
+  EXPECT_EQ(end.error, wire::ErrorCode::CANCELLED);
+  EXPECT_EQ(end.end_reason, wire::EndReason::CANCELLED);
+  EXPECT_EQ(end.error_message, "cancelled: deadline passed");
+  EXPECT_EQ(f.memd->completes, 1) << "the cancelled request did not release its pages";
+  EXPECT_EQ(f.memd->slots_free(), slots - 1) << "its slot did not come back";
+  EXPECT_EQ(f.worker->stats().requests_cancelled, 1u);
+  EXPECT_EQ(f.worker->StatsReply().requests_cancelled, 1u);
+  EXPECT_EQ(f.worker->stats().failed_requests, 1u);
+  // A second cancel is NOT_FOUND; the other request runs to its end, exactly.
+  EXPECT_EQ(f.worker->Cancel(1, 0, ClientRef{"c", 10}, "again").code(), absl::StatusCode::kNotFound);
+  f.RunUntilFinished(2);
+  EXPECT_EQ(f.sink.out[1].tokens.size(), had) << "a token after the cancel";
+  EXPECT_EQ(f.sink.out[2].tokens, Oracle(*f.model, f.Input(Prompt(20, 2)), 4).tokens);
+  EXPECT_EQ(f.worker->Cancel(2, 0, ClientRef{"c", 11}, "finished").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(f.memd->completes, 2);
+  EXPECT_EQ(f.memd->slots_free(), slots);
+  // The client id is free again: a new request 1 is served exactly.
+  f.sink.out.erase(1);
+  f.sink.finished.clear();
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 3), 5), ClientRef{"c", 12}).ok());
+  f.RunUntilFinished(1);
+  EXPECT_EQ(f.sink.out[1].tokens, Oracle(*f.model, f.Input(Prompt(20, 3)), 5).tokens);
+}
+
+// Cancel (issue 22) of a request still waiting for its grant: it ends with CANCELLED, memd's queue loses it (the
+// Complete), a grant memd sent before it read the Complete is ignored (no second Complete, no start), and its node
+// id is not handed to a new request before the CompleteAck.
+TEST(WorkerCancel, CancelWhileWaitingForAdmission) {
+  Fixture f(WorkerMode::kAdaptive);
+  f.memd = std::make_unique<FakeMemd>(64, ComputeGeometry(f.model->config(), f.config)->host_page_bytes, 16, 256, 1,
+                                      false, /*slots=*/1);
+  auto w = Worker::Create(f.model.get(), &f.device, f.config, f.memd->host, f.memd.get(), &f.sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  f.worker = std::move(*w);
+  ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 6), ClientRef{"c", 1}).ok());
+  ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 6), ClientRef{"c", 2}).ok());
+  f.memd->Pump(*f.worker);
+  ASSERT_TRUE(f.worker->Iterate().ok());
+  ASSERT_EQ(f.memd->admissions_waiting(), 1u);  // request 2 waits for the only slot
+  EXPECT_EQ(f.worker->waiting_requests(), 1u);
+  const RequestId node2 = f.memd->admitted_ids.at(1);
+  ASSERT_TRUE(f.worker->Cancel(2, 0, ClientRef{"c", 5}, "gave up waiting").ok());
+  EXPECT_EQ(f.sink.errors[2], "cancelled: gave up waiting");
+  EXPECT_TRUE(f.sink.finished.contains(2));
+  EXPECT_EQ(f.worker->waiting_requests(), 0u);
+  EXPECT_EQ(f.memd->admissions_waiting(), 0u) << "memd still queues the cancelled admission";
+  EXPECT_EQ(f.memd->completes, 1);
+  // A grant that crossed the Complete: ignored (the Complete releases it at memd).
+  wire::AdmitGrantT late;
+  late.request = node2;
+  late.slot = 0;
+  f.worker->OnAdmitGrant(late);
+  EXPECT_EQ(f.memd->completes, 1) << "the crossing grant was answered with another Complete";
+  EXPECT_EQ(f.worker->active_requests(), 1u);
+  // Until the CompleteAck its node id stays taken; afterwards client id 2 may map to it again.
+  ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 6), ClientRef{"c", 6}).ok());
+  EXPECT_NE(f.memd->admitted_ids.back(), node2);
+  wire::CompleteAckT ack;
+  ack.request = node2;
+  f.worker->OnCompleteAck(ack);
+  f.sink.finished.erase(2);
+  f.sink.out.erase(2);
+  f.RunUntilFinished(2);  // request 1 and the new 2
+  EXPECT_EQ(f.sink.out[1].tokens, Oracle(*f.model, f.Input(Prompt(20, 1)), 6).tokens);
+  EXPECT_EQ(f.sink.out[2].tokens, Oracle(*f.model, f.Input(Prompt(20, 2)), 6).tokens);
+  EXPECT_EQ(f.memd->slots_free(), 1u);
+}
+
+// --listen (issue 22): loopback unless an address is named; bad values name the problem.
+TEST(WorkerListen, ListenEndpointsDefaultToLoopback) {
+  EXPECT_EQ(*ParseListenEndpoint("tcp://:7001"), "tcp://127.0.0.1:7001");
+  EXPECT_EQ(*ParseListenEndpoint("tcp://*:7001"), "tcp://*:7001");
+  EXPECT_EQ(*ParseListenEndpoint("tcp://10.0.0.5:*"), "tcp://10.0.0.5:*");
+  EXPECT_EQ(*ParseListenEndpoint("tcp://:*"), "tcp://127.0.0.1:*");
+  for (const char* bad : {"ipc:///tmp/x.sock", "tcp://host", "tcp://:0", "tcp://:70000", "tcp://:7a", "7001", "tcp://:"}) {
+    absl::StatusOr<std::string> e = ParseListenEndpoint(bad);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(e.status().message().find(bad), std::string::npos) << e.status();
+  }
+}
+
 TEST(WorkerAdmission, AllocationWaitIsSubmitToGrant) {
   Fixture f(WorkerMode::kAdaptive);
   ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 3), ClientRef{"c", 1}).ok());

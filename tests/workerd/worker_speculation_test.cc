@@ -251,6 +251,61 @@ TEST_P(GreedyRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
   EXPECT_GT(pages_checked, 0);
 }
 
+// Cancel (issue 22) mid-speculation: a request cancelled after speculative rounds ends with CANCELLED, its KV (staging
+// arenas included) and its proposer slot are released and memd gets its Complete. With one slot, the next request
+// gets that proposer slot again (its rounds happen) and its output equals the model alone's.
+TEST(WorkerSpeculation, CancelMidSpeculationReleasesTheProposerSlotAndTheKv) {
+  auto m = MakePresetModel("dsv4flash-like");
+  WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0.0);
+  c.slots = 1;
+  auto g = ComputeGeometry(m->config(), c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  c.hbm_budget_bytes = 64 * g->page_bytes;
+  CpuDevice device;
+  FakeMemd memd(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
+  RecordingSink sink;
+  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  Worker& worker = **w;
+  auto submit = [&](RequestId id, uint32_t max_new) {
+    wire::SubmitRequestT sub;
+    sub.request = id;
+    sub.prompt = Prompt(30, static_cast<uint32_t>(id));
+    sub.max_new_tokens = max_new;
+    ASSERT_TRUE(worker.Submit(sub, ClientRef{"c", id}).ok());
+  };
+  submit(1, 60);
+  for (int it = 0; it < 500 && worker.stats().spec_rounds < 2; ++it) {
+    memd.Pump(worker);
+    ASSERT_TRUE(worker.Iterate().ok());
+  }
+  ASSERT_GE(worker.stats().spec_rounds, 2u);
+  ASSERT_LT(sink.out[1].tokens.size(), 60u);
+  const RequestId node = memd.admitted_ids.at(0);
+  ASSERT_NE(worker.hierarchical()->Find(node), nullptr);
+  ASSERT_TRUE(worker.Cancel(1, 0, ClientRef{"c", 2}, "mid round").ok());
+  EXPECT_EQ(sink.errors[1], "cancelled: mid round");
+  EXPECT_EQ(sink.chunks.back().end_reason, wire::EndReason::CANCELLED);
+  EXPECT_EQ(memd.completes, 1);
+  EXPECT_EQ(worker.hierarchical()->Find(node), nullptr) << "its KV was not released";
+  if (const spec::StagingArenaPool* pool = worker.hierarchical()->staging_pool(); pool != nullptr) {
+    EXPECT_EQ(pool->free_arenas(), pool->arenas()) << "a staging arena is still held";
+  }
+  const uint64_t rounds = worker.stats().spec_rounds;
+  submit(2, 17);
+  for (int it = 0; it < 2000 && !sink.finished.contains(2); ++it) {
+    memd.Pump(worker);
+    ASSERT_TRUE(worker.Iterate().ok());
+  }
+  ASSERT_TRUE(sink.finished.contains(2));
+  EXPECT_GT(worker.stats().spec_rounds, rounds) << "the proposer slot of the cancelled request was not released";
+  const std::vector<uint8_t> prompt = Prompt(30, 2);
+  const Generated want = Oracle(*m, {prompt.begin(), prompt.end()}, 17);
+  EXPECT_EQ(sink.out[2].tokens, want.tokens);
+  EXPECT_EQ(sink.out[2].digests, want.digests);
+  EXPECT_EQ(memd.completes, 2);
+}
+
 // --block-schedule online (spec::OnlineBlockWidth): the width changes from step to step with the measured acceptance
 // and step times; outputs stay those of the model alone, every round's width is within [2, --block], and the rounds
 // add up. (The choice itself is tested with made-up figures in tests/spec/online_block_width_test.cc.)

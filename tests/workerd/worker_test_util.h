@@ -296,6 +296,7 @@ class FakeMemd final : public MemdLink {
     return absl::OkStatus();
   }
   absl::Status SendComplete(const wire::CompleteT& m) override {
+    std::erase_if(waiting_, [&](const Admission& a) { return a.request == m.request; });  // as memd: a queued one ends
     auto it = reqs_.find(m.request);
     if (it != reqs_.end()) {
       for (const auto& [j, dp] : it->second.optional) free_gpu_.insert(dp);
@@ -370,6 +371,8 @@ class FakeMemd final : public MemdLink {
   // Host pages in use (held by a request or an interrupted one); GPU pages free.
   size_t host_pages_held() const { return free_host_total_ - free_host_.size(); }
   size_t gpu_pages_free() const { return free_gpu_.size(); }
+  size_t slots_free() const { return free_slots_.size(); }
+  size_t admissions_waiting() const { return waiting_.size(); }
 
   // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
   void Pump(Worker& w) {

@@ -25,7 +25,7 @@ std::optional<double> RequestTiming::ttft_ms() const {
 
 std::optional<double> RequestTiming::tpot_ms() const {
   if (tokens < 2 || first_token_ms < 0) return std::nullopt;
-  return (last_token_ms - first_token_ms) / static_cast<double>(tokens - 1);
+  return (decode_ms >= 0 ? decode_ms : last_token_ms - first_token_ms) / static_cast<double>(tokens - 1);
 }
 
 std::string FormatProgressLine(const Progress& p) {
@@ -113,7 +113,10 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
         any_tokens = true;
         if (r.first_token_ms < 0) {
           r.first_token_ms = t;
+          r.decode_ms = 0;
           ++streaming;
+        } else {  // the node's gap when it gives one, else the polls' (issue 22)
+          r.decode_ms += ev.token_interval_ms >= 0 ? ev.token_interval_ms : t - r.last_token_ms;
         }
         r.last_token_ms = t;
         r.tokens += static_cast<int64_t>(ev.tokens.size());
@@ -127,6 +130,13 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
         r.error = ev.error;
         r.finished = ev.error.empty();
         r.end_ms = t;
+        r.end_reason = ev.end_reason != EndReason::kNone ? ev.end_reason
+                       : r.finished                     ? EndReason::kFinished
+                                                        : EndReason::kFailed;
+        if (r.end_reason == EndReason::kCancelled && r.cancel_sent_ms >= 0) {  // our timeout's cancel
+          r.end_reason = EndReason::kTimeout;
+          r.error = absl::StrCat("timeout: ", r.error, " (the worker released it)");
+        }
         if (r.first_token_ms >= 0) --streaming;
         --in_flight;
         ++progress.ended;
@@ -136,12 +146,28 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
     // Requests streaming after this poll were all admitted at once; one that streamed and ended within the poll
     // was admitted at least by itself.
     result.streaming_max = std::max({result.streaming_max, streaming, any_tokens ? int64_t{1} : int64_t{0}});
+    // Issue 22: requests past their timeout are cancelled (once); their ends come from the node.
+    if (options_.request_timeout_ms > 0) {
+      for (RequestTiming& r : result.requests) {
+        if (r.submit_ms < 0 || r.end_ms >= 0 || r.cancel_sent_ms >= 0) continue;
+        if (t - r.submit_ms < options_.request_timeout_ms) continue;
+        r.cancel_sent_ms = t;
+        if (absl::Status s = client_->Cancel(
+                r.request, absl::StrFormat("timeout after %.0f ms (dhs-replay --request-timeout-ms)",
+                                           options_.request_timeout_ms));
+            !s.ok()) {
+          return s;
+        }
+      }
+    }
     if (!events->empty()) {
       last_activity_ms = t;
     } else if (in_flight > 0 && t - last_activity_ms > options_.idle_timeout_ms) {
-      return absl::DeadlineExceededError(absl::StrFormat(
+      const absl::Status idle = absl::DeadlineExceededError(absl::StrFormat(
           "no event from the node for %.0f ms with %d requests in flight: the worker may be dead or stuck%s",
           t - last_activity_ms, in_flight, options_.idle_hint));
+      CancelInFlight(result, start, t - last_activity_ms);
+      return idle;
     }
     if (options_.on_progress && t - last_progress_ms >= options_.progress_interval_ms) {
       progress.elapsed_ms = t;
@@ -160,6 +186,37 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
   result.stats = *std::move(stats);
   result.stats.sessions_admitted_max = std::max(result.stats.sessions_admitted_max, result.streaming_max);
   return absl::OkStatus();
+}
+
+void ReplayDriver::CancelInFlight(DriverResult& result, double start, double idle_ms) {
+  int64_t open = 0;
+  for (RequestTiming& r : result.requests) {
+    if (r.submit_ms < 0 || r.end_ms >= 0) continue;
+    ++open;
+    if (r.cancel_sent_ms >= 0) continue;
+    r.cancel_sent_ms = clock_->NowMs() - start;
+    if (!client_->Cancel(r.request, absl::StrFormat("timeout: no event from the node for %.0f ms", idle_ms)).ok()) {
+      return;  // the node is unusable: nothing will end them
+    }
+  }
+  // The ends of the cancelled requests, for a short while: a live worker confirms each one (kTimeout).
+  const double deadline = clock_->NowMs() + options_.cancel_wait_ms;
+  while (open > 0 && clock_->NowMs() < deadline) {
+    auto events = client_->Poll(std::min(options_.poll_timeout_ms, std::max(0.0, deadline - clock_->NowMs())));
+    if (!events.ok()) return;
+    const double t = clock_->NowMs() - start;
+    for (const TokenEvent& ev : *events) {
+      auto it = std::find_if(result.requests.begin(), result.requests.end(),
+                             [&](const RequestTiming& r) { return r.request == ev.request; });
+      if (it == result.requests.end() || it->end_ms >= 0 || (ev.error.empty() && !ev.finished)) continue;
+      it->end_ms = t;
+      it->error = ev.end_reason == EndReason::kCancelled ? absl::StrCat("timeout: ", ev.error, " (the worker released it)")
+                                                         : ev.error;
+      it->finished = ev.error.empty();
+      it->end_reason = ev.end_reason == EndReason::kCancelled ? EndReason::kTimeout : ev.end_reason;
+      --open;
+    }
+  }
 }
 
 ExactnessVerdict CompareOutputs(const DriverResult& a, const DriverResult& b) {

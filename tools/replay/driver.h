@@ -37,19 +37,25 @@ struct RequestTiming {
   double submit_ms = -1;        // Submit() was called
   double first_token_ms = -1;   // the poll that returned its first token(s) ended
   double last_token_ms = -1;    // the poll that returned its last token(s) ended
+  // Issue 22: first token to last token as the node produced them, ms: per event, the node's own gap
+  // (TokenEvent::token_interval_ms, the worker's stamps), else the gap between the polls that returned them.
+  // -1 = not measured (a hand-made timing): tpot_ms then uses last_token_ms - first_token_ms.
+  double decode_ms = -1;
   double end_ms = -1;           // finished or failed
   int64_t tokens = 0;           // output tokens received
   double allocation_wait_ms = 0;  // the node's figure (TokenEvent::allocation_wait_ms), the latest seen
   bool finished = false;        // ended without error
   std::string error;            // non-empty: failed with this text
+  EndReason end_reason = EndReason::kNone;  // why it ended (kNone: not ended; kTimeout: the driver cancelled it)
+  double cancel_sent_ms = -1;   // the driver asked the node to cancel it (timeout), ms since the start; -1 = never
   std::vector<int32_t> output;  // the tokens, in order (for the exactness check, brief §7)
   std::vector<uint64_t> logits_digests;  // per token when the node reports them (exactness of the logits)
 
   bool served() const { return finished && error.empty(); }
   // Time to first token, ms: first_token_ms - submit_ms. nullopt without a token.
   std::optional<double> ttft_ms() const;
-  // Time per output token after the first, ms: (last_token_ms - first_token_ms) / (tokens - 1).
-  // nullopt with fewer than 2 tokens.
+  // Time per output token after the first, ms: decode_ms / (tokens - 1) (the node's stamps, issue 22), or
+  // (last_token_ms - first_token_ms) / (tokens - 1) when decode_ms is not measured. nullopt with fewer than 2 tokens.
   std::optional<double> tpot_ms() const;
 };
 
@@ -79,7 +85,14 @@ void PrintProgressToStderr(const Progress& progress);
 struct DriverOptions {
   RequestId first_request_id = 1;     // request ids are first_request_id + trace index
   double poll_timeout_ms = 50;        // longest single Poll() wait
-  double idle_timeout_ms = 120'000;   // fail (DeadlineExceeded) after this long with requests in flight and no event
+  double idle_timeout_ms = 120'000;   // fail (DeadlineExceeded) after this long with requests in flight and no event;
+                                      // every request in flight is cancelled first (NodeClient::Cancel, issue 22)
+  // Issue 22 (dhs-replay --request-timeout-ms): > 0: a request not ended this long after its submit is cancelled
+  // (NodeClient::Cancel "timeout after N ms": the worker releases its slot and pages); it ends, when the node says
+  // so, as failed with end reason kTimeout, and the run goes on. 0 = none.
+  double request_timeout_ms = 0;
+  // How long the idle timeout waits for the ends of the requests it cancelled before it fails the run, ms.
+  double cancel_wait_ms = 2000;
   double progress_interval_ms = 1000; // at most one progress call per interval
   std::function<void(const Progress&)> on_progress = PrintProgressToStderr;  // null: no progress
   std::string idle_hint;  // appended to the idle-timeout error: where to look (the worker's log)
@@ -95,7 +108,8 @@ class ReplayDriver {
 
   // Submits every request of `trace` when `scheduler` says so (the scheduler must cover trace.requests.size()
   // requests), polls the client and records each request's timeline until all have ended, then reads
-  // NodeClient::Stats(). All events of one Poll() are stamped with the time that Poll() returned.
+  // NodeClient::Stats(). All events of one Poll() are stamped with the time that Poll() returned (TTFT, end times);
+  // the time between tokens is the node's own where it gives it (TokenEvent::token_interval_ms).
   // Errors: a client error (returned as is); an event for an unknown or already ended request (Internal);
   // no event for idle_timeout_ms while requests are in flight (DeadlineExceeded); a scheduler of the wrong
   // size (InvalidArgument).
@@ -105,6 +119,9 @@ class ReplayDriver {
 
  private:
   absl::Status RunInto(const Trace& trace, Scheduler& scheduler, DriverResult& result);
+  // The idle timeout (issue 22): cancels every request in flight and records the ends the node confirms within
+  // cancel_wait_ms (end reason kTimeout).
+  void CancelInFlight(DriverResult& result, double start, double idle_ms);
   DriverResult partial_;
   NodeClient* client_;
   Clock* clock_;

@@ -22,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/curve_keys.h"
 #include "tools/replay/budget.h"
 #include "tools/replay/driver.h"
 #include "tools/replay/node_launcher.h"
@@ -231,8 +232,14 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
     std::lock_guard<std::mutex> l(rows->mu);
     rows->by_client[request] = n;
   };
+  driver_options.request_timeout_ms = static_cast<double>(options.request_timeout_ms);
   if (!options.connect.empty()) {
     client_options.worker_endpoint = options.connect;
+    if (!options.curve_server_key.empty()) {  // issue 22: a tcp:// worker (CURVE)
+      absl::StatusOr<std::string> key = ReadCurvePublicKey(options.curve_server_key);
+      if (!key.ok()) return absl::Status(key.status().code(), absl::StrCat("--curve-server-key: ", key.status().message()));
+      client_options.curve_server_key = *key;
+    }
     if (absl::StartsWith(options.connect, "ipc://")) {  // memd's socket sits beside the worker's
       const std::string path = options.connect.substr(6);
       client_options.memd_endpoint = "ipc://" + path.substr(0, path.rfind('/') + 1) + "memd.sock";
@@ -285,9 +292,11 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   if (!result.ok()) {
     const absl::Status s = fail(result.status());
     const DriverResult& partial = driver.partial();
-    const bool any_served = std::any_of(partial.requests.begin(), partial.requests.end(),
-                                        [](const RequestTiming& t) { return t.served(); });
-    if (!any_served) return s;
+    // Issue 22: a run that ended part-way keeps what it recorded (each request's end reason) even when none was
+    // served; only a run that recorded nothing is just the error.
+    const bool any_ended = std::any_of(partial.requests.begin(), partial.requests.end(),
+                                       [](const RequestTiming& t) { return t.end_ms >= 0; });
+    if (!any_ended) return s;
     DriverResult kept = partial;
     if (supervised) AddWorkerCounters(kept.stats, supervised->stats().dead_worker_counters);
     return RunOutcome{std::move(kept), false, std::string(s.message()), prefill, used_budget, figures};
@@ -299,15 +308,23 @@ absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& tr
   return outcome;
 }
 
-// Prints why each unserved request ended (stderr) and returns whether all were served.
+// Prints why each unserved request ended (stderr; its end reason, issue 22) and returns whether all were served.
+// Requests a partial run never ended are counted on one line.
 bool AllServed(const DriverResult& r, std::string_view mode) {
   bool all = true;
+  int64_t not_ended = 0;
   for (const RequestTiming& t : r.requests) {
     if (t.served()) continue;
     all = false;
+    if (t.end_ms < 0) {
+      ++not_ended;
+      continue;
+    }
     std::cerr << "dhs-replay: " << mode << ": request " << t.request << " (trace row " << t.trace_index
-              << ") not served: " << (t.error.empty() ? "did not finish" : t.error) << "\n";
+              << ") not served (" << EndReasonName(t.end_reason) << "): " << (t.error.empty() ? "did not finish" : t.error)
+              << "\n";
   }
+  if (not_ended > 0) std::cerr << "dhs-replay: " << mode << ": " << not_ended << " requests did not end\n";
   return all;
 }
 
@@ -391,6 +408,7 @@ int Main(int argc, char** argv) {
       std::cerr << "\ndhs-replay: run failed: " << run->error << "\n";
       RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);
       if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
+      AllServed(run->result, mode);  // each request's reason (issue 22)
       ReplayReport report = BuildReport(run->result, settings, std::nullopt);
       report.complete = false;
       report.faults = run->faults;

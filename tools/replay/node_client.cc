@@ -7,6 +7,20 @@
 
 namespace dhs::replay {
 
+std::string_view EndReasonName(EndReason reason) {
+  switch (reason) {
+    case EndReason::kNone: return "not_ended";
+    case EndReason::kFinished: return "finished";
+    case EndReason::kFailed: return "failed";
+    case EndReason::kRejected: return "rejected";
+    case EndReason::kCancelled: return "cancelled";
+    case EndReason::kTimeout: return "timeout";
+    case EndReason::kWorkerStopping: return "worker_stopping";
+    case EndReason::kWorkerGone: return "worker_gone";
+  }
+  return "unknown";
+}
+
 std::vector<uint64_t> HashIdsOf(const PromptRef& prompt) {
   return std::vector<uint64_t>(prompt.hash_ids.begin(), prompt.hash_ids.end());
 }

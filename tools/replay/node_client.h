@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +42,20 @@ struct SubmitRequest {
   Sampling sampling;
 };
 
+// Why a request's stream ended (issue 22; the report counts them, docs/replay.md "End reasons"). Names: EndReasonName.
+enum class EndReason {
+  kNone,            // not ended (yet)
+  kFinished,        // all its tokens came
+  kFailed,          // the worker failed it (TokenEvent::error says why)
+  kRejected,        // the worker refused its submit (ErrorReply)
+  kCancelled,       // cancelled (NodeClient::Cancel) and the worker released it
+  kTimeout,         // cancelled by the driver's timeout (DriverOptions::request_timeout_ms / idle_timeout_ms)
+  kWorkerStopping,  // the worker stopped (SIGTERM) and ended it for good ("worker stopping")
+  kWorkerGone,      // the worker's connection closed before it ended the request (killed, crashed, hung)
+};
+// "not_ended", "finished", "failed", "rejected", "cancelled", "timeout", "worker_stopping", "worker_gone".
+std::string_view EndReasonName(EndReason reason);
+
 // One report from the node about one request. A request gets any number of events with tokens, the last one
 // with `finished` (or with a non-empty `error`, which also ends it).
 struct TokenEvent {
@@ -53,6 +68,12 @@ struct TokenEvent {
   std::string error;              // non-empty: the request failed (it is then finished); text for the report
   double allocation_wait_ms = 0;  // total time so far that the request waited for its required allocation
                                   // (admission queue, brief §4), ms; non-decreasing across its events
+  EndReason end_reason = EndReason::kNone;  // set on the event that ends the request (finished or error)
+  // Issue 22: the time from the previous event's tokens to these tokens as the node produced them, ms (the worker's
+  // own stamps, TokenChunk.since_submit_us, so a client that reads late does not squeeze the stream); -1 when the node
+  // gives none for this gap (the request's first tokens, the first after a re-attach, a node without stamps): the
+  // driver then uses its own receipt times.
+  double token_interval_ms = -1;
 };
 
 // Node-wide figures for the report, read once at the end of a run.
@@ -101,6 +122,11 @@ class NodeClient {
   // means the node cannot be used any more (transport failure); the driver then ends the run with it.
   // Per-request failures come back as a TokenEvent with `error`.
   virtual absl::Status Submit(const SubmitRequest& request) = 0;
+
+  // Issue 22: asks the node to end `request` now (the worker releases its slot and pages). Its end still comes as a
+  // TokenEvent: end_reason kCancelled, or its own end when it ended first. Asking again, or for a request that has
+  // ended, changes nothing. Non-OK: as Submit.
+  virtual absl::Status Cancel(RequestId request, std::string_view reason) = 0;
 
   // Waits up to timeout_ms (>= 0) for events and returns those available (possibly none). Non-OK: as Submit.
   virtual absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) = 0;

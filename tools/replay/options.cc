@@ -67,6 +67,14 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   if (!o.connect.empty() && !StartsWith(o.connect, "tcp://") && !StartsWith(o.connect, "ipc://")) {
     return bad("--connect must be a tcp:// or ipc:// endpoint, got '", o.connect, "'");
   }
+  if (StartsWith(o.connect, "tcp://") && o.curve_server_key.empty()) {  // issue 22: tcp:// serving is CURVE only
+    return bad("--connect ", o.connect, " needs --curve-server-key FILE (the worker's RUN_DIR/serving-curve.pub: "
+               "a worker serves tcp:// with CURVE only)");
+  }
+  if (!o.curve_server_key.empty() && !StartsWith(o.connect, "tcp://")) {
+    return bad("--curve-server-key applies to --connect tcp://HOST:PORT");
+  }
+  if (o.request_timeout_ms < 0) return bad("--request-timeout-ms must be >= 0, got ", o.request_timeout_ms);
   if (!o.connect.empty() && !o.reclaim_policy.empty()) {
     return bad("--reclaim-policy applies to a node the tool starts, not to --connect ", o.connect);
   }
@@ -186,6 +194,12 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
                  "(restarted by dhs-node or a supervisor) and re-attach them (Attach: the stream goes on, nothing "
                  "lost or repeated); 0 = off, the run fails")
       ->check(IntegerIn<int64_t>(0, INT64_MAX));
+  app.add_option("--request-timeout-ms", o.request_timeout_ms,
+                 "Cancel a request not ended MS after its submit (the worker ends it and frees its slot and pages; "
+                 "it counts as failed with end reason timeout) and go on; 0 = none")
+      ->check(IntegerIn<int64_t>(0, INT64_MAX));
+  app.add_option("--curve-server-key", o.curve_server_key,
+                 "With --connect tcp://: the worker's CURVE public key file (its RUN_DIR/serving-curve.pub)");
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
   app.add_option("--reclaim-policy", o.reclaim_policy,

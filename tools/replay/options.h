@@ -60,6 +60,10 @@ struct ReplayOptions {
   int64_t slots = 8;                       // --slots: request slots N of the worker the tool starts
   bool prepared_prefix = false;            // --prepared-prefix: import history from hash_ids instead of prefill
   int64_t reattach_timeout_ms = 0;         // --reattach-timeout-ms: wait this long for a restarted worker (0: off)
+  int64_t request_timeout_ms = 0;          // --request-timeout-ms (issue 22): cancel a request not ended this long
+                                           // after its submit (the worker frees it; end reason timeout); 0 = none
+  std::string curve_server_key;            // --curve-server-key FILE (issue 22): the tcp:// worker's
+                                           // RUN_DIR/serving-curve.pub (needed with --connect tcp://)
   std::string reclaim_policy;              // --reclaim-policy: memd's victim order of a node the tool starts
                                            // (oldest-first / newest-first / largest-first; "" = memd's default)
   // Fault injection (issue 11; docs/replay.md "Faults"): only with a node the tool starts, which it then supervises
@@ -108,7 +112,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 // with --connect (the resident reference run
 // would go to the same worker: a run compared with itself), a fault-injection option with --connect or with --sweep,
 // --kill-worker-every / --restart-memd-every not > 0 or not finite, a --kill-worker-at value ParseHookKills refuses,
-// --corrupt-host-page-for-test without --kill-worker-every.
+// --corrupt-host-page-for-test without --kill-worker-every, --connect tcp:// without --curve-server-key or
+// --curve-server-key without --connect tcp://, --request-timeout-ms < 0.
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
 
 // InvalidArgument naming the option when the directory of --json, --csv or --plot does not exist or is not

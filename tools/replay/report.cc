@@ -95,6 +95,15 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
   double wait_sum = 0, ttft_sum = 0;
   for (const RequestTiming& t : result.requests) {
     if (t.served()) ++r.requests_served;
+    const EndReason why = t.end_ms < 0                       ? EndReason::kNone
+                          : t.end_reason != EndReason::kNone ? t.end_reason
+                          : t.served()                       ? EndReason::kFinished
+                                                             : EndReason::kFailed;
+    ++r.end_reasons[std::string(EndReasonName(why))];
+    if (!t.served()) {
+      r.failures.push_back(RequestFailure{t.request, t.trace_index, std::string(EndReasonName(why)),
+                                          t.end_ms < 0 && t.error.empty() ? "did not end" : t.error});
+    }
     r.output_tokens += t.tokens;
     if (auto v = t.ttft_ms()) {
       ttft.push_back(*v);
@@ -223,6 +232,13 @@ json ReportToJson(const ReplayReport& r) {
         {"reclaim_policy", s.reclaim_policy.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.reclaim_policy)},
         {"link_model", LinkModelJson(s.link_model)}}},
   };
+  json failures = json::array();  // issue 22: every request not served, with its reason
+  for (const RequestFailure& f : r.failures) {
+    failures.push_back({{"request", f.request}, {"trace_row", f.trace_row}, {"end_reason", f.end_reason},
+                        {"error", f.error}});
+  }
+  out["end_reasons"] = r.end_reasons;
+  out["failures"] = failures;
   out.update(FaultsJson(r.faults));  // top-level fields (docs/replay.md, "Faults")
   const SpeculationFigures& f = r.speculation;  // top-level fields (docs/replay.md, "Speculation")
   json widths = json::object();
@@ -288,6 +304,11 @@ std::string FormatSummary(const ReplayReport& r) {
   }
   absl::StrAppendFormat(&out, "  served %d/%d in %.1f s: %d output tokens, %.1f tokens/s\n", r.requests_served,
                         r.requests_total, r.elapsed_s, r.output_tokens, r.output_tokens_per_s);
+  if (r.requests_served < r.requests_total) {  // issue 22: why the others ended
+    std::string ends;
+    for (const auto& [why, n] : r.end_reasons) absl::StrAppendFormat(&ends, "%s%s %d", ends.empty() ? "" : ", ", why, n);
+    absl::StrAppendFormat(&out, "  ends: %s\n", ends);
+  }
   absl::StrAppendFormat(&out, "  TTFT ms p50 %s p99 %s; TPOT ms p50 %s p99 %s; allocation wait %s of TTFT\n",
                         Fixed(P(r.ttft_ms, false), 1), Fixed(P(r.ttft_ms, true), 1), Fixed(P(r.tpot_ms, false), 2),
                         Fixed(P(r.tpot_ms, true), 2),

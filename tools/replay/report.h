@@ -89,6 +89,14 @@ struct FaultFigures {
                                        // token after the client re-attached, microseconds
 };
 
+// A request that was not served, and why (issue 22).
+struct RequestFailure {
+  RequestId request = 0;
+  int64_t trace_row = 0;
+  std::string end_reason;  // EndReasonName ("not_ended" in a partial run)
+  std::string error;       // the node's text (or the client's account of a worker that went away)
+};
+
 struct ReplayReport {
   RunSettings settings;
   int64_t requests_total = 0;          // requests in the run
@@ -110,6 +118,8 @@ struct ReplayReport {
   double elapsed_s = 0;
   FaultFigures faults;
   SpeculationFigures speculation;
+  std::map<std::string, int64_t> end_reasons;  // EndReasonName -> requests (issue 22); every request counted once
+  std::vector<RequestFailure> failures;        // every request not served, in trace order (issue 22)
   bool complete = true;  // false: the run failed part-way; figures of the requests recorded until then, node-wide
                          // figures (sessions, census, reclaims, pages, gpu_memory) not read (0 / empty)
 };

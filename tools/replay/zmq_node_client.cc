@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeCli
   }
   DealerClient::Options worker_options;
   worker_options.heartbeat_interval = client->options_.worker_heartbeat;
+  worker_options.curve_server_key = client->options_.curve_server_key;
   auto worker = DealerClient::Connect(client->options_.worker_endpoint, worker_options);
   if (!worker.ok()) return worker.status();
   client->worker_ = std::move(*worker);
@@ -45,6 +46,7 @@ absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeCli
 }
 
 absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
+  if (!lost_.ok()) return lost_;
   wire::SubmitRequestT body;
   body.request = request.request;
   body.client = options_.client_identity;
@@ -73,6 +75,17 @@ absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
   return worker_->Send(EncodeSubmitRequest(body, seq, kSender));
 }
 
+absl::Status ZmqNodeClient::Cancel(RequestId request, std::string_view reason) {
+  if (!lost_.ok()) return lost_;
+  wire::CancelT cancel;
+  cancel.request = request;
+  cancel.client = options_.client_identity;
+  cancel.reason = std::string(reason);
+  const uint64_t seq = next_sequence_++;
+  cancel_of_sequence_[seq] = request;
+  return worker_->Send(EncodeCancel(cancel, seq, kSender));
+}
+
 absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEvent>& out) {
   auto message = DecodeEnvelope(bytes);
   if (!message.ok()) return absl::InternalError(absl::StrCat("unreadable reply from the worker: ", message.status().message()));
@@ -99,6 +112,15 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
         }
         return absl::OkStatus();
       }
+      // The worker's stamps (issue 22): the gap since this request's previous tokens as the worker produced them.
+      if (!chunk->tokens.empty() && chunk->since_submit_us > 0) {
+        auto [stamp, first] = last_stamp_us_.try_emplace(chunk->request, chunk->since_submit_us);
+        if (!first) {
+          event.token_interval_ms =
+              static_cast<double>(chunk->since_submit_us - std::min(stamp->second, chunk->since_submit_us)) / 1000.0;
+          stamp->second = chunk->since_submit_us;
+        }
+      }
       if (awaiting_recovery_ && !chunk->tokens.empty()) {
         awaiting_recovery_ = false;
         recovered_at_.push_back(std::chrono::steady_clock::now());
@@ -106,6 +128,8 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       if (chunk->finished) {
         received_.erase(chunk->request);
         submitted_.erase(chunk->request);
+        last_stamp_us_.erase(chunk->request);
+        event.end_reason = EndReason::kFinished;
       } else if (auto r = received_.find(chunk->request); r != received_.end()) {
         r->second += static_cast<uint32_t>(chunk->tokens.size());
       }
@@ -113,6 +137,15 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       if (chunk->error != wire::ErrorCode::OK) {
         event.error = chunk->error_message.empty() ? "request failed" : chunk->error_message;
         event.finished = true;
+        // Told by the chunk's code, never by its text.
+        event.end_reason = chunk->end_reason == wire::EndReason::CANCELLED         ? EndReason::kCancelled
+                           : chunk->end_reason == wire::EndReason::WORKER_STOPPING ? EndReason::kWorkerStopping
+                           : chunk->end_reason == wire::EndReason::WORKER_EPOCH_ENDED ? EndReason::kWorkerGone
+                                                                                      : EndReason::kFailed;
+        if (event.end_reason == EndReason::kWorkerStopping) ++worker_stopping_ends_;
+        received_.erase(chunk->request);
+        submitted_.erase(chunk->request);
+        last_stamp_us_.erase(chunk->request);
       }
       out.push_back(std::move(event));
       return absl::OkStatus();
@@ -120,6 +153,8 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
     case wire::Body::ErrorReply: {
       auto reply = ReadErrorReply(*message);
       if (!reply.ok()) return reply.status();
+      // A Cancel the worker answered (NOT_FOUND: the request ended first; its end came or is on its way).
+      if (cancel_of_sequence_.erase(reply->answering_sequence) > 0) return absl::OkStatus();
       auto it = request_of_sequence_.find(reply->answering_sequence);
       if (it == request_of_sequence_.end()) {
         return absl::InternalError(absl::StrCat("worker error not tied to a request: ", reply->message));
@@ -133,6 +168,7 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
       event.request = it->second;
       event.finished = true;
       event.error = absl::StrCat("rejected: ", reply->message);
+      event.end_reason = EndReason::kRejected;
       received_.erase(it->second);
       submitted_.erase(it->second);
       out.push_back(std::move(event));
@@ -144,6 +180,7 @@ absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEven
 }
 
 absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
+  if (!lost_.ok()) return lost_;
   std::vector<TokenEvent> events;
   const auto now = std::chrono::steady_clock::now();
   if (memd_ && now - last_sample_ >= options_.sample_interval) {
@@ -158,9 +195,22 @@ absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
         if (absl::Status s = Reattach(); !s.ok()) return s;
         return events;
       }
-      return absl::UnavailableError(absl::StrCat(
-          "the worker at ", options_.worker_endpoint, " went away (its connection closed ", drops,
-          drops == 1 ? " time" : " times", "): it exited, was killed or stopped answering heartbeats; see its log"));
+      // The requests it had not ended end here, each with the account: the report keeps every request's reason.
+      const absl::Status lost = WorkerLost(drops);
+      std::vector<RequestId> open;
+      for (const auto& [request, received] : received_) open.push_back(request);
+      std::sort(open.begin(), open.end());
+      for (RequestId request : open) {
+        TokenEvent event;
+        event.request = request;
+        event.finished = true;
+        event.error = std::string(lost.message());
+        event.end_reason = EndReason::kWorkerGone;
+        events.push_back(std::move(event));
+      }
+      received_.clear();
+      submitted_.clear();
+      return events;
     }
     return events;
   }
@@ -188,10 +238,26 @@ absl::StatusOr<std::vector<TokenEvent>> ZmqNodeClient::Poll(double timeout_ms) {
   return events;
 }
 
+absl::Status ZmqNodeClient::WorkerLost(int drops) {
+  if (worker_stopping_ends_ > 0) {
+    lost_ = absl::UnavailableError(absl::StrCat(
+        "the worker at ", options_.worker_endpoint, " stopped: it ended ", worker_stopping_ends_,
+        worker_stopping_ends_ == 1 ? " request" : " requests",
+        " with \"worker stopping\" (SIGTERM, or its node stopping) and closed its connection"));
+  } else {
+    lost_ = absl::UnavailableError(absl::StrCat(
+        "the worker at ", options_.worker_endpoint, " went away (its connection closed ", drops,
+        drops == 1 ? " time" : " times", "): it exited, was killed or stopped answering heartbeats; see its log"));
+  }
+  return lost_;
+}
+
 absl::Status ZmqNodeClient::Reattach() {
   const auto deadline = std::chrono::steady_clock::now() + options_.reattach_timeout;
   DealerClient::Options worker_options;
   worker_options.heartbeat_interval = options_.worker_heartbeat;
+  worker_options.curve_server_key = options_.curve_server_key;
+  last_stamp_us_.clear();  // a new worker stamps from its own submit time
   absl::Status last = absl::DeadlineExceededError("no attempt");
   while (std::chrono::steady_clock::now() < deadline) {
     auto worker = DealerClient::Connect(options_.worker_endpoint, worker_options);
@@ -308,6 +374,10 @@ absl::StatusOr<ZmqNodeClient::WorkerView> ZmqNodeClient::QueryWorker(std::option
 }
 
 absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
+  if (!lost_.ok()) return lost_;
+  if (const int drops = worker_->disconnects(); drops > 0 && options_.reattach_timeout.count() == 0) {
+    return WorkerLost(drops);  // it stopped (or died) after the last request ended: say which
+  }
   if (memd_) {
     if (absl::Status s = SampleMemd(); !s.ok()) return s;
   }

@@ -43,6 +43,9 @@ struct ZmqNodeClientOptions {
   // request id), so two clients that use the same request ids each re-attach to their own. 0 = a random non-zero
   // value drawn at Connect (kept for the client's life: its re-attaches carry it).
   uint64_t client_identity = 0;
+  // Issue 22: the worker's CURVE public key (Z85, its RUN_DIR/serving-curve.pub) for a tcp:// worker started with
+  // --listen: the connection is a CURVE client of it. "" = none (ipc://).
+  std::string curve_server_key;
 };
 
 // The worker counters of one WorkerStatsReply as NodeStats fields (census, reclaims, pages, prefix blocks, speculation).
@@ -56,9 +59,15 @@ class ZmqNodeClient final : public NodeClient {
   static absl::StatusOr<std::unique_ptr<ZmqNodeClient>> Connect(ZmqNodeClientOptions options);
 
   absl::Status Submit(const SubmitRequest& request) override;
-  // As NodeClient::Poll. UNAVAILABLE ("the worker at ... went away") once the worker's connection dropped (the worker
-  // exited or was killed, or missed heartbeats) and every message it sent before was handed out: a dead worker is
-  // seen within seconds, not after the driver's idle timeout.
+  // Issue 22: sends Cancel{request, client identity, reason}. The worker's NOT_FOUND answer (the request ended before
+  // the Cancel arrived: its end is on its way) is ignored.
+  absl::Status Cancel(RequestId request, std::string_view reason) override;
+  // As NodeClient::Poll. Once the worker's connection dropped (the worker exited or was killed, or missed heartbeats)
+  // and every message it sent before was handed out (a dead worker is seen within seconds, not after the driver's idle
+  // timeout): without re-attaching, the requests it had not ended end here (end reason kWorkerGone; the error says
+  // whether the worker stopped, i.e. ended requests with "worker stopping" first, or went away) and from then on
+  // every call (Submit, Cancel, Poll, Stats) fails UNAVAILABLE with that account ("the worker at ... stopped: ..." /
+  // "... went away ..."), so the per-request reasons reach the report.
   absl::StatusOr<std::vector<TokenEvent>> Poll(double timeout_ms) override;
   // Times the worker went away and every unfinished request was re-attached to its successor.
   int reattaches() const { return reattaches_; }
@@ -84,6 +93,8 @@ class ZmqNodeClient final : public NodeClient {
   };
   // `timeout`: the reply's deadline (request_timeout when unset).
   absl::StatusOr<WorkerView> QueryWorker(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // The worker's connection dropped (and no re-attach): the account of it (UNAVAILABLE), kept in lost_.
+  absl::Status WorkerLost(int drops);
   // The worker went away: reconnects within reattach_timeout and sends Attach for each unfinished request. Errors:
   // UNAVAILABLE (no worker answered in time).
   absl::Status Reattach();
@@ -101,6 +112,11 @@ class ZmqNodeClient final : public NodeClient {
   int resubmits_ = 0;
   absl::flat_hash_map<RequestId, SubmitRequest> submitted_;  // unfinished requests as submitted (for a resubmit)
   absl::flat_hash_map<uint64_t, RequestId> attach_of_sequence_;  // Attach sequence -> request
+  absl::flat_hash_map<uint64_t, RequestId> cancel_of_sequence_;  // Cancel sequence -> request (issue 22)
+  absl::flat_hash_map<RequestId, uint64_t> last_stamp_us_;  // request -> its latest chunk's since_submit_us (this
+                                                             // worker connection; cleared by a re-attach)
+  int64_t worker_stopping_ends_ = 0;  // requests the worker ended with end_reason WORKER_STOPPING
+  absl::Status lost_;  // set once the worker's connection dropped without a re-attach (WorkerLost)
   bool awaiting_recovery_ = false;  // re-attached; no token since
   std::vector<std::chrono::steady_clock::time_point> recovered_at_;
   NodeStats peaks_;  // sessions_admitted_max and per-GPU peaks, from memd samples
