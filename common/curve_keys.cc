@@ -19,7 +19,7 @@ namespace dhs {
 namespace {
 
 absl::Status FileError(int err, std::string_view what) {
-  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
+  const std::string msg = absl::StrCat(std::string(what), ": ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(msg);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
   return absl::InternalError(msg);
@@ -73,8 +73,8 @@ absl::StatusOr<CurveKeyPair> LoadOrCreateServerKeys(std::string_view run_dir) {
     return absl::FailedPreconditionError("this libzmq has no CURVE support (zmq_has(\"curve\") is false; it needs "
                                          "libsodium): a tcp:// serving socket cannot be secured");
   }
-  const std::string secret_path = absl::StrCat(run_dir, "/", kCurveSecretFile);
-  const std::string public_path = absl::StrCat(run_dir, "/", kCurvePublicFile);
+  const std::string secret_path = absl::StrCat(std::string(run_dir), "/", kCurveSecretFile);
+  const std::string public_path = absl::StrCat(std::string(run_dir), "/", kCurvePublicFile);
   struct stat st {};
   if (::lstat(secret_path.c_str(), &st) != 0) {
     if (errno != ENOENT) return FileError(errno, absl::StrCat("stat ", secret_path));

@@ -95,7 +95,7 @@ uint64_t LogitsDigest(std::span<const float> logits) {
 
 absl::StatusOr<std::string> ParseListenEndpoint(std::string_view spec) {
   const std::string text(spec);
-  auto bad = [&](std::string_view why) {
+  auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("--listen '", text, "': ", why,
                                                    " (expected tcp://ADDR:PORT, tcp://:PORT for 127.0.0.1, PORT "
                                                    "1-65535 or *)"));
