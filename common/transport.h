@@ -120,7 +120,7 @@ class RouterServer {
     // connection must complete a CURVE handshake with this server's public key (a client without it, or with another
     // key, is never served: its connection is closed in the handshake); empty: no security mechanism (ipc:// in the
     // 0700 run directory).
-    std::string curve_secret_key;
+    std::string curve_secret_key{};
   };
 
   // Binds ipc://<run_dir>/<name>.sock. If the socket file exists and a live server accepts on it,
@@ -185,7 +185,7 @@ class DealerClient {
     // Issue 22: the CURVE server's public key, Z85 (40 characters; a tcp:// worker's serving-curve.pub). Set: the
     // socket is a CURVE client with a fresh key pair of its own (zmq_curve_keypair) and is served only by the server
     // holding the matching secret key; empty: no security mechanism.
-    std::string curve_server_key;
+    std::string curve_server_key{};
   };
 
   // Connects to `endpoint` (e.g. IpcEndpoint(run_dir, "memd")). Connecting succeeds even if no
