@@ -480,6 +480,9 @@ void SupervisedNode::Runtime::ObserveCoverage(RequestId id, const nlohmann::json
                                               const std::map<uint32_t, PageIndex>& confirmed) {
   const SupervisedNodeOptions& o = node.options_;
   if (!o.rows_computed || o.tail_rows == 0 || o.page_rows == 0) return;
+  // An interrupted request (its worker died, memd fenced the GPU) keeps only its confirmed host copies: its pages that
+  // were on the dead GPU alone (deferred backups, the tail) are recomputed by the resume, not missing confirmations.
+  if (view.contains("state") && view["state"] == "interrupted") return;
   const int64_t rows = o.rows_computed(id & kClientBits);
   const int64_t window = (o.tail_rows + o.page_rows - 1) / o.page_rows + 1;
   const int64_t due = rows / o.page_rows - window;
