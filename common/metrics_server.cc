@@ -11,8 +11,7 @@
 
 namespace dhs {
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_view address,
-                                                                    std::function<std::string()> snapshot) {
+absl::StatusOr<std::pair<std::string, int>> ParseMetricsAddress(std::string_view address) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string_view::npos || colon == 0) {
@@ -23,8 +22,16 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_
   if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrFormat("metrics address '%s': bad port", std::string(address)));
   }
+  return std::make_pair(std::string(address.substr(0, colon)), port);
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_view address,
+                                                                    std::function<std::string()> snapshot) {
+  absl::StatusOr<std::pair<std::string, int>> parsed = ParseMetricsAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  const int port = parsed->second;
   std::unique_ptr<MetricsServer> m(new MetricsServer());
-  m->host_ = std::string(address.substr(0, colon));
+  m->host_ = parsed->first;
   m->http_ = std::make_unique<httplib::Server>();
   // Exclusive: cpp-httplib's default sets SO_REUSEPORT, with which a second daemon binds the same address and
   // scrapes reach either at random. SO_REUSEADDR alone lets a restarted daemon bind over TIME_WAIT connections only.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <thread>
 
@@ -21,6 +22,11 @@ class Server;
 }
 
 namespace dhs {
+
+// Parses a metrics address "HOST:PORT" (PORT 0..65535; 0 = ephemeral). Returns {host, port}. Errors:
+// INVALID_ARGUMENT "metrics address 'X' is not HOST:PORT" or "metrics address 'X': bad port". MetricsServer::Start and
+// the daemons' command lines use this one parse, so a bad address is refused before anything starts (exit 2).
+absl::StatusOr<std::pair<std::string, int>> ParseMetricsAddress(std::string_view address);
 
 class MetricsServer {
  public:

@@ -148,7 +148,11 @@ void AddOptions(CLI::App& app, CommandLine& c) {
       ->check(dhs::IntegerIn<int64_t>(1, int64_t{1} << 40))->capture_default_str();
   app.add_option("--metrics-address", c.metrics_address,
                  "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is written "
-                 "to RUN_DIR/worker-<gpu>.metrics); default: off");
+                 "to RUN_DIR/worker-<gpu>.metrics); default: off")
+      ->check([](const std::string& a) {  // refused at parse time (exit 2, --check-config too), not after Hello
+        absl::StatusOr<std::pair<std::string, int>> parsed = dhs::ParseMetricsAddress(a);
+        return parsed.ok() ? std::string() : std::string(parsed.status().message());
+      });
   app.add_option("--log-level", log_level, "spdlog level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
   app.add_flag("--check-config", c.check_config,

@@ -296,6 +296,8 @@ TEST(RealNodeEdges, BadWorkerCommandLinesExit2NamingTheFlag) {
       {{"--memd-reconnect-ms", "1e3"}, "--memd-reconnect-ms: must be an integer in [100, 3600000], got '1e3'"},
       {{"--memd-timeout-ms", "2000.5"}, "--memd-timeout-ms: must be an integer in [100, 3600000], got '2000.5'"},
       {{"--connect-timeout-ms", "0"}, "--connect-timeout-ms: must be an integer in [1, 3600000], got '0'"},
+      {{"--metrics-address", "127.0.0.1:99999"}, "metrics address '127.0.0.1:99999': bad port"},
+      {{"--metrics-address", "nonsense"}, "metrics address 'nonsense' is not HOST:PORT"},
       {{"--slots", "1.5"}, "--slots: must be an integer in [1, 4096], got '1.5'"},
       {{"--page-rows", "1e2"}, "--page-rows: must be an integer in [1, 1048576], got '1e2'"},
       {{"--gpu", "abc"}, "--gpu: must be an integer in [0, 65535], got 'abc'"},
