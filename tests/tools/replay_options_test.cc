@@ -175,8 +175,13 @@ TEST(ReplayOptions, CheckExactWithConnectIsRejected) {
   ReplayOptions o;
   o.check_exact = true;
   EXPECT_TRUE(ValidateReplayOptions(o).ok());  // with a node the tool starts: fine
-  o.connect = "tcp://127.0.0.1:5555";
-  const absl::Status s = ValidateReplayOptions(o);
+  o.connect = "ipc:///tmp/dhs-run/worker-0.sock";
+  absl::Status s = ValidateReplayOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("same worker"));
+  o.connect = "tcp://127.0.0.1:5555";  // over TCP too, once the worker's CURVE key is given
+  o.curve_server_key = "/tmp/dhs-run/serving-curve.pub";
+  s = ValidateReplayOptions(o);
   EXPECT_TRUE(absl::IsInvalidArgument(s));
   EXPECT_THAT(std::string(s.message()), HasSubstr("same worker"));
 }
