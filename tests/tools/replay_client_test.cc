@@ -112,6 +112,14 @@ wire::TokenChunkT Final(RequestId id, std::string message, wire::EndReason reaso
   return c;
 }
 
+// The client's options for `worker`: its endpoint, no heartbeat (the fake worker answers none).
+ZmqNodeClientOptions OptionsFor(const FakeWorker& worker) {
+  ZmqNodeClientOptions o;
+  o.worker_endpoint = worker.endpoint();
+  o.worker_heartbeat = std::chrono::milliseconds(0);
+  return o;
+}
+
 SubmitRequest Request(RequestId id) {
   SubmitRequest r;
   r.request = id;
@@ -128,9 +136,7 @@ TEST(ReplayClient, TheEpochEndIsToldByItsCodeNotByItsText) {
   FakeWorker worker(dir.path(),
                     {{1, {Chunk(1, {7, 8}), Final(1, "fenced, in other words", wire::EndReason::WORKER_EPOCH_ENDED)}},
                      {2, {Chunk(2, {9}), Final(2, "worker epoch ended: but not coded", wire::EndReason::NONE)}}});
-  ZmqNodeClientOptions o;
-  o.worker_endpoint = worker.endpoint();
-  o.worker_heartbeat = std::chrono::milliseconds(0);
+  ZmqNodeClientOptions o = OptionsFor(worker);
   o.reattach_timeout = std::chrono::milliseconds(30000);  // re-attaching on (faults)
   auto client = ZmqNodeClient::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -170,9 +176,7 @@ TEST(ReplayClient, EachClientSendsItsOwnNonZeroIdentityOnEverySubmit) {
   dhs::testing::ScopedRunDir dir;
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
   FakeWorker worker(dir.path(), {});
-  ZmqNodeClientOptions o;
-  o.worker_endpoint = worker.endpoint();
-  o.worker_heartbeat = std::chrono::milliseconds(0);
+  ZmqNodeClientOptions o = OptionsFor(worker);
   auto a = ZmqNodeClient::Connect(o);
   auto b = ZmqNodeClient::Connect(o);
   o.client_identity = 42;  // chosen by the caller: kept as given
@@ -217,9 +221,7 @@ TEST(ReplayClient, AStoppedWorkerIsReportedAsStoppedWithEveryRequestsReason) {
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
   wire::TokenChunkT stopping = Final(1, "worker stopping", wire::EndReason::WORKER_STOPPING);
   FakeWorker worker(dir.path(), {{1, {Chunk(1, {7}), stopping}}, {2, {Chunk(2, {9})}}});
-  ZmqNodeClientOptions o;
-  o.worker_endpoint = worker.endpoint();
-  o.worker_heartbeat = std::chrono::milliseconds(0);
+  ZmqNodeClientOptions o = OptionsFor(worker);
   auto client = ZmqNodeClient::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->Submit(Request(1)).ok());
@@ -262,9 +264,7 @@ TEST(ReplayClient, AWorkerThatDiesWentAwayAndItsOpenRequestsEndWithThatReason) {
   dhs::testing::ScopedRunDir dir;
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
   FakeWorker worker(dir.path(), {{1, {Chunk(1, {7})}}});
-  ZmqNodeClientOptions o;
-  o.worker_endpoint = worker.endpoint();
-  o.worker_heartbeat = std::chrono::milliseconds(0);
+  ZmqNodeClientOptions o = OptionsFor(worker);
   auto client = ZmqNodeClient::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->Submit(Request(1)).ok());
@@ -284,9 +284,7 @@ TEST(ReplayClient, TokenIntervalsComeFromTheWorkersStamps) {
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
   FakeWorker worker(dir.path(), {{1, {Stamped(1, {1}, 5000), Stamped(1, {2}, 6100), Stamped(1, {3, 4}, 7200),
                                       Stamped(1, {}, 7300, true)}}});
-  ZmqNodeClientOptions o;
-  o.worker_endpoint = worker.endpoint();
-  o.worker_heartbeat = std::chrono::milliseconds(0);
+  ZmqNodeClientOptions o = OptionsFor(worker);
   auto client = ZmqNodeClient::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->Submit(Request(1)).ok());
@@ -309,9 +307,7 @@ TEST(ReplayClient, CancelCarriesTheIdentityAndANotFoundAnswerIsIgnored) {
   dhs::testing::ScopedRunDir dir;
   ASSERT_TRUE(MakeRunDir(dir.path()).ok());
   FakeWorker worker(dir.path(), {{1, {Chunk(1, {7})}}});
-  ZmqNodeClientOptions o;
-  o.worker_endpoint = worker.endpoint();
-  o.worker_heartbeat = std::chrono::milliseconds(0);
+  ZmqNodeClientOptions o = OptionsFor(worker);
   auto client = ZmqNodeClient::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->Submit(Request(1)).ok());
