@@ -158,6 +158,14 @@ def node_killed(node: str, tmp: str) -> list:
     return failures
 
 
+def wait_for_re_hellos(run_dir: str, gpu: int, pid: int, count: int) -> bool:
+    """True once memd.log holds `count` re-Hellos of worker `pid` of `gpu` ("survived a memd restart"), within 20 s.
+    "node ready again" is dhs-node's word that the new memd answers its probe; each surviving worker's re-Hello
+    reaches that memd on the worker's own reconnect, after it (so the log is polled, not read once)."""
+    pattern = rf"worker of GPU {gpu} \(pid {pid}\) survived a memd restart"
+    return wait_until(lambda: len(re.findall(pattern, read(os.path.join(run_dir, "memd.log")))) == count, 20)
+
+
 def memd_killed(proc, out_path: str, run_dir: str, old_segment: str) -> list:
     """SIGKILL of memd: restarted after its backoff; the workers (restart_workers_with_memd off, the default) keep
     running, the SAME processes, and each says its re-Hello to the new memd ("survived a memd restart"), keeping its
@@ -173,13 +181,13 @@ def memd_killed(proc, out_path: str, run_dir: str, old_segment: str) -> list:
     memds = started_pids(out, "memd")
     if len(memds) != 2 or gone(memds[1]):
         failures.append(f"memd not restarted once: {memds}")
-    memd_log = read(os.path.join(run_dir, "memd.log"))
     for g in (0, 1):
         now = started_pids(out, f"worker gpu {g}")
         if now != workers[g] or gone(now[-1]):
             failures.append(f"worker gpu {g} was restarted with memd (its process should survive): {workers[g]} -> {now}")
-        elif not re.search(rf"worker of GPU {g} \(pid {now[-1]}\) survived a memd restart", memd_log):
+        elif not wait_for_re_hellos(run_dir, g, now[-1], 1):
             failures.append(f"worker gpu {g} (pid {now[-1]}) did not say its re-Hello to the new memd")
+    memd_log = read(os.path.join(run_dir, "memd.log"))
     # The restarted memd took the dead one's segment over (named by the run directory, docs/operations.md "memd
     # restart: what survives"): the same segment, and no other one of this node.
     segs = re.findall(r"host pool /dev/shm/(\S+):", memd_log)
@@ -206,12 +214,11 @@ def memd_hung(out_path: str, run_dir: str) -> list:
     memds = started_pids(out, "memd")
     if len(memds) != 3 or not gone(memd_pid) or gone(memds[-1]):
         failures.append(f"the hung memd {memd_pid} was not killed and replaced once: {memds}")
-    memd_log = read(os.path.join(run_dir, "memd.log"))
     for g in (0, 1):
         now = started_pids(out, f"worker gpu {g}")
         if now != workers[g] or gone(now[-1]):
             failures.append(f"worker gpu {g} did not survive the hung memd: {workers[g]} -> {now}")
-        elif len(re.findall(rf"worker of GPU {g} \(pid {now[-1]}\) survived a memd restart", memd_log)) != 2:
+        elif not wait_for_re_hellos(run_dir, g, now[-1], 2):
             failures.append(f"worker gpu {g} (pid {now[-1]}) did not say its re-Hello to the third memd")
     return failures
 
