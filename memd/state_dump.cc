@@ -381,8 +381,12 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
   return "unknown view\n";
 }
 
-std::string RenderPrometheus(const StateDump& d, const Counters& c, const DaemonCounters& daemon) {
-  std::string out;
+namespace {
+
+// RenderPrometheus's phases, each appending its metrics to `out` in the order the page lists them.
+
+// The GPU pool's pages by kind, then the speculation shares (issue 13), by GPU.
+void AppendGpuPages(const StateDump& d, std::string& out) {
   out += "# HELP dhs_memd_gpu_pages GPU KV pool pages by kind (brief section 4: M, M_req, M_opt, M_res).\n";
   out += "# TYPE dhs_memd_gpu_pages gauge\n";
   for (const GpuDump& g : d.gpus) {
@@ -415,6 +419,10 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
                     "N * R_d * draft bytes per row, staging = M_stage).",
                     [](const GpuDump& g) { return g.declared_draft_ring_bytes; },
                     [](const GpuDump& g) { return g.declared_staging_bytes; });
+}
+
+// Each GPU's registration (up, epoch) and queues (admissions waiting, reclaims in flight).
+void AppendGpuRegistrations(const StateDump& d, std::string& out) {
   out += "# HELP dhs_memd_gpu_up 1 while the GPU's worker is registered and live, 0 once fenced (dead or hung).\n";
   out += "# TYPE dhs_memd_gpu_up gauge\n";
   for (const GpuDump& g : d.gpus) absl::StrAppendFormat(&out, "dhs_memd_gpu_up{gpu=\"%d\"} %d\n", g.gpu, g.up ? 1 : 0);
@@ -427,6 +435,10 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
   for (const GpuDump& g : d.gpus) {
     absl::StrAppendFormat(&out, "dhs_memd_reclaims_in_flight{gpu=\"%d\"} %d\n", g.gpu, g.reclaims_in_flight);
   }
+}
+
+// The host pool's pages by kind and the request count.
+void AppendHostPages(const StateDump& d, std::string& out) {
   out += "# HELP dhs_memd_host_pages Host pool pages by kind.\n# TYPE dhs_memd_host_pages gauge\n";
   const std::pair<const char*, uint32_t> host[] = {{"total", d.host.pages},
                                                    {"reusable", d.host.reusable_pages},
@@ -435,6 +447,10 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
                                                    {"freed_pinned", d.host.freed_pinned_pages}};
   for (const auto& [kind, v] : host) absl::StrAppendFormat(&out, "dhs_memd_host_pages{kind=\"%s\"} %d\n", kind, v);
   absl::StrAppendFormat(&out, "# TYPE dhs_memd_requests gauge\ndhs_memd_requests %d\n", d.request_count);
+}
+
+// The core's and the daemon's counters (dhs_memd_<name>_total), then the worker count.
+void AppendCounters(const Counters& c, const DaemonCounters& daemon, std::string& out) {
   const std::pair<const char*, uint64_t> counters[] = {
       {"events", c.events},
       {"event_errors", c.event_errors},
@@ -480,6 +496,16 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
     absl::StrAppendFormat(&out, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
   }
   absl::StrAppendFormat(&out, "# TYPE dhs_memd_workers gauge\ndhs_memd_workers %d\n", daemon.workers);
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const StateDump& d, const Counters& c, const DaemonCounters& daemon) {
+  std::string out;
+  AppendGpuPages(d, out);
+  AppendGpuRegistrations(d, out);
+  AppendHostPages(d, out);
+  AppendCounters(c, daemon, out);
   return out;
 }
 

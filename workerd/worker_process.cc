@@ -25,6 +25,22 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   if (absl::Status s = CheckSocketAccess(options.run_dir, "memd"); !s.ok() && !absl::IsNotFound(s)) {
     return absl::Status(s.code(), absl::StrCat("memd: ", s.message()));
   }
+  if (absl::Status s = p->BindAndConnect(model, options, *geometry); !s.ok()) return s;
+  if (absl::Status s = p->PrepareKeptAlive(model, device, options); !s.ok()) return s;
+  p->worker_->set_epoch(p->memd_->worker_epoch());
+  p->frontend_->set_submitter(p->worker_.get());
+  p->publish_metrics_ = options.publish_metrics;
+  p->PublishMetrics();
+  if (absl::Status s = p->worker_->ResumeInterrupted(p->memd_->interrupted_requests(), p->memd_->interrupted_records());
+      !s.ok()) {
+    return s;
+  }
+  return p;
+}
+
+absl::Status WorkerProcess::BindAndConnect(const model::Model* model, const WorkerProcessOptions& options,
+                                           const WorkerGeometry& geometry) {
+  const WorkerConfig& config = options.config;
   // The serving socket first: a second workerd for a GPU whose worker is live fails here (RouterServer::Bind finds
   // the live listener: ALREADY_EXISTS) before it connects to memd as worker/<gpu>, which would take the live worker's
   // link to memd over (ROUTER_HANDOVER). A stale socket file of a crashed worker is replaced: a restart still works.
@@ -37,19 +53,24 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
                                      absl::IsAlreadyExists(frontend.status()) ? " (a worker for this GPU is running)"
                                                                               : ""));
   }
-  p->frontend_ = *std::move(frontend);
-  const wire::HelloT hello = MakeHello(model->config(), config, *geometry, options.device_name);
+  frontend_ = *std::move(frontend);
+  const wire::HelloT hello = MakeHello(model->config(), config, geometry, options.device_name);
   absl::StatusOr<std::unique_ptr<MemdClient>> memd = MemdClient::Connect(options.run_dir, hello,
                                                                          options.connect_timeout);
   if (!memd.ok()) return memd.status();
-  p->memd_ = *std::move(memd);
-  p->memd_->set_memd_timeout(options.memd_timeout);
-  p->memd_->set_reconnect_bound(options.memd_reconnect);
-  p->hello_ = hello;
-  if (config.mode != WorkerMode::kResident && p->memd_->host_pages().empty()) {
+  memd_ = *std::move(memd);
+  memd_->set_memd_timeout(options.memd_timeout);
+  memd_->set_reconnect_bound(options.memd_reconnect);
+  hello_ = hello;
+  if (config.mode != WorkerMode::kResident && memd_->host_pages().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("mode ", std::string(WorkerModeName(config.mode)),
                                                       " needs a host pool, memd listed none"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerProcess::PrepareKeptAlive(const model::Model* model, Device* device,
+                                             const WorkerProcessOptions& options) {
   // The preparation, while a helper thread keeps memd informed (the only thread using memd_ until it is joined; the
   // join is the memory barrier that hands the socket back to this thread). The preparation itself stays on this
   // thread: a CUDA backend's device and pinning calls see the thread that created the device.
@@ -60,7 +81,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
     std::atomic<bool> done{false};
     std::thread keeper([&] {
       while (!done.load(std::memory_order_acquire)) {
-        if (absl::Status s = p->memd_->KeepAlive(std::chrono::milliseconds(20)); !s.ok()) {
+        if (absl::Status s = memd_->KeepAlive(std::chrono::milliseconds(20)); !s.ok()) {
           kept_alive = s;
           return;
         }
@@ -74,7 +95,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
         keeper.join();
       }
     } join{done, keeper};
-    prepared = p->Prepare(model, device, options);
+    prepared = Prepare(model, device, options);
   }
   const auto prepare_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - prepare_start).count();
@@ -85,17 +106,9 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   }
   if (!prepared.ok()) return prepared;
   spdlog::info("workerd: gpu {} prepared in {} ms after memd's HelloReply (host pool, device pools, worker; memd "
-               "kept informed; {} of memd's messages held for the first poll)", config.gpu, prepare_ms,
-               p->memd_->held_messages());
-  p->worker_->set_epoch(p->memd_->worker_epoch());
-  p->frontend_->set_submitter(p->worker_.get());
-  p->publish_metrics_ = options.publish_metrics;
-  p->PublishMetrics();
-  if (absl::Status s = p->worker_->ResumeInterrupted(p->memd_->interrupted_requests(), p->memd_->interrupted_records());
-      !s.ok()) {
-    return s;
-  }
-  return p;
+               "kept informed; {} of memd's messages held for the first poll)", options.config.gpu, prepare_ms,
+               memd_->held_messages());
+  return absl::OkStatus();
 }
 
 absl::Status WorkerProcess::Prepare(const model::Model* model, Device* device, const WorkerProcessOptions& options) {

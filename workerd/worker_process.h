@@ -100,6 +100,13 @@ class WorkerProcess {
   // memd away: enters it (Worker::EnterAway), advances the re-Hello (MemdClient::PollAway) and, once a memd took it,
   // returns (Worker::ReturnFromAway). Errors: ABORTED (the epoch ended), UNAVAILABLE (memd unreachable after it).
   absl::Status ServeAway();
+  // Start's phases. The serving socket bound, then memd's HelloReply taken (MemdClient::Connect); FailedPrecondition
+  // when a mode that needs the host pool finds none listed.
+  absl::Status BindAndConnect(const model::Model* model, const WorkerProcessOptions& options,
+                              const WorkerGeometry& geometry);
+  // Prepare, while a helper thread keeps memd informed (KeepAlive); the keep-alive's error (naming how long after
+  // the HelloReply it came) or the preparation's.
+  absl::Status PrepareKeptAlive(const model::Model* model, Device* device, const WorkerProcessOptions& options);
   // The preparation after HelloReply (see Start): on_host_pool, then Worker::Create, on this thread.
   absl::Status Prepare(const model::Model* model, Device* device, const WorkerProcessOptions& options);
 

@@ -6,6 +6,7 @@
 #include "common/prometheus.h"
 #include "common/request_timeline.h"
 #include "common/worker_metrics.h"
+#include "tests/common/prometheus_text.h"
 
 namespace dhs {
 namespace {
@@ -188,6 +189,41 @@ TEST(WorkerMetrics, JsonAndTableCarryTheSameFigures) {
   EXPECT_NE(table.find("failed[unavailable]          3\n"), std::string::npos) << table;
   EXPECT_NE(table.find("ttft                         count 2, sum 0.002500 s, mean 0.001250 s\n"), std::string::npos)
       << table;
+}
+
+// RenderWorkerPrometheus is written in phases (issue 23): the page they make together is well formed (each family
+// typed once, before its samples, its samples together) and holds exactly the families docs/operations.md lists
+// under "Worker metrics", in that order.
+TEST(WorkerMetrics, PageIsWellFormedWithEveryDocumentedFamilyOnce) {
+  absl::StatusOr<std::vector<std::string>> families =
+      testing::PrometheusFamilies(RenderWorkerPrometheus(SampleReply()));
+  ASSERT_TRUE(families.ok()) << families.status();
+  const std::vector<std::string> documented = {
+      "dhs_worker_info", "dhs_worker_epoch", "dhs_worker_capacity_pages", "dhs_worker_page_bytes",
+      "dhs_worker_census_rows_total", "dhs_worker_recovered_rows_total", "dhs_worker_recovered_bytes_total",
+      "dhs_worker_tokens_total", "dhs_worker_requests_active", "dhs_worker_requests_waiting",
+      "dhs_worker_requests_waiting_peak", "dhs_worker_requests_finished_total", "dhs_worker_requests_failed_total",
+      "dhs_worker_requests_resumed_total", "dhs_worker_resume_rows_total", "dhs_worker_resume_seconds_max",
+      "dhs_worker_resumed_outputs_waiting", "dhs_worker_resumed_outputs_dropped_total", "dhs_worker_reclaims_total",
+      "dhs_worker_pages_total", "dhs_worker_prefix_blocks_total", "dhs_worker_submits_refused_total",
+      "dhs_worker_client_queued_bytes", "dhs_worker_client_queued_peak_bytes",
+      "dhs_worker_client_streams_refused_total", "dhs_worker_client_replies_dropped_total",
+      "dhs_worker_spec_rounds_total", "dhs_worker_spec_round_tokens_total", "dhs_worker_spec_proposed_total",
+      "dhs_worker_spec_accepted_total", "dhs_worker_ttft_seconds", "dhs_worker_tpot_seconds",
+      "dhs_worker_admission_wait_seconds"};
+  EXPECT_EQ(*families, documented);
+}
+
+// The reader itself refuses what a scraper would: a family typed twice, a sample outside its family's block, a
+// histogram sample of the wrong name, a page without its last newline.
+TEST(PrometheusText, RefusesMalformedPages) {
+  EXPECT_EQ(*testing::PrometheusFamilies("# TYPE a gauge\na 1\n# TYPE b counter\nb{x=\"1\"} 2\n"),
+            (std::vector<std::string>{"a", "b"}));
+  for (const char* page : {"# TYPE a gauge\na 1\n# TYPE a gauge\na 2\n", "a 1\n# TYPE a gauge\n",
+                           "# TYPE a gauge\n# TYPE b gauge\na 1\n", "# TYPE h histogram\nh 1\n",
+                           "# TYPE a gauge\na one\n", "# TYPE a gauge\na 1"}) {
+    EXPECT_FALSE(testing::PrometheusFamilies(page).ok()) << page;
+  }
 }
 
 }  // namespace

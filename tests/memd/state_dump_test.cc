@@ -1,8 +1,11 @@
 // StateDump rendering (the one shared pair dhsctl and the daemon use): views in JSON and table form, Prometheus.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "memd/residency_manager.h"
 #include "memd/state_dump.h"
+#include "tests/common/prometheus_text.h"
 
 namespace dhs::memd {
 namespace {
@@ -344,6 +347,36 @@ TEST_F(DumpTest, SpeculationSharesInJsonTableAndPrometheus) {
                            "dhs_memd_gpu_speculation_pages{gpu=\"0\",kind=\"draft_ring\"} 0\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << text;
   }
+}
+
+// RenderPrometheus is written in phases (issue 23): the page they make together is well formed (each family typed
+// once, before its samples, its samples together) and holds exactly the families docs/operations.md lists under
+// memd's metrics (as a set: the page's order is its own).
+TEST_F(DumpTest, PrometheusPageIsWellFormedWithEveryDocumentedFamilyOnce) {
+  absl::StatusOr<std::vector<std::string>> families =
+      dhs::testing::PrometheusFamilies(RenderPrometheus(dump_, mgr_->counters()));
+  ASSERT_TRUE(families.ok()) << families.status();
+  std::vector<std::string> documented = {
+      "dhs_memd_gpu_pages", "dhs_memd_gpu_speculation_pages", "dhs_memd_gpu_speculation_bytes",
+      "dhs_memd_gpu_declared_speculation_bytes", "dhs_memd_queued_admissions", "dhs_memd_reclaims_in_flight",
+      "dhs_memd_host_pages", "dhs_memd_requests", "dhs_memd_workers", "dhs_memd_gpu_up", "dhs_memd_gpu_epoch",
+      "dhs_memd_events_total", "dhs_memd_event_errors_total", "dhs_memd_ticks_total", "dhs_memd_admissions_total",
+      "dhs_memd_grants_total", "dhs_memd_waits_total", "dhs_memd_rejects_total", "dhs_memd_completions_total",
+      "dhs_memd_reclaims_started_total", "dhs_memd_reclaims_retired_total", "dhs_memd_reclaims_failed_total",
+      "dhs_memd_pages_retired_total", "dhs_memd_backups_ordered_total", "dhs_memd_backups_failed_total",
+      "dhs_memd_populates_ordered_total", "dhs_memd_populates_failed_total", "dhs_memd_stale_reports_total",
+      "dhs_memd_host_writes_total", "dhs_memd_host_write_failures_total", "dhs_memd_deferred_backups_total",
+      "dhs_memd_keeps_lost_total", "dhs_memd_fences_total", "dhs_memd_reregistrations_total",
+      "dhs_memd_requests_interrupted_total", "dhs_memd_admissions_fenced_total", "dhs_memd_host_pages_lost_total",
+      "dhs_memd_resumes_total", "dhs_memd_host_pages_resumed_total", "dhs_memd_requests_adopted_total",
+      "dhs_memd_host_pages_adopted_total", "dhs_memd_host_pages_held_total", "dhs_memd_requests_reported_total",
+      "dhs_memd_reports_refused_total", "dhs_memd_workers_lost_total", "dhs_memd_fenced_refused_total",
+      "dhs_memd_messages_total", "dhs_memd_hellos_total", "dhs_memd_send_failures_total",
+      "dhs_memd_refused_peers_total", "dhs_memd_foreign_request_ids_total"};
+  std::vector<std::string> rendered = *families;
+  std::sort(rendered.begin(), rendered.end());
+  std::sort(documented.begin(), documented.end());
+  EXPECT_EQ(rendered, documented);
 }
 
 }  // namespace

@@ -327,5 +327,13 @@ TEST(ReplayClient, CancelCarriesTheIdentityAndANotFoundAnswerIsIgnored) {
   }
 }
 
+// ErrorEndReason (split out of ZmqNodeClient::Handle, issue 23): a failed chunk's end reason by its code alone.
+TEST(ReplayClient, AFailedChunksEndReasonComesFromItsCode) {
+  EXPECT_EQ(ErrorEndReason(wire::EndReason::CANCELLED), EndReason::kCancelled);
+  EXPECT_EQ(ErrorEndReason(wire::EndReason::WORKER_STOPPING), EndReason::kWorkerStopping);
+  EXPECT_EQ(ErrorEndReason(wire::EndReason::WORKER_EPOCH_ENDED), EndReason::kWorkerGone);
+  EXPECT_EQ(ErrorEndReason(wire::EndReason::NONE), EndReason::kFailed);  // an error of the request itself
+}
+
 }  // namespace
 }  // namespace dhs::replay

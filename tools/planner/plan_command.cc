@@ -63,100 +63,123 @@ CLI::App* AddPlanSubcommand(CLI::App& app, PlanCommandOptions* o) {
   return plan;
 }
 
-int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson& fetch_status) {
-  if (o.gpu && !o.live) {
-    std::fprintf(stderr, "dhsctl plan: --gpu needs --live\n");
+namespace {
+
+// RunPlanCommand's phases. Each returns the command's exit code (plan_command.h) when it fails, else 0: go on.
+
+// --live: memd's state (`status`), fetched and read.
+int ReadLiveState(const FetchStatusJson& fetch_status, std::optional<LiveState>& state) {
+  absl::StatusOr<std::string> status =
+      fetch_status ? fetch_status() : absl::UnavailableError("no connection to memd");
+  if (!status.ok()) {
+    PrintError(" --live", status.status());
+    return absl::IsUnavailable(status.status()) ? 1 : absl::IsDeadlineExceeded(status.status()) ? 3 : 4;
+  }
+  absl::StatusOr<LiveState> s = LiveStateFromStatusJson(*status);
+  if (!s.ok()) {
+    PrintError(" --live", s.status());
+    return 4;
+  }
+  state = *std::move(s);
+  return 0;
+}
+
+// --file: the topology described in the file.
+int TopologyFromFile(const std::string& path, Topology& topology) {
+  std::ifstream f(path);
+  if (!f) {
+    std::fprintf(stderr, "dhsctl plan: cannot read --file %s\n", path.c_str());
+    return 1;
+  }
+  std::stringstream text;
+  text << f.rdbuf();
+  absl::StatusOr<Topology> t = TopologyFromJson(text.str());
+  if (!t.ok()) {
+    PrintError(" --file " + path, t.status());
     return 2;
   }
-  // memd's state first with --live: without --preset / --file the topology is its worker's.
-  std::optional<LiveState> state;
-  if (o.live) {
-    absl::StatusOr<std::string> status =
-        fetch_status ? fetch_status() : absl::UnavailableError("no connection to memd");
-    if (!status.ok()) {
-      PrintError(" --live", status.status());
-      return absl::IsUnavailable(status.status()) ? 1 : absl::IsDeadlineExceeded(status.status()) ? 3 : 4;
-    }
-    absl::StatusOr<LiveState> s = LiveStateFromStatusJson(*status);
-    if (!s.ok()) {
-      PrintError(" --live", s.status());
-      return 4;
-    }
-    state = *std::move(s);
+  topology = *t;
+  return 0;
+}
+
+// --preset: a brief-scale preset or a workerd model ("workerd:NAME").
+int TopologyFromPreset(const std::string& name, Topology& topology) {
+  absl::StatusOr<Topology> t = name.starts_with(kWorkerdPresetPrefix) ? WorkerdPreset(name) : Preset(name);
+  if (!t.ok()) {
+    PrintError(" --preset", t.status());
+    return 2;
   }
-  PlanInput in;
-  LiveOptions live_options;
-  std::optional<uint32_t> shape_of_gpu;  // the topology is the shape this GPU's worker declared
-  live_options.gpu = o.gpu;
-  if (!o.file.empty()) {
-    std::ifstream f(o.file);
-    if (!f) {
-      std::fprintf(stderr, "dhsctl plan: cannot read --file %s\n", o.file.c_str());
-      return 1;
-    }
-    std::stringstream text;
-    text << f.rdbuf();
-    absl::StatusOr<Topology> t = TopologyFromJson(text.str());
-    if (!t.ok()) {
-      PrintError(" --file " + o.file, t.status());
-      return 2;
-    }
-    in.topology = *t;
-  } else if (!o.preset.empty()) {
-    absl::StatusOr<Topology> t =
-        o.preset.starts_with(kWorkerdPresetPrefix) ? WorkerdPreset(o.preset) : Preset(o.preset);
-    if (!t.ok()) {
-      PrintError(" --preset", t.status());
-      return 2;
-    }
-    in.topology = *t;
-  } else if (state) {
-    // The worker of GPU --gpu (default: the first registered one) declared its shape in its Hello.
-    const LiveGpu* gpu = nullptr;
-    for (const LiveGpu& g : state->gpus) {
-      if (!o.gpu || g.gpu == *o.gpu) {
-        gpu = &g;
-        break;
-      }
-    }
-    if (gpu == nullptr) {
-      std::string known, fenced;
-      for (const LiveGpu& g : state->gpus) known += (known.empty() ? "" : ", ") + std::to_string(g.gpu);
-      for (uint32_t g : state->fenced_gpus) fenced += (fenced.empty() ? "" : ", ") + std::to_string(g);
-      constexpr const char* kFenced =
-          "its worker exited or stopped answering: memd admits nothing there until a worker says Hello again";
-      if (o.gpu && std::find(state->fenced_gpus.begin(), state->fenced_gpus.end(), *o.gpu) != state->fenced_gpus.end()) {
-        std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is fenced (%s; live GPUs: %s)\n", *o.gpu, kFenced,
-                     known.empty() ? "none" : known.c_str());
-      } else if (o.gpu) {
-        std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is not registered with memd (live GPUs: %s%s%s)\n",
-                     *o.gpu, known.empty() ? "none" : known.c_str(), fenced.empty() ? "" : "; fenced: ",
-                     fenced.c_str());
-      } else if (!fenced.empty()) {
-        std::fprintf(stderr, "dhsctl plan --live: memd has no live GPU: fenced %s (%s); give --preset or --file to "
-                             "plan without one\n", fenced.c_str(), kFenced);
-      } else {
-        std::fprintf(stderr, "dhsctl plan --live: memd has no GPU registered (no worker said Hello): give --preset or "
-                             "--file to plan without one\n");
-      }
-      return 2;
-    }
-    const WorkerShape shape = gpu->worker.value_or(WorkerShape{});  // none: TopologyFromWorker says so
-    absl::StatusOr<Topology> t =
-        TopologyFromWorker(shape, "worker of GPU " + std::to_string(gpu->gpu) + " (" + shape.serving_mode + ")");
-    if (!t.ok()) {
-      std::fprintf(stderr, "dhsctl plan --live: GPU %u: %s\n", gpu->gpu, std::string(t.status().message()).c_str());
-      return 2;
-    }
-    in.topology = *t;
-    shape_of_gpu = gpu->gpu;
-    live_options.gpu = gpu->gpu;
-    live_options.resident = shape.serving_mode == "resident";
+  topology = *t;
+  return 0;
+}
+
+// Why --live found no GPU to take the shape of (GPU `gpu`, or without --gpu any live one), on stderr.
+void PrintNoLiveGpu(const LiveState& state, std::optional<uint32_t> gpu) {
+  std::string known, fenced;
+  for (const LiveGpu& g : state.gpus) known += (known.empty() ? "" : ", ") + std::to_string(g.gpu);
+  for (uint32_t g : state.fenced_gpus) fenced += (fenced.empty() ? "" : ", ") + std::to_string(g);
+  constexpr const char* kFenced =
+      "its worker exited or stopped answering: memd admits nothing there until a worker says Hello again";
+  if (gpu && std::find(state.fenced_gpus.begin(), state.fenced_gpus.end(), *gpu) != state.fenced_gpus.end()) {
+    std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is fenced (%s; live GPUs: %s)\n", *gpu, kFenced,
+                 known.empty() ? "none" : known.c_str());
+  } else if (gpu) {
+    std::fprintf(stderr, "dhsctl plan --live: --gpu: GPU %u is not registered with memd (live GPUs: %s%s%s)\n",
+                 *gpu, known.empty() ? "none" : known.c_str(), fenced.empty() ? "" : "; fenced: ",
+                 fenced.c_str());
+  } else if (!fenced.empty()) {
+    std::fprintf(stderr, "dhsctl plan --live: memd has no live GPU: fenced %s (%s); give --preset or --file to "
+                         "plan without one\n", fenced.c_str(), kFenced);
   } else {
-    std::fprintf(stderr, "dhsctl plan: give --preset NAME, --file DESCRIPTION.json, or --live (the running worker's "
-                         "shape)\n");
+    std::fprintf(stderr, "dhsctl plan --live: memd has no GPU registered (no worker said Hello): give --preset or "
+                         "--file to plan without one\n");
+  }
+}
+
+// --live without --preset / --file: the shape the worker of GPU --gpu (default: the first registered one) declared
+// in its Hello; `live_options` then counts that GPU only, in its serving mode, and `shape_of_gpu` names it.
+int TopologyFromLiveWorker(const LiveState& state, std::optional<uint32_t> want, Topology& topology,
+                           LiveOptions& live_options, std::optional<uint32_t>& shape_of_gpu) {
+  const LiveGpu* gpu = nullptr;
+  for (const LiveGpu& g : state.gpus) {
+    if (!want || g.gpu == *want) {
+      gpu = &g;
+      break;
+    }
+  }
+  if (gpu == nullptr) {
+    PrintNoLiveGpu(state, want);
     return 2;
   }
+  const WorkerShape shape = gpu->worker.value_or(WorkerShape{});  // none: TopologyFromWorker says so
+  absl::StatusOr<Topology> t =
+      TopologyFromWorker(shape, "worker of GPU " + std::to_string(gpu->gpu) + " (" + shape.serving_mode + ")");
+  if (!t.ok()) {
+    std::fprintf(stderr, "dhsctl plan --live: GPU %u: %s\n", gpu->gpu, std::string(t.status().message()).c_str());
+    return 2;
+  }
+  topology = *t;
+  shape_of_gpu = gpu->gpu;
+  live_options.gpu = gpu->gpu;
+  live_options.resident = shape.serving_mode == "resident";
+  return 0;
+}
+
+// The topology the options name: --file, --preset or (--live alone) the live worker's shape.
+int ChooseTopology(const PlanCommandOptions& o, const std::optional<LiveState>& state, Topology& topology,
+                   LiveOptions& live_options, std::optional<uint32_t>& shape_of_gpu) {
+  if (!o.file.empty()) return TopologyFromFile(o.file, topology);
+  if (!o.preset.empty()) return TopologyFromPreset(o.preset, topology);
+  if (state) return TopologyFromLiveWorker(*state, o.gpu, topology, live_options, shape_of_gpu);
+  std::fprintf(stderr, "dhsctl plan: give --preset NAME, --file DESCRIPTION.json, or --live (the running worker's "
+                       "shape)\n");
+  return 2;
+}
+
+// The planner's input: the topology with the options' overrides, the context, the budgets and the figures.
+PlanInput MakePlanInput(const PlanCommandOptions& o, const Topology& topology) {
+  PlanInput in;
+  in.topology = topology;
   if (o.hot_rows) in.topology.hot_rows = *o.hot_rows;
   if (o.tail_rows) in.topology.tail_rows = *o.tail_rows;
   if (o.slots) in.topology.slots = *o.slots;
@@ -167,19 +190,14 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
   in.miss_rate = o.miss_rate;
   in.tpot_base_ms = o.tpot_base_ms;
   in.tpot_spec_ms = o.tpot_spec_ms;
-  absl::StatusOr<Plan> plan = Compute(in);
-  if (!plan.ok()) {
-    // The field may be one the user never gave: say where the topology came from (`dhsctl status` shows it).
-    const std::string from =
-        shape_of_gpu ? " (the topology is the shape GPU " + std::to_string(*shape_of_gpu) +
-                           "'s worker declared in its Hello, with the options given; `dhsctl status` shows it)"
-                     : "";
-    std::fprintf(stderr, "dhsctl plan: %s%s\n", std::string(plan.status().message()).c_str(), from.c_str());
-    return 2;
-  }
+  return in;
+}
+
+// The plan (with the live one under --live) as a table or JSON on stdout.
+int PrintPlan(const Plan& plan, const std::optional<LiveState>& state, const LiveOptions& live_options, bool json) {
   std::optional<LivePlan> live;
   if (state) {
-    absl::StatusOr<LivePlan> lp = ComputeLive(*plan, *state, live_options);
+    absl::StatusOr<LivePlan> lp = ComputeLive(plan, *state, live_options);
     if (!lp.ok()) {
       if (absl::IsNotFound(lp.status())) {
         std::fprintf(stderr, "dhsctl plan --live: --gpu: %s\n", std::string(lp.status().message()).c_str());
@@ -191,16 +209,46 @@ int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson
     live = *lp;
   }
   std::string out;
-  if (json || o.json) {
-    nlohmann::json j = PlanToJson(*plan);
+  if (json) {
+    nlohmann::json j = PlanToJson(plan);
     if (live) j["live"] = LivePlanToJson(*live);
     out = j.dump(2) + "\n";
   } else {
-    out = PlanToTable(*plan) + (live ? LivePlanToTable(*live) : std::string());
+    out = PlanToTable(plan) + (live ? LivePlanToTable(*live) : std::string());
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
   return 0;
+}
+
+}  // namespace
+
+int RunPlanCommand(const PlanCommandOptions& o, bool json, const FetchStatusJson& fetch_status) {
+  if (o.gpu && !o.live) {
+    std::fprintf(stderr, "dhsctl plan: --gpu needs --live\n");
+    return 2;
+  }
+  // memd's state first with --live: without --preset / --file the topology is its worker's.
+  std::optional<LiveState> state;
+  if (o.live) {
+    if (const int code = ReadLiveState(fetch_status, state); code != 0) return code;
+  }
+  Topology topology;
+  LiveOptions live_options;
+  std::optional<uint32_t> shape_of_gpu;  // the topology is the shape this GPU's worker declared
+  live_options.gpu = o.gpu;
+  if (const int code = ChooseTopology(o, state, topology, live_options, shape_of_gpu); code != 0) return code;
+  absl::StatusOr<Plan> plan = Compute(MakePlanInput(o, topology));
+  if (!plan.ok()) {
+    // The field may be one the user never gave: say where the topology came from (`dhsctl status` shows it).
+    const std::string from =
+        shape_of_gpu ? " (the topology is the shape GPU " + std::to_string(*shape_of_gpu) +
+                           "'s worker declared in its Hello, with the options given; `dhsctl status` shows it)"
+                     : "";
+    std::fprintf(stderr, "dhsctl plan: %s%s\n", std::string(plan.status().message()).c_str(), from.c_str());
+    return 2;
+  }
+  return PrintPlan(*plan, state, live_options, json || o.json);
 }
 
 }  // namespace dhs::planner

@@ -244,12 +244,12 @@ absl::Status Validate(const PlanInput& in) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Plan> Compute(const PlanInput& in) {
-  if (absl::Status s = Validate(in); !s.ok()) return s;
+namespace {
+
+// Compute's phases. The bytes of one session by layout (brief §8, §6), into `p`; an overflow fails (Checked).
+absl::Status SessionBytes(const PlanInput& in, Plan& p) {
   const Topology& t = in.topology;
   Checked c;
-  Plan p;
-  p.input = in;
   const uint64_t n = in.context_tokens;
   const uint64_t pg = t.page_rows;
   // §8: "rounded up to whole pages".
@@ -295,16 +295,28 @@ absl::StatusOr<Plan> Compute(const PlanInput& in) {
   // payload rows and their index keys: n_pad * (L_pay * d_KV + L_idx * d_idx).
   p.host_bytes_per_session =
       c.Mul({n_pad, c.Add({payload_per_pos, index_per_pos}, "host bytes per position")}, "host_bytes_per_session");
-  if (!c.status().ok()) return c.status();
+  return c.status();
+}
 
-  p.resident_over_hierarchical =
-      static_cast<double>(p.resident_bytes_per_session) / static_cast<double>(p.hierarchical_bytes_per_session);
-  p.resident_over_hierarchical_with_drafter = static_cast<double>(p.resident_bytes_per_session) /
-                                              static_cast<double>(p.hierarchical_with_drafter_bytes_per_session);
-  // §8 fetch: μ * selections_per_token * k * rows_per_selection * d_KV.
-  p.host_bytes_per_token = in.miss_rate * t.selections_per_token * static_cast<double>(t.top_k) *
-                           t.rows_per_selection * static_cast<double>(t.payload_row_bytes);
+// §6: whether speculation raises throughput (N_spec / N_base > TPOT_spec / TPOT_base), from the sessions per GPU
+// `s` and the TPOT figures (both given, > 0).
+SpeculationVerdict Verdict(const SessionsPerGpu& s, double tpot_base_ms, double tpot_spec_ms) {
+  SpeculationVerdict v;
+  v.sessions_base = s.hierarchical;
+  v.sessions_spec = s.hierarchical_with_drafter;
+  v.sessions_ratio = static_cast<double>(v.sessions_spec) / static_cast<double>(v.sessions_base);
+  v.tpot_ratio = tpot_spec_ms / tpot_base_ms;
+  v.break_even_tpot_spec_ms = tpot_base_ms * v.sessions_ratio;
+  // Cross-multiplied (N_spec * TPOT_base > N_base * TPOT_spec) so that no rounded quotient decides.
+  v.pays = static_cast<double>(v.sessions_spec) * tpot_base_ms >
+           static_cast<double>(v.sessions_base) * tpot_spec_ms;
+  return v;
+}
 
+// Sessions per GPU and per host for the budgets given (with the speculation verdict when the TPOT figures are
+// given), into `p`. ResourceExhausted when a budget holds no session.
+absl::Status Capacity(const PlanInput& in, Plan& p) {
+  const uint64_t n = in.context_tokens;
   if (in.hbm_bytes) {
     const uint64_t x = *in.hbm_bytes;
     SessionsPerGpu s;
@@ -317,19 +329,7 @@ absl::StatusOr<Plan> Compute(const PlanInput& in) {
                        p.hierarchical_bytes_per_session, " bytes at context ", n, ")"));
     }
     p.sessions_per_gpu = s;
-    if (in.tpot_base_ms) {
-      // §6: speculation raises throughput while N_spec / N_base > TPOT_spec / TPOT_base.
-      SpeculationVerdict v;
-      v.sessions_base = s.hierarchical;
-      v.sessions_spec = s.hierarchical_with_drafter;
-      v.sessions_ratio = static_cast<double>(v.sessions_spec) / static_cast<double>(v.sessions_base);
-      v.tpot_ratio = *in.tpot_spec_ms / *in.tpot_base_ms;
-      v.break_even_tpot_spec_ms = *in.tpot_base_ms * v.sessions_ratio;
-      // Cross-multiplied (N_spec * TPOT_base > N_base * TPOT_spec) so that no rounded quotient decides.
-      v.pays = static_cast<double>(v.sessions_spec) * *in.tpot_base_ms >
-               static_cast<double>(v.sessions_base) * *in.tpot_spec_ms;
-      p.speculation = v;
-    }
+    if (in.tpot_base_ms) p.speculation = Verdict(s, *in.tpot_base_ms, *in.tpot_spec_ms);
   }
   if (in.host_bytes) {
     const uint64_t y = *in.host_bytes;
@@ -339,6 +339,25 @@ absl::StatusOr<Plan> Compute(const PlanInput& in) {
     }
     p.sessions_per_host = y / p.host_bytes_per_session;
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> Compute(const PlanInput& in) {
+  if (absl::Status s = Validate(in); !s.ok()) return s;
+  const Topology& t = in.topology;
+  Plan p;
+  p.input = in;
+  if (absl::Status s = SessionBytes(in, p); !s.ok()) return s;
+  p.resident_over_hierarchical =
+      static_cast<double>(p.resident_bytes_per_session) / static_cast<double>(p.hierarchical_bytes_per_session);
+  p.resident_over_hierarchical_with_drafter = static_cast<double>(p.resident_bytes_per_session) /
+                                              static_cast<double>(p.hierarchical_with_drafter_bytes_per_session);
+  // §8 fetch: μ * selections_per_token * k * rows_per_selection * d_KV.
+  p.host_bytes_per_token = in.miss_rate * t.selections_per_token * static_cast<double>(t.top_k) *
+                           t.rows_per_selection * static_cast<double>(t.payload_row_bytes);
+  if (absl::Status s = Capacity(in, p); !s.ok()) return s;
   return p;
 }
 

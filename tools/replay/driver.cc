@@ -52,134 +52,161 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
   return result;
 }
 
+// RunInto's state between its phases.
+struct ReplayDriver::Loop {
+  absl::flat_hash_map<RequestId, size_t> by_id;  // request id -> index in the trace
+  double start = 0;                               // the clock when the run began, ms
+  Progress progress;
+  double last_progress_ms = 0;
+  int64_t in_flight = 0;
+  int64_t streaming = 0;  // requests with a first token that have not ended
+  double last_activity_ms = 0;
+};
+
+double ReplayDriver::Now(const Loop& loop) const { return clock_->NowMs() - loop.start; }
+
 absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, DriverResult& result) {
   const size_t n = trace.requests.size();
   if (scheduler.size() != n || scheduler.submitted() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("scheduler covers ", scheduler.size(), " requests (",
                                                    scheduler.submitted(), " already submitted), trace has ", n));
   }
+  Loop loop;
   result.requests.resize(n);
-  absl::flat_hash_map<RequestId, size_t> by_id;
   for (size_t i = 0; i < n; ++i) {
     result.requests[i].trace_index = trace.requests[i].index;
     result.requests[i].request = options_.first_request_id + static_cast<RequestId>(i);
-    by_id[result.requests[i].request] = i;
+    loop.by_id[result.requests[i].request] = i;
   }
+  loop.start = clock_->NowMs();
+  loop.progress.total = static_cast<int64_t>(n);
 
-  const double start = clock_->NowMs();
-  auto now = [&] { return clock_->NowMs() - start; };
-  Progress progress;
-  progress.total = static_cast<int64_t>(n);
-  double last_progress_ms = 0;
-  int64_t in_flight = 0;
-  int64_t streaming = 0;  // requests with a first token that have not ended
-  double last_activity_ms = 0;
-
-  while (!scheduler.all_submitted() || in_flight > 0) {
-    for (size_t i : scheduler.Due(now(), in_flight)) {
-      const TraceRequest& tr = trace.requests[i];
-      SubmitRequest submit;
-      submit.request = result.requests[i].request;
-      submit.prompt = PromptRef{tr.index, tr.input_tokens, trace.block_tokens, tr.hash_ids};
-      submit.max_new_tokens = tr.output_tokens;
-      submit.sampling.seed = static_cast<uint64_t>(tr.index);
-      const double t = now();
-      if (absl::Status s = client_->Submit(submit); !s.ok()) return s;
-      result.requests[i].submit_ms = t;
-      last_activity_ms = t;
-      ++in_flight;
-    }
-    if (scheduler.all_submitted() && in_flight == 0) break;
+  while (!scheduler.all_submitted() || loop.in_flight > 0) {
+    if (absl::Status s = SubmitDue(trace, scheduler, result, loop); !s.ok()) return s;
+    if (scheduler.all_submitted() && loop.in_flight == 0) break;
 
     double timeout = options_.poll_timeout_ms;
-    if (auto due = scheduler.NextDueMs()) timeout = std::clamp(*due - now(), 0.0, timeout);
+    if (auto due = scheduler.NextDueMs()) timeout = std::clamp(*due - Now(loop), 0.0, timeout);
     auto events = client_->Poll(timeout);
     if (!events.ok()) return events.status();
-    const double t = now();
+    const double t = Now(loop);
     result.elapsed_ms = t;
 
     bool any_tokens = false;
     for (const TokenEvent& ev : *events) {
-      auto it = by_id.find(ev.request);
-      if (it == by_id.end()) return absl::InternalError(absl::StrCat("event for unknown request ", ev.request));
-      RequestTiming& r = result.requests[it->second];
-      if (r.submit_ms < 0) {
-        return absl::InternalError(absl::StrCat("event for request ", ev.request, " before it was submitted"));
-      }
-      if (r.end_ms >= 0) {
-        return absl::InternalError(absl::StrCat("event for request ", ev.request, " after it ended"));
-      }
-      if (!ev.tokens.empty()) {
-        any_tokens = true;
-        if (r.first_token_ms < 0) {
-          r.first_token_ms = t;
-          r.decode_ms = 0;
-          ++streaming;
-        } else {  // the node's gap when it gives one, else the polls' (issue 22)
-          r.decode_ms += ev.token_interval_ms >= 0 ? ev.token_interval_ms : t - r.last_token_ms;
-        }
-        r.last_token_ms = t;
-        r.tokens += static_cast<int64_t>(ev.tokens.size());
-        r.output.insert(r.output.end(), ev.tokens.begin(), ev.tokens.end());
-        r.logits_digests.insert(r.logits_digests.end(), ev.logits_digests.begin(), ev.logits_digests.end());
-        progress.output_tokens += static_cast<int64_t>(ev.tokens.size());
-        if (options_.on_rows) options_.on_rows(ev.request, trace.requests[it->second].input_tokens + r.tokens - 1);
-      }
-      r.allocation_wait_ms = std::max(r.allocation_wait_ms, ev.allocation_wait_ms);
-      if (!ev.error.empty() || ev.finished) {
-        r.error = ev.error;
-        r.finished = ev.error.empty();
-        r.end_ms = t;
-        r.end_reason = ev.end_reason != EndReason::kNone ? ev.end_reason
-                       : r.finished                     ? EndReason::kFinished
-                                                        : EndReason::kFailed;
-        if (r.end_reason == EndReason::kCancelled && r.cancel_sent_ms >= 0) {  // our timeout's cancel
-          r.end_reason = EndReason::kTimeout;
-          r.error = absl::StrCat("timeout: ", r.error, " (the worker released it)");
-        }
-        if (r.first_token_ms >= 0) --streaming;
-        --in_flight;
-        ++progress.ended;
-        if (r.finished) ++progress.served;
-      }
+      if (absl::Status s = Record(trace, ev, t, result, loop); !s.ok()) return s;
+      any_tokens = any_tokens || !ev.tokens.empty();
     }
     // Requests streaming after this poll were all admitted at once; one that streamed and ended within the poll
     // was admitted at least by itself.
-    result.streaming_max = std::max({result.streaming_max, streaming, any_tokens ? int64_t{1} : int64_t{0}});
+    result.streaming_max = std::max({result.streaming_max, loop.streaming, any_tokens ? int64_t{1} : int64_t{0}});
     // Issue 22: requests past their timeout are cancelled (once); their ends come from the node.
     if (options_.request_timeout_ms > 0) {
-      for (RequestTiming& r : result.requests) {
-        if (r.submit_ms < 0 || r.end_ms >= 0 || r.cancel_sent_ms >= 0) continue;
-        if (t - r.submit_ms < options_.request_timeout_ms) continue;
-        r.cancel_sent_ms = t;
-        if (absl::Status s = client_->Cancel(
-                r.request, absl::StrFormat("timeout after %.0f ms (dhs-replay --request-timeout-ms)",
-                                           options_.request_timeout_ms));
-            !s.ok()) {
-          return s;
-        }
-      }
+      if (absl::Status s = CancelTimedOut(result, t); !s.ok()) return s;
     }
     if (!events->empty()) {
-      last_activity_ms = t;
-    } else if (in_flight > 0 && t - last_activity_ms > options_.idle_timeout_ms) {
+      loop.last_activity_ms = t;
+    } else if (loop.in_flight > 0 && t - loop.last_activity_ms > options_.idle_timeout_ms) {
       const absl::Status idle = absl::DeadlineExceededError(absl::StrFormat(
           "no event from the node for %.0f ms with %d requests in flight: the worker may be dead or stuck%s",
-          t - last_activity_ms, in_flight, options_.idle_hint));
-      CancelInFlight(result, start, t - last_activity_ms);
+          t - loop.last_activity_ms, loop.in_flight, options_.idle_hint));
+      CancelInFlight(result, loop.start, t - loop.last_activity_ms);
       return idle;
     }
-    if (options_.on_progress && t - last_progress_ms >= options_.progress_interval_ms) {
-      progress.elapsed_ms = t;
-      options_.on_progress(progress);
-      last_progress_ms = t;
+    if (options_.on_progress && t - loop.last_progress_ms >= options_.progress_interval_ms) {
+      loop.progress.elapsed_ms = t;
+      options_.on_progress(loop.progress);
+      loop.last_progress_ms = t;
     }
   }
+  return Finish(result, loop);
+}
 
-  result.elapsed_ms = now();
+absl::Status ReplayDriver::SubmitDue(const Trace& trace, Scheduler& scheduler, DriverResult& result, Loop& loop) {
+  for (size_t i : scheduler.Due(Now(loop), loop.in_flight)) {
+    const TraceRequest& tr = trace.requests[i];
+    SubmitRequest submit;
+    submit.request = result.requests[i].request;
+    submit.prompt = PromptRef{tr.index, tr.input_tokens, trace.block_tokens, tr.hash_ids};
+    submit.max_new_tokens = tr.output_tokens;
+    submit.sampling.seed = static_cast<uint64_t>(tr.index);
+    const double t = Now(loop);
+    if (absl::Status s = client_->Submit(submit); !s.ok()) return s;
+    result.requests[i].submit_ms = t;
+    loop.last_activity_ms = t;
+    ++loop.in_flight;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayDriver::Record(const Trace& trace, const TokenEvent& ev, double t, DriverResult& result,
+                                  Loop& loop) {
+  auto it = loop.by_id.find(ev.request);
+  if (it == loop.by_id.end()) return absl::InternalError(absl::StrCat("event for unknown request ", ev.request));
+  RequestTiming& r = result.requests[it->second];
+  if (r.submit_ms < 0) {
+    return absl::InternalError(absl::StrCat("event for request ", ev.request, " before it was submitted"));
+  }
+  if (r.end_ms >= 0) return absl::InternalError(absl::StrCat("event for request ", ev.request, " after it ended"));
+  if (!ev.tokens.empty()) RecordTokens(ev, t, trace.requests[it->second].input_tokens, r, loop);
+  r.allocation_wait_ms = std::max(r.allocation_wait_ms, ev.allocation_wait_ms);
+  if (!ev.error.empty() || ev.finished) RecordEnd(ev, t, r, loop);
+  return absl::OkStatus();
+}
+
+void ReplayDriver::RecordTokens(const TokenEvent& ev, double t, int64_t input_tokens, RequestTiming& r, Loop& loop) {
+  if (r.first_token_ms < 0) {
+    r.first_token_ms = t;
+    r.decode_ms = 0;
+    ++loop.streaming;
+  } else {  // the node's gap when it gives one, else the polls' (issue 22)
+    r.decode_ms += ev.token_interval_ms >= 0 ? ev.token_interval_ms : t - r.last_token_ms;
+  }
+  r.last_token_ms = t;
+  r.tokens += static_cast<int64_t>(ev.tokens.size());
+  r.output.insert(r.output.end(), ev.tokens.begin(), ev.tokens.end());
+  r.logits_digests.insert(r.logits_digests.end(), ev.logits_digests.begin(), ev.logits_digests.end());
+  loop.progress.output_tokens += static_cast<int64_t>(ev.tokens.size());
+  if (options_.on_rows) options_.on_rows(ev.request, input_tokens + r.tokens - 1);
+}
+
+void ReplayDriver::RecordEnd(const TokenEvent& ev, double t, RequestTiming& r, Loop& loop) {
+  r.error = ev.error;
+  r.finished = ev.error.empty();
+  r.end_ms = t;
+  r.end_reason = ev.end_reason != EndReason::kNone ? ev.end_reason
+                 : r.finished                     ? EndReason::kFinished
+                                                  : EndReason::kFailed;
+  if (r.end_reason == EndReason::kCancelled && r.cancel_sent_ms >= 0) {  // our timeout's cancel
+    r.end_reason = EndReason::kTimeout;
+    r.error = absl::StrCat("timeout: ", r.error, " (the worker released it)");
+  }
+  if (r.first_token_ms >= 0) --loop.streaming;
+  --loop.in_flight;
+  ++loop.progress.ended;
+  if (r.finished) ++loop.progress.served;
+}
+
+absl::Status ReplayDriver::CancelTimedOut(DriverResult& result, double t) {
+  for (RequestTiming& r : result.requests) {
+    if (r.submit_ms < 0 || r.end_ms >= 0 || r.cancel_sent_ms >= 0) continue;
+    if (t - r.submit_ms < options_.request_timeout_ms) continue;
+    r.cancel_sent_ms = t;
+    if (absl::Status s = client_->Cancel(
+            r.request, absl::StrFormat("timeout after %.0f ms (dhs-replay --request-timeout-ms)",
+                                       options_.request_timeout_ms));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayDriver::Finish(DriverResult& result, Loop& loop) {
+  result.elapsed_ms = Now(loop);
   if (options_.on_progress) {  // the final line, so the count on screen ends at total
-    progress.elapsed_ms = result.elapsed_ms;
-    options_.on_progress(progress);
+    loop.progress.elapsed_ms = result.elapsed_ms;
+    options_.on_progress(loop.progress);
   }
   auto stats = client_->Stats();
   if (!stats.ok()) return stats.status();

@@ -118,7 +118,19 @@ class ReplayDriver {
   const DriverResult& partial() const { return partial_; }
 
  private:
+  struct Loop;  // RunInto's state between its phases (driver.cc)
   absl::Status RunInto(const Trace& trace, Scheduler& scheduler, DriverResult& result);
+  double Now(const Loop& loop) const;  // ms since the run began
+  // RunInto's phases. Submits the requests the scheduler says are due (a client error is returned as is).
+  absl::Status SubmitDue(const Trace& trace, Scheduler& scheduler, DriverResult& result, Loop& loop);
+  // Records one event stamped `t` (its tokens, then its end); Internal for an unknown, unsubmitted or ended request.
+  absl::Status Record(const Trace& trace, const TokenEvent& ev, double t, DriverResult& result, Loop& loop);
+  void RecordTokens(const TokenEvent& ev, double t, int64_t input_tokens, RequestTiming& r, Loop& loop);
+  void RecordEnd(const TokenEvent& ev, double t, RequestTiming& r, Loop& loop);
+  // Issue 22: cancels (once) each request not ended request_timeout_ms after its submit.
+  absl::Status CancelTimedOut(DriverResult& result, double t);
+  // The final progress line and the node's stats.
+  absl::Status Finish(DriverResult& result, Loop& loop);
   // The idle timeout (issue 22): cancels every request in flight and records the ends the node confirms within
   // cancel_wait_ms (end reason kTimeout).
   void CancelInFlight(DriverResult& result, double start, double idle_ms);

@@ -207,105 +207,137 @@ FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) 
   return f;
 }
 
+// Rows computed per client request, from the driver's thread to the supervision thread's host ledger (issue 28).
+struct RowsBoard {
+  std::mutex mu;
+  std::map<RequestId, int64_t> by_client;
+};
+
+// One run of RunOnce: the client's and the driver's options, and the node this tool started for it (none with
+// --connect). Its phases: the target (UseWorker: the worker --connect names, or StartOwnNode), then Drive.
+class ReplayRun {
+ public:
+  ReplayRun(const ReplayOptions& options, const Trace& trace, std::string_view mode,
+            const std::optional<FaultSetup>& faults, const std::string& log_tag)
+      : options_(options), trace_(trace), mode_(mode), faults_(faults), log_tag_(log_tag) {
+    client_options_.prepared_prefix = options.prepared_prefix;
+    client_options_.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
+    if (faults && options.reattach_timeout_ms == 0) client_options_.reattach_timeout = kFaultReattachTimeout;
+    driver_options_.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);
+    driver_options_.on_rows = [rows = rows_](RequestId request, int64_t n) {
+      std::lock_guard<std::mutex> l(rows->mu);
+      rows->by_client[request] = n;
+    };
+    driver_options_.request_timeout_ms = static_cast<double>(options.request_timeout_ms);
+  }
+
+  // --connect: the running worker (a tcp:// one with its CURVE key; memd's socket beside an ipc:// one's).
+  absl::Status UseWorker() {
+    client_options_.worker_endpoint = options_.connect;
+    if (!options_.curve_server_key.empty()) {  // issue 22: a tcp:// worker (CURVE)
+      absl::StatusOr<std::string> key = ReadCurvePublicKey(options_.curve_server_key);
+      if (!key.ok()) return absl::Status(key.status().code(), absl::StrCat("--curve-server-key: ", key.status().message()));
+      client_options_.curve_server_key = *key;
+    }
+    if (absl::StartsWith(options_.connect, "ipc://")) {  // memd's socket sits beside the worker's
+      const std::string path = options_.connect.substr(6);
+      client_options_.memd_endpoint = "ipc://" + path.substr(0, path.rfind('/') + 1) + "memd.sock";
+    }
+    driver_options_.idle_hint = absl::StrCat("; check the worker at ", options_.connect, " and its log");
+    return absl::OkStatus();
+  }
+
+  // Starts this run's node with the HBM budget `budget_override`, else --hbm-budget-bytes, else the default.
+  absl::Status StartOwnNode(std::optional<uint64_t> budget_override) {
+    const uint64_t budget = budget_override            ? *budget_override
+                            : options_.hbm_budget_bytes ? static_cast<uint64_t>(*options_.hbm_budget_bytes)
+                                                        : DefaultHbmBudget(trace_, options_);
+    used_budget_ = budget;
+    auto started = StartNode(options_, trace_, mode_, budget, faults_, log_tag_, [rows = rows_](RequestId client) {
+      std::lock_guard<std::mutex> l(rows->mu);
+      auto it = rows->by_client.find(client);
+      return it == rows->by_client.end() ? int64_t{0} : it->second;
+    });
+    if (!started.ok()) return started.status();
+    node_.emplace(std::move(*started));
+    supervised_ = dynamic_cast<SupervisedNode*>(node_->get());
+    client_options_.worker_endpoint = (*node_)->worker_endpoint();
+    client_options_.memd_endpoint = (*node_)->memd_endpoint();
+    driver_options_.idle_hint =
+        absl::StrCat("; see ", NodeLogPath((*node_)->run_dir(), "workerd", log_tag_), " and ",
+                     NodeLogPath((*node_)->run_dir(), "memd", log_tag_), " (the run directory is kept)");
+    return absl::OkStatus();
+  }
+
+  // Connects to the target, replays the trace (at `concurrency`) and collects the outcome.
+  absl::StatusOr<RunOutcome> Drive(std::optional<int64_t> concurrency) {
+    if (supervised_) {  // no kill once every request ended (the closing stats query must find a worker)
+      driver_options_.on_progress = [supervised = supervised_](const Progress& p) {
+        PrintProgressToStderr(p);
+        if (p.ended == p.total) supervised->StopFaults();
+      };
+    }
+    auto client = ZmqNodeClient::Connect(client_options_);
+    if (!client.ok()) return Fail(client.status());
+    auto scheduler = MakeScheduler(options_, trace_, concurrency);
+    if (!scheduler.ok()) return scheduler.status();
+    SteadyClock clock;
+    ReplayDriver driver(client->get(), &clock, driver_options_);
+    std::cerr << "dhs-replay: " << trace_.requests.size() << " requests, mode " << mode_
+              << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
+    auto result = driver.Run(trace_, *scheduler);
+    const std::string prefill = options_.prepared_prefix ? "prepared-prefix" : "prefill";
+    const FaultFigures figures = faults_ && supervised_ ? CollectFaults(supervised_->stats(), **client) : FaultFigures{};
+    if (!result.ok()) {
+      const absl::Status s = Fail(result.status());
+      const DriverResult& partial = driver.partial();
+      // Issue 22: a run that ended part-way keeps what it recorded (each request's end reason) even when none was
+      // served; only a run that recorded nothing is just the error.
+      const bool any_ended = std::any_of(partial.requests.begin(), partial.requests.end(),
+                                         [](const RequestTiming& t) { return t.end_ms >= 0; });
+      if (!any_ended) return s;
+      DriverResult kept = partial;
+      if (supervised_) AddWorkerCounters(kept.stats, supervised_->stats().dead_worker_counters);
+      return RunOutcome{std::move(kept), false, std::string(s.message()), prefill, used_budget_, figures};
+    }
+    // The workers that died counted from 0 each; their counts join the last worker's (WorkerStatsReply).
+    if (supervised_) AddWorkerCounters(result->stats, supervised_->stats().dead_worker_counters);
+    RunOutcome outcome{std::move(*result), true, "", prefill, used_budget_, figures};
+    if (faults_ && supervised_) outcome.crash = supervised_->stats().last_crash;
+    return outcome;
+  }
+
+ private:
+  // After a failure the logs of the node are kept for reading.
+  absl::Status Fail(absl::Status s) {
+    if (!node_) return s;
+    node_->KeepRunDir();
+    return absl::Status(s.code(), absl::StrCat(s.message(), "\n(run directory kept: ", (*node_)->run_dir(), ")"));
+  }
+
+  const ReplayOptions& options_;
+  const Trace& trace_;
+  std::string_view mode_;
+  const std::optional<FaultSetup>& faults_;
+  const std::string& log_tag_;
+  ZmqNodeClientOptions client_options_;
+  DriverOptions driver_options_;
+  std::optional<RegisteredNode> node_;        // the node this tool started (none with --connect)
+  std::optional<uint64_t> used_budget_;       // its HBM budget, bytes
+  SupervisedNode* supervised_ = nullptr;      // node_ when it is supervised
+  std::shared_ptr<RowsBoard> rows_ = std::make_shared<RowsBoard>();
+};
+
 // `log_tag`: the node's logs are <run dir>/memd[.TAG].log and workerd[.TAG].log (NodeLogPath): --check-exact's
 // reference run is tagged "reference", so a given --run-dir keeps the logs of both runs.
 absl::StatusOr<RunOutcome> RunOnce(const ReplayOptions& options, const Trace& trace, std::string_view mode,
                                    std::optional<int64_t> concurrency, std::optional<uint64_t> budget_override = {},
                                    const std::optional<FaultSetup>& faults = std::nullopt,
                                    const std::string& log_tag = "") {
-  ZmqNodeClientOptions client_options;
-  client_options.prepared_prefix = options.prepared_prefix;
-  client_options.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
-  if (faults && options.reattach_timeout_ms == 0) client_options.reattach_timeout = kFaultReattachTimeout;
-  std::optional<RegisteredNode> node;
-  std::optional<uint64_t> used_budget;
-  DriverOptions driver_options;
-  driver_options.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);
-  SupervisedNode* supervised = nullptr;
-  // Rows computed per client request, from the driver's thread to the supervision thread's host ledger (issue 28).
-  struct RowsBoard {
-    std::mutex mu;
-    std::map<RequestId, int64_t> by_client;
-  };
-  auto rows = std::make_shared<RowsBoard>();
-  driver_options.on_rows = [rows](RequestId request, int64_t n) {
-    std::lock_guard<std::mutex> l(rows->mu);
-    rows->by_client[request] = n;
-  };
-  driver_options.request_timeout_ms = static_cast<double>(options.request_timeout_ms);
-  if (!options.connect.empty()) {
-    client_options.worker_endpoint = options.connect;
-    if (!options.curve_server_key.empty()) {  // issue 22: a tcp:// worker (CURVE)
-      absl::StatusOr<std::string> key = ReadCurvePublicKey(options.curve_server_key);
-      if (!key.ok()) return absl::Status(key.status().code(), absl::StrCat("--curve-server-key: ", key.status().message()));
-      client_options.curve_server_key = *key;
-    }
-    if (absl::StartsWith(options.connect, "ipc://")) {  // memd's socket sits beside the worker's
-      const std::string path = options.connect.substr(6);
-      client_options.memd_endpoint = "ipc://" + path.substr(0, path.rfind('/') + 1) + "memd.sock";
-    }
-    driver_options.idle_hint = absl::StrCat("; check the worker at ", options.connect, " and its log");
-  } else {
-    const uint64_t budget = budget_override            ? *budget_override
-                            : options.hbm_budget_bytes ? static_cast<uint64_t>(*options.hbm_budget_bytes)
-                                                       : DefaultHbmBudget(trace, options);
-    used_budget = budget;
-    auto started = StartNode(options, trace, mode, budget, faults, log_tag, [rows](RequestId client) {
-      std::lock_guard<std::mutex> l(rows->mu);
-      auto it = rows->by_client.find(client);
-      return it == rows->by_client.end() ? int64_t{0} : it->second;
-    });
-    if (!started.ok()) return started.status();
-    node.emplace(std::move(*started));
-    supervised = dynamic_cast<SupervisedNode*>(node->get());
-    client_options.worker_endpoint = (*node)->worker_endpoint();
-    client_options.memd_endpoint = (*node)->memd_endpoint();
-    driver_options.idle_hint =
-        absl::StrCat("; see ", NodeLogPath((*node)->run_dir(), "workerd", log_tag), " and ",
-                     NodeLogPath((*node)->run_dir(), "memd", log_tag), " (the run directory is kept)");
-  }
-  if (supervised) {  // no kill once every request ended (the closing stats query must find a worker)
-    driver_options.on_progress = [supervised](const Progress& p) {
-      PrintProgressToStderr(p);
-      if (p.ended == p.total) supervised->StopFaults();
-    };
-  }
-  // After a failure the logs of the node are kept for reading.
-  auto fail = [&](absl::Status s) {
-    if (node) {
-      node->KeepRunDir();
-      return absl::Status(s.code(), absl::StrCat(s.message(), "\n(run directory kept: ", (*node)->run_dir(), ")"));
-    }
-    return s;
-  };
-  auto client = ZmqNodeClient::Connect(client_options);
-  if (!client.ok()) return fail(client.status());
-  auto scheduler = MakeScheduler(options, trace, concurrency);
-  if (!scheduler.ok()) return scheduler.status();
-  SteadyClock clock;
-  ReplayDriver driver(client->get(), &clock, driver_options);
-  std::cerr << "dhs-replay: " << trace.requests.size() << " requests, mode " << mode
-            << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
-  auto result = driver.Run(trace, *scheduler);
-  const std::string prefill = options.prepared_prefix ? "prepared-prefix" : "prefill";
-  const FaultFigures figures = faults && supervised ? CollectFaults(supervised->stats(), **client) : FaultFigures{};
-  if (!result.ok()) {
-    const absl::Status s = fail(result.status());
-    const DriverResult& partial = driver.partial();
-    // Issue 22: a run that ended part-way keeps what it recorded (each request's end reason) even when none was
-    // served; only a run that recorded nothing is just the error.
-    const bool any_ended = std::any_of(partial.requests.begin(), partial.requests.end(),
-                                       [](const RequestTiming& t) { return t.end_ms >= 0; });
-    if (!any_ended) return s;
-    DriverResult kept = partial;
-    if (supervised) AddWorkerCounters(kept.stats, supervised->stats().dead_worker_counters);
-    return RunOutcome{std::move(kept), false, std::string(s.message()), prefill, used_budget, figures};
-  }
-  // The workers that died counted from 0 each; their counts join the last worker's (WorkerStatsReply).
-  if (supervised) AddWorkerCounters(result->stats, supervised->stats().dead_worker_counters);
-  RunOutcome outcome{std::move(*result), true, "", prefill, used_budget, figures};
-  if (faults && supervised) outcome.crash = supervised->stats().last_crash;
-  return outcome;
+  ReplayRun run(options, trace, mode, faults, log_tag);
+  const absl::Status target = options.connect.empty() ? run.StartOwnNode(budget_override) : run.UseWorker();
+  if (!target.ok()) return target;
+  return run.Drive(concurrency);
 }
 
 // Prints why each unserved request ended (stderr; its end reason, issue 22) and returns whether all were served.
@@ -365,6 +397,115 @@ absl::StatusOr<std::optional<FaultSetup>> MakeFaultSetup(const ReplayOptions& op
   return std::optional<FaultSetup>(setup);
 }
 
+// The report of one run: its settings (with the HBM budget of the node this tool started), figures and faults;
+// `exact`: the --check-exact verdict.
+ReplayReport ReportOf(const ReplayOptions& options, const Trace& trace, const RunOutcome& run,
+                      std::optional<int64_t> concurrency, std::optional<bool> exact) {
+  RunSettings settings = MakeRunSettings(options, trace, run.prefill, concurrency);
+  if (run.hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run.hbm_budget_bytes);
+  ReplayReport report = BuildReport(run.result, settings, exact);
+  report.faults = run.faults;
+  return report;
+}
+
+// A run that failed part-way: reports what finished (complete: false; --json / --csv with the points before it).
+// The command then stops: exit code 1.
+int ReportPartialRun(const ReplayOptions& options, const Trace& trace, std::string_view mode, const RunOutcome& run,
+                     std::optional<int64_t> concurrency, std::vector<SweepPoint>& sweep) {
+  std::cerr << "\ndhs-replay: run failed: " << run.error << "\n";
+  AllServed(run.result, mode);  // each request's reason (issue 22)
+  ReplayReport report = ReportOf(options, trace, run, concurrency, std::nullopt);
+  report.complete = false;
+  std::cout << FormatSummary(report) << std::flush;
+  sweep.push_back(SweepPoint{concurrency.value_or(0), std::move(report)});
+  if (!WriteOutputs(options, sweep).ok()) std::cerr << "dhs-replay: the partial report was not written\n";
+  return 1;
+}
+
+// --check-exact: runs the resident reference of the same point and compares `run` with it (brief §7). Whether they
+// match (the difference printed when not); an error when the reference run failed.
+absl::StatusOr<bool> CheckExact(const ReplayOptions& options, const Trace& trace, std::string_view mode,
+                                const RunOutcome& run, std::optional<int64_t> concurrency) {
+  ReplayOptions plain = options;  // the reference decodes without speculation (brief §7: same bits)
+  plain.speculation = spec::SpeculationConfig{};
+  // Its own logs (memd.reference.log, workerd.reference.log): the run's logs in a given --run-dir stay intact.
+  auto reference = RunOnce(plain, trace, "resident", concurrency, ReferenceHbmBudget(trace, options), std::nullopt,
+                           "reference");
+  if (!reference.ok()) return reference.status();
+  if (!reference->complete) return absl::InternalError(reference->error);
+  AllServed(reference->result, "resident reference");
+  const ExactnessVerdict verdict = CompareOutputs(run.result, reference->result);
+  if (!verdict.match) std::cerr << "dhs-replay: not exact (" << mode << " vs resident): " << verdict.reason << "\n";
+  return verdict.match;
+}
+
+// Issue 28: a restart must not hide a crash (a read hazard aborts), and missing host-copy confirmations make a run
+// not clean. Whether the run is clean (why not printed).
+bool FaultsClean(const RunOutcome& run) {
+  bool clean = true;
+  if (run.faults.worker_crashes > 0) {
+    std::cerr << "dhs-replay: the worker crashed " << run.faults.worker_crashes
+              << " time(s), not by a fault the tool injected; the latest: " << run.crash << "\n";
+    clean = false;
+  }
+  if (run.faults.host_pages_unconfirmed > 0) {
+    std::cerr << "dhs-replay: host copies not confirmed: " << run.faults.host_pages_unconfirmed
+              << " history pages should have held a confirmed host copy by the steps taken (below the worker's "
+                 "tail window, not on GPU) and memd never listed one (host_pages_unconfirmed)\n";
+    clean = false;
+  }
+  return clean;
+}
+
+// One point of the sweep (or the one run): runs it, prints its summary and adds its report to `sweep`; `ok` turns
+// false when a request was not served, the outputs differ or the run is not clean. An exit code when the command
+// stops here (the run failed), else nullopt.
+std::optional<int> RunPoint(const ReplayOptions& options, const Trace& trace, std::string_view mode,
+                            const std::optional<FaultSetup>& faults, std::optional<int64_t> c,
+                            std::vector<SweepPoint>& sweep, bool& ok) {
+  auto run = RunOnce(options, trace, mode, c, std::nullopt, faults);
+  if (!run.ok()) {
+    std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
+    return 1;
+  }
+  if (!options.outputs_out.empty()) {  // --outputs: this run's tokens, also of a run that failed part-way
+    if (absl::Status s = WriteRequestOutputs(run->result, options.outputs_out); !s.ok()) {
+      std::cerr << "dhs-replay: --outputs: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  if (!run->complete) return ReportPartialRun(options, trace, mode, *run, c, sweep);
+  std::optional<bool> exact;
+  if (options.check_exact) {
+    absl::StatusOr<bool> match = CheckExact(options, trace, mode, *run, c);
+    if (!match.ok()) {
+      std::cerr << "dhs-replay: resident reference run failed: " << match.status().message() << "\n";
+      return 1;
+    }
+    exact = *match;
+    ok = ok && *exact;
+  }
+  ok = AllServed(run->result, mode) && ok;
+  ok = FaultsClean(*run) && ok;
+  ReplayReport report = ReportOf(options, trace, *run, c, exact);
+  std::cout << FormatSummary(report) << std::flush;
+  sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
+  return std::nullopt;
+}
+
+// --plot: the sweep's CSV, then its plot. Whether both were written (the error printed when not).
+bool WritePlot(const ReplayOptions& options, const std::vector<SweepPoint>& sweep) {
+  const std::string csv = SweepCsvPath(options);
+  absl::Status s = WriteSweepCsv(sweep, csv);
+  if (s.ok()) s = RunPlotSweep(csv, options.plot_out);
+  if (!s.ok()) {
+    std::cerr << "dhs-replay: plot: " << s.message() << "\n";
+    return false;
+  }
+  std::cout << "plot written to " << options.plot_out << "\n";
+  return true;
+}
+
 int Main(int argc, char** argv) {
   CommandLine cl = ParseReplayCommandLine(argc, argv);
   if (cl.exit_code) {
@@ -393,75 +534,10 @@ int Main(int argc, char** argv) {
   std::vector<SweepPoint> sweep;
   bool ok = true;
   for (const std::optional<int64_t>& c : points) {
-    auto run = RunOnce(options, *trace, mode, c, std::nullopt, *faults);
-    if (!run.ok()) {
-      std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
-      return 1;
-    }
-    if (!options.outputs_out.empty()) {  // --outputs: this run's tokens, also of a run that failed part-way
-      if (absl::Status s = WriteRequestOutputs(run->result, options.outputs_out); !s.ok()) {
-        std::cerr << "dhs-replay: --outputs: " << s.message() << "\n";
-        return 1;
-      }
-    }
-    if (!run->complete) {  // failed part-way: report what finished (complete: false) and stop
-      std::cerr << "\ndhs-replay: run failed: " << run->error << "\n";
-      RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);
-      if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
-      AllServed(run->result, mode);  // each request's reason (issue 22)
-      ReplayReport report = BuildReport(run->result, settings, std::nullopt);
-      report.complete = false;
-      report.faults = run->faults;
-      std::cout << FormatSummary(report) << std::flush;
-      sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
-      if (!WriteOutputs(options, sweep).ok()) std::cerr << "dhs-replay: the partial report was not written\n";
-      return 1;
-    }
-    std::optional<bool> exact;
-    if (options.check_exact) {
-      ReplayOptions plain = options;  // the reference decodes without speculation (brief §7: same bits)
-      plain.speculation = spec::SpeculationConfig{};
-      // Its own logs (memd.reference.log, workerd.reference.log): the run's logs in a given --run-dir stay intact.
-      auto reference = RunOnce(plain, *trace, "resident", c, ReferenceHbmBudget(*trace, options), std::nullopt,
-                               "reference");
-      if (!reference.ok() || !reference->complete) {
-        std::cerr << "dhs-replay: resident reference run failed: "
-                  << (reference.ok() ? reference->error : std::string(reference.status().message())) << "\n";
-        return 1;
-      }
-      AllServed(reference->result, "resident reference");
-      const ExactnessVerdict verdict = CompareOutputs(run->result, reference->result);
-      if (!verdict.match) std::cerr << "dhs-replay: not exact (" << mode << " vs resident): " << verdict.reason << "\n";
-      exact = verdict.match;
-      ok = ok && *exact;
-    }
-    ok = AllServed(run->result, mode) && ok;
-    if (run->faults.worker_crashes > 0) {  // issue 28: a restart must not hide a crash (a read hazard aborts)
-      std::cerr << "dhs-replay: the worker crashed " << run->faults.worker_crashes
-                << " time(s), not by a fault the tool injected; the latest: " << run->crash << "\n";
-      ok = false;
-    }
-    if (run->faults.host_pages_unconfirmed > 0) {  // issue 28: missing confirmations make a run not clean
-      std::cerr << "dhs-replay: host copies not confirmed: " << run->faults.host_pages_unconfirmed
-                << " history pages should have held a confirmed host copy by the steps taken (below the worker's "
-                   "tail window, not on GPU) and memd never listed one (host_pages_unconfirmed)\n";
-      ok = false;
-    }
-    RunSettings settings = MakeRunSettings(options, *trace, run->prefill, c);
-    if (run->hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run->hbm_budget_bytes);
-    ReplayReport report = BuildReport(run->result, settings, exact);
-    report.faults = run->faults;
-    std::cout << FormatSummary(report) << std::flush;
-    sweep.push_back(SweepPoint{c.value_or(0), std::move(report)});
+    if (std::optional<int> code = RunPoint(options, *trace, mode, *faults, c, sweep, ok)) return *code;
   }
   if (!WriteOutputs(options, sweep).ok()) return 1;
-  if (!options.plot_out.empty()) {
-    const std::string csv = SweepCsvPath(options);
-    absl::Status s = WriteSweepCsv(sweep, csv);
-    if (s.ok()) s = RunPlotSweep(csv, options.plot_out);
-    if (!s.ok()) { std::cerr << "dhs-replay: plot: " << s.message() << "\n"; return 1; }
-    std::cout << "plot written to " << options.plot_out << "\n";
-  }
+  if (!options.plot_out.empty() && !WritePlot(options, sweep)) return 1;
   return ok ? 0 : 1;
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "common/protocol.h"
 #include "common/transport.h"
 #include "dhs_generated.h"
 #include "nlohmann/json.hpp"
@@ -51,6 +52,10 @@ struct ZmqNodeClientOptions {
 // The worker counters of one WorkerStatsReply as NodeStats fields (census, reclaims, pages, prefix blocks, speculation).
 NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats);
 
+// The end reason of a TokenChunk that carries an error, told by the chunk's code (TokenChunk.end_reason), never by
+// its text: CANCELLED kCancelled, WORKER_STOPPING kWorkerStopping, WORKER_EPOCH_ENDED kWorkerGone, any other kFailed.
+EndReason ErrorEndReason(wire::EndReason code);
+
 class ZmqNodeClient final : public NodeClient {
  public:
   // Connects and reads the worker's counters as the baseline. Errors: those of DealerClient::Connect;
@@ -84,7 +89,14 @@ class ZmqNodeClient final : public NodeClient {
   explicit ZmqNodeClient(ZmqNodeClientOptions options) : options_(std::move(options)) {}
   absl::Status SampleMemd();  // updates the peaks from memd's requests and gpus views
   absl::StatusOr<nlohmann::json> Introspect(wire::IntrospectWhat what, std::chrono::milliseconds timeout);
+  // One message of the worker: a TokenChunk or an ErrorReply becomes at most one event in `out`. Internal for an
+  // unreadable or unexpected message.
   absl::Status Handle(std::string_view bytes, std::vector<TokenEvent>& out);
+  absl::Status HandleTokenChunk(const Message& message, std::vector<TokenEvent>& out);
+  // The worker refused a Submit (kRejected), an Attach (NOT_FOUND: submitted again when nothing of it arrived) or a
+  // Cancel (ignored: the request ended first).
+  absl::Status HandleErrorReply(const Message& message, std::vector<TokenEvent>& out);
+  void Forget(RequestId request);  // an ended request: no longer re-attached, resubmitted or stamped
   struct WorkerView {  // one WorkerStatsReply: the counters as NodeStats fields, plus the pool geometry
     NodeStats counters;
     GpuId gpu = 0;
