@@ -181,7 +181,7 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
   if (!reused && !adopted.empty()) {
     spdlog::warn("memd: the host pool was not adopted; {} requests with a record come back interrupted with no host "
                  "page kept (their workers recompute them)", adopted.size());
-    core_->ReleaseHeldPages().IgnoreError();  // a new pool: no worker of a dead memd writes into it
+    DHS_CHECK_OK(core_->ReleaseHeldPages());  // a new pool: no worker of a dead memd writes into it; never fails
   }
   std::erase_if(records, [&](const auto& e) { return !core_->GpuOfRequest(e.first).has_value(); });
   record_journal_.RemoveAllBut(records);

@@ -9,6 +9,7 @@
 #include "common/curve_keys.h"
 #include "common/log_limiter.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/prompt_tokens.h"
 #include "common/protocol.h"
 #include "common/status.h"
@@ -163,7 +164,7 @@ absl::Status ServingFrontend::Serve(std::chrono::milliseconds timeout) {
 void ServingFrontend::Handle(const Incoming& in) {
   absl::StatusOr<Message> msg = DecodeEnvelope(in.bytes);
   if (!msg.ok()) {
-    Send(in.peer, EncodeError(msg.status(), PeekSequence(in.bytes), sender_), ReplyKind::kReply).IgnoreError();
+    SendReply(in.peer, EncodeError(msg.status(), PeekSequence(in.bytes), sender_));
     return;
   }
   absl::Status status;
@@ -195,7 +196,7 @@ void ServingFrontend::Handle(const Incoming& in) {
       if (absl::StatusOr<wire::WorkerStatsQueryT> q = ReadWorkerStatsQuery(*msg); q.ok() && q->timeline) {
         reply.timeline_json = worker_->TimelineJson(q->timeline_client_request);
       }
-      Send(in.peer, EncodeWorkerStatsReply(reply, msg->sequence, sender_), ReplyKind::kReply).IgnoreError();
+      SendReply(in.peer, EncodeWorkerStatsReply(reply, msg->sequence, sender_));
       return;
     }
   } else {
@@ -203,7 +204,7 @@ void ServingFrontend::Handle(const Incoming& in) {
   }
   if (!status.ok()) {
     DHS_LOG_LIMITED(spdlog::level::info, "workerd: {} from a client refused: {}", BodyName(msg->type), status.ToString());
-    Send(in.peer, EncodeError(status, msg->sequence, sender_), ReplyKind::kReply).IgnoreError();
+    SendReply(in.peer, EncodeError(status, msg->sequence, sender_));
   }
 }
 
@@ -249,6 +250,15 @@ absl::Status ServingFrontend::Send(const std::string& peer, std::string bytes, R
   return absl::OkStatus();
 }
 
+void ServingFrontend::SendReply(const std::string& peer, std::string bytes) {
+  const absl::Status s = Send(peer, std::move(bytes), ReplyKind::kReply);
+  // Refused (RESOURCE_EXHAUSTED): the client does not read and its buffer is full. No error of the worker: Send
+  // logged it and the outbox counted it (replies_dropped, reported as client_replies_dropped); the client loses only
+  // this answer. Send fails in no other way.
+  if (absl::IsResourceExhausted(s)) return;
+  DHS_CHECK_OK(s);
+}
+
 void ServingFrontend::FlushPeer(const std::string& peer) {
   while (const std::string* bytes = outbox_.Front(peer)) {
     if (peer.empty()) {  // never a peer of Serve's
@@ -276,7 +286,8 @@ void ServingFrontend::Flush() {
 }
 
 void ServingFrontend::Accepted(const ClientRef& client, const wire::SubmitAcceptedT& accepted) {
-  Send(client.peer, EncodeSubmitAccepted(accepted, client.sequence, sender_), ReplyKind::kEnd).IgnoreError();
+  // A kEnd reply is always queued (ClientOutbox::Push): cannot fail.
+  DHS_CHECK_OK(Send(client.peer, EncodeSubmitAccepted(accepted, client.sequence, sender_), ReplyKind::kEnd));
 }
 
 absl::Status ServingFrontend::Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) {

@@ -151,6 +151,8 @@ class ServingFrontend final : public ClientSink {
   absl::Status HandleSubmit(const Message& msg, const std::string& peer);
   // Queues `bytes` for `peer` (ClientOutbox::Push) and sends what the socket takes. RESOURCE_EXHAUSTED when refused.
   absl::Status Send(const std::string& peer, std::string bytes, ReplyKind kind);
+  // Send of a kReply (an ErrorReply or a WorkerStatsReply): a refusal drops it (logged and counted by Send).
+  void SendReply(const std::string& peer, std::string bytes);
   void FlushPeer(const std::string& peer);
 
   std::vector<std::unique_ptr<RouterServer>> routers_;  // [0] ipc://, [1] tcp:// with CURVE (--listen)

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/host_pool.h"
 #include "common/protocol.h"
 #include "common/spawn.h"
@@ -333,7 +334,7 @@ absl::StatusOr<std::unique_ptr<SupervisedNode>> SupervisedNode::Start(const Supe
   const std::string why = node->exited_ ? node->exit_message_ : "not ready in time";
   lock.unlock();
   node->keep_run_dir();
-  (void)node->Stop();
+  DHS_CHECK_OK(node->Stop());  // its only error is removing the run directory, which it now keeps: cannot fail
   return absl::UnavailableError(absl::StrCat("the node did not start: ", why, "; see ",
                                              NodeLogPath(node->run_dir_, "memd", launch.log_tag), " and ",
                                              NodeLogPath(node->run_dir_, "workerd", launch.log_tag),

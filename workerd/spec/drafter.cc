@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 #include "workerd/model/sampling.h"
 #include "workerd/spec/block_width.h"
 #include "workerd/spec/keyed_draw.h"
@@ -135,10 +136,10 @@ absl::Status DrafterProposer::Check(std::span<const DraftRequest> batch, std::sp
 void DrafterProposer::BookChunk(SlotIndex slot, Position first, Position last, Position anchor) {
   int64_t written = 0;
   for (Position t = std::max(first, ring_.frontier(slot)); t <= std::min(last, anchor - 1); ++t, ++written) {
-    (void)ring_.Write(slot);
+    DHS_CHECK_OK(ring_.Write(slot).status());
   }
-  if (written > 0) (void)ring_.Commit(slot, written);
-  if (last == anchor) (void)ring_.Write(slot);
+  if (written > 0) DHS_CHECK_OK(ring_.Commit(slot, written));
+  if (last == anchor) DHS_CHECK_OK(ring_.Write(slot).status());
 }
 
 // Catch-up blocks of at most K_max positions per request, all requests in one Forward per block. The rows a query at t
@@ -225,7 +226,7 @@ void DrafterProposer::Draft(std::vector<Work>& work) {
         continue;
       }
       const SlotIndex slot = static_cast<SlotIndex>(w.request->slot);
-      (void)ring_.Write(slot);  // anchor + fed proposals <= K_max - 1 pending: cannot fail
+      DHS_CHECK_OK(ring_.Write(slot).status());  // anchor + fed proposals <= K_max - 1 pending: cannot fail
       owner.push_back(i);
       queries.push_back({slot, w.request->key.frontier + static_cast<Position>(w.out->tokens.size()),
                          w.out->tokens.back(), w.feature});
@@ -247,7 +248,7 @@ absl::Status DrafterProposer::Propose(std::span<const DraftRequest> batch, std::
     const DraftRequest& r = batch[i];
     const SlotIndex slot = static_cast<SlotIndex>(r.slot);
     if (!ring_.open(slot)) {
-      (void)ring_.Open(slot, 0);
+      DHS_CHECK_OK(ring_.Open(slot, 0));  // a closed slot < N (Check): cannot fail
       slots_[slot] = SlotState{.request = r.key.request};
     }
     out[i] = DraftResult{};
@@ -290,7 +291,7 @@ absl::Status DrafterProposer::Commit(int slot, int64_t accepted) {
 void DrafterProposer::Release(int slot) {
   if (slot < 0 || slot >= static_cast<int>(slots_.size())) return;
   const SlotIndex s = static_cast<SlotIndex>(slot);
-  if (ring_.open(s)) (void)ring_.Close(s);
+  if (ring_.open(s)) DHS_CHECK_OK(ring_.Close(s));  // an open slot: cannot fail
   slots_[s] = SlotState{};
 }
 

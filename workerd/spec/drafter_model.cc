@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "nlohmann/json.hpp"
 #include "workerd/model/kernels.h"
 
@@ -173,8 +174,7 @@ absl::StatusOr<std::unique_ptr<DrafterModel>> DrafterModel::Load(const std::stri
 model::SafetensorsWriter DrafterModel::ToSafetensors() const {
   model::SafetensorsWriter writer;
   for (auto& [spec, slot] : TensorSlots(config_, weights_.get())) {
-    absl::Status s = writer.AddF32(spec.name, spec.shape, *slot);  // shapes were checked at load: cannot fail
-    (void)s;
+    DHS_CHECK_OK(writer.AddF32(spec.name, spec.shape, *slot));  // shapes were checked at load: cannot fail
   }
   for (const auto& [key, value] : metadata_) writer.SetMetadata(key, value);  // format and config included
   return writer;
