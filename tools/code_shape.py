@@ -7,14 +7,18 @@ Prints, for the C++ sources under memd/, workerd/, common/ and tools/ (or the fo
     distinct member-function names declared in the class (prototypes and inline definitions; constructors,
     destructors and operators included, overloads counted once);
   - the fields of the structs named by --structs (default: dhs::Worker::Request);
-  - every function definition longer than --over lines (default 80), longest first, and how many are over 100.
+  - every function definition longer than --over lines (default 80), longest first, and how many are over 100:
+    C++ (and CUDA) functions by universal-ctags, Python functions of the same folders by the ast module.
 
-A function's length is ctags' `end - line + 1` (from its signature's first line to its closing brace).
+A function's length is `end - line + 1`: from its signature's first line to its closing brace (ctags' end), or to
+its last statement (Python's end_lineno).
 Usage: python3 tools/code_shape.py [--over 80] [folders...]
 Needs universal-ctags (Debian package universal-ctags, installed by tools/setup.sh).
 """
 import argparse
+import ast
 import collections
+import glob
 import json
 import os
 import subprocess
@@ -28,6 +32,18 @@ def tags(paths):
                           "--languages=C++", "--map-C++=+.cu", "--map-C++=+.cuh", *paths],
                          cwd=ROOT, check=True, capture_output=True, text=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def python_functions(folders):
+    """(lines, path, line, name) of every Python function under `folders`."""
+    found = []
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True)):
+            rel = os.path.relpath(path, ROOT)
+            for node in ast.walk(ast.parse(open(path).read(), rel)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found.append((node.end_lineno - node.lineno + 1, rel, node.lineno, node.name))
+    return found
 
 
 def main() -> int:
@@ -58,6 +74,7 @@ def main() -> int:
         print(f"fields {s}: {fields.get(s, 0)}")
     funcs = [(t["end"] - t["line"] + 1, t["path"], t["line"], (t.get("scope", "") + "::" + t["name"]).lstrip(":"))
              for t in all_tags if t["kind"] == "function" and "end" in t and not t["path"].startswith("tests/")]
+    funcs += python_functions(args.folders)
     funcs.sort(reverse=True)
     over = [f for f in funcs if f[0] > args.over]
     print(f"functions over {args.over} lines: {len(over)}; over 100: {sum(1 for f in funcs if f[0] > 100)}")

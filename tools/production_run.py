@@ -287,7 +287,7 @@ def rss(pid):
         return 0
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--budget", type=int, default=6_000_000_000, help="KV budget of the worker, bytes")
@@ -312,6 +312,123 @@ def main():
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
+    return a
+
+
+def run_reference(a, tmp, nodes, weights, page_bytes, host_pool, max_context):
+    """2. The resident reference run: ref.jsonl holds its outputs."""
+    ref_args = argparse.Namespace(**vars(a))
+    ref = Node(ref_args, tmp, "ref", "resident", weights, page_bytes, host_pool, max_context)
+    nodes.append(ref)
+    ref.wait_ready(1, 600)
+    t0 = time.monotonic()
+    r = replay(a, ref, os.path.join(tmp, "ref.jsonl"), os.path.join(tmp, "ref.json"), os.path.join(tmp, "ref.out"),
+               False)
+    if r.wait() != 0:
+        raise RuntimeError("the resident reference run failed:\n" + open(os.path.join(tmp, "ref.out")).read()[-3000:])
+    log(f"resident reference: {a.requests} requests in {time.monotonic() - t0:.0f} s")
+    ref.stop()
+
+
+def kill_order(a):
+    """The kills of the run, worker kills spread between the memd kills."""
+    kills = ["worker"] * a.worker_kills + ["memd"] * a.memd_kills
+    return [kills[i] for i in sorted(range(len(kills)), key=lambda i: (i % max(1, a.worker_kills), i))]
+
+
+def kill_and_recover(node, ledger, what):
+    """SIGKILL of the worker or memd of `node`; waits for its recovery and checks the host ledger (its lost
+    pages are summed in ledger.lost). Returns the seconds to recover."""
+    wait_until(lambda: node.child("workerd") and node.child("memd"), 600, "both children of dhs-node")
+    ledger.record()
+    pid = node.child("memd" if what == "memd" else "workerd")
+    readies = node.ready_count()
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    if what == "worker":
+        wait_until(node.gpu0_fenced, 60, "memd to fence GPU 0")
+        lost = ledger.check({"interrupted"})
+        node.wait_ready(readies + 1, 600)
+    else:
+        wait_until(lambda: node.child("memd") not in (None, pid) and node.gpu0_up(), 600, "a new memd with GPU 0 up")
+        lost = ledger.check({"admitted", "interrupted", "queued"})
+    took = time.monotonic() - killed
+    log(f"SIGKILL {what} (pid {pid}): recovered in {took:.2f} s; host pages lost {lost}")
+    return took
+
+
+def run_with_kills(a, node, run):
+    """3. The kills while the replay runs. Returns (recoveries, survived, ledger, worker RSS max in bytes)."""
+    ledger = HostLedger(node)
+    recoveries, survived, rss_max = [], {"worker": 0, "memd": 0}, 0
+    for what in kill_order(a):
+        deadline = time.monotonic() + a.kill_every_s
+        while time.monotonic() < deadline and run.poll() is None:
+            rss_max = max(rss_max, rss(node.child("workerd") or 0))
+            time.sleep(0.5)
+        if run.poll() is not None:
+            log(f"the replay ended before the {what} kill")
+            break
+        recoveries.append((what, kill_and_recover(node, ledger, what)))
+        survived[what] += 1
+    while run.poll() is None:
+        rss_max = max(rss_max, rss(node.child("workerd") or 0))
+        time.sleep(0.5)
+    return recoveries, survived, ledger, rss_max
+
+
+def print_table(a, f):
+    """The figures of the run as a Markdown table; `f` holds them (see run_under_test)."""
+    contexts = f["contexts"]
+    print()
+    print("| figure | value |")
+    print("|---|---|")
+    print(f"| shapes | {a.mode}, {a.preset} weights with k = {a.top_k}, B = {a.hot_rows}, tail {a.tail_rows}, "
+          f"p = {a.page_rows}, N = {a.slots}, budget {a.budget} B, host pool {f['host_pool']} B |")
+    print(f"| slice | {a.requests} Mooncake requests x{a.length_scale}: contexts {min(contexts)}..{max(contexts)} "
+          f"tokens, concurrency {a.concurrency} |")
+    print(f"| start-up | node ready {f['ready_s']:.1f} s after dhs-node started; worker prepared in "
+          f"{f['prepared']} ms after HelloReply |")
+    print(f"| requests served | {f['served']}/{a.requests} in {f['elapsed']:.0f} s "
+          f"({f['output_tokens']} output tokens) |")
+    print(f"| exact (tokens and logits digests vs resident) | {'yes' if f['exact'] else 'no: ' + f['why']} |")
+    print(f"| kills survived | worker {f['survived']['worker']}/{a.worker_kills}, memd {f['survived']['memd']}/"
+          f"{a.memd_kills}; dhs-node {'still up' if f['still_up'] else 'exited'} |")
+    print("| time to recover | " + ", ".join(f"{w} {t:.2f} s" for w, t in f["recoveries"]) + " |")
+    print(f"| host rows lost | {f['lost'] * a.page_rows} ({f['lost']} of {f['checked']} recorded host pages "
+          f"checked) |")
+    print(f"| worker resident memory, max | {f['rss_max'] >> 20} MiB (budget {a.budget >> 20} MiB) |")
+
+
+def run_under_test(a, tmp, nodes, weights, page_bytes, host_pool, max_context, contexts):
+    """3. The run under test with its kills, compared with the reference. Returns True when it passed."""
+    node = Node(a, tmp, "run", a.mode, weights, page_bytes, host_pool, max_context)
+    nodes.append(node)
+    node.wait_ready(1, 600)
+    ready_s = time.monotonic() - node.started
+    worker_log = os.path.join(node.run_dir, "worker-0.log")
+    prepared = re.findall(r"prepared in (\d+) ms", open(worker_log, errors="replace").read())
+    prepared = prepared[0] if prepared else "?"
+    log(f"node ready {ready_s:.1f} s after dhs-node started (worker prepared in {prepared} "
+        f"ms after memd's HelloReply); worker resident memory {rss(node.child('workerd')) >> 20} MiB")
+    t0 = time.monotonic()
+    run = replay(a, node, os.path.join(tmp, "run.jsonl"), os.path.join(tmp, "run.json"),
+                 os.path.join(tmp, "run.out"), True)
+    recoveries, survived, ledger, rss_max = run_with_kills(a, node, run)
+    elapsed = time.monotonic() - t0
+    report = json.load(open(os.path.join(tmp, "run.json"))) if os.path.exists(os.path.join(tmp, "run.json")) else {}
+    exact, why = compare(os.path.join(tmp, "run.jsonl"), os.path.join(tmp, "ref.jsonl"))
+    f = dict(contexts=contexts, host_pool=host_pool, ready_s=ready_s, prepared=prepared,
+             served=report.get("requests_served", 0), elapsed=elapsed, output_tokens=report.get("output_tokens", 0),
+             exact=exact, why=why, survived=survived, still_up=node.proc.poll() is None, recoveries=recoveries,
+             lost=ledger.lost, checked=ledger.checked, rss_max=rss_max)
+    print_table(a, f)
+    return (f["served"] == a.requests and exact and ledger.lost == 0 and f["still_up"] and
+            survived["worker"] == a.worker_kills and survived["memd"] == a.memd_kills)
+
+
+def main():
+    a = parse_args()
     tmp = tempfile.mkdtemp(prefix="dhs-prod-", dir="/tmp")
     log(f"directory {tmp}")
     trace = os.path.join(ROOT, "tools/replay/data/mooncake_conversation_head200.jsonl")
@@ -328,88 +445,8 @@ def main():
     ok = True
     nodes = []
     try:
-        # 2. The resident reference.
-        ref_args = argparse.Namespace(**vars(a))
-        ref = Node(ref_args, tmp, "ref", "resident", weights, page_bytes, host_pool, max_context)
-        nodes.append(ref)
-        ref.wait_ready(1, 600)
-        t0 = time.monotonic()
-        r = replay(a, ref, os.path.join(tmp, "ref.jsonl"), os.path.join(tmp, "ref.json"), os.path.join(tmp, "ref.out"),
-                   False)
-        if r.wait() != 0:
-            raise RuntimeError("the resident reference run failed:\n" + open(os.path.join(tmp, "ref.out")).read()[-3000:])
-        log(f"resident reference: {a.requests} requests in {time.monotonic() - t0:.0f} s")
-        ref.stop()
-        # 3. The run under test.
-        node = Node(a, tmp, "run", a.mode, weights, page_bytes, host_pool, max_context)
-        nodes.append(node)
-        node.wait_ready(1, 600)
-        ready_s = time.monotonic() - node.started
-        worker_log = os.path.join(node.run_dir, "worker-0.log")
-        prepared = re.findall(r"prepared in (\d+) ms", open(worker_log, errors="replace").read())
-        log(f"node ready {ready_s:.1f} s after dhs-node started (worker prepared in {prepared[0] if prepared else '?'} "
-            f"ms after memd's HelloReply); worker resident memory {rss(node.child('workerd')) >> 20} MiB")
-        t0 = time.monotonic()
-        run = replay(a, node, os.path.join(tmp, "run.jsonl"), os.path.join(tmp, "run.json"),
-                     os.path.join(tmp, "run.out"), True)
-        ledger = HostLedger(node)
-        kills = ["worker"] * a.worker_kills + ["memd"] * a.memd_kills
-        kills = [kills[i] for i in sorted(range(len(kills)), key=lambda i: (i % max(1, a.worker_kills), i))]
-        recoveries, survived, rss_max = [], {"worker": 0, "memd": 0}, 0
-        for what in kills:
-            deadline = time.monotonic() + a.kill_every_s
-            while time.monotonic() < deadline and run.poll() is None:
-                rss_max = max(rss_max, rss(node.child("workerd") or 0))
-                time.sleep(0.5)
-            if run.poll() is not None:
-                log(f"the replay ended before the {what} kill")
-                break
-            wait_until(lambda: node.child("workerd") and node.child("memd"), 600, "both children of dhs-node")
-            ledger.record()
-            pid = node.child("memd" if what == "memd" else "workerd")
-            readies = node.ready_count()
-            killed = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            if what == "worker":
-                wait_until(node.gpu0_fenced, 60, "memd to fence GPU 0")
-                lost = ledger.check({"interrupted"})
-                node.wait_ready(readies + 1, 600)
-            else:
-                wait_until(lambda: node.child("memd") not in (None, pid) and node.gpu0_up(), 600,
-                           "a new memd with GPU 0 up")
-                lost = ledger.check({"admitted", "interrupted", "queued"})
-            took = time.monotonic() - killed
-            recoveries.append((what, took))
-            survived[what] += 1
-            log(f"SIGKILL {what} (pid {pid}): recovered in {took:.2f} s; host pages lost {lost}")
-        while run.poll() is None:
-            rss_max = max(rss_max, rss(node.child("workerd") or 0))
-            time.sleep(0.5)
-        elapsed = time.monotonic() - t0
-        report = json.load(open(os.path.join(tmp, "run.json"))) if os.path.exists(os.path.join(tmp, "run.json")) else {}
-        exact, why = compare(os.path.join(tmp, "run.jsonl"), os.path.join(tmp, "ref.jsonl"))
-        served = report.get("requests_served", 0)
-        still_up = node.proc.poll() is None
-        print()
-        print("| figure | value |")
-        print("|---|---|")
-        print(f"| shapes | {a.mode}, {a.preset} weights with k = {a.top_k}, B = {a.hot_rows}, tail {a.tail_rows}, p = {a.page_rows}, "
-              f"N = {a.slots}, budget {a.budget} B, host pool {host_pool} B |")
-        print(f"| slice | {a.requests} Mooncake requests x{a.length_scale}: contexts {min(contexts)}..{max(contexts)} "
-              f"tokens, concurrency {a.concurrency} |")
-        print(f"| start-up | node ready {ready_s:.1f} s after dhs-node started; worker prepared in "
-              f"{prepared[0] if prepared else '?'} ms after HelloReply |")
-        print(f"| requests served | {served}/{a.requests} in {elapsed:.0f} s "
-              f"({report.get('output_tokens', 0)} output tokens) |")
-        print(f"| exact (tokens and logits digests vs resident) | {'yes' if exact else 'no: ' + why} |")
-        print(f"| kills survived | worker {survived['worker']}/{a.worker_kills}, memd {survived['memd']}/{a.memd_kills}"
-              f"; dhs-node {'still up' if still_up else 'exited'} |")
-        print("| time to recover | " + ", ".join(f"{w} {t:.2f} s" for w, t in recoveries) + " |")
-        print(f"| host rows lost | {ledger.lost * a.page_rows} ({ledger.lost} of {ledger.checked} recorded host pages "
-              f"checked) |")
-        print(f"| worker resident memory, max | {rss_max >> 20} MiB (budget {a.budget >> 20} MiB) |")
-        ok = (served == a.requests and exact and ledger.lost == 0 and still_up and
-              survived["worker"] == a.worker_kills and survived["memd"] == a.memd_kills)
+        run_reference(a, tmp, nodes, weights, page_bytes, host_pool, max_context)
+        ok = run_under_test(a, tmp, nodes, weights, page_bytes, host_pool, max_context, contexts)
     except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as e:
         log(f"FAILED: {e}")
         ok = False
