@@ -50,6 +50,7 @@ import tempfile
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_prefix  # noqa: E402
 import bench_speculation  # noqa: E402
 from bench_modes import MODES, measure, ratio, summary  # noqa: E402
 
@@ -71,6 +72,10 @@ SIZES = {
         "speculation": dict(requests=8, length_scale=0.1, concurrency="1,4,8", hbm_budget="9000000", repeat=1,
                             configs="off,fixed,synthetic-0.1,synthetic-0.5"),
         "bench_min_time": 0.5, "bench_repetitions": 3,
+        # Issue 27 (the seed's regime): what fits this 2-core machine; docs/performance.md says what it is not.
+        "prefix": dict(prefixes=2, contexts="512,2048", concurrency="1,4,8,16,32,64", sessions_per_c=2,
+                       suffix_tokens=16, output_tokens=8, resident_sessions=4, hbm_budget="", speculation=True,
+                       spec_concurrency="1,8", sample_every=2),
     },
     "quick": {
         "modes": dict(trace="", requests=3, length_scale=0.05, concurrency="1,3", hbm_budget=1500000, repeat=1),
@@ -79,6 +84,9 @@ SIZES = {
         "speculation": dict(requests=3, length_scale=0.05, concurrency="1,3", hbm_budget="1500000", repeat=1,
                             configs="off,fixed"),
         "bench_min_time": 0.05, "bench_repetitions": 1,
+        "prefix": dict(prefixes=2, contexts="128,256", concurrency="1,4", sessions_per_c=1, suffix_tokens=8,
+                       output_tokens=4, resident_sessions=2, hbm_budget="", speculation=False, spec_concurrency="",
+                       sample_every=1),
     },
 }
 
@@ -210,7 +218,24 @@ def collect_speculation(build, params):
     return bench_speculation.measure(args)
 
 
-SECTIONS = ("planner", "micro", "long_context", "modes", "speculation")
+def collect_prefix(build, params, figures_path):
+    """tools/bench_prefix.py's measurement (issue 27): the closed loop over prepared prefixes, bench-wide, link model
+    on. Resumable: each point is saved to prefix_sweep.json beside the figures as it is measured (its runs' outputs and
+    logs in BUILD/prefix_sweep.runs/, out of the source tree), and a later run measures only the points missing or
+    failed there (delete the file to measure everything again)."""
+    sweep = os.path.join(os.path.dirname(os.path.abspath(figures_path)), "prefix_sweep.json")
+    args = SimpleNamespace(replay=os.path.join(build, "tools/replay/dhs-replay"),
+                           dhsctl=os.path.join(build, "tools/dhsctl/dhsctl"), preset="bench-wide",
+                           link_model=LINK_MODEL, json=sweep, append=True,
+                           work_dir=os.path.join(build, "prefix_sweep.runs"), **params)
+    saved = None
+    if os.path.exists(sweep):
+        with open(sweep) as f:
+            saved = json.load(f)
+    return bench_prefix.measure(args, saved=saved)
+
+
+SECTIONS = ("planner", "micro", "long_context", "modes", "speculation", "prefix")
 
 
 def collect(args, figures_path, fig=None, only=SECTIONS):
@@ -227,7 +252,8 @@ def collect(args, figures_path, fig=None, only=SECTIONS):
     steps = (("planner", lambda: collect_planner(args.build)), ("micro", lambda: collect_micro(args.build, size)),
              ("long_context", lambda: collect_modes(args.build, size["long_context"])),
              ("modes", lambda: collect_modes(args.build, size["modes"])),
-             ("speculation", lambda: collect_speculation(args.build, size["speculation"])))
+             ("speculation", lambda: collect_speculation(args.build, size["speculation"])),
+             ("prefix", lambda: collect_prefix(args.build, size["prefix"], figures_path)))
     for name, step in steps:
         if name not in only:
             continue
@@ -644,6 +670,135 @@ def write_plots(fig, plots_dir):
     if isinstance(spec, dict) and spec.get("points"):
         out["speculation"] = os.path.join(plots_dir, "speculation.png")
         plot_speculation(plt, spec, out["speculation"])
+    pre = fig.get("prefix")
+    if isinstance(pre, dict) and pre.get("points"):
+        out["prefix_throughput"] = os.path.join(plots_dir, "prefix_throughput.png")
+        plot_prefix(plt, pre, out["prefix_throughput"])
+        out["prefix_census"] = os.path.join(plots_dir, "prefix_census.png")
+        plot_prefix_census(plt, pre, out["prefix_census"])
+    return out
+
+
+def prefix_series(pre, context, mode, key):
+    pts = sorted((p["concurrency"], p["run"].get(key, float("nan"))) for p in pre["points"]
+                 if p["context"] == context and p["mode"] == mode and "error" not in p["run"])
+    return [c for c, _ in pts], [v for _, v in pts]
+
+
+def plot_prefix(plt, pre, path):
+    """Per context length: output tokens/s and sessions admitted against C for the three modes."""
+    ctx = pre["contexts"]
+    fig, axes = plt.subplots(2, len(ctx), figsize=(5 * len(ctx), 7), squeeze=False)
+    for j, L in enumerate(ctx):
+        for i, (key, ylabel) in enumerate((("output_tokens_per_s", "output tokens/s"),
+                                           ("sessions", "sessions admitted (max)"))):
+            ax = axes[i][j]
+            for m in MODES:
+                xs, ys = prefix_series(pre, L, m, key)
+                ax.plot(xs, ys, marker="o", label=m, color=COLORS[m])
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency C")
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.set_title(f"prefix {L} tokens")
+            knee = (pre.get("knees") or {}).get(str(L), {}).get("measured_knee")
+            if knee:
+                ax.axvline(knee, linestyle="--", color="black", alpha=0.5, label=f"resident stops fitting (C={knee})")
+            ax.legend(fontsize=7)
+    fig.suptitle("Closed loop over prepared prefixes, one GPU budget, link model on")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_prefix_census(plt, pre, path):
+    """Per context: the host share of the census against C (hisparse, adaptive)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for L in pre["contexts"]:
+        for m, style in (("hisparse", "-"), ("adaptive", "--")):
+            xs, ys = prefix_series(pre, L, m, "census_host")
+            ax.plot(xs, ys, style, marker="o", label=f"{m}, L={L}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency C")
+    ax.set_ylabel("census: share of selected rows recovered from host")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def prefix_lines(fig, plots):
+    """The section of issue 27: settings, per-context tables, knees against the planner, speculation, step split."""
+    pre = fig.get("prefix")
+    out = ["", "## The seed's regime: closed loop over prepared prefixes (issue 27)", ""]
+    if not isinstance(pre, dict):
+        return out + ["not run"]
+    if "error" in pre:
+        return out + ["FAILED: " + pre["error"]]
+    out += [f"`tools/bench_prefix.py` (`dhs-replay --prefixes`): model `{pre['preset']}`, {pre['prefixes']} prepared "
+            f"prefixes per context length, each session = a prefix + {pre['suffix_tokens']} own tokens + "
+            f"{pre['output_tokens']} output tokens, {pre['sessions_per_c']} x C sessions per run in a closed loop at C "
+            f"with C slots; one GPU KV budget for every point, {pre['hbm_budget_bytes']} bytes (resident holds about "
+            f"{pre['resident_sessions_sized']} histories of the longest context), link model {pre['link_model']}. "
+            "One run per point (modes interleaved per point); ratios to resident at the same point. `exact`: sessions "
+            f"(every {pre['sample_every']}-th) whose tokens and logits digests equal resident's, of those compared.", ""]
+    for L in pre["contexts"]:
+        out += [f"### Prefix {L} tokens", "",
+                "| C | mode | served | sessions | tok/s | tok/s vs res | sessions vs res | TPOT p50 ms | TPOT p99 ms | "
+                "TPOT p50 vs res | alloc wait | census direct / hot / host | reclaims | repopulated | host B/token | "
+                "prep s | in flight mean | exact |", "|" + "---|" * 18]
+        for p in sorted((p for p in pre["points"] if p["context"] == L), key=lambda p: (p["concurrency"], p["mode"])):
+            r, v, e = p["run"], p.get("vs_resident", {}), p.get("exact_sample", {})
+            if "error" in r:
+                out.append(f"| {p['concurrency']} | {p['mode']} | FAILED: {r['error']} |" + " |" * 16)
+                continue
+            out.append(f"| {p['concurrency']} | {p['mode']} | {r['served']}/{r['total']} | {r['sessions']} | "
+                       f"{fmt(r['output_tokens_per_s'])} | {fmt(v.get('output_tokens_per_s'), 3)} | "
+                       f"{fmt(v.get('sessions'))} | {fmt(r['tpot_p50_ms'])} | {fmt(r['tpot_p99_ms'])} | "
+                       f"{fmt(v.get('tpot_p50_ms'), 3)} | {fmt(r['allocation_wait_share'], 3)} | "
+                       f"{fmt(r['census_direct'], 3)} / {fmt(r['census_hot'], 3)} / {fmt(r['census_host'], 3)} | "
+                       f"{r['reclaims']} | {r['repopulated_pages']} | {fmt(r['host_bytes_per_token'], 0)} | "
+                       f"{fmt(r['preparation_s'], 1)} | {fmt(r['in_flight_mean'])} | "
+                       f"{e.get('compared', 0) - e.get('differ', 0)}/{e.get('compared', 0)} |")
+        k = (pre.get("knees") or {}).get(str(L), {})
+        planner = k.get("planner") or {}
+        out += ["", f"Knee at {L} tokens: resident admitted fewer sessions than C first at C = "
+                f"{k.get('measured_knee') or 'none measured'} (most resident sessions at once: "
+                f"{k.get('resident_max_sessions')}); the planner for the same budget (`dhsctl plan --context "
+                f"{L + pre['suffix_tokens'] + pre['output_tokens']} --hbm-bytes {pre['hbm_budget_bytes']}`): "
+                f"resident {planner.get('resident_sessions')} sessions, hierarchical "
+                f"{planner.get('hierarchical_sessions')} (bytes per session: resident "
+                f"{planner.get('resident_bytes_per_session')}, hierarchical "
+                f"{planner.get('hierarchical_bytes_per_session')}).", ""]
+    spec = [p for p in pre["points"] if p.get("vs_adaptive")]
+    if spec:
+        out += ["### With speculation (adaptive; synthetic proposer at corruption 0.1, K = 4)", "",
+                "| context | C | config | sessions | N_spec/N_base | TPOT_spec/TPOT_base | tok/s vs adaptive | "
+                "acceptance length | pays |", "|---|---|---|---|---|---|---|---|---|"]
+        for p in sorted(spec, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
+            v, r = p["vs_adaptive"], p["run"]
+            out.append(f"| {p['context']} | {p['concurrency']} | {p['mode'].split('+')[1]} | {r['sessions']} | "
+                       f"{fmt(v['n_ratio'], 3)} | {fmt(v['tpot_ratio'], 3)} | {fmt(v['tps_ratio'], 3)} | "
+                       f"{fmt(r.get('acceptance_length_mean'))} | {'yes' if v.get('pays') else 'no'} |")
+        out.append("")
+    prof = [p for p in pre["points"] if p["mode"] in MODES and (p["run"].get("step_profile") or {}).get("steps")]
+    if prof:
+        out += ["### Step time split (decode steps; `DHS_STEP_PROFILE=1`, workerd/model/step_profile.h)", "",
+                "ms per decode step: model (matmuls, attention, MLP, logits), index + top-k (scores over every visible "
+                "position), fetch (resolve plan, hot hits, host recoveries with the link model), append (rows, index "
+                "keys, backups queued), release (ReadersDone), outside (the worker's loop between steps).", "",
+                "| context | C | mode | decode steps | queries/step | model | index + top-k | fetch | append | release | "
+                "outside |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for p in sorted(prof, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
+            sp = p["run"]["step_profile"]
+            n = sp["steps"]
+            out.append(f"| {p['context']} | {p['concurrency']} | {p['mode']} | {int(n)} | {fmt(sp['queries'] / n, 1)} | "
+                       + " | ".join(fmt(sp[k] / n, 2) for k in ("model_ms", "index_topk_ms", "fetch_ms", "append_ms",
+                                                               "release_ms", "outside_ms")) + " |")
+        out.append("")
     return out
 
 
@@ -674,6 +829,7 @@ def render(fig, plots_dir, doc_path):
     lines += ["", f"## Planner: GPU bytes per session at {PLANNER_CONTEXT} tokens (`dhsctl plan --json`)", ""]
     lines += planner_lines(fig)
     lines += ["", "## With and without speculation under one budget", ""] + speculation_lines(fig)
+    lines += prefix_lines(fig, plots)
     lines += ["", "## Microbenchmarks", ""] + micro_lines(fig)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{k}]({v})" for k, v in rel.items()]

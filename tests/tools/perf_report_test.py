@@ -88,6 +88,42 @@ def spec_point(c, config, sessions, tpot, tps, n_ratio, tpot_ratio, tps_ratio, a
             "tpot_vs_off": rel(tpot_ratio), "throughput_vs_off": rel(tps_ratio), "runs": [med]}
 
 
+def prefix_canned():
+    """tools/bench_prefix.py's result for one context (1024), C = 1 and 4, run through its own analyse()."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import bench_prefix
+
+    def run(sessions, tps, p50, p99, host=0.0, spec=None):
+        r = {"served": sessions * 2 if sessions > 1 else 2, "total": 8, "sessions": sessions, "output_tokens": 100,
+             "output_tokens_per_s": tps, "tpot_p50_ms": p50, "tpot_p99_ms": p99, "ttft_p50_ms": 50.0,
+             "allocation_wait_share": 0.1, "census_direct": 1 - host, "census_hot": 0.0, "census_host": host,
+             "reclaims": 1, "repopulated_pages": 2, "host_bytes_per_token": 576.0, "preparation_s": 3.0,
+             "in_flight_max": sessions, "in_flight_mean": sessions * 0.9, "elapsed_s": 5.0,
+             "prefix_blocks_computed": 0, "preparation_blocks_computed": 4, "speculate": spec or "off",
+             "acceptance_length_mean": 2.0 if spec else None,
+             "step_profile": {"steps": 10, "queries": 40, "wall_ms": 90, "model_ms": 50, "index_topk_ms": 20,
+                              "fetch_ms": 10, "append_ms": 5, "release_ms": 1, "outside_ms": 3}}
+        r["served"] = 8
+        return r
+
+    pts = []
+    for c, res, his, ada in ((1, (1, 10.0, 10.0, 11.0), (1, 9.0, 11.0, 12.0), (1, 9.9, 10.1, 11.0)),
+                             (4, (2, 20.0, 10.0, 15.0), (4, 29.0, 12.5, 21.0), (4, 30.0, 12.0, 20.0))):
+        for mode, v in (("resident", res), ("hisparse", his), ("adaptive", ada)):
+            pts.append({"context": 1024, "concurrency": c, "mode": mode, "run": run(*v, host=0.3 if mode != "resident"
+                                                                                     else 0.0),
+                        "exact_sample": {"compared": 4, "differ": 0}})
+    pts.append({"context": 1024, "concurrency": 4, "mode": "adaptive+online", "run": run(4, 27.0, 15.0, 25.0,
+                                                                                         spec="synthetic"),
+                "exact_sample": {"compared": 4, "differ": 0}})
+    result = {"preset": "bench-wide", "prefixes": 2, "contexts": [1024], "concurrency": [1, 4], "sessions_per_c": 2,
+              "suffix_tokens": 16, "output_tokens": 16, "hbm_budget_bytes": 1000000, "resident_sessions_sized": 2,
+              "link_model": "pcie5", "sample_every": 2, "points": pts,
+              "planner": {"1024": {"sessions_per_gpu": {"resident": 3, "hierarchical": 9},
+                                   "resident_bytes_per_session": 300000, "hierarchical_bytes_per_session": 100000}}}
+    return bench_prefix.analyse(result)
+
+
 def table_row(doc, first_cells):
     """The cells of the first Markdown table row whose leading cells equal first_cells."""
     for line in doc.splitlines():
@@ -219,6 +255,32 @@ class PerfReportTest(unittest.TestCase):
         fig["speculation"] = {"error": "bench_speculation: fixed run 1 failed (exit 2)"}
         self.assertIn("FAILED: bench_speculation: fixed run 1 failed (exit 2)", self.render(fig))
 
+    def test_prefix_section(self):
+        """Issue 27's section: per-context table rows with the saved figures and ratios to resident, the knee found
+        from resident's sessions (the lowest C where it admitted fewer than C) beside the planner's figures, the
+        speculation rows (`pays` = N_spec/N_base > TPOT_spec/TPOT_base), the step split per decode step, two plots."""
+        fig = canned()
+        fig["prefix"] = prefix_canned()
+        full = self.render(fig)
+        self.assertIn("## The seed's regime: closed loop over prepared prefixes (issue 27)", full)
+        doc = full[full.index("## The seed's regime"):]  # the mode sections above have rows starting "| 4 | adaptive"
+        row = table_row(doc, ["4", "adaptive"])
+        # served, sessions, tok/s, tok/s vs res (30 / 20), sessions vs res (4 / 2), TPOT p50, p99, TPOT vs res (12/10)
+        self.assertEqual(row[2:10], ["8/8", "4", "30.00", "1.500", "2.00", "12.00", "20.00", "1.200"])
+        self.assertEqual(row[-1], "4/4")  # exact sample
+        self.assertIn("Knee at 1024 tokens: resident admitted fewer sessions than C first at C = 4 (most resident "
+                      "sessions at once: 2)", doc)
+        self.assertIn("resident 3 sessions, hierarchical 9 (bytes per session: resident 300000, hierarchical 100000)",
+                      doc)
+        spec = table_row(doc, ["1024", "4", "online"])
+        self.assertEqual(spec[3:], ["4", "1.000", "1.250", "0.900", "2.00", "no"])
+        split = table_row(doc, ["1024", "4", "adaptive"])
+        self.assertEqual(split[3:], ["10", "4.0", "5.00", "2.00", "1.00", "0.50", "0.10", "0.30"])
+        for name in ("prefix_throughput", "prefix_census"):
+            with open(os.path.join(self.dir, "docs", "perf", name + ".png"), "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            self.assertIn(f"(perf/{name}.png)", full)
+
     def test_plots_written_and_linked(self):
         doc = self.render(canned())
         for name in ("throughput", "sessions", "tokens_vs_resident", "census", "speculation"):
@@ -253,11 +315,11 @@ class PerfReportTest(unittest.TestCase):
                                                 "glm5-like", "host recovery", "admission", "p99 at most 100")]
         self.assertEqual(verdicts, ["not measured"] * 7)
         # planner (its section and the memory target), both mode sections, the three microbenchmark programs,
-        # speculation
-        self.assertEqual(doc.count("FAILED: "), 8)
+        # speculation, the prepared-prefix closed loop (issue 27)
+        self.assertEqual(doc.count("FAILED: "), 9)
         with open(os.path.join(self.dir, "perf", "figures.json")) as f:
             saved = json.load(f)
-        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner", "speculation"])
+        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner", "prefix", "speculation"])
 
     def test_sections_measures_only_those(self):
         """--sections planner with no programs: the planner section is measured again (and fails, no build), every

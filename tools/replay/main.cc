@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/curve_keys.h"
 #include "tools/replay/budget.h"
+#include "tools/replay/closed_loop.h"
 #include "tools/replay/driver.h"
 #include "tools/replay/node_launcher.h"
 #include "tools/replay/options.h"
@@ -119,6 +120,7 @@ struct RunOutcome {
   std::optional<uint64_t> hbm_budget_bytes;  // the budget of the node this tool started (nullopt with --connect)
   FaultFigures faults;  // what fault injection did (the run with faults only)
   std::string crash;    // the supervised node's latest worker crash (issue 28), when faults.worker_crashes > 0
+  std::optional<PrefixWorkloadFigures> prefix_workload;  // issue 27: the prepared-prefix workload's own figures
 };
 
 // Fault injection of a run (the run under test; never the resident reference).
@@ -163,6 +165,12 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   }
   const std::vector<std::string> speculation = spec::SpeculationArgs(options.speculation);  // empty when off
   launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), speculation.begin(), speculation.end());
+  const double bytes_per_row = double(geometry->host_page_bytes) / double(std::max<uint64_t>(1, geometry->kv.page_rows));
+  const std::vector<std::string> prefix_cache =  // issue 27: every prefix stays in the worker's row cache
+      PrefixWorkloadWorkerArgs(options.prefix_workload, bytes_per_row);
+  launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), prefix_cache.begin(), prefix_cache.end());
+  const std::vector<std::string> memd_timeout = PrefixWorkloadMemdArgs(options.prefix_workload);
+  launch.extra_memd_args.insert(launch.extra_memd_args.end(), memd_timeout.begin(), memd_timeout.end());
   if (!faults && options.reattach_timeout_ms == 0) return EmbeddedNode::Start(launch);
   SupervisedNodeOptions supervised;
   supervised.launch = launch;
@@ -207,6 +215,20 @@ FaultFigures CollectFaults(const FaultStats& node, const ZmqNodeClient& client) 
   return f;
 }
 
+// Issue 27: the prepared-prefix workload at `concurrency` (or --concurrency); its own figures go to `figures`.
+absl::StatusOr<DriverResult> RunPrefixWorkloadOnce(NodeClient* client, Clock* clock, const DriverOptions& driver_options,
+                                                   const ReplayOptions& options, std::optional<int64_t> concurrency,
+                                                   std::optional<PrefixWorkloadFigures>& figures) {
+  const int64_t c = concurrency.value_or(options.concurrency.value_or(ReplayOptions::kDefaultConcurrency));
+  std::cerr << "dhs-replay: preparing " << options.prefix_workload.prefixes << " prefixes of "
+            << options.prefix_workload.prefix_tokens << " tokens, then "
+            << options.prefix_workload.SessionsAt(c) << " sessions at concurrency " << c << "\n";
+  auto run = RunPrefixWorkload(client, clock, driver_options, options.prefix_workload, c, options.slots);
+  if (!run.ok()) return run.status();
+  figures = MakePrefixWorkloadFigures(options.prefix_workload, *run);
+  return std::move(run->measured);
+}
+
 // Rows computed per client request, from the driver's thread to the supervision thread's host ledger (issue 28).
 struct RowsBoard {
   std::mutex mu;
@@ -220,7 +242,7 @@ class ReplayRun {
   ReplayRun(const ReplayOptions& options, const Trace& trace, std::string_view mode,
             const std::optional<FaultSetup>& faults, const std::string& log_tag)
       : options_(options), trace_(trace), mode_(mode), faults_(faults), log_tag_(log_tag) {
-    client_options_.prepared_prefix = options.prepared_prefix;
+    client_options_.prepared_prefix = options.prepared_prefix || options.prefix_workload.on();
     client_options_.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
     if (faults && options.reattach_timeout_ms == 0) client_options_.reattach_timeout = kFaultReattachTimeout;
     driver_options_.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);
@@ -285,8 +307,11 @@ class ReplayRun {
     ReplayDriver driver(client->get(), &clock, driver_options_);
     std::cerr << "dhs-replay: " << trace_.requests.size() << " requests, mode " << mode_
               << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
-    auto result = driver.Run(trace_, *scheduler);
-    const std::string prefill = options_.prepared_prefix ? "prepared-prefix" : "prefill";
+    std::optional<PrefixWorkloadFigures> workload;
+    auto result = options_.prefix_workload.on()  // issue 27: preparation, then the measured closed loop
+                      ? RunPrefixWorkloadOnce(client->get(), &clock, driver_options_, options_, concurrency, workload)
+                      : driver.Run(trace_, *scheduler);
+    const std::string prefill = options_.prepared_prefix || workload ? "prepared-prefix" : "prefill";
     const FaultFigures figures = faults_ && supervised_ ? CollectFaults(supervised_->stats(), **client) : FaultFigures{};
     if (!result.ok()) {
       const absl::Status s = Fail(result.status());
@@ -303,6 +328,7 @@ class ReplayRun {
     // The workers that died counted from 0 each; their counts join the last worker's (WorkerStatsReply).
     if (supervised_) AddWorkerCounters(result->stats, supervised_->stats().dead_worker_counters);
     RunOutcome outcome{std::move(*result), true, "", prefill, used_budget_, figures};
+    outcome.prefix_workload = workload;
     if (faults_ && supervised_) outcome.crash = supervised_->stats().last_crash;
     return outcome;
   }
@@ -405,7 +431,17 @@ ReplayReport ReportOf(const ReplayOptions& options, const Trace& trace, const Ru
   if (run.hbm_budget_bytes) settings.hbm_budget_bytes = static_cast<int64_t>(*run.hbm_budget_bytes);
   ReplayReport report = BuildReport(run.result, settings, exact);
   report.faults = run.faults;
+  report.prefix_workload = run.prefix_workload;  // issue 27
   return report;
+}
+
+// The run's trace: --trace's, or (issue 27, --prefixes) the workload's sessions, as many as run at once (for the
+// budgets and the host pool of the node this tool starts).
+absl::StatusOr<Trace> RunTrace(const ReplayOptions& options) {
+  if (!options.prefix_workload.on()) return LoadTrace(options);
+  const int64_t most_in_flight =
+      std::max<int64_t>(options.concurrency.value_or(1), options.sweep.empty() ? 1 : options.sweep.back());
+  return SessionTrace(options.prefix_workload, options.prefix_workload.prefixes + most_in_flight);
 }
 
 // A run that failed part-way: reports what finished (complete: false; --json / --csv with the points before it).
@@ -514,7 +550,7 @@ int Main(int argc, char** argv) {
   }
   const ReplayOptions& options = cl.options;
   StartSignalThread();  // before any other thread (ZeroMQ's) starts, so that all of them block the two signals
-  auto trace = LoadTrace(options);
+  auto trace = RunTrace(options);
   if (!trace.ok()) {
     std::cerr << "dhs-replay: " << trace.status().message() << "\n";
     return 2;

@@ -100,6 +100,7 @@ struct NodeStats {
   int64_t repopulated_pages = 0;      // pages published again by population (brief §4)
   int64_t prefix_blocks_imported = 0; // prepared-prefix blocks imported from the worker's row cache
   int64_t prefix_blocks_computed = 0; // prepared-prefix blocks computed by the worker
+  int64_t host_bytes_recovered = 0;   // issue 27: host -> device bytes of the worker's recoveries (bytes_recovered)
   std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id
   // Speculation (the worker's WorkerStatsReply; 0 / empty when off):
   std::string speculate;              // the worker's --speculate

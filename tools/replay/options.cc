@@ -26,6 +26,15 @@ namespace {
 
 bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
+// Issue 27: the prepared-prefix workload's own checks and what it does not combine with.
+absl::Status ValidateWorkloadCombination(const ReplayOptions& o) {
+  if (absl::Status s = ValidatePrefixWorkload(o.prefix_workload); !s.ok()) return s;
+  if (!o.prefix_workload.on()) return absl::OkStatus();
+  if (o.time_scale) return absl::InvalidArgumentError("--prefixes is a closed loop: not with --time-scale");
+  if (InjectsFaults(o)) return absl::InvalidArgumentError("--prefixes: not with fault injection");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string_view ReplayModeName(ReplayMode mode) {
@@ -230,6 +239,7 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
       ->check(IntegerIn<uint32_t>(0, 1u << 20));
   spec::SpeculationFlags speculation_flags;
   spec::AddSpeculationOptions(app, &speculation_flags);
+  AddPrefixWorkloadOptions(app, o.prefix_workload);  // issue 27: the closed loop over prepared prefixes
   copt->excludes(topt);
   sopt->excludes(copt);
   sopt->excludes(topt);
@@ -280,6 +290,7 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
       s = absl::InvalidArgumentError(absl::StrCat(name, " must be a number of seconds > 0, got 0"));
     }
   }
+  if (s.ok()) s = ValidateWorkloadCombination(o);  // issue 27
   if (s.ok()) s = ValidateOutputPaths(o);
   if (!s.ok()) {
     cl.exit_code = 2;

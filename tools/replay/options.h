@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tools/replay/closed_loop.h"
 #include "tools/replay/report.h"
 #include "tools/replay/scheduler.h"
 #include "tools/replay/trace.h"
@@ -87,6 +88,8 @@ struct ReplayOptions {
                                            // B = k + window makes speculative unions use the staging arenas (issue 28)
   uint64_t async_device_seed = 0;          // --async-device SEED (issue 28): the workerd the tool starts (both runs
                                            // of --check-exact) uses the CPU device's asynchronous test mode; 0 = off
+  PrefixWorkload prefix_workload;          // issue 27: --prefixes N --prefix-tokens L ... (tools/replay/closed_loop.h):
+                                           // the closed-loop prepared-prefix workload instead of the trace
 };
 
 // Whether any fault-injection option is set (the node the tool starts is then supervised).

@@ -129,6 +129,7 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
   r.repopulated_pages = s.repopulated_pages;
   r.prefix_blocks_imported = s.prefix_blocks_imported;
   r.prefix_blocks_computed = s.prefix_blocks_computed;
+  r.host_bytes_recovered = s.host_bytes_recovered;  // issue 27
   r.exact_match = exact_match;
   r.gpus = s.gpus;
   SpeculationFigures& f = r.speculation;
@@ -160,6 +161,17 @@ static json LinkModelJson(const LinkModelConfig& l) {
 static std::optional<Percentiles> RecoveryPercentiles(const std::vector<int64_t>& us) {
   std::vector<double> v(us.begin(), us.end());
   return P50P99(v);
+}
+
+// Issue 27: the prepared-prefix workload's figures (docs/replay.md), null without --prefixes.
+static json PrefixWorkloadJson(const std::optional<PrefixWorkloadFigures>& w) {
+  if (!w) return json(nullptr);
+  return json{{"prefixes", w->prefixes}, {"prefix_tokens", w->prefix_tokens}, {"block_tokens", w->block_tokens},
+              {"suffix_tokens", w->suffix_tokens}, {"output_tokens", w->output_tokens}, {"sessions", w->sessions},
+              {"concurrency", w->concurrency}, {"in_flight_max", w->in_flight_max},
+              {"in_flight_mean", w->in_flight_mean}, {"preparation_s", w->preparation_s},
+              {"preparation_blocks_computed", w->preparation_blocks_computed},
+              {"preparation_blocks_imported", w->preparation_blocks_imported}};
 }
 
 static json FaultsJson(const FaultFigures& f) {
@@ -239,6 +251,8 @@ json ReportToJson(const ReplayReport& r) {
   }
   out["end_reasons"] = r.end_reasons;
   out["failures"] = failures;
+  out["prefix_workload"] = PrefixWorkloadJson(r.prefix_workload);  // issue 27
+  out["host_bytes_recovered"] = r.host_bytes_recovered;              // issue 27
   out.update(FaultsJson(r.faults));  // top-level fields (docs/replay.md, "Faults")
   const SpeculationFigures& f = r.speculation;  // top-level fields (docs/replay.md, "Speculation")
   json widths = json::object();
@@ -318,6 +332,13 @@ std::string FormatSummary(const ReplayReport& r) {
   if (s.prefill == "prepared-prefix") {
     absl::StrAppendFormat(&out, "  prepared-prefix blocks: %d imported from the row cache, %d computed\n",
                           r.prefix_blocks_imported, r.prefix_blocks_computed);
+  }
+  if (const auto& w = r.prefix_workload) {  // issue 27
+    absl::StrAppendFormat(&out,
+                          "  prepared prefixes: %d x %d tokens prepared in %.2f s (%d blocks computed), then %d "
+                          "sessions at C = %d: in flight max %d, mean %.2f\n",
+                          w->prefixes, w->prefix_tokens, w->preparation_s, w->preparation_blocks_computed, w->sessions,
+                          w->concurrency, w->in_flight_max, w->in_flight_mean);
   }
   if (const SpeculationFigures& f = r.speculation; f.speculate != "off") {
     std::string widths;

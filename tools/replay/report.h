@@ -89,6 +89,23 @@ struct FaultFigures {
                                        // token after the client re-attached, microseconds
 };
 
+// Issue 27: the closed loop over prepared prefixes (tools/replay/closed_loop.h; docs/replay.md). The measured window
+// is the sessions only: the report's other figures (tokens/s, TTFT, TPOT, census, prefix_blocks_*) are theirs.
+struct PrefixWorkloadFigures {
+  int64_t prefixes = 0;          // N prepared prefixes
+  int64_t prefix_tokens = 0;     // L, tokens per prefix
+  int64_t block_tokens = 0;      // tokens per hash block
+  int64_t suffix_tokens = 0;     // each session's own tokens after its prefix
+  int64_t output_tokens = 0;     // tokens each session generates
+  int64_t sessions = 0;          // measured sessions
+  int64_t concurrency = 0;       // C of the closed loop
+  int64_t in_flight_max = 0;     // most sessions streaming at once (first token seen, not ended) in the window
+  double in_flight_mean = 0;     // sum over sessions of (end - submit) / the window: sessions in flight on average
+  double preparation_s = 0;      // wall time of the preparation (one request per prefix), not in the window
+  int64_t preparation_blocks_computed = 0;  // prefix blocks computed during the preparation (N * L / block expected)
+  int64_t preparation_blocks_imported = 0;  // prefix blocks imported during the preparation
+};
+
 // A request that was not served, and why (issue 22).
 struct RequestFailure {
   RequestId request = 0;
@@ -113,6 +130,7 @@ struct ReplayReport {
   int64_t repopulated_pages = 0;
   int64_t prefix_blocks_imported = 0;  // prepared-prefix blocks the worker imported from its row cache
   int64_t prefix_blocks_computed = 0;  // prepared-prefix blocks the worker computed
+  int64_t host_bytes_recovered = 0;    // issue 27: host -> device bytes the worker's recoveries moved, bytes
   std::optional<bool> exact_match;     // nullopt: not checked
   std::vector<GpuMemoryUse> gpus;
   double elapsed_s = 0;
@@ -120,6 +138,7 @@ struct ReplayReport {
   SpeculationFigures speculation;
   std::map<std::string, int64_t> end_reasons;  // EndReasonName -> requests (issue 22); every request counted once
   std::vector<RequestFailure> failures;        // every request not served, in trace order (issue 22)
+  std::optional<PrefixWorkloadFigures> prefix_workload;  // issue 27: with --prefixes, else nullopt (JSON null)
   bool complete = true;  // false: the run failed part-way; figures of the requests recorded until then, node-wide
                          // figures (sessions, census, reclaims, pages, gpu_memory) not read (0 / empty)
 };

@@ -355,6 +355,7 @@ NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats) {
   c.repopulated_pages = static_cast<int64_t>(stats.pages_populated);
   c.prefix_blocks_imported = static_cast<int64_t>(stats.prefix_blocks_imported);
   c.prefix_blocks_computed = static_cast<int64_t>(stats.prefix_blocks_computed);
+  c.host_bytes_recovered = static_cast<int64_t>(stats.bytes_recovered);  // issue 27
   c.speculate = stats.speculate.empty() ? "off" : stats.speculate;
   c.spec_rounds = static_cast<int64_t>(stats.spec_rounds);
   c.spec_round_tokens = static_cast<int64_t>(stats.spec_round_tokens);

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "workerd/model/kernels.h"
+#include "workerd/model/step_profile.h"
 #include "workerd/model/topk.h"
 #include "workerd/model/weights.h"
 
@@ -417,6 +419,7 @@ absl::Status Model::IndexAndFetch(int l, KvAccess& kv, Scratch& s) const {
     keys.insert(keys.end(), first, first + n);
     // The store keeps them with the positions' host pages (resume from host KV): before the step ends, so before
     // any HostCopyWritten of those pages.
+    PhaseTimer timer(StepProfile::Get(), StepPhase::kAppend);  // issue 27: the step-time split (opt-in)
     if (absl::Status st = kv.StoreIndexKeys(session.request_, static_cast<uint32_t>(slot), session.position_,
                                             std::span<const float>(first, n));
         !st.ok()) {
@@ -431,6 +434,7 @@ absl::Status Model::IndexAndFetch(int l, KvAccess& kv, Scratch& s) const {
   f.positions.assign(s.Q * span_len, kNoPosition);
   f.rows.assign(s.Q * S * span_len, nullptr);
   f.queries.clear();
+  std::optional<PhaseTimer> index_timer(std::in_place, StepProfile::Get(), StepPhase::kIndexTopK);
   for (size_t b = 0; b < s.batch.size(); ++b) {
     const ModelSession& session = *s.batch[b].session;
     for (size_t j = 0; j < s.batch[b].tokens.size(); ++j) {
@@ -454,6 +458,8 @@ absl::Status Model::IndexAndFetch(int l, KvAccess& kv, Scratch& s) const {
       }
     }
   }
+  index_timer.reset();
+  PhaseTimer fetch_timer(StepProfile::Get(), StepPhase::kFetch);
   if (auto st = kv.Fetch(plan_->sources[l], f.queries); !st.ok()) return st;
   f.outstanding = true;
   return absl::OkStatus();
@@ -529,10 +535,13 @@ void Model::Logits(Scratch& s, std::span<StepOutput> out) const {
 absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const {
   if (absl::Status v = ValidateStep(batch); !v.ok()) return v;
   const ModelConfig& c = config_;
+  StepProfile* const profile = StepProfile::Get();  // issue 27: the step-time split (opt-in)
+  if (profile) profile->StepBegin();
   Scratch s(c, batch);
   Embed(s);
   auto release = [&](int f) {
     if (!s.fetched[f].outstanding) return;
+    PhaseTimer timer(profile, StepPhase::kRelease);
     kv.ReadersDone(plan_->sources[f]);
     s.fetched[f].outstanding = false;
   };
@@ -544,7 +553,12 @@ absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<Step
   for (int l = 0; l < c.n_layers(); ++l) {
     // The layer's input, normalized: read by its indexer and its attention queries (h is unchanged until then).
     s.NormAll(c, weights_->layers[l].attn_norm, s.xn);
-    if (absl::Status st = AppendRows(l, kv, s); !st.ok()) return fail(st);
+    absl::Status appended;
+    {
+      PhaseTimer timer(profile, StepPhase::kAppend);
+      appended = AppendRows(l, kv, s);
+    }
+    if (!appended.ok()) return fail(appended);
     if (c.layers[l].has_indexer()) {
       if (absl::Status st = IndexAndFetch(l, kv, s); !st.ok()) return fail(st);
     }
@@ -554,6 +568,7 @@ absl::Status Model::Run(std::span<StepInput> batch, KvAccess& kv, std::span<Step
   }
   if (!out.empty()) Logits(s, out);
   for (StepInput& in : batch) in.session->position_ += static_cast<Position>(in.tokens.size());
+  if (profile) profile->StepEnd(static_cast<int64_t>(s.Q), static_cast<int64_t>(batch.size()));
   return absl::OkStatus();
 }
 

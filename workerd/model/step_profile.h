@@ -1,0 +1,71 @@
+// workerd/model/step_profile.h: an opt-in split of the model's step time (issue 27, "report the step time split"):
+// with DHS_STEP_PROFILE=1 in the worker's environment, Model::Run times its phases and the worker's stderr (its log)
+// gets, after every step, the cumulative line of its kind of step (decode: every request of the batch fed one token;
+// mixed: any other, i.e. with prefill chunks or speculative rounds):
+//   step profile: KIND steps N queries Q wall_ms W model_ms M index_topk_ms I fetch_ms F append_ms A release_ms R
+//   outside_ms O
+// model = Run's wall time minus the timed phases (embedding, norms, matmuls, attention, MLP, logits);
+// index_topk = the indexer's scores over every visible position and the top-k; fetch = KvAccess::Fetch (the resolve
+// plan, hot-cache hits, host recoveries and their copies: the link model's time included); append = KvAccess::Append
+// and StoreIndexKeys (tail, pages, host backups queued); release = ReadersDone; outside = time between the end of one
+// step and the start of the next (the worker's loop: batching, emits, memd messages, and any idle wait).
+// Off (the default): one relaxed load of a pointer per phase, no clock read.
+//
+// Thread-safety: the worker's loop thread only (one Model::Run at a time), as the model itself.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace dhs::model {
+
+enum class StepPhase { kIndexTopK, kFetch, kAppend, kRelease, kCount };
+
+class StepProfile {
+ public:
+  // The process's profile when DHS_STEP_PROFILE is set to a non-empty value other than "0", else null (read once).
+  static StepProfile* Get();
+
+  void StepBegin();
+  // Ends a step of `queries` tokens over `requests` requests (decode when equal); prints its kind's cumulative line.
+  void StepEnd(int64_t queries, int64_t requests);
+  void Add(StepPhase phase, int64_t ns) { step_ns_[static_cast<int>(phase)] += ns; }
+  // The cumulative line of decode steps (decode = true) or of the others (without a newline).
+  std::string Line(bool decode) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Totals {
+    int64_t phase_ns[static_cast<int>(StepPhase::kCount)] = {};
+    int64_t steps = 0, queries = 0, wall_ns = 0, outside_ns = 0;
+  };
+  int64_t step_ns_[static_cast<int>(StepPhase::kCount)] = {};  // the step in progress
+  int64_t step_outside_ns_ = 0;
+  Totals totals_[2];  // [0] mixed, [1] decode
+  Clock::time_point step_start_{}, last_end_{};
+  bool has_last_end_ = false;
+};
+
+// Adds the time from construction to destruction to `phase` of `profile` (nothing when null).
+class PhaseTimer {
+ public:
+  PhaseTimer(StepProfile* profile, StepPhase phase) : profile_(profile), phase_(phase) {
+    if (profile_) start_ = std::chrono::steady_clock::now();
+  }
+  ~PhaseTimer() {
+    if (profile_) {
+      profile_->Add(phase_, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                                 start_).count());
+    }
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  StepProfile* profile_;
+  StepPhase phase_;
+  std::chrono::steady_clock::time_point start_{};
+};
+
+}  // namespace dhs::model
