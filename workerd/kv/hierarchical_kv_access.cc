@@ -209,7 +209,7 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
     const Position t = first + static_cast<Position>(j);
     const auto page = static_cast<size_t>(t / c.page_rows);
     if (page >= kv.host_plan.size() || kv.host_plan[page] < 0) continue;
-    if (page < kv.pages.size() && kv.pages[page].imported) continue;  // a resume's confirmed copy holds them
+    if (page < kv.pages.size() && kv.pages[page].Imported()) continue;  // a resume's confirmed copy holds them
     const uint64_t offset = layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
     if (host_writes_paused_) {  // memd away: written by ResumeHostWrites
       held_keys_.push_back(HeldKey{kv.host_plan[page], offset,
@@ -248,11 +248,11 @@ absl::StatusOr<std::vector<uint32_t>> HierarchicalKvAccess::CheckHostCopies(Requ
 
 absl::Status HierarchicalKvAccess::VerifyHostPage(RequestKv& kv, uint32_t page) {
   KvPage& pg = kv.pages[page];
-  if (pg.verified || pg.checksum == kNoChecksum) return absl::OkStatus();
+  if (pg.Verified() || pg.checksum == kNoChecksum) return absl::OkStatus();
   ++integrity_.pages_verified;
   integrity_.bytes_verified += layout_.host_page_bytes();
   if (PageChecksumMatches({HostPageData(pg.host_page), layout_.host_page_bytes()}, pg.checksum)) {
-    pg.verified = true;
+    DHS_CHECK_OK(kv.Transition(page, HostCopy::kWritten, HostCopy::kVerified));  // host-ready, not verified
     return absl::OkStatus();
   }
   ++integrity_.mismatches;
@@ -271,7 +271,7 @@ uint64_t HierarchicalKvAccess::HostChecksum(RequestId request, uint32_t page) co
   auto it = requests_.find(request);
   if (it == requests_.end() || page >= it->second->pages.size()) return kNoChecksum;
   const KvPage& pg = it->second->pages[page];
-  return pg.host_ready ? pg.checksum : kNoChecksum;
+  return pg.HostReady() ? pg.checksum : kNoChecksum;
 }
 
 absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<const uint32_t> pages,
@@ -286,15 +286,16 @@ absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<
     if (j >= kv.host_plan.size() || kv.host_plan[j] < 0) {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has no host page"));
     }
+    if (j < kv.pages.size() && kv.pages[j].host != HostCopy::kNone) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has a host copy"));
+    }
   }
   for (size_t i = 0; i < pages.size(); ++i) {
     const uint32_t j = pages[i];
     kv.GrowPages(j + 1);
     kv.pages[j].host_page = kv.host_plan[j];
-    kv.pages[j].imported = true;
-    kv.pages[j].checksum = i < checksums.size() ? checksums[i] : kNoChecksum;
-    kv.pages[j].verified = kv.pages[j].checksum != kNoChecksum;  // checked by the caller (CheckHostCopies)
-    kv.SetHostReady(j, true);
+    kv.pages[j].checksum = i < checksums.size() ? checksums[i] : kNoChecksum;  // checked by the caller
+    DHS_CHECK_OK(kv.Transition(j, HostCopy::kNone, HostCopy::kImported));      // checked above
   }
   return absl::OkStatus();
 }
@@ -311,7 +312,7 @@ absl::Status HierarchicalKvAccess::ImportHostRows(RequestId request, uint32_t fi
                                                       first, " on every source"));
   }
   for (uint32_t j = first; j < first + count; ++j) {
-    if (j >= kv.pages.size() || !kv.pages[j].host_ready) {
+    if (j >= kv.pages.size() || !kv.pages[j].HostReady()) {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request,
                                                         " was not imported (no confirmed host copy)"));
     }
@@ -353,25 +354,25 @@ absl::Status HierarchicalKvAccess::FreeTailSlot(RequestKv& kv, Position old) {
   const RequestId request = kv.id;
   if (old >= 0) {
     KvPage& pg = kv.pages[static_cast<size_t>(old / c.page_rows)];
-    if (pg.host_page >= 0 && !pg.host_ready) {
+    if (pg.host == HostCopy::kWriting) {
       if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;  // tail slot reused only after its backup
       Update();
     }
-    if (pg.device_page >= 0 && !pg.ready && !pg.host_ready) {
+    if (pg.gpu == GpuCopy::kFilling && !pg.HostReady()) {
       // ... or after its kept copy. A failed one is reported by Update (a failed publish) and falls back to a host
       // backup there; without one the tail slot cannot be reused and the copy's error is returned.
       const absl::Status kept = pg.populate.Wait();
       Update();
-      if (pg.host_page >= 0 && !pg.host_ready) {
+      if (pg.host == HostCopy::kWriting) {
         if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;
         Update();
       }
-      if (!kept.ok() && !pg.host_ready) {
+      if (!kept.ok() && !pg.HostReady()) {
         return absl::Status(kept.code(), absl::StrCat("KV: request ", request, " page ", old / c.page_rows,
                                                       ": kept copy failed and no host copy: ", kept.message()));
       }
     }
-    if (!pg.host_ready && !pg.ready) {
+    if (!pg.HostReady() && !pg.Ready()) {
       return absl::ResourceExhaustedError(absl::StrCat("KV: tail of request ", request, " is full: page ",
                                                        old / c.page_rows, " has no host copy yet"));
     }
@@ -457,7 +458,7 @@ absl::Status HierarchicalKvAccess::KeepOptional(RequestKv& kv, uint32_t page, Pa
     }
   }
   pg.device_page = device_page;
-  kv.SetReady(page, false);  // published by Update only after the copy completed
+  DHS_CHECK_OK(kv.Transition(page, GpuCopy::kNone, GpuCopy::kFilling));  // published by Update after the copy
   pg.populate = device_->CopyDeviceToDevice(ops, after);
   SetGpuPageOwner(device_page, static_cast<int64_t>(kv.id), page);
   pending_populates_.push_back(PendingPopulate{kv.id, page, true});
@@ -607,7 +608,7 @@ PageResidency HierarchicalKvAccess::Residency(RequestId request, uint32_t page) 
   if (kv == nullptr) return PageResidency::kNone;
   if (page < kv->pages.size()) {
     const KvPage& pg = kv->pages[page];
-    if (pg.host_page >= 0) return pg.host_ready ? PageResidency::kHostWritten : PageResidency::kHostWriting;
+    if (pg.host != HostCopy::kNone) return pg.HostReady() ? PageResidency::kHostWritten : PageResidency::kHostWriting;
     if (pg.device_page >= 0) return PageResidency::kOnGpu;
   }
   if (page < kv->keep_plan.size() && kv->keep_plan[page] >= 0) return PageResidency::kKeepPlanned;
@@ -637,7 +638,7 @@ RequestCopies HierarchicalKvAccess::CopiesInFlight(RequestId request) const {
   if (kv == nullptr) return out;
   for (const KvPage& pg : kv->pages) {
     if (pg.device_page >= 0) out.into_gpu.emplace_back(static_cast<PageIndex>(pg.device_page), pg.populate);
-    if (pg.host_page >= 0 && !pg.host_ready) out.to_host.push_back(pg.backup);
+    if (pg.host == HostCopy::kWriting) out.to_host.push_back(pg.backup);
   }
   return out;
 }
@@ -684,7 +685,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
         const CopyEvent& w = kv.tail_write[s][static_cast<size_t>(t % c.tail_rows)];
         if (!w.Done() || w.Failed()) after.push_back(w);  // backup waits for the rows' writes
       }
-    } else if (pg.ready) {
+    } else if (pg.Ready()) {
       src = layout_.PageRow(static_cast<PageIndex>(pg.device_page), s, 0);
     } else {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", kv.id,
@@ -693,7 +694,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
     ops.push_back(DeviceToHostCopy{host_base + layout_.InPage(s, 0), DeviceRange{pool_, src, bytes}});
   }
   pg.host_page = host_page;
-  kv.SetHostReady(page, false);
+  DHS_CHECK_OK(kv.Transition(page, HostCopy::kNone, HostCopy::kWriting));  // no host page: checked above
   pg.backup = device_->CopyDeviceToHost(ops, after);
   pending_backups_.push_back(PendingBackup{kv.id, page});
   ReachFaultPoint(FaultPoint::kBackup);  // test-only (common/fault_point.h)
@@ -730,7 +731,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::WithdrawReady(RequestId request,
     const PageIndex dp = static_cast<PageIndex>(pg.device_page);
     events.push_back(pg.populate);
     events.push_back(device_->ReadersFence(DeviceRange{pool_, layout_.PageRow(dp, 0, 0), layout_.page_bytes()}));
-    kv.SetReady(page, false);  // new lookups fall back to the hot cache and host from now on
+    DHS_CHECK_OK(kv.Transition(page, pg.gpu, GpuCopy::kNone));  // lookups fall back to the hot cache and host now
     pg.device_page = -1;
     pg.populate = CopyEvent();
     SetGpuPageOwner(dp, -1, 0);
@@ -749,7 +750,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
   if (device_page_owner_[device_page] >= 0) {
     return absl::FailedPreconditionError(absl::StrCat("KV: device page ", device_page, " is in use"));
   }
-  if (page >= kv.pages.size() || !kv.pages[page].host_ready) {
+  if (page >= kv.pages.size() || !kv.pages[page].HostReady()) {
     return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
                                                       " has no completed host copy"));
   }
@@ -765,7 +766,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
                                    host_base + layout_.InPage(s, 0)});
   }
   pg.device_page = device_page;
-  kv.SetReady(page, false);  // published by Poll only after the copy completed
+  DHS_CHECK_OK(kv.Transition(page, GpuCopy::kNone, GpuCopy::kFilling));  // published by Poll after the copy
   pg.populate = device_->CopyHostToDevice(ops, {&fence, 1});
   SetGpuPageOwner(device_page, static_cast<int64_t>(request), page);
   pending_populates_.push_back(PendingPopulate{request, page, false});
@@ -807,10 +808,11 @@ void HierarchicalKvAccess::Update() {
     const absl::Status s = pg.backup.Status();
     completions_.backups.push_back({b.request, b.page, static_cast<PageIndex>(pg.host_page), s});
     if (s.ok()) {
-      it->second->SetHostReady(b.page, true);
+      DHS_CHECK_OK(it->second->Transition(b.page, HostCopy::kWriting, HostCopy::kWritten));
     } else {
       FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {});
       pg.host_page = -1;
+      DHS_CHECK_OK(it->second->Transition(b.page, HostCopy::kWriting, HostCopy::kNone));
     }
     return true;
   });
@@ -818,14 +820,17 @@ void HierarchicalKvAccess::Update() {
     auto it = requests_.find(p.request);
     if (it == requests_.end()) return true;
     KvPage& pg = it->second->pages[p.page];
-    if (pg.device_page < 0) return true;  // withdrawn before it was published
+    if (pg.gpu == GpuCopy::kNone) return true;  // withdrawn before it was published
     if (!pg.populate.Done()) return false;
     const absl::Status s = pg.populate.Status();
     completions_.published.push_back({p.request, p.page, static_cast<PageIndex>(pg.device_page), s, p.kept});
     if (s.ok()) {
-      it->second->SetReady(p.page, true);  // the ready map entry, set only after the copy completed
+      // The ready map entry, set only after the copy completed (already set when an earlier entry of this page, left
+      // by a withdrawal followed by a new populate before this Update, saw the same copy).
+      if (pg.gpu == GpuCopy::kFilling) DHS_CHECK_OK(it->second->Transition(p.page, GpuCopy::kFilling, GpuCopy::kReady));
     } else {
       SetGpuPageOwner(static_cast<PageIndex>(pg.device_page), -1, 0);
+      DHS_CHECK_OK(it->second->Transition(p.page, GpuCopy::kFilling, GpuCopy::kNone));
       pg.device_page = -1;
       RequestKv& kv = *it->second;
       if (p.kept && !host_writes_paused_ && pg.host_page < 0 && p.page < kv.host_plan.size() &&
@@ -855,7 +860,7 @@ KvCompletions HierarchicalKvAccess::Poll() {
     auto it = requests_.find(b.request);
     if (it == requests_.end() || b.page >= it->second->pages.size()) continue;
     KvPage& pg = it->second->pages[b.page];
-    if (!pg.host_ready || pg.host_page != static_cast<int64_t>(b.host_page)) continue;
+    if (!pg.HostReady() || pg.host_page != static_cast<int64_t>(b.host_page)) continue;
     if (pg.checksum == kNoChecksum) {
       // Not marked verified: the first use after this confirmation checks the bytes against it (a byte changed
       // between the confirmation and that use is caught; docs/architecture.md "Host-page integrity").
