@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/fault_point.h"
 #include "common/page_checksum.h"
+#include "workerd/kv/kernel_resolver.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs {
@@ -62,7 +63,19 @@ absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Crea
   a->pool_ = *pool;
   ResolverEnv env{&a->layout_, device, a->pool_, a->host_.bytes,
                   [raw = a.get()](RequestKv& kv, uint32_t page) { return raw->VerifyHostPage(kv, page); }};
-  if (kind == ResolverKind::kFused) {
+  if (kind == ResolverKind::kFused && device->Compute() != nullptr && DevicePlanRunner()) {
+    // Issue 23: a device with a compute side resolves with the kernel (kernel_resolver.h); FusedResolver otherwise.
+    absl::StatusOr<std::unique_ptr<KernelResolver>> k =
+        KernelResolver::Create(env, device->Compute(), DevicePlanRunner());
+    if (k.ok()) {
+      a->resolver_ = *std::move(k);
+    } else {
+      spdlog::warn("KV: resolver kernel not used ({}); the fused resolver runs on the host", k.status().ToString());
+    }
+  }
+  if (a->resolver_ != nullptr) {
+    // the kernel resolver
+  } else if (kind == ResolverKind::kFused) {
     a->resolver_ = std::make_unique<FusedResolver>(env);
   } else {
     a->resolver_ = std::make_unique<ReferenceResolver>(env);

@@ -1,6 +1,6 @@
 // workerd/kv/resolver_plan.h: the fused resolver's per-query plan and gather (brief §5), written once and compiled
 // for the host (g++, every CI run: tests/workerd/resolver_plan_test.cc checks it against ReferenceResolver) and for
-// the device (nvcc: workerd/device/resolver_kernel.cu runs it as one kernel over the batch, one thread block per
+// the device (nvcc: resolver_kernel.cu runs it as one kernel over the batch, one thread block per
 // query). Plain data only (no absl, no std containers), so nvcc compiles it as is.
 //
 // Execution model: the code runs on a group of `lanes` cooperating lanes (`Lanes` below): loops stride over
