@@ -20,6 +20,7 @@
 #include "workerd/device/cpu_device.h"
 #ifdef DHS_HAVE_CUDA
 #include "workerd/device/cuda_device.h"
+#include "workerd/kv/cuda_plan_runner.h"
 #endif
 #include "workerd/device/async_device_cli.h"
 #include "workerd/device/link_model_cli.h"
@@ -234,6 +235,8 @@ absl::StatusOr<Backend> MakeBackend(const std::string& device_name, const dhs::L
   dhs::CudaDevice* raw = cuda->get();
   b.device = *std::move(cuda);
   b.name = "cuda-backend";
+  // Issue 23: the KV access resolves with the kernel on this device (workerd/kv/kernel_resolver.h).
+  dhs::SetDevicePlanRunner(dhs::plan::CudaPlanRunner());
   // memd's host-pool segment, pinned and mapped: host<->device copies are DMA of pinned memory. A failure is logged
   // and not fatal: copies stay correct, only slower.
   b.on_host_pool = [raw](std::span<uint8_t> pool) {

@@ -85,12 +85,10 @@ std::unique_ptr<Setup> MakeSetup(const Shape& s, uint32_t batch, int64_t history
   st->host_pages.assign(pages, -1);
   for (uint32_t pg = 0; pg < pages; ++pg) {
     if (pg % 2 == 0) {
-      kv.pages[pg].device_page = pg / 2 % c.optional_pages;
-      kv.SetReady(pg, true);
+      kv.PlaceGpuCopy(pg, GpuCopy::kReady, pg / 2 % c.optional_pages);
     } else {
       st->host_pages[pg] = pg / 2 % st->host_pool_pages;
-      kv.pages[pg].host_page = st->host_pages[pg];
-      kv.SetHostReady(pg, true);
+      kv.PlaceHostCopy(pg, HostCopy::kWritten, st->host_pages[pg]);
     }
   }
   return st;

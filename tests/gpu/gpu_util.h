@@ -13,7 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "workerd/device/cuda_device.h"
-#include "workerd/device/resolver_kernel.h"
+#include "workerd/kv/resolver_kernel.h"
 #include "workerd/kv/resolver_plan_host.h"
 
 namespace dhs::gpu {
@@ -147,8 +147,9 @@ struct DeviceBatch {
   }
   cudaError_t Launch(const plan::Geometry& dg, uint64_t step, const uint8_t* host_pool_dev, uint8_t* pool,
                      cudaStream_t stream, uint32_t threads = 1024) {
-    return plan::LaunchResolver(dg, d_queries.get(), static_cast<uint32_t>(queries.size()), step, scratch.get(),
-                                stride, results.get(), host_pool_dev, pool, stream, threads);
+    return static_cast<cudaError_t>(plan::LaunchResolver(dg, d_queries.get(), static_cast<uint32_t>(queries.size()),
+                                                         step, scratch.get(), stride, results.get(), host_pool_dev,
+                                                         pool, stream, threads));
   }
 };
 

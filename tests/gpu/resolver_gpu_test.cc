@@ -1,4 +1,4 @@
-// tests/gpu/resolver_gpu_test.cc: the fused resolver kernel (workerd/device/resolver_kernel.h) against the same code
+// tests/gpu/resolver_gpu_test.cc: the fused resolver kernel (workerd/kv/resolver_kernel.h) against the same code
 // run on the host (workerd/kv/resolver_plan.h, itself checked against ReferenceResolver by
 // tests/workerd/resolver_plan_test.cc): on the same random inputs, step after step, the device gives the same
 // locations, census, hot-cache state and KV-pool bytes (the whole pool, host recovery read from the mapped pinned

@@ -235,7 +235,7 @@ TEST(Kv, PopulatePublishesOnlyAfterCopyAndWithdrawWaitsForReaders) {
   h.device.SetCopyHook([](const CopyInfo& i) { return i.kind == CopyKind::kHostToDevice && i.device.size() == 3 ? CopyFate::kHold : CopyFate::kRun; });
   ASSERT_TRUE(h.kv->Populate(1, 1, 2).ok());  // page 1 (positions 4..7) into device page 2
   h.kv->Poll();
-  EXPECT_FALSE(h.kv->Find(1)->pages[1].ready);
+  EXPECT_FALSE(h.kv->Find(1)->pages[1].Ready());
   const Census c0 = h.kv->census(1);
   ExpectExact(h, 1, {2}, {4, 5, -1, -1});  // served by host recovery while pending
   EXPECT_EQ(h.kv->census(1).host, c0.host + 2);
@@ -243,7 +243,7 @@ TEST(Kv, PopulatePublishesOnlyAfterCopyAndWithdrawWaitsForReaders) {
   h.device.WaitIdle();
   auto done = h.kv->Poll();
   ASSERT_EQ(done.published.size(), 1u);
-  EXPECT_TRUE(h.kv->Find(1)->pages[1].ready);
+  EXPECT_TRUE(h.kv->Find(1)->pages[1].Ready());
   // Now direct, from device page 2.
   std::vector<Position> sel = {6, 7, -1, -1};
   std::vector<const uint8_t*> out(4);
@@ -383,15 +383,16 @@ TEST(KvHotIndex, PagesSetByHandAreIndexedOnFirstUse) {
   kv.appended = {24, 24, 24};
   kv.tail_write.assign(3, std::vector<CopyEvent>(c.tail_rows));
   kv.pages.resize(4);  // pages 0..3 = positions 0..15; 16..23 in the tail
-  kv.pages[0].host_page = 0;
-  kv.pages[0].host_ready = true;
+  kv.pages[0].host_page = 0;  // a state written by hand: indexed by the resolver on first use (IndexPages)
+  kv.pages[0].host = HostCopy::kWritten;
   kv.pages[1].device_page = 5;
-  kv.pages[1].ready = true;
+  kv.pages[1].gpu = GpuCopy::kReady;
   kv.pages[2].host_page = 2;
-  kv.pages[2].host_ready = true;
+  kv.pages[2].host = HostCopy::kWritten;
   kv.pages[2].device_page = 3;
-  kv.pages[2].ready = true;
+  kv.pages[2].gpu = GpuCopy::kReady;
   kv.pages[3].host_page = 3;  // backup in flight: neither ready nor backed up
+  kv.pages[3].host = HostCopy::kWriting;
   std::vector<Position> sel = {5, 9, 1, 20};
   std::vector<SourceId> src = {2};
   std::vector<Location> out(4);
@@ -407,11 +408,10 @@ TEST(KvHotIndex, PagesSetByHandAreIndexedOnFirstUse) {
   std::vector<Position> unbacked = {13, -1, -1, -1};
   ResolveQuery q2{&kv, unbacked, out};
   EXPECT_EQ(fr.Resolve(1, src, {&q2, 1}).code(), absl::StatusCode::kInternal);
-  // Growing through GrowPages / the setters keeps the index in step.
+  // Growing through GrowPages / Transition / PlaceGpuCopy keeps the index in step.
   kv.GrowPages(6);
-  kv.pages[4].device_page = 1;
-  kv.SetReady(4, true);
-  kv.SetHostReady(3, true);
+  kv.PlaceGpuCopy(4, GpuCopy::kReady, 1);
+  ASSERT_TRUE(kv.Transition(3, HostCopy::kWriting, HostCopy::kWritten).ok());
   EXPECT_TRUE(test::IndexInStep(kv));
   EXPECT_EQ(kv.ReadyPage(17, c.page_rows), 1);
   EXPECT_EQ(kv.ReadyPage(21, c.page_rows), -1);
@@ -483,7 +483,7 @@ TEST_P(RandomKv, ExactnessAndFusedEqualsReference) {
         ASSERT_EQ(rkv->pages.size(), kv->pages.size());
         auto free_dp = std::find(page_used.begin(), page_used.end(), false);
         for (uint32_t pg = 0; pg < kv->pages.size() && free_dp != page_used.end(); ++pg) {
-          if (!kv->pages[pg].host_ready || !rkv->pages[pg].host_ready || kv->pages[pg].device_page >= 0) continue;
+          if (!kv->pages[pg].HostReady() || !rkv->pages[pg].HostReady() || kv->pages[pg].device_page >= 0) continue;
           const PageIndex dp = static_cast<PageIndex>(free_dp - page_used.begin());
           if (delays && rng() % 2) fused.device.SetCopyHook([](const CopyInfo&) { return CopyFate::kHold; });
           ASSERT_TRUE(fused.kv->Populate(r, pg, dp).ok());
@@ -601,7 +601,7 @@ TEST(Kv, IndexKeysLandInTheirHostPagesAndARestartedStoreImportsThem) {
   const RequestKv* kv = h2.kv->Find(1);
   ASSERT_NE(kv, nullptr);
   EXPECT_EQ(kv->appended, (std::vector<Position>{12, 12, 12}));
-  for (uint32_t j = 0; j < 3; ++j) EXPECT_TRUE(kv->pages[j].host_ready) << j;
+  for (uint32_t j = 0; j < 3; ++j) EXPECT_TRUE(kv->pages[j].HostReady()) << j;
   EXPECT_TRUE(IndexInStep(*kv));
   EXPECT_EQ(h2.kv->ImportHostPages(1, three).code(), absl::StatusCode::kFailedPrecondition);  // rows already
   ExpectExact(h2, 1, {0, 1}, {0, 3, 1, 2});  // host recovery (hot cache of 6 rows: one selection of k = 4 at once)

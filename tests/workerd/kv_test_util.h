@@ -36,11 +36,11 @@ inline ::testing::AssertionResult IndexInStep(const RequestKv& kv) {
   }
   for (size_t j = 0; j < kv.pages.size(); ++j) {
     const KvPage& pg = kv.pages[j];
-    const int64_t want = pg.ready ? pg.device_page : -1;
-    if (kv.ready_page[j] != want || (kv.host_ready[j] != 0) != pg.host_ready) {
+    const int64_t want = pg.Ready() ? pg.device_page : -1;
+    if (kv.ready_page[j] != want || (kv.host_ready[j] != 0) != pg.HostReady()) {
       return ::testing::AssertionFailure() << "request " << kv.id << " page " << j << ": index (" << kv.ready_page[j]
                                            << ", " << int{kv.host_ready[j]} << "), record (" << want << ", "
-                                           << pg.host_ready << ")";
+                                           << pg.HostReady() << ")";
     }
   }
   return ::testing::AssertionSuccess();

@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "common/check.h"
 #include "common/page_checksum.h"
 #include "workerd/device/cpu_device.h"
 #include "workerd/kv/layout.h"
@@ -156,10 +157,10 @@ struct Bench {
     for (uint32_t p = 0; p < pages; ++p) {
       if (p < host_pages) {
         kv.pages[p].host_page = p;
-        kv.pages[p].host_ready = true;
+        kv.pages[p].host = HostCopy::kWritten;
       } else {
         kv.pages[p].device_page = p % kDevicePages;
-        kv.pages[p].ready = true;
+        kv.pages[p].gpu = GpuCopy::kReady;
       }
     }
   }
@@ -450,7 +451,7 @@ void BM_HostRecoveryVerified(benchmark::State& state) {
                                                pg.checksum)) {
                         return absl::DataLossError("bench: page changed");
                       }
-                      pg.verified = true;
+                      DHS_CHECK_OK(kv.Transition(page, HostCopy::kWritten, HostCopy::kVerified));
                       return absl::OkStatus();
                     }};
     verifying.emplace(env);
@@ -463,7 +464,7 @@ void BM_HostRecoveryVerified(benchmark::State& state) {
   for (auto _ : state) {
     for (auto& t : sel) t = (next++) % region;
     if (mode == 2) {
-      for (uint32_t p = 0; p < kPages; ++p) b.kv.pages[p].verified = false;
+      for (uint32_t p = 0; p < kPages; ++p) b.kv.PlaceHostCopy(p, HostCopy::kWritten, b.kv.pages[p].host_page);
     }
     ResolveQuery q{&b.kv, sel, out};
     const Clock::time_point t0 = Clock::now();

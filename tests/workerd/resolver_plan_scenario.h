@@ -72,14 +72,12 @@ struct PlanScenario {
       for (uint32_t pg = 0; pg < pages; ++pg) {
         const bool ready = std::bernoulli_distribution(p.ready_share)(rng);
         if (ready) {
-          kv.pages[pg].device_page = std::uniform_int_distribution<int64_t>(0, p.optional_pages - 1)(rng);
-          kv.SetReady(pg, true);
+          kv.PlaceGpuCopy(pg, GpuCopy::kReady, std::uniform_int_distribution<int64_t>(0, p.optional_pages - 1)(rng));
         }
         // Every page has a host copy, except some ready pages (their rows always resolve directly).
         if (!ready || std::bernoulli_distribution(0.5)(rng)) {
           hp[pg] = static_cast<int64_t>(next_host_page++);
-          kv.pages[pg].host_page = hp[pg];
-          kv.SetHostReady(pg, true);
+          kv.PlaceHostCopy(pg, HostCopy::kWritten, hp[pg]);
         }
       }
       kvs.push_back(std::move(kv));

@@ -145,8 +145,8 @@ TEST(ResolverPlan, ErrorsAreReported) {
   std::vector<uint8_t> pool(sc.layout->pool_bytes());
   RequestKv& kv = sc.kvs[0];
   // Page 0 loses its host copy and is not ready: row 0 has no copy anywhere.
-  kv.SetReady(0, false);
-  kv.SetHostReady(0, false);
+  kv.PlaceGpuCopy(0, GpuCopy::kNone, -1);
+  kv.PlaceHostCopy(0, HostCopy::kNone, -1);
   std::vector<Position> sel(sc.config.k, kNoPosition);
   sel[3] = 0;
   std::vector<Location> out(gs.size() * sc.config.k, 12345);

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   kv.pages.resize(kPages + 1);
   for (uint32_t p = 0; p < kPages; ++p) {
     kv.pages[p].host_page = p;
-    kv.pages[p].host_ready = true;
+    kv.pages[p].host = HostCopy::kWritten;
   }
   const std::vector<SourceId> sources = {0};
   std::vector<Position> sel(k);

@@ -127,12 +127,10 @@ TEST_P(RandomResolver, FusedEqualsReferenceAndFailuresRollBack) {
   auto set_state = [&](Req& r, uint32_t j, PageState st) {
     r.state[j] = st;
     const bool h = st == kHost || st == kBoth, d = st == kReady || st == kBoth;
-    if (h && !r.kv.pages[j].host_ready) write_page(r, j, true);
-    if (d && !r.kv.pages[j].ready) write_page(r, j, false);
-    r.kv.pages[j].host_page = h ? host_page(r, j) : -1;
-    r.kv.SetHostReady(j, h);
-    r.kv.pages[j].device_page = d ? host_page(r, j) : -1;
-    r.kv.SetReady(j, d);
+    if (h && !r.kv.pages[j].HostReady()) write_page(r, j, true);
+    if (d && !r.kv.pages[j].Ready()) write_page(r, j, false);
+    r.kv.PlaceHostCopy(j, h ? HostCopy::kWritten : HostCopy::kNone, h ? host_page(r, j) : -1);
+    r.kv.PlaceGpuCopy(j, d ? GpuCopy::kReady : GpuCopy::kNone, d ? host_page(r, j) : -1);
   };
   auto append = [&](Req& r, Position rows) {
     rows = std::min<Position>(rows, Position{kMaxPages} * p - r.n);
@@ -482,8 +480,7 @@ struct SmallKv {
     kv.tail_write.assign(1, std::vector<CopyEvent>(8));
     kv.GrowPages(4);
     for (uint32_t j = 0; j < (page1_backed ? 2u : 1u); ++j) {
-      kv.pages[j].host_page = slot * 2 + j;
-      kv.SetHostReady(j, true);
+      kv.PlaceHostCopy(j, HostCopy::kWritten, slot * 2 + j);
       for (uint32_t i = 0; i < 4; ++i) {
         const auto row = OriginalRow(id, 0, Position{j} * 4 + i, 8);
         std::memcpy(host.data() + (slot * 2 + j) * layout.page_bytes() + layout.InPage(0, i), row.data(), 8);
@@ -615,8 +612,7 @@ RequestKv HostBackedRequest(Position n, uint32_t pages) {
   kv.tail_write.assign(1, std::vector<CopyEvent>(4));
   kv.GrowPages(pages);
   for (uint32_t p = 0; p < pages; ++p) {
-    kv.pages[p].host_page = p;
-    kv.SetHostReady(p, true);
+    kv.PlaceHostCopy(p, HostCopy::kWritten, p);
   }
   return kv;
 }
@@ -715,8 +711,7 @@ TEST(ResolverContract, PartialGroupIsInvalid) {
   kv.appended = {16, 16};
   kv.tail_write.assign(2, std::vector<CopyEvent>(8));
   kv.GrowPages(4);
-  kv.pages[0].host_page = 0;
-  kv.SetHostReady(0, true);
+  kv.PlaceHostCopy(0, HostCopy::kWritten, 0);
   for (SourceId s = 0; s < 2; ++s) {
     for (uint32_t i = 0; i < 4; ++i) {
       const auto row = OriginalRow(1, s, i, layout.row_bytes(s));

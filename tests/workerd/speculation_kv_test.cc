@@ -77,7 +77,7 @@ TEST(SpeculativeKv, HeldPagesAreBackedUpAfterVerificationWithKeptRowsOnly) {
   // Every host page holds the kept rows (salt 0), never a rejected one: independent of the code under test.
   const RequestKv& kv = *h.kv->Find(1);
   for (uint32_t page = 0; page < 4; ++page) {
-    ASSERT_TRUE(kv.pages[page].host_ready) << page;
+    ASSERT_TRUE(kv.pages[page].HostReady()) << page;
     const uint8_t* base = h.host.data() + kv.pages[page].host_page * h.layout.host_page_bytes();
     for (SourceId s = 0; s < 3; ++s) {
       for (uint32_t r = 0; r < 4; ++r) {
@@ -111,7 +111,7 @@ TEST(SpeculativeKv, RoundCommitsWhileABackupIsInFlightAndFreesNothingTwice) {
   // Round: anchor 4, proposals 5..7; one accepted (rows 4, 5 kept), 6 and 7 dropped while page 0's copy is in flight.
   ASSERT_TRUE(Round(h, 4, 8, 6, 6).ok());
   EXPECT_EQ(d2h.load(), 1);
-  EXPECT_FALSE(h.kv->Find(1)->pages[0].host_ready);
+  EXPECT_FALSE(h.kv->Find(1)->pages[0].HostReady());
   h.device.ReleaseAllHeld();
   h.device.WaitIdle();
   KvCompletions done = h.kv->Poll();

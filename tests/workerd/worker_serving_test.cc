@@ -356,7 +356,7 @@ TEST(WorkerKv, KeptPageIsPublishedOnlyAfterItsCopyAndNeverBackedUp) {
   h.device.WaitIdle();
   KvCompletions none = h.kv->Poll();
   EXPECT_TRUE(none.published.empty());
-  EXPECT_FALSE(h.kv->Find(1)->pages[0].ready);  // the copy is held: not in the ready map yet
+  EXPECT_FALSE(h.kv->Find(1)->pages[0].Ready());  // the copy is held: not in the ready map yet
   EXPECT_EQ(h.kv->Find(1)->pages[0].host_page, -1);
   EXPECT_EQ(h.kv->HistoryPageOf(1, 1), std::optional<uint32_t>(0));
   h.device.SetCopyHook(nullptr);
@@ -366,13 +366,13 @@ TEST(WorkerKv, KeptPageIsPublishedOnlyAfterItsCopyAndNeverBackedUp) {
   ASSERT_EQ(done.published.size(), 1u);
   EXPECT_TRUE(done.published[0].kept);
   EXPECT_TRUE(done.published[0].status.ok());
-  EXPECT_TRUE(h.kv->Find(1)->pages[0].ready);
+  EXPECT_TRUE(h.kv->Find(1)->pages[0].Ready());
   for (Position t = 4; t < 12; ++t) ASSERT_TRUE(h.AppendAll(1, t).ok());  // page 0 leaves the tail
   h.device.WaitIdle();
   h.kv->Poll();
   EXPECT_EQ(h.kv->Find(1)->pages[0].host_page, -1);  // never backed up
   EXPECT_EQ(h.kv->Find(1)->pages[1].host_page, 5);   // the granted host page, not the allocator's
-  EXPECT_TRUE(h.kv->Find(1)->pages[1].host_ready);
+  EXPECT_TRUE(h.kv->Find(1)->pages[1].HostReady());
   std::vector<Position> sel{3, 0, 2, 1};
   std::vector<const uint8_t*> rows(4);
   KvQuery q{1, sel, rows};
@@ -947,7 +947,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReaders
   EXPECT_TRUE(f.memd.publishes[0].ok);
   EXPECT_LT(f.memd.Index("ready_publish/100"), f.memd.Index("readers_done/101"));
   EXPECT_EQ(f.memd.readers_done[0].pages, std::vector<uint32_t>{kDp});
-  EXPECT_FALSE(kv->Find(1)->pages[0].ready);
+  EXPECT_FALSE(kv->Find(1)->pages[0].Ready());
   EXPECT_EQ(kv->Find(1)->ready_page[0], -1);
   wire::RetireT retire;
   retire.order = 101;
@@ -1057,7 +1057,7 @@ void CheckBackupsAreWritten(ScriptedFixture& f, RequestId id, std::map<PageIndex
     ASSERT_NE(kv, nullptr);
     for (uint32_t j : m.history_pages) {
       ASSERT_LT(j, kv->pages.size());
-      EXPECT_TRUE(kv->pages[j].host_ready) << "history page " << j << " reported written before its copy ended";
+      EXPECT_TRUE(kv->pages[j].HostReady()) << "history page " << j << " reported written before its copy ended";
     }
   };
   f.memd.on_backup_complete = [&f, id, history_of](const wire::BackupCompleteT& m) {
@@ -1079,7 +1079,7 @@ void CheckBackupsAreWritten(ScriptedFixture& f, RequestId id, std::map<PageIndex
         continue;
       }
       ASSERT_LT(h->second, kv->pages.size());
-      EXPECT_TRUE(kv->pages[h->second].host_ready) << "GPU page " << dp << " (history page " << h->second
+      EXPECT_TRUE(kv->pages[h->second].HostReady()) << "GPU page " << dp << " (history page " << h->second
                                                    << ") reported backed up before its host copy was written";
     }
   };
@@ -1100,7 +1100,7 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenDefersItAndReportsItsHostCopyL
   HierarchicalKvAccess* kv = f.worker->hierarchical();
   CheckBackupsAreWritten(f, 1, {{kDp0, 0}, {kDp1, 1}});
   // Prefill until history page 0 is kept on GPU page kDp0 while page 1 is still being written.
-  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 16 && kv->Find(1)->pages[0].ready; }));
+  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 16 && kv->Find(1)->pages[0].Ready(); }));
   const uint32_t chunk = f.worker->geometry().prefill_chunk;
   ASSERT_LT(f.Appended(1), 32) << "prefill chunk " << chunk << ": page 1 completed before the order";
   ASSERT_EQ(kv->HistoryPageOf(1, kDp1), std::nullopt);  // only planned: it holds nothing yet
@@ -1161,7 +1161,7 @@ TEST(WorkerOrders, FailedHostWriteFailsTheReclaimAndRestoresThePlannedKeep) {
   f.SubmitAndGrant(1, 70, 4, {{0, kDp0}, {1, kDp1}});
   HierarchicalKvAccess* kv = f.worker->hierarchical();
   CheckBackupsAreWritten(f, 1, {{kDp0, 0}, {kDp1, 1}});
-  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 16 && kv->Find(1)->pages[0].ready; }));
+  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 16 && kv->Find(1)->pages[0].Ready(); }));
   ASSERT_LT(f.Appended(1), 32);
   // Page 0's backup reads its GPU page or, while its rows are still there, the tail: fail either.
   const Location page0 = f.layout->PageRow(kDp0, 0, 0), tail0 = f.layout->TailRow(kv->Find(1)->slot, 0, 0);
@@ -1185,7 +1185,7 @@ TEST(WorkerOrders, FailedHostWriteFailsTheReclaimAndRestoresThePlannedKeep) {
   EXPECT_EQ(pages, (std::vector<uint32_t>{kDp0, kDp1}));
   // memd leaves the victim untouched: no ReadersDone; page 0 stays on its GPU page, page 1 is kept on its own once
   // written.
-  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 32 && kv->Find(1)->pages[1].ready; }));
+  ASSERT_TRUE(f.IterateUntil([&] { return f.Appended(1) >= 32 && kv->Find(1)->pages[1].Ready(); }));
   EXPECT_TRUE(f.memd.readers_done.empty());
   EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::optional<uint32_t>(0));
   EXPECT_EQ(kv->HistoryPageOf(1, kDp1), std::optional<uint32_t>(1));
@@ -1223,7 +1223,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhoseKeepCopyFailedIsAnsweredWithTheFallbackCop
   ASSERT_TRUE(f.IterateUntil([&] { return !f.device.HeldCopies().empty(); }));
   ASSERT_LT(f.Appended(1), 48) << "page 0's tail slots reused before its host copy";
   EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::nullopt) << "the failed keep copy left GPU page " << kDp0 << " mapped";
-  EXPECT_FALSE(kv->Find(1)->pages[0].ready);
+  EXPECT_FALSE(kv->Find(1)->pages[0].Ready());
   EXPECT_FALSE(f.ReportedDeferred(1, 0));
   f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(303, 1, {kDp0}, {10}));
   EXPECT_TRUE(f.BackupsOf(303).empty()) << "the order was answered (refused?) before the fallback copy ended: "

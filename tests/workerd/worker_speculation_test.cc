@@ -57,7 +57,7 @@ void ExpectHostPagesExact(Worker& w, RequestId request, const std::vector<uint8_
   const uint32_t p = l.config().page_rows;
   for (uint32_t page = 0; page < kv->pages.size(); ++page) {
     const KvPage& pg = kv->pages[page];
-    if (!pg.host_ready) continue;
+    if (!pg.HostReady()) continue;
     const uint8_t* base = host.data() + pg.host_page * l.host_page_bytes();
     for (uint32_t r = 0; r < p; ++r) {
       const Position t = Position{page} * p + r;

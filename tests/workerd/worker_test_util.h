@@ -538,7 +538,7 @@ inline void ExpectSafe(Worker& w, RequestId request) {
   const Position p = h->layout().config().page_rows, t = h->layout().config().tail_rows;
   for (Position j = 0; (j + 1) * p <= n - t; ++j) {
     const KvPage& pg = kv->pages[static_cast<size_t>(j)];
-    EXPECT_TRUE(pg.ready || pg.host_ready) << "request " << request << " page " << j << " is neither on GPU nor on host";
+    EXPECT_TRUE(pg.Ready() || pg.HostReady()) << "request " << request << " page " << j << " is neither on GPU nor on host";
   }
 }
 

@@ -186,12 +186,47 @@ absl::StatusOr<uint8_t*> CudaDevice::RegisterHostPool(std::span<uint8_t> host) {
     cudaHostUnregister(host.data());
     return s;
   }
+  std::lock_guard<std::mutex> l(mu_);
+  mapped_.push_back(MappedPool{host.data(), host.size(), static_cast<uint8_t*>(dev)});
   return static_cast<uint8_t*>(dev);
 }
 
 absl::Status CudaDevice::UnregisterHostPool(std::span<uint8_t> host) {
   cudaSetDevice(options_.device);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    std::erase_if(mapped_, [&](const MappedPool& m) { return m.host == host.data(); });
+  }
   return CudaStatus(cudaHostUnregister(host.data()), "cudaHostUnregister");
+}
+
+const uint8_t* CudaDevice::MappedHostAddress(const uint8_t* host) const {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const MappedPool& m : mapped_) {
+    if (host >= m.host && host < m.host + m.bytes) return m.device + (host - m.host);
+  }
+  return nullptr;
+}
+
+absl::StatusOr<void*> CudaDevice::AllocateShared(uint64_t bytes) {
+  cudaSetDevice(options_.device);
+  void* p = nullptr;
+  if (absl::Status s = CudaStatus(cudaMallocManaged(&p, bytes), "CudaDevice: cudaMallocManaged"); !s.ok()) return s;
+  if (absl::Status s = CudaStatus(cudaMemset(p, 0, bytes), "CudaDevice: cudaMemset"); !s.ok()) {
+    cudaFree(p);
+    return s;
+  }
+  return p;
+}
+
+void CudaDevice::FreeShared(void* block) {
+  cudaSetDevice(options_.device);
+  cudaFree(block);
+}
+
+absl::Status CudaDevice::Synchronize() {
+  cudaSetDevice(options_.device);
+  return CudaStatus(cudaStreamSynchronize(compute_), "CudaDevice: cudaStreamSynchronize (compute)");
 }
 
 CopyEvent CudaDevice::Submit(CopyKind kind, std::vector<Op> ops, std::vector<DeviceRange> device, bool valid,

@@ -13,7 +13,7 @@
 //
 // Host pool: RegisterHostPool pins memd's host segment (cudaHostRegister, mapped) so that a host->device copy from it
 // is a DMA of pinned memory, and a kernel can read it directly (host recovery as a device-side read of pinned
-// memory, resolver_kernel.h) through the device pointer returned.
+// memory, workerd/kv/resolver_kernel.h) through the device pointer returned (MappedHostAddress).
 //
 // Errors: CUDA failures map to the CPU backend's codes (cuda_check.h): RESOURCE_EXHAUSTED (allocation),
 // INVALID_ARGUMENT (ranges), UNAVAILABLE (a failed copy: its event reports it; bytes of a batch that failed inside
@@ -54,7 +54,7 @@ struct CudaDeviceOptions {
 // Number of CUDA devices, 0 when there is none or the driver cannot be used (never fails).
 int CudaDeviceCount();
 
-class CudaDevice final : public Device {
+class CudaDevice final : public Device, public DeviceCompute {
  public:
   // Errors: FAILED_PRECONDITION (no such GPU, no driver), UNAVAILABLE (stream creation).
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(const CudaDeviceOptions& options = {});
@@ -74,6 +74,17 @@ class CudaDevice final : public Device {
   CopyEvent ReadersFence(const DeviceRange& range) override;
   // Host pointer to pool memory with managed_pools; nullptr otherwise or out of range.
   uint8_t* HostVisible(PoolId pool, Location offset) override;
+
+  // --- DeviceCompute (device.h): the kv code's kernels (workerd/kv/kernel_resolver.h) run on compute_stream() ---
+  DeviceCompute* Compute() override { return this; }
+  uint8_t* PoolAddress(PoolId pool, Location offset) const override { return DevicePointer(pool, offset); }
+  // The device address within a pool registered by RegisterHostPool (nullptr elsewhere).
+  const uint8_t* MappedHostAddress(const uint8_t* host) const override;
+  // cudaMallocManaged (zero-filled): the host and the device address it at one pointer. Errors: RESOURCE_EXHAUSTED.
+  absl::StatusOr<void*> AllocateShared(uint64_t bytes) override;
+  void FreeShared(void* block) override;
+  void* ComputeQueue() const override { return compute_; }
+  absl::Status Synchronize() override;  // cudaStreamSynchronize(compute_stream())
 
   // --- CUDA-specific ---
   // Ends `reader` once the work enqueued on `stream` up to now has completed (an event recorded on it). Unknown ids
@@ -128,6 +139,12 @@ class CudaDevice final : public Device {
   CopyHook hook_;
   ReaderFences<State> readers_;
   std::map<ReaderId, cudaEvent_t> reader_ends_;  // EndReadersAfter: the reader ends when its event completes
+  struct MappedPool {
+    const uint8_t* host = nullptr;
+    uint64_t bytes = 0;
+    uint8_t* device = nullptr;
+  };
+  std::vector<MappedPool> mapped_;  // RegisterHostPool's pools (mu_)
   std::thread thread_;  // started last, in Create
 };
 

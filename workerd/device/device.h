@@ -7,8 +7,9 @@
 // attention pass that reads a set of ranges is a reader (BeginReaders/EndReaders); ReadersFence(range) gives an event
 // that completes once every reader overlapping the range at the time of the call has ended.
 //
-// Implementations: CpuDevice (cpu_device.h, pools in host arenas, a copy thread); a CUDA backend would map pools to
-// cudaMalloc, host memory to cudaHostRegister, queues to streams and events to cudaEvent_t.
+// Implementations: CpuDevice (cpu_device.h, pools in host arenas, a copy thread); CudaDevice (cuda_device.h: pools by
+// cudaMalloc, host memory by cudaHostRegister, queues on streams, events by cudaEvent_t), which also has a compute
+// side (DeviceCompute) on which the kv code runs its resolver kernel (workerd/kv/kernel_resolver.h).
 //
 // Thread-safety: all Device methods may be called from any thread. CopyEvent is a cheap shared handle; its methods
 // are thread-safe.
@@ -82,6 +83,33 @@ class CopyEvent {
   std::shared_ptr<const EventState> state_;
 };
 
+// The compute side of a device (issue 23): what the kv code needs to run its own kernels (the fused resolver's,
+// workerd/kv/resolver_kernel.h, behind workerd/kv/kernel_resolver.h) on this device's memory, without naming the
+// backend. Device::Compute() returns it for a backend that runs kernels (CudaDevice); nullptr otherwise (CpuDevice:
+// the kv code keeps its CPU path). Addresses returned are the device's (kernel arguments); the shared blocks are
+// addressed at the same pointer by the host and the device.
+//
+// Thread-safety: as Device; the host may read or write a shared block only while no kernel using it runs (after
+// Synchronize).
+class DeviceCompute {
+ public:
+  virtual ~DeviceCompute() = default;
+  // Device address of byte `offset` of `pool`; nullptr when out of range.
+  virtual uint8_t* PoolAddress(PoolId pool, Location offset) const = 0;
+  // Device address of host byte `host` inside a host pool registered for device reads (CudaDevice::RegisterHostPool:
+  // pinned, mapped); nullptr when `host` lies in no registered pool.
+  virtual const uint8_t* MappedHostAddress(const uint8_t* host) const = 0;
+  // A block of `bytes` bytes (zero-filled) that the host and the device address at the returned pointer; freed by
+  // FreeShared. Errors: RESOURCE_EXHAUSTED.
+  virtual absl::StatusOr<void*> AllocateShared(uint64_t bytes) = 0;
+  virtual void FreeShared(void* block) = 0;
+  // The queue kernels are enqueued on (a cudaStream_t for CudaDevice: its compute stream), opaque here; work on it
+  // runs in enqueue order.
+  virtual void* ComputeQueue() const = 0;
+  // Blocks until the work enqueued on ComputeQueue() so far has completed. Errors: UNAVAILABLE (a kernel failed).
+  virtual absl::Status Synchronize() = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -120,6 +148,8 @@ class Device {
   // it: on a GPU that reader returns foreign bytes) and how many there were. Only CpuDevice's asynchronous mode
   // detects them; other backends and modes always answer OK.
   virtual absl::Status ReadHazards() const { return absl::OkStatus(); }
+  // Issue 23: the device's compute side (DeviceCompute above), or nullptr when it runs no kernels (CpuDevice).
+  virtual DeviceCompute* Compute() { return nullptr; }
 };
 
 }  // namespace dhs

@@ -7,8 +7,10 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/fault_point.h"
 #include "common/page_checksum.h"
+#include "workerd/kv/kernel_resolver.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs {
@@ -61,7 +63,19 @@ absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Crea
   a->pool_ = *pool;
   ResolverEnv env{&a->layout_, device, a->pool_, a->host_.bytes,
                   [raw = a.get()](RequestKv& kv, uint32_t page) { return raw->VerifyHostPage(kv, page); }};
-  if (kind == ResolverKind::kFused) {
+  if (kind == ResolverKind::kFused && device->Compute() != nullptr && DevicePlanRunner()) {
+    // Issue 23: a device with a compute side resolves with the kernel (kernel_resolver.h); FusedResolver otherwise.
+    absl::StatusOr<std::unique_ptr<KernelResolver>> k =
+        KernelResolver::Create(env, device->Compute(), DevicePlanRunner());
+    if (k.ok()) {
+      a->resolver_ = *std::move(k);
+    } else {
+      spdlog::warn("KV: resolver kernel not used ({}); the fused resolver runs on the host", k.status().ToString());
+    }
+  }
+  if (a->resolver_ != nullptr) {
+    // the kernel resolver
+  } else if (kind == ResolverKind::kFused) {
     a->resolver_ = std::make_unique<FusedResolver>(env);
   } else {
     a->resolver_ = std::make_unique<ReferenceResolver>(env);
@@ -208,7 +222,7 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
     const Position t = first + static_cast<Position>(j);
     const auto page = static_cast<size_t>(t / c.page_rows);
     if (page >= kv.host_plan.size() || kv.host_plan[page] < 0) continue;
-    if (page < kv.pages.size() && kv.pages[page].imported) continue;  // a resume's confirmed copy holds them
+    if (page < kv.pages.size() && kv.pages[page].Imported()) continue;  // a resume's confirmed copy holds them
     const uint64_t offset = layout_.KeyInPage(indexer, static_cast<uint32_t>(t % c.page_rows));
     if (host_writes_paused_) {  // memd away: written by ResumeHostWrites
       held_keys_.push_back(HeldKey{kv.host_plan[page], offset,
@@ -247,11 +261,11 @@ absl::StatusOr<std::vector<uint32_t>> HierarchicalKvAccess::CheckHostCopies(Requ
 
 absl::Status HierarchicalKvAccess::VerifyHostPage(RequestKv& kv, uint32_t page) {
   KvPage& pg = kv.pages[page];
-  if (pg.verified || pg.checksum == kNoChecksum) return absl::OkStatus();
+  if (pg.Verified() || pg.checksum == kNoChecksum) return absl::OkStatus();
   ++integrity_.pages_verified;
   integrity_.bytes_verified += layout_.host_page_bytes();
   if (PageChecksumMatches({HostPageData(pg.host_page), layout_.host_page_bytes()}, pg.checksum)) {
-    pg.verified = true;
+    DHS_CHECK_OK(kv.Transition(page, HostCopy::kWritten, HostCopy::kVerified));  // host-ready, not verified
     return absl::OkStatus();
   }
   ++integrity_.mismatches;
@@ -270,7 +284,7 @@ uint64_t HierarchicalKvAccess::HostChecksum(RequestId request, uint32_t page) co
   auto it = requests_.find(request);
   if (it == requests_.end() || page >= it->second->pages.size()) return kNoChecksum;
   const KvPage& pg = it->second->pages[page];
-  return pg.host_ready ? pg.checksum : kNoChecksum;
+  return pg.HostReady() ? pg.checksum : kNoChecksum;
 }
 
 absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<const uint32_t> pages,
@@ -285,15 +299,16 @@ absl::Status HierarchicalKvAccess::ImportHostPages(RequestId request, std::span<
     if (j >= kv.host_plan.size() || kv.host_plan[j] < 0) {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has no host page"));
     }
+    if (j < kv.pages.size() && kv.pages[j].host != HostCopy::kNone) {
+      return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request, " has a host copy"));
+    }
   }
   for (size_t i = 0; i < pages.size(); ++i) {
     const uint32_t j = pages[i];
     kv.GrowPages(j + 1);
     kv.pages[j].host_page = kv.host_plan[j];
-    kv.pages[j].imported = true;
-    kv.pages[j].checksum = i < checksums.size() ? checksums[i] : kNoChecksum;
-    kv.pages[j].verified = kv.pages[j].checksum != kNoChecksum;  // checked by the caller (CheckHostCopies)
-    kv.SetHostReady(j, true);
+    kv.pages[j].checksum = i < checksums.size() ? checksums[i] : kNoChecksum;  // checked by the caller
+    DHS_CHECK_OK(kv.Transition(j, HostCopy::kNone, HostCopy::kImported));      // checked above
   }
   return absl::OkStatus();
 }
@@ -310,7 +325,7 @@ absl::Status HierarchicalKvAccess::ImportHostRows(RequestId request, uint32_t fi
                                                       first, " on every source"));
   }
   for (uint32_t j = first; j < first + count; ++j) {
-    if (j >= kv.pages.size() || !kv.pages[j].host_ready) {
+    if (j >= kv.pages.size() || !kv.pages[j].HostReady()) {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request,
                                                         " was not imported (no confirmed host copy)"));
     }
@@ -352,25 +367,25 @@ absl::Status HierarchicalKvAccess::FreeTailSlot(RequestKv& kv, Position old) {
   const RequestId request = kv.id;
   if (old >= 0) {
     KvPage& pg = kv.pages[static_cast<size_t>(old / c.page_rows)];
-    if (pg.host_page >= 0 && !pg.host_ready) {
+    if (pg.host == HostCopy::kWriting) {
       if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;  // tail slot reused only after its backup
       Update();
     }
-    if (pg.device_page >= 0 && !pg.ready && !pg.host_ready) {
+    if (pg.gpu == GpuCopy::kFilling && !pg.HostReady()) {
       // ... or after its kept copy. A failed one is reported by Update (a failed publish) and falls back to a host
       // backup there; without one the tail slot cannot be reused and the copy's error is returned.
       const absl::Status kept = pg.populate.Wait();
       Update();
-      if (pg.host_page >= 0 && !pg.host_ready) {
+      if (pg.host == HostCopy::kWriting) {
         if (absl::Status s = pg.backup.Wait(); !s.ok()) return s;
         Update();
       }
-      if (!kept.ok() && !pg.host_ready) {
+      if (!kept.ok() && !pg.HostReady()) {
         return absl::Status(kept.code(), absl::StrCat("KV: request ", request, " page ", old / c.page_rows,
                                                       ": kept copy failed and no host copy: ", kept.message()));
       }
     }
-    if (!pg.host_ready && !pg.ready) {
+    if (!pg.HostReady() && !pg.Ready()) {
       return absl::ResourceExhaustedError(absl::StrCat("KV: tail of request ", request, " is full: page ",
                                                        old / c.page_rows, " has no host copy yet"));
     }
@@ -456,7 +471,7 @@ absl::Status HierarchicalKvAccess::KeepOptional(RequestKv& kv, uint32_t page, Pa
     }
   }
   pg.device_page = device_page;
-  kv.SetReady(page, false);  // published by Update only after the copy completed
+  DHS_CHECK_OK(kv.Transition(page, GpuCopy::kNone, GpuCopy::kFilling));  // published by Update after the copy
   pg.populate = device_->CopyDeviceToDevice(ops, after);
   SetGpuPageOwner(device_page, static_cast<int64_t>(kv.id), page);
   pending_populates_.push_back(PendingPopulate{kv.id, page, true});
@@ -606,7 +621,7 @@ PageResidency HierarchicalKvAccess::Residency(RequestId request, uint32_t page) 
   if (kv == nullptr) return PageResidency::kNone;
   if (page < kv->pages.size()) {
     const KvPage& pg = kv->pages[page];
-    if (pg.host_page >= 0) return pg.host_ready ? PageResidency::kHostWritten : PageResidency::kHostWriting;
+    if (pg.host != HostCopy::kNone) return pg.HostReady() ? PageResidency::kHostWritten : PageResidency::kHostWriting;
     if (pg.device_page >= 0) return PageResidency::kOnGpu;
   }
   if (page < kv->keep_plan.size() && kv->keep_plan[page] >= 0) return PageResidency::kKeepPlanned;
@@ -636,7 +651,7 @@ RequestCopies HierarchicalKvAccess::CopiesInFlight(RequestId request) const {
   if (kv == nullptr) return out;
   for (const KvPage& pg : kv->pages) {
     if (pg.device_page >= 0) out.into_gpu.emplace_back(static_cast<PageIndex>(pg.device_page), pg.populate);
-    if (pg.host_page >= 0 && !pg.host_ready) out.to_host.push_back(pg.backup);
+    if (pg.host == HostCopy::kWriting) out.to_host.push_back(pg.backup);
   }
   return out;
 }
@@ -683,7 +698,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
         const CopyEvent& w = kv.tail_write[s][static_cast<size_t>(t % c.tail_rows)];
         if (!w.Done() || w.Failed()) after.push_back(w);  // backup waits for the rows' writes
       }
-    } else if (pg.ready) {
+    } else if (pg.Ready()) {
       src = layout_.PageRow(static_cast<PageIndex>(pg.device_page), s, 0);
     } else {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", kv.id,
@@ -692,7 +707,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::IssueBackup(RequestKv& kv, uint3
     ops.push_back(DeviceToHostCopy{host_base + layout_.InPage(s, 0), DeviceRange{pool_, src, bytes}});
   }
   pg.host_page = host_page;
-  kv.SetHostReady(page, false);
+  DHS_CHECK_OK(kv.Transition(page, HostCopy::kNone, HostCopy::kWriting));  // no host page: checked above
   pg.backup = device_->CopyDeviceToHost(ops, after);
   pending_backups_.push_back(PendingBackup{kv.id, page});
   ReachFaultPoint(FaultPoint::kBackup);  // test-only (common/fault_point.h)
@@ -729,7 +744,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::WithdrawReady(RequestId request,
     const PageIndex dp = static_cast<PageIndex>(pg.device_page);
     events.push_back(pg.populate);
     events.push_back(device_->ReadersFence(DeviceRange{pool_, layout_.PageRow(dp, 0, 0), layout_.page_bytes()}));
-    kv.SetReady(page, false);  // new lookups fall back to the hot cache and host from now on
+    DHS_CHECK_OK(kv.Transition(page, pg.gpu, GpuCopy::kNone));  // lookups fall back to the hot cache and host now
     pg.device_page = -1;
     pg.populate = CopyEvent();
     SetGpuPageOwner(dp, -1, 0);
@@ -748,7 +763,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
   if (device_page_owner_[device_page] >= 0) {
     return absl::FailedPreconditionError(absl::StrCat("KV: device page ", device_page, " is in use"));
   }
-  if (page >= kv.pages.size() || !kv.pages[page].host_ready) {
+  if (page >= kv.pages.size() || !kv.pages[page].HostReady()) {
     return absl::FailedPreconditionError(absl::StrCat("KV: page ", page, " of request ", request,
                                                       " has no completed host copy"));
   }
@@ -764,7 +779,7 @@ absl::StatusOr<CopyEvent> HierarchicalKvAccess::Populate(RequestId request, uint
                                    host_base + layout_.InPage(s, 0)});
   }
   pg.device_page = device_page;
-  kv.SetReady(page, false);  // published by Poll only after the copy completed
+  DHS_CHECK_OK(kv.Transition(page, GpuCopy::kNone, GpuCopy::kFilling));  // published by Poll after the copy
   pg.populate = device_->CopyHostToDevice(ops, {&fence, 1});
   SetGpuPageOwner(device_page, static_cast<int64_t>(request), page);
   pending_populates_.push_back(PendingPopulate{request, page, false});
@@ -806,10 +821,11 @@ void HierarchicalKvAccess::Update() {
     const absl::Status s = pg.backup.Status();
     completions_.backups.push_back({b.request, b.page, static_cast<PageIndex>(pg.host_page), s});
     if (s.ok()) {
-      it->second->SetHostReady(b.page, true);
+      DHS_CHECK_OK(it->second->Transition(b.page, HostCopy::kWriting, HostCopy::kWritten));
     } else {
       FreeHostPageAfter(static_cast<PageIndex>(pg.host_page), {});
       pg.host_page = -1;
+      DHS_CHECK_OK(it->second->Transition(b.page, HostCopy::kWriting, HostCopy::kNone));
     }
     return true;
   });
@@ -817,14 +833,17 @@ void HierarchicalKvAccess::Update() {
     auto it = requests_.find(p.request);
     if (it == requests_.end()) return true;
     KvPage& pg = it->second->pages[p.page];
-    if (pg.device_page < 0) return true;  // withdrawn before it was published
+    if (pg.gpu == GpuCopy::kNone) return true;  // withdrawn before it was published
     if (!pg.populate.Done()) return false;
     const absl::Status s = pg.populate.Status();
     completions_.published.push_back({p.request, p.page, static_cast<PageIndex>(pg.device_page), s, p.kept});
     if (s.ok()) {
-      it->second->SetReady(p.page, true);  // the ready map entry, set only after the copy completed
+      // The ready map entry, set only after the copy completed (already set when an earlier entry of this page, left
+      // by a withdrawal followed by a new populate before this Update, saw the same copy).
+      if (pg.gpu == GpuCopy::kFilling) DHS_CHECK_OK(it->second->Transition(p.page, GpuCopy::kFilling, GpuCopy::kReady));
     } else {
       SetGpuPageOwner(static_cast<PageIndex>(pg.device_page), -1, 0);
+      DHS_CHECK_OK(it->second->Transition(p.page, GpuCopy::kFilling, GpuCopy::kNone));
       pg.device_page = -1;
       RequestKv& kv = *it->second;
       if (p.kept && !host_writes_paused_ && pg.host_page < 0 && p.page < kv.host_plan.size() &&
@@ -854,7 +873,7 @@ KvCompletions HierarchicalKvAccess::Poll() {
     auto it = requests_.find(b.request);
     if (it == requests_.end() || b.page >= it->second->pages.size()) continue;
     KvPage& pg = it->second->pages[b.page];
-    if (!pg.host_ready || pg.host_page != static_cast<int64_t>(b.host_page)) continue;
+    if (!pg.HostReady() || pg.host_page != static_cast<int64_t>(b.host_page)) continue;
     if (pg.checksum == kNoChecksum) {
       // Not marked verified: the first use after this confirmation checks the bytes against it (a byte changed
       // between the confirmation and that use is caught; docs/architecture.md "Host-page integrity").
@@ -906,8 +925,7 @@ absl::Status HierarchicalKvAccess::Fetch(std::span<const SourceId> sources, std:
 
 // One round request of a staged Fetch: its queries (batch indices), the union plan, and the one resolver query over
 // U_r without its staged rows (first appearance order) with that query's output.
-namespace {
-struct RoundUnion {
+struct HierarchicalKvAccess::RoundUnion {
   RequestKv* kv = nullptr;
   std::vector<size_t> members;
   spec::UnionPlan plan;
@@ -915,177 +933,243 @@ struct RoundUnion {
   absl::flat_hash_map<Position, size_t> unified_index;
   std::vector<Location> out;
 };
+
+namespace {
+// A round request's selections as PlanUnion takes them (pieces of at most k entries) and the query j of each.
+struct RoundSelections {
+  std::vector<std::span<const Position>> selections;
+  std::vector<int64_t> query_of;
+  bool located = true;     // every member query has its position (`at`)
+  Position n_r = INT64_MAX;  // the smallest `at` of the members
+};
 }  // namespace
+
+// FetchWithStaging's state across its phases: the batch sorted into plain queries and round unions, the resolver's
+// queries, and the arenas this Fetch holds (one per source of the group, acquired only when a row is staged).
+struct HierarchicalKvAccess::StagedFetch {
+  uint32_t group = 0;
+  std::span<const SourceId> sources;
+  std::span<KvQuery> batch;
+  std::vector<RoundUnion> rounds;
+  std::vector<ResolveQuery> queries;
+  std::vector<std::vector<Location>> locs;  // by batch index: the output of a plain query
+  std::vector<bool> plain;                  // by batch index: not in a round (its own resolver query)
+  int64_t staged_rows = 0;
+  std::vector<uint32_t> held;  // arena of source index si
+  CopyEvent staged;            // the staging copies (complete when none)
+
+  DeviceRange StagingRow(const spec::StagingShape& shape, PoolId pool, const KvConfig& c, size_t si, SlotIndex slot,
+                         int64_t row) const {
+    return DeviceRange{pool, spec::StagingRowOffset(shape, held[si], slot, row), c.row_bytes[sources[si]]};
+  }
+};
 
 absl::Status HierarchicalKvAccess::FetchWithStaging(uint32_t group, std::span<const SourceId> sources,
                                                     std::span<KvQuery> batch) {
-  const KvConfig& c = layout_.config();
-  const std::vector<SourceId>& gs = c.groups[group];
-  const size_t num_sources = sources.size();
-  std::vector<RoundUnion> rounds;
+  StagedFetch f;
+  f.group = group;
+  f.sources = sources;
+  f.batch = batch;
+  if (absl::Status s = SortStagedBatch(f); !s.ok()) return s;
+  for (RoundUnion& r : f.rounds) {
+    if (absl::Status s = PlanRoundUnion(f, r); !s.ok()) return s;
+  }
+  for (RoundUnion& r : f.rounds) f.queries.push_back(ResolveQuery{r.kv, r.unified, r.out});
+  // Execution: one arena per source of the group when any row is staged, each staged row copied once per source
+  // from its host page; the resolver's copies (hot cache) meanwhile.
+  if (f.staged_rows > 0) {
+    if (absl::Status s = IssueStagingCopies(f); !s.ok()) return s;
+  }
+  if (absl::Status st = resolver_->Resolve(group, sources, f.queries); !st.ok()) {
+    AwaitEndedOrLog(f.staged, "staging copy after a failed resolve");  // arena rows are free once the copy ended
+    ReleaseStagingArenas(f);
+    return st;
+  }
+  if (absl::Status st = f.staged.Wait(); !st.ok()) {
+    ReleaseStagingArenas(f);
+    return absl::Status(st.code(), absl::StrCat("KV: staging copy of group ", group, " failed: ", st.message()));
+  }
+  PublishStagedReads(f);
+  return absl::OkStatus();
+}
+
+// Phase 1: each batch entry either its own resolver query (a request not in a round, as Fetch without staging) or a
+// member of its request's round union. Errors: INVALID_ARGUMENT (unknown request, rows_out of the wrong size).
+absl::Status HierarchicalKvAccess::SortStagedBatch(StagedFetch& f) {
   absl::flat_hash_map<RequestId, size_t> round_of;
-  std::vector<ResolveQuery> queries;
-  std::vector<std::vector<Location>> locs(batch.size());
-  std::vector<bool> plain(batch.size(), false);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto it = requests_.find(batch[i].request);
+  f.locs.resize(f.batch.size());
+  f.plain.assign(f.batch.size(), false);
+  for (size_t i = 0; i < f.batch.size(); ++i) {
+    auto it = requests_.find(f.batch[i].request);
     if (it == requests_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("KV: unknown request ", batch[i].request));
+      return absl::InvalidArgumentError(absl::StrCat("KV: unknown request ", f.batch[i].request));
     }
-    if (batch[i].rows_out.size() != num_sources * batch[i].selection.size()) {
+    if (f.batch[i].rows_out.size() != f.sources.size() * f.batch[i].selection.size()) {
       return absl::InvalidArgumentError("KV: rows_out must hold sources.size() * k entries");
     }
     RequestKv* kv = it->second.get();
     if (kv->hold_from == INT64_MAX) {  // not in a round: its own query, as Fetch without staging
-      locs[i].assign(batch[i].rows_out.size(), kNoLocation);
-      queries.push_back(ResolveQuery{kv, batch[i].selection, locs[i]});
-      plain[i] = true;
+      f.locs[i].assign(f.batch[i].rows_out.size(), kNoLocation);
+      f.queries.push_back(ResolveQuery{kv, f.batch[i].selection, f.locs[i]});
+      f.plain[i] = true;
       continue;
     }
-    auto [at, fresh] = round_of.try_emplace(kv->id, rounds.size());
-    if (fresh) rounds.push_back(RoundUnion{kv});
-    rounds[at->second].members.push_back(i);
+    auto [at, fresh] = round_of.try_emplace(kv->id, f.rounds.size());
+    if (fresh) {
+      f.rounds.emplace_back();
+      f.rounds.back().kv = kv;
+    }
+    f.rounds[at->second].members.push_back(i);
   }
-  // The decision, per round request (spec::PlanUnion): R_r = tail, ready map and this round's hot hits; the hot
-  // cache takes as many missing rows as it has slots the hits leave unprotected, a staging arena the rest.
-  int64_t staged_rows = 0;
-  for (RoundUnion& r : rounds) {
-    RequestKv& kv = *r.kv;
-    kv.IndexPages();
-    const Position length = kv.Length(gs);
-    bool located = true;
-    Position n_r = INT64_MAX;
-    for (size_t i : r.members) {
-      located = located && batch[i].at != kNoPosition;
-      n_r = std::min(n_r, batch[i].at);
-    }
-    std::vector<std::span<const Position>> selections;
-    std::vector<int64_t> query_of;
-    for (size_t i : r.members) {
-      for (Position t : batch[i].selection) {
-        if (t < kNoPosition || t >= length) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("KV: request ", kv.id, " selects position ", t, " but has ", length, " rows"));
-        }
-      }
-      // PlanUnion takes selections of at most k entries: a longer one (a local window wider than k) in pieces of
-      // the same query; `reads` follows the entries in the same order either way.
-      for (size_t from = 0; from < batch[i].selection.size(); from += c.k) {
-        const size_t n = std::min<size_t>(c.k, batch[i].selection.size() - from);
-        selections.push_back(batch[i].selection.subspan(from, n));
-        query_of.push_back(located ? batch[i].at - n_r : 0);
+  return absl::OkStatus();
+}
+
+namespace {
+// The selections of a round union's member queries (batch indices `members`) of request `request`, each position checked against the request's `length` rows.
+// PlanUnion takes selections of at most k entries: a longer one (a local window wider than k) goes in pieces of the
+// same query; `reads` follows the entries in the same order either way. Errors: INVALID_ARGUMENT.
+absl::StatusOr<RoundSelections> CollectSelections(RequestId request, std::span<const size_t> members,
+                                                  std::span<const KvQuery> batch, Position length, uint32_t k) {
+  RoundSelections out;
+  for (size_t i : members) {
+    out.located = out.located && batch[i].at != kNoPosition;
+    out.n_r = std::min(out.n_r, batch[i].at);
+  }
+  for (size_t i : members) {
+    for (Position t : batch[i].selection) {
+      if (t < kNoPosition || t >= length) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("KV: request ", request, " selects position ", t, " but has ", length, " rows"));
       }
     }
-    auto direct = [&](Position t) { return kv.InTail(gs, t, c.tail_rows) || kv.ReadyPage(t, c.page_rows) >= 0; };
-    absl::flat_hash_set<Position> hits;
-    for (std::span<const Position> sel : selections) {
-      for (Position t : sel) {
-        if (t >= 0 && !direct(t) && resolver_->HotHolds(kv.slot, group, t)) hits.insert(t);
-      }
+    for (size_t from = 0; from < batch[i].selection.size(); from += k) {
+      const size_t n = std::min<size_t>(k, batch[i].selection.size() - from);
+      out.selections.push_back(batch[i].selection.subspan(from, n));
+      out.query_of.push_back(out.located ? batch[i].at - out.n_r : 0);
     }
-    spec::UnionPlanInput in{.selections = selections,
-                            .k = c.k,
-                            .k_max = c.staging_k_max,
-                            .frontier = located ? n_r : std::max<Position>(0, length - 1),
-                            .hot_budget = static_cast<int64_t>(c.hot_rows) - static_cast<int64_t>(hits.size()),
-                            .ready = [&](Position t) { return direct(t) || hits.contains(t); },
-                            .query_of = query_of};
-    absl::StatusOr<spec::UnionPlan> plan =
-        selections.empty() ? absl::StatusOr<spec::UnionPlan>(spec::UnionPlan{}) : spec::PlanUnion(in);
-    if (!plan.ok()) {
-      return absl::Status(plan.status().code(), absl::StrCat("KV: request ", kv.id, ": ", plan.status().message()));
+  }
+  return out;
+}
+}  // namespace
+
+// Phase 2, per round request (spec::PlanUnion): R_r = tail, ready map and this round's hot hits; the hot cache takes
+// as many missing rows as it has slots the hits leave unprotected, a staging arena the rest. Then the union's rows
+// that the resolver serves (first appearance order) and the checks of the staged rows' host copies.
+absl::Status HierarchicalKvAccess::PlanRoundUnion(StagedFetch& f, RoundUnion& r) {
+  const KvConfig& c = layout_.config();
+  const std::vector<SourceId>& gs = c.groups[f.group];
+  RequestKv& kv = *r.kv;
+  kv.IndexPages();
+  const Position length = kv.Length(gs);
+  absl::StatusOr<RoundSelections> sel = CollectSelections(kv.id, r.members, f.batch, length, c.k);
+  if (!sel.ok()) return sel.status();
+  auto direct = [&](Position t) { return kv.InTail(gs, t, c.tail_rows) || kv.ReadyPage(t, c.page_rows) >= 0; };
+  absl::flat_hash_set<Position> hits;
+  for (std::span<const Position> s : sel->selections) {
+    for (Position t : s) {
+      if (t >= 0 && !direct(t) && resolver_->HotHolds(kv.slot, f.group, t)) hits.insert(t);
     }
-    r.plan = *std::move(plan);
-    size_t e = 0;
-    for (std::span<const Position> sel : selections) {
-      for (Position t : sel) {
-        const spec::ReadLocation& read = r.plan.reads[e++];
-        if (t == kNoPosition || read.from == spec::ReadFrom::kStaging) continue;
-        if (r.unified_index.try_emplace(t, r.unified.size()).second) r.unified.push_back(t);
-      }
+  }
+  spec::UnionPlanInput in{.selections = sel->selections,
+                          .k = c.k,
+                          .k_max = c.staging_k_max,
+                          .frontier = sel->located ? sel->n_r : std::max<Position>(0, length - 1),
+                          .hot_budget = static_cast<int64_t>(c.hot_rows) - static_cast<int64_t>(hits.size()),
+                          .ready = [&](Position t) { return direct(t) || hits.contains(t); },
+                          .query_of = sel->query_of};
+  absl::StatusOr<spec::UnionPlan> plan =
+      sel->selections.empty() ? absl::StatusOr<spec::UnionPlan>(spec::UnionPlan{}) : spec::PlanUnion(in);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(), absl::StrCat("KV: request ", kv.id, ": ", plan.status().message()));
+  }
+  r.plan = *std::move(plan);
+  size_t e = 0;
+  for (std::span<const Position> s : sel->selections) {
+    for (Position t : s) {
+      const spec::ReadLocation& read = r.plan.reads[e++];
+      if (t == kNoPosition || read.from == spec::ReadFrom::kStaging) continue;
+      if (r.unified_index.try_emplace(t, r.unified.size()).second) r.unified.push_back(t);
+    }
+  }
+  for (const spec::RowCopy& copy : r.plan.copies) {
+    if (copy.to == spec::ReadFrom::kStaging && !kv.HostReady(copy.row, c.page_rows)) {
+      return absl::InternalError(absl::StrCat("KV: row ", copy.row, " of request ", kv.id,
+                                              " is neither ready on GPU nor backed up on host (safety invariant)"));
+    }
+    if (copy.to == spec::ReadFrom::kStaging) {  // issue 22: a staged row's host page is verified like a recovery's
+      if (absl::Status v = VerifyHostPage(kv, static_cast<uint32_t>(copy.row / c.page_rows)); !v.ok()) return v;
+    }
+  }
+  f.staged_rows += r.plan.staging_copies;
+  r.out.assign(f.sources.size() * r.unified.size(), kNoLocation);
+  return absl::OkStatus();
+}
+
+// Phase 3 (some row staged): one arena per source of the group, then every staged row of every round copied from its
+// host page into staging rows 0, 1, .. of each source's arena (one batch, after the fences of readers still reading
+// those arena rows). Errors: RESOURCE_EXHAUSTED (no free arena; nothing held).
+absl::Status HierarchicalKvAccess::IssueStagingCopies(StagedFetch& f) {
+  const KvConfig& c = layout_.config();
+  const size_t num_sources = f.sources.size();
+  const uint32_t serial = ++staging_serial_;
+  for (size_t si = 0; si < num_sources; ++si) {
+    absl::StatusOr<uint32_t> arena = arenas_->Acquire(serial, static_cast<uint32_t>(si), 1);
+    if (!arena.ok()) {
+      ReleaseStagingArenas(f);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV: no free staging arena for group ", f.group, " (χ = ", arenas_->arenas(),
+          ", every one held by a Fetch whose readers have not finished): ", arena.status().message()));
+    }
+    f.held.push_back(*arena);
+  }
+  std::vector<HostToDeviceCopy> ops;
+  std::vector<CopyEvent> after;
+  const auto slot_bytes = static_cast<uint64_t>(staging_shape_.k_max * staging_shape_.k * staging_shape_.row_bytes);
+  for (const RoundUnion& r : f.rounds) {
+    if (r.plan.staging_copies == 0) continue;
+    for (size_t si = 0; si < num_sources; ++si) {
+      const DeviceRange rows{staging_pool_id_, spec::StagingRowOffset(staging_shape_, f.held[si], r.kv->slot, 0),
+                             slot_bytes};
+      if (device_->ReadersBusy(rows)) after.push_back(device_->ReadersFence(rows));
     }
     for (const spec::RowCopy& copy : r.plan.copies) {
-      if (copy.to == spec::ReadFrom::kStaging && !kv.HostReady(copy.row, c.page_rows)) {
-        return absl::InternalError(absl::StrCat("KV: row ", copy.row, " of request ", kv.id,
-                                                " is neither ready on GPU nor backed up on host (safety invariant)"));
-      }
-      if (copy.to == spec::ReadFrom::kStaging) {  // issue 22: a staged row's host page is verified like a recovery's
-        if (absl::Status v = VerifyHostPage(kv, static_cast<uint32_t>(copy.row / c.page_rows)); !v.ok()) return v;
-      }
-    }
-    staged_rows += r.plan.staging_copies;
-    r.out.assign(num_sources * r.unified.size(), kNoLocation);
-  }
-  for (RoundUnion& r : rounds) queries.push_back(ResolveQuery{r.kv, r.unified, r.out});
-  // Execution: one arena per source of the group when any row is staged, each staged row copied once per source
-  // from its host page; the resolver's copies (hot cache) meanwhile.
-  std::vector<uint32_t> held;
-  auto release_held = [&] {
-    for (uint32_t arena : held) arenas_->ReleaseReader(arena).IgnoreError();  // held by this call: cannot fail
-  };
-  auto staging_row = [&](size_t si, SlotIndex slot, int64_t row) {
-    return DeviceRange{staging_pool_id_, spec::StagingRowOffset(staging_shape_, held[si], slot, row),
-                       c.row_bytes[sources[si]]};
-  };
-  CopyEvent staged;
-  if (staged_rows > 0) {
-    const uint32_t serial = ++staging_serial_;
-    for (size_t si = 0; si < num_sources; ++si) {
-      absl::StatusOr<uint32_t> arena = arenas_->Acquire(serial, static_cast<uint32_t>(si), 1);
-      if (!arena.ok()) {
-        release_held();
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "KV: no free staging arena for group ", group, " (χ = ", arenas_->arenas(),
-            ", every one held by a Fetch whose readers have not finished): ", arena.status().message()));
-      }
-      held.push_back(*arena);
-    }
-    std::vector<HostToDeviceCopy> ops;
-    std::vector<CopyEvent> after;
-    const auto slot_bytes = static_cast<uint64_t>(staging_shape_.k_max * staging_shape_.k * staging_shape_.row_bytes);
-    for (const RoundUnion& r : rounds) {
-      if (r.plan.staging_copies == 0) continue;
+      if (copy.to != spec::ReadFrom::kStaging) continue;
+      const uint8_t* page = HostPageData(r.kv->pages[static_cast<size_t>(copy.row / c.page_rows)].host_page);
       for (size_t si = 0; si < num_sources; ++si) {
-        const DeviceRange rows{staging_pool_id_, spec::StagingRowOffset(staging_shape_, held[si], r.kv->slot, 0),
-                               slot_bytes};
-        if (device_->ReadersBusy(rows)) after.push_back(device_->ReadersFence(rows));
-      }
-      for (const spec::RowCopy& copy : r.plan.copies) {
-        if (copy.to != spec::ReadFrom::kStaging) continue;
-        const uint8_t* page = HostPageData(r.kv->pages[static_cast<size_t>(copy.row / c.page_rows)].host_page);
-        for (size_t si = 0; si < num_sources; ++si) {
-          const auto in_page = static_cast<uint32_t>(copy.row % c.page_rows);
-          ops.push_back(HostToDeviceCopy{staging_row(si, r.kv->slot, copy.index),
-                                         page + layout_.InPage(sources[si], in_page)});
-        }
+        const auto in_page = static_cast<uint32_t>(copy.row % c.page_rows);
+        ops.push_back(HostToDeviceCopy{f.StagingRow(staging_shape_, staging_pool_id_, c, si, r.kv->slot, copy.index),
+                                       page + layout_.InPage(f.sources[si], in_page)});
       }
     }
-    staged = device_->CopyHostToDevice(ops, after);
   }
-  if (absl::Status st = resolver_->Resolve(group, sources, queries); !st.ok()) {
-    staged.Wait().IgnoreError();  // the arena rows are free again only once the copy ended
-    release_held();
-    return st;
-  }
-  if (absl::Status st = staged.Wait(); !st.ok()) {
-    release_held();
-    return absl::Status(st.code(), absl::StrCat("KV: staging copy of group ", group, " failed: ", st.message()));
-  }
-  // Every (query, entry, source) reads its planned location: direct / hot from the resolver's union query, staged
-  // from its arena row (the same copy for every query that selected the row).
+  f.staged = device_->CopyHostToDevice(ops, after);
+  return absl::OkStatus();
+}
+
+// The arenas `f` acquired, released (an error after IssueStagingCopies: nothing is held after a failed Fetch).
+void HierarchicalKvAccess::ReleaseStagingArenas(StagedFetch& f) {
+  for (uint32_t arena : f.held) DHS_CHECK_OK(arenas_->ReleaseReader(arena).status());  // held by this Fetch
+  f.held.clear();
+}
+
+// Phase 4: every (query, entry, source) reads its planned location: a plain query its resolver output; a round's
+// entry direct / hot from the resolver's union query, staged from its arena row (the same copy for every query that
+// selected the row). One reader over all of them; the arenas stay held until the group's ReadersDone.
+void HierarchicalKvAccess::PublishStagedReads(StagedFetch& f) {
+  const KvConfig& c = layout_.config();
+  const size_t num_sources = f.sources.size();
+  std::span<KvQuery> batch = f.batch;
   std::vector<DeviceRange> read;
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (!plain[i]) continue;
+    if (!f.plain[i]) continue;
     const size_t k = batch[i].selection.size();
-    for (size_t e = 0; e < locs[i].size(); ++e) {
-      const Location l = locs[i][e];
+    for (size_t e = 0; e < f.locs[i].size(); ++e) {
+      const Location l = f.locs[i][e];
       batch[i].rows_out[e] = l == kNoLocation ? nullptr : device_->HostVisible(pool_, l);
-      if (l != kNoLocation) read.push_back(DeviceRange{pool_, l, layout_.row_bytes(sources[e / k])});
+      if (l != kNoLocation) read.push_back(DeviceRange{pool_, l, layout_.row_bytes(f.sources[e / k])});
     }
   }
-  uint64_t row_bytes_all = 0;
-  for (SourceId s : sources) row_bytes_all += c.row_bytes[s];
-  for (const RoundUnion& r : rounds) {
+  for (const RoundUnion& r : f.rounds) {
     size_t e0 = 0;
     for (size_t i : r.members) {
       const size_t n = batch[i].selection.size();
@@ -1100,8 +1184,9 @@ absl::Status HierarchicalKvAccess::FetchWithStaging(uint32_t group, std::span<co
           }
           const DeviceRange range =
               at.from == spec::ReadFrom::kStaging
-                  ? staging_row(si, r.kv->slot, at.index)
-                  : DeviceRange{pool_, r.out[si * r.unified.size() + r.unified_index.at(t)], c.row_bytes[sources[si]]};
+                  ? f.StagingRow(staging_shape_, staging_pool_id_, c, si, r.kv->slot, at.index)
+                  : DeviceRange{pool_, r.out[si * r.unified.size() + r.unified_index.at(t)],
+                                c.row_bytes[f.sources[si]]};
           row = device_->HostVisible(range.pool, range.offset);
           read.push_back(range);
         }
@@ -1109,15 +1194,22 @@ absl::Status HierarchicalKvAccess::FetchWithStaging(uint32_t group, std::span<co
       e0 += n;
     }
   }
-  readers_[group].push_back(device_->BeginReaders(read));
-  staging_held_[group].insert(staging_held_[group].end(), held.begin(), held.end());
-  staging_census_.unions += rounds.size();
-  if (staged_rows > 0) {
+  readers_[f.group].push_back(device_->BeginReaders(read));
+  staging_held_[f.group].insert(staging_held_[f.group].end(), f.held.begin(), f.held.end());
+  CountStagedFetch(f);
+}
+
+// The staging census of a served Fetch: its round unions, and when rows were staged, the Fetch, the rows and their
+// bytes (all sources of the group).
+void HierarchicalKvAccess::CountStagedFetch(const StagedFetch& f) {
+  uint64_t row_bytes_all = 0;
+  for (SourceId s : f.sources) row_bytes_all += layout_.config().row_bytes[s];
+  staging_census_.unions += f.rounds.size();
+  if (f.staged_rows > 0) {
     ++staging_census_.staged_fetches;
-    staging_census_.rows += static_cast<uint64_t>(staged_rows);
-    staging_census_.bytes += static_cast<uint64_t>(staged_rows) * row_bytes_all;
+    staging_census_.rows += static_cast<uint64_t>(f.staged_rows);
+    staging_census_.bytes += static_cast<uint64_t>(f.staged_rows) * row_bytes_all;
   }
-  return absl::OkStatus();
 }
 
 void HierarchicalKvAccess::ReadersDone(std::span<const SourceId> sources) {
@@ -1126,7 +1218,7 @@ void HierarchicalKvAccess::ReadersDone(std::span<const SourceId> sources) {
   auto& rs = readers_[group];
   for (ReaderId r : rs) device_->EndReaders(r);
   rs.clear();
-  for (uint32_t arena : staging_held_[group]) arenas_->ReleaseReader(arena).IgnoreError();  // held: cannot fail
+  for (uint32_t arena : staging_held_[group]) DHS_CHECK_OK(arenas_->ReleaseReader(arena).status());  // held
   staging_held_[group].clear();
 }
 

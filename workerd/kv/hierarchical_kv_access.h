@@ -241,6 +241,17 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // file), the others as usual. Errors: Fetch's; RESOURCE_EXHAUSTED (no free arena, or a union beyond the hot cache
   // and the arena); nothing is resolved nor held after an error.
   absl::Status FetchWithStaging(uint32_t group, std::span<const SourceId> sources, std::span<KvQuery> batch);
+  // FetchWithStaging's phases, in order (hierarchical_kv_access.cc), over its state `StagedFetch`: the batch sorted
+  // into plain queries and round unions; each union planned (spec::PlanUnion); the staging copies issued into
+  // arenas it acquires; after the resolver, the rows published to one reader and counted.
+  struct RoundUnion;
+  struct StagedFetch;
+  absl::Status SortStagedBatch(StagedFetch& f);
+  absl::Status PlanRoundUnion(StagedFetch& f, RoundUnion& r);
+  absl::Status IssueStagingCopies(StagedFetch& f);
+  void ReleaseStagingArenas(StagedFetch& f);
+  void PublishStagedReads(StagedFetch& f);
+  void CountStagedFetch(const StagedFetch& f);
   void Update();  // the state part of Poll; completions accumulate in completions_
   uint64_t TailUploadOffset(SourceId s, Position t) const;
   // The first byte of host page `host_page` in the mapped pool (payload rows, then index keys; KvLayout).

@@ -6,8 +6,9 @@
 // Hot/cold split (brief §5: the resolver's cost is bounded by B and k, never by the history): `pages` (64 bytes per
 // page) is the record; the resolver's per-row lookups read only the hot index, 4 + 1 bytes per page: ready_page
 // (device page of a ready-map entry, -1 = not in the ready map) and host_ready (1 = host copy completed). Writers
-// change `ready` / `host_ready` only through SetReady / SetHostReady and grow `pages` through GrowPages, which keep
-// both in step. IndexPages extends the index over pages appended to `pages` by hand (tests, benchmarks).
+// change a page's copies (kv_page.h) only through Transition, and grow `pages` through GrowPages, which keep both in
+// step. IndexPages extends the index over pages appended to `pages` by hand, and PlaceHostCopy / PlaceGpuCopy set a
+// page's copies by hand (tests, benchmarks: states no sequence of transitions needs to reach).
 //
 // Thread-safety: none; owned and driven by the worker thread.
 #pragma once
@@ -18,32 +19,12 @@
 #include <vector>
 
 #include "common/types.h"
+#include "absl/status/status.h"
 #include "workerd/device/device.h"
+#include "workerd/kv/kv_page.h"
 #include "workerd/kv/layout.h"
 
 namespace dhs {
-
-struct KvPage {
-  // Host copy: host_page >= 0 once a backup was issued; host_ready once its copy completed (brief §4).
-  int64_t host_page = -1;
-  bool host_ready = false;
-  CopyEvent backup;
-  // A resume's page with a confirmed host copy taken over (HierarchicalKvAccess::ImportHostPages): its host page is
-  // never written again (no backup, no index key).
-  bool imported = false;
-  // Host-page integrity (issue 22; common/page_checksum.h): the page's checksum (payload and keys, all
-  // host_page_bytes) once its host copy is confirmed: recorded by Poll when the worker's own backup completed, or
-  // taken from memd's grant for a resume's imported page; kNoChecksum until then. `verified`: the host bytes were
-  // checked against it once (a confirmed host page is immutable while the request holds it: verified once per page,
-  // not per recovery; docs/architecture.md "Host-page integrity").
-  uint64_t checksum = 0;
-  bool verified = false;
-  // Optional history: device_page >= 0 while populating or ready; `ready` (the ready map entry) is set only after
-  // the populate copy completed, and cleared by a withdrawal before the page is retired.
-  int64_t device_page = -1;
-  bool ready = false;
-  CopyEvent populate;
-};
 
 struct RequestKv {
   RequestId id = 0;
@@ -56,8 +37,8 @@ struct RequestKv {
   std::vector<std::vector<CopyEvent>> tail_write;  // [source][t mod T]: the write of the row now in that tail slot
   std::vector<KvPage> pages;                     // by page index t / p (the record; see the hot index below)
   // Hot index, by page index, kept in step with `pages` (see the header comment).
-  std::vector<int32_t> ready_page;               // pages[j].ready ? pages[j].device_page : -1
-  std::vector<uint8_t> host_ready;               // pages[j].host_ready
+  std::vector<int32_t> ready_page;               // pages[j].Ready() ? pages[j].device_page : -1
+  std::vector<uint8_t> host_ready;               // pages[j].HostReady()
   // Residency plan (HierarchicalKvAccess::PlanResidency): host page and kept optional device page by history page,
   // -1 = none.
   std::vector<int64_t> host_plan;
@@ -115,22 +96,39 @@ struct RequestKv {
     ready_page.resize(n, -1);
     host_ready.resize(n, 0);
   }
-  // Sets the ready-map entry of `page` (its device_page must be set first when ready).
-  void SetReady(uint32_t page, bool ready) {
-    pages[page].ready = ready;
-    ready_page[page] = ready ? static_cast<int32_t>(pages[page].device_page) : -1;
+  // Moves the host copy of `page` (TransitionPage, kv_page.h) and keeps the hot index in step. Errors: TransitionPage's
+  // (FAILED_PRECONDITION; nothing changed).
+  absl::Status Transition(uint32_t page, HostCopy from, HostCopy to) {
+    if (absl::Status s = TransitionPage(pages[page], from, to); !s.ok()) return s;
+    host_ready[page] = pages[page].HostReady() ? 1 : 0;
+    return absl::OkStatus();
   }
-  // Marks the host copy of `page` completed or not.
-  void SetHostReady(uint32_t page, bool ready) {
-    pages[page].host_ready = ready;
-    host_ready[page] = ready ? 1 : 0;
+  // Moves the GPU copy of `page` (its device_page set first for kFilling) and keeps the hot index in step.
+  absl::Status Transition(uint32_t page, GpuCopy from, GpuCopy to) {
+    if (absl::Status s = TransitionPage(pages[page], from, to); !s.ok()) return s;
+    ready_page[page] = pages[page].Ready() ? static_cast<int32_t>(pages[page].device_page) : -1;
+    return absl::OkStatus();
+  }
+  // A state built by hand (tests, benchmarks; HierarchicalKvAccess never calls these): sets the page's host (GPU) copy
+  // and its host (device) page without the table's check, and indexes the page (`page` < pages.size()).
+  void PlaceHostCopy(uint32_t page, HostCopy state, int64_t host_page) {
+    IndexPages();
+    pages[page].host = state;
+    pages[page].host_page = host_page;
+    host_ready[page] = pages[page].HostReady() ? 1 : 0;
+  }
+  void PlaceGpuCopy(uint32_t page, GpuCopy state, int64_t device_page) {
+    IndexPages();
+    pages[page].gpu = state;
+    pages[page].device_page = device_page;
+    ready_page[page] = pages[page].Ready() ? static_cast<int32_t>(device_page) : -1;
   }
   // Extends the hot index over pages added to `pages` directly (O(1) when in step).
   void IndexPages() {
     for (size_t j = ready_page.size(); j < pages.size(); ++j) {
-      ready_page.push_back(pages[j].ready ? static_cast<int32_t>(pages[j].device_page) : -1);
+      ready_page.push_back(pages[j].Ready() ? static_cast<int32_t>(pages[j].device_page) : -1);
     }
-    for (size_t j = host_ready.size(); j < pages.size(); ++j) host_ready.push_back(pages[j].host_ready ? 1 : 0);
+    for (size_t j = host_ready.size(); j < pages.size(); ++j) host_ready.push_back(pages[j].HostReady() ? 1 : 0);
   }
 };
 

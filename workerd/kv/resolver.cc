@@ -107,7 +107,7 @@ absl::Status Resolver::CheckDistinct(const ResolveQuery& q, Position n) const {
 absl::Status Resolver::VerifyHostPage(RequestKv& kv, Position t) const {
   if (!env_.verify_host_page) return absl::OkStatus();
   const auto pg = static_cast<uint32_t>(t / env_.layout->config().page_rows);
-  if (kv.pages[pg].verified) return absl::OkStatus();
+  if (kv.pages[pg].Verified()) return absl::OkStatus();
   return env_.verify_host_page(kv, pg);
 }
 
@@ -153,7 +153,7 @@ bool DirectFromRecord(const KvLayout& l, const RequestKv& kv, std::span<const So
     return true;
   }
   const KvPage* pg = kv.Page(t, c.page_rows);
-  if (pg != nullptr && pg->ready) {
+  if (pg != nullptr && pg->Ready()) {
     e.kind = Kind::kReady;
     e.page = pg->device_page;
     return true;
@@ -469,7 +469,7 @@ absl::StatusOr<bool> ReferenceResolver::PlanDirect(Planned& p, uint32_t group, c
     const Position t = q.selection[j];
     if (t == kNoPosition || DirectFromRecord(l, *q.kv, gs, t, es[j])) continue;
     const KvPage* pg = q.kv->Page(t, c.page_rows);
-    if (pg == nullptr || !pg->host_ready) return NoCopy(*q.kv, t);
+    if (pg == nullptr || !pg->HostReady()) return NoCopy(*q.kv, t);
     all_direct = false;
   }
   for (const Entry& e : es) p.add.direct += (e.kind == Kind::kTail || e.kind == Kind::kReady);

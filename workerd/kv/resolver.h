@@ -17,7 +17,7 @@
 // cache maps to row t always holds t's original bytes. Hits touched before a planning error stay touched.
 // Census (per group): selected rows resolved direct / hot / host, hot-cache scans skipped, bytes recovered.
 // Host-page integrity (ResolverEnv.verify_host_page): the page of each host-recovery miss is verified before its
-// bytes are copied, once per page (KvPage.verified); a mismatch is DATA_LOSS with the effects of any error.
+// bytes are copied, once per page (KvPage::Verified); a mismatch is DATA_LOSS with the effects of any error.
 //
 // Thread-safety: none; driven by the worker thread. Copies run on the Device.
 #pragma once
@@ -63,7 +63,7 @@ struct ResolveQuery {
 };
 
 // Host-page integrity (issue 22): called during planning for the page of every host-recovery miss whose KvPage is
-// not `verified` yet, before any of its bytes is copied; sets `verified` when the page matches its checksum, returns
+// not Verified() yet, before any of its bytes is copied; moves it to HostCopy::kVerified when the page matches its checksum, returns
 // DATA_LOSS when it does not (the batch then fails as after a planning error: nothing resolved, claimed slots
 // invalidated). HierarchicalKvAccess::VerifyHostPage is the one implementation.
 using HostPageVerifier = std::function<absl::Status(RequestKv& kv, uint32_t page)>;

@@ -1,6 +1,6 @@
 // workerd/kv/resolver_plan.h: the fused resolver's per-query plan and gather (brief §5), written once and compiled
 // for the host (g++, every CI run: tests/workerd/resolver_plan_test.cc checks it against ReferenceResolver) and for
-// the device (nvcc: workerd/device/resolver_kernel.cu runs it as one kernel over the batch, one thread block per
+// the device (nvcc: resolver_kernel.cu runs it as one kernel over the batch, one thread block per
 // query). Plain data only (no absl, no std containers), so nvcc compiles it as is.
 //
 // Execution model: the code runs on a group of `lanes` cooperating lanes (`Lanes` below): loops stride over
@@ -207,33 +207,43 @@ DHS_HD inline int64_t LocationOf(const Geometry& g, const Query& q, uint32_t si,
   }
 }
 
-// Plans query q, writes its locations and copies its host-resolved rows from host_pool into device_pool (both
-// addressed by byte offset; the device reads the host pool through its mapped pinned address). Adds to *r (zeroed
-// by the caller). All lanes of the group must call it together.
-template <class Lanes>
-DHS_HD void PlanAndGather(const Lanes& L, const Geometry& g, const Query& q, uint64_t step, const Scratch& s,
-                          QueryResult* r, const uint8_t* host_pool, uint8_t* device_pool) {
-  const uint32_t k = q.k, B = g.hot_rows, p = g.page_rows;
-  const uint32_t hcap = HashCapacity(k), mask = hcap - 1, bpad = BPad(B);
-  const uint32_t lane = L.lane(), lanes = L.lanes();
-  const int64_t clock0 = *q.cache.clock;
+// ---- The phases of PlanAndGather (below), in order. Each is called by every lane of the group together; each ends
+// with the lanes in step (a sync() where a later phase reads what another lane wrote). `PlanShape` holds the sizes
+// every phase uses.
+struct PlanShape {
+  uint32_t k, hot_rows, page_rows, hcap, mask, bpad, lane, lanes;
+  int64_t clock0;  // the cache clock before this query
+};
 
-  // ---- init
-  for (uint32_t i = lane; i < hcap; i += lanes) {
+template <class Lanes>
+DHS_HD inline PlanShape ShapeOf(const Lanes& L, const Geometry& g, const Query& q) {
+  const uint32_t hcap = HashCapacity(q.k);
+  return PlanShape{q.k, g.hot_rows, g.page_rows, hcap, hcap - 1, BPad(g.hot_rows), L.lane(), L.lanes(),
+                   *q.cache.clock};
+}
+
+// Init: the miss table empty, the flags clear.
+template <class Lanes>
+DHS_HD void PlanInit(const Lanes& L, const PlanShape& z, const Scratch& s) {
+  for (uint32_t i = z.lane; i < z.hcap; i += z.lanes) {
     s.keys[i] = kNone;
     s.first_j[i] = INT32_MAX;
     s.slot[i] = -1;
   }
-  if (lane == 0) s.flags[0] = s.flags[1] = 0;
+  if (z.lane == 0) s.flags[0] = s.flags[1] = 0;
   L.sync();
+}
 
-  // ---- A. direct lookups (tail, ready map); misses into the table
+// A. direct lookups (tail, ready map); misses into the table (first occurrence j kept). Returns false (r->error set)
+// when a row has neither a GPU nor a host copy.
+template <class Lanes>
+DHS_HD bool PlanDirect(const Lanes& L, const PlanShape& z, const Query& q, const Scratch& s, QueryResult* r) {
   unsigned long long direct = 0;
-  for (uint32_t j = lane; j < k; j += lanes) {
+  for (uint32_t j = z.lane; j < z.k; j += z.lanes) {
     const int64_t t = q.selection[j];
     int32_t kind = kKindNone, aux = 0;
     if (t != kNone) {
-      const uint64_t pg = static_cast<uint64_t>(t) / p;
+      const uint64_t pg = static_cast<uint64_t>(t) / z.page_rows;
       if (t >= q.tail_low) {
         kind = kKindTail;
       } else if (pg < q.pages && q.ready_page[pg] >= 0) {
@@ -244,7 +254,7 @@ DHS_HD void PlanAndGather(const Lanes& L, const Geometry& g, const Query& q, uin
       } else {
         kind = kKindMiss;
         L.store_i32(&s.flags[0], 1);
-        for (uint32_t i = HashOf(t, mask);; i = (i + 1) & mask) {
+        for (uint32_t i = HashOf(t, z.mask);; i = (i + 1) & z.mask) {
           const int64_t prev = L.cas(&s.keys[i], kNone, t);
           if (prev == kNone || prev == t) {
             L.min32(&s.first_j[i], static_cast<int32_t>(j));
@@ -260,129 +270,167 @@ DHS_HD void PlanAndGather(const Lanes& L, const Geometry& g, const Query& q, uin
   if (direct) L.add(&r->direct, direct);
   L.sync();
   if (s.flags[1] != kOk) {
-    if (lane == 0) r->error = s.flags[1];
-    return;
+    if (z.lane == 0) r->error = s.flags[1];
+    return false;
   }
-  const bool any_miss = s.flags[0] != 0;
+  return true;
+}
 
-  if (any_miss) {
-    // ---- B. hot cache: each slot probes the table once; hits protected and touched
-    for (uint32_t h = lane; h < B; h += lanes) {
-      const int64_t t = q.cache.pos[h];
-      if (t == kNone) continue;
-      const int32_t i = HashFind(s.keys, mask, t);
-      if (i >= 0) {
-        s.slot[i] = static_cast<int32_t>(h);
-        q.cache.stamp[h] = step;
-      }
-    }
-    L.sync();
-    unsigned long long hot = 0;
-    for (uint32_t j = lane; j < k; j += lanes) {
-      int32_t distinct = 0;
-      if (s.kind[j] == kKindMiss) {
-        const int64_t t = q.selection[j];
-        const int32_t i = HashFind(s.keys, mask, t);
-        const int32_t h = s.slot[i];
-        if (h >= 0) {
-          s.kind[j] = kKindHot;
-          s.aux[j] = h;
-          L.max64(&q.cache.last_use[h], clock0 + 1 + static_cast<int64_t>(j));
-          ++hot;
-        } else {
-          distinct = s.first_j[i] == static_cast<int32_t>(j);
-        }
-      }
-      s.scan_a[j] = distinct;
-    }
-    L.sync();
-    // Inclusive prefix sum of the distinct-miss flags (Hillis-Steele, double-buffered): rank of each distinct miss.
-    int32_t* a = s.scan_a;
-    int32_t* b = s.scan_b;
-    for (uint32_t off = 1; off < k; off <<= 1) {
-      for (uint32_t j = lane; j < k; j += lanes) b[j] = a[j] + (j >= off ? a[j - off] : 0);
-      L.sync();
-      int32_t* tmp = a;
-      a = b;
-      b = tmp;
-    }
-    const uint32_t misses = k > 0 ? static_cast<uint32_t>(a[k - 1]) : 0;
-
-    // ---- C. victims: unprotected slots by last_use, least recent first (bitonic sort, ascending)
-    for (uint32_t i = lane; i < bpad; i += lanes) {
-      s.sort_key[i] = (i < B && q.cache.stamp[i] != step) ? q.cache.last_use[i] : kProtectedKey;
-      s.sort_slot[i] = static_cast<int32_t>(i);
-    }
-    L.sync();
-    for (uint32_t size = 2; size <= bpad; size <<= 1) {
-      for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
-        for (uint32_t i = lane; i < bpad; i += lanes) {
-          const uint32_t o = i ^ stride;
-          if (o <= i) continue;
-          const bool ascending = (i & size) == 0;
-          if ((s.sort_key[i] > s.sort_key[o]) == ascending) {
-            const int64_t tk = s.sort_key[i];
-            s.sort_key[i] = s.sort_key[o];
-            s.sort_key[o] = tk;
-            const int32_t ts = s.sort_slot[i];
-            s.sort_slot[i] = s.sort_slot[o];
-            s.sort_slot[o] = ts;
-          }
-        }
-        L.sync();
-      }
-    }
-    if (misses > 0 && s.sort_key[misses - 1] == kProtectedKey) {
-      if (lane == 0) r->error = kErrExhausted;
-      return;
-    }
-    unsigned long long host = 0;
-    for (uint32_t j = lane; j < k; j += lanes) {
-      if (s.kind[j] != kKindMiss) continue;
-      const int64_t t = q.selection[j];
-      const int32_t i = HashFind(s.keys, mask, t);
-      if (s.first_j[i] != static_cast<int32_t>(j)) continue;
-      const int32_t rank = a[j] - 1;
-      const int32_t h = s.sort_slot[rank];
-      s.kind[j] = kKindHost;
-      s.aux[j] = h;
-      s.slot[i] = h;
-      q.cache.pos[h] = t;
+// B. hot cache: each slot probes the table once; hits protected and touched (*hot counts them). Sets scan_a[j] = 1
+// for the first occurrence of each distinct miss, 0 elsewhere.
+template <class Lanes>
+DHS_HD void PlanHotHits(const Lanes& L, const PlanShape& z, const Query& q, uint64_t step, const Scratch& s,
+                        unsigned long long* hot) {
+  for (uint32_t h = z.lane; h < z.hot_rows; h += z.lanes) {
+    const int64_t t = q.cache.pos[h];
+    if (t == kNone) continue;
+    const int32_t i = HashFind(s.keys, z.mask, t);
+    if (i >= 0) {
+      s.slot[i] = static_cast<int32_t>(h);
       q.cache.stamp[h] = step;
-      q.cache.last_use[h] = clock0 + 1 + static_cast<int64_t>(k) + rank;
-      ++host;
     }
-    if (host) L.add(&r->host, host);
-    L.sync();
-    for (uint32_t j = lane; j < k; j += lanes) {  // repeated misses: the slot their first occurrence claimed
-      if (s.kind[j] != kKindMiss) continue;
-      s.kind[j] = kKindHot;
-      s.aux[j] = s.slot[HashFind(s.keys, mask, q.selection[j])];
-      ++hot;
-    }
-    if (hot) L.add(&r->hot, hot);
-    L.sync();
-    if (lane == 0) *q.cache.clock = clock0 + 2 * static_cast<int64_t>(k) + 2;
-  } else if (lane == 0) {
-    r->scans_skipped = r->scans_skipped + 1;
   }
+  L.sync();
+  for (uint32_t j = z.lane; j < z.k; j += z.lanes) {
+    int32_t distinct = 0;
+    if (s.kind[j] == kKindMiss) {
+      const int32_t i = HashFind(s.keys, z.mask, q.selection[j]);
+      const int32_t h = s.slot[i];
+      if (h >= 0) {
+        s.kind[j] = kKindHot;
+        s.aux[j] = h;
+        L.max64(&q.cache.last_use[h], z.clock0 + 1 + static_cast<int64_t>(j));
+        ++*hot;
+      } else {
+        distinct = s.first_j[i] == static_cast<int32_t>(j);
+      }
+    }
+    s.scan_a[j] = distinct;
+  }
+  L.sync();
+}
 
-  // ---- D. emission (every source, selection order) and gather of host-resolved rows
-  const uint32_t n = g.num_sources * k;
-  for (uint32_t e = lane; e < n; e += lanes) {
-    const uint32_t si = e / k, j = e % k;
+// Inclusive prefix sum of the distinct-miss flags in scan_a (Hillis-Steele, double-buffered over scan_a / scan_b):
+// the rank (1-based) of each distinct miss. Returns the buffer that holds the sums.
+template <class Lanes>
+DHS_HD int32_t* RankMisses(const Lanes& L, const PlanShape& z, const Scratch& s) {
+  int32_t* a = s.scan_a;
+  int32_t* b = s.scan_b;
+  for (uint32_t off = 1; off < z.k; off <<= 1) {
+    for (uint32_t j = z.lane; j < z.k; j += z.lanes) b[j] = a[j] + (j >= off ? a[j - off] : 0);
+    L.sync();
+    int32_t* tmp = a;
+    a = b;
+    b = tmp;
+  }
+  return a;
+}
+
+// C. victims: the unprotected slots by last_use, least recent first (bitonic sort, ascending, over BPad(B) keys;
+// a protected or padding slot sorts last as kProtectedKey).
+template <class Lanes>
+DHS_HD void SortVictims(const Lanes& L, const PlanShape& z, const Query& q, uint64_t step, const Scratch& s) {
+  for (uint32_t i = z.lane; i < z.bpad; i += z.lanes) {
+    s.sort_key[i] = (i < z.hot_rows && q.cache.stamp[i] != step) ? q.cache.last_use[i] : kProtectedKey;
+    s.sort_slot[i] = static_cast<int32_t>(i);
+  }
+  L.sync();
+  for (uint32_t size = 2; size <= z.bpad; size <<= 1) {
+    for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (uint32_t i = z.lane; i < z.bpad; i += z.lanes) {
+        const uint32_t o = i ^ stride;
+        if (o <= i) continue;
+        const bool ascending = (i & size) == 0;
+        if ((s.sort_key[i] > s.sort_key[o]) == ascending) {
+          const int64_t tk = s.sort_key[i];
+          s.sort_key[i] = s.sort_key[o];
+          s.sort_key[o] = tk;
+          const int32_t ts = s.sort_slot[i];
+          s.sort_slot[i] = s.sort_slot[o];
+          s.sort_slot[o] = ts;
+        }
+      }
+      L.sync();
+    }
+  }
+}
+
+// The r-th distinct miss (rank[j] = r + 1) claims the r-th least recent victim, which then holds the row, protected,
+// more recent than every hit; then each repeated miss takes the slot its first occurrence claimed (*hot counts
+// them). Ends by advancing the cache clock.
+template <class Lanes>
+DHS_HD void ClaimVictims(const Lanes& L, const PlanShape& z, const Query& q, uint64_t step, const Scratch& s,
+                         const int32_t* rank, unsigned long long* hot, QueryResult* r) {
+  unsigned long long host = 0;
+  for (uint32_t j = z.lane; j < z.k; j += z.lanes) {
+    if (s.kind[j] != kKindMiss) continue;
+    const int64_t t = q.selection[j];
+    const int32_t i = HashFind(s.keys, z.mask, t);
+    if (s.first_j[i] != static_cast<int32_t>(j)) continue;
+    const int32_t rk = rank[j] - 1;
+    const int32_t h = s.sort_slot[rk];
+    s.kind[j] = kKindHost;
+    s.aux[j] = h;
+    s.slot[i] = h;
+    q.cache.pos[h] = t;
+    q.cache.stamp[h] = step;
+    q.cache.last_use[h] = z.clock0 + 1 + static_cast<int64_t>(z.k) + rk;
+    ++host;
+  }
+  if (host) L.add(&r->host, host);
+  L.sync();
+  for (uint32_t j = z.lane; j < z.k; j += z.lanes) {  // repeated misses: the slot their first occurrence claimed
+    if (s.kind[j] != kKindMiss) continue;
+    s.kind[j] = kKindHot;
+    s.aux[j] = s.slot[HashFind(s.keys, z.mask, q.selection[j])];
+    ++*hot;
+  }
+  if (*hot) L.add(&r->hot, *hot);
+  L.sync();
+  if (z.lane == 0) *q.cache.clock = z.clock0 + 2 * static_cast<int64_t>(z.k) + 2;
+}
+
+// B and C for a query with at least one miss. Returns false (r->error = kErrExhausted) when fewer unprotected slots
+// than distinct misses are left.
+template <class Lanes>
+DHS_HD bool PlanMisses(const Lanes& L, const PlanShape& z, const Query& q, uint64_t step, const Scratch& s,
+                       QueryResult* r) {
+  unsigned long long hot = 0;
+  PlanHotHits(L, z, q, step, s, &hot);
+  const int32_t* rank = RankMisses(L, z, s);
+  const uint32_t misses = z.k > 0 ? static_cast<uint32_t>(rank[z.k - 1]) : 0;
+  SortVictims(L, z, q, step, s);
+  if (misses > 0 && s.sort_key[misses - 1] == kProtectedKey) {
+    if (z.lane == 0) r->error = kErrExhausted;
+    return false;
+  }
+  ClaimVictims(L, z, q, step, s, rank, &hot, r);
+  return true;
+}
+
+// D (emission): out[si * k + j] = the location of selected entry j for source si (every source, selection order).
+DHS_HD inline void EmitLocations(const PlanShape& z, const Geometry& g, const Query& q, const Scratch& s) {
+  const uint32_t n = g.num_sources * z.k;
+  for (uint32_t e = z.lane; e < n; e += z.lanes) {
+    const uint32_t si = e / z.k, j = e % z.k;
     q.out[e] = LocationOf(g, q, si, q.selection[j], s.kind[j], s.aux[j]);
   }
-  if (!any_miss) return;
-  // Gather: 16-byte chunks of every host-resolved row of every source; each lane loads kUnroll chunks before it
-  // stores any, so that many reads of (mapped, pinned) host memory are in flight at once. Locations are recomputed
-  // here, never read back from `out` (another lane writes it, with no sync in between).
+}
+
+// D (gather): 16-byte chunks of every host-resolved row of every source; each lane loads kUnroll chunks before it
+// stores any, so that many reads of (mapped, pinned) host memory are in flight at once. Locations are recomputed
+// here, never read back from `out` (another lane writes it, with no sync in between).
+template <class Lanes>
+DHS_HD void GatherHostRows(const Lanes& L, const PlanShape& z, const Geometry& g, const Query& q, const Scratch& s,
+                           QueryResult* r, const uint8_t* host_pool, uint8_t* device_pool) {
+  const uint32_t k = z.k, p = z.page_rows, lanes = z.lanes;
+  const uint32_t n = g.num_sources * k;
   uint64_t max_row = 0;
   for (uint32_t si = 0; si < g.num_sources; ++si) max_row = g.row_bytes[si] > max_row ? g.row_bytes[si] : max_row;
   const uint32_t chunks = static_cast<uint32_t>((max_row + 15) / 16);
   const uint64_t total = uint64_t{n} * chunks;
   unsigned long long bytes = 0;
-  for (uint64_t base = lane; base < total; base += uint64_t{lanes} * kUnroll) {
+  for (uint64_t base = z.lane; base < total; base += uint64_t{lanes} * kUnroll) {
     Chunk16 buf[kUnroll];
     uint8_t* dst[kUnroll];
     uint32_t len[kUnroll];
@@ -409,6 +457,25 @@ DHS_HD void PlanAndGather(const Lanes& L, const Geometry& g, const Query& q, uin
     }
   }
   if (bytes) L.add(&r->bytes_recovered, bytes);
+}
+
+// Plans query q, writes its locations and copies its host-resolved rows from host_pool into device_pool (both
+// addressed by byte offset; the device reads the host pool through its mapped pinned address). Adds to *r (zeroed
+// by the caller). All lanes of the group must call it together. Phases: see the top of this file.
+template <class Lanes>
+DHS_HD void PlanAndGather(const Lanes& L, const Geometry& g, const Query& q, uint64_t step, const Scratch& s,
+                          QueryResult* r, const uint8_t* host_pool, uint8_t* device_pool) {
+  const PlanShape z = ShapeOf(L, g, q);
+  PlanInit(L, z, s);
+  if (!PlanDirect(L, z, q, s, r)) return;
+  const bool any_miss = s.flags[0] != 0;
+  if (any_miss) {
+    if (!PlanMisses(L, z, q, step, s, r)) return;
+  } else if (z.lane == 0) {
+    r->scans_skipped = r->scans_skipped + 1;
+  }
+  EmitLocations(z, g, q, s);
+  if (any_miss) GatherHostRows(L, z, g, q, s, r, host_pool, device_pool);
 }
 
 }  // namespace dhs::plan

@@ -1,5 +1,7 @@
-// workerd/device/resolver_kernel.cu: see resolver_kernel.h.
-#include "workerd/device/resolver_kernel.h"
+// workerd/kv/resolver_kernel.cu: see resolver_kernel.h (nvcc only).
+#include "workerd/kv/resolver_kernel.h"
+
+#include <cuda_runtime_api.h>
 
 namespace dhs::plan {
 namespace {
@@ -87,16 +89,19 @@ __global__ void __launch_bounds__(1024) ResolverKernel(Geometry g, const Query* 
 
 }  // namespace
 
-cudaError_t LaunchResolver(const Geometry& g, const Query* d_queries, uint32_t n, uint64_t step, void* d_scratch,
-                           uint64_t scratch_stride, QueryResult* d_results, const uint8_t* host_pool, uint8_t* pool,
-                           cudaStream_t stream, uint32_t threads) {
+int LaunchResolver(const Geometry& g, const Query* d_queries, uint32_t n, uint64_t step, void* d_scratch,
+                   uint64_t scratch_stride, QueryResult* d_results, const uint8_t* host_pool, uint8_t* pool,
+                   void* queue, uint32_t threads) {
   if (n == 0) return cudaSuccess;
-  (void)cudaGetLastError();  // a launch error must not be confused with an earlier call's
+  const auto stream = static_cast<cudaStream_t>(queue);
+  cudaGetLastError();  // clears an earlier call's error: a launch error must not be confused with it
   cudaError_t e = cudaMemsetAsync(d_results, 0, sizeof(QueryResult) * n, stream);
   if (e != cudaSuccess) return e;
   ResolverKernel<<<n, threads, 0, stream>>>(g, d_queries, step, static_cast<uint8_t*>(d_scratch), scratch_stride,
                                             d_results, host_pool, pool);
   return cudaGetLastError();
 }
+
+const char* LaunchErrorName(int error) { return cudaGetErrorName(static_cast<cudaError_t>(error)); }
 
 }  // namespace dhs::plan
