@@ -242,7 +242,7 @@ std::string Daemon::metrics() const {
 }
 
 void Daemon::PublishMetrics() {
-  counters_.workers = std::count_if(gpus_.begin(), gpus_.end(), [](const auto& g) { return !g.second.fenced; });
+  counters_.workers = std::count_if(gpus_.begin(), gpus_.end(), [&](const auto& g) { return !core_->fenced(g.first); });
   // Counts only: a full dump is O(M + context pages) and would stall the loop on every tick (issue 14).
   std::string text = RenderPrometheus(core_->Dump(DumpDetail::kCounts), core_->counters(), counters_);
   std::lock_guard<std::mutex> lock(metrics_mu_);
@@ -299,7 +299,7 @@ void Daemon::SendToGpu(GpuId gpu, const std::string& bytes) {
 
 void Daemon::ReplyNotDelivered(std::string_view peer, const absl::Status& why) {
   for (const auto& [gpu, g] : gpus_) {
-    if (g.fenced || g.peer != peer) continue;
+    if (core_->fenced(gpu) || g.peer != peer) continue;
     ++counters_.send_failures;
     Fence(gpu, absl::StrCat("a reply could not be sent to it: ", why.message()));
     return;
@@ -312,14 +312,12 @@ void Daemon::ReplyNotDelivered(std::string_view peer, const absl::Status& why) {
 
 void Daemon::Fence(GpuId gpu, const std::string& why) {
   auto it = gpus_.find(gpu);
-  if (it == gpus_.end() || it->second.fenced) return;
-  GpuInfo& g = it->second;
-  g.fenced = true;
-  g.fenced_why = why;
+  if (it == gpus_.end() || core_->fenced(gpu)) return;
+  const GpuInfo& g = it->second;
   ++counters_.workers_lost;
   spdlog::warn("memd: worker of GPU {} (pid {}, epoch {}) lost: {}; GPU {} fenced", gpu, g.pid, core_->epoch(gpu), why,
                gpu);
-  if (absl::Status s = core_->FenceGpu(gpu); !s.ok()) spdlog::error("memd: fence of GPU {}: {}", gpu, s.ToString());
+  if (absl::Status s = core_->FenceGpu(gpu, why); !s.ok()) spdlog::error("memd: fence of GPU {}: {}", gpu, s.ToString());
   for (RequestId r : core_->InterruptedRequests(gpu)) {
     if (const RequestTimeline* t = timelines_.Find(r); t != nullptr && !t->ended) {
       Note(r, TimelineEvent::kInterrupted, 0, why);
@@ -331,7 +329,7 @@ void Daemon::Fence(GpuId gpu, const std::string& why) {
 void Daemon::CheckDisconnects() {
   for (uint64_t connection : router_->TakeDisconnected()) {  // each close names its own connection (issue 22)
     for (auto& [gpu, g] : gpus_) {
-      if (g.fenced || g.connection != connection) continue;
+      if (core_->fenced(gpu) || g.connection != connection) continue;
       Fence(gpu, absl::StrFormat("its connection closed (the process exited, or answered no ZMTP heartbeat for %d ms)",
                                  options_.worker_timeout.count()));
     }
@@ -341,7 +339,7 @@ void Daemon::CheckDisconnects() {
 void Daemon::CheckSilentWorkers() {
   const auto now = std::chrono::steady_clock::now();
   for (auto& [gpu, g] : gpus_) {
-    if (g.fenced || now - g.last_heard <= options_.worker_timeout) continue;
+    if (core_->fenced(gpu) || now - g.last_heard <= options_.worker_timeout) continue;
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - g.last_heard);
     Fence(gpu, absl::StrFormat("no message for %d ms (heartbeat timeout %d ms): hung or dead", silent.count(),
                                options_.worker_timeout.count()));
@@ -351,7 +349,7 @@ void Daemon::CheckSilentWorkers() {
 absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
   for (auto& [gpu, g] : gpus_) {
     if (g.peer != peer) continue;
-    if (!g.fenced) {
+    if (!core_->fenced(gpu)) {
       g.last_heard = std::chrono::steady_clock::now();
       g.connection = server_->source_connection();
       return absl::OkStatus();
@@ -361,7 +359,7 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
     DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from the fenced worker of GPU {} refused", BodyName(type), gpu);
     return absl::FailedPreconditionError(absl::StrFormat(
         "fenced: the worker of GPU %d (epoch %d) was fenced (%s); its grants and orders are void: say Hello again "
-        "(a new epoch)", gpu, core_->epoch(gpu), g.fenced_why));
+        "(a new epoch)", gpu, core_->epoch(gpu), core_->FenceReason(gpu)));
   }
   // A worker's routing id that said no Hello to this memd: a worker of an earlier memd (memd restarted under it).
   // (An AdmitRequest is answered by OnAdmit with AdmitReject "send Hello first".)
@@ -447,7 +445,7 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   } else if (hello->rehello) {  // a worker that survived a memd restart: its epoch and requests go on
     reason = ReHello(*hello, reply);
   } else {
-    if (known != gpus_.end() && !known->second.fenced) {  // a restarted worker: the previous epoch ends here
+    if (known != gpus_.end() && !core_->fenced(hello->gpu)) {  // a restarted worker: the previous epoch ends here
       Fence(hello->gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
                                         hello->gpu, hello->pid, known->second.pid));
     }
@@ -469,8 +467,6 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   g.capacity_pages = hello->capacity_pages;
   g.pid = hello->pid;
   g.shape = WorkerShapeOf(*hello);
-  g.fenced = false;
-  g.fenced_why.clear();
   g.connection = server_->source_connection();
   g.last_heard = std::chrono::steady_clock::now();
   ++counters_.hellos;
@@ -822,7 +818,7 @@ std::string Daemon::FlushOrders(uint64_t answering_sequence) {
       }
     }
     const GpuId gpu = std::visit([](const auto& o) { return o.gpu; }, order);
-    if (auto g = gpus_.find(gpu); g == gpus_.end() || g->second.fenced) {  // its worker is gone: nobody to tell
+    if (!gpus_.contains(gpu) || core_->fenced(gpu)) {  // its worker is gone: nobody to tell
       if (const auto* reject = std::get_if<RejectOrder>(&order)) admit_sequence_.erase(reject->request);
       spdlog::debug("memd: {} order for fenced GPU {} dropped", OrderName(order), gpu);
       continue;

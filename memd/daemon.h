@@ -19,10 +19,11 @@
 // OrderIds are the wire order ids. Roles: worker-only messages are accepted only from the peer that said Hello for the
 // GPU of the request / order they name (CheckWorkerPeer); Hello only from the routing id worker/<gpu>; Heartbeat and
 // IntrospectQuery from any peer. Ids: a request id a worker names must be in its GPU's range (CheckRequestIdRange).
-// Fencing (issue 11): a GPU is fenced (ResidencyManager::FenceGpu) when its worker's connection closes (socket
-// monitor), when the worker sends nothing for worker_timeout, when an order to it cannot be sent, and when a Hello for
-// it arrives while it is up (a restarted worker: the previous epoch ends). Orders for a fenced GPU are dropped; every
-// message of its worker but Hello is refused FAILED_PRECONDITION "fenced: ..."; a Hello re-registers it (new epoch,
+// Fencing (issue 11): a GPU is fenced (ResidencyManager::FenceGpu; the core alone holds "fenced" and why, the daemon
+// asks it: fenced(), FenceReason()) when its worker's connection closes (socket monitor), when the worker sends
+// nothing for worker_timeout, when an order to it cannot be sent, and when a Hello for it arrives while it is up (a
+// restarted worker: the previous epoch ends). Orders for a fenced GPU are dropped; every message of its worker but
+// Hello is refused FAILED_PRECONDITION "fenced: ..."; a Hello re-registers it (new epoch,
 // HelloReply.interrupted_requests). BackupComplete with order 0 is refused since protocol version 3 (INVALID_ARGUMENT):
 // host copies written outside a ReclaimOrder come as HostCopyWritten.
 // Request records (issue 11, resume; memd/request_records.h): AdmitRequest.record opens one (an oversize record
@@ -124,8 +125,6 @@ class Daemon {
     uint32_t capacity_pages = 0;
     uint32_t pid = 0;          // the worker's pid (its Hello), for the logs
     WorkerShape shape;         // its Hello's shape (issue 14), shown in the status view (GpuDump::worker) only
-    bool fenced = false;
-    std::string fenced_why;    // why it was fenced (in the FAILED_PRECONDITION of its worker's messages)
     uint64_t connection = 0;   // connection of its latest message (an Incoming::connection id: TakeDisconnected names it)
     std::chrono::steady_clock::time_point last_heard;  // its latest message
   };
@@ -173,7 +172,8 @@ class Daemon {
   // Records a message from `peer` (liveness); FAILED_PRECONDITION when `peer` is a fenced worker and `type` is not
   // a Hello (or an IntrospectQuery, which any peer may send).
   absl::Status Heard(std::string_view peer, wire::Body type);
-  // Fences `gpu` in the core and here (its orders are dropped from now on), logs `why`. No-op when not up.
+  // Fences `gpu` in the core, which alone holds "fenced" and `why` (its orders are dropped from now on), logs `why`.
+  // No-op when not up.
   void Fence(GpuId gpu, const std::string& why);
   // Drains the core's outbox and sends each order as one wire message to the worker of its GPU; a CompleteAck is
   // returned instead (encoded with `answering_sequence`): it is the reply of the Complete being handled.

@@ -37,23 +37,26 @@ absl::StatusOr<std::unique_ptr<ResidencyManager>> ResidencyManager::Create(const
 
 ResidencyManager::ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
                                    std::unique_ptr<ReclaimPolicy> policy)
-    : config_(config), clock_(std::move(clock)), host_(std::move(host)), policy_(std::move(policy)) {}
+    : config_(config),
+      policy_(std::move(policy)),
+      state_(std::move(clock), std::move(host)),
+      recovery_(state_) {}
 
 const GpuPageTable* ResidencyManager::gpu_table(GpuId gpu) const {
-  auto it = gpus_.find(gpu);
-  return it == gpus_.end() ? nullptr : &it->second.table;
+  auto it = state_.gpus.find(gpu);
+  return it == state_.gpus.end() ? nullptr : &it->second.table;
 }
 
 std::vector<Order> ResidencyManager::DrainOrders() {
   std::vector<Order> out;
-  out.swap(outbox_);
+  out.swap(state_.outbox);
   return out;
 }
 
 absl::Status ResidencyManager::Finish(absl::Status status) {
-  ++counters_.events;  // Populate() and RetryBackups() are ticks: FinishTick()
+  ++state_.counters.events;  // Populate() and RetryBackups() are ticks: FinishTick()
   if (!status.ok()) {
-    ++counters_.event_errors;
+    ++state_.counters.event_errors;
     return status;
   }
   Pump();
@@ -62,7 +65,7 @@ absl::Status ResidencyManager::Finish(absl::Status status) {
 
 // A timer call (Populate, RetryBackups): counted as a tick, not an event (20 ms ticks would swamp the event count).
 absl::Status ResidencyManager::FinishTick() {
-  ++counters_.ticks;
+  ++state_.counters.ticks;
   Pump();
   return absl::OkStatus();
 }
@@ -71,7 +74,7 @@ absl::Status ResidencyManager::FinishTick() {
 
 absl::Status ResidencyManager::AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots,
                                       const GpuDeclaration& declared) {
-  if (gpus_.count(gpu)) return absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu));
+  if (state_.gpus.count(gpu)) return absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu));
   if (pages > kMaxGpuPages) {
     return absl::InvalidArgumentError(absl::StrFormat("GPU %d: M = %d pages exceeds memd's bound of %d pages per GPU",
                                                       gpu, pages, kMaxGpuPages));
@@ -86,368 +89,46 @@ absl::Status ResidencyManager::AddGpu(GpuId gpu, uint32_t pages, uint32_t reques
   }
   auto table = GpuPageTable::Create(gpu, pages, config_.reserve_pages);
   if (!table.ok()) return table.status();
-  gpus_.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
-                         request_slots, {}, ReclaimIndex(policy_.get()), {}, 0, {}, declared, {}});
-  journal_gpus_.erase(gpu);
+  state_.gpus.emplace(gpu, Gpu{std::move(*table), {}, PopulationScheduler(config_.populate_pages_per_attempt), 0,
+                               request_slots, {}, ReclaimIndex(policy_.get()), {}, 0, {}, declared, {}});
+  state_.journal_gpus.erase(gpu);
   return absl::OkStatus();
 }
 
 absl::Status ResidencyManager::RegisterGpu(GpuId gpu, uint32_t pages, uint32_t request_slots,
                                            const GpuDeclaration& declared) {
-  if (auto e = epochs_.find(gpu); e != epochs_.end() && e->second >= kNodeRequestEpochs) {
+  if (auto e = state_.epochs.find(gpu); e != state_.epochs.end() && e->second >= kNodeRequestEpochs) {
     // Its next epoch's node ids would repeat epoch 1's (MakeNodeRequestId keeps the epoch mod 2^24).
     return Finish(absl::ResourceExhaustedError(absl::StrFormat(
         "GPU %d: epoch %d is the last one node request ids tell apart (2^24); a new registration would reuse epoch "
         "1's ids", gpu, e->second)));
   }
   if (absl::Status s = AddGpu(gpu, pages, request_slots, declared); !s.ok()) return Finish(s);
-  if (++epochs_[gpu] > 1) ++counters_.reregistrations;
+  if (++state_.epochs[gpu] > 1) ++state_.counters.reregistrations;
   return Finish(absl::OkStatus());
 }
 
 absl::Status ResidencyManager::AdoptGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, uint32_t epoch,
                                         std::span<const ReportedRequest> reports,
                                         std::vector<absl::Status>* outcomes, const GpuDeclaration& declared) {
-  if (gpus_.count(gpu)) return Finish(absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu)));
-  if (epochs_.contains(gpu) && !journal_gpus_.contains(gpu)) {
-    return Finish(absl::FailedPreconditionError(absl::StrFormat(
-        "GPU %d was registered with this memd (epoch %d) and fenced: its worker says Hello without a report (a new "
-        "epoch)", gpu, epochs_.at(gpu))));
+  if (state_.gpus.contains(gpu)) {
+    return Finish(absl::AlreadyExistsError(absl::StrFormat("GPU %d already registered", gpu)));
   }
-  const uint32_t journal_epoch = epochs_.contains(gpu) ? epochs_.at(gpu) : 0;
-  if (epoch == 0 || epoch < journal_epoch) {
-    return Finish(absl::FailedPreconditionError(absl::StrFormat(
-        "GPU %d: a report of epoch %d, but the journal holds requests of epoch %d (a stale worker)", gpu, epoch,
-        journal_epoch)));
-  }
+  if (absl::Status s = recovery_.CheckAdoptGpu(gpu, epoch); !s.ok()) return Finish(s);
   if (absl::Status s = AddGpu(gpu, pages, request_slots, declared); !s.ok()) return Finish(s);
-  epochs_[gpu] = epoch;
-  Gpu& g = gpus_.at(gpu);
-  uint32_t taken = 0;
-  for (const ReportedRequest& rep : reports) {
-    absl::Status s = CheckReport(gpu, g, rep);
-    if (s.ok()) {
-      AdoptReport(gpu, g, rep);
-      ++taken;
-    } else {
-      ++counters_.reports_refused;
-      spdlog::warn("memd: GPU {}: report of request {} refused: {}", gpu, rep.request, s.ToString());
-    }
-    if (outcomes != nullptr) outcomes->push_back(std::move(s));
-  }
-  counters_.requests_reported += taken;
-  spdlog::info("memd: worker of GPU {} survived a memd restart (epoch {}): {} of {} reported requests adopted", gpu,
-               epoch, taken, reports.size());
+  recovery_.AdoptReports(gpu, epoch, reports, outcomes);
   return Finish(absl::OkStatus());
 }
 
-absl::Status ResidencyManager::CheckReport(GpuId gpu, const Gpu& g, const ReportedRequest& rep) const {
-  const auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrFormat("request %d: %s", rep.request, why));
-  };
-  if (rep.request == 0 || rep.request == kNoOwner) return bad("a reserved id");
-  const auto known = requests_.find(rep.request);
-  const Request* old = known == requests_.end() ? nullptr : &known->second;
-  if (old != nullptr && (old->state != RequestState::kInterrupted || old->gpu != gpu)) {
-    return absl::AlreadyExistsError(absl::StrFormat("request %d is known (%s on GPU %d)", rep.request,
-                                                    RequestStateName(old->state), old->gpu));
-  }
-  const auto context = static_cast<uint32_t>(rep.history.size());
-  if (rep.required_pages.empty()) return bad("no required page");
-  if (rep.required_pages.size() > UINT32_MAX) return bad("more required pages than any GPU has");
-  if (absl::Status s = CheckShare(rep.request, static_cast<uint32_t>(rep.required_pages.size()), rep.speculation,
-                                  g.declared);
-      !s.ok()) {
-    return s;
-  }
-  if (context > host_.pages() || rep.history_pages > context) return bad("context or complete pages out of range");
-  if (old != nullptr && old->context_pages != context) {
-    return bad(absl::StrFormat("%d context pages, the journal says %d", context, old->context_pages));
-  }
-  if (rep.slot >= (g.request_slots != 0 ? g.request_slots : kMaxRequestSlots) || g.used_slots.contains(rep.slot)) {
-    return absl::AlreadyExistsError(absl::StrFormat("request %d: slot %d out of range or taken", rep.request, rep.slot));
-  }
-  std::set<PageIndex> gpu_pages(rep.required_pages.begin(), rep.required_pages.end());
-  size_t named = rep.required_pages.size();
-  std::set<PageIndex> host_pages;
-  for (uint32_t h = 0; h < context; ++h) {
-    const ReportedHistoryPage& hp = rep.history[h];
-    if (hp.gpu_page) {
-      if (!rep.optional_history) return bad("an optional GPU page without optional history");
-      gpu_pages.insert(*hp.gpu_page);
-      ++named;
-    }
-    if (!host_pages.insert(hp.host_page).second) return bad(absl::StrFormat("host page %d named twice", hp.host_page));
-    const bool journal = old != nullptr && old->history[h].state == HistoryState::kHost;
-    if (journal && old->history[h].host_page != hp.host_page) {
-      return bad(absl::StrFormat("history page %d: host page %d, the journal says %d", h, hp.host_page,
-                                 old->history[h].host_page));
-    }
-    if (!journal && !host_.is_free(hp.host_page)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "request %d: host page %d of history page %d is not free (pool %d pages)", rep.request, hp.host_page, h,
-          host_.pages()));
-    }
-  }
-  if (gpu_pages.size() != named) return bad("a GPU page named twice");
-  for (PageIndex p : gpu_pages) {
-    if (p >= g.table.pages() || g.table.state(p) != PageState::kFree) {
-      return absl::FailedPreconditionError(absl::StrFormat("request %d: GPU %d page %d out of range or taken",
-                                                           rep.request, gpu, p));
-    }
-  }
-  if (gpu_pages.size() > g.table.lendable()) return bad("more GPU pages than lendable (M - M_res)");
-  return absl::OkStatus();
-}
-
-void ResidencyManager::AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep) {
-  Request r;
-  r.id = rep.request;
-  r.gpu = gpu;
-  r.required_count = static_cast<uint32_t>(rep.required_pages.size());
-  r.imported_pages = rep.history_pages;
-  r.context_pages = static_cast<uint32_t>(rep.history.size());
-  r.optional_history = rep.optional_history;
-  r.speculation = rep.speculation;
-  r.required = rep.required_pages;
-  r.history.resize(r.context_pages);
-  const auto old = requests_.find(rep.request);
-  std::vector<PageIndex> optional;
-  for (uint32_t h = 0; h < r.context_pages; ++h) {
-    const ReportedHistoryPage& in = rep.history[h];
-    HistoryPage& hp = r.history[h];
-    hp.host_page = in.host_page;
-    const bool copy = old != requests_.end() && old->second.history[h].state == HistoryState::kHost;
-    if (!copy) DHS_CHECK_OK(host_.AllocateAt(r.id, kAllSources, in.host_page, h, r.context_pages));  // checked
-    if (copy) {  // issue 22: the journal's checksum wins; the report's fills one the journal lacks
-      hp.checksum = old->second.history[h].checksum != 0 ? old->second.history[h].checksum : in.checksum;
-      if (hp.checksum != old->second.history[h].checksum) DHS_CHECK_OK(host_.Confirm(in.host_page, hp.checksum));
-    }
-    if (in.gpu_page) {
-      hp.state = copy ? HistoryState::kGpuAndHost : HistoryState::kGpu;
-      hp.gpu_page = *in.gpu_page;
-      optional.push_back(*in.gpu_page);
-    } else {
-      hp.state = copy ? HistoryState::kHost : HistoryState::kHostPending;
-    }
-    r.host_only += hp.state == HistoryState::kHost;
-  }
-  DHS_CHECK_OK(g.table.TakeAt(r.id, r.required, PageState::kRequired));  // checked: free, distinct, lendable
-  DHS_CHECK_OK(g.table.TakeAt(r.id, optional, PageState::kOptionalReady));
-  r.optional = static_cast<uint32_t>(optional.size());
-  r.slot = rep.slot;
-  TakeSlot(g, rep.slot);
-  r.state = RequestState::kAdmitted;
-  r.time_us = clock_();
-  r.seq = next_seq_++;
-  CountShare(g, r.speculation, +1);
-  if (old != requests_.end()) requests_.erase(old);
-  Request& placed = requests_.emplace(r.id, std::move(r)).first->second;
-  Reindex(placed, g);
-}
-
-absl::Status ResidencyManager::FenceGpu(GpuId gpu) {
-  auto g = gpus_.find(gpu);
-  if (g == gpus_.end()) {
-    return Finish(absl::NotFoundError(absl::StrFormat("GPU %d is not registered (or already fenced)", gpu)));
-  }
-  FenceCopies(gpu);
-  std::erase_if(orders_, [gpu](const auto& e) { return e.second.gpu == gpu; });
-  std::erase_if(reclaims_, [gpu](const auto& e) { return e.second.gpu == gpu; });
-  uint32_t interrupted = 0;
-  for (RequestId q : g->second.queue) {
-    Request& r = requests_.at(q);
-    if (r.resume) {  // its predecessor is gone: rejecting it would lose the host pages and record it took over
-      InterruptQueuedResume(r);
-      ++interrupted;
-      continue;
-    }
-    outbox_.push_back(RejectOrder{q, gpu, absl::UnavailableError(absl::StrFormat(
-        "GPU %d was fenced (its worker died or hung) before request %d was granted", gpu, q))});
-    requests_.erase(q);
-    ++counters_.admissions_fenced;
-  }
-  for (auto& [id, r] : requests_) {
-    if (r.gpu != gpu || (r.state != RequestState::kAdmitted && r.state != RequestState::kReclaiming)) continue;
-    Interrupt(r);
-    ++interrupted;
-  }
-  gpus_.erase(g);
-  ++counters_.fences;
-  spdlog::warn("memd: GPU {} fenced (epoch {}): {} requests interrupted, they keep their confirmed host copies", gpu,
-               epochs_.at(gpu), interrupted);
-  return Finish(absl::OkStatus());
-}
-
-// Every copy in flight on `gpu` ends now: its host page is unpinned (an orphan's freed page becomes reusable), its
-// history page no longer references it. What the page holds is decided by Interrupt.
-void ResidencyManager::FenceCopies(GpuId gpu) {
-  for (auto it = copies_.begin(); it != copies_.end();) {
-    const Copy& c = it->second;
-    if (c.gpu != gpu) {
-      ++it;
-      continue;
-    }
-    DHS_CHECK_OK(host_.Unpin(c.host_page));
-    if (!c.orphan) requests_.at(c.request).history[c.history_page].copy = 0;
-    it = copies_.erase(it);
-  }
-}
-
-void ResidencyManager::InterruptQueuedResume(Request& r) {
-  r.history.assign(r.context_pages, HistoryPage{});
-  for (uint32_t h = 0; h < r.context_pages; ++h) {
-    HistoryPage& hp = r.history[h];
-    hp.state = HistoryState::kLost;
-    if (auto kept = r.resumed_host.find(h); kept != r.resumed_host.end()) {
-      hp.state = HistoryState::kHost;
-      hp.host_page = kept->second;
-      if (auto sum = r.resumed_checksums.find(h); sum != r.resumed_checksums.end()) hp.checksum = sum->second;
-    }
-  }
-  r.host_only = static_cast<uint32_t>(r.resumed_host.size());
-  r.resumed_host.clear();
-  r.resumed_checksums.clear();
-  r.wait_sent = false;
-  r.speculation = {};  // no required allocation any more (its GPU's sums went with the GPU)
-  r.state = RequestState::kInterrupted;
-  ++counters_.requests_interrupted;
-}
-
-// An admitted request of a fenced GPU keeps exactly its confirmed host copies (kHost, kPopulating, kGpuAndHost ->
-// kHost); rows that were only on the GPU or in the worker's tail are lost (kLost, host page freed).
-void ResidencyManager::Interrupt(Request& r) {
-  uint32_t kept = 0;
-  for (HistoryPage& hp : r.history) {
-    switch (hp.state) {
-      case HistoryState::kHost: break;
-      case HistoryState::kPopulating:
-      case HistoryState::kGpuAndHost: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost)); break;
-      default:
-        DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kLost));
-        DHS_CHECK_OK(host_.Free(hp.host_page));
-        ++counters_.host_pages_lost;
-    }
-    hp.gpu_page = 0;
-    kept += hp.state == HistoryState::kHost;
-  }
-  r.required.clear();
-  r.speculation = {};  // its share of the required allocation went with it (and its GPU's sums with the GPU)
-  r.optional = 0;
-  r.host_only = kept;
-  r.slot = kNoSlot;
-  r.reclaim = 0;
-  if (r.backoff) backoff_.erase(r.id);
-  r.backoff = false;
-  r.victim_key.reset();  // the GPU's victim index and population candidates go with the GPU
-  r.state = RequestState::kInterrupted;
-  ++counters_.requests_interrupted;
-}
-
-absl::Status ResidencyManager::CheckAdopted(std::span<const AdoptedRequest> requests) const {
-  if (!gpus_.empty() || !requests_.empty()) {
-    return absl::FailedPreconditionError("AdoptHostPages must be the first event (a GPU or a request is known)");
-  }
-  std::set<RequestId> ids;
-  std::set<PageIndex> pages;
-  for (const AdoptedRequest& a : requests) {
-    if (a.request == 0 || a.request == kNoOwner || !ids.insert(a.request).second) {
-      return absl::InvalidArgumentError(absl::StrFormat("adopted request id %d reserved or repeated", a.request));
-    }
-    if (a.epoch == 0 || a.context_pages > host_.pages()) {
-      return absl::InvalidArgumentError(absl::StrFormat("adopted request %d: epoch %d, %d context pages (pool %d)",
-                                                        a.request, a.epoch, a.context_pages, host_.pages()));
-    }
-    for (const auto& [h, page] : a.host_pages) {
-      if (h >= a.context_pages || page >= host_.pages() || !pages.insert(page).second) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "adopted request %d: history page %d of %d on host page %d (pool %d; out of range or named twice)",
-            a.request, h, a.context_pages, page, host_.pages()));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
+absl::Status ResidencyManager::FenceGpu(GpuId gpu, std::string_view why) { return Finish(recovery_.Fence(gpu, why)); }
 
 absl::Status ResidencyManager::AdoptHostPages(std::span<const AdoptedRequest> requests) {
-  if (absl::Status s = CheckAdopted(requests); !s.ok()) return Finish(s);
-  uint32_t kept = 0;
-  for (const AdoptedRequest& a : requests) {
-    Request r;
-    r.id = a.request;
-    r.gpu = a.gpu;
-    r.context_pages = a.context_pages;
-    r.time_us = clock_();
-    r.history.resize(a.context_pages);
-    for (HistoryPage& hp : r.history) hp.state = HistoryState::kLost;
-    for (const auto& [h, page] : a.host_pages) {
-      DHS_CHECK_OK(host_.AllocateAt(a.request, kAllSources, page, h, a.context_pages));  // pool empty: checked above
-      const auto sum = a.checksums.find(h);
-      r.history[h].checksum = sum == a.checksums.end() ? 0 : sum->second;
-      DHS_CHECK_OK(host_.Confirm(page, r.history[h].checksum));
-      r.history[h].state = HistoryState::kHost;
-      r.history[h].host_page = page;
-    }
-    r.host_only = static_cast<uint32_t>(a.host_pages.size());
-    r.state = RequestState::kInterrupted;
-    kept += r.host_only;
-    uint32_t& epoch = epochs_[a.gpu];
-    epoch = std::max(epoch, a.epoch);
-    journal_gpus_.insert(a.gpu);
-    requests_.emplace(a.request, std::move(r));
-  }
-  if (HostJournal* journal = const_cast<HostJournal*>(host_.journal())) {
-    for (PageIndex p = 0; p < host_.pages(); ++p) {
-      if (!host_.is_allocated(p)) journal->Free(p);  // assigned, never confirmed: lost as FenceGpu loses it
-    }
-  }
-  counters_.requests_adopted += requests.size();
-  counters_.host_pages_adopted += kept;
-  counters_.host_pages_held += host_.HoldReusable();
-  spdlog::info("memd: adopted {} interrupted requests holding {} confirmed host pages from the journal",
-               requests.size(), kept);
-  return Finish(absl::OkStatus());
+  return Finish(recovery_.AdoptHostPages(requests));
 }
 
 absl::Status ResidencyManager::ReleaseHeldPages() {
-  if (const uint32_t n = host_.ReleaseHeld(); n > 0) spdlog::info("memd: {} held host pages are reusable now", n);
+  recovery_.ReleaseHeldPages();
   return Finish(absl::OkStatus());
-}
-
-absl::Status ResidencyManager::CheckShare(RequestId request, uint32_t required, const SpeculationShare& share,
-                                          const GpuDeclaration& declared) {
-  if (share.empty()) return absl::OkStatus();
-  const auto bad = [request](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrFormat("request %d: speculation share: %s", request, why));
-  };
-  if (share.pages() > required) {
-    return bad(absl::StrFormat("draft ring %d + staging %d pages exceed its %d required pages", share.draft_ring_pages,
-                               share.staging_pages, required));
-  }
-  if (declared.page_bytes == 0) return bad("its GPU's Hello declared no page_bytes");
-  // The rounding workerd declares with (SessionRequiredPages, common/worker_shape.h).
-  const auto pages_of = [&](uint64_t bytes) { return CeilDiv(bytes, declared.page_bytes); };
-  if (pages_of(share.draft_ring_bytes) != share.draft_ring_pages ||
-      pages_of(share.staging_bytes) != share.staging_pages) {
-    return bad(absl::StrFormat(
-        "draft ring %d bytes in %d pages and staging %d bytes in %d pages, but pages of %d bytes need %d and %d",
-        share.draft_ring_bytes, share.draft_ring_pages, share.staging_bytes, share.staging_pages, declared.page_bytes,
-        pages_of(share.draft_ring_bytes), pages_of(share.staging_bytes)));
-  }
-  if (share.draft_ring_bytes > declared.draft_ring_bytes || share.staging_bytes > declared.staging_bytes) {
-    return bad(absl::StrFormat(
-        "draft ring %d and staging %d bytes exceed its GPU's declared totals (Hello: draft ring %d, staging %d bytes)",
-        share.draft_ring_bytes, share.staging_bytes, declared.draft_ring_bytes, declared.staging_bytes));
-  }
-  return absl::OkStatus();
-}
-
-void ResidencyManager::CountShare(Gpu& g, const SpeculationShare& share, int sign) {
-  if (sign > 0) {
-    g.speculation += share;
-  } else {
-    g.speculation -= share;
-  }
 }
 
 absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
@@ -465,13 +146,13 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
     }
     a.context_pages = static_cast<uint32_t>(pages);
   }
-  if (requests_.count(a.request)) {
+  if (state_.requests.count(a.request)) {
     return Finish(absl::AlreadyExistsError(absl::StrFormat("request %d already known", a.request)));
   }
-  auto g = gpus_.find(a.gpu);
-  if (g == gpus_.end()) {
+  auto g = state_.gpus.find(a.gpu);
+  if (g == state_.gpus.end()) {
     return Finish(absl::NotFoundError(absl::StrFormat("request %d: GPU %d %s", a.request, a.gpu,
-                                                      fenced(a.gpu) ? "is fenced" : "not registered")));
+                                                      recovery_.fenced(a.gpu) ? "is fenced" : "not registered")));
   }
   if (a.required_pages == 0) {
     return Finish(absl::InvalidArgumentError(absl::StrFormat("request %d: required_pages must be > 0", a.request)));
@@ -481,10 +162,10 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
         "request %d: %d complete history pages exceed the %d pages of its context", a.request, a.history_pages,
         a.context_pages)));
   }
-  if (absl::Status s = CheckShare(a.request, a.required_pages, a.speculation, g->second.declared); !s.ok()) {
+  if (absl::Status s = core::CheckShare(a.request, a.required_pages, a.speculation, g->second.declared); !s.ok()) {
     return Finish(s);
   }
-  if (absl::Status s = CheckResume(a); !s.ok()) return Finish(s);
+  if (absl::Status s = recovery_.CheckResume(a); !s.ok()) return Finish(s);
   Request r;
   r.id = a.request;
   r.gpu = a.gpu;
@@ -493,73 +174,22 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   r.context_pages = a.context_pages;
   r.optional_history = a.optional_history;
   r.speculation = a.speculation;
-  r.time_us = clock_();
-  ++counters_.admissions;
+  r.time_us = state_.clock();
+  ++state_.counters.admissions;
   if (a.resume_of != 0) {
     r.resume = true;
-    TakeOver(r, a.resume_of);
+    recovery_.TakeOver(r, a.resume_of);
   }
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
     spdlog::info("memd: reject: {}", std::string(never.message()));
-    host_.ReleaseRequest(r.id);  // a resume's taken-over pages
-    outbox_.push_back(RejectOrder{r.id, r.gpu, never});
-    ++counters_.rejects;
+    state_.host.ReleaseRequest(r.id);  // a resume's taken-over pages
+    state_.outbox.push_back(RejectOrder{r.id, r.gpu, never});
+    ++state_.counters.rejects;
     return Finish(absl::OkStatus());
   }
-  requests_.emplace(r.id, std::move(r));
+  state_.requests.emplace(r.id, std::move(r));
   g->second.queue.push_back(a.request);
   return Finish(absl::OkStatus());
-}
-
-absl::Status ResidencyManager::CheckResume(const AdmitRequest& a) const {
-  if (a.host_backed != (a.resume_of != 0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "request %d: host_backed is %s and resume_of is %d: a resume sets both (host_backed and the interrupted "
-        "request it continues)", a.request, a.host_backed ? "true" : "false", a.resume_of));
-  }
-  if (a.resume_of == 0) return absl::OkStatus();
-  auto it = requests_.find(a.resume_of);
-  if (it == requests_.end()) {
-    return absl::NotFoundError(absl::StrFormat("request %d resumes request %d, which is unknown", a.request,
-                                               a.resume_of));
-  }
-  const Request& old = it->second;
-  if (old.state != RequestState::kInterrupted) {
-    return absl::InvalidArgumentError(absl::StrFormat("request %d resumes request %d, which is %s, not interrupted",
-                                                      a.request, a.resume_of, RequestStateName(old.state)));
-  }
-  if (old.gpu != a.gpu) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "request %d (GPU %d) resumes request %d of GPU %d: only its own GPU's worker resumes it", a.request, a.gpu,
-        a.resume_of, old.gpu));
-  }
-  for (uint32_t h = a.context_pages; h < old.history.size(); ++h) {
-    if (old.history[h].state == HistoryState::kHost) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "request %d has %d context pages, but request %d it resumes kept a host copy of history page %d",
-          a.request, a.context_pages, a.resume_of, h));
-    }
-  }
-  return absl::OkStatus();
-}
-
-void ResidencyManager::TakeOver(Request& r, RequestId interrupted) {
-  Request& old = requests_.at(interrupted);
-  uint32_t leading = 0;  // for the log: the run a worker that reads no host_backed_pages imports
-  for (uint32_t h = 0; h < old.history.size(); ++h) {
-    const HistoryPage& hp = old.history[h];
-    if (hp.state != HistoryState::kHost) continue;  // kLost: no host page, the worker recomputes those rows
-    DHS_CHECK_OK(host_.Transfer(hp.host_page, r.id, h, r.context_pages));
-    r.resumed_host.emplace(h, hp.host_page);
-    r.resumed_checksums.emplace(h, hp.checksum);
-    if (h == leading) ++leading;
-  }
-  requests_.erase(interrupted);
-  const auto taken = static_cast<uint32_t>(r.resumed_host.size());
-  ++counters_.resumes;
-  counters_.host_pages_resumed += taken;
-  spdlog::info("memd: request {} resumes interrupted request {}: {} host pages taken over ({} leading, {} after a "
-               "gap)", r.id, interrupted, taken, leading, taken - leading);
 }
 
 // The pages a report names (empty = every unreported one), checked against the order: all-or-nothing.
@@ -588,8 +218,8 @@ absl::Status ResidencyManager::CheckReportedPages(const OrderEntry& entry, Order
 absl::Status ResidencyManager::OnBackupComplete(OrderId order, std::span<const PageIndex> pages, bool ok,
                                                 std::span<const PageIndex> deferred,
                                                 std::span<const uint64_t> checksums) {
-  auto it = orders_.find(order);
-  if (it == orders_.end() || !it->second.reclaim) {
+  auto it = state_.orders.find(order);
+  if (it == state_.orders.end() || !it->second.reclaim) {
     return Finish(absl::NotFoundError(absl::StrFormat("reclaim order %d unknown (or all its backups reported)", order)));
   }
   if (!checksums.empty() && checksums.size() != pages.size()) {
@@ -621,8 +251,8 @@ absl::Status ResidencyManager::OnBackupComplete(OrderId order, std::span<const P
 }
 
 absl::Status ResidencyManager::OnReadyPublish(OrderId order, std::span<const PageIndex> pages, bool ok) {
-  auto it = orders_.find(order);
-  if (it == orders_.end() || it->second.reclaim) {
+  auto it = state_.orders.find(order);
+  if (it == state_.orders.end() || it->second.reclaim) {
     return Finish(absl::NotFoundError(absl::StrFormat("populate order %d unknown", order)));
   }
   std::vector<PageIndex> reported;
@@ -638,15 +268,15 @@ absl::Status ResidencyManager::OnReadyPublish(OrderId order, std::span<const Pag
 }
 
 absl::Status ResidencyManager::OnReadersDone(OrderId order) {
-  auto it = reclaims_.find(order);
-  if (it == reclaims_.end()) {
-    auto entry = orders_.find(order);
-    if (entry != orders_.end() && entry->second.reclaim && entry->second.aborted) {
+  auto it = state_.reclaims.find(order);
+  if (it == state_.reclaims.end()) {
+    auto entry = state_.orders.find(order);
+    if (entry != state_.orders.end() && entry->second.reclaim && entry->second.aborted) {
       return Finish(absl::FailedPreconditionError(
           absl::StrFormat("reclaim order %d was aborted by a failed backup", order)));
     }
-    if (order != 0 && order < next_order_ && (entry == orders_.end() || entry->second.reclaim)) {
-      ++counters_.stale_reports;  // retired already, or cancelled by its request's completion
+    if (order != 0 && order < state_.next_order && (entry == state_.orders.end() || entry->second.reclaim)) {
+      ++state_.counters.stale_reports;  // retired already, or cancelled by its request's completion
       return Finish(absl::OkStatus());
     }
     return Finish(absl::NotFoundError(absl::StrFormat("reclaim order %d never issued", order)));
@@ -659,106 +289,114 @@ absl::Status ResidencyManager::OnReadersDone(OrderId order) {
 absl::Status ResidencyManager::OnHostCopyWritten(RequestId id, std::span<const uint32_t> pages,
                                                  std::span<const PageIndex> host_pages, bool ok,
                                                  std::span<const uint64_t> checksums) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
+  auto it = state_.requests.find(id);
+  if (it == state_.requests.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
   Request& r = it->second;
+  if (absl::Status s = CheckHostCopyReport(r, pages, host_pages, checksums); !s.ok()) return Finish(s);
+  if (!ok) {  // nothing changes: the rows stay in the worker's tail, the pages are not populated
+    state_.counters.host_write_failures += pages.size();
+    return Finish(absl::OkStatus());
+  }
+  Gpu& g = state_.gpus.at(r.gpu);
+  for (size_t i = 0; i < pages.size(); ++i) ConfirmHostCopy(r, g, pages[i], checksums.empty() ? 0 : checksums[i]);
+  Reindex(r, g);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ResidencyManager::CheckHostCopyReport(const Request& r, std::span<const uint32_t> pages,
+                                                   std::span<const PageIndex> host_pages,
+                                                   std::span<const uint64_t> checksums) const {
+  const RequestId id = r.id;
   if (r.state == RequestState::kQueued) {
-    return Finish(absl::FailedPreconditionError(absl::StrFormat("request %d is not admitted yet", id)));
+    return absl::FailedPreconditionError(absl::StrFormat("request %d is not admitted yet", id));
   }
   if (r.state == RequestState::kInterrupted) {
-    return Finish(absl::FailedPreconditionError(
-        absl::StrFormat("request %d was interrupted by a fence of GPU %d: its host copies are fixed", id, r.gpu)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("request %d was interrupted by a fence of GPU %d: its host copies are fixed", id, r.gpu));
   }
   if (!host_pages.empty() && host_pages.size() != pages.size()) {
-    return Finish(absl::InvalidArgumentError(absl::StrFormat(
-        "request %d: %d host pages for %d history pages", id, host_pages.size(), pages.size())));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request %d: %d host pages for %d history pages", id, host_pages.size(), pages.size()));
   }
   if (!checksums.empty() && checksums.size() != pages.size()) {
-    return Finish(absl::InvalidArgumentError(absl::StrFormat(
-        "request %d: %d checksums for %d history pages", id, checksums.size(), pages.size())));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request %d: %d checksums for %d history pages", id, checksums.size(), pages.size()));
   }
   absl::flat_hash_set<uint32_t> seen;
   for (size_t i = 0; i < pages.size(); ++i) {
     if (pages[i] >= r.history.size()) {
-      return Finish(absl::OutOfRangeError(
-          absl::StrFormat("request %d has %d history pages, not page %d", id, r.history.size(), pages[i])));
+      return absl::OutOfRangeError(
+          absl::StrFormat("request %d has %d history pages, not page %d", id, r.history.size(), pages[i]));
     }
     if (!seen.insert(pages[i]).second) {
-      return Finish(absl::InvalidArgumentError(
-          absl::StrFormat("request %d: history page %d named twice in one HostCopyWritten", id, pages[i])));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("request %d: history page %d named twice in one HostCopyWritten", id, pages[i]));
     }
     if (!host_pages.empty() && host_pages[i] != r.history[pages[i]].host_page) {
-      return Finish(absl::InvalidArgumentError(absl::StrFormat(
+      return absl::InvalidArgumentError(absl::StrFormat(
           "request %d history page %d: host page %d written, but host page %d was assigned", id, pages[i],
-          host_pages[i], r.history[pages[i]].host_page)));
+          host_pages[i], r.history[pages[i]].host_page));
     }
   }
-  if (!ok) {  // nothing changes: the rows stay in the worker's tail, the pages are not populated
-    counters_.host_write_failures += pages.size();
-    return Finish(absl::OkStatus());
-  }
-  Gpu& g = gpus_.at(r.gpu);
-  for (size_t i = 0; i < pages.size(); ++i) {
-    const uint32_t h = pages[i];
-    HistoryPage& hp = r.history[h];
-    const uint64_t checksum = checksums.empty() ? 0 : checksums[i];
-    ++counters_.host_writes;
-    switch (hp.state) {
-      case HistoryState::kHostPending:
-        DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
+  return absl::OkStatus();
+}
+
+void ResidencyManager::ConfirmHostCopy(Request& r, Gpu& g, uint32_t h, uint64_t checksum) {
+  HistoryPage& hp = r.history[h];
+  ++state_.counters.host_writes;
+  switch (hp.state) {
+    case HistoryState::kHostPending:
+      DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
+      hp.checksum = checksum;
+      DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+      ++r.host_only;
+      break;
+    case HistoryState::kGpu:
+      if (r.state == RequestState::kAdmitted && hp.copy == 0) {
+        // A page kept at the grant is written to host outside an order only when the worker did not keep it (its
+        // keep copy failed, contract §3): the GPU page holds nothing and never will. It is freed now (lendable
+        // again: a waiting admission may take it without a reclaim); the page is host-resident, a population
+        // candidate. In a reclaim (or with a backup in flight) the reclaim retires the GPU page instead.
+        DHS_CHECK_OK(g.table.Release(hp.gpu_page));
+        DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
         hp.checksum = checksum;
-        DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
+        DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+        --r.optional;
         ++r.host_only;
+        ++state_.counters.keeps_lost;
         break;
-      case HistoryState::kGpu:
-        if (r.state == RequestState::kAdmitted && hp.copy == 0) {
-          // A page kept at the grant is written to host outside an order only when the worker did not keep it (its
-          // keep copy failed, contract §3): the GPU page holds nothing and never will. It is freed now (lendable
-          // again: a waiting admission may take it without a reclaim); the page is host-resident, a population
-          // candidate. In a reclaim (or with a backup in flight) the reclaim retires the GPU page instead.
-          DHS_CHECK_OK(g.table.Release(hp.gpu_page));
-          DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
-          hp.checksum = checksum;
-          DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
-          --r.optional;
-          ++r.host_only;
-          ++counters_.keeps_lost;
-          break;
-        }
-        [[fallthrough]];
-      case HistoryState::kGpuDeferred:
-        DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost));
+      }
+      [[fallthrough]];
+    case HistoryState::kGpuDeferred:
+      DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost));
+      hp.checksum = checksum;
+      DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+      break;
+    default:  // already a complete host copy (a repeated report): a checksum only where none was known
+      if (hp.checksum == 0 && checksum != 0 && hp.state != HistoryState::kLost) {
         hp.checksum = checksum;
-        DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
-        break;
-      default:  // already a complete host copy (a repeated report): a checksum only where none was known
-        if (hp.checksum == 0 && checksum != 0 && hp.state != HistoryState::kLost) {
-          hp.checksum = checksum;
-          DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
-        }
-        break;
-    }
+        DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+      }
+      break;
   }
-  Reindex(r, gpus_.at(r.gpu));
-  return Finish(absl::OkStatus());
 }
 
 absl::Status ResidencyManager::Complete(RequestId id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
+  auto it = state_.requests.find(id);
+  if (it == state_.requests.end()) return Finish(absl::NotFoundError(absl::StrFormat("request %d unknown", id)));
   Request& r = it->second;
   uint32_t released = 0;
   if (r.state == RequestState::kInterrupted) {
-    host_.ReleaseRequest(id);  // its GPU pages went with the fence: nothing pinned, nothing on GPU
-  } else if (Gpu& g = gpus_.at(r.gpu); r.state == RequestState::kQueued) {
+    state_.host.ReleaseRequest(id);  // its GPU pages went with the fence: nothing pinned, nothing on GPU
+  } else if (Gpu& g = state_.gpus.at(r.gpu); r.state == RequestState::kQueued) {
     g.queue.erase(std::find(g.queue.begin(), g.queue.end(), id));
-    host_.ReleaseRequest(id);  // a queued resume's taken-over host pages
+    state_.host.ReleaseRequest(id);  // a queued resume's taken-over host pages
   } else {
     released = ReleaseAdmitted(r, g);
   }
-  outbox_.push_back(CompleteAckOrder{id, r.gpu, released});
-  requests_.erase(it);
-  ++counters_.completions;
+  state_.outbox.push_back(CompleteAckOrder{id, r.gpu, released});
+  state_.requests.erase(it);
+  ++state_.counters.completions;
   return Finish(absl::OkStatus());
 }
 
@@ -767,34 +405,34 @@ uint32_t ResidencyManager::ReleaseAdmitted(Request& r, Gpu& g) {
   uint32_t released = static_cast<uint32_t>(r.required.size());
   for (PageIndex p : r.required) DHS_CHECK_OK(g.table.Release(p));
   for (HistoryPage& hp : r.history) {
-    if (hp.copy != 0) copies_.at(hp.copy).orphan = true;  // its report only unpins (and frees a population page)
+    if (hp.copy != 0) state_.copies.at(hp.copy).orphan = true;  // its report only unpins (and frees a population page)
     if (!HoldsGpuPage(hp.state)) continue;
     ++released;
     if (hp.state != HistoryState::kPopulating) DHS_CHECK_OK(g.table.Release(hp.gpu_page));
   }
   if (r.reclaim != 0) {
-    g.reclaiming_pages -= static_cast<uint32_t>(reclaims_.at(r.reclaim).pages.size());
-    reclaims_.erase(r.reclaim);
+    g.reclaiming_pages -= static_cast<uint32_t>(state_.reclaims.at(r.reclaim).pages.size());
+    state_.reclaims.erase(r.reclaim);
     EraseOrderIfDone(r.reclaim);
   }
   ReleaseSlot(g, r.slot);
   CountShare(g, r.speculation, -1);
-  host_.ReleaseRequest(r.id);  // pinned pages become reusable after their copy reports
-  r.state = RequestState::kCompleted;
-  if (r.backoff) backoff_.erase(r.id);
+  state_.host.ReleaseRequest(r.id);  // pinned pages become reusable after their copy reports
+  DHS_CHECK_OK(TransitionRequest(r.state, r.state, RequestState::kCompleted));  // admitted or reclaiming
+  if (r.backoff) state_.backoff.erase(r.id);
   Reindex(r, g);
   return released;
 }
 
 absl::Status ResidencyManager::Populate() {
-  for (auto& [gpu_id, g] : gpus_) {
+  for (auto& [gpu_id, g] : state_.gpus) {
     if (!g.queue.empty()) continue;  // never take what a queued admission needs
     // Nothing to hand out: the plan would be empty (and leave the scheduler as it is); skip the O(context pages) scan.
     if (g.table.lendable() == 0) continue;
     std::vector<PopulationCandidate> candidates;
-    for (RequestId id : g.populatable) candidates.push_back({id, requests_.at(id).host_only});
+    for (RequestId id : g.populatable) candidates.push_back({id, state_.requests.at(id).host_only});
     for (const PopulationGrant& grant : g.scheduler.Plan(candidates, g.table.lendable())) {
-      PopulateRequest(gpu_id, g, requests_.at(grant.request), grant.pages);
+      PopulateRequest(gpu_id, g, state_.requests.at(grant.request), grant.pages);
     }
   }
   return FinishTick();
@@ -805,10 +443,10 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
   auto pages = g.table.Take(r.id, count, PageState::kOptionalPending);
   DHS_CHECK_OK(pages.status());
   PopulateOrder order;
-  order.order = next_order_++;
+  order.order = state_.next_order++;
   order.request = r.id;
   order.gpu = gpu_id;
-  OrderEntry& entry = orders_[order.order];
+  OrderEntry& entry = state_.orders[order.order];
   entry.reclaim = false;
   entry.request = r.id;
   entry.gpu = gpu_id;
@@ -816,17 +454,17 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
   for (uint32_t h = 0; h < r.history.size() && next < pages->size(); ++h) {
     HistoryPage& hp = r.history[h];
     if (hp.state != HistoryState::kHost) continue;
-    const CopyId id = next_copy_++;
+    const CopyId id = state_.next_copy++;
     const PageIndex gp = (*pages)[next++];
-    copies_[id] = Copy{.backup = false, .request = r.id, .gpu = gpu_id, .history_page = h,
+    state_.copies[id] = Copy{.backup = false, .request = r.id, .gpu = gpu_id, .history_page = h,
                        .host_page = hp.host_page, .gpu_page = gp, .order = order.order};
-    DHS_CHECK_OK(host_.Pin(hp.host_page));
+    DHS_CHECK_OK(state_.host.Pin(hp.host_page));
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kHost, HistoryState::kPopulating));
     --r.host_only;
     hp.gpu_page = gp;
     hp.copy = id;
     ++r.optional;
-    ++counters_.populates_ordered;
+    ++state_.counters.populates_ordered;
     entry.copies[gp] = id;
     order.gpu_pages.push_back(gp);
     order.history_pages.push_back(h);
@@ -834,19 +472,19 @@ void ResidencyManager::PopulateRequest(GpuId gpu_id, Gpu& g, Request& r, uint32_
   }
   DHS_CHECK_OK(next == pages->size() ? absl::OkStatus() : absl::InternalError("population plan beyond candidates"));
   Reindex(r, g);
-  outbox_.push_back(std::move(order));
+  state_.outbox.push_back(std::move(order));
 }
 
 absl::Status ResidencyManager::RetryBackups() {
-  for (auto it = backoff_.begin(); it != backoff_.end();) {
-    Request& r = requests_.at(*it);
+  for (auto it = state_.backoff.begin(); it != state_.backoff.end();) {
+    Request& r = state_.requests.at(*it);
     if (--r.retry_ticks > 0) {
       ++it;
       continue;
     }
     r.backoff = false;
-    Reindex(r, gpus_.at(r.gpu));
-    it = backoff_.erase(it);
+    Reindex(r, state_.gpus.at(r.gpu));
+    it = state_.backoff.erase(it);
   }
   return FinishTick();
 }
@@ -854,46 +492,46 @@ absl::Status ResidencyManager::RetryBackups() {
 // ---------------------------------------------------------------- copies reported
 
 void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written, uint64_t checksum) {
-  auto node = copies_.extract(copy);
+  auto node = state_.copies.extract(copy);
   const Copy& c = node.mapped();
-  DHS_CHECK_OK(host_.Unpin(c.host_page));
-  if (!ok) ++counters_.backups_failed;
+  DHS_CHECK_OK(state_.host.Unpin(c.host_page));
+  if (!ok) ++state_.counters.backups_failed;
   if (c.orphan) return;  // request completed; its host page was freed (reusable now)
-  Request& r = requests_.at(c.request);
+  Request& r = state_.requests.at(c.request);
   HistoryPage& hp = r.history[c.history_page];
   hp.copy = 0;
   if (!ok) {
-    if (c.reclaim != 0) AbortReclaim(r, gpus_.at(r.gpu));
+    if (c.reclaim != 0) AbortReclaim(r, state_.gpus.at(r.gpu));
     return;
   }
-  if (!written) ++counters_.deferred_backups;
+  if (!written) ++state_.counters.deferred_backups;
   // A page confirmed by HostCopyWritten while its backup was in flight (kGpuAndHost) stays confirmed.
   if (hp.state == HistoryState::kGpu) {
     DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, written ? HistoryState::kGpuAndHost
                                                                     : HistoryState::kGpuDeferred));
     if (written) {
       hp.checksum = checksum;
-      DHS_CHECK_OK(host_.Confirm(hp.host_page, checksum));
+      DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
     }
   }
   if (c.reclaim != 0) {
-    Reclaim& rc = reclaims_.at(c.reclaim);
+    Reclaim& rc = state_.reclaims.at(c.reclaim);
     --rc.backups;
     AdvanceReclaim(rc);
   }
 }
 
 void ResidencyManager::PopulateDone(CopyId copy, bool ok) {
-  auto node = copies_.extract(copy);
+  auto node = state_.copies.extract(copy);
   const Copy& c = node.mapped();
-  DHS_CHECK_OK(host_.Unpin(c.host_page));
-  if (!ok) ++counters_.populates_failed;
-  Gpu& g = gpus_.at(c.gpu);
+  DHS_CHECK_OK(state_.host.Unpin(c.host_page));
+  if (!ok) ++state_.counters.populates_failed;
+  Gpu& g = state_.gpus.at(c.gpu);
   if (c.orphan) {  // request completed while the copy was in flight: the page is free only now
     DHS_CHECK_OK(g.table.Release(c.gpu_page));
     return;
   }
-  Request& r = requests_.at(c.request);
+  Request& r = state_.requests.at(c.request);
   HistoryPage& hp = r.history[c.history_page];
   hp.copy = 0;
   const bool reclaiming = g.table.state(c.gpu_page) == PageState::kReclaiming;
@@ -908,7 +546,7 @@ void ResidencyManager::PopulateDone(CopyId copy, bool ok) {
     Reindex(r, g);
   }
   if (!reclaiming) return;
-  Reclaim& rc = reclaims_.at(r.reclaim);
+  Reclaim& rc = state_.reclaims.at(r.reclaim);
   if (!ok) {
     rc.pages.erase(std::find(rc.pages.begin(), rc.pages.end(), c.gpu_page));
     --g.reclaiming_pages;
@@ -920,7 +558,7 @@ void ResidencyManager::PopulateDone(CopyId copy, bool ok) {
 // ---------------------------------------------------------------- decisions
 
 void ResidencyManager::Pump() {
-  for (auto& [id, g] : gpus_) PumpGpu(id, g);
+  for (auto& [id, g] : state_.gpus) PumpGpu(id, g);
 }
 
 absl::Status ResidencyManager::NeverFits(const Request& r, const Gpu& g) const {
@@ -930,58 +568,23 @@ absl::Status ResidencyManager::NeverFits(const Request& r, const Gpu& g) const {
         "request %d needs %d required pages but GPU %d can lend at most %d (M=%d, M_res=%d): it can never fit", r.id,
         r.required_count, r.gpu, m - res, m, res));
   }
-  if (r.context_pages > host_.pages()) {
+  if (r.context_pages > state_.host.pages()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "request %d needs %d host pages for its context but the host pool has %d pages: it can never fit", r.id,
-        r.context_pages, host_.pages()));
+        r.context_pages, state_.host.pages()));
   }
   return absl::OkStatus();
-}
-
-SlotIndex ResidencyManager::FreeSlot(const Gpu& g) {
-  const SlotIndex slot = g.released_slots.empty() ? g.slot_high : *g.released_slots.begin();  // lowest free
-  return g.request_slots != 0 && slot >= g.request_slots ? kNoSlot : slot;
-}
-
-void ResidencyManager::TakeSlot(Gpu& g, SlotIndex slot) {
-  g.used_slots.insert(slot);
-  if (slot >= g.slot_high) {  // above the high mark (a report's slot): the slots skipped are free
-    for (SlotIndex s = g.slot_high; s < slot; ++s) g.released_slots.insert(s);
-    g.slot_high = slot + 1;
-  } else {
-    g.released_slots.erase(slot);
-  }
-}
-
-void ResidencyManager::ReleaseSlot(Gpu& g, SlotIndex slot) {
-  g.used_slots.erase(slot);
-  g.released_slots.insert(slot);
-}
-
-void ResidencyManager::Reindex(Request& r, Gpu& g) {
-  if (r.state == RequestState::kAdmitted && r.optional_history && r.host_only > 0) {
-    g.populatable.insert(r.id);
-  } else {
-    g.populatable.erase(r.id);
-  }
-  if (r.victim_key) {
-    g.victims.Erase(*r.victim_key);
-    r.victim_key.reset();
-  }
-  if (r.state != RequestState::kAdmitted || r.optional == 0 || r.backoff) return;
-  r.victim_key = ReclaimCandidate{r.id, r.time_us, r.seq, r.optional};
-  g.victims.Insert(*r.victim_key);
 }
 
 bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   const uint32_t lend = g.table.lendable();
   const auto kept = static_cast<uint32_t>(r.resumed_host.size());  // a resume's host pages, owned already
-  if (r.required_count > lend || r.context_pages - kept > host_.reusable()) return false;  // waits for pages
+  if (r.required_count > lend || r.context_pages - kept > state_.host.reusable()) return false;  // waits for pages
   const SlotIndex slot = FreeSlot(g);
   if (slot == kNoSlot) return false;  // waits for a completion
   // Resident-first: spare pages keep imported history on GPU, but leave what the admissions queued behind require.
   uint32_t behind = 0;
-  for (size_t i = 1; i < g.queue.size(); ++i) behind += requests_.at(g.queue[i]).required_count;
+  for (size_t i = 1; i < g.queue.size(); ++i) behind += state_.requests.at(g.queue[i]).required_count;
   const uint32_t spare = lend - r.required_count;
   // A resume keeps nothing on GPU at the grant: its history is on host (imported) or recomputed into the tail.
   const uint32_t on_gpu =
@@ -993,21 +596,21 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   for (uint32_t h = 0; h < r.context_pages; ++h) {
     if (!r.resumed_host.contains(h)) fresh.push_back(h);
   }
-  auto host = host_.AllocateHistory(r.id, kAllSources, fresh, r.context_pages);
+  auto host = state_.host.AllocateHistory(r.id, kAllSources, fresh, r.context_pages);
   if (!required.ok() || !optional.ok() || !host.ok()) {
     // The tables refused what lendable() / reusable() promised: a bug, never a peer's input (Admit checks the id and
     // the counts). memd does not abort on it: the admission is refused, nothing of it stays taken, memd keeps serving.
     for (const auto* taken : {&required, &optional}) {
       if (taken->ok()) {
-        for (PageIndex p : **taken) (void)g.table.Release(p);
+        for (PageIndex p : **taken) DHS_CHECK_OK(g.table.Release(p));  // just taken
       }
     }
-    host_.ReleaseRequest(r.id);
+    state_.host.ReleaseRequest(r.id);
     const absl::Status why = !required.ok() ? required.status() : !optional.ok() ? optional.status() : host.status();
     spdlog::error("memd: request {}: the page tables refused its grant: {}", r.id, why.ToString());
-    outbox_.push_back(RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
-    ++counters_.rejects;
-    requests_.erase(r.id);  // the caller pops it from the queue and does not touch it again
+    state_.outbox.push_back(RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
+    ++state_.counters.rejects;
+    state_.requests.erase(r.id);  // the caller pops it from the queue and does not touch it again
     return true;
   }
   r.required = *required;
@@ -1023,13 +626,13 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   r.slot = slot;
   TakeSlot(g, slot);
   CountShare(g, r.speculation, +1);
-  r.state = RequestState::kAdmitted;
-  r.time_us = clock_();
-  r.seq = next_seq_++;
+  DHS_CHECK_OK(TransitionRequest(r.state, RequestState::kQueued, RequestState::kAdmitted));
+  r.time_us = state_.clock();
+  r.seq = state_.next_seq++;
   Reindex(r, g);
-  ++counters_.grants;
+  ++state_.counters.grants;
   MarkRegranted(grant);
-  outbox_.push_back(std::move(grant));
+  state_.outbox.push_back(std::move(grant));
   return true;
 }
 
@@ -1062,7 +665,7 @@ void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh
 
 // Retire orders of this event on the grant's GPU whose pages the grant's required allocation took: regranted_to.
 void ResidencyManager::MarkRegranted(GrantOrder& grant) {
-  for (Order& o : outbox_) {
+  for (Order& o : state_.outbox) {
     auto* retire = std::get_if<RetireOrder>(&o);
     if (!retire || retire->gpu != grant.gpu || retire->regranted_to != 0) continue;
     const bool took = std::any_of(retire->gpu_pages.begin(), retire->gpu_pages.end(), [&](PageIndex p) {
@@ -1074,7 +677,7 @@ void ResidencyManager::MarkRegranted(GrantOrder& grant) {
 
 std::vector<ReclaimCandidate> ResidencyManager::Candidates(GpuId gpu, bool skip_backoff) const {
   std::vector<ReclaimCandidate> out;
-  for (const auto& [id, r] : requests_) {
+  for (const auto& [id, r] : state_.requests) {
     if (r.gpu != gpu || r.state != RequestState::kAdmitted || r.optional == 0) continue;
     if (skip_backoff && r.backoff) continue;
     out.push_back({id, r.time_us, r.seq, r.optional});
@@ -1084,7 +687,7 @@ std::vector<ReclaimCandidate> ResidencyManager::Candidates(GpuId gpu, bool skip_
 
 void ResidencyManager::PumpGpu(GpuId gpu_id, Gpu& g) {
   while (!g.queue.empty()) {
-    Request& head = requests_.at(g.queue.front());
+    Request& head = state_.requests.at(g.queue.front());
     if (TryGrant(head, g)) {
       g.queue.pop_front();
       continue;
@@ -1094,7 +697,7 @@ void ResidencyManager::PumpGpu(GpuId gpu_id, Gpu& g) {
     if (delta > 0) {
       const VictimChoice choice = g.victims.Choose(static_cast<uint32_t>(delta));
       if (choice.covers) {  // else all optional pages cannot cover Δ: wait until capacity frees
-        for (RequestId v : choice.victims) StartReclaim(requests_.at(v), g);
+        for (RequestId v : choice.victims) StartReclaim(state_.requests.at(v), g);
       }
     }
     break;  // FIFO: those behind the head wait
@@ -1104,18 +707,18 @@ void ResidencyManager::PumpGpu(GpuId gpu_id, Gpu& g) {
 
 void ResidencyManager::SendWaits(GpuId gpu_id, Gpu& g) {
   for (size_t i = 0; i < g.queue.size(); ++i) {
-    Request& r = requests_.at(g.queue[i]);
+    Request& r = state_.requests.at(g.queue[i]);
     if (r.wait_sent) continue;
     r.wait_sent = true;
-    ++counters_.waits;
+    ++state_.counters.waits;
     const int64_t deficit = int64_t{r.required_count} - g.table.lendable();
-    outbox_.push_back(WaitOrder{r.id, gpu_id, static_cast<uint32_t>(i),
+    state_.outbox.push_back(WaitOrder{r.id, gpu_id, static_cast<uint32_t>(i),
                                 static_cast<uint32_t>(std::max<int64_t>(0, deficit))});
   }
 }
 
 void ResidencyManager::StartReclaim(Request& v, Gpu& g) {
-  const ReclaimId id = next_order_++;
+  const ReclaimId id = state_.next_order++;
   Reclaim rc;
   rc.id = id;
   rc.victim = v.id;
@@ -1124,7 +727,7 @@ void ResidencyManager::StartReclaim(Request& v, Gpu& g) {
   order.order = id;
   order.request = v.id;
   order.gpu = v.gpu;
-  OrderEntry& entry = orders_[id];
+  OrderEntry& entry = state_.orders[id];
   entry.request = v.id;
   entry.gpu = v.gpu;
   for (uint32_t h = 0; h < v.history.size(); ++h) {
@@ -1138,28 +741,28 @@ void ResidencyManager::StartReclaim(Request& v, Gpu& g) {
     if (populating) {
       ++rc.populates;  // it has a host copy; the reclaim waits for its copy's report
     } else if (hp.copy != 0) {
-      copies_.at(hp.copy).reclaim = id;  // a backup of an aborted attempt is still in flight: adopt it
+      state_.copies.at(hp.copy).reclaim = id;  // a backup of an aborted attempt is still in flight: adopt it
       ++rc.backups;
     } else if (hp.state == HistoryState::kGpu) {  // no host copy yet: back it up into its assigned host page
-      const CopyId cid = next_copy_++;
-      copies_[cid] = Copy{.backup = true, .request = v.id, .gpu = v.gpu, .history_page = h,
+      const CopyId cid = state_.next_copy++;
+      state_.copies[cid] = Copy{.backup = true, .request = v.id, .gpu = v.gpu, .history_page = h,
                           .host_page = hp.host_page, .gpu_page = hp.gpu_page, .order = id, .reclaim = id};
-      DHS_CHECK_OK(host_.Pin(hp.host_page));
+      DHS_CHECK_OK(state_.host.Pin(hp.host_page));
       hp.copy = cid;
       ++rc.backups;
-      ++counters_.backups_ordered;
+      ++state_.counters.backups_ordered;
       entry.copies[hp.gpu_page] = cid;
       order.backup_pages.push_back(hp.gpu_page);
       order.backup_host_pages.push_back(hp.host_page);
     }
   }
-  v.state = RequestState::kReclaiming;
+  DHS_CHECK_OK(TransitionRequest(v.state, RequestState::kAdmitted, RequestState::kReclaiming));
   v.reclaim = id;
   Reindex(v, g);
   g.reclaiming_pages += static_cast<uint32_t>(rc.pages.size());
-  ++counters_.reclaims_started;
-  outbox_.push_back(std::move(order));
-  AdvanceReclaim(reclaims_.emplace(id, std::move(rc)).first->second);
+  ++state_.counters.reclaims_started;
+  state_.outbox.push_back(std::move(order));
+  AdvanceReclaim(state_.reclaims.emplace(id, std::move(rc)).first->second);
 }
 
 // Retires the reclaim once every backup and population copy reported and the worker's readers are done.
@@ -1170,10 +773,10 @@ void ResidencyManager::AdvanceReclaim(Reclaim& rc) {
 }
 
 void ResidencyManager::RetireReclaim(ReclaimId id) {
-  Reclaim rc = std::move(reclaims_.at(id));
-  reclaims_.erase(id);
-  Request& v = requests_.at(rc.victim);
-  Gpu& g = gpus_.at(rc.gpu);
+  Reclaim rc = std::move(state_.reclaims.at(id));
+  state_.reclaims.erase(id);
+  Request& v = state_.requests.at(rc.victim);
+  Gpu& g = state_.gpus.at(rc.gpu);
   for (HistoryPage& hp : v.history) {
     if (!HoldsGpuPage(hp.state)) continue;
     // Only pages with a host copy (or covered by the worker's tail) may be retired: kGpu or kPopulating here is a bug.
@@ -1185,68 +788,68 @@ void ResidencyManager::RetireReclaim(ReclaimId id) {
   }
   g.reclaiming_pages -= static_cast<uint32_t>(rc.pages.size());
   v.backup_failures = 0;  // its backups went through: a later failure starts the back-off over
-  v.state = RequestState::kAdmitted;
+  DHS_CHECK_OK(TransitionRequest(v.state, RequestState::kReclaiming, RequestState::kAdmitted));
   v.reclaim = 0;
   Reindex(v, g);
-  ++counters_.reclaims_retired;
-  counters_.pages_retired += rc.pages.size();
-  if (!rc.pages.empty()) outbox_.push_back(RetireOrder{rc.id, rc.victim, rc.gpu, std::move(rc.pages)});
+  ++state_.counters.reclaims_retired;
+  state_.counters.pages_retired += rc.pages.size();
+  if (!rc.pages.empty()) state_.outbox.push_back(RetireOrder{rc.id, rc.victim, rc.gpu, std::move(rc.pages)});
   EraseOrderIfDone(id);
 }
 
 void ResidencyManager::AbortReclaim(Request& v, Gpu& g) {
-  auto it = reclaims_.find(v.reclaim);
+  auto it = state_.reclaims.find(v.reclaim);
   for (HistoryPage& hp : v.history) {
     if (!HoldsGpuPage(hp.state)) continue;
     const bool populating = hp.state == HistoryState::kPopulating;
     DHS_CHECK_OK(g.table.Transition(hp.gpu_page, PageState::kReclaiming,
                                     populating ? PageState::kOptionalPending : PageState::kOptionalReady));
-    if (hp.copy != 0 && !populating) copies_.at(hp.copy).reclaim = 0;  // detach: its result still counts
+    if (hp.copy != 0 && !populating) state_.copies.at(hp.copy).reclaim = 0;  // detach: its result still counts
   }
   g.reclaiming_pages -= static_cast<uint32_t>(it->second.pages.size());
-  orders_.at(it->first).aborted = true;
+  state_.orders.at(it->first).aborted = true;
   const ReclaimId id = it->first;
-  reclaims_.erase(it);
+  state_.reclaims.erase(it);
   EraseOrderIfDone(id);
-  v.state = RequestState::kAdmitted;
+  DHS_CHECK_OK(TransitionRequest(v.state, RequestState::kReclaiming, RequestState::kAdmitted));
   v.reclaim = 0;
   v.backoff = true;
-  backoff_.insert(v.id);
+  state_.backoff.insert(v.id);
   ++v.backup_failures;
   v.retry_ticks = std::min(uint32_t{1} << std::min(v.backup_failures - 1, 6u), kMaxRetryTicks);
   Reindex(v, g);
-  ++counters_.reclaims_failed;
+  ++state_.counters.reclaims_failed;
   spdlog::debug("memd: reclaim of request {} aborted by a failed backup; it may be retried", v.id);
 }
 
 // An order entry lives while its reclaim is live or it still owes copy reports.
 void ResidencyManager::EraseOrderIfDone(OrderId order) {
-  auto it = orders_.find(order);
-  if (it == orders_.end() || !it->second.copies.empty()) return;
-  if (it->second.reclaim && reclaims_.count(order)) return;
-  orders_.erase(it);
+  auto it = state_.orders.find(order);
+  if (it == state_.orders.end() || !it->second.copies.empty()) return;
+  if (it->second.reclaim && state_.reclaims.count(order)) return;
+  state_.orders.erase(it);
 }
 
 // ---------------------------------------------------------------- checks and dump
 
 absl::Status ResidencyManager::CheckInvariants() const {
-  if (absl::Status s = host_.CheckInvariants(); !s.ok()) return s;
+  if (absl::Status s = state_.host.CheckInvariants(); !s.ok()) return s;
   if (absl::Status s = CheckQueues(); !s.ok()) return s;
   std::map<GpuId, std::vector<RequestId>> owner;  // expected owner of every GPU page
-  for (const auto& [gid, g] : gpus_) {
+  for (const auto& [gid, g] : state_.gpus) {
     if (absl::Status s = g.table.CheckInvariants(); !s.ok()) return s;
     owner[gid].assign(g.table.pages(), kNoOwner);
   }
   std::set<PageIndex> host_pages;
-  for (const auto& [id, r] : requests_) {
+  for (const auto& [id, r] : state_.requests) {
     if (absl::Status s = CheckRequest(r, owner, host_pages); !s.ok()) return s;
   }
-  if (host_pages.size() != host_.allocated()) {  // every allocated host page belongs to a live request
-    return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests", host_.allocated(),
+  if (host_pages.size() != state_.host.allocated()) {  // every allocated host page belongs to a live request
+    return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests", state_.host.allocated(),
                                                host_pages.size()));
   }
   if (absl::Status s = CheckCopiesAndOrders(owner); !s.ok()) return s;
-  for (const auto& [gid, g] : gpus_) {
+  for (const auto& [gid, g] : state_.gpus) {
     for (PageIndex p = 0; p < g.table.pages(); ++p) {
       if (owner[gid][p] != g.table.owner(p)) {
         return absl::InternalError(absl::StrFormat("GPU %d page %d: owned by %d in the table, by %d in the requests",
@@ -1260,17 +863,17 @@ absl::Status ResidencyManager::CheckInvariants() const {
 
 absl::Status ResidencyManager::CheckQueues() const {
   size_t queued = 0, queued_requests = 0;
-  for (const auto& [gid, g] : gpus_) {
+  for (const auto& [gid, g] : state_.gpus) {
     for (RequestId q : g.queue) {
-      auto it = requests_.find(q);
-      if (it == requests_.end() || it->second.state != RequestState::kQueued || it->second.gpu != gid) {
+      auto it = state_.requests.find(q);
+      if (it == state_.requests.end() || it->second.state != RequestState::kQueued || it->second.gpu != gid) {
         return absl::InternalError(absl::StrFormat("GPU %d queue holds request %d that is not queued there", gid, q));
       }
     }
     queued += g.queue.size();
     std::set<SlotIndex> slots;
     SpeculationShare speculation;  // the recount of g.speculation
-    for (const auto& [id, r] : requests_) {
+    for (const auto& [id, r] : state_.requests) {
       if (r.gpu != gid || r.state == RequestState::kQueued || r.state == RequestState::kInterrupted) continue;
       if (r.slot == kNoSlot || (g.request_slots != 0 && r.slot >= g.request_slots) || !slots.insert(r.slot).second) {
         return absl::InternalError(absl::StrFormat("GPU %d: request %d has slot %d (taken or out of range)", gid, id,
@@ -1292,14 +895,14 @@ absl::Status ResidencyManager::CheckQueues() const {
           speculation.staging_bytes, g.table.required()));
     }
   }
-  for (const auto& [id, r] : requests_) {
-    if (r.state != RequestState::kInterrupted && !gpus_.contains(r.gpu)) {
+  for (const auto& [id, r] : state_.requests) {
+    if (r.state != RequestState::kInterrupted && !state_.gpus.contains(r.gpu)) {
       return absl::InternalError(absl::StrFormat("request %d (%s) on fenced GPU %d", id, RequestStateName(r.state),
                                                  r.gpu));
     }
     if (r.state != RequestState::kQueued) continue;
     ++queued_requests;
-    if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot || host_.pages_of(id) != r.resumed_host.size()) {
+    if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot || state_.host.pages_of(id) != r.resumed_host.size()) {
       return absl::InternalError(absl::StrFormat("queued request %d holds pages or a slot", id));
     }
   }
@@ -1311,16 +914,16 @@ absl::Status ResidencyManager::CheckQueues() const {
 // `host_pages`), a_r, and every history page against its state.
 absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
                                             std::set<PageIndex>& host_pages) const {
-  if (r.state == RequestState::kQueued) return CheckQueuedResume(r, host_pages);
+  if (r.state == RequestState::kQueued) return recovery_.CheckQueuedResume(r, host_pages);
   if (!r.resumed_host.empty()) {
     return absl::InternalError(absl::StrFormat("request %d: resumed host pages left after its grant", r.id));
   }
-  if (r.state == RequestState::kInterrupted) return CheckInterrupted(r, host_pages);
+  if (r.state == RequestState::kInterrupted) return recovery_.CheckInterrupted(r, host_pages);
   const bool reclaiming = r.state == RequestState::kReclaiming;
-  if (reclaiming != (r.reclaim != 0) || (reclaiming && !reclaims_.count(r.reclaim))) {
+  if (reclaiming != (r.reclaim != 0) || (reclaiming && !state_.reclaims.count(r.reclaim))) {
     return absl::InternalError(absl::StrFormat("request %d: reclaim state inconsistent", r.id));
   }
-  const GpuPageTable& t = gpus_.at(r.gpu).table;
+  const GpuPageTable& t = state_.gpus.at(r.gpu).table;
   auto claim = [&](PageIndex p, PageState want) -> absl::Status {
     if (p >= t.pages() || owner[r.gpu][p] != kNoOwner || t.owner(p) != r.id || t.state(p) != want) {
       return absl::InternalError(absl::StrFormat("GPU %d page %d of request %d: table says %s of %d, expected %s",
@@ -1333,19 +936,19 @@ absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, st
   for (PageIndex p : r.required) {
     if (absl::Status s = claim(p, PageState::kRequired); !s.ok()) return s;
   }
-  if (r.history.size() != r.context_pages || host_.pages_of(r.id) != r.context_pages) {
+  if (r.history.size() != r.context_pages || state_.host.pages_of(r.id) != r.context_pages) {
     return absl::InternalError(absl::StrFormat("request %d: %d history pages, %d host pages, context %d", r.id,
-                                               r.history.size(), host_.pages_of(r.id), r.context_pages));
+                                               r.history.size(), state_.host.pages_of(r.id), r.context_pages));
   }
   uint32_t optional = 0;
   for (uint32_t h = 0; h < r.history.size(); ++h) {
     const HistoryPage& hp = r.history[h];
-    if (!host_.is_allocated(hp.host_page) || host_.owner(hp.host_page) != r.id ||
+    if (!state_.host.is_allocated(hp.host_page) || state_.host.owner(hp.host_page) != r.id ||
         !host_pages.insert(hp.host_page).second) {
       return absl::InternalError(absl::StrFormat("request %d page %d: host page %d not its own", r.id, h, hp.host_page));
     }
     if (absl::Status s = CheckHistoryPage(r, h); !s.ok()) return s;
-    if (absl::Status s = CheckJournal(r, h); !s.ok()) return s;
+    if (absl::Status s = recovery_.CheckJournal(r, h); !s.ok()) return s;
     if (!HoldsGpuPage(hp.state)) continue;
     ++optional;
     const PageState want = reclaiming                               ? PageState::kReclaiming
@@ -1355,76 +958,6 @@ absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, st
   }
   if (optional != r.optional) {
     return absl::InternalError(absl::StrFormat("request %d: a_r %d but %d optional pages", r.id, r.optional, optional));
-  }
-  return absl::OkStatus();
-}
-
-// An interrupted request: no GPU page, slot, reclaim or copy; each history page kHost (its own host page, claimed in
-// `host_pages`) or kLost; it owns exactly its kHost pages in the host pool.
-absl::Status ResidencyManager::CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const {
-  if (r.slot != kNoSlot || !r.required.empty() || r.optional != 0 || r.reclaim != 0 || r.backoff || r.victim_key) {
-    return absl::InternalError(absl::StrFormat("interrupted request %d holds a slot, GPU pages or a reclaim", r.id));
-  }
-  uint32_t kept = 0;
-  for (uint32_t h = 0; h < r.history.size(); ++h) {
-    const HistoryPage& hp = r.history[h];
-    if (hp.copy != 0 || (hp.state != HistoryState::kHost && hp.state != HistoryState::kLost)) {
-      return absl::InternalError(absl::StrFormat("interrupted request %d page %d: %s, copy %d", r.id, h,
-                                                 HistoryStateName(hp.state), hp.copy));
-    }
-    if (hp.state == HistoryState::kLost) continue;
-    ++kept;
-    if (absl::Status s = CheckJournal(r, h); !s.ok()) return s;
-    if (!host_.is_allocated(hp.host_page) || host_.owner(hp.host_page) != r.id ||
-        !host_pages.insert(hp.host_page).second) {
-      return absl::InternalError(absl::StrFormat("interrupted request %d page %d: host page %d not its own", r.id, h,
-                                                 hp.host_page));
-    }
-  }
-  if (host_.pages_of(r.id) != kept || r.host_only != kept) {
-    return absl::InternalError(absl::StrFormat("interrupted request %d: %d host pages owned, %d kept, host_only %d",
-                                               r.id, host_.pages_of(r.id), kept, r.host_only));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ResidencyManager::CheckQueuedResume(const Request& r, std::set<PageIndex>& host_pages) const {
-  const HostJournal* journal = host_.journal();
-  for (const auto& [h, p] : r.resumed_host) {
-    if (h >= r.context_pages || !host_.is_allocated(p) || host_.owner(p) != r.id || !host_pages.insert(p).second) {
-      return absl::InternalError(absl::StrFormat("queued request %d: resumed host page %d (history page %d of %d) "
-                                                 "not its own", r.id, p, h, r.context_pages));
-    }
-    if (journal == nullptr) continue;
-    const JournalEntry e = journal->Read(p);
-    if (e.owner != r.id || e.history_page != h || e.context_pages != r.context_pages ||
-        e.state != JournalState::kConfirmed) {
-      return absl::InternalError(absl::StrFormat(
-          "queued request %d: journal entry of its taken-over host page %d says state %d, owner %d, page %d of %d "
-          "(history page %d expected, confirmed)", r.id, p, static_cast<int>(e.state), e.owner, e.history_page,
-          e.context_pages, h));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ResidencyManager::CheckJournal(const Request& r, uint32_t h) const {
-  const HostJournal* journal = host_.journal();
-  if (journal == nullptr) return absl::OkStatus();
-  const HistoryPage& hp = r.history[h];
-  const JournalEntry e = journal->Read(hp.host_page);
-  const bool confirmed = hp.state == HistoryState::kHost || hp.state == HistoryState::kPopulating ||
-                         hp.state == HistoryState::kGpuAndHost;
-  if (e.owner != r.id || e.history_page != h || e.context_pages != r.context_pages ||
-      (e.state == JournalState::kConfirmed) != confirmed || e.state == JournalState::kFree) {
-    return absl::InternalError(absl::StrFormat(
-        "request %d history page %d (%s): journal entry of host page %d says state %d, owner %d, page %d of %d", r.id,
-        h, HistoryStateName(hp.state), hp.host_page, static_cast<int>(e.state), e.owner, e.history_page,
-        e.context_pages));
-  }
-  if (confirmed && e.checksum != hp.checksum) {  // issue 22: the journal keeps the confirmed copy's checksum
-    return absl::InternalError(absl::StrFormat("request %d history page %d: journal checksum %#x, core %#x", r.id, h,
-                                               e.checksum, hp.checksum));
   }
   return absl::OkStatus();
 }
@@ -1440,8 +973,8 @@ absl::Status ResidencyManager::CheckHistoryPage(const Request& r, uint32_t h) co
   const bool backup_allowed = hp.state == HistoryState::kGpu || hp.state == HistoryState::kGpuAndHost;
   const bool populate_needed = hp.state == HistoryState::kPopulating;
   if (hp.copy == 0) return populate_needed ? bad("populating without a copy") : absl::OkStatus();
-  auto c = copies_.find(hp.copy);
-  if (c == copies_.end() || c->second.request != r.id || c->second.history_page != h || c->second.orphan ||
+  auto c = state_.copies.find(hp.copy);
+  if (c == state_.copies.end() || c->second.request != r.id || c->second.history_page != h || c->second.orphan ||
       c->second.host_page != hp.host_page) {
     return bad("copy record missing or not this page's");
   }
@@ -1456,39 +989,39 @@ absl::Status ResidencyManager::CheckHistoryPage(const Request& r, uint32_t h) co
 // Copies: each pins its host page, is listed by its order's entry; orphan population pages are owned by their
 // completed request until the copy reports. Order entries: every listed copy exists and names the entry.
 absl::Status ResidencyManager::CheckCopiesAndOrders(std::map<GpuId, std::vector<RequestId>>& owner) const {
-  for (const auto& [id, entry] : orders_) {
-    if (!gpus_.contains(entry.gpu)) return absl::InternalError(absl::StrFormat("order %d of fenced GPU", id));
+  for (const auto& [id, entry] : state_.orders) {
+    if (!state_.gpus.contains(entry.gpu)) return absl::InternalError(absl::StrFormat("order %d of fenced GPU", id));
   }
-  for (const auto& [id, rc] : reclaims_) {
-    if (!gpus_.contains(rc.gpu)) return absl::InternalError(absl::StrFormat("reclaim %d of fenced GPU", id));
+  for (const auto& [id, rc] : state_.reclaims) {
+    if (!state_.gpus.contains(rc.gpu)) return absl::InternalError(absl::StrFormat("reclaim %d of fenced GPU", id));
   }
-  for (const auto& [cid, c] : copies_) {
-    if (!gpus_.contains(c.gpu)) return absl::InternalError(absl::StrFormat("copy %d on fenced GPU %d", cid, c.gpu));
-    auto entry = orders_.find(c.order);
-    if (entry == orders_.end() || entry->second.copies.count(c.gpu_page) == 0 ||
+  for (const auto& [cid, c] : state_.copies) {
+    if (!state_.gpus.contains(c.gpu)) return absl::InternalError(absl::StrFormat("copy %d on fenced GPU %d", cid, c.gpu));
+    auto entry = state_.orders.find(c.order);
+    if (entry == state_.orders.end() || entry->second.copies.count(c.gpu_page) == 0 ||
         entry->second.copies.at(c.gpu_page) != cid || entry->second.reclaim != c.backup) {
       return absl::InternalError(absl::StrFormat("copy %d is not listed by its order %d", cid, c.order));
     }
-    if (!host_.is_pinned(c.host_page)) return absl::InternalError(absl::StrFormat("copy %d: host page not pinned", cid));
+    if (!state_.host.is_pinned(c.host_page)) return absl::InternalError(absl::StrFormat("copy %d: host page not pinned", cid));
     if (c.backup || !c.orphan) continue;
-    const PageState st = gpus_.at(c.gpu).table.state(c.gpu_page);
+    const PageState st = state_.gpus.at(c.gpu).table.state(c.gpu_page);
     if (owner[c.gpu][c.gpu_page] != kNoOwner || (st != PageState::kOptionalPending && st != PageState::kReclaiming)) {
       return absl::InternalError(absl::StrFormat("orphan population page %d of GPU %d inconsistent", c.gpu_page, c.gpu));
     }
     owner[c.gpu][c.gpu_page] = c.request;
   }
-  if (host_.pinned() != copies_.size()) {
-    return absl::InternalError(absl::StrFormat("%d host pages pinned, %d copies in flight", host_.pinned(),
-                                               copies_.size()));
+  if (state_.host.pinned() != state_.copies.size()) {
+    return absl::InternalError(absl::StrFormat("%d host pages pinned, %d copies in flight", state_.host.pinned(),
+                                               state_.copies.size()));
   }
-  for (const auto& [id, entry] : orders_) {
+  for (const auto& [id, entry] : state_.orders) {
     for (const auto& [page, cid] : entry.copies) {
-      auto c = copies_.find(cid);
-      if (c == copies_.end() || c->second.order != id) {
+      auto c = state_.copies.find(cid);
+      if (c == state_.copies.end() || c->second.order != id) {
         return absl::InternalError(absl::StrFormat("order %d lists copy %d that is not its own", id, cid));
       }
     }
-    if (entry.copies.empty() && !(entry.reclaim && reclaims_.count(id))) {
+    if (entry.copies.empty() && !(entry.reclaim && state_.reclaims.count(id))) {
       return absl::InternalError(absl::StrFormat("order %d owes nothing but was kept", id));
     }
   }
@@ -1498,10 +1031,10 @@ absl::Status ResidencyManager::CheckCopiesAndOrders(std::map<GpuId, std::vector<
 // Reclaims: victim, pages, outstanding copies and the per-GPU reclaiming page counts.
 absl::Status ResidencyManager::CheckReclaims() const {
   std::map<GpuId, uint32_t> reclaiming_expected;
-  for (const auto& [rid, rc] : reclaims_) {
+  for (const auto& [rid, rc] : state_.reclaims) {
     reclaiming_expected[rc.gpu] += static_cast<uint32_t>(rc.pages.size());
-    auto v = requests_.find(rc.victim);
-    if (v == requests_.end() || v->second.reclaim != rid || !orders_.count(rid)) {
+    auto v = state_.requests.find(rc.victim);
+    if (v == state_.requests.end() || v->second.reclaim != rid || !state_.orders.count(rid)) {
       return absl::InternalError(absl::StrFormat("reclaim %d without its victim or order", rid));
     }
     std::vector<PageIndex> pages;
@@ -1511,7 +1044,7 @@ absl::Status ResidencyManager::CheckReclaims() const {
       populates += hp.state == HistoryState::kPopulating;
     }
     const uint32_t backups = static_cast<uint32_t>(std::count_if(
-        copies_.begin(), copies_.end(), [&, rid = rid](const auto& c) { return c.second.backup && c.second.reclaim == rid; }));
+        state_.copies.begin(), state_.copies.end(), [&, rid = rid](const auto& c) { return c.second.backup && c.second.reclaim == rid; }));
     std::vector<PageIndex> listed = rc.pages;
     std::sort(pages.begin(), pages.end());
     std::sort(listed.begin(), listed.end());
@@ -1519,7 +1052,7 @@ absl::Status ResidencyManager::CheckReclaims() const {
       return absl::InternalError(absl::StrFormat("reclaim %d: pages or outstanding copies disagree", rid));
     }
   }
-  for (const auto& [gid, g] : gpus_) {
+  for (const auto& [gid, g] : state_.gpus) {
     if (g.reclaiming_pages != reclaiming_expected[gid]) {
       return absl::InternalError(absl::StrFormat("GPU %d: reclaiming page count off", gid));
     }
@@ -1531,7 +1064,7 @@ absl::Status ResidencyManager::CheckReclaims() const {
 // reference), each under the key its request remembers; the back-off set names exactly the backed-off requests; the
 // released slots are the free slots below slot_high.
 absl::Status ResidencyManager::CheckVictimIndex() const {
-  for (const auto& [gid, g] : gpus_) {
+  for (const auto& [gid, g] : state_.gpus) {
     std::vector<ReclaimCandidate> want = Candidates(gid, true);
     policy_->Order(want);
     const std::vector<ReclaimCandidate> have = g.victims.Ordered();
@@ -1554,17 +1087,17 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
       return absl::InternalError(absl::StrFormat("GPU %d: slots beyond slot_high %d in use", gid, g.slot_high));
     }
   }
-  for (const auto& [gid, g] : gpus_) {
+  for (const auto& [gid, g] : state_.gpus) {
     for (RequestId id : g.populatable) {
-      if (!requests_.contains(id) || requests_.at(id).gpu != gid) {
+      if (!state_.requests.contains(id) || state_.requests.at(id).gpu != gid) {
         return absl::InternalError(absl::StrFormat("GPU %d: population candidate %d not its request", gid, id));
       }
     }
   }
   size_t backed_off = 0;
-  for (const auto& [id, r] : requests_) {
+  for (const auto& [id, r] : state_.requests) {
     backed_off += r.backoff;
-    if (r.backoff != backoff_.contains(id)) {
+    if (r.backoff != state_.backoff.contains(id)) {
       return absl::InternalError(absl::StrFormat("request %d: back-off flag and set disagree", id));
     }
     const bool candidate = r.state == RequestState::kAdmitted && r.optional > 0 && !r.backoff;
@@ -1575,13 +1108,13 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
     const auto host_only = static_cast<uint32_t>(std::count_if(
         r.history.begin(), r.history.end(), [](const HistoryPage& hp) { return hp.state == HistoryState::kHost; }));
     const bool populatable = r.state == RequestState::kAdmitted && r.optional_history && host_only > 0;
-    auto g = gpus_.find(r.gpu);  // an interrupted request's GPU may be fenced
-    if (host_only != r.host_only || populatable != (g != gpus_.end() && g->second.populatable.contains(id))) {
+    auto g = state_.gpus.find(r.gpu);  // an interrupted request's GPU may be fenced
+    if (host_only != r.host_only || populatable != (g != state_.gpus.end() && g->second.populatable.contains(id))) {
       return absl::InternalError(absl::StrFormat("request %d: %d kHost pages, host_only %d, population candidate %d",
                                                  id, host_only, r.host_only, populatable));
     }
   }
-  if (backed_off != backoff_.size()) return absl::InternalError("back-off set names unknown requests");
+  if (backed_off != state_.backoff.size()) return absl::InternalError("back-off set names unknown requests");
   return absl::OkStatus();
 }
 
@@ -1623,7 +1156,7 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
     DumpScope pages;
     pages.page_gpu = gd.gpu;
     pages.page_count = gd.pages;
-    FillPageRows(gpus_.at(gd.gpu).table, pages, gd);
+    FillPageRows(state_.gpus.at(gd.gpu).table, pages, gd);
   }
   return d;
 }
@@ -1631,13 +1164,13 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
 StateDump ResidencyManager::Dump(const DumpScope& scope) const {
   StateDump d;
   d.policy = std::string(policy_->name());
-  d.now_us = clock_();
-  d.request_count = requests_.size();
-  for (const auto& [gid, g] : gpus_) {
+  d.now_us = state_.clock();
+  d.request_count = state_.requests.size();
+  for (const auto& [gid, g] : state_.gpus) {
     GpuDump gd;
     const GpuPageTable& t = g.table;
     gd.gpu = gid;
-    gd.epoch = epochs_.at(gid);
+    gd.epoch = state_.epochs.at(gid);
     gd.pages = t.pages();
     gd.required_pages = t.required();
     gd.optional_pages = t.optional();
@@ -1647,7 +1180,7 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
     gd.ready_pages = t.optional_ready();
     gd.reclaiming_pages = t.reclaiming();
     gd.queue.assign(g.queue.begin(), g.queue.end());
-    for (const auto& [rid, rc] : reclaims_) gd.reclaims_in_flight += rc.gpu == gid;
+    for (const auto& [rid, rc] : state_.reclaims) gd.reclaims_in_flight += rc.gpu == gid;
     gd.reclaimable_pages = static_cast<uint32_t>(g.victims.total_pages());
     gd.request_slots = g.request_slots;
     gd.used_slots = static_cast<uint32_t>(g.used_slots.size());
@@ -1658,15 +1191,15 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
     gd.draft_ring_bytes = g.speculation.draft_ring_bytes;
     gd.staging_bytes = g.speculation.staging_bytes;
     for (RequestId q : g.queue) {
-      const Request& r = requests_.at(q);
+      const Request& r = state_.requests.at(q);
       gd.queued_required_pages += r.required_count;
       gd.queued_host_pages += r.context_pages - static_cast<uint32_t>(r.resumed_host.size());  // a resume owns some
     }
     if (scope.page_gpu == gid) FillPageRows(t, scope, gd);
     d.gpus.push_back(std::move(gd));
   }
-  for (const auto& [gid, epoch] : epochs_) {  // fenced GPUs: no page accounting until a new Hello
-    if (gpus_.contains(gid)) continue;
+  for (const auto& [gid, epoch] : state_.epochs) {  // fenced GPUs: no page accounting until a new Hello
+    if (state_.gpus.contains(gid)) continue;
     GpuDump gd;
     gd.gpu = gid;
     gd.up = false;
@@ -1675,14 +1208,14 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
   }
   std::sort(d.gpus.begin(), d.gpus.end(), [](const GpuDump& a, const GpuDump& b) { return a.gpu < b.gpu; });
   if (scope.all_requests) {
-    for (const auto& [id, r] : requests_) d.requests.push_back(RequestDumpOf(r));
+    for (const auto& [id, r] : state_.requests) d.requests.push_back(RequestDumpOf(r));
   } else if (scope.request.has_value()) {
-    auto it = requests_.find(*scope.request);
-    if (it != requests_.end()) d.requests.push_back(RequestDumpOf(it->second));
+    auto it = state_.requests.find(*scope.request);
+    if (it != state_.requests.end()) d.requests.push_back(RequestDumpOf(it->second));
   }
   AddReclaimRanks(d.requests);
-  d.host = HostDump{host_.pages(), host_.page_bytes(), host_.reusable(), host_.allocated(), host_.pinned(),
-                    host_.freed_pinned()};
+  d.host = HostDump{state_.host.pages(), state_.host.page_bytes(), state_.host.reusable(), state_.host.allocated(), state_.host.pinned(),
+                    state_.host.freed_pinned()};
   return d;
 }
 
@@ -1731,38 +1264,13 @@ RequestDump ResidencyManager::RequestDumpOf(const Request& r) {
 }
 
 std::optional<GpuId> ResidencyManager::GpuOfRequest(RequestId request) const {
-  auto it = requests_.find(request);
-  return it == requests_.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);
-}
-
-uint32_t ResidencyManager::epoch(GpuId gpu) const {
-  auto it = epochs_.find(gpu);
-  return it == epochs_.end() ? 0 : it->second;
-}
-
-bool ResidencyManager::fenced(GpuId gpu) const { return epochs_.contains(gpu) && !gpus_.contains(gpu); }
-
-std::vector<RequestId> ResidencyManager::InterruptedRequests(GpuId gpu) const {
-  std::vector<RequestId> out;
-  for (const auto& [id, r] : requests_) {
-    if (r.gpu == gpu && r.state == RequestState::kInterrupted) out.push_back(id);
-  }
-  return out;
-}
-
-std::map<uint32_t, PageIndex> ResidencyManager::InterruptedHostPages(RequestId request) const {
-  std::map<uint32_t, PageIndex> out;
-  auto it = requests_.find(request);
-  if (it == requests_.end() || it->second.state != RequestState::kInterrupted) return out;
-  for (uint32_t h = 0; h < it->second.history.size(); ++h) {
-    if (it->second.history[h].state == HistoryState::kHost) out[h] = it->second.history[h].host_page;
-  }
-  return out;
+  auto it = state_.requests.find(request);
+  return it == state_.requests.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);
 }
 
 std::optional<GpuId> ResidencyManager::GpuOfOrder(OrderId order) const {
-  auto it = orders_.find(order);
-  return it == orders_.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);
+  auto it = state_.orders.find(order);
+  return it == state_.orders.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);
 }
 
 }  // namespace dhs::memd

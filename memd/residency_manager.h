@@ -32,14 +32,15 @@
 //   bounded per attempt, to pages with a confirmed host copy (kHost), one PopulateOrder per request.
 // - Complete releases everything: required pages, optional pages (one with a population copy in flight after that
 //   copy's report), host pages (pinned ones after their copy's report), the slot; an in-flight reclaim is cancelled.
-// History page states: memd/history_page.h. Safety (every history page of every admitted request is ready on GPU or
+// - Recovery (memd/recovery.h, over the state both share, memd/core_state.h): FenceGpu, AdoptHostPages, AdoptGpu,
+//   ReleaseHeldPages and a resume's take-over are its steps; this class runs them as events (counts, pumps).
+// History page states: memd/history_page.h; request states: memd/request_state.h. Safety (every history page of every admitted request is ready on GPU or
 // has a host copy) holds in every state; CheckInvariants checks the states against the page tables and copies.
 //
 // Thread-safety: none. One loop drives it.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -47,130 +48,23 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/types.h"
+#include "memd/core_state.h"
 #include "memd/gpu_page_table.h"
 #include "memd/history_page.h"
 #include "memd/host_page_allocator.h"
 #include "memd/orders.h"
-#include "memd/population_scheduler.h"
 #include "memd/reclaim_policy.h"
+#include "memd/recovery.h"
+#include "memd/residency_types.h"
 #include "memd/state_dump.h"
 
 namespace dhs::memd {
-
-inline constexpr SourceId kAllSources = 0;
-
-// Upper bounds of a Hello (RegisterGpu), so a worker's number never makes memd allocate without bound: M per GPU at
-// most 2^26 = 67,108,864 pages (an H200 has about 2.5M pages of 55,296 bytes: 26x headroom; memd's page table costs
-// ~13 bytes a page, 0.9 GB at the bound), request slots at most 2^16 per GPU.
-inline constexpr uint32_t kMaxGpuPages = uint32_t{1} << 26;
-inline constexpr uint32_t kMaxRequestSlots = uint32_t{1} << 16;
-// A Hello's page_bytes at most 2^37 bytes (128 GiB a page): M * page_bytes then fits 64 bits, and so does the sum of a
-// GPU's speculation shares' bytes (each at most its pages * page_bytes).
-inline constexpr uint64_t kMaxGpuPageBytes = uint64_t{1} << 37;
-// The longest reclaim back-off of a victim whose backups keep failing, in RetryBackups() calls (1 s each in memd).
-inline constexpr uint32_t kMaxRetryTicks = 64;
-
-struct ResidencyConfig {
-  uint32_t reserve_pages = 0;             // M_res per GPU
-  uint32_t host_pages = 0;                // host pool size, pages
-  uint64_t host_page_bytes = 1;           // bytes per host page
-  uint32_t populate_pages_per_attempt = 8;
-  std::string reclaim_policy = "largest-first";  // default chosen by measurement (memd/README.md)
-};
-
-// A request slot's share of its worker's speculation memory, a required allocation (brief §2 "required allocation",
-// §6 "Staging" and "Draft KV ring", §8 "with a drafter": add R_d * draft_bytes_per_row and M_stage / N per session).
-// The pages are part of the request's required_pages (admission counts them like the hot cache and tail: a GPU whose
-// pages go to draft rings and staging admits fewer sessions); the bytes are what they stand for.
-struct SpeculationShare {
-  uint32_t draft_ring_pages = 0;  // ceil(draft_ring_bytes / page_bytes)
-  uint32_t staging_pages = 0;     // ceil(staging_bytes / page_bytes)
-  uint64_t draft_ring_bytes = 0;  // R_d * draft_bytes_per_row: one slot's draft KV ring (0 without a drafter)
-  uint64_t staging_bytes = 0;     // M_stage / N = χ * K_max * k * d_KV: one slot's staging rows (0: no speculation)
-  uint64_t pages() const { return uint64_t{draft_ring_pages} + staging_pages; }
-  bool empty() const { return pages() == 0 && draft_ring_bytes == 0 && staging_bytes == 0; }
-  // Field by field: a GPU's sums over its admitted requests' shares (no overflow check: bounded by M and the Hello).
-  SpeculationShare& operator+=(const SpeculationShare& o) {
-    draft_ring_pages += o.draft_ring_pages;
-    staging_pages += o.staging_pages;
-    draft_ring_bytes += o.draft_ring_bytes;
-    staging_bytes += o.staging_bytes;
-    return *this;
-  }
-  SpeculationShare& operator-=(const SpeculationShare& o) {
-    draft_ring_pages -= o.draft_ring_pages;
-    staging_pages -= o.staging_pages;
-    draft_ring_bytes -= o.draft_ring_bytes;
-    staging_bytes -= o.staging_bytes;
-    return *this;
-  }
-  bool operator==(const SpeculationShare&) const = default;
-};
-
-// What a worker's Hello declares of its GPU for the speculation shares of its admissions (RegisterGpu, AdoptGpu).
-// page_bytes 0 (a Hello without it, e.g. the core's tests): no share is accepted on that GPU unless it is empty.
-struct GpuDeclaration {
-  uint64_t page_bytes = 0;        // bytes per GPU page (Hello.page_bytes), at most kMaxGpuPageBytes
-  uint64_t draft_ring_bytes = 0;  // N * R_d * draft_bytes_per_row: the worker's draft rings of all N slots
-  uint64_t staging_bytes = 0;     // M_stage = χ * N * K_max * k * d_KV
-};
-
-struct AdmitRequest {
-  RequestId request = 0;
-  GpuId gpu = 0;
-  uint32_t required_pages = 0;  // > 0: hot cache + tail + metadata pages, + speculation.pages()
-  // Part of required_pages (Admit refuses a share above it): the slot's draft ring and staging (issue 13).
-  SpeculationShare speculation;
-  uint32_t history_pages = 0;   // complete pages of imported history (candidates for optional history)
-  uint32_t context_pages = 0;   // pages of the full context (input + max_new) >= history_pages; each gets a host page
-  // page_rows > 0: the core computes context_pages = ceil(context_rows / page_rows) itself (the wire's history_rows;
-  // InvalidArgument when that is beyond 2^32-1 pages) and context_pages above is ignored.
-  uint64_t context_rows = 0;
-  uint32_t page_rows = 0;
-  // false: the request never holds optional history (hisparse mode, issue 5): none of its history is kept on GPU at
-  // the grant and population never brings it back; it is never a reclaim victim.
-  bool optional_history = true;
-  // Resume from host KV after a worker restart (issue 11): host_backed with resume_of = the interrupted request of
-  // an earlier epoch of the same GPU this admission continues. Both or neither.
-  bool host_backed = false;
-  RequestId resume_of = 0;
-};
-
-// One request of a dead memd's journal, adopted by a new memd (AdoptHostPages).
-struct AdoptedRequest {
-  RequestId request = 0;
-  GpuId gpu = 0;
-  uint32_t epoch = 1;          // the epoch of its GPU it was admitted in (>= 1): the GPU's next registration is later
-  uint32_t context_pages = 0;  // pages of its full context (<= host pool pages)
-  std::map<uint32_t, PageIndex> host_pages;  // history page -> host page holding a confirmed host copy
-  std::map<uint32_t, uint64_t> checksums;    // history page -> its copy's checksum (issue 22; absent/0 = none known)
-};
-
-// One history page of a live request as a surviving worker reports it (AdoptGpu).
-struct ReportedHistoryPage {
-  PageIndex host_page = 0;            // the host page its grant assigned
-  bool host_copy = false;             // the worker wrote that host page and reported it (HostCopyWritten / backup ok)
-  std::optional<PageIndex> gpu_page;  // the optional GPU page it keeps (readable) with the rows; none: the rows are
-                                      // in the worker's tail or only in the host copy
-  uint64_t checksum = 0;              // its host copy's checksum as the worker reports it (issue 22; 0 = none known);
-                                      // the journal's wins when it knows one
-};
-
-// One live (granted) request of a worker that survived a memd restart, as its re-Hello reports it (AdoptGpu).
-struct ReportedRequest {
-  RequestId request = 0;
-  SlotIndex slot = 0;
-  std::vector<PageIndex> required_pages;     // its required allocation (GPU pages, >= 1)
-  uint32_t history_pages = 0;                // complete pages of imported history (the admission's)
-  bool optional_history = true;
-  std::vector<ReportedHistoryPage> history;  // one per page of its full context
-  SpeculationShare speculation;              // part of required_pages, as its admission declared it
-};
 
 class ResidencyManager {
  public:
@@ -207,7 +101,8 @@ class ResidencyManager {
   // - the GPU's page table, queue and slots are dropped: it is unregistered (fenced) until RegisterGpu.
   // Freed host pages may let admissions of other GPUs through (orders of this event). Errors: NotFound (the GPU is
   // not registered, or already fenced).
-  absl::Status FenceGpu(GpuId gpu);
+  // `why` (for the logs and the daemon's refusals: FenceReason) is kept until the GPU is fenced again.
+  absl::Status FenceGpu(GpuId gpu, std::string_view why = {});
   // The first event of a memd that found a dead memd's verified journal (HostJournal::Verify): every request becomes
   // kInterrupted on its GPU exactly as FenceGpu leaves it: history of context_pages pages, kHost (host page allocated,
   // confirmed in the journal) for each of host_pages, kLost for the others; no GPU page, slot or copy. Each GPU named
@@ -303,136 +198,48 @@ class ResidencyManager {
   // What one introspection view shows (DumpScopeOf): the counts plus the scope's requests and page rows; its cost
   // does not grow with M except for a runs scan (bounded by M, one byte and one owner compare per page).
   StateDump Dump(const DumpScope& scope) const;
-  const Counters& counters() const { return counters_; }
+  const Counters& counters() const { return state_.counters; }
   const GpuPageTable* gpu_table(GpuId gpu) const;
-  const HostPageAllocator& host() const { return host_; }
-  size_t open_orders() const { return orders_.size(); }  // ReclaimOrders / PopulateOrders still owing reports
-  size_t copies_in_flight() const { return copies_.size(); }
+  const HostPageAllocator& host() const { return state_.host; }
+  size_t open_orders() const { return state_.orders.size(); }  // ReclaimOrders / PopulateOrders still owing reports
+  size_t copies_in_flight() const { return state_.copies.size(); }
   // The GPU of a known request / of an order still owing reports; nullopt when unknown (the daemon accepts a report
   // only from the worker of that GPU).
   std::optional<GpuId> GpuOfRequest(RequestId request) const;
   std::optional<GpuId> GpuOfOrder(OrderId order) const;
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
-  uint32_t epoch(GpuId gpu) const;
+  uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }
   // True when `gpu` was registered and is fenced now (no page accounting until it registers again).
-  bool fenced(GpuId gpu) const;
+  bool fenced(GpuId gpu) const { return recovery_.fenced(gpu); }
+  // Why `gpu` was fenced (FenceGpu's `why`; "" when it is up, or fenced by AdoptHostPages): the daemon's refusal of
+  // the fenced worker's messages names it.
+  std::string FenceReason(GpuId gpu) const { return recovery_.FenceReason(gpu); }
   // Interrupted requests of `gpu` (ascending id): what a re-registering worker must resume or Complete. The hook of
   // a later resume from host KV: each keeps its kHost pages (InterruptedHostPages).
-  std::vector<RequestId> InterruptedRequests(GpuId gpu) const;
+  std::vector<RequestId> InterruptedRequests(GpuId gpu) const { return recovery_.InterruptedRequests(gpu); }
   // History page -> host page of every confirmed host copy an interrupted request kept (empty: unknown or not
   // interrupted).
-  std::map<uint32_t, PageIndex> InterruptedHostPages(RequestId request) const;
+  std::map<uint32_t, PageIndex> InterruptedHostPages(RequestId request) const {
+    return recovery_.InterruptedHostPages(request);
+  }
 
  private:
-  struct Request {
-    RequestId id = 0;
-    GpuId gpu = 0;
-    SlotIndex slot = kNoSlot;  // chosen at the grant
-    uint32_t required_count = 0;
-    uint32_t imported_pages = 0;  // complete pages of imported history
-    uint32_t context_pages = 0;
-    bool optional_history = true;
-    SpeculationShare speculation;  // part of required_count (issue 13)
-    // A resume: history page -> host page of every confirmed host copy taken over from the interrupted request
-    // (owned while queued; kHost at the grant, same history page).
-    std::map<uint32_t, PageIndex> resumed_host;
-    std::map<uint32_t, uint64_t> resumed_checksums;  // their checksums (issue 22; 0 = none known)
-    bool resume = false;  // admitted with resume_of: a fence while queued makes it interrupted again (not rejected)
-    RequestState state = RequestState::kQueued;
-    int64_t time_us = 0;  // queued at, then admitted at
-    uint64_t seq = 0;     // admission sequence
-    bool wait_sent = false;
-    bool backoff = false;  // a backup of its reclaim failed; skipped as a victim for retry_ticks RetryBackups calls
-    uint32_t backup_failures = 0;  // consecutive reclaims aborted by a failed backup (reset when one retires)
-    uint32_t retry_ticks = 0;      // RetryBackups calls left before it is a victim again: min(2^(failures-1), 64)
-    std::optional<ReclaimCandidate> victim_key;  // its key in its GPU's ReclaimIndex while it is a victim candidate
-    ReclaimId reclaim = 0;
-    std::vector<PageIndex> required;
-    std::vector<HistoryPage> history;  // context_pages entries once granted
-    uint32_t optional = 0;             // a_r: history pages holding a GPU page
-    uint32_t host_only = 0;            // history pages in kHost: what population can bring back
-  };
-  struct Reclaim {
-    ReclaimId id = 0;
-    RequestId victim = 0;
-    GpuId gpu = 0;
-    std::vector<PageIndex> pages;
-    uint32_t backups = 0;    // outstanding (its own and adopted ones)
-    uint32_t populates = 0;  // outstanding
-    bool readers_done = false;
-  };
-  struct Copy {
-    bool backup = true;  // false: population
-    RequestId request = 0;
-    GpuId gpu = 0;
-    uint32_t history_page = 0;
-    PageIndex host_page = 0;
-    PageIndex gpu_page = 0;
-    OrderId order = 0;       // the wire order the worker reports it under
-    ReclaimId reclaim = 0;   // backup: the live reclaim waiting for it (0: detached by an abort)
-    bool orphan = false;     // its request completed
-  };
-  // A ReclaimOrder or PopulateOrder sent and not finished: the copies it still owes a report for.
-  struct OrderEntry {
-    bool reclaim = true;
-    RequestId request = 0;
-    GpuId gpu = 0;
-    std::map<PageIndex, CopyId> copies;  // GPU page -> copy not yet reported
-    bool aborted = false;                // reclaim aborted by a failed backup
-  };
-  struct Gpu {
-    GpuPageTable table;
-    std::deque<RequestId> queue;
-    PopulationScheduler scheduler;
-    uint32_t reclaiming_pages = 0;  // pages held by live reclaims on this GPU
-    uint32_t request_slots = 0;     // N (0: unlimited)
-    std::set<SlotIndex> used_slots;
-    // Victim candidates (admitted, a_r > 0, not backed off) in the policy's reclaim order: a deficit's choice walks
-    // only the victims it takes (issue 14: the choice used to sort every admitted request).
-    ReclaimIndex victims;
-    // Free slots below slot_high (slots from slot_high up were never taken): the lowest free slot in O(log n).
-    std::set<SlotIndex> released_slots;
-    SlotIndex slot_high = 0;
-    // Population candidates: admitted requests with optional history and host_only > 0 (ascending id, the order
-    // Populate hands them to the scheduler), so a tick does not scan every request's history.
-    std::set<RequestId> populatable;
-    GpuDeclaration declared;    // the Hello's page bytes and speculation totals
-    // Sums of the speculation shares of the requests holding their required pages (admitted, reclaiming): part of
-    // M_req. Pages at most M; bytes at most M * page_bytes (kMaxGpuPageBytes), so no sum overflows.
-    SpeculationShare speculation;
-  };
+  using Request = core::Request;
+  using Reclaim = core::Reclaim;
+  using Copy = core::Copy;
+  using OrderEntry = core::OrderEntry;
+  using Gpu = core::Gpu;
 
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
                    std::unique_ptr<ReclaimPolicy> policy);
   // RegisterGpu's checks and table.
   absl::Status AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, const GpuDeclaration& declared);
-  // A speculation share of a request with `required` pages on a GPU that declared `declared` (Admit's and AdoptGpu's
-  // check, issue 13): InvalidArgument naming the numbers, else OK.
-  static absl::Status CheckShare(RequestId request, uint32_t required, const SpeculationShare& share,
-                                 const GpuDeclaration& declared);
-  // Adds (+1) or removes (-1) a request's share to / from its GPU's in-use sums (at the grant, the report's adoption,
-  // the release).
-  static void CountShare(Gpu& gpu, const SpeculationShare& share, int sign);
-  // AdoptGpu of one report: checked first (nothing changes on error), then the request is (re)built as admitted.
-  absl::Status CheckReport(GpuId gpu, const Gpu& g, const ReportedRequest& rep) const;
-  void AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep);
   absl::Status Finish(absl::Status status);  // counts the event, then Pump()s when OK
   absl::Status FinishTick();                 // counts the tick (Populate, RetryBackups), then Pump()s
   void Pump();
   void PumpGpu(GpuId gpu_id, Gpu& gpu);
   void SendWaits(GpuId gpu_id, Gpu& gpu);
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
-  // Admit's resume checks (nothing changed on error).
-  absl::Status CheckResume(const AdmitRequest& a) const;
-  // The takeover: every kept host page of the interrupted request goes to `r` (same history page); the interrupted
-  // request ends.
-  void TakeOver(Request& r, RequestId interrupted);
-  static SlotIndex FreeSlot(const Gpu& gpu);
-  static void TakeSlot(Gpu& gpu, SlotIndex slot);
-  static void ReleaseSlot(Gpu& gpu, SlotIndex slot);
-  // Re-keys `r` in its GPU's ReclaimIndex and population candidates after a change of its state, a_r, host_only,
-  // backoff or admission time (or removes it).
-  void Reindex(Request& r, Gpu& gpu);
   // Grants the queue head if it fits (true: the caller pops it; it may have been rejected and erased instead).
   bool TryGrant(Request& r, Gpu& gpu);
   void MarkRegranted(GrantOrder& grant);
@@ -448,26 +255,19 @@ class ResidencyManager {
   void EraseOrderIfDone(OrderId order);
   absl::Status CheckReportedPages(const OrderEntry& entry, OrderId order, std::span<const PageIndex> pages,
                                   std::vector<PageIndex>& out) const;
+  // OnHostCopyWritten's checks of the report against `r` (nothing changed on error), and the confirmation of one
+  // history page's host copy `h` (with its checksum).
+  absl::Status CheckHostCopyReport(const Request& r, std::span<const uint32_t> history_pages,
+                                   std::span<const PageIndex> host_pages, std::span<const uint64_t> checksums) const;
+  void ConfirmHostCopy(Request& r, Gpu& gpu, uint32_t h, uint64_t checksum);
   void BackupDone(CopyId copy, bool ok, bool written, uint64_t checksum = 0);
   void PopulateDone(CopyId copy, bool ok);
   void PopulateRequest(GpuId gpu_id, Gpu& gpu, Request& r, uint32_t pages);
   uint32_t ReleaseAdmitted(Request& r, Gpu& gpu);
-  void FenceCopies(GpuId gpu);
-  void Interrupt(Request& r);
-  // A queued resume of a fenced GPU: interrupted again, holding the host pages it took over (none lost).
-  void InterruptQueuedResume(Request& r);
-  absl::Status CheckInterrupted(const Request& r, std::set<PageIndex>& host_pages) const;
-  // A queued resume owns exactly its taken-over host pages (claimed in `host_pages`), each a history page of its
-  // context, journaled (with a journal) as that page of this request, confirmed.
-  absl::Status CheckQueuedResume(const Request& r, std::set<PageIndex>& host_pages) const;
-  absl::Status CheckAdopted(std::span<const AdoptedRequest> requests) const;
-  // With a journal: its entry of r's history page h (host page allocated) names r, h and r's context, and is
-  // confirmed exactly in the states holding a complete host copy (kHost, kPopulating, kGpuAndHost).
-  absl::Status CheckJournal(const Request& r, uint32_t h) const;
   std::vector<ReclaimCandidate> Candidates(GpuId gpu, bool skip_backoff) const;
   static RequestDump RequestDumpOf(const Request& r);  // reclaim_rank left at -1 (AddReclaimRanks)
   void AddReclaimRanks(std::vector<RequestDump>& requests) const;
-  // CheckInvariants parts.
+  // CheckInvariants parts (an interrupted request, a queued resume and the journal: Recovery's checks).
   absl::Status CheckQueues() const;
   absl::Status CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
                             std::set<PageIndex>& host_pages) const;
@@ -477,22 +277,9 @@ class ResidencyManager {
   absl::Status CheckVictimIndex() const;
 
   ResidencyConfig config_;
-  Clock clock_;
-  HostPageAllocator host_;
   std::unique_ptr<ReclaimPolicy> policy_;
-  std::map<GpuId, Gpu> gpus_;          // registered and not fenced
-  std::map<GpuId, uint32_t> epochs_;   // every GPU ever registered: its epoch (fenced = here but not in gpus_)
-  std::set<GpuId> journal_gpus_;       // fenced by AdoptHostPages and not registered since: AdoptGpu may take them
-  std::map<RequestId, Request> requests_;
-  std::map<ReclaimId, Reclaim> reclaims_;
-  std::map<CopyId, Copy> copies_;
-  std::map<OrderId, OrderEntry> orders_;
-  std::set<RequestId> backoff_;  // requests with backoff set (RetryBackups visits only these)
-  std::vector<Order> outbox_;
-  Counters counters_;
-  uint64_t next_seq_ = 1;
-  CopyId next_copy_ = 1;
-  OrderId next_order_ = 1;
+  core::State state_;    // the state both rooms share (memd/core_state.h)
+  Recovery recovery_;    // fence, adopt, interrupt, take-over: over state_
 };
 
 }  // namespace dhs::memd

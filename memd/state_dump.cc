@@ -247,17 +247,6 @@ absl::Status ParsePageOptions(const std::vector<std::string>& words, DumpView& v
 
 }  // namespace
 
-std::string_view RequestStateName(RequestState state) {
-  switch (state) {
-    case RequestState::kQueued: return "queued";
-    case RequestState::kAdmitted: return "admitted";
-    case RequestState::kReclaiming: return "reclaiming";
-    case RequestState::kCompleted: return "completed";
-    case RequestState::kInterrupted: return "interrupted";
-  }
-  return "unknown";
-}
-
 absl::StatusOr<DumpView> ParseDumpView(std::string_view text) {
   // absl::string_view is not std::string_view in Debian's absl: spell the conversion.
   const std::vector<std::string> words =

@@ -17,14 +17,10 @@
 #include "common/types.h"
 #include "common/worker_shape.h"
 #include "memd/gpu_page_table.h"
+#include "memd/request_state.h"
 #include "nlohmann/json.hpp"
 
 namespace dhs::memd {
-
-// kInterrupted: admitted on a GPU that was fenced (its worker died or hung, ResidencyManager::FenceGpu): no GPU page,
-// no slot, only the host pages that hold a confirmed host copy; ended by Complete (or, later, resumed from host KV).
-enum class RequestState : uint8_t { kQueued = 0, kAdmitted = 1, kReclaiming = 2, kCompleted = 3, kInterrupted = 4 };
-std::string_view RequestStateName(RequestState state);
 
 // Pages [first, first + count) of one GPU, all in `state` and held by `owner` (kNoOwner when free).
 struct PageRun {

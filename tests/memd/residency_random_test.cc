@@ -42,6 +42,7 @@
 
 #include "memd/host_journal.h"
 #include "memd/residency_manager.h"
+#include "memd/request_state.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs::memd {
@@ -176,6 +177,8 @@ class Harness {
   uint64_t bad_share_reports() const { return bad_share_reports_; }  // reports refused for their share
   uint64_t max_share_pages() const { return max_share_pages_; }      // the most share pages one GPU held at once
   uint64_t restarts() const { return restarts_; }
+  // Request-state changes seen between two checks, per (from, to) (CheckRequestStates).
+  const std::map<std::pair<RequestState, RequestState>, uint64_t>& state_moves() const { return state_moves_; }
   uint64_t survived() const { return survived_; }
   uint64_t reported() const { return reported_; }
   uint64_t refused_reports() const { return refused_reports_; }
@@ -466,6 +469,7 @@ class Harness {
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy_};
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
     ++restarts_;
+    states_.clear();  // a new core: it rebuilds its requests (adopted interrupted, then reported ones admitted)
     resumed_pages_since_restart_ = 0;
     std::vector<AdoptedRequest> bad = adopted;
     if (!bad.empty()) {  // a bad list changes nothing
@@ -1034,10 +1038,41 @@ class Harness {
     ASSERT_TRUE(p == g.pages || runs.page_runs.size() == scope.page_count);
   }
 
+  // Request states (memd/request_state.h): between two checks a request moves only along the brief's moves, spelled
+  // out here independently of kRequestTransitions, one or more steps (one event may grant a request and start its
+  // reclaim); a new one starts queued (an adopted one is built queued too); a completed one is gone in the event that
+  // completes it. So a move the core made around its table, or a table grown beyond these moves, fails here.
+  void CheckRequestStates(const StateDump& d) {
+    using S = RequestState;
+    static constexpr std::pair<S, S> kMoves[] = {
+        {S::kQueued, S::kAdmitted},       {S::kAdmitted, S::kReclaiming},    {S::kReclaiming, S::kAdmitted},
+        {S::kAdmitted, S::kCompleted},    {S::kReclaiming, S::kCompleted},   {S::kAdmitted, S::kInterrupted},
+        {S::kReclaiming, S::kInterrupted}, {S::kQueued, S::kInterrupted}};
+    std::map<RequestId, RequestState> now;
+    for (const RequestDump& rd : d.requests) {
+      ASSERT_NE(rd.state, RequestState::kCompleted) << "request " << rd.request << " completed but still known";
+      const auto prev = states_.find(rd.request);
+      const RequestState from = prev == states_.end() ? RequestState::kQueued : prev->second;
+      std::set<RequestState> reached = {from};
+      for (size_t step = 0; step < std::size(kMoves); ++step) {
+        for (const auto& [a, b] : kMoves) {
+          if (reached.contains(a)) reached.insert(b);
+        }
+      }
+      ASSERT_TRUE(reached.contains(rd.state)) << "request " << rd.request << ": " << RequestStateName(from) << " -> "
+                                              << RequestStateName(rd.state) << " is no path of the allowed moves";
+      if (prev != states_.end() && from != rd.state) ++state_moves_[{from, rd.state}];
+      now[rd.request] = rd.state;
+    }
+    states_ = std::move(now);
+  }
+
   void Check() {
     ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
     const StateDump d = mgr_->Dump();
     CheckScopedDumps(d);
+    if (::testing::Test::HasFatalFailure()) return;
+    CheckRequestStates(d);
     if (::testing::Test::HasFatalFailure()) return;
     const auto owners = ExpectedOwners();
     uint32_t host_held = 0;  // host pages the model says are allocated: no leak, none freed early
@@ -1168,6 +1203,8 @@ class Harness {
   std::unique_ptr<HostJournal> journal_;
   std::string policy_;
   uint64_t restarts_ = 0;
+  std::map<RequestId, RequestState> states_;  // each request's state at the last check (CheckRequestStates)
+  std::map<std::pair<RequestState, RequestState>, uint64_t> state_moves_;
   uint64_t survived_ = 0, reported_ = 0, refused_reports_ = 0;  // requests of surviving workers; reports adopted, refused
   std::set<RequestId> fence_rejects_;  // queued admissions a fence must reject (UNAVAILABLE) in this event
 };
@@ -1192,6 +1229,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   uint64_t resumed_pages = 0, resume_refusals = 0, resumes_with_gaps = 0;
   uint64_t restarts = 0, adopted = 0, adopted_pages = 0, survived = 0, reported = 0, refused_reports = 0;
   uint64_t bad_shares = 0, bad_share_reports = 0, max_share_pages = 0;
+  std::map<std::pair<RequestState, RequestState>, uint64_t> state_moves;
   for (uint64_t seed : Seeds()) {
     const std::string policy = policies[seed % 3];
     std::printf("DHS_SEED=%lu (policy %s)\n", static_cast<unsigned long>(seed), policy.c_str());
@@ -1236,6 +1274,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     total.resumes += c.resumes;
     EXPECT_EQ(c.host_pages_resumed, h.resumed_pages_since_restart());  // the counters are the last core's
     restarts += h.restarts();
+    for (const auto& [move, n] : h.state_moves()) state_moves[move] += n;
     survived += h.survived();
     reported += h.reported();
     refused_reports += h.refused_reports();
@@ -1272,10 +1311,22 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
               static_cast<unsigned long>(total.reregistrations), static_cast<unsigned long>(total.requests_interrupted),
               static_cast<unsigned long>(total.admissions_fenced), static_cast<unsigned long>(kept),
               static_cast<unsigned long>(total.host_pages_lost), static_cast<unsigned long>(lost_backups));
+  std::printf("request-state moves seen between checks:");
+  for (const auto& [move, n] : state_moves) {
+    std::printf(" %s->%s %lu", std::string(RequestStateName(move.first)).c_str(),
+                std::string(RequestStateName(move.second)).c_str(), static_cast<unsigned long>(n));
+  }
+  std::printf("\n");
   // The run must have exercised every path it claims to (each is reached many times over the 20 default seeds; one
   // seed alone, rerun with DHS_SEED, may miss a rare one).
   if (std::getenv("DHS_SEED") != nullptr) return;
   EXPECT_GT(total.grants, 0u);
+  using RS = RequestState;
+  for (const auto& move : {std::pair{RS::kQueued, RS::kAdmitted}, std::pair{RS::kAdmitted, RS::kReclaiming},
+                           std::pair{RS::kReclaiming, RS::kAdmitted}, std::pair{RS::kAdmitted, RS::kInterrupted},
+                           std::pair{RS::kQueued, RS::kInterrupted}}) {
+    EXPECT_GT(state_moves[move], 0u) << RequestStateName(move.first) << " -> " << RequestStateName(move.second);
+  }
   EXPECT_GT(total.reclaims_retired, 0u);
   EXPECT_GT(total.reclaims_failed, 0u);
   EXPECT_GT(total.populates_ordered, 0u);

@@ -10,6 +10,7 @@
 #include "memd/history_page.h"
 #include "memd/host_page_allocator.h"
 #include "memd/population_scheduler.h"
+#include "memd/request_state.h"
 #include "memd/reclaim_policy.h"
 
 namespace dhs::memd {
@@ -54,6 +55,37 @@ TEST(GpuPageTable, TransitionsAreChecked) {
   EXPECT_EQ(t.Release(p).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(t.free(), 4u);
   EXPECT_TRUE(t.CheckInvariants().ok());
+}
+
+// The eight allowed moves of a request's state, spelled out here independently of kRequestTransitions; every other
+// (from, to) pair is refused and leaves the state unchanged, and so is a move from a state the request is not in.
+TEST(RequestState, OnlyTheListedTransitionsAreAllowed) {
+  using S = RequestState;
+  const std::set<std::pair<S, S>> allowed = {
+      {S::kQueued, S::kAdmitted},       {S::kAdmitted, S::kReclaiming},    {S::kReclaiming, S::kAdmitted},
+      {S::kAdmitted, S::kCompleted},    {S::kReclaiming, S::kCompleted},   {S::kAdmitted, S::kInterrupted},
+      {S::kReclaiming, S::kInterrupted}, {S::kQueued, S::kInterrupted}};
+  int ok = 0, refused = 0;
+  for (int f = 0; f < kRequestStates; ++f) {
+    for (int t = 0; t < kRequestStates; ++t) {
+      const S from = static_cast<S>(f), to = static_cast<S>(t);
+      S state = from;
+      const absl::Status s = TransitionRequest(state, from, to);
+      EXPECT_EQ(s.ok(), allowed.count({from, to}) > 0) << RequestStateName(from) << " -> " << RequestStateName(to);
+      EXPECT_EQ(RequestTransitionAllowed(from, to), s.ok());
+      EXPECT_EQ(state, s.ok() ? to : from);
+      if (!s.ok()) EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      ok += s.ok();
+      refused += !s.ok();
+    }
+  }
+  EXPECT_EQ(ok, 8);
+  EXPECT_EQ(refused, 17);
+  // Nothing leaves kCompleted or kInterrupted by a transition (a resume takes an interrupted request over: it ends).
+  S state = S::kAdmitted;  // the request is not in `from`: refused, unchanged
+  EXPECT_EQ(TransitionRequest(state, S::kQueued, S::kAdmitted).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(state, S::kAdmitted);
+  EXPECT_EQ(RequestStateName(S::kInterrupted), "interrupted");
 }
 
 // The ten allowed moves of a history page, spelled out here independently of kHistoryTransitions; every other
