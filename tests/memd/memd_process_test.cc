@@ -1425,6 +1425,8 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::FAILED_PRECONDITION);
   EXPECT_EQ(ReadErrorReply(*m)->message.rfind("fenced: ", 0), 0u) << ReadErrorReply(*m)->message;
   EXPECT_EQ(DhsctlJson("request 7")["host_pages"], 1);
+  // Why it was fenced: the core's FenceReason (the daemon keeps no copy of "fenced").
+  EXPECT_NE(ReadErrorReply(*m)->message.find("no message for"), std::string::npos) << ReadErrorReply(*m)->message;
 
   // A new Hello: epoch 2, the interrupted request listed; Complete ends it and frees its host page.
   const wire::HelloReplyT again = w.Hello(8);

@@ -885,7 +885,8 @@ TEST_F(ResidencyTest, FenceWithBackupAndPopulationHeldResolvesEveryOrder) {
   EXPECT_EQ(mgr_->host().pinned(), 6u);  // 3 backups + 3 population copies held
   EXPECT_EQ(mgr_->open_orders(), 2u);
 
-  auto o = Do(mgr_->FenceGpu(0));
+  EXPECT_EQ(mgr_->FenceReason(0), "");  // up: no reason
+  auto o = Do(mgr_->FenceGpu(0, "its connection closed"));
   const auto rejects = OfType<RejectOrder>(o);
   ASSERT_EQ(rejects.size(), 1u);
   EXPECT_EQ(rejects[0].request, 3u);
@@ -896,6 +897,7 @@ TEST_F(ResidencyTest, FenceWithBackupAndPopulationHeldResolvesEveryOrder) {
   EXPECT_EQ(mgr_->copies_in_flight(), 0u);
   EXPECT_EQ(mgr_->gpu_table(0), nullptr);
   EXPECT_TRUE(mgr_->fenced(0));
+  EXPECT_EQ(mgr_->FenceReason(0), "its connection closed");  // the core alone holds it (the daemon asks)
   EXPECT_EQ(mgr_->InterruptedHostPages(1),
             (std::map<uint32_t, PageIndex>{{0, g1[0].host_pages[0]}, {1, g1[0].host_pages[1]}}));
   EXPECT_EQ(mgr_->InterruptedHostPages(2), (std::map<uint32_t, PageIndex>{{0, g2[0].host_pages[0]},
@@ -917,7 +919,8 @@ TEST_F(ResidencyTest, FenceWithBackupAndPopulationHeldResolvesEveryOrder) {
   EXPECT_EQ(mgr_->OnBackupComplete(rc[0].order, {}, true).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(mgr_->OnReadyPublish(pops[0].order, {}, true).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(mgr_->OnHostCopyWritten(1, {{2}}, {}, true).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(mgr_->FenceGpu(0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->FenceGpu(0, "again").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(mgr_->FenceReason(0), "its connection closed");  // a refused fence changes nothing
   AdmitRequest a;
   a.request = 4;
   a.required_pages = 1;
@@ -928,6 +931,8 @@ TEST_F(ResidencyTest, FenceWithBackupAndPopulationHeldResolvesEveryOrder) {
   // A new worker: epoch 2, a fresh table, the interrupted requests listed; Complete releases their host pages.
   Do(mgr_->RegisterGpu(0, 10));
   EXPECT_EQ(mgr_->epoch(0), 2u);
+  EXPECT_FALSE(mgr_->fenced(0));
+  EXPECT_EQ(mgr_->FenceReason(0), "");
   EXPECT_EQ(mgr_->counters().reregistrations, 1u);
   EXPECT_EQ(mgr_->InterruptedRequests(0), (std::vector<RequestId>{1, 2}));
   EXPECT_EQ(mgr_->gpu_table(0)->free(), 10u);
