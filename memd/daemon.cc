@@ -317,7 +317,9 @@ void Daemon::Fence(GpuId gpu, const std::string& why) {
   ++counters_.workers_lost;
   spdlog::warn("memd: worker of GPU {} (pid {}, epoch {}) lost: {}; GPU {} fenced", gpu, g.pid, core_->epoch(gpu), why,
                gpu);
-  if (absl::Status s = core_->FenceGpu(gpu, why); !s.ok()) spdlog::error("memd: fence of GPU {}: {}", gpu, s.ToString());
+  if (absl::Status s = core_->FenceGpu(gpu, why); !s.ok()) {
+    spdlog::error("memd: fence of GPU {}: {}", gpu, s.ToString());
+  }
   for (RequestId r : core_->InterruptedRequests(gpu)) {
     if (const RequestTimeline* t = timelines_.Find(r); t != nullptr && !t->ended) {
       Note(r, TimelineEvent::kInterrupted, 0, why);

@@ -77,7 +77,8 @@ absl::Status Recovery::CheckReport(GpuId gpu, const Gpu& g, const ReportedReques
     return bad(absl::StrFormat("%d context pages, the journal says %d", context, old->context_pages));
   }
   if (rep.slot >= (g.request_slots != 0 ? g.request_slots : kMaxRequestSlots) || g.used_slots.contains(rep.slot)) {
-    return absl::AlreadyExistsError(absl::StrFormat("request %d: slot %d out of range or taken", rep.request, rep.slot));
+    return absl::AlreadyExistsError(
+        absl::StrFormat("request %d: slot %d out of range or taken", rep.request, rep.slot));
   }
   std::set<PageIndex> gpu_pages(rep.required_pages.begin(), rep.required_pages.end());
   size_t named = rep.required_pages.size();

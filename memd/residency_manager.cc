@@ -608,7 +608,8 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
     state_.host.ReleaseRequest(r.id);
     const absl::Status why = !required.ok() ? required.status() : !optional.ok() ? optional.status() : host.status();
     spdlog::error("memd: request {}: the page tables refused its grant: {}", r.id, why.ToString());
-    state_.outbox.push_back(RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
+    state_.outbox.push_back(
+        RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
     ++state_.counters.rejects;
     state_.requests.erase(r.id);  // the caller pops it from the queue and does not touch it again
     return true;
@@ -845,7 +846,8 @@ absl::Status ResidencyManager::CheckInvariants() const {
     if (absl::Status s = CheckRequest(r, owner, host_pages); !s.ok()) return s;
   }
   if (host_pages.size() != state_.host.allocated()) {  // every allocated host page belongs to a live request
-    return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests", state_.host.allocated(),
+    return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests",
+                                               state_.host.allocated(),
                                                host_pages.size()));
   }
   if (absl::Status s = CheckCopiesAndOrders(owner); !s.ok()) return s;
@@ -902,7 +904,8 @@ absl::Status ResidencyManager::CheckQueues() const {
     }
     if (r.state != RequestState::kQueued) continue;
     ++queued_requests;
-    if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot || state_.host.pages_of(id) != r.resumed_host.size()) {
+    if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot ||
+        state_.host.pages_of(id) != r.resumed_host.size()) {
       return absl::InternalError(absl::StrFormat("queued request %d holds pages or a slot", id));
     }
   }
@@ -996,13 +999,17 @@ absl::Status ResidencyManager::CheckCopiesAndOrders(std::map<GpuId, std::vector<
     if (!state_.gpus.contains(rc.gpu)) return absl::InternalError(absl::StrFormat("reclaim %d of fenced GPU", id));
   }
   for (const auto& [cid, c] : state_.copies) {
-    if (!state_.gpus.contains(c.gpu)) return absl::InternalError(absl::StrFormat("copy %d on fenced GPU %d", cid, c.gpu));
+    if (!state_.gpus.contains(c.gpu)) {
+      return absl::InternalError(absl::StrFormat("copy %d on fenced GPU %d", cid, c.gpu));
+    }
     auto entry = state_.orders.find(c.order);
     if (entry == state_.orders.end() || entry->second.copies.count(c.gpu_page) == 0 ||
         entry->second.copies.at(c.gpu_page) != cid || entry->second.reclaim != c.backup) {
       return absl::InternalError(absl::StrFormat("copy %d is not listed by its order %d", cid, c.order));
     }
-    if (!state_.host.is_pinned(c.host_page)) return absl::InternalError(absl::StrFormat("copy %d: host page not pinned", cid));
+    if (!state_.host.is_pinned(c.host_page)) {
+      return absl::InternalError(absl::StrFormat("copy %d: host page not pinned", cid));
+    }
     if (c.backup || !c.orphan) continue;
     const PageState st = state_.gpus.at(c.gpu).table.state(c.gpu_page);
     if (owner[c.gpu][c.gpu_page] != kNoOwner || (st != PageState::kOptionalPending && st != PageState::kReclaiming)) {
@@ -1044,7 +1051,8 @@ absl::Status ResidencyManager::CheckReclaims() const {
       populates += hp.state == HistoryState::kPopulating;
     }
     const uint32_t backups = static_cast<uint32_t>(std::count_if(
-        state_.copies.begin(), state_.copies.end(), [&, rid = rid](const auto& c) { return c.second.backup && c.second.reclaim == rid; }));
+        state_.copies.begin(), state_.copies.end(),
+        [&, rid = rid](const auto& c) { return c.second.backup && c.second.reclaim == rid; }));
     std::vector<PageIndex> listed = rc.pages;
     std::sort(pages.begin(), pages.end());
     std::sort(listed.begin(), listed.end());
@@ -1214,8 +1222,9 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
     if (it != state_.requests.end()) d.requests.push_back(RequestDumpOf(it->second));
   }
   AddReclaimRanks(d.requests);
-  d.host = HostDump{state_.host.pages(), state_.host.page_bytes(), state_.host.reusable(), state_.host.allocated(), state_.host.pinned(),
-                    state_.host.freed_pinned()};
+  const HostPageAllocator& host = state_.host;
+  d.host = HostDump{host.pages(), host.page_bytes(), host.reusable(), host.allocated(), host.pinned(),
+                    host.freed_pinned()};
   return d;
 }
 

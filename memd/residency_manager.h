@@ -34,8 +34,9 @@
 //   copy's report), host pages (pinned ones after their copy's report), the slot; an in-flight reclaim is cancelled.
 // - Recovery (memd/recovery.h, over the state both share, memd/core_state.h): FenceGpu, AdoptHostPages, AdoptGpu,
 //   ReleaseHeldPages and a resume's take-over are its steps; this class runs them as events (counts, pumps).
-// History page states: memd/history_page.h; request states: memd/request_state.h. Safety (every history page of every admitted request is ready on GPU or
-// has a host copy) holds in every state; CheckInvariants checks the states against the page tables and copies.
+// History page states: memd/history_page.h; request states: memd/request_state.h. Safety (every history page of every
+// admitted request is ready on GPU or has a host copy) holds in every state; CheckInvariants checks the states against
+// the page tables and copies.
 //
 // Thread-safety: none. One loop drives it.
 #pragma once
