@@ -28,7 +28,6 @@ inline std::vector<std::string> WorkerLogLevels() { return {"trace", "debug", "i
 // --speculate (workerd/spec/speculation_config.h, SpeculateMode).
 inline std::vector<std::string> SpeculateModeNames() { return {"off", "fixed", "confidence", "synthetic"}; }
 
-inline constexpr uint64_t kU32Max = UINT32_MAX;
 inline constexpr DaemonFlag kWorkerFlags[] = {
     {"gpu", "--gpu", DaemonFlag::kUint, 0, kMaxGpus - 1},
     {"mode", "--mode", DaemonFlag::kChoice, 0, 0, WorkerModeNames},
@@ -38,12 +37,12 @@ inline constexpr DaemonFlag kWorkerFlags[] = {
     {"seed", "--seed", DaemonFlag::kUint, 0, UINT64_MAX},
     {"hbm_budget_bytes", "--hbm-budget", DaemonFlag::kSize, 1, UINT64_MAX},
     {"slots", "--slots", DaemonFlag::kUint, 1, 4096},
-    {"hot_rows", "--hot-rows", DaemonFlag::kUint, 0, kU32Max},
-    {"tail_rows", "--tail-rows", DaemonFlag::kUint, 0, kU32Max},
+    {"hot_rows", "--hot-rows", DaemonFlag::kUint, 0, UINT32_MAX},
+    {"tail_rows", "--tail-rows", DaemonFlag::kUint, 0, UINT32_MAX},
     {"page_rows", "--page-rows", DaemonFlag::kUint, 1, 1u << 20},
     {"max_context", "--max-context", DaemonFlag::kUint, 1, UINT64_MAX},
     {"prefix_cache_bytes", "--prefix-cache-bytes", DaemonFlag::kSize, 0, UINT64_MAX},
-    {"prefill_chunk", "--prefill-chunk", DaemonFlag::kUint, 0, kU32Max},
+    {"prefill_chunk", "--prefill-chunk", DaemonFlag::kUint, 0, UINT32_MAX},
     {"connect_timeout_ms", "--connect-timeout-ms", DaemonFlag::kUint, 1, 3600000},
     {"memd_timeout_ms", "--memd-timeout-ms", DaemonFlag::kUint, 100, 3600000},
     {"memd_reconnect_ms", "--memd-reconnect-ms", DaemonFlag::kUint, 100, 3600000},

@@ -214,7 +214,7 @@ void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
   app.add_option("--reclaim-policy", o.reclaim_policy,
                  absl::StrCat("Victim order of the memd the tool starts (default: memd's, ",
-                              memd::kDefaultReclaimPolicy, ")"))
+                              std::string(memd::kDefaultReclaimPolicy), ")"))
       ->check(CLI::IsMember(memd::ReclaimPolicyNames()));
 }
 
@@ -254,7 +254,7 @@ void AddWorkerOptions(CLI::App& app, ReplayOptions& o, ParsedFlags& f) {
 }
 
 // "dhs-replay: <why>" with exit code 2 in `cl`.
-void UsageError(CommandLine& cl, std::string_view why) {
+void UsageError(CommandLine& cl, absl::string_view why) {
   cl.exit_code = 2;
   cl.message = absl::StrCat("dhs-replay: ", why, "\nRun with --help for more information.\n");
 }
