@@ -3,10 +3,15 @@
 
 #include <charconv>
 #include <cstddef>
+#include <limits>
+#include <span>
+#include <type_traits>
 #include <string>
 #include <system_error>
 
 #include "CLI/CLI.hpp"
+#include "common/check.h"
+#include "common/daemon_flag.h"
 
 namespace dhs {
 
@@ -33,6 +38,31 @@ CLI::Validator IntegerIn(T lo, T hi) {
         return std::string();
       },
       "INT in " + range, "INTEGER_IN");
+}
+
+// Declares the flag of `flags` named `flag` (common/daemon_flag.h) on `app`, bound to `value`, with `help`: its range
+// (kUint, kSize: IntegerIn over T) or its choices (kChoice: CLI::IsMember) as the list gives them, so the daemon and
+// dhs-node check the same. `flag` must be in `flags` and its range must fit T (checked: a programming error).
+template <typename T>
+CLI::Option* AddDaemonFlag(CLI::App& app, std::span<const DaemonFlag> flags, std::string_view flag, T& value,
+                           std::string help) {
+  const DaemonFlag* f = FindDaemonFlag(flags, flag);
+  if (f == nullptr) {
+    internal::CheckFailed(__FILE__, __LINE__, "FindDaemonFlag(flags, flag)",
+                          absl::InternalError(std::string(flag) + " is not in its daemon's list"));
+  }
+  CLI::Option* option = app.add_option(std::string(f->flag), value, std::move(help));
+  if constexpr (std::is_integral_v<T>) {
+    if (f->kind == DaemonFlag::kUint || f->kind == DaemonFlag::kSize) {
+      if (f->max > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+        internal::CheckFailed(__FILE__, __LINE__, "f->max <= max of T",
+                              absl::InternalError(std::string(flag) + ": range beyond its type"));
+      }
+      option->check(IntegerIn<T>(static_cast<T>(f->min), static_cast<T>(f->max)));
+    }
+  }
+  if (f->kind == DaemonFlag::kChoice) option->check(CLI::IsMember(f->choices()));
+  return option;
 }
 
 }  // namespace dhs

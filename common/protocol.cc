@@ -95,35 +95,7 @@ std::string BodyName(wire::Body type) {
     return EncodeBody(body, kProtocolVersion, seq, sender);                                        \
   }                                                                                                \
   absl::StatusOr<wire::Name##T> Read##Name(const Message& message) { return ReadBody<wire::Name##T>(message); }
-DHS_DEFINE_MESSAGE(Hello)
-DHS_DEFINE_MESSAGE(HelloReply)
-DHS_DEFINE_MESSAGE(AdmitRequest)
-DHS_DEFINE_MESSAGE(AdmitGrant)
-DHS_DEFINE_MESSAGE(AdmitWait)
-DHS_DEFINE_MESSAGE(AdmitReject)
-DHS_DEFINE_MESSAGE(ReclaimOrder)
-DHS_DEFINE_MESSAGE(BackupComplete)
-DHS_DEFINE_MESSAGE(HostCopyWritten)
-DHS_DEFINE_MESSAGE(TokensCommitted)
-DHS_DEFINE_MESSAGE(Attach)
-DHS_DEFINE_MESSAGE(TokensCommittedAck)
-DHS_DEFINE_MESSAGE(ReadersDone)
-DHS_DEFINE_MESSAGE(Retire)
-DHS_DEFINE_MESSAGE(PopulateOrder)
-DHS_DEFINE_MESSAGE(ReadyPublish)
-DHS_DEFINE_MESSAGE(Complete)
-DHS_DEFINE_MESSAGE(CompleteAck)
-DHS_DEFINE_MESSAGE(Heartbeat)
-DHS_DEFINE_MESSAGE(HeartbeatAck)
-DHS_DEFINE_MESSAGE(ErrorReply)
-DHS_DEFINE_MESSAGE(IntrospectQuery)
-DHS_DEFINE_MESSAGE(IntrospectReply)
-DHS_DEFINE_MESSAGE(SubmitRequest)
-DHS_DEFINE_MESSAGE(SubmitAccepted)
-DHS_DEFINE_MESSAGE(TokenChunk)
-DHS_DEFINE_MESSAGE(WorkerStatsQuery)
-DHS_DEFINE_MESSAGE(WorkerStatsReply)
-DHS_DEFINE_MESSAGE(Cancel)  // issue 22
+DHS_WIRE_MESSAGES(DHS_DEFINE_MESSAGE)
 #undef DHS_DEFINE_MESSAGE
 
 absl::Status ReadErrorStatus(const Message& message) {
@@ -131,7 +103,7 @@ absl::Status ReadErrorStatus(const Message& message) {
   if (!reply.ok()) return reply.status();
   absl::Status status = FromWireError(reply->code, reply->message);
   if (status.ok()) return absl::UnknownError("ErrorReply with code OK");
-  return status;
+  return WithErrorReason(std::move(status), reply->reason);
 }
 
 WorkerShape WorkerShapeOf(const wire::HelloT& h) {

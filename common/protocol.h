@@ -13,11 +13,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/status.h"
 #include "common/worker_shape.h"
 #include "dhs_generated.h"
 
@@ -65,46 +67,67 @@ WorkerShape WorkerShapeOf(const wire::HelloT& hello);
 // Name of a body type for logs ("Hello", ..., "unknown(200)").
 std::string BodyName(wire::Body type);
 
+// The wire messages: THE one list, in the order of schemas/dhs.fbs's `union Body` (entry i is wire::Body value
+// i + 1). It drives the typed pairs below, their definitions (protocol.cc), VisitMessage and the protocol test that
+// round-trips every member (tests/common/protocol_test.cc). A member appended to the union and not here fails to
+// compile (the static_asserts below compare the list with the generated enum's range).
+// memd <-> workerd: Hello .. HeartbeatAck, ErrorReply, HostCopyWritten, TokensCommitted, TokensCommittedAck;
+// dhsctl <-> memd: IntrospectQuery, IntrospectReply; client/replay <-> workerd: SubmitRequest, SubmitAccepted,
+// TokenChunk, WorkerStatsQuery, WorkerStatsReply, Attach, Cancel (issue 22).
+#define DHS_WIRE_MESSAGES(X)                                                                                     \
+  X(Hello) X(HelloReply) X(AdmitRequest) X(AdmitGrant) X(AdmitWait) X(AdmitReject) X(ReclaimOrder)               \
+  X(BackupComplete) X(ReadersDone) X(Retire) X(PopulateOrder) X(ReadyPublish) X(Complete) X(CompleteAck)         \
+  X(Heartbeat) X(HeartbeatAck) X(ErrorReply) X(IntrospectQuery) X(IntrospectReply) X(SubmitRequest)              \
+  X(SubmitAccepted) X(TokenChunk) X(WorkerStatsQuery) X(WorkerStatsReply) X(HostCopyWritten) X(TokensCommitted)  \
+  X(Attach) X(TokensCommittedAck) X(Cancel)
+
+// The list as body types, in its order.
+#define DHS_WIRE_BODY_TYPE(Name) wire::BodyTraits<wire::Name>::enum_value,
+inline constexpr wire::Body kWireMessages[] = {DHS_WIRE_MESSAGES(DHS_WIRE_BODY_TYPE)};
+#undef DHS_WIRE_BODY_TYPE
+
+namespace internal {
+constexpr bool ListMatchesUnion() {
+  for (size_t i = 0; i < std::size(kWireMessages); ++i) {
+    if (static_cast<size_t>(kWireMessages[i]) != i + 1) return false;
+  }
+  return true;
+}
+}  // namespace internal
+static_assert(std::size(kWireMessages) == static_cast<size_t>(wire::Body::MAX),
+              "DHS_WIRE_MESSAGES must name every member of schemas/dhs.fbs's union Body, once");
+static_assert(internal::ListMatchesUnion(), "DHS_WIRE_MESSAGES must follow the order of union Body");
+
 // One typed pair per message. Encode returns the serialized envelope; Read unpacks the body of a
 // decoded message and fails with FAILED_PRECONDITION when the message holds another type.
 #define DHS_DECLARE_MESSAGE(Name)                                                                  \
   std::string Encode##Name(const wire::Name##T& body, uint64_t seq, std::string_view sender);     \
   absl::StatusOr<wire::Name##T> Read##Name(const Message& message);
-// memd <-> workerd
-DHS_DECLARE_MESSAGE(Hello)
-DHS_DECLARE_MESSAGE(HelloReply)
-DHS_DECLARE_MESSAGE(AdmitRequest)
-DHS_DECLARE_MESSAGE(AdmitGrant)
-DHS_DECLARE_MESSAGE(AdmitWait)
-DHS_DECLARE_MESSAGE(AdmitReject)
-DHS_DECLARE_MESSAGE(ReclaimOrder)
-DHS_DECLARE_MESSAGE(BackupComplete)
-DHS_DECLARE_MESSAGE(HostCopyWritten)
-DHS_DECLARE_MESSAGE(TokensCommitted)
-DHS_DECLARE_MESSAGE(Attach)
-DHS_DECLARE_MESSAGE(TokensCommittedAck)
-DHS_DECLARE_MESSAGE(ReadersDone)
-DHS_DECLARE_MESSAGE(Retire)
-DHS_DECLARE_MESSAGE(PopulateOrder)
-DHS_DECLARE_MESSAGE(ReadyPublish)
-DHS_DECLARE_MESSAGE(Complete)
-DHS_DECLARE_MESSAGE(CompleteAck)
-DHS_DECLARE_MESSAGE(Heartbeat)
-DHS_DECLARE_MESSAGE(HeartbeatAck)
-DHS_DECLARE_MESSAGE(ErrorReply)
-// dhsctl <-> memd
-DHS_DECLARE_MESSAGE(IntrospectQuery)
-DHS_DECLARE_MESSAGE(IntrospectReply)
-// client/replay <-> workerd
-DHS_DECLARE_MESSAGE(SubmitRequest)
-DHS_DECLARE_MESSAGE(SubmitAccepted)
-DHS_DECLARE_MESSAGE(TokenChunk)
-DHS_DECLARE_MESSAGE(WorkerStatsQuery)
-DHS_DECLARE_MESSAGE(WorkerStatsReply)
-DHS_DECLARE_MESSAGE(Cancel)  // issue 22
+DHS_WIRE_MESSAGES(DHS_DECLARE_MESSAGE)
 #undef DHS_DECLARE_MESSAGE
 
-// Reads an ErrorReply message as the absl::Status it carries (FromWireError); a message of
+// Dispatch over the list: reads the typed body of `message` (Read<Name>) and calls visit(body) with it (a const
+// wire::<Name>T&). Errors: Read's (FAILED_PRECONDITION when the message was not decoded), UNKNOWN_MESSAGE for a body
+// type outside the list.
+template <typename Visitor>
+absl::Status VisitMessage(const Message& message, Visitor&& visit) {
+  switch (message.type) {
+#define DHS_VISIT_MESSAGE(Name)                                                  \
+  case wire::Body::Name: {                                                       \
+    absl::StatusOr<wire::Name##T> body = Read##Name(message);                    \
+    if (!body.ok()) return body.status();                                        \
+    visit(static_cast<const wire::Name##T&>(*body));                             \
+    return absl::OkStatus();                                                     \
+  }
+    DHS_WIRE_MESSAGES(DHS_VISIT_MESSAGE)
+#undef DHS_VISIT_MESSAGE
+    default: break;
+  }
+  return UnknownMessageError(BodyName(message.type));
+}
+
+// Reads an ErrorReply message as the absl::Status it carries (FromWireError, with its ErrorReply.reason attached:
+// WithErrorReason); a message of
 // another type gives FAILED_PRECONDITION.
 absl::Status ReadErrorStatus(const Message& message);
 

@@ -62,6 +62,28 @@ wire::EndReason EndReasonOf(const absl::Status& status) {
   return wire::EndReason::NONE;
 }
 
+absl::Status FencedError(std::string_view why) {
+  return WithErrorReason(
+      absl::FailedPreconditionError(absl::StrCat("fenced: ", absl::string_view(why.data(), why.size()))),
+      wire::ErrorReason::FENCED);
+}
+
+absl::Status WithErrorReason(absl::Status status, wire::ErrorReason reason) {
+  if (reason == wire::ErrorReason::NONE || status.ok()) return status;
+  status.SetPayload(kErrorReasonPayloadUrl, absl::Cord(std::to_string(static_cast<int>(reason))));
+  return status;
+}
+
+wire::ErrorReason ErrorReasonOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kErrorReasonPayloadUrl);
+  if (!payload.has_value()) return wire::ErrorReason::NONE;
+  const std::string text(*payload);
+  for (wire::ErrorReason r : wire::EnumValuesErrorReason()) {
+    if (r != wire::ErrorReason::NONE && text == std::to_string(static_cast<int>(r))) return r;
+  }
+  return wire::ErrorReason::NONE;
+}
+
 absl::Status InvalidMessageError(std::string_view message) {
   return WithWireCode(absl::StatusCode::kInvalidArgument, ErrorCode::INVALID_MESSAGE, message);
 }
@@ -132,6 +154,7 @@ std::string EncodeError(const absl::Status& status, uint64_t answering_seq, std:
   reply.code = status.ok() ? ErrorCode::INTERNAL : ToWireError(status);
   reply.message = status.ok() ? std::string("EncodeError called with OK") : std::string(status.message());
   reply.answering_sequence = answering_seq;
+  reply.reason = status.ok() ? wire::ErrorReason::NONE : ErrorReasonOf(status);
   return EncodeErrorReply(reply, answering_seq, sender);
 }
 

@@ -40,6 +40,18 @@ absl::Status WorkerStoppingError();
 // The end reason a status carries (one of the three factories above), NONE for any other status.
 wire::EndReason EndReasonOf(const absl::Status& status);
 
+// Fencing (ErrorReply.reason = FENCED, docs/protocol.md "Fencing"): memd's refusal of a message of a fenced worker
+// (or of a worker that said no Hello to this memd): FAILED_PRECONDITION "fenced: <why>" with a payload under
+// kErrorReasonPayloadUrl, which ErrorReasonOf reads (NONE for any other status). EncodeError puts it on the wire and
+// ReadErrorStatus back, so the worker tells a fence by the code, never by the text.
+inline constexpr char kErrorReasonPayloadUrl[] = "type.dhs/dhs.wire.ErrorReason";
+absl::Status FencedError(std::string_view why);
+// `status` with `reason` attached (NONE: `status` unchanged); used when reading an ErrorReply.
+absl::Status WithErrorReason(absl::Status status, wire::ErrorReason reason);
+// The reason a status carries (FencedError, WithErrorReason), NONE for any other status.
+wire::ErrorReason ErrorReasonOf(const absl::Status& status);
+inline bool IsFenced(const absl::Status& status) { return ErrorReasonOf(status) == wire::ErrorReason::FENCED; }
+
 // absl::StatusCode -> wire code (kOk -> OK; every canonical code has its own wire code).
 wire::ErrorCode ToWireError(absl::StatusCode code);
 // Full status -> wire code: the protocol payload wins over the canonical code.
@@ -48,7 +60,7 @@ wire::ErrorCode ToWireError(const absl::Status& status);
 // numeric value (from a newer peer) gives absl::UnknownError.
 absl::Status FromWireError(wire::ErrorCode code, std::string_view message);
 
-// Encodes an ErrorReply envelope for `status` (must not be OK) answering the message with sequence
+// Encodes an ErrorReply envelope for `status` (must not be OK; its ErrorReasonOf goes to ErrorReply.reason) answering the message with sequence
 // `answering_seq` (0 when the inbound message was unreadable). The envelope's own sequence is
 // `answering_seq` as for every reply.
 std::string EncodeError(const absl::Status& status, uint64_t answering_seq, std::string_view sender = "");

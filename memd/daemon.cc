@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "common/status.h"
+#include "workerd/serving_mode.h"  // the serving modes a Hello may declare (workerd owns them)
 #include "spdlog/spdlog.h"
 
 namespace dhs::memd {
@@ -359,8 +360,8 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
     if (type == wire::Body::Hello || type == wire::Body::IntrospectQuery) return absl::OkStatus();
     ++counters_.fenced_refused;
     DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from the fenced worker of GPU {} refused", BodyName(type), gpu);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "fenced: the worker of GPU %d (epoch %d) was fenced (%s); its grants and orders are void: say Hello again "
+    return FencedError(absl::StrFormat(
+        "the worker of GPU %d (epoch %d) was fenced (%s); its grants and orders are void: say Hello again "
         "(a new epoch)", gpu, core_->epoch(gpu), core_->FenceReason(gpu)));
   }
   // A worker's routing id that said no Hello to this memd: a worker of an earlier memd (memd restarted under it).
@@ -370,8 +371,8 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
     ++counters_.fenced_refused;
     DHS_LOG_LIMITED(spdlog::level::warn, "memd: {} from '{}', which said no Hello to this memd, refused",
                     BodyName(type), Printable(peer));
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "fenced: '%s' said no Hello to this memd (pid %d; memd restarted?): nothing of an earlier memd is valid, "
+    return FencedError(absl::StrFormat(
+        "'%s' said no Hello to this memd (pid %d; memd restarted?): nothing of an earlier memd is valid, "
         "say Hello (a new epoch)", peer, getpid()));
   }
   return absl::OkStatus();
@@ -436,11 +437,10 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
                              hello->host_page_bytes, options_.page_bytes);
   } else if (hello->capacity_pages == 0 || hello->page_rows == 0) {
     reason = "capacity_pages and page_rows must be > 0";
-  } else if (!hello->serving_mode.empty() && hello->serving_mode != "resident" && hello->serving_mode != "hisparse" &&
-             hello->serving_mode != "adaptive") {
+  } else if (!hello->serving_mode.empty() && !ParseWorkerMode(hello->serving_mode).ok()) {
     // Shown in the status view (JSON strings must be UTF-8) and table: only workerd's modes, or none (older worker).
-    reason = absl::StrFormat("serving_mode '%s' is not resident, hisparse or adaptive (or empty: an older worker)",
-                             Printable(std::string_view(hello->serving_mode).substr(0, 64)));
+    reason = absl::StrFormat("serving_mode '%s' is not %s (or empty: an older worker)",
+                             Printable(std::string_view(hello->serving_mode).substr(0, 64)), WorkerModeList());
   } else if (known != gpus_.end() && known->second.capacity_pages != hello->capacity_pages) {
     reason = absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
                              hello->gpu, known->second.capacity_pages, hello->capacity_pages);

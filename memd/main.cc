@@ -10,10 +10,12 @@
 #include "CLI/CLI.hpp"
 #include "common/cli_flags.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/host_pool.h"
 #include "common/sd_notify.h"
 #include "common/transport.h"
 #include "memd/daemon.h"
+#include "memd/memd_flags.h"  // kMemdFlags: memd's flags, one list (dhs-node reads it too)
 #include "common/metrics_server.h"
 #include "spdlog/spdlog.h"
 
@@ -74,11 +76,10 @@ void AddFlags(CLI::App& app, CommandLine& c) {
   auto* pages_opt = app.add_option("--host-pool-pages", c.pool_pages, "host pool size, pages")
                         ->check(dhs::IntegerIn<uint64_t>(0, UINT64_MAX));
   bytes_opt->excludes(pages_opt);
-  app.add_option("--reserve-pages", o.reserve_pages, "admission reserve M_res per GPU, pages")
-      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX))
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--reserve-pages", o.reserve_pages,
+                     "admission reserve M_res per GPU, pages")
       ->capture_default_str();
-  app.add_option("--reclaim-policy", o.reclaim_policy, "reclaim order of victims")
-      ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}))
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--reclaim-policy", o.reclaim_policy, "reclaim order of victims")
       ->capture_default_str();
   app.add_option("--populate-pages-per-attempt", o.populate_pages_per_attempt,
                  "pages one population attempt may hand out (>= 1)")
@@ -93,18 +94,17 @@ void AddFlags(CLI::App& app, CommandLine& c) {
           },
           "", "AT_LEAST_1"))
       ->capture_default_str();
-  app.add_option("--metrics-address", c.metrics_address,
-                 "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is "
-                 "written to RUN_DIR/memd.metrics)");
-  app.add_option("--worker-timeout-ms", c.worker_timeout_ms,
-                 "a registered worker that sends nothing (its heartbeat comes every second) for this long is hung: "
-                 "its GPU is fenced")
-      ->check(dhs::IntegerIn<uint64_t>(100, 86'400'000))
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--metrics-address", c.metrics_address,
+                     "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is "
+                     "written to RUN_DIR/memd.metrics)");
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--worker-timeout-ms", c.worker_timeout_ms,
+                     "a registered worker that sends nothing (its heartbeat comes every second) for this long is hung: "
+                     "its GPU is fenced")
       ->capture_default_str();
-  app.add_option("--adopt-grace-ms", c.adopt_grace_ms,
-                 "after adopting the host pool of a memd that died, the pages not adopted stay unused this long (its "
-                 "workers may still write them until their epochs end)")
-      ->check(dhs::IntegerIn<uint64_t>(0, 600'000))
+  dhs::AddDaemonFlag(
+      app, dhs::memd::kMemdFlags, "--adopt-grace-ms", c.adopt_grace_ms,
+      "after adopting the host pool of a memd that died, the pages not adopted stay unused this long (its "
+      "workers may still write them until their epochs end)")
       ->capture_default_str();
   app.add_option("--unreadable-segment-age-s", c.unreadable_segment_age_s,
                  "at start, a dhs-pool-* segment of this user that is not a readable host pool (a memd killed while "
@@ -116,8 +116,8 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                "replace a leftover host pool of this run directory that cannot be adopted (another --page-bytes or "
                "pool size) although its journal still names requests: their host copies are dropped. Without it such "
                "a start fails (exit 1) naming the requests, their pages and the pool's geometry, and keeps the pool");
-  app.add_option("--log-level", c.log_level, "trace, debug, info, warn, error")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--log-level", c.log_level,
+                     absl::StrJoin(dhs::memd::MemdLogLevels(), ", "))
       ->capture_default_str();
   app.add_flag("--check-config", c.check_config,
                "check the options and exit: the command line as at a start, the host pool against the free space "

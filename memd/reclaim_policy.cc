@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/check.h"
 
 namespace dhs::memd {
@@ -15,19 +16,19 @@ bool EarlierAdmitted(const ReclaimCandidate& a, const ReclaimCandidate& b) {
 
 class OldestFirst final : public ReclaimPolicy {
  public:
-  std::string_view name() const override { return "oldest-first"; }
+  std::string_view name() const override { return kReclaimPolicyNames[0]; }
   bool Before(const ReclaimCandidate& a, const ReclaimCandidate& b) const override { return EarlierAdmitted(a, b); }
 };
 
 class NewestFirst final : public ReclaimPolicy {
  public:
-  std::string_view name() const override { return "newest-first"; }
+  std::string_view name() const override { return kReclaimPolicyNames[1]; }
   bool Before(const ReclaimCandidate& a, const ReclaimCandidate& b) const override { return EarlierAdmitted(b, a); }
 };
 
 class LargestFirst final : public ReclaimPolicy {
  public:
-  std::string_view name() const override { return "largest-first"; }
+  std::string_view name() const override { return kReclaimPolicyNames[2]; }
   bool Before(const ReclaimCandidate& a, const ReclaimCandidate& b) const override {
     if (a.optional_pages != b.optional_pages) return a.optional_pages > b.optional_pages;
     return EarlierAdmitted(a, b);
@@ -87,11 +88,17 @@ VictimChoice ReclaimIndex::Choose(uint32_t deficit_pages) const {
 }
 
 absl::StatusOr<std::unique_ptr<ReclaimPolicy>> MakeReclaimPolicy(std::string_view name) {
-  if (name == "oldest-first") return std::make_unique<OldestFirst>();
-  if (name == "newest-first") return std::make_unique<NewestFirst>();
-  if (name == "largest-first") return std::make_unique<LargestFirst>();
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown reclaim policy '%s' (known: oldest-first, newest-first, largest-first)", std::string(name)));
+  // One maker per name of kReclaimPolicyNames, in its order.
+  using Maker = std::unique_ptr<ReclaimPolicy> (*)();
+  static constexpr Maker kMakers[] = {[] { return std::unique_ptr<ReclaimPolicy>(new OldestFirst); },
+                                      [] { return std::unique_ptr<ReclaimPolicy>(new NewestFirst); },
+                                      [] { return std::unique_ptr<ReclaimPolicy>(new LargestFirst); }};
+  static_assert(std::size(kMakers) == std::size(kReclaimPolicyNames), "one maker per policy name");
+  for (size_t i = 0; i < std::size(kReclaimPolicyNames); ++i) {
+    if (name == kReclaimPolicyNames[i]) return kMakers[i]();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat("unknown reclaim policy '%s' (known: %s)", std::string(name),
+                                                    absl::StrJoin(ReclaimPolicyNames(), ", ")));
 }
 
 }  // namespace dhs::memd

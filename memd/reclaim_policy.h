@@ -16,8 +16,10 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <set>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -79,8 +81,17 @@ class ReclaimIndex {
   uint64_t total_pages_ = 0;
 };
 
-// Names: "oldest-first" (earliest admission first), "newest-first" (latest admission first),
-// "largest-first" (largest a_r first). Errors: InvalidArgument for any other name (the message lists them).
+// THE list of reclaim policy names (memd owns the vocabulary; memd --reclaim-policy, dhs-replay --reclaim-policy and
+// dhs-node's [memd] reclaim_policy ask it): "oldest-first" (earliest admission first), "newest-first" (latest
+// admission first), "largest-first" (largest a_r first, the default). Header constants: checking a name links nothing.
+inline constexpr std::string_view kReclaimPolicyNames[] = {"oldest-first", "newest-first", "largest-first"};
+inline constexpr std::string_view kDefaultReclaimPolicy = kReclaimPolicyNames[2];
+// kReclaimPolicyNames as strings, in order (CLI11 IsMember, help texts).
+inline std::vector<std::string> ReclaimPolicyNames() {
+  return {std::begin(kReclaimPolicyNames), std::end(kReclaimPolicyNames)};
+}
+
+// The policy named `name` (kReclaimPolicyNames). Errors: InvalidArgument for any other name (the message lists them).
 absl::StatusOr<std::unique_ptr<ReclaimPolicy>> MakeReclaimPolicy(std::string_view name);
 
 }  // namespace dhs::memd

@@ -90,22 +90,6 @@ absl::Status ComputeSpeculation(const model::ModelConfig& model, const WorkerCon
 
 }  // namespace
 
-std::string_view WorkerModeName(WorkerMode mode) {
-  switch (mode) {
-    case WorkerMode::kResident: return "resident";
-    case WorkerMode::kHisparse: return "hisparse";
-    case WorkerMode::kAdaptive: return "adaptive";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<WorkerMode> ParseWorkerMode(std::string_view name) {
-  if (name == "resident") return WorkerMode::kResident;
-  if (name == "hisparse") return WorkerMode::kHisparse;
-  if (name == "adaptive") return WorkerMode::kAdaptive;
-  return absl::InvalidArgumentError(absl::StrCat("unknown mode '", std::string(name), "' (resident, hisparse, adaptive)"));
-}
-
 absl::Status ValidateGeometry(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& g) {
   const uint32_t p = g.kv.page_rows, b = g.hot_rows, t = g.tail_rows, c = g.prefill_chunk;
   const uint32_t k = static_cast<uint32_t>(model.top_k), w = static_cast<uint32_t>(model.local_window);

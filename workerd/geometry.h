@@ -15,14 +15,10 @@
 #include "workerd/kv/layout.h"
 #include "workerd/model/config.h"
 #include "workerd/resumed_outputs.h"
+#include "workerd/serving_mode.h"  // WorkerMode, its names
 #include "workerd/spec/speculation_config.h"
 
 namespace dhs {
-
-enum class WorkerMode { kResident, kHisparse, kAdaptive };
-std::string_view WorkerModeName(WorkerMode mode);
-// "resident" | "hisparse" | "adaptive"; else INVALID_ARGUMENT.
-absl::StatusOr<WorkerMode> ParseWorkerMode(std::string_view name);
 
 struct WorkerConfig {
   GpuId gpu = 0;

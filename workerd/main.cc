@@ -12,9 +12,11 @@
 
 #include "CLI/CLI.hpp"
 #include "common/cli_flags.h"
+#include "workerd/worker_flags.h"
 #include "common/fault_point.h"
 #include "common/metrics_server.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/sd_notify.h"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
@@ -45,7 +47,8 @@ absl::StatusOr<std::unique_ptr<dhs::model::Model>> LoadModel(const std::string& 
 }
 
 struct CommandLine {
-  std::string run_dir, mode_name = "adaptive", weights, preset = "dsv4flash-like", log_level = "info";
+  std::string run_dir, mode_name{dhs::WorkerModeName(dhs::WorkerMode::kAdaptive)}, weights,
+      preset{dhs::model::kDefaultPreset}, log_level = "info";
   uint64_t seed = 1;
   int connect_timeout_ms = 10000;
   int memd_timeout_ms = 2000;
@@ -64,58 +67,61 @@ struct CommandLine {
   std::string listen;  // --listen tcp://ADDR:PORT (issue 22): a second serving socket, CURVE
 };
 
-// Declares the options of `c` on `app`.
-void AddOptions(CLI::App& app, CommandLine& c) {
-  std::string& run_dir = c.run_dir;
-  std::string& mode_name = c.mode_name;
-  std::string& weights = c.weights;
-  std::string& preset = c.preset;
-  std::string& log_level = c.log_level;
-  uint64_t& seed = c.seed;
-  int& connect_timeout_ms = c.connect_timeout_ms;
-  dhs::WorkerConfig& config = c.config;
-  app.add_option("--run-dir", run_dir, "run directory holding memd.sock (mode 0700)")->required();
-  app.add_option("--gpu", config.gpu, "GPU id served by this worker")
-      ->check(dhs::IntegerIn<uint32_t>(0, dhs::kMaxGpus - 1))->capture_default_str();
-  app.add_option("--mode", mode_name, "resident | hisparse | adaptive")
-      ->check(CLI::IsMember({"resident", "hisparse", "adaptive"}))->capture_default_str();
-  app.add_option("--device", c.device_name,
-                 "device backend: cpu | cuda | auto (auto: cuda when built with CUDA and a GPU is present)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
-  app.add_option("--hbm-budget", config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)")
-      ->check(dhs::IntegerIn<uint64_t>(1, UINT64_MAX))->capture_default_str();
-  app.add_option("--weights", weights, "safetensors weights file (else --preset + --seed)");
-  app.add_option("--preset", preset, "model preset when no --weights")
-      ->check(CLI::IsMember({"dsv4flash-like", "glm5-like", "bench-wide"}))->capture_default_str();
-  app.add_option("--seed", seed, "weights seed with --preset")->check(dhs::IntegerIn<uint64_t>(0, UINT64_MAX));
-  app.add_option("--slots", config.slots, "request slots N")
-      ->check(dhs::IntegerIn<uint32_t>(1, 4096))->capture_default_str();
-  app.add_option("--hot-rows", config.hot_rows, "hot-cache rows B per slot and source (0 = auto)")
-      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX));
-  app.add_option("--tail-rows", config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)")
-      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX));
-  app.add_option("--staging-arenas", config.staging_arenas,
+// A flag of workerd's list (workerd/worker_flags.h: its range or choices come from there, as dhs-node's).
+template <typename T>
+CLI::Option* WorkerFlag(CLI::App& app, std::string_view flag, T& value, std::string help) {
+  return dhs::AddDaemonFlag(app, dhs::kWorkerFlags, flag, value, std::move(help));
+}
+
+// The options of the worker's place (run directory, GPU, mode, device) and its model (weights, or preset + seed).
+void AddServingOptions(CLI::App& app, CommandLine& c) {
+  app.add_option("--run-dir", c.run_dir, "run directory holding memd.sock (mode 0700)")->required();
+  WorkerFlag(app, "--gpu", c.config.gpu, "GPU id served by this worker")->capture_default_str();
+  WorkerFlag(app, "--mode", c.mode_name, absl::StrJoin(dhs::WorkerModeNames(), " | "))->capture_default_str();
+  WorkerFlag(app, "--device", c.device_name,
+             "device backend: " + absl::StrJoin(dhs::WorkerDeviceNames(), " | ") +
+                 " (auto: cuda when built with CUDA and a GPU is present)")
+      ->capture_default_str();
+  WorkerFlag(app, "--weights", c.weights, "safetensors weights file (else --preset + --seed)");
+  WorkerFlag(app, "--preset", c.preset, "model preset when no --weights")->capture_default_str();
+  WorkerFlag(app, "--seed", c.seed, "weights seed with --preset");
+}
+
+// The sizes (brief §4, §6): KV budget, slots, hot cache, tail, staging, pages, context, prefix cache, prefill chunk.
+void AddGeometryOptions(CLI::App& app, CommandLine& c) {
+  WorkerFlag(app, "--hbm-budget", c.config.hbm_budget_bytes, "GPU KV budget, bytes (M = budget / page bytes)")
+      ->capture_default_str();
+  WorkerFlag(app, "--slots", c.config.slots, "request slots N")->capture_default_str();
+  WorkerFlag(app, "--hot-rows", c.config.hot_rows, "hot-cache rows B per slot and source (0 = auto)");
+  WorkerFlag(app, "--tail-rows", c.config.tail_rows, "tail rows T per slot and source, a multiple of p (0 = 2p)");
+  app.add_option("--staging-arenas", c.config.staging_arenas,
                  "χ: staging arenas of speculative verification (rows of a round's union beyond the hot cache), "
                  "M_stage = χ * N * K_max * k * d_KV bytes at start; 0 = none (a round must fit the hot cache)")
-      ->check(dhs::IntegerIn<uint32_t>(0, 1024))->capture_default_str();
-  app.add_option("--page-rows", config.page_rows, "rows per page p")
-      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 20))->capture_default_str();
-  app.add_option("--max-context", config.max_context_tokens, "prompt + max_new_tokens limit, tokens")
-      ->check(dhs::IntegerIn<uint64_t>(1, UINT64_MAX))->capture_default_str();
-  app.add_option("--prefix-cache-bytes", config.prefix_cache_bytes,
-                 "prepared-prefix row cache (rows produced once per hash-block chain), bytes; 0 = off")
-      ->check(dhs::IntegerIn<uint64_t>(0, UINT64_MAX))->capture_default_str();
-  app.add_option("--prefill-chunk", config.prefill_chunk, "prompt tokens per request and step (0 = auto)")
-      ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX));
-  app.add_option("--submit-queue", config.submit_queue,
+      ->check(dhs::IntegerIn<uint32_t>(0, 1024))
+      ->capture_default_str();
+  WorkerFlag(app, "--page-rows", c.config.page_rows, "rows per page p")->capture_default_str();
+  WorkerFlag(app, "--max-context", c.config.max_context_tokens, "prompt + max_new_tokens limit, tokens")
+      ->capture_default_str();
+  WorkerFlag(app, "--prefix-cache-bytes", c.config.prefix_cache_bytes,
+             "prepared-prefix row cache (rows produced once per hash-block chain), bytes; 0 = off")
+      ->capture_default_str();
+  WorkerFlag(app, "--prefill-chunk", c.config.prefill_chunk, "prompt tokens per request and step (0 = auto)");
+}
+
+// The clients' side: the submit queue, the reply buffers of clients that do not read, the CURVE listener.
+void AddClientOptions(CLI::App& app, CommandLine& c) {
+  app.add_option("--submit-queue", c.config.submit_queue,
                  "requests waiting for their grant at most; beyond: RESOURCE_EXHAUSTED \"submit queue full (N)\"")
-      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 20))->capture_default_str();
+      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 20))
+      ->capture_default_str();
   app.add_option("--client-buffer-bytes", c.client_buffer.per_client_bytes,
                  "replies buffered for one client that does not read, bytes; beyond: its streaming request fails")
-      ->check(dhs::IntegerIn<uint64_t>(4096, uint64_t{1} << 40))->capture_default_str();
+      ->check(dhs::IntegerIn<uint64_t>(4096, uint64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--client-buffer-total-bytes", c.client_buffer.total_bytes,
                  "replies buffered for all clients together, bytes (>= --client-buffer-bytes)")
-      ->check(dhs::IntegerIn<uint64_t>(4096, uint64_t{1} << 40))->capture_default_str();
+      ->check(dhs::IntegerIn<uint64_t>(4096, uint64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--listen", c.listen,
                  "also serve clients on tcp://ADDR:PORT (routers on other hosts) with ZeroMQ CURVE: the key pair is "
                  "RUN_DIR/serving-curve.secret (0600, created once) and a client needs RUN_DIR/serving-curve.pub; "
@@ -124,45 +130,52 @@ void AddOptions(CLI::App& app, CommandLine& c) {
         absl::StatusOr<std::string> e = dhs::ParseListenEndpoint(v);
         return e.ok() ? std::string() : std::string(e.status().message());
       });
-  app.add_option("--connect-timeout-ms", connect_timeout_ms, "how long to wait for memd's HelloReply")
-      ->check(dhs::IntegerIn(1, 3600000))->capture_default_str();
-  app.add_option("--memd-timeout-ms", c.memd_timeout_ms,
-                 "memd acks our heartbeat every second; nothing from memd for this long while its connection is "
-                 "open ends this worker's epoch (memd hung, or this worker was stopped): requests end with an error, "
-                 "exit code 75. Keep it below memd's --worker-timeout-ms")
-      ->check(dhs::IntegerIn(100, 3600000))->capture_default_str();
-  app.add_option("--memd-reconnect-ms", c.memd_reconnect_ms,
-                 "memd died (its connection closed): keep serving the granted requests from the GPU and say Hello "
-                 "again with a report (backoff 50 ms doubling to 1 s) for up to this long; then the epoch ends "
-                 "(exit code 75)")
-      ->check(dhs::IntegerIn(100, 3600000))->capture_default_str();
-  app.add_option("--resumed-outputs-max", config.resumed_outputs.max_outputs,
+}
+
+// The conversation with memd (connect, timeout, reconnect) and the outputs kept for clients of resumed requests.
+void AddMemdOptions(CLI::App& app, CommandLine& c) {
+  WorkerFlag(app, "--connect-timeout-ms", c.connect_timeout_ms, "how long to wait for memd's HelloReply")
+      ->capture_default_str();
+  WorkerFlag(app, "--memd-timeout-ms", c.memd_timeout_ms,
+             "memd acks our heartbeat every second; nothing from memd for this long while its connection is "
+             "open ends this worker's epoch (memd hung, or this worker was stopped): requests end with an error, "
+             "exit code 75. Keep it below memd's --worker-timeout-ms")
+      ->capture_default_str();
+  WorkerFlag(app, "--memd-reconnect-ms", c.memd_reconnect_ms,
+             "memd died (its connection closed): keep serving the granted requests from the GPU and say Hello "
+             "again with a report (backoff 50 ms doubling to 1 s) for up to this long; then the epoch ends "
+             "(exit code 75)")
+      ->capture_default_str();
+  app.add_option("--resumed-outputs-max", c.config.resumed_outputs.max_outputs,
                  "finished outputs of resumed requests kept for a client that has not re-attached (Attach), at most; "
                  "beyond, the oldest is dropped (logged, counted in resumed_outputs_dropped)")
-      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 24))->capture_default_str();
-  app.add_option("--resumed-output-bytes-max", config.resumed_outputs.max_bytes,
+      ->check(dhs::IntegerIn<uint32_t>(1, 1u << 24))
+      ->capture_default_str();
+  app.add_option("--resumed-output-bytes-max", c.config.resumed_outputs.max_bytes,
                  "those outputs' bytes together (12 per token + the error text), at most; beyond, the oldest is "
                  "dropped")
-      ->check(dhs::IntegerIn<uint64_t>(1, uint64_t{1} << 40))->capture_default_str();
+      ->check(dhs::IntegerIn<uint64_t>(1, uint64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--resumed-output-age-ms", c.resumed_output_age_ms,
                  "how long such an output waits for its client before it is dropped, ms")
-      ->check(dhs::IntegerIn<int64_t>(1, int64_t{1} << 40))->capture_default_str();
-  app.add_option("--metrics-address", c.metrics_address,
-                 "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is written "
-                 "to RUN_DIR/worker-<gpu>.metrics); default: off")
+      ->check(dhs::IntegerIn<int64_t>(1, int64_t{1} << 40))
+      ->capture_default_str();
+}
+
+// Operations: metrics endpoint, log level, --check-config; test-only fault injection, hidden from --help.
+void AddOperationOptions(CLI::App& app, CommandLine& c) {
+  WorkerFlag(app, "--metrics-address", c.metrics_address,
+             "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is written "
+             "to RUN_DIR/worker-<gpu>.metrics); default: off")
       ->check([](const std::string& a) {  // refused at parse time (exit 2, --check-config too), not after Hello
         absl::StatusOr<std::pair<std::string, int>> parsed = dhs::ParseMetricsAddress(a);
         return parsed.ok() ? std::string() : std::string(parsed.status().message());
       });
-  app.add_option("--log-level", log_level, "spdlog level")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))->capture_default_str();
+  WorkerFlag(app, "--log-level", c.log_level, "spdlog level")->capture_default_str();
   app.add_flag("--check-config", c.check_config,
                "check the options and exit: the command line, the mode, speculation and link-model settings, the "
                "device choice and the geometry against the model (a --weights file is loaded); needs no memd and no "
                "run directory, starts nothing (exit 0 ok, 2 a bad option, 1 a weights file that cannot be loaded)");
-  dhs::AddLinkModelOptions(app, &c.link_flags);
-  dhs::AddAsyncDeviceOption(app, &c.async_device_seed);
-  dhs::spec::AddSpeculationOptions(app, &c.speculation);
   // Test-only, hidden from --help (empty group): fault-injection tests (dhs-replay --kill-worker-at) force a kill
   // at a chosen point of the serving loop.
   app.add_option("--fault-kill-at", c.fault_kill_at,
@@ -174,6 +187,18 @@ void AddOptions(CLI::App& app, CommandLine& c) {
                  "pinning a large host pool, allocating large pools)")
       ->check(dhs::IntegerIn(0, 3600000))
       ->group("");
+}
+
+// Declares the options of `c` on `app`, group by group.
+void AddOptions(CLI::App& app, CommandLine& c) {
+  AddServingOptions(app, c);
+  AddGeometryOptions(app, c);
+  AddClientOptions(app, c);
+  AddMemdOptions(app, c);
+  AddOperationOptions(app, c);
+  dhs::AddLinkModelOptions(app, &c.link_flags);
+  dhs::AddAsyncDeviceOption(app, &c.async_device_seed);
+  dhs::spec::AddSpeculationOptions(app, &c.speculation);
 }
 
 // The device backend (brief §9) chosen by --device, with the Hello's device name and, for CUDA, the registration of

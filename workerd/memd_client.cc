@@ -8,7 +8,6 @@
 #include <thread>
 
 #include "common/log_limiter.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/protocol.h"
@@ -251,7 +250,7 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
         handler.OnAdmitReject(reject);
         return;
       }
-      if (absl::IsFailedPrecondition(s) && absl::StartsWith(s.message(), "fenced: ")) {
+      if (IsFenced(s)) {  // ErrorReply.reason FENCED (the code, not the text)
         ended_ = absl::AbortedError(absl::StrCat("fenced by memd: ", s.message()));
         return;
       }

@@ -77,7 +77,7 @@ class MemdClient final : public MemdLink {
 
   // Dispatches every message already received to `handler` (never blocks), answers memd's Heartbeats and sends ours
   // once a second with `load`. Undecodable messages are logged and dropped. Errors: from the socket, and ABORTED
-  // once this worker's epoch ended: memd refused a message with FAILED_PRECONDITION "fenced: ..." (nothing after it
+  // once this worker's epoch ended: memd refused a message with ErrorReply.reason FENCED (nothing after it
   // is dispatched), or nothing came from memd for the memd timeout (checked before anything queued is dispatched: a
   // worker resumed after SIGSTOP never acts on an order of an epoch memd may have fenced). ABORTED stays.
   struct Load {

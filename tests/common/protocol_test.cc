@@ -3,9 +3,16 @@
 // unknown body, no body), and the absl::Status <-> wire ErrorCode mapping.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "flatbuffers/minireflect.h"
 
 #include "common/protocol.h"
 #include "common/status.h"
@@ -552,6 +559,219 @@ TEST(ProtocolDecode, RandomGarbageNeverCrashes) {
   }
 }
 
+// ---- every member of the union (DHS_WIRE_MESSAGES) ----
+
+// Fills a table of any type from its mini-reflection type table (--reflect-names): every field set, scalars to
+// distinct non-zero values (enums to their last value), strings "f<n>", vectors with two elements, sub-tables and
+// structs filled the same way. So the round trip below covers every field of every message, also fields appended
+// later, without a hand-written sample per message.
+class TableFiller {
+ public:
+  explicit TableFiller(flatbuffers::FlatBufferBuilder& fbb) : fbb_(fbb) {}
+
+  flatbuffers::uoffset_t Table(const flatbuffers::TypeTable* tt, int depth = 0) {
+    EXPECT_LT(depth, 6) << "type nesting too deep for the filler";
+    std::vector<flatbuffers::uoffset_t> offsets(tt->num_elems, 0);
+    for (size_t i = 0; i < tt->num_elems; ++i) {  // offsets first: nothing may be created inside a table
+      const flatbuffers::TypeCode tc = tt->type_codes[i];
+      const auto type = static_cast<flatbuffers::ElementaryType>(tc.base_type);
+      const flatbuffers::TypeTable* ref = tc.sequence_ref >= 0 ? tt->type_refs[tc.sequence_ref]() : nullptr;
+      EXPECT_NE(type, flatbuffers::ET_UTYPE) << tt->names[i] << ": a union inside a message: extend the filler";
+      if (tc.is_repeating) {
+        offsets[i] = Vector(type, ref, depth);
+      } else if (type == flatbuffers::ET_STRING) {
+        offsets[i] = String();
+      } else if (type == flatbuffers::ET_SEQUENCE && ref->st == flatbuffers::ST_TABLE) {
+        offsets[i] = Table(ref, depth + 1);
+      }
+    }
+    const flatbuffers::uoffset_t start = fbb_.StartTable();
+    for (size_t i = 0; i < tt->num_elems; ++i) {
+      const flatbuffers::TypeCode tc = tt->type_codes[i];
+      const auto type = static_cast<flatbuffers::ElementaryType>(tc.base_type);
+      const flatbuffers::TypeTable* ref = tc.sequence_ref >= 0 ? tt->type_refs[tc.sequence_ref]() : nullptr;
+      const auto field = flatbuffers::FieldIndexToOffset(static_cast<flatbuffers::voffset_t>(i));
+      if (offsets[i] != 0) {
+        fbb_.AddOffset(field, flatbuffers::Offset<void>(offsets[i]));
+        continue;
+      }
+      const std::vector<uint8_t> bytes = Inline(type, ref);
+      fbb_.Align(type == flatbuffers::ET_SEQUENCE ? 8 : bytes.size());
+      fbb_.PushBytes(bytes.data(), bytes.size());
+      fbb_.TrackField(field, fbb_.GetSize());
+    }
+    return fbb_.EndTable(start);
+  }
+
+ private:
+  // A scalar, enum or struct value as its little-endian bytes.
+  std::vector<uint8_t> Inline(flatbuffers::ElementaryType type, const flatbuffers::TypeTable* ref) {
+    const size_t size = flatbuffers::InlineSize(type, ref);
+    std::vector<uint8_t> out(size, 0);
+    if (type == flatbuffers::ET_SEQUENCE) {  // a struct: each field at its offset
+      for (size_t j = 0; j < ref->num_elems; ++j) {
+        const flatbuffers::TypeCode tc = ref->type_codes[j];
+        const flatbuffers::TypeTable* sub = tc.sequence_ref >= 0 ? ref->type_refs[tc.sequence_ref]() : nullptr;
+        const std::vector<uint8_t> field = Inline(static_cast<flatbuffers::ElementaryType>(tc.base_type), sub);
+        std::memcpy(out.data() + ref->values[j], field.data(), field.size());
+      }
+      return out;
+    }
+    uint64_t v = next_++ % 100 + 1;
+    if (type == flatbuffers::ET_BOOL) v = 1;
+    if (ref != nullptr && ref->st == flatbuffers::ST_ENUM) {
+      v = static_cast<uint64_t>(ref->values != nullptr ? ref->values[ref->num_elems - 1] : ref->num_elems - 1);
+    }
+    if (type == flatbuffers::ET_FLOAT) {
+      const float f = static_cast<float>(v) + 0.5f;
+      std::memcpy(out.data(), &f, sizeof f);
+    } else if (type == flatbuffers::ET_DOUBLE) {
+      const double d = static_cast<double>(v) + 0.25;
+      std::memcpy(out.data(), &d, sizeof d);
+    } else {
+      for (size_t b = 0; b < size; ++b) out[b] = static_cast<uint8_t>(v >> (8 * b));
+    }
+    return out;
+  }
+
+  flatbuffers::uoffset_t String() { return fbb_.CreateString("f" + std::to_string(next_++)).o; }
+
+  flatbuffers::uoffset_t Vector(flatbuffers::ElementaryType type, const flatbuffers::TypeTable* ref, int depth) {
+    constexpr size_t kElements = 2;
+    if (type == flatbuffers::ET_STRING || (type == flatbuffers::ET_SEQUENCE && ref->st == flatbuffers::ST_TABLE)) {
+      std::vector<flatbuffers::Offset<void>> items;
+      for (size_t j = 0; j < kElements; ++j) {
+        items.emplace_back(type == flatbuffers::ET_STRING ? String() : Table(ref, depth + 1));
+      }
+      return fbb_.CreateVector(items).o;
+    }
+    std::vector<std::vector<uint8_t>> items;
+    for (size_t j = 0; j < kElements; ++j) items.push_back(Inline(type, ref));
+    uint8_t* data = nullptr;
+    const flatbuffers::uoffset_t vec = fbb_.CreateUninitializedVector(kElements, items[0].size(), &data);
+    for (size_t j = 0; j < kElements; ++j) std::memcpy(data + j * items[j].size(), items[j].data(), items[j].size());
+    return vec;
+  }
+
+  flatbuffers::FlatBufferBuilder& fbb_;
+  uint64_t next_ = 0;
+};
+
+// An envelope of body type `type` whose body is a table of `tt` with every field set.
+std::string FilledEnvelope(wire::Body type, const flatbuffers::TypeTable* tt, uint64_t seq) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  TableFiller filler(fbb);
+  const flatbuffers::uoffset_t body = filler.Table(tt);
+  const auto sender = fbb.CreateString(kSender);
+  wire::EnvelopeBuilder envelope(fbb);
+  envelope.add_protocol_version(kProtocolVersion);
+  envelope.add_sequence(seq);
+  envelope.add_sender(sender);
+  envelope.add_body_type(type);
+  envelope.add_body(flatbuffers::Offset<void>(body));
+  fbb.Finish(envelope.Finish());
+  return std::string(reinterpret_cast<const char*>(fbb.GetBufferPointer()), fbb.GetSize());
+}
+
+// A table as text (the fields present, in schema order).
+std::string TableText(const uint8_t* table, const flatbuffers::TypeTable* tt) {
+  flatbuffers::ToStringVisitor text(" ", true, "", false);
+  flatbuffers::IterateObject(table, tt, &text);
+  return text.s;
+}
+
+// `body` packed with every field written, also those equal to their default (Pack leaves those out: a bool field
+// whose default is true, set to true, reads back as the default), as text.
+template <typename T>
+std::string EveryFieldText(const T& body) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  fbb.ForceDefaults(true);
+  fbb.Finish(T::TableType::Pack(fbb, &body));
+  return TableText(flatbuffers::GetRoot<uint8_t>(fbb.GetBufferPointer()), T::TableType::MiniReflectTypeTable());
+}
+
+// Round trip of one member with every field set: filled envelope -> DecodeEnvelope -> Read<Name> -> Encode<Name> ->
+// DecodeEnvelope -> Read<Name>; what comes back, every field written, reads as the same text as the filled body, which
+// names every field of the type.
+template <typename T, typename Rd, typename Enc>
+void RoundTripEveryField(wire::Body type, Rd read, Enc encode, std::set<wire::Body>& covered) {
+  SCOPED_TRACE(BodyName(type));
+  covered.insert(type);
+  const flatbuffers::TypeTable* tt = T::TableType::MiniReflectTypeTable();
+  constexpr wire::Body kOwnType = wire::BodyTraits<typename T::TableType>::enum_value;  // a copy: no ODR use
+  EXPECT_EQ(type, kOwnType);
+  const std::string bytes = FilledEnvelope(type, tt, 40 + static_cast<uint64_t>(type));
+  absl::StatusOr<Message> in = DecodeEnvelope(bytes);
+  ASSERT_TRUE(in.ok()) << in.status();
+  absl::StatusOr<T> body = read(*in);
+  ASSERT_TRUE(body.ok()) << body.status();
+  const std::string again = encode(*body, in->sequence, in->sender);
+  absl::StatusOr<Message> out = DecodeEnvelope(again);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->type, type);
+  EXPECT_EQ(out->sequence, in->sequence);
+  EXPECT_EQ(out->sender, kSender);
+  absl::StatusOr<T> back = read(*out);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const std::string text = TableText(static_cast<const uint8_t*>(in->envelope->body()), tt);
+  EXPECT_EQ(EveryFieldText(*back), text);
+  for (size_t i = 0; i < tt->num_elems; ++i) {
+    EXPECT_NE(text.find(std::string("\"") + tt->names[i] + "\": "), std::string::npos)
+        << tt->names[i] << " was not set: " << text;
+  }
+  // VisitMessage dispatches it to the visitor of its own type.
+  bool visited = false;
+  EXPECT_TRUE(VisitMessage(*out, [&](const auto& b) {
+                visited = std::is_same_v<std::decay_t<decltype(b)>, T>;
+              }).ok());
+  EXPECT_TRUE(visited);
+}
+
+TEST(ProtocolRoundTrip, EveryMemberOfTheUnionWithEveryField) {
+  std::set<wire::Body> covered;
+#define DHS_ROUND_TRIP(Name) RoundTripEveryField<wire::Name##T>(wire::Body::Name, Read##Name, Encode##Name, covered);
+  DHS_WIRE_MESSAGES(DHS_ROUND_TRIP)
+#undef DHS_ROUND_TRIP
+  // Every member of the generated union (NONE excluded), each once: the list and the schema agree.
+  std::set<wire::Body> members;
+  for (wire::Body b : wire::EnumValuesBody()) {
+    if (b != wire::Body::NONE) members.insert(b);
+  }
+  EXPECT_EQ(covered, members);
+  EXPECT_EQ(std::size(kWireMessages), members.size());
+}
+
+TEST(ProtocolRoundTrip, VisitMessageRefusesAnUndecodedOrUnknownMessage) {
+  Message unknown;
+  unknown.type = static_cast<wire::Body>(200);
+  const absl::Status s = VisitMessage(unknown, [](const auto&) { ADD_FAILURE() << "visited"; });
+  EXPECT_EQ(ToWireError(s), ErrorCode::UNKNOWN_MESSAGE) << s;
+  Message undecoded;
+  undecoded.type = wire::Body::Heartbeat;
+  EXPECT_EQ(VisitMessage(undecoded, [](const auto&) { ADD_FAILURE() << "visited"; }).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// ---- the schema's stated version ----
+
+// schemas/dhs.fbs's header states the protocol version; it must be the code's (kProtocolVersion). The test reads
+// the schema of the source tree (DHS_SCHEMA_PATH, set by tests/common/meson.build).
+TEST(ProtocolVersion, TheSchemaStatesTheCodesVersion) {
+  const char* path = std::getenv("DHS_SCHEMA_PATH");
+  ASSERT_NE(path, nullptr) << "DHS_SCHEMA_PATH not set (meson test sets it)";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot read " << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string schema = text.str();
+  const std::regex stated(R"(dhs::kProtocolVersion \(common/protocol\.h\) = (\d+))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(schema, m, stated)) << path << " states no protocol version";
+  EXPECT_EQ(std::stoul(m[1].str()), kProtocolVersion) << path << " states version " << m[1].str();
+  const std::string rest = m.suffix().str();
+  EXPECT_FALSE(std::regex_search(rest, m, stated)) << path << " states the version twice";
+}
+
 // ---- status mapping ----
 
 TEST(StatusMapping, EveryWireCodeRoundTrips) {
@@ -571,6 +791,36 @@ TEST(StatusMapping, CanonicalCodes) {
   EXPECT_EQ(FromWireError(ErrorCode::UNAVAILABLE, "gone").message(), "gone");
   EXPECT_EQ(FromWireError(ErrorCode::VERSION_MISMATCH, "v").code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(FromWireError(static_cast<ErrorCode>(999), "future").code(), absl::StatusCode::kUnknown);
+}
+
+// Issue 23: "fenced" is a code (ErrorReply.reason FENCED, code FAILED_PRECONDITION), not a text prefix: it survives
+// EncodeError -> ReadErrorStatus; the same text without the code is not a fence; a reason never rides on OK.
+TEST(StatusMapping, FencedTravelsAsItsCode) {
+  const absl::Status fenced = FencedError("the worker of GPU 2 (epoch 3) was fenced (test)");
+  EXPECT_EQ(fenced.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fenced.message(), "fenced: the worker of GPU 2 (epoch 3) was fenced (test)");
+  EXPECT_TRUE(IsFenced(fenced));
+  EXPECT_EQ(ToWireError(fenced), ErrorCode::FAILED_PRECONDITION);
+  absl::StatusOr<Message> message = DecodeEnvelope(EncodeError(fenced, 12, "memd"));
+  ASSERT_TRUE(message.ok());
+  absl::StatusOr<wire::ErrorReplyT> reply = ReadErrorReply(*message);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->code, ErrorCode::FAILED_PRECONDITION);
+  EXPECT_EQ(reply->reason, wire::ErrorReason::FENCED);
+  const absl::Status read = ReadErrorStatus(*message);
+  EXPECT_TRUE(IsFenced(read)) << read;
+  EXPECT_EQ(read.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(read.message(), fenced.message());
+
+  const absl::Status text_only = absl::FailedPreconditionError("fenced: but not coded");
+  EXPECT_FALSE(IsFenced(text_only));
+  message = DecodeEnvelope(EncodeError(text_only, 13, "memd"));
+  ASSERT_TRUE(message.ok());
+  EXPECT_EQ(ReadErrorReply(*message)->reason, wire::ErrorReason::NONE);
+  EXPECT_FALSE(IsFenced(ReadErrorStatus(*message)));
+  EXPECT_TRUE(WithErrorReason(absl::OkStatus(), wire::ErrorReason::FENCED).ok());
+  EXPECT_FALSE(IsFenced(WithErrorReason(absl::OkStatus(), wire::ErrorReason::FENCED)));
+  EXPECT_EQ(ErrorReasonOf(WorkerEpochEndedError("fenced")), wire::ErrorReason::NONE);
 }
 
 TEST(StatusMapping, EncodeErrorCarriesCodeMessageAndSequence) {

@@ -1424,6 +1424,7 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   ASSERT_TRUE(m && m->type == wire::Body::ErrorReply);
   EXPECT_EQ(ReadErrorReply(*m)->code, wire::ErrorCode::FAILED_PRECONDITION);
   EXPECT_EQ(ReadErrorReply(*m)->message.rfind("fenced: ", 0), 0u) << ReadErrorReply(*m)->message;
+  EXPECT_EQ(ReadErrorReply(*m)->reason, wire::ErrorReason::FENCED) << "the fence is told by its code (issue 23)";
   EXPECT_EQ(DhsctlJson("request 7")["host_pages"], 1);
   // Why it was fenced: the core's FenceReason (the daemon keeps no copy of "fenced").
   EXPECT_NE(ReadErrorReply(*m)->message.find("no message for"), std::string::npos) << ReadErrorReply(*m)->message;

@@ -35,7 +35,7 @@ TEST(ReplayOptions, Defaults) {
   EXPECT_EQ(o.length_scale, 0.1);
   EXPECT_EQ(o.concurrency, 4);  // closed loop by default
   EXPECT_FALSE(o.time_scale);
-  EXPECT_EQ(o.mode, ReplayMode::kAdaptive);
+  EXPECT_EQ(o.mode, WorkerMode::kAdaptive);
   EXPECT_FALSE(o.hbm_budget_bytes);
   EXPECT_FALSE(o.check_exact);
   EXPECT_TRUE(o.sweep.empty());
@@ -55,7 +55,7 @@ TEST(ReplayOptions, EveryOption) {
   EXPECT_EQ(o.time_scale, 0.25);
   EXPECT_FALSE(o.concurrency);
   EXPECT_EQ(o.length_scale, 0.5);
-  EXPECT_EQ(o.mode, ReplayMode::kHisparse);
+  EXPECT_EQ(o.mode, WorkerMode::kHisparse);
   EXPECT_EQ(o.hbm_budget_bytes, int64_t{2} << 30);
   EXPECT_FALSE(o.check_exact);  // not with --connect (see BadValuesExitTwoWithAClearMessage)
   EXPECT_EQ(o.json_out, "r.json");
@@ -68,12 +68,12 @@ TEST(ReplayOptions, SizesAndModes) {
   EXPECT_EQ(Parse({"--hbm-budget", "1000"}).options.hbm_budget_bytes, 1000);
   EXPECT_EQ(Parse({"--hbm-budget", "3KB"}).options.hbm_budget_bytes, 3000);
   EXPECT_EQ(Parse({"--hbm-budget", "3KiB"}).options.hbm_budget_bytes, 3072);
-  EXPECT_EQ(Parse({"--mode", "resident"}).options.mode, ReplayMode::kResident);
-  EXPECT_EQ(Parse({"--mode", "ADAPTIVE"}).options.mode, ReplayMode::kAdaptive);
+  EXPECT_EQ(Parse({"--mode", "resident"}).options.mode, WorkerMode::kResident);
+  EXPECT_EQ(Parse({"--mode", "ADAPTIVE"}).options.mode, WorkerMode::kAdaptive);
   EXPECT_EQ(Parse({"--reclaim-policy", "largest-first"}).options.reclaim_policy, "largest-first");
   EXPECT_EQ(Parse({}).options.reclaim_policy, "");  // memd's own default
   EXPECT_EQ(Parse({"--preset", "bench-wide"}).options.preset, "bench-wide");
-  EXPECT_EQ(ReplayModeName(ReplayMode::kHisparse), "hisparse");
+  EXPECT_EQ(WorkerModeName(WorkerMode::kHisparse), "hisparse");
 }
 
 TEST(ReplayOptions, SpeculationOptionsReachTheRunSettings) {
@@ -274,7 +274,7 @@ TEST(SweepCsvPath, CsvOptionOrBesideThePlot) {
 
 TEST(MakeRunSettings, EchoesOptionsAndTrace) {
   ReplayOptions o;
-  o.mode = ReplayMode::kResident;
+  o.mode = WorkerMode::kResident;
   o.hbm_budget_bytes = 4096;
   auto trace = LoadTrace(o);
   ASSERT_TRUE(trace.ok());

@@ -21,6 +21,7 @@
 
 #include "common/host_pool.h"
 #include "common/protocol.h"
+#include "common/status.h"
 #include "common/transport.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -367,6 +368,42 @@ TEST(MemdClientStartup, MemdDyingDuringThePreparationMakesTheClientAwayAndDropsI
   RecordingHandler handler;
   EXPECT_TRUE(client->Poll(handler, MemdClient::Load{}).ok());
   EXPECT_TRUE(handler.seen.empty());
+}
+
+// Issue 23 (the fenced code): memd's refusal of a fenced worker's message ends the epoch by its code
+// (ErrorReply.reason FENCED, FencedError), never by its text: an ErrorReply FAILED_PRECONDITION whose text merely
+// starts "fenced: " is logged and the epoch goes on; the coded one makes Poll return ABORTED "fenced by memd: ...".
+TEST(MemdClientFence, AFencedRefusalEndsTheEpochByItsCodeNotByItsText) {
+  using std::chrono::milliseconds;
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path());
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  const absl::Status text_only = absl::FailedPreconditionError("fenced: only the text says so");
+  ASSERT_FALSE(IsFenced(text_only));
+  ASSERT_TRUE(memd.SendToWorker(EncodeError(text_only, 5, "memd")));
+  wire::RetireT marker;  // dispatched after the text-only refusal: that one was read by then
+  marker.request = 7;
+  ASSERT_TRUE(memd.SendToWorker(EncodeRetire(marker, 6, "memd")));
+  RecordingHandler handler;
+  for (int i = 0; i < 400 && handler.seen.empty(); ++i) {
+    const absl::Status s = client->Poll(handler, MemdClient::Load{});
+    ASSERT_TRUE(s.ok()) << "a refusal without the code ended the epoch: " << s;
+    (void)memd.Serve(milliseconds(5));
+  }
+  ASSERT_EQ(handler.seen, (std::vector<std::string>{"retire 7"}));
+  ASSERT_TRUE(memd.SendToWorker(EncodeError(FencedError("the worker of GPU 0 (epoch 1) was fenced (test)"), 8, "memd")));
+  absl::Status ended;
+  for (int i = 0; i < 400 && ended.ok(); ++i) {
+    ended = client->Poll(handler, MemdClient::Load{});
+    (void)memd.Serve(milliseconds(5));
+  }
+  EXPECT_TRUE(absl::IsAborted(ended)) << ended;
+  EXPECT_NE(ended.message().find("fenced by memd: fenced: the worker of GPU 0 (epoch 1) was fenced (test)"),
+            std::string::npos)
+      << ended;
+  EXPECT_TRUE(absl::IsAborted(client->CheckEpoch())) << "ABORTED stays";
 }
 
 }  // namespace

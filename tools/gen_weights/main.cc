@@ -10,6 +10,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_join.h"
 #include "workerd/model/config.h"
 #include "workerd/model/weights.h"
 #include "workerd/model/model.h"
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   std::string preset;
   uint64_t seed = 0;
   std::string out;
-  app.add_option("--preset", preset, "model preset: dsv4flash-like | glm5-like | bench-wide")->required();
+  app.add_option("--preset", preset, "model preset: " + absl::StrJoin(dhs::model::PresetNames(), " | "))->required();
   app.add_option("--seed", seed, "random seed")->required();
   app.add_option("--out", out, "output file")->required();
   bool drafter = false;

@@ -13,69 +13,23 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/transport.h"
+#include "memd/memd_flags.h"       // kMemdFlags: memd's flags, one list
+#include "workerd/worker_flags.h"  // kWorkerFlags: workerd's flags, one list
 #include "toml++/toml.h"
 
 namespace dhs::node {
 namespace {
 
-constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
 constexpr uint64_t kI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
-// One key of a table: how it is read and which daemon flag takes it ("" = not a flag).
-struct KeySpec {
-  const char* name;
-  const char* flag;
-  enum Kind { kUint, kSize, kString, kChoice, kBool, kFraction } kind;  // kFraction: a number in [0, 1]
-  uint64_t min = 0, max = kI64;
-  const char* choices = "";  // kChoice: "a|b|c"
-};
+// One key of a table: how it is read and which daemon flag takes it ("" = a key of dhs-node itself). The daemons'
+// keys are their own lists (memd/memd_flags.h, workerd/worker_flags.h); dhs-node's [node] and [supervise] are here.
+using KeySpec = DaemonFlag;
 
 const KeySpec kNodeKeys[] = {
     {"run_dir", "", KeySpec::kString},
     {"memd_path", "", KeySpec::kString},
     {"workerd_path", "", KeySpec::kString},
-};
-
-const KeySpec kMemdKeys[] = {
-    {"page_bytes", "--page-bytes", KeySpec::kSize, 64, kI64},
-    {"host_pool_bytes", "--host-pool-bytes", KeySpec::kSize, 1, kI64},
-    {"host_pool_pages", "--host-pool-pages", KeySpec::kUint, 1, kU32},
-    {"reserve_pages", "--reserve-pages", KeySpec::kUint, 0, kU32},
-    {"reclaim_policy", "--reclaim-policy", KeySpec::kChoice, 0, 0, "oldest-first|newest-first|largest-first"},
-    {"populate_pages_per_attempt", "--populate-pages-per-attempt", KeySpec::kUint, 1, kU32},
-    {"metrics_address", "--metrics-address", KeySpec::kString},
-    {"worker_timeout_ms", "--worker-timeout-ms", KeySpec::kUint, 100, 86400000},
-    {"adopt_grace_ms", "--adopt-grace-ms", KeySpec::kUint, 0, 600000},
-    {"log_level", "--log-level", KeySpec::kChoice, 0, 0, "trace|debug|info|warn|error"},
-};
-
-const KeySpec kWorkerKeys[] = {
-    {"gpu", "--gpu", KeySpec::kUint, 0, kMaxGpus - 1},
-    {"mode", "--mode", KeySpec::kChoice, 0, 0, "resident|hisparse|adaptive"},
-    {"device", "--device", KeySpec::kChoice, 0, 0, "cpu|cuda|auto"},
-    {"weights", "--weights", KeySpec::kString},
-    {"preset", "--preset", KeySpec::kChoice, 0, 0, "dsv4flash-like|glm5-like|bench-wide"},
-    {"seed", "--seed", KeySpec::kUint, 0, kI64},
-    {"hbm_budget_bytes", "--hbm-budget", KeySpec::kSize, 1, kI64},
-    {"slots", "--slots", KeySpec::kUint, 1, 4096},
-    {"hot_rows", "--hot-rows", KeySpec::kUint, 0, kU32},
-    {"tail_rows", "--tail-rows", KeySpec::kUint, 0, kU32},
-    {"page_rows", "--page-rows", KeySpec::kUint, 1, 1u << 20},
-    {"max_context", "--max-context", KeySpec::kUint, 1, kI64},
-    {"prefix_cache_bytes", "--prefix-cache-bytes", KeySpec::kSize, 0, kI64},
-    {"prefill_chunk", "--prefill-chunk", KeySpec::kUint, 0, kU32},
-    {"connect_timeout_ms", "--connect-timeout-ms", KeySpec::kUint, 1, 3600000},
-    {"memd_timeout_ms", "--memd-timeout-ms", KeySpec::kUint, 100, 3600000},
-    {"memd_reconnect_ms", "--memd-reconnect-ms", KeySpec::kUint, 100, 3600000},
-    {"metrics_address", "--metrics-address", KeySpec::kString},  // issue 22: the worker's GET /metrics
-    // Speculative decoding (workerd/spec/speculation_cli.h; brief §6): workerd checks the combination at its start.
-    {"speculate", "--speculate", KeySpec::kChoice, 0, 0, "off|fixed|confidence|synthetic"},
-    {"block", "--block", KeySpec::kUint, 1, 64},
-    {"block_schedule", "--block-schedule", KeySpec::kString},
-    {"spec_confidence", "--spec-confidence", KeySpec::kFraction},
-    {"spec_corruption", "--spec-corruption", KeySpec::kFraction},
-    {"drafter_weights", "--drafter-weights", KeySpec::kString},
-    {"log_level", "--log-level", KeySpec::kChoice, 0, 0, "trace|debug|info|warn|error|critical|off"},
 };
 
 const KeySpec kSuperviseKeys[] = {
@@ -122,9 +76,8 @@ absl::StatusOr<uint64_t> ReadNumber(const KeySpec& spec, const toml::node& v, ab
     const char* expected = spec.kind == KeySpec::kSize ? "an integer or a size string" : "an integer";
     return KeyError(path, absl::StrCat("expected ", expected, ", got ", TypeName(v)));
   }
-  if (n < spec.min || n > spec.max) {
-    return KeyError(path, absl::StrFormat("%d is out of range [%d, %d]", n, spec.min, spec.max));
-  }
+  const uint64_t max = std::min(spec.max, kI64);  // a TOML integer is an int64
+  if (n < spec.min || n > max) return KeyError(path, absl::StrFormat("%d is out of range [%d, %d]", n, spec.min, max));
   return n;
 }
 
@@ -164,11 +117,9 @@ absl::StatusOr<std::string> ReadValue(const KeySpec& spec, const toml::node& v, 
     if (text.find('\0') != std::string::npos) return KeyError(path, "must not contain a NUL byte");
     return text;
   }
-  for (absl::string_view choice : absl::StrSplit(spec.choices, '|')) {
-    if (text == choice) return text;
-  }
-  return KeyError(path, absl::StrFormat("'%s' is not one of %s", text,
-                                        absl::StrJoin(absl::StrSplit(spec.choices, '|'), ", ")));
+  const std::vector<std::string> choices = spec.choices();
+  if (std::find(choices.begin(), choices.end(), text) != choices.end()) return text;
+  return KeyError(path, absl::StrFormat("'%s' is not one of %s", text, absl::StrJoin(choices, ", ")));
 }
 
 // Every key of `table` (named `path`) against `specs`; `extra` keys (handled by the caller) are skipped.
@@ -181,7 +132,7 @@ absl::StatusOr<Settings> ReadTable(const toml::table& table, absl::string_view p
     if (std::find(extra.begin(), extra.end(), name) != extra.end()) continue;
     const KeySpec* spec = nullptr;
     for (const KeySpec& s : specs) {
-      if (name == s.name) spec = &s;
+      if (name == absl::string_view(s.key.data(), s.key.size())) spec = &s;
     }
     if (spec == nullptr) return KeyError(key_path, "unknown key");
     absl::StatusOr<std::string> v = ReadValue(*spec, value, key_path);
@@ -217,7 +168,7 @@ absl::Status ReadMemd(const toml::table& root, NodeConfig& c) {
   const toml::table* t = TableAt(root, "memd", error);
   if (!error.ok()) return error;
   if (t == nullptr) return KeyError("memd.host_pool_bytes", "missing (give memd.host_pool_bytes or host_pool_pages)");
-  absl::StatusOr<Settings> s = ReadTable(*t, "memd", kMemdKeys);
+  absl::StatusOr<Settings> s = ReadTable(*t, "memd", memd::kMemdFlags);
   if (!s.ok()) return s.status();
   const bool bytes = s->contains("host_pool_bytes"), pages = s->contains("host_pool_pages");
   if (bytes && pages) return KeyError("memd.host_pool_pages", "excludes memd.host_pool_bytes (give one of them)");
@@ -235,7 +186,7 @@ absl::Status ReadWorker(const toml::node& node, size_t index, NodeConfig& c, std
   const std::string path = absl::StrCat("worker[", index, "]");
   const toml::table* t = node.as_table();
   if (t == nullptr) return KeyError(path, absl::StrCat("expected a table, got ", TypeName(node)));
-  absl::StatusOr<Settings> s = ReadTable(*t, path, kWorkerKeys, {"extra_args"});
+  absl::StatusOr<Settings> s = ReadTable(*t, path, kWorkerFlags, {"extra_args"});
   if (!s.ok()) return s.status();
   WorkerEntry w;
   if (!s->contains("gpu")) return KeyError(path + ".gpu", "missing (the GPU this worker serves)");
@@ -369,9 +320,9 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(std::string_view toml_text) {
 std::vector<std::string> MemdArgs(const NodeConfig& config, uint64_t page_bytes) {
   std::vector<std::string> args = {"--run-dir", config.run_dir};
   if (!config.memd.contains("page_bytes")) args.insert(args.end(), {"--page-bytes", absl::StrCat(page_bytes)});
-  for (const KeySpec& spec : kMemdKeys) {
-    if (auto it = config.memd.find(spec.name); it != config.memd.end()) {
-      args.insert(args.end(), {spec.flag, it->second});
+  for (const KeySpec& spec : memd::kMemdFlags) {
+    if (auto it = config.memd.find(std::string(spec.key)); it != config.memd.end()) {
+      args.insert(args.end(), {std::string(spec.flag), it->second});
     }
   }
   return args;
@@ -380,8 +331,10 @@ std::vector<std::string> MemdArgs(const NodeConfig& config, uint64_t page_bytes)
 std::vector<std::string> WorkerArgs(const NodeConfig& config, size_t index) {
   const WorkerEntry& w = config.workers.at(index);
   std::vector<std::string> args = {"--run-dir", config.run_dir, "--gpu", absl::StrCat(w.gpu)};
-  for (const KeySpec& spec : kWorkerKeys) {
-    if (auto it = w.settings.find(spec.name); it != w.settings.end()) args.insert(args.end(), {spec.flag, it->second});
+  for (const KeySpec& spec : kWorkerFlags) {
+    if (auto it = w.settings.find(std::string(spec.key)); it != w.settings.end()) {
+      args.insert(args.end(), {std::string(spec.flag), it->second});
+    }
   }
   args.insert(args.end(), w.extra_args.begin(), w.extra_args.end());
   return args;

@@ -6,11 +6,14 @@
 // Tables and keys (every key is optional unless marked required; a key not given is not passed, so the daemon's own
 // default applies):
 //   [node]       run_dir (required, string), memd_path, workerd_path (strings: executables; default: next to dhs-node)
-//   [memd]       page_bytes, host_pool_bytes | host_pool_pages (one of them required), reserve_pages,
-//                reclaim_policy, populate_pages_per_attempt, metrics_address, log_level
-//   [[worker]]   one per GPU: gpu (required, unique), mode, device, weights | preset, seed, hbm_budget_bytes, slots,
-//                hot_rows, tail_rows, page_rows, max_context, prefix_cache_bytes, prefill_chunk, connect_timeout_ms,
-//                metrics_address, log_level, extra_args (array of strings passed last, e.g. the link-model flags)
+//   [memd]       memd's flags, one key each: the list memd's own CLI11 set-up reads (memd/memd_flags.h, kMemdFlags:
+//                page_bytes, host_pool_bytes | host_pool_pages (one of them required), reserve_pages, reclaim_policy,
+//                populate_pages_per_attempt, metrics_address, worker_timeout_ms, adopt_grace_ms, log_level)
+//   [[worker]]   one per GPU: workerd's flags, one key each: the list workerd's CLI11 set-up reads
+//                (workerd/worker_flags.h, kWorkerFlags: gpu (required, unique), mode, device, weights | preset, seed,
+//                hbm_budget_bytes, slots, hot_rows, tail_rows, page_rows, max_context, prefix_cache_bytes,
+//                prefill_chunk, connect_timeout_ms, memd_timeout_ms, memd_reconnect_ms, metrics_address, the
+//                speculation keys, log_level); extra_args (array of strings passed last, e.g. the link-model flags)
 //   [supervise]  backoff_initial_ms, backoff_max_ms, backoff_reset_ms, max_restarts, restart_window_s, stop_grace_ms,
 //                start_timeout_ms, probe_interval_ms, restart_workers_with_memd, liveness_probe_ms,
 //                memd_liveness_timeout_ms, worker_liveness_timeout_ms (SupervisorPolicy, tools/node/supervisor.h)

@@ -20,7 +20,7 @@ absl::StatusOr<std::optional<uint64_t>> WorkerPageBytes(const WorkerEntry& w, si
   };
   const auto preset = w.settings.find("preset");
   absl::StatusOr<model::ModelConfig> model =
-      model::PresetConfig(preset == w.settings.end() ? "dsv4flash-like" : preset->second);  // workerd's default
+      model::PresetConfig(preset == w.settings.end() ? model::kDefaultPreset : preset->second);  // workerd's default
   if (!model.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("worker[", index, "].preset: ", model.status().message()));
   }

@@ -555,7 +555,7 @@ int Main(int argc, char** argv) {
     std::cerr << "dhs-replay: " << trace.status().message() << "\n";
     return 2;
   }
-  const std::string mode(ReplayModeName(options.mode));
+  const std::string mode(WorkerModeName(options.mode));
   auto faults = MakeFaultSetup(options);
   if (!faults.ok()) {
     std::cerr << "dhs-replay: " << faults.status().message() << "\n";

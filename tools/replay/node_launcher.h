@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workerd/model/config.h"  // kDefaultPreset
+#include "workerd/serving_mode.h"
 
 namespace dhs::replay {
 
@@ -25,8 +27,8 @@ struct NodeLaunchOptions {
   std::string memd_path;        // the memd executable
   std::string workerd_path;     // the workerd executable
   std::string run_dir;          // "" = a fresh mkdtemp directory under TempRunDirParent() (removed by Stop)
-  std::string mode = "adaptive";  // workerd --mode
-  std::string preset = "dsv4flash-like";  // workerd --preset (weights generated from --seed)
+  std::string mode{WorkerModeName(WorkerMode::kAdaptive)};  // workerd --mode
+  std::string preset{model::kDefaultPreset};  // workerd --preset (weights generated from --seed)
   uint64_t seed = 1;
   uint64_t hbm_budget_bytes = 0;  // workerd --hbm-budget, bytes
   uint64_t page_bytes = 0;        // memd --page-bytes (must equal the worker's host page bytes, WorkerGeometry)

@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "common/cli_flags.h"
 #include "absl/strings/str_cat.h"
+#include "memd/reclaim_policy.h"  // ReclaimPolicyNames (memd owns them)
 #include "tools/replay/fault_plan.h"
 #include "workerd/device/async_device_cli.h"
 #include "workerd/device/link_model_cli.h"
@@ -36,15 +37,6 @@ absl::Status ValidateWorkloadCombination(const ReplayOptions& o) {
 }
 
 }  // namespace
-
-std::string_view ReplayModeName(ReplayMode mode) {
-  switch (mode) {
-    case ReplayMode::kResident: return "resident";
-    case ReplayMode::kHisparse: return "hisparse";
-    case ReplayMode::kAdaptive: return "adaptive";
-  }
-  return "unknown";
-}
 
 std::string ReplayOptions::DefaultTrace() { return DHS_REPLAY_DEFAULT_TRACE; }
 
@@ -147,37 +139,51 @@ absl::Status ValidateOutputPaths(const ReplayOptions& o) {
   return absl::OkStatus();
 }
 
-CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
-  CommandLine cl;
-  ReplayOptions& o = cl.options;
-  CLI::App app{"Replays a request trace (Mooncake JSONL or Azure CSV) against a DHiSparse node and reports "
-               "throughput, latency and memory figures. See docs/replay.md.",
-               "dhs-replay"};
+namespace {
+
+// What the command line gives before it lands in ReplayOptions: values whose absence matters, the options that
+// exclude each other, the link-model and speculation flags resolved after the parse.
+struct ParsedFlags {
   int64_t concurrency = 0;
   double time_scale = 0;
   int64_t hbm_budget = 0;
-  const std::map<std::string, ReplayMode> modes = {
-      {"resident", ReplayMode::kResident}, {"hisparse", ReplayMode::kHisparse}, {"adaptive", ReplayMode::kAdaptive}};
+  CLI::Option* concurrency_opt = nullptr;
+  CLI::Option* time_scale_opt = nullptr;
+  CLI::Option* hbm_budget_opt = nullptr;
+  CLI::Option* sweep_opt = nullptr;
+  CLI::Option* plot_opt = nullptr;
+  LinkModelFlags link_flags;
+  spec::SpeculationFlags speculation_flags;
+};
 
+// The load: trace, requests, closed or open loop, scales, mode and KV budget.
+void AddLoadOptions(CLI::App& app, ReplayOptions& o, ParsedFlags& f) {
+  std::map<std::string, WorkerMode> modes;  // workerd's serving modes (workerd/serving_mode.h)
+  for (const auto& [mode, name] : kWorkerModes) modes.emplace(std::string(name), mode);
   app.add_option("--trace", o.trace, "Trace file: .jsonl (Mooncake) or .csv (Azure)")
       ->check(CLI::ExistingFile)
       ->capture_default_str();
   app.add_option("--requests", o.requests, "Replay the first N requests")
       ->check(IntegerIn<int64_t>(1, INT64_MAX))->capture_default_str();
-  auto* copt = app.add_option("--concurrency", concurrency,
-                              "Closed loop: keep C requests in flight (default " +
-                                  std::to_string(ReplayOptions::kDefaultConcurrency) + ")")
-                   ->check(IntegerIn<int64_t>(1, INT64_MAX));
-  auto* topt = app.add_option("--time-scale", time_scale,
-                              "Open loop: submit each request at its trace arrival (ms) times X");
+  f.concurrency_opt = app.add_option("--concurrency", f.concurrency,
+                                     "Closed loop: keep C requests in flight (default " +
+                                         std::to_string(ReplayOptions::kDefaultConcurrency) + ")")
+                          ->check(IntegerIn<int64_t>(1, INT64_MAX));
+  f.time_scale_opt =
+      app.add_option("--time-scale", f.time_scale, "Open loop: submit each request at its trace arrival (ms) times X");
   app.add_option("--length-scale", o.length_scale,
                  "Multiply input and output lengths (and the 512-token hash block) by X")
       ->capture_default_str();
-  app.add_option("--mode", o.mode, "KV placement: resident, hisparse or adaptive")
+  app.add_option("--mode", o.mode, "KV placement: " + WorkerModeList())
       ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
-      ->default_str("adaptive");
-  auto* hopt = app.add_option("--hbm-budget", hbm_budget, "GPU memory for the KV pools, bytes (KB, KiB, MiB, GB, ...)")
-                   ->transform(CLI::AsSizeValue(true));
+      ->default_str(std::string(WorkerModeName(ReplayOptions().mode)));
+  f.hbm_budget_opt =
+      app.add_option("--hbm-budget", f.hbm_budget, "GPU memory for the KV pools, bytes (KB, KiB, MiB, GB, ...)")
+          ->transform(CLI::AsSizeValue(true));
+}
+
+// The outputs: exactness check, reports, per-request outputs, sweep and plot.
+void AddOutputOptions(CLI::App& app, ReplayOptions& o, ParsedFlags& f) {
   app.add_flag("--check-exact", o.check_exact, "Also run resident and compare the tokens (brief §7)");
   app.add_option("--json", o.json_out, "Write the report as JSON to OUT");
   app.add_option("--csv", o.csv_out, "Write the report's scalar fields as CSV to OUT");
@@ -187,13 +193,17 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_option("--outputs", o.outputs_out,
                  "Write every request's output tokens and logits digests to OUT, one JSON object a line (compare two "
                  "runs' files for exactness across runs, e.g. against a resident run on another node)");
-  auto* sopt = app.add_option("--sweep", o.sweep, "Closed-loop runs at each concurrency C1,C2,...")
-                   ->delimiter(',');
-  auto* popt = app.add_option("--plot", o.plot_out, "With --sweep: plot throughput against concurrency to OUT.png");
+  f.sweep_opt = app.add_option("--sweep", o.sweep, "Closed-loop runs at each concurrency C1,C2,...")->delimiter(',');
+  f.plot_opt = app.add_option("--plot", o.plot_out, "With --sweep: plot throughput against concurrency to OUT.png");
+}
+
+// The node: an endpoint to use, or the one the tool starts (run directory, model, slots, memd's policy), and the
+// client's conduct (re-attach, request timeout, CURVE key, prepared prefixes).
+void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
   app.add_option("--connect", o.connect, "Use the node at ENDPOINT (tcp:// or ipc://) instead of starting one");
   app.add_option("--run-dir", o.run_dir, "Directory for the sockets and logs of a node the tool starts");
   app.add_option("--preset", o.preset, "Built-in model topology of a node the tool starts")
-      ->check(CLI::IsMember({"dsv4flash-like", "glm5-like", "bench-wide"}))->capture_default_str();
+      ->check(CLI::IsMember(model::PresetNames()))->capture_default_str();
   app.add_option("--seed", o.seed, "Weights seed of the built-in model")
       ->check(IntegerIn<uint64_t>(0, UINT64_MAX))->capture_default_str();
   app.add_option("--slots", o.slots, "Request slots of the worker the tool starts")
@@ -212,8 +222,13 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
   app.add_option("--reclaim-policy", o.reclaim_policy,
-                              "Victim order of the memd the tool starts (default: memd's, largest-first)")
-                   ->check(CLI::IsMember({"oldest-first", "newest-first", "largest-first"}));
+                 absl::StrCat("Victim order of the memd the tool starts (default: memd's, ",
+                              std::string(memd::kDefaultReclaimPolicy), ")"))
+      ->check(CLI::IsMember(memd::ReclaimPolicyNames()));
+}
+
+// Fault injection on the node the tool starts.
+void AddFaultOptions(CLI::App& app, ReplayOptions& o) {
   app.add_option("--kill-worker-every", o.kill_worker_every_s,
                  "Fault injection: SIGKILL the worker of the node the tool starts at random times, S seconds apart on "
                  "average; it is restarted and its requests resumed and re-attached");
@@ -230,50 +245,40 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
                  "point (prefill, decode, backup, populate, reclaim); random:K draws K points from the seed; repeatable");
   app.add_flag("--corrupt-host-page-for-test", o.corrupt_host_page_for_test,
                "TEST ONLY: flip a byte of a recorded host page before the first timed kill (host_rows_lost > 0)");
-  LinkModelFlags link_flags;
-  AddLinkModelOptions(app, &link_flags);
+}
+
+// The worker the tool starts: link model, asynchronous device, hot cache, speculation; then the exclusions.
+void AddWorkerOptions(CLI::App& app, ReplayOptions& o, ParsedFlags& f) {
+  AddLinkModelOptions(app, &f.link_flags);
   AddAsyncDeviceOption(app, &o.async_device_seed);
   app.add_option("--hot-rows", o.hot_rows,
                  "hot-cache rows B per slot and source of the workerd the tool starts (0 = workerd's auto); with "
                  "B = k + window, speculative unions go through the staging arenas")
       ->check(IntegerIn<uint32_t>(0, 1u << 20));
-  spec::SpeculationFlags speculation_flags;
-  spec::AddSpeculationOptions(app, &speculation_flags);
+  spec::AddSpeculationOptions(app, &f.speculation_flags);
   AddPrefixWorkloadOptions(app, o.prefix_workload);  // issue 27: the closed loop over prepared prefixes
-  copt->excludes(topt);
-  sopt->excludes(copt);
-  sopt->excludes(topt);
-  popt->needs(sopt);
+  f.concurrency_opt->excludes(f.time_scale_opt);
+  f.sweep_opt->excludes(f.concurrency_opt);
+  f.sweep_opt->excludes(f.time_scale_opt);
+  f.plot_opt->needs(f.sweep_opt);
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) {  // --help
-      cl.exit_code = 0;
-      cl.message = app.help();
-    } else {
-      cl.exit_code = 2;
-      cl.message = absl::StrCat("dhs-replay: ", e.what(), "\nRun with --help for more information.\n");
-    }
-    return cl;
-  }
-  if (copt->count() > 0) o.concurrency = concurrency;
-  if (topt->count() > 0) o.time_scale = time_scale;
-  if (hopt->count() > 0) o.hbm_budget_bytes = hbm_budget;
-  absl::StatusOr<LinkModelConfig> link = ResolveLinkModel(link_flags);
-  if (!link.ok()) {
-    cl.exit_code = 2;
-    cl.message = absl::StrCat("dhs-replay: ", link.status().message(), "\nRun with --help for more information.\n");
-    return cl;
-  }
+// "dhs-replay: <why>" with exit code 2 in `cl`.
+void UsageError(CommandLine& cl, absl::string_view why) {
+  cl.exit_code = 2;
+  cl.message = absl::StrCat("dhs-replay: ", why, "\nRun with --help for more information.\n");
+}
+
+// After the parse: the values given, the link model and speculation resolved, the defaults that depend on others.
+absl::Status ResolveParsedFlags(const ParsedFlags& f, ReplayOptions& o) {
+  if (f.concurrency_opt->count() > 0) o.concurrency = f.concurrency;
+  if (f.time_scale_opt->count() > 0) o.time_scale = f.time_scale;
+  if (f.hbm_budget_opt->count() > 0) o.hbm_budget_bytes = f.hbm_budget;
+  absl::StatusOr<LinkModelConfig> link = ResolveLinkModel(f.link_flags);
+  if (!link.ok()) return link.status();
   o.link_model = *link;
-  absl::StatusOr<spec::SpeculationConfig> speculation = spec::ResolveSpeculation(speculation_flags);
-  if (!speculation.ok()) {
-    cl.exit_code = 2;
-    cl.message =
-        absl::StrCat("dhs-replay: ", speculation.status().message(), "\nRun with --help for more information.\n");
-    return cl;
-  }
+  absl::StatusOr<spec::SpeculationConfig> speculation = spec::ResolveSpeculation(f.speculation_flags);
+  if (!speculation.ok()) return speculation.status();
   o.speculation = *speculation;
   // The worker it starts reads the drafter's file: a relative path is the caller's, made absolute here.
   if (!o.speculation.drafter_weights.empty()) {
@@ -283,6 +288,11 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   }
   std::sort(o.sweep.begin(), o.sweep.end());
   if (!o.concurrency && !o.time_scale && o.sweep.empty()) o.concurrency = ReplayOptions::kDefaultConcurrency;
+  return absl::OkStatus();
+}
+
+// The checks of the whole: ValidateReplayOptions, fault periods given as 0, the output paths.
+absl::Status ValidateParsed(const CLI::App& app, const ReplayOptions& o) {
   absl::Status s = ValidateReplayOptions(o);
   for (const char* name : {"--kill-worker-every", "--restart-memd-every"}) {  // 0 is "not given" in ReplayOptions
     const double value = std::string_view(name) == "--kill-worker-every" ? o.kill_worker_every_s : o.restart_memd_every_s;
@@ -292,10 +302,37 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
   }
   if (s.ok()) s = ValidateWorkloadCombination(o);  // issue 27
   if (s.ok()) s = ValidateOutputPaths(o);
-  if (!s.ok()) {
-    cl.exit_code = 2;
-    cl.message = absl::StrCat("dhs-replay: ", s.message(), "\nRun with --help for more information.\n");
+  return s;
+}
+
+}  // namespace
+
+CommandLine ParseReplayCommandLine(int argc, const char* const* argv) {
+  CommandLine cl;
+  ReplayOptions& o = cl.options;
+  CLI::App app{"Replays a request trace (Mooncake JSONL or Azure CSV) against a DHiSparse node and reports "
+               "throughput, latency and memory figures. See docs/replay.md.",
+               "dhs-replay"};
+  ParsedFlags f;
+  AddLoadOptions(app, o, f);
+  AddOutputOptions(app, o, f);
+  AddNodeOptions(app, o);
+  AddFaultOptions(app, o);
+  AddWorkerOptions(app, o, f);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {  // --help
+      cl.exit_code = 0;
+      cl.message = app.help();
+    } else {
+      UsageError(cl, e.what());
+    }
+    return cl;
   }
+  absl::Status s = ResolveParsedFlags(f, o);
+  if (s.ok()) s = ValidateParsed(app, o);
+  if (!s.ok()) UsageError(cl, s.message());
   return cl;
 }
 
@@ -341,7 +378,7 @@ RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, st
   } else {
     s.concurrency = options.concurrency.value_or(ReplayOptions::kDefaultConcurrency);
   }
-  s.mode = std::string(ReplayModeName(options.mode));
+  s.mode = std::string(WorkerModeName(options.mode));
   s.prefill = std::string(prefill);
   s.hbm_budget_bytes = options.hbm_budget_bytes;
   s.check_exact = options.check_exact;

@@ -18,16 +18,15 @@
 #include "tools/replay/scheduler.h"
 #include "tools/replay/trace.h"
 #include "workerd/device/link_model.h"
+#include "workerd/model/config.h"  // kPresetNames (the model owns them)
+#include "workerd/serving_mode.h"
 #include "workerd/spec/speculation_config.h"
 
 namespace dhs::replay {
 
-enum class ReplayMode {
-  kResident,  // every row stays on GPU (the exactness reference, brief §7)
-  kHisparse,  // hierarchical: hot cache + host tier, no optional history (brief §5)
-  kAdaptive,  // hierarchical with resident-first optional history, reclaim and repopulation (brief §4)
-};
-std::string_view ReplayModeName(ReplayMode mode);  // "resident" / "hisparse" / "adaptive"
+// --mode is workerd's serving mode (WorkerMode, workerd/serving_mode.h): resident (every row stays on GPU, the
+// exactness reference, brief §7), hisparse (hot cache + host tier, no optional history, brief §5), adaptive
+// (resident-first optional history, reclaim and repopulation, brief §4).
 
 // Defaults suit a 2-core machine with the built-in small model: the bundled 200-request Mooncake slice, its
 // first 24 requests at 10% of their lengths (median prompt ~700 tokens, output ~35: long enough that histories
@@ -43,7 +42,7 @@ struct ReplayOptions {
   std::optional<int64_t> concurrency;      // --concurrency C >= 1: closed loop
   std::optional<double> time_scale;        // --time-scale X >= 0: open loop at arrival_ms * X
   double length_scale = kDefaultLengthScale;  // --length-scale X > 0
-  ReplayMode mode = ReplayMode::kAdaptive;    // --mode
+  WorkerMode mode = WorkerMode::kAdaptive;    // --mode
   std::optional<int64_t> hbm_budget_bytes;    // --hbm-budget BYTES > 0 (suffixes: KB=1000, KiB=1024, ...)
   bool check_exact = false;                // --check-exact: also run resident and compare tokens (brief §7)
   std::string json_out;                    // --json OUT ("" = none)
@@ -56,7 +55,7 @@ struct ReplayOptions {
   std::string plot_out;                    // --plot OUT.png (needs --sweep)
   std::string connect;                     // --connect ENDPOINT (tcp://... or ipc://...; "" = start a node)
   std::string run_dir;                     // --run-dir DIR (sockets, logs of a node the tool starts)
-  std::string preset = "dsv4flash-like";   // --preset: the built-in model's topology (weights from --seed)
+  std::string preset{model::kDefaultPreset};  // --preset: the built-in model's topology (weights from --seed)
   uint64_t seed = 1;                       // --seed: weights seed of the built-in model
   int64_t slots = 8;                       // --slots: request slots N of the worker the tool starts
   bool prepared_prefix = false;            // --prepared-prefix: import history from hash_ids instead of prefill

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace dhs::model {
@@ -20,7 +21,7 @@ constexpr struct {
 
 ModelConfig Dsv4FlashLike() {
   ModelConfig c;
-  c.preset = "dsv4flash-like";
+  c.preset = std::string(kPresetNames[0]);
   c.d_model = 64;
   c.d_ff = 128;
   c.n_heads = 2;
@@ -42,7 +43,7 @@ ModelConfig Dsv4FlashLike() {
 // a decode step is bound by streaming the weights once per step for the whole batch, as on a GPU (brief §11).
 ModelConfig BenchWide() {
   ModelConfig c = Dsv4FlashLike();
-  c.preset = "bench-wide";
+  c.preset = std::string(kPresetNames[2]);
   c.d_model = 1024;
   c.d_ff = 1536;
   return c;
@@ -50,7 +51,7 @@ ModelConfig BenchWide() {
 
 ModelConfig Glm5Like() {
   ModelConfig c;
-  c.preset = "glm5-like";
+  c.preset = std::string(kPresetNames[1]);
   c.d_model = 64;
   c.d_ff = 128;
   c.n_heads = 2;
@@ -204,13 +205,15 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text) {
 }
 
 absl::StatusOr<ModelConfig> PresetConfig(std::string_view name) {
-  if (name == "dsv4flash-like") return Dsv4FlashLike();
-  if (name == "glm5-like") return Glm5Like();
-  if (name == "bench-wide") return BenchWide();
-  return absl::NotFoundError(
-      absl::StrCat("unknown model preset '", std::string(name), "' (known: dsv4flash-like, glm5-like, bench-wide)"));
+  // One maker per name of kPresetNames, in its order.
+  using Maker = ModelConfig (*)();
+  static constexpr Maker kMakers[] = {Dsv4FlashLike, Glm5Like, BenchWide};
+  static_assert(std::size(kMakers) == std::size(kPresetNames), "one maker per preset name");
+  for (size_t i = 0; i < std::size(kPresetNames); ++i) {
+    if (name == kPresetNames[i]) return kMakers[i]();
+  }
+  return absl::NotFoundError(absl::StrCat("unknown model preset '", std::string(name),
+                                          "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
 }
-
-std::vector<std::string> PresetNames() { return {"dsv4flash-like", "glm5-like", "bench-wide"}; }
 
 }  // namespace dhs::model

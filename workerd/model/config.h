@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,7 +89,13 @@ struct ModelConfig {
 // geometry is unchanged) with d_model 1024 and d_ff 1536, i.e. 109.3 MiB of fp32 weights (114,647,040 bytes), far
 // above a CPU's last-level cache: a decode step streams the weights once for the whole batch, as on a GPU, so
 // batching raises throughput (the mode benchmark's regime). Error: NOT_FOUND (unknown name).
+// THE list of preset names (the model owns the vocabulary; workerd --preset, dhs-gen-weights --preset, dhs-replay
+// --preset, dhs-node's [[worker]] preset and the planner's workerd:NAME ask it), and the default one (workerd's and
+// dhs-replay's --preset). Header constants: a tool that only checks a name links nothing.
+inline constexpr std::string_view kPresetNames[] = {"dsv4flash-like", "glm5-like", "bench-wide"};
+inline constexpr std::string_view kDefaultPreset = kPresetNames[0];
 absl::StatusOr<ModelConfig> PresetConfig(std::string_view name);
-std::vector<std::string> PresetNames();
+// kPresetNames as strings, in order (CLI11 IsMember, help texts).
+inline std::vector<std::string> PresetNames() { return {std::begin(kPresetNames), std::end(kPresetNames)}; }
 
 }  // namespace dhs::model
