@@ -95,12 +95,12 @@ uint32_t Worker::waiting_requests() const { return book_.not_active(); }
 
 absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef& client) {
   if (absl::Status s = ValidateSubmit(submit, config_.max_context_tokens); !s.ok()) return s;
-  absl::StatusOr<RequestLife*> life = book_.Open(submit, client, away_, config_.submit_queue);
+  absl::StatusOr<RequestLife*> life = book_.Open(submit, client, away(), config_.submit_queue);
   if (absl::IsResourceExhausted(life.status())) ++stats_.submits_refused;
   if (!life.ok()) return life.status();
   auto r = NewRequest(**life);
   // memd away: admitted after the re-Hello (ReturnFromAway; kUnsent).
-  if (absl::Status s = away_ ? absl::OkStatus() : SendAdmit(*r); !s.ok()) {
+  if (absl::Status s = away() ? absl::OkStatus() : SendAdmit(*r); !s.ok()) {
     book_.Close(r->id, /*completed=*/false);
     return s;
   }
@@ -569,7 +569,7 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     const Position import_end = std::min<Position>(r.prefix_tokens, in - 1);
     const auto chunk = static_cast<Position>(std::max<uint32_t>(geometry_.prefill_chunk, r.prefix_block_tokens));
     if (!MayStep(r, r.fed < in ? std::min<Position>(chunk, in - r.fed) : 1)) {
-      if (away_ && r.life->phase == RequestPhase::kActive && r.client_error.ok() && r.generated.size() < r.max_new) {
+      if (away() && r.life->phase == RequestPhase::kActive && r.client_error.ok() && r.generated.size() < r.max_new) {
         DHS_CHECK_OK(book_.Transition(id, RequestPhase::kActive, RequestPhase::kPaused));  // logged once
         ++stats_.paused_while_away;
         const std::optional<size_t>& held = r.life->tokens.held_from;
@@ -580,7 +580,7 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     }
     // A resume's host run starting here is imported (no compute), but not while memd is away: the jump may overwrite
     // tail slots whose backups wait for the re-Hello (host writes are paused).
-    if (away_ && !r.host_runs.empty() && r.fed == NextHostRow(r)) continue;
+    if (away() && !r.host_runs.empty() && r.fed == NextHostRow(r)) continue;
     if (absl::Status s = ImportHostRun(r); !s.ok()) {
       failed.push_back(id);
       spdlog::warn("worker: request {} failed: its KV could not be rebuilt after a failed import: {}", id,
@@ -695,7 +695,7 @@ absl::Status Worker::RunBatch() {
   CommitStep();
   // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd
   // (memd away: after the re-Hello).
-  if (away_) return absl::OkStatus();
+  if (away()) return absl::OkStatus();
   std::vector<std::pair<RequestId, absl::Status>> done;
   for (const auto& [id, r] : requests_) {
     if (!Steps(r->life->phase)) continue;
@@ -760,7 +760,7 @@ void Worker::CommitStep() {
     if (new_tokens[id]++ == 0) ids.push_back(id);
   }
   step_tokens_.clear();
-  if (away_) {  // memd away: no record can take them, so no client gets them yet (FlushHeld after the re-Hello)
+  if (away()) {  // memd away: no record can take them, so no client gets them yet (FlushHeld after the re-Hello)
     for (RequestId id : ids) {
       Request& r = *requests_.at(id);
       std::optional<size_t>& held = r.life->tokens.held_from;
@@ -867,7 +867,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
-  if (away_ && !stopping_all_) {  // no Complete can go now: ended after the re-Hello (ReturnFromAway)
+  if (away() && !stopping_all_) {  // no Complete can go now: ended after the re-Hello (ReturnFromAway)
     DHS_CHECK_OK(book_.DeferEnd(id, std::move(error)));  // kEnding; a second end keeps the first
     return;
   }
@@ -929,24 +929,21 @@ absl::StatusOr<bool> Worker::Iterate() {
   if (absl::Status s = RunBatch(); !s.ok()) return s;
   agent_->Poll();
   if (!agent_->link_status().ok()) return agent_->link_status();
-  if (away_) return last_batch_ > 0;  // paused requests wait for memd, not for the loop
+  if (away()) return last_batch_ > 0;  // paused requests wait for memd, not for the loop
   return active_requests() > 0 || agent_->busy();
 }
 
-std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const wire::HelloReplyT& reply,
-                                                                       const std::set<RequestId>& interrupted) {
+std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const ReturnPlan& plan) {
   // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
   // resumed: from memd's interrupted record (ResumeInterrupted below), else from this worker's record.
   std::vector<std::unique_ptr<wire::RequestRecordT>> own;
-  for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
-    const RequestId id = reply.refused_reports[i];
+  for (const auto& [id, why] : plan.refused) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     Request& r = *it->second;
-    const std::string why = i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "";
     spdlog::warn("worker: memd refused the report of request {}: {}; it is resumed", id, why);
     agent_->Forget(id);
-    if (!interrupted.contains(id)) own.push_back(RecordOf(*r.life, r.generated, r.digests));
+    if (!plan.interrupted.contains(id)) own.push_back(RecordOf(*r.life, r.generated, r.digests));
     const absl::Status ended = WorkerEpochEndedError(absl::StrCat("memd refused its report: ", why));
     DHS_CHECK_OK(SendChunk(r, {}, {}, true, ended));  // a final chunk is always taken
     CountFailure(ended);
@@ -959,25 +956,20 @@ std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const wir
 }
 
 absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
-  const std::set<RequestId> interrupted(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
-  std::vector<RequestId> waiting;  // admissions the dead memd never granted, and submits of the away time
-  for (const auto& [id, life] : book_.requests()) {
-    if (WaitsForGrant(life.held_phase())) waiting.push_back(id);
-  }
-  std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(reply, interrupted);
-  away_ = false;
+  // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
+  if (memd_->session().away()) DHS_CHECK_OK(memd_->session().Accepted());
+  const ReturnPlan plan = PlanReturn(reply, book_);
+  std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(plan);
   // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.
-  std::set<RequestId> adopted;
-  for (auto& [id, r] : requests_) {
-    if (WaitsForGrant(r->life->held_phase())) continue;
-    adopted.insert(id);
-    r->life->tokens.committed = r->generated.size();
-    if (r->life->phase == RequestPhase::kPaused) {
+  for (RequestId id : plan.adopted) {
+    Request& r = *requests_.at(id);
+    r.life->tokens.committed = r.generated.size();
+    if (r.life->phase == RequestPhase::kPaused) {
       DHS_CHECK_OK(book_.Transition(id, RequestPhase::kPaused, RequestPhase::kActive));
     }
-    FlushHeld(*r);
+    FlushHeld(r);
   }
-  agent_->ReturnFromAway(adopted);
+  agent_->ReturnFromAway(plan.adopted);
   if (hier_ != nullptr) {
     if (absl::Status s = hier_->ResumeHostWrites(); !s.ok()) spdlog::error("worker: deferred backups: {}", s.ToString());
   }
@@ -999,7 +991,7 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
     if (absl::IsUnavailable(s)) return s;
     if (!s.ok()) spdlog::warn("worker: {}; ended", s.ToString());
   }
-  for (RequestId id : waiting) {  // sent again last (the resumes above sent their own)
+  for (RequestId id : plan.resend) {  // sent again last (the resumes above sent their own)
     auto it = requests_.find(id);
     if (it == requests_.end() || !WaitsForGrant(it->second->life->phase)) continue;
     if (it->second->life->phase == RequestPhase::kUnsent) {
@@ -1008,8 +1000,8 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
     if (absl::Status s = SendAdmit(*it->second); !s.ok()) return s;
   }
   spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away; {} tokens generated and "
-               "{} requests paused while away (since start)", adopted.size(), reply.refused_reports.size(), ended.size(),
-               stats_.tokens_while_away, stats_.paused_while_away);
+               "{} requests paused while away (since start)", plan.adopted.size(), reply.refused_reports.size(),
+               ended.size(), stats_.tokens_while_away, stats_.paused_while_away);
   return absl::OkStatus();
 }
 
@@ -1046,7 +1038,7 @@ absl::Status Worker::ResumeInterrupted(std::span<const uint64_t> ids,
 bool Worker::MayStep(const Request& r, Position rows) const {
   // Finished (or failed) while memd was away: it ends after the re-Hello, it never steps again.
   if (r.life->phase == RequestPhase::kEnding || r.generated.size() >= r.max_new) return false;
-  if (!away_) return true;
+  if (!away()) return true;
   if (!r.client_error.ok()) return false;
   const std::optional<size_t>& held = r.life->tokens.held_from;
   if (held && r.generated.size() - *held >= config_.away_held_tokens) return false;
@@ -1073,8 +1065,7 @@ void Worker::FlushHeld(Request& r) {
 // ---- memd away (issue 11) ----
 
 void Worker::EnterAway() {
-  if (away_) return;
-  away_ = true;
+  if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // once per death
   ++stats_.memd_aways;
   agent_->EnterAway();
   if (hier_ != nullptr) hier_->PauseHostWrites();

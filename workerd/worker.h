@@ -212,9 +212,11 @@ class Worker final : public MemdHandler, public Submitter {
   // sent to memd; submits are accepted and wait (their AdmitRequest goes after the re-Hello); the step's tokens are
   // held from the clients (memd's record must have them first); a request pauses when its held tokens reach
   // config.away_held_tokens or its next step would need a host write (its tail is full); a request that ends (finished,
-  // failed, its client gone) stays until the re-Hello, then ends as usual.
+  // failed, its client gone) stays until the re-Hello (RequestPhase::kEnding), then ends as usual. The state is the
+  // link's MemdSession (MemdSession::TakeLoss: once per death; from kConnected too, for an in-process caller).
   void EnterAway();
-  bool away() const { return away_; }
+  // Whether this worker serves away (EnterAway .. ReturnFromAway; its link's MemdSession::serving_away()).
+  bool away() const { return memd_->session().serving_away(); }
   // The re-Hello's report (Hello.report): one ReportedRequest per granted request: slot, required pages, pages
   // (ResidencyAgent::Report), AdmitRequest.complete_pages, optional_history and its record with every token it
   // generated.
@@ -224,7 +226,9 @@ class Worker final : public MemdHandler, public Submitter {
   // interrupted record, or from this worker's record when memd holds none); the adopted ones' held tokens go to their
   // clients (the report carried them), their written host copies are reported again, host writes resume, the ends
   // deferred while away happen (Complete), the interrupted requests are resumed (ResumeInterrupted) and the waiting
-  // admissions are sent again. Errors: UNAVAILABLE (memd unreachable).
+  // admissions are sent again (who is refused, adopted or sent again: PlanReturn). The link's session is connected
+  // afterwards (MemdClient moved it on the reply; an in-process caller's is moved here). Errors: UNAVAILABLE (memd
+  // unreachable).
   absl::Status ReturnFromAway(const wire::HelloReplyT& reply);
   // Requests ended by StopAll whose CompleteAck has not come yet.
   size_t unacknowledged_stops() const { return book_.unacknowledged_stops(); }
@@ -404,8 +408,7 @@ class Worker final : public MemdHandler, public Submitter {
   void FlushHeld(Request& r);
   // After a re-Hello: each refused report's request is dropped here (nothing sent to memd) and ended to its client
   // like after a fence. Returns the records (every token) of those memd does not list as `interrupted`, to resume.
-  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const wire::HelloReplyT& reply,
-                                                                 const std::set<RequestId>& interrupted);
+  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const ReturnPlan& plan);
   // The client's side of any end (Finish, an admission memd refused): a failed request's final chunk (the outbox
   // always takes a final chunk), the counts, and a detached request's output (or error) kept for its Attach.
   void ReportEnd(Request& r, const absl::Status& error);
@@ -437,7 +440,6 @@ class Worker final : public MemdHandler, public Submitter {
   PrefixRowCache prefix_cache_;
   std::map<RequestId, ResumeFigures> resume_figures_;  // client id -> figures (resume_figures())
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
-  bool away_ = false;        // memd died; not back yet (EnterAway .. ReturnFromAway)
   bool stopping_all_ = false;  // StopAll: ends happen now, memd away or not
   size_t last_batch_ = 0;    // requests in the latest step
   std::unique_ptr<spec::Proposer> proposer_;        // --speculate (nullptr when off)
