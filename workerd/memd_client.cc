@@ -174,7 +174,7 @@ class NoWorkerYet final : public MemdHandler {
 
 absl::Status MemdClient::KeepAlive(std::chrono::milliseconds wait) {
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
-  if (session().away()) {  // memd died: the re-Hello needs the Worker's report; the first Poll after the start begins it
+  if (session().away()) {  // memd died: the re-Hello needs the Worker's report; the first Poll after start begins it
     std::this_thread::sleep_for(wait);
     return absl::OkStatus();
   }
@@ -267,7 +267,7 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
 
 absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
   if (!ended_.ok()) return ended_;
-  if (session().away()) return absl::OkStatus();  // memd died: the worker sends its waiting admissions again after the re-Hello
+  if (session().away()) return absl::OkStatus();  // memd died: the waiting admissions go again after the re-Hello
   const uint64_t seq = NextSeq();
   admit_seq_[seq] = m.request;
   if (admit_seq_.size() > 4096) admit_seq_.erase(admit_seq_.begin());  // bounded: only recent admissions matter
@@ -301,7 +301,9 @@ absl::Status MemdClient::SendComplete(const wire::CompleteT& m) {
 absl::Status MemdClient::SendTokensCommitted(const wire::TokensCommittedT& m) {
   // Checked now, not only at the next Poll: a worker stopped mid-step must not report a step of a fenced epoch.
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
-  if (session().away()) return absl::UnavailableError("memd is away (it died): the tokens go with the re-Hello's report");
+  if (session().away()) {
+    return absl::UnavailableError("memd is away (it died): the tokens go with the re-Hello's report");
+  }
   if (commit_seq_ != 0) return absl::UnavailableError("the previous TokensCommitted is not acknowledged yet");
   const uint64_t seq = NextSeq();
   if (absl::Status s = dealer_->Send(EncodeTokensCommitted(m, seq, sender_)); !s.ok()) return s;

@@ -569,7 +569,8 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     const Position import_end = std::min<Position>(r.prefix_tokens, in - 1);
     const auto chunk = static_cast<Position>(std::max<uint32_t>(geometry_.prefill_chunk, r.prefix_block_tokens));
     if (!MayStep(r, r.fed < in ? std::min<Position>(chunk, in - r.fed) : 1)) {
-      if (away() && r.life->phase == RequestPhase::kActive && r.client_error.ok() && r.generated.size() < r.max_new) {
+      if (away() && r.life->phase == RequestPhase::kActive && r.client_error.ok() &&
+          r.generated.size() < r.max_new) {
         DHS_CHECK_OK(book_.Transition(id, RequestPhase::kActive, RequestPhase::kPaused));  // logged once
         ++stats_.paused_while_away;
         const std::optional<size_t>& held = r.life->tokens.held_from;

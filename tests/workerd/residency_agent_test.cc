@@ -1128,6 +1128,31 @@ constexpr uint64_t kDefaultSeedBase = 1;
 // population is undone (its copy finished, then withdrawn: no GPU page). The report says exactly that, page by page;
 // host copies that complete meanwhile are not reported; ReturnFromAway reports every written host copy that is not on
 // a GPU page again (memd's journal decides), and nothing else.
+// The reclaim steps' table written out by hand from residency_agent.h: four moves forward, everything else refused
+// (the step unchanged), and no move from a step the order is not in.
+TEST(ResidencyAgentReclaimSteps, OnlyTheDocumentedMovesAreAllowed) {
+  constexpr ReclaimStep kSteps[] = {ReclaimStep::kBackingUp, ReclaimStep::kBackedUp, ReclaimStep::kWithdrawing,
+                                    ReclaimStep::kReadersDone};
+  const std::set<std::pair<ReclaimStep, ReclaimStep>> want = {
+      {ReclaimStep::kBackingUp, ReclaimStep::kBackedUp},
+      {ReclaimStep::kBackingUp, ReclaimStep::kWithdrawing},
+      {ReclaimStep::kBackedUp, ReclaimStep::kWithdrawing},
+      {ReclaimStep::kWithdrawing, ReclaimStep::kReadersDone}};
+  for (ReclaimStep from : kSteps) {
+    for (ReclaimStep to : kSteps) {
+      ReclaimStep step = from;
+      const absl::Status s = TransitionReclaim(step, from, to);
+      EXPECT_EQ(s.ok(), want.contains({from, to})) << ReclaimStepName(from) << " -> " << ReclaimStepName(to);
+      EXPECT_EQ(step, s.ok() ? to : from);
+      if (!s.ok()) EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      ReclaimStep other = from == ReclaimStep::kReadersDone ? ReclaimStep::kBackingUp : ReclaimStep::kReadersDone;
+      const ReclaimStep before = other;
+      EXPECT_FALSE(TransitionReclaim(other, from, to).ok());
+      EXPECT_EQ(other, before);
+    }
+  }
+}
+
 TEST(ResidencyAgentAway, DeadMemdsOrdersAreResolvedLocallyAndTheReportSaysWhereEachPageIs) {
   Fixture f;
   ASSERT_TRUE(f.agent.OnGrant(Grant(1, 0, {40, 41, 42, 43}, {{0, 5}, {1, 6}, {2, 7}}), 4).ok());
