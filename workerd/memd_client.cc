@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "common/check.h"
 #include "common/log_limiter.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -89,7 +90,7 @@ std::span<uint8_t> MemdClient::host_pages() const {
 
 absl::Status MemdClient::CheckEpoch() {
   if (!ended_.ok()) return ended_;
-  if (away_) return absl::OkStatus();
+  if (session().away()) return absl::OkStatus();
   const auto now = std::chrono::steady_clock::now();
   const auto stalled = now - last_check_;  // this worker did not run (SIGSTOP, starved) for this long
   last_check_ = now;
@@ -115,7 +116,7 @@ absl::Status MemdClient::CheckEpoch() {
 
 absl::Status MemdClient::Poll(MemdHandler& handler, const Load& load) {
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
-  if (away_) return absl::OkStatus();  // PollAway
+  if (session().away()) return absl::OkStatus();  // PollAway
   // What arrived while the worker prepared (KeepAlive), first and in order.
   std::vector<std::string> held = std::move(held_);
   held_.clear();
@@ -172,7 +173,7 @@ class NoWorkerYet final : public MemdHandler {
 
 absl::Status MemdClient::KeepAlive(std::chrono::milliseconds wait) {
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
-  if (away_) {  // memd died: the re-Hello needs the Worker's report; the first Poll after the start begins it
+  if (session().away()) {  // memd died: the re-Hello needs the Worker's report; the first Poll after start begins it
     std::this_thread::sleep_for(wait);
     return absl::OkStatus();
   }
@@ -265,7 +266,7 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
 
 absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
   if (!ended_.ok()) return ended_;
-  if (away_) return absl::OkStatus();  // memd died: the worker sends its waiting admissions again after the re-Hello
+  if (session().away()) return absl::OkStatus();  // memd died: the waiting admissions go again after the re-Hello
   const uint64_t seq = NextSeq();
   admit_seq_[seq] = m.request;
   if (admit_seq_.size() > 4096) admit_seq_.erase(admit_seq_.begin());  // bounded: only recent admissions matter
@@ -273,33 +274,35 @@ absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {
 }
 absl::Status MemdClient::SendBackupComplete(const wire::BackupCompleteT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
-  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
+  if (session().away()) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeBackupComplete(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendHostCopyWritten(const wire::HostCopyWrittenT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
-  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
+  if (session().away()) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeHostCopyWritten(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendReadersDone(const wire::ReadersDoneT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
-  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
+  if (session().away()) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeReadersDone(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendReadyPublish(const wire::ReadyPublishT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
-  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
+  if (session().away()) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeReadyPublish(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendComplete(const wire::CompleteT& m) {
   if (!ended_.ok()) return ended_;  // the epoch ended: memd dropped its state, nothing of it is reported
-  if (away_) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
+  if (session().away()) return absl::OkStatus();  // memd died: the re-Hello tells the next one what it must know
   return dealer_->Send(EncodeComplete(m, NextSeq(), sender_));
 }
 absl::Status MemdClient::SendTokensCommitted(const wire::TokensCommittedT& m) {
   // Checked now, not only at the next Poll: a worker stopped mid-step must not report a step of a fenced epoch.
   if (absl::Status s = CheckEpoch(); !s.ok()) return s;
-  if (away_) return absl::UnavailableError("memd is away (it died): the tokens go with the re-Hello's report");
+  if (session().away()) {
+    return absl::UnavailableError("memd is away (it died): the tokens go with the re-Hello's report");
+  }
   if (commit_seq_ != 0) return absl::UnavailableError("the previous TokensCommitted is not acknowledged yet");
   const uint64_t seq = NextSeq();
   if (absl::Status s = dealer_->Send(EncodeTokensCommitted(m, seq, sender_)); !s.ok()) return s;
@@ -312,11 +315,7 @@ absl::Status MemdClient::SendTokensCommitted(const wire::TokensCommittedT& m) {
 namespace dhs {
 
 void MemdClient::EnterAway() {
-  away_ = true;
-  away_since_ = std::chrono::steady_clock::now();
-  backoff_ = std::chrono::milliseconds(50);
-  next_attempt_ = away_since_ + backoff_;
-  attempts_ = 0;
+  session().ConnectionLost(std::chrono::steady_clock::now());  // kLost; the first attempt in 50 ms
   dealer_.reset();  // closed with linger 0: nothing queued for the dead memd reaches the next one
   held_.clear();    // nor is anything the dead memd sent during the start-up acted on
   commit_seq_ = 0;
@@ -327,8 +326,7 @@ void MemdClient::EnterAway() {
 
 void MemdClient::RetryLater(std::chrono::steady_clock::time_point now) {
   dealer_.reset();
-  next_attempt_ = now + backoff_;
-  backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, std::chrono::seconds(1));
+  session().RetryLater(now);
 }
 
 std::chrono::milliseconds EffectiveMemdTimeout(std::chrono::milliseconds configured, uint32_t memd_worker_timeout_ms) {
@@ -378,29 +376,30 @@ absl::Status MemdClient::AcceptReHello(const wire::HelloReplyT& reply) {
   }
   AdoptWorkerTimeout(reply.worker_timeout_ms);  // the new memd may have another --worker-timeout-ms
   const auto now = std::chrono::steady_clock::now();
-  away_ = false;
+  DHS_CHECK_OK(session().Accepted());  // a re-Hello was out (PollAway)
   last_heard_ = now;
   last_heartbeat_ = {};
   interrupted_ = reply.interrupted_requests;
   spdlog::info("workerd: memd took the re-Hello of gpu {} (epoch {}) {} ms after the old one died ({} attempts): {} "
                "reports refused, {} interrupted requests", gpu_, epoch_,
-               std::chrono::duration_cast<std::chrono::milliseconds>(now - away_since_).count(), attempts_,
+               std::chrono::duration_cast<std::chrono::milliseconds>(now - session().away_since()).count(),
+               session().attempts(),
                reply.refused_reports.size(), reply.interrupted_requests.size());
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<wire::HelloReplyT>> MemdClient::PollAway(const std::function<wire::HelloT()>& make_hello) {
   if (!ended_.ok()) return ended_;
-  if (!away_) return std::nullopt;
+  if (!session().away()) return std::nullopt;
   const auto now = std::chrono::steady_clock::now();
-  if (now - away_since_ > reconnect_bound_) {
+  if (session().ReconnectExpired(now, reconnect_bound_)) {
     dealer_.reset();
     ended_ = absl::AbortedError(absl::StrFormat(
         "memd lost: it died and no memd took the re-Hello within %d ms (%d attempts); the grants of epoch %d are void",
-        reconnect_bound_.count(), attempts_, epoch_));
+        reconnect_bound_.count(), session().attempts(), epoch_));
     return ended_;
   }
-  if (dealer_ != nullptr) {  // a Hello is out
+  if (session().hello_out()) {  // a Hello is out (its connection: dealer_)
     while (true) {
       absl::StatusOr<std::string> bytes = dealer_->Receive(std::chrono::milliseconds(0));
       if (!bytes.ok()) break;
@@ -422,10 +421,10 @@ absl::StatusOr<std::optional<wire::HelloReplyT>> MemdClient::PollAway(const std:
     // the answer is no reason: ZeroMQ sends a Hello it had not written yet on its next connection (a dying memd's
     // socket was reached first, then its successor's), and a second re-Hello to a memd that took the first is refused
     // (issue 22). A Hello lost with a memd that died is given up at the timeout.
-    if (now - hello_sent_ > memd_timeout_) RetryLater(now);
+    if (session().HelloExpired(now, memd_timeout_)) RetryLater(now);
     return std::nullopt;
   }
-  if (now < next_attempt_) return std::nullopt;
+  if (!session().AttemptDue(now)) return std::nullopt;  // kLost: the worker has not taken the loss yet
   if (!CheckSocketAccess(run_dir_, "memd").ok()) {  // no memd socket (yet): nothing to connect to
     RetryLater(now);
     return std::nullopt;
@@ -437,7 +436,6 @@ absl::StatusOr<std::optional<wire::HelloReplyT>> MemdClient::PollAway(const std:
     return std::nullopt;
   }
   dealer_ = *std::move(dealer);
-  ++attempts_;
   wire::HelloT hello = make_hello();
   hello.rehello = true;
   hello.worker_epoch = epoch_;
@@ -445,8 +443,9 @@ absl::StatusOr<std::optional<wire::HelloReplyT>> MemdClient::PollAway(const std:
     RetryLater(now);
     return std::nullopt;
   }
-  hello_sent_ = now;
-  spdlog::info("workerd: re-Hello attempt {} to memd ({} requests reported)", attempts_, hello.report.size());
+  DHS_CHECK_OK(session().HelloSent(now));  // kAway (AttemptDue) -> kHelloOut
+  spdlog::info("workerd: re-Hello attempt {} to memd ({} requests reported)", session().attempts(),
+               hello.report.size());
   return std::nullopt;
 }
 

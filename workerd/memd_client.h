@@ -62,9 +62,9 @@ class MemdClient final : public MemdLink {
   // queued for the dead memd is dropped; exactly one connection to memd at a time) and away() is true until a memd
   // takes the re-Hello (PollAway); meanwhile every Send* drops its message (returns OK; SendTokensCommitted:
   // UNAVAILABLE) and Poll dispatches nothing.
-  bool away() const { return away_; }
+  bool away() const { return session().away(); }
   // A re-Hello is out and not answered yet (the worker does not step meanwhile: its report holds every token).
-  bool rehello_in_flight() const { return away_ && dealer_ != nullptr; }
+  bool rehello_in_flight() const { return session().hello_out(); }
   // Call every iteration while away(); never blocks. Reconnects with exponential backoff (50 ms doubling to 1 s; an
   // attempt with no memd socket is skipped; an unanswered Hello is given up after the memd timeout and its socket
   // closed before the next attempt) and sends `make_hello()` (the worker's Hello with rehello, its epoch and report).
@@ -134,7 +134,8 @@ class MemdClient final : public MemdLink {
   // Sends our Heartbeat (with `load`) when one is due: every second, or a third of the memd timeout when shorter.
   absl::Status HeartbeatIfDue(const Load& load);
   void EnterAway();
-  // The next attempt after the current one failed (backoff doubled, at most 1 s); the socket is closed.
+  // The next attempt after the current one failed (MemdSession::RetryLater: backoff doubled, at most 1 s); the
+  // socket is closed.
   void RetryLater(std::chrono::steady_clock::time_point now);
   // A HelloReply to the re-Hello: checked (see PollAway); OK -> connected again.
   absl::Status AcceptReHello(const wire::HelloReplyT& reply);
@@ -163,10 +164,6 @@ class MemdClient final : public MemdLink {
   std::string run_dir_;
   uint64_t pool_inode_ = 0;  // the mapped segment's shm object (a fresh pool of a new memd is another one)
   std::chrono::milliseconds reconnect_bound_{30000};
-  bool away_ = false;
-  std::chrono::steady_clock::time_point away_since_{}, next_attempt_{}, hello_sent_{};
-  std::chrono::milliseconds backoff_{50};
-  uint32_t attempts_ = 0;
 };
 
 }  // namespace dhs

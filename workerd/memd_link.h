@@ -10,12 +10,18 @@
 
 #include "absl/status/status.h"
 #include "dhs_generated.h"
+#include "workerd/memd_session.h"
 
 namespace dhs {
 
 class MemdLink {
  public:
   virtual ~MemdLink() = default;
+  // The conversation's one state (connected / lost / away / re-Hello out; workerd/memd_session.h): the transport
+  // (MemdClient) moves it on its connection's events, the Worker when it serves away and when a memd takes the
+  // re-Hello; the Worker and the ResidencyAgent read it. A test's fake link holds one too.
+  MemdSession& session() { return session_; }
+  const MemdSession& session() const { return session_; }
   // Each Send queues the message for memd without blocking. Errors: UNAVAILABLE when it cannot be queued.
   virtual absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) = 0;
   // Only for a ReclaimOrder (m.order != 0); pages are GPU pages.
@@ -28,6 +34,9 @@ class MemdLink {
   // At most one per step (protocol version 5): the tokens not yet committed, queued before they go to the clients.
   // UNAVAILABLE: not sent now (the previous one is not acknowledged, or memd's queue is full); resend them later.
   virtual absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) = 0;
+
+ private:
+  MemdSession session_;
 };
 
 class MemdHandler {

@@ -2,9 +2,12 @@
 #include "workerd/residency_agent.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/check.h"
 #include "common/fault_point.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -19,6 +22,31 @@ bool Contains(std::span<const PageIndex> pages, PageIndex dp) {
 }
 
 }  // namespace
+
+std::string_view ReclaimStepName(ReclaimStep step) {
+  switch (step) {
+    case ReclaimStep::kBackingUp: return "backing-up";
+    case ReclaimStep::kBackedUp: return "backed-up";
+    case ReclaimStep::kWithdrawing: return "withdrawing";
+    case ReclaimStep::kReadersDone: return "readers-done";
+  }
+  return "unknown";
+}
+
+absl::Status TransitionReclaim(ReclaimStep& step, ReclaimStep from, ReclaimStep to) {
+  if (step != from) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("reclaim is %s, expected %s", ReclaimStepName(step), ReclaimStepName(from)));
+  }
+  const bool allowed = std::find(std::begin(kReclaimTransitions), std::end(kReclaimTransitions),
+                                 std::pair{from, to}) != std::end(kReclaimTransitions);
+  if (!allowed) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("no reclaim transition %s -> %s", ReclaimStepName(from), ReclaimStepName(to)));
+  }
+  step = to;
+  return absl::OkStatus();
+}
 
 ResidencyAgent::ResidencyAgent(ResidencyAgentConfig config, KvResidency* kv, MemdLink* memd)
     : config_(config), kv_(kv), memd_(memd) {}
@@ -279,7 +307,6 @@ bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
   // Every backup page's host copy written -> BackupComplete ok. A failure is reported once none of the order's copies
   // is still writing (memd may hand the host pages on after it); pages not issued yet are not waited for.
   if (!rc.awaiting.empty() && (rc.backup_status.ok() || BackupInFlight(rc))) return false;
-  rc.backup_reported = true;
   if (!m.backup_pages.empty()) SendBackupComplete(m, rc.backup_status, rc.deferred, &rc.history_of);
   if (!rc.backup_status.ok()) {
     // memd leaves the victim untouched and may retry: a page only planned to be kept is kept again on its GPU page
@@ -313,6 +340,7 @@ bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
     erased = true;
     return false;
   }
+  DHS_CHECK_OK(TransitionReclaim(rc.step, ReclaimStep::kBackingUp, ReclaimStep::kBackedUp));
   for (uint32_t j : rc.backup_history) g->reported.insert(j);
   stats_.pages_backed_up += rc.copies;
   return true;
@@ -320,7 +348,7 @@ bool ResidencyAgent::ReportBackup(Reclaim& rc, Granted* g, bool& erased) {
 
 void ResidencyAgent::Withdraw(Reclaim& rc, Granted* g) {
   const wire::ReclaimOrderT& m = rc.order;
-  if (!rc.withdrawing && !rc.readers_done) {
+  if (rc.step == ReclaimStep::kBackingUp || rc.step == ReclaimStep::kBackedUp) {
     // Every page of the order still held here is withdrawn, including pages whose populate copy was in flight when
     // the order came (memd reclaims whole requests), but only after that populate was answered (ReadyPublish): memd
     // waits for that answer before it retires the page. ReadersDone goes out once no page of the order is mapped
@@ -336,11 +364,10 @@ void ResidencyAgent::Withdraw(Reclaim& rc, Granted* g) {
       if (!e.ok()) spdlog::error("worker: withdraw of order {} failed: {}", m.order, e.status().ToString());
       if (e.ok()) rc.withdraw = *e;
     }
-    rc.withdrawing = true;
+    DHS_CHECK_OK(TransitionReclaim(rc.step, rc.step, ReclaimStep::kWithdrawing));
   }
-  if (!rc.withdrawing || !rc.withdraw.Done()) return;
-  rc.withdrawing = false;
-  rc.readers_done = true;
+  if (rc.step != ReclaimStep::kWithdrawing || !rc.withdraw.Done()) return;
+  DHS_CHECK_OK(TransitionReclaim(rc.step, ReclaimStep::kWithdrawing, ReclaimStep::kReadersDone));
   if (g != nullptr) {
     for (PageIndex dp : m.pages) {
       std::erase_if(g->gpu_pages, [&](const auto& e) { return e.second == dp; });
@@ -365,7 +392,7 @@ void ResidencyAgent::AdvanceReclaims() {
   for (auto it = reclaims_.begin(); it != reclaims_.end();) {
     Reclaim& rc = it->second;
     Granted* g = Find(rc.order.request);
-    if (!rc.backup_reported && g != nullptr) {
+    if (rc.step == ReclaimStep::kBackingUp && g != nullptr) {
       bool erased = false;
       if (!ReportBackup(rc, g, erased)) {
         it = erased ? reclaims_.erase(it) : std::next(it);
@@ -392,7 +419,7 @@ void ResidencyAgent::OnRetire(const wire::RetireT& m) {
   if (it == reclaims_.end()) {
     // Its request finished after ReadersDone went out (EndRequest forgets the request's orders): nothing is mapped.
     spdlog::debug("worker: Retire for order {} of a finished request", m.order);
-  } else if (!it->second.readers_done) {
+  } else if (it->second.step != ReclaimStep::kReadersDone) {
     spdlog::warn("worker: Retire for order {} that has not reached ReadersDone", m.order);
   }
   if (absl::Status s = kv_->Retire(m.pages); !s.ok()) spdlog::error("worker: Retire: {}", s.ToString());
@@ -433,7 +460,7 @@ void ResidencyAgent::OnPopulateOrder(const wire::PopulateOrderT& m) {
 }
 
 void ResidencyAgent::AnswerPopulate(Populate& po) {
-  if (away_) {  // an order of the dead memd: undone, answered to no one
+  if (memd_->session().serving_away()) {  // an order of the dead memd: undone, answered to no one
     UndoPopulate(po);
     populates_.erase(po.order.order);
     return;
@@ -478,7 +505,7 @@ void ResidencyAgent::LoseGpuPage(RequestId request, uint32_t page, PageIndex dp)
 
 ResidencyAgent::Reclaim* ResidencyAgent::AwaitingOrder(RequestId request, uint32_t page) {
   for (auto& [order, rc] : reclaims_) {
-    if (rc.order.request == request && !rc.backup_reported && rc.awaiting.contains(page)) return &rc;
+    if (rc.order.request == request && rc.step == ReclaimStep::kBackingUp && rc.awaiting.contains(page)) return &rc;
   }
   return nullptr;
 }
@@ -499,7 +526,7 @@ void ResidencyAgent::ReportBackups(const std::vector<KvCompletions::Backup>& bac
     }
     Granted* g = Find(b.request);
     if (g == nullptr) continue;
-    if (away_) {  // memd died: reported (ok) by ReturnFromAway to the memd that adopts the request
+    if (memd_->session().serving_away()) {  // memd died: reported (ok) by ReturnFromAway to the memd that adopts the request
       if (b.status.ok()) ++stats_.pages_backed_up;
       if (!b.status.ok()) spdlog::error("worker: backup of page {} of request {} failed: {}", b.page, b.request,
                                         b.status.ToString());
@@ -576,7 +603,7 @@ void ResidencyAgent::Poll() {
 
 absl::Status ResidencyAgent::RebuildKv(RequestId request) {
   for (const auto& [order, rc] : reclaims_) {
-    if (rc.order.request == request && !rc.readers_done) {
+    if (rc.order.request == request && rc.step != ReclaimStep::kReadersDone) {
       return absl::AbortedError("a reclaim order of this request is in flight");
     }
   }
@@ -659,9 +686,9 @@ void ResidencyAgent::ResolveReclaim(Reclaim& rc) {
   const wire::ReclaimOrderT& m = rc.order;
   Granted* g = Find(m.request);
   if (g == nullptr) return;  // its request ended: nothing of it is mapped
-  if (rc.readers_done || rc.withdrawing) {
+  if (rc.step == ReclaimStep::kReadersDone || rc.step == ReclaimStep::kWithdrawing) {
     // Its pages were backed up and are withdrawn (or being withdrawn): they are dropped, each has a host copy.
-    if (rc.withdrawing) WaitCopy(rc.withdraw, m.request, "withdrawal of a dead memd's reclaim");
+    if (rc.step == ReclaimStep::kWithdrawing) WaitCopy(rc.withdraw, m.request, "withdrawal of a dead memd's reclaim");
     for (PageIndex dp : m.pages) {
       std::erase_if(g->gpu_pages, [&](const auto& e) { return e.second == dp; });
       g->lost.erase(dp);
@@ -687,7 +714,6 @@ void ResidencyAgent::ResolveReclaim(Reclaim& rc) {
 }
 
 void ResidencyAgent::EnterAway() {
-  away_ = true;
   for (Cancelled& c : cancelled_) {  // answers owed to the dead memd: dropped once the copies into the pages ended
     for (const CopyEvent& e : c.copies) WaitCopy(e, c.answer.request, "population copy of an ended request");
   }
@@ -727,7 +753,6 @@ std::unique_ptr<wire::ReportedRequestT> ResidencyAgent::Report(RequestId request
 }
 
 void ResidencyAgent::ReturnFromAway(const std::set<RequestId>& adopted) {
-  away_ = false;
   for (auto& [id, g] : granted_) {
     if (!adopted.contains(id)) continue;
     // memd's journal decides which host copies count: every written one that is not on a GPU page is reported again
@@ -759,7 +784,8 @@ void ResidencyAgent::Forget(RequestId request) {
 
 bool ResidencyAgent::busy() const {
   if (!populates_.empty() || !cancelled_.empty()) return true;
-  return std::any_of(reclaims_.begin(), reclaims_.end(), [](const auto& e) { return !e.second.readers_done; });
+  return std::any_of(reclaims_.begin(), reclaims_.end(),
+                     [](const auto& e) { return e.second.step != ReclaimStep::kReadersDone; });
 }
 
 uint32_t ResidencyAgent::pending_orders() const {

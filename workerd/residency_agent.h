@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,24 @@
 #include "workerd/memd_link.h"
 
 namespace dhs {
+
+// The steps of one reclaim order here (contract §4), changed only through TransitionReclaim(), checked against
+// kReclaimTransitions (memd/history_page.h's pattern). A failed backup drops the order (memd keeps the victim).
+//   kBackingUp    its backups are issued; BackupComplete goes once their copies ended
+//   kBackedUp     BackupComplete ok sent; its held pages are withdrawn once no populate of them is in flight
+//   kWithdrawing  withdrawal issued; ReadersDone once the pages' readers finished
+//   kReadersDone  ReadersDone sent; waits for memd's Retire
+enum class ReclaimStep : uint8_t { kBackingUp, kBackedUp, kWithdrawing, kReadersDone };
+std::string_view ReclaimStepName(ReclaimStep step);
+inline constexpr std::pair<ReclaimStep, ReclaimStep> kReclaimTransitions[] = {
+    {ReclaimStep::kBackingUp, ReclaimStep::kBackedUp},       // every backup copy ended ok: BackupComplete sent
+    {ReclaimStep::kBackingUp, ReclaimStep::kWithdrawing},    // an order of a finished request: nothing backed up
+    {ReclaimStep::kBackedUp, ReclaimStep::kWithdrawing},     // its held pages withdrawn
+    {ReclaimStep::kWithdrawing, ReclaimStep::kReadersDone},  // the withdrawal's readers finished: ReadersDone sent
+};
+// Moves `step` from `from` to `to`. Errors: FAILED_PRECONDITION when `step` is not `from` or the move is not in
+// kReclaimTransitions (`step` unchanged).
+absl::Status TransitionReclaim(ReclaimStep& step, ReclaimStep from, ReclaimStep to);
 
 struct ResidencyAgentConfig {
   GpuId gpu = 0;
@@ -85,7 +104,8 @@ class ResidencyAgent {
   // populate orders once their copies ended, forgets its orders, releases its KV and sends Complete (contract §6).
   void EndRequest(RequestId request);
 
-  // memd died (issue 11, docs/protocol.md "Re-Hello with a report"): its orders are resolved here, nothing is
+  // memd died (issue 11, docs/protocol.md "Re-Hello with a report"; the link's MemdSession serves away: the Worker
+  // moved it before this call, and moves it back before ReturnFromAway): its orders are resolved here, nothing is
   // answered to anyone: each population copy in flight finishes and is undone (withdrawn; no GPU page is reported for
   // it); a reclaim whose ReadersDone was sent, or whose pages were being withdrawn after their backups, drops its pages
   // (each has a host copy); any other reclaim is abandoned and its pages stay kept on GPU (a page it only planned to
@@ -93,7 +113,6 @@ class ResidencyAgent {
   // are dropped once their copies ended. Until ReturnFromAway nothing is sent to memd: host copies that complete are
   // not reported (Poll), Complete is never sent (the loop defers ends).
   void EnterAway();
-  bool away() const { return away_; }
   // The report of granted request `request` for the re-Hello: slot, required pages, and one page per page of its
   // full context (its grant's host page, whether its host copy was reported to the dead memd, its optional GPU page
   // if it keeps or plans to keep one). The loop adds the request's complete pages, mode and record. nullptr when
@@ -143,10 +162,8 @@ class ResidencyAgent {
     std::map<PageIndex, uint32_t> history_of;  // backup page (GPU page) -> its history page (checksums, issue 22)
     uint64_t copies = 0;                    // host copies this order wrote
     absl::Status backup_status;             // the first failed copy (or issue) of the order
-    bool backup_reported = false;
-    CopyEvent withdraw;
-    bool withdrawing = false;
-    bool readers_done = false;
+    ReclaimStep step = ReclaimStep::kBackingUp;
+    CopyEvent withdraw;                     // kWithdrawing: the withdrawal's readers
   };
   struct Populate {
     wire::PopulateOrderT order;
@@ -214,7 +231,6 @@ class ResidencyAgent {
   absl::flat_hash_set<RequestId> finished_ids_;
   ResidencyStats stats_;
   absl::Status link_status_;
-  bool away_ = false;  // memd died: nothing is sent until ReturnFromAway
 };
 
 }  // namespace dhs

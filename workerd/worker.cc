@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/fault_point.h"
 #include "common/log_limiter.h"
 #include "common/status.h"
@@ -48,7 +49,7 @@ uint64_t MicrosSince(std::chrono::steady_clock::time_point from, std::chrono::st
 Worker::Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry,
                MemdLink* memd, ClientSink* client)
     : model_(model), device_(device), config_(std::move(config)), geometry_(std::move(geometry)), memd_(memd),
-      client_(client), prefix_cache_(config_.prefix_cache_bytes), resumed_bound_(config_.resumed_outputs) {}
+      client_(client), book_(config_.gpu, config_.resumed_outputs), prefix_cache_(config_.prefix_cache_bytes) {}
 
 Worker::~Worker() = default;
 
@@ -88,60 +89,41 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   return w;
 }
 
-uint32_t Worker::active_requests() const {
-  uint32_t n = 0;
-  for (const auto& [id, r] : requests_) n += r->phase == Phase::kActive;
-  return n;
-}
+uint32_t Worker::active_requests() const { return book_.active(); }
 
-uint32_t Worker::WaitingForGrant() const {
-  uint32_t n = 0;
-  for (const auto& [id, r] : requests_) n += r->phase == Phase::kWaitGrant;
-  return n;
-}
-
-uint32_t Worker::waiting_requests() const {
-  uint32_t n = 0;
-  for (const auto& [id, r] : requests_) n += r->phase != Phase::kActive;
-  return n;
-}
+uint32_t Worker::waiting_requests() const { return book_.not_active(); }
 
 absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef& client) {
   if (absl::Status s = ValidateSubmit(submit, config_.max_context_tokens); !s.ok()) return s;
-  if (client_ids_.contains({client.peer, submit.request})) {
-    return absl::AlreadyExistsError(absl::StrCat("request ", submit.request, " is already being served"));
-  }
-  if (WaitingForGrant() >= config_.submit_queue) {
-    ++stats_.submits_refused;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request ", submit.request, ": submit queue full (", config_.submit_queue, ")"));
-  }
-  auto r = NewRequest(submit, client);
-  if (away_) {
-    r->admit_unsent = true;  // memd is away: admitted after the re-Hello (ReturnFromAway)
-  } else if (absl::Status s = SendAdmit(*r, submit); !s.ok()) {
+  absl::StatusOr<RequestLife*> life = book_.Open(submit, client, away(), config_.submit_queue);
+  if (absl::IsResourceExhausted(life.status())) ++stats_.submits_refused;
+  if (!life.ok()) return life.status();
+  auto r = NewRequest(**life);
+  // memd away: admitted after the re-Hello (ReturnFromAway; kUnsent).
+  if (absl::Status s = away() ? absl::OkStatus() : SendAdmit(*r); !s.ok()) {
+    book_.Close(r->id, /*completed=*/false);
     return s;
   }
   wire::SubmitAcceptedT accepted;
   accepted.request = r->client_id;
-  accepted.queue_position = waiting_requests();
+  accepted.queue_position = waiting_requests() - 1;  // the requests not active before this one
   if (r->id != r->client_id) {
     spdlog::debug("worker: request {} of client {} is node request {}", r->client_id, client.peer, r->id);
   }
-  client_ids_.emplace(std::make_pair(client.peer, r->client_id), r->id);
   timelines_.Open(r->id, r->client_id, submit.client, config_.gpu, EpochOfNodeRequestId(r->id));
   timelines_.Add(r->id, TimelineEntry{NowMicros(r->submitted), TimelineEvent::kSubmitted, 0, "", ""});
   requests_.emplace(r->id, std::move(r));
-  stats_.waiting_requests_peak = std::max(stats_.waiting_requests_peak, WaitingForGrant());
+  stats_.waiting_requests_peak = std::max(stats_.waiting_requests_peak, book_.waiting_for_grant());
   client_->Accepted(client, accepted);
   return absl::OkStatus();
 }
 
-std::unique_ptr<Worker::Request> Worker::NewRequest(const wire::SubmitRequestT& submit, const ClientRef& client) {
+std::unique_ptr<Worker::Request> Worker::NewRequest(RequestLife& life) {
+  const wire::SubmitRequestT& submit = life.submit;
   auto r = std::make_unique<Request>();
-  r->id = NodeRequestId(submit.request);
-  r->client_id = submit.request;
-  r->client = client;
+  r->id = life.id;
+  r->client_id = life.client_id;
+  r->life = &life;
   r->input = SubmitInputTokens(submit);
   r->prefix_tokens = static_cast<Position>(SubmitPrefixTokens(submit));
   r->hash_ids = submit.hash_ids;
@@ -151,11 +133,10 @@ std::unique_ptr<Worker::Request> Worker::NewRequest(const wire::SubmitRequestT& 
   r->sampling = model::SamplingParams{submit.temperature, submit.top_p};
   r->seed = submit.seed;
   r->submitted = std::chrono::steady_clock::now();
-  r->submit = submit;
   return r;
 }
 
-absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& submit) {
+absl::Status Worker::SendAdmit(const Request& r) {
   const uint64_t ctx = r.input.size() - r.resumed + r.max_new;  // a resumed input holds its committed tokens
   const model::ModelConfig& mc = model_->config();
   wire::AdmitRequestT admit;
@@ -176,7 +157,7 @@ absl::Status Worker::SendAdmit(const Request& r, const wire::SubmitRequestT& sub
   }
   admit.host_backed = r.resume_of != 0;  // a resume takes the interrupted request's kept host pages over
   admit.resume_of = r.resume_of;
-  admit.record = MakeRecord(r, submit);
+  admit.record = RecordOf(*r.life, r.generated, r.digests);
   if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
   }
@@ -187,39 +168,8 @@ uint32_t Worker::AdmitCompletePages(const Request& r) const {
   return config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r.input.size() / config_.page_rows) : 0;
 }
 
-std::unique_ptr<wire::RequestRecordT> Worker::MakeRecord(const Request& r, const wire::SubmitRequestT& submit) const {
-  auto rec = std::make_unique<wire::RequestRecordT>();
-  rec->request = r.id;
-  rec->client_request = r.client_id;
-  rec->client = submit.client;  // the client's identity: its resume is found by (client, client_request)
-  rec->prompt = submit.prompt;
-  rec->hash_ids = submit.hash_ids;
-  rec->input_tokens = submit.input_tokens;
-  rec->prefix_block_tokens = submit.prefix_block_tokens;
-  rec->max_new_tokens = submit.max_new_tokens;
-  rec->temperature = submit.temperature;
-  rec->top_p = submit.top_p;
-  rec->seed = submit.seed;
-  rec->tokens.assign(r.generated.begin(), r.generated.end());
-  rec->logits_digests = r.digests;
-  return rec;
-}
-
-RequestId Worker::NodeRequestId(RequestId client_id, RequestId avoid) {
-  constexpr uint64_t kLow = kNodeRequestCounterEnd - 1;
-  // config_.gpu < kMaxGpus (ComputeGeometry); the epoch's low 24 bits sit between the GPU and n.
-  const uint64_t gpu = MakeNodeRequestId(config_.gpu, epoch_, 0);
-  auto free = [&](uint64_t id) { return id != avoid && !requests_.contains(id) && !ended_waiting_.contains(id); };
-  if (client_id != 0 && client_id <= kLow && free(gpu | client_id)) return gpu | client_id;
-  while (true) {  // fewer requests in flight than 2^24 (types.h): a free value comes
-    const uint64_t n = next_node_;
-    next_node_ = next_node_ >= kLow ? 1 : next_node_ + 1;
-    if (free(gpu | n)) return gpu | n;
-  }
-}
-
-void Worker::Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it) {
-  client_ids_.erase({it->second->client.peer, it->second->client_id});
+void Worker::Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it, bool completed) {
+  book_.Close(it->first, completed);
   requests_.erase(it);
 }
 
@@ -227,7 +177,7 @@ void Worker::Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it) {
 
 void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   auto it = requests_.find(m.request);
-  if (it == requests_.end() && (stopping_.contains(m.request) || ended_waiting_.contains(m.request))) {
+  if (it == requests_.end() && book_.StaleGrant(m.request)) {
     // Ended (StopAll, Cancel, its client gone) while memd granted it: the Complete sent then (memd reads it after this
     // grant) releases it.
     return;
@@ -238,7 +188,8 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     return;
   }
   Request& r = *it->second;
-  if (r.phase != Phase::kWaitGrant) {
+  const RequestPhase phase = r.life->phase;
+  if (phase != RequestPhase::kWaiting && phase != RequestPhase::kQueued) {
     spdlog::warn("worker: second AdmitGrant for request {}; ignored", m.request);
     return;
   }
@@ -276,12 +227,13 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
       for (uint32_t j : *bad) r.host_checksums.erase(j);
     }
   }
-  r.phase = Phase::kGranted;
-  granted_.push_back(r.id);
+  DHS_CHECK_OK(book_.Transition(r.id, phase, RequestPhase::kGranted));  // queued for StartGranted
 }
 
 void Worker::OnAdmitWait(const wire::AdmitWaitT& m) {
-  if (auto it = requests_.find(m.request); it != requests_.end()) it->second->told_to_wait = true;
+  if (RequestLife* life = book_.Find(m.request); life != nullptr && life->phase == RequestPhase::kWaiting) {
+    DHS_CHECK_OK(book_.Transition(m.request, RequestPhase::kWaiting, RequestPhase::kQueued));
+  }
   spdlog::debug("worker: request {} waits for admission (queue position {}, deficit {} pages)", m.request,
                 m.queue_position, m.deficit_pages);
 }
@@ -293,7 +245,7 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
     return;
   }
   Request& r = *it->second;
-  if (r.phase != Phase::kWaitGrant) {
+  if (r.life->phase != RequestPhase::kWaiting && r.life->phase != RequestPhase::kQueued) {
     // Granted already: it holds its slot, its plan and its KV, and ends only through Finish (Complete). A reject
     // after the grant breaks the contract (§2: one answer per AdmitRequest); it is not obeyed.
     spdlog::warn("worker: AdmitReject for request {}, which memd granted already; ignored", m.request);
@@ -302,13 +254,11 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
   absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
   ReportEnd(r, error);
-  std::erase(granted_, r.id);
   Erase(it);  // never admitted: nothing to release
 }
 
 void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
-  stopping_.erase(m.request);
-  ended_waiting_.erase(m.request);
+  book_.OnCompleteAck(m.request);
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 
@@ -317,25 +267,6 @@ void Worker::OnRetire(const wire::RetireT& m) { agent_->OnRetire(m); }
 void Worker::OnPopulateOrder(const wire::PopulateOrderT& m) { agent_->OnPopulateOrder(m); }
 
 // ---- resume (issue 11) ----
-
-namespace {
-
-wire::SubmitRequestT SubmitOfRecord(const wire::RequestRecordT& rec) {
-  wire::SubmitRequestT s;
-  s.request = rec.client_request;
-  s.client = rec.client;
-  s.prompt = rec.prompt;
-  s.hash_ids = rec.hash_ids;
-  s.input_tokens = rec.input_tokens;
-  s.prefix_block_tokens = rec.prefix_block_tokens;
-  s.max_new_tokens = rec.max_new_tokens;
-  s.temperature = rec.temperature;
-  s.top_p = rec.top_p;
-  s.seed = rec.seed;
-  return s;
-}
-
-}  // namespace
 
 absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& record) {
   const wire::SubmitRequestT submit = SubmitOfRecord(record);
@@ -362,25 +293,31 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
     return absl::InvalidArgumentError(
         absl::StrCat("interrupted request ", interrupted, ": its record is not resumable: ", valid.message()));
   }
-  std::unique_ptr<Request> r = NewRequest(submit, ClientRef{});
-  if (interrupted != 0 && r->id == interrupted) r->id = NodeRequestId(submit.request, interrupted);
-  r->detached = true;
+  ++stats_.requests_resumed;
+  if (record.tokens.size() >= record.max_new_tokens) {  // every token was committed: nothing to compute
+    if (absl::Status s = end_interrupted(); !s.ok()) return s;
+    spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
+                 record.client_request, record.max_new_tokens);
+    DropUnclaimed(book_.KeepDetached(
+        {record.client, record.client_request},
+        DetachedOutput{std::vector<model::Token>(record.tokens.begin(), record.tokens.end()), record.logits_digests,
+                       absl::OkStatus()},
+        std::chrono::steady_clock::now()));
+    return absl::OkStatus();
+  }
+  // Detached (no client until Attach), never under the interrupted id it continues.
+  std::unique_ptr<Request> r = NewRequest(*book_.OpenResumed(submit, interrupted));
   r->resume_started = r->submitted;
   r->generated.assign(record.tokens.begin(), record.tokens.end());
   r->digests = record.logits_digests;
   r->resumed = static_cast<Position>(r->generated.size());
-  r->committed = r->generated.size();  // the new record opens with them
+  r->life->tokens.committed = r->generated.size();  // the new record opens with them
   r->input.insert(r->input.end(), r->generated.begin(), r->generated.end());  // imported or recomputed
-  ++stats_.requests_resumed;
-  if (r->generated.size() >= r->max_new) {  // every token was committed: nothing to compute
-    if (absl::Status s = end_interrupted(); !s.ok()) return s;
-    spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
-                 r->client_id, r->max_new);
-    KeepDetached(KeyOf(*r), DetachedOutput{r->generated, r->digests, absl::OkStatus()});
-    return absl::OkStatus();
-  }
   r->resume_of = interrupted;
-  if (absl::Status s = SendAdmit(*r, submit); !s.ok()) return s;
+  if (absl::Status s = SendAdmit(*r); !s.ok()) {
+    book_.Close(r->id, /*completed=*/false);
+    return s;
+  }
   timelines_.Open(r->id, r->client_id, submit.client, config_.gpu, EpochOfNodeRequestId(r->id));
   timelines_.Add(r->id, TimelineEntry{NowMicros(r->submitted), TimelineEvent::kSubmitted,
                                       static_cast<uint64_t>(r->resumed),
@@ -400,39 +337,37 @@ absl::Status Worker::Attach(RequestId client_id, uint32_t received, const Client
     client_->Accepted(client, accepted);
     std::vector<model::Token> tokens;
     std::vector<uint64_t> digests;
-    const size_t known = r.held_from ? *r.held_from : r.generated.size();  // held ones go after the re-Hello
+    TokenCounts& counts = r.life->tokens;
+    const size_t known = counts.held_from.value_or(r.generated.size());  // held ones go after the re-Hello
     for (size_t t = received; t < known; ++t) {
       tokens.push_back(r.generated[t]);
       digests.push_back(r.digests[t]);
     }
-    r.client_has = std::max<size_t>(received, known);
+    counts.client_has = std::max<size_t>(received, known);
     if (!tokens.empty() || finished) return SendChunk(r, std::move(tokens), std::move(digests), finished, error);
     return absl::OkStatus();
   };
-  if (auto done = detached_done_.find(key); done != detached_done_.end()) {
-    Request r;  // the finished request's output, streamed once
+  if (std::optional<DetachedOutput> done = book_.ClaimDetached(key)) {
+    RequestLife life;  // the finished request's output, streamed once
+    life.client_id = client_id;
+    life.client = client;
+    Request r;
     r.client_id = client_id;
-    r.client = client;
-    r.generated = done->second.tokens;
-    r.digests = done->second.digests;
+    r.life = &life;
+    r.generated = std::move(done->tokens);
+    r.digests = std::move(done->digests);
     r.submitted = r.granted = std::chrono::steady_clock::now();
-    const absl::Status error = done->second.error;
-    detached_done_.erase(done);
-    resumed_bound_.Claim(key);
-    send(r, true, error).IgnoreError();  // a final chunk is always taken
+    DHS_CHECK_OK(send(r, true, done->error));  // a final chunk is always taken
     return absl::OkStatus();
   }
   // A running resumed request of that key (the first in node-id order: anonymous clients may share a key).
-  auto it = std::find_if(requests_.begin(), requests_.end(),
-                         [&](const auto& e) { return e.second->detached && KeyOf(*e.second) == key; });
-  if (it == requests_.end()) {
+  RequestLife* life = book_.FindDetached(key);
+  if (life == nullptr) {
     return absl::NotFoundError(absl::StrCat("request ", client_id, " of client ", client_identity,
                                             " is not a resumed request of this worker"));
   }
-  Request& r = *it->second;
-  client_ids_.emplace(std::make_pair(client.peer, client_id), r.id);
-  r.client = client;
-  r.detached = false;
+  if (absl::Status s = book_.AttachClient(life->id, client); !s.ok()) return s;  // the client's id is in use
+  Request& r = *requests_.at(life->id);
   if (absl::Status s = send(r, false, absl::OkStatus()); !s.ok()) r.client_error = s;
   return absl::OkStatus();
 }
@@ -441,14 +376,12 @@ absl::Status Worker::Attach(RequestId client_id, uint32_t received, const Client
 
 void Worker::StartGranted() {
   // Every granted request holds its own slot (memd's AdmitGrant.slot) and its residency plan: it starts at once.
-  while (!granted_.empty()) {
-    const RequestId id = granted_.front();
-    granted_.pop_front();
+  for (RequestId id : book_.TakeGranted()) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     Request& r = *it->second;
     r.session.emplace(model_->NewSession(id));
-    r.phase = Phase::kActive;
+    DHS_CHECK_OK(book_.Transition(id, RequestPhase::kGranted, RequestPhase::kActive));
     if (r.resume_started) ImportResumed(r);
   }
 }
@@ -631,23 +564,24 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
   std::vector<RequestId> failed;
   for (auto& [id, rp] : requests_) {
     Request& r = *rp;
-    if (r.phase != Phase::kActive) continue;
+    if (!Steps(r.life->phase)) continue;
     const Position in = static_cast<Position>(r.input.size());
     const Position import_end = std::min<Position>(r.prefix_tokens, in - 1);
     const auto chunk = static_cast<Position>(std::max<uint32_t>(geometry_.prefill_chunk, r.prefix_block_tokens));
     if (!MayStep(r, r.fed < in ? std::min<Position>(chunk, in - r.fed) : 1)) {
-      if (away_ && !r.paused_away && !r.ending && r.client_error.ok() && r.generated.size() < r.max_new) {
-        r.paused_away = true;
+      if (away() && r.life->phase == RequestPhase::kActive && r.client_error.ok() &&
+          r.generated.size() < r.max_new) {
+        DHS_CHECK_OK(book_.Transition(id, RequestPhase::kActive, RequestPhase::kPaused));  // logged once
         ++stats_.paused_while_away;
+        const std::optional<size_t>& held = r.life->tokens.held_from;
         spdlog::info("worker: request {} (client {}) pauses until memd is back ({} tokens held, tail full or held "
-                     "bound {})", r.id, r.client_id, r.held_from ? r.generated.size() - *r.held_from : 0,
-                     config_.away_held_tokens);
+                     "bound {})", r.id, r.client_id, held ? r.generated.size() - *held : 0, config_.away_held_tokens);
       }
       continue;
     }
     // A resume's host run starting here is imported (no compute), but not while memd is away: the jump may overwrite
     // tail slots whose backups wait for the re-Hello (host writes are paused).
-    if (away_ && !r.host_runs.empty() && r.fed == NextHostRow(r)) continue;
+    if (away() && !r.host_runs.empty() && r.fed == NextHostRow(r)) continue;
     if (absl::Status s = ImportHostRun(r); !s.ok()) {
       failed.push_back(id);
       spdlog::warn("worker: request {} failed: its KV could not be rebuilt after a failed import: {}", id,
@@ -762,10 +696,10 @@ absl::Status Worker::RunBatch() {
   CommitStep();
   // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd
   // (memd away: after the re-Hello).
-  if (away_) return absl::OkStatus();
+  if (away()) return absl::OkStatus();
   std::vector<std::pair<RequestId, absl::Status>> done;
   for (const auto& [id, r] : requests_) {
-    if (r->phase != Phase::kActive) continue;
+    if (!Steps(r->life->phase)) continue;
     if (!r->client_error.ok()) {
       done.emplace_back(id, r->client_error);
     } else if (r->generated.size() >= r->max_new) {
@@ -803,11 +737,12 @@ wire::TokensCommittedT Worker::TokensCommittedOf(std::span<const RequestId> ids)
   commit.gpu = config_.gpu;
   for (RequestId id : ids) {
     const Request& r = *requests_.at(id);
-    if (r.committed >= r.generated.size()) continue;
+    const size_t committed = r.life->tokens.committed;
+    if (committed >= r.generated.size()) continue;
     auto e = std::make_unique<wire::CommittedTokensT>();
     e->request = id;
-    e->from = static_cast<uint32_t>(r.committed);  // a step whose message could not be queued is resent here
-    for (size_t t = r.committed; t < r.generated.size(); ++t) {
+    e->from = static_cast<uint32_t>(committed);  // a step whose message could not be queued is resent here
+    for (size_t t = committed; t < r.generated.size(); ++t) {
       e->tokens.push_back(static_cast<uint8_t>(r.generated[t]));
       e->logits_digests.push_back(r.digests[t]);
     }
@@ -826,17 +761,18 @@ void Worker::CommitStep() {
     if (new_tokens[id]++ == 0) ids.push_back(id);
   }
   step_tokens_.clear();
-  if (away_) {  // memd away: no record can take them, so no client gets them yet (FlushHeld after the re-Hello)
+  if (away()) {  // memd away: no record can take them, so no client gets them yet (FlushHeld after the re-Hello)
     for (RequestId id : ids) {
       Request& r = *requests_.at(id);
-      if (!r.held_from) r.held_from = r.generated.size() - new_tokens[id];
+      std::optional<size_t>& held = r.life->tokens.held_from;
+      if (!held) held = r.generated.size() - new_tokens[id];
       stats_.tokens_while_away += new_tokens[id];
     }
     return;
   }
   // The record first (one message for the step), then the chunks: see worker.h, "Committed tokens".
   if (absl::Status s = memd_->SendTokensCommitted(TokensCommittedOf(ids)); s.ok()) {
-    for (RequestId id : ids) requests_.at(id)->committed = requests_.at(id)->generated.size();
+    for (RequestId id : ids) requests_.at(id)->life->tokens.committed = requests_.at(id)->generated.size();
   } else {
     // The previous message is not acknowledged yet (these tokens go with a later step), or memd is dead or hung (the
     // liveness checks end the epoch). The tokens stream anyway, ahead of memd's record: a resume regenerates them
@@ -856,7 +792,7 @@ void Worker::CommitStep() {
                    "{} rows recomputed)", r.id, r.client_id, us, r.rows_imported, r.rows_recomputed);
     }
     // A re-attached client that had tokens the record lacked gets only the ones after those (same draws: equal).
-    const size_t first = std::max(r.generated.size() - new_tokens[id], r.client_has);
+    const size_t first = std::max(r.generated.size() - new_tokens[id], r.life->tokens.client_has);
     const bool has = r.generated.size() <= first;
     if (has && !finished) continue;
     const auto from = static_cast<ptrdiff_t>(first);
@@ -874,7 +810,7 @@ void Worker::CommitStep() {
 
 absl::Status Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests,
                                bool finished, const absl::Status& error) {
-  if (r.detached) return absl::OkStatus();  // kept in r.generated / r.digests for the client that attaches
+  if (!r.life->client) return absl::OkStatus();  // detached: kept in r.generated / r.digests for its Attach
   const auto now = std::chrono::steady_clock::now();
   wire::TokenChunkT chunk;
   chunk.request = r.client_id;
@@ -883,13 +819,14 @@ absl::Status Worker::SendChunk(Request& r, std::vector<model::Token> tokens, std
   chunk.finished = finished;
   chunk.ttft_us = r.ttft_us;
   chunk.since_submit_us = MicrosSince(r.submitted, now);
-  chunk.allocation_wait_us = r.phase == Phase::kWaitGrant ? chunk.since_submit_us : MicrosSince(r.submitted, r.granted);
+  chunk.allocation_wait_us =
+      WaitsForGrant(r.life->held_phase()) ? chunk.since_submit_us : MicrosSince(r.submitted, r.granted);
   if (!error.ok()) {
     chunk.error = ToWireError(error);
     chunk.error_message = std::string(error.message());
     chunk.end_reason = EndReasonOf(error);  // WORKER_EPOCH_ENDED: the client re-attaches (matches the code, not text)
   }
-  return client_->Chunk(r.client, chunk);
+  return client_->Chunk(*r.life->client, chunk);
 }
 
 std::string FailureReason(const absl::Status& error) {
@@ -905,26 +842,21 @@ void Worker::CountFailure(const absl::Status& error) {
 
 void Worker::ReportEnd(Request& r, const absl::Status& error) {
   if (!error.ok()) {
-    SendChunk(r, {}, {}, true, error).IgnoreError();  // a final chunk is always taken (nothing sent when detached)
+    DHS_CHECK_OK(SendChunk(r, {}, {}, true, error));  // a final chunk is always taken (nothing sent when detached)
     CountFailure(error);
   }
   ++stats_.finished_requests;
   timelines_.Add(r.id, TimelineEntry{NowMicros(std::chrono::steady_clock::now()), TimelineEvent::kEnd,
                                      r.generated.size(), error.ok() ? "ok" : error.ToString(), ""});
   timelines_.End(r.id);
-  if (r.detached) KeepDetached(KeyOf(r), DetachedOutput{r.generated, r.digests, error});  // for Attach
-}
-
-void Worker::KeepDetached(const ResumeKey& key, DetachedOutput output) {
-  const uint64_t bytes = ResumedOutputBytes(output.tokens.size(), output.error.message().size());
-  detached_done_[key] = std::move(output);
-  DropUnclaimed(resumed_bound_.Keep(key, bytes, std::chrono::steady_clock::now()));
+  if (!r.life->client) {  // kept for its Attach
+    DropUnclaimed(book_.KeepDetached(r.life->key(), DetachedOutput{r.generated, r.digests, error},
+                                     std::chrono::steady_clock::now()));
+  }
 }
 
 void Worker::DropUnclaimed(const std::vector<DroppedOutput>& dropped) {
   for (const DroppedOutput& d : dropped) {
-    // A replaced one's key now holds the newer output (kept); any other is erased.
-    if (d.reason != ResumedDropReason::kReplaced) detached_done_.erase(d.key);
     ++stats_.resumed_outputs_dropped;
     spdlog::warn("worker: the resumed output of request {} of client {} ({} bytes) is dropped, no client attached to "
                  "it within the bound ({}; waited {} ms): an Attach now gets NOT_FOUND", d.key.second, d.key.first,
@@ -936,31 +868,29 @@ void Worker::Finish(RequestId id, absl::Status error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = *it->second;
-  if (away_ && !stopping_all_) {  // no Complete can go now: ended after the re-Hello (ReturnFromAway)
-    if (!r.ending) r.ending = std::move(error);
+  if (away() && !stopping_all_) {  // no Complete can go now: ended after the re-Hello (ReturnFromAway)
+    DHS_CHECK_OK(book_.DeferEnd(id, std::move(error)));  // kEnding; a second end keeps the first
     return;
   }
-  std::erase(granted_, id);
-  if (r.phase == Phase::kWaitGrant && !r.admit_unsent) ended_waiting_.insert(id);  // a grant may cross the Complete
   if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
   ReleaseSpecSlot(r);
   ReportEnd(r, error);
   agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
-  Erase(it);
+  Erase(it, /*completed=*/true);  // a waiting one's grant may cross the Complete (RequestBook::StaleGrant)
 }
 
 size_t Worker::StopAll(const absl::Status& why) {
   // Waiting ones first: were a granted one completed first, memd could grant a waiting one its slot meanwhile.
   std::vector<RequestId> ids;
-  for (const auto& [id, r] : requests_) {
-    if (r->phase == Phase::kWaitGrant) ids.push_back(id);
+  for (const auto& [id, life] : book_.requests()) {
+    if (WaitsForGrant(life.held_phase())) ids.push_back(id);
   }
-  for (const auto& [id, r] : requests_) {
-    if (r->phase != Phase::kWaitGrant) ids.push_back(id);
+  for (const auto& [id, life] : book_.requests()) {
+    if (!WaitsForGrant(life.held_phase())) ids.push_back(id);
   }
   stopping_all_ = true;
   for (RequestId id : ids) {
-    stopping_.insert(id);
+    book_.MarkStopping(id);
     Finish(id, why);  // error chunk, copies waited for, KV released, Complete
   }
   stopping_all_ = false;
@@ -971,25 +901,15 @@ absl::Status Worker::Cancel(RequestId client_id, uint64_t client_identity, const
                             std::string_view reason) {
   constexpr size_t kMaxReasonBytes = 256;
   reason = reason.substr(0, kMaxReasonBytes);
-  Request* r = nullptr;
-  if (auto by_peer = client_ids_.find({client.peer, client_id}); by_peer != client_ids_.end()) {
-    r = requests_.at(by_peer->second).get();
-  } else {
-    // A resumed request no client re-attached to (the first in node-id order, as Attach finds it).
-    const ResumeKey key{client_identity, client_id};
-    auto it = std::find_if(requests_.begin(), requests_.end(),
-                           [&](const auto& e) { return e.second->detached && KeyOf(*e.second) == key; });
-    if (it != requests_.end()) r = it->second.get();
-  }
-  if (r == nullptr || r->ending || r->generated.size() >= r->max_new) {
+  // By (peer, client id), else a resumed request no client re-attached to (the first in node-id order, as Attach).
+  RequestLife* life = book_.FindByClient(client.peer, client_id);
+  if (life == nullptr) life = book_.FindDetached({client_identity, client_id});
+  Request* r = life != nullptr ? requests_.at(life->id).get() : nullptr;
+  if (r == nullptr || life->phase == RequestPhase::kEnding || r->generated.size() >= r->max_new) {
     return absl::NotFoundError(absl::StrCat("cancel: request ", client_id, " of this client is not in flight here ",
                                             r == nullptr ? "(unknown, or finished already)" : "(already ending or finished)"));
   }
-  if (r->detached) {  // its final chunk answers the Cancel; nothing is kept for an Attach
-    r->detached = false;
-    r->client = client;
-    client_ids_.emplace(std::make_pair(client.peer, client_id), r->id);
-  }
+  if (!life->client) DHS_CHECK_OK(book_.AttachClient(r->id, client));  // its final chunk answers the Cancel
   ++stats_.requests_cancelled;
   spdlog::info("worker: request {} (client {}) cancelled by its client: {}", r->id, client_id, reason);
   Finish(r->id, RequestCancelledError(reason));  // final chunk, copies waited for, KV and slots released, Complete
@@ -997,80 +917,71 @@ absl::Status Worker::Cancel(RequestId client_id, uint64_t client_identity, const
 }
 
 size_t Worker::EndClient(const std::string& peer, const absl::Status& why) {
-  std::vector<RequestId> ids;
-  for (const auto& [key, id] : client_ids_) {
-    if (key.first == peer) ids.push_back(id);
-  }
+  const std::vector<RequestId> ids = book_.IdsOfPeer(peer);
   for (RequestId id : ids) Finish(id, why);  // error chunk (dropped: no one reads it), KV released, Complete
   return ids.size();
 }
 
 absl::StatusOr<bool> Worker::Iterate() {
-  if (!detached_done_.empty()) DropUnclaimed(resumed_bound_.Expire(std::chrono::steady_clock::now()));
+  if (book_.detached_outputs() > 0) DropUnclaimed(book_.ExpireDetached(std::chrono::steady_clock::now()));
   agent_->Poll();
   FailDataLoss();  // issue 22: a populate found a changed host page
   StartGranted();
   if (absl::Status s = RunBatch(); !s.ok()) return s;
   agent_->Poll();
   if (!agent_->link_status().ok()) return agent_->link_status();
-  if (away_) return last_batch_ > 0;  // paused requests wait for memd, not for the loop
+  if (away()) return last_batch_ > 0;  // paused requests wait for memd, not for the loop
   return active_requests() > 0 || agent_->busy();
 }
 
-std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const wire::HelloReplyT& reply,
-                                                                       const std::set<RequestId>& interrupted) {
+std::vector<std::unique_ptr<wire::RequestRecordT>> Worker::DropRefused(const ReturnPlan& plan) {
   // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
   // resumed: from memd's interrupted record (ResumeInterrupted below), else from this worker's record.
   std::vector<std::unique_ptr<wire::RequestRecordT>> own;
-  for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
-    const RequestId id = reply.refused_reports[i];
+  for (const auto& [id, why] : plan.refused) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     Request& r = *it->second;
-    const std::string why = i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "";
     spdlog::warn("worker: memd refused the report of request {}: {}; it is resumed", id, why);
     agent_->Forget(id);
-    if (!interrupted.contains(id)) own.push_back(MakeRecord(r, r.submit));
+    if (!plan.interrupted.contains(id)) own.push_back(RecordOf(*r.life, r.generated, r.digests));
     const absl::Status ended = WorkerEpochEndedError(absl::StrCat("memd refused its report: ", why));
-    SendChunk(r, {}, {}, true, ended).IgnoreError();
+    DHS_CHECK_OK(SendChunk(r, {}, {}, true, ended));  // a final chunk is always taken
     CountFailure(ended);
     timelines_.Add(id, TimelineEntry{NowMicros(std::chrono::steady_clock::now()), TimelineEvent::kEnd,
                                      r.generated.size(), ended.ToString(), ""});
     timelines_.End(id);
-    std::erase(granted_, id);
     Erase(it);
   }
   return own;
 }
 
 absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
-  const std::set<RequestId> interrupted(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
-  std::vector<RequestId> waiting;  // admissions the dead memd never granted, and submits of the away time
-  for (const auto& [id, r] : requests_) {
-    if (r->phase == Phase::kWaitGrant) waiting.push_back(id);
-  }
-  std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(reply, interrupted);
-  away_ = false;
+  // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
+  if (memd_->session().away()) DHS_CHECK_OK(memd_->session().Accepted());
+  const ReturnPlan plan = PlanReturn(reply, book_);
+  std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(plan);
   // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.
-  std::set<RequestId> adopted;
-  for (auto& [id, r] : requests_) {
-    if (r->phase == Phase::kWaitGrant) continue;
-    adopted.insert(id);
-    r->committed = r->generated.size();
-    r->paused_away = false;
-    FlushHeld(*r);
+  for (RequestId id : plan.adopted) {
+    Request& r = *requests_.at(id);
+    r.life->tokens.committed = r.generated.size();
+    if (r.life->phase == RequestPhase::kPaused) {
+      DHS_CHECK_OK(book_.Transition(id, RequestPhase::kPaused, RequestPhase::kActive));
+    }
+    FlushHeld(r);
   }
-  agent_->ReturnFromAway(adopted);
+  agent_->ReturnFromAway(plan.adopted);
   if (hier_ != nullptr) {
     if (absl::Status s = hier_->ResumeHostWrites(); !s.ok()) spdlog::error("worker: deferred backups: {}", s.ToString());
   }
   std::vector<std::pair<RequestId, absl::Status>> ended;  // failed, finished or left by its client while away
   for (auto& [id, r] : requests_) {
-    if (r->ending) {
-      ended.emplace_back(id, *r->ending);
-    } else if (r->phase == Phase::kActive && !r->client_error.ok()) {
+    const RequestPhase phase = r->life->phase;
+    if (phase == RequestPhase::kEnding) {
+      ended.emplace_back(id, r->life->end_status);
+    } else if (phase == RequestPhase::kActive && !r->client_error.ok()) {
       ended.emplace_back(id, r->client_error);
-    } else if (r->phase == Phase::kActive && r->generated.size() >= r->max_new) {
+    } else if (phase == RequestPhase::kActive && r->generated.size() >= r->max_new) {
       ended.emplace_back(id, absl::OkStatus());
     }
   }
@@ -1081,15 +992,17 @@ absl::Status Worker::ReturnFromAway(const wire::HelloReplyT& reply) {
     if (absl::IsUnavailable(s)) return s;
     if (!s.ok()) spdlog::warn("worker: {}; ended", s.ToString());
   }
-  for (RequestId id : waiting) {  // sent again last (the resumes above sent their own)
+  for (RequestId id : plan.resend) {  // sent again last (the resumes above sent their own)
     auto it = requests_.find(id);
-    if (it == requests_.end() || it->second->phase != Phase::kWaitGrant) continue;
-    it->second->admit_unsent = false;
-    if (absl::Status s = SendAdmit(*it->second, it->second->submit); !s.ok()) return s;
+    if (it == requests_.end() || !WaitsForGrant(it->second->life->phase)) continue;
+    if (it->second->life->phase == RequestPhase::kUnsent) {
+      DHS_CHECK_OK(book_.Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
+    }
+    if (absl::Status s = SendAdmit(*it->second); !s.ok()) return s;
   }
   spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away; {} tokens generated and "
-               "{} requests paused while away (since start)", adopted.size(), reply.refused_reports.size(), ended.size(),
-               stats_.tokens_while_away, stats_.paused_while_away);
+               "{} requests paused while away (since start)", plan.adopted.size(), reply.refused_reports.size(),
+               ended.size(), stats_.tokens_while_away, stats_.paused_while_away);
   return absl::OkStatus();
 }
 
@@ -1099,7 +1012,7 @@ absl::Status Worker::ResumeInterrupted(std::span<const uint64_t> ids,
   for (const auto& rec : records) by_id[rec->request] = rec.get();
   for (uint64_t id : ids) {
     auto served = requests_.find(id);
-    if (served != requests_.end() && served->second->phase != Phase::kWaitGrant) continue;  // adopted
+    if (served != requests_.end() && !WaitsForGrant(served->second->life->held_phase())) continue;  // adopted
     auto rec = by_id.find(id);
     // Resumed when it has a record, unless this worker ended it (its Complete went to a dead memd) or waits for its
     // grant (the dead memd's grant never came: it is admitted again, after this Complete).
@@ -1125,17 +1038,19 @@ absl::Status Worker::ResumeInterrupted(std::span<const uint64_t> ids,
 
 bool Worker::MayStep(const Request& r, Position rows) const {
   // Finished (or failed) while memd was away: it ends after the re-Hello, it never steps again.
-  if (r.ending || r.generated.size() >= r.max_new) return false;
-  if (!away_) return true;
+  if (r.life->phase == RequestPhase::kEnding || r.generated.size() >= r.max_new) return false;
+  if (!away()) return true;
   if (!r.client_error.ok()) return false;
-  if (r.held_from && r.generated.size() - *r.held_from >= config_.away_held_tokens) return false;
+  const std::optional<size_t>& held = r.life->tokens.held_from;
+  if (held && r.generated.size() - *held >= config_.away_held_tokens) return false;
   return hier_ == nullptr || hier_->TailHasRoom(r.id, rows);
 }
 
 void Worker::FlushHeld(Request& r) {
-  if (!r.held_from) return;
-  const size_t from = std::max(*r.held_from, r.client_has);
-  r.held_from.reset();
+  TokenCounts& counts = r.life->tokens;
+  if (!counts.held_from) return;
+  const size_t from = std::max(*counts.held_from, counts.client_has);
+  counts.held_from.reset();
   const bool finished = r.generated.size() >= r.max_new;
   if (from >= r.generated.size() && !finished) return;
   std::vector<model::Token> tokens(r.generated.begin() + static_cast<std::ptrdiff_t>(std::min(from, r.generated.size())),
@@ -1151,8 +1066,7 @@ void Worker::FlushHeld(Request& r) {
 // ---- memd away (issue 11) ----
 
 void Worker::EnterAway() {
-  if (away_) return;
-  away_ = true;
+  if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // once per death
   ++stats_.memd_aways;
   agent_->EnterAway();
   if (hier_ != nullptr) hier_->PauseHostWrites();
@@ -1163,12 +1077,12 @@ void Worker::EnterAway() {
 std::vector<std::unique_ptr<wire::ReportedRequestT>> Worker::Report() const {
   std::vector<std::unique_ptr<wire::ReportedRequestT>> out;
   for (const auto& [id, r] : requests_) {
-    if (r->phase == Phase::kWaitGrant) continue;  // its AdmitRequest goes again
+    if (WaitsForGrant(r->life->held_phase())) continue;  // its AdmitRequest goes again
     std::unique_ptr<wire::ReportedRequestT> rep = agent_->Report(id);
     if (rep == nullptr) continue;
     rep->complete_pages = AdmitCompletePages(*r);
     rep->optional_history = config_.mode == WorkerMode::kAdaptive;
-    rep->record = MakeRecord(*r, r->submit);
+    rep->record = RecordOf(*r->life, r->generated, r->digests);
     SetSpeculationShare(geometry_, *rep);  // as its AdmitRequest declared it
     out.push_back(std::move(rep));
   }
@@ -1229,7 +1143,7 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
   // the KV hierarchy's (staging_bytes(), sized by the same geometry).
   r.draft_ring_bytes = geometry_.speculation.draft_ring_bytes;
   r.staging_bytes = static_cast<uint64_t>(staging_bytes());
-  r.resumed_outputs_waiting = static_cast<uint32_t>(detached_done_.size());
+  r.resumed_outputs_waiting = static_cast<uint32_t>(book_.detached_outputs());
   r.resumed_outputs_dropped = s.resumed_outputs_dropped;
   r.host_pages_checksummed = s.host_integrity.pages_checksummed;
   r.host_pages_verified = s.host_integrity.pages_verified;
@@ -1244,7 +1158,7 @@ wire::WorkerStatsReplyT Worker::StatsReply() const {
     rc->count = count;
     r.failures.push_back(std::move(rc));
   }
-  r.epoch = static_cast<uint32_t>(epoch_);
+  r.epoch = static_cast<uint32_t>(book_.epoch());
   r.requests_cancelled = s.requests_cancelled;
   return r;
 }

@@ -58,6 +58,7 @@
 #include "workerd/model/model.h"
 #include "workerd/model/sampling.h"
 #include "workerd/prefix_cache.h"
+#include "workerd/request_book.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving.h"
 #include "workerd/spec/acceptance.h"
@@ -180,7 +181,8 @@ class Worker final : public MemdHandler, public Submitter {
   // one TokenChunk with the tokens from `received` on that are known now (final when the request finished), and
   // from then on the request streams to `client` as a submitted one; tokens below `received` are never sent again.
   // Resumed requests are found by (client_identity, client_id): two clients that used the same ids each get their own.
-  // Errors: NOT_FOUND (no resumed request with that key waits for a client, or its output was dropped unclaimed).
+  // Errors: NOT_FOUND (no resumed request with that key waits for a client, or its output was dropped unclaimed),
+  // ALREADY_EXISTS (`client` has another request with that id in flight; nothing changed).
   absl::Status Attach(RequestId client_id, uint32_t received, const ClientRef& client,
                       uint64_t client_identity = 0) override;
   // Cancel (issue 22; docs/protocol.md "Cancel"): ends the request `client_id` of `client` (found by (client.peer,
@@ -195,7 +197,7 @@ class Worker final : public MemdHandler, public Submitter {
   absl::Status Cancel(RequestId client_id, uint64_t client_identity, const ClientRef& client,
                       std::string_view reason) override;
   // The GPU's epoch from memd's HelloReply (>= 1; 1 until set): part of every node request id (Submit).
-  void set_epoch(uint64_t epoch) { epoch_ = epoch == 0 ? 1 : epoch; }
+  void set_epoch(uint64_t epoch) { book_.set_epoch(epoch); }
   // HelloReply.interrupted_requests (with interrupted_records): each one this worker neither serves nor ended is
   // resumed (Resume) when it has a record, else ended (Complete); one this worker ended already (its Complete went to
   // a memd that died), or one it still waits a grant for (the dead memd's grant never came), is ended (Complete:
@@ -210,9 +212,11 @@ class Worker final : public MemdHandler, public Submitter {
   // sent to memd; submits are accepted and wait (their AdmitRequest goes after the re-Hello); the step's tokens are
   // held from the clients (memd's record must have them first); a request pauses when its held tokens reach
   // config.away_held_tokens or its next step would need a host write (its tail is full); a request that ends (finished,
-  // failed, its client gone) stays until the re-Hello, then ends as usual.
+  // failed, its client gone) stays until the re-Hello (RequestPhase::kEnding), then ends as usual. The state is the
+  // link's MemdSession (MemdSession::TakeLoss: once per death; from kConnected too, for an in-process caller).
   void EnterAway();
-  bool away() const { return away_; }
+  // Whether this worker serves away (EnterAway .. ReturnFromAway; its link's MemdSession::serving_away()).
+  bool away() const { return memd_->session().serving_away(); }
   // The re-Hello's report (Hello.report): one ReportedRequest per granted request: slot, required pages, pages
   // (ResidencyAgent::Report), AdmitRequest.complete_pages, optional_history and its record with every token it
   // generated.
@@ -222,10 +226,12 @@ class Worker final : public MemdHandler, public Submitter {
   // interrupted record, or from this worker's record when memd holds none); the adopted ones' held tokens go to their
   // clients (the report carried them), their written host copies are reported again, host writes resume, the ends
   // deferred while away happen (Complete), the interrupted requests are resumed (ResumeInterrupted) and the waiting
-  // admissions are sent again. Errors: UNAVAILABLE (memd unreachable).
+  // admissions are sent again (who is refused, adopted or sent again: PlanReturn). The link's session is connected
+  // afterwards (MemdClient moved it on the reply; an in-process caller's is moved here). Errors: UNAVAILABLE (memd
+  // unreachable).
   absl::Status ReturnFromAway(const wire::HelloReplyT& reply);
   // Requests ended by StopAll whose CompleteAck has not come yet.
-  size_t unacknowledged_stops() const { return stopping_.size(); }
+  size_t unacknowledged_stops() const { return book_.unacknowledged_stops(); }
 
   // MemdHandler: memd's messages (contract §2, §4, §5, §6).
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
@@ -266,13 +272,11 @@ class Worker final : public MemdHandler, public Submitter {
   int64_t staging_bytes() const { return hier_ != nullptr ? hier_->staging_bytes() : 0; }
 
  private:
-  enum class Phase { kWaitGrant, kGranted, kActive };
+  // A request's model-side state; its lifecycle (phase, client, submit, token counters) is its book entry.
   struct Request {
     RequestId id = 0;          // the node request id (memd's)
     RequestId client_id = 0;   // the client's SubmitRequest.request
-    ClientRef client;
-    Phase phase = Phase::kWaitGrant;
-    bool told_to_wait = false;         // memd answered AdmitWait (it does not fit in free memory now)
+    RequestLife* life = nullptr;  // its entry in book_ (erased with it: Worker::Erase)
     std::vector<model::Token> input;   // prepared prefix (if any) then prompt
     Position prefix_tokens = 0;        // leading input tokens imported with ImportPrefix (the prepared prefix)
     std::vector<uint64_t> hash_ids;    // the prefix's block chain (row-cache keys)
@@ -306,14 +310,6 @@ class Worker final : public MemdHandler, public Submitter {
     std::deque<std::pair<uint32_t, uint32_t>> host_runs;
     Position rows_imported = 0, rows_recomputed = 0;  // a resume's history: imported from host / recomputed
     std::optional<std::chrono::steady_clock::time_point> resume_started;  // set for a resumed request
-    size_t client_has = 0;      // tokens a re-attached client had (Attach.received): not streamed again
-    size_t committed = 0;       // generated tokens handed to memd (TokensCommitted queued)
-    bool detached = false;      // resumed, no client attached yet: chunks wait in generated / digests
-    wire::SubmitRequestT submit;  // what the client asked (the record, an AdmitRequest sent again after a re-Hello)
-    std::optional<size_t> held_from;  // memd away: generated[held_from..] not streamed yet (sent after the re-Hello)
-    bool admit_unsent = false;        // submitted while memd was away: its AdmitRequest goes after the re-Hello
-    std::optional<absl::Status> ending;  // ended while memd was away: Finish after the re-Hello
-    bool paused_away = false;            // memd away: paused (held tokens or tail bound), logged once
     int spec_slot = -1;         // the proposer's slot (speculation on, decoding), else -1
     // The drafter (--speculate fixed|confidence): the target's final hidden states (d_model floats per position) of
     // positions [hidden_from, hidden_end) fed since the slot's last Propose (the prompt before the first), handed
@@ -326,7 +322,6 @@ class Worker final : public MemdHandler, public Submitter {
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
   KvAccess& kv() { return *kv_; }
-  uint32_t WaitingForGrant() const;  // requests in Phase::kWaitGrant (the submit queue)
   // One request's part of a step: its tokens, and whether the step's last logits give its next token.
   struct BatchItem {
     Request* r;
@@ -399,11 +394,10 @@ class Worker final : public MemdHandler, public Submitter {
   void CommitStep();
   // The TokensCommitted of `ids` (requests with tokens this step): each one's tokens from its `committed` on.
   wire::TokensCommittedT TokensCommittedOf(std::span<const RequestId> ids) const;
-  // A request for `submit` (not admitted yet; node id chosen) and its AdmitRequest (record included).
-  std::unique_ptr<Request> NewRequest(const wire::SubmitRequestT& submit, const ClientRef& client);
-  absl::Status SendAdmit(const Request& r, const wire::SubmitRequestT& submit);
-  // The record memd keeps for resume (AdmitRequest.record): the submit's input and sampling, r's committed tokens.
-  std::unique_ptr<wire::RequestRecordT> MakeRecord(const Request& r, const wire::SubmitRequestT& submit) const;
+  // The model-side state of the request `life` opened in the book (not admitted yet), and its AdmitRequest (its
+  // record included: RecordOf).
+  std::unique_ptr<Request> NewRequest(RequestLife& life);
+  absl::Status SendAdmit(const Request& r);
   void Finish(RequestId id, absl::Status error);
   // AdmitRequest.complete_pages of r (imported history that may stay on GPU; adaptive mode only).
   uint32_t AdmitCompletePages(const Request& r) const;
@@ -414,22 +408,15 @@ class Worker final : public MemdHandler, public Submitter {
   void FlushHeld(Request& r);
   // After a re-Hello: each refused report's request is dropped here (nothing sent to memd) and ended to its client
   // like after a fence. Returns the records (every token) of those memd does not list as `interrupted`, to resume.
-  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const wire::HelloReplyT& reply,
-                                                                 const std::set<RequestId>& interrupted);
+  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const ReturnPlan& plan);
   // The client's side of any end (Finish, an admission memd refused): a failed request's final chunk (the outbox
   // always takes a final chunk), the counts, and a detached request's output (or error) kept for its Attach.
   void ReportEnd(Request& r, const absl::Status& error);
-  // A resumed request's as yet unclaimed output, kept for its client's Attach under the bound (resumed_bound_):
-  // the outputs the bound drops are erased, logged and counted.
-  struct DetachedOutput;
-  void KeepDetached(const ResumeKey& key, DetachedOutput output);
+  // The outputs the book's bound dropped (resumed outputs no client claimed): logged and counted.
   void DropUnclaimed(const std::vector<DroppedOutput>& dropped);
-  static ResumeKey KeyOf(const Request& r) { return {r.submit.client, r.client_id}; }
-  // A node request id for a client's id (Submit), not in flight and not `avoid` (a resume in the same epoch must not
-  // take the interrupted id it continues: after a re-Hello both are of this epoch).
-  RequestId NodeRequestId(RequestId client_id, RequestId avoid = 0);
-  // Forgets a request (ended, rejected): its node id and its client id become free.
-  void Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it);
+  // Forgets a request (ended, rejected): its node id and its client id become free (RequestBook::Close; `completed`:
+  // a Complete goes to memd for it).
+  void Erase(std::map<RequestId, std::unique_ptr<Request>>::iterator it, bool completed = false);
   // Sends one TokenChunk; a refused one (not final) returns the sink's error.
   absl::Status SendChunk(Request& r, std::vector<model::Token> tokens, std::vector<uint64_t> digests, bool finished,
                          const absl::Status& error);
@@ -442,11 +429,8 @@ class Worker final : public MemdHandler, public Submitter {
   ClientSink* client_;
   std::unique_ptr<KvAccess> kv_;
   HierarchicalKvAccess* hier_ = nullptr;
+  RequestBook book_;  // every request's lifecycle, ids and the resumed outputs waiting for their client
   std::map<RequestId, std::unique_ptr<Request>> requests_;  // ordered: the batch order is stable
-  std::deque<RequestId> granted_;                           // granted, not started yet
-  std::map<std::pair<std::string, RequestId>, RequestId> client_ids_;  // (client peer, client id) -> node id, in flight
-  uint64_t next_node_ = 1;  // the counter of NodeRequestId
-  uint64_t epoch_ = 1;
   std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
   std::unique_ptr<ResidencyAgent> agent_;      // the memd conversation
   WorkerStats stats_;
@@ -454,23 +438,8 @@ class Worker final : public MemdHandler, public Submitter {
   void CountFailure(const absl::Status& error);
   RequestTimelines timelines_{kWorkerTimelineLimits};  // the serving side of `dhsctl request` (issue 22)
   PrefixRowCache prefix_cache_;
-  std::set<RequestId> stopping_;  // StopAll's Completes not acknowledged yet
-  // Requests ended while waiting for their grant (Cancel, EndClient, StopAll) whose CompleteAck has not come: a grant
-  // memd sent before it read the Complete is ignored (the Complete releases it), and NodeRequestId never hands their
-  // node id to a new request meanwhile (that request would take the stale grant as its own).
-  std::set<RequestId> ended_waiting_;
-  // Resumed requests that finished before their client attached ((client identity, client id) -> output), until
-  // Attach or the bound drops it.
-  struct DetachedOutput {
-    std::vector<model::Token> tokens;
-    std::vector<uint64_t> digests;
-    absl::Status error;
-  };
-  std::map<ResumeKey, DetachedOutput> detached_done_;
-  ResumedOutputBound resumed_bound_;  // which of detached_done_ to drop (config.resumed_outputs)
   std::map<RequestId, ResumeFigures> resume_figures_;  // client id -> figures (resume_figures())
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
-  bool away_ = false;        // memd died; not back yet (EnterAway .. ReturnFromAway)
   bool stopping_all_ = false;  // StopAll: ends happen now, memd away or not
   size_t last_batch_ = 0;    // requests in the latest step
   std::unique_ptr<spec::Proposer> proposer_;        // --speculate (nullptr when off)

@@ -83,7 +83,10 @@ int64_t Worker::StepWidth(int64_t active) const {
   int64_t width = config_.speculation.block;
   if (online_width_) {
     int64_t joining = 0;  // granted soon: sent to memd and not told to wait
-    for (const auto& [id, r] : requests_) joining += r->phase == Phase::kWaitGrant && !r->told_to_wait;
+    for (const auto& [id, r] : requests_) {  // waiting, not told to wait (kQueued)
+      const RequestPhase p = r->life->held_phase();
+      joining += p == RequestPhase::kUnsent || p == RequestPhase::kWaiting;
+    }
     width = online_width_->Decide(active, joining, config_.speculation.block).width;
   } else if (schedule_) {
     width = schedule_->WidthFor(active);

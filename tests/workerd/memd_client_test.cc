@@ -229,6 +229,7 @@ TEST(MemdClientConnections, AReHelloIsNotGivenUpWhenAnEarlierConnectionOfItsAtte
     if (!client->away()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(client->away());
+  ASSERT_TRUE(client->session().TakeLoss(std::chrono::steady_clock::now()));  // the Worker's part (EnterAway)
   const int hung = HungMemd(dir.path() + "/memd.sock");
   ASSERT_GE(hung, 0);
   auto make_hello = [] {

@@ -1128,6 +1128,31 @@ constexpr uint64_t kDefaultSeedBase = 1;
 // population is undone (its copy finished, then withdrawn: no GPU page). The report says exactly that, page by page;
 // host copies that complete meanwhile are not reported; ReturnFromAway reports every written host copy that is not on
 // a GPU page again (memd's journal decides), and nothing else.
+// The reclaim steps' table written out by hand from residency_agent.h: four moves forward, everything else refused
+// (the step unchanged), and no move from a step the order is not in.
+TEST(ResidencyAgentReclaimSteps, OnlyTheDocumentedMovesAreAllowed) {
+  constexpr ReclaimStep kSteps[] = {ReclaimStep::kBackingUp, ReclaimStep::kBackedUp, ReclaimStep::kWithdrawing,
+                                    ReclaimStep::kReadersDone};
+  const std::set<std::pair<ReclaimStep, ReclaimStep>> want = {
+      {ReclaimStep::kBackingUp, ReclaimStep::kBackedUp},
+      {ReclaimStep::kBackingUp, ReclaimStep::kWithdrawing},
+      {ReclaimStep::kBackedUp, ReclaimStep::kWithdrawing},
+      {ReclaimStep::kWithdrawing, ReclaimStep::kReadersDone}};
+  for (ReclaimStep from : kSteps) {
+    for (ReclaimStep to : kSteps) {
+      ReclaimStep step = from;
+      const absl::Status s = TransitionReclaim(step, from, to);
+      EXPECT_EQ(s.ok(), want.contains({from, to})) << ReclaimStepName(from) << " -> " << ReclaimStepName(to);
+      EXPECT_EQ(step, s.ok() ? to : from);
+      if (!s.ok()) EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      ReclaimStep other = from == ReclaimStep::kReadersDone ? ReclaimStep::kBackingUp : ReclaimStep::kReadersDone;
+      const ReclaimStep before = other;
+      EXPECT_FALSE(TransitionReclaim(other, from, to).ok());
+      EXPECT_EQ(other, before);
+    }
+  }
+}
+
 TEST(ResidencyAgentAway, DeadMemdsOrdersAreResolvedLocallyAndTheReportSaysWhereEachPageIs) {
   Fixture f;
   ASSERT_TRUE(f.agent.OnGrant(Grant(1, 0, {40, 41, 42, 43}, {{0, 5}, {1, 6}, {2, 7}}), 4).ok());
@@ -1154,6 +1179,7 @@ TEST(ResidencyAgentAway, DeadMemdsOrdersAreResolvedLocallyAndTheReportSaysWhereE
   ASSERT_EQ(f.kv.Find(2, 0)->device_page, 8);
   const size_t sent = f.link.log.size();
 
+  ASSERT_TRUE(f.link.session().TakeLoss({}));  // the Worker's part (Worker::EnterAway): the link's session serves away
   f.agent.EnterAway();
   EXPECT_EQ(f.link.log.size(), sent) << "an answer went to the dead memd";
   EXPECT_FALSE(f.agent.busy()) << "an order of the dead memd is still open";
@@ -1187,6 +1213,7 @@ TEST(ResidencyAgentAway, DeadMemdsOrdersAreResolvedLocallyAndTheReportSaysWhereE
   f.FinishCopies();  // reclaim 10's backup of page 1 ends while memd is away
   EXPECT_EQ(f.link.log.size(), sent) << "a host copy was reported to no memd";
   ASSERT_EQ(f.kv.Residency(1, 1), PageResidency::kHostWritten);
+  ASSERT_TRUE(f.link.session().Accepted().ok());  // a memd took the re-Hello (the transport's part)
   f.agent.ReturnFromAway({1, 2});
   ASSERT_EQ(f.link.host_copies.size(), 3u);
   EXPECT_EQ(f.link.host_copies[1].request, 1u);
@@ -1211,12 +1238,14 @@ TEST(ResidencyAgentAway, AForgottenRequestSendsNothingAndReleasesItsKv) {
   ASSERT_TRUE(f.agent.OnGrant(Grant(1, 0, {40, 41}, {}), 2).ok());
   ASSERT_TRUE(f.agent.OnGrant(Grant(2, 1, {50, 51}, {}), 2).ok());
   f.kv.WritePage(1);  // backup in flight
+  ASSERT_TRUE(f.link.session().TakeLoss({}));
   f.agent.EnterAway();
   f.agent.Forget(1);
   EXPECT_FALSE(f.kv.Known(1));
   EXPECT_FALSE(f.kv.CopiesOfRequestRunning(1)) << "released with its backup still writing";
   EXPECT_EQ(f.agent.Report(1), nullptr);
   EXPECT_NE(f.agent.Report(2), nullptr);
+  ASSERT_TRUE(f.link.session().Accepted().ok());
   f.agent.ReturnFromAway({2});
   EXPECT_TRUE(f.link.log.empty());
   EXPECT_TRUE(f.link.completes.empty());

@@ -1,0 +1,138 @@
+// MemdSession (workerd/memd_session.h): the one connected / lost / away / re-Hello state of the worker's conversation
+// with memd, alone: the transition table move by move, the reconnect schedule with time passed in (50 ms doubling to
+// 1 s), the reconnect bound, and PlanReturn over a RequestBook (refused reports of requests here, adopted granted
+// ones, waiting admissions to send again).
+#include "workerd/memd_session.h"
+
+#include <algorithm>
+#include <iterator>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "workerd/request_book.h"
+
+namespace dhs {
+namespace {
+
+using std::chrono::milliseconds;
+using TimePoint = MemdSession::TimePoint;
+
+constexpr MemdState kStates[] = {MemdState::kConnected, MemdState::kLost, MemdState::kAway, MemdState::kHelloOut};
+
+TimePoint At(int64_t ms) { return TimePoint{} + milliseconds(ms); }
+
+TEST(MemdSession, TheTableHoldsExactlyTheDocumentedMovesAndRefusesTheRest) {
+  const std::set<std::pair<MemdState, MemdState>> want = {
+      {MemdState::kConnected, MemdState::kLost}, {MemdState::kLost, MemdState::kAway},
+      {MemdState::kAway, MemdState::kHelloOut},  {MemdState::kHelloOut, MemdState::kAway},
+      {MemdState::kHelloOut, MemdState::kConnected}, {MemdState::kAway, MemdState::kConnected}};
+  for (MemdState from : kStates) {
+    for (MemdState to : kStates) {
+      const bool listed = std::find(std::begin(kMemdTransitions), std::end(kMemdTransitions), std::pair{from, to}) !=
+                          std::end(kMemdTransitions);
+      EXPECT_EQ(listed, want.contains({from, to})) << MemdStateName(from) << " -> " << MemdStateName(to);
+      MemdState state = from;
+      const absl::Status s = TransitionMemd(state, from, to);
+      EXPECT_EQ(s.ok(), listed) << MemdStateName(from) << " -> " << MemdStateName(to);
+      EXPECT_EQ(state, listed ? to : from);
+      if (!listed) EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+      MemdState other = from == MemdState::kConnected ? MemdState::kAway : MemdState::kConnected;
+      const MemdState before = other;
+      EXPECT_FALSE(TransitionMemd(other, from, to).ok()) << "a move from a state the session is not in";
+      EXPECT_EQ(other, before);
+    }
+  }
+}
+
+// memd dies at t = 1000 ms: the first attempt is due at 1050; failed attempts back off 50, 100, 200, 400, 800, 1000,
+// 1000 ms (doubling, capped at 1 s). A re-Hello out at 3000 is given up after the memd timeout (500 ms: 3501).
+TEST(MemdSession, TheReconnectScheduleBacksOffFrom50MsToOneSecond) {
+  MemdSession s;
+  EXPECT_FALSE(s.away());
+  ASSERT_TRUE(s.ConnectionLost(At(1000)));
+  EXPECT_FALSE(s.ConnectionLost(At(1001))) << "a death is seen once";
+  EXPECT_EQ(s.state(), MemdState::kLost);
+  EXPECT_TRUE(s.away());
+  EXPECT_FALSE(s.serving_away()) << "the worker has not taken the loss yet";
+  EXPECT_FALSE(s.AttemptDue(At(2000))) << "no attempt before the worker serves away";
+  ASSERT_TRUE(s.TakeLoss(At(1002)));
+  EXPECT_TRUE(s.serving_away());
+  EXPECT_FALSE(s.TakeLoss(At(1003))) << "the worker takes a death once";
+  EXPECT_EQ(s.next_attempt(), At(1050));
+  EXPECT_FALSE(s.AttemptDue(At(1049)));
+  EXPECT_TRUE(s.AttemptDue(At(1050)));
+  int64_t now = 1050;
+  for (int64_t wait : {50, 100, 200, 400, 800, 1000, 1000}) {
+    s.RetryLater(At(now));
+    EXPECT_EQ(s.next_attempt(), At(now + wait));
+    now += wait;
+  }
+  ASSERT_TRUE(s.HelloSent(At(3000)).ok());
+  EXPECT_EQ(s.attempts(), 1u);
+  EXPECT_TRUE(s.hello_out());
+  EXPECT_FALSE(s.AttemptDue(At(9000))) << "one re-Hello at a time";
+  EXPECT_FALSE(s.HelloSent(At(3001)).ok());
+  EXPECT_FALSE(s.HelloExpired(At(3500), milliseconds(500)));
+  EXPECT_TRUE(s.HelloExpired(At(3501), milliseconds(500)));
+  s.RetryLater(At(3501));
+  EXPECT_EQ(s.state(), MemdState::kAway);
+  EXPECT_FALSE(s.ReconnectExpired(At(31000), milliseconds(30000)));
+  EXPECT_TRUE(s.ReconnectExpired(At(31001), milliseconds(30000)));
+  ASSERT_TRUE(s.HelloSent(At(4600)).ok());
+  EXPECT_TRUE(s.serving_away());
+  ASSERT_TRUE(s.Accepted().ok());
+  EXPECT_FALSE(s.away());
+  EXPECT_FALSE(s.serving_away());
+  EXPECT_FALSE(s.Accepted().ok()) << "connected already";
+  EXPECT_FALSE(s.ReconnectExpired(At(99999), milliseconds(1)));
+  ASSERT_TRUE(s.ConnectionLost(At(50000)));  // the next death starts the schedule again
+  EXPECT_EQ(s.next_attempt(), At(50050));
+  EXPECT_EQ(s.attempts(), 0u);
+}
+
+// An in-process worker (no transport) takes the loss from kConnected and hands the reply in from kAway.
+TEST(MemdSession, AWorkerWithoutATransportTakesTheLossAndTheReplyDirectly) {
+  MemdSession s;
+  ASSERT_TRUE(s.TakeLoss(At(0)));
+  EXPECT_EQ(s.state(), MemdState::kAway);
+  ASSERT_TRUE(s.Accepted().ok());
+  EXPECT_EQ(s.state(), MemdState::kConnected);
+}
+
+wire::SubmitRequestT Submit(RequestId id) {
+  wire::SubmitRequestT s;
+  s.request = id;
+  s.prompt = {1};
+  s.max_new_tokens = 2;
+  return s;
+}
+
+// Requests (GPU 0, epoch 1, client ids 1..5 = node ids 1..5): 1 waiting, 2 unsent (submitted while away), 3 granted,
+// 4 active, 5 active and ended while away. memd refuses 4's report (and 9's, not here) and adopts the rest: adopted
+// {3, 5}, refused {4}, resend {1, 2} in id order.
+TEST(MemdSession, PlanReturnSortsTheBookByWhatMemdAnswered) {
+  RequestBook book(0, ResumedOutputLimits{});
+  for (RequestId c = 1; c <= 5; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, c == 2, 10).ok());
+  ASSERT_TRUE(book.Transition(3, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
+  for (RequestId id : {4, 5}) {
+    ASSERT_TRUE(book.Transition(id, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
+  }
+  book.TakeGranted();
+  ASSERT_TRUE(book.Transition(4, RequestPhase::kGranted, RequestPhase::kActive).ok());
+  ASSERT_TRUE(book.Transition(5, RequestPhase::kGranted, RequestPhase::kActive).ok());
+  ASSERT_TRUE(book.DeferEnd(5, absl::CancelledError("gone")).ok());
+  wire::HelloReplyT reply;
+  reply.refused_reports = {4, 9};
+  reply.refused_reasons = {"bad pages"};
+  reply.interrupted_requests = {7};
+  const ReturnPlan plan = PlanReturn(reply, book);
+  ASSERT_EQ(plan.refused.size(), 1u);
+  EXPECT_EQ(plan.refused[0].first, 4u);
+  EXPECT_EQ(plan.refused[0].second, "bad pages");
+  EXPECT_EQ(plan.adopted, (std::set<RequestId>{3, 5}));
+  EXPECT_EQ(plan.resend, (std::vector<RequestId>{1, 2}));
+  EXPECT_EQ(plan.interrupted, (std::set<RequestId>{7}));
+}
+
+}  // namespace
+}  // namespace dhs

@@ -1,0 +1,92 @@
+// workerd/memd_session.cc: see memd_session.h.
+#include "workerd/memd_session.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "workerd/request_book.h"
+
+namespace dhs {
+
+std::string_view MemdStateName(MemdState state) {
+  switch (state) {
+    case MemdState::kConnected: return "connected";
+    case MemdState::kLost: return "lost";
+    case MemdState::kAway: return "away";
+    case MemdState::kHelloOut: return "hello-out";
+  }
+  return "unknown";
+}
+
+absl::Status TransitionMemd(MemdState& state, MemdState from, MemdState to) {
+  if (state != from) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("memd session is %s, expected %s", MemdStateName(state), MemdStateName(from)));
+  }
+  const bool allowed = std::find(std::begin(kMemdTransitions), std::end(kMemdTransitions), std::pair{from, to}) !=
+                       std::end(kMemdTransitions);
+  if (!allowed) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("no memd session transition %s -> %s", MemdStateName(from), MemdStateName(to)));
+  }
+  state = to;
+  return absl::OkStatus();
+}
+
+absl::Status MemdSession::Transition(MemdState from, MemdState to) { return TransitionMemd(state_, from, to); }
+
+bool MemdSession::ConnectionLost(TimePoint now) {
+  if (!Transition(MemdState::kConnected, MemdState::kLost).ok()) return false;
+  away_since_ = now;
+  backoff_ = std::chrono::milliseconds(50);
+  next_attempt_ = now + backoff_;
+  attempts_ = 0;
+  return true;
+}
+
+bool MemdSession::TakeLoss(TimePoint now) {
+  if (state_ == MemdState::kConnected) ConnectionLost(now);
+  return Transition(MemdState::kLost, MemdState::kAway).ok();
+}
+
+absl::Status MemdSession::HelloSent(TimePoint now) {
+  if (absl::Status s = Transition(MemdState::kAway, MemdState::kHelloOut); !s.ok()) return s;
+  hello_sent_ = now;
+  ++attempts_;
+  return absl::OkStatus();
+}
+
+void MemdSession::RetryLater(TimePoint now) {
+  if (state_ == MemdState::kHelloOut) DHS_CHECK_OK(Transition(MemdState::kHelloOut, MemdState::kAway));
+  next_attempt_ = now + backoff_;
+  backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, std::chrono::seconds(1));
+}
+
+absl::Status MemdSession::Accepted() {
+  if (state_ == MemdState::kHelloOut) return Transition(MemdState::kHelloOut, MemdState::kConnected);
+  return Transition(MemdState::kAway, MemdState::kConnected);
+}
+
+ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book) {
+  ReturnPlan plan;
+  plan.interrupted.insert(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
+  std::set<RequestId> refused;
+  for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
+    const RequestId id = reply.refused_reports[i];
+    if (book.Find(id) == nullptr) continue;
+    refused.insert(id);
+    plan.refused.emplace_back(id, i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "");
+  }
+  for (const auto& [id, life] : book.requests()) {
+    if (WaitsForGrant(life.held_phase())) {
+      plan.resend.push_back(id);
+    } else if (!refused.contains(id)) {
+      plan.adopted.insert(id);
+    }
+  }
+  return plan;
+}
+
+}  // namespace dhs

@@ -1,0 +1,121 @@
+// workerd/memd_session.h: the ONE state of the worker's conversation with memd (issue 23; issue 11, docs/protocol.md
+// "Re-Hello with a report"): connected, memd lost, serving away, re-Hello out. MemdClient (the transport) owns the
+// session (every MemdLink holds one: MemdLink::session()) and reports the connection's events to it; the Worker and
+// the ResidencyAgent read it through their link: "memd is away" is stored here only.
+//
+//   state      meaning                                                          left by
+//   kConnected memd answers                                                     its connection closed (kLost)
+//   kLost      the connection closed (memd died); the worker has not taken it    the worker serves away (kAway)
+//              yet (Worker::EnterAway: orders resolved, host writes paused)
+//   kAway      serving from the GPU; the next re-Hello attempt is due at         a re-Hello sent (kHelloOut)
+//              next_attempt()
+//   kHelloOut  a re-Hello is out on a new connection, unanswered                unanswered / failed (kAway), accepted
+//                                                                               (kConnected)
+// The move goes through TransitionMemd(), checked against kMemdTransitions (memd/history_page.h's pattern).
+//
+// The reconnect schedule (backoff 50 ms doubling to 1 s, the attempts, when the re-Hello went out) lives here too,
+// with the time passed in (no clocks). When a memd takes the re-Hello, PlanReturn says what the worker must do (which
+// requests memd refused, which it adopted, which admissions go again) instead of calling back into the loop.
+//
+// Thread-safety: none; one thread at a time (MemdClient's rule).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/types.h"
+#include "dhs_generated.h"
+
+namespace dhs {
+
+class RequestBook;  // workerd/request_book.h
+
+enum class MemdState : uint8_t { kConnected, kLost, kAway, kHelloOut };
+
+std::string_view MemdStateName(MemdState state);
+
+// Every allowed move, with the event that makes it:
+inline constexpr std::pair<MemdState, MemdState> kMemdTransitions[] = {
+    {MemdState::kConnected, MemdState::kLost},  // memd's connection closed (it died)
+    {MemdState::kLost, MemdState::kAway},       // the worker serves away (Worker::EnterAway)
+    {MemdState::kAway, MemdState::kHelloOut},   // a re-Hello sent on a new connection
+    {MemdState::kHelloOut, MemdState::kAway},   // the re-Hello unanswered for the memd timeout: retried later
+    {MemdState::kHelloOut, MemdState::kConnected},  // a memd accepted the re-Hello
+    {MemdState::kAway, MemdState::kConnected},  // in process (no transport): the re-Hello's reply handed in directly
+};
+
+// What the worker does when a memd accepted its re-Hello (Worker::ReturnFromAway), from the reply and the book:
+struct ReturnPlan {
+  // Reports memd refused, of requests in the book (HelloReply.refused_reports, with refused_reasons; "" when none):
+  // each ends to its client like after a fence and is resumed (from memd's interrupted record when it lists one).
+  std::vector<std::pair<RequestId, std::string>> refused;
+  // Requests granted here (not refused) that memd adopted: their held tokens go to their clients, their committed
+  // count is every generated token (the report carried them), paused ones step again.
+  std::set<RequestId> adopted;
+  // Requests waiting for their grant (their AdmitRequest went to the dead memd, or never went): sent again last.
+  std::vector<RequestId> resend;
+  std::set<RequestId> interrupted;  // HelloReply.interrupted_requests
+};
+ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book);
+
+class MemdSession {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  MemdState state() const { return state_; }
+  // memd is not connected (kLost, kAway, kHelloOut): the transport sends nothing to memd.
+  bool away() const { return state_ != MemdState::kConnected; }
+  // The worker took the loss and serves away (kAway, kHelloOut): ends, admissions and tokens wait for the re-Hello,
+  // no host page is written (Worker::EnterAway .. ReturnFromAway).
+  bool serving_away() const { return state_ == MemdState::kAway || state_ == MemdState::kHelloOut; }
+  bool hello_out() const { return state_ == MemdState::kHelloOut; }
+
+  // Moves kConnected -> kLost at `now` (the schedule restarts: first attempt after 50 ms). False when not connected
+  // (the loss was seen already).
+  bool ConnectionLost(TimePoint now);
+  // The worker takes the loss (kLost -> kAway; from kConnected, as an in-process test does, through kLost). False when
+  // it was taken already (kAway, kHelloOut): once per death.
+  bool TakeLoss(TimePoint now);
+  // Whether the next re-Hello attempt is due (kAway and now >= next_attempt()).
+  bool AttemptDue(TimePoint now) const { return state_ == MemdState::kAway && now >= next_attempt_; }
+  // A re-Hello went out at `now`: kAway -> kHelloOut, one more attempt. Errors: FAILED_PRECONDITION (not kAway).
+  absl::Status HelloSent(TimePoint now);
+  // Whether the re-Hello out has gone unanswered longer than `timeout`.
+  bool HelloExpired(TimePoint now, std::chrono::milliseconds timeout) const {
+    return state_ == MemdState::kHelloOut && now - hello_sent_ > timeout;
+  }
+  // The attempt failed (no memd socket, a failed connect or send, an unanswered Hello): the next one after the
+  // backoff, which doubles (at most 1 s). kHelloOut -> kAway.
+  void RetryLater(TimePoint now);
+  // Whether memd has been away longer than `bound` (the epoch then ends).
+  bool ReconnectExpired(TimePoint now, std::chrono::milliseconds bound) const {
+    return away() && now - away_since_ > bound;
+  }
+  // A memd accepted the re-Hello: kHelloOut (or kAway) -> kConnected. Errors: FAILED_PRECONDITION (connected).
+  absl::Status Accepted();
+
+  TimePoint away_since() const { return away_since_; }
+  TimePoint next_attempt() const { return next_attempt_; }
+  std::chrono::milliseconds backoff() const { return backoff_; }
+  uint32_t attempts() const { return attempts_; }
+
+ private:
+  absl::Status Transition(MemdState from, MemdState to);
+
+  MemdState state_ = MemdState::kConnected;
+  TimePoint away_since_{}, next_attempt_{}, hello_sent_{};
+  std::chrono::milliseconds backoff_{50};
+  uint32_t attempts_ = 0;
+};
+
+// Moves `state` from `from` to `to`. Errors: FAILED_PRECONDITION when `state` is not `from` or the move is not in
+// kMemdTransitions (`state` unchanged).
+absl::Status TransitionMemd(MemdState& state, MemdState from, MemdState to);
+
+}  // namespace dhs
