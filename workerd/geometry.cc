@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 #include "common/worker_shape.h"
-#include "workerd/spec/draft_ring.h"
-#include "workerd/spec/drafter_model.h"
-#include "workerd/spec/staging_pool.h"
+#include "workerd/speculation/draft_ring.h"
+#include "workerd/speculation/drafter_model.h"
+#include "workerd/verification/staging_pool.h"
 
 namespace dhs {
 namespace {

@@ -16,7 +16,7 @@
 #include "workerd/model/config.h"
 #include "workerd/resumed_outputs.h"
 #include "workerd/serving_mode.h"  // WorkerMode, its names
-#include "workerd/spec/speculation_config.h"
+#include "workerd/speculation/speculation_config.h"
 
 namespace dhs {
 
@@ -38,7 +38,7 @@ struct WorkerConfig {
                                      // alike
   uint32_t away_held_tokens = 4096;  // memd away (issue 11): a request whose tokens held back from its client (not
                                      // yet in memd's record) reach this pauses until memd is back, tokens
-  spec::SpeculationConfig speculation;  // --speculate, --block, ... (workerd/spec/speculation_config.h)
+  spec::SpeculationConfig speculation;  // --speculate, --block, ... (workerd/speculation/speculation_config.h)
   // χ (--staging-arenas, brief §6 "Staging", §8: 4 live payload layers): staging arenas of speculative verification,
   // used when speculation is on and the mode is hierarchical; 0 = none (a round's union must then fit the hot cache).
   uint32_t staging_arenas = 4;

@@ -26,7 +26,7 @@
 #endif
 #include "workerd/device/async_device_cli.h"
 #include "workerd/device/link_model_cli.h"
-#include "workerd/spec/speculation_cli.h"
+#include "workerd/speculation/speculation_cli.h"
 #include "workerd/model/weights.h"
 #include "workerd/worker_process.h"
 

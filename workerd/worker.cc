@@ -80,12 +80,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   ResidencyAgentConfig agent{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive,
                              config.mode != WorkerMode::kResident};
   w->agent_ = std::make_unique<ResidencyAgent>(agent, residency, memd);
-  if (absl::Status s = w->CreateProposer(); !s.ok()) return s;
-  if (const uint64_t ring = w->drafter_ ? static_cast<uint64_t>(w->drafter_->draft_ring_bytes()) : 0;
-      ring != w->geometry_.speculation.draft_ring_bytes) {  // what the Hello declared is what the drafter holds
-    return absl::InternalError(absl::StrCat("worker: the drafter's ring holds ", ring, " bytes, the geometry declares ",
-                                            w->geometry_.speculation.draft_ring_bytes));
-  }
+  w->resumes_ = std::make_unique<ResumeImporter>(model, w->hier_, config.page_rows);
+  absl::StatusOr<std::unique_ptr<SpeculativeRounds>> rounds = SpeculativeRounds::Create(model, config, w->geometry_);
+  if (!rounds.ok()) return rounds.status();
+  w->rounds_ = *std::move(rounds);
   return w;
 }
 
@@ -195,37 +193,15 @@ void Worker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   }
   r.granted = std::chrono::steady_clock::now();
   stats_.admission_wait.Observe(MicrosSince(r.submitted, r.granted));
-  // A resume's host-backed pages: every one memd took over (a memd that does not list them: the leading run).
-  r.host_backed = m.host_backed_pages;
-  if (r.host_backed.empty()) {
-    for (uint32_t j = 0; j < m.imported_pages; ++j) r.host_backed.push_back(j);
-  }
-  for (size_t i = 0; i < r.host_backed.size(); ++i) {
-    r.host_checksums[r.host_backed[i]] = i < m.host_backed_checksums.size() ? m.host_backed_checksums[i] : 0;
-  }
   const uint64_t rows = r.input.size() - r.resumed + r.max_new - 1;  // rows ever appended
   if (absl::Status s = agent_->OnGrant(m, rows / config_.page_rows); !s.ok()) {
     Finish(r.id, s);
     return;
   }
-  if (hier_ != nullptr && !r.host_backed.empty()) {
-    // Host-page integrity (issue 22): each host-backed page is checked against memd's checksum before anything
-    // imports it; a page that does not match (or has none) is treated as not host-backed: its rows are recomputed
-    // from the record's tokens (and its host page written again with them, the same bytes as the confirmed copy).
-    std::vector<uint64_t> sums;
-    for (uint32_t j : r.host_backed) sums.push_back(r.host_checksums[j]);
-    absl::StatusOr<std::vector<uint32_t>> bad = hier_->CheckHostCopies(r.id, r.host_backed, sums);
-    if (!bad.ok()) {
-      Finish(r.id, bad.status());
-      return;
-    }
-    if (!bad->empty()) {
-      spdlog::warn("worker: resumed request {} (client {}): {} of its {} host-backed pages do not match their "
-                   "checksums; their rows are recomputed from its tokens", r.id, r.client_id, bad->size(),
-                   r.host_backed.size());
-      std::erase_if(r.host_backed, [&](uint32_t j) { return std::find(bad->begin(), bad->end(), j) != bad->end(); });
-      for (uint32_t j : *bad) r.host_checksums.erase(j);
-    }
+  // A resume's host-backed pages (every one memd took over), checked against their checksums (issue 22).
+  if (absl::Status s = resumes_->OnGrant(r.resume, r.id, r.client_id, m); !s.ok()) {
+    Finish(r.id, s);
+    return;
   }
   DHS_CHECK_OK(book_.Transition(r.id, phase, RequestPhase::kGranted));  // queued for StartGranted
 }
@@ -307,7 +283,7 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
   }
   // Detached (no client until Attach), never under the interrupted id it continues.
   std::unique_ptr<Request> r = NewRequest(*book_.OpenResumed(submit, interrupted));
-  r->resume_started = r->submitted;
+  ResumeImporter::Start(r->resume, r->submitted);
   r->generated.assign(record.tokens.begin(), record.tokens.end());
   r->digests = record.logits_digests;
   r->resumed = static_cast<Position>(r->generated.size());
@@ -382,110 +358,21 @@ void Worker::StartGranted() {
     Request& r = *it->second;
     r.session.emplace(model_->NewSession(id));
     DHS_CHECK_OK(book_.Transition(id, RequestPhase::kGranted, RequestPhase::kActive));
-    if (r.resume_started) ImportResumed(r);
+    if (!ResumeImporter::resumed(r.resume)) continue;
+    if (resumes_->Begin(r.resume, r.id, r.client_id, static_cast<Position>(r.input.size()))) continue;
+    r.fed = 0;  // the import failed: every row recomputed from the tokens (same bits)
+    if (absl::Status rebuilt = ReplayFed(r); !rebuilt.ok()) Finish(r.id, rebuilt);
   }
-}
-
-void Worker::ImportResumed(Request& r) {
-  const uint32_t p = config_.page_rows;
-  // The last token is fed by a Step (its logits give the next token): pages wholly before it only.
-  const auto usable = static_cast<uint32_t>((r.input.size() - 1) / p);
-  std::vector<uint32_t> backed, pages;  // every host-backed page; those imported (wholly before the last token)
-  if (hier_ != nullptr) backed = r.host_backed;
-  std::sort(backed.begin(), backed.end());
-  backed.erase(std::unique(backed.begin(), backed.end()), backed.end());
-  for (uint32_t j : backed) {
-    if (j < usable) pages.push_back(j);
-  }
-  for (uint32_t j : pages) {  // maximal runs of consecutive pages
-    if (!r.host_runs.empty() && r.host_runs.back().first + r.host_runs.back().second == j) {
-      ++r.host_runs.back().second;
-    } else {
-      r.host_runs.emplace_back(j, 1);
-    }
-  }
-  r.rows_imported = Position{static_cast<int64_t>(pages.size())} * p;  // planned; a fallback moves them
-  r.rows_recomputed = static_cast<Position>(r.input.size()) - r.rows_imported;
-  stats_.rows_imported += static_cast<uint64_t>(r.rows_imported);
-  stats_.rows_recomputed += static_cast<uint64_t>(r.rows_recomputed);
-  spdlog::info("worker: resumed request {} (client {}) granted: {} of its {} pages before the last token are "
-               "host-backed ({} runs): {} rows to import from host, {} rows to recompute from its tokens", r.id,
-               r.client_id, pages.size(), usable, r.host_runs.size(), r.rows_imported, r.rows_recomputed);
-  if (backed.empty()) return;
-  // Host-ready from now on, the pages recomputed after the last token included (the record may end before rows the
-  // dead worker had backed up): their confirmed host copy is never written again.
-  if (absl::Status s = hier_->ImportHostPages(r.id, backed, HostChecksumsOf(r, backed)); !s.ok()) {
-    if (absl::Status rebuilt = FallBackToRecompute(r, s); !rebuilt.ok()) Finish(r.id, rebuilt);
-  }
-}
-
-std::vector<uint64_t> Worker::HostChecksumsOf(const Request& r, std::span<const uint32_t> pages) {
-  std::vector<uint64_t> sums;
-  for (uint32_t j : pages) {
-    auto it = r.host_checksums.find(j);
-    sums.push_back(it == r.host_checksums.end() ? 0 : it->second);
-  }
-  return sums;
-}
-
-Position Worker::NextHostRow(const Request& r) const {
-  if (r.host_runs.empty()) return static_cast<Position>(r.input.size());
-  return Position{r.host_runs.front().first} * config_.page_rows;
-}
-
-absl::Status Worker::ImportHostRun(Request& r) {
-  if (r.host_runs.empty() || r.fed != NextHostRow(r)) return absl::OkStatus();
-  const auto [first, count] = r.host_runs.front();
-  std::vector<std::vector<float>> keys;
-  absl::Status s = hier_->ImportHostRows(r.id, first, count, keys);
-  if (s.ok()) s = model_->ImportKeys(*r.session, count * config_.page_rows, keys);
-  if (!s.ok()) return FallBackToRecompute(r, s);
-  r.fed += Position{count} * config_.page_rows;
-  r.host_runs.pop_front();
-  return absl::OkStatus();
-}
-
-void Worker::CountRecomputed(Request& r, Position rows) {
-  stats_.rows_imported -= static_cast<uint64_t>(rows);
-  stats_.rows_recomputed += static_cast<uint64_t>(rows);
-  r.rows_recomputed += rows;
-  r.rows_imported -= rows;
-}
-
-void Worker::CountAllRecomputed(Request& r) {
-  CountRecomputed(r, r.rows_imported);
-  r.host_runs.clear();
-}
-
-bool Worker::RemarkHostBacked(Request& r) {
-  if (hier_ == nullptr || r.host_backed.empty()) return false;
-  if (absl::Status s = hier_->ImportHostPages(r.id, r.host_backed, HostChecksumsOf(r, r.host_backed)); !s.ok()) {
-    spdlog::warn("worker: request {}: its host-backed pages are not host-ready again ({}); their host pages are "
-                 "written again with the same rows", r.id, s.ToString());
-    return false;
-  }
-  return true;
-}
-
-absl::Status Worker::FallBackToRecompute(Request& r, const absl::Status& why) {
-  spdlog::warn("worker: request {}: import of its host pages failed ({}); recomputing every row", r.id,
-               why.ToString());
-  CountAllRecomputed(r);
-  r.fed = 0;
-  r.capture.reset();
-  if (absl::Status rebuilt = agent_->RebuildKv(r.id); !rebuilt.ok()) return rebuilt;
-  RemarkHostBacked(r);  // recomputed, but their confirmed copies are not written again
-  r.session.emplace(model_->NewSession(r.id));
-  return absl::OkStatus();
 }
 
 absl::Status Worker::ImportChunk(Request& r) {
   // The prefix ends at prefix_tokens; the last input token is always fed by a Step (its logits start decoding).
   const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix_tokens);
   // A resume recomputes up to its next host run only (imported there); its rows bypass the row cache meanwhile.
-  Position end = std::min({last, r.fed + static_cast<Position>(geometry_.prefill_chunk), NextHostRow(r)});
+  Position end = std::min({last, r.fed + static_cast<Position>(geometry_.prefill_chunk),
+                           resumes_->NextHostRow(r.resume, static_cast<Position>(r.input.size()))});
   const Position block = static_cast<Position>(r.prefix_block_tokens);
-  const bool cached = prefix_cache_.capacity_bytes() > 0 && block > 0 && r.host_runs.empty();
+  const bool cached = prefix_cache_.capacity_bytes() > 0 && block > 0 && !ResumeImporter::importing(r.resume);
   const Position first = cached ? r.fed / block * block : 0;
   std::span<const uint64_t> chain;
   if (cached) {
@@ -536,15 +423,7 @@ absl::Status Worker::ReplayFed(Request& r) {
   if (absl::Status s = agent_->RebuildKv(r.id); !s.ok()) return s;  // released and planned again
   // A resume: the rows it imported so far are recomputed below too; its host-backed pages are host-ready again, so
   // the runs after `fed` are still imported (else everything is recomputed).
-  if (!r.host_backed.empty()) {
-    Position ahead = 0;
-    for (const auto& [first, count] : r.host_runs) ahead += Position{count} * config_.page_rows;
-    if (RemarkHostBacked(r)) {
-      CountRecomputed(r, r.rows_imported - ahead);
-    } else {
-      CountAllRecomputed(r);
-    }
-  }
+  resumes_->AfterRebuild(r.resume, r.id);
   r.session.emplace(model_->NewSession(r.id));
   r.capture.reset();  // recomputed below without the row cache; a later block starts a fresh capture
   const std::vector<model::Token> all = r.Tokens();
@@ -581,8 +460,13 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     }
     // A resume's host run starting here is imported (no compute), but not while memd is away: the jump may overwrite
     // tail slots whose backups wait for the re-Hello (host writes are paused).
-    if (away() && !r.host_runs.empty() && r.fed == NextHostRow(r)) continue;
-    if (absl::Status s = ImportHostRun(r); !s.ok()) {
+    if (away() && resumes_->RunAt(r.resume, r.fed)) continue;
+    absl::Status s = absl::OkStatus();
+    if (!resumes_->ImportRun(r.resume, r.id, *r.session, r.fed)) {  // every row recomputed from the tokens instead
+      r.fed = 0;
+      s = ReplayFed(r);
+    }
+    if (!s.ok()) {
       failed.push_back(id);
       spdlog::warn("worker: request {} failed: its KV could not be rebuilt after a failed import: {}", id,
                    s.ToString());
@@ -598,8 +482,9 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
     }
     BatchItem item{&r, {}, true, false, {}};
     if (r.fed < in) {
-      // A resume's prefill stops at its next host run (imported by the next iteration's ImportHostRun).
-      const size_t n = std::min<size_t>(geometry_.prefill_chunk, static_cast<size_t>(NextHostRow(r) - r.fed));
+      // A resume's prefill stops at its next host run (imported by the next iteration's ResumeImporter::ImportRun).
+      const size_t n = std::min<size_t>(geometry_.prefill_chunk,
+                                        static_cast<size_t>(resumes_->NextHostRow(r.resume, in) - r.fed));
       if (n == 0) continue;  // a host run starts here: the next iteration imports it
       item.tokens.assign(r.input.begin() + r.fed, r.input.begin() + r.fed + static_cast<Position>(n));
       item.emits = r.fed + static_cast<Position>(n) == in;
@@ -611,8 +496,49 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
   for (RequestId id : failed) {
     Finish(id, absl::UnavailableError(absl::StrCat("request ", id, " failed: its KV could not be imported")));
   }
-  AddProposals(items);  // speculative rounds for decoding items (worker_speculation.cc)
+  AddProposals(items);  // speculative rounds for decoding items (SpeculativeRounds)
   return items;
+}
+
+void Worker::AddProposals(std::vector<BatchItem>& items) {
+  if (!rounds_->enabled()) return;
+  std::vector<RoundCandidate> candidates;
+  std::vector<BatchItem*> which;
+  for (BatchItem& item : items) {
+    Request& r = *item.r;
+    if (r.fed < static_cast<Position>(r.input.size()) || r.generated.empty()) continue;  // prefilling
+    const int64_t remaining = static_cast<int64_t>(r.max_new) - static_cast<int64_t>(r.generated.size());
+    candidates.push_back(RoundCandidate{&r.spec, r.id, &*r.session, spec::RoundKey{r.seed, r.client_id, r.fed},
+                                        remaining, r.greedy, [&r] { return r.Tokens(); }});
+    which.push_back(&item);
+  }
+  int64_t joining = 0;  // the online width's load: granted soon (sent to memd and not told to wait)
+  for (const auto& [id, r] : requests_) {  // waiting, not told to wait (kQueued)
+    const RequestPhase p = r->life->held_phase();
+    joining += rounds_->online() && (p == RequestPhase::kUnsent || p == RequestPhase::kWaiting);
+  }
+  std::vector<std::optional<spec::DraftResult>> drafts =
+      rounds_->Propose(candidates, static_cast<int64_t>(active_requests()), joining, kv());
+  for (size_t i = 0; i < which.size(); ++i) {
+    if (!drafts[i]) continue;
+    BatchItem& item = *which[i];
+    item.draft = *std::move(drafts[i]);
+    item.tokens.insert(item.tokens.end(), item.draft.tokens.begin(), item.draft.tokens.end());
+    item.round = true;
+  }
+}
+
+absl::Status Worker::FinishRound(BatchItem& item, std::span<const float> logits, std::span<const float> hidden) {
+  Request& r = *item.r;
+  const RoundInput round{&r.spec, r.id, &*r.session, spec::RoundKey{r.seed, r.client_id, r.fed}, r.greedy,
+                         &r.sampling};
+  absl::StatusOr<spec::RoundOutcome> outcome = rounds_->Finish(round, item.draft, logits, hidden, kv());
+  if (!outcome.ok()) return outcome.status();
+  r.fed += outcome->accepted + 1;  // positions n_r .. n_r + A_r kept
+  for (size_t j = 0; j < outcome->emitted.size(); ++j) {
+    RecordToken(r, outcome->emitted[j], logits.subspan(j * model::kVocab, model::kVocab));
+  }
+  return absl::OkStatus();
 }
 
 void Worker::FailDataLoss(std::vector<BatchItem>* items) {
@@ -632,7 +558,7 @@ void Worker::RetryAlone(std::vector<BatchItem>& items) {
     model::StepOutput solo;
     if (s.ok() && item.round) s = model_->BeginVerification(*r.session, kv());  // rebuilt: hold its round again
     if (s.ok()) {
-      model::StepInput in{&*r.session, item.tokens, WantsHidden(r)};
+      model::StepInput in{&*r.session, item.tokens, rounds_->WantsHidden(r.spec)};
       s = model_->Step(std::span<model::StepInput>(&in, 1), kv(), std::span<model::StepOutput>(&solo, 1));
     }
     if (!s.ok()) {
@@ -643,7 +569,7 @@ void Worker::RetryAlone(std::vector<BatchItem>& items) {
       if (absl::Status f = FinishRound(item, solo.logits, solo.hidden); !f.ok()) Finish(r.id, f);
       continue;
     }
-    KeepHidden(r, r.fed, solo.hidden, item.tokens.size());
+    rounds_->KeepHidden(r.spec, r.fed, solo.hidden, item.tokens.size());
     r.fed += static_cast<Position>(item.tokens.size());
     if (item.emits) EmitToken(r, std::span<const float>(solo.logits).last(model::kVocab));
   }
@@ -654,16 +580,16 @@ absl::Status Worker::RunBatch() {
   last_batch_ = items.size();
   if (items.empty()) return absl::OkStatus();
   std::vector<model::StepInput> batch;
-  for (BatchItem& it : items) batch.push_back(model::StepInput{&*it.r->session, it.tokens, WantsHidden(*it.r)});
+  for (BatchItem& it : items) {
+    batch.push_back(model::StepInput{&*it.r->session, it.tokens, rounds_->WantsHidden(it.r->spec)});
+  }
   std::vector<model::StepOutput> out(items.size());
   const auto step_start = std::chrono::steady_clock::now();
   absl::Status st = model_->Step(batch, kv(), out);
-  if (online_width_ && st.ok()) {  // t(Q): the step's time against its queries (every token fed is one)
+  if (rounds_->online() && st.ok()) {  // t(Q): the step's time against its queries (every token fed is one)
     int64_t queries = 0;
     for (const BatchItem& it : items) queries += static_cast<int64_t>(it.tokens.size());
-    online_width_->ObserveStep(queries, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
-                                                                                  step_start).count() + 1e-3)
-        .IgnoreError();  // queries >= 1, time > 0
+    rounds_->ObserveStep(queries, std::chrono::steady_clock::now() - step_start);
   }
   if (st.ok()) {
     bool prefill = false, decode = false;  // test-only kill points (common/fault_point.h)
@@ -677,7 +603,7 @@ absl::Status Worker::RunBatch() {
         }
         continue;
       }
-      KeepHidden(r, r.fed, out[b].hidden, items[b].tokens.size());
+      rounds_->KeepHidden(r.spec, r.fed, out[b].hidden, items[b].tokens.size());
       r.fed += static_cast<Position>(items[b].tokens.size());
       if (items[b].emits) EmitToken(r, std::span<const float>(out[b].logits).last(model::kVocab));
     }
@@ -783,13 +709,8 @@ void Worker::CommitStep() {
   for (RequestId id : ids) {
     Request& r = *requests_.at(id);
     const bool finished = r.generated.size() >= r.max_new;
-    if (r.resume_started && r.generated.size() - new_tokens[id] == static_cast<size_t>(r.resumed)) {
-      const uint64_t us = MicrosSince(*r.resume_started, std::chrono::steady_clock::now());
-      stats_.resume_us_max = std::max(stats_.resume_us_max, us);
-      resume_figures_[r.client_id] = ResumeFigures{r.id, static_cast<uint64_t>(r.rows_imported),
-                                                   static_cast<uint64_t>(r.rows_recomputed), us};
-      spdlog::info("worker: request {} (client {}) resumed: first new token after {} us ({} rows imported from host, "
-                   "{} rows recomputed)", r.id, r.client_id, us, r.rows_imported, r.rows_recomputed);
+    if (r.generated.size() - new_tokens[id] == static_cast<size_t>(r.resumed)) {  // a resume's first new token
+      resumes_->FirstNewToken(r.resume, r.id, r.client_id, std::chrono::steady_clock::now());
     }
     // A re-attached client that had tokens the record lacked gets only the ones after those (same draws: equal).
     const size_t first = std::max(r.generated.size() - new_tokens[id], r.life->tokens.client_has);
@@ -873,7 +794,7 @@ void Worker::Finish(RequestId id, absl::Status error) {
     return;
   }
   if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
-  ReleaseSpecSlot(r);
+  rounds_->Release(r.spec);
   ReportEnd(r, error);
   agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
   Erase(it, /*completed=*/true);  // a waiting one's grant may cross the Complete (RequestBook::StaleGrant)
@@ -1094,6 +1015,17 @@ WorkerStats Worker::stats() const {
   WorkerStats s = stats_;
   if (hier_ != nullptr) s.census = hier_->TotalCensus();
   if (hier_ != nullptr) s.host_integrity = hier_->host_integrity();
+  const ResumeCounters& rc = resumes_->counters();
+  s.rows_imported = rc.rows_imported;
+  s.rows_recomputed = rc.rows_recomputed;
+  s.resume_us_max = rc.resume_us_max;
+  const RoundCounters& sc = rounds_->counters();
+  s.spec_rounds = sc.rounds;
+  s.spec_round_tokens = sc.round_tokens;
+  s.spec_proposed = sc.proposed;
+  s.spec_accepted = sc.accepted;
+  s.spec_propose_us = sc.propose_us;
+  s.spec_width_rounds = sc.width_rounds;
   const ResidencyStats& a = agent_->stats();
   s.reclaims_obeyed = a.reclaims_obeyed;
   s.pages_reclaimed = a.pages_reclaimed;

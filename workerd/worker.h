@@ -60,12 +60,9 @@
 #include "workerd/prefix_cache.h"
 #include "workerd/request_book.h"
 #include "workerd/residency_agent.h"
+#include "workerd/resume_import.h"
 #include "workerd/serving.h"
-#include "workerd/spec/acceptance.h"
-#include "workerd/spec/block_width.h"
-#include "workerd/spec/drafter.h"
-#include "workerd/spec/online_block_width.h"
-#include "workerd/spec/proposer.h"
+#include "workerd/speculative_rounds.h"
 
 namespace dhs {
 
@@ -96,7 +93,7 @@ struct WorkerStats {
   // Host-page integrity (issue 22; HierarchicalKvAccess::host_integrity):
   HostIntegrityCounters host_integrity;  // pages checksummed / verified (bytes) / mismatched
   uint64_t requests_cancelled = 0;      // requests ended by their client's Cancel (issue 22)
-  // Speculation (--speculate; workerd/worker_speculation.cc):
+  // Speculation (--speculate; workerd/speculative_rounds.h RoundCounters):
   uint64_t spec_rounds = 0;          // verified rounds (K_r >= 2)
   uint64_t spec_round_tokens = 0;    // tokens those rounds emitted: sum of A_r + 1
   uint64_t spec_proposed = 0;        // proposals verified: sum of K_r - 1
@@ -245,14 +242,9 @@ class Worker final : public MemdHandler, public Submitter {
   WorkerStats stats() const;
   // Per resumed request (by client id), once its first new token came (Resume): its history's rows imported from host
   // (pages with a confirmed host copy) and recomputed from its tokens (pages without one, and the tail), in rows, and
-  // the time from Resume to that token, us. Kept for the worker's life (one entry per resume).
-  struct ResumeFigures {
-    RequestId request = 0;  // the node id it resumed as
-    uint64_t rows_imported = 0;
-    uint64_t rows_recomputed = 0;
-    uint64_t resume_us = 0;
-  };
-  const std::map<RequestId, ResumeFigures>& resume_figures() const { return resume_figures_; }
+  // the time from Resume to that token, us. Kept for the worker's life (one entry per resume; ResumeImporter).
+  using ResumeFigures = dhs::ResumeFigures;
+  const std::map<RequestId, ResumeFigures>& resume_figures() const { return resumes_->figures(); }
   wire::WorkerStatsReplyT StatsReply() const override;
   // TimelinesToJson of the worker's timelines of client id `client_request` (submitted, first_token, end; at most
   // kWorkerTimelineLimits), as WorkerStatsReply.timeline_json.
@@ -303,21 +295,8 @@ class Worker final : public MemdHandler, public Submitter {
       return all;
     }
     RequestId resume_of = 0;    // a resume: the interrupted node id it continues (AdmitRequest.resume_of)
-    std::vector<uint32_t> host_backed;  // a resume's history pages with a confirmed host copy (the grant's)
-    std::map<uint32_t, uint64_t> host_checksums;  // their checksums (AdmitGrant.host_backed_checksums; issue 22)
-    // A resume's runs of host-backed pages not imported yet, in position order: (first page, pages). The run at the
-    // front is imported when `fed` reaches its first row; recomputing stops there.
-    std::deque<std::pair<uint32_t, uint32_t>> host_runs;
-    Position rows_imported = 0, rows_recomputed = 0;  // a resume's history: imported from host / recomputed
-    std::optional<std::chrono::steady_clock::time_point> resume_started;  // set for a resumed request
-    int spec_slot = -1;         // the proposer's slot (speculation on, decoding), else -1
-    // The drafter (--speculate fixed|confidence): the target's final hidden states (d_model floats per position) of
-    // positions [hidden_from, hidden_end) fed since the slot's last Propose (the prompt before the first), handed
-    // to the drafter as DraftRequest.target_hidden and released then. hidden_gap: positions were fed without one
-    // (an imported prefix or host run): the request decodes without the drafter.
-    std::vector<float> target_hidden;
-    Position hidden_from = 0, hidden_end = 0;
-    bool hidden_gap = false;
+    ResumeState resume;         // a resume's host-backed pages, runs to import, figures (ResumeImporter)
+    RoundState spec;            // its speculative rounds: proposer slot, the drafter's hidden states (rounds_)
   };
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd,
          ClientSink* client);
@@ -327,32 +306,12 @@ class Worker final : public MemdHandler, public Submitter {
     Request* r;
     std::vector<model::Token> tokens;
     bool emits;
-    bool round = false;        // a speculative round: tokens = anchor then draft.tokens (worker_speculation.cc)
+    bool round = false;        // a speculative round: tokens = anchor then draft.tokens (SpeculativeRounds)
     spec::DraftResult draft;
   };
+  // Starts the granted requests; a resumed one's host-backed pages are made host-ready and its host runs planned
+  // (ResumeImporter::Begin; a failed import: its KV rebuilt from its tokens, every row recomputed).
   void StartGranted();
-  // A resumed request's start: its host-backed pages (the grant's, those wholly before its last token) made
-  // host-resident and planned as runs (host_runs), the rows between them left to prefill from its tokens; a failed
-  // import falls back to recomputing everything.
-  void ImportResumed(Request& r);
-  // Imports the host run at the front of r.host_runs when r.fed is at its first row (payload rows and index keys; no
-  // compute). A failure falls back to recomputing (FallBackToRecompute): the request goes on, exactly.
-  // Errors: the KV rebuild's of a fallback (the request must end).
-  absl::Status ImportHostRun(Request& r);
-  // The first row of r's next host run (r.input.size() when none): recomputing stops there.
-  Position NextHostRow(const Request& r) const;
-  // The checksums r.host_checksums keeps of `pages` (0 for a page without one), same order.
-  static std::vector<uint64_t> HostChecksumsOf(const Request& r, std::span<const uint32_t> pages);
-  // A resume's import failed: a fresh KV and session, every row recomputed from the tokens (same bits); the
-  // figures count every row recomputed. Errors: RebuildKv's (the request must end).
-  absl::Status FallBackToRecompute(Request& r, const absl::Status& why);
-  // A resume's figures: `rows` of its planned imports recomputed instead.
-  void CountRecomputed(Request& r, Position rows);
-  // A resume's figures once its KV is rebuilt from the tokens: every row recomputed, no host run left to import.
-  void CountAllRecomputed(Request& r);
-  // After a KV rebuild (RebuildKv): r's host-backed pages host-ready again (ImportHostPages), so their confirmed
-  // copies are never written again and later runs can still be imported. False (logged) when r has none or it failed.
-  bool RemarkHostBacked(Request& r);
   // The active requests' next tokens (importing prepared-prefix chunks first; a failed import ends its request).
   std::vector<BatchItem> CollectBatch();
   // After a failed batched step: each request rebuilt from its tokens and stepped alone (brief §11).
@@ -361,28 +320,12 @@ class Worker final : public MemdHandler, public Submitter {
   // (HierarchicalKvAccess::TakeDataLoss), first removing its entries from `items` (when given).
   void FailDataLoss(std::vector<BatchItem>* items = nullptr);
   absl::Status RunBatch();
-  // Speculation (worker_speculation.cc; brief §6). The proposer of --speculate (nullptr when off).
-  absl::Status CreateProposer();
-  absl::Status CreateDrafter();
-  // The step's block width: OnlineBlockWidth's decision (--block-schedule online: decoding sessions, and requests
-  // waiting for their grant that memd has not told to wait, i.e. that fit in its free memory), else the schedule's
-  // (or --block) width at the active sessions; capped by max_block.
-  int64_t StepWidth(int64_t active) const;
-  // The round width K_r for r now: `width` capped by the tokens r may still emit. 1 = a plain step.
-  int64_t RoundWidth(const Request& r, int64_t width) const;
-  // Decoding items with K_r >= 2 get the proposer's tokens (one Propose for the batch; a failed Propose leaves the
-  // items plain) and their rows from n_r + 1 on held unverified (Model::BeginVerification).
+  // Speculation (SpeculativeRounds; brief §6): decoding items the rounds open get the proposer's tokens (one
+  // Propose for the batch) and their rows from n_r + 1 on held unverified.
   void AddProposals(std::vector<BatchItem>& items);
-  // A verified round: acceptance (greedy or sampling with keyed draws), the A_r + 1 tokens emitted (each with its
-  // query's logits digest), the rejected rows dropped (Model::EndVerification: backups of the kept rows only), the
-  // proposer committed. An error fails the request.
-  // hidden: the pass's hidden states (empty unless WantsHidden), rows of the kept positions go to KeepHidden.
+  // A verified round (SpeculativeRounds::Finish): its A_r + 1 tokens emitted (each with its query's logits digest).
+  // An error fails the request. hidden: the pass's hidden states (empty unless SpeculativeRounds::WantsHidden).
   absl::Status FinishRound(BatchItem& item, std::span<const float> logits, std::span<const float> hidden);
-  // Whether r's steps ask the target's hidden states (the drafter conditions on them).
-  bool WantsHidden(const Request& r) const { return drafter_ != nullptr && !r.hidden_gap; }
-  // Keeps the first `rows` hidden states of a step that fed r from position `first` (r.hidden_end, else a gap).
-  void KeepHidden(Request& r, Position first, std::span<const float> hidden, size_t rows);
-  void ReleaseSpecSlot(Request& r);
   absl::Status ReplayFed(Request& r);
   absl::Status ImportChunk(Request& r);
   // Samples r's next token (DrawKey{seed, client id, t}) and queues it for CommitStep.
@@ -438,15 +381,11 @@ class Worker final : public MemdHandler, public Submitter {
   void CountFailure(const absl::Status& error);
   RequestTimelines timelines_{kWorkerTimelineLimits};  // the serving side of `dhsctl request` (issue 22)
   PrefixRowCache prefix_cache_;
-  std::map<RequestId, ResumeFigures> resume_figures_;  // client id -> figures (resume_figures())
+  std::unique_ptr<ResumeImporter> resumes_;  // resumed requests' host imports and figures
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (EmitToken -> CommitStep)
   bool stopping_all_ = false;  // StopAll: ends happen now, memd away or not
   size_t last_batch_ = 0;    // requests in the latest step
-  std::unique_ptr<spec::Proposer> proposer_;        // --speculate (nullptr when off)
-  spec::DrafterProposer* drafter_ = nullptr;         // proposer_ when it is the drafter (fixed / confidence)
-  std::optional<spec::BlockWidthSchedule> schedule_;  // --block-schedule (else --block at every load)
-  std::optional<spec::OnlineBlockWidth> online_width_;  // --block-schedule online
-  std::vector<bool> spec_slot_used_;                // the proposer's slots
+  std::unique_ptr<SpeculativeRounds> rounds_;  // --speculate: proposer, width schedule, slots
 };
 
 }  // namespace dhs

@@ -4,7 +4,7 @@
 //
 // Not here: --run-dir (dhs-node sets it), --check-config, the test-only flags, the link-model and asynchronous-device
 // flags (their own option modules; dhs-node passes them through extra_args). The speculation flags' names and ranges
-// are listed for dhs-node's early check; workerd reads them in AddSpeculationOptions (workerd/spec/speculation_cli.h)
+// are listed for dhs-node's early check; workerd reads them in AddSpeculationOptions (workerd/speculation/speculation_cli.h)
 // and checks them at its start (ResolveSpeculation).
 //
 // Thread-safety: constants.
@@ -25,7 +25,7 @@ namespace dhs {
 inline std::vector<std::string> WorkerDeviceNames() { return {"cpu", "cuda", "auto"}; }
 // --log-level: spdlog's levels.
 inline std::vector<std::string> WorkerLogLevels() { return {"trace", "debug", "info", "warn", "error", "critical", "off"}; }
-// --speculate (workerd/spec/speculation_config.h, SpeculateMode).
+// --speculate (workerd/speculation/speculation_config.h, SpeculateMode).
 inline std::vector<std::string> SpeculateModeNames() { return {"off", "fixed", "confidence", "synthetic"}; }
 
 inline constexpr DaemonFlag kWorkerFlags[] = {

@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/replay/options.h"
-#include "workerd/spec/speculation_cli.h"
+#include "workerd/speculation/speculation_cli.h"
 #include "tests/common/test_util.h"
 
 namespace dhs::replay {

@@ -26,7 +26,7 @@
 #include "tests/common/test_util.h"
 #include "tests/workerd/worker_test_util.h"
 #include "workerd/geometry.h"
-#include "workerd/spec/drafter_model.h"
+#include "workerd/speculation/drafter_model.h"
 
 namespace dhs::test {
 namespace {

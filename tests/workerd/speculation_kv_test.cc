@@ -13,7 +13,7 @@
 
 #include "tests/workerd/kv_test_util.h"
 #include "tests/workerd/worker_test_util.h"
-#include "workerd/spec/acceptance.h"
+#include "workerd/speculation/acceptance.h"
 
 namespace dhs {
 namespace {
@@ -296,7 +296,7 @@ TEST(SpeculativeKv, UnionOfTheRoundsQueriesCopiesEachMissingRowOnce) {
 }  // namespace
 }  // namespace dhs
 
-#include "workerd/spec/synthetic_proposer.h"
+#include "workerd/speculation/synthetic_proposer.h"
 
 namespace dhs {
 namespace {

@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "tests/workerd/worker_test_util.h"
 #include "workerd/device/cpu_device.h"
-#include "workerd/spec/drafter_distill.h"
-#include "workerd/spec/drafter_model.h"
+#include "workerd/speculation/drafter_distill.h"
+#include "workerd/speculation/drafter_model.h"
 
 namespace dhs::test {
 namespace {
@@ -308,7 +308,7 @@ TEST(WorkerSpeculation, CancelMidSpeculationReleasesTheProposerSlotAndTheKv) {
 
 // --block-schedule online (spec::OnlineBlockWidth): the width changes from step to step with the measured acceptance
 // and step times; outputs stay those of the model alone, every round's width is within [2, --block], and the rounds
-// add up. (The choice itself is tested with made-up figures in tests/spec/online_block_width_test.cc.)
+// add up. (The choice itself is tested with made-up figures in tests/speculation/online_block_width_test.cc.)
 TEST(WorkerSpeculation, OnlineBlockWidthKeepsGreedyOutputsExact) {
   auto m = MakePresetModel("dsv4flash-like");
   const std::vector<Spec> specs = Requests(m->config().top_k);

@@ -1,9 +1,9 @@
 // dhs-gen-weights: writes the built-in model's weights for a preset from a seed (safetensors; brief §11), or with
-// --drafter the built-in drafter's weights (workerd/spec/drafter_model.h) paired with that preset's d_model.
+// --drafter the built-in drafter's weights (workerd/speculation/drafter_model.h) paired with that preset's d_model.
 //   dhs-gen-weights --preset NAME --seed N --out FILE
 //   dhs-gen-weights --drafter --preset NAME --seed N --out FILE [--layers L] [--window W] [--k-max K]
 //                   [--distill-texts T --target-seed S]   (output layers fitted on T x 256 tokens sampled from the
-//                                                          preset's target of seed S: workerd/spec/drafter_distill.h)
+//                                                          preset's target of seed S: workerd/speculation/drafter_distill.h)
 // Deterministic: the same arguments give the same bytes. Exit status 0 on success, 1 on an error (printed).
 #include <cstdint>
 #include <iostream>
@@ -14,8 +14,8 @@
 #include "workerd/model/config.h"
 #include "workerd/model/weights.h"
 #include "workerd/model/model.h"
-#include "workerd/spec/drafter_distill.h"
-#include "workerd/spec/drafter_model.h"
+#include "workerd/speculation/drafter_distill.h"
+#include "workerd/speculation/drafter_model.h"
 
 // Replaces the drafter in `writer` by its distilled version (texts of 256 tokens sampled from the target, seed 7).
 absl::Status Distill(const dhs::model::ModelConfig& target_config, uint64_t target_seed, int texts,

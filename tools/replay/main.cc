@@ -29,7 +29,7 @@
 #include "tools/replay/node_launcher.h"
 #include "tools/replay/options.h"
 #include "workerd/device/async_device_cli.h"
-#include "workerd/spec/speculation_cli.h"
+#include "workerd/speculation/speculation_cli.h"
 #include "tools/replay/report.h"
 #include "tools/replay/supervised_node.h"
 #include "tools/replay/zmq_node_client.h"

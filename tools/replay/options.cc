@@ -16,7 +16,7 @@
 #include "tools/replay/fault_plan.h"
 #include "workerd/device/async_device_cli.h"
 #include "workerd/device/link_model_cli.h"
-#include "workerd/spec/speculation_cli.h"
+#include "workerd/speculation/speculation_cli.h"
 
 #ifndef DHS_REPLAY_DEFAULT_TRACE
 #define DHS_REPLAY_DEFAULT_TRACE "tools/replay/data/mooncake_conversation_head200.jsonl"

@@ -20,7 +20,7 @@
 #include "workerd/device/link_model.h"
 #include "workerd/model/config.h"  // kPresetNames (the model owns them)
 #include "workerd/serving_mode.h"
-#include "workerd/spec/speculation_config.h"
+#include "workerd/speculation/speculation_config.h"
 
 namespace dhs::replay {
 
@@ -79,7 +79,7 @@ struct ReplayOptions {
                                            // the first timed kill (proves host_rows_lost counts)
   spec::SpeculationConfig speculation;     // --speculate off|synthetic|... --block K --block-schedule S
                                            // --spec-confidence X --spec-corruption X: the workerd the tool starts
-                                           // (workerd/spec/speculation_config.h); the --check-exact reference is plain
+                                           // (workerd/speculation/speculation_config.h); the --check-exact reference is plain
   LinkModelConfig link_model;              // --link-model off|pcie5 [--link-h2d-gb-per-s X] [--link-d2h-gb-per-s X]
                                            // [--link-latency-us X]: the host-device link model of the workerd the
                                            // tool starts (docs/link_model.md); off by default

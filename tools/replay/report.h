@@ -20,7 +20,7 @@
 #include "tools/replay/driver.h"
 #include "tools/replay/node_client.h"
 #include "workerd/device/link_model.h"
-#include "workerd/spec/speculation_config.h"
+#include "workerd/speculation/speculation_config.h"
 
 namespace dhs::replay {
 

@@ -41,8 +41,8 @@
 #include "workerd/kv/resolver.h"
 #include "workerd/kv_access.h"
 #include "workerd/kv_residency.h"
-#include "workerd/spec/staging_pool.h"
-#include "workerd/spec/union_plan.h"
+#include "workerd/verification/staging_pool.h"
+#include "workerd/verification/union_plan.h"
 
 namespace dhs {
 

@@ -62,7 +62,7 @@ struct StepInput {
 // hidden (only when the input asked for it, else left empty): tokens.size() * d_model floats, row j = the final hidden
 // state of position n+j, RMSNorm(h, final_norm): the vector lm_head reads (logits row j = lm_head · hidden row j, with
 // the same kernels::Dot). Like the logits it is bit-identical whatever the batch composition or chunking. A drafter
-// conditioned on the target (workerd/spec/drafter.h) reads it.
+// conditioned on the target (workerd/speculation/drafter.h) reads it.
 struct StepOutput {
   std::vector<float> logits;
   std::vector<float> hidden;

@@ -38,7 +38,7 @@ std::vector<double> SamplingDistribution(std::span<const float> logits, const Sa
 // life, restarts included (the worker uses the client's request id, SubmitRequest.request), and the index of the
 // generated token (0 = the first generated token).
 // `purpose` tells apart several draws at one position (0: the token's own sample; speculative decoding's acceptance,
-// correction and bonus draws use others, workerd/spec/keyed_draw.h). Positions must be below 2^56.
+// correction and bonus draws use others, workerd/speculation/keyed_draw.h). Positions must be below 2^56.
 struct DrawKey {
   uint64_t seed = 0;
   uint64_t stream = 0;

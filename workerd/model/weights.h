@@ -36,7 +36,7 @@ std::vector<TensorSpec> ModelTensorSpecs(const ModelConfig& config);
 // tok_emb uniform in +-1. Error: INVALID_ARGUMENT when the config does not validate.
 absl::StatusOr<SafetensorsWriter> GenerateWeights(const ModelConfig& config, uint64_t seed);
 
-// The generator GenerateWeights uses, for any tensor list (the drafter's too, workerd/spec/drafter_model.h): draws
+// The generator GenerateWeights uses, for any tensor list (the drafter's too, workerd/speculation/drafter_model.h): draws
 // every tensor of `specs` in order from std::mt19937_64(seed) with the same rules (1-D tensors are gains 1 +- 0.1,
 // "tok_emb" uniform in +-1, other matrices uniform in +-sqrt(3 / fan_in)) and adds them to `writer`.
 // Error: INVALID_ARGUMENT from SafetensorsWriter::AddF32 (a duplicate name).
