@@ -146,12 +146,7 @@ TEST(WorkerIntegrity, AResumedPageThatChangedIsRecomputedAndTheStreamsStayExact)
   for (const Spec& s : specs) {
     SCOPED_TRACE("request " + std::to_string(s.id));
     EXPECT_EQ(b.sink.finished.count(s.id), 1u);
-    Generated stream;
-    stream.tokens.assign(want[s.id].tokens.begin(), want[s.id].tokens.begin() + had[s.id]);
-    stream.digests.assign(want[s.id].digests.begin(), want[s.id].digests.begin() + had[s.id]);
-    const Generated& tail = b.sink.out[s.id];
-    stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
-    stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+    const Generated stream = StitchedStream(want[s.id], had[s.id], b.sink.out[s.id]);  // A's part, then B's chunks
     EXPECT_EQ(stream.tokens, want[s.id].tokens);
     EXPECT_EQ(stream.digests, want[s.id].digests);
   }

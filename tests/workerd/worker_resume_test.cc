@@ -160,12 +160,7 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
     SCOPED_TRACE("request " + std::to_string(s.id));
     EXPECT_EQ(b.sink.finished.count(s.id), 1u);
     // A's tokens of the first life, then B's: the uninterrupted run, nothing lost, nothing twice.
-    Generated stream;  // A's part (checked equal to the oracle's prefix above), then B's chunks
-    stream.tokens.assign(want[s.id].tokens.begin(), want[s.id].tokens.begin() + had[s.id]);
-    stream.digests.assign(want[s.id].digests.begin(), want[s.id].digests.begin() + had[s.id]);
-    const Generated& tail = b.sink.out[s.id];
-    stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
-    stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+    const Generated stream = StitchedStream(want[s.id], had[s.id], b.sink.out[s.id]);  // A's part, then B's chunks
     EXPECT_EQ(stream.tokens, want[s.id].tokens);
     EXPECT_EQ(stream.digests, want[s.id].digests);
   }
@@ -264,12 +259,7 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
   for (const Spec& s : specs) {
     SCOPED_TRACE("request " + std::to_string(s.id));
     EXPECT_EQ(b.sink.finished.count(s.id), 1u);
-    Generated stream;
-    stream.tokens.assign(want[s.id].tokens.begin(), want[s.id].tokens.begin() + had[s.id]);
-    stream.digests.assign(want[s.id].digests.begin(), want[s.id].digests.begin() + had[s.id]);
-    const Generated& tail = b.sink.out[s.id];
-    stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
-    stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+    const Generated stream = StitchedStream(want[s.id], had[s.id], b.sink.out[s.id]);  // A's part, then B's chunks
     EXPECT_EQ(stream.tokens, want[s.id].tokens);
     EXPECT_EQ(stream.digests, want[s.id].digests);
   }
@@ -439,12 +429,7 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
   for (const Spec& s : specs) {
     SCOPED_TRACE("request " + std::to_string(s.id));
     EXPECT_EQ(b.sink.finished.count(s.id), 1u);
-    Generated stream;
-    stream.tokens.assign(want[s.id].tokens.begin(), want[s.id].tokens.begin() + had[s.id]);
-    stream.digests.assign(want[s.id].digests.begin(), want[s.id].digests.begin() + had[s.id]);
-    const Generated& tail = b.sink.out[s.id];
-    stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
-    stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+    const Generated stream = StitchedStream(want[s.id], had[s.id], b.sink.out[s.id]);  // A's part, then B's chunks
     EXPECT_EQ(stream.tokens, want[s.id].tokens);
     EXPECT_EQ(stream.digests, want[s.id].digests);
     ASSERT_TRUE(b.worker->resume_figures().contains(s.id));

@@ -55,6 +55,18 @@ struct Generated {
   std::vector<uint64_t> digests;
 };
 
+// The stream a re-attached client holds in the end (a resume test): the first `had` tokens and digests of the
+// uninterrupted run `want` (what it received from the worker that died), then `tail` (the resumed worker's chunks).
+// Equal to `want` exactly when nothing was lost and nothing was sent twice.
+inline Generated StitchedStream(const Generated& want, size_t had, const Generated& tail) {
+  Generated stream;
+  stream.tokens.assign(want.tokens.begin(), want.tokens.begin() + had);
+  stream.digests.assign(want.digests.begin(), want.digests.begin() + had);
+  stream.tokens.insert(stream.tokens.end(), tail.tokens.begin(), tail.tokens.end());
+  stream.digests.insert(stream.digests.end(), tail.digests.begin(), tail.digests.end());
+  return stream;
+}
+
 // The oracle: the model alone, one request, every row resident; prefill at once, then one token per step. Token t is
 // drawn at DrawKey{seed, client_id, t} (the worker's key: the client's request id).
 inline Generated Oracle(const model::Model& m, const std::vector<model::Token>& input, uint32_t max_new,
