@@ -1,0 +1,316 @@
+// fuzz/libdhs_fuzz.cc: libFuzzer target for libdhs's C ABI (issue 25, include/dhs/dhs.h): random call sequences and
+// arguments against a real memd.
+//
+// LLVMFuzzerInitialize starts memd ($MEMD, else memd/memd next to this program's folder) in a fresh run directory
+// (removed, and memd stopped, at exit) and opens one worker for GPU 0 that every input shares. Each input is a list
+// of records [op][fields...]: submit (sizes, struct_size, reserved, resume_of fuzzed), poll, append (mostly the next
+// position of a known request, sometimes any; sizes exact or off), resolve (sources, queries, selections around the
+// history, lengths around k, null pointers), readers done, hold, commit, complete, stats (any capacity), info / pools
+// (struct sizes fuzzed), list resumable, import, calls on pointers that are no handle, and a second worker for GPU 1
+// opened with a fuzzed config, used, closed and used after the close. At the end of an input every request it opened
+// is completed. Asserted (abort on failure): no call aborts or crashes; every status is a dhs_status; every failed call
+// on a live handle leaves a non-empty message.
+#include <dhs/dhs.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fuzz/fuzz_input.h"
+
+extern char** environ;
+
+namespace {
+
+constexpr uint32_t kS = 2, kRow = 64, kKey = 16, kP = 16, kK = 8;
+constexpr uint64_t kHostPageBytes = uint64_t{kP} * (kS * kRow + kKey);  // 2304
+
+pid_t g_memd = -1;
+std::string g_run_dir;
+dhs_worker* g_w = nullptr;
+
+void Stop() {
+  if (g_w != nullptr) dhs_worker_close(g_w);
+  g_w = nullptr;
+  if (g_memd > 0) {
+    ::kill(g_memd, SIGTERM);
+    for (int i = 0; i < 500 && ::waitpid(g_memd, nullptr, WNOHANG) != g_memd; ++i) ::poll(nullptr, 0, 10);
+    ::kill(g_memd, SIGKILL);
+    ::waitpid(g_memd, nullptr, 0);
+    g_memd = -1;
+  }
+  std::error_code ec;
+  if (!g_run_dir.empty()) std::filesystem::remove_all(g_run_dir, ec);
+}
+
+dhs_worker_config BaseConfig(uint32_t gpu) {
+  dhs_worker_config c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.abi_version = DHS_ABI_VERSION;
+  c.run_dir = g_run_dir.c_str();
+  c.gpu = gpu;
+  c.mode = DHS_MODE_ADAPTIVE;
+  c.backend = DHS_BACKEND_CPU;
+  c.sources = kS;
+  c.row_bytes = kRow;
+  c.indexers = 1;
+  c.index_key_bytes = kKey;
+  c.page_rows = kP;
+  c.top_k = kK;
+  c.hot_rows = 4 * kK;
+  c.tail_rows = 2 * kP;
+  c.slots = 2;
+  c.hbm_budget_bytes = 12 * kP * kS * kRow;
+  c.connect_timeout_ms = 3000;
+  return c;
+}
+
+// The status a call returned: a dhs_status; a failure on a live handle has a message.
+int Check(dhs_worker* w, int rc, const char* call) {
+  if (rc < DHS_OK || rc > DHS_ERR_INTERNAL) {
+    std::fprintf(stderr, "%s returned %d, no dhs_status\n", call, rc);
+    std::abort();
+  }
+  if (rc != DHS_OK && rc != DHS_ERR_BAD_HANDLE && rc != DHS_ERR_CLOSED && w != nullptr &&
+      dhs_worker_errmsg(w)[0] == '\0') {
+    std::fprintf(stderr, "%s failed with %s and no message\n", call, dhs_status_name(rc));
+    std::abort();
+  }
+  if (rc == DHS_ERR_INTERNAL) {  // a bug by definition
+    std::fprintf(stderr, "%s: DHS_ERR_INTERNAL: %s\n", call, dhs_worker_errmsg(w));
+    std::abort();
+  }
+  return rc;
+}
+
+struct Session {
+  dhs::fuzz::Input& in;
+  dhs_worker* w;
+  std::map<uint64_t, int64_t> appended;  // requests submitted in this input -> rows appended (as far as we know)
+
+  uint64_t PickRequest() {
+    if (!appended.empty() && in.Below(8) != 0) {
+      auto it = appended.begin();
+      std::advance(it, in.Below(static_cast<uint32_t>(appended.size())));
+      return it->first;
+    }
+    return in.Small64(64);
+  }
+
+  void Op(uint32_t op) {
+    switch (op) {
+      case 0: {  // submit
+        dhs_request_desc d{sizeof d, 0, in.Small64(120), in.Small64(160), 0};
+        if (in.Below(8) == 0) d.struct_size = in.Small32(64);
+        if (in.Below(8) == 0) d.reserved = 1;
+        if (in.Below(8) == 0) d.resume_of = in.Small64(8);
+        uint64_t id = 0;
+        if (Check(w, dhs_request_submit(w, in.Below(16) == 0 ? nullptr : &d, &id), "submit") == DHS_OK) {
+          appended[id] = 0;
+        }
+        break;
+      }
+      case 1: {  // poll
+        dhs_event ev[8];
+        size_t n = 0;
+        const uint32_t cap = in.Below(9);
+        Check(w, dhs_worker_poll(w, cap == 0 && in.Bool() ? nullptr : ev, cap, in.Below(16) == 0 ? nullptr : &n),
+              "poll");
+        break;
+      }
+      case 2: {  // append
+        const uint64_t id = PickRequest();
+        const uint32_t count = in.Below(40);
+        int64_t first = appended.contains(id) ? appended[id] : 0;
+        if (in.Below(6) == 0) first = static_cast<int64_t>(in.Small64(200)) - 2;
+        size_t bytes = size_t{count} * kS * kRow;
+        std::vector<uint8_t> rows(bytes + 64, static_cast<uint8_t>(first));
+        if (in.Below(6) == 0) bytes = in.Small32(static_cast<uint32_t>(rows.size()) + 1) % (rows.size() + 1);
+        std::vector<uint8_t> keys(size_t{count} * kKey + 16, 3);
+        size_t key_bytes = in.Bool() ? size_t{count} * kKey : 0;
+        if (in.Below(8) == 0) key_bytes = in.Below(static_cast<uint32_t>(keys.size()) + 1);
+        const int rc = Check(w, dhs_request_append(w, id, first, count, in.Below(16) == 0 ? nullptr : rows.data(),
+                                                   bytes, key_bytes == 0 && in.Bool() ? nullptr : keys.data(),
+                                                   key_bytes),
+                             "append");
+        if (rc == DHS_OK && appended.contains(id)) appended[id] = first + count;
+        break;
+      }
+      case 3: {  // resolve
+        const uint32_t n_src = in.Below(3);
+        std::vector<uint32_t> sources(n_src + 1);
+        for (uint32_t& s : sources) s = in.Small32(kS + 1);
+        const uint32_t n_q = in.Below(4);
+        std::vector<dhs_query> qs(n_q + 1);
+        std::vector<std::vector<int64_t>> sel(n_q + 1), loc(n_q + 1);
+        for (uint32_t i = 0; i < n_q; ++i) {
+          const uint64_t id = PickRequest();
+          const int64_t hist = appended.contains(id) ? appended[id] : 4;
+          const uint32_t len = in.Below(kK + 3);
+          sel[i].resize(len);
+          for (int64_t& t : sel[i]) t = static_cast<int64_t>(in.Below(static_cast<uint32_t>(hist) + 3)) - 1;
+          loc[i].resize(size_t{len} * n_src + 1);
+          qs[i] = dhs_query{id, sel[i].data(), len, in.Below(16) == 0 ? 1u : 0u,
+                            in.Below(16) == 0 ? nullptr : loc[i].data()};
+        }
+        Check(w, dhs_resolve(w, in.Below(16) == 0 ? nullptr : sources.data(), n_src, qs.data(), n_q), "resolve");
+        break;
+      }
+      case 4: {  // readers done
+        uint32_t s = in.Small32(kS + 1);
+        Check(w, dhs_readers_done(w, in.Below(8) == 0 ? nullptr : &s, in.Below(2)), "readers_done");
+        break;
+      }
+      case 5: {
+        const uint64_t id = PickRequest();
+        const int64_t base = appended.contains(id) ? appended[id] : 0;
+        Check(w, dhs_request_hold(w, id, base + static_cast<int64_t>(in.Below(4)) - 1), "hold");
+        break;
+      }
+      case 6: {
+        const uint64_t id = PickRequest();
+        const int64_t base = appended.contains(id) ? appended[id] : 0;
+        const int64_t length = base - static_cast<int64_t>(in.Below(4));
+        if (Check(w, dhs_request_commit(w, id, length), "commit") == DHS_OK) appended[id] = length;
+        break;
+      }
+      case 7: {
+        const uint64_t id = PickRequest();
+        if (Check(w, dhs_request_complete(w, id), "complete") == DHS_OK) appended.erase(id);
+        break;
+      }
+      case 8: {
+        std::vector<char> buf(in.Small32(4096));
+        size_t need = 0;
+        Check(w, dhs_worker_stats_json(w, buf.empty() ? nullptr : buf.data(), buf.size(),
+                                       in.Below(16) == 0 ? nullptr : &need),
+              "stats");
+        break;
+      }
+      case 9: {
+        dhs_worker_info info{};
+        info.struct_size = in.Bool() ? sizeof info : in.Small32(128);
+        Check(w, dhs_worker_info_get(w, in.Below(16) == 0 ? nullptr : &info), "info");
+        dhs_pool_desc pool{};
+        pool.struct_size = in.Bool() ? sizeof pool : in.Small32(128);
+        pool.kind = in.Below(4);
+        Check(w, dhs_pools_register(w, &pool), "pools");
+        break;
+      }
+      case 10: {
+        dhs_resumable r[2];
+        size_t n = 0, total = 0;
+        Check(w, dhs_worker_list_resumable(w, in.Bool() ? r : nullptr, in.Below(3), &n, &total), "resumable");
+        Check(w, dhs_request_import(w, PickRequest(), in.Below(4), in.Below(4), nullptr, 0), "import");
+        break;
+      }
+      case 11: {  // pointers that are no handle
+        int x = 0;
+        auto* fake = reinterpret_cast<dhs_worker*>(&x);
+        size_t n = 0;
+        if (dhs_worker_poll(fake, nullptr, 0, &n) != DHS_ERR_BAD_HANDLE) std::abort();
+        if (dhs_worker_close(nullptr) != DHS_ERR_INVALID_ARGUMENT) std::abort();
+        break;
+      }
+      default:
+        break;
+    }
+  }
+};
+
+// A second worker (GPU 1) with a fuzzed config: opened, a few calls, closed, then used after the close.
+void SecondWorker(dhs::fuzz::Input& in) {
+  dhs_worker_config c = BaseConfig(1);
+  switch (in.Below(10)) {
+    case 0: c.struct_size = in.Small32(256); break;
+    case 1: c.abi_version = in.U32(); break;
+    case 2: c.page_rows = in.Small32(40); break;
+    case 3: c.top_k = in.Small32(80); break;
+    case 4: c.tail_rows = in.Small32(80); break;
+    case 5: c.row_bytes = in.Small32(200); break;  // another host page size: memd refuses the Hello
+    case 6: c.hbm_budget_bytes = in.Small64(100000); break;
+    case 7: c.mode = in.Below(4); c.backend = in.Below(4); break;
+    case 8: c.sources = in.Small32(5); c.indexers = in.Small32(3); c.index_key_bytes = in.Small32(40); break;
+    default: break;
+  }
+  dhs_worker* w = nullptr;
+  const int rc = Check(nullptr, dhs_worker_open(in.Below(16) == 0 ? nullptr : &c, &w), "open");
+  if (w == nullptr) return;
+  if (rc != DHS_OK && dhs_worker_errmsg(w)[0] == '\0') std::abort();
+  if (rc == DHS_OK) {
+    Session s{in, w, {}};
+    for (uint32_t i = in.Below(4); i > 0; --i) s.Op(in.Below(12));
+  }
+  if (dhs_worker_close(w) != DHS_OK) std::abort();
+  size_t n = 0;
+  if (dhs_worker_poll(w, nullptr, 0, &n) != DHS_ERR_CLOSED) std::abort();
+  if (dhs_request_complete(w, 1) != DHS_ERR_CLOSED) std::abort();
+  if (dhs_worker_close(w) != DHS_ERR_CLOSED) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  std::string memd = std::getenv("MEMD") != nullptr ? std::getenv("MEMD") : "";
+  if (memd.empty()) {
+    memd = (std::filesystem::path((*argv)[0]).parent_path().parent_path() / "memd" / "memd").string();
+  }
+  char pattern[] = "/tmp/dhs-fz-XXXXXX";
+  if (::mkdtemp(pattern) == nullptr) std::abort();
+  g_run_dir = pattern;
+  std::filesystem::remove(g_run_dir);  // memd creates it
+  const std::string page_bytes = std::to_string(kHostPageBytes);
+  const std::string log = g_run_dir + ".log";
+  std::vector<std::string> args = {memd, "--run-dir", g_run_dir, "--page-bytes", page_bytes,
+                                   "--host-pool-pages", "512", "--log-level", "error"};
+  std::vector<char*> a;
+  for (auto& s : args) a.push_back(s.data());
+  a.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  if (posix_spawn(&g_memd, a[0], &fa, nullptr, a.data(), environ) != 0) {
+    std::fprintf(stderr, "libdhs_fuzz: cannot start memd %s (set MEMD)\n", memd.c_str());
+    std::abort();
+  }
+  posix_spawn_file_actions_destroy(&fa);
+  std::atexit(Stop);
+  for (int i = 0; i < 800 && !std::filesystem::exists(g_run_dir + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
+  const dhs_worker_config c = BaseConfig(0);
+  if (dhs_worker_open(&c, &g_w) != DHS_OK) {
+    std::fprintf(stderr, "libdhs_fuzz: open: %s\n", dhs_worker_errmsg(g_w));
+    std::abort();
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  dhs::fuzz::Input in(data, size);
+  Session s{in, g_w, {}};
+  for (int records = 0; records < 64 && !in.empty(); ++records) {
+    const uint32_t op = in.Below(13);
+    if (op == 12) {
+      SecondWorker(in);
+    } else {
+      s.Op(op);
+    }
+  }
+  for (const auto& [id, rows] : s.appended) dhs_request_complete(g_w, id);
+  dhs_event ev[8];
+  size_t n = 0;
+  for (int i = 0; i < 3; ++i) dhs_worker_poll(g_w, ev, 8, &n);
+  return 0;
+}

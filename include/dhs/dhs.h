@@ -1,0 +1,260 @@
+/* include/dhs/dhs.h: libdhs, the worker side of the KV hierarchy as a C ABI (issue 25; brief §12 "libdhs").
+ *
+ * A serving engine with its own model and its own process per GPU opens one worker (dhs_worker) for its GPU. The
+ * library connects to the node's memd (ipc://RUN_DIR/memd.sock), allocates the KV pool through the device backend,
+ * maps memd's host pool, and from then on carries out memd's orders itself: reclaim (backups, withdrawal, readers,
+ * retire), population and host backups stay inside the library; the engine never sees a memd order. The engine:
+ *   submits requests (non-blocking) and polls for their events (granted, waiting, rejected, reclaimed, failed);
+ *   appends each step's rows (payload rows of every source, optionally the index keys);
+ *   resolves a batch's ordered top-k selections to locations in the KV pool (the fused resolver, brief §5) and marks
+ *   their readers done after its attention read them;
+ *   holds unverified rows of a speculative round and commits the accepted prefix (brief §6);
+ *   completes requests; after a restart it lists what memd kept (dhs_worker_list_resumable);
+ *   reads statistics as JSON.
+ * docs/embedding.md: the request lifecycle, threading, pointer ownership, error codes, and how vLLM's KV connector,
+ * SGLang's HiCache storage and LMCache map onto these calls.
+ *
+ * Conventions (SQLite's and LevelDB's C APIs):
+ *   - every function returns a dhs_status (DHS_OK = 0) except dhs_version, dhs_status_name and dhs_worker_errmsg;
+ *   - the message of the latest failed call on a worker is dhs_worker_errmsg(w): owned by the library, valid until the
+ *     next call on that worker (or its close);
+ *   - structs passed in carry their size in their first field (`struct_size = sizeof(the struct)`); a struct of
+ *     another size is refused (DHS_ERR_VERSION); structs grow only at their end;
+ *   - handles are opaque; a handle used after dhs_worker_close answers DHS_ERR_CLOSED (a closed handle keeps a few
+ *     bytes until the process exits so that this is never undefined behaviour); a pointer that is no handle of this
+ *     library answers DHS_ERR_BAD_HANDLE;
+ *   - nothing aborts the process and no C++ exception crosses this boundary.
+ * Units: positions and rows are token positions (a source stores one row per position); pages hold p positions of
+ * every source; bytes are bytes.
+ * Threading: calls on one worker are serialised by the library (a mutex per worker); different workers may be used
+ * from different threads at once. A message from dhs_worker_errmsg is meaningful only to the thread that made the
+ * failed call, before its next call on that worker.
+ */
+#ifndef DHS_DHS_H_
+#define DHS_DHS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
+ * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
+#define DHS_ABI_MAJOR 1
+#define DHS_ABI_MINOR 0
+#define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
+
+#if defined(__GNUC__)
+#define DHS_EXPORT __attribute__((visibility("default")))
+#else
+#define DHS_EXPORT
+#endif
+
+/* Status codes. Numbers never change; new codes are appended. */
+typedef enum dhs_status {
+  DHS_OK = 0,
+  DHS_ERR_INVALID_ARGUMENT = 1, /* a null pointer, a size, a value out of range, a selection longer than k, ... */
+  DHS_ERR_VERSION = 2,          /* a struct of another size, or an ABI major this library does not speak */
+  DHS_ERR_BAD_HANDLE = 3,       /* the pointer is not a worker of this library */
+  DHS_ERR_CLOSED = 4,           /* the worker was closed */
+  DHS_ERR_NOT_FOUND = 5,        /* a request id never submitted on this worker, or already completed */
+  DHS_ERR_FAILED_PRECONDITION = 6, /* the call does not fit the request's state (e.g. append before its grant) */
+  DHS_ERR_OUT_OF_RANGE = 7,     /* a position beyond the request's history (appended rows, or its declared rows) */
+  DHS_ERR_RESOURCE_EXHAUSTED = 8, /* a table or pool is full (events buffer, submit queue, hot cache) */
+  DHS_ERR_UNAVAILABLE = 9,      /* memd cannot be reached, or is away */
+  DHS_ERR_UNIMPLEMENTED = 10,   /* not in this build or this version (see the message) */
+  DHS_ERR_DATA_LOSS = 11,       /* a host page changed after its confirmation (issue 22) */
+  DHS_ERR_ABORTED = 12,         /* the worker's epoch ended (memd fenced it): close and open again */
+  DHS_ERR_INTERNAL = 13         /* a bug: the message says where */
+} dhs_status;
+
+/* Returns DHS_ABI_VERSION of the library (run-time check against the header's macro). */
+DHS_EXPORT uint32_t dhs_version(void);
+/* The name of a status ("DHS_ERR_NOT_FOUND"); "DHS_ERR_UNKNOWN" for a number that is no status. Static storage. */
+DHS_EXPORT const char* dhs_status_name(int status);
+
+typedef struct dhs_worker dhs_worker;
+
+/* Serving modes (brief §4; workerd --mode). `resident` is workerd's exactness oracle and is not offered here: an
+ * engine that keeps every row on its GPU needs no library. */
+typedef enum dhs_mode {
+  DHS_MODE_HISPARSE = 1, /* history on host; selected misses recovered from host */
+  DHS_MODE_ADAPTIVE = 2  /* resident-first: complete pages of the prompt kept on GPU while memory is spare */
+} dhs_mode;
+
+typedef enum dhs_backend {
+  DHS_BACKEND_CPU = 1, /* the CPU device (brief §9): pools are host memory the engine can read */
+  DHS_BACKEND_CUDA = 2 /* not offered by this version: DHS_ERR_UNIMPLEMENTED */
+} dhs_backend;
+
+/* The worker's shape (brief §8) and where its memd is. Every source has the same row size (d_KV = row_bytes) and is
+ * its own group (a shared-source model; index producers with followers are not offered by this version). */
+typedef struct dhs_worker_config {
+  uint32_t struct_size;       /* sizeof(dhs_worker_config) */
+  uint32_t abi_version;       /* DHS_ABI_VERSION of the header the caller compiled against */
+  const char* run_dir;        /* memd's run directory (holds memd.sock); copied at open */
+  uint32_t gpu;               /* the GPU of this worker, < 65536; one worker per GPU per node */
+  uint32_t mode;              /* dhs_mode */
+  uint32_t backend;           /* dhs_backend */
+  uint32_t sources;           /* S: KV sources (payload layers that store rows), >= 1 */
+  uint32_t row_bytes;         /* d_KV: bytes of one row of one source, a positive multiple of 4 */
+  uint32_t indexers;          /* L_idx: index producers whose keys go to host pages with the rows (0: none) */
+  uint32_t index_key_bytes;   /* d_idx: bytes of one index key (a multiple of 4; 0 when indexers == 0) */
+  uint32_t page_rows;         /* p: positions per page, >= 1 */
+  uint32_t top_k;             /* k: the longest selection a query may resolve */
+  uint32_t hot_rows;          /* B: hot-cache rows per slot and source, >= k */
+  uint32_t tail_rows;         /* T: tail rows per slot and source, a positive multiple of p */
+  uint32_t slots;             /* N: request slots (requests granted at once) */
+  uint64_t hbm_budget_bytes;  /* GPU bytes for optional history: M = budget / (p * S * d_KV) pages, >= 1 */
+  uint32_t connect_timeout_ms; /* how long open waits for memd's HelloReply (0: 5000) */
+} dhs_worker_config;
+
+/* Opens the worker of one GPU: checks the config and the ABI, connects to memd (Hello), maps its host pool and
+ * allocates the KV pool on the backend. memd must run with --page-bytes equal to the host page size
+ * p * (S * d_KV + L_idx * d_idx) (dhs_worker_info's host_page_bytes; the worker's Hello declares it).
+ * On success *out is the worker. On failure *out is still set when out != NULL (like sqlite3_open): a worker handle
+ * that only dhs_worker_errmsg and dhs_worker_close accept (the reason is its message); close it.
+ * Errors: INVALID_ARGUMENT (a null pointer, a field out of range: the message names it), VERSION (struct_size or the
+ * ABI major), UNIMPLEMENTED (the CUDA backend), UNAVAILABLE (memd did not answer), FAILED_PRECONDITION (memd refused
+ * the Hello, e.g. another page size), RESOURCE_EXHAUSTED (the KV pool). */
+DHS_EXPORT int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out);
+/* Ends every request still open (their host copies in flight finish first; memd is told Complete) and frees the
+ * worker. Pointers into its pools are invalid after it. A closed handle answers DHS_ERR_CLOSED to every call
+ * (dhs_worker_close included); NULL answers DHS_ERR_INVALID_ARGUMENT. */
+DHS_EXPORT int dhs_worker_close(dhs_worker* w);
+/* The message of the latest failed call on `w` ("" after a success; a fixed text for NULL, a bad or closed handle).
+ * Owned by the library: valid until the next call on `w`. Never NULL. */
+DHS_EXPORT const char* dhs_worker_errmsg(const dhs_worker* w);
+
+/* Sizes derived from the shape (brief §8). */
+typedef struct dhs_worker_info {
+  uint32_t struct_size;        /* sizeof(dhs_worker_info), set by the caller */
+  uint32_t gpu;
+  uint64_t page_bytes;         /* p * S * d_KV: one GPU page */
+  uint64_t host_page_bytes;    /* page_bytes + p * L_idx * d_idx: one host page (memd --page-bytes) */
+  uint32_t capacity_pages;     /* M */
+  uint32_t hot_rows;           /* B */
+  uint32_t tail_rows;          /* T */
+  uint32_t top_k;              /* k */
+  uint64_t worker_epoch;       /* memd's epoch of this GPU (HelloReply.worker_epoch) */
+} dhs_worker_info;
+DHS_EXPORT int dhs_worker_info_get(dhs_worker* w, dhs_worker_info* info);
+
+/* KV pools. DHS_POOLS_LIBRARY: the library allocated the KV pool through the device backend at open (the only kind
+ * this version offers; DHS_POOLS_ENGINE, pools the engine allocated itself, answers UNIMPLEMENTED). */
+typedef enum dhs_pool_kind { DHS_POOLS_LIBRARY = 1, DHS_POOLS_ENGINE = 2 } dhs_pool_kind;
+typedef struct dhs_pool_desc {
+  uint32_t struct_size;  /* sizeof(dhs_pool_desc), set by the caller */
+  uint32_t kind;         /* in: dhs_pool_kind */
+  void* base;            /* out (LIBRARY): the pool's first byte; on the CPU backend host memory the engine may read.
+                            Owned by the library, valid until dhs_worker_close. in (ENGINE): not offered */
+  uint64_t bytes;        /* out: the pool's size */
+  uint64_t row_bytes;    /* out: d_KV; a location from dhs_resolve is a byte offset into this pool */
+} dhs_pool_desc;
+/* Registers (LIBRARY: describes) the KV pools. Errors: INVALID_ARGUMENT, VERSION, UNIMPLEMENTED (ENGINE). */
+DHS_EXPORT int dhs_pools_register(dhs_worker* w, dhs_pool_desc* pools);
+
+/* A request as the engine submits it. */
+typedef struct dhs_request_desc {
+  uint32_t struct_size;   /* sizeof(dhs_request_desc) */
+  uint32_t reserved;      /* 0 */
+  uint64_t input_rows;    /* the prompt's positions (rows its prefill appends), >= 1 */
+  uint64_t max_rows;      /* every position the request may ever append: input + output, >= input_rows */
+  uint64_t resume_of;     /* 0, or an id from dhs_worker_list_resumable: resume that request from its host copies */
+} dhs_request_desc;
+/* Submits a request (non-blocking): the admission goes to memd; its answer arrives as an event (dhs_worker_poll).
+ * *request_id is the request's id on this node. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can
+ * hold), VERSION, UNAVAILABLE (memd away), NOT_FOUND (resume_of not resumable). */
+DHS_EXPORT int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id);
+
+typedef enum dhs_event_kind {
+  DHS_EVENT_GRANTED = 1,  /* admitted: rows may be appended and resolved from now on */
+  DHS_EVENT_WAITING = 2,  /* queued by memd until capacity frees (value = queue position, pages = deficit) */
+  DHS_EVENT_REJECTED = 3, /* refused by memd (code, message): the request is gone */
+  DHS_EVENT_RECLAIMED = 4, /* memd reclaimed `pages` optional pages of the request; the library obeyed (informational:
+                              its rows are served from host from now on) */
+  DHS_EVENT_FAILED = 5    /* the request failed (code, message) and is gone: complete it is not needed */
+} dhs_event_kind;
+typedef struct dhs_event {
+  uint32_t kind;          /* dhs_event_kind */
+  int32_t code;           /* REJECTED / FAILED: a dhs_status; else 0 */
+  uint64_t request;       /* the request id */
+  uint32_t slot;          /* GRANTED: memd's slot for it */
+  uint32_t value;         /* WAITING: queue position */
+  uint32_t pages;         /* WAITING: deficit pages; RECLAIMED: pages; GRANTED: host-backed pages of a resume */
+  uint32_t import_first;  /* GRANTED of a resume: the first page of the leading host-backed run (0) */
+  uint32_t import_pages;  /* GRANTED of a resume: pages 0 .. import_pages-1 can be imported (dhs_request_import) */
+  uint32_t reserved;
+  char message[192];      /* REJECTED / FAILED: why, NUL-terminated (cut at 191 bytes) */
+} dhs_event;
+/* Serves memd (its orders are carried out here), reports finished host copies, and copies up to `capacity` pending
+ * events into events[0..*count). Call it regularly (every step; a worker not polled for memd's worker timeout is
+ * fenced). Events left over stay for the next call. Never blocks. Errors: INVALID_ARGUMENT, ABORTED (epoch ended). */
+DHS_EXPORT int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* count);
+
+/* Appends positions first .. first+count-1 of a granted request. rows: count * S * d_KV bytes laid out
+ * [position][source][d_KV]; keys: NULL (indexers == 0 or keys not kept) or L_idx * count * d_idx bytes laid out
+ * [indexer][position][d_idx]. `first` must equal the rows appended so far; first + count <= max_rows. The bytes are
+ * copied before the call returns. Errors: INVALID_ARGUMENT (sizes, null), NOT_FOUND, FAILED_PRECONDITION (not
+ * granted), OUT_OF_RANGE (a position beyond max_rows or not the next one), RESOURCE_EXHAUSTED (the tail is full: a
+ * page has no host copy yet; poll and retry). */
+DHS_EXPORT int dhs_request_append(dhs_worker* w, uint64_t request, int64_t first, uint32_t count, const void* rows,
+                                  size_t rows_bytes, const void* keys, size_t keys_bytes);
+
+/* One query of a batch: a request's ordered selection (brief §5). */
+typedef struct dhs_query {
+  uint64_t request;
+  const int64_t* selection;  /* `length` positions, -1 = padding; every other one < the request's appended rows */
+  uint32_t length;           /* <= k */
+  uint32_t reserved;         /* 0 */
+  int64_t* locations;        /* out: `sources_count * length` byte offsets into the KV pool, [source][j]; -1 for
+                                padding. Readable until dhs_readers_done for these sources */
+} dhs_query;
+/* Resolves a batch of selections over `sources` (each source read with the same selections) in one fused pass:
+ * direct (tail, ready map), hot cache, host recovery. Errors: INVALID_ARGUMENT (null, a source out of range, a
+ * selection longer than k, reserved != 0), NOT_FOUND (a request), FAILED_PRECONDITION (not granted),
+ * OUT_OF_RANGE (a position beyond the appended rows), RESOURCE_EXHAUSTED (more distinct rows than the hot cache
+ * holds), DATA_LOSS (a changed host page: the request fails, an event follows). After an error nothing is resolved. */
+DHS_EXPORT int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
+                           uint32_t query_count);
+/* The attention that read the locations of the last dhs_resolve over `sources` finished (brief §4: readers); until
+ * then a reclaim of pages it read waits. Errors: INVALID_ARGUMENT. */
+DHS_EXPORT int dhs_readers_done(dhs_worker* w, const uint32_t* sources, uint32_t sources_count);
+
+/* Speculative rounds (brief §6): rows at positions >= from appended from now on are unverified (no backup, never
+ * kept); commit keeps positions < length and drops the rest. Errors: NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE. */
+DHS_EXPORT int dhs_request_hold(dhs_worker* w, uint64_t request, int64_t from);
+DHS_EXPORT int dhs_request_commit(dhs_worker* w, uint64_t request, int64_t length);
+
+/* Ends a request (finished or cancelled, in any state before its end): its copies in flight finish, its KV is
+ * released, memd is told. The id is unknown afterwards. Errors: NOT_FOUND. */
+DHS_EXPORT int dhs_request_complete(dhs_worker* w, uint64_t request);
+
+/* After a restart of this GPU's worker: the requests memd kept for it (each with its confirmed host copies). */
+typedef struct dhs_resumable {
+  uint64_t request;      /* the interrupted request's id: dhs_request_desc.resume_of */
+  uint64_t input_rows;   /* from its record (0 when memd kept none) */
+  uint64_t max_rows;
+} dhs_resumable;
+/* Copies up to `capacity` entries; *count = entries written, *total = entries there are. Errors: INVALID_ARGUMENT. */
+DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count,
+                                         size_t* total);
+/* A resumed request, granted: imports its host-backed pages first .. first+count-1 (as the GRANTED event named) as
+ * appended rows without recomputing them; keys_out (NULL or L_idx * count * p * d_idx bytes, [indexer][position]
+ * [d_idx]) receives their index keys. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION. */
+DHS_EXPORT int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
+                                  size_t keys_bytes);
+
+/* Statistics as one JSON object, NUL-terminated, into buf (capacity bytes): requests (open, granted, completed,
+ * failed), the census (direct / hot / host rows, bytes recovered), pages (kept, backed up, populated, reclaimed).
+ * *needed = bytes the text takes with its NUL. Errors: INVALID_ARGUMENT (null), RESOURCE_EXHAUSTED (capacity below
+ * *needed: nothing written but *needed). */
+DHS_EXPORT int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* DHS_DHS_H_ */

@@ -1,0 +1,387 @@
+// libdhs/dhs.cc: the C ABI of include/dhs/dhs.h over dhs::lib::EmbeddedWorker (the thin wrapper of LevelDB's c.cc):
+// handles, argument checks of the C structs, one status mapping, the message per handle. No exception leaves a
+// function here (each body runs inside Guard).
+#include "dhs/dhs.h"
+
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "libdhs/embedded_worker.h"
+
+struct dhs_worker {
+  std::mutex mu;
+  std::unique_ptr<dhs::lib::EmbeddedWorker> worker;  // null: closed, or an open that failed
+  bool closed = false;
+  std::string message;  // the latest failed call's message ("" after a success)
+};
+
+namespace {
+
+using dhs::lib::EmbeddedWorker;
+
+// Every handle this library ever returned. A closed handle stays (its worker freed), so a use after close is
+// recognised; a pointer that was never returned is not in the set.
+std::mutex g_handles_mu;
+std::unordered_set<const dhs_worker*> g_handles;
+
+bool Known(const dhs_worker* w) {
+  std::lock_guard<std::mutex> l(g_handles_mu);
+  return g_handles.contains(w);
+}
+
+int ToCode(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return DHS_OK;
+    case absl::StatusCode::kInvalidArgument: return DHS_ERR_INVALID_ARGUMENT;
+    case absl::StatusCode::kNotFound: return DHS_ERR_NOT_FOUND;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kAlreadyExists: return DHS_ERR_FAILED_PRECONDITION;
+    case absl::StatusCode::kOutOfRange: return DHS_ERR_OUT_OF_RANGE;
+    case absl::StatusCode::kResourceExhausted: return DHS_ERR_RESOURCE_EXHAUSTED;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded: return DHS_ERR_UNAVAILABLE;
+    case absl::StatusCode::kUnimplemented: return DHS_ERR_UNIMPLEMENTED;
+    case absl::StatusCode::kDataLoss: return DHS_ERR_DATA_LOSS;
+    case absl::StatusCode::kAborted: return DHS_ERR_ABORTED;
+    default: return DHS_ERR_INTERNAL;
+  }
+}
+
+int Fail(dhs_worker* w, int code, std::string message) {
+  if (w != nullptr) w->message = std::move(message);
+  return code;
+}
+
+int Done(dhs_worker* w, const absl::Status& s) {
+  if (s.ok()) {
+    w->message.clear();
+    return DHS_OK;
+  }
+  return Fail(w, ToCode(s), std::string(s.message()));
+}
+
+// Runs `body(worker)` on handle `w` under its mutex, after the handle checks; catches every exception.
+template <typename Body>
+int Guard(dhs_worker* w, const char* what, Body body) {
+  if (w == nullptr) return DHS_ERR_INVALID_ARGUMENT;
+  if (!Known(w)) return DHS_ERR_BAD_HANDLE;
+  std::lock_guard<std::mutex> l(w->mu);
+  if (w->closed) return Fail(w, DHS_ERR_CLOSED, absl::StrCat(what, ": the worker was closed"));
+  if (w->worker == nullptr) return Fail(w, DHS_ERR_FAILED_PRECONDITION, absl::StrCat(what, ": the open failed: ",
+                                                                                   w->message));
+  try {
+    return body(*w->worker);
+  } catch (const std::bad_alloc&) {
+    return Fail(w, DHS_ERR_RESOURCE_EXHAUSTED, absl::StrCat(what, ": out of memory"));
+  } catch (const std::exception& e) {
+    return Fail(w, DHS_ERR_INTERNAL, absl::StrCat(what, ": ", e.what()));
+  } catch (...) {
+    return Fail(w, DHS_ERR_INTERNAL, absl::StrCat(what, ": unknown exception"));
+  }
+}
+
+// A versioned struct: non-null and of this header's size.
+template <typename T>
+int CheckStruct(dhs_worker* w, const T* p, const char* name) {
+  if (p == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat(name, " is NULL"));
+  if (p->struct_size != sizeof(T)) {
+    return Fail(w, DHS_ERR_VERSION, absl::StrCat(name, ".struct_size is ", p->struct_size, "; this library (ABI ",
+                                                 DHS_ABI_MAJOR, ".", DHS_ABI_MINOR, ") takes ", sizeof(T)));
+  }
+  return DHS_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+uint32_t dhs_version(void) { return DHS_ABI_VERSION; }
+
+const char* dhs_status_name(int status) {
+  static const char* const kNames[] = {
+      "DHS_OK", "DHS_ERR_INVALID_ARGUMENT", "DHS_ERR_VERSION", "DHS_ERR_BAD_HANDLE", "DHS_ERR_CLOSED",
+      "DHS_ERR_NOT_FOUND", "DHS_ERR_FAILED_PRECONDITION", "DHS_ERR_OUT_OF_RANGE", "DHS_ERR_RESOURCE_EXHAUSTED",
+      "DHS_ERR_UNAVAILABLE", "DHS_ERR_UNIMPLEMENTED", "DHS_ERR_DATA_LOSS", "DHS_ERR_ABORTED", "DHS_ERR_INTERNAL"};
+  if (status < 0 || status >= static_cast<int>(sizeof(kNames) / sizeof(kNames[0]))) return "DHS_ERR_UNKNOWN";
+  return kNames[status];
+}
+
+int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
+  if (out == nullptr) return DHS_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  dhs_worker* w = nullptr;
+  try {
+    w = new dhs_worker;
+    {
+      std::lock_guard<std::mutex> l(g_handles_mu);
+      g_handles.insert(w);
+    }
+  } catch (...) {
+    delete w;
+    return DHS_ERR_RESOURCE_EXHAUSTED;
+  }
+  *out = w;
+  std::lock_guard<std::mutex> l(w->mu);
+  if (int rc = CheckStruct(w, config, "dhs_worker_config"); rc != DHS_OK) return rc;
+  if ((config->abi_version >> 16) != DHS_ABI_MAJOR) {
+    return Fail(w, DHS_ERR_VERSION, absl::StrCat("the caller speaks ABI ", config->abi_version >> 16, ".",
+                                                 config->abi_version & 0xffff, "; this library speaks ",
+                                                 DHS_ABI_MAJOR, ".", DHS_ABI_MINOR));
+  }
+  if (config->run_dir == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_config: run_dir is NULL");
+  if (config->backend == DHS_BACKEND_CUDA) {
+    return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_worker_config: the CUDA backend is not offered by libdhs 1.0");
+  }
+  if (config->backend != DHS_BACKEND_CPU) {
+    return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_worker_config: backend ", config->backend,
+                                                          " is not a dhs_backend"));
+  }
+  if (config->mode != DHS_MODE_HISPARSE && config->mode != DHS_MODE_ADAPTIVE) {
+    return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_worker_config: mode ", config->mode,
+                                                          " is not DHS_MODE_HISPARSE or DHS_MODE_ADAPTIVE"));
+  }
+  try {
+    dhs::lib::EmbeddedConfig c;
+    c.run_dir = config->run_dir;
+    c.gpu = config->gpu;
+    c.mode = config->mode == DHS_MODE_HISPARSE ? dhs::WorkerMode::kHisparse : dhs::WorkerMode::kAdaptive;
+    c.sources = config->sources;
+    c.row_bytes = config->row_bytes;
+    c.indexers = config->indexers;
+    c.index_key_bytes = config->index_key_bytes;
+    c.page_rows = config->page_rows;
+    c.top_k = config->top_k;
+    c.hot_rows = config->hot_rows;
+    c.tail_rows = config->tail_rows;
+    c.slots = config->slots;
+    c.hbm_budget_bytes = config->hbm_budget_bytes;
+    c.connect_timeout_ms = config->connect_timeout_ms == 0 ? 5000 : config->connect_timeout_ms;
+    absl::StatusOr<std::unique_ptr<EmbeddedWorker>> opened = EmbeddedWorker::Open(c);
+    if (!opened.ok()) return Fail(w, ToCode(opened.status()), std::string(opened.status().message()));
+    w->worker = *std::move(opened);
+  } catch (const std::bad_alloc&) {
+    return Fail(w, DHS_ERR_RESOURCE_EXHAUSTED, "dhs_worker_open: out of memory");
+  } catch (const std::exception& e) {
+    return Fail(w, DHS_ERR_INTERNAL, absl::StrCat("dhs_worker_open: ", e.what()));
+  }
+  w->message.clear();
+  return DHS_OK;
+}
+
+int dhs_worker_close(dhs_worker* w) {
+  if (w == nullptr) return DHS_ERR_INVALID_ARGUMENT;
+  if (!Known(w)) return DHS_ERR_BAD_HANDLE;
+  std::lock_guard<std::mutex> l(w->mu);
+  if (w->closed) return Fail(w, DHS_ERR_CLOSED, "dhs_worker_close: the worker was closed already");
+  try {
+    w->worker.reset();
+  } catch (...) {
+    w->worker.release();  // a destructor that threw: the worker is abandoned, never half-used
+  }
+  w->closed = true;
+  w->message.clear();
+  w->message.shrink_to_fit();
+  return DHS_OK;
+}
+
+const char* dhs_worker_errmsg(const dhs_worker* w) {
+  if (w == nullptr) return "dhs_worker_errmsg: NULL worker";
+  if (!Known(w)) return "dhs_worker_errmsg: not a worker of this library";
+  if (w->closed) return "the worker was closed";
+  return w->message.c_str();
+}
+
+int dhs_worker_info_get(dhs_worker* w, dhs_worker_info* info) {
+  return Guard(w, "dhs_worker_info_get", [&](EmbeddedWorker& e) {
+    if (int rc = CheckStruct(w, info, "dhs_worker_info"); rc != DHS_OK) return rc;
+    info->gpu = e.config().gpu;
+    info->page_bytes = e.page_bytes();
+    info->host_page_bytes = e.host_page_bytes();
+    info->capacity_pages = e.capacity_pages();
+    info->hot_rows = e.config().hot_rows;
+    info->tail_rows = e.config().tail_rows;
+    info->top_k = e.config().top_k;
+    info->worker_epoch = e.worker_epoch();
+    return Done(w, absl::OkStatus());
+  });
+}
+
+int dhs_pools_register(dhs_worker* w, dhs_pool_desc* pools) {
+  return Guard(w, "dhs_pools_register", [&](EmbeddedWorker& e) {
+    if (int rc = CheckStruct(w, pools, "dhs_pool_desc"); rc != DHS_OK) return rc;
+    if (pools->kind == DHS_POOLS_ENGINE) {
+      return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_pools_register: engine-owned pools are not offered by libdhs 1.0 "
+                                            "(the device backend would need to adopt foreign memory)");
+    }
+    if (pools->kind != DHS_POOLS_LIBRARY) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_pool_desc.kind ", pools->kind,
+                                                            " is not a dhs_pool_kind"));
+    }
+    absl::StatusOr<std::span<uint8_t>> pool = e.Pool();
+    if (!pool.ok()) return Done(w, pool.status());
+    pools->base = pool->data();
+    pools->bytes = pool->size();
+    pools->row_bytes = e.config().row_bytes;
+    return Done(w, absl::OkStatus());
+  });
+}
+
+int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id) {
+  return Guard(w, "dhs_request_submit", [&](EmbeddedWorker& e) {
+    if (int rc = CheckStruct(w, desc, "dhs_request_desc"); rc != DHS_OK) return rc;
+    if (request_id == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_submit: request_id is NULL");
+    if (desc->reserved != 0) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.reserved must be 0");
+    if (desc->resume_of != 0) {
+      return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_request_desc.resume_of: resuming from host copies is not offered "
+                                            "by libdhs 1.0 (dhs_worker_list_resumable lists what memd kept)");
+    }
+    absl::StatusOr<uint64_t> id = e.Submit(desc->input_rows, desc->max_rows);
+    if (!id.ok()) return Done(w, id.status());
+    *request_id = *id;
+    return Done(w, absl::OkStatus());
+  });
+}
+
+int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* count) {
+  return Guard(w, "dhs_worker_poll", [&](EmbeddedWorker& e) {
+    if (count == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_poll: count is NULL");
+    *count = 0;
+    if (events == nullptr && capacity > 0) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_poll: events is NULL with a capacity above 0");
+    }
+    const absl::Status s = e.Poll();
+    std::deque<dhs::lib::EmbeddedEvent>& q = e.events();
+    size_t n = 0;
+    for (; n < capacity && !q.empty(); ++n) {
+      const dhs::lib::EmbeddedEvent& ev = q.front();
+      dhs_event& out = events[n];
+      std::memset(&out, 0, sizeof(out));
+      out.kind = ev.kind;
+      out.code = ToCode(ev.status);
+      out.request = ev.request;
+      out.slot = ev.slot;
+      out.value = ev.value;
+      out.pages = ev.pages;
+      const std::string_view m = ev.status.message();
+      std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
+      q.pop_front();
+    }
+    *count = n;
+    return Done(w, s);
+  });
+}
+
+int dhs_request_append(dhs_worker* w, uint64_t request, int64_t first, uint32_t count, const void* rows,
+                       size_t rows_bytes, const void* keys, size_t keys_bytes) {
+  return Guard(w, "dhs_request_append", [&](EmbeddedWorker& e) {
+    if (rows == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_append: rows is NULL");
+    if (keys == nullptr && keys_bytes != 0) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_append: keys is NULL with keys_bytes above 0");
+    }
+    if (first < 0) return Fail(w, DHS_ERR_OUT_OF_RANGE, "dhs_request_append: first is negative");
+    const auto* r = static_cast<const uint8_t*>(rows);
+    const auto* k = static_cast<const uint8_t*>(keys);
+    return Done(w, e.Append(request, first, count, std::span<const uint8_t>(r, rows_bytes),
+                            k == nullptr ? std::span<const uint8_t>() : std::span<const uint8_t>(k, keys_bytes)));
+  });
+}
+
+int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
+                uint32_t query_count) {
+  return Guard(w, "dhs_resolve", [&](EmbeddedWorker& e) {
+    if (sources == nullptr || sources_count == 0) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_resolve: sources is NULL or empty");
+    }
+    if (queries == nullptr && query_count > 0) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_resolve: queries is NULL");
+    std::vector<EmbeddedWorker::Query> batch(query_count);
+    for (uint32_t i = 0; i < query_count; ++i) {
+      const dhs_query& q = queries[i];
+      if (q.reserved != 0) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_resolve: query ", i, ": reserved must be 0"));
+      }
+      if (q.length > e.config().top_k) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_resolve: query ", i, ": selection of ", q.length,
+                                                              " positions is longer than k = ", e.config().top_k));
+      }
+      if (q.length > 0 && (q.selection == nullptr || q.locations == nullptr)) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT,
+                    absl::StrCat("dhs_resolve: query ", i, ": selection or locations is NULL"));
+      }
+      batch[i].request = q.request;
+      batch[i].selection = std::span<const int64_t>(q.selection, q.length);
+      batch[i].locations = std::span<int64_t>(q.locations, uint64_t{q.length} * sources_count);
+    }
+    // One source per call in 1.0 (EmbeddedWorker::Resolve checks it): locations are [source][j] with one source.
+    if (sources_count == 1) {
+      for (auto& q : batch) q.locations = q.locations.subspan(0, q.selection.size());
+    }
+    return Done(w, e.Resolve(std::span<const uint32_t>(sources, sources_count), batch));
+  });
+}
+
+int dhs_readers_done(dhs_worker* w, const uint32_t* sources, uint32_t sources_count) {
+  return Guard(w, "dhs_readers_done", [&](EmbeddedWorker& e) {
+    if (sources == nullptr && sources_count > 0) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_readers_done: sources is NULL");
+    }
+    return Done(w, e.ReadersDone(std::span<const uint32_t>(sources, sources_count)));
+  });
+}
+
+int dhs_request_hold(dhs_worker* w, uint64_t request, int64_t from) {
+  return Guard(w, "dhs_request_hold", [&](EmbeddedWorker& e) { return Done(w, e.Hold(request, from)); });
+}
+
+int dhs_request_commit(dhs_worker* w, uint64_t request, int64_t length) {
+  return Guard(w, "dhs_request_commit", [&](EmbeddedWorker& e) { return Done(w, e.Commit(request, length)); });
+}
+
+int dhs_request_complete(dhs_worker* w, uint64_t request) {
+  return Guard(w, "dhs_request_complete", [&](EmbeddedWorker& e) { return Done(w, e.Complete(request)); });
+}
+
+int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count, size_t* total) {
+  return Guard(w, "dhs_worker_list_resumable", [&](EmbeddedWorker& e) {
+    if (count == nullptr || total == nullptr || (out == nullptr && capacity > 0)) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_list_resumable: count, total or out is NULL");
+    }
+    const std::vector<EmbeddedWorker::Resumable> list = e.ListResumable();
+    *total = list.size();
+    *count = std::min(capacity, list.size());
+    for (size_t i = 0; i < *count; ++i) out[i] = dhs_resumable{list[i].request, list[i].input_rows, list[i].max_rows};
+    return Done(w, absl::OkStatus());
+  });
+}
+
+int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
+                       size_t keys_bytes) {
+  return Guard(w, "dhs_request_import", [&](EmbeddedWorker&) {
+    return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_request_import: resuming from host copies is not offered by libdhs 1.0");
+  });
+}
+
+int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed) {
+  return Guard(w, "dhs_worker_stats_json", [&](EmbeddedWorker& e) {
+    if (needed == nullptr || (buf == nullptr && capacity > 0)) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_stats_json: needed or buf is NULL");
+    }
+    const std::string text = e.StatsJson();
+    *needed = text.size() + 1;
+    if (capacity < *needed) {
+      return Fail(w, DHS_ERR_RESOURCE_EXHAUSTED, absl::StrCat("dhs_worker_stats_json: ", *needed,
+                                                              " bytes needed, capacity ", capacity));
+    }
+    std::memcpy(buf, text.c_str(), text.size() + 1);
+    return Done(w, absl::OkStatus());
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,509 @@
+// libdhs/embedded_worker.cc: see embedded_worker.h.
+#include "libdhs/embedded_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/protocol.h"
+#include "common/status.h"
+#include "common/worker_shape.h"
+#include "nlohmann/json.hpp"
+#include "workerd/device/cpu_device.h"
+
+namespace dhs::lib {
+namespace {
+
+absl::Status Field(bool ok, std::string_view what) {
+  return ok ? absl::OkStatus() : absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: ", what));
+}
+
+absl::Status CheckConfig(const EmbeddedConfig& c) {
+  if (absl::Status s = Field(!c.run_dir.empty(), "run_dir is empty"); !s.ok()) return s;
+  if (absl::Status s = Field(c.gpu < kMaxGpus, "gpu must be below 65536"); !s.ok()) return s;
+  if (absl::Status s = Field(c.mode == WorkerMode::kHisparse || c.mode == WorkerMode::kAdaptive,
+                             "mode must be DHS_MODE_HISPARSE or DHS_MODE_ADAPTIVE");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Field(c.sources >= 1 && c.sources <= 4096, "sources must be in [1, 4096]"); !s.ok()) return s;
+  if (absl::Status s = Field(c.row_bytes > 0 && c.row_bytes % 4 == 0 && c.row_bytes <= (1u << 20),
+                             "row_bytes must be a positive multiple of 4, at most 1 MiB");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Field(c.indexers <= 4096, "indexers must be at most 4096"); !s.ok()) return s;
+  if (absl::Status s = Field(c.indexers == 0 ? c.index_key_bytes == 0
+                                             : c.index_key_bytes > 0 && c.index_key_bytes % 4 == 0 &&
+                                                   c.index_key_bytes <= (1u << 16),
+                             "index_key_bytes must be 0 without indexers, else a positive multiple of 4 (<= 64 KiB)");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Field(c.page_rows >= 1 && c.page_rows <= 65536, "page_rows must be in [1, 65536]"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Field(c.top_k >= 1 && c.top_k <= c.hot_rows, "top_k must be in [1, hot_rows]"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Field(c.hot_rows <= (1u << 24), "hot_rows must be at most 2^24"); !s.ok()) return s;
+  if (absl::Status s = Field(c.tail_rows >= c.page_rows && c.tail_rows % c.page_rows == 0 && c.tail_rows <= (1u << 24),
+                             "tail_rows must be a positive multiple of page_rows (at most 2^24)");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Field(c.slots >= 1 && c.slots <= 4096, "slots must be in [1, 4096]"); !s.ok()) return s;
+  const uint64_t page_bytes = uint64_t{c.page_rows} * c.sources * c.row_bytes;
+  const uint64_t m = c.hbm_budget_bytes / page_bytes;
+  if (m == 0 || m > (1u << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: hbm_budget_bytes ", c.hbm_budget_bytes,
+                                                   " gives ", m, " pages of ", page_bytes,
+                                                   " bytes; it must give 1 .. 2^24"));
+  }
+  // The slot regions (B + T rows per source and slot) and the optional pages in one pool: bounded at 64 GiB.
+  const uint64_t pool = uint64_t{c.slots} * c.sources * (uint64_t{c.hot_rows} + c.tail_rows) * c.row_bytes +
+                        m * page_bytes;
+  if (pool > (uint64_t{64} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: the KV pool would take ", pool,
+                                                   " bytes (more than 64 GiB)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to) {
+  const bool allowed = std::any_of(std::begin(kEmbeddedTransitions), std::end(kEmbeddedTransitions),
+                                   [&](const auto& t) { return t.first == from && t.second == to; });
+  if (phase != from || !allowed) {
+    return absl::FailedPreconditionError(absl::StrCat("request phase ", static_cast<int>(phase), ": move ",
+                                                      static_cast<int>(from), " -> ", static_cast<int>(to),
+                                                      " not allowed"));
+  }
+  phase = to;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
+  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
+  std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
+  KvConfig kv;
+  kv.row_bytes.assign(config.sources, config.row_bytes);
+  for (SourceId s = 0; s < config.sources; ++s) kv.groups.push_back({s});
+  kv.page_rows = config.page_rows;
+  kv.hot_rows = config.hot_rows;
+  kv.k = config.top_k;
+  kv.tail_rows = config.tail_rows;
+  kv.slots = config.slots;
+  const uint64_t page_bytes = uint64_t{config.page_rows} * config.sources * config.row_bytes;
+  kv.optional_pages = static_cast<uint32_t>(config.hbm_budget_bytes / page_bytes);
+  kv.key_bytes.assign(config.indexers, config.index_key_bytes);
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
+  if (!layout.ok()) return layout.status();
+
+  // The Hello (contract §1), the fields workerd's MakeHello sets from its model, here from the declared shape.
+  wire::HelloT h;
+  h.protocol_version = kProtocolVersion;
+  h.gpu = config.gpu;
+  h.pid = static_cast<uint32_t>(::getpid());
+  h.device_name = "libdhs cpu";
+  h.capacity_pages = kv.optional_pages;
+  h.page_rows = config.page_rows;
+  h.page_bytes = layout->page_bytes();
+  h.host_page_bytes = layout->host_page_bytes();
+  h.request_slots = config.slots;
+  for (SourceId s = 0; s < config.sources; ++s) {
+    auto info = std::make_unique<wire::SourceInfoT>();
+    info->source = s;
+    info->bytes_per_row = config.row_bytes;
+    info->positions_per_row = 1;
+    info->consumers = 1;
+    h.sources.push_back(std::move(info));
+  }
+  h.serving_mode = std::string(WorkerModeName(config.mode));
+  h.index_producers = config.indexers;
+  h.index_key_bytes = config.index_key_bytes;
+  h.top_k = config.top_k;
+  h.hot_rows = config.hot_rows;
+  h.tail_rows = config.tail_rows;
+  h.fetched_rows_per_token = config.sources;
+
+  w->device_ = std::make_unique<CpuDevice>();
+  absl::StatusOr<std::unique_ptr<MemdClient>> memd =
+      MemdClient::Connect(config.run_dir, h, std::chrono::milliseconds(config.connect_timeout_ms));
+  if (!memd.ok()) return memd.status();
+  w->memd_ = *std::move(memd);
+  if (w->memd_->host_pages().empty()) {
+    return absl::FailedPreconditionError("memd listed no host-pool segment");
+  }
+  HostPoolAccess host{w->memd_->host_pages(), nullptr, nullptr};  // host pages come from memd's grants only
+  absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> hier =
+      HierarchicalKvAccess::Create(kv, w->device_.get(), host, ResolverKind::kFused);
+  if (!hier.ok()) return hier.status();
+  w->kv_ = *std::move(hier);
+  ResidencyAgentConfig agent{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive, /*host_tier=*/true};
+  w->agent_ = std::make_unique<ResidencyAgent>(agent, w->kv_.get(), w->memd_.get());
+  return w;
+}
+
+EmbeddedWorker::~EmbeddedWorker() {
+  if (agent_ != nullptr) {
+    std::vector<RequestId> open;
+    for (const auto& [id, r] : requests_) open.push_back(id);
+    for (RequestId id : open) (void)Complete(id);
+    agent_->Poll();
+  }
+  if (memd_ != nullptr) memd_->SetLinger(std::chrono::milliseconds(1000));
+  agent_.reset();
+  kv_.reset();
+  memd_.reset();
+  device_.reset();
+}
+
+absl::StatusOr<std::span<uint8_t>> EmbeddedWorker::Pool() const {
+  uint8_t* base = device_->HostVisible(kv_->pool(), 0);
+  if (base == nullptr) return absl::UnimplementedError("the KV pool of this backend is not host-visible");
+  return std::span<uint8_t>(base, device_->PoolBytes(kv_->pool()));
+}
+
+absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows) {
+  if (input_rows == 0 || max_rows < input_rows || max_rows > (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: input_rows ", input_rows, " and max_rows ",
+                                                   max_rows, ": need 1 <= input_rows <= max_rows <= 2^32"));
+  }
+  if (memd_->away()) return absl::UnavailableError("memd is away");
+  const RequestId id = MakeNodeRequestId(config_.gpu, memd_->worker_epoch(), next_request_);
+  wire::AdmitRequestT admit;
+  admit.request = id;
+  admit.gpu = config_.gpu;
+  SessionPagesInput in;
+  in.page_rows = config_.page_rows;
+  in.page_bytes = page_bytes();
+  in.hot_rows = config_.hot_rows;
+  in.tail_rows = config_.tail_rows;
+  in.index_producers = config_.indexers;
+  in.index_key_bytes = config_.index_key_bytes;
+  const uint64_t required = SessionRequiredPages(in, max_rows);  // the one formula (common/worker_shape.h)
+  if (required > UINT32_MAX / 2) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: max_rows ", max_rows, " needs ", required,
+                                                   " required pages"));
+  }
+  admit.required_pages = static_cast<uint32_t>(required);
+  admit.history_rows = max_rows;
+  admit.complete_pages =
+      config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(input_rows / config_.page_rows) : 0;
+  admit.optional_history = config_.mode == WorkerMode::kAdaptive;
+  for (SourceId s = 0; s < config_.sources; ++s) {
+    auto info = std::make_unique<wire::RequestSourceInfoT>();
+    info->source = s;
+    info->history_rows = max_rows;
+    info->complete_pages = admit.complete_pages;
+    admit.sources.push_back(std::move(info));
+  }
+  if (max_rows > input_rows) {  // memd keeps a record with its sizes (a record needs max_new_tokens > 0)
+    admit.record = std::make_unique<wire::RequestRecordT>();
+    admit.record->request = id;
+    admit.record->client_request = id;
+    admit.record->input_tokens = static_cast<uint32_t>(input_rows);
+    admit.record->max_new_tokens = static_cast<uint32_t>(max_rows - input_rows);
+  }
+  if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+  }
+  ++next_request_;
+  ++counters_.submitted;
+  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows});
+  return id;
+}
+
+absl::Status EmbeddedWorker::Poll() {
+  MemdClient::Load load;
+  for (const auto& [id, r] : requests_) load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
+  load.pending_copies = agent_->pending_orders();
+  absl::Status s = memd_->Poll(*this, load);
+  agent_->Poll();
+  FailDataLoss();
+  if (!s.ok()) return s;
+  if (!agent_->link_status().ok()) return agent_->link_status();
+  if (memd_->away()) {
+    return absl::UnavailableError("memd went away; serving away and the re-Hello are not offered by libdhs 1.0: "
+                                  "close the worker and open it again once memd is back");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not open on this worker"));
+  if (it->second.phase != EmbeddedPhase::kGranted) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", id, " is not granted yet"));
+  }
+  return &it->second;
+}
+
+void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (it->second.phase == EmbeddedPhase::kGranted) agent_->EndRequest(id);  // copies end, KV released, Complete
+  requests_.erase(it);
+  ++counters_.failed;
+  events_.push_back({.kind = EmbeddedEvent::kFailed, .request = id, .status = error});
+}
+
+void EmbeddedWorker::FailDataLoss() {
+  for (auto& [id, status] : kv_->TakeDataLoss()) Fail(id, status);
+}
+
+absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t count, std::span<const uint8_t> rows,
+                                    std::span<const uint8_t> keys) {
+  absl::StatusOr<Request*> r = Granted(request);
+  if (!r.ok()) return r.status();
+  const uint64_t row = config_.row_bytes, per_position = row * config_.sources;
+  if (count == 0 || rows.size() != per_position * count) {
+    return absl::InvalidArgumentError(absl::StrCat("rows: ", rows.size(), " bytes for ", count, " positions; need ",
+                                                   per_position * count, " (positions x sources x row_bytes)"));
+  }
+  const uint64_t key_bytes = uint64_t{config_.indexers} * count * config_.index_key_bytes;
+  if (!keys.empty() && keys.size() != key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes; need 0 or ", key_bytes,
+                                                   " (indexers x positions x index_key_bytes)"));
+  }
+  if (first != (*r)->appended) {
+    return absl::OutOfRangeError(absl::StrCat("request ", request, ": append at position ", first, ", but ",
+                                              (*r)->appended, " rows are appended (the next must be ",
+                                              (*r)->appended, ")"));
+  }
+  if (static_cast<uint64_t>(first) + count > (*r)->max_rows) {
+    return absl::OutOfRangeError(absl::StrCat("request ", request, ": positions ", first, " .. ", first + count - 1,
+                                              " beyond its max_rows ", (*r)->max_rows));
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    for (SourceId s = 0; s < config_.sources; ++s) {
+      if (absl::Status st = kv_->Append(request, s, first + i, rows.subspan(i * per_position + s * row, row));
+          !st.ok()) {
+        // Sources 0..s-1 hold the row already: the request's KV is no longer consistent; it fails.
+        if (s > 0 || i > 0) Fail(request, st);
+        return Step(st);
+      }
+    }
+    ++(*r)->appended;
+  }
+  counters_.rows_appended += count;
+  if (!keys.empty()) {
+    const uint64_t per_indexer = uint64_t{count} * config_.index_key_bytes;
+    for (uint32_t x = 0; x < config_.indexers; ++x) {
+      std::vector<float> k(per_indexer / 4);
+      std::memcpy(k.data(), keys.data() + x * per_indexer, per_indexer);
+      if (absl::Status st = kv_->StoreIndexKeys(request, x, first, k); !st.ok()) return Step(st);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::span<Query> queries) {
+  if (sources.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(sources.size(), " sources: every source is its own group in "
+                                                   "libdhs 1.0, so one resolve reads one source"));
+  }
+  if (sources[0] >= config_.sources) {
+    return absl::InvalidArgumentError(absl::StrCat("source ", sources[0], " out of range (", config_.sources,
+                                                   " sources)"));
+  }
+  std::vector<KvQuery> batch(queries.size());
+  std::vector<const uint8_t*> out;
+  size_t total = 0;
+  for (const Query& q : queries) total += q.selection.size();
+  out.assign(total, nullptr);
+  size_t at = 0;
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const Query& q = queries[i];
+    absl::StatusOr<Request*> r = Granted(q.request);
+    if (!r.ok()) return r.status();
+    if (q.selection.size() > config_.top_k) {
+      return absl::InvalidArgumentError(absl::StrCat("query ", i, ": selection of ", q.selection.size(),
+                                                     " positions is longer than k = ", config_.top_k));
+    }
+    if (q.locations.size() != q.selection.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("query ", i, ": locations hold ", q.locations.size(),
+                                                     " entries for ", q.selection.size(), " positions"));
+    }
+    for (size_t j = 0; j < q.selection.size(); ++j) {
+      const Position t = q.selection[j];
+      if (t < -1 || t >= (*r)->appended) {
+        return absl::OutOfRangeError(absl::StrCat("query ", i, ": position ", t, " at ", j, " is beyond request ",
+                                                  q.request, "'s history of ", (*r)->appended, " rows"));
+      }
+    }
+    batch[i] = KvQuery{q.request, q.selection, std::span<const uint8_t*>(out.data() + at, q.selection.size())};
+    at += q.selection.size();
+  }
+  if (absl::Status s = kv_->Fetch(sources, batch); !s.ok()) return Step(s);
+  absl::StatusOr<std::span<uint8_t>> pool = Pool();
+  if (!pool.ok()) return pool.status();
+  at = 0;
+  for (Query& q : queries) {
+    for (size_t j = 0; j < q.selection.size(); ++j, ++at) {
+      const uint8_t* p = out[at];
+      if (p == nullptr) {
+        q.locations[j] = -1;
+      } else if (p < pool->data() || p + config_.row_bytes > pool->data() + pool->size()) {
+        return absl::InternalError("the resolver returned a row outside the KV pool");
+      } else {
+        q.locations[j] = static_cast<int64_t>(p - pool->data());
+      }
+    }
+  }
+  counters_.queries_resolved += queries.size();
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::ReadersDone(std::span<const SourceId> sources) {
+  for (SourceId s : sources) {
+    if (s >= config_.sources) {
+      return absl::InvalidArgumentError(absl::StrCat("source ", s, " out of range (", config_.sources, " sources)"));
+    }
+  }
+  kv_->ReadersDone(sources);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::Hold(RequestId request, Position from) {
+  absl::StatusOr<Request*> r = Granted(request);
+  if (!r.ok()) return r.status();
+  if (from < (*r)->appended || static_cast<uint64_t>(from) > (*r)->max_rows) {
+    return absl::OutOfRangeError(absl::StrCat("hold from ", from, ": must be in [appended rows ", (*r)->appended,
+                                              ", max_rows ", (*r)->max_rows, "]"));
+  }
+  if (absl::Status s = kv_->HoldUnverified(request, from); !s.ok()) return s;
+  (*r)->held_from = from;
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::Commit(RequestId request, Position length) {
+  absl::StatusOr<Request*> r = Granted(request);
+  if (!r.ok()) return r.status();
+  if ((*r)->held_from < 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " holds no rows"));
+  if (length < (*r)->held_from || length > (*r)->appended) {
+    return absl::OutOfRangeError(absl::StrCat("commit length ", length, ": must be in [held from ", (*r)->held_from,
+                                              ", appended rows ", (*r)->appended, "]"));
+  }
+  if (absl::Status s = kv_->CommitVerified(request, length); !s.ok()) return Step(s);
+  (*r)->appended = length;
+  (*r)->held_from = -1;
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::Complete(RequestId request) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
+  if (it->second.phase == EmbeddedPhase::kGranted) {
+    agent_->EndRequest(request);  // copies memd would free pages under end first; KV released; Complete
+  } else {
+    // Not granted yet: memd drops the queued admission (or releases a grant already on its way) at the Complete.
+    wire::CompleteT done;
+    done.request = request;
+    done.gpu = config_.gpu;
+    (void)memd_->SendComplete(done);
+    ended_waiting_.insert(request);
+  }
+  requests_.erase(it);
+  ++counters_.completed;
+  return absl::OkStatus();
+}
+
+std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
+  std::vector<Resumable> out;
+  for (uint64_t id : memd_->interrupted_requests()) {
+    Resumable r{id, 0, 0};
+    for (const auto& rec : memd_->interrupted_records()) {
+      if (rec != nullptr && rec->request == id) {
+        r.input_rows = rec->input_tokens;
+        r.max_rows = uint64_t{rec->input_tokens} + rec->max_new_tokens;
+      }
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::string EmbeddedWorker::StatsJson() const {
+  const Census c = kv_->TotalCensus();
+  const ResidencyStats& a = agent_->stats();
+  uint64_t granted = 0, waiting = 0;
+  for (const auto& [id, r] : requests_) (r.phase == EmbeddedPhase::kGranted ? granted : waiting) += 1;
+  nlohmann::json j = {
+      {"gpu", config_.gpu},
+      {"mode", std::string(WorkerModeName(config_.mode))},
+      {"requests", {{"open_granted", granted}, {"open_waiting", waiting}, {"submitted", counters_.submitted},
+                    {"granted", counters_.granted}, {"completed", counters_.completed},
+                    {"failed", counters_.failed}, {"rejected", counters_.rejected}}},
+      {"census", {{"direct", c.direct}, {"hot", c.hot}, {"host", c.host}, {"scans_skipped", c.scans_skipped},
+                  {"bytes_recovered", c.bytes_recovered}}},
+      {"pages", {{"capacity", capacity_pages()}, {"kept", a.pages_kept}, {"backed_up", a.pages_backed_up},
+                 {"populated", a.pages_populated}, {"reclaimed", a.pages_reclaimed},
+                 {"reclaim_orders", counters_.reclaim_orders}, {"reclaims_obeyed", a.reclaims_obeyed}}},
+      {"rows_appended", counters_.rows_appended},
+      {"queries_resolved", counters_.queries_resolved},
+  };
+  return j.dump();
+}
+
+// ---- memd's messages ----
+
+void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
+  auto it = requests_.find(m.request);
+  if (it == requests_.end()) {
+    if (ended_waiting_.erase(m.request) > 0) return;  // its Complete (sent before) releases it
+    agent_->RefuseGrant(m);
+    return;
+  }
+  Request& r = it->second;
+  if (r.phase == EmbeddedPhase::kGranted) return;  // a second grant breaks the contract: ignored
+  if (absl::Status s = agent_->OnGrant(m, r.max_rows / config_.page_rows); !s.ok()) {
+    agent_->EndRequest(m.request);
+    requests_.erase(it);
+    ++counters_.failed;
+    events_.push_back({.kind = EmbeddedEvent::kFailed, .request = m.request, .status = s});
+    return;
+  }
+  DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
+  ++counters_.granted;
+  events_.push_back({.kind = EmbeddedEvent::kGranted, .request = m.request, .slot = m.slot});
+}
+
+void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
+  auto it = requests_.find(m.request);
+  if (it == requests_.end()) return;
+  if (it->second.phase == EmbeddedPhase::kWaiting) {
+    DHS_CHECK_OK(TransitionEmbedded(it->second.phase, EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued));
+  }
+  events_.push_back({.kind = EmbeddedEvent::kWaiting, .request = m.request, .value = m.queue_position,
+                     .pages = m.deficit_pages});
+}
+
+void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
+  auto it = requests_.find(m.request);
+  if (it == requests_.end() || it->second.phase == EmbeddedPhase::kGranted) return;  // a reject after a grant: ignored
+  absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
+  if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
+  requests_.erase(it);
+  ++counters_.rejected;
+  events_.push_back({.kind = EmbeddedEvent::kRejected, .request = m.request, .status = error});
+}
+
+void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
+  ++counters_.reclaim_orders;
+  if (requests_.contains(m.request)) {
+    events_.push_back({.kind = EmbeddedEvent::kReclaimed, .request = m.request,
+                       .pages = static_cast<uint32_t>(m.pages.size())});
+  }
+  agent_->OnReclaimOrder(m);
+}
+
+void EmbeddedWorker::OnRetire(const wire::RetireT& m) { agent_->OnRetire(m); }
+void EmbeddedWorker::OnPopulateOrder(const wire::PopulateOrderT& m) { agent_->OnPopulateOrder(m); }
+
+}  // namespace dhs::lib

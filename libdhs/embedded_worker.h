@@ -1,0 +1,166 @@
+// libdhs/embedded_worker.h: the C++ core behind include/dhs/dhs.h (issue 25): one GPU's worker side of the KV
+// hierarchy without a model, for an engine that brings its own. It wires the classes workerd uses below its batching
+// loop: a Device (CpuDevice), the MemdClient (Hello, host pool, memd's messages), HierarchicalKvAccess (tail, hot
+// cache, ready map, host copies, the fused resolver) and the ResidencyAgent (memd's orders carried out: reclaim,
+// population, backups). The engine sees requests and events, never a memd order.
+//
+// Owns: the device, the memd connection, the KV store, the agent, each request's EmbeddedPhase (one enum, one table,
+// one validating TransitionEmbedded(): waiting / queued / granted) with its declared rows and appended rows, and the
+// events for the engine. dhs.cc is the thin C wrapper (argument checks of the C structs, handles, messages).
+//
+// Thread-safety: none; dhs.cc serialises the calls on one worker with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/types.h"
+#include "workerd/device/device.h"
+#include "workerd/kv/hierarchical_kv_access.h"
+#include "workerd/memd_client.h"
+#include "workerd/residency_agent.h"
+#include "workerd/serving_mode.h"
+
+namespace dhs::lib {
+
+// The shape an engine declares (dhs_worker_config, validated by dhs.cc and by Open).
+struct EmbeddedConfig {
+  std::string run_dir;
+  GpuId gpu = 0;
+  WorkerMode mode = WorkerMode::kAdaptive;  // kHisparse or kAdaptive
+  uint32_t sources = 1;                     // S
+  uint32_t row_bytes = 0;                   // d_KV
+  uint32_t indexers = 0;                    // L_idx
+  uint32_t index_key_bytes = 0;             // d_idx
+  uint32_t page_rows = 64;                  // p
+  uint32_t top_k = 0;                       // k
+  uint32_t hot_rows = 0;                    // B
+  uint32_t tail_rows = 0;                   // T
+  uint32_t slots = 1;                       // N
+  uint64_t hbm_budget_bytes = 0;
+  uint32_t connect_timeout_ms = 5000;
+};
+
+// A request's phase here, changed only through TransitionEmbedded() against kEmbeddedTransitions.
+//   kWaiting  AdmitRequest sent, no answer yet
+//   kQueued   memd answered AdmitWait
+//   kGranted  AdmitGrant taken: rows may be appended and resolved
+// A request leaves the table (erased) when it completes, fails or is rejected.
+enum class EmbeddedPhase : uint8_t { kWaiting, kQueued, kGranted };
+inline constexpr std::pair<EmbeddedPhase, EmbeddedPhase> kEmbeddedTransitions[] = {
+    {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued},   // AdmitWait
+    {EmbeddedPhase::kWaiting, EmbeddedPhase::kGranted},  // AdmitGrant
+    {EmbeddedPhase::kQueued, EmbeddedPhase::kGranted},   // AdmitGrant after waiting
+};
+// Errors: FAILED_PRECONDITION when `phase` is not `from` or the move is not in the table (`phase` unchanged).
+absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to);
+
+// One event for the engine (dhs_event).
+struct EmbeddedEvent {
+  enum Kind : uint32_t { kGranted = 1, kWaiting = 2, kRejected = 3, kReclaimed = 4, kFailed = 5 };
+  Kind kind = kGranted;
+  RequestId request = 0;
+  absl::Status status;   // kRejected / kFailed
+  uint32_t slot = 0;     // kGranted
+  uint32_t value = 0;    // kWaiting: queue position
+  uint32_t pages = 0;    // kWaiting: deficit; kReclaimed: pages
+};
+
+// Counters of the worker (dhs_worker_stats_json).
+struct EmbeddedCounters {
+  uint64_t submitted = 0, granted = 0, completed = 0, failed = 0, rejected = 0, reclaim_orders = 0;
+  uint64_t rows_appended = 0, queries_resolved = 0;
+};
+
+class EmbeddedWorker final : private MemdHandler {
+ public:
+  // Checks the shape (INVALID_ARGUMENT naming the field), connects to memd (MemdClient::Connect's errors), maps its
+  // host pool and allocates the KV pool (HierarchicalKvAccess::Create's errors).
+  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config);
+  // Ends every open request (Complete to memd, delivered for up to 1 s) and frees everything.
+  ~EmbeddedWorker() override;
+
+  const EmbeddedConfig& config() const { return config_; }
+  uint64_t page_bytes() const { return kv_->layout().page_bytes(); }
+  uint64_t host_page_bytes() const { return kv_->layout().host_page_bytes(); }
+  uint32_t capacity_pages() const { return kv_->layout().config().optional_pages; }
+  uint64_t worker_epoch() const { return memd_->worker_epoch(); }
+  // The KV pool (the CPU backend's host-visible bytes). Errors: UNIMPLEMENTED when the backend's pool is not
+  // host-visible.
+  absl::StatusOr<std::span<uint8_t>> Pool() const;
+
+  // A new request: input_rows >= 1 prompt rows, max_rows >= input_rows rows at most. Errors: INVALID_ARGUMENT,
+  // UNAVAILABLE (memd away or the send failed).
+  absl::StatusOr<RequestId> Submit(uint64_t input_rows, uint64_t max_rows);
+  // Serves memd's messages, the agent's completions, requests a changed host page failed; events accumulate.
+  // Errors: ABORTED (epoch ended), UNAVAILABLE (memd away: not served by this version).
+  absl::Status Poll();
+  std::deque<EmbeddedEvent>& events() { return events_; }
+
+  // rows: count * S * d_KV bytes [position][source]; keys: empty or L_idx * count * d_idx bytes [indexer][position].
+  absl::Status Append(RequestId request, Position first, uint32_t count, std::span<const uint8_t> rows,
+                      std::span<const uint8_t> keys);
+  // One query: selection (length <= k) and its output (sources.size() * length byte offsets).
+  struct Query {
+    RequestId request = 0;
+    std::span<const Position> selection;
+    std::span<int64_t> locations;
+  };
+  absl::Status Resolve(std::span<const SourceId> sources, std::span<Query> queries);
+  absl::Status ReadersDone(std::span<const SourceId> sources);
+  absl::Status Hold(RequestId request, Position from);
+  absl::Status Commit(RequestId request, Position length);
+  absl::Status Complete(RequestId request);
+  // HelloReply's interrupted requests with their records: (id, input rows, max rows).
+  struct Resumable { RequestId request; uint64_t input_rows, max_rows; };
+  std::vector<Resumable> ListResumable() const;
+  std::string StatsJson() const;
+
+ private:
+  struct Request {
+    EmbeddedPhase phase = EmbeddedPhase::kWaiting;
+    uint64_t input_rows = 0, max_rows = 0;
+    Position appended = 0;  // rows appended on every source (positions 0 .. appended-1)
+    Position held_from = -1;  // a speculative hold's `from`, -1 none
+  };
+
+  EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)) {}
+  // The granted request `id`, or NOT_FOUND / FAILED_PRECONDITION naming it.
+  absl::StatusOr<Request*> Granted(RequestId id);
+  // Ends a granted request with `error` (its KV released, Complete to memd) and tells the engine (kFailed).
+  void Fail(RequestId id, const absl::Status& error);
+  // The requests a changed host page failed (HierarchicalKvAccess::TakeDataLoss).
+  void FailDataLoss();
+  absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
+
+  // MemdHandler.
+  void OnAdmitGrant(const wire::AdmitGrantT& m) override;
+  void OnAdmitWait(const wire::AdmitWaitT& m) override;
+  void OnAdmitReject(const wire::AdmitRejectT& m) override;
+  void OnReclaimOrder(const wire::ReclaimOrderT& m) override;
+  void OnRetire(const wire::RetireT& m) override;
+  void OnPopulateOrder(const wire::PopulateOrderT& m) override;
+  void OnCompleteAck(const wire::CompleteAckT& m) override {}
+
+  EmbeddedConfig config_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<MemdClient> memd_;
+  std::unique_ptr<HierarchicalKvAccess> kv_;
+  std::unique_ptr<ResidencyAgent> agent_;
+  std::map<RequestId, Request> requests_;
+  std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
+  uint64_t next_request_ = 1;
+  std::deque<EmbeddedEvent> events_;
+  EmbeddedCounters counters_;
+};
+
+}  // namespace dhs::lib

@@ -1,0 +1,255 @@
+"""python/dhs: the Python binding of libdhs (issue 25) over its C ABI (include/dhs/dhs.h), with ctypes.
+
+Why ctypes and not pybind11: ctypes needs no compile step (the binding is this file; it loads the libdhs.so the
+build made, or the installed one) and it binds exactly the C ABI, the same boundary every other engine uses, so the
+binding cannot reach past it into the C++ classes. pybind11 would add a compiled module per Python version and would
+bind C++ types the ABI deliberately hides.
+
+The library is found through $DHS_LIBRARY (a path to libdhs.so), else next to this package in a build tree
+(build/libdhs/libdhs.so), else the dynamic loader's path (an installed libdhs.so.1).
+
+    w = dhs.Worker(run_dir, sources=2, row_bytes=64, page_rows=16, top_k=8, hot_rows=32, tail_rows=32, slots=2,
+                   hbm_budget_bytes=..., indexers=1, index_key_bytes=16)
+    pool = w.pool_rows()                 # numpy view (uint8) of the KV pool on the CPU backend
+    rid = w.submit(input_rows, max_rows)
+    for ev in w.poll(): ...              # dhs.Event: kind, request, code, message, ...
+    w.append(rid, first, rows, keys)     # rows: uint8/float32 array [positions, sources, d_KV bytes]
+    loc = w.resolve(source, [(rid, selection)])  # byte offsets into the pool, -1 for padding
+    w.readers_done(source); w.complete(rid); w.close()
+Errors raise dhs.DhsError (its .code is a dhs_status, its message the worker's)."""
+import ctypes
+import json
+import os
+
+ABI_MAJOR, ABI_MINOR = 1, 0
+ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
+MODE_HISPARSE, MODE_ADAPTIVE = 1, 2
+BACKEND_CPU, BACKEND_CUDA = 1, 2
+POOLS_LIBRARY, POOLS_ENGINE = 1, 2
+EVENT_GRANTED, EVENT_WAITING, EVENT_REJECTED, EVENT_RECLAIMED, EVENT_FAILED = 1, 2, 3, 4, 5
+EVENT_NAMES = {1: "granted", 2: "waiting", 3: "rejected", 4: "reclaimed", 5: "failed"}
+
+
+class WorkerConfig(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("abi_version", ctypes.c_uint32), ("run_dir", ctypes.c_char_p),
+                ("gpu", ctypes.c_uint32), ("mode", ctypes.c_uint32), ("backend", ctypes.c_uint32),
+                ("sources", ctypes.c_uint32), ("row_bytes", ctypes.c_uint32), ("indexers", ctypes.c_uint32),
+                ("index_key_bytes", ctypes.c_uint32), ("page_rows", ctypes.c_uint32), ("top_k", ctypes.c_uint32),
+                ("hot_rows", ctypes.c_uint32), ("tail_rows", ctypes.c_uint32), ("slots", ctypes.c_uint32),
+                ("hbm_budget_bytes", ctypes.c_uint64), ("connect_timeout_ms", ctypes.c_uint32)]
+
+
+class WorkerInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("gpu", ctypes.c_uint32), ("page_bytes", ctypes.c_uint64),
+                ("host_page_bytes", ctypes.c_uint64), ("capacity_pages", ctypes.c_uint32),
+                ("hot_rows", ctypes.c_uint32), ("tail_rows", ctypes.c_uint32), ("top_k", ctypes.c_uint32),
+                ("worker_epoch", ctypes.c_uint64)]
+
+
+class PoolDesc(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("kind", ctypes.c_uint32), ("base", ctypes.c_void_p),
+                ("bytes", ctypes.c_uint64), ("row_bytes", ctypes.c_uint64)]
+
+
+class RequestDesc(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("input_rows", ctypes.c_uint64),
+                ("max_rows", ctypes.c_uint64), ("resume_of", ctypes.c_uint64)]
+
+
+class Event(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_uint32), ("code", ctypes.c_int32), ("request", ctypes.c_uint64),
+                ("slot", ctypes.c_uint32), ("value", ctypes.c_uint32), ("pages", ctypes.c_uint32),
+                ("import_first", ctypes.c_uint32), ("import_pages", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("message_raw", ctypes.c_char * 192)]
+
+    @property
+    def message(self) -> str:
+        return self.message_raw.decode(errors="replace")
+
+    def __repr__(self):
+        return f"Event({EVENT_NAMES.get(self.kind, self.kind)}, request={self.request}, pages={self.pages}, " \
+               f"code={self.code}, message={self.message!r})"
+
+
+class Query(ctypes.Structure):
+    _fields_ = [("request", ctypes.c_uint64), ("selection", ctypes.POINTER(ctypes.c_int64)),
+                ("length", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("locations", ctypes.POINTER(ctypes.c_int64))]
+
+
+def _find_library() -> str:
+    env = os.environ.get("DHS_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "..", "..", "build", "libdhs", "libdhs.so"),):
+        if os.path.exists(cand):
+            return cand
+    return "libdhs.so.1"
+
+
+_lib = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libdhs, with its functions' signatures declared (loaded once)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    lib = ctypes.CDLL(_find_library())
+    P, u32, u64, i64, sz = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+    sigs = {
+        "dhs_version": (u32, []),
+        "dhs_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "dhs_worker_open": (ctypes.c_int, [ctypes.POINTER(WorkerConfig), ctypes.POINTER(P)]),
+        "dhs_worker_close": (ctypes.c_int, [P]),
+        "dhs_worker_errmsg": (ctypes.c_char_p, [P]),
+        "dhs_worker_info_get": (ctypes.c_int, [P, ctypes.POINTER(WorkerInfo)]),
+        "dhs_pools_register": (ctypes.c_int, [P, ctypes.POINTER(PoolDesc)]),
+        "dhs_request_submit": (ctypes.c_int, [P, ctypes.POINTER(RequestDesc), ctypes.POINTER(u64)]),
+        "dhs_worker_poll": (ctypes.c_int, [P, ctypes.POINTER(Event), sz, ctypes.POINTER(sz)]),
+        "dhs_request_append": (ctypes.c_int, [P, u64, i64, u32, P, sz, P, sz]),
+        "dhs_resolve": (ctypes.c_int, [P, ctypes.POINTER(u32), u32, ctypes.POINTER(Query), u32]),
+        "dhs_readers_done": (ctypes.c_int, [P, ctypes.POINTER(u32), u32]),
+        "dhs_request_hold": (ctypes.c_int, [P, u64, i64]),
+        "dhs_request_commit": (ctypes.c_int, [P, u64, i64]),
+        "dhs_request_complete": (ctypes.c_int, [P, u64]),
+        "dhs_worker_stats_json": (ctypes.c_int, [P, ctypes.c_char_p, sz, ctypes.POINTER(sz)]),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    if lib.dhs_version() >> 16 != ABI_MAJOR:
+        raise ImportError(f"libdhs speaks ABI {lib.dhs_version() >> 16}, this binding {ABI_MAJOR}")
+    _lib = lib
+    return lib
+
+
+class DhsError(Exception):
+    """A libdhs call failed: .code is its dhs_status, .name its name, the message the worker's."""
+
+    def __init__(self, code: int, message: str):
+        self.code = code
+        self.name = library().dhs_status_name(code).decode()
+        super().__init__(f"{self.name}: {message}")
+
+
+class Worker:
+    """One GPU's worker (dhs_worker). Not thread-safe beyond the library's own rule (calls serialised per worker)."""
+
+    def __init__(self, run_dir: str, *, sources: int, row_bytes: int, page_rows: int, top_k: int, hot_rows: int,
+                 tail_rows: int, slots: int, hbm_budget_bytes: int, indexers: int = 0, index_key_bytes: int = 0,
+                 gpu: int = 0, mode: int = MODE_ADAPTIVE, connect_timeout_ms: int = 10000):
+        self._lib = library()
+        self._h = ctypes.c_void_p()
+        self._run_dir = run_dir.encode()
+        c = WorkerConfig(ctypes.sizeof(WorkerConfig), ABI_VERSION, self._run_dir, gpu, mode, BACKEND_CPU, sources,
+                         row_bytes, indexers, index_key_bytes, page_rows, top_k, hot_rows, tail_rows, slots,
+                         hbm_budget_bytes, connect_timeout_ms)
+        rc = self._lib.dhs_worker_open(ctypes.byref(c), ctypes.byref(self._h))
+        if rc != 0:
+            msg = self._lib.dhs_worker_errmsg(self._h).decode()
+            self._lib.dhs_worker_close(self._h)
+            self._h = None
+            raise DhsError(rc, msg)
+        self.sources, self.row_bytes, self.top_k = sources, row_bytes, top_k
+        self.indexers, self.index_key_bytes = indexers, index_key_bytes
+        self._events = (Event * 32)()
+
+    def _check(self, rc: int):
+        if rc != 0:
+            raise DhsError(rc, self._lib.dhs_worker_errmsg(self._h).decode())
+
+    def close(self):
+        if self._h is not None:
+            self._check(self._lib.dhs_worker_close(self._h))
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def info(self) -> WorkerInfo:
+        i = WorkerInfo()
+        i.struct_size = ctypes.sizeof(WorkerInfo)
+        self._check(self._lib.dhs_worker_info_get(self._h, ctypes.byref(i)))
+        return i
+
+    def pool_bytes(self):
+        """The KV pool as a numpy uint8 array (a view: no copy; valid until close). CPU backend only."""
+        import numpy as np
+        d = PoolDesc()
+        d.struct_size, d.kind = ctypes.sizeof(PoolDesc), POOLS_LIBRARY
+        self._check(self._lib.dhs_pools_register(self._h, ctypes.byref(d)))
+        buf = (ctypes.c_uint8 * d.bytes).from_address(d.base)
+        return np.frombuffer(buf, dtype=np.uint8)
+
+    def submit(self, input_rows: int, max_rows: int) -> int:
+        d = RequestDesc(ctypes.sizeof(RequestDesc), 0, input_rows, max_rows, 0)
+        rid = ctypes.c_uint64()
+        self._check(self._lib.dhs_request_submit(self._h, ctypes.byref(d), ctypes.byref(rid)))
+        return rid.value
+
+    def poll(self) -> list:
+        """Serves memd and returns the pending events (dhs.Event copies)."""
+        out, n = [], ctypes.c_size_t()
+        while True:
+            self._check(self._lib.dhs_worker_poll(self._h, self._events, len(self._events), ctypes.byref(n)))
+            out.extend(Event.from_buffer_copy(self._events[i]) for i in range(n.value))
+            if n.value < len(self._events):
+                return out
+
+    def append(self, request: int, first: int, rows, keys=None):
+        """rows: a C-contiguous array of count * sources * row_bytes bytes ([position][source][row]); keys: None or
+        [indexer][position][index_key_bytes] bytes."""
+        import numpy as np
+        rows = np.ascontiguousarray(rows)
+        count = rows.nbytes // (self.sources * self.row_bytes)
+        kp, kn = None, 0
+        if keys is not None:
+            keys = np.ascontiguousarray(keys)
+            kp, kn = keys.ctypes.data, keys.nbytes
+        self._check(self._lib.dhs_request_append(self._h, request, first, count, rows.ctypes.data, rows.nbytes, kp,
+                                                 kn))
+
+    def resolve(self, source: int, queries):
+        """queries: [(request, selection int64 array of <= k positions, -1 padding)]; returns one int64 array of byte
+        offsets into the pool per query (-1 for padding), readable until readers_done(source)."""
+        import numpy as np
+        n = len(queries)
+        qs = (Query * n)()
+        keep = []
+        for i, (rid, sel) in enumerate(queries):
+            sel = np.ascontiguousarray(sel, dtype=np.int64)
+            loc = np.empty(len(sel), dtype=np.int64)
+            keep.append((sel, loc))
+            qs[i] = Query(rid, sel.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), len(sel), 0,
+                          loc.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
+        src = ctypes.c_uint32(source)
+        self._check(self._lib.dhs_resolve(self._h, ctypes.byref(src), 1, qs, n))
+        return [loc for _, loc in keep]
+
+    def readers_done(self, source: int):
+        src = ctypes.c_uint32(source)
+        self._check(self._lib.dhs_readers_done(self._h, ctypes.byref(src), 1))
+
+    def hold(self, request: int, start: int):
+        self._check(self._lib.dhs_request_hold(self._h, request, start))
+
+    def commit(self, request: int, length: int):
+        self._check(self._lib.dhs_request_commit(self._h, request, length))
+
+    def complete(self, request: int):
+        self._check(self._lib.dhs_request_complete(self._h, request))
+
+    def stats(self) -> dict:
+        need = ctypes.c_size_t()
+        buf = ctypes.create_string_buffer(4096)
+        rc = self._lib.dhs_worker_stats_json(self._h, buf, len(buf), ctypes.byref(need))
+        if rc != 0 and need.value > len(buf):
+            buf = ctypes.create_string_buffer(need.value)
+            rc = self._lib.dhs_worker_stats_json(self._h, buf, len(buf), ctypes.byref(need))
+        self._check(rc)
+        return json.loads(buf.value.decode())

@@ -1,0 +1,382 @@
+// tests/libdhs/libdhs_api_test.cc: the C ABI of issue 25 (include/dhs/dhs.h) through the shared library, against a
+// real memd (MEMD, started per test in its own run directory): every bad-input case of the issue answers its status
+// with a message and aborts nothing; a request's lifecycle; the rows a resolve returns are the bytes appended, also
+// after memd reclaimed the request's optional pages (host recovery, brief §5, §7); speculative hold and commit.
+#include <dhs/dhs.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/test_util.h"
+
+namespace {
+
+using dhs::testing::ChildProcess;
+using dhs::testing::ScopedRunDir;
+
+constexpr uint32_t kS = 2, kRow = 64, kKey = 16, kP = 16, kK = 8, kB = 32, kT = 32;
+constexpr uint64_t kPageBytes = uint64_t{kP} * kS * kRow;      // 2048
+constexpr uint64_t kHostPageBytes = kPageBytes + kP * kKey;     // 2304: memd --page-bytes
+
+uint8_t RowByte(uint64_t r, uint32_t s, int64_t t, uint32_t b) {
+  return static_cast<uint8_t>(r * 131 + s * 31 + static_cast<uint64_t>(t) * 7 + b);
+}
+
+std::vector<uint8_t> Rows(uint64_t r, int64_t first, uint32_t n) {
+  std::vector<uint8_t> rows(size_t{n} * kS * kRow);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t s = 0; s < kS; ++s)
+      for (uint32_t b = 0; b < kRow; ++b) rows[(i * kS + s) * kRow + b] = RowByte(r, s, first + i, b);
+  return rows;
+}
+
+dhs_worker_config Config(const std::string& run_dir, uint32_t optional_pages) {
+  dhs_worker_config c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.abi_version = DHS_ABI_VERSION;
+  c.run_dir = run_dir.c_str();
+  c.mode = DHS_MODE_ADAPTIVE;
+  c.backend = DHS_BACKEND_CPU;
+  c.sources = kS;
+  c.row_bytes = kRow;
+  c.indexers = 1;
+  c.index_key_bytes = kKey;
+  c.page_rows = kP;
+  c.top_k = kK;
+  c.hot_rows = kB;
+  c.tail_rows = kT;
+  c.slots = 2;
+  c.hbm_budget_bytes = optional_pages * kPageBytes;
+  c.connect_timeout_ms = 10000;
+  return c;
+}
+
+class LibdhsTest : public ::testing::Test {
+ protected:
+  void StartMemd() {
+    const char* memd = std::getenv("MEMD");
+    ASSERT_NE(memd, nullptr) << "MEMD is not set";
+    memd_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages", "256"});
+    for (int i = 0; i < 400 && !std::filesystem::exists(dir_.path() + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
+    ASSERT_TRUE(std::filesystem::exists(dir_.path() + "/memd.sock"));
+  }
+  void TearDown() override {
+    if (w_ != nullptr) dhs_worker_close(w_);
+    if (memd_ != nullptr) memd_->Terminate();
+  }
+  void Open(uint32_t optional_pages) {
+    const dhs_worker_config c = Config(dir_.path(), optional_pages);
+    ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  }
+  // Polls until `n` events arrived (or ~10 s); returns them.
+  std::vector<dhs_event> PollFor(size_t n) {
+    std::vector<dhs_event> all;
+    for (int i = 0; i < 2000 && all.size() < n; ++i) {
+      dhs_event ev[8];
+      size_t got = 0;
+      EXPECT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+      all.insert(all.end(), ev, ev + got);
+      if (got == 0) ::poll(nullptr, 0, 5);
+    }
+    return all;
+  }
+  uint64_t SubmitGranted(uint64_t input, uint64_t max) {
+    dhs_request_desc d{sizeof(dhs_request_desc), 0, input, max, 0};
+    uint64_t id = 0;
+    EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK) << dhs_worker_errmsg(w_);
+    const std::vector<dhs_event> ev = PollFor(1);
+    EXPECT_EQ(ev.size(), 1u);
+    if (!ev.empty()) {
+      EXPECT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
+      EXPECT_EQ(ev[0].request, id);
+    }
+    return id;
+  }
+  int Append(uint64_t id, int64_t first, uint32_t n) {
+    const std::vector<uint8_t> rows = Rows(id, first, n);
+    return dhs_request_append(w_, id, first, n, rows.data(), rows.size(), nullptr, 0);
+  }
+  // Resolves `sel` of request `id` on every source and checks every row's bytes against the appended pattern.
+  void ExpectRows(uint64_t id, const std::vector<int64_t>& sel) {
+    dhs_pool_desc pool{};
+    pool.struct_size = sizeof pool;
+    pool.kind = DHS_POOLS_LIBRARY;
+    ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+    for (uint32_t s = 0; s < kS; ++s) {
+      std::vector<int64_t> loc(sel.size(), -7);
+      dhs_query q{id, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+      ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+      for (size_t j = 0; j < sel.size(); ++j) {
+        if (sel[j] < 0) {
+          EXPECT_EQ(loc[j], -1);
+          continue;
+        }
+        ASSERT_GE(loc[j], 0);
+        ASSERT_LE(static_cast<uint64_t>(loc[j]) + kRow, pool.bytes);
+        const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
+        for (uint32_t b = 0; b < kRow; ++b) {
+          ASSERT_EQ(row[b], RowByte(id, s, sel[j], b)) << "source " << s << " position " << sel[j] << " byte " << b;
+        }
+      }
+      ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+    }
+  }
+  nlohmann::json Stats() {
+    char buf[4096];
+    size_t need = 0;
+    EXPECT_EQ(dhs_worker_stats_json(w_, buf, sizeof buf, &need), DHS_OK);
+    return nlohmann::json::parse(buf);
+  }
+
+  ScopedRunDir dir_;
+  std::unique_ptr<ChildProcess> memd_;
+  dhs_worker* w_ = nullptr;
+};
+
+TEST(LibdhsNoMemd, VersionNamesAndHandles) {
+  EXPECT_EQ(dhs_version(), static_cast<uint32_t>(DHS_ABI_VERSION));
+  EXPECT_STREQ(dhs_status_name(DHS_ERR_NOT_FOUND), "DHS_ERR_NOT_FOUND");
+  EXPECT_STREQ(dhs_status_name(-3), "DHS_ERR_UNKNOWN");
+  EXPECT_STREQ(dhs_status_name(99), "DHS_ERR_UNKNOWN");
+  // NULL and a pointer that is no handle of the library: refused without touching it.
+  EXPECT_EQ(dhs_worker_close(nullptr), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_worker_open(nullptr, nullptr), DHS_ERR_INVALID_ARGUMENT);
+  int not_a_worker = 0;
+  auto* fake = reinterpret_cast<dhs_worker*>(&not_a_worker);
+  size_t n = 0;
+  EXPECT_EQ(dhs_worker_poll(fake, nullptr, 0, &n), DHS_ERR_BAD_HANDLE);
+  EXPECT_EQ(dhs_request_complete(fake, 1), DHS_ERR_BAD_HANDLE);
+  EXPECT_STREQ(dhs_worker_errmsg(fake), "dhs_worker_errmsg: not a worker of this library");
+  EXPECT_STREQ(dhs_worker_errmsg(nullptr), "dhs_worker_errmsg: NULL worker");
+}
+
+TEST(LibdhsNoMemd, OpenChecksItsConfig) {
+  ScopedRunDir dir;  // no memd there
+  struct Case {
+    const char* name;
+    void (*edit)(dhs_worker_config&);
+    int code;
+    const char* message_part;
+  };
+  const Case cases[] = {
+      {"struct size", [](dhs_worker_config& c) { c.struct_size -= 4; }, DHS_ERR_VERSION, "struct_size"},
+      {"abi major", [](dhs_worker_config& c) { c.abi_version = (DHS_ABI_MAJOR + 1) << 16; }, DHS_ERR_VERSION, "ABI"},
+      {"run dir", [](dhs_worker_config& c) { c.run_dir = nullptr; }, DHS_ERR_INVALID_ARGUMENT, "run_dir"},
+      {"cuda", [](dhs_worker_config& c) { c.backend = DHS_BACKEND_CUDA; }, DHS_ERR_UNIMPLEMENTED, "CUDA"},
+      {"backend", [](dhs_worker_config& c) { c.backend = 7; }, DHS_ERR_INVALID_ARGUMENT, "backend"},
+      {"mode", [](dhs_worker_config& c) { c.mode = 0; }, DHS_ERR_INVALID_ARGUMENT, "mode"},
+      {"page rows", [](dhs_worker_config& c) { c.page_rows = 0; }, DHS_ERR_INVALID_ARGUMENT, "page_rows"},
+      {"row bytes", [](dhs_worker_config& c) { c.row_bytes = 6; }, DHS_ERR_INVALID_ARGUMENT, "row_bytes"},
+      {"k above B", [](dhs_worker_config& c) { c.top_k = c.hot_rows + 1; }, DHS_ERR_INVALID_ARGUMENT, "top_k"},
+      {"tail", [](dhs_worker_config& c) { c.tail_rows = c.page_rows + 1; }, DHS_ERR_INVALID_ARGUMENT, "tail_rows"},
+      {"budget", [](dhs_worker_config& c) { c.hbm_budget_bytes = 1; }, DHS_ERR_INVALID_ARGUMENT, "hbm_budget"},
+      {"keys", [](dhs_worker_config& c) { c.index_key_bytes = 0; }, DHS_ERR_INVALID_ARGUMENT, "index_key_bytes"},
+      {"no memd", [](dhs_worker_config& c) { c.connect_timeout_ms = 300; }, DHS_ERR_UNAVAILABLE, ""},
+  };
+  for (const Case& k : cases) {
+    dhs_worker_config c = Config(dir.path(), 8);
+    k.edit(c);
+    dhs_worker* w = nullptr;
+    EXPECT_EQ(dhs_worker_open(&c, &w), k.code) << k.name << ": " << dhs_worker_errmsg(w);
+    ASSERT_NE(w, nullptr) << k.name;  // the failed handle carries the reason
+    EXPECT_NE(std::string(dhs_worker_errmsg(w)).find(k.message_part), std::string::npos)
+        << k.name << ": " << dhs_worker_errmsg(w);
+    size_t n = 0;
+    EXPECT_EQ(dhs_worker_poll(w, nullptr, 0, &n), DHS_ERR_FAILED_PRECONDITION) << k.name;  // a failed open serves nothing
+    EXPECT_EQ(dhs_worker_close(w), DHS_OK);
+    EXPECT_EQ(dhs_worker_close(w), DHS_ERR_CLOSED);
+  }
+}
+
+TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(8));
+  dhs_worker_info info{};
+  EXPECT_EQ(dhs_worker_info_get(w_, &info), DHS_ERR_VERSION);  // struct_size 0
+  info.struct_size = sizeof info;
+  ASSERT_EQ(dhs_worker_info_get(w_, &info), DHS_OK);
+  EXPECT_EQ(info.page_bytes, kPageBytes);
+  EXPECT_EQ(info.host_page_bytes, kHostPageBytes);
+  EXPECT_EQ(info.capacity_pages, 8u);
+  EXPECT_GE(info.worker_epoch, 1u);
+
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_ENGINE;
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_UNIMPLEMENTED);
+  pool.kind = 9;
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_pools_register(w_, nullptr), DHS_ERR_INVALID_ARGUMENT);
+
+  uint64_t id = 0;
+  dhs_request_desc d{sizeof d, 0, 20, 40, 0};
+  EXPECT_EQ(dhs_request_submit(w_, &d, nullptr), DHS_ERR_INVALID_ARGUMENT);
+  d.struct_size = 8;
+  EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_VERSION);
+  d.struct_size = sizeof d;
+  d.input_rows = 0;
+  EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_INVALID_ARGUMENT);
+  d.input_rows = 50;  // above max_rows
+  EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_INVALID_ARGUMENT);
+  d.input_rows = 20;
+  d.resume_of = 12345;
+  EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_UNIMPLEMENTED);
+  d.resume_of = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK);
+  // Before its grant: no append, no resolve.
+  const std::vector<uint8_t> early = Rows(id, 0, 1);
+  EXPECT_EQ(dhs_request_append(w_, id, 0, 1, early.data(), early.size(), nullptr, 0), DHS_ERR_FAILED_PRECONDITION);
+  const std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, DHS_EVENT_GRANTED);
+
+  // A request id never submitted.
+  EXPECT_EQ(dhs_request_complete(w_, id + 1000), DHS_ERR_NOT_FOUND);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("not open"), std::string::npos);
+  EXPECT_EQ(dhs_request_append(w_, id + 1000, 0, 1, early.data(), early.size(), nullptr, 0), DHS_ERR_NOT_FOUND);
+  // Appends: null rows, a wrong size, keys of a wrong size, a gap, past max_rows.
+  EXPECT_EQ(dhs_request_append(w_, id, 0, 1, nullptr, 0, nullptr, 0), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append(w_, id, 0, 1, early.data(), early.size() - 1, nullptr, 0), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append(w_, id, 0, 1, early.data(), early.size(), early.data(), 3), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append(w_, id, 0, 1, early.data(), early.size(), nullptr, 5), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append(w_, id, 3, 1, early.data(), early.size(), nullptr, 0), DHS_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(dhs_request_append(w_, id, -1, 1, early.data(), early.size(), nullptr, 0), DHS_ERR_OUT_OF_RANGE);
+  ASSERT_EQ(Append(id, 0, 20), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::vector<uint8_t> far = Rows(id, 20, 21);
+  EXPECT_EQ(dhs_request_append(w_, id, 20, 21, far.data(), far.size(), nullptr, 0), DHS_ERR_OUT_OF_RANGE);
+  // Keys of the right size are taken.
+  std::vector<uint8_t> keys(kKey, 1);
+  const std::vector<uint8_t> one = Rows(id, 20, 1);
+  ASSERT_EQ(dhs_request_append(w_, id, 20, 1, one.data(), one.size(), keys.data(), keys.size()), DHS_OK);
+
+  // Resolve: a selection longer than k, a position beyond the history, a bad source, null pointers, reserved.
+  std::vector<int64_t> sel(kK + 1, 0), loc((kK + 1) * kS, 0);
+  uint32_t src = 0;
+  dhs_query q{id, sel.data(), kK + 1, 0, loc.data()};
+  EXPECT_EQ(dhs_resolve(w_, &src, 1, &q, 1), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("longer than k"), std::string::npos);
+  q.length = 2;
+  sel[1] = 21;  // 21 rows appended: 0..20
+  EXPECT_EQ(dhs_resolve(w_, &src, 1, &q, 1), DHS_ERR_OUT_OF_RANGE);
+  sel[1] = -2;
+  EXPECT_EQ(dhs_resolve(w_, &src, 1, &q, 1), DHS_ERR_OUT_OF_RANGE);
+  sel[1] = 5;
+  uint32_t bad_src = kS;
+  EXPECT_EQ(dhs_resolve(w_, &bad_src, 1, &q, 1), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_resolve(w_, nullptr, 1, &q, 1), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_resolve(w_, &src, 1, nullptr, 1), DHS_ERR_INVALID_ARGUMENT);
+  q.reserved = 1;
+  EXPECT_EQ(dhs_resolve(w_, &src, 1, &q, 1), DHS_ERR_INVALID_ARGUMENT);
+  q.reserved = 0;
+  q.request = id + 1000;
+  EXPECT_EQ(dhs_resolve(w_, &src, 1, &q, 1), DHS_ERR_NOT_FOUND);
+  EXPECT_EQ(dhs_readers_done(w_, &bad_src, 1), DHS_ERR_INVALID_ARGUMENT);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 5, 20, -1, 19}));
+
+  // Hold / commit: three unverified rows, one accepted.
+  EXPECT_EQ(dhs_request_commit(w_, id, 21), DHS_ERR_FAILED_PRECONDITION);  // no hold
+  EXPECT_EQ(dhs_request_hold(w_, id, 3), DHS_ERR_OUT_OF_RANGE);            // below the appended rows
+  ASSERT_EQ(dhs_request_hold(w_, id, 22), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(id, 21, 3), DHS_OK) << dhs_worker_errmsg(w_);           // 21 (anchor), 22, 23 unverified
+  EXPECT_EQ(dhs_request_commit(w_, id, 30), DHS_ERR_OUT_OF_RANGE);
+  ASSERT_EQ(dhs_request_commit(w_, id, 23), DHS_OK) << dhs_worker_errmsg(w_);  // 22 accepted, 23 dropped
+  ASSERT_EQ(Append(id, 23, 1), DHS_OK) << dhs_worker_errmsg(w_);           // position 23 computed again
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {21, 22, 23}));
+
+  // Stats: a buffer too small answers the size it needs.
+  char small[4];
+  size_t need = 0;
+  EXPECT_EQ(dhs_worker_stats_json(w_, small, sizeof small, &need), DHS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_GT(need, sizeof small);
+  EXPECT_EQ(dhs_worker_stats_json(w_, nullptr, 0, nullptr), DHS_ERR_INVALID_ARGUMENT);
+  const nlohmann::json st = Stats();
+  EXPECT_EQ(st["rows_appended"], 25);  // 20 + 1 + 3 + 1
+  EXPECT_EQ(st["requests"]["open_granted"], 1);
+
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, id), DHS_ERR_NOT_FOUND);
+  size_t n = 0, total = 0;
+  EXPECT_EQ(dhs_worker_list_resumable(w_, nullptr, 0, &n, &total), DHS_OK);
+  EXPECT_EQ(total, 0u);
+  EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 0), DHS_ERR_UNIMPLEMENTED);
+
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  EXPECT_EQ(dhs_worker_poll(w_, nullptr, 0, &n), DHS_ERR_CLOSED);
+  EXPECT_EQ(dhs_request_complete(w_, id), DHS_ERR_CLOSED);
+  EXPECT_STREQ(dhs_worker_errmsg(w_), "the worker was closed");
+  EXPECT_EQ(dhs_worker_close(w_), DHS_ERR_CLOSED);
+  w_ = nullptr;
+}
+
+// Brief §4 and §7 through the API: request A's prompt pages are kept on GPU (adaptive); B's admission leaves a
+// deficit, memd reclaims A's optional pages (the library backs them up, withdraws, answers: a RECLAIMED event is all
+// the engine sees); A's old rows then come from host and are byte-identical.
+TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  // Required pages per request: ceil((B + T) / p) + ceil(80 * 1 * 16 / 2048) = 4 + 1 = 5; A keeps 64 / 16 = 4
+  // optional pages: 9 of M = 12; B needs 5, 3 are free: memd reclaims A.
+  ASSERT_NO_FATAL_FAILURE(Open(12));
+  const uint64_t a = SubmitGranted(64, 80);
+  ASSERT_EQ(Append(a, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int i = 0; i < 50; ++i) PollFor(0);  // the keep copies complete
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {0, 17, 33, 63, -1}));
+  const nlohmann::json before = Stats();
+  EXPECT_EQ(before["pages"]["kept"], 4) << before.dump();
+
+  dhs_request_desc d{sizeof d, 0, 16, 80, 0};
+  uint64_t b = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK);
+  bool reclaimed = false, granted = false;
+  for (int i = 0; i < 4000 && !granted; ++i) {
+    dhs_event ev[8];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t e = 0; e < got; ++e) {
+      if (ev[e].kind == DHS_EVENT_RECLAIMED && ev[e].request == a) reclaimed = true;
+      if (ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == b) granted = true;
+      EXPECT_NE(ev[e].kind, static_cast<uint32_t>(DHS_EVENT_FAILED)) << ev[e].message;
+    }
+    if (got == 0) ::poll(nullptr, 0, 2);
+  }
+  ASSERT_TRUE(reclaimed);
+  ASSERT_TRUE(granted);
+  // A's old rows: not in its tail (32 rows: 32..63), its hot cache holds the earlier selection's rows; the others
+  // are recovered from host.
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {1, 2, 3, 18, 40, 41, 5, 6}));
+  const nlohmann::json after = Stats();
+  EXPECT_GE(after["pages"]["reclaimed"], 4) << after.dump();
+  EXPECT_GE(after["census"]["host"].get<uint64_t>(), 8u) << after.dump();  // 4 positions x 2 sources at least
+  ASSERT_EQ(Append(b, 0, 16), DHS_OK);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(b, {0, 15}));
+  EXPECT_EQ(dhs_request_complete(w_, a), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+}
+
+// A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
+TEST_F(LibdhsTest, CompleteWhileWaiting) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(8));
+  dhs_request_desc d{sizeof d, 0, 16, 40, 0};
+  uint64_t id = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK);
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);  // before any poll: memd sees the admission, then the Complete
+  EXPECT_EQ(dhs_request_complete(w_, id), DHS_ERR_NOT_FOUND);
+  for (int i = 0; i < 40; ++i) {
+    dhs_event ev[4];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &got), DHS_OK);
+    EXPECT_EQ(got, 0u);  // its grant (if memd sent one) is not the engine's business any more
+    ::poll(nullptr, 0, 5);
+  }
+  const uint64_t next = SubmitGranted(16, 40);  // the slot and pages came back
+  EXPECT_NE(next, id);
+}
+
+}  // namespace
