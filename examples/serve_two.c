@@ -3,9 +3,11 @@
  * Each request appends a prompt, then decodes: every step appends its row and resolves a top-k selection (here the
  * k newest rows and some old ones, as an indexer might pick); the bytes at every returned location are checked
  * against the rows appended. Prints "served 2 requests ... exact" and exits 0, or names the failed call and exits 1. */
+#define _POSIX_C_SOURCE 200809L
 #include <dhs/dhs.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 enum { S = 2, ROW = 64, IDX = 1, KEY = 16, P = 16, K = 8, PROMPT = 40, OUT = 24, MAX = PROMPT + OUT };
 
@@ -36,7 +38,7 @@ int main(int argc, char** argv) {
   c.mode = DHS_MODE_ADAPTIVE; c.backend = DHS_BACKEND_CPU;
   c.sources = S; c.row_bytes = ROW; c.indexers = IDX; c.index_key_bytes = KEY;
   c.page_rows = P; c.top_k = K; c.hot_rows = 4 * K; c.tail_rows = 2 * P; c.slots = 2;
-  c.hbm_budget_bytes = 8 * P * S * ROW; /* 8 optional pages */
+  c.hbm_budget_bytes = 16 * P * S * ROW; /* M = 16 pages: 5 required per request + their prompts' 2 each */
   if (dhs_worker_open(&c, &w) != DHS_OK) {
     fprintf(stderr, "open: %s\n", dhs_worker_errmsg(w)); dhs_worker_close(w); return 1;
   }
@@ -49,7 +51,8 @@ int main(int argc, char** argv) {
   dhs_request_desc d = { sizeof d, 0, PROMPT, MAX, 0 };
   for (int i = 0; i < 2; ++i) CALL(dhs_request_submit(w, &d, &id[i]));
   int granted = 0;
-  for (int spin = 0; granted < 2 && spin < 200000; ++spin) {  /* the grants come through poll */
+  for (int spin = 0; granted < 2 && spin < 10000; ++spin) {  /* the grants come through poll (10 s at most) */
+    const struct timespec ms = {0, 1000000};
     dhs_event ev[8];
     size_t n = 0;
     CALL(dhs_worker_poll(w, ev, 8, &n));
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "request %llu: %s\n", (unsigned long long)ev[e].request, ev[e].message); return 1;
       }
     }
+    if (n == 0) nanosleep(&ms, NULL);
   }
   if (granted < 2) { fprintf(stderr, "no grant from memd\n"); return 1; }
   for (int i = 0; i < 2; ++i) if (append(id[i], 0, PROMPT)) return 1;

@@ -270,7 +270,7 @@ int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* c
       out.slot = ev.slot;
       out.value = ev.value;
       out.pages = ev.pages;
-      const std::string_view m = ev.status.message();
+      const absl::string_view m = ev.status.message();
       std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
       q.pop_front();
     }

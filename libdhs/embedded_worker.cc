@@ -17,7 +17,7 @@
 namespace dhs::lib {
 namespace {
 
-absl::Status Field(bool ok, std::string_view what) {
+absl::Status Field(bool ok, const char* what) {
   return ok ? absl::OkStatus() : absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: ", what));
 }
 
@@ -71,6 +71,14 @@ absl::Status CheckConfig(const EmbeddedConfig& c) {
                                                    " bytes (more than 64 GiB)"));
   }
   return absl::OkStatus();
+}
+
+EmbeddedEvent Event(EmbeddedEvent::Kind kind, RequestId request, absl::Status status = absl::OkStatus()) {
+  EmbeddedEvent e;
+  e.kind = kind;
+  e.request = request;
+  e.status = std::move(status);
+  return e;
 }
 
 }  // namespace
@@ -250,7 +258,7 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   if (it->second.phase == EmbeddedPhase::kGranted) agent_->EndRequest(id);  // copies end, KV released, Complete
   requests_.erase(it);
   ++counters_.failed;
-  events_.push_back({.kind = EmbeddedEvent::kFailed, .request = id, .status = error});
+  events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
 }
 
 void EmbeddedWorker::FailDataLoss() {
@@ -466,12 +474,13 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     agent_->EndRequest(m.request);
     requests_.erase(it);
     ++counters_.failed;
-    events_.push_back({.kind = EmbeddedEvent::kFailed, .request = m.request, .status = s});
+    events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
     return;
   }
   DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
   ++counters_.granted;
-  events_.push_back({.kind = EmbeddedEvent::kGranted, .request = m.request, .slot = m.slot});
+  events_.push_back(Event(EmbeddedEvent::kGranted, m.request));
+  events_.back().slot = m.slot;
 }
 
 void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
@@ -480,8 +489,9 @@ void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
   if (it->second.phase == EmbeddedPhase::kWaiting) {
     DHS_CHECK_OK(TransitionEmbedded(it->second.phase, EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued));
   }
-  events_.push_back({.kind = EmbeddedEvent::kWaiting, .request = m.request, .value = m.queue_position,
-                     .pages = m.deficit_pages});
+  events_.push_back(Event(EmbeddedEvent::kWaiting, m.request));
+  events_.back().value = m.queue_position;
+  events_.back().pages = m.deficit_pages;
 }
 
 void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
@@ -491,14 +501,14 @@ void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
   requests_.erase(it);
   ++counters_.rejected;
-  events_.push_back({.kind = EmbeddedEvent::kRejected, .request = m.request, .status = error});
+  events_.push_back(Event(EmbeddedEvent::kRejected, m.request, error));
 }
 
 void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   ++counters_.reclaim_orders;
   if (requests_.contains(m.request)) {
-    events_.push_back({.kind = EmbeddedEvent::kReclaimed, .request = m.request,
-                       .pages = static_cast<uint32_t>(m.pages.size())});
+    events_.push_back(Event(EmbeddedEvent::kReclaimed, m.request));
+    events_.back().pages = static_cast<uint32_t>(m.pages.size());
   }
   agent_->OnReclaimOrder(m);
 }

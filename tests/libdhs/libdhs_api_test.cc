@@ -325,7 +325,12 @@ TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
   ASSERT_NO_FATAL_FAILURE(Open(12));
   const uint64_t a = SubmitGranted(64, 80);
   ASSERT_EQ(Append(a, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
-  for (int i = 0; i < 50; ++i) PollFor(0);  // the keep copies complete
+  for (int i = 0; i < 50; ++i) {  // the keep copies complete and are published
+    dhs_event ev[4];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &got), DHS_OK);
+    ::poll(nullptr, 0, 2);
+  }
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {0, 17, 33, 63, -1}));
   const nlohmann::json before = Stats();
   EXPECT_EQ(before["pages"]["kept"], 4) << before.dump();

@@ -34,7 +34,8 @@ def main() -> int:
             return 1
         start = time.monotonic()
         rc = subprocess.call([run_dir if a == "@RUN_DIR@" else a for a in cmd])
-        print(f"with_memd: {os.path.basename(cmd[0] if len(cmd) == 1 else cmd[1])} exited {rc} after "
+        name = os.path.basename(cmd[1] if "python" in os.path.basename(cmd[0]) and len(cmd) > 1 else cmd[0])
+        print(f"with_memd: {name} exited {rc} after "
               f"{time.monotonic() - start:.2f} s")
         return rc
     finally:
