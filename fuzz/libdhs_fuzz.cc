@@ -37,10 +37,16 @@ constexpr uint32_t kS = 2, kRow = 64, kKey = 16, kP = 16, kK = 8;
 constexpr uint64_t kHostPageBytes = uint64_t{kP} * (kS * kRow + kKey);  // 2304
 
 pid_t g_memd = -1;
+// Calls by name and outcome (DHS_FUZZ_COUNTS=1 prints them at exit: which calls the inputs reach, and how often they
+// succeed).
+std::map<std::string, std::pair<uint64_t, uint64_t>> g_counts;
 std::string g_run_dir;
 dhs_worker* g_w = nullptr;
 
 void Stop() {
+  if (std::getenv("DHS_FUZZ_COUNTS") != nullptr) {
+    for (const auto& [call, c] : g_counts) std::printf("%-14s ok %6lu  failed %6lu\n", call.c_str(), c.first, c.second);
+  }
   if (g_w != nullptr) dhs_worker_close(g_w);
   g_w = nullptr;
   if (g_memd > 0) {
@@ -88,6 +94,11 @@ int Check(dhs_worker* w, int rc, const char* call) {
     std::fprintf(stderr, "%s failed with %s and no message\n", call, dhs_status_name(rc));
     std::abort();
   }
+  if (std::getenv("DHS_FUZZ_TRACE") != nullptr && rc != DHS_OK) {
+    std::printf("%s: %s: %s\n", call, dhs_status_name(rc), w != nullptr ? dhs_worker_errmsg(w) : "");
+  }
+  auto& count = g_counts[call];
+  (rc == DHS_OK ? count.first : count.second) += 1;
   if (rc == DHS_ERR_INTERNAL) {  // a bug by definition
     std::fprintf(stderr, "%s: DHS_ERR_INTERNAL: %s\n", call, dhs_worker_errmsg(w));
     std::abort();
@@ -99,8 +110,22 @@ struct Session {
   dhs::fuzz::Input& in;
   dhs_worker* w;
   std::map<uint64_t, int64_t> appended;  // requests submitted in this input -> rows appended (as far as we know)
+  bool lost = false;  // the worker's epoch ended (it was not polled for the memd timeout): reopened after the input
+
+  std::vector<uint64_t> granted;  // GRANTED events seen in this input, not completed since
+
+  void Take(const dhs_event* ev, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (ev[i].kind == DHS_EVENT_GRANTED) granted.push_back(ev[i].request);
+      if (ev[i].kind == DHS_EVENT_REJECTED || ev[i].kind == DHS_EVENT_FAILED) {
+        appended.erase(ev[i].request);
+        std::erase(granted, ev[i].request);
+      }
+    }
+  }
 
   uint64_t PickRequest() {
+    if (!granted.empty() && in.Below(4) != 0) return granted[in.Below(static_cast<uint32_t>(granted.size()))];
     if (!appended.empty() && in.Below(8) != 0) {
       auto it = appended.begin();
       std::advance(it, in.Below(static_cast<uint32_t>(appended.size())));
@@ -112,7 +137,10 @@ struct Session {
   void Op(uint32_t op) {
     switch (op) {
       case 0: {  // submit
-        dhs_request_desc d{sizeof d, 0, in.Small64(120), in.Small64(160), 0};
+        // Mostly sizes memd admits (input 1..80, max up to 40 more), sometimes any.
+        const uint64_t input = 1 + in.Below(80);
+        dhs_request_desc d{sizeof d, 0, input, input + in.Below(40), 0};
+        if (in.Below(6) == 0) d = dhs_request_desc{sizeof d, 0, in.Small64(120), in.Small64(160), 0};
         if (in.Below(8) == 0) d.struct_size = in.Small32(64);
         if (in.Below(8) == 0) d.reserved = 1;
         if (in.Below(8) == 0) d.resume_of = in.Small64(8);
@@ -126,8 +154,17 @@ struct Session {
         dhs_event ev[8];
         size_t n = 0;
         const uint32_t cap = in.Below(9);
-        Check(w, dhs_worker_poll(w, cap == 0 && in.Bool() ? nullptr : ev, cap, in.Below(16) == 0 ? nullptr : &n),
-              "poll");
+        const int rc = Check(w, dhs_worker_poll(w, cap == 0 && in.Bool() ? nullptr : ev, cap,
+                                                in.Below(16) == 0 ? nullptr : &n),
+                             "poll");
+        // Sometimes wait (up to 20 ms) for memd's answers, so that later records meet granted requests.
+        if (rc == DHS_OK && cap > 0) Take(ev, n);
+        const bool wait = in.Bool();
+        for (int i = 0; rc == DHS_OK && wait && i < 20 && n == 0; ++i) {
+          ::poll(nullptr, 0, 1);
+          if (Check(w, dhs_worker_poll(w, ev, 8, &n), "poll") == DHS_OK) Take(ev, n);
+        }
+        if (rc == DHS_ERR_ABORTED || rc == DHS_ERR_UNAVAILABLE) lost = true;
         break;
       }
       case 2: {  // append
@@ -149,16 +186,16 @@ struct Session {
         break;
       }
       case 3: {  // resolve
-        const uint32_t n_src = in.Below(3);
+        const uint32_t n_src = in.Below(4) == 0 ? in.Below(3) : 1;  // mostly one source (1.0's rule), sometimes not
         std::vector<uint32_t> sources(n_src + 1);
-        for (uint32_t& s : sources) s = in.Small32(kS + 1);
+        for (uint32_t& s : sources) s = in.Below(8) == 0 ? in.Small32(kS + 1) : in.Below(kS);
         const uint32_t n_q = in.Below(4);
         std::vector<dhs_query> qs(n_q + 1);
         std::vector<std::vector<int64_t>> sel(n_q + 1), loc(n_q + 1);
         for (uint32_t i = 0; i < n_q; ++i) {
           const uint64_t id = PickRequest();
           const int64_t hist = appended.contains(id) ? appended[id] : 4;
-          const uint32_t len = in.Below(kK + 3);
+          const uint32_t len = in.Below(8) == 0 ? in.Below(kK + 3) : in.Below(kK + 1);
           sel[i].resize(len);
           for (int64_t& t : sel[i]) t = static_cast<int64_t>(in.Below(static_cast<uint32_t>(hist) + 3)) - 1;
           loc[i].resize(size_t{len} * n_src + 1);
@@ -188,11 +225,14 @@ struct Session {
       }
       case 7: {
         const uint64_t id = PickRequest();
-        if (Check(w, dhs_request_complete(w, id), "complete") == DHS_OK) appended.erase(id);
+        if (Check(w, dhs_request_complete(w, id), "complete") == DHS_OK) {
+          appended.erase(id);
+          std::erase(granted, id);
+        }
         break;
       }
       case 8: {
-        std::vector<char> buf(in.Small32(4096));
+        std::vector<char> buf(in.Bool() ? 4096 : in.Small32(300));
         size_t need = 0;
         Check(w, dhs_worker_stats_json(w, buf.empty() ? nullptr : buf.data(), buf.size(),
                                        in.Below(16) == 0 ? nullptr : &need),
@@ -245,6 +285,7 @@ void SecondWorker(dhs::fuzz::Input& in) {
     case 8: c.sources = in.Small32(5); c.indexers = in.Small32(3); c.index_key_bytes = in.Small32(40); break;
     default: break;
   }
+  c.connect_timeout_ms = 300;  // a Hello memd leaves unanswered must not starve GPU 0's worker of polls
   dhs_worker* w = nullptr;
   const int rc = Check(nullptr, dhs_worker_open(in.Below(16) == 0 ? nullptr : &c, &w), "open");
   if (w == nullptr) return;
@@ -274,7 +315,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   const std::string page_bytes = std::to_string(kHostPageBytes);
   const std::string log = g_run_dir + ".log";
   std::vector<std::string> args = {memd, "--run-dir", g_run_dir, "--page-bytes", page_bytes,
-                                   "--host-pool-pages", "512", "--log-level", "error"};
+                                   "--host-pool-pages", "512", "--log-level", "error", "--worker-timeout-ms", "20000"};
   std::vector<char*> a;
   for (auto& s : args) a.push_back(s.data());
   a.push_back(nullptr);
@@ -312,5 +353,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dhs_event ev[8];
   size_t n = 0;
   for (int i = 0; i < 3; ++i) dhs_worker_poll(g_w, ev, 8, &n);
+  if (s.lost) {  // an engine whose epoch ended closes its worker and opens a new one (docs/embedding.md)
+    dhs_worker_close(g_w);
+    g_w = nullptr;
+    const dhs_worker_config c = BaseConfig(0);
+    if (dhs_worker_open(&c, &g_w) != DHS_OK) {
+      std::fprintf(stderr, "libdhs_fuzz: reopen: %s\n", dhs_worker_errmsg(g_w));
+      std::abort();
+    }
+  }
   return 0;
 }

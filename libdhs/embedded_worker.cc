@@ -288,6 +288,18 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
     return absl::OutOfRangeError(absl::StrCat("request ", request, ": positions ", first, " .. ", first + count - 1,
                                               " beyond its max_rows ", (*r)->max_rows));
   }
+  if ((*r)->held_from >= 0) {
+    // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
+    // before them (workerd's K_max <= T - p + 1 rule, geometry.h): row t reuses the tail slot of row t - T, which
+    // must lie in a page below the held one. Found by fuzz/libdhs_fuzz.cc (the KV store indexed a page it never grew).
+    const Position limit = (*r)->held_from / config_.page_rows * config_.page_rows + config_.tail_rows;
+    if (first + count > limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request ", request, ": held rows from ", (*r)->held_from, " up to position ", first + count - 1,
+          " do not fit the tail (positions below ", limit, " while the round is held: T = ", config_.tail_rows,
+          " rows); commit the round first"));
+    }
+  }
   for (uint32_t i = 0; i < count; ++i) {
     for (SourceId s = 0; s < config_.sources; ++s) {
       if (absl::Status st = kv_->Append(request, s, first + i, rows.subspan(i * per_position + s * row, row));

@@ -364,6 +364,23 @@ TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
   EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
 }
 
+// A held round's rows must fit the tail with the partial page before them (found by fuzz/libdhs_fuzz.cc: before the
+// check, position T past the held page made the KV store index a page it had never grown: a segfault). Here p = 16,
+// T = 32, held from 16: positions up to 47 fit, 48 does not; after the commit appends go on.
+TEST_F(LibdhsTest, HeldRowsBeyondTheTailAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(8));
+  const uint64_t id = SubmitGranted(16, 80);
+  ASSERT_EQ(Append(id, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_hold(w_, id, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(id, 16, 32), DHS_OK) << dhs_worker_errmsg(w_);  // 16 .. 47
+  EXPECT_EQ(Append(id, 48, 1), DHS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("do not fit the tail"), std::string::npos) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_commit(w_, id, 20), DHS_OK) << dhs_worker_errmsg(w_);  // 16 .. 19 kept
+  ASSERT_EQ(Append(id, 20, 40), DHS_OK) << dhs_worker_errmsg(w_);              // 20 .. 59: pages complete again
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 15, 16, 19, 20, 33, 47, 59}));
+}
+
 // A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
 TEST_F(LibdhsTest, CompleteWhileWaiting) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
