@@ -291,7 +291,7 @@ void SecondWorker(dhs::fuzz::Input& in) {
   if (w == nullptr) return;
   if (rc != DHS_OK && dhs_worker_errmsg(w)[0] == '\0') std::abort();
   if (rc == DHS_OK) {
-    Session s{in, w, {}};
+    Session s{in, w, {}, false, {}};
     for (uint32_t i = in.Below(4); i > 0; --i) s.Op(in.Below(12));
   }
   if (dhs_worker_close(w) != DHS_OK) std::abort();
@@ -340,7 +340,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dhs::fuzz::Input in(data, size);
-  Session s{in, g_w, {}};
+  Session s{in, g_w, {}, false, {}};
   for (int records = 0; records < 64 && !in.empty(); ++records) {
     const uint32_t op = in.Below(13);
     if (op == 12) {

@@ -239,11 +239,7 @@ int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* re
     if (int rc = CheckStruct(w, desc, "dhs_request_desc"); rc != DHS_OK) return rc;
     if (request_id == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_submit: request_id is NULL");
     if (desc->reserved != 0) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.reserved must be 0");
-    if (desc->resume_of != 0) {
-      return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_request_desc.resume_of: resuming from host copies is not offered "
-                                            "by libdhs 1.0 (dhs_worker_list_resumable lists what memd kept)");
-    }
-    absl::StatusOr<uint64_t> id = e.Submit(desc->input_rows, desc->max_rows);
+    absl::StatusOr<uint64_t> id = e.Submit(desc->input_rows, desc->max_rows, desc->resume_of);
     if (!id.ok()) return Done(w, id.status());
     *request_id = *id;
     return Done(w, absl::OkStatus());
@@ -270,6 +266,8 @@ int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* c
       out.slot = ev.slot;
       out.value = ev.value;
       out.pages = ev.pages;
+      out.import_first = 0;
+      out.import_pages = ev.import_pages;
       const absl::string_view m = ev.status.message();
       std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
       q.pop_front();
@@ -363,8 +361,13 @@ int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity
 
 int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
                        size_t keys_bytes) {
-  return Guard(w, "dhs_request_import", [&](EmbeddedWorker&) {
-    return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_request_import: resuming from host copies is not offered by libdhs 1.0");
+  return Guard(w, "dhs_request_import", [&](EmbeddedWorker& e) {
+    if (keys_out == nullptr && keys_bytes != 0) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_import: keys_out is NULL with keys_bytes above 0");
+    }
+    auto* k = static_cast<uint8_t*>(keys_out);
+    return Done(w, e.ImportRows(request, first, count,
+                                k == nullptr ? std::span<uint8_t>() : std::span<uint8_t>(k, keys_bytes)));
   });
 }
 

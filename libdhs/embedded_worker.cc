@@ -13,6 +13,7 @@
 #include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
 #include "workerd/device/cpu_device.h"
+#include "workerd/resume_plan.h"
 
 namespace dhs::lib {
 namespace {
@@ -177,12 +178,24 @@ absl::StatusOr<std::span<uint8_t>> EmbeddedWorker::Pool() const {
   return std::span<uint8_t>(base, device_->PoolBytes(kv_->pool()));
 }
 
-absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows) {
+absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of) {
   if (input_rows == 0 || max_rows < input_rows || max_rows > (uint64_t{1} << 32)) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: input_rows ", input_rows, " and max_rows ",
                                                    max_rows, ": need 1 <= input_rows <= max_rows <= 2^32"));
   }
   if (memd_->away()) return absl::UnavailableError("memd is away");
+  if (resume_of != 0) {
+    const std::vector<uint64_t>& listed = memd_->interrupted_requests();
+    if (std::find(listed.begin(), listed.end(), resume_of) == listed.end()) {
+      return absl::NotFoundError(absl::StrCat("request ", resume_of, " is not among the interrupted requests memd "
+                                              "kept for GPU ", config_.gpu));
+    }
+    for (const auto& [id, r] : requests_) {
+      if (r.resume_of == resume_of) {
+        return absl::FailedPreconditionError(absl::StrCat("request ", resume_of, " is resumed already by ", id));
+      }
+    }
+  }
   const RequestId id = MakeNodeRequestId(config_.gpu, memd_->worker_epoch(), next_request_);
   wire::AdmitRequestT admit;
   admit.request = id;
@@ -211,6 +224,8 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     info->complete_pages = admit.complete_pages;
     admit.sources.push_back(std::move(info));
   }
+  admit.host_backed = resume_of != 0;  // memd hands the interrupted request's kept host pages over
+  admit.resume_of = resume_of;
   if (max_rows > input_rows) {  // memd keeps a record with its sizes (a record needs max_new_tokens > 0)
     admit.record = std::make_unique<wire::RequestRecordT>();
     admit.record->request = id;
@@ -223,7 +238,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   }
   ++next_request_;
   ++counters_.submitted;
-  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows});
+  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of});
   return id;
 }
 
@@ -380,6 +395,41 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
   return absl::OkStatus();
 }
 
+absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint32_t count,
+                                        std::span<uint8_t> keys_out) {
+  absl::StatusOr<Request*> r = Granted(request);
+  if (!r.ok()) return r.status();
+  if ((*r)->resume_of == 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " is no resume"));
+  const uint64_t p = config_.page_rows;
+  const uint64_t key_bytes = uint64_t{config_.indexers} * count * p * config_.index_key_bytes;
+  if (count == 0 || (!keys_out.empty() && keys_out.size() != key_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("import of ", count, " pages: keys_out holds ", keys_out.size(),
+                                                   " bytes; need 0 or ", key_bytes,
+                                                   " (indexers x positions x index_key_bytes)"));
+  }
+  if ((uint64_t{first} + count) * p > (*r)->max_rows) {
+    return absl::OutOfRangeError(absl::StrCat("pages ", first, " .. ", first + count - 1, " go beyond max_rows ",
+                                              (*r)->max_rows));
+  }
+  if (static_cast<uint64_t>((*r)->appended) != first * p) {
+    return absl::FailedPreconditionError(absl::StrCat("import at page ", first, ": ", (*r)->appended,
+                                                      " rows are appended, not ", first * p));
+  }
+  std::vector<std::vector<float>> keys;
+  if (absl::Status s = kv_->ImportHostRows(request, first, count, keys); !s.ok()) return Step(s);
+  (*r)->appended = static_cast<Position>((uint64_t{first} + count) * p);
+  if (!keys_out.empty()) {
+    const uint64_t per_indexer = count * p * config_.index_key_bytes;
+    for (uint32_t x = 0; x < config_.indexers && x < keys.size(); ++x) {
+      if (keys[x].size() * sizeof(float) != per_indexer) {
+        return absl::InternalError(absl::StrCat("indexer ", x, ": ", keys[x].size(), " keys imported"));
+      }
+      std::memcpy(keys_out.data() + x * per_indexer, keys[x].data(), per_indexer);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EmbeddedWorker::ReadersDone(std::span<const SourceId> sources) {
   for (SourceId s : sources) {
     if (s >= config_.sources) {
@@ -489,10 +539,42 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
     return;
   }
+  EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
+  granted.slot = m.slot;
+  if (r.resume_of != 0) {
+    // A resume (docs/architecture.md "Resume from host KV"): the host-backed pages memd handed over, each checked
+    // against its checksum (issue 22) before it is imported; a page that does not match is appended again by the
+    // engine (its confirmed copy is never written again: ImportHostPages makes every imported page host-ready).
+    std::vector<HostBackedPage> backed =
+        GrantHostBacked(m.host_backed_pages, m.host_backed_checksums, m.imported_pages);
+    std::vector<uint32_t> pages;
+    std::vector<uint64_t> sums;
+    for (const HostBackedPage& h : backed) pages.push_back(h.page), sums.push_back(h.checksum);
+    absl::StatusOr<std::vector<uint32_t>> bad = kv_->CheckHostCopies(m.request, pages, sums);
+    absl::Status s = bad.status();
+    if (s.ok()) {
+      std::erase_if(backed, [&](const HostBackedPage& h) {
+        return std::find(bad->begin(), bad->end(), h.page) != bad->end();
+      });
+      pages.clear(), sums.clear();
+      for (const HostBackedPage& h : backed) pages.push_back(h.page), sums.push_back(h.checksum);
+      s = kv_->ImportHostPages(m.request, pages, sums);
+    }
+    if (!s.ok()) {
+      agent_->EndRequest(m.request);
+      requests_.erase(it);
+      ++counters_.failed;
+      events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
+      return;
+    }
+    granted.pages = static_cast<uint32_t>(pages.size());
+    while (granted.import_pages < pages.size() && pages[granted.import_pages] == granted.import_pages) {
+      ++granted.import_pages;  // the leading run 0 .. n-1
+    }
+  }
   DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
   ++counters_.granted;
-  events_.push_back(Event(EmbeddedEvent::kGranted, m.request));
-  events_.back().slot = m.slot;
+  events_.push_back(std::move(granted));
 }
 
 void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {

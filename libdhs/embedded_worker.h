@@ -72,7 +72,8 @@ struct EmbeddedEvent {
   absl::Status status;   // kRejected / kFailed
   uint32_t slot = 0;     // kGranted
   uint32_t value = 0;    // kWaiting: queue position
-  uint32_t pages = 0;    // kWaiting: deficit; kReclaimed: pages
+  uint32_t pages = 0;    // kWaiting: deficit; kReclaimed: pages; kGranted of a resume: host-backed pages imported
+  uint32_t import_pages = 0;  // kGranted of a resume: pages 0 .. import_pages-1 host-backed (ImportRows)
 };
 
 // Counters of the worker (dhs_worker_stats_json).
@@ -98,9 +99,18 @@ class EmbeddedWorker final : private MemdHandler {
   // host-visible.
   absl::StatusOr<std::span<uint8_t>> Pool() const;
 
-  // A new request: input_rows >= 1 prompt rows, max_rows >= input_rows rows at most. Errors: INVALID_ARGUMENT,
-  // UNAVAILABLE (memd away or the send failed).
-  absl::StatusOr<RequestId> Submit(uint64_t input_rows, uint64_t max_rows);
+  // A new request: input_rows >= 1 prompt rows, max_rows >= input_rows rows at most. resume_of != 0: the resume of
+  // an interrupted request of this GPU (ListResumable): memd hands it the interrupted request's confirmed host
+  // pages; at the grant they are checked against memd's checksums (a page that does not match is not imported: its
+  // rows are appended again by the engine) and made host-ready (HierarchicalKvAccess::CheckHostCopies,
+  // ImportHostPages); ImportRows then takes them as appended. Errors: INVALID_ARGUMENT, NOT_FOUND (resume_of not
+  // listed), UNAVAILABLE (memd away or the send failed).
+  absl::StatusOr<RequestId> Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of = 0);
+  // A granted resume: its host-backed pages first .. first+count-1 taken as appended (rows into the tail from host,
+  // no recomputation; HierarchicalKvAccess::ImportHostRows); keys_out: empty or L_idx * count * p * d_idx bytes,
+  // [indexer][position][d_idx], receives their index keys. Errors: NOT_FOUND, FAILED_PRECONDITION (not granted, not
+  // a resume, rows appended are not first * p, a page not host-backed), INVALID_ARGUMENT (keys_out's size).
+  absl::Status ImportRows(RequestId request, uint32_t first, uint32_t count, std::span<uint8_t> keys_out);
   // Serves memd's messages, the agent's completions, requests a changed host page failed; events accumulate.
   // Errors: ABORTED (epoch ended), UNAVAILABLE (memd away: not served by this version).
   absl::Status Poll();
@@ -131,6 +141,7 @@ class EmbeddedWorker final : private MemdHandler {
     uint64_t input_rows = 0, max_rows = 0;
     Position appended = 0;  // rows appended on every source (positions 0 .. appended-1)
     Position held_from = -1;  // a speculative hold's `from`, -1 none
+    RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
   };
 
   EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)) {}

@@ -165,8 +165,12 @@ typedef struct dhs_request_desc {
   uint64_t resume_of;     /* 0, or an id from dhs_worker_list_resumable: resume that request from its host copies */
 } dhs_request_desc;
 /* Submits a request (non-blocking): the admission goes to memd; its answer arrives as an event (dhs_worker_poll).
- * *request_id is the request's id on this node. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can
- * hold), VERSION, UNAVAILABLE (memd away), NOT_FOUND (resume_of not resumable). */
+ * *request_id is the request's id on this node. With resume_of: memd hands the new request the interrupted one's
+ * confirmed host pages; at the grant each is checked against memd's checksum (a page that does not match is not
+ * imported) and the GRANTED event names them (pages, import_pages); dhs_request_import takes them as appended, the
+ * engine appends every other row itself. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can hold),
+ * VERSION, UNAVAILABLE (memd away), NOT_FOUND (resume_of not listed by dhs_worker_list_resumable),
+ * FAILED_PRECONDITION (resume_of resumed already). */
 DHS_EXPORT int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id);
 
 typedef enum dhs_event_kind {
@@ -183,7 +187,8 @@ typedef struct dhs_event {
   uint64_t request;       /* the request id */
   uint32_t slot;          /* GRANTED: memd's slot for it */
   uint32_t value;         /* WAITING: queue position */
-  uint32_t pages;         /* WAITING: deficit pages; RECLAIMED: pages; GRANTED: host-backed pages of a resume */
+  uint32_t pages;         /* WAITING: deficit pages; RECLAIMED: pages; GRANTED of a resume: host-backed pages that
+                             matched their checksums (imported; the others' rows must be appended again) */
   uint32_t import_first;  /* GRANTED of a resume: the first page of the leading host-backed run (0) */
   uint32_t import_pages;  /* GRANTED of a resume: pages 0 .. import_pages-1 can be imported (dhs_request_import) */
   uint32_t reserved;
@@ -241,9 +246,12 @@ typedef struct dhs_resumable {
 /* Copies up to `capacity` entries; *count = entries written, *total = entries there are. Errors: INVALID_ARGUMENT. */
 DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count,
                                          size_t* total);
-/* A resumed request, granted: imports its host-backed pages first .. first+count-1 (as the GRANTED event named) as
- * appended rows without recomputing them; keys_out (NULL or L_idx * count * p * d_idx bytes, [indexer][position]
- * [d_idx]) receives their index keys. Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION. */
+/* A resumed request, granted: takes its host-backed pages first .. first+count-1 (pages the GRANTED event named:
+ * 0 .. import_pages-1) as appended rows without recomputing them (the newest of them are copied from host into the
+ * tail); `first` * p must equal the rows appended so far. keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
+ * [indexer][position][d_idx]) receives their index keys, which the engine's indexer needs. Errors: INVALID_ARGUMENT
+ * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no resume, rows appended are not first * p,
+ * a page not host-backed), OUT_OF_RANGE (beyond max_rows). */
 DHS_EXPORT int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
                                   size_t keys_bytes);
 

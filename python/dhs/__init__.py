@@ -77,6 +77,10 @@ class Query(ctypes.Structure):
                 ("locations", ctypes.POINTER(ctypes.c_int64))]
 
 
+class Resumable(ctypes.Structure):
+    _fields_ = [("request", ctypes.c_uint64), ("input_rows", ctypes.c_uint64), ("max_rows", ctypes.c_uint64)]
+
+
 def _find_library() -> str:
     env = os.environ.get("DHS_LIBRARY")
     if env:
@@ -115,6 +119,9 @@ def library() -> ctypes.CDLL:
         "dhs_request_commit": (ctypes.c_int, [P, u64, i64]),
         "dhs_request_complete": (ctypes.c_int, [P, u64]),
         "dhs_worker_stats_json": (ctypes.c_int, [P, ctypes.c_char_p, sz, ctypes.POINTER(sz)]),
+        "dhs_worker_list_resumable": (ctypes.c_int, [P, ctypes.POINTER(Resumable), sz, ctypes.POINTER(sz),
+                                                      ctypes.POINTER(sz)]),
+        "dhs_request_import": (ctypes.c_int, [P, u64, u32, u32, P, sz]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
@@ -186,8 +193,8 @@ class Worker:
         buf = (ctypes.c_uint8 * d.bytes).from_address(d.base)
         return np.frombuffer(buf, dtype=np.uint8)
 
-    def submit(self, input_rows: int, max_rows: int) -> int:
-        d = RequestDesc(ctypes.sizeof(RequestDesc), 0, input_rows, max_rows, 0)
+    def submit(self, input_rows: int, max_rows: int, resume_of: int = 0) -> int:
+        d = RequestDesc(ctypes.sizeof(RequestDesc), 0, input_rows, max_rows, resume_of)
         rid = ctypes.c_uint64()
         self._check(self._lib.dhs_request_submit(self._h, ctypes.byref(d), ctypes.byref(rid)))
         return rid.value
@@ -243,6 +250,26 @@ class Worker:
 
     def complete(self, request: int):
         self._check(self._lib.dhs_request_complete(self._h, request))
+
+    def list_resumable(self) -> list:
+        """[(request, input_rows, max_rows)] memd kept for this GPU after a restart."""
+        n, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self._check(self._lib.dhs_worker_list_resumable(self._h, None, 0, ctypes.byref(n), ctypes.byref(total)))
+        out = (Resumable * max(1, total.value))()
+        self._check(self._lib.dhs_worker_list_resumable(self._h, out, total.value, ctypes.byref(n),
+                                                        ctypes.byref(total)))
+        return [(out[i].request, out[i].input_rows, out[i].max_rows) for i in range(n.value)]
+
+    def import_rows(self, request: int, first_page: int, pages: int, page_rows: int):
+        """A granted resume: takes host-backed pages first_page .. first_page+pages-1 as appended; returns their
+        index keys, uint8 [indexers, pages * page_rows, index_key_bytes] (None without indexers)."""
+        import numpy as np
+        if self.indexers == 0:
+            self._check(self._lib.dhs_request_import(self._h, request, first_page, pages, None, 0))
+            return None
+        keys = np.zeros((self.indexers, pages * page_rows, self.index_key_bytes), dtype=np.uint8)
+        self._check(self._lib.dhs_request_import(self._h, request, first_page, pages, keys.ctypes.data, keys.nbytes))
+        return keys
 
     def stats(self) -> dict:
         need = ctypes.c_size_t()

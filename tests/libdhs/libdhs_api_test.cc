@@ -226,8 +226,8 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   d.input_rows = 50;  // above max_rows
   EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_INVALID_ARGUMENT);
   d.input_rows = 20;
-  d.resume_of = 12345;
-  EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_UNIMPLEMENTED);
+  d.resume_of = 12345;  // not among the interrupted requests memd kept
+  EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_NOT_FOUND);
   d.resume_of = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK);
   // Before its grant: no append, no resolve.
@@ -290,6 +290,10 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   ASSERT_EQ(Append(id, 23, 1), DHS_OK) << dhs_worker_errmsg(w_);           // position 23 computed again
   ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {21, 22, 23}));
 
+  EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 0), DHS_ERR_FAILED_PRECONDITION);  // not a resume
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("is no resume"), std::string::npos);
+  EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 4), DHS_ERR_INVALID_ARGUMENT);
+
   // Stats: a buffer too small answers the size it needs.
   char small[4];
   size_t need = 0;
@@ -305,7 +309,7 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   size_t n = 0, total = 0;
   EXPECT_EQ(dhs_worker_list_resumable(w_, nullptr, 0, &n, &total), DHS_OK);
   EXPECT_EQ(total, 0u);
-  EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 0), DHS_ERR_UNIMPLEMENTED);
+  EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 0), DHS_ERR_NOT_FOUND);  // completed
 
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   EXPECT_EQ(dhs_worker_poll(w_, nullptr, 0, &n), DHS_ERR_CLOSED);
