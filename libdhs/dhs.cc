@@ -75,8 +75,8 @@ int Guard(dhs_worker* w, const char* what, Body body) {
   if (!Known(w)) return DHS_ERR_BAD_HANDLE;
   std::lock_guard<std::mutex> l(w->mu);
   if (w->closed) return Fail(w, DHS_ERR_CLOSED, absl::StrCat(what, ": the worker was closed"));
-  if (w->worker == nullptr) return Fail(w, DHS_ERR_FAILED_PRECONDITION, absl::StrCat(what, ": the open failed: ",
-                                                                                   w->message));
+  // A handle whose open failed keeps the open's message (why) for dhs_worker_errmsg; every call is refused.
+  if (w->worker == nullptr) return DHS_ERR_FAILED_PRECONDITION;
   try {
     return body(*w->worker);
   } catch (const std::bad_alloc&) {

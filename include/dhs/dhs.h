@@ -27,8 +27,9 @@
  * Units: positions and rows are token positions (a source stores one row per position); pages hold p positions of
  * every source; bytes are bytes.
  * Threading: calls on one worker are serialised by the library (a mutex per worker); different workers may be used
- * from different threads at once. A message from dhs_worker_errmsg is meaningful only to the thread that made the
- * failed call, before its next call on that worker.
+ * from different threads at once. dhs_worker_errmsg reads the message without that mutex: call it from the thread
+ * that made the failed call, while no other call on that worker is in flight (one engine thread per worker is the
+ * simple rule). dhs_worker_poll must be called at least once a second (see dhs_worker_poll).
  */
 #ifndef DHS_DHS_H_
 #define DHS_DHS_H_
@@ -195,8 +196,10 @@ typedef struct dhs_event {
   char message[192];      /* REJECTED / FAILED: why, NUL-terminated (cut at 191 bytes) */
 } dhs_event;
 /* Serves memd (its orders are carried out here), reports finished host copies, and copies up to `capacity` pending
- * events into events[0..*count). Call it regularly (every step; a worker not polled for memd's worker timeout is
- * fenced). Events left over stay for the next call. Never blocks. Errors: INVALID_ARGUMENT, ABORTED (epoch ended). */
+ * events into events[0..*count). Call it every step, at least once a second: the worker ends its epoch when it heard
+ * nothing from memd for 2 s (memd acks the heartbeats this call sends), and memd fences a worker silent for its
+ * worker timeout. Events left over stay for the next call. Never blocks. Errors: INVALID_ARGUMENT, ABORTED (the
+ * epoch ended: close and open again), UNAVAILABLE (memd went away: serving away is not offered by this version). */
 DHS_EXPORT int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* count);
 
 /* Appends positions first .. first+count-1 of a granted request. rows: count * S * d_KV bytes laid out
