@@ -23,6 +23,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,8 +58,28 @@ void Stop() {
     ::waitpid(g_memd, nullptr, 0);
     g_memd = -1;
   }
+  // memd keeps its host pool when requests still hold host copies (an epoch this target lost leaves interrupted
+  // requests): the segment memd logged is removed here, so that nothing is left in /dev/shm.
   std::error_code ec;
-  if (!g_run_dir.empty()) std::filesystem::remove_all(g_run_dir, ec);
+  if (!g_run_dir.empty()) {
+    std::ifstream log(g_run_dir + ".log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("host pool /dev/shm/");
+    if (at != std::string::npos) {
+      const size_t from = at + std::strlen("host pool ");
+      std::filesystem::remove(text.substr(from, text.find(':', from) - from), ec);
+    }
+    std::filesystem::remove_all(g_run_dir, ec);
+    std::filesystem::remove(g_run_dir + ".log", ec);
+  }
+}
+
+// A crash (a finding, or SIGPIPE from a closed output) must not leave memd running: SIGTERM to memd (async-signal-
+// safe; memd removes its host-pool segment itself), then the signal's default action.
+void OnFatalSignal(int sig) {
+  if (g_memd > 0) ::kill(g_memd, SIGTERM);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
 }
 
 dhs_worker_config BaseConfig(uint32_t gpu) {
@@ -315,20 +337,21 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   const std::string page_bytes = std::to_string(kHostPageBytes);
   const std::string log = g_run_dir + ".log";
   std::vector<std::string> args = {memd, "--run-dir", g_run_dir, "--page-bytes", page_bytes,
-                                   "--host-pool-pages", "512", "--log-level", "error", "--worker-timeout-ms", "20000"};
+                                   "--host-pool-pages", "512", "--worker-timeout-ms", "20000"};
   std::vector<char*> a;
   for (auto& s : args) a.push_back(s.data());
   a.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
   if (posix_spawn(&g_memd, a[0], &fa, nullptr, a.data(), environ) != 0) {
     std::fprintf(stderr, "libdhs_fuzz: cannot start memd %s (set MEMD)\n", memd.c_str());
     std::abort();
   }
   posix_spawn_file_actions_destroy(&fa);
   std::atexit(Stop);
+  for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGPIPE, SIGTERM, SIGINT}) ::signal(sig, OnFatalSignal);
   for (int i = 0; i < 800 && !std::filesystem::exists(g_run_dir + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
   const dhs_worker_config c = BaseConfig(0);
   if (dhs_worker_open(&c, &g_w) != DHS_OK) {
