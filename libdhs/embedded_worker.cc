@@ -285,6 +285,15 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
   const uint64_t row = config_.row_bytes, per_position = row * config_.sources;
+  if (first != (*r)->appended) {
+    return absl::OutOfRangeError(absl::StrCat("request ", request, ": append at position ", first, ", but ",
+                                              (*r)->appended, " rows are appended (the next must be ",
+                                              (*r)->appended, ")"));
+  }
+  if (static_cast<uint64_t>(first) + count > (*r)->max_rows) {  // also bounds the products below (< 2^60)
+    return absl::OutOfRangeError(absl::StrCat("request ", request, ": positions ", first, " .. ",
+                                              first + int64_t{count} - 1, " beyond its max_rows ", (*r)->max_rows));
+  }
   if (count == 0 || rows.size() != per_position * count) {
     return absl::InvalidArgumentError(absl::StrCat("rows: ", rows.size(), " bytes for ", count, " positions; need ",
                                                    per_position * count, " (positions x sources x row_bytes)"));
@@ -293,15 +302,6 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
   if (!keys.empty() && keys.size() != key_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
-  }
-  if (first != (*r)->appended) {
-    return absl::OutOfRangeError(absl::StrCat("request ", request, ": append at position ", first, ", but ",
-                                              (*r)->appended, " rows are appended (the next must be ",
-                                              (*r)->appended, ")"));
-  }
-  if (static_cast<uint64_t>(first) + count > (*r)->max_rows) {
-    return absl::OutOfRangeError(absl::StrCat("request ", request, ": positions ", first, " .. ", first + count - 1,
-                                              " beyond its max_rows ", (*r)->max_rows));
   }
   if ((*r)->held_from >= 0) {
     // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
@@ -319,9 +319,13 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
     for (SourceId s = 0; s < config_.sources; ++s) {
       if (absl::Status st = kv_->Append(request, s, first + i, rows.subspan(i * per_position + s * row, row));
           !st.ok()) {
-        // Sources 0..s-1 hold the row already: the request's KV is no longer consistent; it fails.
-        if (s > 0 || i > 0) Fail(request, st);
-        return Step(st);
+        // Sources 0..s-1 hold the row already: the request's KV is no longer consistent; it fails. Whole positions
+        // appended before stay (the next append starts at first + i).
+        if (s > 0) Fail(request, st);
+        counters_.rows_appended += i;
+        return Step(s > 0 || i == 0 ? st
+                                    : absl::Status(st.code(), absl::StrCat(st.message(), " (positions ", first, " .. ",
+                                                                           first + i - 1, " were appended)")));
       }
     }
     ++(*r)->appended;
@@ -401,15 +405,15 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
   if (!r.ok()) return r.status();
   if ((*r)->resume_of == 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " is no resume"));
   const uint64_t p = config_.page_rows;
+  if ((uint64_t{first} + count) * p > (*r)->max_rows) {  // also bounds the key size below (< 2^60)
+    return absl::OutOfRangeError(absl::StrCat("pages ", first, " .. ", uint64_t{first} + count - 1,
+                                              " go beyond max_rows ", (*r)->max_rows));
+  }
   const uint64_t key_bytes = uint64_t{config_.indexers} * count * p * config_.index_key_bytes;
   if (count == 0 || (!keys_out.empty() && keys_out.size() != key_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("import of ", count, " pages: keys_out holds ", keys_out.size(),
                                                    " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
-  }
-  if ((uint64_t{first} + count) * p > (*r)->max_rows) {
-    return absl::OutOfRangeError(absl::StrCat("pages ", first, " .. ", first + count - 1, " go beyond max_rows ",
-                                              (*r)->max_rows));
   }
   if (static_cast<uint64_t>((*r)->appended) != first * p) {
     return absl::FailedPreconditionError(absl::StrCat("import at page ", first, ": ", (*r)->appended,
