@@ -191,14 +191,17 @@ struct Session {
       }
       case 2: {  // append
         const uint64_t id = PickRequest();
-        const uint32_t count = in.Below(40);
+        // Mostly a few positions; sometimes a count no buffer could hold (the sizes below stay small: the library
+        // must refuse it before reading).
+        const bool huge = in.Below(16) == 0;
+        const uint32_t count = huge ? in.U32() : in.Below(40);
         int64_t first = appended.contains(id) ? appended[id] : 0;
         if (in.Below(6) == 0) first = static_cast<int64_t>(in.Small64(200)) - 2;
-        size_t bytes = size_t{count} * kS * kRow;
+        size_t bytes = huge ? 64 : size_t{count} * kS * kRow;
         std::vector<uint8_t> rows(bytes + 64, static_cast<uint8_t>(first));
         if (in.Below(6) == 0) bytes = in.Small32(static_cast<uint32_t>(rows.size()) + 1) % (rows.size() + 1);
-        std::vector<uint8_t> keys(size_t{count} * kKey + 16, 3);
-        size_t key_bytes = in.Bool() ? size_t{count} * kKey : 0;
+        std::vector<uint8_t> keys((huge ? 0 : size_t{count} * kKey) + 16, 3);
+        size_t key_bytes = in.Bool() ? keys.size() - 16 : 0;
         if (in.Below(8) == 0) key_bytes = in.Below(static_cast<uint32_t>(keys.size()) + 1);
         const int rc = Check(w, dhs_request_append(w, id, first, count, in.Below(16) == 0 ? nullptr : rows.data(),
                                                    bytes, key_bytes == 0 && in.Bool() ? nullptr : keys.data(),
@@ -275,7 +278,10 @@ struct Session {
         dhs_resumable r[2];
         size_t n = 0, total = 0;
         Check(w, dhs_worker_list_resumable(w, in.Bool() ? r : nullptr, in.Below(3), &n, &total), "resumable");
-        Check(w, dhs_request_import(w, PickRequest(), in.Below(4), in.Below(4), nullptr, 0), "import");
+        std::vector<uint8_t> keys(in.Below(4) * kP * kKey);
+        Check(w, dhs_request_import(w, PickRequest(), in.Bool() ? in.U32() : in.Below(4), in.Bool() ? in.U32() : in.Below(4),
+                                    keys.empty() ? nullptr : keys.data(), keys.size()),
+              "import");
         break;
       }
       case 11: {  // pointers that are no handle

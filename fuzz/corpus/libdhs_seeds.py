@@ -19,7 +19,7 @@ def poll_wait():
 
 
 def append(req, count, keys=True):
-    return [APPEND] + req + [count, 1, 1, 1 if keys else 0, 1, 1] + ([] if keys else [0])
+    return [APPEND] + req + [1, count, 1, 1, 1 if keys else 0, 1, 1] + ([] if keys else [0])
 
 
 def resolve(reqs_sels, source=0):
@@ -42,6 +42,7 @@ def seeds():
     b += resolve([(GRANTED0, [0, 1, 2, 3, 30, 31, 38, 17]), (GRANTED1, [29, 0, 14, 15, 16, -1, -1, -1])])
     b += readers() + poll_wait() + append(GRANTED0, 25, keys=False) + resolve([(GRANTED0, [40, 2, 60, 33])], 1)
     b += readers(1) + submit(30, 10) + poll_wait() + [COMPLETE] + GRANTED1 + poll_wait() + poll_wait()
+    b += [10, 1, 1, 0, 1, 0, 1, 1]  # list resumable, then an import of a request that is no resume
     c = submit(20, 30) + poll_wait() + append(GRANTED0, 20) + [HOLD] + GRANTED0 + [1] + append(GRANTED0, 39)
     c += append(GRANTED0, 5) + [COMMIT] + GRANTED0 + [3] + resolve([(GRANTED0, [0, 21, 22, 23, 24, 9])])
     c += readers() + [12] + [9] * 6 + [COMPLETE] + GRANTED0
