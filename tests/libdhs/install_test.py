@@ -32,7 +32,19 @@ def main() -> int:
         cc = os.environ.get("CC", "cc")
         subprocess.run([cc, "-std=c11", "-Wall", "-Werror", source, "-o", exe] + flags, check=True)
         run_env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(libs[0]))
-        return subprocess.call([sys.executable, with_memd, memd, "2304", "256", "--", exe, "@RUN_DIR@"], env=run_env)
+        run_env.pop("DHS_LIBRARY", None)
+        rc = subprocess.call([sys.executable, with_memd, memd, "2304", "256", "--", exe, "@RUN_DIR@"], env=run_env)
+        if rc != 0:
+            return rc
+        # The Python binding, installed: `import dhs` finds the installed libdhs.so.1 through the loader.
+        pkgs = glob.glob(os.path.join(dest, "**", "dhs", "__init__.py"), recursive=True)
+        print("python binding:", [os.path.relpath(p, dest) for p in pkgs])
+        if len(pkgs) != 1:
+            return 1
+        run_env["PYTHONPATH"] = os.path.dirname(os.path.dirname(pkgs[0]))
+        probe = ("import dhs; l = dhs.library(); print('binding loaded', l._name, 'ABI', hex(l.dhs_version()));"
+                 "assert l._name == 'libdhs.so.1'")
+        return subprocess.call([sys.executable, "-c", probe], env=run_env)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
