@@ -6,7 +6,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -383,6 +386,54 @@ TEST_F(LibdhsTest, HeldRowsBeyondTheTailAreRefused) {
   ASSERT_EQ(dhs_request_commit(w_, id, 20), DHS_OK) << dhs_worker_errmsg(w_);  // 16 .. 19 kept
   ASSERT_EQ(Append(id, 20, 40), DHS_OK) << dhs_worker_errmsg(w_);              // 20 .. 59: pages complete again
   ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 15, 16, 19, 20, 33, 47, 59}));
+}
+
+// The threading rules of dhs.h: two threads share one worker (calls serialised by its mutex), each serving its own
+// request (append, resolve, check, readers done, poll) with rows of its own pattern; every row read back is the
+// thread's own. (The interleaving is whatever the scheduler makes; the assertion is on bytes, never on time. Under
+// tools/sanitize.sh tsan this is the race check of the handle's mutex.)
+TEST_F(LibdhsTest, TwoThreadsShareOneWorker) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(16));
+  const uint64_t ids[2] = {SubmitGranted(16, 80), SubmitGranted(16, 80)};
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  std::atomic<int> bad{0};
+  auto serve = [&](uint64_t id) {
+    for (int64_t t = 0; t < 80; ++t) {
+      const std::vector<uint8_t> row = Rows(id, t, 1);
+      if (dhs_request_append(w_, id, t, 1, row.data(), row.size(), nullptr, 0) != DHS_OK) ++bad;
+      std::vector<int64_t> sel;  // distinct positions (a selection names a row once), -1 padded to 4
+      for (int64_t c : {t, t / 2, t / 3, t - 3}) {
+        if (c >= 0 && std::find(sel.begin(), sel.end(), c) == sel.end()) sel.push_back(c);
+      }
+      sel.resize(4, -1);
+      std::vector<int64_t> loc(sel.size());
+      for (uint32_t s = 0; s < kS; ++s) {
+        dhs_query q{id, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+        if (dhs_resolve(w_, &s, 1, &q, 1) != DHS_OK) {
+          ++bad;
+          continue;
+        }
+        for (size_t j = 0; j < sel.size(); ++j) {
+          if (sel[j] < 0) continue;
+          const uint8_t* got = static_cast<const uint8_t*>(pool.base) + loc[j];
+          for (uint32_t b = 0; b < kRow; ++b) bad += got[b] != RowByte(id, s, sel[j], b) ? 1 : 0;
+        }
+        dhs_readers_done(w_, &s, 1);
+      }
+      dhs_event ev[4];
+      size_t n = 0;
+      if (dhs_worker_poll(w_, ev, 4, &n) != DHS_OK) ++bad;
+    }
+  };
+  std::thread a(serve, ids[0]), b(serve, ids[1]);
+  a.join();
+  b.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(Stats()["rows_appended"], 160);
 }
 
 // A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
