@@ -436,6 +436,83 @@ TEST_F(LibdhsTest, TwoThreadsShareOneWorker) {
   EXPECT_EQ(Stats()["rows_appended"], 160);
 }
 
+// memd dies (SIGKILL) under a request whose pages are backed up: the worker's poll answers UNAVAILABLE (serving away
+// is not offered), the engine closes it; the next memd of the run directory adopts the host pool and its journal, the
+// reopened worker lists the request as resumable, resumes it and reads back the same rows (brief §3).
+TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t id = SubmitGranted(64, 80);
+  ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 1);
+  }
+  ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
+  for (int i = 0; i < 20; ++i) {  // the HostCopyWritten reports reach memd's journal
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 5);
+  }
+  memd_->Signal(SIGKILL);
+  ASSERT_GE(memd_->WaitExit(5000), -1);
+  int rc = DHS_OK;
+  for (int i = 0; i < 2000 && rc == DHS_OK; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    rc = dhs_worker_poll(w_, ev, 4, &n);
+    ::poll(nullptr, 0, 2);
+  }
+  EXPECT_EQ(rc, DHS_ERR_UNAVAILABLE) << dhs_worker_errmsg(w_);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("memd went away"), std::string::npos) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+
+  memd_.reset();
+  ASSERT_NO_FATAL_FAILURE(StartMemd());  // the same run directory: the pool and the journal are adopted
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<dhs_resumable> list(4);
+  size_t n = 0, total = 0;
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(list[0].request, id);
+  EXPECT_EQ(list[0].input_rows, 64u);
+  EXPECT_EQ(list[0].max_rows, 80u);
+  dhs_request_desc d{sizeof d, 0, 64, 80, id};
+  uint64_t resumed = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &resumed), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_request_submit(w_, &d, &resumed), DHS_ERR_FAILED_PRECONDITION);  // resumed already
+  const std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
+  EXPECT_EQ(ev[0].pages, 4u);
+  ASSERT_EQ(ev[0].import_pages, 4u);
+  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
+  ASSERT_EQ(dhs_request_import(w_, resumed, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
+  // The rows of the dead epoch, under the new id: the pattern is keyed by the first id.
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  const std::vector<int64_t> sel = {0, 1, 17, 31, 40, 63, 5, -1};
+  std::vector<int64_t> loc(sel.size());
+  for (uint32_t s = 0; s < kS; ++s) {
+    dhs_query q{resumed, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+    ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t j = 0; j + 1 < sel.size(); ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
+      for (uint32_t b = 0; b < kRow; ++b) ASSERT_EQ(row[b], RowByte(id, s, sel[j], b)) << sel[j];
+    }
+    ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+  }
+  EXPECT_EQ(dhs_request_complete(w_, resumed), DHS_OK);
+}
+
 // A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
 TEST_F(LibdhsTest, CompleteWhileWaiting) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
