@@ -178,9 +178,10 @@ typedef enum dhs_event_kind {
   DHS_EVENT_GRANTED = 1,  /* admitted: rows may be appended and resolved from now on */
   DHS_EVENT_WAITING = 2,  /* queued by memd until capacity frees (value = queue position, pages = deficit) */
   DHS_EVENT_REJECTED = 3, /* refused by memd (code, message): the request is gone */
-  DHS_EVENT_RECLAIMED = 4, /* memd reclaimed `pages` optional pages of the request; the library obeyed (informational:
-                              its rows are served from host from now on) */
-  DHS_EVENT_FAILED = 5    /* the request failed (code, message) and is gone: complete it is not needed */
+  DHS_EVENT_RECLAIMED = 4, /* memd ordered the reclaim of `pages` optional pages of the request; the library carries
+                              it out (backups, withdrawal, readers) with nothing to do for the engine: its rows
+                              there are recovered from host from then on (informational) */
+  DHS_EVENT_FAILED = 5    /* the request failed (code, message) and is gone: no dhs_request_complete needed */
 } dhs_event_kind;
 typedef struct dhs_event {
   uint32_t kind;          /* dhs_event_kind */
