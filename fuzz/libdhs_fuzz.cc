@@ -156,80 +156,92 @@ struct Session {
     return in.Small64(64);
   }
 
+  void Submit() {
+    // Mostly sizes memd admits (input 1..80, max up to 40 more), sometimes any.
+    const uint64_t input = 1 + in.Below(80);
+    dhs_request_desc d{sizeof d, 0, input, input + in.Below(40), 0};
+    if (in.Below(6) == 0) d = dhs_request_desc{sizeof d, 0, in.Small64(120), in.Small64(160), 0};
+    if (in.Below(8) == 0) d.struct_size = in.Small32(64);
+    if (in.Below(8) == 0) d.reserved = 1;
+    if (in.Below(8) == 0) d.resume_of = in.Small64(8);
+    uint64_t id = 0;
+    if (Check(w, dhs_request_submit(w, in.Below(16) == 0 ? nullptr : &d, &id), "submit") == DHS_OK) {
+      appended[id] = 0;
+    }
+  }
+
+  void Poll() {
+    dhs_event ev[8];
+    size_t n = 0;
+    const uint32_t cap = in.Below(9);
+    const int rc = Check(w, dhs_worker_poll(w, cap == 0 && in.Bool() ? nullptr : ev, cap,
+                                            in.Below(16) == 0 ? nullptr : &n),
+                         "poll");
+    // Sometimes wait (up to 20 ms) for memd's answers, so that later records meet granted requests.
+    if (rc == DHS_OK && cap > 0) Take(ev, n);
+    const bool wait = in.Bool();
+    for (int i = 0; rc == DHS_OK && wait && i < 20 && n == 0; ++i) {
+      ::poll(nullptr, 0, 1);
+      if (Check(w, dhs_worker_poll(w, ev, 8, &n), "poll") == DHS_OK) Take(ev, n);
+    }
+    if (rc == DHS_ERR_ABORTED || rc == DHS_ERR_UNAVAILABLE) lost = true;
+  }
+
+  void Append() {
+    const uint64_t id = PickRequest();
+    // Mostly a few positions; sometimes a count no buffer could hold (the sizes below stay small: the library
+    // must refuse it before reading).
+    const bool huge = in.Below(16) == 0;
+    const uint32_t count = huge ? in.U32() : in.Below(40);
+    int64_t first = appended.contains(id) ? appended[id] : 0;
+    if (in.Below(6) == 0) first = static_cast<int64_t>(in.Small64(200)) - 2;
+    size_t bytes = huge ? 64 : size_t{count} * kS * kRow;
+    std::vector<uint8_t> rows(bytes + 64, static_cast<uint8_t>(first));
+    if (in.Below(6) == 0) bytes = in.Small32(static_cast<uint32_t>(rows.size()) + 1) % (rows.size() + 1);
+    std::vector<uint8_t> keys((huge ? 0 : size_t{count} * kKey) + 16, 3);
+    size_t key_bytes = in.Bool() ? keys.size() - 16 : 0;
+    if (in.Below(8) == 0) key_bytes = in.Below(static_cast<uint32_t>(keys.size()) + 1);
+    const int rc = Check(w, dhs_request_append(w, id, first, count, in.Below(16) == 0 ? nullptr : rows.data(),
+                                               bytes, key_bytes == 0 && in.Bool() ? nullptr : keys.data(),
+                                               key_bytes),
+                         "append");
+    if (rc == DHS_OK && appended.contains(id)) appended[id] = first + count;
+  }
+
+  void Resolve() {
+    const uint32_t n_src = in.Below(4) == 0 ? in.Below(3) : 1;  // mostly one source (1.0's rule), sometimes not
+    std::vector<uint32_t> sources(n_src + 1);
+    for (uint32_t& s : sources) s = in.Below(8) == 0 ? in.Small32(kS + 1) : in.Below(kS);
+    const uint32_t n_q = in.Below(4);
+    std::vector<dhs_query> qs(n_q + 1);
+    std::vector<std::vector<int64_t>> sel(n_q + 1), loc(n_q + 1);
+    for (uint32_t i = 0; i < n_q; ++i) {
+      const uint64_t id = PickRequest();
+      const int64_t hist = appended.contains(id) ? appended[id] : 4;
+      const uint32_t len = in.Below(8) == 0 ? in.Below(kK + 3) : in.Below(kK + 1);
+      sel[i].resize(len);
+      for (int64_t& t : sel[i]) t = static_cast<int64_t>(in.Below(static_cast<uint32_t>(hist) + 3)) - 1;
+      loc[i].resize(size_t{len} * n_src + 1);
+      qs[i] = dhs_query{id, sel[i].data(), len, in.Below(16) == 0 ? 1u : 0u,
+                        in.Below(16) == 0 ? nullptr : loc[i].data()};
+    }
+    Check(w, dhs_resolve(w, in.Below(16) == 0 ? nullptr : sources.data(), n_src, qs.data(), n_q), "resolve");
+  }
+
   void Op(uint32_t op) {
     switch (op) {
-      case 0: {  // submit
-        // Mostly sizes memd admits (input 1..80, max up to 40 more), sometimes any.
-        const uint64_t input = 1 + in.Below(80);
-        dhs_request_desc d{sizeof d, 0, input, input + in.Below(40), 0};
-        if (in.Below(6) == 0) d = dhs_request_desc{sizeof d, 0, in.Small64(120), in.Small64(160), 0};
-        if (in.Below(8) == 0) d.struct_size = in.Small32(64);
-        if (in.Below(8) == 0) d.reserved = 1;
-        if (in.Below(8) == 0) d.resume_of = in.Small64(8);
-        uint64_t id = 0;
-        if (Check(w, dhs_request_submit(w, in.Below(16) == 0 ? nullptr : &d, &id), "submit") == DHS_OK) {
-          appended[id] = 0;
-        }
+      case 0:
+        Submit();
         break;
-      }
-      case 1: {  // poll
-        dhs_event ev[8];
-        size_t n = 0;
-        const uint32_t cap = in.Below(9);
-        const int rc = Check(w, dhs_worker_poll(w, cap == 0 && in.Bool() ? nullptr : ev, cap,
-                                                in.Below(16) == 0 ? nullptr : &n),
-                             "poll");
-        // Sometimes wait (up to 20 ms) for memd's answers, so that later records meet granted requests.
-        if (rc == DHS_OK && cap > 0) Take(ev, n);
-        const bool wait = in.Bool();
-        for (int i = 0; rc == DHS_OK && wait && i < 20 && n == 0; ++i) {
-          ::poll(nullptr, 0, 1);
-          if (Check(w, dhs_worker_poll(w, ev, 8, &n), "poll") == DHS_OK) Take(ev, n);
-        }
-        if (rc == DHS_ERR_ABORTED || rc == DHS_ERR_UNAVAILABLE) lost = true;
+      case 1:
+        Poll();
         break;
-      }
-      case 2: {  // append
-        const uint64_t id = PickRequest();
-        // Mostly a few positions; sometimes a count no buffer could hold (the sizes below stay small: the library
-        // must refuse it before reading).
-        const bool huge = in.Below(16) == 0;
-        const uint32_t count = huge ? in.U32() : in.Below(40);
-        int64_t first = appended.contains(id) ? appended[id] : 0;
-        if (in.Below(6) == 0) first = static_cast<int64_t>(in.Small64(200)) - 2;
-        size_t bytes = huge ? 64 : size_t{count} * kS * kRow;
-        std::vector<uint8_t> rows(bytes + 64, static_cast<uint8_t>(first));
-        if (in.Below(6) == 0) bytes = in.Small32(static_cast<uint32_t>(rows.size()) + 1) % (rows.size() + 1);
-        std::vector<uint8_t> keys((huge ? 0 : size_t{count} * kKey) + 16, 3);
-        size_t key_bytes = in.Bool() ? keys.size() - 16 : 0;
-        if (in.Below(8) == 0) key_bytes = in.Below(static_cast<uint32_t>(keys.size()) + 1);
-        const int rc = Check(w, dhs_request_append(w, id, first, count, in.Below(16) == 0 ? nullptr : rows.data(),
-                                                   bytes, key_bytes == 0 && in.Bool() ? nullptr : keys.data(),
-                                                   key_bytes),
-                             "append");
-        if (rc == DHS_OK && appended.contains(id)) appended[id] = first + count;
+      case 2:
+        Append();
         break;
-      }
-      case 3: {  // resolve
-        const uint32_t n_src = in.Below(4) == 0 ? in.Below(3) : 1;  // mostly one source (1.0's rule), sometimes not
-        std::vector<uint32_t> sources(n_src + 1);
-        for (uint32_t& s : sources) s = in.Below(8) == 0 ? in.Small32(kS + 1) : in.Below(kS);
-        const uint32_t n_q = in.Below(4);
-        std::vector<dhs_query> qs(n_q + 1);
-        std::vector<std::vector<int64_t>> sel(n_q + 1), loc(n_q + 1);
-        for (uint32_t i = 0; i < n_q; ++i) {
-          const uint64_t id = PickRequest();
-          const int64_t hist = appended.contains(id) ? appended[id] : 4;
-          const uint32_t len = in.Below(8) == 0 ? in.Below(kK + 3) : in.Below(kK + 1);
-          sel[i].resize(len);
-          for (int64_t& t : sel[i]) t = static_cast<int64_t>(in.Below(static_cast<uint32_t>(hist) + 3)) - 1;
-          loc[i].resize(size_t{len} * n_src + 1);
-          qs[i] = dhs_query{id, sel[i].data(), len, in.Below(16) == 0 ? 1u : 0u,
-                            in.Below(16) == 0 ? nullptr : loc[i].data()};
-        }
-        Check(w, dhs_resolve(w, in.Below(16) == 0 ? nullptr : sources.data(), n_src, qs.data(), n_q), "resolve");
+      case 3:
+        Resolve();
         break;
-      }
       case 4: {  // readers done
         uint32_t s = in.Small32(kS + 1);
         Check(w, dhs_readers_done(w, in.Below(8) == 0 ? nullptr : &s, in.Below(2)), "readers_done");
