@@ -197,8 +197,8 @@ absl::Status SyntheticProposer::Commit(int slot, int64_t accepted) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   if (!s.pending || accepted < 0 || accepted > s.proposed) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "synthetic proposer: slot %d commits %d accepted of %d proposed (pending: %v)", slot, accepted, s.proposed,
-        s.pending));
+        "synthetic proposer: slot %d commits %d accepted of %d proposed (pending: %s)", slot, accepted, s.proposed,
+        s.pending ? "true" : "false"));
   }
   s.pending = false;  // the private session holds committed tokens only; the next Propose feeds the new ones
   return absl::OkStatus();
