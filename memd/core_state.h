@@ -27,6 +27,7 @@
 #include "memd/host_page_allocator.h"
 #include "memd/orders.h"
 #include "memd/population_scheduler.h"
+#include "memd/prefix_pages.h"
 #include "memd/reclaim_policy.h"
 #include "memd/request_state.h"
 #include "memd/residency_types.h"
@@ -59,6 +60,11 @@ struct Request {
   ReclaimId reclaim = 0;
   std::vector<PageIndex> required;
   std::vector<HistoryPage> history;  // context_pages entries once granted
+  // Prefix sharing (issue 24; empty when off or no chain named): the content address of each shareable history page
+  // (prefix[h] for h < prefix.size(), memd/prefix_pages.h). At the grant a stored page of the same address and
+  // content is imported (the history page gets the shared host page, kHost, one reference); the others it computes
+  // are written (writing) and shared once their host copy is confirmed.
+  std::vector<PrefixAddress> prefix;
   uint32_t optional = 0;             // a_r: history pages holding a GPU page
   uint32_t host_only = 0;            // history pages in kHost: what population can bring back
 };
@@ -129,6 +135,9 @@ struct State {
   std::map<OrderId, OrderEntry> orders;
   std::set<RequestId> backoff;  // requests with backoff set (RetryBackups visits only these)
   std::vector<Order> outbox;
+  // The content-addressed host tier (issue 24): nullopt when prefix sharing is off (memd --prefix-sharing off, the
+  // default: then nothing of it exists and every host page is one request's, as before).
+  std::optional<PrefixPages> prefix;
   Counters counters;
   uint64_t next_seq = 1;
   CopyId next_copy = 1;
@@ -147,6 +156,21 @@ void CountShare(Gpu& gpu, const SpeculationShare& share, int sign);
 SlotIndex FreeSlot(const Gpu& gpu);
 void TakeSlot(Gpu& gpu, SlotIndex slot);
 void ReleaseSlot(Gpu& gpu, SlotIndex slot);
+// Prefix sharing (issue 24): true when host page `page` is a shared page request `id` holds a reference to.
+bool HoldsSharedPage(const State& s, RequestId id, PageIndex page);
+// The references and unconfirmed writes `r` holds in the host tier, over its history (or a queued resume's taken-over
+// pages): each reference released (the last one makes the page cached), each write abandoned (its host page is r's
+// own and freed with it). Its private pages are the caller's to free. Returns the references released.
+uint32_t ReleasePrefix(State& s, Request& r);
+// The write of host page `page` by `r` is abandoned (its copy will never be confirmed: fence, failure): no-op when the
+// page is not one r writes.
+void AbandonPrefixWrite(State& s, const Request& r, PageIndex page);
+// A confirmed host copy of r's history page `h` (checksum): when r was writing that page it becomes shared (the
+// host pool's owner kSharedOwner, journal kShared) and r its one holder.
+void PublishPrefixPage(State& s, Request& r, uint32_t h, uint64_t checksum);
+// Private host pages of `r`: its history (or resumed) pages less those it holds as shared references.
+uint32_t SharedHeld(const State& s, const Request& r);
+
 // Re-keys `r` in its GPU's ReclaimIndex and population candidates after a change of its state, a_r, host_only,
 // backoff or admission time (or removes it).
 void Reindex(Request& r, Gpu& gpu);

@@ -2,6 +2,7 @@
 #include "memd/host_journal.h"
 
 #include <atomic>
+#include <set>
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -15,7 +16,7 @@ constexpr int kOwner = 0, kMeta = 1, kTag = 2, kChecksum = 3;
 // 56-bit check of an entry (splitmix64 finaliser over the words; the checksum counts only when confirmed, and a
 // checksum 0 adds nothing: an entry of a journal before issue 22 has the check it had).
 uint64_t Check(RequestId owner, uint64_t meta, JournalState state, uint64_t checksum) {
-  if (state != JournalState::kConfirmed) checksum = 0;
+  if (state != JournalState::kConfirmed && state != JournalState::kShared) checksum = 0;
   uint64_t x = owner ^ (meta * 0x9e3779b97f4a7c15ull) ^ (uint64_t{static_cast<uint8_t>(state)} << 59) ^
                (checksum * 0xd6e8feb86659fd93ull);
   x ^= x >> 30;
@@ -105,11 +106,27 @@ void HostJournal::Free(PageIndex page) {
   Store(Word(page, kChecksum), 0);
 }
 
+void HostJournal::Share(PageIndex page, uint64_t key, uint64_t content, uint64_t checksum) {
+  Require(page < pages_, "journal: host page out of range");
+  Free(page);  // first: owner/meta are written only under a free tag
+  Store(Word(page, kOwner), key);
+  Store(Word(page, kMeta), content);
+  Store(Word(page, kChecksum), checksum);
+  Store(Word(page, kTag), Tag(key, content, JournalState::kShared, checksum));  // last: the shared page exists
+}
+
 JournalEntry HostJournal::Read(PageIndex page) const {
   const uint64_t tag = Load(Word(page, kTag));
   JournalEntry e;
   e.state = static_cast<JournalState>(tag & 0xFF);
   if (e.state == JournalState::kFree) return e;
+  if (e.state == JournalState::kShared) {
+    e.owner = kSharedOwner;
+    e.key = Load(Word(page, kOwner));
+    e.content = Load(Word(page, kMeta));
+    e.checksum = Load(Word(page, kChecksum));
+    return e;
+  }
   e.owner = Load(Word(page, kOwner));
   const uint64_t meta = Load(Word(page, kMeta));
   e.history_page = static_cast<uint32_t>(meta >> 32);
@@ -118,7 +135,8 @@ JournalEntry HostJournal::Read(PageIndex page) const {
   return e;
 }
 
-absl::StatusOr<std::map<RequestId, JournaledRequest>> HostJournal::Verify() const {
+absl::StatusOr<std::map<RequestId, JournaledRequest>> HostJournal::Verify(
+    std::map<PageIndex, JournaledSharedPage>* shared) const {
   const auto* header = reinterpret_cast<const uint64_t*>(base_);
   if (Load(&header[0]) != kJournalMagic || Load(&header[1]) != kJournalVersion || Load(&header[2]) != pages_) {
     return absl::DataLossError(absl::StrFormat(
@@ -126,6 +144,8 @@ absl::StatusOr<std::map<RequestId, JournaledRequest>> HostJournal::Verify() cons
         Load(&header[2]), kJournalMagic, kJournalVersion, pages_));
   }
   std::map<RequestId, JournaledRequest> out;
+  std::map<PageIndex, JournaledSharedPage> shared_pages;
+  std::set<uint64_t> shared_keys;
   for (PageIndex p = 0; p < pages_; ++p) {
     const uint64_t tag = Load(Word(p, kTag));
     const auto state = static_cast<JournalState>(tag & 0xFF);
@@ -135,7 +155,13 @@ absl::StatusOr<std::map<RequestId, JournaledRequest>> HostJournal::Verify() cons
       return absl::DataLossError(absl::StrFormat("journal entry of host page %d (tag %#x, owner %d, history page %d "
                                                  "of %d): %s", p, tag, e.owner, e.history_page, e.context_pages, what));
     };
-    if (static_cast<uint8_t>(state) > static_cast<uint8_t>(JournalState::kConfirmed)) return bad("unknown state");
+    if (static_cast<uint8_t>(state) > static_cast<uint8_t>(JournalState::kShared)) return bad("unknown state");
+    if (state == JournalState::kShared) {
+      if (tag != Tag(e.key, e.content, state, e.checksum)) return bad("check does not match");
+      if (!shared_keys.insert(e.key).second) return bad("a shared page's key stored twice");
+      shared_pages[p] = JournaledSharedPage{e.key, e.content, e.checksum};
+      continue;
+    }
     if (tag != Tag(e.owner, meta, state, e.checksum)) return bad("check does not match");
     if (state == JournalState::kFree) continue;
     if (e.owner == 0 || e.owner == ~RequestId{0}) return bad("reserved owner id");
@@ -151,6 +177,7 @@ absl::StatusOr<std::map<RequestId, JournaledRequest>> HostJournal::Verify() cons
     (state == JournalState::kConfirmed ? r.confirmed : r.assigned)[e.history_page] = p;
     if (state == JournalState::kConfirmed) r.checksums[e.history_page] = e.checksum;
   }
+  if (shared != nullptr) *shared = std::move(shared_pages);
   return out;
 }
 

@@ -37,14 +37,29 @@
 
 namespace dhs::memd {
 
-enum class JournalState : uint8_t { kFree = 0, kAssigned = 1, kConfirmed = 2 };
+// kShared (issue 24, the content-addressed host tier, memd/prefix_pages.h): a confirmed shared or cached prefix page;
+// its words hold owner = the page's content key, meta = its content digest, checksum = its copy's checksum (the check
+// covers all three). A journal without kShared entries is the same bytes as before.
+enum class JournalState : uint8_t { kFree = 0, kAssigned = 1, kConfirmed = 2, kShared = 3 };
+
+// The owner the host pool (and a read kShared entry) records for a shared prefix page: never a request id.
+inline constexpr RequestId kSharedOwner = ~RequestId{0} - 1;
 
 struct JournalEntry {
   JournalState state = JournalState::kFree;
   RequestId owner = 0;          // valid when not free
   uint32_t history_page = 0;    // valid when not free: the page of the owner's context this host page holds
   uint32_t context_pages = 0;   // valid when not free: pages of the owner's full context
-  uint64_t checksum = 0;        // valid when confirmed: its host copy's checksum (0 = none known)
+  uint64_t checksum = 0;        // valid when confirmed or shared: its host copy's checksum (0 = none known)
+  uint64_t key = 0;             // kShared (owner reads kSharedOwner): the page's content key (PrefixAddress::key)
+  uint64_t content = 0;         // kShared: its content digest (PrefixAddress::content)
+};
+
+// One shared prefix page as a verified journal shows it (issue 24).
+struct JournaledSharedPage {
+  uint64_t key = 0;
+  uint64_t content = 0;
+  uint64_t checksum = 0;
 };
 
 // One request as a verified journal shows it.
@@ -77,6 +92,10 @@ class HostJournal {
   void Confirm(PageIndex page, uint64_t checksum = 0);
   // `page` is free (idempotent).
   void Free(PageIndex page);
+  // `page` (any state) becomes a confirmed shared prefix page (issue 24): Free, then the words, then the kShared
+  // tag. A kill between leaves the page free: the next memd loses this one copy (its rows are recomputed), never
+  // names a wrong owner.
+  void Share(PageIndex page, uint64_t key, uint64_t content, uint64_t checksum);
 
   JournalEntry Read(PageIndex page) const;
   uint32_t pages() const { return pages_; }
@@ -84,7 +103,10 @@ class HostJournal {
   // Checks the header (magic, version, `pages`) and every entry (a known state, its check, an owner that is not
   // 0 / 2^64-1, history_page < context_pages <= pages, one context size per owner, no history page twice) and returns
   // the requests it names. Errors: DataLoss naming the first bad entry; nothing is changed.
-  absl::StatusOr<std::map<RequestId, JournaledRequest>> Verify() const;
+  // `shared` (optional): the kShared entries (host page -> key, content, checksum; keys unique, else DataLoss);
+  // nullptr: they are skipped (a memd with prefix sharing off frees them at adoption).
+  absl::StatusOr<std::map<RequestId, JournaledRequest>> Verify(
+      std::map<PageIndex, JournaledSharedPage>* shared = nullptr) const;
 
  private:
   HostJournal(uint8_t* base, uint32_t pages) : base_(base), pages_(pages) {}

@@ -145,6 +145,37 @@ absl::Status HostPageAllocator::Transfer(PageIndex page, RequestId to, uint32_t 
   return absl::OkStatus();
 }
 
+absl::Status HostPageAllocator::Share(PageIndex page, uint64_t key, uint64_t content, uint64_t checksum) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d out of range", page));
+  Page& pg = page_[page];
+  if (!pg.allocated || pg.owner == kSharedOwner) {
+    return absl::FailedPreconditionError(absl::StrFormat("host page %d is not a request's page", page));
+  }
+  auto it = by_request_.find(pg.owner);
+  it->second.erase(page);
+  if (it->second.empty()) by_request_.erase(it);
+  pg.owner = kSharedOwner;
+  by_request_[kSharedOwner].insert(page);
+  if (journal_ != nullptr) journal_->Share(page, key, content, checksum);
+  return absl::OkStatus();
+}
+
+absl::Status HostPageAllocator::AdoptShared(PageIndex page, uint64_t key, uint64_t content, uint64_t checksum) {
+  if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d out of range", page));
+  if (!free_.contains(page)) {
+    return absl::FailedPreconditionError(absl::StrFormat("host page %d is not reusable", page));
+  }
+  free_.erase(page);
+  Page& pg = page_[page];
+  pg.allocated = true;
+  pg.owner = kSharedOwner;
+  pg.source = 0;
+  by_request_[kSharedOwner].insert(page);
+  ++allocated_;
+  if (journal_ != nullptr) journal_->Share(page, key, content, checksum);
+  return absl::OkStatus();
+}
+
 uint32_t HostPageAllocator::ReleaseRequest(RequestId request) {
   auto it = by_request_.find(request);
   if (it == by_request_.end()) return 0;

@@ -75,6 +75,14 @@ class HostPageAllocator {
   // entry is rewritten as history page `history_page` of `to`'s `context_pages`, confirmed (it held a confirmed copy).
   // Errors: OutOfRange, FailedPrecondition (not allocated).
   absl::Status Transfer(PageIndex page, RequestId to, uint32_t history_page, uint32_t context_pages);
+  // Allocated page `page` becomes a shared prefix page (issue 24, memd/prefix_pages.h): its owner is kSharedOwner from
+  // now on (a request's ReleaseRequest no longer frees it; Free does, at its eviction); pins are kept. With a
+  // journal, its entry becomes kShared{key, content, checksum}. Errors: OutOfRange, FailedPrecondition (not
+  // allocated, or shared already).
+  absl::Status Share(PageIndex page, uint64_t key, uint64_t content, uint64_t checksum);
+  // A shared page of a dead memd's journal is allocated to kSharedOwner again (the journal keeps its kShared entry).
+  // Errors: OutOfRange, FailedPrecondition (not reusable).
+  absl::Status AdoptShared(PageIndex page, uint64_t key, uint64_t content, uint64_t checksum);
   // Frees every page of `request` (pinned ones after their copy completes); returns how many were allocated.
   uint32_t ReleaseRequest(RequestId request);
 

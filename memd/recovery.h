@@ -51,7 +51,10 @@ class Recovery {
   // AdoptHostPages (the first event of a memd that found a dead memd's journal). Errors: FailedPrecondition (a GPU
   // or a request is known), InvalidArgument (a reserved or repeated id, epoch 0, context_pages above the host pool, a
   // history page outside the context, a host page out of range or named twice).
-  absl::Status AdoptHostPages(std::span<const AdoptedRequest> requests);
+  // `shared` (issue 24): the journal's shared prefix pages, adopted as cached pages with prefix sharing on (freed with
+  // it off). InvalidArgument also for a shared page out of range, a request's page, or a key named twice.
+  absl::Status AdoptHostPages(std::span<const AdoptedRequest> requests,
+                              std::span<const AdoptedSharedPage> shared = {});
   // ReleaseHeldPages: the pages held since AdoptHostPages become reusable.
   void ReleaseHeldPages();
   // Admit's resume checks (host_backed and resume_of both or neither; the interrupted request known, of the same GPU,

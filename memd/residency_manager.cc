@@ -31,8 +31,16 @@ absl::StatusOr<std::unique_ptr<ResidencyManager>> ResidencyManager::Create(const
   }
   host->set_journal(journal);
   if (!clock) return absl::InvalidArgumentError("ResidencyManager needs a clock");
-  return std::unique_ptr<ResidencyManager>(
+  std::optional<PrefixPages> prefix;
+  if (config.prefix_sharing) {
+    auto made = PrefixPages::Create(config.prefix);
+    if (!made.ok()) return made.status();
+    prefix.emplace(std::move(*made));
+  }
+  auto core = std::unique_ptr<ResidencyManager>(
       new ResidencyManager(config, std::move(clock), std::move(*host), std::move(*policy)));
+  core->state_.prefix = std::move(prefix);
+  return core;
 }
 
 ResidencyManager::ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
@@ -122,8 +130,9 @@ absl::Status ResidencyManager::AdoptGpu(GpuId gpu, uint32_t pages, uint32_t requ
 
 absl::Status ResidencyManager::FenceGpu(GpuId gpu, std::string_view why) { return Finish(recovery_.Fence(gpu, why)); }
 
-absl::Status ResidencyManager::AdoptHostPages(std::span<const AdoptedRequest> requests) {
-  return Finish(recovery_.AdoptHostPages(requests));
+absl::Status ResidencyManager::AdoptHostPages(std::span<const AdoptedRequest> requests,
+                                              std::span<const AdoptedSharedPage> shared) {
+  return Finish(recovery_.AdoptHostPages(requests, shared));
 }
 
 absl::Status ResidencyManager::ReleaseHeldPages() {
@@ -136,6 +145,10 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   if (a.request == 0 || a.request == kNoOwner) {  // 0: RetireOrder.regranted_to's "none"; kNoOwner: a free page
     return Finish(absl::InvalidArgumentError(
         absl::StrFormat("request id %d is reserved (0 and 2^64-1 are never request ids)", a.request)));
+  }
+  if (state_.prefix && a.request == kSharedOwner) {  // the host pool's owner of shared pages (issue 24)
+    return Finish(absl::InvalidArgumentError(
+        absl::StrFormat("request id %d is reserved (2^64-2 owns the shared host pages)", a.request)));
   }
   if (a.page_rows > 0) {  // rows -> pages without overflow: ceil(rows / p) for every rows up to 2^64-1
     const uint64_t pages = a.context_rows / a.page_rows + (a.context_rows % a.page_rows != 0 ? 1 : 0);
@@ -166,6 +179,18 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
     return Finish(s);
   }
   if (absl::Status s = recovery_.CheckResume(a); !s.ok()) return Finish(s);
+  std::vector<PrefixAddress> prefix;  // issue 24: ignored while prefix sharing is off
+  if (state_.prefix && !a.prefix.empty()) {
+    if (a.page_rows == 0) {
+      return Finish(absl::InvalidArgumentError(absl::StrFormat(
+          "request %d names a prefix chain of %d blocks without page_rows", a.request, a.prefix.block_ids.size())));
+    }
+    auto addresses = PrefixPages::Addresses(a.prefix, a.page_rows, a.context_pages);
+    if (!addresses.ok()) {
+      return Finish(absl::InvalidArgumentError(absl::StrCat("request ", a.request, ": ", addresses.status().message())));
+    }
+    prefix = std::move(*addresses);
+  }
   Request r;
   r.id = a.request;
   r.gpu = a.gpu;
@@ -174,6 +199,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   r.context_pages = a.context_pages;
   r.optional_history = a.optional_history;
   r.speculation = a.speculation;
+  r.prefix = std::move(prefix);
   r.time_us = state_.clock();
   ++state_.counters.admissions;
   if (a.resume_of != 0) {
@@ -182,6 +208,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   }
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
     spdlog::info("memd: reject: {}", std::string(never.message()));
+    core::ReleasePrefix(state_, r);    // a resume's taken-over shared pages (issue 24)
     state_.host.ReleaseRequest(r.id);  // a resume's taken-over pages
     state_.outbox.push_back(RejectOrder{r.id, r.gpu, never});
     ++state_.counters.rejects;
@@ -349,6 +376,7 @@ void ResidencyManager::ConfirmHostCopy(Request& r, Gpu& g, uint32_t h, uint64_t 
       DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
       hp.checksum = checksum;
       DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+      core::PublishPrefixPage(state_, r, h, checksum);
       ++r.host_only;
       break;
     case HistoryState::kGpu:
@@ -361,6 +389,7 @@ void ResidencyManager::ConfirmHostCopy(Request& r, Gpu& g, uint32_t h, uint64_t 
         DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
         hp.checksum = checksum;
         DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+        core::PublishPrefixPage(state_, r, h, checksum);
         --r.optional;
         ++r.host_only;
         ++state_.counters.keeps_lost;
@@ -371,9 +400,12 @@ void ResidencyManager::ConfirmHostCopy(Request& r, Gpu& g, uint32_t h, uint64_t 
       DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost));
       hp.checksum = checksum;
       DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+      core::PublishPrefixPage(state_, r, h, checksum);
       break;
     default:  // already a complete host copy (a repeated report): a checksum only where none was known
-      if (hp.checksum == 0 && checksum != 0 && hp.state != HistoryState::kLost) {
+      // (a shared page is immutable, its checksum with it: issue 24)
+      if (hp.checksum == 0 && checksum != 0 && hp.state != HistoryState::kLost &&
+          !core::HoldsSharedPage(state_, r.id, hp.host_page)) {
         hp.checksum = checksum;
         DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
       }
@@ -387,9 +419,11 @@ absl::Status ResidencyManager::Complete(RequestId id) {
   Request& r = it->second;
   uint32_t released = 0;
   if (r.state == RequestState::kInterrupted) {
+    core::ReleasePrefix(state_, r);  // its shared references (issue 24)
     state_.host.ReleaseRequest(id);  // its GPU pages went with the fence: nothing pinned, nothing on GPU
   } else if (Gpu& g = state_.gpus.at(r.gpu); r.state == RequestState::kQueued) {
     g.queue.erase(std::find(g.queue.begin(), g.queue.end(), id));
+    core::ReleasePrefix(state_, r);  // a queued resume's taken-over shared references
     state_.host.ReleaseRequest(id);  // a queued resume's taken-over host pages
   } else {
     released = ReleaseAdmitted(r, g);
@@ -417,6 +451,7 @@ uint32_t ResidencyManager::ReleaseAdmitted(Request& r, Gpu& g) {
   }
   ReleaseSlot(g, r.slot);
   CountShare(g, r.speculation, -1);
+  core::ReleasePrefix(state_, r);    // shared references (cached at the last) and unconfirmed writes (issue 24)
   state_.host.ReleaseRequest(r.id);  // pinned pages become reusable after their copy reports
   DHS_CHECK_OK(TransitionRequest(r.state, r.state, RequestState::kCompleted));  // admitted or reclaiming
   if (r.backoff) state_.backoff.erase(r.id);
@@ -512,6 +547,7 @@ void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written, uint64_t c
     if (written) {
       hp.checksum = checksum;
       DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
+      core::PublishPrefixPage(state_, r, c.history_page, checksum);
     }
   }
   if (c.reclaim != 0) {
@@ -579,22 +615,45 @@ absl::Status ResidencyManager::NeverFits(const Request& r, const Gpu& g) const {
 bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   const uint32_t lend = g.table.lendable();
   const auto kept = static_cast<uint32_t>(r.resumed_host.size());  // a resume's host pages, owned already
-  if (r.required_count > lend || r.context_pages - kept > state_.host.reusable()) return false;  // waits for pages
+  if (r.required_count > lend) return false;  // waits for pages
+  // Prefix sharing (issue 24): stored pages of its chain with the same content are imported, not allocated; cached
+  // pages are room (evicted now, in the policy's order) rather than a reason to wait.
+  const std::map<uint32_t, PageIndex> hits = PrefixHits(r);
+  const uint32_t need = r.context_pages - kept - static_cast<uint32_t>(hits.size());
+  std::vector<PageIndex> evict;
+  if (need > state_.host.reusable()) {
+    if (!state_.prefix) return false;  // waits for host pages
+    std::set<PageIndex> hit_pages;
+    for (const auto& [h, page] : hits) hit_pages.insert(page);
+    evict = state_.prefix->ChooseEvictions(need - state_.host.reusable(), [&](PageIndex p) {
+      return !state_.host.is_pinned(p) && !hit_pages.contains(p);
+    });
+    if (evict.size() < need - state_.host.reusable()) return false;  // cached pages included, it does not fit yet
+  }
   const SlotIndex slot = FreeSlot(g);
   if (slot == kNoSlot) return false;  // waits for a completion
   // Resident-first: spare pages keep imported history on GPU, but leave what the admissions queued behind require.
   uint32_t behind = 0;
   for (size_t i = 1; i < g.queue.size(); ++i) behind += state_.requests.at(g.queue[i]).required_count;
   const uint32_t spare = lend - r.required_count;
-  // A resume keeps nothing on GPU at the grant: its history is on host (imported) or recomputed into the tail.
-  const uint32_t on_gpu =
-      r.optional_history && kept == 0 ? std::min(r.imported_pages, spare > behind ? spare - behind : 0) : 0;
+  // A resume (or a prefix hit) keeps nothing on GPU at the grant: its history is on host (imported) or recomputed
+  // into the tail.
+  const uint32_t on_gpu = r.optional_history && kept == 0 && hits.empty()
+                              ? std::min(r.imported_pages, spare > behind ? spare - behind : 0)
+                              : 0;
   auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
   auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
-  std::vector<uint32_t> fresh;  // history pages without a taken-over host copy: a fresh host page each
-  fresh.reserve(r.context_pages - kept);
+  if (state_.prefix) {  // the grant goes ahead: its lookups are counted, its hits held, the room made
+    for (const PrefixAddress& ad : r.prefix) {
+      if (!r.resumed_host.contains(ad.page)) state_.prefix->Lookup(ad);
+    }
+    for (const auto& [h, page] : hits) DHS_CHECK_OK(state_.prefix->Acquire(page, r.id, state_.clock()));
+    for (PageIndex p : evict) EvictPrefixPage(p);
+  }
+  std::vector<uint32_t> fresh;  // history pages without a taken-over or shared host copy: a fresh host page each
+  fresh.reserve(need);
   for (uint32_t h = 0; h < r.context_pages; ++h) {
-    if (!r.resumed_host.contains(h)) fresh.push_back(h);
+    if (!r.resumed_host.contains(h) && !hits.contains(h)) fresh.push_back(h);
   }
   auto host = state_.host.AllocateHistory(r.id, kAllSources, fresh, r.context_pages);
   if (!required.ok() || !optional.ok() || !host.ok()) {
@@ -605,6 +664,10 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
         for (PageIndex p : **taken) DHS_CHECK_OK(g.table.Release(p));  // just taken
       }
     }
+    if (state_.prefix) {
+      for (const auto& [h, page] : hits) DHS_CHECK_OK(state_.prefix->Release(page, r.id, state_.clock()));
+    }
+    core::ReleasePrefix(state_, r);  // a resume's taken-over shared pages
     state_.host.ReleaseRequest(r.id);
     const absl::Status why = !required.ok() ? required.status() : !optional.ok() ? optional.status() : host.status();
     spdlog::error("memd: request {}: the page tables refused its grant: {}", r.id, why.ToString());
@@ -621,9 +684,10 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   grant.slot = slot;
   grant.required_pages = *required;
   grant.optional_pages = *optional;
-  AssignHistory(r, fresh, *host, *optional, grant);
+  AssignHistory(r, fresh, *host, *optional, hits, grant);
+  BeginPrefixWrites(r);
   r.optional = on_gpu;
-  r.host_only = kept;
+  r.host_only = kept + static_cast<uint32_t>(hits.size());
   r.slot = slot;
   TakeSlot(g, slot);
   CountShare(g, r.speculation, +1);
@@ -637,20 +701,57 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   return true;
 }
 
+std::map<uint32_t, PageIndex> ResidencyManager::PrefixHits(const Request& r) const {
+  std::map<uint32_t, PageIndex> hits;
+  if (!state_.prefix) return hits;
+  for (const PrefixAddress& ad : r.prefix) {
+    if (r.resumed_host.contains(ad.page)) continue;  // a resume's own copy wins
+    if (auto page = state_.prefix->Find(ad)) hits.emplace(ad.page, *page);
+  }
+  return hits;
+}
+
+void ResidencyManager::EvictPrefixPage(PageIndex page) {
+  DHS_CHECK_OK(state_.prefix->Evict(page));
+  DHS_CHECK_OK(state_.host.Free(page));
+}
+
+// The shareable pages a new grant computes become writing pages of their addresses (a page stored under its key
+// already, with other content or being written by another request, stays private; so does one over its tenant's
+// quota when no cached page of the tenant can make room).
+void ResidencyManager::BeginPrefixWrites(const Request& r) {
+  if (!state_.prefix) return;
+  for (const PrefixAddress& ad : r.prefix) {
+    const HistoryPage& hp = r.history[ad.page];
+    if (hp.state == HistoryState::kHost || state_.prefix->AtKey(ad.key) != nullptr) continue;  // imported, or taken
+    if (auto victim = state_.prefix->QuotaVictim(ad.tenant, [&](PageIndex p) { return !state_.host.is_pinned(p); })) {
+      EvictPrefixPage(*victim);
+    }
+    (void)state_.prefix->BeginWrite(ad, hp.host_page, r.id, state_.clock());  // refused by the quota: stays private
+  }
+}
+
 void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh,
                                      std::span<const PageIndex> fresh_host, std::span<const PageIndex> optional,
-                                     GrantOrder& grant) {
+                                     const std::map<uint32_t, PageIndex>& hits, GrantOrder& grant) {
   r.history.assign(r.context_pages, HistoryPage{});
   grant.host_pages.assign(r.context_pages, 0);
   for (size_t i = 0; i < fresh.size(); ++i) grant.host_pages[fresh[i]] = fresh_host[i];
   for (uint32_t h = 0; h < r.context_pages; ++h) {
     HistoryPage& hp = r.history[h];
-    if (auto taken = r.resumed_host.find(h); taken != r.resumed_host.end()) {
-      // A resume's confirmed host copy: imported by the worker, a population candidate.
-      grant.host_pages[h] = taken->second;
+    auto taken = r.resumed_host.find(h);
+    auto hit = hits.find(h);
+    if (taken != r.resumed_host.end() || hit != hits.end()) {
+      // A resume's confirmed host copy, or a shared prefix page (issue 24): imported by the worker, a population
+      // candidate.
+      grant.host_pages[h] = taken != r.resumed_host.end() ? taken->second : hit->second;
       hp.state = HistoryState::kHost;
-      const auto sum = r.resumed_checksums.find(h);
-      hp.checksum = sum == r.resumed_checksums.end() ? 0 : sum->second;
+      if (taken != r.resumed_host.end()) {
+        const auto sum = r.resumed_checksums.find(h);
+        hp.checksum = sum == r.resumed_checksums.end() ? 0 : sum->second;
+      } else {
+        hp.checksum = state_.prefix->AtPage(hit->second)->checksum;
+      }
       grant.host_backed_pages.push_back(h);
       grant.host_backed_checksums.push_back(hp.checksum);
       if (h == grant.imported_pages) ++grant.imported_pages;  // the leading run
@@ -845,11 +946,13 @@ absl::Status ResidencyManager::CheckInvariants() const {
   for (const auto& [id, r] : state_.requests) {
     if (absl::Status s = CheckRequest(r, owner, host_pages); !s.ok()) return s;
   }
-  if (host_pages.size() != state_.host.allocated()) {  // every allocated host page belongs to a live request
-    return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests",
-                                               state_.host.allocated(),
-                                               host_pages.size()));
+  // Every allocated host page belongs to a live request, or is a shared or cached prefix page (issue 24).
+  if (host_pages.size() + state_.host.pages_of(kSharedOwner) != state_.host.allocated()) {
+    return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests, %d shared",
+                                               state_.host.allocated(), host_pages.size(),
+                                               state_.host.pages_of(kSharedOwner)));
   }
+  if (absl::Status s = CheckPrefixPages(); !s.ok()) return s;
   if (absl::Status s = CheckCopiesAndOrders(owner); !s.ok()) return s;
   for (const auto& [gid, g] : state_.gpus) {
     for (PageIndex p = 0; p < g.table.pages(); ++p) {
@@ -861,6 +964,77 @@ absl::Status ResidencyManager::CheckInvariants() const {
   }
   if (absl::Status s = CheckReclaims(); !s.ok()) return s;
   return CheckVictimIndex();
+}
+
+// The host tier (issue 24) against the requests and the host pool: each shared page's holders are exactly the
+// requests whose history (or a queued resume's taken-over pages) names it with a host copy; a shared or cached page
+// is the host pool's kSharedOwner page, a writing page its writer's own page without a confirmed copy; cached +
+// shared + private + free == the pool; no two tenants on one page (one address each).
+absl::Status ResidencyManager::CheckPrefixPages() const {
+  if (!state_.prefix) {
+    if (state_.host.pages_of(kSharedOwner) != 0) return absl::InternalError("shared host pages with sharing off");
+    return absl::OkStatus();
+  }
+  const PrefixPages& prefix = *state_.prefix;
+  if (absl::Status s = prefix.CheckInvariants(); !s.ok()) return s;
+  std::map<PageIndex, std::set<RequestId>> holders;
+  for (const auto& [id, r] : state_.requests) {
+    for (const HistoryPage& hp : r.history) {
+      const SharedPage* p = prefix.AtPage(hp.host_page);
+      if (hp.state == HistoryState::kLost || p == nullptr || p->state == SharedPageState::kWriting) continue;
+      holders[hp.host_page].insert(id);  // a request's page that is not writing is its own, or one it holds
+    }
+    for (const auto& [h, page] : r.resumed_host) {
+      if (const SharedPage* p = prefix.AtPage(page); p != nullptr) holders[page].insert(id);
+    }
+  }
+  uint32_t shared = 0, cached = 0;
+  for (const auto& [page, p] : prefix.pages()) {
+    const bool pool_shared = state_.host.is_allocated(page) && state_.host.owner(page) == kSharedOwner;
+    if (p.state == SharedPageState::kWriting) {
+      auto w = state_.requests.find(p.writer);
+      if (pool_shared || w == state_.requests.end() || !state_.host.is_allocated(page) ||
+          state_.host.owner(page) != p.writer || p.address.page >= w->second.history.size() ||
+          w->second.history[p.address.page].host_page != page) {
+        return absl::InternalError(absl::StrFormat("writing prefix page %d: not request %d's page %d", page, p.writer,
+                                                   p.address.page));
+      }
+      const HistoryState st = w->second.history[p.address.page].state;
+      if (st != HistoryState::kHostPending && st != HistoryState::kGpu && st != HistoryState::kGpuDeferred) {
+        return absl::InternalError(absl::StrFormat("writing prefix page %d: its writer's copy is %s", page,
+                                                   HistoryStateName(st)));
+      }
+      continue;
+    }
+    if (!pool_shared) {
+      return absl::InternalError(absl::StrFormat("%s prefix page %d is not the host pool's shared page",
+                                                 SharedPageStateName(p.state), page));
+    }
+    shared += p.state == SharedPageState::kShared;
+    cached += p.state == SharedPageState::kCached;
+    auto held = holders.find(page);
+    const std::set<RequestId> want = held == holders.end() ? std::set<RequestId>{} : held->second;
+    if (want != p.holders) {  // refs == the requests holding it
+      return absl::InternalError(absl::StrFormat("prefix page %d: %d references, %d requests hold it", page, p.refs(),
+                                                 want.size()));
+    }
+    for (RequestId id : p.holders) {
+      const Request& r = state_.requests.at(id);
+      if (!r.prefix.empty() && p.address.tenant != 0 && r.prefix.front().tenant != p.address.tenant) {
+        return absl::InternalError(absl::StrFormat("prefix page %d of tenant %016x held by request %d of tenant %016x",
+                                                   page, p.address.tenant, id, r.prefix.front().tenant));
+      }
+    }
+  }
+  const uint32_t private_pages = state_.host.allocated() - state_.host.pages_of(kSharedOwner);
+  const uint32_t free_pages = state_.host.pages() - state_.host.allocated();
+  if (shared != prefix.shared() || cached != prefix.cached() ||
+      shared + cached + private_pages + free_pages != state_.host.pages() ||
+      shared + cached != state_.host.pages_of(kSharedOwner)) {
+    return absl::InternalError(absl::StrFormat("host pool of %d pages: %d shared + %d cached + %d private + %d free",
+                                               state_.host.pages(), shared, cached, private_pages, free_pages));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ResidencyManager::CheckQueues() const {
@@ -905,7 +1079,7 @@ absl::Status ResidencyManager::CheckQueues() const {
     if (r.state != RequestState::kQueued) continue;
     ++queued_requests;
     if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot ||
-        state_.host.pages_of(id) != r.resumed_host.size()) {
+        state_.host.pages_of(id) != r.resumed_host.size() - core::SharedHeld(state_, r)) {
       return absl::InternalError(absl::StrFormat("queued request %d holds pages or a slot", id));
     }
   }
@@ -939,15 +1113,22 @@ absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, st
   for (PageIndex p : r.required) {
     if (absl::Status s = claim(p, PageState::kRequired); !s.ok()) return s;
   }
-  if (r.history.size() != r.context_pages || state_.host.pages_of(r.id) != r.context_pages) {
+  if (r.history.size() != r.context_pages ||
+      state_.host.pages_of(r.id) != r.context_pages - core::SharedHeld(state_, r)) {
     return absl::InternalError(absl::StrFormat("request %d: %d history pages, %d host pages, context %d", r.id,
                                                r.history.size(), state_.host.pages_of(r.id), r.context_pages));
   }
   uint32_t optional = 0;
   for (uint32_t h = 0; h < r.history.size(); ++h) {
     const HistoryPage& hp = r.history[h];
-    if (!state_.host.is_allocated(hp.host_page) || state_.host.owner(hp.host_page) != r.id ||
-        !host_pages.insert(hp.host_page).second) {
+    const bool shared = core::HoldsSharedPage(state_, r.id, hp.host_page);  // CheckPrefixPages counts its holders
+    if (shared && hp.state != HistoryState::kHost && hp.state != HistoryState::kPopulating &&
+        hp.state != HistoryState::kGpuAndHost) {
+      return absl::InternalError(absl::StrFormat("request %d page %d (%s): a shared host page without a host copy",
+                                                 r.id, h, HistoryStateName(hp.state)));
+    }
+    if (!shared && (!state_.host.is_allocated(hp.host_page) || state_.host.owner(hp.host_page) != r.id ||
+                    !host_pages.insert(hp.host_page).second)) {
       return absl::InternalError(absl::StrFormat("request %d page %d: host page %d not its own", r.id, h, hp.host_page));
     }
     if (absl::Status s = CheckHistoryPage(r, h); !s.ok()) return s;

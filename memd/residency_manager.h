@@ -113,7 +113,12 @@ class ResidencyManager {
   // still write into it until their epochs end) until ReleaseHeldPages. No orders. Errors (nothing changes): FailedPrecondition (a GPU registered or a request known
   // already), InvalidArgument (a reserved or repeated id, epoch 0, context_pages above the host pool, a history
   // page outside the context, a host page out of range or named twice).
-  absl::Status AdoptHostPages(std::span<const AdoptedRequest> requests);
+  // `shared` (issue 24): the journal's shared prefix pages (HostJournal::Verify's kShared entries): adopted as cached
+  // pages when prefix sharing is on (a memd restart loses no confirmed shared page), freed when it is off. An adopted
+  // request's history page whose copy was a shared page is kLost for it (the page itself is cached: a resume that
+  // names its chain imports it again).
+  absl::Status AdoptHostPages(std::span<const AdoptedRequest> requests,
+                              std::span<const AdoptedSharedPage> shared = {});
   // The worker of GPU `gpu` survived a memd restart and says Hello again with a report of its live requests
   // (docs/protocol.md "Re-Hello with a report"): the GPU is registered with `pages` = M and `request_slots` like
   // RegisterGpu, but keeps its epoch: epoch(gpu) becomes `epoch` (the one its node ids carry), not epoch + 1. Each
@@ -208,6 +213,8 @@ class ResidencyManager {
   // only from the worker of that GPU).
   std::optional<GpuId> GpuOfRequest(RequestId request) const;
   std::optional<GpuId> GpuOfOrder(OrderId order) const;
+  // The content-addressed host tier (issue 24): nullptr when prefix sharing is off.
+  const PrefixPages* prefix() const { return state_.prefix ? &*state_.prefix : nullptr; }
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
   uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }
   // True when `gpu` was registered and is fenced now (no page accounting until it registers again).
@@ -247,8 +254,16 @@ class ResidencyManager {
   // A grant's history: page h gets its taken-over host page in kHost (listed in grant.host_backed_pages; the leading
   // run counted in grant.imported_pages), else the fresh host page fresh_host[i] of h = fresh[i], kept on
   // optional[h] (kGpu) for h < optional.size(), else kHostPending. Fills grant.host_pages.
+  // Shared prefix pages (issue 24) `hits` (history page -> host page, referenced by r) are granted like a resume's.
   void AssignHistory(Request& r, std::span<const uint32_t> fresh, std::span<const PageIndex> fresh_host,
-                     std::span<const PageIndex> optional, GrantOrder& grant);
+                     std::span<const PageIndex> optional, const std::map<uint32_t, PageIndex>& hits,
+                     GrantOrder& grant);
+  // Prefix sharing (issue 24): r's shareable pages stored with the same content (uncounted lookups); a cached page
+  // evicted (its host page freed); the writes of a new grant's computed shareable pages begun.
+  std::map<uint32_t, PageIndex> PrefixHits(const Request& r) const;
+  void EvictPrefixPage(PageIndex page);
+  void BeginPrefixWrites(const Request& r);
+  absl::Status CheckPrefixPages() const;
   void StartReclaim(Request& victim, Gpu& gpu);
   void AdvanceReclaim(Reclaim& rc);
   void RetireReclaim(ReclaimId id);

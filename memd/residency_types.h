@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/types.h"
+#include "memd/prefix_pages.h"
 
 namespace dhs::memd {
 
@@ -37,6 +38,10 @@ struct ResidencyConfig {
   uint64_t host_page_bytes = 1;           // bytes per host page
   uint32_t populate_pages_per_attempt = 8;
   std::string reclaim_policy = "largest-first";  // default chosen by measurement (memd/README.md)
+  // The content-addressed host tier (issue 24, memd/prefix_pages.h): off by default (memd --prefix-sharing off):
+  // admissions' prefix chains are then ignored and memd behaves exactly as without it.
+  bool prefix_sharing = false;
+  PrefixConfig prefix;  // eviction policy, per-tenant quota (used when prefix_sharing)
 };
 
 // A request slot's share of its worker's speculation memory, a required allocation (brief §2 "required allocation",
@@ -95,6 +100,19 @@ struct AdmitRequest {
   // an earlier epoch of the same GPU this admission continues. Both or neither.
   bool host_backed = false;
   RequestId resume_of = 0;
+  // Prefix sharing (issue 24; ignored when it is off): the request's tenant and prefix chain. Needs page_rows > 0
+  // (the page geometry the addresses depend on). Its shareable pages (prefix_pages.h) that are stored with the same
+  // content are granted as host-backed (imported, counted once in the host pool); the others it computes become
+  // shared once their host copy is confirmed.
+  PrefixChain prefix;
+};
+
+// One shared prefix page of a dead memd's journal (issue 24), adopted as a cached page by AdoptHostPages.
+struct AdoptedSharedPage {
+  PageIndex host_page = 0;
+  uint64_t key = 0;
+  uint64_t content = 0;
+  uint64_t checksum = 0;
 };
 
 // One request of a dead memd's journal, adopted by a new memd (AdoptHostPages).
