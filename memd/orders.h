@@ -44,6 +44,9 @@ struct GrantOrder {
   std::vector<uint32_t> host_backed_pages;
   // Issue 22: the checksum memd keeps of each host_backed_pages[i]'s confirmed copy (same length; 0 = none known).
   std::vector<uint64_t> host_backed_checksums;
+  // Issue 24 (prefix sharing): the host_backed_pages that are shared prefix pages (ascending): their host pages are
+  // immutable and held by other requests too; the worker imports them and never writes them.
+  std::vector<uint32_t> shared_pages;
 };
 
 // The admission is queued (-> AdmitWait; sent once, when it first cannot be granted).

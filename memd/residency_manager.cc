@@ -751,6 +751,7 @@ void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh
         hp.checksum = sum == r.resumed_checksums.end() ? 0 : sum->second;
       } else {
         hp.checksum = state_.prefix->AtPage(hit->second)->checksum;
+        grant.shared_pages.push_back(h);
       }
       grant.host_backed_pages.push_back(h);
       grant.host_backed_checksums.push_back(hp.checksum);

@@ -1,0 +1,464 @@
+// The content-addressed host tier (issue 24): memd/prefix_pages.h alone (addresses computed here independently with
+// XXH3, hits, writing pages never importable, a content mismatch is a miss, eviction order per policy, quota,
+// tenants, the one transition table) and wired into ResidencyManager (a hit granted host-backed and counted once in
+// the host pool, references released at Complete, cached pages evicted before an admission would wait, tenants never
+// sharing, a fence keeping references and abandoning writes, a memd restart keeping confirmed shared pages; sharing
+// off changes nothing). Every value is computed by hand in the comments.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <vector>
+
+#include "memd/host_journal.h"
+#include "memd/prefix_pages.h"
+#include "memd/residency_manager.h"
+#include "xxhash.h"
+
+namespace dhs::memd {
+namespace {
+
+// The header's formulas, typed again from the documentation.
+uint64_t Key(std::string_view tenant, std::vector<uint64_t> ids, uint64_t page_rows, uint64_t h,
+             uint64_t block_tokens) {
+  const uint64_t b = ((h + 1) * page_rows - 1) / block_tokens;
+  uint64_t c = XXH3_64bits_withSeed(tenant.data(), tenant.size(), kTenantSeed);
+  for (uint64_t i = 0; i <= b; ++i) c = XXH3_64bits_withSeed(&ids[i], 8, c);
+  const uint64_t words[3] = {c, page_rows, h};
+  return XXH3_64bits_withSeed(words, sizeof(words), kPageSeed);
+}
+
+PrefixChain Chain(std::string tenant, std::vector<uint64_t> ids, std::vector<uint64_t> digests, uint32_t tokens) {
+  return PrefixChain{std::move(tenant), std::move(ids), std::move(digests), tokens};
+}
+
+TEST(PrefixAddresses, HandComputed) {
+  // 3 blocks of 4 tokens, pages of 2 rows: floor(12 / 2) = 6 shareable pages, a context of 5 pages keeps 5.
+  // Page h's last row is 2h + 1: blocks 0, 0, 1, 1, 2; chain lengths 1, 1, 2, 2, 3.
+  const PrefixChain chain = Chain("", {11, 22, 33}, {101, 202, 303}, 4);
+  auto a = PrefixPages::Addresses(chain, 2, 5);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->size(), 5u);
+  const uint32_t blocks[] = {1, 1, 2, 2, 3};
+  for (uint32_t h = 0; h < 5; ++h) {
+    EXPECT_EQ((*a)[h].page, h);
+    EXPECT_EQ((*a)[h].blocks, blocks[h]);
+    EXPECT_EQ((*a)[h].key, Key("", {11, 22, 33}, 2, h, 4)) << h;
+  }
+  // Pages 0 and 1 hold the same block: same content digest, different keys.
+  EXPECT_EQ((*a)[0].content, (*a)[1].content);
+  EXPECT_NE((*a)[0].key, (*a)[1].key);
+  EXPECT_NE((*a)[1].content, (*a)[2].content);
+  // Pages of 3 rows: rows 0-2 (block 0), 3-5 (block 1), 6-8 (block 2), 9-11 (block 2): 4 pages.
+  auto b = PrefixPages::Addresses(chain, 3, 100);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->size(), 4u);
+  EXPECT_EQ((*b)[1].blocks, 2u);
+  EXPECT_EQ((*b)[3].blocks, 3u);
+  EXPECT_EQ((*b)[3].key, Key("", {11, 22, 33}, 3, 3, 4));
+  // A partial block is never shareable: 2 blocks of 4 tokens, pages of 3 rows -> floor(8 / 3) = 2 pages.
+  EXPECT_EQ(PrefixPages::Addresses(Chain("", {1, 2}, {1, 2}, 4), 3, 100)->size(), 2u);
+  // Another tenant: every key differs, the contents are the same.
+  auto t = PrefixPages::Addresses(Chain("tenant-b", {11, 22, 33}, {101, 202, 303}, 4), 2, 5);
+  for (uint32_t h = 0; h < 5; ++h) {
+    EXPECT_NE((*t)[h].key, (*a)[h].key);
+    EXPECT_EQ((*t)[h].key, Key("tenant-b", {11, 22, 33}, 2, h, 4));
+    EXPECT_EQ((*t)[h].content, (*a)[h].content);
+    EXPECT_NE((*t)[h].tenant, (*a)[h].tenant);
+  }
+  // Same ids, another token digest in block 1: pages 0-1 equal, pages 2-4 same key, other content.
+  auto d = PrefixPages::Addresses(Chain("", {11, 22, 33}, {101, 999, 303}, 4), 2, 5);
+  for (uint32_t h = 0; h < 5; ++h) EXPECT_EQ((*d)[h].key, (*a)[h].key);
+  EXPECT_EQ((*d)[1].content, (*a)[1].content);
+  EXPECT_NE((*d)[2].content, (*a)[2].content);
+  EXPECT_NE((*d)[4].content, (*a)[4].content);
+  // Bad chains.
+  EXPECT_EQ(PrefixPages::Addresses(Chain("", {1, 2}, {1}, 4), 2, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrefixPages::Addresses(Chain("", {1}, {1}, 0), 2, 5).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrefixPages::Addresses(Chain("", {1}, {1}, 4), 0, 5).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(PrefixPages::Addresses(Chain("", {}, {}, 0), 0, 5)->empty());
+}
+
+TEST(SharedPageState, OnlyTheListedTransitionsAreAllowed) {
+  const SharedPageState all[] = {SharedPageState::kWriting, SharedPageState::kShared, SharedPageState::kCached,
+                                 SharedPageState::kFree};
+  const std::set<std::pair<int, int>> allowed = {{0, 1}, {0, 3}, {1, 2}, {2, 1}, {2, 3}};  // typed from the header
+  int refused = 0;
+  for (SharedPageState from : all) {
+    for (SharedPageState to : all) {
+      const bool listed = allowed.contains({static_cast<int>(from), static_cast<int>(to)});
+      EXPECT_EQ(SharedPageTransitionAllowed(from, to), listed);
+      SharedPage p;
+      p.state = from;
+      const absl::Status s = TransitionSharedPage(p, from, to);
+      if (listed && to != SharedPageState::kFree) {
+        EXPECT_TRUE(s.ok());
+        EXPECT_EQ(p.state, to);
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+        EXPECT_EQ(p.state, from);
+        refused += !listed;
+      }
+    }
+  }
+  EXPECT_EQ(refused, 16 - 5);
+}
+
+PrefixAddress Addr(uint64_t key, uint64_t content = 7, uint64_t tenant = 1) {
+  return PrefixAddress{key, content, tenant, 1, 0};
+}
+
+TEST(PrefixPages, WritingIsNeverImportableAndRefsCountHolders) {
+  auto pp = PrefixPages::Create({});
+  ASSERT_TRUE(pp.ok());
+  ASSERT_TRUE(pp->BeginWrite(Addr(100), 5, /*writer=*/1, 0).ok());
+  EXPECT_FALSE(pp->Lookup(Addr(100)).has_value());  // being written: a miss
+  EXPECT_EQ(pp->Acquire(5, 2, 0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pp->BeginWrite(Addr(100), 6, 2, 0).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(pp->writing(), 1u);
+  ASSERT_TRUE(pp->ConfirmWrite(5, 0xabc, 1).ok());
+  EXPECT_EQ(pp->Lookup(Addr(100)), PageIndex{5});
+  ASSERT_TRUE(pp->Acquire(5, 2, 2).ok());
+  EXPECT_EQ(pp->AtPage(5)->refs(), 2u);
+  EXPECT_EQ(pp->AtPage(5)->checksum, 0xabcu);
+  EXPECT_EQ(pp->Acquire(5, 2, 2).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(pp->Release(5, 1, 3).ok());
+  EXPECT_EQ(pp->shared(), 1u);
+  EXPECT_EQ(pp->Evict(5).code(), absl::StatusCode::kFailedPrecondition);  // held: never evicted
+  ASSERT_TRUE(pp->Release(5, 2, 4).ok());
+  EXPECT_EQ(pp->cached(), 1u);
+  EXPECT_EQ(pp->shared(), 0u);
+  EXPECT_EQ(pp->Release(5, 2, 4).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(pp->Evict(5).ok());
+  EXPECT_EQ(pp->stored(), 0u);
+  EXPECT_FALSE(pp->Lookup(Addr(100)).has_value());
+  // Lookups 4: miss (writing), hit, miss (evicted) + the AlreadyExists probe does not count.
+  EXPECT_EQ(pp->counters().lookups, 3u);
+  EXPECT_EQ(pp->counters().hits, 1u);
+  EXPECT_EQ(pp->counters().misses, 2u);
+  EXPECT_EQ(pp->counters().evictions, 1u);
+  // An abandoned write leaves nothing.
+  ASSERT_TRUE(pp->BeginWrite(Addr(200), 9, 3, 5).ok());
+  ASSERT_TRUE(pp->AbandonWrite(9).ok());
+  EXPECT_EQ(pp->stored(), 0u);
+  EXPECT_EQ(pp->counters().abandoned, 1u);
+  EXPECT_TRUE(pp->CheckInvariants().ok());
+}
+
+TEST(PrefixPages, ContentMismatchIsAMiss) {
+  auto pp = PrefixPages::Create({});
+  ASSERT_TRUE(pp->BeginWrite(Addr(100, /*content=*/7), 5, 1, 0).ok());
+  ASSERT_TRUE(pp->ConfirmWrite(5, 0, 0).ok());
+  EXPECT_FALSE(pp->Lookup(Addr(100, /*content=*/8)).has_value());
+  EXPECT_EQ(pp->counters().content_mismatches, 1u);
+  EXPECT_EQ(pp->counters().misses, 1u);
+  EXPECT_EQ(pp->Lookup(Addr(100, 7)), PageIndex{5});
+}
+
+// Stores pages 10, 11, 12 (writers 1, 2, 3) and makes them cached in the order 11, 10, 12.
+void StoreThree(PrefixPages& pp) {
+  for (PageIndex p : {10u, 11u, 12u}) {
+    ASSERT_TRUE(pp.BeginWrite(Addr(p), p, p - 9, 0).ok());
+    ASSERT_TRUE(pp.ConfirmWrite(p, 0, 0).ok());
+  }
+  ASSERT_TRUE(pp.Release(11, 2, 1).ok());
+  ASSERT_TRUE(pp.Release(10, 1, 2).ok());
+  ASSERT_TRUE(pp.Release(12, 3, 3).ok());
+}
+
+TEST(PrefixPages, EvictionOrderPerPolicy) {
+  auto lru = PrefixPages::Create({});
+  StoreThree(*lru);
+  EXPECT_EQ(lru->ChooseEvictions(2), (std::vector<PageIndex>{11, 10}));
+  // A hit and release of 11 makes it the most recently used: 10, 12, 11.
+  ASSERT_TRUE(lru->Acquire(11, 7, 4).ok());
+  ASSERT_TRUE(lru->Release(11, 7, 5).ok());
+  EXPECT_EQ(lru->ChooseEvictions(3), (std::vector<PageIndex>{10, 12, 11}));
+  EXPECT_EQ(lru->ChooseEvictions(3, [](PageIndex p) { return p != 12; }), (std::vector<PageIndex>{10, 11}));
+  auto fifo = PrefixPages::Create({.eviction_policy = "fifo"});
+  StoreThree(*fifo);
+  EXPECT_EQ(fifo->ChooseEvictions(3), (std::vector<PageIndex>{10, 11, 12}));  // stored order
+  EXPECT_EQ(PrefixPages::Create({.eviction_policy = "mru"}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PrefixPages, TenantQuota) {
+  auto pp = PrefixPages::Create({.eviction_policy = "lru", .tenant_quota_pages = 2});
+  ASSERT_TRUE(pp->BeginWrite(Addr(1, 7, /*tenant=*/50), 1, 1, 0).ok());
+  ASSERT_TRUE(pp->BeginWrite(Addr(2, 7, 50), 2, 1, 0).ok());
+  EXPECT_TRUE(pp->AtQuota(50));
+  EXPECT_FALSE(pp->QuotaVictim(50).has_value());  // nothing cached to give way
+  EXPECT_EQ(pp->BeginWrite(Addr(3, 7, 50), 3, 1, 0).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pp->counters().quota_refusals, 1u);
+  ASSERT_TRUE(pp->BeginWrite(Addr(4, 7, /*tenant=*/60), 4, 1, 0).ok());  // another tenant's quota is its own
+  ASSERT_TRUE(pp->ConfirmWrite(2, 0, 0).ok());
+  ASSERT_TRUE(pp->Release(2, 1, 1).ok());
+  EXPECT_EQ(pp->QuotaVictim(50), PageIndex{2});
+  EXPECT_FALSE(pp->QuotaVictim(60).has_value());
+  ASSERT_TRUE(pp->Evict(2).ok());
+  EXPECT_TRUE(pp->BeginWrite(Addr(3, 7, 50), 3, 1, 0).ok());
+  EXPECT_EQ(pp->tenant_pages(50), 2u);
+  EXPECT_EQ(pp->tenant_pages(60), 1u);
+  EXPECT_TRUE(pp->CheckInvariants().ok());
+}
+
+// ---------------------------------------------------------------- wired into ResidencyManager
+
+template <typename T>
+std::vector<T> OfType(const std::vector<Order>& orders) {
+  std::vector<T> out;
+  for (const Order& o : orders) {
+    if (const T* t = std::get_if<T>(&o)) out.push_back(*t);
+  }
+  return out;
+}
+
+constexpr uint32_t kPageRows = 4, kBlockTokens = 8;
+
+class PrefixResidencyTest : public ::testing::Test {
+ protected:
+  void Make(uint32_t host_pages, bool sharing = true, PrefixConfig prefix = {}, HostJournal* journal = nullptr) {
+    ResidencyConfig c;
+    c.reserve_pages = 0;
+    c.host_pages = host_pages;
+    c.host_page_bytes = 4096;
+    c.prefix_sharing = sharing;
+    c.prefix = prefix;
+    auto m = ResidencyManager::Create(c, [this] { return now_us_; }, journal);
+    ASSERT_TRUE(m.ok()) << m.status();
+    mgr_ = std::move(*m);
+    ASSERT_TRUE(mgr_->RegisterGpu(0, 100, 0).ok());
+  }
+  std::vector<Order> Do(absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    absl::Status inv = mgr_->CheckInvariants();
+    EXPECT_TRUE(inv.ok()) << inv;
+    now_us_ += 10;
+    return mgr_->DrainOrders();
+  }
+  // A request of `context_pages` pages (4 rows each) whose first `blocks` blocks of 8 tokens are the chain ids 1, 2,
+  // .. with digests `digest_base` + id; no history kept on GPU (hisparse) so every page is host-pending at the grant.
+  std::vector<Order> Admit(RequestId r, uint32_t context_pages, uint32_t blocks, std::string tenant = "",
+                           uint64_t digest_base = 1000) {
+    AdmitRequest a;
+    a.request = r;
+    a.required_pages = 1;
+    a.page_rows = kPageRows;
+    a.context_rows = uint64_t{context_pages} * kPageRows;
+    a.optional_history = false;
+    a.prefix.tenant = tenant;
+    a.prefix.block_tokens = kBlockTokens;
+    for (uint64_t b = 1; b <= blocks; ++b) {
+      a.prefix.block_ids.push_back(b);
+      a.prefix.block_digests.push_back(digest_base + b);
+    }
+    return Do(mgr_->Admit(a));
+  }
+  std::vector<Order> Written(RequestId r, std::vector<uint32_t> pages) {
+    std::vector<uint64_t> sums;
+    for (uint32_t h : pages) sums.push_back(0x1000 + h);
+    return Do(mgr_->OnHostCopyWritten(r, pages, {}, true, sums));
+  }
+  GrantOrder Grant(const std::vector<Order>& orders) {
+    auto g = OfType<GrantOrder>(orders);
+    EXPECT_EQ(g.size(), 1u);
+    return g.empty() ? GrantOrder{} : g[0];
+  }
+
+  int64_t now_us_ = 0;
+  std::unique_ptr<ResidencyManager> mgr_;
+};
+
+TEST_F(PrefixResidencyTest, HitIsGrantedHostBackedAndCountedOnce) {
+  Make(20);
+  // Request 1: 6 pages, a chain of 2 blocks = 16 rows = 4 shareable pages (h 0..3); nothing stored: 4 misses.
+  GrantOrder g1 = Grant(Admit(1, 6, 2));
+  EXPECT_TRUE(g1.host_backed_pages.empty());
+  EXPECT_EQ(mgr_->prefix()->writing(), 4u);
+  EXPECT_EQ(mgr_->prefix()->counters().misses, 4u);
+  Written(1, {0, 1, 2, 3, 4});  // 0..3 become shared (page 4 is private: beyond the chain)
+  EXPECT_EQ(mgr_->prefix()->shared(), 4u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 6u);
+  // Request 2, same chain, 6 pages: 4 hits, granted host-backed, 2 fresh host pages: 8 allocated, not 12.
+  GrantOrder g2 = Grant(Admit(2, 6, 2));
+  EXPECT_EQ(g2.host_backed_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(g2.imported_pages, 4u);
+  EXPECT_EQ(g2.host_backed_checksums, (std::vector<uint64_t>{0x1000, 0x1001, 0x1002, 0x1003}));
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(g2.host_pages[h], g1.host_pages[h]);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 8u);
+  EXPECT_EQ(mgr_->prefix()->counters().hits, 4u);
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(mgr_->prefix()->AtPage(g1.host_pages[h])->refs(), 2u);
+  // Complete 1: refs 1, still shared; its private pages 4, 5 freed: 6 allocated.
+  Do(mgr_->Complete(1));
+  EXPECT_EQ(mgr_->prefix()->shared(), 4u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 6u);
+  // Complete 2: 4 cached pages, still allocated (not free, not private).
+  Do(mgr_->Complete(2));
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+  EXPECT_EQ(mgr_->prefix()->shared(), 0u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
+  // Request 3: the same chain and tokens, 4 pages: 4 hits.
+  GrantOrder g3 = Grant(Admit(3, 4, 2, "", /*digest_base=*/1000));
+  EXPECT_EQ(g3.shared_pages.size(), 4u);
+  Do(mgr_->Complete(3));
+  AdmitRequest a;  // by hand: block 2's digest other
+  a.request = 4;
+  a.required_pages = 1;
+  a.page_rows = kPageRows;
+  a.context_rows = 4 * kPageRows;
+  a.optional_history = false;
+  a.prefix = PrefixChain{"", {1, 2}, {1001, 4242}, kBlockTokens};
+  GrantOrder g4 = Grant(Do(mgr_->Admit(a)));
+  EXPECT_EQ(g4.shared_pages, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(mgr_->prefix()->counters().content_mismatches, 2u);
+  // Its pages 2 and 3 stay private: the key is taken by the other content.
+  EXPECT_EQ(mgr_->prefix()->writing(), 0u);
+  Written(4, {2, 3});
+  EXPECT_EQ(mgr_->prefix()->stored(), 4u);
+  Do(mgr_->Complete(4));
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);  // the 4 cached pages
+}
+
+TEST_F(PrefixResidencyTest, CachedPagesNeverStarveAdmissionAndGoLeastRecentlyUsedFirst) {
+  Make(8);
+  GrantOrder g1 = Grant(Admit(1, 4, 2));
+  Written(1, {0, 1, 2, 3});
+  Do(mgr_->Complete(1));  // released h 0, 1, 2, 3 in that order: the LRU order
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+  // Request 2 needs 6 host pages, 4 are free: granted at once, evicting 2 cached pages: those of h 0 and 1.
+  GrantOrder g2 = Grant(Admit(2, 6, 0));
+  EXPECT_EQ(mgr_->prefix()->counters().evictions, 2u);
+  EXPECT_EQ(mgr_->prefix()->AtPage(g1.host_pages[0]), nullptr);
+  EXPECT_EQ(mgr_->prefix()->AtPage(g1.host_pages[1]), nullptr);
+  EXPECT_NE(mgr_->prefix()->AtPage(g1.host_pages[2]), nullptr);
+  EXPECT_NE(mgr_->prefix()->AtPage(g1.host_pages[3]), nullptr);
+  // A request that needs more than free + cached waits (8 pages: 0 free, 2 cached; held pages are not room).
+  auto o = Do(mgr_->Admit([] {
+    AdmitRequest a;
+    a.request = 3;
+    a.required_pages = 1;
+    a.context_pages = 8;
+    a.optional_history = false;
+    return a;
+  }()));
+  EXPECT_EQ(OfType<GrantOrder>(o).size(), 0u);
+  EXPECT_EQ(mgr_->prefix()->cached(), 2u);  // nothing evicted for an admission that still waits
+  auto done = Do(mgr_->Complete(2));  // 6 free + 2 cached: request 3 granted, both cached pages evicted
+  EXPECT_EQ(OfType<GrantOrder>(done).size(), 1u);
+  EXPECT_EQ(mgr_->prefix()->stored(), 0u);
+  EXPECT_EQ(mgr_->prefix()->counters().evictions, 4u);
+}
+
+TEST_F(PrefixResidencyTest, TwoTenantsNeverShare) {
+  Make(40);
+  Grant(Admit(1, 4, 2, "tenant-a"));
+  Written(1, {0, 1, 2, 3});
+  GrantOrder g2 = Grant(Admit(2, 4, 2, "tenant-b"));  // same ids and tokens, another tenant: no hit
+  EXPECT_TRUE(g2.shared_pages.empty());
+  Written(2, {0, 1, 2, 3});
+  EXPECT_EQ(mgr_->prefix()->shared(), 8u);
+  GrantOrder g3 = Grant(Admit(3, 4, 2, "tenant-a"));
+  EXPECT_EQ(g3.shared_pages.size(), 4u);
+  for (const auto& [page, p] : mgr_->prefix()->pages()) {
+    EXPECT_EQ(p.refs(), p.address.tenant == PrefixPages::TenantHash("tenant-a") ? 2u : 1u);
+  }
+}
+
+TEST_F(PrefixResidencyTest, QuotaKeepsATenantsOverflowPrivate) {
+  Make(40, true, PrefixConfig{.eviction_policy = "lru", .tenant_quota_pages = 3});
+  Grant(Admit(1, 4, 2, "a"));
+  EXPECT_EQ(mgr_->prefix()->writing(), 3u);  // the 4th shareable page is over the quota: private
+  EXPECT_EQ(mgr_->prefix()->counters().quota_refusals, 1u);
+  Written(1, {0, 1, 2, 3});
+  EXPECT_EQ(mgr_->prefix()->shared(), 3u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
+}
+
+TEST_F(PrefixResidencyTest, FenceKeepsReferencesAndAbandonsWrites) {
+  Make(20);
+  Grant(Admit(1, 4, 2));
+  Written(1, {0, 1});  // 0, 1 shared; 2, 3 still writing
+  GrantOrder g2 = Grant(Admit(2, 4, 2));
+  EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1}));  // pages being written are never imported
+  EXPECT_EQ(mgr_->prefix()->writing(), 2u);  // request 2 writes nothing: the keys of 2, 3 are taken (writing)
+  Do(mgr_->FenceGpu(0, "test"));
+  // Request 1 interrupted: keeps 0, 1 (shared, refs stay: 2 each), its writes of 2, 3 abandoned (pages freed).
+  EXPECT_EQ(mgr_->prefix()->writing(), 0u);
+  EXPECT_EQ(mgr_->prefix()->shared(), 2u);
+  for (const auto& [page, p] : mgr_->prefix()->pages()) EXPECT_EQ(p.refs(), 2u);
+  EXPECT_EQ(mgr_->prefix()->counters().abandoned, 2u);
+  Do(mgr_->Complete(1));
+  Do(mgr_->Complete(2));
+  EXPECT_EQ(mgr_->prefix()->cached(), 2u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 2u);
+}
+
+TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
+  std::vector<uint64_t> words(HostJournal::BytesFor(20) / 8 + 1);
+  auto journal = HostJournal::Attach({reinterpret_cast<uint8_t*>(words.data()), words.size() * 8}, 20);
+  ASSERT_TRUE(journal.ok());
+  journal->Format();
+  Make(20, true, {}, &*journal);
+  GrantOrder g1 = Grant(Admit(1, 6, 2));
+  Written(1, {0, 1, 2});  // 3 shared pages; page 3 still writing (its copy unconfirmed)
+  // memd dies: a new core verifies the journal and adopts it.
+  std::map<PageIndex, JournaledSharedPage> shared;
+  auto verified = journal->Verify(&shared);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_EQ(shared.size(), 3u);
+  ASSERT_EQ(verified->size(), 1u);
+  EXPECT_EQ(verified->at(1).confirmed.size(), 0u);  // its shared pages are the pool's, not its own
+  std::vector<AdoptedRequest> requests;
+  std::vector<AdoptedSharedPage> pages;
+  for (const auto& [page, sp] : shared) pages.push_back({page, sp.key, sp.content, sp.checksum});
+  EXPECT_EQ(pages[0].checksum, 0x1000u);
+  ResidencyConfig c;
+  c.host_pages = 20;
+  c.host_page_bytes = 4096;
+  c.prefix_sharing = true;
+  auto next = ResidencyManager::Create(c, [this] { return now_us_; }, &*journal);
+  ASSERT_TRUE(next.ok());
+  mgr_ = std::move(*next);
+  Do(mgr_->AdoptHostPages(requests, pages));
+  EXPECT_EQ(mgr_->prefix()->cached(), 3u);
+  Do(mgr_->ReleaseHeldPages());
+  ASSERT_TRUE(mgr_->RegisterGpu(0, 100, 0).ok());
+  GrantOrder g2 = Grant(Admit(2, 6, 2));
+  EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2}));
+  for (uint32_t h = 0; h < 3; ++h) EXPECT_EQ(g2.host_pages[h], g1.host_pages[h]);
+  EXPECT_EQ(g2.host_backed_checksums, (std::vector<uint64_t>{0x1000, 0x1001, 0x1002}));
+  // With sharing off, a restart frees them.
+  ResidencyConfig off = c;
+  off.prefix_sharing = false;
+  std::map<PageIndex, JournaledSharedPage> again;
+  ASSERT_TRUE(journal->Verify(&again).ok());
+  auto third = ResidencyManager::Create(off, [this] { return now_us_; }, &*journal);
+  mgr_ = std::move(*third);
+  std::vector<AdoptedSharedPage> pages2;
+  for (const auto& [page, sp] : again) pages2.push_back({page, sp.key, sp.content, sp.checksum});
+  std::vector<AdoptedRequest> reqs2;
+  auto journaled = journal->Verify();
+  ASSERT_TRUE(journaled.ok());
+  for (const auto& [id, jr] : *journaled) {
+    reqs2.push_back(AdoptedRequest{id, 0, 1, jr.context_pages, jr.confirmed, jr.checksums});
+  }
+  Do(mgr_->AdoptHostPages(reqs2, pages2));
+  EXPECT_EQ(mgr_->prefix(), nullptr);
+  EXPECT_EQ(journal->Verify(&again).ok(), true);
+  EXPECT_TRUE(again.empty());
+}
+
+TEST_F(PrefixResidencyTest, SharingOffIgnoresTheChain) {
+  Make(20, /*sharing=*/false);
+  Grant(Admit(1, 4, 2));
+  Written(1, {0, 1, 2, 3});
+  GrantOrder g2 = Grant(Admit(2, 4, 2));
+  EXPECT_TRUE(g2.host_backed_pages.empty());
+  EXPECT_TRUE(g2.shared_pages.empty());
+  EXPECT_EQ(mgr_->prefix(), nullptr);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 8u);
+}
+
+}  // namespace
+}  // namespace dhs::memd
