@@ -948,10 +948,11 @@ absl::Status ResidencyManager::CheckInvariants() const {
     if (absl::Status s = CheckRequest(r, owner, host_pages); !s.ok()) return s;
   }
   // Every allocated host page belongs to a live request, or is a shared or cached prefix page (issue 24).
-  if (host_pages.size() + state_.host.pages_of(kSharedOwner) != state_.host.allocated()) {
+  // (With sharing off kSharedOwner is an ordinary request id, counted in host_pages.)
+  const uint32_t shared_pages = state_.prefix ? state_.host.pages_of(kSharedOwner) : 0;
+  if (host_pages.size() + shared_pages != state_.host.allocated()) {
     return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests, %d shared",
-                                               state_.host.allocated(), host_pages.size(),
-                                               state_.host.pages_of(kSharedOwner)));
+                                               state_.host.allocated(), host_pages.size(), shared_pages));
   }
   if (absl::Status s = CheckPrefixPages(); !s.ok()) return s;
   if (absl::Status s = CheckCopiesAndOrders(owner); !s.ok()) return s;
@@ -972,10 +973,7 @@ absl::Status ResidencyManager::CheckInvariants() const {
 // is the host pool's kSharedOwner page, a writing page its writer's own page without a confirmed copy; cached +
 // shared + private + free == the pool; no two tenants on one page (one address each).
 absl::Status ResidencyManager::CheckPrefixPages() const {
-  if (!state_.prefix) {
-    if (state_.host.pages_of(kSharedOwner) != 0) return absl::InternalError("shared host pages with sharing off");
-    return absl::OkStatus();
-  }
+  if (!state_.prefix) return absl::OkStatus();
   const PrefixPages& prefix = *state_.prefix;
   if (absl::Status s = prefix.CheckInvariants(); !s.ok()) return s;
   std::map<PageIndex, std::set<RequestId>> holders;
@@ -1199,7 +1197,11 @@ absl::Status ResidencyManager::CheckCopiesAndOrders(std::map<GpuId, std::vector<
     }
     owner[c.gpu][c.gpu_page] = c.request;
   }
-  if (state_.host.pinned() != state_.copies.size()) {
+  // Pinned pages = the host pages of the copies in flight (a shared page read by two populations at once is one
+  // page: issue 24).
+  std::set<PageIndex> copied;
+  for (const auto& [cid, c] : state_.copies) copied.insert(c.host_page);
+  if (state_.host.pinned() != copied.size()) {
     return absl::InternalError(absl::StrFormat("%d host pages pinned, %d copies in flight", state_.host.pinned(),
                                                state_.copies.size()));
   }

@@ -1,0 +1,493 @@
+// Randomized test of the content-addressed host tier (issue 24) inside ResidencyManager, driven through the events
+// memd's daemon sends: admissions naming prefix chains (a few chains shared by many requests, two tenants with the
+// same block ids and tokens, and chains whose ids repeat with other tokens), HostCopyWritten, reclaims answered
+// (backups written, ReadersDone), populations answered, Complete at any time, fences and re-registrations, resumes,
+// and memd restarts that adopt the journal's shared pages. A small host pool forces evictions.
+//
+// The fake worker keeps what every host page really holds (the content it wrote: tenant, block ids and token digests
+// up to the page's block, page index; computed here with the header's hash, independently of the core), so every
+// import is checked for exactness: a grant's shared page must hold exactly what the request would have computed.
+// After every event, from the dump and the public tier (not the core's own recount): CheckInvariants; each shared
+// page's references = the requests whose confirmed host copies name it, a cached page none and never free in the host
+// pool; cached + shared + private + free == the pool; no page held by two tenants; a writing page never imported.
+// Seeds: 1..20 by default, or env DHS_SEED; events per seed: env DHS_EVENTS (2000).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+
+#include "memd/host_journal.h"
+#include "memd/residency_manager.h"
+#include "xxhash.h"
+
+namespace dhs::memd {
+namespace {
+
+constexpr uint32_t kGpus = 2, kM = 24, kHost = 40, kSlots = 6, kPageRows = 4, kBlockTokens = 8;
+
+struct Content {  // what a shareable page holds: its tenant, and the chain of (id, digest) up to its block; its page
+  std::string tenant;
+  std::vector<std::pair<uint64_t, uint64_t>> chain;
+  uint32_t page = 0;
+  bool operator==(const Content&) const = default;
+};
+
+struct MReq {
+  GpuId gpu = 0;
+  std::string tenant;
+  std::vector<uint64_t> ids, digests;
+  uint32_t context = 0;
+  bool granted = false, interrupted = false;
+  std::set<uint32_t> imported;  // history pages granted as shared
+  std::map<uint32_t, PageIndex> taken;  // a queued resume: the confirmed host copies it took over
+};
+
+Content ContentOf(const MReq& m, uint32_t h) {
+  const uint32_t b = ((h + 1) * kPageRows - 1) / kBlockTokens;
+  Content c{m.tenant, {}, h};
+  for (uint32_t i = 0; i <= b && i < m.ids.size(); ++i) c.chain.emplace_back(m.ids[i], m.digests[i]);
+  return c;
+}
+uint32_t Shareable(const MReq& m) {
+  return std::min<uint32_t>(static_cast<uint32_t>(m.ids.size()) * kBlockTokens / kPageRows, m.context);
+}
+
+class Harness {
+ public:
+  explicit Harness(uint64_t seed) : rng_(seed) {
+    journal_memory_.assign(HostJournal::BytesFor(kHost) / 8, 0);
+    journal_ = std::make_unique<HostJournal>(*HostJournal::Attach(Bytes(), kHost));
+    journal_->Format();
+    NewCore();
+    for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
+    up_.assign(kGpus, true);
+  }
+
+  void Step() {
+    ++now_;
+    const uint32_t dice = Pick(100);
+    if (dice < 22 && model_.size() < 14) return Admit();
+    if (dice < 40) return Written();
+    if (dice < 52 && !model_.empty()) return Complete(PickKey(model_));
+    if (dice < 60) return Run(mgr_->Populate());
+    if (dice < 70) return AnswerPopulate();
+    if (dice < 80) return AnswerReclaim();
+    if (dice == 80 && Pick(3) == 0) return Fence();
+    if (dice == 81) return Reregister();
+    if (dice < 85) return Resume();
+    if (dice == 85 && Pick(4) == 0 && now_ < 1500) return Restart();
+    if (dice == 86) return Run(mgr_->ReleaseHeldPages());
+    return Run(mgr_->RetryBackups());
+  }
+
+  void Drain() {
+    Run(mgr_->ReleaseHeldPages());
+    for (GpuId g = 0; g < kGpus; ++g) {
+      if (!up_[g]) Reregister(g);
+    }
+    for (int guard = 0; guard < 10000 && (!populates_.empty() || !reclaims_.empty()); ++guard) {
+      if (!populates_.empty()) AnswerPopulate();
+      if (!reclaims_.empty()) AnswerReclaim();
+    }
+    while (!model_.empty()) Complete(model_.begin()->first);
+    for (int guard = 0; guard < 10000 && (!populates_.empty() || !reclaims_.empty()); ++guard) {
+      if (!populates_.empty()) AnswerPopulate();
+      if (!reclaims_.empty()) AnswerReclaim();
+    }
+    // Everything released: only cached pages stay, each an allocated host page, none pinned.
+    EXPECT_EQ(mgr_->prefix()->shared() + mgr_->prefix()->writing(), 0u);
+    EXPECT_EQ(mgr_->host().allocated(), mgr_->prefix()->cached());
+    EXPECT_EQ(mgr_->host().pinned(), 0u);
+  }
+
+  uint64_t hits() const { return hits_; }
+  uint64_t mismatch_chains() const { return mismatch_chains_; }
+  uint64_t cross_tenant_chains() const { return cross_tenant_chains_; }
+  const PrefixCounters& counters() const { return mgr_->prefix()->counters(); }
+  uint64_t evictions() const { return evictions_ + mgr_->prefix()->counters().evictions; }
+  uint64_t max_cached() const { return max_cached_; }
+  uint64_t adopted() const { return adopted_; }
+
+ private:
+  std::span<uint8_t> Bytes() {
+    return {reinterpret_cast<uint8_t*>(journal_memory_.data()), journal_memory_.size() * 8};
+  }
+  void NewCore() {
+    ResidencyConfig c{.reserve_pages = 1, .host_pages = kHost, .host_page_bytes = 4096,
+                      .populate_pages_per_attempt = 3, .reclaim_policy = "largest-first", .prefix_sharing = true};
+    mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
+  }
+  uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
+  template <typename M>
+  typename M::key_type PickKey(const M& m) {
+    auto it = m.begin();
+    std::advance(it, Pick(static_cast<uint32_t>(m.size())));
+    return it->first;
+  }
+
+  // Chains: 3 families of 5 blocks (ids 100f + b, digests 7000 + 10f + b); a request takes a family's first 1..5
+  // blocks, a tenant "" or "t2", and sometimes block 1's tokens differ (digest + 1: same ids, other content).
+  void Admit() {
+    const RequestId r = next_id_++;
+    MReq m;
+    m.gpu = Pick(kGpus);
+    const uint32_t family = Pick(3), blocks = 1 + Pick(5);
+    m.tenant = Pick(3) == 0 ? "t2" : "";
+    cross_tenant_chains_ += m.tenant == "t2";
+    for (uint32_t b = 0; b < blocks; ++b) {
+      m.ids.push_back(100 * family + b);
+      m.digests.push_back(7000 + 10 * family + b + (b == 1 && Pick(6) == 0 ? 1 : 0));
+    }
+    mismatch_chains_ += blocks > 1 && m.digests[1] % 10 != 1;
+    m.context = Shareable(m) + Pick(4);
+    AdmitRequest a;
+    a.request = r;
+    a.gpu = m.gpu;
+    a.required_pages = 1 + Pick(3);
+    a.page_rows = kPageRows;
+    a.context_rows = uint64_t{m.context} * kPageRows;
+    a.history_pages = Pick(m.context + 1);
+    a.optional_history = Pick(3) != 0;
+    a.prefix = PrefixChain{m.tenant, m.ids, m.digests, kBlockTokens};
+    if (!up_[m.gpu]) {
+      EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kNotFound);
+      mgr_->DrainOrders();
+      return Check();
+    }
+    model_[r] = m;
+    Run(mgr_->Admit(a));
+  }
+
+  // The worker writes some of a granted request's computed pages and reports them (the bytes land first).
+  void Written() {
+    std::vector<RequestId> granted;
+    for (const auto& [id, m] : model_) {
+      if (m.granted && !m.interrupted && m.context > 0) granted.push_back(id);
+    }
+    if (granted.empty()) return Run(mgr_->Populate());
+    const RequestId r = granted[Pick(static_cast<uint32_t>(granted.size()))];
+    const MReq& m = model_.at(r);
+    const RequestDump d = Dump(r);
+    std::set<uint32_t> confirmed;
+    for (const auto& [h, p] : d.host_copies) confirmed.insert(h);
+    std::vector<uint32_t> pages;
+    std::vector<uint64_t> sums;
+    for (uint32_t h = 0; h < m.context; ++h) {
+      if (confirmed.contains(h) || Pick(2) != 0) continue;  // a confirmed page (shared ones too) is never rewritten
+      pages.push_back(h);
+      sums.push_back(1 + h);
+    }
+    if (pages.empty()) return Run(mgr_->Populate());
+    for (uint32_t h : pages) WriteBytes(m, h, HostPageOf(r, h));
+    Run(mgr_->OnHostCopyWritten(r, pages, {}, true, sums));
+  }
+
+  void WriteBytes(const MReq& m, uint32_t h, PageIndex host_page) {
+    // A shared page is immutable: no worker ever writes one (the core never hands one as a page to compute).
+    if (const SharedPage* p = mgr_->prefix()->AtPage(host_page); p && p->state != SharedPageState::kWriting) {
+      FAIL() << "host page " << host_page << " is " << SharedPageStateName(p->state) << " but assigned to be written";
+    }
+    bytes_[host_page] = ContentOf(m, h);
+  }
+
+  PageIndex HostPageOf(RequestId r, uint32_t h) { return host_pages_.at(r).at(h); }
+
+  RequestDump Dump(RequestId r) {
+    for (const RequestDump& d : mgr_->Dump().requests) {
+      if (d.request == r) return d;
+    }
+    ADD_FAILURE() << "request " << r;
+    return {};
+  }
+
+  void Complete(RequestId r) {
+    model_.erase(r);
+    host_pages_.erase(r);
+    for (auto& [o, rc] : reclaims_) rc.gone |= rc.request == r;
+    Run(mgr_->Complete(r));
+  }
+
+  void AnswerPopulate() {
+    if (populates_.empty()) return Run(mgr_->Populate());
+    auto it = populates_.begin();
+    std::advance(it, Pick(static_cast<uint32_t>(populates_.size())));
+    const PopulateOrder p = it->second;
+    populates_.erase(it);
+    // A population reads host pages: each must hold what the request needs there (shared or its own).
+    if (model_.contains(p.request)) {
+      for (size_t i = 0; i < p.history_pages.size(); ++i) {
+        const MReq& m = model_.at(p.request);
+        if (p.history_pages[i] < Shareable(m)) {
+          ASSERT_TRUE(bytes_.contains(p.host_pages[i]));
+          ASSERT_EQ(bytes_.at(p.host_pages[i]), ContentOf(m, p.history_pages[i])) << "populated wrong rows";
+        }
+      }
+    }
+    Run(mgr_->OnReadyPublish(p.order, {}, Pick(8) != 0));
+  }
+
+  void AnswerReclaim() {
+    if (reclaims_.empty()) return Run(mgr_->Populate());
+    auto it = reclaims_.begin();
+    Pending& rc = it->second;
+    const OrderId order = it->first;
+    if (!rc.backed_up) {
+      rc.backed_up = true;
+      if (!rc.order.backup_pages.empty()) {
+        if (!rc.gone && model_.contains(rc.request)) {
+          const auto& hp = host_pages_.at(rc.request);
+          for (PageIndex host : rc.order.backup_host_pages) {
+            for (const auto& [h, page] : hp) {
+              if (page == host) WriteBytes(model_.at(rc.request), h, host);
+            }
+          }
+        }
+        std::vector<uint64_t> sums(rc.order.backup_pages.size(), 77);
+        return Run(mgr_->OnBackupComplete(order, rc.order.backup_pages, true, {}, sums));
+      }
+    }
+    reclaims_.erase(it);
+    Run(mgr_->OnReadersDone(order));
+  }
+
+  void Fence() {
+    const GpuId g = Pick(kGpus);
+    if (!up_[g]) return Run(mgr_->Populate());
+    up_[g] = false;
+    for (auto it = model_.begin(); it != model_.end();) {
+      if (it->second.gpu != g) {
+        ++it;
+      } else if (it->second.granted || !it->second.taken.empty()) {  // a queued resume: interrupted again
+        it->second.granted = it->second.interrupted = true;
+        ++it;
+      } else {
+        fence_rejects_.insert(it->first);
+        host_pages_.erase(it->first);
+        it = model_.erase(it);
+      }
+    }
+    std::erase_if(reclaims_, [&](const auto& e) { return e.second.order.gpu == g; });
+    std::erase_if(populates_, [&](const auto& e) { return e.second.gpu == g; });
+    Run(mgr_->FenceGpu(g, "test"));
+  }
+
+  void Reregister(std::optional<GpuId> which = std::nullopt) {
+    const GpuId g = which ? *which : Pick(kGpus);
+    if (up_[g]) return Run(mgr_->Populate());
+    up_[g] = true;
+    Run(mgr_->RegisterGpu(g, kM, kSlots));
+  }
+
+  // The GPU's next worker resumes an interrupted request: same chain (a resume names it too).
+  void Resume() {
+    std::vector<RequestId> interrupted;
+    for (const auto& [id, m] : model_) {
+      if (m.interrupted && up_[m.gpu]) interrupted.push_back(id);
+    }
+    if (interrupted.empty()) return Run(mgr_->Populate());
+    const RequestId old = interrupted[Pick(static_cast<uint32_t>(interrupted.size()))];
+    MReq m = model_.at(old);
+    m.taken.clear();
+    for (const auto& [h, page] : Dump(old).host_copies) m.taken[h] = page;
+    const RequestId r = next_id_++;
+    AdmitRequest a;
+    a.request = r;
+    a.gpu = m.gpu;
+    a.required_pages = 1;
+    a.page_rows = kPageRows;
+    a.context_rows = uint64_t{m.context} * kPageRows;
+    a.optional_history = true;
+    a.host_backed = true;
+    a.resume_of = old;
+    a.prefix = PrefixChain{m.tenant, m.ids, m.digests, kBlockTokens};
+    model_.erase(old);
+    host_pages_.erase(old);
+    m.granted = m.interrupted = false;
+    m.imported.clear();
+    model_[r] = m;
+    Run(mgr_->Admit(a));
+  }
+
+  // memd dies: a new core verifies the journal (shared pages included) and adopts it; every worker says Hello
+  // again (their requests interrupted: the simple path, no report), queued admissions are gone.
+  void Restart() {
+    std::map<PageIndex, JournaledSharedPage> shared;
+    auto verified = journal_->Verify(&shared);
+    ASSERT_TRUE(verified.ok()) << verified.status();
+    ASSERT_EQ(shared.size(), mgr_->prefix()->shared() + mgr_->prefix()->cached()) << "a confirmed shared page lost";
+    std::vector<AdoptedRequest> adopted;
+    std::vector<AdoptedSharedPage> pages;
+    for (const auto& [page, sp] : shared) pages.push_back({page, sp.key, sp.content, sp.checksum});
+    for (const auto& [id, jr] : *verified) {
+      if (!jr.confirmed.empty()) {
+        adopted.push_back(AdoptedRequest{id, model_.at(id).gpu, 1, jr.context_pages, jr.confirmed, jr.checksums});
+      }
+    }
+    std::set<RequestId> keep;
+    for (const AdoptedRequest& a : adopted) keep.insert(a.request);
+    std::erase_if(model_, [&](const auto& e) { return !keep.contains(e.first); });
+    std::erase_if(host_pages_, [&](const auto& e) { return !keep.contains(e.first); });
+    for (auto& [id, m] : model_) m.granted = m.interrupted = true;
+    reclaims_.clear();
+    populates_.clear();
+    evictions_ += mgr_->prefix()->counters().evictions;
+    NewCore();
+    ASSERT_TRUE(mgr_->AdoptHostPages(adopted, pages).ok());
+    adopted_ += pages.size();
+    ASSERT_EQ(mgr_->prefix()->cached(), pages.size());
+    for (GpuId g = 0; g < kGpus; ++g) {
+      up_[g] = false;
+      if (!mgr_->fenced(g)) {
+        up_[g] = true;
+        ASSERT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
+      }
+    }
+    ASSERT_TRUE(mgr_->DrainOrders().empty());
+    Check();
+  }
+
+  void Run(absl::Status s) {
+    ASSERT_TRUE(s.ok()) << s;
+    for (const Order& o : mgr_->DrainOrders()) {
+      if (const auto* g = std::get_if<GrantOrder>(&o)) OnGrant(*g);
+      if (const auto* rc = std::get_if<ReclaimOrder>(&o)) reclaims_[rc->order] = Pending{rc->request, *rc};
+      if (const auto* p = std::get_if<PopulateOrder>(&o)) populates_[p->order] = *p;
+      if (const auto* rj = std::get_if<RejectOrder>(&o)) {
+        if (!fence_rejects_.erase(rj->request)) {
+          model_.erase(rj->request);
+          host_pages_.erase(rj->request);
+        }
+      }
+    }
+    Check();
+  }
+
+  void OnGrant(const GrantOrder& g) {
+    ASSERT_TRUE(model_.contains(g.request));
+    MReq& m = model_.at(g.request);
+    m.granted = true;
+    m.taken.clear();
+    auto& pages = host_pages_[g.request];
+    for (uint32_t h = 0; h < g.host_pages.size(); ++h) pages[h] = g.host_pages[h];
+    const std::set<uint32_t> backed(g.host_backed_pages.begin(), g.host_backed_pages.end());
+    for (uint32_t h : g.shared_pages) {
+      ASSERT_TRUE(backed.contains(h)) << "a shared page not host-backed";
+      ASSERT_LT(h, Shareable(m));
+      // Exactness: the shared page holds exactly what this request would have computed there.
+      ASSERT_TRUE(bytes_.contains(g.host_pages[h])) << "imported a page never written";
+      ASSERT_EQ(bytes_.at(g.host_pages[h]), ContentOf(m, h)) << "request " << g.request << " page " << h;
+      const SharedPage* p = mgr_->prefix()->AtPage(g.host_pages[h]);
+      ASSERT_NE(p, nullptr);
+      ASSERT_EQ(p->state, SharedPageState::kShared);
+      m.imported.insert(h);
+      ++hits_;
+    }
+  }
+
+  void Check() {
+    ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+    const PrefixPages& tier = *mgr_->prefix();
+    const HostPageAllocator& host = mgr_->host();
+    const StateDump d = mgr_->Dump();
+    // Holders from the dump: the requests whose confirmed host copies name a stored page.
+    std::map<PageIndex, std::set<RequestId>> holders;
+    for (const RequestDump& rd : d.requests) {
+      for (const auto& [h, page] : rd.host_copies) {
+        if (const SharedPage* p = tier.AtPage(page); p && p->state != SharedPageState::kWriting) {
+          holders[page].insert(rd.request);
+        }
+      }
+      if (rd.state != RequestState::kQueued) continue;
+      for (const auto& [h, page] : model_.at(rd.request).taken) {  // a queued resume's, from the model
+        if (tier.AtPage(page) != nullptr) holders[page].insert(rd.request);
+      }
+    }
+    uint32_t shared = 0, cached = 0;
+    for (const auto& [page, p] : tier.pages()) {
+      ASSERT_FALSE(host.is_free(page)) << "stored page " << page << " is free in the host pool";
+      if (p.state == SharedPageState::kWriting) continue;
+      shared += p.state == SharedPageState::kShared;
+      cached += p.state == SharedPageState::kCached;
+      const auto held = holders.contains(page) ? holders.at(page) : std::set<RequestId>{};
+      ASSERT_EQ(p.refs(), held.size()) << "page " << page << ": references != requests holding it";
+      ASSERT_EQ(p.holders, held);
+      ASSERT_EQ(p.state == SharedPageState::kCached, held.empty());
+      std::set<std::string> tenants;
+      for (RequestId id : held) tenants.insert(model_.at(id).tenant);
+      ASSERT_LE(tenants.size(), 1u) << "page " << page << " shared by two tenants";
+      if (!tenants.empty() && p.address.tenant != 0) {
+        ASSERT_EQ(p.address.tenant, PrefixPages::TenantHash(*tenants.begin()));
+      }
+    }
+    const uint32_t shared_pool = host.pages_of(kSharedOwner);
+    const uint32_t private_pages = host.allocated() - shared_pool;
+    const uint32_t free_pages = host.reusable() + host.freed_pinned();
+    ASSERT_EQ(shared + cached, shared_pool);
+    ASSERT_EQ(cached + shared + private_pages + free_pages, kHost);
+    max_cached_ = std::max<uint64_t>(max_cached_, cached);
+  }
+
+  struct Pending {
+    RequestId request = 0;
+    ReclaimOrder order;
+    bool backed_up = false, gone = false;
+  };
+  std::mt19937_64 rng_;
+  int64_t now_ = 0;
+  RequestId next_id_ = 1;
+  std::vector<uint64_t> journal_memory_;
+  std::unique_ptr<HostJournal> journal_;
+  std::unique_ptr<ResidencyManager> mgr_;
+  std::vector<bool> up_;
+  std::map<RequestId, MReq> model_;
+  std::map<RequestId, std::map<uint32_t, PageIndex>> host_pages_;
+  std::map<PageIndex, Content> bytes_;  // what each host page holds (the fake worker's writes)
+  std::map<OrderId, Pending> reclaims_;
+  std::map<OrderId, PopulateOrder> populates_;
+  std::set<RequestId> fence_rejects_;
+  uint64_t hits_ = 0, mismatch_chains_ = 0, cross_tenant_chains_ = 0, evictions_ = 0, max_cached_ = 0, adopted_ = 0;
+};
+
+TEST(PrefixRandom, InvariantsAfterEveryEvent) {
+  std::vector<uint64_t> seeds;
+  if (const char* s = std::getenv("DHS_SEED")) {
+    seeds.push_back(std::strtoull(s, nullptr, 10));
+  } else {
+    for (uint64_t s = 1; s <= 20; ++s) seeds.push_back(s);
+  }
+  const int events = std::getenv("DHS_EVENTS") ? std::atoi(std::getenv("DHS_EVENTS")) : 2000;
+  uint64_t hits = 0, evictions = 0, mismatches = 0, max_cached = 0, adopted = 0, lookups = 0;
+  for (uint64_t seed : seeds) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Harness h(seed);
+    for (int i = 0; i < events; ++i) {
+      h.Step();
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    h.Drain();
+    if (::testing::Test::HasFatalFailure()) return;
+    hits += h.hits();
+    evictions += h.evictions();
+    mismatches += h.counters().content_mismatches;
+    lookups += h.counters().lookups;
+    max_cached = std::max(max_cached, h.max_cached());
+    adopted += h.adopted();
+  }
+  std::printf("prefix random: %zu seeds x %d events: %llu shared pages imported, %llu lookups (last core), %llu "
+              "content mismatches (last core), %llu evictions, %llu shared pages adopted by restarts, at most %llu "
+              "cached at once\n",
+              seeds.size(), events, (unsigned long long)hits, (unsigned long long)lookups,
+              (unsigned long long)mismatches, (unsigned long long)evictions, (unsigned long long)adopted,
+              (unsigned long long)max_cached);
+  if (seeds.size() == 20 && events == 2000) {  // the default run exercises every part
+    EXPECT_GT(hits, 100u);
+    EXPECT_GT(evictions, 10u);
+    EXPECT_GT(mismatches, 0u);
+    EXPECT_GT(adopted, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace dhs::memd
