@@ -148,6 +148,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   config.host_page_bytes = options.page_bytes;
   config.populate_pages_per_attempt = options.populate_pages_per_attempt;
   config.reclaim_policy = options.reclaim_policy;
+  config.prefix_sharing = options.prefix_sharing;  // issue 24
+  config.prefix = PrefixConfig{options.prefix_eviction, options.prefix_tenant_quota_pages};
   auto core = ResidencyManager::Create(config, NowUs, journal.get());
   if (!core.ok()) {
     remove_segment();
@@ -155,7 +157,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   }
   std::unique_ptr<Daemon> d(new Daemon(std::move(options), std::move(pool->segment), std::move(journal),
                                        std::move(*router), std::move(*core), std::move(*record_journal)));
-  if (absl::Status s = d->AdoptLeftovers(pool->adopted, pool->reused); !s.ok()) {
+  if (absl::Status s = d->AdoptLeftovers(pool->adopted, pool->reused, pool->shared); !s.ok()) {
     d->keep_pool_ = pool->reused;  // a failed start never removes a pool it was to adopt (nor its records)
     return s;
   }
@@ -163,7 +165,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   return d;
 }
 
-absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused) {
+absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused,
+                                    const std::map<PageIndex, JournaledSharedPage>& shared) {
   // Records are kept even when the pool was replaced (other geometry, a journal that did not verify): their requests
   // come back interrupted with nothing kept, and the next worker resumes them by recomputing from their tokens.
   std::map<RequestId, JournaledRecord> records = record_journal_.LoadAll();
@@ -174,7 +177,10 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
     return !fits;
   });
   const std::vector<AdoptedRequest> adopted = AdoptionList(journaled, records);
-  if (absl::Status s = reused || !adopted.empty() ? core_->AdoptHostPages(adopted) : absl::OkStatus(); !s.ok()) {
+  std::vector<AdoptedSharedPage> shared_pages;  // issue 24: the journal's shared prefix pages (cached again)
+  for (const auto& [page, sp] : shared) shared_pages.push_back({page, sp.key, sp.content, sp.checksum});
+  if (absl::Status s = reused || !adopted.empty() ? core_->AdoptHostPages(adopted, shared_pages) : absl::OkStatus();
+      !s.ok()) {
     // A bug (Verify checked what AdoptHostPages checks); nothing was adopted, the next start begins afresh.
     return absl::InternalError(absl::StrFormat("adopting the journal of /dev/shm/%s failed (%s); it is removed",
                                                segment_->name(), s.message()));
@@ -570,6 +576,8 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view p
   admit.host_backed = a->host_backed;
   admit.resume_of = a->resume_of;
   admit.speculation = SpeculationShare{a->draft_ring_pages, a->staging_pages, a->draft_ring_bytes, a->staging_bytes};
+  // Issue 24 (prefix sharing): the tenant and prefix chain (the core ignores them while --prefix-sharing is off).
+  admit.prefix = PrefixChain{a->tenant, a->prefix_block_ids, a->prefix_block_digests, a->prefix_block_tokens};
   if (a->record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
     RequestRecord record = FromWireRecord(*a->record, a->gpu);
     if (absl::Status s = record_journal_.Open(a->request, record); !s.ok()) {
@@ -859,6 +867,7 @@ std::string Daemon::Encode(const GrantOrder& g) {
   w.imported_pages = g.imported_pages;
   w.host_backed_pages = g.host_backed_pages;
   w.host_backed_checksums = g.host_backed_checksums;
+  w.shared_pages = g.shared_pages;  // issue 24
   return EncodeAdmitGrant(w, AdmitSequence(g.request), kSender);
 }
 

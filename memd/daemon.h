@@ -68,6 +68,10 @@ struct DaemonOptions {
   uint32_t reserve_pages = 0;               // M_res per GPU
   std::string reclaim_policy = "largest-first";  // chosen by replay measurement: memd/README.md
   uint32_t populate_pages_per_attempt = 8;  // bound of one population attempt, pages (>= 1)
+  // Issue 24 (the content-addressed host tier, memd/prefix_pages.h): off by default (then byte-identical to before).
+  bool prefix_sharing = false;
+  std::string prefix_eviction = "lru";      // kPrefixEvictionPolicyNames
+  uint32_t prefix_tenant_quota_pages = 0;   // host pages one tenant may store; 0 = no quota
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-pool-<hash of the canonical run dir>"
@@ -135,7 +139,8 @@ class Daemon {
   // Start's last step: the journal's requests (`journaled`) and, when the pool was `reused`, the record files' granted
   // requests become interrupted requests (ResidencyManager::AdoptHostPages) with their records; other record files
   // are removed. Errors: INTERNAL when the core refuses the list (nothing adopted).
-  absl::Status AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused);
+  absl::Status AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused,
+                              const std::map<PageIndex, JournaledSharedPage>& shared = {});
   absl::StatusOr<std::string> OnHello(const Message& m, std::string_view peer);
   // A re-Hello with a report (a worker that survived a memd restart; ResidencyManager::AdoptGpu): fills the reply's
   // refused reports and keeps the reported records; returns why the Hello is refused ("" when accepted).

@@ -45,6 +45,7 @@ struct CommandLine {
   uint64_t adopt_grace_ms = 6000;
   uint64_t unreadable_segment_age_s = 3600;
   std::string metrics_address, log_level = "info";
+  std::string prefix_sharing = "off";  // --prefix-sharing off|on (issue 24)
   bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
 };
 
@@ -116,6 +117,17 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                "replace a leftover host pool of this run directory that cannot be adopted (another --page-bytes or "
                "pool size) although its journal still names requests: their host copies are dropped. Without it such "
                "a start fails (exit 1) naming the requests, their pages and the pool's geometry, and keeps the pool");
+  // Issue 24: the content-addressed host tier (memd/prefix_pages.h, docs/protocol.md "Prefix sharing").
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--prefix-sharing", c.prefix_sharing,
+                     "share host pages of complete prefix blocks across requests (off: every host page is one "
+                     "request's)")
+      ->capture_default_str();
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--prefix-eviction", o.prefix_eviction,
+                     "which cached prefix pages an admission evicts first")
+      ->capture_default_str();
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--prefix-tenant-quota-pages", o.prefix_tenant_quota_pages,
+                     "host pages one tenant may store as shared prefix pages (0: no quota)")
+      ->capture_default_str();
   dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--log-level", c.log_level,
                      absl::StrJoin(dhs::memd::MemdLogLevels(), ", "))
       ->capture_default_str();
@@ -167,6 +179,7 @@ bool SetPoolPages(CommandLine& c) {
   }
   c.options.host_pool_pages = static_cast<uint32_t>(pool_pages);
   c.options.worker_timeout = std::chrono::milliseconds(c.worker_timeout_ms);
+  c.options.prefix_sharing = c.prefix_sharing == "on";
   c.options.adopt_grace = std::chrono::milliseconds(c.adopt_grace_ms);
   c.options.unreadable_segment_age = std::chrono::seconds(c.unreadable_segment_age_s);
   return true;

@@ -15,12 +15,19 @@
 #include <vector>
 
 #include "common/daemon_flag.h"
+#include "memd/prefix_pages.h"     // kPrefixEvictionPolicyNames (issue 24)
 #include "memd/reclaim_policy.h"  // ReclaimPolicyNames: memd's reclaim policy owns them
 
 namespace dhs::memd {
 
 // --log-level: spdlog's levels memd takes.
 inline std::vector<std::string> MemdLogLevels() { return {"trace", "debug", "info", "warn", "error"}; }
+// --prefix-sharing (issue 24): off (the default: every host page one request's, as before) or on.
+inline std::vector<std::string> PrefixSharingModes() { return {"off", "on"}; }
+// --prefix-eviction: memd/prefix_pages.h's policies (kPrefixEvictionPolicyNames), the one list.
+inline std::vector<std::string> PrefixEvictionPolicyNames() {
+  return {std::begin(kPrefixEvictionPolicyNames), std::end(kPrefixEvictionPolicyNames)};
+}
 
 inline constexpr DaemonFlag kMemdFlags[] = {
     {"page_bytes", "--page-bytes", DaemonFlag::kSize, 64, INT64_MAX},
@@ -33,6 +40,10 @@ inline constexpr DaemonFlag kMemdFlags[] = {
     {"worker_timeout_ms", "--worker-timeout-ms", DaemonFlag::kUint, 100, 86400000},
     {"adopt_grace_ms", "--adopt-grace-ms", DaemonFlag::kUint, 0, 600000},
     {"log_level", "--log-level", DaemonFlag::kChoice, 0, 0, MemdLogLevels},
+    // Issue 24, the content-addressed host tier (memd/prefix_pages.h): off by default.
+    {"prefix_sharing", "--prefix-sharing", DaemonFlag::kChoice, 0, 0, PrefixSharingModes},
+    {"prefix_eviction", "--prefix-eviction", DaemonFlag::kChoice, 0, 0, PrefixEvictionPolicyNames},
+    {"prefix_tenant_quota_pages", "--prefix-tenant-quota-pages", DaemonFlag::kUint, 0, UINT32_MAX},
 };
 
 }  // namespace dhs::memd

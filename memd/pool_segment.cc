@@ -97,7 +97,7 @@ std::string CheckLeftover(std::unique_ptr<HostPoolSegment>& seg, uint64_t page_b
   }
   auto journal = HostJournal::Attach(seg->journal(), pages);
   if (!journal.ok()) return absl::StrFormat("it has no journal of %d pages", pages);
-  auto verified = journal->Verify();
+  auto verified = journal->Verify(&pool.shared);
   if (!verified.ok()) return absl::StrFormat("its journal does not verify: %s", verified.status().message());
   pool.journal.emplace(*journal);
   pool.adopted = std::move(*verified);

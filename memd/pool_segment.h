@@ -42,6 +42,7 @@ struct OpenedPool {
   std::unique_ptr<HostPoolSegment> segment;
   std::optional<HostJournal> journal;              // over segment->journal()
   std::map<RequestId, JournaledRequest> adopted;   // the verified journal's requests (empty: a new pool)
+  std::map<PageIndex, JournaledSharedPage> shared;  // its shared prefix pages (issue 24; empty: a new pool)
   bool reused = false;                             // a dead memd's segment whose journal verified
 };
 

@@ -1409,6 +1409,13 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
   const HostPageAllocator& host = state_.host;
   d.host = HostDump{host.pages(), host.page_bytes(), host.reusable(), host.allocated(), host.pinned(),
                     host.freed_pinned()};
+  if (state_.prefix) {  // issue 24: counts only (O(1))
+    const PrefixPages& p = *state_.prefix;
+    const PrefixCounters& c = p.counters();
+    d.prefix = PrefixDump{true, std::string(p.policy_name()), p.config().tenant_quota_pages, p.writing(), p.shared(),
+                          p.cached(), c.lookups, c.hits, c.misses, c.content_mismatches, c.stored, c.abandoned,
+                          c.evictions, c.quota_refusals, c.adopted};
+  }
   return d;
 }
 

@@ -292,13 +292,31 @@ DumpScope DumpScopeOf(const DumpView& view) {
   return scope;
 }
 
+json PrefixJson(const PrefixDump& p) {
+  return json{{"eviction_policy", p.eviction_policy}, {"tenant_quota_pages", p.tenant_quota_pages},
+              {"writing_pages", p.writing_pages}, {"shared_pages", p.shared_pages}, {"cached_pages", p.cached_pages},
+              {"lookups", p.lookups}, {"hits", p.hits}, {"misses", p.misses},
+              {"content_mismatches", p.content_mismatches}, {"stored", p.stored}, {"abandoned", p.abandoned},
+              {"evictions", p.evictions}, {"quota_refusals", p.quota_refusals}, {"adopted", p.adopted}};
+}
+
+std::string PrefixLine(const PrefixDump& p) {
+  return absl::StrFormat(
+      "prefix sharing (%s): %d shared, %d cached, %d writing host pages; %d lookups, %d hits, %d misses (%d content "
+      "mismatches), %d evictions\n",
+      p.eviction_policy, p.shared_pages, p.cached_pages, p.writing_pages, p.lookups, p.hits, p.misses,
+      p.content_mismatches, p.evictions);
+}
+
 nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
   switch (view.kind) {
     case DumpView::Kind::kStatus: {
       json gpus = json::array();
       for (const GpuDump& g : d.gpus) gpus.push_back(GpuJson(g));
-      return json{{"policy", d.policy}, {"now_us", d.now_us}, {"gpus", gpus}, {"requests", d.request_count},
+      json status{{"policy", d.policy}, {"now_us", d.now_us}, {"gpus", gpus}, {"requests", d.request_count},
                   {"host", HostJson(d.host)}};
+      if (d.prefix.enabled) status["prefix"] = PrefixJson(d.prefix);  // issue 24
+      return status;
     }
     case DumpView::Kind::kGpus: {
       json gpus = json::array();
@@ -335,6 +353,7 @@ std::string DumpToTable(const StateDump& d, const DumpView& view) {
     case DumpView::Kind::kStatus:
       out = absl::StrFormat("policy %s, %d requests, host pool %d/%d pages reusable (%d pinned)\n", d.policy,
                             d.request_count, d.host.reusable_pages, d.host.pages, d.host.pinned_pages);
+      if (d.prefix.enabled) out += PrefixLine(d.prefix);  // issue 24
       out += GpuHeader();
       for (const GpuDump& g : d.gpus) out += GpuRow(g);
       return out + GpuSpeculationLines(d) + GpuWorkerLines(d);
@@ -427,6 +446,23 @@ void AppendGpuRegistrations(const StateDump& d, std::string& out) {
 }
 
 // The host pool's pages by kind and the request count.
+// Issue 24: the host tier's pages and lookups (only when prefix sharing is on).
+void AppendPrefix(const PrefixDump& p, std::string& out) {
+  if (!p.enabled) return;
+  out += "# HELP dhs_memd_prefix_pages Shared prefix host pages by state.\n# TYPE dhs_memd_prefix_pages gauge\n";
+  const std::pair<const char*, uint32_t> pages[] = {
+      {"writing", p.writing_pages}, {"shared", p.shared_pages}, {"cached", p.cached_pages}};
+  for (const auto& [state, v] : pages) absl::StrAppendFormat(&out, "dhs_memd_prefix_pages{state=\"%s\"} %d\n", state, v);
+  const std::pair<const char*, uint64_t> counters[] = {
+      {"lookups", p.lookups},   {"hits", p.hits},           {"misses", p.misses},
+      {"content_mismatches", p.content_mismatches},          {"stored", p.stored},
+      {"abandoned", p.abandoned}, {"evictions", p.evictions}, {"quota_refusals", p.quota_refusals},
+      {"adopted", p.adopted}};
+  for (const auto& [name, v] : counters) {
+    absl::StrAppendFormat(&out, "# TYPE dhs_memd_prefix_%s_total counter\ndhs_memd_prefix_%s_total %d\n", name, name, v);
+  }
+}
+
 void AppendHostPages(const StateDump& d, std::string& out) {
   out += "# HELP dhs_memd_host_pages Host pool pages by kind.\n# TYPE dhs_memd_host_pages gauge\n";
   const std::pair<const char*, uint32_t> host[] = {{"total", d.host.pages},
@@ -494,6 +530,7 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
   AppendGpuPages(d, out);
   AppendGpuRegistrations(d, out);
   AppendHostPages(d, out);
+  AppendPrefix(d.prefix, out);
   AppendCounters(c, daemon, out);
   return out;
 }

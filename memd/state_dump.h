@@ -132,6 +132,19 @@ struct DumpScope {
   bool page_runs = false;
 };
 
+// The content-addressed host tier (issue 24, memd/prefix_pages.h): shown (status view, Prometheus) only when enabled,
+// so a memd with --prefix-sharing off renders exactly what it did before.
+struct PrefixDump {
+  bool enabled = false;
+  std::string eviction_policy;
+  uint32_t tenant_quota_pages = 0;   // 0: none
+  uint32_t writing_pages = 0;        // being written by their first request (not importable)
+  uint32_t shared_pages = 0;         // held by >= 1 request
+  uint32_t cached_pages = 0;         // held by none, kept until an admission needs the room
+  uint64_t lookups = 0, hits = 0, misses = 0, content_mismatches = 0;  // shareable pages looked up at grants
+  uint64_t stored = 0, abandoned = 0, evictions = 0, quota_refusals = 0, adopted = 0;
+};
+
 struct StateDump {
   std::string policy;
   int64_t now_us = 0;
@@ -139,6 +152,7 @@ struct StateDump {
   std::vector<RequestDump> requests;  // ascending request id (queued ones included); empty with kCounts
   size_t request_count = 0;           // requests known (queued ones included): requests.size() of a full dump
   HostDump host;
+  PrefixDump prefix;  // issue 24
 };
 
 // Event and order counters since start (monotonic), exported to Prometheus.

@@ -13,6 +13,7 @@
 #include "memd/host_journal.h"
 #include "memd/prefix_pages.h"
 #include "memd/residency_manager.h"
+#include "memd/state_dump.h"
 #include "xxhash.h"
 
 namespace dhs::memd {
@@ -447,6 +448,32 @@ TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
   EXPECT_EQ(mgr_->prefix(), nullptr);
   EXPECT_EQ(journal->Verify(&again).ok(), true);
   EXPECT_TRUE(again.empty());
+}
+
+TEST_F(PrefixResidencyTest, CountersInStatusAndPrometheusOnlyWhenOn) {
+  Make(20);
+  Grant(Admit(1, 4, 2));
+  Written(1, {0, 1, 2, 3});
+  Grant(Admit(2, 4, 2));  // 4 hits
+  Do(mgr_->Complete(1));
+  Do(mgr_->Complete(2));  // 4 cached
+  const StateDump d = mgr_->Dump();
+  const nlohmann::json j = DumpToJson(d, DumpView{});
+  ASSERT_TRUE(j.contains("prefix"));
+  EXPECT_EQ(j["prefix"]["lookups"], 8);
+  EXPECT_EQ(j["prefix"]["hits"], 4);
+  EXPECT_EQ(j["prefix"]["misses"], 4);
+  EXPECT_EQ(j["prefix"]["cached_pages"], 4);
+  EXPECT_EQ(j["prefix"]["eviction_policy"], "lru");
+  const std::string prom = RenderPrometheus(d, mgr_->counters(), {});
+  EXPECT_NE(prom.find("dhs_memd_prefix_hits_total 4\n"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("dhs_memd_prefix_pages{state=\"cached\"} 4\n"), std::string::npos);
+  EXPECT_NE(DumpToTable(d, DumpView{}).find("4 cached"), std::string::npos);
+  Make(20, /*sharing=*/false);
+  const StateDump off = mgr_->Dump();
+  EXPECT_FALSE(DumpToJson(off, DumpView{}).contains("prefix"));
+  EXPECT_EQ(RenderPrometheus(off, mgr_->counters(), {}).find("prefix"), std::string::npos);
+  EXPECT_EQ(DumpToTable(off, DumpView{}).find("prefix"), std::string::npos);
 }
 
 TEST_F(PrefixResidencyTest, SharingOffIgnoresTheChain) {
