@@ -59,6 +59,7 @@ DumpView ViewOf(const wire::IntrospectQueryT& q) {
     case wire::IntrospectWhat::Pages: v.kind = DumpView::Kind::kPages; break;
     case wire::IntrospectWhat::Queue: v.kind = DumpView::Kind::kQueue; break;
     case wire::IntrospectWhat::Timeline: break;  // answered before (OnIntrospect), never a dump view
+    case wire::IntrospectWhat::Prefixes: v.kind = DumpView::Kind::kPrefixes; break;  // issue 24
   }
   v.request = q.request;
   v.gpu = q.gpu;

@@ -104,7 +104,8 @@ absl::StatusOr<std::vector<PrefixAddress>> PrefixPages::Addresses(const PrefixCh
   for (uint32_t h = 0; h < pages; ++h) {
     const uint64_t b = ((uint64_t{h} + 1) * page_rows - 1) / chain.block_tokens;  // the block of its last row
     const uint64_t words[3] = {chain_hash[b], page_rows, h};
-    out.push_back(PrefixAddress{HashWords(words, kPageSeed), content[b], tenant, static_cast<uint32_t>(b + 1), h});
+    out.push_back(
+        PrefixAddress{HashWords(words, kPageSeed), content[b], tenant, static_cast<uint32_t>(b + 1), h, chain_hash[b]});
   }
   return out;
 }

@@ -84,6 +84,7 @@ struct PrefixAddress {
   uint64_t tenant = 0;   // t (0: unknown, a page adopted from a journal)
   uint32_t blocks = 0;   // chain length up to its block (0: unknown, adopted)
   uint32_t page = 0;     // history page h
+  uint64_t chain = 0;    // c_b: the block chain hash up to its block (dhsctl prefixes groups by it; 0: adopted)
   bool operator==(const PrefixAddress&) const = default;
 };
 

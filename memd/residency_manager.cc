@@ -1353,6 +1353,34 @@ StateDump ResidencyManager::Dump(DumpDetail detail) const {
   return d;
 }
 
+namespace {
+// The `prefixes` view (issue 24): stored pages grouped by (tenant, blocks, chain); an adopted page (chain unknown) is
+// a row of its own (keyed by its content key).
+std::vector<PrefixDump::Chain> PrefixChains(const PrefixPages& p) {
+  std::map<std::tuple<uint64_t, uint32_t, uint64_t>, std::pair<PrefixDump::Chain, std::set<RequestId>>> rows;
+  for (const auto& [page, sp] : p.pages()) {
+    const PrefixAddress& a = sp.address;
+    const uint64_t chain = a.chain != 0 ? a.chain : a.key;
+    auto& [row, holders] = rows[{a.tenant, a.blocks, chain}];
+    row.tenant = a.tenant;
+    row.chain = a.chain;
+    row.blocks = a.blocks;
+    ++row.pages;
+    row.shared += sp.state == SharedPageState::kShared;
+    row.cached += sp.state == SharedPageState::kCached;
+    row.writing += sp.state == SharedPageState::kWriting;
+    row.last_use_us = std::max(row.last_use_us, sp.last_use_us);
+    holders.insert(sp.holders.begin(), sp.holders.end());
+  }
+  std::vector<PrefixDump::Chain> out;
+  for (auto& [key, row] : rows) {
+    row.first.holders = static_cast<uint32_t>(row.second.size());
+    out.push_back(row.first);
+  }
+  return out;
+}
+}  // namespace
+
 StateDump ResidencyManager::Dump(const DumpScope& scope) const {
   StateDump d;
   d.policy = std::string(policy_->name());
@@ -1414,7 +1442,8 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
     const PrefixCounters& c = p.counters();
     d.prefix = PrefixDump{true, std::string(p.policy_name()), p.config().tenant_quota_pages, p.writing(), p.shared(),
                           p.cached(), c.lookups, c.hits, c.misses, c.content_mismatches, c.stored, c.abandoned,
-                          c.evictions, c.quota_refusals, c.adopted};
+                          c.evictions, c.quota_refusals, c.adopted, {}};
+    if (scope.prefix_chains) d.prefix.chains = PrefixChains(p);
   }
   return d;
 }

@@ -264,11 +264,13 @@ absl::StatusOr<DumpView> ParseDumpView(std::string_view text) {
   else if (word == "gpus") v.kind = DumpView::Kind::kGpus;
   else if (word == "requests") v.kind = DumpView::Kind::kRequests;
   else if (word == "queue") v.kind = DumpView::Kind::kQueue;
+  else if (word == "prefixes") v.kind = DumpView::Kind::kPrefixes;
   else if (word == "request") { v.kind = DumpView::Kind::kRequest; v.request = n; }
   else if (word == "pages") { v.kind = DumpView::Kind::kPages; v.gpu = static_cast<GpuId>(n); }
   else {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "unknown view '%s' (views: status, gpus, requests, request ID, pages GPU, queue)", std::string(text)));
+        "unknown view '%s' (views: status, gpus, requests, request ID, pages GPU, queue, prefixes)",
+        std::string(text)));
   }
   if (v.kind == DumpView::Kind::kPages) {
     if (absl::Status s = ParsePageOptions(words, v); !s.ok()) return s;
@@ -287,6 +289,7 @@ DumpScope DumpScopeOf(const DumpView& view) {
       scope.page_count = std::clamp<uint32_t>(view.count, 1, kMaxPageRows);
       scope.page_runs = view.runs;
       break;
+    case DumpView::Kind::kPrefixes: scope.prefix_chains = true; break;
     default: break;  // status, gpus, queue: the counts alone
   }
   return scope;
@@ -298,6 +301,28 @@ json PrefixJson(const PrefixDump& p) {
               {"lookups", p.lookups}, {"hits", p.hits}, {"misses", p.misses},
               {"content_mismatches", p.content_mismatches}, {"stored", p.stored}, {"abandoned", p.abandoned},
               {"evictions", p.evictions}, {"quota_refusals", p.quota_refusals}, {"adopted", p.adopted}};
+}
+
+// `prefixes`: one object per chain (issue 24); {"enabled": false, "chains": []} with sharing off.
+json PrefixesJson(const PrefixDump& p) {
+  json chains = json::array();
+  for (const PrefixDump::Chain& c : p.chains) {
+    chains.push_back(json{{"tenant", absl::StrFormat("%016x", c.tenant)}, {"chain", absl::StrFormat("%016x", c.chain)},
+                          {"blocks", c.blocks}, {"pages", c.pages}, {"shared", c.shared}, {"cached", c.cached},
+                          {"writing", c.writing}, {"holders", c.holders}, {"last_use_us", c.last_use_us}});
+  }
+  return json{{"enabled", p.enabled}, {"chains", chains}};
+}
+
+std::string PrefixesTable(const PrefixDump& p) {
+  if (!p.enabled) return "prefix sharing is off (memd --prefix-sharing on)\n";
+  std::string out = absl::StrFormat("%-16s %-16s %6s %5s %6s %6s %7s %7s %14s\n", "tenant", "chain", "blocks", "pages",
+                                    "shared", "cached", "writing", "holders", "last_use_us");
+  for (const PrefixDump::Chain& c : p.chains) {
+    absl::StrAppendFormat(&out, "%016x %016x %6d %5d %6d %6d %7d %7d %14d\n", c.tenant, c.chain, c.blocks, c.pages,
+                          c.shared, c.cached, c.writing, c.holders, c.last_use_us);
+  }
+  return out;
 }
 
 std::string PrefixLine(const PrefixDump& p) {
@@ -343,6 +368,7 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
       return PagesJson(*g, view);
     }
     case DumpView::Kind::kQueue: return QueueJson(d);
+    case DumpView::Kind::kPrefixes: return PrefixesJson(d.prefix);
   }
   return json{{"error", "unknown view"}};
 }
@@ -350,6 +376,7 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
 std::string DumpToTable(const StateDump& d, const DumpView& view) {
   std::string out;
   switch (view.kind) {
+    case DumpView::Kind::kPrefixes: return PrefixesTable(d.prefix);  // issue 24
     case DumpView::Kind::kStatus:
       out = absl::StrFormat("policy %s, %d requests, host pool %d/%d pages reusable (%d pinned)\n", d.policy,
                             d.request_count, d.host.reusable_pages, d.host.pages, d.host.pinned_pages);

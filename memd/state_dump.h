@@ -130,6 +130,7 @@ struct DumpScope {
   PageIndex page_from = 0;
   uint32_t page_count = 0;           // rows: pages, or runs when page_runs
   bool page_runs = false;
+  bool prefix_chains = false;        // issue 24: the host tier's chains (PrefixDump::chains)
 };
 
 // The content-addressed host tier (issue 24, memd/prefix_pages.h): shown (status view, Prometheus) only when enabled,
@@ -143,6 +144,18 @@ struct PrefixDump {
   uint32_t cached_pages = 0;         // held by none, kept until an admission needs the room
   uint64_t lookups = 0, hits = 0, misses = 0, content_mismatches = 0;  // shareable pages looked up at grants
   uint64_t stored = 0, abandoned = 0, evictions = 0, quota_refusals = 0, adopted = 0;
+  // The stored pages grouped by block chain (tenant, chain up to a block), ascending (tenant, blocks, chain); only in
+  // the `prefixes` view (DumpScope::prefix_chains). Adopted pages (chain unknown) are one row each, blocks 0.
+  struct Chain {
+    uint64_t tenant = 0;      // the tenant salt's hash (0: unknown)
+    uint64_t chain = 0;       // the block chain hash (0: unknown)
+    uint32_t blocks = 0;      // chain length (0: unknown)
+    uint32_t pages = 0;       // stored pages of the chain's last block
+    uint32_t shared = 0, cached = 0, writing = 0;  // of them, by state
+    uint32_t holders = 0;     // distinct requests holding any of them
+    int64_t last_use_us = 0;  // the latest use of any of them (memd's clock, microseconds)
+  };
+  std::vector<Chain> chains;
 };
 
 struct StateDump {
@@ -207,7 +220,7 @@ struct DaemonCounters {
 
 // A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu> [from F] [count N] [runs]", "queue".
 struct DumpView {
-  enum class Kind { kStatus, kGpus, kRequests, kRequest, kPages, kQueue };
+  enum class Kind { kStatus, kGpus, kRequests, kRequest, kPages, kQueue, kPrefixes };  // kPrefixes: issue 24
   Kind kind = Kind::kStatus;
   RequestId request = 0;  // kRequest
   GpuId gpu = 0;          // kPages

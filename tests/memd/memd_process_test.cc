@@ -2361,5 +2361,83 @@ TEST_F(MemdProcess, AFailedOrMisconfiguredStartNeverTouchesAnAdoptablePool) {
   EXPECT_EQ(DhsctlJson("request " + std::to_string(a))["host_pages"], 0);
 }
 
+// Issue 24, prefix sharing end to end through memd's socket (--prefix-sharing on): a fake worker's first request
+// names a chain of 2 blocks of 32 tokens (4 pages of 16 rows) and confirms their host copies; a second request of the
+// same chain is granted those 4 host pages as shared, host-backed pages (AdmitGrant.shared_pages), a third of another
+// tenant is not; dhsctl prefixes and GET /metrics show it; after a SIGKILL of memd the next memd adopts the 4 shared
+// pages from the journal (cached) and grants them again.
+class MemdPrefix : public MemdProcess {
+ protected:
+  MemdPrefix() { extra_args_ = {"--prefix-sharing", "on", "--adopt-grace-ms", "0"}; }
+  static void Chain(wire::AdmitRequestT& a, const std::string& tenant) {
+    a.tenant = tenant;
+    a.prefix_block_ids = {11, 12};
+    a.prefix_block_digests = {101, 102};
+    a.prefix_block_tokens = 2 * kPageRows;
+  }
+  wire::AdmitGrantT AdmitChain(FakeWorker& w, RequestId r, const std::string& tenant) {
+    wire::AdmitRequestT a;
+    a.request = r;
+    a.gpu = w.gpu();
+    a.required_pages = 1;
+    a.history_rows = 6 * kPageRows;  // 6 pages, 4 of them shareable
+    a.optional_history = false;
+    Chain(a, tenant);
+    w.Send(EncodeAdmitRequest(a, w.seq(), "worker"));
+    auto m = w.NextOf(wire::Body::AdmitGrant);
+    EXPECT_TRUE(m.has_value());
+    return m ? *ReadAdmitGrant(*m) : wire::AdmitGrantT();
+  }
+};
+
+TEST_F(MemdPrefix, SharedPagesAreGrantedAcrossRequestsAndSurviveAMemdRestart) {
+  std::vector<uint32_t> shared_hosts;
+  {
+    FakeWorker w(run_dir_, 0);
+    ASSERT_TRUE(w.Hello(32).accepted);
+    const wire::AdmitGrantT g1 = AdmitChain(w, w.Id(1), "");
+    EXPECT_TRUE(g1.shared_pages.empty());
+    wire::HostCopyWrittenT written;
+    written.request = w.Id(1);
+    written.gpu = 0;
+    written.history_pages = {0, 1, 2, 3};
+    written.checksums = {7, 8, 9, 10};
+    written.ok = true;
+    w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+    const wire::AdmitGrantT g2 = AdmitChain(w, w.Id(2), "");
+    EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+    EXPECT_EQ(g2.host_backed_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+    EXPECT_EQ(g2.host_backed_checksums, (std::vector<uint64_t>{7, 8, 9, 10}));
+    for (uint32_t h = 0; h < 4; ++h) {
+      EXPECT_EQ(g2.backup_host_pages[h].page(), g1.backup_host_pages[h].page());
+      shared_hosts.push_back(g1.backup_host_pages[h].page());
+    }
+    const wire::AdmitGrantT g3 = AdmitChain(w, w.Id(3), "other-tenant");
+    EXPECT_TRUE(g3.shared_pages.empty());
+    const std::string metrics = MetricsWith("dhs_memd_prefix_hits_total 4");
+    EXPECT_NE(metrics.find("dhs_memd_prefix_hits_total 4\n"), std::string::npos) << metrics;
+    EXPECT_NE(metrics.find("dhs_memd_prefix_pages{state=\"shared\"} 4\n"), std::string::npos) << metrics;
+    const json chains = DhsctlJson("prefixes")["chains"];
+    ASSERT_EQ(chains.size(), 4u) << chains;  // 2 chains (1 and 2 blocks) of each tenant: 2 pages each
+    uint32_t holders_of_shared = 0;
+    for (const json& c : chains) holders_of_shared += c["shared"] == 2 ? c["holders"].get<uint32_t>() : 0;
+    EXPECT_EQ(holders_of_shared, 4u);  // requests 1 and 2 on each of the default tenant's two chains
+    auto [rc, table] = Dhsctl("prefixes");
+    EXPECT_EQ(rc, 0);
+    EXPECT_NE(table.find("holders"), std::string::npos) << table;
+    EXPECT_EQ(DhsctlJson("status")["prefix"]["shared_pages"], 4);
+  }
+  KillMemd();
+  Spawn();
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  EXPECT_EQ(DhsctlJson("status")["prefix"]["cached_pages"], 4);
+  EXPECT_EQ(DhsctlJson("status")["prefix"]["adopted"], 4);
+  const wire::AdmitGrantT g4 = AdmitChain(w, w.Id(1, 2), "");
+  EXPECT_EQ(g4.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(g4.backup_host_pages[h].page(), shared_hosts[h]);
+  EXPECT_EQ(g4.host_backed_checksums, (std::vector<uint64_t>{7, 8, 9, 10}));
+}
+
 }  // namespace
 }  // namespace dhs

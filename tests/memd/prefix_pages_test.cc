@@ -469,7 +469,26 @@ TEST_F(PrefixResidencyTest, CountersInStatusAndPrometheusOnlyWhenOn) {
   EXPECT_NE(prom.find("dhs_memd_prefix_hits_total 4\n"), std::string::npos) << prom;
   EXPECT_NE(prom.find("dhs_memd_prefix_pages{state=\"cached\"} 4\n"), std::string::npos);
   EXPECT_NE(DumpToTable(d, DumpView{}).find("4 cached"), std::string::npos);
+  // The prefixes view (dhsctl prefixes): one chain of 2 blocks (pages 2, 3) and one of 1 block (pages 0, 1), cached.
+  auto view = ParseDumpView("prefixes");
+  ASSERT_TRUE(view.ok());
+  const StateDump pd = mgr_->Dump(DumpScopeOf(*view));
+  ASSERT_EQ(pd.prefix.chains.size(), 2u);
+  EXPECT_EQ(pd.prefix.chains[0].blocks, 1u);
+  EXPECT_EQ(pd.prefix.chains[1].blocks, 2u);
+  for (const auto& c : pd.prefix.chains) {
+    EXPECT_EQ(c.pages, 2u);
+    EXPECT_EQ(c.cached, 2u);
+    EXPECT_EQ(c.holders, 0u);
+    EXPECT_EQ(c.tenant, PrefixPages::TenantHash(""));
+  }
+  const nlohmann::json pj = DumpToJson(pd, *view);
+  EXPECT_EQ(pj["chains"].size(), 2u);
+  EXPECT_EQ(pj["chains"][1]["blocks"], 2);
+  EXPECT_TRUE(mgr_->Dump().prefix.chains.empty());  // other views do not list them
+  EXPECT_NE(DumpToTable(pd, *view).find("holders"), std::string::npos);
   Make(20, /*sharing=*/false);
+  EXPECT_EQ(DumpToJson(mgr_->Dump(DumpScopeOf(*view)), *view)["enabled"], false);
   const StateDump off = mgr_->Dump();
   EXPECT_FALSE(DumpToJson(off, DumpView{}).contains("prefix"));
   EXPECT_EQ(RenderPrometheus(off, mgr_->counters(), {}).find("prefix"), std::string::npos);

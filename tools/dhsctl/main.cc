@@ -157,6 +157,9 @@ void AddCommands(CLI::App& app, Args& a) {
   pages->add_flag("--runs", q.page_runs, "run-length rows: first page, count, state, owner of each run");
   pages->callback([&q] { q.what = dhs::wire::IntrospectWhat::Pages; });
   app.add_subcommand("queue", "queued admissions per GPU")->callback([&q] { q.what = dhs::wire::IntrospectWhat::Queue; });
+  // Issue 24: the content-addressed host tier's chains (memd --prefix-sharing on).
+  app.add_subcommand("prefixes", "shared prefix chains in the host tier: tenant, blocks, pages, holders, last use")
+      ->callback([&q] { q.what = dhs::wire::IntrospectWhat::Prefixes; });
   a.watch = app.add_subcommand("watch", "repeat a view (status, gpus, requests, queue)");
   a.watch->add_option("--interval", a.interval_s, "seconds between refreshes, in (0, 86400]")
       ->capture_default_str()
