@@ -41,7 +41,7 @@ struct ResidencyConfig {
   // The content-addressed host tier (issue 24, memd/prefix_pages.h): off by default (memd --prefix-sharing off):
   // admissions' prefix chains are then ignored and memd behaves exactly as without it.
   bool prefix_sharing = false;
-  PrefixConfig prefix;  // eviction policy, per-tenant quota (used when prefix_sharing)
+  PrefixConfig prefix = {};  // eviction policy, per-tenant quota (used when prefix_sharing)
 };
 
 // A request slot's share of its worker's speculation memory, a required allocation (brief §2 "required allocation",
