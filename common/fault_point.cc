@@ -12,7 +12,8 @@
 namespace dhs {
 namespace {
 
-constexpr std::array<std::string_view, kFaultPoints> kNames = {"prefill", "decode", "backup", "populate", "reclaim"};
+constexpr std::array<std::string_view, kFaultPoints> kNames = {"prefill", "decode", "backup", "populate", "reclaim",
+                                                             "complete"};
 
 std::atomic<bool> g_armed{false};
 std::mutex g_mutex;
@@ -27,7 +28,7 @@ absl::StatusOr<FaultKill> ParseFaultKill(std::string_view spec) {
   const size_t colon = spec.find(':');
   if (colon == std::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat("fault kill '", std::string(spec), "': want KIND:N (KIND one of prefill, "
-                                                   "decode, backup, populate, reclaim; N >= 1)"));
+                                                   "decode, backup, populate, reclaim, complete; N >= 1)"));
   }
   const std::string_view kind = spec.substr(0, colon), count = spec.substr(colon + 1);
   FaultKill kill;
@@ -35,7 +36,7 @@ absl::StatusOr<FaultKill> ParseFaultKill(std::string_view spec) {
   while (k < kNames.size() && kNames[k] != kind) ++k;
   if (k == kNames.size()) {
     return absl::InvalidArgumentError(absl::StrCat("fault kill '", std::string(spec), "': unknown kind '", std::string(kind),
-                                                   "' (prefill, decode, backup, populate, reclaim)"));
+                                                   "' (prefill, decode, backup, populate, reclaim, complete)"));
   }
   kill.point = static_cast<FaultPoint>(k);
   uint64_t n = 0;
@@ -60,6 +61,12 @@ void ArmFaultKill(const FaultKill& kill) {
   g_kill = kill;
   g_counter = new FaultCounter(kill);
   g_armed.store(true, std::memory_order_release);
+}
+
+bool FaultKillArmedAt(FaultPoint point) {
+  if (!g_armed.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_kill.point == point;
 }
 
 void ReachFaultPoint(FaultPoint point) {

@@ -12,6 +12,11 @@
 //             not yet reported to memd)
 //   populate  ResidencyAgent::OnPopulateOrder: the order's host->device copies issued, none published or answered
 //   reclaim   ResidencyAgent::OnReclaimOrder: the order's backups issued, BackupComplete not sent
+//   complete  Worker::OnCompleteAck: memd acknowledged a request's Complete (it released the request and its record)
+//             while its final chunk has not left the worker: a worker armed at this kind keeps every final TokenChunk
+//             back (ServingFrontend never sends it; FaultKillArmedAt), modelling a final chunk still queued in the
+//             dying process (the client outbox, or ZeroMQ's send queue, which its I/O thread writes out on its own
+//             schedule, independent of the memd socket's). The "lost end" interleaving of workerd/README.md "Restart".
 //
 // Thread-safety: ArmFaultKill before the serving threads start; ReachFaultPoint from any thread; FaultCounter none.
 #pragma once
@@ -26,9 +31,10 @@
 
 namespace dhs {
 
-enum class FaultPoint : uint8_t { kPrefill = 0, kDecode = 1, kBackup = 2, kPopulate = 3, kReclaim = 4 };
-inline constexpr size_t kFaultPoints = 5;
-std::string_view FaultPointName(FaultPoint point);  // "prefill", "decode", "backup", "populate", "reclaim"
+enum class FaultPoint : uint8_t { kPrefill = 0, kDecode = 1, kBackup = 2, kPopulate = 3, kReclaim = 4, kComplete = 5 };
+inline constexpr size_t kFaultPoints = 6;
+// "prefill", "decode", "backup", "populate", "reclaim", "complete"
+std::string_view FaultPointName(FaultPoint point);
 
 // Kill at the nth (>= 1) arrival at `point`.
 struct FaultKill {
@@ -59,5 +65,7 @@ void ArmFaultKill(const FaultKill& kill);
 // Counts an arrival at `point`; at the armed arrival writes "fault injection: SIGKILL at KIND:N" to stderr and raises
 // SIGKILL (the process dies there, as under `kill -9`). No-op unless armed.
 void ReachFaultPoint(FaultPoint point);
+// Whether the process-wide kill is armed at a point of kind `point` (false when unarmed).
+bool FaultKillArmedAt(FaultPoint point);
 
 }  // namespace dhs

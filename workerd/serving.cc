@@ -1,6 +1,8 @@
 // workerd/serving.cc: see serving.h.
 #include "workerd/serving.h"
 
+#include "common/fault_point.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -291,6 +293,9 @@ void ServingFrontend::Accepted(const ClientRef& client, const wire::SubmitAccept
 }
 
 absl::Status ServingFrontend::Chunk(const ClientRef& client, const wire::TokenChunkT& chunk) {
+  // Test-only (common/fault_point.h, kind "complete"): a worker armed to die when memd acknowledges a Complete keeps
+  // its final chunks back, as if each were still queued in this process when it dies.
+  if (chunk.finished && FaultKillArmedAt(FaultPoint::kComplete)) return absl::OkStatus();
   return Send(client.peer, EncodeTokenChunk(chunk, client.sequence, sender_),
               chunk.finished ? ReplyKind::kEnd : ReplyKind::kStream);
 }

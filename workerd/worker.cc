@@ -235,6 +235,7 @@ void Worker::OnAdmitReject(const wire::AdmitRejectT& m) {
 
 void Worker::OnCompleteAck(const wire::CompleteAckT& m) {
   book_.OnCompleteAck(m.request);
+  ReachFaultPoint(FaultPoint::kComplete);  // test-only: memd released the request (common/fault_point.h)
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 

@@ -16,7 +16,8 @@ TEST(FaultPoint, ParsesEveryKind) {
                                                       {"decode", FaultPoint::kDecode},
                                                       {"backup", FaultPoint::kBackup},
                                                       {"populate", FaultPoint::kPopulate},
-                                                      {"reclaim", FaultPoint::kReclaim}};
+                                                      {"reclaim", FaultPoint::kReclaim},
+                                                      {"complete", FaultPoint::kComplete}};
   for (const auto& [name, point] : kinds) {
     const std::string spec = std::string(name) + ":17";
     absl::StatusOr<FaultKill> kill = ParseFaultKill(spec);

@@ -242,7 +242,7 @@ void AddFaultOptions(CLI::App& app, ReplayOptions& o) {
       ->check(CLI::IsMember({"exponential", "uniform"}))->capture_default_str();
   app.add_option("--kill-worker-at", o.kill_worker_at,
                  "Fault injection (test-only kill points): the k-th worker start SIGKILLs itself at the N-th KIND "
-                 "point (prefill, decode, backup, populate, reclaim); random:K draws K points from the seed; repeatable");
+                 "point (prefill, decode, backup, populate, reclaim, complete); random:K draws K points from the seed; repeatable");
   app.add_flag("--corrupt-host-page-for-test", o.corrupt_host_page_for_test,
                "TEST ONLY: flip a byte of a recorded host page before the first timed kill (host_rows_lost > 0)");
 }
