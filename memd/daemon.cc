@@ -490,6 +490,11 @@ absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view p
   for (RequestId id : reply.interrupted_requests) {
     if (const RequestRecord* rec = records_.Find(id)) reply.interrupted_records.push_back(ToWireRecord(id, *rec));
   }
+  if (reply.accepted && !hello->rehello) {  // lost ends: the outputs the dead worker may not have delivered
+    for (const auto& [id, rec] : records_.FinishedRecords(hello->gpu)) {
+      reply.finished_records.push_back(ToWireRecord(id, rec));
+    }
+  }
   spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}, {} interrupted "
                "requests", hello->gpu, hello->pid, hello->device_name, hello->capacity_pages, hello->page_rows,
                reply.worker_epoch, reply.interrupted_requests.size());
@@ -713,7 +718,23 @@ absl::StatusOr<std::string> Daemon::OnComplete(const Message& m, std::string_vie
   if (absl::Status s = core_->Complete(c->request); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Complete: ", s.message()));
   }
+  if (c->keep_output) KeepFinishedRecord(*c);  // before the CompleteAck releases the record
   return FlushOrders(m.sequence);  // the CompleteAck answers this message
+}
+
+void Daemon::KeepFinishedRecord(const wire::CompleteT& c) {
+  // Lost ends (workerd/README.md "Restart: a finished request's end"): the record, completed with the tokens it may
+  // lack, outlives the request until the GPU's next worker says Hello. Not journaled: a worker that outlives memd
+  // still holds the final chunk it owes.
+  absl::Status s = records_.Commit(c.request, c.output_from, c.output_tokens, c.output_digests);
+  absl::StatusOr<size_t> dropped = s.ok() ? records_.KeepFinished(c.request) : absl::StatusOr<size_t>(s);
+  if (!dropped.ok()) {
+    DHS_LOG_LIMITED(spdlog::level::warn, "memd: Complete of request {}: its output is not kept for a lost end: {}",
+                    c.request, dropped.status().ToString());
+  } else if (*dropped > 0) {
+    DHS_LOG_LIMITED(spdlog::level::info, "memd: {} finished records dropped (bound {} records / {} bytes per GPU)",
+                    *dropped, records_.limits().max_finished_records, records_.limits().max_finished_bytes);
+  }
 }
 
 absl::StatusOr<std::string> Daemon::OnTokensCommitted(const Message& m, std::string_view peer) {

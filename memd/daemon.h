@@ -208,6 +208,8 @@ class Daemon {
   std::map<GpuId, GpuInfo> gpus_;
   RequestRecordStore records_;  // the requests' records for resume (opened with AdmitRequest.record)
   RecordJournal record_journal_;  // records_ mirrored in RUN_DIR/records, for the next memd
+  // Complete.keep_output: the request's record (with Complete's output tokens) goes to records_'s finished ones.
+  void KeepFinishedRecord(const wire::CompleteT& c);
   // Drops a request's record from records_ and from record_journal_ (both: they mirror each other).
   void ReleaseRecord(RequestId request) {
     records_.Release(request);

@@ -85,6 +85,45 @@ bool RequestRecordStore::Release(RequestId request) {
   return true;
 }
 
+absl::StatusOr<size_t> RequestRecordStore::KeepFinished(RequestId request) {
+  auto it = records_.find(request);
+  if (it == records_.end()) return absl::NotFoundError(absl::StrFormat("request %d has no record", request));
+  if (it->second.tokens.size() < it->second.max_new_tokens) {
+    return absl::FailedPreconditionError(absl::StrFormat("request %d: %d of its %d tokens committed: not finished",
+                                                         request, it->second.tokens.size(),
+                                                         it->second.max_new_tokens));
+  }
+  RequestRecord record = std::move(it->second);
+  gpu_bytes_[record.gpu] -= record.bytes();
+  records_.erase(it);
+  record.prompt.clear();
+  record.prompt.shrink_to_fit();
+  record.hash_ids.clear();
+  record.hash_ids.shrink_to_fit();
+  if (record.bytes() > limits_.max_finished_bytes) return 1;  // over the bound alone: the older ones stay
+  Finished& f = finished_[record.gpu];
+  f.bytes += record.bytes();
+  f.records.emplace_back(request, std::move(record));
+  size_t dropped = 0;
+  while (f.records.size() > limits_.max_finished_records || f.bytes > limits_.max_finished_bytes) {
+    f.bytes -= f.records.front().second.bytes();
+    f.records.pop_front();
+    ++dropped;
+  }
+  return dropped;
+}
+
+std::vector<std::pair<RequestId, RequestRecord>> RequestRecordStore::FinishedRecords(GpuId gpu) const {
+  auto it = finished_.find(gpu);
+  if (it == finished_.end()) return {};
+  return {it->second.records.begin(), it->second.records.end()};
+}
+
+size_t RequestRecordStore::finished(GpuId gpu) const {
+  auto it = finished_.find(gpu);
+  return it == finished_.end() ? 0 : it->second.records.size();
+}
+
 const RequestRecord* RequestRecordStore::Find(RequestId request) const {
   auto it = records_.find(request);
   return it == records_.end() ? nullptr : &it->second;

@@ -15,10 +15,13 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/types.h"
 
 namespace dhs::memd {
@@ -47,6 +50,10 @@ struct RecordLimits {
   uint64_t max_record_bytes = uint64_t{4} << 20;   // one record at most (RequestRecord::bytes), bytes
   uint64_t max_total_bytes = uint64_t{48} << 20;   // all records of one GPU at most, bytes (a HelloReply carries
                                                    // those of its interrupted requests: under kMaxMessageBytes)
+  // Finished records (KeepFinished), per GPU: the latest this many / bytes (RequestRecord::bytes, no input) are kept.
+  // With max_total_bytes a HelloReply stays under kMaxMessageBytes (64 MiB).
+  size_t max_finished_records = 256;
+  uint64_t max_finished_bytes = uint64_t{8} << 20;
 };
 
 class RequestRecordStore {
@@ -67,6 +74,17 @@ class RequestRecordStore {
                       const std::vector<uint64_t>& digests);
   // Forgets `request`'s record; false when it had none.
   bool Release(RequestId request);
+  // Lost ends (workerd/README.md "Restart: a finished request's end"): `request` finished with all its tokens; its
+  // record leaves the live ones (Find no longer sees it) for its GPU's finished records, without its input (prompt
+  // and hash_ids emptied: only the output is handed on), newest last. The oldest finished records of that GPU beyond
+  // max_finished_records / max_finished_bytes are forgotten (a record over max_finished_bytes alone goes at once, the
+  // older ones stay); returns how many. Errors (nothing changes): NOT_FOUND (no record), FAILED_PRECONDITION (fewer
+  // committed tokens than max_new_tokens).
+  absl::StatusOr<size_t> KeepFinished(RequestId request);
+  // The finished records of `gpu`, oldest first (node request id, record), copied: they stay until newer ones push
+  // them out (a worker that dies again after answering an Attach from one leaves it to the next).
+  std::vector<std::pair<RequestId, RequestRecord>> FinishedRecords(GpuId gpu) const;
+  size_t finished(GpuId gpu) const;
 
   const RequestRecord* Find(RequestId request) const;
   size_t size() const { return records_.size(); }
@@ -79,6 +97,11 @@ class RequestRecordStore {
   RecordLimits limits_;
   std::map<RequestId, RequestRecord> records_;
   std::map<GpuId, uint64_t> gpu_bytes_;
+  struct Finished {
+    std::deque<std::pair<RequestId, RequestRecord>> records;  // oldest first
+    uint64_t bytes = 0;
+  };
+  std::map<GpuId, Finished> finished_;
 };
 
 }  // namespace dhs::memd

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view
     c->AdoptWorkerTimeout(reply->worker_timeout_ms);
     c->interrupted_ = reply->interrupted_requests;
     c->records_ = std::move(reply->interrupted_records);
+    c->finished_records_ = std::move(reply->finished_records);
     c->last_heard_ = std::chrono::steady_clock::now();
     if (!reply->segments.empty()) {
       const wire::HostSegmentInfoT& info = *reply->segments[0];

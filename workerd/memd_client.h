@@ -125,6 +125,9 @@ class MemdClient final : public MemdLink {
   absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override;
   // HelloReply.interrupted_records: the records memd kept of those requests (the ones that have one).
   const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const { return records_; }
+  // HelloReply.finished_records (lost ends, workerd/README.md "Restart"): outputs of the previous epoch's finished
+  // requests, for their clients' Attach (Worker::KeepFinishedOutputs).
+  const std::vector<std::unique_ptr<wire::RequestRecordT>>& finished_records() const { return finished_records_; }
 
  private:
   MemdClient(std::unique_ptr<DealerClient> dealer, std::string sender, GpuId gpu, std::string run_dir)
@@ -158,6 +161,7 @@ class MemdClient final : public MemdLink {
   void AdoptWorkerTimeout(uint32_t memd_worker_timeout_ms);
   absl::Status ended_;  // ABORTED once the epoch ended
   std::vector<uint64_t> interrupted_;
+  std::vector<std::unique_ptr<wire::RequestRecordT>> finished_records_;
   std::vector<std::string> held_;  // memd's messages received by KeepAlive, for the first Poll (start-up)
   std::vector<std::unique_ptr<wire::RequestRecordT>> records_;
   uint64_t commit_seq_ = 0;  // the TokensCommitted in flight (0: none): one at a time

@@ -152,8 +152,7 @@ absl::Status ResidencyAgent::OnGrant(const wire::AdmitGrantT& m, uint64_t comple
 
 void ResidencyAgent::RefuseGrant(const wire::AdmitGrantT& m) { SendComplete(m.request); }
 
-void ResidencyAgent::SendComplete(RequestId request) {
-  wire::CompleteT c;
+void ResidencyAgent::SendComplete(RequestId request, wire::CompleteT c) {
   c.request = request;
   c.gpu = config_.gpu;
   Sent(memd_->SendComplete(c), "Complete");
@@ -616,7 +615,7 @@ absl::Status ResidencyAgent::RebuildKv(RequestId request) {
   return PlanKv(request, *g);
 }
 
-void ResidencyAgent::EndRequest(RequestId request) {
+void ResidencyAgent::EndRequest(RequestId request, wire::CompleteT complete) {
   RememberFinished(request);
   // Populate orders in flight die with the request, but memd frees their GPU pages only when they are answered
   // (contract §5): each is answered unpublished once its copies into those pages ended (Poll).
@@ -653,7 +652,7 @@ void ResidencyAgent::EndRequest(RequestId request) {
   std::erase_if(reclaims_, [&](const auto& e) { return e.second.order.request == request; });
   std::erase_if(populates_, [&](const auto& e) { return e.second.order.request == request; });
   granted_.erase(request);
-  SendComplete(request);
+  SendComplete(request, std::move(complete));
   for (Cancelled& x : cancelled) cancelled_.push_back(std::move(x));
 }
 

@@ -102,7 +102,8 @@ class ResidencyAgent {
 
   // The request ended (finished, failed or cancelled): waits for the copies memd would free pages under, answers its
   // populate orders once their copies ended, forgets its orders, releases its KV and sends Complete (contract §6).
-  void EndRequest(RequestId request);
+  // `complete`'s output fields (keep_output, output_*) go with it; its request and gpu are set here.
+  void EndRequest(RequestId request, wire::CompleteT complete = {});
 
   // memd died (issue 11, docs/protocol.md "Re-Hello with a report"; the link's MemdSession serves away: the Worker
   // moved it before this call, and moves it back before ReturnFromAway): its orders are resolved here, nothing is
@@ -191,7 +192,7 @@ class ResidencyAgent {
   // Page `page` of `request` is not on GPU page `dp` that memd gave it (Granted::lost).
   void LoseGpuPage(RequestId request, uint32_t page, PageIndex dp);
   // Complete{request} to memd (the end of a request, or a grant refused).
-  void SendComplete(RequestId request);
+  void SendComplete(RequestId request, wire::CompleteT c = {});
   void IssueBackup(const wire::ReclaimOrderT& m, size_t i, const BackupItem& item, Reclaim& rc);
   void AdvanceReclaims();
   // Step 1 of a reclaim: BackupComplete once its copies ended. Returns false while it must wait, or when the order

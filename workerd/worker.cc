@@ -255,11 +255,12 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
                                                     record.max_new_tokens));
   }
   // Not resumed (a bad record, or every token committed): the interrupted id ends, memd frees what it kept.
-  auto end_interrupted = [&]() -> absl::Status {
+  auto end_interrupted = [&](bool finished = false) -> absl::Status {
     if (interrupted == 0) return absl::OkStatus();  // a refused report memd holds nothing of (ReturnFromAway)
     wire::CompleteT done;
     done.request = interrupted;
     done.gpu = config_.gpu;
+    done.keep_output = finished;  // its output waits here for its client: memd keeps it too (lost ends)
     if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
     }
@@ -272,7 +273,7 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
   }
   ++stats_.requests_resumed;
   if (record.tokens.size() >= record.max_new_tokens) {  // every token was committed: nothing to compute
-    if (absl::Status s = end_interrupted(); !s.ok()) return s;
+    if (absl::Status s = end_interrupted(/*finished=*/true); !s.ok()) return s;
     spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
                  record.client_request, record.max_new_tokens);
     DropUnclaimed(book_.KeepDetached(
@@ -303,6 +304,32 @@ absl::Status Worker::Resume(RequestId interrupted, const wire::RequestRecordT& r
                interrupted, r->client_id, r->id, r->resumed, r->input.size());
   requests_.emplace(r->id, std::move(r));  // detached: found by Attach through (client identity, client id)
   return absl::OkStatus();
+}
+
+size_t Worker::KeepFinishedOutputs(const std::vector<std::unique_ptr<wire::RequestRecordT>>& records) {
+  size_t kept = 0;
+  for (const auto& rec : records) {
+    if (rec == nullptr) continue;
+    if (rec->tokens.size() != rec->max_new_tokens || rec->logits_digests.size() != rec->tokens.size()) {
+      spdlog::warn("worker: finished record of request {} (client {}) skipped: {} tokens, {} digests, max_new {}",
+                   rec->request, rec->client_request, rec->tokens.size(), rec->logits_digests.size(),
+                   rec->max_new_tokens);
+      continue;
+    }
+    // A resumed request of that key waits for its client (clients without an identity share keys): it is the one.
+    if (book_.FindDetached({rec->client, rec->client_request}) != nullptr) continue;
+    DropUnclaimed(book_.KeepDetached(
+        {rec->client, rec->client_request},
+        DetachedOutput{std::vector<model::Token>(rec->tokens.begin(), rec->tokens.end()), rec->logits_digests,
+                       absl::OkStatus()},
+        std::chrono::steady_clock::now()));
+    ++kept;
+  }
+  if (kept > 0) {
+    spdlog::info("worker: {} outputs of requests the previous worker finished are kept for a client whose final "
+                 "chunk died with it (Attach)", kept);
+  }
+  return kept;
 }
 
 absl::Status Worker::Attach(RequestId client_id, uint32_t received, const ClientRef& client,
@@ -797,7 +824,16 @@ void Worker::Finish(RequestId id, absl::Status error) {
   if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
   rounds_->Release(r.spec);
   ReportEnd(r, error);
-  agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
+  // A finished request's final chunk may still be queued in this process (the client outbox, ZeroMQ's queue): memd
+  // keeps its output past the Complete, for the next worker should this one die first (README.md "Restart").
+  wire::CompleteT complete;
+  if (error.ok() && r.generated.size() >= r.max_new && r.digests.size() == r.generated.size()) {
+    complete.keep_output = true;
+    complete.output_from = 0;  // all of them: memd checks the overlap with its record (equal), appends the rest
+    for (model::Token t : r.generated) complete.output_tokens.push_back(static_cast<uint8_t>(t));
+    complete.output_digests = r.digests;
+  }
+  agent_->EndRequest(id, std::move(complete));  // copies memd would free pages under end first; KV released; Complete
   Erase(it, /*completed=*/true);  // a waiting one's grant may cross the Complete (RequestBook::StaleGrant)
 }
 

@@ -173,6 +173,11 @@ class Worker final : public MemdHandler, public Submitter {
   // `interrupted` = 0: a request memd holds nothing of (a re-Hello's refused report): admitted afresh with its record
   // (every row recomputed), nothing is ended.
   absl::Status Resume(RequestId interrupted, const wire::RequestRecordT& record);
+  // Lost ends (README.md "Restart: a finished request's end"): the outputs of requests the GPU's previous worker
+  // finished (HelloReply.finished_records: every token, no input), each kept for its client's Attach as a resumed
+  // request's finished output (the same bound; nothing is admitted, no Complete). A record whose tokens are not all
+  // there (tokens != max_new_tokens or digests' length differs) is logged and skipped. Returns how many were kept.
+  size_t KeepFinishedOutputs(const std::vector<std::unique_ptr<wire::RequestRecordT>>& records);
   // A client (re-)attaches to the resumed request `client_id` of client identity `client_identity` (Attach.client =
   // the SubmitRequest.client it was submitted with; 0 = none) having `received` tokens of it: SubmitAccepted, then
   // one TokenChunk with the tokens from `received` on that are known now (final when the request finished), and

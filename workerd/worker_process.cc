@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
       !s.ok()) {
     return s;
   }
+  p->worker_->KeepFinishedOutputs(p->memd_->finished_records());  // also before the socket is served (lost ends)
   return p;
 }
 

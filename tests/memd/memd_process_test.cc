@@ -1795,6 +1795,79 @@ TEST_F(MemdFenceOnDisconnect, RequestRecordsAreCommittedAndHandedToTheNextEpoch)
   EXPECT_EQ(got.tokens, (std::vector<uint8_t>{7, 8}));
   EXPECT_EQ(got.logits_digests, (std::vector<uint64_t>{70, 80}));
 }
+
+// Lost ends (workerd/README.md "Restart: a finished request's end"): a Complete with keep_output completes the record
+// with its output tokens and memd hands it, without its input, to every next epoch's worker (finished_records, not an
+// interrupted request); a Complete without it, or one whose output lacks tokens, keeps nothing.
+TEST_F(MemdFenceOnDisconnect, FinishedRecordsAreHandedToEveryNextEpoch) {
+  auto admit = [](FakeWorker& w, RequestId id) {
+    wire::AdmitRequestT a;
+    a.request = id;
+    a.gpu = 0;
+    a.required_pages = 2;
+    a.history_rows = kPageRows;
+    a.record = std::make_unique<wire::RequestRecordT>();
+    a.record->request = id;
+    a.record->client_request = id + 10;
+    a.record->client = 99;
+    a.record->prompt.assign(5, 3);
+    a.record->hash_ids = {4};
+    a.record->max_new_tokens = 4;
+    w.Send(EncodeAdmitRequest(a, w.seq(), "worker"));
+    return w.Next();
+  };
+  auto complete = [](FakeWorker& w, RequestId id, bool keep, std::vector<uint8_t> tokens) {
+    wire::CompleteT c;
+    c.request = id;
+    c.gpu = 0;
+    c.keep_output = keep;
+    for (uint8_t v : tokens) c.output_digests.push_back(v * 10);
+    c.output_tokens = std::move(tokens);
+    w.Send(EncodeComplete(c, w.seq(), "worker"));
+    return w.Next();
+  };
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(w->Hello(8).accepted);
+  for (RequestId id : {1, 2, 3}) {
+    auto m = admit(*w, id);
+    ASSERT_TRUE(m && m->type == wire::Body::AdmitGrant) << id;
+  }
+  wire::TokensCommittedT t;  // request 1's first two tokens committed; its Complete brings all four
+  t.gpu = 0;
+  auto e = std::make_unique<wire::CommittedTokensT>();
+  e->request = 1;
+  e->tokens = {7, 8};
+  e->logits_digests = {70, 80};
+  t.entries.push_back(std::move(e));
+  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
+  auto m = w->Next();
+  ASSERT_TRUE(m && m->type == wire::Body::TokensCommittedAck);
+  m = complete(*w, 1, true, {7, 8, 9, 6});
+  ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
+  m = complete(*w, 2, true, {1, 2, 3});  // 3 of 4 tokens: not finished, nothing kept (the Complete still acked)
+  ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
+  m = complete(*w, 3, false, {});
+  ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
+  for (int epoch = 2; epoch <= 3; ++epoch) {  // handed to the next worker, and again to the one after it
+    w.reset();
+    WaitGpu(0, false);
+    w = std::make_unique<FakeWorker>(run_dir_, 0);
+    wire::HelloReplyT r = w->Hello(8);
+    ASSERT_TRUE(r.accepted) << r.reason;
+    EXPECT_TRUE(r.interrupted_requests.empty()) << epoch;
+    EXPECT_TRUE(r.interrupted_records.empty()) << epoch;
+    ASSERT_EQ(r.finished_records.size(), 1u) << epoch;
+    const wire::RequestRecordT& got = *r.finished_records[0];
+    EXPECT_EQ(got.request, 1u);
+    EXPECT_EQ(got.client_request, 11u);
+    EXPECT_EQ(got.client, 99u);
+    EXPECT_TRUE(got.prompt.empty());
+    EXPECT_TRUE(got.hash_ids.empty());
+    EXPECT_EQ(got.max_new_tokens, 4u);
+    EXPECT_EQ(got.tokens, (std::vector<uint8_t>{7, 8, 9, 6}));
+    EXPECT_EQ(got.logits_digests, (std::vector<uint64_t>{70, 80, 90, 60}));
+  }
+}
 }  // namespace
 }  // namespace dhs
 

@@ -1,5 +1,6 @@
 // tests/memd/request_records_test.cc: memd's request records (memd/request_records.h): open, commit (in order,
-// resent overlaps, gaps and conflicts refused), release, and the size limits, each refused event changing nothing.
+// resent overlaps, gaps and conflicts refused), release, and the size limits, each refused event changing nothing;
+// the finished records (lost ends).
 #include "memd/request_records.h"
 
 #include <vector>
@@ -74,6 +75,74 @@ TEST(RequestRecords, SizeLimitsRefuseOversizeRecordsPerRecordAndPerGpu) {
   ASSERT_TRUE(s.Commit(5, 2, {3}, {30}).ok());
   EXPECT_EQ(s.Find(5)->tokens, (std::vector<uint8_t>{1, 2, 3}));
   EXPECT_EQ(s.total_bytes(0), 98u + 1u + 9u * 3);
+}
+
+// Lost ends (workerd/README.md "Restart: a finished request's end"): a finished record leaves the live ones without
+// its input, is handed out (oldest first) as often as asked, and the oldest beyond the count / byte bounds go.
+TEST(RequestRecords, FinishedRecordsKeepTheOutputWithoutTheInputBoundedPerGpu) {
+  RecordLimits limits;
+  limits.max_finished_records = 2;
+  limits.max_finished_bytes = 9 * 5;  // five tokens' worth
+  RequestRecordStore s(limits);
+  RequestRecord with_prefix = Rec(0, 10, 2);
+  with_prefix.hash_ids = {7, 8};
+  ASSERT_TRUE(s.Open(1, with_prefix).ok());
+  ASSERT_TRUE(s.Commit(1, 0, {3}, {30}).ok());
+  const absl::StatusOr<size_t> early = s.KeepFinished(1);  // 1 of 2 tokens: not finished, nothing changes
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_NE(s.Find(1), nullptr);
+  EXPECT_EQ(s.KeepFinished(9).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(s.Commit(1, 0, {3, 4}, {30, 40}).ok());
+  ASSERT_EQ(s.KeepFinished(1), absl::StatusOr<size_t>(0));
+  EXPECT_EQ(s.Find(1), nullptr);        // no longer a live record (a Release finds none)
+  EXPECT_FALSE(s.Release(1));
+  EXPECT_EQ(s.total_bytes(0), 0u);      // nor counted against the live records' budget
+  EXPECT_EQ(s.finished(0), 1u);
+  EXPECT_EQ(s.finished(1), 0u);
+  std::vector<std::pair<RequestId, RequestRecord>> f = s.FinishedRecords(0);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].first, 1u);
+  EXPECT_TRUE(f[0].second.prompt.empty());
+  EXPECT_TRUE(f[0].second.hash_ids.empty());
+  EXPECT_EQ(f[0].second.tokens, (std::vector<uint8_t>{3, 4}));
+  EXPECT_EQ(f[0].second.digests, (std::vector<uint64_t>{30, 40}));
+  EXPECT_EQ(f[0].second.client_request, 77u);
+  EXPECT_EQ(f[0].second.max_new_tokens, 2u);
+  EXPECT_EQ(s.FinishedRecords(0).size(), 1u);  // still there for a later epoch (a second death)
+  // A third finished record of GPU 0 drops the oldest (count bound 2); GPU 1's are apart.
+  for (RequestId id : {2, 3}) {
+    ASSERT_TRUE(s.Open(id, Rec(0, 10, 1)).ok());
+    ASSERT_TRUE(s.Commit(id, 0, {static_cast<uint8_t>(id)}, {id}).ok());
+  }
+  ASSERT_TRUE(s.Open(4, Rec(1, 10, 1)).ok());
+  ASSERT_TRUE(s.Commit(4, 0, {4}, {4}).ok());
+  EXPECT_EQ(s.KeepFinished(2), absl::StatusOr<size_t>(0));
+  EXPECT_EQ(s.KeepFinished(3), absl::StatusOr<size_t>(1));  // request 1 goes
+  EXPECT_EQ(s.KeepFinished(4), absl::StatusOr<size_t>(0));
+  f = s.FinishedRecords(0);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].first, 2u);
+  EXPECT_EQ(f[1].first, 3u);
+  EXPECT_EQ(s.finished(1), 1u);
+  // Request 5 (3 tokens, 27 bytes) drops request 2 by the count; request 7 (2 tokens) then request 3 by the bytes
+  // (9 + 27 + 18 = 54 > 45; the count, 3 > 2, too).
+  ASSERT_TRUE(s.Open(5, Rec(0, 10, 3)).ok());
+  ASSERT_TRUE(s.Commit(5, 0, {1, 2, 3}, {1, 2, 3}).ok());
+  EXPECT_EQ(s.KeepFinished(5), absl::StatusOr<size_t>(1));
+  ASSERT_TRUE(s.Open(7, Rec(0, 10, 2)).ok());
+  ASSERT_TRUE(s.Commit(7, 0, {1, 2}, {1, 2}).ok());
+  EXPECT_EQ(s.KeepFinished(7), absl::StatusOr<size_t>(1));
+  f = s.FinishedRecords(0);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].first, 5u);
+  EXPECT_EQ(f[1].first, 7u);
+  // A record over the byte bound alone (6 tokens, 54 bytes > 45) is dropped at once; the older ones stay.
+  ASSERT_TRUE(s.Open(6, Rec(0, 10, 6)).ok());
+  ASSERT_TRUE(s.Commit(6, 0, {1, 2, 3, 4, 5, 6}, {1, 2, 3, 4, 5, 6}).ok());
+  EXPECT_EQ(s.KeepFinished(6), absl::StatusOr<size_t>(1));
+  EXPECT_EQ(s.Find(6), nullptr);
+  EXPECT_EQ(s.finished(0), 2u);
+  EXPECT_EQ(s.finished(1), 1u);
 }
 
 }  // namespace
