@@ -157,6 +157,7 @@ TEST(PrefixWorkloadTest, ASecondPointOnTheSameNodeImportsItsPreparationAndKeepsI
   auto first = RunPrefixWorkload(&node, &clock, options, w, 2, 8);
   ASSERT_TRUE(first.ok()) << first.status();
   options.first_request_id = SweepFirstRequestId(1);
+  node.counters = NodeStats{};  // the next point connects a new client: its counters start at its connect
   auto second = RunPrefixWorkload(&node, &clock, options, w, 4, 8);
   ASSERT_TRUE(second.ok()) << second.status();
   const PrefixWorkloadFigures a = MakePrefixWorkloadFigures(w, *first), b = MakePrefixWorkloadFigures(w, *second);
