@@ -77,7 +77,7 @@ SIZES = {
         # token, so the same memory regime) with a narrow hidden state, so 32K-token prefixes prefill in minutes.
         "prefix": dict(preset="dsv4flash-like", prefixes=1, contexts="4096,32768", concurrency="1,4,8,16,32,64",
                        sessions_per_c=2, suffix_tokens=16, output_tokens=8, resident_sessions=3, hbm_budget="",
-                       speculation=True, spec_concurrency="1,4,8,16,32,64", spec_context=256, spec_output_tokens=32,
+                       speculation=True, spec_concurrency="1,4,16,64", spec_context=256, spec_output_tokens=32,
                        sample_every=2),
     },
     "quick": {
