@@ -35,16 +35,20 @@ inline uint64_t SessionSpeculationPages(const SessionPagesInput& in) {
 }
 
 // GPU pages a request of `context_tokens` (prompt + max_new_tokens) declares as required (AdmitRequest.required_pages):
-//   ceil((B + T) / p)                                    hot cache and tail (a page holds p rows of every source)
+//   ceil((B + T) / p)                                    hierarchical modes: hot cache and tail (a page holds p rows
+//                                                        of every source)
+// + ceil(context / p)                                    resident mode instead: the whole context (its rows, tail
+//                                                        included: resident serving keeps no hot cache, brief §8)
 // + ceil(context * L_idx * d_idx / page_bytes)           its index keys (unpadded context: no metadata term)
-// + ceil(context / p)                                    resident mode only: the whole context
 // + ceil(slot_draft_ring_bytes / page_bytes) + ceil(slot_staging_bytes / page_bytes)   speculation share
+// Issue 27: resident requests declared the hot cache and tail too, which resident serving (ResidentKvAccess) never
+// allocates: memd admitted 11 resident sessions where the planner's §8 figure said 14 (512-token contexts).
 // No overflow check: callers keep the sizes far below 2^64 (workerd checks its sizes in ComputeGeometry).
 inline uint64_t SessionRequiredPages(const SessionPagesInput& in, uint64_t context_tokens) {
-  uint64_t required = CeilDiv(in.hot_rows + in.tail_rows, in.page_rows) +
-                      CeilDiv(context_tokens * in.index_producers * in.index_key_bytes, in.page_bytes);
-  if (in.resident) required += CeilDiv(context_tokens, in.page_rows);
-  return required + SessionSpeculationPages(in);
+  const uint64_t rows = in.resident ? CeilDiv(context_tokens, in.page_rows)
+                                    : CeilDiv(in.hot_rows + in.tail_rows, in.page_rows);
+  return rows + CeilDiv(context_tokens * in.index_producers * in.index_key_bytes, in.page_bytes) +
+         SessionSpeculationPages(in);
 }
 
 // A worker's shape as its Hello declares it (schemas/dhs.fbs Hello; memd keeps it per GPU for its `status` view).

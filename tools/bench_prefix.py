@@ -2,16 +2,19 @@
 """tools/bench_prefix.py: the seed's regime on this machine (issue 27): many sessions decoding over long prepared
 prefixes, closed loop, the three KV modes under ONE GPU budget, at several concurrencies and two context lengths.
 
-Each (context, concurrency, mode) point is one `dhs-replay --prefixes N --prefix-tokens L ...` run on a fresh node
-(tools/replay/closed_loop.h): N prefixes of L tokens computed once each (the preparation, timed apart), then
-`sessions_per_c * C` sessions (prefix + a distinct suffix + a fixed number of output tokens) in a closed loop at C,
-with C request slots. The budget is one for every point: `resident_sessions` resident histories of the LONGEST
-context (from `dhsctl plan`'s resident bytes per session), so resident stops fitting at about that many sessions at
-the longest context and later at the shorter one. Per point: sessions admitted (memd's peak), output tokens/s, TPOT
-p50/p99, allocation-wait share of TTFT, the census, reclaims, repopulated pages, host bytes recovered per output
-token, and each as a ratio to resident at the same point (same run order: modes interleaved within a point).
-Exactness: every run writes --outputs; a sample of sessions (every `sample_every`-th) is compared token for token
-and logits digest for digest against resident's run of the same point.
+Each (context, mode) is one `dhs-replay --prefixes N --prefix-tokens L --sweep C1,C2,... --slots max(C)` run on ONE
+node (tools/replay/closed_loop.h, PrefixSweepSharesNode): N prefixes of L tokens are computed once, at the first C
+(the preparation, timed apart); at every later C the preparation imports them from the worker's row cache (seconds),
+so a long context is prepared once per mode instead of once per point. Each point: `sessions_per_c * C` sessions
+(prefix + a distinct suffix + a fixed number of output tokens) in a closed loop at C, on a node of max(C) request
+slots; its measured window holds its own sessions only (counters subtracted, the step profile split at the window's
+bounds). The budget is one for every point: `resident_sessions` resident histories of the LONGEST context (from
+`dhsctl plan`'s resident bytes per session), so resident stops fitting at about that many sessions at the longest
+context and later at the shorter one. Per point: sessions admitted (memd's peak), output tokens/s, TPOT p50/p99,
+allocation-wait share of TTFT, the census, reclaims, repopulated pages, host bytes recovered per output token, and
+each as a ratio to resident at the same point (the three modes' sweeps run one after another per context).
+Exactness: every point writes --outputs (OUT.c<C>); a sample of sessions (every `sample_every`-th) is compared token
+for token and logits digest for digest against resident's run of the same point.
 
 The knee: per context, the lowest C at which resident admitted fewer than C sessions, against the planner's figure
 for the same budget (`dhsctl plan --preset P --context L --hbm-bytes B --json`: resident sessions per GPU).
@@ -26,7 +29,8 @@ Usage: tools/bench_prefix.py [--replay build/tools/replay/dhs-replay] [--dhsctl 
           [--sessions-per-c 2] [--suffix-tokens 16] [--output-tokens 16] [--resident-sessions 4] [--hbm-budget B]
           [--link-model pcie5] [--speculation] [--sample-every 2] [--json OUT] [--append]
 `measure()` is the benchmark as a function (tools/perf_report.py calls it); its result is what --json writes. With
---append and an existing --json file, points already there are kept and not run again (a long sweep in pieces).
+--append and an existing --json file of the same settings, the sweeps already there without a failed point are kept
+and not run again (a long measurement in pieces).
 """
 import argparse
 import json
@@ -65,44 +69,82 @@ def read_outputs(path):
         return {}
 
 
-def one_run(args, tmp, context, c, mode, budget, extra=(), tag=""):
-    """One dhs-replay run; returns its figures (outputs in TMP/NAME.outputs, the worker's log in TMP/NAME.run)."""
-    name = f"L{context}-C{c}-{mode}{tag}"
+def one_sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_tokens=None):
+    """One dhs-replay sweep on ONE node (tools/replay/closed_loop.h PrefixSweepSharesNode): the prefixes are computed
+    at the first C and imported from the worker's row cache at the others. Returns {C: figures} (each point's outputs
+    in TMP/NAME.outputs.c<C>, the worker's log in TMP/NAME.run/workerd.log, its step profile split per point by the
+    point's measured window); a failed sweep gives {"error": ...} for its points that have no report."""
+    name = f"L{context}-{mode}{tag}"
     out, outputs = os.path.join(tmp, name + ".json"), os.path.join(tmp, name + ".outputs")
     run_dir = os.path.join(tmp, name + ".run")
     os.makedirs(run_dir, exist_ok=True)
     os.chmod(run_dir, 0o700)  # dhs-replay refuses a run directory open to group or others
-    sessions = max(args.prefixes, args.sessions_per_c * c)
+    if os.path.exists(out):
+        os.remove(out)
+    # Each point: max(N, sessions_per_c x C) sessions (--sessions-per-c); C slots at most (--slots max C).
     cmd = [args.replay, "--mode", mode, "--preset", args.preset, "--prefixes", str(args.prefixes), "--prefix-tokens",
-           str(context), "--suffix-tokens", str(args.suffix_tokens), "--session-output-tokens", str(args.output_tokens),
-           "--sessions", str(sessions), "--concurrency", str(c), "--slots", str(max(c, 1)), "--hbm-budget", str(budget),
+           str(context), "--suffix-tokens", str(args.suffix_tokens), "--session-output-tokens",
+           str(output_tokens or args.output_tokens),
+           "--sessions-per-c", str(args.sessions_per_c), "--sweep", ",".join(map(str, concs)), "--slots",
+           str(max(concs)), "--hbm-budget", str(budget),
            "--idle-timeout-ms", "600000", "--json", out, "--outputs", outputs, "--run-dir", run_dir, *extra]
     if args.link_model != "off":
         cmd += ["--link-model", args.link_model]
     env = dict(os.environ, DHS_STEP_PROFILE="1")  # the worker's step-time split (workerd/model/step_profile.h)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode not in (0, 1) or not os.path.exists(out):
+    reports = []
+    if os.path.exists(out):
+        with open(out) as f:
+            reports = json.load(f)
+    if proc.returncode not in (0, 1) or not reports:
         sys.stderr.write(proc.stderr[-3000:])
-        return {"error": f"{name}: dhs-replay exited {proc.returncode}"}
-    with open(out) as f:
-        r = json.load(f)
-    fig = figures(r)
-    fig["step_profile"] = step_profile(os.path.join(run_dir, "workerd.log"))
-    return fig
+    profile = read_step_profile(os.path.join(run_dir, "workerd.log"))
+    figs = {}
+    for r in reports:
+        fig = figures(r)
+        w = r.get("prefix_workload") or {}
+        fig["step_profile"] = window_profile(profile, w.get("window_begin_ms"), w.get("window_end_ms"))
+        figs[int(r["settings"]["concurrency"])] = fig
+    for c in concs:
+        figs.setdefault(c, {"error": f"{name}: dhs-replay exited {proc.returncode} before C = {c}"})
+    return figs
 
 
-def step_profile(log_path):
-    """The worker's last cumulative `step profile: decode ...` line (workerd/model/step_profile.h: steps in which every
-    request of the batch fed one token) as {field: number}; None when the log has none."""
+def read_step_profile(log_path):
+    """The worker's cumulative `step profile: decode ... at_ms T` lines (workerd/model/step_profile.h: steps in which
+    every request of the batch fed one token) as a list of {field: number}, in log order."""
     try:
         with open(log_path, errors="replace") as f:
             lines = [l for l in f if l.startswith("step profile: decode ")]
     except OSError:
+        return []
+    out = []
+    for line in lines:
+        words = line.split()[3:]
+        try:
+            out.append({k: float(v) for k, v in zip(words[::2], words[1::2])})
+        except ValueError:
+            continue
+    return out
+
+
+def window_profile(lines, begin_ms, end_ms):
+    """The decode-step totals of the steps that ended inside [begin_ms, end_ms] (the cumulative line at the end minus
+    the one before the window); None without lines or bounds."""
+    if not lines or begin_ms is None or end_ms is None:
         return None
-    if not lines:
+    before = [l for l in lines if l.get("at_ms", 0) < begin_ms]
+    upto = [l for l in lines if l.get("at_ms", 0) <= end_ms]
+    if not upto:
         return None
-    words = lines[-1].split()[3:]
-    return {k: float(v) for k, v in zip(words[::2], words[1::2])}
+    a, b = (before[-1] if before else {}), upto[-1]
+    return {k: v - a.get(k, 0.0) for k, v in b.items() if k != "at_ms"}
+
+
+def step_profile(log_path):
+    """The worker's last cumulative decode line as {field: number}; None when the log has none."""
+    lines = read_step_profile(log_path)
+    return lines[-1] if lines else None
 
 
 def figures(r):
@@ -126,6 +168,7 @@ def figures(r):
         "prefix_blocks_computed": (r.get("prefix_blocks") or {}).get("computed"),
         "preparation_blocks_computed": w.get("preparation_blocks_computed"),
         "speculate": r.get("speculate", "off"), "acceptance_length_mean": r.get("acceptance_length_mean"),
+        "proposer_s": r.get("proposer_s") or 0.0, "block_width": r.get("block_width") or {},
     }
 
 
@@ -143,11 +186,14 @@ def check_exact(point, work, every):
     and C); leaves it as it is when either file is missing."""
     def path(mode):
         base, _, spec = mode.partition("+")
-        return os.path.join(work, f"L{point['context']}-C{point['concurrency']}-{base}{'-' + spec if spec else ''}"
-                                  ".outputs")
-    if not (os.path.exists(path(point["mode"])) and os.path.exists(path("resident"))):
+        return os.path.join(work, f"L{point['context']}-{base}{'-' + spec if spec else ''}.outputs"
+                                  f".c{point['concurrency']}")
+    ref = path("resident") if os.path.exists(path("resident")) else path("adaptive+base")  # speculation: plain
+    if point["mode"] == "adaptive+base" and ref == path("adaptive+base"):
         return
-    n, bad = exact_sample(read_outputs(path(point["mode"])), read_outputs(path("resident")), every)
+    if not (os.path.exists(path(point["mode"])) and os.path.exists(ref)):
+        return
+    n, bad = exact_sample(read_outputs(path(point["mode"])), read_outputs(ref), every)
     point["exact_sample"] = {"compared": n, "differ": bad}
 
 
@@ -169,38 +215,54 @@ def measure(args, log=sys.stderr, saved=None):
     longest = max(contexts) + args.suffix_tokens + args.output_tokens
     resident_bytes = plan(args.dhsctl, args.preset, longest)["resident_bytes_per_session"]
     budget = int(args.hbm_budget) if args.hbm_budget else int(args.resident_sessions * resident_bytes)
-    result = dict(saved or {})
+    same = saved and all(saved.get(k) == v for k, v in (
+        ("preset", args.preset), ("prefixes", args.prefixes), ("hbm_budget_bytes", budget),
+        ("suffix_tokens", args.suffix_tokens), ("output_tokens", args.output_tokens),
+        ("sessions_per_c", args.sessions_per_c), ("link_model", args.link_model)))
+    result = dict(saved or {}) if same else {}  # saved points of other settings are measured again, not mixed in
     result.update({"preset": args.preset, "prefixes": args.prefixes, "contexts": contexts, "concurrency": conc,
                    "sessions_per_c": args.sessions_per_c, "suffix_tokens": args.suffix_tokens,
                    "output_tokens": args.output_tokens, "hbm_budget_bytes": budget,
                    "resident_sessions_sized": args.resident_sessions, "link_model": args.link_model,
                    "sample_every": args.sample_every})
-    points = {(p["context"], p["concurrency"], p["mode"]): p for p in result.get("points", [])}
+    points = {(p["context"], p["concurrency"], p["mode"]): p for p in result.get("points", [])
+              if p["context"] in contexts or (args.speculation and "+" in p["mode"])}
     # Outputs of every run stay beside --json (so a later --append compares against resident's saved outputs).
     keep = args.json and getattr(args, "append", False)
     tmp_dir = None if keep else tempfile.TemporaryDirectory()
     work = (getattr(args, "work_dir", "") or args.json + ".runs") if keep else tmp_dir.name
     os.makedirs(work, exist_ok=True)
+    spec_c = [int(x) for x in str(getattr(args, "spec_concurrency", "") or "").split(",") if x] or conc
+    # Speculation at its own context and output length (the synthetic proposer catches its private session up 64
+    # tokens a round before it proposes: a long prefix with a few output tokens would verify no proposal at all),
+    # against plain adaptive at the same settings ("adaptive+base").
+    spec_ctx = int(getattr(args, "spec_context", 0) or contexts[0])
+    spec_out = int(getattr(args, "spec_output_tokens", 0) or args.output_tokens)
+    result.update({"spec_context": spec_ctx, "spec_output_tokens": spec_out})
     try:
-        for context in contexts:
-            for c in conc:
-                configs = [(m, m, ()) for m in MODES]
-                spec_c = [int(x) for x in str(getattr(args, "spec_concurrency", "") or "").split(",") if x]
-                if args.speculation and context == contexts[0] and (not spec_c or c in spec_c):
-                    configs += [(f"adaptive+{n}", "adaptive", tuple(w)) for n, w in SPEC_CONFIGS.items()]
-                for name, mode, extra in configs:
-                    if (context, c, name) in points and "error" not in points[(context, c, name)]["run"]:
-                        continue  # measured by an earlier piece of the sweep (--append)
-                    fig = one_run(args, work, context, c, mode, budget, extra,
-                                  "" if name == mode else "-" + name.split("+")[1])
+        for context in contexts + ([spec_ctx] if args.speculation and spec_ctx not in contexts else []):
+            configs = [(m, m, (), conc, None) for m in MODES] if context in contexts else []
+            if args.speculation and context == spec_ctx:
+                configs += [("adaptive+base", "adaptive", (), spec_c, spec_out)]
+                configs += [(f"adaptive+{n}", "adaptive", tuple(w), spec_c, spec_out) for n, w in SPEC_CONFIGS.items()]
+            for name, mode, extra, cs, out_tokens in configs:
+                todo = [c for c in cs if (context, c, name) not in points or "error" in points[(context, c, name)]["run"]]
+                if not todo:
+                    continue  # measured by an earlier piece of the sweep (--append)
+                # The whole sweep again (one node, prepared once): its points are measured together.
+                figs = one_sweep(args, work, context, cs, mode, budget, extra,
+                                 "" if name == mode else "-" + name.split("+")[1], out_tokens)
+                for c in cs:
+                    fig = figs[c]
                     points[(context, c, name)] = {"context": context, "concurrency": c, "mode": name, "run": fig}
                     print(f"bench_prefix: L={context} C={c} {name}: "
-                          f"{fig.get('output_tokens_per_s', float('nan')):.2f} tok/s, sessions {fig.get('sessions')}",
-                          file=log, flush=True)
+                          f"{fig.get('output_tokens_per_s', float('nan')):.2f} tok/s, sessions {fig.get('sessions')}, "
+                          f"prep {fig.get('preparation_s', float('nan')):.1f} s", file=log, flush=True)
+                for c in cs:
                     check_exact(points[(context, c, name)], work, args.sample_every)
-                    result["points"] = list(points.values())
-                    if args.json:  # a long sweep keeps what it measured
-                        save(result, args.json)
+                result["points"] = list(points.values())
+                if args.json:  # a long sweep keeps what it measured
+                    save(result, args.json)
         for p in points.values():  # again at the end: a resident run measured after its point (a later piece)
             check_exact(p, work, args.sample_every)
     finally:
@@ -220,14 +282,22 @@ def analyse(result):
         base = by.get((p["context"], p["concurrency"], "resident"))
         if base and "error" not in p["run"] and "error" not in base["run"]:
             p["vs_resident"] = {k: ratio(p["run"].get(k), base["run"].get(k)) for k in RATIO_KEYS}
-        plain = by.get((p["context"], p["concurrency"], "adaptive"))
-        if p["mode"].startswith("adaptive+") and plain and "error" not in p["run"] and "error" not in plain["run"]:
+        plain = by.get((p["context"], p["concurrency"], "adaptive+base")) or \
+            by.get((p["context"], p["concurrency"], "adaptive"))
+        if p["mode"].startswith("adaptive+") and p["mode"] != "adaptive+base" and plain and "error" not in p["run"] and "error" not in plain["run"]:
             p["vs_adaptive"] = {"n_ratio": ratio(p["run"]["sessions"], plain["run"]["sessions"]),
                                 "tpot_ratio": ratio(p["run"]["tpot_p50_ms"], plain["run"]["tpot_p50_ms"]),
                                 "tps_ratio": ratio(p["run"]["output_tokens_per_s"],
                                                    plain["run"]["output_tokens_per_s"])}
             v = p["vs_adaptive"]
             v["pays"] = v["n_ratio"] > v["tpot_ratio"] if v["n_ratio"] == v["n_ratio"] else None
+            # The synthetic proposer runs the target model to make its proposals (a stand-in for a drafter that
+            # accepts): its time is in the window. Without it (the worker's loop is serial: the window less the
+            # proposer's seconds), TPOT_spec scales by (elapsed - proposer) / elapsed.
+            el, prop = p["run"].get("elapsed_s") or 0.0, p["run"].get("proposer_s") or 0.0
+            v["tpot_ratio_ex_proposer"] = (v["tpot_ratio"] * (el - prop) / el) if el > prop >= 0 else float("nan")
+            v["pays_ex_proposer"] = (v["n_ratio"] > v["tpot_ratio_ex_proposer"]
+                                     if v["tpot_ratio_ex_proposer"] == v["tpot_ratio_ex_proposer"] else None)
     knees = {}
     for L in result["contexts"]:
         res = sorted((p["concurrency"], p["run"].get("sessions", 0)) for p in result["points"]
@@ -293,6 +363,10 @@ def main():
     ap.add_argument("--speculation", action="store_true",
                     help="also adaptive with speculation (schedule, online), at the first context length")
     ap.add_argument("--spec-concurrency", default="", help="with --speculation: only at these C (default every C)")
+    ap.add_argument("--spec-context", type=int, default=0, help="with --speculation: its prefix length (default the "
+                    "first context)")
+    ap.add_argument("--spec-output-tokens", type=int, default=0, help="with --speculation: output tokens per session "
+                    "(default --output-tokens)")
     ap.add_argument("--sample-every", type=int, default=2, help="exactness: every N-th session against resident")
     ap.add_argument("--json", default="")
     ap.add_argument("--append", action="store_true", help="keep the points of an existing --json; run the others")

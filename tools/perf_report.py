@@ -73,9 +73,12 @@ SIZES = {
                             configs="off,fixed,synthetic-0.1,synthetic-0.5"),
         "bench_min_time": 0.5, "bench_repetitions": 3,
         # Issue 27 (the seed's regime): what fits this 2-core machine; docs/performance.md says what it is not.
-        "prefix": dict(prefixes=2, contexts="512,2048", concurrency="1,4,8,16,32,64", sessions_per_c=2,
-                       suffix_tokens=16, output_tokens=8, resident_sessions=4, hbm_budget="", speculation=True,
-                       spec_concurrency="1,8", sample_every=2),
+        # dsv4flash-like: bench-wide's KV geometry (same rows, index keys, sources, k, window: the same bytes per
+        # token, so the same memory regime) with a narrow hidden state, so 32K-token prefixes prefill in minutes.
+        "prefix": dict(preset="dsv4flash-like", prefixes=1, contexts="4096,32768", concurrency="1,4,8,16,32,64",
+                       sessions_per_c=2, suffix_tokens=16, output_tokens=8, resident_sessions=3, hbm_budget="",
+                       speculation=True, spec_concurrency="1,4,16,64", spec_context=256, spec_output_tokens=32,
+                       sample_every=2),
     },
     "quick": {
         "modes": dict(trace="", requests=3, length_scale=0.05, concurrency="1,3", hbm_budget=1500000, repeat=1),
@@ -84,7 +87,8 @@ SIZES = {
         "speculation": dict(requests=3, length_scale=0.05, concurrency="1,3", hbm_budget="1500000", repeat=1,
                             configs="off,fixed"),
         "bench_min_time": 0.05, "bench_repetitions": 1,
-        "prefix": dict(prefixes=2, contexts="128,256", concurrency="1,4", sessions_per_c=1, suffix_tokens=8,
+        "prefix": dict(preset="bench-wide", prefixes=2, contexts="128,256", concurrency="1,4", sessions_per_c=1,
+                       suffix_tokens=8,
                        output_tokens=4, resident_sessions=2, hbm_budget="", speculation=False, spec_concurrency="",
                        sample_every=1),
     },
@@ -219,13 +223,14 @@ def collect_speculation(build, params):
 
 
 def collect_prefix(build, params, figures_path):
-    """tools/bench_prefix.py's measurement (issue 27): the closed loop over prepared prefixes, bench-wide, link model
-    on. Resumable: each point is saved to prefix_sweep.json beside the figures as it is measured (its runs' outputs and
-    logs in BUILD/prefix_sweep.runs/, out of the source tree), and a later run measures only the points missing or
-    failed there (delete the file to measure everything again)."""
+    """tools/bench_prefix.py's measurement (issue 27): the closed loop over prepared prefixes (the preset of SIZES),
+    link model on, one node per (context, mode) serving every C. Resumable: each sweep is saved to prefix_sweep.json
+    beside the figures as it is measured (its runs' outputs and logs in BUILD/prefix_sweep.runs/, out of the source
+    tree), and a later run measures only the sweeps missing or failed there (delete the file to measure everything
+    again; a saved sweep of another preset or other contexts is not mixed in: bench_prefix keys points by context)."""
     sweep = os.path.join(os.path.dirname(os.path.abspath(figures_path)), "prefix_sweep.json")
     args = SimpleNamespace(replay=os.path.join(build, "tools/replay/dhs-replay"),
-                           dhsctl=os.path.join(build, "tools/dhsctl/dhsctl"), preset="bench-wide",
+                           dhsctl=os.path.join(build, "tools/dhsctl/dhsctl"),
                            link_model=LINK_MODEL, json=sweep, append=True,
                            work_dir=os.path.join(build, "prefix_sweep.runs"), **params)
     saved = None
@@ -676,7 +681,32 @@ def write_plots(fig, plots_dir):
         plot_prefix(plt, pre, out["prefix_throughput"])
         out["prefix_census"] = os.path.join(plots_dir, "prefix_census.png")
         plot_prefix_census(plt, pre, out["prefix_census"])
+        if any(p.get("vs_adaptive") for p in pre["points"]):
+            out["prefix_speculation"] = os.path.join(plots_dir, "prefix_speculation.png")
+            plot_prefix_speculation(plt, pre, out["prefix_speculation"])
     return out
+
+
+def plot_prefix_speculation(plt, pre, path):
+    """Brief §6 per C: N_spec / N_base against TPOT_spec / TPOT_base for each speculation configuration (speculation
+    pays above the diagonal's side where the sessions ratio exceeds the latency ratio)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    spec = [p for p in pre["points"] if p.get("vs_adaptive")]
+    for name in sorted({p["mode"] for p in spec}):
+        pts = sorted((p["concurrency"], p["vs_adaptive"]) for p in spec if p["mode"] == name)
+        xs = [c for c, _ in pts]
+        ax.plot(xs, [v["n_ratio"] for _, v in pts], marker="o", label=f"N_spec/N_base, {name.split('+')[1]}")
+        ax.plot(xs, [v["tpot_ratio"] for _, v in pts], "--", marker="s", label=f"TPOT_spec/TPOT_base, {name.split('+')[1]}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrency C")
+    ax.set_ylabel("ratio to adaptive without speculation")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("Speculation pays where N_spec/N_base > TPOT_spec/TPOT_base")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def prefix_series(pre, context, mode, key):
@@ -738,15 +768,22 @@ def prefix_lines(fig, plots):
         return out + ["not run"]
     if "error" in pre:
         return out + ["FAILED: " + pre["error"]]
-    out += [f"`tools/bench_prefix.py` (`dhs-replay --prefixes`): model `{pre['preset']}`, {pre['prefixes']} prepared "
-            f"prefixes per context length, each session = a prefix + {pre['suffix_tokens']} own tokens + "
-            f"{pre['output_tokens']} output tokens, {pre['sessions_per_c']} x C sessions per run in a closed loop at C "
-            f"with C slots; one GPU KV budget for every point, {pre['hbm_budget_bytes']} bytes (resident holds about "
+    out += [f"`tools/bench_prefix.py` (`dhs-replay --prefixes --sweep`): model `{pre['preset']}`, {pre['prefixes']} "
+            f"prepared prefixes per context length, each session = a prefix + {pre['suffix_tokens']} own tokens + "
+            f"{pre['output_tokens']} output tokens, {pre['sessions_per_c']} x C sessions per point in a closed loop at C; "
+            "one node per (context, mode) serves every C in turn with max(C) request slots: the prefixes are computed "
+            "once, at its first C (`prep s` there; later points import them from the worker's row cache). One GPU KV "
+            f"budget for every point, {pre['hbm_budget_bytes']} bytes (resident holds about "
             f"{pre['resident_sessions_sized']} histories of the longest context), link model {pre['link_model']}. "
-            "One run per point (modes interleaved per point); ratios to resident at the same point. `exact`: sessions "
+            "One run per point; ratios to resident at the same point. `exact`: sessions "
             f"(every {pre['sample_every']}-th) whose tokens and logits digests equal resident's, of those compared.", ""]
     for L in pre["contexts"]:
-        out += [f"### Prefix {L} tokens", "",
+        first = [p for p in pre["points"] if p["context"] == L and p["mode"] in MODES and "error" not in p["run"]
+                 and p["concurrency"] == min(pre["concurrency"])]
+        prep = ", ".join(f"{p['mode']} {fmt(p['run'].get('preparation_s'), 1)} s" for p in
+                         sorted(first, key=lambda p: MODES.index(p["mode"])))
+        out += [f"### Prefix {L} tokens", "", f"Preparation of {pre['prefixes']} x {L} tokens (once per node): {prep}."
+                if prep else "", "",
                 "| C | mode | served | sessions | tok/s | tok/s vs res | sessions vs res | TPOT p50 ms | TPOT p99 ms | "
                 "TPOT p50 vs res | alloc wait | census direct / hot / host | reclaims | repopulated | host B/token | "
                 "prep s | in flight mean | exact |", "|" + "---|" * 18]
@@ -777,13 +814,21 @@ def prefix_lines(fig, plots):
     if spec:
         out += ["### With speculation (adaptive; synthetic proposer at corruption 0.1, K = 4)", "",
                 "| context | C | config | sessions | N_spec/N_base | TPOT_spec/TPOT_base | tok/s vs adaptive | "
-                "acceptance length | pays |", "|---|---|---|---|---|---|---|---|---|"]
+                "acceptance length | pays | TPOT ratio without the proposer | pays without it | widths used |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in sorted(spec, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
             v, r = p["vs_adaptive"], p["run"]
+            widths = " ".join(f"{k}:{n}" for k, n in sorted((r.get("block_width") or {}).items(),
+                                                              key=lambda kv: int(kv[0])))
             out.append(f"| {p['context']} | {p['concurrency']} | {p['mode'].split('+')[1]} | {r['sessions']} | "
                        f"{fmt(v['n_ratio'], 3)} | {fmt(v['tpot_ratio'], 3)} | {fmt(v['tps_ratio'], 3)} | "
-                       f"{fmt(r.get('acceptance_length_mean'))} | {'yes' if v.get('pays') else 'no'} |")
-        out.append("")
+                       f"{fmt(r.get('acceptance_length_mean'))} | {'yes' if v.get('pays') else 'no'} | "
+                       f"{fmt(v.get('tpot_ratio_ex_proposer'), 3)} | {'yes' if v.get('pays_ex_proposer') else 'no'} | "
+                       f"{widths or 'n/a'} |")
+        out += ["", "TPOT ratio without the proposer: the synthetic proposer runs the target model for its proposals "
+                "(a stand-in for a drafter that accepts); its seconds (`proposer_s`) taken out of the window "
+                "(TPOT_spec x (elapsed - proposer_s) / elapsed). `widths used`: rounds per block width (K: rounds).",
+                ""]
     prof = [p for p in pre["points"] if p["mode"] in MODES and (p["run"].get("step_profile") or {}).get("steps")]
     if prof:
         out += ["### Step time split (decode steps; `DHS_STEP_PROFILE=1`, workerd/model/step_profile.h)", "",

@@ -4,6 +4,7 @@
 // never by speed.
 #include "workerd/model/step_profile.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -41,9 +42,13 @@ TEST(StepProfileTest, OffUnlessTheEnvironmentAsksAndSplitsDecodeFromMixed) {
   }
   profile->Add(StepPhase::kIndexTopK, 1'000'000);
   profile->StepEnd(4, 4);
+  const double before_gap_ms = std::chrono::duration<double, std::milli>(
+                                    std::chrono::steady_clock::now().time_since_epoch()).count();
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   profile->StepBegin();
   profile->StepEnd(9, 2);
+  const double after_ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now().time_since_epoch()).count();
   std::string kind;
   auto d = Fields(profile->Line(true), &kind);
   EXPECT_EQ(kind, "decode");
@@ -62,6 +67,11 @@ TEST(StepProfileTest, OffUnlessTheEnvironmentAsksAndSplitsDecodeFromMixed) {
   EXPECT_GE(m["outside_ms"], 2.0);  // the gap since the decode step ended
   EXPECT_EQ(m["fetch_ms"], 0);      // the phases of the step in progress only
   EXPECT_EQ(m["index_topk_ms"], 0);
+  // at_ms: the end of the latest step on steady_clock (ms since its epoch), the same in both lines: after the gap,
+  // before the clock read after StepEnd (printed to 1 µs).
+  EXPECT_EQ(m["at_ms"], d["at_ms"]);
+  EXPECT_GE(m["at_ms"], before_gap_ms + 2.0 - 0.001);
+  EXPECT_LE(m["at_ms"], after_ms + 0.001);
   PhaseTimer none(nullptr, StepPhase::kFetch);  // off: nothing to add to
 }
 

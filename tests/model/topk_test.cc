@@ -1,5 +1,6 @@
 // Top-k selection and indexer scores (brief §2 selection, §11): tie rule, padding, causal history sizes, stale
 // buffers, dense equivalence of attention over a full selection.
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -103,6 +104,36 @@ TEST(IndexScoresTest, MatchesFormula) {
       expect += w[h] * std::max(dot, 0.0);
     }
     EXPECT_EQ(out[s], static_cast<float>(expect)) << "s = " << s;
+  }
+}
+
+TEST(IndexScoresTest, BitIdenticalToTheOneKeyLoopAtEveryLengthAndWidth) {
+  // The blocked loop (8 keys side by side, issue 27) must give, bit for bit, the fixed order of topk.h for every key:
+  // dot = ((q0*k0 + q1*k1) + ...) over d ascending, score = ((0 + w0*relu(dot0)) + w1*relu(dot1)) + ... over heads,
+  // in float, with random values (rounding differs with any other order). Lengths around the block of 8, dims of
+  // the presets (16, 32), an odd one, and one above the blocked limit (129: the one-key path).
+  std::mt19937_64 rng(27);
+  auto uni = [&] { return static_cast<float>(static_cast<double>(rng() >> 11) * 0x1p-53 * 2.0 - 1.0); };
+  for (int dim : {1, 16, 32, 33, 129}) {
+    for (int heads : {1, 2, 4}) {
+      for (int n : {0, 1, 7, 8, 9, 16, 17, 1000}) {
+        std::vector<float> q(heads * dim), w(heads), keys(static_cast<size_t>(n) * dim), out(n, -7.0f);
+        for (auto& v : q) v = uni();
+        for (auto& v : w) v = uni();
+        for (auto& v : keys) v = uni();
+        IndexScores(q, w, keys, dim, out);
+        for (int s = 0; s < n; ++s) {
+          float score = 0.0f;
+          for (int h = 0; h < heads; ++h) {
+            float dot = 0.0f;
+            for (int d = 0; d < dim; ++d) dot = dot + q[h * dim + d] * keys[static_cast<size_t>(s) * dim + d];
+            score = score + w[h] * (dot < 0.0f ? 0.0f : dot);  // std::max(dot, 0.0f)
+          }
+          ASSERT_EQ(std::bit_cast<uint32_t>(out[s]), std::bit_cast<uint32_t>(score))
+              << "dim " << dim << " heads " << heads << " n " << n << " s " << s;
+        }
+      }
+    }
   }
 }
 

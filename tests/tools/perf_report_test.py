@@ -116,6 +116,7 @@ def prefix_canned():
     pts.append({"context": 1024, "concurrency": 4, "mode": "adaptive+online", "run": run(4, 27.0, 15.0, 25.0,
                                                                                          spec="synthetic"),
                 "exact_sample": {"compared": 4, "differ": 0}})
+    pts[-1]["run"].update(proposer_s=2.0, block_width={"4": 3, "2": 1})  # 2 of its 5 s in the proposer
     result = {"preset": "bench-wide", "prefixes": 2, "contexts": [1024], "concurrency": [1, 4], "sessions_per_c": 2,
               "suffix_tokens": 16, "output_tokens": 16, "hbm_budget_bytes": 1000000, "resident_sessions_sized": 2,
               "link_model": "pcie5", "sample_every": 2, "points": pts,
@@ -273,13 +274,36 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("resident 3 sessions, hierarchical 9 (bytes per session: resident 300000, hierarchical 100000)",
                       doc)
         spec = table_row(doc, ["1024", "4", "online"])
-        self.assertEqual(spec[3:], ["4", "1.000", "1.250", "0.900", "2.00", "no"])
+        # ... and without the proposer's 2 of 5 s: 1.25 x 3 / 5 = 0.75 < N ratio 1.0: pays; widths by K
+        self.assertEqual(spec[3:], ["4", "1.000", "1.250", "0.900", "2.00", "no", "0.750", "yes", "2:1 4:3"])
         split = table_row(doc, ["1024", "4", "adaptive"])
         self.assertEqual(split[3:], ["10", "4.0", "5.00", "2.00", "1.00", "0.50", "0.10", "0.30"])
         for name in ("prefix_throughput", "prefix_census"):
             with open(os.path.join(self.dir, "docs", "perf", name + ".png"), "rb") as f:
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
             self.assertIn(f"(perf/{name}.png)", full)
+
+    def test_prefix_step_profile_per_window(self):
+        """bench_prefix splits the worker's cumulative decode lines per sweep point: the line at the window's end
+        minus the last one before its start (at_ms: the step's end on CLOCK_MONOTONIC, as dhs-replay's window)."""
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import bench_prefix
+        log = os.path.join(self.dir, "workerd.log")
+        with open(log, "w") as f:
+            for steps, fetch, at in ((1, 2.0, 100.0), (3, 5.0, 200.0), (4, 9.0, 310.0), (10, 30.0, 400.0)):
+                f.write(f"step profile: decode steps {steps} queries {steps * 2} wall_ms {steps * 10} model_ms 1 "
+                        f"index_topk_ms 0 fetch_ms {fetch} append_ms 0 release_ms 0 outside_ms 0 at_ms {at}\n")
+                f.write(f"step profile: mixed steps 1 queries 9 wall_ms 5 at_ms {at + 1}\n")
+        lines = bench_prefix.read_step_profile(log)
+        self.assertEqual([l["steps"] for l in lines], [1, 3, 4, 10])
+        # window [150, 350]: the steps that ended at 200 and 310 (cumulative 4 minus 1 before it)
+        w = bench_prefix.window_profile(lines, 150.0, 350.0)
+        self.assertEqual((w["steps"], w["queries"], w["wall_ms"], w["fetch_ms"]), (3, 6, 30, 7.0))
+        self.assertNotIn("at_ms", w)
+        w = bench_prefix.window_profile(lines, 0.0, 150.0)  # before any earlier line: from zero
+        self.assertEqual((w["steps"], w["fetch_ms"]), (1, 2.0))
+        self.assertIsNone(bench_prefix.window_profile(lines, 10.0, 50.0))  # no step ended by the window's end
+        self.assertIsNone(bench_prefix.window_profile([], 0.0, 1.0))
 
     def test_plots_written_and_linked(self):
         doc = self.render(canned())

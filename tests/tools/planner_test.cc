@@ -541,10 +541,11 @@ TEST(LivePlan, TopologyFromTheWorkersShapeHandComputed) {
   EXPECT_EQ(l->gpus[0].available_pages, 310u);
   EXPECT_EQ(l->gpus[0].sessions, 7u);
   EXPECT_EQ(l->sessions_now, 7u);
-  // Resident mode: + ceil(1000 / 16) = 63 -> 105 pages: floor(310 / 105) = 2.
+  // Resident mode: the whole context ceil(1000 / 16) = 63 instead of hot + tail (14; issue 27: resident keeps no hot
+  // cache) + 9 keys + 19 speculation = 91 pages: floor(310 / 91) = 3.
   auto r = ComputeLive(plan, s, {.resident = true, .gpu = 0});
-  EXPECT_EQ(r->required_pages_per_session, 105u);
-  EXPECT_EQ(r->sessions_now, 2u);
+  EXPECT_EQ(r->required_pages_per_session, 91u);
+  EXPECT_EQ(r->sessions_now, 3u);
   EXPECT_EQ(ComputeLive(plan, s, {.gpu = 5}).status().code(), absl::StatusCode::kNotFound);
 
   // Without speculation (--speculate off: K_max, W, draft row, χ and the totals 0): 23 pages, every drafter figure 0.

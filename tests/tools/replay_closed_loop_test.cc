@@ -125,6 +125,62 @@ TEST(PrefixWorkloadTest, TracesHoldOnePrefixPerRequestAndDistinctRows) {
   big.sessions = 0;
   EXPECT_EQ(big.SessionsAt(4), 16);  // 4 x C
   EXPECT_EQ(big.SessionsAt(0), 3);   // at least N
+  big.sessions_per_c = 2;            // --sessions-per-c 2: each sweep point its own count
+  EXPECT_EQ(big.SessionsAt(1), 3);   // max(3, 2)
+  EXPECT_EQ(big.SessionsAt(64), 128);
+}
+
+TEST(PrefixWorkloadTest, ASweepSharesOneNodeWithDistinctIdsAndOutputsPerPoint) {
+  PrefixWorkload w = Workload();
+  EXPECT_TRUE(PrefixSweepSharesNode(w, 3, ""));
+  EXPECT_FALSE(PrefixSweepSharesNode(w, 0, ""));                      // one run: its own node as before
+  EXPECT_FALSE(PrefixSweepSharesNode(w, 3, "ipc:///tmp/x/worker-0.sock"));  // --connect: the given worker
+  EXPECT_FALSE(PrefixSweepSharesNode(PrefixWorkload{}, 3, ""));        // no workload
+  EXPECT_EQ(SweepFirstRequestId(0), 1u);
+  EXPECT_EQ(SweepFirstRequestId(1), 4294967297u);  // 1 + 2^32
+  EXPECT_EQ(SweepFirstRequestId(5), 21474836481u);  // 1 + 5 x 2^32
+  EXPECT_EQ(SweepOutputsPath("out.jsonl", 16), "out.jsonl.c16");
+  EXPECT_EQ(SweepOutputsPath("out.jsonl", std::nullopt), "out.jsonl");
+}
+
+TEST(PrefixWorkloadTest, ASecondPointOnTheSameNodeImportsItsPreparationAndKeepsItsOwnWindow) {
+  // The same node (its row cache: FakeNode counts a chain computed once) serves two points, C = 2 then C = 4, as a
+  // sweep on one node does: the second preparation imports every block, and each window counts its sessions only.
+  FakeClock clock;
+  FakeNode node(&clock, 100);
+  PrefixWorkload w = Workload();
+  w.sessions = 0;
+  w.sessions_per_c = 2;
+  DriverOptions options;
+  options.on_progress = nullptr;
+  options.first_request_id = SweepFirstRequestId(0);
+  auto first = RunPrefixWorkload(&node, &clock, options, w, 2, 8);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options.first_request_id = SweepFirstRequestId(1);
+  node.counters = NodeStats{};  // the next point connects a new client: its counters start at its connect
+  auto second = RunPrefixWorkload(&node, &clock, options, w, 4, 8);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const PrefixWorkloadFigures a = MakePrefixWorkloadFigures(w, *first), b = MakePrefixWorkloadFigures(w, *second);
+  EXPECT_EQ(a.preparation_blocks_computed, 12);  // 3 prefixes x 4 blocks
+  EXPECT_EQ(a.preparation_blocks_imported, 0);
+  EXPECT_EQ(b.preparation_blocks_computed, 0);   // the node's cache: nothing computed again
+  EXPECT_EQ(b.preparation_blocks_imported, 12);
+  EXPECT_EQ(a.sessions, 4);  // max(3, 2 x 2)
+  EXPECT_EQ(b.sessions, 8);  // 2 x 4
+  EXPECT_EQ(second->measured.stats.prefix_blocks_imported, 32);  // 8 sessions x 4 blocks, the window's only
+  EXPECT_EQ(second->measured.stats.prefix_blocks_computed, 0);
+  // Ids: point 0 from 1 (3 + 4 requests), point 1 from 1 + 2^32 (3 + 8): 18 distinct ids.
+  ASSERT_EQ(node.submits.size(), 18u);
+  std::set<RequestId> ids;
+  for (const SubmitRequest& r : node.submits) ids.insert(r.request);
+  EXPECT_EQ(ids.size(), 18u);
+  EXPECT_EQ(node.submits[7].request, SweepFirstRequestId(1));
+  // Windows on the clock: point 0's preparation 100 ms from 1000, its sessions 2 rounds of 100 ms; point 1's
+  // preparation 100 ms, its sessions 2 rounds.
+  EXPECT_DOUBLE_EQ(a.window_begin_ms, 1100);
+  EXPECT_DOUBLE_EQ(a.window_end_ms, 1300);
+  EXPECT_DOUBLE_EQ(b.window_begin_ms, 1400);
+  EXPECT_DOUBLE_EQ(b.window_end_ms, 1600);
 }
 
 TEST(PrefixWorkloadTest, RunsPreparationThenClosedLoopAndReportsTheWindowOnly) {
@@ -174,6 +230,12 @@ TEST(PrefixWorkloadTest, RefusesBadSettings) {
   EXPECT_TRUE(ValidatePrefixWorkload(off).ok());
   off.sessions = 5;  // would be ignored without --prefixes
   EXPECT_THAT(std::string(ValidatePrefixWorkload(off).message()), HasSubstr("--prefixes"));
+  off = PrefixWorkload{};
+  off.sessions_per_c = 2;
+  EXPECT_THAT(std::string(ValidatePrefixWorkload(off).message()), HasSubstr("--sessions-per-c"));
+  w = Workload();
+  w.sessions_per_c = 0;
+  EXPECT_EQ(std::string(ValidatePrefixWorkload(w).message()), "--sessions-per-c must be >= 1");
   FakeClock clock;
   FakeNode node(&clock, 1);
   EXPECT_FALSE(RunPrefixWorkload(&node, &clock, DriverOptions{}, Workload(), 0, 1).ok());

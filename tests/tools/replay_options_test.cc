@@ -114,7 +114,7 @@ struct BadArgs {
 TEST(ReplayOptions, BadValuesExitTwoWithAClearMessage) {
   const std::vector<BadArgs> cases = {
       {{"--concurrency", "2", "--time-scale", "1"}, "excludes"},
-      {{"--sweep", "1,2", "--outputs", "o.jsonl"}, "--outputs writes one run's outputs; it excludes --sweep"},
+      {{"--sweep", "1,2", "--outputs", "o.jsonl"}, "--outputs with --sweep needs --prefixes (each point's outputs go to OUT.c<C>)"},
       {{"--idle-timeout-ms", "999"}, "--idle-timeout-ms: must be an integer in [1000, 86400000], got '999'"},
       {{"--concurrency", "0"}, "--concurrency: must be an integer in [1, 9223372036854775807], got '0'"},
       {{"--concurrency", "1e3"}, "--concurrency: must be an integer in [1, 9223372036854775807], got '1e3'"},

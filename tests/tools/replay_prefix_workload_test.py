@@ -12,6 +12,9 @@ Asserts, per mode:
 And the prepared path against plain prefill: the same requests written as a Mooncake trace (same hash ids, same rows,
 block 64 through --length-scale 0.125) and replayed by prefill in resident mode give the same tokens and digests for
 every session: the imported prefix is the prefix the tokens would have computed.
+And a sweep on one node (--sweep 1,2 --sessions-per-c 2, adaptive): the prefixes computed at the first point only
+(8 blocks computed, 0 imported), the second point's preparation imports all 8 and computes none; each point's
+sessions (max(2, 2 x C): 2 and 4) and outputs in OUT.c1 / OUT.c2, equal to the resident run's for the same rows.
 Usage: replay_prefix_workload_test.py DHS_REPLAY"""
 import json
 import os
@@ -102,6 +105,40 @@ def main():
         failures += [f"prefill: session row {i} differs from the prepared-prefix resident run"
                      for i in range(PREFIXES, PREFIXES + SESSIONS)
                      if i not in plain or i not in res_rows or not same(plain[i], res_rows[i])]
+        # A sweep on one node: prepared once, at the first point.
+        out, outputs = os.path.join(tmp, "sweep.json"), os.path.join(tmp, "sweep.outputs")
+        args = workload_args("adaptive")
+        del args[args.index("--sessions"):args.index("--sessions") + 2]  # per point: --sessions-per-c
+        proc = subprocess.run([exe, *args, "--sweep", "1,2", "--sessions-per-c", "2", "--slots", "2", "--hbm-budget",
+                               BUDGET, "--json", out, "--outputs", outputs], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            failures.append(f"sweep: dhs-replay exited {proc.returncode}")
+        else:
+            with open(out) as f:
+                points = json.load(f)
+            blocks = PREFIXES * (PREFIX_TOKENS // BLOCK)
+            got = [(p["settings"]["concurrency"], p["prefix_workload"]["sessions"],
+                    p["prefix_workload"]["preparation_blocks_computed"],
+                    p["prefix_workload"]["preparation_blocks_imported"], p["requests_served"]) for p in points]
+            if got != [(1, 2, blocks, 0, 2), (2, 4, 0, blocks, 4)]:
+                failures.append(f"sweep points (C, sessions, prep computed, prep imported, served) {got}")
+            for c, n in ((1, 2), (2, 4)):
+                try:
+                    with open(f"{outputs}.c{c}") as f:
+                        rows = {r["trace_index"]: r for r in map(json.loads, filter(None, f.read().splitlines()))}
+                except OSError as e:
+                    failures.append(f"sweep: {e}")
+                    continue
+                if sorted(rows) != list(range(PREFIXES, PREFIXES + n)):
+                    failures.append(f"sweep C={c}: rows {sorted(rows)}")
+                failures += [f"sweep C={c}: row {i} differs from the resident run" for i in rows
+                             if i not in res_rows or not same(rows[i], res_rows[i])]
+            w = [p["prefix_workload"] for p in points]
+            if not (0 < w[0]["window_begin_ms"] < w[0]["window_end_ms"] <= w[1]["window_begin_ms"]
+                    < w[1]["window_end_ms"]):
+                failures.append(f"sweep windows not in order: {[(x['window_begin_ms'], x['window_end_ms']) for x in w]}")
         # The workload's settings are checked: a prefix not a multiple of the block is refused with exit 2.
         bad = subprocess.run([exe, "--prefixes", "1", "--prefix-tokens", "100", "--prefix-block-tokens", "64"],
                              capture_output=True, text=True, timeout=60)

@@ -264,7 +264,8 @@ TEST(WorkerSubmit, PreparedPrefixIsDeterministicAndSharedBlocksAreEqual) {
 }
 
 // The required pages of a request (AdmitRequest.required_pages, and dhs-replay's resident sizing): hot cache + tail in
-// pages, plus its index keys in pages, plus in resident mode its whole context in pages.
+// pages (hierarchical modes) or its whole context in pages (resident mode: no hot cache, issue 27), plus its index
+// keys in pages.
 TEST(WorkerGeometry, RequiredPagesAreHotTailIndexKeysAndResidentContext) {
   auto mc = model::PresetConfig("dsv4flash-like");
   ASSERT_TRUE(mc.ok());
@@ -278,8 +279,9 @@ TEST(WorkerGeometry, RequiredPagesAreHotTailIndexKeysAndResidentContext) {
   EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kAdaptive, 0), 6u);                  // (64 + 32) / 16
   EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kAdaptive, 10), 7u);                 // + 1 page of keys
   EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kHisparse, 11), 8u);                 // + 2 pages of keys
-  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 11), 9u);                 // + 1 context page (11 rows)
-  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 17), 6u + 2u + 2u);       // 17 rows: 2 context pages
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 11), 3u);                 // 1 context page (11 rows) + 2 keys
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 17), 2u + 2u);            // 17 rows: 2 context pages + 2 keys
+  EXPECT_EQ(RequiredPages(*mc, g, WorkerMode::kResident, 0), 0u);                  // no hot cache, no tail
 }
 
 TEST(WorkerSubmit, LogitsDigestIsFnv1aOverTheFloatBits) {

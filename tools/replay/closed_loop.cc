@@ -54,7 +54,7 @@ int64_t PrefixWorkload::block() const {
 }
 
 int64_t PrefixWorkload::SessionsAt(int64_t concurrency) const {
-  return sessions > 0 ? sessions : std::max(prefixes, 4 * concurrency);
+  return sessions > 0 ? sessions : std::max(prefixes, sessions_per_c * concurrency);
 }
 
 void AddPrefixWorkloadOptions(CLI::App& app, PrefixWorkload& w) {
@@ -71,8 +71,11 @@ void AddPrefixWorkloadOptions(CLI::App& app, PrefixWorkload& w) {
       ->group(group)->check(IntegerIn<int64_t>(1, int64_t{1} << 30))->capture_default_str();
   app.add_option("--session-output-tokens", w.output_tokens, "Tokens each session generates")
       ->group(group)->check(IntegerIn<int64_t>(1, int64_t{1} << 30))->capture_default_str();
-  app.add_option("--sessions", w.sessions, "Measured sessions per run (0 = max(N, 4 x concurrency))")
+  app.add_option("--sessions", w.sessions, "Measured sessions per run (0 = max(N, --sessions-per-c x concurrency))")
       ->group(group)->check(IntegerIn<int64_t>(0, int64_t{1} << 30));
+  app.add_option("--sessions-per-c", w.sessions_per_c,
+                 "With --sessions 0: K x C sessions at each concurrency C (each --sweep point its own count)")
+      ->group(group)->check(IntegerIn<int64_t>(1, int64_t{1} << 20))->capture_default_str();
   app.add_option("--prefix-cache-bytes", w.prefix_cache_bytes,
                  "The worker's prepared-prefix row cache, bytes (0 = sized to hold every prefix)")
       ->group(group)->transform(CLI::AsSizeValue(true));
@@ -86,10 +89,10 @@ absl::Status ValidatePrefixWorkload(const PrefixWorkload& w) {
   if (!w.on()) {
     const PrefixWorkload d;
     if (w.prefix_tokens != d.prefix_tokens || w.block_tokens != d.block_tokens || w.suffix_tokens != d.suffix_tokens ||
-        w.output_tokens != d.output_tokens || w.sessions != d.sessions ||
+        w.output_tokens != d.output_tokens || w.sessions != d.sessions || w.sessions_per_c != d.sessions_per_c ||
         w.prefix_cache_bytes != d.prefix_cache_bytes) {
       return bad("--prefixes", "is needed by --prefix-tokens, --prefix-block-tokens, --suffix-tokens, "
-                               "--session-output-tokens, --sessions and --prefix-cache-bytes");
+                               "--session-output-tokens, --sessions, --sessions-per-c and --prefix-cache-bytes");
     }
     return absl::OkStatus();
   }
@@ -103,6 +106,7 @@ absl::Status ValidatePrefixWorkload(const PrefixWorkload& w) {
   if (w.suffix_tokens < 1) return bad("--suffix-tokens", "must be >= 1");
   if (w.output_tokens < 1) return bad("--session-output-tokens", "must be >= 1");
   if (w.sessions < 0) return bad("--sessions", "must be >= 0");
+  if (w.sessions_per_c < 1) return bad("--sessions-per-c", "must be >= 1");
   if (w.prefix_cache_bytes < 0) return bad("--prefix-cache-bytes", "must be >= 0");
   return absl::OkStatus();
 }
@@ -138,9 +142,11 @@ absl::StatusOr<PrefixRunResult> RunPrefixWorkload(NodeClient* client, Clock* clo
   out.preparation = *std::move(prep);
   DriverOptions session_options = options;
   session_options.first_request_id = options.first_request_id + static_cast<RequestId>(workload.prefixes);
+  out.window_begin_ms = clock->NowMs();
   auto measured = RunPhase(client, clock, session_options, SessionTrace(workload, workload.SessionsAt(concurrency)),
                            concurrency, "sessions");
   if (!measured.ok()) return measured.status();
+  out.window_end_ms = clock->NowMs();
   out.measured = *std::move(measured);
   // The node's counters since the client connected include the preparation: keep the sessions' share.
   const int64_t admitted = out.measured.stats.sessions_admitted_max;
@@ -167,6 +173,8 @@ PrefixWorkloadFigures MakePrefixWorkloadFigures(const PrefixWorkload& w, const P
   f.preparation_s = run.preparation_ms / 1000.0;
   f.preparation_blocks_computed = run.preparation.stats.prefix_blocks_computed;
   f.preparation_blocks_imported = run.preparation.stats.prefix_blocks_imported;
+  f.window_begin_ms = run.window_begin_ms;
+  f.window_end_ms = run.window_end_ms;
   return f;
 }
 
@@ -183,6 +191,16 @@ std::vector<std::string> PrefixWorkloadWorkerArgs(const PrefixWorkload& w, doubl
 std::vector<std::string> PrefixWorkloadMemdArgs(const PrefixWorkload& w) {
   if (!w.on()) return {};
   return {"--worker-timeout-ms", std::to_string(kStarvedStepMs * 3 / 2)};
+}
+
+bool PrefixSweepSharesNode(const PrefixWorkload& w, size_t sweep_points, const std::string& connect) {
+  return w.on() && sweep_points > 0 && connect.empty();
+}
+
+RequestId SweepFirstRequestId(size_t point) { return 1 + static_cast<RequestId>(point) * kSweepRequestIdStride; }
+
+std::string SweepOutputsPath(const std::string& out, std::optional<int64_t> concurrency) {
+  return concurrency ? absl::StrCat(out, ".c", *concurrency) : out;
 }
 
 }  // namespace dhs::replay

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,20 +36,22 @@ struct PrefixWorkload {
   int64_t block_tokens = 0;        // --prefix-block-tokens B: tokens per hash block (0 = min(512, L))
   int64_t suffix_tokens = 16;      // --suffix-tokens S >= 1: each session's own tokens after the prefix
   int64_t output_tokens = 32;      // --session-output-tokens O >= 1: tokens each session generates
-  int64_t sessions = 0;            // --sessions M: measured sessions (0 = 4 x concurrency, at least N)
+  int64_t sessions = 0;            // --sessions M: measured sessions (0 = per_c x concurrency, at least N)
+  int64_t sessions_per_c = 4;      // --sessions-per-c K >= 1: with sessions == 0, K x C sessions at each C (a sweep)
   int64_t prefix_cache_bytes = 0;  // --prefix-cache-bytes: the worker's row cache (0 = sized to hold every prefix)
 
   bool on() const { return prefixes > 0; }
   int64_t block() const;                        // block_tokens, or min(512, L) when 0
-  int64_t SessionsAt(int64_t concurrency) const;  // sessions, or max(N, 4 * concurrency) when 0
+  int64_t SessionsAt(int64_t concurrency) const;  // sessions, or max(N, sessions_per_c * concurrency) when 0
 };
 
-// Registers --prefixes, --prefix-tokens, --prefix-block-tokens, --suffix-tokens, --session-output-tokens, --sessions
-// and --prefix-cache-bytes on `app`, writing into `workload` (which must outlive the parse).
+// Registers --prefixes, --prefix-tokens, --prefix-block-tokens, --suffix-tokens, --session-output-tokens, --sessions,
+// --sessions-per-c and --prefix-cache-bytes on `app`, writing into `workload` (which must outlive the parse).
 void AddPrefixWorkloadOptions(CLI::App& app, PrefixWorkload& workload);
 
 // InvalidArgument naming the option: with prefixes > 0, prefix_tokens < 1, block_tokens < 0, L not a multiple of the
-// block, suffix_tokens < 1, output_tokens < 1, sessions < 0, prefix_cache_bytes < 0; with prefixes == 0, any of the
+// block, suffix_tokens < 1, output_tokens < 1, sessions < 0, sessions_per_c < 1, prefix_cache_bytes < 0; with
+// prefixes == 0, any of the
 // other options changed from its default (they would be ignored); prefixes < 0.
 absl::Status ValidatePrefixWorkload(const PrefixWorkload& workload);
 
@@ -68,6 +71,8 @@ struct PrefixRunResult {
   double preparation_ms = 0;        // wall time of the preparation phase (not in the measured window)
   DriverResult measured;            // the sessions; stats: this phase's counters only (preparation's subtracted)
   int64_t concurrency = 0;          // C of the closed loop
+  double window_begin_ms = 0;       // the clock's time when the sessions phase began and ended (the measured window)
+  double window_end_ms = 0;
 };
 
 // Runs the preparation (closed loop at min(N, preparation_concurrency)) and then the sessions (closed loop at
@@ -91,5 +96,19 @@ std::vector<std::string> PrefixWorkloadWorkerArgs(const PrefixWorkload& workload
 // and the worker end its epoch mid-benchmark.
 std::vector<std::string> PrefixWorkloadMemdArgs(const PrefixWorkload& workload);
 inline constexpr int64_t kStarvedStepMs = 40000;
+
+// A sweep of the workload (--prefixes with --sweep C1,C2,...) on a node this tool starts runs every point on ONE node:
+// the first point's preparation computes the prefixes, every later point's preparation imports them from the worker's
+// row cache (its preparation_blocks_computed is 0, preparation_blocks_imported N * L / B), so a long context is
+// prepared once per sweep rather than once per point. Each point's window holds its own sessions only (counters
+// subtracted, requests of earlier points all ended). True when the workload is on, `sweep_points` > 0 and no
+// --connect (`connect` empty: a worker given by --connect is one node for every point already).
+bool PrefixSweepSharesNode(const PrefixWorkload& workload, size_t sweep_points, const std::string& connect);
+// The first request id of sweep point `point` (0-based) on a shared node: 1 + point * kSweepRequestIdStride, so no
+// two points' requests share an id. kSweepRequestIdStride = 2^32 requests per point.
+RequestId SweepFirstRequestId(size_t point);
+inline constexpr RequestId kSweepRequestIdStride = RequestId{1} << 32;
+// --outputs OUT of a sweep point at concurrency C: OUT.c<C> (e.g. out.jsonl.c16); of a run without a sweep: OUT.
+std::string SweepOutputsPath(const std::string& out, std::optional<int64_t> concurrency);
 
 }  // namespace dhs::replay

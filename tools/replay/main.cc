@@ -291,6 +291,9 @@ class ReplayRun {
     return absl::OkStatus();
   }
 
+  // Request ids of the next Drive start at `first` (issue 27: the points of a sweep on one node never reuse an id).
+  void SetFirstRequestId(RequestId first) { driver_options_.first_request_id = first; }
+
   // Connects to the target, replays the trace (at `concurrency`) and collects the outcome.
   absl::StatusOr<RunOutcome> Drive(std::optional<int64_t> concurrency) {
     if (supervised_) {  // no kill once every request ended (the closing stats query must find a worker)
@@ -496,16 +499,17 @@ bool FaultsClean(const RunOutcome& run) {
 // One point of the sweep (or the one run): runs it, prints its summary and adds its report to `sweep`; `ok` turns
 // false when a request was not served, the outputs differ or the run is not clean. An exit code when the command
 // stops here (the run failed), else nullopt.
+// `shared`: the node of a prepared-prefix sweep (PrefixSweepSharesNode), else null (the point starts its own).
 std::optional<int> RunPoint(const ReplayOptions& options, const Trace& trace, std::string_view mode,
                             const std::optional<FaultSetup>& faults, std::optional<int64_t> c,
-                            std::vector<SweepPoint>& sweep, bool& ok) {
-  auto run = RunOnce(options, trace, mode, c, std::nullopt, faults);
+                            std::vector<SweepPoint>& sweep, bool& ok, ReplayRun* shared = nullptr) {
+  auto run = shared ? shared->Drive(c) : RunOnce(options, trace, mode, c, std::nullopt, faults);
   if (!run.ok()) {
     std::cerr << "dhs-replay: run failed: " << run.status().message() << "\n";
     return 1;
   }
   if (!options.outputs_out.empty()) {  // --outputs: this run's tokens, also of a run that failed part-way
-    if (absl::Status s = WriteRequestOutputs(run->result, options.outputs_out); !s.ok()) {
+    if (absl::Status s = WriteRequestOutputs(run->result, SweepOutputsPath(options.outputs_out, c)); !s.ok()) {
       std::cerr << "dhs-replay: --outputs: " << s.message() << "\n";
       return 1;
     }
@@ -569,8 +573,22 @@ int Main(int argc, char** argv) {
   }
   std::vector<SweepPoint> sweep;
   bool ok = true;
-  for (const std::optional<int64_t>& c : points) {
-    if (std::optional<int> code = RunPoint(options, *trace, mode, *faults, c, sweep, ok)) return *code;
+  // Issue 27: a prepared-prefix sweep runs every point on one node, so the prefixes are computed once per sweep.
+  static const std::string kNoTag;
+  std::optional<ReplayRun> shared;
+  if (PrefixSweepSharesNode(options.prefix_workload, options.sweep.size(), options.connect) && !*faults) {
+    shared.emplace(options, *trace, mode, *faults, kNoTag);
+    if (absl::Status s = shared->StartOwnNode(std::nullopt); !s.ok()) {
+      std::cerr << "dhs-replay: run failed: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (shared) shared->SetFirstRequestId(SweepFirstRequestId(i));
+    if (std::optional<int> code = RunPoint(options, *trace, mode, *faults, points[i], sweep, ok,
+                                           shared ? &*shared : nullptr)) {
+      return *code;
+    }
   }
   if (!WriteOutputs(options, sweep).ok()) return 1;
   if (!options.plot_out.empty() && !WritePlot(options, sweep)) return 1;

@@ -57,7 +57,9 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   }
   if (!o.sweep.empty()) {
     if (o.concurrency || o.time_scale) return bad("--sweep excludes --concurrency and --time-scale");
-    if (!o.outputs_out.empty()) return bad("--outputs writes one run's outputs; it excludes --sweep");
+    if (!o.outputs_out.empty() && !o.prefix_workload.on()) {  // issue 27: a prefix sweep writes OUT.c<C> per point
+      return bad("--outputs with --sweep needs --prefixes (each point's outputs go to OUT.c<C>)");
+    }
     std::set<int64_t> seen;
     for (int64_t c : o.sweep) {
       if (c < 1) return bad("--sweep: every concurrency must be >= 1, got ", c);

@@ -171,7 +171,8 @@ static json PrefixWorkloadJson(const std::optional<PrefixWorkloadFigures>& w) {
               {"concurrency", w->concurrency}, {"in_flight_max", w->in_flight_max},
               {"in_flight_mean", w->in_flight_mean}, {"preparation_s", w->preparation_s},
               {"preparation_blocks_computed", w->preparation_blocks_computed},
-              {"preparation_blocks_imported", w->preparation_blocks_imported}};
+              {"preparation_blocks_imported", w->preparation_blocks_imported},
+              {"window_begin_ms", w->window_begin_ms}, {"window_end_ms", w->window_end_ms}};
 }
 
 static json FaultsJson(const FaultFigures& f) {

@@ -104,6 +104,10 @@ struct PrefixWorkloadFigures {
   double preparation_s = 0;      // wall time of the preparation (one request per prefix), not in the window
   int64_t preparation_blocks_computed = 0;  // prefix blocks computed during the preparation (N * L / block expected)
   int64_t preparation_blocks_imported = 0;  // prefix blocks imported during the preparation
+  // The measured window's bounds on the driver's clock, ms (dhs-replay: CLOCK_MONOTONIC, the clock of the worker's
+  // `step profile: ... at_ms T` lines, so a sweep on one node can split its step profile per point).
+  double window_begin_ms = 0;
+  double window_end_ms = 0;
 };
 
 // A request that was not served, and why (issue 22).

@@ -444,6 +444,10 @@ void CpuDevice::EndReaders(ReaderId reader) {
     }
     if (!readers_.End(reader, &done)) return;
   }
+  // Issue 27: most readers end with no fence waiting on them (a decode step ends one reader per layer group). Waking
+  // the copy thread then bought nothing and, on a loaded CPU, cost the worker its time slice; a copy becomes runnable
+  // only when one of its fences completes here, and the copy loop polls its queue besides.
+  if (done.empty()) return;
   for (auto& s : done) s->Complete(absl::OkStatus());
   cv_.notify_all();  // copies waiting on these fences may run now
 }

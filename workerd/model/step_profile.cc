@@ -45,10 +45,10 @@ std::string StepProfile::Line(bool decode) const {
   for (int64_t ns : t.phase_ns) timed += ns;
   return absl::StrFormat(
       "step profile: %s steps %d queries %d wall_ms %.3f model_ms %.3f index_topk_ms %.3f fetch_ms %.3f "
-      "append_ms %.3f release_ms %.3f outside_ms %.3f",
+      "append_ms %.3f release_ms %.3f outside_ms %.3f at_ms %.3f",
       decode ? "decode" : "mixed", t.steps, t.queries, ms(t.wall_ns), ms(t.wall_ns - timed),
       phase(StepPhase::kIndexTopK), phase(StepPhase::kFetch), phase(StepPhase::kAppend), phase(StepPhase::kRelease),
-      ms(t.outside_ns));
+      ms(t.outside_ns), ms(std::chrono::duration_cast<std::chrono::nanoseconds>(last_end_.time_since_epoch()).count()));
 }
 
 }  // namespace dhs::model

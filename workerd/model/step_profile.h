@@ -3,12 +3,14 @@
 // gets, after every step, the cumulative line of its kind of step (decode: every request of the batch fed one token;
 // mixed: any other, i.e. with prefill chunks or speculative rounds):
 //   step profile: KIND steps N queries Q wall_ms W model_ms M index_topk_ms I fetch_ms F append_ms A release_ms R
-//   outside_ms O
+//   outside_ms O at_ms T
 // model = Run's wall time minus the timed phases (embedding, norms, matmuls, attention, MLP, logits);
 // index_topk = the indexer's scores over every visible position and the top-k; fetch = KvAccess::Fetch (the resolve
 // plan, hot-cache hits, host recoveries and their copies: the link model's time included); append = KvAccess::Append
 // and StoreIndexKeys (tail, pages, host backups queued); release = ReadersDone; outside = time between the end of one
-// step and the start of the next (the worker's loop: batching, emits, memd messages, and any idle wait).
+// step and the start of the next (the worker's loop: batching, emits, memd messages, and any idle wait); at = the end
+// of the latest step on steady_clock (CLOCK_MONOTONIC, ms since its epoch: a client on the same machine, e.g.
+// dhs-replay's window_begin_ms / window_end_ms, splits the cumulative lines per measured window).
 // Off (the default): one relaxed load of a pointer per phase, no clock read.
 //
 // Thread-safety: the worker's loop thread only (one Model::Run at a time), as the model itself.
