@@ -287,9 +287,9 @@ void Run(const uint8_t* data, size_t size) {
         grant.optional_pages.push_back(in.Small32(16));
         grant.optional_history_pages.push_back(j);
       }
-      w.OnAdmitGrant(grant);
+      w.admission().OnAdmitGrant(grant);
     } else if (kind < 150) {  // memd's messages, structured
-      DeliverStructured(in, kind, w);
+      DeliverStructured(in, kind, w.admission());
     } else if (kind < 170) {  // the Retire of a ReadersDone the worker sent
       if (memd.readers_done.empty()) continue;
       const wire::ReadersDoneT rd = memd.readers_done.front();
@@ -299,7 +299,7 @@ void Run(const uint8_t* data, size_t size) {
       retire.gpu = rd.gpu;
       retire.request = rd.request;
       retire.pages = rd.pages;
-      w.OnRetire(retire);
+      w.admission().OnRetire(retire);
     } else if (kind < 215) {  // serving iterations
       for (uint32_t i = 1 + in.Below(4); i > 0 && iterations < kMaxIterations; --i, ++iterations) {
         (void)w.Iterate();
@@ -311,9 +311,9 @@ void Run(const uint8_t* data, size_t size) {
         const uint16_t at = in.U16();
         bytes[at % bytes.size()] ^= static_cast<char>(in.U8() | 1);
       }
-      DispatchWire(bytes, w);
+      DispatchWire(bytes, w.admission());
     } else {  // raw wire bytes
-      DispatchWire(in.Bytes(512), w);
+      DispatchWire(in.Bytes(512), w.admission());
     }
   }
   // Drain: the worker must wind down without crashing (every order answered or dropped by the destructor).

@@ -6,7 +6,8 @@ Prints, for the C++ sources under memd/, workerd/, common/ and tools/ (or the fo
   - the methods of the classes named by --classes (default: dhs::Worker, dhs::ResidencyManager), counted as the
     distinct member-function names declared in the class (prototypes and inline definitions; constructors,
     destructors and operators included, overloads counted once);
-  - the fields of the structs named by --structs (default: dhs::Worker::Request);
+  - the fields of the structs named by --structs (default: dhs::WorkerRequest, the worker's request since issue 23's
+    split: workerd/worker_request.h; Worker::Request is its alias);
   - every function definition longer than --over lines (default 80), longest first, and how many are over 100:
     C++ (and CUDA) functions by universal-ctags, Python functions of the same folders by the ast module.
 
@@ -52,7 +53,7 @@ def main() -> int:
     ap.add_argument("--over", type=int, default=80)
     ap.add_argument("--files", nargs="*", default=["workerd/worker.cc", "memd/residency_manager.cc"])
     ap.add_argument("--classes", nargs="*", default=["dhs::Worker", "dhs::memd::ResidencyManager"])
-    ap.add_argument("--structs", nargs="*", default=["dhs::Worker::Request"])
+    ap.add_argument("--structs", nargs="*", default=["dhs::WorkerRequest"])
     args = ap.parse_args()
 
     for f in args.files:

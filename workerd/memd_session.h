@@ -6,7 +6,7 @@
 //   state      meaning                                                          left by
 //   kConnected memd answers                                                     its connection closed (kLost)
 //   kLost      the connection closed (memd died); the worker has not taken it    the worker serves away (kAway)
-//              yet (Worker::EnterAway: orders resolved, host writes paused)
+//              yet (MemdAway::Enter: orders resolved, host writes paused)
 //   kAway      serving from the GPU; the next re-Hello attempt is due at         a re-Hello sent (kHelloOut)
 //              next_attempt()
 //   kHelloOut  a re-Hello is out on a new connection, unanswered                unanswered / failed (kAway), accepted
@@ -43,14 +43,14 @@ std::string_view MemdStateName(MemdState state);
 // Every allowed move, with the event that makes it:
 inline constexpr std::pair<MemdState, MemdState> kMemdTransitions[] = {
     {MemdState::kConnected, MemdState::kLost},  // memd's connection closed (it died)
-    {MemdState::kLost, MemdState::kAway},       // the worker serves away (Worker::EnterAway)
+    {MemdState::kLost, MemdState::kAway},       // the worker serves away (MemdAway::Enter)
     {MemdState::kAway, MemdState::kHelloOut},   // a re-Hello sent on a new connection
     {MemdState::kHelloOut, MemdState::kAway},   // the re-Hello unanswered for the memd timeout: retried later
     {MemdState::kHelloOut, MemdState::kConnected},  // a memd accepted the re-Hello
     {MemdState::kAway, MemdState::kConnected},  // in process (no transport): the re-Hello's reply handed in directly
 };
 
-// What the worker does when a memd accepted its re-Hello (Worker::ReturnFromAway), from the reply and the book:
+// What the worker does when a memd accepted its re-Hello (MemdAway::Return), from the reply and the book:
 struct ReturnPlan {
   // Reports memd refused, of requests in the book (HelloReply.refused_reports, with refused_reasons; "" when none):
   // each ends to its client like after a fence and is resumed (from memd's interrupted record when it lists one).
@@ -72,7 +72,7 @@ class MemdSession {
   // memd is not connected (kLost, kAway, kHelloOut): the transport sends nothing to memd.
   bool away() const { return state_ != MemdState::kConnected; }
   // The worker took the loss and serves away (kAway, kHelloOut): ends, admissions and tokens wait for the re-Hello,
-  // no host page is written (Worker::EnterAway .. ReturnFromAway).
+  // no host page is written (MemdAway::Enter .. Return).
   bool serving_away() const { return state_ == MemdState::kAway || state_ == MemdState::kHelloOut; }
   bool hello_out() const { return state_ == MemdState::kHelloOut; }
 

@@ -28,7 +28,7 @@ namespace dhs {
 // One request's resume state (held by the worker's request, changed only by ResumeImporter). Empty for a request
 // that is not a resume.
 struct ResumeState {
-  std::optional<std::chrono::steady_clock::time_point> started;  // set for a resumed request (Worker::Resume)
+  std::optional<std::chrono::steady_clock::time_point> started;  // set for a resumed request (AdmissionDesk::Resume)
   std::vector<HostBackedPage> host_backed;  // the grant's host-backed pages that matched their checksums, ascending
   std::deque<HostRun> runs;                 // the plan's runs not imported yet, in position order
   Position rows_imported = 0, rows_recomputed = 0;  // its history: imported from host / recomputed (planned, moved
@@ -58,7 +58,7 @@ class ResumeImporter {
   ResumeImporter(const model::Model* model, HierarchicalKvAccess* hier, uint32_t page_rows)
       : model_(model), hier_(hier), page_rows_(page_rows) {}
 
-  // A resumed request (Worker::Resume) started at `now`.
+  // A resumed request (AdmissionDesk::Resume) started at `now`.
   static void Start(ResumeState& s, std::chrono::steady_clock::time_point now) { s.started = now; }
   static bool resumed(const ResumeState& s) { return s.started.has_value(); }
 

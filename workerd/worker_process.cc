@@ -27,11 +27,12 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   }
   if (absl::Status s = p->BindAndConnect(model, options, *geometry); !s.ok()) return s;
   if (absl::Status s = p->PrepareKeptAlive(model, device, options); !s.ok()) return s;
-  p->worker_->set_epoch(p->memd_->worker_epoch());
+  p->worker_->book().set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
   p->publish_metrics_ = options.publish_metrics;
   p->PublishMetrics();
-  if (absl::Status s = p->worker_->ResumeInterrupted(p->memd_->interrupted_requests(), p->memd_->interrupted_records());
+  if (absl::Status s = p->worker_->admission().ResumeInterrupted(p->memd_->interrupted_requests(),
+                                                                 p->memd_->interrupted_records());
       !s.ok()) {
     return s;
   }
@@ -136,8 +137,8 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
     tokens_before_ = tokens;
     rate_since_ = now;
   }
-  const MemdClient::Load load{worker_->active_requests(), worker_->pending_orders(), tokens_per_s_};
-  if (absl::Status s = memd_->Poll(*worker_, load); !s.ok()) {
+  const MemdClient::Load load{worker_->book().active(), worker_->pending_orders(), tokens_per_s_};
+  if (absl::Status s = memd_->Poll(worker_->admission(), load); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
   }
   if (absl::Status s = ServeAway(); !s.ok()) return s;
@@ -145,7 +146,7 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
     return absl::Status(s.code(), absl::StrCat("serving socket: ", s.message()));
   }
   for (const std::string& peer : frontend_->TakeGonePeers()) {
-    if (const size_t n = worker_->EndClient(peer, absl::UnavailableError("client went away")); n > 0) {
+    if (const size_t n = worker_->clients().EndClient(peer, absl::UnavailableError("client went away")); n > 0) {
       spdlog::info("workerd: a client went away; its {} requests end", n);
     }
   }
@@ -174,15 +175,15 @@ std::string WorkerProcess::metrics() const {
 
 absl::Status WorkerProcess::ServeAway() {
   if (!memd_->away()) return absl::OkStatus();
-  worker_->EnterAway();  // once per death
+  worker_->memd_away().Enter();  // once per death
   absl::StatusOr<std::optional<wire::HelloReplyT>> back = memd_->PollAway([this] {
     wire::HelloT hello = hello_;
-    hello.report = worker_->Report();
+    hello.report = worker_->memd_away().Report();
     return hello;
   });
   if (!back.ok()) return absl::Status(back.status().code(), absl::StrCat("memd connection: ", back.status().message()));
   if (!back->has_value()) return absl::OkStatus();
-  return worker_->ReturnFromAway(**back);
+  return worker_->memd_away().Return(**back);
 }
 
 absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout) {
@@ -192,8 +193,8 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
   const size_t ended = worker_->StopAll(WorkerStoppingError());  // end_reason WORKER_STOPPING
   absl::Status status;
   while (std::chrono::steady_clock::now() < deadline) {
-    const MemdClient::Load load{worker_->active_requests(), worker_->pending_orders(), 0};
-    if (absl::Status s = memd_->Poll(*worker_, load); !s.ok()) {
+    const MemdClient::Load load{worker_->book().active(), worker_->pending_orders(), 0};
+    if (absl::Status s = memd_->Poll(worker_->admission(), load); !s.ok()) {
       status = absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
       break;
     }
@@ -203,13 +204,13 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
       status = busy.status();
       break;
     }
-    if (!*busy && worker_->unacknowledged_stops() == 0) break;
+    if (!*busy && worker_->book().unacknowledged_stops() == 0) break;
     if (memd_->away()) break;  // memd died: no Complete can be acknowledged (the next memd holds them interrupted)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (!status.ok()) return status;
-  if (worker_->unacknowledged_stops() != 0) {
-    return absl::DeadlineExceededError(absl::StrCat(worker_->unacknowledged_stops(), " of ", ended,
+  if (worker_->book().unacknowledged_stops() != 0) {
+    return absl::DeadlineExceededError(absl::StrCat(worker_->book().unacknowledged_stops(), " of ", ended,
                                                     " stopped requests not acknowledged by memd within ",
                                                     timeout.count(), " ms"));
   }

@@ -69,8 +69,8 @@ class WorkerProcess {
   // epoch ended (MemdClient::Poll: fenced by memd, or memd silent for memd_timeout while its connection is open; PollAway:
   // memd died and no memd took the re-Hello within memd_reconnect, or the new one refused it): nothing of memd's was
   // acted on in the iteration that found it; call Abandon, then exit with kExitEpochEnded. memd's death alone does
-  // not end the epoch: the worker serves on (Worker::EnterAway) and says its re-Hello (Worker::Report) to the next
-  // memd (MemdClient::PollAway), then goes on where it was (Worker::ReturnFromAway).
+  // not end the epoch: the worker serves on (MemdAway::Enter) and says its re-Hello (MemdAway::Report) to the next
+  // memd (MemdClient::PollAway), then goes on where it was (MemdAway::Return).
   absl::Status Run(const std::function<bool()>& keep_going);
   // One iteration: memd's messages (and our heartbeat; memd away: the re-Hello's next step, and no step of the
   // Worker while a re-Hello is out), clients' messages (waiting up to `wait`; replies waiting for
@@ -97,8 +97,8 @@ class WorkerProcess {
 
  private:
   WorkerProcess() = default;
-  // memd away: enters it (Worker::EnterAway), advances the re-Hello (MemdClient::PollAway) and, once a memd took it,
-  // returns (Worker::ReturnFromAway). Errors: ABORTED (the epoch ended), UNAVAILABLE (memd unreachable after it).
+  // memd away: enters it (MemdAway::Enter), advances the re-Hello (MemdClient::PollAway) and, once a memd took it,
+  // returns (MemdAway::Return). Errors: ABORTED (the epoch ended), UNAVAILABLE (memd unreachable after it).
   absl::Status ServeAway();
   // Start's phases. The serving socket bound, then memd's HelloReply taken (MemdClient::Connect); FailedPrecondition
   // when a mode that needs the host pool finds none listed.

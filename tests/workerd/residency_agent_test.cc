@@ -1179,7 +1179,7 @@ TEST(ResidencyAgentAway, DeadMemdsOrdersAreResolvedLocallyAndTheReportSaysWhereE
   ASSERT_EQ(f.kv.Find(2, 0)->device_page, 8);
   const size_t sent = f.link.log.size();
 
-  ASSERT_TRUE(f.link.session().TakeLoss({}));  // the Worker's part (Worker::EnterAway): the link's session serves away
+  ASSERT_TRUE(f.link.session().TakeLoss({}));  // the Worker's part (MemdAway::Enter): the link's session serves away
   f.agent.EnterAway();
   EXPECT_EQ(f.link.log.size(), sent) << "an answer went to the dead memd";
   EXPECT_FALSE(f.agent.busy()) << "an order of the dead memd is still open";

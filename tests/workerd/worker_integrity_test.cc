@@ -69,7 +69,7 @@ struct Side {
     auto w = Worker::Create(m, &device, config, memd->host, memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
-    worker->set_epoch(epoch);
+    worker->book().set_epoch(epoch);
   }
   WorkerConfig config;
   uint64_t host_page_bytes = 0;
@@ -133,14 +133,14 @@ TEST(WorkerIntegrity, AResumedPageThatChangedIsRecomputedAndTheStreamsStayExact)
   ASSERT_NE(changed, UINT32_MAX) << "request 1 kept no page before its last token";
   Side b(m.get(), 2, memd.get());
   for (const Spec& s : specs) {
-    ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
+    ASSERT_TRUE(b.worker->admission().Resume(s.id, records[s.id]).ok());
     ASSERT_TRUE(b.worker->Attach(s.id, static_cast<uint32_t>(had[s.id]), ClientRef{"c2", s.id}).ok());
   }
   for (int it = 0; it < 5000; ++it) {
     b.memd->Pump(*b.worker);
     absl::StatusOr<bool> more = b.worker->Iterate();
     ASSERT_TRUE(more.ok()) << more.status();
-    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+    if (!*more && b.worker->book().active() == 0 && b.worker->book().not_active() == 0) break;
   }
   EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
   for (const Spec& s : specs) {
@@ -175,7 +175,7 @@ TEST(WorkerIntegrity, ALivePageThatChangedFailsItsRequestWithDataLossNeverWrongT
     for (const auto& [hp, sum] : memd->host_checksums) {
       if (changed.insert(hp).second) memd->host[hp * a.host_page_bytes + 1] ^= 0x01;
     }
-    if (!*more && a.worker->active_requests() == 0 && a.worker->waiting_requests() == 0) break;
+    if (!*more && a.worker->book().active() == 0 && a.worker->book().not_active() == 0) break;
   }
   ASSERT_FALSE(changed.empty());
   // Its final chunk is the DATA_LOSS error: never a successful end.

@@ -79,7 +79,7 @@ struct Side {
     auto w = Worker::Create(m, &device, config, memd->host, memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
-    worker->set_epoch(epoch);
+    worker->book().set_epoch(epoch);
   }
   WorkerConfig config;
   CpuDevice device;
@@ -131,7 +131,7 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
   Side b(m.get(), 2, memd.get());
   uint64_t rows = 0;
   for (const Spec& s : Specs()) {
-    ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
+    ASSERT_TRUE(b.worker->admission().Resume(s.id, records[s.id]).ok());
     rows += s.prompt + records[s.id].tokens.size();
   }
   EXPECT_EQ(b.memd->completes, 0);  // the interrupted ids end with their resumes' admissions (resume_of)
@@ -149,7 +149,7 @@ TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattache
       ASSERT_TRUE(b.worker->Attach(2, static_cast<uint32_t>(had[2]), ClientRef{"c2", 2}).ok());
       attached2 = true;
     }
-    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+    if (!*more && b.worker->book().active() == 0 && b.worker->book().not_active() == 0) break;
   }
   ASSERT_TRUE(attached2);
   EXPECT_EQ(b.sink.finished.count(3), 0u);  // finished without a client: its output waits
@@ -244,7 +244,7 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
   if (GetParam().chaos) memd->EnableChaos(16);
   Side b(m.get(), 2, memd.get(), Mode());
   for (const Spec& s : specs) {
-    ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
+    ASSERT_TRUE(b.worker->admission().Resume(s.id, records[s.id]).ok());
     ASSERT_TRUE(b.worker->Attach(s.id, static_cast<uint32_t>(had[s.id]), ClientRef{"c2", s.id}).ok());
   }
   EXPECT_EQ(memd->resumes, 4);
@@ -253,7 +253,7 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
     b.memd->Pump(*b.worker);
     absl::StatusOr<bool> more = b.worker->Iterate();
     ASSERT_TRUE(more.ok()) << more.status();
-    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+    if (!*more && b.worker->book().active() == 0 && b.worker->book().not_active() == 0) break;
   }
   EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
   for (const Spec& s : specs) {
@@ -414,7 +414,7 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
     return CopyFate::kRun;
   });
   for (const Spec& s : specs) {
-    ASSERT_TRUE(b.worker->Resume(s.id, records[s.id]).ok());
+    ASSERT_TRUE(b.worker->admission().Resume(s.id, records[s.id]).ok());
     ASSERT_TRUE(b.worker->Attach(s.id, static_cast<uint32_t>(had[s.id]), ClientRef{"c2", s.id}).ok());
   }
   EXPECT_EQ(memd->pages_taken_over, taken);  // every kept page, gaps and all
@@ -422,7 +422,7 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
     b.memd->Pump(*b.worker);
     absl::StatusOr<bool> more = b.worker->Iterate();
     ASSERT_TRUE(more.ok()) << more.status();
-    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+    if (!*more && b.worker->book().active() == 0 && b.worker->book().not_active() == 0) break;
   }
   EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
   uint64_t imported = 0, recomputed = 0;
@@ -511,7 +511,7 @@ TEST(WorkerReHelloInProcess, AwayWorkerDecodesSendsNothingAndItsReportHoldsEvery
   const size_t admitted = memd->admitted_ids.size();
   const uint64_t generated = a.worker->stats().tokens_generated;
 
-  a.worker->EnterAway();
+  a.worker->memd_away().Enter();
   ASSERT_TRUE(a.worker->Submit(SubmitOf(late), ClientRef{"c", late.id}).ok());
   bool more = true;
   for (int it = 0; it < 1000 && more; ++it) {  // memd is dead: nothing of the fake is delivered (no Pump)
@@ -529,7 +529,7 @@ TEST(WorkerReHelloInProcess, AwayWorkerDecodesSendsNothingAndItsReportHoldsEvery
   for (const Spec& s : specs) EXPECT_EQ(a.sink.out[s.id].tokens.size(), had[s.id]) << "a token reached a client";
   EXPECT_EQ(std::count(a.sink.accepted.begin(), a.sink.accepted.end(), late.id), 1) << "the submit was not accepted";
 
-  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->Report();
+  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->memd_away().Report();
   ASSERT_EQ(report.size(), specs.size()) << "one report per granted request (the waiting submit is not reported)";
   std::set<uint32_t> slots;
   for (const auto& rep : report) {
@@ -563,14 +563,14 @@ TEST(WorkerReHelloInProcess, AwayWorkerDecodesSendsNothingAndItsReportHoldsEvery
   wire::HelloReplyT reply;
   reply.accepted = true;
   reply.worker_epoch = 1;
-  ASSERT_TRUE(a.worker->ReturnFromAway(reply).ok());
-  EXPECT_FALSE(a.worker->away());
+  ASSERT_TRUE(a.worker->memd_away().Return(reply).ok());
+  EXPECT_FALSE(a.worker->memd_away().away());
   EXPECT_EQ(memd->admitted_ids.size(), admitted + 1) << "the submit made while away was not admitted";
   for (int it = 0; it < 5000; ++it) {
     memd->Pump(*a.worker);
     absl::StatusOr<bool> m_more = a.worker->Iterate();
     ASSERT_TRUE(m_more.ok()) << m_more.status();
-    if (!*m_more && a.worker->active_requests() == 0 && a.worker->waiting_requests() == 0) break;
+    if (!*m_more && a.worker->book().active() == 0 && a.worker->book().not_active() == 0) break;
   }
   EXPECT_GT(memd->host_copy_messages, copies) << "the deferred backups were never reported";
   EXPECT_TRUE(a.sink.errors.empty()) << a.sink.errors.begin()->second;
@@ -613,10 +613,10 @@ void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
     ASSERT_TRUE(a.worker->Iterate().ok());
   }
   const size_t had1 = a.sink.out[1].tokens.size();
-  a.worker->EnterAway();
+  a.worker->memd_away().Enter();
   for (int it = 0; it < 1000 && *a.worker->Iterate(); ++it) {
   }
-  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->Report();
+  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->memd_away().Report();
   ASSERT_EQ(report.size(), 2u);
   ASSERT_GT(report[0]->record->tokens.size(), had1);
   std::vector<std::unique_ptr<wire::ReportedRequestT>> adopted;
@@ -636,7 +636,7 @@ void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
   reply.worker_epoch = 1;
   reply.refused_reports = {1};
   reply.refused_reasons = {"request 1: slot 0 out of range or taken"};
-  ASSERT_TRUE(a.worker->ReturnFromAway(reply).ok());
+  ASSERT_TRUE(a.worker->memd_away().Return(reply).ok());
   ASSERT_EQ(a.sink.finished.count(1), 1u);
   EXPECT_NE(a.sink.errors[1].find("worker epoch ended: memd refused its report: request 1: slot 0"), std::string::npos)
       << a.sink.errors[1];
@@ -659,7 +659,7 @@ void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
     memd->Pump(*a.worker);
     absl::StatusOr<bool> more = a.worker->Iterate();
     ASSERT_TRUE(more.ok()) << more.status();
-    if (!*more && a.worker->active_requests() == 0 && a.worker->waiting_requests() == 0) break;
+    if (!*more && a.worker->book().active() == 0 && a.worker->book().not_active() == 0) break;
   }
   EXPECT_EQ(a.sink.finished.count(2), 1u);
   EXPECT_EQ(a.sink.out[2].tokens, want[2].tokens) << "the adopted request's stream";
@@ -748,7 +748,7 @@ TEST(WorkerResume, TwoClientsWithTheSameRequestIdsEachReattachToTheirOwnRequest)
   ASSERT_EQ(records.size(), 4u);
   memd->Fence();
   Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
-  for (const auto& [node, rec] : records) ASSERT_TRUE(b.worker->Resume(node, rec).ok());
+  for (const auto& [node, rec] : records) ASSERT_TRUE(b.worker->admission().Resume(node, rec).ok());
   // Bob first (the resumes of id 1 are in node-id order: Alice's is found first when the key is the id alone).
   for (auto c = clients.rbegin(); c != clients.rend(); ++c) {
     for (RequestId id : ids) {
@@ -761,7 +761,7 @@ TEST(WorkerResume, TwoClientsWithTheSameRequestIdsEachReattachToTheirOwnRequest)
     memd->Pump(*b.worker);
     absl::StatusOr<bool> more = b.worker->Iterate();
     ASSERT_TRUE(more.ok()) << more.status();
-    if (!*more && b.worker->active_requests() == 0 && b.worker->waiting_requests() == 0) break;
+    if (!*more && b.worker->book().active() == 0 && b.worker->book().not_active() == 0) break;
   }
   EXPECT_TRUE(b.sink.errors.empty()) << b.sink.errors.begin()->second;
   for (const Client& c : clients) {
@@ -801,8 +801,8 @@ TEST(WorkerResume, ResumedRequestsCanBeCancelledAttachedOrNot) {
     rec.logits_digests = g.digests;
     return rec;
   };
-  ASSERT_TRUE(b.worker->Resume(0, record(1)).ok());
-  ASSERT_TRUE(b.worker->Resume(0, record(2)).ok());
+  ASSERT_TRUE(b.worker->admission().Resume(0, record(1)).ok());
+  ASSERT_TRUE(b.worker->admission().Resume(0, record(2)).ok());
   memd->Pump(*b.worker);
   ASSERT_TRUE(b.worker->Iterate().ok());
   EXPECT_EQ(b.worker->Cancel(1, 78, ClientRef{"x", 1}, "wrong identity").code(), absl::StatusCode::kNotFound);
@@ -821,12 +821,12 @@ TEST(WorkerResume, ResumedRequestsCanBeCancelledAttachedOrNot) {
   EXPECT_EQ(b.sink.errors[2], "cancelled: enough");
   EXPECT_EQ(memd->completes, 2);
   EXPECT_EQ(memd->slots_free(), static_cast<size_t>(b.config.slots));
-  EXPECT_EQ(b.worker->active_requests() + b.worker->waiting_requests(), 0u);
+  EXPECT_EQ(b.worker->book().active() + b.worker->book().not_active(), 0u);
   EXPECT_EQ(b.worker->stats().requests_cancelled, 2u);
 }
 
 // A resumed request's record that holds all its tokens: resumed with interrupted = 0 (nothing at memd to end), it
-// waits finished for its client (Worker::Resume).
+// waits finished for its client (AdmissionDesk::Resume).
 wire::RequestRecordT FinishedRecord(RequestId id, uint64_t client, uint8_t first_token) {
   wire::RequestRecordT rec;
   rec.client_request = id;
@@ -853,10 +853,10 @@ TEST(WorkerResume, UnclaimedResumedOutputsAreBoundedByCountAndAge) {
     auto w = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
     ASSERT_TRUE(w.ok()) << w.status();
     Worker& worker = **w;
-    ASSERT_TRUE(worker.Resume(0, FinishedRecord(1, 7, 10)).ok());  // client 7's request 1: the oldest
-    ASSERT_TRUE(worker.Resume(0, FinishedRecord(1, 8, 20)).ok());  // client 8's request 1
+    ASSERT_TRUE(worker.admission().Resume(0, FinishedRecord(1, 7, 10)).ok());  // client 7's request 1: the oldest
+    ASSERT_TRUE(worker.admission().Resume(0, FinishedRecord(1, 8, 20)).ok());  // client 8's request 1
     EXPECT_EQ(worker.stats().resumed_outputs_dropped, 0u);
-    ASSERT_TRUE(worker.Resume(0, FinishedRecord(2, 7, 30)).ok());  // a third: client 7's request 1 is dropped
+    ASSERT_TRUE(worker.admission().Resume(0, FinishedRecord(2, 7, 30)).ok());  // a third: client 7's request 1 is dropped
     EXPECT_EQ(worker.stats().resumed_outputs_dropped, 1u);
     EXPECT_EQ(worker.StatsReply().resumed_outputs_dropped, 1u);
     EXPECT_EQ(worker.StatsReply().resumed_outputs_waiting, 2u);

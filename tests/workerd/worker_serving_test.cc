@@ -200,7 +200,7 @@ TEST(WorkerSubmit, ClientIdsMapToNodeIdsThatNeverCollideOrUseReservedValues) {
 // holds from an earlier epoch of its GPU: client id 5 on GPU 1 is (1 << 48) | (2 << 24) | 5, the counter's ids too.
 TEST(WorkerSubmit, NodeIdsOfALaterEpochDifferFromTheFirstEpochs) {
   Fixture f(WorkerMode::kAdaptive, "dsv4flash-like", /*gpu=*/1);
-  f.worker->set_epoch(3);
+  f.worker->book().set_epoch(3);
   constexpr RequestId kEpoch3 = (RequestId{1} << 48) | (RequestId{2} << 24);
   ASSERT_TRUE(f.worker->Submit(Submit(5, Prompt(20, 1), 3), ClientRef{"a", 1}).ok());
   ASSERT_TRUE(f.worker->Submit(Submit(RequestId{1} << 24, Prompt(20, 2), 3), ClientRef{"a", 2}).ok());  // out of n's range
@@ -443,11 +443,11 @@ TEST(WorkerAdmission, RejectedAdmissionEndsTheRequestWithMemdsReason) {
   reject.request = 1;
   reject.code = wire::ErrorCode::RESOURCE_EXHAUSTED;
   reject.reason = "context larger than the GPU";
-  f.worker->OnAdmitReject(reject);
+  f.worker->admission().OnAdmitReject(reject);
   ASSERT_TRUE(f.sink.finished.contains(1));
   EXPECT_NE(f.sink.errors[1].find("context larger than the GPU"), std::string::npos);
   EXPECT_EQ(f.sink.chunks.back().error, wire::ErrorCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(f.worker->waiting_requests(), 0u);
+  EXPECT_EQ(f.worker->book().not_active(), 0u);
 }
 
 // AdmitReject answers an AdmitRequest still waiting for its grant. One for a request memd granted already (it holds its
@@ -460,11 +460,11 @@ TEST(WorkerAdmission, RejectAfterTheGrantIsIgnored) {
   reject.request = 1;
   reject.code = wire::ErrorCode::RESOURCE_EXHAUSTED;
   reject.reason = "late reject";
-  f.worker->OnAdmitReject(reject);  // granted, not started
+  f.worker->admission().OnAdmitReject(reject);  // granted, not started
   EXPECT_FALSE(f.sink.finished.contains(1));
   ASSERT_TRUE(f.worker->Iterate().ok());
-  ASSERT_EQ(f.worker->active_requests(), 1u);
-  f.worker->OnAdmitReject(reject);  // active
+  ASSERT_EQ(f.worker->book().active(), 1u);
+  f.worker->admission().OnAdmitReject(reject);  // active
   EXPECT_FALSE(f.sink.finished.contains(1));
   f.RunUntilFinished(1);
   EXPECT_FALSE(f.sink.errors.contains(1)) << f.sink.errors[1];
@@ -529,12 +529,12 @@ TEST(WorkerBackPressure, EndClientEndsOnlyThatClientsRequests) {
   ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 5), ClientRef{"here", 2}).ok());
   f.memd->Pump(*f.worker);
   ASSERT_TRUE(f.worker->Iterate().ok());
-  EXPECT_EQ(f.worker->EndClient("gone", absl::UnavailableError("client went away")), 1u);
+  EXPECT_EQ(f.worker->clients().EndClient("gone", absl::UnavailableError("client went away")), 1u);
   EXPECT_EQ(f.memd->completes, 1);
   EXPECT_EQ(f.sink.errors[1], "client went away");
   f.RunUntilFinished(2);
   EXPECT_EQ(f.sink.out[2].tokens, Oracle(*f.model, f.Input(Prompt(20, 2)), 5).tokens);
-  EXPECT_EQ(f.worker->EndClient("gone", absl::UnavailableError("again")), 0u);
+  EXPECT_EQ(f.worker->clients().EndClient("gone", absl::UnavailableError("again")), 0u);
 }
 
 // Cancel (issue 22): a request cancelled mid-stream ends at once with a final chunk carrying CANCELLED and the reason,
@@ -603,27 +603,27 @@ TEST(WorkerCancel, CancelWhileWaitingForAdmission) {
   f.memd->Pump(*f.worker);
   ASSERT_TRUE(f.worker->Iterate().ok());
   ASSERT_EQ(f.memd->admissions_waiting(), 1u);  // request 2 waits for the only slot
-  EXPECT_EQ(f.worker->waiting_requests(), 1u);
+  EXPECT_EQ(f.worker->book().not_active(), 1u);
   const RequestId node2 = f.memd->admitted_ids.at(1);
   ASSERT_TRUE(f.worker->Cancel(2, 0, ClientRef{"c", 5}, "gave up waiting").ok());
   EXPECT_EQ(f.sink.errors[2], "cancelled: gave up waiting");
   EXPECT_TRUE(f.sink.finished.contains(2));
-  EXPECT_EQ(f.worker->waiting_requests(), 0u);
+  EXPECT_EQ(f.worker->book().not_active(), 0u);
   EXPECT_EQ(f.memd->admissions_waiting(), 0u) << "memd still queues the cancelled admission";
   EXPECT_EQ(f.memd->completes, 1);
   // A grant that crossed the Complete: ignored (the Complete releases it at memd).
   wire::AdmitGrantT late;
   late.request = node2;
   late.slot = 0;
-  f.worker->OnAdmitGrant(late);
+  f.worker->admission().OnAdmitGrant(late);
   EXPECT_EQ(f.memd->completes, 1) << "the crossing grant was answered with another Complete";
-  EXPECT_EQ(f.worker->active_requests(), 1u);
+  EXPECT_EQ(f.worker->book().active(), 1u);
   // Until the CompleteAck its node id stays taken; afterwards client id 2 may map to it again.
   ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 6), ClientRef{"c", 6}).ok());
   EXPECT_NE(f.memd->admitted_ids.back(), node2);
   wire::CompleteAckT ack;
   ack.request = node2;
-  f.worker->OnCompleteAck(ack);
+  f.worker->admission().OnCompleteAck(ack);
   f.sink.finished.erase(2);
   f.sink.out.erase(2);
   f.RunUntilFinished(2);  // request 1 and the new 2
@@ -811,7 +811,7 @@ struct ScriptedFixture {
       grant.optional_history_pages.push_back(j);
       grant.optional_pages.push_back(dp);
     }
-    worker->OnAdmitGrant(grant);
+    worker->admission().OnAdmitGrant(grant);
   }
   // Rows of `id` appended for every source (0 before its first row).
   Position Appended(RequestId id) {
@@ -925,7 +925,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReaders
     EXPECT_TRUE(kv->Retire(m.pages).ok());
   };
   f.HoldPopulateInto(kDp);
-  f.worker->OnPopulateOrder(ScriptedFixture::PopulateOrder(100, 1, kDp, 0));
+  f.worker->admission().OnPopulateOrder(ScriptedFixture::PopulateOrder(100, 1, kDp, 0));
   ASSERT_EQ(f.device.HeldCopies().size(), 1u);
   EXPECT_EQ(kv->HistoryPageOf(1, kDp), std::optional<uint32_t>(0));  // pending: mapped, not ready
   // memd's scripted order: the reclaim of request 1 (page kDp, which has a host copy) crosses the populate.
@@ -933,7 +933,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReaders
   reclaim.order = 101;
   reclaim.request = 1;
   reclaim.pages = {kDp};
-  f.worker->OnReclaimOrder(reclaim);
+  f.worker->admission().OnReclaimOrder(reclaim);
   for (int it = 0; it < 3; ++it) ASSERT_TRUE(f.worker->Iterate().ok());
   EXPECT_TRUE(f.memd.readers_done.empty()) << "ReadersDone while the populate copy into the page is in flight";
   EXPECT_TRUE(f.memd.publishes.empty());
@@ -955,7 +955,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReaders
   retire.order = 101;
   retire.request = 1;
   retire.pages = {kDp};
-  f.worker->OnRetire(retire);
+  f.worker->admission().OnRetire(retire);
   EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
   EXPECT_EQ(f.worker->pending_orders(), 0u);
   // The request still runs to the end, bit-identical to the model alone.
@@ -977,7 +977,7 @@ TEST(WorkerOrders, PopulateOfAFinishedRequestIsAnsweredAfterItsCopyEnded) {
   f.SubmitAndGrant(1, 40, 3);
   f.RunUntilHostCopy(1, 0);
   f.HoldPopulateInto(kDp);
-  f.worker->OnPopulateOrder(ScriptedFixture::PopulateOrder(200, 1, kDp, 0));
+  f.worker->admission().OnPopulateOrder(ScriptedFixture::PopulateOrder(200, 1, kDp, 0));
   ASSERT_EQ(f.device.HeldCopies().size(), 1u);
   for (int it = 0; it < 500 && !f.sink.finished.contains(1); ++it) ASSERT_TRUE(f.worker->Iterate().ok());
   ASSERT_TRUE(f.sink.finished.contains(1));
@@ -1107,7 +1107,7 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenDefersItAndReportsItsHostCopyL
   ASSERT_LT(f.Appended(1), 32) << "prefill chunk " << chunk << ": page 1 completed before the order";
   ASSERT_EQ(kv->HistoryPageOf(1, kDp1), std::nullopt);  // only planned: it holds nothing yet
   f.HoldHostCopyOf(1, 1);
-  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(300, 1, {kDp0, kDp1}, {10, 11}));
+  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(300, 1, {kDp0, kDp1}, {10, 11}));
   // Page 0's copy (from its GPU page) ends; the order is answered and withdrawn while page 1 is still being written.
   ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
   ASSERT_LT(f.Appended(1), 32) << "the order waited for the victim to finish writing page 1";
@@ -1125,7 +1125,7 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenDefersItAndReportsItsHostCopyL
   retire.order = 300;
   retire.request = 1;
   retire.pages = {kDp0, kDp1};
-  f.worker->OnRetire(retire);
+  f.worker->admission().OnRetire(retire);
   EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
   // The victim goes on prefilling; page 1's host copy (to the order's target) is issued when the page completes, and
   // held: not reported yet. (Iterations stop before page 1's tail slots would be needed: they wait for its copy.)
@@ -1174,7 +1174,7 @@ TEST(WorkerOrders, FailedHostWriteFailsTheReclaimAndRestoresThePlannedKeep) {
     }
     return CopyFate::kRun;
   });
-  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(301, 1, {kDp0, kDp1}, {10, 11}));
+  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(301, 1, {kDp0, kDp1}, {10, 11}));
   ASSERT_TRUE(f.IterateUntil([&] { return f.memd.Index("backup/301") != -1; }));
   f.device.SetCopyHook(nullptr);
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(301);
@@ -1227,7 +1227,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhoseKeepCopyFailedIsAnsweredWithTheFallbackCop
   EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::nullopt) << "the failed keep copy left GPU page " << kDp0 << " mapped";
   EXPECT_FALSE(kv->Find(1)->pages[0].Ready());
   EXPECT_FALSE(f.ReportedDeferred(1, 0));
-  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(303, 1, {kDp0}, {10}));
+  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(303, 1, {kDp0}, {10}));
   EXPECT_TRUE(f.BackupsOf(303).empty()) << "the order was answered (refused?) before the fallback copy ended: "
                                         << (f.BackupsOf(303).empty() ? "" : f.BackupsOf(303)[0].message);
   f.ReleaseHeld();
@@ -1242,7 +1242,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhoseKeepCopyFailedIsAnsweredWithTheFallbackCop
   retire.order = 303;
   retire.request = 1;
   retire.pages = {kDp0};
-  f.worker->OnRetire(retire);
+  f.worker->admission().OnRetire(retire);
   EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
   EXPECT_FALSE(f.ReportedDeferred(1, 0)) << "page 0's copy belongs to the order's BackupComplete";
   ExpectHostPageHolds(f, 10, 0, OriginalRows(*f.model, prompt));
@@ -1261,11 +1261,11 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) 
   ScriptedFixture f;
   constexpr PageIndex kDp = 6;
   f.SubmitAndGrant(3, 40, 2, {{0, kDp}}, 30);
-  ASSERT_EQ(f.worker->active_requests(), 0u);  // granted, not started: no Iterate yet
+  ASSERT_EQ(f.worker->book().active(), 0u);  // granted, not started: no Iterate yet
   CheckBackupsAreWritten(f, 3, {{kDp, 0}});
   Position appended_at_readers_done = -1;
   f.memd.on_readers_done = [&](const wire::ReadersDoneT&) { appended_at_readers_done = f.Appended(3); };
-  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(302, 3, {kDp}, {30}));
+  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(302, 3, {kDp}, {30}));
   ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
   EXPECT_EQ(appended_at_readers_done, 0) << "the order waited for the victim to write its rows";
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(302);
@@ -1278,7 +1278,7 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) 
   retire.order = 302;
   retire.request = 3;
   retire.pages = {kDp};
-  f.worker->OnRetire(retire);
+  f.worker->admission().OnRetire(retire);
   bool kept = false;
   ASSERT_TRUE(f.IterateUntil([&] {
     kept = kept || f.worker->hierarchical()->HistoryPageOf(3, kDp).has_value();
@@ -1355,7 +1355,7 @@ TEST(WorkerAdmission, BadSlotFromMemdFailsOnlyThatRequest) {
     grant.request = id;
     grant.slot = slot;
     for (uint32_t j = 0; j < 2; ++j) grant.backup_host_pages.emplace_back(0, 30 + 10 * id + j);
-    f.worker->OnAdmitGrant(grant);
+    f.worker->admission().OnAdmitGrant(grant);
   };
   submit(2, 2);  // outside N
   submit(3, 0);  // request 1's
@@ -1374,7 +1374,7 @@ TEST(WorkerAdmission, BadSlotFromMemdFailsOnlyThatRequest) {
 // not be answered "backed up": nothing was written here. A finished request's crossing order still is (contract §4).
 TEST(WorkerOrders, ReclaimOfARequestUnknownToThisProcessIsRefusedNotReportedBackedUp) {
   ScriptedFixture f;
-  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(900, 77, {4}, {20}));
+  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(900, 77, {4}, {20}));
   ASSERT_EQ(f.BackupsOf(900).size(), 1u);
   EXPECT_FALSE(f.BackupsOf(900)[0].ok);
   EXPECT_EQ(f.BackupsOf(900)[0].error, wire::ErrorCode::FAILED_PRECONDITION);
@@ -1384,7 +1384,7 @@ TEST(WorkerOrders, ReclaimOfARequestUnknownToThisProcessIsRefusedNotReportedBack
   // Request 3 is served and finished here; an order that crossed its Complete is answered ok (memd dropped it).
   f.SubmitAndGrant(3, 20, 2);
   ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(3); }));
-  f.worker->OnReclaimOrder(ScriptedFixture::ReclaimOrder(901, 3, {4}, {20}));
+  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(901, 3, {4}, {20}));
   ASSERT_TRUE(f.IterateUntil([&] { return f.memd.Index("readers_done/901") >= 0; }));
   ASSERT_EQ(f.BackupsOf(901).size(), 1u);
   EXPECT_TRUE(f.BackupsOf(901)[0].ok);

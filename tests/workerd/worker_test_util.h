@@ -520,10 +520,10 @@ class FakeMemd final : public MemdLink {
     interrupted.erase(it);
     ++resumes;
   }
-  void Deliver(Worker& w, const wire::AdmitGrantT& m) { w.OnAdmitGrant(m); }
-  void Deliver(Worker& w, const wire::ReclaimOrderT& m) { w.OnReclaimOrder(m); }
-  void Deliver(Worker& w, const wire::RetireT& m) { w.OnRetire(m); }
-  void Deliver(Worker& w, const wire::PopulateOrderT& m) { w.OnPopulateOrder(m); }
+  void Deliver(Worker& w, const wire::AdmitGrantT& m) { w.admission().OnAdmitGrant(m); }
+  void Deliver(Worker& w, const wire::ReclaimOrderT& m) { w.admission().OnReclaimOrder(m); }
+  void Deliver(Worker& w, const wire::RetireT& m) { w.admission().OnRetire(m); }
+  void Deliver(Worker& w, const wire::PopulateOrderT& m) { w.admission().OnPopulateOrder(m); }
 
   uint32_t p_;
   std::mt19937_64 rng_;

@@ -1,0 +1,228 @@
+// workerd/admission.cc: see admission.h.
+#include "workerd/admission.h"
+
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace dhs {
+
+absl::Status AdmissionDesk::SendAdmit(const WorkerRequest& r) {
+  const WorkerConfig& config = *p_.config;
+  // A resumed input holds its committed tokens.
+  const uint64_t ctx = r.input.size() - r.out.resumed + r.max_new;
+  const model::ModelConfig& mc = p_.model->config();
+  wire::AdmitRequestT admit;
+  admit.request = r.id;
+  admit.gpu = config.gpu;
+  admit.required_pages = RequiredPages(mc, *p_.geometry, config.mode, ctx);  // the speculation share included
+  SetSpeculationShare(*p_.geometry, admit);
+  admit.history_rows = ctx;
+  admit.complete_pages = CompletePages(r);
+  // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
+  admit.optional_history = config.mode == WorkerMode::kAdaptive;
+  for (int s = 0; s < mc.n_sources(); ++s) {
+    auto info = std::make_unique<wire::RequestSourceInfoT>();
+    info->source = static_cast<uint32_t>(s);
+    info->history_rows = ctx;
+    info->complete_pages = admit.complete_pages;
+    admit.sources.push_back(std::move(info));
+  }
+  admit.host_backed = r.resume_of != 0;  // a resume takes the interrupted request's kept host pages over
+  admit.resume_of = r.resume_of;
+  admit.record = RecordOf(*r.life, r.out.generated, r.out.digests);
+  if (absl::Status s = p_.memd->SendAdmitRequest(admit); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t AdmissionDesk::CompletePages(const WorkerRequest& r) const {
+  return p_.config->mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r.input.size() / p_.config->page_rows) : 0;
+}
+
+bool AdmissionDesk::Start(RequestId id) {
+  // Every granted request holds its own slot (memd's AdmitGrant.slot) and its residency plan: it starts at once.
+  auto it = p_.requests->find(id);
+  if (it == p_.requests->end()) return true;
+  WorkerRequest& r = *it->second;
+  r.session.emplace(p_.model->NewSession(id));
+  DHS_CHECK_OK(p_.book->Transition(id, RequestPhase::kGranted, RequestPhase::kActive));
+  if (!ResumeImporter::resumed(r.resume)) return true;
+  return p_.resumes->Begin(r.resume, r.id, r.client_id, static_cast<Position>(r.input.size()));
+}
+
+// ---- memd's messages ----
+
+void AdmissionDesk::OnAdmitGrant(const wire::AdmitGrantT& m) {
+  auto it = p_.requests->find(m.request);
+  if (it == p_.requests->end() && p_.book->StaleGrant(m.request)) {
+    // Ended (StopAll, Cancel, its client gone) while memd granted it: the Complete sent then (memd reads it after this
+    // grant) releases it.
+    return;
+  }
+  if (it == p_.requests->end()) {
+    spdlog::warn("worker: AdmitGrant for request {} that is not waiting; releasing it", m.request);
+    p_.agent->RefuseGrant(m);
+    return;
+  }
+  WorkerRequest& r = *it->second;
+  const RequestPhase phase = r.life->phase;
+  if (phase != RequestPhase::kWaiting && phase != RequestPhase::kQueued) {
+    spdlog::warn("worker: second AdmitGrant for request {}; ignored", m.request);
+    return;
+  }
+  r.times.granted = std::chrono::steady_clock::now();
+  p_.recorder->Granted(r);
+  const uint64_t rows = r.input.size() - r.out.resumed + r.max_new - 1;  // rows ever appended
+  if (absl::Status s = p_.agent->OnGrant(m, rows / p_.config->page_rows); !s.ok()) {
+    p_.ends->Finish(r.id, s);
+    return;
+  }
+  // A resume's host-backed pages (every one memd took over), checked against their checksums (issue 22).
+  if (absl::Status s = p_.resumes->OnGrant(r.resume, r.id, r.client_id, m); !s.ok()) {
+    p_.ends->Finish(r.id, s);
+    return;
+  }
+  DHS_CHECK_OK(p_.book->Transition(r.id, phase, RequestPhase::kGranted));  // queued for Start
+}
+
+void AdmissionDesk::OnAdmitWait(const wire::AdmitWaitT& m) {
+  if (RequestLife* life = p_.book->Find(m.request); life != nullptr && life->phase == RequestPhase::kWaiting) {
+    DHS_CHECK_OK(p_.book->Transition(m.request, RequestPhase::kWaiting, RequestPhase::kQueued));
+  }
+  spdlog::debug("worker: request {} waits for admission (queue position {}, deficit {} pages)", m.request,
+                m.queue_position, m.deficit_pages);
+}
+
+void AdmissionDesk::OnAdmitReject(const wire::AdmitRejectT& m) {
+  auto it = p_.requests->find(m.request);
+  if (it == p_.requests->end()) {
+    spdlog::warn("worker: AdmitReject for request {} that is not here; ignored", m.request);
+    return;
+  }
+  WorkerRequest& r = *it->second;
+  if (r.life->phase != RequestPhase::kWaiting && r.life->phase != RequestPhase::kQueued) {
+    // Granted already: it holds its slot, its plan and its KV, and ends only through Finish (Complete). A reject
+    // after the grant breaks the contract (§2: one answer per AdmitRequest); it is not obeyed.
+    spdlog::warn("worker: AdmitReject for request {}, which memd granted already; ignored", m.request);
+    return;
+  }
+  absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
+  if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
+  p_.clients->ReportEnd(r, error);
+  EraseRequest(*p_.requests, *p_.book, it);  // never admitted: nothing to release
+}
+
+void AdmissionDesk::OnCompleteAck(const wire::CompleteAckT& m) {
+  p_.book->OnCompleteAck(m.request);
+  spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
+}
+
+void AdmissionDesk::OnReclaimOrder(const wire::ReclaimOrderT& m) { p_.agent->OnReclaimOrder(m); }
+void AdmissionDesk::OnRetire(const wire::RetireT& m) { p_.agent->OnRetire(m); }
+void AdmissionDesk::OnPopulateOrder(const wire::PopulateOrderT& m) { p_.agent->OnPopulateOrder(m); }
+
+// ---- resume (issue 11) ----
+
+absl::Status AdmissionDesk::EndInterrupted(RequestId interrupted) {
+  wire::CompleteT done;
+  done.request = interrupted;
+  done.gpu = p_.config->gpu;
+  if (absl::Status s = p_.memd->SendComplete(done); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AdmissionDesk::Resume(RequestId interrupted, const wire::RequestRecordT& record) {
+  const wire::SubmitRequestT submit = SubmitOfRecord(record);
+  absl::Status valid = ValidateSubmit(submit, p_.config->max_context_tokens);
+  if (valid.ok() && (record.tokens.size() > record.max_new_tokens ||
+                     record.logits_digests.size() != record.tokens.size())) {
+    valid = absl::InvalidArgumentError(absl::StrCat(record.tokens.size(), " committed tokens, ",
+                                                    record.logits_digests.size(), " digests, max_new ",
+                                                    record.max_new_tokens));
+  }
+  // Not resumed (a bad record, or every token committed): the interrupted id ends, memd frees what it kept (nothing
+  // to end for interrupted = 0, a refused report memd holds nothing of).
+  if (!valid.ok()) {
+    if (absl::Status s = interrupted != 0 ? EndInterrupted(interrupted) : absl::OkStatus(); !s.ok()) return s;
+    return absl::InvalidArgumentError(
+        absl::StrCat("interrupted request ", interrupted, ": its record is not resumable: ", valid.message()));
+  }
+  ++p_.recorder->counts().requests_resumed;
+  if (record.tokens.size() >= record.max_new_tokens) {  // every token was committed: nothing to compute
+    if (absl::Status s = interrupted != 0 ? EndInterrupted(interrupted) : absl::OkStatus(); !s.ok()) return s;
+    spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
+                 record.client_request, record.max_new_tokens);
+    p_.clients->KeepOutput({record.client, record.client_request},
+                           DetachedOutput{std::vector<model::Token>(record.tokens.begin(), record.tokens.end()),
+                                          record.logits_digests, absl::OkStatus()});
+    return absl::OkStatus();
+  }
+  // Detached (no client until Attach), never under the interrupted id it continues.
+  std::unique_ptr<WorkerRequest> r =
+      NewWorkerRequest(*p_.book->OpenResumed(submit, interrupted), std::chrono::steady_clock::now());
+  ResumeImporter::Start(r->resume, r->times.submitted);
+  r->out.generated.assign(record.tokens.begin(), record.tokens.end());
+  r->out.digests = record.logits_digests;
+  r->out.resumed = static_cast<Position>(r->out.generated.size());
+  r->life->tokens.committed = r->out.generated.size();  // the new record opens with them
+  r->input.insert(r->input.end(), r->out.generated.begin(), r->out.generated.end());  // imported or recomputed
+  r->resume_of = interrupted;
+  if (absl::Status s = SendAdmit(*r); !s.ok()) {
+    p_.book->Close(r->id, /*completed=*/false);
+    return s;
+  }
+  p_.recorder->Submitted(*r, submit.client, absl::StrCat("resume of ", interrupted, " (pages = committed tokens)"));
+  spdlog::info("worker: interrupted request {} (client {}) resumes as {}: {} committed tokens, {} tokens of history",
+               interrupted, r->client_id, r->id, r->out.resumed, r->input.size());
+  p_.requests->emplace(r->id, std::move(r));  // detached: found by Attach through (client identity, client id)
+  return absl::OkStatus();
+}
+
+absl::Status AdmissionDesk::ResumeInterrupted(std::span<const uint64_t> ids,
+                                              const std::vector<std::unique_ptr<wire::RequestRecordT>>& records) {
+  std::map<uint64_t, const wire::RequestRecordT*> by_id;
+  for (const auto& rec : records) by_id[rec->request] = rec.get();
+  for (uint64_t id : ids) {
+    auto served = p_.requests->find(id);
+    const bool here = served != p_.requests->end();
+    if (here && !WaitsForGrant(served->second->life->held_phase())) continue;  // adopted
+    auto rec = by_id.find(id);
+    // Resumed when it has a record, unless this worker ended it (its Complete went to a dead memd) or waits for its
+    // grant (the dead memd's grant never came: it is admitted again, after this Complete).
+    if (rec != by_id.end() && !here && !p_.agent->Finished(id)) {
+      absl::Status s = Resume(id, *rec->second);
+      if (absl::IsUnavailable(s)) return s;
+      if (!s.ok()) spdlog::warn("workerd: {}; ended", s.ToString());
+      continue;
+    }
+    if (absl::Status s = EndInterrupted(id); !s.ok()) return s;
+    spdlog::info("workerd: interrupted request {} of GPU {} ended ({})", id, p_.config->gpu,
+                 here                       ? "its admission is sent again"
+                 : p_.agent->Finished(id)   ? "it had finished here"
+                                            : "no record");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AdmissionDesk::Resend(std::span<const RequestId> ids) {
+  for (RequestId id : ids) {
+    auto it = p_.requests->find(id);
+    if (it == p_.requests->end() || !WaitsForGrant(it->second->life->phase)) continue;
+    if (it->second->life->phase == RequestPhase::kUnsent) {
+      DHS_CHECK_OK(p_.book->Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
+    }
+    if (absl::Status s = SendAdmit(*it->second); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dhs

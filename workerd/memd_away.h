@@ -1,0 +1,95 @@
+// workerd/memd_away.h: the worker while memd is away, and its return (issue 11, docs/protocol.md "Re-Hello with a
+// report"; issue 23: one room of the old Worker), over the link's MemdSession (workerd/memd_session.h: "memd is away"
+// is stored there only) and its decisions (PlanReturn: who is refused, adopted, sent again).
+//
+// Enter: memd died (its connection closed); its orders are resolved locally (ResidencyAgent::EnterAway) and, until
+// Return, the worker keeps decoding its granted requests from the GPU without writing a host page
+// (HierarchicalKvAccess::PauseHostWrites): nothing is sent to memd; submits are accepted and wait (their AdmitRequest
+// goes after the re-Hello); the step's tokens are held from the clients (Hold: memd's record must have them first); a
+// request pauses (Pause) when its held tokens reach config.away_held_tokens or its next step would need a host write
+// (its tail is full: MayStep); a request that ends (finished, failed, its client gone) stays until the re-Hello
+// (RequestPhase::kEnding), then ends as usual.
+//
+// Report: the re-Hello's report. Return: memd accepted the re-Hello; each refused report's request ends here like
+// after a fence and is resumed, the adopted ones' held tokens go to their clients, host writes resume, the ends
+// deferred while away happen (RequestEnds), the interrupted requests are resumed and the waiting admissions sent again
+// (AdmissionDesk).
+//
+// Thread-safety: none; the worker thread drives it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "dhs_generated.h"
+#include "workerd/admission.h"
+#include "workerd/client_streams.h"
+#include "workerd/geometry.h"
+#include "workerd/kv/hierarchical_kv_access.h"
+#include "workerd/memd_link.h"
+#include "workerd/memd_session.h"
+#include "workerd/request_book.h"
+#include "workerd/residency_agent.h"
+#include "workerd/worker_request.h"
+#include "workerd/worker_stats.h"
+
+namespace dhs {
+
+// What the memd-away handling works with (each must outlive it): the Worker's parts it is handed, never the Worker.
+struct AwayParts {
+  const WorkerConfig* config = nullptr;
+  const WorkerGeometry* geometry = nullptr;
+  MemdLink* memd = nullptr;               // its session() is the one away state
+  RequestBook* book = nullptr;
+  RequestMap* requests = nullptr;
+  ResidencyAgent* agent = nullptr;
+  HierarchicalKvAccess* hier = nullptr;  // nullptr in resident mode (no host writes to pause)
+  WorkerRecorder* recorder = nullptr;
+  ClientStreams* clients = nullptr;
+  AdmissionDesk* admission = nullptr;
+  RequestEnds* ends = nullptr;
+};
+
+class MemdAway {
+ public:
+  explicit MemdAway(const AwayParts& parts) : p_(parts) {}
+
+  // Whether the worker serves away (Enter .. Return; the link's MemdSession::serving_away()).
+  bool away() const { return p_.memd->session().serving_away(); }
+  // memd died: the worker serves away (header). The state is the link's MemdSession (MemdSession::TakeLoss: once
+  // per death; from kConnected too, for an in-process caller). A second call for the same death does nothing.
+  void Enter();
+  // The re-Hello's report (Hello.report): one ReportedRequest per granted request: slot, required pages, pages
+  // (ResidencyAgent::Report), AdmitRequest.complete_pages, optional_history, the speculation share and its record with
+  // every token it generated.
+  std::vector<std::unique_ptr<wire::ReportedRequestT>> Report() const;
+  // memd accepted the re-Hello (`reply`; header, worker.h "ReturnFromAway"). The link's session is connected
+  // afterwards (MemdClient moved it on the reply; an in-process caller's is moved here). Errors: UNAVAILABLE (memd
+  // unreachable).
+  absl::Status Return(const wire::HelloReplyT& reply);
+
+  // Whether r may step now with `rows` more rows: never once it ends or finished; with memd up always; away only
+  // while its client reads, its held tokens are below config.away_held_tokens and its tail has room for `rows` rows
+  // without a host write.
+  bool MayStep(const WorkerRequest& r, Position rows) const;
+  // r may not step while away (MayStep false): an active one that still has tokens to give pauses until the
+  // re-Hello (kPaused; logged once, counted in paused_while_away). Nothing with memd up.
+  void Pause(WorkerRequest& r);
+  // r produced its last `new_tokens` tokens while away: they are held from its client (held_from) until the re-Hello
+  // (counted in tokens_while_away).
+  void Hold(WorkerRequest& r, size_t new_tokens);
+
+ private:
+  // Each refused report's request is dropped here (nothing sent to memd) and ended to its client like after a fence.
+  // Returns the records (every token) of those memd does not list as `interrupted`, to resume.
+  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const ReturnPlan& plan);
+  // The tokens held from r's client while memd was away, in one chunk (final when r finished).
+  void FlushHeld(WorkerRequest& r);
+  // The requests that ended while away, or finished or lost their client: ended now (RequestEnds). Returns how many.
+  size_t EndDeferred();
+
+  AwayParts p_;
+};
+
+}  // namespace dhs

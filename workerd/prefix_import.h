@@ -1,0 +1,53 @@
+// workerd/prefix_import.h: a request's prepared prefix (SubmitRequest.hash_ids; issue 5, brief §10) imported into its
+// model session chunk by chunk (Model::ImportPrefix), whole blocks through the row cache (workerd/prefix_cache.h):
+// a block whose chain is cached is imported (Model::ImportRows, no compute), else computed with its rows captured and
+// offered to the cache. Issue 23: the prepared-prefix import state and its job, out of the Worker's loop (the loop asks
+// for one chunk per iteration while a request's input is fed before its batched steps).
+//
+// Thread-safety: none; the worker thread drives it.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "workerd/kv_access.h"
+#include "workerd/model/model.h"
+#include "workerd/prefix_cache.h"
+#include "workerd/resume_import.h"
+#include "workerd/worker_request.h"
+#include "workerd/worker_stats.h"
+
+namespace dhs {
+
+class PrefixImporter {
+ public:
+  // `model`, `resumes` and `recorder` must outlive it. `prefill_chunk`: the most tokens imported per call (>= 1);
+  // `cache_bytes`: the row cache's capacity (0: no cache, every block computed).
+  PrefixImporter(const model::Model* model, uint32_t prefill_chunk, uint64_t cache_bytes, const ResumeImporter* resumes,
+                 WorkerRecorder* recorder)
+      : model_(model), prefill_chunk_(prefill_chunk), cache_(cache_bytes), resumes_(resumes), recorder_(recorder) {}
+
+  // Feeds r's next chunk of its input up to the prefix's end (r.prefix.tokens, never the last input token: its
+  // logits start decoding) into r.session on `kv`; r.fed advances. A chunk never crosses a block's end when the cache
+  // is on; a whole cached block is imported at once (prefix_blocks_imported), a computed block is captured and
+  // inserted (prefix_blocks_computed). A resume recomputes up to its next host run only, its rows bypassing the cache
+  // (ResumeImporter::NextHostRow). Precondition: r.session open, r.fed < that end. Errors: the model's (the loop
+  // ends r).
+  absl::Status ImportChunk(WorkerRequest& r, KvAccess& kv);
+
+ private:
+  // Whole block `first / block` of r through the cache when r.fed == first: imported when cached (true), else its
+  // capture opened (false). `chain`: the block's chain hash_ids[0..b].
+  absl::StatusOr<bool> ImportCached(WorkerRequest& r, std::span<const uint64_t> chain, KvAccess& kv);
+  // r's captured block, complete at r.fed: its index keys taken from the session, stored in the cache.
+  void InsertCaptured(WorkerRequest& r, std::span<const uint64_t> chain);
+
+  const model::Model* model_;
+  uint32_t prefill_chunk_;
+  PrefixRowCache cache_;
+  const ResumeImporter* resumes_;
+  WorkerRecorder* recorder_;
+};
+
+}  // namespace dhs
