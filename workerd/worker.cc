@@ -78,13 +78,14 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   w->rounds_ = *std::move(rounds);
   w->prefixes_ = std::make_unique<PrefixImporter>(model, w->geometry_.prefill_chunk, config.prefix_cache_bytes,
                                                   w->resumes_.get(), &w->recorder_);
-  w->clients_ = std::make_unique<ClientStreams>(client, &w->book_, &w->requests_, &w->recorder_, w.get());
+  RequestEnds* ends = w.get();  // the rooms end a request through the loop's Finish
+  w->clients_ = std::make_unique<ClientStreams>(client, &w->book_, &w->requests_, &w->recorder_, ends);
   w->admission_ = std::make_unique<AdmissionDesk>(
       AdmissionParts{model, &w->config_, &w->geometry_, memd, &w->book_, &w->requests_, w->agent_.get(),
-                     w->resumes_.get(), &w->recorder_, w->clients_.get(), w.get()});
+                     w->resumes_.get(), &w->recorder_, w->clients_.get(), ends});
   w->away_ = std::make_unique<MemdAway>(AwayParts{&w->config_, &w->geometry_, memd, &w->book_, &w->requests_,
                                                   w->agent_.get(), w->hier_, &w->recorder_, w->clients_.get(),
-                                                  w->admission_.get(), w.get()});
+                                                  w->admission_.get(), ends});
   return w;
 }
 

@@ -151,6 +151,7 @@ class Worker final : public Submitter, private RequestEnds {
   // ResumeImporter).
   using ResumeFigures = dhs::ResumeFigures;
   const std::map<RequestId, ResumeFigures>& resume_figures() const { return resumes_->figures(); }
+  const WorkerGeometry& geometry() const { return geometry_; }
   // Copies and orders in flight (Heartbeat.pending_copies).
   uint32_t pending_orders() const { return agent_->pending_orders(); }
   // Test/introspection: the hierarchical KV store, or nullptr in resident mode. Its staging_bytes() are the staging

@@ -873,7 +873,7 @@ TEST(WorkerResume, UnclaimedResumedOutputsAreBoundedByCountAndAge) {
   config.resumed_outputs.max_age = std::chrono::milliseconds(20);
   auto w = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
   ASSERT_TRUE(w.ok()) << w.status();
-  ASSERT_TRUE((*w)->Resume(0, FinishedRecord(4, 9, 40)).ok());
+  ASSERT_TRUE((*w)->admission().Resume(0, FinishedRecord(4, 9, 40)).ok());
   const auto kept = std::chrono::steady_clock::now();
   ASSERT_TRUE((*w)->Iterate().ok());
   if (std::chrono::steady_clock::now() - kept < std::chrono::milliseconds(20)) {
