@@ -34,7 +34,9 @@ wire::SubmitRequestT Submit(RequestId id, uint32_t max_new, uint64_t client = 0)
 // taken (a client that stopped reading).
 class Sink final : public ClientSink {
  public:
-  void Accepted(const ClientRef& c, const wire::SubmitAcceptedT& a) override { accepted.emplace_back(c.peer, a.request); }
+  void Accepted(const ClientRef& c, const wire::SubmitAcceptedT& a) override {
+    accepted.emplace_back(c.peer, a.request);
+  }
   absl::Status Chunk(const ClientRef& c, const wire::TokenChunkT& chunk) override {
     if (!chunk.finished && chunks.size() >= accept) return absl::ResourceExhaustedError("client not reading (test)");
     chunks.push_back(chunk);
