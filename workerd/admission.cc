@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/fault_point.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -121,6 +122,7 @@ void AdmissionDesk::OnAdmitReject(const wire::AdmitRejectT& m) {
 
 void AdmissionDesk::OnCompleteAck(const wire::CompleteAckT& m) {
   p_.book->OnCompleteAck(m.request);
+  ReachFaultPoint(FaultPoint::kComplete);  // test-only: memd released the request (common/fault_point.h)
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 
@@ -130,10 +132,11 @@ void AdmissionDesk::OnPopulateOrder(const wire::PopulateOrderT& m) { p_.agent->O
 
 // ---- resume (issue 11) ----
 
-absl::Status AdmissionDesk::EndInterrupted(RequestId interrupted) {
+absl::Status AdmissionDesk::EndInterrupted(RequestId interrupted, bool keep_output) {
   wire::CompleteT done;
   done.request = interrupted;
   done.gpu = p_.config->gpu;
+  done.keep_output = keep_output;  // its output waits here for its client: memd keeps it too (lost ends)
   if (absl::Status s = p_.memd->SendComplete(done); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
   }
@@ -158,7 +161,10 @@ absl::Status AdmissionDesk::Resume(RequestId interrupted, const wire::RequestRec
   }
   ++p_.recorder->counts().requests_resumed;
   if (record.tokens.size() >= record.max_new_tokens) {  // every token was committed: nothing to compute
-    if (absl::Status s = interrupted != 0 ? EndInterrupted(interrupted) : absl::OkStatus(); !s.ok()) return s;
+    if (absl::Status s = interrupted != 0 ? EndInterrupted(interrupted, /*keep_output=*/true) : absl::OkStatus();
+        !s.ok()) {
+      return s;
+    }
     spdlog::info("worker: interrupted request {} (client {}) had all its {} tokens; kept for its client", interrupted,
                  record.client_request, record.max_new_tokens);
     p_.clients->KeepOutput({record.client, record.client_request},

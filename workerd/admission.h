@@ -111,8 +111,10 @@ class AdmissionDesk final : public MemdHandler {
   void OnCompleteAck(const wire::CompleteAckT& m) override;
 
  private:
-  // Complete for an interrupted id this worker does not resume (memd frees what it kept). Errors: UNAVAILABLE.
-  absl::Status EndInterrupted(RequestId interrupted);
+  // Complete for an interrupted id this worker does not resume (memd frees what it kept; `keep_output`: its record
+  // held every token, memd keeps the output too, workerd/README.md "Restart: a finished request's end"). Errors:
+  // UNAVAILABLE.
+  absl::Status EndInterrupted(RequestId interrupted, bool keep_output = false);
 
   AdmissionParts p_;
 };

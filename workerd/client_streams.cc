@@ -74,6 +74,30 @@ void ClientStreams::KeepOutput(const ResumeKey& key, DetachedOutput output) {
   DropUnclaimed(book_->KeepDetached(key, std::move(output), std::chrono::steady_clock::now()));
 }
 
+size_t ClientStreams::KeepFinishedOutputs(const std::vector<std::unique_ptr<wire::RequestRecordT>>& records) {
+  size_t kept = 0;
+  for (const auto& rec : records) {
+    if (rec == nullptr) continue;
+    if (rec->tokens.size() != rec->max_new_tokens || rec->logits_digests.size() != rec->tokens.size()) {
+      spdlog::warn("worker: finished record of request {} (client {}) skipped: {} tokens, {} digests, max_new {}",
+                   rec->request, rec->client_request, rec->tokens.size(), rec->logits_digests.size(),
+                   rec->max_new_tokens);
+      continue;
+    }
+    // A resumed request of that key waits for its client (clients without an identity share keys): it is the one.
+    if (book_->FindDetached({rec->client, rec->client_request}) != nullptr) continue;
+    KeepOutput({rec->client, rec->client_request},
+               DetachedOutput{std::vector<model::Token>(rec->tokens.begin(), rec->tokens.end()), rec->logits_digests,
+                              absl::OkStatus()});
+    ++kept;
+  }
+  if (kept > 0) {
+    spdlog::info("worker: {} outputs of requests the previous worker finished are kept for a client whose final "
+                 "chunk died with it (Attach)", kept);
+  }
+  return kept;
+}
+
 void ClientStreams::ExpireOutputs(std::chrono::steady_clock::time_point now) {
   if (book_->detached_outputs() > 0) DropUnclaimed(book_->ExpireDetached(now));
 }

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,12 @@ class ClientStreams {
   void ReportEnd(WorkerRequest& r, const absl::Status& error);
   // A resumed request that had all its tokens (never admitted again): its output kept for its client's Attach.
   void KeepOutput(const ResumeKey& key, DetachedOutput output);
+  // Lost ends (workerd/README.md "Restart: a finished request's end"): the outputs of requests the GPU's previous
+  // worker finished (HelloReply.finished_records: every token, no input), each kept for its client's Attach as a
+  // resumed request's finished output (the same bound; nothing is admitted, no Complete). A record whose tokens are
+  // not all there (tokens != max_new_tokens or digests' length differs) is logged and skipped, as is one whose key a
+  // resumed request waiting for its client has. Returns how many were kept.
+  size_t KeepFinishedOutputs(const std::vector<std::unique_ptr<wire::RequestRecordT>>& records);
   // The kept outputs past their age bound at `now` are dropped (logged and counted).
   void ExpireOutputs(std::chrono::steady_clock::time_point now);
 

@@ -413,7 +413,9 @@ void Worker::Finish(RequestId id, absl::Status error) {
   if (!error.ok()) spdlog::warn("worker: request {} ends with an error: {}", id, error.ToString());
   rounds_->Release(r.spec);
   clients_->ReportEnd(r, error);
-  agent_->EndRequest(id);  // copies memd would free pages under end first; KV released; Complete
+  // A finished request's final chunk may still be queued in this process (the client outbox, ZeroMQ's queue): memd
+  // keeps its output past the Complete, for the next worker should this one die first (README.md "Restart").
+  agent_->EndRequest(id, CompleteOf(r, error));  // copies memd would free pages under end first; KV released; Complete
   EraseRequest(requests_, book_, it, /*completed=*/true);  // a waiting one's grant may cross the Complete
 }
 

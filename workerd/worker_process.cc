@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
       !s.ok()) {
     return s;
   }
-  p->worker_->KeepFinishedOutputs(p->memd_->finished_records());  // also before the socket is served (lost ends)
+  p->worker_->clients().KeepFinishedOutputs(p->memd_->finished_records());  // also before the socket is served (lost ends)
   return p;
 }
 

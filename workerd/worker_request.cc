@@ -31,6 +31,17 @@ std::unique_ptr<WorkerRequest> NewWorkerRequest(RequestLife& life, std::chrono::
   return r;
 }
 
+wire::CompleteT CompleteOf(const WorkerRequest& r, const absl::Status& error) {
+  wire::CompleteT complete;
+  if (error.ok() && r.finished() && r.out.digests.size() == r.out.generated.size()) {
+    complete.keep_output = true;
+    complete.output_from = 0;  // all of them: memd checks the overlap with its record (equal), appends the rest
+    for (model::Token t : r.out.generated) complete.output_tokens.push_back(static_cast<uint8_t>(t));
+    complete.output_digests = r.out.digests;
+  }
+  return complete;
+}
+
 void EraseRequest(RequestMap& requests, RequestBook& book, RequestMap::iterator it, bool completed) {
   book.Close(it->first, completed);
   requests.erase(it);

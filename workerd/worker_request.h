@@ -90,6 +90,11 @@ using RequestMap = std::map<RequestId, std::unique_ptr<WorkerRequest>>;
 // prefix, sampling and limit from life.submit.
 std::unique_ptr<WorkerRequest> NewWorkerRequest(RequestLife& life, std::chrono::steady_clock::time_point now);
 
+// The Complete of request r ending with `error` (its request and gpu are the agent's to set): a request that finished
+// with all its max_new tokens keeps its output at memd past the Complete (keep_output, every token and digest from 0:
+// its final chunk may still be queued in this process; workerd/README.md "Restart: a finished request's end").
+wire::CompleteT CompleteOf(const WorkerRequest& r, const absl::Status& error);
+
 // Forgets a request (ended, rejected, refused): its node id and client id become free (RequestBook::Close;
 // `completed`: a Complete goes to memd for it), then it leaves `requests`.
 void EraseRequest(RequestMap& requests, RequestBook& book, RequestMap::iterator it, bool completed = false);
