@@ -15,19 +15,18 @@ namespace {
 
 struct Expected {
   uint64_t page_bytes = 0;
-  uint64_t resident_pages = 0;  // hot cache + tail + index keys + the whole context, pages
+  uint64_t resident_pages = 0;  // index keys + the whole context, pages (resident keeps no hot cache or tail)
 };
 
-// workerd/README.md: B = max(64, 4 (k + window)), T = 2p, p = 64, page_bytes = p * sum of d_KV;
-// required = ceil((B + T) / p) + ceil(context * L_idx * d_idx / page_bytes) + ceil(context / p) (resident).
+// p = 64, page_bytes = p * sum of d_KV; a resident request declares
+// required = ceil(context * L_idx * d_idx / page_bytes) + ceil(context / p): its index keys and whole context, no
+// hot cache or tail (resident serving allocates none, brief §8; common/worker_shape.h, issue 27's planner fix).
 Expected ExpectedResident(const model::ModelConfig& m, uint64_t context) {
   const uint64_t p = 64;
-  const uint64_t b = std::max<uint64_t>(64, 4 * static_cast<uint64_t>(m.top_k + m.local_window));
-  const uint64_t t = 2 * p;
   Expected e;
   e.page_bytes = p * m.row_bytes() * static_cast<uint64_t>(m.n_sources());
   const uint64_t meta_bytes = context * static_cast<uint64_t>(m.n_indexers()) * m.index_key_bytes();
-  e.resident_pages = (b + t + p - 1) / p + (meta_bytes + e.page_bytes - 1) / e.page_bytes + (context + p - 1) / p;
+  e.resident_pages = (meta_bytes + e.page_bytes - 1) / e.page_bytes + (context + p - 1) / p;
   return e;
 }
 
