@@ -23,8 +23,9 @@ inline constexpr Position kNoPosition = -1;
 inline constexpr uint32_t kMaxGpus = 1u << 16;
 
 // Node request ids (docs/protocol.md, "Request ids"): every id memd sees is (gpu << 48) | ((epoch - 1) mod 2^24) << 24
-// | n, n in [1, 2^24). The worker of GPU g gives them (workerd/worker.h: Worker::NodeRequestId); memd refuses an id
-// outside the range of the GPU whose worker sent it (memd/daemon.h), so no worker can name another GPU's request.
+// | n, n in [1, 2^24). The worker of GPU g gives them (workerd/request_book.h: RequestBook::NodeRequestId); memd
+// refuses an id outside the range of the GPU whose worker sent it (memd/daemon.h), so no worker can name another GPU's
+// request.
 // 24 epoch bits: a GPU's worker may be restarted 16,777,216 times (one restart every 10 s for 5 years) before ids of
 // two epochs could meet (8 bits wrapped after 256 restarts); n's 24 bits hold more requests than one worker has in
 // flight (--submit-queue <= 2^20 waiting, --slots <= 4096 active).

@@ -9,8 +9,8 @@
 // sample_interval and right before each kill it orders, reads memd's `requests` view and each live request's
 // `request N` view (host_copies: history pages with a confirmed host copy) and digests those host pages into a
 // HostLedger (tools/replay/host_ledger.h) keyed by client id (the low 40 bits of the node request id: dhs-replay's ids
-// are in range, so Worker::NodeRequestId uses them) and history page; a sample keeps only pages listed before and after
-// their digest (a request that ended meanwhile has its pages freed and reused). After a worker death, before the
+// are in range, so RequestBook::NodeRequestId uses them) and history page; a sample keeps only pages listed before and
+// after their digest (a request that ended meanwhile has its pages freed and reused). After a worker death, before the
 // restart may be executed, it waits (bounded) for memd to fence the GPU and checks every recorded page of each
 // interrupted request against the interrupted request's host copies (vanished or changed -> lost); after a memd
 // restart, once the new memd serves, every recorded page is checked against what the new memd lists. rows lost =
