@@ -756,7 +756,7 @@ void ResidencyAgent::ReturnFromAway(const std::set<RequestId>& adopted) {
     if (!adopted.contains(id)) continue;
     // memd's journal decides which host copies count: every written one that is not on a GPU page is reported again
     // (a repeated report of a confirmed copy changes nothing). A page on a GPU page keeps what memd says.
-    std::erase_if(g.reported, [&](uint32_t j) { return !g.gpu_pages.contains(j); });
+    std::erase_if(g.reported, [&pages = g.gpu_pages](uint32_t j) { return !pages.contains(j); });
     wire::HostCopyWrittenT w;
     for (uint32_t j = 0; j < g.host_pages.size(); ++j) {
       if (g.gpu_pages.contains(j) || kv_->Residency(id, j) != PageResidency::kHostWritten) continue;

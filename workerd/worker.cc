@@ -263,7 +263,7 @@ void Worker::FailDataLoss(std::vector<BatchItem>* items) {
   for (auto& [id, why] : hier_->TakeDataLoss()) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
-    if (items != nullptr) std::erase_if(*items, [&](const BatchItem& b) { return b.r->id == id; });  // before Finish
+    if (items != nullptr) std::erase_if(*items, [id = id](const BatchItem& b) { return b.r->id == id; });  // before Finish
     Finish(id, absl::DataLossError(absl::StrCat("request ", it->second->client_id, " failed: ", why.message())));
   }
 }
