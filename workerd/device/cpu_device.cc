@@ -278,7 +278,9 @@ CopyEvent CpuDevice::Submit(CopyKind kind, uint64_t id, CopyHook hook, std::vect
   return CopyEvent(state);
 }
 
-CopyEvent CpuDevice::CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) {
+template <class Copy, class DeviceSide, class ToOp>
+CopyEvent CpuDevice::Enqueue(CopyKind kind, std::span<const Copy> ops, DeviceSide device_side, ToOp to_op,
+                             std::span<const CopyEvent> after) {
   std::vector<Op> v(ops.size());
   std::vector<DeviceRange> dev;
   bool valid = true;
@@ -290,65 +292,37 @@ CopyEvent CpuDevice::CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std
     if (hook_ || async_.enabled) {
       hook = hook_;
       dev.reserve(ops.size());
-      for (const auto& o : ops) dev.push_back(o.dst);
+      for (const Copy& o : ops) dev.push_back(device_side(o));
     }
     for (size_t i = 0; i < ops.size(); ++i) {
-      const HostToDeviceCopy& o = ops[i];
-      uint8_t* d = Resolve(o.dst);
-      valid = valid && d != nullptr && o.src != nullptr;
-      v[i] = Op{d, o.src, o.dst.bytes};
+      v[i] = to_op(ops[i]);
+      valid = valid && v[i].dst != nullptr && v[i].src != nullptr;
     }
   }
-  return Submit(CopyKind::kHostToDevice, id, std::move(hook), std::move(v), std::move(dev), valid, after);
+  return Submit(kind, id, std::move(hook), std::move(v), std::move(dev), valid, after);
+}
+
+CopyEvent CpuDevice::CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) {
+  return Enqueue(
+      CopyKind::kHostToDevice, ops, [](const HostToDeviceCopy& o) { return o.dst; },
+      [this](const HostToDeviceCopy& o) { return Op{Resolve(o.dst), o.src, o.dst.bytes}; }, after);
 }
 
 CopyEvent CpuDevice::CopyDeviceToHost(std::span<const DeviceToHostCopy> ops, std::span<const CopyEvent> after) {
-  std::vector<Op> v(ops.size());
-  std::vector<DeviceRange> dev;
-  bool valid = true;
-  uint64_t id;
-  CopyHook hook;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    id = next_copy_id_++;
-    if (hook_ || async_.enabled) {
-      hook = hook_;
-      dev.reserve(ops.size());
-      for (const auto& o : ops) dev.push_back(o.src);
-    }
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const DeviceToHostCopy& o = ops[i];
-      const uint8_t* s = Resolve(o.src);
-      valid = valid && s != nullptr && o.dst != nullptr;
-      v[i] = Op{o.dst, s, o.src.bytes};
-    }
-  }
-  return Submit(CopyKind::kDeviceToHost, id, std::move(hook), std::move(v), std::move(dev), valid, after);
+  return Enqueue(
+      CopyKind::kDeviceToHost, ops, [](const DeviceToHostCopy& o) { return o.src; },
+      [this](const DeviceToHostCopy& o) { return Op{o.dst, Resolve(o.src), o.src.bytes}; }, after);
 }
 
 CopyEvent CpuDevice::CopyDeviceToDevice(std::span<const DeviceToDeviceCopy> ops, std::span<const CopyEvent> after) {
-  std::vector<Op> v(ops.size());
-  std::vector<DeviceRange> dev;
-  bool valid = true;
-  uint64_t id;
-  CopyHook hook;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    id = next_copy_id_++;
-    if (hook_ || async_.enabled) {
-      hook = hook_;
-      dev.reserve(ops.size());
-      for (const auto& o : ops) dev.push_back(o.dst);
-    }
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const DeviceToDeviceCopy& o = ops[i];
-      uint8_t* d = Resolve(o.dst);
-      const uint8_t* s = Resolve(o.src);
-      valid = valid && d != nullptr && s != nullptr && o.src.bytes == o.dst.bytes;
-      v[i] = Op{d, s, o.dst.bytes};
-    }
-  }
-  return Submit(CopyKind::kDeviceToDevice, id, std::move(hook), std::move(v), std::move(dev), valid, after);
+  // Unequal lengths make the batch invalid: its src is dropped so that the check in Enqueue fails.
+  return Enqueue(
+      CopyKind::kDeviceToDevice, ops, [](const DeviceToDeviceCopy& o) { return o.dst; },
+      [this](const DeviceToDeviceCopy& o) {
+        const uint8_t* s = o.src.bytes == o.dst.bytes ? Resolve(o.src) : nullptr;
+        return Op{Resolve(o.dst), s, o.dst.bytes};
+      },
+      after);
 }
 
 bool CpuDevice::AnyRunnable() const { return dhs::AnyRunnable(queue_); }

@@ -124,6 +124,11 @@ class CpuDevice final : public Device {
   using Job = CopyJob<State>;
 
   uint8_t* Resolve(const DeviceRange& r) const;  // nullptr when out of range
+  // One copy batch: its ops as CopyOps (`to_op`; a null side makes the batch invalid), its device ranges for the hook
+  // and the asynchronous mode (`device_side`), then Submit.
+  template <class Copy, class DeviceSide, class ToOp>
+  CopyEvent Enqueue(CopyKind kind, std::span<const Copy> ops, DeviceSide device_side, ToOp to_op,
+                    std::span<const CopyEvent> after);
   // `id` and `hook` were taken under mu_ with the ops; `device` is filled only when there is a hook.
   CopyEvent Submit(CopyKind kind, uint64_t id, CopyHook hook, std::vector<Op> ops, std::vector<DeviceRange> device,
                    bool valid, std::span<const CopyEvent> after);
