@@ -48,6 +48,26 @@ class KvAccess {
   virtual absl::Status Append(RequestId request, SourceId source, Position position,
                               std::span<const uint8_t> row) = 0;
 
+  // Stores `count` consecutive rows of `source` from position `first` on (`rows`: count whole rows back to back), as
+  // `count` Appends in position order would: same rows stored, same errors (a failure leaves the rows before it
+  // stored). Issue 27: a store may move them together (HierarchicalKvAccess: one copy batch per run of rows inside a
+  // page instead of one per row; a prepared prefix's imported block is 512 rows per source). The default appends row
+  // by row. Errors: as Append; INVALID_ARGUMENT when count is 0 or rows.size() is not a multiple of count.
+  virtual absl::Status AppendRun(RequestId request, SourceId source, Position first, uint32_t count,
+                                 std::span<const uint8_t> rows) {
+    if (count == 0 || rows.size() % count != 0) {
+      return absl::InvalidArgumentError("KV: a run of rows needs count > 0 whole rows");
+    }
+    const size_t row_bytes = rows.size() / count;
+    for (uint32_t j = 0; j < count; ++j) {
+      if (absl::Status s = Append(request, source, first + static_cast<Position>(j), rows.subspan(j * row_bytes, row_bytes));
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Index keys (resume from host KV, issue 11): the model hands every position's index key of indexer number
   // `indexer` (0 .. n_indexers-1, layer order) as soon as it computed it: keys holds n * d_I floats (idx_dim each) of
   // positions first .. first+n-1 of `request`. A store with a host tier keeps them in the positions' host pages
@@ -59,6 +79,12 @@ class KvAccess {
     (void)request, (void)indexer, (void)first, (void)keys;
     return absl::OkStatus();
   }
+
+  // The longest run (rows of one source, AppendRun) a caller appending several sources should pass before the other
+  // sources catch up, runs aligned to multiples of it in position: a hierarchical store completes (backs up) a page
+  // only when every source holds it, and its tail frees a slot only once the page two tails back is backed up
+  // (HierarchicalKvAccess: its page rows p). 0 (the default): position by position, every source at each (Append).
+  virtual uint32_t AppendRunRows() const { return 0; }
 
   // Resolves a batch of selections over the given sources (all of them read with the same selections: one source,
   // or an index producer's followers). Only positions < the request's appended length may be selected.

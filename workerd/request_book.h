@@ -159,6 +159,8 @@ class RequestBook {
   absl::Status DeferEnd(RequestId id, absl::Status why);
   // The granted requests not started yet, in grant order; the queue is emptied.
   std::vector<RequestId> TakeGranted();
+  // Issue 27: granted requests the next TakeGranted would start (the loop must not sleep on its sockets meanwhile).
+  size_t granted_not_started() const { return granted_.size(); }
 
   // The client `client` attaches to detached request `id` (Attach, or a Cancel that answers it): it is found by
   // (client.peer, client id) from now on. Errors, nothing changed: NOT_FOUND, FAILED_PRECONDITION (a client is

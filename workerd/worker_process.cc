@@ -142,6 +142,9 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
     return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
   }
   if (absl::Status s = ServeAway(); !s.ok()) return s;
+  // Issue 27: a grant this Poll took starts in this iteration, not after a wait on the client sockets (which memd's
+  // messages do not end: before, an idle worker's admission waited up to the whole `wait` here).
+  if (worker_->book().granted_not_started() > 0) wait = std::chrono::milliseconds(0);
   if (absl::Status s = frontend_->Serve(wait); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("serving socket: ", s.message()));
   }

@@ -171,6 +171,85 @@ TEST(Kv, TailSlotIsNotReusedBeforeItsBackupCompleted) {
   EXPECT_EQ(h.AppendAll(1, 8).code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Issue 27: AppendRun (a prepared prefix's imported block) moves a page's rows of one source in ONE tail copy batch
+// (row by row it was one batch per row), and stores exactly what Append row by row stores: same tail rows, same
+// backups (host pages byte for byte), same fetched rows.
+TEST(Kv, AppendRunIsOneTailCopyPerPageAndSourceAndStoresWhatAppendDoes) {
+  const KvConfig c = SmallConfig();  // p = 4, T = 8
+  Harness rows(c, 8), runs(c, 8);
+  int runs_h2d = 0;
+  runs.device.SetCopyHook([&](const CopyInfo& i) {
+    runs_h2d += i.kind == CopyKind::kHostToDevice;
+    return CopyFate::kRun;
+  });
+  ASSERT_EQ(runs.kv->AppendRunRows(), 4u);
+  // Positions 0 .. 2 one by one, then 3 .. 16 in runs aligned to pages as Model::ImportRows passes them: 3 (one row,
+  // ending page 0), 4 .. 7, 8 .. 11, 12 .. 15, 16 (one row of page 4): 5 runs x 3 sources.
+  for (Position t = 0; t < 17; ++t) ASSERT_TRUE(rows.AppendAll(1, t).ok());
+  for (Position t = 0; t < 3; ++t) ASSERT_TRUE(runs.AppendAll(1, t).ok());
+  const int before = runs_h2d;
+  EXPECT_EQ(before, 9);  // row by row: one batch per row and source
+  for (Position t = 3; t < 17;) {
+    const Position len = std::min<Position>(17 - t, 4 - t % 4);
+    for (SourceId s = 0; s < 3; ++s) {
+      std::vector<uint8_t> bytes;
+      for (Position u = t; u < t + len; ++u) {
+        const auto row = OriginalRow(1, s, u, runs.layout.row_bytes(s));
+        bytes.insert(bytes.end(), row.begin(), row.end());
+      }
+      ASSERT_TRUE(runs.kv->AppendRun(1, s, t, static_cast<uint32_t>(len), bytes).ok()) << "run at " << t;
+    }
+    t += len;
+  }
+  EXPECT_EQ(runs_h2d - before, 5 * 3);  // one batch per run and source (14 rows x 3 sources row by row: 42)
+  rows.device.WaitIdle();
+  runs.device.WaitIdle();
+  EXPECT_EQ(rows.kv->Poll().backups.size(), 4u);
+  EXPECT_EQ(runs.kv->Poll().backups.size(), 4u);  // pages 0 .. 3 backed up, page 4 has one row
+  const RequestKv* a = rows.kv->Find(1);
+  const RequestKv* b = runs.kv->Find(1);
+  for (SourceId s = 0; s < 3; ++s) EXPECT_EQ(b->appended[s], 17);
+  for (uint32_t j = 0; j < 4; ++j) {
+    ASSERT_GE(a->pages[j].host_page, 0);
+    ASSERT_GE(b->pages[j].host_page, 0);
+    const uint64_t bytes = rows.layout.page_bytes();
+    EXPECT_EQ(0, std::memcmp(rows.host.data() + a->pages[j].host_page * bytes,
+                             runs.host.data() + b->pages[j].host_page * bytes, bytes))
+        << "host copy of page " << j;
+  }
+  runs.device.SetCopyHook(nullptr);
+  ExpectExact(runs, 1, {0, 1}, {16, 0, 9, 14});  // tail and host rows
+  ExpectExact(runs, 1, {2}, {15, 3, 12, 16});
+}
+
+// A run is split at page ends and stops where Append would: a source running two pages ahead of the others finds
+// the tail full (its first page is not complete on every source, so not backed up), and the rows before keep stored.
+TEST(Kv, AppendRunPastAFullTailFailsThereKeepingTheRowsBefore) {
+  Harness h(SmallConfig(), 8);  // T = 8: rows 0 .. 7 fit before page 0 must be backed up
+  std::vector<uint8_t> bytes;
+  for (Position u = 0; u < 10; ++u) {
+    const auto row = OriginalRow(1, 0, u, h.layout.row_bytes(0));
+    bytes.insert(bytes.end(), row.begin(), row.end());
+  }
+  EXPECT_EQ(h.kv->AppendRun(1, 0, 0, 10, bytes).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(h.kv->Find(1)->appended[0], 8);
+  EXPECT_EQ(h.kv->AppendRun(1, 0, 8, 0, {}).code(), absl::StatusCode::kInvalidArgument);  // no rows
+  EXPECT_EQ(h.kv->AppendRun(1, 0, 8, 2, std::span<const uint8_t>(bytes).first(31)).code(),
+            absl::StatusCode::kInvalidArgument);  // not 2 whole rows
+  EXPECT_EQ(h.kv->AppendRun(1, 0, 9, 1, std::span<const uint8_t>(bytes).first(16)).code(),
+            absl::StatusCode::kInvalidArgument);  // a gap
+  // The other sources catch up: page 0 completes and is backed up, so source 0 goes on from 8.
+  for (SourceId s = 1; s < 3; ++s) {
+    for (Position u = 0; u < 4; ++u) ASSERT_TRUE(h.kv->Append(1, s, u, OriginalRow(1, s, u, h.layout.row_bytes(s))).ok());
+  }
+  ASSERT_TRUE(h.kv->AppendRun(1, 0, 8, 2, std::span<const uint8_t>(bytes).subspan(8 * 16, 32)).ok());
+  EXPECT_EQ(h.kv->Find(1)->appended[0], 10);
+  for (SourceId s = 1; s < 3; ++s) {
+    for (Position u = 4; u < 10; ++u) ASSERT_TRUE(h.kv->Append(1, s, u, OriginalRow(1, s, u, h.layout.row_bytes(s))).ok());
+  }
+  ExpectExact(h, 1, {0, 1}, {9, 0, 3, 8});
+}
+
 // A page under an in-flight reader is not reused until the reader ended: hot-slot recovery waits for the reader.
 TEST(Kv, HotSlotUnderInFlightReaderIsNotOverwrittenUntilReadersDone) {
   KvConfig c = SmallConfig();

@@ -168,8 +168,11 @@ TEST(RequestBook, GrantedRequestsStartInGrantOrderOnce) {
   ASSERT_TRUE(book.Transition(ids[0], RequestPhase::kWaiting, RequestPhase::kQueued).ok());
   ASSERT_TRUE(book.Transition(ids[0], RequestPhase::kQueued, RequestPhase::kGranted).ok());
   ASSERT_TRUE(book.Transition(ids[1], RequestPhase::kWaiting, RequestPhase::kGranted).ok());
+  EXPECT_EQ(book.granted_not_started(), 3u);  // issue 27: the loop does not wait on its sockets while > 0
   book.Close(ids[1], true);  // ended before it started: not started
+  EXPECT_EQ(book.granted_not_started(), 2u);
   EXPECT_EQ(book.TakeGranted(), (std::vector<RequestId>{ids[2], ids[0]}));
+  EXPECT_EQ(book.granted_not_started(), 0u);
   EXPECT_TRUE(book.TakeGranted().empty());
 }
 

@@ -65,7 +65,9 @@ class LinkClock {
   virtual void SleepUntil(absl::Time t) const = 0;
 };
 
-// absl::Now() and absl::SleepFor: sleeps, never spins. A process-wide instance.
+// absl::Now() and absl::SleepFor: a wait longer than 500 us sleeps until 500 us before its end, the rest (every wait
+// of a few modelled microseconds) spins on the clock (issue 27: a sleep of microseconds costs up to a timer tick on a
+// loaded machine). A process-wide instance.
 const LinkClock* RealLinkClock();
 
 // A simulated clock for tests: time moves only through Advance / Set, and SleepUntil(t) moves it forward to t

@@ -164,39 +164,78 @@ absl::StatusOr<RequestKv*> HierarchicalKvAccess::Admit(RequestId request, SlotIn
 
 absl::Status HierarchicalKvAccess::Append(RequestId request, SourceId source, Position position,
                                           std::span<const uint8_t> row) {
+  return AppendRun(request, source, position, 1, row);
+}
+
+absl::Status HierarchicalKvAccess::AppendRun(RequestId request, SourceId source, Position first, uint32_t count,
+                                             std::span<const uint8_t> rows) {
   const KvConfig& c = layout_.config();
   if (source >= layout_.num_sources()) return absl::InvalidArgumentError(absl::StrCat("KV: unknown source ", source));
-  if (row.size() != c.row_bytes[source]) {
-    return absl::InvalidArgumentError(absl::StrCat("KV: row of ", row.size(), " bytes, source ", source, " has ",
-                                                   c.row_bytes[source]));
+  const uint64_t row_bytes = c.row_bytes[source];
+  if (count == 0 || rows.size() != count * row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("KV: ", count == 0 ? "empty run" : "row", " of ",
+                                                   count == 0 ? 0 : rows.size() / count, " bytes, source ", source,
+                                                   " has ", row_bytes));
   }
   absl::StatusOr<RequestKv*> kvp = AdmitAnySlot(request);
   if (!kvp.ok()) return kvp.status();
   RequestKv& kv = **kvp;
-  if (position != kv.appended[source]) {
+  if (first != kv.appended[source]) {
     return absl::InvalidArgumentError(absl::StrCat("KV: request ", request, " source ", source, " expects position ",
-                                                   kv.appended[source], ", got ", position));
+                                                   kv.appended[source], ", got ", first));
   }
-  if (absl::Status s = FreeTailSlot(kv, position - static_cast<Position>(c.tail_rows)); !s.ok()) return s;
-  CopyEvent& write = kv.tail_write[source][static_cast<size_t>(position % c.tail_rows)];
-  if (absl::Status s = write.Wait(); !s.ok() && !absl::IsUnavailable(s)) return s;  // upload slot free again
-  uint8_t* upload = tail_upload_[kv.slot].data() + TailUploadOffset(source, position);
-  std::memcpy(upload, row.data(), row.size());
-  const DeviceRange dst{pool_, layout_.TailRow(kv.slot, source, position), row.size()};
+  const Position page_rows = static_cast<Position>(c.page_rows);
+  std::vector<HostToDeviceCopy> ops;
   std::vector<CopyEvent> after;
-  if (device_->ReadersBusy(dst)) after.push_back(device_->ReadersFence(dst));
-  HostToDeviceCopy op{dst, upload};
-  write = device_->CopyHostToDevice({&op, 1}, after);
-  ++kv.appended[source];
-  kv.tail_end[source] = std::max(kv.tail_end[source], kv.appended[source]);
-  // Page completion: every source has the whole page -> schedule its backup (brief §4, §6); a page with an
-  // unverified row waits for CommitVerified.
-  if ((position + 1) % c.page_rows == 0 && position < kv.hold_from) {
-    const uint32_t page = static_cast<uint32_t>(position / c.page_rows);
-    kv.GrowPages(page + 1);
-    const bool complete = std::all_of(kv.appended.begin(), kv.appended.end(),
-                                      [&](Position n) { return n >= Position{page + 1} * c.page_rows; });
-    if (complete) return OnPageComplete(kv, page);
+  // Rows t .. u-1 (copied to their upload slots) go to the tail in one batch; appended moves past them.
+  auto issue = [&](Position t, Position u) {
+    if (u == t) return;
+    const CopyEvent write = device_->CopyHostToDevice(ops, after);
+    for (Position v = t; v < u; ++v) kv.tail_write[source][static_cast<size_t>(v % c.tail_rows)] = write;
+    kv.appended[source] = u;
+    kv.tail_end[source] = std::max(kv.tail_end[source], kv.appended[source]);
+  };
+  for (Position t = first, last = first + static_cast<Position>(count); t < last;) {
+    // One batch per run inside one page (at most p <= T rows: distinct tail slots, each freed of an earlier page).
+    const Position end = std::min(last, (t / page_rows + 1) * page_rows);
+    ops.clear();
+    after.clear();
+    for (Position u = t; u < end; ++u) {
+      absl::Status freed = FreeTailSlot(kv, u - static_cast<Position>(c.tail_rows));
+      CopyEvent& write = kv.tail_write[source][static_cast<size_t>(u % c.tail_rows)];
+      if (freed.ok()) {
+        freed = write.Wait();  // upload slot free again (a failed earlier write freed it too)
+        if (absl::IsUnavailable(freed)) freed = absl::OkStatus();
+      }
+      if (!freed.ok()) {
+        issue(t, u);  // the rows before it are stored, as Append by Append
+        return freed;
+      }
+      uint8_t* upload = tail_upload_[kv.slot].data() + TailUploadOffset(source, u);
+      std::memcpy(upload, rows.data() + static_cast<size_t>(u - first) * row_bytes, row_bytes);
+      const DeviceRange dst{pool_, layout_.TailRow(kv.slot, source, u), row_bytes};
+      if (device_->ReadersBusy(dst)) after.push_back(device_->ReadersFence(dst));
+      if (!ops.empty() && ops.back().dst.offset + static_cast<Location>(ops.back().dst.bytes) == dst.offset &&
+          ops.back().src + ops.back().dst.bytes == upload) {
+        ops.back().dst.bytes += row_bytes;  // adjacent tail slots and upload bytes: one memcpy
+      } else {
+        ops.push_back(HostToDeviceCopy{dst, upload});
+      }
+    }
+    issue(t, end);
+    t = end;
+    // Page completion: every source has the whole page -> schedule its backup (brief §4, §6); a page with an
+    // unverified row waits for CommitVerified.
+    const Position position = end - 1;
+    if (end % page_rows == 0 && position < kv.hold_from) {
+      const uint32_t page = static_cast<uint32_t>(position / c.page_rows);
+      kv.GrowPages(page + 1);
+      const bool complete = std::all_of(kv.appended.begin(), kv.appended.end(),
+                                        [&](Position n) { return n >= Position{page + 1} * c.page_rows; });
+      if (complete) {
+        if (absl::Status s = OnPageComplete(kv, page); !s.ok()) return s;
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -86,6 +86,12 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // KvAccess. A request not planned by PlanResidency is admitted at its first Append into the lowest free slot
   // (RESOURCE_EXHAUSTED when none): a convenience of KV-only tests; the worker always plans with memd's slot first.
   absl::Status Append(RequestId request, SourceId source, Position position, std::span<const uint8_t> row) override;
+  // Issue 27: the rows of a run inside one page go to the tail in ONE copy batch (one event shared by their tail
+  // slots); a run crossing a page end is split there, so a page completes (its backup issued) before the next page's
+  // rows need tail slots. Append is a run of one row.
+  absl::Status AppendRun(RequestId request, SourceId source, Position first, uint32_t count,
+                         std::span<const uint8_t> rows) override;
+  uint32_t AppendRunRows() const override { return layout_.config().page_rows; }
   absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override;
   void ReadersDone(std::span<const SourceId> sources) override;
   void Release(RequestId request) override;

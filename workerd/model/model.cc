@@ -256,17 +256,24 @@ absl::Status Model::ImportRows(ModelSession& session, uint32_t tokens, std::span
     }
   }
   const Position n = session.position_;
-  // Position by position, every source at each: a hierarchical store completes each page on all sources before the
-  // next, so its backup is issued before the tail slot is needed again (a block may be longer than the tail).
-  for (uint32_t j = 0; j < tokens; ++j) {
+  // Run by run (KvAccess::AppendRunRows: a hierarchical store's page, one copy batch per source; issue 27: a block
+  // of 512 rows was 1,536 copies), every source at each: a hierarchical store completes each page on all sources
+  // before the next, so its backup is issued before the tail slot is needed again (a block may be longer than the
+  // tail). Without a run length, position by position.
+  const uint32_t run = std::max<uint32_t>(kv.AppendRunRows(), 1);
+  for (uint32_t j = 0; j < tokens;) {
+    const Position at = n + static_cast<Position>(j);  // runs aligned to multiples of `run` in position
+    const auto len = static_cast<uint32_t>(std::min<Position>(tokens - j, run - at % run));
     for (size_t s = 0; s < rows.size(); ++s) {
-      std::span<const uint8_t> row(rows[s].data() + j * row_bytes, row_bytes);
-      if (absl::Status st = kv.Append(session.request_, static_cast<SourceId>(s), n + static_cast<Position>(j), row);
+      std::span<const uint8_t> part(rows[s].data() + j * row_bytes, len * row_bytes);
+      if (absl::Status st = kv.AppendRun(session.request_, static_cast<SourceId>(s), n + static_cast<Position>(j),
+                                         len, part);
           !st.ok()) {
         session.broken_ = true;
         return st;
       }
     }
+    j += len;
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status st = kv.StoreIndexKeys(session.request_, static_cast<uint32_t>(i), n, keys[i]); !st.ok()) {
