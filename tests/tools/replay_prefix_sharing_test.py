@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """The content-addressed host tier end to end (issue 24, worker side): real memd + workerd started by dhs-replay.
 
-The bundled Mooncake conversation slice (the first 50 requests, lengths x 0.03: blocks of 15 tokens), plain prefill
-(prompt bytes: the worker derives its chain from the tokens) unless said otherwise. Asserts:
+A conversation trace made from the bundled Mooncake slice (its first 200 rows repeat few multi-block prefixes): for
+each of its first 15 rows, the row (8 more hash ids of its own, so that after scaling the ids cover every input
+token) and a follow-up turn (the same ids + 4 new blocks + 8 of its own, 4 * 512 more input tokens); 30 requests,
+lengths x 0.03 (blocks of 15 tokens), plain prefill (prompt bytes: the worker derives its chain from the tokens) unless
+said otherwise. Asserts:
   1. hisparse, --prefix-sharing on, --check-exact: every request served, tokens and logits digests equal to resident
      serving; blocks were imported from memd's shared host pages (prefix.hits_host > 0, prefill_tokens_saved > 0,
      host_pages_shared > 0);
   2. hisparse, sharing off: nothing imported from host (hits_host == 0), and every request's tokens and digests equal
      run 1's (sharing on == sharing off == resident);
-  3. adaptive under a small GPU budget, sharing on, --check-exact: reclaims forced (reclaims > 0), exact;
+  3. adaptive under dhs-replay's default GPU budget, sharing on, --check-exact: reclaims forced (reclaims > 0), exact;
   4. hisparse, sharing on, worker kill points (prefill:3, decode:40), --check-exact: the workers were killed and
      restarted, requests resumed, exact, no host row lost; the prepared-prefix path (hash_ids) as well;
   5. two tenants replaying the same trace (every row twice in a row, --tenants 2, closed loop at C = 1: row 2k is
@@ -27,8 +30,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACE = os.path.join(HERE, "..", "..", "tools", "replay", "data", "mooncake_conversation_head200.jsonl")
-N = 50
-SLICE = ["--requests", str(N), "--length-scale", "0.03"]
+PAIRS = 15
+N = 2 * PAIRS
 
 
 def replay(exe, tmp, tag, args, requests=N):
@@ -73,33 +76,54 @@ def hits(report):
     return (report.get("prefix") or {}).get("hits_host", 0)
 
 
-def tenant_traces(tmp):
-    """The first N rows of the bundled trace with 8 more hash ids each (ids of their own: after scaling, the ids cover
-    every input token, so a row's tokens do not depend on its trace index), written once (the lone tenant's trace)
-    and each row twice in a row (rows 2k and 2k+1 the same request: the two tenants' trace)."""
+def base_rows():
     rows = []
     with open(TRACE) as f:
         for line in f:
             if line.strip():
                 rows.append(json.loads(line))
-            if len(rows) == N:
+            if len(rows) == PAIRS:
                 break
     for k, r in enumerate(rows):
-        r["hash_ids"] = list(r["hash_ids"]) + [10**12 + 100 * k + j for j in range(8)]
-    once, twice = os.path.join(tmp, "once.jsonl"), os.path.join(tmp, "twice.jsonl")
-    with open(once, "w") as f, open(twice, "w") as g:
+        r["own"] = [10**12 + 100 * k + j for j in range(8)]
+    return rows
+
+
+def conversation_trace(tmp):
+    """Each base row, then its follow-up turn (shares every block of the row's hash ids)."""
+    path = os.path.join(tmp, "conversation.jsonl")
+    with open(path, "w") as f:
+        for k, r in enumerate(base_rows()):
+            a = {"timestamp": r["timestamp"], "input_length": r["input_length"], "output_length": r["output_length"],
+                 "hash_ids": r["hash_ids"] + r["own"]}
+            b = dict(a, input_length=r["input_length"] + 4 * 512,
+                     hash_ids=r["hash_ids"] + [2 * 10**12 + 100 * k + j for j in range(4)] +
+                     [3 * 10**12 + 100 * k + j for j in range(8)])
+            f.write(json.dumps(a) + "\n" + json.dumps(b) + "\n")
+    return path
+
+
+def tenant_traces(tmp):
+    """The conversation trace once (the lone tenant's) and each of its rows twice in a row (rows 2k and 2k+1 the same
+    request: the two tenants' trace)."""
+    conv = conversation_trace(tmp)
+    with open(conv) as f:
+        rows = [l for l in f.read().splitlines() if l]
+    twice = os.path.join(tmp, "twice.jsonl")
+    with open(twice, "w") as g:
         for r in rows:
-            f.write(json.dumps(r) + "\n")
-            g.write(json.dumps(r) + "\n" + json.dumps(r) + "\n")
-    return once, twice
+            g.write(r + "\n" + r + "\n")
+    return conv, twice
 
 
 def main():
     exe = sys.argv[1]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
+        conv = conversation_trace(tmp)
+        SLICE = ["--trace", conv, "--requests", str(N), "--length-scale", "0.03"]
         # 1, 2: sharing on (against resident) and off.
-        rc, on, on_rows = replay(exe, tmp, "on", SLICE + ["--mode", "hisparse", "--concurrency", "4",
+        rc, on, on_rows = replay(exe, tmp, "on", SLICE + ["--mode", "hisparse", "--concurrency", "2",
                                                           "--prefix-sharing", "on", "--check-exact"])
         if served(failures, "on", rc, on, exact=True):
             if hits(on) <= 0 or on.get("prefill_tokens_saved", 0) <= 0 or on.get("host_pages_shared", 0) <= 0:
@@ -110,7 +134,7 @@ def main():
             hb = on.get("host_bytes_per_session") or {}
             if not 0 < hb.get("mean", 0) <= hb.get("peak", 0):
                 failures.append(f"on: host_bytes_per_session {hb}")
-        rc, off, off_rows = replay(exe, tmp, "off", SLICE + ["--mode", "hisparse", "--concurrency", "4"])
+        rc, off, off_rows = replay(exe, tmp, "off", SLICE + ["--mode", "hisparse", "--concurrency", "2"])
         if served(failures, "off", rc, off):
             if hits(off) != 0 or off.get("host_pages_shared", 0) != 0:
                 failures.append(f"off: prefix {off.get('prefix')}, host_pages_shared {off.get('host_pages_shared')}")
@@ -119,14 +143,14 @@ def main():
             diff = [i for i in range(N) if i not in on_rows or i not in off_rows or not same(on_rows[i], off_rows[i])]
             if diff:
                 failures.append(f"sharing on != sharing off at rows {diff[:10]}")
-        # 3: forced reclaims (adaptive under a small budget).
-        rc, rec, _ = replay(exe, tmp, "reclaim", SLICE + ["--mode", "adaptive", "--concurrency", "4", "--hbm-budget",
-                                                          "6MB", "--prefix-sharing", "on", "--check-exact"])
+        # 3: forced reclaims (adaptive under dhs-replay's default budget, which reclaims).
+        rc, rec, _ = replay(exe, tmp, "reclaim", SLICE + ["--mode", "adaptive", "--concurrency", "4",
+                                                          "--prefix-sharing", "on", "--check-exact"])
         if served(failures, "reclaim", rc, rec, exact=True) and rec.get("reclaims", 0) < 1:
             failures.append("reclaim: no reclaim: the budget did not put the node under pressure")
         # 4: worker kills, plain prefill and prepared prefix.
         for tag, extra in (("kills", []), ("kills-prepared", ["--prepared-prefix"])):
-            rc, k, _ = replay(exe, tmp, tag, SLICE + ["--mode", "hisparse", "--concurrency", "4", "--prefix-sharing",
+            rc, k, _ = replay(exe, tmp, tag, SLICE + ["--mode", "hisparse", "--concurrency", "2", "--prefix-sharing",
                                                       "on", "--check-exact", "--fault-seed", "7", "--kill-worker-at",
                                                       "prefill:3", "--kill-worker-at", "decode:40", *extra])
             if served(failures, tag, rc, k, exact=True):

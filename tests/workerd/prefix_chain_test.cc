@@ -118,7 +118,7 @@ TEST(PrefixChainAdmit, TheAdmitRequestNamesTheChainOfTheInputExceptInResidentMod
   std::unique_ptr<WorkerRequest> r = NewWorkerRequest(**life, std::chrono::steady_clock::now());
   ASSERT_EQ(r->input.size(), 41u);
   wire::AdmitRequestT a;
-  SetPrefixChain(*r, WorkerMode::kHiSparse, a);
+  SetPrefixChain(*r, WorkerMode::kHisparse, a);
   EXPECT_EQ(a.tenant, "t1");
   EXPECT_EQ(a.prefix_block_ids, (std::vector<uint64_t>{501, 502}));
   EXPECT_EQ(a.prefix_block_tokens, 16u);
