@@ -17,7 +17,8 @@ said otherwise. Asserts:
   5. two tenants replaying the same trace (every row twice in a row, --tenants 2, closed loop at C = 1: row 2k is
      tenant "#0", row 2k+1 tenant "#1"): each tenant's outputs equal a run of the trace with that tenant alone, and
      the host hits are exactly twice the lone tenant's (a page shared across tenants would add the twin row's whole
-     prefix); the control: the same doubled trace under one tenant hits more than that;
+     prefix) and memd holds twice the lone tenant's shared pages (each tenant its own copy); the control: the same
+     doubled trace under one tenant hits more than that and holds the lone tenant's pages once;
 Bad input (the same ids with other tokens) cannot come through dhs-replay (a prepared prefix's tokens follow from its
 ids; prompt bytes get ids derived from their tokens): memd_process MemdPrefix.AChainWithTheSameIdsAndOtherTokens...
 tests it with chains as the worker names them.
@@ -177,6 +178,11 @@ def main():
             if hits(solo) <= 0 or hits(mix) != 2 * hits(solo):
                 failures.append(f"two tenants: hits_host {hits(mix)}, want twice the lone tenant's {hits(solo)} "
                                 f"(no page shared across tenants)")
+            # memd's stats (status view, sampled at the end): each tenant stores its own copy of every page.
+            shared = [r.get("host_pages_shared", 0) for r in (mix, solo, one)]
+            if shared[1] <= 0 or shared[0] != 2 * shared[1] or shared[2] != shared[1]:
+                failures.append(f"host_pages_shared two tenants / lone tenant / one tenant twice: {shared}, want "
+                                f"2x, x, x")
             if hits(one) <= 2 * hits(solo):
                 failures.append(f"control: one tenant over the doubled trace hits {hits(one)}, want more than "
                                 f"{2 * hits(solo)} (the twin's prefix)")
