@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The content-addressed host tier end to end (issue 24, worker side): real memd + workerd started by dhs-replay.
 
-A conversation trace made from the bundled Mooncake slice (its first 200 rows repeat few multi-block prefixes): for
-each of its first 15 rows, the row (8 more hash ids of its own, so that after scaling the ids cover every input
-token) and a follow-up turn (the same ids + 4 new blocks + 8 of its own, 4 * 512 more input tokens); 30 requests,
+A conversation trace made from the bundled Mooncake slice (its first 200 rows repeat few multi-block prefixes): its
+first 15 rows (8 more hash ids each of its own, so that after scaling the ids cover every input token), then their
+follow-up turns (the same ids + 4 new blocks + 8 of its own, 4 * 512 more input tokens); 30 requests,
 lengths x 0.03 (blocks of 15 tokens), plain prefill (prompt bytes: the worker derives its chain from the tokens) unless
 said otherwise. Asserts:
   1. hisparse, --prefix-sharing on, --check-exact: every request served, tokens and logits digests equal to resident
@@ -11,7 +11,8 @@ said otherwise. Asserts:
      host_pages_shared > 0);
   2. hisparse, sharing off: nothing imported from host (hits_host == 0), and every request's tokens and digests equal
      run 1's (sharing on == sharing off == resident);
-  3. adaptive under dhs-replay's default GPU budget, sharing on, --check-exact: reclaims forced (reclaims > 0), exact;
+  3. adaptive under dhs-replay's default GPU budget, sharing on, --check-exact: reclaims forced (reclaims > 0), shared
+     pages imported (hits_host > 0), exact;
   4. hisparse, sharing on, worker kill points (prefill:3, decode:40), --check-exact: the workers were killed and
      restarted, requests resumed, exact, no host row lost; the prepared-prefix path (hash_ids) as well;
   5. two tenants replaying the same trace (every row twice in a row, --tenants 2, closed loop at C = 1: row 2k is
@@ -91,16 +92,20 @@ def base_rows():
 
 
 def conversation_trace(tmp):
-    """Each base row, then its follow-up turn (shares every block of the row's hash ids)."""
+    """The base rows, then their follow-up turns in the same order (each shares every block of its row's hash ids and
+    comes after it ended, so its row's pages are confirmed by then)."""
     path = os.path.join(tmp, "conversation.jsonl")
+    firsts, follow_ups = [], []
+    for k, r in enumerate(base_rows()):
+        a = {"timestamp": r["timestamp"], "input_length": r["input_length"], "output_length": r["output_length"],
+             "hash_ids": r["hash_ids"] + r["own"]}
+        firsts.append(a)
+        follow_ups.append(dict(a, input_length=r["input_length"] + 4 * 512,
+                               hash_ids=r["hash_ids"] + [2 * 10**12 + 100 * k + j for j in range(4)] +
+                               [3 * 10**12 + 100 * k + j for j in range(8)]))
     with open(path, "w") as f:
-        for k, r in enumerate(base_rows()):
-            a = {"timestamp": r["timestamp"], "input_length": r["input_length"], "output_length": r["output_length"],
-                 "hash_ids": r["hash_ids"] + r["own"]}
-            b = dict(a, input_length=r["input_length"] + 4 * 512,
-                     hash_ids=r["hash_ids"] + [2 * 10**12 + 100 * k + j for j in range(4)] +
-                     [3 * 10**12 + 100 * k + j for j in range(8)])
-            f.write(json.dumps(a) + "\n" + json.dumps(b) + "\n")
+        for row in firsts + follow_ups:
+            f.write(json.dumps(row) + "\n")
     return path
 
 
@@ -147,8 +152,11 @@ def main():
         # 3: forced reclaims (adaptive under dhs-replay's default budget, which reclaims).
         rc, rec, _ = replay(exe, tmp, "reclaim", SLICE + ["--mode", "adaptive", "--concurrency", "4",
                                                           "--prefix-sharing", "on", "--check-exact"])
-        if served(failures, "reclaim", rc, rec, exact=True) and rec.get("reclaims", 0) < 1:
-            failures.append("reclaim: no reclaim: the budget did not put the node under pressure")
+        if served(failures, "reclaim", rc, rec, exact=True):
+            if rec.get("reclaims", 0) < 1:
+                failures.append("reclaim: no reclaim: the budget did not put the node under pressure")
+            if hits(rec) <= 0:  # pages reach host by reclaims' backups and decoded pages: shared, then imported
+                failures.append(f"reclaim: no shared page imported: prefix {rec.get('prefix')}")
         # 4: worker kills, plain prefill and prepared prefix.
         for tag, extra in (("kills", []), ("kills-prepared", ["--prepared-prefix"])):
             rc, k, _ = replay(exe, tmp, tag, SLICE + ["--mode", "hisparse", "--concurrency", "2", "--prefix-sharing",

@@ -103,7 +103,7 @@ struct NodeStats {
   int64_t host_bytes_recovered = 0;   // issue 27: host -> device bytes of the worker's recoveries (bytes_recovered)
   // Issue 24 (prefix sharing): the worker's prefix lookups by tier, blocks (WorkerStatsReply.prefix_*), prefill tokens
   // saved, shared host pages granted; memd's host pool sampled with the sessions admitted then (bytes per session =
-  // allocated host pages * host page bytes / admitted sessions, over samples with at least one session) and its
+  // (allocated - cached prefix) host pages * host page bytes / admitted sessions, over samples with a session) and its
   // shared + cached prefix pages at the end.
   int64_t prefix_lookups = 0;
   int64_t prefix_hits_host = 0;

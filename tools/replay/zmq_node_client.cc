@@ -346,21 +346,24 @@ absl::Status ZmqNodeClient::SampleMemd() {
     int64_t& used = peak_used_pages_[gpu];
     used = std::max(used, req + opt);
   }
-  // Issue 24: the host pool per admitted session (status view: host.allocated pages of host.page_bytes).
+  // Issue 24: the host pool per admitted session (status view: host.allocated pages of host.page_bytes, less the
+  // cached prefix pages no session holds).
   auto status = Introspect(wire::IntrospectWhat::Status,
                            tolerant ? std::min(options_.request_timeout, kMemdSampleTimeout) : options_.request_timeout);
   if (!status.ok() || !status->is_object()) return absl::OkStatus();  // a figure only: a missed sample is skipped
   const nlohmann::json host = status->value("host", nlohmann::json::object());
-  const double bytes = double(host.value("allocated", int64_t{0})) * double(host.value("page_bytes", int64_t{0}));
+  int64_t cached = 0;  // cached prefix pages: no session holds them (reusable room), not counted per session
+  if (status->contains("prefix")) {
+    const nlohmann::json& p = (*status)["prefix"];
+    cached = p.value("cached_pages", int64_t{0});
+    host_pages_shared_ = p.value("shared_pages", int64_t{0}) + cached;
+  }
+  const int64_t held = std::max<int64_t>(0, host.value("allocated", int64_t{0}) - cached);
   if (admitted > 0) {
-    const double per_session = bytes / double(admitted);
+    const double per_session = double(held) * double(host.value("page_bytes", int64_t{0})) / double(admitted);
     host_bytes_per_session_sum_ += per_session;
     host_bytes_per_session_peak_ = std::max(host_bytes_per_session_peak_, per_session);
     ++host_samples_;
-  }
-  if (status->contains("prefix")) {
-    const nlohmann::json& p = (*status)["prefix"];
-    host_pages_shared_ = p.value("shared_pages", int64_t{0}) + p.value("cached_pages", int64_t{0});
   }
   return absl::OkStatus();
 }
