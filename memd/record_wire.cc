@@ -18,6 +18,7 @@ std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRe
   w->seed = r.seed;
   w->tokens = r.tokens;
   w->logits_digests = r.digests;
+  w->tenant = r.tenant;
   return w;
 }
 
@@ -36,6 +37,7 @@ RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
   r.seed = w.seed;
   r.tokens = w.tokens;
   r.digests = w.logits_digests;
+  r.tenant = w.tenant;
   return r;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,7 @@ struct RequestRecord {
   uint64_t seed = 0;                   // sampling seed (token t is drawn at (seed, client_request, t))
   std::vector<uint8_t> tokens;         // committed tokens, in order (token t at index t)
   std::vector<uint64_t> digests;       // logits digest of tokens[t] (same length)
+  std::string tenant;                  // SubmitRequest.tenant (issue 24; empty = the default tenant)
 
   // Bytes the record holds (the bounded quantity): prompt + 8 * hash_ids + 9 * tokens.
   uint64_t bytes() const { return prompt.size() + 8 * hash_ids.size() + 9 * tokens.size(); }

@@ -37,6 +37,7 @@ absl::Status AdmissionDesk::SendAdmit(const WorkerRequest& r) {
   admit.host_backed = r.resume_of != 0;  // a resume takes the interrupted request's kept host pages over
   admit.resume_of = r.resume_of;
   admit.record = RecordOf(*r.life, r.out.generated, r.out.digests);
+  SetPrefixChain(r, config.mode, admit);  // issue 24: memd grants the shared pages of its complete blocks
   if (absl::Status s = p_.memd->SendAdmitRequest(admit); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
   }
@@ -54,7 +55,8 @@ bool AdmissionDesk::Start(RequestId id) {
   WorkerRequest& r = *it->second;
   r.session.emplace(p_.model->NewSession(id));
   DHS_CHECK_OK(p_.book->Transition(id, RequestPhase::kGranted, RequestPhase::kActive));
-  if (!ResumeImporter::resumed(r.resume)) return true;
+  // A resume, or a request granted shared prefix pages (issue 24): its host-backed pages are imported, not computed.
+  if (!ResumeImporter::resumed(r.resume) && r.resume.host_backed.empty()) return true;
   return p_.resumes->Begin(r.resume, r.id, r.client_id, static_cast<Position>(r.input.size()));
 }
 
@@ -90,6 +92,8 @@ void AdmissionDesk::OnAdmitGrant(const wire::AdmitGrantT& m) {
     p_.ends->Finish(r.id, s);
     return;
   }
+  // Issue 24: its shared prefix pages are imported like a resume's host-backed pages (Start).
+  CountSharedGrant(r, m, p_.config->mode, p_.config->page_rows, p_.recorder->counts());
   DHS_CHECK_OK(p_.book->Transition(r.id, phase, RequestPhase::kGranted));  // queued for Start
 }
 

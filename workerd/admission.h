@@ -22,6 +22,7 @@
 #include "workerd/geometry.h"
 #include "workerd/memd_link.h"
 #include "workerd/model/model.h"
+#include "workerd/prefix_import.h"
 #include "workerd/request_book.h"
 #include "workerd/residency_agent.h"
 #include "workerd/resume_import.h"

@@ -15,25 +15,28 @@ uint64_t PrefixBlock::bytes() const {
   return n;
 }
 
-uint64_t PrefixRowCache::Digest(std::span<const uint64_t> chain, uint32_t block_tokens) {
+uint64_t PrefixRowCache::Digest(std::span<const uint64_t> chain, uint32_t block_tokens, std::string_view tenant) {
   uint64_t h = SplitMix64(block_tokens);
+  for (char ch : tenant) h = SplitMix64(h ^ static_cast<uint8_t>(ch));
   for (uint64_t id : chain) h = SplitMix64(h ^ SplitMix64(id));
   return h;
 }
 
-PrefixRowCache::Lru::iterator PrefixRowCache::Lookup(std::span<const uint64_t> chain, uint32_t block_tokens) {
-  auto it = by_digest_.find(Digest(chain, block_tokens));
+PrefixRowCache::Lru::iterator PrefixRowCache::Lookup(std::span<const uint64_t> chain, uint32_t block_tokens,
+                                                     std::string_view tenant) {
+  auto it = by_digest_.find(Digest(chain, block_tokens, tenant));
   if (it == by_digest_.end()) return lru_.end();
   for (Lru::iterator e : it->second) {
-    if (e->block_tokens == block_tokens && std::equal(e->chain.begin(), e->chain.end(), chain.begin(), chain.end())) {
+    if (e->block_tokens == block_tokens && e->tenant == tenant && std::equal(e->chain.begin(), e->chain.end(), chain.begin(), chain.end())) {
       return e;
     }
   }
   return lru_.end();
 }
 
-const PrefixBlock* PrefixRowCache::Find(std::span<const uint64_t> chain, uint32_t block_tokens) {
-  Lru::iterator e = Lookup(chain, block_tokens);
+const PrefixBlock* PrefixRowCache::Find(std::span<const uint64_t> chain, uint32_t block_tokens,
+                                         std::string_view tenant) {
+  Lru::iterator e = Lookup(chain, block_tokens, tenant);
   if (e == lru_.end()) {
     ++stats_.misses;
     return nullptr;
@@ -43,9 +46,10 @@ const PrefixBlock* PrefixRowCache::Find(std::span<const uint64_t> chain, uint32_
   return &e->block;
 }
 
-bool PrefixRowCache::Insert(std::span<const uint64_t> chain, uint32_t block_tokens, PrefixBlock block) {
+bool PrefixRowCache::Insert(std::span<const uint64_t> chain, uint32_t block_tokens, PrefixBlock block,
+                            std::string_view tenant) {
   const uint64_t size = block.bytes();
-  if (size > capacity_bytes_ || chain.empty() || Lookup(chain, block_tokens) != lru_.end()) return false;
+  if (size > capacity_bytes_ || chain.empty() || Lookup(chain, block_tokens, tenant) != lru_.end()) return false;
   while (stats_.bytes + size > capacity_bytes_ && !lru_.empty()) {
     Entry& victim = lru_.back();
     auto bucket = by_digest_.find(victim.digest);
@@ -56,8 +60,9 @@ bool PrefixRowCache::Insert(std::span<const uint64_t> chain, uint32_t block_toke
     ++stats_.evicted;
     lru_.pop_back();
   }
-  const uint64_t digest = Digest(chain, block_tokens);
-  lru_.push_front(Entry{std::vector<uint64_t>(chain.begin(), chain.end()), block_tokens, digest, std::move(block)});
+  const uint64_t digest = Digest(chain, block_tokens, tenant);
+  lru_.push_front(Entry{std::vector<uint64_t>(chain.begin(), chain.end()), block_tokens, std::string(tenant), digest,
+                        std::move(block)});
   by_digest_[digest].push_back(lru_.begin());
   stats_.bytes += size;
   ++stats_.blocks;

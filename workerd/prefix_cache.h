@@ -6,6 +6,12 @@
 // blocks keyed by the whole chain hash_ids[0..b] and the block size, bounded in bytes) and RowCapture (a KvAccess
 // decorator that records the rows one request appends while its block is computed).
 //
+// Issue 24: with memd's content-addressed host tier (--prefix-sharing on) this cache is the host tier's FRONT, not a
+// second copy of it: a block memd granted as shared host pages is imported from host first (no compute, no KV write;
+// ResumeImporter), and only the blocks memd did not grant (being written by a concurrent request, evicted, refused by
+// a quota, or sharing off) are looked up here (prefix.hits_worker) before they are computed. Its keys carry the tenant
+// as memd's addresses do, so two tenants never share a block here either, whatever their hash ids.
+//
 // Why the whole chain: a block's rows depend on every earlier token (causal attention), so block b is reusable only
 // by a request whose blocks 0..b are the same. Mooncake ids are already chained (equal id => equal prefix), but the
 // cache does not rely on it: it compares the stored chain, so a digest collision can never import foreign rows.
@@ -15,6 +21,8 @@
 #include <cstdint>
 #include <list>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -55,11 +63,12 @@ class PrefixRowCache {
   // The block whose chain is `chain` (hash_ids[0..b], b = chain.size() - 1) at block size `block_tokens`, or null.
   // A hit moves the block to the front of the LRU order and counts a hit; a miss counts a miss. The pointer stays
   // valid until the next Insert.
-  const PrefixBlock* Find(std::span<const uint64_t> chain, uint32_t block_tokens);
+  // `tenant` (SubmitRequest.tenant, empty = the default) is part of the key: another tenant's block is a miss.
+  const PrefixBlock* Find(std::span<const uint64_t> chain, uint32_t block_tokens, std::string_view tenant = {});
 
   // Stores `block` for (chain, block_tokens), evicting least recently used blocks until it fits. A block larger than
   // the capacity, or a chain already present, is not stored. Returns whether it was stored.
-  bool Insert(std::span<const uint64_t> chain, uint32_t block_tokens, PrefixBlock block);
+  bool Insert(std::span<const uint64_t> chain, uint32_t block_tokens, PrefixBlock block, std::string_view tenant = {});
 
   const PrefixCacheStats& stats() const { return stats_; }
 
@@ -67,12 +76,13 @@ class PrefixRowCache {
   struct Entry {
     std::vector<uint64_t> chain;
     uint32_t block_tokens = 0;
-    uint64_t digest = 0;  // Digest(chain, block_tokens): its bucket in by_digest_
+    std::string tenant;
+    uint64_t digest = 0;  // Digest(chain, block_tokens, tenant): its bucket in by_digest_
     PrefixBlock block;
   };
   using Lru = std::list<Entry>;
-  static uint64_t Digest(std::span<const uint64_t> chain, uint32_t block_tokens);
-  Lru::iterator Lookup(std::span<const uint64_t> chain, uint32_t block_tokens);
+  static uint64_t Digest(std::span<const uint64_t> chain, uint32_t block_tokens, std::string_view tenant);
+  Lru::iterator Lookup(std::span<const uint64_t> chain, uint32_t block_tokens, std::string_view tenant);
 
   uint64_t capacity_bytes_;
   Lru lru_;  // front = most recently used

@@ -7,12 +7,40 @@
 
 namespace dhs {
 
+void SetPrefixChain(const WorkerRequest& r, WorkerMode mode, wire::AdmitRequestT& admit) {
+  admit.tenant = r.prefix.tenant;
+  if (mode == WorkerMode::kResident) return;
+  RequestPrefixChain chain = PrefixChainOf(r.input, r.prefix.hash_ids, r.prefix.block_tokens, r.prefix.tenant);
+  admit.prefix_block_ids = std::move(chain.block_ids);
+  admit.prefix_block_digests = std::move(chain.block_digests);
+  admit.prefix_block_tokens = chain.block_tokens;
+}
+
+void CountSharedGrant(const WorkerRequest& r, const wire::AdmitGrantT& m, WorkerMode mode, uint32_t page_rows,
+                      WorkerStats& counts) {
+  const uint32_t block = r.prefix.block_tokens;
+  if (mode == WorkerMode::kResident || block == 0 || page_rows == 0 || r.input.empty()) return;  // no chain named
+  const uint64_t blocks = r.input.size() / block;
+  counts.prefix_lookups += blocks;
+  counts.prefix_shared_pages_granted += m.shared_pages.size();
+  const uint64_t usable = (r.input.size() - 1) / page_rows;  // pages wholly before the last input token
+  std::vector<uint32_t> imported;
+  for (uint32_t j : m.shared_pages) {
+    const bool checked = std::any_of(r.resume.host_backed.begin(), r.resume.host_backed.end(),
+                                     [j](const HostBackedPage& h) { return h.page == j; });
+    if (checked && j < usable) imported.push_back(j);
+  }
+  counts.prefix_hits_host += BlocksCovered(imported, page_rows, block, blocks);
+  counts.prefill_tokens_saved += static_cast<uint64_t>(imported.size()) * page_rows;
+}
+
 absl::StatusOr<bool> PrefixImporter::ImportCached(WorkerRequest& r, std::span<const uint64_t> chain, KvAccess& kv) {
   const uint32_t block = r.prefix.block_tokens;
-  if (const PrefixBlock* hit = cache_.Find(chain, block)) {
+  if (const PrefixBlock* hit = cache_.Find(chain, block, r.prefix.tenant)) {
     if (absl::Status s = model_->ImportRows(*r.session, block, hit->rows, hit->keys, kv); !s.ok()) return s;
     r.fed += static_cast<Position>(block);
     ++recorder_->counts().prefix_blocks_imported;
+    recorder_->counts().prefill_tokens_saved += block;
     return true;
   }
   r.prefix.capture.emplace();
@@ -30,7 +58,7 @@ void PrefixImporter::InsertCaptured(WorkerRequest& r, std::span<const uint64_t> 
         static_cast<size_t>(capture.first) * mc.idx_dim, static_cast<size_t>(r.prefix.block_tokens) * mc.idx_dim);
     capture.keys.emplace_back(keys.begin(), keys.end());
   }
-  cache_.Insert(chain, r.prefix.block_tokens, *std::move(r.prefix.capture));
+  cache_.Insert(chain, r.prefix.block_tokens, *std::move(r.prefix.capture), r.prefix.tenant);
   r.prefix.capture.reset();
   ++recorder_->counts().prefix_blocks_computed;
 }

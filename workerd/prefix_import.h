@@ -11,14 +11,32 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dhs_generated.h"
 #include "workerd/kv_access.h"
 #include "workerd/model/model.h"
 #include "workerd/prefix_cache.h"
+#include "workerd/prefix_chain.h"
 #include "workerd/resume_import.h"
+#include "workerd/serving_mode.h"
 #include "workerd/worker_request.h"
 #include "workerd/worker_stats.h"
 
 namespace dhs {
+
+// Issue 24 (the content-addressed host tier, worker side): r's prefix chain (PrefixChainOf over its input, its
+// hash_ids, prefix.block_tokens and prefix.tenant; workerd/prefix_chain.h) into `admit`'s tenant, prefix_block_ids,
+// prefix_block_tokens and prefix_block_digests. Resident mode names none (no host tier: it is the exactness
+// reference). memd (--prefix-sharing on) grants the shared pages of the chain that exist (AdmitGrant.shared_pages,
+// inside host_backed_pages with their checksums); a memd with sharing off ignores it.
+void SetPrefixChain(const WorkerRequest& r, WorkerMode mode, wire::AdmitRequestT& admit);
+
+// At r's grant (after ResumeImporter::OnGrant checked its host-backed pages): its shared pages are imported from host
+// like a resume's host-backed pages (AdmissionDesk::Start -> ResumeImporter::Begin, the runs by ImportRun), never
+// computed. Counts (units in WorkerStats; none in resident mode): prefix_lookups += the chain's blocks, prefix_shared_pages_granted +=
+// shared pages granted, prefix_hits_host += the blocks whose every row is in a shared page that will be imported (it
+// matched its checksum and lies wholly before the last input token), prefill_tokens_saved += those pages' rows.
+void CountSharedGrant(const WorkerRequest& r, const wire::AdmitGrantT& m, WorkerMode mode, uint32_t page_rows,
+                      WorkerStats& counts);
 
 class PrefixImporter {
  public:

@@ -55,6 +55,7 @@ std::unique_ptr<wire::RequestRecordT> RecordOf(const RequestLife& life, std::spa
   rec->hash_ids = submit.hash_ids;
   rec->input_tokens = submit.input_tokens;
   rec->prefix_block_tokens = submit.prefix_block_tokens;
+  rec->tenant = submit.tenant;  // issue 24: a resume names its chain under its own tenant
   rec->max_new_tokens = submit.max_new_tokens;
   rec->temperature = submit.temperature;
   rec->top_p = submit.top_p;
@@ -72,6 +73,7 @@ wire::SubmitRequestT SubmitOfRecord(const wire::RequestRecordT& rec) {
   s.hash_ids = rec.hash_ids;
   s.input_tokens = rec.input_tokens;
   s.prefix_block_tokens = rec.prefix_block_tokens;
+  s.tenant = rec.tenant;
   s.max_new_tokens = rec.max_new_tokens;
   s.temperature = rec.temperature;
   s.top_p = rec.top_p;

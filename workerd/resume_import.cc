@@ -58,12 +58,14 @@ bool ResumeImporter::Begin(ResumeState& s, RequestId id, RequestId client_id, Po
   s.runs.assign(plan->runs.begin(), plan->runs.end());
   s.rows_imported = plan->rows_imported;  // planned; a fallback moves them
   s.rows_recomputed = plan->rows_recomputed;
-  counters_.rows_imported += static_cast<uint64_t>(s.rows_imported);
-  counters_.rows_recomputed += static_cast<uint64_t>(s.rows_recomputed);
-  spdlog::info("worker: resumed request {} (client {}) granted: {} of its {} pages before the last token are "
-               "host-backed ({} runs): {} rows to import from host, {} rows to recompute from its tokens", id,
-               client_id, s.rows_imported / page_rows_, plan->usable_pages, s.runs.size(), s.rows_imported,
-               s.rows_recomputed);
+  if (resumed(s)) {  // the resume counters count resumes only (shared prefix pages: WorkerStats.prefix_*)
+    counters_.rows_imported += static_cast<uint64_t>(s.rows_imported);
+    counters_.rows_recomputed += static_cast<uint64_t>(s.rows_recomputed);
+  }
+  spdlog::info("worker: {} {} (client {}) granted: {} of its {} pages before the last token are host-backed ({} "
+               "runs): {} rows to import from host, {} rows to recompute from its tokens",
+               resumed(s) ? "resumed request" : "request with shared prefix pages", id, client_id,
+               s.rows_imported / page_rows_, plan->usable_pages, s.runs.size(), s.rows_imported, s.rows_recomputed);
   if (backed.empty()) return true;
   // Host-ready from now on, the pages recomputed after the last token included (the record may end before rows the
   // dead worker had backed up): their confirmed host copy is never written again.
@@ -99,8 +101,10 @@ bool ResumeImporter::ImportRun(ResumeState& s, RequestId id, model::ModelSession
 }
 
 void ResumeImporter::CountRecomputed(ResumeState& s, Position rows) {
-  counters_.rows_imported -= static_cast<uint64_t>(rows);
-  counters_.rows_recomputed += static_cast<uint64_t>(rows);
+  if (resumed(s)) {
+    counters_.rows_imported -= static_cast<uint64_t>(rows);
+    counters_.rows_recomputed += static_cast<uint64_t>(rows);
+  }
   s.rows_recomputed += rows;
   s.rows_imported -= rows;
 }

@@ -67,7 +67,8 @@ class ResumeImporter {
   // does not match (or has none) is not host-backed: its rows are recomputed (logged). Errors: CheckHostCopies'
   // (the request must end).
   absl::Status OnGrant(ResumeState& s, RequestId id, RequestId client_id, const wire::AdmitGrantT& grant);
-  // Its start (a resumed request of `tokens` tokens): the plan (PlanResume; logged), every host-backed page made
+  // Its start (a resumed request of `tokens` tokens, or a request granted shared prefix pages, issue 24: its
+  // host-backed pages are then those shared pages, and `tokens` its input): the plan (PlanResume; logged), every host-backed page made
   // host-ready (resident mode: none). False when that failed (logged, every row counted recomputed): the caller
   // rebuilds its KV from the tokens, then AfterRebuild.
   bool Begin(ResumeState& s, RequestId id, RequestId client_id, Position tokens);

@@ -23,6 +23,7 @@ std::unique_ptr<WorkerRequest> NewWorkerRequest(RequestLife& life, std::chrono::
   r->prefix.tokens = static_cast<Position>(SubmitPrefixTokens(submit));
   r->prefix.hash_ids = submit.hash_ids;
   r->prefix.block_tokens = submit.prefix_block_tokens;
+  r->prefix.tenant = submit.tenant;
   r->max_new = submit.max_new_tokens;
   r->sampling.greedy = submit.temperature == 0.0f;
   r->sampling.params = model::SamplingParams{submit.temperature, submit.top_p};

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,7 +41,8 @@ struct RequestSampling {
 struct PrefixImport {
   Position tokens = 0;                 // leading input tokens imported with ImportPrefix (the prepared prefix)
   std::vector<uint64_t> hash_ids;      // the prefix's block chain (row-cache keys)
-  uint32_t block_tokens = 0;           // tokens per block
+  uint32_t block_tokens = 0;           // tokens per block (SubmitRequest.prefix_block_tokens: also the chain's, issue 24)
+  std::string tenant;                  // SubmitRequest.tenant (issue 24): in its chain and its row-cache keys
   std::optional<PrefixBlock> capture;  // the block being computed, captured for the row cache
 };
 

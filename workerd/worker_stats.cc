@@ -128,6 +128,11 @@ void CopyCounters(const WorkerStats& s, wire::WorkerStatsReplyT& r) {
   r.tokens_generated = s.tokens_generated;
   r.prefix_blocks_imported = s.prefix_blocks_imported;
   r.prefix_blocks_computed = s.prefix_blocks_computed;
+  r.prefix_lookups = s.prefix_lookups;
+  r.prefix_hits_host = s.prefix_hits_host;
+  r.prefix_hits_worker = s.prefix_blocks_imported;  // the row cache, the host tier's front (issue 24)
+  r.prefill_tokens_saved = s.prefill_tokens_saved;
+  r.prefix_shared_pages_granted = s.prefix_shared_pages_granted;
   r.submits_refused = s.submits_refused;
   r.waiting_requests_peak = s.waiting_requests_peak;
   r.requests_resumed = s.requests_resumed;

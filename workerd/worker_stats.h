@@ -41,6 +41,12 @@ struct WorkerStats {
   uint64_t tokens_generated = 0;
   uint64_t prefix_blocks_imported = 0;  // prepared-prefix blocks imported from the row cache (not computed)
   uint64_t prefix_blocks_computed = 0;  // prepared-prefix blocks computed (and offered to the cache)
+  // Issue 24 (prefix sharing): blocks of the chains first admissions named, blocks granted whole as memd's shared
+  // host pages, prefill tokens saved (shared host rows imported + row-cache blocks' rows), shared pages granted.
+  uint64_t prefix_lookups = 0;
+  uint64_t prefix_hits_host = 0;
+  uint64_t prefill_tokens_saved = 0;
+  uint64_t prefix_shared_pages_granted = 0;
   uint64_t submits_refused = 0;         // submits refused with "submit queue full"
   uint64_t requests_resumed = 0;        // interrupted requests of an earlier epoch resumed (Resume)
   uint64_t rows_recomputed = 0;         // rows those resumed requests recomputed from their tokens, rows

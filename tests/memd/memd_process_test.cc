@@ -34,6 +34,7 @@
 #include "httplib.h"
 #include "memd/host_journal.h"
 #include "memd/pool_segment.h"
+#include "workerd/prefix_chain.h"  // issue 24: chains as the worker names them
 #include "nlohmann/json.hpp"
 #include "zmq.hpp"
 
@@ -2510,6 +2511,50 @@ TEST_F(MemdPrefix, SharedPagesAreGrantedAcrossRequestsAndSurviveAMemdRestart) {
   EXPECT_EQ(g4.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
   for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(g4.backup_host_pages[h].page(), shared_hosts[h]);
   EXPECT_EQ(g4.host_backed_checksums, (std::vector<uint64_t>{7, 8, 9, 10}));
+}
+
+// Issue 24, worker side, bad input: chains as workerd names them (PrefixChainOf: block digests computed from the tokens,
+// workerd/prefix_chain.h). A request whose blocks carry the same ids as the stored chain but other tokens in block 1
+// is granted only block 0's pages (its block 1 disagrees: never imported); the same tokens get all 4 pages.
+TEST_F(MemdPrefix, AChainWithTheSameIdsAndOtherTokensIsNeverImported) {
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  std::vector<model::Token> tokens(2 * 2 * kPageRows + 5);  // 2 complete blocks of 2 pages, then private tokens
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<model::Token>((i * 31 + 7) % 256);
+  std::vector<model::Token> other = tokens;
+  other[3 * kPageRows] ^= 1;  // a token of block 1
+  const std::vector<uint64_t> ids = {11, 12};
+  auto admit = [&](RequestId r, const std::vector<model::Token>& t) {
+    const RequestPrefixChain chain = PrefixChainOf(t, ids, 2 * kPageRows, "");
+    wire::AdmitRequestT a;
+    a.request = r;
+    a.gpu = w.gpu();
+    a.required_pages = 1;
+    a.history_rows = 6 * kPageRows;
+    a.optional_history = false;
+    a.prefix_block_ids = chain.block_ids;
+    a.prefix_block_digests = chain.block_digests;
+    a.prefix_block_tokens = chain.block_tokens;
+    w.Send(EncodeAdmitRequest(a, w.seq(), "worker"));
+    auto m = w.NextOf(wire::Body::AdmitGrant);
+    EXPECT_TRUE(m.has_value());
+    return m ? *ReadAdmitGrant(*m) : wire::AdmitGrantT();
+  };
+  const wire::AdmitGrantT g1 = admit(w.Id(1), tokens);
+  EXPECT_TRUE(g1.shared_pages.empty());
+  wire::HostCopyWrittenT written;
+  written.request = w.Id(1);
+  written.gpu = 0;
+  written.history_pages = {0, 1, 2, 3};
+  written.checksums = {7, 8, 9, 10};
+  written.ok = true;
+  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  const wire::AdmitGrantT g2 = admit(w.Id(2), other);
+  EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1}));  // block 0 agrees; block 1's pages are not imported
+  for (uint32_t h = 2; h < 4; ++h) EXPECT_NE(g2.backup_host_pages[h].page(), g1.backup_host_pages[h].page()) << h;
+  EXPECT_GE(DhsctlJson("status")["prefix"]["content_mismatches"].get<int>(), 2);
+  const wire::AdmitGrantT g3 = admit(w.Id(3), tokens);
+  EXPECT_EQ(g3.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
 }
 
 }  // namespace

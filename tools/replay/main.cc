@@ -151,6 +151,9 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   launch.host_pool_bytes = HostPoolBytes(trace, geometry->host_page_bytes, geometry->kv.page_rows);
   launch.slots = static_cast<uint32_t>(options.slots);
   if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
+  if (options.prefix_sharing) {  // issue 24 (the resident reference of --check-exact sends no chain: nothing shared)
+    launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--prefix-sharing", "on"});
+  }
   launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off
   if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
     launch.extra_workerd_args.insert(launch.extra_workerd_args.end(), {"--device", "cpu"});
@@ -243,6 +246,8 @@ class ReplayRun {
             const std::optional<FaultSetup>& faults, const std::string& log_tag)
       : options_(options), trace_(trace), mode_(mode), faults_(faults), log_tag_(log_tag) {
     client_options_.prepared_prefix = options.prepared_prefix || options.prefix_workload.on();
+    client_options_.tenant = options.tenant;  // issue 24
+    client_options_.tenants = options.tenants;
     client_options_.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
     if (faults && options.reattach_timeout_ms == 0) client_options_.reattach_timeout = kFaultReattachTimeout;
     driver_options_.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);

@@ -39,7 +39,10 @@ int64_t NodeStats::*const kCounters[] = {&NodeStats::reclaims,          &NodeSta
                                          &NodeStats::prefix_blocks_imported, &NodeStats::prefix_blocks_computed,
                                          &NodeStats::spec_rounds,       &NodeStats::spec_round_tokens,
                                          &NodeStats::spec_proposed,     &NodeStats::spec_accepted,
-                                         &NodeStats::spec_propose_us,   &NodeStats::host_bytes_recovered};
+                                         &NodeStats::spec_propose_us,   &NodeStats::host_bytes_recovered,
+                                         &NodeStats::prefix_lookups,    &NodeStats::prefix_hits_host,  // issue 24
+                                         &NodeStats::prefix_hits_worker, &NodeStats::prefill_tokens_saved,
+                                         &NodeStats::prefix_shared_pages_granted};
 int64_t Census::*const kCensus[] = {&Census::direct, &Census::hot, &Census::host};
 }  // namespace
 

@@ -101,6 +101,18 @@ struct NodeStats {
   int64_t prefix_blocks_imported = 0; // prepared-prefix blocks imported from the worker's row cache
   int64_t prefix_blocks_computed = 0; // prepared-prefix blocks computed by the worker
   int64_t host_bytes_recovered = 0;   // issue 27: host -> device bytes of the worker's recoveries (bytes_recovered)
+  // Issue 24 (prefix sharing): the worker's prefix lookups by tier, blocks (WorkerStatsReply.prefix_*), prefill tokens
+  // saved, shared host pages granted; memd's host pool sampled with the sessions admitted then (bytes per session =
+  // (allocated - cached prefix) host pages * host page bytes / admitted sessions, over samples with a session) and its
+  // shared + cached prefix pages at the end.
+  int64_t prefix_lookups = 0;
+  int64_t prefix_hits_host = 0;
+  int64_t prefix_hits_worker = 0;
+  int64_t prefill_tokens_saved = 0;
+  int64_t prefix_shared_pages_granted = 0;
+  int64_t host_pages_shared = 0;             // memd's shared + cached prefix pages at the last sample
+  double host_bytes_per_session_mean = 0;    // over samples
+  double host_bytes_per_session_peak = 0;
   std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id
   // Speculation (the worker's WorkerStatsReply; 0 / empty when off):
   std::string speculate;              // the worker's --speculate

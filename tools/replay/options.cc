@@ -78,6 +78,9 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
     return bad("--curve-server-key applies to --connect tcp://HOST:PORT");
   }
   if (o.request_timeout_ms < 0) return bad("--request-timeout-ms must be >= 0, got ", o.request_timeout_ms);
+  if (!o.connect.empty() && o.prefix_sharing) {
+    return bad("--prefix-sharing applies to the memd of a node the tool starts, not to --connect ", o.connect);
+  }
   if (!o.connect.empty() && !o.reclaim_policy.empty()) {
     return bad("--reclaim-policy applies to a node the tool starts, not to --connect ", o.connect);
   }
@@ -223,6 +226,15 @@ void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
                  "With --connect tcp://: the worker's CURVE public key file (its RUN_DIR/serving-curve.pub)");
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
+  // Issue 24: the content-addressed host tier and the requests' tenants.
+  app.add_option("--prefix-sharing", o.prefix_sharing,
+                 "memd's --prefix-sharing of the node the tool starts: on shares the host pages of complete prefix "
+                 "blocks across requests (the worker imports them instead of prefilling); default off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}));
+  app.add_option("--tenant", o.tenant, "Every request's tenant (an opaque salt; default: the default tenant)");
+  app.add_option("--tenants", o.tenants,
+                 "A tenant mix: the request at trace index i has tenant \"<--tenant>#<i mod N>\" (N >= 1)")
+      ->check(IntegerIn<int64_t>(1, 1 << 20));
   app.add_option("--reclaim-policy", o.reclaim_policy,
                  absl::StrCat("Victim order of the memd the tool starts (default: memd's, ",
                               std::string(memd::kDefaultReclaimPolicy), ")"))
@@ -388,6 +400,9 @@ RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, st
   s.reclaim_policy = options.reclaim_policy;
   s.link_model = options.link_model;
   s.speculation = options.speculation;
+  s.prefix_sharing = options.prefix_sharing;  // issue 24
+  s.tenant = options.tenant;
+  s.tenants = options.tenants;
   return s;
 }
 

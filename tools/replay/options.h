@@ -87,6 +87,12 @@ struct ReplayOptions {
                                            // B = k + window makes speculative unions use the staging arenas (issue 28)
   uint64_t async_device_seed = 0;          // --async-device SEED (issue 28): the workerd the tool starts (both runs
                                            // of --check-exact) uses the CPU device's asynchronous test mode; 0 = off
+  // Issue 24 (the content-addressed host tier): memd's --prefix-sharing of the node the tool starts (both runs of
+  // --check-exact: the resident reference has no host tier), and the requests' tenants: every request's tenant is
+  // --tenant, or with --tenants N > 1 the tenant of the request at trace index i is "<--tenant>#<i mod N>".
+  bool prefix_sharing = false;             // --prefix-sharing on|off (default off)
+  std::string tenant;                      // --tenant NAME ("" = the default tenant)
+  int64_t tenants = 1;                     // --tenants N >= 1: the tenant mix
   PrefixWorkload prefix_workload;          // issue 27: --prefixes N --prefix-tokens L ... (tools/replay/closed_loop.h):
                                            // the closed-loop prepared-prefix workload instead of the trace
 };

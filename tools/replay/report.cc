@@ -130,6 +130,13 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
   r.prefix_blocks_imported = s.prefix_blocks_imported;
   r.prefix_blocks_computed = s.prefix_blocks_computed;
   r.host_bytes_recovered = s.host_bytes_recovered;  // issue 27
+  r.prefix_lookups = s.prefix_lookups;  // issue 24
+  r.prefix_hits_host = s.prefix_hits_host;
+  r.prefix_hits_worker = s.prefix_hits_worker;
+  r.prefill_tokens_saved = s.prefill_tokens_saved;
+  r.host_pages_shared = s.host_pages_shared;
+  r.host_bytes_per_session_mean = s.host_bytes_per_session_mean;
+  r.host_bytes_per_session_peak = s.host_bytes_per_session_peak;
   r.exact_match = exact_match;
   r.gpus = s.gpus;
   SpeculationFigures& f = r.speculation;
@@ -226,6 +233,11 @@ json ReportToJson(const ReplayReport& r) {
       {"mode", s.mode},
       {"prefill", s.prefill},
       {"prefix_blocks", {{"imported", r.prefix_blocks_imported}, {"computed", r.prefix_blocks_computed}}},
+      {"prefix", {{"lookups", r.prefix_lookups}, {"hits_host", r.prefix_hits_host},  // issue 24, blocks
+                  {"hits_worker", r.prefix_hits_worker}}},
+      {"prefill_tokens_saved", r.prefill_tokens_saved},
+      {"host_pages_shared", r.host_pages_shared},
+      {"host_bytes_per_session", {{"mean", r.host_bytes_per_session_mean}, {"peak", r.host_bytes_per_session_peak}}},
       {"exact_match", OrNull(r.exact_match)},
       {"gpu_memory", gpus},
       {"elapsed_s", r.elapsed_s},
@@ -243,7 +255,10 @@ json ReportToJson(const ReplayReport& r) {
         {"check_exact", s.check_exact},
         {"connect", s.connect},
         {"reclaim_policy", s.reclaim_policy.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.reclaim_policy)},
-        {"link_model", LinkModelJson(s.link_model)}}},
+        {"link_model", LinkModelJson(s.link_model)},
+        {"prefix_sharing", s.prefix_sharing ? "on" : "off"},  // issue 24
+        {"tenant", s.tenant},
+        {"tenants", s.tenants}}},
   };
   json failures = json::array();  // issue 22: every request not served, with its reason
   for (const RequestFailure& f : r.failures) {

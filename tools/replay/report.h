@@ -43,6 +43,9 @@ struct RunSettings {
   std::string reclaim_policy;         // memd's victim order when the tool chose it; empty = memd's default
   LinkModelConfig link_model;         // the worker's host-device link model (docs/link_model.md); off by default
   spec::SpeculationConfig speculation;  // the worker's --speculate options (off by default)
+  bool prefix_sharing = false;        // issue 24: memd's --prefix-sharing of the node the tool started
+  std::string tenant;                 // --tenant
+  int64_t tenants = 1;                // --tenants (the mix)
 };
 
 // Speculative decoding figures of a run (issue 13; docs/replay.md "Speculation").
@@ -135,6 +138,11 @@ struct ReplayReport {
   int64_t prefix_blocks_imported = 0;  // prepared-prefix blocks the worker imported from its row cache
   int64_t prefix_blocks_computed = 0;  // prepared-prefix blocks the worker computed
   int64_t host_bytes_recovered = 0;    // issue 27: host -> device bytes the worker's recoveries moved, bytes
+  // Issue 24 (prefix sharing; NodeStats' fields): JSON "prefix" {lookups, hits_host, hits_worker} (blocks),
+  // prefill_tokens_saved, host_pages_shared, host_bytes_per_session {mean, peak} (bytes).
+  int64_t prefix_lookups = 0, prefix_hits_host = 0, prefix_hits_worker = 0, prefill_tokens_saved = 0;
+  int64_t host_pages_shared = 0;
+  double host_bytes_per_session_mean = 0, host_bytes_per_session_peak = 0;
   std::optional<bool> exact_match;     // nullopt: not checked
   std::vector<GpuMemoryUse> gpus;
   double elapsed_s = 0;

@@ -63,7 +63,10 @@ absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
   } else {
     const std::string prompt = SynthesizePrompt(request.prompt);
     body.prompt.assign(prompt.begin(), prompt.end());
+    // Issue 24: the worker names the chain of its complete blocks (ids derived from the tokens) in this block size.
+    if (request.prompt.block_tokens > 0) body.prefix_block_tokens = static_cast<uint32_t>(request.prompt.block_tokens);
   }
+  body.tenant = RequestTenant(options_, request.prompt.trace_index);
   body.max_new_tokens = static_cast<uint32_t>(request.max_new_tokens);
   body.temperature = request.sampling.greedy ? 0.0f : static_cast<float>(request.sampling.temperature);
   body.top_p = 1.0f;
@@ -343,7 +346,31 @@ absl::Status ZmqNodeClient::SampleMemd() {
     int64_t& used = peak_used_pages_[gpu];
     used = std::max(used, req + opt);
   }
+  // Issue 24: the host pool per admitted session (status view: host.allocated pages of host.page_bytes, less the
+  // cached prefix pages no session holds).
+  auto status = Introspect(wire::IntrospectWhat::Status,
+                           tolerant ? std::min(options_.request_timeout, kMemdSampleTimeout) : options_.request_timeout);
+  if (!status.ok() || !status->is_object()) return absl::OkStatus();  // a figure only: a missed sample is skipped
+  const nlohmann::json host = status->value("host", nlohmann::json::object());
+  int64_t cached = 0;  // cached prefix pages: no session holds them (reusable room), not counted per session
+  if (status->contains("prefix")) {
+    const nlohmann::json& p = (*status)["prefix"];
+    cached = p.value("cached_pages", int64_t{0});
+    host_pages_shared_ = p.value("shared_pages", int64_t{0}) + cached;
+  }
+  const int64_t held = std::max<int64_t>(0, host.value("allocated", int64_t{0}) - cached);
+  if (admitted > 0) {
+    const double per_session = double(held) * double(host.value("page_bytes", int64_t{0})) / double(admitted);
+    host_bytes_per_session_sum_ += per_session;
+    host_bytes_per_session_peak_ = std::max(host_bytes_per_session_peak_, per_session);
+    ++host_samples_;
+  }
   return absl::OkStatus();
+}
+
+std::string RequestTenant(const ZmqNodeClientOptions& options, int64_t trace_index) {
+  if (options.tenants <= 1) return options.tenant;
+  return absl::StrCat(options.tenant, "#", trace_index % options.tenants);
 }
 
 NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats) {
@@ -356,6 +383,11 @@ NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats) {
   c.prefix_blocks_imported = static_cast<int64_t>(stats.prefix_blocks_imported);
   c.prefix_blocks_computed = static_cast<int64_t>(stats.prefix_blocks_computed);
   c.host_bytes_recovered = static_cast<int64_t>(stats.bytes_recovered);  // issue 27
+  c.prefix_lookups = static_cast<int64_t>(stats.prefix_lookups);  // issue 24
+  c.prefix_hits_host = static_cast<int64_t>(stats.prefix_hits_host);
+  c.prefix_hits_worker = static_cast<int64_t>(stats.prefix_hits_worker);
+  c.prefill_tokens_saved = static_cast<int64_t>(stats.prefill_tokens_saved);
+  c.prefix_shared_pages_granted = static_cast<int64_t>(stats.prefix_shared_pages_granted);
   c.speculate = stats.speculate.empty() ? "off" : stats.speculate;
   c.spec_rounds = static_cast<int64_t>(stats.spec_rounds);
   c.spec_round_tokens = static_cast<int64_t>(stats.spec_round_tokens);
@@ -403,6 +435,9 @@ absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
   now.sessions_admitted_max = peaks_.sessions_admitted_max;
   now.gpus = peaks_.gpus;
   NodeStats out = WorkerCountersSince(now, baseline_);
+  out.host_pages_shared = host_pages_shared_;  // issue 24
+  out.host_bytes_per_session_peak = host_bytes_per_session_peak_;
+  out.host_bytes_per_session_mean = host_samples_ > 0 ? host_bytes_per_session_sum_ / double(host_samples_) : 0;
   for (GpuMemoryUse& g : out.gpus) {
     if (g.gpu != view->gpu) continue;
     g.page_bytes = view->page_bytes;

@@ -47,7 +47,14 @@ struct ZmqNodeClientOptions {
   // Issue 22: the worker's CURVE public key (Z85, its RUN_DIR/serving-curve.pub) for a tcp:// worker started with
   // --listen: the connection is a CURVE client of it. "" = none (ipc://).
   std::string curve_server_key;
+  // Issue 24: the requests' tenants (SubmitRequest.tenant): `tenant`, or with tenants > 1 "<tenant>#<trace index mod
+  // tenants>" (RequestTenant). The prefix block size is sent with prompt bytes too (the worker derives the chain).
+  std::string tenant;
+  int64_t tenants = 1;
 };
+
+// The tenant of the request at `trace_index` under `options` (see ZmqNodeClientOptions::tenant).
+std::string RequestTenant(const ZmqNodeClientOptions& options, int64_t trace_index);
 
 // The worker counters of one WorkerStatsReply as NodeStats fields (census, reclaims, pages, prefix blocks, speculation).
 NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats);
@@ -133,6 +140,10 @@ class ZmqNodeClient final : public NodeClient {
   std::vector<std::chrono::steady_clock::time_point> recovered_at_;
   NodeStats peaks_;  // sessions_admitted_max and per-GPU peaks, from memd samples
   absl::flat_hash_map<GpuId, int64_t> peak_used_pages_;  // max M_req + M_opt seen, pages
+  // Issue 24: memd's host pool per admitted session, bytes, summed over the samples with a session (mean) and its
+  // peak; memd's shared + cached prefix pages at the latest status sample.
+  double host_bytes_per_session_sum_ = 0, host_bytes_per_session_peak_ = 0;
+  int64_t host_samples_ = 0, host_pages_shared_ = 0;
 };
 
 }  // namespace dhs::replay
