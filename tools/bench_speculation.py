@@ -33,6 +33,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import figures, run_replay  # noqa: E402
 from bench_modes import ratio, summary  # noqa: E402
+from dhs_vocabulary import MODEL_PRESETS, WORKER_MODES  # noqa: E402
 
 
 def spec_figures(p):
@@ -160,8 +161,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replay", default="build/tools/replay/dhs-replay")
     ap.add_argument("--gen-weights", default="build/tools/gen_weights/dhs-gen-weights")
-    ap.add_argument("--mode", default="adaptive", choices=("resident", "hisparse", "adaptive"))
-    ap.add_argument("--preset", default="bench-wide")
+    ap.add_argument("--mode", default="adaptive", choices=WORKER_MODES)
+    ap.add_argument("--preset", default="bench-wide", choices=MODEL_PRESETS)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--length-scale", type=float, default=0.1)
     ap.add_argument("--concurrency", default="1,4,8")

@@ -6,20 +6,31 @@
 // - serving modes (workerd/serving_mode.h): name <-> enum both ways for every mode, an unknown name refused;
 // - the daemons' flag lists (memd/memd_flags.h, workerd/worker_flags.h): one entry per key and per flag, choices from
 //   the owners' lists, and AddDaemonFlag gives the daemon's CLI11 option the list's range and choices (what dhs-node
-//   checks too, tests/tools/node_config_test.cc).
+//   checks too, tests/tools/node_config_test.cc);
+// - the speculation flags (workerd/speculation/speculation_flags.h): the speculation component's one list, which
+//   kWorkerFlags appends and AddSpeculationOptions declares;
+// - the Python tools' copies (tools/dhs_vocabulary.py): each tuple equals its C++ owner's list, in order.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/cli_flags.h"
 #include "memd/memd_flags.h"
 #include "memd/reclaim_policy.h"
 #include "workerd/model/config.h"
 #include "workerd/serving_mode.h"
+#include "workerd/speculation/speculation_cli.h"
+#include "workerd/speculation/speculation_flags.h"
 #include "workerd/worker_flags.h"
 
 namespace dhs {
@@ -113,6 +124,80 @@ TEST(Vocabulary, AddDaemonFlagChecksTheListsRangeAndChoices) {
   EXPECT_THAT(parse({"--slots", "0"}), HasSubstr("[1, 4096]"));
   EXPECT_THAT(parse({"--reclaim-policy", "random"}), HasSubstr("random"));
   EXPECT_THAT(parse({"--mode", "approximate"}), HasSubstr("approximate"));
+}
+
+// The speculation flags are one list (spec::kSpeculationFlags): kWorkerFlags (what dhs-node reads) ends with exactly
+// its entries, and AddSpeculationOptions (workerd's and dhs-replay's CLI) declares each of them with the list's range
+// and choices.
+TEST(Vocabulary, SpeculationFlagsAreOneListReadByWorkerdAndDhsNode) {
+  ExpectOneEntryPerKeyAndFlag(spec::kSpeculationFlags);
+  const size_t n = std::size(spec::kSpeculationFlags);
+  ASSERT_GE(kWorkerFlags.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    const DaemonFlag& f = kWorkerFlags[kWorkerFlags.size() - n + i];
+    EXPECT_EQ(f.key, spec::kSpeculationFlags[i].key);
+    EXPECT_EQ(f.flag, spec::kSpeculationFlags[i].flag);
+  }
+  EXPECT_EQ(FindDaemonFlag(kWorkerFlags, "--speculate")->choices(),
+            (std::vector<std::string>{"off", "fixed", "confidence", "synthetic"}));
+  for (const auto& [mode, name] : spec::kSpeculateModes) EXPECT_EQ(spec::SpeculateModeName(mode), name);
+  CLI::App app;
+  spec::SpeculationFlags flags;
+  spec::AddSpeculationOptions(app, &flags);
+  for (const DaemonFlag& f : spec::kSpeculationFlags) {
+    EXPECT_NE(app.get_option_no_throw(std::string(f.flag)), nullptr) << f.flag << " not declared";
+  }
+  const auto parse = [](std::vector<std::string> args) {
+    CLI::App a;
+    spec::SpeculationFlags f;
+    spec::AddSpeculationOptions(a, &f);
+    std::reverse(args.begin(), args.end());
+    try {
+      a.parse(args);
+    } catch (const CLI::ParseError& e) {
+      return std::string(e.what());
+    }
+    return absl::StrCat("ok ", f.mode, " ", f.config.block);
+  };
+  EXPECT_EQ(parse({"--speculate", "synthetic", "--block", "64"}), "ok synthetic 64");
+  EXPECT_THAT(parse({"--block", "65"}), HasSubstr("must be an integer in [1, 64], got '65'"));
+  EXPECT_THAT(parse({"--speculate", "always"}), HasSubstr("always"));
+}
+
+// tools/dhs_vocabulary.py's tuples, by name: NAME = ("a", "b", ...) on one line, and NAME = "a".
+std::map<std::string, std::vector<std::string>> PythonVocabulary() {
+  const char* path = std::getenv("DHS_VOCABULARY_PY");
+  EXPECT_NE(path, nullptr) << "DHS_VOCABULARY_PY (set by tests/tools/meson.build) names tools/dhs_vocabulary.py";
+  std::map<std::string, std::vector<std::string>> lists;
+  if (path == nullptr) return lists;
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  const std::regex assignment(R"(^([A-Z_]+) = (\(.*\)|"[^"]*")\s*$)");
+  const std::regex quoted(R"("([^"]*)")");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (!std::regex_match(line, m, assignment)) continue;
+    std::vector<std::string>& names = lists[m[1]];
+    const std::string value = m[2];
+    for (auto it = std::sregex_iterator(value.begin(), value.end(), quoted); it != std::sregex_iterator(); ++it) {
+      names.push_back((*it)[1]);
+    }
+  }
+  return lists;
+}
+
+TEST(Vocabulary, PythonToolsListsEqualTheirOwners) {
+  const auto py = PythonVocabulary();
+  auto list = [&py](const std::string& name) {
+    auto it = py.find(name);
+    EXPECT_NE(it, py.end()) << name << " missing from tools/dhs_vocabulary.py";
+    return it == py.end() ? std::vector<std::string>{} : it->second;
+  };
+  EXPECT_EQ(list("WORKER_MODES"), WorkerModeNames());
+  EXPECT_EQ(list("RECLAIM_POLICIES"), memd::ReclaimPolicyNames());
+  EXPECT_EQ(list("DEFAULT_RECLAIM_POLICY"), std::vector<std::string>{std::string(memd::kDefaultReclaimPolicy)});
+  EXPECT_EQ(list("MODEL_PRESETS"), model::PresetNames());
+  EXPECT_EQ(list("SPECULATE_MODES"), spec::SpeculateModeNames());
 }
 
 }  // namespace
