@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "common/log_limiter.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -430,10 +431,11 @@ absl::StatusOr<std::string> Daemon::Receive(const Message& m, std::string_view p
         return EncodeHeartbeatAck(ack, m.sequence, kSender);
       });
     }
-    void operator()(const wire::HeartbeatAckT&) { Serve([]() -> absl::StatusOr<std::string> { return std::string(); }); }
+    void operator()(const wire::HeartbeatAckT&) {
+      Serve([]() -> absl::StatusOr<std::string> { return std::string(); });
+    }
 
-    template <typename Handler>
-    void Serve(Handler handler) {
+    void Serve(absl::FunctionRef<absl::StatusOr<std::string>()> handler) {
       ++d.counters_.messages;
       d.CheckDisconnects();  // first: a new connection may reuse the descriptor of one that just closed
       if (absl::Status s = d.Heard(peer, m.type); !s.ok()) {
