@@ -155,7 +155,9 @@ TEST(SpeculativeRounds, ASlotIsHeldUntilRelease) {
   auto m = MakePresetModel("dsv4flash-like");
   auto rounds = MakeRounds(*m, RoundsConfig(*m, 0.0, ""));
   auto kv = model::ResidentKvAccess::ForModel(m->config(), size_t{64} << 20, 4);
-  std::vector<model::ModelSession> sessions = {m->NewSession(1), m->NewSession(2)};
+  std::vector<model::ModelSession> sessions;
+  sessions.push_back(m->NewSession(1));
+  sessions.push_back(m->NewSession(2));
   std::vector<std::vector<model::Token>> all = {Tokens(Prompt(9, 1)), Tokens(Prompt(11, 2))};
   for (int i = 0; i < 2; ++i) {
     model::StepInput in{&sessions[i], all[i]};
