@@ -148,8 +148,8 @@ std::unique_ptr<MemdClient> ConnectedClient(const std::string& run_dir, StandInM
   return *std::move(client);
 }
 
-// Records which MemdHandler calls the client made, in order.
-class RecordingHandler final : public MemdHandler {
+// Records which MemdHandler calls the client made (their message types), in order.
+class TypeRecorder final : public MemdHandler {
  public:
   void OnAdmitGrant(const wire::AdmitGrantT&) override { calls.push_back(wire::Body::AdmitGrant); }
   void OnAdmitWait(const wire::AdmitWaitT&) override { calls.push_back(wire::Body::AdmitWait); }
@@ -176,7 +176,7 @@ TEST(MemdClientDispatch, EveryWireMessageIsHandledOrDroppedAsNotFromMemd) {
   DHS_WIRE_MESSAGES(DHS_SEND_EVERY)
 #undef DHS_SEND_EVERY
   ASSERT_TRUE(memd.SendToWorker(EncodeAdmitWait(wire::AdmitWaitT{}, seq++, "memd")));  // the marker
-  RecordingHandler handler;
+  TypeRecorder handler;
   std::vector<wire::Body> to_memd;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (handler.calls.size() < 8 && std::chrono::steady_clock::now() < deadline) {
