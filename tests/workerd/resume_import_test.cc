@@ -48,7 +48,7 @@ model::StepOutput Feed(const model::Model& m, model::ModelSession& session, cons
   return out;
 }
 
-struct Setup {
+struct Resumable {
   std::unique_ptr<model::Model> m = MakePresetModel("dsv4flash-like");
   WorkerGeometry g;
   std::vector<model::Token> tokens = Tokens(Prompt(48, 3));  // the dead worker fed 48 rows: pages 0..5, all backed
@@ -57,8 +57,8 @@ struct Setup {
   std::vector<uint8_t> host;                                  // the host pool the dead worker left
 };
 
-Setup Prepare() {
-  Setup s;
+Resumable Prepare() {
+  Resumable s;
   absl::StatusOr<WorkerGeometry> g = ComputeGeometry(s.m->config(), ImportConfig());
   EXPECT_TRUE(g.ok()) << g.status();
   s.g = *g;
@@ -76,7 +76,7 @@ Setup Prepare() {
 // 0..15) and page 3 (rows 24..31); recomputed: rows 16..23 and 32..44. Imported 24 rows, recomputed 21; page 5 is
 // host-ready (its confirmed copy is never written again) but holds the last token's page: recomputed.
 TEST(ResumeImporter, ImportsTheRunsOfMatchingPagesAndRecomputesTheRest) {
-  Setup s = Prepare();
+  Resumable s = Prepare();
   for (uint32_t page = 0; page < 6; ++page) ASSERT_NE(s.sums[page], 0u) << "page " << page << " was not backed up";
   Harness h(s.g.kv, 12);  // the restarted worker's store over the same host pool
   std::copy(s.host.begin(), s.host.end(), h.host.begin());
@@ -142,7 +142,7 @@ TEST(ResumeImporter, ImportsTheRunsOfMatchingPagesAndRecomputesTheRest) {
 // A rebuild after the first run was imported (the Worker recomputes the request's KV from its tokens): the rows
 // imported so far count as recomputed, the run left (page 3) is still imported: 8 imported, 37 recomputed.
 TEST(ResumeImporter, ARebuildCountsTheImportedRowsRecomputedAndKeepsTheRunsLeft) {
-  Setup s = Prepare();
+  Resumable s = Prepare();
   Harness h(s.g.kv, 12);
   std::copy(s.host.begin(), s.host.end(), h.host.begin());
   ASSERT_TRUE(h.kv->PlanResidency(1, 0, s.plan, {}).ok());
