@@ -172,8 +172,8 @@ std::map<std::string, std::vector<std::string>> PythonVocabulary() {
   if (path == nullptr) return lists;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
-  const std::regex assignment(R"(^([A-Z_]+) = (\(.*\)|"[^"]*")\s*$)");
-  const std::regex quoted(R"("([^"]*)")");
+  const std::regex assignment(R"re(^([A-Z_]+) = (\(.*\)|"[^"]*")\s*$)re");
+  const std::regex quoted(R"re("([^"]*)")re");
   for (std::string line; std::getline(in, line);) {
     std::smatch m;
     if (!std::regex_match(line, m, assignment)) continue;
