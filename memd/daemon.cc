@@ -513,8 +513,8 @@ absl::StatusOr<std::string> Daemon::OnHello(const wire::HelloT& hello, const Mes
   for (RequestId id : reply.interrupted_requests) {
     if (const RequestRecord* rec = records_.Find(id)) reply.interrupted_records.push_back(ToWireRecord(id, *rec));
   }
-  if (reply.accepted && !hello->rehello) {  // lost ends: the outputs the dead worker may not have delivered
-    for (const auto& [id, rec] : records_.FinishedRecords(hello->gpu)) {
+  if (reply.accepted && !hello.rehello) {  // lost ends: the outputs the dead worker may not have delivered
+    for (const auto& [id, rec] : records_.FinishedRecords(hello.gpu)) {
       reply.finished_records.push_back(ToWireRecord(id, rec));
     }
   }
