@@ -6,6 +6,8 @@
 // Thread-safety: constants and pure functions.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -33,6 +35,16 @@ constexpr const DaemonFlag* FindDaemonFlag(std::span<const DaemonFlag> flags, st
     if (f.flag == flag) return &f;
   }
   return nullptr;
+}
+
+// The flags of `a`, then those of `b`: a daemon's list that appends the list a component of it owns (kWorkerFlags
+// appends spec::kSpeculationFlags).
+template <size_t A, size_t B>
+constexpr std::array<DaemonFlag, A + B> ConcatDaemonFlags(const DaemonFlag (&a)[A], const DaemonFlag (&b)[B]) {
+  std::array<DaemonFlag, A + B> flags{};
+  for (size_t i = 0; i < A; ++i) flags[i] = a[i];
+  for (size_t i = 0; i < B; ++i) flags[A + i] = b[i];
+  return flags;
 }
 
 }  // namespace dhs

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
 #include "common/status.h"
@@ -124,6 +125,65 @@ absl::Status VisitMessage(const Message& message, Visitor&& visit) {
     default: break;
   }
   return UnknownMessageError(BodyName(message.type));
+}
+
+// ---- A receiver's account of the union (issue 23): every receiver of wire messages (memd's daemon, the worker's
+// MemdClient and client front, dhs-replay's client) says, for EVERY member of DHS_WIRE_MESSAGES, either how it handles
+// it or that it does not expect it. A member appended to the union and to the list then fails to compile at each
+// receiver until it is placed on one side.
+
+// The body type of an object-API table: kBodyOf<wire::HelloT> == wire::Body::Hello.
+template <typename T>
+inline constexpr wire::Body kBodyOf = wire::BodyTraits<typename T::TableType>::enum_value;
+
+// A set of members of the union, e.g. the messages a receiver does not expect.
+template <wire::Body... kTypes>
+struct MessageSet {
+  static constexpr bool Has(wire::Body type) { return ((type == kTypes) || ...); }
+};
+
+// The first member of the union that `Handle` (an overload set: one operator() per message served, taking its
+// const wire::<Name>T&) and `NotExpected` (a MessageSet) do not account for exactly once (neither handled nor listed,
+// or both), in list order; wire::Body::NONE when every member is accounted for.
+template <typename Handle, typename NotExpected>
+constexpr wire::Body FirstUnaccountedMessage() {
+  wire::Body first = wire::Body::NONE;
+#define DHS_ACCOUNT_FOR(Name)                                                                                   \
+  if (first == wire::Body::NONE &&                                                                              \
+      std::is_invocable_v<Handle&, const wire::Name##T&> == NotExpected::Has(wire::Body::Name)) {               \
+    first = wire::Body::Name;                                                                                   \
+  }
+  DHS_WIRE_MESSAGES(DHS_ACCOUNT_FOR)
+#undef DHS_ACCOUNT_FOR
+  return first;
+}
+
+namespace internal {
+// Instantiated with the first unaccounted member, so that the compiler's error names it (ReceiverAccountsFor<Name>).
+template <wire::Body kUnaccounted>
+struct ReceiverAccountsFor {
+  static_assert(kUnaccounted == wire::Body::NONE,
+                "this wire message (the template argument) is neither handled by the receiver nor in its NotExpected "
+                "set, or is both: handle it or list it as not expected");
+  static constexpr bool value = true;
+};
+}  // namespace internal
+
+// A receiver's dispatch over the list: reads the body of `message` (VisitMessage) and calls handle(body) when the
+// receiver serves it, refuse(type) when its type is in NotExpected (the receiver's clear error reply or log). Checked
+// at compile time: every member of the union is handled or in NotExpected, never both (FirstUnaccountedMessage).
+// Errors: VisitMessage's (FAILED_PRECONDITION for an undecoded message, UNKNOWN_MESSAGE outside the list).
+template <typename NotExpected, typename Handle, typename Refuse>
+absl::Status ReceiveMessage(const Message& message, Handle& handle, Refuse&& refuse) {
+  static_assert(internal::ReceiverAccountsFor<FirstUnaccountedMessage<Handle, NotExpected>()>::value);
+  return VisitMessage(message, [&](const auto& body) {
+    using Body = std::remove_cvref_t<decltype(body)>;
+    if constexpr (NotExpected::Has(kBodyOf<Body>)) {
+      refuse(kBodyOf<Body>);
+    } else {
+      handle(body);
+    }
+  });
 }
 
 // Reads an ErrorReply message as the absl::Status it carries (FromWireError, with its ErrorReply.reason attached:

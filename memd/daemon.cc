@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "common/log_limiter.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -387,128 +388,173 @@ absl::Status Daemon::Heard(std::string_view peer, wire::Body type) {
 
 // ---------------------------------------------------------------- handlers
 
+// The messages memd does not serve (docs/protocol.md): each is answered UNKNOWN_MESSAGE "memd does not serve <Name>",
+// not counted and not heard (liveness). Receive handles the rest of the union; ReceiveMessage checks at compile time
+// that the two cover it.
+using NotForMemd =
+    MessageSet<wire::Body::HelloReply, wire::Body::AdmitGrant, wire::Body::AdmitWait, wire::Body::AdmitReject,
+               wire::Body::ReclaimOrder, wire::Body::Retire, wire::Body::PopulateOrder, wire::Body::CompleteAck,
+               wire::Body::ErrorReply, wire::Body::IntrospectReply, wire::Body::SubmitRequest,
+               wire::Body::SubmitAccepted, wire::Body::TokenChunk, wire::Body::WorkerStatsQuery,
+               wire::Body::WorkerStatsReply, wire::Body::Attach, wire::Body::TokensCommittedAck, wire::Body::Cancel>;
+
 void Daemon::Register() {
   server_->OnReplyFailure([this](std::string_view peer, const absl::Status& why) { ReplyNotDelivered(peer, why); });
-  auto counted = [this](auto fn) {
-    return [this, fn](const Message& m, std::string_view peer) -> absl::StatusOr<std::string> {
-      ++counters_.messages;
-      CheckDisconnects();  // first: a new connection may reuse the descriptor of one that just closed
-      if (absl::Status s = Heard(peer, m.type); !s.ok()) return s;
-      absl::StatusOr<std::string> out = fn(m, peer);
-      FlushOrders();  // also on error: an event refused changes nothing, but keep the outbox empty
-      return out;
-    };
-  };
-  server_->On(wire::Body::Hello, counted([this](const Message& m, std::string_view p) { return OnHello(m, p); }));
-  server_->On(wire::Body::AdmitRequest,
-              counted([this](const Message& m, std::string_view p) { return OnAdmit(m, p); }));
-  server_->On(wire::Body::BackupComplete,
-              counted([this](const Message& m, std::string_view p) { return OnBackupComplete(m, p); }));
-  server_->On(wire::Body::HostCopyWritten,
-              counted([this](const Message& m, std::string_view p) { return OnHostCopyWritten(m, p); }));
-  server_->On(wire::Body::ReadersDone,
-              counted([this](const Message& m, std::string_view p) { return OnReadersDone(m, p); }));
-  server_->On(wire::Body::ReadyPublish,
-              counted([this](const Message& m, std::string_view p) { return OnReadyPublish(m, p); }));
-  server_->On(wire::Body::TokensCommitted,
-              counted([this](const Message& m, std::string_view p) { return OnTokensCommitted(m, p); }));
-  server_->On(wire::Body::Complete, counted([this](const Message& m, std::string_view p) { return OnComplete(m, p); }));
-  server_->On(wire::Body::IntrospectQuery,
-              counted([this](const Message& m, std::string_view) { return OnIntrospect(m); }));
-  server_->On(wire::Body::Heartbeat,
-              counted([](const Message& m, std::string_view) -> absl::StatusOr<std::string> {
-                auto hb = ReadHeartbeat(m);
-                if (!hb.ok()) return hb.status();
-                wire::HeartbeatAckT ack;
-                ack.sender_time_ns = hb->sender_time_ns;
-                ack.receiver_time_ns = NowNs();
-                return EncodeHeartbeatAck(ack, m.sequence, kSender);
-              }));
-  server_->On(wire::Body::HeartbeatAck,
-              counted([](const Message&, std::string_view) -> absl::StatusOr<std::string> { return std::string(); }));
+  for (wire::Body type : kWireMessages) {  // every member of the union: Receive serves it or refuses it
+    server_->On(type, [this](const Message& m, std::string_view peer) { return Receive(m, peer); });
+  }
 }
 
-absl::StatusOr<std::string> Daemon::OnHello(const Message& m, std::string_view peer) {
-  auto hello = ReadHello(m);
-  if (!hello.ok()) return hello.status();
+absl::StatusOr<std::string> Daemon::Receive(const Message& m, std::string_view peer) {
+  // One overload per message memd serves. Each is counted, checks the connections and the sender's liveness first
+  // (Heard: a fenced worker's message is refused, nothing else done), and flushes the core's orders after its handler
+  // (also on error: an event refused changes nothing, but the outbox stays empty).
+  struct Served {
+    Daemon& d;
+    const Message& m;
+    std::string_view peer;
+    absl::StatusOr<std::string> reply = std::string();
+    void operator()(const wire::HelloT& b) { Serve([&] { return d.OnHello(b, m, peer); }); }
+    void operator()(const wire::AdmitRequestT& b) { Serve([&] { return d.OnAdmit(b, m, peer); }); }
+    void operator()(const wire::BackupCompleteT& b) { Serve([&] { return d.OnBackupComplete(b, m, peer); }); }
+    void operator()(const wire::HostCopyWrittenT& b) { Serve([&] { return d.OnHostCopyWritten(b, m, peer); }); }
+    void operator()(const wire::ReadersDoneT& b) { Serve([&] { return d.OnReadersDone(b, m, peer); }); }
+    void operator()(const wire::ReadyPublishT& b) { Serve([&] { return d.OnReadyPublish(b, m, peer); }); }
+    void operator()(const wire::TokensCommittedT& b) { Serve([&] { return d.OnTokensCommitted(b, m, peer); }); }
+    void operator()(const wire::CompleteT& b) { Serve([&] { return d.OnComplete(b, m, peer); }); }
+    void operator()(const wire::IntrospectQueryT& b) { Serve([&] { return d.OnIntrospect(b, m); }); }
+    void operator()(const wire::HeartbeatT& hb) {
+      Serve([&]() -> absl::StatusOr<std::string> {
+        wire::HeartbeatAckT ack;
+        ack.sender_time_ns = hb.sender_time_ns;
+        ack.receiver_time_ns = NowNs();
+        return EncodeHeartbeatAck(ack, m.sequence, kSender);
+      });
+    }
+    void operator()(const wire::HeartbeatAckT&) {
+      Serve([]() -> absl::StatusOr<std::string> { return std::string(); });
+    }
+
+    void Serve(absl::FunctionRef<absl::StatusOr<std::string>()> handler) {
+      ++d.counters_.messages;
+      d.CheckDisconnects();  // first: a new connection may reuse the descriptor of one that just closed
+      if (absl::Status s = d.Heard(peer, m.type); !s.ok()) {
+        reply = s;
+        return;
+      }
+      reply = handler();
+      d.FlushOrders();
+    }
+  } served{*this, m, peer};
+  const absl::Status read = ReceiveMessage<NotForMemd>(m, served, [&](wire::Body type) {
+    served.reply = UnknownMessageError(absl::StrCat(kSender, " does not serve ", BodyName(type)));
+  });
+  if (!read.ok()) return read;
+  return std::move(served.reply);
+}
+
+absl::StatusOr<std::string> Daemon::OnHello(const wire::HelloT& hello, const Message& m, std::string_view peer) {
   wire::HelloReplyT reply;
   reply.worker_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(options_.worker_timeout.count(), UINT32_MAX));
-  std::string reason;
-  auto known = gpus_.find(hello->gpu);
-  if (peer != absl::StrCat("worker/", hello->gpu)) {  // a client must not take a GPU's role (and its orders) over
-    ++counters_.refused_peers;
-    reason = absl::StrFormat("a Hello of GPU %d must come from the routing id worker/%d, not '%s'", hello->gpu,
-                             hello->gpu, peer);
-  } else if (hello->host_page_bytes != options_.page_bytes) {
-    reason = absl::StrFormat("host_page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
-                             hello->host_page_bytes, options_.page_bytes);
-  } else if (hello->capacity_pages == 0 || hello->page_rows == 0) {
-    reason = "capacity_pages and page_rows must be > 0";
-  } else if (!hello->serving_mode.empty() && !ParseWorkerMode(hello->serving_mode).ok()) {
-    // Shown in the status view (JSON strings must be UTF-8) and table: only workerd's modes, or none (older worker).
-    reason = absl::StrFormat("serving_mode '%s' is not %s (or empty: an older worker)",
-                             Printable(std::string_view(hello->serving_mode).substr(0, 64)), WorkerModeList());
-  } else if (known != gpus_.end() && known->second.capacity_pages != hello->capacity_pages) {
-    reason = absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
-                             hello->gpu, known->second.capacity_pages, hello->capacity_pages);
-  } else if (hello->rehello) {  // a worker that survived a memd restart: its epoch and requests go on
-    reason = ReHello(*hello, reply);
-  } else {
-    if (known != gpus_.end() && !core_->fenced(hello->gpu)) {  // a restarted worker: the previous epoch ends here
-      Fence(hello->gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
-                                        hello->gpu, hello->pid, known->second.pid));
-    }
-    if (absl::Status s = core_->RegisterGpu(hello->gpu, hello->capacity_pages, hello->request_slots,
-                                            DeclarationOf(*hello));
-        !s.ok()) {
-      reason = std::string(s.message());
-    }
+  std::string reason = HelloRefusal(hello, peer);
+  if (reason.empty()) {
+    // a worker that survived a memd restart: its epoch and requests go on; else a new epoch starts
+    reason = hello.rehello ? ReHello(hello, reply) : StartEpoch(hello);
   }
   if (!reason.empty()) {
-    spdlog::warn("memd: Hello of GPU {} refused: {}", hello->gpu, reason);
+    spdlog::warn("memd: Hello of GPU {} refused: {}", hello.gpu, reason);
     reply.accepted = false;
     reply.reason = reason;
     return EncodeHelloReply(reply, m.sequence, kSender);
   }
-  GpuInfo& g = gpus_[hello->gpu];
-  g.peer = std::string(peer);
-  g.page_rows = hello->page_rows;
-  g.capacity_pages = hello->capacity_pages;
-  g.pid = hello->pid;
-  g.shape = WorkerShapeOf(*hello);
-  g.connection = server_->source_connection();
-  g.last_heard = std::chrono::steady_clock::now();
-  ++counters_.hellos;
+  KeepWorker(hello, peer);
   reply.accepted = true;
-  reply.worker_epoch = core_->epoch(hello->gpu);
-  if (release_held_at_ && adopt_waiting_gpus_.erase(hello->gpu) > 0 && adopt_waiting_gpus_.empty()) {
+  reply.worker_epoch = core_->epoch(hello.gpu);
+  if (release_held_at_ && adopt_waiting_gpus_.erase(hello.gpu) > 0 && adopt_waiting_gpus_.empty()) {
     // A worker says Hello only once its GPU's previous worker stopped serving (its socket is checked first) or, after
     // a memd restart, resolved the dead memd's orders (re-Hello): nothing of the dead memd writes any more.
     ReleaseHeldNow("every GPU the journal names registered with this memd");
   }
-  reply.interrupted_requests = core_->InterruptedRequests(hello->gpu);
+  AddHelloRecords(hello, reply);
+  spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}, {} interrupted "
+               "requests", hello.gpu, hello.pid, hello.device_name, hello.capacity_pages, hello.page_rows,
+               reply.worker_epoch, reply.interrupted_requests.size());
+  if (!reply.interrupted_requests.empty()) {
+    spdlog::info("memd: GPU {}: {} of its {} interrupted requests have a record to resume from", hello.gpu,
+                 reply.interrupted_records.size(), reply.interrupted_requests.size());
+  }
+  reply.segments.push_back(HostSegmentInfo());
+  return EncodeHelloReply(reply, m.sequence, kSender);
+}
+
+std::string Daemon::HelloRefusal(const wire::HelloT& hello, std::string_view peer) {
+  auto known = gpus_.find(hello.gpu);
+  if (peer != absl::StrCat("worker/", hello.gpu)) {  // a client must not take a GPU's role (and its orders) over
+    ++counters_.refused_peers;
+    return absl::StrFormat("a Hello of GPU %d must come from the routing id worker/%d, not '%s'", hello.gpu,
+                           hello.gpu, peer);
+  }
+  if (hello.host_page_bytes != options_.page_bytes) {
+    return absl::StrFormat("host_page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
+                           hello.host_page_bytes, options_.page_bytes);
+  }
+  if (hello.capacity_pages == 0 || hello.page_rows == 0) return "capacity_pages and page_rows must be > 0";
+  if (!hello.serving_mode.empty() && !ParseWorkerMode(hello.serving_mode).ok()) {
+    // Shown in the status view (JSON strings must be UTF-8) and table: only workerd's modes, or none (older worker).
+    return absl::StrFormat("serving_mode '%s' is not %s (or empty: an older worker)",
+                           Printable(std::string_view(hello.serving_mode).substr(0, 64)), WorkerModeList());
+  }
+  if (known != gpus_.end() && known->second.capacity_pages != hello.capacity_pages) {
+    return absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
+                           hello.gpu, known->second.capacity_pages, hello.capacity_pages);
+  }
+  return "";
+}
+
+std::string Daemon::StartEpoch(const wire::HelloT& hello) {
+  auto known = gpus_.find(hello.gpu);
+  if (known != gpus_.end() && !core_->fenced(hello.gpu)) {  // a restarted worker: the previous epoch ends here
+    Fence(hello.gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
+                                      hello.gpu, hello.pid, known->second.pid));
+  }
+  if (absl::Status s = core_->RegisterGpu(hello.gpu, hello.capacity_pages, hello.request_slots, DeclarationOf(hello));
+      !s.ok()) {
+    return std::string(s.message());
+  }
+  return "";
+}
+
+void Daemon::KeepWorker(const wire::HelloT& hello, std::string_view peer) {
+  GpuInfo& g = gpus_[hello.gpu];
+  g.peer = std::string(peer);
+  g.page_rows = hello.page_rows;
+  g.capacity_pages = hello.capacity_pages;
+  g.pid = hello.pid;
+  g.shape = WorkerShapeOf(hello);
+  g.connection = server_->source_connection();
+  g.last_heard = std::chrono::steady_clock::now();
+  ++counters_.hellos;
+}
+
+void Daemon::AddHelloRecords(const wire::HelloT& hello, wire::HelloReplyT& reply) {
+  reply.interrupted_requests = core_->InterruptedRequests(hello.gpu);
   for (RequestId id : reply.interrupted_requests) {
     if (const RequestRecord* rec = records_.Find(id)) reply.interrupted_records.push_back(ToWireRecord(id, *rec));
   }
-  if (reply.accepted && !hello->rehello) {  // lost ends: the outputs the dead worker may not have delivered
-    for (const auto& [id, rec] : records_.FinishedRecords(hello->gpu)) {
+  if (!hello.rehello) {  // lost ends: the outputs the dead worker may not have delivered
+    for (const auto& [id, rec] : records_.FinishedRecords(hello.gpu)) {
       reply.finished_records.push_back(ToWireRecord(id, rec));
     }
   }
-  spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}, {} interrupted "
-               "requests", hello->gpu, hello->pid, hello->device_name, hello->capacity_pages, hello->page_rows,
-               reply.worker_epoch, reply.interrupted_requests.size());
-  if (!reply.interrupted_requests.empty()) {
-    spdlog::info("memd: GPU {}: {} of its {} interrupted requests have a record to resume from", hello->gpu,
-                 reply.interrupted_records.size(), reply.interrupted_requests.size());
-  }
+}
+
+std::unique_ptr<wire::HostSegmentInfoT> Daemon::HostSegmentInfo() const {
   auto seg = std::make_unique<wire::HostSegmentInfoT>();
   seg->name = segment_->name();
   seg->size_bytes = segment_->size_bytes();
   seg->page_bytes = segment_->page_bytes();
   seg->pages = static_cast<uint32_t>(segment_->pages());
-  reply.segments.push_back(std::move(seg));
-  return EncodeHelloReply(reply, m.sequence, kSender);
+  return seg;
 }
 
 std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply) {
@@ -557,58 +603,56 @@ std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply)
   return "";
 }
 
-absl::StatusOr<std::string> Daemon::OnAdmit(const Message& m, std::string_view peer) {
-  auto a = ReadAdmitRequest(m);
-  if (!a.ok()) return a.status();
+absl::StatusOr<std::string> Daemon::OnAdmit(const wire::AdmitRequestT& a, const Message& m, std::string_view peer) {
   // An admission refused as bad input (the core's status, or no Hello on this connection) is answered directly, by
   // the same encoder as the core's RejectOrder (never fits): it cannot go out through the outbox, since it must reach
   // the sender (its GPU may have no worker) and must not touch a live request that has the same id.
-  auto reject = [&](const absl::Status& why) { return EncodeReject(a->request, why, m.sequence); };
-  auto g = gpus_.find(a->gpu);
+  auto reject = [&](const absl::Status& why) { return EncodeReject(a.request, why, m.sequence); };
+  auto g = gpus_.find(a.gpu);
   if (g == gpus_.end() || g->second.peer != peer) {
     ++counters_.refused_peers;
     return reject(absl::FailedPreconditionError(
-        absl::StrFormat("GPU %d has no registered worker on this connection (send Hello first)", a->gpu)));
+        absl::StrFormat("GPU %d has no registered worker on this connection (send Hello first)", a.gpu)));
   }
-  if (absl::Status s = CheckRequestIdRange(a->request, a->gpu, "AdmitRequest"); !s.ok()) return reject(s);
+  if (absl::Status s = CheckRequestIdRange(a.request, a.gpu, "AdmitRequest"); !s.ok()) return reject(s);
   AdmitRequest admit;
-  admit.request = a->request;
-  admit.gpu = a->gpu;
-  admit.required_pages = a->required_pages;
-  admit.history_pages = a->complete_pages;
-  admit.context_rows = a->history_rows;  // the core converts rows to pages (and refuses what overflows)
+  admit.request = a.request;
+  admit.gpu = a.gpu;
+  admit.required_pages = a.required_pages;
+  admit.history_pages = a.complete_pages;
+  admit.context_rows = a.history_rows;  // the core converts rows to pages (and refuses what overflows)
   admit.page_rows = g->second.page_rows;
-  admit.optional_history = a->optional_history;
-  admit.host_backed = a->host_backed;
-  admit.resume_of = a->resume_of;
-  admit.speculation = SpeculationShare{a->draft_ring_pages, a->staging_pages, a->draft_ring_bytes, a->staging_bytes};
+  admit.optional_history = a.optional_history;
+  admit.host_backed = a.host_backed;
+  admit.resume_of = a.resume_of;
+  admit.speculation = SpeculationShare{a.draft_ring_pages, a.staging_pages, a.draft_ring_bytes, a.staging_bytes};
   // Issue 24 (prefix sharing): the tenant and prefix chain (the core ignores them while --prefix-sharing is off).
-  admit.prefix = PrefixChain{a->tenant, a->prefix_block_ids, a->prefix_block_digests, a->prefix_block_tokens};
-  if (a->record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
-    RequestRecord record = FromWireRecord(*a->record, a->gpu);
-    if (absl::Status s = record_journal_.Open(a->request, record); !s.ok()) {
-      record_journal_.Release(a->request);
+  admit.prefix = PrefixChain{a.tenant, a.prefix_block_ids, a.prefix_block_digests, a.prefix_block_tokens};
+  if (a.record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
+    RequestRecord record = FromWireRecord(*a.record, a.gpu);
+    if (absl::Status s = record_journal_.Open(a.request, record); !s.ok()) {
+      record_journal_.Release(a.request);
       return reject(s);
     }
-    if (absl::Status s = records_.Open(a->request, std::move(record)); !s.ok()) {
-      record_journal_.Release(a->request);
+    if (absl::Status s = records_.Open(a.request, std::move(record)); !s.ok()) {
+      record_journal_.Release(a.request);
       return reject(s);
     }
   }
   if (absl::Status s = core_->Admit(admit); !s.ok()) {
-    if (a->record) {
-      ReleaseRecord(a->request);
+    if (a.record) {
+      ReleaseRecord(a.request);
     }
     return reject(s);
   }
   if (admit.resume_of != 0) ReleaseRecord(admit.resume_of);  // the interrupted request ended in that event
-  admit_sequence_[a->request] = m.sequence;
-  timelines_.Open(a->request, a->record ? a->record->client_request : a->request, a->record ? a->record->client : 0,
-                  a->gpu, EpochOfNodeRequestId(a->request));
-  Note(a->request, TimelineEvent::kAdmitted, 0,
+  admit_sequence_[a.request] = m.sequence;
+  timelines_.Open(a.request, a.record ? a.record->client_request : a.request, a.record ? a.record->client : 0,
+                  a.gpu, EpochOfNodeRequestId(a.request));
+  Note(a.request, TimelineEvent::kAdmitted, 0,
        admit.resume_of != 0 ? absl::StrCat("resume of ", admit.resume_of) : std::string());
   if (admit.resume_of != 0) {
-    Note(admit.resume_of, TimelineEvent::kResumed, 0, absl::StrCat("as ", a->request));
+    Note(admit.resume_of, TimelineEvent::kResumed, 0, absl::StrCat("as ", a.request));
     timelines_.End(admit.resume_of);
   }
   return std::string();  // Grant / Wait / Reject go out with the drained orders
@@ -649,76 +693,66 @@ absl::Status Daemon::CheckRequestPeer(std::string_view peer, RequestId request, 
   return CheckWorkerPeer(peer, std::nullopt, what);  // no registered worker: PERMISSION_DENIED
 }
 
-absl::StatusOr<std::string> Daemon::OnBackupComplete(const Message& m, std::string_view peer) {
-  auto b = ReadBackupComplete(m);
-  if (!b.ok()) return b.status();
-  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(b->order), "BackupComplete"); !s.ok()) return s;
-  if (b->order == 0) {
+absl::StatusOr<std::string> Daemon::OnBackupComplete(const wire::BackupCompleteT& b, const Message& m, std::string_view peer) {
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(b.order), "BackupComplete"); !s.ok()) return s;
+  if (b.order == 0) {
     return absl::InvalidArgumentError(
         "BackupComplete with order 0 is refused since protocol version 3: report host copies written outside a "
         "ReclaimOrder with HostCopyWritten");
   }
-  if (!b->ok) {
-    spdlog::warn("memd: reclaim order {} of request {}: backup failed ({}); the victim stays untouched", b->order,
-                 b->request, b->message);
+  if (!b.ok) {
+    spdlog::warn("memd: reclaim order {} of request {}: backup failed ({}); the victim stays untouched", b.order,
+                 b.request, b.message);
   }
-  if (absl::Status s = core_->OnBackupComplete(b->order, b->pages, b->ok, b->deferred_pages, b->checksums); !s.ok()) {
+  if (absl::Status s = core_->OnBackupComplete(b.order, b.pages, b.ok, b.deferred_pages, b.checksums); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("BackupComplete: ", s.message()));
   }
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const Message& m, std::string_view peer) {
-  auto w = ReadHostCopyWritten(m);
-  if (!w.ok()) return w.status();
-  if (absl::Status s = CheckRequestPeer(peer, w->request, "HostCopyWritten"); !s.ok()) return s;
+absl::StatusOr<std::string> Daemon::OnHostCopyWritten(const wire::HostCopyWrittenT& w, const Message& m, std::string_view peer) {
+  if (absl::Status s = CheckRequestPeer(peer, w.request, "HostCopyWritten"); !s.ok()) return s;
   std::vector<PageIndex> host_pages;
-  for (const wire::HostPageRef& ref : w->host_pages) {
+  for (const wire::HostPageRef& ref : w.host_pages) {
     if (ref.segment() != 0) {
       return absl::InvalidArgumentError(absl::StrFormat("HostCopyWritten: host segment %d unknown (memd has one: 0)",
                                                         ref.segment()));
     }
     host_pages.push_back(ref.page());
   }
-  if (!w->ok) {
-    spdlog::warn("memd: request {}: host copy of {} history pages failed: {}", w->request, w->history_pages.size(),
-                 w->message);
+  if (!w.ok) {
+    spdlog::warn("memd: request {}: host copy of {} history pages failed: {}", w.request, w.history_pages.size(),
+                 w.message);
   }
-  if (absl::Status s = core_->OnHostCopyWritten(w->request, w->history_pages, host_pages, w->ok, w->checksums);
+  if (absl::Status s = core_->OnHostCopyWritten(w.request, w.history_pages, host_pages, w.ok, w.checksums);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("HostCopyWritten: ", s.message()));
   }
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnReadersDone(const Message& m, std::string_view peer) {
-  auto r = ReadReadersDone(m);
-  if (!r.ok()) return r.status();
-  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(r->order), "ReadersDone"); !s.ok()) return s;
-  if (absl::Status s = core_->OnReadersDone(r->order); !s.ok()) {
+absl::StatusOr<std::string> Daemon::OnReadersDone(const wire::ReadersDoneT& r, const Message& m, std::string_view peer) {
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(r.order), "ReadersDone"); !s.ok()) return s;
+  if (absl::Status s = core_->OnReadersDone(r.order); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("ReadersDone: ", s.message()));
   }
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnReadyPublish(const Message& m, std::string_view peer) {
-  auto r = ReadReadyPublish(m);
-  if (!r.ok()) return r.status();
-  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(r->order), "ReadyPublish"); !s.ok()) return s;
-  if (absl::Status s = core_->OnReadyPublish(r->order, r->pages, r->ok); !s.ok()) {
+absl::StatusOr<std::string> Daemon::OnReadyPublish(const wire::ReadyPublishT& r, const Message& m, std::string_view peer) {
+  if (absl::Status s = CheckWorkerPeer(peer, core_->GpuOfOrder(r.order), "ReadyPublish"); !s.ok()) return s;
+  if (absl::Status s = core_->OnReadyPublish(r.order, r.pages, r.ok); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("ReadyPublish: ", s.message()));
   }
   return std::string();
 }
 
-absl::StatusOr<std::string> Daemon::OnComplete(const Message& m, std::string_view peer) {
-  auto c = ReadComplete(m);
-  if (!c.ok()) return c.status();
-  if (absl::Status s = CheckRequestPeer(peer, c->request, "Complete"); !s.ok()) return s;
-  if (absl::Status s = core_->Complete(c->request); !s.ok()) {
+absl::StatusOr<std::string> Daemon::OnComplete(const wire::CompleteT& c, const Message& m, std::string_view peer) {
+  if (absl::Status s = CheckRequestPeer(peer, c.request, "Complete"); !s.ok()) return s;
+  if (absl::Status s = core_->Complete(c.request); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Complete: ", s.message()));
   }
-  if (c->keep_output) KeepFinishedRecord(*c);  // before the CompleteAck releases the record
+  if (c.keep_output) KeepFinishedRecord(c);  // before the CompleteAck releases the record
   return FlushOrders(m.sequence);  // the CompleteAck answers this message
 }
 
@@ -737,13 +771,12 @@ void Daemon::KeepFinishedRecord(const wire::CompleteT& c) {
   }
 }
 
-absl::StatusOr<std::string> Daemon::OnTokensCommitted(const Message& m, std::string_view peer) {
-  auto t = ReadTokensCommitted(m);
-  if (!t.ok()) return t.status();
+absl::StatusOr<std::string> Daemon::OnTokensCommitted(const wire::TokensCommittedT& t, const Message& m,
+                                                      std::string_view peer) {
   // Each entry on its own: a refused one (wrong peer, no record, a gap) does not hold back the others.
   absl::Status first;
   size_t refused = 0;
-  for (const auto& e : t->entries) {
+  for (const auto& e : t.entries) {
     if (e == nullptr) continue;
     absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(e->request), "TokensCommitted");
     if (s.ok()) s = records_.Commit(e->request, e->from, e->tokens, e->logits_digests);
@@ -753,61 +786,59 @@ absl::StatusOr<std::string> Daemon::OnTokensCommitted(const Message& m, std::str
   }
   if (refused == 0) {
     wire::TokensCommittedAckT ack;
-    ack.entries = static_cast<uint32_t>(t->entries.size());
+    ack.entries = static_cast<uint32_t>(t.entries.size());
     return EncodeTokensCommittedAck(ack, m.sequence, kSender);
   }
   DHS_LOG_LIMITED(spdlog::level::warn, "memd: TokensCommitted: {} of {} entries refused, first: {}", refused,
-                  t->entries.size(), first.ToString());
+                  t.entries.size(), first.ToString());
   return absl::Status(first.code(), absl::StrFormat("TokensCommitted: %d of %d entries refused, first: %s", refused,
-                                                    t->entries.size(), first.message()));
+                                                    t.entries.size(), first.message()));
 }
 
 // A view naming a request or GPU memd does not know is answered with NOT_FOUND (dhsctl exits 4 on the code).
-absl::StatusOr<std::string> Daemon::OnIntrospect(const Message& m) {
-  auto q = ReadIntrospectQuery(m);
-  if (!q.ok()) return q.status();
-  if (q->what == wire::IntrospectWhat::Timeline) {  // issue 22: every kept timeline of the client's request id
-    const std::vector<const RequestTimeline*> found = timelines_.FindClient(q->client_request);
+absl::StatusOr<std::string> Daemon::OnIntrospect(const wire::IntrospectQueryT& q, const Message& m) {
+  if (q.what == wire::IntrospectWhat::Timeline) {  // issue 22: every kept timeline of the client's request id
+    const std::vector<const RequestTimeline*> found = timelines_.FindClient(q.client_request);
     if (found.empty()) {
       return absl::NotFoundError(absl::StrFormat("no request of client id %d is known (never admitted, or its "
-                                                 "timeline was evicted)", q->client_request));
+                                                 "timeline was evicted)", q.client_request));
     }
     wire::IntrospectReplyT reply;
-    reply.what = q->what;
+    reply.what = q.what;
     reply.format = wire::IntrospectFormat::Json;
     reply.document = TimelinesToJson(found, "memd").dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     return EncodeIntrospectReply(reply, m.sequence, kSender);
   }
-  if (q->what == wire::IntrospectWhat::Request && !core_->GpuOfRequest(q->request)) {
-    return absl::NotFoundError(absl::StrFormat("request %d not found", q->request));
+  if (q.what == wire::IntrospectWhat::Request && !core_->GpuOfRequest(q.request)) {
+    return absl::NotFoundError(absl::StrFormat("request %d not found", q.request));
   }
-  if (q->what == wire::IntrospectWhat::Pages) {
-    const GpuPageTable* table = core_->gpu_table(q->gpu);
+  if (q.what == wire::IntrospectWhat::Pages) {
+    const GpuPageTable* table = core_->gpu_table(q.gpu);
     if (table == nullptr) {
-      return absl::NotFoundError(core_->fenced(q->gpu)
-                                     ? absl::StrFormat("GPU %d is fenced: no page table until its worker says Hello", q->gpu)
-                                     : absl::StrFormat("GPU %d not found", q->gpu));
+      return absl::NotFoundError(core_->fenced(q.gpu)
+                                     ? absl::StrFormat("GPU %d is fenced: no page table until its worker says Hello", q.gpu)
+                                     : absl::StrFormat("GPU %d not found", q.gpu));
     }
-    if (q->page_from >= table->pages()) {
+    if (q.page_from >= table->pages()) {
       return absl::OutOfRangeError(absl::StrFormat("pages: from %d is beyond the last page %d of GPU %d (M = %d)",
-                                                   q->page_from, table->pages() - 1, q->gpu, table->pages()));
+                                                   q.page_from, table->pages() - 1, q.gpu, table->pages()));
     }
-    if (q->page_count > kMaxPageRows) {
+    if (q.page_count > kMaxPageRows) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("pages: count %d is above the %d rows a reply holds", q->page_count, kMaxPageRows));
+          absl::StrFormat("pages: count %d is above the %d rows a reply holds", q.page_count, kMaxPageRows));
     }
   }
   // Only what the view shows is dumped: the counts, and the requests or the bounded page rows it asks for.
-  const DumpView view = ViewOf(*q);
+  const DumpView view = ViewOf(q);
   StateDump dump = core_->Dump(DumpScopeOf(view));
   for (GpuDump& gd : dump.gpus) {  // the workers' shapes (introspection only: the core never sees them)
     if (auto it = gpus_.find(gd.gpu); it != gpus_.end() && it->second.shape.declared()) gd.worker = it->second.shape;
   }
   wire::IntrospectReplyT reply;
-  reply.what = q->what;
-  reply.format = q->format;
+  reply.what = q.what;
+  reply.format = q.format;
   // replace: a string that is not UTF-8 must not make dump() throw (memd would terminate).
-  reply.document = q->format == wire::IntrospectFormat::Json
+  reply.document = q.format == wire::IntrospectFormat::Json
                        ? DumpToJson(dump, view).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
                        : DumpToTable(dump, view);
   return EncodeIntrospectReply(reply, m.sequence, kSender);

@@ -55,6 +55,7 @@
 #include "common/transport.h"
 #include "memd/host_journal.h"
 #include "memd/pool_segment.h"
+#include "memd/reclaim_policy.h"  // kDefaultReclaimPolicy
 #include "memd/record_journal.h"
 #include "memd/request_records.h"
 #include "memd/residency_manager.h"
@@ -66,7 +67,7 @@ struct DaemonOptions {
   uint64_t page_bytes = 0;                  // bytes per page; every worker's Hello must say the same
   uint32_t host_pool_pages = 0;             // pages of the host-pool segment (> 0)
   uint32_t reserve_pages = 0;               // M_res per GPU
-  std::string reclaim_policy = "largest-first";  // chosen by replay measurement: memd/README.md
+  std::string reclaim_policy{kDefaultReclaimPolicy};  // memd/reclaim_policy.h; chosen by measurement: memd/README.md
   uint32_t populate_pages_per_attempt = 8;  // bound of one population attempt, pages (>= 1)
   // Issue 24 (the content-addressed host tier, memd/prefix_pages.h): off by default (then byte-identical to before).
   bool prefix_sharing = false;
@@ -135,26 +136,46 @@ class Daemon {
 
   Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, std::unique_ptr<HostJournal> journal,
          std::unique_ptr<RouterServer> router, std::unique_ptr<ResidencyManager> core, RecordJournal record_journal);
+  // Registers Receive for every member of the wire message list (common/protocol.h, DHS_WIRE_MESSAGES).
   void Register();
+  // One message from `peer`, dispatched over the list (ReceiveMessage): a message memd serves goes to its On*
+  // handler; one it does not (NotForMemd in daemon.cc) is refused UNKNOWN_MESSAGE "memd does not serve <Name>".
+  absl::StatusOr<std::string> Receive(const Message& m, std::string_view peer);
   // Start's last step: the journal's requests (`journaled`) and, when the pool was `reused`, the record files' granted
   // requests become interrupted requests (ResidencyManager::AdoptHostPages) with their records; other record files
   // are removed. Errors: INTERNAL when the core refuses the list (nothing adopted).
   absl::Status AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused,
                               const std::map<PageIndex, JournaledSharedPage>& shared = {});
-  absl::StatusOr<std::string> OnHello(const Message& m, std::string_view peer);
+  // A worker's Hello (HelloRefusal's checks, then ReHello or StartEpoch): registers the worker of its GPU and answers
+  // HelloReply with its epoch, interrupted and finished records and the host segment; or accepted = false and why.
+  absl::StatusOr<std::string> OnHello(const wire::HelloT& hello, const Message& m, std::string_view peer);
+  // Why a Hello from `peer` is refused before any state changes ("" when it may go on): a peer that is not
+  // worker/<gpu> (counted in refused_peers), another host page size, no pages or rows, an unknown serving mode, or
+  // another M for a GPU already registered.
+  std::string HelloRefusal(const wire::HelloT& hello, std::string_view peer);
+  // A (non-re-)Hello's new epoch: fences the GPU's previous worker if it was still up, then registers the GPU in the
+  // core (ResidencyManager::RegisterGpu). Returns the core's refusal ("" when registered).
+  std::string StartEpoch(const wire::HelloT& hello);
+  // Keeps the accepted worker of `hello.gpu` (its GpuInfo: peer, shape, connection, heard now); counts the Hello.
+  void KeepWorker(const wire::HelloT& hello, std::string_view peer);
+  // The reply's interrupted requests with their records and, for a new epoch (not a re-Hello), the GPU's finished
+  // records (lost ends: outputs the dead worker may not have delivered).
+  void AddHelloRecords(const wire::HelloT& hello, wire::HelloReplyT& reply);
+  // The host pool segment a HelloReply names (memd has one: segment 0).
+  std::unique_ptr<wire::HostSegmentInfoT> HostSegmentInfo() const;
   // A re-Hello with a report (a worker that survived a memd restart; ResidencyManager::AdoptGpu): fills the reply's
   // refused reports and keeps the reported records; returns why the Hello is refused ("" when accepted).
   std::string ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply);
-  absl::StatusOr<std::string> OnAdmit(const Message& m, std::string_view peer);
-  absl::StatusOr<std::string> OnBackupComplete(const Message& m, std::string_view peer);
-  absl::StatusOr<std::string> OnHostCopyWritten(const Message& m, std::string_view peer);
-  absl::StatusOr<std::string> OnReadersDone(const Message& m, std::string_view peer);
-  absl::StatusOr<std::string> OnReadyPublish(const Message& m, std::string_view peer);
-  absl::StatusOr<std::string> OnComplete(const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnAdmit(const wire::AdmitRequestT& a, const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnBackupComplete(const wire::BackupCompleteT& b, const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnHostCopyWritten(const wire::HostCopyWrittenT& w, const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnReadersDone(const wire::ReadersDoneT& r, const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnReadyPublish(const wire::ReadyPublishT& r, const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnComplete(const wire::CompleteT& c, const Message& m, std::string_view peer);
   // Appends each entry's tokens to its request's record (RequestRecordStore::Commit); entries of other GPUs' requests
   // are refused (CheckWorkerPeer). Answers TokensCommittedAck, or an ErrorReply naming how many entries were refused.
-  absl::StatusOr<std::string> OnTokensCommitted(const Message& m, std::string_view peer);
-  absl::StatusOr<std::string> OnIntrospect(const Message& m);
+  absl::StatusOr<std::string> OnTokensCommitted(const wire::TokensCommittedT& t, const Message& m, std::string_view peer);
+  absl::StatusOr<std::string> OnIntrospect(const wire::IntrospectQueryT& q, const Message& m);
   // The role check of a worker-only message (BackupComplete, HostCopyWritten, ReadersDone, ReadyPublish, Complete):
   // `peer` must be the worker that said Hello for `gpu`, the GPU of the request or order the message names. With
   // `gpu` unknown to the core (nullopt), any registered worker passes (the core refuses the unknown id). Else

@@ -16,6 +16,7 @@
 
 #include "common/types.h"
 #include "memd/prefix_pages.h"
+#include "memd/reclaim_policy.h"  // kDefaultReclaimPolicy
 
 namespace dhs::memd {
 
@@ -37,7 +38,7 @@ struct ResidencyConfig {
   uint32_t host_pages = 0;                // host pool size, pages
   uint64_t host_page_bytes = 1;           // bytes per host page
   uint32_t populate_pages_per_attempt = 8;
-  std::string reclaim_policy = "largest-first";  // default chosen by measurement (memd/README.md)
+  std::string reclaim_policy{kDefaultReclaimPolicy};  // memd/reclaim_policy.h; chosen by measurement (memd/README.md)
   // The content-addressed host tier (issue 24, memd/prefix_pages.h): off by default (memd --prefix-sharing off):
   // admissions' prefix chains are then ignored and memd behaves exactly as without it.
   bool prefix_sharing = false;

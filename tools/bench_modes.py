@@ -29,8 +29,9 @@ import sys
 import tempfile
 
 from bench_common import figures, run_replay
+from dhs_vocabulary import MODEL_PRESETS, WORKER_MODES
 
-MODES = ("resident", "hisparse", "adaptive")
+MODES = WORKER_MODES  # resident, hisparse, adaptive (workerd owns them: tools/dhs_vocabulary.py)
 
 
 def run(args, mode, rep, tmp):
@@ -120,7 +121,7 @@ def main():
                     help="GPU KV budget, bytes; the default lets every resident history fit at C <= 4 but not at "
                          "C = 8 (8 requests of the bundled slice, bench-wide); '' = dhs-replay's default for the slice")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--preset", default="bench-wide",
+    ap.add_argument("--preset", default="bench-wide", choices=MODEL_PRESETS,
                     help="model preset; bench-wide (default) streams 109 MiB of weights per step like a GPU decode, so "
                          "batching more sessions raises throughput; dsv4flash-like fits in cache and does not")
     ap.add_argument("--trace", default="", help="trace file (default: dhs-replay's bundled Mooncake slice)")

@@ -39,7 +39,10 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("resident", "hisparse", "adaptive")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dhs_vocabulary import MODEL_PRESETS, WORKER_MODES  # noqa: E402
+
+MODES = WORKER_MODES  # resident, hisparse, adaptive (workerd owns them: tools/dhs_vocabulary.py)
 SPEC_CONFIGS = {  # name -> dhs-replay words (adaptive mode)
     "schedule": ["--speculate", "synthetic", "--spec-corruption", "0.1", "--block", "4", "--block-schedule",
                  "1:4,9:3,33:2"],
@@ -349,7 +352,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replay", default="build/tools/replay/dhs-replay")
     ap.add_argument("--dhsctl", default="build/tools/dhsctl/dhsctl")
-    ap.add_argument("--preset", default="bench-wide")
+    ap.add_argument("--preset", default="bench-wide", choices=MODEL_PRESETS)
     ap.add_argument("--prefixes", type=int, default=2)
     ap.add_argument("--contexts", default="1024,4096", help="prefix lengths L, tokens (comma-separated)")
     ap.add_argument("--concurrency", default="1,4,8,16,32,64")

@@ -18,8 +18,9 @@ import sys
 import tempfile
 
 from bench_common import figures, run_replay
+from dhs_vocabulary import RECLAIM_POLICIES
 
-POLICIES = ("oldest-first", "newest-first", "largest-first")
+POLICIES = RECLAIM_POLICIES  # memd owns them (tools/dhs_vocabulary.py)
 
 
 def run(args, policy, rep, tmp):

@@ -38,6 +38,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dhs_vocabulary import MODEL_PRESETS, WORKER_MODES  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -295,8 +298,8 @@ def parse_args():
     p.add_argument("--top-k", type=int, default=2048, help="k (the seed: 2048)")
     p.add_argument("--tail-rows", type=int, default=64, help="tail rows per slot and source (the seed: 64)")
     p.add_argument("--page-rows", type=int, default=64)
-    p.add_argument("--preset", default="glm5-like")
-    p.add_argument("--mode", default="adaptive", choices=["adaptive", "hisparse"],
+    p.add_argument("--preset", default="glm5-like", choices=MODEL_PRESETS)
+    p.add_argument("--mode", default="adaptive", choices=[m for m in WORKER_MODES if m != "resident"],
                    help="the run under test (hisparse backs every page up: the most host pages to check)")
     p.add_argument("--requests", type=int, default=6)
     p.add_argument("--length-scale", type=float, default=0.5, help="of the bundled Mooncake slice")

@@ -154,6 +154,9 @@ absl::Status MemdClient::HeartbeatIfDue(const Load& load) {
 }
 
 namespace {
+// The messages KeepAlive dispatches at once (the rest is held for the first Poll).
+using ServedBeforeTheWorker = MessageSet<wire::Body::Heartbeat, wire::Body::HeartbeatAck, wire::Body::ErrorReply>;
+
 // KeepAlive's handler: only Heartbeat, HeartbeatAck and ErrorReply reach Dispatch before the Worker exists, and none
 // of those calls a handler then (no AdmitRequest is out: the ErrorReply of one cannot come). An order reaching it
 // would be a bug of KeepAlive's sorting, so it is logged, never acted on.
@@ -183,8 +186,7 @@ absl::Status MemdClient::KeepAlive(std::chrono::milliseconds wait) {
   while (bytes.ok()) {
     last_heard_ = std::chrono::steady_clock::now();
     absl::StatusOr<Message> msg = DecodeEnvelope(*bytes);
-    if (msg.ok() && (msg->type == wire::Body::Heartbeat || msg->type == wire::Body::HeartbeatAck ||
-                     msg->type == wire::Body::ErrorReply)) {
+    if (msg.ok() && ServedBeforeTheWorker::Has(msg->type)) {
       NoWorkerYet none;
       Dispatch(*bytes, none);  // answers memd's Heartbeat; a "fenced" ErrorReply ends the epoch now
       if (!ended_.ok()) return ended_;
@@ -197,72 +199,76 @@ absl::Status MemdClient::KeepAlive(std::chrono::milliseconds wait) {
   return absl::OkStatus();
 }
 
+// The messages memd sends no worker (docs/protocol.md): the rest of the union is handled by Dispatch's FromMemd.
+// HelloReply is read by Connect / PollAway only; one reaching Dispatch is unexpected too.
+using NotFromMemd =
+    MessageSet<wire::Body::Hello, wire::Body::HelloReply, wire::Body::AdmitRequest, wire::Body::BackupComplete,
+               wire::Body::ReadersDone, wire::Body::ReadyPublish, wire::Body::Complete, wire::Body::IntrospectQuery,
+               wire::Body::IntrospectReply, wire::Body::SubmitRequest, wire::Body::SubmitAccepted,
+               wire::Body::TokenChunk, wire::Body::WorkerStatsQuery, wire::Body::WorkerStatsReply,
+               wire::Body::HostCopyWritten, wire::Body::TokensCommitted, wire::Body::Attach, wire::Body::Cancel>;
+
 void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
   absl::StatusOr<Message> msg = DecodeEnvelope(bytes);
   if (!msg.ok()) {
     DHS_LOG_LIMITED(spdlog::level::warn, "workerd: undecodable message from memd dropped: {}", msg.status().ToString());
     return;
   }
-  auto bad = [&](const absl::Status& s) { spdlog::warn("workerd: bad {} from memd: {}", BodyName(msg->type), s.ToString()); };
-#define DHS_DISPATCH(Name)                               \
-  case wire::Body::Name: {                               \
-    absl::StatusOr<wire::Name##T> m = Read##Name(*msg);  \
-    if (!m.ok()) return bad(m.status());                 \
-    handler.On##Name(*m);                                \
-    return;                                              \
-  }
-  switch (msg->type) {
-    DHS_DISPATCH(AdmitGrant)
-    DHS_DISPATCH(AdmitWait)
-    DHS_DISPATCH(AdmitReject)
-    DHS_DISPATCH(ReclaimOrder)
-    DHS_DISPATCH(Retire)
-    DHS_DISPATCH(PopulateOrder)
-    DHS_DISPATCH(CompleteAck)
-    case wire::Body::Heartbeat: {
-      absl::StatusOr<wire::HeartbeatT> hb = ReadHeartbeat(*msg);
-      if (!hb.ok()) return bad(hb.status());
+  // One overload per message the worker takes from memd (ReceiveMessage checks that with NotFromMemd it covers the
+  // union): memd's orders and answers go to `handler`; the conversation's own messages are served here.
+  struct FromMemd {
+    MemdClient& client;
+    MemdHandler& handler;
+    const Message& msg;
+    void operator()(const wire::AdmitGrantT& m) { handler.OnAdmitGrant(m); }
+    void operator()(const wire::AdmitWaitT& m) { handler.OnAdmitWait(m); }
+    void operator()(const wire::AdmitRejectT& m) { handler.OnAdmitReject(m); }
+    void operator()(const wire::ReclaimOrderT& m) { handler.OnReclaimOrder(m); }
+    void operator()(const wire::RetireT& m) { handler.OnRetire(m); }
+    void operator()(const wire::PopulateOrderT& m) { handler.OnPopulateOrder(m); }
+    void operator()(const wire::CompleteAckT& m) { handler.OnCompleteAck(m); }
+    void operator()(const wire::HeartbeatT& hb) {
       wire::HeartbeatAckT ack;
-      ack.sender_time_ns = hb->sender_time_ns;
+      ack.sender_time_ns = hb.sender_time_ns;
       ack.receiver_time_ns = NowNs();
-      if (absl::Status s = dealer_->Send(EncodeHeartbeatAck(ack, msg->sequence, sender_)); !s.ok()) {
+      if (absl::Status s = client.dealer_->Send(EncodeHeartbeatAck(ack, msg.sequence, client.sender_)); !s.ok()) {
         spdlog::warn("workerd: cannot answer memd's heartbeat: {}", s.ToString());
       }
-      return;
     }
-    case wire::Body::HeartbeatAck:
-      return;
-    case wire::Body::TokensCommittedAck:
-      if (msg->sequence == commit_seq_) commit_seq_ = 0;  // the next TokensCommitted may go
-      return;
-    case wire::Body::ErrorReply: {
-      const absl::Status s = ReadErrorStatus(*msg);
-      if (msg->sequence == commit_seq_ && commit_seq_ != 0) {
-        commit_seq_ = 0;
-        spdlog::warn("workerd: memd refused tokens committed: {}", s.ToString());
-        return;
-      }
-      auto it = admit_seq_.find(msg->sequence);
-      if (it != admit_seq_.end()) {  // memd could not serve an AdmitRequest: the request is refused
-        wire::AdmitRejectT reject;
-        reject.request = it->second;
-        reject.code = ToWireError(s);
-        reject.reason = std::string(s.message());
-        admit_seq_.erase(it);
-        handler.OnAdmitReject(reject);
-        return;
-      }
-      if (IsFenced(s)) {  // ErrorReply.reason FENCED (the code, not the text)
-        ended_ = absl::AbortedError(absl::StrCat("fenced by memd: ", s.message()));
-        return;
-      }
-      spdlog::warn("workerd: memd answered message {} with an error: {}", msg->sequence, s.ToString());
-      return;
+    void operator()(const wire::HeartbeatAckT&) {}
+    void operator()(const wire::TokensCommittedAckT&) {
+      if (msg.sequence == client.commit_seq_) client.commit_seq_ = 0;  // the next TokensCommitted may go
     }
-    default:
-      DHS_LOG_LIMITED(spdlog::level::warn, "workerd: unexpected {} from memd dropped", BodyName(msg->type));
+    void operator()(const wire::ErrorReplyT&) { client.OnErrorReply(msg, handler); }
+  } from_memd{*this, handler, *msg};
+  const absl::Status read = ReceiveMessage<NotFromMemd>(*msg, from_memd, [&](wire::Body type) {
+    DHS_LOG_LIMITED(spdlog::level::warn, "workerd: unexpected {} from memd dropped", BodyName(type));
+  });
+  if (!read.ok()) spdlog::warn("workerd: bad {} from memd: {}", BodyName(msg->type), read.ToString());
+}
+
+void MemdClient::OnErrorReply(const Message& msg, MemdHandler& handler) {
+  const absl::Status s = ReadErrorStatus(msg);
+  if (msg.sequence == commit_seq_ && commit_seq_ != 0) {
+    commit_seq_ = 0;
+    spdlog::warn("workerd: memd refused tokens committed: {}", s.ToString());
+    return;
   }
-#undef DHS_DISPATCH
+  auto it = admit_seq_.find(msg.sequence);
+  if (it != admit_seq_.end()) {  // memd could not serve an AdmitRequest: the request is refused
+    wire::AdmitRejectT reject;
+    reject.request = it->second;
+    reject.code = ToWireError(s);
+    reject.reason = std::string(s.message());
+    admit_seq_.erase(it);
+    handler.OnAdmitReject(reject);
+    return;
+  }
+  if (IsFenced(s)) {  // ErrorReply.reason FENCED (the code, not the text)
+    ended_ = absl::AbortedError(absl::StrCat("fenced by memd: ", s.message()));
+    return;
+  }
+  spdlog::warn("workerd: memd answered message {} with an error: {}", msg.sequence, s.ToString());
 }
 
 absl::Status MemdClient::SendAdmitRequest(const wire::AdmitRequestT& m) {

@@ -133,7 +133,12 @@ class MemdClient final : public MemdLink {
   MemdClient(std::unique_ptr<DealerClient> dealer, std::string sender, GpuId gpu, std::string run_dir)
       : dealer_(std::move(dealer)), sender_(std::move(sender)), gpu_(gpu), run_dir_(std::move(run_dir)) {}
   uint64_t NextSeq() { return ++seq_; }
+  // Decodes one message from memd and dispatches it over the wire message list (ReceiveMessage: each member is
+  // handled here or by `handler`, or is not expected from memd: logged and dropped).
   void Dispatch(const std::string& bytes, MemdHandler& handler);
+  // memd's ErrorReply `msg`: ends the TokensCommitted in flight, rejects the AdmitRequest it answers, or ends the epoch
+  // (fenced); anything else is logged.
+  void OnErrorReply(const Message& msg, MemdHandler& handler);
   // Sends our Heartbeat (with `load`) when one is due: every second, or a third of the memd timeout when shorter.
   absl::Status HeartbeatIfDue(const Load& load);
   void EnterAway();

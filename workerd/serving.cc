@@ -163,47 +163,58 @@ absl::Status ServingFrontend::Serve(std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
+// The messages no client sends a worker (docs/protocol.md): each is refused UNKNOWN_MESSAGE "workerd does not serve
+// <Name>". Handle's FromClient serves the rest of the union; ReceiveMessage checks at compile time that both cover it.
+using NotFromClients =
+    MessageSet<wire::Body::Hello, wire::Body::HelloReply, wire::Body::AdmitRequest, wire::Body::AdmitGrant,
+               wire::Body::AdmitWait, wire::Body::AdmitReject, wire::Body::ReclaimOrder, wire::Body::BackupComplete,
+               wire::Body::ReadersDone, wire::Body::Retire, wire::Body::PopulateOrder, wire::Body::ReadyPublish,
+               wire::Body::Complete, wire::Body::CompleteAck, wire::Body::Heartbeat, wire::Body::HeartbeatAck,
+               wire::Body::ErrorReply, wire::Body::IntrospectQuery, wire::Body::IntrospectReply,
+               wire::Body::SubmitAccepted, wire::Body::TokenChunk, wire::Body::WorkerStatsReply,
+               wire::Body::HostCopyWritten, wire::Body::TokensCommitted, wire::Body::TokensCommittedAck>;
+
 void ServingFrontend::Handle(const Incoming& in) {
   absl::StatusOr<Message> msg = DecodeEnvelope(in.bytes);
   if (!msg.ok()) {
     SendReply(in.peer, EncodeError(msg.status(), PeekSequence(in.bytes), sender_));
     return;
   }
-  absl::Status status;
-  if (msg->type == wire::Body::SubmitRequest) {
-    status = HandleSubmit(*msg, in.peer);
-  } else if (msg->type == wire::Body::Attach) {
-    absl::StatusOr<wire::AttachT> attach = ReadAttach(*msg);
-    if (!attach.ok()) {
-      status = attach.status();
-    } else if (worker_ == nullptr) {
-      status = absl::UnavailableError("worker not ready");
-    } else {
-      status = worker_->Attach(attach->request, attach->received, ClientRef{in.peer, msg->sequence}, attach->client);
-    }
-  } else if (msg->type == wire::Body::Cancel) {  // issue 22
-    absl::StatusOr<wire::CancelT> cancel = ReadCancel(*msg);
-    if (!cancel.ok()) {
-      status = cancel.status();
-    } else if (worker_ == nullptr) {
-      status = absl::UnavailableError("worker not ready");
-    } else {
-      status = worker_->Cancel(cancel->request, cancel->client, ClientRef{in.peer, msg->sequence}, cancel->reason);
-    }
-  } else if (msg->type == wire::Body::WorkerStatsQuery) {
-    if (worker_ == nullptr) {
-      status = absl::UnavailableError("worker not ready");
-    } else {
-      wire::WorkerStatsReplyT reply = StatsReply();
-      if (absl::StatusOr<wire::WorkerStatsQueryT> q = ReadWorkerStatsQuery(*msg); q.ok() && q->timeline) {
-        reply.timeline_json = worker_->TimelineJson(q->timeline_client_request);
+  // One overload per message a client sends; `status` is the refusal, if any (answered with an ErrorReply).
+  struct FromClient {
+    ServingFrontend& f;
+    const Incoming& in;
+    const Message& msg;
+    absl::Status status;
+    void operator()(const wire::SubmitRequestT& submit) { status = f.HandleSubmit(submit, msg.sequence, in.peer); }
+    void operator()(const wire::AttachT& attach) {
+      if (f.worker_ == nullptr) {
+        status = absl::UnavailableError("worker not ready");
+      } else {
+        status = f.worker_->Attach(attach.request, attach.received, ClientRef{in.peer, msg.sequence}, attach.client);
       }
-      SendReply(in.peer, EncodeWorkerStatsReply(reply, msg->sequence, sender_));
-      return;
     }
-  } else {
-    status = UnknownMessageError(absl::StrCat("workerd does not serve ", BodyName(msg->type)));
-  }
+    void operator()(const wire::CancelT& cancel) {  // issue 22
+      if (f.worker_ == nullptr) {
+        status = absl::UnavailableError("worker not ready");
+      } else {
+        status = f.worker_->Cancel(cancel.request, cancel.client, ClientRef{in.peer, msg.sequence}, cancel.reason);
+      }
+    }
+    void operator()(const wire::WorkerStatsQueryT& q) {
+      if (f.worker_ == nullptr) {
+        status = absl::UnavailableError("worker not ready");
+        return;
+      }
+      wire::WorkerStatsReplyT reply = f.StatsReply();
+      if (q.timeline) reply.timeline_json = f.worker_->TimelineJson(q.timeline_client_request);
+      f.SendReply(in.peer, EncodeWorkerStatsReply(reply, msg.sequence, f.sender_));
+    }
+  } from_client{*this, in, *msg, absl::OkStatus()};
+  absl::Status status = ReceiveMessage<NotFromClients>(*msg, from_client, [&](wire::Body type) {
+    from_client.status = UnknownMessageError(absl::StrCat("workerd does not serve ", BodyName(type)));
+  });
+  if (status.ok()) status = from_client.status;
   if (!status.ok()) {
     DHS_LOG_LIMITED(spdlog::level::info, "workerd: {} from a client refused: {}", BodyName(msg->type), status.ToString());
     SendReply(in.peer, EncodeError(status, msg->sequence, sender_));
@@ -221,19 +232,18 @@ wire::WorkerStatsReplyT ServingFrontend::StatsReply() const {
   return reply;
 }
 
-absl::Status ServingFrontend::HandleSubmit(const Message& msg, const std::string& peer) {
-  absl::StatusOr<wire::SubmitRequestT> submit = ReadSubmitRequest(msg);
-  if (!submit.ok()) return submit.status();
+absl::Status ServingFrontend::HandleSubmit(const wire::SubmitRequestT& submit, uint64_t sequence,
+                                          const std::string& peer) {
   if (worker_ == nullptr) return absl::UnavailableError("worker not ready");
   if (outbox_.Full(peer)) {
     // Its replies are not read: a new request would only be failed later, after it took a slot and pages.
     ++client_submits_refused_;
-    return absl::ResourceExhaustedError(absl::StrCat("request ", submit->request, ": client not reading: ",
+    return absl::ResourceExhaustedError(absl::StrCat("request ", submit.request, ": client not reading: ",
                                                      outbox_.queued_bytes(peer), " bytes of replies wait for it (limit ",
                                                      outbox_.limits().per_client_bytes, " per client, ",
                                                      outbox_.limits().total_bytes, " in total)"));
   }
-  return worker_->Submit(*submit, ClientRef{peer, msg.sequence});
+  return worker_->Submit(submit, ClientRef{peer, sequence});
 }
 
 absl::Status ServingFrontend::Send(const std::string& peer, std::string bytes, ReplyKind kind) {

@@ -148,7 +148,7 @@ class ServingFrontend final : public ClientSink {
   ServingFrontend(std::vector<std::unique_ptr<RouterServer>> routers, std::string sender, ClientOutboxLimits limits)
       : routers_(std::move(routers)), sender_(std::move(sender)), outbox_(limits) {}
   void Handle(const Incoming& in);
-  absl::Status HandleSubmit(const Message& msg, const std::string& peer);
+  absl::Status HandleSubmit(const wire::SubmitRequestT& submit, uint64_t sequence, const std::string& peer);
   // Queues `bytes` for `peer` (ClientOutbox::Push) and sends what the socket takes. RESOURCE_EXHAUSTED when refused.
   absl::Status Send(const std::string& peer, std::string bytes, ReplyKind kind);
   // Send of a kReply (an ErrorReply or a WorkerStatsReply): a refusal drops it (logged and counted by Send).

@@ -3,9 +3,9 @@
 // The order is dhs-node's: it passes the flags given in this order (after --run-dir and --gpu).
 //
 // Not here: --run-dir (dhs-node sets it), --check-config, the test-only flags, the link-model and asynchronous-device
-// flags (their own option modules; dhs-node passes them through extra_args). The speculation flags' names and ranges
-// are listed for dhs-node's early check; workerd reads them in AddSpeculationOptions (workerd/speculation/speculation_cli.h)
-// and checks them at its start (ResolveSpeculation).
+// flags (their own option modules; dhs-node passes them through extra_args). The speculation flags are the
+// speculation component's list (workerd/speculation/speculation_flags.h, spec::kSpeculationFlags), appended below:
+// workerd declares them from it in AddSpeculationOptions and checks their combination at its start.
 //
 // Thread-safety: constants.
 #pragma once
@@ -18,6 +18,7 @@
 #include "common/types.h"
 #include "workerd/model/config.h"   // PresetNames: the model owns them
 #include "workerd/serving_mode.h"   // WorkerModeNames
+#include "workerd/speculation/speculation_flags.h"  // spec::kSpeculationFlags: the speculation component owns them
 
 namespace dhs {
 
@@ -25,10 +26,8 @@ namespace dhs {
 inline std::vector<std::string> WorkerDeviceNames() { return {"cpu", "cuda", "auto"}; }
 // --log-level: spdlog's levels.
 inline std::vector<std::string> WorkerLogLevels() { return {"trace", "debug", "info", "warn", "error", "critical", "off"}; }
-// --speculate (workerd/speculation/speculation_config.h, SpeculateMode).
-inline std::vector<std::string> SpeculateModeNames() { return {"off", "fixed", "confidence", "synthetic"}; }
-
-inline constexpr DaemonFlag kWorkerFlags[] = {
+// workerd's own flags; kWorkerFlags below is this list, then the speculation flags.
+inline constexpr DaemonFlag kWorkerOwnFlags[] = {
     {"gpu", "--gpu", DaemonFlag::kUint, 0, kMaxGpus - 1},
     {"mode", "--mode", DaemonFlag::kChoice, 0, 0, WorkerModeNames},
     {"device", "--device", DaemonFlag::kChoice, 0, 0, WorkerDeviceNames},
@@ -47,14 +46,9 @@ inline constexpr DaemonFlag kWorkerFlags[] = {
     {"memd_timeout_ms", "--memd-timeout-ms", DaemonFlag::kUint, 100, 3600000},
     {"memd_reconnect_ms", "--memd-reconnect-ms", DaemonFlag::kUint, 100, 3600000},
     {"metrics_address", "--metrics-address", DaemonFlag::kString},  // issue 22: the worker's GET /metrics
-    // Speculative decoding (brief §6; see above): workerd checks the combination at its start.
-    {"speculate", "--speculate", DaemonFlag::kChoice, 0, 0, SpeculateModeNames},
-    {"block", "--block", DaemonFlag::kUint, 1, 64},
-    {"block_schedule", "--block-schedule", DaemonFlag::kString},
-    {"spec_confidence", "--spec-confidence", DaemonFlag::kFraction},
-    {"spec_corruption", "--spec-corruption", DaemonFlag::kFraction},
-    {"drafter_weights", "--drafter-weights", DaemonFlag::kString},
     {"log_level", "--log-level", DaemonFlag::kChoice, 0, 0, WorkerLogLevels},
 };
+
+inline constexpr auto kWorkerFlags = ConcatDaemonFlags(kWorkerOwnFlags, spec::kSpeculationFlags);
 
 }  // namespace dhs

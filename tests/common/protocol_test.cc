@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "flatbuffers/minireflect.h"
@@ -750,6 +751,52 @@ TEST(ProtocolRoundTrip, VisitMessageRefusesAnUndecodedOrUnknownMessage) {
   undecoded.type = wire::Body::Heartbeat;
   EXPECT_EQ(VisitMessage(undecoded, [](const auto&) { ADD_FAILURE() << "visited"; }).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// ---- a receiver's account of the union (ReceiveMessage) ----
+
+// FirstUnaccountedMessage names the first member (in list order) that a receiver neither handles nor lists as not
+// expected, or handles and lists both; ReceiveMessage's static_assert requires NONE.
+struct OnlyHello {
+  void operator()(const wire::HelloT&) {}
+};
+struct Everything {
+  void operator()(const auto&) {}
+};
+static_assert(FirstUnaccountedMessage<OnlyHello, MessageSet<>>() == wire::Body::HelloReply);        // member 2
+static_assert(FirstUnaccountedMessage<OnlyHello, MessageSet<wire::Body::Hello>>() == wire::Body::Hello);  // both
+static_assert(FirstUnaccountedMessage<Everything, MessageSet<>>() == wire::Body::NONE);
+static_assert(FirstUnaccountedMessage<Everything, MessageSet<wire::Body::Cancel>>() == wire::Body::Cancel);
+static_assert(kBodyOf<wire::TokensCommittedAckT> == wire::Body::TokensCommittedAck);
+static_assert(MessageSet<wire::Body::Hello, wire::Body::Cancel>::Has(wire::Body::Cancel) &&
+              !MessageSet<wire::Body::Hello, wire::Body::Cancel>::Has(wire::Body::Attach));
+
+// Serves every member but Cancel, recording Heartbeats.
+struct HeartbeatsOnly {
+  std::vector<uint64_t> sender_times;
+  void operator()(const wire::HeartbeatT& hb) { sender_times.push_back(hb.sender_time_ns); }
+  template <typename Body>
+    requires(!std::is_same_v<Body, wire::HeartbeatT> && !std::is_same_v<Body, wire::CancelT>)
+  void operator()(const Body&) {}
+};
+
+// ReceiveMessage hands a served message's body to the handler and a not-expected one's type to refuse, each once.
+TEST(ProtocolReceive, HandlesServedMessagesAndRefusesTheRest) {
+  HeartbeatsOnly handle;
+  std::vector<wire::Body> refused;
+  wire::HeartbeatT hb;
+  hb.sender_time_ns = 77;
+  const std::string heartbeat = EncodeHeartbeat(hb, 1, "t");
+  const std::string cancel = EncodeCancel(wire::CancelT{}, 2, "t");
+  for (const std::string* bytes : {&heartbeat, &cancel}) {
+    absl::StatusOr<Message> m = DecodeEnvelope(*bytes);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(ReceiveMessage<MessageSet<wire::Body::Cancel>>(*m, handle,
+                                                                [&](wire::Body type) { refused.push_back(type); })
+                    .ok());
+  }
+  EXPECT_EQ(handle.sender_times, (std::vector<uint64_t>{77}));
+  EXPECT_EQ(refused, (std::vector<wire::Body>{wire::Body::Cancel}));
 }
 
 // ---- the schema's stated version ----

@@ -20,14 +20,17 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/host_pool.h"
+#include "common/protocol.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "gtest/gtest.h"
@@ -680,6 +683,40 @@ TEST_F(MemdProcess, BadMessagesGetErrorRepliesAndMemdKeepsServing) {
   EXPECT_NE(metrics.find("dhs_memd_keeps_lost_total 2\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dhs_memd_grants_total 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dhs_memd_rejects_total 1\n"), std::string::npos) << metrics;
+}
+
+// Every member of the wire message list (DHS_WIRE_MESSAGES, issue 23), each with a default body, from a worker's
+// routing id that said no Hello: the members memd does not serve are refused UNKNOWN_MESSAGE "memd does not serve
+// <Name>" answering their sequence; every member memd serves gets another answer (a HelloReply, an AdmitReject, an
+// IntrospectReply, or the refusal of a worker without a Hello). The served list is docs/protocol.md's, typed here
+// independently of memd's NotForMemd. memd keeps serving: a Hello is accepted after it.
+TEST_F(MemdProcess, EveryWireMessageIsServedOrRefusedAsNotForMemd) {
+  const std::set<wire::Body> served = {
+      wire::Body::Hello,          wire::Body::AdmitRequest, wire::Body::BackupComplete, wire::Body::HostCopyWritten,
+      wire::Body::ReadersDone,    wire::Body::ReadyPublish, wire::Body::TokensCommitted, wire::Body::Complete,
+      wire::Body::IntrospectQuery, wire::Body::Heartbeat,   wire::Body::HeartbeatAck};
+  FakeWorker w(run_dir_, 0);
+  int refused = 0;
+  auto check = [&](wire::Body type, uint64_t seq) {
+    std::optional<Message> m = w.Next();
+    ASSERT_TRUE(m.has_value()) << BodyName(type) << ": no answer";
+    const bool unknown = m->type == wire::Body::ErrorReply && ReadErrorReply(*m)->code == wire::ErrorCode::UNKNOWN_MESSAGE;
+    EXPECT_EQ(unknown, !served.contains(type)) << BodyName(type) << " answered by " << BodyName(m->type);
+    if (!unknown) return;
+    ++refused;
+    EXPECT_EQ(ReadErrorReply(*m)->message, absl::StrCat("memd does not serve ", BodyName(type)));
+    EXPECT_EQ(ReadErrorReply(*m)->answering_sequence, seq);
+  };
+#define DHS_SEND_EVERY(Name)                                          \
+  {                                                                   \
+    const uint64_t seq = w.seq();                                     \
+    w.Send(Encode##Name(wire::Name##T{}, seq, "worker"));             \
+    check(wire::Body::Name, seq);                                     \
+  }
+  DHS_WIRE_MESSAGES(DHS_SEND_EVERY)
+#undef DHS_SEND_EVERY
+  EXPECT_EQ(refused, static_cast<int>(std::size(kWireMessages) - served.size()));  // 29 - 11 = 18 today
+  ASSERT_TRUE(w.Hello(4).accepted);
 }
 
 // A Hello with M = 2^32-1 pages (it used to kill memd with std::bad_alloc, leaving its shm segment behind) or too

@@ -18,6 +18,7 @@
 #include <optional>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "common/host_pool.h"
 #include "common/protocol.h"
@@ -145,6 +146,53 @@ std::unique_ptr<MemdClient> ConnectedClient(const std::string& run_dir, StandInM
   if (!client.ok()) return nullptr;
   EXPECT_EQ((*client)->worker_epoch(), 1u);
   return *std::move(client);
+}
+
+// Records which MemdHandler calls the client made (their message types), in order.
+class TypeRecorder final : public MemdHandler {
+ public:
+  void OnAdmitGrant(const wire::AdmitGrantT&) override { calls.push_back(wire::Body::AdmitGrant); }
+  void OnAdmitWait(const wire::AdmitWaitT&) override { calls.push_back(wire::Body::AdmitWait); }
+  void OnAdmitReject(const wire::AdmitRejectT&) override { calls.push_back(wire::Body::AdmitReject); }
+  void OnReclaimOrder(const wire::ReclaimOrderT&) override { calls.push_back(wire::Body::ReclaimOrder); }
+  void OnRetire(const wire::RetireT&) override { calls.push_back(wire::Body::Retire); }
+  void OnPopulateOrder(const wire::PopulateOrderT&) override { calls.push_back(wire::Body::PopulateOrder); }
+  void OnCompleteAck(const wire::CompleteAckT&) override { calls.push_back(wire::Body::CompleteAck); }
+  std::vector<wire::Body> calls;
+};
+
+// Issue 23: memd sends the worker every member of the wire message list (DHS_WIRE_MESSAGES), each with a default
+// body, then one more AdmitWait as a marker. The worker's dispatch hands memd's orders and answers to its handler,
+// in order (the list below is docs/protocol.md's, typed independently of the client's NotFromMemd), answers the
+// Heartbeat, and logs and drops every message memd never sends a worker; its epoch goes on.
+TEST(MemdClientDispatch, EveryWireMessageIsHandledOrDroppedAsNotFromMemd) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path());
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  uint64_t seq = 100;
+#define DHS_SEND_EVERY(Name) ASSERT_TRUE(memd.SendToWorker(Encode##Name(wire::Name##T{}, seq++, "memd"))) << #Name;
+  DHS_WIRE_MESSAGES(DHS_SEND_EVERY)
+#undef DHS_SEND_EVERY
+  ASSERT_TRUE(memd.SendToWorker(EncodeAdmitWait(wire::AdmitWaitT{}, seq++, "memd")));  // the marker
+  TypeRecorder handler;
+  std::vector<wire::Body> to_memd;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (handler.calls.size() < 8 && std::chrono::steady_clock::now() < deadline) {
+    const absl::Status s = client->Poll(handler, MemdClient::Load{});
+    ASSERT_TRUE(s.ok()) << s;
+    for (wire::Body b : memd.Serve(std::chrono::milliseconds(10))) to_memd.push_back(b);
+  }
+  EXPECT_EQ(handler.calls, (std::vector<wire::Body>{wire::Body::AdmitGrant, wire::Body::AdmitWait,
+                                                    wire::Body::AdmitReject, wire::Body::ReclaimOrder,
+                                                    wire::Body::Retire, wire::Body::PopulateOrder,
+                                                    wire::Body::CompleteAck, wire::Body::AdmitWait}));
+  for (wire::Body b : memd.Serve(std::chrono::milliseconds(50))) to_memd.push_back(b);
+  EXPECT_NE(std::find(to_memd.begin(), to_memd.end(), wire::Body::HeartbeatAck), to_memd.end())
+      << "memd's Heartbeat was not answered";
+  EXPECT_TRUE(client->CheckEpoch().ok());
+  EXPECT_FALSE(client->away());
 }
 
 TEST(MemdClientLiveness, AStalledWorkerWhoseMemdDiedGoesAwayEvenBeforeTheMonitorReportsTheClose) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -1477,6 +1478,24 @@ TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {
   Message unknown = roundtrip(EncodeHeartbeat(wire::HeartbeatT(), 44, "replay"));
   ASSERT_EQ(unknown.type, wire::Body::ErrorReply);
   EXPECT_EQ(ReadErrorReply(unknown)->code, wire::ErrorCode::UNKNOWN_MESSAGE);
+  // Issue 23: every member of the wire message list a client never sends a worker (all but SubmitRequest, Attach,
+  // Cancel and WorkerStatsQuery, docs/protocol.md) is refused UNKNOWN_MESSAGE naming it, answering its sequence.
+  const std::set<wire::Body> served = {wire::Body::SubmitRequest, wire::Body::Attach, wire::Body::Cancel,
+                                       wire::Body::WorkerStatsQuery};
+  uint64_t seq = 100;
+  size_t refused = 0;
+#define DHS_SEND_UNSERVED(Name)                                                                        \
+  if (!served.contains(wire::Body::Name)) {                                                            \
+    Message m = roundtrip(Encode##Name(wire::Name##T{}, seq, "replay"));                              \
+    ASSERT_EQ(m.type, wire::Body::ErrorReply) << #Name;                                                \
+    EXPECT_EQ(ReadErrorReply(m)->code, wire::ErrorCode::UNKNOWN_MESSAGE) << #Name;                     \
+    EXPECT_EQ(ReadErrorReply(m)->message, "workerd does not serve " #Name);                            \
+    EXPECT_EQ(ReadErrorReply(m)->answering_sequence, seq++);                                           \
+    ++refused;                                                                                         \
+  }
+  DHS_WIRE_MESSAGES(DHS_SEND_UNSERVED)
+#undef DHS_SEND_UNSERVED
+  EXPECT_EQ(refused, std::size(kWireMessages) - served.size());
 }
 
 }  // namespace

@@ -98,16 +98,34 @@ EndReason ErrorEndReason(wire::EndReason code) {
   }
 }
 
+// The messages a worker never sends its client (docs/protocol.md): each is an INTERNAL "unexpected message from the
+// worker". Handle's FromWorker takes the rest of the union; ReceiveMessage checks at compile time that both cover it.
+// (A WorkerStatsReply is read by QueryWorker, which waits for it itself, never by Handle.)
+using NotFromTheWorker =
+    MessageSet<wire::Body::Hello, wire::Body::HelloReply, wire::Body::AdmitRequest, wire::Body::AdmitGrant,
+               wire::Body::AdmitWait, wire::Body::AdmitReject, wire::Body::ReclaimOrder, wire::Body::BackupComplete,
+               wire::Body::ReadersDone, wire::Body::Retire, wire::Body::PopulateOrder, wire::Body::ReadyPublish,
+               wire::Body::Complete, wire::Body::CompleteAck, wire::Body::Heartbeat, wire::Body::HeartbeatAck,
+               wire::Body::IntrospectQuery, wire::Body::IntrospectReply, wire::Body::SubmitRequest,
+               wire::Body::WorkerStatsQuery, wire::Body::WorkerStatsReply, wire::Body::HostCopyWritten,
+               wire::Body::TokensCommitted, wire::Body::Attach, wire::Body::TokensCommittedAck, wire::Body::Cancel>;
+
 absl::Status ZmqNodeClient::Handle(std::string_view bytes, std::vector<TokenEvent>& out) {
   auto message = DecodeEnvelope(bytes);
   if (!message.ok()) return absl::InternalError(absl::StrCat("unreadable reply from the worker: ", message.status().message()));
-  switch (message->type) {
-    case wire::Body::SubmitAccepted: return absl::OkStatus();
-    case wire::Body::TokenChunk: return HandleTokenChunk(*message, out);
-    case wire::Body::ErrorReply: return HandleErrorReply(*message, out);
-    default:
-      return absl::InternalError(absl::StrCat("unexpected message from the worker: ", BodyName(message->type)));
-  }
+  // One overload per message a worker sends its client; `status` is what Handle returns.
+  struct FromWorker {
+    ZmqNodeClient& client;
+    std::vector<TokenEvent>& out;
+    absl::Status status;
+    void operator()(const wire::SubmitAcceptedT&) {}
+    void operator()(const wire::TokenChunkT& chunk) { status = client.HandleTokenChunk(chunk, out); }
+    void operator()(const wire::ErrorReplyT& reply) { status = client.HandleErrorReply(reply, out); }
+  } from_worker{*this, out, absl::OkStatus()};
+  const absl::Status read = ReceiveMessage<NotFromTheWorker>(*message, from_worker, [&](wire::Body type) {
+    from_worker.status = absl::InternalError(absl::StrCat("unexpected message from the worker: ", BodyName(type)));
+  });
+  return read.ok() ? from_worker.status : read;
 }
 
 void ZmqNodeClient::Forget(RequestId request) {
@@ -116,68 +134,64 @@ void ZmqNodeClient::Forget(RequestId request) {
   last_stamp_us_.erase(request);
 }
 
-absl::Status ZmqNodeClient::HandleTokenChunk(const Message& message, std::vector<TokenEvent>& out) {
-  auto chunk = ReadTokenChunk(message);
-  if (!chunk.ok()) return chunk.status();
+absl::Status ZmqNodeClient::HandleTokenChunk(const wire::TokenChunkT& chunk, std::vector<TokenEvent>& out) {
   TokenEvent event;
-  event.request = chunk->request;
-  event.tokens.assign(chunk->tokens.begin(), chunk->tokens.end());
-  event.logits_digests.assign(chunk->logits_digests.begin(), chunk->logits_digests.end());
-  event.finished = chunk->finished;
+  event.request = chunk.request;
+  event.tokens.assign(chunk.tokens.begin(), chunk.tokens.end());
+  event.logits_digests.assign(chunk.logits_digests.begin(), chunk.logits_digests.end());
+  event.finished = chunk.finished;
   // The worker ended its epoch (memd lost, or it was fenced) without ending the request: memd keeps it for the
   // GPU's next worker. With re-attaching on, it stays outstanding and is re-attached once the worker is back.
   // Told by the chunk's code (TokenChunk.end_reason), never by its message text.
-  if (chunk->end_reason == wire::EndReason::WORKER_EPOCH_ENDED && options_.reattach_timeout.count() > 0 &&
-      received_.contains(chunk->request)) {
-    if (auto r = received_.find(chunk->request); !chunk->tokens.empty()) {
-      r->second += static_cast<uint32_t>(chunk->tokens.size());
+  if (chunk.end_reason == wire::EndReason::WORKER_EPOCH_ENDED && options_.reattach_timeout.count() > 0 &&
+      received_.contains(chunk.request)) {
+    if (auto r = received_.find(chunk.request); !chunk.tokens.empty()) {
+      r->second += static_cast<uint32_t>(chunk.tokens.size());
       event.finished = false;
       out.push_back(std::move(event));
     }
     return absl::OkStatus();
   }
   // The worker's stamps (issue 22): the gap since this request's previous tokens as the worker produced them.
-  if (!chunk->tokens.empty() && chunk->since_submit_us > 0) {
-    auto [stamp, first] = last_stamp_us_.try_emplace(chunk->request, chunk->since_submit_us);
+  if (!chunk.tokens.empty() && chunk.since_submit_us > 0) {
+    auto [stamp, first] = last_stamp_us_.try_emplace(chunk.request, chunk.since_submit_us);
     if (!first) {
       event.token_interval_ms =
-          static_cast<double>(chunk->since_submit_us - std::min(stamp->second, chunk->since_submit_us)) / 1000.0;
-      stamp->second = chunk->since_submit_us;
+          static_cast<double>(chunk.since_submit_us - std::min(stamp->second, chunk.since_submit_us)) / 1000.0;
+      stamp->second = chunk.since_submit_us;
     }
   }
-  if (awaiting_recovery_ && !chunk->tokens.empty()) {
+  if (awaiting_recovery_ && !chunk.tokens.empty()) {
     awaiting_recovery_ = false;
     recovered_at_.push_back(std::chrono::steady_clock::now());
   }
-  if (chunk->finished) {
-    Forget(chunk->request);
+  if (chunk.finished) {
+    Forget(chunk.request);
     event.end_reason = EndReason::kFinished;
-  } else if (auto r = received_.find(chunk->request); r != received_.end()) {
-    r->second += static_cast<uint32_t>(chunk->tokens.size());
+  } else if (auto r = received_.find(chunk.request); r != received_.end()) {
+    r->second += static_cast<uint32_t>(chunk.tokens.size());
   }
-  event.allocation_wait_ms = static_cast<double>(chunk->allocation_wait_us) / 1000.0;
-  if (chunk->error != wire::ErrorCode::OK) {
-    event.error = chunk->error_message.empty() ? "request failed" : chunk->error_message;
+  event.allocation_wait_ms = static_cast<double>(chunk.allocation_wait_us) / 1000.0;
+  if (chunk.error != wire::ErrorCode::OK) {
+    event.error = chunk.error_message.empty() ? "request failed" : chunk.error_message;
     event.finished = true;
     // Told by the chunk's code, never by its text.
-    event.end_reason = ErrorEndReason(chunk->end_reason);
+    event.end_reason = ErrorEndReason(chunk.end_reason);
     if (event.end_reason == EndReason::kWorkerStopping) ++worker_stopping_ends_;
-    Forget(chunk->request);
+    Forget(chunk.request);
   }
   out.push_back(std::move(event));
   return absl::OkStatus();
 }
 
-absl::Status ZmqNodeClient::HandleErrorReply(const Message& message, std::vector<TokenEvent>& out) {
-  auto reply = ReadErrorReply(message);
-  if (!reply.ok()) return reply.status();
+absl::Status ZmqNodeClient::HandleErrorReply(const wire::ErrorReplyT& reply, std::vector<TokenEvent>& out) {
   // A Cancel the worker answered (NOT_FOUND: the request ended first; its end came or is on its way).
-  if (cancel_of_sequence_.erase(reply->answering_sequence) > 0) return absl::OkStatus();
-  auto it = request_of_sequence_.find(reply->answering_sequence);
+  if (cancel_of_sequence_.erase(reply.answering_sequence) > 0) return absl::OkStatus();
+  auto it = request_of_sequence_.find(reply.answering_sequence);
   if (it == request_of_sequence_.end()) {
-    return absl::InternalError(absl::StrCat("worker error not tied to a request: ", reply->message));
+    return absl::InternalError(absl::StrCat("worker error not tied to a request: ", reply.message));
   }
-  if (attach_of_sequence_.erase(reply->answering_sequence) > 0 && reply->code == wire::ErrorCode::NOT_FOUND &&
+  if (attach_of_sequence_.erase(reply.answering_sequence) > 0 && reply.code == wire::ErrorCode::NOT_FOUND &&
       received_.contains(it->second) && received_[it->second] == 0 && submitted_.contains(it->second)) {
     ++resubmits_;  // nothing of it survived the dead worker and the client has no token: submitted again
     return Submit(SubmitRequest(submitted_[it->second]));
@@ -185,7 +199,7 @@ absl::Status ZmqNodeClient::HandleErrorReply(const Message& message, std::vector
   TokenEvent event;
   event.request = it->second;
   event.finished = true;
-  event.error = absl::StrCat("rejected: ", reply->message);
+  event.error = absl::StrCat("rejected: ", reply.message);
   event.end_reason = EndReason::kRejected;
   received_.erase(it->second);
   submitted_.erase(it->second);

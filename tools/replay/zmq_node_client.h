@@ -99,10 +99,10 @@ class ZmqNodeClient final : public NodeClient {
   // One message of the worker: a TokenChunk or an ErrorReply becomes at most one event in `out`. Internal for an
   // unreadable or unexpected message.
   absl::Status Handle(std::string_view bytes, std::vector<TokenEvent>& out);
-  absl::Status HandleTokenChunk(const Message& message, std::vector<TokenEvent>& out);
+  absl::Status HandleTokenChunk(const wire::TokenChunkT& chunk, std::vector<TokenEvent>& out);
   // The worker refused a Submit (kRejected), an Attach (NOT_FOUND: submitted again when nothing of it arrived) or a
   // Cancel (ignored: the request ended first).
-  absl::Status HandleErrorReply(const Message& message, std::vector<TokenEvent>& out);
+  absl::Status HandleErrorReply(const wire::ErrorReplyT& reply, std::vector<TokenEvent>& out);
   void Forget(RequestId request);  // an ended request: no longer re-attached, resubmitted or stamped
   struct WorkerView {  // one WorkerStatsReply: the counters as NodeStats fields, plus the pool geometry
     NodeStats counters;

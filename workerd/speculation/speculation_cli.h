@@ -4,7 +4,8 @@
 //   --speculate off|fixed|confidence|synthetic  [--block K] [--block-schedule "1:8,33:6,128:4"]
 //   [--spec-confidence X] [--spec-corruption X] [--drafter-weights FILE]
 //
-// ResolveSpeculationMode turns the mode's text into the config after parsing; CheckSpeculation (run with the worker's
+// The flags' names, ranges and choices come from kSpeculationFlags (speculation_flags.h), the list dhs-node reads too.
+// ResolveSpeculation turns the mode's text into the config after parsing; CheckSpeculation (run with the worker's
 // geometry) checks the values, errors naming the option.
 #pragma once
 
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "common/cli_flags.h"  // AddDaemonFlag
 #include "workerd/speculation/speculation_config.h"
+#include "workerd/speculation/speculation_flags.h"  // kSpeculationFlags: the one list
 
 namespace dhs::spec {
 
@@ -22,21 +25,23 @@ struct SpeculationFlags {
 };
 
 inline void AddSpeculationOptions(CLI::App& app, SpeculationFlags* flags) {
-  app.add_option("--speculate", flags->mode,
-                 "speculative decoding: off | fixed | confidence (need --drafter-weights) | synthetic (benchmarks only: "
-                 "the target's own greedy continuation, corrupted with --spec-corruption)")
-      ->check(CLI::IsMember({"off", "fixed", "confidence", "synthetic"}))->capture_default_str();
-  app.add_option("--block", flags->config.block, "K_max: target queries per round, anchor included (1 = none)")
+  // Each flag's name, range and choices from kSpeculationFlags (speculation_flags.h), as dhs-node reads them.
+  auto add = [&app](std::string_view flag, auto& value, std::string help) {
+    return AddDaemonFlag(app, kSpeculationFlags, flag, value, std::move(help));
+  };
+  add("--speculate", flags->mode,
+      "speculative decoding: off | fixed | confidence (need --drafter-weights) | synthetic (benchmarks only: the "
+      "target's own greedy continuation, corrupted with --spec-corruption)")->capture_default_str();
+  add("--block", flags->config.block, "K_max: target queries per round, anchor included (1 = none)")
       ->capture_default_str();
-  app.add_option("--block-schedule", flags->config.schedule,
-                 "block width by live sessions, \"from:width,...\" (e.g. 1:8,33:6,128:4; widths <= --block), or \"online\" "
-                 "(chosen each step from measured acceptance, step time and load, up to --block)");
-  app.add_option("--spec-confidence", flags->config.confidence, "confidence mode's threshold, in [0, 1]")
+  add("--block-schedule", flags->config.schedule,
+      "block width by live sessions, \"from:width,...\" (e.g. 1:8,33:6,128:4; widths <= --block), or \"online\" "
+      "(chosen each step from measured acceptance, step time and load, up to --block)");
+  add("--spec-confidence", flags->config.confidence, "confidence mode's threshold, in [0, 1]")->capture_default_str();
+  add("--spec-corruption", flags->config.corruption, "synthetic mode: probability a proposal is corrupted, in [0, 1]")
       ->capture_default_str();
-  app.add_option("--spec-corruption", flags->config.corruption,
-                 "synthetic mode: probability a proposal is corrupted, in [0, 1]")->capture_default_str();
-  app.add_option("--drafter-weights", flags->config.drafter_weights,
-                 "fixed / confidence: the drafter's safetensors weights (dhs-gen-weights --drafter makes one)");
+  add("--drafter-weights", flags->config.drafter_weights,
+      "fixed / confidence: the drafter's safetensors weights (dhs-gen-weights --drafter makes one)");
 }
 
 // The workerd arguments that give a worker `config` (empty when off): what dhs-replay passes to the workerd it starts.

@@ -1,27 +1,28 @@
 #include "workerd/speculation/speculation_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "workerd/speculation/block_width.h"
+#include "workerd/speculation/speculation_flags.h"  // kSpeculateModes
 
 namespace dhs::spec {
 
 std::string_view SpeculateModeName(SpeculateMode mode) {
-  switch (mode) {
-    case SpeculateMode::kOff: return "off";
-    case SpeculateMode::kFixed: return "fixed";
-    case SpeculateMode::kConfidence: return "confidence";
-    case SpeculateMode::kSynthetic: return "synthetic";
+  for (const auto& [m, name] : kSpeculateModes) {
+    if (m == mode) return name;
   }
   return "off";
 }
 
 absl::StatusOr<SpeculateMode> ParseSpeculateMode(std::string_view name) {
-  for (SpeculateMode m : {SpeculateMode::kOff, SpeculateMode::kFixed, SpeculateMode::kConfidence,
-                          SpeculateMode::kSynthetic}) {
-    if (name == SpeculateModeName(m)) return m;
+  for (const auto& [m, n] : kSpeculateModes) {
+    if (n == name) return m;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--speculate '", std::string(name), "': expected off, fixed, confidence or synthetic"));
+  std::vector<std::string> names = SpeculateModeNames();
+  const std::string last = names.back();
+  names.pop_back();
+  return absl::InvalidArgumentError(absl::StrCat("--speculate '", std::string(name), "': expected ",
+                                                 absl::StrJoin(names, ", "), " or ", last));
 }
 
 absl::Status CheckSpeculation(const SpeculationConfig& config, int64_t max_block, bool staging) {
