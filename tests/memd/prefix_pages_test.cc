@@ -12,6 +12,7 @@
 
 #include "memd/host_journal.h"
 #include "memd/prefix_pages.h"
+#include "memd/prefix_sharing.h"
 #include "memd/residency_manager.h"
 #include "memd/state_dump.h"
 #include "tests/memd/residency_test_util.h"
@@ -202,6 +203,48 @@ TEST(PrefixPages, TenantQuota) {
   EXPECT_EQ(pp->tenant_pages(50), 2u);
   EXPECT_EQ(pp->tenant_pages(60), 1u);
   EXPECT_TRUE(pp->CheckInvariants().ok());
+}
+
+// ---------------------------------------------------------------- PrefixSharing, the core's room for the tier
+
+// Room for a grant (issue 23 moved it into PrefixSharing): cached pages are room in the policy's order, but never one
+// pinned by a copy or one the same grant imports; with sharing off nothing but free pages is room, and kSharedOwner is
+// an ordinary request id.
+TEST(PrefixSharing, RoomForCountsOnlyCachedPagesTheGrantMayEvict) {
+  core::State state([] { return int64_t{0}; }, *HostPageAllocator::Create(6, 4096));
+  PrefixSharing on(state, *PrefixPages::Create({}));
+  // A journal's 3 shared pages come back cached on host pages 0, 1, 2 (stored in that order: LRU 0, 1, 2).
+  const AdoptedSharedPage adopted[] = {{0, 10, 7, 0}, {1, 11, 7, 0}, {2, 12, 7, 0}};
+  EXPECT_EQ(on.Adopt(adopted), 3u);
+  EXPECT_EQ(on.PoolPages(), 3u);
+  EXPECT_EQ(state.host.reusable(), 3u);  // pages 3, 4, 5
+  EXPECT_EQ(on.RoomFor(3, {}), std::vector<PageIndex>{});  // fits in the free pages: nothing evicted
+  EXPECT_EQ(on.RoomFor(5, {}), (std::vector<PageIndex>{0, 1}));  // 2 more: the least recently used first
+  const PrefixHits hit0 = {{0, PrefixHit{0, 0}}};  // the grant imports host page 0: never its own room
+  EXPECT_EQ(on.RoomFor(5, hit0), (std::vector<PageIndex>{1, 2}));
+  ASSERT_TRUE(state.host.Pin(1).ok());  // a population copy reads page 1
+  EXPECT_EQ(on.RoomFor(4, hit0), (std::vector<PageIndex>{2}));
+  EXPECT_FALSE(on.RoomFor(5, hit0).has_value());  // only page 2 may go: 4 pages of room, not 5
+  ASSERT_TRUE(state.host.Unpin(1).ok());
+  EXPECT_FALSE(on.RoomFor(7, {}).has_value());  // 3 free + 3 cached < 7: the admission waits
+  EXPECT_EQ(on.CheckRequestId(kSharedOwner).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(on.CheckInvariants().ok());
+
+  core::State plain([] { return int64_t{0}; }, *HostPageAllocator::Create(6, 4096));
+  PrefixSharing off(plain, std::nullopt);
+  EXPECT_EQ(off.tier(), nullptr);
+  EXPECT_EQ(off.RoomFor(6, {}), std::vector<PageIndex>{});
+  EXPECT_FALSE(off.RoomFor(7, {}).has_value());
+  EXPECT_TRUE(off.CheckRequestId(kSharedOwner).ok());
+  AdmitRequest a;  // a chain without page_rows: ignored while sharing is off, refused while on
+  a.request = 5;
+  a.prefix = PrefixChain{"", {1}, {1}, 8};
+  EXPECT_TRUE(off.Addresses(a, 4)->empty());
+  EXPECT_EQ(on.Addresses(a, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(off.Adopt(adopted), 0u);
+  EXPECT_EQ(off.PoolPages(), 0u);
+  EXPECT_FALSE(off.Dump(true).enabled);
+  EXPECT_EQ(on.Dump(true).cached_pages, 3u);
 }
 
 // ---------------------------------------------------------------- wired into ResidencyManager
