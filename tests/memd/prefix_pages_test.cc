@@ -1,9 +1,9 @@
 // The content-addressed host tier (issue 24): memd/prefix_pages.h alone (addresses computed here independently with
-// XXH3, hits, writing pages never importable, a content mismatch is a miss, eviction order per policy, quota,
-// tenants, the one transition table) and wired into ResidencyManager (a hit granted host-backed and counted once in
-// the host pool, references released at Complete, cached pages evicted before an admission would wait, tenants never
-// sharing, a fence keeping references and abandoning writes, a memd restart keeping confirmed shared pages; sharing
-// off changes nothing). Every value is computed by hand in the comments.
+// XXH3, hits, writing pages never importable, a content mismatch is a miss, eviction order per policy, quota, tenants,
+// the one transition table), PrefixSharing's room for a grant alone, and wired into ResidencyManager (a hit granted
+// host-backed and counted once in the host pool, references released at Complete, cached pages evicted before an
+// admission would wait, tenants never sharing, a fence keeping references and abandoning writes, a memd restart keeping
+// confirmed shared pages; sharing off changes nothing). Every value is computed by hand in the comments.
 #include <gtest/gtest.h>
 
 #include <map>
