@@ -79,56 +79,14 @@ void Reindex(Request& r, Gpu& g) {
   g.victims.Insert(*r.victim_key);
 }
 
-bool HoldsSharedPage(const State& s, RequestId id, PageIndex page) {
-  if (!s.prefix) return false;
-  const SharedPage* p = s.prefix->AtPage(page);
-  return p != nullptr && p->holders.contains(id);
-}
-
-uint32_t SharedHeld(const State& s, const Request& r) {
-  if (!s.prefix) return 0;
-  uint32_t n = 0;
-  for (const HistoryPage& hp : r.history) {
-    n += hp.state != HistoryState::kLost && HoldsSharedPage(s, r.id, hp.host_page);
+std::vector<ReclaimCandidate> VictimCandidates(const State& s, GpuId gpu, bool skip_backoff) {
+  std::vector<ReclaimCandidate> out;
+  for (const auto& [id, r] : s.requests) {
+    if (r.gpu != gpu || r.state != RequestState::kAdmitted || r.optional == 0) continue;
+    if (skip_backoff && r.backoff) continue;
+    out.push_back({id, r.time_us, r.seq, r.optional});
   }
-  for (const auto& [h, page] : r.resumed_host) n += HoldsSharedPage(s, r.id, page);
-  return n;
-}
-
-void AbandonPrefixWrite(State& s, const Request& r, PageIndex page) {
-  if (!s.prefix) return;
-  const SharedPage* p = s.prefix->AtPage(page);
-  if (p != nullptr && p->state == SharedPageState::kWriting && p->writer == r.id) {
-    DHS_CHECK_OK(s.prefix->AbandonWrite(page));
-  }
-}
-
-uint32_t ReleasePrefix(State& s, Request& r) {
-  if (!s.prefix) return 0;
-  uint32_t released = 0;
-  auto let_go = [&](PageIndex page) {
-    if (HoldsSharedPage(s, r.id, page)) {
-      DHS_CHECK_OK(s.prefix->Release(page, r.id, s.clock()));
-      ++released;
-    } else {
-      AbandonPrefixWrite(s, r, page);
-    }
-  };
-  for (const HistoryPage& hp : r.history) {
-    if (hp.state != HistoryState::kLost) let_go(hp.host_page);
-  }
-  for (const auto& [h, page] : r.resumed_host) let_go(page);
-  return released;
-}
-
-void PublishPrefixPage(State& s, Request& r, uint32_t h, uint64_t checksum) {
-  if (!s.prefix) return;
-  const PageIndex page = r.history[h].host_page;
-  const SharedPage* p = s.prefix->AtPage(page);
-  if (p == nullptr || p->state != SharedPageState::kWriting || p->writer != r.id) return;
-  const PrefixAddress address = p->address;
-  DHS_CHECK_OK(s.prefix->ConfirmWrite(page, checksum, s.clock()));
-  DHS_CHECK_OK(s.host.Share(page, address.key, address.content, checksum));
+  return out;
 }
 
 }  // namespace dhs::memd::core

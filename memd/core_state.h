@@ -1,11 +1,12 @@
-// memd/core_state.h: the state memd's decision core holds, shared by its two rooms (internal to the core):
-// ResidencyManager (memd/residency_manager.h: admission, reclaim, population, completion, introspection) and Recovery
-// (memd/recovery.h: fence, adopt, interrupt, take-over and their checks). Both change it only inside one event of
-// ResidencyManager; a request's state only through TransitionRequest (memd/request_state.h), a history page's only
-// through TransitionHistory (memd/history_page.h).
+// memd/core_state.h: the state memd's decision core holds, shared by its rooms (internal to the core):
+// ResidencyManager (memd/residency_manager.h: admission, reclaim, population, completion), Recovery
+// (memd/recovery.h: fence, adopt, interrupt, take-over and their checks) and PrefixSharing (memd/prefix_sharing.h:
+// the host tier's shared prefix pages, which it owns, and their references); memd/core_dump.h reads it for the dump.
+// They change it only inside one event of ResidencyManager; a request's state only through TransitionRequest
+// (memd/request_state.h), a history page's only through TransitionHistory (memd/history_page.h).
 //
 // The helpers below keep the per-GPU indexes (slots, speculation sums, victim and population candidates) in step with
-// a request; both rooms use them.
+// a request; the rooms use them.
 //
 // Thread-safety: none. One loop drives the core.
 #pragma once
@@ -118,7 +119,8 @@ struct Gpu {
   SpeculationShare speculation;
 };
 
-// Everything the core knows; ResidencyManager owns it, Recovery holds a reference.
+// Everything the core knows but the host tier (PrefixSharing's); ResidencyManager owns it, the other rooms hold a
+// reference.
 struct State {
   using Clock = std::function<int64_t()>;  // microseconds, monotonic
 
@@ -135,9 +137,6 @@ struct State {
   std::map<OrderId, OrderEntry> orders;
   std::set<RequestId> backoff;  // requests with backoff set (RetryBackups visits only these)
   std::vector<Order> outbox;
-  // The content-addressed host tier (issue 24): nullopt when prefix sharing is off (memd --prefix-sharing off, the
-  // default: then nothing of it exists and every host page is one request's, as before).
-  std::optional<PrefixPages> prefix;
   Counters counters;
   uint64_t next_seq = 1;
   CopyId next_copy = 1;
@@ -156,20 +155,9 @@ void CountShare(Gpu& gpu, const SpeculationShare& share, int sign);
 SlotIndex FreeSlot(const Gpu& gpu);
 void TakeSlot(Gpu& gpu, SlotIndex slot);
 void ReleaseSlot(Gpu& gpu, SlotIndex slot);
-// Prefix sharing (issue 24): true when host page `page` is a shared page request `id` holds a reference to.
-bool HoldsSharedPage(const State& s, RequestId id, PageIndex page);
-// The references and unconfirmed writes `r` holds in the host tier, over its history (or a queued resume's taken-over
-// pages): each reference released (the last one makes the page cached), each write abandoned (its host page is r's
-// own and freed with it). Its private pages are the caller's to free. Returns the references released.
-uint32_t ReleasePrefix(State& s, Request& r);
-// The write of host page `page` by `r` is abandoned (its copy will never be confirmed: fence, failure): no-op when the
-// page is not one r writes.
-void AbandonPrefixWrite(State& s, const Request& r, PageIndex page);
-// A confirmed host copy of r's history page `h` (checksum): when r was writing that page it becomes shared (the
-// host pool's owner kSharedOwner, journal kShared) and r its one holder.
-void PublishPrefixPage(State& s, Request& r, uint32_t h, uint64_t checksum);
-// Private host pages of `r`: its history (or resumed) pages less those it holds as shared references.
-uint32_t SharedHeld(const State& s, const Request& r);
+// The victim candidates of `gpu` (admitted, a_r > 0; without the backed-off ones when `skip_backoff`), ascending
+// request id, unordered by the policy: the reference the ReclaimIndex is checked against, and the dump's ranks.
+std::vector<ReclaimCandidate> VictimCandidates(const State& s, GpuId gpu, bool skip_backoff);
 
 // Re-keys `r` in its GPU's ReclaimIndex and population candidates after a change of its state, a_r, host_only,
 // backoff or admission time (or removes it).

@@ -38,6 +38,29 @@ CLI::Validator NotNegative() {
       "", "NOT_NEGATIVE");
 }
 
+// --page-bytes: a positive multiple of 64 (docs/operations.md).
+CLI::Validator PageBytes() {
+  return CLI::Validator(
+      [](std::string& v) {
+        uint64_t n = 0;
+        if (!CLI::detail::lexical_cast(v, n) || n == 0 || n % 64 != 0) {
+          return "--page-bytes must be a positive multiple of 64, got " + v;
+        }
+        return std::string();
+      },
+      "", "PAGE_BYTES");
+}
+
+// A count that must not be 0 (`why` is the error); other values are left to the option's range check.
+CLI::Validator AtLeastOne(std::string why) {
+  return CLI::Validator(
+      [why](std::string& v) {
+        uint64_t n = 0;
+        return CLI::detail::lexical_cast(v, n) && n == 0 ? why : std::string();
+      },
+      "", "AT_LEAST_1");
+}
+
 struct CommandLine {
   dhs::memd::DaemonOptions options;
   uint64_t pool_bytes = 0, pool_pages = 0;
@@ -59,15 +82,7 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                  "(host_page_bytes) must match")
       ->required()
       ->check(NotNegative())
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            uint64_t n = 0;
-            if (!CLI::detail::lexical_cast(v, n) || n == 0 || n % 64 != 0) {
-              return "--page-bytes must be a positive multiple of 64, got " + v;
-            }
-            return std::string();
-          },
-          "", "PAGE_BYTES"));
+      ->check(PageBytes());
   // K/M/G/T = powers of 1000, KiB/MiB/GiB/TiB = powers of 1024 (case-insensitive), as dhs-replay's --hbm-budget.
   auto* bytes_opt = app.add_option("--host-pool-bytes", c.pool_bytes,
                                    "host pool size, bytes (K/M/G/T = 1000^n, KiB/MiB/GiB/TiB = 1024^n; rounded down "
@@ -85,15 +100,7 @@ void AddFlags(CLI::App& app, CommandLine& c) {
   app.add_option("--populate-pages-per-attempt", o.populate_pages_per_attempt,
                  "pages one population attempt may hand out (>= 1)")
       ->check(dhs::IntegerIn<uint32_t>(0, UINT32_MAX))
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            uint64_t n = 0;
-            if (CLI::detail::lexical_cast(v, n) && n == 0) {
-              return std::string("--populate-pages-per-attempt must be at least 1 (0 would never populate)");
-            }
-            return std::string();
-          },
-          "", "AT_LEAST_1"))
+      ->check(AtLeastOne("--populate-pages-per-attempt must be at least 1 (0 would never populate)"))
       ->capture_default_str();
   dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--metrics-address", c.metrics_address,
                      "serve Prometheus text on GET /metrics at HOST:PORT (PORT 0: ephemeral; the bound address is "

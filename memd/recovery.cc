@@ -239,7 +239,7 @@ void Recovery::Interrupt(Request& r) {
       case HistoryState::kGpuAndHost: DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost)); break;
       default:
         DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kLost));
-        core::AbandonPrefixWrite(s_, r, hp.host_page);  // a page it was writing is never importable (issue 24)
+        prefix_.AbandonWrite(r, hp.host_page);  // a page it was writing is never importable (issue 24)
         DHS_CHECK_OK(s_.host.Free(hp.host_page));
         ++s_.counters.host_pages_lost;
     }
@@ -291,15 +291,7 @@ absl::Status Recovery::AdoptHostPages(std::span<const AdoptedRequest> requests,
   for (const AdoptedRequest& a : requests) {
     for (const auto& [h, page] : a.host_pages) request_pages.insert(page);
   }
-  std::set<uint64_t> keys;
-  for (const AdoptedSharedPage& sp : shared) {
-    if (sp.host_page >= s_.host.pages() || request_pages.contains(sp.host_page) || !keys.insert(sp.key).second) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "adopted shared page %d (key %016x): out of range, a request's page, or a key named twice", sp.host_page,
-          sp.key));
-    }
-    request_pages.insert(sp.host_page);
-  }
+  if (absl::Status s = prefix_.CheckAdopted(shared, request_pages); !s.ok()) return s;
   uint32_t kept = 0;
   for (const AdoptedRequest& a : requests) {
     Request r;
@@ -325,14 +317,8 @@ absl::Status Recovery::AdoptHostPages(std::span<const AdoptedRequest> requests,
     s_.journal_gpus.insert(a.gpu);
     s_.requests.emplace(a.request, std::move(r));
   }
-  uint32_t adopted_shared = 0;
-  if (s_.prefix) {  // confirmed shared pages come back cached (issue 24); with sharing off they are freed below
-    for (const AdoptedSharedPage& sp : shared) {
-      DHS_CHECK_OK(s_.host.AdoptShared(sp.host_page, sp.key, sp.content, sp.checksum));  // checked above
-      DHS_CHECK_OK(s_.prefix->Adopt(sp.host_page, sp.key, sp.content, sp.checksum));
-      ++adopted_shared;
-    }
-  }
+  // Confirmed shared pages come back cached (issue 24); with sharing off they are freed below.
+  const uint32_t adopted_shared = prefix_.Adopt(shared);
   if (HostJournal* journal = const_cast<HostJournal*>(s_.host.journal())) {
     for (PageIndex p = 0; p < s_.host.pages(); ++p) {
       if (!s_.host.is_allocated(p)) journal->Free(p);  // assigned, never confirmed: lost as FenceGpu loses it
@@ -389,9 +375,7 @@ void Recovery::TakeOver(Request& r, RequestId interrupted) {
   for (uint32_t h = 0; h < old.history.size(); ++h) {
     const HistoryPage& hp = old.history[h];
     if (hp.state != HistoryState::kHost) continue;  // kLost: no host page, the worker recomputes those rows
-    if (core::HoldsSharedPage(s_, old.id, hp.host_page)) {  // a shared page (issue 24): its reference moves
-      DHS_CHECK_OK(s_.prefix->Rehold(hp.host_page, old.id, r.id));
-    } else {
+    if (!prefix_.Rehold(hp.host_page, old.id, r.id)) {  // a shared page's reference moves (issue 24)
       DHS_CHECK_OK(s_.host.Transfer(hp.host_page, r.id, h, r.context_pages));
     }
     r.resumed_host.emplace(h, hp.host_page);
@@ -421,7 +405,7 @@ absl::Status Recovery::CheckInterrupted(const Request& r, std::set<PageIndex>& h
     }
     if (hp.state == HistoryState::kLost) continue;
     ++kept;
-    if (core::HoldsSharedPage(s_, r.id, hp.host_page)) continue;  // a shared reference (CheckPrefixPages)
+    if (prefix_.Holds(r.id, hp.host_page)) continue;  // a shared reference (PrefixSharing::CheckInvariants)
     if (absl::Status s = CheckJournal(r, h); !s.ok()) return s;
     if (!s_.host.is_allocated(hp.host_page) || s_.host.owner(hp.host_page) != r.id ||
         !host_pages.insert(hp.host_page).second) {
@@ -429,7 +413,7 @@ absl::Status Recovery::CheckInterrupted(const Request& r, std::set<PageIndex>& h
                                                  hp.host_page));
     }
   }
-  if (s_.host.pages_of(r.id) != kept - core::SharedHeld(s_, r) || r.host_only != kept) {
+  if (s_.host.pages_of(r.id) != kept - prefix_.Held(r) || r.host_only != kept) {
     return absl::InternalError(absl::StrFormat("interrupted request %d: %d host pages owned, %d kept, host_only %d",
                                                r.id, s_.host.pages_of(r.id), kept, r.host_only));
   }
@@ -439,7 +423,7 @@ absl::Status Recovery::CheckInterrupted(const Request& r, std::set<PageIndex>& h
 absl::Status Recovery::CheckQueuedResume(const Request& r, std::set<PageIndex>& host_pages) const {
   const HostJournal* journal = s_.host.journal();
   for (const auto& [h, p] : r.resumed_host) {
-    if (h < r.context_pages && core::HoldsSharedPage(s_, r.id, p)) continue;  // a shared reference (issue 24)
+    if (h < r.context_pages && prefix_.Holds(r.id, p)) continue;  // a shared reference (issue 24)
     if (h >= r.context_pages || !s_.host.is_allocated(p) || s_.host.owner(p) != r.id || !host_pages.insert(p).second) {
       return absl::InternalError(absl::StrFormat("queued request %d: resumed host page %d (history page %d of %d) "
                                                  "not its own", r.id, p, h, r.context_pages));
@@ -461,16 +445,7 @@ absl::Status Recovery::CheckJournal(const Request& r, uint32_t h) const {
   const HostJournal* journal = s_.host.journal();
   if (journal == nullptr) return absl::OkStatus();
   const HistoryPage& hp = r.history[h];
-  if (core::HoldsSharedPage(s_, r.id, hp.host_page)) {  // a shared page's entry is kShared (issue 24)
-    const JournalEntry e = journal->Read(hp.host_page);
-    const SharedPage* p = s_.prefix->AtPage(hp.host_page);
-    if (e.state != JournalState::kShared || e.key != p->address.key || e.content != p->address.content ||
-        e.checksum != p->checksum) {
-      return absl::InternalError(absl::StrFormat("shared host page %d: journal entry state %d key %016x",
-                                                 hp.host_page, static_cast<int>(e.state), e.key));
-    }
-    return absl::OkStatus();
-  }
+  if (prefix_.Holds(r.id, hp.host_page)) return prefix_.CheckJournal(hp.host_page);  // kShared (issue 24)
   const JournalEntry e = journal->Read(hp.host_page);
   const bool confirmed = hp.state == HistoryState::kHost || hp.state == HistoryState::kPopulating ||
                          hp.state == HistoryState::kGpuAndHost;

@@ -29,13 +29,14 @@
 
 #include "absl/status/status.h"
 #include "memd/core_state.h"
+#include "memd/prefix_sharing.h"
 
 namespace dhs::memd {
 
 class Recovery {
  public:
-  // `state` is the core's (owned by ResidencyManager, outlives this).
-  explicit Recovery(core::State& state) : s_(state) {}
+  // `state` is the core's and `prefix` its prefix-sharing room (owned by ResidencyManager, both outlive this).
+  Recovery(core::State& state, PrefixSharing& prefix) : s_(state), prefix_(prefix) {}
 
   // ---- steps of the manager's events (each: nothing changes on error) ----
   // FenceGpu: all of it, at once (see above); `why` is kept for FenceReason. Errors: NotFound (the GPU is not
@@ -95,6 +96,7 @@ class Recovery {
   void InterruptQueuedResume(core::Request& r);
 
   core::State& s_;
+  PrefixSharing& prefix_;  // shared pages: abandoned writes, adopted pages, moved references (issue 24)
   std::map<GpuId, std::string> fence_reasons_;  // the latest fence of each GPU: why (FenceReason)
 };
 

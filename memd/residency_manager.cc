@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "common/worker_shape.h"
+#include "memd/core_dump.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs::memd {
@@ -31,24 +32,23 @@ absl::StatusOr<std::unique_ptr<ResidencyManager>> ResidencyManager::Create(const
   }
   host->set_journal(journal);
   if (!clock) return absl::InvalidArgumentError("ResidencyManager needs a clock");
-  std::optional<PrefixPages> prefix;
+  std::optional<PrefixPages> tier;  // the host tier (issue 24): none while prefix sharing is off
   if (config.prefix_sharing) {
     auto made = PrefixPages::Create(config.prefix);
     if (!made.ok()) return made.status();
-    prefix.emplace(std::move(*made));
+    tier.emplace(std::move(*made));
   }
-  auto core = std::unique_ptr<ResidencyManager>(
-      new ResidencyManager(config, std::move(clock), std::move(*host), std::move(*policy)));
-  core->state_.prefix = std::move(prefix);
-  return core;
+  return std::unique_ptr<ResidencyManager>(
+      new ResidencyManager(config, std::move(clock), std::move(*host), std::move(*policy), std::move(tier)));
 }
 
 ResidencyManager::ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
-                                   std::unique_ptr<ReclaimPolicy> policy)
+                                   std::unique_ptr<ReclaimPolicy> policy, std::optional<PrefixPages> tier)
     : config_(config),
       policy_(std::move(policy)),
       state_(std::move(clock), std::move(host)),
-      recovery_(state_) {}
+      prefix_(state_, std::move(tier)),
+      recovery_(state_, prefix_) {}
 
 const GpuPageTable* ResidencyManager::gpu_table(GpuId gpu) const {
   auto it = state_.gpus.find(gpu);
@@ -146,10 +146,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
     return Finish(absl::InvalidArgumentError(
         absl::StrFormat("request id %d is reserved (0 and 2^64-1 are never request ids)", a.request)));
   }
-  if (state_.prefix && a.request == kSharedOwner) {  // the host pool's owner of shared pages (issue 24)
-    return Finish(absl::InvalidArgumentError(
-        absl::StrFormat("request id %d is reserved (2^64-2 owns the shared host pages)", a.request)));
-  }
+  if (absl::Status s = prefix_.CheckRequestId(a.request); !s.ok()) return Finish(s);  // kSharedOwner (issue 24)
   if (a.page_rows > 0) {  // rows -> pages without overflow: ceil(rows / p) for every rows up to 2^64-1
     const uint64_t pages = a.context_rows / a.page_rows + (a.context_rows % a.page_rows != 0 ? 1 : 0);
     if (pages > UINT32_MAX) {
@@ -179,18 +176,8 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
     return Finish(s);
   }
   if (absl::Status s = recovery_.CheckResume(a); !s.ok()) return Finish(s);
-  std::vector<PrefixAddress> prefix;  // issue 24: ignored while prefix sharing is off
-  if (state_.prefix && !a.prefix.empty()) {
-    if (a.page_rows == 0) {
-      return Finish(absl::InvalidArgumentError(absl::StrFormat(
-          "request %d names a prefix chain of %d blocks without page_rows", a.request, a.prefix.block_ids.size())));
-    }
-    auto addresses = PrefixPages::Addresses(a.prefix, a.page_rows, a.context_pages);
-    if (!addresses.ok()) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat("request ", a.request, ": ", addresses.status().message())));
-    }
-    prefix = std::move(*addresses);
-  }
+  auto prefix = prefix_.Addresses(a, a.context_pages);  // issue 24: empty while prefix sharing is off
+  if (!prefix.ok()) return Finish(prefix.status());
   Request r;
   r.id = a.request;
   r.gpu = a.gpu;
@@ -199,7 +186,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   r.context_pages = a.context_pages;
   r.optional_history = a.optional_history;
   r.speculation = a.speculation;
-  r.prefix = std::move(prefix);
+  r.prefix = std::move(*prefix);
   r.time_us = state_.clock();
   ++state_.counters.admissions;
   if (a.resume_of != 0) {
@@ -208,7 +195,7 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   }
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
     spdlog::info("memd: reject: {}", std::string(never.message()));
-    core::ReleasePrefix(state_, r);    // a resume's taken-over shared pages (issue 24)
+    prefix_.Release(r);                // a resume's taken-over shared pages (issue 24)
     state_.host.ReleaseRequest(r.id);  // a resume's taken-over pages
     state_.outbox.push_back(RejectOrder{r.id, r.gpu, never});
     ++state_.counters.rejects;
@@ -376,7 +363,7 @@ void ResidencyManager::ConfirmHostCopy(Request& r, Gpu& g, uint32_t h, uint64_t 
       DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kHost));
       hp.checksum = checksum;
       DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
-      core::PublishPrefixPage(state_, r, h, checksum);
+      prefix_.Publish(r, h, checksum);
       ++r.host_only;
       break;
     case HistoryState::kGpu:
@@ -389,7 +376,7 @@ void ResidencyManager::ConfirmHostCopy(Request& r, Gpu& g, uint32_t h, uint64_t 
         DHS_CHECK_OK(TransitionHistory(hp, HistoryState::kGpu, HistoryState::kHost));
         hp.checksum = checksum;
         DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
-        core::PublishPrefixPage(state_, r, h, checksum);
+        prefix_.Publish(r, h, checksum);
         --r.optional;
         ++r.host_only;
         ++state_.counters.keeps_lost;
@@ -400,12 +387,12 @@ void ResidencyManager::ConfirmHostCopy(Request& r, Gpu& g, uint32_t h, uint64_t 
       DHS_CHECK_OK(TransitionHistory(hp, hp.state, HistoryState::kGpuAndHost));
       hp.checksum = checksum;
       DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
-      core::PublishPrefixPage(state_, r, h, checksum);
+      prefix_.Publish(r, h, checksum);
       break;
     default:  // already a complete host copy (a repeated report): a checksum only where none was known
       // (a shared page is immutable, its checksum with it: issue 24)
       if (hp.checksum == 0 && checksum != 0 && hp.state != HistoryState::kLost &&
-          !core::HoldsSharedPage(state_, r.id, hp.host_page)) {
+          !prefix_.Holds(r.id, hp.host_page)) {
         hp.checksum = checksum;
         DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
       }
@@ -419,11 +406,11 @@ absl::Status ResidencyManager::Complete(RequestId id) {
   Request& r = it->second;
   uint32_t released = 0;
   if (r.state == RequestState::kInterrupted) {
-    core::ReleasePrefix(state_, r);  // its shared references (issue 24)
+    prefix_.Release(r);              // its shared references (issue 24)
     state_.host.ReleaseRequest(id);  // its GPU pages went with the fence: nothing pinned, nothing on GPU
   } else if (Gpu& g = state_.gpus.at(r.gpu); r.state == RequestState::kQueued) {
     g.queue.erase(std::find(g.queue.begin(), g.queue.end(), id));
-    core::ReleasePrefix(state_, r);  // a queued resume's taken-over shared references
+    prefix_.Release(r);              // a queued resume's taken-over shared references
     state_.host.ReleaseRequest(id);  // a queued resume's taken-over host pages
   } else {
     released = ReleaseAdmitted(r, g);
@@ -451,7 +438,7 @@ uint32_t ResidencyManager::ReleaseAdmitted(Request& r, Gpu& g) {
   }
   ReleaseSlot(g, r.slot);
   CountShare(g, r.speculation, -1);
-  core::ReleasePrefix(state_, r);    // shared references (cached at the last) and unconfirmed writes (issue 24)
+  prefix_.Release(r);                // shared references (cached at the last) and unconfirmed writes (issue 24)
   state_.host.ReleaseRequest(r.id);  // pinned pages become reusable after their copy reports
   DHS_CHECK_OK(TransitionRequest(r.state, r.state, RequestState::kCompleted));  // admitted or reclaiming
   if (r.backoff) state_.backoff.erase(r.id);
@@ -547,7 +534,7 @@ void ResidencyManager::BackupDone(CopyId copy, bool ok, bool written, uint64_t c
     if (written) {
       hp.checksum = checksum;
       DHS_CHECK_OK(state_.host.Confirm(hp.host_page, checksum));
-      core::PublishPrefixPage(state_, r, c.history_page, checksum);
+      prefix_.Publish(r, c.history_page, checksum);
     }
   }
   if (c.reclaim != 0) {
@@ -617,39 +604,17 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   const auto kept = static_cast<uint32_t>(r.resumed_host.size());  // a resume's host pages, owned already
   if (r.required_count > lend) return false;  // waits for pages
   // Prefix sharing (issue 24): stored pages of its chain with the same content are imported, not allocated; cached
-  // pages are room (evicted now, in the policy's order) rather than a reason to wait.
-  const std::map<uint32_t, PageIndex> hits = PrefixHits(r);
+  // pages are room (evicted at the grant, in the policy's order) rather than a reason to wait.
+  const PrefixHits hits = prefix_.Hits(r);
   const uint32_t need = r.context_pages - kept - static_cast<uint32_t>(hits.size());
-  std::vector<PageIndex> evict;
-  if (need > state_.host.reusable()) {
-    if (!state_.prefix) return false;  // waits for host pages
-    std::set<PageIndex> hit_pages;
-    for (const auto& [h, page] : hits) hit_pages.insert(page);
-    evict = state_.prefix->ChooseEvictions(need - state_.host.reusable(), [&](PageIndex p) {
-      return !state_.host.is_pinned(p) && !hit_pages.contains(p);
-    });
-    if (evict.size() < need - state_.host.reusable()) return false;  // cached pages included, it does not fit yet
-  }
+  const std::optional<std::vector<PageIndex>> evict = prefix_.RoomFor(need, hits);
+  if (!evict) return false;  // waits for host pages
   const SlotIndex slot = FreeSlot(g);
   if (slot == kNoSlot) return false;  // waits for a completion
-  // Resident-first: spare pages keep imported history on GPU, but leave what the admissions queued behind require.
-  uint32_t behind = 0;
-  for (size_t i = 1; i < g.queue.size(); ++i) behind += state_.requests.at(g.queue[i]).required_count;
-  const uint32_t spare = lend - r.required_count;
-  // A resume (or a prefix hit) keeps nothing on GPU at the grant: its history is on host (imported) or recomputed
-  // into the tail.
-  const uint32_t on_gpu = r.optional_history && kept == 0 && hits.empty()
-                              ? std::min(r.imported_pages, spare > behind ? spare - behind : 0)
-                              : 0;
+  const uint32_t on_gpu = KeptOnGpu(r, g, kept + static_cast<uint32_t>(hits.size()));
   auto required = g.table.Take(r.id, r.required_count, PageState::kRequired);
   auto optional = g.table.Take(r.id, on_gpu, PageState::kOptionalReady);
-  if (state_.prefix) {  // the grant goes ahead: its lookups are counted, its hits held, the room made
-    for (const PrefixAddress& ad : r.prefix) {
-      if (!r.resumed_host.contains(ad.page)) state_.prefix->Lookup(ad);
-    }
-    for (const auto& [h, page] : hits) DHS_CHECK_OK(state_.prefix->Acquire(page, r.id, state_.clock()));
-    for (PageIndex p : evict) EvictPrefixPage(p);
-  }
+  prefix_.Hold(r, hits, *evict);  // the grant goes ahead: its lookups counted, its hits held, the room made
   std::vector<uint32_t> fresh;  // history pages without a taken-over or shared host copy: a fresh host page each
   fresh.reserve(need);
   for (uint32_t h = 0; h < r.context_pages; ++h) {
@@ -657,24 +622,7 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   }
   auto host = state_.host.AllocateHistory(r.id, kAllSources, fresh, r.context_pages);
   if (!required.ok() || !optional.ok() || !host.ok()) {
-    // The tables refused what lendable() / reusable() promised: a bug, never a peer's input (Admit checks the id and
-    // the counts). memd does not abort on it: the admission is refused, nothing of it stays taken, memd keeps serving.
-    for (const auto* taken : {&required, &optional}) {
-      if (taken->ok()) {
-        for (PageIndex p : **taken) DHS_CHECK_OK(g.table.Release(p));  // just taken
-      }
-    }
-    if (state_.prefix) {
-      for (const auto& [h, page] : hits) DHS_CHECK_OK(state_.prefix->Release(page, r.id, state_.clock()));
-    }
-    core::ReleasePrefix(state_, r);  // a resume's taken-over shared pages
-    state_.host.ReleaseRequest(r.id);
-    const absl::Status why = !required.ok() ? required.status() : !optional.ok() ? optional.status() : host.status();
-    spdlog::error("memd: request {}: the page tables refused its grant: {}", r.id, why.ToString());
-    state_.outbox.push_back(
-        RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
-    ++state_.counters.rejects;
-    state_.requests.erase(r.id);  // the caller pops it from the queue and does not touch it again
+    RejectRefusedGrant(r, g, required, optional, host.status(), hits);
     return true;
   }
   r.required = *required;
@@ -685,7 +633,7 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   grant.required_pages = *required;
   grant.optional_pages = *optional;
   AssignHistory(r, fresh, *host, *optional, hits, grant);
-  BeginPrefixWrites(r);
+  prefix_.BeginWrites(r);
   r.optional = on_gpu;
   r.host_only = kept + static_cast<uint32_t>(hits.size());
   r.slot = slot;
@@ -701,39 +649,40 @@ bool ResidencyManager::TryGrant(Request& r, Gpu& g) {
   return true;
 }
 
-std::map<uint32_t, PageIndex> ResidencyManager::PrefixHits(const Request& r) const {
-  std::map<uint32_t, PageIndex> hits;
-  if (!state_.prefix) return hits;
-  for (const PrefixAddress& ad : r.prefix) {
-    if (r.resumed_host.contains(ad.page)) continue;  // a resume's own copy wins
-    if (auto page = state_.prefix->Find(ad)) hits.emplace(ad.page, *page);
-  }
-  return hits;
+// Resident-first: spare pages keep imported history on GPU, but leave what the admissions queued behind require. A
+// resume (or a prefix hit: `host_backed` > 0) keeps nothing on GPU at the grant: its history is on host (imported) or
+// recomputed into the tail.
+uint32_t ResidencyManager::KeptOnGpu(const Request& r, const Gpu& g, uint32_t host_backed) const {
+  if (!r.optional_history || host_backed > 0) return 0;
+  uint32_t behind = 0;
+  for (size_t i = 1; i < g.queue.size(); ++i) behind += state_.requests.at(g.queue[i]).required_count;
+  const uint32_t spare = g.table.lendable() - r.required_count;
+  return std::min(r.imported_pages, spare > behind ? spare - behind : 0);
 }
 
-void ResidencyManager::EvictPrefixPage(PageIndex page) {
-  DHS_CHECK_OK(state_.prefix->Evict(page));
-  DHS_CHECK_OK(state_.host.Free(page));
-}
-
-// The shareable pages a new grant computes become writing pages of their addresses (a page stored under its key
-// already, with other content or being written by another request, stays private; so does one over its tenant's
-// quota when no cached page of the tenant can make room).
-void ResidencyManager::BeginPrefixWrites(const Request& r) {
-  if (!state_.prefix) return;
-  for (const PrefixAddress& ad : r.prefix) {
-    const HistoryPage& hp = r.history[ad.page];
-    if (hp.state == HistoryState::kHost || state_.prefix->AtKey(ad.key) != nullptr) continue;  // imported, or taken
-    if (auto victim = state_.prefix->QuotaVictim(ad.tenant, [&](PageIndex p) { return !state_.host.is_pinned(p); })) {
-      EvictPrefixPage(*victim);
+// The tables refused what lendable() / reusable() promised: a bug, never a peer's input (Admit checks the id and the
+// counts). memd does not abort on it: the admission is refused, nothing of it stays taken, memd keeps serving.
+void ResidencyManager::RejectRefusedGrant(Request& r, Gpu& g, const absl::StatusOr<std::vector<PageIndex>>& required,
+                                          const absl::StatusOr<std::vector<PageIndex>>& optional,
+                                          const absl::Status& host, const PrefixHits& hits) {
+  for (const auto* taken : {&required, &optional}) {
+    if (taken->ok()) {
+      for (PageIndex p : **taken) DHS_CHECK_OK(g.table.Release(p));  // just taken
     }
-    (void)state_.prefix->BeginWrite(ad, hp.host_page, r.id, state_.clock());  // refused by the quota: stays private
   }
+  prefix_.Unhold(r, hits);  // the hits just held, and a resume's taken-over shared pages
+  state_.host.ReleaseRequest(r.id);
+  const absl::Status why = !required.ok() ? required.status() : !optional.ok() ? optional.status() : host;
+  spdlog::error("memd: request {}: the page tables refused its grant: {}", r.id, why.ToString());
+  state_.outbox.push_back(
+      RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
+  ++state_.counters.rejects;
+  state_.requests.erase(r.id);  // the caller pops it from the queue and does not touch it again
 }
 
 void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh,
                                      std::span<const PageIndex> fresh_host, std::span<const PageIndex> optional,
-                                     const std::map<uint32_t, PageIndex>& hits, GrantOrder& grant) {
+                                     const PrefixHits& hits, GrantOrder& grant) {
   r.history.assign(r.context_pages, HistoryPage{});
   grant.host_pages.assign(r.context_pages, 0);
   for (size_t i = 0; i < fresh.size(); ++i) grant.host_pages[fresh[i]] = fresh_host[i];
@@ -744,13 +693,13 @@ void ResidencyManager::AssignHistory(Request& r, std::span<const uint32_t> fresh
     if (taken != r.resumed_host.end() || hit != hits.end()) {
       // A resume's confirmed host copy, or a shared prefix page (issue 24): imported by the worker, a population
       // candidate.
-      grant.host_pages[h] = taken != r.resumed_host.end() ? taken->second : hit->second;
+      grant.host_pages[h] = taken != r.resumed_host.end() ? taken->second : hit->second.host_page;
       hp.state = HistoryState::kHost;
       if (taken != r.resumed_host.end()) {
         const auto sum = r.resumed_checksums.find(h);
         hp.checksum = sum == r.resumed_checksums.end() ? 0 : sum->second;
       } else {
-        hp.checksum = state_.prefix->AtPage(hit->second)->checksum;
+        hp.checksum = hit->second.checksum;
         grant.shared_pages.push_back(h);
       }
       grant.host_backed_pages.push_back(h);
@@ -776,16 +725,6 @@ void ResidencyManager::MarkRegranted(GrantOrder& grant) {
     });
     if (took) retire->regranted_to = grant.request;
   }
-}
-
-std::vector<ReclaimCandidate> ResidencyManager::Candidates(GpuId gpu, bool skip_backoff) const {
-  std::vector<ReclaimCandidate> out;
-  for (const auto& [id, r] : state_.requests) {
-    if (r.gpu != gpu || r.state != RequestState::kAdmitted || r.optional == 0) continue;
-    if (skip_backoff && r.backoff) continue;
-    out.push_back({id, r.time_us, r.seq, r.optional});
-  }
-  return out;
 }
 
 void ResidencyManager::PumpGpu(GpuId gpu_id, Gpu& g) {
@@ -948,13 +887,12 @@ absl::Status ResidencyManager::CheckInvariants() const {
     if (absl::Status s = CheckRequest(r, owner, host_pages); !s.ok()) return s;
   }
   // Every allocated host page belongs to a live request, or is a shared or cached prefix page (issue 24).
-  // (With sharing off kSharedOwner is an ordinary request id, counted in host_pages.)
-  const uint32_t shared_pages = state_.prefix ? state_.host.pages_of(kSharedOwner) : 0;
+  const uint32_t shared_pages = prefix_.PoolPages();
   if (host_pages.size() + shared_pages != state_.host.allocated()) {
     return absl::InternalError(absl::StrFormat("host pool: %d pages allocated, %d held by requests, %d shared",
                                                state_.host.allocated(), host_pages.size(), shared_pages));
   }
-  if (absl::Status s = CheckPrefixPages(); !s.ok()) return s;
+  if (absl::Status s = prefix_.CheckInvariants(); !s.ok()) return s;
   if (absl::Status s = CheckCopiesAndOrders(owner); !s.ok()) return s;
   for (const auto& [gid, g] : state_.gpus) {
     for (PageIndex p = 0; p < g.table.pages(); ++p) {
@@ -966,74 +904,6 @@ absl::Status ResidencyManager::CheckInvariants() const {
   }
   if (absl::Status s = CheckReclaims(); !s.ok()) return s;
   return CheckVictimIndex();
-}
-
-// The host tier (issue 24) against the requests and the host pool: each shared page's holders are exactly the
-// requests whose history (or a queued resume's taken-over pages) names it with a host copy; a shared or cached page
-// is the host pool's kSharedOwner page, a writing page its writer's own page without a confirmed copy; cached +
-// shared + private + free == the pool; no two tenants on one page (one address each).
-absl::Status ResidencyManager::CheckPrefixPages() const {
-  if (!state_.prefix) return absl::OkStatus();
-  const PrefixPages& prefix = *state_.prefix;
-  if (absl::Status s = prefix.CheckInvariants(); !s.ok()) return s;
-  std::map<PageIndex, std::set<RequestId>> holders;
-  for (const auto& [id, r] : state_.requests) {
-    for (const HistoryPage& hp : r.history) {
-      const SharedPage* p = prefix.AtPage(hp.host_page);
-      if (hp.state == HistoryState::kLost || p == nullptr || p->state == SharedPageState::kWriting) continue;
-      holders[hp.host_page].insert(id);  // a request's page that is not writing is its own, or one it holds
-    }
-    for (const auto& [h, page] : r.resumed_host) {
-      if (const SharedPage* p = prefix.AtPage(page); p != nullptr) holders[page].insert(id);
-    }
-  }
-  uint32_t shared = 0, cached = 0;
-  for (const auto& [page, p] : prefix.pages()) {
-    const bool pool_shared = state_.host.is_allocated(page) && state_.host.owner(page) == kSharedOwner;
-    if (p.state == SharedPageState::kWriting) {
-      auto w = state_.requests.find(p.writer);
-      if (pool_shared || w == state_.requests.end() || !state_.host.is_allocated(page) ||
-          state_.host.owner(page) != p.writer || p.address.page >= w->second.history.size() ||
-          w->second.history[p.address.page].host_page != page) {
-        return absl::InternalError(absl::StrFormat("writing prefix page %d: not request %d's page %d", page, p.writer,
-                                                   p.address.page));
-      }
-      const HistoryState st = w->second.history[p.address.page].state;
-      if (st != HistoryState::kHostPending && st != HistoryState::kGpu && st != HistoryState::kGpuDeferred) {
-        return absl::InternalError(absl::StrFormat("writing prefix page %d: its writer's copy is %s", page,
-                                                   HistoryStateName(st)));
-      }
-      continue;
-    }
-    if (!pool_shared) {
-      return absl::InternalError(absl::StrFormat("%s prefix page %d is not the host pool's shared page",
-                                                 SharedPageStateName(p.state), page));
-    }
-    shared += p.state == SharedPageState::kShared;
-    cached += p.state == SharedPageState::kCached;
-    auto held = holders.find(page);
-    const std::set<RequestId> want = held == holders.end() ? std::set<RequestId>{} : held->second;
-    if (want != p.holders) {  // refs == the requests holding it
-      return absl::InternalError(absl::StrFormat("prefix page %d: %d references, %d requests hold it", page, p.refs(),
-                                                 want.size()));
-    }
-    for (RequestId id : p.holders) {
-      const Request& r = state_.requests.at(id);
-      if (!r.prefix.empty() && p.address.tenant != 0 && r.prefix.front().tenant != p.address.tenant) {
-        return absl::InternalError(absl::StrFormat("prefix page %d of tenant %016x held by request %d of tenant %016x",
-                                                   page, p.address.tenant, id, r.prefix.front().tenant));
-      }
-    }
-  }
-  const uint32_t private_pages = state_.host.allocated() - state_.host.pages_of(kSharedOwner);
-  const uint32_t free_pages = state_.host.pages() - state_.host.allocated();
-  if (shared != prefix.shared() || cached != prefix.cached() ||
-      shared + cached + private_pages + free_pages != state_.host.pages() ||
-      shared + cached != state_.host.pages_of(kSharedOwner)) {
-    return absl::InternalError(absl::StrFormat("host pool of %d pages: %d shared + %d cached + %d private + %d free",
-                                               state_.host.pages(), shared, cached, private_pages, free_pages));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ResidencyManager::CheckQueues() const {
@@ -1078,7 +948,7 @@ absl::Status ResidencyManager::CheckQueues() const {
     if (r.state != RequestState::kQueued) continue;
     ++queued_requests;
     if (!r.required.empty() || !r.history.empty() || r.slot != kNoSlot ||
-        state_.host.pages_of(id) != r.resumed_host.size() - core::SharedHeld(state_, r)) {
+        state_.host.pages_of(id) != r.resumed_host.size() - prefix_.Held(r)) {
       return absl::InternalError(absl::StrFormat("queued request %d holds pages or a slot", id));
     }
   }
@@ -1113,19 +983,15 @@ absl::Status ResidencyManager::CheckRequest(const Request& r, std::map<GpuId, st
     if (absl::Status s = claim(p, PageState::kRequired); !s.ok()) return s;
   }
   if (r.history.size() != r.context_pages ||
-      state_.host.pages_of(r.id) != r.context_pages - core::SharedHeld(state_, r)) {
+      state_.host.pages_of(r.id) != r.context_pages - prefix_.Held(r)) {
     return absl::InternalError(absl::StrFormat("request %d: %d history pages, %d host pages, context %d", r.id,
                                                r.history.size(), state_.host.pages_of(r.id), r.context_pages));
   }
   uint32_t optional = 0;
   for (uint32_t h = 0; h < r.history.size(); ++h) {
     const HistoryPage& hp = r.history[h];
-    const bool shared = core::HoldsSharedPage(state_, r.id, hp.host_page);  // CheckPrefixPages counts its holders
-    if (shared && hp.state != HistoryState::kHost && hp.state != HistoryState::kPopulating &&
-        hp.state != HistoryState::kGpuAndHost) {
-      return absl::InternalError(absl::StrFormat("request %d page %d (%s): a shared host page without a host copy",
-                                                 r.id, h, HistoryStateName(hp.state)));
-    }
+    const bool shared = prefix_.Holds(r.id, hp.host_page);  // PrefixSharing::CheckInvariants counts its holders
+    if (absl::Status s = prefix_.CheckHeldPage(r, h); !s.ok()) return s;
     if (!shared && (!state_.host.is_allocated(hp.host_page) || state_.host.owner(hp.host_page) != r.id ||
                     !host_pages.insert(hp.host_page).second)) {
       return absl::InternalError(absl::StrFormat("request %d page %d: host page %d not its own", r.id, h, hp.host_page));
@@ -1257,7 +1123,7 @@ absl::Status ResidencyManager::CheckReclaims() const {
 // released slots are the free slots below slot_high.
 absl::Status ResidencyManager::CheckVictimIndex() const {
   for (const auto& [gid, g] : state_.gpus) {
-    std::vector<ReclaimCandidate> want = Candidates(gid, true);
+    std::vector<ReclaimCandidate> want = core::VictimCandidates(state_, gid, true);
     policy_->Order(want);
     const std::vector<ReclaimCandidate> have = g.victims.Ordered();
     uint64_t total = 0;
@@ -1310,186 +1176,10 @@ absl::Status ResidencyManager::CheckVictimIndex() const {
   return absl::OkStatus();
 }
 
-namespace {
-
-// Page rows of `t` for the `pages` view: at most scope.page_count pages from scope.page_from, or as many maximal runs
-// of one state and owner (the scan stops at the page that would start one run too many, or at M).
-void FillPageRows(const GpuPageTable& t, const DumpScope& scope, GpuDump& gd) {
-  gd.page_from = scope.page_from;
-  const PageIndex m = t.pages();
-  if (!scope.page_runs) {
-    const PageIndex end = scope.page_from >= m ? m : scope.page_from + std::min(scope.page_count, m - scope.page_from);
-    for (PageIndex p = scope.page_from; p < end; ++p) {
-      gd.page_states.push_back(t.state(p));
-      gd.page_owners.push_back(t.owner(p));
-    }
-    return;
-  }
-  for (PageIndex p = scope.page_from; p < m; ++p) {
-    PageRun* last = gd.page_runs.empty() ? nullptr : &gd.page_runs.back();
-    if (last && last->state == t.state(p) && last->owner == t.owner(p)) {
-      ++last->count;
-      continue;
-    }
-    if (gd.page_runs.size() == scope.page_count) break;
-    gd.page_runs.push_back(PageRun{p, 1, t.state(p), t.owner(p)});
-  }
-}
-
-}  // namespace
-
-StateDump ResidencyManager::Dump(DumpDetail detail) const {
-  DumpScope scope;
-  scope.all_requests = detail == DumpDetail::kFull;
-  StateDump d = Dump(scope);
-  for (GpuDump& gd : d.gpus) {
-    if (!scope.all_requests) break;
-    if (!gd.up) continue;  // fenced: no page table
-    DumpScope pages;
-    pages.page_gpu = gd.gpu;
-    pages.page_count = gd.pages;
-    FillPageRows(state_.gpus.at(gd.gpu).table, pages, gd);
-  }
-  return d;
-}
-
-namespace {
-// The `prefixes` view (issue 24): stored pages grouped by (tenant, blocks, chain); an adopted page (chain unknown) is
-// a row of its own (keyed by its content key).
-std::vector<PrefixDump::Chain> PrefixChains(const PrefixPages& p) {
-  std::map<std::tuple<uint64_t, uint32_t, uint64_t>, std::pair<PrefixDump::Chain, std::set<RequestId>>> rows;
-  for (const auto& [page, sp] : p.pages()) {
-    const PrefixAddress& a = sp.address;
-    const uint64_t chain = a.chain != 0 ? a.chain : a.key;
-    auto& [row, holders] = rows[{a.tenant, a.blocks, chain}];
-    row.tenant = a.tenant;
-    row.chain = a.chain;
-    row.blocks = a.blocks;
-    ++row.pages;
-    row.shared += sp.state == SharedPageState::kShared;
-    row.cached += sp.state == SharedPageState::kCached;
-    row.writing += sp.state == SharedPageState::kWriting;
-    row.last_use_us = std::max(row.last_use_us, sp.last_use_us);
-    holders.insert(sp.holders.begin(), sp.holders.end());
-  }
-  std::vector<PrefixDump::Chain> out;
-  for (auto& [key, row] : rows) {
-    row.first.holders = static_cast<uint32_t>(row.second.size());
-    out.push_back(row.first);
-  }
-  return out;
-}
-}  // namespace
+StateDump ResidencyManager::Dump(DumpDetail detail) const { return core::DumpOf(state_, *policy_, prefix_, detail); }
 
 StateDump ResidencyManager::Dump(const DumpScope& scope) const {
-  StateDump d;
-  d.policy = std::string(policy_->name());
-  d.now_us = state_.clock();
-  d.request_count = state_.requests.size();
-  for (const auto& [gid, g] : state_.gpus) {
-    GpuDump gd;
-    const GpuPageTable& t = g.table;
-    gd.gpu = gid;
-    gd.epoch = state_.epochs.at(gid);
-    gd.pages = t.pages();
-    gd.required_pages = t.required();
-    gd.optional_pages = t.optional();
-    gd.reserve_pages = t.reserve();
-    gd.free_pages = t.free();
-    gd.pending_pages = t.optional_pending();
-    gd.ready_pages = t.optional_ready();
-    gd.reclaiming_pages = t.reclaiming();
-    gd.queue.assign(g.queue.begin(), g.queue.end());
-    for (const auto& [rid, rc] : state_.reclaims) gd.reclaims_in_flight += rc.gpu == gid;
-    gd.reclaimable_pages = static_cast<uint32_t>(g.victims.total_pages());
-    gd.request_slots = g.request_slots;
-    gd.used_slots = static_cast<uint32_t>(g.used_slots.size());
-    gd.declared_draft_ring_bytes = g.declared.draft_ring_bytes;
-    gd.declared_staging_bytes = g.declared.staging_bytes;
-    gd.draft_ring_pages = g.speculation.draft_ring_pages;
-    gd.staging_pages = g.speculation.staging_pages;
-    gd.draft_ring_bytes = g.speculation.draft_ring_bytes;
-    gd.staging_bytes = g.speculation.staging_bytes;
-    for (RequestId q : g.queue) {
-      const Request& r = state_.requests.at(q);
-      gd.queued_required_pages += r.required_count;
-      gd.queued_host_pages += r.context_pages - static_cast<uint32_t>(r.resumed_host.size());  // a resume owns some
-    }
-    if (scope.page_gpu == gid) FillPageRows(t, scope, gd);
-    d.gpus.push_back(std::move(gd));
-  }
-  for (const auto& [gid, epoch] : state_.epochs) {  // fenced GPUs: no page accounting until a new Hello
-    if (state_.gpus.contains(gid)) continue;
-    GpuDump gd;
-    gd.gpu = gid;
-    gd.up = false;
-    gd.epoch = epoch;
-    d.gpus.push_back(std::move(gd));
-  }
-  std::sort(d.gpus.begin(), d.gpus.end(), [](const GpuDump& a, const GpuDump& b) { return a.gpu < b.gpu; });
-  if (scope.all_requests) {
-    for (const auto& [id, r] : state_.requests) d.requests.push_back(RequestDumpOf(r));
-  } else if (scope.request.has_value()) {
-    auto it = state_.requests.find(*scope.request);
-    if (it != state_.requests.end()) d.requests.push_back(RequestDumpOf(it->second));
-  }
-  AddReclaimRanks(d.requests);
-  const HostPageAllocator& host = state_.host;
-  d.host = HostDump{host.pages(), host.page_bytes(), host.reusable(), host.allocated(), host.pinned(),
-                    host.freed_pinned()};
-  if (state_.prefix) {  // issue 24: counts only (O(1))
-    const PrefixPages& p = *state_.prefix;
-    const PrefixCounters& c = p.counters();
-    d.prefix = PrefixDump{true, std::string(p.policy_name()), p.config().tenant_quota_pages, p.writing(), p.shared(),
-                          p.cached(), c.lookups, c.hits, c.misses, c.content_mismatches, c.stored, c.abandoned,
-                          c.evictions, c.quota_refusals, c.adopted, {}};
-    if (scope.prefix_chains) d.prefix.chains = PrefixChains(p);
-  }
-  return d;
-}
-
-// The reclaim rank of every request in `requests`: its place in the policy's order of its GPU's candidates (only the
-// GPUs those requests are on are ordered).
-void ResidencyManager::AddReclaimRanks(std::vector<RequestDump>& requests) const {
-  std::set<GpuId> gpus;
-  for (const RequestDump& rd : requests) gpus.insert(rd.gpu);
-  std::map<RequestId, int32_t> rank;
-  for (GpuId gid : gpus) {
-    std::vector<ReclaimCandidate> c = Candidates(gid, false);
-    policy_->Order(c);
-    for (size_t i = 0; i < c.size(); ++i) rank[c[i].request] = static_cast<int32_t>(i);
-  }
-  for (RequestDump& rd : requests) {
-    auto it = rank.find(rd.request);
-    rd.reclaim_rank = it == rank.end() ? -1 : it->second;
-  }
-}
-
-RequestDump ResidencyManager::RequestDumpOf(const Request& r) {
-  RequestDump rd;
-  rd.request = r.id;
-  rd.gpu = r.gpu;
-  rd.slot = r.slot;
-  rd.state = r.state;
-  rd.required_pages = r.state == RequestState::kQueued ? r.required_count : static_cast<uint32_t>(r.required.size());
-  rd.optional_pages = r.optional;
-  rd.history_pages = static_cast<uint32_t>(r.state == RequestState::kQueued ? r.imported_pages : r.history.size());
-  for (uint32_t j = 0; j < r.history.size(); ++j) {
-    const HistoryPage& hp = r.history[j];
-    // A host copy, or covered by the worker's tail until written (kLost: neither, the request was interrupted).
-    rd.host_pages += hp.state != HistoryState::kGpu && hp.state != HistoryState::kLost;
-    rd.tail_pages += hp.state == HistoryState::kHostPending || hp.state == HistoryState::kGpuDeferred;
-    const bool confirmed = hp.state == HistoryState::kHost || hp.state == HistoryState::kPopulating ||
-                           hp.state == HistoryState::kGpuAndHost;
-    if (confirmed) rd.host_copies.emplace_back(j, hp.host_page);
-  }
-  rd.host_pages += static_cast<uint32_t>(r.resumed_host.size());  // a queued resume's taken-over host copies
-  rd.admitted_at_us = r.time_us;
-  rd.draft_ring_pages = r.speculation.draft_ring_pages;
-  rd.staging_pages = r.speculation.staging_pages;
-  rd.draft_ring_bytes = r.speculation.draft_ring_bytes;
-  rd.staging_bytes = r.speculation.staging_bytes;
-  return rd;
+  return core::DumpOf(state_, *policy_, prefix_, scope);
 }
 
 std::optional<GpuId> ResidencyManager::GpuOfRequest(RequestId request) const {

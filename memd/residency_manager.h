@@ -32,8 +32,12 @@
 //   bounded per attempt, to pages with a confirmed host copy (kHost), one PopulateOrder per request.
 // - Complete releases everything: required pages, optional pages (one with a population copy in flight after that
 //   copy's report), host pages (pinned ones after their copy's report), the slot; an in-flight reclaim is cancelled.
-// - Recovery (memd/recovery.h, over the state both share, memd/core_state.h): FenceGpu, AdoptHostPages, AdoptGpu,
+// - Recovery (memd/recovery.h, over the state the rooms share, memd/core_state.h): FenceGpu, AdoptHostPages, AdoptGpu,
 //   ReleaseHeldPages and a resume's take-over are its steps; this class runs them as events (counts, pumps).
+// - Prefix sharing (memd/prefix_sharing.h, issue 24; owns the host tier): an admission's content addresses, a grant's
+//   hits and the cached pages it evicts for room, shared pages published once their host copy is confirmed,
+//   references released at the end; this class calls it at each of those steps.
+// - Introspection: Dump reads the state through memd/core_dump.h.
 // History page states: memd/history_page.h; request states: memd/request_state.h. Safety (every history page of every
 // admitted request is ready on GPU or has a host copy) holds in every state; CheckInvariants checks the states against
 // the page tables and copies.
@@ -60,6 +64,7 @@
 #include "memd/history_page.h"
 #include "memd/host_page_allocator.h"
 #include "memd/orders.h"
+#include "memd/prefix_sharing.h"
 #include "memd/reclaim_policy.h"
 #include "memd/recovery.h"
 #include "memd/residency_types.h"
@@ -214,7 +219,7 @@ class ResidencyManager {
   std::optional<GpuId> GpuOfRequest(RequestId request) const;
   std::optional<GpuId> GpuOfOrder(OrderId order) const;
   // The content-addressed host tier (issue 24): nullptr when prefix sharing is off.
-  const PrefixPages* prefix() const { return state_.prefix ? &*state_.prefix : nullptr; }
+  const PrefixPages* prefix() const { return prefix_.tier(); }
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
   uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }
   // True when `gpu` was registered and is fenced now (no page accounting until it registers again).
@@ -239,7 +244,7 @@ class ResidencyManager {
   using Gpu = core::Gpu;
 
   ResidencyManager(const ResidencyConfig& config, Clock clock, HostPageAllocator host,
-                   std::unique_ptr<ReclaimPolicy> policy);
+                   std::unique_ptr<ReclaimPolicy> policy, std::optional<PrefixPages> tier);
   // RegisterGpu's checks and table.
   absl::Status AddGpu(GpuId gpu, uint32_t pages, uint32_t request_slots, const GpuDeclaration& declared);
   absl::Status Finish(absl::Status status);  // counts the event, then Pump()s when OK
@@ -250,20 +255,20 @@ class ResidencyManager {
   absl::Status NeverFits(const Request& r, const Gpu& gpu) const;
   // Grants the queue head if it fits (true: the caller pops it; it may have been rejected and erased instead).
   bool TryGrant(Request& r, Gpu& gpu);
+  // Optional pages r's grant keeps on GPU (resident-first, leaving what the admissions queued behind require); 0 when
+  // `host_backed` (taken-over or shared) pages are imported instead.
+  uint32_t KeptOnGpu(const Request& r, const Gpu& gpu, uint32_t host_backed) const;
+  // A grant the page tables refused (a bug): what it took is given back, r rejected (Internal) and erased.
+  void RejectRefusedGrant(Request& r, Gpu& gpu, const absl::StatusOr<std::vector<PageIndex>>& required,
+                          const absl::StatusOr<std::vector<PageIndex>>& optional, const absl::Status& host,
+                          const PrefixHits& hits);
   void MarkRegranted(GrantOrder& grant);
   // A grant's history: page h gets its taken-over host page in kHost (listed in grant.host_backed_pages; the leading
   // run counted in grant.imported_pages), else the fresh host page fresh_host[i] of h = fresh[i], kept on
   // optional[h] (kGpu) for h < optional.size(), else kHostPending. Fills grant.host_pages.
   // Shared prefix pages (issue 24) `hits` (history page -> host page, referenced by r) are granted like a resume's.
   void AssignHistory(Request& r, std::span<const uint32_t> fresh, std::span<const PageIndex> fresh_host,
-                     std::span<const PageIndex> optional, const std::map<uint32_t, PageIndex>& hits,
-                     GrantOrder& grant);
-  // Prefix sharing (issue 24): r's shareable pages stored with the same content (uncounted lookups); a cached page
-  // evicted (its host page freed); the writes of a new grant's computed shareable pages begun.
-  std::map<uint32_t, PageIndex> PrefixHits(const Request& r) const;
-  void EvictPrefixPage(PageIndex page);
-  void BeginPrefixWrites(const Request& r);
-  absl::Status CheckPrefixPages() const;
+                     std::span<const PageIndex> optional, const PrefixHits& hits, GrantOrder& grant);
   void StartReclaim(Request& victim, Gpu& gpu);
   void AdvanceReclaim(Reclaim& rc);
   void RetireReclaim(ReclaimId id);
@@ -280,9 +285,6 @@ class ResidencyManager {
   void PopulateDone(CopyId copy, bool ok);
   void PopulateRequest(GpuId gpu_id, Gpu& gpu, Request& r, uint32_t pages);
   uint32_t ReleaseAdmitted(Request& r, Gpu& gpu);
-  std::vector<ReclaimCandidate> Candidates(GpuId gpu, bool skip_backoff) const;
-  static RequestDump RequestDumpOf(const Request& r);  // reclaim_rank left at -1 (AddReclaimRanks)
-  void AddReclaimRanks(std::vector<RequestDump>& requests) const;
   // CheckInvariants parts (an interrupted request, a queued resume and the journal: Recovery's checks).
   absl::Status CheckQueues() const;
   absl::Status CheckRequest(const Request& r, std::map<GpuId, std::vector<RequestId>>& owner,
@@ -294,8 +296,9 @@ class ResidencyManager {
 
   ResidencyConfig config_;
   std::unique_ptr<ReclaimPolicy> policy_;
-  core::State state_;    // the state both rooms share (memd/core_state.h)
-  Recovery recovery_;    // fence, adopt, interrupt, take-over: over state_
+  core::State state_;    // the state the rooms share (memd/core_state.h)
+  PrefixSharing prefix_;  // the host tier's shared prefix pages (issue 24): over state_
+  Recovery recovery_;    // fence, adopt, interrupt, take-over: over state_ (and prefix_'s references)
 };
 
 }  // namespace dhs::memd

@@ -810,40 +810,52 @@ def prefix_lines(fig, plots):
                 f"{planner.get('hierarchical_sessions')} (bytes per session: resident "
                 f"{planner.get('resident_bytes_per_session')}, hierarchical "
                 f"{planner.get('hierarchical_bytes_per_session')}).", ""]
+    return out + prefix_speculation_lines(pre) + prefix_step_profile_lines(pre)
+
+
+def prefix_speculation_lines(pre):
+    """Issue 27's speculation table: each speculative point against adaptive at the same context and C."""
     spec = [p for p in pre["points"] if p.get("vs_adaptive")]
-    if spec:
-        out += ["### With speculation (adaptive; synthetic proposer at corruption 0.1, K = 4)", "",
-                "| context | C | config | sessions | N_spec/N_base | TPOT_spec/TPOT_base | tok/s vs adaptive | "
-                "acceptance length | pays | TPOT ratio without the proposer | pays without it | widths used |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in sorted(spec, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
-            v, r = p["vs_adaptive"], p["run"]
-            widths = " ".join(f"{k}:{n}" for k, n in sorted((r.get("block_width") or {}).items(),
-                                                              key=lambda kv: int(kv[0])))
-            out.append(f"| {p['context']} | {p['concurrency']} | {p['mode'].split('+')[1]} | {r['sessions']} | "
-                       f"{fmt(v['n_ratio'], 3)} | {fmt(v['tpot_ratio'], 3)} | {fmt(v['tps_ratio'], 3)} | "
-                       f"{fmt(r.get('acceptance_length_mean'))} | {'yes' if v.get('pays') else 'no'} | "
-                       f"{fmt(v.get('tpot_ratio_ex_proposer'), 3)} | {'yes' if v.get('pays_ex_proposer') else 'no'} | "
-                       f"{widths or 'n/a'} |")
-        out += ["", "TPOT ratio without the proposer: the synthetic proposer runs the target model for its proposals "
-                "(a stand-in for a drafter that accepts); its seconds (`proposer_s`) taken out of the window "
-                "(TPOT_spec x (elapsed - proposer_s) / elapsed). `widths used`: rounds per block width (K: rounds).",
-                ""]
+    if not spec:
+        return []
+    out = ["### With speculation (adaptive; synthetic proposer at corruption 0.1, K = 4)", "",
+           "| context | C | config | sessions | N_spec/N_base | TPOT_spec/TPOT_base | tok/s vs adaptive | "
+           "acceptance length | pays | TPOT ratio without the proposer | pays without it | widths used |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in sorted(spec, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
+        v, r = p["vs_adaptive"], p["run"]
+        widths = " ".join(f"{k}:{n}" for k, n in sorted((r.get("block_width") or {}).items(),
+                                                          key=lambda kv: int(kv[0])))
+        out.append(f"| {p['context']} | {p['concurrency']} | {p['mode'].split('+')[1]} | {r['sessions']} | "
+                   f"{fmt(v['n_ratio'], 3)} | {fmt(v['tpot_ratio'], 3)} | {fmt(v['tps_ratio'], 3)} | "
+                   f"{fmt(r.get('acceptance_length_mean'))} | {'yes' if v.get('pays') else 'no'} | "
+                   f"{fmt(v.get('tpot_ratio_ex_proposer'), 3)} | {'yes' if v.get('pays_ex_proposer') else 'no'} | "
+                   f"{widths or 'n/a'} |")
+    out += ["", "TPOT ratio without the proposer: the synthetic proposer runs the target model for its proposals "
+            "(a stand-in for a drafter that accepts); its seconds (`proposer_s`) taken out of the window "
+            "(TPOT_spec x (elapsed - proposer_s) / elapsed). `widths used`: rounds per block width (K: rounds).",
+            ""]
+    return out
+
+
+def prefix_step_profile_lines(pre):
+    """Issue 27's step time split: ms per decode step by phase, per point with a step profile."""
     prof = [p for p in pre["points"] if p["mode"] in MODES and (p["run"].get("step_profile") or {}).get("steps")]
-    if prof:
-        out += ["### Step time split (decode steps; `DHS_STEP_PROFILE=1`, workerd/model/step_profile.h)", "",
-                "ms per decode step: model (matmuls, attention, MLP, logits), index + top-k (scores over every visible "
-                "position), fetch (resolve plan, hot hits, host recoveries with the link model), append (rows, index "
-                "keys, backups queued), release (ReadersDone), outside (the worker's loop between steps).", "",
-                "| context | C | mode | decode steps | queries/step | model | index + top-k | fetch | append | release | "
-                "outside |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in sorted(prof, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
-            sp = p["run"]["step_profile"]
-            n = sp["steps"]
-            out.append(f"| {p['context']} | {p['concurrency']} | {p['mode']} | {int(n)} | {fmt(sp['queries'] / n, 1)} | "
-                       + " | ".join(fmt(sp[k] / n, 2) for k in ("model_ms", "index_topk_ms", "fetch_ms", "append_ms",
-                                                               "release_ms", "outside_ms")) + " |")
-        out.append("")
+    if not prof:
+        return []
+    out = ["### Step time split (decode steps; `DHS_STEP_PROFILE=1`, workerd/model/step_profile.h)", "",
+           "ms per decode step: model (matmuls, attention, MLP, logits), index + top-k (scores over every visible "
+           "position), fetch (resolve plan, hot hits, host recoveries with the link model), append (rows, index "
+           "keys, backups queued), release (ReadersDone), outside (the worker's loop between steps).", "",
+           "| context | C | mode | decode steps | queries/step | model | index + top-k | fetch | append | release | "
+           "outside |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in sorted(prof, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
+        sp = p["run"]["step_profile"]
+        n = sp["steps"]
+        out.append(f"| {p['context']} | {p['concurrency']} | {p['mode']} | {int(n)} | {fmt(sp['queries'] / n, 1)} | "
+                   + " | ".join(fmt(sp[k] / n, 2) for k in ("model_ms", "index_topk_ms", "fetch_ms", "append_ms",
+                                                           "release_ms", "outside_ms")) + " |")
+    out.append("")
     return out
 
 

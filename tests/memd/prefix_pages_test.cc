@@ -1,9 +1,9 @@
 // The content-addressed host tier (issue 24): memd/prefix_pages.h alone (addresses computed here independently with
-// XXH3, hits, writing pages never importable, a content mismatch is a miss, eviction order per policy, quota,
-// tenants, the one transition table) and wired into ResidencyManager (a hit granted host-backed and counted once in
-// the host pool, references released at Complete, cached pages evicted before an admission would wait, tenants never
-// sharing, a fence keeping references and abandoning writes, a memd restart keeping confirmed shared pages; sharing
-// off changes nothing). Every value is computed by hand in the comments.
+// XXH3, hits, writing pages never importable, a content mismatch is a miss, eviction order per policy, quota, tenants,
+// the one transition table), PrefixSharing's room for a grant alone, and wired into ResidencyManager (a hit granted
+// host-backed and counted once in the host pool, references released at Complete, cached pages evicted before an
+// admission would wait, tenants never sharing, a fence keeping references and abandoning writes, a memd restart keeping
+// confirmed shared pages; sharing off changes nothing). Every value is computed by hand in the comments.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -12,8 +12,10 @@
 
 #include "memd/host_journal.h"
 #include "memd/prefix_pages.h"
+#include "memd/prefix_sharing.h"
 #include "memd/residency_manager.h"
 #include "memd/state_dump.h"
+#include "tests/memd/residency_test_util.h"
 #include "xxhash.h"
 
 namespace dhs::memd {
@@ -203,20 +205,53 @@ TEST(PrefixPages, TenantQuota) {
   EXPECT_TRUE(pp->CheckInvariants().ok());
 }
 
-// ---------------------------------------------------------------- wired into ResidencyManager
+// ---------------------------------------------------------------- PrefixSharing, the core's room for the tier
 
-template <typename T>
-std::vector<T> OfType(const std::vector<Order>& orders) {
-  std::vector<T> out;
-  for (const Order& o : orders) {
-    if (const T* t = std::get_if<T>(&o)) out.push_back(*t);
-  }
-  return out;
+// Room for a grant (issue 23 moved it into PrefixSharing): cached pages are room in the policy's order, but never one
+// pinned by a copy or one the same grant imports; with sharing off nothing but free pages is room, and kSharedOwner is
+// an ordinary request id.
+TEST(PrefixSharing, RoomForCountsOnlyCachedPagesTheGrantMayEvict) {
+  core::State state([] { return int64_t{0}; }, *HostPageAllocator::Create(6, 4096));
+  PrefixSharing on(state, *PrefixPages::Create({}));
+  // A journal's 3 shared pages come back cached on host pages 0, 1, 2 (stored in that order: LRU 0, 1, 2).
+  const AdoptedSharedPage adopted[] = {{0, 10, 7, 0}, {1, 11, 7, 0}, {2, 12, 7, 0}};
+  EXPECT_EQ(on.Adopt(adopted), 3u);
+  EXPECT_EQ(on.PoolPages(), 3u);
+  EXPECT_EQ(state.host.reusable(), 3u);  // pages 3, 4, 5
+  EXPECT_EQ(on.RoomFor(3, {}), std::vector<PageIndex>{});  // fits in the free pages: nothing evicted
+  EXPECT_EQ(on.RoomFor(5, {}), (std::vector<PageIndex>{0, 1}));  // 2 more: the least recently used first
+  const PrefixHits hit0 = {{0, PrefixHit{0, 0}}};  // the grant imports host page 0: never its own room
+  EXPECT_EQ(on.RoomFor(5, hit0), (std::vector<PageIndex>{1, 2}));
+  ASSERT_TRUE(state.host.Pin(1).ok());  // a population copy reads page 1
+  EXPECT_EQ(on.RoomFor(4, hit0), (std::vector<PageIndex>{2}));
+  EXPECT_FALSE(on.RoomFor(5, hit0).has_value());  // only page 2 may go: 4 pages of room, not 5
+  ASSERT_TRUE(state.host.Unpin(1).ok());
+  EXPECT_FALSE(on.RoomFor(7, {}).has_value());  // 3 free + 3 cached < 7: the admission waits
+  EXPECT_EQ(on.CheckRequestId(kSharedOwner).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(on.CheckInvariants().ok());
+
+  core::State plain([] { return int64_t{0}; }, *HostPageAllocator::Create(6, 4096));
+  PrefixSharing off(plain, std::nullopt);
+  EXPECT_EQ(off.tier(), nullptr);
+  EXPECT_EQ(off.RoomFor(6, {}), std::vector<PageIndex>{});
+  EXPECT_FALSE(off.RoomFor(7, {}).has_value());
+  EXPECT_TRUE(off.CheckRequestId(kSharedOwner).ok());
+  AdmitRequest a;  // a chain without page_rows: ignored while sharing is off, refused while on
+  a.request = 5;
+  a.prefix = PrefixChain{"", {1}, {1}, 8};
+  EXPECT_TRUE(off.Addresses(a, 4)->empty());
+  EXPECT_EQ(on.Addresses(a, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(off.Adopt(adopted), 0u);
+  EXPECT_EQ(off.PoolPages(), 0u);
+  EXPECT_FALSE(off.Dump(true).enabled);
+  EXPECT_EQ(on.Dump(true).cached_pages, 3u);
 }
+
+// ---------------------------------------------------------------- wired into ResidencyManager
 
 constexpr uint32_t kPageRows = 4, kBlockTokens = 8;
 
-class PrefixResidencyTest : public ::testing::Test {
+class PrefixResidencyTest : public CoreTest {
  protected:
   void Make(uint32_t host_pages, bool sharing = true, PrefixConfig prefix = {}, HostJournal* journal = nullptr) {
     ResidencyConfig c;
@@ -225,17 +260,7 @@ class PrefixResidencyTest : public ::testing::Test {
     c.host_page_bytes = 4096;
     c.prefix_sharing = sharing;
     c.prefix = prefix;
-    auto m = ResidencyManager::Create(c, [this] { return now_us_; }, journal);
-    ASSERT_TRUE(m.ok()) << m.status();
-    mgr_ = std::move(*m);
-    ASSERT_TRUE(mgr_->RegisterGpu(0, 100, 0).ok());
-  }
-  std::vector<Order> Do(absl::Status s) {
-    EXPECT_TRUE(s.ok()) << s;
-    absl::Status inv = mgr_->CheckInvariants();
-    EXPECT_TRUE(inv.ok()) << inv;
-    now_us_ += 10;
-    return mgr_->DrainOrders();
+    MakeCore(c, 100, 0, journal);
   }
   // A request of `context_pages` pages (4 rows each) whose first `blocks` blocks of 8 tokens are the chain ids 1, 2,
   // .. with digests `digest_base` + id; no history kept on GPU (hisparse) so every page is host-pending at the grant.
@@ -260,20 +285,12 @@ class PrefixResidencyTest : public ::testing::Test {
     for (uint32_t h : pages) sums.push_back(0x1000 + h);
     return Do(mgr_->OnHostCopyWritten(r, pages, {}, true, sums));
   }
-  GrantOrder Grant(const std::vector<Order>& orders) {
-    auto g = OfType<GrantOrder>(orders);
-    EXPECT_EQ(g.size(), 1u);
-    return g.empty() ? GrantOrder{} : g[0];
-  }
-
-  int64_t now_us_ = 0;
-  std::unique_ptr<ResidencyManager> mgr_;
 };
 
 TEST_F(PrefixResidencyTest, HitIsGrantedHostBackedAndCountedOnce) {
   Make(20);
   // Request 1: 6 pages, a chain of 2 blocks = 16 rows = 4 shareable pages (h 0..3); nothing stored: 4 misses.
-  GrantOrder g1 = Grant(Admit(1, 6, 2));
+  GrantOrder g1 = OneGrant(Admit(1, 6, 2));
   EXPECT_TRUE(g1.host_backed_pages.empty());
   EXPECT_EQ(mgr_->prefix()->writing(), 4u);
   EXPECT_EQ(mgr_->prefix()->counters().misses, 4u);
@@ -281,7 +298,7 @@ TEST_F(PrefixResidencyTest, HitIsGrantedHostBackedAndCountedOnce) {
   EXPECT_EQ(mgr_->prefix()->shared(), 4u);
   EXPECT_EQ(mgr_->Dump().host.allocated_pages, 6u);
   // Request 2, same chain, 6 pages: 4 hits, granted host-backed, 2 fresh host pages: 8 allocated, not 12.
-  GrantOrder g2 = Grant(Admit(2, 6, 2));
+  GrantOrder g2 = OneGrant(Admit(2, 6, 2));
   EXPECT_EQ(g2.host_backed_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
   EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
   EXPECT_EQ(g2.imported_pages, 4u);
@@ -300,7 +317,7 @@ TEST_F(PrefixResidencyTest, HitIsGrantedHostBackedAndCountedOnce) {
   EXPECT_EQ(mgr_->prefix()->shared(), 0u);
   EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
   // Request 3: the same chain and tokens, 4 pages: 4 hits.
-  GrantOrder g3 = Grant(Admit(3, 4, 2, "", /*digest_base=*/1000));
+  GrantOrder g3 = OneGrant(Admit(3, 4, 2, "", /*digest_base=*/1000));
   EXPECT_EQ(g3.shared_pages.size(), 4u);
   Do(mgr_->Complete(3));
   AdmitRequest a;  // by hand: block 2's digest other
@@ -310,7 +327,7 @@ TEST_F(PrefixResidencyTest, HitIsGrantedHostBackedAndCountedOnce) {
   a.context_rows = 4 * kPageRows;
   a.optional_history = false;
   a.prefix = PrefixChain{"", {1, 2}, {1001, 4242}, kBlockTokens};
-  GrantOrder g4 = Grant(Do(mgr_->Admit(a)));
+  GrantOrder g4 = OneGrant(Do(mgr_->Admit(a)));
   EXPECT_EQ(g4.shared_pages, (std::vector<uint32_t>{0, 1}));
   EXPECT_EQ(mgr_->prefix()->counters().content_mismatches, 2u);
   // Its pages 2 and 3 stay private: the key is taken by the other content.
@@ -323,12 +340,12 @@ TEST_F(PrefixResidencyTest, HitIsGrantedHostBackedAndCountedOnce) {
 
 TEST_F(PrefixResidencyTest, CachedPagesNeverStarveAdmissionAndGoLeastRecentlyUsedFirst) {
   Make(8);
-  GrantOrder g1 = Grant(Admit(1, 4, 2));
+  GrantOrder g1 = OneGrant(Admit(1, 4, 2));
   Written(1, {0, 1, 2, 3});
   Do(mgr_->Complete(1));  // released h 0, 1, 2, 3 in that order: the LRU order
   EXPECT_EQ(mgr_->prefix()->cached(), 4u);
   // Request 2 needs 6 host pages, 4 are free: granted at once, evicting 2 cached pages: those of h 0 and 1.
-  GrantOrder g2 = Grant(Admit(2, 6, 0));
+  GrantOrder g2 = OneGrant(Admit(2, 6, 0));
   EXPECT_EQ(mgr_->prefix()->counters().evictions, 2u);
   EXPECT_EQ(mgr_->prefix()->AtPage(g1.host_pages[0]), nullptr);
   EXPECT_EQ(mgr_->prefix()->AtPage(g1.host_pages[1]), nullptr);
@@ -353,13 +370,13 @@ TEST_F(PrefixResidencyTest, CachedPagesNeverStarveAdmissionAndGoLeastRecentlyUse
 
 TEST_F(PrefixResidencyTest, TwoTenantsNeverShare) {
   Make(40);
-  Grant(Admit(1, 4, 2, "tenant-a"));
+  OneGrant(Admit(1, 4, 2, "tenant-a"));
   Written(1, {0, 1, 2, 3});
-  GrantOrder g2 = Grant(Admit(2, 4, 2, "tenant-b"));  // same ids and tokens, another tenant: no hit
+  GrantOrder g2 = OneGrant(Admit(2, 4, 2, "tenant-b"));  // same ids and tokens, another tenant: no hit
   EXPECT_TRUE(g2.shared_pages.empty());
   Written(2, {0, 1, 2, 3});
   EXPECT_EQ(mgr_->prefix()->shared(), 8u);
-  GrantOrder g3 = Grant(Admit(3, 4, 2, "tenant-a"));
+  GrantOrder g3 = OneGrant(Admit(3, 4, 2, "tenant-a"));
   EXPECT_EQ(g3.shared_pages.size(), 4u);
   for (const auto& [page, p] : mgr_->prefix()->pages()) {
     EXPECT_EQ(p.refs(), p.address.tenant == PrefixPages::TenantHash("tenant-a") ? 2u : 1u);
@@ -368,7 +385,7 @@ TEST_F(PrefixResidencyTest, TwoTenantsNeverShare) {
 
 TEST_F(PrefixResidencyTest, QuotaKeepsATenantsOverflowPrivate) {
   Make(40, true, PrefixConfig{.eviction_policy = "lru", .tenant_quota_pages = 3});
-  Grant(Admit(1, 4, 2, "a"));
+  OneGrant(Admit(1, 4, 2, "a"));
   EXPECT_EQ(mgr_->prefix()->writing(), 3u);  // the 4th shareable page is over the quota: private
   EXPECT_EQ(mgr_->prefix()->counters().quota_refusals, 1u);
   Written(1, {0, 1, 2, 3});
@@ -378,9 +395,9 @@ TEST_F(PrefixResidencyTest, QuotaKeepsATenantsOverflowPrivate) {
 
 TEST_F(PrefixResidencyTest, FenceKeepsReferencesAndAbandonsWrites) {
   Make(20);
-  Grant(Admit(1, 4, 2));
+  OneGrant(Admit(1, 4, 2));
   Written(1, {0, 1});  // 0, 1 shared; 2, 3 still writing
-  GrantOrder g2 = Grant(Admit(2, 4, 2));
+  GrantOrder g2 = OneGrant(Admit(2, 4, 2));
   EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1}));  // pages being written are never imported
   EXPECT_EQ(mgr_->prefix()->writing(), 2u);  // request 2 writes nothing: the keys of 2, 3 are taken (writing)
   Do(mgr_->FenceGpu(0, "test"));
@@ -396,12 +413,9 @@ TEST_F(PrefixResidencyTest, FenceKeepsReferencesAndAbandonsWrites) {
 }
 
 TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
-  std::vector<uint64_t> words(HostJournal::BytesFor(20) / 8 + 1);
-  auto journal = HostJournal::Attach({reinterpret_cast<uint8_t*>(words.data()), words.size() * 8}, 20);
-  ASSERT_TRUE(journal.ok());
-  journal->Format();
-  Make(20, true, {}, &*journal);
-  GrantOrder g1 = Grant(Admit(1, 6, 2));
+  JournalMemory journal(20);
+  Make(20, true, {}, journal.get());
+  GrantOrder g1 = OneGrant(Admit(1, 6, 2));
   Written(1, {0, 1, 2});  // 3 shared pages; page 3 still writing (its copy unconfirmed)
   // memd dies: a new core verifies the journal and adopts it.
   std::map<PageIndex, JournaledSharedPage> shared;
@@ -418,14 +432,14 @@ TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
   c.host_pages = 20;
   c.host_page_bytes = 4096;
   c.prefix_sharing = true;
-  auto next = ResidencyManager::Create(c, [this] { return now_us_; }, &*journal);
+  auto next = ResidencyManager::Create(c, [this] { return now_us_; }, journal.get());
   ASSERT_TRUE(next.ok());
   mgr_ = std::move(*next);
   Do(mgr_->AdoptHostPages(requests, pages));
   EXPECT_EQ(mgr_->prefix()->cached(), 3u);
   Do(mgr_->ReleaseHeldPages());
   ASSERT_TRUE(mgr_->RegisterGpu(0, 100, 0).ok());
-  GrantOrder g2 = Grant(Admit(2, 6, 2));
+  GrantOrder g2 = OneGrant(Admit(2, 6, 2));
   EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2}));
   for (uint32_t h = 0; h < 3; ++h) EXPECT_EQ(g2.host_pages[h], g1.host_pages[h]);
   EXPECT_EQ(g2.host_backed_checksums, (std::vector<uint64_t>{0x1000, 0x1001, 0x1002}));
@@ -434,7 +448,7 @@ TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
   off.prefix_sharing = false;
   std::map<PageIndex, JournaledSharedPage> again;
   ASSERT_TRUE(journal->Verify(&again).ok());
-  auto third = ResidencyManager::Create(off, [this] { return now_us_; }, &*journal);
+  auto third = ResidencyManager::Create(off, [this] { return now_us_; }, journal.get());
   mgr_ = std::move(*third);
   std::vector<AdoptedSharedPage> pages2;
   for (const auto& [page, sp] : again) pages2.push_back({page, sp.key, sp.content, sp.checksum});
@@ -452,9 +466,9 @@ TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
 
 TEST_F(PrefixResidencyTest, CountersInStatusAndPrometheusOnlyWhenOn) {
   Make(20);
-  Grant(Admit(1, 4, 2));
+  OneGrant(Admit(1, 4, 2));
   Written(1, {0, 1, 2, 3});
-  Grant(Admit(2, 4, 2));  // 4 hits
+  OneGrant(Admit(2, 4, 2));  // 4 hits
   Do(mgr_->Complete(1));
   Do(mgr_->Complete(2));  // 4 cached
   const StateDump d = mgr_->Dump();
@@ -497,9 +511,9 @@ TEST_F(PrefixResidencyTest, CountersInStatusAndPrometheusOnlyWhenOn) {
 
 TEST_F(PrefixResidencyTest, SharingOffIgnoresTheChain) {
   Make(20, /*sharing=*/false);
-  Grant(Admit(1, 4, 2));
+  OneGrant(Admit(1, 4, 2));
   Written(1, {0, 1, 2, 3});
-  GrantOrder g2 = Grant(Admit(2, 4, 2));
+  GrantOrder g2 = OneGrant(Admit(2, 4, 2));
   EXPECT_TRUE(g2.host_backed_pages.empty());
   EXPECT_TRUE(g2.shared_pages.empty());
   EXPECT_EQ(mgr_->prefix(), nullptr);

@@ -20,6 +20,7 @@
 
 #include "memd/host_journal.h"
 #include "memd/residency_manager.h"
+#include "tests/memd/residency_test_util.h"
 #include "xxhash.h"
 
 namespace dhs::memd {
@@ -54,12 +55,9 @@ uint32_t Shareable(const MReq& m) {
   return std::min<uint32_t>(static_cast<uint32_t>(m.ids.size()) * kBlockTokens / kPageRows, m.context);
 }
 
-class Harness {
+class Harness : Dice {
  public:
-  explicit Harness(uint64_t seed) : rng_(seed) {
-    journal_memory_.assign(HostJournal::BytesFor(kHost) / 8, 0);
-    journal_ = std::make_unique<HostJournal>(*HostJournal::Attach(Bytes(), kHost));
-    journal_->Format();
+  explicit Harness(uint64_t seed) : Dice(seed), journal_(kHost) {
     NewCore();
     for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots).ok());
     up_.assign(kGpus, true);
@@ -111,20 +109,10 @@ class Harness {
   uint64_t adopted() const { return adopted_; }
 
  private:
-  std::span<uint8_t> Bytes() {
-    return {reinterpret_cast<uint8_t*>(journal_memory_.data()), journal_memory_.size() * 8};
-  }
   void NewCore() {
     ResidencyConfig c{.reserve_pages = 1, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = "largest-first", .prefix_sharing = true};
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
-  }
-  uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
-  template <typename M>
-  typename M::key_type PickKey(const M& m) {
-    auto it = m.begin();
-    std::advance(it, Pick(static_cast<uint32_t>(m.size())));
-    return it->first;
   }
 
   // Chains: 3 families of 5 blocks (ids 100f + b, digests 7000 + 10f + b); a request takes a family's first 1..5
@@ -195,11 +183,9 @@ class Harness {
   PageIndex HostPageOf(RequestId r, uint32_t h) { return host_pages_.at(r).at(h); }
 
   RequestDump Dump(RequestId r) {
-    for (const RequestDump& d : mgr_->Dump().requests) {
-      if (d.request == r) return d;
-    }
-    ADD_FAILURE() << "request " << r;
-    return {};
+    const std::optional<RequestDump> d = DumpOf(*mgr_, r);
+    if (!d) ADD_FAILURE() << "request " << r;
+    return d.value_or(RequestDump{});
   }
 
   void Complete(RequestId r) {
@@ -282,10 +268,7 @@ class Harness {
 
   // The GPU's next worker resumes an interrupted request: same chain (a resume names it too).
   void Resume() {
-    std::vector<RequestId> interrupted;
-    for (const auto& [id, m] : model_) {
-      if (m.interrupted && up_[m.gpu]) interrupted.push_back(id);
-    }
+    const std::vector<RequestId> interrupted = InterruptedOnLiveGpus(model_, up_);
     if (interrupted.empty()) return Run(mgr_->Populate());
     const RequestId old = interrupted[Pick(static_cast<uint32_t>(interrupted.size()))];
     MReq m = model_.at(old);
@@ -434,11 +417,9 @@ class Harness {
     ReclaimOrder order;
     bool backed_up = false, gone = false;
   };
-  std::mt19937_64 rng_;
   int64_t now_ = 0;
   RequestId next_id_ = 1;
-  std::vector<uint64_t> journal_memory_;
-  std::unique_ptr<HostJournal> journal_;
+  JournalMemory journal_;
   std::unique_ptr<ResidencyManager> mgr_;
   std::vector<bool> up_;
   std::map<RequestId, MReq> model_;
@@ -451,13 +432,8 @@ class Harness {
 };
 
 TEST(PrefixRandom, InvariantsAfterEveryEvent) {
-  std::vector<uint64_t> seeds;
-  if (const char* s = std::getenv("DHS_SEED")) {
-    seeds.push_back(std::strtoull(s, nullptr, 10));
-  } else {
-    for (uint64_t s = 1; s <= 20; ++s) seeds.push_back(s);
-  }
-  const int events = std::getenv("DHS_EVENTS") ? std::atoi(std::getenv("DHS_EVENTS")) : 2000;
+  const std::vector<uint64_t> seeds = Seeds();
+  const int events = Events();
   uint64_t hits = 0, evictions = 0, mismatches = 0, max_cached = 0, adopted = 0, lookups = 0;
   for (uint64_t seed : seeds) {
     SCOPED_TRACE("seed " + std::to_string(seed));

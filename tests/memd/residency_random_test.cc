@@ -43,6 +43,7 @@
 #include "memd/host_journal.h"
 #include "memd/residency_manager.h"
 #include "memd/request_state.h"
+#include "tests/memd/residency_test_util.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs::memd {
@@ -95,18 +96,16 @@ struct FakePopulate {
   std::map<PageIndex, std::pair<uint32_t, PageIndex>> pages;  // unreported: GPU page -> (history page, host page)
 };
 
-class Harness {
+class Harness : Dice {
  public:
   Harness(uint64_t seed, const std::string& policy)
-      : rng_(seed),
+      : Dice(seed),
         view_rng_(seed ^ 0x9e3779b97f4a7c15ULL),
         share_rng_(seed ^ 0x5851f42d4c957f2dULL),
+        journal_(kHost),
         policy_(policy) {
     ResidencyConfig c{.reserve_pages = kRes, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = policy};
-    journal_memory_.assign(HostJournal::BytesFor(kHost) / 8, 0);
-    journal_ = std::make_unique<HostJournal>(*HostJournal::Attach(JournalBytes(), kHost));
-    journal_->Format();
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
     for (GpuId g = 0; g < kGpus; ++g) EXPECT_TRUE(mgr_->RegisterGpu(g, kM, kSlots, kDeclared).ok());
     epochs_.assign(kGpus, 1);
@@ -184,13 +183,6 @@ class Harness {
   uint64_t refused_reports() const { return refused_reports_; }
 
  private:
-  uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
-  template <typename M>
-  typename M::key_type PickKey(const M& m) {
-    auto it = m.begin();
-    std::advance(it, Pick(static_cast<uint32_t>(m.size())));
-    return it->first;
-  }
   bool HasBackups() const {
     return std::any_of(reclaims_.begin(), reclaims_.end(), [](const auto& r) { return !r.second.backups.empty(); });
   }
@@ -231,10 +223,7 @@ class Harness {
   // The restarted worker of a live GPU resumes one of its interrupted requests (Admit with resume_of); sometimes the
   // admission is bad and must be refused whole.
   void Resume() {
-    std::vector<RequestId> interrupted;
-    for (const auto& [id, m] : model_) {
-      if (m.interrupted && up_[m.gpu]) interrupted.push_back(id);
-    }
+    const std::vector<RequestId> interrupted = InterruptedOnLiveGpus(model_, up_);
     if (interrupted.empty()) return Run(mgr_->Populate());
     const RequestId old = interrupted[Pick(static_cast<uint32_t>(interrupted.size()))];
     const MReq& om = model_.at(old);
@@ -411,14 +400,10 @@ class Harness {
     ASSERT_TRUE(mgr_->DrainOrders().empty());
   }
 
-  std::span<uint8_t> JournalBytes() {
-    return {reinterpret_cast<uint8_t*>(journal_memory_.data()), journal_memory_.size() * 8};
-  }
-
   // memd is SIGKILLed: a new core adopts a copy of the journal as the segment holds it, then every GPU's new worker
   // says Hello. The model first becomes what FenceGpu of every GPU leaves.
   void RestartMemd() {
-    std::vector<uint64_t> copy = journal_memory_;  // the dead memd's bytes, as the segment keeps them
+    std::vector<uint64_t> copy = journal_.Snapshot();  // the dead memd's bytes, as the segment keeps them
     std::vector<bool> survives(kGpus);  // its worker lives on and says Hello again with a report (AdoptGpu)
     for (GpuId g = 0; g < kGpus; ++g) survives[g] = up_[g] && Pick(2) == 0;
     for (auto it = model_.begin(); it != model_.end();) {
@@ -449,8 +434,7 @@ class Harness {
     }
     reclaims_.clear();
     populates_.clear();
-    journal_memory_ = std::move(copy);
-    journal_ = std::make_unique<HostJournal>(*HostJournal::Attach(JournalBytes(), kHost));
+    journal_.Restore(std::move(copy));
     auto verified = journal_->Verify();
     ASSERT_TRUE(verified.ok()) << verified.status();
     std::vector<AdoptedRequest> adopted;
@@ -1183,7 +1167,6 @@ class Harness {
     });
   }
 
-  std::mt19937_64 rng_;
   std::mt19937_64 view_rng_;  // the scoped views checked (own stream: the events of a seed stay as they were)
   std::mt19937_64 share_rng_;  // speculation shares and bad-share events (own stream, likewise)
   uint64_t bad_shares_ = 0, bad_share_reports_ = 0, max_share_pages_ = 0;
@@ -1199,8 +1182,7 @@ class Harness {
   uint64_t resumes_with_gaps_ = 0;
   std::vector<uint32_t> epochs_;
   std::vector<bool> up_;
-  std::vector<uint64_t> journal_memory_;  // the journal region (the segment's, in memd)
-  std::unique_ptr<HostJournal> journal_;
+  JournalMemory journal_;  // the journal region (the segment's, in memd)
   std::string policy_;
   uint64_t restarts_ = 0;
   std::map<RequestId, RequestState> states_;  // each request's state at the last check (CheckRequestStates)
@@ -1208,18 +1190,6 @@ class Harness {
   uint64_t survived_ = 0, reported_ = 0, refused_reports_ = 0;  // requests of surviving workers; reports adopted, refused
   std::set<RequestId> fence_rejects_;  // queued admissions a fence must reject (UNAVAILABLE) in this event
 };
-
-std::vector<uint64_t> Seeds() {
-  if (const char* s = std::getenv("DHS_SEED")) return {std::strtoull(s, nullptr, 10)};
-  std::vector<uint64_t> seeds;
-  for (uint64_t s = 1; s <= 20; ++s) seeds.push_back(s);
-  return seeds;
-}
-
-int Events() {
-  const char* e = std::getenv("DHS_EVENTS");
-  return e ? std::atoi(e) : 2000;
-}
 
 TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   spdlog::set_level(spdlog::level::err);  // the core logs every reject and failed copy; thousands here

@@ -9,18 +9,10 @@
 #include <set>
 
 #include "memd/residency_manager.h"
+#include "tests/memd/residency_test_util.h"
 
 namespace dhs::memd {
 namespace {
-
-template <typename T>
-std::vector<T> OfType(const std::vector<Order>& orders) {
-  std::vector<T> out;
-  for (const Order& o : orders) {
-    if (const T* t = std::get_if<T>(&o)) out.push_back(*t);
-  }
-  return out;
-}
 
 // History page of `gpu_page` in a grant (its index in optional_pages).
 uint32_t HistoryOf(const GrantOrder& g, PageIndex gpu_page) {
@@ -29,8 +21,9 @@ uint32_t HistoryOf(const GrantOrder& g, PageIndex gpu_page) {
   return static_cast<uint32_t>(it - g.optional_pages.begin());
 }
 
-class ResidencyTest : public ::testing::Test {
+class ResidencyTest : public CoreTest {
  protected:
+  ResidencyTest() { now_us_ = 1000; }
   void Make(uint32_t m, uint32_t reserve, uint32_t host_pages, std::string policy = "oldest-first",
             uint32_t populate = 8, uint32_t slots = 0) {
     ResidencyConfig c;
@@ -39,18 +32,7 @@ class ResidencyTest : public ::testing::Test {
     c.host_page_bytes = 4096;
     c.reclaim_policy = policy;
     c.populate_pages_per_attempt = populate;
-    auto m_or = ResidencyManager::Create(c, [this] { return now_us_; });
-    ASSERT_TRUE(m_or.ok()) << m_or.status();
-    mgr_ = std::move(*m_or);
-    ASSERT_TRUE(mgr_->RegisterGpu(0, m, slots).ok());
-  }
-  // Runs an event, checks it succeeded and the invariants hold, returns the orders it produced.
-  std::vector<Order> Do(absl::Status s) {
-    EXPECT_TRUE(s.ok()) << s;
-    absl::Status inv = mgr_->CheckInvariants();
-    EXPECT_TRUE(inv.ok()) << inv;
-    now_us_ += 10;
-    return mgr_->DrainOrders();
+    MakeCore(c, m, slots);
   }
   // context = history unless given.
   std::vector<Order> Admit(RequestId r, uint32_t required, uint32_t history, int64_t context = -1) {
@@ -65,18 +47,11 @@ class ResidencyTest : public ::testing::Test {
     return Do(mgr_->OnHostCopyWritten(r, pages, {}, ok));
   }
   RequestDump Req(RequestId r) {
-    for (const RequestDump& d : mgr_->Dump().requests) {
-      if (d.request == r) return d;
-    }
-    ADD_FAILURE() << "request " << r << " missing";
-    return {};
+    const std::optional<RequestDump> d = DumpOf(*mgr_, r);
+    if (!d) ADD_FAILURE() << "request " << r << " missing";
+    return d.value_or(RequestDump{});
   }
-  bool Known(RequestId r) {
-    for (const RequestDump& d : mgr_->Dump().requests) {
-      if (d.request == r) return true;
-    }
-    return false;
-  }
+  bool Known(RequestId r) { return DumpOf(*mgr_, r).has_value(); }
   // Answers every ReclaimOrder in `orders`: all backups ok, then ReadersDone; returns all orders produced.
   std::vector<Order> FinishReclaims(std::vector<Order> orders) {
     std::vector<Order> all = orders;
@@ -90,9 +65,6 @@ class ResidencyTest : public ::testing::Test {
     }
     return all;
   }
-
-  int64_t now_us_ = 1000;
-  std::unique_ptr<ResidencyManager> mgr_;
 };
 
 // Reserved request ids (issue 12): 0 (RetireOrder.regranted_to's "none") and kNoOwner (2^64-1, a free page's owner)
