@@ -1443,6 +1443,9 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
     d.prefix = PrefixDump{true, std::string(p.policy_name()), p.config().tenant_quota_pages, p.writing(), p.shared(),
                           p.cached(), c.lookups, c.hits, c.misses, c.content_mismatches, c.stored, c.abandoned,
                           c.evictions, c.quota_refusals, c.adopted, {}};
+    d.prefix.hit_rows = c.hit_rows;  // issue 24's per-tier counts and KV events
+    d.prefix.hit_bytes = c.hits * state_.host.page_bytes();
+    d.prefix.stored_blocks = p.kv_ledger().stored_blocks();
     if (scope.prefix_chains) d.prefix.chains = PrefixChains(p);
   }
   return d;

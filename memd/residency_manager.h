@@ -215,6 +215,9 @@ class ResidencyManager {
   std::optional<GpuId> GpuOfOrder(OrderId order) const;
   // The content-addressed host tier (issue 24): nullptr when prefix sharing is off.
   const PrefixPages* prefix() const { return state_.prefix ? &*state_.prefix : nullptr; }
+  // Issue 24: the host tier's KV events since the last drain (PrefixPages::DrainKvEvents; empty with sharing or
+  // ResidencyConfig::prefix.kv_events off). The daemon publishes them after each event (memd/kv_events.h).
+  std::vector<KvEvent> DrainKvEvents() { return state_.prefix ? state_.prefix->DrainKvEvents() : std::vector<KvEvent>{}; }
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
   uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }
   // True when `gpu` was registered and is fenced now (no page accounting until it registers again).
