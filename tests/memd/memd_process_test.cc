@@ -219,6 +219,11 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
       {"--page-bytes 4096 --host-pool-pages 8 --metrics-address 127.0.0.1:65536",
        "--metrics-address: metrics address '127.0.0.1:65536': bad port"},
       {"--page-bytes 4096 --host-pool-pages 8 --replace-host-pool=maybe", "--replace-host-pool"},
+      // Issue 24: the KV event stream tells what the host tier stores: it needs prefix sharing.
+      {"--page-bytes 4096 --host-pool-pages 8 --kv-events on", "--kv-events on needs --prefix-sharing on"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --kv-events yes", "--kv-events"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --kv-events on --kv-events-hwm 0",
+       "--kv-events-hwm: must be an integer in [1, 100000000], got '0'"},
   };
   for (const auto& [args, message] : bad) {
     auto [rc, out] = RunShell(memd + args);
