@@ -2651,6 +2651,55 @@ TEST_F(MemdKvEvents, StoredAndRemovedEventsNameTheChainsMemdStores) {
   }
 }
 
+// memd restarts (SIGKILL; the next memd adopts the shared pages from the journal, their chains unknown): the same
+// subscriber (ZeroMQ reconnects it) sees a new stream, its numbers from 1 again (event 0, AllBlocksCleared, went out
+// before it was back), and the adopted blocks announced again when an admission's lookups hit all their pages.
+TEST_F(MemdKvEvents, AMemdRestartStartsANewStreamAndReannouncesAdoptedBlocksOnTheirFirstHit) {
+  auto sub = Subscribe();
+  ASSERT_NE(sub, nullptr);
+  const uint64_t t = TenantHash("");
+  const std::vector<uint64_t> a = ChainHashes("", {11, 12});
+  KvSequenceCheck check;
+  uint64_t first_stream = 0;
+  {
+    FakeWorker w(run_dir_, 0);
+    ASSERT_TRUE(w.Hello(32).accepted);
+    Cycle(w, w.Id(1), {11, 12}, /*write=*/true, /*complete=*/true);
+    auto b = sub->Next(5000ms);
+    ASSERT_TRUE(b.ok() && b->has_value());
+    EXPECT_TRUE(check.Next(**b).new_stream);
+    first_stream = (*b)->stream;
+    EXPECT_EQ((*b)->events.size(), 2u);
+  }
+  KillMemd();
+  Spawn();
+  // ZeroMQ reconnects the subscriber by itself; its subscription is sent again when its thread next calls into the
+  // socket (the reconnection's hiccup is handled there), as a consumer waiting for events does: so wait in Next.
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {
+    auto none = sub->Next(50ms);
+    ASSERT_TRUE(none.ok() && !none->has_value());  // nothing published before a worker says Hello
+    metrics = MetricsWith("dhs_memd_kv_events_subscriptions_total 1");  // the new memd's count
+    if (metrics.find("dhs_memd_kv_events_subscriptions_total 1\n") != std::string::npos) break;
+  }
+  ASSERT_NE(metrics.find("dhs_memd_kv_events_subscriptions_total 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("dhs_memd_prefix_adopted_total 4\n"), std::string::npos) << metrics;
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  const wire::AdmitGrantT g = Cycle(w, w.Id(1, 2), {11, 12}, /*write=*/false, /*complete=*/true);
+  EXPECT_EQ(g.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));  // the adopted pages, imported
+  auto b = sub->Next(5000ms);
+  ASSERT_TRUE(b.ok() && b->has_value());
+  const KvSequenceStep step = check.Next(**b);
+  EXPECT_TRUE(step.new_stream);
+  EXPECT_EQ(step.lost, 0u);
+  EXPECT_NE((*b)->stream, first_stream);
+  EXPECT_EQ((*b)->first_seq, 1u);
+  ASSERT_EQ((*b)->events.size(), 2u);
+  EXPECT_EQ((*b)->events[0], (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, a[0], t, 1, 32, 2, 16}));
+  EXPECT_EQ((*b)->events[1], (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, a[1], a[0], 2, 32, 2, 16}));
+}
+
 // A subscriber that stops reading (receive HWM 1, a small buffer; memd --kv-events-hwm 1) never delays an admission:
 // the cycles go on (every admission granted) until memd counts dropped events; the loop ends on that count, not on
 // time. Reading again, the subscriber sees a gap of exactly the dropped events.
