@@ -99,6 +99,9 @@ absl::Status CheckOptions(const DaemonOptions& options) {
   if (options.populate_pages_per_attempt == 0) {
     return absl::InvalidArgumentError("populate_pages_per_attempt must be at least 1 (0 would never populate)");
   }
+  if (options.kv_events && !options.prefix_sharing) {  // issue 24: the stream tells what the host tier stores
+    return absl::InvalidArgumentError("--kv-events on needs --prefix-sharing on (the events are the host tier's)");
+  }
   return absl::OkStatus();
 }
 
@@ -151,7 +154,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   config.populate_pages_per_attempt = options.populate_pages_per_attempt;
   config.reclaim_policy = options.reclaim_policy;
   config.prefix_sharing = options.prefix_sharing;  // issue 24
-  config.prefix = PrefixConfig{options.prefix_eviction, options.prefix_tenant_quota_pages};
+  config.prefix = PrefixConfig{options.prefix_eviction, options.prefix_tenant_quota_pages, options.kv_events};
+  std::unique_ptr<KvEventPublisher> kv_events;  // issue 24: bound after memd.sock (a live memd has failed by now)
+  if (options.kv_events) {
+    auto bound = KvEventPublisher::Bind(options.run_dir, {options.kv_events_hwm, canonical});
+    if (!bound.ok()) {
+      remove_segment();
+      return bound.status();
+    }
+    kv_events = std::move(*bound);
+  }
   auto core = ResidencyManager::Create(config, NowUs, journal.get());
   if (!core.ok()) {
     remove_segment();
@@ -163,6 +175,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     d->keep_pool_ = pool->reused;  // a failed start never removes a pool it was to adopt (nor its records)
     return s;
   }
+  d->kv_events_ = std::move(kv_events);
+  d->PublishKvEvents();  // the stream's first event: AllBlocksCleared (memd/kv_block_ledger.h)
   d->PublishMetrics();
   return d;
 }
@@ -252,6 +266,13 @@ std::string Daemon::metrics() const {
 
 void Daemon::PublishMetrics() {
   counters_.workers = std::count_if(gpus_.begin(), gpus_.end(), [&](const auto& g) { return !core_->fenced(g.first); });
+  if (kv_events_) {  // issue 24
+    kv_events_->Poll();
+    counters_.kv_events = true;
+    counters_.kv_events_published = kv_events_->published();
+    counters_.kv_events_dropped = kv_events_->dropped();
+    counters_.kv_event_subscriptions = kv_events_->subscriptions();
+  }
   // Counts only: a full dump is O(M + context pages) and would stall the loop on every tick (issue 14).
   std::string text = RenderPrometheus(core_->Dump(DumpDetail::kCounts), core_->counters(), counters_);
   std::lock_guard<std::mutex> lock(metrics_mu_);
@@ -846,7 +867,15 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const wire::IntrospectQueryT& q
 
 // ---------------------------------------------------------------- orders -> wire (one message each)
 
+void Daemon::PublishKvEvents() {
+  if (!kv_events_) return;
+  const std::vector<KvEvent> events = core_->DrainKvEvents();
+  kv_events_->Publish(events, std::chrono::duration_cast<std::chrono::microseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
 std::string Daemon::FlushOrders(uint64_t answering_sequence) {
+  PublishKvEvents();  // issue 24: what the event that made these orders changed in the host tier
   std::string reply;
   for (const Order& order : core_->DrainOrders()) {  // a Fence while sending flushes the orders it makes itself
     if (const auto* ack = std::get_if<CompleteAckOrder>(&order)) {

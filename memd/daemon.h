@@ -54,6 +54,7 @@
 #include "common/request_timeline.h"
 #include "common/transport.h"
 #include "memd/host_journal.h"
+#include "memd/kv_events.h"
 #include "memd/pool_segment.h"
 #include "memd/reclaim_policy.h"  // kDefaultReclaimPolicy
 #include "memd/record_journal.h"
@@ -73,6 +74,10 @@ struct DaemonOptions {
   bool prefix_sharing = false;
   std::string prefix_eviction = "lru";      // kPrefixEvictionPolicyNames
   uint32_t prefix_tenant_quota_pages = 0;   // host pages one tenant may store; 0 = no quota
+  // Issue 24: the KV event stream (memd/kv_events.h) on ipc://RUN_DIR/kv-events.sock; off by default; needs
+  // prefix_sharing. kv_events_hwm: batches queued per subscriber before batches are dropped (counted).
+  bool kv_events = false;
+  int kv_events_hwm = 10000;
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-pool-<hash of the canonical run dir>"
@@ -247,6 +252,8 @@ class Daemon {
   std::set<GpuId> adopt_waiting_gpus_;  // GPUs the adopted journal names that have not said Hello to this memd yet
   // Ends the adoption's hold of host pages now (the grace passed, or every GPU of the journal registered).
   void ReleaseHeldNow(std::string_view why);
+  std::unique_ptr<KvEventPublisher> kv_events_;  // issue 24: null with the stream off
+  void PublishKvEvents();  // the core's KV events since the last call, as one batch
   mutable std::mutex metrics_mu_;
   std::string metrics_;
 };

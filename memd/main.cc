@@ -69,8 +69,20 @@ struct CommandLine {
   uint64_t unreadable_segment_age_s = 3600;
   std::string metrics_address, log_level = "info";
   std::string prefix_sharing = "off";  // --prefix-sharing off|on (issue 24)
+  std::string kv_events = "off";       // --kv-events off|on (issue 24)
   bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
 };
+
+// Issue 24: the KV event stream's flags (memd/kv_events.h, docs/protocol.md "KV event stream").
+void AddKvEventFlags(CLI::App& app, CommandLine& c) {
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--kv-events", c.kv_events,
+                     "publish the host tier's block stored / removed events on RUN_DIR/kv-events.sock (needs "
+                     "--prefix-sharing on)")
+      ->capture_default_str();
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--kv-events-hwm", c.options.kv_events_hwm,
+                     "event batches queued per subscriber; past it batches are dropped (counted), memd never waits")
+      ->capture_default_str();
+}
 
 // Declares every flag of memd on `app`, writing into `c`.
 void AddFlags(CLI::App& app, CommandLine& c) {
@@ -135,6 +147,7 @@ void AddFlags(CLI::App& app, CommandLine& c) {
   dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--prefix-tenant-quota-pages", o.prefix_tenant_quota_pages,
                      "host pages one tenant may store as shared prefix pages (0: no quota)")
       ->capture_default_str();
+  AddKvEventFlags(app, c);
   dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--log-level", c.log_level,
                      absl::StrJoin(dhs::memd::MemdLogLevels(), ", "))
       ->capture_default_str();
@@ -168,7 +181,7 @@ int CheckConfig(const CommandLine& c) {
 }
 
 // The host pool size in pages from --host-pool-pages or --host-pool-bytes. Returns false (message printed) when
-// missing, zero pages, or too large.
+// missing, zero pages, or too large, or --kv-events on without --prefix-sharing on.
 bool SetPoolPages(CommandLine& c) {
   const uint64_t page_bytes = c.options.page_bytes;
   uint64_t pool_pages = c.pool_pages != 0 ? c.pool_pages : c.pool_bytes / page_bytes;
@@ -187,6 +200,11 @@ bool SetPoolPages(CommandLine& c) {
   c.options.host_pool_pages = static_cast<uint32_t>(pool_pages);
   c.options.worker_timeout = std::chrono::milliseconds(c.worker_timeout_ms);
   c.options.prefix_sharing = c.prefix_sharing == "on";
+  c.options.kv_events = c.kv_events == "on";  // issue 24: the stream tells what the host tier stores
+  if (c.options.kv_events && !c.options.prefix_sharing) {
+    std::fprintf(stderr, "memd: --kv-events on needs --prefix-sharing on\n");
+    return false;
+  }
   c.options.adopt_grace = std::chrono::milliseconds(c.adopt_grace_ms);
   c.options.unreadable_segment_age = std::chrono::seconds(c.unreadable_segment_age_s);
   return true;

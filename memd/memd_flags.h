@@ -44,6 +44,9 @@ inline constexpr DaemonFlag kMemdFlags[] = {
     {"prefix_sharing", "--prefix-sharing", DaemonFlag::kChoice, 0, 0, PrefixSharingModes},
     {"prefix_eviction", "--prefix-eviction", DaemonFlag::kChoice, 0, 0, PrefixEvictionPolicyNames},
     {"prefix_tenant_quota_pages", "--prefix-tenant-quota-pages", DaemonFlag::kUint, 0, UINT32_MAX},
+    // Issue 24, the KV event stream (memd/kv_events.h): off by default; needs prefix_sharing on.
+    {"kv_events", "--kv-events", DaemonFlag::kChoice, 0, 0, PrefixSharingModes},
+    {"kv_events_hwm", "--kv-events-hwm", DaemonFlag::kUint, 1, 100000000},
 };
 
 }  // namespace dhs::memd

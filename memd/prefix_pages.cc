@@ -29,6 +29,18 @@ class FifoPolicy final : public PrefixEvictionPolicy {
 
 constexpr uint32_t kMaxChainBlocks = uint32_t{1} << 20;
 
+// The block of a page's address, as the KV event ledger counts it (memd/kv_block_ledger.h).
+KvEvent BlockOf(const PrefixAddress& a) {
+  KvEvent e;
+  e.tenant = a.tenant;
+  e.block_hash = a.chain;
+  e.parent_hash = a.parent;
+  e.blocks = a.blocks;
+  e.block_tokens = a.block_tokens;
+  e.page_rows = a.page_rows;
+  return e;
+}
+
 }  // namespace
 
 std::string_view SharedPageStateName(SharedPageState state) {
@@ -66,7 +78,7 @@ absl::StatusOr<PrefixPages> PrefixPages::Create(const PrefixConfig& config) {
 }
 
 PrefixPages::PrefixPages(const PrefixConfig& config, std::unique_ptr<PrefixEvictionPolicy> policy)
-    : config_(config), policy_(std::move(policy)) {}
+    : config_(config), policy_(std::move(policy)), ledger_(config.kv_events) {}
 
 uint64_t PrefixPages::TenantHash(std::string_view tenant) {
   return XXH3_64bits_withSeed(tenant.data(), tenant.size(), kTenantSeed);
@@ -104,8 +116,8 @@ absl::StatusOr<std::vector<PrefixAddress>> PrefixPages::Addresses(const PrefixCh
   for (uint32_t h = 0; h < pages; ++h) {
     const uint64_t b = ((uint64_t{h} + 1) * page_rows - 1) / chain.block_tokens;  // the block of its last row
     const uint64_t words[3] = {chain_hash[b], page_rows, h};
-    out.push_back(
-        PrefixAddress{HashWords(words, kPageSeed), content[b], tenant, static_cast<uint32_t>(b + 1), h, chain_hash[b]});
+    out.push_back(PrefixAddress{HashWords(words, kPageSeed), content[b], tenant, static_cast<uint32_t>(b + 1), h,
+                                chain_hash[b], b == 0 ? tenant : chain_hash[b - 1], chain.block_tokens, page_rows});
   }
   return out;
 }
@@ -123,6 +135,8 @@ std::optional<PageIndex> PrefixPages::Lookup(const PrefixAddress& address) {
     return std::nullopt;
   }
   ++counters_.hits;
+  counters_.hit_rows += address.page_rows;
+  if (p->address.blocks == 0 && address.blocks > 0) Learn(p->host_page, address);
   return p->host_page;
 }
 
@@ -271,6 +285,7 @@ absl::Status PrefixPages::ConfirmWrite(PageIndex host_page, uint64_t checksum, i
   p.last_use_us = now_us;
   p.use_seq = next_seq_++;
   ++counters_.stored;
+  ledger_.PageConfirmed(BlockOf(p.address));
   return absl::OkStatus();
 }
 
@@ -284,6 +299,16 @@ absl::Status PrefixPages::AbandonWrite(PageIndex host_page) {
   Forget(host_page);
   ++counters_.abandoned;
   return absl::OkStatus();
+}
+
+void PrefixPages::Learn(PageIndex host_page, const PrefixAddress& address) {
+  SharedPage& p = pages_.at(host_page);
+  if (auto t = tenant_pages_.find(p.address.tenant); t != tenant_pages_.end() && --t->second == 0) {
+    tenant_pages_.erase(t);
+  }
+  ++tenant_pages_[address.tenant];
+  p.address = address;  // the same key and content: only what the journal did not keep is filled in
+  ledger_.PageConfirmed(BlockOf(address));
 }
 
 void PrefixPages::Forget(PageIndex host_page) {
@@ -323,6 +348,7 @@ absl::Status PrefixPages::Evict(PageIndex host_page) {
                                                          host_page, SharedPageStateName(it->second.state)));
   }
   LeaveCache(it->second);
+  ledger_.PageRemoved(BlockOf(it->second.address));
   Forget(host_page);
   ++counters_.evictions;
   return absl::OkStatus();

@@ -59,6 +59,7 @@
 #include "absl/status/statusor.h"
 #include "common/types.h"
 #include "memd/host_journal.h"
+#include "memd/kv_block_ledger.h"
 
 namespace dhs::memd {
 
@@ -85,6 +86,10 @@ struct PrefixAddress {
   uint32_t blocks = 0;   // chain length up to its block (0: unknown, adopted)
   uint32_t page = 0;     // history page h
   uint64_t chain = 0;    // c_b: the block chain hash up to its block (dhsctl prefixes groups by it; 0: adopted)
+  // Issue 24's KV events (memd/kv_block_ledger.h; 0: adopted): c_{b-1} (t for b = 0), T, p.
+  uint64_t parent = 0;
+  uint32_t block_tokens = 0;
+  uint32_t page_rows = 0;
   bool operator==(const PrefixAddress&) const = default;
 };
 
@@ -133,12 +138,14 @@ absl::StatusOr<std::unique_ptr<PrefixEvictionPolicy>> MakePrefixEvictionPolicy(s
 struct PrefixConfig {
   std::string eviction_policy = "lru";
   uint32_t tenant_quota_pages = 0;  // pages one tenant may store (writing + shared + cached); 0 = no quota
+  bool kv_events = false;           // keep the KV event outbox (DrainKvEvents; memd --kv-events on)
 };
 
 // Counters of the host tier (memd's stats, Prometheus dhs_memd_prefix_*; units: pages = host pages looked up).
 struct PrefixCounters {
   uint64_t lookups = 0;            // shareable pages looked up (one per page of a chain, per admission)
   uint64_t hits = 0;               // found shared or cached with the same content: imported, not computed
+  uint64_t hit_rows = 0;           // rows (= prefill tokens) of the hits: prefill the host tier saved
   uint64_t misses = 0;             // not stored, being written, or a content mismatch
   uint64_t content_mismatches = 0; // of the misses: stored under the same key with other content (never imported)
   uint64_t stored = 0;             // pages confirmed and shared (ConfirmWrite)
@@ -161,7 +168,8 @@ class PrefixPages {
   static uint64_t TenantHash(std::string_view tenant);
 
   // A lookup of one shareable page (counted): the host page of a shared or cached page with the same key and
-  // content, else nullopt (not stored, being written, or another content: a mismatch).
+  // content, else nullopt (not stored, being written, or another content: a mismatch). A hit of an adopted page
+  // (chain unknown) learns its address from `address` (tenant, chain, blocks: the KV events announce it again).
   std::optional<PageIndex> Lookup(const PrefixAddress& address);
   // Lookup's answer without counting it (an admission that may still wait asks this on every attempt).
   std::optional<PageIndex> Find(const PrefixAddress& address) const;
@@ -211,6 +219,12 @@ class PrefixPages {
   // Every stored page, ascending host page.
   const std::map<PageIndex, SharedPage>& pages() const { return pages_; }
 
+  // The KV events (issue 24; memd/kv_block_ledger.h) since the last drain: BlockStored when ConfirmWrite completes a
+  // block's pages, BlockRemoved when Evict takes a page of an announced block; first an AllBlocksCleared. Empty when
+  // PrefixConfig::kv_events is off.
+  std::vector<KvEvent> DrainKvEvents() { return ledger_.Drain(); }
+  const KvBlockLedger& kv_ledger() const { return ledger_; }
+
   // The counts, the key index, the cached order and the per-tenant counts against a recount (Internal errors).
   absl::Status CheckInvariants() const;
 
@@ -220,6 +234,7 @@ class PrefixPages {
   void EnterCache(SharedPage& p);
   void LeaveCache(const SharedPage& p);
   void Forget(PageIndex host_page);
+  void Learn(PageIndex host_page, const PrefixAddress& address);  // an adopted page's address, from a hit
 
   PrefixConfig config_;
   std::unique_ptr<PrefixEvictionPolicy> policy_;
@@ -231,6 +246,7 @@ class PrefixPages {
   uint32_t count_[3] = {0, 0, 0};                   // writing, shared, cached
   uint64_t next_seq_ = 1;
   PrefixCounters counters_;
+  KvBlockLedger ledger_;  // issue 24's KV events: fed by ConfirmWrite and Evict
 };
 
 }  // namespace dhs::memd

@@ -322,6 +322,9 @@ PrefixDump PrefixSharing::Dump(bool chains) const {
   PrefixDump d{true, std::string(p.policy_name()), p.config().tenant_quota_pages, p.writing(), p.shared(),
                p.cached(), c.lookups, c.hits, c.misses, c.content_mismatches, c.stored, c.abandoned,
                c.evictions, c.quota_refusals, c.adopted, {}};
+  d.hit_rows = c.hit_rows;  // issue 24's per-tier counts and KV events
+  d.hit_bytes = c.hits * s_.host.page_bytes();
+  d.stored_blocks = p.kv_ledger().stored_blocks();
   if (chains) d.chains = PrefixChains(p);
   return d;
 }

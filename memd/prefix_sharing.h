@@ -58,6 +58,8 @@ class PrefixSharing {
 
   bool on() const { return tier_.has_value(); }
   const PrefixPages* tier() const { return tier_ ? &*tier_ : nullptr; }  // nullptr when off
+  // The tier's KV events since the last drain (PrefixPages::DrainKvEvents; empty when off).
+  std::vector<KvEvent> DrainKvEvents() { return tier_ ? tier_->DrainKvEvents() : std::vector<KvEvent>{}; }
 
   // ---- Admit (nothing changes) ----
   // InvalidArgument for request id kSharedOwner while sharing is on (the host pool's owner of shared pages).

@@ -220,6 +220,9 @@ class ResidencyManager {
   std::optional<GpuId> GpuOfOrder(OrderId order) const;
   // The content-addressed host tier (issue 24): nullptr when prefix sharing is off.
   const PrefixPages* prefix() const { return prefix_.tier(); }
+  // Issue 24: the host tier's KV events since the last drain (PrefixPages::DrainKvEvents; empty with sharing or
+  // ResidencyConfig::prefix.kv_events off). The daemon publishes them after each event (memd/kv_events.h).
+  std::vector<KvEvent> DrainKvEvents() { return prefix_.DrainKvEvents(); }
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
   uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }
   // True when `gpu` was registered and is fenced now (no page accounting until it registers again).

@@ -488,6 +488,21 @@ void AppendPrefix(const PrefixDump& p, std::string& out) {
   for (const auto& [name, v] : counters) {
     absl::StrAppendFormat(&out, "# TYPE dhs_memd_prefix_%s_total counter\ndhs_memd_prefix_%s_total %d\n", name, name, v);
   }
+  // Per tier (brief §12 "tiers of a prefix lookup"): memd knows `host` (imported from its pool) and `miss` (computed,
+  // as far as the host tier knows); a worker's row cache (`worker`) is counted by workerd.
+  out += "# HELP dhs_memd_prefix_tier_pages_total Shareable pages looked up at grants, by the tier that served them.\n"
+         "# TYPE dhs_memd_prefix_tier_pages_total counter\n";
+  absl::StrAppendFormat(&out, "dhs_memd_prefix_tier_pages_total{tier=\"host\"} %d\n", p.hits);
+  absl::StrAppendFormat(&out, "dhs_memd_prefix_tier_pages_total{tier=\"miss\"} %d\n", p.misses);
+  absl::StrAppendFormat(&out,
+                        "# HELP dhs_memd_prefix_prefill_tokens_saved_total Prefill tokens (rows) of host-tier hits.\n"
+                        "# TYPE dhs_memd_prefix_prefill_tokens_saved_total counter\n"
+                        "dhs_memd_prefix_prefill_tokens_saved_total %d\n"
+                        "# HELP dhs_memd_prefix_bytes_saved_total Host bytes of host-tier hits (not allocated again).\n"
+                        "# TYPE dhs_memd_prefix_bytes_saved_total counter\n"
+                        "dhs_memd_prefix_bytes_saved_total %d\n"
+                        "# TYPE dhs_memd_prefix_stored_blocks gauge\ndhs_memd_prefix_stored_blocks %d\n",
+                        p.hit_rows, p.hit_bytes, p.stored_blocks);
 }
 
 void AppendHostPages(const StateDump& d, std::string& out) {
@@ -548,6 +563,15 @@ void AppendCounters(const Counters& c, const DaemonCounters& daemon, std::string
     absl::StrAppendFormat(&out, "# TYPE dhs_memd_%s_total counter\ndhs_memd_%s_total %d\n", name, name, v);
   }
   absl::StrAppendFormat(&out, "# TYPE dhs_memd_workers gauge\ndhs_memd_workers %d\n", daemon.workers);
+  if (daemon.kv_events) {  // issue 24: the KV event stream (memd --kv-events on)
+    const std::pair<const char*, uint64_t> kv[] = {{"published", daemon.kv_events_published},
+                                                   {"dropped", daemon.kv_events_dropped},
+                                                   {"subscriptions", daemon.kv_event_subscriptions}};
+    for (const auto& [name, v] : kv) {
+      absl::StrAppendFormat(&out, "# TYPE dhs_memd_kv_events_%s_total counter\ndhs_memd_kv_events_%s_total %d\n", name,
+                            name, v);
+    }
+  }
 }
 
 }  // namespace

@@ -156,6 +156,10 @@ struct PrefixDump {
     int64_t last_use_us = 0;  // the latest use of any of them (memd's clock, microseconds)
   };
   std::vector<Chain> chains;
+  // Issue 24, per-tier counts (memd's tier is `host`; the worker's row cache, tier `worker`, is counted by workerd):
+  uint64_t hit_rows = 0;    // prefill tokens (rows) the host tier's hits saved
+  uint64_t hit_bytes = 0;   // host bytes the hits did not allocate again: hits x host page bytes
+  uint32_t stored_blocks = 0;  // blocks the KV event stream announces stored now (0 with the stream off)
 };
 
 struct StateDump {
@@ -216,6 +220,11 @@ struct DaemonCounters {
   uint64_t fenced_refused = 0; // messages refused FAILED_PRECONDITION "fenced" (from a fenced worker's old epoch)
   uint64_t foreign_request_ids = 0;  // request-scoped messages refused (INVALID_ARGUMENT): a request id outside the
                                     // range of the sender's GPU (GpuOfNodeRequestId, common/types.h)
+  // Issue 24, the KV event stream (memd/kv_events.h; rendered only when it is on):
+  bool kv_events = false;
+  uint64_t kv_events_published = 0;  // events handed to the socket (sequence numbers used by sent batches)
+  uint64_t kv_events_dropped = 0;    // events of batches dropped at the high-water mark (a consumer sees a gap)
+  uint64_t kv_event_subscriptions = 0;  // subscribe messages seen from consumers
 };
 
 // A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu> [from F] [count N] [runs]", "queue".

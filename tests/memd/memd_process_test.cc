@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/host_pool.h"
+#include "common/kv_event_stream.h"
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -39,6 +40,7 @@
 #include "memd/pool_segment.h"
 #include "workerd/prefix_chain.h"  // issue 24: chains as the worker names them
 #include "nlohmann/json.hpp"
+#include "xxhash.h"
 #include "zmq.hpp"
 
 extern char** environ;
@@ -221,6 +223,11 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
       {"--page-bytes 4096 --host-pool-pages 8 --metrics-address 127.0.0.1:65536",
        "--metrics-address: metrics address '127.0.0.1:65536': bad port"},
       {"--page-bytes 4096 --host-pool-pages 8 --replace-host-pool=maybe", "--replace-host-pool"},
+      // Issue 24: the KV event stream tells what the host tier stores: it needs prefix sharing.
+      {"--page-bytes 4096 --host-pool-pages 8 --kv-events on", "--kv-events on needs --prefix-sharing on"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --kv-events yes", "--kv-events"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --kv-events on --kv-events-hwm 0",
+       "--kv-events-hwm: must be an integer in [1, 100000000], got '0'"},
   };
   for (const auto& [args, message] : bad) {
     auto [rc, out] = RunShell(memd + args);
@@ -2592,6 +2599,320 @@ TEST_F(MemdPrefix, AChainWithTheSameIdsAndOtherTokensIsNeverImported) {
   EXPECT_GE(DhsctlJson("status")["prefix"]["content_mismatches"].get<int>(), 2);
   const wire::AdmitGrantT g3 = admit(w.Id(3), tokens);
   EXPECT_EQ(g3.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace dhs
+
+// Issue 24's KV event stream through a real memd (--prefix-sharing on --kv-events on, a host pool of 8 pages): a
+// subscriber on RUN_DIR/kv-events.sock sees BlockStored(host) for exactly the blocks whose host copies a fake worker
+// confirmed, with the chain hashes computed here from memd/prefix_pages.h's formula, BlockRemoved when an admission
+// evicts a cached page of a block, contiguous sequence numbers; the per-tier counters in GET /metrics.
+class MemdKvEvents : public MemdPrefix {
+ protected:
+  MemdKvEvents() {
+    extra_args_.insert(extra_args_.end(), {"--kv-events", "on"});
+    pool_pages_ = "8";
+  }
+  // t and c_b of the header (t = XXH3(tenant, "DHSTenan"), c_b = XXH3(le64(id_b), seed c_{b-1}), c_{-1} = t).
+  static uint64_t TenantHash(std::string_view tenant) {
+    return XXH3_64bits_withSeed(tenant.data(), tenant.size(), 0x44485354656e616eull);
+  }
+  static std::vector<uint64_t> ChainHashes(std::string_view tenant, const std::vector<uint64_t>& ids) {
+    std::vector<uint64_t> out;
+    uint64_t c = TenantHash(tenant);
+    for (uint64_t id : ids) out.push_back(c = XXH3_64bits_withSeed(&id, 8, c));
+    return out;
+  }
+  // Admits request `r` of 6 pages whose first 4 are the chain `ids` (2 blocks of 2 pages), optionally confirms their
+  // host copies (HostCopyWritten of pages 0-3) and completes it. Returns the grant.
+  wire::AdmitGrantT Cycle(FakeWorker& w, RequestId r, std::vector<uint64_t> ids, bool write, bool complete) {
+    wire::AdmitRequestT a;
+    a.request = r;
+    a.gpu = w.gpu();
+    a.required_pages = 1;
+    a.history_rows = 6 * kPageRows;
+    a.optional_history = false;
+    a.prefix_block_ids = ids;
+    a.prefix_block_digests = {ids[0] * 7, ids[1] * 7};
+    a.prefix_block_tokens = 2 * kPageRows;
+    w.Send(EncodeAdmitRequest(a, w.seq(), "worker"));
+    auto m = w.NextOf(wire::Body::AdmitGrant);
+    EXPECT_TRUE(m.has_value()) << "request " << r << " was not granted";
+    const wire::AdmitGrantT g = m ? *ReadAdmitGrant(*m) : wire::AdmitGrantT();
+    if (write) {
+      wire::HostCopyWrittenT written;
+      written.request = r;
+      written.gpu = w.gpu();
+      for (uint32_t h = 0; h < 4; ++h) {
+        written.history_pages.push_back(h);
+        written.checksums.push_back(1000 + h);
+      }
+      written.ok = true;
+      w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+    }
+    if (complete) {
+      wire::CompleteT done;
+      done.request = r;
+      w.Send(EncodeComplete(done, w.seq(), "worker"));
+      EXPECT_TRUE(w.NextOf(wire::Body::CompleteAck).has_value()) << "request " << r;
+    }
+    return g;
+  }
+  std::unique_ptr<KvEventSubscriber> Subscribe(KvEventSubscriber::Options o = {}) {
+    auto sub = KvEventSubscriber::Connect(IpcEndpoint(run_dir_, kKvEventsSocket), o);
+    EXPECT_TRUE(sub.ok()) << sub.status();
+    // memd counts the subscription when its loop reads it (every tick): then no event can miss this subscriber.
+    const std::string metrics = MetricsWith("dhs_memd_kv_events_subscriptions_total 1");
+    EXPECT_NE(metrics.find("dhs_memd_kv_events_subscriptions_total 1\n"), std::string::npos) << metrics;
+    return sub.ok() ? std::move(*sub) : nullptr;
+  }
+  // The next `n` events (batches split as memd made them), checking that numbers follow without a gap.
+  std::vector<std::pair<uint64_t, KvEvent>> NextEvents(KvEventSubscriber& sub, KvSequenceCheck& check, size_t n) {
+    std::vector<std::pair<uint64_t, KvEvent>> out;
+    while (out.size() < n) {
+      auto b = sub.Next(5000ms);
+      EXPECT_TRUE(b.ok() && b->has_value()) << "got " << out.size() << " of " << n << " events";
+      if (!b.ok() || !b->has_value()) break;
+      const KvSequenceStep step = check.Next(**b);
+      EXPECT_EQ(step.lost, 0u);
+      for (size_t i = 0; i < (*b)->events.size(); ++i) out.emplace_back((*b)->first_seq + i, (*b)->events[i]);
+    }
+    return out;
+  }
+};
+
+TEST_F(MemdKvEvents, StoredAndRemovedEventsNameTheChainsMemdStores) {
+  auto sub = Subscribe();
+  ASSERT_NE(sub, nullptr);
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  const uint64_t t = TenantHash("");
+  const std::vector<uint64_t> a = ChainHashes("", {11, 12}), b = ChainHashes("", {21, 22});
+  KvSequenceCheck check;
+  // Request 1 confirms its 4 shareable pages: both blocks stored (2 pages of 16 rows, 32 tokens each). Event 0 was
+  // the AllBlocksCleared memd published at its start, before this subscriber joined.
+  Cycle(w, w.Id(1), {11, 12}, /*write=*/true, /*complete=*/true);
+  auto events = NextEvents(*sub, check, 2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].first, 1u);
+  EXPECT_EQ(events[0].second, (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, a[0], t, 1, 32, 2, 16}));
+  EXPECT_EQ(events[1].first, 2u);
+  EXPECT_EQ(events[1].second, (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, a[1], a[0], 2, 32, 2, 16}));
+  // Its 4 pages are cached; request 2 (another chain, 6 pages) finds 8 - 4 = 4 free: 2 cached pages are evicted, the
+  // least recently used: pages 0 and 1, block 0 of request 1's chain -> one BlockRemoved. Request 2 writes nothing.
+  Cycle(w, w.Id(2), {21, 22}, /*write=*/false, /*complete=*/true);
+  events = NextEvents(*sub, check, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].first, 3u);
+  EXPECT_EQ(events[0].second, (KvEvent{KvEventKind::kBlockRemoved, KvMedium::kHost, t, a[0], t, 1, 32, 2, 16}));
+  // Request 3 (chain 11, 12 again) imports block 1's 2 cached pages (a host-tier hit of 2 pages = 32 tokens) and
+  // writes block 0 again: BlockStored of block 0 once more. Then chain 21, 22 is written: its two blocks.
+  const wire::AdmitGrantT g3 = Cycle(w, w.Id(3), {11, 12}, /*write=*/true, /*complete=*/true);
+  EXPECT_EQ(g3.shared_pages, (std::vector<uint32_t>{2, 3}));
+  events = NextEvents(*sub, check, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].first, 4u);
+  EXPECT_EQ(events[0].second, (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, a[0], t, 1, 32, 2, 16}));
+  // Request 4 (chain 21, 22) needs 6 pages with 4 free: request 3 released its 4 pages in page order, so the 2 least
+  // recently used are pages 0, 1 (block 0 of chain 11, 12): BlockRemoved again; then it writes its 2 blocks.
+  Cycle(w, w.Id(4), {21, 22}, /*write=*/true, /*complete=*/false);
+  events = NextEvents(*sub, check, 3);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].first, 5u);
+  EXPECT_EQ(events[0].second, (KvEvent{KvEventKind::kBlockRemoved, KvMedium::kHost, t, a[0], t, 1, 32, 2, 16}));
+  EXPECT_EQ(events[1].second, (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, b[0], t, 1, 32, 2, 16}));
+  EXPECT_EQ(events[2].second, (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, b[1], b[0], 2, 32, 2, 16}));
+  EXPECT_EQ(events[2].first, 7u);
+  EXPECT_EQ(check.lost(), 0u);
+  // Per tier: 2 host hits of 16 rows (32 prefill tokens, 2 x 4096 bytes) of 16 pages looked up.
+  const std::string metrics = MetricsWith("dhs_memd_kv_events_published_total 8");
+  for (const std::string line :
+       {"dhs_memd_kv_events_published_total 8", "dhs_memd_kv_events_dropped_total 0",
+        "dhs_memd_prefix_tier_pages_total{tier=\"host\"} 2", "dhs_memd_prefix_tier_pages_total{tier=\"miss\"} 14",
+        "dhs_memd_prefix_prefill_tokens_saved_total 32", "dhs_memd_prefix_bytes_saved_total 8192",
+        "dhs_memd_prefix_stored_blocks 3"}) {
+    EXPECT_NE(metrics.find(line + "\n"), std::string::npos) << line << "\n" << metrics;
+  }
+}
+
+// memd restarts (SIGKILL; the next memd adopts the shared pages from the journal, their chains unknown): the same
+// subscriber (ZeroMQ reconnects it) sees a new stream, its numbers from 1 again (event 0, AllBlocksCleared, went out
+// before it was back), and the adopted blocks announced again when an admission's lookups hit all their pages.
+TEST_F(MemdKvEvents, AMemdRestartStartsANewStreamAndReannouncesAdoptedBlocksOnTheirFirstHit) {
+  auto sub = Subscribe();
+  ASSERT_NE(sub, nullptr);
+  const uint64_t t = TenantHash("");
+  const std::vector<uint64_t> a = ChainHashes("", {11, 12});
+  KvSequenceCheck check;
+  uint64_t first_stream = 0;
+  {
+    FakeWorker w(run_dir_, 0);
+    ASSERT_TRUE(w.Hello(32).accepted);
+    Cycle(w, w.Id(1), {11, 12}, /*write=*/true, /*complete=*/true);
+    auto b = sub->Next(5000ms);
+    ASSERT_TRUE(b.ok() && b->has_value());
+    EXPECT_TRUE(check.Next(**b).new_stream);
+    first_stream = (*b)->stream;
+    EXPECT_EQ((*b)->events.size(), 2u);
+  }
+  KillMemd();
+  Spawn();
+  // ZeroMQ reconnects the subscriber by itself; its subscription is sent again when its thread next calls into the
+  // socket (the reconnection's hiccup is handled there), as a consumer waiting for events does: so wait in Next.
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {
+    auto none = sub->Next(50ms);
+    ASSERT_TRUE(none.ok() && !none->has_value());  // nothing published before a worker says Hello
+    metrics = MetricsWith("dhs_memd_kv_events_subscriptions_total 1");  // the new memd's count
+    if (metrics.find("dhs_memd_kv_events_subscriptions_total 1\n") != std::string::npos) break;
+  }
+  ASSERT_NE(metrics.find("dhs_memd_kv_events_subscriptions_total 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("dhs_memd_prefix_adopted_total 4\n"), std::string::npos) << metrics;
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  const wire::AdmitGrantT g = Cycle(w, w.Id(1, 2), {11, 12}, /*write=*/false, /*complete=*/true);
+  EXPECT_EQ(g.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));  // the adopted pages, imported
+  auto b = sub->Next(5000ms);
+  ASSERT_TRUE(b.ok() && b->has_value());
+  const KvSequenceStep step = check.Next(**b);
+  EXPECT_TRUE(step.new_stream);
+  EXPECT_EQ(step.lost, 0u);
+  EXPECT_NE((*b)->stream, first_stream);
+  EXPECT_EQ((*b)->first_seq, 1u);
+  ASSERT_EQ((*b)->events.size(), 2u);
+  EXPECT_EQ((*b)->events[0], (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, a[0], t, 1, 32, 2, 16}));
+  EXPECT_EQ((*b)->events[1], (KvEvent{KvEventKind::kBlockStored, KvMedium::kHost, t, a[1], a[0], 2, 32, 2, 16}));
+}
+
+// A subscriber that stops reading (receive HWM 1, a small buffer; memd --kv-events-hwm 1) never delays an admission:
+// the cycles go on (every admission granted) until memd counts dropped events; the loop ends on that count, not on
+// time. Reading again, the subscriber sees a gap of exactly the dropped events.
+TEST_F(MemdKvEvents, AStalledSubscriberNeverBlocksAdmission) {
+  KillMemd();
+  extra_args_.insert(extra_args_.end(), {"--kv-events-hwm", "1"});
+  Spawn();
+  auto sub = Subscribe({1, 4096});
+  ASSERT_NE(sub, nullptr);
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  const size_t colon = metrics_address_.rfind(':');
+  httplib::Client client(metrics_address_.substr(0, colon), std::stoi(metrics_address_.substr(colon + 1)));
+  auto dropped = [&]() -> uint64_t {
+    auto res = client.Get("/metrics");
+    if (!res || res->status != 200) return 0;
+    const std::string name = "\ndhs_memd_kv_events_dropped_total ";  // the sample line, not its # TYPE line
+    const size_t at = res->body.find(name);
+    return at == std::string::npos ? 0 : std::stoull(res->body.substr(at + name.size()));
+  };
+  int cycles = 0;
+  for (; cycles < 20000 && !HasFailure(); ++cycles) {
+    Cycle(w, w.Id(cycles + 1), {uint64_t(100000 + 2 * cycles), uint64_t(100001 + 2 * cycles)}, true, true);
+    if (cycles % 25 == 24 && dropped() > 0) break;
+  }
+  ASSERT_LT(cycles, 20000) << "memd never dropped an event for a subscriber that reads nothing";
+  std::printf("kv events: memd dropped events after %d admission cycles with a stalled subscriber\n", cycles + 1);
+  // The subscriber reads again; more cycles until a batch after the gap reaches it.
+  KvSequenceCheck check;
+  uint64_t received = 0;
+  for (int more = 0; check.lost() == 0 && more < 1000 && !HasFailure(); ++more) {
+    while (true) {
+      auto b = sub->Next(more == 0 && received == 0 ? 5000ms : 200ms);
+      ASSERT_TRUE(b.ok()) << b.status();
+      if (!b->has_value()) break;
+      check.Next(**b);
+      received += (*b)->events.size();
+    }
+    if (check.lost() == 0) Cycle(w, w.Id(cycles + 2 + more), {uint64_t(900000 + 2 * more), uint64_t(900001 + 2 * more)},
+                                 true, true);
+  }
+  ASSERT_GT(check.lost(), 0u);
+  // No more events now. Every event memd sent reached the subscriber (received = published - event 0), so what it misses are
+  // exactly memd's drops: the gaps it saw, plus the batches dropped after the last one it received (no gap yet).
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {  // memd's snapshot is taken on its 20 ms tick: read until two agree
+    auto first = client.Get("/metrics");
+    std::this_thread::sleep_for(100ms);
+    auto second = client.Get("/metrics");
+    if (first && second && first->body.find("dhs_memd_kv_events_published_total") != std::string::npos) {
+      auto value = [](const std::string& body, const std::string& name) {
+        const size_t at = body.find("\n" + name + " ");
+        return at == std::string::npos ? uint64_t{0} : std::stoull(body.substr(at + name.size() + 2));
+      };
+      if (value(first->body, "dhs_memd_kv_events_published_total") ==
+          value(second->body, "dhs_memd_kv_events_published_total")) {
+        metrics = second->body;
+        break;
+      }
+    }
+  }
+  auto value = [&](const std::string& name) {
+    const size_t at = metrics.find("\n" + name + " ");
+    return at == std::string::npos ? uint64_t{0} : std::stoull(metrics.substr(at + name.size() + 2));
+  };
+  const uint64_t published = value("dhs_memd_kv_events_published_total");
+  const uint64_t memd_dropped = value("dhs_memd_kv_events_dropped_total");
+  // Event 0 (AllBlocksCleared) was published at memd's start, to nobody: this subscriber joined after it.
+  while (received + 1 < published) {
+    auto b = sub->Next(5000ms);
+    ASSERT_TRUE(b.ok() && b->has_value()) << "received " << received << " of " << published - 1;
+    check.Next(**b);
+    received += (*b)->events.size();
+  }
+  EXPECT_EQ(received + 1, published);
+  EXPECT_LE(check.lost(), memd_dropped);
+  std::printf("kv events: %llu published, %llu dropped, the subscriber saw %llu and %llu missing\n",
+              static_cast<unsigned long long>(published), static_cast<unsigned long long>(memd_dropped),
+              static_cast<unsigned long long>(received), static_cast<unsigned long long>(check.lost()));
+}
+
+// `dhsctl events --json` (the consumer example, tools/dhsctl/events_command.h) prints the stream's first batch's
+// header and each event as a JSON line; `dhsctl events` without a stream exits 1.
+TEST_F(MemdKvEvents, DhsctlEventsPrintsJsonLines) {
+  const std::string cmd = "timeout -s KILL 30 " + std::string(DHSCTL_BIN) + " --run-dir " + run_dir_ +
+                          " --json events --count 2";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  const std::string subscribed = MetricsWith("dhs_memd_kv_events_subscriptions_total 1");
+  EXPECT_NE(subscribed.find("dhs_memd_kv_events_subscriptions_total 1\n"), std::string::npos) << subscribed;
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  Cycle(w, w.Id(1), {11, 12}, true, false);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = pclose(f);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << out;
+  std::vector<json> lines;
+  for (size_t at = 0; at < out.size();) {
+    const size_t end = out.find('\n', at);
+    lines.push_back(json::parse(out.substr(at, end - at), nullptr, false));
+    at = end == std::string::npos ? out.size() : end + 1;
+  }
+  ASSERT_EQ(lines.size(), 3u) << out;
+  EXPECT_EQ(lines[0]["first_seq"], 1) << out;
+  EXPECT_EQ(lines[0]["node"], std::filesystem::canonical(run_dir_).string());
+  const uint64_t t = TenantHash("");
+  const std::vector<uint64_t> c = ChainHashes("", {11, 12});
+  auto hex = [](uint64_t v) { return absl::StrFormat("%016x", v); };
+  EXPECT_EQ(lines[1]["seq"], 1);
+  EXPECT_EQ(lines[1]["kind"], "stored");
+  EXPECT_EQ(lines[1]["medium"], "host");
+  EXPECT_EQ(lines[1]["tenant"], hex(t));
+  EXPECT_EQ(lines[1]["block_hash"], hex(c[0]));
+  EXPECT_EQ(lines[1]["parent_hash"], hex(t));
+  EXPECT_EQ(lines[1]["blocks"], 1);
+  EXPECT_EQ(lines[1]["block_tokens"], 32);
+  EXPECT_EQ(lines[1]["pages"], 2);
+  EXPECT_EQ(lines[2]["seq"], 2);
+  EXPECT_EQ(lines[2]["block_hash"], hex(c[1]));
+  EXPECT_EQ(lines[2]["parent_hash"], hex(c[0]));
+  EXPECT_EQ(lines[2]["blocks"], 2);
+  // No stream: exit 1, naming the socket.
+  auto [rc, err] = RunShell(std::string(DHSCTL_BIN) + " --run-dir " + dir_ + " events --count 1");
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find("no KV event stream at " + dir_ + "/kv-events.sock"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -107,11 +107,13 @@ class Harness : Dice {
   uint64_t evictions() const { return evictions_ + mgr_->prefix()->counters().evictions; }
   uint64_t max_cached() const { return max_cached_; }
   uint64_t adopted() const { return adopted_; }
+  uint64_t kv_events() const { return kv_events_; }
 
  private:
   void NewCore() {
     ResidencyConfig c{.reserve_pages = 1, .host_pages = kHost, .host_page_bytes = 4096,
-                      .populate_pages_per_attempt = 3, .reclaim_policy = "largest-first", .prefix_sharing = true};
+                      .populate_pages_per_attempt = 3, .reclaim_policy = "largest-first", .prefix_sharing = true,
+                      .prefix = PrefixConfig{.kv_events = true}};  // issue 24's KV events, replayed in Check()
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
   }
 
@@ -410,6 +412,34 @@ class Harness : Dice {
     ASSERT_EQ(shared + cached, shared_pool);
     ASSERT_EQ(cached + shared + private_pages + free_pages, kHost);
     max_cached_ = std::max<uint64_t>(max_cached_, cached);
+    CheckKvEvents(tier);
+  }
+
+  // Issue 24's KV events replayed (memd/kv_block_ledger.h): a block is stored once before it is removed, and the
+  // blocks announced stored are exactly those whose kBlockTokens / kPageRows pages are all confirmed (shared or
+  // cached) with a known chain; a new core (memd restart) clears them first.
+  void CheckKvEvents(const PrefixPages& tier) {
+    for (const KvEvent& e : mgr_->DrainKvEvents()) {
+      const std::pair<uint64_t, uint64_t> block{e.tenant, e.block_hash};
+      if (e.kind == KvEventKind::kAllBlocksCleared) {
+        announced_.clear();
+      } else if (e.kind == KvEventKind::kBlockStored) {
+        ASSERT_TRUE(announced_.insert(block).second) << "block " << e.block_hash << " stored twice";
+        ASSERT_EQ(e.pages, kBlockTokens / kPageRows);
+      } else {
+        ASSERT_EQ(announced_.erase(block), 1u) << "block " << e.block_hash << " removed but not stored";
+      }
+      ++kv_events_;
+    }
+    std::map<std::pair<uint64_t, uint64_t>, uint32_t> confirmed;
+    for (const auto& [page, p] : tier.pages()) {
+      if (p.state != SharedPageState::kWriting && p.address.blocks > 0) ++confirmed[{p.address.tenant, p.address.chain}];
+    }
+    std::set<std::pair<uint64_t, uint64_t>> complete;
+    for (const auto& [block, n] : confirmed) {
+      if (n == kBlockTokens / kPageRows) complete.insert(block);
+    }
+    ASSERT_EQ(announced_, complete);
   }
 
   struct Pending {
@@ -428,13 +458,15 @@ class Harness : Dice {
   std::map<OrderId, Pending> reclaims_;
   std::map<OrderId, PopulateOrder> populates_;
   std::set<RequestId> fence_rejects_;
+  std::set<std::pair<uint64_t, uint64_t>> announced_;  // blocks the KV events say are stored
+  uint64_t kv_events_ = 0;
   uint64_t hits_ = 0, mismatch_chains_ = 0, cross_tenant_chains_ = 0, evictions_ = 0, max_cached_ = 0, adopted_ = 0;
 };
 
 TEST(PrefixRandom, InvariantsAfterEveryEvent) {
   const std::vector<uint64_t> seeds = Seeds();
   const int events = Events();
-  uint64_t hits = 0, evictions = 0, mismatches = 0, max_cached = 0, adopted = 0, lookups = 0;
+  uint64_t hits = 0, evictions = 0, mismatches = 0, max_cached = 0, adopted = 0, lookups = 0, kv_events = 0;
   for (uint64_t seed : seeds) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Harness h(seed);
@@ -450,6 +482,7 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
     lookups += h.counters().lookups;
     max_cached = std::max(max_cached, h.max_cached());
     adopted += h.adopted();
+    kv_events += h.kv_events();
   }
   std::printf("prefix random: %zu seeds x %d events: %llu shared pages imported, %llu lookups (last core), %llu "
               "content mismatches (last core), %llu evictions, %llu shared pages adopted by restarts, at most %llu "
@@ -457,7 +490,9 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
               seeds.size(), events, (unsigned long long)hits, (unsigned long long)lookups,
               (unsigned long long)mismatches, (unsigned long long)evictions, (unsigned long long)adopted,
               (unsigned long long)max_cached);
+  std::printf("prefix random: %llu KV events replayed against the stored blocks\n", (unsigned long long)kv_events);
   if (seeds.size() == 20 && events == 2000) {  // the default run exercises every part
+    EXPECT_GT(kv_events, 100u);
     EXPECT_GT(hits, 100u);
     EXPECT_GT(evictions, 10u);
     EXPECT_GT(mismatches, 0u);

@@ -115,6 +115,18 @@ TEST(NodeConfig, LivenessTimeoutsAndTheAdoptionGraceArePassedAndChecked) {
   EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "adopt_grace_ms = 600001")), HasSubstr("memd.adopt_grace_ms"));
 }
 
+// Issue 24: the KV event stream's keys are memd flags of the one list (memd/memd_flags.h), in its order, checked here.
+TEST(NodeConfig, KvEventKeysBecomeMemdFlags) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited(
+      "reserve_pages = 4", "reserve_pages = 4\nkv_events_hwm = 64\nkv_events = \"on\"\nprefix_sharing = \"on\""));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> memd = MemdArgs(*c, 4096);
+  const std::vector<std::string> tail(memd.end() - 6, memd.end());  // the list's order: sharing, then the stream
+  EXPECT_THAT(tail, ElementsAre("--prefix-sharing", "on", "--kv-events", "on", "--kv-events-hwm", "64")) << memd.size();
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "kv_events = \"yes\"")), HasSubstr("memd.kv_events"));
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "kv_events_hwm = 0")), HasSubstr("memd.kv_events_hwm"));
+}
+
 TEST(NodeConfig, SpeculationKeysBecomeWorkerFlags) {
   absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited(
       "page_rows = 16\nextra_args",

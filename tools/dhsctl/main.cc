@@ -8,6 +8,8 @@
 //   dhsctl [--json] plan --preset NAME --context TOKENS ...   (capacity plan, no memd needed; docs/planner.md)
 //   dhsctl ... plan ... --live                                (plus what the running memd would admit now)
 //   dhsctl ... worker-stats [--gpu G]                         (the worker's counters, asked on its serving socket)
+//   dhsctl ... events [--count N] [--idle-ms MS]             (memd's KV event stream, lines or --json: issue 24;
+//                                                              tools/dhsctl/events_command.h)
 //   dhsctl ... request --client CLIENT_ID                     (a client's request across worker epochs: memd's and
 //                                                              the workers' timelines merged by time; issue 22)
 //
@@ -34,6 +36,7 @@
 #include "common/transport.h"
 #include "common/worker_metrics.h"
 #include "nlohmann/json.hpp"
+#include "tools/dhsctl/events_command.h"
 #include "tools/planner/plan_command.h"
 
 namespace {
@@ -106,7 +109,8 @@ CLI::Validator NonNegativeId(const char* what, uint64_t max) {
       "", "ID");
 }
 
-constexpr const char* kCommands = "status, gpus, requests, request, pages, queue, watch, plan, worker-stats";
+constexpr const char* kCommands =
+    "status, gpus, requests, request, pages, queue, prefixes, events, watch, plan, worker-stats";
 
 // The command line: the query (one view) and, for `watch`, how to repeat it.
 struct Args {
@@ -122,6 +126,8 @@ struct Args {
   CLI::App* plan = nullptr;
   CLI::App* worker_stats = nullptr;  // worker-stats [--gpu G]
   uint32_t worker_gpu = 0;
+  dhs::tools::EventsOptions events_options;  // events (issue 24)
+  CLI::App* events = nullptr;
   bool by_client = false;            // request --client: ID is the client's request id (timeline)
 };
 
@@ -179,6 +185,7 @@ void AddCommands(CLI::App& app, Args& a) {
       ->check(CLI::IsMember({"status", "gpus", "requests", "queue"}))
       ->capture_default_str();
   a.plan = dhs::planner::AddPlanSubcommand(app, &a.plan_options);
+  a.events = dhs::tools::AddEventsSubcommand(app, &a.events_options);
   a.worker_stats = app.add_subcommand("worker-stats", "a worker's counters (asked on RUN_DIR/worker-<gpu>.sock)");
   a.worker_stats->add_option("--gpu", a.worker_gpu, "the worker's GPU")
       ->check(NonNegativeId("--gpu", UINT32_MAX))
@@ -410,6 +417,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (a.worker_stats->parsed()) return RunWorkerStats(a);
+  if (a.events->parsed()) return dhs::tools::RunEventsCommand(a.run_dir, a.events_options, a.json);
   if (a.q.what == dhs::wire::IntrospectWhat::Timeline) return RunTimeline(a);
   return Run(a);
 }
