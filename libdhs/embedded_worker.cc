@@ -480,7 +480,9 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
     wire::CompleteT done;
     done.request = request;
     done.gpu = config_.gpu;
-    (void)memd_->SendComplete(done);
+    if (absl::Status s = memd_->SendComplete(done); !s.ok()) {  // the request stays open: Complete may be retried
+      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+    }
     ended_waiting_.insert(request);
   }
   requests_.erase(it);

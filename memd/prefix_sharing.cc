@@ -77,7 +77,8 @@ void PrefixSharing::BeginWrites(const Request& r) {
     if (auto victim = tier_->QuotaVictim(ad.tenant, [&](PageIndex p) { return !s_.host.is_pinned(p); })) {
       Evict(*victim);
     }
-    (void)tier_->BeginWrite(ad, hp.host_page, r.id, s_.clock());  // refused by the quota: stays private
+    const absl::Status s = tier_->BeginWrite(ad, hp.host_page, r.id, s_.clock());
+    if (!absl::IsResourceExhausted(s)) DHS_CHECK_OK(s);  // the tenant's quota may refuse: the page stays private
   }
 }
 
