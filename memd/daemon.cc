@@ -456,36 +456,10 @@ absl::StatusOr<std::string> Daemon::Receive(const Message& m, std::string_view p
 absl::StatusOr<std::string> Daemon::OnHello(const wire::HelloT& hello, const Message& m, std::string_view peer) {
   wire::HelloReplyT reply;
   reply.worker_timeout_ms = static_cast<uint32_t>(std::min<int64_t>(options_.worker_timeout.count(), UINT32_MAX));
-  std::string reason;
-  auto known = gpus_.find(hello.gpu);
-  if (peer != absl::StrCat("worker/", hello.gpu)) {  // a client must not take a GPU's role (and its orders) over
-    ++counters_.refused_peers;
-    reason = absl::StrFormat("a Hello of GPU %d must come from the routing id worker/%d, not '%s'", hello.gpu,
-                             hello.gpu, peer);
-  } else if (hello.host_page_bytes != options_.page_bytes) {
-    reason = absl::StrFormat("host_page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
-                             hello.host_page_bytes, options_.page_bytes);
-  } else if (hello.capacity_pages == 0 || hello.page_rows == 0) {
-    reason = "capacity_pages and page_rows must be > 0";
-  } else if (!hello.serving_mode.empty() && !ParseWorkerMode(hello.serving_mode).ok()) {
-    // Shown in the status view (JSON strings must be UTF-8) and table: only workerd's modes, or none (older worker).
-    reason = absl::StrFormat("serving_mode '%s' is not %s (or empty: an older worker)",
-                             Printable(std::string_view(hello.serving_mode).substr(0, 64)), WorkerModeList());
-  } else if (known != gpus_.end() && known->second.capacity_pages != hello.capacity_pages) {
-    reason = absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
-                             hello.gpu, known->second.capacity_pages, hello.capacity_pages);
-  } else if (hello.rehello) {  // a worker that survived a memd restart: its epoch and requests go on
-    reason = ReHello(hello, reply);
-  } else {
-    if (known != gpus_.end() && !core_->fenced(hello.gpu)) {  // a restarted worker: the previous epoch ends here
-      Fence(hello.gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
-                                        hello.gpu, hello.pid, known->second.pid));
-    }
-    if (absl::Status s = core_->RegisterGpu(hello.gpu, hello.capacity_pages, hello.request_slots,
-                                            DeclarationOf(hello));
-        !s.ok()) {
-      reason = std::string(s.message());
-    }
+  std::string reason = HelloRefusal(hello, peer);
+  if (reason.empty()) {
+    // a worker that survived a memd restart: its epoch and requests go on; else a new epoch starts
+    reason = hello.rehello ? ReHello(hello, reply) : StartEpoch(hello);
   }
   if (!reason.empty()) {
     spdlog::warn("memd: Hello of GPU {} refused: {}", hello.gpu, reason);
@@ -493,6 +467,64 @@ absl::StatusOr<std::string> Daemon::OnHello(const wire::HelloT& hello, const Mes
     reply.reason = reason;
     return EncodeHelloReply(reply, m.sequence, kSender);
   }
+  KeepWorker(hello, peer);
+  reply.accepted = true;
+  reply.worker_epoch = core_->epoch(hello.gpu);
+  if (release_held_at_ && adopt_waiting_gpus_.erase(hello.gpu) > 0 && adopt_waiting_gpus_.empty()) {
+    // A worker says Hello only once its GPU's previous worker stopped serving (its socket is checked first) or, after
+    // a memd restart, resolved the dead memd's orders (re-Hello): nothing of the dead memd writes any more.
+    ReleaseHeldNow("every GPU the journal names registered with this memd");
+  }
+  AddHelloRecords(hello, reply);
+  spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}, {} interrupted "
+               "requests", hello.gpu, hello.pid, hello.device_name, hello.capacity_pages, hello.page_rows,
+               reply.worker_epoch, reply.interrupted_requests.size());
+  if (!reply.interrupted_requests.empty()) {
+    spdlog::info("memd: GPU {}: {} of its {} interrupted requests have a record to resume from", hello.gpu,
+                 reply.interrupted_records.size(), reply.interrupted_requests.size());
+  }
+  reply.segments.push_back(HostSegmentInfo());
+  return EncodeHelloReply(reply, m.sequence, kSender);
+}
+
+std::string Daemon::HelloRefusal(const wire::HelloT& hello, std::string_view peer) {
+  auto known = gpus_.find(hello.gpu);
+  if (peer != absl::StrCat("worker/", hello.gpu)) {  // a client must not take a GPU's role (and its orders) over
+    ++counters_.refused_peers;
+    return absl::StrFormat("a Hello of GPU %d must come from the routing id worker/%d, not '%s'", hello.gpu,
+                           hello.gpu, peer);
+  }
+  if (hello.host_page_bytes != options_.page_bytes) {
+    return absl::StrFormat("host_page_bytes %d differs from memd's host pool page size %d (memd --page-bytes)",
+                           hello.host_page_bytes, options_.page_bytes);
+  }
+  if (hello.capacity_pages == 0 || hello.page_rows == 0) return "capacity_pages and page_rows must be > 0";
+  if (!hello.serving_mode.empty() && !ParseWorkerMode(hello.serving_mode).ok()) {
+    // Shown in the status view (JSON strings must be UTF-8) and table: only workerd's modes, or none (older worker).
+    return absl::StrFormat("serving_mode '%s' is not %s (or empty: an older worker)",
+                           Printable(std::string_view(hello.serving_mode).substr(0, 64)), WorkerModeList());
+  }
+  if (known != gpus_.end() && known->second.capacity_pages != hello.capacity_pages) {
+    return absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
+                           hello.gpu, known->second.capacity_pages, hello.capacity_pages);
+  }
+  return "";
+}
+
+std::string Daemon::StartEpoch(const wire::HelloT& hello) {
+  auto known = gpus_.find(hello.gpu);
+  if (known != gpus_.end() && !core_->fenced(hello.gpu)) {  // a restarted worker: the previous epoch ends here
+    Fence(hello.gpu, absl::StrFormat("a new Hello for GPU %d (pid %d): the previous worker (pid %d) is gone",
+                                      hello.gpu, hello.pid, known->second.pid));
+  }
+  if (absl::Status s = core_->RegisterGpu(hello.gpu, hello.capacity_pages, hello.request_slots, DeclarationOf(hello));
+      !s.ok()) {
+    return std::string(s.message());
+  }
+  return "";
+}
+
+void Daemon::KeepWorker(const wire::HelloT& hello, std::string_view peer) {
   GpuInfo& g = gpus_[hello.gpu];
   g.peer = std::string(peer);
   g.page_rows = hello.page_rows;
@@ -502,36 +534,27 @@ absl::StatusOr<std::string> Daemon::OnHello(const wire::HelloT& hello, const Mes
   g.connection = server_->source_connection();
   g.last_heard = std::chrono::steady_clock::now();
   ++counters_.hellos;
-  reply.accepted = true;
-  reply.worker_epoch = core_->epoch(hello.gpu);
-  if (release_held_at_ && adopt_waiting_gpus_.erase(hello.gpu) > 0 && adopt_waiting_gpus_.empty()) {
-    // A worker says Hello only once its GPU's previous worker stopped serving (its socket is checked first) or, after
-    // a memd restart, resolved the dead memd's orders (re-Hello): nothing of the dead memd writes any more.
-    ReleaseHeldNow("every GPU the journal names registered with this memd");
-  }
+}
+
+void Daemon::AddHelloRecords(const wire::HelloT& hello, wire::HelloReplyT& reply) {
   reply.interrupted_requests = core_->InterruptedRequests(hello.gpu);
   for (RequestId id : reply.interrupted_requests) {
     if (const RequestRecord* rec = records_.Find(id)) reply.interrupted_records.push_back(ToWireRecord(id, *rec));
   }
-  if (reply.accepted && !hello.rehello) {  // lost ends: the outputs the dead worker may not have delivered
+  if (!hello.rehello) {  // lost ends: the outputs the dead worker may not have delivered
     for (const auto& [id, rec] : records_.FinishedRecords(hello.gpu)) {
       reply.finished_records.push_back(ToWireRecord(id, rec));
     }
   }
-  spdlog::info("memd: worker of GPU {} (pid {}, {}) registered: M = {} pages, p = {} rows, epoch {}, {} interrupted "
-               "requests", hello.gpu, hello.pid, hello.device_name, hello.capacity_pages, hello.page_rows,
-               reply.worker_epoch, reply.interrupted_requests.size());
-  if (!reply.interrupted_requests.empty()) {
-    spdlog::info("memd: GPU {}: {} of its {} interrupted requests have a record to resume from", hello.gpu,
-                 reply.interrupted_records.size(), reply.interrupted_requests.size());
-  }
+}
+
+std::unique_ptr<wire::HostSegmentInfoT> Daemon::HostSegmentInfo() const {
   auto seg = std::make_unique<wire::HostSegmentInfoT>();
   seg->name = segment_->name();
   seg->size_bytes = segment_->size_bytes();
   seg->page_bytes = segment_->page_bytes();
   seg->pages = static_cast<uint32_t>(segment_->pages());
-  reply.segments.push_back(std::move(seg));
-  return EncodeHelloReply(reply, m.sequence, kSender);
+  return seg;
 }
 
 std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply) {

@@ -146,7 +146,23 @@ class Daemon {
   // are removed. Errors: INTERNAL when the core refuses the list (nothing adopted).
   absl::Status AdoptLeftovers(const std::map<RequestId, JournaledRequest>& journaled, bool reused,
                               const std::map<PageIndex, JournaledSharedPage>& shared = {});
+  // A worker's Hello (HelloRefusal's checks, then ReHello or StartEpoch): registers the worker of its GPU and answers
+  // HelloReply with its epoch, interrupted and finished records and the host segment; or accepted = false and why.
   absl::StatusOr<std::string> OnHello(const wire::HelloT& hello, const Message& m, std::string_view peer);
+  // Why a Hello from `peer` is refused before any state changes ("" when it may go on): a peer that is not
+  // worker/<gpu> (counted in refused_peers), another host page size, no pages or rows, an unknown serving mode, or
+  // another M for a GPU already registered.
+  std::string HelloRefusal(const wire::HelloT& hello, std::string_view peer);
+  // A (non-re-)Hello's new epoch: fences the GPU's previous worker if it was still up, then registers the GPU in the
+  // core (ResidencyManager::RegisterGpu). Returns the core's refusal ("" when registered).
+  std::string StartEpoch(const wire::HelloT& hello);
+  // Keeps the accepted worker of `hello.gpu` (its GpuInfo: peer, shape, connection, heard now); counts the Hello.
+  void KeepWorker(const wire::HelloT& hello, std::string_view peer);
+  // The reply's interrupted requests with their records and, for a new epoch (not a re-Hello), the GPU's finished
+  // records (lost ends: outputs the dead worker may not have delivered).
+  void AddHelloRecords(const wire::HelloT& hello, wire::HelloReplyT& reply);
+  // The host pool segment a HelloReply names (memd has one: segment 0).
+  std::unique_ptr<wire::HostSegmentInfoT> HostSegmentInfo() const;
   // A re-Hello with a report (a worker that survived a memd restart; ResidencyManager::AdoptGpu): fills the reply's
   // refused reports and keeps the reported records; returns why the Hello is refused ("" when accepted).
   std::string ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply);

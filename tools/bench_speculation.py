@@ -168,15 +168,16 @@ def main():
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--hbm-budget", default="9000000", help="GPU KV budget, bytes ('' = dhs-replay's default)")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--block", type=int, default=4, help="K: target queries per round, anchor included")
+    ap.add_argument("--block", type=int, default=4,
+                    help="K: target queries per round, anchor included, in [2, 64] (workerd's --block is [1, 64])")
     ap.add_argument("--configs", default="off,fixed,synthetic-0.1,synthetic-0.5")
     ap.add_argument("--distill-texts", type=int, default=0,
                     help="fit the drafter's output layers on this many target texts first (slow for bench-wide)")
     ap.add_argument("--link-model", default="pcie5", choices=("off", "pcie5"))
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    if args.repeat < 1 or args.block < 2:
-        ap.error("--repeat must be >= 1 and --block >= 2")
+    if args.repeat < 1 or not 2 <= args.block <= 64:
+        ap.error("--repeat must be >= 1 and --block in [2, 64]")
     result = measure(args)
     print_table(result)
     if args.json:

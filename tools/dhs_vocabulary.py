@@ -6,7 +6,9 @@ tests/tools/vocabulary_test.cc (VocabularyPython) reads this file and fails when
 - RECLAIM_POLICIES: memd's reclaim policies (memd/reclaim_policy.h, kReclaimPolicyNames; --reclaim-policy), and
   DEFAULT_RECLAIM_POLICY (kDefaultReclaimPolicy);
 - MODEL_PRESETS: the model presets (workerd/model/config.h, kPresetNames; --preset);
-- SPECULATE_MODES: --speculate's modes (workerd/speculation/speculation_flags.h, kSpeculateModes).
+- SPECULATE_MODES: --speculate's modes (workerd/speculation/speculation_flags.h, kSpeculateModes);
+- PREFIX_SHARING_MODES: memd --prefix-sharing (memd/memd_flags.h, PrefixSharingModes; issue 24);
+- PREFIX_EVICTION_POLICIES: memd --prefix-eviction (memd/prefix_pages.h, kPrefixEvictionPolicyNames; issue 24).
 
 Write each tuple on one line: the test reads `NAME = ("a", "b", ...)`.
 """
@@ -16,3 +18,5 @@ RECLAIM_POLICIES = ("oldest-first", "newest-first", "largest-first")
 DEFAULT_RECLAIM_POLICY = "largest-first"
 MODEL_PRESETS = ("dsv4flash-like", "glm5-like", "bench-wide")
 SPECULATE_MODES = ("off", "fixed", "confidence", "synthetic")
+PREFIX_SHARING_MODES = ("off", "on")
+PREFIX_EVICTION_POLICIES = ("lru", "fifo")

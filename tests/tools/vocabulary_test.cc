@@ -1,7 +1,7 @@
 // tests/tools/vocabulary_test.cc (issue 23, "one list per vocabulary"): each vocabulary is one list, owned by the
 // component that defines it, and the programs that use it ask that list:
 // - reclaim policy names (memd/reclaim_policy.h): every name makes the policy of that name, an unknown one is refused
-//   naming them all; the default is one of them;
+//   naming them all; the default is one of them; the same for the prefix eviction policies (memd/prefix_pages.h);
 // - model preset names (workerd/model/config.h): every name gives the model of that name, the default is the first;
 // - serving modes (workerd/serving_mode.h): name <-> enum both ways for every mode, an unknown name refused;
 // - the daemons' flag lists (memd/memd_flags.h, workerd/worker_flags.h): one entry per key and per flag, choices from
@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cli_flags.h"
 #include "memd/memd_flags.h"
+#include "memd/prefix_pages.h"
 #include "memd/reclaim_policy.h"
 #include "workerd/model/config.h"
 #include "workerd/serving_mode.h"
@@ -77,6 +78,24 @@ TEST(Vocabulary, ServingModesBothWays) {
   const absl::Status unknown = ParseWorkerMode("Adaptive").status();  // exact: the wire text (Hello.serving_mode)
   EXPECT_TRUE(absl::IsInvalidArgument(unknown));
   EXPECT_THAT(std::string(unknown.message()), HasSubstr("resident, hisparse, adaptive"));
+}
+
+// memd's prefix eviction policies (issue 24, memd/prefix_pages.h): every name makes the policy of that name, an
+// unknown one is refused naming them all; --prefix-eviction and --prefix-sharing take memd's lists.
+TEST(Vocabulary, PrefixEvictionPolicyNamesMakeTheirPolicies) {
+  EXPECT_THAT(memd::PrefixEvictionPolicyNames(), ElementsAre("lru", "fifo"));
+  for (const std::string& name : memd::PrefixEvictionPolicyNames()) {
+    absl::StatusOr<std::unique_ptr<memd::PrefixEvictionPolicy>> policy = memd::MakePrefixEvictionPolicy(name);
+    ASSERT_TRUE(policy.ok()) << name << ": " << policy.status();
+    EXPECT_EQ((*policy)->name(), name);
+  }
+  EXPECT_EQ(memd::PrefixConfig{}.eviction_policy, "lru");  // the default is one of them
+  const absl::Status unknown = memd::MakePrefixEvictionPolicy("lfu").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(unknown));
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("known: lru, fifo"));
+  EXPECT_EQ(FindDaemonFlag(memd::kMemdFlags, "--prefix-eviction")->choices(), memd::PrefixEvictionPolicyNames());
+  EXPECT_EQ(FindDaemonFlag(memd::kMemdFlags, "--prefix-sharing")->choices(), memd::PrefixSharingModes());
+  EXPECT_THAT(memd::PrefixSharingModes(), ElementsAre("off", "on"));
 }
 
 void ExpectOneEntryPerKeyAndFlag(std::span<const DaemonFlag> flags) {
@@ -198,6 +217,8 @@ TEST(Vocabulary, PythonToolsListsEqualTheirOwners) {
   EXPECT_EQ(list("DEFAULT_RECLAIM_POLICY"), std::vector<std::string>{std::string(memd::kDefaultReclaimPolicy)});
   EXPECT_EQ(list("MODEL_PRESETS"), model::PresetNames());
   EXPECT_EQ(list("SPECULATE_MODES"), spec::SpeculateModeNames());
+  EXPECT_EQ(list("PREFIX_SHARING_MODES"), memd::PrefixSharingModes());
+  EXPECT_EQ(list("PREFIX_EVICTION_POLICIES"), memd::PrefixEvictionPolicyNames());
 }
 
 }  // namespace
