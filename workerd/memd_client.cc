@@ -160,7 +160,6 @@ using ServedBeforeTheWorker = MessageSet<wire::Body::Heartbeat, wire::Body::Hear
 // KeepAlive's handler: only Heartbeat, HeartbeatAck and ErrorReply reach Dispatch before the Worker exists, and none
 // of those calls a handler then (no AdmitRequest is out: the ErrorReply of one cannot come). An order reaching it
 // would be a bug of KeepAlive's sorting, so it is logged, never acted on.
-
 class NoWorkerYet final : public MemdHandler {
  public:
   void OnAdmitGrant(const wire::AdmitGrantT&) override { Drop("AdmitGrant"); }
