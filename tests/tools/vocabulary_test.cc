@@ -105,7 +105,9 @@ void ExpectOneEntryPerKeyAndFlag(std::span<const DaemonFlag> flags) {
     EXPECT_TRUE(names.insert(f.flag).second) << "flag " << f.flag << " twice";
     EXPECT_TRUE(f.flag.starts_with("--")) << f.flag;
     EXPECT_EQ(f.kind == DaemonFlag::kChoice, f.choices != nullptr) << f.key;
-    if (f.kind == DaemonFlag::kUint || f.kind == DaemonFlag::kSize) EXPECT_LE(f.min, f.max) << f.key;
+    if (f.kind == DaemonFlag::kUint || f.kind == DaemonFlag::kSize) {
+      EXPECT_LE(f.min, f.max) << f.key;
+    }
   }
 }
 
