@@ -2601,9 +2601,6 @@ TEST_F(MemdPrefix, AChainWithTheSameIdsAndOtherTokensIsNeverImported) {
   EXPECT_EQ(g3.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
 }
 
-}  // namespace
-}  // namespace dhs
-
 // Issue 24's KV event stream through a real memd (--prefix-sharing on --kv-events on, a host pool of 8 pages): a
 // subscriber on RUN_DIR/kv-events.sock sees BlockStored(host) for exactly the blocks whose host copies a fake worker
 // confirmed, with the chain hashes computed here from memd/prefix_pages.h's formula, BlockRemoved when an admission
