@@ -2506,6 +2506,19 @@ class MemdPrefix : public MemdProcess {
     EXPECT_TRUE(m.has_value());
     return m ? *ReadAdmitGrant(*m) : wire::AdmitGrantT();
   }
+  // Confirms the host copies of history pages 0-3 of request `r` (HostCopyWritten), page h with checksum
+  // `first_checksum + h`.
+  static void ConfirmFirstPages(FakeWorker& w, RequestId r, uint64_t first_checksum) {
+    wire::HostCopyWrittenT written;
+    written.request = r;
+    written.gpu = w.gpu();
+    for (uint32_t h = 0; h < 4; ++h) {
+      written.history_pages.push_back(h);
+      written.checksums.push_back(first_checksum + h);
+    }
+    written.ok = true;
+    w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  }
 };
 
 TEST_F(MemdPrefix, SharedPagesAreGrantedAcrossRequestsAndSurviveAMemdRestart) {
@@ -2515,13 +2528,7 @@ TEST_F(MemdPrefix, SharedPagesAreGrantedAcrossRequestsAndSurviveAMemdRestart) {
     ASSERT_TRUE(w.Hello(32).accepted);
     const wire::AdmitGrantT g1 = AdmitChain(w, w.Id(1), "");
     EXPECT_TRUE(g1.shared_pages.empty());
-    wire::HostCopyWrittenT written;
-    written.request = w.Id(1);
-    written.gpu = 0;
-    written.history_pages = {0, 1, 2, 3};
-    written.checksums = {7, 8, 9, 10};
-    written.ok = true;
-    w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+    ConfirmFirstPages(w, w.Id(1), 7);
     const wire::AdmitGrantT g2 = AdmitChain(w, w.Id(2), "");
     EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
     EXPECT_EQ(g2.host_backed_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
@@ -2586,13 +2593,7 @@ TEST_F(MemdPrefix, AChainWithTheSameIdsAndOtherTokensIsNeverImported) {
   };
   const wire::AdmitGrantT g1 = admit(w.Id(1), tokens);
   EXPECT_TRUE(g1.shared_pages.empty());
-  wire::HostCopyWrittenT written;
-  written.request = w.Id(1);
-  written.gpu = 0;
-  written.history_pages = {0, 1, 2, 3};
-  written.checksums = {7, 8, 9, 10};
-  written.ok = true;
-  w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
+  ConfirmFirstPages(w, w.Id(1), 7);
   const wire::AdmitGrantT g2 = admit(w.Id(2), other);
   EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1}));  // block 0 agrees; block 1's pages are not imported
   for (uint32_t h = 2; h < 4; ++h) EXPECT_NE(g2.backup_host_pages[h].page(), g1.backup_host_pages[h].page()) << h;
@@ -2637,17 +2638,7 @@ class MemdKvEvents : public MemdPrefix {
     auto m = w.NextOf(wire::Body::AdmitGrant);
     EXPECT_TRUE(m.has_value()) << "request " << r << " was not granted";
     const wire::AdmitGrantT g = m ? *ReadAdmitGrant(*m) : wire::AdmitGrantT();
-    if (write) {
-      wire::HostCopyWrittenT written;
-      written.request = r;
-      written.gpu = w.gpu();
-      for (uint32_t h = 0; h < 4; ++h) {
-        written.history_pages.push_back(h);
-        written.checksums.push_back(1000 + h);
-      }
-      written.ok = true;
-      w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
-    }
+    if (write) ConfirmFirstPages(w, r, 1000);
     if (complete) {
       wire::CompleteT done;
       done.request = r;
