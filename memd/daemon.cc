@@ -244,7 +244,9 @@ Daemon::~Daemon() {
   server_.reset();
   router_.reset();  // removes memd.sock
   const std::string name = segment_->name();
-  const uint32_t held = core_->host().allocated();
+  // Cached prefix pages (issue 24) are held by no request: a clean stop drops them with the pool (the cache survives
+  // a crash, whose segment the next memd adopts, not a clean stop of a run directory that may be deleted next).
+  const uint32_t held = core_->host().allocated() - (core_->prefix() != nullptr ? core_->prefix()->cached() : 0);
   segment_.reset();
   if (keep_pool_) {
     spdlog::info("memd: /dev/shm/{} kept for the next memd of this run directory (this start failed)", name);

@@ -6,11 +6,14 @@
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <deque>
 #include <cstdio>
@@ -2521,6 +2524,28 @@ class MemdPrefix : public MemdProcess {
   }
 };
 
+// A clean stop (SIGTERM) when the pool holds only cached prefix pages (no request holds a page) removes the segment:
+// the run directory may be deleted next, and nothing would adopt it (a SIGKILL keeps it: the test below).
+TEST_F(MemdPrefix, ACleanStopDropsAPoolHoldingOnlyCachedPages) {
+  FakeWorker w(run_dir_, 0);
+  ASSERT_TRUE(w.Hello(32).accepted);
+  AdmitChain(w, w.Id(1), "");
+  ConfirmFirstPages(w, w.Id(1), 7);
+  wire::CompleteT done;
+  done.request = w.Id(1);
+  w.Send(EncodeComplete(done, w.seq(), "worker"));
+  ASSERT_TRUE(w.NextOf(wire::Body::CompleteAck).has_value());
+  EXPECT_EQ(DhsctlJson("status")["prefix"]["cached_pages"], 4);
+  const std::string segment = "/dev/shm/" + SegmentOf(run_dir_);
+  ASSERT_TRUE(std::filesystem::exists(segment));
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(std::filesystem::exists(segment));
+}
+
 TEST_F(MemdPrefix, SharedPagesAreGrantedAcrossRequestsAndSurviveAMemdRestart) {
   std::vector<uint32_t> shared_hosts;
   {
@@ -2901,6 +2926,19 @@ TEST_F(MemdKvEvents, DhsctlEventsPrintsJsonLines) {
   auto [rc, err] = RunShell(std::string(DHSCTL_BIN) + " --run-dir " + dir_ + " events --count 1");
   EXPECT_EQ(rc, 1) << err;
   EXPECT_NE(err.find("no KV event stream at " + dir_ + "/kv-events.sock"), std::string::npos) << err;
+  // A stale socket (a stopped memd leaves its file; nothing listens): exit 1 at once, never a silent wait.
+  const std::string stale = dir_ + "/kv-events.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, stale.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  close(fd);  // the file stays, nothing listens
+  auto [rc2, err2] = RunShell("timeout 20 " + std::string(DHSCTL_BIN) + " --run-dir " + dir_ + " events --count 1");
+  EXPECT_EQ(rc2, 1) << err2;
+  EXPECT_NE(err2.find("nothing listens on " + stale), std::string::npos) << err2;
+  std::filesystem::remove(stale);
 }
 
 }  // namespace
