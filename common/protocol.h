@@ -44,6 +44,10 @@ inline constexpr uint32_t kProtocolVersion = 7;
 // host pool, never through sockets).
 inline constexpr size_t kMaxMessageBytes = size_t{64} << 20;
 
+// Longest tenant a SubmitRequest may carry, bytes (issue 24: an opaque salt; memd keeps only its hash in addresses,
+// but the request's record keeps the string, so it is bounded like the rest of the record).
+inline constexpr size_t kMaxTenantBytes = 256;
+
 // A verified inbound envelope.
 struct Message {
   wire::Body type = wire::Body::NONE;   // known, never NONE after a successful decode

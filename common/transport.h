@@ -91,7 +91,9 @@ absl::Status CheckSocketPaths(std::string_view run_dir, std::optional<GpuId> gpu
 // Whether this process may connect to <run_dir>/<name>.sock, checked before a ZeroMQ connect (which retries silently
 // and never reports a refused permission). NOT_FOUND: no such socket (its server is not running); PERMISSION_DENIED
 // (the message starts "permission denied"): the run directory or the socket may not be searched / written by this
-// user; FAILED_PRECONDITION: a path component is not a directory, or the path is not a socket. Never throws.
+// user; FAILED_PRECONDITION: a path component is not a directory, or the path is not a socket; UNAVAILABLE (the
+// message starts "nothing listens on"): a stale socket, left by a server that died (a probe connect is refused).
+// Never throws.
 absl::Status CheckSocketAccess(std::string_view run_dir, std::string_view name);
 
 // ipc endpoint of socket `name` in `run_dir`: "ipc://<run_dir>/<name>.sock".

@@ -72,7 +72,7 @@ struct DaemonOptions {
   uint32_t populate_pages_per_attempt = 8;  // bound of one population attempt, pages (>= 1)
   // Issue 24 (the content-addressed host tier, memd/prefix_pages.h): off by default (then byte-identical to before).
   bool prefix_sharing = false;
-  std::string prefix_eviction = "lru";      // kPrefixEvictionPolicyNames
+  std::string prefix_eviction{kDefaultPrefixEvictionPolicy};  // memd/prefix_pages.h kPrefixEvictionPolicyNames
   uint32_t prefix_tenant_quota_pages = 0;   // host pages one tenant may store; 0 = no quota
   // Issue 24: the KV event stream (memd/kv_events.h) on ipc://RUN_DIR/kv-events.sock; off by default; needs
   // prefix_sharing. kv_events_hwm: batches queued per subscriber before batches are dropped (counted).

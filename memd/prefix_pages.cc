@@ -17,13 +17,13 @@ uint64_t HashWords(std::span<const uint64_t> words, uint64_t seed) {
 
 class LruPolicy final : public PrefixEvictionPolicy {
  public:
-  std::string_view name() const override { return "lru"; }
+  std::string_view name() const override { return kPrefixEvictionPolicyNames[0]; }
   uint64_t Rank(const SharedPage& page) const override { return page.use_seq; }
 };
 
 class FifoPolicy final : public PrefixEvictionPolicy {
  public:
-  std::string_view name() const override { return "fifo"; }
+  std::string_view name() const override { return kPrefixEvictionPolicyNames[1]; }
   uint64_t Rank(const SharedPage& page) const override { return page.stored_seq; }
 };
 
@@ -64,8 +64,8 @@ absl::Status TransitionSharedPage(SharedPage& page, SharedPageState from, Shared
 }
 
 absl::StatusOr<std::unique_ptr<PrefixEvictionPolicy>> MakePrefixEvictionPolicy(std::string_view name) {
-  if (name == "lru") return std::unique_ptr<PrefixEvictionPolicy>(new LruPolicy());
-  if (name == "fifo") return std::unique_ptr<PrefixEvictionPolicy>(new FifoPolicy());
+  if (name == kPrefixEvictionPolicyNames[0]) return std::unique_ptr<PrefixEvictionPolicy>(new LruPolicy());
+  if (name == kPrefixEvictionPolicyNames[1]) return std::unique_ptr<PrefixEvictionPolicy>(new FifoPolicy());
   std::vector<std::string> names(std::begin(kPrefixEvictionPolicyNames), std::end(kPrefixEvictionPolicyNames));
   return absl::InvalidArgumentError(absl::StrFormat("unknown prefix eviction policy '%s' (known: %s)",
                                                     std::string(name), absl::StrJoin(names, ", ")));

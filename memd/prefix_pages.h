@@ -132,11 +132,12 @@ class PrefixEvictionPolicy {
 };
 // "lru" (least recently used first: the default, issue 24) and "fifo" (first stored first).
 inline constexpr std::string_view kPrefixEvictionPolicyNames[] = {"lru", "fifo"};
+inline constexpr std::string_view kDefaultPrefixEvictionPolicy = kPrefixEvictionPolicyNames[0];
 // Errors: InvalidArgument naming the known policies.
 absl::StatusOr<std::unique_ptr<PrefixEvictionPolicy>> MakePrefixEvictionPolicy(std::string_view name);
 
 struct PrefixConfig {
-  std::string eviction_policy = "lru";
+  std::string eviction_policy{kDefaultPrefixEvictionPolicy};
   uint32_t tenant_quota_pages = 0;  // pages one tenant may store (writing + shared + cached); 0 = no quota
   bool kv_events = false;           // keep the KV event outbox (DrainKvEvents; memd --kv-events on)
 };

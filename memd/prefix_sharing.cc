@@ -164,6 +164,16 @@ uint32_t PrefixSharing::Adopt(std::span<const AdoptedSharedPage> shared) {
 
 // ---------------------------------------------------------------- queries
 
+bool PrefixSharing::ReportedHit(PageIndex page, uint64_t checksum) const {
+  if (!on() || checksum == 0) return false;
+  const SharedPage* p = tier_->AtPage(page);
+  return p != nullptr && p->state != SharedPageState::kWriting && p->checksum == checksum;
+}
+
+void PrefixSharing::HoldReported(PageIndex page, RequestId id) {
+  DHS_CHECK_OK(tier_->Acquire(page, id, s_.clock()));  // ReportedHit said stored and confirmed; CheckReport: once
+}
+
 bool PrefixSharing::Holds(RequestId id, PageIndex page) const {
   if (!on()) return false;
   const SharedPage* p = tier_->AtPage(page);

@@ -109,6 +109,14 @@ class PrefixSharing {
   // journal sweep frees them). Precondition: CheckAdopted passed. Returns the pages adopted.
   uint32_t Adopt(std::span<const AdoptedSharedPage> shared);
 
+  // A surviving worker's report (memd restarted, docs/protocol.md "Re-Hello with a report") names host page `page` with
+  // the checksum `checksum` for one of its requests: true when `page` is a stored page (shared or cached, not being
+  // written) whose confirmed copy has that checksum (nonzero): the report may hold it. False otherwise (off, not
+  // stored, no checksum known, another content): the caller treats the page as the request's own.
+  bool ReportedHit(PageIndex page, uint64_t checksum) const;
+  // The reported request `id` takes a reference to `page` (ReportedHit said true; a cached page becomes shared).
+  void HoldReported(PageIndex page, RequestId id);
+
   // ---- queries ----
   // True when host page `page` is a shared page request `id` holds a reference to.
   bool Holds(RequestId id, PageIndex page) const;

@@ -96,7 +96,10 @@ absl::Status Recovery::CheckReport(GpuId gpu, const Gpu& g, const ReportedReques
       return bad(absl::StrFormat("history page %d: host page %d, the journal says %d", h, hp.host_page,
                                  old->history[h].host_page));
     }
-    if (!journal && !s_.host.is_free(hp.host_page)) {
+    // Issue 24: a shared prefix page it imported (or wrote and memd shared) came back cached; the same confirmed
+    // content (checksum) makes it a reference, never a second owner.
+    const bool shared = !journal && prefix_.ReportedHit(hp.host_page, hp.checksum);
+    if (!journal && !shared && !s_.host.is_free(hp.host_page)) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "request %d: host page %d of history page %d is not free (pool %d pages)", rep.request, hp.host_page, h,
           s_.host.pages()));
@@ -130,9 +133,16 @@ void Recovery::AdoptReport(GpuId gpu, Gpu& g, const ReportedRequest& rep) {
     const ReportedHistoryPage& in = rep.history[h];
     HistoryPage& hp = r.history[h];
     hp.host_page = in.host_page;
-    const bool copy = old != s_.requests.end() && old->second.history[h].state == HistoryState::kHost;
-    if (!copy) DHS_CHECK_OK(s_.host.AllocateAt(r.id, kAllSources, in.host_page, h, r.context_pages));  // checked
-    if (copy) {  // issue 22: the journal's checksum wins; the report's fills one the journal lacks
+    const bool journal = old != s_.requests.end() && old->second.history[h].state == HistoryState::kHost;
+    const bool shared = !journal && prefix_.ReportedHit(in.host_page, in.checksum);  // issue 24: CheckReport
+    const bool copy = journal || shared;
+    if (shared) {
+      prefix_.HoldReported(in.host_page, r.id);
+      hp.checksum = in.checksum;
+    } else if (!journal) {
+      DHS_CHECK_OK(s_.host.AllocateAt(r.id, kAllSources, in.host_page, h, r.context_pages));  // checked
+    }
+    if (journal) {  // issue 22: the journal's checksum wins; the report's fills one the journal lacks
       hp.checksum = old->second.history[h].checksum != 0 ? old->second.history[h].checksum : in.checksum;
       if (hp.checksum != old->second.history[h].checksum) DHS_CHECK_OK(s_.host.Confirm(in.host_page, hp.checksum));
     }

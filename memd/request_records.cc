@@ -100,6 +100,8 @@ absl::StatusOr<size_t> RequestRecordStore::KeepFinished(RequestId request) {
   record.prompt.shrink_to_fit();
   record.hash_ids.clear();
   record.hash_ids.shrink_to_fit();
+  record.tenant.clear();
+  record.tenant.shrink_to_fit();
   if (record.bytes() > limits_.max_finished_bytes) return 1;  // over the bound alone: the older ones stay
   Finished& f = finished_[record.gpu];
   f.bytes += record.bytes();

@@ -44,8 +44,8 @@ struct RequestRecord {
   std::vector<uint64_t> digests;       // logits digest of tokens[t] (same length)
   std::string tenant;                  // SubmitRequest.tenant (issue 24; empty = the default tenant)
 
-  // Bytes the record holds (the bounded quantity): prompt + 8 * hash_ids + 9 * tokens.
-  uint64_t bytes() const { return prompt.size() + 8 * hash_ids.size() + 9 * tokens.size(); }
+  // Bytes the record holds (the bounded quantity): prompt + 8 * hash_ids + tenant + 9 * tokens.
+  uint64_t bytes() const { return prompt.size() + 8 * hash_ids.size() + tenant.size() + 9 * tokens.size(); }
 };
 
 struct RecordLimits {
@@ -77,8 +77,8 @@ class RequestRecordStore {
   // Forgets `request`'s record; false when it had none.
   bool Release(RequestId request);
   // Lost ends (workerd/README.md "Restart: a finished request's end"): `request` finished with all its tokens; its
-  // record leaves the live ones (Find no longer sees it) for its GPU's finished records, without its input (prompt
-  // and hash_ids emptied: only the output is handed on), newest last. The oldest finished records of that GPU beyond
+  // record leaves the live ones (Find no longer sees it) for its GPU's finished records, without its input (prompt,
+  // hash_ids and tenant emptied: only the output is handed on), newest last. The oldest finished records of that GPU beyond
   // max_finished_records / max_finished_bytes are forgotten (a record over max_finished_bytes alone goes at once, the
   // older ones stay); returns how many. Errors (nothing changes): NOT_FOUND (no record), FAILED_PRECONDITION (fewer
   // committed tokens than max_new_tokens).

@@ -47,6 +47,10 @@ absl::Status ValidateSubmit(const wire::SubmitRequestT& s, uint64_t max_context_
                                                      ", got ", s.prompt.size()));
     }
   }
+  if (s.tenant.size() > kMaxTenantBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": tenant of ", s.tenant.size(),
+                                                   " bytes (at most ", kMaxTenantBytes, ")"));
+  }
   if (s.max_new_tokens == 0) {
     return absl::InvalidArgumentError(absl::StrCat("request ", s.request, ": max_new_tokens must be >= 1"));
   }

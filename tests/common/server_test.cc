@@ -65,6 +65,18 @@ TEST(CheckSocketAccess, NamesWhyASocketCannotBeReached) {
   EXPECT_EQ(CheckSocketAccess("/etc/passwd", "memd").code(), absl::StatusCode::kFailedPrecondition);
   { std::ofstream(dir.path() + "/plain.sock") << "x"; }
   EXPECT_EQ(CheckSocketAccess(dir.path(), "plain").code(), absl::StatusCode::kFailedPrecondition);
+  {  // a stale socket: bound, then its process gone without unlinking it (a SIGKILLed server)
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string stale = dir.path() + "/stale.sock";
+    std::memcpy(addr.sun_path, stale.c_str(), stale.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    ::close(fd);
+  }
+  const absl::Status stale = CheckSocketAccess(dir.path(), "stale");
+  EXPECT_EQ(stale.code(), absl::StatusCode::kUnavailable) << stale;
+  EXPECT_EQ(std::string(stale.message()).rfind("nothing listens on", 0), 0u) << stale;
   auto server = RouterServer::Bind(dir.path(), "memd");
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_TRUE(CheckSocketAccess(dir.path(), "memd").ok());

@@ -464,6 +464,71 @@ TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
   EXPECT_TRUE(again.empty());
 }
 
+// A worker that survives a memd restart reports its requests (docs/protocol.md "Re-Hello with a report"): the shared
+// pages they name come back as references (the adopted cached pages become shared again, each held by both
+// requests), never as a second owner, and the private pages as before; a report naming a stored page with another
+// checksum (other content) is refused alone. Completing both leaves the 4 pages cached, nothing else allocated.
+TEST_F(PrefixResidencyTest, ASurvivingWorkersReportHoldsTheSharedPagesItNames) {
+  JournalMemory journal(20);
+  Make(20, true, {}, journal.get());
+  const uint32_t epoch = mgr_->epoch(0);
+  GrantOrder g1 = OneGrant(Admit(1, 6, 2));  // h 0..3 shareable; 4, 5 private
+  Written(1, {0, 1, 2, 3, 4});               // 0..3 shared, 4 confirmed private, 5 not written yet
+  GrantOrder g2 = OneGrant(Admit(2, 6, 2));  // hits on h 0..3
+  ASSERT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  // memd dies: a new core adopts the journal (request 1 with its private page 4, the 4 shared pages cached).
+  std::map<PageIndex, JournaledSharedPage> shared;
+  auto verified = journal->Verify(&shared);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  std::vector<AdoptedRequest> requests;
+  for (const auto& [id, jr] : *verified) {
+    if (!jr.confirmed.empty()) requests.push_back(AdoptedRequest{id, 0, epoch, jr.context_pages, jr.confirmed, jr.checksums});
+  }
+  ASSERT_EQ(requests.size(), 1u);
+  std::vector<AdoptedSharedPage> pages;
+  for (const auto& [page, sp] : shared) pages.push_back({page, sp.key, sp.content, sp.checksum});
+  ResidencyConfig c;
+  c.reserve_pages = 0;
+  c.host_pages = 20;
+  c.host_page_bytes = 4096;
+  c.prefix_sharing = true;
+  auto next = ResidencyManager::Create(c, [this] { return now_us_; }, journal.get());
+  ASSERT_TRUE(next.ok());
+  mgr_ = std::move(*next);
+  Do(mgr_->AdoptHostPages(requests, pages));
+  ASSERT_EQ(mgr_->prefix()->cached(), 4u);
+  // Their worker survived and reports both, and a third request that claims page h 0 with other content.
+  const auto report = [](const GrantOrder& g, bool wrote_private) {
+    ReportedRequest rep{g.request, g.slot, g.required_pages, 0, false, {}};
+    for (uint32_t h = 0; h < 6; ++h) {
+      const bool confirmed = h < 4 || (h == 4 && wrote_private);
+      rep.history.push_back({g.host_pages[h], confirmed, std::nullopt, confirmed ? 0x1000u + h : 0u});
+    }
+    return rep;
+  };
+  ReportedRequest liar{3, g2.slot + 1, {g2.required_pages[0] + 1}, 0, false, {}};
+  liar.history.push_back({g1.host_pages[0], true, std::nullopt, 0x9999});
+  std::vector<absl::Status> outcomes;
+  ASSERT_TRUE(mgr_->AdoptGpu(0, 100, 0, epoch, std::vector<ReportedRequest>{report(g1, true), report(g2, false), liar},
+                             &outcomes)
+                  .ok());
+  ASSERT_EQ(outcomes.size(), 3u);
+  EXPECT_TRUE(outcomes[0].ok()) << outcomes[0];
+  EXPECT_TRUE(outcomes[1].ok()) << outcomes[1];
+  EXPECT_EQ(outcomes[2].code(), absl::StatusCode::kFailedPrecondition) << outcomes[2];
+  ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+  EXPECT_EQ(mgr_->prefix()->shared(), 4u);
+  EXPECT_EQ(mgr_->prefix()->cached(), 0u);
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(mgr_->prefix()->AtPage(g1.host_pages[h])->refs(), 2u) << h;
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u + 2u + 2u);  // shared once, each request's 2 private pages
+  EXPECT_EQ(mgr_->counters().requests_reported, 2u);
+  Do(mgr_->Complete(1));
+  Do(mgr_->Complete(2));
+  ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
+}
+
 TEST_F(PrefixResidencyTest, CountersInStatusAndPrometheusOnlyWhenOn) {
   Make(20);
   OneGrant(Admit(1, 4, 2));

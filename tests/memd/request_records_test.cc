@@ -77,6 +77,26 @@ TEST(RequestRecords, SizeLimitsRefuseOversizeRecordsPerRecordAndPerGpu) {
   EXPECT_EQ(s.total_bytes(0), 98u + 1u + 9u * 3);
 }
 
+// Issue 24: the tenant is input the record keeps (for a resume to name the same chain): it counts in the record's
+// bytes and against its limits, and a finished record drops it with the prompt.
+TEST(RequestRecords, TheTenantCountsInTheRecordsBytesAndAFinishedRecordDropsIt) {
+  RequestRecordStore s(RecordLimits{/*max_record_bytes=*/100, /*max_total_bytes=*/150});
+  RequestRecord r = Rec(0, 60, 2);
+  r.tenant = std::string(41, 'a');  // 60 + 41 = 101 > 100
+  EXPECT_EQ(s.Open(1, r).code(), absl::StatusCode::kResourceExhausted);
+  r.tenant = std::string(20, 'a');
+  ASSERT_TRUE(s.Open(1, r).ok());
+  EXPECT_EQ(s.total_bytes(0), 60u + 20u);
+  ASSERT_TRUE(s.Commit(1, 0, {7, 8}, {70, 80}).ok());
+  EXPECT_EQ(s.total_bytes(0), 60u + 20u + 9u * 2);
+  ASSERT_TRUE(s.KeepFinished(1).ok());
+  EXPECT_EQ(s.total_bytes(0), 0u);
+  const std::vector<std::pair<RequestId, RequestRecord>> kept = s.FinishedRecords(0);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_TRUE(kept[0].second.tenant.empty());
+  EXPECT_EQ(kept[0].second.bytes(), 9u * 2);
+}
+
 // Lost ends (workerd/README.md "Restart: a finished request's end"): a finished record leaves the live ones without
 // its input, is handed out (oldest first) as often as asked, and the oldest beyond the count / byte bounds go.
 TEST(RequestRecords, FinishedRecordsKeepTheOutputWithoutTheInputBoundedPerGpu) {

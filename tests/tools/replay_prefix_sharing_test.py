@@ -15,6 +15,8 @@ said otherwise. Asserts:
      pages imported (hits_host > 0), exact;
   4. hisparse, sharing on, worker kill points (prefill:3, decode:40), --check-exact: the workers were killed and
      restarted, requests resumed, exact, no host row lost; the prepared-prefix path (hash_ids) as well;
+  4b. hisparse, sharing on, memd restarted every ~2 s while the worker survives (its re-Hello reports the shared pages
+     its requests hold): memd restarted, exact, no host row lost;
   5. two tenants replaying the same trace (every row twice in a row, --tenants 2, closed loop at C = 1: row 2k is
      tenant "#0", row 2k+1 tenant "#1"): each tenant's outputs equal a run of the trace with that tenant alone, and
      the host hits are exactly twice the lone tenant's (a page shared across tenants would add the twin row's whole
@@ -168,6 +170,16 @@ def main():
                                     f"{k.get('requests_resumed')}")
                 if k.get("host_rows_lost") != 0:
                     failures.append(f"{tag}: host_rows_lost {k.get('host_rows_lost')}")
+        # 4b: memd restarts while the worker survives (issue 24): its re-Hello names the shared pages its requests
+        # hold; memd takes them back as references (memd_prefix_pages ASurvivingWorkersReportHoldsTheSharedPagesItNames).
+        rc, m, _ = replay(exe, tmp, "memd-restarts", SLICE + ["--mode", "hisparse", "--concurrency", "2",
+                                                               "--prefix-sharing", "on", "--check-exact",
+                                                               "--fault-seed", "7", "--restart-memd-every", "2"])
+        if served(failures, "memd-restarts", rc, m, exact=True):
+            if m.get("memd_restarts", 0) < 1:
+                failures.append(f"memd-restarts: no memd restart ({m.get('memd_restarts')})")
+            if m.get("host_rows_lost") != 0:
+                failures.append(f"memd-restarts: host_rows_lost {m.get('host_rows_lost')}")
         # 5: two tenants.
         once, doubled = tenant_traces(tmp)
         base = ["--mode", "hisparse", "--concurrency", "1", "--length-scale", "0.03", "--prefix-sharing", "on"]

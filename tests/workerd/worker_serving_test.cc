@@ -98,6 +98,9 @@ TEST(WorkerSubmit, BadSubmissionsGetClearErrorsAndTheWorkerKeepsServing) {
   suffix.input_tokens = 40;
   suffix.prefix_block_tokens = 32;  // 32 prefix tokens + 8 prompt tokens would make 40; 3 given
   ExpectInvalid(*f.worker, suffix, "needs 8 prompt tokens");
+  wire::SubmitRequestT tenant = Submit(5, Prompt(10, 1), 4);
+  tenant.tenant = std::string(kMaxTenantBytes + 1, 't');  // issue 24: an opaque salt, bounded
+  ExpectInvalid(*f.worker, tenant, "tenant of 257 bytes");
   for (float t : {-0.5f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     wire::SubmitRequestT s = Submit(6, Prompt(10, 1), 4);
     s.temperature = t;

@@ -1,13 +1,8 @@
 #include "tools/dhsctl/events_command.h"
 
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "common/kv_event_stream.h"
@@ -18,21 +13,6 @@ namespace dhs::tools {
 namespace {
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
-
-// Whether a process listens on the Unix socket `path`: a memd that died leaves its socket file, and a ZeroMQ SUB
-// connected to it would wait silently for ever. Returns the connect error ("" when something listens).
-std::string ListenerError(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return "path too long for a Unix socket";
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  if (fd < 0) return std::strerror(errno);
-  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
-  const int err = errno;
-  ::close(fd);
-  return rc == 0 ? "" : std::strerror(err);
-}
 
 nlohmann::json EventJson(uint64_t seq, const KvEvent& e, const KvEventBatch& b) {
   nlohmann::json j{{"seq", seq}, {"kind", KvEventKindName(e.kind)}, {"medium", KvMediumName(e.medium)}};
@@ -68,10 +48,9 @@ int RunEventsCommand(const std::string& run_dir, const EventsOptions& options, b
                  run_dir.c_str(), std::string(kKvEventsSocket).c_str(), std::string(s.message()).c_str());
     return 1;
   }
-  const std::string path = absl::StrFormat("%s/%s.sock", run_dir, kKvEventsSocket);
-  if (const std::string err = ListenerError(path); !err.empty()) {
-    std::fprintf(stderr, "dhsctl: nothing listens on %s (%s): memd is not running (a stopped memd leaves its socket)\n",
-                 path.c_str(), err.c_str());
+  if (const absl::Status s = CheckSocketAccess(run_dir, kKvEventsSocket); !s.ok()) {
+    std::fprintf(stderr, "dhsctl: %s%s\n", std::string(s.message()).c_str(),
+                 absl::IsNotFound(s) ? " (memd is not running, or runs without --kv-events on)" : "");
     return 1;
   }
   auto sub = KvEventSubscriber::Connect(IpcEndpoint(run_dir, kKvEventsSocket), {});
