@@ -162,8 +162,8 @@ class RedisServer {
 };
 
 // A Redis Cluster of `masters` masters with `replicas` replicas each (redis-cli --cluster create), every node in its
-// own subdirectory of one private temporary directory. Ready when every node sees cluster_state:ok, all nodes, and
-// every replica's link to its master is up.
+// own subdirectory of one private temporary directory. Ready when every node sees cluster_state:ok, all nodes and
+// every replica as one, and every replica's link to its master is up.
 class RedisCluster {
  public:
   static std::unique_ptr<RedisCluster> Start(int masters = 3, int replicas = 1) {
@@ -181,7 +181,7 @@ class RedisCluster {
                                                        absl::StrJoin(addrs, " "), " --cluster-replicas ", replicas,
                                                        " --cluster-yes"));
     if (create.find("All 16384 slots covered") == std::string::npos) return nullptr;
-    if (!c->WaitHealthy(n, std::chrono::seconds(20))) return nullptr;
+    if (!c->WaitHealthy(n, masters * replicas, std::chrono::seconds(20))) return nullptr;
     return c;
   }
 
@@ -197,20 +197,33 @@ class RedisCluster {
     }
     return nullptr;
   }
-  // Whether every live node (all but `skip`) reports cluster_state:ok and knows the others.
-  bool WaitHealthy(int known, std::chrono::milliseconds timeout, const RedisServer* skip = nullptr) {
+  // Waits until every live node (all but `skip`) reports cluster_state:ok and `known` nodes, and `replicas` of them
+  // are replicas whose link to their master is up; false after `timeout`.
+  bool WaitHealthy(int known, int replicas, std::chrono::milliseconds timeout, const RedisServer* skip = nullptr) {
     const auto until = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < until) {
       bool ok = true;
+      int linked = 0;
       for (const auto& s : nodes_) {
         if (s.get() == skip) continue;
         const std::string info = s->Cli("cluster info");
         ok &= info.find("cluster_state:ok") != std::string::npos &&
               info.find(absl::StrCat("cluster_known_nodes:", known)) != std::string::npos;
         const std::string repl = s->Cli("info replication");
-        if (repl.find("role:slave") != std::string::npos) ok &= repl.find("master_link_status:up") != std::string::npos;
+        linked += repl.find("role:slave") != std::string::npos &&
+                  repl.find("master_link_status:up") != std::string::npos;
+        // Its view of the others (gossip): every replica known as one (CLUSTER SLOTS lists only those).
+        int seen_replicas = 0;
+        std::stringstream lines(s->Cli("cluster nodes"));
+        for (std::string line; std::getline(lines, line);) {
+          std::stringstream fields(line);
+          std::string id, addr, flags;
+          fields >> id >> addr >> flags;
+          seen_replicas += flags.find("slave") != std::string::npos && flags.find("fail") == std::string::npos;
+        }
+        ok &= seen_replicas == replicas;
       }
-      if (ok) return true;
+      if (ok && linked == replicas) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return false;
