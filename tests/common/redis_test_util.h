@@ -135,6 +135,9 @@ class RedisServer {
       // the tests' failovers are quick.
       args.push_back("--cluster-replica-validity-factor");
       args.push_back("0");
+      // A replica's first sync starts at once (the default waits 5 s for more replicas to join a diskless sync).
+      args.push_back("--repl-diskless-sync-delay");
+      args.push_back("0");
     }
     child_ = std::make_unique<ChildProcess>(args, dir_ + "/redis.log");
     if (!child_->ok()) {
