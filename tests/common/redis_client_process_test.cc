@@ -102,6 +102,29 @@ TEST_F(OneServer, RoundTripWithTtl) {
   EXPECT_TRUE(client_->Ping(kBatch).ok());
 }
 
+// Host-page-sized values: 24 values of 512 KiB in one batch (12 MiB through one pipeline: many partial writes and
+// reads of the non-blocking loop).
+TEST_F(OneServer, LargeValuesInOneBatch) {
+  std::vector<std::string> keys, values;
+  std::vector<SetItem> items;
+  for (int i = 0; i < 24; ++i) {
+    keys.push_back("big:" + std::to_string(i));
+    values.push_back(Value(keys.back(), 512 * 1024 + i));
+  }
+  for (int i = 0; i < 24; ++i) items.push_back(SetItem{keys[i], values[i], 0});
+  for (const absl::Status& s : client_->Set(items, std::chrono::seconds(20))) ASSERT_TRUE(s.ok()) << s;
+  const std::vector<GetResult> got = client_->Get(keys, std::chrono::seconds(20));
+  for (int i = 0; i < 24; ++i) {
+    ASSERT_TRUE(got[i].hit()) << got[i].status;
+    ASSERT_EQ(*got[i].value, values[i]) << i;
+  }
+  uint64_t bytes = 0;
+  for (const std::string& v : values) bytes += v.size();
+  EXPECT_EQ(client_->counters().bytes_written, bytes);
+  EXPECT_EQ(client_->counters().bytes_read, bytes);
+  EXPECT_EQ(client_->counters().connects, 1u);  // one connection, reused
+}
+
 TEST_F(OneServer, AStoppedServerIsATimeoutWithinTheDeadline) {
   const std::string key = "k";
   ASSERT_TRUE(client_->Set(std::vector<SetItem>{{key, "v", 0}}, kBatch)[0].ok());
