@@ -96,24 +96,26 @@ class SigpipeGuard {
   bool pending_before_ = false;
 };
 
-// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381" -> the endpoint (an empty host: the sender's host).
-std::optional<Endpoint> RedirectTarget(std::string_view error, const Endpoint& from) {
-  const std::vector<std::string_view> parts = Split(error, " ");
-  if (parts.size() < 3) return std::nullopt;
-  const size_t colon = parts[2].rfind(':');
-  uint16_t port = 0;
-  if (colon == std::string_view::npos || !ParsePort(parts[2].substr(colon + 1), &port)) return std::nullopt;
-  Endpoint e{std::string(parts[2].substr(0, colon)), port};
-  if (e.host.empty()) e.host = from.host;
-  return e;
-}
-
 int PollTimeoutMs(Client::Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Client::Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1'000'000));
 }
 
 }  // namespace
+
+std::optional<Redirection> ParseRedirection(std::string_view error, const Endpoint& from) {
+  const std::vector<std::string_view> parts = Split(error, " ");
+  if (parts.size() != 3 || (parts[0] != "MOVED" && parts[0] != "ASK")) return std::nullopt;
+  Redirection r;
+  r.ask = parts[0] == "ASK";
+  const auto [end, ec] = std::from_chars(parts[1].data(), parts[1].data() + parts[1].size(), r.slot);
+  if (ec != std::errc() || end != parts[1].data() + parts[1].size() || r.slot >= kClusterSlots) return std::nullopt;
+  const size_t colon = parts[2].rfind(':');
+  if (colon == std::string_view::npos || !ParsePort(parts[2].substr(colon + 1), &r.target.port)) return std::nullopt;
+  r.target.host = std::string(parts[2].substr(0, colon));
+  if (r.target.host.empty()) r.target.host = from.host;  // "MOVED 3999 :6380": the host of the node that answered
+  return r;
+}
 
 std::string Endpoint::ToString() const { return Cat(host, ":", port); }
 
@@ -194,20 +196,33 @@ Client::Conn* Client::Connection(const Endpoint& endpoint) {
 
 void Client::Close(const Endpoint& endpoint) { conns_.erase(endpoint); }
 
-void Client::RunRound(std::vector<Op*>& ops, Clock::time_point deadline) {
-  // Per connection: the ops in send order, and whether each is preceded by an ASKING (whose reply comes first).
+// The commands of one round sent to one node: the ops in send order, each preceded by an ASKING when it follows an
+// ASK redirection (that reply comes first and is dropped).
+struct Client::Pending {
   struct Expect {
     Op* op;
     bool asking_reply;
   };
-  struct Pending {
-    Conn* conn = nullptr;
-    Endpoint endpoint;
-    std::vector<Expect> expect;
-    size_t got = 0;
-    bool closed = false;
-  };
-  std::map<Endpoint, Pending> pending;
+  Conn* conn = nullptr;
+  Endpoint endpoint;
+  std::vector<Expect> expect;
+  size_t got = 0;
+  bool closed = false;
+  bool waiting() const { return !closed && got < expect.size(); }
+};
+
+void Client::FailRest(Pending& p, const absl::Status& why) {
+  for (size_t i = p.got; i < p.expect.size(); ++i) {
+    if (!p.expect[i].asking_reply || p.expect[i].op->failure.ok()) p.expect[i].op->failure = why;
+  }
+  p.got = p.expect.size();
+  if (!p.closed) {
+    Close(p.endpoint);
+    p.closed = true;
+  }
+}
+
+void Client::Dispatch(std::vector<Op*>& ops, std::map<Endpoint, Pending>& pending) {
   for (Op* op : ops) {
     op->reply.reset();
     op->failure = absl::OkStatus();
@@ -225,142 +240,165 @@ void Client::RunRound(std::vector<Op*>& ops, Clock::time_point deadline) {
     op->sent_to = target;
     Pending& p = pending[target];
     p.endpoint = target;
-    if (op->ask && !op->fixed) p.expect.push_back(Expect{op, true});
-    p.expect.push_back(Expect{op, false});
+    if (op->ask && !op->fixed) p.expect.push_back(Pending::Expect{op, true});
+    p.expect.push_back(Pending::Expect{op, false});
   }
-  auto fail_rest = [&](Pending& p, const absl::Status& why) {
-    for (size_t i = p.got; i < p.expect.size(); ++i) {
-      if (!p.expect[i].asking_reply || p.expect[i].op->failure.ok()) p.expect[i].op->failure = why;
-    }
-    p.got = p.expect.size();
-    if (!p.closed) {
-      Close(p.endpoint);
-      p.closed = true;
-    }
-  };
   for (auto& [endpoint, p] : pending) {
     p.conn = Connection(endpoint);
     if (p.conn == nullptr) {
       p.closed = true;
-      fail_rest(p, absl::UnavailableError(Cat("cannot connect to ", endpoint.ToString())));
+      FailRest(p, absl::UnavailableError(Cat("cannot connect to ", endpoint.ToString())));
       continue;
     }
-    for (const Expect& e : p.expect) {
-      int rc;
+    for (const Pending::Expect& e : p.expect) {
+      std::vector<const char*> argv;
+      std::vector<size_t> len;
       if (e.asking_reply) {
-        const char* argv[] = {"ASKING"};
-        const size_t len[] = {6};
-        rc = redisAppendCommandArgv(p.conn->ctx, 1, argv, len);
+        argv.push_back("ASKING");
+        len.push_back(6);
       } else {
-        std::vector<const char*> argv;
-        std::vector<size_t> len;
         for (std::string_view a : e.op->argv) {
           argv.push_back(a.data());
           len.push_back(a.size());
         }
-        rc = redisAppendCommandArgv(p.conn->ctx, static_cast<int>(argv.size()), argv.data(), len.data());
       }
-      if (rc != REDIS_OK) {
-        fail_rest(p, absl::InternalError(Cat("cannot encode a command for ", endpoint.ToString())));
+      if (redisAppendCommandArgv(p.conn->ctx, static_cast<int>(argv.size()), argv.data(), len.data()) != REDIS_OK) {
+        FailRest(p, absl::InternalError(Cat("cannot encode a command for ", endpoint.ToString())));
         break;
       }
     }
     if (!p.closed) p.conn->write_pending = true;
   }
+}
 
+// Takes every complete reply the reader holds, in order, for p's expected commands. False on a protocol error.
+bool Client::TakeReplies(Pending& p) {
+  void* r = nullptr;
+  while (p.got < p.expect.size()) {
+    if (redisGetReplyFromReader(p.conn->ctx, &r) != REDIS_OK) return false;
+    if (r == nullptr) return true;
+    const Pending::Expect& e = p.expect[p.got++];
+    if (e.asking_reply) {
+      freeReplyObject(r);
+    } else {
+      e.op->reply.reset(static_cast<redisReply*>(r));
+    }
+    r = nullptr;
+  }
+  return true;
+}
+
+void Client::Service(Pending& p, short revents) {
+  redisContext* c = p.conn->ctx;
+  auto broken = [&](const std::string& what) {
+    ++counters_.connection_errors;
+    FailRest(p, absl::UnavailableError(Cat(p.endpoint.ToString(), ": ", what)));
+  };
+  if (p.conn->connecting) {
+    if ((revents & (POLLOUT | POLLERR | POLLHUP)) == 0) return;
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err != 0) {
+      ++counters_.connect_failures;
+      return broken(Cat("connect: ", std::strerror(err)));
+    }
+    p.conn->connecting = false;
+  }
+  if (p.conn->write_pending && (revents & POLLOUT)) {
+    int done = 0;
+    if (redisBufferWrite(c, &done) != REDIS_OK) return broken(Cat("write: ", c->errstr));
+    if (done) p.conn->write_pending = false;
+  }
+  if ((revents & (POLLIN | POLLERR | POLLHUP)) == 0) return;
+  if (redisBufferRead(c) != REDIS_OK) {
+    (void)TakeReplies(p);  // keep the replies that arrived before the connection broke
+    return broken(c->errstr[0] != '\0' ? std::string(c->errstr) : "connection closed");
+  }
+  if (!TakeReplies(p)) broken(Cat("protocol error: ", c->errstr));
+}
+
+void Client::RunRound(std::vector<Op*>& ops, Clock::time_point deadline) {
+  std::map<Endpoint, Pending> pending;
+  Dispatch(ops, pending);
   SigpipeGuard sigpipe_guard;
   while (true) {
     std::vector<pollfd> fds;
     std::vector<Pending*> of;
     for (auto& [endpoint, p] : pending) {
-      if (p.closed || p.got == p.expect.size()) continue;
-      short events = POLLIN;
-      if (p.conn->connecting || p.conn->write_pending) events |= POLLOUT;
+      if (!p.waiting()) continue;
+      const short events = (p.conn->connecting || p.conn->write_pending) ? (POLLIN | POLLOUT) : POLLIN;
       fds.push_back(pollfd{p.conn->ctx->fd, events, 0});
       of.push_back(&p);
     }
-    if (fds.empty()) break;
+    if (fds.empty()) return;
     const int timeout_ms = PollTimeoutMs(deadline);
     const int n = (timeout_ms == 0) ? 0 : ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno == EINTR) continue;
-    if (Clock::now() >= deadline && n <= 0) {
+    if (n <= 0 && Clock::now() >= deadline) {
       for (Pending* p : of) {
         ++counters_.connection_errors;
-        fail_rest(*p, absl::DeadlineExceededError(Cat("no answer from ", p->endpoint.ToString(),
-                                                                " before the deadline")));
+        FailRest(*p, absl::DeadlineExceededError(Cat("no answer from ", p->endpoint.ToString(), " before the deadline")));
       }
-      break;
+      return;
     }
     for (size_t i = 0; i < fds.size(); ++i) {
-      Pending& p = *of[i];
-      const short re = fds[i].revents;
-      if (re == 0) continue;
-      redisContext* c = p.conn->ctx;
-      auto broken = [&](const std::string& what) {
-        ++counters_.connection_errors;
-        fail_rest(p, absl::UnavailableError(Cat(p.endpoint.ToString(), ": ", what)));
-      };
-      if (p.conn->connecting) {
-        if ((re & (POLLOUT | POLLERR | POLLHUP)) == 0) continue;
-        int err = 0;
-        socklen_t len = sizeof err;
-        if (::getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-        if (err != 0) {
-          ++counters_.connect_failures;
-          broken(Cat("connect: ", std::strerror(err)));
-          continue;
-        }
-        p.conn->connecting = false;
-      }
-      if (p.conn->write_pending && (re & POLLOUT)) {
-        int done = 0;
-        if (redisBufferWrite(c, &done) != REDIS_OK) {
-          broken(Cat("write: ", c->errstr));
-          continue;
-        }
-        if (done) p.conn->write_pending = false;
-      }
-      if (re & (POLLIN | POLLERR | POLLHUP)) {
-        if (redisBufferRead(c) != REDIS_OK) {
-          // Keep the replies that arrived before the connection broke.
-          void* r = nullptr;
-          while (p.got < p.expect.size() && redisGetReplyFromReader(c, &r) == REDIS_OK && r != nullptr) {
-            const Expect& e = p.expect[p.got++];
-            if (!e.asking_reply) e.op->reply.reset(static_cast<redisReply*>(r)); else freeReplyObject(r);
-            r = nullptr;
-          }
-          broken(c->errstr[0] != '\0' ? std::string(c->errstr) : "connection closed");
-          continue;
-        }
-        void* r = nullptr;
-        while (p.got < p.expect.size()) {
-          if (redisGetReplyFromReader(c, &r) != REDIS_OK) {
-            broken(Cat("protocol error: ", c->errstr));
-            break;
-          }
-          if (r == nullptr) break;
-          const Expect& e = p.expect[p.got++];
-          if (e.asking_reply) {
-            freeReplyObject(r);
-          } else {
-            e.op->reply.reset(static_cast<redisReply*>(r));
-          }
-          r = nullptr;
-        }
-      }
+      if (fds[i].revents != 0) Service(*of[i], fds[i].revents);
     }
   }
 }
 
-void Client::Execute(std::vector<Op>& ops, Clock::time_point deadline) {
-  auto finish = [](Op& op, absl::Status status) {
+void Client::Settle(Op& op, bool* refresh) {
+  auto finish = [&](absl::Status status) {
     op.done = true;
     op.final_status = std::move(status);
   };
+  auto resend = [&](absl::Status why) {
+    if (++op.resends > config_.max_redirects) finish(std::move(why));
+  };
+  const bool was_ask = op.ask.has_value();
+  op.ask.reset();
+  if (!op.failure.ok()) {
+    if (absl::IsDeadlineExceeded(op.failure)) return finish(op.failure);
+    *refresh = true;  // the node may be dead: ask the others who serves its slots now
+    return resend(op.failure);
+  }
+  const redisReply* r = op.reply.get();
+  if (r == nullptr) return finish(absl::InternalError("no reply"));
+  if (r->type != REDIS_REPLY_ERROR || op.fixed) {
+    op.done = true;  // a map refresh's reply is read by Refresh
+    return;
+  }
+  const std::string_view err(r->str, r->len);
+  if (std::optional<Redirection> to = ParseRedirection(err, op.sent_to)) {
+    if (to->ask) {
+      ++counters_.ask;
+      if (was_ask) return finish(absl::InternalError(Cat("redirected again after ASKING: ", err)));
+      op.ask = to->target;
+    } else {
+      ++counters_.moved;
+      auto it = std::find(masters_.begin(), masters_.end(), to->target);
+      if (it == masters_.end()) it = masters_.insert(masters_.end(), to->target);
+      slots_[op.slot] = static_cast<uint16_t>(it - masters_.begin());
+      *refresh = true;
+    }
+    return resend(absl::UnavailableError(Cat("too many redirections: ", err)));
+  }
+  if (err.starts_with("TRYAGAIN") || err.starts_with("CLUSTERDOWN")) {
+    *refresh = true;
+    return resend(absl::UnavailableError(std::string(err)));
+  }
+  op.done = true;  // the server's error reply is the command's outcome
+}
+
+void Client::Execute(std::vector<Op>& ops, Clock::time_point deadline) {
   if (!has_map_) {
-    absl::Status s = Refresh(deadline);
+    const absl::Status s = Refresh(deadline);
     if (!s.ok()) {
-      for (Op& op : ops) finish(op, s);
+      for (Op& op : ops) {
+        op.done = true;
+        op.final_status = s;
+      }
       return;
     }
   }
@@ -372,75 +410,79 @@ void Client::Execute(std::vector<Op>& ops, Clock::time_point deadline) {
     if (round.empty()) return;
     if (Clock::now() >= deadline) {
       for (Op* op : round) {
-        finish(*op, absl::DeadlineExceededError("the batch's deadline passed before an answer"));
+        op->done = true;
+        op->final_status = absl::DeadlineExceededError("the batch's deadline passed before an answer");
       }
       return;
     }
     RunRound(round, deadline);
     bool refresh = false;
-    for (Op* op : round) {
-      const bool was_ask = op->ask.has_value();
-      op->ask.reset();
-      auto resend = [&](absl::Status why) {
-        if (++op->resends > config_.max_redirects) {
-          finish(*op, std::move(why));
-        }
-      };
-      if (!op->failure.ok()) {
-        if (absl::IsDeadlineExceeded(op->failure)) {
-          finish(*op, op->failure);
-        } else {
-          refresh = true;  // the node may be dead: ask the others who serves its slots now
-          resend(op->failure);
-        }
-        continue;
-      }
-      redisReply* r = op->reply.get();
-      if (r == nullptr) {
-        finish(*op, absl::InternalError("no reply"));
-        continue;
-      }
-      if (r->type != REDIS_REPLY_ERROR) {
-        op->done = true;
-        continue;
-      }
-      const std::string_view err(r->str, r->len);
-      if (err.starts_with("MOVED ") && !op->fixed) {
-        ++counters_.moved;
-        std::optional<Endpoint> to = RedirectTarget(err, op->sent_to);
-        if (!to) {
-          finish(*op, absl::InternalError(Cat("bad redirection: ", err)));
-          continue;
-        }
-        auto it = std::find(masters_.begin(), masters_.end(), *to);
-        if (it == masters_.end()) {
-          masters_.push_back(*to);
-          it = masters_.end() - 1;
-        }
-        slots_[op->slot] = static_cast<uint16_t>(it - masters_.begin());
-        refresh = true;
-        resend(absl::UnavailableError(Cat("too many redirections: ", err)));
-      } else if (err.starts_with("ASK ") && !op->fixed) {
-        ++counters_.ask;
-        std::optional<Endpoint> to = RedirectTarget(err, op->sent_to);
-        if (!to || was_ask) {
-          finish(*op, absl::InternalError(Cat("redirection not followed: ", err)));
-          continue;
-        }
-        op->ask = *to;
-        resend(absl::UnavailableError(Cat("too many redirections: ", err)));
-      } else if ((err.starts_with("TRYAGAIN") || err.starts_with("CLUSTERDOWN")) && !op->fixed) {
-        refresh = true;
-        resend(absl::UnavailableError(std::string(err)));
-      } else {
-        op->done = true;  // the server's error reply is the command's outcome
-      }
-    }
-    if (refresh) {
-      (void)Refresh(deadline);  // a failed refresh leaves the map as it was; the resends fail on their own
-    }
+    for (Op* op : round) Settle(*op, &refresh);
+    if (refresh) (void)Refresh(deadline);  // a failed refresh keeps the map; the resends fail on their own
   }
 }
+
+namespace {
+
+struct SlotMap {
+  bool cluster = true;
+  std::vector<Endpoint> masters;
+  std::set<Endpoint> nodes;
+  std::array<uint16_t, kClusterSlots> slots;
+};
+
+// One node of a CLUSTER SLOTS range: [host, port, id, ...]; an empty or "?" host is the node that answered.
+bool NodeOf(const redisReply* n, const Endpoint& asked, Endpoint* e) {
+  if (n->type != REDIS_REPLY_ARRAY || n->elements < 2 || n->element[0]->type != REDIS_REPLY_STRING ||
+      n->element[1]->type != REDIS_REPLY_INTEGER || n->element[1]->integer <= 0 || n->element[1]->integer > 65535) {
+    return false;
+  }
+  e->host.assign(n->element[0]->str, n->element[0]->len);
+  if (e->host.empty() || e->host == "?") e->host = asked.host;
+  e->port = static_cast<uint16_t>(n->element[1]->integer);
+  return true;
+}
+
+// The answer of `asked` to CLUSTER SLOTS: ranges [lo, hi, master, replicas...], or the error of a server without
+// cluster support (one server: every slot is its). Errors: Unavailable (another error reply), Internal (malformed).
+absl::StatusOr<SlotMap> ParseSlotMap(const redisReply* r, const Endpoint& asked) {
+  SlotMap map;
+  map.slots.fill(kNoMaster);
+  if (r->type == REDIS_REPLY_ERROR) {
+    const std::string_view err(r->str, r->len);
+    if (err.find("cluster support disabled") == std::string_view::npos) {
+      return absl::UnavailableError(Cat(asked.ToString(), " CLUSTER SLOTS: ", err));
+    }
+    map.cluster = false;
+    map.masters = {asked};
+    map.nodes = {asked};
+    map.slots.fill(0);
+    return map;
+  }
+  const absl::Status malformed = absl::InternalError(Cat(asked.ToString(), " CLUSTER SLOTS: malformed reply"));
+  if (r->type != REDIS_REPLY_ARRAY) return malformed;
+  for (size_t i = 0; i < r->elements; ++i) {
+    const redisReply* range = r->element[i];
+    if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 || range->element[0]->type != REDIS_REPLY_INTEGER ||
+        range->element[1]->type != REDIS_REPLY_INTEGER) {
+      return malformed;
+    }
+    const long long lo = range->element[0]->integer, hi = range->element[1]->integer;
+    Endpoint master;
+    if (lo < 0 || hi >= kClusterSlots || lo > hi || !NodeOf(range->element[2], asked, &master)) return malformed;
+    auto it = std::find(map.masters.begin(), map.masters.end(), master);
+    if (it == map.masters.end()) it = map.masters.insert(map.masters.end(), master);
+    for (long long slot = lo; slot <= hi; ++slot) map.slots[slot] = static_cast<uint16_t>(it - map.masters.begin());
+    map.nodes.insert(master);
+    for (size_t k = 3; k < range->elements; ++k) {
+      Endpoint replica;
+      if (NodeOf(range->element[k], asked, &replica)) map.nodes.insert(replica);
+    }
+  }
+  return map;
+}
+
+}  // namespace
 
 absl::Status Client::Refresh(Clock::time_point deadline) {
   // Candidates: the seeds, then every node of the last map (a dead seed is survived), each once.
@@ -454,85 +496,24 @@ absl::Status Client::Refresh(Clock::time_point deadline) {
   absl::Status last = absl::UnavailableError("no node to ask CLUSTER SLOTS");
   for (const Endpoint& node : candidates) {
     if (Clock::now() >= deadline) return absl::DeadlineExceededError("cluster map refresh: deadline passed");
-    std::vector<Op*> round;
     Op op;
     op.argv = {"CLUSTER", "SLOTS"};
     op.fixed = node;
-    round.push_back(&op);
+    std::vector<Op*> round = {&op};
     RunRound(round, std::min(deadline, Clock::now() + config_.refresh_attempt_timeout));
     if (!op.failure.ok()) {
       last = op.failure;
       continue;
     }
-    redisReply* r = op.reply.get();
-    if (r->type == REDIS_REPLY_ERROR) {
-      const std::string_view err(r->str, r->len);
-      if (err.find("cluster support disabled") != std::string_view::npos) {
-        // One server: it serves every slot.
-        masters_ = {node};
-        nodes_ = {node};
-        slots_.fill(0);
-        cluster_mode_ = false;
-        has_map_ = true;
-        ++counters_.map_refreshes;
-        return absl::OkStatus();
-      }
-      last = absl::UnavailableError(Cat(node.ToString(), " CLUSTER SLOTS: ", err));
+    absl::StatusOr<SlotMap> map = ParseSlotMap(op.reply.get(), node);
+    if (!map.ok()) {
+      last = map.status();
       continue;
     }
-    if (r->type != REDIS_REPLY_ARRAY) {
-      last = absl::InternalError(Cat(node.ToString(), " CLUSTER SLOTS: not an array"));
-      continue;
-    }
-    std::vector<Endpoint> masters;
-    std::set<Endpoint> nodes;
-    std::array<uint16_t, 16384> slots;
-    slots.fill(kNoMaster);
-    bool ok = true;
-    auto endpoint_of = [&](const redisReply* n, Endpoint* e) {
-      if (n->type != REDIS_REPLY_ARRAY || n->elements < 2 || n->element[0]->type != REDIS_REPLY_STRING ||
-          n->element[1]->type != REDIS_REPLY_INTEGER || n->element[1]->integer <= 0 ||
-          n->element[1]->integer > 65535) {
-        return false;
-      }
-      e->host.assign(n->element[0]->str, n->element[0]->len);
-      if (e->host.empty() || e->host == "?") e->host = node.host;  // "unknown endpoint": the node we asked
-      e->port = static_cast<uint16_t>(n->element[1]->integer);
-      return true;
-    };
-    for (size_t i = 0; ok && i < r->elements; ++i) {
-      const redisReply* range = r->element[i];
-      if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 || range->element[0]->type != REDIS_REPLY_INTEGER ||
-          range->element[1]->type != REDIS_REPLY_INTEGER) {
-        ok = false;
-        break;
-      }
-      const long long lo = range->element[0]->integer, hi = range->element[1]->integer;
-      Endpoint master;
-      if (lo < 0 || hi >= 16384 || lo > hi || !endpoint_of(range->element[2], &master)) {
-        ok = false;
-        break;
-      }
-      auto it = std::find(masters.begin(), masters.end(), master);
-      if (it == masters.end()) {
-        masters.push_back(master);
-        it = masters.end() - 1;
-      }
-      for (long long s = lo; s <= hi; ++s) slots[s] = static_cast<uint16_t>(it - masters.begin());
-      nodes.insert(master);
-      for (size_t k = 3; k < range->elements; ++k) {
-        Endpoint replica;
-        if (endpoint_of(range->element[k], &replica)) nodes.insert(replica);
-      }
-    }
-    if (!ok) {
-      last = absl::InternalError(Cat(node.ToString(), " CLUSTER SLOTS: malformed reply"));
-      continue;
-    }
-    masters_ = std::move(masters);
-    nodes_.assign(nodes.begin(), nodes.end());
-    slots_ = slots;
-    cluster_mode_ = true;
+    masters_ = std::move(map->masters);
+    nodes_.assign(map->nodes.begin(), map->nodes.end());
+    slots_ = map->slots;
+    cluster_mode_ = map->cluster;
     has_map_ = true;
     ++counters_.map_refreshes;
     return absl::OkStatus();

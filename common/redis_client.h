@@ -56,6 +56,16 @@ struct Endpoint {
 // Errors: InvalidArgument (empty, no port, port out of 1..65535, another scheme).
 absl::StatusOr<std::vector<Endpoint>> ParseSeeds(std::string_view spec);
 
+// A redirection of Redis Cluster: "MOVED <slot> <host>:<port>" (the slot moved for good) or "ASK <slot> <host>:<port>"
+// (this one command goes to the target, after ASKING). An empty host is the host of the node that answered (`from`).
+struct Redirection {
+  bool ask = false;
+  uint32_t slot = 0;
+  Endpoint target;
+};
+// nullopt for any other error and for a malformed redirection.
+std::optional<Redirection> ParseRedirection(std::string_view error, const Endpoint& from);
+
 struct ClientConfig {
   std::vector<Endpoint> seeds;  // at least one
   int max_redirects = 5;        // resends of one key per batch (MOVED, ASK, TRYAGAIN, a failed connection)
@@ -117,13 +127,24 @@ class Client {
   std::vector<Endpoint> KnownNodes() const;
   const ClientCounters& counters() const { return counters_; }
 
-  struct Conn;  // one connection (internal)
-  struct Op;    // one command of a batch (internal)
+  struct Conn;     // one connection (internal)
+  struct Op;       // one command of a batch (internal)
+  struct Pending;  // the commands of one round on one connection (internal)
 
  private:
   explicit Client(ClientConfig config);
   // Sends every op to its target and reads the replies until each op has one, failed, or `deadline` passed.
   void RunRound(std::vector<Op*>& ops, Clock::time_point deadline);
+  // RunRound's parts: group the ops per target node and append them to its connection; handle one connection's poll
+  // events (connect, write, read); move the reader's complete replies to their ops; fail what a connection still
+  // owes (and close it).
+  void Dispatch(std::vector<Op*>& ops, std::map<Endpoint, Pending>& pending);
+  void Service(Pending& p, short revents);
+  bool TakeReplies(Pending& p);
+  void FailRest(Pending& p, const absl::Status& why);
+  // One reply (or failure) of a round: final (op.done), or resent next round (a redirection, a failed connection);
+  // sets *refresh when the map must be asked again.
+  void Settle(Op& op, bool* refresh);
   // Runs `ops` (each routed by slot, or to its ASK target) with redirections and resends until done or `deadline`.
   void Execute(std::vector<Op>& ops, Clock::time_point deadline);
   absl::Status Refresh(Clock::time_point deadline);

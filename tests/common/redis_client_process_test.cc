@@ -58,6 +58,26 @@ TEST(RedisSeeds, ParsesUrlsAndLists) {
   EXPECT_EQ(Client::Create(ClientConfig{}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(RedisRedirection, ParsesMovedAndAsk) {
+  const Endpoint from{"10.0.0.1", 7000};
+  auto moved = ParseRedirection("MOVED 3999 127.0.0.1:6381", from);
+  ASSERT_TRUE(moved);
+  EXPECT_FALSE(moved->ask);
+  EXPECT_EQ(moved->slot, 3999u);
+  EXPECT_EQ(moved->target, (Endpoint{"127.0.0.1", 6381}));
+  auto ask = ParseRedirection("ASK 0 :6380", from);  // an empty host: the node that answered
+  ASSERT_TRUE(ask);
+  EXPECT_TRUE(ask->ask);
+  EXPECT_EQ(ask->target, (Endpoint{"10.0.0.1", 6380}));
+  auto v6 = ParseRedirection("MOVED 16383 ::1:7001", from);
+  ASSERT_TRUE(v6);
+  EXPECT_EQ(v6->target, (Endpoint{"::1", 7001}));
+  for (const char* other : {"ERR wrong", "MOVED", "MOVED 1", "MOVED 16384 h:1", "MOVED x h:1", "ASK 1 h:0",
+                            "ASK 1 h", "MOVED 1 h:1 extra", "TRYAGAIN Multiple keys request during rehashing"}) {
+    EXPECT_FALSE(ParseRedirection(other, from)) << other;
+  }
+}
+
 class OneServer : public ::testing::Test {
  protected:
   void SetUp() override {
