@@ -524,6 +524,7 @@ absl::Status Client::Refresh(Clock::time_point deadline) {
 absl::Status Client::RefreshMap(std::chrono::milliseconds timeout) { return Refresh(Clock::now() + timeout); }
 
 std::vector<GetResult> Client::Get(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
+  if (keys.empty()) return {};
   const Clock::time_point deadline = Clock::now() + timeout;
   std::vector<Op> ops(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -564,6 +565,7 @@ std::vector<GetResult> Client::Get(std::span<const std::string> keys, std::chron
 }
 
 std::vector<absl::Status> Client::Set(std::span<const SetItem> items, std::chrono::milliseconds timeout) {
+  if (items.empty()) return {};
   const Clock::time_point deadline = Clock::now() + timeout;
   std::vector<Op> ops(items.size());
   std::vector<std::string> ttls(items.size());

@@ -320,6 +320,39 @@ TEST_F(Cluster, AskDuringAMigratingSlot) {
   EXPECT_EQ(*again[0].value, "f");
 }
 
+// One stopped master costs its own keys (DeadlineExceeded at the batch's deadline), never the keys of the others: the
+// masters are read in parallel.
+TEST_F(Cluster, AStoppedMasterCostsOnlyItsKeys) {
+  std::vector<std::string> keys;
+  std::vector<SetItem> items;
+  for (int i = 0; i < 60; ++i) keys.push_back("stop:" + std::to_string(i));
+  for (const std::string& k : keys) items.push_back(SetItem{k, k, 0});
+  for (const absl::Status& s : client_->Set(items, kBatch)) ASSERT_TRUE(s.ok()) << s;
+  RedisServer* stopped = MasterOfKey(keys[0]);
+  ASSERT_TRUE(stopped);
+  ASSERT_EQ(stopped->Signal(SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<GetResult> got = client_->Get(keys, milliseconds(300));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(stopped->Signal(SIGCONT), 0);
+  int timed_out = 0, hits = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const bool on_stopped = client_->MasterOf(KeySlot(keys[i]))->port == stopped->port();
+    if (on_stopped) {
+      EXPECT_EQ(got[i].status.code(), absl::StatusCode::kDeadlineExceeded) << keys[i];
+      ++timed_out;
+    } else {
+      ASSERT_TRUE(got[i].hit()) << keys[i] << " " << got[i].status;
+      EXPECT_EQ(*got[i].value, keys[i]);
+      ++hits;
+    }
+  }
+  EXPECT_GT(timed_out, 0);
+  EXPECT_GT(hits, 0);
+  EXPECT_EQ(client_->counters().timeouts, static_cast<uint64_t>(timed_out));
+  EXPECT_LT(took, milliseconds(3000));  // bounded by the deadline, never a hang (generous for a loaded machine)
+}
+
 TEST_F(Cluster, AKilledMasterIsReplacedByItsReplicaAndTheValueSurvives) {
   const std::string key = "{failover}page";
   const std::string value = Value(key, 5000);
