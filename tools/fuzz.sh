@@ -4,12 +4,14 @@
 # The run's corpus is build-fuzz/corpus/<target> (started from the committed seeds and regressions, fuzz/corpus/<target>);
 # crashes land in build-fuzz/crashes/<target>/ and fail the script. FUZZ_MERGE=1 merges the inputs that add coverage
 # back into fuzz/corpus/<target> (commit them: the corpus-replay tests of suite 'fuzz' replay every file there).
-# Usage: tools/fuzz.sh [SECONDS] [TARGET...]     targets: memd worker safetensors trace node_config libdhs (default: all)
+# Usage: tools/fuzz.sh [SECONDS] [TARGET...]     targets: memd worker safetensors trace node_config libdhs
+#        cluster_page_value (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-300}"; shift || true
-targets=("$@"); ((${#targets[@]})) || targets=(memd worker safetensors trace node_config libdhs)
-declare -A max_len=([libdhs]=2048 [memd]=2048 [worker]=2048 [safetensors]=65536 [trace]=4096 [node_config]=4096)
+targets=("$@"); ((${#targets[@]})) || targets=(memd worker safetensors trace node_config libdhs cluster_page_value)
+declare -A max_len=([libdhs]=2048 [memd]=2048 [worker]=2048 [safetensors]=65536 [trace]=4096 [node_config]=4096
+                  [cluster_page_value]=512)
 
 # clang and its runtimes (libFuzzer, ASan, UBSan) are Debian packages; only this script needs them, not CI.
 missing=()

@@ -11,7 +11,8 @@ deps_only=0; [[ "$build_dir" == "--deps-only" ]] && deps_only=1
 pkgs=(g++ meson ninja-build pkg-config libboost-dev libzmq3-dev cppzmq-dev flatbuffers-compiler
       libflatbuffers-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
       libspdlog-dev libeigen3-dev libcli11-dev libcpp-httplib-dev libtomlplusplus-dev libsystemd-dev python3
-      python3-matplotlib librandom123-dev libssl-dev libxxhash-dev universal-ctags)
+      python3-matplotlib librandom123-dev libssl-dev libxxhash-dev universal-ctags
+      libhiredis-dev redis-server)  # issue 26: the cluster tier's client and its tests' real servers (redis-cli too)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
