@@ -28,9 +28,9 @@ Exactness beyond the pairs: one run with forced reclaims (adaptive under dhs-rep
 and one with worker kills (hisparse, sharing on, dhs-replay's kill points --kill-worker-at prefill:P decode:D) on the
 Mooncake trace, each --check-exact, every request finished (fault injection is not allowed with --prefixes).
 
-Usage: tools/bench_prefix_sharing.py [--replay build/tools/replay/dhs-replay] [--length-scale 0.02] [--requests 200]
-          [--concurrency 4] [--modes hisparse] [--prefixes 4] [--prefix-tokens 1024] [--sessions 32]
-          [--synthetic-concurrency 8] [--no-faults] [--json OUT]
+Usage: tools/bench_prefix_sharing.py [--replay build/tools/replay/dhs-replay] [--length-scale 0.0625] [--requests 200]
+          [--concurrency 4] [--modes hisparse,adaptive] [--prefixes 4] [--prefix-tokens 4096] [--suffix-tokens 16]
+          [--output-tokens 32] [--sessions 64] [--synthetic-concurrency 16] [--no-faults] [--json OUT]
 `measure()` is the benchmark as a function (tools/perf_report.py calls it, section `prefix_sharing`); its result is
 what --json writes. Exit 1 when a run was not exact or left a request unfinished.
 """
@@ -193,6 +193,7 @@ def figures(r):
         "worker_restarts": r.get("worker_restarts", 0), "requests_resumed": r.get("requests_resumed", 0),
         "host_rows_lost": r.get("host_rows_lost", 0), "host_pages_unconfirmed": r.get("host_pages_unconfirmed", 0),
         "worker_crashes": r.get("worker_crashes", 0),
+        "hbm_budget_bytes": (r.get("settings") or {}).get("hbm_budget_bytes"),
         "block_tokens": ((r.get("trace") or {}).get("block_tokens")
                          or ((r.get("prefix_workload") or {}).get("block_tokens"))),
     }
@@ -266,10 +267,19 @@ def measure(args, log=sys.stderr):
         # Exactness under forced reclaims (adaptive, dhs-replay's default budget) and worker kills (hisparse).
         faults = {}
         if not args.no_faults:
+            # The adaptive pair's sharing-on run when it reclaimed; else a run of its own under dhs-replay's default
+            # budget, halved until a run reclaims (at most twice).
             reclaim = next((p["on"] for p in result["workloads"][0]["pairs"] if p["mode"] == "adaptive"), None)
-            if reclaim is None:
-                reclaim, _ = replay(args, tmp, "mooncake-adaptive-reclaims",
-                                    moon + ["--mode", "adaptive", "--check-exact", "--prefix-sharing", "on"], log)
+            budget = None
+            for attempt in range(3):
+                if reclaim is not None and (reclaim.get("reclaims", 0) > 0 or "error" in reclaim):
+                    break
+                if reclaim is not None and reclaim.get("hbm_budget_bytes"):
+                    budget = int(reclaim["hbm_budget_bytes"]) // 2
+                extra = ["--hbm-budget", str(budget)] if budget else []
+                reclaim, _ = replay(args, tmp, f"mooncake-adaptive-reclaims-{attempt}",
+                                    moon + ["--mode", "adaptive", "--check-exact", "--prefix-sharing", "on", *extra],
+                                    log)
             faults["reclaims"] = reclaim
             kill_args = [w for k in KILL_POINTS for w in ("--kill-worker-at", k)]
             faults["kills"], _ = replay(args, tmp, "mooncake-hisparse-kills",
@@ -333,16 +343,16 @@ def main():
     ap.add_argument("--replay", default="build/tools/replay/dhs-replay")
     ap.add_argument("--trace", default=MOONCAKE, help="the Mooncake trace (default the bundled 200-request slice)")
     ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--length-scale", type=float, default=0.02)
+    ap.add_argument("--length-scale", type=float, default=0.0625)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--preset", default="dsv4flash-like")
-    ap.add_argument("--modes", default="hisparse", help=f"comma-separated subset of {','.join(SHARING_MODES)}")
+    ap.add_argument("--modes", default="hisparse,adaptive", help=f"comma-separated subset of {','.join(SHARING_MODES)}")
     ap.add_argument("--prefixes", type=int, default=4)
-    ap.add_argument("--prefix-tokens", type=int, default=1024)
+    ap.add_argument("--prefix-tokens", type=int, default=4096)
     ap.add_argument("--suffix-tokens", type=int, default=16)
-    ap.add_argument("--output-tokens", type=int, default=16)
-    ap.add_argument("--sessions", type=int, default=32)
-    ap.add_argument("--synthetic-concurrency", type=int, default=8)
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--sessions", type=int, default=64)
+    ap.add_argument("--synthetic-concurrency", type=int, default=16)
     ap.add_argument("--no-faults", action="store_true", help="skip the reclaim and worker-kill runs")
     ap.add_argument("--json", default="")
     args = ap.parse_args()

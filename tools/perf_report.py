@@ -87,11 +87,12 @@ SIZES = {
                        sessions_per_c=2, suffix_tokens=16, output_tokens=8, resident_sessions=3, hbm_budget="",
                        speculation=True, spec_concurrency="1,4,16,64", spec_context=256, spec_output_tokens=32,
                        sample_every=2),
-        # Issue 24 (tools/bench_prefix_sharing.py): the 200-request Mooncake slice at 2% of its lengths and the
-        # prepared-prefix workload, sharing off against on; about 25 minutes on a loaded 2-core machine.
-        "prefix_sharing": dict(length_scale=0.02, requests=200, concurrency=4, preset="dsv4flash-like",
-                               modes="hisparse,adaptive", prefixes=4, prefix_tokens=1024, suffix_tokens=16,
-                               output_tokens=16, sessions=32, synthetic_concurrency=8, no_faults=False),
+        # Issue 24 (tools/bench_prefix_sharing.py): the 200-request Mooncake slice at 1/16 of its lengths (32-token
+        # blocks: two to a 64-row host page) and the prepared-prefix workload, sharing off against on, hisparse and
+        # adaptive, every run --check-exact; the reclaim and worker-kill runs.
+        "prefix_sharing": dict(length_scale=0.0625, requests=200, concurrency=4, preset="dsv4flash-like",
+                               modes="hisparse,adaptive", prefixes=4, prefix_tokens=4096, suffix_tokens=16,
+                               output_tokens=32, sessions=64, synthetic_concurrency=16, no_faults=False),
     },
     "quick": {
         "modes": dict(trace="", requests=3, length_scale=0.05, concurrency="1,3", hbm_budget=1500000, repeat=1),
