@@ -22,7 +22,10 @@ tokens, as fractions of all complete blocks and of all prefill tokens. The block
 ((b+1)*T <= input tokens), T = the trace's 512-token block scaled like the lengths (tools/replay/trace.cc ScaleLengths:
 round half away from zero, at least 1; hash ids beyond ceil(input / T) dropped). The tokens of a block covered by a
 hash id depend on that id only, the others on the request's own trace row (common/prompt_tokens.h), so two blocks have
-the same chain exactly when the requests' hash ids agree up to that block and the block is covered by them.
+the same chain exactly when the requests' hash ids agree up to that block and the block is covered by them. Also the
+same bound at host-page granularity: memd shares a page (p = 64 rows, workerd's default) only when it lies wholly
+inside complete blocks of the chain, and the worker imports only pages wholly before the request's last input token
+(workerd/prefix_import.cc), so a block seen before counts there only when such a page covers it.
 
 Exactness beyond the pairs: one run with forced reclaims (adaptive under dhs-replay's default GPU budget, sharing on)
 and one with worker kills (hisparse, sharing on, dhs-replay's kill points --kill-worker-at prefill:P decode:D) on the
@@ -48,6 +51,7 @@ from dhs_vocabulary import WORKER_MODES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOONCAKE = os.path.join(HERE, "replay", "data", "mooncake_conversation_head200.jsonl")
+HOST_PAGE_ROWS = 64  # rows of a host page: workerd's default p (workerd/geometry.h), which dhs-replay's worker uses
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash block (tools/replay/trace.cc; the trace's README)
 SHARING_MODES = tuple(m for m in WORKER_MODES if m != "resident")  # the modes with a host tier
 KILL_POINTS = ("prefill:3", "decode:40")  # the worker kill points of the fault run (dhs-replay --kill-worker-at)
@@ -73,34 +77,46 @@ def scaled_requests(rows, scale, block_tokens=MOONCAKE_BLOCK_TOKENS):
     return t, out
 
 
-def upper_bound(requests, block_tokens, counted_from=0):
+def upper_bound(requests, block_tokens, counted_from=0, page_rows=HOST_PAGE_ROWS):
     """The share of prefix reuse a workload allows: the complete blocks (of `block_tokens` tokens) of requests
     counted_from.. whose whole chain appeared in an earlier request (any earlier one, counted or not).
 
     `requests`: [(input_tokens, hash_ids)] in submission order; block b of a request is complete when
     (b + 1) * T <= input_tokens; its chain is the request's hash ids 0..b when b < len(hash_ids) (tokens follow from
-    the ids), else the request's own (private tokens: never seen before). Returns {block_tokens, blocks, blocks_seen,
-    block_share, prefill_tokens, tokens_seen, token_share} (prefill_tokens: the counted requests' input tokens;
-    tokens_seen = blocks_seen * T).
+    the ids), else the request's own (private tokens: never seen before). The blocks seen are a prefix of the request's
+    (a chain seen implies its shorter chains seen). Returns {block_tokens, blocks, blocks_seen, block_share,
+    prefill_tokens, tokens_seen, token_share} (prefill_tokens: the counted requests' input tokens; tokens_seen =
+    blocks_seen * T) and the same bound at host-page granularity, `page_rows` rows a page (workerd's p): memd shares
+    the pages wholly inside the seen blocks (floor(k * T / p) of k blocks seen) and the worker imports those wholly
+    before the request's last input token ((n - 1) // p pages, workerd/prefix_import.cc), covering
+    min(k, floor(pages * p / T)) blocks: {page_rows, blocks_page_bound, tokens_page_bound (pages * p rows: prefill
+    tokens saved), page_block_share}.
     """
-    t = int(block_tokens)
+    t, p = int(block_tokens), int(page_rows)
     seen = set()
-    blocks = blocks_seen = prefill = 0
+    blocks = blocks_seen = prefill = page_blocks = page_tokens = 0
     for i, (n, ids) in enumerate(requests):
         complete = n // t
         counted = i >= counted_from
-        if counted:
-            blocks += complete
-            prefill += n
+        k = 0  # leading blocks seen in an earlier request
         for b in range(min(complete, len(ids))):
             chain = tuple(ids[: b + 1])
             if chain in seen:
-                blocks_seen += counted
+                k = b + 1
             else:
                 seen.add(chain)
+        if counted:
+            blocks += complete
+            prefill += n
+            blocks_seen += k
+            pages = min(k * t // p, (n - 1) // p)
+            page_blocks += min(k, pages * p // t)
+            page_tokens += pages * p
     return {"block_tokens": t, "blocks": blocks, "blocks_seen": blocks_seen,
             "block_share": blocks_seen / blocks if blocks else 0.0, "prefill_tokens": prefill,
-            "tokens_seen": blocks_seen * t, "token_share": blocks_seen * t / prefill if prefill else 0.0}
+            "tokens_seen": blocks_seen * t, "token_share": blocks_seen * t / prefill if prefill else 0.0,
+            "page_rows": p, "blocks_page_bound": page_blocks, "tokens_page_bound": page_tokens,
+            "page_block_share": page_blocks / blocks if blocks else 0.0}
 
 
 def read_trace(path, n):
@@ -311,7 +327,8 @@ def print_table(result):
         b = w["bound"]
         print(f"{w['name']}: upper bound {b['blocks_seen']}/{b['blocks']} blocks ({pct(b['block_share'])}), "
               f"{b['tokens_seen']}/{b['prefill_tokens']} prefill tokens ({pct(b['token_share'])}), block "
-              f"{b['block_tokens']} tokens")
+              f"{b['block_tokens']} tokens; at {b['page_rows']}-row page granularity {b['blocks_page_bound']} blocks "
+              f"({pct(b['page_block_share'])}), {b['tokens_page_bound']} prefill tokens")
         print(f"  {'mode':<9} {'sharing':<7} {'served':>7} {'exact':>5} {'worker':>7} {'host':>7} {'miss':>7} "
               f"{'saved':>7} {'shared':>6} {'B/sess mean':>11} {'peak':>9} {'pages held':>10} {'alloc':>6} "
               f"{'TTFT p50':>8} {'p99':>8} {'tok/s':>7}")

@@ -921,7 +921,12 @@ def prefix_sharing_lines(fig):
                 f"Upper bound the trace allows (computed from the trace, not by the node): {b['blocks_seen']} of "
                 f"{b['blocks']} complete {b['block_tokens']}-token blocks ({fmt(100 * b['block_share'], 1)}%) have a "
                 f"whole chain that appeared in an earlier request: {b['tokens_seen']} of {b['prefill_tokens']} prefill "
-                f"tokens ({fmt(100 * b['token_share'], 1)}%).", "", SHARING_COLUMNS, "|" + "---|" * 17]
+                f"tokens ({fmt(100 * b['token_share'], 1)}%)."
+                + (f" At host-page granularity ({b['page_rows']}-row pages wholly inside the seen blocks and before "
+                   "the request's last input token: what memd can share and the worker import): "
+                   f"{b['blocks_page_bound']} blocks ({fmt(100 * b['page_block_share'], 1)}%), "
+                   f"{b['tokens_page_bound']} prefill tokens." if "blocks_page_bound" in b else ""),
+                "", SHARING_COLUMNS, "|" + "---|" * 17]
         for p in w["pairs"]:
             for side in ("off", "on"):
                 r = p[side]

@@ -64,6 +64,21 @@ class UpperBound(unittest.TestCase):
         # Counted: request 1 ((1), (1,2) seen in request 0) and request 2 ((1) seen, (1,3) new).
         self.assertEqual((b["blocks"], b["blocks_seen"], b["prefill_tokens"]), (4, 3, 40))
 
+    def test_page_granular_bound(self):
+        # T = 10 tokens a block, p = 16 rows a page. A names 4 new blocks. B: 3 blocks seen (its 4th id differs):
+        # pages min(30 // 16, 44 // 16) = 1, covering min(3, 16 // 10) = 1 block, 16 tokens. C (A's chain, 41 tokens):
+        # 4 seen, pages min(40 // 16, 40 // 16) = 2, min(4, 32 // 10) = 3 blocks, 32 tokens. D: 33 tokens, 3 complete
+        # blocks (the 4th id kept, its block partial): 3 seen, pages min(30 // 16, 32 // 16) = 1: 1 block, 16 tokens.
+        reqs = [(40, [1, 2, 3, 4]), (45, [1, 2, 3, 9]), (41, [1, 2, 3, 4]), (33, [1, 2, 3, 4])]
+        b = bench.upper_bound(reqs, 10, page_rows=16)
+        self.assertEqual((b["blocks"], b["blocks_seen"]), (4 + 4 + 4 + 3, 0 + 3 + 4 + 3))
+        self.assertEqual((b["blocks_page_bound"], b["tokens_page_bound"]), (1 + 3 + 1, 16 + 32 + 16))
+        self.assertAlmostEqual(b["page_block_share"], 5 / 15)
+        # The last input token's page is never imported: 32 tokens of 8-token blocks, all 4 seen, 2 pages of 16 rows
+        # inside them, but only (32 - 1) // 16 = 1 wholly before the last token: 2 blocks, 16 tokens.
+        b = bench.upper_bound([(32, [1, 2, 3, 4]), (32, [1, 2, 3, 4])], 8, page_rows=16)
+        self.assertEqual((b["blocks_seen"], b["blocks_page_bound"], b["tokens_page_bound"]), (4, 2, 16))
+
     def test_synthetic_workload(self):
         # --prefixes 2 --prefix-tokens 1024 --suffix-tokens 16, 3 sessions: block min(512, 1024) = 512; the
         # preparation computes both prefixes; each session has 1040 // 512 = 2 complete blocks, both its prefix's

@@ -317,7 +317,9 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("`python3 tools/perf_report.py --sections prefix_sharing`", doc)
         # (1), (1,2) new; (1) seen, (1,3) new: 1 of 4 blocks, 10 of 40 tokens.
         self.assertIn("1 of 4 complete 10-token blocks (25.0%) have a whole chain that appeared in an earlier request: "
-                      "10 of 40 prefill tokens (25.0%)", doc)
+                      "10 of 40 prefill tokens (25.0%). At host-page granularity (64-row pages wholly inside the seen "
+                      "blocks and before the request's last input token: what memd can share and the worker import): "
+                      "0 blocks (0.0%), 0 prefill tokens.", doc)
         self.assertEqual(table_row(doc, ["hisparse", "on"])[2:],
                          ["10/10", "yes", "200", "10 (5.0%)", "30 (15.0%)", "160 (80.0%)", "500", "12", "1000",
                           "2000", "10", "30", "80.0", "240.0", "22.00"])
