@@ -37,6 +37,27 @@ absl::Status ValidateWorkloadCombination(const ReplayOptions& o) {
   return absl::OkStatus();
 }
 
+// Issue 24: memd's cache limits go to the memd the tool starts, and mean something only with sharing on.
+absl::Status ValidatePrefixLimits(const ReplayOptions& o) {
+  for (const auto& [name, given] : {std::pair<const char*, bool>{"--prefix-eviction", !o.prefix_eviction.empty()},
+                                    {"--prefix-tenant-quota-pages", o.prefix_tenant_quota_pages != 0}}) {
+    if (!given) continue;
+    if (!o.connect.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " applies to the memd of a node the tool starts, not to --connect ", o.connect));
+    }
+    if (!o.prefix_sharing) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " needs --prefix-sharing on (it limits memd's cache of shared prefix pages)"));
+    }
+  }
+  if (o.prefix_tenant_quota_pages < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefix-tenant-quota-pages must be >= 0, got ", o.prefix_tenant_quota_pages));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string ReplayOptions::DefaultTrace() { return DHS_REPLAY_DEFAULT_TRACE; }
@@ -82,16 +103,7 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   if (!o.connect.empty() && o.prefix_sharing) {
     return bad("--prefix-sharing applies to the memd of a node the tool starts, not to --connect ", o.connect);
   }
-  // Issue 24: memd's cache limits go to the memd the tool starts, and mean something only with sharing on.
-  for (const auto& [name, given] : {std::pair<const char*, bool>{"--prefix-eviction", !o.prefix_eviction.empty()},
-                                    {"--prefix-tenant-quota-pages", o.prefix_tenant_quota_pages != 0}}) {
-    if (!given) continue;
-    if (!o.connect.empty()) return bad(name, " applies to the memd of a node the tool starts, not to --connect ", o.connect);
-    if (!o.prefix_sharing) return bad(name, " needs --prefix-sharing on (it limits memd's cache of shared prefix pages)");
-  }
-  if (o.prefix_tenant_quota_pages < 0) {
-    return bad("--prefix-tenant-quota-pages must be >= 0, got ", o.prefix_tenant_quota_pages);
-  }
+  if (absl::Status s = ValidatePrefixLimits(o); !s.ok()) return s;  // issue 24
   if (!o.connect.empty() && !o.reclaim_policy.empty()) {
     return bad("--reclaim-policy applies to a node the tool starts, not to --connect ", o.connect);
   }

@@ -204,6 +204,16 @@ static json FaultsJson(const FaultFigures& f) {
                                {"samples", f.recovery_us}}}};
 }
 
+// Issue 24's top-level fields (docs/replay.md): lookups by tier (blocks), prefill saved, memd's host pool.
+static json PrefixSharingJson(const ReplayReport& r) {
+  return json{
+      {"prefix", {{"lookups", r.prefix_lookups}, {"hits_host", r.prefix_hits_host}, {"hits_worker", r.prefix_hits_worker}}},
+      {"prefill_tokens_saved", r.prefill_tokens_saved},
+      {"host_pages_shared", r.host_pages_shared},
+      {"host_bytes_per_session", {{"mean", r.host_bytes_per_session_mean}, {"peak", r.host_bytes_per_session_peak}}},
+      {"host_pages_peak", {{"held", r.host_pages_held_peak}, {"allocated", r.host_pages_allocated_peak}}}};
+}
+
 json ReportToJson(const ReplayReport& r) {
   const RunSettings& s = r.settings;
   json gpus = json::array();
@@ -235,12 +245,6 @@ json ReportToJson(const ReplayReport& r) {
       {"mode", s.mode},
       {"prefill", s.prefill},
       {"prefix_blocks", {{"imported", r.prefix_blocks_imported}, {"computed", r.prefix_blocks_computed}}},
-      {"prefix", {{"lookups", r.prefix_lookups}, {"hits_host", r.prefix_hits_host},  // issue 24, blocks
-                  {"hits_worker", r.prefix_hits_worker}}},
-      {"prefill_tokens_saved", r.prefill_tokens_saved},
-      {"host_pages_shared", r.host_pages_shared},
-      {"host_bytes_per_session", {{"mean", r.host_bytes_per_session_mean}, {"peak", r.host_bytes_per_session_peak}}},
-      {"host_pages_peak", {{"held", r.host_pages_held_peak}, {"allocated", r.host_pages_allocated_peak}}},
       {"exact_match", OrNull(r.exact_match)},
       {"gpu_memory", gpus},
       {"elapsed_s", r.elapsed_s},
@@ -272,6 +276,7 @@ json ReportToJson(const ReplayReport& r) {
   }
   out["end_reasons"] = r.end_reasons;
   out["failures"] = failures;
+  out.update(PrefixSharingJson(r));                                 // issue 24
   out["prefix_workload"] = PrefixWorkloadJson(r.prefix_workload);  // issue 27
   out["host_bytes_recovered"] = r.host_bytes_recovered;              // issue 27
   out.update(FaultsJson(r.faults));  // top-level fields (docs/replay.md, "Faults")
