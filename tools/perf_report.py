@@ -11,6 +11,9 @@ What it runs (CPU backend, the host-device link model on: `--link-model pcie5`, 
   `off` against the built-in drafter `fixed` and the synthetic proposer at two corruption rates, same trace slice and
   budget as the short-context modes; ratios to `off` within a repeat);
 - `dhsctl plan --json` for glm5-like and dsv4flash-like at 100K context (resident vs hierarchical bytes per session);
+- prefix sharing (issue 24; tools/bench_prefix_sharing.py's `measure()`): memd's content-addressed host tier off
+  against on, back to back, on the Mooncake slice and the prepared-prefix workload, every run --check-exact, the
+  upper bound each trace allows, exactness under forced reclaims and worker kills (about 25 min of the full run);
 - the Google Benchmark programs behind three of issue 14's targets: host recovery vs memcpy at 2048 rows
   (resolver_bench), admission decisions/s at 100..100K admitted requests (memd_bench_admission), grant round trip
   p50/p99 over ipc:// (memd_bench_grant_rtt).
@@ -27,13 +30,17 @@ from the runs); `planner`: {preset: bytes per session (resident, hierarchical, w
 `micro`: {repetitions, host_recovery[] {rows, recovery_vs_memcpy, recovery_GBps, memcpy_GBps,
 recovery_ns_per_step}, admission[] {admitted, decisions_per_s}, grant_rtt[] {capacity_pages, p50_us, p99_us,
 p999_us}}; `speculation`: tools/bench_speculation.py's --json result (`points[]` of {concurrency, config, median,
-sessions_vs_off, tpot_vs_off, throughput_vs_off, runs[]}). A section or program that failed is {"error": message}
+sessions_vs_off, tpot_vs_off, throughput_vs_off, runs[]}); `prefix_sharing`: tools/bench_prefix_sharing.py's --json
+result (settings, `workloads[]` of {name, bound, pairs[] {mode, off, on, on_vs_off, on_equals_off}}, `faults`,
+`all_exact`). A section or program that failed is {"error": message}
 instead.
 
 Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md] [--plots docs/perf]
                             [--figures FILE] [--from-json FIGURES]
 --quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
-The full run takes about 30 min on a quiet 2-core machine (26 min on 2026-12-01), up to 50 min loaded. Needs python3-matplotlib (checked before anything runs).
+The full run takes about 30 min on a quiet 2-core machine (26 min on 2026-12-01), up to 50 min loaded, without the
+prefix_sharing section (about 25 min more). `--sections prefix_sharing` measures that section alone and renders the
+document again from the saved figures of the others (their text unchanged). Needs python3-matplotlib (checked before anything runs).
 Run it from the repository root. Exit status: 0 written (a benchmark or replay that failed is printed to stderr and
 reported as FAILED / "not measured" in the document); 1 matplotlib missing; 2 bad command line or unreadable
 figures.
@@ -51,6 +58,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_prefix  # noqa: E402
+import bench_prefix_sharing  # noqa: E402
 import bench_speculation  # noqa: E402
 from bench_modes import MODES, measure, ratio, summary  # noqa: E402
 
@@ -79,6 +87,12 @@ SIZES = {
                        sessions_per_c=2, suffix_tokens=16, output_tokens=8, resident_sessions=3, hbm_budget="",
                        speculation=True, spec_concurrency="1,4,16,64", spec_context=256, spec_output_tokens=32,
                        sample_every=2),
+        # Issue 24 (tools/bench_prefix_sharing.py): the 200-request Mooncake slice at 1/16 of its lengths (32-token
+        # blocks: two to a 64-row host page) and the prepared-prefix workload, sharing off against on, hisparse and
+        # adaptive, every run --check-exact; the reclaim and worker-kill runs.
+        "prefix_sharing": dict(length_scale=0.0625, requests=200, concurrency=4, preset="dsv4flash-like",
+                               modes="hisparse,adaptive", prefixes=4, prefix_tokens=4096, suffix_tokens=16,
+                               output_tokens=32, sessions=64, synthetic_concurrency=16, no_faults=False),
     },
     "quick": {
         "modes": dict(trace="", requests=3, length_scale=0.05, concurrency="1,3", hbm_budget=1500000, repeat=1),
@@ -91,6 +105,9 @@ SIZES = {
                        suffix_tokens=8,
                        output_tokens=4, resident_sessions=2, hbm_budget="", speculation=False, spec_concurrency="",
                        sample_every=1),
+        "prefix_sharing": dict(length_scale=0.01, requests=12, concurrency=2, preset="dsv4flash-like",
+                               modes="hisparse", prefixes=2, prefix_tokens=128, suffix_tokens=8, output_tokens=4,
+                               sessions=4, synthetic_concurrency=2, no_faults=True),
     },
 }
 
@@ -240,7 +257,16 @@ def collect_prefix(build, params, figures_path):
     return bench_prefix.measure(args, saved=saved)
 
 
-SECTIONS = ("planner", "micro", "long_context", "modes", "speculation", "prefix")
+def collect_prefix_sharing(build, params):
+    """tools/bench_prefix_sharing.py's measurement (issue 24): sharing off against on, back to back, on the Mooncake
+    slice and the prepared-prefix workload, every run --check-exact, the upper bound from the traces, the reclaim and
+    worker-kill runs. No link model (the host tier's figures are bytes and hits, not link time)."""
+    args = SimpleNamespace(replay=os.path.join(build, "tools/replay/dhs-replay"), trace=bench_prefix_sharing.MOONCAKE,
+                           **params)
+    return bench_prefix_sharing.measure(args)
+
+
+SECTIONS = ("planner", "micro", "long_context", "modes", "speculation", "prefix", "prefix_sharing")
 
 
 def collect(args, figures_path, fig=None, only=SECTIONS):
@@ -258,7 +284,8 @@ def collect(args, figures_path, fig=None, only=SECTIONS):
              ("long_context", lambda: collect_modes(args.build, size["long_context"])),
              ("modes", lambda: collect_modes(args.build, size["modes"])),
              ("speculation", lambda: collect_speculation(args.build, size["speculation"])),
-             ("prefix", lambda: collect_prefix(args.build, size["prefix"], figures_path)))
+             ("prefix", lambda: collect_prefix(args.build, size["prefix"], figures_path)),
+             ("prefix_sharing", lambda: collect_prefix_sharing(args.build, size["prefix_sharing"])))
     for name, step in steps:
         if name not in only:
             continue
@@ -859,6 +886,90 @@ def prefix_step_profile_lines(pre):
     return out
 
 
+SHARING_COLUMNS = ("| mode | sharing | served | exact | lookups | worker row cache | host tier | miss (computed) | "
+                   "prefill tokens saved | host pages shared | host B/session mean | host B/session peak | "
+                   "peak host pages held | peak host pages allocated | TTFT p50 ms | TTFT p99 ms | tok/s |")
+
+
+def prefix_sharing_lines(fig):
+    """The section of issue 24: the upper bound per workload, sharing off and on per mode with the on/off ratios,
+    exactness (against resident, on against off, under reclaims and worker kills)."""
+    ps = fig.get("prefix_sharing")
+    out = ["", "## Prefix sharing: the content-addressed host tier (issue 24)", ""]
+    if not isinstance(ps, dict):
+        return out + ["not run"]
+    if "error" in ps:
+        return out + ["FAILED: " + ps["error"]]
+    syn = ps["synthetic"]
+    out += [f"`python3 tools/perf_report.py --sections prefix_sharing` (`tools/bench_prefix_sharing.py`; "
+            f"{fmt(ps.get('wall_s', float('nan')) / 60, 1)} min): `dhs-replay` with memd's `--prefix-sharing off` "
+            "then `on`, back to back on one build and the same settings, every run `--check-exact` (tokens and logits "
+            f"digests equal to resident serving), model `{ps['preset']}`. Workloads: the Mooncake conversation slice "
+            f"(`{ps['trace']}`, the first {ps['requests']} requests, lengths x {ps['length_scale']}, closed loop at "
+            f"C = {ps['concurrency']}) and the synthetic workload of the benchmarks (dhs-replay has no synthetic trace "
+            f"file; its closest is the closed loop over prepared prefixes of issue 27, `--prefixes {syn['prefixes']} "
+            f"--prefix-tokens {syn['prefix_tokens']} --suffix-tokens {syn['suffix_tokens']} --session-output-tokens "
+            f"{syn['output_tokens']} --sessions {syn['sessions']} --concurrency {syn['concurrency']}`; its figures "
+            "are the sessions' window, after a preparation that computes each prefix once). Hits are blocks of the "
+            "requests' chains (rates: shares of the lookups); host bytes per session: memd's host pages held by "
+            "sessions (cached prefix pages no session holds left out) x page bytes / admitted sessions, sampled; peak "
+            "host pages: held by sessions, and allocated with the cached ones. One run per point on a shared 2-core "
+            "machine: TTFT and tokens/s are noisy, compare them as the on/off ratio of one run.", ""]
+    for w in ps["workloads"]:
+        b = w["bound"]
+        out += [f"### {w['name'].capitalize()}", "",
+                f"Upper bound the trace allows (computed from the trace, not by the node): {b['blocks_seen']} of "
+                f"{b['blocks']} complete {b['block_tokens']}-token blocks ({fmt(100 * b['block_share'], 1)}%) have a "
+                f"whole chain that appeared in an earlier request: {b['tokens_seen']} of {b['prefill_tokens']} prefill "
+                f"tokens ({fmt(100 * b['token_share'], 1)}%)."
+                + (f" At host-page granularity ({b['page_rows']}-row pages wholly inside the seen blocks and before "
+                   "the request's last input token: what memd can share and the worker import): "
+                   f"{b['blocks_page_bound']} blocks ({fmt(100 * b['page_block_share'], 1)}%), "
+                   f"{b['tokens_page_bound']} prefill tokens." if "blocks_page_bound" in b else ""),
+                "", SHARING_COLUMNS, "|" + "---|" * 17]
+        for p in w["pairs"]:
+            for side in ("off", "on"):
+                r = p[side]
+                if "error" in r and r.get("served") is None:
+                    out.append(f"| {p['mode']} | {side} | FAILED: {r['error'][:300]} |" + " |" * 14)
+                    continue
+                out.append(f"| {p['mode']} | {side} | {r['served']}/{r['total']} | "
+                           f"{'yes' if r.get('exact_match') else 'NO'} | {r['lookups']} | "
+                           + " | ".join(f"{r[k]} ({fmt(100 * r[rk], 1)}%)" for k, rk in (
+                               ("hits_worker", "hit_rate_worker"), ("hits_host", "hit_rate_host"),
+                               ("misses", "miss_rate")))
+                           + f" | {r['prefill_tokens_saved']} | {r['host_pages_shared']} | "
+                           f"{fmt(r['host_bytes_per_session_mean'], 0)} | {fmt(r['host_bytes_per_session_peak'], 0)} | "
+                           f"{r['host_pages_peak_held']} | {r['host_pages_peak_allocated']} | "
+                           f"{fmt(r['ttft_p50_ms'], 1)} | {fmt(r['ttft_p99_ms'], 1)} | "
+                           f"{fmt(r['output_tokens_per_s'])} |")
+            v = p["on_vs_off"]
+            out.append(f"| {p['mode']} | **on / off** | | | | | | | {fmt(v['prefill_tokens_saved'], 2)} | | "
+                       f"**{fmt(v['host_bytes_per_session_mean'], 3)}** | **{fmt(v['host_bytes_per_session_peak'], 3)}**"
+                       f" | {fmt(v['host_pages_peak_held'], 3)} | {fmt(v['host_pages_peak_allocated'], 3)} | "
+                       f"{fmt(v['ttft_p50_ms'], 3)} | {fmt(v['ttft_p99_ms'], 3)} | {fmt(v['output_tokens_per_s'], 3)} |")
+        eq = ", ".join(f"{p['mode']} {p['on_equals_off']['compared'] - p['on_equals_off']['differ']}/"
+                       f"{p['on_equals_off']['compared']}" for p in w["pairs"])
+        out += ["", f"Outputs with sharing on equal outputs with it off (tokens and logits digests, requests): {eq}.", ""]
+    faults = ps.get("faults") or {}
+    if faults:
+        out += ["### Exactness under reclaims and worker kills (Mooncake, sharing on, `--check-exact`)", ""]
+        rec, kills = faults.get("reclaims") or {}, faults.get("kills") or {}
+        out.append(f"- forced reclaims (adaptive under dhs-replay's default GPU budget): served {rec.get('served')}/"
+                   f"{rec.get('total')}, exact {'yes' if rec.get('exact_match') else 'NO'}, {rec.get('reclaims')} "
+                   f"reclaims, host-tier hits {rec.get('hits_host')} blocks"
+                   + (f"; FAILED: {rec['error'][:300]}" if "error" in rec else "") + ";")
+        out.append(f"- worker kills (hisparse, `--kill-worker-at {' --kill-worker-at '.join(ps['kill_points'])}`): "
+                   f"served {kills.get('served')}/{kills.get('total')}, exact "
+                   f"{'yes' if kills.get('exact_match') else 'NO'}, {kills.get('worker_restarts')} worker restarts, "
+                   f"{kills.get('requests_resumed')} requests resumed, host rows lost {kills.get('host_rows_lost')}, "
+                   f"host pages unconfirmed {kills.get('host_pages_unconfirmed')}"
+                   + (f"; FAILED: {kills['error'][:300]}" if "error" in kills else "") + ".")
+        out.append("")
+    out.append(f"All runs exact with every request finished: **{'yes' if ps.get('all_exact') else 'NO'}**.")
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------- document
 
 def render(fig, plots_dir, doc_path):
@@ -887,6 +998,7 @@ def render(fig, plots_dir, doc_path):
     lines += planner_lines(fig)
     lines += ["", "## With and without speculation under one budget", ""] + speculation_lines(fig)
     lines += prefix_lines(fig, plots)
+    lines += prefix_sharing_lines(fig)
     lines += ["", "## Microbenchmarks", ""] + micro_lines(fig)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{k}]({v})" for k, v in rel.items()]

@@ -283,6 +283,53 @@ class PerfReportTest(unittest.TestCase):
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
             self.assertIn(f"(perf/{name}.png)", full)
 
+    def test_prefix_sharing_section(self):
+        """Issue 24's section: the upper bound of each workload, one row per (mode, sharing) with the hits by tier and
+        their rates, the on/off ratio row (host bytes per session 1000 / 4000 = 0.25), on == off, the fault runs."""
+        def run(lookups, hw, hh, saved, shared, mean, peak, held, alloc, p50, p99, tps):
+            return {"served": 10, "total": 10, "failed": 0, "exact_match": True, "lookups": lookups,
+                    "hits_worker": hw, "hits_host": hh, "misses": lookups - hw - hh, "hit_rate_worker": hw / lookups,
+                    "hit_rate_host": hh / lookups, "miss_rate": (lookups - hw - hh) / lookups,
+                    "prefill_tokens_saved": saved, "host_pages_shared": shared, "host_bytes_per_session_mean": mean,
+                    "host_bytes_per_session_peak": peak, "host_pages_peak_held": held,
+                    "host_pages_peak_allocated": alloc, "ttft_p50_ms": p50, "ttft_p99_ms": p99,
+                    "output_tokens_per_s": tps, "reclaims": 2, "worker_restarts": 2, "requests_resumed": 3,
+                    "host_rows_lost": 0, "host_pages_unconfirmed": 0}
+        off = run(200, 0, 0, 0, 0, 4000.0, 8000.0, 40, 40, 100.0, 300.0, 20.0)
+        on = run(200, 10, 30, 500, 12, 1000.0, 2000.0, 10, 30, 80.0, 240.0, 22.0)
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import bench_prefix_sharing as bps
+        pair = {"mode": "hisparse", "off": off, "on": on,
+                "on_vs_off": {k: bps.ratio(on[k], off[k]) for k in bps.RATIO_KEYS},
+                "on_equals_off": {"compared": 10, "differ": 0}}
+        fig = canned()
+        fig["prefix_sharing"] = {
+            "length_scale": 0.02, "requests": 200, "concurrency": 4, "preset": "dsv4flash-like", "modes": ["hisparse"],
+            "trace": "tools/replay/data/mooncake_conversation_head200.jsonl", "kill_points": ["prefill:3", "decode:40"],
+            "synthetic": {"prefixes": 4, "prefix_tokens": 1024, "suffix_tokens": 16, "output_tokens": 16,
+                          "sessions": 32, "concurrency": 8},
+            "workloads": [{"name": "mooncake", "pairs": [pair],
+                           "bound": bps.upper_bound([(20, [1, 2]), (20, [1, 3])], 10)}],
+            "faults": {"reclaims": dict(on), "kills": dict(on)}, "all_exact": True, "wall_s": 600.0}
+        full = self.render(fig)
+        self.assertIn("## Prefix sharing: the content-addressed host tier (issue 24)", full)
+        doc = full[full.index("## Prefix sharing"):]
+        self.assertIn("`python3 tools/perf_report.py --sections prefix_sharing`", doc)
+        # (1), (1,2) new; (1) seen, (1,3) new: 1 of 4 blocks, 10 of 40 tokens.
+        self.assertIn("1 of 4 complete 10-token blocks (25.0%) have a whole chain that appeared in an earlier request: "
+                      "10 of 40 prefill tokens (25.0%). At host-page granularity (64-row pages wholly inside the seen "
+                      "blocks and before the request's last input token: what memd can share and the worker import): "
+                      "0 blocks (0.0%), 0 prefill tokens.", doc)
+        self.assertEqual(table_row(doc, ["hisparse", "on"])[2:],
+                         ["10/10", "yes", "200", "10 (5.0%)", "30 (15.0%)", "160 (80.0%)", "500", "12", "1000",
+                          "2000", "10", "30", "80.0", "240.0", "22.00"])
+        self.assertEqual(table_row(doc, ["hisparse", "**on / off**"])[10:],
+                         ["**0.250**", "**0.250**", "0.250", "0.750", "0.800", "0.800", "1.100"])
+        self.assertIn("hisparse 10/10.", doc)
+        self.assertIn("2 worker restarts, 3 requests resumed, host rows lost 0", doc)
+        self.assertIn("All runs exact with every request finished: **yes**.", doc)
+        self.assertLess(full.index("## Prefix sharing"), full.index("## Microbenchmarks"))
+
     def test_prefix_step_profile_per_window(self):
         """bench_prefix splits the worker's cumulative decode lines per sweep point: the line at the window's end
         minus the last one before its start (at_ms: the step's end on CLOCK_MONOTONIC, as dhs-replay's window)."""
@@ -339,11 +386,12 @@ class PerfReportTest(unittest.TestCase):
                                                 "glm5-like", "host recovery", "admission", "p99 at most 100")]
         self.assertEqual(verdicts, ["not measured"] * 7)
         # planner (its section and the memory target), both mode sections, the three microbenchmark programs,
-        # speculation, the prepared-prefix closed loop (issue 27)
-        self.assertEqual(doc.count("FAILED: "), 9)
+        # speculation, the prepared-prefix closed loop (issue 27), prefix sharing (issue 24)
+        self.assertEqual(doc.count("FAILED: "), 10)
         with open(os.path.join(self.dir, "perf", "figures.json")) as f:
             saved = json.load(f)
-        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner", "prefix", "speculation"])
+        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner", "prefix",
+                                         "prefix_sharing", "speculation"])
 
     def test_sections_measures_only_those(self):
         """--sections planner with no programs: the planner section is measured again (and fails, no build), every

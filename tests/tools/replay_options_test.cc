@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "memd/prefix_pages.h"  // kPrefixEvictionPolicyNames (issue 24)
 #include "tools/replay/options.h"
 #include "workerd/speculation/speculation_cli.h"
 #include "tests/common/test_util.h"
@@ -110,6 +111,48 @@ struct BadArgs {
   std::vector<std::string> args;
   std::string message;
 };
+
+// Issue 24: memd's cache limits. The policies are memd's one list (memd/prefix_pages.h kPrefixEvictionPolicyNames):
+// each is taken, another name is refused naming the option; both limits need --prefix-sharing on and a node the tool
+// starts (exit 2 with a message saying which), and reach the report's settings.
+TEST(ReplayOptions, PrefixCacheLimits) {
+  for (std::string_view policy : memd::kPrefixEvictionPolicyNames) {
+    CommandLine cl = Parse({"--prefix-sharing", "on", "--prefix-eviction", std::string(policy)});
+    ASSERT_FALSE(cl.exit_code) << cl.message;
+    EXPECT_EQ(cl.options.prefix_eviction, policy);
+  }
+  CommandLine cl = Parse({"--prefix-sharing", "on", "--prefix-eviction", "fifo", "--prefix-tenant-quota-pages", "12"});
+  ASSERT_FALSE(cl.exit_code) << cl.message;
+  EXPECT_EQ(cl.options.prefix_tenant_quota_pages, 12);
+  auto trace = LoadTrace(cl.options);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const RunSettings s = MakeRunSettings(cl.options, *trace, "prefill");
+  EXPECT_EQ(s.prefix_eviction, "fifo");
+  EXPECT_EQ(s.prefix_tenant_quota_pages, 12);
+  EXPECT_EQ(Parse({}).options.prefix_eviction, "");  // memd's own default
+  EXPECT_EQ(Parse({}).options.prefix_tenant_quota_pages, 0);
+  const std::vector<BadArgs> cases = {
+      {{"--prefix-sharing", "on", "--prefix-eviction", "random"}, "--prefix-eviction: random not in {lru,fifo}"},
+      {{"--prefix-eviction", "lru"}, "--prefix-eviction needs --prefix-sharing on"},
+      {{"--prefix-sharing", "off", "--prefix-eviction", "fifo"}, "--prefix-eviction needs --prefix-sharing on"},
+      {{"--prefix-tenant-quota-pages", "8"}, "--prefix-tenant-quota-pages needs --prefix-sharing on"},
+      {{"--prefix-sharing", "on", "--prefix-tenant-quota-pages", "-1"}, "--prefix-tenant-quota-pages: must be an integer"},
+      {{"--prefix-sharing", "on", "--prefix-tenant-quota-pages", "4294967296"},
+       "--prefix-tenant-quota-pages: must be an integer in [0, 4294967295]"},
+      {{"--prefix-eviction", "lru", "--connect", "ipc:///tmp/n.sock"}, "--prefix-eviction applies to the memd of a node"},
+      {{"--prefix-tenant-quota-pages", "3", "--connect", "ipc:///tmp/n.sock"},
+       "--prefix-tenant-quota-pages applies to the memd of a node the tool starts, not to --connect"},
+  };
+  for (const BadArgs& c : cases) {
+    std::vector<std::string> all = {"dhs-replay"};
+    all.insert(all.end(), c.args.begin(), c.args.end());
+    std::vector<const char*> argv;
+    for (const std::string& a : all) argv.push_back(a.c_str());
+    CommandLine bad = ParseReplayCommandLine(static_cast<int>(argv.size()), argv.data());
+    EXPECT_EQ(bad.exit_code, 2) << c.args[1];
+    EXPECT_THAT(bad.message, HasSubstr(c.message)) << c.args[1];
+  }
+}
 
 TEST(ReplayOptions, BadValuesExitTwoWithAClearMessage) {
   const std::vector<BadArgs> cases = {

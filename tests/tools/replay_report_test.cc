@@ -339,6 +339,46 @@ TEST(Summary, NamesTheMainFigures) {
   EXPECT_THAT(s, HasSubstr("closed loop, concurrency 4"));
 }
 
+// Issue 24: with sharing on, the summary gives the lookups by tier with their shares (blocks: 40 looked up, 10 from
+// the worker's row cache = 25.0%, 20 from the host tier = 50.0%, the other 10 computed = 25.0%), the prefill saved,
+// memd's shared pages, host bytes per session and the peak host pages; JSON carries the same figures and the limits.
+// With sharing off there is no prefix line.
+TEST(Summary, PrefixSharingLinesByTier) {
+  RunSettings settings = SampleSettings();
+  settings.prefix_sharing = true;
+  settings.prefix_eviction = "fifo";
+  settings.prefix_tenant_quota_pages = 64;
+  DriverResult d = SampleResult();
+  d.stats.prefix_lookups = 40;
+  d.stats.prefix_hits_worker = 10;
+  d.stats.prefix_hits_host = 20;
+  d.stats.prefill_tokens_saved = 300;
+  d.stats.host_pages_shared = 17;
+  d.stats.host_bytes_per_session_mean = 1500.4;
+  d.stats.host_bytes_per_session_peak = 4096;
+  d.stats.host_pages_held_peak = 33;
+  d.stats.host_pages_allocated_peak = 50;
+  const ReplayReport r = BuildReport(d, settings);
+  const std::string s = FormatSummary(r);
+  EXPECT_THAT(s, HasSubstr("  prefix sharing on (eviction fifo, tenant quota 64 pages): 40 blocks looked up: worker row "
+                           "cache 10 (25.0%), host tier 20 (50.0%), miss (computed) 10 (25.0%)\n"));
+  EXPECT_THAT(s, HasSubstr("  prefill tokens saved 300; host pages shared 17; host bytes per session mean 1500, peak "
+                           "4096; host pages peak 33 held, 50 allocated\n"));
+  const nlohmann::json j = ReportToJson(r);
+  EXPECT_EQ(j["host_pages_peak"]["held"], 33);
+  EXPECT_EQ(j["host_pages_peak"]["allocated"], 50);
+  EXPECT_EQ(j["settings"]["prefix_eviction"], "fifo");
+  EXPECT_EQ(j["settings"]["prefix_tenant_quota_pages"], 64);
+  // No lookup: rates n/a, memd's default policy named as such.
+  settings.prefix_eviction.clear();
+  settings.prefix_tenant_quota_pages = 0;
+  EXPECT_THAT(FormatSummary(BuildReport(SampleResult(), settings)),
+              HasSubstr("prefix sharing on (eviction memd's default): 0 blocks looked up: worker row cache 0 (n/a), "
+                        "host tier 0 (n/a), miss (computed) 0 (n/a)"));
+  EXPECT_TRUE(ReportToJson(BuildReport(SampleResult(), settings))["settings"]["prefix_eviction"].is_null());
+  EXPECT_THAT(FormatSummary(BuildReport(d, SampleSettings())), Not(HasSubstr("prefix sharing")));
+}
+
 std::vector<SweepPoint> SamplePoints() {
   std::vector<SweepPoint> points;
   for (int64_t c : {1, 2, 4}) {

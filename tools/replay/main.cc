@@ -153,6 +153,13 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   if (!options.reclaim_policy.empty()) launch.extra_memd_args = {"--reclaim-policy", options.reclaim_policy};
   if (options.prefix_sharing) {  // issue 24 (the resident reference of --check-exact sends no chain: nothing shared)
     launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--prefix-sharing", "on"});
+    if (!options.prefix_eviction.empty()) {  // memd's cache limits (validated: only with sharing on)
+      launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--prefix-eviction", options.prefix_eviction});
+    }
+    if (options.prefix_tenant_quota_pages > 0) {
+      launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--prefix-tenant-quota-pages",
+                                                                   std::to_string(options.prefix_tenant_quota_pages)});
+    }
   }
   launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off
   if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)

@@ -113,6 +113,8 @@ struct NodeStats {
   int64_t host_pages_shared = 0;             // memd's shared + cached prefix pages at the last sample
   double host_bytes_per_session_mean = 0;    // over samples
   double host_bytes_per_session_peak = 0;
+  int64_t host_pages_held_peak = 0;          // max over samples of memd's allocated - cached prefix host pages
+  int64_t host_pages_allocated_peak = 0;     // max over samples of memd's allocated host pages (cached ones included)
   std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id
   // Speculation (the worker's WorkerStatsReply; 0 / empty when off):
   std::string speculate;              // the worker's --speculate

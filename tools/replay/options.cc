@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "common/cli_flags.h"
 #include "absl/strings/str_cat.h"
+#include "memd/memd_flags.h"      // PrefixEvictionPolicyNames (issue 24: memd/prefix_pages.h owns them)
 #include "memd/reclaim_policy.h"  // ReclaimPolicyNames (memd owns them)
 #include "tools/replay/fault_plan.h"
 #include "workerd/device/async_device_cli.h"
@@ -33,6 +34,27 @@ absl::Status ValidateWorkloadCombination(const ReplayOptions& o) {
   if (!o.prefix_workload.on()) return absl::OkStatus();
   if (o.time_scale) return absl::InvalidArgumentError("--prefixes is a closed loop: not with --time-scale");
   if (InjectsFaults(o)) return absl::InvalidArgumentError("--prefixes: not with fault injection");
+  return absl::OkStatus();
+}
+
+// Issue 24: memd's cache limits go to the memd the tool starts, and mean something only with sharing on.
+absl::Status ValidatePrefixLimits(const ReplayOptions& o) {
+  for (const auto& [name, given] : {std::pair<const char*, bool>{"--prefix-eviction", !o.prefix_eviction.empty()},
+                                    {"--prefix-tenant-quota-pages", o.prefix_tenant_quota_pages != 0}}) {
+    if (!given) continue;
+    if (!o.connect.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " applies to the memd of a node the tool starts, not to --connect ", o.connect));
+    }
+    if (!o.prefix_sharing) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " needs --prefix-sharing on (it limits memd's cache of shared prefix pages)"));
+    }
+  }
+  if (o.prefix_tenant_quota_pages < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefix-tenant-quota-pages must be >= 0, got ", o.prefix_tenant_quota_pages));
+  }
   return absl::OkStatus();
 }
 
@@ -81,6 +103,7 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   if (!o.connect.empty() && o.prefix_sharing) {
     return bad("--prefix-sharing applies to the memd of a node the tool starts, not to --connect ", o.connect);
   }
+  if (absl::Status s = ValidatePrefixLimits(o); !s.ok()) return s;  // issue 24
   if (!o.connect.empty() && !o.reclaim_policy.empty()) {
     return bad("--reclaim-policy applies to a node the tool starts, not to --connect ", o.connect);
   }
@@ -235,6 +258,13 @@ void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
   app.add_option("--tenants", o.tenants,
                  "A tenant mix: the request at trace index i has tenant \"<--tenant>#<i mod N>\" (N >= 1)")
       ->check(IntegerIn<int64_t>(1, 1 << 20));
+  app.add_option("--prefix-eviction", o.prefix_eviction,
+                 "With --prefix-sharing on: memd's eviction order of cached prefix pages (default: memd's, lru)")
+      ->check(CLI::IsMember(memd::PrefixEvictionPolicyNames()));
+  app.add_option("--prefix-tenant-quota-pages", o.prefix_tenant_quota_pages,
+                 "With --prefix-sharing on: host pages one tenant may store in memd's shared tier (writing, shared "
+                 "and cached; 0 = no quota)")
+      ->check(IntegerIn<int64_t>(0, UINT32_MAX));
   app.add_option("--reclaim-policy", o.reclaim_policy,
                  absl::StrCat("Victim order of the memd the tool starts (default: memd's, ",
                               std::string(memd::kDefaultReclaimPolicy), ")"))
@@ -403,6 +433,8 @@ RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, st
   s.prefix_sharing = options.prefix_sharing;  // issue 24
   s.tenant = options.tenant;
   s.tenants = options.tenants;
+  s.prefix_eviction = options.prefix_eviction;
+  s.prefix_tenant_quota_pages = options.prefix_tenant_quota_pages;
   return s;
 }
 

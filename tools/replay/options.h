@@ -93,6 +93,10 @@ struct ReplayOptions {
   bool prefix_sharing = false;             // --prefix-sharing on|off (default off)
   std::string tenant;                      // --tenant NAME ("" = the default tenant)
   int64_t tenants = 1;                     // --tenants N >= 1: the tenant mix
+  std::string prefix_eviction;             // --prefix-eviction: memd's cache eviction policy (memd/prefix_pages.h
+                                           // kPrefixEvictionPolicyNames; "" = memd's default, lru); needs sharing on
+  int64_t prefix_tenant_quota_pages = 0;   // --prefix-tenant-quota-pages N >= 0: host pages one tenant may store
+                                           // (writing + shared + cached); 0 = no quota (memd's default); needs sharing on
   PrefixWorkload prefix_workload;          // issue 27: --prefixes N --prefix-tokens L ... (tools/replay/closed_loop.h):
                                            // the closed-loop prepared-prefix workload instead of the trace
 };
@@ -121,7 +125,8 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 // would go to the same worker: a run compared with itself), a fault-injection option with --connect or with --sweep,
 // --kill-worker-every / --restart-memd-every not > 0 or not finite, a --kill-worker-at value ParseHookKills refuses,
 // --corrupt-host-page-for-test without --kill-worker-every, --connect tcp:// without --curve-server-key or
-// --curve-server-key without --connect tcp://, --request-timeout-ms < 0.
+// --curve-server-key without --connect tcp://, --request-timeout-ms < 0, --prefix-eviction or
+// --prefix-tenant-quota-pages (issue 24: memd's cache limits) with --connect or without --prefix-sharing on.
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
 
 // InvalidArgument naming the option when the directory of --json, --csv or --plot does not exist or is not

@@ -137,6 +137,8 @@ ReplayReport BuildReport(const DriverResult& result, const RunSettings& settings
   r.host_pages_shared = s.host_pages_shared;
   r.host_bytes_per_session_mean = s.host_bytes_per_session_mean;
   r.host_bytes_per_session_peak = s.host_bytes_per_session_peak;
+  r.host_pages_held_peak = s.host_pages_held_peak;
+  r.host_pages_allocated_peak = s.host_pages_allocated_peak;
   r.exact_match = exact_match;
   r.gpus = s.gpus;
   SpeculationFigures& f = r.speculation;
@@ -202,6 +204,16 @@ static json FaultsJson(const FaultFigures& f) {
                                {"samples", f.recovery_us}}}};
 }
 
+// Issue 24's top-level fields (docs/replay.md): lookups by tier (blocks), prefill saved, memd's host pool.
+static json PrefixSharingJson(const ReplayReport& r) {
+  return json{
+      {"prefix", {{"lookups", r.prefix_lookups}, {"hits_host", r.prefix_hits_host}, {"hits_worker", r.prefix_hits_worker}}},
+      {"prefill_tokens_saved", r.prefill_tokens_saved},
+      {"host_pages_shared", r.host_pages_shared},
+      {"host_bytes_per_session", {{"mean", r.host_bytes_per_session_mean}, {"peak", r.host_bytes_per_session_peak}}},
+      {"host_pages_peak", {{"held", r.host_pages_held_peak}, {"allocated", r.host_pages_allocated_peak}}}};
+}
+
 json ReportToJson(const ReplayReport& r) {
   const RunSettings& s = r.settings;
   json gpus = json::array();
@@ -233,11 +245,6 @@ json ReportToJson(const ReplayReport& r) {
       {"mode", s.mode},
       {"prefill", s.prefill},
       {"prefix_blocks", {{"imported", r.prefix_blocks_imported}, {"computed", r.prefix_blocks_computed}}},
-      {"prefix", {{"lookups", r.prefix_lookups}, {"hits_host", r.prefix_hits_host},  // issue 24, blocks
-                  {"hits_worker", r.prefix_hits_worker}}},
-      {"prefill_tokens_saved", r.prefill_tokens_saved},
-      {"host_pages_shared", r.host_pages_shared},
-      {"host_bytes_per_session", {{"mean", r.host_bytes_per_session_mean}, {"peak", r.host_bytes_per_session_peak}}},
       {"exact_match", OrNull(r.exact_match)},
       {"gpu_memory", gpus},
       {"elapsed_s", r.elapsed_s},
@@ -258,7 +265,9 @@ json ReportToJson(const ReplayReport& r) {
         {"link_model", LinkModelJson(s.link_model)},
         {"prefix_sharing", s.prefix_sharing ? "on" : "off"},  // issue 24
         {"tenant", s.tenant},
-        {"tenants", s.tenants}}},
+        {"tenants", s.tenants},
+        {"prefix_eviction", s.prefix_eviction.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.prefix_eviction)},
+        {"prefix_tenant_quota_pages", s.prefix_tenant_quota_pages}}},
   };
   json failures = json::array();  // issue 22: every request not served, with its reason
   for (const RequestFailure& f : r.failures) {
@@ -267,6 +276,7 @@ json ReportToJson(const ReplayReport& r) {
   }
   out["end_reasons"] = r.end_reasons;
   out["failures"] = failures;
+  out.update(PrefixSharingJson(r));                                 // issue 24
   out["prefix_workload"] = PrefixWorkloadJson(r.prefix_workload);  // issue 27
   out["host_bytes_recovered"] = r.host_bytes_recovered;              // issue 27
   out.update(FaultsJson(r.faults));  // top-level fields (docs/replay.md, "Faults")
@@ -318,6 +328,33 @@ std::string ReportCsvRow(const ReplayReport& r) {
   return absl::StrJoin(cells, ",");
 }
 
+namespace {
+
+// Issue 24: the content-addressed host tier's lines of the summary: lookups (blocks of the requests' chains) by tier
+// with their shares of the lookups, the prefill saved and memd's host pool.
+std::string PrefixSharingLines(const ReplayReport& r) {
+  const RunSettings& s = r.settings;
+  const int64_t missed = std::max<int64_t>(0, r.prefix_lookups - r.prefix_hits_worker - r.prefix_hits_host);
+  auto rate = [&](int64_t n) {
+    return r.prefix_lookups > 0 ? absl::StrFormat("%.1f%%", 100.0 * double(n) / double(r.prefix_lookups)) : "n/a";
+  };
+  std::string limits = s.prefix_eviction.empty() ? "eviction memd's default" : "eviction " + s.prefix_eviction;
+  if (s.prefix_tenant_quota_pages > 0) absl::StrAppend(&limits, ", tenant quota ", s.prefix_tenant_quota_pages, " pages");
+  std::string out = absl::StrFormat(
+      "  prefix sharing on (%s): %d blocks looked up: worker row cache %d (%s), host tier %d (%s), miss (computed) "
+      "%d (%s)\n",
+      limits, r.prefix_lookups, r.prefix_hits_worker, rate(r.prefix_hits_worker), r.prefix_hits_host,
+      rate(r.prefix_hits_host), missed, rate(missed));
+  absl::StrAppendFormat(&out,
+                        "  prefill tokens saved %d; host pages shared %d; host bytes per session mean %.0f, peak %.0f; "
+                        "host pages peak %d held, %d allocated\n",
+                        r.prefill_tokens_saved, r.host_pages_shared, r.host_bytes_per_session_mean,
+                        r.host_bytes_per_session_peak, r.host_pages_held_peak, r.host_pages_allocated_peak);
+  return out;
+}
+
+}  // namespace
+
 std::string FormatSummary(const ReplayReport& r) {
   const RunSettings& s = r.settings;
   std::string schedule = s.concurrency ? absl::StrCat("closed loop, concurrency ", *s.concurrency)
@@ -349,6 +386,7 @@ std::string FormatSummary(const ReplayReport& r) {
     absl::StrAppendFormat(&out, "  prepared-prefix blocks: %d imported from the row cache, %d computed\n",
                           r.prefix_blocks_imported, r.prefix_blocks_computed);
   }
+  if (s.prefix_sharing) absl::StrAppend(&out, PrefixSharingLines(r));  // issue 24
   if (const auto& w = r.prefix_workload) {  // issue 27
     absl::StrAppendFormat(&out,
                           "  prepared prefixes: %d x %d tokens prepared in %.2f s (%d blocks computed), then %d "

@@ -46,6 +46,8 @@ struct RunSettings {
   bool prefix_sharing = false;        // issue 24: memd's --prefix-sharing of the node the tool started
   std::string tenant;                 // --tenant
   int64_t tenants = 1;                // --tenants (the mix)
+  std::string prefix_eviction;        // memd's --prefix-eviction when the tool chose it; empty = memd's default
+  int64_t prefix_tenant_quota_pages = 0;  // memd's --prefix-tenant-quota-pages (0 = no quota)
 };
 
 // Speculative decoding figures of a run (issue 13; docs/replay.md "Speculation").
@@ -143,6 +145,9 @@ struct ReplayReport {
   int64_t prefix_lookups = 0, prefix_hits_host = 0, prefix_hits_worker = 0, prefill_tokens_saved = 0;
   int64_t host_pages_shared = 0;
   double host_bytes_per_session_mean = 0, host_bytes_per_session_peak = 0;
+  // JSON "host_pages_peak" {held, allocated}: memd's host pages at the sampled peak, held by sessions (allocated less
+  // cached prefix pages no session holds) and allocated in all (cached ones included).
+  int64_t host_pages_held_peak = 0, host_pages_allocated_peak = 0;
   std::optional<bool> exact_match;     // nullopt: not checked
   std::vector<GpuMemoryUse> gpus;
   double elapsed_s = 0;

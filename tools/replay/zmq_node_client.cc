@@ -372,7 +372,10 @@ absl::Status ZmqNodeClient::SampleMemd() {
     cached = p.value("cached_pages", int64_t{0});
     host_pages_shared_ = p.value("shared_pages", int64_t{0}) + cached;
   }
-  const int64_t held = std::max<int64_t>(0, host.value("allocated", int64_t{0}) - cached);
+  const int64_t allocated = host.value("allocated", int64_t{0});
+  const int64_t held = std::max<int64_t>(0, allocated - cached);
+  host_pages_held_peak_ = std::max(host_pages_held_peak_, held);
+  host_pages_allocated_peak_ = std::max(host_pages_allocated_peak_, allocated);
   if (admitted > 0) {
     const double per_session = double(held) * double(host.value("page_bytes", int64_t{0})) / double(admitted);
     host_bytes_per_session_sum_ += per_session;
@@ -451,6 +454,8 @@ absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
   NodeStats out = WorkerCountersSince(now, baseline_);
   out.host_pages_shared = host_pages_shared_;  // issue 24
   out.host_bytes_per_session_peak = host_bytes_per_session_peak_;
+  out.host_pages_held_peak = host_pages_held_peak_;
+  out.host_pages_allocated_peak = host_pages_allocated_peak_;
   out.host_bytes_per_session_mean = host_samples_ > 0 ? host_bytes_per_session_sum_ / double(host_samples_) : 0;
   for (GpuMemoryUse& g : out.gpus) {
     if (g.gpu != view->gpu) continue;
