@@ -1358,10 +1358,16 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
   // No memd in this run dir: exit code 1 at once, never a hang.
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(Dhsctl("status", dir_ + "/nothing").first, 1);
-  // A socket file without a live memd (SIGKILLed): no answer within the timeout -> exit code 3.
+  // A hung memd (SIGSTOPped): no answer within the timeout -> exit code 3.
+  kill(pid_, SIGSTOP);
+  EXPECT_EQ(Dhsctl("--timeout-ms 300 status").first, 3);
+  kill(pid_, SIGCONT);
+  // A socket file without a live memd (SIGKILLed): nothing listens -> exit code 1 at once, named.
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
-  EXPECT_EQ(Dhsctl("--timeout-ms 300 status").first, 3);
+  auto [stale_rc, stale_out] = Dhsctl("--timeout-ms 300 status", "", /*with_stderr=*/true);
+  EXPECT_EQ(stale_rc, 1);
+  EXPECT_NE(stale_out.find("nothing listens on " + run_dir_ + "/memd.sock"), std::string::npos) << stale_out;
   EXPECT_EQ(Dhsctl("--timeout-ms -5 status").first, 2);  // refused before connecting: never waits forever
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   RemoveSegmentOf(run_dir_);

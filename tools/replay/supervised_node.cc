@@ -174,6 +174,7 @@ struct SupervisedNode::Runtime {
   void ObserveCoverage(RequestId id, const nlohmann::json& view, const std::map<uint32_t, PageIndex>& confirmed);
   void AfterWorkerDeath();
   void CheckAgainstMemd(bool interrupted_only);
+  std::optional<bool> Gpu0Up() const;
   void MapPool();
   void Corrupt();
   std::optional<uint64_t> Digest(PageIndex host_page) const;
@@ -188,6 +189,9 @@ struct SupervisedNode::Runtime {
   bool faults_stopped = false;
   bool worker_kill_sent = false;    // the worker's death is timed at the kill (not at its reaping)
   bool memd_check_pending = false;  // memd restarted: check the ledger once the new one serves
+  // memd restarted under a surviving worker: check the ledger once its re-Hello registered GPU 0 again (issue 24: the
+  // shared prefix pages its requests hold come back as references with its report, not from the journal).
+  bool rehello_check_pending = false;
   bool corrupted = false;
   bool worker_stopped = false;  // the supervisor signalled the worker (it did not die by itself or by a fault)
   pid_t memd_of_worker = -1;    // the memd the worker started under
@@ -418,6 +422,8 @@ void SupervisedNode::Runtime::ObserveReadiness() {
           // The node is stopping: the worker ends its requests ("worker stopping") and memd frees their pages, so
           // what memd lists no longer says what a restart kept.
           Log("host_rows_lost: memd came back while the node stops; this restart's host pages are not checked");
+        } else if (sup.state(kWorker) == node::ChildState::kReady) {
+          rehello_check_pending = true;  // Sample checks once GPU 0 is up again
         } else {
           CheckAgainstMemd(/*interrupted_only=*/false);
         }
@@ -498,6 +504,10 @@ void SupervisedNode::Runtime::Sample() {
   last_sample = NowMs();
   SampleWorker();
   if (!pool || !was_ready[Supervisor::kMemd]) return;
+  if (rehello_check_pending && Gpu0Up().value_or(false)) {
+    rehello_check_pending = false;
+    CheckAgainstMemd(/*interrupted_only=*/false);
+  }
   std::optional<nlohmann::json> requests = AskMemd(node.run_dir_, wire::IntrospectWhat::Requests);
   if (!requests || !requests->is_array()) return;
   std::set<RequestId> live;  // node ids
@@ -528,14 +538,10 @@ void SupervisedNode::Runtime::Sample() {
 
 // The worker died: once memd fenced its GPU, every recorded page of each interrupted request must still be held.
 void SupervisedNode::Runtime::AfterWorkerDeath() {
+  rehello_check_pending = false;  // no re-Hello: its interrupted requests are checked here
   const int64_t deadline = NowMs() + node.options_.fence_timeout.count();
   while (true) {
-    std::optional<nlohmann::json> gpus = AskMemd(node.run_dir_, wire::IntrospectWhat::Gpus);
-    bool fenced = false;
-    if (gpus && gpus->is_array()) {
-      for (const nlohmann::json& g : *gpus) fenced |= g.value("gpu", 1u) == 0 && !g.value("up", true);
-    }
-    if (fenced) break;
+    if (!Gpu0Up().value_or(true)) break;  // fenced
     if (NowMs() >= deadline) {
       ++fence_timeouts;
       Log("host_rows_lost: memd did not show GPU 0 fenced in time; this death's host pages are not checked");
@@ -544,6 +550,16 @@ void SupervisedNode::Runtime::AfterWorkerDeath() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   CheckAgainstMemd(/*interrupted_only=*/true);
+}
+
+// Whether memd's `gpus` view shows GPU 0 registered (up) or fenced (down); nullopt: no answer, or not listed.
+std::optional<bool> SupervisedNode::Runtime::Gpu0Up() const {
+  std::optional<nlohmann::json> gpus = AskMemd(node.run_dir_, wire::IntrospectWhat::Gpus);
+  if (!gpus || !gpus->is_array()) return std::nullopt;
+  for (const nlohmann::json& g : *gpus) {
+    if (g.value("gpu", 1u) == 0) return g.value("up", true);
+  }
+  return std::nullopt;
 }
 
 // The pages held by the interrupted requests (after a worker death), or by every request recorded (after a memd
