@@ -236,10 +236,42 @@ int dhs_pools_register(dhs_worker* w, dhs_pool_desc* pools) {
 
 int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id) {
   return Guard(w, "dhs_request_submit", [&](EmbeddedWorker& e) {
-    if (int rc = CheckStruct(w, desc, "dhs_request_desc"); rc != DHS_OK) return rc;
+    // ABI 1.0's struct (up to resume_of) is still accepted: no chain, the default tenant, no session.
+    if (desc == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc is NULL");
+    if (desc->struct_size != sizeof(dhs_request_desc) && desc->struct_size != DHS_REQUEST_DESC_SIZE_1_0) {
+      return Fail(w, DHS_ERR_VERSION, absl::StrCat("dhs_request_desc.struct_size is ", desc->struct_size,
+                                                   "; this library (ABI ", DHS_ABI_MAJOR, ".", DHS_ABI_MINOR,
+                                                   ") takes ", sizeof(dhs_request_desc), " (1.1) or ",
+                                                   DHS_REQUEST_DESC_SIZE_1_0, " (1.0)"));
+    }
     if (request_id == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_submit: request_id is NULL");
     if (desc->reserved != 0) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.reserved must be 0");
-    absl::StatusOr<uint64_t> id = e.Submit(desc->input_rows, desc->max_rows, desc->resume_of);
+    dhs::lib::SubmitPrefix prefix;
+    if (desc->struct_size == sizeof(dhs_request_desc)) {  // the 1.1 fields (a 1.0 struct ends before them)
+      if (desc->tenant != nullptr) {
+        const size_t n = ::strnlen(desc->tenant, 256);
+        if (n > 255) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.tenant is longer than 255 bytes");
+        prefix.tenant.assign(desc->tenant, n);
+      }
+      prefix.session = desc->session;
+      if (desc->token_count > desc->input_rows) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_request_desc.token_count ", desc->token_count,
+                                                              " is beyond input_rows ", desc->input_rows));
+      }
+      if (desc->tokens == nullptr && (desc->token_count > 0 || desc->block_tokens > 0)) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT,
+                    "dhs_request_desc.tokens is NULL with token_count or block_tokens above 0");
+      }
+      if (desc->block_ids == nullptr && desc->block_id_count > 0) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.block_ids is NULL with block_id_count above 0");
+      }
+      if (desc->tokens != nullptr) prefix.tokens = std::span<const int32_t>(desc->tokens, desc->token_count);
+      if (desc->block_ids != nullptr) {
+        prefix.block_ids = std::span<const uint64_t>(desc->block_ids, desc->block_id_count);
+      }
+      prefix.block_tokens = desc->block_tokens;
+    }
+    absl::StatusOr<uint64_t> id = e.Submit(desc->input_rows, desc->max_rows, desc->resume_of, prefix);
     if (!id.ok()) return Done(w, id.status());
     *request_id = *id;
     return Done(w, absl::OkStatus());
@@ -268,6 +300,7 @@ int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* c
       out.pages = ev.pages;
       out.import_first = 0;
       out.import_pages = ev.import_pages;
+      out.shared_pages = ev.shared_pages;
       const absl::string_view m = ev.status.message();
       std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
       q.pop_front();

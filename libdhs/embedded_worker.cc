@@ -13,6 +13,7 @@
 #include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
 #include "workerd/device/cpu_device.h"
+#include "workerd/prefix_chain.h"
 #include "workerd/resume_plan.h"
 
 namespace dhs::lib {
@@ -178,10 +179,18 @@ absl::StatusOr<std::span<uint8_t>> EmbeddedWorker::Pool() const {
   return std::span<uint8_t>(base, device_->PoolBytes(kv_->pool()));
 }
 
-absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of) {
+absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of,
+                                                  const SubmitPrefix& prefix) {
   if (input_rows == 0 || max_rows < input_rows || max_rows > (uint64_t{1} << 32)) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: input_rows ", input_rows, " and max_rows ",
                                                    max_rows, ": need 1 <= input_rows <= max_rows <= 2^32"));
+  }
+  if (prefix.tokens.size() > input_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: ", prefix.tokens.size(),
+                                                   " tokens for a prompt of ", input_rows, " rows"));
+  }
+  if (prefix.tenant.size() > 255) {
+    return absl::InvalidArgumentError("dhs_request_desc: the tenant is longer than 255 bytes");
   }
   if (memd_->away()) return absl::UnavailableError("memd is away");
   if (resume_of != 0) {
@@ -232,12 +241,26 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     admit.record->client_request = id;
     admit.record->input_tokens = static_cast<uint32_t>(input_rows);
     admit.record->max_new_tokens = static_cast<uint32_t>(max_rows - input_rows);
+    admit.record->client = prefix.session;  // the engine's session: a resume is found by it
+    admit.record->tenant = prefix.tenant;   // a resumed request names its chain under its own tenant
+  }
+  // Issue 24: the tenant and prefix chain, as workerd's SetPrefixChain fills them (complete blocks of the tokens given;
+  // ids from block_ids, derived after them; digests of the tokens). memd --prefix-sharing off ignores them.
+  admit.tenant = prefix.tenant;
+  uint64_t blocks = 0;
+  if (prefix.block_tokens > 0 && !prefix.tokens.empty()) {
+    RequestPrefixChain chain = PrefixChainOf(prefix.tokens, prefix.block_ids, prefix.block_tokens, prefix.tenant);
+    blocks = chain.block_ids.size();
+    admit.prefix_block_ids = std::move(chain.block_ids);
+    admit.prefix_block_digests = std::move(chain.block_digests);
+    admit.prefix_block_tokens = chain.block_tokens;
   }
   if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
   }
   ++next_request_;
   ++counters_.submitted;
+  counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
   requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of});
   return id;
 }
@@ -403,7 +426,10 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
                                         std::span<uint8_t> keys_out) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if ((*r)->resume_of == 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " is no resume"));
+  if (!(*r)->host_backed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", request, " was granted no host-backed page (no resume, no shared prefix page)"));
+  }
   const uint64_t p = config_.page_rows;
   if ((uint64_t{first} + count) * p > (*r)->max_rows) {  // also bounds the key size below (< 2^60)
     return absl::OutOfRangeError(absl::StrCat("pages ", first, " .. ", uint64_t{first} + count - 1,
@@ -521,6 +547,7 @@ std::string EmbeddedWorker::StatsJson() const {
       {"pages", {{"capacity", capacity_pages()}, {"kept", a.pages_kept}, {"backed_up", a.pages_backed_up},
                  {"populated", a.pages_populated}, {"reclaimed", a.pages_reclaimed},
                  {"reclaim_orders", counters_.reclaim_orders}, {"reclaims_obeyed", a.reclaims_obeyed}}},
+      {"prefix", {{"lookups", counters_.prefix_lookups}, {"shared_pages_granted", counters_.shared_pages_granted}}},
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},
   };
@@ -547,8 +574,9 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   }
   EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
   granted.slot = m.slot;
-  if (r.resume_of != 0) {
-    // A resume (docs/architecture.md "Resume from host KV"): the host-backed pages memd handed over, each checked
+  if (r.resume_of != 0 || !m.shared_pages.empty()) {
+    // A resume (docs/architecture.md "Resume from host KV"), or shared prefix pages (issue 24: they come inside
+    // host_backed_pages, as workerd's ResumeImporter takes them): the host-backed pages memd handed over, each checked
     // against its checksum (issue 22) before it is imported; a page that does not match is appended again by the
     // engine (its confirmed copy is never written again: ImportHostPages makes every imported page host-ready).
     std::vector<HostBackedPage> backed =
@@ -577,6 +605,11 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     while (granted.import_pages < pages.size() && pages[granted.import_pages] == granted.import_pages) {
       ++granted.import_pages;  // the leading run 0 .. n-1
     }
+    for (uint32_t j : m.shared_pages) {
+      granted.shared_pages += std::find(pages.begin(), pages.end(), j) != pages.end() ? 1 : 0;
+    }
+    counters_.shared_pages_granted += granted.shared_pages;
+    r.host_backed = !pages.empty();
   }
   DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
   ++counters_.granted;

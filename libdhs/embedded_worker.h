@@ -64,6 +64,16 @@ inline constexpr std::pair<EmbeddedPhase, EmbeddedPhase> kEmbeddedTransitions[] 
 // Errors: FAILED_PRECONDITION when `phase` is not `from` or the move is not in the table (`phase` unchanged).
 absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to);
 
+// What a submit names for prefix sharing (issue 24; dhs_request_desc's ABI 1.1 fields): the spans are the caller's,
+// read during Submit only.
+struct SubmitPrefix {
+  std::string tenant;                  // "" = the default tenant
+  uint64_t session = 0;                // the engine's session (client) id: RequestRecord.client
+  std::span<const int32_t> tokens;     // the prompt's first tokens (<= input_rows); empty: no chain
+  std::span<const uint64_t> block_ids; // ids of blocks 0, 1, ... (Mooncake hash_ids); derived after them
+  uint32_t block_tokens = 0;           // tokens per block (0: no chain)
+};
+
 // One event for the engine (dhs_event).
 struct EmbeddedEvent {
   enum Kind : uint32_t { kGranted = 1, kWaiting = 2, kRejected = 3, kReclaimed = 4, kFailed = 5 };
@@ -74,12 +84,14 @@ struct EmbeddedEvent {
   uint32_t value = 0;    // kWaiting: queue position
   uint32_t pages = 0;    // kWaiting: deficit; kReclaimed: pages; kGranted of a resume: host-backed pages imported
   uint32_t import_pages = 0;  // kGranted of a resume: pages 0 .. import_pages-1 host-backed (ImportRows)
+  uint32_t shared_pages = 0;  // kGranted: shared prefix pages among `pages` (AdmitGrant.shared_pages, checked)
 };
 
 // Counters of the worker (dhs_worker_stats_json).
 struct EmbeddedCounters {
   uint64_t submitted = 0, granted = 0, completed = 0, failed = 0, rejected = 0, reclaim_orders = 0;
   uint64_t rows_appended = 0, queries_resolved = 0;
+  uint64_t prefix_lookups = 0, shared_pages_granted = 0;  // blocks named at first admissions; shared pages imported
 };
 
 class EmbeddedWorker final : private MemdHandler {
@@ -105,7 +117,11 @@ class EmbeddedWorker final : private MemdHandler {
   // rows are appended again by the engine) and made host-ready (HierarchicalKvAccess::CheckHostCopies,
   // ImportHostPages); ImportRows then takes them as appended. Errors: INVALID_ARGUMENT, NOT_FOUND (resume_of not
   // listed), UNAVAILABLE (memd away or the send failed).
-  absl::StatusOr<RequestId> Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of = 0);
+  // `prefix` (issue 24): the tenant, session and prefix chain (workerd/prefix_chain.h's PrefixChainOf over its tokens
+  // and ids): memd grants the chain's stored pages as shared host pages (importable like a resume's). Errors also:
+  // INVALID_ARGUMENT (more tokens than input_rows).
+  absl::StatusOr<RequestId> Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of = 0,
+                                   const SubmitPrefix& prefix = {});
   // A granted resume: its host-backed pages first .. first+count-1 taken as appended (rows into the tail from host,
   // no recomputation; HierarchicalKvAccess::ImportHostRows); keys_out: empty or L_idx * count * p * d_idx bytes,
   // [indexer][position][d_idx], receives their index keys. Errors: NOT_FOUND, FAILED_PRECONDITION (not granted, not
@@ -142,6 +158,7 @@ class EmbeddedWorker final : private MemdHandler {
     Position appended = 0;  // rows appended on every source (positions 0 .. appended-1)
     Position held_from = -1;  // a speculative hold's `from`, -1 none
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
+    bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
   };
 
   EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)) {}

@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 0
+#define DHS_ABI_MINOR 1
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -164,13 +164,31 @@ typedef struct dhs_request_desc {
   uint64_t input_rows;    /* the prompt's positions (rows its prefill appends), >= 1 */
   uint64_t max_rows;      /* every position the request may ever append: input + output, >= input_rows */
   uint64_t resume_of;     /* 0, or an id from dhs_worker_list_resumable: resume that request from its host copies */
+  /* ABI 1.1 (prefix sharing, issue 24; a 1.0 caller's struct, DHS_REQUEST_DESC_SIZE_1_0 bytes, is still accepted: no
+   * chain, the default tenant, no session). The prefix chain is named as workerd names it (workerd/prefix_chain.h):
+   * block b holds prompt tokens [b * block_tokens, (b + 1) * block_tokens); only complete blocks are named; block ids
+   * are block_ids[b] where given (Mooncake hash_ids: equal id = equal prefix) and derived from the tokens after them;
+   * every block's digest is computed from `tokens`, so memd imports a stored page only when its content matches. */
+  const char* tenant;          /* NULL or "": the default tenant; else an opaque salt (at most 255 bytes, copied):
+                                  two tenants never share a prefix page */
+  uint64_t session;            /* the engine's session (client) id, 0 = none: kept in memd's record of the request */
+  const int32_t* tokens;       /* NULL (no chain), or token_count prompt tokens (read during the call) */
+  uint64_t token_count;        /* <= input_rows; complete blocks: token_count / block_tokens */
+  const uint64_t* block_ids;   /* NULL (ids derived from the tokens), or block_id_count ids of blocks 0, 1, ... */
+  uint32_t block_id_count;
+  uint32_t block_tokens;       /* tokens per block (0: no chain); memd shares floor(blocks * block_tokens / p) pages */
 } dhs_request_desc;
+#define DHS_REQUEST_DESC_SIZE_1_0 32u  /* sizeof(dhs_request_desc) of ABI 1.0 (up to resume_of) */
 /* Submits a request (non-blocking): the admission goes to memd; its answer arrives as an event (dhs_worker_poll).
- * *request_id is the request's id on this node. With resume_of: memd hands the new request the interrupted one's
+ * *request_id is the request's id on this node. With a prefix chain (ABI 1.1) and memd --prefix-sharing on, memd
+ * grants the stored pages of the chain's blocks (same tenant, same ids, same content) as shared host pages: the
+ * GRANTED event names them (shared_pages; pages, import_pages as for a resume) and dhs_request_import takes them as
+ * appended without recomputing them; the pages the request computes are shared once their host copy is confirmed. With resume_of: memd hands the new request the interrupted one's
  * confirmed host pages; at the grant each is checked against memd's checksum (a page that does not match is not
  * imported) and the GRANTED event names them (pages, import_pages); dhs_request_import takes them as appended, the
- * engine appends every other row itself. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can hold),
- * VERSION, UNAVAILABLE (memd away), NOT_FOUND (resume_of not listed by dhs_worker_list_resumable),
+ * engine appends every other row itself. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can hold;
+ * token_count beyond input_rows, tokens NULL with block_tokens > 0, block_ids NULL with a count, a tenant longer than
+ * 255 bytes), VERSION (struct_size neither 1.0's nor this header's), UNAVAILABLE (memd away), NOT_FOUND (resume_of not listed by dhs_worker_list_resumable),
  * FAILED_PRECONDITION (resume_of resumed already). */
 DHS_EXPORT int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id);
 
@@ -189,11 +207,14 @@ typedef struct dhs_event {
   uint64_t request;       /* the request id */
   uint32_t slot;          /* GRANTED: memd's slot for it */
   uint32_t value;         /* WAITING: queue position */
-  uint32_t pages;         /* WAITING: deficit pages; RECLAIMED: pages; GRANTED of a resume: host-backed pages that
-                             matched their checksums (imported; the others' rows must be appended again) */
-  uint32_t import_first;  /* GRANTED of a resume: the first page of the leading host-backed run (0) */
-  uint32_t import_pages;  /* GRANTED of a resume: pages 0 .. import_pages-1 can be imported (dhs_request_import) */
-  uint32_t reserved;
+  uint32_t pages;         /* WAITING: deficit pages; RECLAIMED: pages; GRANTED of a resume or with shared prefix
+                             pages: host-backed pages that matched their checksums (importable; the others' rows must
+                             be appended again) */
+  uint32_t import_first;  /* GRANTED with host-backed pages: the first page of the leading host-backed run (0) */
+  uint32_t import_pages;  /* GRANTED with host-backed pages: pages 0 .. import_pages-1 can be imported
+                             (dhs_request_import) */
+  uint32_t shared_pages;  /* GRANTED (ABI 1.1; 1.0 named it `reserved`, always 0): how many of `pages` are shared
+                             prefix pages memd granted for the request's chain (another request's confirmed copies) */
   char message[192];      /* REJECTED / FAILED: why, NUL-terminated (cut at 191 bytes) */
 } dhs_event;
 /* Serves memd (its orders are carried out here), reports finished host copies, and copies up to `capacity` pending
@@ -250,11 +271,12 @@ typedef struct dhs_resumable {
 /* Copies up to `capacity` entries; *count = entries written, *total = entries there are. Errors: INVALID_ARGUMENT. */
 DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count,
                                          size_t* total);
-/* A resumed request, granted: takes its host-backed pages first .. first+count-1 (pages the GRANTED event named:
+/* A granted request with host-backed pages (a resume, or shared prefix pages): takes its host-backed pages
+ * first .. first+count-1 (pages the GRANTED event named:
  * 0 .. import_pages-1) as appended rows without recomputing them (the newest of them are copied from host into the
  * tail); `first` * p must equal the rows appended so far. keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
  * [indexer][position][d_idx]) receives their index keys, which the engine's indexer needs. Errors: INVALID_ARGUMENT
- * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no resume, rows appended are not first * p,
+ * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no host-backed page, rows appended are not first * p,
  * a page not host-backed), OUT_OF_RANGE (beyond max_rows). */
 DHS_EXPORT int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
                                   size_t keys_bytes);

@@ -62,11 +62,13 @@ dhs_worker_config Config(const std::string& run_dir, uint32_t optional_pages) {
 
 class LibdhsTest : public ::testing::Test {
  protected:
-  void StartMemd() {
+  void StartMemd(const std::vector<std::string>& extra = {}) {
     const char* memd = std::getenv("MEMD");
     ASSERT_NE(memd, nullptr) << "MEMD is not set";
-    memd_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-        memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages", "256"});
+    std::vector<std::string> args{
+        memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages", "256"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    memd_ = std::make_unique<ChildProcess>(args);
     for (int i = 0; i < 400 && !std::filesystem::exists(dir_.path() + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
     ASSERT_TRUE(std::filesystem::exists(dir_.path() + "/memd.sock"));
   }
@@ -294,7 +296,7 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {21, 22, 23}));
 
   EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 0), DHS_ERR_FAILED_PRECONDITION);  // not a resume
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("is no resume"), std::string::npos);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("no host-backed page"), std::string::npos);
   EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 4), DHS_ERR_INVALID_ARGUMENT);
 
   // Stats: a buffer too small answers the size it needs.
@@ -531,6 +533,152 @@ TEST_F(LibdhsTest, CompleteWhileWaiting) {
   }
   const uint64_t next = SubmitGranted(16, 40);  // the slot and pages came back
   EXPECT_NE(next, id);
+}
+
+// Issue 24 through the C API (ABI 1.1): a request that names a prefix chain (tenant, tokens, blocks of p tokens) computes
+// its pages; once their host copies are confirmed, memd (--prefix-sharing on) grants a second request naming the same
+// chain those pages as shared host pages: the GRANTED event counts them, dhs_request_import takes them without any
+// append, and their rows and index keys are the first request's bytes. A request of another tenant with the same
+// tokens gets none; one whose third block differs gets the two leading pages only (a chain of digests); a 1.0-sized
+// struct still submits (no chain).
+uint8_t KeyByte(uint64_t r, int64_t t, uint32_t b) { return static_cast<uint8_t>(r * 17 + static_cast<uint64_t>(t) * 3 + b); }
+
+TEST_F(LibdhsTest, PrefixChainGrantsSharedHostPagesPerTenant) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd({"--prefix-sharing", "on"}));
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<int32_t> tokens(64);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1000 + 7 * i);
+  auto submit = [&](const char* tenant, const std::vector<int32_t>& toks, uint64_t session) {
+    dhs_request_desc d{};
+    d.struct_size = sizeof d;
+    d.input_rows = 64;
+    d.max_rows = 80;
+    d.tenant = tenant;
+    d.session = session;
+    d.tokens = toks.data();
+    d.token_count = toks.size();
+    d.block_tokens = kP;  // 4 complete blocks of 16 tokens = 4 pages
+    uint64_t id = 0;
+    EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK) << dhs_worker_errmsg(w_);
+    const std::vector<dhs_event> ev = PollFor(1);
+    EXPECT_EQ(ev.size(), 1u);
+    dhs_event e{};
+    if (!ev.empty()) e = ev[0];
+    EXPECT_EQ(e.kind, DHS_EVENT_GRANTED) << e.message;
+    EXPECT_EQ(e.request, id);
+    return std::make_pair(id, e);
+  };
+  // The first request computes the 4 pages (rows and index keys), backed up and confirmed.
+  const auto [a, ga] = submit("acme", tokens, 7);
+  EXPECT_EQ(ga.shared_pages, 0u);
+  EXPECT_EQ(ga.pages, 0u);
+  {
+    const std::vector<uint8_t> rows = Rows(a, 0, 64);
+    std::vector<uint8_t> keys(size_t{64} * kKey);
+    for (int64_t t = 0; t < 64; ++t)
+      for (uint32_t b = 0; b < kKey; ++b) keys[t * kKey + b] = KeyByte(a, t, b);
+    ASSERT_EQ(dhs_request_append(w_, a, 0, 64, rows.data(), rows.size(), keys.data(), keys.size()), DHS_OK)
+        << dhs_worker_errmsg(w_);
+  }
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 1);
+  }
+  ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
+  for (int i = 0; i < 20; ++i) {  // the HostCopyWritten reports reach memd: the pages become shared
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 5);
+  }
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK);  // its pages stay stored (cached) for the chain
+
+  // Same tenant, same chain: 4 shared pages, imported without an append; rows and keys are a's.
+  const auto [b, gb] = submit("acme", tokens, 8);
+  EXPECT_EQ(gb.shared_pages, 4u);
+  EXPECT_EQ(gb.pages, 4u);
+  ASSERT_EQ(gb.import_pages, 4u);
+  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
+  ASSERT_EQ(dhs_request_import(w_, b, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int64_t t = 0; t < 64; ++t) {
+    for (uint32_t k = 0; k < kKey; ++k) ASSERT_EQ(keys[t * kKey + k], KeyByte(a, t, k)) << "key of position " << t;
+  }
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  const std::vector<int64_t> sel = {0, 15, 16, 33, 47, 48, 63, -1};
+  for (uint32_t s = 0; s < kS; ++s) {
+    std::vector<int64_t> loc(sel.size());
+    dhs_query q{b, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+    ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t j = 0; j + 1 < sel.size(); ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
+      for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(row[k], RowByte(a, s, sel[j], k)) << sel[j];
+    }
+    ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+  }
+  ASSERT_EQ(Append(b, 64, 1), DHS_OK) << dhs_worker_errmsg(w_);  // decoding goes on after the imported prompt
+  EXPECT_EQ(Stats()["prefix"]["shared_pages_granted"], 4);
+  ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK);
+
+  // Another tenant, the same tokens: nothing shared, nothing to import.
+  const auto [other, go] = submit("globex", tokens, 9);
+  EXPECT_EQ(go.shared_pages, 0u);
+  EXPECT_EQ(go.pages, 0u);
+  EXPECT_EQ(dhs_request_import(w_, other, 0, 1, nullptr, 0), DHS_ERR_FAILED_PRECONDITION);
+  ASSERT_EQ(dhs_request_complete(w_, other), DHS_OK);
+
+  // Same tenant, block 2 differs: blocks 0 and 1 still match (their ids and digests), 2 and 3 do not.
+  std::vector<int32_t> changed = tokens;
+  changed[40] = -5;
+  const auto [d2, gd] = submit("acme", changed, 10);
+  EXPECT_EQ(gd.shared_pages, 2u);
+  EXPECT_EQ(gd.import_pages, 2u);
+  ASSERT_EQ(dhs_request_complete(w_, d2), DHS_OK);
+  EXPECT_EQ(Stats()["prefix"]["lookups"], 16);  // 4 blocks named by each of the 4 requests
+
+  // ABI 1.0's struct (32 bytes, no chain) is accepted; other sizes are not; a bad chain is refused.
+  dhs_request_desc old{};
+  old.struct_size = DHS_REQUEST_DESC_SIZE_1_0;
+  old.input_rows = 64;
+  old.max_rows = 80;
+  old.tenant = "acme";  // beyond a 1.0 struct: never read
+  old.tokens = tokens.data();
+  old.token_count = 64;
+  old.block_tokens = kP;
+  uint64_t id = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &old, &id), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, DHS_EVENT_GRANTED);
+  EXPECT_EQ(ev[0].shared_pages, 0u);  // no chain named: the default tenant has none stored anyway
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);
+  old.struct_size = DHS_REQUEST_DESC_SIZE_1_0 + 8;
+  EXPECT_EQ(dhs_request_submit(w_, &old, &id), DHS_ERR_VERSION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("(1.0)"), std::string::npos) << dhs_worker_errmsg(w_);
+  dhs_request_desc bad{};
+  bad.struct_size = sizeof bad;
+  bad.input_rows = 16;
+  bad.max_rows = 20;
+  bad.tokens = tokens.data();
+  bad.token_count = 17;  // more tokens than the prompt
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("token_count"), std::string::npos) << dhs_worker_errmsg(w_);
+  bad.token_count = 16;
+  bad.tokens = nullptr;
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+  bad.tokens = tokens.data();
+  bad.block_id_count = 2;  // ids NULL
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+  bad.block_id_count = 0;
+  const std::string long_tenant(300, 't');
+  bad.tenant = long_tenant.c_str();
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace
