@@ -82,6 +82,16 @@ void OnFatalSignal(int sig) {
   ::raise(sig);
 }
 
+// A request of ABI 1.0's fields (no chain) in a 1.1 struct.
+dhs_request_desc Desc(uint64_t input, uint64_t max, uint64_t resume_of = 0) {
+  dhs_request_desc d{};
+  d.struct_size = sizeof d;
+  d.input_rows = input;
+  d.max_rows = max;
+  d.resume_of = resume_of;
+  return d;
+}
+
 dhs_worker_config BaseConfig(uint32_t gpu) {
   dhs_worker_config c;
   std::memset(&c, 0, sizeof c);
@@ -159,11 +169,30 @@ struct Session {
   void Submit() {
     // Mostly sizes memd admits (input 1..80, max up to 40 more), sometimes any.
     const uint64_t input = 1 + in.Below(80);
-    dhs_request_desc d{sizeof d, 0, input, input + in.Below(40), 0};
-    if (in.Below(6) == 0) d = dhs_request_desc{sizeof d, 0, in.Small64(120), in.Small64(160), 0};
-    if (in.Below(8) == 0) d.struct_size = in.Small32(64);
+    dhs_request_desc d = Desc(input, input + in.Below(40));  // no chain
+    if (in.Below(6) == 0) d = Desc(in.Small64(120), in.Small64(160));
+    if (in.Below(8) == 0) d.struct_size = in.Small32(96);
     if (in.Below(8) == 0) d.reserved = 1;
     if (in.Below(8) == 0) d.resume_of = in.Small64(8);
+    // ABI 1.1: a tenant, a session and a prefix chain (tokens, block size, ids) around the valid ranges; sometimes
+    // 1.0's struct size (the chain fields are then never read).
+    // The buffers hold more than any count below names (a count is the caller's promise; the library cannot check it).
+    std::vector<int32_t> tokens(512, 0);
+    std::vector<uint64_t> ids(512, 0);
+    const size_t n_tokens = in.Below(100), n_ids = in.Below(4);
+    for (size_t i = 0; i < n_tokens; ++i) tokens[i] = static_cast<int32_t>(in.Below(4));  // few tokens: chains repeat
+    for (size_t i = 0; i < n_ids; ++i) ids[i] = in.Below(3);
+    const std::string tenant(in.Below(3) == 0 ? in.Small32(300) : in.Below(2), 'a' + static_cast<char>(in.Below(3)));
+    if (in.Bool()) {
+      d.tenant = in.Below(4) == 0 ? nullptr : tenant.c_str();
+      d.session = in.Small64(4);
+      d.tokens = in.Below(16) == 0 ? nullptr : tokens.data();
+      d.token_count = in.Below(8) == 0 ? in.Small64(200) % 513 : std::min<uint64_t>(n_tokens, d.input_rows);
+      d.block_ids = in.Below(16) == 0 ? nullptr : ids.data();
+      d.block_id_count = in.Below(8) == 0 ? in.Small32(8) % 513 : static_cast<uint32_t>(n_ids);
+      d.block_tokens = in.Below(8) == 0 ? in.Small32(64) : kP * (1 + in.Below(2));
+    }
+    if (in.Below(8) == 0) d.struct_size = DHS_REQUEST_DESC_SIZE_1_0;
     uint64_t id = 0;
     if (Check(w, dhs_request_submit(w, in.Below(16) == 0 ? nullptr : &d, &id), "submit") == DHS_OK) {
       appended[id] = 0;
@@ -355,7 +384,8 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   const std::string page_bytes = std::to_string(kHostPageBytes);
   const std::string log = g_run_dir + ".log";
   std::vector<std::string> args = {memd, "--run-dir", g_run_dir, "--page-bytes", page_bytes,
-                                   "--host-pool-pages", "512", "--worker-timeout-ms", "20000"};
+                                   "--host-pool-pages", "512", "--worker-timeout-ms", "20000",
+                                   "--prefix-sharing", "on"};  // chains named at submit meet stored pages
   std::vector<char*> a;
   for (auto& s : args) a.push_back(s.data());
   a.push_back(nullptr);

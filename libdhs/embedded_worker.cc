@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
 #include "workerd/prefix_chain.h"
 #include "workerd/resume_plan.h"
@@ -141,6 +142,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   h.tail_rows = config.tail_rows;
   h.fetched_rows_per_token = config.sources;
 
+  w->hello_ = h;
   w->device_ = std::make_unique<CpuDevice>();
   absl::StatusOr<std::unique_ptr<MemdClient>> memd =
       MemdClient::Connect(config.run_dir, h, std::chrono::milliseconds(config.connect_timeout_ms));
@@ -192,7 +194,6 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   if (prefix.tenant.size() > 255) {
     return absl::InvalidArgumentError("dhs_request_desc: the tenant is longer than 255 bytes");
   }
-  if (memd_->away()) return absl::UnavailableError("memd is away");
   if (resume_of != 0) {
     const std::vector<uint64_t>& listed = memd_->interrupted_requests();
     if (std::find(listed.begin(), listed.end(), resume_of) == listed.end()) {
@@ -255,13 +256,15 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     admit.prefix_block_digests = std::move(chain.block_digests);
     admit.prefix_block_tokens = chain.block_tokens;
   }
+  // While memd is away the admission is not sent (MemdClient drops it): it goes after the re-Hello (Return).
   if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
   }
   ++next_request_;
   ++counters_.submitted;
   counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
-  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of});
+  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of,
+                                .admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit))});
   return id;
 }
 
@@ -274,16 +277,109 @@ absl::Status EmbeddedWorker::Poll() {
   FailDataLoss();
   if (!s.ok()) return s;
   if (!agent_->link_status().ok()) return agent_->link_status();
-  if (memd_->away()) {
-    return absl::UnavailableError("memd went away; serving away and the re-Hello are not offered by libdhs 1.0: "
-                                  "close the worker and open it again once memd is back");
+  if (!memd_->away()) return absl::OkStatus();
+  EnterAway();  // once per death
+  absl::StatusOr<std::optional<wire::HelloReplyT>> back = memd_->PollAway([this] { return ReHello(); });
+  if (!back.ok()) return back.status();  // ABORTED: the epoch ended
+  if (!back->has_value()) return absl::OkStatus();  // still away: served from here
+  return Return(**back);
+}
+
+void EmbeddedWorker::EnterAway() {
+  if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // taken already (this death)
+  ++counters_.memd_aways;
+  agent_->EnterAway();      // memd's orders resolved here, nothing answered
+  kv_->PauseHostWrites();   // a new memd may not adopt a page written now
+  spdlog::warn("libdhs: memd is away: serving {} requests from the pool (no host writes, admissions wait) until a "
+               "memd takes the re-Hello", requests_.size());
+}
+
+wire::HelloT EmbeddedWorker::ReHello() const {
+  wire::HelloT hello = hello_;
+  for (const auto& [id, r] : requests_) {
+    if (r.phase != EmbeddedPhase::kGranted) continue;  // its AdmitRequest goes again
+    std::unique_ptr<wire::ReportedRequestT> rep = agent_->Report(id);
+    if (rep == nullptr) continue;
+    rep->complete_pages = r.admit->complete_pages;
+    rep->optional_history = r.admit->optional_history;
+    if (r.admit->record != nullptr) rep->record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
+    hello.report.push_back(std::move(rep));
   }
+  return hello;
+}
+
+absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
+  ++counters_.memd_returns;
+  // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
+  for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
+    auto it = requests_.find(reply.refused_reports[i]);
+    if (it == requests_.end() || it->second.phase != EmbeddedPhase::kGranted) continue;
+    const std::string why = i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "";
+    agent_->Forget(it->first);
+    const bool ending = it->second.ending;
+    const RequestId id = it->first;
+    requests_.erase(it);
+    ++counters_.reports_refused;
+    if (!ending) {
+      ++counters_.failed;
+      events_.push_back(Event(EmbeddedEvent::kFailed, id,
+                              absl::AbortedError(absl::StrCat("memd restarted and refused the request's report: ", why,
+                                                              " (dhs_worker_list_resumable may list it)"))));
+    }
+  }
+  std::set<RequestId> adopted;
+  for (const auto& [id, r] : requests_) {
+    if (r.phase == EmbeddedPhase::kGranted) adopted.insert(id);
+  }
+  agent_->ReturnFromAway(adopted);
+  if (absl::Status s = kv_->ResumeHostWrites(); !s.ok()) spdlog::error("libdhs: deferred backups: {}", s.ToString());
+  // The ends deferred while away.
+  std::vector<RequestId> ending;
+  for (const auto& [id, r] : requests_) {
+    if (r.ending) ending.push_back(id);
+  }
+  for (RequestId id : ending) {
+    agent_->EndRequest(id);
+    requests_.erase(id);
+    ++counters_.ends_deferred;
+  }
+  // memd's interrupted requests that are admissions waiting here (the dead memd journaled their record, its grant never
+  // came) or that this worker ended before their grant: ended at memd (Complete) before any is admitted again, as
+  // workerd's AdmissionDesk::ResumeInterrupted does; the others stay resumable (dhs_worker_list_resumable).
+  for (uint64_t id : reply.interrupted_requests) {
+    auto it = requests_.find(id);
+    const bool waiting_here = it != requests_.end() && it->second.phase != EmbeddedPhase::kGranted;
+    if (!waiting_here && !ended_waiting_.contains(id)) continue;
+    wire::CompleteT done;
+    done.request = id;
+    done.gpu = config_.gpu;
+    if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+    }
+    not_resumable_.insert(id);
+  }
+  // The admissions not granted yet go again (the new memd knows none of them; one sent while away was dropped).
+  ended_waiting_.clear();  // their Completes went to the dead memd, or were sent just now
+  for (auto& [id, r] : requests_) {
+    if (r.phase == EmbeddedPhase::kGranted) continue;
+    if (r.phase == EmbeddedPhase::kQueued) {
+      DHS_CHECK_OK(TransitionEmbedded(r.phase, EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting));
+    }
+    if (absl::Status s = memd_->SendAdmitRequest(*r.admit); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+    }
+    ++counters_.admissions_resent;
+  }
+  spdlog::info("libdhs: memd is back: {} requests adopted, {} refused, {} ends deferred, {} admissions sent again",
+               adopted.size(), reply.refused_reports.size(), ending.size(), counters_.admissions_resent);
   return absl::OkStatus();
 }
 
 absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not open on this worker"));
+  if (it == requests_.end() || it->second.ending) {
+    return absl::NotFoundError(absl::StrCat("request ", id, " is not open on this worker"));
+  }
   if (it->second.phase != EmbeddedPhase::kGranted) {
     return absl::FailedPreconditionError(absl::StrCat("request ", id, " is not granted yet"));
   }
@@ -325,6 +421,11 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
   if (!keys.empty() && keys.size() != key_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
+  }
+  if (kv_->host_writes_paused() && !kv_->TailHasRoom(request, count)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request ", request, ": memd is away and the tail has no room for ", count, " more rows without a host write "
+        "(positions ", first, " .. ", first + int64_t{count} - 1, "); poll and retry once memd is back"));
   }
   if ((*r)->held_from >= 0) {
     // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
@@ -498,7 +599,23 @@ absl::Status EmbeddedWorker::Commit(RequestId request, Position length) {
 
 absl::Status EmbeddedWorker::Complete(RequestId request) {
   auto it = requests_.find(request);
-  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
+  if (it == requests_.end() || it->second.ending) {
+    return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
+  }
+  if (it->second.phase == EmbeddedPhase::kGranted && memd_->away()) {
+    // memd away: no Complete can go; the request is reported in the re-Hello and ended after it (Return).
+    it->second.ending = true;
+    ++counters_.completed;
+    return absl::OkStatus();
+  }
+  if (it->second.phase == EmbeddedPhase::kWaiting || it->second.phase == EmbeddedPhase::kQueued) {
+    if (memd_->away()) {  // its admission goes nowhere now and is not sent again (Return ends it at memd if needed)
+      ended_waiting_.insert(request);
+      requests_.erase(it);
+      ++counters_.completed;
+      return absl::OkStatus();
+    }
+  }
   if (it->second.phase == EmbeddedPhase::kGranted) {
     agent_->EndRequest(request);  // copies memd would free pages under end first; KV released; Complete
   } else {
@@ -519,6 +636,7 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
 std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   std::vector<Resumable> out;
   for (uint64_t id : memd_->interrupted_requests()) {
+    if (not_resumable_.contains(id)) continue;  // ours, ended at the re-Hello (admitted again, or cancelled)
     Resumable r{id, 0, 0};
     for (const auto& rec : memd_->interrupted_records()) {
       if (rec != nullptr && rec->request == id) {
@@ -548,6 +666,9 @@ std::string EmbeddedWorker::StatsJson() const {
                  {"populated", a.pages_populated}, {"reclaimed", a.pages_reclaimed},
                  {"reclaim_orders", counters_.reclaim_orders}, {"reclaims_obeyed", a.reclaims_obeyed}}},
       {"prefix", {{"lookups", counters_.prefix_lookups}, {"shared_pages_granted", counters_.shared_pages_granted}}},
+      {"memd", {{"away", memd_->away()}, {"aways", counters_.memd_aways}, {"returns", counters_.memd_returns},
+                {"reports_refused", counters_.reports_refused}, {"admissions_resent", counters_.admissions_resent},
+                {"ends_deferred", counters_.ends_deferred}}},
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},
   };

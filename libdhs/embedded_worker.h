@@ -60,6 +60,7 @@ inline constexpr std::pair<EmbeddedPhase, EmbeddedPhase> kEmbeddedTransitions[] 
     {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued},   // AdmitWait
     {EmbeddedPhase::kWaiting, EmbeddedPhase::kGranted},  // AdmitGrant
     {EmbeddedPhase::kQueued, EmbeddedPhase::kGranted},   // AdmitGrant after waiting
+    {EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting},   // memd restarted: the admission goes again (re-Hello)
 };
 // Errors: FAILED_PRECONDITION when `phase` is not `from` or the move is not in the table (`phase` unchanged).
 absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to);
@@ -92,6 +93,8 @@ struct EmbeddedCounters {
   uint64_t submitted = 0, granted = 0, completed = 0, failed = 0, rejected = 0, reclaim_orders = 0;
   uint64_t rows_appended = 0, queries_resolved = 0;
   uint64_t prefix_lookups = 0, shared_pages_granted = 0;  // blocks named at first admissions; shared pages imported
+  uint64_t memd_aways = 0, memd_returns = 0;  // memd deaths served through; re-Hellos memd took
+  uint64_t reports_refused = 0, admissions_resent = 0, ends_deferred = 0;
 };
 
 class EmbeddedWorker final : private MemdHandler {
@@ -128,8 +131,15 @@ class EmbeddedWorker final : private MemdHandler {
   // a resume, rows appended are not first * p, a page not host-backed), INVALID_ARGUMENT (keys_out's size).
   absl::Status ImportRows(RequestId request, uint32_t first, uint32_t count, std::span<uint8_t> keys_out);
   // Serves memd's messages, the agent's completions, requests a changed host page failed; events accumulate.
-  // Errors: ABORTED (epoch ended), UNAVAILABLE (memd away: not served by this version).
+  // memd away (it died: its connection closed; docs/protocol.md "Re-Hello with a report", as workerd's MemdAway):
+  // memd's orders are resolved locally, host writes pause, and each Poll tries the re-Hello with a report of every
+  // granted request (MemdClient::PollAway); meanwhile granted requests keep appending while their tail has room and
+  // resolving, submits wait, completes of granted requests are deferred. When a memd takes the re-Hello: refused
+  // reports fail their requests (kFailed), the others go on, host writes resume, the deferred ends happen and the
+  // waiting admissions are sent again. Errors: ABORTED (epoch ended: fenced, memd silent over a live connection, or no
+  // memd took the re-Hello within the reconnect bound / refused it / started a fresh pool).
   absl::Status Poll();
+  bool memd_away() const { return memd_->away(); }
   std::deque<EmbeddedEvent>& events() { return events_; }
 
   // rows: count * S * d_KV bytes [position][source]; keys: empty or L_idx * count * d_idx bytes [indexer][position].
@@ -159,6 +169,8 @@ class EmbeddedWorker final : private MemdHandler {
     Position held_from = -1;  // a speculative hold's `from`, -1 none
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
     bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
+    bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
+    std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)
   };
 
   EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)) {}
@@ -168,6 +180,11 @@ class EmbeddedWorker final : private MemdHandler {
   void Fail(RequestId id, const absl::Status& error);
   // The requests a changed host page failed (HierarchicalKvAccess::TakeDataLoss).
   void FailDataLoss();
+  // memd away (Poll): entered once per death; the re-Hello's Hello (hello_ with a report of every granted request);
+  // memd took it (`reply`).
+  void EnterAway();
+  wire::HelloT ReHello() const;
+  absl::Status Return(const wire::HelloReplyT& reply);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
 
   // MemdHandler.
@@ -180,12 +197,14 @@ class EmbeddedWorker final : private MemdHandler {
   void OnCompleteAck(const wire::CompleteAckT& m) override {}
 
   EmbeddedConfig config_;
+  wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
   std::unique_ptr<Device> device_;
   std::unique_ptr<MemdClient> memd_;
   std::unique_ptr<HierarchicalKvAccess> kv_;
   std::unique_ptr<ResidencyAgent> agent_;
   std::map<RequestId, Request> requests_;
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
+  std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   uint64_t next_request_ = 1;
   std::deque<EmbeddedEvent> events_;
   EmbeddedCounters counters_;

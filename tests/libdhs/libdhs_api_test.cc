@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
 #include <thread>
 #include <string>
 #include <vector>
@@ -25,6 +28,16 @@ using dhs::testing::ScopedRunDir;
 constexpr uint32_t kS = 2, kRow = 64, kKey = 16, kP = 16, kK = 8, kB = 32, kT = 32;
 constexpr uint64_t kPageBytes = uint64_t{kP} * kS * kRow;      // 2048
 constexpr uint64_t kHostPageBytes = kPageBytes + kP * kKey;     // 2304: memd --page-bytes
+
+// A request of ABI 1.0's fields (no chain) in a 1.1 struct.
+dhs_request_desc Desc(uint64_t input, uint64_t max, uint64_t resume_of = 0) {
+  dhs_request_desc d{};
+  d.struct_size = sizeof d;
+  d.input_rows = input;
+  d.max_rows = max;
+  d.resume_of = resume_of;
+  return d;
+}
 
 uint8_t RowByte(uint64_t r, uint32_t s, int64_t t, uint32_t b) {
   return static_cast<uint8_t>(r * 131 + s * 31 + static_cast<uint64_t>(t) * 7 + b);
@@ -93,7 +106,7 @@ class LibdhsTest : public ::testing::Test {
     return all;
   }
   uint64_t SubmitGranted(uint64_t input, uint64_t max) {
-    dhs_request_desc d{sizeof(dhs_request_desc), 0, input, max, 0};
+    dhs_request_desc d = Desc(input, max);
     uint64_t id = 0;
     EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK) << dhs_worker_errmsg(w_);
     const std::vector<dhs_event> ev = PollFor(1);
@@ -221,7 +234,7 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   EXPECT_EQ(dhs_pools_register(w_, nullptr), DHS_ERR_INVALID_ARGUMENT);
 
   uint64_t id = 0;
-  dhs_request_desc d{sizeof d, 0, 20, 40, 0};
+  dhs_request_desc d = Desc(20, 40);
   EXPECT_EQ(dhs_request_submit(w_, &d, nullptr), DHS_ERR_INVALID_ARGUMENT);
   d.struct_size = 8;
   EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_VERSION);
@@ -344,7 +357,7 @@ TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
   const nlohmann::json before = Stats();
   EXPECT_EQ(before["pages"]["kept"], 4) << before.dump();
 
-  dhs_request_desc d{sizeof d, 0, 16, 80, 0};
+  dhs_request_desc d = Desc(16, 80);
   uint64_t b = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK);
   bool reclaimed = false, granted = false;
@@ -438,9 +451,10 @@ TEST_F(LibdhsTest, TwoThreadsShareOneWorker) {
   EXPECT_EQ(Stats()["rows_appended"], 160);
 }
 
-// memd dies (SIGKILL) under a request whose pages are backed up: the worker's poll answers UNAVAILABLE (serving away
-// is not offered), the engine closes it; the next memd of the run directory adopts the host pool and its journal, the
-// reopened worker lists the request as resumable, resumes it and reads back the same rows (brief §3).
+// memd dies (SIGKILL) under a request whose pages are backed up; the worker serves away (poll answers OK, stats say
+// memd.away) but the engine gives up and closes it while memd is down; the next memd of the run directory adopts the
+// host pool and its journal, the reopened worker lists the request as resumable, resumes it and reads back the same
+// rows (brief §3).
 TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
@@ -463,15 +477,14 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   }
   memd_->Signal(SIGKILL);
   ASSERT_GE(memd_->WaitExit(5000), -1);
-  int rc = DHS_OK;
-  for (int i = 0; i < 2000 && rc == DHS_OK; ++i) {
+  for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) {
     dhs_event ev[4];
     size_t n = 0;
-    rc = dhs_worker_poll(w_, ev, 4, &n);
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);  // serving away
     ::poll(nullptr, 0, 2);
   }
-  EXPECT_EQ(rc, DHS_ERR_UNAVAILABLE) << dhs_worker_errmsg(w_);
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("memd went away"), std::string::npos) << dhs_worker_errmsg(w_);
+  ASSERT_TRUE(Stats()["memd"]["away"].get<bool>());
+  EXPECT_EQ(Stats()["memd"]["aways"], 1);
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   w_ = nullptr;
 
@@ -485,7 +498,7 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   EXPECT_EQ(list[0].request, id);
   EXPECT_EQ(list[0].input_rows, 64u);
   EXPECT_EQ(list[0].max_rows, 80u);
-  dhs_request_desc d{sizeof d, 0, 64, 80, id};
+  dhs_request_desc d = Desc(64, 80, id);
   uint64_t resumed = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &resumed), DHS_OK) << dhs_worker_errmsg(w_);
   EXPECT_EQ(dhs_request_submit(w_, &d, &resumed), DHS_ERR_FAILED_PRECONDITION);  // resumed already
@@ -519,7 +532,7 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
 TEST_F(LibdhsTest, CompleteWhileWaiting) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   ASSERT_NO_FATAL_FAILURE(Open(8));
-  dhs_request_desc d{sizeof d, 0, 16, 40, 0};
+  dhs_request_desc d = Desc(16, 40);
   uint64_t id = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK);
   ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);  // before any poll: memd sees the admission, then the Complete
@@ -679,6 +692,131 @@ TEST_F(LibdhsTest, PrefixChainGrantsSharedHostPagesPerTenant) {
   const std::string long_tenant(300, 't');
   bad.tenant = long_tenant.c_str();
   EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+}
+
+// Serving through a memd restart inside the library (workerd's re-Hello with a report, docs/protocol.md): memd is
+// SIGKILLed under a granted request whose complete pages are backed up and a second request still queued; the worker
+// keeps serving away (poll OK; appends while the tail has room, resolves exact; a submit and a complete meanwhile);
+// a new memd of the run directory (the same host pool and journal) takes the re-Hello; the request is adopted and
+// goes on to its last row, every row read back exact (old rows from host, new ones from the tail); the queued and the
+// away-submitted admissions are sent again and granted; the deferred end reaches memd; at a clean stop nothing is
+// left in /dev/shm.
+TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
+  const std::string log = dir_.path() + ".memd.log";
+  const char* memd = std::getenv("MEMD");
+  ASSERT_NE(memd, nullptr);
+  const std::vector<std::string> args{memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes),
+                                      "--host-pool-pages", "256"};
+  auto start = [&] {
+    memd_ = std::make_unique<ChildProcess>(args, log);
+    for (int i = 0; i < 400 && !std::filesystem::exists(dir_.path() + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
+    ASSERT_TRUE(std::filesystem::exists(dir_.path() + "/memd.sock"));
+  };
+  ASSERT_NO_FATAL_FAILURE(start());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  c.slots = 2;                 // a third request waits for a slot
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t id = SubmitGranted(64, 128);
+  const uint64_t short_one = SubmitGranted(16, 32);
+  dhs_request_desc queued_desc = Desc(16, 32);
+  uint64_t queued = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &queued_desc, &queued), DHS_OK);
+  ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<dhs_event> seen;
+  auto poll_some = [&](int n, int sleep_ms) {
+    for (int i = 0; i < n; ++i) {
+      dhs_event ev[8];
+      size_t got = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+      seen.insert(seen.end(), ev, ev + got);
+      ::poll(nullptr, 0, sleep_ms);
+    }
+  };
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 1));
+  ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
+  ASSERT_NO_FATAL_FAILURE(poll_some(20, 5));  // the HostCopyWritten reports reach memd's journal
+  const std::string first_log = [&] {
+    std::ifstream f(log);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }();
+  const size_t at = first_log.find("host pool /dev/shm/");
+  ASSERT_NE(at, std::string::npos) << first_log;
+  const std::string segment = first_log.substr(at + 10, first_log.find(':', at) - at - 10);
+
+  memd_->Signal(SIGKILL);
+  ASSERT_GE(memd_->WaitExit(5000), -1);
+  for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+  ASSERT_TRUE(Stats()["memd"]["away"].get<bool>());
+  // Away: rows 64 .. 79 fit the tail (their slots' rows have host copies), rows 96 .. are refused until memd is back.
+  ASSERT_EQ(Append(id, 64, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 5, 17, 40, 63, 64, 79, -1}));
+  ASSERT_EQ(Append(id, 80, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(Append(id, 96, 1), DHS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("memd is away"), std::string::npos) << dhs_worker_errmsg(w_);
+  uint64_t late = 0, dropped = 0;
+  dhs_request_desc late_desc = Desc(16, 32);
+  ASSERT_EQ(dhs_request_submit(w_, &late_desc, &late), DHS_OK) << dhs_worker_errmsg(w_);   // waits for memd
+  ASSERT_EQ(dhs_request_submit(w_, &late_desc, &dropped), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_complete(w_, dropped), DHS_OK);  // cancelled before memd ever saw it
+  ASSERT_EQ(dhs_request_complete(w_, short_one), DHS_OK);  // granted: its end waits for the re-Hello
+  EXPECT_EQ(Append(short_one, 0, 1), DHS_ERR_NOT_FOUND);   // gone for the engine at once
+  ASSERT_NO_FATAL_FAILURE(poll_some(50, 2));              // ~100 ms away: re-Hello attempts find no memd
+
+  ASSERT_NO_FATAL_FAILURE(start());  // the same run directory: the pool and the journal are adopted
+  for (int i = 0; i < 3000 && Stats()["memd"]["returns"] < 1; ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+  const nlohmann::json back = Stats()["memd"];
+  ASSERT_EQ(back["returns"], 1) << back;
+  EXPECT_FALSE(back["away"].get<bool>());
+  EXPECT_EQ(back["reports_refused"], 0) << back;
+  EXPECT_EQ(back["admissions_resent"], 2) << back;  // the queued one and the one submitted while away
+  EXPECT_EQ(back["ends_deferred"], 1) << back;      // short_one's Complete reached the new memd: its slot is free
+  // The request goes on: the rest of its rows (the deferred backups free the tail), all of them read back exact.
+  for (int64_t t = 96; t < 128; t += 8) {
+    int rc = DHS_ERR_RESOURCE_EXHAUSTED;
+    for (int i = 0; i < 2000 && rc == DHS_ERR_RESOURCE_EXHAUSTED; ++i) {
+      rc = Append(id, t, 8);
+      if (rc == DHS_ERR_RESOURCE_EXHAUSTED) {
+        ASSERT_NO_FATAL_FAILURE(poll_some(1, 1));
+      }
+    }
+    ASSERT_EQ(rc, DHS_OK) << t << ": " << dhs_worker_errmsg(w_);
+  }
+  for (int64_t t0 = 0; t0 < 128; t0 += kK) {
+    std::vector<int64_t> sel;
+    for (int64_t t = t0; t < t0 + kK; ++t) sel.push_back(t);
+    ASSERT_NO_FATAL_FAILURE(ExpectRows(id, sel));
+  }
+  for (const dhs_event& e : seen) EXPECT_NE(e.kind, DHS_EVENT_FAILED) << e.message;
+  // A resent admission is granted while `id` holds one of the 2 slots: short_one's deferred end freed the other. Each
+  // one granted is served and completed; `id` ends too; both resent admissions are granted in the end.
+  std::set<uint64_t> granted;
+  auto serve_granted = [&](size_t want) {
+    for (int i = 0; i < 3000 && granted.size() < want; ++i) {
+      ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+      for (const dhs_event& e : seen) {
+        EXPECT_NE(e.request, dropped);
+        if (e.kind != DHS_EVENT_GRANTED || (e.request != queued && e.request != late) || granted.contains(e.request)) {
+          continue;
+        }
+        granted.insert(e.request);
+        ASSERT_EQ(Append(e.request, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+        ASSERT_NO_FATAL_FAILURE(ExpectRows(e.request, {0, 7, 15}));
+        ASSERT_EQ(dhs_request_complete(w_, e.request), DHS_OK);
+      }
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(serve_granted(1));
+  ASSERT_EQ(granted.size(), 1u);
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);
+  ASSERT_NO_FATAL_FAILURE(serve_granted(2));
+  EXPECT_EQ(granted.size(), 2u);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  memd_->Terminate();  // clean stop: no request holds a host copy, the pool is dropped
+  memd_.reset();
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment)) << segment;
+  std::filesystem::remove(log);
 }
 
 }  // namespace
