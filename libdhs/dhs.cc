@@ -302,7 +302,9 @@ int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* c
       out.import_pages = ev.import_pages;
       out.shared_pages = ev.shared_pages;
       const absl::string_view m = ev.status.message();
-      std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
+      // An OK status's message is an empty view whose data() may be NULL: memcpy's arguments must not be (UBSan, found
+      // by the libFuzzer run of fuzz/libdhs_fuzz.cc; corpus crash-655a24bf...).
+      if (!m.empty()) std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
       q.pop_front();
     }
     *count = n;

@@ -493,6 +493,13 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
       return absl::InvalidArgumentError(absl::StrCat("query ", i, ": locations hold ", q.locations.size(),
                                                      " entries for ", q.selection.size(), " positions"));
     }
+    if (auto u = unread_.find(sources[0]); u != unread_.end() && u->second.contains(q.request)) {
+      // Found by the libFuzzer run of fuzz/libdhs_fuzz.cc (corpus timeout-5d954c15...): the resolve waited on the
+      // readers fence of the previous resolve's rows, which only dhs_readers_done ends.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "query ", i, ": request ", q.request, " was resolved on source ", sources[0],
+          " since its last dhs_readers_done; call dhs_readers_done for that source first (its rows may be replaced)"));
+    }
     for (size_t j = 0; j < q.selection.size(); ++j) {
       const Position t = q.selection[j];
       if (t < -1 || t >= (*r)->appended) {
@@ -504,6 +511,7 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
     at += q.selection.size();
   }
   if (absl::Status s = kv_->Fetch(sources, batch); !s.ok()) return Step(s);
+  for (const Query& q : queries) unread_[sources[0]].insert(q.request);
   absl::StatusOr<std::span<uint8_t>> pool = Pool();
   if (!pool.ok()) return pool.status();
   at = 0;
@@ -568,6 +576,7 @@ absl::Status EmbeddedWorker::ReadersDone(std::span<const SourceId> sources) {
     }
   }
   kv_->ReadersDone(sources);
+  for (SourceId s : sources) unread_.erase(s);
   return absl::OkStatus();
 }
 

@@ -206,6 +206,9 @@ class EmbeddedWorker final : private MemdHandler {
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   uint64_t next_request_ = 1;
+  // Per source, the requests resolved since its last ReadersDone: a second resolve of one of them would wait for its
+  // own unfinished readers (a hot-cache slot it read being refilled) on the caller's thread for ever; it is refused.
+  std::map<SourceId, std::set<RequestId>> unread_;
   std::deque<EmbeddedEvent> events_;
   EmbeddedCounters counters_;
 };

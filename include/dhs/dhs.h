@@ -64,7 +64,7 @@ typedef enum dhs_status {
   DHS_ERR_FAILED_PRECONDITION = 6, /* the call does not fit the request's state (e.g. append before its grant) */
   DHS_ERR_OUT_OF_RANGE = 7,     /* a position beyond the request's history (appended rows, or its declared rows) */
   DHS_ERR_RESOURCE_EXHAUSTED = 8, /* a table or pool is full (events buffer, submit queue, hot cache) */
-  DHS_ERR_UNAVAILABLE = 9,      /* memd cannot be reached, or is away */
+  DHS_ERR_UNAVAILABLE = 9,      /* memd cannot be reached (at open, or a send failed) */
   DHS_ERR_UNIMPLEMENTED = 10,   /* not in this build or this version (see the message) */
   DHS_ERR_DATA_LOSS = 11,       /* a host page changed after its confirmation (issue 22) */
   DHS_ERR_ABORTED = 12,         /* the worker's epoch ended (memd fenced it): close and open again */
@@ -188,7 +188,9 @@ typedef struct dhs_request_desc {
  * imported) and the GRANTED event names them (pages, import_pages); dhs_request_import takes them as appended, the
  * engine appends every other row itself. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can hold;
  * token_count beyond input_rows, tokens NULL with block_tokens > 0, block_ids NULL with a count, a tenant longer than
- * 255 bytes), VERSION (struct_size neither 1.0's nor this header's), UNAVAILABLE (memd away), NOT_FOUND (resume_of not listed by dhs_worker_list_resumable),
+ * 255 bytes), VERSION (struct_size neither 1.0's nor this header's), UNAVAILABLE (a send to memd failed; while memd
+ * is away the admission waits and is sent after the re-Hello), NOT_FOUND (resume_of not listed by
+ * dhs_worker_list_resumable),
  * FAILED_PRECONDITION (resume_of resumed already). */
 DHS_EXPORT int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id);
 
@@ -220,8 +222,16 @@ typedef struct dhs_event {
 /* Serves memd (its orders are carried out here), reports finished host copies, and copies up to `capacity` pending
  * events into events[0..*count). Call it every step, at least once a second: the worker ends its epoch when it heard
  * nothing from memd for 2 s (memd acks the heartbeats this call sends), and memd fences a worker silent for its
- * worker timeout. Events left over stay for the next call. Never blocks. Errors: INVALID_ARGUMENT, ABORTED (the
- * epoch ended: close and open again), UNAVAILABLE (memd went away: serving away is not offered by this version). */
+ * worker timeout. Events left over stay for the next call. Never blocks.
+ * memd restarts (ABI 1.1) are served inside the library, as workerd serves them: when memd dies (its connection
+ * closes) poll keeps answering OK while the library serves away (memd's orders resolved locally, no host writes:
+ * appends succeed while the tail has room, else RESOURCE_EXHAUSTED until memd is back; resolves go on; submits wait;
+ * a granted request's complete is deferred) and says Hello again to the next memd of the run directory with a report
+ * of every granted request; once that memd takes it, the requests go on, the deferred ends and the waiting
+ * admissions are sent. stats_json's "memd" object tells (away, aways, returns, ...). A request whose report memd
+ * refused gets a FAILED event (ABORTED; dhs_worker_list_resumable may list it).
+ * Errors: INVALID_ARGUMENT, ABORTED (the epoch ended: fenced, memd silent over a live connection, no memd took the
+ * re-Hello within 30 s, or the new memd refused it or started a fresh host pool: close and open again). */
 DHS_EXPORT int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* count);
 
 /* Appends positions first .. first+count-1 of a granted request. rows: count * S * d_KV bytes laid out
@@ -259,7 +269,7 @@ DHS_EXPORT int dhs_request_hold(dhs_worker* w, uint64_t request, int64_t from);
 DHS_EXPORT int dhs_request_commit(dhs_worker* w, uint64_t request, int64_t length);
 
 /* Ends a request (finished or cancelled, in any state before its end): its copies in flight finish, its KV is
- * released, memd is told. The id is unknown afterwards. Errors: NOT_FOUND. */
+ * released, memd is told (while memd is away: after the re-Hello). The id is unknown afterwards. Errors: NOT_FOUND. */
 DHS_EXPORT int dhs_request_complete(dhs_worker* w, uint64_t request);
 
 /* After a restart of this GPU's worker: the requests memd kept for it (each with its confirmed host copies). */
