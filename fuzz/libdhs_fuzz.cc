@@ -420,6 +420,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       s.Op(op);
     }
   }
+  // The readers of every source end before the requests do (an engine completes a request once nothing reads it).
+  const uint32_t all_sources[kS] = {0, 1};
+  dhs_readers_done(g_w, all_sources, kS);
   for (const auto& [id, rows] : s.appended) dhs_request_complete(g_w, id);
   dhs_event ev[8];
   size_t n = 0;

@@ -162,6 +162,11 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
 }
 
 EmbeddedWorker::~EmbeddedWorker() {
+  if (kv_ != nullptr && !unread_.empty()) {  // closing: nobody reads the pool any more
+    std::vector<SourceId> read;
+    for (const auto& [source, slots] : unread_) read.push_back(source);
+    (void)ReadersDone(read);
+  }
   if (agent_ != nullptr) {
     std::vector<RequestId> open;
     for (const auto& [id, r] : requests_) open.push_back(id);
@@ -272,6 +277,13 @@ absl::Status EmbeddedWorker::Poll() {
   MemdClient::Load load;
   for (const auto& [id, r] : requests_) load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
   load.pending_copies = agent_->pending_orders();
+  while (unread_.empty() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
+    auto order = std::move(deferred_orders_.front());
+    deferred_orders_.pop_front();
+    if (auto* m = std::get_if<wire::ReclaimOrderT>(&order)) CarryOut(*m);
+    if (auto* m = std::get_if<wire::RetireT>(&order)) agent_->OnRetire(*m);
+    if (auto* m = std::get_if<wire::PopulateOrderT>(&order)) agent_->OnPopulateOrder(*m);
+  }
   absl::Status s = memd_->Poll(*this, load);
   agent_->Poll();
   FailDataLoss();
@@ -288,6 +300,7 @@ absl::Status EmbeddedWorker::Poll() {
 void EmbeddedWorker::EnterAway() {
   if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // taken already (this death)
   ++counters_.memd_aways;
+  deferred_orders_.clear();  // the dead memd's orders not carried out yet: nothing of them is acted on
   agent_->EnterAway();      // memd's orders resolved here, nothing answered
   kv_->PauseHostWrites();   // a new memd may not adopt a page written now
   spdlog::warn("libdhs: memd is away: serving {} requests from the pool (no host writes, admissions wait) until a "
@@ -389,6 +402,13 @@ absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
 void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
+  // A failed request ends now: the readers of its slot's rows are ended first (its end would wait for them for ever),
+  // with those of every request resolved on the same sources (dhs_readers_done's unit is a source).
+  std::vector<SourceId> read;
+  for (const auto& [source, slots] : unread_) {
+    if (slots.contains(it->second.slot)) read.push_back(source);
+  }
+  if (it->second.phase == EmbeddedPhase::kGranted && !read.empty()) DHS_CHECK_OK(ReadersDone(read));
   if (it->second.phase == EmbeddedPhase::kGranted) agent_->EndRequest(id);  // copies end, KV released, Complete
   requests_.erase(it);
   ++counters_.failed;
@@ -493,12 +513,12 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
       return absl::InvalidArgumentError(absl::StrCat("query ", i, ": locations hold ", q.locations.size(),
                                                      " entries for ", q.selection.size(), " positions"));
     }
-    if (auto u = unread_.find(sources[0]); u != unread_.end() && u->second.contains(q.request)) {
+    if (auto u = unread_.find(sources[0]); u != unread_.end() && u->second.contains((*r)->slot)) {
       // Found by the libFuzzer run of fuzz/libdhs_fuzz.cc (corpus timeout-5d954c15...): the resolve waited on the
-      // readers fence of the previous resolve's rows, which only dhs_readers_done ends.
+      // readers fence of an earlier resolve's rows in the same slot, which only dhs_readers_done ends.
       return absl::FailedPreconditionError(absl::StrCat(
-          "query ", i, ": request ", q.request, " was resolved on source ", sources[0],
-          " since its last dhs_readers_done; call dhs_readers_done for that source first (its rows may be replaced)"));
+          "query ", i, ": request ", q.request, "'s slot ", (*r)->slot, " was resolved on source ", sources[0],
+          " since its last dhs_readers_done; call dhs_readers_done for that source first (rows read may be replaced)"));
     }
     for (size_t j = 0; j < q.selection.size(); ++j) {
       const Position t = q.selection[j];
@@ -511,7 +531,7 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
     at += q.selection.size();
   }
   if (absl::Status s = kv_->Fetch(sources, batch); !s.ok()) return Step(s);
-  for (const Query& q : queries) unread_[sources[0]].insert(q.request);
+  for (const Query& q : queries) unread_[sources[0]].insert(requests_.at(q.request).slot);
   absl::StatusOr<std::span<uint8_t>> pool = Pool();
   if (!pool.ok()) return pool.status();
   at = 0;
@@ -611,6 +631,17 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   if (it == requests_.end() || it->second.ending) {
     return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
   }
+  if (it->second.phase == EmbeddedPhase::kGranted) {
+    // Its end waits for the copies memd would free pages under, and those wait for the readers of its rows: with a
+    // resolve of its slot not followed by dhs_readers_done it would wait for ever (found by the libFuzzer run).
+    for (const auto& [source, slots] : unread_) {
+      if (slots.contains(it->second.slot)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "request ", request, " was resolved on source ", source, " since its last dhs_readers_done; call "
+            "dhs_readers_done for that source before completing it (its rows may still be read)"));
+      }
+    }
+  }
   if (it->second.phase == EmbeddedPhase::kGranted && memd_->away()) {
     // memd away: no Complete can go; the request is reported in the re-Hello and ended after it (Return).
     it->second.ending = true;
@@ -704,6 +735,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   }
   EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
   granted.slot = m.slot;
+  r.slot = m.slot;
   if (r.resume_of != 0 || !m.shared_pages.empty()) {
     // A resume (docs/architecture.md "Resume from host KV"), or shared prefix pages (issue 24: they come inside
     // host_backed_pages, as workerd's ResumeImporter takes them): the host-backed pages memd handed over, each checked
@@ -769,6 +801,14 @@ void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
 
 void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   ++counters_.reclaim_orders;
+  if (Defer()) {
+    deferred_orders_.emplace_back(m);
+    return;
+  }
+  CarryOut(m);
+}
+
+void EmbeddedWorker::CarryOut(const wire::ReclaimOrderT& m) {
   if (requests_.contains(m.request)) {
     events_.push_back(Event(EmbeddedEvent::kReclaimed, m.request));
     events_.back().pages = static_cast<uint32_t>(m.pages.size());
@@ -776,7 +816,20 @@ void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   agent_->OnReclaimOrder(m);
 }
 
-void EmbeddedWorker::OnRetire(const wire::RetireT& m) { agent_->OnRetire(m); }
-void EmbeddedWorker::OnPopulateOrder(const wire::PopulateOrderT& m) { agent_->OnPopulateOrder(m); }
+void EmbeddedWorker::OnRetire(const wire::RetireT& m) {
+  if (Defer()) {
+    deferred_orders_.emplace_back(m);
+    return;
+  }
+  agent_->OnRetire(m);
+}
+
+void EmbeddedWorker::OnPopulateOrder(const wire::PopulateOrderT& m) {
+  if (Defer()) {
+    deferred_orders_.emplace_back(m);
+    return;
+  }
+  agent_->OnPopulateOrder(m);
+}
 
 }  // namespace dhs::lib

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -170,6 +171,7 @@ class EmbeddedWorker final : private MemdHandler {
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
     bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
     bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
+    uint32_t slot = 0;         // AdmitGrant.slot (its hot cache and tail region)
     std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)
   };
 
@@ -206,9 +208,16 @@ class EmbeddedWorker final : private MemdHandler {
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   uint64_t next_request_ = 1;
-  // Per source, the requests resolved since its last ReadersDone: a second resolve of one of them would wait for its
-  // own unfinished readers (a hot-cache slot it read being refilled) on the caller's thread for ever; it is refused.
-  std::map<SourceId, std::set<RequestId>> unread_;
+  // Per source, the slots resolved since its last ReadersDone (whoever holds them now: a request completed meanwhile
+  // leaves its readers on its slot): a resolve of a request in one of them could wait for those unfinished readers
+  // (a hot-cache row they read being replaced) on the caller's thread for ever; it is refused.
+  std::map<SourceId, std::set<uint32_t>> unread_;
+  // memd's orders received while readers are outstanding (unread_ not empty), in arrival order: carrying one out may
+  // wait for a copy that waits for those readers (a keep copy into a page still read; found by the libFuzzer run), on
+  // the engine's thread that alone can end them. Carried out at the first Poll with no readers outstanding.
+  std::deque<std::variant<wire::ReclaimOrderT, wire::RetireT, wire::PopulateOrderT>> deferred_orders_;
+  void CarryOut(const wire::ReclaimOrderT& m);
+  bool Defer() const { return !unread_.empty() || !deferred_orders_.empty(); }
   std::deque<EmbeddedEvent> events_;
   EmbeddedCounters counters_;
 };

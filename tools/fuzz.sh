@@ -8,6 +8,8 @@
 # The run's corpus is build-fuzz/corpus/<target> (started from the committed seeds and regressions, fuzz/corpus/<target>);
 # crashes land in build-fuzz/crashes/<target>/ and fail the script. FUZZ_MERGE=1 merges the inputs that add coverage
 # back into fuzz/corpus/<target> (commit them: the corpus-replay tests of suite 'fuzz' replay every file there).
+# FUZZ_ARGS adds libFuzzer flags, e.g. "-fork=1 -ignore_timeouts=1 -ignore_crashes=1" to go on past findings (each is
+# still written to build-fuzz/crashes/<target>/).
 # Usage: tools/fuzz.sh [SECONDS] [TARGET...]     targets: memd worker safetensors trace node_config libdhs
 #        cluster_page_value (default: all)
 set -uo pipefail
@@ -51,7 +53,7 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   nice -n "${FUZZ_NICE:-19}" "build-fuzz/fuzz/${t}_fuzz" "$corpus" "fuzz/corpus/$t" -max_total_time="$secs" \
     -max_len="${max_len[$t]}" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$crashes/" \
-    >"$log" 2>&1
+    ${FUZZ_ARGS:-} >"$log" 2>&1
   status=$?
   took=$(( $(date +%s) - start ))
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -821,7 +821,8 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
 
 // A request resolved twice on one source without dhs_readers_done between: the second resolve could wait for its own
 // readers for ever (found by the libFuzzer run: a hang in FusedResolver::Finish); it is refused with a message, other
-// sources and other requests are not affected, and after readers done it resolves again.
+// sources and other requests are not affected, and after readers done it resolves again. Completing a request before
+// the readers of its resolves are done would wait for them for ever (the next hang the run found): refused as well.
 TEST_F(LibdhsTest, ResolveAgainBeforeReadersDoneIsRefused) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   ASSERT_NO_FATAL_FAILURE(Open(16));
@@ -838,7 +839,11 @@ TEST_F(LibdhsTest, ResolveAgainBeforeReadersDoneIsRefused) {
   EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("dhs_readers_done"), std::string::npos) << dhs_worker_errmsg(w_);
   EXPECT_EQ(dhs_resolve(w_, &s1, 1, &qa, 1), DHS_OK) << dhs_worker_errmsg(w_);  // another source
   EXPECT_EQ(dhs_resolve(w_, &s0, 1, &qb, 1), DHS_OK) << dhs_worker_errmsg(w_);  // another request
+  // Completing a request whose rows may still be read would wait for those readers for ever: refused too.
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("before completing"), std::string::npos) << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_readers_done(w_, &s0, 1), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
   ASSERT_EQ(dhs_readers_done(w_, &s1, 1), DHS_OK);
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
