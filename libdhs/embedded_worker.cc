@@ -98,9 +98,8 @@ absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, Embedd
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
-  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
-  std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
+namespace {
+KvConfig KvConfigOf(const EmbeddedConfig& config) {
   KvConfig kv;
   kv.row_bytes.assign(config.sources, config.row_bytes);
   for (SourceId s = 0; s < config.sources; ++s) kv.groups.push_back({s});
@@ -112,8 +111,34 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   const uint64_t page_bytes = uint64_t{config.page_rows} * config.sources * config.row_bytes;
   kv.optional_pages = static_cast<uint32_t>(config.hbm_budget_bytes / page_bytes);
   kv.key_bytes.assign(config.indexers, config.index_key_bytes);
+  return kv;
+}
+}  // namespace
+
+absl::StatusOr<uint64_t> EmbeddedWorker::PoolBytesFor(const EmbeddedConfig& config) {
+  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(KvConfigOf(config));
+  if (!layout.ok()) return layout.status();
+  return layout->pool_bytes();
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
+  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
+  std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
+  const KvConfig kv = KvConfigOf(config);
   absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
   if (!layout.ok()) return layout.status();
+  if (config.engine_pool != nullptr) {  // engine-owned pool (dhs_worker_config.engine_pool): checked, then adopted
+    if (reinterpret_cast<uintptr_t>(config.engine_pool) % kEnginePoolAlignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool is not aligned to ",
+                                                     kEnginePoolAlignment, " bytes"));
+    }
+    if (config.engine_pool_bytes < layout->pool_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool_bytes ", config.engine_pool_bytes,
+                                                     " is below the ", layout->pool_bytes(),
+                                                     " bytes the KV pool needs (dhs_pool_bytes_needed)"));
+    }
+  }
 
   // The Hello (contract §1), the fields workerd's MakeHello sets from its model, here from the declared shape.
   wire::HelloT h;
@@ -143,7 +168,12 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   h.fetched_rows_per_token = config.sources;
 
   w->hello_ = h;
-  w->device_ = std::make_unique<CpuDevice>();
+  auto cpu = std::make_unique<CpuDevice>();
+  if (config.engine_pool != nullptr) {
+    std::memset(config.engine_pool, 0, layout->pool_bytes());  // as the library's own mapping starts
+    cpu->UseCallerMemoryForNextPool(config.engine_pool, config.engine_pool_bytes);
+  }
+  w->device_ = std::move(cpu);
   absl::StatusOr<std::unique_ptr<MemdClient>> memd =
       MemdClient::Connect(config.run_dir, h, std::chrono::milliseconds(config.connect_timeout_ms));
   if (!memd.ok()) return memd.status();

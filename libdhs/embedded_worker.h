@@ -49,7 +49,10 @@ struct EmbeddedConfig {
   uint32_t slots = 1;                       // N
   uint64_t hbm_budget_bytes = 0;
   uint32_t connect_timeout_ms = 5000;
+  uint8_t* engine_pool = nullptr;  // the engine's KV pool memory (nullptr: the library allocates it), not owned
+  uint64_t engine_pool_bytes = 0;
 };
+inline constexpr uint64_t kEnginePoolAlignment = 64;  // DHS_POOL_ALIGNMENT
 
 // A request's phase here, changed only through TransitionEmbedded() against kEmbeddedTransitions.
 //   kWaiting  AdmitRequest sent, no answer yet
@@ -102,7 +105,12 @@ class EmbeddedWorker final : private MemdHandler {
  public:
   // Checks the shape (INVALID_ARGUMENT naming the field), connects to memd (MemdClient::Connect's errors), maps its
   // host pool and allocates the KV pool (HierarchicalKvAccess::Create's errors).
+  // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold PoolBytesFor(config) bytes
+  // (INVALID_ARGUMENT otherwise); it is zeroed and used as the KV pool (CpuDevice::UseCallerMemoryForNextPool).
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config);
+  // The KV pool's bytes for `config` (its shape checked as Open checks it).
+  static absl::StatusOr<uint64_t> PoolBytesFor(const EmbeddedConfig& config);
+  bool engine_pool() const { return config_.engine_pool != nullptr; }
   // Ends every open request (Complete to memd, delivered for up to 1 s) and frees everything.
   ~EmbeddedWorker() override;
 

@@ -110,7 +110,19 @@ typedef struct dhs_worker_config {
   uint32_t slots;             /* N: request slots (requests granted at once) */
   uint64_t hbm_budget_bytes;  /* GPU bytes for optional history: M = budget / (p * S * d_KV) pages, >= 1 */
   uint32_t connect_timeout_ms; /* how long open waits for memd's HelloReply (0: 5000) */
+  /* ABI 1.1 (a 1.0 caller's struct, DHS_WORKER_CONFIG_SIZE_1_0 bytes, is still accepted: the library's pool).
+   * Engine-owned KV pool (CPU backend): NULL, or memory the engine allocated and owns, at least
+   * dhs_pool_bytes_needed() bytes, aligned to DHS_POOL_ALIGNMENT; the library keeps the KV pool there (zeroed at
+   * open) instead of allocating it. It must stay valid until dhs_worker_close; the library never frees it. */
+  void* engine_pool;
+  uint64_t engine_pool_bytes;
 } dhs_worker_config;
+#define DHS_WORKER_CONFIG_SIZE_1_0 80u  /* sizeof(dhs_worker_config) of ABI 1.0 (up to connect_timeout_ms) */
+#define DHS_POOL_ALIGNMENT 64u          /* engine_pool's alignment, bytes */
+
+/* The bytes of the KV pool a worker of `config` needs (its slot regions and optional pages), for an engine-owned
+ * pool. Only the shape is read (no memd contact). Errors: INVALID_ARGUMENT (null, a field out of range), VERSION. */
+DHS_EXPORT int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes);
 
 /* Opens the worker of one GPU: checks the config and the ABI, connects to memd (Hello), maps its host pool and
  * allocates the KV pool on the backend. memd must run with --page-bytes equal to the host page size
@@ -143,18 +155,21 @@ typedef struct dhs_worker_info {
 } dhs_worker_info;
 DHS_EXPORT int dhs_worker_info_get(dhs_worker* w, dhs_worker_info* info);
 
-/* KV pools. DHS_POOLS_LIBRARY: the library allocated the KV pool through the device backend at open (the only kind
- * this version offers; DHS_POOLS_ENGINE, pools the engine allocated itself, answers UNIMPLEMENTED). */
+/* KV pools. DHS_POOLS_LIBRARY: the library allocated the KV pool through the device backend at open.
+ * DHS_POOLS_ENGINE (ABI 1.1): the engine's pool given at open (dhs_worker_config.engine_pool); register names it
+ * again (base, bytes in) and gets row_bytes; a location from dhs_resolve is then an offset into the engine's memory. */
 typedef enum dhs_pool_kind { DHS_POOLS_LIBRARY = 1, DHS_POOLS_ENGINE = 2 } dhs_pool_kind;
 typedef struct dhs_pool_desc {
   uint32_t struct_size;  /* sizeof(dhs_pool_desc), set by the caller */
   uint32_t kind;         /* in: dhs_pool_kind */
   void* base;            /* out (LIBRARY): the pool's first byte; on the CPU backend host memory the engine may read.
-                            Owned by the library, valid until dhs_worker_close. in (ENGINE): not offered */
+                            Owned by the library, valid until dhs_worker_close. in (ENGINE): the engine_pool of open */
   uint64_t bytes;        /* out: the pool's size */
   uint64_t row_bytes;    /* out: d_KV; a location from dhs_resolve is a byte offset into this pool */
 } dhs_pool_desc;
-/* Registers (LIBRARY: describes) the KV pools. Errors: INVALID_ARGUMENT, VERSION, UNIMPLEMENTED (ENGINE). */
+/* Registers (LIBRARY: describes) the KV pools. Errors: INVALID_ARGUMENT (ENGINE: base or bytes are not the pool
+ * given at open), VERSION, FAILED_PRECONDITION (ENGINE on a worker opened without engine_pool, LIBRARY on one opened
+ * with it). */
 DHS_EXPORT int dhs_pools_register(dhs_worker* w, dhs_pool_desc* pools);
 
 /* A request as the engine submits it. */

@@ -36,7 +36,9 @@ class WorkerConfig(ctypes.Structure):
                 ("sources", ctypes.c_uint32), ("row_bytes", ctypes.c_uint32), ("indexers", ctypes.c_uint32),
                 ("index_key_bytes", ctypes.c_uint32), ("page_rows", ctypes.c_uint32), ("top_k", ctypes.c_uint32),
                 ("hot_rows", ctypes.c_uint32), ("tail_rows", ctypes.c_uint32), ("slots", ctypes.c_uint32),
-                ("hbm_budget_bytes", ctypes.c_uint64), ("connect_timeout_ms", ctypes.c_uint32)]
+                ("hbm_budget_bytes", ctypes.c_uint64), ("connect_timeout_ms", ctypes.c_uint32),
+                # ABI 1.1: an engine-owned KV pool (None: the library's)
+                ("engine_pool", ctypes.c_void_p), ("engine_pool_bytes", ctypes.c_uint64)]
 
 
 class WorkerInfo(ctypes.Structure):

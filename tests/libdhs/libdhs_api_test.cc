@@ -227,8 +227,8 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
 
   dhs_pool_desc pool{};
   pool.struct_size = sizeof pool;
-  pool.kind = DHS_POOLS_ENGINE;
-  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_UNIMPLEMENTED);
+  pool.kind = DHS_POOLS_ENGINE;  // opened without an engine pool
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_FAILED_PRECONDITION);
   pool.kind = 9;
   EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(dhs_pools_register(w_, nullptr), DHS_ERR_INVALID_ARGUMENT);
@@ -847,6 +847,112 @@ TEST_F(LibdhsTest, ResolveAgainBeforeReadersDoneIsRefused) {
   ASSERT_EQ(dhs_readers_done(w_, &s1, 1), DHS_OK);
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
+}
+
+// Engine-owned KV pool (ABI 1.1, CPU backend): the engine asks the size (dhs_pool_bytes_needed), allocates aligned
+// memory itself and names it at open; every location a resolve returns is an offset into the engine's memory, and the
+// bytes there are the rows appended (also after a forced reclaim: host recovery writes into it). A pool too small or
+// misaligned is refused at open naming the size; register checks base and bytes; the memory stays the engine's after
+// close (freed by the test: a library that unmapped it would crash the free).
+TEST_F(LibdhsTest, EngineOwnedPool) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 12);  // as ForcedReclaimKeepsRowsExact: b's admission reclaims a
+  uint64_t need = 0;
+  ASSERT_EQ(dhs_pool_bytes_needed(&c, &need), DHS_OK);
+  // S * N * (B + T) * d_KV + M * page_bytes = 2 * 2 * 64 * 64 + 12 * 2048
+  EXPECT_EQ(need, uint64_t{kS} * 2 * (kB + kT) * kRow + 12 * kPageBytes);
+  EXPECT_EQ(dhs_pool_bytes_needed(nullptr, &need), DHS_ERR_INVALID_ARGUMENT);
+  dhs_worker_config bad_shape = c;
+  bad_shape.top_k = 0;
+  EXPECT_EQ(dhs_pool_bytes_needed(&bad_shape, &need), DHS_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(dhs_pool_bytes_needed(&c, &need), DHS_OK);
+  const uint64_t bytes = need + 4096;
+  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(DHS_POOL_ALIGNMENT, bytes + DHS_POOL_ALIGNMENT));
+  ASSERT_NE(mem, nullptr);
+  std::memset(mem, 0xAB, bytes);
+  {  // too small, misaligned: refused with the size needed
+    dhs_worker_config small = c;
+    small.engine_pool = mem;
+    small.engine_pool_bytes = need - 1;
+    dhs_worker* w = nullptr;
+    EXPECT_EQ(dhs_worker_open(&small, &w), DHS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(dhs_worker_errmsg(w)).find(std::to_string(need)), std::string::npos) << dhs_worker_errmsg(w);
+    dhs_worker_close(w);
+    small.engine_pool = mem + 8;
+    small.engine_pool_bytes = bytes;
+    EXPECT_EQ(dhs_worker_open(&small, &w), DHS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(dhs_worker_errmsg(w)).find("aligned"), std::string::npos) << dhs_worker_errmsg(w);
+    dhs_worker_close(w);
+  }
+  c.engine_pool = mem;
+  c.engine_pool_bytes = bytes;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_FAILED_PRECONDITION);  // it is the engine's
+  pool.kind = DHS_POOLS_ENGINE;
+  pool.base = mem + 64;
+  pool.bytes = bytes;
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_INVALID_ARGUMENT);
+  pool.base = mem;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(pool.base, mem);
+  EXPECT_EQ(pool.bytes, bytes);
+  EXPECT_EQ(pool.row_bytes, kRow);
+  // a keeps 4 optional pages; b's admission reclaims them (host recovery then writes a's rows into the engine's pool).
+  const uint64_t a = SubmitGranted(64, 80);
+  ASSERT_EQ(Append(a, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int i = 0; i < 50; ++i) {
+    dhs_event ev[4];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &got), DHS_OK);
+    ::poll(nullptr, 0, 2);
+  }
+  dhs_request_desc d = Desc(16, 80);
+  uint64_t b = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK);
+  bool granted = false;
+  for (int i = 0; i < 4000 && !granted; ++i) {
+    dhs_event ev[8];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t e = 0; e < got; ++e) granted |= ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == b;
+    ::poll(nullptr, 0, 1);
+  }
+  ASSERT_TRUE(granted);
+  ASSERT_EQ(Append(b, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  for (uint64_t id : {a, b}) {
+    const std::vector<int64_t> sel = id == a ? std::vector<int64_t>{0, 13, 16, 31, 40, 47, 60, 63}
+                                             : std::vector<int64_t>{0, 3, 5, 7, 9, 11, 13, 15};
+    for (uint32_t s = 0; s < kS; ++s) {
+      std::vector<int64_t> loc(sel.size());
+      dhs_query q{id, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+      ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+      for (size_t j = 0; j < sel.size(); ++j) {
+        ASSERT_GE(loc[j], 0);
+        ASSERT_LE(static_cast<uint64_t>(loc[j]) + kRow, need);
+        for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(mem[loc[j] + k], RowByte(id, s, sel[j], k)) << sel[j];
+      }
+      ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+    }
+  }
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK);
+  ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK);
+  EXPECT_GT(Stats()["census"]["host"], 0) << Stats().dump();  // a's reclaimed rows came from host
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  for (uint64_t i = need; i < bytes; ++i) ASSERT_EQ(mem[i], 0xAB) << "byte " << i << " beyond the pool was written";
+  std::free(mem);
+  // ABI 1.0's config (80 bytes, no engine_pool fields) still opens (the library's pool).
+  dhs_worker_config old = Config(dir_.path(), 4);
+  old.struct_size = DHS_WORKER_CONFIG_SIZE_1_0;
+  old.gpu = 1;  // GPU 0's closed worker may still be registered at memd
+  old.engine_pool = reinterpret_cast<void*>(0x1);  // beyond a 1.0 struct: never read
+  ASSERT_EQ(dhs_worker_open(&old, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  EXPECT_NE(pool.base, nullptr);
 }
 
 }  // namespace
