@@ -182,7 +182,7 @@ struct Session {
     const size_t n_tokens = in.Below(100), n_ids = in.Below(4);
     for (size_t i = 0; i < n_tokens; ++i) tokens[i] = static_cast<int32_t>(in.Below(4));  // few tokens: chains repeat
     for (size_t i = 0; i < n_ids; ++i) ids[i] = in.Below(3);
-    const std::string tenant(in.Below(3) == 0 ? in.Small32(300) : in.Below(2), 'a' + static_cast<char>(in.Below(3)));
+    const std::string tenant(in.Below(3) == 0 ? in.Small32(300) % 301 : in.Below(2), 'a' + static_cast<char>(in.Below(3)));
     if (in.Bool()) {
       d.tenant = in.Below(4) == 0 ? nullptr : tenant.c_str();
       d.session = in.Small64(4);
@@ -298,7 +298,7 @@ struct Session {
         break;
       }
       case 8: {
-        std::vector<char> buf(in.Bool() ? 4096 : in.Small32(300));
+        std::vector<char> buf(in.Bool() ? 4096 : in.Small32(300) % 301);
         size_t need = 0;
         Check(w, dhs_worker_stats_json(w, buf.empty() ? nullptr : buf.data(), buf.size(),
                                        in.Below(16) == 0 ? nullptr : &need),
