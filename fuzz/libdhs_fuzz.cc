@@ -182,7 +182,8 @@ struct Session {
     const size_t n_tokens = in.Below(100), n_ids = in.Below(4);
     for (size_t i = 0; i < n_tokens; ++i) tokens[i] = static_cast<int32_t>(in.Below(4));  // few tokens: chains repeat
     for (size_t i = 0; i < n_ids; ++i) ids[i] = in.Below(3);
-    const std::string tenant(in.Below(3) == 0 ? in.Small32(300) % 301 : in.Below(2), 'a' + static_cast<char>(in.Below(3)));
+    const size_t tenant_bytes = in.Below(3) == 0 ? in.Small32(300) % 301 : in.Below(2);
+    const std::string tenant(tenant_bytes, static_cast<char>('a' + in.Below(3)));
     if (in.Bool()) {
       d.tenant = in.Below(4) == 0 ? nullptr : tenant.c_str();
       d.session = in.Small64(4);
@@ -320,7 +321,9 @@ struct Session {
         size_t n = 0, total = 0;
         Check(w, dhs_worker_list_resumable(w, in.Bool() ? r : nullptr, in.Below(3), &n, &total), "resumable");
         std::vector<uint8_t> keys(in.Below(4) * kP * kKey);
-        Check(w, dhs_request_import(w, PickRequest(), in.Bool() ? in.U32() : in.Below(4), in.Bool() ? in.U32() : in.Below(4),
+        const uint64_t id = PickRequest();
+        const uint32_t first = in.Bool() ? in.U32() : in.Below(4), count = in.Bool() ? in.U32() : in.Below(4);
+        Check(w, dhs_request_import(w, id, first, count,
                                     keys.empty() ? nullptr : keys.data(), keys.size()),
               "import");
         break;

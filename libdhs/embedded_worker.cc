@@ -544,8 +544,8 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
                                                      " entries for ", q.selection.size(), " positions"));
     }
     if (auto u = unread_.find(sources[0]); u != unread_.end() && u->second.contains((*r)->slot)) {
-      // Found by the libFuzzer run of fuzz/libdhs_fuzz.cc (fuzz/findings/libdhs/timeout-5d954c15...): the resolve waited on the
-      // readers fence of an earlier resolve's rows in the same slot, which only dhs_readers_done ends.
+      // Found by the libFuzzer run of fuzz/libdhs_fuzz.cc (fuzz/findings/libdhs/timeout-5d954c15...): the resolve
+      // waited on the readers fence of an earlier resolve's rows in the same slot, which only dhs_readers_done ends.
       return absl::FailedPreconditionError(absl::StrCat(
           "query ", i, ": request ", q.request, "'s slot ", (*r)->slot, " was resolved on source ", sources[0],
           " since its last dhs_readers_done; call dhs_readers_done for that source first (rows read may be replaced)"));

@@ -198,7 +198,8 @@ typedef struct dhs_request_desc {
  * *request_id is the request's id on this node. With a prefix chain (ABI 1.1) and memd --prefix-sharing on, memd
  * grants the stored pages of the chain's blocks (same tenant, same ids, same content) as shared host pages: the
  * GRANTED event names them (shared_pages; pages, import_pages as for a resume) and dhs_request_import takes them as
- * appended without recomputing them; the pages the request computes are shared once their host copy is confirmed. With resume_of: memd hands the new request the interrupted one's
+ * appended without recomputing them; the pages the request computes are shared once their host copy is confirmed.
+ * With resume_of: memd hands the new request the interrupted one's
  * confirmed host pages; at the grant each is checked against memd's checksum (a page that does not match is not
  * imported) and the GRANTED event names them (pages, import_pages); dhs_request_import takes them as appended, the
  * engine appends every other row itself. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can hold;
@@ -301,7 +302,8 @@ DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size
  * 0 .. import_pages-1) as appended rows without recomputing them (the newest of them are copied from host into the
  * tail); `first` * p must equal the rows appended so far. keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
  * [indexer][position][d_idx]) receives their index keys, which the engine's indexer needs. Errors: INVALID_ARGUMENT
- * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no host-backed page, rows appended are not first * p,
+ * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no host-backed page, rows appended are not
+ * first * p,
  * a page not host-backed), OUT_OF_RANGE (beyond max_rows). */
 DHS_EXPORT int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
                                   size_t keys_bytes);

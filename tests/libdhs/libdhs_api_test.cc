@@ -548,13 +548,16 @@ TEST_F(LibdhsTest, CompleteWhileWaiting) {
   EXPECT_NE(next, id);
 }
 
-// Issue 24 through the C API (ABI 1.1): a request that names a prefix chain (tenant, tokens, blocks of p tokens) computes
+// Issue 24 through the C API (ABI 1.1): a request that names a prefix chain (tenant, tokens, blocks of p tokens)
+// computes
 // its pages; once their host copies are confirmed, memd (--prefix-sharing on) grants a second request naming the same
 // chain those pages as shared host pages: the GRANTED event counts them, dhs_request_import takes them without any
 // append, and their rows and index keys are the first request's bytes. A request of another tenant with the same
 // tokens gets none; one whose third block differs gets the two leading pages only (a chain of digests); a 1.0-sized
 // struct still submits (no chain).
-uint8_t KeyByte(uint64_t r, int64_t t, uint32_t b) { return static_cast<uint8_t>(r * 17 + static_cast<uint64_t>(t) * 3 + b); }
+uint8_t KeyByte(uint64_t r, int64_t t, uint32_t b) {
+  return static_cast<uint8_t>(r * 17 + static_cast<uint64_t>(t) * 3 + b);
+}
 
 TEST_F(LibdhsTest, PrefixChainGrantsSharedHostPagesPerTenant) {
   ASSERT_NO_FATAL_FAILURE(StartMemd({"--prefix-sharing", "on"}));
