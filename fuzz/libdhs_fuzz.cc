@@ -15,7 +15,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -392,15 +392,20 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   std::vector<char*> a;
   for (auto& s : args) a.push_back(s.data());
   a.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  if (posix_spawn(&g_memd, a[0], &fa, nullptr, a.data(), environ) != 0) {
-    std::fprintf(stderr, "libdhs_fuzz: cannot start memd %s (set MEMD)\n", memd.c_str());
-    std::abort();
+  // fork + exec (not posix_spawn): memd gets SIGTERM when this process dies however it dies (PR_SET_PDEATHSIG):
+  // libFuzzer ends a timeout or an out-of-memory input with _Exit, past atexit and the signal handlers below, and
+  // its fork mode kills its jobs; an orphaned memd kept its host pool in /dev/shm (seen in the first real run).
+  const pid_t parent = ::getpid();
+  g_memd = ::fork();
+  if (g_memd < 0) std::abort();
+  if (g_memd == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);  // the parent died before the prctl
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
+    ::execve(a[0], a.data(), environ);
+    ::_exit(127);
   }
-  posix_spawn_file_actions_destroy(&fa);
   std::atexit(Stop);
   for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGPIPE, SIGTERM, SIGINT}) ::signal(sig, OnFatalSignal);
   for (int i = 0; i < 800 && !std::filesystem::exists(g_run_dir + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);

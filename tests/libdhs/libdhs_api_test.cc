@@ -489,6 +489,7 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   w_ = nullptr;
 
   memd_.reset();
+  std::filesystem::remove(dir_.path() + "/memd.sock");  // the killed memd's socket: wait for the new one's
   ASSERT_NO_FATAL_FAILURE(StartMemd());  // the same run directory: the pool and the journal are adopted
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
   std::vector<dhs_resumable> list(4);
@@ -766,6 +767,7 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   EXPECT_EQ(Append(short_one, 0, 1), DHS_ERR_NOT_FOUND);   // gone for the engine at once
   ASSERT_NO_FATAL_FAILURE(poll_some(50, 2));              // ~100 ms away: re-Hello attempts find no memd
 
+  std::filesystem::remove(dir_.path() + "/memd.sock");  // the killed memd's socket: wait for the new one's
   ASSERT_NO_FATAL_FAILURE(start());  // the same run directory: the pool and the journal are adopted
   for (int i = 0; i < 3000 && Stats()["memd"]["returns"] < 1; ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
   const nlohmann::json back = Stats()["memd"];
