@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   CALL(dhs_pools_register(w, &pool));
 
   uint64_t id[2];
-  dhs_request_desc d = { sizeof d, 0, PROMPT, MAX, 0 };
+  dhs_request_desc d = { .struct_size = sizeof d, .input_rows = PROMPT, .max_rows = MAX };
   for (int i = 0; i < 2; ++i) CALL(dhs_request_submit(w, &d, &id[i]));
   int granted = 0;
   for (int spin = 0; granted < 2 && spin < 10000; ++spin) {  /* the grants come through poll (10 s at most) */

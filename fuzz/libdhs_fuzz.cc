@@ -15,7 +15,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,6 +80,16 @@ void OnFatalSignal(int sig) {
   if (g_memd > 0) ::kill(g_memd, SIGTERM);
   ::signal(sig, SIG_DFL);
   ::raise(sig);
+}
+
+// A request of ABI 1.0's fields (no chain) in a 1.1 struct.
+dhs_request_desc Desc(uint64_t input, uint64_t max, uint64_t resume_of = 0) {
+  dhs_request_desc d{};
+  d.struct_size = sizeof d;
+  d.input_rows = input;
+  d.max_rows = max;
+  d.resume_of = resume_of;
+  return d;
 }
 
 dhs_worker_config BaseConfig(uint32_t gpu) {
@@ -159,11 +169,31 @@ struct Session {
   void Submit() {
     // Mostly sizes memd admits (input 1..80, max up to 40 more), sometimes any.
     const uint64_t input = 1 + in.Below(80);
-    dhs_request_desc d{sizeof d, 0, input, input + in.Below(40), 0};
-    if (in.Below(6) == 0) d = dhs_request_desc{sizeof d, 0, in.Small64(120), in.Small64(160), 0};
-    if (in.Below(8) == 0) d.struct_size = in.Small32(64);
+    dhs_request_desc d = Desc(input, input + in.Below(40));  // no chain
+    if (in.Below(6) == 0) d = Desc(in.Small64(120), in.Small64(160));
+    if (in.Below(8) == 0) d.struct_size = in.Small32(96);
     if (in.Below(8) == 0) d.reserved = 1;
     if (in.Below(8) == 0) d.resume_of = in.Small64(8);
+    // ABI 1.1: a tenant, a session and a prefix chain (tokens, block size, ids) around the valid ranges; sometimes
+    // 1.0's struct size (the chain fields are then never read).
+    // The buffers hold more than any count below names (a count is the caller's promise; the library cannot check it).
+    std::vector<int32_t> tokens(512, 0);
+    std::vector<uint64_t> ids(512, 0);
+    const size_t n_tokens = in.Below(100), n_ids = in.Below(4);
+    for (size_t i = 0; i < n_tokens; ++i) tokens[i] = static_cast<int32_t>(in.Below(4));  // few tokens: chains repeat
+    for (size_t i = 0; i < n_ids; ++i) ids[i] = in.Below(3);
+    const size_t tenant_bytes = in.Below(3) == 0 ? in.Small32(300) % 301 : in.Below(2);
+    const std::string tenant(tenant_bytes, static_cast<char>('a' + in.Below(3)));
+    if (in.Bool()) {
+      d.tenant = in.Below(4) == 0 ? nullptr : tenant.c_str();
+      d.session = in.Small64(4);
+      d.tokens = in.Below(16) == 0 ? nullptr : tokens.data();
+      d.token_count = in.Below(8) == 0 ? in.Small64(200) % 513 : std::min<uint64_t>(n_tokens, d.input_rows);
+      d.block_ids = in.Below(16) == 0 ? nullptr : ids.data();
+      d.block_id_count = in.Below(8) == 0 ? in.Small32(8) % 513 : static_cast<uint32_t>(n_ids);
+      d.block_tokens = in.Below(8) == 0 ? in.Small32(64) : kP * (1 + in.Below(2));
+    }
+    if (in.Below(8) == 0) d.struct_size = DHS_REQUEST_DESC_SIZE_1_0;
     uint64_t id = 0;
     if (Check(w, dhs_request_submit(w, in.Below(16) == 0 ? nullptr : &d, &id), "submit") == DHS_OK) {
       appended[id] = 0;
@@ -269,7 +299,7 @@ struct Session {
         break;
       }
       case 8: {
-        std::vector<char> buf(in.Bool() ? 4096 : in.Small32(300));
+        std::vector<char> buf(in.Bool() ? 4096 : in.Small32(300) % 301);
         size_t need = 0;
         Check(w, dhs_worker_stats_json(w, buf.empty() ? nullptr : buf.data(), buf.size(),
                                        in.Below(16) == 0 ? nullptr : &need),
@@ -291,7 +321,9 @@ struct Session {
         size_t n = 0, total = 0;
         Check(w, dhs_worker_list_resumable(w, in.Bool() ? r : nullptr, in.Below(3), &n, &total), "resumable");
         std::vector<uint8_t> keys(in.Below(4) * kP * kKey);
-        Check(w, dhs_request_import(w, PickRequest(), in.Bool() ? in.U32() : in.Below(4), in.Bool() ? in.U32() : in.Below(4),
+        const uint64_t id = PickRequest();
+        const uint32_t first = in.Bool() ? in.U32() : in.Below(4), count = in.Bool() ? in.U32() : in.Below(4);
+        Check(w, dhs_request_import(w, id, first, count,
                                     keys.empty() ? nullptr : keys.data(), keys.size()),
               "import");
         break;
@@ -355,19 +387,25 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   const std::string page_bytes = std::to_string(kHostPageBytes);
   const std::string log = g_run_dir + ".log";
   std::vector<std::string> args = {memd, "--run-dir", g_run_dir, "--page-bytes", page_bytes,
-                                   "--host-pool-pages", "512", "--worker-timeout-ms", "20000"};
+                                   "--host-pool-pages", "512", "--worker-timeout-ms", "20000",
+                                   "--prefix-sharing", "on"};  // chains named at submit meet stored pages
   std::vector<char*> a;
   for (auto& s : args) a.push_back(s.data());
   a.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  if (posix_spawn(&g_memd, a[0], &fa, nullptr, a.data(), environ) != 0) {
-    std::fprintf(stderr, "libdhs_fuzz: cannot start memd %s (set MEMD)\n", memd.c_str());
-    std::abort();
+  // fork + exec (not posix_spawn): memd gets SIGTERM when this process dies however it dies (PR_SET_PDEATHSIG):
+  // libFuzzer ends a timeout or an out-of-memory input with _Exit, past atexit and the signal handlers below, and
+  // its fork mode kills its jobs; an orphaned memd kept its host pool in /dev/shm (seen in the first real run).
+  const pid_t parent = ::getpid();
+  g_memd = ::fork();
+  if (g_memd < 0) std::abort();
+  if (g_memd == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);  // the parent died before the prctl
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
+    ::execve(a[0], a.data(), environ);
+    ::_exit(127);
   }
-  posix_spawn_file_actions_destroy(&fa);
   std::atexit(Stop);
   for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGPIPE, SIGTERM, SIGINT}) ::signal(sig, OnFatalSignal);
   for (int i = 0; i < 800 && !std::filesystem::exists(g_run_dir + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
@@ -390,6 +428,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       s.Op(op);
     }
   }
+  // The readers of every source end before the requests do (an engine completes a request once nothing reads it).
+  const uint32_t all_sources[kS] = {0, 1};
+  dhs_readers_done(g_w, all_sources, kS);
   for (const auto& [id, rows] : s.appended) dhs_request_complete(g_w, id);
   dhs_event ev[8];
   size_t n = 0;

@@ -99,6 +99,43 @@ int CheckStruct(dhs_worker* w, const T* p, const char* name) {
   return DHS_OK;
 }
 
+// The C config as the C++ core's (its checks are the core's; the enum fields are checked by the caller). The 1.1
+// fields are read only from a 1.1-sized struct.
+dhs::lib::EmbeddedConfig ToEmbedded(const dhs_worker_config& config) {
+  dhs::lib::EmbeddedConfig c;
+  c.run_dir = config.run_dir != nullptr ? config.run_dir : "";
+  c.gpu = config.gpu;
+  c.mode = config.mode == DHS_MODE_HISPARSE ? dhs::WorkerMode::kHisparse : dhs::WorkerMode::kAdaptive;
+  c.sources = config.sources;
+  c.row_bytes = config.row_bytes;
+  c.indexers = config.indexers;
+  c.index_key_bytes = config.index_key_bytes;
+  c.page_rows = config.page_rows;
+  c.top_k = config.top_k;
+  c.hot_rows = config.hot_rows;
+  c.tail_rows = config.tail_rows;
+  c.slots = config.slots;
+  c.hbm_budget_bytes = config.hbm_budget_bytes;
+  c.connect_timeout_ms = config.connect_timeout_ms == 0 ? 5000 : config.connect_timeout_ms;
+  if (config.struct_size == sizeof(dhs_worker_config)) {
+    c.engine_pool = static_cast<uint8_t*>(config.engine_pool);
+    c.engine_pool_bytes = config.engine_pool_bytes;
+  }
+  return c;
+}
+
+// A config of this header's size or of ABI 1.0's.
+int CheckConfigStruct(dhs_worker* w, const dhs_worker_config* config) {
+  if (config == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_config is NULL");
+  if (config->struct_size != sizeof(dhs_worker_config) && config->struct_size != DHS_WORKER_CONFIG_SIZE_1_0) {
+    return Fail(w, DHS_ERR_VERSION, absl::StrCat("dhs_worker_config.struct_size is ", config->struct_size,
+                                                 "; this library (ABI ", DHS_ABI_MAJOR, ".", DHS_ABI_MINOR,
+                                                 ") takes ", sizeof(dhs_worker_config), " (1.1) or ",
+                                                 DHS_WORKER_CONFIG_SIZE_1_0, " (1.0)"));
+  }
+  return DHS_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -130,7 +167,7 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
   }
   *out = w;
   std::lock_guard<std::mutex> l(w->mu);
-  if (int rc = CheckStruct(w, config, "dhs_worker_config"); rc != DHS_OK) return rc;
+  if (int rc = CheckConfigStruct(w, config); rc != DHS_OK) return rc;
   if ((config->abi_version >> 16) != DHS_ABI_MAJOR) {
     return Fail(w, DHS_ERR_VERSION, absl::StrCat("the caller speaks ABI ", config->abi_version >> 16, ".",
                                                  config->abi_version & 0xffff, "; this library speaks ",
@@ -149,21 +186,7 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
                                                           " is not DHS_MODE_HISPARSE or DHS_MODE_ADAPTIVE"));
   }
   try {
-    dhs::lib::EmbeddedConfig c;
-    c.run_dir = config->run_dir;
-    c.gpu = config->gpu;
-    c.mode = config->mode == DHS_MODE_HISPARSE ? dhs::WorkerMode::kHisparse : dhs::WorkerMode::kAdaptive;
-    c.sources = config->sources;
-    c.row_bytes = config->row_bytes;
-    c.indexers = config->indexers;
-    c.index_key_bytes = config->index_key_bytes;
-    c.page_rows = config->page_rows;
-    c.top_k = config->top_k;
-    c.hot_rows = config->hot_rows;
-    c.tail_rows = config->tail_rows;
-    c.slots = config->slots;
-    c.hbm_budget_bytes = config->hbm_budget_bytes;
-    c.connect_timeout_ms = config->connect_timeout_ms == 0 ? 5000 : config->connect_timeout_ms;
+    dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
     absl::StatusOr<std::unique_ptr<EmbeddedWorker>> opened = EmbeddedWorker::Open(c);
     if (!opened.ok()) return Fail(w, ToCode(opened.status()), std::string(opened.status().message()));
     w->worker = *std::move(opened);
@@ -174,6 +197,24 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
   }
   w->message.clear();
   return DHS_OK;
+}
+
+int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes) {
+  if (config == nullptr || bytes == nullptr) return DHS_ERR_INVALID_ARGUMENT;
+  if (config->struct_size != sizeof(dhs_worker_config) && config->struct_size != DHS_WORKER_CONFIG_SIZE_1_0) {
+    return DHS_ERR_VERSION;
+  }
+  if (config->mode != DHS_MODE_HISPARSE && config->mode != DHS_MODE_ADAPTIVE) return DHS_ERR_INVALID_ARGUMENT;
+  try {
+    dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
+    c.run_dir = "-";  // not read: the shape alone gives the size
+    absl::StatusOr<uint64_t> n = EmbeddedWorker::PoolBytesFor(c);
+    if (!n.ok()) return ToCode(n.status());
+    *bytes = *n;
+    return DHS_OK;
+  } catch (...) {
+    return DHS_ERR_RESOURCE_EXHAUSTED;
+  }
 }
 
 int dhs_worker_close(dhs_worker* w) {
@@ -217,18 +258,25 @@ int dhs_worker_info_get(dhs_worker* w, dhs_worker_info* info) {
 int dhs_pools_register(dhs_worker* w, dhs_pool_desc* pools) {
   return Guard(w, "dhs_pools_register", [&](EmbeddedWorker& e) {
     if (int rc = CheckStruct(w, pools, "dhs_pool_desc"); rc != DHS_OK) return rc;
-    if (pools->kind == DHS_POOLS_ENGINE) {
-      return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_pools_register: engine-owned pools are not offered by libdhs 1.0 "
-                                            "(the device backend would need to adopt foreign memory)");
-    }
-    if (pools->kind != DHS_POOLS_LIBRARY) {
+    if (pools->kind != DHS_POOLS_LIBRARY && pools->kind != DHS_POOLS_ENGINE) {
       return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_pool_desc.kind ", pools->kind,
                                                             " is not a dhs_pool_kind"));
     }
+    if ((pools->kind == DHS_POOLS_ENGINE) != e.engine_pool()) {
+      return Fail(w, DHS_ERR_FAILED_PRECONDITION,
+                  e.engine_pool() ? "dhs_pools_register: this worker was opened with an engine pool (DHS_POOLS_ENGINE)"
+                                  : "dhs_pools_register: DHS_POOLS_ENGINE needs dhs_worker_config.engine_pool at open");
+    }
     absl::StatusOr<std::span<uint8_t>> pool = e.Pool();
     if (!pool.ok()) return Done(w, pool.status());
+    if (pools->kind == DHS_POOLS_ENGINE &&
+        (pools->base != e.config().engine_pool || pools->bytes != e.config().engine_pool_bytes)) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT,
+                  absl::StrCat("dhs_pools_register: base and bytes (", pools->bytes, ") are not the engine_pool given "
+                               "at open (", e.config().engine_pool_bytes, " bytes)"));
+    }
     pools->base = pool->data();
-    pools->bytes = pool->size();
+    pools->bytes = pools->kind == DHS_POOLS_ENGINE ? e.config().engine_pool_bytes : pool->size();
     pools->row_bytes = e.config().row_bytes;
     return Done(w, absl::OkStatus());
   });
@@ -236,10 +284,42 @@ int dhs_pools_register(dhs_worker* w, dhs_pool_desc* pools) {
 
 int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id) {
   return Guard(w, "dhs_request_submit", [&](EmbeddedWorker& e) {
-    if (int rc = CheckStruct(w, desc, "dhs_request_desc"); rc != DHS_OK) return rc;
+    // ABI 1.0's struct (up to resume_of) is still accepted: no chain, the default tenant, no session.
+    if (desc == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc is NULL");
+    if (desc->struct_size != sizeof(dhs_request_desc) && desc->struct_size != DHS_REQUEST_DESC_SIZE_1_0) {
+      return Fail(w, DHS_ERR_VERSION, absl::StrCat("dhs_request_desc.struct_size is ", desc->struct_size,
+                                                   "; this library (ABI ", DHS_ABI_MAJOR, ".", DHS_ABI_MINOR,
+                                                   ") takes ", sizeof(dhs_request_desc), " (1.1) or ",
+                                                   DHS_REQUEST_DESC_SIZE_1_0, " (1.0)"));
+    }
     if (request_id == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_submit: request_id is NULL");
     if (desc->reserved != 0) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.reserved must be 0");
-    absl::StatusOr<uint64_t> id = e.Submit(desc->input_rows, desc->max_rows, desc->resume_of);
+    dhs::lib::SubmitPrefix prefix;
+    if (desc->struct_size == sizeof(dhs_request_desc)) {  // the 1.1 fields (a 1.0 struct ends before them)
+      if (desc->tenant != nullptr) {
+        const size_t n = ::strnlen(desc->tenant, 256);
+        if (n > 255) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.tenant is longer than 255 bytes");
+        prefix.tenant.assign(desc->tenant, n);
+      }
+      prefix.session = desc->session;
+      if (desc->token_count > desc->input_rows) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_request_desc.token_count ", desc->token_count,
+                                                              " is beyond input_rows ", desc->input_rows));
+      }
+      if (desc->tokens == nullptr && (desc->token_count > 0 || desc->block_tokens > 0)) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT,
+                    "dhs_request_desc.tokens is NULL with token_count or block_tokens above 0");
+      }
+      if (desc->block_ids == nullptr && desc->block_id_count > 0) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_desc.block_ids is NULL with block_id_count above 0");
+      }
+      if (desc->tokens != nullptr) prefix.tokens = std::span<const int32_t>(desc->tokens, desc->token_count);
+      if (desc->block_ids != nullptr) {
+        prefix.block_ids = std::span<const uint64_t>(desc->block_ids, desc->block_id_count);
+      }
+      prefix.block_tokens = desc->block_tokens;
+    }
+    absl::StatusOr<uint64_t> id = e.Submit(desc->input_rows, desc->max_rows, desc->resume_of, prefix);
     if (!id.ok()) return Done(w, id.status());
     *request_id = *id;
     return Done(w, absl::OkStatus());
@@ -268,8 +348,11 @@ int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* c
       out.pages = ev.pages;
       out.import_first = 0;
       out.import_pages = ev.import_pages;
+      out.shared_pages = ev.shared_pages;
       const absl::string_view m = ev.status.message();
-      std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
+      // An OK status's message is an empty view whose data() may be NULL: memcpy's arguments must not be (UBSan, found
+      // by the libFuzzer run of fuzz/libdhs_fuzz.cc; corpus crash-655a24bf...).
+      if (!m.empty()) std::memcpy(out.message, m.data(), std::min(m.size(), sizeof(out.message) - 1));
       q.pop_front();
     }
     *count = n;

@@ -12,7 +12,9 @@
 #include "common/status.h"
 #include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
+#include "workerd/prefix_chain.h"
 #include "workerd/resume_plan.h"
 
 namespace dhs::lib {
@@ -96,9 +98,8 @@ absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, Embedd
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
-  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
-  std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
+namespace {
+KvConfig KvConfigOf(const EmbeddedConfig& config) {
   KvConfig kv;
   kv.row_bytes.assign(config.sources, config.row_bytes);
   for (SourceId s = 0; s < config.sources; ++s) kv.groups.push_back({s});
@@ -110,8 +111,34 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   const uint64_t page_bytes = uint64_t{config.page_rows} * config.sources * config.row_bytes;
   kv.optional_pages = static_cast<uint32_t>(config.hbm_budget_bytes / page_bytes);
   kv.key_bytes.assign(config.indexers, config.index_key_bytes);
+  return kv;
+}
+}  // namespace
+
+absl::StatusOr<uint64_t> EmbeddedWorker::PoolBytesFor(const EmbeddedConfig& config) {
+  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(KvConfigOf(config));
+  if (!layout.ok()) return layout.status();
+  return layout->pool_bytes();
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
+  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
+  std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
+  const KvConfig kv = KvConfigOf(config);
   absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
   if (!layout.ok()) return layout.status();
+  if (config.engine_pool != nullptr) {  // engine-owned pool (dhs_worker_config.engine_pool): checked, then adopted
+    if (reinterpret_cast<uintptr_t>(config.engine_pool) % kEnginePoolAlignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool is not aligned to ",
+                                                     kEnginePoolAlignment, " bytes"));
+    }
+    if (config.engine_pool_bytes < layout->pool_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool_bytes ", config.engine_pool_bytes,
+                                                     " is below the ", layout->pool_bytes(),
+                                                     " bytes the KV pool needs (dhs_pool_bytes_needed)"));
+    }
+  }
 
   // The Hello (contract §1), the fields workerd's MakeHello sets from its model, here from the declared shape.
   wire::HelloT h;
@@ -140,7 +167,13 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   h.tail_rows = config.tail_rows;
   h.fetched_rows_per_token = config.sources;
 
-  w->device_ = std::make_unique<CpuDevice>();
+  w->hello_ = h;
+  auto cpu = std::make_unique<CpuDevice>();
+  if (config.engine_pool != nullptr) {
+    std::memset(config.engine_pool, 0, layout->pool_bytes());  // as the library's own mapping starts
+    cpu->UseCallerMemoryForNextPool(config.engine_pool, config.engine_pool_bytes);
+  }
+  w->device_ = std::move(cpu);
   absl::StatusOr<std::unique_ptr<MemdClient>> memd =
       MemdClient::Connect(config.run_dir, h, std::chrono::milliseconds(config.connect_timeout_ms));
   if (!memd.ok()) return memd.status();
@@ -159,6 +192,11 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
 }
 
 EmbeddedWorker::~EmbeddedWorker() {
+  if (kv_ != nullptr && !unread_.empty()) {  // closing: nobody reads the pool any more
+    std::vector<SourceId> read;
+    for (const auto& [source, slots] : unread_) read.push_back(source);
+    (void)ReadersDone(read);
+  }
   if (agent_ != nullptr) {
     std::vector<RequestId> open;
     for (const auto& [id, r] : requests_) open.push_back(id);
@@ -178,12 +216,19 @@ absl::StatusOr<std::span<uint8_t>> EmbeddedWorker::Pool() const {
   return std::span<uint8_t>(base, device_->PoolBytes(kv_->pool()));
 }
 
-absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of) {
+absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of,
+                                                  const SubmitPrefix& prefix) {
   if (input_rows == 0 || max_rows < input_rows || max_rows > (uint64_t{1} << 32)) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: input_rows ", input_rows, " and max_rows ",
                                                    max_rows, ": need 1 <= input_rows <= max_rows <= 2^32"));
   }
-  if (memd_->away()) return absl::UnavailableError("memd is away");
+  if (prefix.tokens.size() > input_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: ", prefix.tokens.size(),
+                                                   " tokens for a prompt of ", input_rows, " rows"));
+  }
+  if (prefix.tenant.size() > 255) {
+    return absl::InvalidArgumentError("dhs_request_desc: the tenant is longer than 255 bytes");
+  }
   if (resume_of != 0) {
     const std::vector<uint64_t>& listed = memd_->interrupted_requests();
     if (std::find(listed.begin(), listed.end(), resume_of) == listed.end()) {
@@ -232,13 +277,29 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     admit.record->client_request = id;
     admit.record->input_tokens = static_cast<uint32_t>(input_rows);
     admit.record->max_new_tokens = static_cast<uint32_t>(max_rows - input_rows);
+    admit.record->client = prefix.session;  // the engine's session: a resume is found by it
+    admit.record->tenant = prefix.tenant;   // a resumed request names its chain under its own tenant
   }
+  // Issue 24: the tenant and prefix chain, as workerd's SetPrefixChain fills them (complete blocks of the tokens given;
+  // ids from block_ids, derived after them; digests of the tokens). memd --prefix-sharing off ignores them.
+  admit.tenant = prefix.tenant;
+  uint64_t blocks = 0;
+  if (prefix.block_tokens > 0 && !prefix.tokens.empty()) {
+    RequestPrefixChain chain = PrefixChainOf(prefix.tokens, prefix.block_ids, prefix.block_tokens, prefix.tenant);
+    blocks = chain.block_ids.size();
+    admit.prefix_block_ids = std::move(chain.block_ids);
+    admit.prefix_block_digests = std::move(chain.block_digests);
+    admit.prefix_block_tokens = chain.block_tokens;
+  }
+  // While memd is away the admission is not sent (MemdClient drops it): it goes after the re-Hello (Return).
   if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
   }
   ++next_request_;
   ++counters_.submitted;
-  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of});
+  counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
+  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of,
+                                .admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit))});
   return id;
 }
 
@@ -246,21 +307,122 @@ absl::Status EmbeddedWorker::Poll() {
   MemdClient::Load load;
   for (const auto& [id, r] : requests_) load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
   load.pending_copies = agent_->pending_orders();
+  while (unread_.empty() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
+    auto order = std::move(deferred_orders_.front());
+    deferred_orders_.pop_front();
+    if (auto* m = std::get_if<wire::ReclaimOrderT>(&order)) CarryOut(*m);
+    if (auto* m = std::get_if<wire::RetireT>(&order)) agent_->OnRetire(*m);
+    if (auto* m = std::get_if<wire::PopulateOrderT>(&order)) agent_->OnPopulateOrder(*m);
+  }
   absl::Status s = memd_->Poll(*this, load);
   agent_->Poll();
   FailDataLoss();
   if (!s.ok()) return s;
   if (!agent_->link_status().ok()) return agent_->link_status();
-  if (memd_->away()) {
-    return absl::UnavailableError("memd went away; serving away and the re-Hello are not offered by libdhs 1.0: "
-                                  "close the worker and open it again once memd is back");
+  if (!memd_->away()) return absl::OkStatus();
+  EnterAway();  // once per death
+  absl::StatusOr<std::optional<wire::HelloReplyT>> back = memd_->PollAway([this] { return ReHello(); });
+  if (!back.ok()) return back.status();  // ABORTED: the epoch ended
+  if (!back->has_value()) return absl::OkStatus();  // still away: served from here
+  return Return(**back);
+}
+
+void EmbeddedWorker::EnterAway() {
+  if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // taken already (this death)
+  ++counters_.memd_aways;
+  deferred_orders_.clear();  // the dead memd's orders not carried out yet: nothing of them is acted on
+  agent_->EnterAway();      // memd's orders resolved here, nothing answered
+  kv_->PauseHostWrites();   // a new memd may not adopt a page written now
+  spdlog::warn("libdhs: memd is away: serving {} requests from the pool (no host writes, admissions wait) until a "
+               "memd takes the re-Hello", requests_.size());
+}
+
+wire::HelloT EmbeddedWorker::ReHello() const {
+  wire::HelloT hello = hello_;
+  for (const auto& [id, r] : requests_) {
+    if (r.phase != EmbeddedPhase::kGranted) continue;  // its AdmitRequest goes again
+    std::unique_ptr<wire::ReportedRequestT> rep = agent_->Report(id);
+    if (rep == nullptr) continue;
+    rep->complete_pages = r.admit->complete_pages;
+    rep->optional_history = r.admit->optional_history;
+    if (r.admit->record != nullptr) rep->record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
+    hello.report.push_back(std::move(rep));
   }
+  return hello;
+}
+
+absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
+  ++counters_.memd_returns;
+  // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
+  for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
+    auto it = requests_.find(reply.refused_reports[i]);
+    if (it == requests_.end() || it->second.phase != EmbeddedPhase::kGranted) continue;
+    const std::string why = i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "";
+    agent_->Forget(it->first);
+    const bool ending = it->second.ending;
+    const RequestId id = it->first;
+    requests_.erase(it);
+    ++counters_.reports_refused;
+    if (!ending) {
+      ++counters_.failed;
+      events_.push_back(Event(EmbeddedEvent::kFailed, id,
+                              absl::AbortedError(absl::StrCat("memd restarted and refused the request's report: ", why,
+                                                              " (dhs_worker_list_resumable may list it)"))));
+    }
+  }
+  std::set<RequestId> adopted;
+  for (const auto& [id, r] : requests_) {
+    if (r.phase == EmbeddedPhase::kGranted) adopted.insert(id);
+  }
+  agent_->ReturnFromAway(adopted);
+  if (absl::Status s = kv_->ResumeHostWrites(); !s.ok()) spdlog::error("libdhs: deferred backups: {}", s.ToString());
+  // The ends deferred while away.
+  std::vector<RequestId> ending;
+  for (const auto& [id, r] : requests_) {
+    if (r.ending) ending.push_back(id);
+  }
+  for (RequestId id : ending) {
+    agent_->EndRequest(id);
+    requests_.erase(id);
+    ++counters_.ends_deferred;
+  }
+  // memd's interrupted requests that are admissions waiting here (the dead memd journaled their record, its grant never
+  // came) or that this worker ended before their grant: ended at memd (Complete) before any is admitted again, as
+  // workerd's AdmissionDesk::ResumeInterrupted does; the others stay resumable (dhs_worker_list_resumable).
+  for (uint64_t id : reply.interrupted_requests) {
+    auto it = requests_.find(id);
+    const bool waiting_here = it != requests_.end() && it->second.phase != EmbeddedPhase::kGranted;
+    if (!waiting_here && !ended_waiting_.contains(id)) continue;
+    wire::CompleteT done;
+    done.request = id;
+    done.gpu = config_.gpu;
+    if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+    }
+    not_resumable_.insert(id);
+  }
+  // The admissions not granted yet go again (the new memd knows none of them; one sent while away was dropped).
+  ended_waiting_.clear();  // their Completes went to the dead memd, or were sent just now
+  for (auto& [id, r] : requests_) {
+    if (r.phase == EmbeddedPhase::kGranted) continue;
+    if (r.phase == EmbeddedPhase::kQueued) {
+      DHS_CHECK_OK(TransitionEmbedded(r.phase, EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting));
+    }
+    if (absl::Status s = memd_->SendAdmitRequest(*r.admit); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+    }
+    ++counters_.admissions_resent;
+  }
+  spdlog::info("libdhs: memd is back: {} requests adopted, {} refused, {} ends deferred, {} admissions sent again",
+               adopted.size(), reply.refused_reports.size(), ending.size(), counters_.admissions_resent);
   return absl::OkStatus();
 }
 
 absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not open on this worker"));
+  if (it == requests_.end() || it->second.ending) {
+    return absl::NotFoundError(absl::StrCat("request ", id, " is not open on this worker"));
+  }
   if (it->second.phase != EmbeddedPhase::kGranted) {
     return absl::FailedPreconditionError(absl::StrCat("request ", id, " is not granted yet"));
   }
@@ -270,6 +432,13 @@ absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
 void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
+  // A failed request ends now: the readers of its slot's rows are ended first (its end would wait for them for ever),
+  // with those of every request resolved on the same sources (dhs_readers_done's unit is a source).
+  std::vector<SourceId> read;
+  for (const auto& [source, slots] : unread_) {
+    if (slots.contains(it->second.slot)) read.push_back(source);
+  }
+  if (it->second.phase == EmbeddedPhase::kGranted && !read.empty()) DHS_CHECK_OK(ReadersDone(read));
   if (it->second.phase == EmbeddedPhase::kGranted) agent_->EndRequest(id);  // copies end, KV released, Complete
   requests_.erase(it);
   ++counters_.failed;
@@ -302,6 +471,11 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
   if (!keys.empty() && keys.size() != key_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
+  }
+  if (kv_->host_writes_paused() && !kv_->TailHasRoom(request, count)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request ", request, ": memd is away and the tail has no room for ", count, " more rows without a host write "
+        "(positions ", first, " .. ", first + int64_t{count} - 1, "); poll and retry once memd is back"));
   }
   if ((*r)->held_from >= 0) {
     // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
@@ -369,6 +543,13 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
       return absl::InvalidArgumentError(absl::StrCat("query ", i, ": locations hold ", q.locations.size(),
                                                      " entries for ", q.selection.size(), " positions"));
     }
+    if (auto u = unread_.find(sources[0]); u != unread_.end() && u->second.contains((*r)->slot)) {
+      // Found by the libFuzzer run of fuzz/libdhs_fuzz.cc (fuzz/findings/libdhs/timeout-5d954c15...): the resolve
+      // waited on the readers fence of an earlier resolve's rows in the same slot, which only dhs_readers_done ends.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "query ", i, ": request ", q.request, "'s slot ", (*r)->slot, " was resolved on source ", sources[0],
+          " since its last dhs_readers_done; call dhs_readers_done for that source first (rows read may be replaced)"));
+    }
     for (size_t j = 0; j < q.selection.size(); ++j) {
       const Position t = q.selection[j];
       if (t < -1 || t >= (*r)->appended) {
@@ -380,6 +561,7 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
     at += q.selection.size();
   }
   if (absl::Status s = kv_->Fetch(sources, batch); !s.ok()) return Step(s);
+  for (const Query& q : queries) unread_[sources[0]].insert(requests_.at(q.request).slot);
   absl::StatusOr<std::span<uint8_t>> pool = Pool();
   if (!pool.ok()) return pool.status();
   at = 0;
@@ -403,7 +585,10 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
                                         std::span<uint8_t> keys_out) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if ((*r)->resume_of == 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " is no resume"));
+  if (!(*r)->host_backed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", request, " was granted no host-backed page (no resume, no shared prefix page)"));
+  }
   const uint64_t p = config_.page_rows;
   if ((uint64_t{first} + count) * p > (*r)->max_rows) {  // also bounds the key size below (< 2^60)
     return absl::OutOfRangeError(absl::StrCat("pages ", first, " .. ", uint64_t{first} + count - 1,
@@ -441,6 +626,7 @@ absl::Status EmbeddedWorker::ReadersDone(std::span<const SourceId> sources) {
     }
   }
   kv_->ReadersDone(sources);
+  for (SourceId s : sources) unread_.erase(s);
   return absl::OkStatus();
 }
 
@@ -472,7 +658,34 @@ absl::Status EmbeddedWorker::Commit(RequestId request, Position length) {
 
 absl::Status EmbeddedWorker::Complete(RequestId request) {
   auto it = requests_.find(request);
-  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
+  if (it == requests_.end() || it->second.ending) {
+    return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
+  }
+  if (it->second.phase == EmbeddedPhase::kGranted) {
+    // Its end waits for the copies memd would free pages under, and those wait for the readers of its rows: with a
+    // resolve of its slot not followed by dhs_readers_done it would wait for ever (found by the libFuzzer run).
+    for (const auto& [source, slots] : unread_) {
+      if (slots.contains(it->second.slot)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "request ", request, " was resolved on source ", source, " since its last dhs_readers_done; call "
+            "dhs_readers_done for that source before completing it (its rows may still be read)"));
+      }
+    }
+  }
+  if (it->second.phase == EmbeddedPhase::kGranted && memd_->away()) {
+    // memd away: no Complete can go; the request is reported in the re-Hello and ended after it (Return).
+    it->second.ending = true;
+    ++counters_.completed;
+    return absl::OkStatus();
+  }
+  if (it->second.phase == EmbeddedPhase::kWaiting || it->second.phase == EmbeddedPhase::kQueued) {
+    if (memd_->away()) {  // its admission goes nowhere now and is not sent again (Return ends it at memd if needed)
+      ended_waiting_.insert(request);
+      requests_.erase(it);
+      ++counters_.completed;
+      return absl::OkStatus();
+    }
+  }
   if (it->second.phase == EmbeddedPhase::kGranted) {
     agent_->EndRequest(request);  // copies memd would free pages under end first; KV released; Complete
   } else {
@@ -493,6 +706,7 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
 std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   std::vector<Resumable> out;
   for (uint64_t id : memd_->interrupted_requests()) {
+    if (not_resumable_.contains(id)) continue;  // ours, ended at the re-Hello (admitted again, or cancelled)
     Resumable r{id, 0, 0};
     for (const auto& rec : memd_->interrupted_records()) {
       if (rec != nullptr && rec->request == id) {
@@ -521,6 +735,10 @@ std::string EmbeddedWorker::StatsJson() const {
       {"pages", {{"capacity", capacity_pages()}, {"kept", a.pages_kept}, {"backed_up", a.pages_backed_up},
                  {"populated", a.pages_populated}, {"reclaimed", a.pages_reclaimed},
                  {"reclaim_orders", counters_.reclaim_orders}, {"reclaims_obeyed", a.reclaims_obeyed}}},
+      {"prefix", {{"lookups", counters_.prefix_lookups}, {"shared_pages_granted", counters_.shared_pages_granted}}},
+      {"memd", {{"away", memd_->away()}, {"aways", counters_.memd_aways}, {"returns", counters_.memd_returns},
+                {"reports_refused", counters_.reports_refused}, {"admissions_resent", counters_.admissions_resent},
+                {"ends_deferred", counters_.ends_deferred}}},
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},
   };
@@ -547,8 +765,10 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   }
   EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
   granted.slot = m.slot;
-  if (r.resume_of != 0) {
-    // A resume (docs/architecture.md "Resume from host KV"): the host-backed pages memd handed over, each checked
+  r.slot = m.slot;
+  if (r.resume_of != 0 || !m.shared_pages.empty()) {
+    // A resume (docs/architecture.md "Resume from host KV"), or shared prefix pages (issue 24: they come inside
+    // host_backed_pages, as workerd's ResumeImporter takes them): the host-backed pages memd handed over, each checked
     // against its checksum (issue 22) before it is imported; a page that does not match is appended again by the
     // engine (its confirmed copy is never written again: ImportHostPages makes every imported page host-ready).
     std::vector<HostBackedPage> backed =
@@ -577,6 +797,11 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     while (granted.import_pages < pages.size() && pages[granted.import_pages] == granted.import_pages) {
       ++granted.import_pages;  // the leading run 0 .. n-1
     }
+    for (uint32_t j : m.shared_pages) {
+      granted.shared_pages += std::find(pages.begin(), pages.end(), j) != pages.end() ? 1 : 0;
+    }
+    counters_.shared_pages_granted += granted.shared_pages;
+    r.host_backed = !pages.empty();
   }
   DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
   ++counters_.granted;
@@ -606,6 +831,14 @@ void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
 
 void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   ++counters_.reclaim_orders;
+  if (Defer()) {
+    deferred_orders_.emplace_back(m);
+    return;
+  }
+  CarryOut(m);
+}
+
+void EmbeddedWorker::CarryOut(const wire::ReclaimOrderT& m) {
   if (requests_.contains(m.request)) {
     events_.push_back(Event(EmbeddedEvent::kReclaimed, m.request));
     events_.back().pages = static_cast<uint32_t>(m.pages.size());
@@ -613,7 +846,20 @@ void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   agent_->OnReclaimOrder(m);
 }
 
-void EmbeddedWorker::OnRetire(const wire::RetireT& m) { agent_->OnRetire(m); }
-void EmbeddedWorker::OnPopulateOrder(const wire::PopulateOrderT& m) { agent_->OnPopulateOrder(m); }
+void EmbeddedWorker::OnRetire(const wire::RetireT& m) {
+  if (Defer()) {
+    deferred_orders_.emplace_back(m);
+    return;
+  }
+  agent_->OnRetire(m);
+}
+
+void EmbeddedWorker::OnPopulateOrder(const wire::PopulateOrderT& m) {
+  if (Defer()) {
+    deferred_orders_.emplace_back(m);
+    return;
+  }
+  agent_->OnPopulateOrder(m);
+}
 
 }  // namespace dhs::lib

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,7 +49,10 @@ struct EmbeddedConfig {
   uint32_t slots = 1;                       // N
   uint64_t hbm_budget_bytes = 0;
   uint32_t connect_timeout_ms = 5000;
+  uint8_t* engine_pool = nullptr;  // the engine's KV pool memory (nullptr: the library allocates it), not owned
+  uint64_t engine_pool_bytes = 0;
 };
+inline constexpr uint64_t kEnginePoolAlignment = 64;  // DHS_POOL_ALIGNMENT
 
 // A request's phase here, changed only through TransitionEmbedded() against kEmbeddedTransitions.
 //   kWaiting  AdmitRequest sent, no answer yet
@@ -60,9 +64,20 @@ inline constexpr std::pair<EmbeddedPhase, EmbeddedPhase> kEmbeddedTransitions[] 
     {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued},   // AdmitWait
     {EmbeddedPhase::kWaiting, EmbeddedPhase::kGranted},  // AdmitGrant
     {EmbeddedPhase::kQueued, EmbeddedPhase::kGranted},   // AdmitGrant after waiting
+    {EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting},   // memd restarted: the admission goes again (re-Hello)
 };
 // Errors: FAILED_PRECONDITION when `phase` is not `from` or the move is not in the table (`phase` unchanged).
 absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to);
+
+// What a submit names for prefix sharing (issue 24; dhs_request_desc's ABI 1.1 fields): the spans are the caller's,
+// read during Submit only.
+struct SubmitPrefix {
+  std::string tenant;                  // "" = the default tenant
+  uint64_t session = 0;                // the engine's session (client) id: RequestRecord.client
+  std::span<const int32_t> tokens;     // the prompt's first tokens (<= input_rows); empty: no chain
+  std::span<const uint64_t> block_ids; // ids of blocks 0, 1, ... (Mooncake hash_ids); derived after them
+  uint32_t block_tokens = 0;           // tokens per block (0: no chain)
+};
 
 // One event for the engine (dhs_event).
 struct EmbeddedEvent {
@@ -74,19 +89,28 @@ struct EmbeddedEvent {
   uint32_t value = 0;    // kWaiting: queue position
   uint32_t pages = 0;    // kWaiting: deficit; kReclaimed: pages; kGranted of a resume: host-backed pages imported
   uint32_t import_pages = 0;  // kGranted of a resume: pages 0 .. import_pages-1 host-backed (ImportRows)
+  uint32_t shared_pages = 0;  // kGranted: shared prefix pages among `pages` (AdmitGrant.shared_pages, checked)
 };
 
 // Counters of the worker (dhs_worker_stats_json).
 struct EmbeddedCounters {
   uint64_t submitted = 0, granted = 0, completed = 0, failed = 0, rejected = 0, reclaim_orders = 0;
   uint64_t rows_appended = 0, queries_resolved = 0;
+  uint64_t prefix_lookups = 0, shared_pages_granted = 0;  // blocks named at first admissions; shared pages imported
+  uint64_t memd_aways = 0, memd_returns = 0;  // memd deaths served through; re-Hellos memd took
+  uint64_t reports_refused = 0, admissions_resent = 0, ends_deferred = 0;
 };
 
 class EmbeddedWorker final : private MemdHandler {
  public:
   // Checks the shape (INVALID_ARGUMENT naming the field), connects to memd (MemdClient::Connect's errors), maps its
   // host pool and allocates the KV pool (HierarchicalKvAccess::Create's errors).
+  // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold PoolBytesFor(config) bytes
+  // (INVALID_ARGUMENT otherwise); it is zeroed and used as the KV pool (CpuDevice::UseCallerMemoryForNextPool).
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config);
+  // The KV pool's bytes for `config` (its shape checked as Open checks it).
+  static absl::StatusOr<uint64_t> PoolBytesFor(const EmbeddedConfig& config);
+  bool engine_pool() const { return config_.engine_pool != nullptr; }
   // Ends every open request (Complete to memd, delivered for up to 1 s) and frees everything.
   ~EmbeddedWorker() override;
 
@@ -105,15 +129,26 @@ class EmbeddedWorker final : private MemdHandler {
   // rows are appended again by the engine) and made host-ready (HierarchicalKvAccess::CheckHostCopies,
   // ImportHostPages); ImportRows then takes them as appended. Errors: INVALID_ARGUMENT, NOT_FOUND (resume_of not
   // listed), UNAVAILABLE (memd away or the send failed).
-  absl::StatusOr<RequestId> Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of = 0);
+  // `prefix` (issue 24): the tenant, session and prefix chain (workerd/prefix_chain.h's PrefixChainOf over its tokens
+  // and ids): memd grants the chain's stored pages as shared host pages (importable like a resume's). Errors also:
+  // INVALID_ARGUMENT (more tokens than input_rows).
+  absl::StatusOr<RequestId> Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of = 0,
+                                   const SubmitPrefix& prefix = {});
   // A granted resume: its host-backed pages first .. first+count-1 taken as appended (rows into the tail from host,
   // no recomputation; HierarchicalKvAccess::ImportHostRows); keys_out: empty or L_idx * count * p * d_idx bytes,
   // [indexer][position][d_idx], receives their index keys. Errors: NOT_FOUND, FAILED_PRECONDITION (not granted, not
   // a resume, rows appended are not first * p, a page not host-backed), INVALID_ARGUMENT (keys_out's size).
   absl::Status ImportRows(RequestId request, uint32_t first, uint32_t count, std::span<uint8_t> keys_out);
   // Serves memd's messages, the agent's completions, requests a changed host page failed; events accumulate.
-  // Errors: ABORTED (epoch ended), UNAVAILABLE (memd away: not served by this version).
+  // memd away (it died: its connection closed; docs/protocol.md "Re-Hello with a report", as workerd's MemdAway):
+  // memd's orders are resolved locally, host writes pause, and each Poll tries the re-Hello with a report of every
+  // granted request (MemdClient::PollAway); meanwhile granted requests keep appending while their tail has room and
+  // resolving, submits wait, completes of granted requests are deferred. When a memd takes the re-Hello: refused
+  // reports fail their requests (kFailed), the others go on, host writes resume, the deferred ends happen and the
+  // waiting admissions are sent again. Errors: ABORTED (epoch ended: fenced, memd silent over a live connection, or no
+  // memd took the re-Hello within the reconnect bound / refused it / started a fresh pool).
   absl::Status Poll();
+  bool memd_away() const { return memd_->away(); }
   std::deque<EmbeddedEvent>& events() { return events_; }
 
   // rows: count * S * d_KV bytes [position][source]; keys: empty or L_idx * count * d_idx bytes [indexer][position].
@@ -142,6 +177,10 @@ class EmbeddedWorker final : private MemdHandler {
     Position appended = 0;  // rows appended on every source (positions 0 .. appended-1)
     Position held_from = -1;  // a speculative hold's `from`, -1 none
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
+    bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
+    bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
+    uint32_t slot = 0;         // AdmitGrant.slot (its hot cache and tail region)
+    std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)
   };
 
   EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)) {}
@@ -151,6 +190,11 @@ class EmbeddedWorker final : private MemdHandler {
   void Fail(RequestId id, const absl::Status& error);
   // The requests a changed host page failed (HierarchicalKvAccess::TakeDataLoss).
   void FailDataLoss();
+  // memd away (Poll): entered once per death; the re-Hello's Hello (hello_ with a report of every granted request);
+  // memd took it (`reply`).
+  void EnterAway();
+  wire::HelloT ReHello() const;
+  absl::Status Return(const wire::HelloReplyT& reply);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
 
   // MemdHandler.
@@ -163,13 +207,25 @@ class EmbeddedWorker final : private MemdHandler {
   void OnCompleteAck(const wire::CompleteAckT& m) override {}
 
   EmbeddedConfig config_;
+  wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
   std::unique_ptr<Device> device_;
   std::unique_ptr<MemdClient> memd_;
   std::unique_ptr<HierarchicalKvAccess> kv_;
   std::unique_ptr<ResidencyAgent> agent_;
   std::map<RequestId, Request> requests_;
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
+  std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   uint64_t next_request_ = 1;
+  // Per source, the slots resolved since its last ReadersDone (whoever holds them now: a request completed meanwhile
+  // leaves its readers on its slot): a resolve of a request in one of them could wait for those unfinished readers
+  // (a hot-cache row they read being replaced) on the caller's thread for ever; it is refused.
+  std::map<SourceId, std::set<uint32_t>> unread_;
+  // memd's orders received while readers are outstanding (unread_ not empty), in arrival order: carrying one out may
+  // wait for a copy that waits for those readers (a keep copy into a page still read; found by the libFuzzer run), on
+  // the engine's thread that alone can end them. Carried out at the first Poll with no readers outstanding.
+  std::deque<std::variant<wire::ReclaimOrderT, wire::RetireT, wire::PopulateOrderT>> deferred_orders_;
+  void CarryOut(const wire::ReclaimOrderT& m);
+  bool Defer() const { return !unread_.empty() || !deferred_orders_.empty(); }
   std::deque<EmbeddedEvent> events_;
   EmbeddedCounters counters_;
 };

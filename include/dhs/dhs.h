@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 0
+#define DHS_ABI_MINOR 1
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -64,7 +64,7 @@ typedef enum dhs_status {
   DHS_ERR_FAILED_PRECONDITION = 6, /* the call does not fit the request's state (e.g. append before its grant) */
   DHS_ERR_OUT_OF_RANGE = 7,     /* a position beyond the request's history (appended rows, or its declared rows) */
   DHS_ERR_RESOURCE_EXHAUSTED = 8, /* a table or pool is full (events buffer, submit queue, hot cache) */
-  DHS_ERR_UNAVAILABLE = 9,      /* memd cannot be reached, or is away */
+  DHS_ERR_UNAVAILABLE = 9,      /* memd cannot be reached (at open, or a send failed) */
   DHS_ERR_UNIMPLEMENTED = 10,   /* not in this build or this version (see the message) */
   DHS_ERR_DATA_LOSS = 11,       /* a host page changed after its confirmation (issue 22) */
   DHS_ERR_ABORTED = 12,         /* the worker's epoch ended (memd fenced it): close and open again */
@@ -110,7 +110,19 @@ typedef struct dhs_worker_config {
   uint32_t slots;             /* N: request slots (requests granted at once) */
   uint64_t hbm_budget_bytes;  /* GPU bytes for optional history: M = budget / (p * S * d_KV) pages, >= 1 */
   uint32_t connect_timeout_ms; /* how long open waits for memd's HelloReply (0: 5000) */
+  /* ABI 1.1 (a 1.0 caller's struct, DHS_WORKER_CONFIG_SIZE_1_0 bytes, is still accepted: the library's pool).
+   * Engine-owned KV pool (CPU backend): NULL, or memory the engine allocated and owns, at least
+   * dhs_pool_bytes_needed() bytes, aligned to DHS_POOL_ALIGNMENT; the library keeps the KV pool there (zeroed at
+   * open) instead of allocating it. It must stay valid until dhs_worker_close; the library never frees it. */
+  void* engine_pool;
+  uint64_t engine_pool_bytes;
 } dhs_worker_config;
+#define DHS_WORKER_CONFIG_SIZE_1_0 80u  /* sizeof(dhs_worker_config) of ABI 1.0 (up to connect_timeout_ms) */
+#define DHS_POOL_ALIGNMENT 64u          /* engine_pool's alignment, bytes */
+
+/* The bytes of the KV pool a worker of `config` needs (its slot regions and optional pages), for an engine-owned
+ * pool. Only the shape is read (no memd contact). Errors: INVALID_ARGUMENT (null, a field out of range), VERSION. */
+DHS_EXPORT int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes);
 
 /* Opens the worker of one GPU: checks the config and the ABI, connects to memd (Hello), maps its host pool and
  * allocates the KV pool on the backend. memd must run with --page-bytes equal to the host page size
@@ -143,18 +155,21 @@ typedef struct dhs_worker_info {
 } dhs_worker_info;
 DHS_EXPORT int dhs_worker_info_get(dhs_worker* w, dhs_worker_info* info);
 
-/* KV pools. DHS_POOLS_LIBRARY: the library allocated the KV pool through the device backend at open (the only kind
- * this version offers; DHS_POOLS_ENGINE, pools the engine allocated itself, answers UNIMPLEMENTED). */
+/* KV pools. DHS_POOLS_LIBRARY: the library allocated the KV pool through the device backend at open.
+ * DHS_POOLS_ENGINE (ABI 1.1): the engine's pool given at open (dhs_worker_config.engine_pool); register names it
+ * again (base, bytes in) and gets row_bytes; a location from dhs_resolve is then an offset into the engine's memory. */
 typedef enum dhs_pool_kind { DHS_POOLS_LIBRARY = 1, DHS_POOLS_ENGINE = 2 } dhs_pool_kind;
 typedef struct dhs_pool_desc {
   uint32_t struct_size;  /* sizeof(dhs_pool_desc), set by the caller */
   uint32_t kind;         /* in: dhs_pool_kind */
   void* base;            /* out (LIBRARY): the pool's first byte; on the CPU backend host memory the engine may read.
-                            Owned by the library, valid until dhs_worker_close. in (ENGINE): not offered */
+                            Owned by the library, valid until dhs_worker_close. in (ENGINE): the engine_pool of open */
   uint64_t bytes;        /* out: the pool's size */
   uint64_t row_bytes;    /* out: d_KV; a location from dhs_resolve is a byte offset into this pool */
 } dhs_pool_desc;
-/* Registers (LIBRARY: describes) the KV pools. Errors: INVALID_ARGUMENT, VERSION, UNIMPLEMENTED (ENGINE). */
+/* Registers (LIBRARY: describes) the KV pools. Errors: INVALID_ARGUMENT (ENGINE: base or bytes are not the pool
+ * given at open), VERSION, FAILED_PRECONDITION (ENGINE on a worker opened without engine_pool, LIBRARY on one opened
+ * with it). */
 DHS_EXPORT int dhs_pools_register(dhs_worker* w, dhs_pool_desc* pools);
 
 /* A request as the engine submits it. */
@@ -164,13 +179,34 @@ typedef struct dhs_request_desc {
   uint64_t input_rows;    /* the prompt's positions (rows its prefill appends), >= 1 */
   uint64_t max_rows;      /* every position the request may ever append: input + output, >= input_rows */
   uint64_t resume_of;     /* 0, or an id from dhs_worker_list_resumable: resume that request from its host copies */
+  /* ABI 1.1 (prefix sharing, issue 24; a 1.0 caller's struct, DHS_REQUEST_DESC_SIZE_1_0 bytes, is still accepted: no
+   * chain, the default tenant, no session). The prefix chain is named as workerd names it (workerd/prefix_chain.h):
+   * block b holds prompt tokens [b * block_tokens, (b + 1) * block_tokens); only complete blocks are named; block ids
+   * are block_ids[b] where given (Mooncake hash_ids: equal id = equal prefix) and derived from the tokens after them;
+   * every block's digest is computed from `tokens`, so memd imports a stored page only when its content matches. */
+  const char* tenant;          /* NULL or "": the default tenant; else an opaque salt (at most 255 bytes, copied):
+                                  two tenants never share a prefix page */
+  uint64_t session;            /* the engine's session (client) id, 0 = none: kept in memd's record of the request */
+  const int32_t* tokens;       /* NULL (no chain), or token_count prompt tokens (read during the call) */
+  uint64_t token_count;        /* <= input_rows; complete blocks: token_count / block_tokens */
+  const uint64_t* block_ids;   /* NULL (ids derived from the tokens), or block_id_count ids of blocks 0, 1, ... */
+  uint32_t block_id_count;
+  uint32_t block_tokens;       /* tokens per block (0: no chain); memd shares floor(blocks * block_tokens / p) pages */
 } dhs_request_desc;
+#define DHS_REQUEST_DESC_SIZE_1_0 32u  /* sizeof(dhs_request_desc) of ABI 1.0 (up to resume_of) */
 /* Submits a request (non-blocking): the admission goes to memd; its answer arrives as an event (dhs_worker_poll).
- * *request_id is the request's id on this node. With resume_of: memd hands the new request the interrupted one's
+ * *request_id is the request's id on this node. With a prefix chain (ABI 1.1) and memd --prefix-sharing on, memd
+ * grants the stored pages of the chain's blocks (same tenant, same ids, same content) as shared host pages: the
+ * GRANTED event names them (shared_pages; pages, import_pages as for a resume) and dhs_request_import takes them as
+ * appended without recomputing them; the pages the request computes are shared once their host copy is confirmed.
+ * With resume_of: memd hands the new request the interrupted one's
  * confirmed host pages; at the grant each is checked against memd's checksum (a page that does not match is not
  * imported) and the GRANTED event names them (pages, import_pages); dhs_request_import takes them as appended, the
- * engine appends every other row itself. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can hold),
- * VERSION, UNAVAILABLE (memd away), NOT_FOUND (resume_of not listed by dhs_worker_list_resumable),
+ * engine appends every other row itself. Errors: INVALID_ARGUMENT (sizes; max_rows beyond the pages memd can hold;
+ * token_count beyond input_rows, tokens NULL with block_tokens > 0, block_ids NULL with a count, a tenant longer than
+ * 255 bytes), VERSION (struct_size neither 1.0's nor this header's), UNAVAILABLE (a send to memd failed; while memd
+ * is away the admission waits and is sent after the re-Hello), NOT_FOUND (resume_of not listed by
+ * dhs_worker_list_resumable),
  * FAILED_PRECONDITION (resume_of resumed already). */
 DHS_EXPORT int dhs_request_submit(dhs_worker* w, const dhs_request_desc* desc, uint64_t* request_id);
 
@@ -189,18 +225,29 @@ typedef struct dhs_event {
   uint64_t request;       /* the request id */
   uint32_t slot;          /* GRANTED: memd's slot for it */
   uint32_t value;         /* WAITING: queue position */
-  uint32_t pages;         /* WAITING: deficit pages; RECLAIMED: pages; GRANTED of a resume: host-backed pages that
-                             matched their checksums (imported; the others' rows must be appended again) */
-  uint32_t import_first;  /* GRANTED of a resume: the first page of the leading host-backed run (0) */
-  uint32_t import_pages;  /* GRANTED of a resume: pages 0 .. import_pages-1 can be imported (dhs_request_import) */
-  uint32_t reserved;
+  uint32_t pages;         /* WAITING: deficit pages; RECLAIMED: pages; GRANTED of a resume or with shared prefix
+                             pages: host-backed pages that matched their checksums (importable; the others' rows must
+                             be appended again) */
+  uint32_t import_first;  /* GRANTED with host-backed pages: the first page of the leading host-backed run (0) */
+  uint32_t import_pages;  /* GRANTED with host-backed pages: pages 0 .. import_pages-1 can be imported
+                             (dhs_request_import) */
+  uint32_t shared_pages;  /* GRANTED (ABI 1.1; 1.0 named it `reserved`, always 0): how many of `pages` are shared
+                             prefix pages memd granted for the request's chain (another request's confirmed copies) */
   char message[192];      /* REJECTED / FAILED: why, NUL-terminated (cut at 191 bytes) */
 } dhs_event;
 /* Serves memd (its orders are carried out here), reports finished host copies, and copies up to `capacity` pending
  * events into events[0..*count). Call it every step, at least once a second: the worker ends its epoch when it heard
  * nothing from memd for 2 s (memd acks the heartbeats this call sends), and memd fences a worker silent for its
- * worker timeout. Events left over stay for the next call. Never blocks. Errors: INVALID_ARGUMENT, ABORTED (the
- * epoch ended: close and open again), UNAVAILABLE (memd went away: serving away is not offered by this version). */
+ * worker timeout. Events left over stay for the next call. Never blocks.
+ * memd restarts (ABI 1.1) are served inside the library, as workerd serves them: when memd dies (its connection
+ * closes) poll keeps answering OK while the library serves away (memd's orders resolved locally, no host writes:
+ * appends succeed while the tail has room, else RESOURCE_EXHAUSTED until memd is back; resolves go on; submits wait;
+ * a granted request's complete is deferred) and says Hello again to the next memd of the run directory with a report
+ * of every granted request; once that memd takes it, the requests go on, the deferred ends and the waiting
+ * admissions are sent. stats_json's "memd" object tells (away, aways, returns, ...). A request whose report memd
+ * refused gets a FAILED event (ABORTED; dhs_worker_list_resumable may list it).
+ * Errors: INVALID_ARGUMENT, ABORTED (the epoch ended: fenced, memd silent over a live connection, no memd took the
+ * re-Hello within 30 s, or the new memd refused it or started a fresh host pool: close and open again). */
 DHS_EXPORT int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* count);
 
 /* Appends positions first .. first+count-1 of a granted request. rows: count * S * d_KV bytes laid out
@@ -238,7 +285,7 @@ DHS_EXPORT int dhs_request_hold(dhs_worker* w, uint64_t request, int64_t from);
 DHS_EXPORT int dhs_request_commit(dhs_worker* w, uint64_t request, int64_t length);
 
 /* Ends a request (finished or cancelled, in any state before its end): its copies in flight finish, its KV is
- * released, memd is told. The id is unknown afterwards. Errors: NOT_FOUND. */
+ * released, memd is told (while memd is away: after the re-Hello). The id is unknown afterwards. Errors: NOT_FOUND. */
 DHS_EXPORT int dhs_request_complete(dhs_worker* w, uint64_t request);
 
 /* After a restart of this GPU's worker: the requests memd kept for it (each with its confirmed host copies). */
@@ -250,11 +297,13 @@ typedef struct dhs_resumable {
 /* Copies up to `capacity` entries; *count = entries written, *total = entries there are. Errors: INVALID_ARGUMENT. */
 DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count,
                                          size_t* total);
-/* A resumed request, granted: takes its host-backed pages first .. first+count-1 (pages the GRANTED event named:
+/* A granted request with host-backed pages (a resume, or shared prefix pages): takes its host-backed pages
+ * first .. first+count-1 (pages the GRANTED event named:
  * 0 .. import_pages-1) as appended rows without recomputing them (the newest of them are copied from host into the
  * tail); `first` * p must equal the rows appended so far. keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
  * [indexer][position][d_idx]) receives their index keys, which the engine's indexer needs. Errors: INVALID_ARGUMENT
- * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no resume, rows appended are not first * p,
+ * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no host-backed page, rows appended are not
+ * first * p,
  * a page not host-backed), OUT_OF_RANGE (beyond max_rows). */
 DHS_EXPORT int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
                                   size_t keys_bytes);

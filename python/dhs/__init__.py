@@ -21,7 +21,7 @@ import ctypes
 import json
 import os
 
-ABI_MAJOR, ABI_MINOR = 1, 0
+ABI_MAJOR, ABI_MINOR = 1, 1
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 MODE_HISPARSE, MODE_ADAPTIVE = 1, 2
 BACKEND_CPU, BACKEND_CUDA = 1, 2
@@ -36,7 +36,9 @@ class WorkerConfig(ctypes.Structure):
                 ("sources", ctypes.c_uint32), ("row_bytes", ctypes.c_uint32), ("indexers", ctypes.c_uint32),
                 ("index_key_bytes", ctypes.c_uint32), ("page_rows", ctypes.c_uint32), ("top_k", ctypes.c_uint32),
                 ("hot_rows", ctypes.c_uint32), ("tail_rows", ctypes.c_uint32), ("slots", ctypes.c_uint32),
-                ("hbm_budget_bytes", ctypes.c_uint64), ("connect_timeout_ms", ctypes.c_uint32)]
+                ("hbm_budget_bytes", ctypes.c_uint64), ("connect_timeout_ms", ctypes.c_uint32),
+                # ABI 1.1: an engine-owned KV pool (None: the library's)
+                ("engine_pool", ctypes.c_void_p), ("engine_pool_bytes", ctypes.c_uint64)]
 
 
 class WorkerInfo(ctypes.Structure):
@@ -53,13 +55,17 @@ class PoolDesc(ctypes.Structure):
 
 class RequestDesc(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("input_rows", ctypes.c_uint64),
-                ("max_rows", ctypes.c_uint64), ("resume_of", ctypes.c_uint64)]
+                ("max_rows", ctypes.c_uint64), ("resume_of", ctypes.c_uint64),
+                # ABI 1.1: tenant, session and the prefix chain (issue 24)
+                ("tenant", ctypes.c_char_p), ("session", ctypes.c_uint64), ("tokens", ctypes.POINTER(ctypes.c_int32)),
+                ("token_count", ctypes.c_uint64), ("block_ids", ctypes.POINTER(ctypes.c_uint64)),
+                ("block_id_count", ctypes.c_uint32), ("block_tokens", ctypes.c_uint32)]
 
 
 class Event(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_uint32), ("code", ctypes.c_int32), ("request", ctypes.c_uint64),
                 ("slot", ctypes.c_uint32), ("value", ctypes.c_uint32), ("pages", ctypes.c_uint32),
-                ("import_first", ctypes.c_uint32), ("import_pages", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("import_first", ctypes.c_uint32), ("import_pages", ctypes.c_uint32), ("shared_pages", ctypes.c_uint32),
                 ("message_raw", ctypes.c_char * 192)]
 
     @property
@@ -68,6 +74,7 @@ class Event(ctypes.Structure):
 
     def __repr__(self):
         return f"Event({EVENT_NAMES.get(self.kind, self.kind)}, request={self.request}, pages={self.pages}, " \
+               f"shared_pages={self.shared_pages}, " \
                f"code={self.code}, message={self.message!r})"
 
 
@@ -193,8 +200,27 @@ class Worker:
         buf = (ctypes.c_uint8 * d.bytes).from_address(d.base)
         return np.frombuffer(buf, dtype=np.uint8)
 
-    def submit(self, input_rows: int, max_rows: int, resume_of: int = 0) -> int:
+    def submit(self, input_rows: int, max_rows: int, resume_of: int = 0, *, tenant: str = "", session: int = 0,
+               tokens=None, block_tokens: int = 0, block_ids=None) -> int:
+        """Submits a request. tokens (the prompt's tokens, int32), block_tokens and block_ids (e.g. Mooncake hash_ids)
+        name its prefix chain under `tenant` (ABI 1.1): with memd --prefix-sharing on, the GRANTED event's
+        shared_pages are pages to import_rows instead of appending."""
+        import numpy as np
         d = RequestDesc(ctypes.sizeof(RequestDesc), 0, input_rows, max_rows, resume_of)
+        d.tenant = tenant.encode() if tenant else None
+        d.session = session
+        keep = []
+        if tokens is not None:
+            t = np.ascontiguousarray(tokens, dtype=np.int32)
+            keep.append(t)
+            d.tokens = t.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+            d.token_count = len(t)
+        d.block_tokens = block_tokens
+        if block_ids is not None:
+            b = np.ascontiguousarray(block_ids, dtype=np.uint64)
+            keep.append(b)
+            d.block_ids = b.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64))
+            d.block_id_count = len(b)
         rid = ctypes.c_uint64()
         self._check(self._lib.dhs_request_submit(self._h, ctypes.byref(d), ctypes.byref(rid)))
         return rid.value
@@ -261,7 +287,7 @@ class Worker:
         return [(out[i].request, out[i].input_rows, out[i].max_rows) for i in range(n.value)]
 
     def import_rows(self, request: int, first_page: int, pages: int, page_rows: int):
-        """A granted resume: takes host-backed pages first_page .. first_page+pages-1 as appended; returns their
+        """A granted request with host-backed pages (a resume, shared prefix pages): takes host-backed pages first_page .. first_page+pages-1 as appended; returns their
         index keys, uint8 [indexers, pages * page_rows, index_key_bytes] (None without indexers)."""
         import numpy as np
         if self.indexers == 0:

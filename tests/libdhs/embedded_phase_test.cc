@@ -25,7 +25,7 @@ TEST(EmbeddedPhase, OnlyTheTableMoves) {
       allowed += listed ? 1 : 0;
     }
   }
-  EXPECT_EQ(allowed, 3);  // waiting -> queued, waiting -> granted, queued -> granted
+  EXPECT_EQ(allowed, 4);  // waiting -> queued, waiting -> granted, queued -> granted, queued -> waiting (re-Hello)
   // A move named from the wrong current phase is refused too.
   EmbeddedPhase phase = EmbeddedPhase::kGranted;
   EXPECT_FALSE(TransitionEmbedded(phase, EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued).ok());

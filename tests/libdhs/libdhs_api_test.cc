@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
 #include <thread>
 #include <string>
 #include <vector>
@@ -25,6 +28,16 @@ using dhs::testing::ScopedRunDir;
 constexpr uint32_t kS = 2, kRow = 64, kKey = 16, kP = 16, kK = 8, kB = 32, kT = 32;
 constexpr uint64_t kPageBytes = uint64_t{kP} * kS * kRow;      // 2048
 constexpr uint64_t kHostPageBytes = kPageBytes + kP * kKey;     // 2304: memd --page-bytes
+
+// A request of ABI 1.0's fields (no chain) in a 1.1 struct.
+dhs_request_desc Desc(uint64_t input, uint64_t max, uint64_t resume_of = 0) {
+  dhs_request_desc d{};
+  d.struct_size = sizeof d;
+  d.input_rows = input;
+  d.max_rows = max;
+  d.resume_of = resume_of;
+  return d;
+}
 
 uint8_t RowByte(uint64_t r, uint32_t s, int64_t t, uint32_t b) {
   return static_cast<uint8_t>(r * 131 + s * 31 + static_cast<uint64_t>(t) * 7 + b);
@@ -62,11 +75,13 @@ dhs_worker_config Config(const std::string& run_dir, uint32_t optional_pages) {
 
 class LibdhsTest : public ::testing::Test {
  protected:
-  void StartMemd() {
+  void StartMemd(const std::vector<std::string>& extra = {}) {
     const char* memd = std::getenv("MEMD");
     ASSERT_NE(memd, nullptr) << "MEMD is not set";
-    memd_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-        memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages", "256"});
+    std::vector<std::string> args{
+        memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages", "256"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    memd_ = std::make_unique<ChildProcess>(args);
     for (int i = 0; i < 400 && !std::filesystem::exists(dir_.path() + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
     ASSERT_TRUE(std::filesystem::exists(dir_.path() + "/memd.sock"));
   }
@@ -91,7 +106,7 @@ class LibdhsTest : public ::testing::Test {
     return all;
   }
   uint64_t SubmitGranted(uint64_t input, uint64_t max) {
-    dhs_request_desc d{sizeof(dhs_request_desc), 0, input, max, 0};
+    dhs_request_desc d = Desc(input, max);
     uint64_t id = 0;
     EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK) << dhs_worker_errmsg(w_);
     const std::vector<dhs_event> ev = PollFor(1);
@@ -212,14 +227,14 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
 
   dhs_pool_desc pool{};
   pool.struct_size = sizeof pool;
-  pool.kind = DHS_POOLS_ENGINE;
-  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_UNIMPLEMENTED);
+  pool.kind = DHS_POOLS_ENGINE;  // opened without an engine pool
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_FAILED_PRECONDITION);
   pool.kind = 9;
   EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(dhs_pools_register(w_, nullptr), DHS_ERR_INVALID_ARGUMENT);
 
   uint64_t id = 0;
-  dhs_request_desc d{sizeof d, 0, 20, 40, 0};
+  dhs_request_desc d = Desc(20, 40);
   EXPECT_EQ(dhs_request_submit(w_, &d, nullptr), DHS_ERR_INVALID_ARGUMENT);
   d.struct_size = 8;
   EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_ERR_VERSION);
@@ -294,7 +309,7 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {21, 22, 23}));
 
   EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 0), DHS_ERR_FAILED_PRECONDITION);  // not a resume
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("is no resume"), std::string::npos);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("no host-backed page"), std::string::npos);
   EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 4), DHS_ERR_INVALID_ARGUMENT);
 
   // Stats: a buffer too small answers the size it needs.
@@ -342,7 +357,7 @@ TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
   const nlohmann::json before = Stats();
   EXPECT_EQ(before["pages"]["kept"], 4) << before.dump();
 
-  dhs_request_desc d{sizeof d, 0, 16, 80, 0};
+  dhs_request_desc d = Desc(16, 80);
   uint64_t b = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK);
   bool reclaimed = false, granted = false;
@@ -436,9 +451,10 @@ TEST_F(LibdhsTest, TwoThreadsShareOneWorker) {
   EXPECT_EQ(Stats()["rows_appended"], 160);
 }
 
-// memd dies (SIGKILL) under a request whose pages are backed up: the worker's poll answers UNAVAILABLE (serving away
-// is not offered), the engine closes it; the next memd of the run directory adopts the host pool and its journal, the
-// reopened worker lists the request as resumable, resumes it and reads back the same rows (brief §3).
+// memd dies (SIGKILL) under a request whose pages are backed up; the worker serves away (poll answers OK, stats say
+// memd.away) but the engine gives up and closes it while memd is down; the next memd of the run directory adopts the
+// host pool and its journal, the reopened worker lists the request as resumable, resumes it and reads back the same
+// rows (brief §3).
 TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
@@ -461,19 +477,19 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   }
   memd_->Signal(SIGKILL);
   ASSERT_GE(memd_->WaitExit(5000), -1);
-  int rc = DHS_OK;
-  for (int i = 0; i < 2000 && rc == DHS_OK; ++i) {
+  for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) {
     dhs_event ev[4];
     size_t n = 0;
-    rc = dhs_worker_poll(w_, ev, 4, &n);
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);  // serving away
     ::poll(nullptr, 0, 2);
   }
-  EXPECT_EQ(rc, DHS_ERR_UNAVAILABLE) << dhs_worker_errmsg(w_);
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("memd went away"), std::string::npos) << dhs_worker_errmsg(w_);
+  ASSERT_TRUE(Stats()["memd"]["away"].get<bool>());
+  EXPECT_EQ(Stats()["memd"]["aways"], 1);
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   w_ = nullptr;
 
   memd_.reset();
+  std::filesystem::remove(dir_.path() + "/memd.sock");  // the killed memd's socket: wait for the new one's
   ASSERT_NO_FATAL_FAILURE(StartMemd());  // the same run directory: the pool and the journal are adopted
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
   std::vector<dhs_resumable> list(4);
@@ -483,7 +499,7 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   EXPECT_EQ(list[0].request, id);
   EXPECT_EQ(list[0].input_rows, 64u);
   EXPECT_EQ(list[0].max_rows, 80u);
-  dhs_request_desc d{sizeof d, 0, 64, 80, id};
+  dhs_request_desc d = Desc(64, 80, id);
   uint64_t resumed = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &resumed), DHS_OK) << dhs_worker_errmsg(w_);
   EXPECT_EQ(dhs_request_submit(w_, &d, &resumed), DHS_ERR_FAILED_PRECONDITION);  // resumed already
@@ -517,7 +533,7 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
 TEST_F(LibdhsTest, CompleteWhileWaiting) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   ASSERT_NO_FATAL_FAILURE(Open(8));
-  dhs_request_desc d{sizeof d, 0, 16, 40, 0};
+  dhs_request_desc d = Desc(16, 40);
   uint64_t id = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK);
   ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);  // before any poll: memd sees the admission, then the Complete
@@ -531,6 +547,417 @@ TEST_F(LibdhsTest, CompleteWhileWaiting) {
   }
   const uint64_t next = SubmitGranted(16, 40);  // the slot and pages came back
   EXPECT_NE(next, id);
+}
+
+// Issue 24 through the C API (ABI 1.1): a request that names a prefix chain (tenant, tokens, blocks of p tokens)
+// computes
+// its pages; once their host copies are confirmed, memd (--prefix-sharing on) grants a second request naming the same
+// chain those pages as shared host pages: the GRANTED event counts them, dhs_request_import takes them without any
+// append, and their rows and index keys are the first request's bytes. A request of another tenant with the same
+// tokens gets none; one whose third block differs gets the two leading pages only (a chain of digests); a 1.0-sized
+// struct still submits (no chain).
+uint8_t KeyByte(uint64_t r, int64_t t, uint32_t b) {
+  return static_cast<uint8_t>(r * 17 + static_cast<uint64_t>(t) * 3 + b);
+}
+
+TEST_F(LibdhsTest, PrefixChainGrantsSharedHostPagesPerTenant) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd({"--prefix-sharing", "on"}));
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<int32_t> tokens(64);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1000 + 7 * i);
+  auto submit = [&](const char* tenant, const std::vector<int32_t>& toks, uint64_t session) {
+    dhs_request_desc d{};
+    d.struct_size = sizeof d;
+    d.input_rows = 64;
+    d.max_rows = 80;
+    d.tenant = tenant;
+    d.session = session;
+    d.tokens = toks.data();
+    d.token_count = toks.size();
+    d.block_tokens = kP;  // 4 complete blocks of 16 tokens = 4 pages
+    uint64_t id = 0;
+    EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK) << dhs_worker_errmsg(w_);
+    const std::vector<dhs_event> ev = PollFor(1);
+    EXPECT_EQ(ev.size(), 1u);
+    dhs_event e{};
+    if (!ev.empty()) e = ev[0];
+    EXPECT_EQ(e.kind, DHS_EVENT_GRANTED) << e.message;
+    EXPECT_EQ(e.request, id);
+    return std::make_pair(id, e);
+  };
+  // The first request computes the 4 pages (rows and index keys), backed up and confirmed.
+  const auto [a, ga] = submit("acme", tokens, 7);
+  EXPECT_EQ(ga.shared_pages, 0u);
+  EXPECT_EQ(ga.pages, 0u);
+  {
+    const std::vector<uint8_t> rows = Rows(a, 0, 64);
+    std::vector<uint8_t> keys(size_t{64} * kKey);
+    for (int64_t t = 0; t < 64; ++t)
+      for (uint32_t b = 0; b < kKey; ++b) keys[t * kKey + b] = KeyByte(a, t, b);
+    ASSERT_EQ(dhs_request_append(w_, a, 0, 64, rows.data(), rows.size(), keys.data(), keys.size()), DHS_OK)
+        << dhs_worker_errmsg(w_);
+  }
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 1);
+  }
+  ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
+  for (int i = 0; i < 20; ++i) {  // the HostCopyWritten reports reach memd: the pages become shared
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 5);
+  }
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK);  // its pages stay stored (cached) for the chain
+
+  // Same tenant, same chain: 4 shared pages, imported without an append; rows and keys are a's.
+  const auto [b, gb] = submit("acme", tokens, 8);
+  EXPECT_EQ(gb.shared_pages, 4u);
+  EXPECT_EQ(gb.pages, 4u);
+  ASSERT_EQ(gb.import_pages, 4u);
+  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
+  ASSERT_EQ(dhs_request_import(w_, b, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int64_t t = 0; t < 64; ++t) {
+    for (uint32_t k = 0; k < kKey; ++k) ASSERT_EQ(keys[t * kKey + k], KeyByte(a, t, k)) << "key of position " << t;
+  }
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  const std::vector<int64_t> sel = {0, 15, 16, 33, 47, 48, 63, -1};
+  for (uint32_t s = 0; s < kS; ++s) {
+    std::vector<int64_t> loc(sel.size());
+    dhs_query q{b, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+    ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t j = 0; j + 1 < sel.size(); ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
+      for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(row[k], RowByte(a, s, sel[j], k)) << sel[j];
+    }
+    ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+  }
+  ASSERT_EQ(Append(b, 64, 1), DHS_OK) << dhs_worker_errmsg(w_);  // decoding goes on after the imported prompt
+  EXPECT_EQ(Stats()["prefix"]["shared_pages_granted"], 4);
+  ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK);
+
+  // Another tenant, the same tokens: nothing shared, nothing to import.
+  const auto [other, go] = submit("globex", tokens, 9);
+  EXPECT_EQ(go.shared_pages, 0u);
+  EXPECT_EQ(go.pages, 0u);
+  EXPECT_EQ(dhs_request_import(w_, other, 0, 1, nullptr, 0), DHS_ERR_FAILED_PRECONDITION);
+  ASSERT_EQ(dhs_request_complete(w_, other), DHS_OK);
+
+  // Same tenant, block 2 differs: blocks 0 and 1 still match (their ids and digests), 2 and 3 do not.
+  std::vector<int32_t> changed = tokens;
+  changed[40] = -5;
+  const auto [d2, gd] = submit("acme", changed, 10);
+  EXPECT_EQ(gd.shared_pages, 2u);
+  EXPECT_EQ(gd.import_pages, 2u);
+  ASSERT_EQ(dhs_request_complete(w_, d2), DHS_OK);
+  EXPECT_EQ(Stats()["prefix"]["lookups"], 16);  // 4 blocks named by each of the 4 requests
+
+  // ABI 1.0's struct (32 bytes, no chain) is accepted; other sizes are not; a bad chain is refused.
+  dhs_request_desc old{};
+  old.struct_size = DHS_REQUEST_DESC_SIZE_1_0;
+  old.input_rows = 64;
+  old.max_rows = 80;
+  old.tenant = "acme";  // beyond a 1.0 struct: never read
+  old.tokens = tokens.data();
+  old.token_count = 64;
+  old.block_tokens = kP;
+  uint64_t id = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &old, &id), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, DHS_EVENT_GRANTED);
+  EXPECT_EQ(ev[0].shared_pages, 0u);  // no chain named: the default tenant has none stored anyway
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);
+  old.struct_size = DHS_REQUEST_DESC_SIZE_1_0 + 8;
+  EXPECT_EQ(dhs_request_submit(w_, &old, &id), DHS_ERR_VERSION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("(1.0)"), std::string::npos) << dhs_worker_errmsg(w_);
+  dhs_request_desc bad{};
+  bad.struct_size = sizeof bad;
+  bad.input_rows = 16;
+  bad.max_rows = 20;
+  bad.tokens = tokens.data();
+  bad.token_count = 17;  // more tokens than the prompt
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("token_count"), std::string::npos) << dhs_worker_errmsg(w_);
+  bad.token_count = 16;
+  bad.tokens = nullptr;
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+  bad.tokens = tokens.data();
+  bad.block_id_count = 2;  // ids NULL
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+  bad.block_id_count = 0;
+  const std::string long_tenant(300, 't');
+  bad.tenant = long_tenant.c_str();
+  EXPECT_EQ(dhs_request_submit(w_, &bad, &id), DHS_ERR_INVALID_ARGUMENT);
+}
+
+// Serving through a memd restart inside the library (workerd's re-Hello with a report, docs/protocol.md): memd is
+// SIGKILLed under a granted request whose complete pages are backed up and a second request still queued; the worker
+// keeps serving away (poll OK; appends while the tail has room, resolves exact; a submit and a complete meanwhile);
+// a new memd of the run directory (the same host pool and journal) takes the re-Hello; the request is adopted and
+// goes on to its last row, every row read back exact (old rows from host, new ones from the tail); the queued and the
+// away-submitted admissions are sent again and granted; the deferred end reaches memd; at a clean stop nothing is
+// left in /dev/shm.
+TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
+  const std::string log = dir_.path() + ".memd.log";
+  const char* memd = std::getenv("MEMD");
+  ASSERT_NE(memd, nullptr);
+  const std::vector<std::string> args{memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes),
+                                      "--host-pool-pages", "256"};
+  auto start = [&] {
+    memd_ = std::make_unique<ChildProcess>(args, log);
+    for (int i = 0; i < 400 && !std::filesystem::exists(dir_.path() + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
+    ASSERT_TRUE(std::filesystem::exists(dir_.path() + "/memd.sock"));
+  };
+  ASSERT_NO_FATAL_FAILURE(start());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  c.slots = 2;                 // a third request waits for a slot
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t id = SubmitGranted(64, 128);
+  const uint64_t short_one = SubmitGranted(16, 32);
+  dhs_request_desc queued_desc = Desc(16, 32);
+  uint64_t queued = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &queued_desc, &queued), DHS_OK);
+  ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<dhs_event> seen;
+  auto poll_some = [&](int n, int sleep_ms) {
+    for (int i = 0; i < n; ++i) {
+      dhs_event ev[8];
+      size_t got = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+      seen.insert(seen.end(), ev, ev + got);
+      ::poll(nullptr, 0, sleep_ms);
+    }
+  };
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 1));
+  ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
+  ASSERT_NO_FATAL_FAILURE(poll_some(20, 5));  // the HostCopyWritten reports reach memd's journal
+  const std::string first_log = [&] {
+    std::ifstream f(log);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }();
+  const size_t at = first_log.find("host pool /dev/shm/");
+  ASSERT_NE(at, std::string::npos) << first_log;
+  const std::string segment = first_log.substr(at + 10, first_log.find(':', at) - at - 10);
+
+  memd_->Signal(SIGKILL);
+  ASSERT_GE(memd_->WaitExit(5000), -1);
+  for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+  ASSERT_TRUE(Stats()["memd"]["away"].get<bool>());
+  // Away: rows 64 .. 79 fit the tail (their slots' rows have host copies), rows 96 .. are refused until memd is back.
+  ASSERT_EQ(Append(id, 64, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 5, 17, 40, 63, 64, 79, -1}));
+  ASSERT_EQ(Append(id, 80, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(Append(id, 96, 1), DHS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("memd is away"), std::string::npos) << dhs_worker_errmsg(w_);
+  uint64_t late = 0, dropped = 0;
+  dhs_request_desc late_desc = Desc(16, 32);
+  ASSERT_EQ(dhs_request_submit(w_, &late_desc, &late), DHS_OK) << dhs_worker_errmsg(w_);   // waits for memd
+  ASSERT_EQ(dhs_request_submit(w_, &late_desc, &dropped), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_complete(w_, dropped), DHS_OK);  // cancelled before memd ever saw it
+  ASSERT_EQ(dhs_request_complete(w_, short_one), DHS_OK);  // granted: its end waits for the re-Hello
+  EXPECT_EQ(Append(short_one, 0, 1), DHS_ERR_NOT_FOUND);   // gone for the engine at once
+  ASSERT_NO_FATAL_FAILURE(poll_some(50, 2));              // ~100 ms away: re-Hello attempts find no memd
+
+  std::filesystem::remove(dir_.path() + "/memd.sock");  // the killed memd's socket: wait for the new one's
+  ASSERT_NO_FATAL_FAILURE(start());  // the same run directory: the pool and the journal are adopted
+  for (int i = 0; i < 3000 && Stats()["memd"]["returns"] < 1; ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+  const nlohmann::json back = Stats()["memd"];
+  ASSERT_EQ(back["returns"], 1) << back;
+  EXPECT_FALSE(back["away"].get<bool>());
+  EXPECT_EQ(back["reports_refused"], 0) << back;
+  EXPECT_EQ(back["admissions_resent"], 2) << back;  // the queued one and the one submitted while away
+  EXPECT_EQ(back["ends_deferred"], 1) << back;      // short_one's Complete reached the new memd: its slot is free
+  // The request goes on: the rest of its rows (the deferred backups free the tail), all of them read back exact.
+  for (int64_t t = 96; t < 128; t += 8) {
+    int rc = DHS_ERR_RESOURCE_EXHAUSTED;
+    for (int i = 0; i < 2000 && rc == DHS_ERR_RESOURCE_EXHAUSTED; ++i) {
+      rc = Append(id, t, 8);
+      if (rc == DHS_ERR_RESOURCE_EXHAUSTED) {
+        ASSERT_NO_FATAL_FAILURE(poll_some(1, 1));
+      }
+    }
+    ASSERT_EQ(rc, DHS_OK) << t << ": " << dhs_worker_errmsg(w_);
+  }
+  for (int64_t t0 = 0; t0 < 128; t0 += kK) {
+    std::vector<int64_t> sel;
+    for (int64_t t = t0; t < t0 + kK; ++t) sel.push_back(t);
+    ASSERT_NO_FATAL_FAILURE(ExpectRows(id, sel));
+  }
+  for (const dhs_event& e : seen) EXPECT_NE(e.kind, DHS_EVENT_FAILED) << e.message;
+  // A resent admission is granted while `id` holds one of the 2 slots: short_one's deferred end freed the other. Each
+  // one granted is served and completed; `id` ends too; both resent admissions are granted in the end.
+  std::set<uint64_t> granted;
+  auto serve_granted = [&](size_t want) {
+    for (int i = 0; i < 3000 && granted.size() < want; ++i) {
+      ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+      for (const dhs_event& e : seen) {
+        EXPECT_NE(e.request, dropped);
+        if (e.kind != DHS_EVENT_GRANTED || (e.request != queued && e.request != late) || granted.contains(e.request)) {
+          continue;
+        }
+        granted.insert(e.request);
+        ASSERT_EQ(Append(e.request, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+        ASSERT_NO_FATAL_FAILURE(ExpectRows(e.request, {0, 7, 15}));
+        ASSERT_EQ(dhs_request_complete(w_, e.request), DHS_OK);
+      }
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(serve_granted(1));
+  ASSERT_EQ(granted.size(), 1u);
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);
+  ASSERT_NO_FATAL_FAILURE(serve_granted(2));
+  EXPECT_EQ(granted.size(), 2u);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  memd_->Terminate();  // clean stop: no request holds a host copy, the pool is dropped
+  memd_.reset();
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + segment)) << segment;
+  std::filesystem::remove(log);
+}
+
+// A request resolved twice on one source without dhs_readers_done between: the second resolve could wait for its own
+// readers for ever (found by the libFuzzer run: a hang in FusedResolver::Finish); it is refused with a message, other
+// sources and other requests are not affected, and after readers done it resolves again. Completing a request before
+// the readers of its resolves are done would wait for them for ever (the next hang the run found): refused as well.
+TEST_F(LibdhsTest, ResolveAgainBeforeReadersDoneIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(16));
+  const uint64_t a = SubmitGranted(64, 80), b = SubmitGranted(16, 40);
+  ASSERT_EQ(Append(a, 0, 64), DHS_OK);
+  ASSERT_EQ(Append(b, 0, 16), DHS_OK);
+  const std::vector<int64_t> sel = {0, 9, 20, 33, 41, 50, 60, 63};
+  std::vector<int64_t> loc(sel.size());
+  dhs_query qa{a, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+  dhs_query qb{b, sel.data(), 2, 0, loc.data()};
+  const uint32_t s0 = 0, s1 = 1;
+  ASSERT_EQ(dhs_resolve(w_, &s0, 1, &qa, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_resolve(w_, &s0, 1, &qa, 1), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("dhs_readers_done"), std::string::npos) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_resolve(w_, &s1, 1, &qa, 1), DHS_OK) << dhs_worker_errmsg(w_);  // another source
+  EXPECT_EQ(dhs_resolve(w_, &s0, 1, &qb, 1), DHS_OK) << dhs_worker_errmsg(w_);  // another request
+  // Completing a request whose rows may still be read would wait for those readers for ever: refused too.
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("before completing"), std::string::npos) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_readers_done(w_, &s0, 1), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+  ASSERT_EQ(dhs_readers_done(w_, &s1, 1), DHS_OK);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
+}
+
+// Engine-owned KV pool (ABI 1.1, CPU backend): the engine asks the size (dhs_pool_bytes_needed), allocates aligned
+// memory itself and names it at open; every location a resolve returns is an offset into the engine's memory, and the
+// bytes there are the rows appended (also after a forced reclaim: host recovery writes into it). A pool too small or
+// misaligned is refused at open naming the size; register checks base and bytes; the memory stays the engine's after
+// close (freed by the test: a library that unmapped it would crash the free).
+TEST_F(LibdhsTest, EngineOwnedPool) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 12);  // as ForcedReclaimKeepsRowsExact: b's admission reclaims a
+  uint64_t need = 0;
+  ASSERT_EQ(dhs_pool_bytes_needed(&c, &need), DHS_OK);
+  // S * N * (B + T) * d_KV + M * page_bytes = 2 * 2 * 64 * 64 + 12 * 2048
+  EXPECT_EQ(need, uint64_t{kS} * 2 * (kB + kT) * kRow + 12 * kPageBytes);
+  EXPECT_EQ(dhs_pool_bytes_needed(nullptr, &need), DHS_ERR_INVALID_ARGUMENT);
+  dhs_worker_config bad_shape = c;
+  bad_shape.top_k = 0;
+  EXPECT_EQ(dhs_pool_bytes_needed(&bad_shape, &need), DHS_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(dhs_pool_bytes_needed(&c, &need), DHS_OK);
+  const uint64_t bytes = need + 4096;
+  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(DHS_POOL_ALIGNMENT, bytes + DHS_POOL_ALIGNMENT));
+  ASSERT_NE(mem, nullptr);
+  std::memset(mem, 0xAB, bytes);
+  {  // too small, misaligned: refused with the size needed
+    dhs_worker_config small = c;
+    small.engine_pool = mem;
+    small.engine_pool_bytes = need - 1;
+    dhs_worker* w = nullptr;
+    EXPECT_EQ(dhs_worker_open(&small, &w), DHS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(dhs_worker_errmsg(w)).find(std::to_string(need)), std::string::npos) << dhs_worker_errmsg(w);
+    dhs_worker_close(w);
+    small.engine_pool = mem + 8;
+    small.engine_pool_bytes = bytes;
+    EXPECT_EQ(dhs_worker_open(&small, &w), DHS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(dhs_worker_errmsg(w)).find("aligned"), std::string::npos) << dhs_worker_errmsg(w);
+    dhs_worker_close(w);
+  }
+  c.engine_pool = mem;
+  c.engine_pool_bytes = bytes;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_FAILED_PRECONDITION);  // it is the engine's
+  pool.kind = DHS_POOLS_ENGINE;
+  pool.base = mem + 64;
+  pool.bytes = bytes;
+  EXPECT_EQ(dhs_pools_register(w_, &pool), DHS_ERR_INVALID_ARGUMENT);
+  pool.base = mem;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(pool.base, mem);
+  EXPECT_EQ(pool.bytes, bytes);
+  EXPECT_EQ(pool.row_bytes, kRow);
+  // a keeps 4 optional pages; b's admission reclaims them (host recovery then writes a's rows into the engine's pool).
+  const uint64_t a = SubmitGranted(64, 80);
+  ASSERT_EQ(Append(a, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int i = 0; i < 50; ++i) {
+    dhs_event ev[4];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &got), DHS_OK);
+    ::poll(nullptr, 0, 2);
+  }
+  dhs_request_desc d = Desc(16, 80);
+  uint64_t b = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK);
+  bool granted = false;
+  for (int i = 0; i < 4000 && !granted; ++i) {
+    dhs_event ev[8];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t e = 0; e < got; ++e) granted |= ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == b;
+    ::poll(nullptr, 0, 1);
+  }
+  ASSERT_TRUE(granted);
+  ASSERT_EQ(Append(b, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  for (uint64_t id : {a, b}) {
+    const std::vector<int64_t> sel = id == a ? std::vector<int64_t>{0, 13, 16, 31, 40, 47, 60, 63}
+                                             : std::vector<int64_t>{0, 3, 5, 7, 9, 11, 13, 15};
+    for (uint32_t s = 0; s < kS; ++s) {
+      std::vector<int64_t> loc(sel.size());
+      dhs_query q{id, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+      ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+      for (size_t j = 0; j < sel.size(); ++j) {
+        ASSERT_GE(loc[j], 0);
+        ASSERT_LE(static_cast<uint64_t>(loc[j]) + kRow, need);
+        for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(mem[loc[j] + k], RowByte(id, s, sel[j], k)) << sel[j];
+      }
+      ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+    }
+  }
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK);
+  ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK);
+  EXPECT_GT(Stats()["census"]["host"], 0) << Stats().dump();  // a's reclaimed rows came from host
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  for (uint64_t i = need; i < bytes; ++i) ASSERT_EQ(mem[i], 0xAB) << "byte " << i << " beyond the pool was written";
+  std::free(mem);
+  // ABI 1.0's config (80 bytes, no engine_pool fields) still opens (the library's pool).
+  dhs_worker_config old = Config(dir_.path(), 4);
+  old.struct_size = DHS_WORKER_CONFIG_SIZE_1_0;
+  old.gpu = 1;  // GPU 0's closed worker may still be registered at memd
+  old.engine_pool = reinterpret_cast<void*>(0x1);  // beyond a 1.0 struct: never read
+  ASSERT_EQ(dhs_worker_open(&old, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  EXPECT_NE(pool.base, nullptr);
 }
 
 }  // namespace

@@ -163,7 +163,10 @@ void BM_Api(benchmark::State& state, bool poll) {
     state.SkipWithError(dhs_worker_errmsg(node.w));
     return;
   }
-  dhs_request_desc d{sizeof d, 0, kPrompt, kMax, 0};
+  dhs_request_desc d{};
+  d.struct_size = sizeof d;
+  d.input_rows = kPrompt;
+  d.max_rows = kMax;
   for (uint32_t i = 0; i < kBatch; ++i) {
     uint64_t id = 0;
     if (dhs_request_submit(node.w, &d, &id) != DHS_OK) return state.SkipWithError(dhs_worker_errmsg(node.w));

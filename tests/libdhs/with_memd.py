@@ -2,7 +2,7 @@
 
 Usage: with_memd.py MEMD PAGE_BYTES HOST_PAGES [--skip-without-numpy] -- CMD [ARGS...]
 Every argument of CMD equal to @RUN_DIR@ becomes the run directory. memd is started with --page-bytes PAGE_BYTES
---host-pool-pages HOST_PAGES, the command runs once memd.sock exists, then memd gets SIGTERM (SIGKILL after 10 s)
+--host-pool-pages HOST_PAGES (and the words of $MEMD_EXTRA_ARGS, e.g. "--prefix-sharing on"), the command runs once memd.sock exists, then memd gets SIGTERM (SIGKILL after 10 s)
 and the run directory is removed. Exits with the command's status (77 = skipped, meson's code, is passed on)."""
 import os
 import re
@@ -25,7 +25,8 @@ def main() -> int:
     os.rmdir(run_dir)  # memd creates it (0700)
     log = open(run_dir + ".memd.log", "w")
     proc = subprocess.Popen([memd, "--run-dir", run_dir, "--page-bytes", page_bytes, "--host-pool-pages",
-                             host_pages, "--worker-timeout-ms", "20000"], stdout=log, stderr=subprocess.STDOUT)
+                             host_pages, "--worker-timeout-ms", "20000"] + os.environ.get("MEMD_EXTRA_ARGS", "").split(),
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         if not wait_until(lambda: os.path.exists(os.path.join(run_dir, "memd.sock")) or proc.poll() is not None, 20):
             print("memd did not start", file=sys.stderr)

@@ -190,8 +190,22 @@ CpuDevice::~CpuDevice() {
   for (auto& f : readers_.PendingFences()) f->Complete(absl::CancelledError("device destroyed"));
 }
 
+void CpuDevice::UseCallerMemoryForNextPool(uint8_t* base, uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  caller_pool_ = base;
+  caller_pool_bytes_ = bytes;
+}
+
 absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
+  if (uint8_t* base = std::exchange(caller_pool_, nullptr); base != nullptr) {
+    if (bytes > caller_pool_bytes_) {
+      return absl::InvalidArgumentError("CpuDevice: the caller's pool holds " + std::to_string(caller_pool_bytes_) +
+                                        " bytes; " + std::to_string(bytes) + " are needed");
+    }
+    pools_.emplace_back(base, bytes, /*own=*/false);
+    return static_cast<PoolId>(pools_.size() - 1);
+  }
   void* data = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);  // zero pages, taken when first written
   if (data == MAP_FAILED) {
@@ -202,7 +216,7 @@ absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
 }
 
 CpuDevice::Pool::~Pool() {
-  if (data != nullptr) ::munmap(data, std::max<uint64_t>(bytes, 1));
+  if (data != nullptr && owned) ::munmap(data, std::max<uint64_t>(bytes, 1));
 }
 
 uint64_t CpuDevice::PoolBytes(PoolId pool) const {

@@ -90,6 +90,10 @@ class CpuDevice final : public Device {
   CpuDevice& operator=(const CpuDevice&) = delete;
 
   absl::StatusOr<PoolId> AllocatePool(uint64_t bytes) override;
+  // libdhs's engine-owned pools (issue 25): the next AllocatePool uses `bytes` bytes at `base`, memory the caller owns
+  // (never unmapped here; it must outlive the device). That AllocatePool fails with INVALID_ARGUMENT when it asks
+  // for more than `bytes`.
+  void UseCallerMemoryForNextPool(uint8_t* base, uint64_t bytes);
   uint64_t PoolBytes(PoolId pool) const override;
   CopyEvent CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) override;
   CopyEvent CopyDeviceToHost(std::span<const DeviceToHostCopy> ops, std::span<const CopyEvent> after) override;
@@ -163,14 +167,18 @@ class CpuDevice final : public Device {
   // Not calloc: with MALLOC_PERTURB_ set (meson test sets it) glibc's calloc writes every byte.
   struct Pool {
     Pool() = default;
-    Pool(uint8_t* d, uint64_t n) : data(d), bytes(n) {}
-    Pool(Pool&& o) noexcept : data(std::exchange(o.data, nullptr)), bytes(std::exchange(o.bytes, 0)) {}
+    Pool(uint8_t* d, uint64_t n, bool own = true) : data(d), bytes(n), owned(own) {}
+    Pool(Pool&& o) noexcept
+        : data(std::exchange(o.data, nullptr)), bytes(std::exchange(o.bytes, 0)), owned(o.owned) {}
     Pool& operator=(Pool&&) = delete;
     ~Pool();
     uint8_t* data = nullptr;
     uint64_t bytes = 0;
+    bool owned = true;  // false: the caller's memory (UseCallerMemoryForNextPool)
   };
   std::vector<Pool> pools_;
+  uint8_t* caller_pool_ = nullptr;  // UseCallerMemoryForNextPool
+  uint64_t caller_pool_bytes_ = 0;
   std::deque<Job> queue_;
   bool stop_ = false;
   bool busy_ = false;  // a batch is executing (on the copy thread or, fast path, on an issuing thread)
