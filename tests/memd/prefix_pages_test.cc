@@ -280,6 +280,22 @@ class PrefixResidencyTest : public CoreTest {
     }
     return Do(mgr_->Admit(a));
   }
+  // memd died: a new core over `journal` (20 host pages, sharing as given) replaces mgr_; nothing adopted yet.
+  void NewCoreOver(HostJournal* journal, bool sharing = true) {
+    ResidencyConfig c;
+    c.reserve_pages = 0;
+    c.host_pages = 20;
+    c.host_page_bytes = 4096;
+    c.prefix_sharing = sharing;
+    auto next = ResidencyManager::Create(c, [this] { return now_us_; }, journal);
+    ASSERT_TRUE(next.ok()) << next.status();
+    mgr_ = std::move(*next);
+  }
+  static std::vector<AdoptedSharedPage> AdoptedPages(const std::map<PageIndex, JournaledSharedPage>& shared) {
+    std::vector<AdoptedSharedPage> pages;
+    for (const auto& [page, sp] : shared) pages.push_back({page, sp.key, sp.content, sp.checksum});
+    return pages;
+  }
   std::vector<Order> Written(RequestId r, std::vector<uint32_t> pages) {
     std::vector<uint64_t> sums;
     for (uint32_t h : pages) sums.push_back(0x1000 + h);
@@ -425,16 +441,9 @@ TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
   ASSERT_EQ(verified->size(), 1u);
   EXPECT_EQ(verified->at(1).confirmed.size(), 0u);  // its shared pages are the pool's, not its own
   std::vector<AdoptedRequest> requests;
-  std::vector<AdoptedSharedPage> pages;
-  for (const auto& [page, sp] : shared) pages.push_back({page, sp.key, sp.content, sp.checksum});
+  const std::vector<AdoptedSharedPage> pages = AdoptedPages(shared);
   EXPECT_EQ(pages[0].checksum, 0x1000u);
-  ResidencyConfig c;
-  c.host_pages = 20;
-  c.host_page_bytes = 4096;
-  c.prefix_sharing = true;
-  auto next = ResidencyManager::Create(c, [this] { return now_us_; }, journal.get());
-  ASSERT_TRUE(next.ok());
-  mgr_ = std::move(*next);
+  NewCoreOver(journal.get());
   Do(mgr_->AdoptHostPages(requests, pages));
   EXPECT_EQ(mgr_->prefix()->cached(), 3u);
   Do(mgr_->ReleaseHeldPages());
@@ -444,14 +453,10 @@ TEST_F(PrefixResidencyTest, MemdRestartKeepsConfirmedSharedPages) {
   for (uint32_t h = 0; h < 3; ++h) EXPECT_EQ(g2.host_pages[h], g1.host_pages[h]);
   EXPECT_EQ(g2.host_backed_checksums, (std::vector<uint64_t>{0x1000, 0x1001, 0x1002}));
   // With sharing off, a restart frees them.
-  ResidencyConfig off = c;
-  off.prefix_sharing = false;
   std::map<PageIndex, JournaledSharedPage> again;
   ASSERT_TRUE(journal->Verify(&again).ok());
-  auto third = ResidencyManager::Create(off, [this] { return now_us_; }, journal.get());
-  mgr_ = std::move(*third);
-  std::vector<AdoptedSharedPage> pages2;
-  for (const auto& [page, sp] : again) pages2.push_back({page, sp.key, sp.content, sp.checksum});
+  NewCoreOver(journal.get(), /*sharing=*/false);
+  const std::vector<AdoptedSharedPage> pages2 = AdoptedPages(again);
   std::vector<AdoptedRequest> reqs2;
   auto journaled = journal->Verify();
   ASSERT_TRUE(journaled.ok());
@@ -485,17 +490,8 @@ TEST_F(PrefixResidencyTest, ASurvivingWorkersReportHoldsTheSharedPagesItNames) {
     if (!jr.confirmed.empty()) requests.push_back(AdoptedRequest{id, 0, epoch, jr.context_pages, jr.confirmed, jr.checksums});
   }
   ASSERT_EQ(requests.size(), 1u);
-  std::vector<AdoptedSharedPage> pages;
-  for (const auto& [page, sp] : shared) pages.push_back({page, sp.key, sp.content, sp.checksum});
-  ResidencyConfig c;
-  c.reserve_pages = 0;
-  c.host_pages = 20;
-  c.host_page_bytes = 4096;
-  c.prefix_sharing = true;
-  auto next = ResidencyManager::Create(c, [this] { return now_us_; }, journal.get());
-  ASSERT_TRUE(next.ok());
-  mgr_ = std::move(*next);
-  Do(mgr_->AdoptHostPages(requests, pages));
+  NewCoreOver(journal.get());
+  Do(mgr_->AdoptHostPages(requests, AdoptedPages(shared)));
   ASSERT_EQ(mgr_->prefix()->cached(), 4u);
   // Their worker survived and reports both, and a third request that claims page h 0 with other content.
   const auto report = [](const GrantOrder& g, bool wrote_private) {
