@@ -1,5 +1,7 @@
 #include "memd/kv_events.h"
 
+#include <unistd.h>
+
 #include <random>
 #include <utility>
 
@@ -15,7 +17,11 @@ KvEventPublisher::KvEventPublisher(std::unique_ptr<zmq::context_t> context, std:
                                    uint64_t stream, std::string node)
     : context_(std::move(context)), socket_(std::move(socket)), stream_(stream), node_(std::move(node)) {}
 
-KvEventPublisher::~KvEventPublisher() = default;
+KvEventPublisher::~KvEventPublisher() {
+  socket_.reset();
+  context_.reset();
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
 
 absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Bind(const std::string& run_dir,
                                                                          const Options& options) {
@@ -33,8 +39,10 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Bind(const s
     socket->bind(endpoint);
     std::random_device random;
     const uint64_t stream = (uint64_t{random()} << 32) ^ random();
-    return std::unique_ptr<KvEventPublisher>(
+    auto publisher = std::unique_ptr<KvEventPublisher>(
         new KvEventPublisher(std::move(context), std::move(socket), stream, options.node));
+    publisher->path_ = absl::StrFormat("%s/%s.sock", run_dir, kKvEventsSocket);
+    return publisher;
   } catch (const zmq::error_t& e) {
     return absl::InternalError(absl::StrFormat("KV event socket %s: %s", endpoint, e.what()));
   }

@@ -58,6 +58,7 @@ class KvEventPublisher {
                    std::string node);
   std::unique_ptr<zmq::context_t> context_;
   std::unique_ptr<zmq::socket_t> socket_;
+  std::string path_;  // the socket file (removed at close: ZeroMQ leaves it)
   uint64_t stream_;
   std::string node_;
   uint64_t next_seq_ = 0;

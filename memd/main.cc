@@ -181,7 +181,7 @@ int CheckConfig(const CommandLine& c) {
 }
 
 // The host pool size in pages from --host-pool-pages or --host-pool-bytes. Returns false (message printed) when
-// missing, zero pages, or too large, or --kv-events on without --prefix-sharing on.
+// missing, zero pages, or too large, or --kv-events on / a prefix cache limit without --prefix-sharing on.
 bool SetPoolPages(CommandLine& c) {
   const uint64_t page_bytes = c.options.page_bytes;
   uint64_t pool_pages = c.pool_pages != 0 ? c.pool_pages : c.pool_bytes / page_bytes;
@@ -203,6 +203,11 @@ bool SetPoolPages(CommandLine& c) {
   c.options.kv_events = c.kv_events == "on";  // issue 24: the stream tells what the host tier stores
   if (c.options.kv_events && !c.options.prefix_sharing) {
     std::fprintf(stderr, "memd: --kv-events on needs --prefix-sharing on\n");
+    return false;
+  }
+  if (!c.options.prefix_sharing && (c.options.prefix_eviction != dhs::memd::kDefaultPrefixEvictionPolicy ||
+                                    c.options.prefix_tenant_quota_pages != 0)) {
+    std::fprintf(stderr, "memd: --prefix-eviction and --prefix-tenant-quota-pages need --prefix-sharing on\n");
     return false;
   }
   c.options.adopt_grace = std::chrono::milliseconds(c.adopt_grace_ms);

@@ -228,6 +228,9 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
       {"--page-bytes 4096 --host-pool-pages 8 --replace-host-pool=maybe", "--replace-host-pool"},
       // Issue 24: the KV event stream tells what the host tier stores: it needs prefix sharing.
       {"--page-bytes 4096 --host-pool-pages 8 --kv-events on", "--kv-events on needs --prefix-sharing on"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-eviction fifo", "need --prefix-sharing on"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing off --prefix-tenant-quota-pages 5",
+       "need --prefix-sharing on"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --kv-events yes", "--kv-events"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --kv-events on --kv-events-hwm 0",
        "--kv-events-hwm: must be an integer in [1, 100000000], got '0'"},
@@ -1348,6 +1351,11 @@ TEST_F(MemdProcess, DhsctlViewsAndErrors) {
     EXPECT_EQ(Dhsctl("--timeout-ms 0 status").first, 2);
   }
   EXPECT_EQ(DhsctlJson("queue").is_null(), false);
+  {  // the global options may follow the command too (docs/protocol.md writes `dhsctl events [--json]`)
+    auto [rc, out] = Dhsctl("status --json --timeout-ms 2000");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_EQ(json::parse(out, nullptr, false).is_object(), true) << out;
+  }
   auto [wrc, watch] = Dhsctl("watch --interval 0.05 --count 2 gpus");
   EXPECT_EQ(wrc, 0);
   size_t headers = 0;
@@ -2753,6 +2761,16 @@ TEST_F(MemdKvEvents, StoredAndRemovedEventsNameTheChainsMemdStores) {
         "dhs_memd_prefix_stored_blocks 3"}) {
     EXPECT_NE(metrics.find(line + "\n"), std::string::npos) << line << "\n" << metrics;
   }
+  // A clean stop removes the stream's socket file as it removes memd.sock (docs/operations.md: no socket left).
+  ASSERT_TRUE(std::filesystem::exists(run_dir_ + "/kv-events.sock"));
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(std::filesystem::exists(run_dir_ + "/kv-events.sock"));
+  EXPECT_FALSE(std::filesystem::exists(run_dir_ + "/memd.sock"));
+  RemoveSegmentOf(run_dir_);
 }
 
 // memd restarts (SIGKILL; the next memd adopts the shared pages from the journal, their chains unknown): the same

@@ -125,6 +125,15 @@ TEST(NodeConfig, KvEventKeysBecomeMemdFlags) {
   EXPECT_THAT(tail, ElementsAre("--prefix-sharing", "on", "--kv-events", "on", "--kv-events-hwm", "64")) << memd.size();
   EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "kv_events = \"yes\"")), HasSubstr("memd.kv_events"));
   EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "kv_events_hwm = 0")), HasSubstr("memd.kv_events_hwm"));
+  // The host tier's own keys need it on (memd refuses them too).
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "kv_events = \"on\"")),
+              HasSubstr("memd.kv_events: needs memd.prefix_sharing = \"on\""));
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "prefix_sharing = \"off\"\nprefix_tenant_quota_pages = 5")),
+              HasSubstr("memd.prefix_tenant_quota_pages: needs memd.prefix_sharing = \"on\""));
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "prefix_eviction = \"fifo\"")), HasSubstr("memd.prefix_eviction"));
+  EXPECT_TRUE(ParseNodeConfig(Edited("reserve_pages = 4", "prefix_sharing = \"on\"\nprefix_eviction = \"fifo\"\n"
+                                                          "prefix_tenant_quota_pages = 5"))
+                  .ok());
 }
 
 TEST(NodeConfig, SpeculationKeysBecomeWorkerFlags) {

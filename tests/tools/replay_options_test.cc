@@ -142,6 +142,9 @@ TEST(ReplayOptions, PrefixCacheLimits) {
       {{"--prefix-eviction", "lru", "--connect", "ipc:///tmp/n.sock"}, "--prefix-eviction applies to the memd of a node"},
       {{"--prefix-tenant-quota-pages", "3", "--connect", "ipc:///tmp/n.sock"},
        "--prefix-tenant-quota-pages applies to the memd of a node the tool starts, not to --connect"},
+      // A tenant the worker would refuse (common/protocol.h kMaxTenantBytes 256), alone or with its mix suffix.
+      {{"--tenant", std::string(257, 't')}, "--tenant: tenants of up to 257 bytes (at most 256)"},
+      {{"--tenant", std::string(254, 't'), "--tenants", "11"}, "--tenant: tenants of up to 257 bytes"},  // "#10"
   };
   for (const BadArgs& c : cases) {
     std::vector<std::string> all = {"dhs-replay"};

@@ -48,11 +48,6 @@ int RunEventsCommand(const std::string& run_dir, const EventsOptions& options, b
                  run_dir.c_str(), std::string(kKvEventsSocket).c_str(), std::string(s.message()).c_str());
     return 1;
   }
-  if (const absl::Status s = CheckSocketAccess(run_dir, kKvEventsSocket); !s.ok()) {
-    std::fprintf(stderr, "dhsctl: %s%s\n", std::string(s.message()).c_str(),
-                 absl::IsNotFound(s) ? " (memd is not running, or runs without --kv-events on)" : "");
-    return 1;
-  }
   auto sub = KvEventSubscriber::Connect(IpcEndpoint(run_dir, kKvEventsSocket), {});
   if (!sub.ok()) {
     std::fprintf(stderr, "dhsctl: %s\n", std::string(sub.status().message()).c_str());

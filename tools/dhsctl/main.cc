@@ -139,6 +139,7 @@ void AddCommands(CLI::App& app, Args& a) {
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
   app.require_subcommand(1);
+  app.fallthrough();  // the global options may also follow the command: `dhsctl events --json`, `status --run-dir D`
   Query& q = a.q;
   app.add_subcommand("status", "GPUs (M, M_req, M_opt, M_res, free), requests and host pool")
       ->callback([&q] { q.what = dhs::wire::IntrospectWhat::Status; });

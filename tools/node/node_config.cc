@@ -178,6 +178,16 @@ absl::Status ReadMemd(const toml::table& root, NodeConfig& c) {
   if (auto it = s->find("page_bytes"); it != s->end() && std::stoull(it->second) % 64 != 0) {
     return KeyError("memd.page_bytes", absl::StrCat("must be a multiple of 64, got ", it->second));
   }
+  // Issue 24: the host tier's own keys mean nothing without it (memd refuses them too).
+  const auto sharing = s->find("prefix_sharing");
+  if (sharing == s->end() || sharing->second != "on") {
+    for (const char* key : {"prefix_eviction", "prefix_tenant_quota_pages"}) {
+      if (s->contains(key)) return KeyError(absl::StrCat("memd.", key), "needs memd.prefix_sharing = \"on\"");
+    }
+    if (auto it = s->find("kv_events"); it != s->end() && it->second == "on") {
+      return KeyError("memd.kv_events", "needs memd.prefix_sharing = \"on\"");
+    }
+  }
   c.memd = *std::move(s);
   return absl::OkStatus();
 }

@@ -1,6 +1,8 @@
 // tools/replay/options.cc: command-line parsing and what the options mean (see options.h).
 #include "tools/replay/options.h"
 
+#include "common/protocol.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,6 +56,12 @@ absl::Status ValidatePrefixLimits(const ReplayOptions& o) {
   if (o.prefix_tenant_quota_pages < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefix-tenant-quota-pages must be >= 0, got ", o.prefix_tenant_quota_pages));
+  }
+  // The longest tenant the mix makes ("<--tenant>#<i mod N>") must fit the worker's bound (common/protocol.h).
+  const size_t longest = o.tenant.size() + (o.tenants > 1 ? 1 + std::to_string(o.tenants - 1).size() : 0);
+  if (longest > kMaxTenantBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--tenant: tenants of up to ", longest, " bytes (at most ",
+                                                   kMaxTenantBytes, ")"));
   }
   return absl::OkStatus();
 }
