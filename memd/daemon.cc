@@ -85,6 +85,14 @@ std::vector<AdoptedRequest> AdoptionList(const std::map<RequestId, JournaledRequ
     if (journaled.contains(id)) continue;
     out.push_back({id, GpuOfNodeRequestId(id), EpochOfNodeRequestId(id), rec.granted ? rec.context_pages : 0, {}, {}});
   }
+  // Issue 24: a granted request's prefix chain (its record's), so that it holds its shared prefix pages again.
+  for (AdoptedRequest& a : out) {
+    const auto rec = records.find(a.request);
+    if (rec == records.end() || !rec->second.granted || rec->second.record.chain_ids.empty()) continue;
+    const RequestRecord& r = rec->second.record;
+    a.prefix = PrefixChain{r.tenant, r.chain_ids, r.chain_digests, r.chain_block_tokens};
+    a.page_rows = r.chain_page_rows;
+  }
   return out;
 }
 
@@ -653,6 +661,10 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const wire::AdmitRequestT& a, const 
   admit.prefix = PrefixChain{a.tenant, a.prefix_block_ids, a.prefix_block_digests, a.prefix_block_tokens};
   if (a.record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
     RequestRecord record = FromWireRecord(*a.record, a.gpu);
+    record.chain_ids = a.prefix_block_ids;  // issue 24: what a memd restart needs to give its shared pages back
+    record.chain_digests = a.prefix_block_digests;
+    record.chain_block_tokens = a.prefix_block_tokens;
+    record.chain_page_rows = admit.page_rows;
     if (absl::Status s = record_journal_.Open(a.request, record); !s.ok()) {
       record_journal_.Release(a.request);
       return reject(s);

@@ -1,5 +1,7 @@
 #include "memd/prefix_sharing.h"
 
+#include "spdlog/spdlog.h"
+
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -172,6 +174,29 @@ bool PrefixSharing::ReportedHit(PageIndex page, uint64_t checksum) const {
 
 void PrefixSharing::HoldReported(PageIndex page, RequestId id) {
   DHS_CHECK_OK(tier_->Acquire(page, id, s_.clock()));  // ReportedHit said stored and confirmed; CheckReport: once
+}
+
+uint32_t PrefixSharing::HoldAdopted(Request& r, const PrefixChain& chain, uint32_t page_rows) {
+  if (!on() || chain.empty() || page_rows == 0) return 0;
+  auto addresses = PrefixPages::Addresses(chain, page_rows, r.context_pages);
+  if (!addresses.ok()) {  // memd wrote the record itself: never expected; the request keeps what it has
+    spdlog::warn("memd: request {}: its record's prefix chain: {}", r.id, addresses.status().ToString());
+    return 0;
+  }
+  uint32_t held = 0;
+  for (const PrefixAddress& ad : *addresses) {
+    HistoryPage& hp = r.history[ad.page];
+    if (hp.state != HistoryState::kLost) continue;  // its own confirmed copy
+    const std::optional<PageIndex> page = tier_->Find(ad);
+    if (!page || tier_->AtPage(*page)->holders.contains(r.id)) continue;
+    DHS_CHECK_OK(tier_->Acquire(*page, r.id, s_.clock()));  // stored, confirmed, not held by r: checked
+    hp.state = HistoryState::kHost;
+    hp.host_page = *page;
+    hp.checksum = tier_->AtPage(*page)->checksum;
+    ++r.host_only;
+    ++held;
+  }
+  return held;
 }
 
 bool PrefixSharing::Holds(RequestId id, PageIndex page) const {

@@ -117,6 +117,12 @@ class PrefixSharing {
   // The reported request `id` takes a reference to `page` (ReportedHit said true; a cached page becomes shared).
   void HoldReported(PageIndex page, RequestId id);
 
+  // A request adopted from a dead memd's journal (interrupted) holds its shared prefix pages again: each shareable
+  // page of `chain` (with `page_rows`) that r has no copy of (kLost) and that the tier stores with the same address and
+  // content (adopted by Adopt first) becomes r's reference, kHost with the stored copy's checksum. Off, no chain, or a
+  // bad chain: nothing. Returns the pages held.
+  uint32_t HoldAdopted(core::Request& r, const PrefixChain& chain, uint32_t page_rows);
+
   // ---- queries ----
   // True when host page `page` is a shared page request `id` holds a reference to.
   bool Holds(RequestId id, PageIndex page) const;

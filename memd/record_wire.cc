@@ -19,6 +19,10 @@ std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRe
   w->tokens = r.tokens;
   w->logits_digests = r.digests;
   w->tenant = r.tenant;
+  w->chain_block_ids = r.chain_ids;  // issue 24
+  w->chain_block_digests = r.chain_digests;
+  w->chain_block_tokens = r.chain_block_tokens;
+  w->chain_page_rows = r.chain_page_rows;
   return w;
 }
 
@@ -38,6 +42,10 @@ RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
   r.tokens = w.tokens;
   r.digests = w.logits_digests;
   r.tenant = w.tenant;
+  r.chain_ids = w.chain_block_ids;  // issue 24
+  r.chain_digests = w.chain_block_digests;
+  r.chain_block_tokens = w.chain_block_tokens;
+  r.chain_page_rows = w.chain_page_rows;
   return r;
 }
 

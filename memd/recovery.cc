@@ -329,12 +329,17 @@ absl::Status Recovery::AdoptHostPages(std::span<const AdoptedRequest> requests,
   }
   // Confirmed shared pages come back cached (issue 24); with sharing off they are freed below.
   const uint32_t adopted_shared = prefix_.Adopt(shared);
+  uint32_t reheld = 0;  // issue 24: the adopted requests hold their shared prefix pages again (their records' chains)
+  for (const AdoptedRequest& a : requests) reheld += prefix_.HoldAdopted(s_.requests.at(a.request), a.prefix, a.page_rows);
   if (HostJournal* journal = const_cast<HostJournal*>(s_.host.journal())) {
     for (PageIndex p = 0; p < s_.host.pages(); ++p) {
       if (!s_.host.is_allocated(p)) journal->Free(p);  // assigned, never confirmed: lost as FenceGpu loses it
     }
   }
-  if (adopted_shared > 0) spdlog::info("memd: adopted {} shared prefix pages from the journal (cached)", adopted_shared);
+  if (adopted_shared > 0) {
+    spdlog::info("memd: adopted {} shared prefix pages from the journal; {} references of adopted requests restored",
+                 adopted_shared, reheld);
+  }
   s_.counters.requests_adopted += requests.size();
   s_.counters.host_pages_adopted += kept;
   s_.counters.host_pages_held += s_.host.HoldReusable();

@@ -102,6 +102,8 @@ absl::StatusOr<size_t> RequestRecordStore::KeepFinished(RequestId request) {
   record.hash_ids.shrink_to_fit();
   record.tenant.clear();
   record.tenant.shrink_to_fit();
+  record.chain_ids = {};
+  record.chain_digests = {};
   if (record.bytes() > limits_.max_finished_bytes) return 1;  // over the bound alone: the older ones stay
   Finished& f = finished_[record.gpu];
   f.bytes += record.bytes();

@@ -43,9 +43,16 @@ struct RequestRecord {
   std::vector<uint8_t> tokens;         // committed tokens, in order (token t at index t)
   std::vector<uint64_t> digests;       // logits digest of tokens[t] (same length)
   std::string tenant;                  // SubmitRequest.tenant (issue 24; empty = the default tenant)
+  // Issue 24: the prefix chain of its admission (AdmitRequest.prefix_block_ids / _digests / _tokens) and its GPU's
+  // page rows, filled by memd: a memd restart gives the adopted request its shared prefix pages back.
+  std::vector<uint64_t> chain_ids, chain_digests;
+  uint32_t chain_block_tokens = 0, chain_page_rows = 0;
 
-  // Bytes the record holds (the bounded quantity): prompt + 8 * hash_ids + tenant + 9 * tokens.
-  uint64_t bytes() const { return prompt.size() + 8 * hash_ids.size() + tenant.size() + 9 * tokens.size(); }
+  // Bytes the record holds (the bounded quantity): prompt + 8 * hash_ids + tenant + 16 * chain blocks + 9 * tokens.
+  uint64_t bytes() const {
+    return prompt.size() + 8 * hash_ids.size() + tenant.size() + 8 * (chain_ids.size() + chain_digests.size()) +
+           9 * tokens.size();
+  }
 };
 
 struct RecordLimits {
@@ -78,7 +85,7 @@ class RequestRecordStore {
   bool Release(RequestId request);
   // Lost ends (workerd/README.md "Restart: a finished request's end"): `request` finished with all its tokens; its
   // record leaves the live ones (Find no longer sees it) for its GPU's finished records, without its input (prompt,
-  // hash_ids and tenant emptied: only the output is handed on), newest last. The oldest finished records of that GPU beyond
+  // hash_ids, tenant and chain emptied: only the output is handed on), newest last. The oldest finished records of that GPU beyond
   // max_finished_records / max_finished_bytes are forgotten (a record over max_finished_bytes alone goes at once, the
   // older ones stay); returns how many. Errors (nothing changes): NOT_FOUND (no record), FAILED_PRECONDITION (fewer
   // committed tokens than max_new_tokens).

@@ -124,6 +124,10 @@ struct AdoptedRequest {
   uint32_t context_pages = 0;  // pages of its full context (<= host pool pages)
   std::map<uint32_t, PageIndex> host_pages;  // history page -> host page holding a confirmed host copy
   std::map<uint32_t, uint64_t> checksums;    // history page -> its copy's checksum (issue 22; absent/0 = none known)
+  // Issue 24: the prefix chain of its admission and its GPU's page rows (its record's; none: page_rows 0): with
+  // sharing on, its shareable pages stored with the same address and content are held by it again (kHost).
+  PrefixChain prefix;
+  uint32_t page_rows = 0;
 };
 
 // One history page of a live request as a surviving worker reports it (AdoptGpu).

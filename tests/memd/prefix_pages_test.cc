@@ -525,6 +525,58 @@ TEST_F(PrefixResidencyTest, ASurvivingWorkersReportHoldsTheSharedPagesItNames) {
   EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
 }
 
+// memd dies while two requests hold 4 shared pages (request 1 wrote them, request 2 imported them) and neither worker
+// survives: the journal keeps only the pages' owner kSharedOwner, the records keep each request's chain (what the
+// daemon's AdoptionList passes). The adopted interrupted requests hold the 4 pages again (refs 2, kHost with the
+// stored checksums, listed among their confirmed copies) instead of leaving them cached (evictable); a chain whose
+// second block has other tokens holds only the first block's 2 pages. Completing all leaves the 4 pages cached.
+TEST_F(PrefixResidencyTest, AMemdRestartGivesAdoptedRequestsTheirSharedPagesBack) {
+  JournalMemory journal(20);
+  Make(20, true, {}, journal.get());
+  GrantOrder g1 = OneGrant(Admit(1, 6, 2));
+  Written(1, {0, 1, 2, 3, 4});
+  GrantOrder g2 = OneGrant(Admit(2, 6, 2));
+  ASSERT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  std::map<PageIndex, JournaledSharedPage> shared;
+  auto verified = journal->Verify(&shared);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  const PrefixChain chain{"", {1, 2}, {1001, 1002}, kBlockTokens};
+  std::vector<AdoptedRequest> requests;
+  for (RequestId r : {1, 2}) {
+    const auto jr = verified->find(r);
+    AdoptedRequest a{r, 0, mgr_->epoch(0), 6, {}, {}};
+    if (jr != verified->end()) {
+      a.host_pages = jr->second.confirmed;
+      a.checksums = jr->second.checksums;
+    }
+    a.prefix = chain;
+    a.page_rows = kPageRows;
+    requests.push_back(a);
+  }
+  AdoptedRequest other{3, 0, mgr_->epoch(0), 4, {}, {}};  // block 2 of other tokens: holds block 1's pages only
+  other.prefix = PrefixChain{"", {1, 2}, {1001, 4242}, kBlockTokens};
+  other.page_rows = kPageRows;
+  requests.push_back(other);
+  NewCoreOver(journal.get());
+  Do(mgr_->AdoptHostPages(requests, AdoptedPages(shared)));
+  ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+  EXPECT_EQ(mgr_->prefix()->shared(), 4u);
+  EXPECT_EQ(mgr_->prefix()->cached(), 0u);
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(mgr_->prefix()->AtPage(g1.host_pages[h])->refs(), h < 2 ? 3u : 2u) << h;
+  std::map<uint32_t, PageIndex> want1, want2, want3;
+  for (uint32_t h = 0; h < 4; ++h) want1[h] = want2[h] = g1.host_pages[h];
+  want1[4] = g1.host_pages[4];  // its own confirmed private page
+  for (uint32_t h = 0; h < 2; ++h) want3[h] = g1.host_pages[h];
+  EXPECT_EQ(mgr_->InterruptedHostPages(1), want1);
+  EXPECT_EQ(mgr_->InterruptedHostPages(2), want2);
+  EXPECT_EQ(mgr_->InterruptedHostPages(3), want3);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u + 1u);  // the shared pages once, request 1's page 4
+  for (RequestId r : {1, 2, 3}) Do(mgr_->Complete(r));
+  ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
+}
+
 TEST_F(PrefixResidencyTest, CountersInStatusAndPrometheusOnlyWhenOn) {
   Make(20);
   OneGrant(Admit(1, 4, 2));

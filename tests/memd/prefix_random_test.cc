@@ -307,7 +307,13 @@ class Harness : Dice {
     for (const auto& [page, sp] : shared) pages.push_back({page, sp.key, sp.content, sp.checksum});
     for (const auto& [id, jr] : *verified) {
       if (!jr.confirmed.empty()) {
-        adopted.push_back(AdoptedRequest{id, model_.at(id).gpu, 1, jr.context_pages, jr.confirmed, jr.checksums});
+        const MReq& m = model_.at(id);
+        AdoptedRequest a{id, m.gpu, 1, jr.context_pages, jr.confirmed, jr.checksums};
+        if (m.granted && Pick(2) == 0) {  // its record's chain (issue 24): it holds its shared pages again
+          a.prefix = PrefixChain{m.tenant, m.ids, m.digests, kBlockTokens};
+          a.page_rows = kPageRows;
+        }
+        adopted.push_back(std::move(a));
       }
     }
     std::set<RequestId> keep;
@@ -321,7 +327,7 @@ class Harness : Dice {
     NewCore();
     ASSERT_TRUE(mgr_->AdoptHostPages(adopted, pages).ok());
     adopted_ += pages.size();
-    ASSERT_EQ(mgr_->prefix()->cached(), pages.size());
+    ASSERT_EQ(mgr_->prefix()->cached() + mgr_->prefix()->shared(), pages.size());  // held again: shared
     for (GpuId g = 0; g < kGpus; ++g) {
       up_[g] = false;
       if (!mgr_->fenced(g)) {
