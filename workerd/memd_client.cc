@@ -33,8 +33,8 @@ uint64_t NowNs() {
 absl::StatusOr<std::unique_ptr<MemdClient>> MemdClient::Connect(std::string_view run_dir, const wire::HelloT& hello,
                                                                 std::chrono::milliseconds timeout) {
   // A socket this user may not reach fails now, not after `timeout` without a HelloReply (ZeroMQ would retry silently).
-  // No socket yet (memd still starting) is waited for as before.
-  if (absl::Status s = CheckSocketAccess(run_dir, "memd"); !s.ok() && !absl::IsNotFound(s)) {
+  // No socket yet (memd still starting), or a dead memd's socket (a new memd replaces it), is waited for as before.
+  if (absl::Status s = CheckSocketAccess(run_dir, "memd"); !s.ok() && !absl::IsNotFound(s) && !absl::IsUnavailable(s)) {
     return absl::Status(s.code(), absl::StrCat("memd: ", s.message()));
   }
   const std::string sender = absl::StrCat("worker/", hello.gpu);

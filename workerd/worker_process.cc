@@ -22,7 +22,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   if (absl::Status s = CheckSocketPaths(options.run_dir, config.gpu); !s.ok()) return s;
   std::unique_ptr<WorkerProcess> p(new WorkerProcess());
   // A run directory this user may not reach fails now, with "permission denied" (MemdClient::Connect checks again).
-  if (absl::Status s = CheckSocketAccess(options.run_dir, "memd"); !s.ok() && !absl::IsNotFound(s)) {
+  if (absl::Status s = CheckSocketAccess(options.run_dir, "memd");
+      !s.ok() && !absl::IsNotFound(s) && !absl::IsUnavailable(s)) {  // not yet / a dead memd's socket: waited for
     return absl::Status(s.code(), absl::StrCat("memd: ", s.message()));
   }
   if (absl::Status s = p->BindAndConnect(model, options, *geometry); !s.ok()) return s;
