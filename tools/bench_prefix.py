@@ -27,7 +27,10 @@ block schedule and under the online width, reporting N_spec / N_base (sessions) 
 Usage: tools/bench_prefix.py [--replay build/tools/replay/dhs-replay] [--dhsctl build/tools/dhsctl/dhsctl]
           [--preset bench-wide] [--prefixes 2] [--contexts 1024,4096] [--concurrency 1,4,8,16,32,64]
           [--sessions-per-c 2] [--suffix-tokens 16] [--output-tokens 16] [--resident-sessions 4] [--hbm-budget B]
-          [--link-model pcie5] [--speculation] [--sample-every 2] [--json OUT] [--append]
+          [--link-model pcie5] [--speculation] [--sample-every 2] [--repeats 1] [--json OUT] [--append]
+--repeats R runs every sweep R times, round after round (the modes one after another within a round): a point's
+ratios to resident are taken within its round, then summarised as the median over rounds with [min, max]; the
+other figures are the median round's (--json keeps every round's points in "rounds", the summary in "points").
 `measure()` is the benchmark as a function (tools/perf_report.py calls it); its result is what --json writes. With
 --append and an existing --json file of the same settings, the sweeps already there without a failed point are kept
 and not run again (a long measurement in pieces).
@@ -184,13 +187,18 @@ def exact_sample(outputs, reference, every):
     return len(rows), len(bad)
 
 
+def round_tag(rnd):
+    """The file-name tag of round `rnd` (0-based) of --repeats: none for the first, so one round names files as before."""
+    return f".r{rnd}" if rnd else ""
+
+
 def check_exact(point, work, every):
-    """Sets point["exact_sample"] from the runs' --outputs in `work` (this point's against resident's, same context
-    and C); leaves it as it is when either file is missing."""
+    """Sets point["exact_sample"] from the runs' --outputs in `work` (this point's against resident's, same context,
+    C and round); leaves it as it is when either file is missing."""
     def path(mode):
         base, _, spec = mode.partition("+")
-        return os.path.join(work, f"L{point['context']}-{base}{'-' + spec if spec else ''}.outputs"
-                                  f".c{point['concurrency']}")
+        return os.path.join(work, f"L{point['context']}-{base}{'-' + spec if spec else ''}"
+                                  f"{round_tag(point.get('round', 0))}.outputs.c{point['concurrency']}")
     ref = path("resident") if os.path.exists(path("resident")) else path("adaptive+base")  # speculation: plain
     if point["mode"] == "adaptive+base" and ref == path("adaptive+base"):
         return
@@ -228,8 +236,12 @@ def measure(args, log=sys.stderr, saved=None):
                    "output_tokens": args.output_tokens, "hbm_budget_bytes": budget,
                    "resident_sessions_sized": args.resident_sessions, "link_model": args.link_model,
                    "sample_every": args.sample_every})
-    points = {(p["context"], p["concurrency"], p["mode"]): p for p in result.get("points", [])
-              if p["context"] in contexts or (args.speculation and "+" in p["mode"])}
+    repeats = max(1, int(getattr(args, "repeats", 1) or 1))
+    result["repeats"] = repeats
+    # Every round's points (a file of one round, written before --repeats, kept its rounds in "points").
+    points = {(p["context"], p["concurrency"], p["mode"], p.get("round", 0)): dict(p, round=p.get("round", 0))
+              for p in result.get("rounds", result.get("points", []))
+              if (p["context"] in contexts or (args.speculation and "+" in p["mode"])) and p.get("round", 0) < repeats}
     # Outputs of every run stay beside --json (so a later --append compares against resident's saved outputs).
     keep = args.json and getattr(args, "append", False)
     tmp_dir = None if keep else tempfile.TemporaryDirectory()
@@ -243,64 +255,139 @@ def measure(args, log=sys.stderr, saved=None):
     spec_out = int(getattr(args, "spec_output_tokens", 0) or args.output_tokens)
     result.update({"spec_context": spec_ctx, "spec_output_tokens": spec_out})
     try:
-        for context in contexts + ([spec_ctx] if args.speculation and spec_ctx not in contexts else []):
-            configs = [(m, m, (), conc, None) for m in MODES] if context in contexts else []
-            if args.speculation and context == spec_ctx:
-                configs += [("adaptive+base", "adaptive", (), spec_c, spec_out)]
-                configs += [(f"adaptive+{n}", "adaptive", tuple(w), spec_c, spec_out) for n, w in SPEC_CONFIGS.items()]
-            for name, mode, extra, cs, out_tokens in configs:
-                todo = [c for c in cs if (context, c, name) not in points or "error" in points[(context, c, name)]["run"]]
-                if not todo:
-                    continue  # measured by an earlier piece of the sweep (--append)
-                # The whole sweep again (one node, prepared once): its points are measured together.
-                figs = one_sweep(args, work, context, cs, mode, budget, extra,
-                                 "" if name == mode else "-" + name.split("+")[1], out_tokens)
-                for c in cs:
-                    fig = figs[c]
-                    points[(context, c, name)] = {"context": context, "concurrency": c, "mode": name, "run": fig}
-                    print(f"bench_prefix: L={context} C={c} {name}: "
-                          f"{fig.get('output_tokens_per_s', float('nan')):.2f} tok/s, sessions {fig.get('sessions')}, "
-                          f"prep {fig.get('preparation_s', float('nan')):.1f} s", file=log, flush=True)
-                for c in cs:
-                    check_exact(points[(context, c, name)], work, args.sample_every)
-                result["points"] = list(points.values())
-                if args.json:  # a long sweep keeps what it measured
-                    save(result, args.json)
+        for rnd in range(repeats):  # a round: every sweep once, so a round's ratios compare runs minutes apart only
+            for context in contexts + ([spec_ctx] if args.speculation and spec_ctx not in contexts else []):
+                configs = [(m, m, (), conc, None) for m in MODES] if context in contexts else []
+                if args.speculation and context == spec_ctx:
+                    configs += [("adaptive+base", "adaptive", (), spec_c, spec_out)]
+                    configs += [(f"adaptive+{n}", "adaptive", tuple(w), spec_c, spec_out) for n, w in SPEC_CONFIGS.items()]
+                for name, mode, extra, cs, out_tokens in configs:
+                    todo = [c for c in cs if (context, c, name, rnd) not in points
+                            or "error" in points[(context, c, name, rnd)]["run"]]
+                    if not todo:
+                        continue  # measured by an earlier piece of the sweep (--append)
+                    # The whole sweep again (one node, prepared once): its points are measured together.
+                    figs = one_sweep(args, work, context, cs, mode, budget, extra,
+                                     ("" if name == mode else "-" + name.split("+")[1]) + round_tag(rnd), out_tokens)
+                    for c in cs:
+                        fig = figs[c]
+                        points[(context, c, name, rnd)] = {"context": context, "concurrency": c, "mode": name,
+                                                           "round": rnd, "run": fig}
+                        print(f"bench_prefix: L={context} C={c} {name}"
+                              f"{f' round {rnd + 1}/{repeats}' if repeats > 1 else ''}: "
+                              f"{fig.get('output_tokens_per_s', float('nan')):.2f} tok/s, sessions {fig.get('sessions')}, "
+                              f"prep {fig.get('preparation_s', float('nan')):.1f} s", file=log, flush=True)
+                    for c in cs:
+                        check_exact(points[(context, c, name, rnd)], work, args.sample_every)
+                    result["rounds"] = list(points.values())
+                    result.pop("points", None)
+                    if args.json:  # a long sweep keeps what it measured
+                        save(result, args.json)
         for p in points.values():  # again at the end: a resident run measured after its point (a later piece)
             check_exact(p, work, args.sample_every)
     finally:
         if tmp_dir:
             tmp_dir.cleanup()
-    result["points"] = sorted(points.values(), key=lambda p: (p["context"], p["concurrency"], p["mode"]))
+    result["rounds"] = sorted(points.values(), key=lambda p: (p["context"], p["concurrency"], p["mode"], p["round"]))
     result["planner"] = {str(L): plan(args.dhsctl, args.preset, L + args.suffix_tokens + args.output_tokens, budget,
                                       max(conc)) for L in contexts}
     analyse(result)
     return result
 
 
-def analyse(result):
-    """Adds ratios to resident (and speculation ratios to plain adaptive) to every point, and the knee per context."""
-    by = {(p["context"], p["concurrency"], p["mode"]): p for p in result["points"]}
-    for p in result["points"]:
-        base = by.get((p["context"], p["concurrency"], "resident"))
+def median(xs):
+    """The median of the finite values of xs (NaN when there is none)."""
+    xs = sorted(x for x in xs if isinstance(x, (int, float)) and x == x)
+    if not xs:
+        return float("nan")
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def span(xs):
+    """[min, max] of the finite values of xs ([NaN, NaN] when there is none)."""
+    xs = [x for x in xs if isinstance(x, (int, float)) and x == x]
+    return [min(xs), max(xs)] if xs else [float("nan"), float("nan")]
+
+
+def round_ratios(rounds):
+    """Adds to every round's point its ratios to resident (and a speculative point's to plain adaptive) of the SAME
+    round: runs minutes apart, not the rounds' other runs."""
+    by = {(p["context"], p["concurrency"], p["mode"], p.get("round", 0)): p for p in rounds}
+    for p in rounds:
+        rnd = p.get("round", 0)
+        base = by.get((p["context"], p["concurrency"], "resident", rnd))
         if base and "error" not in p["run"] and "error" not in base["run"]:
             p["vs_resident"] = {k: ratio(p["run"].get(k), base["run"].get(k)) for k in RATIO_KEYS}
-        plain = by.get((p["context"], p["concurrency"], "adaptive+base")) or \
-            by.get((p["context"], p["concurrency"], "adaptive"))
-        if p["mode"].startswith("adaptive+") and p["mode"] != "adaptive+base" and plain and "error" not in p["run"] and "error" not in plain["run"]:
+        plain = by.get((p["context"], p["concurrency"], "adaptive+base", rnd)) or \
+            by.get((p["context"], p["concurrency"], "adaptive", rnd))
+        if p["mode"].startswith("adaptive+") and p["mode"] != "adaptive+base" and plain and "error" not in p["run"] \
+                and "error" not in plain["run"]:
             p["vs_adaptive"] = {"n_ratio": ratio(p["run"]["sessions"], plain["run"]["sessions"]),
                                 "tpot_ratio": ratio(p["run"]["tpot_p50_ms"], plain["run"]["tpot_p50_ms"]),
                                 "tps_ratio": ratio(p["run"]["output_tokens_per_s"],
                                                    plain["run"]["output_tokens_per_s"])}
             v = p["vs_adaptive"]
-            v["pays"] = v["n_ratio"] > v["tpot_ratio"] if v["n_ratio"] == v["n_ratio"] else None
             # The synthetic proposer runs the target model to make its proposals (a stand-in for a drafter that
             # accepts): its time is in the window. Without it (the worker's loop is serial: the window less the
             # proposer's seconds), TPOT_spec scales by (elapsed - proposer) / elapsed.
             el, prop = p["run"].get("elapsed_s") or 0.0, p["run"].get("proposer_s") or 0.0
             v["tpot_ratio_ex_proposer"] = (v["tpot_ratio"] * (el - prop) / el) if el > prop >= 0 else float("nan")
-            v["pays_ex_proposer"] = (v["n_ratio"] > v["tpot_ratio_ex_proposer"]
-                                     if v["tpot_ratio_ex_proposer"] == v["tpot_ratio_ex_proposer"] else None)
+
+
+def pays(v):
+    """brief §6: speculation pays where N_spec / N_base > TPOT_spec / TPOT_base (None when unknown)."""
+    v["pays"] = v["n_ratio"] > v["tpot_ratio"] if v["n_ratio"] == v["n_ratio"] else None
+    t = v.get("tpot_ratio_ex_proposer", float("nan"))
+    v["pays_ex_proposer"] = (v["n_ratio"] > t) if t == t and v["n_ratio"] == v["n_ratio"] else None
+    return v
+
+
+def summarize(rounds):
+    """One point per (context, C, mode) over its rounds: ratios are the median of the rounds' own ratios, with
+    [min, max] in `vs_resident_range`; `run` (every other figure) is the median round's (the round whose tokens/s ratio
+    to resident, or tokens/s where there is none, is the median); `exact_sample` sums the rounds'; `rounds` counts the
+    rounds that ran without an error. One round gives that round's point unchanged."""
+    groups = {}
+    for p in rounds:
+        groups.setdefault((p["context"], p["concurrency"], p["mode"]), []).append(p)
+    points = []
+    for key, group in sorted(groups.items()):
+        ok = [p for p in group if "error" not in p["run"]]
+        if not ok:
+            points.append(dict(group[0], rounds=0))
+            continue
+        def rank(p):
+            v = (p.get("vs_resident") or {}).get("output_tokens_per_s")
+            return v if v is not None and v == v else p["run"].get("output_tokens_per_s", 0.0)
+        rep = sorted(ok, key=rank)[(len(ok) - 1) // 2]
+        point = {"context": key[0], "concurrency": key[1], "mode": key[2], "round": rep.get("round", 0),
+                 "run": rep["run"], "rounds": len(ok)}
+        with_ratio = [p["vs_resident"] for p in ok if p.get("vs_resident")]
+        if with_ratio:
+            point["vs_resident"] = {k: median(v.get(k) for v in with_ratio) for k in RATIO_KEYS}
+            point["vs_resident_range"] = {k: span([v.get(k) for v in with_ratio]) for k in RATIO_KEYS}
+        spec = [p["vs_adaptive"] for p in ok if p.get("vs_adaptive")]
+        if spec:
+            point["vs_adaptive"] = pays({k: median(v.get(k) for v in spec)
+                                         for k in ("n_ratio", "tpot_ratio", "tps_ratio", "tpot_ratio_ex_proposer")})
+        exact = [p["exact_sample"] for p in group if p.get("exact_sample")]
+        if exact:
+            point["exact_sample"] = {"compared": sum(e["compared"] for e in exact),
+                                     "differ": sum(e["differ"] for e in exact)}
+        points.append(point)
+    return points
+
+
+def analyse(result):
+    """Adds ratios to resident (and speculation ratios to plain adaptive) to every round's point, the summary points
+    over the rounds (`points`, see summarize) and the knee per context. A result without `rounds` (one round, written
+    before --repeats) has its rounds in `points`."""
+    rounds = result.get("rounds")
+    if rounds is None:
+        rounds = result["rounds"] = result.get("points", [])
+    round_ratios(rounds)
+    result["points"] = summarize(rounds)
     knees = {}
     for L in result["contexts"]:
         res = sorted((p["concurrency"], p["run"].get("sessions", 0)) for p in result["points"]
@@ -371,6 +458,9 @@ def main():
     ap.add_argument("--spec-output-tokens", type=int, default=0, help="with --speculation: output tokens per session "
                     "(default --output-tokens)")
     ap.add_argument("--sample-every", type=int, default=2, help="exactness: every N-th session against resident")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds: every sweep this many times, a round after another; ratios are taken within a round "
+                         "and reported as the median over rounds with [min, max]")
     ap.add_argument("--json", default="")
     ap.add_argument("--append", action="store_true", help="keep the points of an existing --json; run the others")
     ap.add_argument("--work-dir", default="", help="with --append: the runs' outputs and logs (default JSON.runs)")

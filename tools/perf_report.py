@@ -86,7 +86,7 @@ SIZES = {
         "prefix": dict(preset="dsv4flash-like", prefixes=1, contexts="4096,32768", concurrency="1,4,8,16,32,64",
                        sessions_per_c=2, suffix_tokens=16, output_tokens=8, resident_sessions=3, hbm_budget="",
                        speculation=True, spec_concurrency="1,4,16,64", spec_context=256, spec_output_tokens=32,
-                       sample_every=2),
+                       sample_every=2, repeats=2),
         # Issue 24 (tools/bench_prefix_sharing.py): the 200-request Mooncake slice at 1/16 of its lengths (32-token
         # blocks: two to a 64-row host page) and the prepared-prefix workload, sharing off against on, hisparse and
         # adaptive, every run --check-exact; the reclaim and worker-kill runs.
@@ -802,8 +802,12 @@ def prefix_lines(fig, plots):
             "once, at its first C (`prep s` there; later points import them from the worker's row cache). One GPU KV "
             f"budget for every point, {pre['hbm_budget_bytes']} bytes (resident holds about "
             f"{pre['resident_sessions_sized']} histories of the longest context), link model {pre['link_model']}. "
-            "One run per point; ratios to resident at the same point. `exact`: sessions "
-            f"(every {pre['sample_every']}-th) whose tokens and logits digests equal resident's, of those compared.", ""]
+            + (f"{pre['repeats']} rounds, each running every sweep once (the modes one after another); ratios to "
+               "resident of the same point and round, given as the median over rounds [min, max]; the other figures "
+               "are the median round's (by tokens/s ratio). " if pre.get("repeats", 1) > 1 else
+               "One run per point; ratios to resident at the same point. ")
+            + f"`exact`: sessions (every {pre['sample_every']}-th, in every round) whose tokens and logits digests "
+            "equal resident's, of those compared.", ""]
     for L in pre["contexts"]:
         first = [p for p in pre["points"] if p["context"] == L and p["mode"] in MODES and "error" not in p["run"]
                  and p["concurrency"] == min(pre["concurrency"])]
@@ -819,10 +823,15 @@ def prefix_lines(fig, plots):
             if "error" in r:
                 out.append(f"| {p['concurrency']} | {p['mode']} | FAILED: {r['error']} |" + " |" * 16)
                 continue
+
+            def vs(key, p=p, v=v):  # the median ratio, with [min, max] over rounds when there are several
+                lo, hi = (p.get("vs_resident_range") or {}).get(key, (None, None))
+                more = p.get("rounds", 1) > 1 and p["mode"] != "resident" and lo is not None
+                return fmt(v.get(key), 3) + (f" [{fmt(lo, 2)}, {fmt(hi, 2)}]" if more else "")
             out.append(f"| {p['concurrency']} | {p['mode']} | {r['served']}/{r['total']} | {r['sessions']} | "
-                       f"{fmt(r['output_tokens_per_s'])} | {fmt(v.get('output_tokens_per_s'), 3)} | "
+                       f"{fmt(r['output_tokens_per_s'])} | {vs('output_tokens_per_s')} | "
                        f"{fmt(v.get('sessions'))} | {fmt(r['tpot_p50_ms'])} | {fmt(r['tpot_p99_ms'])} | "
-                       f"{fmt(v.get('tpot_p50_ms'), 3)} | {fmt(r['allocation_wait_share'], 3)} | "
+                       f"{vs('tpot_p50_ms')} | {fmt(r['allocation_wait_share'], 3)} | "
                        f"{fmt(r['census_direct'], 3)} / {fmt(r['census_hot'], 3)} / {fmt(r['census_host'], 3)} | "
                        f"{r['reclaims']} | {r['repopulated_pages']} | {fmt(r['host_bytes_per_token'], 0)} | "
                        f"{fmt(r['preparation_s'], 1)} | {fmt(r['in_flight_mean'])} | "

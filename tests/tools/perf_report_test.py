@@ -283,6 +283,41 @@ class PerfReportTest(unittest.TestCase):
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
             self.assertIn(f"(perf/{name}.png)", full)
 
+    def test_prefix_rounds(self):
+        """bench_prefix --repeats: ratios are taken within a round and reported as the median over rounds with [min,
+        max]; the other figures are the median round's; exact samples add up over rounds."""
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import bench_prefix
+        first = prefix_canned()["rounds"]
+        second = []
+        for p in first:  # round 2: resident as fast, adaptive at C = 4 at 20 tok/s (ratio 1.0; round 1's: 30 / 20)
+            q = {k: v for k, v in p.items() if k not in ("vs_resident", "vs_adaptive")}
+            q["run"] = dict(p["run"])
+            q["round"] = 1
+            if (q["concurrency"], q["mode"]) == (4, "adaptive"):
+                q["run"]["output_tokens_per_s"] = 20.0
+            second.append(q)
+        result = prefix_canned()
+        result.update(rounds=first + second, repeats=2)
+        del result["points"]
+        bench_prefix.analyse(result)
+        ada = next(p for p in result["points"] if (p["concurrency"], p["mode"]) == (4, "adaptive"))
+        self.assertEqual(ada["rounds"], 2)
+        self.assertAlmostEqual(ada["vs_resident"]["output_tokens_per_s"], 1.25)  # median of 1.5 and 1.0
+        self.assertEqual(ada["vs_resident_range"]["output_tokens_per_s"], [1.0, 1.5])
+        self.assertEqual(ada["run"]["output_tokens_per_s"], 20.0)  # the lower-middle round of two
+        self.assertEqual(ada["exact_sample"], {"compared": 8, "differ": 0})
+        self.assertEqual(len(result["points"]), 7)  # one per (context, C, mode) whatever the rounds
+        fig = canned()
+        fig["prefix"] = result
+        doc = self.render(fig)
+        doc = doc[doc.index("## The seed's regime"):]
+        row = table_row(doc, ["4", "adaptive"])
+        self.assertEqual(row[4:6], ["20.00", "1.250 [1.00, 1.50]"])
+        self.assertEqual(row[-1], "8/8")
+        self.assertEqual(table_row(doc, ["4", "resident"])[5], "1.000")  # resident against itself: no range
+        self.assertIn("2 rounds, each running every sweep once", doc)
+
     def test_prefix_sharing_section(self):
         """Issue 24's section: the upper bound of each workload, one row per (mode, sharing) with the hits by tier and
         their rates, the on/off ratio row (host bytes per session 1000 / 4000 = 0.25), on == off, the fault runs."""
