@@ -10,6 +10,8 @@
 #include <fstream>
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <variant>
 
 #include "common/log_limiter.h"
@@ -110,6 +112,9 @@ absl::Status CheckOptions(const DaemonOptions& options) {
   if (options.kv_events && !options.prefix_sharing) {  // issue 24: the stream tells what the host tier stores
     return absl::InvalidArgumentError("--kv-events on needs --prefix-sharing on (the events are the host tier's)");
   }
+  if (!options.cluster_store.empty() && !options.prefix_sharing) {  // issue 26: it shares the host tier's pages
+    return absl::InvalidArgumentError("--cluster-store needs --prefix-sharing on (the tier shares prefix pages)");
+  }
   return absl::OkStatus();
 }
 
@@ -162,7 +167,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
   config.populate_pages_per_attempt = options.populate_pages_per_attempt;
   config.reclaim_policy = options.reclaim_policy;
   config.prefix_sharing = options.prefix_sharing;  // issue 24
-  config.prefix = PrefixConfig{options.prefix_eviction, options.prefix_tenant_quota_pages, options.kv_events};
+  config.prefix = PrefixConfig{options.prefix_eviction, options.prefix_tenant_quota_pages, options.kv_events,
+                               !options.cluster_store.empty()};  // issue 26: the cluster tier publishes confirmed pages
   std::unique_ptr<KvEventPublisher> kv_events;  // issue 24: bound after memd.sock (a live memd has failed by now)
   if (options.kv_events) {
     auto bound = KvEventPublisher::Bind(options.run_dir, {options.kv_events_hwm, canonical});
@@ -171,6 +177,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
       return bound.status();
     }
     kv_events = std::move(*bound);
+  }
+  std::unique_ptr<ClusterTier> cluster;  // issue 26: the clients connect lazily (an unreachable store is a miss)
+  if (!options.cluster_store.empty()) {
+    ClusterTierOptions co;
+    co.store = options.cluster_store;
+    co.lookup_timeout = options.cluster_lookup_timeout;
+    auto started = ClusterTier::Start(co);
+    if (!started.ok()) {
+      remove_segment();
+      return started.status();
+    }
+    cluster = std::move(*started);
   }
   auto core = ResidencyManager::Create(config, NowUs, journal.get());
   if (!core.ok()) {
@@ -184,6 +202,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     return s;
   }
   d->kv_events_ = std::move(kv_events);
+  d->cluster_ = std::move(cluster);
   d->PublishKvEvents();  // the stream's first event: AllBlocksCleared (memd/kv_block_ledger.h)
   d->PublishMetrics();
   return d;
@@ -283,6 +302,7 @@ void Daemon::PublishMetrics() {
     counters_.kv_events_dropped = kv_events_->dropped();
     counters_.kv_event_subscriptions = kv_events_->subscriptions();
   }
+  if (cluster_) counters_.cluster = cluster_->Stats();  // issue 26
   // Counts only: a full dump is O(M + context pages) and would stall the loop on every tick (issue 14).
   std::string text = RenderPrometheus(core_->Dump(DumpDetail::kCounts), core_->counters(), counters_);
   std::lock_guard<std::mutex> lock(metrics_mu_);
@@ -674,6 +694,8 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const wire::AdmitRequestT& a, const 
       return reject(s);
     }
   }
+  // Issue 26: before the grant decision, the pages the host tier lacks are asked of the cluster tier.
+  const uint32_t from_cluster = cluster_ ? ImportClusterPages(admit) : 0;
   if (absl::Status s = core_->Admit(admit); !s.ok()) {
     if (a.record) {
       ReleaseRecord(a.request);
@@ -684,8 +706,11 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const wire::AdmitRequestT& a, const 
   admit_sequence_[a.request] = m.sequence;
   timelines_.Open(a.request, a.record ? a.record->client_request : a.request, a.record ? a.record->client : 0,
                   a.gpu, EpochOfNodeRequestId(a.request));
-  Note(a.request, TimelineEvent::kAdmitted, 0,
-       admit.resume_of != 0 ? absl::StrCat("resume of ", admit.resume_of) : std::string());
+  Note(a.request, TimelineEvent::kAdmitted, from_cluster,
+       absl::StrCat(admit.resume_of != 0 ? absl::StrCat("resume of ", admit.resume_of) : std::string(),
+                    from_cluster > 0 ? absl::StrCat(admit.resume_of != 0 ? "; " : "", from_cluster,
+                                                    " pages imported from the cluster tier")
+                                     : std::string()));
   if (admit.resume_of != 0) {
     Note(admit.resume_of, TimelineEvent::kResumed, 0, absl::StrCat("as ", a.request));
     timelines_.End(admit.resume_of);
@@ -866,6 +891,7 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const wire::IntrospectQueryT& q
   // Only what the view shows is dumped: the counts, and the requests or the bounded page rows it asks for.
   const DumpView view = ViewOf(q);
   StateDump dump = core_->Dump(DumpScopeOf(view));
+  if (cluster_) dump.cluster = cluster_->Stats();  // issue 26
   for (GpuDump& gd : dump.gpus) {  // the workers' shapes (introspection only: the core never sees them)
     if (auto it = gpus_.find(gd.gpu); it != gpus_.end() && it->second.shape.declared()) gd.worker = it->second.shape;
   }
@@ -888,8 +914,84 @@ void Daemon::PublishKvEvents() {
                                   std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
+// ---------------------------------------------------------------- issue 26: the cluster tier
+
+std::optional<PageGeometry> Daemon::GeometryOf(GpuId gpu) const {
+  auto g = gpus_.find(gpu);
+  if (g == gpus_.end() || !g->second.shape.declared() || g->second.page_rows == 0) return std::nullopt;
+  const WorkerShape& w = g->second.shape;
+  PageGeometry geometry;
+  geometry.page_rows = g->second.page_rows;
+  geometry.payload_sources = w.payload_sources;
+  geometry.index_producers = w.index_producers;
+  geometry.index_key_bytes = w.index_key_bytes;
+  geometry.page_bytes = w.page_bytes;
+  geometry.host_page_bytes = options_.page_bytes;
+  // The Hello gives the sizes, not each source's row bytes: the digest assumes the sources' rows of equal size (what
+  // workerd's layouts are) and covers the counts and sizes it knows; the model is not known to memd (0).
+  const uint64_t rows = uint64_t{geometry.page_rows} * std::max<uint32_t>(w.payload_sources, 1);
+  std::vector<uint64_t> row_bytes(w.payload_sources, rows > 0 ? w.page_bytes / rows : 0);
+  std::vector<uint64_t> key_bytes(w.index_producers, w.index_key_bytes);
+  geometry.layout_digest = LayoutDigest(row_bytes, key_bytes);
+  return geometry;
+}
+
+void Daemon::PublishClusterPages() {
+  if (!cluster_) return;
+  for (const ClusterPublishPage& p : core_->DrainClusterPublish()) {
+    const std::optional<PageGeometry> geometry = GeometryOf(p.gpu);
+    if (!geometry) {
+      cluster_->CountMiss(ClusterMiss::kNoGeometry);  // not publishable: nothing to describe it with
+      continue;
+    }
+    absl::StatusOr<uint8_t*> data = segment_->PageData(p.host_page);
+    if (!data.ok()) continue;  // the core's page: never out of range
+    cluster_->Offer(*geometry, p.address, {*data, static_cast<size_t>(options_.page_bytes)});
+  }
+}
+
+uint32_t Daemon::ImportClusterPages(const AdmitRequest& admit) {
+  const std::vector<PrefixAddress> wanted = core_->ClusterLookups(admit);
+  if (wanted.empty()) return 0;
+  const std::optional<PageGeometry> geometry = GeometryOf(admit.gpu);
+  if (!geometry) {
+    cluster_->CountMiss(ClusterMiss::kNoGeometry, wanted.size());
+    return 0;
+  }
+  std::vector<std::optional<ClusterPage>> found = cluster_->Lookup(*geometry, wanted);
+  // Only the run of found pages from the first one asked: a page after a missed one would be a hit after a gap,
+  // which the worker recomputes anyway.
+  size_t run = 0;
+  while (run < found.size() && found[run].has_value()) ++run;
+  uint64_t after_gap = 0;
+  for (size_t i = run; i < found.size(); ++i) after_gap += found[i].has_value();
+  if (after_gap > 0) cluster_->CountMiss(ClusterMiss::kAfterGap, after_gap);
+  if (run == 0) return 0;
+  const std::vector<PageIndex> room = core_->ClusterRoom(static_cast<uint32_t>(run));
+  if (room.size() < run) cluster_->CountMiss(ClusterMiss::kNoRoom, run - room.size());
+  std::vector<ClusterImport> imports;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < room.size(); ++i) {
+    const std::span<const uint8_t> payload = found[i]->payload();
+    absl::StatusOr<uint8_t*> data = segment_->PageData(room[i]);
+    if (!data.ok() || payload.size() != options_.page_bytes) break;  // checked by the decode: never expected
+    std::memcpy(*data, payload.data(), payload.size());  // a reusable page: no worker reads or writes it
+    imports.push_back({wanted[i], room[i], found[i]->page_checksum});
+    bytes += payload.size();
+  }
+  if (imports.empty()) return 0;
+  if (absl::Status s = core_->ImportClusterPages(imports); !s.ok()) {
+    spdlog::warn("memd: cluster tier: {} found pages not imported: {}", imports.size(), s.ToString());
+    cluster_->CountMiss(ClusterMiss::kNoRoom, imports.size());
+    return 0;
+  }
+  cluster_->CountImported(imports.size(), bytes);
+  return static_cast<uint32_t>(imports.size());
+}
+
 std::string Daemon::FlushOrders(uint64_t answering_sequence) {
   PublishKvEvents();  // issue 24: what the event that made these orders changed in the host tier
+  PublishClusterPages();  // issue 26: the pages that event confirmed shared
   std::string reply;
   for (const Order& order : core_->DrainOrders()) {  // a Fence while sending flushes the orders it makes itself
     if (const auto* ack = std::get_if<CompleteAckOrder>(&order)) {

@@ -54,6 +54,7 @@
 #include "common/request_timeline.h"
 #include "common/transport.h"
 #include "memd/host_journal.h"
+#include "memd/cluster_tier.h"
 #include "memd/kv_events.h"
 #include "memd/pool_segment.h"
 #include "memd/reclaim_policy.h"  // kDefaultReclaimPolicy
@@ -78,6 +79,11 @@ struct DaemonOptions {
   // prefix_sharing. kv_events_hwm: batches queued per subscriber before batches are dropped (counted).
   bool kv_events = false;
   int kv_events_hwm = 10000;
+  // Issue 26: the cluster tier (docs/cluster_tier.md) on Redis: "redis://HOST:PORT" or a comma-separated list of
+  // cluster seeds (HOST:PORT or redis://HOST:PORT); empty = off (the default). Needs prefix_sharing.
+  // cluster_lookup_timeout: the deadline of one admission's lookup batch.
+  std::string cluster_store;
+  std::chrono::milliseconds cluster_lookup_timeout{5};
   std::chrono::milliseconds tick{20};       // Populate() period
   std::chrono::milliseconds retry_period{1000};  // RetryBackups() period
   std::string segment_name;                 // shm name; empty = "dhs-pool-<hash of the canonical run dir>"
@@ -254,6 +260,18 @@ class Daemon {
   void ReleaseHeldNow(std::string_view why);
   std::unique_ptr<KvEventPublisher> kv_events_;  // issue 24: null with the stream off
   void PublishKvEvents();  // the core's KV events since the last call, as one batch
+  // Issue 26, the cluster tier (memd/cluster_tier.h; null when --cluster-store is not given).
+  std::unique_ptr<ClusterTier> cluster_;
+  // The page geometry of GPU `gpu`'s worker (its Hello's shape and memd's host page bytes); nullopt when it declared
+  // no shape.
+  std::optional<PageGeometry> GeometryOf(GpuId gpu) const;
+  // The pages confirmed shared since the last call, offered to the write-behind queue (their bytes read from the pool).
+  void PublishClusterPages();
+  // Before an admission's grant decision: its pages the host tier lacks asked of the store (the lookup deadline);
+  // the ones found and checked copied into reusable host pages and stored as cached shared pages
+  // (ResidencyManager::ImportClusterPages), so the grant takes them as host hits. Every failure is a counted miss.
+  // Returns the pages imported (noted in the request's timeline).
+  uint32_t ImportClusterPages(const AdmitRequest& admit);
   mutable std::mutex metrics_mu_;
   std::string metrics_;
 };

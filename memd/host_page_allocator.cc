@@ -160,6 +160,12 @@ absl::Status HostPageAllocator::Share(PageIndex page, uint64_t key, uint64_t con
   return absl::OkStatus();
 }
 
+std::vector<PageIndex> HostPageAllocator::FirstReusable(uint32_t count) const {
+  std::vector<PageIndex> out;
+  for (auto it = free_.begin(); it != free_.end() && out.size() < count; ++it) out.push_back(*it);
+  return out;
+}
+
 absl::Status HostPageAllocator::AdoptShared(PageIndex page, uint64_t key, uint64_t content, uint64_t checksum) {
   if (page >= pages()) return absl::OutOfRangeError(absl::StrFormat("host page %d out of range", page));
   if (!free_.contains(page)) {

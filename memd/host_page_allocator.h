@@ -86,6 +86,9 @@ class HostPageAllocator {
   // Frees every page of `request` (pinned ones after their copy completes); returns how many were allocated.
   uint32_t ReleaseRequest(RequestId request);
 
+  // Issue 26: up to `count` reusable pages, ascending (where the cluster tier's found pages may be copied).
+  std::vector<PageIndex> FirstReusable(uint32_t count) const;
+  bool is_reusable(PageIndex page) const { return free_.contains(page); }  // free, not pinned, not held
   uint32_t pages() const { return static_cast<uint32_t>(page_.size()); }
   uint64_t page_bytes() const { return page_bytes_; }
   uint32_t reusable() const { return static_cast<uint32_t>(free_.size()); }  // free and not pinned

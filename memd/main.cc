@@ -70,6 +70,7 @@ struct CommandLine {
   std::string metrics_address, log_level = "info";
   std::string prefix_sharing = "off";  // --prefix-sharing off|on (issue 24)
   std::string kv_events = "off";       // --kv-events off|on (issue 24)
+  uint64_t cluster_lookup_timeout_ms = 5;  // --cluster-lookup-timeout-ms (issue 26)
   bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
 };
 
@@ -81,6 +82,17 @@ void AddKvEventFlags(CLI::App& app, CommandLine& c) {
       ->capture_default_str();
   dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--kv-events-hwm", c.options.kv_events_hwm,
                      "event batches queued per subscriber; past it batches are dropped (counted), memd never waits")
+      ->capture_default_str();
+}
+
+// Issue 26: the cluster tier's flags (docs/cluster_tier.md).
+void AddClusterFlags(CLI::App& app, CommandLine& c) {
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--cluster-store", c.options.cluster_store,
+                     "the cluster tier on Redis: redis://HOST:PORT, or a comma-separated list of Redis Cluster seeds "
+                     "(needs --prefix-sharing on; empty: off)")
+      ->capture_default_str();
+  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--cluster-lookup-timeout-ms", c.cluster_lookup_timeout_ms,
+                     "deadline of one admission's cluster-tier lookup, ms (past it the pages are counted misses)")
       ->capture_default_str();
 }
 
@@ -148,6 +160,7 @@ void AddFlags(CLI::App& app, CommandLine& c) {
                      "host pages one tenant may store as shared prefix pages (0: no quota)")
       ->capture_default_str();
   AddKvEventFlags(app, c);
+  AddClusterFlags(app, c);
   dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--log-level", c.log_level,
                      absl::StrJoin(dhs::memd::MemdLogLevels(), ", "))
       ->capture_default_str();
@@ -203,6 +216,11 @@ bool SetPoolPages(CommandLine& c) {
   c.options.kv_events = c.kv_events == "on";  // issue 24: the stream tells what the host tier stores
   if (c.options.kv_events && !c.options.prefix_sharing) {
     std::fprintf(stderr, "memd: --kv-events on needs --prefix-sharing on\n");
+    return false;
+  }
+  c.options.cluster_lookup_timeout = std::chrono::milliseconds(c.cluster_lookup_timeout_ms);
+  if (!c.options.cluster_store.empty() && !c.options.prefix_sharing) {  // issue 26: it shares the host tier's pages
+    std::fprintf(stderr, "memd: --cluster-store needs --prefix-sharing on\n");
     return false;
   }
   if (!c.options.prefix_sharing && (c.options.prefix_eviction != dhs::memd::kDefaultPrefixEvictionPolicy ||

@@ -47,6 +47,9 @@ inline constexpr DaemonFlag kMemdFlags[] = {
     // Issue 24, the KV event stream (memd/kv_events.h): off by default; needs prefix_sharing on.
     {"kv_events", "--kv-events", DaemonFlag::kChoice, 0, 0, PrefixSharingModes},
     {"kv_events_hwm", "--kv-events-hwm", DaemonFlag::kUint, 1, 100000000},
+    // Issue 26, the cluster tier (docs/cluster_tier.md): off by default (empty); needs prefix_sharing on.
+    {"cluster_store", "--cluster-store", DaemonFlag::kString},
+    {"cluster_lookup_timeout_ms", "--cluster-lookup-timeout-ms", DaemonFlag::kUint, 1, 10000},
 };
 
 }  // namespace dhs::memd

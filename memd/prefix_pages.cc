@@ -376,6 +376,31 @@ absl::Status PrefixPages::Adopt(PageIndex host_page, uint64_t key, uint64_t cont
   return absl::OkStatus();
 }
 
+absl::Status PrefixPages::Import(PageIndex host_page, const PrefixAddress& address, uint64_t checksum,
+                                 int64_t now_us) {
+  if (address.key == 0) return absl::InvalidArgumentError("imported prefix page without a key");
+  if (by_key_.contains(address.key) || pages_.contains(host_page)) {
+    return absl::AlreadyExistsError(absl::StrFormat("imported prefix page %016x (host page %d) is stored already",
+                                                    address.key, host_page));
+  }
+  SharedPage p;
+  p.state = SharedPageState::kCached;
+  p.address = address;
+  p.host_page = host_page;
+  p.checksum = checksum;
+  p.last_use_us = now_us;
+  p.use_seq = next_seq_++;
+  p.stored_seq = p.use_seq;
+  auto [it, inserted] = pages_.emplace(host_page, std::move(p));
+  by_key_.emplace(address.key, host_page);
+  ++tenant_pages_[address.tenant];
+  Count(SharedPageState::kCached, +1);
+  EnterCache(it->second);
+  ++counters_.cluster_imported;
+  if (address.blocks != 0) ledger_.PageConfirmed(BlockOf(address));
+  return absl::OkStatus();
+}
+
 absl::Status PrefixPages::CheckInvariants() const {
   uint32_t count[3] = {0, 0, 0};
   std::map<uint64_t, uint32_t> tenants;

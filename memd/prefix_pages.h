@@ -140,6 +140,8 @@ struct PrefixConfig {
   std::string eviction_policy{kDefaultPrefixEvictionPolicy};
   uint32_t tenant_quota_pages = 0;  // pages one tenant may store (writing + shared + cached); 0 = no quota
   bool kv_events = false;           // keep the KV event outbox (DrainKvEvents; memd --kv-events on)
+  bool cluster_outbox = false;      // issue 26: keep the pages confirmed shared for the cluster tier (memd
+                                    // --cluster-store; PrefixSharing::DrainClusterPublish)
 };
 
 // Counters of the host tier (memd's stats, Prometheus dhs_memd_prefix_*; units: pages = host pages looked up).
@@ -154,6 +156,7 @@ struct PrefixCounters {
   uint64_t evictions = 0;          // cached pages evicted for an admission or a quota
   uint64_t quota_refusals = 0;     // BeginWrite refused by a tenant's quota (the page stayed private)
   uint64_t adopted = 0;            // confirmed pages adopted from a dead memd's journal (cached)
+  uint64_t cluster_imported = 0;   // issue 26: pages found in the cluster tier, copied in and stored cached (Import)
 };
 
 class PrefixPages {
@@ -209,6 +212,10 @@ class PrefixPages {
   // Errors: AlreadyExists (key or host page stored).
   absl::Status Adopt(PageIndex host_page, uint64_t key, uint64_t content, uint64_t checksum);
 
+  // Issue 26: a page found in the cluster tier (its value checked, its bytes copied into `host_page` by the caller)
+  // is stored cached, confirmed with `checksum`, at its full address (a KV event announces its block like a
+  // confirmed write). Errors: AlreadyExists (key or host page stored), InvalidArgument (key 0).
+  absl::Status Import(PageIndex host_page, const PrefixAddress& address, uint64_t checksum, int64_t now_us);
   uint32_t writing() const { return count_[0]; }
   uint32_t shared() const { return count_[1]; }
   uint32_t cached() const { return count_[2]; }

@@ -105,6 +105,57 @@ void PrefixSharing::Publish(Request& r, uint32_t h, uint64_t checksum) {
   const PrefixAddress address = p->address;
   DHS_CHECK_OK(tier_->ConfirmWrite(page, checksum, s_.clock()));
   DHS_CHECK_OK(s_.host.Share(page, address.key, address.content, checksum));
+  if (tier_->config().cluster_outbox) cluster_outbox_.push_back({address, page, checksum, r.gpu});  // issue 26
+}
+
+// ---------------------------------------------------------------- issue 26: the cluster tier
+
+std::vector<ClusterPublishPage> PrefixSharing::DrainClusterPublish() {
+  std::vector<ClusterPublishPage> out;
+  for (ClusterPublishPage& p : cluster_outbox_) {
+    const SharedPage* sp = tier_ ? tier_->AtPage(p.host_page) : nullptr;
+    if (sp != nullptr && sp->address.key == p.address.key && sp->state != SharedPageState::kWriting) {
+      out.push_back(std::move(p));
+    }
+  }
+  cluster_outbox_.clear();
+  return out;
+}
+
+std::vector<PrefixAddress> PrefixSharing::ClusterLookups(std::span<const PrefixAddress> addresses) const {
+  std::vector<PrefixAddress> out;
+  if (!on()) return out;
+  bool past_hits = false;
+  for (const PrefixAddress& ad : addresses) {
+    if (!past_hits && tier_->Find(ad).has_value()) continue;  // a local hit
+    past_hits = true;
+    if (tier_->AtKey(ad.key) == nullptr) out.push_back(ad);
+  }
+  return out;
+}
+
+std::vector<PageIndex> PrefixSharing::ClusterRoom(uint32_t count) const {
+  return on() ? s_.host.FirstReusable(count) : std::vector<PageIndex>{};
+}
+
+absl::Status PrefixSharing::ImportCluster(std::span<const ClusterImport> pages) {
+  if (!on()) return absl::FailedPreconditionError("cluster import with prefix sharing off");
+  std::set<PageIndex> seen;
+  std::set<uint64_t> keys;
+  for (const ClusterImport& p : pages) {  // checked first: all or nothing
+    if (!s_.host.is_reusable(p.host_page) || !seen.insert(p.host_page).second) {
+      return absl::FailedPreconditionError(absl::StrFormat("cluster import: host page %d is not reusable", p.host_page));
+    }
+    if (tier_->AtKey(p.address.key) != nullptr || !keys.insert(p.address.key).second || tier_->AtPage(p.host_page)) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("cluster import: prefix page %016x is stored already", p.address.key));
+    }
+  }
+  for (const ClusterImport& p : pages) {
+    DHS_CHECK_OK(s_.host.AdoptShared(p.host_page, p.address.key, p.address.content, p.checksum));  // checked above
+    DHS_CHECK_OK(tier_->Import(p.host_page, p.address, p.checksum, s_.clock()));
+  }
+  return absl::OkStatus();
 }
 
 uint32_t PrefixSharing::Release(Request& r) {

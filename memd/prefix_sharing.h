@@ -51,6 +51,21 @@ struct PrefixHit {
 };
 using PrefixHits = std::map<uint32_t, PrefixHit>;  // history page -> hit, ascending
 
+// Issue 26, the cluster tier (docs/cluster_tier.md): a page that became a confirmed shared page, for the daemon to
+// publish (its bytes are in host page `host_page` while the page stays stored).
+struct ClusterPublishPage {
+  PrefixAddress address;
+  PageIndex host_page = 0;
+  uint64_t checksum = 0;
+  GpuId gpu = 0;  // the writer's GPU (whose worker's geometry the page has)
+};
+// A page found in the cluster tier whose bytes the daemon copied into reusable host page `host_page`.
+struct ClusterImport {
+  PrefixAddress address;
+  PageIndex host_page = 0;
+  uint64_t checksum = 0;  // the value's page checksum (what the importing worker checks)
+};
+
 class PrefixSharing {
  public:
   // `state` is the core's (owned by ResidencyManager, outlives this); `tier` the host tier (nullopt: sharing off).
@@ -123,6 +138,22 @@ class PrefixSharing {
   // bad chain: nothing. Returns the pages held.
   uint32_t HoldAdopted(core::Request& r, const PrefixChain& chain, uint32_t page_rows);
 
+  // ---- issue 26: the cluster tier (the daemon does the store's I/O; this decides which pages) ----
+  // The pages confirmed shared since the last drain that are still stored at the same host page (empty unless
+  // PrefixConfig::cluster_outbox).
+  std::vector<ClusterPublishPage> DrainClusterPublish();
+  // Of `addresses` (an admission's, ascending page), the ones to ask the cluster tier for: every page from the first
+  // one the host tier cannot serve (not stored with that content) whose key is not stored at all (a page being
+  // written or of another content stays the local tier's business). Empty when off.
+  std::vector<PrefixAddress> ClusterLookups(std::span<const PrefixAddress> addresses) const;
+  // Up to `count` reusable host pages, ascending: where found pages may be copied (fewer: the pool lacks room; cached
+  // pages are not evicted for the cluster tier).
+  std::vector<PageIndex> ClusterRoom(uint32_t count) const;
+  // Found pages, copied into their host pages, become cached shared pages (host pool: kSharedOwner, journal kShared,
+  // confirmed with the checksum). All or nothing. Errors: FailedPrecondition (off, a page not reusable, a key stored
+  // already, a host page named twice).
+  absl::Status ImportCluster(std::span<const ClusterImport> pages);
+
   // ---- queries ----
   // True when host page `page` is a shared page request `id` holds a reference to.
   bool Holds(RequestId id, PageIndex page) const;
@@ -151,6 +182,7 @@ class PrefixSharing {
 
   core::State& s_;
   std::optional<PrefixPages> tier_;
+  std::vector<ClusterPublishPage> cluster_outbox_;  // issue 26: PrefixConfig::cluster_outbox
 };
 
 }  // namespace dhs::memd

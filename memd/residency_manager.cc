@@ -140,6 +140,19 @@ absl::Status ResidencyManager::ReleaseHeldPages() {
   return Finish(absl::OkStatus());
 }
 
+std::vector<PrefixAddress> ResidencyManager::ClusterLookups(const AdmitRequest& a) const {
+  if (!prefix_.on() || a.prefix.empty() || a.page_rows == 0) return {};
+  const uint64_t pages = a.context_rows / a.page_rows + (a.context_rows % a.page_rows != 0 ? 1 : 0);
+  if (pages > UINT32_MAX) return {};
+  auto addresses = prefix_.Addresses(a, static_cast<uint32_t>(pages));
+  if (!addresses.ok()) return {};
+  return prefix_.ClusterLookups(*addresses);
+}
+
+absl::Status ResidencyManager::ImportClusterPages(std::span<const ClusterImport> pages) {
+  return Finish(prefix_.ImportCluster(pages));
+}
+
 absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   AdmitRequest a = in;
   if (a.request == 0 || a.request == kNoOwner) {  // 0: RetireOrder.regranted_to's "none"; kNoOwner: a free page

@@ -223,6 +223,19 @@ class ResidencyManager {
   // Issue 24: the host tier's KV events since the last drain (PrefixPages::DrainKvEvents; empty with sharing or
   // ResidencyConfig::prefix.kv_events off). The daemon publishes them after each event (memd/kv_events.h).
   std::vector<KvEvent> DrainKvEvents() { return prefix_.DrainKvEvents(); }
+
+  // ---- Issue 26: the cluster tier (docs/cluster_tier.md). The core decides which pages; the daemon does the I/O:
+  // ClusterLookups names the pages of an admission to ask the store for (before Admit), ClusterRoom where found pages
+  // may be copied, and ImportClusterPages (an event) stores the copied pages as cached shared pages, so that Admit's
+  // grant takes them as host hits. No sockets, no clock here.
+  // The admission's shareable pages the host tier cannot serve and does not store (PrefixSharing::ClusterLookups);
+  // empty with sharing off, no chain, or an admission Admit would refuse for its chain or rows.
+  std::vector<PrefixAddress> ClusterLookups(const AdmitRequest& admission) const;
+  std::vector<PageIndex> ClusterRoom(uint32_t count) const { return prefix_.ClusterRoom(count); }
+  // Errors: PrefixSharing::ImportCluster's (nothing changes).
+  absl::Status ImportClusterPages(std::span<const ClusterImport> pages);
+  // The pages confirmed shared since the last drain (PrefixSharing::DrainClusterPublish).
+  std::vector<ClusterPublishPage> DrainClusterPublish() { return prefix_.DrainClusterPublish(); }
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
   uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }
   // True when `gpu` was registered and is fenced now (no page accounting until it registers again).

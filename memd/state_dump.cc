@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -333,6 +334,35 @@ std::string PrefixLine(const PrefixDump& p) {
       p.content_mismatches, p.evictions);
 }
 
+// Issue 26: the cluster tier (only when memd --cluster-store is given).
+json ClusterJson(const ClusterDump& c) {
+  json shed = json::object(), misses = json::object(), bad = json::object();
+  for (const auto& [k, v] : c.shed) shed[k] = v;
+  for (const auto& [k, v] : c.misses) misses[k] = v;
+  for (const auto& [k, v] : c.bad_values) bad[k] = v;
+  return json{{"store", c.store}, {"health", c.health}, {"queue_depth", c.queue_depth},
+              {"queue_bytes", c.queue_bytes}, {"offered", c.offered}, {"published", c.published},
+              {"published_bytes", c.published_bytes}, {"publish_failed", c.publish_failed}, {"shed", shed},
+              {"lookups", c.lookups}, {"hits", c.hits}, {"hit_bytes", c.hit_bytes}, {"imported", c.imported},
+              {"imported_bytes", c.imported_bytes}, {"misses", misses}, {"bad_values", bad}};
+}
+
+std::string ClusterLines(const ClusterDump& c) {
+  auto join = [](const std::vector<std::pair<std::string, uint64_t>>& v) {
+    std::string s;
+    for (const auto& [k, n] : v) {
+      if (n == 0) continue;
+      absl::StrAppendFormat(&s, "%s%s %d", s.empty() ? "" : ", ", k, n);
+    }
+    return s.empty() ? std::string("none") : s;
+  };
+  return absl::StrFormat(
+      "cluster tier %s (%s): queue %d pages / %d bytes; published %d pages / %d bytes (%d failed), shed: %s\n"
+      "cluster tier lookups: %d pages, %d hits (%d bytes), %d imported (%d bytes), misses: %s\n",
+      c.store, c.health, c.queue_depth, c.queue_bytes, c.published, c.published_bytes, c.publish_failed, join(c.shed),
+      c.lookups, c.hits, c.hit_bytes, c.imported, c.imported_bytes, join(c.misses));
+}
+
 nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
   switch (view.kind) {
     case DumpView::Kind::kStatus: {
@@ -341,6 +371,7 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
       json status{{"policy", d.policy}, {"now_us", d.now_us}, {"gpus", gpus}, {"requests", d.request_count},
                   {"host", HostJson(d.host)}};
       if (d.prefix.enabled) status["prefix"] = PrefixJson(d.prefix);  // issue 24
+      if (d.cluster.configured) status["cluster"] = ClusterJson(d.cluster);  // issue 26
       return status;
     }
     case DumpView::Kind::kGpus: {
@@ -368,7 +399,11 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
       return PagesJson(*g, view);
     }
     case DumpView::Kind::kQueue: return QueueJson(d);
-    case DumpView::Kind::kPrefixes: return PrefixesJson(d.prefix);
+    case DumpView::Kind::kPrefixes: {
+      json out = PrefixesJson(d.prefix);
+      if (d.cluster.configured) out["cluster"] = ClusterJson(d.cluster);  // issue 26
+      return out;
+    }
   }
   return json{{"error", "unknown view"}};
 }
@@ -376,11 +411,13 @@ nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
 std::string DumpToTable(const StateDump& d, const DumpView& view) {
   std::string out;
   switch (view.kind) {
-    case DumpView::Kind::kPrefixes: return PrefixesTable(d.prefix);  // issue 24
+    case DumpView::Kind::kPrefixes:  // issue 24 (and issue 26's cluster tier)
+      return PrefixesTable(d.prefix) + (d.cluster.configured ? ClusterLines(d.cluster) : std::string());
     case DumpView::Kind::kStatus:
       out = absl::StrFormat("policy %s, %d requests, host pool %d/%d pages reusable (%d pinned)\n", d.policy,
                             d.request_count, d.host.reusable_pages, d.host.pages, d.host.pinned_pages);
       if (d.prefix.enabled) out += PrefixLine(d.prefix);  // issue 24
+      if (d.cluster.configured) out += ClusterLines(d.cluster);  // issue 26
       out += GpuHeader();
       for (const GpuDump& g : d.gpus) out += GpuRow(g);
       return out + GpuSpeculationLines(d) + GpuWorkerLines(d);
@@ -505,6 +542,52 @@ void AppendPrefix(const PrefixDump& p, std::string& out) {
                         p.hit_rows, p.hit_bytes, p.stored_blocks);
 }
 
+// Issue 26: the cluster tier (only when memd --cluster-store is given).
+void AppendCluster(const ClusterDump& c, std::string& out) {
+  if (!c.configured) return;
+  out += "# HELP dhs_memd_cluster_store_up The cluster tier's store as the publisher sees it (1 up, 0 down or "
+         "probing).\n# TYPE dhs_memd_cluster_store_up gauge\n";
+  absl::StrAppendFormat(&out, "dhs_memd_cluster_store_up %d\n", c.health == "up" ? 1 : 0);
+  out += "# HELP dhs_memd_cluster_store_health The cluster tier's store health (1 for the current state).\n"
+         "# TYPE dhs_memd_cluster_store_health gauge\n";
+  for (const char* h : {"up", "down", "probing"}) {
+    absl::StrAppendFormat(&out, "dhs_memd_cluster_store_health{state=\"%s\"} %d\n", h, c.health == h ? 1 : 0);
+  }
+  absl::StrAppendFormat(&out,
+                        "# HELP dhs_memd_cluster_queue_pages Pages queued to publish (write-behind).\n"
+                        "# TYPE dhs_memd_cluster_queue_pages gauge\ndhs_memd_cluster_queue_pages %d\n"
+                        "# HELP dhs_memd_cluster_queue_bytes Key and value bytes queued to publish.\n"
+                        "# TYPE dhs_memd_cluster_queue_bytes gauge\ndhs_memd_cluster_queue_bytes %d\n",
+                        c.queue_depth, c.queue_bytes);
+  const std::tuple<const char*, const char*, uint64_t> counters[] = {
+      {"offered", "Confirmed shared pages offered to the write-behind queue.", c.offered},
+      {"published", "Pages the store confirmed written.", c.published},
+      {"published_bytes", "Key and value bytes the store confirmed written.", c.published_bytes},
+      {"publish_failed", "Pages of publish batches the store did not confirm (not retried).", c.publish_failed},
+      {"lookups", "Pages asked of the store at admissions.", c.lookups},
+      {"hits", "Pages found in the store and checked.", c.hits},
+      {"hit_bytes", "Payload bytes of the pages found.", c.hit_bytes},
+      {"imported", "Found pages copied into the host pool (granted as host hits).", c.imported},
+      {"imported_bytes", "Payload bytes copied into the host pool.", c.imported_bytes}};
+  for (const auto& [name, help, v] : counters) {
+    absl::StrAppendFormat(&out, "# HELP dhs_memd_cluster_%s_total %s\n# TYPE dhs_memd_cluster_%s_total counter\n"
+                          "dhs_memd_cluster_%s_total %d\n", name, help, name, name, v);
+  }
+  out += "# HELP dhs_memd_cluster_shed_total Pages the write-behind queue shed, by reason.\n"
+         "# TYPE dhs_memd_cluster_shed_total counter\n";
+  for (const auto& [k, v] : c.shed) absl::StrAppendFormat(&out, "dhs_memd_cluster_shed_total{reason=\"%s\"} %d\n", k, v);
+  out += "# HELP dhs_memd_cluster_misses_total Pages of admissions not imported from the store, by reason.\n"
+         "# TYPE dhs_memd_cluster_misses_total counter\n";
+  for (const auto& [k, v] : c.misses) {
+    absl::StrAppendFormat(&out, "dhs_memd_cluster_misses_total{reason=\"%s\"} %d\n", k, v);
+  }
+  out += "# HELP dhs_memd_cluster_bad_values_total Values refused by the page value check, by error.\n"
+         "# TYPE dhs_memd_cluster_bad_values_total counter\n";
+  for (const auto& [k, v] : c.bad_values) {
+    absl::StrAppendFormat(&out, "dhs_memd_cluster_bad_values_total{error=\"%s\"} %d\n", k, v);
+  }
+}
+
 void AppendHostPages(const StateDump& d, std::string& out) {
   out += "# HELP dhs_memd_host_pages Host pool pages by kind.\n# TYPE dhs_memd_host_pages gauge\n";
   const std::pair<const char*, uint32_t> host[] = {{"total", d.host.pages},
@@ -583,6 +666,7 @@ std::string RenderPrometheus(const StateDump& d, const Counters& c, const Daemon
   AppendHostPages(d, out);
   AppendPrefix(d.prefix, out);
   AppendCounters(c, daemon, out);
+  AppendCluster(daemon.cluster, out);  // issue 26
   return out;
 }
 

@@ -162,6 +162,30 @@ struct PrefixDump {
   uint32_t stored_blocks = 0;  // blocks the KV event stream announces stored now (0 with the stream off)
 };
 
+// Issue 26: the cluster tier (memd/cluster_tier.h; docs/cluster_tier.md): filled by the daemon, rendered in the
+// `status` and `prefixes` views and by RenderPrometheus (dhs_memd_cluster_*). Units: pages and bytes (page values'
+// payloads for hits and imports, key + value for published bytes).
+struct ClusterDump {
+  bool configured = false;       // memd --cluster-store given
+  std::string store;             // the store spec as given
+  std::string health;            // the publisher's view of the store: "up", "down", "probing"
+  uint32_t queue_depth = 0;      // pages queued to publish (not counting the batch in flight)
+  uint64_t queue_bytes = 0;      // their key + value bytes
+  uint64_t offered = 0;          // pages offered to the queue
+  uint64_t published = 0;        // pages the store confirmed (SET answered OK)
+  uint64_t published_bytes = 0;  // their key + value bytes
+  uint64_t publish_failed = 0;   // pages of batches the store did not confirm (not retried)
+  std::vector<std::pair<std::string, uint64_t>> shed;     // by reason: queue_full, bytes_full, too_large, store_down
+  uint64_t lookups = 0;          // pages asked of the store (GET keys)
+  uint64_t hits = 0;             // found and checked
+  uint64_t hit_bytes = 0;        // their payload bytes
+  uint64_t imported = 0;         // hits copied into the host pool as cached shared pages (then granted as host hits)
+  uint64_t imported_bytes = 0;
+  std::vector<std::pair<std::string, uint64_t>> misses;   // by reason (absent, timeout, unavailable, store_error,
+                                                          // bad_value, no_room, store_down, no_geometry, after_gap)
+  std::vector<std::pair<std::string, uint64_t>> bad_values;  // bad_value misses by PageValueError
+};
+
 struct StateDump {
   std::string policy;
   int64_t now_us = 0;
@@ -170,6 +194,7 @@ struct StateDump {
   size_t request_count = 0;           // requests known (queued ones included): requests.size() of a full dump
   HostDump host;
   PrefixDump prefix;  // issue 24
+  ClusterDump cluster;  // issue 26: filled by the daemon (the core knows nothing of the store)
 };
 
 // Event and order counters since start (monotonic), exported to Prometheus.
@@ -225,6 +250,7 @@ struct DaemonCounters {
   uint64_t kv_events_published = 0;  // events handed to the socket (sequence numbers used by sent batches)
   uint64_t kv_events_dropped = 0;    // events of batches dropped at the high-water mark (a consumer sees a gap)
   uint64_t kv_event_subscriptions = 0;  // subscribe messages seen from consumers
+  ClusterDump cluster;  // issue 26 (rendered only when configured)
 };
 
 // A view of the dump: "status", "gpus", "requests", "request <id>", "pages <gpu> [from F] [count N] [runs]", "queue".

@@ -228,6 +228,9 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
       {"--page-bytes 4096 --host-pool-pages 8 --replace-host-pool=maybe", "--replace-host-pool"},
       // Issue 24: the KV event stream tells what the host tier stores: it needs prefix sharing.
       {"--page-bytes 4096 --host-pool-pages 8 --kv-events on", "--kv-events on needs --prefix-sharing on"},
+      // Issue 26: the cluster tier shares the host tier's pages.
+      {"--page-bytes 4096 --host-pool-pages 8 --cluster-store redis://127.0.0.1:1",
+       "--cluster-store needs --prefix-sharing on"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-eviction fifo", "need --prefix-sharing on"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing off --prefix-tenant-quota-pages 5",
        "need --prefix-sharing on"},

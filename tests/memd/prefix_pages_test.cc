@@ -633,5 +633,90 @@ TEST_F(PrefixResidencyTest, SharingOffIgnoresTheChain) {
   EXPECT_EQ(mgr_->Dump().host.allocated_pages, 8u);
 }
 
+
+// ---------------------------------------------------------------- issue 26: the cluster tier's core side
+
+// Node 1 publishes the pages its request confirmed; node 2 (a fresh core) names the same pages to look up, imports
+// them into reusable host pages, and its admission is granted them as host hits with the published checksums.
+TEST_F(PrefixResidencyTest, ClusterPagesPublishedByOneCoreAreGrantedAsHostHitsByAnother) {
+  PrefixConfig outbox;
+  outbox.cluster_outbox = true;
+  Make(20, true, outbox);
+  OneGrant(Admit(1, 6, 2));
+  EXPECT_TRUE(mgr_->DrainClusterPublish().empty());  // writing pages are not confirmed
+  Written(1, {0, 1, 2, 3, 4});                       // 0..3 shared; page 4 private (beyond the chain)
+  const std::vector<ClusterPublishPage> published = mgr_->DrainClusterPublish();
+  ASSERT_EQ(published.size(), 4u);
+  for (uint32_t h = 0; h < 4; ++h) {
+    EXPECT_EQ(published[h].address.page, h);
+    EXPECT_EQ(published[h].checksum, 0x1000u + h);
+    EXPECT_EQ(published[h].gpu, 0u);
+    EXPECT_EQ(mgr_->prefix()->AtPage(published[h].host_page)->address.key, published[h].address.key);
+  }
+  EXPECT_TRUE(mgr_->DrainClusterPublish().empty());  // drained once
+
+  Make(20, true, outbox);  // node 2
+  AdmitRequest a;
+  a.request = 2;
+  a.required_pages = 1;
+  a.page_rows = kPageRows;
+  a.context_rows = 6 * kPageRows;
+  a.optional_history = false;
+  a.prefix = PrefixChain{"", {1, 2}, {1001, 1002}, kBlockTokens};
+  const std::vector<PrefixAddress> wanted = mgr_->ClusterLookups(a);
+  ASSERT_EQ(wanted.size(), 4u);
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(wanted[h], published[h].address);
+  const std::vector<PageIndex> room = mgr_->ClusterRoom(4);
+  ASSERT_EQ(room, (std::vector<PageIndex>{0, 1, 2, 3}));
+  // Bad imports change nothing: a host page named twice, a page that is not reusable.
+  std::vector<ClusterImport> twice = {{wanted[0], 0, 0x1000}, {wanted[1], 0, 0x1001}};
+  EXPECT_TRUE(absl::IsFailedPrecondition(mgr_->ImportClusterPages(twice)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(mgr_->ImportClusterPages(std::vector<ClusterImport>{{wanted[0], 99, 1}})));
+  EXPECT_EQ(mgr_->prefix()->stored(), 0u);
+  std::vector<ClusterImport> imports;
+  for (uint32_t h = 0; h < 4; ++h) imports.push_back({wanted[h], room[h], published[h].checksum});
+  Do(mgr_->ImportClusterPages(imports));
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+  EXPECT_EQ(mgr_->prefix()->counters().cluster_imported, 4u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
+  EXPECT_TRUE(mgr_->ClusterLookups(a).empty());  // stored locally now
+  EXPECT_TRUE(mgr_->DrainClusterPublish().empty());  // an import is not published again
+  // The same key imported twice is refused.
+  EXPECT_TRUE(absl::IsFailedPrecondition(mgr_->ImportClusterPages(std::vector<ClusterImport>{{wanted[0], 5, 1}})));
+  GrantOrder g = OneGrant(Do(mgr_->Admit(a)));
+  EXPECT_EQ(g.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(g.host_backed_checksums, (std::vector<uint64_t>{0x1000, 0x1001, 0x1002, 0x1003}));
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(g.host_pages[h], room[h]);
+  EXPECT_EQ(mgr_->prefix()->counters().hits, 4u);
+  Do(mgr_->Complete(2));
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+}
+
+// Only the pages past the local hits whose key is not stored are named; nothing with sharing off or without a chain;
+// the outbox is off by default.
+TEST_F(PrefixResidencyTest, ClusterLookupsNameOnlyWhatTheHostTierLacks) {
+  Make(20);
+  OneGrant(Admit(1, 4, 1));  // one block: pages 0, 1 shared
+  Written(1, {0, 1});
+  EXPECT_TRUE(mgr_->DrainClusterPublish().empty());  // PrefixConfig::cluster_outbox off
+  AdmitRequest a;
+  a.request = 2;
+  a.required_pages = 1;
+  a.page_rows = kPageRows;
+  a.context_rows = 8 * kPageRows;
+  a.optional_history = false;
+  a.prefix = PrefixChain{"", {1, 2, 3}, {1001, 1002, 1003}, kBlockTokens};  // 6 shareable pages
+  std::vector<PrefixAddress> wanted = mgr_->ClusterLookups(a);
+  ASSERT_EQ(wanted.size(), 4u);
+  EXPECT_EQ(wanted.front().page, 2u);
+  EXPECT_EQ(wanted.back().page, 5u);
+  AdmitRequest none = a;
+  none.prefix = {};
+  EXPECT_TRUE(mgr_->ClusterLookups(none).empty());
+  Make(20, /*sharing=*/false);
+  EXPECT_TRUE(mgr_->ClusterLookups(a).empty());
+  EXPECT_TRUE(mgr_->ClusterRoom(4).empty());
+}
+
 }  // namespace
 }  // namespace dhs::memd

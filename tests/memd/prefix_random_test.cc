@@ -3,6 +3,10 @@
 // same block ids and tokens, and chains whose ids repeat with other tokens), HostCopyWritten, reclaims answered
 // (backups written, ReadersDone), populations answered, Complete at any time, fences and re-registrations, resumes,
 // and memd restarts that adopt the journal's shared pages. A small host pool forces evictions.
+// Issue 26: a cluster tier (a model store, outliving memd restarts) receives every page the core confirms shared
+// (DrainClusterPublish, with the bytes the fake worker wrote there); before an admission the pages the core names
+// (ClusterLookups) that the store holds are imported (a run from the first, cut at random: a miss) into the room the
+// core names (ClusterRoom), carrying the stored bytes: the exactness checks of every later grant cover them.
 //
 // The fake worker keeps what every host page really holds (the content it wrote: tenant, block ids and token digests
 // up to the page's block, page index; computed here with the header's hash, independently of the core), so every
@@ -108,12 +112,14 @@ class Harness : Dice {
   uint64_t max_cached() const { return max_cached_; }
   uint64_t adopted() const { return adopted_; }
   uint64_t kv_events() const { return kv_events_; }
+  uint64_t cluster_imports() const { return cluster_imports_; }
+  uint64_t cluster_published() const { return cluster_published_; }
 
  private:
   void NewCore() {
     ResidencyConfig c{.reserve_pages = 1, .host_pages = kHost, .host_page_bytes = 4096,
                       .populate_pages_per_attempt = 3, .reclaim_policy = "largest-first", .prefix_sharing = true,
-                      .prefix = PrefixConfig{.kv_events = true}};  // issue 24's KV events, replayed in Check()
+                      .prefix = PrefixConfig{.kv_events = true, .cluster_outbox = true}};  // issues 24, 26
     mgr_ = std::move(*ResidencyManager::Create(c, [this] { return now_; }, journal_.get()));
   }
 
@@ -147,7 +153,41 @@ class Harness : Dice {
       return Check();
     }
     model_[r] = m;
+    ImportFromStore(a);  // issue 26: before the grant decision, as the daemon does
+    if (::testing::Test::HasFatalFailure()) return;
     Run(mgr_->Admit(a));
+  }
+
+  // Issue 26: the pages the core names that the model store holds (a run from the first; a random cut is a miss),
+  // imported into the room it names with the stored bytes.
+  void ImportFromStore(const AdmitRequest& a) {
+    const std::vector<PrefixAddress> wanted = mgr_->ClusterLookups(a);
+    uint32_t run = 0;
+    while (run < wanted.size() && store_.contains(wanted[run].key) && Pick(8) != 0) ++run;
+    if (run == 0) return;
+    const std::vector<PageIndex> room = mgr_->ClusterRoom(run);
+    std::vector<ClusterImport> imports;
+    for (size_t i = 0; i < room.size(); ++i) {
+      const Stored& s = store_.at(wanted[i].key);
+      ASSERT_EQ(s.address.content, wanted[i].content);  // the value check's address match
+      ASSERT_FALSE(mgr_->prefix()->AtPage(room[i])) << "room " << room[i] << " is a stored page";
+      bytes_[room[i]] = s.content;  // the daemon's copy of the value's payload
+      imports.push_back({wanted[i], room[i], s.checksum});
+    }
+    if (imports.empty()) return;
+    cluster_imports_ += imports.size();
+    Run(mgr_->ImportClusterPages(imports));
+  }
+
+  // Issue 26: what the core confirmed shared since the last event goes to the model store.
+  void Publish() {
+    for (const ClusterPublishPage& p : mgr_->DrainClusterPublish()) {
+      const SharedPage* sp = mgr_->prefix()->AtPage(p.host_page);
+      ASSERT_TRUE(sp != nullptr && sp->state != SharedPageState::kWriting && sp->address == p.address);
+      ASSERT_TRUE(bytes_.contains(p.host_page));
+      store_[p.address.key] = Stored{p.address, bytes_.at(p.host_page), p.checksum};
+      ++cluster_published_;
+    }
   }
 
   // The worker writes some of a granted request's computed pages and reports them (the bytes land first).
@@ -379,6 +419,8 @@ class Harness : Dice {
 
   void Check() {
     ASSERT_TRUE(mgr_->CheckInvariants().ok()) << mgr_->CheckInvariants();
+    Publish();
+    if (::testing::Test::HasFatalFailure()) return;
     const PrefixPages& tier = *mgr_->prefix();
     const HostPageAllocator& host = mgr_->host();
     const StateDump d = mgr_->Dump();
@@ -466,6 +508,13 @@ class Harness : Dice {
   std::set<RequestId> fence_rejects_;
   std::set<std::pair<uint64_t, uint64_t>> announced_;  // blocks the KV events say are stored
   uint64_t kv_events_ = 0;
+  struct Stored {  // issue 26: a value in the model store
+    PrefixAddress address;
+    Content content;
+    uint64_t checksum = 0;
+  };
+  std::map<uint64_t, Stored> store_;  // key -> value; outlives memd restarts (the store is not memd's)
+  uint64_t cluster_imports_ = 0, cluster_published_ = 0;
   uint64_t hits_ = 0, mismatch_chains_ = 0, cross_tenant_chains_ = 0, evictions_ = 0, max_cached_ = 0, adopted_ = 0;
 };
 
@@ -473,6 +522,7 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
   const std::vector<uint64_t> seeds = Seeds();
   const int events = Events();
   uint64_t hits = 0, evictions = 0, mismatches = 0, max_cached = 0, adopted = 0, lookups = 0, kv_events = 0;
+  uint64_t cluster_imports = 0, cluster_published = 0;
   for (uint64_t seed : seeds) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Harness h(seed);
@@ -489,7 +539,11 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
     max_cached = std::max(max_cached, h.max_cached());
     adopted += h.adopted();
     kv_events += h.kv_events();
+    cluster_imports += h.cluster_imports();
+    cluster_published += h.cluster_published();
   }
+  std::printf("prefix random: issue 26's model store: %llu pages published, %llu imported before admissions\n",
+              (unsigned long long)cluster_published, (unsigned long long)cluster_imports);
   std::printf("prefix random: %zu seeds x %d events: %llu shared pages imported, %llu lookups (last core), %llu "
               "content mismatches (last core), %llu evictions, %llu shared pages adopted by restarts, at most %llu "
               "cached at once\n",
@@ -503,6 +557,8 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
     EXPECT_GT(evictions, 10u);
     EXPECT_GT(mismatches, 0u);
     EXPECT_GT(adopted, 0u);
+    EXPECT_GT(cluster_imports, 10u);
+    EXPECT_GT(cluster_published, 100u);
   }
 }
 

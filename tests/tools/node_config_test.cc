@@ -115,6 +115,26 @@ TEST(NodeConfig, LivenessTimeoutsAndTheAdoptionGraceArePassedAndChecked) {
   EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "adopt_grace_ms = 600001")), HasSubstr("memd.adopt_grace_ms"));
 }
 
+// Issue 26: the cluster tier's keys are memd flags of the one list, in its order; memd.cluster_store needs sharing on.
+TEST(NodeConfig, ClusterStoreKeysBecomeMemdFlags) {
+  absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited(
+      "reserve_pages = 4", "reserve_pages = 4\ncluster_lookup_timeout_ms = 7\ncluster_store = \"redis://127.0.0.1:6399\"\n"
+                           "prefix_sharing = \"on\""));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> memd = MemdArgs(*c, 4096);
+  const std::vector<std::string> tail(memd.end() - 4, memd.end());
+  EXPECT_THAT(tail, ElementsAre("--cluster-store", "redis://127.0.0.1:6399", "--cluster-lookup-timeout-ms", "7"));
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "cluster_store = \"redis://127.0.0.1:6399\"")),
+              HasSubstr("memd.cluster_store: needs memd.prefix_sharing = \"on\""));
+  EXPECT_THAT(ErrorOf(Edited("reserve_pages = 4", "prefix_sharing = \"on\"\ncluster_lookup_timeout_ms = 0")),
+              HasSubstr("memd.cluster_lookup_timeout_ms"));
+  // Off by default: no flag passed.
+  absl::StatusOr<NodeConfig> plain = ParseNodeConfig(Edited("reserve_pages = 4", "reserve_pages = 4"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<std::string> args = MemdArgs(*plain, 4096);
+  EXPECT_EQ(std::find(args.begin(), args.end(), "--cluster-store"), args.end());
+}
+
 // Issue 24: the KV event stream's keys are memd flags of the one list (memd/memd_flags.h), in its order, checked here.
 TEST(NodeConfig, KvEventKeysBecomeMemdFlags) {
   absl::StatusOr<NodeConfig> c = ParseNodeConfig(Edited(

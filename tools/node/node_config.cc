@@ -187,6 +187,10 @@ absl::Status ReadMemd(const toml::table& root, NodeConfig& c) {
     if (auto it = s->find("kv_events"); it != s->end() && it->second == "on") {
       return KeyError("memd.kv_events", "needs memd.prefix_sharing = \"on\"");
     }
+    // Issue 26: the cluster tier shares the host tier's pages.
+    if (auto it = s->find("cluster_store"); it != s->end() && !it->second.empty()) {
+      return KeyError("memd.cluster_store", "needs memd.prefix_sharing = \"on\"");
+    }
   }
   c.memd = *std::move(s);
   return absl::OkStatus();

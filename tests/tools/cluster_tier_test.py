@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""The cluster tier end to end (issue 26, memd side): real redis-server, real nodes (dhs-node: memd + one hisparse
+workerd each, its own run directory), dhs-replay --connect to each node's worker.
+
+The conversation trace of replay_prefix_sharing_test (15 first turns, then their follow-up turns; lengths x 0.03).
+  1. node A (sharing on, --cluster-store redis://127.0.0.1:PORT) serves the trace: its confirmed shared prefix pages
+     are published (dhsctl status --json: cluster.published > 0, shed 0, store up);
+  2. node B (its own run directory and pool, same store) serves the same trace: pages imported from the cluster tier
+     (cluster.hits > 0, cluster.imported > 0, misses counted) and every request's tokens and logits digests equal
+     node A's (hisparse with sharing equals resident: replay_prefix_sharing_test), and equal to a resident run;
+  3. a value corrupted in the store (every published value's payload byte flipped through redis-cli): node C serves
+     the trace exact, nothing imported, the misses counted as bad_value (checksum_mismatch);
+  4. redis SIGKILLed: node D serves the trace exact, misses counted (unavailable / store_down), nothing imported;
+     redis restarted empty on the same port: the tier comes back up (a probe) and node D serves the trace again, exact;
+  5. redis SIGSTOPped: node E serves the trace exact (each lookup costs at most the deadline, then backoff), misses
+     counted (timeout / store_down); SIGCONT at the end.
+Every node is stopped with SIGTERM at the end (exit 0: memd's invariant checks pass, nothing left in /dev/shm).
+Usage: cluster_tier_test.py DHS_NODE DHS_REPLAY DHSCTL"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from proc_util import wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRACE = os.path.join(HERE, "..", "..", "tools", "replay", "data", "mooncake_conversation_head200.jsonl")
+PAIRS = 15
+N = 2 * PAIRS
+
+CONFIG = """
+[node]
+run_dir = "{run_dir}"
+
+[memd]
+host_pool_bytes = "{pool}"
+log_level = "info"
+prefix_sharing = "on"
+cluster_store = "redis://127.0.0.1:{port}"
+cluster_lookup_timeout_ms = 20
+
+[[worker]]
+gpu = 0
+preset = "glm5-like"
+page_rows = 16
+slots = 4
+hbm_budget_bytes = "64MiB"
+device = "cpu"
+mode = "hisparse"
+memd_timeout_ms = 5000
+"""
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    def __init__(self, tmp, port):
+        self.dir, self.port, self.proc = os.path.join(tmp, "redis"), port, None
+        os.makedirs(self.dir, exist_ok=True)
+
+    def start(self):
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+                                      self.dir, "--save", "", "--appendonly", "no", "--protected-mode", "no"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_until(lambda: self.cli("PING").strip() == "PONG", 10):
+            raise RuntimeError("redis-server did not answer PING")
+
+    def cli(self, *args, raw=False):
+        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args], capture_output=True,
+                           timeout=10)
+        return r.stdout if raw else r.stdout.decode(errors="replace")
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Node:
+    def __init__(self, exe, tmp, name, port, pool="64MiB"):
+        self.run_dir = os.path.join(tmp, name)
+        self.config = os.path.join(tmp, name + ".toml")
+        self.out = os.path.join(tmp, name + ".out")
+        with open(self.config, "w") as f:
+            f.write(CONFIG.format(run_dir=self.run_dir, port=port, pool=pool))
+        with open(self.out, "w") as out:
+            self.proc = subprocess.Popen([exe, "--config", self.config], stdout=out, stderr=subprocess.STDOUT)
+        if not wait_until(lambda: "node ready (1 workers)" in read(self.out) or self.proc.poll() is not None, 120):
+            raise RuntimeError(f"{name}: not ready: {read(self.out)[-2000:]}")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{name}: exited {self.proc.returncode}: {read(self.out)[-2000:]}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -9
+        return self.proc.returncode
+
+
+def conversation_trace(tmp):
+    rows = []
+    with open(TRACE) as f:
+        for line in f:
+            if line.strip():
+                rows.append(json.loads(line))
+            if len(rows) == PAIRS:
+                break
+    firsts, follow_ups = [], []
+    for k, r in enumerate(rows):
+        own = [10**12 + 100 * k + j for j in range(8)]
+        a = {"timestamp": r["timestamp"], "input_length": r["input_length"], "output_length": r["output_length"],
+             "hash_ids": r["hash_ids"] + own}
+        firsts.append(a)
+        follow_ups.append(dict(a, input_length=r["input_length"] + 4 * 512,
+                               hash_ids=r["hash_ids"] + [2 * 10**12 + 100 * k + j for j in range(4)] +
+                               [3 * 10**12 + 100 * k + j for j in range(8)]))
+    path = os.path.join(tmp, "conversation.jsonl")
+    with open(path, "w") as f:
+        for row in firsts + follow_ups:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def replay(exe, tmp, tag, args):
+    out, outputs = os.path.join(tmp, f"{tag}.json"), os.path.join(tmp, f"{tag}.outputs")
+    cmd = [exe, *args, "--json", out, "--outputs", outputs]
+    print("$", " ".join(cmd[1:]), flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    report, rows = {}, {}
+    if os.path.exists(out):
+        with open(out) as f:
+            report = json.load(f)
+    if os.path.exists(outputs):
+        with open(outputs) as f:
+            rows = {r["trace_index"]: r for r in map(json.loads, filter(None, f.read().splitlines()))}
+    print(f"  rc {proc.returncode}: served {report.get('requests_served')}/{N}, failed {report.get('requests_failed')},"
+          f" {time.monotonic() - t0:.1f} s", flush=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-3000:])
+    return proc.returncode, report, rows
+
+
+def cluster_stats(dhsctl, node):
+    r = subprocess.run([dhsctl, "--run-dir", node.run_dir, "--json", "status"], capture_output=True, text=True,
+                       timeout=30)
+    try:
+        return json.loads(r.stdout).get("cluster") or {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def misses(c, *reasons):
+    return sum((c.get("misses") or {}).get(r, 0) for r in reasons)
+
+
+def same_outputs(failures, tag, rows, ref):
+    if len(rows) != N:
+        failures.append(f"{tag}: {len(rows)} output rows, want {N}")
+        return
+    for i, r in rows.items():
+        a = ref.get(i)
+        if a is None or not r.get("served") or r["tokens"] != a["tokens"] or \
+                r["logits_digests"] != a["logits_digests"] or not r["tokens"]:
+            failures.append(f"{tag}: request {i} differs from the reference")
+            return
+
+
+def main():
+    node_exe, replay_exe, dhsctl = sys.argv[1], sys.argv[2], sys.argv[3]
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        print("SKIP: redis-server / redis-cli not installed")
+        return 77
+    failures, nodes = [], []
+    with tempfile.TemporaryDirectory(prefix="dhs-cluster-tier-") as tmp:
+        port = free_port()
+        redis = Redis(tmp, port)
+        redis.start()
+        conv = conversation_trace(tmp)
+        slice_ = ["--trace", conv, "--requests", str(N), "--length-scale", "0.03", "--preset", "glm5-like"]
+        try:
+            # The reference: a resident node dhs-replay starts itself (no cluster tier).
+            rc, _, resident = replay(replay_exe, tmp, "resident", slice_ + ["--mode", "resident",
+                                                                          "--run-dir", os.path.join(tmp, "ref")])
+            if rc != 0:
+                failures.append(f"resident reference: rc {rc}")
+
+            def serve(tag, node, extra=()):
+                rc, report, rows = replay(replay_exe, tmp, tag, slice_ + ["--connect",
+                                                                          f"ipc://{node.run_dir}/worker-0.sock",
+                                                                          *extra])
+                if rc != 0 or report.get("requests_served") != N or report.get("requests_failed") != 0:
+                    failures.append(f"{tag}: rc {rc}, served {report.get('requests_served')}, failed "
+                                    f"{report.get('requests_failed')}")
+                same_outputs(failures, tag, rows, resident)
+                return report, rows
+
+            # 1. node A publishes.
+            a = Node(node_exe, tmp, "a", port)
+            nodes.append(a)
+            serve("a", a)
+            wait_until(lambda: cluster_stats(dhsctl, a).get("queue_depth", 1) == 0, 10)
+            ca = cluster_stats(dhsctl, a)
+            print("node A cluster:", json.dumps(ca), flush=True)
+            keys = [k for k in redis.cli("KEYS", "dhs1:*").split() if k]
+            if ca.get("health") != "up" or ca.get("published", 0) <= 0 or sum((ca.get("shed") or {}).values()):
+                failures.append(f"A: published {ca.get('published')}, health {ca.get('health')}, shed {ca.get('shed')}")
+            if len(keys) != ca.get("published"):
+                failures.append(f"A: {len(keys)} keys in the store, {ca.get('published')} published")
+
+            # 2. node B imports.
+            b = Node(node_exe, tmp, "b", port)
+            nodes.append(b)
+            serve("b", b)
+            cb = cluster_stats(dhsctl, b)
+            print("node B cluster:", json.dumps(cb), flush=True)
+            if cb.get("hits", 0) <= 0 or cb.get("imported", 0) <= 0 or cb.get("hit_bytes", 0) <= 0:
+                failures.append(f"B: nothing imported from the cluster tier: {cb}")
+            if misses(cb, "bad_value", "timeout", "unavailable", "store_error"):
+                failures.append(f"B: unexpected misses {cb.get('misses')}")
+            print(f"FIGURE two nodes: A published {ca.get('published')} pages ({ca.get('published_bytes')} bytes); "
+                  f"B looked up {cb.get('lookups')}, hit {cb.get('hits')} ({cb.get('hit_bytes')} bytes), imported "
+                  f"{cb.get('imported')}", flush=True)
+            for n in (a, b):
+                nodes.remove(n)
+                if n.stop() != 0:
+                    failures.append(f"{n.run_dir}: dhs-node did not exit 0 at SIGTERM: {read(n.out)[-1500:]}")
+
+            # 3. every value corrupted in the store: a payload byte flipped (the value's last byte).
+            corrupted = 0
+            for k in keys:
+                v = redis.cli("GET", k, raw=True)
+                if v.endswith(b"\n"):
+                    v = v[:-1]
+                if len(v) < 100:
+                    continue
+                v = v[:-1] + bytes([v[-1] ^ 0xFF])
+                subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), "-x", "SET", k], input=v,
+                               capture_output=True, timeout=10)
+                corrupted += 1
+            c = Node(node_exe, tmp, "c", port)
+            nodes.append(c)
+            serve("c", c)
+            cc = cluster_stats(dhsctl, c)
+            print("node C cluster:", json.dumps(cc), flush=True)
+            if corrupted == 0 or cc.get("imported", 0) != 0 or misses(cc, "bad_value") <= 0 or \
+                    (cc.get("bad_values") or {}).get("checksum_mismatch", 0) <= 0:
+                failures.append(f"C: {corrupted} values corrupted, but {cc}")
+            nodes.remove(c)
+            if c.stop() != 0:
+                failures.append(f"C: dhs-node did not exit 0 at SIGTERM: {read(c.out)[-1500:]}")
+
+            # 4. redis killed: misses, exact; restarted empty: published again, nothing old found.
+            redis.cli("FLUSHALL")
+            d = Node(node_exe, tmp, "d", port)
+            nodes.append(d)
+            redis.kill()
+            serve("d-killed", d)
+            cd = cluster_stats(dhsctl, d)
+            print("node D cluster (store killed):", json.dumps(cd), flush=True)
+            if cd.get("imported", 0) != 0 or misses(cd, "unavailable", "store_down", "timeout") <= 0:
+                failures.append(f"D (store killed): {cd}")
+            redis.start()
+            # The publisher finds the store again (a probe), and the node serves on, exact.
+            if not wait_until(lambda: cluster_stats(dhsctl, d).get("health") == "up", 15):
+                failures.append(f"D: the store restarted, but the tier stays {cluster_stats(dhsctl, d).get('health')}")
+            serve("d-restarted", d)
+            nodes.remove(d)
+            if d.stop() != 0:
+                failures.append(f"D: dhs-node did not exit 0 at SIGTERM: {read(d.out)[-1500:]}")
+
+            # 5. redis SIGSTOPped: every request finishes exact, misses counted.
+            e = Node(node_exe, tmp, "e", port)
+            nodes.append(e)
+            os.kill(redis.proc.pid, signal.SIGSTOP)
+            try:
+                serve("e-stopped", e)
+                ce = cluster_stats(dhsctl, e)
+                print("node E cluster (store stopped):", json.dumps(ce), flush=True)
+                if ce.get("imported", 0) != 0 or misses(ce, "timeout", "store_down") <= 0:
+                    failures.append(f"E (store stopped): {ce}")
+            finally:
+                os.kill(redis.proc.pid, signal.SIGCONT)
+            nodes.remove(e)
+            if e.stop() != 0:
+                failures.append(f"E: dhs-node did not exit 0 at SIGTERM: {read(e.out)[-1500:]}")
+        finally:
+            for n in nodes:
+                n.stop()
+            redis.kill()
+        if failures:
+            for n in "abcde":
+                log = read(os.path.join(tmp, n, "memd.log"))
+                if log:
+                    print(f"---- {n}/memd.log ----\n" + log[-2500:])
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
