@@ -163,7 +163,11 @@ class Harness : Dice {
   void ImportFromStore(const AdmitRequest& a) {
     const std::vector<PrefixAddress> wanted = mgr_->ClusterLookups(a);
     uint32_t run = 0;
-    while (run < wanted.size() && store_.contains(wanted[run].key) && Pick(8) != 0) ++run;
+    // A value under the key with other content is the value check's address mismatch: a miss, the run ends.
+    while (run < wanted.size() && store_.contains(wanted[run].key) &&
+           store_.at(wanted[run].key).address.content == wanted[run].content && Pick(8) != 0) {
+      ++run;
+    }
     if (run == 0) return;
     const std::vector<PageIndex> room = mgr_->ClusterRoom(run);
     std::vector<ClusterImport> imports;

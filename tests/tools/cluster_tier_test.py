@@ -14,7 +14,8 @@ The conversation trace of replay_prefix_sharing_test (15 first turns, then their
      redis restarted empty on the same port: the tier comes back up (a probe) and node D serves the trace again, exact;
   5. redis SIGSTOPped: node E serves the trace exact (each lookup costs at most the deadline, then backoff), misses
      counted (timeout / store_down); SIGCONT at the end.
-Every node is stopped with SIGTERM at the end (exit 0: memd's invariant checks pass, nothing left in /dev/shm).
+After every pass the node's host pool holds only cached shared pages (no request, nothing leaked, pinned, shared or
+being written; allocated + reusable = the pool: dhsctl status). Every node is stopped with SIGTERM (exit 0).
 Usage: cluster_tier_test.py DHS_NODE DHS_REPLAY DHSCTL"""
 import json
 import os
@@ -42,7 +43,7 @@ host_pool_bytes = "{pool}"
 log_level = "info"
 prefix_sharing = "on"
 cluster_store = "redis://127.0.0.1:{port}"
-cluster_lookup_timeout_ms = 20
+cluster_lookup_timeout_ms = 200
 
 [[worker]]
 gpu = 0
@@ -172,6 +173,30 @@ def cluster_stats(dhsctl, node):
         return {}
 
 
+def pool_clean(failures, tag, dhsctl, node):
+    """After every request ended: the host pool holds only cached shared pages (none leaked, none pinned, nothing
+    shared or being written), and allocated + reusable = the pool."""
+    def check():
+        r = subprocess.run([dhsctl, "--run-dir", node.run_dir, "--json", "status"], capture_output=True, text=True,
+                           timeout=30)
+        try:
+            st = json.loads(r.stdout)
+        except json.JSONDecodeError:
+            return f"dhsctl status: {r.stdout[-300:]} {r.stderr[-300:]}"
+        h, p = st.get("host") or {}, st.get("prefix") or {}
+        if st.get("requests") != 0 or h.get("allocated") != p.get("cached_pages") or h.get("pinned") != 0 or \
+                p.get("shared_pages") != 0 or p.get("writing_pages") != 0 or \
+                h.get("allocated", 0) + h.get("reusable", 0) + h.get("freed_pinned", 0) != h.get("pages"):
+            return f"requests {st.get('requests')}, host {h}, prefix pages shared {p.get('shared_pages')} cached " \
+                   f"{p.get('cached_pages')} writing {p.get('writing_pages')}"
+        return None
+    why = None
+    if not wait_until(lambda: check() is None, 10):
+        why = check()
+    if why:
+        failures.append(f"{tag}: host pool not clean: {why}")
+
+
 def misses(c, *reasons):
     return sum((c.get("misses") or {}).get(r, 0) for r in reasons)
 
@@ -215,6 +240,7 @@ def main():
                     failures.append(f"{tag}: rc {rc}, served {report.get('requests_served')}, failed "
                                     f"{report.get('requests_failed')}")
                 same_outputs(failures, tag, rows, resident)
+                pool_clean(failures, tag, dhsctl, node)
                 return report, rows
 
             # 1. node A publishes.
@@ -238,7 +264,8 @@ def main():
             print("node B cluster:", json.dumps(cb), flush=True)
             if cb.get("hits", 0) <= 0 or cb.get("imported", 0) <= 0 or cb.get("hit_bytes", 0) <= 0:
                 failures.append(f"B: nothing imported from the cluster tier: {cb}")
-            if misses(cb, "bad_value", "timeout", "unavailable", "store_error"):
+            # (timeouts are possible on a loaded machine: counted misses, the pages computed; not a failure)
+            if misses(cb, "bad_value", "unavailable", "store_error", "no_room", "no_geometry"):
                 failures.append(f"B: unexpected misses {cb.get('misses')}")
             print(f"FIGURE two nodes: A published {ca.get('published')} pages ({ca.get('published_bytes')} bytes); "
                   f"B looked up {cb.get('lookups')}, hit {cb.get('hits')} ({cb.get('hit_bytes')} bytes), imported "
