@@ -13,7 +13,9 @@ The conversation trace of replay_prefix_sharing_test (15 first turns, then their
   4. redis SIGKILLed: node D serves the trace exact, misses counted (unavailable / store_down), nothing imported;
      redis restarted empty on the same port: the tier comes back up (a probe) and node D serves the trace again, exact;
   5. redis SIGSTOPped: node E serves the trace exact (each lookup costs at most the deadline, then backoff), misses
-     counted (timeout / store_down); SIGCONT at the end.
+     counted (timeout / store_down); SIGCONT at the end;
+  6. a 3-master Redis Cluster with a replica each: node F publishes (keys on every master), a master is SIGKILLed and
+     its replica takes over, node G (the dead master its first seed) imports pages, exact.
 After every pass the node's host pool holds only cached shared pages (no request, nothing leaked, pinned, shared or
 being written; allocated + reusable = the pool: dhsctl status). Every node is stopped with SIGTERM (exit 0).
 Usage: cluster_tier_test.py DHS_NODE DHS_REPLAY DHSCTL"""
@@ -42,7 +44,7 @@ run_dir = "{run_dir}"
 host_pool_bytes = "{pool}"
 log_level = "info"
 prefix_sharing = "on"
-cluster_store = "redis://127.0.0.1:{port}"
+cluster_store = "{store}"
 cluster_lookup_timeout_ms = 200
 
 [[worker]]
@@ -71,15 +73,33 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_cluster_port():
+    """A free loopback port whose cluster bus port (+10000) is free too."""
+    for _ in range(100):
+        p = free_port()
+        if p + 10000 < 65536:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p + 10000))
+                return p
+            except OSError:
+                pass
+    raise RuntimeError("no free port pair")
+
+
 class Redis:
-    def __init__(self, tmp, port):
-        self.dir, self.port, self.proc = os.path.join(tmp, "redis"), port, None
+    def __init__(self, tmp, port, name="redis", cluster=False):
+        self.dir, self.port, self.proc, self.cluster = os.path.join(tmp, name), port, None, cluster
         os.makedirs(self.dir, exist_ok=True)
 
     def start(self):
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-                                      self.dir, "--save", "", "--appendonly", "no", "--protected-mode", "no"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
+                "--appendonly", "no", "--protected-mode", "no"]
+        if self.cluster:  # as tests/common/redis_test_util.h's cluster nodes
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
+                     "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+                     "--repl-diskless-sync-delay", "0"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_until(lambda: self.cli("PING").strip() == "PONG", 10):
             raise RuntimeError("redis-server did not answer PING")
 
@@ -95,12 +115,12 @@ class Redis:
 
 
 class Node:
-    def __init__(self, exe, tmp, name, port, pool="64MiB"):
+    def __init__(self, exe, tmp, name, port, pool="64MiB", store=None):
         self.run_dir = os.path.join(tmp, name)
         self.config = os.path.join(tmp, name + ".toml")
         self.out = os.path.join(tmp, name + ".out")
         with open(self.config, "w") as f:
-            f.write(CONFIG.format(run_dir=self.run_dir, port=port, pool=pool))
+            f.write(CONFIG.format(run_dir=self.run_dir, pool=pool, store=store or f"redis://127.0.0.1:{port}"))
         with open(self.out, "w") as out:
             self.proc = subprocess.Popen([exe, "--config", self.config], stdout=out, stderr=subprocess.STDOUT)
         if not wait_until(lambda: "node ready (1 workers)" in read(self.out) or self.proc.poll() is not None, 120):
@@ -118,6 +138,24 @@ class Node:
                 self.proc.wait()
                 return -9
         return self.proc.returncode
+
+
+def start_cluster(tmp, masters=3, replicas=1):
+    """A Redis Cluster of `masters` masters with a replica each (redis-cli --cluster create), every node in its own
+    directory; ready when every node sees cluster_state:ok."""
+    nodes = []
+    for i in range(masters * (1 + replicas)):
+        r = Redis(tmp, free_cluster_port(), f"cluster{i}", cluster=True)
+        r.start()
+        nodes.append(r)
+    out = subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{r.port}" for r in nodes],
+                          "--cluster-replicas", str(replicas), "--cluster-yes"], capture_output=True, text=True,
+                         timeout=60).stdout
+    if "All 16384 slots covered" not in out:
+        raise RuntimeError(f"redis-cli --cluster create: {out[-1000:]}")
+    if not wait_until(lambda: all("cluster_state:ok" in r.cli("CLUSTER", "INFO") for r in nodes), 30):
+        raise RuntimeError("the cluster is not ok")
+    return nodes
 
 
 def conversation_trace(tmp):
@@ -218,7 +256,7 @@ def main():
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         print("SKIP: redis-server / redis-cli not installed")
         return 77
-    failures, nodes = [], []
+    failures, nodes, servers = [], [], []
     with tempfile.TemporaryDirectory(prefix="dhs-cluster-tier-") as tmp:
         port = free_port()
         redis = Redis(tmp, port)
@@ -333,12 +371,54 @@ def main():
             nodes.remove(e)
             if e.stop() != 0:
                 failures.append(f"E: dhs-node did not exit 0 at SIGTERM: {read(e.out)[-1500:]}")
+
+            # 6. a 3-master Redis Cluster (a replica each): node F publishes through the slot routing, a master is
+            # SIGKILLed (its replica takes over), node G imports what is left, exact.
+            cluster = start_cluster(tmp)
+            servers.extend(cluster)
+            seeds = ",".join(f"127.0.0.1:{r.port}" for r in cluster[:3])
+            f_node = Node(node_exe, tmp, "f", 0, store=seeds)
+            nodes.append(f_node)
+            serve("f", f_node)
+            wait_until(lambda: cluster_stats(dhsctl, f_node).get("queue_depth", 1) == 0, 10)
+            cf = cluster_stats(dhsctl, f_node)
+            per_master = [int(r.cli("DBSIZE").strip() or 0) for r in cluster[:3]]
+            print("node F cluster:", json.dumps(cf), "keys per master", per_master, flush=True)
+            if cf.get("published", 0) <= 0 or sum(per_master) != cf.get("published") or min(per_master) == 0:
+                failures.append(f"F: published {cf.get('published')}, keys per master {per_master}")
+            time.sleep(1)  # the replicas catch up (asynchronous replication)
+            victim = cluster[0]
+            victim_id = victim.cli("CLUSTER", "MYID").strip()
+            victim.kill()
+
+            def failed_over():  # the others saw it fail, and a replica took its slots (cluster_state ok again)
+                seen = [l for l in cluster[1].cli("CLUSTER", "NODES").splitlines() if l.startswith(victim_id)]
+                return seen and "fail" in seen[0].split()[2] and "fail?" not in seen[0].split()[2] and \
+                    all("cluster_state:ok" in r.cli("CLUSTER", "INFO") for r in cluster[1:])
+            if not wait_until(failed_over, 30):
+                failures.append("the cluster did not fail over from a master's death within 30 s")
+            g_node = Node(node_exe, tmp, "g", 0, store=seeds)  # the dead master is the first seed
+            nodes.append(g_node)
+            serve("g", g_node)
+            cg = cluster_stats(dhsctl, g_node)
+            print("node G cluster (a master killed):", json.dumps(cg), flush=True)
+            if cg.get("imported", 0) <= 0 or misses(cg, "bad_value", "store_error"):
+                failures.append(f"G: {cg}")
+            print(f"FIGURE 3-master cluster, a master killed: F published {cf.get('published')} pages (keys per "
+                  f"master {per_master}); G imported {cg.get('imported')} of {cg.get('lookups')} looked up, misses "
+                  f"{ {k: v for k, v in (cg.get('misses') or {}).items() if v} }", flush=True)
+            for n in (f_node, g_node):
+                nodes.remove(n)
+                if n.stop() != 0:
+                    failures.append(f"{n.run_dir}: dhs-node did not exit 0 at SIGTERM: {read(n.out)[-1500:]}")
         finally:
             for n in nodes:
                 n.stop()
             redis.kill()
+            for r in servers:
+                r.kill()
         if failures:
-            for n in "abcde":
+            for n in "abcdefg":
                 log = read(os.path.join(tmp, n, "memd.log"))
                 if log:
                     print(f"---- {n}/memd.log ----\n" + log[-2500:])
