@@ -257,6 +257,58 @@ TEST_F(DumpTest, Prometheus) {
   EXPECT_NE(text.find("dhs_memd_host_pages{kind=\"total\"} 8\n"), std::string::npos);
 }
 
+// Issue 26: the cluster tier's counters (filled by the daemon) in the status and prefixes views and the metrics page,
+// each family with a HELP line; nothing of it when the tier is not configured.
+TEST_F(DumpTest, ClusterTierInViewsAndMetrics) {
+  EXPECT_EQ(DumpToTable(dump_, *ParseDumpView("status")).find("cluster"), std::string::npos);
+  EXPECT_EQ(RenderPrometheus(dump_, mgr_->counters()).find("cluster"), std::string::npos);
+  EXPECT_FALSE(DumpToJson(dump_, *ParseDumpView("status")).contains("cluster"));
+  ClusterDump c;
+  c.configured = true;
+  c.store = "redis://127.0.0.1:6399";
+  c.health = "down";
+  c.queue_depth = 3;
+  c.queue_bytes = 300;
+  c.published = 7;
+  c.published_bytes = 700;
+  c.shed = {{"queue_full", 0}, {"store_down", 5}};
+  c.lookups = 11;
+  c.hits = 4;
+  c.hit_bytes = 4096;
+  c.imported = 4;
+  c.misses = {{"absent", 2}, {"timeout", 5}};
+  c.bad_values = {{"checksum_mismatch", 0}};
+  StateDump d = dump_;
+  d.cluster = c;
+  const std::string status = DumpToTable(d, *ParseDumpView("status"));
+  EXPECT_NE(status.find("cluster tier redis://127.0.0.1:6399 (down): queue 3 pages / 300 bytes; published 7 pages / "
+                        "700 bytes (0 failed), shed: store_down 5\n"), std::string::npos) << status;
+  EXPECT_NE(status.find("cluster tier lookups: 11 pages, 4 hits (4096 bytes), 4 imported (0 bytes), misses: absent 2, "
+                        "timeout 5\n"), std::string::npos) << status;
+  EXPECT_NE(DumpToTable(d, *ParseDumpView("prefixes")).find("cluster tier lookups: 11 pages"), std::string::npos);
+  const json j = DumpToJson(d, *ParseDumpView("status"));
+  EXPECT_EQ(j["cluster"]["health"], "down");
+  EXPECT_EQ(j["cluster"]["misses"]["timeout"], 5);
+  EXPECT_EQ(DumpToJson(d, *ParseDumpView("prefixes"))["cluster"]["hits"], 4);
+  DaemonCounters dc;
+  dc.cluster = c;
+  const std::string text = RenderPrometheus(dump_, mgr_->counters(), dc);
+  ASSERT_TRUE(testing::PrometheusFamilies(text).ok()) << testing::PrometheusFamilies(text).status();
+  for (const char* want : {"dhs_memd_cluster_store_up 0\n", "dhs_memd_cluster_store_health{state=\"down\"} 1\n",
+                           "dhs_memd_cluster_queue_pages 3\n", "dhs_memd_cluster_published_total 7\n",
+                           "dhs_memd_cluster_shed_total{reason=\"store_down\"} 5\n",
+                           "dhs_memd_cluster_hits_total 4\n", "dhs_memd_cluster_misses_total{reason=\"timeout\"} 5\n",
+                           "# HELP dhs_memd_cluster_imported_total ", "# HELP dhs_memd_cluster_misses_total "}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want;
+  }
+  // Every cluster family has its HELP line.
+  for (const std::string& family : *testing::PrometheusFamilies(text)) {
+    if (family.starts_with("dhs_memd_cluster_")) {
+      EXPECT_NE(text.find("# HELP " + family + " "), std::string::npos) << family;
+    }
+  }
+}
+
 // The worker's shape (issue 14; filled by the daemon from its Hello) in the status view: JSON "worker" with every
 // field (null without one) and a line of the table; plan --live reads it back (tests/tools/planner_test.cc).
 TEST_F(DumpTest, WorkerShapeInTheStatusView) {
