@@ -293,7 +293,8 @@ TEST_F(DumpTest, ClusterTierInViewsAndMetrics) {
   DaemonCounters dc;
   dc.cluster = c;
   const std::string text = RenderPrometheus(dump_, mgr_->counters(), dc);
-  ASSERT_TRUE(testing::PrometheusFamilies(text).ok()) << testing::PrometheusFamilies(text).status();
+  const absl::StatusOr<std::vector<std::string>> families = testing::PrometheusFamilies(text);
+  ASSERT_TRUE(families.ok()) << families.status();
   for (const char* want : {"dhs_memd_cluster_store_up 0\n", "dhs_memd_cluster_store_health{state=\"down\"} 1\n",
                            "dhs_memd_cluster_queue_pages 3\n", "dhs_memd_cluster_published_total 7\n",
                            "dhs_memd_cluster_shed_total{reason=\"store_down\"} 5\n",
@@ -302,7 +303,7 @@ TEST_F(DumpTest, ClusterTierInViewsAndMetrics) {
     EXPECT_NE(text.find(want), std::string::npos) << want;
   }
   // Every cluster family has its HELP line.
-  for (const std::string& family : *testing::PrometheusFamilies(text)) {
+  for (const std::string& family : *families) {
     if (family.starts_with("dhs_memd_cluster_")) {
       EXPECT_NE(text.find("# HELP " + family + " "), std::string::npos) << family;
     }
