@@ -14,6 +14,9 @@ The conversation trace of replay_prefix_sharing_test (15 first turns, then their
      redis restarted empty on the same port: the tier comes back up (a probe) and node D serves the trace again, exact;
   5. redis SIGSTOPped: node E serves the trace exact (each lookup costs at most the deadline, then backoff), misses
      counted (timeout / store_down); SIGCONT at the end;
+  7. (before 6) two nodes publishing the same pages at once: both exact, the store holds each page once; a node of
+     another geometry (p = 8) finds nothing (another key space: absent misses), exact; a node of the same geometry
+     imports, exact;
   6. a 3-master Redis Cluster with a replica each: node F publishes (keys on every master), a master is SIGKILLed and
      its replica takes over, node G (the dead master its first seed) imports pages, exact.
 After every pass the node's host pool holds only cached shared pages (no request, nothing leaked, pinned, shared or
@@ -27,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from proc_util import wait_until
@@ -50,7 +54,7 @@ cluster_lookup_timeout_ms = 200
 [[worker]]
 gpu = 0
 preset = "glm5-like"
-page_rows = 16
+page_rows = {page_rows}
 slots = 4
 hbm_budget_bytes = "64MiB"
 device = "cpu"
@@ -115,12 +119,13 @@ class Redis:
 
 
 class Node:
-    def __init__(self, exe, tmp, name, port, pool="64MiB", store=None):
+    def __init__(self, exe, tmp, name, port, pool="64MiB", store=None, page_rows=16):
         self.run_dir = os.path.join(tmp, name)
         self.config = os.path.join(tmp, name + ".toml")
         self.out = os.path.join(tmp, name + ".out")
         with open(self.config, "w") as f:
-            f.write(CONFIG.format(run_dir=self.run_dir, pool=pool, store=store or f"redis://127.0.0.1:{port}"))
+            f.write(CONFIG.format(run_dir=self.run_dir, pool=pool, store=store or f"redis://127.0.0.1:{port}",
+                                  page_rows=page_rows))
         with open(self.out, "w") as out:
             self.proc = subprocess.Popen([exe, "--config", self.config], stdout=out, stderr=subprocess.STDOUT)
         if not wait_until(lambda: "node ready (1 workers)" in read(self.out) or self.proc.poll() is not None, 120):
@@ -372,6 +377,47 @@ def main():
             if e.stop() != 0:
                 failures.append(f"E: dhs-node did not exit 0 at SIGTERM: {read(e.out)[-1500:]}")
 
+            # 7. two nodes publishing the same pages at once (on an emptied store), then a node of another geometry
+            # (p = 8: another key space, nothing found, exact) and one of the same geometry (imports, exact).
+            redis.cli("FLUSHALL")
+            p_node, q_node = Node(node_exe, tmp, "p", port), Node(node_exe, tmp, "q", port)
+            nodes.extend([p_node, q_node])
+            results = {}
+            threads = [threading.Thread(target=lambda n=n, t=t: results.__setitem__(t, serve(t, n)))
+                       for n, t in ((p_node, "p"), (q_node, "q"))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wait_until(lambda: all(cluster_stats(dhsctl, n).get("queue_depth", 1) == 0 for n in (p_node, q_node)), 10)
+            cp, cq = cluster_stats(dhsctl, p_node), cluster_stats(dhsctl, q_node)
+            keys = [k for k in redis.cli("KEYS", "dhs1:*").split() if k]
+            print(f"FIGURE two nodes at once: P published {cp.get('published')}, Q {cq.get('published')}, imported "
+                  f"{cp.get('imported')} / {cq.get('imported')}; {len(keys)} keys in the store", flush=True)
+            if cp.get("published", 0) + cq.get("published", 0) < len(keys) or not keys:
+                failures.append(f"P, Q: published {cp.get('published')} + {cq.get('published')}, {len(keys)} keys")
+            r_node = Node(node_exe, tmp, "r", port, page_rows=8)
+            nodes.append(r_node)
+            serve("r", r_node)
+            cr = cluster_stats(dhsctl, r_node)
+            print("node R cluster (p = 8):", json.dumps(cr), flush=True)
+            if cr.get("imported", 0) != 0 or cr.get("lookups", 0) <= 0 or misses(cr, "absent") != cr.get("lookups"):
+                failures.append(f"R (another geometry): {cr}")
+            s_node = Node(node_exe, tmp, "s", port)
+            nodes.append(s_node)
+            serve("s", s_node)
+            cs = cluster_stats(dhsctl, s_node)
+            # Every page P and Q published is found (a loaded machine may time a lookup out: counted, not a failure).
+            if cs.get("imported", 0) <= 0 or \
+                    cs.get("imported", 0) + misses(cs, "timeout", "store_down") != len(keys):
+                failures.append(f"S: imported {cs.get('imported')} of the {len(keys)} pages P and Q stored: {cs}")
+            print(f"FIGURE after two publishers: S imported {cs.get('imported')} of {cs.get('lookups')} looked up",
+                  flush=True)
+            for n in (p_node, q_node, r_node, s_node):
+                nodes.remove(n)
+                if n.stop() != 0:
+                    failures.append(f"{n.run_dir}: dhs-node did not exit 0 at SIGTERM: {read(n.out)[-1500:]}")
+
             # 6. a 3-master Redis Cluster (a replica each): node F publishes through the slot routing, a master is
             # SIGKILLed (its replica takes over), node G imports what is left, exact.
             cluster = start_cluster(tmp)
@@ -418,7 +464,7 @@ def main():
             for r in servers:
                 r.kill()
         if failures:
-            for n in "abcdefg":
+            for n in "abcdefgpqrs":
                 log = read(os.path.join(tmp, n, "memd.log"))
                 if log:
                     print(f"---- {n}/memd.log ----\n" + log[-2500:])
