@@ -118,6 +118,16 @@ absl::Status CheckOptions(const DaemonOptions& options) {
   return absl::OkStatus();
 }
 
+// Issue 26: the cluster tier (nullptr without --cluster-store). Its clients connect lazily: an unreachable store is
+// a miss, never a failed start; a bad store spec is InvalidArgument.
+absl::StatusOr<std::unique_ptr<ClusterTier>> StartClusterTier(const DaemonOptions& options) {
+  if (options.cluster_store.empty()) return std::unique_ptr<ClusterTier>();
+  ClusterTierOptions co;
+  co.store = options.cluster_store;
+  co.lookup_timeout = options.cluster_lookup_timeout;
+  return ClusterTier::Start(co);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
@@ -178,17 +188,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     }
     kv_events = std::move(*bound);
   }
-  std::unique_ptr<ClusterTier> cluster;  // issue 26: the clients connect lazily (an unreachable store is a miss)
-  if (!options.cluster_store.empty()) {
-    ClusterTierOptions co;
-    co.store = options.cluster_store;
-    co.lookup_timeout = options.cluster_lookup_timeout;
-    auto started = ClusterTier::Start(co);
-    if (!started.ok()) {
-      remove_segment();
-      return started.status();
-    }
-    cluster = std::move(*started);
+  auto cluster = StartClusterTier(options);  // issue 26: null when off
+  if (!cluster.ok()) {
+    remove_segment();
+    return cluster.status();
   }
   auto core = ResidencyManager::Create(config, NowUs, journal.get());
   if (!core.ok()) {
@@ -202,7 +205,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& in) {
     return s;
   }
   d->kv_events_ = std::move(kv_events);
-  d->cluster_ = std::move(cluster);
+  d->cluster_ = std::move(*cluster);
   d->PublishKvEvents();  // the stream's first event: AllBlocksCleared (memd/kv_block_ledger.h)
   d->PublishMetrics();
   return d;

@@ -14,6 +14,7 @@
 #include "common/host_pool.h"
 #include "common/sd_notify.h"
 #include "common/transport.h"
+#include "common/redis_client.h"  // issue 26: ParseSeeds checks --cluster-store
 #include "memd/daemon.h"
 #include "memd/memd_flags.h"  // kMemdFlags: memd's flags, one list (dhs-node reads it too)
 #include "common/metrics_server.h"
@@ -222,6 +223,13 @@ bool SetPoolPages(CommandLine& c) {
   if (!c.options.cluster_store.empty() && !c.options.prefix_sharing) {  // issue 26: it shares the host tier's pages
     std::fprintf(stderr, "memd: --cluster-store needs --prefix-sharing on\n");
     return false;
+  }
+  if (!c.options.cluster_store.empty()) {
+    if (auto seeds = dhs::redis::ParseSeeds(c.options.cluster_store); !seeds.ok()) {
+      std::fprintf(stderr, "memd: --cluster-store '%s': %s\n", c.options.cluster_store.c_str(),
+                   std::string(seeds.status().message()).c_str());
+      return false;
+    }
   }
   if (!c.options.prefix_sharing && (c.options.prefix_eviction != dhs::memd::kDefaultPrefixEvictionPolicy ||
                                     c.options.prefix_tenant_quota_pages != 0)) {

@@ -231,6 +231,12 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
       // Issue 26: the cluster tier shares the host tier's pages.
       {"--page-bytes 4096 --host-pool-pages 8 --cluster-store redis://127.0.0.1:1",
        "--cluster-store needs --prefix-sharing on"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --cluster-store http://127.0.0.1:1",
+       "--cluster-store 'http://127.0.0.1:1': "},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --cluster-store redis://127.0.0.1",
+       "--cluster-store 'redis://127.0.0.1': "},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --cluster-store redis://127.0.0.1:1 "
+       "--cluster-lookup-timeout-ms 0", "--cluster-lookup-timeout-ms: must be an integer in [1, 10000], got '0'"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-eviction fifo", "need --prefix-sharing on"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing off --prefix-tenant-quota-pages 5",
        "need --prefix-sharing on"},
