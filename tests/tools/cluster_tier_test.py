@@ -310,6 +310,22 @@ def main():
             # (timeouts are possible on a loaded machine: counted misses, the pages computed; not a failure)
             if misses(cb, "bad_value", "unavailable", "store_error", "no_room", "no_geometry"):
                 failures.append(f"B: unexpected misses {cb.get('misses')}")
+            # Per request: memd's timeline notes the pages its admission imported from the cluster tier.
+            per_request = 0
+            for cid in range(0, N + 2):
+                r = subprocess.run([dhsctl, "--run-dir", b.run_dir, "--json", "request", "--client", str(cid)],
+                                   capture_output=True, text=True, timeout=30)
+                try:
+                    doc = json.loads(r.stdout)
+                except json.JSONDecodeError:
+                    continue
+                for t in doc.get("timelines", []):
+                    for e in t.get("events", []):
+                        if e.get("event") == "admitted" and "imported from the cluster tier" in e.get("detail", ""):
+                            per_request += e.get("pages", 0)
+            if per_request != cb.get("imported"):
+                failures.append(f"B: the requests' timelines name {per_request} pages from the cluster tier, memd "
+                                f"counted {cb.get('imported')}")
             print(f"FIGURE two nodes: A published {ca.get('published')} pages ({ca.get('published_bytes')} bytes); "
                   f"B looked up {cb.get('lookups')}, hit {cb.get('hits')} ({cb.get('hit_bytes')} bytes), imported "
                   f"{cb.get('imported')}", flush=True)
