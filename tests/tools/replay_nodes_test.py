@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """dhs-replay --nodes 2 end to end (issue 26): two real nodes (memd + workerd each) started by dhs-replay, the requests
 routed round-robin, by session and by prefix (the nodes' KV event streams), outputs compared with ONE resident node
-(--check-exact), and the redis-server dhs-replay starts for --cluster-store stopped at the end.
+(--check-exact), a worker killed on each node mid-run (kill points), and the redis-server dhs-replay starts for --cluster-store stopped at the end.
 
 The trace (hand-made, Mooncake JSONL, length scale 0.125: the 512-token block becomes T = 64 tokens, one host page of
 workerd's 64 rows): three conversations X, Y, Z with ids of their own, every turn's last block partial (input
@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import signal  # noqa: F401 (subprocess.signal)
 import time
 
 ROWS = [("X", 0, 4), ("Y", 0, 4), ("Z", 0, 4), ("X", 1, 6), ("Y", 1, 6), ("Z", 1, 6), ("X", 2, 8), ("Y", 2, 8)]
@@ -52,15 +53,26 @@ def trace(tmp):
     return path
 
 
-def shm():
-    return set(os.listdir("/dev/shm"))
+def shm(tmp=None):
+    """memd host-pool segments in /dev/shm whose header names a run directory under `tmp` (the test's runs: dhs-replay
+    runs with TMPDIR=tmp; other processes on the machine have segments of their own)."""
+    out = set()
+    for name in os.listdir("/dev/shm"):
+        try:
+            with open(os.path.join("/dev/shm", name), "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            continue
+        if tmp is None or tmp.encode() in head:
+            out.add(name)
+    return out
 
 
 def replay(exe, tmp, tag, args, timeout=600):
     out = os.path.join(tmp, tag + ".json")
     cmd = [exe, *args, "--json", out]
     print("$", " ".join(cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, TMPDIR=tmp))
     print(proc.stdout, end="", flush=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
@@ -126,7 +138,6 @@ def check_cluster_store(failures, exe, tmp, base, store):
     """dhs-replay starts the store, hands its address to every memd, and stops it at the end whatever happened. Until
     memd takes --cluster-store (the cluster branch) the nodes refuse to start (exit 1): the cleanup is checked either
     way; with a memd that takes it the run must also be exact."""
-    before = shm()
     rc, report, err = replay(exe, tmp, "store-" + store, base + ["--route", "session", "--cluster-store", store])
     m = re.search(r"cluster store \S+ at redis://([0-9.:,]+) \((\S+)\)", err)
     if not m:
@@ -144,14 +155,58 @@ def check_cluster_store(failures, exe, tmp, base, store):
             failures.append(f"--cluster-store {store}: redis-server on port {p} still running after dhs-replay ended")
     if os.path.exists(m.group(2)):
         failures.append(f"--cluster-store {store}: its directory {m.group(2)} was left behind")
-    if shm() - before:
-        failures.append(f"--cluster-store {store}: /dev/shm leftovers {sorted(shm() - before)}")
+    if shm(tmp):
+        failures.append(f"--cluster-store {store}: /dev/shm leftovers {sorted(shm(tmp))}")
     if rc == 0:
         if report.get("exact_match") is not True or report["multi_node"]["cluster_endpoint"] is None:
             failures.append(f"--cluster-store {store}: exact {report.get('exact_match')}")
     else:
         print(f"  --cluster-store {store}: the nodes did not start (rc {rc}; memd without --cluster-store?); "
               f"cleanup checked", flush=True)
+
+
+def redis_with_dir(fragment):
+    """pids of redis-server processes whose --dir contains `fragment`."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"redis-server") and any(fragment.encode() in a for a in cmd):
+            out.append(int(pid))
+    return out
+
+
+def check_sigint_while_the_cluster_starts(failures, exe, tmp, base):
+    """SIGINT while dhs-replay builds its 3-master cluster (6 servers and redis-cli --cluster create take seconds):
+    exit 130, its Redis directory removed, no redis-server of it left (the ones started are killed, or get SIGTERM
+    as the tool exits: their parent-death signal)."""
+    run_parent = os.path.join(tmp, "sigint")
+    os.makedirs(run_parent)
+    env = dict(os.environ, TMPDIR=run_parent)
+    proc = subprocess.Popen([exe, *base, "--route", "session", "--cluster-store", "local-cluster"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 20
+    while time.time() < deadline and not redis_with_dir(run_parent):  # the first server is up
+        time.sleep(0.05)
+    started = len(redis_with_dir(run_parent))
+    proc.send_signal(subprocess.signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if started == 0:
+        failures.append("SIGINT: no redis-server was seen starting")
+    if proc.returncode != 130:
+        failures.append(f"SIGINT: exit {proc.returncode}, expected 130: {err[-500:]}")
+    deadline = time.time() + 5
+    while time.time() < deadline and redis_with_dir(run_parent):
+        time.sleep(0.1)
+    if redis_with_dir(run_parent):
+        failures.append(f"SIGINT: redis-server left running: {redis_with_dir(run_parent)}")
+    left = [d for d in os.listdir(run_parent) if d.startswith("dhs-replay-redis-")]
+    if left:
+        failures.append(f"SIGINT: Redis directory left behind: {left}")
+    print(f"  SIGINT while the cluster started ({started} servers up): exit {proc.returncode}", flush=True)
 
 
 def main():
@@ -162,7 +217,6 @@ def main():
                 "--concurrency", "1", "--prefix-sharing", "on", "--nodes", "2", "--check-exact"]
         hits = {}
         for route in ("round-robin", "session", "prefix"):
-            before = shm()
             rc, report, _ = replay(exe, tmp, route, base + ["--route", route])
             if rc != 0 or report.get("exact_match") is not True or report.get("requests_served") != len(ROWS):
                 failures.append(f"{route}: rc {rc}, exact {report.get('exact_match')}, served "
@@ -172,13 +226,28 @@ def main():
             hits[route] = host_hits(report)
             if report["prefix"]["hits_host"] != hits[route]:
                 failures.append(f"{route}: overall host hits {report['prefix']['hits_host']} != per-node sum")
-            if shm() - before:
-                failures.append(f"{route}: /dev/shm leftovers {sorted(shm() - before)}")
+            if shm(tmp):
+                failures.append(f"{route}: /dev/shm leftovers {sorted(shm(tmp))}")
         print(f"host hits (blocks) by route: {hits}", flush=True)
+        # Each node's first worker kills itself at its 5th decode step (--kill-worker-at: the k-th start of a node's
+        # worker gets the k-th point): both are restarted, each resumes its one request in flight (C = 1 per node at
+        # most), the routes are session routing's, the outputs exact and no host row lost.
+        rc, report, _ = replay(exe, tmp, "kill", base + ["--route", "session", "--kill-worker-at", "decode:5"])
+        if rc != 0 or report.get("exact_match") is not True:
+            failures.append(f"kill: rc {rc}, exact {report.get('exact_match')}")
+        else:
+            check_routed(failures, "session", report)
+            got = {k: report.get(k) for k in ("worker_restarts", "kill_points_armed", "requests_resumed",
+                                              "host_rows_lost", "requests_served")}
+            want = {"worker_restarts": 2, "kill_points_armed": 2, "requests_resumed": 2, "host_rows_lost": 0,
+                    "requests_served": len(ROWS)}
+            if got != want:
+                failures.append(f"kill: {got}, expected {want}")
         if hits != EXPECTED_HOST_HITS:
             failures.append(f"host hits {hits}, expected {EXPECTED_HOST_HITS}")
         for store in ("local", "local-cluster"):
             check_cluster_store(failures, exe, tmp, base, store)
+        check_sigint_while_the_cluster_starts(failures, exe, tmp, base)
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0

@@ -330,7 +330,12 @@ class ReplayRun {
                                                         : DefaultHbmBudget(trace_, options_);
     used_budget_ = budget;
     for (int i = 0; i < options_.nodes; ++i) {  // issue 26: --nodes N, each its own run directory, memd and worker
-      auto started = StartNode(options_, trace_, mode_, budget, faults_, log_tag_, [rows = rows_](RequestId client) {
+      std::optional<FaultSetup> faults = faults_;  // node i's kills are drawn from seed + i (one byte flipped: node 0)
+      if (faults && i > 0) {
+        faults->plan.seed += static_cast<uint64_t>(i);
+        faults->corrupt_one_host_page = false;
+      }
+      auto started = StartNode(options_, trace_, mode_, budget, faults, log_tag_, [rows = rows_](RequestId client) {
         std::lock_guard<std::mutex> l(rows->mu);
         auto it = rows->by_client.find(client);
         return it == rows->by_client.end() ? int64_t{0} : it->second;
@@ -340,6 +345,7 @@ class ReplayRun {
         return Fail(absl::Status(started.status().code(), absl::StrCat("node ", i, ": ", started.status().message())));
       }
       nodes_.push_back(std::make_unique<RegisteredNode>(std::move(*started)));
+      if (auto* sup = dynamic_cast<SupervisedNode*>(nodes_.back()->get())) supervised_nodes_.push_back(sup);
     }
     RegisteredNode& first = *nodes_.front();
     supervised_ = dynamic_cast<SupervisedNode*>(first.get());
@@ -428,6 +434,14 @@ class ReplayRun {
     const std::vector<SessionTurn> sessions = multi.sessions;
     auto client = MultiNodeClient::Connect(std::move(multi));
     if (!client.ok()) return Fail(client.status());
+    if (!supervised_nodes_.empty()) {  // no kill once every request ended (the closing stats queries need workers)
+      driver_options_.on_progress = [nodes = supervised_nodes_](const Progress& p) {
+        PrintProgressToStderr(p);
+        if (p.ended == p.total) {
+          for (SupervisedNode* n : nodes) n->StopFaults();
+        }
+      };
+    }
     auto scheduler = MakeScheduler(options_, trace_, concurrency);
     if (!scheduler.ok()) return scheduler.status();
     SteadyClock clock;
@@ -461,19 +475,44 @@ class ReplayRun {
       const bool any_ended = std::any_of(partial.requests.begin(), partial.requests.end(),
                                          [](const RequestTiming& t) { return t.end_ms >= 0; });
       if (!any_ended) return s;
-      RunOutcome outcome{partial, false, std::string(s.message()), prefill, used_budget_, FaultFigures{}};
+      RunOutcome outcome{partial, false, std::string(s.message()), prefill, used_budget_, NodesFaults(**client)};
       outcome.multi_node = figures;  // the routing; node stats were not read
       return outcome;
     }
-    const std::vector<NodeStats>& stats = (*client)->node_stats();
+    std::vector<NodeStats> stats = (*client)->node_stats();
+    for (size_t i = 0; i < supervised_nodes_.size() && i < stats.size(); ++i) {  // dead workers' counts join
+      AddWorkerCounters(stats[i], supervised_nodes_[i]->stats().dead_worker_counters);
+      AddWorkerCounters(result->stats, supervised_nodes_[i]->stats().dead_worker_counters);
+    }
     for (size_t i = 0; i < nodes_.size() && i < stats.size(); ++i) {
       NodeFigures n = MakeNodeFigures(static_cast<int64_t>(i), *result, node_of_row, stats[i]);
       n.run_dir = (*nodes_[i])->run_dir();
       figures.per_node.push_back(std::move(n));
     }
-    RunOutcome outcome{std::move(*result), true, "", prefill, used_budget_, FaultFigures{}};
+    RunOutcome outcome{std::move(*result), true, "", prefill, used_budget_, NodesFaults(**client)};
     outcome.multi_node = std::move(figures);
+    for (SupervisedNode* n : supervised_nodes_) {
+      if (n->stats().worker_crashes > 0) outcome.crash = n->stats().last_crash;
+    }
     return outcome;
+  }
+
+  // Issue 26: the fault figures of every supervised node added up (the seed is node 0's; node i used seed + i).
+  FaultFigures NodesFaults(MultiNodeClient& client) {
+    FaultFigures total;
+    for (size_t i = 0; i < supervised_nodes_.size(); ++i) {
+      const FaultFigures f = CollectFaults(supervised_nodes_[i]->stats(), client.node_client(static_cast<int>(i)));
+      if (i == 0) total.fault_seed = f.fault_seed;
+      for (auto field : {&FaultFigures::worker_restarts, &FaultFigures::memd_restarts, &FaultFigures::worker_kills,
+                         &FaultFigures::memd_kills, &FaultFigures::kill_points_armed, &FaultFigures::requests_resumed,
+                         &FaultFigures::rows_recomputed, &FaultFigures::requests_resubmitted,
+                         &FaultFigures::host_rows_lost, &FaultFigures::host_pages_checked,
+                         &FaultFigures::worker_crashes, &FaultFigures::host_pages_unconfirmed}) {
+        total.*field += f.*field;
+      }
+      total.recovery_us.insert(total.recovery_us.end(), f.recovery_us.begin(), f.recovery_us.end());
+    }
+    return total;
   }
 
   const ReplayOptions& options_;
@@ -486,6 +525,7 @@ class ReplayRun {
   std::vector<std::unique_ptr<RegisteredNode>> nodes_;  // the nodes this tool started (none with --connect)
   std::optional<uint64_t> used_budget_;       // its HBM budget, bytes
   SupervisedNode* supervised_ = nullptr;      // node_ when it is supervised
+  std::vector<SupervisedNode*> supervised_nodes_;  // issue 26: every supervised node, in node order
   std::shared_ptr<RowsBoard> rows_ = std::make_shared<RowsBoard>();
 };
 

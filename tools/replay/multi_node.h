@@ -69,6 +69,7 @@ class MultiNodeClient final : public NodeClient {
   absl::StatusOr<NodeStats> Stats() override;
 
   const std::vector<RoutedRequest>& decisions() const { return decisions_; }
+  ZmqNodeClient& node_client(int node) { return *clients_[node]; }  // 0 .. nodes - 1 (its re-attaches, resubmits)
   const std::vector<NodeStats>& node_stats() const { return node_stats_; }
   const Router& router() const { return router_; }
   // The node a request went to; -1 when not routed.

@@ -81,9 +81,6 @@ absl::Status ValidateMultiNode(const ReplayOptions& o) {
   if (o.nodes > 1) {
     if (!o.connect.empty()) return bad("--nodes ", o.nodes, " starts its nodes; not with --connect ", o.connect);
     if (o.prefix_workload.on()) return bad("--nodes ", o.nodes, ": not with --prefixes (one node's workload)");
-    if (InjectsFaults(o)) {
-      return bad("--nodes ", o.nodes, ": fault injection supervises one node; not with several (yet)");
-    }
   }
   if (*route == RoutePolicy::kPrefix && !o.prefix_sharing) {
     return bad("--route prefix needs --prefix-sharing on (the KV event stream it routes by tells the shared host "

@@ -135,7 +135,7 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 // --corrupt-host-page-for-test without --kill-worker-every, --connect tcp:// without --curve-server-key or
 // --curve-server-key without --connect tcp://, --request-timeout-ms < 0, --prefix-eviction or
 // --prefix-tenant-quota-pages (issue 24: memd's cache limits) with --connect or without --prefix-sharing on;
-// issue 26: --nodes outside 1..16, --nodes > 1 with --connect, --prefixes or fault injection, an unknown --route,
+// issue 26: --nodes outside 1..16, --nodes > 1 with --connect or --prefixes, an unknown --route,
 // --route prefix without --prefix-sharing on, --cluster-store other than local, local-cluster or redis://... URLs, or
 // with --connect.
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
