@@ -87,7 +87,7 @@ def host_hits(report):
     return sum(n["hits_blocks"]["host"] for n in report["multi_node"]["per_node"])
 
 
-def check_routed(failures, route, report):
+def check_routed(failures, route, report, store=None):
     m = report.get("multi_node")
     if not m:
         failures.append(f"{route}: no multi_node section")
@@ -107,8 +107,8 @@ def check_routed(failures, route, report):
             failures.append(f"{route}: node {n} has {per[n]['requests']} requests, expected {want}")
     if sum(p["output_tokens"] for p in per) != report["output_tokens"]:
         failures.append(f"{route}: per-node output tokens do not add up to {report['output_tokens']}")
-    if any(p["hits_blocks"]["cluster"] is not None for p in per):
-        failures.append(f"{route}: cluster hits reported without a cluster tier")
+    if store is None and any(p["cluster"] is not None for p in per):
+        failures.append(f"{route}: cluster figures reported without a cluster tier")
     if route == "prefix":
         reasons = [r["reason"] for r in routing]
         want = ["prefix_miss"] * 3 + ["prefix_hit"] * 5
@@ -138,7 +138,7 @@ def check_cluster_store(failures, exe, tmp, base, store):
     """dhs-replay starts the store, hands its address to every memd, and stops it at the end whatever happened. Until
     memd takes --cluster-store (the cluster branch) the nodes refuse to start (exit 1): the cleanup is checked either
     way; with a memd that takes it the run must also be exact."""
-    rc, report, err = replay(exe, tmp, "store-" + store, base + ["--route", "session", "--cluster-store", store])
+    rc, report, err = replay(exe, tmp, "store-" + store, base + ["--route", "round-robin", "--cluster-store", store])
     m = re.search(r"cluster store \S+ at redis://([0-9.:,]+) \((\S+)\)", err)
     if not m:
         failures.append(f"--cluster-store {store}: no 'cluster store ... at redis://...' line (rc {rc})")
@@ -157,41 +157,53 @@ def check_cluster_store(failures, exe, tmp, base, store):
         failures.append(f"--cluster-store {store}: its directory {m.group(2)} was left behind")
     if shm(tmp):
         failures.append(f"--cluster-store {store}: /dev/shm leftovers {sorted(shm(tmp))}")
-    if rc == 0:
+    if rc == 0:  # a memd with the cluster tier: round-robin's next turns can find their blocks in the store
         if report.get("exact_match") is not True or report["multi_node"]["cluster_endpoint"] is None:
             failures.append(f"--cluster-store {store}: exact {report.get('exact_match')}")
+        check_routed(failures, "round-robin", report, store)
+        per = report["multi_node"]["per_node"]
+        published = sum((p["cluster"] or {}).get("published", 0) for p in per)
+        print(f"  --cluster-store {store}: host hits {host_hits(report)} (node-local only: "
+              f"{EXPECTED_HOST_HITS['round-robin']}), published {published} pages, cluster "
+              f"{[p['cluster'] for p in per]}", flush=True)
+        if any(p["cluster"] is None for p in per) or published < 1:
+            failures.append(f"--cluster-store {store}: cluster figures {[p['cluster'] for p in per]}")
+        if host_hits(report) < EXPECTED_HOST_HITS["round-robin"]:
+            failures.append(f"--cluster-store {store}: host hits {host_hits(report)} below node-local only's")
     else:
         print(f"  --cluster-store {store}: the nodes did not start (rc {rc}; memd without --cluster-store?); "
               f"cleanup checked", flush=True)
 
 
 def redis_with_dir(fragment):
-    """pids of redis-server processes whose --dir contains `fragment`."""
+    """pids of redis-server processes working in a directory under `fragment` (--dir: redis chdirs there; its command
+    line is retitled once it runs)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"redis-server") and any(fragment.encode() in a for a in cmd):
+        if comm.startswith("redis-server") and cwd.startswith(fragment):
             out.append(int(pid))
     return out
 
 
 def check_sigint_while_the_cluster_starts(failures, exe, tmp, base):
-    """SIGINT while dhs-replay builds its 3-master cluster (6 servers and redis-cli --cluster create take seconds):
-    exit 130, its Redis directory removed, no redis-server of it left (the ones started are killed, or get SIGTERM
-    as the tool exits: their parent-death signal)."""
+    """SIGINT while dhs-replay builds its 3-master cluster (6 servers and redis-cli --cluster create take seconds; the
+    signal is handled when the start ended): exit 130, its Redis directory removed, no redis-server of it left."""
     run_parent = os.path.join(tmp, "sigint")
     os.makedirs(run_parent)
     env = dict(os.environ, TMPDIR=run_parent)
     proc = subprocess.Popen([exe, *base, "--route", "session", "--cluster-store", "local-cluster"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 20
-    while time.time() < deadline and not redis_with_dir(run_parent):  # the first server is up
+    started = 0
+    while time.time() < deadline and started == 0:  # the first server is up
+        started = len(redis_with_dir(run_parent))
         time.sleep(0.05)
-    started = len(redis_with_dir(run_parent))
     proc.send_signal(subprocess.signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     if started == 0:

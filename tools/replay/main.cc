@@ -487,6 +487,7 @@ class ReplayRun {
     for (size_t i = 0; i < nodes_.size() && i < stats.size(); ++i) {
       NodeFigures n = MakeNodeFigures(static_cast<int64_t>(i), *result, node_of_row, stats[i]);
       n.run_dir = (*nodes_[i])->run_dir();
+      figures.cluster_counters = figures.cluster_counters || n.cluster.has_value();
       figures.per_node.push_back(std::move(n));
     }
     RunOutcome outcome{std::move(*result), true, "", prefill, used_budget_, NodesFaults(**client)};
@@ -725,7 +726,8 @@ bool WritePlot(const ReplayOptions& options, const std::vector<SweepPoint>& swee
 
 // Issue 26: --cluster-store local|local-cluster starts a redis-server (or a 3-master Redis Cluster, one replica each)
 // in RUN_DIR/redis (kept with the run directory), else in a temporary directory (removed at the end); registered for
-// the signal thread. A URL is used as it is. Sets options.cluster_store_endpoint.
+// the signal thread (a signal during the start is handled when it ended). A URL is used as it is. Sets
+// options.cluster_store_endpoint.
 absl::Status StartClusterStore(ReplayOptions& options, LocalRedis& redis) {
   if (options.cluster_store.empty()) return absl::OkStatus();
   if (absl::StartsWith(options.cluster_store, "redis://")) {
@@ -740,10 +742,10 @@ absl::Status StartClusterStore(ReplayOptions& options, LocalRedis& redis) {
     redis.dir = tmpl;
     redis.remove_dir = true;
   }
-  {
-    std::lock_guard<std::mutex> lock(g_node_mutex);
-    g_redis = &redis;
-  }
+  // Under the signal thread's mutex: a SIGINT / SIGTERM during the start (a cluster takes seconds) is handled once the
+  // start ended, and then stops every server started; never while this thread still creates servers and directories.
+  std::lock_guard<std::mutex> lock(g_node_mutex);
+  g_redis = &redis;
   if (options.cluster_store == "local") {
     auto server = LocalRedisServer::Start(redis.dir, /*cluster=*/false);
     if (!server.ok()) return server.status();

@@ -231,12 +231,20 @@ static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
                       {{"lookups", n.prefix_lookups},
                        {"worker", n.hits_worker},
                        {"host", n.hits_host},
-                       {"cluster", nullptr},  // not in this build's memd stats (cluster_counters)
                        {"miss", n.misses}}},
+                     // memd's cluster tier in pages (its imported pages are granted as host hits, part of "host");
+                     // null when memd reports none
+                     {"cluster", n.cluster ? json{{"lookups", n.cluster->lookups},
+                                                  {"hits", n.cluster->hits},
+                                                  {"imported", n.cluster->imported},
+                                                  {"published", n.cluster->published}}
+                                           : json(nullptr)},
                      {"prefill_tokens_saved", n.prefill_tokens_saved},
                      {"host_pages_shared", n.host_pages_shared},
-                     {"store_bytes_out_per_s", nullptr},  // likewise
-                     {"store_bytes_in_per_s", nullptr}});
+                     {"store_bytes_out", n.cluster ? json(n.cluster->bytes_out) : json(nullptr)},
+                     {"store_bytes_in", n.cluster ? json(n.cluster->bytes_in) : json(nullptr)},
+                     {"store_bytes_out_per_s", n.cluster ? json(n.cluster->bytes_out_per_s) : json(nullptr)},
+                     {"store_bytes_in_per_s", n.cluster ? json(n.cluster->bytes_in_per_s) : json(nullptr)}});
   }
   json routing = json::array();
   for (const RouteFigure& f : m->routing) {
@@ -251,7 +259,7 @@ static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
               {"route", m->route},
               {"cluster_store", m->cluster_store.empty() ? json(nullptr) : json(m->cluster_store)},
               {"cluster_endpoint", m->cluster_endpoint.empty() ? json(nullptr) : json(m->cluster_endpoint)},
-              {"cluster_counters", m->cluster_counters ? "measured" : "not in this build's memd stats"},
+              {"cluster_counters", m->cluster_counters ? "measured" : "not reported by memd"},
               {"sessions", m->sessions},
               {"next_turns", m->next_turns},
               {"kv_events",
@@ -269,14 +277,21 @@ static std::string MultiNodeLines(const MultiNodeFigures& m) {
   for (const NodeFigures& n : m.per_node) {
     absl::StrAppendFormat(&out,
                           "  node %d: %d requests (%d served), %d tokens, %.1f tokens/s, TTFT ms p50 %s p99 %s; "
-                          "blocks: worker %d, host %d, cluster n/a, miss %d; prefill tokens saved %d\n",
+                          "blocks: worker %d, host %d, miss %d; prefill tokens saved %d\n",
                           n.node, n.requests, n.requests_served, n.output_tokens, n.output_tokens_per_s,
                           Fixed(P(n.ttft_ms, false), 1), Fixed(P(n.ttft_ms, true), 1), n.hits_worker, n.hits_host,
                           n.misses, n.prefill_tokens_saved);
+    if (const auto& c = n.cluster) {
+      absl::StrAppendFormat(&out,
+                            "    cluster tier: %d pages looked up, %d found, %d imported (part of the host hits), %d "
+                            "published; store bytes out %d (%.0f/s), in %d (%.0f/s)\n",
+                            c->lookups, c->hits, c->imported, c->published, c->bytes_out, c->bytes_out_per_s,
+                            c->bytes_in, c->bytes_in_per_s);
+    }
   }
-  if (!m.cluster_store.empty()) {
-    absl::StrAppendFormat(&out, "  cluster store %s (%s): hits and bytes to/from the store not measured (memd's stats "
-                                "carry no cluster-tier counters in this build)\n",
+  if (!m.cluster_store.empty() && !m.cluster_counters) {
+    absl::StrAppendFormat(&out, "  cluster store %s (%s): hits and bytes to/from the store not measured (memd "
+                                "reported no cluster-tier counters)\n",
                           m.cluster_store, m.cluster_endpoint);
   }
   return out;
@@ -447,6 +462,14 @@ NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std:
   f.misses = std::max<int64_t>(0, stats.prefix_lookups - stats.prefix_hits_worker - stats.prefix_hits_host);
   f.prefill_tokens_saved = stats.prefill_tokens_saved;
   f.host_pages_shared = stats.host_pages_shared;
+  if (stats.cluster_configured) {  // issue 26
+    const double s = result.elapsed_ms > 0 ? result.elapsed_ms / 1000.0 : 0.0;
+    f.cluster = NodeFigures::Cluster{stats.cluster_lookups,         stats.cluster_hits,
+                                     stats.cluster_imported,        stats.cluster_published,
+                                     stats.cluster_published_bytes, stats.cluster_imported_bytes,
+                                     s > 0 ? stats.cluster_published_bytes / s : 0.0,
+                                     s > 0 ? stats.cluster_imported_bytes / s : 0.0};
+  }
   return f;
 }
 

@@ -141,6 +141,15 @@ struct NodeFigures {
   int64_t misses = 0;                  // lookups - hits_worker - hits_host (>= 0), prefilled
   int64_t prefill_tokens_saved = 0;    // tokens not prefilled thanks to those hits
   int64_t host_pages_shared = 0;       // memd's shared + cached prefix pages at the end
+  // memd's cluster tier (NodeStats::cluster_*), when configured: pages asked / found / copied into the host pool
+  // (then granted as host hits: they are part of hits_host) and published, bytes published to / imported from the
+  // store and those per second of the run. nullopt: memd reported no cluster tier (JSON null).
+  struct Cluster {
+    int64_t lookups = 0, hits = 0, imported = 0, published = 0;
+    int64_t bytes_out = 0, bytes_in = 0;
+    double bytes_out_per_s = 0, bytes_in_per_s = 0;
+  };
+  std::optional<Cluster> cluster;
 };
 
 // One routing decision (tools/replay/router.h), in submit order.
@@ -164,7 +173,7 @@ struct MultiNodeFigures {
   int64_t kv_events_lost = 0;    // sequence gaps in them
   int64_t kv_settle_timeouts = 0;  // next turns routed before their previous turn's blocks were announced
                                    // (MultiNodeClient::Submit's wait ran out)
-  bool cluster_counters = false; // memd reported cluster-tier counters (false in this build: not measured)
+  bool cluster_counters = false; // some node's memd reported cluster-tier counters (else: not measured)
   std::vector<NodeFigures> per_node;
   std::vector<RouteFigure> routing;
 };
