@@ -335,5 +335,32 @@ TEST(MakeRunSettings, EchoesOptionsAndTrace) {
   EXPECT_EQ(MakeRunSettings(o, *trace, "prefill", 8).concurrency, 8);
 }
 
+// Issue 26: --nodes, --route, --cluster-store.
+TEST(ReplayOptions, MultiNodeOptions) {
+  CommandLine cl = Parse({"--nodes", "3", "--route", "prefix", "--prefix-sharing", "on", "--cluster-store",
+                          "redis://127.0.0.1:7000,127.0.0.1:7001"});
+  ASSERT_FALSE(cl.exit_code) << cl.message;
+  EXPECT_EQ(cl.options.nodes, 3);
+  EXPECT_EQ(cl.options.route, "prefix");
+  EXPECT_EQ(cl.options.cluster_store, "redis://127.0.0.1:7000,127.0.0.1:7001");
+  EXPECT_EQ(Parse({}).options.nodes, 1);  // one node, as before
+  EXPECT_EQ(Parse({}).options.route, "round-robin");
+  EXPECT_EQ(Parse({}).options.cluster_store, "");
+  EXPECT_FALSE(Parse({"--cluster-store", "local"}).exit_code);
+  EXPECT_FALSE(Parse({"--cluster-store", "local-cluster", "--nodes", "2"}).exit_code);
+  auto expect_bad = [](const CommandLine& c, const std::string& message) {
+    EXPECT_EQ(c.exit_code, 2) << message;
+    EXPECT_THAT(c.message, HasSubstr(message));
+  };
+  expect_bad(Parse({"--nodes", "0"}), "--nodes");
+  expect_bad(Parse({"--nodes", "17"}), "--nodes");
+  expect_bad(Parse({"--route", "random"}), "--route");
+  expect_bad(Parse({"--nodes", "2", "--route", "prefix"}), "--route prefix needs --prefix-sharing on");
+  expect_bad(Parse({"--nodes", "2", "--connect", "ipc:///tmp/x/worker-0.sock"}), "not with --connect");
+  EXPECT_FALSE(Parse({"--nodes", "2", "--kill-worker-every", "1"}).exit_code);  // every node supervised
+  expect_bad(Parse({"--cluster-store", "memcached://x"}), "--cluster-store must be");
+  expect_bad(Parse({"--cluster-store", "local", "--connect", "ipc:///tmp/x/worker-0.sock"}), "--cluster-store");
+}
+
 }  // namespace
 }  // namespace dhs::replay

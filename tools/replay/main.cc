@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <functional>
@@ -23,9 +24,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/curve_keys.h"
+#include "common/kv_event_stream.h"
+#include "common/local_redis.h"
+#include "common/transport.h"
 #include "tools/replay/budget.h"
 #include "tools/replay/closed_loop.h"
 #include "tools/replay/driver.h"
+#include "tools/replay/multi_node.h"
+#include "tools/replay/sessions.h"
 #include "tools/replay/node_launcher.h"
 #include "tools/replay/options.h"
 #include "workerd/device/async_device_cli.h"
@@ -48,8 +54,30 @@ namespace {
 // with sigwait, which stops the node that is running (if any) and exits 128 + signal. No signal handler runs, so
 // nothing here has to be async-signal-safe. The node is registered while it runs; the main thread unregisters it
 // under the same mutex before stopping it itself, so the two never stop one node together.
+// Issue 26 (--cluster-store local|local-cluster): the Redis server or cluster this tool started for its nodes, in
+// `dir` (under --run-dir, else a temporary directory removed by Stop). Stop kills every server and is idempotent.
+struct LocalRedis {
+  std::unique_ptr<LocalRedisServer> server;
+  std::unique_ptr<LocalRedisCluster> cluster;
+  std::string dir;
+  bool remove_dir = false;
+  std::string endpoint;  // what every memd gets: redis://127.0.0.1:PORT or the cluster's seed list
+  void Stop() {
+    if (server) server->Kill();
+    if (cluster) cluster->Kill();
+    if (remove_dir && !dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      remove_dir = false;
+    }
+  }
+};
+
 std::mutex g_node_mutex;
-ReplayNode* g_node = nullptr;  // guarded by g_node_mutex
+std::vector<ReplayNode*> g_nodes;  // guarded by g_node_mutex (issue 26: --nodes N registers N)
+// Issue 26: the Redis server or cluster this tool started (--cluster-store local|local-cluster), stopped after the
+// nodes; guarded by g_node_mutex.
+LocalRedis* g_redis = nullptr;
 
 void StartSignalThread() {
   sigset_t set;
@@ -65,12 +93,13 @@ void StartSignalThread() {
       std::lock_guard<std::mutex> lock(g_node_mutex);
       // With --connect (or between runs) no node of this tool is running: there is nothing to stop.
       std::fprintf(stderr, "\ndhs-replay: %s: %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                   g_node ? "stopping the node" : "exiting (no node of this tool is running)");
-      if (g_node) {  // workerd, memd, then the temporary run directory
-        if (absl::Status s = g_node->Stop(); !s.ok()) {
+                   !g_nodes.empty() ? "stopping the node" : "exiting (no node of this tool is running)");
+      for (ReplayNode* node : g_nodes) {  // workerd, memd, then the temporary run directory
+        if (absl::Status s = node->Stop(); !s.ok()) {
           std::fprintf(stderr, "dhs-replay: stopping the node: %s\n", std::string(s.message()).c_str());
         }
       }
+      if (g_redis) g_redis->Stop();  // issue 26: after the nodes (their memds are its clients)
       std::fflush(stdout);
       std::fflush(stderr);
       ::_exit(128 + sig);
@@ -83,7 +112,7 @@ class RegisteredNode {
  public:
   explicit RegisteredNode(std::unique_ptr<ReplayNode> node) : node_(std::move(node)) {
     std::lock_guard<std::mutex> lock(g_node_mutex);
-    g_node = node_.get();
+    g_nodes.push_back(node_.get());
   }
   ~RegisteredNode() { Stop(); }
   ReplayNode* operator->() { return node_.get(); }
@@ -95,7 +124,7 @@ class RegisteredNode {
   void Stop() {
     std::lock_guard<std::mutex> lock(g_node_mutex);
     if (!node_) return;
-    g_node = nullptr;
+    std::erase(g_nodes, node_.get());
     if (absl::Status s = node_->Stop(); !s.ok()) std::cerr << "dhs-replay: stopping the node: " << s.message() << "\n";
     node_.reset();
   }
@@ -121,6 +150,7 @@ struct RunOutcome {
   FaultFigures faults;  // what fault injection did (the run with faults only)
   std::string crash;    // the supervised node's latest worker crash (issue 28), when faults.worker_crashes > 0
   std::optional<PrefixWorkloadFigures> prefix_workload;  // issue 27: the prepared-prefix workload's own figures
+  std::optional<MultiNodeFigures> multi_node;            // issue 26: --nodes > 1
 };
 
 // Fault injection of a run (the run under test; never the resident reference).
@@ -135,13 +165,19 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
                                                       std::string_view mode, uint64_t budget,
                                                       const std::optional<FaultSetup>& faults,
                                                       const std::string& log_tag,
-                                                      std::function<int64_t(RequestId)> rows_computed) {
+                                                      std::function<int64_t(RequestId)> rows_computed,
+                                                      int node_index = 0) {
   auto geometry = ReplayGeometry(options, budget);
   if (!geometry.ok()) return geometry.status();
   NodeLaunchOptions launch;
   launch.memd_path = EnvOr("DHS_MEMD", DHS_MEMD_PATH);
   launch.workerd_path = EnvOr("DHS_WORKERD", DHS_WORKERD_PATH);
   launch.run_dir = options.run_dir;
+  if (options.nodes > 1 && !options.run_dir.empty()) {  // issue 26: RUN_DIR/node<i> per node
+    std::error_code ec;
+    std::filesystem::create_directories(options.run_dir, ec);
+    launch.run_dir = absl::StrCat(options.run_dir, "/node", node_index);
+  }
   launch.log_tag = log_tag;
   launch.mode = std::string(mode);
   launch.preset = options.preset;
@@ -160,6 +196,12 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
       launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--prefix-tenant-quota-pages",
                                                                    std::to_string(options.prefix_tenant_quota_pages)});
     }
+  }
+  if (options.nodes > 1 && options.route == "prefix") {  // issue 26: the router reads each node's KV event stream
+    launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--kv-events", "on"});
+  }
+  if (!options.cluster_store_endpoint.empty()) {  // issue 26: the cluster tier (memd's side: the cluster branch)
+    launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--cluster-store", options.cluster_store_endpoint});
   }
   launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off
   if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
@@ -287,19 +329,32 @@ class ReplayRun {
                             : options_.hbm_budget_bytes ? static_cast<uint64_t>(*options_.hbm_budget_bytes)
                                                         : DefaultHbmBudget(trace_, options_);
     used_budget_ = budget;
-    auto started = StartNode(options_, trace_, mode_, budget, faults_, log_tag_, [rows = rows_](RequestId client) {
-      std::lock_guard<std::mutex> l(rows->mu);
-      auto it = rows->by_client.find(client);
-      return it == rows->by_client.end() ? int64_t{0} : it->second;
-    });
-    if (!started.ok()) return started.status();
-    node_.emplace(std::move(*started));
-    supervised_ = dynamic_cast<SupervisedNode*>(node_->get());
-    client_options_.worker_endpoint = (*node_)->worker_endpoint();
-    client_options_.memd_endpoint = (*node_)->memd_endpoint();
+    for (int i = 0; i < options_.nodes; ++i) {  // issue 26: --nodes N, each its own run directory, memd and worker
+      std::optional<FaultSetup> faults = faults_;  // node i's kills are drawn from seed + i (one byte flipped: node 0)
+      if (faults && i > 0) {
+        faults->plan.seed += static_cast<uint64_t>(i);
+        faults->corrupt_one_host_page = false;
+      }
+      auto started = StartNode(options_, trace_, mode_, budget, faults, log_tag_, [rows = rows_](RequestId client) {
+        std::lock_guard<std::mutex> l(rows->mu);
+        auto it = rows->by_client.find(client);
+        return it == rows->by_client.end() ? int64_t{0} : it->second;
+      }, i);
+      if (!started.ok()) {
+        if (nodes_.empty()) return started.status();
+        return Fail(absl::Status(started.status().code(), absl::StrCat("node ", i, ": ", started.status().message())));
+      }
+      nodes_.push_back(std::make_unique<RegisteredNode>(std::move(*started)));
+      if (auto* sup = dynamic_cast<SupervisedNode*>(nodes_.back()->get())) supervised_nodes_.push_back(sup);
+    }
+    RegisteredNode& first = *nodes_.front();
+    supervised_ = dynamic_cast<SupervisedNode*>(first.get());
+    client_options_.worker_endpoint = first->worker_endpoint();
+    client_options_.memd_endpoint = first->memd_endpoint();
     driver_options_.idle_hint =
-        absl::StrCat("; see ", NodeLogPath((*node_)->run_dir(), "workerd", log_tag_), " and ",
-                     NodeLogPath((*node_)->run_dir(), "memd", log_tag_), " (the run directory is kept)");
+        absl::StrCat("; see ", NodeLogPath(first->run_dir(), "workerd", log_tag_), " and ",
+                     NodeLogPath(first->run_dir(), "memd", log_tag_),
+                     nodes_.size() > 1 ? " (and the other nodes' run directories, kept)" : " (the run directory is kept)");
     return absl::OkStatus();
   }
 
@@ -314,6 +369,7 @@ class ReplayRun {
         if (p.ended == p.total) supervised->StopFaults();
       };
     }
+    if (nodes_.size() > 1) return DriveNodes(concurrency);  // issue 26
     auto client = ZmqNodeClient::Connect(client_options_);
     if (!client.ok()) return Fail(client.status());
     auto scheduler = MakeScheduler(options_, trace_, concurrency);
@@ -351,9 +407,113 @@ class ReplayRun {
  private:
   // After a failure the logs of the node are kept for reading.
   absl::Status Fail(absl::Status s) {
-    if (!node_) return s;
-    node_->KeepRunDir();
-    return absl::Status(s.code(), absl::StrCat(s.message(), "\n(run directory kept: ", (*node_)->run_dir(), ")"));
+    if (nodes_.empty()) return s;
+    std::string dirs;
+    for (auto& node : nodes_) {
+      node->KeepRunDir();
+      absl::StrAppend(&dirs, dirs.empty() ? "" : ", ", (*node)->run_dir());
+    }
+    return absl::Status(s.code(), absl::StrCat(s.message(), "\n(run ", nodes_.size() > 1 ? "directories" : "directory",
+                                               " kept: ", dirs, ")"));
+  }
+
+  // Issue 26: --nodes N: one MultiNodeClient over the N nodes, routed by --route; the report's per-node figures.
+  absl::StatusOr<RunOutcome> DriveNodes(std::optional<int64_t> concurrency) {
+    MultiNodeOptions multi;
+    multi.policy = *ParseRoutePolicy(options_.route);  // validated
+    multi.sessions = DeriveSessions(trace_);
+    for (auto& node : nodes_) {
+      ZmqNodeClientOptions o = client_options_;
+      o.worker_endpoint = (*node)->worker_endpoint();
+      o.memd_endpoint = (*node)->memd_endpoint();
+      multi.nodes.push_back(o);
+      if (multi.policy == RoutePolicy::kPrefix) {
+        multi.kv_event_endpoints.push_back(IpcEndpoint((*node)->run_dir(), kKvEventsSocket));
+      }
+    }
+    const std::vector<SessionTurn> sessions = multi.sessions;
+    auto client = MultiNodeClient::Connect(std::move(multi));
+    if (!client.ok()) return Fail(client.status());
+    if (!supervised_nodes_.empty()) {  // no kill once every request ended (the closing stats queries need workers)
+      driver_options_.on_progress = [nodes = supervised_nodes_](const Progress& p) {
+        PrintProgressToStderr(p);
+        if (p.ended == p.total) {
+          for (SupervisedNode* n : nodes) n->StopFaults();
+        }
+      };
+    }
+    auto scheduler = MakeScheduler(options_, trace_, concurrency);
+    if (!scheduler.ok()) return scheduler.status();
+    SteadyClock clock;
+    ReplayDriver driver(client->get(), &clock, driver_options_);
+    std::cerr << "dhs-replay: " << trace_.requests.size() << " requests, mode " << mode_ << ", " << nodes_.size()
+              << " nodes, route " << options_.route
+              << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
+    auto result = driver.Run(trace_, *scheduler);
+    const std::string prefill = options_.prepared_prefix ? "prepared-prefix" : "prefill";
+    MultiNodeFigures figures;
+    figures.nodes = static_cast<int64_t>(nodes_.size());
+    figures.route = options_.route;
+    figures.cluster_store = options_.cluster_store;
+    figures.cluster_endpoint = options_.cluster_store_endpoint;
+    figures.sessions = CountSessions(sessions);
+    for (const SessionTurn& t : sessions) figures.next_turns += t.turn > 0 ? 1 : 0;
+    figures.kv_events_seen = (*client)->kv_events_seen();
+    figures.kv_events_lost = (*client)->kv_events_lost();
+    figures.kv_settle_timeouts = (*client)->kv_settle_timeouts();
+    std::vector<int> node_of_row(trace_.requests.size(), -1);
+    for (const RoutedRequest& r : (*client)->decisions()) {
+      if (r.trace_index >= 0 && r.trace_index < static_cast<int64_t>(node_of_row.size())) {
+        node_of_row[r.trace_index] = r.decision.node;
+      }
+      figures.routing.push_back(RouteFigure{r.trace_index, r.decision.node, r.session, r.turn,
+                                            std::string(RouteReasonName(r.decision.reason)), r.decision.matched_blocks});
+    }
+    if (!result.ok()) {
+      const absl::Status s = Fail(result.status());
+      const DriverResult& partial = driver.partial();
+      const bool any_ended = std::any_of(partial.requests.begin(), partial.requests.end(),
+                                         [](const RequestTiming& t) { return t.end_ms >= 0; });
+      if (!any_ended) return s;
+      RunOutcome outcome{partial, false, std::string(s.message()), prefill, used_budget_, NodesFaults(**client)};
+      outcome.multi_node = figures;  // the routing; node stats were not read
+      return outcome;
+    }
+    std::vector<NodeStats> stats = (*client)->node_stats();
+    for (size_t i = 0; i < supervised_nodes_.size() && i < stats.size(); ++i) {  // dead workers' counts join
+      AddWorkerCounters(stats[i], supervised_nodes_[i]->stats().dead_worker_counters);
+      AddWorkerCounters(result->stats, supervised_nodes_[i]->stats().dead_worker_counters);
+    }
+    for (size_t i = 0; i < nodes_.size() && i < stats.size(); ++i) {
+      NodeFigures n = MakeNodeFigures(static_cast<int64_t>(i), *result, node_of_row, stats[i]);
+      n.run_dir = (*nodes_[i])->run_dir();
+      figures.cluster_counters = figures.cluster_counters || n.cluster.has_value();
+      figures.per_node.push_back(std::move(n));
+    }
+    RunOutcome outcome{std::move(*result), true, "", prefill, used_budget_, NodesFaults(**client)};
+    outcome.multi_node = std::move(figures);
+    for (SupervisedNode* n : supervised_nodes_) {
+      if (n->stats().worker_crashes > 0) outcome.crash = n->stats().last_crash;
+    }
+    return outcome;
+  }
+
+  // Issue 26: the fault figures of every supervised node added up (the seed is node 0's; node i used seed + i).
+  FaultFigures NodesFaults(MultiNodeClient& client) {
+    FaultFigures total;
+    for (size_t i = 0; i < supervised_nodes_.size(); ++i) {
+      const FaultFigures f = CollectFaults(supervised_nodes_[i]->stats(), client.node_client(static_cast<int>(i)));
+      if (i == 0) total.fault_seed = f.fault_seed;
+      for (auto field : {&FaultFigures::worker_restarts, &FaultFigures::memd_restarts, &FaultFigures::worker_kills,
+                         &FaultFigures::memd_kills, &FaultFigures::kill_points_armed, &FaultFigures::requests_resumed,
+                         &FaultFigures::rows_recomputed, &FaultFigures::requests_resubmitted,
+                         &FaultFigures::host_rows_lost, &FaultFigures::host_pages_checked,
+                         &FaultFigures::worker_crashes, &FaultFigures::host_pages_unconfirmed}) {
+        total.*field += f.*field;
+      }
+      total.recovery_us.insert(total.recovery_us.end(), f.recovery_us.begin(), f.recovery_us.end());
+    }
+    return total;
   }
 
   const ReplayOptions& options_;
@@ -363,9 +523,10 @@ class ReplayRun {
   const std::string& log_tag_;
   ZmqNodeClientOptions client_options_;
   DriverOptions driver_options_;
-  std::optional<RegisteredNode> node_;        // the node this tool started (none with --connect)
+  std::vector<std::unique_ptr<RegisteredNode>> nodes_;  // the nodes this tool started (none with --connect)
   std::optional<uint64_t> used_budget_;       // its HBM budget, bytes
   SupervisedNode* supervised_ = nullptr;      // node_ when it is supervised
+  std::vector<SupervisedNode*> supervised_nodes_;  // issue 26: every supervised node, in node order
   std::shared_ptr<RowsBoard> rows_ = std::make_shared<RowsBoard>();
 };
 
@@ -447,6 +608,7 @@ ReplayReport ReportOf(const ReplayOptions& options, const Trace& trace, const Ru
   ReplayReport report = BuildReport(run.result, settings, exact);
   report.faults = run.faults;
   report.prefix_workload = run.prefix_workload;  // issue 27
+  report.multi_node = run.multi_node;            // issue 26
   return report;
 }
 
@@ -479,6 +641,10 @@ absl::StatusOr<bool> CheckExact(const ReplayOptions& options, const Trace& trace
                                 const RunOutcome& run, std::optional<int64_t> concurrency) {
   ReplayOptions plain = options;  // the reference decodes without speculation (brief §7: same bits)
   plain.speculation = spec::SpeculationConfig{};
+  plain.nodes = 1;  // issue 26: a multi-node run is compared with ONE resident node, without the cluster store
+  plain.route = "round-robin";
+  plain.cluster_store.clear();
+  plain.cluster_store_endpoint.clear();
   // Its own logs (memd.reference.log, workerd.reference.log): the run's logs in a given --run-dir stay intact.
   auto reference = RunOnce(plain, trace, "resident", concurrency, ReferenceHbmBudget(trace, options), std::nullopt,
                            "reference");
@@ -558,14 +724,69 @@ bool WritePlot(const ReplayOptions& options, const std::vector<SweepPoint>& swee
   return true;
 }
 
+// Issue 26: --cluster-store local|local-cluster starts a redis-server (or a 3-master Redis Cluster, one replica each)
+// in RUN_DIR/redis (kept with the run directory), else in a temporary directory (removed at the end); registered for
+// the signal thread (a signal during the start is handled when it ended). A URL is used as it is. Sets
+// options.cluster_store_endpoint.
+absl::Status StartClusterStore(ReplayOptions& options, LocalRedis& redis) {
+  if (options.cluster_store.empty()) return absl::OkStatus();
+  if (absl::StartsWith(options.cluster_store, "redis://")) {
+    options.cluster_store_endpoint = options.cluster_store;
+    return absl::OkStatus();
+  }
+  if (!options.run_dir.empty()) {
+    redis.dir = options.run_dir + "/redis";
+  } else {
+    std::string tmpl = TempRunDirParent(std::getenv("TMPDIR")) + "/dhs-replay-redis-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("mkdtemp for the Redis directory failed");
+    redis.dir = tmpl;
+    redis.remove_dir = true;
+  }
+  // Under the signal thread's mutex: a SIGINT / SIGTERM during the start (a cluster takes seconds) is handled once the
+  // start ended, and then stops every server started; never while this thread still creates servers and directories.
+  std::lock_guard<std::mutex> lock(g_node_mutex);
+  g_redis = &redis;
+  if (options.cluster_store == "local") {
+    auto server = LocalRedisServer::Start(redis.dir, /*cluster=*/false);
+    if (!server.ok()) return server.status();
+    redis.server = std::move(*server);
+    redis.endpoint = redis.server->url();
+  } else {
+    auto cluster = LocalRedisCluster::Start(redis.dir, /*masters=*/3, /*replicas=*/1);
+    if (!cluster.ok()) return cluster.status();
+    redis.cluster = std::move(*cluster);
+    redis.endpoint = redis.cluster->SeedUrl();
+  }
+  options.cluster_store_endpoint = redis.endpoint;
+  std::cerr << "dhs-replay: cluster store " << options.cluster_store << " at " << redis.endpoint << " (" << redis.dir
+            << ")\n";
+  return absl::OkStatus();
+}
+
+// Stops what StartClusterStore started (after the nodes: RegisteredNode stops each node when its run ends).
+struct ClusterStoreGuard {
+  LocalRedis& redis;
+  ~ClusterStoreGuard() {
+    std::lock_guard<std::mutex> lock(g_node_mutex);
+    g_redis = nullptr;
+    redis.Stop();
+  }
+};
+
 int Main(int argc, char** argv) {
   CommandLine cl = ParseReplayCommandLine(argc, argv);
   if (cl.exit_code) {
     (*cl.exit_code == 0 ? std::cout : std::cerr) << cl.message;
     return *cl.exit_code;
   }
-  const ReplayOptions& options = cl.options;
   StartSignalThread();  // before any other thread (ZeroMQ's) starts, so that all of them block the two signals
+  LocalRedis redis;
+  ClusterStoreGuard redis_guard{redis};
+  if (absl::Status s = StartClusterStore(cl.options, redis); !s.ok()) {
+    std::cerr << "dhs-replay: --cluster-store " << cl.options.cluster_store << ": " << s.message() << "\n";
+    return 1;
+  }
+  const ReplayOptions& options = cl.options;
   auto trace = RunTrace(options);
   if (!trace.ok()) {
     std::cerr << "dhs-replay: " << trace.status().message() << "\n";

@@ -1,5 +1,6 @@
 // tools/replay/options.cc: command-line parsing and what the options mean (see options.h).
 #include "tools/replay/options.h"
+#include "tools/replay/router.h"
 
 #include "common/protocol.h"
 
@@ -70,6 +71,32 @@ absl::Status ValidatePrefixLimits(const ReplayOptions& o) {
 
 std::string ReplayOptions::DefaultTrace() { return DHS_REPLAY_DEFAULT_TRACE; }
 
+namespace {
+// Issue 26: --nodes, --route, --cluster-store.
+absl::Status ValidateMultiNode(const ReplayOptions& o) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (o.nodes < 1 || o.nodes > 16) return bad("--nodes must be in 1..16, got ", o.nodes);
+  absl::StatusOr<RoutePolicy> route = ParseRoutePolicy(o.route);
+  if (!route.ok()) return bad("--route: ", route.status().message());
+  if (o.nodes > 1) {
+    if (!o.connect.empty()) return bad("--nodes ", o.nodes, " starts its nodes; not with --connect ", o.connect);
+    if (o.prefix_workload.on()) return bad("--nodes ", o.nodes, ": not with --prefixes (one node's workload)");
+  }
+  if (*route == RoutePolicy::kPrefix && !o.prefix_sharing) {
+    return bad("--route prefix needs --prefix-sharing on (the KV event stream it routes by tells the shared host "
+               "tier's blocks)");
+  }
+  if (!o.cluster_store.empty()) {
+    if (!o.connect.empty()) return bad("--cluster-store applies to the nodes the tool starts, not to --connect");
+    if (o.cluster_store != "local" && o.cluster_store != "local-cluster" && !StartsWith(o.cluster_store, "redis://")) {
+      return bad("--cluster-store must be local, local-cluster or redis://HOST:PORT[,HOST:PORT...], got '",
+                 o.cluster_store, "'");
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status ValidateReplayOptions(const ReplayOptions& o) {
   auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   if (o.trace.empty()) return bad("--trace: a trace file is required");
@@ -132,6 +159,7 @@ absl::Status ValidateReplayOptions(const ReplayOptions& o) {
     return bad("--check-exact needs a resident reference node that the tool starts; with --connect ", o.connect,
                " both runs would go to the same worker (drop one of the two)");
   }
+  if (absl::Status s = ValidateMultiNode(o); !s.ok()) return s;  // issue 26
   if (InjectsFaults(o)) {
     if (!o.connect.empty()) {
       return bad("fault injection (--kill-worker-every, --restart-memd-every, --kill-worker-at) needs a node the tool "
@@ -273,6 +301,17 @@ void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
                  "With --prefix-sharing on: host pages one tenant may store in memd's shared tier (writing, shared "
                  "and cached; 0 = no quota)")
       ->check(IntegerIn<int64_t>(0, UINT32_MAX));
+  // Issue 26: several nodes, routing, the cluster store (ValidateMultiNode).
+  app.add_option("--nodes", o.nodes, "Start N nodes on this machine (each its own run directory, memd and worker); "
+                                     "default 1")
+      ->check(IntegerIn<int64_t>(1, 16));
+  app.add_option("--route", o.route,
+                 "With --nodes N: round-robin, session (a session's turns stay on its node) or prefix (the node "
+                 "holding the longest prefix of the request's blocks; needs --prefix-sharing on)")
+      ->check(CLI::IsMember({"round-robin", "session", "prefix"}))->capture_default_str();
+  app.add_option("--cluster-store", o.cluster_store,
+                 "Every node's memd --cluster-store: local (a redis-server the tool starts), local-cluster (a 3-master "
+                 "Redis Cluster it starts) or redis://HOST:PORT[,HOST:PORT...] (an existing one)");
   app.add_option("--reclaim-policy", o.reclaim_policy,
                  absl::StrCat("Victim order of the memd the tool starts (default: memd's, ",
                               std::string(memd::kDefaultReclaimPolicy), ")"))

@@ -97,6 +97,14 @@ struct ReplayOptions {
                                            // kPrefixEvictionPolicyNames; "" = memd's default, lru); needs sharing on
   int64_t prefix_tenant_quota_pages = 0;   // --prefix-tenant-quota-pages N >= 0: host pages one tenant may store
                                            // (writing + shared + cached); 0 = no quota (memd's default); needs sharing on
+  // Issue 26 (several nodes, docs/replay.md "Several nodes"): --nodes N nodes on this machine (1 = one node, as before),
+  // each request routed by --route (tools/replay/router.h), and --cluster-store: "" (none), "local" (a redis-server
+  // the tool starts), "local-cluster" (a 3-master Redis Cluster it starts) or a redis:// URL / comma-separated seeds.
+  int64_t nodes = 1;                       // --nodes N, 1..16
+  std::string route = "round-robin";       // --route round-robin|session|prefix (prefix: needs --prefix-sharing on)
+  std::string cluster_store;               // --cluster-store local|local-cluster|redis://HOST:PORT[,HOST:PORT...]
+  std::string cluster_store_endpoint;      // not a flag: what every memd gets as --cluster-store (main() resolves
+                                           // local / local-cluster to the server it started; a URL is passed as is)
   PrefixWorkload prefix_workload;          // issue 27: --prefixes N --prefix-tokens L ... (tools/replay/closed_loop.h):
                                            // the closed-loop prepared-prefix workload instead of the trace
 };
@@ -126,7 +134,10 @@ CommandLine ParseReplayCommandLine(int argc, const char* const* argv);
 // --kill-worker-every / --restart-memd-every not > 0 or not finite, a --kill-worker-at value ParseHookKills refuses,
 // --corrupt-host-page-for-test without --kill-worker-every, --connect tcp:// without --curve-server-key or
 // --curve-server-key without --connect tcp://, --request-timeout-ms < 0, --prefix-eviction or
-// --prefix-tenant-quota-pages (issue 24: memd's cache limits) with --connect or without --prefix-sharing on.
+// --prefix-tenant-quota-pages (issue 24: memd's cache limits) with --connect or without --prefix-sharing on;
+// issue 26: --nodes outside 1..16, --nodes > 1 with --connect or --prefixes, an unknown --route,
+// --route prefix without --prefix-sharing on, --cluster-store other than local, local-cluster or redis://... URLs, or
+// with --connect.
 absl::Status ValidateReplayOptions(const ReplayOptions& options);
 
 // InvalidArgument naming the option when the directory of --json, --csv or --plot does not exist or is not

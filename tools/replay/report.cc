@@ -214,6 +214,89 @@ static json PrefixSharingJson(const ReplayReport& r) {
       {"host_pages_peak", {{"held", r.host_pages_held_peak}, {"allocated", r.host_pages_allocated_peak}}}};
 }
 
+// Issue 26: the multi-node figures (JSON "multi_node"; null without --nodes > 1).
+static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
+  if (!m) return json(nullptr);
+  json nodes = json::array();
+  for (const NodeFigures& n : m->per_node) {
+    json ttft = n.ttft_ms ? json{{"p50", n.ttft_ms->p50}, {"p99", n.ttft_ms->p99}} : json(nullptr);
+    nodes.push_back({{"node", n.node},
+                     {"run_dir", n.run_dir},
+                     {"requests", n.requests},
+                     {"requests_served", n.requests_served},
+                     {"output_tokens", n.output_tokens},
+                     {"output_tokens_per_s", n.output_tokens_per_s},
+                     {"ttft_ms", ttft},
+                     {"hits_blocks",
+                      {{"lookups", n.prefix_lookups},
+                       {"worker", n.hits_worker},
+                       {"host", n.hits_host},
+                       {"miss", n.misses}}},
+                     // memd's cluster tier in pages (its imported pages are granted as host hits, part of "host");
+                     // null when memd reports none
+                     {"cluster", n.cluster ? json{{"lookups", n.cluster->lookups},
+                                                  {"hits", n.cluster->hits},
+                                                  {"imported", n.cluster->imported},
+                                                  {"published", n.cluster->published}}
+                                           : json(nullptr)},
+                     {"prefill_tokens_saved", n.prefill_tokens_saved},
+                     {"host_pages_shared", n.host_pages_shared},
+                     {"store_bytes_out", n.cluster ? json(n.cluster->bytes_out) : json(nullptr)},
+                     {"store_bytes_in", n.cluster ? json(n.cluster->bytes_in) : json(nullptr)},
+                     {"store_bytes_out_per_s", n.cluster ? json(n.cluster->bytes_out_per_s) : json(nullptr)},
+                     {"store_bytes_in_per_s", n.cluster ? json(n.cluster->bytes_in_per_s) : json(nullptr)}});
+  }
+  json routing = json::array();
+  for (const RouteFigure& f : m->routing) {
+    routing.push_back({{"trace_index", f.trace_index},
+                       {"node", f.node},
+                       {"session", f.session},
+                       {"turn", f.turn},
+                       {"reason", f.reason},
+                       {"matched_blocks", f.matched_blocks}});
+  }
+  return json{{"nodes", m->nodes},
+              {"route", m->route},
+              {"cluster_store", m->cluster_store.empty() ? json(nullptr) : json(m->cluster_store)},
+              {"cluster_endpoint", m->cluster_endpoint.empty() ? json(nullptr) : json(m->cluster_endpoint)},
+              {"cluster_counters", m->cluster_counters ? "measured" : "not reported by memd"},
+              {"sessions", m->sessions},
+              {"next_turns", m->next_turns},
+              {"kv_events",
+               {{"seen", m->kv_events_seen}, {"lost", m->kv_events_lost}, {"settle_timeouts", m->kv_settle_timeouts}}},
+              {"per_node", nodes},
+              {"routing", routing}};
+}
+
+static std::string MultiNodeLines(const MultiNodeFigures& m) {
+  std::string out = absl::StrFormat("  %d nodes, route %s: %d sessions (%d next turns)", m.nodes, m.route, m.sessions,
+                                    m.next_turns);
+  if (m.route == "prefix") absl::StrAppendFormat(&out, ", KV events %d (lost %d, settle timeouts %d)", m.kv_events_seen, m.kv_events_lost,
+                        m.kv_settle_timeouts);
+  absl::StrAppend(&out, "\n");
+  for (const NodeFigures& n : m.per_node) {
+    absl::StrAppendFormat(&out,
+                          "  node %d: %d requests (%d served), %d tokens, %.1f tokens/s, TTFT ms p50 %s p99 %s; "
+                          "blocks: worker %d, host %d, miss %d; prefill tokens saved %d\n",
+                          n.node, n.requests, n.requests_served, n.output_tokens, n.output_tokens_per_s,
+                          Fixed(P(n.ttft_ms, false), 1), Fixed(P(n.ttft_ms, true), 1), n.hits_worker, n.hits_host,
+                          n.misses, n.prefill_tokens_saved);
+    if (const auto& c = n.cluster) {
+      absl::StrAppendFormat(&out,
+                            "    cluster tier: %d pages looked up, %d found, %d imported (part of the host hits), %d "
+                            "published; store bytes out %d (%.0f/s), in %d (%.0f/s)\n",
+                            c->lookups, c->hits, c->imported, c->published, c->bytes_out, c->bytes_out_per_s,
+                            c->bytes_in, c->bytes_in_per_s);
+    }
+  }
+  if (!m.cluster_store.empty() && !m.cluster_counters) {
+    absl::StrAppendFormat(&out, "  cluster store %s (%s): hits and bytes to/from the store not measured (memd "
+                                "reported no cluster-tier counters)\n",
+                          m.cluster_store, m.cluster_endpoint);
+  }
+  return out;
+}
+
 json ReportToJson(const ReplayReport& r) {
   const RunSettings& s = r.settings;
   json gpus = json::array();
@@ -279,6 +362,7 @@ json ReportToJson(const ReplayReport& r) {
   out.update(PrefixSharingJson(r));                                 // issue 24
   out["prefix_workload"] = PrefixWorkloadJson(r.prefix_workload);  // issue 27
   out["host_bytes_recovered"] = r.host_bytes_recovered;              // issue 27
+  out["multi_node"] = MultiNodeJson(r.multi_node);                  // issue 26
   out.update(FaultsJson(r.faults));  // top-level fields (docs/replay.md, "Faults")
   const SpeculationFigures& f = r.speculation;  // top-level fields (docs/replay.md, "Speculation")
   json widths = json::object();
@@ -355,6 +439,40 @@ std::string PrefixSharingLines(const ReplayReport& r) {
 
 }  // namespace
 
+NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std::vector<int>& node_of_row,
+                            const NodeStats& stats) {
+  NodeFigures f;
+  f.node = node;
+  std::vector<double> ttft;
+  for (const RequestTiming& t : result.requests) {
+    if (t.trace_index < 0 || t.trace_index >= static_cast<int64_t>(node_of_row.size()) ||
+        node_of_row[t.trace_index] != node) {
+      continue;
+    }
+    ++f.requests;
+    f.requests_served += t.served() ? 1 : 0;
+    f.output_tokens += t.tokens;
+    if (auto x = t.ttft_ms()) ttft.push_back(*x);
+  }
+  f.output_tokens_per_s = result.elapsed_ms > 0 ? f.output_tokens * 1000.0 / result.elapsed_ms : 0.0;
+  if (!ttft.empty()) f.ttft_ms = Percentiles{*PercentileNearestRank(ttft, 50), *PercentileNearestRank(ttft, 99)};
+  f.prefix_lookups = stats.prefix_lookups;
+  f.hits_worker = stats.prefix_hits_worker;
+  f.hits_host = stats.prefix_hits_host;
+  f.misses = std::max<int64_t>(0, stats.prefix_lookups - stats.prefix_hits_worker - stats.prefix_hits_host);
+  f.prefill_tokens_saved = stats.prefill_tokens_saved;
+  f.host_pages_shared = stats.host_pages_shared;
+  if (stats.cluster_configured) {  // issue 26
+    const double s = result.elapsed_ms > 0 ? result.elapsed_ms / 1000.0 : 0.0;
+    f.cluster = NodeFigures::Cluster{stats.cluster_lookups,         stats.cluster_hits,
+                                     stats.cluster_imported,        stats.cluster_published,
+                                     stats.cluster_published_bytes, stats.cluster_imported_bytes,
+                                     s > 0 ? stats.cluster_published_bytes / s : 0.0,
+                                     s > 0 ? stats.cluster_imported_bytes / s : 0.0};
+  }
+  return f;
+}
+
 std::string FormatSummary(const ReplayReport& r) {
   const RunSettings& s = r.settings;
   std::string schedule = s.concurrency ? absl::StrCat("closed loop, concurrency ", *s.concurrency)
@@ -418,6 +536,7 @@ std::string FormatSummary(const ReplayReport& r) {
                           f.host_pages_unconfirmed,
                           Fixed(P(p, false), 0), Fixed(P(p, true), 0));
   }
+  if (const auto& m = r.multi_node) absl::StrAppend(&out, MultiNodeLines(*m));  // issue 26
   for (const GpuMemoryUse& g : r.gpus) {
     absl::StrAppendFormat(&out, "  gpu %d: peak %d bytes; pages: capacity %d, required %d, optional %d, reserve %d\n",
                           g.gpu, g.peak_used_bytes, g.capacity_pages, g.peak_required_pages, g.peak_optional_pages,

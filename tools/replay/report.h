@@ -123,6 +123,66 @@ struct RequestFailure {
   std::string error;       // the node's text (or the client's account of a worker that went away)
 };
 
+// Issue 26 (dhs-replay --nodes N; docs/replay.md "Several nodes"): one node's share of a multi-node run.
+// Hits by tier are the node's worker counters in prefix blocks (WorkerStatsReply.prefix_*): the worker's row cache,
+// memd's shared host tier, and the misses (lookups - worker - host hits). The cluster tier's hits and bytes to and
+// from the store are not in this build's memd stats: cluster_counters says so (JSON null, never a measured 0).
+struct NodeFigures {
+  int64_t node = 0;                    // 0 .. nodes - 1
+  std::string run_dir;                 // its run directory (kept when given with --run-dir)
+  int64_t requests = 0;                // routed to it
+  int64_t requests_served = 0;
+  int64_t output_tokens = 0;
+  double output_tokens_per_s = 0;      // its output tokens / the run's elapsed time
+  std::optional<Percentiles> ttft_ms;  // its requests with a first token
+  int64_t prefix_lookups = 0;          // blocks looked up
+  int64_t hits_worker = 0;             // blocks found in the worker's row cache
+  int64_t hits_host = 0;               // blocks imported from memd's shared host pages
+  int64_t misses = 0;                  // lookups - hits_worker - hits_host (>= 0), prefilled
+  int64_t prefill_tokens_saved = 0;    // tokens not prefilled thanks to those hits
+  int64_t host_pages_shared = 0;       // memd's shared + cached prefix pages at the end
+  // memd's cluster tier (NodeStats::cluster_*), when configured: pages asked / found / copied into the host pool
+  // (then granted as host hits: they are part of hits_host) and published, bytes published to / imported from the
+  // store and those per second of the run. nullopt: memd reported no cluster tier (JSON null).
+  struct Cluster {
+    int64_t lookups = 0, hits = 0, imported = 0, published = 0;
+    int64_t bytes_out = 0, bytes_in = 0;
+    double bytes_out_per_s = 0, bytes_in_per_s = 0;
+  };
+  std::optional<Cluster> cluster;
+};
+
+// One routing decision (tools/replay/router.h), in submit order.
+struct RouteFigure {
+  int64_t trace_index = 0;
+  int64_t node = 0;
+  int64_t session = 0;         // tools/replay/sessions.h
+  int64_t turn = 0;
+  std::string reason;          // RouteReasonName
+  int64_t matched_blocks = 0;  // prefix routing: leading blocks the chosen node held
+};
+
+struct MultiNodeFigures {
+  int64_t nodes = 1;
+  std::string route;             // --route
+  std::string cluster_store;     // --cluster-store as given ("" = none)
+  std::string cluster_endpoint;  // what every memd was given (redis://...; "" = none)
+  int64_t sessions = 0;          // sessions of the replayed requests (DeriveSessions)
+  int64_t next_turns = 0;        // requests that are a session's turn >= 1
+  int64_t kv_events_seen = 0;    // KV events consumed (--route prefix)
+  int64_t kv_events_lost = 0;    // sequence gaps in them
+  int64_t kv_settle_timeouts = 0;  // next turns routed before their previous turn's blocks were announced
+                                   // (MultiNodeClient::Submit's wait ran out)
+  bool cluster_counters = false; // some node's memd reported cluster-tier counters (else: not measured)
+  std::vector<NodeFigures> per_node;
+  std::vector<RouteFigure> routing;
+};
+
+// A node's figures from the run's timings: the requests of `result` whose trace row `node_of_row` maps to `node`
+// (node_of_row[trace_index]; rows beyond it or -1 belong to no node), and the node's own stats. Pure function.
+NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std::vector<int>& node_of_row,
+                            const NodeStats& stats);
+
 struct ReplayReport {
   RunSettings settings;
   int64_t requests_total = 0;          // requests in the run
@@ -156,6 +216,7 @@ struct ReplayReport {
   std::map<std::string, int64_t> end_reasons;  // EndReasonName -> requests (issue 22); every request counted once
   std::vector<RequestFailure> failures;        // every request not served, in trace order (issue 22)
   std::optional<PrefixWorkloadFigures> prefix_workload;  // issue 27: with --prefixes, else nullopt (JSON null)
+  std::optional<MultiNodeFigures> multi_node;  // issue 26: with --nodes > 1, else nullopt (JSON null)
   bool complete = true;  // false: the run failed part-way; figures of the requests recorded until then, node-wide
                          // figures (sessions, census, reclaims, pages, gpu_memory) not read (0 / empty)
 };

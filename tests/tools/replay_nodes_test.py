@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""dhs-replay --nodes 2 end to end (issue 26): two real nodes (memd + workerd each) started by dhs-replay, the requests
+routed round-robin, by session and by prefix (the nodes' KV event streams), outputs compared with ONE resident node
+(--check-exact), a worker killed on each node mid-run (kill points), and the redis-server dhs-replay starts for --cluster-store stopped at the end.
+
+The trace (hand-made, Mooncake JSONL, length scale 0.125: the 512-token block becomes T = 64 tokens, one host page of
+workerd's 64 rows): three conversations X, Y, Z with ids of their own, every turn's last block partial (input
+nb * 512 + 200 tokens -> nb * 64 + 25: nb complete blocks + 1 partial id):
+  row 0 X turn 0 (4 complete blocks), row 1 Y turn 0 (4), row 2 Z turn 0 (4),
+  row 3 X turn 1 (6: X's 4 + 2 new), row 4 Y turn 1 (6), row 5 Z turn 1 (6),
+  row 6 X turn 2 (8: X turn 1's 6 + 2 new), row 7 Y turn 2 (8).
+Sessions (tools/replay/sessions.h): rows 0, 3, 6 = session 0; 1, 4, 7 = session 1; 2, 5 = session 2.
+Closed loop at C = 1 (each request submitted after the previous ended), hisparse, --prefix-sharing on. Worked out:
+  round-robin: nodes 0 1 0 1 0 1 0 1;
+  session:     new sessions round-robin (X -> 0, Y -> 1, Z -> 0), turns follow: nodes 0 1 0 0 1 0 0 1;
+  prefix:      the turns 0 miss (no node holds a block; loads all 0, ties rotate: 0, 1, 0), every later turn is a
+               prefix hit on its previous turn's node (only that node holds its blocks): nodes 0 1 0 0 1 0 0 1, and
+               reasons miss miss miss hit hit hit hit hit, with 1 <= matched blocks <= the previous turn's complete
+               blocks.
+The host-tier hits follow from the routes (EXPECTED_HOST_HITS): under session and prefix routing every next turn finds
+its conversation's blocks on its node; under round-robin rows 3, 4, 5 land on the other node (miss) and only rows 6, 7
+find their turn 0 there.
+Usage: replay_nodes_test.py DHS_REPLAY"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import signal  # noqa: F401 (subprocess.signal)
+import time
+
+ROWS = [("X", 0, 4), ("Y", 0, 4), ("Z", 0, 4), ("X", 1, 6), ("Y", 1, 6), ("Z", 1, 6), ("X", 2, 8), ("Y", 2, 8)]
+BASE_ID = {"X": 1000, "Y": 2000, "Z": 3000}
+SESSIONS = [0, 1, 2, 0, 1, 2, 0, 1]
+TURNS = [0, 0, 0, 1, 1, 1, 2, 2]
+# Host-tier hits in blocks (every complete block is one 64-row page): session / prefix: rows 3, 4, 5 import their turn
+# 0's 4 blocks, rows 6, 7 their turn 1's 6: 4 * 3 + 6 * 2 = 24; round-robin: only rows 6 and 7 (on their turn 0's node)
+# import turn 0's 4 blocks: 8.
+EXPECTED_HOST_HITS = {"round-robin": 8, "session": 24, "prefix": 24}
+EXPECTED_NODES = {"round-robin": [0, 1, 0, 1, 0, 1, 0, 1], "session": [0, 1, 0, 0, 1, 0, 0, 1],
+                  "prefix": [0, 1, 0, 0, 1, 0, 0, 1]}
+
+
+def trace(tmp):
+    path = os.path.join(tmp, "conversations.jsonl")
+    with open(path, "w") as f:
+        for k, (conv, turn, nb) in enumerate(ROWS):
+            ids = [BASE_ID[conv] + b for b in range(nb)] + [BASE_ID[conv] + 500 + turn]  # + the partial block's id
+            f.write(json.dumps({"timestamp": k, "input_length": nb * 512 + 200, "output_length": 96,
+                                "hash_ids": ids}) + "\n")
+    return path
+
+
+def shm(tmp=None):
+    """memd host-pool segments in /dev/shm whose header names a run directory under `tmp` (the test's runs: dhs-replay
+    runs with TMPDIR=tmp; other processes on the machine have segments of their own)."""
+    out = set()
+    for name in os.listdir("/dev/shm"):
+        try:
+            with open(os.path.join("/dev/shm", name), "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            continue
+        if tmp is None or tmp.encode() in head:
+            out.add(name)
+    return out
+
+
+def replay(exe, tmp, tag, args, timeout=600):
+    out = os.path.join(tmp, tag + ".json")
+    cmd = [exe, *args, "--json", out]
+    print("$", " ".join(cmd[1:]), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, TMPDIR=tmp))
+    print(proc.stdout, end="", flush=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+    report = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            report = json.load(f)
+    return proc.returncode, report, proc.stderr
+
+
+def host_hits(report):
+    return sum(n["hits_blocks"]["host"] for n in report["multi_node"]["per_node"])
+
+
+def check_routed(failures, route, report, store=None):
+    m = report.get("multi_node")
+    if not m:
+        failures.append(f"{route}: no multi_node section")
+        return
+    routing = sorted(m["routing"], key=lambda r: r["trace_index"])
+    nodes = [r["node"] for r in routing]
+    if nodes != EXPECTED_NODES[route]:
+        failures.append(f"{route}: nodes {nodes}, expected {EXPECTED_NODES[route]}")
+    if [r["session"] for r in routing] != SESSIONS or [r["turn"] for r in routing] != TURNS:
+        failures.append(f"{route}: sessions {[r['session'] for r in routing]} turns {[r['turn'] for r in routing]}")
+    if m["sessions"] != 3 or m["next_turns"] != 5 or m["nodes"] != 2 or m["route"] != route:
+        failures.append(f"{route}: sessions {m['sessions']}, next turns {m['next_turns']}, nodes {m['nodes']}")
+    per = m["per_node"]
+    for n in (0, 1):
+        want = nodes.count(n)
+        if per[n]["requests"] != want or per[n]["requests_served"] != want:
+            failures.append(f"{route}: node {n} has {per[n]['requests']} requests, expected {want}")
+    if sum(p["output_tokens"] for p in per) != report["output_tokens"]:
+        failures.append(f"{route}: per-node output tokens do not add up to {report['output_tokens']}")
+    if store is None and any(p["cluster"] is not None for p in per):
+        failures.append(f"{route}: cluster figures reported without a cluster tier")
+    if route == "prefix":
+        reasons = [r["reason"] for r in routing]
+        want = ["prefix_miss"] * 3 + ["prefix_hit"] * 5
+        if reasons != want:
+            failures.append(f"{route}: reasons {reasons}, expected {want}")
+        for r in routing[3:]:
+            parent_blocks = ROWS[r["trace_index"] - 3][2]
+            if not 1 <= r["matched_blocks"] <= parent_blocks:
+                failures.append(f"{route}: row {r['trace_index']} matched {r['matched_blocks']} blocks")
+        if m["kv_events"]["seen"] < 1 or m["kv_events"]["settle_timeouts"] != 0:
+            failures.append(f"{route}: KV events {m['kv_events']}")
+
+
+def redis_alive(port):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"redis-server") and str(port).encode() in cmd:
+            return True
+    return False
+
+
+def check_cluster_store(failures, exe, tmp, base, store):
+    """dhs-replay starts the store, hands its address to every memd, and stops it at the end whatever happened. Until
+    memd takes --cluster-store (the cluster branch) the nodes refuse to start (exit 1): the cleanup is checked either
+    way; with a memd that takes it the run must also be exact."""
+    rc, report, err = replay(exe, tmp, "store-" + store, base + ["--route", "round-robin", "--cluster-store", store])
+    m = re.search(r"cluster store \S+ at redis://([0-9.:,]+) \((\S+)\)", err)
+    if not m:
+        failures.append(f"--cluster-store {store}: no 'cluster store ... at redis://...' line (rc {rc})")
+        return
+    for kept in re.findall(r"run director(?:y|ies) kept: ([^)]+)\)", err):  # a failed start keeps its logs
+        for d in kept.split(", "):
+            shutil.rmtree(d, ignore_errors=True)
+    ports = [a.split(":")[1] for a in m.group(1).split(",")]
+    if len(ports) != (1 if store == "local" else 6):
+        failures.append(f"--cluster-store {store}: {len(ports)} servers")
+    time.sleep(0.2)
+    for p in ports:
+        if redis_alive(p):
+            failures.append(f"--cluster-store {store}: redis-server on port {p} still running after dhs-replay ended")
+    if os.path.exists(m.group(2)):
+        failures.append(f"--cluster-store {store}: its directory {m.group(2)} was left behind")
+    if shm(tmp):
+        failures.append(f"--cluster-store {store}: /dev/shm leftovers {sorted(shm(tmp))}")
+    if rc == 0:  # a memd with the cluster tier: round-robin's next turns can find their blocks in the store
+        if report.get("exact_match") is not True or report["multi_node"]["cluster_endpoint"] is None:
+            failures.append(f"--cluster-store {store}: exact {report.get('exact_match')}")
+        check_routed(failures, "round-robin", report, store)
+        per = report["multi_node"]["per_node"]
+        published = sum((p["cluster"] or {}).get("published", 0) for p in per)
+        print(f"  --cluster-store {store}: host hits {host_hits(report)} (node-local only: "
+              f"{EXPECTED_HOST_HITS['round-robin']}), published {published} pages, cluster "
+              f"{[p['cluster'] for p in per]}", flush=True)
+        if any(p["cluster"] is None for p in per) or published < 1:
+            failures.append(f"--cluster-store {store}: cluster figures {[p['cluster'] for p in per]}")
+        if host_hits(report) < EXPECTED_HOST_HITS["round-robin"]:
+            failures.append(f"--cluster-store {store}: host hits {host_hits(report)} below node-local only's")
+    else:
+        print(f"  --cluster-store {store}: the nodes did not start (rc {rc}; memd without --cluster-store?); "
+              f"cleanup checked", flush=True)
+
+
+def redis_with_dir(fragment):
+    """pids of redis-server processes working in a directory under `fragment` (--dir: redis chdirs there; its command
+    line is retitled once it runs)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if comm.startswith("redis-server") and cwd.startswith(fragment):
+            out.append(int(pid))
+    return out
+
+
+def check_sigint_while_the_cluster_starts(failures, exe, tmp, base):
+    """SIGINT while dhs-replay builds its 3-master cluster (6 servers and redis-cli --cluster create take seconds; the
+    signal is handled when the start ended): exit 130, its Redis directory removed, no redis-server of it left."""
+    run_parent = os.path.join(tmp, "sigint")
+    os.makedirs(run_parent)
+    env = dict(os.environ, TMPDIR=run_parent)
+    proc = subprocess.Popen([exe, *base, "--route", "session", "--cluster-store", "local-cluster"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 20
+    started = 0
+    while time.time() < deadline and started == 0:  # the first server is up
+        started = len(redis_with_dir(run_parent))
+        time.sleep(0.05)
+    proc.send_signal(subprocess.signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if started == 0:
+        failures.append("SIGINT: no redis-server was seen starting")
+    if proc.returncode != 130:
+        failures.append(f"SIGINT: exit {proc.returncode}, expected 130: {err[-500:]}")
+    deadline = time.time() + 5
+    while time.time() < deadline and redis_with_dir(run_parent):
+        time.sleep(0.1)
+    if redis_with_dir(run_parent):
+        failures.append(f"SIGINT: redis-server left running: {redis_with_dir(run_parent)}")
+    left = [d for d in os.listdir(run_parent) if d.startswith("dhs-replay-redis-")]
+    if left:
+        failures.append(f"SIGINT: Redis directory left behind: {left}")
+    print(f"  SIGINT while the cluster started ({started} servers up): exit {proc.returncode}", flush=True)
+
+
+def main():
+    exe = sys.argv[1]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = ["--trace", trace(tmp), "--requests", str(len(ROWS)), "--length-scale", "0.125", "--mode", "hisparse",
+                "--concurrency", "1", "--prefix-sharing", "on", "--nodes", "2", "--check-exact"]
+        hits = {}
+        for route in ("round-robin", "session", "prefix"):
+            rc, report, _ = replay(exe, tmp, route, base + ["--route", route])
+            if rc != 0 or report.get("exact_match") is not True or report.get("requests_served") != len(ROWS):
+                failures.append(f"{route}: rc {rc}, exact {report.get('exact_match')}, served "
+                                f"{report.get('requests_served')}")
+                continue
+            check_routed(failures, route, report)
+            hits[route] = host_hits(report)
+            if report["prefix"]["hits_host"] != hits[route]:
+                failures.append(f"{route}: overall host hits {report['prefix']['hits_host']} != per-node sum")
+            if shm(tmp):
+                failures.append(f"{route}: /dev/shm leftovers {sorted(shm(tmp))}")
+        print(f"host hits (blocks) by route: {hits}", flush=True)
+        # Each node's first worker kills itself at its 5th decode step (--kill-worker-at: the k-th start of a node's
+        # worker gets the k-th point): both are restarted, each resumes its one request in flight (C = 1 per node at
+        # most), the routes are session routing's, the outputs exact and no host row lost.
+        rc, report, _ = replay(exe, tmp, "kill", base + ["--route", "session", "--kill-worker-at", "decode:5"])
+        if rc != 0 or report.get("exact_match") is not True:
+            failures.append(f"kill: rc {rc}, exact {report.get('exact_match')}")
+        else:
+            check_routed(failures, "session", report)
+            got = {k: report.get(k) for k in ("worker_restarts", "kill_points_armed", "requests_resumed",
+                                              "host_rows_lost", "requests_served")}
+            want = {"worker_restarts": 2, "kill_points_armed": 2, "requests_resumed": 2, "host_rows_lost": 0,
+                    "requests_served": len(ROWS)}
+            if got != want:
+                failures.append(f"kill: {got}, expected {want}")
+        if hits != EXPECTED_HOST_HITS:
+            failures.append(f"host hits {hits}, expected {EXPECTED_HOST_HITS}")
+        for store in ("local", "local-cluster"):
+            check_cluster_store(failures, exe, tmp, base, store)
+        check_sigint_while_the_cluster_starts(failures, exe, tmp, base)
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
