@@ -181,13 +181,13 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   if (w->memd_->host_pages().empty()) {
     return absl::FailedPreconditionError("memd listed no host-pool segment");
   }
-  HostPoolAccess host{w->memd_->host_pages(), nullptr, nullptr};  // host pages come from memd's grants only
-  absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> hier =
-      HierarchicalKvAccess::Create(kv, w->device_.get(), host, ResolverKind::kFused);
-  if (!hier.ok()) return hier.status();
-  w->kv_ = *std::move(hier);
-  ResidencyAgentConfig agent{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive, /*host_tier=*/true};
-  w->agent_ = std::make_unique<ResidencyAgent>(agent, w->kv_.get(), w->memd_.get());
+  absl::StatusOr<std::unique_ptr<KvStack>> stack =
+      KvStack::Hierarchical(kv, w->device_.get(), w->memd_->host_pages(), w->memd_.get(),
+                            KvStackConfig{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive});
+  if (!stack.ok()) return stack.status();
+  w->stack_ = *std::move(stack);
+  w->kv_ = w->stack_->hierarchical();
+  w->agent_ = w->stack_->agent();
   return w;
 }
 
@@ -204,8 +204,9 @@ EmbeddedWorker::~EmbeddedWorker() {
     agent_->Poll();
   }
   if (memd_ != nullptr) memd_->SetLinger(std::chrono::milliseconds(1000));
-  agent_.reset();
-  kv_.reset();
+  agent_ = nullptr;
+  kv_ = nullptr;
+  stack_.reset();
   memd_.reset();
   device_.reset();
 }
@@ -331,8 +332,8 @@ void EmbeddedWorker::EnterAway() {
   if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // taken already (this death)
   ++counters_.memd_aways;
   deferred_orders_.clear();  // the dead memd's orders not carried out yet: nothing of them is acted on
-  agent_->EnterAway();      // memd's orders resolved here, nothing answered
-  kv_->PauseHostWrites();   // a new memd may not adopt a page written now
+  stack_->EnterAway();      // memd's orders resolved here, nothing answered; host writes paused (a new memd may not
+                            // adopt a page written now)
   spdlog::warn("libdhs: memd is away: serving {} requests from the pool (no host writes, admissions wait) until a "
                "memd takes the re-Hello", requests_.size());
 }
@@ -374,8 +375,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   for (const auto& [id, r] : requests_) {
     if (r.phase == EmbeddedPhase::kGranted) adopted.insert(id);
   }
-  agent_->ReturnFromAway(adopted);
-  if (absl::Status s = kv_->ResumeHostWrites(); !s.ok()) spdlog::error("libdhs: deferred backups: {}", s.ToString());
+  stack_->ReturnFromAway(adopted);  // the agent adopts them, host writes resume
   // The ends deferred while away.
   std::vector<RequestId> ending;
   for (const auto& [id, r] : requests_) {

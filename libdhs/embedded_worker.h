@@ -1,8 +1,8 @@
 // libdhs/embedded_worker.h: the C++ core behind include/dhs/dhs.h (issue 25): one GPU's worker side of the KV
 // hierarchy without a model, for an engine that brings its own. It wires the classes workerd uses below its batching
-// loop: a Device (CpuDevice), the MemdClient (Hello, host pool, memd's messages), HierarchicalKvAccess (tail, hot
-// cache, ready map, host copies, the fused resolver) and the ResidencyAgent (memd's orders carried out: reclaim,
-// population, backups). The engine sees requests and events, never a memd order.
+// loop: a Device (CpuDevice), the MemdClient (Hello, host pool, memd's messages), and workerd's KvStack (the same
+// class the Worker holds): HierarchicalKvAccess (tail, hot cache, ready map, host copies, the fused resolver) and the
+// ResidencyAgent (memd's orders carried out: reclaim, population, backups; memd away's KV half). The engine sees requests and events, never a memd order.
 //
 // Owns: the device, the memd connection, the KV store, the agent, each request's EmbeddedPhase (one enum, one table,
 // one validating TransitionEmbedded(): waiting / queued / granted) with its declared rows and appended rows, and the
@@ -27,6 +27,7 @@
 #include "common/types.h"
 #include "workerd/device/device.h"
 #include "workerd/kv/hierarchical_kv_access.h"
+#include "workerd/kv_stack.h"
 #include "workerd/memd_client.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving_mode.h"
@@ -210,8 +211,11 @@ class EmbeddedWorker final : private MemdHandler {
   wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
   std::unique_ptr<Device> device_;
   std::unique_ptr<MemdClient> memd_;
-  std::unique_ptr<HierarchicalKvAccess> kv_;
-  std::unique_ptr<ResidencyAgent> agent_;
+  // The KV store and the ResidencyAgent: workerd's KvStack (workerd/kv_stack.h), the wiring workerd's Worker uses
+  // too; kv_ and agent_ point into it.
+  std::unique_ptr<KvStack> stack_;
+  HierarchicalKvAccess* kv_ = nullptr;
+  ResidencyAgent* agent_ = nullptr;
   std::map<RequestId, Request> requests_;
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)

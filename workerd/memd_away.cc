@@ -15,8 +15,7 @@ namespace dhs {
 void MemdAway::Enter() {
   if (!p_.memd->session().TakeLoss(std::chrono::steady_clock::now())) return;  // once per death
   ++p_.recorder->counts().memd_aways;
-  p_.agent->EnterAway();
-  if (p_.hier != nullptr) p_.hier->PauseHostWrites();
+  p_.stack->EnterAway();  // memd's orders resolved here, host writes paused
   spdlog::warn("worker: memd is away: serving {} granted requests from the GPU (no admissions, no host writes, "
                "tokens held from clients) until a memd takes the re-Hello", p_.book->active());
 }
@@ -104,12 +103,7 @@ absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
     }
     FlushHeld(r);
   }
-  p_.agent->ReturnFromAway(plan.adopted);
-  if (p_.hier != nullptr) {
-    if (absl::Status s = p_.hier->ResumeHostWrites(); !s.ok()) {
-      spdlog::error("worker: deferred backups: {}", s.ToString());
-    }
-  }
+  p_.stack->ReturnFromAway(plan.adopted);  // the agent adopts them, host writes resume
   const size_t ended = EndDeferred();
   if (absl::Status s = p_.admission->ResumeInterrupted(reply.interrupted_requests, reply.interrupted_records);
       !s.ok()) {

@@ -27,6 +27,7 @@
 #include "workerd/client_streams.h"
 #include "workerd/geometry.h"
 #include "workerd/kv/hierarchical_kv_access.h"
+#include "workerd/kv_stack.h"
 #include "workerd/memd_link.h"
 #include "workerd/memd_session.h"
 #include "workerd/request_book.h"
@@ -49,6 +50,7 @@ struct AwayParts {
   ClientStreams* clients = nullptr;
   AdmissionDesk* admission = nullptr;
   RequestEnds* ends = nullptr;
+  KvStack* stack = nullptr;  // the KV half of Enter and Return (KvStack::EnterAway, ReturnFromAway)
 };
 
 class MemdAway {

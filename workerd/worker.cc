@@ -55,23 +55,18 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   if (!g.ok()) return g.status();
   if (absl::Status s = ValidateResumedOutputLimits(config.resumed_outputs); !s.ok()) return s;
   std::unique_ptr<Worker> w(new Worker(model, device, config, *std::move(g), memd));
-  KvResidency* residency = nullptr;
+  const KvStackConfig stack{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive};
   if (config.mode == WorkerMode::kResident) {
-    w->kv_ = model::ResidentKvAccess::ForModel(model->config(), config.hbm_budget_bytes, config.page_rows);
-    w->no_residency_ = std::make_unique<NoKvResidency>(w->kv_.get());
-    residency = w->no_residency_.get();
+    w->stack_ = KvStack::Resident(
+        model::ResidentKvAccess::ForModel(model->config(), config.hbm_budget_bytes, config.page_rows), memd, stack);
   } else {
-    HostPoolAccess host{host_pool, nullptr, nullptr};  // host pages come from memd's grants only
-    absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> kv =
-        HierarchicalKvAccess::Create(w->geometry_.kv, device, host, ResolverKind::kFused);
-    if (!kv.ok()) return kv.status();
-    w->hier_ = kv->get();
-    residency = w->hier_;
-    w->kv_ = *std::move(kv);
+    absl::StatusOr<std::unique_ptr<KvStack>> s = KvStack::Hierarchical(w->geometry_.kv, device, host_pool, memd, stack);
+    if (!s.ok()) return s.status();
+    w->stack_ = *std::move(s);
   }
-  ResidencyAgentConfig agent{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive,
-                             config.mode != WorkerMode::kResident};
-  w->agent_ = std::make_unique<ResidencyAgent>(agent, residency, memd);
+  w->kv_ = &w->stack_->kv();
+  w->hier_ = w->stack_->hierarchical();
+  w->agent_ = w->stack_->agent();
   w->resumes_ = std::make_unique<ResumeImporter>(model, w->hier_, config.page_rows);
   absl::StatusOr<std::unique_ptr<SpeculativeRounds>> rounds = SpeculativeRounds::Create(model, config, w->geometry_);
   if (!rounds.ok()) return rounds.status();
@@ -81,11 +76,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   RequestEnds* ends = w.get();  // the rooms end a request through the loop's Finish
   w->clients_ = std::make_unique<ClientStreams>(client, &w->book_, &w->requests_, &w->recorder_, ends);
   w->admission_ = std::make_unique<AdmissionDesk>(
-      AdmissionParts{model, &w->config_, &w->geometry_, memd, &w->book_, &w->requests_, w->agent_.get(),
+      AdmissionParts{model, &w->config_, &w->geometry_, memd, &w->book_, &w->requests_, w->agent_,
                      w->resumes_.get(), &w->recorder_, w->clients_.get(), ends});
   w->away_ = std::make_unique<MemdAway>(AwayParts{&w->config_, &w->geometry_, memd, &w->book_, &w->requests_,
-                                                  w->agent_.get(), w->hier_, &w->recorder_, w->clients_.get(),
-                                                  w->admission_.get(), ends});
+                                                  w->agent_, w->hier_, &w->recorder_, w->clients_.get(),
+                                                  w->admission_.get(), ends, w->stack_.get()});
   return w;
 }
 

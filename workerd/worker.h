@@ -2,8 +2,9 @@
 // model, the three KV modes; the memd conversation is delegated to a ResidencyAgent (workerd/residency_agent.h) and the
 // sizes to workerd/geometry.h.
 //
-// Owns the KV store of its GPU (ResidentKvAccess in `resident` mode with a NoKvResidency, HierarchicalKvAccess
-// otherwise, which is also the agent's KvResidency), the requests' model sessions, the ResidencyAgent and the worker's
+// Owns the KV store of its GPU with its residency and the ResidencyAgent through a KvStack (workerd/kv_stack.h, the
+// wiring libdhs's EmbeddedWorker shares: ResidentKvAccess in `resident` mode with a NoKvResidency, HierarchicalKvAccess
+// otherwise, which is also the agent's KvResidency), the requests' model sessions and the worker's
 // rooms (issue 23, "one owner per request lifecycle"; workerd/README.md): the RequestBook (each request's phase, ids,
 // record), the admission side and memd's messages (AdmissionDesk, workerd/admission.h: the MemdHandler, Resume), the
 // memd-away handling (MemdAway, workerd/memd_away.h), the client side (ClientStreams, workerd/client_streams.h), the
@@ -55,6 +56,7 @@
 #include "workerd/device/device.h"
 #include "workerd/geometry.h"
 #include "workerd/kv/hierarchical_kv_access.h"
+#include "workerd/kv_stack.h"
 #include "workerd/kv_access.h"
 #include "workerd/memd_away.h"
 #include "workerd/memd_link.h"
@@ -203,12 +205,14 @@ class Worker final : public Submitter, private RequestEnds {
   WorkerConfig config_;
   WorkerGeometry geometry_;
   MemdLink* memd_;
-  std::unique_ptr<KvAccess> kv_;
+  // The KV store, its residency and the ResidencyAgent (workerd/kv_stack.h: the one wiring libdhs's EmbeddedWorker
+  // uses too); kv_, hier_ (nullptr in resident mode) and agent_ point into it.
+  std::unique_ptr<KvStack> stack_;
+  KvAccess* kv_ = nullptr;
   HierarchicalKvAccess* hier_ = nullptr;
+  ResidencyAgent* agent_ = nullptr;  // the memd conversation
   RequestBook book_;  // every request's lifecycle, ids and the resumed outputs waiting for their client
   RequestMap requests_;  // ordered: the batch order is stable
-  std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
-  std::unique_ptr<ResidencyAgent> agent_;      // the memd conversation
   WorkerRecorder recorder_;
   std::unique_ptr<ResumeImporter> resumes_;  // resumed requests' host imports and figures
   std::unique_ptr<SpeculativeRounds> rounds_;  // --speculate: proposer, width schedule, slots

@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <future>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -852,6 +855,39 @@ TEST_F(LibdhsTest, ResolveAgainBeforeReadersDoneIsRefused) {
   ASSERT_EQ(dhs_readers_done(w_, &s1, 1), DHS_OK);
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, sel));
+}
+
+// dhs_readers_done over several sources ends the readers of each (the libFuzzer hangs timeout-5d954c15... and
+// timeout-edabb974..., now in fuzz/corpus/libdhs/): before the fix the KV store ended only the first source's group,
+// so the readers of source 1 stayed open behind the per-slot bookkeeping that believed them done. Here row 35 (an
+// incomplete page: read from the tail) is resolved on source 1, both sources are declared done at once, then row 67
+// takes row 35's tail slot: its tail write is ordered after the readers of that slot, and the resolve of row 67
+// waits for the write. Before the fix that resolve waited for ever (the watchdog below fails the test after 60 s
+// instead of hanging it); now it returns the appended bytes. The request then completes (its ends wait for no
+// reader: the other hang's shape).
+TEST_F(LibdhsTest, ReadersDoneOfSeveralSourcesEndsEach) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(16));
+  const uint64_t a = SubmitGranted(40, 80);
+  ASSERT_EQ(Append(a, 0, 40), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint32_t s1 = 1, both[2] = {0, 1};
+  const std::vector<int64_t> first = {35};
+  std::vector<int64_t> loc(1, -7);
+  dhs_query q{a, first.data(), 1, 0, loc.data()};
+  ASSERT_EQ(dhs_resolve(w_, &s1, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_readers_done(w_, both, 2), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(a, 40, 28), DHS_OK) << dhs_worker_errmsg(w_);  // rows 40 .. 67: row 67 reuses row 35's tail slot
+  auto check = std::async(std::launch::async, [&] {
+    ExpectRows(a, {67, 66, 35, 3});  // resolve on each source, bytes checked, readers done per source
+    return dhs_request_complete(w_, a);
+  });
+  if (check.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "ReadersDoneOfSeveralSourcesEndsEach: the resolve after dhs_readers_done(0, 1) waits for "
+                         "a reader of source 1 that was never ended (hang)\n");
+    memd_->Terminate();
+    std::_Exit(1);
+  }
+  EXPECT_EQ(check.get(), DHS_OK) << dhs_worker_errmsg(w_);
 }
 
 // Engine-owned KV pool (ABI 1.1, CPU backend): the engine asks the size (dhs_pool_bytes_needed), allocates aligned

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/fault_point.h"
@@ -1252,13 +1253,22 @@ void HierarchicalKvAccess::CountStagedFetch(const StagedFetch& f) {
 }
 
 void HierarchicalKvAccess::ReadersDone(std::span<const SourceId> sources) {
-  if (sources.empty() || sources[0] >= layout_.num_sources()) return;
-  const uint32_t group = layout_.group_of(sources[0]);
-  auto& rs = readers_[group];
-  for (ReaderId r : rs) device_->EndReaders(r);
-  rs.clear();
-  for (uint32_t arena : staging_held_[group]) DHS_CHECK_OK(arenas_->ReleaseReader(arena).status());  // held
-  staging_held_[group].clear();
+  // Every group named ends (not only the first source's): a caller naming sources of several groups at once (libdhs's
+  // dhs_readers_done, where each source is its own group) otherwise left the other groups' readers open for ever, and
+  // a later copy ordered after them (a tail write, a hot-cache fill, a keep copy) never ran (the libFuzzer hangs
+  // fuzz/corpus/libdhs/timeout-5d954c15... and timeout-edabb974...).
+  absl::InlinedVector<uint32_t, 4> groups;
+  for (SourceId s : sources) {
+    if (s >= layout_.num_sources()) continue;
+    const uint32_t group = layout_.group_of(s);
+    if (std::find(groups.begin(), groups.end(), group) != groups.end()) continue;
+    groups.push_back(group);
+    auto& rs = readers_[group];
+    for (ReaderId r : rs) device_->EndReaders(r);
+    rs.clear();
+    for (uint32_t arena : staging_held_[group]) DHS_CHECK_OK(arenas_->ReleaseReader(arena).status());  // held
+    staging_held_[group].clear();
+  }
 }
 
 absl::Status HierarchicalKvAccess::Truncate(RequestId request, Position length) {

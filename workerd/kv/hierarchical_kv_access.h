@@ -93,6 +93,7 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
                          std::span<const uint8_t> rows) override;
   uint32_t AppendRunRows() const override { return layout_.config().page_rows; }
   absl::Status Fetch(std::span<const SourceId> sources, std::span<KvQuery> batch) override;
+  // Ends the readers of every group among `sources` (sources out of range are ignored).
   void ReadersDone(std::span<const SourceId> sources) override;
   void Release(RequestId request) override;
   // Copies the keys into the key region of each position's planned host page (PlanResidency's host_pages; a

@@ -1,0 +1,67 @@
+// workerd/kv_stack.h: the KV side of one GPU's worker below its serving loop, ONE wiring shared by workerd's Worker
+// and libdhs's EmbeddedWorker (issue 25, "workerd uses libdhs", first step): the KV store (HierarchicalKvAccess over
+// the device pool and memd's host pool with the fused resolver, or in resident mode a store the caller built), the
+// KvResidency memd's orders act on (the hierarchical store itself, or NoKvResidency) and the ResidencyAgent that
+// carries those orders out; and, for memd away (issue 11, docs/protocol.md "Re-Hello with a report"), the KV half of
+// entering and leaving it: the agent resolves memd's orders locally and host writes pause; at the return the agent
+// adopts the reported requests and host writes resume.
+//
+// Owns: the store, the residency, the agent (destroyed agent first). Not the device, the memd link or the host pool.
+// Thread-safety: none; the owner's thread drives it.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+#include "workerd/device/device.h"
+#include "workerd/kv/hierarchical_kv_access.h"
+#include "workerd/kv_access.h"
+#include "workerd/kv_residency.h"
+#include "workerd/memd_link.h"
+#include "workerd/residency_agent.h"
+
+namespace dhs {
+
+// The worker facts the agent checks grants against.
+struct KvStackConfig {
+  GpuId gpu = 0;
+  uint32_t slots = 1;     // N: a grant's slot must be below it
+  bool adaptive = true;   // optional history pages kept (adaptive mode) or not (hisparse)
+};
+
+class KvStack {
+ public:
+  // Adaptive / hisparse: the hierarchical store over `device`'s pool (HierarchicalKvAccess::Create's errors) and
+  // memd's host pool `host_pool` (its pages come from memd's grants only), with the fused resolver; the agent over it.
+  // `device` and `memd` must outlive the stack.
+  static absl::StatusOr<std::unique_ptr<KvStack>> Hierarchical(const KvConfig& kv, Device* device,
+                                                               std::span<uint8_t> host_pool, MemdLink* memd,
+                                                               const KvStackConfig& config);
+  // Resident mode: `kv` (every row resident; nothing moves: NoKvResidency) and the agent over it (no host tier).
+  static std::unique_ptr<KvStack> Resident(std::unique_ptr<KvAccess> kv, MemdLink* memd, const KvStackConfig& config);
+  ~KvStack();
+
+  KvAccess& kv() { return *kv_; }
+  HierarchicalKvAccess* hierarchical() { return hier_; }  // nullptr in resident mode
+  ResidencyAgent* agent() { return agent_.get(); }
+
+  // memd died (the caller took the loss: MemdSession::TakeLoss, once per death): memd's orders are resolved here
+  // (ResidencyAgent::EnterAway) and host writes pause (a new memd may not adopt a page written now).
+  void EnterAway();
+  // A memd took the re-Hello: the `adopted` requests' pages go on under it (ResidencyAgent::ReturnFromAway) and host
+  // writes resume (the backups deferred while away are issued; a failure to issue them is logged, as before).
+  void ReturnFromAway(const std::set<RequestId>& adopted);
+
+ private:
+  KvStack() = default;
+
+  std::unique_ptr<KvAccess> kv_;
+  HierarchicalKvAccess* hier_ = nullptr;
+  std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
+  std::unique_ptr<ResidencyAgent> agent_;      // declared last: destroyed first (it refers to the store)
+};
+
+}  // namespace dhs
