@@ -20,7 +20,7 @@ its whole chain: what a cluster tier that keeps everything allows), and node-loc
 earlier request ON THE SAME NODE had it: the repeats that land on the same node), for round-robin on each N
 (request k to node k mod N) and for each run's actual routing (dhs-replay's `multi_node.routing`).
 
-Usage: tools/bench_cluster.py [--replay build/tools/replay/dhs-replay] [--trace FILE] [--requests 400]
+Usage: tools/bench_cluster.py [--replay build/tools/replay/dhs-replay] [--trace FILE] [--requests 800]
           [--length-scale 0.015625] [--concurrency 4] [--preset dsv4flash-like] [--mode hisparse] [--nodes 1,2,4]
           [--routes session,prefix] [--route-nodes 2] [--store local] [--json OUT]
 `measure()` is the benchmark as a function (tools/perf_report.py calls it, section `cluster`); its result is what
@@ -192,6 +192,7 @@ def measure(args, log=sys.stderr):
                 routing = c[side].get("routing") or (
                     [{"trace_index": i, "node": 0} for i in range(len(rows))] if n == 1 and clean(c[side]) else None)
                 c["routed_bound_" + side] = routed_bound(rows, args.length_scale, routing) if routing else None
+                c[side].pop("routing", None)  # one entry per request: kept out of the saved figures
             c["cluster_vs_local"] = {k: bps.ratio(cluster.get(k), local.get(k)) for k in (
                 "prefill_tokens_saved", "ttft_p50_ms", "ttft_p99_ms", "output_tokens_per_s")}
             result["configs"].append(c)
@@ -227,7 +228,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replay", default="build/tools/replay/dhs-replay")
     ap.add_argument("--trace", default=MOONCAKE, help="a Mooncake trace (default the bundled 1000-request slice)")
-    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--requests", type=int, default=800)
     ap.add_argument("--length-scale", type=float, default=0.015625)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--preset", default="dsv4flash-like")

@@ -16,7 +16,7 @@ What it runs (CPU backend, the host-device link model on: `--link-model pcie5`, 
   upper bound each trace allows, exactness under forced reclaims and worker kills (about 25 min of the full run);
 - several nodes (issue 26; tools/bench_cluster.py's `measure()`): the Mooncake conversation trace on 1, 2 and 4
   nodes round-robin and with session / prefix routing, node-local only against the cluster tier on Redis, every run
-  --check-exact, the upper bounds (any node, node-local) from the trace (about 20 min of the full run);
+  --check-exact, the upper bounds (any node, node-local) from the trace (about 17 min of the full run);
 - the Google Benchmark programs behind three of issue 14's targets: host recovery vs memcpy at 2048 rows
   (resolver_bench), admission decisions/s at 100..100K admitted requests (memd_bench_admission), grant round trip
   p50/p99 over ipc:// (memd_bench_grant_rtt).
@@ -44,7 +44,7 @@ Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md
                             [--figures FILE] [--from-json FIGURES]
 --quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
 The full run takes about 30 min on a quiet 2-core machine (26 min on 2026-12-01), up to 50 min loaded, without the
-prefix_sharing section (about 25 min more) and the cluster section (about 20 min more). `--sections prefix_sharing`
+prefix_sharing section (about 25 min more) and the cluster section (about 17 min more). `--sections prefix_sharing`
 (or `cluster`) measures that section alone and renders the document again from the saved figures of the others (their
 text unchanged). Needs python3-matplotlib (checked before anything runs).
 Run it from the repository root. Exit status: 0 written (a benchmark or replay that failed is printed to stderr and
@@ -100,11 +100,12 @@ SIZES = {
         "prefix_sharing": dict(length_scale=0.0625, requests=200, concurrency=4, preset="dsv4flash-like",
                                modes="hisparse,adaptive", prefixes=4, prefix_tokens=4096, suffix_tokens=16,
                                output_tokens=32, sessions=64, synthetic_concurrency=16, no_faults=False),
-        # Issue 26 (tools/bench_cluster.py): the first 400 requests of the Mooncake conversation trace's 1000-line
-        # slice at 1/64 of its lengths (8-token blocks: eight to a 64-row host page; the 400 requests hold 14% of
+        # Issue 26 (tools/bench_cluster.py): the first 800 requests of the Mooncake conversation trace's 1000-line
+        # slice at 1/64 of its lengths (8-token blocks: eight to a 64-row host page; the 800 requests hold 20% of
         # repeated blocks, the 200-line slice 6%), hisparse, node-local only against the cluster tier (one
-        # redis-server), round-robin on 1, 2, 4 nodes, session and prefix routing on 2; about 20 min.
-        "cluster": dict(requests=400, length_scale=0.015625, concurrency=4, preset="dsv4flash-like", mode="hisparse",
+        # redis-server), round-robin on 1, 2, 4 nodes, session and prefix routing on 2; about 17 min (400 requests:
+        # 8 min, 2026-12-02).
+        "cluster": dict(requests=800, length_scale=0.015625, concurrency=4, preset="dsv4flash-like", mode="hisparse",
                         nodes="1,2,4", routes="session,prefix", route_nodes=2, store="local"),
     },
     "quick": {
@@ -1092,7 +1093,10 @@ def cluster_lines(fig):
                    f"{fmt(v['prefill_tokens_saved'], 2)}), TTFT p50 x {fmt(v['ttft_p50_ms'], 3)}, p99 x "
                    f"{fmt(v['ttft_p99_ms'], 3)}, tokens/s x {fmt(v['output_tokens_per_s'], 3)}"
                    + (f"; sessions {clu.get('sessions')} ({clu.get('next_turns')} next turns)"
-                      if clu.get("sessions") is not None else "") + ".")
+                      if clu.get("sessions") is not None else "")
+                   + (f"; next turns routed before their previous turn's first block was announced (KV settle "
+                      f"timeouts) {loc.get('kv_settle_timeouts')} / {clu.get('kv_settle_timeouts')}"
+                      if c["route"] == "prefix" else "") + ".")
     out += ["", f"All runs exact with every request finished: **{'yes' if cl.get('all_exact') else 'NO'}**."]
     return out
 
