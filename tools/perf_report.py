@@ -14,6 +14,9 @@ What it runs (CPU backend, the host-device link model on: `--link-model pcie5`, 
 - prefix sharing (issue 24; tools/bench_prefix_sharing.py's `measure()`): memd's content-addressed host tier off
   against on, back to back, on the Mooncake slice and the prepared-prefix workload, every run --check-exact, the
   upper bound each trace allows, exactness under forced reclaims and worker kills (about 25 min of the full run);
+- several nodes (issue 26; tools/bench_cluster.py's `measure()`): the Mooncake conversation trace on 1, 2 and 4
+  nodes round-robin and with session / prefix routing, node-local only against the cluster tier on Redis, every run
+  --check-exact, the upper bounds (any node, node-local) from the trace (about 17 min of the full run);
 - the Google Benchmark programs behind three of issue 14's targets: host recovery vs memcpy at 2048 rows
   (resolver_bench), admission decisions/s at 100..100K admitted requests (memd_bench_admission), grant round trip
   p50/p99 over ipc:// (memd_bench_grant_rtt).
@@ -32,15 +35,18 @@ recovery_ns_per_step}, admission[] {admitted, decisions_per_s}, grant_rtt[] {cap
 p999_us}}; `speculation`: tools/bench_speculation.py's --json result (`points[]` of {concurrency, config, median,
 sessions_vs_off, tpot_vs_off, throughput_vs_off, runs[]}); `prefix_sharing`: tools/bench_prefix_sharing.py's --json
 result (settings, `workloads[]` of {name, bound, pairs[] {mode, off, on, on_vs_off, on_equals_off}}, `faults`,
-`all_exact`). A section or program that failed is {"error": message}
+`all_exact`); `cluster`: tools/bench_cluster.py's --json result (settings, `bounds` {block_tokens, any_node,
+round_robin {N: bound}}, `configs[]` {nodes, route, local, cluster, routed_bound_local, routed_bound_cluster,
+cluster_vs_local}, `all_exact`). A section or program that failed is {"error": message}
 instead.
 
 Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md] [--plots docs/perf]
                             [--figures FILE] [--from-json FIGURES]
 --quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
 The full run takes about 30 min on a quiet 2-core machine (26 min on 2026-12-01), up to 50 min loaded, without the
-prefix_sharing section (about 25 min more). `--sections prefix_sharing` measures that section alone and renders the
-document again from the saved figures of the others (their text unchanged). Needs python3-matplotlib (checked before anything runs).
+prefix_sharing section (about 25 min more) and the cluster section (about 17 min more). `--sections prefix_sharing`
+(or `cluster`) measures that section alone and renders the document again from the saved figures of the others (their
+text unchanged). Needs python3-matplotlib (checked before anything runs).
 Run it from the repository root. Exit status: 0 written (a benchmark or replay that failed is printed to stderr and
 reported as FAILED / "not measured" in the document); 1 matplotlib missing; 2 bad command line or unreadable
 figures.
@@ -57,6 +63,7 @@ import tempfile
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cluster  # noqa: E402
 import bench_prefix  # noqa: E402
 import bench_prefix_sharing  # noqa: E402
 import bench_speculation  # noqa: E402
@@ -93,6 +100,13 @@ SIZES = {
         "prefix_sharing": dict(length_scale=0.0625, requests=200, concurrency=4, preset="dsv4flash-like",
                                modes="hisparse,adaptive", prefixes=4, prefix_tokens=4096, suffix_tokens=16,
                                output_tokens=32, sessions=64, synthetic_concurrency=16, no_faults=False),
+        # Issue 26 (tools/bench_cluster.py): the first 800 requests of the Mooncake conversation trace's 1000-line
+        # slice at 1/64 of its lengths (8-token blocks: eight to a 64-row host page; the 800 requests hold 20% of
+        # repeated blocks, the 200-line slice 6%), hisparse, node-local only against the cluster tier (one
+        # redis-server), round-robin on 1, 2, 4 nodes, session and prefix routing on 2; about 17 min (400 requests:
+        # 8 min, 2026-12-02).
+        "cluster": dict(requests=800, length_scale=0.015625, concurrency=4, preset="dsv4flash-like", mode="hisparse",
+                        nodes="1,2,4", routes="session,prefix", route_nodes=2, store="local"),
     },
     "quick": {
         "modes": dict(trace="", requests=3, length_scale=0.05, concurrency="1,3", hbm_budget=1500000, repeat=1),
@@ -108,6 +122,8 @@ SIZES = {
         "prefix_sharing": dict(length_scale=0.01, requests=12, concurrency=2, preset="dsv4flash-like",
                                modes="hisparse", prefixes=2, prefix_tokens=128, suffix_tokens=8, output_tokens=4,
                                sessions=4, synthetic_concurrency=2, no_faults=True),
+        "cluster": dict(requests=12, length_scale=0.01, concurrency=2, preset="dsv4flash-like", mode="hisparse",
+                        nodes="1,2", routes="session", route_nodes=2, store="local"),
     },
 }
 
@@ -266,7 +282,16 @@ def collect_prefix_sharing(build, params):
     return bench_prefix_sharing.measure(args)
 
 
-SECTIONS = ("planner", "micro", "long_context", "modes", "speculation", "prefix", "prefix_sharing")
+def collect_cluster(build, params):
+    """tools/bench_cluster.py's measurement (issue 26): the Mooncake conversation trace on 1, 2, 4 nodes (round-robin)
+    and with session / prefix routing, node-local only against the cluster tier on Redis, every run --check-exact, the
+    upper bounds (any node, node-local) from the trace. No link model (the tiers' figures are hits and bytes)."""
+    args = SimpleNamespace(replay=os.path.join(build, "tools/replay/dhs-replay"), trace=bench_cluster.MOONCAKE,
+                           **params)
+    return bench_cluster.measure(args)
+
+
+SECTIONS = ("planner", "micro", "long_context", "modes", "speculation", "prefix", "prefix_sharing", "cluster")
 
 
 def collect(args, figures_path, fig=None, only=SECTIONS):
@@ -285,7 +310,8 @@ def collect(args, figures_path, fig=None, only=SECTIONS):
              ("modes", lambda: collect_modes(args.build, size["modes"])),
              ("speculation", lambda: collect_speculation(args.build, size["speculation"])),
              ("prefix", lambda: collect_prefix(args.build, size["prefix"], figures_path)),
-             ("prefix_sharing", lambda: collect_prefix_sharing(args.build, size["prefix_sharing"])))
+             ("prefix_sharing", lambda: collect_prefix_sharing(args.build, size["prefix_sharing"])),
+             ("cluster", lambda: collect_cluster(args.build, size["cluster"])))
     for name, step in steps:
         if name not in only:
             continue
@@ -979,6 +1005,102 @@ def prefix_sharing_lines(fig):
     return out
 
 
+CLUSTER_COLUMNS = ("| nodes | route | tier | served | exact | block lookups | worker row cache | host | cluster | miss "
+                   "| prefill tokens saved | saved / prefill | node-local bound of this routing | cluster pages looked "
+                   "up / found / imported / published | to Redis B/s | from Redis B/s | TTFT p50 ms | TTFT p99 ms | "
+                   "tok/s |")
+
+
+def bound_text(b):
+    """'S% of blocks (P% at page granularity)' of an upper bound (bench_prefix_sharing.upper_bound's fields)."""
+    return (f"{fmt(100 * b['block_share'], 1)}% of blocks ({fmt(100 * b['page_block_share'], 1)}% at page "
+            "granularity)")
+
+
+def cluster_run_row(c, side, prefill):
+    """One table row of a bench_cluster run (`prefill`: the run's prefill tokens, from the trace)."""
+    r = c[side]
+    head = f"| {c['nodes']} | {c['route']} | {'node-local' if side == 'local' else 'cluster (Redis)'} |"
+    if "error" in r and r.get("served") is None:
+        return head + f" FAILED: {r['error'][:300]} |" + " |" * 15
+    rate = (lambda n, x: f"{n} ({fmt(100 * x, 1)}%)" if n is not None else "n/a")
+    rb = c.get("routed_bound_" + side)
+    cp = r.get("cluster_pages") or {}
+    pages = " / ".join("n/a" if cp.get(k) is None else str(cp[k]) for k in ("lookups", "hits", "imported", "published"))
+    return (head + f" {r['served']}/{r['total']} | {'yes' if r.get('exact_match') else 'NO'} | {r['lookups']} | "
+            f"{rate(r['hits_worker'], r['hit_rate_worker'])} | {rate(r['hits_host_local'], r['hit_rate_host_local'])} | "
+            f"{rate(r['hits_cluster'], r['hit_rate_cluster'])} | {rate(r['misses'], r['miss_rate'])} | "
+            f"{r['prefill_tokens_saved']} | "
+            f"{fmt(100 * r['prefill_tokens_saved'] / prefill, 1) + '%' if prefill else 'n/a'} | "
+            f"{bound_text(rb) if rb else 'n/a'} | {pages} | "
+            f"{fmt(r.get('store_bytes_out_per_s'), 0)} | {fmt(r.get('store_bytes_in_per_s'), 0)} | "
+            f"{fmt(r['ttft_p50_ms'], 1)} | {fmt(r['ttft_p99_ms'], 1)} | {fmt(r['output_tokens_per_s'])} |")
+
+
+def cluster_lines(fig):
+    """The section of issue 26: the upper bounds (any node; node-local round-robin), then per configuration the runs
+    node-local only and with the cluster tier, and their ratios."""
+    cl = fig.get("cluster")
+    out = ["", "## Past one node: the cluster tier on Redis (issue 26)", ""]
+    if not isinstance(cl, dict):
+        return out + ["not run"]
+    if "error" in cl:
+        return out + ["FAILED: " + cl["error"]]
+    b = cl["bounds"]
+    a = b["any_node"]
+    prefill = a["prefill_tokens"]
+    out += [f"`python3 tools/perf_report.py --sections cluster` (`tools/bench_cluster.py`; "
+            f"{fmt(cl.get('wall_s', float('nan')) / 60, 1)} min): `dhs-replay --nodes N --route R` on this machine "
+            f"(every node its own memd and worker, all on the same cores), the Mooncake conversation trace "
+            f"(`{cl['trace']}`, the first {cl['requests']} requests, lengths x {cl['length_scale']}: "
+            f"{b['block_tokens']}-token blocks, {prefill} prefill tokens; closed loop at C = {cl['concurrency']}), "
+            f"model `{cl['preset']}`, {cl['mode']}, memd `--prefix-sharing on`; each configuration once node-local "
+            f"only and once with the cluster tier (`--cluster-store {cl['store']}`: one redis-server started by "
+            "dhs-replay), back to back; every run `--check-exact` (tokens and logits digests equal to ONE resident "
+            "node's). Hits are blocks of the requests' chains (rates: shares of the lookups). The cluster tier's pages "
+            "are copied into a node's host pool and granted as host pages, so the worker counts them as host hits: "
+            "the cluster column is the blocks of memd's imported pages (a 64-row page holds 64 / T blocks; at most "
+            "the run's host hits), the host column the rest; one node reports no cluster counters (n/a). Bytes/s: "
+            "all memd's bytes confirmed written to Redis and copied in from it, over the run's time. One run per point "
+            "on a shared 2-core machine: TTFT and tokens/s are noisy and every node shares the same two cores.", "",
+            "### Upper bounds the trace allows (computed from the trace, not by the nodes)", "",
+            "| reuse allowed | blocks seen before | share of blocks | prefill tokens | share of prefill | at page "
+            "granularity: blocks | prefill tokens |", "|---|---|---|---|---|---|---|"]
+
+    def bound_row(label, x):
+        return (f"| {label} | {x['blocks_seen']} / {x['blocks']} | {fmt(100 * x['block_share'], 1)}% | "
+                f"{x['tokens_seen']} | {fmt(100 * x['token_share'], 1)}% | {x['blocks_page_bound']} "
+                f"({fmt(100 * x['page_block_share'], 1)}%) | {x['tokens_page_bound']} "
+                f"({fmt(100 * x['tokens_page_bound'] / x['prefill_tokens'], 1) if x['prefill_tokens'] else 'n/a'}%) |")
+    out.append(bound_row("any earlier request, on any node (a cluster tier keeping everything)", a))
+    for n, x in b["round_robin"].items():
+        out.append(bound_row(f"node-local, {n} node{'s' if n != '1' else ''} round-robin (repeats on the same node)",
+                             x))
+    out += ["", "Blocks: complete blocks whose whole chain appeared in an earlier request (tools/bench_prefix_sharing.py "
+            "`upper_bound`); page granularity: the 64-row host pages wholly inside those blocks and before the "
+            "request's last input token (what memd can share and the worker import). The node-local bound of each "
+            "run's actual routing (dhs-replay's `multi_node.routing`) is in the table below.", "",
+            "### Runs", "", CLUSTER_COLUMNS, "|" + "---|" * 19]
+    for c in cl["configs"]:
+        for side in ("local", "cluster"):
+            out.append(cluster_run_row(c, side, prefill))
+    out += ["", "Cluster tier against node-local only (ratio of the two runs of a configuration):", ""]
+    for c in cl["configs"]:
+        v = c["cluster_vs_local"]
+        loc, clu = c["local"], c["cluster"]
+        out.append(f"- {c['nodes']} node{'s' if c['nodes'] != 1 else ''}, {c['route']}: prefill tokens saved "
+                   f"{loc.get('prefill_tokens_saved')} -> {clu.get('prefill_tokens_saved')} (x "
+                   f"{fmt(v['prefill_tokens_saved'], 2)}), TTFT p50 x {fmt(v['ttft_p50_ms'], 3)}, p99 x "
+                   f"{fmt(v['ttft_p99_ms'], 3)}, tokens/s x {fmt(v['output_tokens_per_s'], 3)}"
+                   + (f"; sessions {clu.get('sessions')} ({clu.get('next_turns')} next turns)"
+                      if clu.get("sessions") is not None else "")
+                   + (f"; next turns routed before their previous turn's first block was announced (KV settle "
+                      f"timeouts) {loc.get('kv_settle_timeouts')} / {clu.get('kv_settle_timeouts')}"
+                      if c["route"] == "prefix" else "") + ".")
+    out += ["", f"All runs exact with every request finished: **{'yes' if cl.get('all_exact') else 'NO'}**."]
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------- document
 
 def render(fig, plots_dir, doc_path):
@@ -1008,6 +1130,7 @@ def render(fig, plots_dir, doc_path):
     lines += ["", "## With and without speculation under one budget", ""] + speculation_lines(fig)
     lines += prefix_lines(fig, plots)
     lines += prefix_sharing_lines(fig)
+    lines += cluster_lines(fig)
     lines += ["", "## Microbenchmarks", ""] + micro_lines(fig)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{k}]({v})" for k, v in rel.items()]

@@ -365,6 +365,70 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("All runs exact with every request finished: **yes**.", doc)
         self.assertLess(full.index("## Prefix sharing"), full.index("## Microbenchmarks"))
 
+    def test_cluster_section(self):
+        """Issue 26's section: the upper bounds from the trace (any node; node-local round-robin), one row per
+        (configuration, tier) with the hits by tier, the cluster pages and bytes/s, the ratio lines."""
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import bench_cluster as bc
+        # Length scale 0.5: T = 256. Rows: A (2 blocks), A's next turn (3 complete: ids 1, 2, 3), A again.
+        # Any node: 0 + 2 + 2 = 4 of 7 blocks, 1024 of 512 + 768 + 512 = 1792 tokens; round-robin on 2 nodes:
+        # node 0 rows 0, 2 (2 seen), node 1 row 1 (0): 2 of 7, 512 tokens. Page granularity (64 rows in 256-token
+        # blocks): the 4 seen blocks hold 16 pages, but the worker imports only pages before the last input token:
+        # row 1: min(512 // 64, 767 // 64) = 8 pages, 2 blocks; row 2: min(8, 511 // 64 = 7) = 7 pages, 1 block.
+        rows = [{"input_length": 1024, "hash_ids": [1, 2]}, {"input_length": 1536, "hash_ids": [1, 2, 3]},
+                {"input_length": 1024, "hash_ids": [1, 2]}]
+        bounds = bc.bounds(rows, 0.5, [1, 2])
+
+        def run(hw, hl, hc, lookups, saved, cluster_pages, out_s, in_s, tps):
+            return {"served": 3, "total": 3, "failed": 0, "exact_match": True, "lookups": lookups,
+                    "hits_worker": hw, "hits_host_local": hl, "hits_cluster": hc,
+                    "misses": lookups - hw - hl - (hc or 0), "hit_rate_worker": hw / lookups,
+                    "hit_rate_host_local": hl / lookups,
+                    "hit_rate_cluster": hc / lookups if hc is not None else float("nan"),
+                    "miss_rate": (lookups - hw - hl - (hc or 0)) / lookups, "prefill_tokens_saved": saved,
+                    "cluster_pages": cluster_pages, "store_bytes_out_per_s": out_s, "store_bytes_in_per_s": in_s,
+                    "ttft_p50_ms": 100.0, "ttft_p99_ms": 200.0, "output_tokens_per_s": tps, "sessions": 1,
+                    "next_turns": 2}
+        none = {"lookups": None, "hits": None, "imported": None, "published": None}
+        loc = run(0, 1, 0, 8, 256, none, None, None, 10.0)
+        clu = run(0, 1, 2, 8, 768, {"lookups": 10, "hits": 2, "imported": 2, "published": 6}, 2000.0, 500.0, 12.0)
+        routed = bc.node_local_bound([(512, [1, 2]), (768, [1, 2, 3]), (512, [1, 2])], 256, [0, 1, 0])
+        config = {"nodes": 2, "route": "round-robin", "local": loc, "cluster": clu, "routed_bound_local": routed,
+                  "routed_bound_cluster": routed,
+                  "cluster_vs_local": {"prefill_tokens_saved": 3.0, "ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0,
+                                       "output_tokens_per_s": 1.2}}
+        one = dict(config, nodes=1, local=dict(loc), cluster=dict(loc, hits_cluster=None,
+                                                                    hit_rate_cluster=float("nan")))
+        fig = canned()
+        fig["cluster"] = {"trace": "tools/replay/data/mooncake_conversation_head1000.jsonl", "requests": 3,
+                          "length_scale": 0.5, "concurrency": 2, "preset": "dsv4flash-like", "mode": "hisparse",
+                          "store": "local", "nodes": [1, 2], "routes": [], "route_nodes": 2,
+                          "mooncake_gain": [0.59, 4.98], "bounds": bounds, "configs": [one, config],
+                          "all_exact": True, "wall_s": 120.0}
+        full = self.render(fig)
+        self.assertIn("## Past one node: the cluster tier on Redis (issue 26)", full)
+        doc = full[full.index("## Past one node"):]
+        self.assertIn("`python3 tools/perf_report.py --sections cluster`", doc)
+        self.assertIn("256-token blocks, 1792 prefill tokens", doc)
+        self.assertEqual(table_row(doc, ["any earlier request, on any node (a cluster tier keeping everything)"])[1:],
+                         ["4 / 7", "57.1%", "1024", "57.1%", "3 (42.9%)", "960 (53.6%)"])
+        self.assertEqual(table_row(doc, ["node-local, 2 nodes round-robin (repeats on the same node)"])[1:],
+                         ["2 / 7", "28.6%", "512", "28.6%", "1 (14.3%)", "448 (25.0%)"])
+        self.assertEqual(table_row(doc, ["2", "round-robin", "cluster (Redis)"])[3:],
+                         ["3/3", "yes", "8", "0 (0.0%)", "1 (12.5%)", "2 (25.0%)", "5 (62.5%)", "768", "42.9%",
+                          "28.6% of blocks (14.3% at page granularity)", "10 / 2 / 2 / 6", "2000", "500", "100.0",
+                          "200.0", "12.00"])
+        self.assertEqual(table_row(doc, ["2", "round-robin", "node-local"])[7:11],
+                         ["1 (12.5%)", "0 (0.0%)", "7 (87.5%)", "256"])
+        self.assertEqual(table_row(doc, ["2", "round-robin", "node-local"])[13:16], ["n/a / n/a / n/a / n/a", "n/a",
+                                                                                     "n/a"])
+        self.assertEqual(table_row(doc, ["1", "round-robin", "cluster (Redis)"])[8], "n/a")  # one node: not reported
+        self.assertIn("- 2 nodes, round-robin: prefill tokens saved 256 -> 768 (x 3.00), TTFT p50 x 1.000, p99 x "
+                      "1.000, tokens/s x 1.200; sessions 1 (2 next turns).", doc)
+        self.assertIn("All runs exact with every request finished: **yes**.", doc)
+        self.assertLess(full.index("## Prefix sharing"), full.index("## Past one node"))
+        self.assertLess(full.index("## Past one node"), full.index("## Microbenchmarks"))
+
     def test_prefix_step_profile_per_window(self):
         """bench_prefix splits the worker's cumulative decode lines per sweep point: the line at the window's end
         minus the last one before its start (at_ms: the step's end on CLOCK_MONOTONIC, as dhs-replay's window)."""
@@ -421,11 +485,11 @@ class PerfReportTest(unittest.TestCase):
                                                 "glm5-like", "host recovery", "admission", "p99 at most 100")]
         self.assertEqual(verdicts, ["not measured"] * 7)
         # planner (its section and the memory target), both mode sections, the three microbenchmark programs,
-        # speculation, the prepared-prefix closed loop (issue 27), prefix sharing (issue 24)
-        self.assertEqual(doc.count("FAILED: "), 10)
+        # speculation, the prepared-prefix closed loop (issue 27), prefix sharing (issue 24), several nodes (issue 26)
+        self.assertEqual(doc.count("FAILED: "), 11)
         with open(os.path.join(self.dir, "perf", "figures.json")) as f:
             saved = json.load(f)
-        self.assertEqual(sorted(saved), ["long_context", "meta", "micro", "modes", "planner", "prefix",
+        self.assertEqual(sorted(saved), ["cluster", "long_context", "meta", "micro", "modes", "planner", "prefix",
                                          "prefix_sharing", "speculation"])
 
     def test_sections_measures_only_those(self):

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""tools/bench_cluster.py: issue 26's measurement ("Measure and report"): the Mooncake conversation trace on several
+nodes of this machine (`dhs-replay --nodes N --route R`), node-local only (each memd's host tier of shared prefix
+pages, issue 24) against the cluster tier on Redis (`--cluster-store local`: dhs-replay starts one redis-server, every
+memd gets `--cluster-store`), back to back, in ONE invocation on the same build and settings.
+
+The runs (hisparse, `--prefix-sharing on`, closed loop at --concurrency, every run `--check-exact`: tokens and logits
+digests equal to ONE resident node's): round-robin on each of --nodes (default 1, 2, 4), then `session` and `prefix`
+routing (--routes) on --route-nodes nodes (default 2); each once without and once with the cluster tier. Reported per
+run: block lookups by tier as rates (worker row cache, host tier, cluster tier, miss = computed), prefill tokens saved,
+the cluster tier's pages (looked up, found, imported, published) and bytes/s to and from Redis, TTFT p50/p99, output
+tokens/s, exact. The cluster tier's pages are copied into a node's host pool and granted as host pages, so the
+worker counts their blocks as host hits; the cluster column is those blocks, estimated from memd's imported pages (a
+page of p rows covers p / T blocks of T tokens, at most the run's host hits), and the host column the rest. With one
+node dhs-replay reports no per-node figures, so the cluster counters of a 1-node run are "n/a".
+
+The UPPER BOUNDS, computed here from the trace alone with tools/bench_prefix_sharing.py's upper_bound() (the same
+blocks and page granularity as issue 24's): any node (a block is reusable when any earlier request, on any node, had
+its whole chain: what a cluster tier that keeps everything allows), and node-local (a block is reusable only when an
+earlier request ON THE SAME NODE had it: the repeats that land on the same node), for round-robin on each N
+(request k to node k mod N) and for each run's actual routing (dhs-replay's `multi_node.routing`).
+
+Usage: tools/bench_cluster.py [--replay build/tools/replay/dhs-replay] [--trace FILE] [--requests 800]
+          [--length-scale 0.015625] [--concurrency 4] [--preset dsv4flash-like] [--mode hisparse] [--nodes 1,2,4]
+          [--routes session,prefix] [--route-nodes 2] [--store local] [--json OUT]
+`measure()` is the benchmark as a function (tools/perf_report.py calls it, section `cluster`); its result is what
+--json writes. Exit 1 when a run was not exact or left a request unfinished.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_prefix_sharing as bps  # noqa: E402  (the upper bound, the trace's scaling)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MOONCAKE = os.path.join(HERE, "replay", "data", "mooncake_conversation_head1000.jsonl")
+BOUND_KEYS = ("blocks", "blocks_seen", "prefill_tokens", "tokens_seen", "blocks_page_bound", "tokens_page_bound")
+# Mooncake's published gain of its store against node-local caching on the conversation trace (effective request
+# capacity under SLOs, GPU fleet, full lengths): what the report compares against, not measured here.
+MOONCAKE_GAIN = (0.59, 4.98)
+
+
+# ------------------------------------------------------------------------------------------------ the upper bounds
+
+def node_local_bound(requests, block_tokens, node_of, page_rows=bps.HOST_PAGE_ROWS):
+    """The upper bound when a block is reusable only on the node that had it: bench_prefix_sharing.upper_bound() over
+    each node's requests (in submission order), summed. `requests`: [(input_tokens, hash_ids)] in submission order;
+    `node_of[i]`: the node of request i. Returns upper_bound()'s fields (shares recomputed from the sums) and `nodes`
+    (distinct nodes)."""
+    per = {}
+    for i, r in enumerate(requests):
+        per.setdefault(node_of[i], []).append(r)
+    parts = [bps.upper_bound(reqs, block_tokens, page_rows=page_rows) for reqs in per.values()]
+    out = {k: sum(p[k] for p in parts) for k in BOUND_KEYS}
+    out.update(block_tokens=int(block_tokens), page_rows=int(page_rows), nodes=len(per),
+               block_share=out["blocks_seen"] / out["blocks"] if out["blocks"] else 0.0,
+               token_share=out["tokens_seen"] / out["prefill_tokens"] if out["prefill_tokens"] else 0.0,
+               page_block_share=out["blocks_page_bound"] / out["blocks"] if out["blocks"] else 0.0)
+    return out
+
+
+def round_robin(n_requests, nodes):
+    """dhs-replay's round-robin: request k to node k mod N (tools/replay/router.h)."""
+    return [k % nodes for k in range(n_requests)]
+
+
+def bounds(rows, scale, node_counts):
+    """{block_tokens, any_node, round_robin: {N: node-local bound}} for trace rows scaled by `scale`."""
+    t, reqs = bps.scaled_requests(rows, scale)
+    return {"block_tokens": t, "any_node": bps.upper_bound(reqs, t),
+            "round_robin": {str(n): node_local_bound(reqs, t, round_robin(len(reqs), n)) for n in node_counts}}
+
+
+def routed_bound(rows, scale, routing):
+    """The node-local bound of a run's actual routing (`multi_node.routing`: {trace_index, node} per request, in
+    submission order); None when the routing does not name every request."""
+    t, reqs = bps.scaled_requests(rows, scale)
+    order = [r["trace_index"] for r in routing]
+    if sorted(order) != list(range(len(reqs))):
+        return None
+    return node_local_bound([reqs[i] for i in order], t, [r["node"] for r in routing])
+
+
+# ----------------------------------------------------------------------------------------------------- the runs
+
+def _sum(values):
+    vals = [v for v in values if v is not None]
+    return sum(vals) if vals else None
+
+
+def figures(r, store=None, page_rows=bps.HOST_PAGE_ROWS):
+    """The figures of one dhs-replay JSON report (several nodes or one); `store`: the run's --cluster-store (a 1-node
+    report names none: its cluster figures are then unknown, None)."""
+    nan = float("nan")
+    f = bps.figures(r)
+    m = r.get("multi_node") or {}
+    nodes = m.get("per_node") or []
+    clusters = [n.get("cluster") for n in nodes]
+    cl = {k: _sum(c.get(k) if c else None for c in clusters) for k in ("lookups", "hits", "imported", "published")}
+    f.update({"nodes": m.get("nodes", 1), "route": m.get("route", "round-robin"),
+              "cluster_store": m.get("cluster_store") or store, "cluster_counters": m.get("cluster_counters"),
+              "sessions": m.get("sessions"), "next_turns": m.get("next_turns"),
+              "kv_settle_timeouts": (m.get("kv_events") or {}).get("settle_timeouts"),
+              "cluster_pages": cl,
+              "store_bytes_out": _sum(n.get("store_bytes_out") for n in nodes),
+              "store_bytes_in": _sum(n.get("store_bytes_in") for n in nodes),
+              "store_bytes_out_per_s": _sum(n.get("store_bytes_out_per_s") for n in nodes),
+              "store_bytes_in_per_s": _sum(n.get("store_bytes_in_per_s") for n in nodes),
+              "per_node_requests": [n.get("requests") for n in nodes],
+              "routing": [{"trace_index": x["trace_index"], "node": x["node"]} for x in (m.get("routing") or [])]})
+    # The cluster tier's blocks: its imported pages are granted as host pages (counted as host hits by the worker).
+    t = f.get("block_tokens") or 0
+    hh = f["hits_host"]
+    if cl["imported"] is None or not t:
+        f["hits_cluster"] = None if f.get("cluster_store") else 0
+    else:
+        f["hits_cluster"] = min(hh, cl["imported"] * (page_rows // t) if page_rows >= t else cl["imported"])
+    f["hits_host_local"] = hh - (f["hits_cluster"] or 0)
+    lookups = f["lookups"]
+    f["hit_rate_cluster"] = f["hits_cluster"] / lookups if lookups and f["hits_cluster"] is not None else nan
+    f["hit_rate_host_local"] = f["hits_host_local"] / lookups if lookups else nan
+    return f
+
+
+def replay(args, tmp, tag, options, log, store=None):
+    """One dhs-replay run with --json; returns its figures ("error" when it failed; "command", "wall_s")."""
+    out = os.path.join(tmp, tag + ".json")
+    cmd = [args.replay, *options, "--json", out]
+    print(f"bench_cluster: {tag}: {' '.join(cmd[1:])}", file=log, flush=True)
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    report = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            report = json.load(f)
+    fig = figures(report, store) if report else {}
+    fig["wall_s"] = wall
+    fig["command"] = "dhs-replay " + " ".join(o for o in options if not o.startswith("/"))
+    if proc.returncode != 0:
+        fig["error"] = f"dhs-replay exited {proc.returncode}: {proc.stderr.strip()[-600:]}"
+        sys.stderr.write(proc.stderr[-3000:])
+    print(f"bench_cluster: {tag}: {wall:.0f} s, served {fig.get('served')}/{fig.get('total')}, exact "
+          f"{fig.get('exact_match')}, hits worker/host/cluster {fig.get('hits_worker')}/{fig.get('hits_host_local')}/"
+          f"{fig.get('hits_cluster')} of {fig.get('lookups')}, saved {fig.get('prefill_tokens_saved')}, "
+          f"{fig.get('output_tokens_per_s', float('nan')):.2f} tok/s", file=log, flush=True)
+    return fig
+
+
+def plan(node_counts, routes, route_nodes):
+    """The (nodes, route) configurations in run order: round-robin on each N, then each route on route_nodes."""
+    return [(n, "round-robin") for n in node_counts] + [(route_nodes, r) for r in routes]
+
+
+def clean(fig):
+    return "error" not in fig and fig.get("exact_match") is True and fig.get("served") == fig.get("total") \
+        and fig.get("failed") == 0
+
+
+def measure(args, log=sys.stderr):
+    """Runs every configuration without and with the cluster tier and returns the result --json writes:
+    {settings..., bounds, configs[] {nodes, route, local, cluster, routed_bound_local, routed_bound_cluster,
+    cluster_vs_local}, all_exact, wall_s}."""
+    node_counts = [int(x) for x in str(args.nodes).split(",") if x]
+    routes = [x for x in str(args.routes).split(",") if x]
+    trace = getattr(args, "trace", "") or MOONCAKE
+    rows = bps.read_trace(trace, args.requests)
+    result = {"trace": os.path.relpath(trace, os.path.dirname(HERE)), "requests": len(rows),
+              "length_scale": args.length_scale, "concurrency": args.concurrency, "preset": args.preset,
+              "mode": args.mode, "store": args.store, "nodes": node_counts, "routes": routes,
+              "route_nodes": args.route_nodes, "mooncake_gain": list(MOONCAKE_GAIN),
+              "bounds": bounds(rows, args.length_scale, sorted(set(node_counts + [args.route_nodes]))),
+              "configs": []}
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = ["--trace", trace, "--requests", str(args.requests), "--length-scale", str(args.length_scale),
+                "--concurrency", str(args.concurrency), "--preset", args.preset, "--mode", args.mode,
+                "--prefix-sharing", "on", "--check-exact", "--idle-timeout-ms", "600000"]
+        for n, route in plan(node_counts, routes, args.route_nodes):
+            opts = base + ["--nodes", str(n), "--route", route]
+            tag = f"n{n}-{route}"
+            local = replay(args, tmp, tag + "-local", opts, log)
+            cluster = replay(args, tmp, tag + "-cluster", opts + ["--cluster-store", args.store], log,
+                             store=args.store)
+            c = {"nodes": n, "route": route, "local": local, "cluster": cluster}
+            for side in ("local", "cluster"):
+                routing = c[side].get("routing") or (
+                    [{"trace_index": i, "node": 0} for i in range(len(rows))] if n == 1 and clean(c[side]) else None)
+                c["routed_bound_" + side] = routed_bound(rows, args.length_scale, routing) if routing else None
+                c[side].pop("routing", None)  # one entry per request: kept out of the saved figures
+            c["cluster_vs_local"] = {k: bps.ratio(cluster.get(k), local.get(k)) for k in (
+                "prefill_tokens_saved", "ttft_p50_ms", "ttft_p99_ms", "output_tokens_per_s")}
+            result["configs"].append(c)
+    result["wall_s"] = time.monotonic() - start
+    result["all_exact"] = all(clean(c[s]) for c in result["configs"] for s in ("local", "cluster"))
+    return result
+
+
+# -------------------------------------------------------------------------------------------------------- output
+
+def print_table(result):
+    pct, fmt = bps.pct, bps.fmt
+    b = result["bounds"]
+    a = b["any_node"]
+    print(f"bench_cluster: {result['requests']} requests x {result['length_scale']}, {result['wall_s']:.0f} s in all")
+    print(f"upper bound, any node: {pct(a['block_share'])} of blocks ({pct(a['page_block_share'])} at page "
+          f"granularity); node-local round-robin: " + ", ".join(
+              f"{n} nodes {pct(x['block_share'])} ({pct(x['page_block_share'])})" for n, x in b["round_robin"].items()))
+    for c in result["configs"]:
+        for side in ("local", "cluster"):
+            r = c[side]
+            print(f"  {c['nodes']} {c['route']:<11} {side:<7} {r.get('served')}/{r.get('total')} exact "
+                  f"{r.get('exact_match')} worker {pct(r.get('hit_rate_worker'))} host {pct(r.get('hit_rate_host_local'))}"
+                  f" cluster {pct(r.get('hit_rate_cluster'))} miss {pct(r.get('miss_rate'))} saved "
+                  f"{r.get('prefill_tokens_saved')} out {fmt(r.get('store_bytes_out_per_s'), 0)} B/s in "
+                  f"{fmt(r.get('store_bytes_in_per_s'), 0)} B/s TTFT {fmt(r.get('ttft_p50_ms'), 1)}/"
+                  f"{fmt(r.get('ttft_p99_ms'), 1)} ms {fmt(r.get('output_tokens_per_s'))} tok/s"
+                  + (f"  ERROR {r['error'][:200]}" if "error" in r else ""))
+    print(f"all exact and finished: {result['all_exact']}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replay", default="build/tools/replay/dhs-replay")
+    ap.add_argument("--trace", default=MOONCAKE, help="a Mooncake trace (default the bundled 1000-request slice)")
+    ap.add_argument("--requests", type=int, default=800)
+    ap.add_argument("--length-scale", type=float, default=0.015625)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--preset", default="dsv4flash-like")
+    ap.add_argument("--mode", default="hisparse", choices=bps.SHARING_MODES)
+    ap.add_argument("--nodes", default="1,2,4", help="node counts of the round-robin runs")
+    ap.add_argument("--routes", default="session,prefix", help="the other routes, on --route-nodes nodes")
+    ap.add_argument("--route-nodes", type=int, default=2)
+    ap.add_argument("--store", default="local", help="dhs-replay --cluster-store of the cluster-tier runs")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    result = measure(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print_table(result)
+    return 0 if result["all_exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
