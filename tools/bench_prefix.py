@@ -199,9 +199,14 @@ def check_exact(point, work, every):
         base, _, spec = mode.partition("+")
         return os.path.join(work, f"L{point['context']}-{base}{'-' + spec if spec else ''}"
                                   f"{round_tag(point.get('round', 0))}.outputs.c{point['concurrency']}")
-    ref = path("resident") if os.path.exists(path("resident")) else path("adaptive+base")  # speculation: plain
-    if point["mode"] == "adaptive+base" and ref == path("adaptive+base"):
-        return
+    # A speculative point (and its plain base, at the speculation's own output length) against plain adaptive of the
+    # same settings; the base against resident only when it ran resident's workload (no own output length).
+    if "+" in point["mode"]:
+        if point["mode"] == "adaptive+base":
+            return
+        ref = path("adaptive+base")
+    else:
+        ref = path("resident")
     if not (os.path.exists(path(point["mode"])) and os.path.exists(ref)):
         return
     n, bad = exact_sample(read_outputs(path(point["mode"])), read_outputs(ref), every)
@@ -229,19 +234,26 @@ def measure(args, log=sys.stderr, saved=None):
     same = saved and all(saved.get(k) == v for k, v in (
         ("preset", args.preset), ("prefixes", args.prefixes), ("hbm_budget_bytes", budget),
         ("suffix_tokens", args.suffix_tokens), ("output_tokens", args.output_tokens),
-        ("sessions_per_c", args.sessions_per_c), ("link_model", args.link_model)))
+        ("sessions_per_c", args.sessions_per_c), ("link_model", args.link_model), ("sample_every", args.sample_every)))
     result = dict(saved or {}) if same else {}  # saved points of other settings are measured again, not mixed in
     result.update({"preset": args.preset, "prefixes": args.prefixes, "contexts": contexts, "concurrency": conc,
                    "sessions_per_c": args.sessions_per_c, "suffix_tokens": args.suffix_tokens,
                    "output_tokens": args.output_tokens, "hbm_budget_bytes": budget,
                    "resident_sessions_sized": args.resident_sessions, "link_model": args.link_model,
                    "sample_every": args.sample_every})
-    repeats = max(1, int(getattr(args, "repeats", 1) or 1))
-    result["repeats"] = repeats
-    # Every round's points (a file of one round, written before --repeats, kept its rounds in "points").
+    repeats = int(getattr(args, "repeats", 1))
+    if repeats < 1:
+        raise SystemExit(f"bench_prefix: --repeats must be at least 1 (got {repeats})")
+    spec_ctx = int(getattr(args, "spec_context", 0) or contexts[0])
+    spec_out = int(getattr(args, "spec_output_tokens", 0) or args.output_tokens)
+    spec_same = same and saved.get("spec_context") == spec_ctx and saved.get("spec_output_tokens") == spec_out
+    # Every round's points (a file of one round, written before --repeats, kept its rounds in "points"). Saved rounds
+    # beyond --repeats are kept, never dropped: --repeats is the number of rounds to have at least.
     points = {(p["context"], p["concurrency"], p["mode"], p.get("round", 0)): dict(p, round=p.get("round", 0))
               for p in result.get("rounds", result.get("points", []))
-              if (p["context"] in contexts or (args.speculation and "+" in p["mode"])) and p.get("round", 0) < repeats}
+              if ("+" not in p["mode"] and p["context"] in contexts) or
+              (args.speculation and "+" in p["mode"] and spec_same)}
+    result["repeats"] = repeats = max([repeats] + [p["round"] + 1 for p in points.values()])
     # Outputs of every run stay beside --json (so a later --append compares against resident's saved outputs).
     keep = args.json and getattr(args, "append", False)
     tmp_dir = None if keep else tempfile.TemporaryDirectory()
@@ -251,8 +263,6 @@ def measure(args, log=sys.stderr, saved=None):
     # Speculation at its own context and output length (the synthetic proposer catches its private session up 64
     # tokens a round before it proposes: a long prefix with a few output tokens would verify no proposal at all),
     # against plain adaptive at the same settings ("adaptive+base").
-    spec_ctx = int(getattr(args, "spec_context", 0) or contexts[0])
-    spec_out = int(getattr(args, "spec_output_tokens", 0) or args.output_tokens)
     result.update({"spec_context": spec_ctx, "spec_output_tokens": spec_out})
     try:
         for rnd in range(repeats):  # a round: every sweep once, so a round's ratios compare runs minutes apart only
@@ -317,7 +327,7 @@ def round_ratios(rounds):
     for p in rounds:
         rnd = p.get("round", 0)
         base = by.get((p["context"], p["concurrency"], "resident", rnd))
-        if base and "error" not in p["run"] and "error" not in base["run"]:
+        if base and "+" not in p["mode"] and "error" not in p["run"] and "error" not in base["run"]:
             p["vs_resident"] = {k: ratio(p["run"].get(k), base["run"].get(k)) for k in RATIO_KEYS}
         plain = by.get((p["context"], p["concurrency"], "adaptive+base", rnd)) or \
             by.get((p["context"], p["concurrency"], "adaptive", rnd))
@@ -357,9 +367,14 @@ def summarize(rounds):
         if not ok:
             points.append(dict(group[0], rounds=0))
             continue
+        # The median round: by the ratio to resident where every round has one, else (resident itself, a failed
+        # resident) by tokens/s; the lower middle of an even count.
+        ratios = [(p.get("vs_resident") or {}).get("output_tokens_per_s") for p in ok]
+        by_ratio = key[2] != "resident" and all(v is not None and v == v for v in ratios)
+
         def rank(p):
-            v = (p.get("vs_resident") or {}).get("output_tokens_per_s")
-            return v if v is not None and v == v else p["run"].get("output_tokens_per_s", 0.0)
+            v = p["vs_resident"]["output_tokens_per_s"] if by_ratio else p["run"].get("output_tokens_per_s")
+            return v if v is not None and v == v else float("-inf")
         rep = sorted(ok, key=rank)[(len(ok) - 1) // 2]
         point = {"context": key[0], "concurrency": key[1], "mode": key[2], "round": rep.get("round", 0),
                  "run": rep["run"], "rounds": len(ok)}
@@ -474,7 +489,11 @@ def main():
         save(result, args.json)
     print_table(result)
     bad = sum(p.get("exact_sample", {}).get("differ", 0) for p in result["points"])
-    return 1 if bad else 0
+    failed = [p for p in result["rounds"] if "error" in p["run"]]
+    for p in failed:
+        print(f"bench_prefix: FAILED L={p['context']} C={p['concurrency']} {p['mode']} round {p['round'] + 1}: "
+              f"{p['run']['error']}", file=sys.stderr)
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ What it runs (CPU backend, the host-device link model on: `--link-model pcie5`, 
 - prefix sharing (issue 24; tools/bench_prefix_sharing.py's `measure()`): memd's content-addressed host tier off
   against on, back to back, on the Mooncake slice and the prepared-prefix workload, every run --check-exact, the
   upper bound each trace allows, exactness under forced reclaims and worker kills (about 25 min of the full run);
+- the seed's regime (issue 27; tools/bench_prefix.py's `measure()`): the closed loop over prepared prefixes at two
+  context lengths and C = 1..64, the three modes under one budget, with speculation, in rounds (ratios to resident
+  within a round, median [min, max] over rounds), resumable through docs/perf/prefix_sweep.json;
 - several nodes (issue 26; tools/bench_cluster.py's `measure()`): the Mooncake conversation trace on 1, 2 and 4
   nodes round-robin and with session / prefix routing, node-local only against the cluster tier on Redis, every run
   --check-exact, the upper bounds (any node, node-local) from the trace (about 17 min of the full run);
@@ -270,7 +273,9 @@ def collect_prefix(build, params, figures_path):
     if os.path.exists(sweep):
         with open(sweep) as f:
             saved = json.load(f)
-    return bench_prefix.measure(args, saved=saved)
+    result = bench_prefix.measure(args, saved=saved)
+    bench_prefix.save(result, sweep)  # the rounds with their summary (points, knees, planner) as analysed
+    return result
 
 
 def collect_prefix_sharing(build, params):
@@ -833,7 +838,9 @@ def prefix_lines(fig, plots):
                "are the median round's (by tokens/s ratio). " if pre.get("repeats", 1) > 1 else
                "One run per point; ratios to resident at the same point. ")
             + f"`exact`: sessions (every {pre['sample_every']}-th, in every round) whose tokens and logits digests "
-            "equal resident's, of those compared.", ""]
+            "equal resident's, of those compared. The census, reclaims, repopulated pages and host bytes per token are "
+            "given as they are: resident has no census and none of the others (a ratio to 0). The host-device link is "
+            "modelled (pcie5), not measured.", ""]
     for L in pre["contexts"]:
         first = [p for p in pre["points"] if p["context"] == L and p["mode"] in MODES and "error" not in p["run"]
                  and p["concurrency"] == min(pre["concurrency"])]
@@ -842,12 +849,12 @@ def prefix_lines(fig, plots):
         out += [f"### Prefix {L} tokens", "", f"Preparation of {pre['prefixes']} x {L} tokens (once per node): {prep}."
                 if prep else "", "",
                 "| C | mode | served | sessions | tok/s | tok/s vs res | sessions vs res | TPOT p50 ms | TPOT p99 ms | "
-                "TPOT p50 vs res | alloc wait | census direct / hot / host | reclaims | repopulated | host B/token | "
-                "prep s | in flight mean | exact |", "|" + "---|" * 18]
+                "TPOT p50 vs res | TPOT p99 vs res | alloc wait | alloc wait vs res | census direct / hot / host | "
+                "reclaims | repopulated | host B/token | prep s | in flight mean | exact |", "|" + "---|" * 20]
         for p in sorted((p for p in pre["points"] if p["context"] == L), key=lambda p: (p["concurrency"], p["mode"])):
             r, v, e = p["run"], p.get("vs_resident", {}), p.get("exact_sample", {})
             if "error" in r:
-                out.append(f"| {p['concurrency']} | {p['mode']} | FAILED: {r['error']} |" + " |" * 16)
+                out.append(f"| {p['concurrency']} | {p['mode']} | FAILED: {r['error']} |" + " |" * 18)
                 continue
 
             def vs(key, p=p, v=v):  # the median ratio, with [min, max] over rounds when there are several
@@ -857,7 +864,8 @@ def prefix_lines(fig, plots):
             out.append(f"| {p['concurrency']} | {p['mode']} | {r['served']}/{r['total']} | {r['sessions']} | "
                        f"{fmt(r['output_tokens_per_s'])} | {vs('output_tokens_per_s')} | "
                        f"{fmt(v.get('sessions'))} | {fmt(r['tpot_p50_ms'])} | {fmt(r['tpot_p99_ms'])} | "
-                       f"{vs('tpot_p50_ms')} | {fmt(r['allocation_wait_share'], 3)} | "
+                       f"{vs('tpot_p50_ms')} | {vs('tpot_p99_ms')} | {fmt(r['allocation_wait_share'], 3)} | "
+                       f"{vs('allocation_wait_share')} | "
                        f"{fmt(r['census_direct'], 3)} / {fmt(r['census_hot'], 3)} / {fmt(r['census_host'], 3)} | "
                        f"{r['reclaims']} | {r['repopulated_pages']} | {fmt(r['host_bytes_per_token'], 0)} | "
                        f"{fmt(r['preparation_s'], 1)} | {fmt(r['in_flight_mean'])} | "

@@ -7,6 +7,7 @@ PNG files the document links, and hand-written text outside the generated block 
 Usage: perf_report_test.py PATH/TO/tools/perf_report.py   (exit 0 = pass)
 """
 import copy
+import io
 import json
 import os
 import subprocess
@@ -284,39 +285,87 @@ class PerfReportTest(unittest.TestCase):
             self.assertIn(f"(perf/{name}.png)", full)
 
     def test_prefix_rounds(self):
-        """bench_prefix --repeats: ratios are taken within a round and reported as the median over rounds with [min,
-        max]; the other figures are the median round's; exact samples add up over rounds."""
+        """bench_prefix --repeats: each ratio is taken against resident of the SAME round and reported as the median
+        over rounds with [min, max]; the other figures are the median round's (for resident: the median tokens/s);
+        exact samples add up over rounds. Three rounds at C = 4: resident 20 / 40 / 10 tok/s, adaptive 30 / 20 / 12:
+        ratios 1.5 / 0.5 / 1.2, median 1.2 (a mean would give 1.067; round 1's resident for every round 1.0)."""
         sys.path.insert(0, os.path.dirname(SCRIPT))
         import bench_prefix
-        first = prefix_canned()["rounds"]
-        second = []
-        for p in first:  # round 2: resident as fast, adaptive at C = 4 at 20 tok/s (ratio 1.0; round 1's: 30 / 20)
-            q = {k: v for k, v in p.items() if k not in ("vs_resident", "vs_adaptive")}
-            q["run"] = dict(p["run"])
-            q["round"] = 1
-            if (q["concurrency"], q["mode"]) == (4, "adaptive"):
-                q["run"]["output_tokens_per_s"] = 20.0
-            second.append(q)
+        speeds = {(4, "resident"): (20.0, 40.0, 10.0), (4, "adaptive"): (30.0, 20.0, 12.0)}
+        rounds = []
+        for rnd in range(3):
+            for p in prefix_canned()["rounds"]:
+                q = {k: v for k, v in p.items() if k not in ("vs_resident", "vs_adaptive")}
+                q["run"], q["round"] = dict(p["run"]), rnd
+                if (q["concurrency"], q["mode"]) in speeds:
+                    q["run"]["output_tokens_per_s"] = speeds[(q["concurrency"], q["mode"])][rnd]
+                rounds.append(q)
         result = prefix_canned()
-        result.update(rounds=first + second, repeats=2)
+        result.update(rounds=rounds, repeats=3)
         del result["points"]
         bench_prefix.analyse(result)
-        ada = next(p for p in result["points"] if (p["concurrency"], p["mode"]) == (4, "adaptive"))
-        self.assertEqual(ada["rounds"], 2)
-        self.assertAlmostEqual(ada["vs_resident"]["output_tokens_per_s"], 1.25)  # median of 1.5 and 1.0
-        self.assertEqual(ada["vs_resident_range"]["output_tokens_per_s"], [1.0, 1.5])
-        self.assertEqual(ada["run"]["output_tokens_per_s"], 20.0)  # the lower-middle round of two
-        self.assertEqual(ada["exact_sample"], {"compared": 8, "differ": 0})
+        point = {(p["concurrency"], p["mode"]): p for p in result["points"]}
+        ada, res = point[(4, "adaptive")], point[(4, "resident")]
+        self.assertEqual(ada["rounds"], 3)
+        self.assertAlmostEqual(ada["vs_resident"]["output_tokens_per_s"], 1.2)
+        self.assertEqual(ada["vs_resident_range"]["output_tokens_per_s"], [0.5, 1.5])
+        self.assertEqual((ada["round"], ada["run"]["output_tokens_per_s"]), (2, 12.0))  # the median round
+        self.assertEqual((res["round"], res["run"]["output_tokens_per_s"]), (0, 20.0))  # resident: median tokens/s
+        self.assertEqual(ada["exact_sample"], {"compared": 12, "differ": 0})
         self.assertEqual(len(result["points"]), 7)  # one per (context, C, mode) whatever the rounds
         fig = canned()
         fig["prefix"] = result
         doc = self.render(fig)
         doc = doc[doc.index("## The seed's regime"):]
         row = table_row(doc, ["4", "adaptive"])
-        self.assertEqual(row[4:6], ["20.00", "1.250 [1.00, 1.50]"])
-        self.assertEqual(row[-1], "8/8")
+        self.assertEqual(row[4:6], ["12.00", "1.200 [0.50, 1.50]"])
+        self.assertEqual(row[-1], "12/12")
         self.assertEqual(table_row(doc, ["4", "resident"])[5], "1.000")  # resident against itself: no range
-        self.assertIn("2 rounds, each running every sweep once", doc)
+        self.assertIn("3 rounds, each running every sweep once", doc)
+        # median / span skip NaN and None; nothing finite: NaN
+        self.assertEqual(bench_prefix.median([float("nan"), 3.0, None, 1.0]), 2.0)
+        self.assertEqual(bench_prefix.span([float("nan"), 3.0, None, 1.0]), [1.0, 3.0])
+        self.assertNotEqual(bench_prefix.median([]), bench_prefix.median([]))
+
+    def test_prefix_measure_rounds_and_append(self):
+        """bench_prefix.measure's round loop with a stand-in sweep: --repeats 2 runs every (context, mode) sweep once
+        per round (round 2's files tagged .r1); --append with the saved file measures nothing again, --repeats 1
+        keeps both saved rounds, --repeats 3 runs round 3 only; --repeats 0 is refused."""
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import bench_prefix
+        from types import SimpleNamespace
+        calls = []
+
+        def sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_tokens=None):
+            calls.append((context, mode, tag))
+            return {c: {"served": 2, "total": 2, "sessions": c, "output_tokens_per_s": 10.0 + len(calls),
+                        "tpot_p50_ms": 5.0, "tpot_p99_ms": 6.0} for c in concs}
+        saved_sweep, saved_plan = bench_prefix.one_sweep, bench_prefix.plan
+        bench_prefix.one_sweep = sweep
+        bench_prefix.plan = lambda *a, **k: {"resident_bytes_per_session": 1000, "sessions_per_gpu": {}}
+        try:
+            def args(repeats):
+                return SimpleNamespace(dhsctl="x", replay="x", preset="bench-wide", prefixes=1, contexts="1024",
+                                       concurrency="1,4", sessions_per_c=2, suffix_tokens=16, output_tokens=8,
+                                       resident_sessions=2, hbm_budget="", link_model="pcie5", speculation=False,
+                                       sample_every=2, repeats=repeats, json=os.path.join(self.dir, "s.json"),
+                                       append=True, work_dir=os.path.join(self.dir, "runs"))
+            result = bench_prefix.measure(args(2), log=io.StringIO())
+            self.assertEqual(sorted(calls), sorted((1024, m, t) for m in bench_prefix.MODES for t in ("", ".r1")))
+            self.assertEqual(len(result["rounds"]), 12)
+            self.assertEqual(result["points"][0]["rounds"], 2)
+            del calls[:]
+            result = bench_prefix.measure(args(2), log=io.StringIO(), saved=copy.deepcopy(result))
+            self.assertEqual(calls, [])
+            result = bench_prefix.measure(args(1), log=io.StringIO(), saved=copy.deepcopy(result))
+            self.assertEqual((calls, len(result["rounds"]), result["repeats"]), ([], 12, 2))
+            result = bench_prefix.measure(args(3), log=io.StringIO(), saved=copy.deepcopy(result))
+            self.assertEqual(sorted(calls), sorted((1024, m, ".r2") for m in bench_prefix.MODES))
+            self.assertEqual(len(result["rounds"]), 18)
+            with self.assertRaises(SystemExit):
+                bench_prefix.measure(args(0), log=io.StringIO())
+        finally:
+            bench_prefix.one_sweep, bench_prefix.plan = saved_sweep, saved_plan
 
     def test_prefix_sharing_section(self):
         """Issue 24's section: the upper bound of each workload, one row per (mode, sharing) with the hits by tier and
