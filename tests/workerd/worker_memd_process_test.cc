@@ -751,9 +751,9 @@ TEST(RealNodeEdges, CancelReleasesTheRequestsSlotAndPagesAtMemdMidStreamOrWaitin
   ChildProcess worker(node.WorkerArgs(0), node.Log("workerd"));  // --slots 2
   auto c = node.Client(0);
   ASSERT_TRUE(c);
-  // 6000 tokens: requests 5 and 6 must still stream when they are cancelled (with 400 a loaded machine's dhsctl calls
+  // 1500 tokens: requests 5 and 6 must still stream when they are cancelled (with 400 a loaded machine's dhsctl calls
   // below let request 5 finish first, and FinalChunk(7) consumed its final chunk: no final chunk for 5 at the cancel).
-  for (RequestId id : {5, 6, 7}) RealNode::Submit(*c, id, static_cast<uint32_t>(id), /*max_new=*/6000);  // 7 waits
+  for (RequestId id : {5, 6, 7}) RealNode::Submit(*c, id, static_cast<uint32_t>(id), /*max_new=*/1500);  // 7 waits
   bool streaming = false;
   for (int i = 0; i < 2000 && !streaming; ++i) {
     auto r = c->Receive(std::chrono::milliseconds(10));
