@@ -83,8 +83,8 @@ TEST(ReplayRouterTest, BlocksSmallerThanAPageMatchByTheAnnouncedBlocks) {
   EXPECT_EQ(r.HeldPrefix(1, chain, 8, 64), 16);
   EXPECT_EQ(r.HeldPrefix(0, chain, 8, 64), 0);
   EXPECT_EQ(r.HeldPrefix(1, chain), 0);  // block by block: c_0 is never announced
-  r.Route({0, 0, {}});                   // load node 0 ... (a miss: the least loaded, node 0)
-  r.Route({1, 1, {}});                   // ... and node 1 equally
+  ASSERT_EQ(r.Route({0, 0, {}})->node, 0);  // a miss each: loads 1 and 1, node 1 no lighter than node 0
+  ASSERT_EQ(r.Route({1, 1, {}})->node, 1);
   auto d = *r.Route({2, 2, chain, 8, 64});
   EXPECT_EQ(d.node, 1);
   EXPECT_EQ(d.reason, RouteReason::kPrefixHit);
