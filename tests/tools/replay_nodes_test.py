@@ -43,10 +43,13 @@ EXPECTED_NODES = {"round-robin": [0, 1, 0, 1, 0, 1, 0, 1], "session": [0, 1, 0, 
                   "prefix": [0, 1, 0, 0, 1, 0, 0, 1]}
 
 
-def trace(tmp):
-    path = os.path.join(tmp, "conversations.jsonl")
+def trace(tmp, mult=1):
+    """The trace of ROWS, each conversation's blocks `mult` times as many (mult 8 at length scale 1/64: the same
+    tokens as mult 1 at 1/8, in T = 8-token blocks, 8 per 64-row page)."""
+    path = os.path.join(tmp, f"conversations{mult}.jsonl")
     with open(path, "w") as f:
         for k, (conv, turn, nb) in enumerate(ROWS):
+            nb *= mult
             ids = [BASE_ID[conv] + b for b in range(nb)] + [BASE_ID[conv] + 500 + turn]  # + the partial block's id
             f.write(json.dumps({"timestamp": k, "input_length": nb * 512 + 200, "output_length": 96,
                                 "hash_ids": ids}) + "\n")
@@ -87,7 +90,7 @@ def host_hits(report):
     return sum(n["hits_blocks"]["host"] for n in report["multi_node"]["per_node"])
 
 
-def check_routed(failures, route, report, store=None):
+def check_routed(failures, route, report, store=None, mult=1):
     m = report.get("multi_node")
     if not m:
         failures.append(f"{route}: no multi_node section")
@@ -115,7 +118,7 @@ def check_routed(failures, route, report, store=None):
         if reasons != want:
             failures.append(f"{route}: reasons {reasons}, expected {want}")
         for r in routing[3:]:
-            parent_blocks = ROWS[r["trace_index"] - 3][2]
+            parent_blocks = ROWS[r["trace_index"] - 3][2] * mult
             if not 1 <= r["matched_blocks"] <= parent_blocks:
                 failures.append(f"{route}: row {r['trace_index']} matched {r['matched_blocks']} blocks")
         if m["kv_events"]["seen"] < 1 or m["kv_events"]["settle_timeouts"] != 0:
@@ -239,6 +242,19 @@ def main():
             if shm(tmp):
                 failures.append(f"{route}: /dev/shm leftovers {sorted(shm(tmp))}")
         print(f"host hits (blocks) by route: {hits}", flush=True)
+        # Blocks smaller than a page (T = 8 tokens, 64-row pages, as the 1/64-scaled Mooncake trace): memd announces
+        # only every 8th block (the one holding a page's last row), never c_0. The same routes and hits as above, and
+        # no next turn waits out kv_settle_ms for an announcement that never comes.
+        small = ["--trace", trace(tmp, 8), "--requests", str(len(ROWS)), "--length-scale", "0.015625", "--mode",
+                 "hisparse", "--concurrency", "1", "--prefix-sharing", "on", "--nodes", "2", "--route", "prefix"]
+        rc, report, _ = replay(exe, tmp, "prefix-small-blocks", small)
+        if rc != 0 or report.get("requests_served") != len(ROWS):
+            failures.append(f"prefix, 8-token blocks: rc {rc}, served {report.get('requests_served')}")
+        else:
+            check_routed(failures, "prefix", report, mult=8)
+            if host_hits(report) != 8 * EXPECTED_HOST_HITS["prefix"]:
+                failures.append(f"prefix, 8-token blocks: host hits {host_hits(report)}, expected "
+                                f"{8 * EXPECTED_HOST_HITS['prefix']}")
         # Each node's first worker kills itself at its 5th decode step (--kill-worker-at: the k-th start of a node's
         # worker gets the k-th point): both are restarted, each resumes its one request in flight (C = 1 per node at
         # most), the routes are session routing's, the outputs exact and no host row lost.

@@ -51,6 +51,49 @@ TEST(ReplayRouterTest, PrefixPicksTheLongestHeldPrefixThenLoad) {
   EXPECT_FALSE(r.Finished(77).ok());       // never routed
 }
 
+// Blocks smaller than a page (the 1/64-scaled Mooncake trace: T = 8 tokens, 64-row pages): memd announces only the
+// block holding a page's last row (blocks 7, 15, ...; memd/kv_block_ledger.h), never c_0.
+TEST(ReplayRouterTest, BlocksSmallerThanAPageMatchByTheAnnouncedBlocks) {
+  EXPECT_FALSE(BlockAnnounced(0, 8, 64));
+  EXPECT_FALSE(BlockAnnounced(6, 8, 64));
+  EXPECT_TRUE(BlockAnnounced(7, 8, 64));
+  EXPECT_TRUE(BlockAnnounced(15, 8, 64));
+  EXPECT_FALSE(BlockAnnounced(-1, 8, 64));
+  EXPECT_TRUE(BlockAnnounced(0, 64, 64));
+  EXPECT_TRUE(BlockAnnounced(0, 0, 0));  // no geometry: every block
+  // T = 96, p = 64: block 0 holds row 63 (page 0), block 1 rows 127 and 191 (pages 1, 2): all announced.
+  EXPECT_TRUE(BlockAnnounced(0, 96, 64));
+  EXPECT_TRUE(BlockAnnounced(1, 96, 64));
+  // T = 24, p = 64: pages end in blocks 2 (row 63), 5 (row 127), 7 (row 191): floor((b+1)*24/64) grows there.
+  std::vector<bool> got;
+  for (int b = 0; b < 8; ++b) got.push_back(BlockAnnounced(b, 24, 64));
+  EXPECT_EQ(got, (std::vector<bool>{false, false, true, false, false, true, false, true}));
+  EXPECT_EQ(LastAnnouncedBlock(20, 8, 64), 15);
+  EXPECT_EQ(LastAnnouncedBlock(16, 8, 64), 15);
+  EXPECT_EQ(LastAnnouncedBlock(7, 8, 64), -1);  // less than a page: nothing announced, nothing to wait for
+  EXPECT_EQ(LastAnnouncedBlock(0, 8, 64), -1);
+  EXPECT_EQ(LastAnnouncedBlock(3, 0, 0), 2);
+
+  std::vector<uint64_t> chain;
+  for (uint64_t b = 0; b < 20; ++b) chain.push_back(100 + b);
+  Router r = *Router::Create(2, RoutePolicy::kPrefix);
+  r.BlockStored(1, chain[7], 1);   // node 1 announced the chain's two complete pages
+  r.BlockStored(1, chain[15], 1);
+  r.BlockStored(0, chain[15], 1);  // node 0: the second page only (the first evicted): nothing importable
+  EXPECT_EQ(r.HeldPrefix(1, chain, 8, 64), 16);
+  EXPECT_EQ(r.HeldPrefix(0, chain, 8, 64), 0);
+  EXPECT_EQ(r.HeldPrefix(1, chain), 0);  // block by block: c_0 is never announced
+  ASSERT_EQ(r.Route({0, 0, {}})->node, 0);  // a miss each: loads 1 and 1, node 1 no lighter than node 0
+  ASSERT_EQ(r.Route({1, 1, {}})->node, 1);
+  auto d = *r.Route({2, 2, chain, 8, 64});
+  EXPECT_EQ(d.node, 1);
+  EXPECT_EQ(d.reason, RouteReason::kPrefixHit);
+  EXPECT_EQ(d.matched_blocks, 16);
+  // A chain of 10 blocks of which node 1 holds the first page: 8 blocks importable.
+  std::vector<uint64_t> shorter(chain.begin(), chain.begin() + 10);
+  EXPECT_EQ(r.HeldPrefix(1, shorter, 8, 64), 8);
+}
+
 TEST(ReplayRouterTest, SessionsStickAndNewSessionsRoundRobin) {
   Router r = *Router::Create(2, RoutePolicy::kSession);
   // Sessions: rows 0 (s0), 1 (s1), 2 (s0), 3 (s3), 4 (s1), 5 (s3): new ones alternate 0, 1, 0; turns follow.

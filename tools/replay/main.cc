@@ -422,6 +422,11 @@ class ReplayRun {
     MultiNodeOptions multi;
     multi.policy = *ParseRoutePolicy(options_.route);  // validated
     multi.sessions = DeriveSessions(trace_);
+    if (multi.policy == RoutePolicy::kPrefix && used_budget_) {  // which blocks memd announces: see page_rows
+      auto geometry = ReplayGeometry(options_, *used_budget_);
+      if (!geometry.ok()) return Fail(geometry.status());
+      multi.page_rows = static_cast<uint32_t>(geometry->kv.page_rows);
+    }
     for (auto& node : nodes_) {
       ZmqNodeClientOptions o = client_options_;
       o.worker_endpoint = (*node)->worker_endpoint();

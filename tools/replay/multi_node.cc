@@ -123,10 +123,15 @@ absl::Status MultiNodeClient::Submit(const SubmitRequest& request) {
   if (options_.policy == RoutePolicy::kPrefix) {
     const ZmqNodeClientOptions& o = options_.nodes.front();
     query.chain = RouteChainOf(request.prompt, RequestTenant(o, index), o.prepared_prefix);
-    if (!query.chain.empty()) first_block_[index] = query.chain.front();
+    query.block_tokens = static_cast<uint32_t>(std::max<int64_t>(0, request.prompt.block_tokens));
+    query.page_rows = options_.page_rows;
+    // The block the wait below asks for: the last one memd announces (not c_0: with blocks smaller than a page c_0
+    // has no page of its own and is never announced; a shared first block is announced long before, maybe elsewhere).
+    const int64_t last = LastAnnouncedBlock(static_cast<int64_t>(query.chain.size()), query.block_tokens, query.page_rows);
+    if (last >= 0) settle_block_[index] = query.chain[last];
     const std::optional<int> parent_node = turn.parent >= 0 ? router_.NodeOf(turn.parent) : std::nullopt;
-    auto parent_block = first_block_.find(turn.parent);
-    if (parent_node && parent_block != first_block_.end() && ended_[turn.parent]) {
+    auto parent_block = settle_block_.find(turn.parent);
+    if (parent_node && parent_block != settle_block_.end() && ended_[turn.parent]) {
       if (absl::Status s = SettleKvEvents(*parent_node, parent_block->second); !s.ok()) return s;
     }
   }

@@ -31,6 +31,9 @@ struct MultiNodeOptions {
   // index beyond it is its own session.
   std::vector<SessionTurn> sessions;
   double kv_settle_ms = 500;  // see MultiNodeClient::Submit
+  // Rows per host page of the nodes' memds (workerd's page_rows): which blocks memd announces (BlockAnnounced,
+  // tools/replay/router.h). 0: every block (one page per block).
+  uint32_t page_rows = 0;
 };
 
 // One routing decision, in submit order (the report's "routing").
@@ -55,7 +58,8 @@ class MultiNodeClient final : public NodeClient {
 
   // Drains the KV events that arrived, routes the request and submits it to its node. With kPrefix, a next turn whose
   // previous turn (MultiNodeOptions::sessions) has ended on node n first waits, up to kv_settle_ms, until n's events
-  // announce the first block of that turn's chain: memd publishes a block when its host copy is confirmed, which can
+  // announce the last block of that turn's chain that memd announces (LastAnnouncedBlock with
+  // MultiNodeOptions::page_rows; no wait when none is): memd publishes a block when its host copy is confirmed, which can
   // reach this client after the turn's last token (two sockets), and the route must not depend on that race. A wait
   // that runs out counts in kv_settle_timeouts() (the turn is routed on what is known).
   absl::Status Submit(const SubmitRequest& request) override;
@@ -94,7 +98,7 @@ class MultiNodeClient final : public NodeClient {
   absl::Status SettleKvEvents(int node, uint64_t block);
 
   absl::flat_hash_map<RequestId, std::pair<int, int64_t>> routed_;  // request -> (node, trace index)
-  absl::flat_hash_map<int64_t, uint64_t> first_block_;              // trace index -> c_0 of its chain (kPrefix)
+  absl::flat_hash_map<int64_t, uint64_t> settle_block_;  // trace index -> its chain's last announced block (kPrefix)
   absl::flat_hash_map<int64_t, bool> ended_;                        // trace index -> ended
   std::vector<RoutedRequest> decisions_;
   std::vector<NodeStats> node_stats_;

@@ -49,9 +49,28 @@ int Router::LeastLoaded(const std::vector<int>& candidates) {
   return candidates.front();  // unreachable: candidates is never empty
 }
 
-int64_t Router::HeldPrefix(int node, const std::vector<uint64_t>& chain) const {
+bool BlockAnnounced(int64_t b, uint32_t block_tokens, uint32_t page_rows) {
+  if (b < 0) return false;
+  if (block_tokens == 0 || page_rows == 0) return true;
+  const uint64_t t = block_tokens, p = page_rows, ub = static_cast<uint64_t>(b);
+  return (ub + 1) * t / p > ub * t / p;  // memd::KvBlockLedger::BlockPages(b, T, p) > 0
+}
+
+int64_t LastAnnouncedBlock(int64_t blocks, uint32_t block_tokens, uint32_t page_rows) {
+  for (int64_t b = blocks - 1; b >= 0; --b) {
+    if (BlockAnnounced(b, block_tokens, page_rows)) return b;
+  }
+  return -1;
+}
+
+int64_t Router::HeldPrefix(int node, const std::vector<uint64_t>& chain, uint32_t block_tokens,
+                           uint32_t page_rows) const {
   int64_t k = 0;
-  while (k < static_cast<int64_t>(chain.size()) && held_[node].contains(chain[k])) ++k;
+  for (int64_t b = 0; b < static_cast<int64_t>(chain.size()); ++b) {
+    if (!BlockAnnounced(b, block_tokens, page_rows)) continue;  // inside a later block's page: counts with it
+    if (!held_[node].contains(chain[b])) break;
+    k = b + 1;
+  }
   return k;
 }
 
@@ -76,7 +95,7 @@ absl::StatusOr<RouteDecision> Router::Route(const RouteQuery& query) {
       break;
     case RoutePolicy::kPrefix: {
       std::vector<int64_t> held(nodes());
-      for (int n = 0; n < nodes(); ++n) held[n] = HeldPrefix(n, query.chain);
+      for (int n = 0; n < nodes(); ++n) held[n] = HeldPrefix(n, query.chain, query.block_tokens, query.page_rows);
       const int64_t best = *std::max_element(held.begin(), held.end());
       std::vector<int> candidates;
       for (int n = 0; n < nodes(); ++n) {

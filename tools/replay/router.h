@@ -8,8 +8,8 @@
 //   session      a request whose session (tools/replay/sessions.h) was routed before goes to the node of that
 //                session's latest routed turn (sticky); a new session goes to the next node of a round-robin over
 //                new sessions only.
-//   prefix       the node holding the longest prefix of the request's block chain (blocks c_0..c_{k-1} all held,
-//                in any medium) wins; ties among those nodes and a miss (no node holds c_0) go to the least loaded
+//   prefix       the node holding the longest prefix of the request's block chain (blocks c_0..c_{k-1} all
+//                importable there: every one of them memd announces held in any medium, see HeldPrefix) wins; ties among those nodes and a miss (no node holds c_0) go to the least loaded
 //                (fewest requests routed and not ended), ties of load to the first such node at or after a rotating
 //                cursor (so that equal loads spread instead of all going to node 0).
 //
@@ -38,11 +38,22 @@ enum class RouteReason { kRoundRobin, kSessionSticky, kSessionNew, kPrefixHit, k
 // "round_robin", "session_sticky", "session_new", "prefix_hit", "prefix_miss".
 std::string_view RouteReasonName(RouteReason reason);
 
+// Whether memd announces block b (0-based) of a chain of `block_tokens`-token blocks stored in pages of `page_rows`
+// rows on its KV event stream: only a block with a page of its own (one whose last row lies in it,
+// memd::KvBlockLedger::BlockPages(b, T, p) = floor((b+1)T/p) - floor(bT/p) > 0) is; with T < p a block inside a page
+// never is (its rows are importable once the block holding that page's last row is announced). T or p 0: every block
+// is announced (one page per block). False for b < 0.
+bool BlockAnnounced(int64_t b, uint32_t block_tokens, uint32_t page_rows);
+// The last block of a chain of `blocks` blocks that memd announces (BlockAnnounced); -1 when none is.
+int64_t LastAnnouncedBlock(int64_t blocks, uint32_t block_tokens, uint32_t page_rows);
+
 struct RouteQuery {
   int64_t trace_index = 0;      // the request (unique per run)
   int64_t session = 0;          // SessionTurn::session
   std::vector<uint64_t> chain;  // block chain hashes c_0, c_1, ... of the request's complete prefix blocks, as its
                                 // node's memd names them in KV events (KvEvent::block_hash); empty: none
+  uint32_t block_tokens = 0;    // tokens per block of `chain` and rows per host page of the nodes' memds (which
+  uint32_t page_rows = 0;       // blocks are announced: BlockAnnounced); 0: every block is announced
 };
 
 struct RouteDecision {
@@ -73,8 +84,12 @@ class Router {
   int nodes() const { return static_cast<int>(held_.size()); }
   RoutePolicy policy() const { return policy_; }
   int64_t load(int node) const { return load_[node]; }  // requests routed to `node` and not ended
-  // Leading blocks of `chain` node `node` holds (0 when c_0 is not held).
-  int64_t HeldPrefix(int node, const std::vector<uint64_t>& chain) const;
+  // Leading blocks of `chain` importable on node `node`: k = b + 1 for the last announced block b (BlockAnnounced with
+  // `block_tokens`, `page_rows`) such that node `node` holds every announced block c_0..c_b; blocks not announced
+  // count only when a later announced block is held (their rows lie in its pages). 0 when none. With T or p 0 every
+  // block is announced: the leading blocks held (0 when c_0 is not held).
+  int64_t HeldPrefix(int node, const std::vector<uint64_t>& chain, uint32_t block_tokens = 0,
+                     uint32_t page_rows = 0) const;
   // Blocks node `node` holds (any medium).
   int64_t held_blocks(int node) const { return static_cast<int64_t>(held_[node].size()); }
   // Where `trace_index` was routed; nullopt if never.
