@@ -47,7 +47,7 @@ Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md
                             [--figures FILE] [--from-json FIGURES]
 --quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
 The full run takes about 30 min on a quiet 2-core machine (26 min on 2026-12-01), up to 50 min loaded, without the
-prefix_sharing section (about 25 min more) and the cluster section (about 17 min more). `--sections prefix_sharing`
+prefix section (about 45 min more for its two rounds), the prefix_sharing section (about 25 min more) and the cluster section (about 17 min more). `--sections prefix_sharing`
 (or `cluster`) measures that section alone and renders the document again from the saved figures of the others (their
 text unchanged). Needs python3-matplotlib (checked before anything runs).
 Run it from the repository root. Exit status: 0 written (a benchmark or replay that failed is printed to stderr and
@@ -835,7 +835,7 @@ def prefix_lines(fig, plots):
             f"{pre['resident_sessions_sized']} histories of the longest context), link model {pre['link_model']}. "
             + (f"{pre['repeats']} rounds, each running every sweep once (the modes one after another); ratios to "
                "resident of the same point and round, given as the median over rounds [min, max]; the other figures "
-               "are the median round's (by tokens/s ratio). " if pre.get("repeats", 1) > 1 else
+               "are the median round's (by tokens/s ratio to resident; resident's by tokens/s; of two, the lower). " if pre.get("repeats", 1) > 1 else
                "One run per point; ratios to resident at the same point. ")
             + f"`exact`: sessions (every {pre['sample_every']}-th, in every round) whose tokens and logits digests "
             "equal resident's, of those compared. The census, reclaims, repopulated pages and host bytes per token are "
