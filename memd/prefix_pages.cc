@@ -261,12 +261,7 @@ absl::Status PrefixPages::BeginWrite(const PrefixAddress& address, PageIndex hos
   p.host_page = host_page;
   p.writer = writer;
   p.last_use_us = now_us;
-  p.use_seq = next_seq_++;
-  p.stored_seq = p.use_seq;
-  pages_.emplace(host_page, std::move(p));
-  by_key_.emplace(address.key, host_page);
-  ++tenant_pages_[address.tenant];
-  Count(SharedPageState::kWriting, +1);
+  Insert(std::move(p));
   return absl::OkStatus();
 }
 
@@ -309,6 +304,16 @@ void PrefixPages::Learn(PageIndex host_page, const PrefixAddress& address) {
   ++tenant_pages_[address.tenant];
   p.address = address;  // the same key and content: only what the journal did not keep is filled in
   ledger_.PageConfirmed(BlockOf(address));
+}
+
+SharedPage& PrefixPages::Insert(SharedPage p) {
+  p.use_seq = next_seq_++;
+  p.stored_seq = p.use_seq;
+  Count(p.state, +1);
+  by_key_.emplace(p.address.key, p.host_page);
+  ++tenant_pages_[p.address.tenant];
+  const PageIndex host_page = p.host_page;
+  return pages_.emplace(host_page, std::move(p)).first->second;
 }
 
 void PrefixPages::Forget(PageIndex host_page) {
@@ -362,16 +367,10 @@ absl::Status PrefixPages::Adopt(PageIndex host_page, uint64_t key, uint64_t cont
   SharedPage p;
   p.state = SharedPageState::kCached;
   p.address.key = key;
-  p.address.content = content;
+  p.address.content = content;  // tenant 0: unknown
   p.host_page = host_page;
   p.checksum = checksum;
-  p.use_seq = next_seq_++;
-  p.stored_seq = p.use_seq;
-  auto [it, inserted] = pages_.emplace(host_page, std::move(p));
-  by_key_.emplace(key, host_page);
-  ++tenant_pages_[0];
-  Count(SharedPageState::kCached, +1);
-  EnterCache(it->second);
+  EnterCache(Insert(std::move(p)));
   ++counters_.adopted;
   return absl::OkStatus();
 }
@@ -389,13 +388,7 @@ absl::Status PrefixPages::Import(PageIndex host_page, const PrefixAddress& addre
   p.host_page = host_page;
   p.checksum = checksum;
   p.last_use_us = now_us;
-  p.use_seq = next_seq_++;
-  p.stored_seq = p.use_seq;
-  auto [it, inserted] = pages_.emplace(host_page, std::move(p));
-  by_key_.emplace(address.key, host_page);
-  ++tenant_pages_[address.tenant];
-  Count(SharedPageState::kCached, +1);
-  EnterCache(it->second);
+  EnterCache(Insert(std::move(p)));
   ++counters_.cluster_imported;
   if (address.blocks != 0) ledger_.PageConfirmed(BlockOf(address));
   return absl::OkStatus();

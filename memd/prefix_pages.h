@@ -241,6 +241,8 @@ class PrefixPages {
   void Count(SharedPageState state, int sign);
   void EnterCache(SharedPage& p);
   void LeaveCache(const SharedPage& p);
+  // A page enters the tier (its use and store sequence, state count, key and tenant indexes) / leaves it.
+  SharedPage& Insert(SharedPage p);
   void Forget(PageIndex host_page);
   void Learn(PageIndex host_page, const PrefixAddress& address);  // an adopted page's address, from a hit
 
