@@ -213,13 +213,10 @@ absl::StatusOr<NodeStats> MultiNodeClient::Stats() {
     AddWorkerCounters(total, *s);
     total.sessions_admitted_max += s->sessions_admitted_max;
     total.host_pages_shared += s->host_pages_shared;
-    total.cluster_configured = total.cluster_configured || s->cluster_configured;  // issue 26
-    total.cluster_lookups += s->cluster_lookups;
-    total.cluster_hits += s->cluster_hits;
-    total.cluster_imported += s->cluster_imported;
-    total.cluster_published += s->cluster_published;
-    total.cluster_published_bytes += s->cluster_published_bytes;
-    total.cluster_imported_bytes += s->cluster_imported_bytes;
+    if (s->cluster) {  // issue 26
+      if (!total.cluster) total.cluster.emplace();
+      *total.cluster += *s->cluster;
+    }
     total.host_pages_held_peak += s->host_pages_held_peak;
     total.host_pages_allocated_peak += s->host_pages_allocated_peak;
     bytes_mean += s->host_bytes_per_session_mean;

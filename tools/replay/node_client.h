@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -115,11 +116,22 @@ struct NodeStats {
   double host_bytes_per_session_peak = 0;
   int64_t host_pages_held_peak = 0;          // max over samples of memd's allocated - cached prefix host pages
   int64_t host_pages_allocated_peak = 0;     // max over samples of memd's allocated host pages (cached ones included)
-  // Issue 26: memd's cluster tier (its status view's "cluster", memd --cluster-store; the cluster branch), memd's
-  // totals at the last sample, pages and bytes; cluster_configured false when memd reports no cluster tier.
-  bool cluster_configured = false;
-  int64_t cluster_lookups = 0, cluster_hits = 0, cluster_imported = 0, cluster_published = 0;
-  int64_t cluster_published_bytes = 0, cluster_imported_bytes = 0;
+  // Issue 26: memd's cluster tier (its status view's "cluster", memd --cluster-store): memd's totals at the last
+  // sample, pages and bytes; nullopt when memd reports no cluster tier.
+  struct ClusterCounters {
+    int64_t lookups = 0, hits = 0, imported = 0, published = 0;
+    int64_t published_bytes = 0, imported_bytes = 0;
+    ClusterCounters& operator+=(const ClusterCounters& o) {
+      lookups += o.lookups;
+      hits += o.hits;
+      imported += o.imported;
+      published += o.published;
+      published_bytes += o.published_bytes;
+      imported_bytes += o.imported_bytes;
+      return *this;
+    }
+  };
+  std::optional<ClusterCounters> cluster;
   std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id
   // Speculation (the worker's WorkerStatsReply; 0 / empty when off):
   std::string speculate;              // the worker's --speculate

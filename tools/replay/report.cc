@@ -462,13 +462,12 @@ NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std:
   f.misses = std::max<int64_t>(0, stats.prefix_lookups - stats.prefix_hits_worker - stats.prefix_hits_host);
   f.prefill_tokens_saved = stats.prefill_tokens_saved;
   f.host_pages_shared = stats.host_pages_shared;
-  if (stats.cluster_configured) {  // issue 26
+  if (const auto& c = stats.cluster) {  // issue 26
     const double s = result.elapsed_ms > 0 ? result.elapsed_ms / 1000.0 : 0.0;
-    f.cluster = NodeFigures::Cluster{stats.cluster_lookups,         stats.cluster_hits,
-                                     stats.cluster_imported,        stats.cluster_published,
-                                     stats.cluster_published_bytes, stats.cluster_imported_bytes,
-                                     s > 0 ? stats.cluster_published_bytes / s : 0.0,
-                                     s > 0 ? stats.cluster_imported_bytes / s : 0.0};
+    f.cluster = NodeFigures::Cluster{c->lookups,         c->hits,           c->imported,
+                                     c->published,       c->published_bytes, c->imported_bytes,
+                                     s > 0 ? c->published_bytes / s : 0.0,
+                                     s > 0 ? c->imported_bytes / s : 0.0};
   }
   return f;
 }

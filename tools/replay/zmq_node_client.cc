@@ -374,13 +374,9 @@ absl::Status ZmqNodeClient::SampleMemd() {
   }
   if (status->contains("cluster")) {  // issue 26: memd --cluster-store (its totals)
     const nlohmann::json& c = (*status)["cluster"];
-    cluster_.cluster_configured = true;
-    cluster_.cluster_lookups = c.value("lookups", int64_t{0});
-    cluster_.cluster_hits = c.value("hits", int64_t{0});
-    cluster_.cluster_imported = c.value("imported", int64_t{0});
-    cluster_.cluster_published = c.value("published", int64_t{0});
-    cluster_.cluster_published_bytes = c.value("published_bytes", int64_t{0});
-    cluster_.cluster_imported_bytes = c.value("imported_bytes", int64_t{0});
+    cluster_ = NodeStats::ClusterCounters{c.value("lookups", int64_t{0}),         c.value("hits", int64_t{0}),
+                                          c.value("imported", int64_t{0}),        c.value("published", int64_t{0}),
+                                          c.value("published_bytes", int64_t{0}), c.value("imported_bytes", int64_t{0})};
   }
   const int64_t allocated = host.value("allocated", int64_t{0});
   const int64_t held = std::max<int64_t>(0, allocated - cached);
@@ -463,13 +459,7 @@ absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
   now.gpus = peaks_.gpus;
   NodeStats out = WorkerCountersSince(now, baseline_);
   out.host_pages_shared = host_pages_shared_;  // issue 24
-  out.cluster_configured = cluster_.cluster_configured;  // issue 26
-  out.cluster_lookups = cluster_.cluster_lookups;
-  out.cluster_hits = cluster_.cluster_hits;
-  out.cluster_imported = cluster_.cluster_imported;
-  out.cluster_published = cluster_.cluster_published;
-  out.cluster_published_bytes = cluster_.cluster_published_bytes;
-  out.cluster_imported_bytes = cluster_.cluster_imported_bytes;
+  out.cluster = cluster_;  // issue 26
   out.host_bytes_per_session_peak = host_bytes_per_session_peak_;
   out.host_pages_held_peak = host_pages_held_peak_;
   out.host_pages_allocated_peak = host_pages_allocated_peak_;

@@ -144,7 +144,7 @@ class ZmqNodeClient final : public NodeClient {
   // peak; memd's shared + cached prefix pages at the latest status sample.
   double host_bytes_per_session_sum_ = 0, host_bytes_per_session_peak_ = 0;
   int64_t host_samples_ = 0, host_pages_shared_ = 0;
-  NodeStats cluster_;  // issue 26: the cluster_* fields of the latest status sample
+  std::optional<NodeStats::ClusterCounters> cluster_;  // issue 26: memd's cluster tier at the latest status sample
   int64_t host_pages_held_peak_ = 0, host_pages_allocated_peak_ = 0;  // issue 24: memd's host pool, sampled
 };
 
