@@ -50,6 +50,13 @@
 namespace dhs::replay {
 namespace {
 
+// Issue 22: a run that ended part-way keeps what it recorded (each request's end reason) when some request ended;
+// one that recorded no end is just the error.
+bool AnyRequestEnded(const DriverResult& partial) {
+  return std::any_of(partial.requests.begin(), partial.requests.end(),
+                     [](const RequestTiming& t) { return t.end_ms >= 0; });
+}
+
 // SIGINT / SIGTERM: blocked in every thread (Main blocks them before any thread starts) and taken by one thread
 // with sigwait, which stops the node that is running (if any) and exits 128 + signal. No signal handler runs, so
 // nothing here has to be async-signal-safe. The node is registered while it runs; the main thread unregisters it
@@ -387,11 +394,7 @@ class ReplayRun {
     if (!result.ok()) {
       const absl::Status s = Fail(result.status());
       const DriverResult& partial = driver.partial();
-      // Issue 22: a run that ended part-way keeps what it recorded (each request's end reason) even when none was
-      // served; only a run that recorded nothing is just the error.
-      const bool any_ended = std::any_of(partial.requests.begin(), partial.requests.end(),
-                                         [](const RequestTiming& t) { return t.end_ms >= 0; });
-      if (!any_ended) return s;
+      if (!AnyRequestEnded(partial)) return s;
       DriverResult kept = partial;
       if (supervised_) AddWorkerCounters(kept.stats, supervised_->stats().dead_worker_counters);
       return RunOutcome{std::move(kept), false, std::string(s.message()), prefill, used_budget_, figures};
@@ -477,9 +480,7 @@ class ReplayRun {
     if (!result.ok()) {
       const absl::Status s = Fail(result.status());
       const DriverResult& partial = driver.partial();
-      const bool any_ended = std::any_of(partial.requests.begin(), partial.requests.end(),
-                                         [](const RequestTiming& t) { return t.end_ms >= 0; });
-      if (!any_ended) return s;
+      if (!AnyRequestEnded(partial)) return s;
       RunOutcome outcome{partial, false, std::string(s.message()), prefill, used_budget_, NodesFaults(**client)};
       outcome.multi_node = figures;  // the routing; node stats were not read
       return outcome;
