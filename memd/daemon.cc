@@ -562,6 +562,28 @@ std::string Daemon::HelloRefusal(const wire::HelloT& hello, std::string_view pee
     return absl::StrFormat("GPU %d was registered with M = %d pages; a restarted worker must keep it (got %d)",
                            hello.gpu, known->second.capacity_pages, hello.capacity_pages);
   }
+  return ModelRefusal(hello);
+}
+
+std::string Daemon::ModelRefusal(const wire::HelloT& hello) const {
+  // Rows of one model are wrong rows for another (issue 26): a restarted worker must serve its GPU's model (its
+  // interrupted requests resume from host pages that model wrote), and with prefix sharing every GPU of the node
+  // must serve one model (the host tier's pages are addressed by tokens, not by model). 0 = a worker that does not
+  // say (an older worker, libdhs): not compared.
+  if (hello.model_fingerprint == 0) return "";
+  for (const auto& [gpu, g] : gpus_) {
+    if (g.model_fingerprint == 0 || g.model_fingerprint == hello.model_fingerprint) continue;
+    if (gpu == hello.gpu) {
+      return absl::StrFormat("GPU %d was registered with model %016x; a restarted worker must serve it (got %016x): "
+                             "its interrupted requests' host pages hold that model's rows (restart memd to change "
+                             "the model)", gpu, g.model_fingerprint, hello.model_fingerprint);
+    }
+    if (options_.prefix_sharing) {
+      return absl::StrFormat("GPU %d serves model %016x and this worker model %016x: with --prefix-sharing on every "
+                             "GPU of a node must serve one model (the shared host tier is addressed by tokens)",
+                             gpu, g.model_fingerprint, hello.model_fingerprint);
+    }
+  }
   return "";
 }
 
@@ -585,6 +607,7 @@ void Daemon::KeepWorker(const wire::HelloT& hello, std::string_view peer) {
   g.capacity_pages = hello.capacity_pages;
   g.pid = hello.pid;
   g.shape = WorkerShapeOf(hello);
+  g.model_fingerprint = hello.model_fingerprint;
   g.connection = server_->source_connection();
   g.last_heard = std::chrono::steady_clock::now();
   ++counters_.hellos;
@@ -896,7 +919,10 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const wire::IntrospectQueryT& q
   StateDump dump = core_->Dump(DumpScopeOf(view));
   if (cluster_) dump.cluster = cluster_->Stats();  // issue 26
   for (GpuDump& gd : dump.gpus) {  // the workers' shapes (introspection only: the core never sees them)
-    if (auto it = gpus_.find(gd.gpu); it != gpus_.end() && it->second.shape.declared()) gd.worker = it->second.shape;
+    if (auto it = gpus_.find(gd.gpu); it != gpus_.end()) {
+      if (it->second.shape.declared()) gd.worker = it->second.shape;
+      gd.model_fingerprint = it->second.model_fingerprint;  // issue 26
+    }
   }
   wire::IntrospectReplyT reply;
   reply.what = q.what;
@@ -931,11 +957,13 @@ std::optional<PageGeometry> Daemon::GeometryOf(GpuId gpu) const {
   geometry.page_bytes = w.page_bytes;
   geometry.host_page_bytes = options_.page_bytes;
   // The Hello gives the sizes, not each source's row bytes: the digest assumes the sources' rows of equal size (what
-  // workerd's layouts are) and covers the counts and sizes it knows; the model is not known to memd (0).
+  // workerd's layouts are) and covers the counts and sizes it knows. The model is the worker's fingerprint (Hello):
+  // pages of another model (0 = a worker that sends none) are another key space.
   const uint64_t rows = uint64_t{geometry.page_rows} * std::max<uint32_t>(w.payload_sources, 1);
   std::vector<uint64_t> row_bytes(w.payload_sources, rows > 0 ? w.page_bytes / rows : 0);
   std::vector<uint64_t> key_bytes(w.index_producers, w.index_key_bytes);
   geometry.layout_digest = LayoutDigest(row_bytes, key_bytes);
+  geometry.model = g->second.model_fingerprint;
   return geometry;
 }
 

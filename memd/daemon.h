@@ -141,6 +141,7 @@ class Daemon {
     uint32_t capacity_pages = 0;
     uint32_t pid = 0;          // the worker's pid (its Hello), for the logs
     WorkerShape shape;         // its Hello's shape (issue 14), shown in the status view (GpuDump::worker) only
+    uint64_t model_fingerprint = 0;  // Hello.model_fingerprint (0: not known): the cluster tier's geometry.model
     uint64_t connection = 0;   // connection of its latest message (an Incoming::connection id: TakeDisconnected names it)
     std::chrono::steady_clock::time_point last_heard;  // its latest message
   };
@@ -163,6 +164,9 @@ class Daemon {
   // Why a Hello from `peer` is refused before any state changes ("" when it may go on): a peer that is not
   // worker/<gpu> (counted in refused_peers), another host page size, no pages or rows, an unknown serving mode, or
   // another M for a GPU already registered.
+  // Part of HelloRefusal (issue 26): a Hello whose model fingerprint differs from its GPU's earlier worker's, or
+  // with prefix sharing on from another GPU's ("" when accepted; 0 = not known, never compared).
+  std::string ModelRefusal(const wire::HelloT& hello) const;
   std::string HelloRefusal(const wire::HelloT& hello, std::string_view peer);
   // A (non-re-)Hello's new epoch: fences the GPU's previous worker if it was still up, then registers the GPU in the
   // core (ResidencyManager::RegisterGpu). Returns the core's refusal ("" when registered).

@@ -49,7 +49,8 @@ json GpuJson(const GpuDump& g) {
               {"staging_bytes", g.staging_bytes},
               {"declared_draft_ring_bytes", g.declared_draft_ring_bytes},
               {"declared_staging_bytes", g.declared_staging_bytes},
-              {"worker", WorkerJson(g.worker)}};
+              {"worker", WorkerJson(g.worker)},
+              {"model", g.model_fingerprint == 0 ? json(nullptr) : json(absl::StrFormat("%016x", g.model_fingerprint))}};
 }
 
 // with_host_copies: the `request N` view's "host_copies" ([[history page, host page], ...]).
@@ -144,10 +145,11 @@ std::string GpuWorkerLines(const StateDump& d) {
     const WorkerShape& w = *g.worker;
     absl::StrAppendFormat(&out,
                           "GPU %d worker: %s, p %d, L_pay %d, L_idx %d x %d B keys, k %d, B %d, T %d, N %d, "
-                          "K_max %d, W %d, chi %d\n",
+                          "K_max %d, W %d, chi %d, model %s\n",
                           g.gpu, w.serving_mode, w.page_rows, w.payload_sources, w.index_producers, w.index_key_bytes,
                           w.top_k, w.hot_rows, w.tail_rows, w.request_slots, w.k_max, w.drafter_window,
-                          w.staging_arenas);
+                          w.staging_arenas,
+                          g.model_fingerprint == 0 ? "unknown" : absl::StrFormat("%016x", g.model_fingerprint));
   }
   return out;
 }

@@ -67,6 +67,9 @@ struct GpuDump {
   // without --preset / --file. Introspection only: filled by the daemon (Daemon::Introspect), not by the core, which
   // never reads it. Absent (JSON "worker": null) before a Hello or from a worker that declares none.
   std::optional<WorkerShape> worker;
+  // Issue 26: its worker's model fingerprint (Hello.model_fingerprint; 0 = not known): JSON "model", 16 hex digits
+  // (a string: a JSON number would lose bits), or null when 0.
+  uint64_t model_fingerprint = 0;
   // Page rows, filled only for the `pages` view of this GPU (DumpScope): pages [page_from, page_from + n) as
   // page_states / page_owners (n = page_states.size(), at most the view's count), or with runs, page_runs: maximal
   // runs of consecutive pages of one state and owner, the first starting at page_from, at most the view's count.

@@ -57,7 +57,8 @@ absl::Status WorkerProcess::BindAndConnect(const model::Model* model, const Work
                                                                               : ""));
   }
   frontend_ = *std::move(frontend);
-  const wire::HelloT hello = MakeHello(model->config(), config, geometry, options.device_name);
+  wire::HelloT hello = MakeHello(model->config(), config, geometry, options.device_name);
+  hello.model_fingerprint = model->fingerprint();  // issue 26: the cluster tier's key space (memd GeometryOf)
   absl::StatusOr<std::unique_ptr<MemdClient>> memd = MemdClient::Connect(options.run_dir, hello,
                                                                          options.connect_timeout);
   if (!memd.ok()) return memd.status();

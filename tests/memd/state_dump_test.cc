@@ -344,9 +344,13 @@ TEST_F(DumpTest, WorkerShapeInTheStatusView) {
   EXPECT_EQ(wj["draft_bytes_per_row"], 1024);
   const std::string table = DumpToTable(d, *ParseDumpView("status"));
   EXPECT_NE(table.find("GPU 1 worker: hisparse, p 16, L_pay 2, L_idx 1 x 64 B keys, k 8, B 64, T 32, N 4, K_max 4, "
-                       "W 32, chi 2\n"),
+                       "W 32, chi 2, model unknown\n"),
             std::string::npos)
       << table;
+  EXPECT_TRUE(status["gpus"][1]["model"].is_null()) << status.dump();  // 0: not said
+  d.gpus[1].model_fingerprint = 0x0123456789abcdefull;  // issue 26: 16 hex digits, a string (a number would lose bits)
+  EXPECT_EQ(DumpToJson(d, *ParseDumpView("status"))["gpus"][1]["model"], "0123456789abcdef");
+  EXPECT_NE(DumpToTable(d, *ParseDumpView("status")).find("chi 2, model 0123456789abcdef\n"), std::string::npos);
   EXPECT_EQ(table.find("GPU 0 worker"), std::string::npos) << table;
 }
 

@@ -5,10 +5,13 @@
 #include <fstream>
 #include <iterator>
 
+#include <xxhash.h>
+
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/test_util.h"
 #include "workerd/model/safetensors.h"
+#include "workerd/model/model.h"
 #include "workerd/model/weights.h"
 
 namespace dhs::model {
@@ -166,6 +169,44 @@ TEST_F(ModelLoaderTest, RejectsUnexpectedTensorAndMissingConfig) {
               "no \"config\"");
   ExpectError(LoadStatus(RewriteHeader(image_, [](nlohmann::json& h) { h["__metadata__"]["config"] = "{}"; })),
               "model config");
+}
+
+// Issue 26: Model::fingerprint, the cluster tier's model (memd's page geometry). Worked out here from the file by its
+// docstring's formula with libxxhash's one-shot XXH3-64 over one concatenated buffer (the loader streams it).
+TEST_F(ModelLoaderTest, FingerprintIsTheDocumentedHashOfConfigAndWeights) {
+  auto fingerprint = [](const std::string& image) -> uint64_t {
+    auto f = SafetensorsFile::Parse(image);
+    EXPECT_TRUE(f.ok()) << f.status();
+    auto m = Model::FromSafetensors(*f);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? (*m)->fingerprint() : 0;
+  };
+  auto f = SafetensorsFile::Parse(image_);
+  ASSERT_TRUE(f.ok());
+  std::string buffer = config_.ToJson();
+  for (const TensorSpec& spec : ModelTensorSpecs(config_)) {
+    auto data = f->ReadF32(spec.name, spec.shape);
+    ASSERT_TRUE(data.ok());
+    buffer.append(spec.name.c_str(), spec.name.size() + 1);
+    buffer.append(reinterpret_cast<const char*>(data->data()), data->size() * sizeof(float));
+  }
+  const uint64_t a = fingerprint(image_);
+  EXPECT_EQ(a, XXH3_64bits(buffer.data(), buffer.size()));
+  EXPECT_NE(a, 0u);
+  // The same weights again, and the config's JSON written another way (canonical config: the same model).
+  EXPECT_EQ(fingerprint(image_), a);
+  EXPECT_EQ(fingerprint(RewriteHeader(image_, [](nlohmann::json& h) {
+              h["__metadata__"]["config"] = nlohmann::json::parse(h["__metadata__"]["config"].get<std::string>()).dump(2);
+            })),
+            a);
+  // Another seed, one bit of the last weight, another preset: other models.
+  EXPECT_NE(fingerprint(GenerateWeights(config_, 6)->Serialize()), a);
+  std::string flipped = image_;
+  flipped.back() ^= 1;
+  EXPECT_NE(fingerprint(flipped), a);
+  auto other = PresetConfig("dsv4flash-like");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(fingerprint(GenerateWeights(*other, 5)->Serialize()), a);
 }
 
 TEST_F(ModelLoaderTest, RejectsTruncatedFile) {

@@ -16,7 +16,7 @@ The conversation trace of replay_prefix_sharing_test (15 first turns, then their
      counted (timeout / store_down); SIGCONT at the end;
   7. (before 6) two nodes publishing the same pages at once: both exact, the store holds each page once; a node of
      another geometry (p = 8) finds nothing (another key space: absent misses), exact; a node of the same geometry
-     imports, exact;
+     imports, exact; a node of the same geometry but another model (seed 2) finds nothing (absent misses);
   6. a 3-master Redis Cluster with a replica each: node F publishes (keys on every master), a master is SIGKILLed and
      its replica takes over, node G (the dead master its first seed) imports pages, exact.
 After every pass the node's host pool holds only cached shared pages (no request, nothing leaked, pinned, shared or
@@ -54,6 +54,7 @@ cluster_lookup_timeout_ms = 200
 [[worker]]
 gpu = 0
 preset = "glm5-like"
+seed = {seed}
 page_rows = {page_rows}
 slots = 4
 hbm_budget_bytes = "64MiB"
@@ -119,13 +120,13 @@ class Redis:
 
 
 class Node:
-    def __init__(self, exe, tmp, name, port, pool="64MiB", store=None, page_rows=16):
+    def __init__(self, exe, tmp, name, port, pool="64MiB", store=None, page_rows=16, seed=1):
         self.run_dir = os.path.join(tmp, name)
         self.config = os.path.join(tmp, name + ".toml")
         self.out = os.path.join(tmp, name + ".out")
         with open(self.config, "w") as f:
             f.write(CONFIG.format(run_dir=self.run_dir, pool=pool, store=store or f"redis://127.0.0.1:{port}",
-                                  page_rows=page_rows))
+                                  page_rows=page_rows, seed=seed))
         with open(self.out, "w") as out:
             self.proc = subprocess.Popen([exe, "--config", self.config], stdout=out, stderr=subprocess.STDOUT)
         if not wait_until(lambda: "node ready (1 workers)" in read(self.out) or self.proc.poll() is not None, 120):
@@ -419,6 +420,18 @@ def main():
             print("node R cluster (p = 8):", json.dumps(cr), flush=True)
             if cr.get("imported", 0) != 0 or cr.get("lookups", 0) <= 0 or misses(cr, "absent") != cr.get("lookups"):
                 failures.append(f"R (another geometry): {cr}")
+            # Same geometry, another model (other weights: seed 2): its Hello's model fingerprint is another key
+            # space, so nothing P and Q published is imported (without it, every page would be: wrong rows).
+            m_node = Node(node_exe, tmp, "m", port, seed=2)
+            nodes.append(m_node)
+            rc, report, _ = replay(replay_exe, tmp, "m", slice_ + ["--connect", f"ipc://{m_node.run_dir}/worker-0.sock"])
+            if rc != 0 or report.get("requests_served") != N or report.get("requests_failed") != 0:
+                failures.append(f"m: rc {rc}, served {report.get('requests_served')}")
+            pool_clean(failures, "m", dhsctl, m_node)
+            cm = cluster_stats(dhsctl, m_node)
+            print("node M cluster (another model):", json.dumps(cm), flush=True)
+            if cm.get("imported", 0) != 0 or cm.get("lookups", 0) <= 0 or misses(cm, "absent") != cm.get("lookups"):
+                failures.append(f"M (another model): {cm}")
             s_node = Node(node_exe, tmp, "s", port)
             nodes.append(s_node)
             serve("s", s_node)
@@ -429,7 +442,7 @@ def main():
                 failures.append(f"S: imported {cs.get('imported')} of the {len(keys)} pages P and Q stored: {cs}")
             print(f"FIGURE after two publishers: S imported {cs.get('imported')} of {cs.get('lookups')} looked up",
                   flush=True)
-            for n in (p_node, q_node, r_node, s_node):
+            for n in (p_node, q_node, r_node, m_node, s_node):
                 nodes.remove(n)
                 if n.stop() != 0:
                     failures.append(f"{n.run_dir}: dhs-node did not exit 0 at SIGTERM: {read(n.out)[-1500:]}")

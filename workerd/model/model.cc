@@ -6,6 +6,8 @@
 #include <optional>
 #include <set>
 
+#include <xxhash.h>
+
 #include "absl/strings/str_cat.h"
 #include "workerd/model/kernels.h"
 #include "workerd/model/step_profile.h"
@@ -105,8 +107,9 @@ void Model::Scratch::AddDelta() {
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += delta[i];
 }
 
-Model::Model(ModelConfig config, std::unique_ptr<Weights> weights)
-    : config_(std::move(config)), weights_(std::move(weights)), plan_(std::make_unique<Plan>()) {
+Model::Model(ModelConfig config, std::unique_ptr<Weights> weights, uint64_t fingerprint)
+    : config_(std::move(config)), weights_(std::move(weights)), plan_(std::make_unique<Plan>()),
+      fingerprint_(fingerprint) {
   const int L = config_.n_layers();
   Plan& p = *plan_;
   p.indexer_slot.assign(L, -1);
@@ -169,10 +172,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromSafetensors(const SafetensorsF
   auto w = std::make_unique<Weights>();
   w->layers.resize(config->n_layers());
   std::set<std::string> expected;
+  // The fingerprint (model.h fingerprint()): the canonical config, then every tensor's name and bytes in spec order.
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(), &XXH3_freeState);
+  if (hash == nullptr || XXH3_64bits_reset(hash.get()) != XXH_OK) {
+    return absl::ResourceExhaustedError("model weights: cannot allocate the fingerprint's hash state");
+  }
+  const std::string canonical = config->ToJson();
+  XXH3_64bits_update(hash.get(), canonical.data(), canonical.size());
   for (const TensorSpec& spec : ModelTensorSpecs(*config)) {
     auto data = file.ReadF32(spec.name, spec.shape);
     if (!data.ok()) return data.status();
     expected.insert(spec.name);
+    XXH3_64bits_update(hash.get(), spec.name.data(), spec.name.size() + 1);  // with its NUL: names never run together
+    XXH3_64bits_update(hash.get(), data->data(), data->size() * sizeof(float));
     std::vector<float>* dst = nullptr;
     if (spec.name == "tok_emb") dst = &w->tok_emb;
     else if (spec.name == "final_norm") dst = &w->final_norm;
@@ -200,7 +212,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromSafetensors(const SafetensorsF
       return absl::InvalidArgumentError(absl::StrCat("model weights: unexpected tensor '", name, "' for this config"));
     }
   }
-  return std::unique_ptr<Model>(new Model(std::move(*config), std::move(w)));
+  const uint64_t fingerprint = std::max<uint64_t>(XXH3_64bits_digest(hash.get()), 1);  // 0 means "not known" on the wire
+  return std::unique_ptr<Model>(new Model(std::move(*config), std::move(w), fingerprint));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {

@@ -82,6 +82,12 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // The model's fingerprint (issue 26: the cluster tier keys pages by it, so that two models of one KV geometry never
+  // read each other's pages): XXH3-64 (libxxhash) of the canonical config JSON (ModelConfig::ToJson), then of every
+  // tensor of ModelTensorSpecs(config) in that order as its name and its F32 bytes (little-endian, as stored). The
+  // same weights give the same value in every process and build; any changed weight or config field changes it
+  // (up to 64-bit collisions). Never 0.
+  uint64_t fingerprint() const { return fingerprint_; }
 
   // A new request at position 0. The session refers to this model, which must outlive it.
   ModelSession NewSession(RequestId request) const;
@@ -146,7 +152,7 @@ class Model {
   struct Plan;
   struct Scratch;
 
-  Model(ModelConfig config, std::unique_ptr<Weights> weights);
+  Model(ModelConfig config, std::unique_ptr<Weights> weights, uint64_t fingerprint);
   absl::Status Run(std::span<StepInput> batch, KvAccess& kv, std::span<StepOutput> out) const;
   // The steps of Run, in order (model.cc); `Scratch` is one step's queries and buffers.
   absl::Status ValidateStep(std::span<StepInput> batch) const;
@@ -160,6 +166,7 @@ class Model {
   ModelConfig config_;
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<Plan> plan_;
+  uint64_t fingerprint_ = 0;
   LogitsHook logits_hook_;  // test seam (see SetLogitsHookForTest); empty in production
 
  public:
