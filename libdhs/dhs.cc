@@ -117,20 +117,28 @@ dhs::lib::EmbeddedConfig ToEmbedded(const dhs_worker_config& config) {
   c.slots = config.slots;
   c.hbm_budget_bytes = config.hbm_budget_bytes;
   c.connect_timeout_ms = config.connect_timeout_ms == 0 ? 5000 : config.connect_timeout_ms;
-  if (config.struct_size == sizeof(dhs_worker_config)) {
+  if (config.struct_size >= DHS_WORKER_CONFIG_SIZE_1_1) {  // the 1.1 fields (a 1.0 struct ends before them)
     c.engine_pool = static_cast<uint8_t*>(config.engine_pool);
     c.engine_pool_bytes = config.engine_pool_bytes;
   }
+  if (config.struct_size >= sizeof(dhs_worker_config)) c.model_fingerprint = config.model_fingerprint;  // 1.2
   return c;
 }
 
-// A config of this header's size or of ABI 1.0's.
+// The sizes dhs_worker_config had: this header's (1.2), 1.1's and 1.0's.
+bool KnownConfigSize(uint32_t size) {
+  return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_1 || size == DHS_WORKER_CONFIG_SIZE_1_0;
+}
+static_assert(sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_1 &&
+              DHS_WORKER_CONFIG_SIZE_1_1 > DHS_WORKER_CONFIG_SIZE_1_0);
+
 int CheckConfigStruct(dhs_worker* w, const dhs_worker_config* config) {
   if (config == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_config is NULL");
-  if (config->struct_size != sizeof(dhs_worker_config) && config->struct_size != DHS_WORKER_CONFIG_SIZE_1_0) {
+  if (!KnownConfigSize(config->struct_size)) {
     return Fail(w, DHS_ERR_VERSION, absl::StrCat("dhs_worker_config.struct_size is ", config->struct_size,
                                                  "; this library (ABI ", DHS_ABI_MAJOR, ".", DHS_ABI_MINOR,
-                                                 ") takes ", sizeof(dhs_worker_config), " (1.1) or ",
+                                                 ") takes ", sizeof(dhs_worker_config), " (1.2), ",
+                                                 DHS_WORKER_CONFIG_SIZE_1_1, " (1.1) or ",
                                                  DHS_WORKER_CONFIG_SIZE_1_0, " (1.0)"));
   }
   return DHS_OK;
@@ -201,9 +209,7 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
 
 int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes) {
   if (config == nullptr || bytes == nullptr) return DHS_ERR_INVALID_ARGUMENT;
-  if (config->struct_size != sizeof(dhs_worker_config) && config->struct_size != DHS_WORKER_CONFIG_SIZE_1_0) {
-    return DHS_ERR_VERSION;
-  }
+  if (!KnownConfigSize(config->struct_size)) return DHS_ERR_VERSION;
   if (config->mode != DHS_MODE_HISPARSE && config->mode != DHS_MODE_ADAPTIVE) return DHS_ERR_INVALID_ARGUMENT;
   try {
     dhs::lib::EmbeddedConfig c = ToEmbedded(*config);

@@ -166,6 +166,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   h.hot_rows = config.hot_rows;
   h.tail_rows = config.tail_rows;
   h.fetched_rows_per_token = config.sources;
+  h.model_fingerprint = config.model_fingerprint;  // the engine's (ABI 1.2), 0 = not said
 
   w->hello_ = h;
   auto cpu = std::make_unique<CpuDevice>();

@@ -52,6 +52,7 @@ struct EmbeddedConfig {
   uint32_t connect_timeout_ms = 5000;
   uint8_t* engine_pool = nullptr;  // the engine's KV pool memory (nullptr: the library allocates it), not owned
   uint64_t engine_pool_bytes = 0;
+  uint64_t model_fingerprint = 0;  // Hello.model_fingerprint (issue 26): the engine's model, 0 = not said
 };
 inline constexpr uint64_t kEnginePoolAlignment = 64;  // DHS_POOL_ALIGNMENT
 

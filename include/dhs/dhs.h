@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 1
+#define DHS_ABI_MINOR 2
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -116,8 +116,16 @@ typedef struct dhs_worker_config {
    * open) instead of allocating it. It must stay valid until dhs_worker_close; the library never frees it. */
   void* engine_pool;
   uint64_t engine_pool_bytes;
+  /* ABI 1.2 (a 1.1 caller's struct, DHS_WORKER_CONFIG_SIZE_1_1 bytes, is still accepted: 0).
+   * The engine's model fingerprint: any 64-bit value that differs between models (weights or config) and is equal
+   * for the same model in every process, e.g. a hash of the weights; 0 = not said. memd keys the cluster tier by it
+   * (docs/cluster_tier.md "Geometry": two models of one KV geometry never read each other's pages from the store), and
+   * refuses an open whose fingerprint differs from its GPU's earlier worker's, or, with prefix sharing, from another
+   * GPU's (FAILED_PRECONDITION). */
+  uint64_t model_fingerprint;
 } dhs_worker_config;
 #define DHS_WORKER_CONFIG_SIZE_1_0 80u  /* sizeof(dhs_worker_config) of ABI 1.0 (up to connect_timeout_ms) */
+#define DHS_WORKER_CONFIG_SIZE_1_1 96u  /* sizeof(dhs_worker_config) of ABI 1.1 (up to engine_pool_bytes) */
 #define DHS_POOL_ALIGNMENT 64u          /* engine_pool's alignment, bytes */
 
 /* The bytes of the KV pool a worker of `config` needs (its slot regions and optional pages), for an engine-owned

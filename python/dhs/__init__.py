@@ -21,7 +21,7 @@ import ctypes
 import json
 import os
 
-ABI_MAJOR, ABI_MINOR = 1, 1
+ABI_MAJOR, ABI_MINOR = 1, 2
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 MODE_HISPARSE, MODE_ADAPTIVE = 1, 2
 BACKEND_CPU, BACKEND_CUDA = 1, 2
@@ -38,7 +38,9 @@ class WorkerConfig(ctypes.Structure):
                 ("hot_rows", ctypes.c_uint32), ("tail_rows", ctypes.c_uint32), ("slots", ctypes.c_uint32),
                 ("hbm_budget_bytes", ctypes.c_uint64), ("connect_timeout_ms", ctypes.c_uint32),
                 # ABI 1.1: an engine-owned KV pool (None: the library's)
-                ("engine_pool", ctypes.c_void_p), ("engine_pool_bytes", ctypes.c_uint64)]
+                ("engine_pool", ctypes.c_void_p), ("engine_pool_bytes", ctypes.c_uint64),
+                # ABI 1.2: the engine's model fingerprint (0: not said; memd keys the cluster tier by it)
+                ("model_fingerprint", ctypes.c_uint64)]
 
 
 class WorkerInfo(ctypes.Structure):
@@ -149,17 +151,21 @@ class DhsError(Exception):
 
 
 class Worker:
-    """One GPU's worker (dhs_worker). Not thread-safe beyond the library's own rule (calls serialised per worker)."""
+    """One GPU's worker (dhs_worker). Not thread-safe beyond the library's own rule (calls serialised per worker).
+    model_fingerprint (ABI 1.2): the engine's model, any 64-bit value equal for the same weights and different for
+    others (0: not said); memd keys its cluster tier by it and refuses a worker of another model on a GPU that served
+    one (DhsError FAILED_PRECONDITION)."""
 
     def __init__(self, run_dir: str, *, sources: int, row_bytes: int, page_rows: int, top_k: int, hot_rows: int,
                  tail_rows: int, slots: int, hbm_budget_bytes: int, indexers: int = 0, index_key_bytes: int = 0,
-                 gpu: int = 0, mode: int = MODE_ADAPTIVE, connect_timeout_ms: int = 10000):
+                 gpu: int = 0, mode: int = MODE_ADAPTIVE, connect_timeout_ms: int = 10000,
+                 model_fingerprint: int = 0):
         self._lib = library()
         self._h = ctypes.c_void_p()
         self._run_dir = run_dir.encode()
         c = WorkerConfig(ctypes.sizeof(WorkerConfig), ABI_VERSION, self._run_dir, gpu, mode, BACKEND_CPU, sources,
                          row_bytes, indexers, index_key_bytes, page_rows, top_k, hot_rows, tail_rows, slots,
-                         hbm_budget_bytes, connect_timeout_ms)
+                         hbm_budget_bytes, connect_timeout_ms, None, 0, model_fingerprint)
         rc = self._lib.dhs_worker_open(ctypes.byref(c), ctypes.byref(self._h))
         if rc != 0:
             msg = self._lib.dhs_worker_errmsg(self._h).decode()

@@ -15,6 +15,7 @@ the lower position, -1 padding; each layer attends over its selected rows (softm
 state; the next token is the argmax of the logits. Rows gathered in selection order, one fixed reduction order: the
 same rows give the same bits whichever store served them."""
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -39,6 +40,14 @@ class Model:
         f = lambda *shape: (g.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)  # noqa: E731
         self.embed, self.w_kv, self.w_q, self.w_o = f(V, D), f(S, D_ROW, D), f(S, D_ROW, D), f(S, D, D_ROW)
         self.w_iq, self.w_ik, self.w_out = f(D_IDX, D), f(D_IDX, D), f(V, D)
+
+    def fingerprint(self) -> int:
+        """The model's fingerprint for libdhs (ABI 1.2, dhs_worker_config.model_fingerprint): 64 bits of BLAKE2b over
+        every weight's bytes, so memd's cluster tier never mixes this model's pages with another's."""
+        h = hashlib.blake2b(digest_size=8)
+        for w in (self.embed, self.w_kv, self.w_q, self.w_o, self.w_iq, self.w_ik, self.w_out):
+            h.update(w.tobytes())
+        return int.from_bytes(h.digest(), "little") or 1
 
     def rows_and_key(self, token: int):
         """The payload rows [S, D_ROW] and index key [D_IDX] of a position holding `token` (float32)."""
@@ -105,7 +114,7 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int):
     populates; one decode step per iteration over every granted request (a batch per source)."""
     w = dhs.Worker(run_dir, sources=S, row_bytes=ROW_BYTES, indexers=1, index_key_bytes=KEY_BYTES, page_rows=P,
                    top_k=K, hot_rows=4 * K, tail_rows=2 * P, slots=2,
-                   hbm_budget_bytes=budget_pages * P * S * ROW_BYTES)
+                   hbm_budget_bytes=budget_pages * P * S * ROW_BYTES, model_fingerprint=model.fingerprint())
     pool = w.pool_bytes()
     cols = np.arange(ROW_BYTES)
     state = {}  # request id -> dict(i, tokens, keys, out)

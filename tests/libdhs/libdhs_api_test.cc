@@ -895,6 +895,37 @@ TEST_F(LibdhsTest, ReadersDoneOfSeveralSourcesEndsEach) {
 // bytes there are the rows appended (also after a forced reclaim: host recovery writes into it). A pool too small or
 // misaligned is refused at open naming the size; register checks base and bytes; the memory stays the engine's after
 // close (freed by the test: a library that unmapped it would crash the free).
+// ABI 1.2 (issue 26): the engine's model fingerprint reaches memd in the Hello. memd then refuses a worker of another
+// model on the GPU (FAILED_PRECONDITION with memd's reason) and takes the same model again; a 1.1 caller's struct
+// (no fingerprint: 0, not compared) is still accepted; a size between the known ones is refused.
+TEST_F(LibdhsTest, ModelFingerprintReachesMemd) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 8);
+  c.model_fingerprint = 0xa1;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  c.model_fingerprint = 0xb2;
+  EXPECT_EQ(dhs_worker_open(&c, &w_), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("GPU 0 was registered with model 00000000000000a1; a restarted "
+                                                    "worker must serve it (got 00000000000000b2)"),
+            std::string::npos)
+      << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  dhs_worker_config old = c;  // ABI 1.1's struct: it ends before model_fingerprint
+  old.struct_size = DHS_WORKER_CONFIG_SIZE_1_1;
+  ASSERT_EQ(dhs_worker_open(&old, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  c.model_fingerprint = 0xa1;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  c.struct_size = DHS_WORKER_CONFIG_SIZE_1_1 + 4;
+  EXPECT_EQ(dhs_worker_open(&c, &w_), DHS_ERR_VERSION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("takes 104 (1.2), 96 (1.1) or 80 (1.0)"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+}
+
 TEST_F(LibdhsTest, EngineOwnedPool) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 12);  // as ForcedReclaimKeepsRowsExact: b's admission reclaims a
