@@ -423,6 +423,9 @@ class PerfReportTest(unittest.TestCase):
                 p.update(exact_sample={"compared": 2, "differ": 1}, exact_vs_adaptive={"compared": 2, "differ": 0})
                 rounds.append(dict(p, round=1, exact_sample={"compared": 2, "differ": 0}))
                 break
+        for rnd in (0, 1):  # a configuration that verified no speculative round: no verdict
+            rounds.append({"context": 1024, "concurrency": 4, "mode": "adaptive+schedule", "round": rnd,
+                           "run": dict(result["rounds"][5]["run"], sessions=3, block_width={}, proposer_s=0.0)})
         result.update(rounds=rounds, spec_context=1024, spec_output_tokens=32, spec_hbm_budget_bytes=777,
                       spec_planner={"sessions_per_gpu": {"resident": 2, "hierarchical": 5}})
         del result["points"]
@@ -437,6 +440,9 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("GPU KV budget 777 bytes (planner without a drafter's share: resident 2, hierarchical 5 sessions)",
                       doc)
         self.assertEqual(table_row(doc, ["1024", "4", "online"])[-2:], ["3/4", "4/4"])
+        # N 3 / 4 < TPOT 1.0, but no round was verified: "no round", not "yes" / "no"
+        self.assertEqual(table_row(doc, ["1024", "4", "schedule"])[3:12],
+                         ["3", "0.750", "1.000", "1.000", "n/a", "no round", "1.000", "no round", "none"])
         self.assertEqual(table_row(doc, ["1024", "4", "adaptive+base"])[3:], ["4", "12.00", "30.00", "4/4"])
         self.assertEqual(table_row(doc, ["1024", "4", "resident+base"])[-1], "(reference)")
         # the main table keeps the three modes only
