@@ -111,24 +111,31 @@ def one_sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_
             reports = json.load(f)
     if proc.returncode not in (0, 1) or not reports:
         sys.stderr.write(proc.stderr[-3000:])
-    profile = read_step_profile(os.path.join(run_dir, "workerd.log"))
+    log_path = os.path.join(run_dir, "workerd.log")
+    profile = read_step_profile(log_path)
+    mixed, loop = read_step_profile(log_path, "mixed"), read_step_profile(log_path, "loop")
     figs = {}
     for r in reports:
         fig = figures(r)
         w = r.get("prefix_workload") or {}
         fig["step_profile"] = window_profile(profile, w.get("window_begin_ms"), w.get("window_end_ms"))
+        # The admission's split (issue 27): the mixed steps (the suffixes' prefill) and the loop's prepared-prefix
+        # imports and residency polls inside the window.
+        fig["mixed_profile"] = window_profile(mixed, w.get("window_begin_ms"), w.get("window_end_ms"))
+        fig["loop_profile"] = window_profile(loop, w.get("window_begin_ms"), w.get("window_end_ms"))
         figs[int(r["settings"]["concurrency"])] = fig
     for c in concs:
         figs.setdefault(c, {"error": f"{name}: dhs-replay exited {proc.returncode} before C = {c}"})
     return figs
 
 
-def read_step_profile(log_path):
-    """The worker's cumulative `step profile: decode ... at_ms T` lines (workerd/model/step_profile.h: steps in which
-    every request of the batch fed one token) as a list of {field: number}, in log order."""
+def read_step_profile(log_path, kind="decode"):
+    """The worker's cumulative `step profile: KIND ... at_ms T` lines (workerd/model/step_profile.h; decode: steps in
+    which every request of the batch fed one token; mixed: the other steps; loop: the worker's loop outside steps,
+    prepared-prefix imports and residency polls) as a list of {field: number}, in log order."""
     try:
         with open(log_path, errors="replace") as f:
-            lines = [l for l in f if l.startswith("step profile: decode ")]
+            lines = [l for l in f if l.startswith(f"step profile: {kind} ")]
     except OSError:
         return []
     out = []

@@ -620,6 +620,19 @@ class PerfReportTest(unittest.TestCase):
         self.assertEqual((w["steps"], w["fetch_ms"]), (1, 2.0))
         self.assertIsNone(bench_prefix.window_profile(lines, 10.0, 50.0))  # no step ended by the window's end
         self.assertIsNone(bench_prefix.window_profile([], 0.0, 1.0))
+        # the other kinds of line: mixed steps and the loop's admission split, each windowed alike
+        with open(log, "a") as f:
+            f.write("step profile: loop import_chunks 2 import_ms 4 import_append_ms 3 import_keys_ms 1 poll_ms 0.5 "
+                    "at_ms 120\n")
+            f.write("step profile: loop import_chunks 6 import_ms 10 import_append_ms 7 import_keys_ms 2 poll_ms 0.7 "
+                    "at_ms 300\n")
+        loop = bench_prefix.read_step_profile(log, "loop")
+        self.assertEqual(len(loop), 2)
+        self.assertEqual(bench_prefix.window_profile(loop, 150.0, 350.0),
+                         {"import_chunks": 4, "import_ms": 6, "import_append_ms": 4, "import_keys_ms": 1,
+                          "poll_ms": 0.7 - 0.5})
+        self.assertEqual(len(bench_prefix.read_step_profile(log, "mixed")), 4)
+        self.assertEqual(len(bench_prefix.read_step_profile(log)), len(lines))  # decode lines only, as before
 
     def test_plots_written_and_linked(self):
         doc = self.render(canned())
