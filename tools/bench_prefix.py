@@ -19,15 +19,19 @@ for token and logits digest for digest against resident's run of the same point.
 The knee: per context, the lowest C at which resident admitted fewer than C sessions, against the planner's figure
 for the same budget (`dhsctl plan --preset P --context L --hbm-bytes B --json`: resident sessions per GPU).
 
-With --speculation (at the first context length; --spec-concurrency: only at those C): adaptive mode again with
-speculation (synthetic proposer at corruption 0.1, block K = 4) under a
-block schedule and under the online width, reporting N_spec / N_base (sessions) against TPOT_spec / TPOT_base per C
-(brief §6: speculation pays where N_spec / N_base > TPOT_spec / TPOT_base).
+With --speculation (at --spec-context, default the first context length, with --spec-output-tokens and its own
+budget --spec-hbm-budget / --spec-resident-sessions, default the main budget; --spec-concurrency: only at those C):
+resident and plain adaptive at those settings ("resident+base", "adaptive+base"), then adaptive with speculation
+(synthetic proposer at corruption 0.1, block K = 4) under a block schedule and under the online width, reporting
+N_spec / N_base (sessions) against TPOT_spec / TPOT_base per C (brief §6: speculation pays where
+N_spec / N_base > TPOT_spec / TPOT_base). adaptive+base and every speculative point are checked exact against
+resident+base (`exact_sample`), a speculative point also against adaptive+base (`exact_vs_adaptive`).
 
 Usage: tools/bench_prefix.py [--replay build/tools/replay/dhs-replay] [--dhsctl build/tools/dhsctl/dhsctl]
           [--preset bench-wide] [--prefixes 2] [--contexts 1024,4096] [--concurrency 1,4,8,16,32,64]
           [--sessions-per-c 2] [--suffix-tokens 16] [--output-tokens 16] [--resident-sessions 4] [--hbm-budget B]
-          [--link-model pcie5] [--speculation] [--sample-every 2] [--repeats 1] [--json OUT] [--append]
+          [--link-model pcie5] [--speculation] [--spec-context L] [--spec-output-tokens N]
+          [--spec-resident-sessions R | --spec-hbm-budget B] [--sample-every 2] [--repeats 1] [--json OUT] [--append]
 --repeats R runs every sweep R times, round after round (the modes one after another within a round): a point's
 ratios to resident are taken within its round, then summarised as the median over rounds with [min, max]; the
 other figures are the median round's (--json keeps every round's points in "rounds", the summary in "points").
@@ -51,6 +55,9 @@ SPEC_CONFIGS = {  # name -> dhs-replay words (adaptive mode)
                  "1:4,9:3,33:2"],
     "online": ["--speculate", "synthetic", "--spec-corruption", "0.1", "--block", "4", "--block-schedule", "online"],
 }
+
+SPEC_BASE = "adaptive+base"        # plain adaptive at the speculation's settings: the base of N_spec / N_base
+SPEC_RESIDENT = "resident+base"    # resident at the speculation's settings: the exactness reference of the above
 
 
 def plan(dhsctl, preset, context, budget=None, slots=None):
@@ -104,24 +111,31 @@ def one_sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_
             reports = json.load(f)
     if proc.returncode not in (0, 1) or not reports:
         sys.stderr.write(proc.stderr[-3000:])
-    profile = read_step_profile(os.path.join(run_dir, "workerd.log"))
+    log_path = os.path.join(run_dir, "workerd.log")
+    profile = read_step_profile(log_path)
+    mixed, loop = read_step_profile(log_path, "mixed"), read_step_profile(log_path, "loop")
     figs = {}
     for r in reports:
         fig = figures(r)
         w = r.get("prefix_workload") or {}
         fig["step_profile"] = window_profile(profile, w.get("window_begin_ms"), w.get("window_end_ms"))
+        # The admission's split (issue 27): the mixed steps (the suffixes' prefill) and the loop's prepared-prefix
+        # imports and residency polls inside the window.
+        fig["mixed_profile"] = window_profile(mixed, w.get("window_begin_ms"), w.get("window_end_ms"))
+        fig["loop_profile"] = window_profile(loop, w.get("window_begin_ms"), w.get("window_end_ms"))
         figs[int(r["settings"]["concurrency"])] = fig
     for c in concs:
         figs.setdefault(c, {"error": f"{name}: dhs-replay exited {proc.returncode} before C = {c}"})
     return figs
 
 
-def read_step_profile(log_path):
-    """The worker's cumulative `step profile: decode ... at_ms T` lines (workerd/model/step_profile.h: steps in which
-    every request of the batch fed one token) as a list of {field: number}, in log order."""
+def read_step_profile(log_path, kind="decode"):
+    """The worker's cumulative `step profile: KIND ... at_ms T` lines (workerd/model/step_profile.h; decode: steps in
+    which every request of the batch fed one token; mixed: the other steps; loop: the worker's loop outside steps,
+    prepared-prefix imports and residency polls) as a list of {field: number}, in log order."""
     try:
         with open(log_path, errors="replace") as f:
-            lines = [l for l in f if l.startswith("step profile: decode ")]
+            lines = [l for l in f if l.startswith(f"step profile: {kind} ")]
     except OSError:
         return []
     out = []
@@ -199,18 +213,19 @@ def check_exact(point, work, every):
         base, _, spec = mode.partition("+")
         return os.path.join(work, f"L{point['context']}-{base}{'-' + spec if spec else ''}"
                                   f"{round_tag(point.get('round', 0))}.outputs.c{point['concurrency']}")
-    # A speculative point (and its plain base, at the speculation's own output length) against plain adaptive of the
-    # same settings; the base against resident only when it ran resident's workload (no own output length).
-    if "+" in point["mode"]:
-        if point["mode"] == "adaptive+base":
-            return
-        ref = path("adaptive+base")
-    else:
-        ref = path("resident")
-    if not (os.path.exists(path(point["mode"])) and os.path.exists(ref)):
+    # A speculative point and its plain base ("adaptive+base") against resident at the speculation's own settings
+    # ("resident+base": its context, output length, budget and sessions); a speculative point also against its plain
+    # base (`exact_vs_adaptive`). The main sweep's points against resident of the same point.
+    if point["mode"] == SPEC_RESIDENT:
         return
-    n, bad = exact_sample(read_outputs(path(point["mode"])), read_outputs(ref), every)
-    point["exact_sample"] = {"compared": n, "differ": bad}
+    ref = path(SPEC_RESIDENT if "+" in point["mode"] else "resident")
+    if os.path.exists(path(point["mode"])) and os.path.exists(ref):
+        n, bad = exact_sample(read_outputs(path(point["mode"])), read_outputs(ref), every)
+        point["exact_sample"] = {"compared": n, "differ": bad}
+    if "+" in point["mode"] and point["mode"] != SPEC_BASE and os.path.exists(path(point["mode"])) \
+            and os.path.exists(path(SPEC_BASE)):
+        n, bad = exact_sample(read_outputs(path(point["mode"])), read_outputs(path(SPEC_BASE)), every)
+        point["exact_vs_adaptive"] = {"compared": n, "differ": bad}
 
 
 RATIO_KEYS = ("sessions", "output_tokens_per_s", "tpot_p50_ms", "tpot_p99_ms", "allocation_wait_share",
@@ -246,7 +261,16 @@ def measure(args, log=sys.stderr, saved=None):
         raise SystemExit(f"bench_prefix: --repeats must be at least 1 (got {repeats})")
     spec_ctx = int(getattr(args, "spec_context", 0) or contexts[0])
     spec_out = int(getattr(args, "spec_output_tokens", 0) or args.output_tokens)
-    spec_same = same and saved.get("spec_context") == spec_ctx and saved.get("spec_output_tokens") == spec_out
+    # Speculation's own budget (--spec-hbm-budget, or --spec-resident-sessions resident histories of the speculation's
+    # context): a budget that binds at the speculation's context, so that N_spec / N_base measures its memory cost.
+    spec_budget = budget
+    if getattr(args, "spec_hbm_budget", ""):
+        spec_budget = int(args.spec_hbm_budget)
+    elif getattr(args, "spec_resident_sessions", 0):
+        spec_budget = int(float(args.spec_resident_sessions) * plan(
+            args.dhsctl, args.preset, spec_ctx + args.suffix_tokens + spec_out)["resident_bytes_per_session"])
+    spec_same = same and saved.get("spec_context") == spec_ctx and saved.get("spec_output_tokens") == spec_out and \
+        saved.get("spec_hbm_budget_bytes", budget) == spec_budget
     # Every round's points (a file of one round, written before --repeats, kept its rounds in "points"). Saved rounds
     # beyond --repeats are kept, never dropped: --repeats is the number of rounds to have at least.
     points = {(p["context"], p["concurrency"], p["mode"], p.get("round", 0)): dict(p, round=p.get("round", 0))
@@ -262,22 +286,25 @@ def measure(args, log=sys.stderr, saved=None):
     spec_c = [int(x) for x in str(getattr(args, "spec_concurrency", "") or "").split(",") if x] or conc
     # Speculation at its own context and output length (the synthetic proposer catches its private session up 64
     # tokens a round before it proposes: a long prefix with a few output tokens would verify no proposal at all),
-    # against plain adaptive at the same settings ("adaptive+base").
-    result.update({"spec_context": spec_ctx, "spec_output_tokens": spec_out})
+    # against plain adaptive at the same settings ("adaptive+base"), each checked exact against resident at those
+    # settings ("resident+base").
+    result.update({"spec_context": spec_ctx, "spec_output_tokens": spec_out, "spec_hbm_budget_bytes": spec_budget})
     try:
         for rnd in range(repeats):  # a round: every sweep once, so a round's ratios compare runs minutes apart only
             for context in contexts + ([spec_ctx] if args.speculation and spec_ctx not in contexts else []):
-                configs = [(m, m, (), conc, None) for m in MODES] if context in contexts else []
+                configs = [(m, m, (), conc, None, budget) for m in MODES] if context in contexts else []
                 if args.speculation and context == spec_ctx:
-                    configs += [("adaptive+base", "adaptive", (), spec_c, spec_out)]
-                    configs += [(f"adaptive+{n}", "adaptive", tuple(w), spec_c, spec_out) for n, w in SPEC_CONFIGS.items()]
-                for name, mode, extra, cs, out_tokens in configs:
+                    configs += [(SPEC_RESIDENT, "resident", (), spec_c, spec_out, spec_budget),
+                                (SPEC_BASE, "adaptive", (), spec_c, spec_out, spec_budget)]
+                    configs += [(f"adaptive+{n}", "adaptive", tuple(w), spec_c, spec_out, spec_budget)
+                                for n, w in SPEC_CONFIGS.items()]
+                for name, mode, extra, cs, out_tokens, sweep_budget in configs:
                     todo = [c for c in cs if (context, c, name, rnd) not in points
                             or "error" in points[(context, c, name, rnd)]["run"]]
                     if not todo:
                         continue  # measured by an earlier piece of the sweep (--append)
                     # The whole sweep again (one node, prepared once): its points are measured together.
-                    figs = one_sweep(args, work, context, cs, mode, budget, extra,
+                    figs = one_sweep(args, work, context, cs, mode, sweep_budget, extra,
                                      ("" if name == mode else "-" + name.split("+")[1]) + round_tag(rnd), out_tokens)
                     for c in cs:
                         fig = figs[c]
@@ -301,6 +328,9 @@ def measure(args, log=sys.stderr, saved=None):
     result["rounds"] = sorted(points.values(), key=lambda p: (p["context"], p["concurrency"], p["mode"], p["round"]))
     result["planner"] = {str(L): plan(args.dhsctl, args.preset, L + args.suffix_tokens + args.output_tokens, budget,
                                       max(conc)) for L in contexts}
+    if args.speculation:  # the planner at the speculation's context and budget (without a drafter's share)
+        result["spec_planner"] = plan(args.dhsctl, args.preset, spec_ctx + args.suffix_tokens + spec_out, spec_budget,
+                                      max(spec_c))
     analyse(result)
     return result
 
@@ -329,9 +359,9 @@ def round_ratios(rounds):
         base = by.get((p["context"], p["concurrency"], "resident", rnd))
         if base and "+" not in p["mode"] and "error" not in p["run"] and "error" not in base["run"]:
             p["vs_resident"] = {k: ratio(p["run"].get(k), base["run"].get(k)) for k in RATIO_KEYS}
-        plain = by.get((p["context"], p["concurrency"], "adaptive+base", rnd)) or \
+        plain = by.get((p["context"], p["concurrency"], SPEC_BASE, rnd)) or \
             by.get((p["context"], p["concurrency"], "adaptive", rnd))
-        if p["mode"].startswith("adaptive+") and p["mode"] != "adaptive+base" and plain and "error" not in p["run"] \
+        if p["mode"].startswith("adaptive+") and p["mode"] != SPEC_BASE and plain and "error" not in p["run"] \
                 and "error" not in plain["run"]:
             p["vs_adaptive"] = {"n_ratio": ratio(p["run"]["sessions"], plain["run"]["sessions"]),
                                 "tpot_ratio": ratio(p["run"]["tpot_p50_ms"], plain["run"]["tpot_p50_ms"]),
@@ -356,7 +386,8 @@ def pays(v):
 def summarize(rounds):
     """One point per (context, C, mode) over its rounds: ratios are the median of the rounds' own ratios, with
     [min, max] in `vs_resident_range`; `run` (every other figure) is the median round's (the round whose tokens/s ratio
-    to resident, or tokens/s where there is none, is the median); `exact_sample` sums the rounds'; `rounds` counts the
+    to resident, or tokens/s where there is none, is the median); `exact_sample` (and `exact_vs_adaptive`) sums the
+    rounds'; `rounds` counts the
     rounds that ran without an error. One round gives that round's point unchanged."""
     groups = {}
     for p in rounds:
@@ -386,10 +417,11 @@ def summarize(rounds):
         if spec:
             point["vs_adaptive"] = pays({k: median(v.get(k) for v in spec)
                                          for k in ("n_ratio", "tpot_ratio", "tps_ratio", "tpot_ratio_ex_proposer")})
-        exact = [p["exact_sample"] for p in group if p.get("exact_sample")]
-        if exact:
-            point["exact_sample"] = {"compared": sum(e["compared"] for e in exact),
-                                     "differ": sum(e["differ"] for e in exact)}
+        for field in ("exact_sample", "exact_vs_adaptive"):
+            exact = [p[field] for p in group if p.get(field)]
+            if exact:
+                point[field] = {"compared": sum(e["compared"] for e in exact),
+                                "differ": sum(e["differ"] for e in exact)}
         points.append(point)
     return points
 
@@ -472,6 +504,11 @@ def main():
                     "first context)")
     ap.add_argument("--spec-output-tokens", type=int, default=0, help="with --speculation: output tokens per session "
                     "(default --output-tokens)")
+    ap.add_argument("--spec-resident-sessions", type=float, default=0,
+                    help="with --speculation: size its budget so resident holds this many histories of the "
+                         "speculation's context (default: the main budget)")
+    ap.add_argument("--spec-hbm-budget", default="", help="with --speculation: its GPU KV budget, bytes (overrides "
+                    "--spec-resident-sessions)")
     ap.add_argument("--sample-every", type=int, default=2, help="exactness: every N-th session against resident")
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds: every sweep this many times, a round after another; ratios are taken within a round "
@@ -488,7 +525,7 @@ def main():
     if args.json:
         save(result, args.json)
     print_table(result)
-    bad = sum(p.get("exact_sample", {}).get("differ", 0) for p in result["points"])
+    bad = sum(p.get(f, {}).get("differ", 0) for p in result["points"] for f in ("exact_sample", "exact_vs_adaptive"))
     failed = [p for p in result["rounds"] if "error" in p["run"]]
     for p in failed:
         print(f"bench_prefix: FAILED L={p['context']} C={p['concurrency']} {p['mode']} round {p['round'] + 1}: "

@@ -93,10 +93,13 @@ SIZES = {
         # Issue 27 (the seed's regime): what fits this 2-core machine; docs/performance.md says what it is not.
         # dsv4flash-like: bench-wide's KV geometry (same rows, index keys, sources, k, window: the same bytes per
         # token, so the same memory regime) with a narrow hidden state, so 32K-token prefixes prefill in minutes.
+        # Speculation at 1K-token prefixes and 64 output tokens (the synthetic proposer catches up 64 tokens a round
+        # before it proposes) under a budget of 8 resident histories of that length, so that from C = 16 not every
+        # session fits and N_spec / N_base measures speculation's memory (its staging share).
         "prefix": dict(preset="dsv4flash-like", prefixes=1, contexts="4096,32768", concurrency="1,4,8,16,32,64",
                        sessions_per_c=2, suffix_tokens=16, output_tokens=8, resident_sessions=3, hbm_budget="",
-                       speculation=True, spec_concurrency="1,4,16,64", spec_context=256, spec_output_tokens=32,
-                       sample_every=2, repeats=2),
+                       speculation=True, spec_concurrency="4,16,32,64", spec_context=1024, spec_output_tokens=64,
+                       spec_resident_sessions=8, sample_every=2, repeats=2),
         # Issue 24 (tools/bench_prefix_sharing.py): the 200-request Mooncake slice at 1/16 of its lengths (32-token
         # blocks: two to a 64-row host page) and the prepared-prefix workload, sharing off against on, hisparse and
         # adaptive, every run --check-exact; the reclaim and worker-kill runs.
@@ -768,22 +771,45 @@ def plot_prefix_speculation(plt, pre, path):
 
 
 def prefix_series(pre, context, mode, key):
-    pts = sorted((p["concurrency"], p["run"].get(key, float("nan"))) for p in pre["points"]
+    """(C, median over rounds, min, max) of a figure of one (context, mode) per C, from every round's point (a
+    round's own figure, never another round's); C in increasing order. A result of one round gives its figures."""
+    rounds = pre.get("rounds") or pre["points"]
+    by = {}
+    for p in rounds:
+        if p["context"] == context and p["mode"] == mode and "error" not in p["run"]:
+            by.setdefault(p["concurrency"], []).append(p["run"].get(key, float("nan")))
+    cs = sorted(by)
+    return cs, [bench_prefix.median(by[c]) for c in cs], [bench_prefix.span(by[c]) for c in cs]
+
+
+def prefix_ratio_series(pre, context, mode, key):
+    """(C, median, [min, max]) of a figure's ratio to resident of the same round, per C: the tables' figure
+    (bench_prefix.summarize), never a ratio between two rounds' runs. Resident: 1.0."""
+    pts = sorted((p["concurrency"], p) for p in pre["points"]
                  if p["context"] == context and p["mode"] == mode and "error" not in p["run"])
-    return [c for c, _ in pts], [v for _, v in pts]
+    if mode == "resident":
+        return [c for c, _ in pts], [1.0] * len(pts), [[1.0, 1.0]] * len(pts)
+    pts = [(c, p) for c, p in pts if (p.get("vs_resident") or {}).get(key) is not None]
+    ys = [p["vs_resident"][key] for _, p in pts]
+    rng = [(p.get("vs_resident_range") or {}).get(key) or [y, y] for (_, p), y in zip(pts, ys)]
+    return [c for c, _ in pts], ys, rng
 
 
 def plot_prefix(plt, pre, path):
-    """Per context length: output tokens/s and sessions admitted against C for the three modes."""
+    """Per context length: output tokens/s as a ratio to resident (the median of the per-round ratios, bars from the
+    rounds' min to max) and sessions admitted (the median over rounds, bars min to max) against C for the three
+    modes. No figure of one round is set against another round's."""
     ctx = pre["contexts"]
     fig, axes = plt.subplots(2, len(ctx), figsize=(5 * len(ctx), 7), squeeze=False)
     for j, L in enumerate(ctx):
-        for i, (key, ylabel) in enumerate((("output_tokens_per_s", "output tokens/s"),
+        for i, (key, ylabel) in enumerate((("output_tokens_per_s", "output tokens/s / resident's (same round)"),
                                            ("sessions", "sessions admitted (max)"))):
             ax = axes[i][j]
             for m in MODES:
-                xs, ys = prefix_series(pre, L, m, key)
-                ax.plot(xs, ys, marker="o", label=m, color=COLORS[m])
+                series = prefix_ratio_series if i == 0 else prefix_series
+                xs, ys, rng = series(pre, L, m, key)
+                err = [[max(0.0, y - r[0]) for y, r in zip(ys, rng)], [max(0.0, r[1] - y) for y, r in zip(ys, rng)]]
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=m, color=COLORS[m])
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrency C")
             ax.set_ylabel(ylabel)
@@ -801,12 +827,14 @@ def plot_prefix(plt, pre, path):
 
 
 def plot_prefix_census(plt, pre, path):
-    """Per context: the host share of the census against C (hisparse, adaptive)."""
+    """Per context: the host share of the census against C (hisparse, adaptive): the median over rounds, bars from
+    min to max."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for L in pre["contexts"]:
         for m, style in (("hisparse", "-"), ("adaptive", "--")):
-            xs, ys = prefix_series(pre, L, m, "census_host")
-            ax.plot(xs, ys, style, marker="o", label=f"{m}, L={L}")
+            xs, ys, rng = prefix_series(pre, L, m, "census_host")
+            err = [[max(0.0, y - r[0]) for y, r in zip(ys, rng)], [max(0.0, r[1] - y) for y, r in zip(ys, rng)]]
+            ax.errorbar(xs, ys, yerr=err, fmt=style, marker="o", capsize=3, label=f"{m}, L={L}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency C")
     ax.set_ylabel("census: share of selected rows recovered from host")
@@ -840,7 +868,8 @@ def prefix_lines(fig, plots):
             + f"`exact`: sessions (every {pre['sample_every']}-th, in every round) whose tokens and logits digests "
             "equal resident's, of those compared. The census, reclaims, repopulated pages and host bytes per token are "
             "given as they are: resident has no census and none of the others (a ratio to 0). The host-device link is "
-            "modelled (pcie5), not measured.", ""]
+            "modelled (pcie5), not measured. Plots: tokens/s as the median of the per-round ratios to resident (bars: "
+            "the rounds' min and max), sessions and the census as the median over rounds (bars: min and max).", ""]
     for L in pre["contexts"]:
         first = [p for p in pre["points"] if p["context"] == L and p["mode"] in MODES and "error" not in p["run"]
                  and p["concurrency"] == min(pre["concurrency"])]
@@ -851,7 +880,8 @@ def prefix_lines(fig, plots):
                 "| C | mode | served | sessions | tok/s | tok/s vs res | sessions vs res | TPOT p50 ms | TPOT p99 ms | "
                 "TPOT p50 vs res | TPOT p99 vs res | alloc wait | alloc wait vs res | census direct / hot / host | "
                 "reclaims | repopulated | host B/token | prep s | in flight mean | exact |", "|" + "---|" * 20]
-        for p in sorted((p for p in pre["points"] if p["context"] == L), key=lambda p: (p["concurrency"], p["mode"])):
+        for p in sorted((p for p in pre["points"] if p["context"] == L and p["mode"] in MODES),
+                       key=lambda p: (p["concurrency"], p["mode"])):
             r, v, e = p["run"], p.get("vs_resident", {}), p.get("exact_sample", {})
             if "error" in r:
                 out.append(f"| {p['concurrency']} | {p['mode']} | FAILED: {r['error']} |" + " |" * 18)
@@ -884,27 +914,55 @@ def prefix_lines(fig, plots):
 
 
 def prefix_speculation_lines(pre):
-    """Issue 27's speculation table: each speculative point against adaptive at the same context and C."""
+    """Issue 27's speculation table: resident and plain adaptive at the speculation's settings (their sessions, TPOT
+    p50, tokens/s, exactness against resident), then each speculative point against adaptive at the same context and
+    C, with its exactness against resident at those settings and against plain adaptive."""
     spec = [p for p in pre["points"] if p.get("vs_adaptive")]
     if not spec:
         return []
+
+    def exact(e):
+        return f"{e['compared'] - e['differ']}/{e['compared']}" if e else "n/a"
+    budget = pre.get("spec_hbm_budget_bytes", pre.get("hbm_budget_bytes"))
+    sp = (pre.get("spec_planner") or {}).get("sessions_per_gpu") or {}
     out = ["### With speculation (adaptive; synthetic proposer at corruption 0.1, K = 4)", "",
-           "| context | C | config | sessions | N_spec/N_base | TPOT_spec/TPOT_base | tok/s vs adaptive | "
-           "acceptance length | pays | TPOT ratio without the proposer | pays without it | widths used |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"Prefix {pre.get('spec_context')} tokens, {pre.get('spec_output_tokens')} output tokens per session, "
+           f"GPU KV budget {budget} bytes (planner without a drafter's share: resident {sp.get('resident', 'n/a')}, "
+           f"hierarchical {sp.get('hierarchical', 'n/a')} sessions). The same sessions in every run; `exact vs "
+           "resident`: sampled sessions whose tokens and logits digests equal resident's at these settings "
+           "(`resident+base`), summed over rounds; `exact vs adaptive`: the same against plain adaptive.", "",
+           "| context | C | run | sessions | TPOT p50 ms | tok/s | exact vs resident |", "|---|---|---|---|---|---|---|"]
+    for p in sorted((p for p in pre["points"] if p["mode"] in ("resident+base", "adaptive+base")),
+                    key=lambda p: (p["context"], p["concurrency"], p["mode"])):
+        r = p["run"]
+        if "error" in r:
+            out.append(f"| {p['context']} | {p['concurrency']} | {p['mode']} | FAILED: {r['error']} | | | |")
+            continue
+        out.append(f"| {p['context']} | {p['concurrency']} | {p['mode']} | {r['sessions']} | {fmt(r['tpot_p50_ms'])} "
+                   f"| {fmt(r['output_tokens_per_s'])} | "
+                   f"{'(reference)' if p['mode'] == 'resident+base' else exact(p.get('exact_sample'))} |")
+    out += ["", "| context | C | config | sessions | N_spec/N_base | TPOT_spec/TPOT_base | tok/s vs adaptive | "
+            "acceptance length | pays | TPOT ratio without the proposer | pays without it | widths used | "
+            "exact vs resident | exact vs adaptive |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(spec, key=lambda p: (p["context"], p["concurrency"], p["mode"])):
         v, r = p["vs_adaptive"], p["run"]
         widths = " ".join(f"{k}:{n}" for k, n in sorted((r.get("block_width") or {}).items(),
                                                           key=lambda kv: int(kv[0])))
+
+        def verdict(yes, widths=widths):  # no speculative round verified (the median round): nothing to judge
+            return "no round" if not widths else "yes" if yes else "no"
         out.append(f"| {p['context']} | {p['concurrency']} | {p['mode'].split('+')[1]} | {r['sessions']} | "
                    f"{fmt(v['n_ratio'], 3)} | {fmt(v['tpot_ratio'], 3)} | {fmt(v['tps_ratio'], 3)} | "
-                   f"{fmt(r.get('acceptance_length_mean'))} | {'yes' if v.get('pays') else 'no'} | "
-                   f"{fmt(v.get('tpot_ratio_ex_proposer'), 3)} | {'yes' if v.get('pays_ex_proposer') else 'no'} | "
-                   f"{widths or 'n/a'} |")
-    out += ["", "TPOT ratio without the proposer: the synthetic proposer runs the target model for its proposals "
+                   f"{fmt(r.get('acceptance_length_mean'))} | {verdict(v.get('pays'))} | "
+                   f"{fmt(v.get('tpot_ratio_ex_proposer'), 3)} | {verdict(v.get('pays_ex_proposer'))} | "
+                   f"{widths or 'none'} | {exact(p.get('exact_sample'))} | {exact(p.get('exact_vs_adaptive'))} |")
+    out += ["", "Ratios: the median over rounds of each round's ratio to plain adaptive of the same round. TPOT ratio "
+            "without the proposer: the synthetic proposer runs the target model for its proposals "
             "(a stand-in for a drafter that accepts); its seconds (`proposer_s`) taken out of the window "
-            "(TPOT_spec x (elapsed - proposer_s) / elapsed). `widths used`: rounds per block width (K: rounds).",
-            ""]
+            "(TPOT_spec x (elapsed - proposer_s) / elapsed). `widths used`: rounds per block width (K: rounds); "
+            "`no round`: the run (its median round) verified no speculative round (the online width chose none), so "
+            "its ratios compare plain decoding with a staging reservation, not speculation.", ""]
     return out
 
 

@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "workerd/model/resident_kv_access.h"
+#include "workerd/model/step_profile.h"
 
 namespace dhs {
 namespace {
@@ -122,7 +123,11 @@ absl::Status Worker::Cancel(RequestId client_id, uint64_t client_identity, const
 
 absl::StatusOr<bool> Worker::Iterate() {
   clients_->ExpireOutputs(std::chrono::steady_clock::now());
-  agent_->Poll();
+  model::StepProfile* const profile = model::StepProfile::Get();  // issue 27: the loop's split (opt-in)
+  {
+    model::LoopTimer timer(profile, model::LoopPhase::kPoll);
+    agent_->Poll();
+  }
   FailDataLoss();  // issue 22: a populate found a changed host page
   for (RequestId id : book_.TakeGranted()) {  // each holds its own slot and residency plan: it starts at once
     if (admission_->Start(id)) continue;
@@ -131,7 +136,10 @@ absl::StatusOr<bool> Worker::Iterate() {
     if (absl::Status rebuilt = ReplayFed(r); !rebuilt.ok()) Finish(id, rebuilt);
   }
   if (absl::Status s = RunBatch(); !s.ok()) return s;
-  agent_->Poll();
+  {
+    model::LoopTimer timer(profile, model::LoopPhase::kPoll);
+    agent_->Poll();
+  }
   if (!agent_->link_status().ok()) return agent_->link_status();
   if (away_->away()) return last_batch_ > 0;  // paused requests wait for memd, not for the loop
   return book_.active() > 0 || agent_->busy();
@@ -184,7 +192,16 @@ std::vector<Worker::BatchItem> Worker::CollectBatch() {
       continue;
     }
     if (r.fed < import_end) {
-      if (absl::Status s = prefixes_->ImportChunk(r, *kv_); !s.ok()) {
+      if (model::StepProfile* profile = model::StepProfile::Get(); profile != nullptr) {  // issue 27 (opt-in)
+        {
+          model::LoopTimer timer(profile, model::LoopPhase::kImport);
+          s = prefixes_->ImportChunk(r, *kv_);
+        }
+        profile->ImportChunkEnd();
+      } else {
+        s = prefixes_->ImportChunk(r, *kv_);
+      }
+      if (!s.ok()) {
         failed.push_back(id);
         spdlog::warn("worker: request {} failed while importing its prefix: {}", id, s.ToString());
         continue;

@@ -75,5 +75,38 @@ TEST(StepProfileTest, OffUnlessTheEnvironmentAsksAndSplitsDecodeFromMixed) {
   PhaseTimer none(nullptr, StepPhase::kFetch);  // off: nothing to add to
 }
 
+// Issue 27 (admission split): the loop line counts prepared-prefix chunks and the loop's phases outside a step;
+// they are not part of any step's phases (the decode / mixed lines keep their values), and every StepEnd prints it
+// too. Values added exactly (Add), one timed by a real sleep (checked as a lower bound).
+TEST(StepProfileTest, LoopLineCountsImportChunksAndPhasesOutsideSteps) {
+  ::setenv("DHS_STEP_PROFILE", "1", 1);
+  StepProfile* profile = StepProfile::Get();
+  ASSERT_NE(profile, nullptr);
+  std::string kind;
+  const auto before = Fields(profile->LoopLine(), &kind);
+  EXPECT_EQ(kind, "loop");
+  const auto decode_before = Fields(profile->Line(true), &kind);
+  profile->Add(LoopPhase::kImport, 5'000'000);
+  profile->Add(LoopPhase::kImportAppend, 3'000'000);
+  profile->Add(LoopPhase::kImportKeys, 1'000'000);
+  profile->ImportChunkEnd();
+  profile->Add(LoopPhase::kImport, 2'000'000);
+  profile->ImportChunkEnd();
+  {
+    LoopTimer poll(profile, LoopPhase::kPoll);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto after = Fields(profile->LoopLine(), &kind);
+  EXPECT_EQ(after.at("import_chunks") - before.at("import_chunks"), 2);
+  EXPECT_DOUBLE_EQ(after.at("import_ms") - before.at("import_ms"), 7.0);
+  EXPECT_DOUBLE_EQ(after.at("import_append_ms") - before.at("import_append_ms"), 3.0);
+  EXPECT_DOUBLE_EQ(after.at("import_keys_ms") - before.at("import_keys_ms"), 1.0);
+  EXPECT_GE(after.at("poll_ms") - before.at("poll_ms"), 2.0);
+  EXPECT_GE(after.at("at_ms"), before.at("at_ms"));
+  // No step ran: the decode line is unchanged (the loop's phases are not a step's).
+  EXPECT_EQ(Fields(profile->Line(true), &kind), decode_before);
+  LoopTimer none(nullptr, LoopPhase::kPoll);  // off: nothing to add to
+}
+
 }  // namespace
 }  // namespace dhs::model

@@ -276,7 +276,8 @@ class PerfReportTest(unittest.TestCase):
                       doc)
         spec = table_row(doc, ["1024", "4", "online"])
         # ... and without the proposer's 2 of 5 s: 1.25 x 3 / 5 = 0.75 < N ratio 1.0: pays; widths by K
-        self.assertEqual(spec[3:], ["4", "1.000", "1.250", "0.900", "2.00", "no", "0.750", "yes", "2:1 4:3"])
+        self.assertEqual(spec[3:], ["4", "1.000", "1.250", "0.900", "2.00", "no", "0.750", "yes", "2:1 4:3", "4/4",
+                                    "n/a"])
         split = table_row(doc, ["1024", "4", "adaptive"])
         self.assertEqual(split[3:], ["10", "4.0", "5.00", "2.00", "1.00", "0.50", "0.10", "0.30"])
         for name in ("prefix_throughput", "prefix_census"):
@@ -313,6 +314,17 @@ class PerfReportTest(unittest.TestCase):
         self.assertEqual((res["round"], res["run"]["output_tokens_per_s"]), (0, 20.0))  # resident: median tokens/s
         self.assertEqual(ada["exact_sample"], {"compared": 12, "differ": 0})
         self.assertEqual(len(result["points"]), 7)  # one per (context, C, mode) whatever the rounds
+        # The plot's tokens/s ratio is the tables' (median of per-round ratios 1.2, bars [0.5, 1.5]), not the median
+        # rounds' tokens/s set against each other (adaptive's 12 / resident's 20 = 0.6).
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import perf_report
+        self.assertEqual(perf_report.prefix_ratio_series(result, 1024, "adaptive", "output_tokens_per_s"),
+                         ([1, 4], [ada1 := point[(1, "adaptive")]["vs_resident"]["output_tokens_per_s"], 1.2],
+                          [[ada1, ada1], [0.5, 1.5]]))
+        self.assertEqual(perf_report.prefix_ratio_series(result, 1024, "resident", "output_tokens_per_s")[1], [1.0, 1.0])
+        # a figure without a ratio: the median over rounds of each round's own figure (resident 20 / 40 / 10 -> 20)
+        self.assertEqual(perf_report.prefix_series(result, 1024, "resident", "output_tokens_per_s")[1:],
+                         ([10.0, 20.0], [[10.0, 10.0], [10.0, 40.0]]))
         fig = canned()
         fig["prefix"] = result
         doc = self.render(fig)
@@ -364,6 +376,115 @@ class PerfReportTest(unittest.TestCase):
             self.assertEqual(len(result["rounds"]), 18)
             with self.assertRaises(SystemExit):
                 bench_prefix.measure(args(0), log=io.StringIO())
+        finally:
+            bench_prefix.one_sweep, bench_prefix.plan = saved_sweep, saved_plan
+
+    def test_prefix_spec_exact_against_resident(self):
+        """check_exact: a speculative point's exact_sample comes from resident at the speculation's settings
+        (L<ctx>-resident-base.outputs.c<C>), its exact_vs_adaptive from plain adaptive's; adaptive+base is compared with
+        resident too; a differing output is counted. Here adaptive+base differs from resident in session 2 (tokens)
+        and the online run in session 0 (a logits digest), the schedule run equals resident everywhere."""
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import bench_prefix
+
+        def write(name, rows):
+            with open(os.path.join(self.dir, f"L256-{name}.outputs.c4"), "w") as f:
+                for i, (tokens, digests) in enumerate(rows):
+                    f.write(json.dumps({"trace_index": i, "served": True, "tokens": tokens,
+                                        "logits_digests": digests}) + "\n")
+        ref = [([1, 2], ["a", "b"]), ([3, 4], ["c", "d"]), ([5, 6], ["e", "f"]), ([7, 8], ["g", "h"])]
+        write("resident-base", ref)
+        write("adaptive-base", [r if i != 2 else ([5, 9], r[1]) for i, r in enumerate(ref)])
+        write("adaptive-online", [r if i != 0 else (r[0], ["a", "x"]) for i, r in enumerate(ref)])
+        write("adaptive-schedule", ref)
+
+        def check(mode, every=2):
+            point = {"context": 256, "concurrency": 4, "mode": mode, "round": 0}
+            bench_prefix.check_exact(point, self.dir, every)
+            return point.get("exact_sample"), point.get("exact_vs_adaptive")
+        self.assertEqual(check("adaptive+schedule"), ({"compared": 2, "differ": 0}, {"compared": 2, "differ": 1}))
+        self.assertEqual(check("adaptive+online"), ({"compared": 2, "differ": 1}, {"compared": 2, "differ": 2}))
+        self.assertEqual(check("adaptive+online", 3), ({"compared": 2, "differ": 1}, {"compared": 2, "differ": 1}))
+        self.assertEqual(check("adaptive+schedule", 3), ({"compared": 2, "differ": 0}, {"compared": 2, "differ": 0}))
+        self.assertEqual(check("adaptive+base"), ({"compared": 2, "differ": 1}, None))
+        self.assertEqual(check("resident+base"), (None, None))  # the reference itself
+        os.remove(os.path.join(self.dir, "L256-resident-base.outputs.c4"))
+        self.assertEqual(check("adaptive+schedule"), (None, {"compared": 2, "differ": 1}))  # no resident run: none
+        # Summed over rounds into the summary point; the speculation table shows both.
+        result = prefix_canned()
+        rounds = [dict(p) for p in result["rounds"]]
+        for rnd in (0, 1):
+            rounds.append({"context": 1024, "concurrency": 4, "mode": "adaptive+base", "round": rnd,
+                           "run": dict(result["rounds"][5]["run"]), "exact_sample": {"compared": 2, "differ": 0}})
+            rounds.append({"context": 1024, "concurrency": 4, "mode": "resident+base", "round": rnd,
+                           "run": dict(result["rounds"][3]["run"])})
+        for p in rounds:
+            if p["mode"] == "adaptive+online":
+                p.update(exact_sample={"compared": 2, "differ": 1}, exact_vs_adaptive={"compared": 2, "differ": 0})
+                rounds.append(dict(p, round=1, exact_sample={"compared": 2, "differ": 0}))
+                break
+        for rnd in (0, 1):  # a configuration that verified no speculative round: no verdict
+            rounds.append({"context": 1024, "concurrency": 4, "mode": "adaptive+schedule", "round": rnd,
+                           "run": dict(result["rounds"][5]["run"], sessions=3, block_width={}, proposer_s=0.0)})
+        result.update(rounds=rounds, spec_context=1024, spec_output_tokens=32, spec_hbm_budget_bytes=777,
+                      spec_planner={"sessions_per_gpu": {"resident": 2, "hierarchical": 5}})
+        del result["points"]
+        bench_prefix.analyse(result)
+        online = next(p for p in result["points"] if p["mode"] == "adaptive+online")
+        self.assertEqual((online["exact_sample"], online["exact_vs_adaptive"]),
+                         ({"compared": 4, "differ": 1}, {"compared": 4, "differ": 0}))
+        fig = canned()
+        fig["prefix"] = result
+        doc = self.render(fig)
+        doc = doc[doc.index("### With speculation"):]
+        self.assertIn("GPU KV budget 777 bytes (planner without a drafter's share: resident 2, hierarchical 5 sessions)",
+                      doc)
+        self.assertEqual(table_row(doc, ["1024", "4", "online"])[-2:], ["3/4", "4/4"])
+        # N 3 / 4 < TPOT 1.0, but no round was verified: "no round", not "yes" / "no"
+        self.assertEqual(table_row(doc, ["1024", "4", "schedule"])[3:12],
+                         ["3", "0.750", "1.000", "1.000", "n/a", "no round", "1.000", "no round", "none"])
+        self.assertEqual(table_row(doc, ["1024", "4", "adaptive+base"])[3:], ["4", "12.00", "30.00", "4/4"])
+        self.assertEqual(table_row(doc, ["1024", "4", "resident+base"])[-1], "(reference)")
+        # the main table keeps the three modes only
+        main = doc.split("### With speculation")[0]
+        self.assertNotIn("| 4 | adaptive+base |", main)
+
+    def test_prefix_measure_spec_budget(self):
+        """measure with --speculation: resident and plain adaptive run at the speculation's context, output length and
+        budget (--spec-resident-sessions R: R x the planner's resident bytes at that context), before the speculative
+        runs; the main sweeps keep the main budget."""
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import bench_prefix
+        from types import SimpleNamespace
+        calls = []
+
+        def sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_tokens=None):
+            calls.append((context, mode, tag, budget, output_tokens))
+            return {c: {"served": 2, "total": 2, "sessions": c, "output_tokens_per_s": 10.0, "tpot_p50_ms": 5.0,
+                        "tpot_p99_ms": 6.0, "elapsed_s": 1.0} for c in concs}
+
+        def plan(dhsctl, preset, context, budget=None, slots=None):
+            return {"resident_bytes_per_session": context * 10, "sessions_per_gpu": {}}
+        saved_sweep, saved_plan = bench_prefix.one_sweep, bench_prefix.plan
+        bench_prefix.one_sweep, bench_prefix.plan = sweep, plan
+        try:
+            args = SimpleNamespace(dhsctl="x", replay="x", preset="bench-wide", prefixes=1, contexts="1024",
+                                   concurrency="1,4", sessions_per_c=2, suffix_tokens=16, output_tokens=8,
+                                   resident_sessions=2, hbm_budget="", link_model="pcie5", speculation=True,
+                                   spec_concurrency="4", spec_context=512, spec_output_tokens=48,
+                                   spec_resident_sessions=1.5, spec_hbm_budget="", sample_every=2, repeats=1,
+                                   json="", append=False)
+            result = bench_prefix.measure(args, log=io.StringIO())
+            main = 2 * (1024 + 16 + 8) * 10
+            spec = int(1.5 * (512 + 16 + 48) * 10)
+            self.assertEqual(calls, [(1024, m, "", main, None) for m in bench_prefix.MODES] +
+                             [(512, "resident", "-base", spec, 48), (512, "adaptive", "-base", spec, 48),
+                              (512, "adaptive", "-schedule", spec, 48), (512, "adaptive", "-online", spec, 48)])
+            self.assertEqual((result["hbm_budget_bytes"], result["spec_hbm_budget_bytes"]), (main, spec))
+            del calls[:]
+            args.spec_hbm_budget = "999"
+            bench_prefix.measure(args, log=io.StringIO())
+            self.assertEqual({b for c, m, t, b, o in calls if c == 512}, {999})
         finally:
             bench_prefix.one_sweep, bench_prefix.plan = saved_sweep, saved_plan
 
@@ -499,6 +620,19 @@ class PerfReportTest(unittest.TestCase):
         self.assertEqual((w["steps"], w["fetch_ms"]), (1, 2.0))
         self.assertIsNone(bench_prefix.window_profile(lines, 10.0, 50.0))  # no step ended by the window's end
         self.assertIsNone(bench_prefix.window_profile([], 0.0, 1.0))
+        # the other kinds of line: mixed steps and the loop's admission split, each windowed alike
+        with open(log, "a") as f:
+            f.write("step profile: loop import_chunks 2 import_ms 4 import_append_ms 3 import_keys_ms 1 poll_ms 0.5 "
+                    "at_ms 120\n")
+            f.write("step profile: loop import_chunks 6 import_ms 10 import_append_ms 7 import_keys_ms 2 poll_ms 0.7 "
+                    "at_ms 300\n")
+        loop = bench_prefix.read_step_profile(log, "loop")
+        self.assertEqual(len(loop), 2)
+        self.assertEqual(bench_prefix.window_profile(loop, 150.0, 350.0),
+                         {"import_chunks": 4, "import_ms": 6, "import_append_ms": 4, "import_keys_ms": 1,
+                          "poll_ms": 0.7 - 0.5})
+        self.assertEqual(len(bench_prefix.read_step_profile(log, "mixed")), 4)
+        self.assertEqual(len(bench_prefix.read_step_profile(log)), len(lines))  # decode lines only, as before
 
     def test_plots_written_and_linked(self):
         doc = self.render(canned())

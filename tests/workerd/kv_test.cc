@@ -619,6 +619,49 @@ std::vector<float> OriginalKeys(Position t, uint32_t i, size_t n) {
   return k;
 }
 
+// Issue 27: the keys of many positions in ONE StoreIndexKeys call (a prepared prefix's imported block, as
+// Model::ImportRows passes them) land where position-by-position calls put them: each position's key at
+// KeyInPage(indexer, row) of its own planned host page, across page boundaries and from a mid-page start; positions
+// of unplanned pages are skipped; while host writes are paused nothing is written until ResumeHostWrites, which
+// writes the same bytes. (It guards a per-page-run variant of StoreIndexKeys, tried and not kept: no gain measured.)
+TEST(Kv, IndexKeysOfManyPositionsInOneCallLandPerPage) {
+  KvConfig c = SmallConfig();  // 4 rows per page
+  c.key_bytes = {8, 12};       // 2 and 3 floats
+  const std::vector<size_t> floats = {2, 3};
+  for (const bool paused : {false, true}) {
+    SCOPED_TRACE(paused ? "paused" : "live");
+    Harness h(c, 12);
+    const std::vector<PageIndex> plan = {5, 2, 9};  // pages 0..2 planned; page 3 is not
+    ASSERT_TRUE(h.kv->PlanResidency(1, 0, plan, {}).ok());
+    ASSERT_TRUE(h.AppendAll(1, 0).ok());
+    if (paused) h.kv->PauseHostWrites();
+    const std::vector<uint8_t> before = h.host;
+    for (uint32_t i = 0; i < 2; ++i) {  // positions 1 .. 14 (pages 0 .. 3) in one call per indexer
+      std::vector<float> all;
+      for (Position t = 1; t <= 14; ++t) {
+        const std::vector<float> k = OriginalKeys(t, i, floats[i]);
+        all.insert(all.end(), k.begin(), k.end());
+      }
+      ASSERT_TRUE(h.kv->StoreIndexKeys(1, i, 1, all).ok());
+    }
+    if (paused) {
+      EXPECT_EQ(h.host, before);  // held, not written
+      ASSERT_TRUE(h.kv->ResumeHostWrites().ok());
+    }
+    std::vector<uint8_t> expected = before;  // position by position, computed from the layout's formula
+    const uint64_t hpb = h.layout.host_page_bytes();
+    for (Position t = 1; t <= 14; ++t) {
+      if (t / 4 >= static_cast<Position>(plan.size())) continue;
+      for (uint32_t i = 0; i < 2; ++i) {
+        const std::vector<float> want = OriginalKeys(t, i, floats[i]);
+        const uint64_t at = plan[t / 4] * hpb + 4u * (16 + 24 + 8) + (i == 0 ? 0 : 4u * 8) + (t % 4) * c.key_bytes[i];
+        std::memcpy(expected.data() + at, want.data(), c.key_bytes[i]);
+      }
+    }
+    EXPECT_EQ(h.host, expected);
+  }
+}
+
 // Resume from host KV (issue 11): a host page is the payload rows (GPU page layout) FOLLOWED by the positions' index
 // keys, indexer by indexer. StoreIndexKeys writes each position's keys into its planned host page at
 // page_bytes + p * (keys of earlier indexers) + row * key bytes, and the page's backup leaves them intact. A second

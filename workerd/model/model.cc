@@ -274,6 +274,8 @@ absl::Status Model::ImportRows(ModelSession& session, uint32_t tokens, std::span
   // before the next, so its backup is issued before the tail slot is needed again (a block may be longer than the
   // tail). Without a run length, position by position.
   const uint32_t run = std::max<uint32_t>(kv.AppendRunRows(), 1);
+  StepProfile* const profile = StepProfile::Get();  // issue 27: the admission's split (opt-in)
+  std::optional<LoopTimer> append_timer(std::in_place, profile, LoopPhase::kImportAppend);
   for (uint32_t j = 0; j < tokens;) {
     const Position at = n + static_cast<Position>(j);  // runs aligned to multiples of `run` in position
     const auto len = static_cast<uint32_t>(std::min<Position>(tokens - j, run - at % run));
@@ -288,6 +290,8 @@ absl::Status Model::ImportRows(ModelSession& session, uint32_t tokens, std::span
     }
     j += len;
   }
+  append_timer.reset();
+  LoopTimer keys_timer(profile, LoopPhase::kImportKeys);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status st = kv.StoreIndexKeys(session.request_, static_cast<uint32_t>(i), n, keys[i]); !st.ok()) {
       session.broken_ = true;

@@ -33,8 +33,25 @@ void StepProfile::StepEnd(int64_t queries, int64_t requests) {
   for (int p = 0; p < static_cast<int>(StepPhase::kCount); ++p) t.phase_ns[p] += step_ns_[p];
   ++t.steps;
   t.queries += queries;
-  std::fprintf(stderr, "%s\n", Line(queries == requests).c_str());  // a few µs against a step of milliseconds
+  std::fprintf(stderr, "%s\n%s\n", Line(queries == requests).c_str(), LoopLine().c_str());  // a few µs a step
   std::fflush(stderr);
+}
+
+void StepProfile::ImportChunkEnd() {
+  ++import_chunks_;
+  std::fprintf(stderr, "%s\n", LoopLine().c_str());
+  std::fflush(stderr);
+}
+
+std::string StepProfile::LoopLine() const {
+  auto ms = [&](LoopPhase p) { return static_cast<double>(loop_ns_[static_cast<int>(p)]) / 1e6; };
+  return absl::StrFormat(
+      "step profile: loop import_chunks %d import_ms %.3f import_append_ms %.3f import_keys_ms %.3f poll_ms %.3f "
+      "at_ms %.3f",
+      import_chunks_, ms(LoopPhase::kImport), ms(LoopPhase::kImportAppend), ms(LoopPhase::kImportKeys),
+      ms(LoopPhase::kPoll),
+      static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count()) / 1e6);
 }
 
 std::string StepProfile::Line(bool decode) const {
