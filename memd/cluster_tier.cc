@@ -119,6 +119,27 @@ void ClusterTier::Offer(const PageGeometry& geometry, const PrefixAddress& addre
   cv_.notify_all();
 }
 
+void ClusterTier::OfferSession(const PageGeometry& geometry, std::string_view tenant, uint64_t session, uint32_t page,
+                               uint64_t digest, std::span<const uint8_t> bytes) {
+  const std::string session_id = absl::StrCat(session);
+  PublishItem item;
+  item.key = SessionPageKey(GeometryFingerprint(geometry), tenant, session_id, digest, page);
+  item.ttl_ms = options_.keys.session_ttl_ms;
+  if (absl::Status s = EncodePageValue(
+          geometry, PageIdentity{PageValueKind::kSession, SessionHash(tenant, session_id), digest}, bytes, &item.value);
+      !s.ok()) {
+    ++encode_failures_;
+    DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: session {} page {} not published: {}", session, page,
+                    s.ToString());
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.Offer(std::move(item), NowUs());
+  }
+  cv_.notify_all();
+}
+
 std::vector<std::optional<ClusterPage>> ClusterTier::Lookup(const PageGeometry& geometry,
                                                             std::span<const PrefixAddress> addresses) {
   if (addresses.empty()) return {};

@@ -835,6 +835,7 @@ absl::StatusOr<std::string> Daemon::OnReadyPublish(const wire::ReadyPublishT& r,
 
 absl::StatusOr<std::string> Daemon::OnComplete(const wire::CompleteT& c, const Message& m, std::string_view peer) {
   if (absl::Status s = CheckRequestPeer(peer, c.request, "Complete"); !s.ok()) return s;
+  if (cluster_ && !c.session_page_digests.empty()) PublishSessionPages(c);  // issue 26: before the event frees them
   if (absl::Status s = core_->Complete(c.request); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Complete: ", s.message()));
   }
@@ -978,6 +979,25 @@ void Daemon::PublishClusterPages() {
     absl::StatusOr<uint8_t*> data = segment_->PageData(p.host_page);
     if (!data.ok()) continue;  // the core's page: never out of range
     cluster_->Offer(*geometry, p.address, {*data, static_cast<size_t>(options_.page_bytes)});
+  }
+}
+
+void Daemon::PublishSessionPages(const wire::CompleteT& c) {
+  const RequestRecord* record = records_.Find(c.request);
+  if (record == nullptr || record->session == 0) return;  // no session named (or no record kept): nothing to publish
+  const std::optional<GpuId> gpu = core_->GpuOfRequest(c.request);
+  const std::vector<SessionPublishPage> pages = core_->SessionPages(c.request, c.session_page_digests);
+  if (!gpu || pages.empty()) return;
+  const std::optional<PageGeometry> geometry = GeometryOf(*gpu);
+  if (!geometry) {
+    cluster_->CountMiss(ClusterMiss::kNoGeometry, pages.size());
+    return;
+  }
+  for (const SessionPublishPage& p : pages) {
+    absl::StatusOr<uint8_t*> data = segment_->PageData(p.host_page);
+    if (!data.ok()) continue;  // the core's page: never out of range
+    cluster_->OfferSession(*geometry, record->tenant, record->session, p.page, p.digest,
+                           {*data, static_cast<size_t>(options_.page_bytes)});
   }
 }
 

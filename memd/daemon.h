@@ -271,6 +271,10 @@ class Daemon {
   std::optional<PageGeometry> GeometryOf(GpuId gpu) const;
   // The pages confirmed shared since the last call, offered to the write-behind queue (their bytes read from the pool).
   void PublishClusterPages();
+  // Issue 26, sessions: at the Complete `c` of a finished turn with a session (its record's) and page digests, its
+  // history pages with confirmed host copies (ResidencyManager::SessionPages) are offered to the cluster tier under
+  // the session key; before the Complete event, which frees them.
+  void PublishSessionPages(const wire::CompleteT& c);
   // Before an admission's grant decision: its pages the host tier lacks asked of the store (the lookup deadline);
   // the ones found and checked copied into reusable host pages and stored as cached shared pages
   // (ResidencyManager::ImportClusterPages), so the grant takes them as host hits. Every failure is a counted miss.

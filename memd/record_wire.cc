@@ -19,6 +19,7 @@ std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRe
   w->tokens = r.tokens;
   w->logits_digests = r.digests;
   w->tenant = r.tenant;
+  w->session = r.session;  // issue 26
   w->chain_block_ids = r.chain_ids;  // issue 24
   w->chain_block_digests = r.chain_digests;
   w->chain_block_tokens = r.chain_block_tokens;
@@ -42,6 +43,7 @@ RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
   r.tokens = w.tokens;
   r.digests = w.logits_digests;
   r.tenant = w.tenant;
+  r.session = w.session;  // issue 26
   r.chain_ids = w.chain_block_ids;  // issue 24
   r.chain_digests = w.chain_block_digests;
   r.chain_block_tokens = w.chain_block_tokens;

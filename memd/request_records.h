@@ -47,6 +47,8 @@ struct RequestRecord {
   // page rows, filled by memd: a memd restart gives the adopted request its shared prefix pages back.
   std::vector<uint64_t> chain_ids, chain_digests;
   uint32_t chain_block_tokens = 0, chain_page_rows = 0;
+  // Issue 26: SubmitRequest.session (0 = none): the session its finished turn's pages are published under.
+  uint64_t session = 0;
 
   // Bytes the record holds (the bounded quantity): prompt + 8 * hash_ids + tenant + 16 * chain blocks + 9 * tokens.
   uint64_t bytes() const {

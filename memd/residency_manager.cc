@@ -1195,6 +1195,13 @@ StateDump ResidencyManager::Dump(const DumpScope& scope) const {
   return core::DumpOf(state_, *policy_, prefix_, scope);
 }
 
+std::vector<SessionPublishPage> ResidencyManager::SessionPages(RequestId request,
+                                                              std::span<const uint64_t> digests) const {
+  auto it = state_.requests.find(request);
+  if (it == state_.requests.end()) return {};
+  return SessionPagesToPublish(it->second, digests);
+}
+
 std::optional<GpuId> ResidencyManager::GpuOfRequest(RequestId request) const {
   auto it = state_.requests.find(request);
   return it == state_.requests.end() ? std::nullopt : std::optional<GpuId>(it->second.gpu);

@@ -59,6 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/types.h"
+#include "memd/cluster_sessions.h"
 #include "memd/core_state.h"
 #include "memd/gpu_page_table.h"
 #include "memd/history_page.h"
@@ -236,6 +237,10 @@ class ResidencyManager {
   absl::Status ImportClusterPages(std::span<const ClusterImport> pages);
   // The pages confirmed shared since the last drain (PrefixSharing::DrainClusterPublish).
   std::vector<ClusterPublishPage> DrainClusterPublish() { return prefix_.DrainClusterPublish(); }
+  // Issue 26, sessions: the history pages of request `request` to publish under its session at its Complete
+  // (memd/cluster_sessions.h SessionPagesToPublish, `digests` = Complete.session_page_digests); empty for an unknown
+  // request. Nothing changes: the daemon reads the pages' bytes before the Complete event frees them.
+  std::vector<SessionPublishPage> SessionPages(RequestId request, std::span<const uint64_t> digests) const;
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
   uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }
   // True when `gpu` was registered and is fenced now (no page accounting until it registers again).

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/fault_point.h"
+#include "common/session_digest.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -38,6 +39,12 @@ absl::Status AdmissionDesk::SendAdmit(const WorkerRequest& r) {
   admit.resume_of = r.resume_of;
   admit.record = RecordOf(*r.life, r.out.generated, r.out.digests);
   SetPrefixChain(r, config.mode, admit);  // issue 24: memd grants the shared pages of its complete blocks
+  // Issue 26 (sessions across nodes): its session and the digests of its prompt's complete pages (resident mode
+  // holds no host pages: nothing to look up).
+  if (config.mode != WorkerMode::kResident && r.life->submit.session != 0) {
+    admit.session = r.life->submit.session;
+    admit.session_page_digests = SessionPageDigests(std::span<const model::Token>(r.input), config.page_rows);
+  }
   if (absl::Status s = p_.memd->SendAdmitRequest(admit); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
   }

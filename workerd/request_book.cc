@@ -55,6 +55,7 @@ std::unique_ptr<wire::RequestRecordT> RecordOf(const RequestLife& life, std::spa
   rec->hash_ids = submit.hash_ids;
   rec->input_tokens = submit.input_tokens;
   rec->prefix_block_tokens = submit.prefix_block_tokens;
+  rec->session = submit.session;  // issue 26: a resumed turn still publishes under its session
   rec->tenant = submit.tenant;  // issue 24: a resume names its chain under its own tenant
   rec->max_new_tokens = submit.max_new_tokens;
   rec->temperature = submit.temperature;
@@ -74,6 +75,7 @@ wire::SubmitRequestT SubmitOfRecord(const wire::RequestRecordT& rec) {
   s.input_tokens = rec.input_tokens;
   s.prefix_block_tokens = rec.prefix_block_tokens;
   s.tenant = rec.tenant;
+  s.session = rec.session;  // issue 26
   s.max_new_tokens = rec.max_new_tokens;
   s.temperature = rec.temperature;
   s.top_p = rec.top_p;

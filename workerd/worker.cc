@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/fault_point.h"
 #include "common/log_limiter.h"
+#include "common/session_digest.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "workerd/model/resident_kv_access.h"
@@ -427,7 +428,15 @@ void Worker::Finish(RequestId id, absl::Status error) {
   clients_->ReportEnd(r, error);
   // A finished request's final chunk may still be queued in this process (the client outbox, ZeroMQ's queue): memd
   // keeps its output past the Complete, for the next worker should this one die first (README.md "Restart").
-  agent_->EndRequest(id, CompleteOf(r, error));  // copies memd would free pages under end first; KV released; Complete
+  wire::CompleteT complete = CompleteOf(r, error);
+  // Issue 26 (sessions across nodes): a turn that finished with a session names its complete history pages (the
+  // tokens fed: input, then generated but the last) so that memd publishes them under its session.
+  if (complete.keep_output && config_.mode != WorkerMode::kResident && r.life->submit.session != 0) {
+    std::vector<model::Token> fed = r.Tokens();
+    fed.resize(std::min(fed.size(), static_cast<size_t>(r.fed)));
+    complete.session_page_digests = SessionPageDigests(std::span<const model::Token>(fed), config_.page_rows);
+  }
+  agent_->EndRequest(id, std::move(complete));  // copies memd would free pages under end first; KV released; Complete
   EraseRequest(requests_, book_, it, /*completed=*/true);  // a waiting one's grant may cross the Complete
 }
 

@@ -304,6 +304,15 @@ class ReplayRun {
     client_options_.prepared_prefix = options.prepared_prefix || options.prefix_workload.on();
     client_options_.tenant = options.tenant;  // issue 24
     client_options_.tenants = options.tenants;
+    // Issue 26: each request's session (tools/replay/sessions.h), by trace index, sent in its SubmitRequest.
+    const std::vector<SessionTurn> turns = DeriveSessions(trace);
+    for (size_t i = 0; i < turns.size() && i < trace.requests.size(); ++i) {
+      const int64_t index = trace.requests[i].index;
+      if (index < 0) continue;
+      auto& of = client_options_.session_of;
+      if (static_cast<size_t>(index) >= of.size()) of.resize(static_cast<size_t>(index) + 1, -1);
+      of[static_cast<size_t>(index)] = turns[i].session;
+    }
     client_options_.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
     if (faults && options.reattach_timeout_ms == 0) client_options_.reattach_timeout = kFaultReattachTimeout;
     driver_options_.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);

@@ -67,6 +67,7 @@ absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
     if (request.prompt.block_tokens > 0) body.prefix_block_tokens = static_cast<uint32_t>(request.prompt.block_tokens);
   }
   body.tenant = RequestTenant(options_, request.prompt.trace_index);
+  body.session = RequestSession(options_, request.prompt.trace_index);  // issue 26
   body.max_new_tokens = static_cast<uint32_t>(request.max_new_tokens);
   body.temperature = request.sampling.greedy ? 0.0f : static_cast<float>(request.sampling.temperature);
   body.top_p = 1.0f;
@@ -389,6 +390,12 @@ absl::Status ZmqNodeClient::SampleMemd() {
     ++host_samples_;
   }
   return absl::OkStatus();
+}
+
+uint64_t RequestSession(const ZmqNodeClientOptions& options, int64_t trace_index) {
+  if (trace_index < 0 || static_cast<size_t>(trace_index) >= options.session_of.size()) return 0;
+  const int64_t session = options.session_of[static_cast<size_t>(trace_index)];
+  return session < 0 ? 0 : static_cast<uint64_t>(session) + 1;
 }
 
 std::string RequestTenant(const ZmqNodeClientOptions& options, int64_t trace_index) {

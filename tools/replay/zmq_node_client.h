@@ -51,7 +51,14 @@ struct ZmqNodeClientOptions {
   // tenants>" (RequestTenant). The prefix block size is sent with prompt bytes too (the worker derives the chain).
   std::string tenant;
   int64_t tenants = 1;
+  // Issue 26 (sessions across nodes): the session of each trace index (tools/replay/sessions.h SessionTurn::session,
+  // the trace index of the session's first turn), sent as SubmitRequest.session = session + 1 (RequestSession; 0
+  // means none on the wire). Empty, an index past its end or a negative entry: no session sent.
+  std::vector<int64_t> session_of;
 };
+
+// SubmitRequest.session of the request at `trace_index` under `options` (see ZmqNodeClientOptions::session_of).
+uint64_t RequestSession(const ZmqNodeClientOptions& options, int64_t trace_index);
 
 // The tenant of the request at `trace_index` under `options` (see ZmqNodeClientOptions::tenant).
 std::string RequestTenant(const ZmqNodeClientOptions& options, int64_t trace_index);

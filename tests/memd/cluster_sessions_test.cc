@@ -1,0 +1,64 @@
+// Issue 26 (sessions across nodes): memd/cluster_sessions.h, which pages of a finished turn are published under its
+// session.
+#include "memd/cluster_sessions.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dhs::memd {
+namespace {
+
+HistoryPage Page(HistoryState state, PageIndex host_page, uint64_t checksum) {
+  HistoryPage p;
+  p.state = state;
+  p.host_page = host_page;
+  p.checksum = checksum;
+  return p;
+}
+
+TEST(SessionPagesTest, HisparseTurnPublishesEveryConfirmedPage) {
+  core::Request r;
+  for (uint32_t h = 0; h < 4; ++h) r.history.push_back(Page(HistoryState::kHost, 100 + h, 1000 + h));
+  r.history.push_back(Page(HistoryState::kHostPending, 104, 0));  // still in the worker's tail: not confirmed
+  const std::vector<uint64_t> digests = {11, 22, 33, 44, 55};
+  const std::vector<SessionPublishPage> out = SessionPagesToPublish(r, digests);
+  ASSERT_EQ(out.size(), 4u);
+  for (uint32_t h = 0; h < 4; ++h) {
+    EXPECT_EQ(out[h].page, h);
+    EXPECT_EQ(out[h].host_page, 100 + h);
+    EXPECT_EQ(out[h].checksum, 1000 + h);
+    EXPECT_EQ(out[h].digest, digests[h]);
+  }
+}
+
+TEST(SessionPagesTest, AdaptiveTurnPublishesOnlyBackedUpPages) {
+  core::Request r;
+  r.history = {Page(HistoryState::kGpuAndHost, 7, 70), Page(HistoryState::kGpu, 8, 0),
+               Page(HistoryState::kPopulating, 9, 90), Page(HistoryState::kGpuDeferred, 10, 0),
+               Page(HistoryState::kLost, 11, 0), Page(HistoryState::kHost, 12, 120)};
+  const std::vector<SessionPublishPage> out = SessionPagesToPublish(r, std::vector<uint64_t>{1, 2, 3, 4, 5, 6});
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].page, 0u);
+  EXPECT_EQ(out[1].page, 2u);
+  EXPECT_EQ(out[2].page, 5u);
+  EXPECT_EQ(out[2].host_page, 12u);
+  EXPECT_EQ(out[2].digest, 6u);
+}
+
+TEST(SessionPagesTest, SkipsPrefixPagesPagesWithoutChecksumAndPagesWithoutDigest) {
+  core::Request r;
+  for (uint32_t h = 0; h < 6; ++h) r.history.push_back(Page(HistoryState::kHost, h, h == 3 ? 0 : 50 + h));
+  r.prefix.resize(2);  // pages 0 and 1 are shareable prefix pages: found under their prefix key
+  // Page 3 has no known checksum (never imported anywhere); page 5 has no digest (the worker named 5 pages).
+  const std::vector<SessionPublishPage> out = SessionPagesToPublish(r, std::vector<uint64_t>{1, 2, 3, 4, 5});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].page, 2u);
+  EXPECT_EQ(out[1].page, 4u);
+  EXPECT_TRUE(SessionPagesToPublish(r, {}).empty());  // a Complete without digests publishes nothing
+  core::Request none;
+  EXPECT_TRUE(SessionPagesToPublish(none, std::vector<uint64_t>{1, 2}).empty());  // more digests than pages
+}
+
+}  // namespace
+}  // namespace dhs::memd
