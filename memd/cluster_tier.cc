@@ -126,7 +126,7 @@ void ClusterTier::OfferSession(const PageGeometry& geometry, std::string_view te
   item.key = SessionPageKey(GeometryFingerprint(geometry), tenant, session_id, digest, page);
   item.ttl_ms = options_.keys.session_ttl_ms;
   if (absl::Status s = EncodePageValue(
-          geometry, PageIdentity{PageValueKind::kSession, SessionHash(tenant, session_id), digest}, bytes, &item.value);
+          geometry, PageIdentity{PageValueKind::kSession, digest, SessionHash(tenant, session_id)}, bytes, &item.value);
       !s.ok()) {
     ++encode_failures_;
     DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: session {} page {} not published: {}", session, page,

@@ -74,8 +74,8 @@ class ClusterTier {
   void Offer(const PageGeometry& geometry, const PrefixAddress& address, std::span<const uint8_t> page);
   // Issue 26, sessions: a finished turn's history page `page` (its confirmed host copy's bytes, as Offer) to publish
   // under the session key (memd/cluster_keys.h SessionPageKey: tenant, session id in decimal, `digest` as <chain>,
-  // page) with the session TTL; the value's identity is (kSession, SessionHash(tenant, session id), digest). Counted
-  // in the queue's offers like a prefix page; never blocks.
+  // page) with the session TTL; the value's identity is (kSession, key `digest`, content SessionHash(tenant,
+  // session id)). Counted in the queue's offers like a prefix page; never blocks.
   void OfferSession(const PageGeometry& geometry, std::string_view tenant, uint64_t session, uint32_t page,
                     uint64_t digest, std::span<const uint8_t> bytes);
   // Looks `addresses` up (one batch, the lookup deadline) and checks each value against `geometry`: one answer per
