@@ -408,7 +408,8 @@ def main():
                 t.join()
             wait_until(lambda: all(cluster_stats(dhsctl, n).get("queue_depth", 1) == 0 for n in (p_node, q_node)), 10)
             cp, cq = cluster_stats(dhsctl, p_node), cluster_stats(dhsctl, q_node)
-            keys = [k for k in redis.cli("KEYS", "dhs1:*").split() if k]
+            # Prefix pages only: the finished turns' session pages (dhs-replay sends sessions) are not looked up.
+            keys = [k for k in redis.cli("KEYS", "dhs1:*:p:*").split() if k]
             print(f"FIGURE two nodes at once: P published {cp.get('published')}, Q {cq.get('published')}, imported "
                   f"{cp.get('imported')} / {cq.get('imported')}; {len(keys)} keys in the store", flush=True)
             if cp.get("published", 0) + cq.get("published", 0) < len(keys) or not keys:
