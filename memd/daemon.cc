@@ -984,9 +984,15 @@ void Daemon::PublishClusterPages() {
 
 void Daemon::PublishSessionPages(const wire::CompleteT& c) {
   const RequestRecord* record = records_.Find(c.request);
-  if (record == nullptr || record->session == 0) return;  // no session named (or no record kept): nothing to publish
+  if (record == nullptr || record->session == 0) {  // no session named (or no record kept): nothing to publish
+    spdlog::debug("memd: Complete of request {}: {} session page digests but no session", c.request,
+                  c.session_page_digests.size());
+    return;
+  }
   const std::optional<GpuId> gpu = core_->GpuOfRequest(c.request);
   const std::vector<SessionPublishPage> pages = core_->SessionPages(c.request, c.session_page_digests);
+  spdlog::debug("memd: Complete of request {}: session {}, {} page digests, {} pages to publish", c.request,
+                record->session, c.session_page_digests.size(), pages.size());
   if (!gpu || pages.empty()) return;
   const std::optional<PageGeometry> geometry = GeometryOf(*gpu);
   if (!geometry) {
