@@ -8,7 +8,7 @@ under dhs1:<space>:s:{<session>}:<chain>:<page>.
 Checked: every output equals a resident run; node A's store holds session keys (more than none, at most the number of
 complete history pages beyond the prefix pages the trace allows), each a value of kind session whose header names the
 key's <chain> as its key, whose payload is the header's payload bytes; every key of the store was published by A
-(prefix + session keys = A's published count); one hash tag per session at most; the host pool clean; node B on the
+(prefix + session keys = A's published count); no more session hash tags than requests; the host pool clean; node B on the
 same store serves the trace exact. (The lookup of session pages at a next turn's admission is not built yet:
 docs/cluster_tier.md "Not yet".)
 Usage: cluster_sessions_test.py DHS_NODE DHS_REPLAY DHSCTL"""
