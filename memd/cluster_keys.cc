@@ -18,8 +18,11 @@ std::string PrefixPageKey(uint64_t space, uint64_t address_key) {
 
 std::string SessionPageKey(uint64_t space, std::string_view tenant, std::string_view session_id, uint64_t chain,
                            uint32_t page) {
-  return absl::StrFormat("%s:%016x:s:{%016x}:%016x:%d", kClusterKeyVersion, space, SessionHash(tenant, session_id),
-                         chain, page);
+  return SessionPageKey(space, SessionHash(tenant, session_id), chain, page);
+}
+
+std::string SessionPageKey(uint64_t space, uint64_t session_hash, uint64_t chain, uint32_t page) {
+  return absl::StrFormat("%s:%016x:s:{%016x}:%016x:%d", kClusterKeyVersion, space, session_hash, chain, page);
 }
 
 }  // namespace dhs::memd

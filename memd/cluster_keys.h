@@ -49,5 +49,8 @@ uint64_t SessionHash(std::string_view tenant, std::string_view session_id);
 std::string PrefixPageKey(uint64_t space, uint64_t address_key);
 std::string SessionPageKey(uint64_t space, std::string_view tenant, std::string_view session_id, uint64_t chain,
                            uint32_t page);
+// The same key from the session hash (SessionHash(tenant, session id)): what a lookup by a session address
+// (memd/prefix_pages.h PrefixAddress::session) names.
+std::string SessionPageKey(uint64_t space, uint64_t session_hash, uint64_t chain, uint32_t page);
 
 }  // namespace dhs::memd

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "common/types.h"
 #include "memd/core_state.h"
+#include "memd/prefix_pages.h"
 
 namespace dhs::memd {
 
@@ -28,10 +30,32 @@ struct SessionPublishPage {
 // page h < min(digests.size(), r.history.size()) that
 // - holds a confirmed complete host copy (kHost, kPopulating, kGpuAndHost: a hisparse request's confirmed pages, an
 //   adaptive request's backed-up ones) with a known checksum (a page without one is never imported anywhere), and
-// - is not one of its shareable prefix pages (h >= r.prefix.size()): those are published and found under their prefix
-//   key (the content-addressed tier), so the session key would only store them twice.
+// - is not one of its shareable prefix pages (r.prefix[h] a block-chain address): those are published and found under
+//   their prefix key (the content-addressed tier), so the session key would only store them twice, and
+// - is not a shared page r holds (`held(h)` true: a page it was granted from the host tier, e.g. a session page an
+//   earlier turn published and this node imported: the store has it under the same key already).
 // `digests[h]` is Complete.session_page_digests[h]. Pages in the worker's tail (kHostPending), on GPU only or lost
-// are not published: the next turn recomputes them.
-std::vector<SessionPublishPage> SessionPagesToPublish(const core::Request& r, std::span<const uint64_t> digests);
+// are not published: the next turn recomputes them. `held` may be empty (nothing held).
+std::vector<SessionPublishPage> SessionPagesToPublish(const core::Request& r, std::span<const uint64_t> digests,
+                                                      const std::function<bool(uint32_t)>& held = nullptr);
+
+// Issue 26, the lookup at a next turn's admission: what to ask the store for the pages the core names
+// (ResidencyManager::ClusterLookups: the chain's block addresses, then session addresses). A next turn's chain may
+// cover pages the previous turn held beyond ITS chain (its partial last block, its answer, completed into blocks by the
+// next turn's tokens): the store has those under their session key only. So for each block address of a session
+// admission whose page has a session digest, the session address of that page is asked too (an alternate, in the same
+// batch). A page found there holds the rows of exactly the tokens [0, (h + 1) p) the digest names, i.e. this
+// admission's rows of page h: it is imported under the block address (shared locally like a prefix page).
+struct ClusterAsk {
+  std::vector<PrefixAddress> asked;  // the wanted addresses in order, then the alternates
+  std::vector<int32_t> alternate;    // per wanted address: the index in `asked` of its session alternate, or -1
+};
+// `wanted` = ClusterLookups' answer; `tenant` = PrefixPages::TenantHash(tenant), `session_hash` (0: no session: no
+// alternates), `digests` = the admission's session digests, `page_rows` its page rows.
+ClusterAsk SessionAlternates(std::span<const PrefixAddress> wanted, uint64_t tenant, uint64_t session_hash,
+                             std::span<const uint64_t> digests, uint32_t page_rows);
+// Which answer serves wanted page i: the index in `asked` of its own answer when found, else of its alternate's when
+// found, else -1 (a miss). `found[k]` = whether asked[k] was found and checked.
+int32_t ServedBy(const ClusterAsk& ask, const std::vector<bool>& found, size_t i);
 
 }  // namespace dhs::memd

@@ -157,11 +157,20 @@ std::vector<std::optional<ClusterPage>> ClusterTier::Lookup(const PageGeometry& 
   std::vector<PageLookup> lookups;
   lookups.reserve(addresses.size());
   for (const PrefixAddress& a : addresses) {
-    lookups.push_back({PrefixPageKey(space, a.key), PageIdentity{PageValueKind::kPrefix, a.key, a.content}});
+    if (a.session != 0) {  // issue 26: a session page (published by ClusterTier::OfferSession)
+      lookups.push_back({SessionPageKey(space, a.session, a.content, a.page),
+                         PageIdentity{PageValueKind::kSession, a.content, a.session}});
+      ++session_lookups_;
+    } else {
+      lookups.push_back({PrefixPageKey(space, a.key), PageIdentity{PageValueKind::kPrefix, a.key, a.content}});
+    }
   }
   const LookupCounters before = lookups_;
   std::vector<std::optional<ClusterPage>> found =
       LookupPages(*lookup_client_, lookups, geometry, options_.lookup_timeout, &lookups_);
+  for (size_t i = 0; i < found.size() && i < addresses.size(); ++i) {
+    if (found[i].has_value() && addresses[i].session != 0) ++session_hits_;
+  }
   const uint64_t unanswered = (lookups_.misses[static_cast<size_t>(LookupMiss::kTimeout)] -
                                before.misses[static_cast<size_t>(LookupMiss::kTimeout)]) +
                               (lookups_.misses[static_cast<size_t>(LookupMiss::kUnavailable)] -
@@ -189,9 +198,10 @@ void ClusterTier::CountMiss(ClusterMiss why, uint64_t pages) {
   }
 }
 
-void ClusterTier::CountImported(uint64_t pages, uint64_t bytes) {
+void ClusterTier::CountImported(uint64_t pages, uint64_t bytes, uint64_t session_pages) {
   imported_ += pages;
   imported_bytes_ += bytes;
+  session_imported_ += session_pages;
 }
 
 ClusterDump ClusterTier::Stats() const {
@@ -220,6 +230,9 @@ ClusterDump ClusterTier::Stats() const {
   d.hit_bytes = lookups_.hit_bytes;
   d.imported = imported_;
   d.imported_bytes = imported_bytes_;
+  d.session_lookups = session_lookups_;
+  d.session_hits = session_hits_;
+  d.session_imported = session_imported_;
   for (size_t i = 0; i < kLookupMisses; ++i) d.misses.emplace_back(std::string(kLookupMissNames[i]), lookups_.misses[i]);
   for (size_t i = 0; i < kClusterMisses; ++i) {
     d.misses.emplace_back(std::string(ClusterMissName(static_cast<ClusterMiss>(i))), misses_[i]);

@@ -79,12 +79,17 @@ class ClusterTier {
   void OfferSession(const PageGeometry& geometry, std::string_view tenant, uint64_t session, uint32_t page,
                     uint64_t digest, std::span<const uint8_t> bytes);
   // Looks `addresses` up (one batch, the lookup deadline) and checks each value against `geometry`: one answer per
-  // address, in order (nullopt: a miss, counted by reason).
+  // address, in order (nullopt: a miss, counted by reason). A prefix address is asked under its prefix key with the
+  // identity (kPrefix, key, content); a session address (issue 26, PrefixAddress::session nonzero) under its session
+  // key (SessionPageKey(space, session, content, page)) with the identity (kSession, content = its digest, session):
+  // a value published for another session, digest or page is a bad_value miss. Session addresses are also counted
+  // apart (session_lookups, session_hits).
   std::vector<std::optional<ClusterPage>> Lookup(const PageGeometry& geometry, std::span<const PrefixAddress> addresses);
   // A page not imported for one of memd's own reasons (counted; logged once per reason).
   void CountMiss(ClusterMiss why, uint64_t pages = 1);
-  // A found page copied into the host pool (counted: imported pages and bytes).
-  void CountImported(uint64_t pages, uint64_t bytes);
+  // A found page copied into the host pool (counted: imported pages and bytes; `session_pages` of them found by a
+  // session address, issue 26).
+  void CountImported(uint64_t pages, uint64_t bytes, uint64_t session_pages = 0);
 
   // The counters and state for memd's stats (state_dump.h ClusterDump).
   ClusterDump Stats() const;
@@ -111,6 +116,7 @@ class ClusterTier {
   LookupCounters lookups_;
   std::array<uint64_t, kClusterMisses> misses_{};
   uint64_t imported_ = 0, imported_bytes_ = 0;
+  uint64_t session_lookups_ = 0, session_hits_ = 0, session_imported_ = 0;  // issue 26: of lookups, hits, imported
   uint64_t encode_failures_ = 0;
   int64_t lookup_backoff_until_us_ = 0;
 };

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "common/status.h"
+#include "memd/cluster_keys.h"  // issue 26: SessionHash
 #include "workerd/serving_mode.h"  // the serving modes a Hello may declare (workerd owns them)
 #include "spdlog/spdlog.h"
 
@@ -705,6 +706,12 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const wire::AdmitRequestT& a, const 
   admit.speculation = SpeculationShare{a.draft_ring_pages, a.staging_pages, a.draft_ring_bytes, a.staging_bytes};
   // Issue 24 (prefix sharing): the tenant and prefix chain (the core ignores them while --prefix-sharing is off).
   admit.prefix = PrefixChain{a.tenant, a.prefix_block_ids, a.prefix_block_digests, a.prefix_block_tokens};
+  // Issue 26 (sessions across nodes): with the cluster tier, the input's further complete pages are looked up by
+  // their session address (docs/cluster_tier.md "Sessions"); without it no node publishes session pages.
+  if (cluster_ && a.session != 0 && !a.session_page_digests.empty()) {
+    admit.session_hash = SessionHash(a.tenant, absl::StrCat(a.session));
+    admit.session_digests = a.session_page_digests;
+  }
   if (a.record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
     RequestRecord record = FromWireRecord(*a.record, a.gpu);
     record.chain_ids = a.prefix_block_ids;  // issue 24: what a memd restart needs to give its shared pages back
@@ -1015,26 +1022,34 @@ uint32_t Daemon::ImportClusterPages(const AdmitRequest& admit) {
     cluster_->CountMiss(ClusterMiss::kNoGeometry, wanted.size());
     return 0;
   }
-  std::vector<std::optional<ClusterPage>> found = cluster_->Lookup(*geometry, wanted);
+  // Issue 26: a session admission's chain pages are asked under their session key too (memd/cluster_sessions.h).
+  const ClusterAsk ask = SessionAlternates(wanted, PrefixPages::TenantHash(admit.prefix.tenant), admit.session_hash,
+                                           admit.session_digests, admit.page_rows);
+  std::vector<std::optional<ClusterPage>> found = cluster_->Lookup(*geometry, ask.asked);
+  std::vector<bool> hit(found.size());
+  for (size_t k = 0; k < found.size(); ++k) hit[k] = found[k].has_value();
   // Only the run of found pages from the first one asked: a page after a missed one would be a hit after a gap,
   // which the worker recomputes anyway.
   size_t run = 0;
-  while (run < found.size() && found[run].has_value()) ++run;
+  while (run < wanted.size() && ServedBy(ask, hit, run) >= 0) ++run;
   uint64_t after_gap = 0;
-  for (size_t i = run; i < found.size(); ++i) after_gap += found[i].has_value();
+  for (size_t i = run; i < wanted.size(); ++i) after_gap += ServedBy(ask, hit, i) >= 0;
   if (after_gap > 0) cluster_->CountMiss(ClusterMiss::kAfterGap, after_gap);
   if (run == 0) return 0;
   const std::vector<PageIndex> room = core_->ClusterRoom(static_cast<uint32_t>(run));
   if (room.size() < run) cluster_->CountMiss(ClusterMiss::kNoRoom, run - room.size());
   std::vector<ClusterImport> imports;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, session_pages = 0;
   for (size_t i = 0; i < room.size(); ++i) {
-    const std::span<const uint8_t> payload = found[i]->payload();
+    const auto k = static_cast<size_t>(ServedBy(ask, hit, i));
+    const std::span<const uint8_t> payload = found[k]->payload();
     absl::StatusOr<uint8_t*> data = segment_->PageData(room[i]);
     if (!data.ok() || payload.size() != options_.page_bytes) break;  // checked by the decode: never expected
     std::memcpy(*data, payload.data(), payload.size());  // a reusable page: no worker reads or writes it
-    imports.push_back({wanted[i], room[i], found[i]->page_checksum});
+    // Stored under the wanted address (a page found by its session alternate holds exactly this page's rows).
+    imports.push_back({wanted[i], room[i], found[k]->page_checksum});
     bytes += payload.size();
+    session_pages += ask.asked[k].session != 0;
   }
   if (imports.empty()) return 0;
   if (absl::Status s = core_->ImportClusterPages(imports); !s.ok()) {
@@ -1042,7 +1057,7 @@ uint32_t Daemon::ImportClusterPages(const AdmitRequest& admit) {
     cluster_->CountMiss(ClusterMiss::kNoRoom, imports.size());
     return 0;
   }
-  cluster_->CountImported(imports.size(), bytes);
+  cluster_->CountImported(imports.size(), bytes, session_pages);
   return static_cast<uint32_t>(imports.size());
 }
 

@@ -122,6 +122,19 @@ absl::StatusOr<std::vector<PrefixAddress>> PrefixPages::Addresses(const PrefixCh
   return out;
 }
 
+PrefixAddress PrefixPages::SessionAddress(uint64_t tenant, uint64_t session, uint64_t digest, uint32_t page_rows,
+                                          uint32_t h) {
+  const uint64_t words[5] = {tenant, session, digest, page_rows, h};
+  PrefixAddress a;
+  a.key = HashWords(words, kSessionPageSeed);
+  a.content = digest;
+  a.tenant = tenant;
+  a.page = h;
+  a.page_rows = page_rows;
+  a.session = session;
+  return a;
+}
+
 std::optional<PageIndex> PrefixPages::Lookup(const PrefixAddress& address) {
   ++counters_.lookups;
   const SharedPage* p = AtKey(address.key);

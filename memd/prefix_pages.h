@@ -66,6 +66,9 @@ namespace dhs::memd {
 inline constexpr uint64_t kTenantSeed = 0x44485354656e616eull;   // "DHSTenan"
 inline constexpr uint64_t kContentSeed = 0x444853436f6e7465ull;  // "DHSConte"
 inline constexpr uint64_t kPageSeed = 0x4448535061676521ull;     // "DHSPage!"
+// Issue 26 (sessions across nodes): the seed of a session address's key (PrefixPages::SessionAddress), its own so a
+// session address never equals a block-chain address by construction of the hashed words.
+inline constexpr uint64_t kSessionPageSeed = 0x4448535365735067ull;  // "DHSSesPg"
 // kSharedOwner (memd/host_journal.h): the owner the host pool records for a shared or cached page (a writing page is
 // still its writer's); never a request id (Admit refuses it while prefix sharing is on).
 
@@ -90,6 +93,12 @@ struct PrefixAddress {
   uint64_t parent = 0;
   uint32_t block_tokens = 0;
   uint32_t page_rows = 0;
+  // Issue 26 (sessions across nodes; docs/cluster_tier.md "Sessions"): nonzero = a SESSION address
+  // (PrefixPages::SessionAddress): the session hash (memd/cluster_keys.h SessionHash(tenant, session id)); then
+  // `content` is the page's session digest (common/session_digest.h), blocks / chain / parent / block_tokens are 0
+  // (no KV event names it), and the page is lookup-only: found locally or imported from the cluster tier, never
+  // written under this address by a local request.
+  uint64_t session = 0;
   bool operator==(const PrefixAddress&) const = default;
 };
 
@@ -157,6 +166,7 @@ struct PrefixCounters {
   uint64_t quota_refusals = 0;     // BeginWrite refused by a tenant's quota (the page stayed private)
   uint64_t adopted = 0;            // confirmed pages adopted from a dead memd's journal (cached)
   uint64_t cluster_imported = 0;   // issue 26: pages found in the cluster tier, copied in and stored cached (Import)
+  uint64_t session_hits = 0;       // issue 26: admissions' hits on stored pages by a session address (not in hits)
 };
 
 class PrefixPages {
@@ -170,6 +180,13 @@ class PrefixPages {
   static absl::StatusOr<std::vector<PrefixAddress>> Addresses(const PrefixChain& chain, uint32_t page_rows,
                                                               uint32_t context_pages);
   static uint64_t TenantHash(std::string_view tenant);
+  // Issue 26 (sessions across nodes): the session address of history page `h` of a session's history whose session
+  // digest (common/session_digest.h: every token up to the page's end) is `digest`:
+  //   key = XXH3_64(le64(tenant) le64(session) le64(digest) le64(page_rows) le64(h), seed kSessionPageSeed)
+  //   content = digest, tenant = `tenant` (TenantHash), session = `session` (memd/cluster_keys.h SessionHash), page = h.
+  // `session` must be nonzero (it marks the address as a session one).
+  static PrefixAddress SessionAddress(uint64_t tenant, uint64_t session, uint64_t digest, uint32_t page_rows,
+                                      uint32_t h);
 
   // A lookup of one shareable page (counted): the host page of a shared or cached page with the same key and
   // content, else nullopt (not stored, being written, or another content: a mismatch). A hit of an adopted page
@@ -216,6 +233,8 @@ class PrefixPages {
   // is stored cached, confirmed with `checksum`, at its full address (a KV event announces its block like a
   // confirmed write). Errors: AlreadyExists (key or host page stored), InvalidArgument (key 0).
   absl::Status Import(PageIndex host_page, const PrefixAddress& address, uint64_t checksum, int64_t now_us);
+  // Issue 26: an admission's grant takes a stored page it found by a session address (counters().session_hits).
+  void CountSessionHit() { ++counters_.session_hits; }
   uint32_t writing() const { return count_[0]; }
   uint32_t shared() const { return count_[1]; }
   uint32_t cached() const { return count_[2]; }

@@ -25,14 +25,28 @@ absl::Status PrefixSharing::CheckRequestId(RequestId request) const {
 
 absl::StatusOr<std::vector<PrefixAddress>> PrefixSharing::Addresses(const AdmitRequest& a,
                                                                      uint32_t context_pages) const {
-  if (!on() || a.prefix.empty()) return std::vector<PrefixAddress>{};  // ignored while prefix sharing is off
+  const bool session = a.session_hash != 0 && !a.session_digests.empty();
+  if (!on() || (a.prefix.empty() && !session)) return std::vector<PrefixAddress>{};  // ignored while sharing is off
   if (a.page_rows == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("request %d names a prefix chain of %d blocks without page_rows",
-                                                      a.request, a.prefix.block_ids.size()));
+    if (!session) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "request %d names a prefix chain of %d blocks without page_rows", a.request, a.prefix.block_ids.size()));
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d names %d session page digests without page_rows", a.request, a.session_digests.size()));
   }
   auto addresses = PrefixPages::Addresses(a.prefix, a.page_rows, context_pages);
   if (!addresses.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("request ", a.request, ": ", addresses.status().message()));
+  }
+  // Issue 26: the input's further complete pages by their session address, after the chain's shareable pages.
+  if (session) {
+    const uint64_t tenant = PrefixPages::TenantHash(a.prefix.tenant);
+    const size_t end = std::min<size_t>(a.session_digests.size(), context_pages);
+    for (size_t h = addresses->size(); h < end; ++h) {
+      addresses->push_back(PrefixPages::SessionAddress(tenant, a.session_hash, a.session_digests[h], a.page_rows,
+                                                       static_cast<uint32_t>(h)));
+    }
   }
   return addresses;
 }
@@ -65,15 +79,20 @@ std::optional<std::vector<PageIndex>> PrefixSharing::RoomFor(uint32_t need, cons
 void PrefixSharing::Hold(const Request& r, const PrefixHits& hits, std::span<const PageIndex> evict) {
   if (!on()) return;
   for (const PrefixAddress& ad : r.prefix) {
-    if (!r.resumed_host.contains(ad.page)) tier_->Lookup(ad);
+    // Issue 26: a session address is counted only when it hits (session_hits): it is not a prefix lookup.
+    if (!r.resumed_host.contains(ad.page) && ad.session == 0) tier_->Lookup(ad);
   }
-  for (const auto& [h, hit] : hits) DHS_CHECK_OK(tier_->Acquire(hit.host_page, r.id, s_.clock()));
+  for (const auto& [h, hit] : hits) {
+    if (h < r.prefix.size() && r.prefix[h].session != 0) tier_->CountSessionHit();
+    DHS_CHECK_OK(tier_->Acquire(hit.host_page, r.id, s_.clock()));
+  }
   for (PageIndex p : evict) Evict(p);
 }
 
 void PrefixSharing::BeginWrites(const Request& r) {
   if (!on()) return;
   for (const PrefixAddress& ad : r.prefix) {
+    if (ad.session != 0) continue;  // issue 26: lookup-only (the request's own rows of it stay private)
     const HistoryPage& hp = r.history[ad.page];
     if (hp.state == HistoryState::kHost || tier_->AtKey(ad.key) != nullptr) continue;  // imported, or taken
     if (auto victim = tier_->QuotaVictim(ad.tenant, [&](PageIndex p) { return !s_.host.is_pinned(p); })) {

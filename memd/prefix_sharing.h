@@ -79,9 +79,11 @@ class PrefixSharing {
   // ---- Admit (nothing changes) ----
   // InvalidArgument for request id kSharedOwner while sharing is on (the host pool's owner of shared pages).
   absl::Status CheckRequestId(RequestId request) const;
-  // The content addresses of the admission's shareable pages, ascending history page (empty when off or no chain is
-  // named). `context_pages` is the admission's context in pages. Errors: InvalidArgument naming the request (a chain
-  // without page_rows; a bad chain: PrefixPages::Addresses).
+  // The content addresses of the admission's shareable pages, ascending history page (empty when off or neither a
+  // chain nor a session is named): its chain's pages [0, a), then (issue 26, sessions: session_hash nonzero and
+  // session digests) the session addresses (PrefixPages::SessionAddress) of pages [a, min(digests, context_pages)).
+  // `context_pages` is the admission's context in pages. Errors: InvalidArgument naming the request (a chain or
+  // session digests without page_rows; a bad chain: PrefixPages::Addresses).
   absl::StatusOr<std::vector<PrefixAddress>> Addresses(const AdmitRequest& admission, uint32_t context_pages) const;
 
   // ---- a grant ----
@@ -92,12 +94,14 @@ class PrefixSharing {
   // are reusable: empty when they are already; nullopt when even every such cached page does not make room (always,
   // when sharing is off and the pool lacks room): the admission waits.
   std::optional<std::vector<PageIndex>> RoomFor(uint32_t need, const PrefixHits& hits) const;
-  // The grant of `r` goes ahead: the lookups of its chain (but a resume's taken-over pages) are counted, `hits` held
-  // by r (a reference each), `evict` (RoomFor's answer) evicted and their host pages freed.
+  // The grant of `r` goes ahead: the lookups of its chain (but a resume's taken-over pages) are counted, its hits by
+  // a session address counted as session_hits, `hits` held by r (a reference each), `evict` (RoomFor's answer)
+  // evicted and their host pages freed.
   void Hold(const core::Request& r, const PrefixHits& hits, std::span<const PageIndex> evict);
   // The shareable pages a new grant of `r` computes become writing pages of their addresses (r's own host pages). A
   // page imported (kHost), or whose key is stored already (other content, or another writer), stays private; so does
-  // one over its tenant's quota when no cached page of the tenant (not pinned) can be evicted to make room.
+  // one over its tenant's quota when no cached page of the tenant (not pinned) can be evicted to make room, and every
+  // page at a session address (issue 26: lookup-only; a finished turn publishes its own pages to the cluster tier).
   void BeginWrites(const core::Request& r);
   // A refused grant after Hold: `hits`' references let go, then Release(r) (a resume's taken-over references).
   void Unhold(core::Request& r, const PrefixHits& hits);

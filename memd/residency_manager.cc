@@ -141,7 +141,7 @@ absl::Status ResidencyManager::ReleaseHeldPages() {
 }
 
 std::vector<PrefixAddress> ResidencyManager::ClusterLookups(const AdmitRequest& a) const {
-  if (!prefix_.on() || a.prefix.empty() || a.page_rows == 0) return {};
+  if (!prefix_.on() || (a.prefix.empty() && a.session_digests.empty()) || a.page_rows == 0) return {};
   const uint64_t pages = a.context_rows / a.page_rows + (a.context_rows % a.page_rows != 0 ? 1 : 0);
   if (pages > UINT32_MAX) return {};
   auto addresses = prefix_.Addresses(a, static_cast<uint32_t>(pages));
@@ -1199,7 +1199,8 @@ std::vector<SessionPublishPage> ResidencyManager::SessionPages(RequestId request
                                                               std::span<const uint64_t> digests) const {
   auto it = state_.requests.find(request);
   if (it == state_.requests.end()) return {};
-  return SessionPagesToPublish(it->second, digests);
+  const core::Request& r = it->second;
+  return SessionPagesToPublish(r, digests, [&](uint32_t h) { return prefix_.Holds(r.id, r.history[h].host_page); });
 }
 
 std::optional<GpuId> ResidencyManager::GpuOfRequest(RequestId request) const {

@@ -229,8 +229,10 @@ class ResidencyManager {
   // ClusterLookups names the pages of an admission to ask the store for (before Admit), ClusterRoom where found pages
   // may be copied, and ImportClusterPages (an event) stores the copied pages as cached shared pages, so that Admit's
   // grant takes them as host hits. No sockets, no clock here.
-  // The admission's shareable pages the host tier cannot serve and does not store (PrefixSharing::ClusterLookups);
-  // empty with sharing off, no chain, or an admission Admit would refuse for its chain or rows.
+  // The admission's shareable pages the host tier cannot serve and does not store (PrefixSharing::ClusterLookups):
+  // its chain's addresses, then (issue 26, sessions) the session addresses of its further complete input pages
+  // (PrefixSharing::Addresses); empty with sharing off, neither chain nor session digests, or an admission Admit
+  // would refuse for its chain or rows.
   std::vector<PrefixAddress> ClusterLookups(const AdmitRequest& admission) const;
   std::vector<PageIndex> ClusterRoom(uint32_t count) const { return prefix_.ClusterRoom(count); }
   // Errors: PrefixSharing::ImportCluster's (nothing changes).
@@ -238,8 +240,9 @@ class ResidencyManager {
   // The pages confirmed shared since the last drain (PrefixSharing::DrainClusterPublish).
   std::vector<ClusterPublishPage> DrainClusterPublish() { return prefix_.DrainClusterPublish(); }
   // Issue 26, sessions: the history pages of request `request` to publish under its session at its Complete
-  // (memd/cluster_sessions.h SessionPagesToPublish, `digests` = Complete.session_page_digests); empty for an unknown
-  // request. Nothing changes: the daemon reads the pages' bytes before the Complete event frees them.
+  // (memd/cluster_sessions.h SessionPagesToPublish, `digests` = Complete.session_page_digests; the shared pages it
+  // holds are not its own: skipped); empty for an unknown request. Nothing changes: the daemon reads the pages'
+  // bytes before the Complete event frees them.
   std::vector<SessionPublishPage> SessionPages(RequestId request, std::span<const uint64_t> digests) const;
   // Accepted registrations of `gpu` (0: never registered; 1 after the first; +1 per RegisterGpu after a fence).
   uint32_t epoch(GpuId gpu) const { return recovery_.epoch(gpu); }

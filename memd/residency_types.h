@@ -106,6 +106,13 @@ struct AdmitRequest {
   // content are granted as host-backed (imported, counted once in the host pool); the others it computes become
   // shared once their host copy is confirmed.
   PrefixChain prefix;
+  // Issue 26 (sessions across nodes; ignored while prefix sharing is off): the session hash (memd/cluster_keys.h
+  // SessionHash(prefix.tenant, session id); 0 = none) and the session digests of the input's complete pages
+  // (AdmitRequest.session_page_digests, page 0 first). The pages after the chain's shareable ones get session
+  // addresses (PrefixPages::SessionAddress), up to the context: found stored (a page imported from the cluster tier),
+  // they are granted as host hits like prefix pages; never written under them here.
+  uint64_t session_hash = 0;
+  std::vector<uint64_t> session_digests;
 };
 
 // One shared prefix page of a dead memd's journal (issue 24), adopted as a cached page by AdoptHostPages.

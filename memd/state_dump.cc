@@ -346,7 +346,9 @@ json ClusterJson(const ClusterDump& c) {
               {"queue_bytes", c.queue_bytes}, {"offered", c.offered}, {"published", c.published},
               {"published_bytes", c.published_bytes}, {"publish_failed", c.publish_failed}, {"shed", shed},
               {"lookups", c.lookups}, {"hits", c.hits}, {"hit_bytes", c.hit_bytes}, {"imported", c.imported},
-              {"imported_bytes", c.imported_bytes}, {"misses", misses}, {"bad_values", bad}};
+              {"imported_bytes", c.imported_bytes}, {"session_lookups", c.session_lookups},
+              {"session_hits", c.session_hits}, {"session_imported", c.session_imported}, {"misses", misses},
+              {"bad_values", bad}};
 }
 
 std::string ClusterLines(const ClusterDump& c) {
@@ -360,9 +362,11 @@ std::string ClusterLines(const ClusterDump& c) {
   };
   return absl::StrFormat(
       "cluster tier %s (%s): queue %d pages / %d bytes; published %d pages / %d bytes (%d failed), shed: %s\n"
-      "cluster tier lookups: %d pages, %d hits (%d bytes), %d imported (%d bytes), misses: %s\n",
+      "cluster tier lookups: %d pages, %d hits (%d bytes), %d imported (%d bytes), misses: %s\n"
+      "cluster tier sessions: %d pages looked up, %d hits, %d imported\n",
       c.store, c.health, c.queue_depth, c.queue_bytes, c.published, c.published_bytes, c.publish_failed, join(c.shed),
-      c.lookups, c.hits, c.hit_bytes, c.imported, c.imported_bytes, join(c.misses));
+      c.lookups, c.hits, c.hit_bytes, c.imported, c.imported_bytes, join(c.misses), c.session_lookups,
+      c.session_hits, c.session_imported);
 }
 
 nlohmann::json DumpToJson(const StateDump& d, const DumpView& view) {
@@ -570,7 +574,11 @@ void AppendCluster(const ClusterDump& c, std::string& out) {
       {"hits", "Pages found in the store and checked.", c.hits},
       {"hit_bytes", "Payload bytes of the pages found.", c.hit_bytes},
       {"imported", "Found pages copied into the host pool (granted as host hits).", c.imported},
-      {"imported_bytes", "Payload bytes copied into the host pool.", c.imported_bytes}};
+      {"imported_bytes", "Payload bytes copied into the host pool.", c.imported_bytes},
+      {"session_lookups", "Of the lookups, pages asked by a session address (a next turn's history pages).",
+       c.session_lookups},
+      {"session_hits", "Of the hits, pages found by a session address.", c.session_hits},
+      {"session_imported", "Of the imported pages, pages found by a session address.", c.session_imported}};
   for (const auto& [name, help, v] : counters) {
     absl::StrAppendFormat(&out, "# HELP dhs_memd_cluster_%s_total %s\n# TYPE dhs_memd_cluster_%s_total counter\n"
                           "dhs_memd_cluster_%s_total %d\n", name, help, name, name, v);

@@ -184,6 +184,9 @@ struct ClusterDump {
   uint64_t hit_bytes = 0;        // their payload bytes
   uint64_t imported = 0;         // hits copied into the host pool as cached shared pages (then granted as host hits)
   uint64_t imported_bytes = 0;
+  // Issue 26 (sessions across nodes): of lookups / hits / imported, the pages asked by a session address (a next
+  // turn's history pages beyond its prefix pages); the rest are prefix pages.
+  uint64_t session_lookups = 0, session_hits = 0, session_imported = 0;
   std::vector<std::pair<std::string, uint64_t>> misses;   // by reason (absent, timeout, unavailable, store_error,
                                                           // bad_value, no_room, store_down, no_geometry, after_gap)
   std::vector<std::pair<std::string, uint64_t>> bad_values;  // bad_value misses by PageValueError

@@ -616,6 +616,14 @@ absl::Status ResidencyAgent::RebuildKv(RequestId request) {
 }
 
 void ResidencyAgent::EndRequest(RequestId request, wire::CompleteT complete) {
+  // Issue 26 (sessions across nodes): a finished turn that names its history pages (session_page_digests) for memd to
+  // publish first waits for its host backups and reports them (Poll), so that memd holds every complete page's copy
+  // confirmed at the Complete; otherwise a copy that landed since the last Poll would still be unconfirmed there and
+  // not published, and how many pages a turn publishes would depend on timing.
+  if (!complete.session_page_digests.empty()) {
+    for (const CopyEvent& e : kv_->CopiesInFlight(request).to_host) WaitCopy(e, request, "host backup");
+    Poll();
+  }
   RememberFinished(request);
   // Populate orders in flight die with the request, but memd frees their GPU pages only when they are answered
   // (contract §5): each is answered unpublished once its copies into those pages ended (Poll).

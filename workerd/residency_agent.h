@@ -102,7 +102,8 @@ class ResidencyAgent {
 
   // The request ended (finished, failed or cancelled): waits for the copies memd would free pages under, answers its
   // populate orders once their copies ended, forgets its orders, releases its KV and sends Complete (contract §6).
-  // `complete`'s output fields (keep_output, output_*) go with it; its request and gpu are set here.
+  // `complete`'s output fields (keep_output, output_*) go with it; its request and gpu are set here. With
+  // session_page_digests (issue 26) its host backups are waited for and reported (Poll) before anything else.
   void EndRequest(RequestId request, wire::CompleteT complete = {});
 
   // memd died (issue 11, docs/protocol.md "Re-Hello with a report"; the link's MemdSession serves away: the Worker

@@ -60,5 +60,24 @@ TEST(SessionPagesTest, SkipsPrefixPagesPagesWithoutChecksumAndPagesWithoutDigest
   EXPECT_TRUE(SessionPagesToPublish(none, std::vector<uint64_t>{1, 2}).empty());  // more digests than pages
 }
 
+// Issue 26 (the lookup): a page found by a session address (r.prefix[h].session nonzero) is not a prefix page: it is
+// published when it is r's own confirmed page (it missed: r computed it), skipped when r holds it shared (it was
+// granted from the host tier: stored already).
+TEST(SessionPagesTest, SessionAddressedPagesArePublishedUnlessHeld) {
+  core::Request r;
+  for (uint32_t h = 0; h < 5; ++h) r.history.push_back(Page(HistoryState::kHost, 40 + h, 400 + h));
+  r.prefix.resize(4);
+  r.prefix[2].session = r.prefix[3].session = 0x5e55;  // pages 0, 1 by the chain; 2, 3 by the session
+  const std::vector<uint64_t> digests = {1, 2, 3, 4, 5};
+  std::vector<SessionPublishPage> out = SessionPagesToPublish(r, digests, [](uint32_t h) { return h == 2; });
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].page, 3u);
+  EXPECT_EQ(out[0].host_page, 43u);
+  EXPECT_EQ(out[1].page, 4u);
+  out = SessionPagesToPublish(r, digests);  // nothing held
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].page, 2u);
+}
+
 }  // namespace
 }  // namespace dhs::memd

@@ -83,6 +83,27 @@ TEST(PrefixAddresses, HandComputed) {
   EXPECT_TRUE(PrefixPages::Addresses(Chain("", {}, {}, 0), 0, 5)->empty());
 }
 
+// Issue 26 (sessions across nodes): a session address, from the header's formula typed again.
+TEST(PrefixAddresses, SessionAddressHandComputed) {
+  const uint64_t tenant = XXH3_64bits_withSeed("t", 1, kTenantSeed);
+  const PrefixAddress a = PrefixPages::SessionAddress(tenant, 0x5e55, 0xd1, 16, 7);
+  const uint64_t words[5] = {tenant, 0x5e55, 0xd1, 16, 7};
+  EXPECT_EQ(a.key, XXH3_64bits_withSeed(words, sizeof(words), kSessionPageSeed));
+  EXPECT_EQ(a.content, 0xd1u);
+  EXPECT_EQ(a.tenant, tenant);
+  EXPECT_EQ(a.session, 0x5e55u);
+  EXPECT_EQ(a.page, 7u);
+  EXPECT_EQ(a.page_rows, 16u);
+  EXPECT_EQ(a.blocks, 0u);  // no block: no KV event names it
+  EXPECT_EQ(a.chain, 0u);
+  // Every field is in the key: another session, digest, page size, page or tenant is another key.
+  EXPECT_NE(PrefixPages::SessionAddress(tenant, 0x5e56, 0xd1, 16, 7).key, a.key);
+  EXPECT_NE(PrefixPages::SessionAddress(tenant, 0x5e55, 0xd2, 16, 7).key, a.key);
+  EXPECT_NE(PrefixPages::SessionAddress(tenant, 0x5e55, 0xd1, 8, 7).key, a.key);
+  EXPECT_NE(PrefixPages::SessionAddress(tenant, 0x5e55, 0xd1, 16, 6).key, a.key);
+  EXPECT_NE(PrefixPages::SessionAddress(tenant + 1, 0x5e55, 0xd1, 16, 7).key, a.key);
+}
+
 TEST(SharedPageState, OnlyTheListedTransitionsAreAllowed) {
   const SharedPageState all[] = {SharedPageState::kWriting, SharedPageState::kShared, SharedPageState::kCached,
                                  SharedPageState::kFree};
@@ -690,6 +711,102 @@ TEST_F(PrefixResidencyTest, ClusterPagesPublishedByOneCoreAreGrantedAsHostHitsBy
   EXPECT_EQ(mgr_->prefix()->counters().hits, 4u);
   Do(mgr_->Complete(2));
   EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+}
+
+// Issue 26 (sessions across nodes): an admission with a session names, after its chain's addresses (pages [0, 2) of
+// its one block), the session addresses of its further complete input pages (digests of pages 2, 3, 4); found
+// pages are imported and granted as host hits like prefix pages (pages [0, 4): prefix then session), counted apart
+// (session_hits); a session address is never written locally; a page of other tokens (another digest) is another
+// key: a miss, computed. At Complete the turn publishes its own confirmed pages beyond the prefix, not the session
+// pages it holds shared.
+TEST_F(PrefixResidencyTest, SessionPagesAfterThePrefixPagesAreImportedAndGrantedAsHostHits) {
+  Make(20);
+  const uint64_t session = 0x5e55, tenant = PrefixPages::TenantHash("");
+  const std::vector<uint64_t> digests = {0xd0, 0xd1, 0xd2, 0xd3, 0xd4};
+  auto admission = [&](RequestId r, std::vector<uint64_t> d) {
+    AdmitRequest a;
+    a.request = r;
+    a.required_pages = 1;
+    a.page_rows = kPageRows;
+    a.context_rows = 6 * kPageRows;
+    a.optional_history = false;
+    a.prefix = PrefixChain{"", {1}, {1001}, kBlockTokens};  // one block: pages 0, 1
+    a.session_hash = session;
+    a.session_digests = std::move(d);
+    return a;
+  };
+  const AdmitRequest a = admission(1, digests);
+  const std::vector<PrefixAddress> wanted = mgr_->ClusterLookups(a);
+  ASSERT_EQ(wanted.size(), 5u);
+  for (uint32_t h = 0; h < 2; ++h) {  // the chain's: block addresses
+    EXPECT_EQ(wanted[h].session, 0u);
+    EXPECT_EQ(wanted[h].key, Key("", {1}, kPageRows, h, kBlockTokens));
+  }
+  for (uint32_t h = 2; h < 5; ++h) {  // then session addresses of digests 2, 3, 4
+    EXPECT_EQ(wanted[h].page, h);
+    EXPECT_EQ(wanted[h].session, session);
+    EXPECT_EQ(wanted[h].content, digests[h]);
+    const uint64_t words[5] = {tenant, session, digests[h], kPageRows, h};
+    EXPECT_EQ(wanted[h].key, XXH3_64bits_withSeed(words, sizeof(words), kSessionPageSeed));
+  }
+  // No session without a session hash, or without digests; digests beyond the context are not named.
+  AdmitRequest plain = a;
+  plain.session_hash = 0;
+  EXPECT_EQ(mgr_->ClusterLookups(plain).size(), 2u);
+  AdmitRequest only = a;
+  only.prefix = {};
+  ASSERT_EQ(mgr_->ClusterLookups(only).size(), 5u);  // a session without a chain: session addresses from page 0
+  EXPECT_EQ(mgr_->ClusterLookups(only)[0].session, session);
+  AdmitRequest longer = a;
+  longer.session_digests = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(mgr_->ClusterLookups(longer).size(), 6u);  // the context's 6 pages
+
+  // The store has pages 0..3 (page 4 is not there): imported as a run, then granted as host hits [0, 4).
+  const std::vector<PageIndex> room = mgr_->ClusterRoom(4);
+  std::vector<ClusterImport> imports;
+  for (uint32_t h = 0; h < 4; ++h) imports.push_back({wanted[h], room[h], 0x2000u + h});
+  Do(mgr_->ImportClusterPages(imports));
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+  EXPECT_EQ(mgr_->ClusterLookups(a), (std::vector<PrefixAddress>{wanted[4]}));  // the rest is stored locally
+  GrantOrder g = OneGrant(Do(mgr_->Admit(a)));
+  EXPECT_EQ(g.shared_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(g.host_backed_pages, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(g.host_backed_checksums, (std::vector<uint64_t>{0x2000, 0x2001, 0x2002, 0x2003}));
+  EXPECT_EQ(g.imported_pages, 4u);
+  for (uint32_t h = 0; h < 4; ++h) EXPECT_EQ(g.host_pages[h], room[h]);
+  EXPECT_EQ(mgr_->prefix()->counters().hits, 2u);          // prefix pages
+  EXPECT_EQ(mgr_->prefix()->counters().lookups, 2u);       // session addresses are not prefix lookups
+  EXPECT_EQ(mgr_->prefix()->counters().session_hits, 2u);  // pages 2, 3
+  EXPECT_EQ(mgr_->prefix()->writing(), 0u);                // page 4 is never written under its session address
+  EXPECT_EQ(mgr_->prefix()->shared(), 4u);
+  // Its pages 4, 5 are confirmed: its own, published under the session at Complete; pages 2, 3 are held, stored.
+  Written(1, {4, 5});
+  EXPECT_EQ(mgr_->prefix()->stored(), 4u);
+  const std::vector<uint64_t> fed = {0xd0, 0xd1, 0xd2, 0xd3, 0xd4, 0xd5};
+  const std::vector<SessionPublishPage> pub = mgr_->SessionPages(1, fed);
+  ASSERT_EQ(pub.size(), 2u);
+  EXPECT_EQ(pub[0].page, 4u);
+  EXPECT_EQ(pub[0].digest, 0xd4u);
+  EXPECT_EQ(pub[0].checksum, 0x1004u);
+  EXPECT_EQ(pub[1].page, 5u);
+  EXPECT_EQ(pub[1].host_page, g.host_pages[5]);
+
+  // Another turn whose page 3 holds other tokens (digest 0xe3, so 0xe4 after it): pages 0..2 hit locally, 3 and 4
+  // are asked under their own keys (absent), and granted computed, not the stored page 3.
+  const AdmitRequest b = admission(2, {0xd0, 0xd1, 0xd2, 0xe3, 0xe4});
+  const std::vector<PrefixAddress> asked = mgr_->ClusterLookups(b);
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[0].page, 3u);
+  EXPECT_EQ(asked[0].content, 0xe3u);
+  EXPECT_NE(asked[0].key, wanted[3].key);
+  GrantOrder g2 = OneGrant(Do(mgr_->Admit(b)));
+  EXPECT_EQ(g2.shared_pages, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_NE(g2.host_pages[3], room[3]);
+  EXPECT_EQ(mgr_->prefix()->counters().session_hits, 3u);
+  Do(mgr_->Complete(1));
+  Do(mgr_->Complete(2));
+  EXPECT_EQ(mgr_->prefix()->cached(), 4u);
+  EXPECT_EQ(mgr_->Dump().host.allocated_pages, 4u);
 }
 
 // Only the pages past the local hits whose key is not stored are named; nothing with sharing off or without a chain;

@@ -14,6 +14,13 @@
 // After every event, from the dump and the public tier (not the core's own recount): CheckInvariants; each shared
 // page's references = the requests whose confirmed host copies name it, a cached page none and never free in the host
 // pool; cached + shared + private + free == the pool; no page held by two tenants; a writing page never imported.
+// Issue 26, sessions across nodes: some requests are turns of a session (4 sessions, each a tenant, a chain and a
+// script of per-page tokens after the chain; a turn sometimes diverges from the script, i.e. other tokens: other
+// digests). Such an admission names session digests (the model's own hash of a page's whole history, as the worker's
+// common/session_digest.h); its Complete publishes the pages the core names (SessionPages: each checked to hold its
+// history exactly) to the model store under (tenant, session, digest, page); before an admission the session
+// addresses the core names are looked up there by those four fields and imported like prefix pages, and the grant
+// check covers them (a shared page granted must hold exactly what the request would compute there).
 // Seeds: 1..20 by default, or env DHS_SEED; events per seed: env DHS_EVENTS (2000).
 #include <gtest/gtest.h>
 
@@ -21,6 +28,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "memd/host_journal.h"
 #include "memd/residency_manager.h"
@@ -36,6 +44,7 @@ struct Content {  // what a shareable page holds: its tenant, and the chain of (
   std::string tenant;
   std::vector<std::pair<uint64_t, uint64_t>> chain;
   uint32_t page = 0;
+  std::vector<uint64_t> tokens;  // issue 26: a session turn's page: the tokens of every page up to it (chain empty)
   bool operator==(const Content&) const = default;
 };
 
@@ -47,17 +56,42 @@ struct MReq {
   bool granted = false, interrupted = false;
   std::set<uint32_t> imported;  // history pages granted as shared
   std::map<uint32_t, PageIndex> taken;  // a queued resume: the confirmed host copies it took over
+  // Issue 26: a session turn (session > 0: 1 + the session's index), its pages' tokens (one value per page of its
+  // context; its chain's block digests are made of them) and how many of its context pages are complete input pages.
+  uint32_t session = 0;
+  std::vector<uint64_t> tokens;
+  uint32_t input_pages = 0;
 };
 
-Content ContentOf(const MReq& m, uint32_t h) {
-  const uint32_t b = ((h + 1) * kPageRows - 1) / kBlockTokens;
-  Content c{m.tenant, {}, h};
-  for (uint32_t i = 0; i <= b && i < m.ids.size(); ++i) c.chain.emplace_back(m.ids[i], m.digests[i]);
-  return c;
-}
 uint32_t Shareable(const MReq& m) {
   return std::min<uint32_t>(static_cast<uint32_t>(m.ids.size()) * kBlockTokens / kPageRows, m.context);
 }
+Content ContentOf(const MReq& m, uint32_t h) {
+  if (m.session != 0) {  // issue 26: a session turn's page holds the rows of its tokens up to the page's end
+    return Content{m.tenant, {}, h, std::vector<uint64_t>(m.tokens.begin(), m.tokens.begin() + h + 1)};
+  }
+  const uint32_t b = ((h + 1) * kPageRows - 1) / kBlockTokens;
+  Content c{m.tenant, {}, h, {}};
+  for (uint32_t i = 0; i <= b && i < m.ids.size(); ++i) c.chain.emplace_back(m.ids[i], m.digests[i]);
+  return c;
+}
+// Issue 26: the session digest of page h: a hash of every token up to the page's end, not of the tenant (the key
+// has it). Independent of the core's hashes.
+uint64_t SessionDigestOf(const MReq& m, uint32_t h) {
+  std::vector<uint64_t> words = {0x5e55, h};
+  words.insert(words.end(), m.tokens.begin(), m.tokens.begin() + h + 1);
+  return XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+}
+uint64_t SessionHashOf(const MReq& m) {  // what the daemon computes (SessionHash): any nonzero per (tenant, session)
+  const uint64_t words[2] = {PrefixPages::TenantHash(m.tenant), m.session};
+  return XXH3_64bits(words, sizeof words) | 1;
+}
+
+struct Stored {  // issue 26: a value in the model store
+  PrefixAddress address;
+  Content content;
+  uint64_t checksum = 0;
+};
 
 class Harness : Dice {
  public:
@@ -114,6 +148,11 @@ class Harness : Dice {
   uint64_t kv_events() const { return kv_events_; }
   uint64_t cluster_imports() const { return cluster_imports_; }
   uint64_t cluster_published() const { return cluster_published_; }
+  uint64_t session_turns() const { return session_turns_; }
+  uint64_t session_published() const { return session_published_; }
+  uint64_t session_imports() const { return session_imports_; }
+  uint64_t session_grants() const { return session_grants_; }
+  uint64_t session_hits() const { return mgr_->prefix()->counters().session_hits; }
 
  private:
   void NewCore() {
@@ -129,6 +168,7 @@ class Harness : Dice {
     const RequestId r = next_id_++;
     MReq m;
     m.gpu = Pick(kGpus);
+    if (Pick(5) < 2) return AdmitTurn(r, m);  // issue 26: a session's turn
     const uint32_t family = Pick(3), blocks = 1 + Pick(5);
     m.tenant = Pick(3) == 0 ? "t2" : "";
     cross_tenant_chains_ += m.tenant == "t2";
@@ -147,6 +187,48 @@ class Harness : Dice {
     a.history_pages = Pick(m.context + 1);
     a.optional_history = Pick(3) != 0;
     a.prefix = PrefixChain{m.tenant, m.ids, m.digests, kBlockTokens};
+    AdmitModel(r, std::move(m), a);
+  }
+
+  // Issue 26: a turn of session s (0..3: tenant "" for s < 3, else "t2"): its pages' tokens follow the session's
+  // script (page j: 500 s + j), diverging sometimes from a page on (other tokens); a chain of 1..3 blocks (ids
+  // 5000 + 100 s + b, digests made of the block's page tokens: a longer chain than an earlier turn's covers pages
+  // that turn published under its session); its input is some of its context pages (the rest: what it generates).
+  void AdmitTurn(RequestId r, MReq& m) {
+    const uint32_t s = Pick(4);
+    m.session = 1 + s;
+    m.tenant = s < 3 ? "" : "t2";
+    const uint32_t blocks = 1 + Pick(3), per_block = kBlockTokens / kPageRows;
+    m.context = std::min<uint32_t>(blocks * per_block + 1 + Pick(8), 16);
+    const uint32_t diverge = Pick(5) == 0 ? Pick(m.context) : UINT32_MAX;
+    for (uint32_t j = 0; j < m.context; ++j) m.tokens.push_back(500 * s + j + (j >= diverge ? 7 : 0));
+    for (uint32_t b = 0; b < blocks; ++b) {
+      m.ids.push_back(5000 + 100 * s + b);
+      m.digests.push_back(XXH3_64bits(&m.tokens[b * per_block], per_block * sizeof(uint64_t)));
+    }
+    m.input_pages = Shareable(m) + Pick(m.context - Shareable(m) + 1);  // its chain covers complete input blocks
+    ++session_turns_;
+    AdmitRequest a;
+    a.request = r;
+    a.gpu = m.gpu;
+    a.required_pages = 1 + Pick(3);
+    a.page_rows = kPageRows;
+    a.context_rows = uint64_t{m.context} * kPageRows;
+    a.history_pages = Pick(m.context + 1);
+    a.optional_history = Pick(3) != 0;
+    a.prefix = PrefixChain{m.tenant, m.ids, m.digests, kBlockTokens};
+    SetSession(m, a);
+    AdmitModel(r, std::move(m), a);
+  }
+
+  // The worker's session fields of an admission: the digests of its complete input pages.
+  static void SetSession(const MReq& m, AdmitRequest& a) {
+    if (m.session == 0) return;
+    a.session_hash = SessionHashOf(m);
+    for (uint32_t h = 0; h < m.input_pages; ++h) a.session_digests.push_back(SessionDigestOf(m, h));
+  }
+
+  void AdmitModel(RequestId r, MReq m, const AdmitRequest& a) {
     if (!up_[m.gpu]) {
       EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kNotFound);
       mgr_->DrainOrders();
@@ -158,22 +240,58 @@ class Harness : Dice {
     Run(mgr_->Admit(a));
   }
 
+  // Issue 26: the model store's value for a wanted address: a prefix page by its key (its content checked, as the
+  // value check does), a session page by (tenant, session, digest, page); nullptr: a miss.
+  const Stored* StoredFor(const PrefixAddress& w) const {
+    if (w.session != 0) {
+      auto it = session_store_.find(SessionKey{w.tenant, w.session, w.content, w.page});
+      return it == session_store_.end() ? nullptr : &it->second;
+    }
+    auto it = store_.find(w.key);
+    return it == store_.end() || it->second.address.content != w.content ? nullptr : &it->second;
+  }
+
   // Issue 26: the pages the core names that the model store holds (a run from the first; a random cut is a miss),
   // imported into the room it names with the stored bytes.
   void ImportFromStore(const AdmitRequest& a) {
     const std::vector<PrefixAddress> wanted = mgr_->ClusterLookups(a);
+    // What the daemon asks: the wanted addresses, and a session admission's chain pages under their session key too
+    // (memd/cluster_sessions.h SessionAlternates): a page found either way serves (the prefix value first).
+    const ClusterAsk ask = SessionAlternates(wanted, PrefixPages::TenantHash(a.prefix.tenant), a.session_hash,
+                                             a.session_digests, kPageRows);
+    auto served = [&](size_t i) -> const Stored* {
+      if (const Stored* s = StoredFor(wanted[i])) return s;
+      if (ask.alternate[i] < 0) return nullptr;
+      const PrefixAddress& alt = ask.asked[static_cast<size_t>(ask.alternate[i])];
+      EXPECT_EQ(alt.session, a.session_hash);
+      EXPECT_EQ(alt.page, wanted[i].page);
+      EXPECT_EQ(alt.content, a.session_digests[wanted[i].page]);
+      return StoredFor(alt);
+    };
+    // The names: the chain's addresses first, then session addresses only, each of its session and digests.
+    bool sessions = false;
+    for (const PrefixAddress& w : wanted) {
+      if (w.session == 0) {
+        ASSERT_FALSE(sessions) << "a prefix address after a session address";
+        continue;
+      }
+      sessions = true;
+      ASSERT_EQ(w.session, a.session_hash);
+      ASSERT_EQ(w.tenant, PrefixPages::TenantHash(a.prefix.tenant));
+      ASSERT_LT(w.page, a.session_digests.size());
+      ASSERT_EQ(w.content, a.session_digests[w.page]);
+      ASSERT_GE(w.page, std::min<uint64_t>(a.prefix.block_ids.size() * kBlockTokens / kPageRows,
+                                           a.context_rows / kPageRows));
+    }
     uint32_t run = 0;
     // A value under the key with other content is the value check's address mismatch: a miss, the run ends.
-    while (run < wanted.size() && store_.contains(wanted[run].key) &&
-           store_.at(wanted[run].key).address.content == wanted[run].content && Pick(8) != 0) {
-      ++run;
-    }
+    while (run < wanted.size() && served(run) != nullptr && Pick(8) != 0) ++run;
     if (run == 0) return;
     const std::vector<PageIndex> room = mgr_->ClusterRoom(run);
     std::vector<ClusterImport> imports;
     for (size_t i = 0; i < room.size(); ++i) {
-      const Stored& s = store_.at(wanted[i].key);
-      ASSERT_EQ(s.address.content, wanted[i].content);  // the value check's address match
+      const Stored& s = *served(i);
+      session_imports_ += wanted[i].session != 0 || StoredFor(wanted[i]) == nullptr;
       ASSERT_FALSE(mgr_->prefix()->AtPage(room[i])) << "room " << room[i] << " is a stored page";
       bytes_[room[i]] = s.content;  // the daemon's copy of the value's payload
       imports.push_back({wanted[i], room[i], s.checksum});
@@ -191,6 +309,28 @@ class Harness : Dice {
       ASSERT_TRUE(bytes_.contains(p.host_page));
       store_[p.address.key] = Stored{p.address, bytes_.at(p.host_page), p.checksum};
       ++cluster_published_;
+    }
+  }
+
+  // Issue 26: a session turn's Complete (as the daemon's, before the event): the pages the core names for its
+  // session (digests of all its context pages: its input, then what it generated) go to the model store; each must be
+  // a confirmed page of its own holding exactly its history there (never a prefix page, never one it holds shared).
+  void PublishSession(RequestId r) {
+    const MReq& m = model_.at(r);
+    if (m.session == 0 || !m.granted || m.interrupted) return;  // an interrupted turn's end names no pages
+    std::vector<uint64_t> digests;
+    for (uint32_t h = 0; h < m.context; ++h) digests.push_back(SessionDigestOf(m, h));
+    const RequestDump d = Dump(r);
+    for (const SessionPublishPage& p : mgr_->SessionPages(r, digests)) {
+      ASSERT_GE(p.page, Shareable(m)) << "a prefix page published under the session";
+      ASSERT_FALSE(m.imported.contains(p.page)) << "a page it holds shared published under the session";
+      ASSERT_TRUE(d.host_copies.contains(p.page) && d.host_copies.at(p.page) == p.host_page);
+      ASSERT_EQ(p.digest, digests[p.page]);
+      ASSERT_TRUE(bytes_.contains(p.host_page));
+      ASSERT_EQ(bytes_.at(p.host_page), ContentOf(m, p.page)) << "request " << r << " publishes wrong rows";
+      session_store_[SessionKey{PrefixPages::TenantHash(m.tenant), SessionHashOf(m), p.digest, p.page}] =
+          Stored{PrefixAddress{}, bytes_.at(p.host_page), p.checksum};
+      ++session_published_;
     }
   }
 
@@ -235,6 +375,8 @@ class Harness : Dice {
   }
 
   void Complete(RequestId r) {
+    PublishSession(r);
+    if (::testing::Test::HasFatalFailure()) return;
     model_.erase(r);
     host_pages_.erase(r);
     for (auto& [o, rc] : reclaims_) rc.gone |= rc.request == r;
@@ -331,6 +473,7 @@ class Harness : Dice {
     a.host_backed = true;
     a.resume_of = old;
     a.prefix = PrefixChain{m.tenant, m.ids, m.digests, kBlockTokens};
+    SetSession(m, a);  // issue 26: a resume names its session too
     model_.erase(old);
     host_pages_.erase(old);
     m.granted = m.interrupted = false;
@@ -409,7 +552,7 @@ class Harness : Dice {
     const std::set<uint32_t> backed(g.host_backed_pages.begin(), g.host_backed_pages.end());
     for (uint32_t h : g.shared_pages) {
       ASSERT_TRUE(backed.contains(h)) << "a shared page not host-backed";
-      ASSERT_LT(h, Shareable(m));
+      ASSERT_LT(h, m.session != 0 ? m.input_pages : Shareable(m));  // issue 26: a turn's input pages
       // Exactness: the shared page holds exactly what this request would have computed there.
       ASSERT_TRUE(bytes_.contains(g.host_pages[h])) << "imported a page never written";
       ASSERT_EQ(bytes_.at(g.host_pages[h]), ContentOf(m, h)) << "request " << g.request << " page " << h;
@@ -418,6 +561,7 @@ class Harness : Dice {
       ASSERT_EQ(p->state, SharedPageState::kShared);
       m.imported.insert(h);
       ++hits_;
+      session_grants_ += h >= Shareable(m);
     }
   }
 
@@ -512,13 +656,11 @@ class Harness : Dice {
   std::set<RequestId> fence_rejects_;
   std::set<std::pair<uint64_t, uint64_t>> announced_;  // blocks the KV events say are stored
   uint64_t kv_events_ = 0;
-  struct Stored {  // issue 26: a value in the model store
-    PrefixAddress address;
-    Content content;
-    uint64_t checksum = 0;
-  };
   std::map<uint64_t, Stored> store_;  // key -> value; outlives memd restarts (the store is not memd's)
+  using SessionKey = std::tuple<uint64_t, uint64_t, uint64_t, uint32_t>;  // tenant, session, digest, page
+  std::map<SessionKey, Stored> session_store_;  // issue 26: session pages
   uint64_t cluster_imports_ = 0, cluster_published_ = 0;
+  uint64_t session_turns_ = 0, session_published_ = 0, session_imports_ = 0, session_grants_ = 0;
   uint64_t hits_ = 0, mismatch_chains_ = 0, cross_tenant_chains_ = 0, evictions_ = 0, max_cached_ = 0, adopted_ = 0;
 };
 
@@ -527,6 +669,7 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
   const int events = Events();
   uint64_t hits = 0, evictions = 0, mismatches = 0, max_cached = 0, adopted = 0, lookups = 0, kv_events = 0;
   uint64_t cluster_imports = 0, cluster_published = 0;
+  uint64_t turns = 0, session_published = 0, session_imports = 0, session_grants = 0, session_hits = 0;
   for (uint64_t seed : seeds) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Harness h(seed);
@@ -545,7 +688,16 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
     kv_events += h.kv_events();
     cluster_imports += h.cluster_imports();
     cluster_published += h.cluster_published();
+    turns += h.session_turns();
+    session_published += h.session_published();
+    session_imports += h.session_imports();
+    session_grants += h.session_grants();
+    session_hits += h.session_hits();
   }
+  std::printf("prefix random: issue 26's sessions: %llu turns, %llu session pages published, %llu imported, %llu "
+              "granted (pages after the chain), %llu session hits (last core)\n",
+              (unsigned long long)turns, (unsigned long long)session_published, (unsigned long long)session_imports,
+              (unsigned long long)session_grants, (unsigned long long)session_hits);
   std::printf("prefix random: issue 26's model store: %llu pages published, %llu imported before admissions\n",
               (unsigned long long)cluster_published, (unsigned long long)cluster_imports);
   std::printf("prefix random: %zu seeds x %d events: %llu shared pages imported, %llu lookups (last core), %llu "
@@ -563,6 +715,9 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
     EXPECT_GT(adopted, 0u);
     EXPECT_GT(cluster_imports, 10u);
     EXPECT_GT(cluster_published, 100u);
+    EXPECT_GT(session_published, 100u);
+    EXPECT_GT(session_imports, 10u);
+    EXPECT_GT(session_grants, 10u);
   }
 }
 

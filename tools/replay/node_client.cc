@@ -26,6 +26,7 @@ std::vector<uint64_t> HashIdsOf(const PromptRef& prompt) {
 }
 
 std::string SynthesizePrompt(const PromptRef& prompt) {
+  if (!prompt.tokens.empty()) return prompt.tokens;  // issue 26: explicit bytes
   const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(0, prompt.input_tokens));
   const uint64_t block = static_cast<uint64_t>(std::max<int64_t>(1, prompt.block_tokens));
   const std::vector<uint64_t> ids = HashIdsOf(prompt);

@@ -26,6 +26,10 @@ struct PromptRef {
   int64_t input_tokens = 0;       // prompt length, tokens (>= 1)
   int64_t block_tokens = 512;     // tokens per hash block (>= 1)
   std::vector<int64_t> hash_ids;  // prefix-block ids; block b covers tokens [b * block_tokens, (b+1) * block_tokens)
+  // Issue 26 (sessions across nodes): explicit prompt bytes, e.g. a chat turn's history, the previous answer and the
+  // new tokens. Non-empty: they are the prompt (input_tokens must equal their size; hash_ids are not used) and
+  // SynthesizePrompt returns them.
+  std::string tokens;
 };
 
 // Sampling of the generated tokens. Greedy by default, so that resident and hierarchical runs can be compared

@@ -50,7 +50,7 @@ absl::Status ZmqNodeClient::Submit(const SubmitRequest& request) {
   wire::SubmitRequestT body;
   body.request = request.request;
   body.client = options_.client_identity;
-  if (options_.prepared_prefix && !request.prompt.hash_ids.empty()) {
+  if (options_.prepared_prefix && !request.prompt.hash_ids.empty() && request.prompt.tokens.empty()) {
     // The prefix blocks are imported by the worker; the tokens after them (if the ids do not cover the input) are
     // sent as prompt bytes, the same tokens SynthesizePrompt gives (common/prompt_tokens.h).
     const PromptRef& p = request.prompt;
