@@ -24,6 +24,7 @@
 // Seeds: 1..20 by default, or env DHS_SEED; events per seed: env DHS_EVENTS (2000).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -152,6 +153,7 @@ class Harness : Dice {
   uint64_t session_published() const { return session_published_; }
   uint64_t session_imports() const { return session_imports_; }
   uint64_t session_grants() const { return session_grants_; }
+  uint64_t chain_by_session() const { return chain_by_session_; }
   uint64_t session_hits() const { return mgr_->prefix()->counters().session_hits; }
 
  private:
@@ -292,6 +294,7 @@ class Harness : Dice {
     for (size_t i = 0; i < room.size(); ++i) {
       const Stored& s = *served(i);
       session_imports_ += wanted[i].session != 0 || StoredFor(wanted[i]) == nullptr;
+      chain_by_session_ += wanted[i].session == 0 && StoredFor(wanted[i]) == nullptr;  // a chain page, by its session key
       ASSERT_FALSE(mgr_->prefix()->AtPage(room[i])) << "room " << room[i] << " is a stored page";
       bytes_[room[i]] = s.content;  // the daemon's copy of the value's payload
       imports.push_back({wanted[i], room[i], s.checksum});
@@ -324,7 +327,8 @@ class Harness : Dice {
     for (const SessionPublishPage& p : mgr_->SessionPages(r, digests)) {
       ASSERT_GE(p.page, Shareable(m)) << "a prefix page published under the session";
       ASSERT_FALSE(m.imported.contains(p.page)) << "a page it holds shared published under the session";
-      ASSERT_TRUE(d.host_copies.contains(p.page) && d.host_copies.at(p.page) == p.host_page);
+      ASSERT_NE(std::find(d.host_copies.begin(), d.host_copies.end(), std::make_pair(p.page, p.host_page)),
+                d.host_copies.end()) << "request " << r << " page " << p.page << " is not its confirmed copy";
       ASSERT_EQ(p.digest, digests[p.page]);
       ASSERT_TRUE(bytes_.contains(p.host_page));
       ASSERT_EQ(bytes_.at(p.host_page), ContentOf(m, p.page)) << "request " << r << " publishes wrong rows";
@@ -348,20 +352,29 @@ class Harness : Dice {
     for (const auto& [h, p] : d.host_copies) confirmed.insert(h);
     std::vector<uint32_t> pages;
     std::vector<uint64_t> sums;
+    std::set<PageIndex> backing_up;  // host pages a pending reclaim of r backs up into: the worker writes them there
+    for (const auto& [order, rc] : reclaims_) {
+      if (rc.request == r && !rc.backed_up) backing_up.insert(rc.order.backup_host_pages.begin(),
+                                                              rc.order.backup_host_pages.end());
+    }
     for (uint32_t h = 0; h < m.context; ++h) {
       if (confirmed.contains(h) || Pick(2) != 0) continue;  // a confirmed page (shared ones too) is never rewritten
+      if (backing_up.contains(HostPageOf(r, h))) continue;  // (a real worker never writes one page both ways)
       pages.push_back(h);
       sums.push_back(1 + h);
     }
     if (pages.empty()) return Run(mgr_->Populate());
-    for (uint32_t h : pages) WriteBytes(m, h, HostPageOf(r, h));
+    for (uint32_t h : pages) { SCOPED_TRACE("written r=" + std::to_string(r) + " h=" + std::to_string(h)); WriteBytes(m, h, HostPageOf(r, h)); }
     Run(mgr_->OnHostCopyWritten(r, pages, {}, true, sums));
   }
 
   void WriteBytes(const MReq& m, uint32_t h, PageIndex host_page) {
     // A shared page is immutable: no worker ever writes one (the core never hands one as a page to compute).
     if (const SharedPage* p = mgr_->prefix()->AtPage(host_page); p && p->state != SharedPageState::kWriting) {
-      FAIL() << "host page " << host_page << " is " << SharedPageStateName(p->state) << " but assigned to be written";
+      FAIL() << "host page " << host_page << " is " << SharedPageStateName(p->state) << " but assigned to be written"
+             << " (session " << m.session << ", page " << h << "; stored page " << p->address.page << " session "
+             << p->address.session << " blocks " << p->address.blocks << " writer " << p->writer << ", holders "
+             << p->holders.size() << ")";
     }
     bytes_[host_page] = ContentOf(m, h);
   }
@@ -414,7 +427,7 @@ class Harness : Dice {
           const auto& hp = host_pages_.at(rc.request);
           for (PageIndex host : rc.order.backup_host_pages) {
             for (const auto& [h, page] : hp) {
-              if (page == host) WriteBytes(model_.at(rc.request), h, host);
+              if (page == host) { SCOPED_TRACE("reclaim r=" + std::to_string(rc.request) + " h=" + std::to_string(h)); WriteBytes(model_.at(rc.request), h, host); }
             }
           }
         }
@@ -660,7 +673,7 @@ class Harness : Dice {
   using SessionKey = std::tuple<uint64_t, uint64_t, uint64_t, uint32_t>;  // tenant, session, digest, page
   std::map<SessionKey, Stored> session_store_;  // issue 26: session pages
   uint64_t cluster_imports_ = 0, cluster_published_ = 0;
-  uint64_t session_turns_ = 0, session_published_ = 0, session_imports_ = 0, session_grants_ = 0;
+  uint64_t session_turns_ = 0, session_published_ = 0, session_imports_ = 0, session_grants_ = 0, chain_by_session_ = 0;
   uint64_t hits_ = 0, mismatch_chains_ = 0, cross_tenant_chains_ = 0, evictions_ = 0, max_cached_ = 0, adopted_ = 0;
 };
 
@@ -670,6 +683,7 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
   uint64_t hits = 0, evictions = 0, mismatches = 0, max_cached = 0, adopted = 0, lookups = 0, kv_events = 0;
   uint64_t cluster_imports = 0, cluster_published = 0;
   uint64_t turns = 0, session_published = 0, session_imports = 0, session_grants = 0, session_hits = 0;
+  uint64_t chain_by_session = 0;
   for (uint64_t seed : seeds) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Harness h(seed);
@@ -693,11 +707,14 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
     session_imports += h.session_imports();
     session_grants += h.session_grants();
     session_hits += h.session_hits();
+    chain_by_session += h.chain_by_session();
   }
   std::printf("prefix random: issue 26's sessions: %llu turns, %llu session pages published, %llu imported, %llu "
-              "granted (pages after the chain), %llu session hits (last core)\n",
+              "granted (pages after the chain), %llu session hits (last core), %llu chain pages found by their session "
+              "key\n",
               (unsigned long long)turns, (unsigned long long)session_published, (unsigned long long)session_imports,
-              (unsigned long long)session_grants, (unsigned long long)session_hits);
+              (unsigned long long)session_grants, (unsigned long long)session_hits,
+              (unsigned long long)chain_by_session);
   std::printf("prefix random: issue 26's model store: %llu pages published, %llu imported before admissions\n",
               (unsigned long long)cluster_published, (unsigned long long)cluster_imports);
   std::printf("prefix random: %zu seeds x %d events: %llu shared pages imported, %llu lookups (last core), %llu "
@@ -718,6 +735,7 @@ TEST(PrefixRandom, InvariantsAfterEveryEvent) {
     EXPECT_GT(session_published, 100u);
     EXPECT_GT(session_imports, 10u);
     EXPECT_GT(session_grants, 10u);
+    EXPECT_GT(chain_by_session, 10u);
   }
 }
 
