@@ -79,5 +79,32 @@ TEST(SessionPagesTest, SessionAddressedPagesArePublishedUnlessHeld) {
   EXPECT_EQ(out[0].page, 2u);
 }
 
+// Issue 26 (the lookup): a session admission's block addresses are asked under their session key too (the page's
+// session address, from its digest), after the wanted ones; a session address or a page without a digest gets none;
+// no session: nothing added. ServedBy takes the page's own answer first, else its alternate's.
+TEST(SessionLookupTest, ChainPagesAreAskedUnderTheirSessionKeyToo) {
+  std::vector<PrefixAddress> wanted(3);
+  wanted[0].key = 100, wanted[0].page = 2;                         // a block address with a digest
+  wanted[1].key = 101, wanted[1].page = 3;                         // a block address with a digest
+  wanted[2] = PrefixPages::SessionAddress(9, 0x5e55, 0xd4, 16, 4);  // a session address already
+  const std::vector<uint64_t> digests = {0xd0, 0xd1, 0xd2, 0xd3, 0xd4};
+  const ClusterAsk ask = SessionAlternates(wanted, 9, 0x5e55, digests, 16);
+  ASSERT_EQ(ask.asked.size(), 5u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ask.asked[i], wanted[i]);
+  EXPECT_EQ(ask.alternate, (std::vector<int32_t>{3, 4, -1}));
+  EXPECT_EQ(ask.asked[3], PrefixPages::SessionAddress(9, 0x5e55, 0xd2, 16, 2));
+  EXPECT_EQ(ask.asked[4], PrefixPages::SessionAddress(9, 0x5e55, 0xd3, 16, 3));
+  // Found: page 2 by its prefix key and its session key (the prefix one serves), page 3 by its session key only,
+  // page 4 not at all.
+  const std::vector<bool> found = {true, false, false, true, true};
+  EXPECT_EQ(ServedBy(ask, found, 0), 0);
+  EXPECT_EQ(ServedBy(ask, found, 1), 4);
+  EXPECT_EQ(ServedBy(ask, found, 2), -1);
+  // No session, or digests too short: nothing added.
+  EXPECT_EQ(SessionAlternates(wanted, 9, 0, digests, 16).asked.size(), 3u);
+  EXPECT_EQ(SessionAlternates(wanted, 9, 0x5e55, std::vector<uint64_t>{1, 2}, 16).alternate,
+            (std::vector<int32_t>{-1, -1, -1}));
+}
+
 }  // namespace
 }  // namespace dhs::memd

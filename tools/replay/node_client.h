@@ -125,6 +125,7 @@ struct NodeStats {
   struct ClusterCounters {
     int64_t lookups = 0, hits = 0, imported = 0, published = 0;
     int64_t published_bytes = 0, imported_bytes = 0;
+    int64_t session_imported = 0;  // of imported: pages found by a session key (sessions across nodes)
     ClusterCounters& operator+=(const ClusterCounters& o) {
       lookups += o.lookups;
       hits += o.hits;
@@ -132,6 +133,7 @@ struct NodeStats {
       published += o.published;
       published_bytes += o.published_bytes;
       imported_bytes += o.imported_bytes;
+      session_imported += o.session_imported;
       return *this;
     }
   };

@@ -237,6 +237,7 @@ static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
                      {"cluster", n.cluster ? json{{"lookups", n.cluster->lookups},
                                                   {"hits", n.cluster->hits},
                                                   {"imported", n.cluster->imported},
+                                                  {"session_imported", n.cluster->session_imported},
                                                   {"published", n.cluster->published}}
                                            : json(nullptr)},
                      {"prefill_tokens_saved", n.prefill_tokens_saved},
@@ -283,10 +284,10 @@ static std::string MultiNodeLines(const MultiNodeFigures& m) {
                           n.misses, n.prefill_tokens_saved);
     if (const auto& c = n.cluster) {
       absl::StrAppendFormat(&out,
-                            "    cluster tier: %d pages looked up, %d found, %d imported (part of the host hits), %d "
-                            "published; store bytes out %d (%.0f/s), in %d (%.0f/s)\n",
-                            c->lookups, c->hits, c->imported, c->published, c->bytes_out, c->bytes_out_per_s,
-                            c->bytes_in, c->bytes_in_per_s);
+                            "    cluster tier: %d pages looked up, %d found, %d imported (part of the host hits; %d by "
+                            "a session key), %d published; store bytes out %d (%.0f/s), in %d (%.0f/s)\n",
+                            c->lookups, c->hits, c->imported, c->session_imported, c->published, c->bytes_out,
+                            c->bytes_out_per_s, c->bytes_in, c->bytes_in_per_s);
     }
   }
   if (!m.cluster_store.empty() && !m.cluster_counters) {
@@ -467,7 +468,7 @@ NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std:
     f.cluster = NodeFigures::Cluster{c->lookups,         c->hits,           c->imported,
                                      c->published,       c->published_bytes, c->imported_bytes,
                                      s > 0 ? c->published_bytes / s : 0.0,
-                                     s > 0 ? c->imported_bytes / s : 0.0};
+                                     s > 0 ? c->imported_bytes / s : 0.0, c->session_imported};
   }
   return f;
 }

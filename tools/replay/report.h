@@ -148,6 +148,7 @@ struct NodeFigures {
     int64_t lookups = 0, hits = 0, imported = 0, published = 0;
     int64_t bytes_out = 0, bytes_in = 0;
     double bytes_out_per_s = 0, bytes_in_per_s = 0;
+    int64_t session_imported = 0;  // of imported: found by a session key (a session's earlier turn's pages)
   };
   std::optional<Cluster> cluster;
 };

@@ -377,7 +377,8 @@ absl::Status ZmqNodeClient::SampleMemd() {
     const nlohmann::json& c = (*status)["cluster"];
     cluster_ = NodeStats::ClusterCounters{c.value("lookups", int64_t{0}),         c.value("hits", int64_t{0}),
                                           c.value("imported", int64_t{0}),        c.value("published", int64_t{0}),
-                                          c.value("published_bytes", int64_t{0}), c.value("imported_bytes", int64_t{0})};
+                                          c.value("published_bytes", int64_t{0}), c.value("imported_bytes", int64_t{0}),
+                                          c.value("session_imported", int64_t{0})};
   }
   const int64_t allocated = host.value("allocated", int64_t{0});
   const int64_t held = std::max<int64_t>(0, allocated - cached);
