@@ -13,6 +13,9 @@ blocks of 64 tokens).
      16..20 (which turn 1 held beyond ITS chain) by their session keys: B's memd imports 21 pages, of which
      floor(339 / 16) - 16 = 5 session pages (dhsctl status --json cluster.session_imported), and turn 2's tokens and
      logits digests equal R's for P2 (turn 1's equal R's for P1);
+  2b. session 8 with blocks of 256 tokens (a new prompt Q1 of 300 bytes on A, then Q2 = Q1 + its output + 60 bytes on
+     B): both chains are one block (pages 0..15), so B asks pages 16..24 by their session addresses (after the chain)
+     and imports 16 prefix + 5 session pages, exact;
   3. redis SIGKILLed before turn 2 on node C (fresh, same store address): C prefills, exact, nothing imported, misses
      counted.
 After each turn the node's host pool holds only cached shared pages (nothing leaked); every node stops at SIGTERM
@@ -35,12 +38,12 @@ LEN1, NEW1, ADD2, NEW2 = 300, 40, 60, 24
 SESSION = 7
 
 
-def turn(client, node, prompt, tag, tmp, session=SESSION):
+def turn(client, node, prompt, tag, tmp, session=SESSION, block=T):
     path, out = os.path.join(tmp, tag + ".prompt"), os.path.join(tmp, tag + ".json")
     with open(path, "wb") as f:
         f.write(bytes(prompt))
     new = NEW1 if tag.startswith("t1") else NEW2
-    r = subprocess.run([client, f"ipc://{node.run_dir}/worker-0.sock", str(session), str(new), str(T), path, out],
+    r = subprocess.run([client, f"ipc://{node.run_dir}/worker-0.sock", str(session), str(new), str(block), path, out],
                        capture_output=True, text=True, timeout=400)
     res = {}
     if os.path.exists(out):
@@ -141,6 +144,36 @@ def main():
                     "# HELP dhs_memd_cluster_session_imported_total" not in metrics:
                 failures.append("B: Prometheus has no dhs_memd_cluster_session_imported_total "
                                 f"{want_session}: {[l for l in metrics.splitlines() if 'session' in l][:6]}")
+
+            # Session 8 with blocks of 256 tokens: both turns' chains are one block (pages 0..15); turn 2's pages 16..20
+            # are asked by their session addresses (after the chain), not as a chain page's alternate.
+            q1 = [rng.randrange(256) for _ in range(LEN1)]
+            before_keys = set(k for k in redis.cli("KEYS", "dhs1:*").split() if k)
+            rc, u1 = turn(client, a, q1, "t1-a-256", tmp, session=8, block=256)
+            rc_r, u1_ref = turn(client, ref, q1, "t1-ref-256", tmp, session=8, block=256)
+            if rc != 0 or rc_r != 0 or u1.get("tokens") != u1_ref.get("tokens") or \
+                    u1.get("logits_digests") != u1_ref.get("logits_digests"):
+                failures.append(f"session 8 turn 1: rc {rc} / {rc_r} or differs from the resident run")
+            wait_until(lambda: ct.cluster_stats(dhsctl, a).get("queue_depth", 1) == 0, 10)
+            new_keys = set(k for k in redis.cli("KEYS", "dhs1:*").split() if k) - before_keys
+            new_session = sum(":s:" in k for k in new_keys)
+            if len(new_keys) - new_session != 16 or new_session != want_session:
+                failures.append(f"session 8: A published {len(new_keys) - new_session} prefix and {new_session} "
+                                f"session pages, want 16 and {want_session}")
+            q2 = q1 + u1.get("tokens", []) + [rng.randrange(256) for _ in range(ADD2)]
+            rc, u2 = turn(client, b, q2, "t2-b-256", tmp, session=8, block=256)
+            rc_r, u2_ref = turn(client, ref, q2, "t2-ref-256", tmp, session=8, block=256)
+            cb2 = ct.cluster_stats(dhsctl, b)
+            got = (cb2.get("imported", 0) - cb.get("imported", 0),
+                   cb2.get("session_imported", 0) - cb.get("session_imported", 0))
+            print(f"FIGURE session turn (blocks of 256): node B imported {got[0]} pages, {got[1]} by their session "
+                  f"address (want 21 and {want_session})", flush=True)
+            if rc != 0 or rc_r != 0 or u2.get("tokens") != u2_ref.get("tokens") or \
+                    u2.get("logits_digests") != u2_ref.get("logits_digests") or len(u2.get("tokens", [])) != NEW2:
+                failures.append(f"session 8 turn 2 on B: rc {rc} / {rc_r} or differs from the resident run")
+            if got != (16 + want_session, want_session):
+                failures.append(f"session 8 turn 2 on B: imported {got}, want {(16 + want_session, want_session)}")
+            ct.pool_clean(failures, "B (256)", dhsctl, b)
 
             # The store killed before turn 2 on a fresh node: prefilled, exact, nothing imported.
             redis.kill()
