@@ -9,7 +9,8 @@ The conversation trace of replay_prefix_sharing_test (15 first turns, then their
      (cluster.hits > 0, cluster.imported > 0, misses counted) and every request's tokens and logits digests equal
      node A's (hisparse with sharing equals resident: replay_prefix_sharing_test), and equal to a resident run;
   3. a value corrupted in the store (every published value's payload byte flipped through redis-cli): node C serves
-     the trace exact, nothing imported, the misses counted as bad_value (checksum_mismatch);
+     the trace exact, no corrupted value imported (only session pages C itself published during the pass, found by
+     its follow-up turns), the misses counted as bad_value (checksum_mismatch);
   4. redis SIGKILLed: node D serves the trace exact, misses counted (unavailable / store_down), nothing imported;
      redis restarted empty on the same port: the tier comes back up (a probe) and node D serves the trace again, exact;
   5. redis SIGSTOPped: node E serves the trace exact (each lookup costs at most the deadline, then backoff), misses
