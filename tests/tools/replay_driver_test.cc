@@ -201,6 +201,42 @@ TEST(ReplayDriver, SubmitCarriesThePromptReferenceAndLengths) {
   EXPECT_EQ(s.sampling.seed, 1u);
 }
 
+// Issue 26 (--chat-turns): a next turn waits for its previous turn's end although it is due, then sends the previous
+// prompt, the previous output tokens and its own tokens past them (ChatPrompt); a first turn sends its trace prompt.
+TEST(ReplayDriver, ChatTurnsWaitForThePreviousTurnAndCarryItsAnswer) {
+  FakeClock clock;
+  // Request 1 (turn 0): 3 tokens, ends at +20. Request 2 (its next turn): due at 0 as well (open loop).
+  FakeNode node(&clock, {{1, {{10, 2}, {20, 1, true}}}, {2, {{5, 1, true}}}});
+  Trace trace = MakeTrace(2);
+  trace.requests[1].input_tokens = 40;
+  auto sched = Scheduler::ClosedLoop(2, 2);
+  DriverOptions options = Quiet();
+  options.chat_parent = {-1, 0};
+  ReplayDriver driver(&node, &clock, options);
+  auto result = driver.Run(trace, *sched);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(node.submits.size(), 2u);
+  const std::string first = SynthesizePrompt(PromptRef{0, 25, 10, {0, 100, 200}});
+  EXPECT_EQ(node.submits[0].prompt.tokens, first);
+  EXPECT_EQ(node.submits[0].prompt.input_tokens, 25);
+  EXPECT_EQ(result->requests[1].submit_ms, 20);  // held until request 1 ended
+  const std::vector<int32_t>& answer = result->requests[0].output;
+  ASSERT_EQ(answer.size(), 3u);
+  std::string want = first;
+  for (int32_t t : answer) want.push_back(static_cast<char>(t));
+  const std::string own = SynthesizePrompt(PromptRef{1, 40, 10, {0, 101, 201}});
+  want += own.substr(28);  // its own tokens past 25 + 3
+  EXPECT_EQ(node.submits[1].prompt.tokens, want);
+  EXPECT_EQ(node.submits[1].prompt.input_tokens, 40);
+}
+
+TEST(ChatPrompt, HistoryAnswerThenNewTokensAndAlwaysOneNew) {
+  EXPECT_EQ(ChatPrompt("abc", {'X', 'Y'}, "abcdefgh"), "abcXYfgh");
+  EXPECT_EQ(ChatPrompt("abc", {'X', 'Y'}, "abcd"), "abcXYd");  // shorter than history + answer: its last token
+  EXPECT_EQ(ChatPrompt("abc", {}, "abcd"), "abcd");
+  EXPECT_EQ(ChatPrompt("", {0x141}, "zz"), std::string("\x41z"));  // tokens are bytes
+}
+
 TEST(ReplayDriver, ClosedLoopNeverExceedsConcurrency) {
   FakeClock clock;
   std::map<RequestId, std::vector<Step>> plans;

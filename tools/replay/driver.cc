@@ -52,8 +52,21 @@ absl::StatusOr<DriverResult> ReplayDriver::Run(const Trace& trace, Scheduler& sc
   return result;
 }
 
+std::string ChatPrompt(std::string_view previous, const std::vector<int32_t>& output, std::string_view next) {
+  std::string p(previous);
+  for (int32_t t : output) p.push_back(static_cast<char>(static_cast<uint8_t>(t)));
+  if (next.size() > p.size()) {
+    p.append(next.substr(p.size()));
+  } else if (!next.empty()) {
+    p.push_back(next.back());
+  }
+  return p;
+}
+
 // RunInto's state between its phases.
 struct ReplayDriver::Loop {
+  std::vector<size_t> held;          // --chat-turns: due, waiting for their previous turn's end (submit order)
+  std::vector<std::string> prompts;  // --chat-turns: the prompt bytes sent, per trace position
   absl::flat_hash_map<RequestId, size_t> by_id;  // request id -> index in the trace
   double start = 0;                               // the clock when the run began, ms
   Progress progress;
@@ -80,10 +93,11 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
   }
   loop.start = clock_->NowMs();
   loop.progress.total = static_cast<int64_t>(n);
+  if (!options_.chat_parent.empty()) loop.prompts.resize(n);
 
-  while (!scheduler.all_submitted() || loop.in_flight > 0) {
+  while (!scheduler.all_submitted() || loop.in_flight > 0 || !loop.held.empty()) {
     if (absl::Status s = SubmitDue(trace, scheduler, result, loop); !s.ok()) return s;
-    if (scheduler.all_submitted() && loop.in_flight == 0) break;
+    if (scheduler.all_submitted() && loop.in_flight == 0 && loop.held.empty()) break;
 
     double timeout = options_.poll_timeout_ms;
     if (auto due = scheduler.NextDueMs()) timeout = std::clamp(*due - Now(loop), 0.0, timeout);
@@ -123,11 +137,41 @@ absl::Status ReplayDriver::RunInto(const Trace& trace, Scheduler& scheduler, Dri
 }
 
 absl::Status ReplayDriver::SubmitDue(const Trace& trace, Scheduler& scheduler, DriverResult& result, Loop& loop) {
+  // --chat-turns: a held next turn goes once its previous turn ended (in the order they came due).
+  std::vector<size_t> ready;
+  auto parent_ended = [&](size_t i) {
+    const int64_t p = i < options_.chat_parent.size() ? options_.chat_parent[i] : -1;
+    return p < 0 || static_cast<size_t>(p) >= result.requests.size() ||
+           result.requests[static_cast<size_t>(p)].end_ms >= 0;
+  };
+  std::erase_if(loop.held, [&](size_t i) {
+    if (!parent_ended(i)) return false;
+    ready.push_back(i);
+    return true;
+  });
   for (size_t i : scheduler.Due(Now(loop), loop.in_flight)) {
+    if (!options_.chat_parent.empty() && !parent_ended(i)) {
+      loop.held.push_back(i);
+      continue;
+    }
+    ready.push_back(i);
+  }
+  for (size_t i : ready) {
     const TraceRequest& tr = trace.requests[i];
     SubmitRequest submit;
     submit.request = result.requests[i].request;
     submit.prompt = PromptRef{tr.index, tr.input_tokens, trace.block_tokens, tr.hash_ids};
+    if (!options_.chat_parent.empty()) {  // issue 26: the chat template's prompt
+      const int64_t p = i < options_.chat_parent.size() ? options_.chat_parent[i] : -1;
+      std::string own = SynthesizePrompt(submit.prompt);
+      if (p >= 0 && static_cast<size_t>(p) < result.requests.size() && result.requests[static_cast<size_t>(p)].served() &&
+          !loop.prompts[static_cast<size_t>(p)].empty()) {
+        own = ChatPrompt(loop.prompts[static_cast<size_t>(p)], result.requests[static_cast<size_t>(p)].output, own);
+      }
+      submit.prompt.input_tokens = static_cast<int64_t>(own.size());
+      submit.prompt.tokens = own;
+      loop.prompts[i] = std::move(own);
+    }
     submit.max_new_tokens = tr.output_tokens;
     submit.sampling.seed = static_cast<uint64_t>(tr.index);
     const double t = Now(loop);
@@ -148,7 +192,12 @@ absl::Status ReplayDriver::Record(const Trace& trace, const TokenEvent& ev, doub
     return absl::InternalError(absl::StrCat("event for request ", ev.request, " before it was submitted"));
   }
   if (r.end_ms >= 0) return absl::InternalError(absl::StrCat("event for request ", ev.request, " after it ended"));
-  if (!ev.tokens.empty()) RecordTokens(ev, t, trace.requests[it->second].input_tokens, r, loop);
+  // (--chat-turns: the prompt sent, not the trace's length)
+  const size_t at = it->second;
+  const int64_t input = at < loop.prompts.size() && !loop.prompts[at].empty()
+                            ? static_cast<int64_t>(loop.prompts[at].size())
+                            : trace.requests[at].input_tokens;
+  if (!ev.tokens.empty()) RecordTokens(ev, t, input, r, loop);
   r.allocation_wait_ms = std::max(r.allocation_wait_ms, ev.allocation_wait_ms);
   if (!ev.error.empty() || ev.finished) RecordEnd(ev, t, r, loop);
   return absl::OkStatus();

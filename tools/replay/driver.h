@@ -100,7 +100,18 @@ struct DriverOptions {
   // computed for `request` by the tokens it sent: prompt + output tokens - 1 (the last token's row comes with the
   // next step). Null: not called. Runs on the driver's thread.
   std::function<void(RequestId request, int64_t rows)> on_rows;
+  // Issue 26 (sessions across nodes; dhs-replay --chat-turns): per trace position, the position of the request's
+  // previous turn in its session (tools/replay/sessions.h SessionTurn::parent), or -1. Non-empty: a next turn is held
+  // until its previous turn ended, then sent with ChatPrompt (history, the answer, the new tokens) when that turn was
+  // served (a failed previous turn: its own trace prompt).
+  std::vector<int64_t> chat_parent;
 };
+
+// Issue 26 (--chat-turns): a next turn's prompt as a chat template builds it: the previous turn's prompt bytes, its
+// output tokens, then the next turn's own prompt bytes (`next`: its trace prompt, SynthesizePrompt) from position
+// |previous| + |output| on (its new blocks); at least one of them (its last), so the prompt always ends with a new
+// token. Its length is max(|next|, |previous| + |output| + 1). Pure.
+std::string ChatPrompt(std::string_view previous, const std::vector<int32_t>& output, std::string_view next);
 
 class ReplayDriver {
  public:

@@ -313,6 +313,15 @@ class ReplayRun {
       if (static_cast<size_t>(index) >= of.size()) of.resize(static_cast<size_t>(index) + 1, -1);
       of[static_cast<size_t>(index)] = turns[i].session;
     }
+    if (options.chat_turns) {  // issue 26: each next turn's previous turn, by trace position
+      std::map<int64_t, int64_t> position_of;
+      for (size_t i = 0; i < trace.requests.size(); ++i) position_of[trace.requests[i].index] = static_cast<int64_t>(i);
+      driver_options_.chat_parent.assign(trace.requests.size(), -1);
+      for (size_t i = 0; i < turns.size() && i < trace.requests.size(); ++i) {
+        auto p = position_of.find(turns[i].parent);
+        if (turns[i].parent >= 0 && p != position_of.end()) driver_options_.chat_parent[i] = p->second;
+      }
+    }
     client_options_.reattach_timeout = std::chrono::milliseconds(options.reattach_timeout_ms);
     if (faults && options.reattach_timeout_ms == 0) client_options_.reattach_timeout = kFaultReattachTimeout;
     driver_options_.idle_timeout_ms = static_cast<double>(options.idle_timeout_ms);

@@ -285,6 +285,10 @@ void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
                  "With --connect tcp://: the worker's CURVE public key file (its RUN_DIR/serving-curve.pub)");
   app.add_flag("--prepared-prefix", o.prepared_prefix,
                "Send the trace's hash_ids as a prepared prefix (imported history) instead of prompt bytes");
+  app.add_flag("--chat-turns", o.chat_turns,
+               "Issue 26: a session's next turn (tools/replay/sessions.h) waits for its previous turn's end and sends "
+               "as its prompt the previous prompt, the previous answer's tokens, then its own new tokens (a chat "
+               "template; prompt bytes, not a prepared prefix)");
   // Issue 24: the content-addressed host tier and the requests' tenants.
   app.add_option("--prefix-sharing", o.prefix_sharing,
                  "memd's --prefix-sharing of the node the tool starts: on shares the host pages of complete prefix "

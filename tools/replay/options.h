@@ -59,6 +59,8 @@ struct ReplayOptions {
   uint64_t seed = 1;                       // --seed: weights seed of the built-in model
   int64_t slots = 8;                       // --slots: request slots N of the worker the tool starts
   bool prepared_prefix = false;            // --prepared-prefix: import history from hash_ids instead of prefill
+  bool chat_turns = false;                 // --chat-turns (issue 26): a next turn's prompt = history + answer + new
+                                           // tokens (ChatPrompt), held until its previous turn ended
   int64_t reattach_timeout_ms = 0;         // --reattach-timeout-ms: wait this long for a restarted worker (0: off)
   int64_t request_timeout_ms = 0;          // --request-timeout-ms (issue 22): cancel a request not ended this long
                                            // after its submit (the worker frees it; end reason timeout); 0 = none
