@@ -440,7 +440,10 @@ def main():
             pool_clean(failures, "m", dhsctl, m_node)
             cm = cluster_stats(dhsctl, m_node)
             print("node M cluster (another model):", json.dumps(cm), flush=True)
-            if cm.get("imported", 0) != 0 or cm.get("lookups", 0) <= 0 or misses(cm, "absent") != cm.get("lookups"):
+            # (but the session pages M published itself during the pass, found by its follow-ups: as R above)
+            if cm.get("imported", 0) != cm.get("session_imported", 0) or cm.get("lookups", 0) <= 0 or \
+                    cm.get("hits", 0) != cm.get("session_hits", 0) or \
+                    misses(cm, "absent") != cm.get("lookups", 0) - cm.get("hits", 0):
                 failures.append(f"M (another model): {cm}")
             s_node = Node(node_exe, tmp, "s", port)
             nodes.append(s_node)
