@@ -42,6 +42,8 @@ and not run again (a long measurement in pieces).
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -82,11 +84,33 @@ def read_outputs(path):
         return {}
 
 
+def run_child(cmd, env=None, grace_s=60):
+    """subprocess.run(cmd, capture_output=True, text=True) that, on Ctrl-C (KeyboardInterrupt), lets the child stop
+    first: dhs-replay takes SIGINT by stopping its node (memd drops its pool segment, the workers exit), so it gets
+    SIGINT (again) and up to `grace_s` seconds before SIGKILL; then the KeyboardInterrupt goes on. Without this the
+    run directory could be deleted while memd still ran (a /dev/shm/dhs-pool-* segment left behind)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate()
+    except KeyboardInterrupt:
+        try:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=grace_s)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def one_sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_tokens=None):
     """One dhs-replay sweep on ONE node (tools/replay/closed_loop.h PrefixSweepSharesNode): the prefixes are computed
     at the first C and imported from the worker's row cache at the others. Returns {C: figures} (each point's outputs
     in TMP/NAME.outputs.c<C>, the worker's log in TMP/NAME.run/workerd.log, its step profile split per point by the
-    point's measured window); a failed sweep gives {"error": ...} for its points that have no report."""
+    point's measured window). The points dhs-replay finished keep their figures; a point with an "error" is a failed
+    one: no report (the sweep stopped before it or at it), a partial report (`complete` false) or a session not served
+    (served < total; its figures kept beside the error). A failed point names the sweep's run directory (`run_dir`,
+    kept by measure()); dhs-replay's stderr is shown whenever it exited non-zero."""
     name = f"L{context}-{mode}{tag}"
     out, outputs = os.path.join(tmp, name + ".json"), os.path.join(tmp, name + ".outputs")
     run_dir = os.path.join(tmp, name + ".run")
@@ -104,12 +128,15 @@ def one_sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_
     if args.link_model != "off":
         cmd += ["--link-model", args.link_model]
     env = dict(os.environ, DHS_STEP_PROFILE="1")  # the worker's step-time split (workerd/model/step_profile.h)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = run_child(cmd, env=env)
     reports = []
     if os.path.exists(out):
-        with open(out) as f:
-            reports = json.load(f)
-    if proc.returncode not in (0, 1) or not reports:
+        try:
+            with open(out) as f:
+                reports = json.load(f)
+        except ValueError as e:
+            sys.stderr.write(f"bench_prefix: {out}: {e}\n")
+    if proc.returncode != 0 or not reports:
         sys.stderr.write(proc.stderr[-3000:])
     log_path = os.path.join(run_dir, "workerd.log")
     profile = read_step_profile(log_path)
@@ -123,9 +150,17 @@ def one_sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_
         # imports and residency polls inside the window.
         fig["mixed_profile"] = window_profile(mixed, w.get("window_begin_ms"), w.get("window_end_ms"))
         fig["loop_profile"] = window_profile(loop, w.get("window_begin_ms"), w.get("window_end_ms"))
-        figs[int(r["settings"]["concurrency"])] = fig
+        c = int(r["settings"]["concurrency"])
+        if r.get("complete") is False:
+            fig["error"] = f"{name}: the run failed at C = {c} (dhs-replay exited {proc.returncode}; a partial report)"
+        elif fig["served"] != fig["total"]:
+            fig["error"] = f"{name}: C = {c}: {fig['served']} of {fig['total']} sessions served"
+        figs[c] = fig
     for c in concs:
         figs.setdefault(c, {"error": f"{name}: dhs-replay exited {proc.returncode} before C = {c}"})
+    for fig in figs.values():
+        if "error" in fig:
+            fig["run_dir"] = run_dir
     return figs
 
 
@@ -280,8 +315,8 @@ def measure(args, log=sys.stderr, saved=None):
     result["repeats"] = repeats = max([repeats] + [p["round"] + 1 for p in points.values()])
     # Outputs of every run stay beside --json (so a later --append compares against resident's saved outputs).
     keep = args.json and getattr(args, "append", False)
-    tmp_dir = None if keep else tempfile.TemporaryDirectory()
-    work = (getattr(args, "work_dir", "") or args.json + ".runs") if keep else tmp_dir.name
+    tmp_dir = None if keep else tempfile.mkdtemp(prefix="bench_prefix-")  # removed at the end unless a run failed
+    work = (getattr(args, "work_dir", "") or args.json + ".runs") if keep else tmp_dir
     os.makedirs(work, exist_ok=True)
     spec_c = [int(x) for x in str(getattr(args, "spec_concurrency", "") or "").split(",") if x] or conc
     # Speculation at its own context and output length (the synthetic proposer catches its private session up 64
@@ -323,8 +358,13 @@ def measure(args, log=sys.stderr, saved=None):
         for p in points.values():  # again at the end: a resident run measured after its point (a later piece)
             check_exact(p, work, args.sample_every)
     finally:
-        if tmp_dir:
-            tmp_dir.cleanup()
+        if tmp_dir:  # a failed run's directory (its logs, dhs-replay kept it) is kept for reading, and named
+            failed = sorted({p["run"]["run_dir"] for p in points.values() if "run_dir" in p["run"]})
+            if failed:
+                print(f"bench_prefix: kept {tmp_dir}: the run directories of the failed sweeps: {', '.join(failed)}",
+                      file=log, flush=True)
+            else:
+                shutil.rmtree(tmp_dir, ignore_errors=True)
     result["rounds"] = sorted(points.values(), key=lambda p: (p["context"], p["concurrency"], p["mode"], p["round"]))
     result["planner"] = {str(L): plan(args.dhsctl, args.preset, L + args.suffix_tokens + args.output_tokens, budget,
                                       max(conc)) for L in contexts}
@@ -461,6 +501,28 @@ def fmt(x, nd=2):
     return f"{x:.{nd}f}" if isinstance(x, (int, float)) and x == x else "n/a"
 
 
+def is_reference(mode):
+    """Whether a point of `mode` is an exactness reference (resident, and resident at the speculation's settings)."""
+    return mode in ("resident", SPEC_RESIDENT)
+
+
+def exact_cell(point, field="exact_sample"):
+    """The `exact` column: "ref" for a reference, "n/a" where no session was compared (not exact: unknown), else
+    equal/compared."""
+    if field == "exact_sample" and is_reference(point["mode"]):
+        return "ref"
+    e = point.get(field) or {}
+    if not e.get("compared"):
+        return "n/a"
+    return f"{e['compared'] - e['differ']}/{e['compared']}"
+
+
+def unchecked(points):
+    """The points that were measured but not shown exact: no reference, and no session compared against one."""
+    return [p for p in points if not is_reference(p["mode"]) and "error" not in p["run"]
+            and not (p.get("exact_sample") or {}).get("compared")]
+
+
 def print_table(result):
     print(f"bench_prefix: preset {result['preset']}, {result['prefixes']} prefixes, contexts {result['contexts']}, "
           f"budget {result['hbm_budget_bytes']} bytes, link model {result['link_model']}")
@@ -471,15 +533,40 @@ def print_table(result):
         if "error" in r:
             print(f"{p['context']:>6} {p['concurrency']:>3} {p['mode']:<18} FAILED {r['error']}")
             continue
-        e = p.get("exact_sample", {})
         print(f"{p['context']:>6} {p['concurrency']:>3} {p['mode']:<18} {r['served']:>3}/{r['total']:<3} "
               f"{r['sessions']:>4} {fmt(r['output_tokens_per_s']):>7} {fmt(r['tpot_p50_ms']):>7} "
               f"{fmt(r['tpot_p99_ms']):>7} {fmt(r['census_host'], 3):>6} {fmt(r['allocation_wait_share'], 3):>6} "
               f"{r['reclaims']:>5} {r['repopulated_pages']:>5} {fmt(r['host_bytes_per_token'], 0):>8} "
               f"{fmt(v.get('output_tokens_per_s'), 3):>7} {fmt(v.get('sessions')):>6} "
-              f"{e.get('compared', 0) - e.get('differ', 0)}/{e.get('compared', 0):<4}")
+              f"{exact_cell(p):<6}")
     for L, k in result.get("knees", {}).items():
         print(f"knee at L={L}: measured {k['measured_knee']}, planner {k['planner']}")
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not >= 1")
+    return v
+
+
+def positive_int_list(text):
+    """argparse type: comma-separated integers >= 1 (at least one), kept as the text measure() splits."""
+    words = [w for w in str(text).split(",") if w.strip()]
+    if not words:
+        raise argparse.ArgumentTypeError("no value given")
+    for w in words:
+        positive_int(w.strip())
+    return ",".join(w.strip() for w in words)
+
+
+def optional_positive_int_list(text):
+    """argparse type: empty (the default) or as positive_int_list."""
+    return positive_int_list(text) if str(text).strip() else ""
 
 
 def main():
@@ -487,19 +574,21 @@ def main():
     ap.add_argument("--replay", default="build/tools/replay/dhs-replay")
     ap.add_argument("--dhsctl", default="build/tools/dhsctl/dhsctl")
     ap.add_argument("--preset", default="bench-wide", choices=MODEL_PRESETS)
-    ap.add_argument("--prefixes", type=int, default=2)
-    ap.add_argument("--contexts", default="1024,4096", help="prefix lengths L, tokens (comma-separated)")
-    ap.add_argument("--concurrency", default="1,4,8,16,32,64")
-    ap.add_argument("--sessions-per-c", type=int, default=2, help="sessions per run = max(prefixes, this x C)")
-    ap.add_argument("--suffix-tokens", type=int, default=16)
-    ap.add_argument("--output-tokens", type=int, default=16)
+    ap.add_argument("--prefixes", type=positive_int, default=2)
+    ap.add_argument("--contexts", type=positive_int_list, default="1024,4096",
+                    help="prefix lengths L, tokens (comma-separated)")
+    ap.add_argument("--concurrency", type=positive_int_list, default="1,4,8,16,32,64")
+    ap.add_argument("--sessions-per-c", type=positive_int, default=2,
+                    help="sessions per run = max(prefixes, this x C)")
+    ap.add_argument("--suffix-tokens", type=positive_int, default=16)
+    ap.add_argument("--output-tokens", type=positive_int, default=16)
     ap.add_argument("--resident-sessions", type=float, default=4,
                     help="size the budget so resident holds this many histories of the longest context")
     ap.add_argument("--hbm-budget", default="", help="GPU KV budget, bytes (overrides --resident-sessions)")
     ap.add_argument("--link-model", default="pcie5", choices=("off", "pcie5"))
     ap.add_argument("--speculation", action="store_true",
                     help="also adaptive with speculation (schedule, online), at the first context length")
-    ap.add_argument("--spec-concurrency", default="", help="with --speculation: only at these C (default every C)")
+    ap.add_argument("--spec-concurrency", type=optional_positive_int_list, default="", help="with --speculation: only at these C (default every C)")
     ap.add_argument("--spec-context", type=int, default=0, help="with --speculation: its prefix length (default the "
                     "first context)")
     ap.add_argument("--spec-output-tokens", type=int, default=0, help="with --speculation: output tokens per session "
@@ -509,19 +598,27 @@ def main():
                          "speculation's context (default: the main budget)")
     ap.add_argument("--spec-hbm-budget", default="", help="with --speculation: its GPU KV budget, bytes (overrides "
                     "--spec-resident-sessions)")
-    ap.add_argument("--sample-every", type=int, default=2, help="exactness: every N-th session against resident")
-    ap.add_argument("--repeats", type=int, default=1,
+    ap.add_argument("--sample-every", type=positive_int, default=2, help="exactness: every N-th session against resident")
+    ap.add_argument("--repeats", type=positive_int, default=1,
                     help="rounds: every sweep this many times, a round after another; ratios are taken within a round "
                          "and reported as the median over rounds with [min, max]")
     ap.add_argument("--json", default="")
     ap.add_argument("--append", action="store_true", help="keep the points of an existing --json; run the others")
     ap.add_argument("--work-dir", default="", help="with --append: the runs' outputs and logs (default JSON.runs)")
     args = ap.parse_args()
+    for flag, path in (("--replay", args.replay), ("--dhsctl", args.dhsctl)):
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            ap.error(f"{flag} {path}: no such executable (build it first: ninja -C build, or give its path)")
     saved = None
     if args.append and args.json and os.path.exists(args.json):
         with open(args.json) as f:
             saved = json.load(f)
-    result = measure(args, saved=saved)
+    try:
+        result = measure(args, saved=saved)
+    except KeyboardInterrupt:  # run_child stopped the running dhs-replay (and its node) first
+        print("\nbench_prefix: interrupted (the running dhs-replay was stopped; --json holds the sweeps finished "
+              "before)", file=sys.stderr)
+        return 130
     if args.json:
         save(result, args.json)
     print_table(result)
@@ -530,7 +627,11 @@ def main():
     for p in failed:
         print(f"bench_prefix: FAILED L={p['context']} C={p['concurrency']} {p['mode']} round {p['round'] + 1}: "
               f"{p['run']['error']}", file=sys.stderr)
-    return 1 if bad or failed else 0
+    not_checked = unchecked(result["points"])  # a comparison of 0 sessions is not "exact"
+    for p in not_checked:
+        print(f"bench_prefix: NOT CHECKED L={p['context']} C={p['concurrency']} {p['mode']}: no session compared "
+              "with the reference", file=sys.stderr)
+    return 1 if bad or failed or not_checked else 0
 
 
 if __name__ == "__main__":

@@ -866,7 +866,7 @@ def prefix_lines(fig, plots):
                "are the median round's (by tokens/s ratio to resident; resident's by tokens/s; of two, the lower). " if pre.get("repeats", 1) > 1 else
                "One run per point; ratios to resident at the same point. ")
             + f"`exact`: sessions (every {pre['sample_every']}-th, in every round) whose tokens and logits digests "
-            "equal resident's, of those compared. The census, reclaims, repopulated pages and host bytes per token are "
+            "equal resident's, of those compared (`ref` for resident itself; `n/a` where none was compared). The census, reclaims, repopulated pages and host bytes per token are "
             "given as they are: resident has no census and none of the others (a ratio to 0). The host-device link is "
             "modelled (pcie5), not measured. Plots: tokens/s as the median of the per-round ratios to resident (bars: "
             "the rounds' min and max), sessions and the census as the median over rounds (bars: min and max).", ""]
@@ -882,7 +882,7 @@ def prefix_lines(fig, plots):
                 "reclaims | repopulated | host B/token | prep s | in flight mean | exact |", "|" + "---|" * 20]
         for p in sorted((p for p in pre["points"] if p["context"] == L and p["mode"] in MODES),
                        key=lambda p: (p["concurrency"], p["mode"])):
-            r, v, e = p["run"], p.get("vs_resident", {}), p.get("exact_sample", {})
+            r, v = p["run"], p.get("vs_resident", {})
             if "error" in r:
                 out.append(f"| {p['concurrency']} | {p['mode']} | FAILED: {r['error']} |" + " |" * 18)
                 continue
@@ -898,8 +898,7 @@ def prefix_lines(fig, plots):
                        f"{vs('allocation_wait_share')} | "
                        f"{fmt(r['census_direct'], 3)} / {fmt(r['census_hot'], 3)} / {fmt(r['census_host'], 3)} | "
                        f"{r['reclaims']} | {r['repopulated_pages']} | {fmt(r['host_bytes_per_token'], 0)} | "
-                       f"{fmt(r['preparation_s'], 1)} | {fmt(r['in_flight_mean'])} | "
-                       f"{e.get('compared', 0) - e.get('differ', 0)}/{e.get('compared', 0)} |")
+                       f"{fmt(r['preparation_s'], 1)} | {fmt(r['in_flight_mean'])} | {bench_prefix.exact_cell(p)} |")
         k = (pre.get("knees") or {}).get(str(L), {})
         planner = k.get("planner") or {}
         out += ["", f"Knee at {L} tokens: resident admitted fewer sessions than C first at C = "
@@ -921,8 +920,8 @@ def prefix_speculation_lines(pre):
     if not spec:
         return []
 
-    def exact(e):
-        return f"{e['compared'] - e['differ']}/{e['compared']}" if e else "n/a"
+    def exact(e):  # a comparison of 0 sessions is not exact: n/a
+        return f"{e['compared'] - e['differ']}/{e['compared']}" if e and e.get("compared") else "n/a"
     budget = pre.get("spec_hbm_budget_bytes", pre.get("hbm_budget_bytes"))
     sp = (pre.get("spec_planner") or {}).get("sessions_per_gpu") or {}
     out = ["### With speculation (adaptive; synthetic proposer at corruption 0.1, K = 4)", "",

@@ -713,6 +713,158 @@ class PerfReportTest(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.dir, "p.md")))
 
 
+STUB_REPLAY = r'''#!PYTHON
+"""A stand-in dhs-replay for bench_prefix's tests: writes --json / --outputs for the --sweep points as STUB_PLAN says
+per mode: "ok" (every point), "fail-after-1" (the first point, then exit 1 before the others), "unserved" (the last
+point serves one session less, exit 1, as dhs-replay does), "no-outputs" (every point, empty --outputs), "wait" (touches STUB_MARK.started, waits for SIGINT,
+then after 0.3 s writes whether its run directory still exists to STUB_MARK.stopped and exits 130)."""
+import json, os, signal, sys, time
+a = sys.argv[1:]
+arg = lambda k: a[a.index(k) + 1]
+mode, concs = arg("--mode"), [int(c) for c in arg("--sweep").split(",")]
+plan = json.loads(os.environ["STUB_PLAN"]).get(mode, "ok")
+run_dir = arg("--run-dir")
+if plan == "wait":
+    mark = os.environ["STUB_MARK"]
+    def stop(*_):
+        time.sleep(0.3)
+        with open(mark + ".stopped", "w") as f:
+            f.write("run dir there" if os.path.isdir(run_dir) else "run dir gone")
+        sys.exit(130)
+    signal.signal(signal.SIGINT, stop)
+    open(mark + ".started", "w").close()
+    while True:
+        time.sleep(0.05)
+reports = []
+for i, c in enumerate(concs):
+    if plan == "fail-after-1" and i == 1:
+        sys.stderr.write("dhs-replay: run failed: stub worker went away\n")
+        sys.exit(1)
+    n = 2 * c
+    served = n - 1 if plan == "unserved" and i == len(concs) - 1 else n
+    reports.append({"requests_served": served, "requests_total": n, "sessions_admitted_max": c, "complete": True,
+                    "output_tokens": 8 * served, "output_tokens_per_s": 10.0 * c, "tpot_ms": {"p50": 5.0, "p99": 6.0},
+                    "ttft_ms": {"p50": 1.0}, "allocation_wait_share": 0.0, "census": None, "reclaims": 0,
+                    "repopulated_pages": 0, "elapsed_s": 1.0, "settings": {"concurrency": c},
+                    "prefix_workload": {"preparation_s": 0.1, "in_flight_max": c, "in_flight_mean": c}})
+    with open(arg("--outputs") + f".c{c}", "w") as f:
+        for row in range(1, n + 1 if plan != "no-outputs" else 1):
+            f.write(json.dumps({"trace_index": row, "served": row <= served, "tokens": [row], "logits_digests": [row]})
+                    + "\n")
+    with open(arg("--json"), "w") as f:
+        json.dump(reports, f)
+if plan == "unserved":
+    sys.stderr.write("dhs-replay: 1 request not served (stub)\n")
+    sys.exit(1)
+'''
+
+STUB_DHSCTL = r'''#!PYTHON
+import json
+print(json.dumps({"resident_bytes_per_session": 1000, "hierarchical_bytes_per_session": 500,
+                  "sessions_per_gpu": {"resident": 2, "hierarchical": 4}}))
+'''
+
+
+class BenchPrefixCommandTest(unittest.TestCase):
+    """tools/bench_prefix.py as a command, against stand-in dhs-replay / dhsctl programs (issue 27 review D5-D9)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        self.bench = os.path.join(os.path.dirname(SCRIPT), "bench_prefix.py")
+        self.replay, self.dhsctl = os.path.join(self.dir, "replay"), os.path.join(self.dir, "dhsctl")
+        for path, text in ((self.replay, STUB_REPLAY), (self.dhsctl, STUB_DHSCTL)):
+            with open(path, "w") as f:
+                f.write(text.replace("PYTHON", sys.executable, 1))
+            os.chmod(path, 0o755)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def bench_cmd(self, *extra):
+        return [sys.executable, self.bench, "--replay", self.replay, "--dhsctl", self.dhsctl, "--prefixes", "1",
+                "--contexts", "64", "--concurrency", "1,4", "--link-model", "off", *extra]
+
+    def run_bench(self, plan, *extra):
+        env = dict(os.environ, STUB_PLAN=json.dumps(plan), TMPDIR=self.dir)
+        return subprocess.run(self.bench_cmd(*extra), capture_output=True, text=True, env=env, timeout=60)
+
+    def kept_dirs(self):
+        return [d for d in os.listdir(self.dir) if d.startswith("bench_prefix-")]
+
+    def test_all_ok_exact_and_reference(self):
+        """Every point served and compared: exit 0; resident's `exact` is `ref`, the others' equal/compared; the
+        temporary directory is removed."""
+        proc = self.run_bench({})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        rows = {tuple(l.split()[:3]): l.split() for l in proc.stdout.splitlines() if l.strip().startswith("64 ")}
+        self.assertEqual(rows[("64", "4", "resident")][-1], "ref")
+        self.assertEqual(rows[("64", "4", "adaptive")][-1], "4/4")  # every 2nd of 8 sessions
+        self.assertEqual(self.kept_dirs(), [])
+
+    def test_failed_sweep_keeps_finished_points_and_its_run_dir(self):
+        """adaptive fails after C = 1 (no report for C = 4), hisparse serves one session less at C = 4: the finished
+        points are reported with their figures, the failed ones marked, dhs-replay's stderr shown (exit code 1 too),
+        the command exits 1 naming each failed point, and the failed runs' directory is kept and named."""
+        proc = self.run_bench({"adaptive": "fail-after-1", "hisparse": "unserved"})
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        rows = {tuple(l.split()[:3]): l for l in proc.stdout.splitlines() if l.strip().startswith("64 ")}
+        self.assertIn("1/1", rows[("64", "1", "adaptive")])  # C = 1 measured before the failure: kept, compared
+        self.assertNotIn("FAILED", rows[("64", "1", "adaptive")])
+        self.assertIn("FAILED", rows[("64", "4", "adaptive")])
+        self.assertIn("FAILED", rows[("64", "4", "hisparse")])
+        self.assertIn("7 of 8 sessions served", rows[("64", "4", "hisparse")])
+        self.assertIn("stub worker went away", proc.stderr)
+        self.assertIn("1 request not served (stub)", proc.stderr)  # exit code 1: stderr shown as well
+        self.assertIn("FAILED L=64 C=4 adaptive", proc.stderr)
+        self.assertIn("FAILED L=64 C=4 hisparse", proc.stderr)
+        kept = self.kept_dirs()
+        self.assertEqual(len(kept), 1, proc.stderr)
+        self.assertIn(f"kept {os.path.join(self.dir, kept[0])}", proc.stderr)
+        self.assertTrue(os.path.isdir(os.path.join(self.dir, kept[0], "L64-adaptive.run")))
+
+    def test_a_comparison_of_no_session_is_not_exact(self):
+        """resident's outputs hold no session: the others compare 0 sessions, shown `n/a` (not "0/0"), and the
+        command exits 1 naming them NOT CHECKED."""
+        proc = self.run_bench({"resident": "no-outputs"})
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        rows = {tuple(l.split()[:3]): l.split() for l in proc.stdout.splitlines() if l.strip().startswith("64 ")}
+        self.assertEqual(rows[("64", "4", "adaptive")][-1], "n/a")
+        self.assertEqual(rows[("64", "4", "resident")][-1], "ref")
+        self.assertIn("NOT CHECKED L=64 C=4 adaptive", proc.stderr)
+
+    def test_bad_command_lines_are_argparse_errors(self):
+        for extra, words in ((["--concurrency", "0"], "--concurrency"), (["--concurrency", "x"], "--concurrency"),
+                             (["--prefixes", "0"], "--prefixes"), (["--contexts", ""], "--contexts"),
+                             (["--replay", os.path.join(self.dir, "none")], "--replay"),
+                             (["--dhsctl", os.path.join(self.dir, "none")], "--dhsctl")):
+            proc = self.run_bench({}, *extra)
+            self.assertEqual(proc.returncode, 2, (extra, proc.stderr))
+            self.assertIn("error:", proc.stderr)
+            self.assertIn(words, proc.stderr)
+            self.assertNotIn("Traceback", proc.stderr)
+
+    def test_sigint_stops_the_child_before_the_run_dir_goes(self):
+        """Ctrl-C (SIGINT to bench_prefix): the running dhs-replay gets SIGINT and is waited for while its run
+        directory still exists (so memd can drop its pool), then bench_prefix exits 130 without a traceback."""
+        import signal
+        import time
+        mark = os.path.join(self.dir, "mark")
+        env = dict(os.environ, STUB_PLAN=json.dumps({"resident": "wait"}), STUB_MARK=mark, TMPDIR=self.dir)
+        proc = subprocess.Popen(self.bench_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(mark + ".started") and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        self.assertTrue(os.path.exists(mark + ".started"))
+        proc.send_signal(signal.SIGINT)  # to bench_prefix only: it must pass it on
+        _, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 130, err)
+        self.assertNotIn("Traceback", err)
+        self.assertIn("interrupted", err)
+        with open(mark + ".stopped") as f:
+            self.assertEqual(f.read(), "run dir there")
+
+
 if __name__ == "__main__":
     SCRIPT = os.path.abspath(sys.argv.pop(1))
     unittest.main()
