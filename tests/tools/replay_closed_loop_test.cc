@@ -68,12 +68,17 @@ class FakeNode : public NodeClient {
   }
   absl::StatusOr<NodeStats> Stats() override {
     NodeStats s = counters;  // since the client connected, as ZmqNodeClient's
-    s.sessions_admitted_max = max_in_flight;
+    s.sessions_admitted_max = max_in_flight;  // a peak, sampled since the client connected or the last restart
     return s;
+  }
+  absl::Status RestartPeaks() override {
+    ++peak_restarts;
+    max_in_flight = in_flight;
+    return absl::OkStatus();
   }
 
   std::vector<SubmitRequest> submits;
-  int64_t in_flight = 0, max_in_flight = 0;
+  int64_t in_flight = 0, max_in_flight = 0, peak_restarts = 0;
   NodeStats counters;
 
  private:
@@ -216,6 +221,22 @@ TEST(PrefixWorkloadTest, RunsPreparationThenClosedLoopAndReportsTheWindowOnly) {
   EXPECT_EQ(f.preparation_blocks_computed, 12);
   EXPECT_EQ(f.preparation_blocks_imported, 0);
   EXPECT_EQ(f.block_tokens, 64);
+}
+
+TEST(PrefixWorkloadTest, SessionsAdmittedAreTheWindowsNotThePreparations) {
+  // Issue 27 review D1: the preparation runs min(N, slots) = 3 requests at once; at C = 1 the window admits 1 session
+  // at a time. The node's peak since the client connected is 3: the window's figure must be 1.
+  FakeClock clock;
+  FakeNode node(&clock, 100);
+  DriverOptions options;
+  options.first_request_id = 1;
+  options.on_progress = nullptr;
+  auto run = RunPrefixWorkload(&node, &clock, options, Workload(), /*concurrency=*/1, /*preparation_concurrency=*/4);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->preparation.stats.sessions_admitted_max, 3);  // the preparation's own peak, reported apart
+  EXPECT_EQ(node.peak_restarts, 1);
+  EXPECT_EQ(run->measured.stats.sessions_admitted_max, 1);
+  EXPECT_EQ(MakePrefixWorkloadFigures(Workload(), *run).in_flight_max, 1);
 }
 
 TEST(PrefixWorkloadTest, RefusesBadSettings) {

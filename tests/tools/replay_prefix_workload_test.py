@@ -15,6 +15,7 @@ every session: the imported prefix is the prefix the tokens would have computed.
 And a sweep on one node (--sweep 1,2 --sessions-per-c 2, adaptive): the prefixes computed at the first point only
 (8 blocks computed, 0 imported), the second point's preparation imports all 8 and computes none; each point's
 sessions (max(2, 2 x C): 2 and 4) and outputs in OUT.c1 / OUT.c2, equal to the resident run's for the same rows.
+And sessions admitted count the measured window only: 4 prefixes prepared 4 at once, then C = 1 admits 1 (not 4).
 Usage: replay_prefix_workload_test.py DHS_REPLAY"""
 import json
 import os
@@ -139,6 +140,23 @@ def main():
             if not (0 < w[0]["window_begin_ms"] < w[0]["window_end_ms"] <= w[1]["window_begin_ms"]
                     < w[1]["window_end_ms"]):
                 failures.append(f"sweep windows not in order: {[(x['window_begin_ms'], x['window_end_ms']) for x in w]}")
+        # Sessions admitted are the window's (review D1): 4 prefixes prepared 4 at once (--slots 4), then C = 1: memd's
+        # peak since the client connected is 4, the window's is 1.
+        out = os.path.join(tmp, "c1.json")
+        proc = subprocess.run([exe, "--mode", "adaptive", "--prefixes", "4", "--prefix-tokens", str(PREFIX_TOKENS),
+                               "--prefix-block-tokens", str(BLOCK), "--sessions", "4", "--concurrency", "1", "--slots",
+                               "4", "--hbm-budget", BUDGET, "--json", out], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            failures.append(f"C = 1 over 4 prefixes: dhs-replay exited {proc.returncode}")
+        else:
+            with open(out) as f:
+                report = json.load(f)
+            got = (report.get("sessions_admitted_max"), (report.get("prefix_workload") or {}).get("in_flight_max"),
+                   report.get("requests_served"))
+            if got != (1, 1, 4):
+                failures.append(f"C = 1 over 4 prefixes: (sessions_admitted_max, in_flight_max, served) {got}, "
+                                "want (1, 1, 4): the window admits one session at a time")
         # The workload's settings are checked: a prefix not a multiple of the block is refused with exit 2.
         bad = subprocess.run([exe, "--prefixes", "1", "--prefix-tokens", "100", "--prefix-block-tokens", "64"],
                              capture_output=True, text=True, timeout=60)

@@ -389,6 +389,23 @@ std::vector<SweepPoint> SamplePoints() {
   return points;
 }
 
+TEST(Summary, SpeculationThatVerifiedNoRoundIsSaidSo) {
+  // Issue 27 review: `--speculate` on over a prepared prefix with a short output verified nothing and exited 0 with
+  // "0 rounds" only; the summary says that the run measured plain decoding.
+  DriverResult d = SampleResult();
+  d.stats.speculate = "fixed";
+  d.stats.spec_rounds = 0;
+  const std::string none = FormatSummary(BuildReport(d, SampleSettings()));
+  EXPECT_THAT(none, HasSubstr("speculation fixed: 0 rounds"));
+  EXPECT_THAT(none, HasSubstr("warning: speculation was on but no speculative round was verified"));
+  d.stats.spec_rounds = 3;
+  d.stats.spec_round_tokens = 7;
+  EXPECT_THAT(FormatSummary(BuildReport(d, SampleSettings())), Not(HasSubstr("warning: speculation")));
+  d.stats.speculate = "off";
+  d.stats.spec_rounds = 0;
+  EXPECT_THAT(FormatSummary(BuildReport(d, SampleSettings())), Not(HasSubstr("warning: speculation")));
+}
+
 TEST(Sweep, CsvRowsPerConcurrency) {
   const std::string csv = SweepCsv(SamplePoints());
   std::vector<std::string> lines = absl::StrSplit(csv, '\n');

@@ -142,16 +142,18 @@ absl::StatusOr<PrefixRunResult> RunPrefixWorkload(NodeClient* client, Clock* clo
   out.preparation = *std::move(prep);
   DriverOptions session_options = options;
   session_options.first_request_id = options.first_request_id + static_cast<RequestId>(workload.prefixes);
+  // The peaks (sessions admitted, memory) are memd samples since the client connected: start them over, so that they
+  // are the measured window's, not the preparation's (which runs min(prefixes, slots) requests at once).
+  if (absl::Status s = client->RestartPeaks(); !s.ok()) return s;
   out.window_begin_ms = clock->NowMs();
   auto measured = RunPhase(client, clock, session_options, SessionTrace(workload, workload.SessionsAt(concurrency)),
                            concurrency, "sessions");
   if (!measured.ok()) return measured.status();
   out.window_end_ms = clock->NowMs();
   out.measured = *std::move(measured);
-  // The node's counters since the client connected include the preparation: keep the sessions' share.
-  const int64_t admitted = out.measured.stats.sessions_admitted_max;
+  // The node's counters since the client connected include the preparation: keep the sessions' share (the peaks are
+  // the window's already, RestartPeaks; WorkerCountersSince keeps them from `now`).
   out.measured.stats = WorkerCountersSince(out.measured.stats, out.preparation.stats);
-  out.measured.stats.sessions_admitted_max = admitted;
   return out;
 }
 

@@ -77,6 +77,8 @@ struct PrefixRunResult {
 
 // Runs the preparation (closed loop at min(N, preparation_concurrency)) and then the sessions (closed loop at
 // `concurrency`) through `client`. Request ids: preparation first_request_id + p, sessions first_request_id + N + i.
+// The sampled peaks (sessions admitted, memory) start over between the phases (NodeClient::RestartPeaks): the
+// measured window's are its own, the preparation's (min(N, preparation_concurrency) at once) stay in `preparation`.
 // Errors: those of ReplayDriver::Run (the phase is named), InvalidArgument for concurrency < 1.
 absl::StatusOr<PrefixRunResult> RunPrefixWorkload(NodeClient* client, Clock* clock, const DriverOptions& options,
                                                   const PrefixWorkload& workload, int64_t concurrency,

@@ -844,6 +844,9 @@ int Main(int argc, char** argv) {
     if (shared) shared->SetFirstRequestId(SweepFirstRequestId(i));
     if (std::optional<int> code = RunPoint(options, *trace, mode, *faults, points[i], sweep, ok,
                                            shared ? &*shared : nullptr)) {
+      // A point that failed before any request ended wrote nothing: the points measured before it still go to
+      // --json / --csv (a partial point wrote them already, with itself marked incomplete).
+      if (!sweep.empty() && sweep.size() == i) (void)WriteOutputs(options, sweep);
       return *code;
     }
   }

@@ -202,6 +202,15 @@ absl::StatusOr<std::vector<TokenEvent>> MultiNodeClient::Poll(double timeout_ms)
   return out;
 }
 
+absl::Status MultiNodeClient::RestartPeaks() {
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    if (absl::Status s = clients_[i]->RestartPeaks(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("node ", i, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<NodeStats> MultiNodeClient::Stats() {
   node_stats_.clear();
   NodeStats total;

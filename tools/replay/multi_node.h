@@ -71,6 +71,8 @@ class MultiNodeClient final : public NodeClient {
   // host_pages_shared and the host page peaks added (the peaks are each node's own, so their sum is an upper bound),
   // host bytes per session averaged over nodes, gpus of all nodes in node order.
   absl::StatusOr<NodeStats> Stats() override;
+  // Every node's RestartPeaks (issue 27). Errors: a node's, naming it.
+  absl::Status RestartPeaks() override;
 
   const std::vector<RoutedRequest>& decisions() const { return decisions_; }
   ZmqNodeClient& node_client(int node) { return *clients_[node]; }  // 0 .. nodes - 1 (its re-attaches, resubmits)

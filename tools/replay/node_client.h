@@ -172,6 +172,14 @@ class NodeClient {
   // Node-wide figures of this run (counters relative to the start of the run, peaks seen during it). Called once,
   // after the last request ended.
   virtual absl::StatusOr<NodeStats> Stats() = 0;
+
+  // Issue 27: starts the sampled peaks over (sessions_admitted_max, gpus, the host pool's peaks and means), so that a
+  // later Stats() reports the peaks of a measured window only (the prepared-prefix workload's sessions, not its
+  // preparation); the worker's counters are not touched. Called between phases, with no request of this client in
+  // flight. A node that samples memd first waits (bounded) until memd holds no admitted session of the phase that
+  // ended (a request's end reaches the client before memd has its Complete). Non-OK: as Submit. The default keeps
+  // no peaks: nothing to do.
+  virtual absl::Status RestartPeaks() { return absl::OkStatus(); }
 };
 
 // A deterministic prompt for a PromptRef: `input_tokens` bytes from common/prompt_tokens.h's SyntheticPromptTokens

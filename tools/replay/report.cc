@@ -520,6 +520,11 @@ std::string FormatSummary(const ReplayReport& r) {
                           f.speculate, f.rounds,
                           f.acceptance_length_mean ? absl::StrFormat("%.2f", *f.acceptance_length_mean) : "n/a",
                           f.accepted, f.proposed, f.proposer_s, widths.empty() ? " none" : widths);
+    if (f.rounds == 0) {  // issue 27 review: said, not left to a reader of "0 rounds"
+      absl::StrAppend(&out, "  warning: speculation was on but no speculative round was verified: this run measured "
+                            "plain decoding (a proposer that first catches up over a long prompt, such as a prepared "
+                            "prefix, proposes nothing within a short output)\n");
+    }
   }
   if (r.census) {
     absl::StrAppendFormat(&out, "  census: direct %.1f%%, hot %.1f%%, host %.1f%%\n", r.census->direct * 100,

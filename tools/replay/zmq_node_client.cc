@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,8 @@ constexpr std::string_view kSender = "dhs-replay";
 constexpr std::chrono::milliseconds kReattachAttempt{200};
 // A memd sample's wait while faults may restart memd (a missed sample is skipped).
 constexpr std::chrono::milliseconds kMemdSampleTimeout{300};  // one stats query of Reattach's polling
+// RestartPeaks' wait for the previous phase's Completes to reach memd (they follow the requests' ends by a message).
+constexpr std::chrono::milliseconds kRestartSettle{2000};
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZmqNodeClient>> ZmqNodeClient::Connect(ZmqNodeClientOptions options) {
@@ -397,6 +400,31 @@ uint64_t RequestSession(const ZmqNodeClientOptions& options, int64_t trace_index
   if (trace_index < 0 || static_cast<size_t>(trace_index) >= options.session_of.size()) return 0;
   const int64_t session = options.session_of[static_cast<size_t>(trace_index)];
   return session < 0 ? 0 : static_cast<uint64_t>(session) + 1;
+}
+
+absl::Status ZmqNodeClient::RestartPeaks() {
+  if (!memd_) return absl::OkStatus();
+  constexpr std::chrono::milliseconds kPollEvery{5};
+  const bool tolerant = options_.reattach_timeout.count() > 0;
+  const auto deadline = std::chrono::steady_clock::now() + kRestartSettle;
+  while (true) {
+    auto gpus = Introspect(wire::IntrospectWhat::Gpus,
+                           tolerant ? std::min(options_.request_timeout, kMemdSampleTimeout) : options_.request_timeout);
+    if (!gpus.ok() && !tolerant) return gpus.status();
+    int64_t used = 0;
+    if (gpus.ok() && gpus->is_array()) {
+      for (const auto& g : *gpus) used += g.value("slots_used", int64_t{0});
+    }
+    if (used == 0 || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(kPollEvery);
+  }
+  peaks_.sessions_admitted_max = 0;
+  peaks_.gpus.clear();
+  peak_used_pages_.clear();
+  host_bytes_per_session_sum_ = host_bytes_per_session_peak_ = 0;
+  host_samples_ = 0;
+  host_pages_held_peak_ = host_pages_allocated_peak_ = 0;
+  return absl::OkStatus();
 }
 
 std::string RequestTenant(const ZmqNodeClientOptions& options, int64_t trace_index) {

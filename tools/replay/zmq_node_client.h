@@ -98,6 +98,10 @@ class ZmqNodeClient final : public NodeClient {
   // For each re-attach, when the first token of any request arrived after it (time to recover, issue 11).
   const std::vector<std::chrono::steady_clock::time_point>& recovered_at() const { return recovered_at_; }
   absl::StatusOr<NodeStats> Stats() override;
+  // As NodeClient::RestartPeaks: waits up to kRestartSettle for memd's gpus view to show no used slot (the previous
+  // phase's Completes processed; a shared node's other clients may keep some: then it goes on after the wait), then
+  // clears the peaks. Errors: memd's introspection failing (not with re-attaching on).
+  absl::Status RestartPeaks() override;
 
  private:
   explicit ZmqNodeClient(ZmqNodeClientOptions options) : options_(std::move(options)) {}
