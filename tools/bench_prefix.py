@@ -40,6 +40,8 @@ other figures are the median round's (--json keeps every round's points in "roun
 and not run again (a long measurement in pieces).
 """
 import argparse
+import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -84,12 +86,32 @@ def read_outputs(path):
         return {}
 
 
-def run_child(cmd, env=None, grace_s=60):
-    """subprocess.run(cmd, capture_output=True, text=True) that, on Ctrl-C (KeyboardInterrupt), lets the child stop
-    first: dhs-replay takes SIGINT by stopping its node (memd drops its pool segment, the workers exit), so it gets
-    SIGINT (again) and up to `grace_s` seconds before SIGKILL; then the KeyboardInterrupt goes on. Without this the
-    run directory could be deleted while memd still ran (a /dev/shm/dhs-pool-* segment left behind)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def pool_segment(run_dir):
+    """/dev/shm path of the host pool segment memd creates for `run_dir` (memd/pool_segment.h: "dhs-pool-" + the
+    first 16 hex digits of the SHA-256 of the canonical run directory)."""
+    digest = hashlib.sha256(os.path.realpath(run_dir).encode()).hexdigest()[:16]
+    return os.path.join("/dev/shm", "dhs-pool-" + digest)
+
+
+def _die_with_parent():
+    """preexec_fn: the child gets SIGTERM when bench_prefix dies (prctl PR_SET_PDEATHSIG), as dhs-replay's own
+    children do with it; best effort (no libc: nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def run_child(cmd, env=None, run_dir=None, grace_s=60):
+    """subprocess.run(cmd, capture_output=True, text=True) for dhs-replay, stopped cleanly on Ctrl-C. The child runs in
+    its own session, so a terminal's Ctrl-C reaches bench_prefix only (not memd and workerd at once: memd stopped
+    while its workers still held requests keeps its pool segment for a successor). On KeyboardInterrupt the child
+    gets SIGINT (dhs-replay stops its node: workerd first, which ends its requests, then memd, which then drops its
+    pool) and up to `grace_s` seconds before SIGKILL; a pool segment of `run_dir` still there afterwards (memd killed,
+    or it kept the pool) is removed, since the run is abandoned and its directory goes next; then the
+    KeyboardInterrupt goes on."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, preexec_fn=_die_with_parent)
     try:
         out, err = proc.communicate()
     except KeyboardInterrupt:
@@ -99,6 +121,11 @@ def run_child(cmd, env=None, grace_s=60):
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             proc.kill()
             proc.wait()
+        if run_dir and os.path.exists(pool_segment(run_dir)):
+            try:
+                os.remove(pool_segment(run_dir))
+            except OSError:
+                pass
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
@@ -128,7 +155,7 @@ def one_sweep(args, tmp, context, concs, mode, budget, extra=(), tag="", output_
     if args.link_model != "off":
         cmd += ["--link-model", args.link_model]
     env = dict(os.environ, DHS_STEP_PROFILE="1")  # the worker's step-time split (workerd/model/step_profile.h)
-    proc = run_child(cmd, env=env)
+    proc = run_child(cmd, env=env, run_dir=run_dir)
     reports = []
     if os.path.exists(out):
         try:

@@ -717,15 +717,22 @@ STUB_REPLAY = r'''#!PYTHON
 """A stand-in dhs-replay for bench_prefix's tests: writes --json / --outputs for the --sweep points as STUB_PLAN says
 per mode: "ok" (every point), "fail-after-1" (the first point, then exit 1 before the others), "unserved" (the last
 point serves one session less, exit 1, as dhs-replay does), "no-outputs" (every point, empty --outputs), "wait" (touches STUB_MARK.started, waits for SIGINT,
-then after 0.3 s writes whether its run directory still exists to STUB_MARK.stopped and exits 130)."""
+then after 0.3 s writes whether its run directory still exists to STUB_MARK.stopped and exits 130), "wait-keep"
+(as "wait", and it leaves a /dev/shm pool segment named for its run directory behind, as a memd that kept its pool)."""
 import json, os, signal, sys, time
 a = sys.argv[1:]
 arg = lambda k: a[a.index(k) + 1]
 mode, concs = arg("--mode"), [int(c) for c in arg("--sweep").split(",")]
 plan = json.loads(os.environ["STUB_PLAN"]).get(mode, "ok")
 run_dir = arg("--run-dir")
-if plan == "wait":
+if plan in ("wait", "wait-keep"):
     mark = os.environ["STUB_MARK"]
+    if plan == "wait-keep":
+        import hashlib
+        seg = "/dev/shm/dhs-pool-" + hashlib.sha256(os.path.realpath(run_dir).encode()).hexdigest()[:16]
+        open(seg, "w").close()
+        with open(mark + ".segment", "w") as f:
+            f.write(seg)
     def stop(*_):
         time.sleep(0.3)
         with open(mark + ".stopped", "w") as f:
@@ -863,6 +870,29 @@ class BenchPrefixCommandTest(unittest.TestCase):
         self.assertIn("interrupted", err)
         with open(mark + ".stopped") as f:
             self.assertEqual(f.read(), "run dir there")
+
+    def test_sigint_removes_a_pool_segment_the_stopped_run_left(self):
+        """A pool segment of the interrupted run's directory still there once dhs-replay exited (memd killed, or it
+        kept its pool) is removed: the run is abandoned and its directory goes next."""
+        import signal
+        import time
+        mark = os.path.join(self.dir, "mark")
+        env = dict(os.environ, STUB_PLAN=json.dumps({"resident": "wait-keep"}), STUB_MARK=mark, TMPDIR=self.dir)
+        proc = subprocess.Popen(self.bench_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(mark + ".started") and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        with open(mark + ".segment") as f:
+            segment = f.read()
+        try:
+            self.assertTrue(os.path.exists(segment))
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+            self.assertEqual(proc.returncode, 130, err)
+            self.assertFalse(os.path.exists(segment))
+        finally:
+            if os.path.exists(segment):
+                os.remove(segment)
 
 
 if __name__ == "__main__":
