@@ -38,6 +38,12 @@ other figures are the median round's (--json keeps every round's points in "roun
 `measure()` is the benchmark as a function (tools/perf_report.py calls it); its result is what --json writes. With
 --append and an existing --json file of the same settings, the sweeps already there without a failed point are kept
 and not run again (a long measurement in pieces).
+Failures: a sweep that fails part-way keeps the points it finished (reported with their figures); its other points,
+and any point where a session was not served, are marked FAILED (with the sweep's run directory, which is kept and
+named, not deleted), dhs-replay's stderr is shown, and the command exits 1 naming each. `exact` is `ref` for the
+reference (resident) and `n/a` where no session was compared, which also exits 1 (NOT CHECKED). Bad arguments are
+argparse errors (exit 2). Ctrl-C stops the running dhs-replay (it stops its node, so memd drops its pool) before
+anything is deleted; exit 130.
 """
 import argparse
 import ctypes

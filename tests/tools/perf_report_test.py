@@ -270,6 +270,7 @@ class PerfReportTest(unittest.TestCase):
         # served, sessions, tok/s, tok/s vs res (30 / 20), sessions vs res (4 / 2), TPOT p50, p99, TPOT vs res (12/10)
         self.assertEqual(row[2:10], ["8/8", "4", "30.00", "1.500", "2.00", "12.00", "20.00", "1.200"])
         self.assertEqual(row[-1], "4/4")  # exact sample
+        self.assertEqual(table_row(doc, ["4", "resident"])[-1], "ref")  # the reference, not compared with itself
         self.assertIn("Knee at 1024 tokens: resident admitted fewer sessions than C first at C = 4 (most resident "
                       "sessions at once: 2)", doc)
         self.assertIn("resident 3 sessions, hierarchical 9 (bytes per session: resident 300000, hierarchical 100000)",
