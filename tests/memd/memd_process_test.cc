@@ -1469,8 +1469,8 @@ TEST_F(MemdFence, SilentWorkerIsFencedAndReRegistersAsANewEpoch) {
   written.ok = true;
   w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
   w.Admit(8, 7, kPageRows, 0);  // 2 + 7 > 8: queued
-  m = w.Next();
-  ASSERT_TRUE(m && m->type == wire::Body::AdmitWait);
+  m = w.NextOf(wire::Body::AdmitWait);  // (memd's tick may send an order for the written page first)
+  ASSERT_TRUE(m.has_value());
 
   const auto silent_from = std::chrono::steady_clock::now();
   std::atomic<bool> stop{false};
