@@ -788,28 +788,30 @@ TEST_F(MemdProcess, HelloWithAnUnknownServingModeIsRefusedAndStatusStaysValid) {
   EXPECT_TRUE(status["gpus"][1]["worker"].is_null()) << status.dump();
 }
 
+// A Hello of `w`'s GPU (M = 4, N = 4) naming model `model` (Hello.model_fingerprint), and memd's reply.
+wire::HelloReplyT HelloOfModel(FakeWorker& w, uint64_t model) {
+  wire::HelloT h = MakeTestHello(w.gpu(), "fake", 4, kPageBytes, 4);
+  h.model_fingerprint = model;
+  w.Send(EncodeHello(h, w.seq(), "worker"));
+  auto m = w.NextOf(wire::Body::HelloReply);
+  EXPECT_TRUE(m.has_value());
+  return m ? *ReadHelloReply(*m) : wire::HelloReplyT();
+}
+
 // Issue 26: a worker's model fingerprint (Hello.model_fingerprint). A restarted worker of a GPU must serve the model
 // its GPU was registered with (its interrupted requests' host pages hold that model's rows); without prefix sharing
 // two GPUs may serve two models; 0 (not said) is never compared. dhsctl status shows it (16 hex digits, a string).
 TEST_F(MemdProcess, ARestartedWorkerOfAnotherModelIsRefused) {
-  auto hello = [](FakeWorker& w, uint64_t model) {
-    wire::HelloT h = MakeTestHello(w.gpu(), "fake", 4, kPageBytes, 4);
-    h.model_fingerprint = model;
-    w.Send(EncodeHello(h, w.seq(), "worker"));
-    auto m = w.NextOf(wire::Body::HelloReply);
-    EXPECT_TRUE(m.has_value());
-    return m ? *ReadHelloReply(*m) : wire::HelloReplyT();
-  };
   FakeWorker w(run_dir_, 0);
-  ASSERT_TRUE(hello(w, 0xa1).accepted);
-  const wire::HelloReplyT other = hello(w, 0xb2);
+  ASSERT_TRUE(HelloOfModel(w, 0xa1).accepted);
+  const wire::HelloReplyT other = HelloOfModel(w, 0xb2);
   EXPECT_FALSE(other.accepted);
   EXPECT_NE(other.reason.find("GPU 0 was registered with model 00000000000000a1; a restarted worker must serve it "
                               "(got 00000000000000b2)"), std::string::npos) << other.reason;
-  EXPECT_TRUE(hello(w, 0).accepted);     // not said: not compared
-  EXPECT_TRUE(hello(w, 0xa1).accepted);  // the same model again
+  EXPECT_TRUE(HelloOfModel(w, 0).accepted);     // not said: not compared
+  EXPECT_TRUE(HelloOfModel(w, 0xa1).accepted);  // the same model again
   FakeWorker w1(run_dir_, 1);
-  EXPECT_TRUE(hello(w1, 0xb2).accepted);  // another GPU, another model: fine without prefix sharing
+  EXPECT_TRUE(HelloOfModel(w1, 0xb2).accepted);  // another GPU, another model: fine without prefix sharing
   json status = DhsctlJson("status");
   ASSERT_EQ(status["gpus"].size(), 2u) << status.dump();
   EXPECT_EQ(status["gpus"][0]["model"], "00000000000000a1") << status.dump();
@@ -2580,22 +2582,14 @@ class MemdPrefix : public MemdProcess {
 // Issue 26: with prefix sharing every GPU of the node serves one model (the host tier is addressed by tokens: a page
 // of one model would be a wrong row for another).
 TEST_F(MemdPrefix, AGpuOfAnotherModelIsRefused) {
-  auto hello = [](FakeWorker& w, uint64_t model) {
-    wire::HelloT h = MakeTestHello(w.gpu(), "fake", 4, kPageBytes, 4);
-    h.model_fingerprint = model;
-    w.Send(EncodeHello(h, w.seq(), "worker"));
-    auto m = w.NextOf(wire::Body::HelloReply);
-    EXPECT_TRUE(m.has_value());
-    return m ? *ReadHelloReply(*m) : wire::HelloReplyT();
-  };
   FakeWorker w0(run_dir_, 0), w1(run_dir_, 1);
-  ASSERT_TRUE(hello(w0, 0xa1).accepted);
-  const wire::HelloReplyT other = hello(w1, 0xb2);
+  ASSERT_TRUE(HelloOfModel(w0, 0xa1).accepted);
+  const wire::HelloReplyT other = HelloOfModel(w1, 0xb2);
   EXPECT_FALSE(other.accepted);
   EXPECT_NE(other.reason.find("GPU 0 serves model 00000000000000a1 and this worker model 00000000000000b2: with "
                               "--prefix-sharing on every GPU of a node must serve one model"), std::string::npos)
       << other.reason;
-  EXPECT_TRUE(hello(w1, 0xa1).accepted);
+  EXPECT_TRUE(HelloOfModel(w1, 0xa1).accepted);
 }
 
 TEST_F(MemdPrefix, ACleanStopDropsAPoolHoldingOnlyCachedPages) {
