@@ -144,6 +144,24 @@ TEST(EmbeddedNode, ALongTmpdirGivesARunDirectoryWhoseSocketsFit) {
   EXPECT_FALSE(std::filesystem::exists(long_tmp));  // nothing created
 }
 
+// Issue 26 review: dhs-replay --nodes N --run-dir NEW creates NEW (and its missing parents) for the nodes' NEW/node<i>;
+// NEW must be mode 0700, since --check-exact's resident reference node then runs in NEW itself and MakeRunDir refuses
+// a directory granting anything to group or others (before: 0755 from create_directories, the reference refused it).
+TEST(MakeNodesRunDir, CreatesTheDirectory0700AndRefusesAnOpenOne) {
+  dhs::testing::ScopedTempDir tmp;
+  const std::string dir = tmp.path() + "/a/b/run";
+  ASSERT_TRUE(MakeNodesRunDir(dir).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_TRUE(MakeRunDir(dir).ok());        // what the reference node checks
+  EXPECT_TRUE(MakeNodesRunDir(dir).ok());   // the next node's call: the existing directory
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  const absl::Status open = MakeNodesRunDir(dir);
+  EXPECT_FALSE(open.ok());
+  EXPECT_THAT(std::string(open.message()), HasSubstr("must grant nothing to group or others"));
+}
+
 TEST(EmbeddedNode, AMissingExecutableIsReported) {
   NodeLaunchOptions o;
   o.memd_path = "/nonexistent/memd";

@@ -181,8 +181,8 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   launch.workerd_path = EnvOr("DHS_WORKERD", DHS_WORKERD_PATH);
   launch.run_dir = options.run_dir;
   if (options.nodes > 1 && !options.run_dir.empty()) {  // issue 26: RUN_DIR/node<i> per node
-    std::error_code ec;
-    std::filesystem::create_directories(options.run_dir, ec);
+    // Mode 0700 (issue 26 review): --check-exact's resident reference node runs in RUN_DIR itself afterwards.
+    if (absl::Status s = MakeNodesRunDir(options.run_dir); !s.ok()) return s;
     launch.run_dir = absl::StrCat(options.run_dir, "/node", node_index);
   }
   launch.log_tag = log_tag;

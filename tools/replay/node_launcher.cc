@@ -85,6 +85,16 @@ absl::StatusOr<std::string> CreateRunDir(const NodeLaunchOptions& options, bool&
   return options.run_dir;
 }
 
+absl::Status MakeNodesRunDir(const std::string& run_dir) {
+  const std::filesystem::path parent = std::filesystem::path(run_dir).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec) return absl::InternalError(absl::StrCat("mkdir -p ", parent.string(), ": ", ec.message()));
+  }
+  return MakeRunDir(run_dir);
+}
+
 std::string NodeLogPath(const std::string& run_dir, const std::string& daemon, const std::string& log_tag) {
   return absl::StrCat(run_dir, "/", daemon, log_tag.empty() ? "" : ".", log_tag, ".log");
 }

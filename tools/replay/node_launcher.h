@@ -107,6 +107,12 @@ class EmbeddedNode final : public ReplayNode {
 // INVALID_ARGUMENT (too long), INTERNAL (mkdtemp), MakeRunDir's.
 absl::StatusOr<std::string> CreateRunDir(const NodeLaunchOptions& options, bool& temporary);
 
+// Issue 26 review: the parent run directory of dhs-replay --nodes N --run-dir DIR (the nodes' DIR/node<i> go under it,
+// and --check-exact's resident reference node runs in DIR itself): its missing parents are created (as mkdir -p), DIR
+// itself by MakeRunDir (common/transport.h): created mode 0700, or an existing one checked (owned by this user,
+// granting nothing to group or others). Errors: INTERNAL (a parent cannot be created), MakeRunDir's.
+absl::Status MakeNodesRunDir(const std::string& run_dir);
+
 // How a child ended, from a waitpid status: "exit code N", "signal NAME (N)" or "status N" (anything else).
 std::string DescribeWaitStatus(int status);
 
