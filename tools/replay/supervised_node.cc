@@ -176,6 +176,7 @@ struct SupervisedNode::Runtime {
   void CheckAgainstMemd(bool interrupted_only);
   std::optional<bool> Gpu0Up() const;
   void MapPool();
+  void RemoveLeftoverPool();
   void Corrupt();
   std::optional<uint64_t> Digest(PageIndex host_page) const;
   void Publish();
@@ -197,6 +198,7 @@ struct SupervisedNode::Runtime {
   pid_t memd_of_worker = -1;    // the memd the worker started under
   std::string armed;            // the worker's --fault-kill-at ("" none)
   std::unique_ptr<HostPoolSegment> pool;
+  std::string segment;  // the /dev/shm name of memd's pool, once seen mapped (the same for every memd of the run dir)
   HostLedger ledger;
   std::map<std::pair<RequestId, uint32_t>, PageIndex> host_page_of;  // (node, page) -> host page, last sample
   int64_t last_sample = 0;
@@ -236,6 +238,7 @@ void SupervisedNode::Loop() {
     const int64_t wake = std::min(rt.sup.NextWakeupMs(), rt.plan.NextWakeupMs());
     std::this_thread::sleep_for(std::chrono::milliseconds(std::clamp<int64_t>(wake - NowMs(), 1, 10)));
   }
+  if (rt.terminating) rt.RemoveLeftoverPool();
   rt.Publish();
 }
 
@@ -467,6 +470,28 @@ void SupervisedNode::Runtime::MapPool() {
     return;
   }
   pool = *std::move(seg);
+  segment = name;
+}
+
+// Issue 26 review: the node's final stop, every child exited. A memd stopped by SIGTERM removes its pool; one that was
+// dead then (SIGKILLed by a fault, its restart still in backoff, cancelled by the stop) left it in /dev/shm, where
+// only a later memd of this run directory would adopt or sweep it. The run is over: remove it, as the clean stop would
+// (only a segment whose header names this node's run directory).
+void SupervisedNode::Runtime::RemoveLeftoverPool() {
+  pool.reset();
+  if (segment.empty() || pids[Supervisor::kMemd] > 0) return;
+  std::error_code ec;
+  const std::string dir = std::filesystem::canonical(node.run_dir_, ec).string();
+  if (ec) return;
+  {
+    absl::StatusOr<std::unique_ptr<HostPoolSegment>> seg = HostPoolSegment::Open(segment);
+    if (!seg.ok() || (*seg)->owner_tag() != dir) return;  // removed by memd's clean stop (NOT_FOUND), or not ours
+  }
+  if (absl::Status s = HostPoolSegment::Remove(segment); s.ok()) {
+    Log(absl::StrCat("removed /dev/shm/", segment, ": the host pool of a memd that was dead at the node's stop"));
+  } else if (!absl::IsNotFound(s)) {
+    Log(absl::StrCat("cannot remove /dev/shm/", segment, ": ", s.message()));
+  }
 }
 
 std::optional<uint64_t> SupervisedNode::Runtime::Digest(PageIndex host_page) const {
