@@ -95,7 +95,8 @@ class SupervisedNode final : public ReplayNode {
   ~SupervisedNode() override;
 
   // Stops injecting faults, then the children (SIGTERM: workers, then memd; SIGKILL after the grace), joins the thread,
-  // removes a temporary run directory unless kept. Idempotent.
+  // removes a temporary run directory unless kept. Idempotent. A memd dead at the stop (killed, restart in backoff)
+  // left its host pool in /dev/shm: the stop removes it (the segment whose header names the run directory).
   absl::Status Stop() override;
   // No kill from now on (the run's requests all ended): waits (at most 2 s) until the supervision thread took it in;
   // a kill ordered before still completes, and its worker is restarted.
