@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/log_limiter.h"
@@ -101,36 +102,29 @@ void ClusterTier::SenderLoop() {
 }
 
 void ClusterTier::Offer(const PageGeometry& geometry, const PrefixAddress& address, std::span<const uint8_t> page) {
-  PublishItem item;
-  item.key = PrefixPageKey(GeometryFingerprint(geometry), address.key);
-  item.ttl_ms = options_.keys.prefix_ttl_ms;
-  if (absl::Status s = EncodePageValue(geometry, PageIdentity{PageValueKind::kPrefix, address.key, address.content},
-                                       page, &item.value);
-      !s.ok()) {
-    ++encode_failures_;
-    DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: page {:016x} not published: {}", address.key,
-                    s.ToString());
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.Offer(std::move(item), NowUs());
-  }
-  cv_.notify_all();
+  EncodeAndOffer(geometry, PrefixPageKey(GeometryFingerprint(geometry), address.key), options_.keys.prefix_ttl_ms,
+                 PageIdentity{PageValueKind::kPrefix, address.key, address.content}, page,
+                 [&] { return absl::StrFormat("page %016x", address.key); });
 }
 
 void ClusterTier::OfferSession(const PageGeometry& geometry, std::string_view tenant, uint64_t session, uint32_t page,
                                uint64_t digest, std::span<const uint8_t> bytes) {
   const std::string session_id = absl::StrCat(session);
+  EncodeAndOffer(geometry, SessionPageKey(GeometryFingerprint(geometry), tenant, session_id, digest, page),
+                 options_.keys.session_ttl_ms,
+                 PageIdentity{PageValueKind::kSession, digest, SessionHash(tenant, session_id)}, bytes,
+                 [&] { return absl::StrCat("session ", session, " page ", page); });
+}
+
+void ClusterTier::EncodeAndOffer(const PageGeometry& geometry, std::string key, uint32_t ttl_ms,
+                                 const PageIdentity& identity, std::span<const uint8_t> bytes,
+                                 absl::FunctionRef<std::string()> what) {
   PublishItem item;
-  item.key = SessionPageKey(GeometryFingerprint(geometry), tenant, session_id, digest, page);
-  item.ttl_ms = options_.keys.session_ttl_ms;
-  if (absl::Status s = EncodePageValue(
-          geometry, PageIdentity{PageValueKind::kSession, digest, SessionHash(tenant, session_id)}, bytes, &item.value);
-      !s.ok()) {
+  item.key = std::move(key);
+  item.ttl_ms = ttl_ms;
+  if (absl::Status s = EncodePageValue(geometry, identity, bytes, &item.value); !s.ok()) {
     ++encode_failures_;
-    DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: session {} page {} not published: {}", session, page,
-                    s.ToString());
+    DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: {} not published: {}", what(), s.ToString());
     return;
   }
   {

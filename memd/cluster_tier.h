@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/redis_client.h"
 #include "memd/cluster_io.h"
@@ -97,6 +98,11 @@ class ClusterTier {
   bool WaitDrained(std::chrono::milliseconds timeout);
 
  private:
+  // Offer's and OfferSession's common part: encodes `bytes` as a page value of `identity`, then offers it under
+  // `key` with `ttl_ms` to the write-behind queue (an encode failure is counted and logged, naming what() only then).
+  void EncodeAndOffer(const PageGeometry& geometry, std::string key, uint32_t ttl_ms, const PageIdentity& identity,
+                      std::span<const uint8_t> bytes,
+                      absl::FunctionRef<std::string()> what);
   ClusterTier(const ClusterTierOptions& options, std::unique_ptr<redis::Client> sender_client,
               std::unique_ptr<redis::Client> lookup_client);
   void SenderLoop();
