@@ -53,7 +53,7 @@ json GpuJson(const GpuDump& g) {
               {"model", g.model_fingerprint == 0 ? json(nullptr) : json(absl::StrFormat("%016x", g.model_fingerprint))}};
 }
 
-// with_host_copies: the `request N` view's "host_copies" ([[history page, host page], ...]).
+// with_host_copies: the `request N` view's "host_copies" ([[history page, host page], ...]) and "record_tokens".
 json RequestJson(const RequestDump& r, bool with_host_copies = false) {
   json j{{"request", r.request},
            {"gpu", r.gpu},
@@ -75,6 +75,7 @@ json RequestJson(const RequestDump& r, bool with_host_copies = false) {
     json copies = json::array();
     for (const auto& [page, host_page] : r.host_copies) copies.push_back(json::array({page, host_page}));
     j["host_copies"] = std::move(copies);
+    j["record_tokens"] = r.record_tokens ? json(*r.record_tokens) : json(nullptr);
   }
   return j;
 }

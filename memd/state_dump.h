@@ -101,6 +101,10 @@ struct RequestDump {
   // (history page, host page of segment 0), ascending history page. Rendered in the `request N` view only (JSON
   // "host_copies": [[page, host page], ...]); fault-injection checks (dhs-replay's host_rows_lost) digest those pages.
   std::vector<std::pair<uint32_t, PageIndex>> host_copies;
+  // The tokens its resume record holds (RequestRecordStore: committed by TokensCommitted; absent: no record), filled by
+  // the daemon (the core keeps no records). Rendered in the `request N` view only (JSON "record_tokens", null when
+  // absent): the worker streams tokens ahead of an unacknowledged commit, so this may be below what its client got.
+  std::optional<uint32_t> record_tokens;
 };
 
 struct HostDump {

@@ -1943,6 +1943,9 @@ TEST_F(MemdFenceOnDisconnect, FinishedRecordsAreHandedToEveryNextEpoch) {
   w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
   auto m = w->Next();
   ASSERT_TRUE(m && m->type == wire::Body::TokensCommittedAck);
+  // `dhsctl request N` shows the tokens each record holds: 2 committed, none yet (a request without a record: null).
+  EXPECT_EQ(DhsctlJson("request 1")["record_tokens"], 2);
+  EXPECT_EQ(DhsctlJson("request 2")["record_tokens"], 0);
   m = complete(*w, 1, true, {7, 8, 9, 6});
   ASSERT_TRUE(m && m->type == wire::Body::CompleteAck);
   m = complete(*w, 2, true, {1, 2, 3});  // 3 of 4 tokens: not finished, nothing kept (the Complete still acked)

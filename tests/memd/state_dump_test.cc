@@ -94,6 +94,14 @@ TEST_F(DumpTest, RequestViewListsConfirmedHostCopies) {
   EXPECT_EQ(r1["host_copies"], json::array({json::array({0, host_pages[0]}), json::array({2, host_pages[2]})}));
   EXPECT_EQ(r1["host_coverage"], "2/3");
   EXPECT_FALSE(DumpToJson(mgr_->Dump(), *ParseDumpView("requests"))[0].contains("host_copies"));
+  // The core keeps no records: the daemon fills record_tokens (null without one).
+  EXPECT_TRUE(r1["record_tokens"].is_null());
+  RequestDump with_record = mgr_->Dump().requests.front();
+  with_record.record_tokens = 5;
+  StateDump one;
+  one.requests.push_back(with_record);
+  EXPECT_EQ(DumpToJson(one, *ParseDumpView("request " + std::to_string(with_record.request)))["record_tokens"], 5);
+  EXPECT_FALSE(DumpToJson(one, *ParseDumpView("requests"))[0].contains("record_tokens"));
 }
 
 TEST_F(DumpTest, TableViews) {

@@ -473,9 +473,12 @@ TEST(WorkerFence, KilledAdaptiveWorkerImportsEveryKeptPageAroundTheGaps) {
   ASSERT_FALSE(finished[1] || finished[2]) << "a request finished before the kill";
   ASSERT_FALSE(node.WaitGpu0(false, 1).is_null()) << "never fenced" << node.Logs();
   std::map<RequestId, std::set<uint32_t>> kept;  // memd's view: history pages with a confirmed host copy
+  std::map<RequestId, uint32_t> recorded;         // memd's view: the tokens its record holds
   for (const Req& r : reqs) {
     const json q = node.Dhsctl("request " + std::to_string(r.id));
     ASSERT_EQ(q["state"], "interrupted") << q.dump();
+    ASSERT_TRUE(q["record_tokens"].is_number()) << "an interrupted request without a record: " << q.dump();
+    recorded[r.id] = q["record_tokens"].get<uint32_t>();
     kept[r.id] = copies(r.id);
   }
   EXPECT_TRUE(kept[1].contains(0) && kept[1].contains(1)) << "the reclaim's backups of request 1's kept pages";
@@ -501,9 +504,10 @@ TEST(WorkerFence, KilledAdaptiveWorkerImportsEveryKeptPageAroundTheGaps) {
     EXPECT_EQ(got[r.id].tokens, want.tokens) << "lost or repeated tokens";
     EXPECT_EQ(got[r.id].digests, want.digests);
   }
-  // Each request's figures from the restarted worker's log line, against memd's view before the resume: of its n rows
-  // (imported + recomputed: the record's tokens), the kept pages wholly before the last row imported, the rest
-  // recomputed.
+  // Each request's figures from the restarted worker's log line, against memd's view before the resume: its n rows
+  // (imported + recomputed) are the record's tokens (prompt + committed: a commit not acknowledged before the kill
+  // leaves the record behind what the client got, which the resume regenerates identically), of them the kept pages
+  // wholly before the last row imported, the rest recomputed.
   const std::string log = ReadFile(node.Log("workerd-2"));
   for (const Req& r : reqs) {
     SCOPED_TRACE("request " + std::to_string(r.id));
@@ -519,9 +523,10 @@ TEST(WorkerFence, KilledAdaptiveWorkerImportsEveryKeptPageAroundTheGaps) {
     uint64_t want = 0;
     for (uint32_t j : kept[r.id]) want += j < (n - 1) / kPageRows ? kPageRows : 0;
     EXPECT_EQ(imported, want) << "kept pages " << kept[r.id].size() << ", " << n << " rows";
-    EXPECT_GE(n, 40u + 1);
-    std::printf("request %llu: %zu pages kept (first: %u), %llu rows imported, %llu recomputed, resumed in %.3f ms\n",
-                static_cast<unsigned long long>(r.id), kept[r.id].size(),
+    EXPECT_EQ(n, 40u + recorded[r.id]) << "rows resumed against the record's tokens";
+    std::printf("request %llu: %u tokens recorded, %zu pages kept (first: %u), %llu rows imported, %llu recomputed, "
+                "resumed in %.3f ms\n",
+                static_cast<unsigned long long>(r.id), recorded[r.id], kept[r.id].size(),
                 kept[r.id].empty() ? 0u : *kept[r.id].begin(), imported, recomputed, us / 1000.0);
   }
   for (int i = 0; i < 500 && node.Dhsctl("status")["host"]["allocated"] != 0; ++i) {
