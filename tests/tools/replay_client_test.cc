@@ -373,5 +373,29 @@ TEST(ReplayClient, AFailedChunksEndReasonComesFromItsCode) {
   EXPECT_EQ(ErrorEndReason(wire::EndReason::NONE), EndReason::kFailed);  // an error of the request itself
 }
 
+// Issue 26 review: with --tenants N > 1 every turn of a session gets its session's tenant (session id mod N), not its
+// own trace index's (a next turn under another tenant cannot reuse its conversation's prefix); sessions still spread
+// over the tenants, and a request of no known session keeps the trace index's tenant.
+TEST(ReplayClient, EveryTurnOfASessionHasItsSessionsTenant) {
+  ZmqNodeClientOptions o;
+  o.tenant = "t";
+  o.tenants = 2;
+  // Trace indexes 0..5: session 0 = rows 0, 2, 5; session 1 = rows 1, 4; session 3 = row 3 (a single turn).
+  o.session_of = {0, 1, 0, 3, 1, 0};
+  const std::vector<std::string> want = {"t#0", "t#1", "t#0", "t#1", "t#1", "t#0"};
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(RequestTenant(o, i), want[static_cast<size_t>(i)]) << "trace index " << i;
+  std::set<std::string> tenants;
+  for (int64_t i = 0; i < 6; ++i) tenants.insert(RequestTenant(o, i));
+  EXPECT_EQ(tenants.size(), 2u);  // sessions 0 and 1 under different tenants
+  EXPECT_EQ(RequestTenant(o, 9), "t#1");   // past session_of: its trace index 9 mod 2
+  o.session_of = {};
+  EXPECT_EQ(RequestTenant(o, 5), "t#1");   // no sessions known: trace index 5 mod 2, as before issue 26
+  o.session_of = {0, 1, 0, 3, 1, 0};  // --tenant-by index: each row its trace index's tenant, sessions aside
+  o.tenant_by = TenantKey::kTraceIndex;
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(RequestTenant(o, i), i % 2 == 0 ? "t#0" : "t#1") << "trace index " << i;
+  o.tenants = 1;
+  EXPECT_EQ(RequestTenant(o, 5), "t");
+}
+
 }  // namespace
 }  // namespace dhs::replay

@@ -145,6 +145,7 @@ TEST(ReplayOptions, PrefixCacheLimits) {
       // A tenant the worker would refuse (common/protocol.h kMaxTenantBytes 256), alone or with its mix suffix.
       {{"--tenant", std::string(257, 't')}, "--tenant: tenants of up to 257 bytes (at most 256)"},
       {{"--tenant", std::string(254, 't'), "--tenants", "11"}, "--tenant: tenants of up to 257 bytes"},  // "#10"
+      {{"--tenants", "2", "--tenant-by", "row"}, "--tenant-by: row not in {session,index}"},
   };
   for (const BadArgs& c : cases) {
     std::vector<std::string> all = {"dhs-replay"};

@@ -18,8 +18,8 @@ said otherwise. Asserts:
   4b. hisparse, sharing on, memd restarted every ~0.5 s while the worker survives (its re-Hello reports the shared pages
      its requests hold): memd restarted, exact, no host row lost (dhs-replay checks after the worker's re-Hello; a
      report whose shared pages memd refused would leave them off the request: counted lost);
-  5. two tenants replaying the same trace (every row twice in a row, --tenants 2, closed loop at C = 1: row 2k is
-     tenant "#0", row 2k+1 tenant "#1"): each tenant's outputs equal a run of the trace with that tenant alone, and
+  5. two tenants replaying the same trace (every row twice in a row, --tenants 2 --tenant-by index, closed loop at
+     C = 1: row 2k is tenant "#0", row 2k+1 tenant "#1"; by session the twin would be its row's next turn): each tenant's outputs equal a run of the trace with that tenant alone, and
      the host hits are exactly twice the lone tenant's (a page shared across tenants would add the twin row's whole
      prefix) and memd holds twice the lone tenant's shared pages (each tenant its own copy); the control: the same
      doubled trace under one tenant hits more than that and holds the lone tenant's pages once;
@@ -185,7 +185,7 @@ def main():
         once, doubled = tenant_traces(tmp)
         base = ["--mode", "hisparse", "--concurrency", "1", "--length-scale", "0.03", "--prefix-sharing", "on"]
         rc, mix, mix_rows = replay(exe, tmp, "two-tenants", base + ["--trace", doubled, "--requests", str(2 * N),
-                                                                    "--tenants", "2"], 2 * N)
+                                                                    "--tenants", "2", "--tenant-by", "index"], 2 * N)
         rc0, solo, solo_rows = replay(exe, tmp, "tenant0", base + ["--trace", once, "--requests", str(N),
                                                                    "--tenant", "#0"])
         rc1, one, _ = replay(exe, tmp, "one-tenant", base + ["--trace", doubled, "--requests", str(2 * N)], 2 * N)

@@ -304,6 +304,7 @@ class ReplayRun {
     client_options_.prepared_prefix = options.prepared_prefix || options.prefix_workload.on();
     client_options_.tenant = options.tenant;  // issue 24
     client_options_.tenants = options.tenants;
+    client_options_.tenant_by = options.tenant_by;
     // Issue 26: each request's session (tools/replay/sessions.h), by trace index, sent in its SubmitRequest.
     const std::vector<SessionTurn> turns = DeriveSessions(trace);
     for (size_t i = 0; i < turns.size() && i < trace.requests.size(); ++i) {

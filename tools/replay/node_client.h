@@ -18,6 +18,10 @@
 
 namespace dhs::replay {
 
+// What picks a request's tenant in a tenant mix (dhs-replay --tenant-by, RequestTenant): its session (every turn of a
+// conversation under one tenant), or its trace index (each row by itself: a repeated row under another tenant).
+enum class TenantKey { kSession, kTraceIndex };
+
 // What to prefill: the trace carries no text, only lengths and prefix-block ids (brief §10). The node (or
 // SynthesizePrompt below) turns this into `input_tokens` byte tokens (vocabulary 256, brief §11) such that
 // requests with equal leading hash ids get equal leading tokens, so shared prefixes stay shared.

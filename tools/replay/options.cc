@@ -296,8 +296,13 @@ void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}));
   app.add_option("--tenant", o.tenant, "Every request's tenant (an opaque salt; default: the default tenant)");
   app.add_option("--tenants", o.tenants,
-                 "A tenant mix: the request at trace index i has tenant \"<--tenant>#<i mod N>\" (N >= 1)")
+                 "A tenant mix: a request has tenant \"<--tenant>#<k mod N>\" (N >= 1), k by --tenant-by")
       ->check(IntegerIn<int64_t>(1, 1 << 20));
+  app.add_option("--tenant-by",
+                 "Issue 26: with --tenants N > 1, k = the request's session (every turn of a conversation under one "
+                 "tenant; a single-turn request's is its trace index), or its trace index (index: each row by itself)")
+      ->check(CLI::IsMember({"session", "index"}))
+      ->each([&o](const std::string& v) { o.tenant_by = v == "index" ? TenantKey::kTraceIndex : TenantKey::kSession; });
   app.add_option("--prefix-eviction", o.prefix_eviction,
                  "With --prefix-sharing on: memd's eviction order of cached prefix pages (default: memd's, lru)")
       ->check(CLI::IsMember(memd::PrefixEvictionPolicyNames()));
@@ -484,6 +489,7 @@ RunSettings MakeRunSettings(const ReplayOptions& options, const Trace& trace, st
   s.prefix_sharing = options.prefix_sharing;  // issue 24
   s.tenant = options.tenant;
   s.tenants = options.tenants;
+  s.tenant_by = options.tenant_by;
   s.prefix_eviction = options.prefix_eviction;
   s.prefix_tenant_quota_pages = options.prefix_tenant_quota_pages;
   return s;

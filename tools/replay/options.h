@@ -91,10 +91,11 @@ struct ReplayOptions {
                                            // of --check-exact) uses the CPU device's asynchronous test mode; 0 = off
   // Issue 24 (the content-addressed host tier): memd's --prefix-sharing of the node the tool starts (both runs of
   // --check-exact: the resident reference has no host tier), and the requests' tenants: every request's tenant is
-  // --tenant, or with --tenants N > 1 the tenant of the request at trace index i is "<--tenant>#<i mod N>".
+  // --tenant, or with --tenants N > 1 "<--tenant>#<k mod N>", k its session or its trace index (--tenant-by).
   bool prefix_sharing = false;             // --prefix-sharing on|off (default off)
   std::string tenant;                      // --tenant NAME ("" = the default tenant)
   int64_t tenants = 1;                     // --tenants N >= 1: the tenant mix
+  TenantKey tenant_by = TenantKey::kSession;  // --tenant-by session|index (RequestTenant)
   std::string prefix_eviction;             // --prefix-eviction: memd's cache eviction policy (memd/prefix_pages.h
                                            // kPrefixEvictionPolicyNames; "" = memd's default, lru); needs sharing on
   int64_t prefix_tenant_quota_pages = 0;   // --prefix-tenant-quota-pages N >= 0: host pages one tenant may store

@@ -350,6 +350,7 @@ json ReportToJson(const ReplayReport& r) {
         {"prefix_sharing", s.prefix_sharing ? "on" : "off"},  // issue 24
         {"tenant", s.tenant},
         {"tenants", s.tenants},
+        {"tenant_by", s.tenant_by == TenantKey::kSession ? "session" : "index"},  // issue 26
         {"prefix_eviction", s.prefix_eviction.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.prefix_eviction)},
         {"prefix_tenant_quota_pages", s.prefix_tenant_quota_pages}}},
   };

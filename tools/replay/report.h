@@ -46,6 +46,7 @@ struct RunSettings {
   bool prefix_sharing = false;        // issue 24: memd's --prefix-sharing of the node the tool started
   std::string tenant;                 // --tenant
   int64_t tenants = 1;                // --tenants (the mix)
+  TenantKey tenant_by = TenantKey::kSession;  // --tenant-by
   std::string prefix_eviction;        // memd's --prefix-eviction when the tool chose it; empty = memd's default
   int64_t prefix_tenant_quota_pages = 0;  // memd's --prefix-tenant-quota-pages (0 = no quota)
 };

@@ -429,7 +429,11 @@ absl::Status ZmqNodeClient::RestartPeaks() {
 
 std::string RequestTenant(const ZmqNodeClientOptions& options, int64_t trace_index) {
   if (options.tenants <= 1) return options.tenant;
-  return absl::StrCat(options.tenant, "#", trace_index % options.tenants);
+  // A session's turns share its tenant (its session id, the first turn's trace index, mod tenants): a next turn under
+  // another tenant could not reuse the previous turn's prefix. A request of no known session: its trace index.
+  const uint64_t session = options.tenant_by == TenantKey::kSession ? RequestSession(options, trace_index) : 0;
+  const int64_t key = session != 0 ? static_cast<int64_t>(session - 1) : trace_index;
+  return absl::StrCat(options.tenant, "#", key % options.tenants);
 }
 
 NodeStats WorkerCountersOf(const wire::WorkerStatsReplyT& stats) {

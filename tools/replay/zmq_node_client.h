@@ -47,10 +47,12 @@ struct ZmqNodeClientOptions {
   // Issue 22: the worker's CURVE public key (Z85, its RUN_DIR/serving-curve.pub) for a tcp:// worker started with
   // --listen: the connection is a CURVE client of it. "" = none (ipc://).
   std::string curve_server_key;
-  // Issue 24: the requests' tenants (SubmitRequest.tenant): `tenant`, or with tenants > 1 "<tenant>#<trace index mod
-  // tenants>" (RequestTenant). The prefix block size is sent with prompt bytes too (the worker derives the chain).
+  // Issue 24: the requests' tenants (SubmitRequest.tenant): `tenant`, or with tenants > 1 "<tenant>#<k mod tenants>"
+  // (RequestTenant), k = the request's session (session_of: every turn of a session gets its tenant), or its trace
+  // index where its session is unknown (a single-turn request's session is its own trace index: the same k). The prefix block size is sent with prompt bytes too (the worker derives the chain).
   std::string tenant;
   int64_t tenants = 1;
+  TenantKey tenant_by = TenantKey::kSession;  // dhs-replay --tenant-by: k = the session, or the trace index
   // Issue 26 (sessions across nodes): the session of each trace index (tools/replay/sessions.h SessionTurn::session,
   // the trace index of the session's first turn), sent as SubmitRequest.session = session + 1 (RequestSession; 0
   // means none on the wire). Empty, an index past its end or a negative entry: no session sent.
