@@ -146,6 +146,8 @@ TEST(ReplayOptions, PrefixCacheLimits) {
       {{"--tenant", std::string(257, 't')}, "--tenant: tenants of up to 257 bytes (at most 256)"},
       {{"--tenant", std::string(254, 't'), "--tenants", "11"}, "--tenant: tenants of up to 257 bytes"},  // "#10"
       {{"--tenants", "2", "--tenant-by", "row"}, "--tenant-by: row not in {session,index}"},
+      {{"--cluster-lookup-timeout-ms", "20"}, "--cluster-lookup-timeout-ms needs --cluster-store"},
+      {{"--cluster-store", "local", "--cluster-lookup-timeout-ms", "0"}, "--cluster-lookup-timeout-ms: "},
   };
   for (const BadArgs& c : cases) {
     std::vector<std::string> all = {"dhs-replay"};

@@ -209,6 +209,10 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   }
   if (!options.cluster_store_endpoint.empty()) {  // issue 26: the cluster tier (memd's side: the cluster branch)
     launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--cluster-store", options.cluster_store_endpoint});
+    if (options.cluster_lookup_timeout_ms != 0) {
+      launch.extra_memd_args.insert(launch.extra_memd_args.end(), {"--cluster-lookup-timeout-ms",
+                                                                   std::to_string(options.cluster_lookup_timeout_ms)});
+    }
   }
   launch.extra_workerd_args = LinkModelArgs(options.link_model);  // empty when off
   if (options.link_model.enabled) {  // the model stands for the link of the CPU backend (docs/link_model.md)
@@ -483,6 +487,7 @@ class ReplayRun {
     figures.route = options_.route;
     figures.cluster_store = options_.cluster_store;
     figures.cluster_endpoint = options_.cluster_store_endpoint;
+    figures.cluster_lookup_timeout_ms = options_.cluster_lookup_timeout_ms;
     figures.sessions = CountSessions(sessions);
     for (const SessionTurn& t : sessions) figures.next_turns += t.turn > 0 ? 1 : 0;
     figures.kv_events_seen = (*client)->kv_events_seen();

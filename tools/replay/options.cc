@@ -92,6 +92,8 @@ absl::Status ValidateMultiNode(const ReplayOptions& o) {
       return bad("--cluster-store must be local, local-cluster or redis://HOST:PORT[,HOST:PORT...], got '",
                  o.cluster_store, "'");
     }
+  } else if (o.cluster_lookup_timeout_ms != 0) {
+    return bad("--cluster-lookup-timeout-ms needs --cluster-store (the deadline of memd's cluster tier)");
   }
   return absl::OkStatus();
 }
@@ -321,6 +323,10 @@ void AddNodeOptions(CLI::App& app, ReplayOptions& o) {
   app.add_option("--cluster-store", o.cluster_store,
                  "Every node's memd --cluster-store: local (a redis-server the tool starts), local-cluster (a 3-master "
                  "Redis Cluster it starts) or redis://HOST:PORT[,HOST:PORT...] (an existing one)");
+  app.add_option("--cluster-lookup-timeout-ms", o.cluster_lookup_timeout_ms,
+                 "With --cluster-store: every memd's --cluster-lookup-timeout-ms, the deadline of one admission's "
+                 "cluster lookup (default: memd's, 5)")
+      ->check(IntegerIn<int64_t>(1, 10000));
   app.add_option("--reclaim-policy", o.reclaim_policy,
                  absl::StrCat("Victim order of the memd the tool starts (default: memd's, ",
                               std::string(memd::kDefaultReclaimPolicy), ")"))

@@ -106,6 +106,7 @@ struct ReplayOptions {
   int64_t nodes = 1;                       // --nodes N, 1..16
   std::string route = "round-robin";       // --route round-robin|session|prefix (prefix: needs --prefix-sharing on)
   std::string cluster_store;               // --cluster-store local|local-cluster|redis://HOST:PORT[,HOST:PORT...]
+  int64_t cluster_lookup_timeout_ms = 0;   // --cluster-lookup-timeout-ms: every memd's (1..10000; 0 = memd's default)
   std::string cluster_store_endpoint;      // not a flag: what every memd gets as --cluster-store (main() resolves
                                            // local / local-cluster to the server it started; a URL is passed as is)
   PrefixWorkload prefix_workload;          // issue 27: --prefixes N --prefix-tokens L ... (tools/replay/closed_loop.h):

@@ -260,6 +260,8 @@ static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
               {"route", m->route},
               {"cluster_store", m->cluster_store.empty() ? json(nullptr) : json(m->cluster_store)},
               {"cluster_endpoint", m->cluster_endpoint.empty() ? json(nullptr) : json(m->cluster_endpoint)},
+              {"cluster_lookup_timeout_ms",
+               m->cluster_lookup_timeout_ms == 0 ? json(nullptr) : json(m->cluster_lookup_timeout_ms)},
               {"cluster_counters", m->cluster_counters ? "measured" : "not reported by memd"},
               {"sessions", m->sessions},
               {"next_turns", m->next_turns},

@@ -169,6 +169,7 @@ struct MultiNodeFigures {
   std::string route;             // --route
   std::string cluster_store;     // --cluster-store as given ("" = none)
   std::string cluster_endpoint;  // what every memd was given (redis://...; "" = none)
+  int64_t cluster_lookup_timeout_ms = 0;  // --cluster-lookup-timeout-ms (0: memd's default)
   int64_t sessions = 0;          // sessions of the replayed requests (DeriveSessions)
   int64_t next_turns = 0;        // requests that are a session's turn >= 1
   int64_t kv_events_seen = 0;    // KV events consumed (--route prefix)
