@@ -22,7 +22,12 @@ earlier request ON THE SAME NODE had it: the repeats that land on the same node)
 
 Usage: tools/bench_cluster.py [--replay build/tools/replay/dhs-replay] [--trace FILE] [--requests 800]
           [--length-scale 0.015625] [--concurrency 4] [--preset dsv4flash-like] [--mode hisparse] [--nodes 1,2,4]
-          [--routes session,prefix] [--route-nodes 2] [--store local] [--json OUT]
+          [--routes session,prefix] [--route-nodes 2] [--store local] [--chat-conversations 9] [--chat-turns 4]
+          [--chat-output-length 4096] [--chat-length-scale 0.0625] [--chat-concurrency 3]
+          [--chat-lookup-timeout-ms 100] [--json OUT]
+The chat part (issue 26, sessions): `chat_trace()` conversations of several turns with long answers, replayed with
+`--chat-turns` on 2 nodes round-robin (consecutive turns on different nodes), node-local only against the cluster
+tier with a longer lookup deadline; reported: prefill tokens saved and the pages imported by a session key.
 `measure()` is the benchmark as a function (tools/perf_report.py calls it, section `cluster`); its result is what
 --json writes. Exit 1 when a run was not exact or left a request unfinished.
 """
@@ -101,7 +106,8 @@ def figures(r, store=None, page_rows=bps.HOST_PAGE_ROWS):
     m = r.get("multi_node") or {}
     nodes = m.get("per_node") or []
     clusters = [n.get("cluster") for n in nodes]
-    cl = {k: _sum(c.get(k) if c else None for c in clusters) for k in ("lookups", "hits", "imported", "published")}
+    cl = {k: _sum(c.get(k) if c else None for c in clusters)
+          for k in ("lookups", "hits", "imported", "session_imported", "published")}
     f.update({"nodes": m.get("nodes", 1), "route": m.get("route", "round-robin"),
               "cluster_store": m.get("cluster_store") or store, "cluster_counters": m.get("cluster_counters"),
               "sessions": m.get("sessions"), "next_turns": m.get("next_turns"),
@@ -152,6 +158,67 @@ def replay(args, tmp, tag, options, log, store=None):
     return fig
 
 
+def chat_trace(path, rows, conversations, turns, output_length, new_tokens=2048, block=512):
+    """Writes a conversation trace for `dhs-replay --chat-turns` (the chat part): `conversations` conversations (the
+    first rows of the Mooncake slice, each its turn 0) of `turns` turns each, turn-major (every turn 0, then every turn
+    1, ...: with round-robin on 2 nodes and an odd count, a conversation's consecutive turns land on different nodes).
+    Every turn's `output_length` is `output_length` (long answers: the history a session key adds past the chain).
+    Turn t >= 1: input = turn t-1's input + output + `new_tokens` (what --chat-turns sends at least: the previous
+    prompt, its answer, new tokens), hash ids = turn t-1's complete blocks (floor(input / block)) then new ids to
+    ceil(input / block): its chain extends the previous turn's, so tools/replay/sessions.h derives one session per
+    conversation. Returns the trace's rows."""
+    out = []
+    fresh = 10**12
+    for t in range(turns):
+        for k in range(conversations):
+            if t == 0:
+                r = rows[k]
+                row = {"timestamp": 0, "input_length": r["input_length"], "output_length": output_length,
+                       "hash_ids": list(r["hash_ids"])}
+            else:
+                prev = out[(t - 1) * conversations + k]
+                n = prev["input_length"] + output_length + new_tokens
+                ids = prev["hash_ids"][:prev["input_length"] // block]
+                while len(ids) < -(-n // block):
+                    fresh += 1
+                    ids.append(fresh)
+                row = {"timestamp": 0, "input_length": n, "output_length": output_length, "hash_ids": ids}
+            out.append(row)
+    with open(path, "w") as f:
+        for row in out:
+            f.write(json.dumps(row) + "\n")
+    return out
+
+
+def measure_chat(args, tmp, log):
+    """The chat part: a conversation's next turns on another node (`dhs-replay --chat-turns`, 2 nodes round-robin),
+    node-local only against the cluster tier, where a next turn finds the previous turn's history pages by its session
+    key (docs/cluster_tier.md "Sessions"): the figures of both runs and their ratios; None when not asked
+    (chat_conversations 0)."""
+    conv = int(getattr(args, "chat_conversations", 0) or 0)
+    if conv <= 0:
+        return None
+    turns, out_len = int(args.chat_turns), int(args.chat_output_length)
+    rows = bps.read_trace(MOONCAKE, conv)
+    path = os.path.join(tmp, "chat.jsonl")
+    chat_trace(path, rows, conv, turns, out_len)
+    n = conv * turns
+    opts = ["--trace", path, "--requests", str(n), "--length-scale", str(args.chat_length_scale), "--concurrency",
+            str(args.chat_concurrency), "--preset", args.preset, "--mode", args.mode, "--prefix-sharing", "on",
+            "--check-exact", "--idle-timeout-ms", "600000", "--chat-turns", "--nodes", "2", "--route", "round-robin"]
+    local = replay(args, tmp, "chat-local", opts, log)
+    cluster = replay(args, tmp, "chat-cluster", opts + ["--cluster-store", args.store, "--cluster-lookup-timeout-ms",
+                                                         str(args.chat_lookup_timeout_ms)], log, store=args.store)
+    for side in (local, cluster):
+        side.pop("routing", None)
+    return {"conversations": conv, "turns": turns, "requests": n, "output_length": out_len,
+            "length_scale": args.chat_length_scale, "concurrency": args.chat_concurrency, "nodes": 2,
+            "route": "round-robin", "lookup_timeout_ms": args.chat_lookup_timeout_ms, "local": local,
+            "cluster": cluster,
+            "cluster_vs_local": {k: bps.ratio(cluster.get(k), local.get(k)) for k in (
+                "prefill_tokens_saved", "ttft_p50_ms", "ttft_p99_ms", "output_tokens_per_s")}}
+
+
 def plan(node_counts, routes, route_nodes):
     """The (nodes, route) configurations in run order: round-robin on each N, then each route on route_nodes."""
     return [(n, "round-robin") for n in node_counts] + [(route_nodes, r) for r in routes]
@@ -196,8 +263,10 @@ def measure(args, log=sys.stderr):
             c["cluster_vs_local"] = {k: bps.ratio(cluster.get(k), local.get(k)) for k in (
                 "prefill_tokens_saved", "ttft_p50_ms", "ttft_p99_ms", "output_tokens_per_s")}
             result["configs"].append(c)
+        result["chat"] = measure_chat(args, tmp, log)
     result["wall_s"] = time.monotonic() - start
-    result["all_exact"] = all(clean(c[s]) for c in result["configs"] for s in ("local", "cluster"))
+    result["all_exact"] = all(clean(c[s]) for c in result["configs"] for s in ("local", "cluster")) and (
+        result["chat"] is None or all(clean(result["chat"][s]) for s in ("local", "cluster")))
     return result
 
 
@@ -221,6 +290,17 @@ def print_table(result):
                   f"{fmt(r.get('store_bytes_in_per_s'), 0)} B/s TTFT {fmt(r.get('ttft_p50_ms'), 1)}/"
                   f"{fmt(r.get('ttft_p99_ms'), 1)} ms {fmt(r.get('output_tokens_per_s'))} tok/s"
                   + (f"  ERROR {r['error'][:200]}" if "error" in r else ""))
+    ch = result.get("chat")
+    if ch:
+        print(f"chat turns: {ch['conversations']} conversations x {ch['turns']} turns, answers of "
+              f"{ch['output_length']} x {ch['length_scale']} tokens, 2 nodes round-robin:")
+        for side in ("local", "cluster"):
+            r = ch[side]
+            cp = r.get("cluster_pages") or {}
+            print(f"  {side:<7} {r.get('served')}/{r.get('total')} exact {r.get('exact_match')} saved "
+                  f"{r.get('prefill_tokens_saved')} pages imported {cp.get('imported')} (by session key "
+                  f"{cp.get('session_imported')}) TTFT {fmt(r.get('ttft_p50_ms'), 1)}/{fmt(r.get('ttft_p99_ms'), 1)} ms "
+                  f"{fmt(r.get('output_tokens_per_s'))} tok/s" + (f"  ERROR {r['error'][:200]}" if "error" in r else ""))
     print(f"all exact and finished: {result['all_exact']}")
 
 
@@ -237,6 +317,14 @@ def main():
     ap.add_argument("--routes", default="session,prefix", help="the other routes, on --route-nodes nodes")
     ap.add_argument("--route-nodes", type=int, default=2)
     ap.add_argument("--store", default="local", help="dhs-replay --cluster-store of the cluster-tier runs")
+    ap.add_argument("--chat-conversations", type=int, default=9,
+                    help="the chat part: conversations (odd: consecutive turns alternate nodes; 0: no chat part)")
+    ap.add_argument("--chat-turns", type=int, default=4)
+    ap.add_argument("--chat-output-length", type=int, default=4096, help="every turn's trace output length")
+    ap.add_argument("--chat-length-scale", type=float, default=0.0625)
+    ap.add_argument("--chat-concurrency", type=int, default=3)
+    ap.add_argument("--chat-lookup-timeout-ms", type=int, default=100,
+                    help="memd's cluster lookup deadline in the chat part (a loaded machine times out at 5 ms)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     result = measure(args)

@@ -112,7 +112,10 @@ SIZES = {
         # redis-server), round-robin on 1, 2, 4 nodes, session and prefix routing on 2; about 17 min (400 requests:
         # 8 min, 2026-12-02).
         "cluster": dict(requests=800, length_scale=0.015625, concurrency=4, preset="dsv4flash-like", mode="hisparse",
-                        nodes="1,2,4", routes="session,prefix", route_nodes=2, store="local"),
+                        nodes="1,2,4", routes="session,prefix", route_nodes=2, store="local",
+                        # the chat part (sessions): 9 conversations x 4 turns, answers of 4096 x 1/16 = 256 tokens
+                        chat_conversations=9, chat_turns=4, chat_output_length=4096, chat_length_scale=0.0625,
+                        chat_concurrency=3, chat_lookup_timeout_ms=100),
     },
     "quick": {
         "modes": dict(trace="", requests=3, length_scale=0.05, concurrency="1,3", hbm_budget=1500000, repeat=1),
@@ -129,7 +132,9 @@ SIZES = {
                                modes="hisparse", prefixes=2, prefix_tokens=128, suffix_tokens=8, output_tokens=4,
                                sessions=4, synthetic_concurrency=2, no_faults=True),
         "cluster": dict(requests=12, length_scale=0.01, concurrency=2, preset="dsv4flash-like", mode="hisparse",
-                        nodes="1,2", routes="session", route_nodes=2, store="local"),
+                        nodes="1,2", routes="session", route_nodes=2, store="local",
+                        chat_conversations=3, chat_turns=2, chat_output_length=512, chat_length_scale=0.0625,
+                        chat_concurrency=3, chat_lookup_timeout_ms=100),
     },
 }
 
@@ -1162,7 +1167,43 @@ def cluster_lines(fig):
                    + (f"; next turns routed before their previous turn's first block was announced (KV settle "
                       f"timeouts) {loc.get('kv_settle_timeouts')} / {clu.get('kv_settle_timeouts')}"
                       if c["route"] == "prefix" else "") + ".")
+    out += chat_lines(cl.get("chat"))
     out += ["", f"All runs exact with every request finished: **{'yes' if cl.get('all_exact') else 'NO'}**."]
+    return out
+
+
+def chat_lines(ch):
+    """The chat part of the cluster section (tools/bench_cluster.py measure_chat): a conversation's next turn on
+    another node, node-local only against the cluster tier, where it finds the previous turn's history pages by their
+    session key."""
+    if not ch:
+        return []
+    out = ["", "### Chat turns across nodes: session pages", "",
+           f"`dhs-replay --chat-turns --nodes 2 --route round-robin` over `bench_cluster.chat_trace()`: "
+           f"{ch['conversations']} conversations of the same slice (its first rows as first turns) x {ch['turns']} "
+           f"turns, turn-major, so a conversation's consecutive turns land on different nodes; every answer "
+           f"{ch['output_length']} x {ch['length_scale']} tokens; a next turn sends the previous prompt, its answer "
+           f"and 2048 x {ch['length_scale']} new tokens; C = {ch['concurrency']}; the cluster run's memd lookup "
+           f"deadline {ch['lookup_timeout_ms']} ms. Pages by session key: the history a previous turn held past its "
+           "prefix chain (its answer, its partial last block), which only the session key finds "
+           "(docs/cluster_tier.md \"Sessions\"); every run `--check-exact`.", "",
+           "| tier | served | exact | prefill tokens saved | pages imported from Redis | of them by session key | "
+           "TTFT p50 ms | TTFT p99 ms | tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+    for side in ("local", "cluster"):
+        r = ch[side]
+        if "error" in r and r.get("served") is None:
+            out.append(f"| {side} | FAILED: {r['error'][:300]} | | | | | | | |")
+            continue
+        cp = r.get("cluster_pages") or {}
+        na = (lambda v: "n/a" if v is None else str(v))
+        out.append(f"| {'node-local' if side == 'local' else 'cluster (Redis)'} | {r['served']}/{r['total']} | "
+                   f"{'yes' if r.get('exact_match') else 'NO'} | {r['prefill_tokens_saved']} | "
+                   f"{na(cp.get('imported'))} | {na(cp.get('session_imported'))} | {fmt(r['ttft_p50_ms'], 1)} | "
+                   f"{fmt(r['ttft_p99_ms'], 1)} | {fmt(r['output_tokens_per_s'])} |")
+    v = ch["cluster_vs_local"]
+    out += ["", f"Cluster tier against node-local: prefill tokens saved x {fmt(v['prefill_tokens_saved'], 2)}, TTFT "
+            f"p50 x {fmt(v['ttft_p50_ms'], 3)}, p99 x {fmt(v['ttft_p99_ms'], 3)}, tokens/s x "
+            f"{fmt(v['output_tokens_per_s'], 3)}."]
     return out
 
 

@@ -78,8 +78,8 @@ class Figures(unittest.TestCase):
                              "store_bytes_in": 500 * (i + 1) if c else None,
                              "store_bytes_out_per_s": 100.0 * (i + 1) if c else None,
                              "store_bytes_in_per_s": 50.0 * (i + 1) if c else None}
-        c0 = {"lookups": 4, "hits": 2, "imported": 2, "published": 3} if cluster else None
-        c1 = {"lookups": 6, "hits": 1, "imported": 1, "published": 5} if cluster else None
+        c0 = {"lookups": 4, "hits": 2, "imported": 2, "session_imported": 1, "published": 3} if cluster else None
+        c1 = {"lookups": 6, "hits": 1, "imported": 1, "session_imported": 0, "published": 5} if cluster else None
         return {"requests_served": 4, "requests_total": 4, "requests_failed": 0, "exact_match": True,
                 "trace": {"block_tokens": 8}, "prefix": {"lookups": 100, "hits_host": 30, "hits_worker": 0},
                 "prefill_tokens_saved": 240, "output_tokens_per_s": 10.0, "ttft_ms": {"p50": 5.0, "p99": 9.0},
@@ -93,7 +93,8 @@ class Figures(unittest.TestCase):
     def test_cluster_blocks_come_out_of_the_host_hits(self):
         f = bench.figures(self.report(True))
         # 3 pages imported (2 + 1) of 64 rows = 8 blocks of 8 tokens each: 24 of the 30 host-hit blocks.
-        self.assertEqual(f["cluster_pages"], {"lookups": 10, "hits": 3, "imported": 3, "published": 8})
+        self.assertEqual(f["cluster_pages"], {"lookups": 10, "hits": 3, "imported": 3, "session_imported": 1,
+                                              "published": 8})
         self.assertEqual((f["hits_cluster"], f["hits_host_local"], f["misses"]), (24, 6, 70))
         self.assertAlmostEqual(f["hit_rate_cluster"], 0.24)
         self.assertAlmostEqual(f["hit_rate_host_local"], 0.06)
@@ -130,6 +131,35 @@ class Figures(unittest.TestCase):
         for n in r2["multi_node"]["per_node"]:
             n["cluster"] = None
         self.assertIsNone(bench.figures(r2)["hits_cluster"])
+
+    def test_chat_trace(self):
+        # Two conversations (rows A: 1100 tokens, ids 0, 1, 2; B: 600, ids 0, 3) x 3 turns, answers of 100, 2048 new
+        # tokens a turn, 512-token blocks. Turn-major: A0 B0 A1 B1 A2 B2. A1: 1100 + 100 + 2048 = 3248 tokens, A0's
+        # 2 complete blocks (0, 1) then new ids to ceil(3248 / 512) = 7 ids; A2: 3248 + 2148 = 5396, A1's 6 complete
+        # blocks then 5 new (11 ids). B1: 600 + 2148 = 2748, B0's 1 complete block (0) then 5 new (6 ids).
+        import json
+        import os
+        import tempfile
+        rows = [{"input_length": 1100, "output_length": 7, "hash_ids": [0, 1, 2]},
+                {"input_length": 600, "output_length": 9, "hash_ids": [0, 3]}]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chat.jsonl")
+            out = bench.chat_trace(path, rows, 2, 3, 100)
+            with open(path) as f:
+                written = [json.loads(line) for line in f]
+        self.assertEqual(written, out)
+        self.assertEqual([r["input_length"] for r in out], [1100, 600, 3248, 2748, 5396, 4896])
+        self.assertEqual([r["output_length"] for r in out], [100] * 6)
+        self.assertEqual([len(r["hash_ids"]) for r in out], [3, 2, 7, 6, 11, 10])
+        self.assertEqual(out[2]["hash_ids"][:2], [0, 1])
+        self.assertEqual(out[4]["hash_ids"][:6], out[2]["hash_ids"][:6])
+        self.assertEqual(out[3]["hash_ids"][:1], [0])
+        self.assertEqual(out[5]["hash_ids"][:5], out[3]["hash_ids"][:5])
+        # The ids a turn appends are new: never one another conversation or turn appended (no other chain extends it).
+        appended = [i for t in range(2, 6) for i in out[t]["hash_ids"][out[t - 2]["input_length"] // 512:]]
+        self.assertEqual(len(appended), 5 + 5 + 5 + 5)
+        self.assertEqual(len(set(appended)), len(appended))
+        self.assertTrue(all(i >= 10**12 for i in appended))
 
     def test_plan(self):
         self.assertEqual(bench.plan([1, 2, 4], ["session", "prefix"], 2),

@@ -570,8 +570,16 @@ class PerfReportTest(unittest.TestCase):
                                        "output_tokens_per_s": 1.2}}
         one = dict(config, nodes=1, local=dict(loc), cluster=dict(loc, hits_cluster=None,
                                                                     hit_rate_cluster=float("nan")))
+        chat = {"conversations": 3, "turns": 2, "requests": 6, "output_length": 512, "length_scale": 0.0625,
+                "concurrency": 3, "nodes": 2, "route": "round-robin", "lookup_timeout_ms": 100,
+                "local": dict(loc, prefill_tokens_saved=832),
+                "cluster": dict(clu, prefill_tokens_saved=1472,
+                                cluster_pages={"lookups": 12, "hits": 10, "imported": 10, "session_imported": 3,
+                                               "published": 30}),
+                "cluster_vs_local": {"prefill_tokens_saved": 1472 / 832, "ttft_p50_ms": 0.5, "ttft_p99_ms": 1.0,
+                                     "output_tokens_per_s": 1.25}}
         fig = canned()
-        fig["cluster"] = {"trace": "tools/replay/data/mooncake_conversation_head1000.jsonl", "requests": 3,
+        fig["cluster"] = {"chat": chat, "trace": "tools/replay/data/mooncake_conversation_head1000.jsonl", "requests": 3,
                           "length_scale": 0.5, "concurrency": 2, "preset": "dsv4flash-like", "mode": "hisparse",
                           "store": "local", "nodes": [1, 2], "routes": [], "route_nodes": 2,
                           "mooncake_gain": [0.59, 4.98], "bounds": bounds, "configs": [one, config],
@@ -596,6 +604,11 @@ class PerfReportTest(unittest.TestCase):
         self.assertEqual(table_row(doc, ["1", "round-robin", "cluster (Redis)"])[8], "n/a")  # one node: not reported
         self.assertIn("- 2 nodes, round-robin: prefill tokens saved 256 -> 768 (x 3.00), TTFT p50 x 1.000, p99 x "
                       "1.000, tokens/s x 1.200; sessions 1 (2 next turns).", doc)
+        self.assertIn("### Chat turns across nodes: session pages", doc)
+        self.assertEqual(table_row(doc, ["cluster (Redis)", "3/3"])[2:],
+                         ["yes", "1472", "10", "3", "100.0", "200.0", "12.00"])
+        self.assertEqual(table_row(doc, ["node-local", "3/3"])[3:6], ["832", "n/a", "n/a"])
+        self.assertIn("Cluster tier against node-local: prefill tokens saved x 1.77, TTFT p50 x 0.500", doc)
         self.assertIn("All runs exact with every request finished: **yes**.", doc)
         self.assertLess(full.index("## Prefix sharing"), full.index("## Past one node"))
         self.assertLess(full.index("## Past one node"), full.index("## Microbenchmarks"))
