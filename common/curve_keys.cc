@@ -14,16 +14,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/atomic_file.h"
 
 namespace dhs {
 namespace {
-
-absl::Status FileError(int err, std::string_view what) {
-  const std::string msg = absl::StrCat(std::string(what), ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  return absl::InternalError(msg);
-}
 
 bool IsZ85Key(std::string_view key) {
   if (key.size() != kCurveKeyChars) return false;
@@ -42,26 +36,6 @@ absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
                                                    " Z85 characters)"));
   }
   return key;
-}
-
-// Writes `text` to `path` (mode `mode`) through a temporary file renamed over it.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text, mode_t mode) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return FileError(errno, absl::StrCat("create ", tmp));
-  const bool written = ::fchmod(fd, mode) == 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const int err = errno;
-  ::close(fd);
-  if (!written) {
-    ::unlink(tmp.c_str());
-    return FileError(err, absl::StrCat("write ", tmp));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    return FileError(e, absl::StrCat("rename ", tmp));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace

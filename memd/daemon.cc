@@ -224,6 +224,20 @@ absl::Status Daemon::AdoptLeftovers(const std::map<RequestId, JournaledRequest>&
     return !fits;
   });
   const std::vector<AdoptedRequest> adopted = AdoptionList(journaled, records);
+  // Issue 26: the models that wrote what is adopted: those of the GPUs with adopted requests and, with shared pages
+  // adopted, every GPU's (the node's one model); the rest is forgotten (memd/model_journal.h).
+  absl::StatusOr<ModelFingerprints> models = model_journal_.Load();
+  if (!models.ok()) {
+    spdlog::warn("memd: {}: {}; the models of the adopted host pages are not known (the next workers set them)",
+                 model_journal_.path(), models.status().ToString());
+    models = ModelFingerprints{};
+  }
+  std::set<GpuId> adopted_gpus;
+  for (const AdoptedRequest& a : adopted) adopted_gpus.insert(a.gpu);
+  const bool shared_adopted = reused && !shared.empty();
+  std::erase_if(*models, [&](const auto& e) { return !shared_adopted && !adopted_gpus.contains(e.first); });
+  models_ = *models;
+  if (absl::Status s = model_journal_.Save(models_); !s.ok()) spdlog::warn("memd: {}", s.ToString());
   std::vector<AdoptedSharedPage> shared_pages;  // issue 24: the journal's shared prefix pages (cached again)
   for (const auto& [page, sp] : shared) shared_pages.push_back({page, sp.key, sp.content, sp.checksum});
   if (absl::Status s = reused || !adopted.empty() ? core_->AdoptHostPages(adopted, shared_pages) : absl::OkStatus();
@@ -265,7 +279,8 @@ Daemon::Daemon(DaemonOptions options, std::unique_ptr<HostPoolSegment> segment, 
       router_(std::move(router)),
       core_(std::move(core)),
       server_(std::make_unique<Server>(router_.get(), kSender)),
-      record_journal_(std::move(record_journal)) {
+      record_journal_(std::move(record_journal)),
+      model_journal_(options_.run_dir) {
   next_tick_ = std::chrono::steady_clock::now() + options_.tick;
   next_retry_ = std::chrono::steady_clock::now() + options_.retry_period;
   Register();
@@ -571,18 +586,22 @@ std::string Daemon::ModelRefusal(const wire::HelloT& hello) const {
   // interrupted requests resume from host pages that model wrote), and with prefix sharing every GPU of the node
   // must serve one model (the host tier's pages are addressed by tokens, not by model). 0 = a worker that does not
   // say (an older worker, libdhs): not compared.
+  // models_ holds every GPU's model said since this memd started, and from before a restart the models of the host
+  // pages it adopted (memd/model_journal.h).
   if (hello.model_fingerprint == 0) return "";
-  for (const auto& [gpu, g] : gpus_) {
-    if (g.model_fingerprint == 0 || g.model_fingerprint == hello.model_fingerprint) continue;
+  for (const auto& [gpu, model] : models_) {
+    if (model == hello.model_fingerprint) continue;
     if (gpu == hello.gpu) {
       return absl::StrFormat("GPU %d was registered with model %016x; a restarted worker must serve it (got %016x): "
-                             "its interrupted requests' host pages hold that model's rows (restart memd to change "
-                             "the model)", gpu, g.model_fingerprint, hello.model_fingerprint);
+                             "its interrupted requests' host pages hold that model's rows (to change the model, "
+                             "restart memd once they ended: a restarted memd keeps a model only while it holds host "
+                             "pages of it; or start the node with a fresh run directory)", gpu, model,
+                             hello.model_fingerprint);
     }
     if (options_.prefix_sharing) {
       return absl::StrFormat("GPU %d serves model %016x and this worker model %016x: with --prefix-sharing on every "
                              "GPU of a node must serve one model (the shared host tier is addressed by tokens)",
-                             gpu, g.model_fingerprint, hello.model_fingerprint);
+                             gpu, model, hello.model_fingerprint);
     }
   }
   return "";
@@ -609,9 +628,20 @@ void Daemon::KeepWorker(const wire::HelloT& hello, std::string_view peer) {
   g.pid = hello.pid;
   g.shape = WorkerShapeOf(hello);
   g.model_fingerprint = hello.model_fingerprint;
+  if (hello.model_fingerprint != 0) KeepModel(hello.gpu, hello.model_fingerprint);
   g.connection = server_->source_connection();
   g.last_heard = std::chrono::steady_clock::now();
   ++counters_.hellos;
+}
+
+void Daemon::KeepModel(GpuId gpu, uint64_t model) {
+  auto [it, inserted] = models_.try_emplace(gpu, model);
+  if (!inserted && it->second == model) return;
+  it->second = model;
+  if (absl::Status s = model_journal_.Save(models_); !s.ok()) {
+    spdlog::warn("memd: GPU {}'s model {:016x} is not journaled ({}): a restarted memd will not know it", gpu, model,
+                 s.ToString());
+  }
 }
 
 void Daemon::AddHelloRecords(const wire::HelloT& hello, wire::HelloReplyT& reply) {

@@ -58,6 +58,7 @@
 #include "memd/kv_events.h"
 #include "memd/pool_segment.h"
 #include "memd/reclaim_policy.h"  // kDefaultReclaimPolicy
+#include "memd/model_journal.h"
 #include "memd/record_journal.h"
 #include "memd/request_records.h"
 #include "memd/residency_manager.h"
@@ -244,6 +245,12 @@ class Daemon {
   std::map<GpuId, GpuInfo> gpus_;
   RequestRecordStore records_;  // the requests' records for resume (opened with AdmitRequest.record)
   RecordJournal record_journal_;  // records_ mirrored in RUN_DIR/records, for the next memd
+  // Issue 26: each GPU's model (Hello.model_fingerprint), mirrored in RUN_DIR/models (memd/model_journal.h) so that
+  // a restarted memd knows which model wrote the host pages it adopted; ModelRefusal compares against it.
+  ModelJournal model_journal_;
+  ModelFingerprints models_;
+  // Sets `gpu`'s model in models_ and the journal (a failed write is logged: this memd still compares it).
+  void KeepModel(GpuId gpu, uint64_t model);
   // Complete.keep_output: the request's record (with Complete's output tokens) goes to records_'s finished ones.
   void KeepFinishedRecord(const wire::CompleteT& c);
   // Drops a request's record from records_ and from record_journal_ (both: they mirror each other).

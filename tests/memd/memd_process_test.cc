@@ -788,6 +788,14 @@ TEST_F(MemdProcess, HelloWithAnUnknownServingModeIsRefusedAndStatusStaysValid) {
   EXPECT_TRUE(status["gpus"][1]["worker"].is_null()) << status.dump();
 }
 
+// The whole text of `path` ("" when it cannot be read).
+std::string FileText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 // A Hello of `w`'s GPU (M = 4, N = 4) naming model `model` (Hello.model_fingerprint), and memd's reply.
 wire::HelloReplyT HelloOfModel(FakeWorker& w, uint64_t model) {
   wire::HelloT h = MakeTestHello(w.gpu(), "fake", 4, kPageBytes, 4);
@@ -816,6 +824,72 @@ TEST_F(MemdProcess, ARestartedWorkerOfAnotherModelIsRefused) {
   ASSERT_EQ(status["gpus"].size(), 2u) << status.dump();
   EXPECT_EQ(status["gpus"][0]["model"], "00000000000000a1") << status.dump();
   EXPECT_EQ(status["gpus"][1]["model"], "00000000000000b2") << status.dump();
+}
+
+// Issue 26: memd journals each GPU's model (RUN_DIR/models, memd/model_journal.h). A memd SIGKILLed while GPU 0's
+// request of model a1 holds a host page adopts that page after its restart and still refuses a GPU 0 worker of model
+// b2 (which would resume the request from a1's rows); GPU 1, which held nothing, takes b2; a1's worker is accepted
+// and gets its interrupted request back. The file names both GPUs' models.
+TEST_F(MemdProcess, ARestartedMemdKeepsTheModelOfTheHostPagesItAdopted) {
+  auto w = std::make_unique<FakeWorker>(run_dir_, 0);
+  ASSERT_TRUE(HelloOfModel(*w, 0xa1).accepted);
+  const RequestId a = w->Id(1);
+  wire::AdmitRequestT m;
+  m.request = a;
+  m.gpu = 0;
+  m.required_pages = 1;
+  m.history_rows = kPageRows;
+  m.record = std::make_unique<wire::RequestRecordT>();
+  m.record->request = a;
+  m.record->client_request = 101;
+  m.record->prompt = {1, 2, 3};
+  m.record->max_new_tokens = 4;
+  w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
+  ASSERT_TRUE(w->NextOf(wire::Body::AdmitGrant).has_value());
+  wire::HostCopyWrittenT hw;
+  hw.request = a;
+  hw.gpu = 0;
+  hw.history_pages = {0};
+  hw.ok = true;
+  w->Send(EncodeHostCopyWritten(hw, w->seq(), "worker"));
+  wire::TokensCommittedT t;  // its ack comes after memd handled the HostCopyWritten
+  t.gpu = 0;
+  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
+  t.entries[0]->request = a;
+  t.entries[0]->tokens = {7};
+  t.entries[0]->logits_digests = {70};
+  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
+  ASSERT_TRUE(w->NextOf(wire::Body::TokensCommittedAck).has_value());
+  KillMemd();
+  w.reset();
+  Spawn();
+  FakeWorker w2(run_dir_, 0);
+  const wire::HelloReplyT other = HelloOfModel(w2, 0xb2);
+  EXPECT_FALSE(other.accepted);
+  EXPECT_NE(other.reason.find("GPU 0 was registered with model 00000000000000a1; a restarted worker must serve it "
+                              "(got 00000000000000b2)"), std::string::npos) << other.reason;
+  FakeWorker w1(run_dir_, 1);
+  EXPECT_TRUE(HelloOfModel(w1, 0xb2).accepted);  // GPU 1 held nothing: any model (no prefix sharing)
+  const wire::HelloReplyT same = HelloOfModel(w2, 0xa1);
+  ASSERT_TRUE(same.accepted) << same.reason;
+  EXPECT_EQ(same.interrupted_requests, std::vector<uint64_t>{a});
+  EXPECT_EQ(FileText(run_dir_ + "/models"), "0 00000000000000a1\n1 00000000000000b2\n");
+}
+
+// A restarted memd forgets the model of a GPU that held nothing: its next worker may serve another one.
+TEST_F(MemdProcess, ARestartedMemdForgetsTheModelOfAGpuThatHeldNothing) {
+  {
+    FakeWorker w(run_dir_, 0);
+    ASSERT_TRUE(HelloOfModel(w, 0xa1).accepted);
+    EXPECT_EQ(FileText(run_dir_ + "/models"), "0 00000000000000a1\n");
+    KillMemd();
+  }
+  Spawn();
+  EXPECT_FALSE(std::filesystem::exists(run_dir_ + "/models"));  // nothing adopted: nothing of a1 is left
+  FakeWorker w2(run_dir_, 0);
+  const wire::HelloReplyT r = HelloOfModel(w2, 0xb2);
+  EXPECT_TRUE(r.accepted) << r.reason;
+  EXPECT_EQ(FileText(run_dir_ + "/models"), "0 00000000000000b2\n");
 }
 
 // Speculation memory declared to memd (issue 13): the Hello's totals for N = 4 slots (draft rings 4 * 10000 bytes,
@@ -2592,6 +2666,31 @@ TEST_F(MemdPrefix, AGpuOfAnotherModelIsRefused) {
   EXPECT_NE(other.reason.find("GPU 0 serves model 00000000000000a1 and this worker model 00000000000000b2: with "
                               "--prefix-sharing on every GPU of a node must serve one model"), std::string::npos)
       << other.reason;
+  EXPECT_TRUE(HelloOfModel(w1, 0xa1).accepted);
+}
+
+// Issue 26: shared prefix pages of model a1 adopted by a restarted memd (SIGKILL, pool journal) keep the node's
+// model: a worker of model b2 on another GPU is refused (it would be granted a1's rows), a1's is accepted.
+TEST_F(MemdPrefix, AdoptedSharedPagesKeepTheirModelAcrossAMemdRestart) {
+  {
+    FakeWorker w(run_dir_, 0);
+    ASSERT_TRUE(HelloOfModel(w, 0xa1).accepted);
+    AdmitChain(w, w.Id(1), "");
+    ConfirmFirstPages(w, w.Id(1), 7);
+    wire::CompleteT done;
+    done.request = w.Id(1);
+    w.Send(EncodeComplete(done, w.seq(), "worker"));
+    ASSERT_TRUE(w.NextOf(wire::Body::CompleteAck).has_value());
+    ASSERT_EQ(DhsctlJson("status")["prefix"]["cached_pages"], 4);
+    KillMemd();
+  }
+  Spawn();
+  ASSERT_EQ(DhsctlJson("status")["prefix"]["cached_pages"], 4);  // adopted
+  FakeWorker w1(run_dir_, 1);
+  const wire::HelloReplyT other = HelloOfModel(w1, 0xb2);
+  EXPECT_FALSE(other.accepted);
+  EXPECT_NE(other.reason.find("GPU 0 serves model 00000000000000a1 and this worker model 00000000000000b2"),
+            std::string::npos) << other.reason;
   EXPECT_TRUE(HelloOfModel(w1, 0xa1).accepted);
 }
 

@@ -1,6 +1,7 @@
 // memd/record_journal.h with real files in a private directory: records read back with their commits and Granted
 // frame, a file cut short at every byte keeps exactly the frames written whole before the cut, a flipped byte ends
 // the replay at its frame, an unreadable Open frame drops the file, and RemoveAllBut / Release remove files.
+// memd/model_journal.h (issue 26): the models file written and read back, removed when empty, malformed lines refused.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "memd/model_journal.h"
 #include "memd/record_journal.h"
 
 namespace dhs::memd {
@@ -124,6 +126,33 @@ TEST_F(RecordJournalTest, AFlippedByteEndsTheReplayAtItsFrame) {
   bytes[20] ^= 0x01;  // inside the Open frame's payload
   Write(5, bytes);
   EXPECT_TRUE(journal_->LoadAll().empty());
+}
+
+TEST_F(RecordJournalTest, ModelJournalRoundTripsAndRefusesMalformedFiles) {
+  ModelJournal models(dir_);
+  EXPECT_EQ(models.path(), dir_ + "/models");
+  auto none = models.Load();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());  // no file: nothing known
+  ASSERT_TRUE(models.Save({{3, 0xa1}, {0, 0xffffffffffffffff}}).ok());
+  std::ifstream in(models.path());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "0 ffffffffffffffff\n3 00000000000000a1\n");
+  EXPECT_EQ(std::filesystem::status(models.path()).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto back = models.Load();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, (ModelFingerprints{{0, 0xffffffffffffffff}, {3, 0xa1}}));
+  for (const char* bad : {"0 a1\n", "0 00000000000000a1 x\n", "x 00000000000000a1\n", "0 000000000000000g\n",
+                          "0 0000000000000000\n", "0 00000000000000a1\n0 00000000000000b2\n"}) {
+    std::ofstream(models.path()) << bad;
+    auto r = models.Load();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("models line"), std::string::npos) << r.status();
+  }
+  ASSERT_TRUE(models.Save({}).ok());
+  EXPECT_FALSE(std::filesystem::exists(models.path()));
+  EXPECT_TRUE(models.Save({}).ok());  // already gone
 }
 
 }  // namespace
