@@ -796,6 +796,41 @@ std::string FileText(const std::string& path) {
   return text.str();
 }
 
+// An AdmitRequest of `id` on GPU 0 (1 required page, `history_rows` rows) with a record (prompt {1, 2, 3}, 4 new
+// tokens): what a resumable request's admission carries.
+wire::AdmitRequestT RecordedAdmit(RequestId id, uint64_t history_rows) {
+  wire::AdmitRequestT m;
+  m.request = id;
+  m.gpu = 0;
+  m.required_pages = 1;
+  m.history_rows = history_rows;
+  m.record = std::make_unique<wire::RequestRecordT>();
+  m.record->request = id;
+  m.record->prompt = {1, 2, 3};
+  m.record->max_new_tokens = 4;
+  return m;
+}
+
+// Confirms the host copy of history page 0 of `a` (HostCopyWritten, GPU 0), then commits token 7 (digest 70) and
+// waits for its TokensCommittedAck: memd handled the HostCopyWritten before it (another message may come first).
+void ConfirmPageZeroAndSync(FakeWorker& w, RequestId a) {
+  wire::HostCopyWrittenT hw;
+  hw.request = a;
+  hw.gpu = 0;
+  hw.history_pages = {0};
+  hw.ok = true;
+  w.Send(EncodeHostCopyWritten(hw, w.seq(), "worker"));
+  wire::TokensCommittedT t;
+  t.gpu = 0;
+  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
+  t.entries[0]->request = a;
+  t.entries[0]->tokens = {7};
+  t.entries[0]->logits_digests = {70};
+  w.Send(EncodeTokensCommitted(t, w.seq(), "worker"));
+  auto ack = w.NextOf(wire::Body::TokensCommittedAck);
+  ASSERT_TRUE(ack && ack->type == wire::Body::TokensCommittedAck);
+}
+
 // A Hello of `w`'s GPU (M = 4, N = 4) naming model `model` (Hello.model_fingerprint), and memd's reply.
 wire::HelloReplyT HelloOfModel(FakeWorker& w, uint64_t model) {
   wire::HelloT h = MakeTestHello(w.gpu(), "fake", 4, kPageBytes, 4);
@@ -834,32 +869,9 @@ TEST_F(MemdProcess, ARestartedMemdKeepsTheModelOfTheHostPagesItAdopted) {
   auto w = std::make_unique<FakeWorker>(run_dir_, 0);
   ASSERT_TRUE(HelloOfModel(*w, 0xa1).accepted);
   const RequestId a = w->Id(1);
-  wire::AdmitRequestT m;
-  m.request = a;
-  m.gpu = 0;
-  m.required_pages = 1;
-  m.history_rows = kPageRows;
-  m.record = std::make_unique<wire::RequestRecordT>();
-  m.record->request = a;
-  m.record->client_request = 101;
-  m.record->prompt = {1, 2, 3};
-  m.record->max_new_tokens = 4;
-  w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
+  w->Send(EncodeAdmitRequest(RecordedAdmit(a, kPageRows), w->seq(), "worker"));
   ASSERT_TRUE(w->NextOf(wire::Body::AdmitGrant).has_value());
-  wire::HostCopyWrittenT hw;
-  hw.request = a;
-  hw.gpu = 0;
-  hw.history_pages = {0};
-  hw.ok = true;
-  w->Send(EncodeHostCopyWritten(hw, w->seq(), "worker"));
-  wire::TokensCommittedT t;  // its ack comes after memd handled the HostCopyWritten
-  t.gpu = 0;
-  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
-  t.entries[0]->request = a;
-  t.entries[0]->tokens = {7};
-  t.entries[0]->logits_digests = {70};
-  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
-  ASSERT_TRUE(w->NextOf(wire::Body::TokensCommittedAck).has_value());
+  ConfirmPageZeroAndSync(*w, a);
   KillMemd();
   w.reset();
   Spawn();
@@ -1976,18 +1988,12 @@ TEST_F(MemdFenceOnDisconnect, RequestRecordsAreCommittedAndHandedToTheNextEpoch)
 // interrupted request); a Complete without it, or one whose output lacks tokens, keeps nothing.
 TEST_F(MemdFenceOnDisconnect, FinishedRecordsAreHandedToEveryNextEpoch) {
   auto admit = [](FakeWorker& w, RequestId id) {
-    wire::AdmitRequestT a;
-    a.request = id;
-    a.gpu = 0;
+    wire::AdmitRequestT a = RecordedAdmit(id, kPageRows);
     a.required_pages = 2;
-    a.history_rows = kPageRows;
-    a.record = std::make_unique<wire::RequestRecordT>();
-    a.record->request = id;
     a.record->client_request = id + 10;
     a.record->client = 99;
     a.record->prompt.assign(5, 3);
     a.record->hash_ids = {4};
-    a.record->max_new_tokens = 4;
     w.Send(EncodeAdmitRequest(a, w.seq(), "worker"));
     return w.Next();
   };
@@ -2164,18 +2170,12 @@ TEST_F(MemdProcess, HostPoolJournalAndRecordsSurviveASigkilledMemd) {
   ASSERT_TRUE(w->Hello(8).accepted);
   const RequestId a = w->Id(1), b = w->Id(2), c = w->Id(3);
   auto admit = [&](RequestId id, uint64_t rows, bool with_record) {
-    wire::AdmitRequestT m;
-    m.request = id;
-    m.gpu = 0;
-    m.required_pages = 1;
-    m.history_rows = rows;
+    wire::AdmitRequestT m = RecordedAdmit(id, rows);
     if (with_record) {
-      m.record = std::make_unique<wire::RequestRecordT>();
-      m.record->request = id;
       m.record->client_request = id + 100;
-      m.record->prompt = {1, 2, 3};
-      m.record->max_new_tokens = 4;
       m.record->seed = 5;
+    } else {
+      m.record.reset();
     }
     w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
     auto g = w->Next();
@@ -2263,16 +2263,8 @@ TEST_F(MemdProcess, ReHelloWithAReportKeepsASurvivingWorkersRequests) {
   ASSERT_TRUE(w->Hello(8).accepted);
   const RequestId a = w->Id(1), b = w->Id(2);
   auto admit = [&](RequestId id, uint64_t rows, uint32_t complete) {
-    wire::AdmitRequestT m;
-    m.request = id;
-    m.gpu = 0;
-    m.required_pages = 1;
-    m.history_rows = rows;
+    wire::AdmitRequestT m = RecordedAdmit(id, rows);
     m.complete_pages = complete;
-    m.record = std::make_unique<wire::RequestRecordT>();
-    m.record->request = id;
-    m.record->prompt = {1, 2, 3};
-    m.record->max_new_tokens = 4;
     w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
     auto g = w->Next();
     EXPECT_TRUE(g && g->type == wire::Body::AdmitGrant);
@@ -2282,21 +2274,8 @@ TEST_F(MemdProcess, ReHelloWithAReportKeepsASurvivingWorkersRequests) {
   const wire::AdmitGrantT gb = admit(b, kPageRows, 0);
   ASSERT_EQ(ga.backup_host_pages.size(), 3u);
   ASSERT_EQ(ga.optional_pages.size(), 2u);
-  wire::HostCopyWrittenT hw;
-  hw.request = a;
-  hw.gpu = 0;
-  hw.history_pages = {0};
-  hw.ok = true;
-  w->Send(EncodeHostCopyWritten(hw, w->seq(), "worker"));  // page 0 was kept: memd frees its GPU page (contract §3)
-  wire::TokensCommittedT t;
-  t.gpu = 0;
-  t.entries.push_back(std::make_unique<wire::CommittedTokensT>());
-  t.entries[0]->request = a;
-  t.entries[0]->tokens = {7};
-  t.entries[0]->logits_digests = {70};
-  w->Send(EncodeTokensCommitted(t, w->seq(), "worker"));
-  auto ack = w->NextOf(wire::Body::TokensCommittedAck);  // a PopulateOrder may come first
-  ASSERT_TRUE(ack && ack->type == wire::Body::TokensCommittedAck);  // memd handled the HostCopyWritten
+  // Page 0 was kept: its confirmed copy makes memd free its GPU page (contract §3); a PopulateOrder may come first.
+  ConfirmPageZeroAndSync(*w, a);
   KillMemd();
   w.reset();  // its DEALER would reconnect as worker/0 too and take the routing id over
   Spawn();
@@ -2388,17 +2367,9 @@ TEST_F(MemdProcess, RecordsSurviveAPoolThatIsNotAdopted) {
   auto w = std::make_unique<FakeWorker>(run_dir_, 0);
   ASSERT_TRUE(w->Hello(8).accepted);
   const RequestId a = w->Id(1);
-  wire::AdmitRequestT m;
-  m.request = a;
-  m.gpu = 0;
-  m.required_pages = 1;
-  m.history_rows = 3 * kPageRows;
-  m.record = std::make_unique<wire::RequestRecordT>();
-  m.record->request = a;
+  wire::AdmitRequestT m = RecordedAdmit(a, 3 * kPageRows);
   m.record->client_request = 42;
   m.record->client = 77;  // the client's identity comes back with the record (a resume is found by it)
-  m.record->prompt = {1, 2, 3};
-  m.record->max_new_tokens = 4;
   w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
   auto g = w->Next();
   ASSERT_TRUE(g && g->type == wire::Body::AdmitGrant);
@@ -2510,15 +2481,7 @@ TEST_F(MemdProcess, AFailedOrMisconfiguredStartNeverTouchesAnAdoptablePool) {
   auto w = std::make_unique<FakeWorker>(run_dir_, 0);
   ASSERT_TRUE(w->Hello(8).accepted);
   const RequestId a = w->Id(1);
-  wire::AdmitRequestT m;
-  m.request = a;
-  m.gpu = 0;
-  m.required_pages = 1;
-  m.history_rows = 3 * kPageRows;
-  m.record = std::make_unique<wire::RequestRecordT>();
-  m.record->request = a;
-  m.record->prompt = {1, 2, 3};
-  m.record->max_new_tokens = 4;
+  wire::AdmitRequestT m = RecordedAdmit(a, 3 * kPageRows);
   w->Send(EncodeAdmitRequest(m, w->seq(), "worker"));
   auto g = w->Next();
   ASSERT_TRUE(g && g->type == wire::Body::AdmitGrant);
@@ -2652,10 +2615,18 @@ class MemdPrefix : public MemdProcess {
     written.ok = true;
     w.Send(EncodeHostCopyWritten(written, w.seq(), "worker"));
   }
+  // Request `r` admits the default chain, confirms its first pages and completes: its 4 shared pages stay cached.
+  void CacheChainOf(FakeWorker& w, RequestId r) {
+    AdmitChain(w, r, "");
+    ConfirmFirstPages(w, r, 7);
+    wire::CompleteT done;
+    done.request = r;
+    w.Send(EncodeComplete(done, w.seq(), "worker"));
+    ASSERT_TRUE(w.NextOf(wire::Body::CompleteAck).has_value());
+    ASSERT_EQ(DhsctlJson("status")["prefix"]["cached_pages"], 4);
+  }
 };
 
-// A clean stop (SIGTERM) when the pool holds only cached prefix pages (no request holds a page) removes the segment:
-// the run directory may be deleted next, and nothing would adopt it (a SIGKILL keeps it: the test below).
 // Issue 26: with prefix sharing every GPU of the node serves one model (the host tier is addressed by tokens: a page
 // of one model would be a wrong row for another).
 TEST_F(MemdPrefix, AGpuOfAnotherModelIsRefused) {
@@ -2675,13 +2646,7 @@ TEST_F(MemdPrefix, AdoptedSharedPagesKeepTheirModelAcrossAMemdRestart) {
   {
     FakeWorker w(run_dir_, 0);
     ASSERT_TRUE(HelloOfModel(w, 0xa1).accepted);
-    AdmitChain(w, w.Id(1), "");
-    ConfirmFirstPages(w, w.Id(1), 7);
-    wire::CompleteT done;
-    done.request = w.Id(1);
-    w.Send(EncodeComplete(done, w.seq(), "worker"));
-    ASSERT_TRUE(w.NextOf(wire::Body::CompleteAck).has_value());
-    ASSERT_EQ(DhsctlJson("status")["prefix"]["cached_pages"], 4);
+    CacheChainOf(w, w.Id(1));
     KillMemd();
   }
   Spawn();
@@ -2694,16 +2659,12 @@ TEST_F(MemdPrefix, AdoptedSharedPagesKeepTheirModelAcrossAMemdRestart) {
   EXPECT_TRUE(HelloOfModel(w1, 0xa1).accepted);
 }
 
+// A clean stop (SIGTERM) when the pool holds only cached prefix pages (no request holds a page) removes the segment:
+// the run directory may be deleted next, and nothing would adopt it (a SIGKILL keeps it: the test below).
 TEST_F(MemdPrefix, ACleanStopDropsAPoolHoldingOnlyCachedPages) {
   FakeWorker w(run_dir_, 0);
   ASSERT_TRUE(w.Hello(32).accepted);
-  AdmitChain(w, w.Id(1), "");
-  ConfirmFirstPages(w, w.Id(1), 7);
-  wire::CompleteT done;
-  done.request = w.Id(1);
-  w.Send(EncodeComplete(done, w.seq(), "worker"));
-  ASSERT_TRUE(w.NextOf(wire::Body::CompleteAck).has_value());
-  EXPECT_EQ(DhsctlJson("status")["prefix"]["cached_pages"], 4);
+  CacheChainOf(w, w.Id(1));
   const std::string segment = "/dev/shm/" + SegmentOf(run_dir_);
   ASSERT_TRUE(std::filesystem::exists(segment));
   kill(pid_, SIGTERM);
