@@ -163,7 +163,7 @@ struct RunOutcome {
 // Fault injection of a run (the run under test; never the resident reference).
 struct FaultSetup {
   FaultPlanConfig plan;
-  bool corrupt_one_host_page = false;
+  bool corrupt_host_pages = false;
 };
 
 // Starts the node of a run: supervised (restarts, faults, host-row checks) when `faults` is set or re-attaching is on,
@@ -239,7 +239,7 @@ absl::StatusOr<std::unique_ptr<ReplayNode>> StartNode(const ReplayOptions& optio
   supervised.launch = launch;
   if (faults) {
     supervised.faults = faults->plan;
-    supervised.corrupt_one_host_page = faults->corrupt_one_host_page;
+    supervised.corrupt_host_pages = faults->corrupt_host_pages;
   }
   supervised.page_rows = geometry->kv.page_rows;
   supervised.tail_rows = geometry->kv.tail_rows;
@@ -363,7 +363,7 @@ class ReplayRun {
       std::optional<FaultSetup> faults = faults_;  // node i's kills are drawn from seed + i (one byte flipped: node 0)
       if (faults && i > 0) {
         faults->plan.seed += static_cast<uint64_t>(i);
-        faults->corrupt_one_host_page = false;
+        faults->corrupt_host_pages = false;
       }
       auto started = StartNode(options_, trace_, mode_, budget, faults, log_tag_, [rows = rows_](RequestId client) {
         std::lock_guard<std::mutex> l(rows->mu);
@@ -621,7 +621,7 @@ absl::StatusOr<std::optional<FaultSetup>> MakeFaultSetup(const ReplayOptions& op
   absl::StatusOr<std::vector<FaultKill>> hooks = ParseHookKills(options.kill_worker_at, setup.plan.seed);
   if (!hooks.ok()) return hooks.status();
   setup.plan.hook_kills = *hooks;
-  setup.corrupt_one_host_page = options.corrupt_host_page_for_test;
+  setup.corrupt_host_pages = options.corrupt_host_page_for_test;
   std::string points;
   for (const FaultKill& k : setup.plan.hook_kills) points += " " + FormatFaultKill(k);
   std::cerr << "dhs-replay: fault seed " << setup.plan.seed << " (--fault-seed " << setup.plan.seed << " repeats it)"

@@ -447,7 +447,7 @@ void SupervisedNode::Runtime::ExecuteFaultOrders() {
     const size_t c = o.kind == FaultOrder::Kind::kKillWorker ? kWorker : Supervisor::kMemd;
     if (pids[c] <= 0) continue;
     Sample();  // the latest digests before the kill
-    if (node.options_.corrupt_one_host_page && !corrupted) Corrupt();
+    if (node.options_.corrupt_host_pages && !corrupted) Corrupt();
     if (c == kWorker) {
       worker_kill_sent = true;
       down_at.push_back(std::chrono::steady_clock::now());
@@ -641,18 +641,21 @@ void SupervisedNode::Runtime::CheckAgainstMemd(bool interrupted_only) {
   }
 }
 
-// Test-only: flips one byte of one recorded host page (a real corruption of the mapped pool).
+// Test-only: flips one byte of one recorded host page of EVERY recorded request (a real corruption of the mapped
+// pool). One page of each: a request that ends between the latest sample and the kill (its pages freed, not counted)
+// cannot leave the corruption unseen while another request is interrupted by the kill.
 void SupervisedNode::Runtime::Corrupt() {
   if (!pool || host_page_of.empty()) return;
+  std::set<RequestId> flipped;
   for (const auto& [key, host_page] : host_page_of) {
-    if (!ledger.nodes().contains(key.first)) continue;
+    if (flipped.contains(key.first) || !ledger.nodes().contains(key.first)) continue;
     absl::StatusOr<uint8_t*> data = pool->PageData(host_page);
     if (!data.ok()) continue;
     (*data)[0] ^= 0xFF;
     corrupted = true;
+    flipped.insert(key.first);
     Log(absl::StrCat("TEST ONLY: flipped byte 0 of host page ", host_page, " (request ", key.first, ", history page ",
                      key.second, ")"));
-    return;
   }
 }
 

@@ -48,9 +48,9 @@ struct SupervisedNodeOptions {
   uint32_t page_rows = 1;  // rows per page (host_rows_lost = pages lost * page_rows)
   std::chrono::milliseconds sample_interval{250};  // host-copy digests while running
   std::chrono::milliseconds fence_timeout{8000};   // a dead worker's GPU fenced by memd within this, else logged
-  // Test-only: after the first host-page check of a fault found recorded pages, flip one byte of one of them in the
-  // mapped pool (--corrupt-host-page-for-test), so that a test proves host_rows_lost can count.
-  bool corrupt_one_host_page = false;
+  // Test-only: before the first timed kill that finds recorded pages, flip one byte of one page of each recorded
+  // request in the mapped pool (--corrupt-host-page-for-test), so that a test proves host_rows_lost can count.
+  bool corrupt_host_pages = false;
   // Issue 28 (unconfirmed host copies, host_ledger.h ObserveCoverage): the worker's tail rows T, and the rows the
   // client saw computed for a client request id (0 when unknown; called from the supervision thread). Unset: the
   // coverage is not checked.
