@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -49,7 +50,11 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_
                         std::string(address)));
   }
   httplib::Server* http = m->http_.get();
-  m->thread_ = std::thread([http] { http->listen_after_bind(); });
+  std::atomic<bool>* listen_returned = &m->listen_returned_;
+  m->thread_ = std::thread([http, listen_returned] {
+    http->listen_after_bind();
+    listen_returned->store(true);
+  });
   return m;
 }
 
@@ -69,6 +74,12 @@ absl::Status MetricsServer::WriteAddressFile(const std::string& path) const {
 }
 
 MetricsServer::~MetricsServer() {
+  // cpp-httplib's stop() does nothing before listen_after_bind() marked the server running, and the listen would then
+  // accept forever: a server destroyed right after Start (memd --check-config) waits until it runs (or its listen
+  // returned) before stopping it.
+  while (thread_.joinable() && !http_->is_running() && !listen_returned_.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   if (http_) http_->stop();
   if (thread_.joinable()) thread_.join();
 }

@@ -8,6 +8,7 @@
 // Thread-safety: Start/Stop/destructor from one thread; `snapshot` is called from the HTTP thread.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -50,6 +51,7 @@ class MetricsServer {
   MetricsServer() = default;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  std::atomic<bool> listen_returned_{false};  // the listen thread's listen_after_bind() returned (~MetricsServer)
   std::string host_;
   int port_ = 0;
 };
