@@ -31,7 +31,7 @@ import tempfile
 import urllib.request
 
 import cluster_tier_test as ct
-from proc_util import wait_until
+from proc_util import pool_segments_naming, wait_until
 
 P, T = 16, 64                    # page rows, prefix block tokens
 LEN1, NEW1, ADD2, NEW2 = 300, 40, 60, 24
@@ -59,11 +59,11 @@ def main():
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         print("SKIP: redis-server / redis-cli not installed")
         return 77
-    shm_before = set(os.listdir("/dev/shm"))
     failures, nodes = [], []
     rng = random.Random(26)
     p1 = [rng.randrange(256) for _ in range(LEN1)]
     with tempfile.TemporaryDirectory(prefix="dhs-session-turns-") as tmp:
+        tmp_dir = os.path.realpath(tmp)  # the nodes' pools name their run directories under it
         port = ct.free_port()
         redis = ct.Redis(tmp, port)
         redis.start()
@@ -197,8 +197,7 @@ def main():
                     n.proc.kill()
                     n.proc.wait()
             redis.kill()
-    left = set(os.listdir("/dev/shm")) - shm_before
-    left = {f for f in left if f.startswith("dhs")}
+    left = pool_segments_naming(tmp_dir)  # this test's pools only (a shared machine runs other memds)
     if left:
         failures.append(f"/dev/shm segments left: {sorted(left)}")
     for f in failures:

@@ -40,3 +40,18 @@ def pids_naming(run_dir: str, program: str = "", exclude: int = -1) -> list:
         if not gone(int(entry)):
             pids.append(int(entry))
     return pids
+
+
+def pool_segments_naming(path_fragment=None) -> set:
+    """Names of the /dev/shm segments whose first 4 KiB hold `path_fragment` (a memd host pool's header keeps its
+    canonical run directory: a test's own pools, not other processes' on a shared machine); None: every segment."""
+    out = set()
+    for name in os.listdir("/dev/shm"):
+        try:
+            with open(os.path.join("/dev/shm", name), "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            continue
+        if path_fragment is None or path_fragment.encode() in head:
+            out.add(name)
+    return out

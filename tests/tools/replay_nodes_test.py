@@ -31,6 +31,8 @@ import tempfile
 import signal  # noqa: F401 (subprocess.signal)
 import time
 
+from proc_util import pool_segments_naming
+
 ROWS = [("X", 0, 4), ("Y", 0, 4), ("Z", 0, 4), ("X", 1, 6), ("Y", 1, 6), ("Z", 1, 6), ("X", 2, 8), ("Y", 2, 8)]
 BASE_ID = {"X": 1000, "Y": 2000, "Z": 3000}
 SESSIONS = [0, 1, 2, 0, 1, 2, 0, 1]
@@ -59,16 +61,7 @@ def trace(tmp, mult=1):
 def shm(tmp=None):
     """memd host-pool segments in /dev/shm whose header names a run directory under `tmp` (the test's runs: dhs-replay
     runs with TMPDIR=tmp; other processes on the machine have segments of their own)."""
-    out = set()
-    for name in os.listdir("/dev/shm"):
-        try:
-            with open(os.path.join("/dev/shm", name), "rb") as f:
-                head = f.read(4096)
-        except OSError:
-            continue
-        if tmp is None or tmp.encode() in head:
-            out.add(name)
-    return out
+    return pool_segments_naming(tmp)
 
 
 def replay(exe, tmp, tag, args, timeout=600):
@@ -174,6 +167,21 @@ def check_cluster_store(failures, exe, tmp, base, store):
             failures.append(f"--cluster-store {store}: cluster figures {[p['cluster'] for p in per]}")
         if host_hits(report) < EXPECTED_HOST_HITS["round-robin"]:
             failures.append(f"--cluster-store {store}: host hits {host_hits(report)} below node-local only's")
+
+
+def check_new_run_dir_with_a_local_store(failures, exe, tmp, base):
+    """--run-dir NEW with --cluster-store local: NEW is created 0700 before the Redis directory inside it (creating
+    RUN_DIR/redis first made NEW 0755, which the nodes' run directory check then refused), the run is exact, and
+    RUN_DIR/redis is kept."""
+    new = os.path.join(tmp, "fresh", "run")
+    rc, report, err = replay(exe, tmp, "new-run-dir", base + ["--route", "round-robin", "--cluster-store", "local",
+                                                              "--run-dir", new])
+    if rc != 0 or report.get("exact_match") is not True:
+        failures.append(f"--run-dir NEW with a local store: rc {rc}, exact {report.get('exact_match')}: {err[-600:]}")
+        return
+    mode = os.stat(new).st_mode & 0o777
+    if mode != 0o700 or not os.path.isdir(os.path.join(new, "redis")):
+        failures.append(f"--run-dir NEW: mode {oct(mode)}, redis/ kept {os.path.isdir(os.path.join(new, 'redis'))}")
 
 
 def redis_with_dir(fragment):
@@ -325,6 +333,7 @@ def main():
             failures.append(f"host hits {hits}, expected {EXPECTED_HOST_HITS}")
         for store in ("local", "local-cluster"):
             check_cluster_store(failures, exe, tmp, base, store)
+        check_new_run_dir_with_a_local_store(failures, exe, tmp, base)
         check_sigint_while_the_cluster_starts(failures, exe, tmp, base)
         check_nodes_killed_while_publishing(failures, exe, tmp)
     for f in failures:

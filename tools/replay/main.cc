@@ -765,6 +765,9 @@ absl::Status StartClusterStore(ReplayOptions& options, LocalRedis& redis) {
     return absl::OkStatus();
   }
   if (!options.run_dir.empty()) {
+    // RUN_DIR first (mode 0700, or refused when open), then RUN_DIR/redis inside it: creating the latter first would
+    // make RUN_DIR 0755, which the nodes' run directory check then refuses (issue 26 review).
+    if (absl::Status s = MakeNodesRunDir(options.run_dir); !s.ok()) return s;
     redis.dir = options.run_dir + "/redis";
   } else {
     std::string tmpl = TempRunDirParent(std::getenv("TMPDIR")) + "/dhs-replay-redis-XXXXXX";
