@@ -121,6 +121,16 @@ std::string Endpoint::ToString() const { return Cat(host, ":", port); }
 
 absl::StatusOr<std::vector<Endpoint>> ParseSeeds(std::string_view spec) {
   std::vector<Endpoint> out;
+  // Seeds are separated by one comma (spaces around it allowed): an empty one ("a:1,", "a:1,,b:2") is a typo.
+  if (spec.find(',') != std::string_view::npos) {
+    for (size_t start = 0; start <= spec.size();) {
+      const size_t end = std::min(spec.find(',', start), spec.size());
+      if (spec.substr(start, end - start).find_first_not_of(' ') == std::string_view::npos) {
+        return absl::InvalidArgumentError(Cat("redis seeds '", spec, "': an empty seed"));
+      }
+      start = end + 1;
+    }
+  }
   for (std::string_view part : Split(spec, ", ")) {
     std::string_view rest = part;
     if (rest.starts_with("redis://")) {
@@ -129,6 +139,15 @@ absl::StatusOr<std::vector<Endpoint>> ParseSeeds(std::string_view spec) {
       return absl::InvalidArgumentError(Cat("redis seed '", part, "': only redis:// is supported"));
     }
     while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    if (rest.find('@') != std::string_view::npos) {
+      return absl::InvalidArgumentError(Cat("redis seed '", part, "': credentials in the address are not supported "
+                                            "(the client sends no AUTH: run the store without requirepass, on a "
+                                            "private network)"));
+    }
+    if (rest.find_first_of("[]") != std::string_view::npos) {
+      return absl::InvalidArgumentError(Cat("redis seed '", part, "': IPv6 literals are not supported (give an IPv4 "
+                                            "address or a host name)"));
+    }
     const size_t colon = rest.rfind(':');
     uint16_t port = 0;
     if (colon == std::string_view::npos || colon == 0 || !ParsePort(rest.substr(colon + 1), &port)) {

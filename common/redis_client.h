@@ -53,7 +53,8 @@ struct Endpoint {
 };
 
 // "redis://HOST:PORT", "HOST:PORT", or several of them separated by commas or spaces (cluster seeds).
-// Errors: InvalidArgument (empty, no port, port out of 1..65535, another scheme).
+// Errors: InvalidArgument (empty, an empty seed between commas, no port, port out of 1..65535, another scheme,
+// credentials "user:pw@" (no AUTH is sent), an IPv6 literal "[...]" (not supported)).
 absl::StatusOr<std::vector<Endpoint>> ParseSeeds(std::string_view spec);
 
 // A redirection of Redis Cluster: "MOVED <slot> <host>:<port>" (the slot moved for good) or "ASK <slot> <host>:<port>"

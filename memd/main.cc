@@ -72,6 +72,7 @@ struct CommandLine {
   std::string prefix_sharing = "off";  // --prefix-sharing off|on (issue 24)
   std::string kv_events = "off";       // --kv-events off|on (issue 24)
   uint64_t cluster_lookup_timeout_ms = 5;  // --cluster-lookup-timeout-ms (issue 26)
+  const CLI::Option* cluster_lookup_timeout_flag = nullptr;  // given on the command line: needs --cluster-store
   bool check_config = false;  // --check-config (issue 22: dhs-node --check runs it)
 };
 
@@ -92,9 +93,11 @@ void AddClusterFlags(CLI::App& app, CommandLine& c) {
                      "the cluster tier on Redis: redis://HOST:PORT, or a comma-separated list of Redis Cluster seeds "
                      "(needs --prefix-sharing on; empty: off)")
       ->capture_default_str();
-  dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--cluster-lookup-timeout-ms", c.cluster_lookup_timeout_ms,
-                     "deadline of one admission's cluster-tier lookup, ms (past it the pages are counted misses)")
-      ->capture_default_str();
+  c.cluster_lookup_timeout_flag =
+      dhs::AddDaemonFlag(app, dhs::memd::kMemdFlags, "--cluster-lookup-timeout-ms", c.cluster_lookup_timeout_ms,
+                         "deadline of one admission's cluster-tier lookup, ms (past it the pages are counted misses; "
+                         "needs --cluster-store)")
+          ->capture_default_str();
 }
 
 // Declares every flag of memd on `app`, writing into `c`.
@@ -220,6 +223,11 @@ bool SetPoolPages(CommandLine& c) {
     return false;
   }
   c.options.cluster_lookup_timeout = std::chrono::milliseconds(c.cluster_lookup_timeout_ms);
+  if (c.options.cluster_store.empty() && c.cluster_lookup_timeout_flag != nullptr &&
+      c.cluster_lookup_timeout_flag->count() > 0) {  // a deadline of nothing: a configuration mistake, said
+    std::fprintf(stderr, "memd: --cluster-lookup-timeout-ms needs --cluster-store (the cluster tier it bounds)\n");
+    return false;
+  }
   if (!c.options.cluster_store.empty() && !c.options.prefix_sharing) {  // issue 26: it shares the host tier's pages
     std::fprintf(stderr, "memd: --cluster-store needs --prefix-sharing on\n");
     return false;

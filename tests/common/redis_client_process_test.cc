@@ -52,8 +52,22 @@ TEST(RedisSeeds, ParsesUrlsAndLists) {
   auto many = ParseSeeds("redis://a:1, b:2,redis://c:65535/");
   ASSERT_TRUE(many.ok());
   EXPECT_EQ(*many, (std::vector<Endpoint>{{"a", 1}, {"b", 2}, {"c", 65535}}));
-  for (const char* bad : {"", "redis://host", "host:0", "host:65536", "http://h:1", ":80", "h:x"}) {
+  for (const char* bad : {"", "redis://host", "host:0", "host:65536", "http://h:1", ":80", "h:x", "redis://h:1/0"}) {
     EXPECT_EQ(ParseSeeds(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  // Review of issue 26: what the client cannot do is refused by name, not taken as a strange host.
+  const std::pair<const char*, const char*> refused[] = {
+      {"redis://:pw@127.0.0.1:6379", "credentials in the address are not supported"},
+      {"redis://user:pw@h:1", "credentials in the address are not supported"},
+      {"redis://[::1]:6379", "IPv6 literals are not supported"},
+      {"redis://h:1,", "an empty seed"},
+      {"a:1,,b:2", "an empty seed"},
+      {",a:1", "an empty seed"},
+      {"a:1, ,b:2", "an empty seed"}};
+  for (const auto& [spec, why] : refused) {
+    const absl::Status s = ParseSeeds(spec).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_NE(s.message().find(why), std::string::npos) << spec << ": " << s;
   }
   EXPECT_EQ(Client::Create(ClientConfig{}).status().code(), absl::StatusCode::kInvalidArgument);
 }

@@ -237,6 +237,10 @@ TEST(MemdCommandLine, BadValuesExit2AndAPoolTooLargeExits1) {
        "--cluster-store 'redis://127.0.0.1': "},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --cluster-store redis://127.0.0.1:1 "
        "--cluster-lookup-timeout-ms 0", "--cluster-lookup-timeout-ms: must be an integer in [1, 10000], got '0'"},
+      {"--page-bytes 4096 --host-pool-pages 8 --cluster-lookup-timeout-ms 50",
+       "--cluster-lookup-timeout-ms needs --cluster-store"},
+      {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing on --cluster-store redis://:pw@127.0.0.1:6379",
+       "credentials in the address are not supported"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-eviction fifo", "need --prefix-sharing on"},
       {"--page-bytes 4096 --host-pool-pages 8 --prefix-sharing off --prefix-tenant-quota-pages 5",
        "need --prefix-sharing on"},

@@ -147,6 +147,9 @@ TEST(ReplayOptions, PrefixCacheLimits) {
       {{"--tenant", std::string(254, 't'), "--tenants", "11"}, "--tenant: tenants of up to 257 bytes"},  // "#10"
       {{"--tenants", "2", "--tenant-by", "row"}, "--tenant-by: row not in {session,index}"},
       {{"--cluster-lookup-timeout-ms", "20"}, "--cluster-lookup-timeout-ms needs --cluster-store"},
+      {{"--nodes", "2", "--cluster-store", "redis://127.0.0.1"}, "--cluster-store: redis seed"},
+      {{"--nodes", "2", "--cluster-store", "redis://127.0.0.1:0"}, "port 1..65535"},
+      {{"--nodes", "2", "--cluster-store", "redis://:pw@127.0.0.1:6379"}, "credentials in the address"},
       {{"--cluster-store", "local", "--cluster-lookup-timeout-ms", "0"}, "--cluster-lookup-timeout-ms: "},
   };
   for (const BadArgs& c : cases) {

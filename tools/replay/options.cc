@@ -14,6 +14,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/cli_flags.h"
+#include "common/redis_client.h"
 #include "absl/strings/str_cat.h"
 #include "memd/memd_flags.h"      // PrefixEvictionPolicyNames (issue 24: memd/prefix_pages.h owns them)
 #include "memd/reclaim_policy.h"  // ReclaimPolicyNames (memd owns them)
@@ -91,6 +92,11 @@ absl::Status ValidateMultiNode(const ReplayOptions& o) {
     if (o.cluster_store != "local" && o.cluster_store != "local-cluster" && !StartsWith(o.cluster_store, "redis://")) {
       return bad("--cluster-store must be local, local-cluster or redis://HOST:PORT[,HOST:PORT...], got '",
                  o.cluster_store, "'");
+    }
+    if (StartsWith(o.cluster_store, "redis://")) {  // as every memd will parse it (memd --cluster-store)
+      if (absl::Status s = redis::ParseSeeds(o.cluster_store).status(); !s.ok()) {
+        return bad("--cluster-store: ", s.message());
+      }
     }
   } else if (o.cluster_lookup_timeout_ms != 0) {
     return bad("--cluster-lookup-timeout-ms needs --cluster-store (the deadline of memd's cluster tier)");
