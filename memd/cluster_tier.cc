@@ -65,7 +65,26 @@ int64_t ClusterTier::NowUs() {
       .count();
 }
 
+std::string_view StoreContactName(StoreContact contact) {
+  switch (contact) {
+    case StoreContact::kNotYet: return "not yet";
+    case StoreContact::kAnswered: return "yes";
+    case StoreContact::kNoAnswer: return "no";
+  }
+  return "?";
+}
+
 void ClusterTier::SenderLoop() {
+  // One PING at start, so that a store that cannot be reached is said at once (log, dhsctl "reachable: no") rather
+  // than at the first page published or looked up.
+  if (absl::Status s = sender_client_->Ping(options_.publish_timeout); s.ok()) {
+    SawContact(true);
+    spdlog::info("memd: cluster tier: the store {} answers", options_.store);
+  } else {
+    SawContact(false);
+    spdlog::warn("memd: cluster tier: the store {} did not answer a PING at start ({}); pages are published and "
+                 "looked up once it answers, missed meanwhile", options_.store, s.ToString());
+  }
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     std::optional<PublishBatch> batch = queue_.NextBatch(NowUs());
@@ -92,6 +111,7 @@ void ClusterTier::SenderLoop() {
         }
       }
     }
+    SawContact(answered);
     lock.lock();
     const StoreHealth before = queue_.health();
     DHS_CHECK_OK(queue_.BatchDone(batch->id, written, answered, NowUs()));
@@ -169,6 +189,7 @@ std::vector<std::optional<ClusterPage>> ClusterTier::Lookup(const PageGeometry& 
                                before.misses[static_cast<size_t>(LookupMiss::kTimeout)]) +
                               (lookups_.misses[static_cast<size_t>(LookupMiss::kUnavailable)] -
                                before.misses[static_cast<size_t>(LookupMiss::kUnavailable)]);
+  SawContact(unanswered < addresses.size());
   if (unanswered == addresses.size()) {
     lookup_backoff_until_us_ = NowUs() + std::chrono::duration_cast<std::chrono::microseconds>(
                                              options_.lookup_backoff).count();
@@ -206,6 +227,7 @@ ClusterDump ClusterTier::Stats() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     d.health = std::string(StoreHealthName(queue_.health()));
+    d.reachable = std::string(StoreContactName(contact_.load()));
     d.queue_depth = queue_.depth();
     d.queue_bytes = queue_.depth_bytes();
     q = queue_.counters();

@@ -19,6 +19,7 @@
 #include <array>
 #include <chrono>
 #include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -59,6 +60,10 @@ enum class ClusterMiss : uint8_t {
 };
 inline constexpr size_t kClusterMisses = 4;
 std::string_view ClusterMissName(ClusterMiss miss);  // "no_room", "store_down", "no_geometry", "after_gap"
+
+// The store's latest contact as memd saw it (ClusterDump::reachable): not tried yet, answered, or no answer.
+enum class StoreContact : uint8_t { kNotYet, kAnswered, kNoAnswer };
+std::string_view StoreContactName(StoreContact contact);  // "not yet", "yes", "no"
 
 class ClusterTier {
  public:
@@ -125,6 +130,10 @@ class ClusterTier {
   uint64_t session_lookups_ = 0, session_hits_ = 0, session_imported_ = 0;  // issue 26: of lookups, hits, imported
   uint64_t encode_failures_ = 0;
   int64_t lookup_backoff_until_us_ = 0;
+  // Whether the store answered its latest contact (the sender's start PING, a publish batch, a lookup batch):
+  // an observation for dhsctl / metrics ("reachable"), not a decision (the publish queue's health decides).
+  std::atomic<StoreContact> contact_{StoreContact::kNotYet};
+  void SawContact(bool answered) { contact_.store(answered ? StoreContact::kAnswered : StoreContact::kNoAnswer); }
 };
 
 }  // namespace dhs::memd

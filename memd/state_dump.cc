@@ -343,7 +343,7 @@ json ClusterJson(const ClusterDump& c) {
   for (const auto& [k, v] : c.shed) shed[k] = v;
   for (const auto& [k, v] : c.misses) misses[k] = v;
   for (const auto& [k, v] : c.bad_values) bad[k] = v;
-  return json{{"store", c.store}, {"health", c.health}, {"queue_depth", c.queue_depth},
+  return json{{"store", c.store}, {"health", c.health}, {"reachable", c.reachable}, {"queue_depth", c.queue_depth},
               {"queue_bytes", c.queue_bytes}, {"offered", c.offered}, {"published", c.published},
               {"published_bytes", c.published_bytes}, {"publish_failed", c.publish_failed}, {"shed", shed},
               {"lookups", c.lookups}, {"hits", c.hits}, {"hit_bytes", c.hit_bytes}, {"imported", c.imported},
@@ -362,10 +362,12 @@ std::string ClusterLines(const ClusterDump& c) {
     return s.empty() ? std::string("none") : s;
   };
   return absl::StrFormat(
-      "cluster tier %s (%s): queue %d pages / %d bytes; published %d pages / %d bytes (%d failed), shed: %s\n"
+      "cluster tier %s (%s, reachable: %s): queue %d pages / %d bytes; published %d pages / %d bytes (%d failed), "
+      "shed: %s\n"
       "cluster tier lookups: %d pages, %d hits (%d bytes), %d imported (%d bytes), misses: %s\n"
       "cluster tier sessions: %d pages looked up, %d hits, %d imported\n",
-      c.store, c.health, c.queue_depth, c.queue_bytes, c.published, c.published_bytes, c.publish_failed, join(c.shed),
+      c.store, c.health, c.reachable, c.queue_depth, c.queue_bytes, c.published, c.published_bytes, c.publish_failed,
+      join(c.shed),
       c.lookups, c.hits, c.hit_bytes, c.imported, c.imported_bytes, join(c.misses), c.session_lookups,
       c.session_hits, c.session_imported);
 }
@@ -555,6 +557,9 @@ void AppendCluster(const ClusterDump& c, std::string& out) {
   out += "# HELP dhs_memd_cluster_store_up The cluster tier's store as the publisher sees it (1 up, 0 down or "
          "probing).\n# TYPE dhs_memd_cluster_store_up gauge\n";
   absl::StrAppendFormat(&out, "dhs_memd_cluster_store_up %d\n", c.health == "up" ? 1 : 0);
+  out += "# HELP dhs_memd_cluster_store_reachable Whether the store answered memd's latest contact (start PING, "
+         "publish or lookup batch): 1 yes, 0 no or not contacted yet.\n# TYPE dhs_memd_cluster_store_reachable gauge\n";
+  absl::StrAppendFormat(&out, "dhs_memd_cluster_store_reachable %d\n", c.reachable == "yes" ? 1 : 0);
   out += "# HELP dhs_memd_cluster_store_health The cluster tier's store health (1 for the current state).\n"
          "# TYPE dhs_memd_cluster_store_health gauge\n";
   for (const char* h : {"up", "down", "probing"}) {

@@ -176,6 +176,8 @@ struct ClusterDump {
   bool configured = false;       // memd --cluster-store given
   std::string store;             // the store spec as given
   std::string health;            // the publisher's view of the store: "up", "down", "probing"
+  std::string reachable;         // its latest contact answered: "yes", "no", "not yet" (ClusterTier: start PING,
+                                 // publish and lookup batches)
   uint32_t queue_depth = 0;      // pages queued to publish (not counting the batch in flight)
   uint64_t queue_bytes = 0;      // their key + value bytes
   uint64_t offered = 0;          // pages offered to the queue

@@ -286,16 +286,18 @@ TEST_F(DumpTest, ClusterTierInViewsAndMetrics) {
   c.imported = 4;
   c.misses = {{"absent", 2}, {"timeout", 5}};
   c.bad_values = {{"checksum_mismatch", 0}};
+  c.reachable = "no";
   StateDump d = dump_;
   d.cluster = c;
   const std::string status = DumpToTable(d, *ParseDumpView("status"));
-  EXPECT_NE(status.find("cluster tier redis://127.0.0.1:6399 (down): queue 3 pages / 300 bytes; published 7 pages / "
-                        "700 bytes (0 failed), shed: store_down 5\n"), std::string::npos) << status;
+  EXPECT_NE(status.find("cluster tier redis://127.0.0.1:6399 (down, reachable: no): queue 3 pages / 300 bytes; "
+                        "published 7 pages / 700 bytes (0 failed), shed: store_down 5\n"), std::string::npos) << status;
   EXPECT_NE(status.find("cluster tier lookups: 11 pages, 4 hits (4096 bytes), 4 imported (0 bytes), misses: absent 2, "
                         "timeout 5\n"), std::string::npos) << status;
   EXPECT_NE(DumpToTable(d, *ParseDumpView("prefixes")).find("cluster tier lookups: 11 pages"), std::string::npos);
   const json j = DumpToJson(d, *ParseDumpView("status"));
   EXPECT_EQ(j["cluster"]["health"], "down");
+  EXPECT_EQ(j["cluster"]["reachable"], "no");
   EXPECT_EQ(j["cluster"]["misses"]["timeout"], 5);
   EXPECT_EQ(DumpToJson(d, *ParseDumpView("prefixes"))["cluster"]["hits"], 4);
   DaemonCounters dc;
@@ -303,7 +305,7 @@ TEST_F(DumpTest, ClusterTierInViewsAndMetrics) {
   const std::string text = RenderPrometheus(dump_, mgr_->counters(), dc);
   const absl::StatusOr<std::vector<std::string>> families = testing::PrometheusFamilies(text);
   ASSERT_TRUE(families.ok()) << families.status();
-  for (const char* want : {"dhs_memd_cluster_store_up 0\n", "dhs_memd_cluster_store_health{state=\"down\"} 1\n",
+  for (const char* want : {"dhs_memd_cluster_store_up 0\n", "dhs_memd_cluster_store_reachable 0\n", "dhs_memd_cluster_store_health{state=\"down\"} 1\n",
                            "dhs_memd_cluster_queue_pages 3\n", "dhs_memd_cluster_published_total 7\n",
                            "dhs_memd_cluster_shed_total{reason=\"store_down\"} 5\n",
                            "dhs_memd_cluster_hits_total 4\n", "dhs_memd_cluster_misses_total{reason=\"timeout\"} 5\n",

@@ -298,6 +298,8 @@ def main():
             keys = [k for k in redis.cli("KEYS", "dhs1:*").split() if k]
             if ca.get("health") != "up" or ca.get("published", 0) <= 0 or sum((ca.get("shed") or {}).values()):
                 failures.append(f"A: published {ca.get('published')}, health {ca.get('health')}, shed {ca.get('shed')}")
+            if ca.get("reachable") != "yes":
+                failures.append(f"A: reachable {ca.get('reachable')!r}, want 'yes' (the store answered)")
             if len(keys) != ca.get("published"):
                 failures.append(f"A: {len(keys)} keys in the store, {ca.get('published')} published")
 
@@ -374,6 +376,8 @@ def main():
             print("node D cluster (store killed):", json.dumps(cd), flush=True)
             if cd.get("imported", 0) != 0 or misses(cd, "unavailable", "store_down", "timeout") <= 0:
                 failures.append(f"D (store killed): {cd}")
+            if cd.get("reachable") != "no":  # its latest contact (a lookup or a batch) got no answer
+                failures.append(f"D (store killed): reachable {cd.get('reachable')!r}, want 'no'")
             redis.start()
             # The publisher finds the store again (a probe), and the node serves on, exact.
             if not wait_until(lambda: cluster_stats(dhsctl, d).get("health") == "up", 15):
