@@ -956,8 +956,10 @@ absl::StatusOr<std::string> Daemon::OnIntrospect(const wire::IntrospectQueryT& q
   const DumpView view = ViewOf(q);
   StateDump dump = core_->Dump(DumpScopeOf(view));
   if (cluster_) dump.cluster = cluster_->Stats();  // issue 26
-  for (RequestDump& rd : dump.requests) {  // the records are the daemon's (the core keeps none)
-    if (const RequestRecord* rec = records_.Find(rd.request)) rd.record_tokens = static_cast<uint32_t>(rec->tokens.size());
+  if (view.kind == DumpView::Kind::kRequest) {  // shown in the `request N` view only; the records are the daemon's
+    for (RequestDump& rd : dump.requests) {
+      if (const RequestRecord* rec = records_.Find(rd.request)) rd.record_tokens = static_cast<uint32_t>(rec->tokens.size());
+    }
   }
   for (GpuDump& gd : dump.gpus) {  // the workers' shapes (introspection only: the core never sees them)
     if (auto it = gpus_.find(gd.gpu); it != gpus_.end()) {

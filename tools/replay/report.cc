@@ -352,7 +352,7 @@ json ReportToJson(const ReplayReport& r) {
         {"prefix_sharing", s.prefix_sharing ? "on" : "off"},  // issue 24
         {"tenant", s.tenant},
         {"tenants", s.tenants},
-        {"tenant_by", s.tenant_by == TenantKey::kSession ? "session" : "index"},  // issue 26
+        {"tenant_by", s.tenants <= 1 ? json(nullptr) : json(s.tenant_by == TenantKey::kSession ? "session" : "index")},
         {"prefix_eviction", s.prefix_eviction.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.prefix_eviction)},
         {"prefix_tenant_quota_pages", s.prefix_tenant_quota_pages}}},
   };
