@@ -70,7 +70,8 @@ def main():
         try:
             config = ct.CONFIG
             ct.CONFIG = config.replace('mode = "hisparse"', 'mode = "resident"').replace(
-                'cluster_store = "{store}"\n', "").replace('prefix_sharing = "on"\n', "")
+                'cluster_store = "{store}"\n', "").replace('prefix_sharing = "on"\n', "").replace(
+                "cluster_lookup_timeout_ms = 200\n", "")  # memd refuses a lookup deadline without a store
             try:
                 ref = ct.Node(node_exe, tmp, "r", port)
             finally:
