@@ -515,7 +515,9 @@ std::string ClusterWarning(int64_t node, const NodeStats::ClusterCounters& c, in
     parts.push_back(absl::StrFormat("%d not asked with the store down", n));
   }
   if (const int64_t n = c.miss("unavailable"); n > 0) parts.push_back(absl::StrFormat("%d unavailable", n));
-  if (const int64_t n = c.miss("store_error"); n > 0) parts.push_back(absl::StrFormat("%d store errors", n));
+  if (const int64_t n = c.miss("store_error"); n > 0) {
+    parts.push_back(absl::StrFormat("%d failed with a store error", n));
+  }
   int64_t samples = 0, not_up = 0;
   for (const auto& [health, n] : c.health_samples) {
     samples += n;
