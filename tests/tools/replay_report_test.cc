@@ -464,8 +464,8 @@ TEST(MultiNodeReport, ClusterWarningNamesEachReasonAndStaysQuietWhenHealthy) {
   c.health_samples = {{"up", 8}, {"down", 3}, {"probing", 1}};
   c.shed["store_down"] = 12;
   EXPECT_EQ(ClusterWarning(3, c, 7),
-            "node 3: 30 of 40 cluster lookups found; 50 not asked with the store down, 4 unavailable, 1 failed with a "
-            "store error, store health not up in 4 of 12 samples (last: down), 12 pages not published (store down)");
+            "node 3: 30 of 40 cluster lookups found; 50 not asked (store down, or lookups paused after an "
+            "unanswered one), 4 unavailable, 1 failed with a store error, store health not up in 4 of 12 samples (last: down), 12 pages not published (store down)");
   NodeStats::ClusterCounters once_down = SampleCluster(40, 30, 0);  // down in a sample, nothing missed for it
   once_down.health_samples = {{"up", 8}, {"down", 1}};
   EXPECT_EQ(ClusterWarning(1, once_down, 0),
