@@ -28,6 +28,7 @@ ClusterCounters Sample(int64_t lookups, int64_t hits, int64_t imported, int64_t 
   c.offered = published;
   c.misses = {{"absent", lookups - hits - timeouts}, {"timeout", timeouts}};
   c.shed = {{"queue_full", 0}, {"store_down", shed_down}};
+  c.reachable = health == "down" ? "no" : "yes";
   c.health = std::move(health);
   return c;
 }
@@ -35,7 +36,7 @@ ClusterCounters Sample(int64_t lookups, int64_t hits, int64_t imported, int64_t 
 TEST(ClusterCountersOfJson, ReadsMemdsClusterObject) {
   // The shape memd renders (memd/state_dump.cc ClusterJson), with fields this tool does not report (queue, bytes).
   const nlohmann::json j = nlohmann::json::parse(R"({
-    "store": "redis://127.0.0.1:6379", "health": "down", "queue_depth": 3, "queue_bytes": 999, "offered": 40,
+    "store": "redis://127.0.0.1:6379", "health": "down", "reachable": "no", "queue_depth": 3, "queue_bytes": 999, "offered": 40,
     "published": 30, "published_bytes": 3000, "publish_failed": 2,
     "shed": {"queue_full": 1, "bytes_full": 0, "too_large": 0, "store_down": 7},
     "lookups": 113, "hits": 7, "hit_bytes": 700, "imported": 6, "imported_bytes": 600, "session_lookups": 9,
@@ -55,6 +56,7 @@ TEST(ClusterCountersOfJson, ReadsMemdsClusterObject) {
   EXPECT_EQ(c->offered, 40);
   EXPECT_EQ(c->publish_failed, 2);
   EXPECT_EQ(c->health, "down");
+  EXPECT_EQ(c->reachable, "no");
   EXPECT_EQ(c->miss("timeout"), 96);
   EXPECT_EQ(c->miss("no_room"), 1);
   EXPECT_EQ(c->miss("not_a_reason"), 0);
@@ -73,7 +75,8 @@ TEST(ClusterCountersOfJson, ReadsMemdsClusterObject) {
 
 TEST(ClusterCountersOfJson, RefusesMalformedObjectsNamingTheField) {
   for (const char* bad : {R"([1, 2])", R"({"lookups": -1})", R"({"hits": "7"})", R"({"misses": [1]})",
-                          R"({"misses": {"timeout": 1.5}})", R"({"shed": {"queue_full": -2}})", R"({"health": 3})"}) {
+                          R"({"misses": {"timeout": 1.5}})", R"({"shed": {"queue_full": -2}})", R"({"health": 3})",
+                          R"({"reachable": true})"}) {
     absl::StatusOr<ClusterCounters> c = ClusterCountersOfJson(nlohmann::json::parse(bad));
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
@@ -142,6 +145,7 @@ TEST(ClusterTally, ARestartInTheMiddleAddsTheDeadMemdsLastSample) {
   EXPECT_EQ(t->shed_of("store_down"), 2);
   EXPECT_EQ(t->memd_restarts_seen, 1);
   EXPECT_EQ(t->health, "down");  // the last sample's
+  EXPECT_EQ(t->reachable, "no");
   EXPECT_EQ(t->health_samples, (Map{{"up", 2}, {"probing", 1}, {"down", 1}}));
 }
 
@@ -195,12 +199,16 @@ TEST(ClusterCountersSum, AddsNodesReasonsAndKeepsTheWorseHealth) {
   EXPECT_EQ(a.health, "probing");
   EXPECT_EQ(a.health_samples, (Map{{"up", 4}, {"probing", 2}}));
   EXPECT_EQ(a.memd_restarts_seen, 1);
+  EXPECT_EQ(a.reachable, "yes");
   ClusterCounters down;
   down.health = "down";
+  down.reachable = "no";
   a += down;
   EXPECT_EQ(a.health, "down");
+  EXPECT_EQ(a.reachable, "no");
   a += Sample(0, 0, 0, 0, 0);  // "up" does not hide a worse one
   EXPECT_EQ(a.health, "down");
+  EXPECT_EQ(a.reachable, "no");
 }
 
 }  // namespace

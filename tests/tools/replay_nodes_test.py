@@ -196,6 +196,7 @@ def check_one_node_store(failures, exe, tmp, base):
     if rc != 0 or m.get("nodes") != 1 or len(per) != 1 or per[0].get("requests") != len(ROWS):
         failures.append(f"one node with a store: rc {rc}, multi_node nodes {m.get('nodes')}, per_node {per}")
     elif (m.get("cluster_counters") != "measured" or c.get("published", 0) < 1 or c.get("health") != "up"
+          or c.get("reachable") != "yes"
           or "absent" not in (c.get("misses") or {}) or c.get("memd_restarts_seen") != 0):
         failures.append(f"one node with a store: cluster {c}, counters {m.get('cluster_counters')}")
 

@@ -395,6 +395,7 @@ NodeStats::ClusterCounters SampleCluster(int64_t lookups, int64_t hits, int64_t 
   c.shed = {{"queue_full", 3}, {"store_down", 0}};
   c.health = "up";
   c.health_samples = {{"up", 12}};
+  c.reachable = "yes";
   c.memd_restarts_seen = 2;
   return c;
 }
@@ -429,6 +430,7 @@ TEST(MultiNodeReport, PerNodeClusterFiguresWithMissReasonsAndAWarning) {
   EXPECT_EQ(c1["shed"], (nlohmann::json{{"queue_full", 3}, {"store_down", 0}}));
   EXPECT_EQ(c1["health"], "up");
   EXPECT_EQ(c1["health_samples"], (nlohmann::json{{"up", 12}}));
+  EXPECT_EQ(c1["reachable"], "yes");
   EXPECT_EQ(c1["memd_restarts_seen"], 2);
   EXPECT_EQ(j["multi_node"]["per_node"][1]["store_bytes_out"], 4000);
   EXPECT_EQ(j["multi_node"]["per_node"][1]["store_bytes_in"], 600);
@@ -465,7 +467,14 @@ TEST(MultiNodeReport, ClusterWarningNamesEachReasonAndStaysQuietWhenHealthy) {
   c.shed["store_down"] = 12;
   EXPECT_EQ(ClusterWarning(3, c, 7),
             "node 3: 30 of 40 cluster lookups found; 50 not asked (store down, or lookups paused after an "
-            "unanswered one), 4 unavailable, 1 failed with a store error, store health not up in 4 of 12 samples (last: down), 12 pages not published (store down)");
+            "unanswered one), 4 unavailable, 1 failed with a store error, store health not up in 4 of 12 samples "
+            "(last: down), 12 pages not published (store down)");
+  NodeStats::ClusterCounters unreachable = SampleCluster(40, 30, 0);  // memd's latest contact got no answer
+  unreachable.reachable = "no";
+  EXPECT_EQ(ClusterWarning(2, unreachable, 0),
+            "node 2: 30 of 40 cluster lookups found; the store did not answer memd's latest contact");
+  unreachable.reachable = "yes";
+  EXPECT_EQ(ClusterWarning(2, unreachable, 0), "");
   NodeStats::ClusterCounters once_down = SampleCluster(40, 30, 0);  // down in a sample, nothing missed for it
   once_down.health_samples = {{"up", 8}, {"down", 1}};
   EXPECT_EQ(ClusterWarning(1, once_down, 0),

@@ -39,6 +39,13 @@ int HealthRank(const std::string& health) {
   return 1;  // "up" (or a state this tool does not know: below probing)
 }
 
+int ReachableRank(const std::string& reachable) {
+  if (reachable == "no") return 3;
+  if (reachable == "not yet") return 2;
+  if (reachable.empty()) return 0;
+  return 1;  // "yes"
+}
+
 int64_t At(const std::map<std::string, int64_t>& m, const std::string& key) {
   auto it = m.find(key);
   return it == m.end() ? 0 : it->second;
@@ -61,6 +68,7 @@ ClusterCounters& ClusterCounters::operator+=(const ClusterCounters& o) {
   }
   for (const auto& [health_name, n] : o.health_samples) health_samples[health_name] += n;
   if (HealthRank(o.health) > HealthRank(health)) health = o.health;
+  if (ReachableRank(o.reachable) > ReachableRank(reachable)) reachable = o.reachable;
   memd_restarts_seen += o.memd_restarts_seen;
   return *this;
 }
@@ -92,12 +100,14 @@ absl::StatusOr<ClusterCounters> ClusterCountersOfJson(const nlohmann::json& clus
       (c.*kReasonFields[r])[reason] = *n;
     }
   }
-  if (cluster.contains("health")) {
-    if (!cluster["health"].is_string()) {
+  for (auto [name, field] : {std::pair{"health", &ClusterCounters::health},
+                             std::pair{"reachable", &ClusterCounters::reachable}}) {
+    if (!cluster.contains(name)) continue;
+    if (!cluster[name].is_string()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("memd's cluster health is ", cluster["health"].dump(), ", not a string"));
+          absl::StrCat("memd's cluster ", name, " is ", cluster[name].dump(), ", not a string"));
     }
-    c.health = cluster["health"].get<std::string>();
+    c.*field = cluster[name].get<std::string>();
   }
   return c;
 }
@@ -128,9 +138,11 @@ void ClusterTally::Add(const ClusterSample& sample) {
 std::optional<ClusterCounters> ClusterTally::Totals() const {
   if (!last_) return std::nullopt;
   ClusterCounters out = base_;
-  out.health.clear();  // the last sample's health, not the worst of the earlier memds'
+  out.health.clear();  // the last sample's health and reachable, not the worst of the earlier memds'
+  out.reachable.clear();
   out += *last_;
   out.health = last_->health;
+  out.reachable = last_->reachable;
   out.health_samples = health_samples_;
   out.memd_restarts_seen = restarts_;
   return out;

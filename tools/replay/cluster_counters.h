@@ -26,9 +26,9 @@ namespace dhs::replay {
 using ClusterCounters = NodeStats::ClusterCounters;
 
 // memd's status view's "cluster" object as counters: its numbers (pages, bytes), its "misses" and "shed" objects
-// (reason -> pages) and its "health"; a missing field reads 0 / empty. dhs-replay's own fields (health_samples,
-// memd_restarts_seen) stay empty / 0. Errors: InvalidArgument when `cluster` is not an object, or a counter (also one
-// of misses / shed) is not a non-negative integer, or health is not a string.
+// (reason -> pages), its "health" and "reachable"; a missing field reads 0 / empty. dhs-replay's own fields
+// (health_samples, memd_restarts_seen) stay empty / 0. Errors: InvalidArgument when `cluster` is not an object, or a counter (also one
+// of misses / shed) is not a non-negative integer, or health or reachable is not a string.
 absl::StatusOr<ClusterCounters> ClusterCountersOfJson(const nlohmann::json& cluster);
 
 // Whether some counter of `sample` (lookups ... publish_failed, every miss and shed reason) is below `previous`'s:
@@ -48,7 +48,7 @@ class ClusterTally {
   // Takes one sample (in the order they were taken). A new memd (sample.memd_changed, or CountersWentDown against the
   // previous sample) adds the previous sample's counters to the base and counts a restart seen.
   void Add(const ClusterSample& sample);
-  // base + the last sample's counters; health = the last sample's; health_samples = the samples by health;
+  // base + the last sample's counters; health, reachable = the last sample's; health_samples = the samples by health;
   // memd_restarts_seen = new memds seen. nullopt before any sample (memd reported no cluster tier).
   std::optional<ClusterCounters> Totals() const;
 

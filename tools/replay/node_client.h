@@ -145,9 +145,11 @@ struct NodeStats {
     // sample from another memd than the previous one's: ClusterTally).
     std::string health;
     std::map<std::string, int64_t> health_samples;
+    std::string reachable;  // memd's "reachable" at the last sample: its latest contact with the store answered
+                            // ("yes", "no", "not yet"; "" when memd gives none)
     int64_t memd_restarts_seen = 0;
     // Adds o's counters, reasons, health samples and restarts; the health becomes the worse of the two (down, then
-    // probing, then up; "" counts as none). Used to add up nodes and memds.
+    // probing, then up; "" counts as none), reachable too (no, then "not yet", then yes). Used to add up nodes.
     ClusterCounters& operator+=(const ClusterCounters& o);
     // misses[reason] (0 when memd gave no such reason).
     int64_t miss(const std::string& reason) const;

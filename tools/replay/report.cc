@@ -230,6 +230,7 @@ static json ClusterJson(const std::optional<NodeFigures::Cluster>& cluster) {
               {"shed", c.shed},
               {"health", c.health.empty() ? json(nullptr) : json(c.health)},
               {"health_samples", c.health_samples},
+              {"reachable", c.reachable.empty() ? json(nullptr) : json(c.reachable)},
               {"memd_restarts_seen", c.memd_restarts_seen}};
 }
 
@@ -527,6 +528,7 @@ std::string ClusterWarning(int64_t node, const NodeStats::ClusterCounters& c, in
     parts.push_back(absl::StrFormat("store health not up in %d of %d samples (last: %s)", not_up, samples,
                                     c.health.empty() ? "unknown" : c.health));
   }
+  if (c.reachable == "no") parts.push_back("the store did not answer memd's latest contact");
   if (const int64_t n = c.shed_of("store_down"); n > 0) {
     parts.push_back(absl::StrFormat("%d pages not published (store down)", n));
   }

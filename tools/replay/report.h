@@ -189,7 +189,8 @@ NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std:
 // Issue 26 review (F4): the text report's warning about a node's cluster lookups, one line without a newline, e.g.
 // "node 1: 7 of 113 cluster lookups found; 96 timed out (memd --cluster-lookup-timeout-ms 5 ms, memd's default)";
 // empty when nothing is worth a warning: no lookup timed out, none was skipped or failed with the store down
-// (store_down, unavailable), no sample saw the store other than up, and nothing was shed because the store was down.
+// (store_down, unavailable), no sample saw the store other than up, the last sample did not say the store unreachable
+// (reachable "no"), and nothing was shed because the store was down.
 // `lookup_timeout_ms`: --cluster-lookup-timeout-ms (0: memd's default). Pure function.
 std::string ClusterWarning(int64_t node, const NodeStats::ClusterCounters& c, int64_t lookup_timeout_ms);
 
