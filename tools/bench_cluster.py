@@ -11,8 +11,10 @@ run: block lookups by tier as rates (worker row cache, host tier, cluster tier, 
 the cluster tier's pages (looked up, found, imported, published) and bytes/s to and from Redis, TTFT p50/p99, output
 tokens/s, exact. The cluster tier's pages are copied into a node's host pool and granted as host pages, so the
 worker counts their blocks as host hits; the cluster column is those blocks, estimated from memd's imported pages (a
-page of p rows covers p / T blocks of T tokens, at most the run's host hits), and the host column the rest. With one
-node dhs-replay reports no per-node figures, so the cluster counters of a 1-node run are "n/a".
+page of p rows covers p / T blocks of T tokens, at most the run's host hits), and the host column the rest. A 1-node
+run with the store reports its node as `multi_node.per_node[0]` (issue 26 review); a report of a dhs-replay from
+before that (`multi_node` null with one node) gives "n/a". The memds' misses by reason (`cluster_misses`: timeouts,
+a down store, ...) and the memd restarts the report saw are summed over the nodes too.
 
 The UPPER BOUNDS, computed here from the trace alone with tools/bench_prefix_sharing.py's upper_bound() (the same
 blocks and page granularity as issue 24's): any node (a block is reusable when any earlier request, on any node, had
@@ -98,6 +100,18 @@ def _sum(values):
     return sum(vals) if vals else None
 
 
+def _sum_reasons(maps):
+    """Reason -> count maps added up (None entries skipped); None when every entry is None."""
+    out, any_map = {}, False
+    for m in maps:
+        if m is None:
+            continue
+        any_map = True
+        for k, v in m.items():
+            out[k] = out.get(k, 0) + v
+    return out if any_map else None
+
+
 def figures(r, store=None, page_rows=bps.HOST_PAGE_ROWS):
     """The figures of one dhs-replay JSON report (several nodes or one); `store`: the run's --cluster-store (a 1-node
     report names none: its cluster figures are then unknown, None)."""
@@ -113,6 +127,9 @@ def figures(r, store=None, page_rows=bps.HOST_PAGE_ROWS):
               "sessions": m.get("sessions"), "next_turns": m.get("next_turns"),
               "kv_settle_timeouts": (m.get("kv_events") or {}).get("settle_timeouts"),
               "cluster_pages": cl,
+              # Issue 26 review: why lookups missed (reason -> pages, summed over nodes) and the memd restarts seen.
+              "cluster_misses": _sum_reasons(c.get("misses") if c else None for c in clusters),
+              "memd_restarts_seen": _sum(c.get("memd_restarts_seen") if c else None for c in clusters),
               "store_bytes_out": _sum(n.get("store_bytes_out") for n in nodes),
               "store_bytes_in": _sum(n.get("store_bytes_in") for n in nodes),
               "store_bytes_out_per_s": _sum(n.get("store_bytes_out_per_s") for n in nodes),
@@ -297,9 +314,10 @@ def print_table(result):
         for side in ("local", "cluster"):
             r = ch[side]
             cp = r.get("cluster_pages") or {}
+            timeouts = (r.get("cluster_misses") or {}).get("timeout")
             print(f"  {side:<7} {r.get('served')}/{r.get('total')} exact {r.get('exact_match')} saved "
                   f"{r.get('prefill_tokens_saved')} pages imported {cp.get('imported')} (by session key "
-                  f"{cp.get('session_imported')}) TTFT {fmt(r.get('ttft_p50_ms'), 1)}/{fmt(r.get('ttft_p99_ms'), 1)} ms "
+                  f"{cp.get('session_imported')}) of {cp.get('lookups')} looked up, {timeouts} timed out TTFT {fmt(r.get('ttft_p50_ms'), 1)}/{fmt(r.get('ttft_p99_ms'), 1)} ms "
                   f"{fmt(r.get('output_tokens_per_s'))} tok/s" + (f"  ERROR {r['error'][:200]}" if "error" in r else ""))
     print(f"all exact and finished: {result['all_exact']}")
 

@@ -78,8 +78,10 @@ class Figures(unittest.TestCase):
                              "store_bytes_in": 500 * (i + 1) if c else None,
                              "store_bytes_out_per_s": 100.0 * (i + 1) if c else None,
                              "store_bytes_in_per_s": 50.0 * (i + 1) if c else None}
-        c0 = {"lookups": 4, "hits": 2, "imported": 2, "session_imported": 1, "published": 3} if cluster else None
-        c1 = {"lookups": 6, "hits": 1, "imported": 1, "session_imported": 0, "published": 5} if cluster else None
+        c0 = {"lookups": 4, "hits": 2, "imported": 2, "session_imported": 1, "published": 3,
+              "misses": {"absent": 1, "timeout": 1}, "memd_restarts_seen": 2} if cluster else None
+        c1 = {"lookups": 6, "hits": 1, "imported": 1, "session_imported": 0, "published": 5,
+              "misses": {"absent": 2, "timeout": 3, "store_down": 0}, "memd_restarts_seen": 0} if cluster else None
         return {"requests_served": 4, "requests_total": 4, "requests_failed": 0, "exact_match": True,
                 "trace": {"block_tokens": 8}, "prefix": {"lookups": 100, "hits_host": 30, "hits_worker": 0},
                 "prefill_tokens_saved": 240, "output_tokens_per_s": 10.0, "ttft_ms": {"p50": 5.0, "p99": 9.0},
@@ -101,6 +103,9 @@ class Figures(unittest.TestCase):
         self.assertEqual((f["store_bytes_out"], f["store_bytes_in"]), (3000, 1500))
         self.assertEqual((f["store_bytes_out_per_s"], f["store_bytes_in_per_s"]), (300.0, 150.0))
         self.assertEqual((f["nodes"], f["route"], f["sessions"]), (2, "session", 3))
+        # Issue 26 review: the miss reasons and memd restarts seen, summed over the nodes.
+        self.assertEqual(f["cluster_misses"], {"absent": 3, "timeout": 4, "store_down": 0})
+        self.assertEqual(f["memd_restarts_seen"], 2)
         self.assertEqual([r["node"] for r in f["routing"]], [0, 1, 0, 1])
 
     def test_cluster_blocks_never_exceed_the_host_hits(self):
@@ -114,10 +119,26 @@ class Figures(unittest.TestCase):
         self.assertEqual((f["hits_cluster"], f["hits_host_local"]), (0, 30))
         self.assertIsNone(f["store_bytes_out_per_s"])
         self.assertEqual(f["cluster_pages"]["imported"], None)
+        self.assertIsNone(f["cluster_misses"])
+        self.assertIsNone(f["memd_restarts_seen"])
+
+    def test_one_node_with_a_store_is_measured(self):
+        # Issue 26 review: a 1-node run with --cluster-store reports its node as multi_node.per_node[0].
+        r = self.report(True)
+        m = r["multi_node"]
+        m["nodes"], m["route"], m["per_node"] = 1, "round-robin", m["per_node"][1:]
+        m["per_node"][0]["node"] = 0
+        f = bench.figures(r, store="local")
+        self.assertEqual(f["nodes"], 1)
+        # 1 page imported of 64 rows = 8 blocks of 8 tokens: 8 of the 30 host hits.
+        self.assertEqual((f["hits_cluster"], f["hits_host_local"]), (8, 22))
+        self.assertEqual(f["cluster_pages"]["lookups"], 6)
+        self.assertEqual(f["cluster_misses"]["timeout"], 3)
 
     def test_one_node_with_a_store_reports_no_cluster_counters(self):
-        # dhs-replay writes no multi_node with one node: the run's store (given by the caller) makes the cluster
-        # column unknown (None, rate NaN), never a 0 that was not measured; without a store it is 0.
+        # A report from before the 1-node per_node (multi_node null with one node): the run's store (given by the
+        # caller) makes the cluster column unknown (None, rate NaN), never a 0 that was not measured; without a
+        # store it is 0.
         r = self.report(True)
         r["multi_node"] = None
         f = bench.figures(r, store="local")

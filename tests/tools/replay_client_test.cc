@@ -5,6 +5,7 @@
 //   request (the client matches the code, never the text: docs/protocol.md "The epoch's end").
 // - Each client sends one non-zero identity (SubmitRequest.client) on every submit, and two clients send different
 //   ones, so a worker can tell their resumed requests apart (Attach.client).
+// - Issue 26 review: memd's cluster counters (a stand-in memd's status view) add up across a memd restart.
 #include <atomic>
 #include <functional>
 #include <map>
@@ -16,6 +17,7 @@
 #include "common/protocol.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "nlohmann/json.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -95,6 +97,73 @@ class FakeWorker {
   std::vector<wire::SubmitRequestT> submits_;
   std::vector<wire::CancelT> cancels_;
 };
+
+// A stand-in memd (issue 26 review): answers IntrospectQuery, the gpus view with no GPU and the status view with
+// `status` (settable: memd's counters growing). Close(): memd dies (its socket closes); another FakeMemd on the same
+// run directory is its restarted successor on the same endpoint.
+class FakeMemd {
+ public:
+  FakeMemd(const std::string& run_dir, nlohmann::json status) : status_(std::move(status)) {
+    auto server = RouterServer::Bind(run_dir, "memd");
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~FakeMemd() { Close(); }
+  void Close() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+  }
+  void SetStatus(nlohmann::json status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(status);
+  }
+  int status_queries() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_queries_;
+  }
+  std::string endpoint() const { return server_->endpoint(); }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      auto in = server_->Poll(std::chrono::milliseconds(10));
+      if (!in.ok() || !in->has_value()) continue;
+      auto m = DecodeEnvelope((*in)->bytes);
+      if (!m.ok() || m->type != wire::Body::IntrospectQuery) continue;
+      auto query = ReadIntrospectQuery(*m);
+      if (!query.ok()) continue;
+      wire::IntrospectReplyT reply;
+      reply.what = query->what;
+      reply.format = wire::IntrospectFormat::Json;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (query->what == wire::IntrospectWhat::Status) ++status_queries_;
+        reply.document = query->what == wire::IntrospectWhat::Status ? status_.dump() : "[]";
+      }
+      server_->Reply((*in)->peer, EncodeIntrospectReply(reply, m->sequence, "memd")).IgnoreError();
+    }
+  }
+  std::unique_ptr<RouterServer> server_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  nlohmann::json status_;
+  int status_queries_ = 0;
+};
+
+// memd's status view with a cluster tier (the fields memd/state_dump.cc ClusterJson renders that the report reads).
+nlohmann::json ClusterStatus(int64_t lookups, int64_t hits, int64_t published, int64_t timeouts, std::string health) {
+  return {{"policy", "lru"},
+          {"host", {{"allocated", 0}, {"page_bytes", 4096}}},
+          {"cluster",
+           {{"store", "redis://127.0.0.1:1"}, {"health", health}, {"lookups", lookups}, {"hits", hits},
+            {"imported", hits}, {"published", published}, {"published_bytes", 100 * published},
+            {"imported_bytes", 10 * hits}, {"session_imported", 0}, {"offered", published}, {"publish_failed", 0},
+            {"misses", {{"absent", lookups - hits - timeouts}, {"timeout", timeouts}}},
+            {"shed", {{"queue_full", 0}, {"store_down", 0}}}}}};
+}
 
 wire::TokenChunkT Chunk(RequestId id, std::vector<uint8_t> tokens, bool finished = false) {
   wire::TokenChunkT c;
@@ -395,6 +464,66 @@ TEST(ReplayClient, EveryTurnOfASessionHasItsSessionsTenant) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(RequestTenant(o, i), i % 2 == 0 ? "t#0" : "t#1") << "trace index " << i;
   o.tenants = 1;
   EXPECT_EQ(RequestTenant(o, 5), "t");
+}
+
+// Issue 26 review (F3): memd's cluster counters are totals since memd started; a memd killed and restarted under the
+// run counts from 0 again. The client adds each earlier memd's last sample. Here the successor's counters are already
+// above its predecessor's when first sampled, so only memd's connection closing tells the restart (the case a
+// "counter went down" test alone misses); a later sample of the same memd is not a restart.
+TEST(ReplayClient, ClusterCountersAddUpAcrossAMemdRestart) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  FakeWorker worker(dir.path(), {});
+  auto first = std::make_unique<FakeMemd>(dir.path(), ClusterStatus(300, 200, 5, 40, "up"));
+  ZmqNodeClientOptions o = OptionsFor(worker);
+  o.memd_endpoint = first->endpoint();
+  auto client = ZmqNodeClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_TRUE(stats->cluster.has_value());
+  EXPECT_EQ(stats->cluster->lookups, 300);
+  EXPECT_EQ(stats->cluster->memd_restarts_seen, 0);
+
+  first.reset();  // memd dies; its successor serves the same endpoint with counters of its own, none lower (absent
+                  // 60 -> 70, timeout 40 -> 80, ...)
+  FakeMemd second(dir.path(), ClusterStatus(400, 250, 8, 80, "down"));
+  stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(second.status_queries(), 1);
+  ASSERT_TRUE(stats->cluster.has_value());
+  EXPECT_EQ(stats->cluster->lookups, 300 + 400);
+  EXPECT_EQ(stats->cluster->hits, 200 + 250);
+  EXPECT_EQ(stats->cluster->published, 5 + 8);
+  EXPECT_EQ(stats->cluster->published_bytes, 500 + 800);
+  EXPECT_EQ(stats->cluster->miss("timeout"), 40 + 80);
+  EXPECT_EQ(stats->cluster->miss("absent"), 60 + 70);
+  EXPECT_EQ(stats->cluster->memd_restarts_seen, 1);
+  EXPECT_EQ(stats->cluster->health, "down");
+  EXPECT_EQ(stats->cluster->health_samples, (std::map<std::string, int64_t>{{"up", 1}, {"down", 1}}));
+
+  second.SetStatus(ClusterStatus(410, 251, 9, 85, "up"));  // the same memd, later
+  stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->cluster->lookups, 300 + 410);
+  EXPECT_EQ(stats->cluster->memd_restarts_seen, 1);
+  EXPECT_EQ(stats->cluster->health, "up");
+}
+
+// A memd without a cluster tier (no "cluster" in its status view): no cluster figures (null in the report), not 0s.
+TEST(ReplayClient, AMemdWithoutAClusterTierGivesNoClusterCounters) {
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  FakeWorker worker(dir.path(), {});
+  FakeMemd memd(dir.path(), nlohmann::json{{"policy", "lru"}, {"host", {{"allocated", 0}}}});
+  ZmqNodeClientOptions o = OptionsFor(worker);
+  o.memd_endpoint = memd.endpoint();
+  auto client = ZmqNodeClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(memd.status_queries(), 1);
+  EXPECT_FALSE(stats->cluster.has_value());
 }
 
 }  // namespace

@@ -184,6 +184,23 @@ def check_new_run_dir_with_a_local_store(failures, exe, tmp, base):
         failures.append(f"--run-dir NEW: mode {oct(mode)}, redis/ kept {os.path.isdir(os.path.join(new, 'redis'))}")
 
 
+def check_one_node_store(failures, exe, tmp, base):
+    """Issue 26 review (F4): one node with --cluster-store reports its cluster figures as multi_node.per_node[0]
+    (multi_node was null with one node), with memd's miss reasons and its store's health."""
+    one = [a if a != "2" or base[i - 1] != "--nodes" else "1" for i, a in enumerate(base)]
+    rc, report, _ = replay(exe, tmp, "one-node-store", one + ["--cluster-store", "local"])
+    m = report.get("multi_node") or {}
+    per = m.get("per_node") or [{}]
+    c = per[0].get("cluster") or {}
+    print(f"  one node, --cluster-store local: {c}", flush=True)
+    if rc != 0 or m.get("nodes") != 1 or len(per) != 1 or per[0].get("requests") != len(ROWS):
+        failures.append(f"one node with a store: rc {rc}, multi_node nodes {m.get('nodes')}, per_node {per}")
+    elif (m.get("cluster_counters") != "measured" or c.get("published", 0) < 1 or c.get("health") != "up"
+          or c.get("reachable") != "yes"
+          or "absent" not in (c.get("misses") or {}) or c.get("memd_restarts_seen") != 0):
+        failures.append(f"one node with a store: cluster {c}, counters {m.get('cluster_counters')}")
+
+
 def redis_with_dir(fragment):
     """pids of redis-server processes working in a directory under `fragment` (--dir: redis chdirs there; its command
     line is retitled once it runs)."""
@@ -237,6 +254,40 @@ def free_port():
         return so.getsockname()[1]
 
 
+def redis_keyspace(cli):
+    """Redis's INFO stats keyspace_hits / keyspace_misses: keys GET / MGET found / did not find."""
+    info = subprocess.run(cli + ["info", "stats"], capture_output=True, text=True).stdout
+    return {k: int(v) for k, v in re.findall(r"^(keyspace_hits|keyspace_misses):(\d+)", info, re.M)}
+
+
+def check_cluster_counters(failures, what, report, keyspace, restarted):
+    """The per-node cluster counters of `report` (summed) against what Redis counted in the same run (`keyspace`:
+    keyspace_hits / keyspace_misses). A lookup that timed out in memd still reached Redis (counted there, a `timeout`
+    miss in memd, found or not); a page memd found was found by Redis. With memd restarts (`restarted`) the counts of a
+    memd after its last sample are lost: at least half must remain, and the restarts seen are at most the restarts."""
+    per = (report.get("multi_node") or {}).get("per_node") or []
+    cl = [p.get("cluster") or {} for p in per]
+    lookups, hits = sum(c.get("lookups", 0) for c in cl), sum(c.get("hits", 0) for c in cl)
+    timeouts = sum((c.get("misses") or {}).get("timeout", 0) for c in cl)
+    seen = sum(c.get("memd_restarts_seen", 0) for c in cl)
+    asked = keyspace.get("keyspace_hits", 0) + keyspace.get("keyspace_misses", 0)
+    found = keyspace.get("keyspace_hits", 0)
+    print(f"  {what}: memds looked up {lookups} pages ({timeouts} timed out), found {hits}; Redis answered {asked} "
+          f"keys, found {found}; memd restarts {report.get('memd_restarts')}, seen {seen}; "
+          f"misses {[c.get('misses') for c in cl]}", flush=True)
+    if not cl or any(not c for c in cl):
+        failures.append(f"{what}: cluster figures {cl}")
+        return
+    if restarted:
+        ok = asked // 2 <= lookups <= asked + timeouts and hits <= found and 1 <= seen <= report.get("memd_restarts", 0)
+    else:
+        ok = asked <= lookups <= asked + timeouts and hits <= found <= hits + timeouts and seen == 0
+    if not ok:
+        failures.append(f"{what}: cluster counters lookups {lookups} (timeouts {timeouts}), hits {hits}, restarts seen "
+                        f"{seen} against Redis's {asked} keys asked, {found} found, memd restarts "
+                        f"{report.get('memd_restarts')}")
+
+
 def check_nodes_killed_while_publishing(failures, exe, tmp):
     """Issue 26's fault "a node killed while publishing": 2 nodes publish to one redis-server (started here) while
     their memds (the publishers) are SIGKILLed about every second, their workers about every 3 s (supervised
@@ -269,6 +320,12 @@ def check_nodes_killed_while_publishing(failures, exe, tmp):
                             f"{report.get('memd_restarts')}, worker restarts {report.get('worker_restarts')}")
         if shm(tmp):  # issue 26 review: a node stopped while its memd was dead (restart backoff) left its pool
             failures.append(f"nodes killed while publishing: /dev/shm leftovers {sorted(shm(tmp))}")
+        # Issue 26 review (F3): the per-node cluster counters are the run's, across memd restarts, not the last memd's:
+        # Redis counted every key the memds asked (keyspace hits + misses); the report must account for most of them
+        # (what a memd counted after its last sample, at most one 200 ms sample period before its kill, is lost) and
+        # never for more (a restart counted twice would add a memd's counts again).
+        ks = redis_keyspace(cli)
+        check_cluster_counters(failures, "nodes killed while publishing", report, ks, restarted=True)
         keys = int(subprocess.run(cli + ["dbsize"], capture_output=True, text=True).stdout.strip() or 0)
         rc, report, _ = replay(exe, tmp, "after-killed-publishing", run)
         imported = sum((n.get("cluster") or {}).get("imported", 0) for n in report.get("multi_node", {}).get(
@@ -277,6 +334,10 @@ def check_nodes_killed_while_publishing(failures, exe, tmp):
         if keys < 1 or rc != 0 or report.get("exact_match") is not True or imported < 1:
             failures.append(f"after nodes killed while publishing: {keys} keys, rc {rc}, exact "
                             f"{report.get('exact_match')}, imported {imported}")
+        # No fault: the memds' counters are Redis's, key for key (the last sample follows the last admission).
+        after = redis_keyspace(cli)
+        check_cluster_counters(failures, "after nodes killed while publishing", report,
+                               {k: after[k] - ks[k] for k in after}, restarted=False)
     finally:
         server.kill()
         server.wait()
@@ -334,6 +395,7 @@ def main():
         for store in ("local", "local-cluster"):
             check_cluster_store(failures, exe, tmp, base, store)
         check_new_run_dir_with_a_local_store(failures, exe, tmp, base)
+        check_one_node_store(failures, exe, tmp, base)
         check_sigint_while_the_cluster_starts(failures, exe, tmp, base)
         check_nodes_killed_while_publishing(failures, exe, tmp)
     for f in failures:

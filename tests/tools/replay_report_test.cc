@@ -379,6 +379,130 @@ TEST(Summary, PrefixSharingLinesByTier) {
   EXPECT_THAT(FormatSummary(BuildReport(d, SampleSettings())), Not(HasSubstr("prefix sharing")));
 }
 
+// Issue 26 review (F3 / F4): one node's memd cluster counters, as the node client totals them across memd restarts.
+NodeStats::ClusterCounters SampleCluster(int64_t lookups, int64_t hits, int64_t timeouts) {
+  NodeStats::ClusterCounters c;
+  c.lookups = lookups;
+  c.hits = hits;
+  c.imported = hits - 1;
+  c.session_imported = 1;
+  c.published = 40;
+  c.offered = 45;
+  c.publish_failed = 2;
+  c.published_bytes = 4000;
+  c.imported_bytes = 600;
+  c.misses = {{"absent", lookups - hits - timeouts}, {"timeout", timeouts}, {"no_room", 0}};
+  c.shed = {{"queue_full", 3}, {"store_down", 0}};
+  c.health = "up";
+  c.health_samples = {{"up", 12}};
+  c.reachable = "yes";
+  c.memd_restarts_seen = 2;
+  return c;
+}
+
+// Two nodes: node 0 found 30 of 40 pages (no timeout), node 1 found 7 of 113 (96 timed out); the JSON carries each
+// node's misses by reason, sheds, health and the memd restarts seen, and the summary warns about node 1 only.
+TEST(MultiNodeReport, PerNodeClusterFiguresWithMissReasonsAndAWarning) {
+  DriverResult d = SampleResult();  // 2 s; every request's trace index is 0: all on node 0
+  NodeStats s0, s1, s2;
+  s0.cluster = SampleCluster(40, 30, 0);
+  s1.cluster = SampleCluster(113, 7, 96);
+  MultiNodeFigures m;
+  m.nodes = 3;
+  m.route = "session";
+  m.cluster_store = "local";
+  m.cluster_endpoint = "redis://127.0.0.1:7000";
+  m.cluster_lookup_timeout_ms = 200;
+  m.cluster_counters = true;
+  m.per_node = {MakeNodeFigures(0, d, {0}, s0), MakeNodeFigures(1, d, {0}, s1), MakeNodeFigures(2, d, {0}, s2)};
+  ReplayReport r = BuildReport(d, SampleSettings());
+  r.multi_node = m;
+  const nlohmann::json j = ReportToJson(r);
+  const nlohmann::json& c1 = j["multi_node"]["per_node"][1]["cluster"];
+  EXPECT_EQ(c1["lookups"], 113);
+  EXPECT_EQ(c1["hits"], 7);
+  EXPECT_EQ(c1["imported"], 6);
+  EXPECT_EQ(c1["session_imported"], 1);
+  EXPECT_EQ(c1["published"], 40);
+  EXPECT_EQ(c1["offered"], 45);
+  EXPECT_EQ(c1["publish_failed"], 2);
+  EXPECT_EQ(c1["misses"], (nlohmann::json{{"absent", 10}, {"timeout", 96}, {"no_room", 0}}));
+  EXPECT_EQ(c1["shed"], (nlohmann::json{{"queue_full", 3}, {"store_down", 0}}));
+  EXPECT_EQ(c1["health"], "up");
+  EXPECT_EQ(c1["health_samples"], (nlohmann::json{{"up", 12}}));
+  EXPECT_EQ(c1["reachable"], "yes");
+  EXPECT_EQ(c1["memd_restarts_seen"], 2);
+  EXPECT_EQ(j["multi_node"]["per_node"][1]["store_bytes_out"], 4000);
+  EXPECT_EQ(j["multi_node"]["per_node"][1]["store_bytes_in"], 600);
+  EXPECT_DOUBLE_EQ(j["multi_node"]["per_node"][1]["store_bytes_out_per_s"].get<double>(), 2000.0);  // 4000 B / 2 s
+  EXPECT_DOUBLE_EQ(j["multi_node"]["per_node"][1]["store_bytes_in_per_s"].get<double>(), 300.0);
+  EXPECT_TRUE(j["multi_node"]["per_node"][2]["cluster"].is_null());  // its memd reported no cluster tier
+  EXPECT_TRUE(j["multi_node"]["per_node"][2]["store_bytes_out"].is_null());
+  EXPECT_EQ(j["multi_node"]["cluster_lookup_timeout_ms"], 200);
+  const std::string text = FormatSummary(r);
+  EXPECT_THAT(text, HasSubstr("  3 nodes, route session: 0 sessions (0 next turns); cluster store local, lookup "
+                              "deadline 200 ms\n"));
+  EXPECT_THAT(text, HasSubstr("    cluster tier: 113 pages looked up, 7 found, 6 imported (part of the host hits; 1 by "
+                              "a session key), 40 published; store bytes out 4000 (2000/s), in 600 (300/s); 2 memd "
+                              "restarts seen\n    cluster misses: absent 10, timeout 96\n"));
+  EXPECT_THAT(text, HasSubstr("    cluster misses: absent 10\n"));  // node 0: no zero reason listed
+  EXPECT_THAT(text, HasSubstr("  warning: node 1: 7 of 113 cluster lookups found; 96 timed out (memd "
+                              "--cluster-lookup-timeout-ms 200)\n"));
+  EXPECT_THAT(text, Not(HasSubstr("warning: node 0")));
+  EXPECT_THAT(text, Not(HasSubstr("warning: node 2")));
+}
+
+TEST(MultiNodeReport, ClusterWarningNamesEachReasonAndStaysQuietWhenHealthy) {
+  NodeStats::ClusterCounters c = SampleCluster(40, 30, 0);
+  EXPECT_EQ(ClusterWarning(0, c, 0), "");  // absent misses and a queue_full shed are no warning
+  c.misses["timeout"] = 5;
+  EXPECT_EQ(ClusterWarning(0, c, 0), "node 0: 30 of 40 cluster lookups found; 5 timed out (memd "
+                                     "--cluster-lookup-timeout-ms not given: memd's default)");
+  c.misses["timeout"] = 0;
+  c.misses["store_down"] = 50;
+  c.misses["unavailable"] = 4;
+  c.misses["store_error"] = 1;
+  c.health = "down";
+  c.health_samples = {{"up", 8}, {"down", 3}, {"probing", 1}};
+  c.shed["store_down"] = 12;
+  EXPECT_EQ(ClusterWarning(3, c, 7),
+            "node 3: 30 of 40 cluster lookups found; 50 not asked (store down, or lookups paused after an "
+            "unanswered one), 4 unavailable, 1 failed with a store error, store health not up in 4 of 12 samples "
+            "(last: down), 12 pages not published (store down)");
+  NodeStats::ClusterCounters unreachable = SampleCluster(40, 30, 0);  // memd's latest contact got no answer
+  unreachable.reachable = "no";
+  EXPECT_EQ(ClusterWarning(2, unreachable, 0),
+            "node 2: 30 of 40 cluster lookups found; the store did not answer memd's latest contact");
+  unreachable.reachable = "yes";
+  EXPECT_EQ(ClusterWarning(2, unreachable, 0), "");
+  NodeStats::ClusterCounters once_down = SampleCluster(40, 30, 0);  // down in a sample, nothing missed for it
+  once_down.health_samples = {{"up", 8}, {"down", 1}};
+  EXPECT_EQ(ClusterWarning(1, once_down, 0),
+            "node 1: 30 of 40 cluster lookups found; store health not up in 1 of 9 samples (last: up)");
+}
+
+// A 1-node run with --cluster-store: the same multi_node object with one node (dhs-replay main's OneNodeFigures).
+TEST(MultiNodeReport, OneNodeWithAStoreSaysNode) {
+  DriverResult d = SampleResult();
+  NodeStats s;
+  s.cluster = SampleCluster(10, 9, 0);
+  MultiNodeFigures m;
+  m.route = "round-robin";
+  m.cluster_store = "local";
+  m.cluster_counters = true;
+  m.per_node = {MakeNodeFigures(0, d, {0}, s)};
+  ReplayReport r = BuildReport(d, SampleSettings());
+  r.multi_node = m;
+  const std::string text = FormatSummary(r);
+  EXPECT_THAT(text, HasSubstr("  1 node, route round-robin: 0 sessions (0 next turns); cluster store local, lookup "
+                              "deadline memd's default\n"));
+  EXPECT_THAT(text, HasSubstr("  node 0: 3 requests (2 served), 7 tokens"));
+  const nlohmann::json j = ReportToJson(r);
+  EXPECT_EQ(j["multi_node"]["nodes"], 1);
+  EXPECT_EQ(j["multi_node"]["per_node"][0]["cluster"]["hits"], 9);
+  EXPECT_TRUE(j["multi_node"]["cluster_lookup_timeout_ms"].is_null());
+}
+
 std::vector<SweepPoint> SamplePoints() {
   std::vector<SweepPoint> points;
   for (int64_t c : {1, 2, 4}) {

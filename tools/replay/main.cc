@@ -157,7 +157,7 @@ struct RunOutcome {
   FaultFigures faults;  // what fault injection did (the run with faults only)
   std::string crash;    // the supervised node's latest worker crash (issue 28), when faults.worker_crashes > 0
   std::optional<PrefixWorkloadFigures> prefix_workload;  // issue 27: the prepared-prefix workload's own figures
-  std::optional<MultiNodeFigures> multi_node;            // issue 26: --nodes > 1
+  std::optional<MultiNodeFigures> multi_node;            // issue 26: --nodes > 1 or --cluster-store
 };
 
 // Fault injection of a run (the run under test; never the resident reference).
@@ -426,6 +426,7 @@ class ReplayRun {
     if (supervised_) AddWorkerCounters(result->stats, supervised_->stats().dead_worker_counters);
     RunOutcome outcome{std::move(*result), true, "", prefill, used_budget_, figures};
     outcome.prefix_workload = workload;
+    if (!options_.cluster_store.empty()) outcome.multi_node = OneNodeFigures(outcome.result);  // issue 26 review
     if (faults_ && supervised_) outcome.crash = supervised_->stats().last_crash;
     return outcome;
   }
@@ -482,14 +483,7 @@ class ReplayRun {
               << (concurrency ? absl::StrCat(", concurrency ", *concurrency) : std::string()) << "\n";
     auto result = driver.Run(trace_, *scheduler);
     const std::string prefill = options_.prepared_prefix ? "prepared-prefix" : "prefill";
-    MultiNodeFigures figures;
-    figures.nodes = static_cast<int64_t>(nodes_.size());
-    figures.route = options_.route;
-    figures.cluster_store = options_.cluster_store;
-    figures.cluster_endpoint = options_.cluster_store_endpoint;
-    figures.cluster_lookup_timeout_ms = options_.cluster_lookup_timeout_ms;
-    figures.sessions = CountSessions(sessions);
-    for (const SessionTurn& t : sessions) figures.next_turns += t.turn > 0 ? 1 : 0;
+    MultiNodeFigures figures = NodesFigures(sessions);
     figures.kv_events_seen = (*client)->kv_events_seen();
     figures.kv_events_lost = (*client)->kv_events_lost();
     figures.kv_settle_timeouts = (*client)->kv_settle_timeouts();
@@ -526,6 +520,34 @@ class ReplayRun {
       if (n->stats().worker_crashes > 0) outcome.crash = n->stats().last_crash;
     }
     return outcome;
+  }
+
+  // Issue 26: the multi-node report's settings and sessions (per node and routing: the caller's).
+  MultiNodeFigures NodesFigures(const std::vector<SessionTurn>& sessions) const {
+    MultiNodeFigures figures;
+    figures.nodes = static_cast<int64_t>(nodes_.size());
+    figures.route = options_.route;
+    figures.cluster_store = options_.cluster_store;
+    figures.cluster_endpoint = options_.cluster_store_endpoint;
+    figures.cluster_lookup_timeout_ms = options_.cluster_lookup_timeout_ms;
+    figures.sessions = CountSessions(sessions);
+    for (const SessionTurn& t : sessions) figures.next_turns += t.turn > 0 ? 1 : 0;
+    return figures;
+  }
+
+  // Issue 26 review (F4): a 1-node run with --cluster-store reports its node's figures (cluster tier included) as
+  // multi_node.per_node[0], as a multi-node run does; no routing (every request on node 0).
+  MultiNodeFigures OneNodeFigures(const DriverResult& result) const {
+    MultiNodeFigures figures = NodesFigures(DeriveSessions(trace_));
+    size_t rows = trace_.requests.size();
+    for (const RequestTiming& t : result.requests) {
+      if (t.trace_index >= 0) rows = std::max(rows, static_cast<size_t>(t.trace_index) + 1);
+    }
+    NodeFigures n = MakeNodeFigures(0, result, std::vector<int>(rows, 0), result.stats);
+    if (!nodes_.empty()) n.run_dir = (*nodes_.front())->run_dir();
+    figures.cluster_counters = n.cluster.has_value();
+    figures.per_node.push_back(std::move(n));
+    return figures;
   }
 
   // Issue 26: the fault figures of every supervised node added up (the seed is node 0's; node i used seed + i).

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -124,22 +125,35 @@ struct NodeStats {
   double host_bytes_per_session_peak = 0;
   int64_t host_pages_held_peak = 0;          // max over samples of memd's allocated - cached prefix host pages
   int64_t host_pages_allocated_peak = 0;     // max over samples of memd's allocated host pages (cached ones included)
-  // Issue 26: memd's cluster tier (its status view's "cluster", memd --cluster-store): memd's totals at the last
-  // sample, pages and bytes; nullopt when memd reports no cluster tier.
+  // Issue 26: memd's cluster tier (its status view's "cluster", memd --cluster-store; memd/state_dump.h ClusterDump),
+  // pages and bytes: the run's totals across memd restarts (tools/replay/cluster_counters.h ClusterTally: a restarted
+  // memd counts from 0 again, so each earlier memd's last sample is added); nullopt when memd reports no cluster tier.
   struct ClusterCounters {
     int64_t lookups = 0, hits = 0, imported = 0, published = 0;
     int64_t published_bytes = 0, imported_bytes = 0;
     int64_t session_imported = 0;  // of imported: pages found by a session key (sessions across nodes)
-    ClusterCounters& operator+=(const ClusterCounters& o) {
-      lookups += o.lookups;
-      hits += o.hits;
-      imported += o.imported;
-      published += o.published;
-      published_bytes += o.published_bytes;
-      imported_bytes += o.imported_bytes;
-      session_imported += o.session_imported;
-      return *this;
-    }
+    // Issue 26 review (F4): why lookups missed and publishing lost pages.
+    int64_t offered = 0;         // pages offered to the publish queue
+    int64_t publish_failed = 0;  // pages of publish batches the store did not confirm (not retried)
+    std::map<std::string, int64_t> misses;  // pages looked up and not imported, by memd's reason: absent, timeout,
+                                            // unavailable, store_error, bad_value (the store's answer), no_room,
+                                            // store_down, no_geometry, after_gap (memd's; docs/cluster_tier.md)
+    std::map<std::string, int64_t> shed;    // pages not queued to publish, by reason: queue_full, bytes_full,
+                                            // too_large, store_down
+    // Not memd's counters but dhs-replay's view of them (empty / 0 in one sample): memd's store health ("up",
+    // "down", "probing") at the last sample, the samples by the health they showed, and the memd restarts seen (a
+    // sample from another memd than the previous one's: ClusterTally).
+    std::string health;
+    std::map<std::string, int64_t> health_samples;
+    std::string reachable;  // memd's "reachable" at the last sample: its latest contact with the store answered
+                            // ("yes", "no", "not yet"; "" when memd gives none)
+    int64_t memd_restarts_seen = 0;
+    // Adds o's counters, reasons, health samples and restarts; the health becomes the worse of the two (down, then
+    // probing, then up; "" counts as none), reachable too (no, then "not yet", then yes). Used to add up nodes.
+    ClusterCounters& operator+=(const ClusterCounters& o);
+    // misses[reason] (0 when memd gave no such reason).
+    int64_t miss(const std::string& reason) const;
+    int64_t shed_of(const std::string& reason) const;
   };
   std::optional<ClusterCounters> cluster;
   std::vector<GpuMemoryUse> gpus;     // one entry per GPU, ascending gpu id

@@ -214,7 +214,27 @@ static json PrefixSharingJson(const ReplayReport& r) {
       {"host_pages_peak", {{"held", r.host_pages_held_peak}, {"allocated", r.host_pages_allocated_peak}}}};
 }
 
-// Issue 26: the multi-node figures (JSON "multi_node"; null without --nodes > 1).
+// Issue 26: one node's cluster tier (multi_node.per_node[i].cluster; docs/replay.md): null when memd reported none.
+static json ClusterJson(const std::optional<NodeFigures::Cluster>& cluster) {
+  if (!cluster) return json(nullptr);
+  const NodeStats::ClusterCounters& c = cluster->counters;
+  return json{{"lookups", c.lookups},
+              {"hits", c.hits},
+              {"imported", c.imported},
+              {"session_imported", c.session_imported},
+              {"published", c.published},
+              // Issue 26 review (F4): why lookups missed and publishing lost pages, the store's health.
+              {"misses", c.misses},
+              {"offered", c.offered},
+              {"publish_failed", c.publish_failed},
+              {"shed", c.shed},
+              {"health", c.health.empty() ? json(nullptr) : json(c.health)},
+              {"health_samples", c.health_samples},
+              {"reachable", c.reachable.empty() ? json(nullptr) : json(c.reachable)},
+              {"memd_restarts_seen", c.memd_restarts_seen}};
+}
+
+// Issue 26: the multi-node figures (JSON "multi_node"; null without --nodes > 1 or --cluster-store).
 static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
   if (!m) return json(nullptr);
   json nodes = json::array();
@@ -234,16 +254,11 @@ static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
                        {"miss", n.misses}}},
                      // memd's cluster tier in pages (its imported pages are granted as host hits, part of "host");
                      // null when memd reports none
-                     {"cluster", n.cluster ? json{{"lookups", n.cluster->lookups},
-                                                  {"hits", n.cluster->hits},
-                                                  {"imported", n.cluster->imported},
-                                                  {"session_imported", n.cluster->session_imported},
-                                                  {"published", n.cluster->published}}
-                                           : json(nullptr)},
+                     {"cluster", ClusterJson(n.cluster)},
                      {"prefill_tokens_saved", n.prefill_tokens_saved},
                      {"host_pages_shared", n.host_pages_shared},
-                     {"store_bytes_out", n.cluster ? json(n.cluster->bytes_out) : json(nullptr)},
-                     {"store_bytes_in", n.cluster ? json(n.cluster->bytes_in) : json(nullptr)},
+                     {"store_bytes_out", n.cluster ? json(n.cluster->counters.published_bytes) : json(nullptr)},
+                     {"store_bytes_in", n.cluster ? json(n.cluster->counters.imported_bytes) : json(nullptr)},
                      {"store_bytes_out_per_s", n.cluster ? json(n.cluster->bytes_out_per_s) : json(nullptr)},
                      {"store_bytes_in_per_s", n.cluster ? json(n.cluster->bytes_in_per_s) : json(nullptr)}});
   }
@@ -272,8 +287,13 @@ static json MultiNodeJson(const std::optional<MultiNodeFigures>& m) {
 }
 
 static std::string MultiNodeLines(const MultiNodeFigures& m) {
-  std::string out = absl::StrFormat("  %d nodes, route %s: %d sessions (%d next turns)", m.nodes, m.route, m.sessions,
-                                    m.next_turns);
+  std::string out = absl::StrFormat("  %d %s, route %s: %d sessions (%d next turns)", m.nodes,
+                                    m.nodes == 1 ? "node" : "nodes", m.route, m.sessions, m.next_turns);
+  if (!m.cluster_store.empty()) {  // issue 26 review: the store and the lookup deadline every memd got
+    absl::StrAppendFormat(&out, "; cluster store %s, lookup deadline %s", m.cluster_store,
+                          m.cluster_lookup_timeout_ms > 0 ? absl::StrCat(m.cluster_lookup_timeout_ms, " ms")
+                                                          : std::string("memd's default"));
+  }
   if (m.route == "prefix") absl::StrAppendFormat(&out, ", KV events %d (lost %d, settle timeouts %d)", m.kv_events_seen, m.kv_events_lost,
                         m.kv_settle_timeouts);
   absl::StrAppend(&out, "\n");
@@ -284,13 +304,25 @@ static std::string MultiNodeLines(const MultiNodeFigures& m) {
                           n.node, n.requests, n.requests_served, n.output_tokens, n.output_tokens_per_s,
                           Fixed(P(n.ttft_ms, false), 1), Fixed(P(n.ttft_ms, true), 1), n.hits_worker, n.hits_host,
                           n.misses, n.prefill_tokens_saved);
-    if (const auto& c = n.cluster) {
+    if (n.cluster) {
+      const NodeStats::ClusterCounters& c = n.cluster->counters;
       absl::StrAppendFormat(&out,
                             "    cluster tier: %d pages looked up, %d found, %d imported (part of the host hits; %d by "
-                            "a session key), %d published; store bytes out %d (%.0f/s), in %d (%.0f/s)\n",
-                            c->lookups, c->hits, c->imported, c->session_imported, c->published, c->bytes_out,
-                            c->bytes_out_per_s, c->bytes_in, c->bytes_in_per_s);
+                            "a session key), %d published; store bytes out %d (%.0f/s), in %d (%.0f/s)",
+                            c.lookups, c.hits, c.imported, c.session_imported, c.published, c.published_bytes,
+                            n.cluster->bytes_out_per_s, c.imported_bytes, n.cluster->bytes_in_per_s);
+      if (c.memd_restarts_seen > 0) absl::StrAppendFormat(&out, "; %d memd restarts seen", c.memd_restarts_seen);
+      std::string misses;  // issue 26 review (F4): why lookups missed
+      for (const auto& [reason, pages] : c.misses) {
+        if (pages > 0) absl::StrAppendFormat(&misses, "%s%s %d", misses.empty() ? "" : ", ", reason, pages);
+      }
+      absl::StrAppend(&out, "\n    cluster misses: ", misses.empty() ? "none" : misses, "\n");
     }
+  }
+  for (const NodeFigures& n : m.per_node) {  // issue 26 review (F4): lookups that timed out, a store that was down
+    if (!n.cluster) continue;
+    const std::string warning = ClusterWarning(n.node, n.cluster->counters, m.cluster_lookup_timeout_ms);
+    if (!warning.empty()) absl::StrAppend(&out, "  warning: ", warning, "\n");
   }
   if (!m.cluster_store.empty() && !m.cluster_counters) {
     absl::StrAppendFormat(&out, "  cluster store %s (%s): hits and bytes to/from the store not measured (memd "
@@ -468,12 +500,41 @@ NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std:
   f.host_pages_shared = stats.host_pages_shared;
   if (const auto& c = stats.cluster) {  // issue 26
     const double s = result.elapsed_ms > 0 ? result.elapsed_ms / 1000.0 : 0.0;
-    f.cluster = NodeFigures::Cluster{c->lookups,         c->hits,           c->imported,
-                                     c->published,       c->published_bytes, c->imported_bytes,
-                                     s > 0 ? c->published_bytes / s : 0.0,
-                                     s > 0 ? c->imported_bytes / s : 0.0, c->session_imported};
+    f.cluster = NodeFigures::Cluster{*c, s > 0 ? c->published_bytes / s : 0.0, s > 0 ? c->imported_bytes / s : 0.0};
   }
   return f;
+}
+
+std::string ClusterWarning(int64_t node, const NodeStats::ClusterCounters& c, int64_t lookup_timeout_ms) {
+  std::vector<std::string> parts;
+  if (const int64_t n = c.miss("timeout"); n > 0) {
+    parts.push_back(absl::StrFormat("%d timed out (memd --cluster-lookup-timeout-ms %s)", n,
+                                    lookup_timeout_ms > 0 ? absl::StrCat(lookup_timeout_ms)
+                                                          : std::string("not given: memd's default")));
+  }
+  if (const int64_t n = c.miss("store_down"); n > 0) {
+    parts.push_back(absl::StrFormat("%d not asked (store down, or lookups paused after an unanswered one)", n));
+  }
+  if (const int64_t n = c.miss("unavailable"); n > 0) parts.push_back(absl::StrFormat("%d unavailable", n));
+  if (const int64_t n = c.miss("store_error"); n > 0) {
+    parts.push_back(absl::StrFormat("%d failed with a store error", n));
+  }
+  int64_t samples = 0, not_up = 0;
+  for (const auto& [health, n] : c.health_samples) {
+    samples += n;
+    if (health != "up") not_up += n;
+  }
+  if (not_up > 0 || (!c.health.empty() && c.health != "up")) {
+    parts.push_back(absl::StrFormat("store health not up in %d of %d samples (last: %s)", not_up, samples,
+                                    c.health.empty() ? "unknown" : c.health));
+  }
+  if (c.reachable == "no") parts.push_back("the store did not answer memd's latest contact");
+  if (const int64_t n = c.shed_of("store_down"); n > 0) {
+    parts.push_back(absl::StrFormat("%d pages not published (store down)", n));
+  }
+  if (parts.empty()) return "";
+  return absl::StrFormat("node %d: %d of %d cluster lookups found; %s", node, c.hits, c.lookups,
+                         absl::StrJoin(parts, ", "));
 }
 
 std::string FormatSummary(const ReplayReport& r) {

@@ -124,10 +124,11 @@ struct RequestFailure {
   std::string error;       // the node's text (or the client's account of a worker that went away)
 };
 
-// Issue 26 (dhs-replay --nodes N; docs/replay.md "Several nodes"): one node's share of a multi-node run.
-// Hits by tier are the node's worker counters in prefix blocks (WorkerStatsReply.prefix_*): the worker's row cache,
-// memd's shared host tier, and the misses (lookups - worker - host hits). The cluster tier's hits and bytes to and
-// from the store are not in this build's memd stats: cluster_counters says so (JSON null, never a measured 0).
+// Issue 26 (dhs-replay --nodes N; docs/replay.md "Several nodes"): one node's share of a multi-node run (or the one
+// node of a run with --cluster-store). Hits by tier are the node's worker counters in prefix blocks
+// (WorkerStatsReply.prefix_*): the worker's row cache, memd's shared host tier, and the misses (lookups - worker -
+// host hits). The cluster tier's pages and bytes come from memd's status view; a memd that reports none gives JSON
+// null (cluster_counters says so), never a measured 0.
 struct NodeFigures {
   int64_t node = 0;                    // 0 .. nodes - 1
   std::string run_dir;                 // its run directory (kept when given with --run-dir)
@@ -142,14 +143,13 @@ struct NodeFigures {
   int64_t misses = 0;                  // lookups - hits_worker - hits_host (>= 0), prefilled
   int64_t prefill_tokens_saved = 0;    // tokens not prefilled thanks to those hits
   int64_t host_pages_shared = 0;       // memd's shared + cached prefix pages at the end
-  // memd's cluster tier (NodeStats::cluster_*), when configured: pages asked / found / copied into the host pool
-  // (then granted as host hits: they are part of hits_host) and published, bytes published to / imported from the
-  // store and those per second of the run. nullopt: memd reported no cluster tier (JSON null).
+  // memd's cluster tier (NodeStats::cluster: the run's totals across memd restarts), when configured: pages asked /
+  // found / copied into the host pool (then granted as host hits: they are part of hits_host) and published, the
+  // misses and sheds by reason, memd's store health, bytes published to / imported from the store (published_bytes,
+  // imported_bytes) and those per second of the run. nullopt: memd reported no cluster tier (JSON null).
   struct Cluster {
-    int64_t lookups = 0, hits = 0, imported = 0, published = 0;
-    int64_t bytes_out = 0, bytes_in = 0;
+    NodeStats::ClusterCounters counters;
     double bytes_out_per_s = 0, bytes_in_per_s = 0;
-    int64_t session_imported = 0;  // of imported: found by a session key (a session's earlier turn's pages)
   };
   std::optional<Cluster> cluster;
 };
@@ -186,6 +186,14 @@ struct MultiNodeFigures {
 NodeFigures MakeNodeFigures(int64_t node, const DriverResult& result, const std::vector<int>& node_of_row,
                             const NodeStats& stats);
 
+// Issue 26 review (F4): the text report's warning about a node's cluster lookups, one line without a newline, e.g.
+// "node 1: 7 of 113 cluster lookups found; 96 timed out (memd --cluster-lookup-timeout-ms 5 ms, memd's default)";
+// empty when nothing is worth a warning: no lookup timed out, none was skipped or failed with the store down
+// (store_down, unavailable), no sample saw the store other than up, the last sample did not say the store unreachable
+// (reachable "no"), and nothing was shed because the store was down.
+// `lookup_timeout_ms`: --cluster-lookup-timeout-ms (0: memd's default). Pure function.
+std::string ClusterWarning(int64_t node, const NodeStats::ClusterCounters& c, int64_t lookup_timeout_ms);
+
 struct ReplayReport {
   RunSettings settings;
   int64_t requests_total = 0;          // requests in the run
@@ -219,7 +227,7 @@ struct ReplayReport {
   std::map<std::string, int64_t> end_reasons;  // EndReasonName -> requests (issue 22); every request counted once
   std::vector<RequestFailure> failures;        // every request not served, in trace order (issue 22)
   std::optional<PrefixWorkloadFigures> prefix_workload;  // issue 27: with --prefixes, else nullopt (JSON null)
-  std::optional<MultiNodeFigures> multi_node;  // issue 26: with --nodes > 1, else nullopt (JSON null)
+  std::optional<MultiNodeFigures> multi_node;  // issue 26: with --nodes > 1 or --cluster-store, else nullopt (null)
   bool complete = true;  // false: the run failed part-way; figures of the requests recorded until then, node-wide
                          // figures (sessions, census, reclaims, pages, gpu_memory) not read (0 / empty)
 };

@@ -325,6 +325,9 @@ absl::StatusOr<nlohmann::json> ZmqNodeClient::Introspect(wire::IntrospectWhat wh
   wire::IntrospectQueryT query;
   query.what = what;
   query.format = wire::IntrospectFormat::Json;
+  // Issue 26 review: the memd that answered the latest reply is gone (its connection closed): the next status sample
+  // is a new memd's, whose cluster counters start from 0 (ClusterTally).
+  if (memd_->PeerClosed()) memd_changed_ = true;
   auto reply_bytes = memd_->Request(EncodeIntrospectQuery(query, next_sequence_++, kSender), timeout);
   if (!reply_bytes.ok()) return absl::UnavailableError(absl::StrCat("memd introspection: ", reply_bytes.status().message()));
   auto message = DecodeEnvelope(*reply_bytes);
@@ -376,12 +379,12 @@ absl::Status ZmqNodeClient::SampleMemd() {
     cached = p.value("cached_pages", int64_t{0});
     host_pages_shared_ = p.value("shared_pages", int64_t{0}) + cached;
   }
-  if (status->contains("cluster")) {  // issue 26: memd --cluster-store (its totals)
-    const nlohmann::json& c = (*status)["cluster"];
-    cluster_ = NodeStats::ClusterCounters{c.value("lookups", int64_t{0}),         c.value("hits", int64_t{0}),
-                                          c.value("imported", int64_t{0}),        c.value("published", int64_t{0}),
-                                          c.value("published_bytes", int64_t{0}), c.value("imported_bytes", int64_t{0}),
-                                          c.value("session_imported", int64_t{0})};
+  if (status->contains("cluster")) {  // issue 26: memd --cluster-store (its totals since it started)
+    // A malformed object is a figure lost, not the run's failure: the sample is skipped.
+    if (absl::StatusOr<ClusterCounters> c = ClusterCountersOfJson((*status)["cluster"]); c.ok()) {
+      cluster_tally_.Add(ClusterSample{std::move(*c), memd_changed_});
+      memd_changed_ = false;
+    }
   }
   const int64_t allocated = host.value("allocated", int64_t{0});
   const int64_t held = std::max<int64_t>(0, allocated - cached);
@@ -499,7 +502,7 @@ absl::StatusOr<NodeStats> ZmqNodeClient::Stats() {
   now.gpus = peaks_.gpus;
   NodeStats out = WorkerCountersSince(now, baseline_);
   out.host_pages_shared = host_pages_shared_;  // issue 24
-  out.cluster = cluster_;  // issue 26
+  out.cluster = cluster_tally_.Totals();  // issue 26: across memd restarts
   out.host_bytes_per_session_peak = host_bytes_per_session_peak_;
   out.host_pages_held_peak = host_pages_held_peak_;
   out.host_pages_allocated_peak = host_pages_allocated_peak_;

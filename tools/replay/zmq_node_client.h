@@ -4,7 +4,9 @@
 // so that the report has peak figures (sessions admitted, pages used): every sample_interval while polling, after a
 // poll that brought a request's first token or a request's end, and once in Stats(). Connect reads the worker's
 // counters once (WorkerStatsQuery) as the baseline, so Stats() reports this run's counters even when the worker served
-// before (--connect; WorkerCountersSince).
+// before (--connect; WorkerCountersSince). Issue 26: memd's cluster-tier counters (the status view's "cluster") are
+// totalled across memd restarts (tools/replay/cluster_counters.h ClusterTally; a new memd is told by its connection
+// closing or its counters going down).
 //
 // Thread-safety: one thread (the ReplayDriver's), as NodeClient requires.
 #pragma once
@@ -21,6 +23,7 @@
 #include "common/transport.h"
 #include "dhs_generated.h"
 #include "nlohmann/json.hpp"
+#include "tools/replay/cluster_counters.h"
 #include "tools/replay/node_client.h"
 
 namespace dhs::replay {
@@ -157,7 +160,11 @@ class ZmqNodeClient final : public NodeClient {
   // peak; memd's shared + cached prefix pages at the latest status sample.
   double host_bytes_per_session_sum_ = 0, host_bytes_per_session_peak_ = 0;
   int64_t host_samples_ = 0, host_pages_shared_ = 0;
-  std::optional<NodeStats::ClusterCounters> cluster_;  // issue 26: memd's cluster tier at the latest status sample
+  // Issue 26: memd's cluster tier, its status samples totalled across memd restarts (cluster_counters.h);
+  // memd_changed_: memd's connection that delivered the latest reply closed since the last status sample (a new memd
+  // answers the next one), set by Introspect.
+  ClusterTally cluster_tally_;
+  bool memd_changed_ = false;
   int64_t host_pages_held_peak_ = 0, host_pages_allocated_peak_ = 0;  // issue 24: memd's host pool, sampled
 };
 
