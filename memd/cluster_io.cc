@@ -5,24 +5,30 @@
 
 namespace dhs::memd {
 
+BatchOutcome SendBatch(redis::Client& client, const PublishBatch& batch, std::chrono::milliseconds timeout,
+                       absl::FunctionRef<void(const absl::Status&)> on_failure) {
+  BatchOutcome out;
+  if (batch.probe) {
+    out.answered = client.Ping(timeout).ok();
+    return out;
+  }
+  std::vector<redis::SetItem> items;
+  items.reserve(batch.items.size());
+  for (const PublishItem& item : batch.items) items.push_back(redis::SetItem{item.key, item.value, item.ttl_ms});
+  for (const absl::Status& s : client.Set(items, timeout)) {
+    out.written += s.ok();
+    // An error reply (e.g. OOM) is an answer; a timeout or a dead connection is not.
+    out.answered |= s.ok() || s.code() == absl::StatusCode::kInternal;
+    if (!s.ok()) on_failure(s);
+  }
+  return out;
+}
+
 bool ClusterPublisher::Pump(int64_t now_us, std::chrono::milliseconds timeout) {
   std::optional<PublishBatch> batch = queue_->NextBatch(now_us);
   if (!batch) return false;
-  uint32_t written = 0;
-  bool answered = false;
-  if (batch->probe) {
-    answered = client_->Ping(timeout).ok();
-  } else {
-    std::vector<redis::SetItem> items;
-    items.reserve(batch->items.size());
-    for (const PublishItem& item : batch->items) items.push_back(redis::SetItem{item.key, item.value, item.ttl_ms});
-    for (const absl::Status& s : client_->Set(items, timeout)) {
-      written += s.ok();
-      // An error reply (e.g. OOM) is an answer; a timeout or a dead connection is not.
-      answered |= s.ok() || s.code() == absl::StatusCode::kInternal;
-    }
-  }
-  DHS_CHECK_OK(queue_->BatchDone(batch->id, written, answered, now_us));
+  const BatchOutcome o = SendBatch(*client_, *batch, timeout, [](const absl::Status&) {});
+  DHS_CHECK_OK(queue_->BatchDone(batch->id, o.written, o.answered, now_us));
   return true;
 }
 

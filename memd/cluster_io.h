@@ -1,9 +1,9 @@
 // memd/cluster_io.h: the cluster tier's two trips to the store (issue 26; docs/cluster_tier.md), between the pure parts
-// (memd/cluster_publish_queue.h, memd/cluster_page_value.h) and the Redis client (common/redis_client.h). Not wired
-// into memd yet: the memd side (what to publish, where imported pages go) is a later step.
+// (memd/cluster_publish_queue.h, memd/cluster_page_value.h) and the Redis client (common/redis_client.h). memd's
+// ClusterTier (memd/cluster_tier.h) sends its batches with SendBatch and looks pages up with LookupPages.
 //
-// - ClusterPublisher::Pump sends the write-behind queue's next batch (SET key value PX ttl of every item, or a PING
-//   for a probe) within a deadline and reports the store's answer back to the queue.
+// - SendBatch sends one batch of the write-behind queue (SET key value PX ttl of every item, or a PING for a probe)
+//   within a deadline; ClusterPublisher::Pump takes the queue's next batch, sends it and reports the answer back.
 // - LookupPages GETs a batch of page keys within a deadline and decodes each value against the importer's geometry and
 //   the identity it asked for. Every failure is a miss, counted by reason (absent, timeout, unreachable, store error,
 //   and each PageValueError), never an error of the caller and never a page whose bytes were not checked.
@@ -19,11 +19,22 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "common/redis_client.h"
 #include "memd/cluster_page_value.h"
 #include "memd/cluster_publish_queue.h"
 
 namespace dhs::memd {
+
+// The store's answer to one batch: the SETs it confirmed, and whether it answered at all (an error reply is an
+// answer; a timeout or a dead connection is not).
+struct BatchOutcome {
+  uint32_t written = 0;
+  bool answered = false;
+};
+// Sends `batch` within `timeout`; each SET that failed goes to `on_failure` (for the caller's log).
+BatchOutcome SendBatch(redis::Client& client, const PublishBatch& batch, std::chrono::milliseconds timeout,
+                       absl::FunctionRef<void(const absl::Status&)> on_failure);
 
 class ClusterPublisher {
  public:

@@ -95,26 +95,13 @@ void ClusterTier::SenderLoop() {
       continue;
     }
     lock.unlock();  // the store's trip without the lock: Offer never waits on it
-    uint32_t written = 0;
-    bool answered = false;
-    if (batch->probe) {
-      answered = sender_client_->Ping(options_.publish_timeout).ok();
-    } else {
-      std::vector<redis::SetItem> items;
-      items.reserve(batch->items.size());
-      for (const PublishItem& item : batch->items) items.push_back(redis::SetItem{item.key, item.value, item.ttl_ms});
-      for (const absl::Status& s : sender_client_->Set(items, options_.publish_timeout)) {
-        written += s.ok();
-        answered |= s.ok() || s.code() == absl::StatusCode::kInternal;  // an error reply is an answer
-        if (!s.ok()) {
-          DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: a page not published: {}", s.ToString());
-        }
-      }
-    }
-    SawContact(answered);
+    const BatchOutcome o = SendBatch(*sender_client_, *batch, options_.publish_timeout, [](const absl::Status& s) {
+      DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: a page not published: {}", s.ToString());
+    });
+    SawContact(o.answered);
     lock.lock();
     const StoreHealth before = queue_.health();
-    DHS_CHECK_OK(queue_.BatchDone(batch->id, written, answered, NowUs()));
+    DHS_CHECK_OK(queue_.BatchDone(batch->id, o.written, o.answered, NowUs()));
     if (queue_.health() != before) {
       spdlog::warn("memd: cluster tier: store {} -> {}", StoreHealthName(before), StoreHealthName(queue_.health()));
     }

@@ -26,35 +26,30 @@
 namespace dhs::replay {
 namespace {
 
-// The stand-in worker: answers WorkerStatsQuery; each SubmitRequest is recorded and answered with the chunks
-// `script` gives for its request id (sent in order, the submit's sequence).
-class FakeWorker {
+// A ROUTER bound as RUN_DIR/<name>.sock whose decoded messages go to Serve() on its own thread until Close() (the peer
+// exits: its socket closes, the client sees its connection drop). A subclass calls Close() in its destructor, so that
+// Serve never runs on a destroyed object.
+class FakeRouterPeer {
  public:
-  // `extras`: a message sent after a request's scripted chunks (issue 23: messages a worker never sends a client).
-  explicit FakeWorker(const std::string& run_dir, std::map<RequestId, std::vector<wire::TokenChunkT>> script,
-                      std::map<RequestId, std::string> extras = {})
-      : script_(std::move(script)), extras_(std::move(extras)) {
-    auto server = RouterServer::Bind(run_dir, "worker-0");
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~FakeWorker() { Close(); }
-  // The worker exits: its socket closes (the client sees its connection drop).
+  virtual ~FakeRouterPeer() = default;
   void Close() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
     server_.reset();
   }
-  std::vector<wire::CancelT> cancels() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return cancels_;
-  }
   std::string endpoint() const { return server_->endpoint(); }
-  std::vector<wire::SubmitRequestT> submits() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return submits_;
+
+ protected:
+  void Start(const std::string& run_dir, const std::string& name) {
+    auto server = RouterServer::Bind(run_dir, name);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    thread_ = std::thread([this] { Loop(); });
   }
+  // One message from `peer` (already decoded); answers go through Reply.
+  virtual void Serve(const std::string& peer, const Message& m) = 0;
+  void Reply(const std::string& peer, const std::string& bytes) { server_->Reply(peer, bytes).IgnoreError(); }
+  std::mutex mu_;  // guards what a subclass records
 
  private:
   void Loop() {
@@ -62,38 +57,57 @@ class FakeWorker {
       auto in = server_->Poll(std::chrono::milliseconds(10));
       if (!in.ok() || !in->has_value()) continue;
       auto m = DecodeEnvelope((*in)->bytes);
-      if (!m.ok()) continue;
-      if (m->type == wire::Body::WorkerStatsQuery) {
-        server_->Reply((*in)->peer, EncodeWorkerStatsReply(wire::WorkerStatsReplyT{}, m->sequence, "worker"))
-            .IgnoreError();
-      } else if (m->type == wire::Body::SubmitRequest) {
-        auto submit = ReadSubmitRequest(*m);
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          submits_.push_back(*submit);
-        }
-        for (const wire::TokenChunkT& c : script_[submit->request]) {
-          server_->Reply((*in)->peer, EncodeTokenChunk(c, m->sequence, "worker")).IgnoreError();
-        }
-        if (auto extra = extras_.find(submit->request); extra != extras_.end()) {
-          server_->Reply((*in)->peer, extra->second).IgnoreError();
-        }
-      } else if (m->type == wire::Body::Cancel) {  // recorded, answered NOT_FOUND (as for a request that ended)
-        auto cancel = ReadCancel(*m);
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          cancels_.push_back(*cancel);
-        }
-        server_->Reply((*in)->peer, EncodeError(absl::NotFoundError("ended"), m->sequence, "worker")).IgnoreError();
+      if (m.ok()) Serve((*in)->peer, *m);
+    }
+  }
+  std::unique_ptr<RouterServer> server_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+};
+
+// The stand-in worker: answers WorkerStatsQuery; each SubmitRequest is recorded and answered with the chunks
+// `script` gives for its request id (sent in order, the submit's sequence).
+class FakeWorker : public FakeRouterPeer {
+ public:
+  // `extras`: a message sent after a request's scripted chunks (issue 23: messages a worker never sends a client).
+  explicit FakeWorker(const std::string& run_dir, std::map<RequestId, std::vector<wire::TokenChunkT>> script,
+                      std::map<RequestId, std::string> extras = {})
+      : script_(std::move(script)), extras_(std::move(extras)) {
+    Start(run_dir, "worker-0");
+  }
+  ~FakeWorker() override { Close(); }
+  std::vector<wire::CancelT> cancels() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancels_;
+  }
+  std::vector<wire::SubmitRequestT> submits() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submits_;
+  }
+
+ private:
+  void Serve(const std::string& peer, const Message& m) override {
+    if (m.type == wire::Body::WorkerStatsQuery) {
+      Reply(peer, EncodeWorkerStatsReply(wire::WorkerStatsReplyT{}, m.sequence, "worker"));
+    } else if (m.type == wire::Body::SubmitRequest) {
+      auto submit = ReadSubmitRequest(m);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        submits_.push_back(*submit);
       }
+      for (const wire::TokenChunkT& c : script_[submit->request]) Reply(peer, EncodeTokenChunk(c, m.sequence, "worker"));
+      if (auto extra = extras_.find(submit->request); extra != extras_.end()) Reply(peer, extra->second);
+    } else if (m.type == wire::Body::Cancel) {  // recorded, answered NOT_FOUND (as for a request that ended)
+      auto cancel = ReadCancel(m);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cancels_.push_back(*cancel);
+      }
+      Reply(peer, EncodeError(absl::NotFoundError("ended"), m.sequence, "worker"));
     }
   }
   std::map<RequestId, std::vector<wire::TokenChunkT>> script_;
   std::map<RequestId, std::string> extras_;
-  std::unique_ptr<RouterServer> server_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;
   std::vector<wire::SubmitRequestT> submits_;
   std::vector<wire::CancelT> cancels_;
 };
@@ -101,20 +115,10 @@ class FakeWorker {
 // A stand-in memd (issue 26 review): answers IntrospectQuery, the gpus view with no GPU and the status view with
 // `status` (settable: memd's counters growing). Close(): memd dies (its socket closes); another FakeMemd on the same
 // run directory is its restarted successor on the same endpoint.
-class FakeMemd {
+class FakeMemd : public FakeRouterPeer {
  public:
-  FakeMemd(const std::string& run_dir, nlohmann::json status) : status_(std::move(status)) {
-    auto server = RouterServer::Bind(run_dir, "memd");
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~FakeMemd() { Close(); }
-  void Close() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    server_.reset();
-  }
+  FakeMemd(const std::string& run_dir, nlohmann::json status) : status_(std::move(status)) { Start(run_dir, "memd"); }
+  ~FakeMemd() override { Close(); }
   void SetStatus(nlohmann::json status) {
     std::lock_guard<std::mutex> lock(mu_);
     status_ = std::move(status);
@@ -123,32 +127,22 @@ class FakeMemd {
     std::lock_guard<std::mutex> lock(mu_);
     return status_queries_;
   }
-  std::string endpoint() const { return server_->endpoint(); }
 
  private:
-  void Loop() {
-    while (!stop_) {
-      auto in = server_->Poll(std::chrono::milliseconds(10));
-      if (!in.ok() || !in->has_value()) continue;
-      auto m = DecodeEnvelope((*in)->bytes);
-      if (!m.ok() || m->type != wire::Body::IntrospectQuery) continue;
-      auto query = ReadIntrospectQuery(*m);
-      if (!query.ok()) continue;
-      wire::IntrospectReplyT reply;
-      reply.what = query->what;
-      reply.format = wire::IntrospectFormat::Json;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (query->what == wire::IntrospectWhat::Status) ++status_queries_;
-        reply.document = query->what == wire::IntrospectWhat::Status ? status_.dump() : "[]";
-      }
-      server_->Reply((*in)->peer, EncodeIntrospectReply(reply, m->sequence, "memd")).IgnoreError();
+  void Serve(const std::string& peer, const Message& m) override {
+    if (m.type != wire::Body::IntrospectQuery) return;
+    auto query = ReadIntrospectQuery(m);
+    if (!query.ok()) return;
+    wire::IntrospectReplyT reply;
+    reply.what = query->what;
+    reply.format = wire::IntrospectFormat::Json;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (query->what == wire::IntrospectWhat::Status) ++status_queries_;
+      reply.document = query->what == wire::IntrospectWhat::Status ? status_.dump() : "[]";
     }
+    Reply(peer, EncodeIntrospectReply(reply, m.sequence, "memd"));
   }
-  std::unique_ptr<RouterServer> server_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;
   nlohmann::json status_;
   int status_queries_ = 0;
 };
