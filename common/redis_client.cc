@@ -145,8 +145,9 @@ absl::StatusOr<std::vector<Endpoint>> ParseSeeds(std::string_view spec) {
                                             "private network)"));
     }
     if (rest.find_first_of("[]") != std::string_view::npos) {
-      return absl::InvalidArgumentError(Cat("redis seed '", part, "': IPv6 literals are not supported (give an IPv4 "
-                                            "address or a host name)"));
+      return absl::InvalidArgumentError(Cat("redis seed '", part, "': brackets are not supported (write an IPv6 "
+                                            "address without them: redis://::1:6379; the port is after the last "
+                                            "colon)"));
     }
     const size_t colon = rest.rfind(':');
     uint16_t port = 0;

@@ -54,7 +54,8 @@ struct Endpoint {
 
 // "redis://HOST:PORT", "HOST:PORT", or several of them separated by commas or spaces (cluster seeds).
 // Errors: InvalidArgument (empty, an empty seed between commas, no port, port out of 1..65535, another scheme,
-// credentials "user:pw@" (no AUTH is sent), an IPv6 literal "[...]" (not supported)).
+// credentials "user:pw@" (no AUTH is sent), brackets "[::1]:6379" (an IPv6 address is written without them:
+// "::1:6379", the port after the last colon)).
 absl::StatusOr<std::vector<Endpoint>> ParseSeeds(std::string_view spec);
 
 // A redirection of Redis Cluster: "MOVED <slot> <host>:<port>" (the slot moved for good) or "ASK <slot> <host>:<port>"

@@ -76,7 +76,9 @@ std::string_view StoreContactName(StoreContact contact) {
 
 void ClusterTier::SenderLoop() {
   // One PING at start, so that a store that cannot be reached is said at once (log, dhsctl "reachable: no") rather
-  // than at the first page published or looked up.
+  // than at the first page published or looked up; then one every kIdlePingUs while the sender has sent nothing, so
+  // that "reachable" stays true on an idle memd (a store killed or started after memd is seen within a second).
+  constexpr int64_t kIdlePingUs = 1'000'000;
   if (absl::Status s = sender_client_->Ping(options_.publish_timeout); s.ok()) {
     SawContact(true);
     spdlog::info("memd: cluster tier: the store {} answers", options_.store);
@@ -85,16 +87,29 @@ void ClusterTier::SenderLoop() {
     spdlog::warn("memd: cluster tier: the store {} did not answer a PING at start ({}); pages are published and "
                  "looked up once it answers, missed meanwhile", options_.store, s.ToString());
   }
+  int64_t last_trip_us = NowUs();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     std::optional<PublishBatch> batch = queue_.NextBatch(NowUs());
     if (!batch) {
+      if (NowUs() - last_trip_us >= kIdlePingUs) {  // idle: a PING without the lock, for "reachable" only
+        lock.unlock();
+        const bool answered = sender_client_->Ping(options_.publish_timeout).ok();
+        if (contact_.load() == StoreContact::kAnswered && !answered) {
+          DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: the store {} stopped answering", options_.store);
+        }
+        SawContact(answered);
+        last_trip_us = NowUs();
+        lock.lock();
+        continue;
+      }
       // Nothing to send (or down before its retry time): wait for an offer, the retry time or 50 ms.
       cv_.notify_all();  // WaitDrained
       cv_.wait_for(lock, std::chrono::milliseconds(50));
       continue;
     }
     lock.unlock();  // the store's trip without the lock: Offer never waits on it
+    last_trip_us = NowUs();
     const BatchOutcome o = SendBatch(*sender_client_, *batch, options_.publish_timeout, [](const absl::Status& s) {
       DHS_LOG_LIMITED(spdlog::level::warn, "memd: cluster tier: a page not published: {}", s.ToString());
     });

@@ -593,9 +593,10 @@ std::string Daemon::ModelRefusal(const wire::HelloT& hello) const {
     if (model == hello.model_fingerprint) continue;
     if (gpu == hello.gpu) {
       return absl::StrFormat("GPU %d was registered with model %016x; a restarted worker must serve it (got %016x): "
-                             "its interrupted requests' host pages hold that model's rows (to change the model, "
-                             "restart memd once they ended: a restarted memd keeps a model only while it holds host "
-                             "pages of it; or start the node with a fresh run directory)", gpu, model,
+                             "the host pages memd holds of it (its interrupted requests', or with prefix sharing the "
+                             "node's shared prefix pages) hold that model's rows (to change the model, start the node "
+                             "with a fresh run directory, or restart memd once none are left: a restarted memd keeps "
+                             "a model only while it holds host pages of it)", gpu, model,
                              hello.model_fingerprint);
     }
     if (options_.prefix_sharing) {

@@ -5,9 +5,9 @@
 //
 // File: RUN_DIR/models, mode 0600, one line per GPU whose worker said its model: "<gpu> <fingerprint, 16 hex digits>",
 // ascending GPU, rewritten whole through a temporary file renamed over it (a kill leaves the old file or the new one).
-// What a restarted memd keeps of it (Daemon::AdoptLeftovers): the models of the GPUs whose adopted requests hold host
-// pages, and with prefix sharing every GPU's when shared pages were adopted; the rest is forgotten (nothing of that
-// model is left: the GPU's next worker may serve another).
+// What a restarted memd keeps of it (Daemon::AdoptLeftovers): the models of the GPUs with adopted requests (those that
+// hold host pages, and those with only a record: conservative), and with prefix sharing every GPU's when shared pages
+// were adopted; the rest is forgotten (nothing of that model is left: the GPU's next worker may serve another).
 //
 // Thread-safety: none; memd's loop owns it.
 #pragma once

@@ -59,7 +59,7 @@ TEST(RedisSeeds, ParsesUrlsAndLists) {
   const std::pair<const char*, const char*> refused[] = {
       {"redis://:pw@127.0.0.1:6379", "credentials in the address are not supported"},
       {"redis://user:pw@h:1", "credentials in the address are not supported"},
-      {"redis://[::1]:6379", "IPv6 literals are not supported"},
+      {"redis://[::1]:6379", "brackets are not supported"},
       {"redis://h:1,", "an empty seed"},
       {"a:1,,b:2", "an empty seed"},
       {",a:1", "an empty seed"},

@@ -371,6 +371,10 @@ def main():
             d = Node(node_exe, tmp, "d", port)
             nodes.append(d)
             redis.kill()
+            # Idle (nothing served yet), memd's sender PINGs the store every second: reachable turns "no" by itself.
+            if not wait_until(lambda: cluster_stats(dhsctl, d).get("reachable") == "no", 6):
+                failures.append(f"D: an idle memd still says reachable {cluster_stats(dhsctl, d).get('reachable')!r} "
+                                "after the store was killed")
             serve("d-killed", d)
             cd = cluster_stats(dhsctl, d)
             print("node D cluster (store killed):", json.dumps(cd), flush=True)
@@ -380,6 +384,8 @@ def main():
                 failures.append(f"D (store killed): reachable {cd.get('reachable')!r}, want 'no'")
             redis.start()
             # The publisher finds the store again (a probe), and the node serves on, exact.
+            if not wait_until(lambda: cluster_stats(dhsctl, d).get("reachable") == "yes", 6):
+                failures.append(f"D: the store restarted, but reachable stays {cluster_stats(dhsctl, d).get('reachable')!r}")
             if not wait_until(lambda: cluster_stats(dhsctl, d).get("health") == "up", 15):
                 failures.append(f"D: the store restarted, but the tier stays {cluster_stats(dhsctl, d).get('health')}")
             serve("d-restarted", d)

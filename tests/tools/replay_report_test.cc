@@ -466,7 +466,7 @@ TEST(MultiNodeReport, ClusterWarningNamesEachReasonAndStaysQuietWhenHealthy) {
   c.health_samples = {{"up", 8}, {"down", 3}, {"probing", 1}};
   c.shed["store_down"] = 12;
   EXPECT_EQ(ClusterWarning(3, c, 7),
-            "node 3: 30 of 40 cluster lookups found; 50 not asked (store down, or lookups paused after an "
+            "node 3: 30 of 40 cluster lookups found; 50 more not asked (store down, or lookups paused after an "
             "unanswered one), 4 unavailable, 1 failed with a store error, store health not up in 4 of 12 samples "
             "(last: down), 12 pages not published (store down)");
   NodeStats::ClusterCounters unreachable = SampleCluster(40, 30, 0);  // memd's latest contact got no answer

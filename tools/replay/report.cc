@@ -513,7 +513,7 @@ std::string ClusterWarning(int64_t node, const NodeStats::ClusterCounters& c, in
                                                           : std::string("not given: memd's default")));
   }
   if (const int64_t n = c.miss("store_down"); n > 0) {
-    parts.push_back(absl::StrFormat("%d not asked (store down, or lookups paused after an unanswered one)", n));
+    parts.push_back(absl::StrFormat("%d more not asked (store down, or lookups paused after an unanswered one)", n));
   }
   if (const int64_t n = c.miss("unavailable"); n > 0) parts.push_back(absl::StrFormat("%d unavailable", n));
   if (const int64_t n = c.miss("store_error"); n > 0) {
