@@ -865,17 +865,23 @@ class BenchPrefixCommandTest(unittest.TestCase):
             self.assertIn(words, proc.stderr)
             self.assertNotIn("Traceback", proc.stderr)
 
-    def test_sigint_stops_the_child_before_the_run_dir_goes(self):
-        """Ctrl-C (SIGINT to bench_prefix): the running dhs-replay gets SIGINT and is waited for while its run
-        directory still exists (so memd can drop its pool), then bench_prefix exits 130 without a traceback."""
-        import signal
+    def start_bench_until_the_stub_runs(self, plan):
+        """bench_prefix started with the stub's `plan` for the resident run; returns (process, mark path) once the
+        stub dhs-replay has started (mark + ".started")."""
         import time
         mark = os.path.join(self.dir, "mark")
-        env = dict(os.environ, STUB_PLAN=json.dumps({"resident": "wait"}), STUB_MARK=mark, TMPDIR=self.dir)
+        env = dict(os.environ, STUB_PLAN=json.dumps({"resident": plan}), STUB_MARK=mark, TMPDIR=self.dir)
         proc = subprocess.Popen(self.bench_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         deadline = time.monotonic() + 30
         while not os.path.exists(mark + ".started") and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.02)
+        return proc, mark
+
+    def test_sigint_stops_the_child_before_the_run_dir_goes(self):
+        """Ctrl-C (SIGINT to bench_prefix): the running dhs-replay gets SIGINT and is waited for while its run
+        directory still exists (so memd can drop its pool), then bench_prefix exits 130 without a traceback."""
+        import signal
+        proc, mark = self.start_bench_until_the_stub_runs("wait")
         self.assertTrue(os.path.exists(mark + ".started"))
         proc.send_signal(signal.SIGINT)  # to bench_prefix only: it must pass it on
         _, err = proc.communicate(timeout=30)
@@ -889,13 +895,7 @@ class BenchPrefixCommandTest(unittest.TestCase):
         """A pool segment of the interrupted run's directory still there once dhs-replay exited (memd killed, or it
         kept its pool) is removed: the run is abandoned and its directory goes next."""
         import signal
-        import time
-        mark = os.path.join(self.dir, "mark")
-        env = dict(os.environ, STUB_PLAN=json.dumps({"resident": "wait-keep"}), STUB_MARK=mark, TMPDIR=self.dir)
-        proc = subprocess.Popen(self.bench_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(mark + ".started") and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.02)
+        proc, mark = self.start_bench_until_the_stub_runs("wait-keep")
         with open(mark + ".segment") as f:
             segment = f.read()
         try:

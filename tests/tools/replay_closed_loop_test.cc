@@ -99,6 +99,14 @@ PrefixWorkload Workload() {
   return w;
 }
 
+// The driver's options of these tests: request ids from `first_request_id`, no progress line.
+DriverOptions QuietOptions(RequestId first_request_id) {
+  DriverOptions options;
+  options.first_request_id = first_request_id;
+  options.on_progress = nullptr;
+  return options;
+}
+
 TEST(PrefixWorkloadTest, TracesHoldOnePrefixPerRequestAndDistinctRows) {
   const PrefixWorkload w = Workload();
   const Trace prep = PreparationTrace(w);
@@ -156,9 +164,7 @@ TEST(PrefixWorkloadTest, ASecondPointOnTheSameNodeImportsItsPreparationAndKeepsI
   PrefixWorkload w = Workload();
   w.sessions = 0;
   w.sessions_per_c = 2;
-  DriverOptions options;
-  options.on_progress = nullptr;
-  options.first_request_id = SweepFirstRequestId(0);
+  DriverOptions options = QuietOptions(SweepFirstRequestId(0));
   auto first = RunPrefixWorkload(&node, &clock, options, w, 2, 8);
   ASSERT_TRUE(first.ok()) << first.status();
   options.first_request_id = SweepFirstRequestId(1);
@@ -191,9 +197,7 @@ TEST(PrefixWorkloadTest, ASecondPointOnTheSameNodeImportsItsPreparationAndKeepsI
 TEST(PrefixWorkloadTest, RunsPreparationThenClosedLoopAndReportsTheWindowOnly) {
   FakeClock clock;
   FakeNode node(&clock, 100);
-  DriverOptions options;
-  options.first_request_id = 1;
-  options.on_progress = nullptr;
+  const DriverOptions options = QuietOptions(1);
   const PrefixWorkload w = Workload();
   auto run = RunPrefixWorkload(&node, &clock, options, w, /*concurrency=*/4, /*preparation_concurrency=*/8);
   ASSERT_TRUE(run.ok()) << run.status();
@@ -228,9 +232,7 @@ TEST(PrefixWorkloadTest, SessionsAdmittedAreTheWindowsNotThePreparations) {
   // at a time. The node's peak since the client connected is 3: the window's figure must be 1.
   FakeClock clock;
   FakeNode node(&clock, 100);
-  DriverOptions options;
-  options.first_request_id = 1;
-  options.on_progress = nullptr;
+  const DriverOptions options = QuietOptions(1);
   auto run = RunPrefixWorkload(&node, &clock, options, Workload(), /*concurrency=*/1, /*preparation_concurrency=*/4);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->preparation.stats.sessions_admitted_max, 3);  // the preparation's own peak, reported apart

@@ -42,6 +42,18 @@ def replay(exe, tmp, tag, extra):
     return report, rows
 
 
+def run_json(exe, args, out, failures, what):
+    """dhs-replay with `args` writing its report to `out`: the report, or None with a failure naming `what` (its
+    stderr's tail printed) when it exited non-zero."""
+    proc = subprocess.run([exe, *args, "--json", out], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        failures.append(f"{what}: dhs-replay exited {proc.returncode}")
+        return None
+    with open(out) as f:
+        return json.load(f)
+
+
 def workload_args(mode):
     return ["--mode", mode, "--prefixes", str(PREFIXES), "--prefix-tokens", str(PREFIX_TOKENS),
             "--prefix-block-tokens", str(BLOCK), "--suffix-tokens", str(SUFFIX), "--session-output-tokens", str(OUTPUT),
@@ -110,15 +122,9 @@ def main():
         out, outputs = os.path.join(tmp, "sweep.json"), os.path.join(tmp, "sweep.outputs")
         args = workload_args("adaptive")
         del args[args.index("--sessions"):args.index("--sessions") + 2]  # per point: --sessions-per-c
-        proc = subprocess.run([exe, *args, "--sweep", "1,2", "--sessions-per-c", "2", "--slots", "2", "--hbm-budget",
-                               BUDGET, "--json", out, "--outputs", outputs], capture_output=True, text=True,
-                              timeout=300)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-4000:])
-            failures.append(f"sweep: dhs-replay exited {proc.returncode}")
-        else:
-            with open(out) as f:
-                points = json.load(f)
+        points = run_json(exe, [*args, "--sweep", "1,2", "--sessions-per-c", "2", "--slots", "2", "--hbm-budget", BUDGET,
+                                "--outputs", outputs], out, failures, "sweep")
+        if points is not None:
             blocks = PREFIXES * (PREFIX_TOKENS // BLOCK)
             got = [(p["settings"]["concurrency"], p["prefix_workload"]["sessions"],
                     p["prefix_workload"]["preparation_blocks_computed"],
@@ -143,15 +149,10 @@ def main():
         # Sessions admitted are the window's (review D1): 4 prefixes prepared 4 at once (--slots 4), then C = 1: memd's
         # peak since the client connected is 4, the window's is 1.
         out = os.path.join(tmp, "c1.json")
-        proc = subprocess.run([exe, "--mode", "adaptive", "--prefixes", "4", "--prefix-tokens", str(PREFIX_TOKENS),
-                               "--prefix-block-tokens", str(BLOCK), "--sessions", "4", "--concurrency", "1", "--slots",
-                               "4", "--hbm-budget", BUDGET, "--json", out], capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-4000:])
-            failures.append(f"C = 1 over 4 prefixes: dhs-replay exited {proc.returncode}")
-        else:
-            with open(out) as f:
-                report = json.load(f)
+        report = run_json(exe, ["--mode", "adaptive", "--prefixes", "4", "--prefix-tokens", str(PREFIX_TOKENS),
+                                "--prefix-block-tokens", str(BLOCK), "--sessions", "4", "--concurrency", "1", "--slots",
+                                "4", "--hbm-budget", BUDGET], out, failures, "C = 1 over 4 prefixes")
+        if report is not None:
             got = (report.get("sessions_admitted_max"), (report.get("prefix_workload") or {}).get("in_flight_max"),
                    report.get("requests_served"))
             if got != (1, 1, 4):
