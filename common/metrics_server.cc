@@ -4,10 +4,9 @@
 
 #include <chrono>
 #include <charconv>
-#include <cstdio>
-#include <fstream>
 
 #include "absl/strings/str_format.h"
+#include "common/atomic_file.h"
 #include "httplib.h"
 
 namespace dhs {
@@ -61,16 +60,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(std::string_
 std::string MetricsServer::bound_address() const { return absl::StrFormat("%s:%d", host_, port_); }
 
 absl::Status MetricsServer::WriteAddressFile(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << bound_address() << "\n";
-    if (!out.flush()) return absl::InternalError(absl::StrFormat("cannot write %s", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrFormat("cannot rename %s to %s", tmp, path));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, bound_address() + "\n", 0644);
 }
 
 MetricsServer::~MetricsServer() {

@@ -43,7 +43,8 @@ class MetricsServer {
   // "HOST:PORT" as bound (the ephemeral port resolved).
   std::string bound_address() const;
   // Writes bound_address() and a newline to `path` whole (a temporary file renamed into place: a reader never sees
-  // it half-written; memd: RUN_DIR/memd.metrics, workerd: RUN_DIR/worker-<gpu>.metrics). Errors: INTERNAL (I/O).
+  // it half-written; memd: RUN_DIR/memd.metrics, workerd: RUN_DIR/worker-<gpu>.metrics; common/atomic_file.h).
+  // Errors: WriteFileAtomically's (NOT_FOUND, PERMISSION_DENIED, INTERNAL, with errno's text).
   absl::Status WriteAddressFile(const std::string& path) const;
   const std::string& host() const { return host_; }
 
