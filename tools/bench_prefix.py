@@ -352,10 +352,10 @@ def measure(args, log=sys.stderr, saved=None):
     work = (getattr(args, "work_dir", "") or args.json + ".runs") if keep else tmp_dir
     os.makedirs(work, exist_ok=True)
     spec_c = [int(x) for x in str(getattr(args, "spec_concurrency", "") or "").split(",") if x] or conc
-    # Speculation at its own context and output length (the synthetic proposer catches its private session up 64
-    # tokens a round before it proposes: a long prefix with a few output tokens would verify no proposal at all),
-    # against plain adaptive at the same settings ("adaptive+base"), each checked exact against resident at those
-    # settings ("resident+base").
+    # Speculation at its own context and output length (the synthetic proposer starts a session from its prepared
+    # prefix, copied from the worker's row cache, then catches up its own tokens 64 a round before it proposes: a
+    # few output tokens leave few rounds to verify), against plain adaptive at the same settings ("adaptive+base"),
+    # each checked exact against resident at those settings ("resident+base").
     result.update({"spec_context": spec_ctx, "spec_output_tokens": spec_out, "spec_hbm_budget_bytes": spec_budget})
     try:
         for rnd in range(repeats):  # a round: every sweep once, so a round's ratios compare runs minutes apart only

@@ -93,12 +93,13 @@ SIZES = {
         # Issue 27 (the seed's regime): what fits this 2-core machine; docs/performance.md says what it is not.
         # dsv4flash-like: bench-wide's KV geometry (same rows, index keys, sources, k, window: the same bytes per
         # token, so the same memory regime) with a narrow hidden state, so 32K-token prefixes prefill in minutes.
-        # Speculation at 1K-token prefixes and 64 output tokens (the synthetic proposer catches up 64 tokens a round
-        # before it proposes) under a budget of 8 resident histories of that length, so that from C = 16 not every
-        # session fits and N_spec / N_base measures speculation's memory (its staging share).
+        # Speculation at the 4K-token prefixes and 64 output tokens (the synthetic proposer starts each session from
+        # the prepared prefix the worker's row cache holds, then catches up the 16 own tokens) under a budget of 8
+        # resident histories of that length, so that from C = 16 not every session fits and N_spec / N_base
+        # measures speculation's memory (its staging share).
         "prefix": dict(preset="dsv4flash-like", prefixes=1, contexts="4096,32768", concurrency="1,4,8,16,32,64",
                        sessions_per_c=2, suffix_tokens=16, output_tokens=8, resident_sessions=3, hbm_budget="",
-                       speculation=True, spec_concurrency="4,16,32,64", spec_context=1024, spec_output_tokens=64,
+                       speculation=True, spec_concurrency="1,4,8,16,32,64", spec_context=4096, spec_output_tokens=64,
                        spec_resident_sessions=8, sample_every=2, repeats=2),
         # Issue 24 (tools/bench_prefix_sharing.py): the 200-request Mooncake slice at 1/16 of its lengths (32-token
         # blocks: two to a 64-row host page) and the prepared-prefix workload, sharing off against on, hisparse and

@@ -46,6 +46,12 @@ const PrefixBlock* PrefixRowCache::Find(std::span<const uint64_t> chain, uint32_
   return &e->block;
 }
 
+const PrefixBlock* PrefixRowCache::Peek(std::span<const uint64_t> chain, uint32_t block_tokens,
+                                         std::string_view tenant) {
+  Lru::iterator e = Lookup(chain, block_tokens, tenant);
+  return e == lru_.end() ? nullptr : &e->block;
+}
+
 bool PrefixRowCache::Insert(std::span<const uint64_t> chain, uint32_t block_tokens, PrefixBlock block,
                             std::string_view tenant) {
   const uint64_t size = block.bytes();

@@ -66,6 +66,10 @@ class PrefixRowCache {
   // `tenant` (SubmitRequest.tenant, empty = the default) is part of the key: another tenant's block is a miss.
   const PrefixBlock* Find(std::span<const uint64_t> chain, uint32_t block_tokens, std::string_view tenant = {});
 
+  // The block of (chain, block_tokens, tenant) like Find, but neither counted nor moved in the LRU order: a read on
+  // another's behalf (the synthetic proposer's copy of a request's prefix, issue 27), not a use by a request.
+  const PrefixBlock* Peek(std::span<const uint64_t> chain, uint32_t block_tokens, std::string_view tenant = {});
+
   // Stores `block` for (chain, block_tokens), evicting least recently used blocks until it fits. A block larger than
   // the capacity, or a chain already present, is not stored. Returns whether it was stored.
   bool Insert(std::span<const uint64_t> chain, uint32_t block_tokens, PrefixBlock block, std::string_view tenant = {});

@@ -63,6 +63,23 @@ void PrefixImporter::InsertCaptured(WorkerRequest& r, std::span<const uint64_t> 
   ++recorder_->counts().prefix_blocks_computed;
 }
 
+absl::StatusOr<Position> PrefixImporter::CopyCachedPrefix(const WorkerRequest& r, model::ModelSession& session,
+                                                          KvAccess& kv) {
+  const Position block = static_cast<Position>(r.prefix.block_tokens);
+  if (cache_.capacity_bytes() == 0 || block == 0 || r.input.empty()) return Position{0};
+  const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix.tokens);
+  Position copied = 0;
+  for (size_t b = 0; b < r.prefix.hash_ids.size() && copied + block <= last; ++b, copied += block) {
+    const PrefixBlock* hit =
+        cache_.Peek(std::span<const uint64_t>(r.prefix.hash_ids.data(), b + 1), r.prefix.block_tokens, r.prefix.tenant);
+    if (hit == nullptr) break;
+    if (absl::Status s = model_->ImportRows(session, r.prefix.block_tokens, hit->rows, hit->keys, kv); !s.ok()) {
+      return s;
+    }
+  }
+  return copied;
+}
+
 absl::Status PrefixImporter::ImportChunk(WorkerRequest& r, KvAccess& kv) {
   // The prefix ends at prefix.tokens; the last input token is always fed by a Step (its logits start decoding).
   const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix.tokens);

@@ -54,6 +54,13 @@ class PrefixImporter {
   // ends r).
   absl::Status ImportChunk(WorkerRequest& r, KvAccess& kv);
 
+  // The leading whole blocks of r's prepared prefix that the row cache holds (blocks 0, 1, .. up to the first one it
+  // does not hold; never the last input token's), copied into `session`, a fresh session of the same model, on `kv`
+  // (Model::ImportRows: no compute). For a proposer's private copy of r's history (DraftRequest::import_history,
+  // issue 27). The cache is only read (PrefixRowCache::Peek): no counter of r or of the cache moves. Returns the
+  // positions copied (0 when the cache is off or holds none, or r names no chain). Errors: the model's.
+  absl::StatusOr<Position> CopyCachedPrefix(const WorkerRequest& r, model::ModelSession& session, KvAccess& kv);
+
  private:
   // Whole block `first / block` of r through the cache when r.fed == first: imported when cached (true), else its
   // capture opened (false). `chain`: the block's chain hash_ids[0..b].

@@ -130,7 +130,8 @@ std::vector<std::optional<spec::DraftResult>> SpeculativeRounds::Propose(std::sp
     const int64_t width = std::max<int64_t>(1, std::min(step_width, c.remaining));  // K_r: what it may still emit
     if (!Admit(*c.state, c.key.frontier, width)) continue;
     const std::vector<model::Token>& all = histories.emplace_back(c.tokens());
-    drafts.push_back(spec::DraftRequest{c.state->slot, c.key, all, c.state->target_hidden, width - 1, c.greedy});
+    drafts.push_back(spec::DraftRequest{c.state->slot, c.key, all, c.state->target_hidden, width - 1, c.greedy,
+                                        c.import_history});
     which.push_back(i);
   }
   if (drafts.empty()) return out;

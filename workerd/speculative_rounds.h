@@ -69,6 +69,8 @@ struct RoundCandidate {
   int64_t remaining = 0;                     // tokens it may still emit (max_new - generated)
   bool greedy = true;
   std::function<std::vector<model::Token>()> tokens;  // every token so far, asked only when its round opens
+  // Its prepared prefix copied into a proposer's private session (spec::DraftRequest::import_history); may be empty.
+  std::function<absl::StatusOr<Position>(model::ModelSession&, KvAccess&)> import_history;
 };
 
 // One request's verified round, as Finish needs it.

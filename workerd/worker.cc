@@ -239,7 +239,10 @@ void Worker::AddProposals(std::vector<BatchItem>& items) {
     const int64_t remaining = static_cast<int64_t>(r.max_new) - static_cast<int64_t>(r.out.generated.size());
     candidates.push_back(RoundCandidate{&r.spec, r.id, &*r.session,
                                         spec::RoundKey{r.sampling.seed, r.client_id, r.fed}, remaining,
-                                        r.sampling.greedy, [&r] { return r.Tokens(); }});
+                                        r.sampling.greedy, [&r] { return r.Tokens(); },
+                                        [this, &r](model::ModelSession& s, KvAccess& kv) {
+                                          return prefixes_->CopyCachedPrefix(r, s, kv);
+                                        }});
     which.push_back(&item);
   }
   int64_t joining = 0;  // the online width's load: granted soon (sent to memd and not told to wait)

@@ -16,6 +16,11 @@ And a sweep on one node (--sweep 1,2 --sessions-per-c 2, adaptive): the prefixes
 (8 blocks computed, 0 imported), the second point's preparation imports all 8 and computes none; each point's
 sessions (max(2, 2 x C): 2 and 4) and outputs in OUT.c1 / OUT.c2, equal to the resident run's for the same rows.
 And sessions admitted count the measured window only: 4 prefixes prepared 4 at once, then C = 1 admits 1 (not 4).
+And speculation over the prepared prefixes (adaptive, --speculate synthetic, corruption 0, K = 4): the synthetic
+proposer starts each session from the prefix in the worker's row cache, so every session speculates from its first
+decode step: 4 rounds of widths 4, 4, 4, 3 for its 15 tokens after the first, every proposal accepted (8 x 4 = 32
+rounds, 8 x 11 = 88 proposals); without the copy it would first catch up 264 tokens 64 a round. Exact against
+resident.
 Usage: replay_prefix_workload_test.py DHS_REPLAY"""
 import json
 import os
@@ -158,6 +163,22 @@ def main():
             if got != (1, 1, 4):
                 failures.append(f"C = 1 over 4 prefixes: (sessions_admitted_max, in_flight_max, served) {got}, "
                                 "want (1, 1, 4): the window admits one session at a time")
+        # Speculation over the prepared prefixes: the proposer starts from the copied prefix (issue 27).
+        out, outputs = os.path.join(tmp, "spec.json"), os.path.join(tmp, "spec.outputs")
+        report = run_json(exe, [*workload_args("adaptive"), "--concurrency", str(C), "--hbm-budget", BUDGET,
+                                "--speculate", "synthetic", "--spec-corruption", "0", "--block", "4", "--outputs",
+                                outputs], out, failures, "speculation")
+        if report is not None:
+            want_rounds = SESSIONS * 4  # K_r = min(4, tokens left): 4, 4, 4, 3 after the first token
+            got = (report.get("rounds"), report.get("proposals"), report.get("block_width"))
+            want = (want_rounds, {"verified": SESSIONS * 11, "accepted": SESSIONS * 11}, {"4": SESSIONS * 3, "3": SESSIONS})
+            if got != want:
+                failures.append(f"speculation over prepared prefixes: (rounds, proposals, block widths) {got}, want "
+                                f"{want}: every session speculates from its first decode step")
+            with open(outputs) as f:
+                rows = {r["trace_index"]: r for r in map(json.loads, filter(None, f.read().splitlines()))}
+            failures += [f"speculation: session row {i} differs from resident" for i in range(PREFIXES, PREFIXES + SESSIONS)
+                         if i not in rows or i not in res_rows or not same(rows[i], res_rows[i])]
         # The workload's settings are checked: a prefix not a multiple of the block is refused with exit 2.
         bad = subprocess.run([exe, "--prefixes", "1", "--prefix-tokens", "100", "--prefix-block-tokens", "64"],
                              capture_output=True, text=True, timeout=60)

@@ -13,6 +13,7 @@
 
 #include "tests/workerd/kv_test_util.h"
 #include "tests/workerd/worker_test_util.h"
+#include "workerd/prefix_cache.h"
 #include "workerd/speculation/acceptance.h"
 
 namespace dhs {
@@ -335,6 +336,75 @@ TEST(SyntheticProposer, CatchesUpInBoundedStepsThenProposesTheGreedyContinuation
     EXPECT_EQ((*proposer)->Commit(1, 5).code(), absl::StatusCode::kInvalidArgument);  // more than proposed
     ASSERT_TRUE((*proposer)->Commit(1, 4).ok());
   }
+}
+
+// Issue 27: a slot whose request can import its prepared prefix (DraftRequest::import_history) starts from the copied
+// rows: over a 24-token prefix of a 30-token prompt it catches up 6 tokens, so its first call already proposes the
+// greedy continuation, where the same request without the import needs 4 calls (the test above). The rows copied are
+// captured from a resident run of the prefix (RowCapture, the row cache's own capture), the keys from its session.
+TEST(SyntheticProposer, StartsFromTheImportedPreparedPrefix) {
+  auto m = test::MakePresetModel("dsv4flash-like");
+  const model::ModelConfig& mc = m->config();
+  std::vector<uint8_t> p = test::Prompt(30, 9);
+  const std::vector<model::Token> prompt(p.begin(), p.end());
+  const test::Generated want = test::Oracle(*m, prompt, 8);
+  constexpr uint32_t kPrefix = 24;
+  PrefixBlock block;
+  block.tokens = kPrefix;
+  block.rows.resize(static_cast<size_t>(mc.n_sources()));
+  {
+    auto kv = model::ResidentKvAccess::ForModel(mc, size_t{8} << 20, 16);
+    model::ModelSession s = m->NewSession(7);
+    RowCapture capture(kv.get(), 7, &block);
+    ASSERT_TRUE(m->ImportPrefix(s, std::span<const model::Token>(prompt.data(), kPrefix), capture).ok());
+    for (int i = 0; i < mc.n_indexers(); ++i) {
+      std::span<const float> keys = s.index_keys(i).first(static_cast<size_t>(kPrefix) * mc.idx_dim);
+      block.keys.emplace_back(keys.begin(), keys.end());
+    }
+  }
+  std::vector<model::Token> tokens = prompt;
+  tokens.push_back(want.tokens[0]);  // the anchor at position 30
+  auto proposer = spec::SyntheticProposer::Create(m.get(), 2, 0.0, size_t{8} << 20, /*catch_up_tokens=*/8);
+  ASSERT_TRUE(proposer.ok()) << proposer.status();
+  int imports = 0;
+  spec::DraftRequest r{1, spec::RoundKey{3, 42, 30}, tokens, {}, 4};
+  r.import_history = [&](model::ModelSession& s, KvAccess& kv) -> absl::StatusOr<Position> {
+    ++imports;
+    if (absl::Status st = m->ImportRows(s, kPrefix, block.rows, block.keys, kv); !st.ok()) return st;
+    return Position{kPrefix};
+  };
+  spec::DraftResult out;
+  ASSERT_TRUE((*proposer)->Propose({&r, 1}, {&out, 1}).ok());
+  ASSERT_EQ(out.tokens.size(), 4u);  // the first call proposes
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(out.tokens[j], want.tokens[j + 1]) << j;
+  EXPECT_EQ((*proposer)->imported_positions(), kPrefix);
+  EXPECT_EQ((*proposer)->reference_positions(), 6u + 4u);  // the suffix caught up, then the anchor and 3 proposals
+  ASSERT_TRUE((*proposer)->Commit(1, 2).ok());
+  // The next round continues the same slot: nothing imported again.
+  tokens.insert(tokens.end(), want.tokens.begin() + 1, want.tokens.begin() + 4);  // 2 accepted + the next anchor
+  r.tokens = tokens;
+  r.key.frontier = 33;
+  ASSERT_TRUE((*proposer)->Propose({&r, 1}, {&out, 1}).ok());
+  ASSERT_EQ(out.tokens.size(), 4u);
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(out.tokens[j], want.tokens[j + 4]) << j;
+  EXPECT_EQ(imports, 1);
+  ASSERT_TRUE((*proposer)->Commit(1, 0).ok());
+
+  // An import that claims the whole history (the anchor included) or fails is the caller's error, returned; the failed
+  // call resets the slot to an empty session, so the next call catches up by itself (no import is tried again).
+  (*proposer)->Release(1);
+  r.import_history = [&](model::ModelSession&, KvAccess&) -> absl::StatusOr<Position> {
+    return static_cast<Position>(r.tokens.size());
+  };
+  EXPECT_EQ((*proposer)->Propose({&r, 1}, {&out, 1}).code(), absl::StatusCode::kInternal);
+  (*proposer)->Release(1);
+  r.import_history = [](model::ModelSession&, KvAccess&) -> absl::StatusOr<Position> {
+    return absl::DataLossError("row cache broken");
+  };
+  EXPECT_EQ((*proposer)->Propose({&r, 1}, {&out, 1}).code(), absl::StatusCode::kDataLoss);
+  r.import_history = nullptr;
+  ASSERT_TRUE((*proposer)->Propose({&r, 1}, {&out, 1}).ok());
+  EXPECT_TRUE(out.tokens.empty());  // 33 history tokens, 8 a call
 }
 
 }  // namespace

@@ -586,8 +586,8 @@ std::string FormatSummary(const ReplayReport& r) {
                           f.accepted, f.proposed, f.proposer_s, widths.empty() ? " none" : widths);
     if (f.rounds == 0) {  // issue 27 review: said, not left to a reader of "0 rounds"
       absl::StrAppend(&out, "  warning: speculation was on but no speculative round was verified: this run measured "
-                            "plain decoding (a proposer that first catches up over a long prompt, such as a prepared "
-                            "prefix, proposes nothing within a short output)\n");
+                            "plain decoding (a proposer that first catches up over a long prompt it cannot copy, such as "
+                            "the drafter over a prepared prefix, proposes nothing within a short output)\n");
     }
   }
   if (r.census) {

@@ -17,12 +17,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/types.h"
+#include "workerd/kv_access.h"
 #include "workerd/model/config.h"
+#include "workerd/model/model.h"
 #include "workerd/speculation/acceptance.h"
 
 namespace dhs::spec {
@@ -38,6 +42,12 @@ struct DraftRequest {
   std::span<const float> target_hidden;
   int64_t max_proposals = 0;                   // K_r - 1 >= 0
   bool greedy = false;                         // a greedy request: argmax proposals (one-hot q) if the proposer draws
+  // Optional (issue 27): copies the request's prepared prefix, rows the target already computed once (the worker's
+  // prefix row cache), into a fresh private session of the target model on the given KV store, without compute
+  // (Model::ImportRows), and returns the positions copied: 0 .. n-1 of `tokens`, n < tokens.size() (0: none). A
+  // proposer that keeps a private copy of the target's history (the synthetic proposer) calls it when it starts the
+  // request's slot, instead of recomputing those positions. Errors: the model's.
+  std::function<absl::StatusOr<Position>(model::ModelSession&, KvAccess&)> import_history;
 };
 
 // What a proposer returns for one DraftRequest: tokens.size() <= max_proposals (fewer in confidence mode);

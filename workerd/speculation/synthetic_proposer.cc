@@ -76,6 +76,22 @@ void SyntheticProposer::Reset(Slot& slot, RequestId request) {
   slot.session.emplace(model_->NewSession(index + 1));
 }
 
+absl::Status SyntheticProposer::Start(Slot& slot, const DraftRequest& r) {
+  Reset(slot, r.key.request);
+  if (!r.import_history) return absl::OkStatus();
+  absl::StatusOr<Position> copied = r.import_history(*slot.session, kv_);
+  if (!copied.ok()) return copied.status();
+  const auto n = static_cast<size_t>(*copied);
+  if (n >= r.tokens.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "synthetic proposer: request %d's prepared prefix copied %d positions, its history holds %d", r.key.request, n,
+        r.tokens.size()));
+  }
+  slot.fed.assign(r.tokens.begin(), r.tokens.begin() + static_cast<std::ptrdiff_t>(n));
+  imported_positions_ += n;
+  return absl::OkStatus();
+}
+
 absl::Status SyntheticProposer::CatchUp(std::span<const DraftRequest> batch, std::vector<bool>& ready) {
   std::vector<model::StepInput> in;
   std::vector<Slot*> who;
@@ -161,16 +177,17 @@ absl::Status SyntheticProposer::Propose(std::span<const DraftRequest> batch, std
           absl::StrFormat("synthetic proposer: slot %d proposes before its last round was committed", r.slot));
     }
   }
+  absl::Status st;
   for (const DraftRequest& r : batch) {  // a slot whose history is not a prefix of the request's starts again
     Slot& s = slots_[static_cast<size_t>(r.slot)];
-    if (s.request != r.key.request || !s.session || s.fed.size() >= r.tokens.size() ||
-        !std::equal(s.fed.begin(), s.fed.end(), r.tokens.begin())) {
-      Reset(s, r.key.request);
+    if (st.ok() && (s.request != r.key.request || !s.session || s.fed.size() >= r.tokens.size() ||
+                    !std::equal(s.fed.begin(), s.fed.end(), r.tokens.begin()))) {
+      st = Start(s, r);
     }
   }
   std::vector<std::vector<model::Token>> continuation;
   std::vector<bool> ready;
-  absl::Status st = CatchUp(batch, ready);
+  if (st.ok()) st = CatchUp(batch, ready);
   if (st.ok()) st = Continue(batch, ready, continuation);
   if (!st.ok()) {
     for (const DraftRequest& r : batch) Reset(slots_[static_cast<size_t>(r.slot)], r.key.request);

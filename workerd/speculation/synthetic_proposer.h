@@ -17,8 +17,10 @@
 // SyntheticProposals. Per Propose batch: one batched Step feeds each slot's newly committed tokens before the
 // anchor, then max_proposals batched one-token Steps feed the anchor and extend the greedy continuation, which is
 // then rolled back to the anchor (Model::BeginVerification / EndVerification): the private session holds committed
-// tokens only. Its compute
-// is about K_r target steps per round (not a drafter's cost: benchmarks report the proposer's time apart).
+// tokens only. Its compute is about K_r target steps per round (not a drafter's cost: benchmarks report the
+// proposer's time apart). A slot starts from the request's prepared prefix when the DraftRequest can import it
+// (DraftRequest::import_history, issue 27): over a 32K-token prepared prefix the slot then catches up its own suffix
+// only, instead of (L + suffix) / catch_up rounds of nothing.
 #pragma once
 
 #include <memory>
@@ -63,6 +65,8 @@ class SyntheticProposer final : public Proposer {
 
   // Positions the private sessions fed, continuation steps included (the proposer's cost, in target positions).
   uint64_t reference_positions() const { return reference_positions_; }
+  // Positions copied into the private sessions from prepared prefixes (DraftRequest::import_history; not computed).
+  uint64_t imported_positions() const { return imported_positions_; }
 
  private:
   struct Slot {
@@ -74,6 +78,8 @@ class SyntheticProposer final : public Proposer {
   };
   SyntheticProposer(const model::Model* model, int slots, double corruption, size_t arena_bytes, int64_t catch_up);
   void Reset(Slot& slot, RequestId request);
+  // Reset, then r's prepared prefix copied into the slot's session when r can import it (r.import_history).
+  absl::Status Start(Slot& slot, const DraftRequest& r);
   // Feeds each slot's tokens beyond `fed` up to the anchor, excluded, at most catch_up_ per slot (one batched
   // Step). ready[b]: slot b's session holds every token before the anchor.
   absl::Status CatchUp(std::span<const DraftRequest> batch, std::vector<bool>& ready);
@@ -88,6 +94,7 @@ class SyntheticProposer final : public Proposer {
   model::ResidentKvAccess kv_;
   std::vector<Slot> slots_;
   uint64_t reference_positions_ = 0;
+  uint64_t imported_positions_ = 0;
 };
 
 }  // namespace dhs::spec
