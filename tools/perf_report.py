@@ -47,7 +47,7 @@ Usage: tools/perf_report.py [--quick] [--build build] [--out docs/performance.md
                             [--figures FILE] [--from-json FIGURES]
 --quick: tiny sizes (about 2 minutes; not for conclusions), written to build/perf-quick/ unless --out is given.
 The full run takes about 30 min on a quiet 2-core machine (26 min on 2026-12-01), up to 50 min loaded, without the
-prefix section (about 45 min more for its two rounds), the prefix_sharing section (about 25 min more) and the cluster section (about 17 min more). `--sections prefix_sharing`
+prefix section (about 30 min more for its two rounds on a quiet machine, 2026-12-02; up to 45 loaded), the prefix_sharing section (about 25 min more) and the cluster section (about 17 min more). `--sections prefix_sharing`
 (or `cluster`) measures that section alone and renders the document again from the saved figures of the others (their
 text unchanged). Needs python3-matplotlib (checked before anything runs).
 Run it from the repository root. Exit status: 0 written (a benchmark or replay that failed is printed to stderr and
