@@ -284,7 +284,8 @@ def check_exact(point, work, every):
     # A speculative point and its plain base ("adaptive+base") against resident at the speculation's own settings
     # ("resident+base": its context, output length, budget and sessions); a speculative point also against its plain
     # base (`exact_vs_adaptive`). The main sweep's points against resident of the same point.
-    if point["mode"] == SPEC_RESIDENT:
+    if is_reference(point["mode"]):  # resident is the reference: compared with itself it would count as exact
+        point.pop("exact_sample", None)
         return
     ref = path(SPEC_RESIDENT if "+" in point["mode"] else "resident")
     if os.path.exists(path(point["mode"])) and os.path.exists(ref):
@@ -587,6 +588,28 @@ def positive_int(text):
     return v
 
 
+def nonnegative_int(text):
+    """argparse type: an integer >= 0 (0: the option's default)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is not >= 0")
+    return v
+
+
+def nonnegative_float(text):
+    """argparse type: a finite number >= 0 (0: the option's default)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (v >= 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"{v} is not a finite number >= 0")
+    return v
+
+
 def positive_int_list(text):
     """argparse type: comma-separated integers >= 1 (at least one), kept as the text measure() splits."""
     words = [w for w in str(text).split(",") if w.strip()]
@@ -622,11 +645,11 @@ def main():
     ap.add_argument("--speculation", action="store_true",
                     help="also adaptive with speculation (schedule, online), at the first context length")
     ap.add_argument("--spec-concurrency", type=optional_positive_int_list, default="", help="with --speculation: only at these C (default every C)")
-    ap.add_argument("--spec-context", type=int, default=0, help="with --speculation: its prefix length (default the "
+    ap.add_argument("--spec-context", type=nonnegative_int, default=0, help="with --speculation: its prefix length (default the "
                     "first context)")
-    ap.add_argument("--spec-output-tokens", type=int, default=0, help="with --speculation: output tokens per session "
+    ap.add_argument("--spec-output-tokens", type=nonnegative_int, default=0, help="with --speculation: output tokens per session "
                     "(default --output-tokens)")
-    ap.add_argument("--spec-resident-sessions", type=float, default=0,
+    ap.add_argument("--spec-resident-sessions", type=nonnegative_float, default=0,
                     help="with --speculation: size its budget so resident holds this many histories of the "
                          "speculation's context (default: the main budget)")
     ap.add_argument("--spec-hbm-budget", default="", help="with --speculation: its GPU KV budget, bytes (overrides "

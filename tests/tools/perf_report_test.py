@@ -409,6 +409,11 @@ class PerfReportTest(unittest.TestCase):
         self.assertEqual(check("adaptive+schedule", 3), ({"compared": 2, "differ": 0}, {"compared": 2, "differ": 0}))
         self.assertEqual(check("adaptive+base"), ({"compared": 2, "differ": 1}, None))
         self.assertEqual(check("resident+base"), (None, None))  # the reference itself
+        write("resident", ref)  # the main sweep's reference: never compared with itself (a saved count is dropped)
+        point = {"context": 256, "concurrency": 4, "mode": "resident", "round": 0,
+                 "exact_sample": {"compared": 2, "differ": 0}}
+        bench_prefix.check_exact(point, self.dir, 2)
+        self.assertNotIn("exact_sample", point)
         os.remove(os.path.join(self.dir, "L256-resident-base.outputs.c4"))
         self.assertEqual(check("adaptive+schedule"), (None, {"compared": 2, "differ": 1}))  # no resident run: none
         # Summed over rounds into the summary point; the speculation table shows both.

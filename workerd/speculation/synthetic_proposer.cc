@@ -80,12 +80,11 @@ absl::Status SyntheticProposer::Start(Slot& slot, const DraftRequest& r) {
   Reset(slot, r.key.request);
   if (!r.import_history) return absl::OkStatus();
   absl::StatusOr<Position> copied = r.import_history(*slot.session, kv_);
-  if (!copied.ok()) return copied.status();
-  const auto n = static_cast<size_t>(*copied);
-  if (n >= r.tokens.size()) {
-    return absl::InternalError(absl::StrFormat(
-        "synthetic proposer: request %d's prepared prefix copied %d positions, its history holds %d", r.key.request, n,
-        r.tokens.size()));
+  const size_t n = copied.ok() ? static_cast<size_t>(*copied) : 0;
+  if (!copied.ok() || n >= r.tokens.size()) {  // e.g. the private arena full: the slot catches up by itself
+    Reset(slot, r.key.request);                   // drops what the failed copy appended
+    ++import_failures_;
+    return absl::OkStatus();
   }
   slot.fed.assign(r.tokens.begin(), r.tokens.begin() + static_cast<std::ptrdiff_t>(n));
   imported_positions_ += n;
@@ -189,8 +188,8 @@ absl::Status SyntheticProposer::Propose(std::span<const DraftRequest> batch, std
   std::vector<bool> ready;
   if (st.ok()) st = CatchUp(batch, ready);
   if (st.ok()) st = Continue(batch, ready, continuation);
-  if (!st.ok()) {
-    for (const DraftRequest& r : batch) Reset(slots_[static_cast<size_t>(r.slot)], r.key.request);
+  if (!st.ok()) {  // the batch's slots start again at their next Propose (with their prefix copy, if any)
+    for (const DraftRequest& r : batch) Release(r.slot);
     return st;
   }
   for (size_t b = 0; b < batch.size(); ++b) {

@@ -58,7 +58,7 @@ class SyntheticProposer final : public Proposer {
   // Errors (Proposer): INVALID_ARGUMENT (slot outside [0, slots), out.size() != batch.size(), a slot twice, no
   // tokens), FAILED_PRECONDITION (the slot's previous round not committed), RESOURCE_EXHAUSTED (the private arena is
   // full: the slot's state is dropped, a later Propose starts it again), or the model's error. A failed call leaves
-  // every slot as it was, or reset (recomputed at its next Propose).
+  // every slot as it was, or released (started again, its prefix copied again, at its next Propose).
   absl::Status Propose(std::span<const DraftRequest> batch, std::span<DraftResult> out) override;
   absl::Status Commit(int slot, int64_t accepted) override;
   void Release(int slot) override;
@@ -67,6 +67,9 @@ class SyntheticProposer final : public Proposer {
   uint64_t reference_positions() const { return reference_positions_; }
   // Positions copied into the private sessions from prepared prefixes (DraftRequest::import_history; not computed).
   uint64_t imported_positions() const { return imported_positions_; }
+  // Slots whose copy failed (DraftRequest::import_history returned an error, or claimed the whole history): each
+  // caught up by itself instead.
+  uint64_t import_failures() const { return import_failures_; }
 
  private:
   struct Slot {
@@ -78,7 +81,8 @@ class SyntheticProposer final : public Proposer {
   };
   SyntheticProposer(const model::Model* model, int slots, double corruption, size_t arena_bytes, int64_t catch_up);
   void Reset(Slot& slot, RequestId request);
-  // Reset, then r's prepared prefix copied into the slot's session when r can import it (r.import_history).
+  // Reset, then r's prepared prefix copied into the slot's session when r can import it (r.import_history); a copy
+  // that fails leaves the slot reset (counted in import_failures), never fails the batch.
   absl::Status Start(Slot& slot, const DraftRequest& r);
   // Feeds each slot's tokens beyond `fed` up to the anchor, excluded, at most catch_up_ per slot (one batched
   // Step). ready[b]: slot b's session holds every token before the anchor.
@@ -95,6 +99,7 @@ class SyntheticProposer final : public Proposer {
   std::vector<Slot> slots_;
   uint64_t reference_positions_ = 0;
   uint64_t imported_positions_ = 0;
+  uint64_t import_failures_ = 0;
 };
 
 }  // namespace dhs::spec
