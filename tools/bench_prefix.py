@@ -577,26 +577,25 @@ def print_table(result):
         print(f"knee at L={L}: measured {k['measured_knee']}, planner {k['planner']}")
 
 
-def positive_int(text):
-    """argparse type: an integer >= 1."""
+def int_at_least(text, low):
+    """An integer >= low from `text`, else argparse.ArgumentTypeError."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is not >= 1")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"{v} is not >= {low}")
     return v
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    return int_at_least(text, 1)
 
 
 def nonnegative_int(text):
     """argparse type: an integer >= 0 (0: the option's default)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} is not >= 0")
-    return v
+    return int_at_least(text, 0)
 
 
 def nonnegative_float(text):
