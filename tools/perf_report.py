@@ -770,7 +770,7 @@ def plot_prefix_speculation(plt, pre, path):
     ax.set_ylabel("ratio to adaptive without speculation")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title("Speculation pays where N_spec/N_base > TPOT_spec/TPOT_base")
+    ax.set_title("Speculation pays where N_spec/N_base > TPOT_spec/TPOT_base", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
