@@ -63,11 +63,16 @@ void PrefixImporter::InsertCaptured(WorkerRequest& r, std::span<const uint64_t> 
   ++recorder_->counts().prefix_blocks_computed;
 }
 
+Position PrefixImporter::PrefixEnd(const WorkerRequest& r) {
+  // The prefix ends at prefix.tokens; the last input token is always fed by a Step (its logits start decoding).
+  return std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix.tokens);
+}
+
 absl::StatusOr<Position> PrefixImporter::CopyCachedPrefix(const WorkerRequest& r, model::ModelSession& session,
                                                           KvAccess& kv) {
   const Position block = static_cast<Position>(r.prefix.block_tokens);
   if (cache_.capacity_bytes() == 0 || block == 0 || r.input.empty()) return Position{0};
-  const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix.tokens);
+  const Position last = PrefixEnd(r);
   Position copied = 0;
   for (size_t b = 0; b < r.prefix.hash_ids.size() && copied + block <= last; ++b, copied += block) {
     const PrefixBlock* hit =
@@ -81,8 +86,7 @@ absl::StatusOr<Position> PrefixImporter::CopyCachedPrefix(const WorkerRequest& r
 }
 
 absl::Status PrefixImporter::ImportChunk(WorkerRequest& r, KvAccess& kv) {
-  // The prefix ends at prefix.tokens; the last input token is always fed by a Step (its logits start decoding).
-  const Position last = std::min<Position>(static_cast<Position>(r.input.size()) - 1, r.prefix.tokens);
+  const Position last = PrefixEnd(r);
   // A resume recomputes up to its next host run only (imported there); its rows bypass the row cache meanwhile.
   Position end = std::min({last, r.fed + static_cast<Position>(prefill_chunk_),
                            resumes_->NextHostRow(r.resume, static_cast<Position>(r.input.size()))});

@@ -62,6 +62,9 @@ class PrefixImporter {
   absl::StatusOr<Position> CopyCachedPrefix(const WorkerRequest& r, model::ModelSession& session, KvAccess& kv);
 
  private:
+  // Where r's imported prefix ends (exclusive): prefix.tokens, never past the last input token (fed by a Step: its
+  // logits start decoding). Precondition: r.input not empty.
+  static Position PrefixEnd(const WorkerRequest& r);
   // Whole block `first / block` of r through the cache when r.fed == first: imported when cached (true), else its
   // capture opened (false). `chain`: the block's chain hash_ids[0..b].
   absl::StatusOr<bool> ImportCached(WorkerRequest& r, std::span<const uint64_t> chain, KvAccess& kv);

@@ -76,19 +76,18 @@ void SyntheticProposer::Reset(Slot& slot, RequestId request) {
   slot.session.emplace(model_->NewSession(index + 1));
 }
 
-absl::Status SyntheticProposer::Start(Slot& slot, const DraftRequest& r) {
+void SyntheticProposer::Start(Slot& slot, const DraftRequest& r) {
   Reset(slot, r.key.request);
-  if (!r.import_history) return absl::OkStatus();
+  if (!r.import_history) return;
   absl::StatusOr<Position> copied = r.import_history(*slot.session, kv_);
   const size_t n = copied.ok() ? static_cast<size_t>(*copied) : 0;
   if (!copied.ok() || n >= r.tokens.size()) {  // e.g. the private arena full: the slot catches up by itself
     Reset(slot, r.key.request);                   // drops what the failed copy appended
     ++import_failures_;
-    return absl::OkStatus();
+    return;
   }
   slot.fed.assign(r.tokens.begin(), r.tokens.begin() + static_cast<std::ptrdiff_t>(n));
   imported_positions_ += n;
-  return absl::OkStatus();
 }
 
 absl::Status SyntheticProposer::CatchUp(std::span<const DraftRequest> batch, std::vector<bool>& ready) {
@@ -176,17 +175,16 @@ absl::Status SyntheticProposer::Propose(std::span<const DraftRequest> batch, std
           absl::StrFormat("synthetic proposer: slot %d proposes before its last round was committed", r.slot));
     }
   }
-  absl::Status st;
   for (const DraftRequest& r : batch) {  // a slot whose history is not a prefix of the request's starts again
     Slot& s = slots_[static_cast<size_t>(r.slot)];
-    if (st.ok() && (s.request != r.key.request || !s.session || s.fed.size() >= r.tokens.size() ||
-                    !std::equal(s.fed.begin(), s.fed.end(), r.tokens.begin()))) {
-      st = Start(s, r);
+    if (s.request != r.key.request || !s.session || s.fed.size() >= r.tokens.size() ||
+        !std::equal(s.fed.begin(), s.fed.end(), r.tokens.begin())) {
+      Start(s, r);
     }
   }
   std::vector<std::vector<model::Token>> continuation;
   std::vector<bool> ready;
-  if (st.ok()) st = CatchUp(batch, ready);
+  absl::Status st = CatchUp(batch, ready);
   if (st.ok()) st = Continue(batch, ready, continuation);
   if (!st.ok()) {  // the batch's slots start again at their next Propose (with their prefix copy, if any)
     for (const DraftRequest& r : batch) Release(r.slot);

@@ -83,7 +83,7 @@ class SyntheticProposer final : public Proposer {
   void Reset(Slot& slot, RequestId request);
   // Reset, then r's prepared prefix copied into the slot's session when r can import it (r.import_history); a copy
   // that fails leaves the slot reset (counted in import_failures), never fails the batch.
-  absl::Status Start(Slot& slot, const DraftRequest& r);
+  void Start(Slot& slot, const DraftRequest& r);
   // Feeds each slot's tokens beyond `fed` up to the anchor, excluded, at most catch_up_ per slot (one batched
   // Step). ready[b]: slot b's session holds every token before the anchor.
   absl::Status CatchUp(std::span<const DraftRequest> batch, std::vector<bool>& ready);
