@@ -238,6 +238,25 @@ struct Session {
     if (rc == DHS_OK && appended.contains(id)) appended[id] = first + count;
   }
 
+  // ABI 1.3: layer-wise rows of one source, or one indexer's keys (the per-source lengths are the library's to check:
+  // `appended` tracks whole appends only, a hint for plausible positions).
+  void AppendSource(bool keys) {
+    const uint64_t id = PickRequest();
+    const uint32_t source = in.Below(8) == 0 ? in.Small32(kS + 2) : in.Below(kS);
+    const uint32_t count = in.Below(16) == 0 ? in.U32() : in.Below(40);
+    int64_t first = (appended.contains(id) ? appended[id] : 0) + static_cast<int64_t>(in.Below(40)) - 2;
+    const size_t unit = keys ? kKey : kRow;
+    std::vector<uint8_t> bytes(size_t{std::min<uint32_t>(count, 64)} * unit + 64, static_cast<uint8_t>(first));
+    size_t n = std::min<size_t>(size_t{count} * unit, bytes.size() - 64);
+    if (in.Below(6) == 0) n = in.Below(static_cast<uint32_t>(bytes.size()) + 1);
+    const uint8_t* p = in.Below(16) == 0 ? nullptr : bytes.data();
+    if (keys) {
+      Check(w, dhs_request_append_keys(w, id, in.Below(8) == 0 ? in.Below(4) : 0, first, count, p, n), "append_keys");
+    } else {
+      Check(w, dhs_request_append_source(w, id, source, first, count, p, n), "append_source");
+    }
+  }
+
   void Resolve() {
     const uint32_t n_src = in.Below(4) == 0 ? in.Below(3) : 1;  // mostly one source (1.0's rule), sometimes not
     std::vector<uint32_t> sources(n_src + 1);
@@ -355,6 +374,11 @@ void SecondWorker(dhs::fuzz::Input& in) {
     case 6: c.hbm_budget_bytes = in.Small64(100000); break;
     case 7: c.mode = in.Below(4); c.backend = in.Below(4); break;
     case 8: c.sources = in.Small32(5); c.indexers = in.Small32(3); c.index_key_bytes = in.Small32(40); break;
+    case 9: {  // ABI 1.3 source groups: both sources one group, or a numbering the open refuses
+      static const uint32_t kOneGroup[kS] = {0, 0}, kBadGroups[kS] = {1, 0};
+      c.source_groups = in.Bool() ? kOneGroup : kBadGroups;
+      break;
+    }
     default: break;
   }
   c.connect_timeout_ms = 300;  // a Hello memd leaves unanswered must not starve GPU 0's worker of polls
@@ -422,8 +446,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Session s{in, g_w, {}, false, {}};
   for (int records = 0; records < 64 && !in.empty(); ++records) {
     const uint32_t op = in.Below(13);
-    if (op == 12) {
-      SecondWorker(in);
+    if (op == 12) {  // rarer records: a second worker, or (ABI 1.3) a layer-wise append of rows or keys
+      switch (in.Below(3)) {
+        case 0: SecondWorker(in); break;
+        case 1: s.AppendSource(false); break;
+        default: s.AppendSource(true); break;
+      }
     } else {
       s.Op(op);
     }

@@ -121,15 +121,22 @@ dhs::lib::EmbeddedConfig ToEmbedded(const dhs_worker_config& config) {
     c.engine_pool = static_cast<uint8_t*>(config.engine_pool);
     c.engine_pool_bytes = config.engine_pool_bytes;
   }
-  if (config.struct_size >= sizeof(dhs_worker_config)) c.model_fingerprint = config.model_fingerprint;  // 1.2
+  if (config.struct_size >= DHS_WORKER_CONFIG_SIZE_1_2) c.model_fingerprint = config.model_fingerprint;  // 1.2
+  // 1.3: the source groups, `sources` entries (read only when sources is in range: the core refuses it otherwise).
+  if (config.struct_size >= sizeof(dhs_worker_config) && config.source_groups != nullptr && config.sources >= 1 &&
+      config.sources <= 4096) {
+    c.source_groups.assign(config.source_groups, config.source_groups + config.sources);
+  }
   return c;
 }
 
-// The sizes dhs_worker_config had: this header's (1.2), 1.1's and 1.0's.
+// The sizes dhs_worker_config had: this header's (1.3), 1.2's, 1.1's and 1.0's.
 bool KnownConfigSize(uint32_t size) {
-  return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_1 || size == DHS_WORKER_CONFIG_SIZE_1_0;
+  return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_2 ||
+         size == DHS_WORKER_CONFIG_SIZE_1_1 || size == DHS_WORKER_CONFIG_SIZE_1_0;
 }
-static_assert(sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_1 &&
+static_assert(sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_2 &&
+              DHS_WORKER_CONFIG_SIZE_1_2 > DHS_WORKER_CONFIG_SIZE_1_1 &&
               DHS_WORKER_CONFIG_SIZE_1_1 > DHS_WORKER_CONFIG_SIZE_1_0);
 
 int CheckConfigStruct(dhs_worker* w, const dhs_worker_config* config) {
@@ -137,7 +144,8 @@ int CheckConfigStruct(dhs_worker* w, const dhs_worker_config* config) {
   if (!KnownConfigSize(config->struct_size)) {
     return Fail(w, DHS_ERR_VERSION, absl::StrCat("dhs_worker_config.struct_size is ", config->struct_size,
                                                  "; this library (ABI ", DHS_ABI_MAJOR, ".", DHS_ABI_MINOR,
-                                                 ") takes ", sizeof(dhs_worker_config), " (1.2), ",
+                                                 ") takes ", sizeof(dhs_worker_config), " (1.3), ",
+                                                 DHS_WORKER_CONFIG_SIZE_1_2, " (1.2), ",
                                                  DHS_WORKER_CONFIG_SIZE_1_1, " (1.1) or ",
                                                  DHS_WORKER_CONFIG_SIZE_1_0, " (1.0)"));
   }
@@ -381,6 +389,26 @@ int dhs_request_append(dhs_worker* w, uint64_t request, int64_t first, uint32_t 
   });
 }
 
+int dhs_request_append_source(dhs_worker* w, uint64_t request, uint32_t source, int64_t first, uint32_t count,
+                              const void* rows, size_t rows_bytes) {
+  return Guard(w, "dhs_request_append_source", [&](EmbeddedWorker& e) {
+    if (rows == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_append_source: rows is NULL");
+    if (first < 0) return Fail(w, DHS_ERR_OUT_OF_RANGE, "dhs_request_append_source: first is negative");
+    return Done(w, e.AppendSource(request, source, first, count,
+                                  std::span<const uint8_t>(static_cast<const uint8_t*>(rows), rows_bytes)));
+  });
+}
+
+int dhs_request_append_keys(dhs_worker* w, uint64_t request, uint32_t indexer, int64_t first, uint32_t count,
+                            const void* keys, size_t keys_bytes) {
+  return Guard(w, "dhs_request_append_keys", [&](EmbeddedWorker& e) {
+    if (keys == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_append_keys: keys is NULL");
+    if (first < 0) return Fail(w, DHS_ERR_OUT_OF_RANGE, "dhs_request_append_keys: first is negative");
+    return Done(w, e.AppendKeys(request, indexer, first, count,
+                                std::span<const uint8_t>(static_cast<const uint8_t*>(keys), keys_bytes)));
+  });
+}
+
 int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
                 uint32_t query_count) {
   return Guard(w, "dhs_resolve", [&](EmbeddedWorker& e) {
@@ -405,10 +433,6 @@ int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, 
       batch[i].request = q.request;
       batch[i].selection = std::span<const int64_t>(q.selection, q.length);
       batch[i].locations = std::span<int64_t>(q.locations, uint64_t{q.length} * sources_count);
-    }
-    // One source per call in 1.0 (EmbeddedWorker::Resolve checks it): locations are [source][j] with one source.
-    if (sources_count == 1) {
-      for (auto& q : batch) q.locations = q.locations.subspan(0, q.selection.size());
     }
     return Done(w, e.Resolve(std::span<const uint32_t>(sources, sources_count), batch));
   });

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "common/protocol.h"
 #include "common/status.h"
@@ -59,6 +60,21 @@ absl::Status CheckConfig(const EmbeddedConfig& c) {
     return s;
   }
   if (absl::Status s = Field(c.slots >= 1 && c.slots <= 4096, "slots must be in [1, 4096]"); !s.ok()) return s;
+  if (!c.source_groups.empty()) {  // ABI 1.3: numbered in order of first use
+    if (c.source_groups.size() != c.sources) {
+      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: source_groups has ", c.source_groups.size(),
+                                                     " entries for ", c.sources, " sources"));
+    }
+    uint32_t next = 0;  // the next new group's number
+    for (SourceId s = 0; s < c.sources; ++s) {
+      if (c.source_groups[s] > next) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "dhs_worker_config: source_groups[", s, "] = ", c.source_groups[s], "; groups are numbered in order of "
+            "first use, so it must be at most ", next));
+      }
+      if (c.source_groups[s] == next) ++next;
+    }
+  }
   const uint64_t page_bytes = uint64_t{c.page_rows} * c.sources * c.row_bytes;
   const uint64_t m = c.hbm_budget_bytes / page_bytes;
   if (m == 0 || m > (1u << 24)) {
@@ -102,7 +118,11 @@ namespace {
 KvConfig KvConfigOf(const EmbeddedConfig& config) {
   KvConfig kv;
   kv.row_bytes.assign(config.sources, config.row_bytes);
-  for (SourceId s = 0; s < config.sources; ++s) kv.groups.push_back({s});
+  for (SourceId s = 0; s < config.sources; ++s) {
+    const uint32_t g = config.source_groups.empty() ? s : config.source_groups[s];
+    if (g == kv.groups.size()) kv.groups.emplace_back();
+    kv.groups[g].push_back(s);
+  }
   kv.page_rows = config.page_rows;
   kv.hot_rows = config.hot_rows;
   kv.k = config.top_k;
@@ -189,13 +209,18 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   w->stack_ = *std::move(stack);
   w->kv_ = w->stack_->hierarchical();
   w->agent_ = w->stack_->agent();
+  w->groups_ = kv.groups;
+  w->group_of_.resize(config.sources);
+  for (uint32_t g = 0; g < kv.groups.size(); ++g) {
+    for (SourceId s : kv.groups[g]) w->group_of_[s] = g;
+  }
   return w;
 }
 
 EmbeddedWorker::~EmbeddedWorker() {
   if (kv_ != nullptr && !unread_.empty()) {  // closing: nobody reads the pool any more
     std::vector<SourceId> read;
-    for (const auto& [source, slots] : unread_) read.push_back(source);
+    for (const auto& [group, slots] : unread_) read.push_back(groups_[group][0]);
     (void)ReadersDone(read);
   }
   if (agent_ != nullptr) {
@@ -300,7 +325,8 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   ++next_request_;
   ++counters_.submitted;
   counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
-  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of,
+  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows,
+                                .appended = std::vector<Position>(config_.sources, 0), .resume_of = resume_of,
                                 .admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit))});
   return id;
 }
@@ -434,10 +460,10 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   // A failed request ends now: the readers of its slot's rows are ended first (its end would wait for them for ever),
-  // with those of every request resolved on the same sources (dhs_readers_done's unit is a source).
+  // with those of every request resolved on the same groups (the readers' unit is a group).
   std::vector<SourceId> read;
-  for (const auto& [source, slots] : unread_) {
-    if (slots.contains(it->second.slot)) read.push_back(source);
+  for (const auto& [group, slots] : unread_) {
+    if (slots.contains(it->second.slot)) read.push_back(groups_[group][0]);
   }
   if (it->second.phase == EmbeddedPhase::kGranted && !read.empty()) DHS_CHECK_OK(ReadersDone(read));
   if (it->second.phase == EmbeddedPhase::kGranted) agent_->EndRequest(id);  // copies end, KV released, Complete
@@ -450,15 +476,38 @@ void EmbeddedWorker::FailDataLoss() {
   for (auto& [id, status] : kv_->TakeDataLoss()) Fail(id, status);
 }
 
+Position EmbeddedWorker::Fewest(const Request& r) { return *std::min_element(r.appended.begin(), r.appended.end()); }
+Position EmbeddedWorker::Most(const Request& r) { return *std::max_element(r.appended.begin(), r.appended.end()); }
+
+absl::Status EmbeddedWorker::CheckHeldRoom(RequestId request, const Request& r, Position first, uint32_t count) const {
+  if (r.held_from < 0) return absl::OkStatus();
+  // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
+  // before them (workerd's K_max <= T - p + 1 rule, geometry.h): row t reuses the tail slot of row t - T, which
+  // must lie in a page below the held one. Found by fuzz/libdhs_fuzz.cc (the KV store indexed a page it never grew).
+  const Position limit = r.held_from / config_.page_rows * config_.page_rows + config_.tail_rows;
+  if (first + count > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request ", request, ": held rows from ", r.held_from, " up to position ", first + count - 1,
+        " do not fit the tail (positions below ", limit, " while the round is held: T = ", config_.tail_rows,
+        " rows); commit the round first"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t count, std::span<const uint8_t> rows,
                                     std::span<const uint8_t> keys) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
   const uint64_t row = config_.row_bytes, per_position = row * config_.sources;
-  if (first != (*r)->appended) {
-    return absl::OutOfRangeError(absl::StrCat("request ", request, ": append at position ", first, ", but ",
-                                              (*r)->appended, " rows are appended (the next must be ",
-                                              (*r)->appended, ")"));
+  const Position fewest = Fewest(**r), most = Most(**r);
+  if (first != fewest || fewest != most) {
+    return absl::OutOfRangeError(
+        fewest == most
+            ? absl::StrCat("request ", request, ": append at position ", first, ", but ", fewest,
+                           " rows are appended (the next must be ", fewest, ")")
+            : absl::StrCat("request ", request, ": append of every source at position ", first, ", but its sources "
+                           "hold ", fewest, " to ", most, " rows (dhs_request_append_source); bring every source to "
+                           "one length first"));
   }
   if (static_cast<uint64_t>(first) + count > (*r)->max_rows) {  // also bounds the products below (< 2^60)
     return absl::OutOfRangeError(absl::StrCat("request ", request, ": positions ", first, " .. ",
@@ -478,18 +527,7 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
         "request ", request, ": memd is away and the tail has no room for ", count, " more rows without a host write "
         "(positions ", first, " .. ", first + int64_t{count} - 1, "); poll and retry once memd is back"));
   }
-  if ((*r)->held_from >= 0) {
-    // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
-    // before them (workerd's K_max <= T - p + 1 rule, geometry.h): row t reuses the tail slot of row t - T, which
-    // must lie in a page below the held one. Found by fuzz/libdhs_fuzz.cc (the KV store indexed a page it never grew).
-    const Position limit = (*r)->held_from / config_.page_rows * config_.page_rows + config_.tail_rows;
-    if (first + count > limit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "request ", request, ": held rows from ", (*r)->held_from, " up to position ", first + count - 1,
-          " do not fit the tail (positions below ", limit, " while the round is held: T = ", config_.tail_rows,
-          " rows); commit the round first"));
-    }
-  }
+  if (absl::Status s = CheckHeldRoom(request, **r, first, count); !s.ok()) return s;
   for (uint32_t i = 0; i < count; ++i) {
     for (SourceId s = 0; s < config_.sources; ++s) {
       if (absl::Status st = kv_->Append(request, s, first + i, rows.subspan(i * per_position + s * row, row));
@@ -503,7 +541,7 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
                                                                            first + i - 1, " were appended)")));
       }
     }
-    ++(*r)->appended;
+    for (Position& n : (*r)->appended) ++n;
   }
   counters_.rows_appended += count;
   if (!keys.empty()) {
@@ -517,19 +555,111 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
   return absl::OkStatus();
 }
 
-absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::span<Query> queries) {
-  if (sources.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(sources.size(), " sources: every source is its own group in "
-                                                   "libdhs 1.0, so one resolve reads one source"));
-  }
-  if (sources[0] >= config_.sources) {
-    return absl::InvalidArgumentError(absl::StrCat("source ", sources[0], " out of range (", config_.sources,
+absl::Status EmbeddedWorker::AppendSource(RequestId request, SourceId source, Position first, uint32_t count,
+                                          std::span<const uint8_t> rows) {
+  absl::StatusOr<Request*> r = Granted(request);
+  if (!r.ok()) return r.status();
+  if (source >= config_.sources) {
+    return absl::InvalidArgumentError(absl::StrCat("source ", source, " out of range (", config_.sources,
                                                    " sources)"));
+  }
+  Position& appended = (*r)->appended[source];
+  if (first != appended) {
+    return absl::OutOfRangeError(absl::StrCat("request ", request, ": append of source ", source, " at position ",
+                                              first, ", but it holds ", appended, " rows (the next must be ",
+                                              appended, ")"));
+  }
+  if (static_cast<uint64_t>(first) + count > (*r)->max_rows) {
+    return absl::OutOfRangeError(absl::StrCat("request ", request, ": positions ", first, " .. ",
+                                              first + int64_t{count} - 1, " beyond its max_rows ", (*r)->max_rows));
+  }
+  if (count == 0 || rows.size() != uint64_t{config_.row_bytes} * count) {
+    return absl::InvalidArgumentError(absl::StrCat("rows: ", rows.size(), " bytes for ", count, " positions of one "
+                                                   "source; need ", uint64_t{config_.row_bytes} * count,
+                                                   " (positions x row_bytes)"));
+  }
+  if (absl::Status s = CheckHeldRoom(request, **r, first, count); !s.ok()) return s;
+  // One run per page, as far as the tail lets this source run ahead (HierarchicalKvAccess::AppendRun: a row whose
+  // tail slot still holds a page not complete and backed up is refused, the rows before it stay appended).
+  const Position p = config_.page_rows;
+  for (Position t = first, last = first + count; t < last;) {
+    const Position end = std::min(last, (t / p + 1) * p);
+    const uint32_t n = static_cast<uint32_t>(end - t);
+    if (kv_->host_writes_paused() && !kv_->TailHasRoom(request, source, end - appended)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request ", request, ": memd is away and the tail has no room for source ", source, "'s positions ", t,
+          " .. ", end - 1, " without a host write", t > first ? absl::StrCat(" (", first, " .. ", t - 1,
+                                                                             " were appended)") : "",
+          "; poll and retry once memd is back"));
+    }
+    const Position before = kv_->AppendedRows(request, source);
+    const absl::Status st = kv_->AppendRun(request, source, t, n, rows.subspan((t - first) * config_.row_bytes,
+                                                                               uint64_t{n} * config_.row_bytes));
+    const Position after = kv_->AppendedRows(request, source);
+    appended = after;
+    counters_.rows_appended += static_cast<uint64_t>(after - before);
+    if (!st.ok()) {
+      return Step(after == first ? st
+                                 : absl::Status(st.code(), absl::StrCat(st.message(), " (source ", source,
+                                                                        " positions ", first, " .. ", after - 1,
+                                                                        " were appended)")));
+    }
+    t = end;
+  }
+  return Step(absl::OkStatus());
+}
+
+absl::Status EmbeddedWorker::AppendKeys(RequestId request, uint32_t indexer, Position first, uint32_t count,
+                                        std::span<const uint8_t> keys) {
+  absl::StatusOr<Request*> r = Granted(request);
+  if (!r.ok()) return r.status();
+  if (indexer >= config_.indexers) {
+    return absl::InvalidArgumentError(absl::StrCat("indexer ", indexer, " out of range (", config_.indexers,
+                                                   " indexers)"));
+  }
+  if (count == 0 || keys.size() != uint64_t{config_.index_key_bytes} * count) {
+    return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes for ", count, " positions; need ",
+                                                   uint64_t{config_.index_key_bytes} * count,
+                                                   " (positions x index_key_bytes)"));
+  }
+  const Position p = config_.page_rows;
+  const Position open_from = Fewest(**r) / p * p;  // pages from here on are not complete on every source
+  if (first < open_from || first + Position{count} > Most(**r)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "request ", request, ": keys of positions ", first, " .. ", first + int64_t{count} - 1, " must lie in [",
+        open_from, ", ", Most(**r), "): appended on some source and in a page not complete yet (its host copy "
+        "would be confirmed without them)"));
+  }
+  std::vector<float> k(keys.size() / 4);
+  std::memcpy(k.data(), keys.data(), keys.size());
+  return Step(kv_->StoreIndexKeys(request, indexer, first, k));
+}
+
+absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::span<Query> queries) {
+  // The sources: exactly one group's, each once, in any order (the resolver plans a group's batch once and fills
+  // the group's shared hot-cache slots for every source of it).
+  if (sources.empty()) return absl::InvalidArgumentError("a resolve names no source");
+  for (SourceId s : sources) {
+    if (s >= config_.sources) {
+      return absl::InvalidArgumentError(absl::StrCat("source ", s, " out of range (", config_.sources, " sources)"));
+    }
+  }
+  const uint32_t group = group_of_[sources[0]];
+  {
+    std::vector<SourceId> named(sources.begin(), sources.end()), members = groups_[group];
+    std::sort(named.begin(), named.end());
+    std::sort(members.begin(), members.end());
+    if (named != members) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sources [", absl::StrJoin(sources, ", "), "] are not one group's: source ", sources[0], " is in group ",
+          group, ", whose sources are [", absl::StrJoin(groups_[group], ", "), "]; a resolve names every source of "
+          "one group once"));
+    }
   }
   std::vector<KvQuery> batch(queries.size());
   std::vector<const uint8_t*> out;
   size_t total = 0;
-  for (const Query& q : queries) total += q.selection.size();
+  for (const Query& q : queries) total += q.selection.size() * sources.size();
   out.assign(total, nullptr);
   size_t at = 0;
   for (size_t i = 0; i < queries.size(); ++i) {
@@ -540,34 +670,38 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
       return absl::InvalidArgumentError(absl::StrCat("query ", i, ": selection of ", q.selection.size(),
                                                      " positions is longer than k = ", config_.top_k));
     }
-    if (q.locations.size() != q.selection.size()) {
+    if (q.locations.size() != q.selection.size() * sources.size()) {
       return absl::InvalidArgumentError(absl::StrCat("query ", i, ": locations hold ", q.locations.size(),
-                                                     " entries for ", q.selection.size(), " positions"));
+                                                     " entries for ", q.selection.size(), " positions of ",
+                                                     sources.size(), " sources"));
     }
-    if (auto u = unread_.find(sources[0]); u != unread_.end() && u->second.contains((*r)->slot)) {
+    if (auto u = unread_.find(group); u != unread_.end() && u->second.contains((*r)->slot)) {
       // Found by the libFuzzer run of fuzz/libdhs_fuzz.cc (fuzz/findings/libdhs/timeout-5d954c15...): the resolve
       // waited on the readers fence of an earlier resolve's rows in the same slot, which only dhs_readers_done ends.
       return absl::FailedPreconditionError(absl::StrCat(
           "query ", i, ": request ", q.request, "'s slot ", (*r)->slot, " was resolved on source ", sources[0],
           " since its last dhs_readers_done; call dhs_readers_done for that source first (rows read may be replaced)"));
     }
+    Position held = INT64_MAX;  // the rows every named source holds
+    for (SourceId s : sources) held = std::min(held, (*r)->appended[s]);
     for (size_t j = 0; j < q.selection.size(); ++j) {
       const Position t = q.selection[j];
-      if (t < -1 || t >= (*r)->appended) {
+      if (t < -1 || t >= held) {
         return absl::OutOfRangeError(absl::StrCat("query ", i, ": position ", t, " at ", j, " is beyond request ",
-                                                  q.request, "'s history of ", (*r)->appended, " rows"));
+                                                  q.request, "'s history of ", held, " rows",
+                                                  sources.size() > 1 ? " (on every source named)" : ""));
       }
     }
-    batch[i] = KvQuery{q.request, q.selection, std::span<const uint8_t*>(out.data() + at, q.selection.size())};
-    at += q.selection.size();
+    batch[i] = KvQuery{q.request, q.selection, std::span<const uint8_t*>(out.data() + at, q.locations.size())};
+    at += q.locations.size();
   }
   if (absl::Status s = kv_->Fetch(sources, batch); !s.ok()) return Step(s);
-  for (const Query& q : queries) unread_[sources[0]].insert(requests_.at(q.request).slot);
+  for (const Query& q : queries) unread_[group].insert(requests_.at(q.request).slot);
   absl::StatusOr<std::span<uint8_t>> pool = Pool();
   if (!pool.ok()) return pool.status();
   at = 0;
   for (Query& q : queries) {
-    for (size_t j = 0; j < q.selection.size(); ++j, ++at) {
+    for (size_t j = 0; j < q.locations.size(); ++j, ++at) {
       const uint8_t* p = out[at];
       if (p == nullptr) {
         q.locations[j] = -1;
@@ -601,13 +735,13 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
                                                    " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
   }
-  if (static_cast<uint64_t>((*r)->appended) != first * p) {
-    return absl::FailedPreconditionError(absl::StrCat("import at page ", first, ": ", (*r)->appended,
-                                                      " rows are appended, not ", first * p));
+  if (static_cast<uint64_t>(Fewest(**r)) != first * p || Fewest(**r) != Most(**r)) {
+    return absl::FailedPreconditionError(absl::StrCat("import at page ", first, ": its sources hold ", Fewest(**r),
+                                                      " to ", Most(**r), " rows, not ", first * p, " each"));
   }
   std::vector<std::vector<float>> keys;
   if (absl::Status s = kv_->ImportHostRows(request, first, count, keys); !s.ok()) return Step(s);
-  (*r)->appended = static_cast<Position>((uint64_t{first} + count) * p);
+  for (Position& n : (*r)->appended) n = static_cast<Position>((uint64_t{first} + count) * p);
   if (!keys_out.empty()) {
     const uint64_t per_indexer = count * p * config_.index_key_bytes;
     for (uint32_t x = 0; x < config_.indexers && x < keys.size(); ++x) {
@@ -626,16 +760,16 @@ absl::Status EmbeddedWorker::ReadersDone(std::span<const SourceId> sources) {
       return absl::InvalidArgumentError(absl::StrCat("source ", s, " out of range (", config_.sources, " sources)"));
     }
   }
-  kv_->ReadersDone(sources);
-  for (SourceId s : sources) unread_.erase(s);
+  kv_->ReadersDone(sources);  // ends every group named
+  for (SourceId s : sources) unread_.erase(group_of_[s]);
   return absl::OkStatus();
 }
 
 absl::Status EmbeddedWorker::Hold(RequestId request, Position from) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if (from < (*r)->appended || static_cast<uint64_t>(from) > (*r)->max_rows) {
-    return absl::OutOfRangeError(absl::StrCat("hold from ", from, ": must be in [appended rows ", (*r)->appended,
+  if (from < Most(**r) || static_cast<uint64_t>(from) > (*r)->max_rows) {
+    return absl::OutOfRangeError(absl::StrCat("hold from ", from, ": must be in [appended rows ", Most(**r),
                                               ", max_rows ", (*r)->max_rows, "]"));
   }
   if (absl::Status s = kv_->HoldUnverified(request, from); !s.ok()) return s;
@@ -647,12 +781,12 @@ absl::Status EmbeddedWorker::Commit(RequestId request, Position length) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
   if ((*r)->held_from < 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " holds no rows"));
-  if (length < (*r)->held_from || length > (*r)->appended) {
+  if (length < (*r)->held_from || length > Fewest(**r)) {
     return absl::OutOfRangeError(absl::StrCat("commit length ", length, ": must be in [held from ", (*r)->held_from,
-                                              ", appended rows ", (*r)->appended, "]"));
+                                              ", rows every source holds ", Fewest(**r), "]"));
   }
   if (absl::Status s = kv_->CommitVerified(request, length); !s.ok()) return Step(s);
-  (*r)->appended = length;
+  for (Position& n : (*r)->appended) n = length;  // rows >= length dropped on every source
   (*r)->held_from = -1;
   return absl::OkStatus();
 }
@@ -665,11 +799,11 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   if (it->second.phase == EmbeddedPhase::kGranted) {
     // Its end waits for the copies memd would free pages under, and those wait for the readers of its rows: with a
     // resolve of its slot not followed by dhs_readers_done it would wait for ever (found by the libFuzzer run).
-    for (const auto& [source, slots] : unread_) {
+    for (const auto& [group, slots] : unread_) {
       if (slots.contains(it->second.slot)) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "request ", request, " was resolved on source ", source, " since its last dhs_readers_done; call "
-            "dhs_readers_done for that source before completing it (its rows may still be read)"));
+            "request ", request, " was resolved on source ", groups_[group][0], " since its last dhs_readers_done; "
+            "call dhs_readers_done for that source before completing it (its rows may still be read)"));
       }
     }
   }

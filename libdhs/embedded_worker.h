@@ -53,6 +53,9 @@ struct EmbeddedConfig {
   uint8_t* engine_pool = nullptr;  // the engine's KV pool memory (nullptr: the library allocates it), not owned
   uint64_t engine_pool_bytes = 0;
   uint64_t model_fingerprint = 0;  // Hello.model_fingerprint (issue 26): the engine's model, 0 = not said
+  // The group of each source (dhs_worker_config.source_groups, ABI 1.3): empty = every source its own group; else
+  // `sources` entries numbered in order of first use (brief §5: an index producer's followers share its group).
+  std::vector<uint32_t> source_groups;
 };
 inline constexpr uint64_t kEnginePoolAlignment = 64;  // DHS_POOL_ALIGNMENT
 
@@ -154,8 +157,19 @@ class EmbeddedWorker final : private MemdHandler {
   std::deque<EmbeddedEvent>& events() { return events_; }
 
   // rows: count * S * d_KV bytes [position][source]; keys: empty or L_idx * count * d_idx bytes [indexer][position].
+  // Every source must hold exactly `first` rows.
   absl::Status Append(RequestId request, Position first, uint32_t count, std::span<const uint8_t> rows,
                       std::span<const uint8_t> keys);
+  // Layer-wise (dhs_request_append_source): `count` rows (count * d_KV bytes) of one source from `first` (= that
+  // source's appended rows). A failure after some rows leaves them appended (the message says how many).
+  absl::Status AppendSource(RequestId request, SourceId source, Position first, uint32_t count,
+                            std::span<const uint8_t> rows);
+  // dhs_request_append_keys: count * d_idx bytes of indexer `indexer` for positions first .. first+count-1, each
+  // appended on some source and in a page not yet complete (>= the fewest rows of a source, rounded down to p).
+  absl::Status AppendKeys(RequestId request, uint32_t indexer, Position first, uint32_t count,
+                          std::span<const uint8_t> keys);
+  // The group of `source` (source < sources).
+  uint32_t GroupOf(SourceId source) const { return group_of_[source]; }
   // One query: selection (length <= k) and its output (sources.size() * length byte offsets).
   struct Query {
     RequestId request = 0;
@@ -176,7 +190,7 @@ class EmbeddedWorker final : private MemdHandler {
   struct Request {
     EmbeddedPhase phase = EmbeddedPhase::kWaiting;
     uint64_t input_rows = 0, max_rows = 0;
-    Position appended = 0;  // rows appended on every source (positions 0 .. appended-1)
+    std::vector<Position> appended;  // per source: rows appended (positions 0 .. appended[s]-1)
     Position held_from = -1;  // a speculative hold's `from`, -1 none
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
     bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
@@ -198,6 +212,11 @@ class EmbeddedWorker final : private MemdHandler {
   wire::HelloT ReHello() const;
   absl::Status Return(const wire::HelloReplyT& reply);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
+  // The fewest / most rows any source of `r` holds.
+  static Position Fewest(const Request& r);
+  static Position Most(const Request& r);
+  // The rows of a speculative round's hold end before this position while it is held (tail room; Append's rule).
+  absl::Status CheckHeldRoom(RequestId request, const Request& r, Position first, uint32_t count) const;
 
   // MemdHandler.
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
@@ -221,10 +240,12 @@ class EmbeddedWorker final : private MemdHandler {
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   uint64_t next_request_ = 1;
-  // Per source, the slots resolved since its last ReadersDone (whoever holds them now: a request completed meanwhile
+  // Per group, the slots resolved since its last ReadersDone (whoever holds them now: a request completed meanwhile
   // leaves its readers on its slot): a resolve of a request in one of them could wait for those unfinished readers
   // (a hot-cache row they read being replaced) on the caller's thread for ever; it is refused.
-  std::map<SourceId, std::set<uint32_t>> unread_;
+  std::map<uint32_t, std::set<uint32_t>> unread_;
+  std::vector<uint32_t> group_of_;                 // per source (config_.source_groups, or s)
+  std::vector<std::vector<SourceId>> groups_;      // per group, its sources
   // memd's orders received while readers are outstanding (unread_ not empty), in arrival order: carrying one out may
   // wait for a copy that waits for those readers (a keep copy into a page still read; found by the libFuzzer run), on
   // the engine's thread that alone can end them. Carried out at the first Poll with no readers outstanding.

@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 2
+#define DHS_ABI_MINOR 3
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -123,9 +123,17 @@ typedef struct dhs_worker_config {
    * refuses an open whose fingerprint differs from its GPU's earlier worker's, or, with prefix sharing, from another
    * GPU's (FAILED_PRECONDITION). */
   uint64_t model_fingerprint;
+  /* ABI 1.3 (a 1.2 caller's struct, DHS_WORKER_CONFIG_SIZE_1_2 bytes, is still accepted: NULL).
+   * Index producers with followers (brief §5; workerd's KV groups): NULL, every source is its own group; else
+   * `sources` entries (read during open), source_groups[s] = the group of source s, numbered in order of first use
+   * (source 0 is in group 0; each source's group is at most one above the largest before it). The sources of one
+   * group share each query's selection and the request's hot-cache slots: dhs_resolve names every source of one
+   * group (in any order) and plans the batch once for all of them. */
+  const uint32_t* source_groups;
 } dhs_worker_config;
 #define DHS_WORKER_CONFIG_SIZE_1_0 80u  /* sizeof(dhs_worker_config) of ABI 1.0 (up to connect_timeout_ms) */
 #define DHS_WORKER_CONFIG_SIZE_1_1 96u  /* sizeof(dhs_worker_config) of ABI 1.1 (up to engine_pool_bytes) */
+#define DHS_WORKER_CONFIG_SIZE_1_2 104u /* sizeof(dhs_worker_config) of ABI 1.2 (up to model_fingerprint) */
 #define DHS_POOL_ALIGNMENT 64u          /* engine_pool's alignment, bytes */
 
 /* The bytes of the KV pool a worker of `config` needs (its slot regions and optional pages), for an engine-owned
@@ -258,14 +266,35 @@ typedef struct dhs_event {
  * re-Hello within 30 s, or the new memd refused it or started a fresh host pool: close and open again). */
 DHS_EXPORT int dhs_worker_poll(dhs_worker* w, dhs_event* events, size_t capacity, size_t* count);
 
-/* Appends positions first .. first+count-1 of a granted request. rows: count * S * d_KV bytes laid out
- * [position][source][d_KV]; keys: NULL (indexers == 0 or keys not kept) or L_idx * count * d_idx bytes laid out
- * [indexer][position][d_idx]. `first` must equal the rows appended so far; first + count <= max_rows. The bytes are
- * copied before the call returns. Errors: INVALID_ARGUMENT (sizes, null), NOT_FOUND, FAILED_PRECONDITION (not
- * granted), OUT_OF_RANGE (a position beyond max_rows or not the next one), RESOURCE_EXHAUSTED (the tail is full: a
- * page has no host copy yet; poll and retry). */
+/* Appends positions first .. first+count-1 of a granted request on every source. rows: count * S * d_KV bytes laid
+ * out [position][source][d_KV]; keys: NULL (indexers == 0 or keys not kept) or L_idx * count * d_idx bytes laid out
+ * [indexer][position][d_idx]. `first` must equal the rows appended so far on every source; first + count <= max_rows.
+ * The bytes are copied before the call returns. Errors: INVALID_ARGUMENT (sizes, null), NOT_FOUND, FAILED_PRECONDITION
+ * (not granted), OUT_OF_RANGE (a position beyond max_rows or not the next one of every source: after
+ * dhs_request_append_source the sources may differ), RESOURCE_EXHAUSTED (the tail is full: a page has no host copy
+ * yet; poll and retry). */
 DHS_EXPORT int dhs_request_append(dhs_worker* w, uint64_t request, int64_t first, uint32_t count, const void* rows,
                                   size_t rows_bytes, const void* keys, size_t keys_bytes);
+
+/* ABI 1.3: layer-wise appends, for an engine that writes each layer's KV as its forward pass reaches it (vLLM's
+ * save_kv_layer, SGLang's per-layer set_kv_buffer). Appends positions first .. first+count-1 of ONE source: rows is
+ * count * d_KV bytes [position][d_KV]; `first` must equal that source's appended rows. A position is resolvable on a
+ * source once that source holds it; a page completes (its host backup or kept copy is scheduled) when every source
+ * holds it, so a source may run ahead of the slowest one by at most the tail: a row whose tail slot still holds a
+ * page that is not complete and backed up gets RESOURCE_EXHAUSTED (the rows before it are appended: the message says
+ * how many; append the other sources, poll and retry). Errors: as dhs_request_append; INVALID_ARGUMENT (a source out
+ * of range, rows_bytes not count * d_KV). */
+DHS_EXPORT int dhs_request_append_source(dhs_worker* w, uint64_t request, uint32_t source, int64_t first,
+                                         uint32_t count, const void* rows, size_t rows_bytes);
+/* ABI 1.3: the index keys of indexer `indexer` for positions first .. first+count-1 (keys: count * d_idx bytes), for
+ * a layer-wise engine (dhs_request_append_source) whose indexer runs at its own layer. The keys go into the
+ * positions' host pages, which a resume or a shared prefix imports with the rows (dhs_request_import's keys_out); so
+ * they must come before their page completes: every position must be appended on at least one source and lie in a
+ * page some source has not completed yet (position >= (the fewest rows any source holds) rounded down to a page).
+ * Errors: INVALID_ARGUMENT (indexer out of range, sizes, null, no indexers), NOT_FOUND, FAILED_PRECONDITION (not
+ * granted), OUT_OF_RANGE (a position not appended on any source, or in a page already complete). */
+DHS_EXPORT int dhs_request_append_keys(dhs_worker* w, uint64_t request, uint32_t indexer, int64_t first,
+                                       uint32_t count, const void* keys, size_t keys_bytes);
 
 /* One query of a batch: a request's ordered selection (brief §5). */
 typedef struct dhs_query {
@@ -277,18 +306,24 @@ typedef struct dhs_query {
                                 padding. Readable until dhs_readers_done for these sources */
 } dhs_query;
 /* Resolves a batch of selections over `sources` (each source read with the same selections) in one fused pass:
- * direct (tail, ready map), hot cache, host recovery. Errors: INVALID_ARGUMENT (null, a source out of range, a
- * selection longer than k, reserved != 0), NOT_FOUND (a request), FAILED_PRECONDITION (not granted),
- * OUT_OF_RANGE (a position beyond the appended rows), RESOURCE_EXHAUSTED (more distinct rows than the hot cache
- * holds), DATA_LOSS (a changed host page: the request fails, an event follows). After an error nothing is resolved. */
+ * direct (tail, ready map), hot cache, host recovery. `sources` is every source of one group (dhs_worker_config's
+ * source_groups; without groups, one source), in any order; locations are laid out in the order named.
+ * Errors: INVALID_ARGUMENT (null, a source out of range, sources that are not exactly one group's, a selection longer
+ * than k, reserved != 0), NOT_FOUND (a request), FAILED_PRECONDITION (not granted; the group resolved again before its
+ * dhs_readers_done), OUT_OF_RANGE (a position beyond the rows one of the named sources holds), RESOURCE_EXHAUSTED
+ * (more distinct rows than the hot cache holds), DATA_LOSS (a changed host page: the request fails, an event follows).
+ * After an error nothing is resolved. */
 DHS_EXPORT int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
                            uint32_t query_count);
 /* The attention that read the locations of the last dhs_resolve over `sources` finished (brief §4: readers); until
- * then a reclaim of pages it read waits. Errors: INVALID_ARGUMENT. */
+ * then a reclaim of pages it read waits. Readers end per group: naming one source of a group ends the group's.
+ * Errors: INVALID_ARGUMENT. */
 DHS_EXPORT int dhs_readers_done(dhs_worker* w, const uint32_t* sources, uint32_t sources_count);
 
 /* Speculative rounds (brief §6): rows at positions >= from appended from now on are unverified (no backup, never
- * kept); commit keeps positions < length and drops the rest. Errors: NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE. */
+ * kept); `from` >= every source's appended rows. Commit keeps positions < length and drops the rest on every source;
+ * every source must hold the kept rows (length <= the fewest rows a source holds). Errors: NOT_FOUND,
+ * FAILED_PRECONDITION, OUT_OF_RANGE. */
 DHS_EXPORT int dhs_request_hold(dhs_worker* w, uint64_t request, int64_t from);
 DHS_EXPORT int dhs_request_commit(dhs_worker* w, uint64_t request, int64_t length);
 
@@ -308,7 +343,7 @@ DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size
 /* A granted request with host-backed pages (a resume, or shared prefix pages): takes its host-backed pages
  * first .. first+count-1 (pages the GRANTED event named:
  * 0 .. import_pages-1) as appended rows without recomputing them (the newest of them are copied from host into the
- * tail); `first` * p must equal the rows appended so far. keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
+ * tail); `first` * p must equal the rows appended so far on every source. keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
  * [indexer][position][d_idx]) receives their index keys, which the engine's indexer needs. Errors: INVALID_ARGUMENT
  * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no host-backed page, rows appended are not
  * first * p,

@@ -21,7 +21,7 @@ import ctypes
 import json
 import os
 
-ABI_MAJOR, ABI_MINOR = 1, 2
+ABI_MAJOR, ABI_MINOR = 1, 3
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 MODE_HISPARSE, MODE_ADAPTIVE = 1, 2
 BACKEND_CPU, BACKEND_CUDA = 1, 2
@@ -40,7 +40,9 @@ class WorkerConfig(ctypes.Structure):
                 # ABI 1.1: an engine-owned KV pool (None: the library's)
                 ("engine_pool", ctypes.c_void_p), ("engine_pool_bytes", ctypes.c_uint64),
                 # ABI 1.2: the engine's model fingerprint (0: not said; memd keys the cluster tier by it)
-                ("model_fingerprint", ctypes.c_uint64)]
+                ("model_fingerprint", ctypes.c_uint64),
+                # ABI 1.3: the group of each source (None: every source its own group)
+                ("source_groups", ctypes.POINTER(ctypes.c_uint32))]
 
 
 class WorkerInfo(ctypes.Structure):
@@ -122,6 +124,8 @@ def library() -> ctypes.CDLL:
         "dhs_request_submit": (ctypes.c_int, [P, ctypes.POINTER(RequestDesc), ctypes.POINTER(u64)]),
         "dhs_worker_poll": (ctypes.c_int, [P, ctypes.POINTER(Event), sz, ctypes.POINTER(sz)]),
         "dhs_request_append": (ctypes.c_int, [P, u64, i64, u32, P, sz, P, sz]),
+        "dhs_request_append_source": (ctypes.c_int, [P, u64, u32, i64, u32, P, sz]),
+        "dhs_request_append_keys": (ctypes.c_int, [P, u64, u32, i64, u32, P, sz]),
         "dhs_resolve": (ctypes.c_int, [P, ctypes.POINTER(u32), u32, ctypes.POINTER(Query), u32]),
         "dhs_readers_done": (ctypes.c_int, [P, ctypes.POINTER(u32), u32]),
         "dhs_request_hold": (ctypes.c_int, [P, u64, i64]),
@@ -154,18 +158,24 @@ class Worker:
     """One GPU's worker (dhs_worker). Not thread-safe beyond the library's own rule (calls serialised per worker).
     model_fingerprint (ABI 1.2): the engine's model, any 64-bit value equal for the same weights and different for
     others (0: not said); memd keys its cluster tier by it and refuses a worker of another model on a GPU that served
-    one (DhsError FAILED_PRECONDITION)."""
+    one (DhsError FAILED_PRECONDITION). source_groups (ABI 1.3): None (every source its own group) or the group of
+    each source, numbered in order of first use (an index producer's followers share its group: brief §5); resolve
+    and readers_done then name a group's sources."""
 
     def __init__(self, run_dir: str, *, sources: int, row_bytes: int, page_rows: int, top_k: int, hot_rows: int,
                  tail_rows: int, slots: int, hbm_budget_bytes: int, indexers: int = 0, index_key_bytes: int = 0,
                  gpu: int = 0, mode: int = MODE_ADAPTIVE, connect_timeout_ms: int = 10000,
-                 model_fingerprint: int = 0):
+                 model_fingerprint: int = 0, source_groups=None):
         self._lib = library()
         self._h = ctypes.c_void_p()
         self._run_dir = run_dir.encode()
         c = WorkerConfig(ctypes.sizeof(WorkerConfig), ABI_VERSION, self._run_dir, gpu, mode, BACKEND_CPU, sources,
                          row_bytes, indexers, index_key_bytes, page_rows, top_k, hot_rows, tail_rows, slots,
                          hbm_budget_bytes, connect_timeout_ms, None, 0, model_fingerprint)
+        groups = None
+        if source_groups is not None:  # read during open only
+            groups = (ctypes.c_uint32 * len(source_groups))(*source_groups)
+            c.source_groups = groups
         rc = self._lib.dhs_worker_open(ctypes.byref(c), ctypes.byref(self._h))
         if rc != 0:
             msg = self._lib.dhs_worker_errmsg(self._h).decode()
@@ -253,26 +263,51 @@ class Worker:
         self._check(self._lib.dhs_request_append(self._h, request, first, count, rows.ctypes.data, rows.nbytes, kp,
                                                  kn))
 
-    def resolve(self, source: int, queries):
-        """queries: [(request, selection int64 array of <= k positions, -1 padding)]; returns one int64 array of byte
-        offsets into the pool per query (-1 for padding), readable until readers_done(source)."""
+    def append_source(self, request: int, source: int, first: int, rows):
+        """Layer-wise (ABI 1.3): rows of one source, count * row_bytes bytes ([position][row]), from `first` (that
+        source's appended rows)."""
         import numpy as np
+        rows = np.ascontiguousarray(rows)
+        self._check(self._lib.dhs_request_append_source(self._h, request, source, first,
+                                                        rows.nbytes // self.row_bytes, rows.ctypes.data, rows.nbytes))
+
+    def append_keys(self, request: int, indexer: int, first: int, keys):
+        """Layer-wise (ABI 1.3): indexer `indexer`'s keys of positions first .. first+count-1, count *
+        index_key_bytes bytes, before their page completes on every source."""
+        import numpy as np
+        keys = np.ascontiguousarray(keys)
+        self._check(self._lib.dhs_request_append_keys(self._h, request, indexer, first,
+                                                      keys.nbytes // self.index_key_bytes, keys.ctypes.data,
+                                                      keys.nbytes))
+
+    @staticmethod
+    def _sources(source):
+        sources = [source] if isinstance(source, int) else list(source)
+        return sources, (ctypes.c_uint32 * len(sources))(*sources)
+
+    def resolve(self, source, queries):
+        """source: a source, or every source of one group (ABI 1.3); queries: [(request, selection int64 array of
+        <= k positions, -1 padding)]. Returns per query the byte offsets into the pool (-1 for padding): an int64
+        array of len(selection) for one source, else [len(sources), len(selection)] in the order named; readable until
+        readers_done of the source (group)."""
+        import numpy as np
+        sources, src = self._sources(source)
         n = len(queries)
         qs = (Query * n)()
         keep = []
         for i, (rid, sel) in enumerate(queries):
             sel = np.ascontiguousarray(sel, dtype=np.int64)
-            loc = np.empty(len(sel), dtype=np.int64)
+            loc = np.empty((len(sources), len(sel)), dtype=np.int64)
             keep.append((sel, loc))
             qs[i] = Query(rid, sel.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), len(sel), 0,
                           loc.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
-        src = ctypes.c_uint32(source)
-        self._check(self._lib.dhs_resolve(self._h, ctypes.byref(src), 1, qs, n))
-        return [loc for _, loc in keep]
+        self._check(self._lib.dhs_resolve(self._h, src, len(sources), qs, n))
+        return [loc[0] if isinstance(source, int) else loc for _, loc in keep]
 
-    def readers_done(self, source: int):
-        src = ctypes.c_uint32(source)
-        self._check(self._lib.dhs_readers_done(self._h, ctypes.byref(src), 1))
+    def readers_done(self, source):
+        """source: a source, or several (readers end per group)."""
+        sources, src = self._sources(source)
+        self._check(self._lib.dhs_readers_done(self._h, src, len(sources)))
 
     def hold(self, request: int, start: int):
         self._check(self._lib.dhs_request_hold(self._h, request, start))

@@ -4,7 +4,7 @@ resolver: tail, hot cache, ready map, host recovery) and serves a few requests o
 memd with a GPU budget small enough that memd reclaims earlier requests' pages (forced reclaims). Its tokens are
 compared with the same loop keeping every row resident in numpy (brief §7): equal, or the run fails.
 
-Usage: sparse_decode.py --run-dir DIR [--requests 4] [--trace tools/replay/data/mooncake_conversation_head200.jsonl]
+Usage: sparse_decode.py --run-dir DIR [--requests 4] [--grouped] [--trace tools/replay/data/mooncake_conversation_head200.jsonl]
        (memd in DIR started with --page-bytes 2304, i.e. p * (S * d_KV + L_idx * d_idx) = 16 * (2 * 64 + 16))
 Exit 0: outputs equal and at least one reclaim served; 1: a mismatch or no reclaim; 77: numpy missing (skipped).
 
@@ -109,12 +109,16 @@ def serve_resident(model: Model, reqs):
     return outputs
 
 
-def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int):
+def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: bool = False):
     """The same loop with the KV in libdhs: all requests submitted at once, memd admits (2 slots), reclaims and
-    populates; one decode step per iteration over every granted request (a batch per source)."""
+    populates; one decode step per iteration over every granted request (a batch per source).
+    grouped (ABI 1.3): both layers read the index producer's one selection, so they are declared one group and
+    resolved together (one plan, one call per step); decode steps append layer by layer (append_source per layer,
+    then the indexer's keys) as an engine writing each layer's KV during its forward pass."""
     w = dhs.Worker(run_dir, sources=S, row_bytes=ROW_BYTES, indexers=1, index_key_bytes=KEY_BYTES, page_rows=P,
                    top_k=K, hot_rows=4 * K, tail_rows=2 * P, slots=2,
-                   hbm_budget_bytes=budget_pages * P * S * ROW_BYTES, model_fingerprint=model.fingerprint())
+                   hbm_budget_bytes=budget_pages * P * S * ROW_BYTES, model_fingerprint=model.fingerprint(),
+                   source_groups=[0] * S if grouped else None)
     pool = w.pool_bytes()
     cols = np.arange(ROW_BYTES)
     state = {}  # request id -> dict(i, tokens, keys, out)
@@ -143,7 +147,14 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int):
         sels = {rid: model.select(state[rid]["tokens"][-1], np.stack(state[rid]["keys"]),
                                   len(state[rid]["tokens"]) - 1) for rid in batch}
         rows = {rid: [] for rid in batch}
-        for layer in range(S):  # one fused resolve per source over the whole batch
+        if grouped:  # one fused resolve of the group (both layers) over the whole batch
+            locs = w.resolve(list(range(S)), [(rid, sels[rid]) for rid in batch])
+            for rid, loc in zip(batch, locs):
+                for layer in range(S):
+                    ll = loc[layer][loc[layer] >= 0]
+                    rows[rid].append(pool[ll[:, None] + cols].view(np.float32).copy())
+            w.readers_done(0)
+        for layer in range(S if not grouped else 0):  # one fused resolve per source over the whole batch
             locs = w.resolve(layer, [(rid, sels[rid]) for rid in batch])
             for rid, loc in zip(batch, locs):
                 loc = loc[loc >= 0]
@@ -162,7 +173,14 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int):
             st["tokens"].append(nxt)
             r, k = model.rows_and_key(nxt)
             st["keys"].append(k)
-            w.append(rid, len(st["tokens"]) - 1, r[None], k[None, None])
+            t = len(st["tokens"]) - 1
+            if grouped:  # layer by layer: layer 0 (the producer) and its key, then layer 1
+                w.append_source(rid, 0, t, r[0][None])
+                w.append_keys(rid, 0, t, k[None])
+                for layer in range(1, S):
+                    w.append_source(rid, layer, t, r[layer][None])
+            else:
+                w.append(rid, t, r[None], k[None, None])
     elapsed = time.monotonic() - start
     stats = w.stats()
     w.close()
@@ -175,6 +193,8 @@ def main() -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--budget-pages", type=int, default=12)
+    ap.add_argument("--grouped", action="store_true",
+                    help="both layers one source group, decode appends layer by layer (ABI 1.3)")
     ap.add_argument("--trace", default=os.path.join(here, "..", "..", "tools", "replay", "data",
                                                     "mooncake_conversation_head200.jsonl"))
     a = ap.parse_args()
@@ -183,7 +203,7 @@ def main() -> int:
     t0 = time.monotonic()
     want = serve_resident(model, reqs)
     resident_s = time.monotonic() - t0
-    got, reclaims, stats, tps = serve_libdhs(model, reqs, a.run_dir, a.budget_pages)
+    got, reclaims, stats, tps = serve_libdhs(model, reqs, a.run_dir, a.budget_pages, a.grouped)
     n_tokens = sum(len(o) for o in want)
     print(f"requests {len(reqs)}, prompts {[len(p) for p, _ in reqs]}, output tokens {n_tokens}")
     print(f"libdhs loop: {tps:.1f} tokens/s; resident numpy loop: {n_tokens / resident_s:.1f} tokens/s")

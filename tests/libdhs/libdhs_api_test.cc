@@ -920,7 +920,7 @@ TEST_F(LibdhsTest, ModelFingerprintReachesMemd) {
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   c.struct_size = DHS_WORKER_CONFIG_SIZE_1_1 + 4;
   EXPECT_EQ(dhs_worker_open(&c, &w_), DHS_ERR_VERSION);
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("takes 104 (1.2), 96 (1.1) or 80 (1.0)"), std::string::npos)
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("takes 112 (1.3), 104 (1.2), 96 (1.1) or 80 (1.0)"), std::string::npos)
       << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   w_ = nullptr;
@@ -1025,6 +1025,232 @@ TEST_F(LibdhsTest, EngineOwnedPool) {
   pool.kind = DHS_POOLS_LIBRARY;
   ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
   EXPECT_NE(pool.base, nullptr);
+}
+
+
+// ABI 1.3, layer-wise appends (dhs_request_append_source, dhs_request_append_keys) as an engine writing each layer's
+// KV during its forward pass: source 0 first, then its indexer's keys, then source 1. A source may run ahead by at
+// most the tail (T = 32 here): source 0's row 32 would take row 0's tail slot while page 0 is incomplete (source 1
+// holds nothing), so it is refused with the rows before it appended. Keys are taken only for pages not complete yet.
+// The rows read back (from the tail, and from host once the tail moved on) are each source's own, and a second
+// request on the same prefix chain imports the 4 pages with the keys given layer-wise, as if appended whole.
+TEST_F(LibdhsTest, LayerWiseAppendsMatchWholeAppends) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd({"--prefix-sharing", "on"}));
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<int32_t> tokens(64);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(5000 + 3 * i);
+  auto submit = [&](uint64_t session) {
+    dhs_request_desc d{};
+    d.struct_size = sizeof d;
+    d.input_rows = 64;
+    d.max_rows = 96;
+    d.session = session;
+    d.tokens = tokens.data();
+    d.token_count = tokens.size();
+    d.block_tokens = kP;
+    uint64_t id = 0;
+    EXPECT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK) << dhs_worker_errmsg(w_);
+    const std::vector<dhs_event> ev = PollFor(1);
+    dhs_event e{};
+    if (!ev.empty()) e = ev[0];
+    EXPECT_EQ(e.kind, DHS_EVENT_GRANTED) << e.message;
+    return std::make_pair(id, e);
+  };
+  auto source_rows = [](uint64_t r, uint32_t s, int64_t first, uint32_t n) {
+    std::vector<uint8_t> rows(size_t{n} * kRow);
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t b = 0; b < kRow; ++b) rows[i * kRow + b] = RowByte(r, s, first + i, b);
+    return rows;
+  };
+  auto keys_of = [](uint64_t r, int64_t first, uint32_t n) {
+    std::vector<uint8_t> keys(size_t{n} * kKey);
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t b = 0; b < kKey; ++b) keys[i * kKey + b] = KeyByte(r, first + i, b);
+    return keys;
+  };
+  auto append_source = [&](uint64_t r, uint32_t s, int64_t first, uint32_t n) {
+    const std::vector<uint8_t> rows = source_rows(r, s, first, n);
+    return dhs_request_append_source(w_, r, s, first, n, rows.data(), rows.size());
+  };
+  auto append_keys = [&](uint64_t r, int64_t first, uint32_t n) {
+    const std::vector<uint8_t> keys = keys_of(r, first, n);
+    return dhs_request_append_keys(w_, r, 0, first, n, keys.data(), keys.size());
+  };
+  const auto [a, ga] = submit(1);
+  ASSERT_EQ(ga.shared_pages, 0u);
+
+  // Bad input of the two calls.
+  const std::vector<uint8_t> one = source_rows(a, 0, 0, 1);
+  EXPECT_EQ(dhs_request_append_source(w_, a, kS, 0, 1, one.data(), one.size()), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append_source(w_, a, 0, 0, 1, nullptr, 0), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append_source(w_, a, 0, 0, 1, one.data(), one.size() * 2), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append_source(w_, a, 0, 1, 1, one.data(), one.size()), DHS_ERR_OUT_OF_RANGE);  // a gap
+  EXPECT_EQ(dhs_request_append_source(w_, a, 0, -1, 1, one.data(), one.size()), DHS_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(dhs_request_append_source(w_, a + 100, 0, 0, 1, one.data(), one.size()), DHS_ERR_NOT_FOUND);
+  EXPECT_EQ(append_keys(a, 0, 1), DHS_ERR_OUT_OF_RANGE);  // position 0 is on no source yet
+  const std::vector<uint8_t> key = keys_of(a, 0, 1);
+  EXPECT_EQ(dhs_request_append_keys(w_, a, 1, 0, 1, key.data(), key.size()), DHS_ERR_INVALID_ARGUMENT);  // indexer
+  EXPECT_EQ(dhs_request_append_keys(w_, a, 0, 0, 1, key.data(), 3), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append_keys(w_, a, 0, 0, 1, nullptr, 0), DHS_ERR_INVALID_ARGUMENT);
+
+  // Source 0 runs 48 rows ahead: rows 0 .. 31 go in, row 32 needs page 0 complete and backed up.
+  EXPECT_EQ(append_source(a, 0, 0, 48), DHS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("positions 0 .. 31 were appended"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  ASSERT_EQ(append_keys(a, 0, 32), DHS_OK) << dhs_worker_errmsg(w_);
+  // Whole-position calls need every source at one length.
+  const std::vector<uint8_t> whole = Rows(a, 32, 1);
+  EXPECT_EQ(dhs_request_append(w_, a, 32, 1, whole.data(), whole.size(), nullptr, 0), DHS_ERR_OUT_OF_RANGE);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("one length"), std::string::npos) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_request_hold(w_, a, 16), DHS_ERR_OUT_OF_RANGE);  // below source 0's 32 rows
+  // Source 0's rows resolve; source 1's do not exist yet.
+  {
+    const std::vector<int64_t> sel = {0, 31};
+    std::vector<int64_t> loc(2);
+    dhs_query q{a, sel.data(), 2, 0, loc.data()};
+    const uint32_t s1 = 1;
+    EXPECT_EQ(dhs_resolve(w_, &s1, 1, &q, 1), DHS_ERR_OUT_OF_RANGE);
+  }
+  ASSERT_EQ(append_source(a, 1, 0, 32), DHS_OK) << dhs_worker_errmsg(w_);  // pages 0 and 1 complete
+  EXPECT_EQ(append_keys(a, 16, 1), DHS_ERR_OUT_OF_RANGE);  // page 1 is complete: its host copy is on its way
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("not complete"), std::string::npos) << dhs_worker_errmsg(w_);
+  // The rest layer by layer, a page at a time: source 0, keys, source 1.
+  for (int64_t t = 32; t < 64; t += kP) {
+    ASSERT_EQ(append_source(a, 0, t, kP), DHS_OK) << dhs_worker_errmsg(w_);
+    ASSERT_EQ(append_keys(a, t, kP), DHS_OK) << dhs_worker_errmsg(w_);
+    ASSERT_EQ(append_source(a, 1, t, kP), DHS_OK) << dhs_worker_errmsg(w_);
+  }
+  // Every source at 64: a whole-position append goes on; positions 0 .. 31 are out of the tail (host recovery).
+  ASSERT_EQ(Append(a, 64, 8), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {0, 7, 15, 16, 31, 40, 63, 71}));
+  EXPECT_EQ(Stats()["rows_appended"], 2 * 64 + 8);  // rows of one source count once each, whole positions once
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 1);
+  }
+  ASSERT_GE(Stats()["pages"]["backed_up"], 4);
+  for (int i = 0; i < 20; ++i) {  // the HostCopyWritten reports reach memd: the pages become shared
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 5);
+  }
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK);
+
+  // The same chain again: its 4 pages imported with the keys given layer-wise and the rows of both sources.
+  const auto [b, gb] = submit(2);
+  ASSERT_EQ(gb.shared_pages, 4u);
+  ASSERT_EQ(gb.import_pages, 4u);
+  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
+  ASSERT_EQ(dhs_request_import(w_, b, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int64_t t = 0; t < 64; ++t) {
+    for (uint32_t k = 0; k < kKey; ++k) ASSERT_EQ(keys[t * kKey + k], KeyByte(a, t, k)) << "key of position " << t;
+  }
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  const std::vector<int64_t> sel = {0, 15, 16, 33, 47, 48, 63, -1};
+  for (uint32_t s = 0; s < kS; ++s) {
+    std::vector<int64_t> loc(sel.size());
+    dhs_query q{b, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+    ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t j = 0; j + 1 < sel.size(); ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
+      for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(row[k], RowByte(a, s, sel[j], k)) << s << " " << sel[j];
+    }
+    ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+  }
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+}
+
+// ABI 1.3, source groups (brief §5: an index producer's followers read the producer's selection): with both sources
+// in group 0, a resolve names the whole group (in any order; locations [source as named][j]), one source alone is
+// refused, and readers end per group. Rows out of the tail come from host, exact for both sources. The open refuses
+// groups not numbered in order of first use, and a 1.2-sized config (no groups field) opens with a group per source.
+TEST_F(LibdhsTest, SourceGroupsResolveAGroupAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  const uint32_t bad1[kS] = {1, 0}, bad2[kS] = {0, 2}, one_group[kS] = {0, 0};
+  for (const uint32_t* bad : {bad1, bad2}) {
+    dhs_worker_config c = Config(dir_.path(), 8);
+    c.source_groups = bad;
+    dhs_worker* w = nullptr;
+    EXPECT_EQ(dhs_worker_open(&c, &w), DHS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(dhs_worker_errmsg(w)).find("source_groups"), std::string::npos) << dhs_worker_errmsg(w);
+    EXPECT_EQ(dhs_worker_close(w), DHS_OK);
+  }
+  {  // 1.2's struct: its own groups (the field after model_fingerprint is not read)
+    dhs_worker_config c = Config(dir_.path(), 8);
+    c.struct_size = DHS_WORKER_CONFIG_SIZE_1_2;
+    c.source_groups = one_group;
+    dhs_worker* w = nullptr;
+    ASSERT_EQ(dhs_worker_open(&c, &w), DHS_OK) << dhs_worker_errmsg(w);
+    const uint64_t id = [&] {
+      dhs_request_desc d = Desc(16, 40);
+      uint64_t r = 0;
+      EXPECT_EQ(dhs_request_submit(w, &d, &r), DHS_OK);
+      for (int i = 0; i < 2000; ++i) {
+        dhs_event ev[2];
+        size_t n = 0;
+        EXPECT_EQ(dhs_worker_poll(w, ev, 2, &n), DHS_OK);
+        if (n > 0) break;
+        ::poll(nullptr, 0, 5);
+      }
+      return r;
+    }();
+    const std::vector<uint8_t> rows = Rows(id, 0, 16);
+    ASSERT_EQ(dhs_request_append(w, id, 0, 16, rows.data(), rows.size(), nullptr, 0), DHS_OK) << dhs_worker_errmsg(w);
+    const uint32_t both[2] = {0, 1};
+    const int64_t sel[1] = {3};
+    int64_t loc[2];
+    dhs_query q{id, sel, 1, 0, loc};
+    EXPECT_EQ(dhs_resolve(w, both, 2, &q, 1), DHS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(dhs_worker_errmsg(w)).find("not one group's"), std::string::npos) << dhs_worker_errmsg(w);
+    EXPECT_EQ(dhs_worker_close(w), DHS_OK);
+  }
+  dhs_worker_config c = Config(dir_.path(), 8);
+  c.mode = DHS_MODE_HISPARSE;
+  c.source_groups = one_group;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t id = SubmitGranted(64, 80);
+  ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+  const std::vector<int64_t> sel = {2, 17, 30, -1, 45, 63, 5, 40};  // 2 .. 30 out of the tail (T = 32: 32 .. 63)
+  std::vector<int64_t> loc(sel.size() * kS, -7);
+  dhs_query q{id, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+  const uint32_t s0 = 0, reversed[kS] = {1, 0}, twice[kS] = {0, 0};
+  EXPECT_EQ(dhs_resolve(w_, &s0, 1, &q, 1), DHS_ERR_INVALID_ARGUMENT);  // half the group
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("whose sources are [0, 1]"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_resolve(w_, twice, kS, &q, 1), DHS_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(dhs_resolve(w_, reversed, kS, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  for (uint32_t si = 0; si < kS; ++si) {
+    const uint32_t s = reversed[si];
+    for (size_t j = 0; j < sel.size(); ++j) {
+      const int64_t l = loc[si * sel.size() + j];
+      if (sel[j] < 0) {
+        EXPECT_EQ(l, -1);
+        continue;
+      }
+      ASSERT_GE(l, 0);
+      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + l;
+      for (uint32_t b = 0; b < kRow; ++b) ASSERT_EQ(row[b], RowByte(id, s, sel[j], b)) << s << " " << sel[j];
+    }
+  }
+  EXPECT_GE(Stats()["census"]["host"].get<uint64_t>(), 2u) << Stats().dump();  // recovered for both sources at once
+  const uint32_t s1 = 1;
+  EXPECT_EQ(dhs_resolve(w_, reversed, kS, &q, 1), DHS_ERR_FAILED_PRECONDITION);  // readers still open
+  ASSERT_EQ(dhs_readers_done(w_, &s1, 1), DHS_OK);  // one source of the group ends the group's readers
+  ASSERT_EQ(dhs_resolve(w_, reversed, kS, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_readers_done(w_, &s0, 1), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, id), DHS_OK);
 }
 
 }  // namespace

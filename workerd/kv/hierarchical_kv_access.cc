@@ -476,19 +476,31 @@ absl::Status HierarchicalKvAccess::ResumeHostWrites() {
 }
 
 bool HierarchicalKvAccess::TailHasRoom(RequestId request, Position rows) const {
-  auto it = requests_.find(request);
-  if (it == requests_.end()) return true;
-  const RequestKv& kv = *it->second;
-  const KvConfig& c = layout_.config();
-  for (Position n : kv.appended) {
-    for (Position t = n; t < n + rows; ++t) {
-      const Position old = t - Position{c.tail_rows};
-      if (old < 0) continue;
-      const auto j = static_cast<size_t>(old / c.page_rows);
-      if (j >= kv.pages.size() || (kv.pages[j].host_page < 0 && kv.pages[j].device_page < 0)) return false;
-    }
+  for (SourceId s = 0; s < layout_.num_sources(); ++s) {
+    if (!TailHasRoom(request, s, rows)) return false;
   }
   return true;
+}
+
+bool HierarchicalKvAccess::TailHasRoom(RequestId request, SourceId source, Position rows) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end() || source >= it->second->appended.size()) return true;
+  const RequestKv& kv = *it->second;
+  const KvConfig& c = layout_.config();
+  const Position n = kv.appended[source];
+  for (Position t = n; t < n + rows; ++t) {
+    const Position old = t - Position{c.tail_rows};
+    if (old < 0) continue;
+    const auto j = static_cast<size_t>(old / c.page_rows);
+    if (j >= kv.pages.size() || (kv.pages[j].host_page < 0 && kv.pages[j].device_page < 0)) return false;
+  }
+  return true;
+}
+
+Position HierarchicalKvAccess::AppendedRows(RequestId request, SourceId source) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end() || source >= it->second->appended.size()) return 0;
+  return it->second->appended[source];
 }
 
 absl::Status HierarchicalKvAccess::KeepOptional(RequestKv& kv, uint32_t page, PageIndex device_page) {

@@ -186,6 +186,11 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // neither a host copy (written or writing) nor a GPU page: with host writes paused such an Append would fail (the
   // tail is full). True for an unknown request (its first Append admits it).
   bool TailHasRoom(RequestId request, Position rows) const;
+  // The same for source `source` alone (libdhs's layer-wise appends, where sources hold different lengths).
+  bool TailHasRoom(RequestId request, SourceId source, Position rows) const;
+  // The rows `source` of `request` holds (positions 0 .. n-1); 0 for a request never appended to or a source out of
+  // range. libdhs reads it after an AppendRun that failed part way (the rows before the failure stay appended).
+  Position AppendedRows(RequestId request, SourceId source) const;
   // Speculative rounds (KvAccess; brief §6 "Commit"): while held, a page with a row at a position >= `from` is not
   // completed at Append; CommitVerified drops rows >= length on every source (tail only: they were never backed up
   // nor kept), ends the hold and completes the pages now whole below `length` (backup into the planned host page, or
