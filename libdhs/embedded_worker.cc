@@ -333,7 +333,11 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
 
 absl::Status EmbeddedWorker::Poll() {
   MemdClient::Load load;
-  for (const auto& [id, r] : requests_) load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
+  for (auto& [id, r] : requests_) {
+    load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
+    // The pages complete now may be reported (checksummed) by this poll: their keys are final from here on.
+    if (r.phase == EmbeddedPhase::kGranted) r.sealed = std::max(r.sealed, Fewest(r) / config_.page_rows * config_.page_rows);
+  }
   load.pending_copies = agent_->pending_orders();
   while (unread_.empty() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
     auto order = std::move(deferred_orders_.front());
@@ -622,13 +626,11 @@ absl::Status EmbeddedWorker::AppendKeys(RequestId request, uint32_t indexer, Pos
                                                    uint64_t{config_.index_key_bytes} * count,
                                                    " (positions x index_key_bytes)"));
   }
-  const Position p = config_.page_rows;
-  const Position open_from = Fewest(**r) / p * p;  // pages from here on are not complete on every source
-  if (first < open_from || first + Position{count} > Most(**r)) {
+  if (first < (*r)->sealed || first + Position{count} > Most(**r)) {
     return absl::OutOfRangeError(absl::StrCat(
         "request ", request, ": keys of positions ", first, " .. ", first + int64_t{count} - 1, " must lie in [",
-        open_from, ", ", Most(**r), "): appended on some source and in a page not complete yet (its host copy "
-        "would be confirmed without them)"));
+        (*r)->sealed, ", ", Most(**r), "): appended on some source, in a page that was not complete at the latest "
+        "dhs_worker_poll (a poll may confirm a complete page's host copy, checksummed without later keys)"));
   }
   std::vector<float> k(keys.size() / 4);
   std::memcpy(k.data(), keys.data(), keys.size());
@@ -742,6 +744,7 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
   std::vector<std::vector<float>> keys;
   if (absl::Status s = kv_->ImportHostRows(request, first, count, keys); !s.ok()) return Step(s);
   for (Position& n : (*r)->appended) n = static_cast<Position>((uint64_t{first} + count) * p);
+  (*r)->sealed = std::max((*r)->sealed, static_cast<Position>((uint64_t{first} + count) * p));  // confirmed copies
   if (!keys_out.empty()) {
     const uint64_t per_indexer = count * p * config_.index_key_bytes;
     for (uint32_t x = 0; x < config_.indexers && x < keys.size(); ++x) {

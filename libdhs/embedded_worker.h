@@ -165,7 +165,7 @@ class EmbeddedWorker final : private MemdHandler {
   absl::Status AppendSource(RequestId request, SourceId source, Position first, uint32_t count,
                             std::span<const uint8_t> rows);
   // dhs_request_append_keys: count * d_idx bytes of indexer `indexer` for positions first .. first+count-1, each
-  // appended on some source and in a page not yet complete (>= the fewest rows of a source, rounded down to p).
+  // appended on some source and in a page that was not complete at the latest Poll (Request::sealed).
   absl::Status AppendKeys(RequestId request, uint32_t indexer, Position first, uint32_t count,
                           std::span<const uint8_t> keys);
   // The group of `source` (source < sources).
@@ -191,6 +191,9 @@ class EmbeddedWorker final : private MemdHandler {
     EmbeddedPhase phase = EmbeddedPhase::kWaiting;
     uint64_t input_rows = 0, max_rows = 0;
     std::vector<Position> appended;  // per source: rows appended (positions 0 .. appended[s]-1)
+    // Keys below it are refused (AppendKeys): its pages were complete at a Poll, which may have confirmed their host
+    // copies with the checksum of the keys then (HierarchicalKvAccess::Poll), or imported (confirmed copies).
+    Position sealed = 0;
     Position held_from = -1;  // a speculative hold's `from`, -1 none
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
     bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
