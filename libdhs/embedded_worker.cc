@@ -209,20 +209,12 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   w->stack_ = *std::move(stack);
   w->kv_ = w->stack_->hierarchical();
   w->agent_ = w->stack_->agent();
-  w->groups_ = kv.groups;
-  w->group_of_.resize(config.sources);
-  for (uint32_t g = 0; g < kv.groups.size(); ++g) {
-    for (SourceId s : kv.groups[g]) w->group_of_[s] = g;
-  }
+  w->port_ = std::make_unique<KvPort>(w->kv_);
   return w;
 }
 
 EmbeddedWorker::~EmbeddedWorker() {
-  if (kv_ != nullptr && !unread_.empty()) {  // closing: nobody reads the pool any more
-    std::vector<SourceId> read;
-    for (const auto& [group, slots] : unread_) read.push_back(groups_[group][0]);
-    (void)ReadersDone(read);
-  }
+  if (port_ != nullptr) port_->EndAllReaders();  // closing: nobody reads the pool any more
   if (agent_ != nullptr) {
     std::vector<RequestId> open;
     for (const auto& [id, r] : requests_) open.push_back(id);
@@ -326,20 +318,16 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   ++counters_.submitted;
   counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
   requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows,
-                                .appended = std::vector<Position>(config_.sources, 0), .resume_of = resume_of,
+                                .resume_of = resume_of,
                                 .admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit))});
   return id;
 }
 
 absl::Status EmbeddedWorker::Poll() {
   MemdClient::Load load;
-  for (auto& [id, r] : requests_) {
-    load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
-    // The pages complete now may be reported (checksummed) by this poll: their keys are final from here on.
-    if (r.phase == EmbeddedPhase::kGranted) r.sealed = std::max(r.sealed, Fewest(r) / config_.page_rows * config_.page_rows);
-  }
+  for (const auto& [id, r] : requests_) load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
   load.pending_copies = agent_->pending_orders();
-  while (unread_.empty() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
+  while (!port_->ReadersOutstanding() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
     auto order = std::move(deferred_orders_.front());
     deferred_orders_.pop_front();
     if (auto* m = std::get_if<wire::ReclaimOrderT>(&order)) CarryOut(*m);
@@ -463,13 +451,10 @@ absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
 void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  // A failed request ends now: the readers of its slot's rows are ended first (its end would wait for them for ever),
-  // with those of every request resolved on the same groups (the readers' unit is a group).
-  std::vector<SourceId> read;
-  for (const auto& [group, slots] : unread_) {
-    if (slots.contains(it->second.slot)) read.push_back(groups_[group][0]);
-  }
-  if (it->second.phase == EmbeddedPhase::kGranted && !read.empty()) DHS_CHECK_OK(ReadersDone(read));
+  // A failed request ends now: the readers of its rows are ended first (its end would wait for them for ever), with
+  // those of every request resolved on the same groups (the readers' unit is a group).
+  const std::vector<SourceId> read = port_->UnreadGroupsOf(id);
+  if (it->second.phase == EmbeddedPhase::kGranted && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
   if (it->second.phase == EmbeddedPhase::kGranted) agent_->EndRequest(id);  // copies end, KV released, Complete
   requests_.erase(it);
   ++counters_.failed;
@@ -480,30 +465,12 @@ void EmbeddedWorker::FailDataLoss() {
   for (auto& [id, status] : kv_->TakeDataLoss()) Fail(id, status);
 }
 
-Position EmbeddedWorker::Fewest(const Request& r) { return *std::min_element(r.appended.begin(), r.appended.end()); }
-Position EmbeddedWorker::Most(const Request& r) { return *std::max_element(r.appended.begin(), r.appended.end()); }
-
-absl::Status EmbeddedWorker::CheckHeldRoom(RequestId request, const Request& r, Position first, uint32_t count) const {
-  if (r.held_from < 0) return absl::OkStatus();
-  // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
-  // before them (workerd's K_max <= T - p + 1 rule, geometry.h): row t reuses the tail slot of row t - T, which
-  // must lie in a page below the held one. Found by fuzz/libdhs_fuzz.cc (the KV store indexed a page it never grew).
-  const Position limit = r.held_from / config_.page_rows * config_.page_rows + config_.tail_rows;
-  if (first + count > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request ", request, ": held rows from ", r.held_from, " up to position ", first + count - 1,
-        " do not fit the tail (positions below ", limit, " while the round is held: T = ", config_.tail_rows,
-        " rows); commit the round first"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t count, std::span<const uint8_t> rows,
                                     std::span<const uint8_t> keys) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
   const uint64_t row = config_.row_bytes, per_position = row * config_.sources;
-  const Position fewest = Fewest(**r), most = Most(**r);
+  const Position fewest = port_->Fewest(request), most = port_->Most(request);
   if (first != fewest || fewest != most) {
     return absl::OutOfRangeError(
         fewest == most
@@ -531,10 +498,9 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
         "request ", request, ": memd is away and the tail has no room for ", count, " more rows without a host write "
         "(positions ", first, " .. ", first + int64_t{count} - 1, "); poll and retry once memd is back"));
   }
-  if (absl::Status s = CheckHeldRoom(request, **r, first, count); !s.ok()) return s;
   for (uint32_t i = 0; i < count; ++i) {
     for (SourceId s = 0; s < config_.sources; ++s) {
-      if (absl::Status st = kv_->Append(request, s, first + i, rows.subspan(i * per_position + s * row, row));
+      if (absl::Status st = port_->AppendSource(request, s, first + i, 1, rows.subspan(i * per_position + s * row, row));
           !st.ok()) {
         // Sources 0..s-1 hold the row already: the request's KV is no longer consistent; it fails. Whole positions
         // appended before stay (the next append starts at first + i).
@@ -545,7 +511,6 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
                                                                            first + i - 1, " were appended)")));
       }
     }
-    for (Position& n : (*r)->appended) ++n;
   }
   counters_.rows_appended += count;
   if (!keys.empty()) {
@@ -563,142 +528,36 @@ absl::Status EmbeddedWorker::AppendSource(RequestId request, SourceId source, Po
                                           std::span<const uint8_t> rows) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if (source >= config_.sources) {
-    return absl::InvalidArgumentError(absl::StrCat("source ", source, " out of range (", config_.sources,
-                                                   " sources)"));
-  }
-  Position& appended = (*r)->appended[source];
-  if (first != appended) {
-    return absl::OutOfRangeError(absl::StrCat("request ", request, ": append of source ", source, " at position ",
-                                              first, ", but it holds ", appended, " rows (the next must be ",
-                                              appended, ")"));
-  }
-  if (static_cast<uint64_t>(first) + count > (*r)->max_rows) {
-    return absl::OutOfRangeError(absl::StrCat("request ", request, ": positions ", first, " .. ",
-                                              first + int64_t{count} - 1, " beyond its max_rows ", (*r)->max_rows));
-  }
-  if (count == 0 || rows.size() != uint64_t{config_.row_bytes} * count) {
-    return absl::InvalidArgumentError(absl::StrCat("rows: ", rows.size(), " bytes for ", count, " positions of one "
-                                                   "source; need ", uint64_t{config_.row_bytes} * count,
-                                                   " (positions x row_bytes)"));
-  }
-  if (absl::Status s = CheckHeldRoom(request, **r, first, count); !s.ok()) return s;
-  // One run per page, as far as the tail lets this source run ahead (HierarchicalKvAccess::AppendRun: a row whose
-  // tail slot still holds a page not complete and backed up is refused, the rows before it stay appended).
-  const Position p = config_.page_rows;
-  for (Position t = first, last = first + count; t < last;) {
-    const Position end = std::min(last, (t / p + 1) * p);
-    const uint32_t n = static_cast<uint32_t>(end - t);
-    if (kv_->host_writes_paused() && !kv_->TailHasRoom(request, source, end - appended)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "request ", request, ": memd is away and the tail has no room for source ", source, "'s positions ", t,
-          " .. ", end - 1, " without a host write", t > first ? absl::StrCat(" (", first, " .. ", t - 1,
-                                                                             " were appended)") : "",
-          "; poll and retry once memd is back"));
-    }
-    const Position before = kv_->AppendedRows(request, source);
-    const absl::Status st = kv_->AppendRun(request, source, t, n, rows.subspan((t - first) * config_.row_bytes,
-                                                                               uint64_t{n} * config_.row_bytes));
-    const Position after = kv_->AppendedRows(request, source);
-    appended = after;
-    counters_.rows_appended += static_cast<uint64_t>(after - before);
-    if (!st.ok()) {
-      return Step(after == first ? st
-                                 : absl::Status(st.code(), absl::StrCat(st.message(), " (source ", source,
-                                                                        " positions ", first, " .. ", after - 1,
-                                                                        " were appended)")));
-    }
-    t = end;
-  }
-  return Step(absl::OkStatus());
+  const Position before = source < config_.sources ? port_->Rows(request, source) : 0;
+  const absl::Status s = port_->AppendSource(request, source, first, count, rows, (*r)->max_rows);
+  if (source < config_.sources) counters_.rows_appended += static_cast<uint64_t>(port_->Rows(request, source) - before);
+  return Step(s);
 }
 
 absl::Status EmbeddedWorker::AppendKeys(RequestId request, uint32_t indexer, Position first, uint32_t count,
                                         std::span<const uint8_t> keys) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if (indexer >= config_.indexers) {
-    return absl::InvalidArgumentError(absl::StrCat("indexer ", indexer, " out of range (", config_.indexers,
-                                                   " indexers)"));
+  if (config_.indexers == 0) {
+    return absl::InvalidArgumentError("this worker was opened without indexers (dhs_worker_config.indexers = 0)");
   }
-  if (count == 0 || keys.size() != uint64_t{config_.index_key_bytes} * count) {
-    return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes for ", count, " positions; need ",
-                                                   uint64_t{config_.index_key_bytes} * count,
-                                                   " (positions x index_key_bytes)"));
-  }
-  if (first < (*r)->sealed || first + Position{count} > Most(**r)) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "request ", request, ": keys of positions ", first, " .. ", first + int64_t{count} - 1, " must lie in [",
-        (*r)->sealed, ", ", Most(**r), "): appended on some source, in a page that was not complete at the latest "
-        "dhs_worker_poll (a poll may confirm a complete page's host copy, checksummed without later keys)"));
-  }
-  std::vector<float> k(keys.size() / 4);
-  std::memcpy(k.data(), keys.data(), keys.size());
-  return Step(kv_->StoreIndexKeys(request, indexer, first, k));
+  return Step(port_->AppendKeys(request, indexer, first, count, keys));
 }
 
 absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::span<Query> queries) {
-  // The sources: exactly one group's, each once, in any order (the resolver plans a group's batch once and fills
-  // the group's shared hot-cache slots for every source of it).
-  if (sources.empty()) return absl::InvalidArgumentError("a resolve names no source");
-  for (SourceId s : sources) {
-    if (s >= config_.sources) {
-      return absl::InvalidArgumentError(absl::StrCat("source ", s, " out of range (", config_.sources, " sources)"));
-    }
-  }
-  const uint32_t group = group_of_[sources[0]];
-  {
-    std::vector<SourceId> named(sources.begin(), sources.end()), members = groups_[group];
-    std::sort(named.begin(), named.end());
-    std::sort(members.begin(), members.end());
-    if (named != members) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sources [", absl::StrJoin(sources, ", "), "] are not one group's: source ", sources[0], " is in group ",
-          group, ", whose sources are [", absl::StrJoin(groups_[group], ", "), "]; a resolve names every source of "
-          "one group once"));
-    }
-  }
-  std::vector<KvQuery> batch(queries.size());
+  std::vector<KvPort::Query> batch(queries.size());
   std::vector<const uint8_t*> out;
   size_t total = 0;
-  for (const Query& q : queries) total += q.selection.size() * sources.size();
+  for (const Query& q : queries) total += q.locations.size();
   out.assign(total, nullptr);
   size_t at = 0;
   for (size_t i = 0; i < queries.size(); ++i) {
     const Query& q = queries[i];
-    absl::StatusOr<Request*> r = Granted(q.request);
-    if (!r.ok()) return r.status();
-    if (q.selection.size() > config_.top_k) {
-      return absl::InvalidArgumentError(absl::StrCat("query ", i, ": selection of ", q.selection.size(),
-                                                     " positions is longer than k = ", config_.top_k));
-    }
-    if (q.locations.size() != q.selection.size() * sources.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("query ", i, ": locations hold ", q.locations.size(),
-                                                     " entries for ", q.selection.size(), " positions of ",
-                                                     sources.size(), " sources"));
-    }
-    if (auto u = unread_.find(group); u != unread_.end() && u->second.contains((*r)->slot)) {
-      // Found by the libFuzzer run of fuzz/libdhs_fuzz.cc (fuzz/findings/libdhs/timeout-5d954c15...): the resolve
-      // waited on the readers fence of an earlier resolve's rows in the same slot, which only dhs_readers_done ends.
-      return absl::FailedPreconditionError(absl::StrCat(
-          "query ", i, ": request ", q.request, "'s slot ", (*r)->slot, " was resolved on source ", sources[0],
-          " since its last dhs_readers_done; call dhs_readers_done for that source first (rows read may be replaced)"));
-    }
-    Position held = INT64_MAX;  // the rows every named source holds
-    for (SourceId s : sources) held = std::min(held, (*r)->appended[s]);
-    for (size_t j = 0; j < q.selection.size(); ++j) {
-      const Position t = q.selection[j];
-      if (t < -1 || t >= held) {
-        return absl::OutOfRangeError(absl::StrCat("query ", i, ": position ", t, " at ", j, " is beyond request ",
-                                                  q.request, "'s history of ", held, " rows",
-                                                  sources.size() > 1 ? " (on every source named)" : ""));
-      }
-    }
-    batch[i] = KvQuery{q.request, q.selection, std::span<const uint8_t*>(out.data() + at, q.locations.size())};
+    if (absl::StatusOr<Request*> r = Granted(q.request); !r.ok()) return r.status();
+    batch[i] = KvPort::Query{q.request, q.selection, std::span<const uint8_t*>(out.data() + at, q.locations.size())};
     at += q.locations.size();
   }
-  if (absl::Status s = kv_->Fetch(sources, batch); !s.ok()) return Step(s);
-  for (const Query& q : queries) unread_[group].insert(requests_.at(q.request).slot);
+  if (absl::Status s = port_->Resolve(sources, batch); !s.ok()) return Step(s);
   absl::StatusOr<std::span<uint8_t>> pool = Pool();
   if (!pool.ok()) return pool.status();
   at = 0;
@@ -737,14 +596,13 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
                                                    " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
   }
-  if (static_cast<uint64_t>(Fewest(**r)) != first * p || Fewest(**r) != Most(**r)) {
-    return absl::FailedPreconditionError(absl::StrCat("import at page ", first, ": its sources hold ", Fewest(**r),
-                                                      " to ", Most(**r), " rows, not ", first * p, " each"));
+  const Position fewest = port_->Fewest(request), most = port_->Most(request);
+  if (static_cast<uint64_t>(fewest) != first * p || fewest != most) {
+    return absl::FailedPreconditionError(absl::StrCat("import at page ", first, ": its sources hold ", fewest,
+                                                      " to ", most, " rows, not ", first * p, " each"));
   }
   std::vector<std::vector<float>> keys;
   if (absl::Status s = kv_->ImportHostRows(request, first, count, keys); !s.ok()) return Step(s);
-  for (Position& n : (*r)->appended) n = static_cast<Position>((uint64_t{first} + count) * p);
-  (*r)->sealed = std::max((*r)->sealed, static_cast<Position>((uint64_t{first} + count) * p));  // confirmed copies
   if (!keys_out.empty()) {
     const uint64_t per_indexer = count * p * config_.index_key_bytes;
     for (uint32_t x = 0; x < config_.indexers && x < keys.size(); ++x) {
@@ -758,40 +616,19 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
 }
 
 absl::Status EmbeddedWorker::ReadersDone(std::span<const SourceId> sources) {
-  for (SourceId s : sources) {
-    if (s >= config_.sources) {
-      return absl::InvalidArgumentError(absl::StrCat("source ", s, " out of range (", config_.sources, " sources)"));
-    }
-  }
-  kv_->ReadersDone(sources);  // ends every group named
-  for (SourceId s : sources) unread_.erase(group_of_[s]);
-  return absl::OkStatus();
+  return port_->ReadersDone(sources);
 }
 
 absl::Status EmbeddedWorker::Hold(RequestId request, Position from) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if (from < Most(**r) || static_cast<uint64_t>(from) > (*r)->max_rows) {
-    return absl::OutOfRangeError(absl::StrCat("hold from ", from, ": must be in [appended rows ", Most(**r),
-                                              ", max_rows ", (*r)->max_rows, "]"));
-  }
-  if (absl::Status s = kv_->HoldUnverified(request, from); !s.ok()) return s;
-  (*r)->held_from = from;
-  return absl::OkStatus();
+  return port_->Hold(request, from, (*r)->max_rows);
 }
 
 absl::Status EmbeddedWorker::Commit(RequestId request, Position length) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if ((*r)->held_from < 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " holds no rows"));
-  if (length < (*r)->held_from || length > Fewest(**r)) {
-    return absl::OutOfRangeError(absl::StrCat("commit length ", length, ": must be in [held from ", (*r)->held_from,
-                                              ", rows every source holds ", Fewest(**r), "]"));
-  }
-  if (absl::Status s = kv_->CommitVerified(request, length); !s.ok()) return Step(s);
-  for (Position& n : (*r)->appended) n = length;  // rows >= length dropped on every source
-  (*r)->held_from = -1;
-  return absl::OkStatus();
+  return Step(port_->Commit(request, length));
 }
 
 absl::Status EmbeddedWorker::Complete(RequestId request) {
@@ -802,12 +639,10 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   if (it->second.phase == EmbeddedPhase::kGranted) {
     // Its end waits for the copies memd would free pages under, and those wait for the readers of its rows: with a
     // resolve of its slot not followed by dhs_readers_done it would wait for ever (found by the libFuzzer run).
-    for (const auto& [group, slots] : unread_) {
-      if (slots.contains(it->second.slot)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "request ", request, " was resolved on source ", groups_[group][0], " since its last dhs_readers_done; "
-            "call dhs_readers_done for that source before completing it (its rows may still be read)"));
-      }
+    if (const std::vector<SourceId> read = port_->UnreadGroupsOf(request); !read.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request ", request, " was resolved on source ", read[0], " since its last dhs_readers_done; "
+          "call dhs_readers_done for that source before completing it (its rows may still be read)"));
     }
   }
   if (it->second.phase == EmbeddedPhase::kGranted && memd_->away()) {

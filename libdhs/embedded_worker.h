@@ -5,7 +5,7 @@
 // ResidencyAgent (memd's orders carried out: reclaim, population, backups; memd away's KV half). The engine sees requests and events, never a memd order.
 //
 // Owns: the device, the memd connection, the KV store, the agent, each request's EmbeddedPhase (one enum, one table,
-// one validating TransitionEmbedded(): waiting / queued / granted) with its declared rows and appended rows, and the
+// one validating TransitionEmbedded(): waiting / queued / granted) with its declared rows (its KV through KvPort), and the
 // events for the engine. dhs.cc is the thin C wrapper (argument checks of the C structs, handles, messages).
 //
 // Thread-safety: none; dhs.cc serialises the calls on one worker with its mutex.
@@ -28,6 +28,7 @@
 #include "workerd/device/device.h"
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_stack.h"
+#include "libdhs/kv_port.h"
 #include "workerd/memd_client.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving_mode.h"
@@ -165,11 +166,11 @@ class EmbeddedWorker final : private MemdHandler {
   absl::Status AppendSource(RequestId request, SourceId source, Position first, uint32_t count,
                             std::span<const uint8_t> rows);
   // dhs_request_append_keys: count * d_idx bytes of indexer `indexer` for positions first .. first+count-1, each
-  // appended on some source and in a page that was not complete at the latest Poll (Request::sealed).
+  // appended on some source, in a page whose host copy no Poll confirmed yet (HierarchicalKvAccess::StoreIndexKeys).
   absl::Status AppendKeys(RequestId request, uint32_t indexer, Position first, uint32_t count,
                           std::span<const uint8_t> keys);
   // The group of `source` (source < sources).
-  uint32_t GroupOf(SourceId source) const { return group_of_[source]; }
+  uint32_t GroupOf(SourceId source) const { return port_->GroupOf(source); }
   // One query: selection (length <= k) and its output (sources.size() * length byte offsets).
   struct Query {
     RequestId request = 0;
@@ -190,11 +191,7 @@ class EmbeddedWorker final : private MemdHandler {
   struct Request {
     EmbeddedPhase phase = EmbeddedPhase::kWaiting;
     uint64_t input_rows = 0, max_rows = 0;
-    std::vector<Position> appended;  // per source: rows appended (positions 0 .. appended[s]-1)
-    // Keys below it are refused (AppendKeys): its pages were complete at a Poll, which may have confirmed their host
-    // copies with the checksum of the keys then (HierarchicalKvAccess::Poll), or imported (confirmed copies).
-    Position sealed = 0;
-    Position held_from = -1;  // a speculative hold's `from`, -1 none
+    // Its rows per source and its speculative hold are the KV store's (KvPort reads them there).
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
     bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
     bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
@@ -215,11 +212,6 @@ class EmbeddedWorker final : private MemdHandler {
   wire::HelloT ReHello() const;
   absl::Status Return(const wire::HelloReplyT& reply);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
-  // The fewest / most rows any source of `r` holds.
-  static Position Fewest(const Request& r);
-  static Position Most(const Request& r);
-  // The rows of a speculative round's hold end before this position while it is held (tail room; Append's rule).
-  absl::Status CheckHeldRoom(RequestId request, const Request& r, Position first, uint32_t count) const;
 
   // MemdHandler.
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
@@ -243,18 +235,16 @@ class EmbeddedWorker final : private MemdHandler {
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   uint64_t next_request_ = 1;
-  // Per group, the slots resolved since its last ReadersDone (whoever holds them now: a request completed meanwhile
-  // leaves its readers on its slot): a resolve of a request in one of them could wait for those unfinished readers
-  // (a hot-cache row they read being replaced) on the caller's thread for ever; it is refused.
-  std::map<uint32_t, std::set<uint32_t>> unread_;
-  std::vector<uint32_t> group_of_;                 // per source (config_.source_groups, or s)
-  std::vector<std::vector<SourceId>> groups_;      // per group, its sources
-  // memd's orders received while readers are outstanding (unread_ not empty), in arrival order: carrying one out may
+  // The data path (libdhs/kv_port.h, the one workerd's model uses too): appends, keys, resolves, readers (the
+  // requests resolved per group since its last ReadersDone: a resolve again, or a Complete, before it is refused),
+  // hold and commit.
+  std::unique_ptr<KvPort> port_;
+  // memd's orders received while readers are outstanding (KvPort::ReadersOutstanding), in arrival order: carrying one out may
   // wait for a copy that waits for those readers (a keep copy into a page still read; found by the libFuzzer run), on
   // the engine's thread that alone can end them. Carried out at the first Poll with no readers outstanding.
   std::deque<std::variant<wire::ReclaimOrderT, wire::RetireT, wire::PopulateOrderT>> deferred_orders_;
   void CarryOut(const wire::ReclaimOrderT& m);
-  bool Defer() const { return !unread_.empty() || !deferred_orders_.empty(); }
+  bool Defer() const { return port_->ReadersOutstanding() || !deferred_orders_.empty(); }
   std::deque<EmbeddedEvent> events_;
   EmbeddedCounters counters_;
 };

@@ -68,6 +68,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   }
   w->kv_ = &w->stack_->kv();
   w->hier_ = w->stack_->hierarchical();
+  if (w->hier_ != nullptr) {  // the model's KV calls go through libdhs's data path (libdhs/kv_port.h)
+    w->port_ = std::make_unique<lib::KvPort>(w->hier_);
+    w->port_kv_ = std::make_unique<lib::PortKvAccess>(w->port_.get(), w->hier_);
+    w->kv_ = w->port_kv_.get();
+  }
   w->agent_ = w->stack_->agent();
   w->resumes_ = std::make_unique<ResumeImporter>(model, w->hier_, config.page_rows);
   absl::StatusOr<std::unique_ptr<SpeculativeRounds>> rounds = SpeculativeRounds::Create(model, config, w->geometry_);

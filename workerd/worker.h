@@ -57,6 +57,7 @@
 #include "workerd/geometry.h"
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_stack.h"
+#include "libdhs/kv_port.h"
 #include "workerd/kv_access.h"
 #include "workerd/memd_away.h"
 #include "workerd/memd_link.h"
@@ -160,6 +161,9 @@ class Worker final : public Submitter, private RequestEnds {
   // arenas allocated at start (brief §6: M_stage = χ * N * K_max * k * d_KV, K_max = --block;
   // WorkerGeometry::staging_bytes; 0 without: speculation off, --staging-arenas 0), WorkerStatsReply.staging_bytes.
   HierarchicalKvAccess* hierarchical() { return hier_; }
+  // Test/introspection: libdhs's data path the model's KV calls go through (libdhs/kv_port.h), nullptr in resident
+  // mode.
+  const lib::KvPort* kv_port() const { return port_.get(); }
 
  private:
   using Request = WorkerRequest;
@@ -208,6 +212,11 @@ class Worker final : public Submitter, private RequestEnds {
   // The KV store, its residency and the ResidencyAgent (workerd/kv_stack.h: the one wiring libdhs's EmbeddedWorker
   // uses too); kv_, hier_ (nullptr in resident mode) and agent_ point into it.
   std::unique_ptr<KvStack> stack_;
+  // Hierarchical modes: the model reaches the store only through libdhs's data path (issue 25, "workerd uses it"):
+  // kv_ is port_kv_, a PortKvAccess over port_ (libdhs/kv_port.h, the object behind dhs_request_append_source,
+  // dhs_resolve, dhs_readers_done, dhs_request_hold / commit). Resident mode: kv_ is the stack's ResidentKvAccess.
+  std::unique_ptr<lib::KvPort> port_;
+  std::unique_ptr<lib::PortKvAccess> port_kv_;
   KvAccess* kv_ = nullptr;
   HierarchicalKvAccess* hier_ = nullptr;
   ResidencyAgent* agent_ = nullptr;  // the memd conversation

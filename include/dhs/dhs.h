@@ -288,12 +288,13 @@ DHS_EXPORT int dhs_request_append_source(dhs_worker* w, uint64_t request, uint32
                                          uint32_t count, const void* rows, size_t rows_bytes);
 /* ABI 1.3: the index keys of indexer `indexer` for positions first .. first+count-1 (keys: count * d_idx bytes), for
  * a layer-wise engine (dhs_request_append_source) whose indexer runs at its own layer. The keys go into the
- * positions' host pages, which a resume or a shared prefix imports with the rows (dhs_request_import's keys_out), and
- * a page's host copy is confirmed (checksummed) by the dhs_worker_poll after the page completed; so every position must
- * be appended on at least one source and lie in a page that was not complete at the latest dhs_worker_poll (give a
- * step's keys before the step's poll). Errors: INVALID_ARGUMENT (indexer out of range, sizes, null, no indexers),
- * NOT_FOUND, FAILED_PRECONDITION (not granted), OUT_OF_RANGE (a position not appended on any source, or in a page
- * complete at the latest poll or imported). */
+ * positions' host pages, which a resume or a shared prefix imports with the rows (dhs_request_import's keys_out). A
+ * complete page's host copy is confirmed (checksummed with the keys it holds then) by a dhs_worker_poll once its
+ * backup finished, so give a step's keys before the step's poll; keys of a page whose copy is confirmed are refused,
+ * nothing written (those of a resume's or a shared prefix's imported page are already there and are ignored).
+ * Every position must be appended on at least one source. Errors: INVALID_ARGUMENT (indexer out of range, sizes,
+ * null, no indexers), NOT_FOUND, FAILED_PRECONDITION (not granted; a page whose host copy was confirmed),
+ * OUT_OF_RANGE (a position not appended on any source). */
 DHS_EXPORT int dhs_request_append_keys(dhs_worker* w, uint64_t request, uint32_t indexer, int64_t first,
                                        uint32_t count, const void* keys, size_t keys_bytes);
 

@@ -1031,8 +1031,8 @@ TEST_F(LibdhsTest, EngineOwnedPool) {
 // ABI 1.3, layer-wise appends (dhs_request_append_source, dhs_request_append_keys) as an engine writing each layer's
 // KV during its forward pass: source 0 first, then its indexer's keys, then source 1. A source may run ahead by at
 // most the tail (T = 32 here): source 0's row 32 would take row 0's tail slot while page 0 is incomplete (source 1
-// holds nothing), so it is refused with the rows before it appended. Keys are taken for pages not complete at the
-// latest poll (the poll after a page completes confirms its host copy with the keys it holds then).
+// holds nothing), so it is refused with the rows before it appended. Keys are taken until a poll confirmed their
+// page's host copy (checksummed with the keys it held then), refused after.
 // The rows read back (from the tail, and from host once the tail moved on) are each source's own, and a second
 // request on the same prefix chain imports the 4 pages with the keys given layer-wise, as if appended whole.
 TEST_F(LibdhsTest, LayerWiseAppendsMatchWholeAppends) {
@@ -1116,14 +1116,18 @@ TEST_F(LibdhsTest, LayerWiseAppendsMatchWholeAppends) {
   }
   ASSERT_EQ(append_source(a, 1, 0, 32), DHS_OK) << dhs_worker_errmsg(w_);  // pages 0 and 1 complete
   ASSERT_EQ(append_keys(a, 16, 1), DHS_OK) << dhs_worker_errmsg(w_);  // complete, not yet confirmed by a poll
-  {
+  // The two backups finish and a poll confirms (checksums) them: the agent counts them then.
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 2; ++i) {
     dhs_event ev[4];
     size_t n = 0;
     ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 1);
   }
-  EXPECT_EQ(append_keys(a, 16, 1), DHS_ERR_OUT_OF_RANGE);  // the poll may have confirmed page 1's copy
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("latest dhs_worker_poll"), std::string::npos)
+  ASSERT_EQ(Stats()["pages"]["backed_up"], 2);
+  EXPECT_EQ(append_keys(a, 16, 1), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("host copy was confirmed"), std::string::npos)
       << dhs_worker_errmsg(w_);
+  EXPECT_EQ(append_keys(a, 40, 1), DHS_ERR_OUT_OF_RANGE);  // position 40 is on no source yet
   // The rest layer by layer, a page at a time: source 0, keys, source 1.
   for (int64_t t = 32; t < 64; t += kP) {
     ASSERT_EQ(append_source(a, 0, t, kP), DHS_OK) << dhs_worker_errmsg(w_);

@@ -47,6 +47,8 @@ struct RunResult {
   int deferred = 0;  // reclaimed pages answered deferred (only planned to be kept, contract §4)
   int failed_copies = 0, reclaims_aborted = 0, reclaims_over_populates = 0, populates_overlapping = 0;
   WorkerStats stats;
+  // libdhs's data path (Worker::kv_port; issue 25): rows appended and queries resolved through it, -1 without one.
+  int64_t port_rows = -1, port_queries = -1;
 };
 
 // `async_seed` != 0: the CPU device's asynchronous mode (issue 28) seeded with it; every read hazard fails the test.
@@ -105,6 +107,10 @@ void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budge
   // Only adaptive mode asks for optional history; memd (this fake too) then never populates hisparse requests.
   EXPECT_EQ(memd.admits_with_optional_history, mode == WorkerMode::kAdaptive ? static_cast<int>(specs.size()) : 0);
   res.stats = (*w)->stats();
+  if (const lib::KvPort* port = (*w)->kv_port(); port != nullptr) {
+    res.port_rows = static_cast<int64_t>(port->counters().rows_appended);
+    res.port_queries = static_cast<int64_t>(port->counters().queries_resolved);
+  }
   EXPECT_EQ(memd.completes, static_cast<int>(specs.size()));
 }
 
@@ -139,9 +145,24 @@ TEST_P(Exactness, AllModesMatchTheOracleUnderRandomReclaimAndPopulate) {
       Serve(*m, mode, seed == 4 ? 1 : seed, /*budget_pages=*/10, res, async_seed);
       if (HasFatalFailure()) return;
       EXPECT_TRUE(res.sink.errors.empty()) << res.sink.errors.begin()->second;
+      int64_t positions = 0;  // every position of every request the model computed or imported (its last token's not)
       for (const Spec& s : specs) {
         EXPECT_EQ(res.sink.out[s.id].tokens, want[s.id].tokens) << "request " << s.id;
         EXPECT_EQ(res.sink.out[s.id].digests, want[s.id].digests) << "request " << s.id;
+        wire::SubmitRequestT sub;
+        sub.prompt = s.prompt;
+        sub.hash_ids = s.hash_ids;
+        sub.input_tokens = s.input_tokens;
+        sub.prefix_block_tokens = s.prefix_block_tokens;
+        positions += static_cast<int64_t>(SubmitInputTokens(sub).size() + want[s.id].tokens.size()) - 1;
+      }
+      // Issue 25: in the hierarchical modes the model's KV went through libdhs's data path: at least every position's
+      // row of every source (more after a replay) and its queries; resident mode has no port.
+      if (mode == WorkerMode::kResident) {
+        EXPECT_EQ(res.port_rows, -1);
+      } else {
+        EXPECT_GE(res.port_rows, positions * m->config().n_sources()) << "rows through the port";
+        EXPECT_GT(res.port_queries, 0);
       }
       std::printf("  reclaims %d (%d pages deferred), pages populated %d, pages kept %llu, census direct %llu hot %llu "
                   "host %llu\n",

@@ -258,6 +258,16 @@ absl::Status HierarchicalKvAccess::StoreIndexKeys(RequestId request, uint32_t in
   const RequestKv& kv = **kvp;
   const auto* bytes = reinterpret_cast<const uint8_t*>(keys.data());
   const size_t n = keys.size() * sizeof(float) / key_bytes;
+  // A page whose own host copy Poll confirmed has its checksum over the keys it held then: a key written now would
+  // make the confirmed page fail its check (DATA_LOSS) at its next use. Refused before anything is written.
+  for (Position t = first; t < first + static_cast<Position>(n); t = (t / c.page_rows + 1) * c.page_rows) {
+    const auto page = static_cast<size_t>(t / c.page_rows);
+    if (page < kv.pages.size() && !kv.pages[page].Imported() && kv.pages[page].checksum != kNoChecksum) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "KV: request ", request, ": index keys at position ", t, " come after page ", page,
+          "'s host copy was confirmed (checksummed at the poll after it completed); a step's keys go before that"));
+    }
+  }
   for (size_t j = 0; j < n; ++j) {
     const Position t = first + static_cast<Position>(j);
     const auto page = static_cast<size_t>(t / c.page_rows);
@@ -495,6 +505,12 @@ bool HierarchicalKvAccess::TailHasRoom(RequestId request, SourceId source, Posit
     if (j >= kv.pages.size() || (kv.pages[j].host_page < 0 && kv.pages[j].device_page < 0)) return false;
   }
   return true;
+}
+
+Position HierarchicalKvAccess::HoldFrom(RequestId request) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end() || it->second->hold_from == INT64_MAX) return -1;
+  return it->second->hold_from;
 }
 
 Position HierarchicalKvAccess::AppendedRows(RequestId request, SourceId source) const {

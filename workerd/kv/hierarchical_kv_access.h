@@ -99,7 +99,9 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // Copies the keys into the key region of each position's planned host page (PlanResidency's host_pages; a
   // position whose page has none is skipped: nothing would find it; so is a position of a resume's imported page:
   // its confirmed copy holds them already, ImportHostPages). No-op when the layout has no key regions
-  // (KvConfig.key_bytes empty). Errors: as KvAccess, RESOURCE_EXHAUSTED (no slot for a new request).
+  // (KvConfig.key_bytes empty). Keys are final once Poll confirmed the page's own host copy (its checksum covers
+  // them): a key of such a page is refused, nothing written. Errors: as KvAccess, RESOURCE_EXHAUSTED (no slot for a
+  // new request), FAILED_PRECONDITION (a page whose host copy Poll confirmed).
   absl::Status StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
                               std::span<const float> keys) override;
 
@@ -191,6 +193,8 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // The rows `source` of `request` holds (positions 0 .. n-1); 0 for a request never appended to or a source out of
   // range. libdhs reads it after an AppendRun that failed part way (the rows before the failure stay appended).
   Position AppendedRows(RequestId request, SourceId source) const;
+  // The `from` of `request`'s speculative hold (HoldUnverified until CommitVerified), -1 when none (or unknown).
+  Position HoldFrom(RequestId request) const;
   // Speculative rounds (KvAccess; brief §6 "Commit"): while held, a page with a row at a position >= `from` is not
   // completed at Append; CommitVerified drops rows >= length on every source (tail only: they were never backed up
   // nor kept), ends the hold and completes the pages now whole below `length` (backup into the planned host page, or
