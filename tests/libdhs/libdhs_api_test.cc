@@ -563,6 +563,31 @@ uint8_t KeyByte(uint64_t r, int64_t t, uint32_t b) {
   return static_cast<uint8_t>(r * 17 + static_cast<uint64_t>(t) * 3 + b);
 }
 
+// Request b imports the 4 shared prefix pages request a computed (rows of both sources, index keys of indexer 0):
+// the keys are a's (KeyByte) and the rows of positions across the 4 pages are a's (RowByte), byte for byte.
+void ExpectImportedPrefix(dhs_worker* w, uint64_t b, uint64_t a) {
+  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
+  ASSERT_EQ(dhs_request_import(w, b, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w);
+  for (int64_t t = 0; t < 64; ++t) {
+    for (uint32_t k = 0; k < kKey; ++k) ASSERT_EQ(keys[t * kKey + k], KeyByte(a, t, k)) << "key of position " << t;
+  }
+  dhs_pool_desc pool{};
+  pool.struct_size = sizeof pool;
+  pool.kind = DHS_POOLS_LIBRARY;
+  ASSERT_EQ(dhs_pools_register(w, &pool), DHS_OK);
+  const std::vector<int64_t> sel = {0, 15, 16, 33, 47, 48, 63, -1};
+  for (uint32_t s = 0; s < kS; ++s) {
+    std::vector<int64_t> loc(sel.size());
+    dhs_query q{b, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
+    ASSERT_EQ(dhs_resolve(w, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w);
+    for (size_t j = 0; j + 1 < sel.size(); ++j) {
+      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
+      for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(row[k], RowByte(a, s, sel[j], k)) << s << " " << sel[j];
+    }
+    ASSERT_EQ(dhs_readers_done(w, &s, 1), DHS_OK);
+  }
+}
+
 TEST_F(LibdhsTest, PrefixChainGrantsSharedHostPagesPerTenant) {
   ASSERT_NO_FATAL_FAILURE(StartMemd({"--prefix-sharing", "on"}));
   dhs_worker_config c = Config(dir_.path(), 16);
@@ -622,26 +647,7 @@ TEST_F(LibdhsTest, PrefixChainGrantsSharedHostPagesPerTenant) {
   EXPECT_EQ(gb.shared_pages, 4u);
   EXPECT_EQ(gb.pages, 4u);
   ASSERT_EQ(gb.import_pages, 4u);
-  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
-  ASSERT_EQ(dhs_request_import(w_, b, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
-  for (int64_t t = 0; t < 64; ++t) {
-    for (uint32_t k = 0; k < kKey; ++k) ASSERT_EQ(keys[t * kKey + k], KeyByte(a, t, k)) << "key of position " << t;
-  }
-  dhs_pool_desc pool{};
-  pool.struct_size = sizeof pool;
-  pool.kind = DHS_POOLS_LIBRARY;
-  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
-  const std::vector<int64_t> sel = {0, 15, 16, 33, 47, 48, 63, -1};
-  for (uint32_t s = 0; s < kS; ++s) {
-    std::vector<int64_t> loc(sel.size());
-    dhs_query q{b, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
-    ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
-    for (size_t j = 0; j + 1 < sel.size(); ++j) {
-      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
-      for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(row[k], RowByte(a, s, sel[j], k)) << sel[j];
-    }
-    ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectImportedPrefix(w_, b, a));
   ASSERT_EQ(Append(b, 64, 1), DHS_OK) << dhs_worker_errmsg(w_);  // decoding goes on after the imported prompt
   EXPECT_EQ(Stats()["prefix"]["shared_pages_granted"], 4);
   ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK);
@@ -1157,26 +1163,7 @@ TEST_F(LibdhsTest, LayerWiseAppendsMatchWholeAppends) {
   const auto [b, gb] = submit(2);
   ASSERT_EQ(gb.shared_pages, 4u);
   ASSERT_EQ(gb.import_pages, 4u);
-  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
-  ASSERT_EQ(dhs_request_import(w_, b, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
-  for (int64_t t = 0; t < 64; ++t) {
-    for (uint32_t k = 0; k < kKey; ++k) ASSERT_EQ(keys[t * kKey + k], KeyByte(a, t, k)) << "key of position " << t;
-  }
-  dhs_pool_desc pool{};
-  pool.struct_size = sizeof pool;
-  pool.kind = DHS_POOLS_LIBRARY;
-  ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
-  const std::vector<int64_t> sel = {0, 15, 16, 33, 47, 48, 63, -1};
-  for (uint32_t s = 0; s < kS; ++s) {
-    std::vector<int64_t> loc(sel.size());
-    dhs_query q{b, sel.data(), static_cast<uint32_t>(sel.size()), 0, loc.data()};
-    ASSERT_EQ(dhs_resolve(w_, &s, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
-    for (size_t j = 0; j + 1 < sel.size(); ++j) {
-      const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
-      for (uint32_t k = 0; k < kRow; ++k) ASSERT_EQ(row[k], RowByte(a, s, sel[j], k)) << s << " " << sel[j];
-    }
-    ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectImportedPrefix(w_, b, a));
   EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
 }
 
