@@ -3,6 +3,8 @@
 // selections per token (3 Write + 2 Reindex layers), k + window = 20 positions, 5 indexers of 128-byte keys, p = 64,
 // B = 80, T = 128), over
 //   Direct:  HierarchicalKvAccess on a CpuDevice (Append, StoreIndexKeys, Fetch, ReadersDone), no memd;
+//   Port:    the same calls through libdhs's data path (libdhs/kv_port.h: PortKvAccess over KvPort), as workerd's
+//            model makes them in hisparse and adaptive mode (the port's checks, no C wrapper, no memd);
 //   Api:     the same calls through libdhs (dhs_request_append, dhs_resolve, dhs_readers_done) against a real memd
 //            ($MEMD), the requests admitted by memd first;
 //   ApiPoll: Api plus one dhs_worker_poll per step, as an engine must.
@@ -24,6 +26,7 @@
 #include "common/check.h"
 #include "tests/common/test_util.h"
 #include "workerd/device/cpu_device.h"
+#include "libdhs/kv_port.h"
 #include "workerd/kv/hierarchical_kv_access.h"
 
 namespace {
@@ -60,7 +63,7 @@ const std::vector<float>& Keys() {
   return keys;
 }
 
-void BM_Direct(benchmark::State& state) {
+void BM_Direct(benchmark::State& state, bool through_port) {
   dhs::CpuDevice device;
   std::vector<uint8_t> host(512 * kHostPageBytes);
   uint32_t next_host = 0;
@@ -77,16 +80,19 @@ void BM_Direct(benchmark::State& state) {
   c.key_bytes.assign(kIdx, kKey);
   auto kv = dhs::HierarchicalKvAccess::Create(c, &device, pool, dhs::ResolverKind::kFused);
   DHS_CHECK_OK(kv.status());
+  dhs::lib::KvPort port(kv->get());
+  dhs::lib::PortKvAccess port_kv(&port, kv->get());
+  dhs::KvAccess* a = through_port ? static_cast<dhs::KvAccess*>(&port_kv) : kv->get();
   const std::vector<uint8_t>& rows = RowBytes();
   const std::vector<float>& keys = Keys();
   for (dhs::RequestId r = 1; r <= kBatch; ++r) {
     for (uint32_t t = 0; t < kPrompt; ++t) {
       for (dhs::SourceId s = 0; s < kS; ++s) {
-        DHS_CHECK_OK((*kv)->Append(r, s, t, std::span(rows).subspan(0, kRow)));
+        DHS_CHECK_OK(a->Append(r, s, t, std::span(rows).subspan(0, kRow)));
       }
     }
     for (uint32_t x = 0; x < kIdx; ++x) {
-      DHS_CHECK_OK((*kv)->StoreIndexKeys(r, x, 0, std::span(keys).subspan(0, kPrompt * kKey / 4)));
+      DHS_CHECK_OK(a->StoreIndexKeys(r, x, 0, std::span(keys).subspan(0, kPrompt * kKey / 4)));
     }
   }
   int64_t t = kPrompt;
@@ -97,9 +103,9 @@ void BM_Direct(benchmark::State& state) {
     const std::vector<int64_t> sel = Selections(step++, t + 1);
     state.ResumeTiming();
     for (dhs::RequestId r = 1; r <= kBatch; ++r) {
-      for (dhs::SourceId s = 0; s < kS; ++s) DHS_CHECK_OK((*kv)->Append(r, s, t, std::span(rows).subspan(0, kRow)));
+      for (dhs::SourceId s = 0; s < kS; ++s) DHS_CHECK_OK(a->Append(r, s, t, std::span(rows).subspan(0, kRow)));
       for (uint32_t x = 0; x < kIdx; ++x) {
-        DHS_CHECK_OK((*kv)->StoreIndexKeys(r, x, t, std::span(keys).subspan(0, kKey / 4)));
+        DHS_CHECK_OK(a->StoreIndexKeys(r, x, t, std::span(keys).subspan(0, kKey / 4)));
       }
     }
     for (size_t q = 0; q < std::size(kSelSource); ++q) {
@@ -109,8 +115,8 @@ void BM_Direct(benchmark::State& state) {
                                 std::span(out).subspan(r * kK, kK)};
       }
       const dhs::SourceId src = kSelSource[q];
-      DHS_CHECK_OK((*kv)->Fetch({&src, 1}, batch));
-      (*kv)->ReadersDone({&src, 1});
+      DHS_CHECK_OK(a->Fetch({&src, 1}, batch));
+      a->ReadersDone({&src, 1});
     }
     ++t;
     if (t >= kMax - 1) state.SkipWithError("history limit");
@@ -228,7 +234,8 @@ void BM_Api(benchmark::State& state, bool poll) {
 void BM_ApiNoPoll(benchmark::State& state) { BM_Api(state, false); }
 void BM_ApiPoll(benchmark::State& state) { BM_Api(state, true); }
 
-BENCHMARK(BM_Direct)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Direct, Direct, false)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Direct, Port, true)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ApiNoPoll)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ApiPoll)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 
