@@ -498,6 +498,9 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
         "request ", request, ": memd is away and the tail has no room for ", count, " more rows without a host write "
         "(positions ", first, " .. ", first + int64_t{count} - 1, "); poll and retry once memd is back"));
   }
+  // The whole call fits a held round's tail or nothing is appended (review finding: a partial append returned
+  // before storing the keys of the rows it had appended).
+  if (absl::Status s = port_->CheckHeldRoom(request, first, count); !s.ok()) return s;
   for (uint32_t i = 0; i < count; ++i) {
     for (SourceId s = 0; s < config_.sources; ++s) {
       if (absl::Status st = port_->AppendSource(request, s, first + i, 1, rows.subspan(i * per_position + s * row, row));

@@ -106,7 +106,7 @@ absl::Status KvPort::AppendKeys(RequestId request, uint32_t indexer, Position fi
     return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes for ", count, " positions; need ",
                                                    key_bytes * count, " (positions x index_key_bytes)"));
   }
-  if (first < 0 || first + Position{count} > Most(request)) {
+  if (first < 0 || Position{count} > Most(request) - first) {  // no overflow near INT64_MAX (review finding)
     return absl::OutOfRangeError(absl::StrCat("request ", request, ": keys of positions ", first, " .. ",
                                               first + int64_t{count} - 1, " go beyond the ", Most(request),
                                               " rows its sources hold (keys follow their rows)"));

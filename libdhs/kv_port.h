@@ -74,6 +74,9 @@ class KvPort {
   absl::Status Resolve(std::span<const SourceId> sources, std::span<Query> queries);
   // Ends the readers of every group among `sources`. Errors: INVALID_ARGUMENT (a source out of range).
   absl::Status ReadersDone(std::span<const SourceId> sources);
+  // RESOURCE_EXHAUSTED when `request` holds a speculative round and positions first .. first+count-1 would not fit
+  // the tail before its commit (AppendSource's rule; dhs_request_append checks it for the whole call up front).
+  absl::Status CheckHeldRoom(RequestId request, Position first, uint32_t count) const;
   // Whether any group has readers outstanding; one source of each group with readers of `request` outstanding.
   bool ReadersOutstanding() const { return !unread_.empty(); }
   std::vector<SourceId> UnreadGroupsOf(RequestId request) const;
@@ -94,8 +97,6 @@ class KvPort {
   const Counters& counters() const { return counters_; }
 
  private:
-  absl::Status CheckHeldRoom(RequestId request, Position first, uint32_t count) const;
-
   HierarchicalKvAccess* kv_;
   std::vector<uint32_t> group_of_;             // per source
   std::vector<std::vector<SourceId>> groups_;  // per group, its sources

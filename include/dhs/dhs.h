@@ -90,8 +90,8 @@ typedef enum dhs_backend {
   DHS_BACKEND_CUDA = 2 /* not offered by this version: DHS_ERR_UNIMPLEMENTED */
 } dhs_backend;
 
-/* The worker's shape (brief §8) and where its memd is. Every source has the same row size (d_KV = row_bytes) and is
- * its own group (a shared-source model; index producers with followers are not offered by this version). */
+/* The worker's shape (brief §8) and where its memd is. Every source has the same row size (d_KV = row_bytes); each
+ * source is its own group unless source_groups (ABI 1.3) puts an index producer's followers in one. */
 typedef struct dhs_worker_config {
   uint32_t struct_size;       /* sizeof(dhs_worker_config) */
   uint32_t abi_version;       /* DHS_ABI_VERSION of the header the caller compiled against */

@@ -273,8 +273,11 @@ class Worker:
 
     def append_keys(self, request: int, indexer: int, first: int, keys):
         """Layer-wise (ABI 1.3): indexer `indexer`'s keys of positions first .. first+count-1, count *
-        index_key_bytes bytes, before their page completes on every source."""
+        index_key_bytes bytes, before the poll that confirms their page's host copy (give a step's keys before its
+        poll)."""
         import numpy as np
+        if self.index_key_bytes == 0:
+            raise DhsError(1, "append_keys: this worker was opened without indexers")
         keys = np.ascontiguousarray(keys)
         self._check(self._lib.dhs_request_append_keys(self._h, request, indexer, first,
                                                       keys.nbytes // self.index_key_bytes, keys.ctypes.data,

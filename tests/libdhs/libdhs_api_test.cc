@@ -398,6 +398,8 @@ TEST_F(LibdhsTest, HeldRowsBeyondTheTailAreRefused) {
   const uint64_t id = SubmitGranted(16, 80);
   ASSERT_EQ(Append(id, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_request_hold(w_, id, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  // A call that does not fit appends nothing (review finding: it appended 16 .. 47 and dropped their keys).
+  EXPECT_EQ(Append(id, 16, 40), DHS_ERR_RESOURCE_EXHAUSTED);
   ASSERT_EQ(Append(id, 16, 32), DHS_OK) << dhs_worker_errmsg(w_);  // 16 .. 47
   EXPECT_EQ(Append(id, 48, 1), DHS_ERR_RESOURCE_EXHAUSTED);
   EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("do not fit the tail"), std::string::npos) << dhs_worker_errmsg(w_);
@@ -1101,6 +1103,7 @@ TEST_F(LibdhsTest, LayerWiseAppendsMatchWholeAppends) {
   EXPECT_EQ(dhs_request_append_keys(w_, a, 1, 0, 1, key.data(), key.size()), DHS_ERR_INVALID_ARGUMENT);  // indexer
   EXPECT_EQ(dhs_request_append_keys(w_, a, 0, 0, 1, key.data(), 3), DHS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(dhs_request_append_keys(w_, a, 0, 0, 1, nullptr, 0), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_append_keys(w_, a, 0, INT64_MAX, 1, key.data(), key.size()), DHS_ERR_OUT_OF_RANGE);  // overflow
 
   // Source 0 runs 48 rows ahead: rows 0 .. 31 go in, row 32 needs page 0 complete and backed up.
   EXPECT_EQ(append_source(a, 0, 0, 48), DHS_ERR_RESOURCE_EXHAUSTED);
