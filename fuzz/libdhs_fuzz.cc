@@ -345,6 +345,12 @@ struct Session {
         Check(w, dhs_request_import(w, id, first, count,
                                     keys.empty() ? nullptr : keys.data(), keys.size()),
               "import");
+        dhs_host_run runs[3];  // ABI 1.4: the import plan, any request and prefill length, short or NULL outputs
+        size_t rn = 0, rt = 0;
+        Check(w, dhs_request_import_plan(w, PickRequest(), in.Bool() ? in.Small64(200) : in.Below(100),
+                                         in.Bool() ? runs : nullptr, in.Below(4), in.Below(16) == 0 ? nullptr : &rn,
+                                         &rt),
+              "import_plan");
         break;
       }
       case 11: {  // pointers that are no handle

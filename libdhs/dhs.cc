@@ -484,6 +484,21 @@ int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t
   });
 }
 
+int dhs_request_import_plan(dhs_worker* w, uint64_t request, uint64_t tokens, dhs_host_run* runs, size_t capacity,
+                            size_t* count, size_t* total) {
+  return Guard(w, "dhs_request_import_plan", [&](EmbeddedWorker& e) {
+    if (count == nullptr || total == nullptr || (runs == nullptr && capacity > 0)) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_import_plan: count, total or runs is NULL");
+    }
+    absl::StatusOr<std::vector<dhs::HostRun>> plan = e.ImportPlan(request, tokens);
+    if (!plan.ok()) return Done(w, plan.status());
+    *total = plan->size();
+    *count = std::min(capacity, plan->size());
+    for (size_t i = 0; i < *count; ++i) runs[i] = dhs_host_run{(*plan)[i].first, (*plan)[i].pages};
+    return Done(w, absl::OkStatus());
+  });
+}
+
 int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed) {
   return Guard(w, "dhs_worker_stats_json", [&](EmbeddedWorker& e) {
     if (needed == nullptr || (buf == nullptr && capacity > 0)) {

@@ -318,7 +318,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   ++counters_.submitted;
   counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
   requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows,
-                                .resume_of = resume_of,
+                                .resume_of = resume_of, .host_backed = {},
                                 .admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit))});
   return id;
 }
@@ -584,7 +584,7 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
                                         std::span<uint8_t> keys_out) {
   absl::StatusOr<Request*> r = Granted(request);
   if (!r.ok()) return r.status();
-  if (!(*r)->host_backed) {
+  if ((*r)->host_backed.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", request, " was granted no host-backed page (no resume, no shared prefix page)"));
   }
@@ -599,13 +599,8 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
                                                    " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
   }
-  const Position fewest = port_->Fewest(request), most = port_->Most(request);
-  if (static_cast<uint64_t>(fewest) != first * p || fewest != most) {
-    return absl::FailedPreconditionError(absl::StrCat("import at page ", first, ": its sources hold ", fewest,
-                                                      " to ", most, " rows, not ", first * p, " each"));
-  }
   std::vector<std::vector<float>> keys;
-  if (absl::Status s = kv_->ImportHostRows(request, first, count, keys); !s.ok()) return Step(s);
+  if (absl::Status s = port_->ImportRows(request, first, count, keys); !s.ok()) return Step(s);
   if (!keys_out.empty()) {
     const uint64_t per_indexer = count * p * config_.index_key_bytes;
     for (uint32_t x = 0; x < config_.indexers && x < keys.size(); ++x) {
@@ -616,6 +611,19 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<HostRun>> EmbeddedWorker::ImportPlan(RequestId request, uint64_t tokens) {
+  absl::StatusOr<Request*> r = Granted(request);
+  if (!r.ok()) return r.status();
+  if (tokens == 0 || tokens > (*r)->max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("request ", request, ": an import plan for ", tokens,
+                                                   " rows; need 1 .. its max_rows ", (*r)->max_rows));
+  }
+  absl::StatusOr<ResumePlan> plan =
+      PlanResume((*r)->host_backed, static_cast<Position>(tokens), config_.page_rows);  // workerd's plan
+  if (!plan.ok()) return plan.status();
+  return std::move(plan->runs);
 }
 
 absl::Status EmbeddedWorker::ReadersDone(std::span<const SourceId> sources) {
@@ -712,6 +720,9 @@ std::string EmbeddedWorker::StatsJson() const {
                  {"populated", a.pages_populated}, {"reclaimed", a.pages_reclaimed},
                  {"reclaim_orders", counters_.reclaim_orders}, {"reclaims_obeyed", a.reclaims_obeyed}}},
       {"prefix", {{"lookups", counters_.prefix_lookups}, {"shared_pages_granted", counters_.shared_pages_granted}}},
+      {"host_backed", {{"verified", port_->counters().pages_verified},
+                       {"mismatched", port_->counters().pages_mismatched},
+                       {"imported", port_->counters().pages_imported}}},
       {"memd", {{"away", memd_->away()}, {"aways", counters_.memd_aways}, {"returns", counters_.memd_returns},
                 {"reports_refused", counters_.reports_refused}, {"admissions_resent", counters_.admissions_resent},
                 {"ends_deferred", counters_.ends_deferred}}},
@@ -747,21 +758,10 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     // host_backed_pages, as workerd's ResumeImporter takes them): the host-backed pages memd handed over, each checked
     // against its checksum (issue 22) before it is imported; a page that does not match is appended again by the
     // engine (its confirmed copy is never written again: ImportHostPages makes every imported page host-ready).
-    std::vector<HostBackedPage> backed =
-        GrantHostBacked(m.host_backed_pages, m.host_backed_checksums, m.imported_pages);
-    std::vector<uint32_t> pages;
-    std::vector<uint64_t> sums;
-    for (const HostBackedPage& h : backed) pages.push_back(h.page), sums.push_back(h.checksum);
-    absl::StatusOr<std::vector<uint32_t>> bad = kv_->CheckHostCopies(m.request, pages, sums);
-    absl::Status s = bad.status();
-    if (s.ok()) {
-      std::erase_if(backed, [&](const HostBackedPage& h) {
-        return std::find(bad->begin(), bad->end(), h.page) != bad->end();
-      });
-      pages.clear(), sums.clear();
-      for (const HostBackedPage& h : backed) pages.push_back(h.page), sums.push_back(h.checksum);
-      s = kv_->ImportHostPages(m.request, pages, sums);
-    }
+    absl::StatusOr<std::vector<HostBackedPage>> backed = port_->VerifyHostPages(
+        m.request, GrantHostBacked(m.host_backed_pages, m.host_backed_checksums, m.imported_pages));
+    absl::Status s = backed.status();
+    if (s.ok()) s = port_->MakeHostReady(m.request, *backed);
     if (!s.ok()) {
       agent_->EndRequest(m.request);
       requests_.erase(it);
@@ -769,6 +769,9 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
       events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
       return;
     }
+    std::vector<uint32_t> pages;
+    for (const HostBackedPage& h : *backed) pages.push_back(h.page);
+    r.host_backed = *std::move(backed);
     granted.pages = static_cast<uint32_t>(pages.size());
     while (granted.import_pages < pages.size() && pages[granted.import_pages] == granted.import_pages) {
       ++granted.import_pages;  // the leading run 0 .. n-1
@@ -777,7 +780,6 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
       granted.shared_pages += std::find(pages.begin(), pages.end(), j) != pages.end() ? 1 : 0;
     }
     counters_.shared_pages_granted += granted.shared_pages;
-    r.host_backed = !pages.empty();
   }
   DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
   ++counters_.granted;

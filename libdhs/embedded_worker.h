@@ -145,6 +145,12 @@ class EmbeddedWorker final : private MemdHandler {
   // [indexer][position][d_idx], receives their index keys. Errors: NOT_FOUND, FAILED_PRECONDITION (not granted, not
   // a resume, rows appended are not first * p, a page not host-backed), INVALID_ARGUMENT (keys_out's size).
   absl::Status ImportRows(RequestId request, uint32_t first, uint32_t count, std::span<uint8_t> keys_out);
+  // A granted request's import plan for a prefill of `tokens` rows (dhs_request_import_plan, ABI 1.4): the runs of
+  // its host-backed pages wholly before row tokens - 1 (the last row is always computed: its logits give the next
+  // token), in position order (workerd's PlanResume, workerd/resume_plan.h). The engine appends the rows before each
+  // run itself, then ImportRows the run. Empty when nothing is importable. Errors: NOT_FOUND, FAILED_PRECONDITION (not
+  // granted), INVALID_ARGUMENT (tokens 0 or beyond max_rows).
+  absl::StatusOr<std::vector<HostRun>> ImportPlan(RequestId request, uint64_t tokens);
   // Serves memd's messages, the agent's completions, requests a changed host page failed; events accumulate.
   // memd away (it died: its connection closed; docs/protocol.md "Re-Hello with a report", as workerd's MemdAway):
   // memd's orders are resolved locally, host writes pause, and each Poll tries the re-Hello with a report of every
@@ -193,7 +199,9 @@ class EmbeddedWorker final : private MemdHandler {
     uint64_t input_rows = 0, max_rows = 0;
     // Its rows per source and its speculative hold are the KV store's (KvPort reads them there).
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
-    bool host_backed = false;  // granted host-backed pages (a resume's, or shared prefix pages): ImportRows allowed
+    // The granted host-backed pages that matched their checksums (a resume's, or shared prefix pages), ascending, all
+    // host-ready: ImportRows and ImportPlan work on them (empty: no import allowed).
+    std::vector<HostBackedPage> host_backed;
     bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
     uint32_t slot = 0;         // AdmitGrant.slot (its hot cache and tail region)
     std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)

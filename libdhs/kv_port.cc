@@ -84,9 +84,16 @@ absl::Status KvPort::AppendSource(RequestId request, SourceId source, Position f
     if (!st.ok()) {
       const Position after = Rows(request, source);
       counters_.rows_appended += static_cast<uint64_t>(after - t);
-      return after == first ? st
+      std::string hint;  // the tail is full because this source runs ahead: a poll does not help (review finding)
+      if (st.code() == absl::StatusCode::kResourceExhausted && Fewest(request) < t) {
+        SourceId behind = 0;
+        for (SourceId s = 0; s < sources(); ++s) behind = Rows(request, s) < Rows(request, behind) ? s : behind;
+        hint = absl::StrCat("; source ", behind, " holds only ", Rows(request, behind), " rows: a page gets its host "
+                            "copy once every source holds it, so append the other sources first");
+      }
+      return after == first ? absl::Status(st.code(), absl::StrCat(st.message(), hint))
                             : absl::Status(st.code(), absl::StrCat(st.message(), " (source ", source, " positions ",
-                                                                   first, " .. ", after - 1, " were appended)"));
+                                                                   first, " .. ", after - 1, " were appended)", hint));
     }
     counters_.rows_appended += static_cast<uint64_t>(end - t);
     t = end;
@@ -202,6 +209,51 @@ void KvPort::EndAllReaders() {
   for (const auto& [group, requests] : unread_) read.push_back(groups_[group][0]);
   kv_->ReadersDone(read);
   unread_.clear();
+}
+
+namespace {
+std::vector<uint32_t> PagesOf(std::span<const HostBackedPage> backed) {
+  std::vector<uint32_t> pages;
+  for (const HostBackedPage& h : backed) pages.push_back(h.page);
+  return pages;
+}
+std::vector<uint64_t> ChecksumsOf(std::span<const HostBackedPage> backed) {
+  std::vector<uint64_t> sums;
+  for (const HostBackedPage& h : backed) sums.push_back(h.checksum);
+  return sums;
+}
+}  // namespace
+
+absl::StatusOr<std::vector<HostBackedPage>> KvPort::VerifyHostPages(RequestId request,
+                                                                    std::vector<HostBackedPage> backed) {
+  if (backed.empty()) return backed;
+  absl::StatusOr<std::vector<uint32_t>> bad = kv_->CheckHostCopies(request, PagesOf(backed), ChecksumsOf(backed));
+  if (!bad.ok()) return bad.status();
+  counters_.pages_verified += backed.size() - bad->size();
+  counters_.pages_mismatched += bad->size();
+  std::erase_if(backed, [&](const HostBackedPage& h) {
+    return std::find(bad->begin(), bad->end(), h.page) != bad->end();
+  });
+  return backed;
+}
+
+absl::Status KvPort::MakeHostReady(RequestId request, std::span<const HostBackedPage> backed) {
+  return kv_->ImportHostPages(request, PagesOf(backed), ChecksumsOf(backed));
+}
+
+absl::Status KvPort::ImportRows(RequestId request, uint32_t first, uint32_t count,
+                                std::vector<std::vector<float>>& keys_out) {
+  if (count == 0) return absl::InvalidArgumentError(absl::StrCat("request ", request, ": an import of 0 pages"));
+  const Position p = kv_->layout().config().page_rows;
+  const Position fewest = Fewest(request), most = Most(request);
+  if (fewest != Position{first} * p || fewest != most) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", request, ": import at page ", first,
+                                                      ": its sources hold ", fewest, " to ", most, " rows, not ",
+                                                      Position{first} * p, " each"));
+  }
+  if (absl::Status s = kv_->ImportHostRows(request, first, count, keys_out); !s.ok()) return s;
+  counters_.pages_imported += count;
+  return absl::OkStatus();
 }
 
 absl::Status KvPort::Hold(RequestId request, Position from, uint64_t max_rows) {

@@ -15,7 +15,10 @@
 //     below the rows every named source holds, at most k per query;
 //   - a request is not resolved again on a group before that group's ReadersDone: the second resolve could wait on
 //     the caller's own thread for readers only that thread can end (found by the libFuzzer run of fuzz/libdhs_fuzz.cc);
-//   - hold from at least the most rows a source holds; commit at most the fewest.
+//   - hold from at least the most rows a source holds; commit at most the fewest;
+//   - host-backed pages (a resume's, shared prefix pages) are imported only after their check against memd's checksums
+//     (VerifyHostPages), made host-ready before any row of theirs is appended (MakeHostReady), and taken as appended
+//     only at the rows every source holds (ImportRows): recomputed rows and imported runs alternate in position order.
 //
 // Thread-safety: none; the owner's thread drives it (libdhs: the handle's mutex; workerd: the worker thread).
 #pragma once
@@ -30,6 +33,7 @@
 #include "common/types.h"
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_access.h"
+#include "workerd/resume_plan.h"
 
 namespace dhs::lib {
 
@@ -83,6 +87,20 @@ class KvPort {
   // Ends every group's readers (closing: nobody reads the pool any more).
   void EndAllReaders();
 
+  // Host-backed pages (issue 11 resume, issue 22 integrity, issue 24 shared prefix pages; workerd/resume_plan.h).
+  // VerifyHostPages: `backed` (ascending, each with memd's checksum) checked against the host bytes
+  // (HierarchicalKvAccess::CheckHostCopies); returns those that match, in order: the others' rows are recomputed.
+  // MakeHostReady: `backed` host-ready (HierarchicalKvAccess::ImportHostPages, checksums recorded): their confirmed
+  // copies are never written again, whether their rows are imported or recomputed; before any row is appended, and
+  // again after a release (a rebuild). ImportRows: pages first .. first+count-1 (host-ready) taken as appended without
+  // computing them; every source must hold first * p rows; keys_out[i] receives indexer i's keys of their positions.
+  // Errors: NOT_FOUND (unknown request), FAILED_PRECONDITION (rows appended already / not first * p on every source,
+  // a page not host-ready or without a planned host page), INVALID_ARGUMENT (count 0); the store's errors.
+  absl::StatusOr<std::vector<HostBackedPage>> VerifyHostPages(RequestId request, std::vector<HostBackedPage> backed);
+  absl::Status MakeHostReady(RequestId request, std::span<const HostBackedPage> backed);
+  absl::Status ImportRows(RequestId request, uint32_t first, uint32_t count,
+                          std::vector<std::vector<float>>& keys_out);
+
   // Speculative rounds (brief §6): rows at positions >= from appended from now on are unverified; from >= the most
   // rows a source holds (max_rows > 0 bounds it). Commit keeps positions < length on every source (held from <=
   // length <= the fewest rows a source holds). Errors: OUT_OF_RANGE, FAILED_PRECONDITION (commit without a hold);
@@ -93,6 +111,7 @@ class KvPort {
   // What went through the port (rows of one source count once each; queries of a successful resolve).
   struct Counters {
     uint64_t rows_appended = 0, keys_stored = 0, queries_resolved = 0, resolves = 0, holds = 0, commits = 0;
+    uint64_t pages_verified = 0, pages_mismatched = 0, pages_imported = 0;  // host-backed pages
   };
   const Counters& counters() const { return counters_; }
 

@@ -13,41 +13,28 @@ uint64_t MicrosSince(std::chrono::steady_clock::time_point from, std::chrono::st
 
 }  // namespace
 
-std::vector<uint32_t> ResumeImporter::PagesOf(const ResumeState& s) const {
-  std::vector<uint32_t> pages;
-  for (const HostBackedPage& h : s.host_backed) pages.push_back(h.page);
-  return pages;
-}
-
-std::vector<uint64_t> ResumeImporter::ChecksumsOf(const ResumeState& s) const {
-  std::vector<uint64_t> sums;
-  for (const HostBackedPage& h : s.host_backed) sums.push_back(h.checksum);
-  return sums;
-}
-
 absl::Status ResumeImporter::OnGrant(ResumeState& s, RequestId id, RequestId client_id,
                                      const wire::AdmitGrantT& grant) {
   s.host_backed = GrantHostBacked(grant.host_backed_pages, grant.host_backed_checksums, grant.imported_pages);
-  if (hier_ == nullptr || s.host_backed.empty()) return absl::OkStatus();
+  if (port_ == nullptr || s.host_backed.empty()) return absl::OkStatus();
   // Host-page integrity (issue 22): each host-backed page is checked against memd's checksum before anything
   // imports it; a page that does not match (or has none) is treated as not host-backed: its rows are recomputed
   // from the record's tokens (and its host page written again with them, the same bytes as the confirmed copy).
-  absl::StatusOr<std::vector<uint32_t>> bad = hier_->CheckHostCopies(id, PagesOf(s), ChecksumsOf(s));
-  if (!bad.ok()) return bad.status();
-  if (!bad->empty()) {
+  const size_t granted = s.host_backed.size();
+  absl::StatusOr<std::vector<HostBackedPage>> good = port_->VerifyHostPages(id, std::move(s.host_backed));
+  if (!good.ok()) return good.status();
+  s.host_backed = *std::move(good);
+  if (s.host_backed.size() < granted) {
     spdlog::warn("worker: resumed request {} (client {}): {} of its {} host-backed pages do not match their "
-                 "checksums; their rows are recomputed from its tokens", id, client_id, bad->size(),
-                 s.host_backed.size());
-    std::erase_if(s.host_backed, [&](const HostBackedPage& h) {
-      return std::find(bad->begin(), bad->end(), h.page) != bad->end();
-    });
+                 "checksums; their rows are recomputed from its tokens", id, client_id, granted - s.host_backed.size(),
+                 granted);
   }
   return absl::OkStatus();
 }
 
 bool ResumeImporter::Begin(ResumeState& s, RequestId id, RequestId client_id, Position tokens) {
   // Resident mode: nothing imported, every row recomputed.
-  const std::vector<HostBackedPage> backed = hier_ != nullptr ? s.host_backed : std::vector<HostBackedPage>{};
+  const std::vector<HostBackedPage> backed = port_ != nullptr ? s.host_backed : std::vector<HostBackedPage>{};
   absl::StatusOr<ResumePlan> plan = PlanResume(backed, tokens, page_rows_);
   if (!plan.ok()) {
     s.rows_recomputed = tokens;
@@ -69,7 +56,7 @@ bool ResumeImporter::Begin(ResumeState& s, RequestId id, RequestId client_id, Po
   if (backed.empty()) return true;
   // Host-ready from now on, the pages recomputed after the last token included (the record may end before rows the
   // dead worker had backed up): their confirmed host copy is never written again.
-  if (absl::Status st = hier_->ImportHostPages(id, PagesOf(s), ChecksumsOf(s)); !st.ok()) {
+  if (absl::Status st = port_->MakeHostReady(id, s.host_backed); !st.ok()) {
     Abandon(s, id, st);
     return false;
   }
@@ -89,7 +76,7 @@ bool ResumeImporter::ImportRun(ResumeState& s, RequestId id, model::ModelSession
   if (!RunAt(s, fed)) return true;
   const HostRun run = s.runs.front();
   std::vector<std::vector<float>> keys;
-  absl::Status st = hier_->ImportHostRows(id, run.first, run.pages, keys);
+  absl::Status st = port_->ImportRows(id, run.first, run.pages, keys);
   if (st.ok()) st = model_->ImportKeys(session, run.pages * page_rows_, keys);
   if (!st.ok()) {
     Abandon(s, id, st);
@@ -120,13 +107,13 @@ void ResumeImporter::AfterRebuild(ResumeState& s, RequestId id) {
   if (s.host_backed.empty()) return;
   Position ahead = 0;  // the rows of the runs left: still imported when the pages are host-ready again
   for (const HostRun& run : s.runs) ahead += Position{run.pages} * page_rows_;
-  absl::Status st = hier_ != nullptr ? hier_->ImportHostPages(id, PagesOf(s), ChecksumsOf(s))
+  absl::Status st = port_ != nullptr ? port_->MakeHostReady(id, s.host_backed)
                                      : absl::FailedPreconditionError("resident mode");
   if (st.ok()) {
     CountRecomputed(s, s.rows_imported - ahead);
     return;
   }
-  if (hier_ != nullptr) {
+  if (port_ != nullptr) {
     spdlog::warn("worker: request {}: its host-backed pages are not host-ready again ({}); their host pages are "
                  "written again with the same rows", id, st.ToString());
   }

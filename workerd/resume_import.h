@@ -1,5 +1,6 @@
 // workerd/resume_import.h: carries out a resumed request's ResumePlan (workerd/resume_plan.h; issue 11 "resume from
-// host KV", issue 22 host-page integrity) on the worker's KV hierarchy and model: the grant's host-backed pages
+// host KV", issue 22 host-page integrity) on the worker's KV hierarchy, through libdhs's data path (lib::KvPort: the
+// checks, host-ready marks and imports dhs_request_import makes), and on its model: the grant's host-backed pages
 // checked against memd's checksums, made host-ready, the host runs imported when the request's prefill reaches them
 // (payload rows and index keys, no compute), the figures (rows imported / recomputed, time to the first new token).
 // The Worker keeps the request and its prefill: it asks NextHostRow where recomputing must stop and ImportRun at that
@@ -19,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "dhs_generated.h"
-#include "workerd/kv/hierarchical_kv_access.h"
+#include "libdhs/kv_port.h"
 #include "workerd/model/model.h"
 #include "workerd/resume_plan.h"
 
@@ -53,19 +54,19 @@ struct ResumeCounters {
 
 class ResumeImporter {
  public:
-  // `hier`: the worker's KV hierarchy, nullptr in resident mode (nothing is imported: every row recomputed).
-  // `model` must outlive it; `page_rows` = p.
-  ResumeImporter(const model::Model* model, HierarchicalKvAccess* hier, uint32_t page_rows)
-      : model_(model), hier_(hier), page_rows_(page_rows) {}
+  // `port`: libdhs's data path over the worker's KV hierarchy, nullptr in resident mode (nothing is imported: every
+  // row recomputed). `model` and `port` must outlive it; `page_rows` = p.
+  ResumeImporter(const model::Model* model, lib::KvPort* port, uint32_t page_rows)
+      : model_(model), port_(port), page_rows_(page_rows) {}
 
   // A resumed request (AdmissionDesk::Resume) started at `now`.
   static void Start(ResumeState& s, std::chrono::steady_clock::time_point now) { s.started = now; }
   static bool resumed(const ResumeState& s) { return s.started.has_value(); }
 
   // Its AdmitGrant (after the agent planned its residency): the grant's host-backed pages (GrantHostBacked), each
-  // checked against memd's checksum (HierarchicalKvAccess::CheckHostCopies) before anything imports it; a page that
-  // does not match (or has none) is not host-backed: its rows are recomputed (logged). Errors: CheckHostCopies'
-  // (the request must end).
+  // checked against memd's checksum (KvPort::VerifyHostPages) before anything imports it; a page that
+  // does not match (or has none) is not host-backed: its rows are recomputed (logged). Errors:
+  // KvPort::VerifyHostPages' (the request must end).
   absl::Status OnGrant(ResumeState& s, RequestId id, RequestId client_id, const wire::AdmitGrantT& grant);
   // Its start (a resumed request of `tokens` tokens, or a request granted shared prefix pages, issue 24: its
   // host-backed pages are then those shared pages, and `tokens` its input): the plan (PlanResume; logged), every host-backed page made
@@ -96,15 +97,13 @@ class ResumeImporter {
   const std::map<RequestId, ResumeFigures>& figures() const { return figures_; }
 
  private:
-  std::vector<uint32_t> PagesOf(const ResumeState& s) const;
-  std::vector<uint64_t> ChecksumsOf(const ResumeState& s) const;
   // `rows` of its planned imports recomputed instead (the figures move).
   void CountRecomputed(ResumeState& s, Position rows);
   // An import failed: logged; every row recomputed, no run left.
   void Abandon(ResumeState& s, RequestId id, const absl::Status& why);
 
   const model::Model* model_;
-  HierarchicalKvAccess* hier_;
+  lib::KvPort* port_;
   uint32_t page_rows_;
   ResumeCounters counters_;
   std::map<RequestId, ResumeFigures> figures_;

@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
     w->kv_ = w->port_kv_.get();
   }
   w->agent_ = w->stack_->agent();
-  w->resumes_ = std::make_unique<ResumeImporter>(model, w->hier_, config.page_rows);
+  w->resumes_ = std::make_unique<ResumeImporter>(model, w->port_.get(), config.page_rows);
   absl::StatusOr<std::unique_ptr<SpeculativeRounds>> rounds = SpeculativeRounds::Create(model, config, w->geometry_);
   if (!rounds.ok()) return rounds.status();
   w->rounds_ = *std::move(rounds);

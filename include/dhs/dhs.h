@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 3
+#define DHS_ABI_MINOR 4
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -246,7 +246,8 @@ typedef struct dhs_event {
                              be appended again) */
   uint32_t import_first;  /* GRANTED with host-backed pages: the first page of the leading host-backed run (0) */
   uint32_t import_pages;  /* GRANTED with host-backed pages: pages 0 .. import_pages-1 can be imported
-                             (dhs_request_import) */
+                             (dhs_request_import); dhs_request_import_plan (ABI 1.4) names every run, also those
+                             after a gap */
   uint32_t shared_pages;  /* GRANTED (ABI 1.1; 1.0 named it `reserved`, always 0): how many of `pages` are shared
                              prefix pages memd granted for the request's chain (another request's confirmed copies) */
   char message[192];      /* REJECTED / FAILED: why, NUL-terminated (cut at 191 bytes) */
@@ -343,9 +344,9 @@ typedef struct dhs_resumable {
 DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count,
                                          size_t* total);
 /* A granted request with host-backed pages (a resume, or shared prefix pages): takes its host-backed pages
- * first .. first+count-1 (pages the GRANTED event named:
- * 0 .. import_pages-1) as appended rows without recomputing them (the newest of them are copied from host into the
- * tail); `first` * p must equal the rows appended so far on every source. keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
+ * first .. first+count-1 (the GRANTED event's leading run 0 .. import_pages-1, or any run of dhs_request_import_plan,
+ * ABI 1.4) as appended rows without recomputing them (the newest of them are copied from host into the tail);
+ * `first` * p must equal the rows appended so far on every source (the rows before a run are the engine's). keys_out (NULL, or L_idx * count * p * d_idx bytes laid out
  * [indexer][position][d_idx]) receives their index keys, which the engine's indexer needs. Errors: INVALID_ARGUMENT
  * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no host-backed page, rows appended are not
  * first * p,
@@ -353,8 +354,26 @@ DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size
 DHS_EXPORT int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
                                   size_t keys_bytes);
 
+/* ABI 1.4: where a granted request's host-backed pages go in its prefill (a resume's, or shared prefix pages), so an
+ * engine imports every one of them, not only the leading run the GRANTED event names. */
+typedef struct dhs_host_run {
+  uint32_t first_page;  /* rows [first_page * p, (first_page + pages) * p) */
+  uint32_t pages;
+} dhs_host_run;
+/* The import plan of a prefill of `tokens` rows (1 .. max_rows): the maximal runs of the request's host-backed pages
+ * (those that matched their checksums at the grant) wholly before row tokens - 1, in position order. That last row is
+ * always computed (its logits give the next token), and so is every row outside the runs. The engine walks the plan
+ * in order: it appends the rows before a run (computing them), then takes the run with dhs_request_import, and so on,
+ * ending with the rows after the last run. A page whose host copy did not match its checksum is a gap between runs.
+ * The plan is workerd's own (workerd/resume_plan.h PlanResume). Copies up to `capacity` runs into runs[0..*count);
+ * *total = runs there are (capacity 0 with runs NULL asks for *total only). Errors: INVALID_ARGUMENT (null
+ * pointers, tokens 0 or beyond max_rows), NOT_FOUND, FAILED_PRECONDITION (not granted). */
+DHS_EXPORT int dhs_request_import_plan(dhs_worker* w, uint64_t request, uint64_t tokens, dhs_host_run* runs,
+                                       size_t capacity, size_t* count, size_t* total);
+
 /* Statistics as one JSON object, NUL-terminated, into buf (capacity bytes): requests (open, granted, completed,
- * failed), the census (direct / hot / host rows, bytes recovered), pages (kept, backed up, populated, reclaimed).
+ * failed), the census (direct / hot / host rows, bytes recovered), pages (kept, backed up, populated, reclaimed),
+ * host_backed (ABI 1.4: granted host-backed pages verified against their checksums, mismatched, imported).
  * *needed = bytes the text takes with its NUL. Errors: INVALID_ARGUMENT (null), RESOURCE_EXHAUSTED (capacity below
  * *needed: nothing written but *needed). */
 DHS_EXPORT int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed);

@@ -21,7 +21,7 @@ import ctypes
 import json
 import os
 
-ABI_MAJOR, ABI_MINOR = 1, 3
+ABI_MAJOR, ABI_MINOR = 1, 4
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 MODE_HISPARSE, MODE_ADAPTIVE = 1, 2
 BACKEND_CPU, BACKEND_CUDA = 1, 2
@@ -92,6 +92,10 @@ class Resumable(ctypes.Structure):
     _fields_ = [("request", ctypes.c_uint64), ("input_rows", ctypes.c_uint64), ("max_rows", ctypes.c_uint64)]
 
 
+class HostRun(ctypes.Structure):  # ABI 1.4
+    _fields_ = [("first_page", ctypes.c_uint32), ("pages", ctypes.c_uint32)]
+
+
 def _find_library() -> str:
     env = os.environ.get("DHS_LIBRARY")
     if env:
@@ -135,6 +139,8 @@ def library() -> ctypes.CDLL:
         "dhs_worker_list_resumable": (ctypes.c_int, [P, ctypes.POINTER(Resumable), sz, ctypes.POINTER(sz),
                                                       ctypes.POINTER(sz)]),
         "dhs_request_import": (ctypes.c_int, [P, u64, u32, u32, P, sz]),
+        "dhs_request_import_plan": (ctypes.c_int, [P, u64, u64, ctypes.POINTER(HostRun), sz, ctypes.POINTER(sz),
+                                                    ctypes.POINTER(sz)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
@@ -329,6 +335,18 @@ class Worker:
         self._check(self._lib.dhs_worker_list_resumable(self._h, out, total.value, ctypes.byref(n),
                                                         ctypes.byref(total)))
         return [(out[i].request, out[i].input_rows, out[i].max_rows) for i in range(n.value)]
+
+    def import_plan(self, request: int, tokens: int) -> list:
+        """ABI 1.4: [(first_page, pages)] runs of a granted request's host-backed pages wholly before row tokens - 1,
+        in position order (dhs_request_import_plan): append the rows before each run, import_rows the run, then append
+        the rows after the last run."""
+        n, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self._check(self._lib.dhs_request_import_plan(self._h, request, tokens, None, 0, ctypes.byref(n),
+                                                      ctypes.byref(total)))
+        out = (HostRun * max(1, total.value))()
+        self._check(self._lib.dhs_request_import_plan(self._h, request, tokens, out, total.value, ctypes.byref(n),
+                                                      ctypes.byref(total)))
+        return [(out[i].first_page, out[i].pages) for i in range(n.value)]
 
     def import_rows(self, request: int, first_page: int, pages: int, page_rows: int):
         """A granted request with host-backed pages (a resume, shared prefix pages): takes host-backed pages first_page .. first_page+pages-1 as appended; returns their

@@ -13,11 +13,19 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <span>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <thread>
 #include <string>
 #include <vector>
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -124,8 +132,10 @@ class LibdhsTest : public ::testing::Test {
     const std::vector<uint8_t> rows = Rows(id, first, n);
     return dhs_request_append(w_, id, first, n, rows.data(), rows.size(), nullptr, 0);
   }
-  // Resolves `sel` of request `id` on every source and checks every row's bytes against the appended pattern.
-  void ExpectRows(uint64_t id, const std::vector<int64_t>& sel) {
+  // Resolves `sel` of request `id` on every source and checks every row's bytes against the pattern appended under
+  // `pattern` (0: `id`; a resumed request's rows are keyed by the interrupted request's id).
+  void ExpectRows(uint64_t id, const std::vector<int64_t>& sel, uint64_t pattern = 0) {
+    if (pattern == 0) pattern = id;
     dhs_pool_desc pool{};
     pool.struct_size = sizeof pool;
     pool.kind = DHS_POOLS_LIBRARY;
@@ -143,12 +153,14 @@ class LibdhsTest : public ::testing::Test {
         ASSERT_LE(static_cast<uint64_t>(loc[j]) + kRow, pool.bytes);
         const uint8_t* row = static_cast<const uint8_t*>(pool.base) + loc[j];
         for (uint32_t b = 0; b < kRow; ++b) {
-          ASSERT_EQ(row[b], RowByte(id, s, sel[j], b)) << "source " << s << " position " << sel[j] << " byte " << b;
+          ASSERT_EQ(row[b], RowByte(pattern, s, sel[j], b)) << "source " << s << " position " << sel[j] << " byte " << b;
         }
       }
       ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
     }
   }
+  void InterruptAndRestart(const dhs_worker_config& c, uint64_t* interrupted,
+                           const std::function<void()>& between = {});
   nlohmann::json Stats() {
     char buf[4096];
     size_t need = 0;
@@ -460,10 +472,12 @@ TEST_F(LibdhsTest, TwoThreadsShareOneWorker) {
 // memd.away) but the engine gives up and closes it while memd is down; the next memd of the run directory adopts the
 // host pool and its journal, the reopened worker lists the request as resumable, resumes it and reads back the same
 // rows (brief §3).
-TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
-  dhs_worker_config c = Config(dir_.path(), 16);
-  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+// An interrupted request left for the next worker of this GPU: a hisparse request of 64 rows (4 pages, every one
+// backed up and confirmed), memd SIGKILLed under it, the worker closed while memd is down (no Complete can reach
+// memd). `between` runs while no memd runs (the host pool's bytes may be changed). The next memd adopts the pool and
+// keeps the request as interrupted; *interrupted = its id, and a new worker (`c`) is open on that memd.
+void LibdhsTest::InterruptAndRestart(const dhs_worker_config& c, uint64_t* interrupted,
+                                     const std::function<void()>& between) {
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
   const uint64_t id = SubmitGranted(64, 80);
   ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
@@ -495,8 +509,18 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
 
   memd_.reset();
   std::filesystem::remove(dir_.path() + "/memd.sock");  // the killed memd's socket: wait for the new one's
+  *interrupted = id;
+  if (between) ASSERT_NO_FATAL_FAILURE(between());
   ASSERT_NO_FATAL_FAILURE(StartMemd());  // the same run directory: the pool and the journal are adopted
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+}
+
+TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(InterruptAndRestart(c, &id));
   std::vector<dhs_resumable> list(4);
   size_t n = 0, total = 0;
   ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
@@ -531,6 +555,123 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
     }
     ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
   }
+  EXPECT_EQ(dhs_request_complete(w_, resumed), DHS_OK);
+}
+
+// The bytes of memd's host-pool segment for `run_dir` (memd/pool_segment.cc PoolSegmentName: "dhs-pool-" and the hex
+// of the first 8 bytes of SHA-256 of the canonical run directory), mapped shared: a write changes the pool memd adopts.
+struct MappedSegment {
+  explicit MappedSegment(const std::string& run_dir) {
+    const std::string canonical = std::filesystem::canonical(run_dir).string();
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_Digest(canonical.data(), canonical.size(), digest, &length, EVP_sha256(), nullptr);
+    char name[64] = "/dev/shm/dhs-pool-";
+    for (int i = 0; i < 8; ++i) std::snprintf(name + 18 + 2 * i, 3, "%02x", digest[i]);
+    const int fd = ::open(name, O_RDWR);
+    if (fd < 0) return;
+    struct stat st{};
+    if (::fstat(fd, &st) == 0) {
+      void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) bytes = std::span<uint8_t>(static_cast<uint8_t*>(m), static_cast<size_t>(st.st_size));
+    }
+    ::close(fd);
+  }
+  ~MappedSegment() {
+    if (!bytes.empty()) ::munmap(bytes.data(), bytes.size());
+  }
+  std::span<uint8_t> bytes;
+};
+
+// ABI 1.4, the import plan (dhs_request_import_plan): an interrupted request's page 1 changed in the host pool while
+// no memd ran (one byte of position 16, source 0). The resume's grant checks every page against memd's checksum:
+// page 1 does not match, so the plan of a 64-row prefill is the runs {page 0} and {page 2} (page 3 holds the last
+// row: computed); the event's leading run is page 0 alone. The engine walks the plan: imports page 0, appends rows
+// 16 .. 31 itself, imports page 2, appends 48 .. 63; every row of both sources then reads back the first worker's
+// bytes (the corrupted copy never served), and page 1 cannot be imported.
+TEST_F(LibdhsTest, ImportPlanSkipsAPageThatFailsItsChecksum) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;
+  uint64_t id = 0;
+  int corrupted = 0;
+  ASSERT_NO_FATAL_FAILURE(InterruptAndRestart(c, &id, [&] {
+    MappedSegment seg(dir_.path());
+    ASSERT_FALSE(seg.bytes.empty()) << "memd's host-pool segment for " << dir_.path() << " is not in /dev/shm";
+    uint8_t want[kRow];
+    for (uint32_t b = 0; b < kRow; ++b) want[b] = RowByte(id, 0, 16, b);
+    for (size_t at = 0; at + kRow <= seg.bytes.size(); ++at) {
+      if (std::memcmp(seg.bytes.data() + at, want, kRow) == 0) {
+        seg.bytes[at + 5] ^= 0x40;  // position 16, source 0, byte 5
+        ++corrupted;
+      }
+    }
+  }));
+  ASSERT_EQ(corrupted, 1) << "position 16's row of source 0 is not once in the host pool";
+  dhs_request_desc d = Desc(64, 80, id);
+  uint64_t resumed = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &resumed), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
+  EXPECT_EQ(ev[0].pages, 3u);         // pages 0, 2, 3 matched their checksums
+  EXPECT_EQ(ev[0].import_pages, 1u);  // the leading run: page 0 only
+
+  // Bad input first: nothing planned, a clear error.
+  dhs_host_run runs[4];
+  size_t n = 9, total = 9;
+  EXPECT_EQ(dhs_request_import_plan(w_, resumed, 0, runs, 4, &n, &total), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_import_plan(w_, resumed, 81, runs, 4, &n, &total), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("max_rows"), std::string::npos) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_request_import_plan(w_, resumed, 64, runs, 4, nullptr, &total), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_import_plan(w_, resumed, 64, nullptr, 4, &n, &total), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_import_plan(w_, resumed + 999, 64, runs, 4, &n, &total), DHS_ERR_NOT_FOUND);
+  // Capacity 1: one run copied, both counted.
+  ASSERT_EQ(dhs_request_import_plan(w_, resumed, 64, runs, 1, &n, &total), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(n, 1u);
+  EXPECT_EQ(total, 2u);
+  // A 65-row prefill would import page 3 too (its last row is then row 64).
+  ASSERT_EQ(dhs_request_import_plan(w_, resumed, 65, runs, 4, &n, &total), DHS_OK);
+  ASSERT_EQ(n, 2u);
+  EXPECT_EQ(runs[1].first_page, 2u);
+  EXPECT_EQ(runs[1].pages, 2u);
+  ASSERT_EQ(dhs_request_import_plan(w_, resumed, 64, runs, 4, &n, &total), DHS_OK);
+  ASSERT_EQ(n, 2u);
+  EXPECT_EQ(runs[0].first_page, 0u);
+  EXPECT_EQ(runs[0].pages, 1u);
+  EXPECT_EQ(runs[1].first_page, 2u);
+  EXPECT_EQ(runs[1].pages, 1u);
+
+  // The prefill along the plan; the rows outside the runs are the engine's (the first worker's bytes).
+  const auto append = [&](int64_t first, uint32_t count) {
+    const std::vector<uint8_t> rows = Rows(id, first, count);
+    return dhs_request_append(w_, resumed, first, count, rows.data(), rows.size(), nullptr, 0);
+  };
+  int64_t at = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const int64_t start = int64_t{runs[r].first_page} * kP;
+    if (at < start) ASSERT_EQ(append(at, static_cast<uint32_t>(start - at)), DHS_OK) << dhs_worker_errmsg(w_);
+    if (r == 1) {  // page 1 (mismatched) is no host-backed page: refused even at its rows
+      EXPECT_EQ(dhs_request_import(w_, resumed, 1, 1, nullptr, 0), DHS_ERR_FAILED_PRECONDITION);
+    }
+    ASSERT_EQ(dhs_request_import(w_, resumed, runs[r].first_page, runs[r].pages, nullptr, 0), DHS_OK)
+        << dhs_worker_errmsg(w_);
+    at = start + int64_t{runs[r].pages} * kP;
+  }
+  ASSERT_EQ(at, 48);
+  ASSERT_EQ(append(48, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<int64_t> sel;
+  for (int64_t t = 0; t < 64; ++t) {
+    sel.push_back(t);
+    if (sel.size() == kK) {
+      ASSERT_NO_FATAL_FAILURE(ExpectRows(resumed, sel, id));
+      sel.clear();
+    }
+  }
+  const nlohmann::json st = Stats();
+  EXPECT_EQ(st["host_backed"]["verified"], 3);
+  EXPECT_EQ(st["host_backed"]["mismatched"], 1);
+  EXPECT_EQ(st["host_backed"]["imported"], 2);
   EXPECT_EQ(dhs_request_complete(w_, resumed), DHS_OK);
 }
 
@@ -1108,6 +1249,9 @@ TEST_F(LibdhsTest, LayerWiseAppendsMatchWholeAppends) {
   // Source 0 runs 48 rows ahead: rows 0 .. 31 go in, row 32 needs page 0 complete and backed up.
   EXPECT_EQ(append_source(a, 0, 0, 48), DHS_ERR_RESOURCE_EXHAUSTED);
   EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("positions 0 .. 31 were appended"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  // The message says what helps (the other source), not only that page 0 has no host copy yet (review finding).
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("source 1 holds only 0 rows"), std::string::npos)
       << dhs_worker_errmsg(w_);
   ASSERT_EQ(append_keys(a, 0, 32), DHS_OK) << dhs_worker_errmsg(w_);
   // Whole-position calls need every source at one length.

@@ -105,6 +105,18 @@ def main() -> int:
     print(f"resume {new} granted: {ev.pages} host-backed pages, pages 0 .. {ev.import_pages - 1} importable")
     if ev.request != new or ev.pages != INPUT // P or ev.import_pages != INPUT // P:
         return 1
+    # ABI 1.4: the import plan. A prefill of INPUT rows computes its last row, so page 3 (rows 48 .. 63) is not in it;
+    # one of INPUT + 1 rows imports every page.
+    plan, plan_more = w.import_plan(new, INPUT), w.import_plan(new, INPUT + 1)
+    print("import plans:", plan, plan_more)
+    if plan != [(0, INPUT // P - 1)] or plan_more != [(0, INPUT // P)]:
+        return 1
+    try:
+        w.import_plan(new, MAX + 1)
+        print("a plan beyond max_rows was made")
+        return 1
+    except dhs.DhsError as e:
+        assert e.name == "DHS_ERR_INVALID_ARGUMENT", e
     try:
         w.import_rows(new, 1, 1, P)  # not at the rows appended (0)
         print("an import past the appended rows was taken")

@@ -81,7 +81,8 @@ TEST(ResumeImporter, ImportsTheRunsOfMatchingPagesAndRecomputesTheRest) {
   Harness h(s.g.kv, 12);  // the restarted worker's store over the same host pool
   std::copy(s.host.begin(), s.host.end(), h.host.begin());
   ASSERT_TRUE(h.kv->PlanResidency(1, 0, s.plan, {}).ok());
-  ResumeImporter importer(s.m.get(), h.kv.get(), kPageRows);
+  lib::KvPort port(h.kv.get());  // libdhs's data path over the store, as the Worker wires it
+  ResumeImporter importer(s.m.get(), &port, kPageRows);
   ResumeState state;
   const auto t0 = std::chrono::steady_clock::now();
   ResumeImporter::Start(state, t0);
@@ -121,6 +122,10 @@ TEST(ResumeImporter, ImportsTheRunsOfMatchingPagesAndRecomputesTheRest) {
   EXPECT_EQ(stretches, (std::vector<std::tuple<Position, Position, bool>>{
                            {0, 16, true}, {16, 24, false}, {24, 32, true}, {32, 45, false}}));
   EXPECT_FALSE(ResumeImporter::importing(state));
+  // Through libdhs's data path: 4 pages verified, page 4 refused, the 3 pages of the two runs imported.
+  EXPECT_EQ(port.counters().pages_verified, 4u);
+  EXPECT_EQ(port.counters().pages_mismatched, 1u);
+  EXPECT_EQ(port.counters().pages_imported, 3u);
 
   // Exact: the next token's logits are those of the model alone over the 45 tokens.
   const Generated oracle = Oracle(*s.m, std::vector<model::Token>(s.tokens.begin(), s.tokens.begin() + n), 1);
@@ -146,7 +151,8 @@ TEST(ResumeImporter, ARebuildCountsTheImportedRowsRecomputedAndKeepsTheRunsLeft)
   Harness h(s.g.kv, 12);
   std::copy(s.host.begin(), s.host.end(), h.host.begin());
   ASSERT_TRUE(h.kv->PlanResidency(1, 0, s.plan, {}).ok());
-  ResumeImporter importer(s.m.get(), h.kv.get(), kPageRows);
+  lib::KvPort port(h.kv.get());  // libdhs's data path over the store, as the Worker wires it
+  ResumeImporter importer(s.m.get(), &port, kPageRows);
   ResumeState state;
   ResumeImporter::Start(state, std::chrono::steady_clock::now());
   wire::AdmitGrantT grant;
