@@ -593,8 +593,9 @@ absl::Status EmbeddedWorker::ImportRows(RequestId request, uint32_t first, uint3
     return absl::OutOfRangeError(absl::StrCat("pages ", first, " .. ", uint64_t{first} + count - 1,
                                               " go beyond max_rows ", (*r)->max_rows));
   }
+  if (count == 0) return absl::InvalidArgumentError(absl::StrCat("request ", request, ": an import of 0 pages"));
   const uint64_t key_bytes = uint64_t{config_.indexers} * count * p * config_.index_key_bytes;
-  if (count == 0 || (!keys_out.empty() && keys_out.size() != key_bytes)) {
+  if (!keys_out.empty() && keys_out.size() != key_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("import of ", count, " pages: keys_out holds ", keys_out.size(),
                                                    " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
@@ -753,6 +754,9 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
   granted.slot = m.slot;
   r.slot = m.slot;
+  // memd handed the interrupted request over to its resume: no longer resumable (dhs_worker_list_resumable's list is
+  // memd's HelloReply, taken at open; review finding: it kept listing a request resumed and completed here).
+  if (r.resume_of != 0) not_resumable_.insert(r.resume_of);
   if (r.resume_of != 0 || !m.shared_pages.empty()) {
     // A resume (docs/architecture.md "Resume from host KV"), or shared prefix pages (issue 24: they come inside
     // host_backed_pages, as workerd's ResumeImporter takes them): the host-backed pages memd handed over, each checked

@@ -337,6 +337,14 @@ absl::Status Daemon::Run(const std::function<bool()>& keep_going) {
 
 absl::Status Daemon::ServeOnce(std::chrono::milliseconds timeout) {
   CheckDisconnects();
+  if (!closing_.empty()) {  // a worker's connection closed: the messages it sent before are served first
+    for (int i = 0; i < 4096; ++i) {
+      auto more = server_->ServeOnce(std::chrono::milliseconds(0));
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+    }
+    FenceClosed();
+  }
   auto served = server_->ServeOnce(timeout);
   if (!served.ok()) return served.status();
   const auto now = std::chrono::steady_clock::now();
@@ -411,9 +419,19 @@ void Daemon::CheckDisconnects() {
   for (uint64_t connection : router_->TakeDisconnected()) {  // each close names its own connection (issue 22)
     for (auto& [gpu, g] : gpus_) {
       if (core_->fenced(gpu) || g.connection != connection) continue;
-      Fence(gpu, absl::StrFormat("its connection closed (the process exited, or answered no ZMTP heartbeat for %d ms)",
-                                 options_.worker_timeout.count()));
+      closing_.emplace_back(gpu, connection);
     }
+  }
+}
+
+void Daemon::FenceClosed() {
+  for (const auto& [gpu, connection] : std::exchange(closing_, {})) {
+    auto g = gpus_.find(gpu);
+    // A message read after the close still names the closed connection (ConnectionTable::Of), so only a Hello on a
+    // new connection moves the GPU away from it.
+    if (g == gpus_.end() || core_->fenced(gpu) || g->second.connection != connection) continue;
+    Fence(gpu, absl::StrFormat("its connection closed (the process exited, or answered no ZMTP heartbeat for %d ms)",
+                               options_.worker_timeout.count()));
   }
 }
 

@@ -209,7 +209,12 @@ class Daemon {
   absl::Status CheckRequestPeer(std::string_view peer, RequestId request, std::string_view what);
   void Tick();
   // Liveness: fences the GPU whose worker's connection closed / who was silent for worker_timeout.
+  // A close is taken from the socket monitor (TakeDisconnected) into closing_; the fence comes in ServeOnce once the
+  // messages already queued on the socket are served (FenceClosed): a worker that sent Complete and exited at once
+  // has its Complete queued before its close, and it must end the request, not leave it interrupted (found by
+  // libdhs_api CompleteThenCloseEndsTheRequestAtMemd, which forces the two to be taken together).
   void CheckDisconnects();
+  void FenceClosed();
   void CheckSilentWorkers();
   // Records a message from `peer` (liveness); FAILED_PRECONDITION when `peer` is a fenced worker and `type` is not
   // a Hello (or an IntrospectQuery, which any peer may send).
@@ -243,6 +248,9 @@ class Daemon {
   std::unique_ptr<ResidencyManager> core_;
   std::unique_ptr<Server> server_;
   std::map<GpuId, GpuInfo> gpus_;
+  // GPUs whose worker's connection closed (the connection id the close named), fenced by FenceClosed unless a Hello of
+  // a new connection took the GPU first.
+  std::vector<std::pair<GpuId, uint64_t>> closing_;
   RequestRecordStore records_;  // the requests' records for resume (opened with AdmitRequest.record)
   RecordJournal record_journal_;  // records_ mirrored in RUN_DIR/records, for the next memd
   // Issue 26: each GPU's model (Hello.model_fingerprint), mirrored in RUN_DIR/models (memd/model_journal.h) so that

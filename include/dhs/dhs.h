@@ -334,7 +334,8 @@ DHS_EXPORT int dhs_request_commit(dhs_worker* w, uint64_t request, int64_t lengt
  * released, memd is told (while memd is away: after the re-Hello). The id is unknown afterwards. Errors: NOT_FOUND. */
 DHS_EXPORT int dhs_request_complete(dhs_worker* w, uint64_t request);
 
-/* After a restart of this GPU's worker: the requests memd kept for it (each with its confirmed host copies). */
+/* After a restart of this GPU's worker: the requests memd kept for it (each with its confirmed host copies), as
+ * memd's reply to this worker's Hello named them; a request resumed here leaves the list at its resume's grant. */
 typedef struct dhs_resumable {
   uint64_t request;      /* the interrupted request's id: dhs_request_desc.resume_of */
   uint64_t input_rows;   /* from its record (0 when memd kept none) */
@@ -350,7 +351,8 @@ DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size
  * [indexer][position][d_idx]) receives their index keys, which the engine's indexer needs. Errors: INVALID_ARGUMENT
  * (keys_out's size, count 0), NOT_FOUND, FAILED_PRECONDITION (not granted, no host-backed page, rows appended are not
  * first * p,
- * a page not host-backed), OUT_OF_RANGE (beyond max_rows). */
+ * a page not host-backed), OUT_OF_RANGE (beyond max_rows), RESOURCE_EXHAUSTED (memd is away and the tail has no
+ * room without a host write: nothing imported; poll and retry once memd is back). */
 DHS_EXPORT int dhs_request_import(dhs_worker* w, uint64_t request, uint32_t first, uint32_t count, void* keys_out,
                                   size_t keys_bytes);
 

@@ -110,8 +110,8 @@ def serve_resident(model: Model, reqs):
 
 
 def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: bool = False):
-    """The same loop with the KV in libdhs: all requests submitted at once, memd admits (2 slots), reclaims and
-    populates; one decode step per iteration over every granted request (a batch per source).
+    """The same loop with the KV in libdhs: requests submitted one admission at a time, memd admits (2 slots),
+    queues, reclaims and populates; one decode step per iteration over every granted request (a batch per source).
     grouped (ABI 1.3): both layers read the index producer's one selection, so they are declared one group and
     resolved together (one plan, one call per step); decode steps append layer by layer (append_source per layer,
     then the indexer's keys) as an engine writing each layer's KV during its forward pass."""
@@ -122,12 +122,19 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
     pool = w.pool_bytes()
     cols = np.arange(ROW_BYTES)
     state = {}  # request id -> dict(i, tokens, keys, out)
-    for i, (prompt, n_out) in enumerate(reqs):
-        rid = w.submit(len(prompt), len(prompt) + n_out)
-        state[rid] = {"i": i, "tokens": list(prompt), "keys": [], "out": [], "granted": False, "n_out": n_out}
-    outputs, reclaims, tokens_made = [None] * len(reqs), 0, 0
+    outputs, reclaims, tokens_made, submitted = [None] * len(reqs), 0, 0, 0
     start = time.monotonic()
     while any(o is None for o in outputs):
+        # One admission at a time: the next request is submitted once every earlier one is granted and prefilled, so
+        # memd decides it over requests whose kept pages are in place (the reclaims it orders then hit a request
+        # that is decoding, not one that is finishing; found when a CI run's only reclaim order came for a request
+        # completed at the same moment).
+        if submitted < len(reqs) and all(st["granted"] for st in state.values()):
+            prompt, n_out = reqs[submitted]
+            rid = w.submit(len(prompt), len(prompt) + n_out)
+            state[rid] = {"i": submitted, "tokens": list(prompt), "keys": [], "out": [], "granted": False,
+                          "n_out": n_out}
+            submitted += 1
         for ev in w.poll():
             st = state.get(ev.request)
             if ev.kind == dhs.EVENT_GRANTED:

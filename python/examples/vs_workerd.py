@@ -6,11 +6,12 @@ requests", both figures from one run.
    (requests_of_trace: prompts of 20..96 tokens, 4..12 output tokens); its line "libdhs loop: X tokens/s" is taken.
 2. The same N requests (the same prompt and output lengths, each request's hash_ids kept) are written as a Mooncake
    JSONL trace and replayed by dhs-replay against a node it starts (memd + workerd with the built-in model,
-   --length-scale 1, adaptive mode, --slots 2 as the example's worker, closed loop with every request in flight as
-   the example submits them all at once); its report's output_tokens_per_s is taken.
+   --length-scale 1, adaptive mode, --slots 2 as the example's worker, closed loop with every request in flight;
+   the example submits each request once the earlier ones are granted, and with 2 slots the rest wait for a slot in
+   both); its report's output_tokens_per_s is taken.
 
-What is the same: the requests (token counts), the serving mode, the 2 slots and the load (every request submitted at
-once). What is not, and cannot be through dhs-replay: the model and its KV shape. workerd runs its built-in
+What is the same: the requests (token counts), the serving mode, the 2 slots and the load (two requests decoding,
+the others waiting). What is not, and cannot be through dhs-replay: the model and its KV shape. workerd runs its built-in
 --preset (default dsv4flash-like: 8 layers over 3 sources of 288-byte rows, 5 selections per token of k + window = 20,
 p = 64); the example is its own toy (2 sources of 64-byte rows, one selection of k = 8 per token, p = 16), with a GPU
 budget of 12 pages that forces reclaims. The figures say what an engine written in Python over the C ABI gets

@@ -159,6 +159,50 @@ class LibdhsTest : public ::testing::Test {
       ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
     }
   }
+  // A request of 64 rows (max 80) on the open worker, its 4 pages backed up and their HostCopyWritten reports given
+  // to memd (hisparse mode: memd would keep them for a resume); *id = its id.
+  void BackedUpRequest(uint64_t* id) {
+    *id = SubmitGranted(64, 80);
+    ASSERT_EQ(Append(*id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+    ASSERT_NO_FATAL_FAILURE(WaitBackedUp(4));
+  }
+  // Polls until `pages` pages are backed up, then 20 polls more: their HostCopyWritten reports reach memd (its journal;
+  // shared prefix pages become shared).
+  void WaitBackedUp(int pages) {
+    for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < pages; ++i) {
+      dhs_event ev[4];
+      size_t n = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+      ::poll(nullptr, 0, 1);
+    }
+    ASSERT_EQ(Stats()["pages"]["backed_up"], pages);
+    for (int i = 0; i < 20; ++i) {
+      dhs_event ev[4];
+      size_t n = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+      ::poll(nullptr, 0, 5);
+    }
+  }
+  // Submits a request of 16 rows (max 80) that needs `victim`'s GPU pages: polls until memd reclaimed them
+  // (RECLAIMED of `victim`) and granted it (*granted_id); no request fails meanwhile.
+  void SubmitReclaiming(uint64_t victim, uint64_t* granted_id) {
+    dhs_request_desc d = Desc(16, 80);
+    ASSERT_EQ(dhs_request_submit(w_, &d, granted_id), DHS_OK);
+    bool reclaimed = false, granted = false;
+    for (int i = 0; i < 4000 && !granted; ++i) {
+      dhs_event ev[8];
+      size_t got = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+      for (size_t e = 0; e < got; ++e) {
+        if (ev[e].kind == DHS_EVENT_RECLAIMED && ev[e].request == victim) reclaimed = true;
+        if (ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == *granted_id) granted = true;
+        EXPECT_NE(ev[e].kind, static_cast<uint32_t>(DHS_EVENT_FAILED)) << ev[e].message;
+      }
+      if (got == 0) ::poll(nullptr, 0, 2);
+    }
+    ASSERT_TRUE(reclaimed);
+    ASSERT_TRUE(granted);
+  }
   void InterruptAndRestart(const dhs_worker_config& c, uint64_t* interrupted,
                            const std::function<void()>& between = {});
   nlohmann::json Stats() {
@@ -372,23 +416,8 @@ TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
   const nlohmann::json before = Stats();
   EXPECT_EQ(before["pages"]["kept"], 4) << before.dump();
 
-  dhs_request_desc d = Desc(16, 80);
   uint64_t b = 0;
-  ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK);
-  bool reclaimed = false, granted = false;
-  for (int i = 0; i < 4000 && !granted; ++i) {
-    dhs_event ev[8];
-    size_t got = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
-    for (size_t e = 0; e < got; ++e) {
-      if (ev[e].kind == DHS_EVENT_RECLAIMED && ev[e].request == a) reclaimed = true;
-      if (ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == b) granted = true;
-      EXPECT_NE(ev[e].kind, static_cast<uint32_t>(DHS_EVENT_FAILED)) << ev[e].message;
-    }
-    if (got == 0) ::poll(nullptr, 0, 2);
-  }
-  ASSERT_TRUE(reclaimed);
-  ASSERT_TRUE(granted);
+  ASSERT_NO_FATAL_FAILURE(SubmitReclaiming(a, &b));
   // A's old rows: not in its tail (32 rows: 32..63), its hot cache holds the earlier selection's rows; the others
   // are recovered from host.
   ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {1, 2, 3, 18, 40, 41, 5, 6}));
@@ -397,6 +426,37 @@ TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
   EXPECT_GE(after["census"]["host"].get<uint64_t>(), 8u) << after.dump();  // 4 positions x 2 sources at least
   ASSERT_EQ(Append(b, 0, 16), DHS_OK);
   ASSERT_NO_FATAL_FAILURE(ExpectRows(b, {0, 15}));
+  EXPECT_EQ(dhs_request_complete(w_, a), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+}
+
+// A page whose rows are all appended but held (a speculative round not committed yet) is not complete: it has no
+// backup and no keep copy until the commit. memd reclaims the request meanwhile (a second request needs its GPU
+// pages): the keep planned for such a page becomes a backup planned for the commit. Found by the libdhs_corpus replay
+// (a SIGSEGV under MALLOC_PERTURB_): the store took a held page as complete, its backup failed ("has no page 0") and
+// the keep it restored indexed a page it had never grown.
+TEST_F(LibdhsTest, HeldPagesAreNotReclaimedAsComplete) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(12));  // as ForcedReclaimKeepsRowsExact: A keeps 4 of 12 pages, B needs 5 of 3 free
+  const uint64_t a = SubmitGranted(64, 80);
+  ASSERT_EQ(dhs_request_hold(w_, a, 0), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(a, 0, 32), DHS_OK) << dhs_worker_errmsg(w_);  // pages 0 and 1 whole, every row held
+  uint64_t b = 0;
+  ASSERT_NO_FATAL_FAILURE(SubmitReclaiming(a, &b));
+  EXPECT_EQ(Stats()["pages"]["backed_up"], 0);  // nothing of the held pages was copied anywhere
+  // The commit completes pages 0 and 1: backed up into the host pages the reclaim planned; A decodes on.
+  ASSERT_EQ(dhs_request_commit(w_, a, 32), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(a, 32, 32), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) {
+    dhs_event ev[8];
+    size_t got = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t e = 0; e < got; ++e) EXPECT_NE(ev[e].kind, static_cast<uint32_t>(DHS_EVENT_FAILED)) << ev[e].message;
+    ::poll(nullptr, 0, 1);
+  }
+  EXPECT_EQ(Stats()["pages"]["backed_up"], 4);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {0, 1, 15, 16, 31, 2, 3, 4}));  // out of the tail (32 .. 63): from host
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {17, 18, 33, 63, 40, 41, 5, 6}));
   EXPECT_EQ(dhs_request_complete(w_, a), DHS_OK);
   EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
 }
@@ -468,10 +528,6 @@ TEST_F(LibdhsTest, TwoThreadsShareOneWorker) {
   EXPECT_EQ(Stats()["rows_appended"], 160);
 }
 
-// memd dies (SIGKILL) under a request whose pages are backed up; the worker serves away (poll answers OK, stats say
-// memd.away) but the engine gives up and closes it while memd is down; the next memd of the run directory adopts the
-// host pool and its journal, the reopened worker lists the request as resumable, resumes it and reads back the same
-// rows (brief §3).
 // An interrupted request left for the next worker of this GPU: a hisparse request of 64 rows (4 pages, every one
 // backed up and confirmed), memd SIGKILLed under it, the worker closed while memd is down (no Complete can reach
 // memd). `between` runs while no memd runs (the host pool's bytes may be changed). The next memd adopts the pool and
@@ -479,21 +535,8 @@ TEST_F(LibdhsTest, TwoThreadsShareOneWorker) {
 void LibdhsTest::InterruptAndRestart(const dhs_worker_config& c, uint64_t* interrupted,
                                      const std::function<void()>& between) {
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
-  const uint64_t id = SubmitGranted(64, 80);
-  ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
-  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) {
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
-    ::poll(nullptr, 0, 1);
-  }
-  ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
-  for (int i = 0; i < 20; ++i) {  // the HostCopyWritten reports reach memd's journal
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
-    ::poll(nullptr, 0, 5);
-  }
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&id));
   memd_->Signal(SIGKILL);
   ASSERT_GE(memd_->WaitExit(5000), -1);
   for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) {
@@ -515,6 +558,10 @@ void LibdhsTest::InterruptAndRestart(const dhs_worker_config& c, uint64_t* inter
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
 }
 
+// memd dies (SIGKILL) under a request whose pages are backed up; the worker serves away (poll answers OK, stats say
+// memd.away) but the engine gives up and closes it while memd is down; the next memd of the run directory adopts the
+// host pool and its journal, the reopened worker lists the request as resumable, resumes it and reads back the same
+// rows (brief §3).
 TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
@@ -537,6 +584,12 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
   ASSERT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
   EXPECT_EQ(ev[0].pages, 4u);
   ASSERT_EQ(ev[0].import_pages, 4u);
+  // Granted: memd handed the interrupted request over, so it is no longer listed (review finding).
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  EXPECT_EQ(total, 0u);
+  EXPECT_EQ(dhs_request_import(w_, resumed, 0, 0, nullptr, 0), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("an import of 0 pages"), std::string::npos)
+      << dhs_worker_errmsg(w_);
   std::vector<uint8_t> keys(size_t{4} * kP * kKey);
   ASSERT_EQ(dhs_request_import(w_, resumed, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
   // The rows of the dead epoch, under the new id: the pattern is keyed by the first id.
@@ -560,15 +613,19 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
 
 // The bytes of memd's host-pool segment for `run_dir` (memd/pool_segment.cc PoolSegmentName: "dhs-pool-" and the hex
 // of the first 8 bytes of SHA-256 of the canonical run directory), mapped shared: a write changes the pool memd adopts.
+std::string PoolSegmentPath(const std::string& run_dir) {
+  const std::string canonical = std::filesystem::canonical(run_dir).string();
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(canonical.data(), canonical.size(), digest, &length, EVP_sha256(), nullptr);
+  char name[64] = "/dev/shm/dhs-pool-";
+  for (int i = 0; i < 8; ++i) std::snprintf(name + 18 + 2 * i, 3, "%02x", digest[i]);
+  return name;
+}
+
 struct MappedSegment {
   explicit MappedSegment(const std::string& run_dir) {
-    const std::string canonical = std::filesystem::canonical(run_dir).string();
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int length = 0;
-    EVP_Digest(canonical.data(), canonical.size(), digest, &length, EVP_sha256(), nullptr);
-    char name[64] = "/dev/shm/dhs-pool-";
-    for (int i = 0; i < 8; ++i) std::snprintf(name + 18 + 2 * i, 3, "%02x", digest[i]);
-    const int fd = ::open(name, O_RDWR);
+    const int fd = ::open(PoolSegmentPath(run_dir).c_str(), O_RDWR);
     if (fd < 0) return;
     struct stat st{};
     if (::fstat(fd, &st) == 0) {
@@ -650,10 +707,13 @@ TEST_F(LibdhsTest, ImportPlanSkipsAPageThatFailsItsChecksum) {
   int64_t at = 0;
   for (size_t r = 0; r < n; ++r) {
     const int64_t start = int64_t{runs[r].first_page} * kP;
-    if (at < start) ASSERT_EQ(append(at, static_cast<uint32_t>(start - at)), DHS_OK) << dhs_worker_errmsg(w_);
-    if (r == 1) {  // page 1 (mismatched) is no host-backed page: refused even at its rows
+    if (r == 1) {  // page 1 (mismatched) is no host-backed page: refused at its rows (16), nothing imported
+      ASSERT_EQ(at, 16);
       EXPECT_EQ(dhs_request_import(w_, resumed, 1, 1, nullptr, 0), DHS_ERR_FAILED_PRECONDITION);
+      EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("failed its checksum"), std::string::npos)
+          << dhs_worker_errmsg(w_);
     }
+    if (at < start) ASSERT_EQ(append(at, static_cast<uint32_t>(start - at)), DHS_OK) << dhs_worker_errmsg(w_);
     ASSERT_EQ(dhs_request_import(w_, resumed, runs[r].first_page, runs[r].pages, nullptr, 0), DHS_OK)
         << dhs_worker_errmsg(w_);
     at = start + int64_t{runs[r].pages} * kP;
@@ -673,6 +733,42 @@ TEST_F(LibdhsTest, ImportPlanSkipsAPageThatFailsItsChecksum) {
   EXPECT_EQ(st["host_backed"]["mismatched"], 1);
   EXPECT_EQ(st["host_backed"]["imported"], 2);
   EXPECT_EQ(dhs_request_complete(w_, resumed), DHS_OK);
+}
+
+// A request completed and the worker closed at once (an engine that ends its last request and exits): memd must end
+// the request, not keep it as interrupted. The interleaving that lost it is forced: memd is SIGSTOPped while the
+// engine completes and closes, so that when it runs again the Complete is queued on its socket and the connection's
+// close is queued on its monitor together. memd used to take the close first (fence: the request kept as
+// interrupted, its host pages held for a resume, listed to the GPU's next worker); the close now waits for the
+// messages already queued. The next worker of the GPU lists nothing to resume and memd holds no host page.
+TEST_F(LibdhsTest, CompleteThenCloseEndsTheRequestAtMemd) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up: memd would keep them for a resume
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&id));
+  ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  ::poll(nullptr, 0, 200);  // the engine's socket closed: its bytes and its end wait in memd's kernel buffer
+  ASSERT_EQ(memd_->Signal(SIGCONT), 0);
+  ::poll(nullptr, 0, 300);
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<dhs_resumable> list(4);
+  size_t n = 0, total = 0;
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  EXPECT_EQ(total, 0u) << "the completed request " << id << " is kept as interrupted";
+  // memd holds no host page for it: stopped cleanly with no request left, it removes its host-pool segment (it keeps
+  // the segment for the next memd only while it holds interrupted requests' pages).
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  const std::string segment = PoolSegmentPath(dir_.path());
+  ASSERT_TRUE(std::filesystem::exists(segment));
+  memd_->Terminate();
+  memd_.reset();
+  EXPECT_FALSE(std::filesystem::exists(segment)) << "memd kept its host pool for a request that was completed";
 }
 
 // A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
@@ -770,19 +866,7 @@ TEST_F(LibdhsTest, PrefixChainGrantsSharedHostPagesPerTenant) {
     ASSERT_EQ(dhs_request_append(w_, a, 0, 64, rows.data(), rows.size(), keys.data(), keys.size()), DHS_OK)
         << dhs_worker_errmsg(w_);
   }
-  for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) {
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
-    ::poll(nullptr, 0, 1);
-  }
-  ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
-  for (int i = 0; i < 20; ++i) {  // the HostCopyWritten reports reach memd: the pages become shared
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
-    ::poll(nullptr, 0, 5);
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitBackedUp(4));  // the HostCopyWritten reports reach memd: the pages become shared
   ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK);  // its pages stay stored (cached) for the chain
 
   // Same tenant, same chain: 4 shared pages, imported without an append; rows and keys are a's.

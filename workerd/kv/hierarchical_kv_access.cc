@@ -377,7 +377,8 @@ absl::Status HierarchicalKvAccess::ImportHostRows(RequestId request, uint32_t fi
   for (uint32_t j = first; j < first + count; ++j) {
     if (j >= kv.pages.size() || !kv.pages[j].HostReady()) {
       return absl::FailedPreconditionError(absl::StrCat("KV: page ", j, " of request ", request,
-                                                        " was not imported (no confirmed host copy)"));
+                                                        " is not host-backed (memd named no confirmed host copy of it, or its copy failed its "
+                                                        "checksum at the grant): its rows are appended instead"));
     }
   }
   keys_out.assign(layout_.num_indexers(), {});
@@ -607,8 +608,13 @@ bool HierarchicalKvAccess::DropKeep(RequestId request, uint32_t page) {
 }
 
 bool HierarchicalKvAccess::Complete(const RequestKv& kv, uint32_t page) const {
+  // A page with an unverified row (a speculative round held from below its end) completes only at CommitVerified, and
+  // a page completes by growing `pages` (AppendRun, CommitVerified, ImportHostPages): rows of every source alone do not
+  // make it complete (found by libdhs_api HeldPagesAreNotReclaimedAsComplete: a reclaim took a held page as complete,
+  // its backup failed and the keep restored after it indexed a page never grown).
   const Position end = Position{page + 1} * layout_.config().page_rows;
-  return std::all_of(kv.appended.begin(), kv.appended.end(), [&](Position n) { return n >= end; });
+  return page < kv.pages.size() && end <= kv.hold_from &&
+         std::all_of(kv.appended.begin(), kv.appended.end(), [&](Position n) { return n >= end; });
 }
 
 bool HierarchicalKvAccess::InTail(const RequestKv& kv, uint32_t page) const {
