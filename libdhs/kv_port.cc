@@ -244,13 +244,7 @@ absl::Status KvPort::MakeHostReady(RequestId request, std::span<const HostBacked
 absl::Status KvPort::ImportRows(RequestId request, uint32_t first, uint32_t count,
                                 std::vector<std::vector<float>>& keys_out) {
   if (count == 0) return absl::InvalidArgumentError(absl::StrCat("request ", request, ": an import of 0 pages"));
-  const Position p = kv_->layout().config().page_rows;
-  const Position fewest = Fewest(request), most = Most(request);
-  if (fewest != Position{first} * p || fewest != most) {
-    return absl::FailedPreconditionError(absl::StrCat("request ", request, ": import at page ", first,
-                                                      ": its sources hold ", fewest, " to ", most, " rows, not ",
-                                                      Position{first} * p, " each"));
-  }
+  // Every source at first * p rows and each page host-ready: the store's checks (ImportHostRows).
   if (absl::Status s = kv_->ImportHostRows(request, first, count, keys_out); !s.ok()) return s;
   counters_.pages_imported += count;
   return absl::OkStatus();

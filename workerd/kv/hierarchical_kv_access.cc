@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "common/fault_point.h"
 #include "common/page_checksum.h"
@@ -372,7 +373,9 @@ absl::Status HierarchicalKvAccess::ImportHostRows(RequestId request, uint32_t fi
   const Position begin = Position{first} * c.page_rows, end = Position{first + count} * c.page_rows;
   if (std::any_of(kv.appended.begin(), kv.appended.end(), [&](Position n) { return n != begin; })) {
     return absl::FailedPreconditionError(absl::StrCat("KV: request ", request, " is not at the start of page ",
-                                                      first, " on every source"));
+                                                      first, " on every source: its sources hold ",
+                                                      absl::StrJoin(kv.appended, ", "), " rows, not ", begin,
+                                                      " each"));
   }
   for (uint32_t j = first; j < first + count; ++j) {
     if (j >= kv.pages.size() || !kv.pages[j].HostReady()) {
