@@ -773,15 +773,15 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
       events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
       return;
     }
-    std::vector<uint32_t> pages;
-    for (const HostBackedPage& h : *backed) pages.push_back(h.page);
     r.host_backed = *std::move(backed);
+    const std::vector<HostBackedPage>& pages = r.host_backed;  // ascending
     granted.pages = static_cast<uint32_t>(pages.size());
-    while (granted.import_pages < pages.size() && pages[granted.import_pages] == granted.import_pages) {
+    while (granted.import_pages < pages.size() && pages[granted.import_pages].page == granted.import_pages) {
       ++granted.import_pages;  // the leading run 0 .. n-1
     }
     for (uint32_t j : m.shared_pages) {
-      granted.shared_pages += std::find(pages.begin(), pages.end(), j) != pages.end() ? 1 : 0;
+      granted.shared_pages +=
+          std::any_of(pages.begin(), pages.end(), [j](const HostBackedPage& h) { return h.page == j; }) ? 1 : 0;
     }
     counters_.shared_pages_granted += granted.shared_pages;
   }
