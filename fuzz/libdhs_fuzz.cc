@@ -112,6 +112,10 @@ dhs_worker_config BaseConfig(uint32_t gpu) {
   c.slots = 2;
   c.hbm_budget_bytes = 12 * kP * kS * kRow;
   c.connect_timeout_ms = 3000;
+  // ABI 1.5: staging arenas (χ = 1: a group per source; K_max = 4 <= T - p + 1), so a held round's resolves take the
+  // union path with its arena (HierarchicalKvAccess::FetchWithStaging).
+  c.staging_arenas = 1;
+  c.round_queries = 4;
   return c;
 }
 
@@ -274,7 +278,14 @@ struct Session {
       qs[i] = dhs_query{id, sel[i].data(), len, in.Below(16) == 0 ? 1u : 0u,
                         in.Below(16) == 0 ? nullptr : loc[i].data()};
     }
-    Check(w, dhs_resolve(w, in.Below(16) == 0 ? nullptr : sources.data(), n_src, qs.data(), n_q), "resolve");
+    const uint32_t* src = in.Below(16) == 0 ? nullptr : sources.data();
+    if (in.Below(4) == 0) {  // ABI 1.5: each query's own position (a round's n_r + j), sometimes out of range
+      std::vector<int64_t> at(n_q + 1);
+      for (uint32_t i = 0; i < n_q; ++i) at[i] = static_cast<int64_t>(in.Below(8 * kP)) - 2;
+      Check(w, dhs_resolve_at(w, src, n_src, qs.data(), n_q, in.Below(8) == 0 ? nullptr : at.data()), "resolve_at");
+    } else {
+      Check(w, dhs_resolve(w, src, n_src, qs.data(), n_q), "resolve");
+    }
   }
 
   void Op(uint32_t op) {
@@ -370,7 +381,7 @@ struct Session {
 // A second worker (GPU 1) with a fuzzed config: opened, a few calls, closed, then used after the close.
 void SecondWorker(dhs::fuzz::Input& in) {
   dhs_worker_config c = BaseConfig(1);
-  switch (in.Below(10)) {
+  switch (in.Below(11)) {
     case 0: c.struct_size = in.Small32(256); break;
     case 1: c.abi_version = in.U32(); break;
     case 2: c.page_rows = in.Small32(40); break;
@@ -385,6 +396,7 @@ void SecondWorker(dhs::fuzz::Input& in) {
       c.source_groups = in.Bool() ? kOneGroup : kBadGroups;
       break;
     }
+    case 10: c.staging_arenas = in.Small32(4); c.round_queries = in.Small32(40); break;  // ABI 1.5
     default: break;
   }
   c.connect_timeout_ms = 300;  // a Hello memd leaves unanswered must not starve GPU 0's worker of polls

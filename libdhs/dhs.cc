@@ -123,19 +123,24 @@ dhs::lib::EmbeddedConfig ToEmbedded(const dhs_worker_config& config) {
   }
   if (config.struct_size >= DHS_WORKER_CONFIG_SIZE_1_2) c.model_fingerprint = config.model_fingerprint;  // 1.2
   // 1.3: the source groups, `sources` entries (read only when sources is in range: the core refuses it otherwise).
-  if (config.struct_size >= sizeof(dhs_worker_config) && config.source_groups != nullptr && config.sources >= 1 &&
+  if (config.struct_size >= DHS_WORKER_CONFIG_SIZE_1_3 && config.source_groups != nullptr && config.sources >= 1 &&
       config.sources <= 4096) {
     c.source_groups.assign(config.source_groups, config.source_groups + config.sources);
+  }
+  if (config.struct_size >= sizeof(dhs_worker_config)) {  // 1.5: staging arenas
+    c.staging_arenas = config.staging_arenas;
+    c.round_queries = config.round_queries;
   }
   return c;
 }
 
-// The sizes dhs_worker_config had: this header's (1.3), 1.2's, 1.1's and 1.0's.
+// The sizes dhs_worker_config had: this header's (1.5), 1.3's (and 1.4's), 1.2's, 1.1's and 1.0's.
 bool KnownConfigSize(uint32_t size) {
-  return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_2 ||
+  return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_3 || size == DHS_WORKER_CONFIG_SIZE_1_2 ||
          size == DHS_WORKER_CONFIG_SIZE_1_1 || size == DHS_WORKER_CONFIG_SIZE_1_0;
 }
-static_assert(sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_2 &&
+static_assert(sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_3 &&
+              DHS_WORKER_CONFIG_SIZE_1_3 > DHS_WORKER_CONFIG_SIZE_1_2 &&
               DHS_WORKER_CONFIG_SIZE_1_2 > DHS_WORKER_CONFIG_SIZE_1_1 &&
               DHS_WORKER_CONFIG_SIZE_1_1 > DHS_WORKER_CONFIG_SIZE_1_0);
 
@@ -144,7 +149,8 @@ int CheckConfigStruct(dhs_worker* w, const dhs_worker_config* config) {
   if (!KnownConfigSize(config->struct_size)) {
     return Fail(w, DHS_ERR_VERSION, absl::StrCat("dhs_worker_config.struct_size is ", config->struct_size,
                                                  "; this library (ABI ", DHS_ABI_MAJOR, ".", DHS_ABI_MINOR,
-                                                 ") takes ", sizeof(dhs_worker_config), " (1.3), ",
+                                                 ") takes ", sizeof(dhs_worker_config), " (1.5), ",
+                                                 DHS_WORKER_CONFIG_SIZE_1_3, " (1.3, 1.4), ",
                                                  DHS_WORKER_CONFIG_SIZE_1_2, " (1.2), ",
                                                  DHS_WORKER_CONFIG_SIZE_1_1, " (1.1) or ",
                                                  DHS_WORKER_CONFIG_SIZE_1_0, " (1.0)"));
@@ -409,33 +415,52 @@ int dhs_request_append_keys(dhs_worker* w, uint64_t request, uint32_t indexer, i
   });
 }
 
-int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
-                uint32_t query_count) {
-  return Guard(w, "dhs_resolve", [&](EmbeddedWorker& e) {
+namespace {
+// dhs_resolve and dhs_resolve_at: the queries' checks, then one EmbeddedWorker::Resolve (`at` may be NULL).
+int ResolveBatch(dhs_worker* w, const char* name, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
+                 uint32_t query_count, const int64_t* at) {
+  return Guard(w, name, [&](EmbeddedWorker& e) {
     if (sources == nullptr || sources_count == 0) {
-      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_resolve: sources is NULL or empty");
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat(name, ": sources is NULL or empty"));
     }
-    if (queries == nullptr && query_count > 0) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_resolve: queries is NULL");
+    if (queries == nullptr && query_count > 0) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat(name, ": queries is NULL"));
+    }
     std::vector<EmbeddedWorker::Query> batch(query_count);
     for (uint32_t i = 0; i < query_count; ++i) {
       const dhs_query& q = queries[i];
       if (q.reserved != 0) {
-        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_resolve: query ", i, ": reserved must be 0"));
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat(name, ": query ", i, ": reserved must be 0"));
       }
       if (q.length > e.config().top_k) {
-        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_resolve: query ", i, ": selection of ", q.length,
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat(name, ": query ", i, ": selection of ", q.length,
                                                               " positions is longer than k = ", e.config().top_k));
       }
       if (q.length > 0 && (q.selection == nullptr || q.locations == nullptr)) {
         return Fail(w, DHS_ERR_INVALID_ARGUMENT,
-                    absl::StrCat("dhs_resolve: query ", i, ": selection or locations is NULL"));
+                    absl::StrCat(name, ": query ", i, ": selection or locations is NULL"));
+      }
+      if (at != nullptr && at[i] < -1) {
+        return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat(name, ": at[", i, "] = ", at[i], " is below -1"));
       }
       batch[i].request = q.request;
       batch[i].selection = std::span<const int64_t>(q.selection, q.length);
       batch[i].locations = std::span<int64_t>(q.locations, uint64_t{q.length} * sources_count);
+      batch[i].at = at != nullptr ? at[i] : dhs::kNoPosition;
     }
     return Done(w, e.Resolve(std::span<const uint32_t>(sources, sources_count), batch));
   });
+}
+}  // namespace
+
+int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
+                uint32_t query_count) {
+  return ResolveBatch(w, "dhs_resolve", sources, sources_count, queries, query_count, nullptr);
+}
+
+int dhs_resolve_at(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
+                   uint32_t query_count, const int64_t* at) {
+  return ResolveBatch(w, "dhs_resolve_at", sources, sources_count, queries, query_count, at);
 }
 
 int dhs_readers_done(dhs_worker* w, const uint32_t* sources, uint32_t sources_count) {

@@ -17,6 +17,7 @@
 #include "workerd/device/cpu_device.h"
 #include "workerd/prefix_chain.h"
 #include "workerd/resume_plan.h"
+#include "workerd/verification/staging_pool.h"
 
 namespace dhs::lib {
 namespace {
@@ -75,6 +76,27 @@ absl::Status CheckConfig(const EmbeddedConfig& c) {
       if (c.source_groups[s] == next) ++next;
     }
   }
+  if (c.staging_arenas > 0) {  // ABI 1.5 (brief §6 "Staging"; workerd's --staging-arenas / --block)
+    size_t widest = 1;
+    if (!c.source_groups.empty()) {
+      std::map<uint32_t, size_t> members;
+      for (uint32_t g : c.source_groups) widest = std::max(widest, ++members[g]);
+    }
+    const uint32_t round_cap = c.tail_rows - c.page_rows + 1;  // a held round's rows fit the tail: K_max <= T - p + 1
+    if (c.round_queries < 1 || c.round_queries > round_cap) {
+      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: round_queries (K_max) ", c.round_queries,
+                                                     " with staging arenas must be in [1, T - p + 1 = ", round_cap,
+                                                     "]"));
+    }
+    if (c.staging_arenas < widest || c.staging_arenas > 64) {
+      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: staging_arenas (χ) ", c.staging_arenas,
+                                                     " must be in [", widest, ", 64]: one arena per source of the "
+                                                     "largest group (", widest, " sources)"));
+    }
+  } else if (c.round_queries != 0) {
+    return absl::InvalidArgumentError("dhs_worker_config: round_queries is set without staging_arenas (it sizes the "
+                                      "arenas; set both or neither)");
+  }
   const uint64_t page_bytes = uint64_t{c.page_rows} * c.sources * c.row_bytes;
   const uint64_t m = c.hbm_budget_bytes / page_bytes;
   if (m == 0 || m > (1u << 24)) {
@@ -131,15 +153,39 @@ KvConfig KvConfigOf(const EmbeddedConfig& config) {
   const uint64_t page_bytes = uint64_t{config.page_rows} * config.sources * config.row_bytes;
   kv.optional_pages = static_cast<uint32_t>(config.hbm_budget_bytes / page_bytes);
   kv.key_bytes.assign(config.indexers, config.index_key_bytes);
+  kv.staging_arenas = config.staging_arenas;
+  kv.staging_k_max = config.staging_arenas > 0 ? config.round_queries : 0;
   return kv;
 }
+
+uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-absl::StatusOr<uint64_t> EmbeddedWorker::PoolBytesFor(const EmbeddedConfig& config) {
+absl::StatusOr<RegionLayout> EmbeddedWorker::RegionFor(const EmbeddedConfig& config) {
   if (absl::Status s = CheckConfig(config); !s.ok()) return s;
   absl::StatusOr<KvLayout> layout = KvLayout::Create(KvConfigOf(config));
   if (!layout.ok()) return layout.status();
-  return layout->pool_bytes();
+  RegionLayout r;
+  r.kv_bytes = layout->pool_bytes();
+  r.staging_offset = AlignUp(r.kv_bytes, kEnginePoolAlignment);
+  if (config.staging_arenas > 0) {
+    absl::StatusOr<int64_t> staging = spec::StagingReservationBytes(
+        {config.staging_arenas, config.slots, config.round_queries, config.top_k, config.row_bytes});
+    if (!staging.ok()) return staging.status();
+    r.staging_bytes = static_cast<uint64_t>(*staging);
+  }
+  r.bytes = config.staging_arenas > 0 ? r.staging_offset + r.staging_bytes : r.kv_bytes;
+  if (r.bytes > (uint64_t{64} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: the KV pool and staging arenas would take ",
+                                                   r.bytes, " bytes (more than 64 GiB)"));
+  }
+  return r;
+}
+
+absl::StatusOr<uint64_t> EmbeddedWorker::PoolBytesFor(const EmbeddedConfig& config) {
+  absl::StatusOr<RegionLayout> r = RegionFor(config);
+  if (!r.ok()) return r.status();
+  return r->bytes;
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
@@ -148,15 +194,20 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   const KvConfig kv = KvConfigOf(config);
   absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
   if (!layout.ok()) return layout.status();
+  absl::StatusOr<RegionLayout> region = RegionFor(config);
+  if (!region.ok()) return region.status();
+  w->region_ = *region;
   if (config.engine_pool != nullptr) {  // engine-owned pool (dhs_worker_config.engine_pool): checked, then adopted
     if (reinterpret_cast<uintptr_t>(config.engine_pool) % kEnginePoolAlignment != 0) {
       return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool is not aligned to ",
                                                      kEnginePoolAlignment, " bytes"));
     }
-    if (config.engine_pool_bytes < layout->pool_bytes()) {
+    if (config.engine_pool_bytes < region->bytes) {
       return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool_bytes ", config.engine_pool_bytes,
-                                                     " is below the ", layout->pool_bytes(),
-                                                     " bytes the KV pool needs (dhs_pool_bytes_needed)"));
+                                                     " is below the ", region->bytes,
+                                                     " bytes the KV pool", config.staging_arenas > 0 ?
+                                                     " and its staging arenas need" : " needs",
+                                                     " (dhs_pool_bytes_needed)"));
     }
   }
 
@@ -187,12 +238,25 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   h.tail_rows = config.tail_rows;
   h.fetched_rows_per_token = config.sources;
   h.model_fingerprint = config.model_fingerprint;  // the engine's (ABI 1.2), 0 = not said
+  h.staging_arenas = config.staging_arenas;  // ABI 1.5: M_stage, each admission's slot share counted by memd
+  h.staging_bytes = region->staging_bytes;
+  h.k_max = config.staging_arenas > 0 ? config.round_queries : 0;
 
   w->hello_ = h;
+  // The region: the engine's memory, or one pool of the device; the store's KV pool and staging pool are its parts
+  // (RegionLayout), so a location is one offset into one region whichever part it names.
   auto cpu = std::make_unique<CpuDevice>();
   if (config.engine_pool != nullptr) {
-    std::memset(config.engine_pool, 0, layout->pool_bytes());  // as the library's own mapping starts
-    cpu->UseCallerMemoryForNextPool(config.engine_pool, config.engine_pool_bytes);
+    std::memset(config.engine_pool, 0, region->bytes);  // as the library's own mapping starts
+    w->region_base_ = config.engine_pool;
+  } else {
+    absl::StatusOr<PoolId> whole = cpu->AllocatePool(region->bytes);
+    if (!whole.ok()) return whole.status();
+    w->region_base_ = cpu->HostVisible(*whole, 0);
+  }
+  cpu->UseCallerMemoryForNextPool(w->region_base_, region->kv_bytes);
+  if (config.staging_arenas > 0) {
+    cpu->UseCallerMemoryForNextPool(w->region_base_ + region->staging_offset, region->staging_bytes);
   }
   w->device_ = std::move(cpu);
   absl::StatusOr<std::unique_ptr<MemdClient>> memd =
@@ -230,9 +294,8 @@ EmbeddedWorker::~EmbeddedWorker() {
 }
 
 absl::StatusOr<std::span<uint8_t>> EmbeddedWorker::Pool() const {
-  uint8_t* base = device_->HostVisible(kv_->pool(), 0);
-  if (base == nullptr) return absl::UnimplementedError("the KV pool of this backend is not host-visible");
-  return std::span<uint8_t>(base, device_->PoolBytes(kv_->pool()));
+  if (region_base_ == nullptr) return absl::UnimplementedError("the KV pool of this backend is not host-visible");
+  return std::span<uint8_t>(region_base_, region_.bytes);
 }
 
 absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t max_rows, RequestId resume_of,
@@ -271,12 +334,15 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   in.tail_rows = config_.tail_rows;
   in.index_producers = config_.indexers;
   in.index_key_bytes = config_.index_key_bytes;
+  in.slot_staging_bytes = region_.staging_bytes / config_.slots;  // the slot's share of M_stage (exact: N divides it)
   const uint64_t required = SessionRequiredPages(in, max_rows);  // the one formula (common/worker_shape.h)
   if (required > UINT32_MAX / 2) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: max_rows ", max_rows, " needs ", required,
                                                    " required pages"));
   }
   admit.required_pages = static_cast<uint32_t>(required);
+  admit.staging_bytes = in.slot_staging_bytes;  // inside required_pages, rounded as memd checks (CheckShare)
+  admit.staging_pages = static_cast<uint32_t>(CeilDiv(in.slot_staging_bytes, in.page_bytes));
   admit.history_rows = max_rows;
   admit.complete_pages =
       config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(input_rows / config_.page_rows) : 0;
@@ -365,6 +431,8 @@ wire::HelloT EmbeddedWorker::ReHello() const {
     if (rep == nullptr) continue;
     rep->complete_pages = r.admit->complete_pages;
     rep->optional_history = r.admit->optional_history;
+    rep->staging_pages = r.admit->staging_pages;  // the speculation share its AdmitRequest declared
+    rep->staging_bytes = r.admit->staging_bytes;
     if (r.admit->record != nullptr) rep->record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
     hello.report.push_back(std::move(rep));
   }
@@ -557,11 +625,12 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
   for (size_t i = 0; i < queries.size(); ++i) {
     const Query& q = queries[i];
     if (absl::StatusOr<Request*> r = Granted(q.request); !r.ok()) return r.status();
-    batch[i] = KvPort::Query{q.request, q.selection, std::span<const uint8_t*>(out.data() + at, q.locations.size())};
+    batch[i] = KvPort::Query{q.request, q.selection, std::span<const uint8_t*>(out.data() + at, q.locations.size()),
+                             q.at};
     at += q.locations.size();
   }
   if (absl::Status s = port_->Resolve(sources, batch); !s.ok()) return Step(s);
-  absl::StatusOr<std::span<uint8_t>> pool = Pool();
+  absl::StatusOr<std::span<uint8_t>> pool = Pool();  // the region: a staged row lies in its staging part
   if (!pool.ok()) return pool.status();
   at = 0;
   for (Query& q : queries) {
@@ -727,6 +796,9 @@ std::string EmbeddedWorker::StatsJson() const {
       {"memd", {{"away", memd_->away()}, {"aways", counters_.memd_aways}, {"returns", counters_.memd_returns},
                 {"reports_refused", counters_.reports_refused}, {"admissions_resent", counters_.admissions_resent},
                 {"ends_deferred", counters_.ends_deferred}}},
+      {"staging", {{"arenas", config_.staging_arenas}, {"bytes", region_.staging_bytes},
+                   {"unions", kv_->staging_census().unions}, {"staged_fetches", kv_->staging_census().staged_fetches},
+                   {"rows", kv_->staging_census().rows}}},
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},
   };

@@ -57,8 +57,24 @@ struct EmbeddedConfig {
   // The group of each source (dhs_worker_config.source_groups, ABI 1.3): empty = every source its own group; else
   // `sources` entries numbered in order of first use (brief §5: an index producer's followers share its group).
   std::vector<uint32_t> source_groups;
+  // Staging arenas of speculative verification (dhs_worker_config ABI 1.5; brief §6 "Staging"): χ arenas of
+  // round_queries * k rows of d_KV bytes per slot (M_stage = χ * N * K_max * k * d_KV, spec::StagingReservationBytes).
+  // 0: none (a round's union must fit the hot cache). With arenas: 1 <= round_queries (K_max) <= T - p + 1 and
+  // χ >= the largest group's sources. The arenas follow the KV pool in the same region (RegionLayout).
+  uint32_t staging_arenas = 0;  // χ
+  uint32_t round_queries = 0;   // K_max: the most queries of one speculative round
 };
 inline constexpr uint64_t kEnginePoolAlignment = 64;  // DHS_POOL_ALIGNMENT
+
+// The one region an engine addresses (dhs_pool_desc; a location is a byte offset into it): the KV pool
+// (KvLayout::pool_bytes) at 0, then the staging arenas (M_stage bytes, 0 without) at staging_offset = the KV pool's
+// bytes rounded up to kEnginePoolAlignment. bytes = staging_offset + staging_bytes (without arenas: the KV pool's).
+struct RegionLayout {
+  uint64_t kv_bytes = 0;
+  uint64_t staging_offset = 0;
+  uint64_t staging_bytes = 0;
+  uint64_t bytes = 0;
+};
 
 // A request's phase here, changed only through TransitionEmbedded() against kEmbeddedTransitions.
 //   kWaiting  AdmitRequest sent, no answer yet
@@ -114,8 +130,11 @@ class EmbeddedWorker final : private MemdHandler {
   // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold PoolBytesFor(config) bytes
   // (INVALID_ARGUMENT otherwise); it is zeroed and used as the KV pool (CpuDevice::UseCallerMemoryForNextPool).
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config);
-  // The KV pool's bytes for `config` (its shape checked as Open checks it).
+  // The region's bytes for `config` (RegionLayout.bytes: the KV pool and the staging arenas; its shape checked as Open
+  // checks it).
   static absl::StatusOr<uint64_t> PoolBytesFor(const EmbeddedConfig& config);
+  static absl::StatusOr<RegionLayout> RegionFor(const EmbeddedConfig& config);
+  const RegionLayout& region() const { return region_; }
   bool engine_pool() const { return config_.engine_pool != nullptr; }
   // Ends every open request (Complete to memd, delivered for up to 1 s) and frees everything.
   ~EmbeddedWorker() override;
@@ -125,8 +144,8 @@ class EmbeddedWorker final : private MemdHandler {
   uint64_t host_page_bytes() const { return kv_->layout().host_page_bytes(); }
   uint32_t capacity_pages() const { return kv_->layout().config().optional_pages; }
   uint64_t worker_epoch() const { return memd_->worker_epoch(); }
-  // The KV pool (the CPU backend's host-visible bytes). Errors: UNIMPLEMENTED when the backend's pool is not
-  // host-visible.
+  // The region (RegionLayout: the KV pool, then the staging arenas; the CPU backend's host-visible bytes). Errors:
+  // UNIMPLEMENTED when the backend's pool is not host-visible.
   absl::StatusOr<std::span<uint8_t>> Pool() const;
 
   // A new request: input_rows >= 1 prompt rows, max_rows >= input_rows rows at most. resume_of != 0: the resume of
@@ -177,11 +196,14 @@ class EmbeddedWorker final : private MemdHandler {
                           std::span<const uint8_t> keys);
   // The group of `source` (source < sources).
   uint32_t GroupOf(SourceId source) const { return port_->GroupOf(source); }
-  // One query: selection (length <= k) and its output (sources.size() * length byte offsets).
+  // One query: selection (length <= k), its output (sources.size() * length byte offsets into the region: a row in
+  // the hot cache, tail or ready map, or, for a held round's union, in a staging arena) and the position of the query
+  // that made it (dhs_resolve_at; KvQuery.at: a round's query j sits at n_r + j; kNoPosition unknown).
   struct Query {
     RequestId request = 0;
     std::span<const Position> selection;
     std::span<int64_t> locations;
+    Position at = kNoPosition;
   };
   absl::Status Resolve(std::span<const SourceId> sources, std::span<Query> queries);
   absl::Status ReadersDone(std::span<const SourceId> sources);
@@ -233,6 +255,8 @@ class EmbeddedWorker final : private MemdHandler {
   EmbeddedConfig config_;
   wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
   std::unique_ptr<Device> device_;
+  RegionLayout region_;
+  uint8_t* region_base_ = nullptr;  // the region's first byte (the engine's pool, or the device pool region_pool_)
   std::unique_ptr<MemdClient> memd_;
   // The KV store and the ResidencyAgent: workerd's KvStack (workerd/kv_stack.h), the wiring workerd's Worker uses
   // too; kv_ and agent_ point into it.

@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 4
+#define DHS_ABI_MINOR 5
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -130,14 +130,26 @@ typedef struct dhs_worker_config {
    * group share each query's selection and the request's hot-cache slots: dhs_resolve names every source of one
    * group (in any order) and plans the batch once for all of them. */
   const uint32_t* source_groups;
+  /* ABI 1.5 (a 1.3 / 1.4 caller's struct, DHS_WORKER_CONFIG_SIZE_1_3 bytes, is still accepted: 0, no arenas).
+   * Staging arenas of speculative verification (brief §6 "Staging"): while a request holds a speculative round
+   * (dhs_request_hold), the queries of its round resolved in one dhs_resolve are served as ONE union: each distinct
+   * missing row is copied once, into the hot cache while it has room, the rest into a staging arena, so a round's
+   * union may exceed the hot cache. staging_arenas = χ (0: none; else >= the largest group's sources, <= 64);
+   * round_queries = K_max, the most queries of one round (1 .. T - p + 1; 0 without arenas). The arenas take
+   * M_stage = χ * N * K_max * k * d_KV bytes after the KV pool in the same region (dhs_pool_bytes_needed counts
+   * them; a location may point into them), and each admitted request declares its slot's share M_stage / N to memd
+   * inside its required pages. */
+  uint32_t staging_arenas;
+  uint32_t round_queries;
 } dhs_worker_config;
 #define DHS_WORKER_CONFIG_SIZE_1_0 80u  /* sizeof(dhs_worker_config) of ABI 1.0 (up to connect_timeout_ms) */
 #define DHS_WORKER_CONFIG_SIZE_1_1 96u  /* sizeof(dhs_worker_config) of ABI 1.1 (up to engine_pool_bytes) */
 #define DHS_WORKER_CONFIG_SIZE_1_2 104u /* sizeof(dhs_worker_config) of ABI 1.2 (up to model_fingerprint) */
+#define DHS_WORKER_CONFIG_SIZE_1_3 112u /* sizeof(dhs_worker_config) of ABI 1.3 and 1.4 (up to source_groups) */
 #define DHS_POOL_ALIGNMENT 64u          /* engine_pool's alignment, bytes */
 
-/* The bytes of the KV pool a worker of `config` needs (its slot regions and optional pages), for an engine-owned
- * pool. Only the shape is read (no memd contact). Errors: INVALID_ARGUMENT (null, a field out of range), VERSION. */
+/* The bytes of the KV pool a worker of `config` needs (its slot regions and optional pages, then, ABI 1.5, its
+ * staging arenas at the next DHS_POOL_ALIGNMENT boundary), for an engine-owned pool. Only the shape is read (no memd contact). Errors: INVALID_ARGUMENT (null, a field out of range), VERSION. */
 DHS_EXPORT int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes);
 
 /* Opens the worker of one GPU: checks the config and the ABI, connects to memd (Hello), maps its host pool and
@@ -180,7 +192,7 @@ typedef struct dhs_pool_desc {
   uint32_t kind;         /* in: dhs_pool_kind */
   void* base;            /* out (LIBRARY): the pool's first byte; on the CPU backend host memory the engine may read.
                             Owned by the library, valid until dhs_worker_close. in (ENGINE): the engine_pool of open */
-  uint64_t bytes;        /* out: the pool's size */
+  uint64_t bytes;        /* out: the pool's size (dhs_pool_bytes_needed: the KV pool, then the staging arenas) */
   uint64_t row_bytes;    /* out: d_KV; a location from dhs_resolve is a byte offset into this pool */
 } dhs_pool_desc;
 /* Registers (LIBRARY: describes) the KV pools. Errors: INVALID_ARGUMENT (ENGINE: base or bytes are not the pool
@@ -318,6 +330,14 @@ typedef struct dhs_query {
  * After an error nothing is resolved. */
 DHS_EXPORT int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
                            uint32_t query_count);
+/* ABI 1.5: dhs_resolve with the position of each query: at[i] = the position of the token whose query made
+ * queries[i]'s selection (a speculative round's query j sits at n_r + j, brief §6), -1 unknown; NULL = all unknown
+ * (dhs_resolve). With staging arenas, a held round's queries are grouped into their union by it and each position they
+ * select is checked against the causal mask (a query reads only positions up to its own); without `at` the union is
+ * still served, checked only against the appended rows. Errors: dhs_resolve's, and INVALID_ARGUMENT for an at[i]
+ * below -1 or a round's selection that reads beyond its query's own position. */
+DHS_EXPORT int dhs_resolve_at(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
+                              uint32_t query_count, const int64_t* at);
 /* The attention that read the locations of the last dhs_resolve over `sources` finished (brief §4: readers); until
  * then a reclaim of pages it read waits. Readers end per group: naming one source of a group ends the group's.
  * Errors: INVALID_ARGUMENT. */

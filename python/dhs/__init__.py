@@ -21,13 +21,17 @@ import ctypes
 import json
 import os
 
-ABI_MAJOR, ABI_MINOR = 1, 4
+ABI_MAJOR, ABI_MINOR = 1, 5
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 MODE_HISPARSE, MODE_ADAPTIVE = 1, 2
 BACKEND_CPU, BACKEND_CUDA = 1, 2
 POOLS_LIBRARY, POOLS_ENGINE = 1, 2
 EVENT_GRANTED, EVENT_WAITING, EVENT_REJECTED, EVENT_RECLAIMED, EVENT_FAILED = 1, 2, 3, 4, 5
 EVENT_NAMES = {1: "granted", 2: "waiting", 3: "rejected", 4: "reclaimed", 5: "failed"}
+# dhs_status (DhsError.code)
+(OK, ERR_INVALID_ARGUMENT, ERR_VERSION, ERR_BAD_HANDLE, ERR_CLOSED, ERR_NOT_FOUND, ERR_FAILED_PRECONDITION,
+ ERR_OUT_OF_RANGE, ERR_RESOURCE_EXHAUSTED, ERR_UNAVAILABLE, ERR_UNIMPLEMENTED, ERR_DATA_LOSS, ERR_ABORTED,
+ ERR_INTERNAL) = range(14)
 
 
 class WorkerConfig(ctypes.Structure):
@@ -42,7 +46,9 @@ class WorkerConfig(ctypes.Structure):
                 # ABI 1.2: the engine's model fingerprint (0: not said; memd keys the cluster tier by it)
                 ("model_fingerprint", ctypes.c_uint64),
                 # ABI 1.3: the group of each source (None: every source its own group)
-                ("source_groups", ctypes.POINTER(ctypes.c_uint32))]
+                ("source_groups", ctypes.POINTER(ctypes.c_uint32)),
+                # ABI 1.5: staging arenas χ and K_max, the most queries of one speculative round (0, 0: none)
+                ("staging_arenas", ctypes.c_uint32), ("round_queries", ctypes.c_uint32)]
 
 
 class WorkerInfo(ctypes.Structure):
@@ -131,6 +137,8 @@ def library() -> ctypes.CDLL:
         "dhs_request_append_source": (ctypes.c_int, [P, u64, u32, i64, u32, P, sz]),
         "dhs_request_append_keys": (ctypes.c_int, [P, u64, u32, i64, u32, P, sz]),
         "dhs_resolve": (ctypes.c_int, [P, ctypes.POINTER(u32), u32, ctypes.POINTER(Query), u32]),
+        "dhs_resolve_at": (ctypes.c_int, [P, ctypes.POINTER(u32), u32, ctypes.POINTER(Query), u32,
+                                          ctypes.POINTER(ctypes.c_int64)]),
         "dhs_readers_done": (ctypes.c_int, [P, ctypes.POINTER(u32), u32]),
         "dhs_request_hold": (ctypes.c_int, [P, u64, i64]),
         "dhs_request_commit": (ctypes.c_int, [P, u64, i64]),
@@ -166,18 +174,21 @@ class Worker:
     others (0: not said); memd keys its cluster tier by it and refuses a worker of another model on a GPU that served
     one (DhsError FAILED_PRECONDITION). source_groups (ABI 1.3): None (every source its own group) or the group of
     each source, numbered in order of first use (an index producer's followers share its group: brief §5); resolve
-    and readers_done then name a group's sources."""
+    and readers_done then name a group's sources. staging_arenas, round_queries (ABI 1.5): χ staging arenas and K_max
+    (the most queries of one speculative round): a held round's union of rows may then exceed the hot cache; the
+    arenas follow the KV pool in the same region (pool() covers both)."""
 
     def __init__(self, run_dir: str, *, sources: int, row_bytes: int, page_rows: int, top_k: int, hot_rows: int,
                  tail_rows: int, slots: int, hbm_budget_bytes: int, indexers: int = 0, index_key_bytes: int = 0,
                  gpu: int = 0, mode: int = MODE_ADAPTIVE, connect_timeout_ms: int = 10000,
-                 model_fingerprint: int = 0, source_groups=None):
+                 model_fingerprint: int = 0, source_groups=None, staging_arenas: int = 0, round_queries: int = 0):
         self._lib = library()
         self._h = ctypes.c_void_p()
         self._run_dir = run_dir.encode()
         c = WorkerConfig(ctypes.sizeof(WorkerConfig), ABI_VERSION, self._run_dir, gpu, mode, BACKEND_CPU, sources,
                          row_bytes, indexers, index_key_bytes, page_rows, top_k, hot_rows, tail_rows, slots,
                          hbm_budget_bytes, connect_timeout_ms, None, 0, model_fingerprint)
+        c.staging_arenas, c.round_queries = staging_arenas, round_queries
         groups = None
         if source_groups is not None:  # read during open only
             groups = (ctypes.c_uint32 * len(source_groups))(*source_groups)
@@ -294,9 +305,10 @@ class Worker:
         sources = [source] if isinstance(source, int) else list(source)
         return sources, (ctypes.c_uint32 * len(sources))(*sources)
 
-    def resolve(self, source, queries):
+    def resolve(self, source, queries, at=None):
         """source: a source, or every source of one group (ABI 1.3); queries: [(request, selection int64 array of
-        <= k positions, -1 padding)]. Returns per query the byte offsets into the pool (-1 for padding): an int64
+        <= k positions, -1 padding)]; at (ABI 1.5, dhs_resolve_at): None, or per query the position of the token whose
+        query made it (-1 unknown). Returns per query the byte offsets into the pool (-1 for padding): an int64
         array of len(selection) for one source, else [len(sources), len(selection)] in the order named; readable until
         readers_done of the source (group)."""
         import numpy as np
@@ -310,7 +322,13 @@ class Worker:
             keep.append((sel, loc))
             qs[i] = Query(rid, sel.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), len(sel), 0,
                           loc.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
-        self._check(self._lib.dhs_resolve(self._h, src, len(sources), qs, n))
+        if at is None:
+            self._check(self._lib.dhs_resolve(self._h, src, len(sources), qs, n))
+        else:
+            if len(at) != n:
+                raise ValueError(f"resolve: {len(at)} positions in at for {n} queries")
+            ats = (ctypes.c_int64 * n)(*at)
+            self._check(self._lib.dhs_resolve_at(self._h, src, len(sources), qs, n, ats))
         return [loc[0] if isinstance(source, int) else loc for _, loc in keep]
 
     def readers_done(self, source):

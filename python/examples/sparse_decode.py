@@ -4,7 +4,8 @@ resolver: tail, hot cache, ready map, host recovery) and serves a few requests o
 memd with a GPU budget small enough that memd reclaims earlier requests' pages (forced reclaims). Its tokens are
 compared with the same loop keeping every row resident in numpy (brief §7): equal, or the run fails.
 
-Usage: sparse_decode.py --run-dir DIR [--requests 4] [--grouped] [--trace tools/replay/data/mooncake_conversation_head200.jsonl]
+Usage: sparse_decode.py --run-dir DIR [--requests 4] [--grouped | --speculate K]
+                        [--trace tools/replay/data/mooncake_conversation_head200.jsonl]
        (memd in DIR started with --page-bytes 2304, i.e. p * (S * d_KV + L_idx * d_idx) = 16 * (2 * 64 + 16))
 Exit 0: outputs equal and at least one reclaim served; 1: a mismatch or no reclaim; 77: numpy missing (skipped).
 
@@ -13,7 +14,13 @@ The model (seeded, not trained): byte-free vocabulary of 64 tokens; per position
 rows) and one index key (4 float32); a query's selection is the top-k (k = 8) of q . key over positions <= t, ties to
 the lower position, -1 padding; each layer attends over its selected rows (softmax), adds its output to the hidden
 state; the next token is the argmax of the logits. Rows gathered in selection order, one fixed reduction order: the
-same rows give the same bits whichever store served them."""
+same rows give the same bits whichever store served them.
+
+--speculate K (ABI 1.5): speculative rounds of K queries (brief §6). A drafter (the embedding's bigram guess, cheap and
+often wrong) proposes K - 1 tokens after the anchor; their rows are appended held (dhs_request_hold), the round's K
+queries are resolved in one call per source with their positions (dhs_resolve_at) through staging arenas (chi = 1,
+K_max = K; the hot cache is cut to B = k rows, so a round's union takes the arena), the longest prefix of drafts the model agrees with is kept
+(dhs_request_commit) and A + 1 tokens are emitted. The tokens equal the non-speculative resident loop's."""
 import argparse
 import hashlib
 import json
@@ -62,6 +69,10 @@ class Model:
         sel[: len(order)] = order
         return sel
 
+    def draft(self, token: int) -> int:
+        """The drafter's guess of the token after `token` (the logits of its embedding alone: no attention)."""
+        return int(np.argmax(self.w_out @ self.embed[token]))
+
     def next_token(self, token: int, rows_of_layer) -> int:
         """rows_of_layer(l) -> the selected rows of layer l [n, D_ROW] float32, in selection order."""
         h = self.embed[token].copy()
@@ -109,16 +120,34 @@ def serve_resident(model: Model, reqs):
     return outputs
 
 
-def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: bool = False):
+def append_retrying(w, *args, method="append"):
+    """An append that the tail refused (a page's host copy in flight, RESOURCE_EXHAUSTED) goes again after a poll
+    (the poll completes the backup; its events are kept for the loop)."""
+    for _ in range(2000):
+        try:
+            return getattr(w, method)(*args)
+        except dhs.DhsError as e:
+            if e.code != dhs.ERR_RESOURCE_EXHAUSTED:
+                raise
+            w.pending_events.extend(w.poll())
+            time.sleep(0.001)
+    raise RuntimeError("append: the tail stayed full")
+
+
+def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: bool = False, speculate: int = 0):
     """The same loop with the KV in libdhs: requests submitted one admission at a time, memd admits (2 slots),
     queues, reclaims and populates; one decode step per iteration over every granted request (a batch per source).
     grouped (ABI 1.3): both layers read the index producer's one selection, so they are declared one group and
     resolved together (one plan, one call per step); decode steps append layer by layer (append_source per layer,
-    then the indexer's keys) as an engine writing each layer's KV during its forward pass."""
+    then the indexer's keys) as an engine writing each layer's KV during its forward pass. speculate = K > 0: each step
+    is a speculative round of K queries per request (module docstring), served through staging arenas."""
     w = dhs.Worker(run_dir, sources=S, row_bytes=ROW_BYTES, indexers=1, index_key_bytes=KEY_BYTES, page_rows=P,
-                   top_k=K, hot_rows=4 * K, tail_rows=2 * P, slots=2,
+                   top_k=K, hot_rows=K if speculate else 4 * K, tail_rows=2 * P, slots=2,
                    hbm_budget_bytes=budget_pages * P * S * ROW_BYTES, model_fingerprint=model.fingerprint(),
-                   source_groups=[0] * S if grouped else None)
+                   source_groups=[0] * S if grouped else None,
+                   staging_arenas=1 if speculate else 0, round_queries=speculate)
+    w.pending_events = []
+    rounds = {"rounds": 0, "drafted": 0, "accepted": 0}
     pool = w.pool_bytes()
     cols = np.arange(ROW_BYTES)
     state = {}  # request id -> dict(i, tokens, keys, out)
@@ -135,7 +164,8 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
             state[rid] = {"i": submitted, "tokens": list(prompt), "keys": [], "out": [], "granted": False,
                           "n_out": n_out}
             submitted += 1
-        for ev in w.poll():
+        events, w.pending_events = w.pending_events + w.poll(), []
+        for ev in events:
             st = state.get(ev.request)
             if ev.kind == dhs.EVENT_GRANTED:
                 st["granted"] = True  # prefill: every prompt row (and key) appended in one call
@@ -150,6 +180,9 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
         batch = [rid for rid, st in state.items() if st["granted"]]
         if not batch:
             time.sleep(0.001)
+            continue
+        if speculate:
+            tokens_made += speculative_step(model, w, pool, state, batch, outputs, speculate, rounds)
             continue
         sels = {rid: model.select(state[rid]["tokens"][-1], np.stack(state[rid]["keys"]),
                                   len(state[rid]["tokens"]) - 1) for rid in batch}
@@ -190,8 +223,72 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
                 w.append(rid, t, r[None], k[None, None])
     elapsed = time.monotonic() - start
     stats = w.stats()
+    stats["rounds"] = rounds
     w.close()
     return outputs, reclaims, stats, tokens_made / elapsed
+
+
+def speculative_step(model: Model, w, pool, state, batch, outputs, width: int, rounds) -> int:
+    """One speculative round of every request in `batch` (module docstring); returns the tokens emitted. Request r
+    holds n + 1 rows (its anchor, tokens[n], the last); its drafts d_1 .. d_{K_r - 1} go to positions n + 1 ..
+    n + K_r - 1 held; query j (position n + j) reads the token there and selects over positions <= n + j; y_j is the
+    model's token after it. Drafts are kept while d_{j+1} == y_j (A of them): y_0 .. y_A are emitted, positions up to
+    n + A committed, and y_A's row appended as the next anchor."""
+    cols = np.arange(ROW_BYTES)
+    plan = {}  # rid -> (n, query tokens, selections)
+    for rid in batch:
+        st = state[rid]
+        n = len(st["tokens"]) - 1
+        k_r = max(1, min(width, st["n_out"] - len(st["out"])))  # never emit past n_out
+        qtok = [st["tokens"][-1]]
+        for _ in range(k_r - 1):
+            qtok.append(model.draft(qtok[-1]))
+        w.hold(rid, n + 1)
+        keys = list(st["keys"])
+        for j, d in enumerate(qtok[1:], start=1):  # the drafts' rows and keys, held (unverified)
+            r, k = model.rows_and_key(d)
+            append_retrying(w, rid, n + j, r[None], k[None, None])
+            keys.append(k)
+        keys = np.stack(keys)
+        plan[rid] = (n, qtok, [model.select(qtok[j], keys, n + j) for j in range(k_r)])
+    queries = [(rid, sel) for rid in batch for sel in plan[rid][2]]
+    at = [plan[rid][0] + j for rid in batch for j in range(len(plan[rid][1]))]
+    rows = {(rid, j): [] for rid in batch for j in range(len(plan[rid][1]))}
+    for layer in range(S):  # one resolve per source: every request's round, its union through the staging arena
+        locs = w.resolve(layer, queries, at=at)
+        keys_of = [(rid, j) for rid in batch for j in range(len(plan[rid][1]))]
+        for key, loc in zip(keys_of, locs):
+            loc = loc[loc >= 0]
+            rows[key].append(pool[loc[:, None] + cols].view(np.float32).copy())
+        w.readers_done(layer)
+    made = 0
+    for rid in batch:
+        st = state[rid]
+        n, qtok, _ = plan[rid]
+        y = [model.next_token(qtok[j], lambda layer: rows[(rid, j)][layer]) for j in range(len(qtok))]
+        accepted = 0
+        while accepted + 1 < len(qtok) and qtok[accepted + 1] == y[accepted]:
+            accepted += 1
+        rounds["rounds"] += 1
+        rounds["drafted"] += len(qtok) - 1
+        rounds["accepted"] += accepted
+        w.commit(rid, n + 1 + accepted)  # the anchor's row and the accepted drafts' rows stay
+        emitted = y[: accepted + 1]
+        st["out"].extend(emitted)
+        st["tokens"].extend(qtok[1: accepted + 1])
+        st["keys"].extend(model.rows_and_key(d)[1] for d in qtok[1: accepted + 1])
+        made += len(emitted)
+        if len(st["out"]) >= st["n_out"]:
+            outputs[st["i"]] = st["out"][: st["n_out"]]
+            w.complete(rid)
+            del state[rid]
+            continue
+        nxt = emitted[-1]
+        st["tokens"].append(nxt)
+        r, k = model.rows_and_key(nxt)
+        st["keys"].append(k)
+        append_retrying(w, rid, len(st["tokens"]) - 1, r[None], k[None, None])
+    return made
 
 
 def main() -> int:
@@ -202,6 +299,8 @@ def main() -> int:
     ap.add_argument("--budget-pages", type=int, default=12)
     ap.add_argument("--grouped", action="store_true",
                     help="both layers one source group, decode appends layer by layer (ABI 1.3)")
+    ap.add_argument("--speculate", type=int, default=0, metavar="K",
+                    help="speculative rounds of K queries through staging arenas (ABI 1.5)")
     ap.add_argument("--trace", default=os.path.join(here, "..", "..", "tools", "replay", "data",
                                                     "mooncake_conversation_head200.jsonl"))
     a = ap.parse_args()
@@ -210,17 +309,23 @@ def main() -> int:
     t0 = time.monotonic()
     want = serve_resident(model, reqs)
     resident_s = time.monotonic() - t0
-    got, reclaims, stats, tps = serve_libdhs(model, reqs, a.run_dir, a.budget_pages, a.grouped)
+    got, reclaims, stats, tps = serve_libdhs(model, reqs, a.run_dir, a.budget_pages, a.grouped, a.speculate)
     n_tokens = sum(len(o) for o in want)
     print(f"requests {len(reqs)}, prompts {[len(p) for p, _ in reqs]}, output tokens {n_tokens}")
     print(f"libdhs loop: {tps:.1f} tokens/s; resident numpy loop: {n_tokens / resident_s:.1f} tokens/s")
     print(f"reclaim events {reclaims}; census {stats['census']}; pages {stats['pages']}")
+    if a.speculate:
+        print(f"speculation: {stats['rounds']}; staging {stats['staging']}")
     exact = got == want
     print("outputs equal to the resident loop:", "yes" if exact else "NO")
     if not exact:
         for i, (g, e) in enumerate(zip(got, want)):
             if g != e:
                 print(f"  request {i}: libdhs {g} resident {e}")
+        return 1
+    if a.speculate and (stats["staging"]["rows"] == 0 or stats["rounds"]["accepted"] == 0 or
+                        stats["rounds"]["accepted"] == stats["rounds"]["drafted"]):
+        print("speculation: no row was staged, or no draft was accepted / rejected")
         return 1
     if stats["pages"]["reclaimed"] == 0 or stats["census"]["host"] == 0:
         print("no reclaim or no host recovery happened: the budget did not force reclaims")

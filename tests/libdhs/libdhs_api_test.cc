@@ -256,6 +256,28 @@ TEST(LibdhsNoMemd, OpenChecksItsConfig) {
       {"budget", [](dhs_worker_config& c) { c.hbm_budget_bytes = 1; }, DHS_ERR_INVALID_ARGUMENT, "hbm_budget"},
       {"keys", [](dhs_worker_config& c) { c.index_key_bytes = 0; }, DHS_ERR_INVALID_ARGUMENT, "index_key_bytes"},
       {"no memd", [](dhs_worker_config& c) { c.connect_timeout_ms = 300; }, DHS_ERR_UNAVAILABLE, ""},
+      // ABI 1.5: staging arenas (K_max <= T - p + 1 = 17; χ >= the largest group's 2 sources).
+      {"round without arenas", [](dhs_worker_config& c) { c.round_queries = 4; }, DHS_ERR_INVALID_ARGUMENT,
+       "round_queries is set without staging_arenas"},
+      {"round beyond the tail", [](dhs_worker_config& c) { c.staging_arenas = 1; c.round_queries = 18; },
+       DHS_ERR_INVALID_ARGUMENT, "T - p + 1 = 17"},
+      {"no round", [](dhs_worker_config& c) { c.staging_arenas = 1; }, DHS_ERR_INVALID_ARGUMENT, "round_queries"},
+      {"arenas below a group",
+       [](dhs_worker_config& c) {
+         static const uint32_t groups[kS] = {0, 0};
+         c.source_groups = groups;
+         c.staging_arenas = 1;
+         c.round_queries = 4;
+       },
+       DHS_ERR_INVALID_ARGUMENT, "staging_arenas (χ) 1 must be in [2, 64]"},
+      // A 1.3 / 1.4 struct ends before the arenas' fields: they are not read (this one reaches the memd check).
+      {"1.4 struct",
+       [](dhs_worker_config& c) {
+         c.struct_size = DHS_WORKER_CONFIG_SIZE_1_3;
+         c.round_queries = 99;
+         c.connect_timeout_ms = 300;
+       },
+       DHS_ERR_UNAVAILABLE, ""},
   };
   for (const Case& k : cases) {
     dhs_worker_config c = Config(dir.path(), 8);
@@ -478,6 +500,96 @@ TEST_F(LibdhsTest, HeldRowsBeyondTheTailAreRefused) {
   ASSERT_EQ(dhs_request_commit(w_, id, 20), DHS_OK) << dhs_worker_errmsg(w_);  // 16 .. 19 kept
   ASSERT_EQ(Append(id, 20, 40), DHS_OK) << dhs_worker_errmsg(w_);              // 20 .. 59: pages complete again
   ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 15, 16, 19, 20, 33, 47, 59}));
+}
+
+// Staging arenas (ABI 1.5; brief §6 "Staging"): a held speculative round of K_max = 8 queries, each selecting 8 rows
+// that are only on host (hisparse: no optional history; the tail holds 64 .. 95), reads 64 distinct rows, twice the
+// hot cache (B = 32). Without arenas the union does not fit (RESOURCE_EXHAUSTED, nothing resolved); with χ = 1 it is
+// served: the first rows into the hot cache, the rest into the staging arena after the KV pool in the same region
+// (a location at or past the KV pool's bytes), every row the bytes appended. memd takes the slot's staging share
+// (χ * K_max * k * d_KV = 4096 bytes, 2 pages) inside the admission's required pages.
+TEST_F(LibdhsTest, StagingArenasServeARoundBeyondTheHotCache) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  for (const uint32_t arenas : {0u, 1u}) {
+    SCOPED_TRACE(arenas);
+    dhs_worker_config c = Config(dir_.path(), 16);
+    c.mode = DHS_MODE_HISPARSE;
+    c.staging_arenas = arenas;
+    c.round_queries = arenas > 0 ? 8 : 0;
+    uint64_t kv_bytes = 0, region_bytes = 0;
+    dhs_worker_config plain = c;
+    plain.staging_arenas = plain.round_queries = 0;
+    ASSERT_EQ(dhs_pool_bytes_needed(&plain, &kv_bytes), DHS_OK);
+    ASSERT_EQ(dhs_pool_bytes_needed(&c, &region_bytes), DHS_OK);
+    const uint64_t staging = uint64_t{arenas} * c.slots * 8 * kK * kRow;  // M_stage = χ * N * K_max * k * d_KV
+    EXPECT_EQ(region_bytes, arenas > 0 ? (kv_bytes + 63) / 64 * 64 + staging : kv_bytes);
+    ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+    const uint64_t id = SubmitGranted(96, 128);  // GRANTED: memd took the share (CheckShare refuses a wrong one)
+    ASSERT_EQ(Append(id, 0, 96), DHS_OK) << dhs_worker_errmsg(w_);
+    ASSERT_NO_FATAL_FAILURE(WaitBackedUp(6));
+    ASSERT_EQ(dhs_request_hold(w_, id, 96), DHS_OK) << dhs_worker_errmsg(w_);
+    ASSERT_EQ(Append(id, 96, 8), DHS_OK) << dhs_worker_errmsg(w_);  // the round's 8 rows, held
+    std::vector<std::vector<int64_t>> sel(8);
+    std::vector<int64_t> at(8);
+    for (int j = 0; j < 8; ++j) {
+      for (int i = 0; i < 8; ++i) sel[j].push_back(i * 8 + j);  // query j: 8 of rows 0 .. 63, none selected twice
+      at[j] = 96 + j;
+    }
+    dhs_pool_desc pool{};
+    pool.struct_size = sizeof pool;
+    pool.kind = DHS_POOLS_LIBRARY;
+    ASSERT_EQ(dhs_pools_register(w_, &pool), DHS_OK);
+    EXPECT_EQ(pool.bytes, region_bytes);
+    bool staged = false;
+    for (uint32_t s = 0; s < kS; ++s) {
+      std::vector<std::vector<int64_t>> loc(8, std::vector<int64_t>(8, -7));
+      std::vector<dhs_query> q;
+      for (int j = 0; j < 8; ++j) q.push_back(dhs_query{id, sel[j].data(), 8, 0, loc[j].data()});
+      const int rc = dhs_resolve_at(w_, &s, 1, q.data(), 8, at.data());
+      if (arenas == 0) {
+        EXPECT_EQ(rc, DHS_ERR_RESOURCE_EXHAUSTED) << dhs_worker_errmsg(w_);
+        continue;
+      }
+      ASSERT_EQ(rc, DHS_OK) << dhs_worker_errmsg(w_);
+      for (int j = 0; j < 8; ++j) {
+        for (int i = 0; i < 8; ++i) {
+          const int64_t l = loc[j][i];
+          ASSERT_GE(l, 0);
+          ASSERT_LE(static_cast<uint64_t>(l) + kRow, pool.bytes);
+          staged = staged || static_cast<uint64_t>(l) >= kv_bytes;
+          const uint8_t* row = static_cast<const uint8_t*>(pool.base) + l;
+          for (uint32_t b = 0; b < kRow; ++b) ASSERT_EQ(row[b], RowByte(id, s, sel[j][i], b)) << sel[j][i];
+        }
+      }
+      ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
+    }
+    const nlohmann::json st = Stats();
+    if (arenas > 0) {
+      EXPECT_TRUE(staged);
+      EXPECT_EQ(st["staging"]["bytes"], staging);
+      EXPECT_EQ(st["staging"]["unions"], 2) << st.dump();          // one per source (group)
+      EXPECT_EQ(st["staging"]["rows"], 2 * (64 - kB)) << st.dump();  // past the hot cache's 32, per source
+      // The causal mask (dhs_resolve_at): query 0 at 96 may not read 97; without positions the store checks only the
+      // appended rows.
+      std::vector<int64_t> ahead{97, 1}, loc(2);
+      dhs_query q{id, ahead.data(), 2, 0, loc.data()};
+      const int64_t at96 = 96;
+      const uint32_t s0 = 0;
+      EXPECT_EQ(dhs_resolve_at(w_, &s0, 1, &q, 1, &at96), DHS_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("causal"), std::string::npos) << dhs_worker_errmsg(w_);
+      const int64_t below = -2;
+      EXPECT_EQ(dhs_resolve_at(w_, &s0, 1, &q, 1, &below), DHS_ERR_INVALID_ARGUMENT);
+      ASSERT_EQ(dhs_resolve(w_, &s0, 1, &q, 1), DHS_OK) << dhs_worker_errmsg(w_);
+      ASSERT_EQ(dhs_readers_done(w_, &s0, 1), DHS_OK);
+    } else {
+      EXPECT_EQ(st["staging"]["rows"], 0);
+    }
+    ASSERT_EQ(dhs_request_commit(w_, id, 100), DHS_OK) << dhs_worker_errmsg(w_);  // 4 of the round's rows accepted
+    ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 63, 95, 96, 99}));
+    EXPECT_EQ(dhs_request_complete(w_, id), DHS_OK);
+    ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+    w_ = nullptr;
+  }
 }
 
 // The threading rules of dhs.h: two threads share one worker (calls serialised by its mutex), each serving its own
@@ -1153,7 +1265,7 @@ TEST_F(LibdhsTest, ModelFingerprintReachesMemd) {
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   c.struct_size = DHS_WORKER_CONFIG_SIZE_1_1 + 4;
   EXPECT_EQ(dhs_worker_open(&c, &w_), DHS_ERR_VERSION);
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("takes 112 (1.3), 104 (1.2), 96 (1.1) or 80 (1.0)"), std::string::npos)
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("takes 120 (1.5), 112 (1.3, 1.4), 104 (1.2), 96 (1.1) or 80 (1.0)"), std::string::npos)
       << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   w_ = nullptr;

@@ -192,16 +192,17 @@ CpuDevice::~CpuDevice() {
 
 void CpuDevice::UseCallerMemoryForNextPool(uint8_t* base, uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
-  caller_pool_ = base;
-  caller_pool_bytes_ = bytes;
+  caller_pools_.emplace_back(base, bytes);
 }
 
 absl::StatusOr<PoolId> CpuDevice::AllocatePool(uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
-  if (uint8_t* base = std::exchange(caller_pool_, nullptr); base != nullptr) {
-    if (bytes > caller_pool_bytes_) {
-      return absl::InvalidArgumentError("CpuDevice: the caller's pool holds " + std::to_string(caller_pool_bytes_) +
-                                        " bytes; " + std::to_string(bytes) + " are needed");
+  if (!caller_pools_.empty()) {
+    const auto [base, held] = caller_pools_.front();
+    caller_pools_.pop_front();
+    if (bytes > held) {
+      return absl::InvalidArgumentError("CpuDevice: the caller's pool holds " + std::to_string(held) + " bytes; " +
+                                        std::to_string(bytes) + " are needed");
     }
     pools_.emplace_back(base, bytes, /*own=*/false);
     return static_cast<PoolId>(pools_.size() - 1);

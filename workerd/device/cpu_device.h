@@ -90,9 +90,10 @@ class CpuDevice final : public Device {
   CpuDevice& operator=(const CpuDevice&) = delete;
 
   absl::StatusOr<PoolId> AllocatePool(uint64_t bytes) override;
-  // libdhs's engine-owned pools (issue 25): the next AllocatePool uses `bytes` bytes at `base`, memory the caller owns
-  // (never unmapped here; it must outlive the device). That AllocatePool fails with INVALID_ARGUMENT when it asks
-  // for more than `bytes`.
+  // libdhs's pools in one region (issue 25: the KV pool and its staging arenas, the engine's memory or one pool of this
+  // device): each call queues one region of `bytes` bytes at `base`, memory the caller owns (never unmapped here; it
+  // must outlive the device); the next AllocatePools take the queued regions in order. An AllocatePool that asks for
+  // more than its region's bytes fails with INVALID_ARGUMENT (the region is used up either way).
   void UseCallerMemoryForNextPool(uint8_t* base, uint64_t bytes);
   uint64_t PoolBytes(PoolId pool) const override;
   CopyEvent CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) override;
@@ -177,8 +178,7 @@ class CpuDevice final : public Device {
     bool owned = true;  // false: the caller's memory (UseCallerMemoryForNextPool)
   };
   std::vector<Pool> pools_;
-  uint8_t* caller_pool_ = nullptr;  // UseCallerMemoryForNextPool
-  uint64_t caller_pool_bytes_ = 0;
+  std::deque<std::pair<uint8_t*, uint64_t>> caller_pools_;  // UseCallerMemoryForNextPool: (base, bytes), in order
   std::deque<Job> queue_;
   bool stop_ = false;
   bool busy_ = false;  // a batch is executing (on the copy thread or, fast path, on an issuing thread)
