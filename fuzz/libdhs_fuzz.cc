@@ -362,6 +362,19 @@ struct Session {
                                          in.Bool() ? runs : nullptr, in.Below(4), in.Below(16) == 0 ? nullptr : &rn,
                                          &rt),
               "import_plan");
+        // ABI 1.5: token records: commits of any length (beyond max_new too) and a resumable request's tokens.
+        std::vector<int32_t> toks(in.Below(24));
+        for (int32_t& t : toks) t = static_cast<int32_t>(in.U32());
+        std::vector<uint64_t> digests(toks.size(), 7);
+        Check(w, dhs_request_commit_tokens(w, PickRequest(), in.Below(16) == 0 ? nullptr : toks.data(),
+                                           in.Bool() ? digests.data() : nullptr, static_cast<uint32_t>(toks.size())),
+              "commit_tokens");
+        int32_t out[8];
+        size_t tn = 0, tt = 0, tp = 0;
+        Check(w, dhs_worker_resumable_tokens(w, in.Bool() ? PickRequest() : (n > 0 ? r[0].request : 0),
+                                             in.Bool() ? out : nullptr, in.Below(9), &tn, &tt,
+                                             in.Below(16) == 0 ? nullptr : &tp),
+              "resumable_tokens");
         break;
       }
       case 11: {  // pointers that are no handle

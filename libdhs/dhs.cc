@@ -484,6 +484,38 @@ int dhs_request_complete(dhs_worker* w, uint64_t request) {
   return Guard(w, "dhs_request_complete", [&](EmbeddedWorker& e) { return Done(w, e.Complete(request)); });
 }
 
+int dhs_request_commit_tokens(dhs_worker* w, uint64_t request, const int32_t* tokens, const uint64_t* digests,
+                              uint32_t count) {
+  return Guard(w, "dhs_request_commit_tokens", [&](EmbeddedWorker& e) {
+    if (tokens == nullptr && count > 0) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_request_commit_tokens: tokens is NULL");
+    }
+    return Done(w, e.CommitTokens(request, std::span<const int32_t>(tokens, tokens != nullptr ? count : 0),
+                                  digests != nullptr ? std::span<const uint64_t>(digests, count)
+                                                     : std::span<const uint64_t>()));
+  });
+}
+
+int dhs_worker_resumable_tokens(dhs_worker* w, uint64_t request, int32_t* out, size_t capacity, size_t* count,
+                                size_t* total, size_t* prompt_tokens) {
+  return Guard(w, "dhs_worker_resumable_tokens", [&](EmbeddedWorker& e) {
+    if (count == nullptr || total == nullptr || prompt_tokens == nullptr || (out == nullptr && capacity > 0)) {
+      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_resumable_tokens: count, total, prompt_tokens or out is "
+                                               "NULL");
+    }
+    absl::StatusOr<EmbeddedWorker::RecordTokens> record = e.ResumableTokens(request);
+    if (!record.ok()) return Done(w, record.status());
+    *prompt_tokens = record->prompt.size();
+    *total = record->prompt.size() + record->generated.size();
+    *count = std::min(capacity, *total);
+    for (size_t i = 0; i < *count; ++i) {
+      const uint32_t t = i < record->prompt.size() ? record->prompt[i] : record->generated[i - record->prompt.size()];
+      out[i] = static_cast<int32_t>(t);  // the engine's int32, as its bits were kept
+    }
+    return Done(w, absl::OkStatus());
+  });
+}
+
 int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count, size_t* total) {
   return Guard(w, "dhs_worker_list_resumable", [&](EmbeddedWorker& e) {
     if (count == nullptr || total == nullptr || (out == nullptr && capacity > 0)) {

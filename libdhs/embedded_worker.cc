@@ -311,7 +311,13 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   if (prefix.tenant.size() > 255) {
     return absl::InvalidArgumentError("dhs_request_desc: the tenant is longer than 255 bytes");
   }
+  const wire::RequestRecordT* interrupted_record = nullptr;  // a resume's record at memd (its tokens carry over)
   if (resume_of != 0) {
+    for (const auto& rec : memd_->interrupted_records()) {
+      if (rec != nullptr && rec->request == resume_of && rec->token_kind == wire::TokenKind::EngineIds) {
+        interrupted_record = rec.get();
+      }
+    }
     const std::vector<uint64_t>& listed = memd_->interrupted_requests();
     if (std::find(listed.begin(), listed.end(), resume_of) == listed.end()) {
       return absl::NotFoundError(absl::StrCat("request ", resume_of, " is not among the interrupted requests memd "
@@ -364,6 +370,20 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     admit.record->max_new_tokens = static_cast<uint32_t>(max_rows - input_rows);
     admit.record->client = prefix.session;  // the engine's session: a resume is found by it
     admit.record->tenant = prefix.tenant;   // a resumed request names its chain under its own tenant
+    // ABI 1.5 (token records): the engine's vocabulary; the prompt tokens the submit gave (a resume that gives none
+    // keeps its interrupted record's), and a resume's committed tokens (CommitTokens continues after them).
+    admit.record->token_kind = wire::TokenKind::EngineIds;
+    admit.record->prompt_ids.assign(prefix.tokens.begin(), prefix.tokens.end());  // the int32's bits
+    if (interrupted_record != nullptr) {
+      if (prefix.tokens.empty()) admit.record->prompt_ids = interrupted_record->prompt_ids;
+      const size_t carried = std::min<size_t>(interrupted_record->token_ids.size(), max_rows - input_rows);
+      admit.record->token_ids.assign(interrupted_record->token_ids.begin(),
+                                     interrupted_record->token_ids.begin() + carried);
+      admit.record->logits_digests.assign(interrupted_record->logits_digests.begin(),
+                                          interrupted_record->logits_digests.begin() +
+                                              std::min(carried, interrupted_record->logits_digests.size()));
+      admit.record->logits_digests.resize(carried, 0);
+    }
   }
   // Issue 24: the tenant and prefix chain, as workerd's SetPrefixChain fills them (complete blocks of the tokens given;
   // ids from block_ids, derived after them; digests of the tokens). memd --prefix-sharing off ignores them.
@@ -383,9 +403,14 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   ++next_request_;
   ++counters_.submitted;
   counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
-  requests_.emplace(id, Request{.input_rows = input_rows, .max_rows = max_rows,
-                                .resume_of = resume_of, .host_backed = {},
-                                .admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit))});
+  Request r{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of, .host_backed = {}};
+  if (admit.record != nullptr) {  // a resume's carried tokens are in memd's record with its admission
+    r.tokens = admit.record->token_ids;
+    r.digests = admit.record->logits_digests;
+    r.tokens_sent = r.tokens.size();
+  }
+  r.admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit));
+  requests_.emplace(id, std::move(r));
   return id;
 }
 
@@ -405,7 +430,10 @@ absl::Status EmbeddedWorker::Poll() {
   FailDataLoss();
   if (!s.ok()) return s;
   if (!agent_->link_status().ok()) return agent_->link_status();
-  if (!memd_->away()) return absl::OkStatus();
+  if (!memd_->away()) {
+    SendTokens();  // the tokens committed since the last TokensCommitted memd answered
+    return absl::OkStatus();
+  }
   EnterAway();  // once per death
   absl::StatusOr<std::optional<wire::HelloReplyT>> back = memd_->PollAway([this] { return ReHello(); });
   if (!back.ok()) return back.status();  // ABORTED: the epoch ended
@@ -433,7 +461,11 @@ wire::HelloT EmbeddedWorker::ReHello() const {
     rep->optional_history = r.admit->optional_history;
     rep->staging_pages = r.admit->staging_pages;  // the speculation share its AdmitRequest declared
     rep->staging_bytes = r.admit->staging_bytes;
-    if (r.admit->record != nullptr) rep->record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
+    if (r.admit->record != nullptr) {  // with every token committed (those memd never got too)
+      rep->record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
+      rep->record->token_ids = r.tokens;
+      rep->record->logits_digests = r.digests;
+    }
     hello.report.push_back(std::move(rep));
   }
   return hello;
@@ -463,6 +495,11 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     if (r.phase == EmbeddedPhase::kGranted) adopted.insert(id);
   }
   stack_->ReturnFromAway(adopted);  // the agent adopts them, host writes resume
+  for (RequestId id : adopted) {     // memd took their records with the report: every token is there
+    Request& r = requests_.at(id);
+    counters_.tokens_sent += r.tokens.size() - r.tokens_sent;
+    r.tokens_sent = r.tokens.size();
+  }
   // The ends deferred while away.
   std::vector<RequestId> ending;
   for (const auto& [id, r] : requests_) {
@@ -757,6 +794,76 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   return absl::OkStatus();
 }
 
+absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int32_t> tokens,
+                                          std::span<const uint64_t> digests) {
+  absl::StatusOr<Request*> granted = Granted(request);
+  if (!granted.ok()) return granted.status();
+  Request& r = **granted;
+  if (r.admit->record == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", request, " has no token record: its max_rows equals "
+                                                      "its input_rows (it generates nothing)"));
+  }
+  if (!digests.empty() && digests.size() != tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(digests.size(), " logits digests for ", tokens.size(), " tokens"));
+  }
+  const uint64_t max_new = r.max_rows - r.input_rows;
+  if (r.tokens.size() + tokens.size() > max_new) {
+    return absl::OutOfRangeError(absl::StrCat("request ", request, ": ", r.tokens.size(), " tokens committed and ",
+                                              tokens.size(), " more would pass max_rows - input_rows = ", max_new));
+  }
+  r.tokens.insert(r.tokens.end(), tokens.begin(), tokens.end());
+  if (digests.empty()) {
+    r.digests.resize(r.tokens.size(), 0);
+  } else {
+    r.digests.insert(r.digests.end(), digests.begin(), digests.end());
+  }
+  counters_.tokens_committed += tokens.size();
+  SendTokens();
+  return absl::OkStatus();
+}
+
+void EmbeddedWorker::SendTokens() {
+  if (memd_->away()) return;  // the re-Hello's report carries them
+  wire::TokensCommittedT m;
+  m.gpu = config_.gpu;
+  for (const auto& [id, r] : requests_) {
+    if (r.phase != EmbeddedPhase::kGranted || r.ending || r.tokens_sent == r.tokens.size()) continue;
+    auto e = std::make_unique<wire::CommittedTokensT>();
+    e->request = id;
+    e->from = static_cast<uint32_t>(r.tokens_sent);
+    e->token_ids.assign(r.tokens.begin() + static_cast<ptrdiff_t>(r.tokens_sent), r.tokens.end());
+    e->logits_digests.assign(r.digests.begin() + static_cast<ptrdiff_t>(r.tokens_sent), r.digests.end());
+    m.entries.push_back(std::move(e));
+  }
+  if (m.entries.empty()) return;
+  if (!memd_->SendTokensCommitted(m).ok()) {  // one in flight (or the epoch ended: Poll says so): sent later
+    ++counters_.commits_deferred;
+    return;
+  }
+  for (const auto& e : m.entries) {
+    Request& r = requests_.at(e->request);
+    counters_.tokens_sent += r.tokens.size() - r.tokens_sent;
+    r.tokens_sent = r.tokens.size();
+  }
+}
+
+absl::StatusOr<EmbeddedWorker::RecordTokens> EmbeddedWorker::ResumableTokens(RequestId interrupted) const {
+  const std::vector<Resumable> listed = ListResumable();
+  const bool known = std::any_of(listed.begin(), listed.end(), [&](const Resumable& r) {
+    return r.request == interrupted;
+  });
+  for (const auto& rec : memd_->interrupted_records()) {
+    if (!known || rec == nullptr || rec->request != interrupted) continue;
+    if (rec->token_kind != wire::TokenKind::EngineIds) {
+      return absl::FailedPreconditionError(absl::StrCat("request ", interrupted, "'s record holds the built-in "
+                                                        "model's byte tokens (workerd's), not an engine's"));
+    }
+    return RecordTokens{rec->prompt_ids, rec->token_ids};
+  }
+  return absl::NotFoundError(absl::StrCat("request ", interrupted, " is not a resumable request with a record (",
+                                          "dhs_worker_list_resumable)"));
+}
+
 std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   std::vector<Resumable> out;
   for (uint64_t id : memd_->interrupted_requests()) {
@@ -799,6 +906,8 @@ std::string EmbeddedWorker::StatsJson() const {
       {"staging", {{"arenas", config_.staging_arenas}, {"bytes", region_.staging_bytes},
                    {"unions", kv_->staging_census().unions}, {"staged_fetches", kv_->staging_census().staged_fetches},
                    {"rows", kv_->staging_census().rows}}},
+      {"tokens", {{"committed", counters_.tokens_committed}, {"sent", counters_.tokens_sent},
+                  {"deferred", counters_.commits_deferred}, {"in_flight", memd_->tokens_in_flight()}}},
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},
   };

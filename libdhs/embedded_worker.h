@@ -121,6 +121,7 @@ struct EmbeddedCounters {
   uint64_t prefix_lookups = 0, shared_pages_granted = 0;  // blocks named at first admissions; shared pages imported
   uint64_t memd_aways = 0, memd_returns = 0;  // memd deaths served through; re-Hellos memd took
   uint64_t reports_refused = 0, admissions_resent = 0, ends_deferred = 0;
+  uint64_t tokens_committed = 0, tokens_sent = 0, commits_deferred = 0;  // CommitTokens: given, sent to memd, waits
 };
 
 class EmbeddedWorker final : private MemdHandler {
@@ -213,6 +214,22 @@ class EmbeddedWorker final : private MemdHandler {
   // HelloReply's interrupted requests with their records: (id, input rows, max rows).
   struct Resumable { RequestId request; uint64_t input_rows, max_rows; };
   std::vector<Resumable> ListResumable() const;
+
+  // Token records (dhs_request_commit_tokens, ABI 1.5; issue 11's records for an engine's vocabulary): memd keeps each
+  // request's record (opened with its AdmitRequest: the prompt tokens the submit gave, its sizes) and the tokens the
+  // engine commits here, token t of its generated tokens at index t, with optional logits digests (empty: 0 each),
+  // so that after a restart of the engine (or of memd) the request's tokens come back with it (ResumableTokens). The
+  // tokens go to memd in one TokensCommitted per Poll (one in flight; memd journals them before it answers); while
+  // memd is away they wait and the re-Hello's report carries them. A resume (Submit with resume_of) starts from the
+  // interrupted record's tokens: the engine's next commit continues after them. A token is any int32 (kept as its
+  // bits). Errors: NOT_FOUND, FAILED_PRECONDITION (not granted; no record: max_rows == input_rows), INVALID_ARGUMENT
+  // (digests of another length), OUT_OF_RANGE (more than max_rows - input_rows tokens in all; nothing committed).
+  absl::Status CommitTokens(RequestId request, std::span<const int32_t> tokens, std::span<const uint64_t> digests);
+  // The record of interrupted request `interrupted` (ListResumable): the prompt tokens its submit gave and the tokens
+  // committed for it. Errors: NOT_FOUND (not listed, or no record kept), FAILED_PRECONDITION (a record of workerd's
+  // built-in model: byte tokens, not an engine's).
+  struct RecordTokens { std::vector<uint32_t> prompt, generated; };
+  absl::StatusOr<RecordTokens> ResumableTokens(RequestId interrupted) const;
   std::string StatsJson() const;
 
  private:
@@ -226,6 +243,11 @@ class EmbeddedWorker final : private MemdHandler {
     std::vector<HostBackedPage> host_backed;
     bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
     uint32_t slot = 0;         // AdmitGrant.slot (its hot cache and tail region)
+    // Its generated tokens (CommitTokens; a resume's start with the interrupted record's) and their logits digests;
+    // the first tokens_sent of them are in memd's record (sent in a TokensCommitted, its AdmitRequest or a report).
+    std::vector<uint32_t> tokens;
+    std::vector<uint64_t> digests;
+    size_t tokens_sent = 0;
     std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)
   };
 
@@ -242,6 +264,9 @@ class EmbeddedWorker final : private MemdHandler {
   wire::HelloT ReHello() const;
   absl::Status Return(const wire::HelloReplyT& reply);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
+  // One TokensCommitted with every granted request's unsent tokens (CommitTokens), unless one is in flight or memd is
+  // away (they wait; nothing lost).
+  void SendTokens();
 
   // MemdHandler.
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;

@@ -715,10 +715,11 @@ std::string Daemon::ReHello(const wire::HelloT& hello, wire::HelloReplyT& reply)
     if (!hello.report[i]->record) continue;
     // The worker's record has every token it committed: it replaces the one the journal kept (if any).
     ReleaseRecord(id);
-    RequestRecord record = FromWireRecord(*hello.report[i]->record, hello.gpu);
-    absl::Status s = record_journal_.Open(id, record);
+    absl::StatusOr<RequestRecord> record = FromWireRecord(*hello.report[i]->record, hello.gpu);
+    absl::Status s = record.status();
+    if (s.ok()) s = record_journal_.Open(id, *record);
     if (s.ok()) s = record_journal_.Granted(id, static_cast<uint32_t>(reports[i].history.size()));
-    if (s.ok()) s = records_.Open(id, std::move(record));
+    if (s.ok()) s = records_.Open(id, *std::move(record));
     if (!s.ok()) {
       record_journal_.Release(id);
       spdlog::warn("memd: reported request {}: its record is not kept ({}); it cannot be resumed", id, s.ToString());
@@ -762,7 +763,9 @@ absl::StatusOr<std::string> Daemon::OnAdmit(const wire::AdmitRequestT& a, const 
     admit.session_digests = a.session_page_digests;
   }
   if (a.record) {  // opened first: an oversize record refuses the admission, and nothing is left behind
-    RequestRecord record = FromWireRecord(*a.record, a.gpu);
+    absl::StatusOr<RequestRecord> wire_record = FromWireRecord(*a.record, a.gpu);
+    if (!wire_record.ok()) return reject(wire_record.status());
+    RequestRecord record = *std::move(wire_record);
     record.chain_ids = a.prefix_block_ids;  // issue 24: what a memd restart needs to give its shared pages back
     record.chain_digests = a.prefix_block_digests;
     record.chain_block_tokens = a.prefix_block_tokens;
@@ -903,7 +906,8 @@ void Daemon::KeepFinishedRecord(const wire::CompleteT& c) {
   // Lost ends (workerd/README.md "Restart: a finished request's end"): the record, completed with the tokens it may
   // lack, outlives the request until the GPU's next worker says Hello. Not journaled: a worker that outlives memd
   // still holds the final chunk it owes.
-  absl::Status s = records_.Commit(c.request, c.output_from, c.output_tokens, c.output_digests);
+  absl::Status s = records_.Commit(c.request, c.output_from, TokenKind::kBytes, WidenTokens(c.output_tokens),
+                                   c.output_digests);
   absl::StatusOr<size_t> dropped = s.ok() ? records_.KeepFinished(c.request) : absl::StatusOr<size_t>(s);
   if (!dropped.ok()) {
     DHS_LOG_LIMITED(spdlog::level::warn, "memd: Complete of request {}: its output is not kept for a lost end: {}",
@@ -922,8 +926,12 @@ absl::StatusOr<std::string> Daemon::OnTokensCommitted(const wire::TokensCommitte
   for (const auto& e : t.entries) {
     if (e == nullptr) continue;
     absl::Status s = CheckWorkerPeer(peer, core_->GpuOfRequest(e->request), "TokensCommitted");
-    if (s.ok()) s = records_.Commit(e->request, e->from, e->tokens, e->logits_digests);
-    if (s.ok()) s = record_journal_.Commit(e->request, e->from, e->tokens, e->logits_digests);  // before the ack
+    absl::StatusOr<std::pair<TokenKind, std::vector<uint32_t>>> tokens = CommittedTokensOf(*e);
+    if (s.ok()) s = tokens.status();
+    if (s.ok()) s = records_.Commit(e->request, e->from, tokens->first, tokens->second, e->logits_digests);
+    if (s.ok()) {  // before the ack
+      s = record_journal_.Commit(e->request, e->from, tokens->first, tokens->second, e->logits_digests);
+    }
     if (s.ok()) continue;
     if (refused++ == 0) first = s;
   }

@@ -21,7 +21,9 @@
 namespace dhs::memd {
 namespace {
 
-constexpr uint32_t kOpenFrame = 0x4f52454e, kCommitFrame = 0x434f4d4d, kGrantedFrame = 0x4752414e;
+// kCommitFrame: Bytes tokens (1 byte each); kCommitIdsFrame (issue 25): EngineIds tokens (uint32 each).
+constexpr uint32_t kOpenFrame = 0x4f52454e, kCommitFrame = 0x434f4d4d, kCommitIdsFrame = 0x434f4d49,
+                   kGrantedFrame = 0x4752414e;
 
 uint32_t FrameCheck(const char* data, size_t size) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -49,6 +51,7 @@ bool Get(const std::string& in, size_t& at, T& v) {
 std::string EncodeRecord(RequestId id, const RequestRecord& r) {
   std::unique_ptr<wire::RequestRecordT> w = ToWireRecord(id, r);
   w->tokens.clear();
+  w->token_ids.clear();
   w->logits_digests.clear();
   flatbuffers::FlatBufferBuilder fbb;
   fbb.Finish(wire::RequestRecord::Pack(fbb, w.get()));
@@ -60,7 +63,9 @@ bool DecodeRecord(const std::string& bytes, GpuId gpu, RequestRecord& r) {
   if (!verifier.VerifyBuffer<wire::RequestRecord>(nullptr)) return false;
   wire::RequestRecordT w;
   flatbuffers::GetRoot<wire::RequestRecord>(bytes.data())->UnPackTo(&w);
-  r = FromWireRecord(w, gpu);
+  absl::StatusOr<RequestRecord> record = FromWireRecord(w, gpu);
+  if (!record.ok()) return false;
+  r = *std::move(record);
   return true;
 }
 
@@ -91,14 +96,24 @@ bool ReplayFile(const std::string& bytes, RequestId id, JournaledRecord& out) {
       continue;
     }
     uint32_t from = 0, count = 0;
-    if (type != kCommitFrame || !Get(payload, p, from) || !Get(payload, p, count) ||
-        payload.size() != 8 + size_t{count} * 9) {
+    const bool ids = type == kCommitIdsFrame;
+    const size_t width = ids ? 4 : 1;  // bytes per token
+    if ((type != kCommitFrame && !ids) || !Get(payload, p, from) || !Get(payload, p, count) ||
+        payload.size() != 8 + size_t{count} * (width + 8)) {
       break;
     }
-    std::vector<uint8_t> tokens(payload.begin() + 8, payload.begin() + 8 + count);
+    std::vector<uint32_t> tokens(count);
+    for (uint32_t i = 0; i < count; ++i) {
+      if (ids) {
+        std::memcpy(&tokens[i], payload.data() + 8 + size_t{i} * 4, 4);
+      } else {
+        tokens[i] = static_cast<uint8_t>(payload[8 + i]);
+      }
+    }
     std::vector<uint64_t> digests(count);
-    std::memcpy(digests.data(), payload.data() + 8 + count, size_t{count} * 8);
-    if (!store.Commit(id, from, tokens, digests).ok()) break;
+    std::memcpy(digests.data(), payload.data() + 8 + size_t{count} * width, size_t{count} * 8);
+    const TokenKind kind = ids ? TokenKind::kEngineIds : TokenKind::kBytes;
+    if (!store.Commit(id, from, kind, tokens, digests).ok()) break;
   }
   if (!opened) return false;
   const RequestRecord* r = store.Find(id);
@@ -146,17 +161,25 @@ absl::Status RecordJournal::Append(RequestId request, uint32_t type, const std::
 absl::Status RecordJournal::Open(RequestId request, const RequestRecord& record) {
   if (absl::Status s = Append(request, kOpenFrame, EncodeRecord(request, record), true); !s.ok()) return s;
   if (record.tokens.empty()) return absl::OkStatus();
-  return Commit(request, 0, record.tokens, record.digests);  // a resumed request brings its committed tokens
+  // a resumed request brings its committed tokens
+  return Commit(request, 0, record.token_kind, record.tokens, record.digests);
 }
 
-absl::Status RecordJournal::Commit(RequestId request, uint32_t from, const std::vector<uint8_t>& tokens,
-                                   const std::vector<uint64_t>& digests) {
+absl::Status RecordJournal::Commit(RequestId request, uint32_t from, TokenKind kind,
+                                   const std::vector<uint32_t>& tokens, const std::vector<uint64_t>& digests) {
+  const bool ids = kind == TokenKind::kEngineIds;
   std::string payload;
   Put(payload, from);
   Put(payload, static_cast<uint32_t>(tokens.size()));
-  payload.append(tokens.begin(), tokens.end());
+  for (uint32_t t : tokens) {
+    if (ids) {
+      Put(payload, t);
+    } else {
+      payload.push_back(static_cast<char>(static_cast<uint8_t>(t)));  // <= 255: the store checked the record's kind
+    }
+  }
   payload.append(reinterpret_cast<const char*>(digests.data()), digests.size() * 8);
-  return Append(request, kCommitFrame, payload, false);
+  return Append(request, ids ? kCommitIdsFrame : kCommitFrame, payload, false);
 }
 
 absl::Status RecordJournal::Granted(RequestId request, uint32_t context_pages) {

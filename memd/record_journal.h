@@ -7,7 +7,8 @@
 // Files: RUN_DIR/records/<request id, 16 hex digits>.rec, mode 0600, one per request with a record, written with
 // O_APPEND. A file is a sequence of frames {type u32, length u32, check u32 (first 4 bytes of the SHA-256 of the
 // payload), payload}: one Open frame (the record as a FlatBuffer wire::RequestRecord), then Commit frames
-// {from u32, count u32, tokens[count], digests u64[count]} and at most one Granted frame {context_pages u32}. A frame
+// {from u32, count u32, tokens[count], digests u64[count]} (a Bytes record: a byte per token; an EngineIds record,
+// issue 25: its own frame type, a u32 per token) and at most one Granted frame {context_pages u32}. A frame
 // cut short by a kill, or one whose check does not match, ends the file: what came before it is kept (a Commit is
 // acknowledged only after its frame was written whole, so nothing acknowledged is lost). Written to the page cache
 // (no fsync): they survive memd's death, not the machine's (neither does the host pool in /dev/shm).
@@ -39,7 +40,7 @@ class RecordJournal {
 
   // Each returns the write's error (INTERNAL, errno text); the caller refuses the message that caused it.
   absl::Status Open(RequestId request, const RequestRecord& record);
-  absl::Status Commit(RequestId request, uint32_t from, const std::vector<uint8_t>& tokens,
+  absl::Status Commit(RequestId request, uint32_t from, TokenKind kind, const std::vector<uint32_t>& tokens,
                       const std::vector<uint64_t>& digests);
   absl::Status Granted(RequestId request, uint32_t context_pages);
   void Release(RequestId request);  // removes the file (none: nothing to do)

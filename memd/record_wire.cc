@@ -1,6 +1,8 @@
 // memd/record_wire.cc: see record_wire.h.
 #include "memd/record_wire.h"
 
+#include "absl/strings/str_format.h"
+
 namespace dhs::memd {
 
 std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRecord& r) {
@@ -16,7 +18,14 @@ std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRe
   w->temperature = r.temperature;
   w->top_p = r.top_p;
   w->seed = r.seed;
-  w->tokens = r.tokens;
+  // Issue 25: the tokens in the field of their kind.
+  w->token_kind = r.token_kind == TokenKind::kEngineIds ? wire::TokenKind::EngineIds : wire::TokenKind::Bytes;
+  if (r.token_kind == TokenKind::kEngineIds) {
+    w->token_ids = r.tokens;
+    w->prompt_ids = r.prompt_ids;
+  } else {
+    w->tokens.assign(r.tokens.begin(), r.tokens.end());  // each <= 255 (RequestRecordStore::Open, Commit)
+  }
   w->logits_digests = r.digests;
   w->tenant = r.tenant;
   w->session = r.session;  // issue 26
@@ -27,8 +36,19 @@ std::unique_ptr<wire::RequestRecordT> ToWireRecord(RequestId id, const RequestRe
   return w;
 }
 
-RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
+absl::StatusOr<RequestRecord> FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
+  if (w.token_kind != wire::TokenKind::Bytes && w.token_kind != wire::TokenKind::EngineIds) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: token_kind %d is not a TokenKind", w.request,
+                                                      static_cast<int>(w.token_kind)));
+  }
+  const bool ids = w.token_kind == wire::TokenKind::EngineIds;
+  if (ids ? !w.tokens.empty() : !w.token_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: a %s record carries the other kind's tokens",
+                                                      w.request, ids ? "EngineIds" : "Bytes"));
+  }
   RequestRecord r;
+  r.token_kind = ids ? TokenKind::kEngineIds : TokenKind::kBytes;
+  r.prompt_ids = w.prompt_ids;
   r.client_request = w.client_request;
   r.client = w.client;
   r.gpu = gpu;
@@ -40,7 +60,7 @@ RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
   r.temperature = w.temperature;
   r.top_p = w.top_p;
   r.seed = w.seed;
-  r.tokens = w.tokens;
+  r.tokens = ids ? w.token_ids : WidenTokens(w.tokens);
   r.digests = w.logits_digests;
   r.tenant = w.tenant;
   r.session = w.session;  // issue 26
@@ -50,5 +70,16 @@ RequestRecord FromWireRecord(const wire::RequestRecordT& w, GpuId gpu) {
   r.chain_page_rows = w.chain_page_rows;
   return r;
 }
+
+absl::StatusOr<std::pair<TokenKind, std::vector<uint32_t>>> CommittedTokensOf(const wire::CommittedTokensT& e) {
+  if (!e.tokens.empty() && !e.token_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: a TokensCommitted entry with both tokens and "
+                                                      "token_ids", e.request));
+  }
+  if (!e.token_ids.empty()) return std::make_pair(TokenKind::kEngineIds, e.token_ids);
+  return std::make_pair(TokenKind::kBytes, WidenTokens(e.tokens));
+}
+
+std::vector<uint32_t> WidenTokens(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
 }  // namespace dhs::memd

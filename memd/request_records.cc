@@ -22,6 +22,26 @@ absl::Status RequestRecordStore::CheckRoom(GpuId gpu, uint64_t old_bytes, uint64
   return absl::OkStatus();
 }
 
+namespace {
+// The largest token of `kind`: 255 for Bytes (the built-in model's vocabulary); any 32-bit value for EngineIds (the
+// bits of dhs.h's int32 tokens).
+uint32_t MaxToken(TokenKind kind) { return kind == TokenKind::kEngineIds ? 0xffffffffu : 0xffu; }
+
+absl::Status CheckTokens(RequestId request, TokenKind kind, const std::vector<uint32_t>& tokens,
+                         const char* what) {
+  if (kind != TokenKind::kBytes && kind != TokenKind::kEngineIds) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: token kind %d is not a TokenKind", request,
+                                                      static_cast<int>(kind)));
+  }
+  const auto above = std::find_if(tokens.begin(), tokens.end(), [&](uint32_t t) { return t > MaxToken(kind); });
+  if (above != tokens.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: %s token %d is beyond its kind's %d", request, what,
+                                                      *above, MaxToken(kind)));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status RequestRecordStore::Open(RequestId request, RequestRecord record) {
   if (records_.contains(request)) {
     return absl::AlreadyExistsError(absl::StrFormat("request %d already has a record", request));
@@ -34,6 +54,13 @@ absl::Status RequestRecordStore::Open(RequestId request, RequestRecord record) {
         "request %d: record with %d committed tokens, %d logits digests, max_new_tokens %d", request,
         record.tokens.size(), record.digests.size(), record.max_new_tokens));
   }
+  if (absl::Status s = CheckTokens(request, record.token_kind, record.tokens, "committed"); !s.ok()) return s;
+  if (absl::Status s = CheckTokens(request, record.token_kind, record.prompt_ids, "prompt"); !s.ok()) return s;
+  if (record.token_kind == TokenKind::kBytes ? !record.prompt_ids.empty() : !record.prompt.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: a %s record with a prompt of the other kind", request,
+        record.token_kind == TokenKind::kBytes ? "Bytes" : "EngineIds"));
+  }
   if (absl::Status s = CheckRoom(record.gpu, 0, record.bytes()); !s.ok()) {
     return absl::Status(s.code(), absl::StrFormat("request %d: %s", request, s.message()));
   }
@@ -42,7 +69,8 @@ absl::Status RequestRecordStore::Open(RequestId request, RequestRecord record) {
   return absl::OkStatus();
 }
 
-absl::Status RequestRecordStore::Commit(RequestId request, uint32_t from, const std::vector<uint8_t>& tokens,
+absl::Status RequestRecordStore::Commit(RequestId request, uint32_t from, TokenKind kind,
+                                        const std::vector<uint32_t>& tokens,
                                         const std::vector<uint64_t>& digests) {
   auto it = records_.find(request);
   if (it == records_.end()) return absl::NotFoundError(absl::StrFormat("request %d has no record", request));
@@ -51,6 +79,12 @@ absl::Status RequestRecordStore::Commit(RequestId request, uint32_t from, const 
     return absl::InvalidArgumentError(absl::StrFormat("request %d: %d tokens but %d logits digests", request,
                                                       tokens.size(), digests.size()));
   }
+  if (!tokens.empty() && kind != r.token_kind) {
+    return absl::InvalidArgumentError(absl::StrFormat("request %d: %s tokens for a %s record", request,
+                                                      kind == TokenKind::kBytes ? "Bytes" : "EngineIds",
+                                                      r.token_kind == TokenKind::kBytes ? "Bytes" : "EngineIds"));
+  }
+  if (absl::Status s = CheckTokens(request, r.token_kind, tokens, "committed"); !s.ok()) return s;
   const size_t have = r.tokens.size();
   if (from > have) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -68,12 +102,12 @@ absl::Status RequestRecordStore::Commit(RequestId request, uint32_t from, const 
                                                       request, have + added, r.max_new_tokens));
   }
   const uint64_t old_bytes = r.bytes();
-  if (absl::Status s = CheckRoom(r.gpu, old_bytes, old_bytes + 9 * added); !s.ok()) {
+  if (absl::Status s = CheckRoom(r.gpu, old_bytes, old_bytes + r.bytes_per_token() * added); !s.ok()) {
     return absl::Status(s.code(), absl::StrFormat("request %d: %s", request, s.message()));
   }
   r.tokens.insert(r.tokens.end(), tokens.begin() + overlap, tokens.end());
   r.digests.insert(r.digests.end(), digests.begin() + overlap, digests.end());
-  gpu_bytes_[r.gpu] += 9 * added;
+  gpu_bytes_[r.gpu] += r.bytes_per_token() * added;
   return absl::OkStatus();
 }
 
@@ -98,6 +132,7 @@ absl::StatusOr<size_t> RequestRecordStore::KeepFinished(RequestId request) {
   records_.erase(it);
   record.prompt.clear();
   record.prompt.shrink_to_fit();
+  record.prompt_ids = {};
   record.hash_ids.clear();
   record.hash_ids.shrink_to_fit();
   record.tenant.clear();

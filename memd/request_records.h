@@ -27,6 +27,12 @@
 
 namespace dhs::memd {
 
+// Issue 25: the vocabulary of a record's tokens (schemas/dhs.fbs TokenKind; memd/record_wire.h maps the two).
+enum class TokenKind : uint8_t {
+  kBytes = 0,      // workerd's built-in model: the byte-level vocabulary (prompt, tokens <= 255)
+  kEngineIds = 1,  // an engine's token ids through libdhs (prompt_ids; any 32-bit value: an int32's bits)
+};
+
 struct RequestRecord {
   RequestId client_request = 0;        // the client's SubmitRequest.request
   uint64_t client = 0;                 // the client's identity (SubmitRequest.client; 0 = none): a resume is found by
@@ -40,7 +46,11 @@ struct RequestRecord {
   float temperature = 0;               // 0 = greedy
   float top_p = 1;
   uint64_t seed = 0;                   // sampling seed (token t is drawn at (seed, client_request, t))
-  std::vector<uint8_t> tokens;         // committed tokens, in order (token t at index t)
+  // Issue 25: the tokens' vocabulary: Bytes (workerd's built-in model: `prompt`, tokens <= 255) or
+  // EngineIds (an engine through libdhs: `prompt_ids`, 32-bit ids; `prompt` empty). One kind for the record's life.
+  TokenKind token_kind = TokenKind::kBytes;
+  std::vector<uint32_t> prompt_ids;    // EngineIds: the engine's prompt tokens given at submit
+  std::vector<uint32_t> tokens;        // committed tokens, in order (token t at index t), of token_kind
   std::vector<uint64_t> digests;       // logits digest of tokens[t] (same length)
   std::string tenant;                  // SubmitRequest.tenant (issue 24; empty = the default tenant)
   // Issue 24: the prefix chain of its admission (AdmitRequest.prefix_block_ids / _digests / _tokens) and its GPU's
@@ -50,11 +60,13 @@ struct RequestRecord {
   // Issue 26: SubmitRequest.session (0 = none): the session its finished turn's pages are published under.
   uint64_t session = 0;
 
-  // Bytes the record holds (the bounded quantity): prompt + 8 * hash_ids + tenant + 16 * chain blocks + 9 * tokens.
+  // Bytes the record holds (the bounded quantity): prompt + 4 * prompt_ids + 8 * hash_ids + tenant + 16 * chain
+  // blocks + (1 + 8) per Bytes token or (4 + 8) per EngineIds token (its wire and journal size, digest included).
   uint64_t bytes() const {
-    return prompt.size() + 8 * hash_ids.size() + tenant.size() + 8 * (chain_ids.size() + chain_digests.size()) +
-           9 * tokens.size();
+    return prompt.size() + 4 * prompt_ids.size() + 8 * hash_ids.size() + tenant.size() +
+           8 * (chain_ids.size() + chain_digests.size()) + bytes_per_token() * tokens.size();
   }
+  uint64_t bytes_per_token() const { return token_kind == TokenKind::kEngineIds ? 12 : 9; }
 };
 
 struct RecordLimits {
@@ -73,15 +85,17 @@ class RequestRecordStore {
 
   // Opens `request`'s record: committed tokens are empty for a new request; a resumed one (re-admitted under a new id
   // by the GPU's next worker) brings those of its interrupted record. Errors: ALREADY_EXISTS (the id has one),
-  // INVALID_ARGUMENT (max_new_tokens 0; digests' length differs from the tokens'; more tokens than max_new_tokens),
+  // INVALID_ARGUMENT (max_new_tokens 0; digests' length differs from the tokens'; more tokens than max_new_tokens; a
+  // token out of its kind's range, prompt_ids in a Bytes record or a byte prompt in an EngineIds one),
   // RESOURCE_EXHAUSTED (the record over max_record_bytes, or its GPU's
   // records would pass max_total_bytes; the message names the limit).
   absl::Status Open(RequestId request, RequestRecord record);
-  // Appends tokens committed[from ..] of `request`: `from` must equal the tokens already committed, or be below it
-  // with the overlap equal (a resent commit is accepted, nothing changes twice). Errors: NOT_FOUND, INVALID_ARGUMENT
-  // (digests' length differs; a gap: from > committed; an overlap that differs; more than max_new_tokens),
-  // RESOURCE_EXHAUSTED (the limits, as Open).
-  absl::Status Commit(RequestId request, uint32_t from, const std::vector<uint8_t>& tokens,
+  // Appends tokens committed[from ..] of `request`, of vocabulary `kind`: `from` must equal the tokens already
+  // committed, or be below it with the overlap equal (a resent commit is accepted, nothing changes twice). Errors:
+  // NOT_FOUND, INVALID_ARGUMENT (digests' length differs; a gap: from > committed; an overlap that differs; more than
+  // max_new_tokens; tokens of another kind than the record's, or out of its range), RESOURCE_EXHAUSTED (the limits,
+  // as Open).
+  absl::Status Commit(RequestId request, uint32_t from, TokenKind kind, const std::vector<uint32_t>& tokens,
                       const std::vector<uint64_t>& digests);
   // Forgets `request`'s record; false when it had none.
   bool Release(RequestId request);

@@ -157,6 +157,9 @@ absl::Status AdmissionDesk::EndInterrupted(RequestId interrupted, bool keep_outp
 absl::Status AdmissionDesk::Resume(RequestId interrupted, const wire::RequestRecordT& record) {
   const wire::SubmitRequestT submit = SubmitOfRecord(record);
   absl::Status valid = ValidateSubmit(submit, p_.config->max_context_tokens);
+  if (record.token_kind != wire::TokenKind::Bytes) {  // issue 25: an engine's token ids, not this model's bytes
+    valid = absl::InvalidArgumentError("an engine's record (libdhs token ids): the built-in model cannot resume it");
+  }
   if (valid.ok() && (record.tokens.size() > record.max_new_tokens ||
                      record.logits_digests.size() != record.tokens.size())) {
     valid = absl::InvalidArgumentError(absl::StrCat(record.tokens.size(), " committed tokens, ",

@@ -215,7 +215,9 @@ typedef struct dhs_request_desc {
   const char* tenant;          /* NULL or "": the default tenant; else an opaque salt (at most 255 bytes, copied):
                                   two tenants never share a prefix page */
   uint64_t session;            /* the engine's session (client) id, 0 = none: kept in memd's record of the request */
-  const int32_t* tokens;       /* NULL (no chain), or token_count prompt tokens (read during the call) */
+  const int32_t* tokens;       /* NULL (no chain), or token_count prompt tokens (read during the call); ABI 1.5:
+                                  memd keeps them in the request's token record (a resume gets them back:
+                                  dhs_worker_resumable_tokens) */
   uint64_t token_count;        /* <= input_rows; complete blocks: token_count / block_tokens */
   const uint64_t* block_ids;   /* NULL (ids derived from the tokens), or block_id_count ids of blocks 0, 1, ... */
   uint32_t block_id_count;
@@ -364,6 +366,26 @@ typedef struct dhs_resumable {
 /* Copies up to `capacity` entries; *count = entries written, *total = entries there are. Errors: INVALID_ARGUMENT. */
 DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size_t capacity, size_t* count,
                                          size_t* total);
+
+/* ABI 1.5, token records (issue 11's records, in the engine's vocabulary): memd keeps a record of each request with
+ * max_rows > input_rows, opened with its admission (the prompt tokens dhs_request_desc.tokens gave, its sizes, its
+ * session) and grown by the tokens the engine commits here, so that after the engine process (or memd) restarts the
+ * request comes back with its tokens, not only its KV. `count` tokens (any int32: kept as given) are appended to the granted
+ * request's generated tokens (token t of its output at index t); `digests`: NULL (0 each) or `count` logits digests
+ * of the engine's choosing (kept with the tokens). They reach memd in one message per dhs_worker_poll (memd journals
+ * them before it answers; dhs_worker_stats_json's tokens.in_flight says whether an answer is awaited); while memd is
+ * away they wait and the re-Hello's report carries them. A resumed request starts with its interrupted record's
+ * tokens: the next commit continues after them. Errors: INVALID_ARGUMENT (NULL with count > 0),
+ * NOT_FOUND, FAILED_PRECONDITION (not granted; no record: max_rows == input_rows), OUT_OF_RANGE (more than
+ * max_rows - input_rows tokens in all: nothing committed). */
+DHS_EXPORT int dhs_request_commit_tokens(dhs_worker* w, uint64_t request, const int32_t* tokens,
+                                         const uint64_t* digests, uint32_t count);
+/* The token record of a resumable request (dhs_worker_list_resumable): its prompt tokens (as its submit gave them)
+ * followed by its committed tokens. Copies up to `capacity` tokens to `out`; *count = tokens written, *total = tokens
+ * there are, *prompt_tokens = how many of the total are prompt tokens. Errors: INVALID_ARGUMENT (NULL), NOT_FOUND (not
+ * listed, or memd kept no record), FAILED_PRECONDITION (a record of workerd's built-in model, not an engine's). */
+DHS_EXPORT int dhs_worker_resumable_tokens(dhs_worker* w, uint64_t request, int32_t* out, size_t capacity,
+                                           size_t* count, size_t* total, size_t* prompt_tokens);
 /* A granted request with host-backed pages (a resume, or shared prefix pages): takes its host-backed pages
  * first .. first+count-1 (the GRANTED event's leading run 0 .. import_pages-1, or any run of dhs_request_import_plan,
  * ABI 1.4) as appended rows without recomputing them (the newest of them are copied from host into the tail);

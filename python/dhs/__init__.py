@@ -144,6 +144,10 @@ def library() -> ctypes.CDLL:
         "dhs_request_commit": (ctypes.c_int, [P, u64, i64]),
         "dhs_request_complete": (ctypes.c_int, [P, u64]),
         "dhs_worker_stats_json": (ctypes.c_int, [P, ctypes.c_char_p, sz, ctypes.POINTER(sz)]),
+        "dhs_request_commit_tokens": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int32),
+                                                     ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint32]),
+        "dhs_worker_resumable_tokens": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int32), sz,
+                                                       ctypes.POINTER(sz), ctypes.POINTER(sz), ctypes.POINTER(sz)]),
         "dhs_worker_list_resumable": (ctypes.c_int, [P, ctypes.POINTER(Resumable), sz, ctypes.POINTER(sz),
                                                       ctypes.POINTER(sz)]),
         "dhs_request_import": (ctypes.c_int, [P, u64, u32, u32, P, sz]),
@@ -353,6 +357,31 @@ class Worker:
         self._check(self._lib.dhs_worker_list_resumable(self._h, out, total.value, ctypes.byref(n),
                                                         ctypes.byref(total)))
         return [(out[i].request, out[i].input_rows, out[i].max_rows) for i in range(n.value)]
+
+    def commit_tokens(self, request: int, tokens, digests=None):
+        """ABI 1.5 (dhs_request_commit_tokens): appends `tokens` (ints >= 0) to the granted request's generated tokens
+        in memd's token record (digests: None, or one uint64 per token), so that they come back after a restart
+        (resumable_tokens)."""
+        tokens = list(tokens)
+        arr = (ctypes.c_int32 * max(1, len(tokens)))(*tokens)
+        dig = None
+        if digests is not None:
+            digests = list(digests)
+            dig = (ctypes.c_uint64 * max(1, len(digests)))(*digests)
+            if len(digests) != len(tokens):
+                raise ValueError(f"commit_tokens: {len(digests)} digests for {len(tokens)} tokens")
+        self._check(self._lib.dhs_request_commit_tokens(self._h, request, arr, dig, len(tokens)))
+
+    def resumable_tokens(self, request: int):
+        """ABI 1.5 (dhs_worker_resumable_tokens): (prompt tokens, generated tokens) of a resumable request's record."""
+        n, total, prompt = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+        self._check(self._lib.dhs_worker_resumable_tokens(self._h, request, None, 0, ctypes.byref(n),
+                                                          ctypes.byref(total), ctypes.byref(prompt)))
+        out = (ctypes.c_int32 * max(1, total.value))()
+        self._check(self._lib.dhs_worker_resumable_tokens(self._h, request, out, total.value, ctypes.byref(n),
+                                                          ctypes.byref(total), ctypes.byref(prompt)))
+        got = list(out[: n.value])
+        return got[: prompt.value], got[prompt.value:]
 
     def import_plan(self, request: int, tokens: int) -> list:
         """ABI 1.4: [(first_page, pages)] runs of a granted request's host-backed pages wholly before row tokens - 1,

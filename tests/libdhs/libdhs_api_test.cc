@@ -410,9 +410,25 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   EXPECT_EQ(total, 0u);
   EXPECT_EQ(dhs_request_import(w_, id, 0, 1, nullptr, 0), DHS_ERR_NOT_FOUND);  // completed
 
+  // Token records (ABI 1.5): a completed request has none; a request that generates nothing (max_rows == input_rows)
+  // keeps no record.
+  const int32_t tok = 9;
+  EXPECT_EQ(dhs_request_commit_tokens(w_, id, &tok, nullptr, 1), DHS_ERR_NOT_FOUND);
+  const uint64_t exact = SubmitGranted(16, 16);
+  EXPECT_EQ(dhs_request_commit_tokens(w_, exact, &tok, nullptr, 1), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("no token record"), std::string::npos) << dhs_worker_errmsg(w_);
+  const uint64_t digests[2] = {1, 2};
+  EXPECT_EQ(dhs_request_commit_tokens(w_, exact, &tok, digests, 1), DHS_ERR_FAILED_PRECONDITION);
+  ASSERT_EQ(dhs_request_complete(w_, exact), DHS_OK);
+  int32_t out[4];
+  size_t prompt = 0;
+  EXPECT_EQ(dhs_worker_resumable_tokens(w_, id, out, 4, &n, &total, &prompt), DHS_ERR_NOT_FOUND);
+
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   EXPECT_EQ(dhs_worker_poll(w_, nullptr, 0, &n), DHS_ERR_CLOSED);
   EXPECT_EQ(dhs_request_complete(w_, id), DHS_ERR_CLOSED);
+  EXPECT_EQ(dhs_request_commit_tokens(w_, id, &tok, nullptr, 1), DHS_ERR_CLOSED);
+  EXPECT_EQ(dhs_worker_resumable_tokens(w_, id, out, 4, &n, &total, &prompt), DHS_ERR_CLOSED);
   EXPECT_STREQ(dhs_worker_errmsg(w_), "the worker was closed");
   EXPECT_EQ(dhs_worker_close(w_), DHS_ERR_CLOSED);
   w_ = nullptr;
@@ -721,6 +737,130 @@ TEST_F(LibdhsTest, MemdRestartLeavesTheRequestResumable) {
     ASSERT_EQ(dhs_readers_done(w_, &s, 1), DHS_OK);
   }
   EXPECT_EQ(dhs_request_complete(w_, resumed), DHS_OK);
+}
+
+// Token records (ABI 1.5): an engine's tokens (ids above 255) survive memd and engine restarts with the request.
+// The prompt ids given at submit and 3 committed tokens reach memd's journal; memd is SIGKILLed and 2 more are
+// committed while it is away (they wait); the restarted memd takes the re-Hello, whose report carries all 5. memd is
+// killed again and the engine closes while it is down; the next memd and the reopened worker list the request, and
+// dhs_worker_resumable_tokens gives back the 64 prompt ids and the 5 tokens, in order. The resume starts from them:
+// its commits continue after the 5 and stop at max_rows - input_rows = 16.
+TEST_F(LibdhsTest, TokenRecordsSurviveMemdAndEngineRestarts) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<int32_t> prompt(64);
+  for (int i = 0; i < 64; ++i) prompt[i] = 100000 + 37 * i;
+  dhs_request_desc d = Desc(64, 80);
+  d.tokens = prompt.data();
+  d.token_count = prompt.size();
+  uint64_t id = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &id), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(PollFor(1).at(0).kind, DHS_EVENT_GRANTED);
+  ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  const int32_t first[] = {200000, 7}, second[] = {300}, away[] = {65535, -5};  // any int32, kept as given
+  ASSERT_EQ(dhs_request_commit_tokens(w_, id, first, nullptr, 2), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t digest = 0xd16e57;
+  ASSERT_EQ(dhs_request_commit_tokens(w_, id, second, &digest, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_request_commit_tokens(w_, id, nullptr, nullptr, 1), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_commit_tokens(w_, id + 99, first, nullptr, 2), DHS_ERR_NOT_FOUND);
+  // Until memd answered (journaled) every token sent: a kill before then could lose them (as workerd's steps).
+  for (int i = 0; i < 2000 && (Stats()["tokens"]["sent"] != 3 || Stats()["tokens"]["in_flight"].get<bool>()); ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 2);
+  }
+  ASSERT_EQ(Stats()["tokens"]["sent"], 3) << Stats().dump();
+  ASSERT_FALSE(Stats()["tokens"]["in_flight"].get<bool>());
+  ASSERT_NO_FATAL_FAILURE(WaitBackedUp(4));
+
+  // memd dies; the engine commits 2 tokens while it is away; the next memd takes the re-Hello with all 5.
+  memd_->Signal(SIGKILL);
+  ASSERT_GE(memd_->WaitExit(5000), -1);
+  memd_.reset();
+  std::filesystem::remove(dir_.path() + "/memd.sock");
+  for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
+    ::poll(nullptr, 0, 2);
+  }
+  ASSERT_EQ(dhs_request_commit_tokens(w_, id, away, nullptr, 2), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(Stats()["tokens"]["sent"], 3);  // waits for the re-Hello
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  for (int i = 0; i < 4000 && Stats()["memd"]["returns"] != 1; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
+    ::poll(nullptr, 0, 5);
+  }
+  ASSERT_EQ(Stats()["memd"]["returns"], 1) << Stats().dump();
+  EXPECT_EQ(Stats()["tokens"]["sent"], 5);  // in the report
+
+  // memd dies again and the engine gives up while it is down: the request stays interrupted at the next memd.
+  memd_->Signal(SIGKILL);
+  ASSERT_GE(memd_->WaitExit(5000), -1);
+  memd_.reset();
+  std::filesystem::remove(dir_.path() + "/memd.sock");
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<int32_t> got(80, -9);
+  size_t count = 0, total = 0, prompt_tokens = 0;
+  ASSERT_EQ(dhs_worker_resumable_tokens(w_, id, got.data(), got.size(), &count, &total, &prompt_tokens), DHS_OK)
+      << dhs_worker_errmsg(w_);
+  ASSERT_EQ(total, 69u);
+  ASSERT_EQ(count, 69u);
+  ASSERT_EQ(prompt_tokens, 64u);
+  std::vector<int32_t> want = prompt;
+  want.insert(want.end(), {200000, 7, 300, 65535, -5});
+  got.resize(count);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(dhs_worker_resumable_tokens(w_, id, got.data(), 10, &count, &total, &prompt_tokens), DHS_OK);
+  EXPECT_EQ(count, 10u);  // capacity bounds the copy; total says how many there are
+  EXPECT_EQ(total, 69u);
+  EXPECT_EQ(dhs_worker_resumable_tokens(w_, id + 1, got.data(), 10, &count, &total, &prompt_tokens),
+            DHS_ERR_NOT_FOUND);
+  EXPECT_EQ(dhs_worker_resumable_tokens(w_, id, got.data(), 10, nullptr, &total, &prompt_tokens),
+            DHS_ERR_INVALID_ARGUMENT);
+
+  // The resume carries the 5 tokens and the prompt ids on: 11 more fit (16 in all), a 12th does not.
+  dhs_request_desc r = Desc(64, 80, id);
+  uint64_t resumed = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &r, &resumed), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(PollFor(1).at(0).kind, DHS_EVENT_GRANTED);
+  const std::vector<int32_t> more(12, 42);
+  EXPECT_EQ(dhs_request_commit_tokens(w_, resumed, more.data(), nullptr, 12), DHS_ERR_OUT_OF_RANGE);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("5 tokens committed and 12 more"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, resumed, more.data(), nullptr, 11), DHS_OK) << dhs_worker_errmsg(w_);
+  for (int i = 0; i < 2000 && (Stats()["tokens"]["sent"] != 11 || Stats()["tokens"]["in_flight"].get<bool>()); ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
+    ::poll(nullptr, 0, 2);
+  }
+  ASSERT_EQ(Stats()["tokens"]["sent"], 11);
+  // memd's record of the resumed request holds the 5 carried and the 11 new ones (a gap would have been refused):
+  // seen by the next epoch once memd and the engine are gone again.
+  memd_->Signal(SIGKILL);
+  ASSERT_GE(memd_->WaitExit(5000), -1);
+  memd_.reset();
+  std::filesystem::remove(dir_.path() + "/memd.sock");
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  got.assign(100, -9);
+  ASSERT_EQ(dhs_worker_resumable_tokens(w_, resumed, got.data(), got.size(), &count, &total, &prompt_tokens), DHS_OK)
+      << dhs_worker_errmsg(w_);
+  got.resize(count);
+  want.insert(want.end(), more.begin(), more.end() - 1);
+  EXPECT_EQ(prompt_tokens, 64u);
+  EXPECT_EQ(got, want);
 }
 
 // The bytes of memd's host-pool segment for `run_dir` (memd/pool_segment.cc PoolSegmentName: "dhs-pool-" and the hex

@@ -3,6 +3,8 @@ request's rows, the library backs its complete pages up into memd's host pool, a
 process opens the GPU's worker again (a new epoch: memd fences the old one and keeps the request's confirmed host
 pages), finds the request in dhs_worker_list_resumable, resumes it (resume_of), imports its host-backed pages without
 recomputing them (dhs_request_import) and reads back exactly the rows and index keys the dead process appended.
+ABI 1.5: the dead process's prompt tokens and committed tokens come back from memd's token record
+(dhs_worker_resumable_tokens), and the resume continues the record after them.
 
 Usage (under with_memd.py, memd --page-bytes 2304): resume_test.py --run-dir DIR"""
 import argparse
@@ -23,6 +25,8 @@ import dhs  # noqa: E402
 
 S, ROW, KEY, P = 2, 64, 16, 16
 INPUT, MAX = 64, 96
+PROMPT = [50000 + 7 * i for i in range(INPUT)]  # an engine vocabulary's ids (above 255)
+GENERATED = [151643, 0, 2 ** 31 - 1, -1]  # any int32, kept as given
 
 
 def rows(first, n):
@@ -55,11 +59,13 @@ def wait_event(w, kind, seconds=10.0):
 def crash(run_dir) -> int:
     """The first engine process: a request's 64 rows appended and backed up (hisparse), then SIGKILL."""
     w = open_worker(run_dir)
-    rid = w.submit(INPUT, MAX)
+    rid = w.submit(INPUT, MAX, tokens=PROMPT)
     wait_event(w, dhs.EVENT_GRANTED)
     w.append(rid, 0, rows(0, INPUT), keys(0, INPUT))
+    w.commit_tokens(rid, GENERATED, digests=[11, 22, 33, 44])
     deadline = time.monotonic() + 10
-    while w.stats()["pages"]["backed_up"] < INPUT // P and time.monotonic() < deadline:
+    while (w.stats()["pages"]["backed_up"] < INPUT // P or w.stats()["tokens"]["sent"] < len(GENERATED) or
+           w.stats()["tokens"]["in_flight"]) and time.monotonic() < deadline:
         w.poll()
         time.sleep(0.002)
     for _ in range(20):  # the HostCopyWritten reports go out inside poll; memd confirms them
@@ -100,6 +106,11 @@ def main() -> int:
         return 1
     except dhs.DhsError as e:
         assert e.name == "DHS_ERR_NOT_FOUND", e
+    prompt, generated = w.resumable_tokens(rid)
+    print(f"token record: {len(prompt)} prompt tokens, generated {generated}")
+    if prompt != PROMPT or generated != GENERATED:
+        print("the token record differs from what the dead process committed")
+        return 1
     new = w.submit(INPUT, MAX, resume_of=rid)
     ev = wait_event(w, dhs.EVENT_GRANTED)
     print(f"resume {new} granted: {ev.pages} host-backed pages, pages 0 .. {ev.import_pages - 1} importable")
@@ -140,6 +151,14 @@ def main() -> int:
                     return 1
             w.readers_done(src)
     w.append(new, INPUT, rows(INPUT, 1), keys(INPUT, 1))  # decoding goes on
+    # The resume's record starts from the 4 tokens: 28 more fit (MAX - INPUT = 32), a 29th does not.
+    try:
+        w.commit_tokens(new, [5] * 29)
+        print("a commit past max_rows - input_rows was taken")
+        return 1
+    except dhs.DhsError as e:
+        assert e.name == "DHS_ERR_OUT_OF_RANGE", e
+    w.commit_tokens(new, [5] * 28)
     st = w.stats()
     print("census after the resume:", st["census"])
     if st["census"]["host"] == 0:

@@ -15,6 +15,8 @@
 namespace dhs::memd {
 namespace {
 
+constexpr TokenKind kBytes = TokenKind::kBytes;
+
 class RecordJournalTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -58,8 +60,8 @@ class RecordJournalTest : public ::testing::Test {
 
 TEST_F(RecordJournalTest, RecordsReadBackWithCommitsAndGrant) {
   ASSERT_TRUE(journal_->Open(5, Record()).ok());
-  ASSERT_TRUE(journal_->Commit(5, 0, {9, 8}, {90, 80}).ok());
-  ASSERT_TRUE(journal_->Commit(5, 1, {8, 7}, {80, 70}).ok());  // a resent overlap, as the store accepts it
+  ASSERT_TRUE(journal_->Commit(5, 0, kBytes, {9, 8}, {90, 80}).ok());
+  ASSERT_TRUE(journal_->Commit(5, 1, kBytes, {8, 7}, {80, 70}).ok());  // a resent overlap, as the store accepts it
   ASSERT_TRUE(journal_->Granted(5, 3).ok());
   RequestRecord resumed = Record();
   resumed.tokens = {1};
@@ -76,12 +78,12 @@ TEST_F(RecordJournalTest, RecordsReadBackWithCommitsAndGrant) {
   EXPECT_FLOAT_EQ(r.record.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r.record.top_p, 0.9f);
   EXPECT_EQ(r.record.seed, 11u);
-  EXPECT_EQ(r.record.tokens, (std::vector<uint8_t>{9, 8, 7}));
+  EXPECT_EQ(r.record.tokens, (std::vector<uint32_t>{9, 8, 7}));
   EXPECT_EQ(r.record.digests, (std::vector<uint64_t>{90, 80, 70}));
   EXPECT_TRUE(r.granted);
   EXPECT_EQ(r.context_pages, 3u);
   EXPECT_FALSE(all.at(6).granted);
-  EXPECT_EQ(all.at(6).record.tokens, (std::vector<uint8_t>{1}));
+  EXPECT_EQ(all.at(6).record.tokens, (std::vector<uint32_t>{1}));
   journal_->Release(6);
   EXPECT_FALSE(std::filesystem::exists(PathOf(6)));
   journal_->RemoveAllBut({});
@@ -93,7 +95,7 @@ TEST_F(RecordJournalTest, RecordsReadBackWithCommitsAndGrant) {
 TEST_F(RecordJournalTest, AFileCutAtAnyByteKeepsTheWholeFramesBeforeTheCut) {
   ASSERT_TRUE(journal_->Open(5, Record()).ok());
   const size_t open_end = Bytes(5).size();
-  ASSERT_TRUE(journal_->Commit(5, 0, {9, 8}, {90, 80}).ok());
+  ASSERT_TRUE(journal_->Commit(5, 0, kBytes, {9, 8}, {90, 80}).ok());
   const size_t commit_end = Bytes(5).size();
   ASSERT_TRUE(journal_->Granted(5, 3).ok());
   const std::string whole = Bytes(5);
@@ -114,8 +116,8 @@ TEST_F(RecordJournalTest, AFileCutAtAnyByteKeepsTheWholeFramesBeforeTheCut) {
 TEST_F(RecordJournalTest, AFlippedByteEndsTheReplayAtItsFrame) {
   ASSERT_TRUE(journal_->Open(5, Record()).ok());
   const size_t open_end = Bytes(5).size();
-  ASSERT_TRUE(journal_->Commit(5, 0, {9, 8}, {90, 80}).ok());
-  ASSERT_TRUE(journal_->Commit(5, 2, {7}, {70}).ok());
+  ASSERT_TRUE(journal_->Commit(5, 0, kBytes, {9, 8}, {90, 80}).ok());
+  ASSERT_TRUE(journal_->Commit(5, 2, kBytes, {7}, {70}).ok());
   std::string bytes = Bytes(5);
   bytes[open_end + 20] ^= 0x20;  // the first token of the first Commit frame (after its 12-byte header, from, count)
   Write(5, bytes);
@@ -153,6 +155,34 @@ TEST_F(RecordJournalTest, ModelJournalRoundTripsAndRefusesMalformedFiles) {
   ASSERT_TRUE(models.Save({}).ok());
   EXPECT_FALSE(std::filesystem::exists(models.path()));
   EXPECT_TRUE(models.Save({}).ok());  // already gone
+}
+
+// Issue 25: an EngineIds record (libdhs) journals its prompt ids in the Open frame and its token ids in their own
+// frames (4 bytes each), and reads back the same ids after a restart; a frame of the wrong width ends the replay.
+TEST_F(RecordJournalTest, EngineIdRecordsReadBackTheirIds) {
+  RequestRecord r;
+  r.max_new_tokens = 5;
+  r.token_kind = TokenKind::kEngineIds;
+  r.prompt_ids = {151643, 9, 70000};
+  r.input_tokens = 3;
+  ASSERT_TRUE(journal_->Open(5, r).ok());
+  ASSERT_TRUE(journal_->Commit(5, 0, TokenKind::kEngineIds, {100000, 256}, {1, 2}).ok());
+  ASSERT_TRUE(journal_->Commit(5, 2, TokenKind::kEngineIds, {0x7fffffff}, {3}).ok());
+  r.tokens = {4000};  // a resumed engine request brings its committed ids
+  r.digests = {4};
+  ASSERT_TRUE(journal_->Open(6, r).ok());
+  auto all = journal_->LoadAll();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all.at(5).record.token_kind, TokenKind::kEngineIds);
+  EXPECT_EQ(all.at(5).record.prompt_ids, (std::vector<uint32_t>{151643, 9, 70000}));
+  EXPECT_EQ(all.at(5).record.tokens, (std::vector<uint32_t>{100000, 256, 0x7fffffff}));
+  EXPECT_EQ(all.at(5).record.digests, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(all.at(6).record.tokens, (std::vector<uint32_t>{4000}));
+  // A Bytes frame in an EngineIds record (the store's kind rule): the replay stops before it.
+  ASSERT_TRUE(journal_->Commit(5, 3, kBytes, {1}, {9}).ok());
+  ASSERT_TRUE(journal_->Commit(5, 4, TokenKind::kEngineIds, {2}, {10}).ok());
+  all = journal_->LoadAll();
+  EXPECT_EQ(all.at(5).record.tokens.size(), 3u);
 }
 
 }  // namespace
