@@ -606,19 +606,34 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
   // The whole call fits a held round's tail or nothing is appended (review finding: a partial append returned
   // before storing the keys of the rows it had appended).
   if (absl::Status s = port_->CheckHeldRoom(request, first, count); !s.ok()) return s;
-  for (uint32_t i = 0; i < count; ++i) {
+  // One run per page and source (KvPort::AppendSource -> HierarchicalKvAccess::AppendRun: one copy batch per page),
+  // each source's rows of the run gathered from the [position][source] layout. Every check that could refuse a row
+  // inside a page ran above for the whole call (max_rows, memd away's tail room, a held round's room), and a tail slot
+  // frees page by page, so a run is refused at its first row or not at all: whole positions before it stay appended,
+  // every source at one length. A source refused after an earlier source took the run leaves the request's sources at
+  // different lengths: the request fails (as before, when one row of a position was refused after another).
+  const uint32_t p = config_.page_rows;
+  std::vector<uint8_t> run;
+  for (uint32_t done = 0; done < count;) {
+    const uint32_t n = std::min<uint32_t>(count - done, p - static_cast<uint32_t>((first + done) % p));
+    run.resize(uint64_t{n} * row);
     for (SourceId s = 0; s < config_.sources; ++s) {
-      if (absl::Status st = port_->AppendSource(request, s, first + i, 1, rows.subspan(i * per_position + s * row, row));
-          !st.ok()) {
-        // Sources 0..s-1 hold the row already: the request's KV is no longer consistent; it fails. Whole positions
-        // appended before stay (the next append starts at first + i).
-        if (s > 0) Fail(request, st);
-        counters_.rows_appended += i;
-        return Step(s > 0 || i == 0 ? st
-                                    : absl::Status(st.code(), absl::StrCat(st.message(), " (positions ", first, " .. ",
-                                                                           first + i - 1, " were appended)")));
+      for (uint32_t i = 0; i < n; ++i) {
+        std::memcpy(run.data() + uint64_t{i} * row, rows.data() + (done + i) * per_position + s * row, row);
+      }
+      if (absl::Status st = port_->AppendSource(request, s, first + done, n, run); !st.ok()) {
+        const Position fewest = port_->Fewest(request);
+        const bool split = port_->Most(request) != fewest;  // sources at different lengths: the request fails
+        const uint32_t appended = static_cast<uint32_t>(fewest - first);
+        counters_.rows_appended += appended;
+        if (split) Fail(request, st);
+        return Step(split || appended == 0
+                        ? st
+                        : absl::Status(st.code(), absl::StrCat(st.message(), " (positions ", first, " .. ",
+                                                               first + appended - 1, " were appended)")));
       }
     }
+    done += n;
   }
   counters_.rows_appended += count;
   if (!keys.empty()) {
