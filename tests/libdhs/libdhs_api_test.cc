@@ -205,6 +205,39 @@ class LibdhsTest : public ::testing::Test {
   }
   void InterruptAndRestart(const dhs_worker_config& c, uint64_t* interrupted,
                            const std::function<void()>& between = {});
+  // SIGKILLs memd (its socket file removed, so that the next StartMemd waits for the new one's).
+  void KillMemd() {
+    memd_->Signal(SIGKILL);
+    ASSERT_GE(memd_->WaitExit(5000), -1);
+    memd_.reset();
+    std::filesystem::remove(dir_.path() + "/memd.sock");
+  }
+  // memd dies and the engine closes while it is down; a memd of the same run directory and the reopened worker (a
+  // new epoch) follow: the open requests are interrupted there.
+  void NewEpoch(const dhs_worker_config& c) {
+    ASSERT_NO_FATAL_FAILURE(KillMemd());
+    ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+    w_ = nullptr;
+    ASSERT_NO_FATAL_FAILURE(StartMemd());
+    ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  }
+  // Polls (2 ms apart, `polls` times at most) until `done` holds.
+  void PollUntil(const std::function<bool()>& done, int polls = 2000) {
+    for (int i = 0; i < polls && !done(); ++i) {
+      dhs_event ev[4];
+      size_t n = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
+      ::poll(nullptr, 0, 2);
+    }
+  }
+  // Polls until `sent` tokens went to memd and memd answered (journaled) them.
+  void WaitTokensSent(uint64_t sent) {
+    ASSERT_NO_FATAL_FAILURE(PollUntil([&] {
+      return Stats()["tokens"]["sent"] == sent && !Stats()["tokens"]["in_flight"].get<bool>();
+    }));
+    ASSERT_EQ(Stats()["tokens"]["sent"], sent) << Stats().dump();
+    ASSERT_FALSE(Stats()["tokens"]["in_flight"].get<bool>());
+  }
   nlohmann::json Stats() {
     char buf[4096];
     size_t need = 0;
@@ -665,7 +698,7 @@ void LibdhsTest::InterruptAndRestart(const dhs_worker_config& c, uint64_t* inter
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
   uint64_t id = 0;
   ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&id));
-  memd_->Signal(SIGKILL);
+  memd_->Signal(SIGKILL);  // KillMemd's first half: the socket stays until the engine closed (below)
   ASSERT_GE(memd_->WaitExit(5000), -1);
   for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) {
     dhs_event ev[4];
@@ -766,48 +799,21 @@ TEST_F(LibdhsTest, TokenRecordsSurviveMemdAndEngineRestarts) {
   EXPECT_EQ(dhs_request_commit_tokens(w_, id, nullptr, nullptr, 1), DHS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(dhs_request_commit_tokens(w_, id + 99, first, nullptr, 2), DHS_ERR_NOT_FOUND);
   // Until memd answered (journaled) every token sent: a kill before then could lose them (as workerd's steps).
-  for (int i = 0; i < 2000 && (Stats()["tokens"]["sent"] != 3 || Stats()["tokens"]["in_flight"].get<bool>()); ++i) {
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
-    ::poll(nullptr, 0, 2);
-  }
-  ASSERT_EQ(Stats()["tokens"]["sent"], 3) << Stats().dump();
-  ASSERT_FALSE(Stats()["tokens"]["in_flight"].get<bool>());
+  ASSERT_NO_FATAL_FAILURE(WaitTokensSent(3));
   ASSERT_NO_FATAL_FAILURE(WaitBackedUp(4));
 
   // memd dies; the engine commits 2 tokens while it is away; the next memd takes the re-Hello with all 5.
-  memd_->Signal(SIGKILL);
-  ASSERT_GE(memd_->WaitExit(5000), -1);
-  memd_.reset();
-  std::filesystem::remove(dir_.path() + "/memd.sock");
-  for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) {
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
-    ::poll(nullptr, 0, 2);
-  }
+  ASSERT_NO_FATAL_FAILURE(KillMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
   ASSERT_EQ(dhs_request_commit_tokens(w_, id, away, nullptr, 2), DHS_OK) << dhs_worker_errmsg(w_);
   EXPECT_EQ(Stats()["tokens"]["sent"], 3);  // waits for the re-Hello
   ASSERT_NO_FATAL_FAILURE(StartMemd());
-  for (int i = 0; i < 4000 && Stats()["memd"]["returns"] != 1; ++i) {
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
-    ::poll(nullptr, 0, 5);
-  }
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }, 10000));  // the re-Hello backs off
   ASSERT_EQ(Stats()["memd"]["returns"], 1) << Stats().dump();
   EXPECT_EQ(Stats()["tokens"]["sent"], 5);  // in the report
 
   // memd dies again and the engine gives up while it is down: the request stays interrupted at the next memd.
-  memd_->Signal(SIGKILL);
-  ASSERT_GE(memd_->WaitExit(5000), -1);
-  memd_.reset();
-  std::filesystem::remove(dir_.path() + "/memd.sock");
-  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
-  w_ = nullptr;
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(NewEpoch(c));
   std::vector<int32_t> got(80, -9);
   size_t count = 0, total = 0, prompt_tokens = 0;
   ASSERT_EQ(dhs_worker_resumable_tokens(w_, id, got.data(), got.size(), &count, &total, &prompt_tokens), DHS_OK)
@@ -837,23 +843,10 @@ TEST_F(LibdhsTest, TokenRecordsSurviveMemdAndEngineRestarts) {
   EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("5 tokens committed and 12 more"), std::string::npos)
       << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_request_commit_tokens(w_, resumed, more.data(), nullptr, 11), DHS_OK) << dhs_worker_errmsg(w_);
-  for (int i = 0; i < 2000 && (Stats()["tokens"]["sent"] != 11 || Stats()["tokens"]["in_flight"].get<bool>()); ++i) {
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK);
-    ::poll(nullptr, 0, 2);
-  }
-  ASSERT_EQ(Stats()["tokens"]["sent"], 11);
+  ASSERT_NO_FATAL_FAILURE(WaitTokensSent(11));
   // memd's record of the resumed request holds the 5 carried and the 11 new ones (a gap would have been refused):
   // seen by the next epoch once memd and the engine are gone again.
-  memd_->Signal(SIGKILL);
-  ASSERT_GE(memd_->WaitExit(5000), -1);
-  memd_.reset();
-  std::filesystem::remove(dir_.path() + "/memd.sock");
-  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
-  w_ = nullptr;
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(NewEpoch(c));
   got.assign(100, -9);
   ASSERT_EQ(dhs_worker_resumable_tokens(w_, resumed, got.data(), got.size(), &count, &total, &prompt_tokens), DHS_OK)
       << dhs_worker_errmsg(w_);
