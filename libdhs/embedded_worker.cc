@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "common/protocol.h"
+#include "common/record_bounds.h"
 #include "common/status.h"
 #include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
@@ -318,6 +319,11 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
         interrupted_record = rec.get();
       }
     }
+    if (interrupted_record != nullptr && interrupted_record->token_ids.size() > max_rows - input_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dhs_request_desc: request ", resume_of, "'s record holds ", interrupted_record->token_ids.size(),
+          " committed tokens; max_rows - input_rows = ", max_rows - input_rows, " cannot carry them"));
+    }
     const std::vector<uint64_t>& listed = memd_->interrupted_requests();
     if (std::find(listed.begin(), listed.end(), resume_of) == listed.end()) {
       return absl::NotFoundError(absl::StrCat("request ", resume_of, " is not among the interrupted requests memd "
@@ -376,9 +382,8 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     admit.record->prompt_ids.assign(prefix.tokens.begin(), prefix.tokens.end());  // the int32's bits
     if (interrupted_record != nullptr) {
       if (prefix.tokens.empty()) admit.record->prompt_ids = interrupted_record->prompt_ids;
-      const size_t carried = std::min<size_t>(interrupted_record->token_ids.size(), max_rows - input_rows);
-      admit.record->token_ids.assign(interrupted_record->token_ids.begin(),
-                                     interrupted_record->token_ids.begin() + carried);
+      const size_t carried = interrupted_record->token_ids.size();  // <= max_rows - input_rows: checked above
+      admit.record->token_ids = interrupted_record->token_ids;
       admit.record->logits_digests.assign(interrupted_record->logits_digests.begin(),
                                           interrupted_record->logits_digests.begin() +
                                               std::min(carried, interrupted_record->logits_digests.size()));
@@ -403,11 +408,14 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   ++next_request_;
   ++counters_.submitted;
   counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
-  Request r{.input_rows = input_rows, .max_rows = max_rows, .resume_of = resume_of, .host_backed = {}};
+  Request r;
+  r.input_rows = input_rows;
+  r.max_rows = max_rows;
+  r.resume_of = resume_of;
   if (admit.record != nullptr) {  // a resume's carried tokens are in memd's record with its admission
     r.tokens = admit.record->token_ids;
     r.digests = admit.record->logits_digests;
-    r.tokens_sent = r.tokens.size();
+    r.tokens_acked = r.tokens.size();
   }
   r.admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit));
   requests_.emplace(id, std::move(r));
@@ -445,6 +453,7 @@ void EmbeddedWorker::EnterAway() {
   if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // taken already (this death)
   ++counters_.memd_aways;
   deferred_orders_.clear();  // the dead memd's orders not carried out yet: nothing of them is acted on
+  tokens_in_flight_.clear();  // never answered: the re-Hello's report carries every token
   stack_->EnterAway();      // memd's orders resolved here, nothing answered; host writes paused (a new memd may not
                             // adopt a page written now)
   spdlog::warn("libdhs: memd is away: serving {} requests from the pool (no host writes, admissions wait) until a "
@@ -497,9 +506,10 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   stack_->ReturnFromAway(adopted);  // the agent adopts them, host writes resume
   for (RequestId id : adopted) {     // memd took their records with the report: every token is there
     Request& r = requests_.at(id);
-    counters_.tokens_sent += r.tokens.size() - r.tokens_sent;
-    r.tokens_sent = r.tokens.size();
+    counters_.tokens_acked += r.tokens.size() - r.tokens_acked;
+    r.tokens_acked = r.tokens.size();
   }
+  probe_.clear();  // their records are whole again
   // The ends deferred while away.
   std::vector<RequestId> ending;
   for (const auto& [id, r] : requests_) {
@@ -821,10 +831,25 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
   if (!digests.empty() && digests.size() != tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat(digests.size(), " logits digests for ", tokens.size(), " tokens"));
   }
+  if (!r.record_error.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", request, ": memd refused its token record (",
+                                                      r.record_error.message(), "); it holds the first ",
+                                                      r.tokens_acked, " tokens"));
+  }
   const uint64_t max_new = r.max_rows - r.input_rows;
   if (r.tokens.size() + tokens.size() > max_new) {
     return absl::OutOfRangeError(absl::StrCat("request ", request, ": ", r.tokens.size(), " tokens committed and ",
                                               tokens.size(), " more would pass max_rows - input_rows = ", max_new));
+  }
+  // memd's bound on one record (RequestRecord::bytes: prompt ids, tenant, prefix chain, 12 bytes a token): a commit
+  // it would refuse is refused here, while the engine still holds the tokens.
+  const wire::RequestRecordT& record = *r.admit->record;
+  const uint64_t bytes = 4 * record.prompt_ids.size() + record.tenant.size() + 16 * r.admit->prefix_block_ids.size() +
+                         kEngineTokenRecordBytes * (r.tokens.size() + tokens.size());
+  if (bytes > kMaxRecordBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request ", request, ": ", tokens.size(), " more tokens would make its record ", bytes,
+        " bytes, over memd's bound of ", kMaxRecordBytes, " (", r.tokens.size(), " tokens committed)"));
   }
   r.tokens.insert(r.tokens.end(), tokens.begin(), tokens.end());
   if (digests.empty()) {
@@ -838,28 +863,66 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
 }
 
 void EmbeddedWorker::SendTokens() {
-  if (memd_->away()) return;  // the re-Hello's report carries them
+  if (memd_->away() || !tokens_in_flight_.empty()) return;  // the re-Hello's report carries them; or one in flight
+  const auto behind = [&](RequestId id, const Request& r) {
+    return r.phase == EmbeddedPhase::kGranted && !r.ending && r.record_error.ok() && r.tokens_acked < r.tokens.size();
+  };
+  while (!probe_.empty()) {  // after a refused message: one request per message until each is answered alone
+    auto it = requests_.find(probe_.front());
+    if (it != requests_.end() && behind(it->first, it->second)) break;
+    probe_.pop_front();
+  }
   wire::TokensCommittedT m;
   m.gpu = config_.gpu;
+  std::vector<std::pair<RequestId, size_t>> sent;
   for (const auto& [id, r] : requests_) {
-    if (r.phase != EmbeddedPhase::kGranted || r.ending || r.tokens_sent == r.tokens.size()) continue;
+    if (!behind(id, r) || (!probe_.empty() && id != probe_.front())) continue;
     auto e = std::make_unique<wire::CommittedTokensT>();
     e->request = id;
-    e->from = static_cast<uint32_t>(r.tokens_sent);
-    e->token_ids.assign(r.tokens.begin() + static_cast<ptrdiff_t>(r.tokens_sent), r.tokens.end());
-    e->logits_digests.assign(r.digests.begin() + static_cast<ptrdiff_t>(r.tokens_sent), r.digests.end());
+    e->from = static_cast<uint32_t>(r.tokens_acked);  // memd takes an equal resend of what it has
+    e->token_ids.assign(r.tokens.begin() + static_cast<ptrdiff_t>(r.tokens_acked), r.tokens.end());
+    e->logits_digests.assign(r.digests.begin() + static_cast<ptrdiff_t>(r.tokens_acked), r.digests.end());
     m.entries.push_back(std::move(e));
+    sent.emplace_back(id, r.tokens.size());
   }
   if (m.entries.empty()) return;
-  if (!memd_->SendTokensCommitted(m).ok()) {  // one in flight (or the epoch ended: Poll says so): sent later
+  if (!memd_->SendTokensCommitted(m).ok()) {  // memd's queue (or the epoch ended: Poll says so): sent later
     ++counters_.commits_deferred;
     return;
   }
-  for (const auto& e : m.entries) {
-    Request& r = requests_.at(e->request);
-    counters_.tokens_sent += r.tokens.size() - r.tokens_sent;
-    r.tokens_sent = r.tokens.size();
+  tokens_in_flight_ = std::move(sent);
+}
+
+void EmbeddedWorker::OnTokensCommitted() {
+  for (const auto& [id, to] : tokens_in_flight_) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second.tokens_acked >= to) continue;
+    counters_.tokens_acked += to - it->second.tokens_acked;
+    it->second.tokens_acked = to;
   }
+  if (!probe_.empty() && tokens_in_flight_.size() == 1 && tokens_in_flight_[0].first == probe_.front()) {
+    probe_.pop_front();
+  }
+  tokens_in_flight_.clear();
+}
+
+void EmbeddedWorker::OnTokensRefused(const absl::Status& why) {
+  ++counters_.commits_refused;
+  if (tokens_in_flight_.size() == 1) {  // refused alone: this request's record stops at what memd acknowledged
+    auto it = requests_.find(tokens_in_flight_[0].first);
+    if (it != requests_.end()) {
+      it->second.record_error = why;
+      ++counters_.records_refused;
+      spdlog::warn("libdhs: memd refused the tokens of request {}: {}; its record keeps {} tokens", it->first,
+                   why.ToString(), it->second.tokens_acked);
+    }
+    if (!probe_.empty() && probe_.front() == tokens_in_flight_[0].first) probe_.pop_front();
+  } else {  // some entries were applied, some not: each request goes again alone
+    for (const auto& [id, to] : tokens_in_flight_) {
+      if (std::find(probe_.begin(), probe_.end(), id) == probe_.end()) probe_.push_back(id);
+    }
+  }
+  tokens_in_flight_.clear();
 }
 
 absl::StatusOr<EmbeddedWorker::RecordTokens> EmbeddedWorker::ResumableTokens(RequestId interrupted) const {
@@ -921,8 +984,9 @@ std::string EmbeddedWorker::StatsJson() const {
       {"staging", {{"arenas", config_.staging_arenas}, {"bytes", region_.staging_bytes},
                    {"unions", kv_->staging_census().unions}, {"staged_fetches", kv_->staging_census().staged_fetches},
                    {"rows", kv_->staging_census().rows}}},
-      {"tokens", {{"committed", counters_.tokens_committed}, {"sent", counters_.tokens_sent},
-                  {"deferred", counters_.commits_deferred}, {"in_flight", memd_->tokens_in_flight()}}},
+      {"tokens", {{"committed", counters_.tokens_committed}, {"acknowledged", counters_.tokens_acked},
+                  {"deferred", counters_.commits_deferred}, {"in_flight", !tokens_in_flight_.empty()},
+                  {"refused", counters_.commits_refused}, {"records_refused", counters_.records_refused}}},
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},
   };

@@ -121,7 +121,9 @@ struct EmbeddedCounters {
   uint64_t prefix_lookups = 0, shared_pages_granted = 0;  // blocks named at first admissions; shared pages imported
   uint64_t memd_aways = 0, memd_returns = 0;  // memd deaths served through; re-Hellos memd took
   uint64_t reports_refused = 0, admissions_resent = 0, ends_deferred = 0;
-  uint64_t tokens_committed = 0, tokens_sent = 0, commits_deferred = 0;  // CommitTokens: given, sent to memd, waits
+  // CommitTokens: tokens given; memd acknowledged (journaled); TokensCommitted that had to wait (one in flight);
+  // refusals by memd; requests whose record memd refused alone (their later tokens are refused here).
+  uint64_t tokens_committed = 0, tokens_acked = 0, commits_deferred = 0, commits_refused = 0, records_refused = 0;
 };
 
 class EmbeddedWorker final : private MemdHandler {
@@ -222,8 +224,10 @@ class EmbeddedWorker final : private MemdHandler {
   // tokens go to memd in one TokensCommitted per Poll (one in flight; memd journals them before it answers); while
   // memd is away they wait and the re-Hello's report carries them. A resume (Submit with resume_of) starts from the
   // interrupted record's tokens: the engine's next commit continues after them. A token is any int32 (kept as its
-  // bits). Errors: NOT_FOUND, FAILED_PRECONDITION (not granted; no record: max_rows == input_rows), INVALID_ARGUMENT
-  // (digests of another length), OUT_OF_RANGE (more than max_rows - input_rows tokens in all; nothing committed).
+  // bits). Errors: NOT_FOUND, FAILED_PRECONDITION (not granted; no record: max_rows == input_rows; memd refused this
+  // request's tokens before: the message has its reason), INVALID_ARGUMENT (digests of another length), OUT_OF_RANGE
+  // (more than max_rows - input_rows tokens in all), RESOURCE_EXHAUSTED (the record would pass memd's bound of
+  // kMaxRecordBytes: common/record_bounds.h); nothing committed on an error.
   absl::Status CommitTokens(RequestId request, std::span<const int32_t> tokens, std::span<const uint64_t> digests);
   // The record of interrupted request `interrupted` (ListResumable): the prompt tokens its submit gave and the tokens
   // committed for it. Errors: NOT_FOUND (not listed, or no record kept), FAILED_PRECONDITION (a record of workerd's
@@ -244,10 +248,12 @@ class EmbeddedWorker final : private MemdHandler {
     bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
     uint32_t slot = 0;         // AdmitGrant.slot (its hot cache and tail region)
     // Its generated tokens (CommitTokens; a resume's start with the interrupted record's) and their logits digests;
-    // the first tokens_sent of them are in memd's record (sent in a TokensCommitted, its AdmitRequest or a report).
+    // the first tokens_acked of them are in memd's record (a TokensCommitted memd answered, its AdmitRequest or a
+    // re-Hello's report); record_error: memd refused this request's tokens alone (later commits are refused).
     std::vector<uint32_t> tokens;
     std::vector<uint64_t> digests;
-    size_t tokens_sent = 0;
+    size_t tokens_acked = 0;
+    absl::Status record_error;
     std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)
   };
 
@@ -264,9 +270,15 @@ class EmbeddedWorker final : private MemdHandler {
   wire::HelloT ReHello() const;
   absl::Status Return(const wire::HelloReplyT& reply);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
-  // One TokensCommitted with every granted request's unsent tokens (CommitTokens), unless one is in flight or memd is
-  // away (they wait; nothing lost).
+  // One TokensCommitted with every granted request's tokens memd has not acknowledged (CommitTokens), unless one is in
+  // flight or memd is away (they wait; nothing lost). After memd refused a message of several entries (its reply does
+  // not say whose), the requests of that message go one per message (probe_) until each is acknowledged or refused
+  // alone: a refused one keeps memd's reason (record_error), the others lose nothing (memd takes an equal resend).
   void SendTokens();
+  void OnTokensCommitted() override;
+  void OnTokensRefused(const absl::Status& why) override;
+  std::vector<std::pair<RequestId, size_t>> tokens_in_flight_;  // (request, tokens its record holds once answered)
+  std::deque<RequestId> probe_;
 
   // MemdHandler.
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/record_bounds.h"
 #include "common/types.h"
 
 namespace dhs::memd {
@@ -66,11 +67,13 @@ struct RequestRecord {
     return prompt.size() + 4 * prompt_ids.size() + 8 * hash_ids.size() + tenant.size() +
            8 * (chain_ids.size() + chain_digests.size()) + bytes_per_token() * tokens.size();
   }
-  uint64_t bytes_per_token() const { return token_kind == TokenKind::kEngineIds ? 12 : 9; }
+  uint64_t bytes_per_token() const {
+    return token_kind == TokenKind::kEngineIds ? kEngineTokenRecordBytes : kByteTokenRecordBytes;
+  }
 };
 
 struct RecordLimits {
-  uint64_t max_record_bytes = uint64_t{4} << 20;   // one record at most (RequestRecord::bytes), bytes
+  uint64_t max_record_bytes = kMaxRecordBytes;     // one record at most (RequestRecord::bytes), bytes
   uint64_t max_total_bytes = uint64_t{48} << 20;   // all records of one GPU at most, bytes (a HelloReply carries
                                                    // those of its interrupted requests: under kMaxMessageBytes)
   // Finished records (KeepFinished), per GPU: the latest this many / bytes (RequestRecord::bytes, no input) are kept.

@@ -237,7 +237,10 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
     }
     void operator()(const wire::HeartbeatAckT&) {}
     void operator()(const wire::TokensCommittedAckT&) {
-      if (msg.sequence == client.commit_seq_) client.commit_seq_ = 0;  // the next TokensCommitted may go
+      if (msg.sequence == client.commit_seq_ && client.commit_seq_ != 0) {
+        client.commit_seq_ = 0;  // the next TokensCommitted may go
+        handler.OnTokensCommitted();
+      }
     }
     void operator()(const wire::ErrorReplyT&) { client.OnErrorReply(msg, handler); }
   } from_memd{*this, handler, *msg};
@@ -252,6 +255,7 @@ void MemdClient::OnErrorReply(const Message& msg, MemdHandler& handler) {
   if (msg.sequence == commit_seq_ && commit_seq_ != 0) {
     commit_seq_ = 0;
     spdlog::warn("workerd: memd refused tokens committed: {}", s.ToString());
+    handler.OnTokensRefused(s);
     return;
   }
   auto it = admit_seq_.find(msg.sequence);

@@ -123,8 +123,6 @@ class MemdClient final : public MemdLink {
   // One in flight: UNAVAILABLE (nothing sent) until memd answered the previous one (TokensCommittedAck or
   // ErrorReply); the worker then sends those tokens with its next step. ABORTED once the epoch ended (checked now).
   absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override;
-  // Whether a TokensCommitted waits for memd's answer (journaled once answered: nothing of it is lost to a kill then).
-  bool tokens_in_flight() const { return commit_seq_ != 0; }
   // HelloReply.interrupted_records: the records memd kept of those requests (the ones that have one).
   const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const { return records_; }
   // HelloReply.finished_records (lost ends, workerd/README.md "Restart"): outputs of the previous epoch's finished

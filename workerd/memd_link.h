@@ -49,6 +49,11 @@ class MemdHandler {
   virtual void OnRetire(const wire::RetireT& m) = 0;
   virtual void OnPopulateOrder(const wire::PopulateOrderT& m) = 0;
   virtual void OnCompleteAck(const wire::CompleteAckT& m) = 0;
+  // memd answered the TokensCommitted in flight: every entry applied (TokensCommittedAck), or not all of them
+  // (ErrorReply `why`: the others were applied; which ones the reply does not say). workerd's steps resend nothing
+  // (a resumed request regenerates from the record's end); libdhs, whose engine's tokens exist nowhere else, resends.
+  virtual void OnTokensCommitted() {}
+  virtual void OnTokensRefused(const absl::Status& why) {}
 };
 
 }  // namespace dhs

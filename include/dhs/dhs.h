@@ -336,8 +336,11 @@ DHS_EXPORT int dhs_resolve(dhs_worker* w, const uint32_t* sources, uint32_t sour
  * queries[i]'s selection (a speculative round's query j sits at n_r + j, brief §6), -1 unknown; NULL = all unknown
  * (dhs_resolve). With staging arenas, a held round's queries are grouped into their union by it and each position they
  * select is checked against the causal mask (a query reads only positions up to its own); without `at` the union is
- * still served, checked only against the appended rows. Errors: dhs_resolve's, and INVALID_ARGUMENT for an at[i]
- * below -1 or a round's selection that reads beyond its query's own position. */
+ * still served, checked only against the appended rows (and a query of a request outside a round is never checked
+ * against its position). Errors: dhs_resolve's, and INVALID_ARGUMENT for an at[i] below -1, a round's selection that
+ * reads beyond its query's own position, a round of more queries than round_queries, or a position selected twice in
+ * one selection; RESOURCE_EXHAUSTED also when the staging arenas are all held (a group's round staged rows and its
+ * dhs_readers_done has not come yet). */
 DHS_EXPORT int dhs_resolve_at(dhs_worker* w, const uint32_t* sources, uint32_t sources_count, dhs_query* queries,
                               uint32_t query_count, const int64_t* at);
 /* The attention that read the locations of the last dhs_resolve over `sources` finished (brief §4: readers); until
@@ -373,11 +376,16 @@ DHS_EXPORT int dhs_worker_list_resumable(dhs_worker* w, dhs_resumable* out, size
  * request comes back with its tokens, not only its KV. `count` tokens (any int32: kept as given) are appended to the granted
  * request's generated tokens (token t of its output at index t); `digests`: NULL (0 each) or `count` logits digests
  * of the engine's choosing (kept with the tokens). They reach memd in one message per dhs_worker_poll (memd journals
- * them before it answers; dhs_worker_stats_json's tokens.in_flight says whether an answer is awaited); while memd is
- * away they wait and the re-Hello's report carries them. A resumed request starts with its interrupted record's
- * tokens: the next commit continues after them. Errors: INVALID_ARGUMENT (NULL with count > 0),
- * NOT_FOUND, FAILED_PRECONDITION (not granted; no record: max_rows == input_rows), OUT_OF_RANGE (more than
- * max_rows - input_rows tokens in all: nothing committed). */
+ * them before it answers; dhs_worker_stats_json's tokens.acknowledged counts what it answered, tokens.in_flight
+ * says whether an answer is awaited); while memd is away they wait and the re-Hello's report carries them. A resumed
+ * request starts with its interrupted record's tokens: the next commit continues after them. memd bounds a record at
+ * 4 MiB (4 bytes per prompt token, 12 per committed token: about 349,000 tokens without a prompt): a commit past it is
+ * refused here. Should memd still refuse a request's tokens (its journal cannot be written), the library finds whose
+ * (each request of the refused message is sent again alone), that request's record stops at what memd acknowledged
+ * and its later commits are refused with memd's reason (tokens.records_refused counts them). Errors: INVALID_ARGUMENT
+ * (NULL with count > 0), NOT_FOUND, FAILED_PRECONDITION (not granted; no record: max_rows == input_rows; memd refused
+ * this request's tokens), OUT_OF_RANGE (more than max_rows - input_rows tokens in all), RESOURCE_EXHAUSTED (past
+ * memd's bound on one record); nothing is committed on an error. */
 DHS_EXPORT int dhs_request_commit_tokens(dhs_worker* w, uint64_t request, const int32_t* tokens,
                                          const uint64_t* digests, uint32_t count);
 /* The token record of a resumable request (dhs_worker_list_resumable): its prompt tokens (as its submit gave them)

@@ -84,13 +84,18 @@ dhs_worker_config Config(const std::string& run_dir, uint32_t optional_pages) {
   return c;
 }
 
+std::string PoolSegmentPath(const std::string& run_dir);
+
 class LibdhsTest : public ::testing::Test {
  protected:
-  void StartMemd(const std::vector<std::string>& extra = {}) {
+  // host_pool_pages: 0 = the last StartMemd's (256 at first): a later memd of the run directory adopts the pool.
+  void StartMemd(const std::vector<std::string>& extra = {}, uint32_t host_pool_pages = 0) {
+    if (host_pool_pages != 0) host_pool_pages_ = host_pool_pages;
     const char* memd = std::getenv("MEMD");
     ASSERT_NE(memd, nullptr) << "MEMD is not set";
     std::vector<std::string> args{
-        memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages", "256"};
+        memd, "--run-dir", dir_.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages",
+        std::to_string(host_pool_pages_)};
     args.insert(args.end(), extra.begin(), extra.end());
     memd_ = std::make_unique<ChildProcess>(args);
     for (int i = 0; i < 400 && !std::filesystem::exists(dir_.path() + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
@@ -221,6 +226,15 @@ class LibdhsTest : public ::testing::Test {
     ASSERT_NO_FATAL_FAILURE(StartMemd());
     ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
   }
+  // The end of a test that leaves a request interrupted (never resumed): the engine and memd stop, and the host pool
+  // memd keeps for it (a later memd of the run directory would adopt it) is removed.
+  void DropInterruptedPool() {
+    if (w_ != nullptr) ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+    w_ = nullptr;
+    memd_->Terminate();
+    memd_.reset();
+    std::filesystem::remove(PoolSegmentPath(dir_.path()));
+  }
   // Polls (2 ms apart, `polls` times at most) until `done` holds.
   void PollUntil(const std::function<bool()>& done, int polls = 2000) {
     for (int i = 0; i < polls && !done(); ++i) {
@@ -230,12 +244,12 @@ class LibdhsTest : public ::testing::Test {
       ::poll(nullptr, 0, 2);
     }
   }
-  // Polls until `sent` tokens went to memd and memd answered (journaled) them.
-  void WaitTokensSent(uint64_t sent) {
+  // Polls until memd acknowledged (journaled) `acked` tokens in all and none is in flight.
+  void WaitTokensAcknowledged(uint64_t acked) {
     ASSERT_NO_FATAL_FAILURE(PollUntil([&] {
-      return Stats()["tokens"]["sent"] == sent && !Stats()["tokens"]["in_flight"].get<bool>();
+      return Stats()["tokens"]["acknowledged"] == acked && !Stats()["tokens"]["in_flight"].get<bool>();
     }));
-    ASSERT_EQ(Stats()["tokens"]["sent"], sent) << Stats().dump();
+    ASSERT_EQ(Stats()["tokens"]["acknowledged"], acked) << Stats().dump();
     ASSERT_FALSE(Stats()["tokens"]["in_flight"].get<bool>());
   }
   nlohmann::json Stats() {
@@ -246,6 +260,7 @@ class LibdhsTest : public ::testing::Test {
   }
 
   ScopedRunDir dir_;
+  uint32_t host_pool_pages_ = 256;
   std::unique_ptr<ChildProcess> memd_;
   dhs_worker* w_ = nullptr;
 };
@@ -799,18 +814,18 @@ TEST_F(LibdhsTest, TokenRecordsSurviveMemdAndEngineRestarts) {
   EXPECT_EQ(dhs_request_commit_tokens(w_, id, nullptr, nullptr, 1), DHS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(dhs_request_commit_tokens(w_, id + 99, first, nullptr, 2), DHS_ERR_NOT_FOUND);
   // Until memd answered (journaled) every token sent: a kill before then could lose them (as workerd's steps).
-  ASSERT_NO_FATAL_FAILURE(WaitTokensSent(3));
+  ASSERT_NO_FATAL_FAILURE(WaitTokensAcknowledged(3));
   ASSERT_NO_FATAL_FAILURE(WaitBackedUp(4));
 
   // memd dies; the engine commits 2 tokens while it is away; the next memd takes the re-Hello with all 5.
   ASSERT_NO_FATAL_FAILURE(KillMemd());
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
   ASSERT_EQ(dhs_request_commit_tokens(w_, id, away, nullptr, 2), DHS_OK) << dhs_worker_errmsg(w_);
-  EXPECT_EQ(Stats()["tokens"]["sent"], 3);  // waits for the re-Hello
+  EXPECT_EQ(Stats()["tokens"]["acknowledged"], 3);  // waits for the re-Hello
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }, 10000));  // the re-Hello backs off
   ASSERT_EQ(Stats()["memd"]["returns"], 1) << Stats().dump();
-  EXPECT_EQ(Stats()["tokens"]["sent"], 5);  // in the report
+  EXPECT_EQ(Stats()["tokens"]["acknowledged"], 5);  // in the report
 
   // memd dies again and the engine gives up while it is down: the request stays interrupted at the next memd.
   ASSERT_NO_FATAL_FAILURE(NewEpoch(c));
@@ -843,7 +858,7 @@ TEST_F(LibdhsTest, TokenRecordsSurviveMemdAndEngineRestarts) {
   EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("5 tokens committed and 12 more"), std::string::npos)
       << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_request_commit_tokens(w_, resumed, more.data(), nullptr, 11), DHS_OK) << dhs_worker_errmsg(w_);
-  ASSERT_NO_FATAL_FAILURE(WaitTokensSent(11));
+  ASSERT_NO_FATAL_FAILURE(WaitTokensAcknowledged(11));
   // memd's record of the resumed request holds the 5 carried and the 11 new ones (a gap would have been refused):
   // seen by the next epoch once memd and the engine are gone again.
   ASSERT_NO_FATAL_FAILURE(NewEpoch(c));
@@ -854,6 +869,84 @@ TEST_F(LibdhsTest, TokenRecordsSurviveMemdAndEngineRestarts) {
   want.insert(want.end(), more.begin(), more.end() - 1);
   EXPECT_EQ(prompt_tokens, 64u);
   EXPECT_EQ(got, want);
+  ASSERT_NO_FATAL_FAILURE(DropInterruptedPool());
+}
+
+// Token records at memd's bound (review finding, 2026-12-03: a commit memd refused for its record bound was lost
+// from the record while the engine had been told OK, and every later commit was refused as a gap). The library
+// refuses, at the call, a commit that would pass memd's bound on one record (common/record_bounds.h: 4 MiB, 12 bytes
+// an engine token): 349525 tokens fill it exactly and memd acknowledges all of them (its own RequestRecord::bytes
+// agrees at the boundary); one more is RESOURCE_EXHAUSTED, nothing committed.
+TEST_F(LibdhsTest, TokenRecordsStopAtMemdsBound) {
+  constexpr uint32_t kFits = (uint64_t{4} << 20) / 12;  // 349525
+  constexpr uint64_t kMaxRows = 16 + kFits + 1;           // room for one token past the bound
+  // memd's host pool holds the context's pages (21848 of 2304 bytes: 50 MB) and M its index keys' (2731 pages).
+  ASSERT_NO_FATAL_FAILURE(StartMemd({}, static_cast<uint32_t>(kMaxRows / kP + 8)));
+  dhs_worker_config c = Config(dir_.path(), 2800);
+  c.mode = DHS_MODE_HISPARSE;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t id = SubmitGranted(16, kMaxRows);
+  ASSERT_EQ(Append(id, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<int32_t> tokens(kFits);
+  for (uint32_t i = 0; i < kFits; ++i) tokens[i] = static_cast<int32_t>(i * 2654435761u);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, id, tokens.data(), nullptr, kFits - 1), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_request_commit_tokens(w_, id, tokens.data(), nullptr, 2), DHS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("over memd's bound of 4194304"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, id, tokens.data() + kFits - 1, nullptr, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_request_commit_tokens(w_, id, tokens.data(), nullptr, 1), DHS_ERR_RESOURCE_EXHAUSTED);
+  ASSERT_NO_FATAL_FAILURE(WaitTokensAcknowledged(kFits));
+  EXPECT_EQ(Stats()["tokens"]["refused"], 0) << Stats().dump();
+  ASSERT_NO_FATAL_FAILURE(NewEpoch(c));
+  std::vector<int32_t> got(16 + kFits + 1);
+  size_t count = 0, total = 0, prompt_tokens = 0;
+  ASSERT_EQ(dhs_worker_resumable_tokens(w_, id, got.data(), got.size(), &count, &total, &prompt_tokens), DHS_OK)
+      << dhs_worker_errmsg(w_);
+  got.resize(count);
+  EXPECT_EQ(prompt_tokens, 0u);  // the submit gave no prompt tokens
+  EXPECT_EQ(got, tokens);
+  ASSERT_NO_FATAL_FAILURE(DropInterruptedPool());
+}
+
+// memd refuses one request's tokens in a message of several (its journal write fails: the request's record file is
+// made a directory, as a full or broken disk would fail it). memd's ErrorReply does not say whose entry it refused:
+// the library sends each request of the message again alone; the refused one keeps memd's reason (its later commits
+// are refused with it, FAILED_PRECONDITION), the other loses nothing (memd takes the equal resend).
+TEST_F(LibdhsTest, TokensMemdRefusesAreNotLostSilently) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(16));
+  const uint64_t a = SubmitGranted(16, 80), b = SubmitGranted(16, 80);
+  const int32_t first[] = {1, 2}, second[] = {3, 4, 5};
+  ASSERT_EQ(dhs_request_commit_tokens(w_, a, first, nullptr, 2), DHS_OK);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, b, first, nullptr, 2), DHS_OK);
+  ASSERT_NO_FATAL_FAILURE(WaitTokensAcknowledged(4));
+  char name[32];
+  std::snprintf(name, sizeof name, "/records/%016llx.rec", static_cast<unsigned long long>(a));
+  const std::string a_file = dir_.path() + name;
+  ASSERT_TRUE(std::filesystem::remove(a_file));
+  ASSERT_TRUE(std::filesystem::create_directory(a_file));  // memd's next append to a's record fails
+  // b's first token goes at once (nothing in flight); a's 3 and b's next 2 wait for its answer and then go in one
+  // TokensCommitted: refused; then each alone: a refused, b acknowledged.
+  ASSERT_EQ(dhs_request_commit_tokens(w_, b, second, nullptr, 1), DHS_OK);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, a, second, nullptr, 3), DHS_OK);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, b, second + 1, nullptr, 2), DHS_OK);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["tokens"]["records_refused"] == 1 &&
+                                                 Stats()["tokens"]["acknowledged"] == 7; }));
+  const nlohmann::json st = Stats()["tokens"];
+  EXPECT_EQ(st["records_refused"], 1) << st;
+  EXPECT_EQ(st["acknowledged"], 7) << st;  // b's 3, not a's
+  EXPECT_EQ(st["refused"], 2) << st;       // the message of both, then a's alone
+  const int32_t more = 6;
+  EXPECT_EQ(dhs_request_commit_tokens(w_, a, &more, nullptr, 1), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("memd refused its token record"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("holds the first 2 tokens"), std::string::npos)
+      << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, b, &more, nullptr, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(WaitTokensAcknowledged(8));
+  EXPECT_EQ(dhs_request_complete(w_, a), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+  std::filesystem::remove(a_file);
 }
 
 // The bytes of memd's host-pool segment for `run_dir` (memd/pool_segment.cc PoolSegmentName: "dhs-pool-" and the hex

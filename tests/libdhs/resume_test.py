@@ -64,7 +64,7 @@ def crash(run_dir) -> int:
     w.append(rid, 0, rows(0, INPUT), keys(0, INPUT))
     w.commit_tokens(rid, GENERATED, digests=[11, 22, 33, 44])
     deadline = time.monotonic() + 10
-    while (w.stats()["pages"]["backed_up"] < INPUT // P or w.stats()["tokens"]["sent"] < len(GENERATED) or
+    while (w.stats()["pages"]["backed_up"] < INPUT // P or w.stats()["tokens"]["acknowledged"] < len(GENERATED) or
            w.stats()["tokens"]["in_flight"]) and time.monotonic() < deadline:
         w.poll()
         time.sleep(0.002)
