@@ -314,10 +314,9 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   }
   const wire::RequestRecordT* interrupted_record = nullptr;  // a resume's record at memd (its tokens carry over)
   if (resume_of != 0) {
-    for (const auto& rec : memd_->interrupted_records()) {
-      if (rec != nullptr && rec->request == resume_of && rec->token_kind == wire::TokenKind::EngineIds) {
-        interrupted_record = rec.get();
-      }
+    interrupted_record = InterruptedRecord(resume_of);
+    if (interrupted_record != nullptr && interrupted_record->token_kind != wire::TokenKind::EngineIds) {
+      interrupted_record = nullptr;  // workerd's byte record: nothing an engine's tokens continue
     }
     if (interrupted_record != nullptr && interrupted_record->token_ids.size() > max_rows - input_rows) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -841,11 +840,18 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
     return absl::OutOfRangeError(absl::StrCat("request ", request, ": ", r.tokens.size(), " tokens committed and ",
                                               tokens.size(), " more would pass max_rows - input_rows = ", max_new));
   }
-  // memd's bound on one record (RequestRecord::bytes: prompt ids, tenant, prefix chain, 12 bytes a token): a commit
-  // it would refuse is refused here, while the engine still holds the tokens.
+  // memd's bound on one record (RecordBytes, the formula of memd's RequestRecord::bytes; memd fills the chain from
+  // the AdmitRequest's prefix chain): a commit it would refuse is refused here, while the engine still holds the
+  // tokens.
   const wire::RequestRecordT& record = *r.admit->record;
-  const uint64_t bytes = 4 * record.prompt_ids.size() + record.tenant.size() + 16 * r.admit->prefix_block_ids.size() +
-                         kEngineTokenRecordBytes * (r.tokens.size() + tokens.size());
+  const uint64_t bytes = RecordBytes({.prompt_bytes = record.prompt.size(),
+                                      .prompt_ids = record.prompt_ids.size(),
+                                      .hash_ids = record.hash_ids.size(),
+                                      .tenant_bytes = record.tenant.size(),
+                                      .chain_entries = r.admit->prefix_block_ids.size() +
+                                                       r.admit->prefix_block_digests.size(),
+                                      .tokens = r.tokens.size() + tokens.size(),
+                                      .engine_ids = true});
   if (bytes > kMaxRecordBytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "request ", request, ": ", tokens.size(), " more tokens would make its record ", bytes,
@@ -930,8 +936,7 @@ absl::StatusOr<EmbeddedWorker::RecordTokens> EmbeddedWorker::ResumableTokens(Req
   const bool known = std::any_of(listed.begin(), listed.end(), [&](const Resumable& r) {
     return r.request == interrupted;
   });
-  for (const auto& rec : memd_->interrupted_records()) {
-    if (!known || rec == nullptr || rec->request != interrupted) continue;
+  if (const wire::RequestRecordT* rec = known ? InterruptedRecord(interrupted) : nullptr; rec != nullptr) {
     if (rec->token_kind != wire::TokenKind::EngineIds) {
       return absl::FailedPreconditionError(absl::StrCat("request ", interrupted, "'s record holds the built-in "
                                                         "model's byte tokens (workerd's), not an engine's"));
@@ -947,15 +952,20 @@ std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   for (uint64_t id : memd_->interrupted_requests()) {
     if (not_resumable_.contains(id)) continue;  // ours, ended at the re-Hello (admitted again, or cancelled)
     Resumable r{id, 0, 0};
-    for (const auto& rec : memd_->interrupted_records()) {
-      if (rec != nullptr && rec->request == id) {
-        r.input_rows = rec->input_tokens;
-        r.max_rows = uint64_t{rec->input_tokens} + rec->max_new_tokens;
-      }
+    if (const wire::RequestRecordT* rec = InterruptedRecord(id); rec != nullptr) {
+      r.input_rows = rec->input_tokens;
+      r.max_rows = uint64_t{rec->input_tokens} + rec->max_new_tokens;
     }
     out.push_back(r);
   }
   return out;
+}
+
+const wire::RequestRecordT* EmbeddedWorker::InterruptedRecord(RequestId id) const {
+  for (const auto& rec : memd_->interrupted_records()) {
+    if (rec != nullptr && rec->request == id) return rec.get();
+  }
+  return nullptr;
 }
 
 std::string EmbeddedWorker::StatsJson() const {

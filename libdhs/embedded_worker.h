@@ -258,6 +258,8 @@ class EmbeddedWorker final : private MemdHandler {
   };
 
   EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)) {}
+  // memd's record of interrupted request `id` (HelloReply.interrupted_records), nullptr when it sent none.
+  const wire::RequestRecordT* InterruptedRecord(RequestId id) const;
   // The granted request `id`, or NOT_FOUND / FAILED_PRECONDITION naming it.
   absl::StatusOr<Request*> Granted(RequestId id);
   // Ends a granted request with `error` (its KV released, Complete to memd) and tells the engine (kFailed).

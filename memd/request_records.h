@@ -63,9 +63,15 @@ struct RequestRecord {
 
   // Bytes the record holds (the bounded quantity): prompt + 4 * prompt_ids + 8 * hash_ids + tenant + 16 * chain
   // blocks + (1 + 8) per Bytes token or (4 + 8) per EngineIds token (its wire and journal size, digest included).
+  // common/record_bounds.h's RecordBytes.
   uint64_t bytes() const {
-    return prompt.size() + 4 * prompt_ids.size() + 8 * hash_ids.size() + tenant.size() +
-           8 * (chain_ids.size() + chain_digests.size()) + bytes_per_token() * tokens.size();
+    return RecordBytes({.prompt_bytes = prompt.size(),
+                        .prompt_ids = prompt_ids.size(),
+                        .hash_ids = hash_ids.size(),
+                        .tenant_bytes = tenant.size(),
+                        .chain_entries = chain_ids.size() + chain_digests.size(),
+                        .tokens = tokens.size(),
+                        .engine_ids = token_kind == TokenKind::kEngineIds});
   }
   uint64_t bytes_per_token() const {
     return token_kind == TokenKind::kEngineIds ? kEngineTokenRecordBytes : kByteTokenRecordBytes;
