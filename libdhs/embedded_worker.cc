@@ -274,7 +274,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   w->stack_ = *std::move(stack);
   w->kv_ = w->stack_->hierarchical();
   w->agent_ = w->stack_->agent();
-  w->port_ = std::make_unique<KvPort>(w->kv_);
+  w->port_ = std::make_unique<KvPort>(w->stack_->port_store());
   return w;
 }
 

@@ -9,8 +9,8 @@
 
 namespace dhs::lib {
 
-KvPort::KvPort(HierarchicalKvAccess* kv) : kv_(kv) {
-  const KvConfig& c = kv_->layout().config();
+KvPort::KvPort(PortStore* store) : store_(store) {
+  const KvConfig& c = store_->config();
   groups_ = c.groups;
   group_of_.resize(c.row_bytes.size());
   for (uint32_t g = 0; g < groups_.size(); ++g) {
@@ -31,12 +31,12 @@ Position KvPort::Most(RequestId request) const {
 }
 
 absl::Status KvPort::CheckHeldRoom(RequestId request, Position first, uint32_t count) const {
-  const Position held_from = kv_->HoldFrom(request);
-  if (held_from < 0) return absl::OkStatus();
+  const Position held_from = store_->HoldFrom(request);
+  if (held_from < 0 || !store_->bounded_tail()) return absl::OkStatus();
   // A round's unverified rows complete no page until the commit, so the tail must hold them with the partial page
   // before them (workerd's K_max <= T - p + 1 rule, geometry.h): row t reuses the tail slot of row t - T, which
   // must lie in a page below the held one. Found by fuzz/libdhs_fuzz.cc (the KV store indexed a page it never grew).
-  const KvConfig& c = kv_->layout().config();
+  const KvConfig& c = store_->config();
   const Position limit = held_from / c.page_rows * c.page_rows + c.tail_rows;
   if (first + count > limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -52,7 +52,7 @@ absl::Status KvPort::AppendSource(RequestId request, SourceId source, Position f
   if (source >= sources()) {
     return absl::InvalidArgumentError(absl::StrCat("source ", source, " out of range (", sources(), " sources)"));
   }
-  const uint64_t row_bytes = kv_->layout().config().row_bytes[source];
+  const uint64_t row_bytes = store_->config().row_bytes[source];
   const Position held = Rows(request, source);
   if (first != held) {
     return absl::OutOfRangeError(absl::StrCat("request ", request, ": append of source ", source, " at position ",
@@ -69,17 +69,17 @@ absl::Status KvPort::AppendSource(RequestId request, SourceId source, Position f
   if (absl::Status s = CheckHeldRoom(request, first, count); !s.ok()) return s;
   // One run per page, as far as the tail lets this source run ahead (HierarchicalKvAccess::AppendRun: a row whose
   // tail slot still holds a page not complete and backed up is refused, the rows before it stay appended).
-  const Position p = kv_->layout().config().page_rows;
+  const Position p = store_->config().page_rows;
   for (Position t = first, last = first + count; t < last;) {
     const Position end = std::min(last, (t / p + 1) * p);
-    if (kv_->host_writes_paused() && !kv_->TailHasRoom(request, source, end - t)) {
+    if (store_->host_writes_paused() && !store_->TailHasRoom(request, source, end - t)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "request ", request, ": memd is away and the tail has no room for source ", source, "'s positions ", t,
           " .. ", end - 1, " without a host write",
           t > first ? absl::StrCat(" (", first, " .. ", t - 1, " were appended)") : "",
           "; poll and retry once memd is back"));
     }
-    const absl::Status st = kv_->AppendRun(request, source, t, static_cast<uint32_t>(end - t),
+    const absl::Status st = store_->kv().AppendRun(request, source, t, static_cast<uint32_t>(end - t),
                                            rows.subspan((t - first) * row_bytes, (end - t) * row_bytes));
     if (!st.ok()) {
       const Position after = Rows(request, source);
@@ -103,7 +103,7 @@ absl::Status KvPort::AppendSource(RequestId request, SourceId source, Position f
 
 absl::Status KvPort::AppendKeys(RequestId request, uint32_t indexer, Position first, uint32_t count,
                                 std::span<const uint8_t> keys) {
-  const KvConfig& c = kv_->layout().config();
+  const KvConfig& c = store_->config();
   if (indexer >= c.key_bytes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("indexer ", indexer, " out of range (", c.key_bytes.size(),
                                                    " indexers)"));
@@ -121,7 +121,7 @@ absl::Status KvPort::AppendKeys(RequestId request, uint32_t indexer, Position fi
   std::vector<float> k(keys.size() / sizeof(float));
   std::memcpy(k.data(), keys.data(), keys.size());
   // A page whose host copy a poll confirmed refuses them (FAILED_PRECONDITION), nothing written.
-  if (absl::Status s = kv_->StoreIndexKeys(request, indexer, first, k); !s.ok()) return s;
+  if (absl::Status s = store_->kv().StoreIndexKeys(request, indexer, first, k); !s.ok()) return s;
   counters_.keys_stored += count;
   return absl::OkStatus();
 }
@@ -143,7 +143,7 @@ absl::Status KvPort::Resolve(std::span<const SourceId> sources, std::span<Query>
         group, ", whose sources are [", absl::StrJoin(groups_[group], ", "), "]; a resolve names every source of "
         "one group once"));
   }
-  const uint32_t k = kv_->layout().config().k;
+  const uint32_t k = store_->config().k;
   auto unread = unread_.find(group);
   for (size_t i = 0; i < queries.size(); ++i) {
     const Query& q = queries[i];
@@ -178,7 +178,7 @@ absl::Status KvPort::Resolve(std::span<const SourceId> sources, std::span<Query>
   for (size_t i = 0; i < queries.size(); ++i) {
     batch[i] = KvQuery{queries[i].request, queries[i].selection, queries[i].rows_out, queries[i].at};
   }
-  if (absl::Status s = kv_->Fetch(sources, batch); !s.ok()) return s;
+  if (absl::Status s = store_->kv().Fetch(sources, batch); !s.ok()) return s;
   for (const Query& q : queries) unread_[group].insert(q.request);
   counters_.queries_resolved += queries.size();
   ++counters_.resolves;
@@ -191,7 +191,7 @@ absl::Status KvPort::ReadersDone(std::span<const SourceId> sources) {
       return absl::InvalidArgumentError(absl::StrCat("source ", s, " out of range (", this->sources(), " sources)"));
     }
   }
-  kv_->ReadersDone(sources);  // ends every group named
+  store_->kv().ReadersDone(sources);  // ends every group named
   for (SourceId s : sources) unread_.erase(group_of_[s]);
   return absl::OkStatus();
 }
@@ -207,7 +207,7 @@ std::vector<SourceId> KvPort::UnreadGroupsOf(RequestId request) const {
 void KvPort::EndAllReaders() {
   std::vector<SourceId> read;
   for (const auto& [group, requests] : unread_) read.push_back(groups_[group][0]);
-  kv_->ReadersDone(read);
+  store_->kv().ReadersDone(read);
   unread_.clear();
 }
 
@@ -227,7 +227,7 @@ std::vector<uint64_t> ChecksumsOf(std::span<const HostBackedPage> backed) {
 absl::StatusOr<std::vector<HostBackedPage>> KvPort::VerifyHostPages(RequestId request,
                                                                     std::vector<HostBackedPage> backed) {
   if (backed.empty()) return backed;
-  absl::StatusOr<std::vector<uint32_t>> bad = kv_->CheckHostCopies(request, PagesOf(backed), ChecksumsOf(backed));
+  absl::StatusOr<std::vector<uint32_t>> bad = store_->CheckHostCopies(request, PagesOf(backed), ChecksumsOf(backed));
   if (!bad.ok()) return bad.status();
   counters_.pages_verified += backed.size() - bad->size();
   counters_.pages_mismatched += bad->size();
@@ -238,14 +238,14 @@ absl::StatusOr<std::vector<HostBackedPage>> KvPort::VerifyHostPages(RequestId re
 }
 
 absl::Status KvPort::MakeHostReady(RequestId request, std::span<const HostBackedPage> backed) {
-  return kv_->ImportHostPages(request, PagesOf(backed), ChecksumsOf(backed));
+  return store_->ImportHostPages(request, PagesOf(backed), ChecksumsOf(backed));
 }
 
 absl::Status KvPort::ImportRows(RequestId request, uint32_t first, uint32_t count,
                                 std::vector<std::vector<float>>& keys_out) {
   if (count == 0) return absl::InvalidArgumentError(absl::StrCat("request ", request, ": an import of 0 pages"));
   // Every source at first * p rows and each page host-ready: the store's checks (ImportHostRows).
-  if (absl::Status s = kv_->ImportHostRows(request, first, count, keys_out); !s.ok()) return s;
+  if (absl::Status s = store_->ImportHostRows(request, first, count, keys_out); !s.ok()) return s;
   counters_.pages_imported += count;
   return absl::OkStatus();
 }
@@ -257,20 +257,20 @@ absl::Status KvPort::Hold(RequestId request, Position from, uint64_t max_rows) {
                                               max_rows > 0 ? absl::StrCat(", max_rows ", max_rows) : ", ...",
                                               "]"));
   }
-  if (absl::Status s = kv_->HoldUnverified(request, from); !s.ok()) return s;
+  if (absl::Status s = store_->kv().HoldUnverified(request, from); !s.ok()) return s;
   ++counters_.holds;
   return absl::OkStatus();
 }
 
 absl::Status KvPort::Commit(RequestId request, Position length) {
-  const Position held_from = kv_->HoldFrom(request);
+  const Position held_from = store_->HoldFrom(request);
   if (held_from < 0) return absl::FailedPreconditionError(absl::StrCat("request ", request, " holds no rows"));
   const Position fewest = Fewest(request);
   if (length < held_from || length > fewest) {
     return absl::OutOfRangeError(absl::StrCat("commit length ", length, ": must be in [held from ", held_from,
                                               ", rows every source holds ", fewest, "]"));
   }
-  if (absl::Status s = kv_->CommitVerified(request, length); !s.ok()) return s;
+  if (absl::Status s = store_->kv().CommitVerified(request, length); !s.ok()) return s;
   ++counters_.commits;
   return absl::OkStatus();
 }
@@ -287,7 +287,7 @@ absl::Status PortKvAccess::AppendRun(RequestId request, SourceId source, Positio
 
 absl::Status PortKvAccess::StoreIndexKeys(RequestId request, uint32_t indexer, Position first,
                                           std::span<const float> keys) {
-  const KvConfig& c = kv_->layout().config();
+  const KvConfig& c = *config_;
   if (c.key_bytes.empty()) return absl::OkStatus();  // no key regions (KvAccess: the store ignores them)
   if (indexer >= c.key_bytes.size() || (keys.size() * sizeof(float)) % c.key_bytes[indexer] != 0) {
     return kv_->StoreIndexKeys(request, indexer, first, keys);  // the store's INVALID_ARGUMENT

@@ -1,13 +1,13 @@
 // libdhs/kv_port.h: the KV data path of libdhs (issue 25), below the C ABI's argument checks and above the KV store:
 // what dhs_request_append_source / dhs_request_append_keys / dhs_resolve / dhs_readers_done / dhs_request_hold /
-// dhs_request_commit do, checked, over one HierarchicalKvAccess (tail, hot cache, ready map, host copies, the fused
-// resolver). Two callers use the same object: libdhs's EmbeddedWorker (an engine's calls), and workerd's Worker, whose
+// dhs_request_commit do, checked, over one PortStore: the HierarchicalKvAccess (tail, hot cache, ready map, host
+// copies, the fused resolver), or in workerd's resident mode its ResidentKvAccess (every row resident). Two callers use the same object: libdhs's EmbeddedWorker (an engine's calls), and workerd's Worker, whose
 // built-in model reaches the hierarchy only through a PortKvAccess over it (issue 25, "workerd uses it": every
 // exactness, resume, chaos and speculation test of workerd drives this path).
 //
 // Owns: only the readers outstanding per group (which requests a group's rows were resolved for since its last
 // ReadersDone). Every other fact it checks is the store's own (rows appended per source, the speculative hold): one
-// owner, read through HierarchicalKvAccess's accessors, so a release or a rebuild below it never leaves it stale.
+// owner, read through the store's accessors, so a release or a rebuild below it never leaves it stale.
 //
 // Rules it enforces (each a clear error, nothing changed, never a hang):
 //   - positions of one source arrive in order; a held round's rows fit the tail (workerd's K_max <= T - p + 1);
@@ -37,15 +37,74 @@
 
 namespace dhs::lib {
 
+// The store below a KvPort: the model's KvAccess, the facts the port's checks read (its shape, rows appended per
+// source, the speculative hold, the tail's room while host writes pause) and the host tier's imports. Two stores:
+// HierarchicalPortStore (below: tail, hot cache, ready map, host tier) and resident mode's (workerd/kv_stack.h:
+// every row resident, no tail bound, no host tier: its host calls answer FAILED_PRECONDITION).
+class PortStore {
+ public:
+  virtual ~PortStore() = default;
+  virtual KvAccess& kv() = 0;
+  // The shape: row_bytes per source, groups, key_bytes per indexer, page_rows, tail_rows, k.
+  virtual const KvConfig& config() const = 0;
+  // Rows `source` of `request` holds (0 for an unknown request); the speculative hold's `from` (-1: none).
+  virtual Position AppendedRows(RequestId request, SourceId source) const = 0;
+  virtual Position HoldFrom(RequestId request) const = 0;
+  // Whether a held round's rows must fit the tail (a store whose tail slots are reused: KvPort::CheckHeldRoom).
+  virtual bool bounded_tail() const = 0;
+  // Host writes paused (memd away) and whether `rows` more rows of `source` fit its tail without a host write.
+  virtual bool host_writes_paused() const = 0;
+  virtual bool TailHasRoom(RequestId request, SourceId source, Position rows) const = 0;
+  // The host tier (HierarchicalKvAccess's CheckHostCopies, ImportHostPages, ImportHostRows).
+  virtual absl::StatusOr<std::vector<uint32_t>> CheckHostCopies(RequestId request, std::span<const uint32_t> pages,
+                                                                std::span<const uint64_t> checksums) = 0;
+  virtual absl::Status ImportHostPages(RequestId request, std::span<const uint32_t> pages,
+                                       std::span<const uint64_t> checksums) = 0;
+  virtual absl::Status ImportHostRows(RequestId request, uint32_t first, uint32_t count,
+                                      std::vector<std::vector<float>>& keys_out) = 0;
+};
+
+// The hierarchical store as a KvPort sees it (`kv` must outlive it).
+class HierarchicalPortStore final : public PortStore {
+ public:
+  explicit HierarchicalPortStore(HierarchicalKvAccess* kv) : kv_(kv) {}
+  KvAccess& kv() override { return *kv_; }
+  const KvConfig& config() const override { return kv_->layout().config(); }
+  Position AppendedRows(RequestId request, SourceId source) const override {
+    return kv_->AppendedRows(request, source);
+  }
+  Position HoldFrom(RequestId request) const override { return kv_->HoldFrom(request); }
+  bool bounded_tail() const override { return true; }
+  bool host_writes_paused() const override { return kv_->host_writes_paused(); }
+  bool TailHasRoom(RequestId request, SourceId source, Position rows) const override {
+    return kv_->TailHasRoom(request, source, rows);
+  }
+  absl::StatusOr<std::vector<uint32_t>> CheckHostCopies(RequestId request, std::span<const uint32_t> pages,
+                                                        std::span<const uint64_t> checksums) override {
+    return kv_->CheckHostCopies(request, pages, checksums);
+  }
+  absl::Status ImportHostPages(RequestId request, std::span<const uint32_t> pages,
+                               std::span<const uint64_t> checksums) override {
+    return kv_->ImportHostPages(request, pages, checksums);
+  }
+  absl::Status ImportHostRows(RequestId request, uint32_t first, uint32_t count,
+                              std::vector<std::vector<float>>& keys_out) override {
+    return kv_->ImportHostRows(request, first, count, keys_out);
+  }
+
+ private:
+  HierarchicalKvAccess* kv_;
+};
+
 class KvPort {
  public:
-  // `kv` must outlive the port. The groups are the store's (KvConfig.groups).
-  explicit KvPort(HierarchicalKvAccess* kv);
+  // `store` must outlive the port. The groups are the store's (KvConfig.groups).
+  explicit KvPort(PortStore* store);
 
   uint32_t sources() const { return static_cast<uint32_t>(group_of_.size()); }
   uint32_t GroupOf(SourceId source) const { return group_of_[source]; }
   // The rows `source` of `request` holds; the fewest and the most over every source (0 for an unknown request).
-  Position Rows(RequestId request, SourceId source) const { return kv_->AppendedRows(request, source); }
+  Position Rows(RequestId request, SourceId source) const { return store_->AppendedRows(request, source); }
   Position Fewest(RequestId request) const;
   Position Most(RequestId request) const;
 
@@ -116,20 +175,20 @@ class KvPort {
   const Counters& counters() const { return counters_; }
 
  private:
-  HierarchicalKvAccess* kv_;
+  PortStore* store_;
   std::vector<uint32_t> group_of_;             // per source
   std::vector<std::vector<SourceId>> groups_;  // per group, its sources
   std::map<uint32_t, std::set<RequestId>> unread_;  // per group: requests resolved since its last ReadersDone
   Counters counters_;
 };
 
-// The model's KvAccess over a KvPort: workerd's Worker gives its model this instead of the HierarchicalKvAccess
-// itself, so the built-in model's appends, index keys, fetches, readers and speculative rounds are libdhs's data path.
+// The model's KvAccess over a KvPort: workerd's Worker gives its model this instead of the store itself (every mode), so the built-in model's appends, index keys, fetches, readers and speculative rounds are libdhs's data path.
 // Append / AppendRun -> AppendSource; StoreIndexKeys -> AppendKeys; Fetch -> Resolve (KvQuery.at kept); ReadersDone;
 // HoldUnverified / CommitVerified -> Hold / Commit; Release -> the store's (the agent releases through the store).
 class PortKvAccess final : public KvAccess {
  public:
-  PortKvAccess(KvPort* port, HierarchicalKvAccess* kv) : port_(port), kv_(kv) {}
+  // `port` and `store` (the port's) must outlive it.
+  PortKvAccess(KvPort* port, PortStore* store) : port_(port), kv_(&store->kv()), config_(&store->config()) {}
   absl::Status Append(RequestId request, SourceId source, Position position, std::span<const uint8_t> row) override;
   absl::Status AppendRun(RequestId request, SourceId source, Position first, uint32_t count,
                          std::span<const uint8_t> rows) override;
@@ -144,7 +203,8 @@ class PortKvAccess final : public KvAccess {
 
  private:
   KvPort* port_;
-  HierarchicalKvAccess* kv_;
+  KvAccess* kv_;
+  const KvConfig* config_;
 };
 
 }  // namespace dhs::lib

@@ -3,9 +3,45 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace dhs {
+
+namespace {
+// Resident mode's store as KvPort sees it: every row stays (no tail bound, host writes never pause), no host tier.
+class ResidentPortStore final : public lib::PortStore {
+ public:
+  ResidentPortStore(model::ResidentKvAccess* kv, KvConfig shape) : kv_(kv), shape_(std::move(shape)) {}
+  KvAccess& kv() override { return *kv_; }
+  const KvConfig& config() const override { return shape_; }
+  Position AppendedRows(RequestId request, SourceId source) const override {
+    return kv_->appended_rows(request, source);
+  }
+  Position HoldFrom(RequestId request) const override { return kv_->held_from(request); }
+  bool bounded_tail() const override { return false; }
+  bool host_writes_paused() const override { return false; }
+  bool TailHasRoom(RequestId, SourceId, Position) const override { return true; }
+  absl::StatusOr<std::vector<uint32_t>> CheckHostCopies(RequestId request, std::span<const uint32_t>,
+                                                        std::span<const uint64_t>) override {
+    return NoHostTier(request);
+  }
+  absl::Status ImportHostPages(RequestId request, std::span<const uint32_t>, std::span<const uint64_t>) override {
+    return NoHostTier(request);
+  }
+  absl::Status ImportHostRows(RequestId request, uint32_t, uint32_t, std::vector<std::vector<float>>&) override {
+    return NoHostTier(request);
+  }
+
+ private:
+  static absl::Status NoHostTier(RequestId request) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", request, ": resident mode has no host tier (no host-backed page to import)"));
+  }
+  model::ResidentKvAccess* kv_;
+  KvConfig shape_;
+};
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<KvStack>> KvStack::Hierarchical(const KvConfig& kv, Device* device,
                                                                std::span<uint8_t> host_pool, MemdLink* memd,
@@ -17,14 +53,16 @@ absl::StatusOr<std::unique_ptr<KvStack>> KvStack::Hierarchical(const KvConfig& k
   if (!hier.ok()) return hier.status();
   s->hier_ = hier->get();
   s->kv_ = *std::move(hier);
+  s->port_store_ = std::make_unique<lib::HierarchicalPortStore>(s->hier_);
   ResidencyAgentConfig agent{config.gpu, config.slots, config.adaptive, /*host_tier=*/true};
   s->agent_ = std::make_unique<ResidencyAgent>(agent, s->hier_, memd);
   return s;
 }
 
-std::unique_ptr<KvStack> KvStack::Resident(std::unique_ptr<KvAccess> kv, MemdLink* memd,
-                                           const KvStackConfig& config) {
+std::unique_ptr<KvStack> KvStack::Resident(std::unique_ptr<model::ResidentKvAccess> kv, const KvConfig& shape,
+                                           MemdLink* memd, const KvStackConfig& config) {
   std::unique_ptr<KvStack> s(new KvStack());
+  s->port_store_ = std::make_unique<ResidentPortStore>(kv.get(), shape);
   s->kv_ = std::move(kv);
   s->no_residency_ = std::make_unique<NoKvResidency>(s->kv_.get());
   ResidencyAgentConfig agent{config.gpu, config.slots, /*keep_optional=*/false, /*host_tier=*/false};

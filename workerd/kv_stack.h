@@ -20,6 +20,8 @@
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_access.h"
 #include "workerd/kv_residency.h"
+#include "workerd/model/resident_kv_access.h"
+#include "libdhs/kv_port.h"
 #include "workerd/memd_link.h"
 #include "workerd/residency_agent.h"
 
@@ -41,12 +43,18 @@ class KvStack {
                                                                std::span<uint8_t> host_pool, MemdLink* memd,
                                                                const KvStackConfig& config);
   // Resident mode: `kv` (every row resident; nothing moves: NoKvResidency) and the agent over it (no host tier).
-  static std::unique_ptr<KvStack> Resident(std::unique_ptr<KvAccess> kv, MemdLink* memd, const KvStackConfig& config);
+  // `shape`: the worker's KvConfig (row bytes per source, groups, key bytes, page rows, k), what KvPort checks
+  // against (its tail and hot-cache sizes are not used).
+  static std::unique_ptr<KvStack> Resident(std::unique_ptr<model::ResidentKvAccess> kv, const KvConfig& shape,
+                                           MemdLink* memd, const KvStackConfig& config);
   ~KvStack();
 
   KvAccess& kv() { return *kv_; }
   HierarchicalKvAccess* hierarchical() { return hier_; }  // nullptr in resident mode
   ResidencyAgent* agent() { return agent_.get(); }
+  // The store as libdhs's data path sees it (lib::KvPort; issue 25): lib::HierarchicalPortStore, or resident mode's
+  // (no tail bound, no host tier: its host imports answer FAILED_PRECONDITION).
+  lib::PortStore* port_store() { return port_store_.get(); }
 
   // memd died (the caller took the loss: MemdSession::TakeLoss, once per death): memd's orders are resolved here
   // (ResidencyAgent::EnterAway) and host writes pause (a new memd may not adopt a page written now).
@@ -61,6 +69,7 @@ class KvStack {
   std::unique_ptr<KvAccess> kv_;
   HierarchicalKvAccess* hier_ = nullptr;
   std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
+  std::unique_ptr<lib::PortStore> port_store_;
   std::unique_ptr<ResidencyAgent> agent_;      // declared last: destroyed first (it refers to the store)
 };
 

@@ -60,21 +60,22 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   const KvStackConfig stack{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive};
   if (config.mode == WorkerMode::kResident) {
     w->stack_ = KvStack::Resident(
-        model::ResidentKvAccess::ForModel(model->config(), config.hbm_budget_bytes, config.page_rows), memd, stack);
+        model::ResidentKvAccess::ForModel(model->config(), config.hbm_budget_bytes, config.page_rows),
+        w->geometry_.kv, memd, stack);
   } else {
     absl::StatusOr<std::unique_ptr<KvStack>> s = KvStack::Hierarchical(w->geometry_.kv, device, host_pool, memd, stack);
     if (!s.ok()) return s.status();
     w->stack_ = *std::move(s);
   }
-  w->kv_ = &w->stack_->kv();
   w->hier_ = w->stack_->hierarchical();
-  if (w->hier_ != nullptr) {  // the model's KV calls go through libdhs's data path (libdhs/kv_port.h)
-    w->port_ = std::make_unique<lib::KvPort>(w->hier_);
-    w->port_kv_ = std::make_unique<lib::PortKvAccess>(w->port_.get(), w->hier_);
-    w->kv_ = w->port_kv_.get();
-  }
+  // The model's KV calls go through libdhs's data path (libdhs/kv_port.h), in every mode.
+  w->port_ = std::make_unique<lib::KvPort>(w->stack_->port_store());
+  w->port_kv_ = std::make_unique<lib::PortKvAccess>(w->port_.get(), w->stack_->port_store());
+  w->kv_ = w->port_kv_.get();
   w->agent_ = w->stack_->agent();
-  w->resumes_ = std::make_unique<ResumeImporter>(model, w->port_.get(), config.page_rows);
+  // Resident mode imports nothing (no host tier): its ResumeImporter has no port.
+  w->resumes_ = std::make_unique<ResumeImporter>(model, w->hier_ != nullptr ? w->port_.get() : nullptr,
+                                                 config.page_rows);
   absl::StatusOr<std::unique_ptr<SpeculativeRounds>> rounds = SpeculativeRounds::Create(model, config, w->geometry_);
   if (!rounds.ok()) return rounds.status();
   w->rounds_ = *std::move(rounds);

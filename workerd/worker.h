@@ -161,8 +161,8 @@ class Worker final : public Submitter, private RequestEnds {
   // arenas allocated at start (brief §6: M_stage = χ * N * K_max * k * d_KV, K_max = --block;
   // WorkerGeometry::staging_bytes; 0 without: speculation off, --staging-arenas 0), WorkerStatsReply.staging_bytes.
   HierarchicalKvAccess* hierarchical() { return hier_; }
-  // Test/introspection: libdhs's data path the model's KV calls go through (libdhs/kv_port.h), nullptr in resident
-  // mode.
+  // Test/introspection: libdhs's data path the model's KV calls go through (libdhs/kv_port.h), in every mode (resident
+  // mode's store is KvStack's resident PortStore: no tail bound, no host tier).
   const lib::KvPort* kv_port() const { return port_.get(); }
 
  private:
@@ -212,9 +212,9 @@ class Worker final : public Submitter, private RequestEnds {
   // The KV store, its residency and the ResidencyAgent (workerd/kv_stack.h: the one wiring libdhs's EmbeddedWorker
   // uses too); kv_, hier_ (nullptr in resident mode) and agent_ point into it.
   std::unique_ptr<KvStack> stack_;
-  // Hierarchical modes: the model reaches the store only through libdhs's data path (issue 25, "workerd uses it"):
-  // kv_ is port_kv_, a PortKvAccess over port_ (libdhs/kv_port.h, the object behind dhs_request_append_source,
-  // dhs_resolve, dhs_readers_done, dhs_request_hold / commit). Resident mode: kv_ is the stack's ResidentKvAccess.
+  // Every mode: the model reaches the store only through libdhs's data path (issue 25, "workerd uses it"): kv_ is
+  // port_kv_, a PortKvAccess over port_ (libdhs/kv_port.h, the object behind dhs_request_append_source, dhs_resolve,
+  // dhs_readers_done, dhs_request_hold / commit) over the stack's PortStore (hierarchical, or resident mode's).
   std::unique_ptr<lib::KvPort> port_;
   std::unique_ptr<lib::PortKvAccess> port_kv_;
   KvAccess* kv_ = nullptr;

@@ -82,8 +82,9 @@ void BM_Direct(benchmark::State& state, bool through_port) {
   c.key_bytes.assign(kIdx, kKey);
   auto kv = dhs::HierarchicalKvAccess::Create(c, &device, pool, dhs::ResolverKind::kFused);
   DHS_CHECK_OK(kv.status());
-  dhs::lib::KvPort port(kv->get());
-  dhs::lib::PortKvAccess port_kv(&port, kv->get());
+  dhs::lib::HierarchicalPortStore store(kv->get());
+  dhs::lib::KvPort port(&store);
+  dhs::lib::PortKvAccess port_kv(&port, &store);
   dhs::KvAccess* a = through_port ? static_cast<dhs::KvAccess*>(&port_kv) : kv->get();
   const std::vector<uint8_t>& rows = RowBytes();
   const std::vector<float>& keys = Keys();

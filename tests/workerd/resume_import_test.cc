@@ -81,7 +81,8 @@ TEST(ResumeImporter, ImportsTheRunsOfMatchingPagesAndRecomputesTheRest) {
   Harness h(s.g.kv, 12);  // the restarted worker's store over the same host pool
   std::copy(s.host.begin(), s.host.end(), h.host.begin());
   ASSERT_TRUE(h.kv->PlanResidency(1, 0, s.plan, {}).ok());
-  lib::KvPort port(h.kv.get());  // libdhs's data path over the store, as the Worker wires it
+  lib::HierarchicalPortStore store(h.kv.get());
+  lib::KvPort port(&store);  // libdhs's data path over the store, as the Worker wires it
   ResumeImporter importer(s.m.get(), &port, kPageRows);
   ResumeState state;
   const auto t0 = std::chrono::steady_clock::now();
@@ -151,7 +152,8 @@ TEST(ResumeImporter, ARebuildCountsTheImportedRowsRecomputedAndKeepsTheRunsLeft)
   Harness h(s.g.kv, 12);
   std::copy(s.host.begin(), s.host.end(), h.host.begin());
   ASSERT_TRUE(h.kv->PlanResidency(1, 0, s.plan, {}).ok());
-  lib::KvPort port(h.kv.get());  // libdhs's data path over the store, as the Worker wires it
+  lib::HierarchicalPortStore store(h.kv.get());
+  lib::KvPort port(&store);  // libdhs's data path over the store, as the Worker wires it
   ResumeImporter importer(s.m.get(), &port, kPageRows);
   ResumeState state;
   ResumeImporter::Start(state, std::chrono::steady_clock::now());

@@ -41,6 +41,11 @@ class ResidentKvAccess final : public KvAccess {
 
   // Rows appended so far for (request, source); 0 for an unknown request.
   Position appended_rows(RequestId request, SourceId source) const;
+  // HoldUnverified's `from` until CommitVerified (or Release); -1 when `request` holds no round.
+  Position held_from(RequestId request) const {
+    auto it = held_.find(request);
+    return it == held_.end() ? kNoPosition : it->second;
+  }
   size_t free_pages() const { return free_pages_.size(); }
   size_t total_pages() const { return total_pages_; }
 
