@@ -423,7 +423,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
 
 absl::Status EmbeddedWorker::Poll() {
   MemdClient::Load load;
-  for (const auto& [id, r] : requests_) load.active_requests += r.phase == EmbeddedPhase::kGranted ? 1 : 0;
+  for (const auto& [id, r] : requests_) load.active_requests += HoldsGrant(r.phase) ? 1 : 0;
   load.pending_copies = agent_->pending_orders();
   while (!port_->ReadersOutstanding() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
     auto order = std::move(deferred_orders_.front());
@@ -462,7 +462,7 @@ void EmbeddedWorker::EnterAway() {
 wire::HelloT EmbeddedWorker::ReHello() const {
   wire::HelloT hello = hello_;
   for (const auto& [id, r] : requests_) {
-    if (r.phase != EmbeddedPhase::kGranted) continue;  // its AdmitRequest goes again
+    if (!HoldsGrant(r.phase)) continue;  // its AdmitRequest goes again
     std::unique_ptr<wire::ReportedRequestT> rep = agent_->Report(id);
     if (rep == nullptr) continue;
     rep->complete_pages = r.admit->complete_pages;
@@ -484,10 +484,10 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
   for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
     auto it = requests_.find(reply.refused_reports[i]);
-    if (it == requests_.end() || it->second.phase != EmbeddedPhase::kGranted) continue;
+    if (it == requests_.end() || !HoldsGrant(it->second.phase)) continue;
     const std::string why = i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "";
     agent_->Forget(it->first);
-    const bool ending = it->second.ending;
+    const bool ending = it->second.phase == EmbeddedPhase::kEnding;
     const RequestId id = it->first;
     requests_.erase(it);
     ++counters_.reports_refused;
@@ -500,7 +500,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   }
   std::set<RequestId> adopted;
   for (const auto& [id, r] : requests_) {
-    if (r.phase == EmbeddedPhase::kGranted) adopted.insert(id);
+    if (HoldsGrant(r.phase)) adopted.insert(id);
   }
   stack_->ReturnFromAway(adopted);  // the agent adopts them, host writes resume
   for (RequestId id : adopted) {     // memd took their records with the report: every token is there
@@ -512,7 +512,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   // The ends deferred while away.
   std::vector<RequestId> ending;
   for (const auto& [id, r] : requests_) {
-    if (r.ending) ending.push_back(id);
+    if (r.phase == EmbeddedPhase::kEnding) ending.push_back(id);
   }
   for (RequestId id : ending) {
     agent_->EndRequest(id);
@@ -524,7 +524,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   // workerd's AdmissionDesk::ResumeInterrupted does; the others stay resumable (dhs_worker_list_resumable).
   for (uint64_t id : reply.interrupted_requests) {
     auto it = requests_.find(id);
-    const bool waiting_here = it != requests_.end() && it->second.phase != EmbeddedPhase::kGranted;
+    const bool waiting_here = it != requests_.end() && !HoldsGrant(it->second.phase);
     if (!waiting_here && !ended_waiting_.contains(id)) continue;
     wire::CompleteT done;
     done.request = id;
@@ -537,7 +537,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   // The admissions not granted yet go again (the new memd knows none of them; one sent while away was dropped).
   ended_waiting_.clear();  // their Completes went to the dead memd, or were sent just now
   for (auto& [id, r] : requests_) {
-    if (r.phase == EmbeddedPhase::kGranted) continue;
+    if (HoldsGrant(r.phase)) continue;  // (the ending ones ended above)
     if (r.phase == EmbeddedPhase::kQueued) {
       DHS_CHECK_OK(TransitionEmbedded(r.phase, EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting));
     }
@@ -553,7 +553,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
 
 absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
   auto it = requests_.find(id);
-  if (it == requests_.end() || it->second.ending) {
+  if (it == requests_.end() || it->second.phase == EmbeddedPhase::kEnding) {
     return absl::NotFoundError(absl::StrCat("request ", id, " is not open on this worker"));
   }
   if (it->second.phase != EmbeddedPhase::kGranted) {
@@ -568,8 +568,8 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   // A failed request ends now: the readers of its rows are ended first (its end would wait for them for ever), with
   // those of every request resolved on the same groups (the readers' unit is a group).
   const std::vector<SourceId> read = port_->UnreadGroupsOf(id);
-  if (it->second.phase == EmbeddedPhase::kGranted && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
-  if (it->second.phase == EmbeddedPhase::kGranted) agent_->EndRequest(id);  // copies end, KV released, Complete
+  if (HoldsGrant(it->second.phase) && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
+  if (HoldsGrant(it->second.phase)) agent_->EndRequest(id);  // copies end, KV released, Complete
   requests_.erase(it);
   ++counters_.failed;
   events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
@@ -775,7 +775,7 @@ absl::Status EmbeddedWorker::Commit(RequestId request, Position length) {
 
 absl::Status EmbeddedWorker::Complete(RequestId request) {
   auto it = requests_.find(request);
-  if (it == requests_.end() || it->second.ending) {
+  if (it == requests_.end() || it->second.phase == EmbeddedPhase::kEnding) {
     return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
   }
   if (it->second.phase == EmbeddedPhase::kGranted) {
@@ -789,7 +789,7 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   }
   if (it->second.phase == EmbeddedPhase::kGranted && memd_->away()) {
     // memd away: no Complete can go; the request is reported in the re-Hello and ended after it (Return).
-    it->second.ending = true;
+    DHS_CHECK_OK(TransitionEmbedded(it->second.phase, EmbeddedPhase::kGranted, EmbeddedPhase::kEnding));
     ++counters_.completed;
     return absl::OkStatus();
   }
@@ -871,7 +871,7 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
 void EmbeddedWorker::SendTokens() {
   if (memd_->away() || !tokens_in_flight_.empty()) return;  // the re-Hello's report carries them; or one in flight
   const auto behind = [&](RequestId id, const Request& r) {
-    return r.phase == EmbeddedPhase::kGranted && !r.ending && r.record_error.ok() && r.tokens_acked < r.tokens.size();
+    return r.phase == EmbeddedPhase::kGranted && r.record_error.ok() && r.tokens_acked < r.tokens.size();
   };
   while (!probe_.empty()) {  // after a refused message: one request per message until each is answered alone
     auto it = requests_.find(probe_.front());
@@ -972,7 +972,7 @@ std::string EmbeddedWorker::StatsJson() const {
   const Census c = kv_->TotalCensus();
   const ResidencyStats& a = agent_->stats();
   uint64_t granted = 0, waiting = 0;
-  for (const auto& [id, r] : requests_) (r.phase == EmbeddedPhase::kGranted ? granted : waiting) += 1;
+  for (const auto& [id, r] : requests_) (HoldsGrant(r.phase) ? granted : waiting) += 1;
   nlohmann::json j = {
       {"gpu", config_.gpu},
       {"mode", std::string(WorkerModeName(config_.mode))},
@@ -1013,7 +1013,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     return;
   }
   Request& r = it->second;
-  if (r.phase == EmbeddedPhase::kGranted) return;  // a second grant breaks the contract: ignored
+  if (HoldsGrant(r.phase)) return;  // a second grant breaks the contract: ignored
   if (absl::Status s = agent_->OnGrant(m, r.max_rows / config_.page_rows); !s.ok()) {
     agent_->EndRequest(m.request);
     requests_.erase(it);
@@ -1073,7 +1073,7 @@ void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
 
 void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
   auto it = requests_.find(m.request);
-  if (it == requests_.end() || it->second.phase == EmbeddedPhase::kGranted) return;  // a reject after a grant: ignored
+  if (it == requests_.end() || HoldsGrant(it->second.phase)) return;  // a reject after a grant: ignored
   absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
   requests_.erase(it);

@@ -5,7 +5,7 @@
 // ResidencyAgent (memd's orders carried out: reclaim, population, backups; memd away's KV half). The engine sees requests and events, never a memd order.
 //
 // Owns: the device, the memd connection, the KV store, the agent, each request's EmbeddedPhase (one enum, one table,
-// one validating TransitionEmbedded(): waiting / queued / granted) with its declared rows (its KV through KvPort), and the
+// one validating TransitionEmbedded(): waiting / queued / granted / ending) with its declared rows (its KV through KvPort), and the
 // events for the engine. dhs.cc is the thin C wrapper (argument checks of the C structs, handles, messages).
 //
 // Thread-safety: none; dhs.cc serialises the calls on one worker with its mutex.
@@ -80,16 +80,23 @@ struct RegionLayout {
 //   kWaiting  AdmitRequest sent, no answer yet
 //   kQueued   memd answered AdmitWait
 //   kGranted  AdmitGrant taken: rows may be appended and resolved
+//   kEnding   completed by the engine while memd was away: it still holds its grant (reported in the re-Hello, adopted)
+//             and ends after the re-Hello (Return); the engine sees it closed
 // A request leaves the table (erased) when it completes, fails or is rejected.
-enum class EmbeddedPhase : uint8_t { kWaiting, kQueued, kGranted };
+enum class EmbeddedPhase : uint8_t { kWaiting, kQueued, kGranted, kEnding };
 inline constexpr std::pair<EmbeddedPhase, EmbeddedPhase> kEmbeddedTransitions[] = {
     {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued},   // AdmitWait
     {EmbeddedPhase::kWaiting, EmbeddedPhase::kGranted},  // AdmitGrant
     {EmbeddedPhase::kQueued, EmbeddedPhase::kGranted},   // AdmitGrant after waiting
     {EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting},   // memd restarted: the admission goes again (re-Hello)
+    {EmbeddedPhase::kGranted, EmbeddedPhase::kEnding},   // completed while memd is away
 };
 // Errors: FAILED_PRECONDITION when `phase` is not `from` or the move is not in the table (`phase` unchanged).
 absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to);
+// Whether a request in `phase` holds memd's grant (its slot, pages and KV): kGranted, kEnding.
+inline bool HoldsGrant(EmbeddedPhase phase) {
+  return phase == EmbeddedPhase::kGranted || phase == EmbeddedPhase::kEnding;
+}
 
 // What a submit names for prefix sharing (issue 24; dhs_request_desc's ABI 1.1 fields): the spans are the caller's,
 // read during Submit only.
@@ -245,7 +252,6 @@ class EmbeddedWorker final : private MemdHandler {
     // The granted host-backed pages that matched their checksums (a resume's, or shared prefix pages), ascending, all
     // host-ready: ImportRows and ImportPlan work on them (empty: no import allowed).
     std::vector<HostBackedPage> host_backed;
-    bool ending = false;       // completed by the engine while memd was away: ended after the re-Hello
     uint32_t slot = 0;         // AdmitGrant.slot (its hot cache and tail region)
     // Its generated tokens (CommitTokens; a resume's start with the interrupted record's) and their logits digests;
     // the first tokens_acked of them are in memd's record (a TokensCommitted memd answered, its AdmitRequest or a

@@ -12,7 +12,8 @@ namespace dhs::lib {
 namespace {
 
 TEST(EmbeddedPhase, OnlyTheTableMoves) {
-  const EmbeddedPhase all[] = {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued, EmbeddedPhase::kGranted};
+  const EmbeddedPhase all[] = {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued, EmbeddedPhase::kGranted,
+                               EmbeddedPhase::kEnding};
   int allowed = 0;
   for (EmbeddedPhase from : all) {
     for (EmbeddedPhase to : all) {
@@ -25,7 +26,10 @@ TEST(EmbeddedPhase, OnlyTheTableMoves) {
       allowed += listed ? 1 : 0;
     }
   }
-  EXPECT_EQ(allowed, 4);  // waiting -> queued, waiting -> granted, queued -> granted, queued -> waiting (re-Hello)
+  // waiting -> queued, waiting -> granted, queued -> granted, queued -> waiting (re-Hello), granted -> ending (completed
+  // while memd is away); nothing leaves kEnding but the request's erasure.
+  EXPECT_EQ(allowed, 5);
+  for (EmbeddedPhase p : all) EXPECT_EQ(HoldsGrant(p), p == EmbeddedPhase::kGranted || p == EmbeddedPhase::kEnding);
   // A move named from the wrong current phase is refused too.
   EmbeddedPhase phase = EmbeddedPhase::kGranted;
   EXPECT_FALSE(TransitionEmbedded(phase, EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued).ok());
