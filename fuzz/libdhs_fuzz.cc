@@ -130,8 +130,9 @@ int Check(dhs_worker* w, int rc, const char* call) {
     std::fprintf(stderr, "%s failed with %s and no message\n", call, dhs_status_name(rc));
     std::abort();
   }
-  if (std::getenv("DHS_FUZZ_TRACE") != nullptr && rc != DHS_OK) {
-    std::printf("%s: %s: %s\n", call, dhs_status_name(rc), w != nullptr ? dhs_worker_errmsg(w) : "");
+  // DHS_FUZZ_TRACE=1: every call that failed; =all: every call (unbuffered, for a replay that crashes).
+  if (const char* trace = std::getenv("DHS_FUZZ_TRACE"); trace != nullptr && (rc != DHS_OK || trace == std::string("all"))) {
+    std::fprintf(stderr, "%s: %s: %s\n", call, dhs_status_name(rc), w != nullptr ? dhs_worker_errmsg(w) : "");
   }
   auto& count = g_counts[call];
   (rc == DHS_OK ? count.first : count.second) += 1;
@@ -334,6 +335,10 @@ struct Session {
         Check(w, dhs_worker_stats_json(w, buf.empty() ? nullptr : buf.data(), buf.size(),
                                        in.Below(16) == 0 ? nullptr : &need),
               "stats");
+        // ABI 1.6: a request's timeline (a known id, or any), into a buffer of any size.
+        Check(w, dhs_request_timeline_json(w, PickRequest(), buf.empty() ? nullptr : buf.data(), buf.size(),
+                                           in.Below(16) == 0 ? nullptr : &need),
+              "timeline");
         break;
       }
       case 9: {

@@ -88,6 +88,23 @@ int Guard(dhs_worker* w, const char* what, Body body) {
   }
 }
 
+// A NUL-terminated text (`text()`) into the caller's buf of `capacity` bytes; *needed = its bytes with the NUL.
+// Errors: INVALID_ARGUMENT (needed NULL, or buf NULL with a capacity), RESOURCE_EXHAUSTED (capacity below *needed:
+// nothing written but *needed).
+template <typename Text>
+int CopyText(dhs_worker* w, const char* what, char* buf, size_t capacity, size_t* needed, Text text) {
+  if (needed == nullptr || (buf == nullptr && capacity > 0)) {
+    return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat(what, ": needed or buf is NULL"));
+  }
+  const std::string s = text();
+  *needed = s.size() + 1;
+  if (capacity < *needed) {
+    return Fail(w, DHS_ERR_RESOURCE_EXHAUSTED, absl::StrCat(what, ": ", *needed, " bytes needed, capacity ", capacity));
+  }
+  std::memcpy(buf, s.c_str(), s.size() + 1);
+  return Done(w, absl::OkStatus());
+}
+
 // A versioned struct: non-null and of this header's size.
 template <typename T>
 int CheckStruct(dhs_worker* w, const T* p, const char* name) {
@@ -558,17 +575,13 @@ int dhs_request_import_plan(dhs_worker* w, uint64_t request, uint64_t tokens, dh
 
 int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed) {
   return Guard(w, "dhs_worker_stats_json", [&](EmbeddedWorker& e) {
-    if (needed == nullptr || (buf == nullptr && capacity > 0)) {
-      return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_stats_json: needed or buf is NULL");
-    }
-    const std::string text = e.StatsJson();
-    *needed = text.size() + 1;
-    if (capacity < *needed) {
-      return Fail(w, DHS_ERR_RESOURCE_EXHAUSTED, absl::StrCat("dhs_worker_stats_json: ", *needed,
-                                                              " bytes needed, capacity ", capacity));
-    }
-    std::memcpy(buf, text.c_str(), text.size() + 1);
-    return Done(w, absl::OkStatus());
+    return CopyText(w, "dhs_worker_stats_json", buf, capacity, needed, [&] { return e.StatsJson(); });
+  });
+}
+
+int dhs_request_timeline_json(dhs_worker* w, uint64_t request, char* buf, size_t capacity, size_t* needed) {
+  return Guard(w, "dhs_request_timeline_json", [&](EmbeddedWorker& e) {
+    return CopyText(w, "dhs_request_timeline_json", buf, capacity, needed, [&] { return e.TimelineJson(request); });
   });
 }
 

@@ -416,6 +416,10 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     r.digests = admit.record->logits_digests;
     r.tokens_acked = r.tokens.size();
   }
+  r.resumed = r.tokens.size();
+  r.submitted = std::chrono::steady_clock::now();
+  recorder_.Submitted(id, id, prefix.session, r.submitted, r.resumed,
+                      resume_of != 0 ? absl::StrCat("resume of ", resume_of) : "");
   r.admit = std::make_shared<const wire::AdmitRequestT>(std::move(admit));
   requests_.emplace(id, std::move(r));
   return id;
@@ -489,13 +493,14 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     agent_->Forget(it->first);
     const bool ending = it->second.phase == EmbeddedPhase::kEnding;
     const RequestId id = it->first;
+    const absl::Status error = absl::AbortedError(
+        absl::StrCat("memd restarted and refused the request's report: ", why, " (dhs_worker_list_resumable may list it)"));
+    if (!ending) RecordEnd(id, it->second, error, /*refused=*/true);  // an ending one's end was recorded at Complete
     requests_.erase(it);
     ++counters_.reports_refused;
     if (!ending) {
       ++counters_.failed;
-      events_.push_back(Event(EmbeddedEvent::kFailed, id,
-                              absl::AbortedError(absl::StrCat("memd restarted and refused the request's report: ", why,
-                                                              " (dhs_worker_list_resumable may list it)"))));
+      events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
     }
   }
   std::set<RequestId> adopted;
@@ -570,6 +575,7 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   const std::vector<SourceId> read = port_->UnreadGroupsOf(id);
   if (HoldsGrant(it->second.phase) && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
   if (HoldsGrant(it->second.phase)) agent_->EndRequest(id);  // copies end, KV released, Complete
+  if (it->second.phase != EmbeddedPhase::kEnding) RecordEnd(id, it->second, error);
   requests_.erase(it);
   ++counters_.failed;
   events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
@@ -790,12 +796,14 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   if (it->second.phase == EmbeddedPhase::kGranted && memd_->away()) {
     // memd away: no Complete can go; the request is reported in the re-Hello and ended after it (Return).
     DHS_CHECK_OK(TransitionEmbedded(it->second.phase, EmbeddedPhase::kGranted, EmbeddedPhase::kEnding));
+    RecordEnd(request, it->second, absl::OkStatus());
     ++counters_.completed;
     return absl::OkStatus();
   }
   if (it->second.phase == EmbeddedPhase::kWaiting || it->second.phase == EmbeddedPhase::kQueued) {
     if (memd_->away()) {  // its admission goes nowhere now and is not sent again (Return ends it at memd if needed)
       ended_waiting_.insert(request);
+      RecordEnd(request, it->second, absl::OkStatus());
       requests_.erase(it);
       ++counters_.completed;
       return absl::OkStatus();
@@ -813,6 +821,7 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
     }
     ended_waiting_.insert(request);
   }
+  RecordEnd(request, it->second, absl::OkStatus());
   requests_.erase(it);
   ++counters_.completed;
   return absl::OkStatus();
@@ -856,6 +865,14 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
     return absl::ResourceExhaustedError(absl::StrCat(
         "request ", request, ": ", tokens.size(), " more tokens would make its record ", bytes,
         " bytes, over memd's bound of ", kMaxRecordBytes, " (", r.tokens.size(), " tokens committed)"));
+  }
+  // The recorder: the first token after those it started with is its first (TTFT from its Submit); each later one a
+  // TPOT from the one before (the tokens of one call come at once: a speculative round's accepted prefix).
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const bool first = r.tokens.size() + i == r.resumed;
+    recorder_.Token(request, first, first ? r.submitted : r.last_token, now);
+    r.last_token = now;
   }
   r.tokens.insert(r.tokens.end(), tokens.begin(), tokens.end());
   if (digests.empty()) {
@@ -961,6 +978,15 @@ std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   return out;
 }
 
+void EmbeddedWorker::RecordEnd(RequestId id, const Request& r, const absl::Status& error, bool refused) {
+  const auto now = std::chrono::steady_clock::now();
+  if (refused) {
+    recorder_.Refused(id, r.tokens.size(), error, now);
+  } else {
+    recorder_.Ended(id, r.tokens.size(), error, now);
+  }
+}
+
 const wire::RequestRecordT* EmbeddedWorker::InterruptedRecord(RequestId id) const {
   for (const auto& rec : memd_->interrupted_records()) {
     if (rec != nullptr && rec->request == id) return rec.get();
@@ -1000,6 +1026,16 @@ std::string EmbeddedWorker::StatsJson() const {
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},
   };
+  // workerd's recorder (WorkerStatsReply's histograms): per-bucket counts (not cumulative), the last one above every
+  // bound; failures by reason (the status code's name in lower case).
+  const WorkerStats& rec = recorder_.stats();
+  const auto histogram = [](const LatencyHistogram& h) {
+    return nlohmann::json{{"count", h.count}, {"sum", h.sum_us}, {"bounds", h.bounds_us}, {"counts", h.counts}};
+  };
+  j["latency_us"] = {{"admission_wait", histogram(rec.admission_wait)}, {"ttft", histogram(rec.ttft)},
+                     {"tpot", histogram(rec.tpot)}};
+  j["requests"]["ended"] = rec.finished_requests;
+  j["requests"]["failures"] = rec.failures;
   return j.dump();
 }
 
@@ -1016,6 +1052,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   if (HoldsGrant(r.phase)) return;  // a second grant breaks the contract: ignored
   if (absl::Status s = agent_->OnGrant(m, r.max_rows / config_.page_rows); !s.ok()) {
     agent_->EndRequest(m.request);
+    RecordEnd(m.request, r, s);
     requests_.erase(it);
     ++counters_.failed;
     events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
@@ -1038,6 +1075,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     if (s.ok()) s = port_->MakeHostReady(m.request, *backed);
     if (!s.ok()) {
       agent_->EndRequest(m.request);
+      RecordEnd(m.request, r, s);
       requests_.erase(it);
       ++counters_.failed;
       events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
@@ -1056,6 +1094,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     counters_.shared_pages_granted += granted.shared_pages;
   }
   DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
+  recorder_.Granted(r.submitted, std::chrono::steady_clock::now());
   ++counters_.granted;
   events_.push_back(std::move(granted));
 }
@@ -1076,6 +1115,7 @@ void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
   if (it == requests_.end() || HoldsGrant(it->second.phase)) return;  // a reject after a grant: ignored
   absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
+  RecordEnd(m.request, it->second, error);
   requests_.erase(it);
   ++counters_.rejected;
   events_.push_back(Event(EmbeddedEvent::kRejected, m.request, error));

@@ -32,6 +32,7 @@
 #include "workerd/memd_client.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving_mode.h"
+#include "workerd/worker_stats.h"
 
 namespace dhs::lib {
 
@@ -242,6 +243,8 @@ class EmbeddedWorker final : private MemdHandler {
   struct RecordTokens { std::vector<uint32_t> prompt, generated; };
   absl::StatusOr<RecordTokens> ResumableTokens(RequestId interrupted) const;
   std::string StatsJson() const;
+  // The timelines kept under request id `request` (WorkerRecorder::TimelineJson; dhs_request_timeline_json).
+  std::string TimelineJson(RequestId request) const { return recorder_.TimelineJson(request); }
 
  private:
   struct Request {
@@ -261,9 +264,16 @@ class EmbeddedWorker final : private MemdHandler {
     size_t tokens_acked = 0;
     absl::Status record_error;
     std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)
+    // The recorder's times (workerd's WorkerRecorder): its Submit, its previous committed token; resumed: the
+    // tokens it started with (a resume's carried tokens): the first committed after them is its first token (TTFT).
+    std::chrono::steady_clock::time_point submitted, last_token;
+    size_t resumed = 0;
   };
 
-  EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)) {}
+  EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)), recorder_(config_.gpu) {}
+  // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`; `refused`: its report
+  // was refused after a re-Hello). The caller erases it and counts it.
+  void RecordEnd(RequestId id, const Request& r, const absl::Status& error, bool refused = false);
   // memd's record of interrupted request `id` (HelloReply.interrupted_records), nullptr when it sent none.
   const wire::RequestRecordT* InterruptedRecord(RequestId id) const;
   // The granted request `id`, or NOT_FOUND / FAILED_PRECONDITION naming it.
@@ -309,6 +319,9 @@ class EmbeddedWorker final : private MemdHandler {
   HierarchicalKvAccess* kv_ = nullptr;
   ResidencyAgent* agent_ = nullptr;
   std::map<RequestId, Request> requests_;
+  // Latency histograms (admission wait, TTFT and TPOT from the engine's committed tokens), failures by reason and the
+  // request timelines: workerd's WorkerRecorder, fed the same events (submit, grant, a token, an end).
+  WorkerRecorder recorder_{0};
   std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   uint64_t next_request_ = 1;

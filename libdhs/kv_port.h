@@ -162,8 +162,8 @@ class KvPort {
 
   // Speculative rounds (brief §6): rows at positions >= from appended from now on are unverified; from >= the most
   // rows a source holds (max_rows > 0 bounds it). Commit keeps positions < length on every source (held from <=
-  // length <= the fewest rows a source holds). Errors: OUT_OF_RANGE, FAILED_PRECONDITION (commit without a hold);
-  // the store's errors.
+  // length <= the fewest rows a source holds). Errors: OUT_OF_RANGE, FAILED_PRECONDITION (commit without a hold,
+  // hold while one is held); the store's errors.
   absl::Status Hold(RequestId request, Position from, uint64_t max_rows = 0);
   absl::Status Commit(RequestId request, Position length);
 

@@ -105,8 +105,11 @@ class KvAccess {
   // anchor's row at n_r is always kept). CommitVerified: the round is
   // verified: rows at positions >= `length` (>= the held `from`) are dropped on every source, the hold ends, and the
   // pages now complete below `length` are completed as an Append would have (backup or kept copy scheduled).
+  // One round at a time: a hold while one is held is refused (its `from` would pass held rows, whose pages would then
+  // never be completed).
   // Errors: NOT_FOUND (unknown request), INVALID_ARGUMENT (`from` / `length` out of range: below the rows that are
-  // already immutable, or above the appended length), FAILED_PRECONDITION (CommitVerified without a hold),
+  // already immutable, or above the appended length), FAILED_PRECONDITION (CommitVerified without a hold,
+  // HoldUnverified while one is held),
   // UNIMPLEMENTED (a store that cannot drop rows: the default).
   virtual absl::Status HoldUnverified(RequestId request, Position from) {
     (void)request, (void)from;

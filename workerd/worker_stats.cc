@@ -34,22 +34,19 @@ std::string FailureReason(const absl::Status& error) {
   return name;
 }
 
-void WorkerRecorder::Submitted(const WorkerRequest& r, uint64_t client_identity, std::string detail) {
-  timelines_.Open(r.id, r.client_id, client_identity, gpu_, EpochOfNodeRequestId(r.id));
-  timelines_.Add(r.id, TimelineEntry{NowMicros(r.times.submitted), TimelineEvent::kSubmitted,
-                                     static_cast<uint64_t>(r.out.resumed), std::move(detail), ""});
+void WorkerRecorder::Submitted(RequestId id, RequestId client_id, uint64_t client_identity, TimePoint submitted,
+                               uint64_t resumed_tokens, std::string detail) {
+  timelines_.Open(id, client_id, client_identity, gpu_, EpochOfNodeRequestId(id));
+  timelines_.Add(id, TimelineEntry{NowMicros(submitted), TimelineEvent::kSubmitted, resumed_tokens,
+                                   std::move(detail), ""});
 }
 
-void WorkerRecorder::Granted(const WorkerRequest& r) {
-  stats_.admission_wait.Observe(MicrosSince(r.times.submitted, r.times.granted));
-}
-
-void WorkerRecorder::Token(const WorkerRequest& r, std::chrono::steady_clock::time_point now) {
-  if (r.out.generated.size() == static_cast<size_t>(r.out.resumed)) {  // its first token (a resume: its first new one)
-    stats_.ttft.Observe(MicrosSince(r.times.submitted, now));
-    timelines_.Add(r.id, TimelineEntry{NowMicros(now), TimelineEvent::kFirstToken, 0, "", ""});
+void WorkerRecorder::Token(RequestId id, bool first, TimePoint since, TimePoint now) {
+  if (first) {  // its first token (a resume: its first new one)
+    stats_.ttft.Observe(MicrosSince(since, now));
+    timelines_.Add(id, TimelineEntry{NowMicros(now), TimelineEvent::kFirstToken, 0, "", ""});
   } else {
-    stats_.tpot.Observe(MicrosSince(r.times.last_token, now));
+    stats_.tpot.Observe(MicrosSince(since, now));
   }
   ++stats_.tokens_generated;
 }

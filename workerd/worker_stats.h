@@ -113,15 +113,29 @@ class WorkerRecorder {
 
   // The plain counters the rooms count themselves (submits refused, memd aways, requests resumed, ...).
   WorkerStats& counts() { return stats_; }
+  const WorkerStats& stats() const { return stats_; }
 
-  // Request r entered the worker (Submit, or a Resume: `detail` says of what; its out.resumed tokens were committed
-  // before): its timeline opens with kSubmitted at r.times.submitted. `client_identity`: SubmitRequest.client.
-  void Submitted(const WorkerRequest& r, uint64_t client_identity, std::string detail);
-  // r's AdmitGrant came at r.times.granted: the admission-wait histogram.
-  void Granted(const WorkerRequest& r);
-  // r produces a token at `now`, before it is appended to r.out: its first (a resume: its first new one) goes to the
-  // TTFT histogram and its timeline (kFirstToken), a later one to the TPOT histogram (since r.times.last_token).
-  void Token(const WorkerRequest& r, std::chrono::steady_clock::time_point now);
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // Request `id` (client id `client_id`, client identity `client_identity`: SubmitRequest.client, an engine's session)
+  // entered the worker at `submitted` (a Submit, or a Resume: `detail` says of what; `resumed_tokens` were committed
+  // before it): its timeline opens with kSubmitted. libdhs's EmbeddedWorker calls it too (an engine's request).
+  void Submitted(RequestId id, RequestId client_id, uint64_t client_identity, TimePoint submitted,
+                 uint64_t resumed_tokens, std::string detail);
+  // Its AdmitGrant came at `granted`: the admission-wait histogram.
+  void Granted(TimePoint submitted, TimePoint granted) { stats_.admission_wait.Observe(MicrosSince(submitted, granted)); }
+  // Request `id` produces a token at `now`: its first (`first`; a resume: its first new one; `since` = its submit)
+  // goes to the TTFT histogram and its timeline (kFirstToken), a later one (`since` = its previous token) to TPOT.
+  void Token(RequestId id, bool first, TimePoint since, TimePoint now);
+  // The same for workerd's WorkerRequest r (r.times; Token before the token is appended to r.out).
+  void Submitted(const WorkerRequest& r, uint64_t client_identity, std::string detail) {
+    Submitted(r.id, r.client_id, client_identity, r.times.submitted, static_cast<uint64_t>(r.out.resumed),
+              std::move(detail));
+  }
+  void Granted(const WorkerRequest& r) { Granted(r.times.submitted, r.times.granted); }
+  void Token(const WorkerRequest& r, TimePoint now) {
+    const bool first = r.out.generated.size() == static_cast<size_t>(r.out.resumed);
+    Token(r.id, first, first ? r.times.submitted : r.times.last_token, now);
+  }
   // Request `id` ended (finished, or failed with `error`) after `tokens` tokens at `now`: finished_requests, a
   // failure by reason, its timeline's kEnd.
   void Ended(RequestId id, uint64_t tokens, const absl::Status& error, std::chrono::steady_clock::time_point now);

@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 5
+#define DHS_ABI_MINOR 6
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -350,7 +350,8 @@ DHS_EXPORT int dhs_readers_done(dhs_worker* w, const uint32_t* sources, uint32_t
 
 /* Speculative rounds (brief §6): rows at positions >= from appended from now on are unverified (no backup, never
  * kept); `from` >= every source's appended rows. Commit keeps positions < length and drops the rest on every source;
- * every source must hold the kept rows (length <= the fewest rows a source holds). Errors: NOT_FOUND,
+ * every source must hold the kept rows (length <= the fewest rows a source holds). One round at a time: a hold while
+ * one is held is FAILED_PRECONDITION (commit it first), as is a commit without a hold. Errors: NOT_FOUND,
  * FAILED_PRECONDITION, OUT_OF_RANGE. */
 DHS_EXPORT int dhs_request_hold(dhs_worker* w, uint64_t request, int64_t from);
 DHS_EXPORT int dhs_request_commit(dhs_worker* w, uint64_t request, int64_t length);
@@ -426,9 +427,24 @@ DHS_EXPORT int dhs_request_import_plan(dhs_worker* w, uint64_t request, uint64_t
 /* Statistics as one JSON object, NUL-terminated, into buf (capacity bytes): requests (open, granted, completed,
  * failed), the census (direct / hot / host rows, bytes recovered), pages (kept, backed up, populated, reclaimed),
  * host_backed (ABI 1.4: granted host-backed pages verified against their checksums, mismatched, imported).
+ * ABI 1.6, workerd's own latency figures for the engine's requests (its WorkerRecorder, fed the same events):
+ * latency_us.admission_wait (submit to grant), latency_us.ttft (submit, or a resume's submit, to the first token
+ * committed with dhs_request_commit_tokens after those it started with) and latency_us.tpot (between consecutive
+ * committed tokens; the tokens of one call count 0 after the first), each {count, sum (us), bounds (us, ascending),
+ * counts (per bucket, not cumulative; the last above every bound)}; requests.ended (completed, failed or rejected)
+ * and requests.failures (ended with an error, by the status code's name in lower case: "aborted", ...).
  * *needed = bytes the text takes with its NUL. Errors: INVALID_ARGUMENT (null), RESOURCE_EXHAUSTED (capacity below
  * *needed: nothing written but *needed). */
 DHS_EXPORT int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed);
+
+/* ABI 1.6: the timeline of request `request` (workerd's `dhsctl request` timelines, common/request_timeline.h) as a
+ * JSON object {"timelines": [...]}: one timeline per request this worker kept under that id (the latest 1024
+ * requests), each {request, client_request, client (the submit's session), gpu, epoch, ended, events_dropped, events:
+ * [{at_us (CLOCK_MONOTONIC), event ("submitted", "first_token", "end"), pages (submitted: tokens it resumed with;
+ * end: tokens committed), detail ("resume of N"; end: "ok" or the error), source ("worker/<gpu>")}]}; "timelines" is
+ * empty for an id it keeps none of.
+ * Buffer as dhs_worker_stats_json. Errors: INVALID_ARGUMENT (null), RESOURCE_EXHAUSTED (capacity below *needed). */
+DHS_EXPORT int dhs_request_timeline_json(dhs_worker* w, uint64_t request, char* buf, size_t capacity, size_t* needed);
 
 #ifdef __cplusplus
 }  /* extern "C" */

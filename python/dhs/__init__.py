@@ -21,7 +21,7 @@ import ctypes
 import json
 import os
 
-ABI_MAJOR, ABI_MINOR = 1, 5
+ABI_MAJOR, ABI_MINOR = 1, 6
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 MODE_HISPARSE, MODE_ADAPTIVE = 1, 2
 BACKEND_CPU, BACKEND_CUDA = 1, 2
@@ -144,6 +144,7 @@ def library() -> ctypes.CDLL:
         "dhs_request_commit": (ctypes.c_int, [P, u64, i64]),
         "dhs_request_complete": (ctypes.c_int, [P, u64]),
         "dhs_worker_stats_json": (ctypes.c_int, [P, ctypes.c_char_p, sz, ctypes.POINTER(sz)]),
+        "dhs_request_timeline_json": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.c_char_p, sz, ctypes.POINTER(sz)]),
         "dhs_request_commit_tokens": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int32),
                                                      ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint32]),
         "dhs_worker_resumable_tokens": (ctypes.c_int, [P, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int32), sz,
@@ -406,12 +407,20 @@ class Worker:
         self._check(self._lib.dhs_request_import(self._h, request, first_page, pages, keys.ctypes.data, keys.nbytes))
         return keys
 
-    def stats(self) -> dict:
+    def _json(self, call, *args) -> dict:
         need = ctypes.c_size_t()
         buf = ctypes.create_string_buffer(4096)
-        rc = self._lib.dhs_worker_stats_json(self._h, buf, len(buf), ctypes.byref(need))
+        rc = call(self._h, *args, buf, len(buf), ctypes.byref(need))
         if rc != 0 and need.value > len(buf):
             buf = ctypes.create_string_buffer(need.value)
-            rc = self._lib.dhs_worker_stats_json(self._h, buf, len(buf), ctypes.byref(need))
+            rc = call(self._h, *args, buf, len(buf), ctypes.byref(need))
         self._check(rc)
         return json.loads(buf.value.decode())
+
+    def stats(self) -> dict:
+        """dhs_worker_stats_json: census, pages, tokens, (ABI 1.6) latency_us histograms and failures by reason."""
+        return self._json(self._lib.dhs_worker_stats_json)
+
+    def timeline(self, request: int) -> dict:
+        """ABI 1.6 (dhs_request_timeline_json): {"source", "timelines": [{..., "events": [...]}]} of `request`."""
+        return self._json(self._lib.dhs_request_timeline_json, request)

@@ -204,6 +204,7 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
             st = state[rid]
             nxt = model.next_token(st["tokens"][-1], lambda layer: rows[rid][layer])
             st["out"].append(nxt)
+            w.commit_tokens(rid, [nxt])  # memd's record of the request (ABI 1.5); TTFT / TPOT (ABI 1.6)
             tokens_made += 1
             if len(st["out"]) == st["n_out"]:
                 outputs[st["i"]] = st["out"]
@@ -275,6 +276,7 @@ def speculative_step(model: Model, w, pool, state, batch, outputs, width: int, r
         w.commit(rid, n + 1 + accepted)  # the anchor's row and the accepted drafts' rows stay
         emitted = y[: accepted + 1]
         st["out"].extend(emitted)
+        w.commit_tokens(rid, emitted)
         st["tokens"].extend(qtok[1: accepted + 1])
         st["keys"].extend(model.rows_and_key(d)[1] for d in qtok[1: accepted + 1])
         made += len(emitted)
@@ -316,6 +318,10 @@ def main() -> int:
     print(f"reclaim events {reclaims}; census {stats['census']}; pages {stats['pages']}")
     if a.speculate:
         print(f"speculation: {stats['rounds']}; staging {stats['staging']}")
+    lat = stats["latency_us"]  # ABI 1.6: the library's recorder over the tokens committed
+    mean = {h: lat[h]["sum"] / max(1, lat[h]["count"]) for h in ("admission_wait", "ttft", "tpot")}
+    print(f"latency (library's figures, mean): admission wait {mean['admission_wait']:.0f} us, TTFT "
+          f"{mean['ttft']:.0f} us, TPOT {mean['tpot']:.0f} us")
     exact = got == want
     print("outputs equal to the resident loop:", "yes" if exact else "NO")
     if not exact:
@@ -326,6 +332,10 @@ def main() -> int:
     if a.speculate and (stats["staging"]["rows"] == 0 or stats["rounds"]["accepted"] == 0 or
                         stats["rounds"]["accepted"] == stats["rounds"]["drafted"]):
         print("speculation: no row was staged, or no draft was accepted / rejected")
+        return 1
+    if lat["ttft"]["count"] != len(reqs) or lat["tpot"]["count"] != n_tokens - len(reqs):
+        print(f"the library's TTFT / TPOT counts {lat['ttft']['count']} / {lat['tpot']['count']} are not one first "
+              f"token per request and one TPOT per later token ({len(reqs)} / {n_tokens - len(reqs)})")
         return 1
     if stats["pages"]["reclaimed"] == 0 or stats["census"]["host"] == 0:
         print("no reclaim or no host recovery happened: the budget did not force reclaims")

@@ -253,10 +253,18 @@ class LibdhsTest : public ::testing::Test {
     ASSERT_FALSE(Stats()["tokens"]["in_flight"].get<bool>());
   }
   nlohmann::json Stats() {
-    char buf[4096];
+    return Json([&](char* buf, size_t cap, size_t* need) { return dhs_worker_stats_json(w_, buf, cap, need); });
+  }
+  nlohmann::json Timeline(uint64_t id) {
+    return Json([&](char* buf, size_t cap, size_t* need) { return dhs_request_timeline_json(w_, id, buf, cap, need); });
+  }
+  // dhs_worker_stats_json, dhs_request_timeline_json: asked for the size first, then the text.
+  nlohmann::json Json(const std::function<int(char*, size_t, size_t*)>& call) {
     size_t need = 0;
-    EXPECT_EQ(dhs_worker_stats_json(w_, buf, sizeof buf, &need), DHS_OK);
-    return nlohmann::json::parse(buf);
+    EXPECT_EQ(call(nullptr, 0, &need), DHS_ERR_RESOURCE_EXHAUSTED);
+    std::vector<char> buf(need);
+    EXPECT_EQ(call(buf.data(), buf.size(), &need), DHS_OK) << dhs_worker_errmsg(w_);
+    return nlohmann::json::parse(buf.data());
   }
 
   ScopedRunDir dir_;
@@ -564,6 +572,24 @@ TEST_F(LibdhsTest, HeldRowsBeyondTheTailAreRefused) {
   ASSERT_EQ(dhs_request_commit(w_, id, 20), DHS_OK) << dhs_worker_errmsg(w_);  // 16 .. 19 kept
   ASSERT_EQ(Append(id, 20, 40), DHS_OK) << dhs_worker_errmsg(w_);              // 20 .. 59: pages complete again
   ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 15, 16, 19, 20, 33, 47, 59}));
+}
+
+// One round at a time (found when the fuzz target's corpus replayed a new call sequence, 2026-12-03): a second hold
+// moved the held `from` past held rows, so their pages were never completed, and the next append reusing their tail
+// slot read a page the store never grew (SIGSEGV). Now the second hold is refused, nothing changed; the commit
+// completes the pages, the tail slots are reused, and every row reads back.
+TEST_F(LibdhsTest, ASecondHoldIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(8));
+  const uint64_t id = SubmitGranted(16, 80);
+  ASSERT_EQ(dhs_request_hold(w_, id, 0), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(id, 0, 32), DHS_OK) << dhs_worker_errmsg(w_);  // pages 0 and 1 held: not completed
+  EXPECT_EQ(dhs_request_hold(w_, id, 33), DHS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("holds a round from 0"), std::string::npos) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(Append(id, 32, 2), DHS_ERR_RESOURCE_EXHAUSTED);  // still held: row 32 would reuse row 0's tail slot
+  ASSERT_EQ(dhs_request_commit(w_, id, 32), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(id, 32, 32), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 15, 16, 31, 32, 47, 48, 63}));
 }
 
 // Staging arenas (ABI 1.5; brief §6 "Staging"): a held speculative round of K_max = 8 queries, each selecting 8 rows
@@ -1110,6 +1136,65 @@ TEST_F(LibdhsTest, CompleteThenCloseEndsTheRequestAtMemd) {
 }
 
 // A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
+// ABI 1.6: workerd's recorder over the engine's events. A request submitted, granted, its tokens committed in two
+// calls (2, then 3) and completed gives one admission wait, one TTFT (its first token), four TPOTs (the second token
+// of the first call and the three of the second; those after the first of a call are 0 us apart); a request memd
+// rejects (its max_rows beyond the host pool) ends as a failure by reason; each histogram's counts sum to its count,
+// and the timelines say submitted, first_token and end with the tokens committed.
+TEST_F(LibdhsTest, LatencyFiguresAndTimelinesFollowTheEnginesEvents) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd({}, 64));
+  ASSERT_NO_FATAL_FAILURE(Open(8));
+  const uint64_t id = SubmitGranted(16, 40);
+  ASSERT_EQ(Append(id, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  const int32_t first[] = {7, 8}, second[] = {9, 10, 11};
+  ASSERT_EQ(dhs_request_commit_tokens(w_, id, first, nullptr, 2), DHS_OK) << dhs_worker_errmsg(w_);
+  ::poll(nullptr, 0, 20);  // the second call comes later: its first token's TPOT is at least 20 ms
+  ASSERT_EQ(dhs_request_commit_tokens(w_, id, second, nullptr, 3), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK);
+  // 100000 rows need 6250 pages of 16 rows; memd's host pool has 64: memd rejects it.
+  dhs_request_desc big = Desc(16, 100000);
+  uint64_t rejected = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &big, &rejected), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, static_cast<uint32_t>(DHS_EVENT_REJECTED)) << ev[0].message;
+
+  const nlohmann::json st = Stats();
+  const nlohmann::json& lat = st["latency_us"];
+  EXPECT_EQ(lat["admission_wait"]["count"], 1);
+  EXPECT_EQ(lat["ttft"]["count"], 1);
+  EXPECT_EQ(lat["tpot"]["count"], 4);
+  EXPECT_GE(lat["tpot"]["sum"].get<uint64_t>(), 20000u);  // the pause between the two calls
+  for (const char* h : {"admission_wait", "ttft", "tpot"}) {
+    const nlohmann::json& x = lat[h];
+    ASSERT_EQ(x["counts"].size(), x["bounds"].size() + 1) << h;
+    uint64_t n = 0;
+    for (const auto& c : x["counts"]) n += c.get<uint64_t>();
+    EXPECT_EQ(n, x["count"].get<uint64_t>()) << h;
+  }
+  EXPECT_EQ(st["requests"]["ended"], 2);
+  EXPECT_EQ(st["requests"]["rejected"], 1);
+  ASSERT_EQ(st["requests"]["failures"].size(), 1u) << st["requests"].dump();
+  EXPECT_EQ(st["requests"]["failures"].begin().value(), 1);
+
+  const nlohmann::json tl = Timeline(id);
+  ASSERT_EQ(tl["timelines"].size(), 1u) << tl.dump();
+  const nlohmann::json& events = tl["timelines"][0]["events"];
+  ASSERT_EQ(events.size(), 3u) << tl.dump();
+  EXPECT_EQ(events[0]["event"], "submitted");
+  EXPECT_EQ(events[1]["event"], "first_token");
+  EXPECT_EQ(events[2]["event"], "end");
+  EXPECT_EQ(events[2]["pages"], 5);  // tokens committed
+  EXPECT_EQ(events[2]["detail"], "ok");
+  const nlohmann::json tr = Timeline(rejected);
+  ASSERT_EQ(tr["timelines"].size(), 1u);
+  EXPECT_NE(tr["timelines"][0]["events"].back()["detail"].get<std::string>(), "ok");
+  EXPECT_TRUE(Timeline(12345)["timelines"].empty());
+  size_t need = 0;
+  EXPECT_EQ(dhs_request_timeline_json(w_, id, nullptr, 0, nullptr), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(dhs_request_timeline_json(nullptr, id, nullptr, 0, &need), DHS_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(LibdhsTest, CompleteWhileWaiting) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   ASSERT_NO_FATAL_FAILURE(Open(8));

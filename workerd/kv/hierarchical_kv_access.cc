@@ -1326,6 +1326,13 @@ absl::Status HierarchicalKvAccess::HoldUnverified(RequestId request, Position fr
   auto it = requests_.find(request);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("KV: unknown request ", request));
   RequestKv& kv = *it->second;
+  if (kv.hold_from != INT64_MAX) {
+    // A second hold would move `from` past held rows: the pages they complete would never be completed (no backup),
+    // and the tail slots of their rows never freed (found by the libFuzzer target's corpus: an append then read a page
+    // that was never grown).
+    return absl::FailedPreconditionError(absl::StrCat("KV: request ", request, " holds a round from ", kv.hold_from,
+                                                      " already; commit it before the next hold"));
+  }
   const Position n = *std::max_element(kv.appended.begin(), kv.appended.end());
   if (from < n) {
     return absl::InvalidArgumentError(

@@ -199,7 +199,8 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // completed at Append; CommitVerified drops rows >= length on every source (tail only: they were never backed up
   // nor kept), ends the hold and completes the pages now whole below `length` (backup into the planned host page, or
   // the kept device->device copy in adaptive mode), in page order. Errors: as KvAccess; INVALID_ARGUMENT for a `from`
-  // below a source's appended rows or a `length` outside [from, appended].
+  // below a source's appended rows or a `length` outside [from, appended]; FAILED_PRECONDITION for a hold while one
+  // is held (KvAccess: one round at a time).
   absl::Status HoldUnverified(RequestId request, Position from) override;
   absl::Status CommitVerified(RequestId request, Position length) override;
 

@@ -102,6 +102,10 @@ absl::Status ResidentKvAccess::HoldUnverified(RequestId request, Position from) 
                                                      " below its ", s.rows, " appended rows"));
     }
   }
+  if (auto held = held_.find(request); held != held_.end()) {  // one round at a time (KvAccess), as every store
+    return absl::FailedPreconditionError(absl::StrCat("resident kv: request ", request, " holds a round from ",
+                                                      held->second, " already; commit it before the next hold"));
+  }
   held_[request] = from;
   return absl::OkStatus();
 }
