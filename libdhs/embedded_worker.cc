@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/protocol.h"
 #include "common/record_bounds.h"
+#include "workerd/admission_shape.h"
 #include "common/status.h"
 #include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
@@ -335,9 +336,6 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     }
   }
   const RequestId id = MakeNodeRequestId(config_.gpu, memd_->worker_epoch(), next_request_);
-  wire::AdmitRequestT admit;
-  admit.request = id;
-  admit.gpu = config_.gpu;
   SessionPagesInput in;
   in.page_rows = config_.page_rows;
   in.page_bytes = page_bytes();
@@ -351,22 +349,22 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: max_rows ", max_rows, " needs ", required,
                                                    " required pages"));
   }
-  admit.required_pages = static_cast<uint32_t>(required);
-  admit.staging_bytes = in.slot_staging_bytes;  // inside required_pages, rounded as memd checks (CheckShare)
-  admit.staging_pages = static_cast<uint32_t>(CeilDiv(in.slot_staging_bytes, in.page_bytes));
-  admit.history_rows = max_rows;
-  admit.complete_pages =
-      config_.mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(input_rows / config_.page_rows) : 0;
-  admit.optional_history = config_.mode == WorkerMode::kAdaptive;
-  for (SourceId s = 0; s < config_.sources; ++s) {
-    auto info = std::make_unique<wire::RequestSourceInfoT>();
-    info->source = s;
-    info->history_rows = max_rows;
-    info->complete_pages = admit.complete_pages;
-    admit.sources.push_back(std::move(info));
-  }
-  admit.host_backed = resume_of != 0;  // memd hands the interrupted request's kept host pages over
-  admit.resume_of = resume_of;
+  // The shape, as workerd's AdmissionDesk declares it (workerd/admission_shape.h); a resume: memd hands the
+  // interrupted request's kept host pages over.
+  wire::AdmitRequestT admit = AdmitRequestOf(AdmissionShape{
+      .request = id,
+      .gpu = config_.gpu,
+      .mode = config_.mode,
+      .sources = config_.sources,
+      .page_rows = config_.page_rows,
+      .required_pages = static_cast<uint32_t>(required),
+      .history_rows = max_rows,
+      .prompt_rows = input_rows,
+      // inside required_pages, rounded as memd checks (CheckShare)
+      .staging_pages = static_cast<uint32_t>(CeilDiv(in.slot_staging_bytes, in.page_bytes)),
+      .staging_bytes = in.slot_staging_bytes,
+      .resume_of = resume_of,
+  });
   if (max_rows > input_rows) {  // memd keeps a record with its sizes (a record needs max_new_tokens > 0)
     admit.record = std::make_unique<wire::RequestRecordT>();
     admit.record->request = id;
@@ -467,17 +465,15 @@ wire::HelloT EmbeddedWorker::ReHello() const {
   wire::HelloT hello = hello_;
   for (const auto& [id, r] : requests_) {
     if (!HoldsGrant(r.phase)) continue;  // its AdmitRequest goes again
-    std::unique_ptr<wire::ReportedRequestT> rep = agent_->Report(id);
-    if (rep == nullptr) continue;
-    rep->complete_pages = r.admit->complete_pages;
-    rep->optional_history = r.admit->optional_history;
-    rep->staging_pages = r.admit->staging_pages;  // the speculation share its AdmitRequest declared
-    rep->staging_bytes = r.admit->staging_bytes;
+    std::unique_ptr<wire::RequestRecordT> record;
     if (r.admit->record != nullptr) {  // with every token committed (those memd never got too)
-      rep->record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
-      rep->record->token_ids = r.tokens;
-      rep->record->logits_digests = r.digests;
+      record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
+      record->token_ids = r.tokens;
+      record->logits_digests = r.digests;
     }
+    // What its AdmitRequest declared (workerd/admission_shape.h, as workerd's MemdAway reports).
+    std::unique_ptr<wire::ReportedRequestT> rep = ReportOf(agent_->Report(id), *r.admit, std::move(record));
+    if (rep == nullptr) continue;
     hello.report.push_back(std::move(rep));
   }
   return hello;

@@ -14,29 +14,27 @@
 
 namespace dhs {
 
-absl::Status AdmissionDesk::SendAdmit(const WorkerRequest& r) {
+wire::AdmitRequestT AdmissionDesk::AdmissionOf(const WorkerRequest& r) const {
   const WorkerConfig& config = *p_.config;
   // A resumed input holds its committed tokens.
   const uint64_t ctx = r.input.size() - r.out.resumed + r.max_new;
   const model::ModelConfig& mc = p_.model->config();
-  wire::AdmitRequestT admit;
-  admit.request = r.id;
-  admit.gpu = config.gpu;
-  admit.required_pages = RequiredPages(mc, *p_.geometry, config.mode, ctx);  // the speculation share included
-  SetSpeculationShare(*p_.geometry, admit);
-  admit.history_rows = ctx;
-  admit.complete_pages = CompletePages(r);
-  // Only adaptive mode holds optional history; hisparse keeps all history on host (memd never populates it).
-  admit.optional_history = config.mode == WorkerMode::kAdaptive;
-  for (int s = 0; s < mc.n_sources(); ++s) {
-    auto info = std::make_unique<wire::RequestSourceInfoT>();
-    info->source = static_cast<uint32_t>(s);
-    info->history_rows = ctx;
-    info->complete_pages = admit.complete_pages;
-    admit.sources.push_back(std::move(info));
-  }
-  admit.host_backed = r.resume_of != 0;  // a resume takes the interrupted request's kept host pages over
-  admit.resume_of = r.resume_of;
+  const WorkerGeometry::Speculation& spec = p_.geometry->speculation;
+  wire::AdmitRequestT admit = AdmitRequestOf(AdmissionShape{
+      .request = r.id,
+      .gpu = config.gpu,
+      .mode = config.mode,
+      .sources = static_cast<uint32_t>(mc.n_sources()),
+      .page_rows = config.page_rows,
+      .required_pages = RequiredPages(mc, *p_.geometry, config.mode, ctx),  // the speculation share included
+      .history_rows = ctx,
+      .prompt_rows = r.input.size(),
+      .draft_ring_pages = spec.draft_ring_pages,
+      .staging_pages = spec.staging_pages,
+      .draft_ring_bytes = spec.slot_draft_ring_bytes,
+      .staging_bytes = spec.slot_staging_bytes,
+      .resume_of = r.resume_of,  // a resume takes the interrupted request's kept host pages over
+  });
   admit.record = RecordOf(*r.life, r.out.generated, r.out.digests);
   SetPrefixChain(r, config.mode, admit);  // issue 24: memd grants the shared pages of its complete blocks
   // Issue 26 (sessions across nodes): its session and the digests of its prompt's complete pages (resident mode
@@ -45,14 +43,14 @@ absl::Status AdmissionDesk::SendAdmit(const WorkerRequest& r) {
     admit.session = r.life->submit.session;
     admit.session_page_digests = SessionPageDigests(std::span<const model::Token>(r.input), config.page_rows);
   }
-  if (absl::Status s = p_.memd->SendAdmitRequest(admit); !s.ok()) {
+  return admit;
+}
+
+absl::Status AdmissionDesk::SendAdmit(const WorkerRequest& r) {
+  if (absl::Status s = p_.memd->SendAdmitRequest(AdmissionOf(r)); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("worker cannot reach memd: ", s.message()));
   }
   return absl::OkStatus();
-}
-
-uint32_t AdmissionDesk::CompletePages(const WorkerRequest& r) const {
-  return p_.config->mode == WorkerMode::kAdaptive ? static_cast<uint32_t>(r.input.size() / p_.config->page_rows) : 0;
 }
 
 bool AdmissionDesk::Start(RequestId id) {

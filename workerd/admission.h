@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "dhs_generated.h"
+#include "workerd/admission_shape.h"
 #include "workerd/client_streams.h"
 #include "workerd/geometry.h"
 #include "workerd/memd_link.h"
@@ -30,16 +31,6 @@
 #include "workerd/worker_stats.h"
 
 namespace dhs {
-
-// The slot's share of the draft ring and staging arenas, as an AdmitRequest and a re-Hello's ReportedRequest carry it
-// (inside required_pages; docs/protocol.md "Speculation memory").
-template <class Message>
-void SetSpeculationShare(const WorkerGeometry& g, Message& m) {
-  m.draft_ring_pages = g.speculation.draft_ring_pages;
-  m.staging_pages = g.speculation.staging_pages;
-  m.draft_ring_bytes = g.speculation.slot_draft_ring_bytes;
-  m.staging_bytes = g.speculation.slot_staging_bytes;
-}
 
 // What the admission side works with (each must outlive it): the Worker's parts it is handed, never the Worker.
 struct AdmissionParts {
@@ -64,8 +55,10 @@ class AdmissionDesk final : public MemdHandler {
   // included), its complete pages (CompletePages), its record (RecordOf: every token committed so far), a resume's
   // resume_of / host_backed. Errors: UNAVAILABLE "worker cannot reach memd: ..." (not queued).
   absl::Status SendAdmit(const WorkerRequest& r);
-  // AdmitRequest.complete_pages of r (imported history that may stay on GPU; adaptive mode only, else 0).
-  uint32_t CompletePages(const WorkerRequest& r) const;
+  // r's AdmitRequest (SendAdmit sends it; MemdAway's report repeats its declarations): its shape through
+  // AdmitRequestOf (workerd/admission_shape.h, the construction libdhs's EmbeddedWorker calls too), its record, prefix
+  // chain and session.
+  wire::AdmitRequestT AdmissionOf(const WorkerRequest& r) const;
   // The granted request `id` (RequestBook::TakeGranted) starts: its model session opens and it moves to kActive; a
   // resume's host-backed pages are made host-ready and its host runs planned (ResumeImporter::Begin). False when that
   // import failed: the loop rebuilds its KV from its tokens (every row recomputed). True (nothing done) for an id

@@ -24,12 +24,10 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> MemdAway::Report() const {
   std::vector<std::unique_ptr<wire::ReportedRequestT>> out;
   for (const auto& [id, r] : *p_.requests) {
     if (WaitsForGrant(r->life->held_phase())) continue;  // its AdmitRequest goes again
-    std::unique_ptr<wire::ReportedRequestT> rep = p_.agent->Report(id);
+    // What its AdmitRequest declared, with its record holding every token generated so far.
+    wire::AdmitRequestT admit = p_.admission->AdmissionOf(*r);
+    std::unique_ptr<wire::ReportedRequestT> rep = ReportOf(p_.agent->Report(id), admit, std::move(admit.record));
     if (rep == nullptr) continue;
-    rep->complete_pages = p_.admission->CompletePages(*r);
-    rep->optional_history = p_.config->mode == WorkerMode::kAdaptive;
-    rep->record = RecordOf(*r->life, r->out.generated, r->out.digests);
-    SetSpeculationShare(*p_.geometry, *rep);  // as its AdmitRequest declared it
     out.push_back(std::move(rep));
   }
   return out;

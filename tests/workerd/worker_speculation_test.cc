@@ -785,6 +785,25 @@ TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
   const wire::WorkerStatsReplyT stats = (*w)->StatsReply();
   EXPECT_EQ(stats.draft_ring_bytes, 262144u);
   EXPECT_EQ(stats.staging_bytes, 294912u);
+  // A re-Hello's report of the granted request repeats what its AdmitRequest declared (workerd/admission_shape.h
+  // ReportOf, the construction libdhs's EmbeddedWorker calls too): the share, complete pages, optional history, and its
+  // record.
+  std::vector<std::unique_ptr<wire::ReportedRequestT>> reports = (*w)->memd_away().Report();
+  for (int it = 0; it < 16 && reports.empty(); ++it) {  // from its grant on (it may finish a few iterations later)
+    memd.Pump(**w);  // the grant
+    ASSERT_TRUE((*w)->Iterate().ok());
+    reports = (*w)->memd_away().Report();
+  }
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0]->request, a.request);
+  EXPECT_EQ(reports[0]->draft_ring_pages, 5u);
+  EXPECT_EQ(reports[0]->staging_pages, 6u);
+  EXPECT_EQ(reports[0]->draft_ring_bytes, 65536u);
+  EXPECT_EQ(reports[0]->staging_bytes, 73728u);
+  EXPECT_EQ(reports[0]->complete_pages, a.complete_pages);
+  EXPECT_TRUE(reports[0]->optional_history);
+  ASSERT_NE(reports[0]->record, nullptr);
+  EXPECT_EQ(reports[0]->record->prompt, sub.prompt);
   std::filesystem::remove_all(dir);
 }
 
