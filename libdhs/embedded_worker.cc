@@ -491,7 +491,11 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     const RequestId id = it->first;
     const absl::Status error = absl::AbortedError(
         absl::StrCat("memd restarted and refused the request's report: ", why, " (dhs_worker_list_resumable may list it)"));
-    if (!ending) RecordEnd(id, it->second, error, /*refused=*/true);  // an ending one's end was recorded at Complete
+    // It ends here (the engine resumes it, or not): an end like any failure. An ending one's end was recorded at its
+    // Complete; memd holds it as interrupted now, so it gets its Complete below (review finding: it stayed
+    // resumable at memd, its host pages kept).
+    if (!ending) RecordEnd(id, it->second, error);
+    if (ending) ended_waiting_.insert(id);
     requests_.erase(it);
     ++counters_.reports_refused;
     if (!ending) {
@@ -571,8 +575,10 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   const std::vector<SourceId> read = port_->UnreadGroupsOf(id);
   if (HoldsGrant(it->second.phase) && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
   if (HoldsGrant(it->second.phase)) agent_->EndRequest(id);  // copies end, KV released, Complete
-  if (it->second.phase != EmbeddedPhase::kEnding) RecordEnd(id, it->second, error);
+  const bool ending = it->second.phase == EmbeddedPhase::kEnding;  // completed by the engine: counted and told
+  if (!ending) RecordEnd(id, it->second, error);
   requests_.erase(it);
+  if (ending) return;
   ++counters_.failed;
   events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
 }
@@ -974,13 +980,8 @@ std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   return out;
 }
 
-void EmbeddedWorker::RecordEnd(RequestId id, const Request& r, const absl::Status& error, bool refused) {
-  const auto now = std::chrono::steady_clock::now();
-  if (refused) {
-    recorder_.Refused(id, r.tokens.size(), error, now);
-  } else {
-    recorder_.Ended(id, r.tokens.size(), error, now);
-  }
+void EmbeddedWorker::RecordEnd(RequestId id, const Request& r, const absl::Status& error) {
+  recorder_.Ended(id, r.tokens.size(), error, std::chrono::steady_clock::now());
 }
 
 const wire::RequestRecordT* EmbeddedWorker::InterruptedRecord(RequestId id) const {

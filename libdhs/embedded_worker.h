@@ -271,9 +271,9 @@ class EmbeddedWorker final : private MemdHandler {
   };
 
   EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)), recorder_(config_.gpu) {}
-  // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`; `refused`: its report
-  // was refused after a re-Hello). The caller erases it and counts it.
-  void RecordEnd(RequestId id, const Request& r, const absl::Status& error, bool refused = false);
+  // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
+  // and counts it.
+  void RecordEnd(RequestId id, const Request& r, const absl::Status& error);
   // memd's record of interrupted request `id` (HelloReply.interrupted_records), nullptr when it sent none.
   const wire::RequestRecordT* InterruptedRecord(RequestId id) const;
   // The granted request `id`, or NOT_FOUND / FAILED_PRECONDITION naming it.

@@ -391,6 +391,10 @@ absl::Status MemdClient::AcceptReHello(const wire::HelloReplyT& reply) {
   last_heard_ = now;
   last_heartbeat_ = {};
   interrupted_ = reply.interrupted_requests;
+  records_.clear();  // their records with them (review finding: libdhs listed resumable requests of 0 rows after it)
+  for (const auto& rec : reply.interrupted_records) {
+    if (rec != nullptr) records_.push_back(std::make_unique<wire::RequestRecordT>(*rec));
+  }
   spdlog::info("workerd: memd took the re-Hello of gpu {} (epoch {}) {} ms after the old one died ({} attempts): {} "
                "reports refused, {} interrupted requests", gpu_, epoch_,
                std::chrono::duration_cast<std::chrono::milliseconds>(now - session().away_since()).count(),

@@ -438,8 +438,8 @@ DHS_EXPORT int dhs_request_import_plan(dhs_worker* w, uint64_t request, uint64_t
 DHS_EXPORT int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed);
 
 /* ABI 1.6: the timeline of request `request` (workerd's `dhsctl request` timelines, common/request_timeline.h) as a
- * JSON object {"timelines": [...]}: one timeline per request this worker kept under that id (the latest 1024
- * requests), each {request, client_request, client (the submit's session), gpu, epoch, ended, events_dropped, events:
+ * JSON object {"timelines": [...]}: one timeline per request this worker kept under that id (1024 timelines at most;
+ * beyond, the oldest ended one is dropped first), each {request, client_request, client (the submit's session), gpu, epoch, ended, events_dropped, events:
  * [{at_us (CLOCK_MONOTONIC), event ("submitted", "first_token", "end"), pages (submitted: tokens it resumed with;
  * end: tokens committed), detail ("resume of N"; end: "ok" or the error), source ("worker/<gpu>")}]}; "timelines" is
  * empty for an id it keeps none of.

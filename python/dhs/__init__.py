@@ -422,5 +422,6 @@ class Worker:
         return self._json(self._lib.dhs_worker_stats_json)
 
     def timeline(self, request: int) -> dict:
-        """ABI 1.6 (dhs_request_timeline_json): {"source", "timelines": [{..., "events": [...]}]} of `request`."""
+        """ABI 1.6 (dhs_request_timeline_json): {"timelines": [{..., "events": [{"at_us", "event", "pages", "detail",
+        "source"}]}]} of `request` (empty when none is kept)."""
         return self._json(self._lib.dhs_request_timeline_json, request)

@@ -1195,6 +1195,57 @@ TEST_F(LibdhsTest, LatencyFiguresAndTimelinesFollowTheEnginesEvents) {
   EXPECT_EQ(dhs_request_timeline_json(nullptr, id, nullptr, 0, &need), DHS_ERR_INVALID_ARGUMENT);
 }
 
+// Reports memd refuses (review finding, 2026-12-03): memd is SIGKILLed under two granted requests, the engine
+// completes one of them while memd is away, and the next memd starts with --reserve-pages 15 of the 16 GPU pages, so
+// neither report fits. The open request fails (FAILED, aborted) and counts as ended (requests.ended = completed +
+// failed + rejected; before, a refused report was a failure that never ended); the one the engine completed gets its
+// Complete at memd (before, memd kept it as interrupted: listed resumable, its host pages kept), so only the failed
+// one is resumable, with its record's sizes (before, a re-Hello left the records out: 0 rows).
+TEST_F(LibdhsTest, RefusedReportsEndTheirRequests) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up at once
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t a = SubmitGranted(64, 128);
+  const uint64_t b = SubmitGranted(16, 32);
+  ASSERT_EQ(Append(a, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(Append(b, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(WaitBackedUp(5));
+  ASSERT_NO_FATAL_FAILURE(KillMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK) << dhs_worker_errmsg(w_);  // ends after the re-Hello
+  ASSERT_NO_FATAL_FAILURE(StartMemd({"--reserve-pages", "15"}));
+  std::vector<dhs_event> events;
+  for (int i = 0; i < 3000 && Stats()["memd"]["returns"] == 0; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
+    events.insert(events.end(), ev, ev + n);
+    ::poll(nullptr, 0, 2);
+  }
+  const nlohmann::json st = Stats();
+  ASSERT_EQ(st["memd"]["returns"], 1) << st.dump();
+  EXPECT_EQ(st["memd"]["reports_refused"], 2) << st.dump();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, static_cast<uint32_t>(DHS_EVENT_FAILED));
+  EXPECT_EQ(events[0].request, a);
+  EXPECT_EQ(events[0].code, DHS_ERR_ABORTED) << events[0].message;
+  const nlohmann::json& r = st["requests"];
+  EXPECT_EQ(r["completed"], 1);
+  EXPECT_EQ(r["failed"], 1);
+  EXPECT_EQ(r["ended"].get<uint64_t>(),
+            r["completed"].get<uint64_t>() + r["failed"].get<uint64_t>() + r["rejected"].get<uint64_t>());
+  EXPECT_EQ(r["failures"]["aborted"], 1) << r.dump();
+  std::vector<dhs_resumable> list(4);
+  size_t n = 0, total = 0;
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(list[0].request, a);
+  EXPECT_EQ(list[0].input_rows, 64u);
+  EXPECT_EQ(list[0].max_rows, 128u);
+  ASSERT_NO_FATAL_FAILURE(DropInterruptedPool());  // a stays interrupted (never resumed here)
+}
+
 TEST_F(LibdhsTest, CompleteWhileWaiting) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   ASSERT_NO_FATAL_FAILURE(Open(8));
