@@ -494,13 +494,12 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     // It ends here (the engine resumes it, or not): an end like any failure. An ending one's end was recorded at its
     // Complete; memd holds it as interrupted now, so it gets its Complete below (review finding: it stayed
     // resumable at memd, its host pages kept).
-    if (!ending) RecordEnd(id, it->second, error);
-    if (ending) ended_waiting_.insert(id);
-    requests_.erase(it);
     ++counters_.reports_refused;
-    if (!ending) {
-      ++counters_.failed;
-      events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
+    if (ending) {
+      ended_waiting_.insert(id);
+      requests_.erase(it);
+    } else {
+      EndFailed(it, error);
     }
   }
   std::set<RequestId> adopted;
@@ -575,10 +574,17 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   const std::vector<SourceId> read = port_->UnreadGroupsOf(id);
   if (HoldsGrant(it->second.phase) && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
   if (HoldsGrant(it->second.phase)) agent_->EndRequest(id);  // copies end, KV released, Complete
-  const bool ending = it->second.phase == EmbeddedPhase::kEnding;  // completed by the engine: counted and told
-  if (!ending) RecordEnd(id, it->second, error);
+  if (it->second.phase == EmbeddedPhase::kEnding) {  // completed by the engine: counted and told already
+    requests_.erase(it);
+    return;
+  }
+  EndFailed(it, error);
+}
+
+void EmbeddedWorker::EndFailed(std::map<RequestId, Request>::iterator it, const absl::Status& error) {
+  const RequestId id = it->first;
+  RecordEnd(id, it->second, error);
   requests_.erase(it);
-  if (ending) return;
   ++counters_.failed;
   events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
 }
@@ -1049,10 +1055,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   if (HoldsGrant(r.phase)) return;  // a second grant breaks the contract: ignored
   if (absl::Status s = agent_->OnGrant(m, r.max_rows / config_.page_rows); !s.ok()) {
     agent_->EndRequest(m.request);
-    RecordEnd(m.request, r, s);
-    requests_.erase(it);
-    ++counters_.failed;
-    events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
+    EndFailed(it, s);
     return;
   }
   EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
@@ -1072,10 +1075,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     if (s.ok()) s = port_->MakeHostReady(m.request, *backed);
     if (!s.ok()) {
       agent_->EndRequest(m.request);
-      RecordEnd(m.request, r, s);
-      requests_.erase(it);
-      ++counters_.failed;
-      events_.push_back(Event(EmbeddedEvent::kFailed, m.request, s));
+      EndFailed(it, s);
       return;
     }
     r.host_backed = *std::move(backed);

@@ -274,6 +274,9 @@ class EmbeddedWorker final : private MemdHandler {
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
   // and counts it.
   void RecordEnd(RequestId id, const Request& r, const absl::Status& error);
+  // The request at `it` failed with `error` (its KV, if granted, released by the caller): its end recorded, erased,
+  // counted, and a kFailed event for the engine.
+  void EndFailed(std::map<RequestId, Request>::iterator it, const absl::Status& error);
   // memd's record of interrupted request `id` (HelloReply.interrupted_records), nullptr when it sent none.
   const wire::RequestRecordT* InterruptedRecord(RequestId id) const;
   // The granted request `id`, or NOT_FOUND / FAILED_PRECONDITION naming it.

@@ -101,6 +101,7 @@ class KvPort {
   // `store` must outlive the port. The groups are the store's (KvConfig.groups).
   explicit KvPort(PortStore* store);
 
+  PortStore& store() const { return *store_; }
   uint32_t sources() const { return static_cast<uint32_t>(group_of_.size()); }
   uint32_t GroupOf(SourceId source) const { return group_of_[source]; }
   // The rows `source` of `request` holds; the fewest and the most over every source (0 for an unknown request).
@@ -187,8 +188,8 @@ class KvPort {
 // HoldUnverified / CommitVerified -> Hold / Commit; Release -> the store's (the agent releases through the store).
 class PortKvAccess final : public KvAccess {
  public:
-  // `port` and `store` (the port's) must outlive it.
-  PortKvAccess(KvPort* port, PortStore* store) : port_(port), kv_(&store->kv()), config_(&store->config()) {}
+  // `port` (and its store) must outlive it.
+  explicit PortKvAccess(KvPort* port) : port_(port), kv_(&port->store().kv()), config_(&port->store().config()) {}
   absl::Status Append(RequestId request, SourceId source, Position position, std::span<const uint8_t> row) override;
   absl::Status AppendRun(RequestId request, SourceId source, Position first, uint32_t count,
                          std::span<const uint8_t> rows) override;

@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   w->hier_ = w->stack_->hierarchical();
   // The model's KV calls go through libdhs's data path (libdhs/kv_port.h), in every mode.
   w->port_ = std::make_unique<lib::KvPort>(w->stack_->port_store());
-  w->port_kv_ = std::make_unique<lib::PortKvAccess>(w->port_.get(), w->stack_->port_store());
+  w->port_kv_ = std::make_unique<lib::PortKvAccess>(w->port_.get());
   w->kv_ = w->port_kv_.get();
   w->agent_ = w->stack_->agent();
   // Resident mode imports nothing (no host tier): its ResumeImporter has no port.

@@ -84,7 +84,7 @@ void BM_Direct(benchmark::State& state, bool through_port) {
   DHS_CHECK_OK(kv.status());
   dhs::lib::HierarchicalPortStore store(kv->get());
   dhs::lib::KvPort port(&store);
-  dhs::lib::PortKvAccess port_kv(&port, &store);
+  dhs::lib::PortKvAccess port_kv(&port);
   dhs::KvAccess* a = through_port ? static_cast<dhs::KvAccess*>(&port_kv) : kv->get();
   const std::vector<uint8_t>& rows = RowBytes();
   const std::vector<float>& keys = Keys();
