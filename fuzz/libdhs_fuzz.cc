@@ -469,6 +469,9 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   std::atexit(Stop);
   for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGPIPE, SIGTERM, SIGINT}) ::signal(sig, OnFatalSignal);
   for (int i = 0; i < 800 && !std::filesystem::exists(g_run_dir + "/memd.sock"); ++i) ::poll(nullptr, 0, 25);
+  // Every call is followed by the worker's invariant check (EmbeddedWorker::CheckInvariants: its request book and
+  // requests); a broken one aborts: a finding.
+  ::setenv("DHS_CHECK_INVARIANTS", "1", 1);
   const dhs_worker_config c = BaseConfig(0);
   if (dhs_worker_open(&c, &g_w) != DHS_OK) {
     std::fprintf(stderr, "libdhs_fuzz: open: %s\n", dhs_worker_errmsg(g_w));

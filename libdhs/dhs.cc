@@ -3,11 +3,14 @@
 // function here (each body runs inside Guard).
 #include "dhs/dhs.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -20,6 +23,9 @@ struct dhs_worker {
   std::unique_ptr<dhs::lib::EmbeddedWorker> worker;  // null: closed, or an open that failed
   bool closed = false;
   std::string message;  // the latest failed call's message ("" after a success)
+  // $DHS_CHECK_INVARIANTS=1 at open (the fuzz target, tests): after every call the worker's invariants are checked
+  // (EmbeddedWorker::CheckInvariants) and a broken one aborts the process with its name (a library defect).
+  bool check_invariants = false;
 };
 
 namespace {
@@ -78,7 +84,14 @@ int Guard(dhs_worker* w, const char* what, Body body) {
   // A handle whose open failed keeps the open's message (why) for dhs_worker_errmsg; every call is refused.
   if (w->worker == nullptr) return DHS_ERR_FAILED_PRECONDITION;
   try {
-    return body(*w->worker);
+    const int rc = body(*w->worker);
+    if (w->check_invariants && w->worker != nullptr) {
+      if (const absl::Status s = w->worker->CheckInvariants(); !s.ok()) {
+        std::fprintf(stderr, "libdhs: after %s: invariant broken: %s\n", what, s.ToString().c_str());
+        std::abort();
+      }
+    }
+    return rc;
   } catch (const std::bad_alloc&) {
     return Fail(w, DHS_ERR_RESOURCE_EXHAUSTED, absl::StrCat(what, ": out of memory"));
   } catch (const std::exception& e) {
@@ -229,6 +242,8 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
     absl::StatusOr<std::unique_ptr<EmbeddedWorker>> opened = EmbeddedWorker::Open(c);
     if (!opened.ok()) return Fail(w, ToCode(opened.status()), std::string(opened.status().message()));
     w->worker = *std::move(opened);
+    const char* check = std::getenv("DHS_CHECK_INVARIANTS");
+    w->check_invariants = check != nullptr && std::string_view(check) == "1";
   } catch (const std::bad_alloc&) {
     return Fail(w, DHS_ERR_RESOURCE_EXHAUSTED, "dhs_worker_open: out of memory");
   } catch (const std::exception& e) {

@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
+#include "workerd/memd_session.h"
 #include "workerd/prefix_chain.h"
 #include "workerd/resume_plan.h"
 #include "workerd/verification/staging_pool.h"
@@ -125,18 +126,6 @@ EmbeddedEvent Event(EmbeddedEvent::Kind kind, RequestId request, absl::Status st
 }
 
 }  // namespace
-
-absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to) {
-  const bool allowed = std::any_of(std::begin(kEmbeddedTransitions), std::end(kEmbeddedTransitions),
-                                   [&](const auto& t) { return t.first == from && t.second == to; });
-  if (phase != from || !allowed) {
-    return absl::FailedPreconditionError(absl::StrCat("request phase ", static_cast<int>(phase), ": move ",
-                                                      static_cast<int>(from), " -> ", static_cast<int>(to),
-                                                      " not allowed"));
-  }
-  phase = to;
-  return absl::OkStatus();
-}
 
 namespace {
 KvConfig KvConfigOf(const EmbeddedConfig& config) {
@@ -330,12 +319,11 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
                                               "kept for GPU ", config_.gpu));
     }
     for (const auto& [id, r] : requests_) {
-      if (r.resume_of == resume_of) {
+      if (r.resume_of == resume_of && Life(id)->phase != RequestPhase::kEnding) {
         return absl::FailedPreconditionError(absl::StrCat("request ", resume_of, " is resumed already by ", id));
       }
     }
   }
-  const RequestId id = MakeNodeRequestId(config_.gpu, memd_->worker_epoch(), next_request_);
   SessionPagesInput in;
   in.page_rows = config_.page_rows;
   in.page_bytes = page_bytes();
@@ -349,6 +337,14 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: max_rows ", max_rows, " needs ", required,
                                                    " required pages"));
   }
+  // Opened in the book: its node id (gpu | epoch | n, never one in flight or ended unacknowledged). While memd is
+  // away the admission is not sent (kUnsent): it goes after the re-Hello (Return).
+  book_.set_epoch(memd_->worker_epoch());
+  wire::SubmitRequestT submit;  // what the book keeps of it (its record is the engine's: below)
+  submit.client = prefix.session;
+  submit.tenant = prefix.tenant;
+  const bool away = memd_->away();
+  const RequestId id = book_.OpenDetached(submit, away)->id;
   // The shape, as workerd's AdmissionDesk declares it (workerd/admission_shape.h); a resume: memd hands the
   // interrupted request's kept host pages over.
   wire::AdmitRequestT admit = AdmitRequestOf(AdmissionShape{
@@ -398,11 +394,12 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
     admit.prefix_block_digests = std::move(chain.block_digests);
     admit.prefix_block_tokens = chain.block_tokens;
   }
-  // While memd is away the admission is not sent (MemdClient drops it): it goes after the re-Hello (Return).
-  if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+  if (!away) {
+    if (absl::Status s = memd_->SendAdmitRequest(admit); !s.ok()) {
+      book_.Close(id, /*completed=*/false);
+      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+    }
   }
-  ++next_request_;
   ++counters_.submitted;
   counters_.prefix_lookups += resume_of == 0 ? blocks : 0;
   Request r;
@@ -425,7 +422,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
 
 absl::Status EmbeddedWorker::Poll() {
   MemdClient::Load load;
-  for (const auto& [id, r] : requests_) load.active_requests += HoldsGrant(r.phase) ? 1 : 0;
+  load.active_requests = book_.active();
   load.pending_copies = agent_->pending_orders();
   while (!port_->ReadersOutstanding() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
     auto order = std::move(deferred_orders_.front());
@@ -464,7 +461,7 @@ void EmbeddedWorker::EnterAway() {
 wire::HelloT EmbeddedWorker::ReHello() const {
   wire::HelloT hello = hello_;
   for (const auto& [id, r] : requests_) {
-    if (!HoldsGrant(r.phase)) continue;  // its AdmitRequest goes again
+    if (WaitsForGrant(Life(id)->held_phase())) continue;  // its AdmitRequest goes again
     std::unique_ptr<wire::RequestRecordT> record;
     if (r.admit->record != nullptr) {  // with every token committed (those memd never got too)
       record = std::make_unique<wire::RequestRecordT>(*r.admit->record);
@@ -481,55 +478,10 @@ wire::HelloT EmbeddedWorker::ReHello() const {
 
 absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   ++counters_.memd_returns;
-  // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
-  for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
-    auto it = requests_.find(reply.refused_reports[i]);
-    if (it == requests_.end() || !HoldsGrant(it->second.phase)) continue;
-    const std::string why = i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "";
-    agent_->Forget(it->first);
-    const bool ending = it->second.phase == EmbeddedPhase::kEnding;
-    const RequestId id = it->first;
-    const absl::Status error = absl::AbortedError(
-        absl::StrCat("memd restarted and refused the request's report: ", why, " (dhs_worker_list_resumable may list it)"));
-    // It ends here (the engine resumes it, or not): an end like any failure. An ending one's end was recorded at its
-    // Complete; memd holds it as interrupted now, so it gets its Complete below (review finding: it stayed
-    // resumable at memd, its host pages kept).
-    ++counters_.reports_refused;
-    if (ending) {
-      ended_waiting_.insert(id);
-      requests_.erase(it);
-    } else {
-      EndFailed(it, error);
-    }
-  }
-  std::set<RequestId> adopted;
-  for (const auto& [id, r] : requests_) {
-    if (HoldsGrant(r.phase)) adopted.insert(id);
-  }
-  stack_->ReturnFromAway(adopted);  // the agent adopts them, host writes resume
-  for (RequestId id : adopted) {     // memd took their records with the report: every token is there
-    Request& r = requests_.at(id);
-    counters_.tokens_acked += r.tokens.size() - r.tokens_acked;
-    r.tokens_acked = r.tokens.size();
-  }
-  probe_.clear();  // their records are whole again
-  // The ends deferred while away.
-  std::vector<RequestId> ending;
-  for (const auto& [id, r] : requests_) {
-    if (r.phase == EmbeddedPhase::kEnding) ending.push_back(id);
-  }
-  for (RequestId id : ending) {
-    agent_->EndRequest(id);
-    requests_.erase(id);
-    ++counters_.ends_deferred;
-  }
-  // memd's interrupted requests that are admissions waiting here (the dead memd journaled their record, its grant never
-  // came) or that this worker ended before their grant: ended at memd (Complete) before any is admitted again, as
-  // workerd's AdmissionDesk::ResumeInterrupted does; the others stay resumable (dhs_worker_list_resumable).
-  for (uint64_t id : reply.interrupted_requests) {
-    auto it = requests_.find(id);
-    const bool waiting_here = it != requests_.end() && !HoldsGrant(it->second.phase);
-    if (!waiting_here && !ended_waiting_.contains(id)) continue;
+  book_.set_epoch(memd_->worker_epoch());
+  // Who is refused, adopted, sent again: workerd's PlanReturn over the same book (workerd/memd_session.h).
+  const ReturnPlan plan = PlanReturn(reply, book_);
+  const auto send_complete = [&](RequestId id) -> absl::Status {
     wire::CompleteT done;
     done.request = id;
     done.gpu = config_.gpu;
@@ -537,33 +489,86 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
       return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
     }
     not_resumable_.insert(id);
+    return absl::OkStatus();
+  };
+  // memd's interrupted requests to end at memd (Complete) before any is admitted again, as workerd's
+  // AdmissionDesk::ResumeInterrupted does: admissions waiting here (the dead memd journaled their record, its grant
+  // never came) and ids this worker ended before their grant (their Complete went to the dead memd: StaleGrant). The
+  // others stay resumable (dhs_worker_list_resumable).
+  std::vector<RequestId> to_end;
+  for (uint64_t id : plan.interrupted) {
+    const RequestLife* life = Life(id);
+    if ((life != nullptr && WaitsForGrant(life->held_phase())) || book_.StaleGrant(id)) to_end.push_back(id);
   }
-  // The admissions not granted yet go again (the new memd knows none of them; one sent while away was dropped).
-  ended_waiting_.clear();  // their Completes went to the dead memd, or were sent just now
-  for (auto& [id, r] : requests_) {
-    if (HoldsGrant(r.phase)) continue;  // (the ending ones ended above)
-    if (r.phase == EmbeddedPhase::kQueued) {
-      DHS_CHECK_OK(TransitionEmbedded(r.phase, EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting));
+  book_.ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of them
+  // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
+  for (const auto& [id, why] : plan.refused) {
+    agent_->Forget(id);
+    ++counters_.reports_refused;
+    if (Life(id)->phase == RequestPhase::kEnding) {
+      // Completed by the engine while away (its end recorded then): memd holds it as interrupted now, so it gets its
+      // Complete (review finding: it stayed resumable at memd, its host pages kept).
+      if (plan.interrupted.contains(id)) to_end.push_back(id);
+      Forget(id, /*completed=*/false);
+      continue;
     }
-    if (absl::Status s = memd_->SendAdmitRequest(*r.admit); !s.ok()) {
+    // It ends here (the engine resumes it, or not): an end like any failure.
+    EndFailed(requests_.find(id), absl::AbortedError(absl::StrCat(
+        "memd restarted and refused the request's report: ", why, " (dhs_worker_list_resumable may list it)")));
+  }
+  stack_->ReturnFromAway(plan.adopted);  // the agent adopts them, host writes resume
+  for (RequestId id : plan.adopted) {     // memd took their records with the report: every token is there
+    Request& r = requests_.at(id);
+    counters_.tokens_acked += r.tokens.size() - r.tokens_acked;
+    r.tokens_acked = r.tokens.size();
+  }
+  probe_.clear();  // their records are whole again
+  // The ends deferred while away (completed by the engine: kEnding).
+  size_t ended = 0;
+  for (RequestId id : plan.adopted) {
+    if (Life(id)->phase != RequestPhase::kEnding) continue;
+    agent_->EndRequest(id);  // copies end, KV released, Complete
+    Forget(id, /*completed=*/true);
+    ++counters_.ends_deferred;
+    ++ended;
+  }
+  for (RequestId id : to_end) {
+    if (absl::Status s = send_complete(id); !s.ok()) return s;
+  }
+  // The admissions not granted yet go again (the new memd knows none of them; one sent while away went to the dead
+  // memd, or was never sent: kUnsent).
+  for (RequestId id : plan.resend) {
+    const RequestLife* life = Life(id);
+    if (life->phase == RequestPhase::kEnding) {  // completed by the engine while away (its Complete went above)
+      Forget(id, /*completed=*/false);
+      ++ended;
+      continue;
+    }
+    if (life->phase == RequestPhase::kUnsent) DHS_CHECK_OK(book_.Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
+    if (absl::Status s = memd_->SendAdmitRequest(*requests_.at(id).admit); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
     }
     ++counters_.admissions_resent;
   }
   spdlog::info("libdhs: memd is back: {} requests adopted, {} refused, {} ends deferred, {} admissions sent again",
-               adopted.size(), reply.refused_reports.size(), ending.size(), counters_.admissions_resent);
+               plan.adopted.size(), plan.refused.size(), ended, plan.resend.size());
   return absl::OkStatus();
 }
 
 absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end() || it->second.phase == EmbeddedPhase::kEnding) {
+  const RequestLife* life = Life(id);
+  if (life == nullptr || life->phase == RequestPhase::kEnding) {
     return absl::NotFoundError(absl::StrCat("request ", id, " is not open on this worker"));
   }
-  if (it->second.phase != EmbeddedPhase::kGranted) {
+  if (life->phase != RequestPhase::kActive) {
     return absl::FailedPreconditionError(absl::StrCat("request ", id, " is not granted yet"));
   }
-  return &it->second;
+  return &requests_.at(id);
+}
+
+void EmbeddedWorker::Forget(RequestId id, bool completed) {
+  book_.Close(id, completed);
+  requests_.erase(id);
 }
 
 void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
@@ -571,11 +576,13 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
   if (it == requests_.end()) return;
   // A failed request ends now: the readers of its rows are ended first (its end would wait for them for ever), with
   // those of every request resolved on the same groups (the readers' unit is a group).
+  const RequestLife& life = *Life(id);
+  const bool holds_grant = Steps(life.held_phase());
   const std::vector<SourceId> read = port_->UnreadGroupsOf(id);
-  if (HoldsGrant(it->second.phase) && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
-  if (HoldsGrant(it->second.phase)) agent_->EndRequest(id);  // copies end, KV released, Complete
-  if (it->second.phase == EmbeddedPhase::kEnding) {  // completed by the engine: counted and told already
-    requests_.erase(it);
+  if (holds_grant && !read.empty()) DHS_CHECK_OK(port_->ReadersDone(read));
+  if (holds_grant) agent_->EndRequest(id);  // copies end, KV released, Complete
+  if (life.phase == RequestPhase::kEnding) {  // completed by the engine: counted and told already
+    Forget(id, /*completed=*/holds_grant);
     return;
   }
   EndFailed(it, error);
@@ -584,7 +591,7 @@ void EmbeddedWorker::Fail(RequestId id, const absl::Status& error) {
 void EmbeddedWorker::EndFailed(std::map<RequestId, Request>::iterator it, const absl::Status& error) {
   const RequestId id = it->first;
   RecordEnd(id, it->second, error);
-  requests_.erase(it);
+  Forget(id, /*completed=*/false);  // granted (its Complete is the agent's), or memd holds it no more
   ++counters_.failed;
   events_.push_back(Event(EmbeddedEvent::kFailed, id, error));
 }
@@ -788,11 +795,12 @@ absl::Status EmbeddedWorker::Commit(RequestId request, Position length) {
 }
 
 absl::Status EmbeddedWorker::Complete(RequestId request) {
-  auto it = requests_.find(request);
-  if (it == requests_.end() || it->second.phase == EmbeddedPhase::kEnding) {
+  const RequestLife* life = Life(request);
+  if (life == nullptr || life->phase == RequestPhase::kEnding) {
     return absl::NotFoundError(absl::StrCat("request ", request, " is not open"));
   }
-  if (it->second.phase == EmbeddedPhase::kGranted) {
+  const bool granted = life->phase == RequestPhase::kActive;
+  if (granted) {
     // Its end waits for the copies memd would free pages under, and those wait for the readers of its rows: with a
     // resolve of its slot not followed by dhs_readers_done it would wait for ever (found by the libFuzzer run).
     if (const std::vector<SourceId> read = port_->UnreadGroupsOf(request); !read.empty()) {
@@ -801,25 +809,17 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
           "call dhs_readers_done for that source before completing it (its rows may still be read)"));
     }
   }
-  if (it->second.phase == EmbeddedPhase::kGranted && memd_->away()) {
-    // memd away: no Complete can go; the request is reported in the re-Hello and ended after it (Return).
-    DHS_CHECK_OK(TransitionEmbedded(it->second.phase, EmbeddedPhase::kGranted, EmbeddedPhase::kEnding));
-    RecordEnd(request, it->second, absl::OkStatus());
+  if (memd_->away() && life->phase != RequestPhase::kUnsent) {
+    // memd away: no Complete can go. A granted request is reported in the re-Hello and ended after it; a waiting one's
+    // admission went to the dead memd (a new memd that journaled it lists it interrupted: Complete then). Return.
+    DHS_CHECK_OK(book_.DeferEnd(request, absl::OkStatus()));
+    RecordEnd(request, requests_.at(request), absl::OkStatus());
     ++counters_.completed;
     return absl::OkStatus();
   }
-  if (it->second.phase == EmbeddedPhase::kWaiting || it->second.phase == EmbeddedPhase::kQueued) {
-    if (memd_->away()) {  // its admission goes nowhere now and is not sent again (Return ends it at memd if needed)
-      ended_waiting_.insert(request);
-      RecordEnd(request, it->second, absl::OkStatus());
-      requests_.erase(it);
-      ++counters_.completed;
-      return absl::OkStatus();
-    }
-  }
-  if (it->second.phase == EmbeddedPhase::kGranted) {
+  if (granted) {
     agent_->EndRequest(request);  // copies memd would free pages under end first; KV released; Complete
-  } else {
+  } else if (life->phase != RequestPhase::kUnsent) {
     // Not granted yet: memd drops the queued admission (or releases a grant already on its way) at the Complete.
     wire::CompleteT done;
     done.request = request;
@@ -827,10 +827,9 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
     if (absl::Status s = memd_->SendComplete(done); !s.ok()) {  // the request stays open: Complete may be retried
       return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
     }
-    ended_waiting_.insert(request);
   }
-  RecordEnd(request, it->second, absl::OkStatus());
-  requests_.erase(it);
+  RecordEnd(request, requests_.at(request), absl::OkStatus());
+  Forget(request, /*completed=*/life->phase != RequestPhase::kUnsent);  // a waiting one: StaleGrant until its ack
   ++counters_.completed;
   return absl::OkStatus();
 }
@@ -896,7 +895,7 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
 void EmbeddedWorker::SendTokens() {
   if (memd_->away() || !tokens_in_flight_.empty()) return;  // the re-Hello's report carries them; or one in flight
   const auto behind = [&](RequestId id, const Request& r) {
-    return r.phase == EmbeddedPhase::kGranted && r.record_error.ok() && r.tokens_acked < r.tokens.size();
+    return Life(id)->phase == RequestPhase::kActive && r.record_error.ok() && r.tokens_acked < r.tokens.size();
   };
   while (!probe_.empty()) {  // after a refused message: one request per message until each is answered alone
     auto it = requests_.find(probe_.front());
@@ -997,11 +996,27 @@ const wire::RequestRecordT* EmbeddedWorker::InterruptedRecord(RequestId id) cons
   return nullptr;
 }
 
+absl::Status EmbeddedWorker::CheckInvariants() const {
+  if (absl::Status s = book_.CheckInvariants(); !s.ok()) return s;
+  if (requests_.size() != book_.requests().size()) {
+    return absl::InternalError(absl::StrCat(requests_.size(), " requests here, ", book_.requests().size(),
+                                            " in the book"));
+  }
+  for (const auto& [id, life] : book_.requests()) {
+    if (!requests_.contains(id)) return absl::InternalError(absl::StrCat("request ", id, " is in the book only"));
+    if (life.phase == RequestPhase::kGranted || life.phase == RequestPhase::kPaused) {
+      return absl::InternalError(absl::StrCat("request ", id, " is ", std::string(RequestPhaseName(life.phase)),
+                                              " (an engine's request is active from its grant)"));
+    }
+    if (life.client) return absl::InternalError(absl::StrCat("request ", id, " has a client of the book's"));
+  }
+  return absl::OkStatus();
+}
+
 std::string EmbeddedWorker::StatsJson() const {
   const Census c = kv_->TotalCensus();
   const ResidencyStats& a = agent_->stats();
-  uint64_t granted = 0, waiting = 0;
-  for (const auto& [id, r] : requests_) (HoldsGrant(r.phase) ? granted : waiting) += 1;
+  const uint64_t granted = book_.active(), waiting = book_.waiting_for_grant();
   nlohmann::json j = {
       {"gpu", config_.gpu},
       {"mode", std::string(WorkerModeName(config_.mode))},
@@ -1047,12 +1062,14 @@ std::string EmbeddedWorker::StatsJson() const {
 void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   auto it = requests_.find(m.request);
   if (it == requests_.end()) {
-    if (ended_waiting_.erase(m.request) > 0) return;  // its Complete (sent before) releases it
+    if (book_.StaleGrant(m.request)) return;  // its Complete (sent before) releases it
     agent_->RefuseGrant(m);
     return;
   }
   Request& r = it->second;
-  if (HoldsGrant(r.phase)) return;  // a second grant breaks the contract: ignored
+  const RequestPhase phase = Life(m.request)->phase;
+  // A grant of a request not waiting for one (a second grant) breaks the contract: ignored.
+  if (phase != RequestPhase::kWaiting && phase != RequestPhase::kQueued) return;
   if (absl::Status s = agent_->OnGrant(m, r.max_rows / config_.page_rows); !s.ok()) {
     agent_->EndRequest(m.request);
     EndFailed(it, s);
@@ -1090,17 +1107,18 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
     }
     counters_.shared_pages_granted += granted.shared_pages;
   }
-  DHS_CHECK_OK(TransitionEmbedded(r.phase, r.phase, EmbeddedPhase::kGranted));
+  DHS_CHECK_OK(book_.Transition(m.request, phase, RequestPhase::kGranted));
+  DHS_CHECK_OK(book_.Transition(m.request, RequestPhase::kGranted, RequestPhase::kActive));  // the engine steps it
   recorder_.Granted(r.submitted, std::chrono::steady_clock::now());
   ++counters_.granted;
   events_.push_back(std::move(granted));
 }
 
 void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
-  auto it = requests_.find(m.request);
-  if (it == requests_.end()) return;
-  if (it->second.phase == EmbeddedPhase::kWaiting) {
-    DHS_CHECK_OK(TransitionEmbedded(it->second.phase, EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued));
+  const RequestLife* life = Life(m.request);
+  if (life == nullptr) return;
+  if (life->phase == RequestPhase::kWaiting) {
+    DHS_CHECK_OK(book_.Transition(m.request, RequestPhase::kWaiting, RequestPhase::kQueued));
   }
   events_.push_back(Event(EmbeddedEvent::kWaiting, m.request));
   events_.back().value = m.queue_position;
@@ -1108,12 +1126,13 @@ void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
 }
 
 void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
-  auto it = requests_.find(m.request);
-  if (it == requests_.end() || HoldsGrant(it->second.phase)) return;  // a reject after a grant: ignored
+  const RequestLife* life = Life(m.request);
+  // A reject of a request not waiting for its grant (after a grant) breaks the contract: ignored.
+  if (life == nullptr || (life->phase != RequestPhase::kWaiting && life->phase != RequestPhase::kQueued)) return;
   absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
   if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
-  RecordEnd(m.request, it->second, error);
-  requests_.erase(it);
+  RecordEnd(m.request, requests_.at(m.request), error);
+  Forget(m.request, /*completed=*/false);
   ++counters_.rejected;
   events_.push_back(Event(EmbeddedEvent::kRejected, m.request, error));
 }

@@ -4,9 +4,10 @@
 // class the Worker holds): HierarchicalKvAccess (tail, hot cache, ready map, host copies, the fused resolver) and the
 // ResidencyAgent (memd's orders carried out: reclaim, population, backups; memd away's KV half). The engine sees requests and events, never a memd order.
 //
-// Owns: the device, the memd connection, the KV store, the agent, each request's EmbeddedPhase (one enum, one table,
-// one validating TransitionEmbedded(): waiting / queued / granted / ending) with its declared rows (its KV through KvPort), and the
-// events for the engine. dhs.cc is the thin C wrapper (argument checks of the C structs, handles, messages).
+// Owns: the device, the memd connection, the KV store, the agent, the requests' lifecycle in workerd's RequestBook
+// (workerd/request_book.h: the one phase enum and table of both; an engine's request is a detached one, its caller its
+// client: unsent / waiting / queued while it waits for its grant, granted -> active at once, ending when completed while
+// memd is away), each request's declared rows (its KV through KvPort), and the events for the engine. dhs.cc is the thin C wrapper (argument checks of the C structs, handles, messages).
 //
 // Thread-safety: none; dhs.cc serialises the calls on one worker with its mutex.
 #pragma once
@@ -30,6 +31,7 @@
 #include "workerd/kv_stack.h"
 #include "libdhs/kv_port.h"
 #include "workerd/memd_client.h"
+#include "workerd/request_book.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving_mode.h"
 #include "workerd/worker_stats.h"
@@ -76,28 +78,6 @@ struct RegionLayout {
   uint64_t staging_bytes = 0;
   uint64_t bytes = 0;
 };
-
-// A request's phase here, changed only through TransitionEmbedded() against kEmbeddedTransitions.
-//   kWaiting  AdmitRequest sent, no answer yet
-//   kQueued   memd answered AdmitWait
-//   kGranted  AdmitGrant taken: rows may be appended and resolved
-//   kEnding   completed by the engine while memd was away: it still holds its grant (reported in the re-Hello, adopted)
-//             and ends after the re-Hello (Return); the engine sees it closed
-// A request leaves the table (erased) when it completes, fails or is rejected.
-enum class EmbeddedPhase : uint8_t { kWaiting, kQueued, kGranted, kEnding };
-inline constexpr std::pair<EmbeddedPhase, EmbeddedPhase> kEmbeddedTransitions[] = {
-    {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued},   // AdmitWait
-    {EmbeddedPhase::kWaiting, EmbeddedPhase::kGranted},  // AdmitGrant
-    {EmbeddedPhase::kQueued, EmbeddedPhase::kGranted},   // AdmitGrant after waiting
-    {EmbeddedPhase::kQueued, EmbeddedPhase::kWaiting},   // memd restarted: the admission goes again (re-Hello)
-    {EmbeddedPhase::kGranted, EmbeddedPhase::kEnding},   // completed while memd is away
-};
-// Errors: FAILED_PRECONDITION when `phase` is not `from` or the move is not in the table (`phase` unchanged).
-absl::Status TransitionEmbedded(EmbeddedPhase& phase, EmbeddedPhase from, EmbeddedPhase to);
-// Whether a request in `phase` holds memd's grant (its slot, pages and KV): kGranted, kEnding.
-inline bool HoldsGrant(EmbeddedPhase phase) {
-  return phase == EmbeddedPhase::kGranted || phase == EmbeddedPhase::kEnding;
-}
 
 // What a submit names for prefix sharing (issue 24; dhs_request_desc's ABI 1.1 fields): the spans are the caller's,
 // read during Submit only.
@@ -243,12 +223,16 @@ class EmbeddedWorker final : private MemdHandler {
   struct RecordTokens { std::vector<uint32_t> prompt, generated; };
   absl::StatusOr<RecordTokens> ResumableTokens(RequestId interrupted) const;
   std::string StatsJson() const;
+  // INTERNAL naming the broken invariant, else OK: the book's (RequestBook::CheckInvariants), and the requests here
+  // are exactly the book's, none of them kGranted (a grant starts it: kActive) or kPaused (the engine decides what
+  // steps while memd is away). O(requests). The fuzz target checks it after every call.
+  absl::Status CheckInvariants() const;
   // The timelines kept under request id `request` (WorkerRecorder::TimelineJson; dhs_request_timeline_json).
   std::string TimelineJson(RequestId request) const { return recorder_.TimelineJson(request); }
 
  private:
+  // A request's engine-side state, beside its RequestLife in book_ (its phase; kept under the same id).
   struct Request {
-    EmbeddedPhase phase = EmbeddedPhase::kWaiting;
     uint64_t input_rows = 0, max_rows = 0;
     // Its rows per source and its speculative hold are the KV store's (KvPort reads them there).
     RequestId resume_of = 0;  // the interrupted request it resumes (0: a new one)
@@ -308,7 +292,11 @@ class EmbeddedWorker final : private MemdHandler {
   void OnReclaimOrder(const wire::ReclaimOrderT& m) override;
   void OnRetire(const wire::RetireT& m) override;
   void OnPopulateOrder(const wire::PopulateOrderT& m) override;
-  void OnCompleteAck(const wire::CompleteAckT& m) override {}
+  void OnCompleteAck(const wire::CompleteAckT& m) override { book_.OnCompleteAck(m.request); }
+  // The phase of open request `id` (nullptr when it is not open).
+  const RequestLife* Life(RequestId id) const { return book_.Find(id); }
+  // Request `id` leaves the worker: out of the book (`completed`: a Complete went to memd for it) and its state.
+  void Forget(RequestId id, bool completed);
 
   EmbeddedConfig config_;
   wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
@@ -325,9 +313,10 @@ class EmbeddedWorker final : private MemdHandler {
   // Latency histograms (admission wait, TTFT and TPOT from the engine's committed tokens), failures by reason and the
   // request timelines: workerd's WorkerRecorder, fed the same events (submit, grant, a token, an end).
   WorkerRecorder recorder_{0};
-  std::set<RequestId> ended_waiting_;  // completed before memd's answer: a late grant is released by the Complete
+  // Every open request's phase and node id (RequestBook::OpenDetached; ids gpu | epoch | n as workerd's), and the ids
+  // completed before memd's answer until their CompleteAck (a late grant is released by the Complete: StaleGrant).
+  RequestBook book_{0, ResumedOutputLimits{}};
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
-  uint64_t next_request_ = 1;
   // The data path (libdhs/kv_port.h, the one workerd's model uses too): appends, keys, resolves, readers (the
   // requests resolved per group since its last ReadersDone: a resolve again, or a Complete, before it is refused),
   // hold and commit.

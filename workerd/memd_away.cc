@@ -91,6 +91,7 @@ absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
   if (p_.memd->session().away()) DHS_CHECK_OK(p_.memd->session().Accepted());
   const ReturnPlan plan = PlanReturn(reply, *p_.book);
+  p_.book->ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of those ids
   std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(plan);
   // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.
   for (RequestId id : plan.adopted) {

@@ -109,12 +109,12 @@ absl::StatusOr<RequestLife*> RequestBook::Open(const wire::SubmitRequestT& submi
   return Insert(std::move(life));
 }
 
-RequestLife* RequestBook::OpenResumed(const wire::SubmitRequestT& submit, RequestId avoid) {
+RequestLife* RequestBook::OpenDetached(const wire::SubmitRequestT& submit, bool memd_away, RequestId avoid) {
   RequestLife life;
   life.id = NodeRequestId(submit.request, avoid);
   life.client_id = submit.request;
   life.submit = submit;
-  life.phase = RequestPhase::kWaiting;
+  life.phase = memd_away ? RequestPhase::kUnsent : RequestPhase::kWaiting;
   return Insert(std::move(life));
 }
 

@@ -148,7 +148,13 @@ class RequestBook {
                                     uint32_t submit_queue);
   // A resumed request (detached: no client until Attach) in kWaiting, under a node id that is not `avoid` (the
   // interrupted id it continues).
-  RequestLife* OpenResumed(const wire::SubmitRequestT& submit, RequestId avoid);
+  RequestLife* OpenResumed(const wire::SubmitRequestT& submit, RequestId avoid) {
+    return OpenDetached(submit, /*memd_away=*/false, avoid);
+  }
+  // A request without a client of the book's, in kWaiting (kUnsent when `memd_away`), under a node id that is not
+  // `avoid`: a resumed request until its Attach, or (libdhs's EmbeddedWorker, issue 25) an engine's request, whose
+  // caller is its client (submit.request 0: its node id from the counter). Never fails (no client id to collide).
+  RequestLife* OpenDetached(const wire::SubmitRequestT& submit, bool memd_away, RequestId avoid = 0);
 
   // TransitionRequest on request `id`; a move to kGranted queues it for TakeGranted, a move from it leaves the
   // queue. Errors: NOT_FOUND (no such
@@ -185,6 +191,13 @@ class RequestBook {
   // Whether a grant for `id` is one that crossed its Complete (ended by StopAll or while waiting; not acknowledged).
   bool StaleGrant(RequestId id) const { return stopping_.contains(id) || ended_waiting_.contains(id); }
   size_t unacknowledged_stops() const { return stopping_.size(); }
+  // A new memd took the re-Hello (docs/protocol.md "Re-Hello with a report"): the Completes it did not acknowledge
+  // went to the dead memd, which answers none; the new one grants none of those ids (a journaled admission comes back
+  // as an interrupted request, not a grant): forgotten (StaleGrant false, unacknowledged_stops 0).
+  void ForgetUnacknowledged() {
+    stopping_.clear();
+    ended_waiting_.clear();
+  }
 
   // A node request id for client id `client_id` (docs/protocol.md "Request ids", worker.h Submit): gpu | epoch | n,
   // n = client_id when in [1, 2^24) and free, else the next free value of the counter; never `avoid`, an id in the

@@ -1436,6 +1436,8 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   dhs_request_desc queued_desc = Desc(16, 32);
   uint64_t queued = 0;
   ASSERT_EQ(dhs_request_submit(w_, &queued_desc, &queued), DHS_OK);
+  uint64_t queued_then_completed = 0;  // waits for a slot too; the engine completes it while memd is away
+  ASSERT_EQ(dhs_request_submit(w_, &queued_desc, &queued_then_completed), DHS_OK);
   ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
   std::vector<dhs_event> seen;
   auto poll_some = [&](int n, int sleep_ms) {
@@ -1473,6 +1475,10 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   ASSERT_EQ(dhs_request_submit(w_, &late_desc, &late), DHS_OK) << dhs_worker_errmsg(w_);   // waits for memd
   ASSERT_EQ(dhs_request_submit(w_, &late_desc, &dropped), DHS_OK) << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_request_complete(w_, dropped), DHS_OK);  // cancelled before memd ever saw it
+  // Its admission went to the dead memd: ended here at once (NOT_FOUND after), never sent again; the new memd, which
+  // finds it in the journal as an interrupted request, gets its Complete at the re-Hello (not listed resumable).
+  ASSERT_EQ(dhs_request_complete(w_, queued_then_completed), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, queued_then_completed), DHS_ERR_NOT_FOUND);
   ASSERT_EQ(dhs_request_complete(w_, short_one), DHS_OK);  // granted: its end waits for the re-Hello
   EXPECT_EQ(Append(short_one, 0, 1), DHS_ERR_NOT_FOUND);   // gone for the engine at once
   ASSERT_NO_FATAL_FAILURE(poll_some(50, 2));              // ~100 ms away: re-Hello attempts find no memd
@@ -1486,6 +1492,13 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   EXPECT_EQ(back["reports_refused"], 0) << back;
   EXPECT_EQ(back["admissions_resent"], 2) << back;  // the queued one and the one submitted while away
   EXPECT_EQ(back["ends_deferred"], 1) << back;      // short_one's Complete reached the new memd: its slot is free
+  {
+    dhs_resumable listed[8];
+    size_t n = 0, total = 0;
+    ASSERT_EQ(dhs_worker_list_resumable(w_, listed, 8, &n, &total), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t i = 0; i < n; ++i) EXPECT_NE(listed[i].request, queued_then_completed);
+  }
+  EXPECT_EQ(Stats()["requests"]["completed"], 3);  // dropped, queued_then_completed, short_one
   // The request goes on: the rest of its rows (the deferred backups free the tail), all of them read back exact.
   for (int64_t t = 96; t < 128; t += 8) {
     int rc = DHS_ERR_RESOURCE_EXHAUSTED;
@@ -1511,6 +1524,7 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
       ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
       for (const dhs_event& e : seen) {
         EXPECT_NE(e.request, dropped);
+        if (e.kind == DHS_EVENT_GRANTED) EXPECT_NE(e.request, queued_then_completed);  // (it got a WAITING before)
         if (e.kind != DHS_EVENT_GRANTED || (e.request != queued && e.request != late) || granted.contains(e.request)) {
           continue;
         }

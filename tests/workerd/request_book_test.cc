@@ -147,6 +147,30 @@ TEST(RequestBook, AnIdEndedWhileWaitingIsNotReusedUntilTheCompleteIsAcknowledged
   EXPECT_TRUE(book.CheckInvariants().ok()) << book.CheckInvariants();
 }
 
+// libdhs's engine requests (OpenDetached, client id 0): ids from the counter, kUnsent while memd is away, no client;
+// after a new memd took the re-Hello the unacknowledged ends are forgotten (ForgetUnacknowledged) and their ids free.
+TEST(RequestBook, DetachedRequestsAndAReplacedMemd) {
+  RequestBook book(1, ResumedOutputLimits{});
+  const RequestId base = RequestId{1} << 48;
+  RequestLife* a = book.OpenDetached(Submit(0), /*memd_away=*/false);
+  RequestLife* b = book.OpenDetached(Submit(0), /*memd_away=*/true);
+  EXPECT_EQ(a->id, base | 1);
+  EXPECT_EQ(b->id, base | 2);
+  EXPECT_EQ(a->phase, RequestPhase::kWaiting);
+  EXPECT_EQ(b->phase, RequestPhase::kUnsent);
+  EXPECT_FALSE(a->client.has_value());
+  const RequestId aid = a->id;
+  book.Close(aid, /*completed=*/true);  // ended while waiting: its Complete went
+  book.MarkStopping(b->id);
+  EXPECT_TRUE(book.StaleGrant(aid));
+  EXPECT_EQ(book.unacknowledged_stops(), 1u);
+  book.ForgetUnacknowledged();
+  EXPECT_FALSE(book.StaleGrant(aid));
+  EXPECT_EQ(book.unacknowledged_stops(), 0u);
+  EXPECT_EQ(book.NodeRequestId(1), aid) << "its id is free again";
+  EXPECT_TRUE(book.CheckInvariants().ok()) << book.CheckInvariants();
+}
+
 TEST(RequestBook, TheSubmitQueueBoundsTheRequestsWaitingForTheirGrant) {
   RequestBook book(0, ResumedOutputLimits{});
   ASSERT_TRUE(book.Open(Submit(1), Peer("a"), false, 2).ok());
@@ -282,8 +306,12 @@ TEST(RequestBook, RandomEventsKeepTheInvariants) {
           model[(*r)->id] = (*r)->phase;
         }
       } else if (what == 1) {
-        RequestLife* r = book.OpenResumed(Submit(rng() % 8, rng() % 2), id);
+        // A resumed request, or (libdhs) an engine's: detached, kUnsent when memd is away.
+        const bool away = rng() % 3 == 0;
+        RequestLife* r = book.OpenDetached(Submit(rng() % 8, rng() % 2), away, id);
         ASSERT_NE(r->id, id);
+        ASSERT_FALSE(stale.contains(r->id)) << "an id ended while waiting reused";
+        ASSERT_EQ(r->phase, away ? RequestPhase::kUnsent : RequestPhase::kWaiting);
         ASSERT_FALSE(model.contains(r->id));
         model[r->id] = r->phase;
       } else if (what <= 6 && id != 0) {
@@ -309,6 +337,10 @@ TEST(RequestBook, RandomEventsKeepTheInvariants) {
         book.Close(id, completed);
         model.erase(id);
         ASSERT_EQ(book.StaleGrant(id), stale.contains(id));
+      } else if (what == 9 && !stale.empty() && rng() % 6 == 0) {  // a new memd took the re-Hello
+        book.ForgetUnacknowledged();
+        for (RequestId gone : stale) ASSERT_FALSE(book.StaleGrant(gone));
+        stale.clear();
       } else if (what == 9 && !stale.empty()) {
         const RequestId acked = *stale.begin();
         book.OnCompleteAck(acked);

@@ -1,6 +1,7 @@
-// tests/libdhs/embedded_phase_test.cc: libdhs's C++ core alone (libdhs/embedded_worker.h): the request phase's one
-// table (TransitionEmbedded: every allowed move works, every other one is refused and leaves the phase unchanged) and
-// the shape checks of EmbeddedWorker::Open, which refuse a bad shape before connecting to anything.
+// tests/libdhs/embedded_worker_test.cc: libdhs's C++ core alone (libdhs/embedded_worker.h): the shape checks of
+// EmbeddedWorker::Open, which refuse a bad shape before connecting to anything. (A request's phase is workerd's
+// RequestBook's: tests/workerd/request_book_test.cc; the libdhs tests check the worker's invariants after every call,
+// DHS_CHECK_INVARIANTS.)
 #include "libdhs/embedded_worker.h"
 
 #include <algorithm>
@@ -10,31 +11,6 @@
 
 namespace dhs::lib {
 namespace {
-
-TEST(EmbeddedPhase, OnlyTheTableMoves) {
-  const EmbeddedPhase all[] = {EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued, EmbeddedPhase::kGranted,
-                               EmbeddedPhase::kEnding};
-  int allowed = 0;
-  for (EmbeddedPhase from : all) {
-    for (EmbeddedPhase to : all) {
-      const bool listed = std::any_of(std::begin(kEmbeddedTransitions), std::end(kEmbeddedTransitions),
-                                      [&](const auto& t) { return t.first == from && t.second == to; });
-      EmbeddedPhase phase = from;
-      const absl::Status s = TransitionEmbedded(phase, from, to);
-      EXPECT_EQ(s.ok(), listed) << static_cast<int>(from) << " -> " << static_cast<int>(to);
-      EXPECT_EQ(phase, listed ? to : from);
-      allowed += listed ? 1 : 0;
-    }
-  }
-  // waiting -> queued, waiting -> granted, queued -> granted, queued -> waiting (re-Hello), granted -> ending (completed
-  // while memd is away); nothing leaves kEnding but the request's erasure.
-  EXPECT_EQ(allowed, 5);
-  for (EmbeddedPhase p : all) EXPECT_EQ(HoldsGrant(p), p == EmbeddedPhase::kGranted || p == EmbeddedPhase::kEnding);
-  // A move named from the wrong current phase is refused too.
-  EmbeddedPhase phase = EmbeddedPhase::kGranted;
-  EXPECT_FALSE(TransitionEmbedded(phase, EmbeddedPhase::kWaiting, EmbeddedPhase::kQueued).ok());
-  EXPECT_EQ(phase, EmbeddedPhase::kGranted);
-}
 
 EmbeddedConfig Good() {
   EmbeddedConfig c;
