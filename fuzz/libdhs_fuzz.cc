@@ -407,7 +407,10 @@ void SecondWorker(dhs::fuzz::Input& in) {
     case 4: c.tail_rows = in.Small32(80); break;
     case 5: c.row_bytes = in.Small32(200); break;  // another host page size: memd refuses the Hello
     case 6: c.hbm_budget_bytes = in.Small64(100000); break;
-    case 7: c.mode = in.Below(4); c.backend = in.Below(4); break;
+    case 7:  // 3 = DHS_MODE_RESIDENT (ABI 1.7): on the CPU backend, so that it opens and serves
+      c.mode = in.Below(4);
+      c.backend = c.mode == DHS_MODE_RESIDENT ? DHS_BACKEND_CPU : in.Below(4);
+      break;
     case 8: c.sources = in.Small32(5); c.indexers = in.Small32(3); c.index_key_bytes = in.Small32(40); break;
     case 9: {  // ABI 1.3 source groups: both sources one group, or a numbering the open refuses
       static const uint32_t kOneGroup[kS] = {0, 0}, kBadGroups[kS] = {1, 0};

@@ -135,7 +135,9 @@ dhs::lib::EmbeddedConfig ToEmbedded(const dhs_worker_config& config) {
   dhs::lib::EmbeddedConfig c;
   c.run_dir = config.run_dir != nullptr ? config.run_dir : "";
   c.gpu = config.gpu;
-  c.mode = config.mode == DHS_MODE_HISPARSE ? dhs::WorkerMode::kHisparse : dhs::WorkerMode::kAdaptive;
+  c.mode = config.mode == DHS_MODE_HISPARSE   ? dhs::WorkerMode::kHisparse
+           : config.mode == DHS_MODE_ADAPTIVE ? dhs::WorkerMode::kAdaptive
+                                              : dhs::WorkerMode::kResident;
   c.sources = config.sources;
   c.row_bytes = config.row_bytes;
   c.indexers = config.indexers;
@@ -165,6 +167,10 @@ dhs::lib::EmbeddedConfig ToEmbedded(const dhs_worker_config& config) {
 }
 
 // The sizes dhs_worker_config had: this header's (1.5), 1.3's (and 1.4's), 1.2's, 1.1's and 1.0's.
+bool KnownMode(uint32_t mode) {
+  return mode == DHS_MODE_HISPARSE || mode == DHS_MODE_ADAPTIVE || mode == DHS_MODE_RESIDENT;
+}
+
 bool KnownConfigSize(uint32_t size) {
   return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_3 || size == DHS_WORKER_CONFIG_SIZE_1_2 ||
          size == DHS_WORKER_CONFIG_SIZE_1_1 || size == DHS_WORKER_CONFIG_SIZE_1_0;
@@ -233,9 +239,9 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
     return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_worker_config: backend ", config->backend,
                                                           " is not a dhs_backend"));
   }
-  if (config->mode != DHS_MODE_HISPARSE && config->mode != DHS_MODE_ADAPTIVE) {
+  if (!KnownMode(config->mode)) {
     return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_worker_config: mode ", config->mode,
-                                                          " is not DHS_MODE_HISPARSE or DHS_MODE_ADAPTIVE"));
+                                                          " is not DHS_MODE_HISPARSE, DHS_MODE_ADAPTIVE or DHS_MODE_RESIDENT"));
   }
   try {
     dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
@@ -256,7 +262,7 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
 int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes) {
   if (config == nullptr || bytes == nullptr) return DHS_ERR_INVALID_ARGUMENT;
   if (!KnownConfigSize(config->struct_size)) return DHS_ERR_VERSION;
-  if (config->mode != DHS_MODE_HISPARSE && config->mode != DHS_MODE_ADAPTIVE) return DHS_ERR_INVALID_ARGUMENT;
+  if (!KnownMode(config->mode)) return DHS_ERR_INVALID_ARGUMENT;
   try {
     dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
     c.run_dir = "-";  // not read: the shape alone gives the size

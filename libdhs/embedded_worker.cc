@@ -32,8 +32,8 @@ absl::Status Field(bool ok, const char* what) {
 absl::Status CheckConfig(const EmbeddedConfig& c) {
   if (absl::Status s = Field(!c.run_dir.empty(), "run_dir is empty"); !s.ok()) return s;
   if (absl::Status s = Field(c.gpu < kMaxGpus, "gpu must be below 65536"); !s.ok()) return s;
-  if (absl::Status s = Field(c.mode == WorkerMode::kHisparse || c.mode == WorkerMode::kAdaptive,
-                             "mode must be DHS_MODE_HISPARSE or DHS_MODE_ADAPTIVE");
+  if (absl::Status s = Field(c.mode != WorkerMode::kResident || c.staging_arenas == 0,
+                             "staging_arenas must be 0 in DHS_MODE_RESIDENT (a held round's rows are read in place)");
       !s.ok()) {
     return s;
   }
@@ -157,7 +157,9 @@ absl::StatusOr<RegionLayout> EmbeddedWorker::RegionFor(const EmbeddedConfig& con
   absl::StatusOr<KvLayout> layout = KvLayout::Create(KvConfigOf(config));
   if (!layout.ok()) return layout.status();
   RegionLayout r;
-  r.kv_bytes = layout->pool_bytes();
+  // Resident mode: the pool is ResidentKvAccess's arena, the budget's whole pages (p rows of every source each).
+  r.kv_bytes = config.mode == WorkerMode::kResident ? uint64_t{layout->config().optional_pages} * layout->page_bytes()
+                                                    : layout->pool_bytes();
   r.staging_offset = AlignUp(r.kv_bytes, kEnginePoolAlignment);
   if (config.staging_arenas > 0) {
     absl::StatusOr<int64_t> staging = spec::StagingReservationBytes(
@@ -188,6 +190,9 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   absl::StatusOr<RegionLayout> region = RegionFor(config);
   if (!region.ok()) return region.status();
   w->region_ = *region;
+  w->page_bytes_ = layout->page_bytes();
+  w->host_page_bytes_ = layout->host_page_bytes();
+  w->capacity_pages_ = kv.optional_pages;
   if (config.engine_pool != nullptr) {  // engine-owned pool (dhs_worker_config.engine_pool): checked, then adopted
     if (reinterpret_cast<uintptr_t>(config.engine_pool) % kEnginePoolAlignment != 0) {
       return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool is not aligned to ",
@@ -245,7 +250,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
     if (!whole.ok()) return whole.status();
     w->region_base_ = cpu->HostVisible(*whole, 0);
   }
-  cpu->UseCallerMemoryForNextPool(w->region_base_, region->kv_bytes);
+  if (config.mode != WorkerMode::kResident) cpu->UseCallerMemoryForNextPool(w->region_base_, region->kv_bytes);
   if (config.staging_arenas > 0) {
     cpu->UseCallerMemoryForNextPool(w->region_base_ + region->staging_offset, region->staging_bytes);
   }
@@ -257,12 +262,21 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   if (w->memd_->host_pages().empty()) {
     return absl::FailedPreconditionError("memd listed no host-pool segment");
   }
-  absl::StatusOr<std::unique_ptr<KvStack>> stack =
-      KvStack::Hierarchical(kv, w->device_.get(), w->memd_->host_pages(), w->memd_.get(),
-                            KvStackConfig{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive});
-  if (!stack.ok()) return stack.status();
-  w->stack_ = *std::move(stack);
-  w->kv_ = w->stack_->hierarchical();
+  if (config.mode == WorkerMode::kResident) {
+    // Every row in the region (workerd's resident store over the engine's memory or the device region): a location is
+    // an offset into it, as in the other modes; no host tier (NoKvResidency).
+    w->stack_ = KvStack::Resident(
+        std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region->kv_bytes, config.page_rows,
+                                                  std::span<uint8_t>(w->region_base_, region->kv_bytes)),
+        kv, w->memd_.get(), KvStackConfig{config.gpu, config.slots, false});
+  } else {
+    absl::StatusOr<std::unique_ptr<KvStack>> stack =
+        KvStack::Hierarchical(kv, w->device_.get(), w->memd_->host_pages(), w->memd_.get(),
+                              KvStackConfig{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive});
+    if (!stack.ok()) return stack.status();
+    w->stack_ = *std::move(stack);
+  }
+  w->kv_ = w->stack_->hierarchical();  // nullptr in resident mode
   w->agent_ = w->stack_->agent();
   w->port_ = std::make_unique<KvPort>(w->stack_->port_store());
   return w;
@@ -332,6 +346,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   in.index_producers = config_.indexers;
   in.index_key_bytes = config_.index_key_bytes;
   in.slot_staging_bytes = region_.staging_bytes / config_.slots;  // the slot's share of M_stage (exact: N divides it)
+  in.resident = config_.mode == WorkerMode::kResident;  // the whole context instead of hot cache and tail
   const uint64_t required = SessionRequiredPages(in, max_rows);  // the one formula (common/worker_shape.h)
   if (required > UINT32_MAX / 2) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: max_rows ", max_rows, " needs ", required,
@@ -387,7 +402,8 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   // ids from block_ids, derived after them; digests of the tokens). memd --prefix-sharing off ignores them.
   admit.tenant = prefix.tenant;
   uint64_t blocks = 0;
-  if (prefix.block_tokens > 0 && !prefix.tokens.empty()) {
+  // Resident mode names no chain (it has no host tier to import shared pages into).
+  if (prefix.block_tokens > 0 && !prefix.tokens.empty() && config_.mode != WorkerMode::kResident) {
     RequestPrefixChain chain = PrefixChainOf(prefix.tokens, prefix.block_ids, prefix.block_tokens, prefix.tenant);
     blocks = chain.block_ids.size();
     admit.prefix_block_ids = std::move(chain.block_ids);
@@ -597,6 +613,7 @@ void EmbeddedWorker::EndFailed(std::map<RequestId, Request>::iterator it, const 
 }
 
 void EmbeddedWorker::FailDataLoss() {
+  if (kv_ == nullptr) return;  // resident mode: no host page to lose
   for (auto& [id, status] : kv_->TakeDataLoss()) Fail(id, status);
 }
 
@@ -628,7 +645,13 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
     return absl::InvalidArgumentError(absl::StrCat("keys: ", keys.size(), " bytes; need 0 or ", key_bytes,
                                                    " (indexers x positions x index_key_bytes)"));
   }
-  if (kv_->host_writes_paused() && !kv_->TailHasRoom(request, count)) {
+  const auto tail_has_room = [&] {
+    for (SourceId s = 0; s < config_.sources; ++s) {
+      if (!port_->store().TailHasRoom(request, s, count)) return false;
+    }
+    return true;
+  };
+  if (port_->store().host_writes_paused() && !tail_has_room()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "request ", request, ": memd is away and the tail has no room for ", count, " more rows without a host write "
         "(positions ", first, " .. ", first + int64_t{count} - 1, "); poll and retry once memd is back"));
@@ -671,7 +694,7 @@ absl::Status EmbeddedWorker::Append(RequestId request, Position first, uint32_t 
     for (uint32_t x = 0; x < config_.indexers; ++x) {
       std::vector<float> k(per_indexer / 4);
       std::memcpy(k.data(), keys.data() + x * per_indexer, per_indexer);
-      if (absl::Status st = kv_->StoreIndexKeys(request, x, first, k); !st.ok()) return Step(st);
+      if (absl::Status st = port_->store().kv().StoreIndexKeys(request, x, first, k); !st.ok()) return Step(st);
     }
   }
   return absl::OkStatus();
@@ -1014,7 +1037,8 @@ absl::Status EmbeddedWorker::CheckInvariants() const {
 }
 
 std::string EmbeddedWorker::StatsJson() const {
-  const Census c = kv_->TotalCensus();
+  const Census c = kv_ != nullptr ? kv_->TotalCensus() : Census{};  // resident: every row direct, none counted
+  const StagingCensus staged = kv_ != nullptr ? kv_->staging_census() : StagingCensus{};
   const ResidencyStats& a = agent_->stats();
   const uint64_t granted = book_.active(), waiting = book_.waiting_for_grant();
   nlohmann::json j = {
@@ -1036,8 +1060,7 @@ std::string EmbeddedWorker::StatsJson() const {
                 {"reports_refused", counters_.reports_refused}, {"admissions_resent", counters_.admissions_resent},
                 {"ends_deferred", counters_.ends_deferred}}},
       {"staging", {{"arenas", config_.staging_arenas}, {"bytes", region_.staging_bytes},
-                   {"unions", kv_->staging_census().unions}, {"staged_fetches", kv_->staging_census().staged_fetches},
-                   {"rows", kv_->staging_census().rows}}},
+                   {"unions", staged.unions}, {"staged_fetches", staged.staged_fetches}, {"rows", staged.rows}}},
       {"tokens", {{"committed", counters_.tokens_committed}, {"acknowledged", counters_.tokens_acked},
                   {"deferred", counters_.commits_deferred}, {"in_flight", !tokens_in_flight_.empty()},
                   {"refused", counters_.commits_refused}, {"records_refused", counters_.records_refused}}},
@@ -1081,7 +1104,8 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   // memd handed the interrupted request over to its resume: no longer resumable (dhs_worker_list_resumable's list is
   // memd's HelloReply, taken at open; review finding: it kept listing a request resumed and completed here).
   if (r.resume_of != 0) not_resumable_.insert(r.resume_of);
-  if (r.resume_of != 0 || !m.shared_pages.empty()) {
+  // Resident mode imports nothing (no host tier): a resume recomputes every row.
+  if ((r.resume_of != 0 || !m.shared_pages.empty()) && kv_ != nullptr) {
     // A resume (docs/architecture.md "Resume from host KV"), or shared prefix pages (issue 24: they come inside
     // host_backed_pages, as workerd's ResumeImporter takes them): the host-backed pages memd handed over, each checked
     // against its checksum (issue 22) before it is imported; a page that does not match is appended again by the

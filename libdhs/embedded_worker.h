@@ -131,9 +131,10 @@ class EmbeddedWorker final : private MemdHandler {
   ~EmbeddedWorker() override;
 
   const EmbeddedConfig& config() const { return config_; }
-  uint64_t page_bytes() const { return kv_->layout().page_bytes(); }
-  uint64_t host_page_bytes() const { return kv_->layout().host_page_bytes(); }
-  uint32_t capacity_pages() const { return kv_->layout().config().optional_pages; }
+  // memd's GPU page (p rows of every source), host page (with the index keys), and the pages the budget holds.
+  uint64_t page_bytes() const { return page_bytes_; }
+  uint64_t host_page_bytes() const { return host_page_bytes_; }
+  uint32_t capacity_pages() const { return capacity_pages_; }
   uint64_t worker_epoch() const { return memd_->worker_epoch(); }
   // The region (RegionLayout: the KV pool, then the staging arenas; the CPU backend's host-visible bytes). Errors:
   // UNIMPLEMENTED when the backend's pool is not host-visible.
@@ -302,12 +303,14 @@ class EmbeddedWorker final : private MemdHandler {
   wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
   std::unique_ptr<Device> device_;
   RegionLayout region_;
+  uint64_t page_bytes_ = 0, host_page_bytes_ = 0;
+  uint32_t capacity_pages_ = 0;
   uint8_t* region_base_ = nullptr;  // the region's first byte (the engine's pool, or the device pool region_pool_)
   std::unique_ptr<MemdClient> memd_;
   // The KV store and the ResidencyAgent: workerd's KvStack (workerd/kv_stack.h), the wiring workerd's Worker uses
   // too; kv_ and agent_ point into it.
   std::unique_ptr<KvStack> stack_;
-  HierarchicalKvAccess* kv_ = nullptr;
+  HierarchicalKvAccess* kv_ = nullptr;  // nullptr in resident mode (the port's store is KvStack's resident one)
   ResidencyAgent* agent_ = nullptr;
   std::map<RequestId, Request> requests_;
   // Latency histograms (admission wait, TTFT and TPOT from the engine's committed tokens), failures by reason and the

@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 6
+#define DHS_ABI_MINOR 7
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -78,11 +78,17 @@ DHS_EXPORT const char* dhs_status_name(int status);
 
 typedef struct dhs_worker dhs_worker;
 
-/* Serving modes (brief §4; workerd --mode). `resident` is workerd's exactness oracle and is not offered here: an
- * engine that keeps every row on its GPU needs no library. */
+/* Serving modes (brief §4; workerd --mode). */
 typedef enum dhs_mode {
   DHS_MODE_HISPARSE = 1, /* history on host; selected misses recovered from host */
-  DHS_MODE_ADAPTIVE = 2  /* resident-first: complete pages of the prompt kept on GPU while memory is spare */
+  DHS_MODE_ADAPTIVE = 2, /* resident-first: complete pages of the prompt kept on GPU while memory is spare */
+  /* ABI 1.7: every row stays in the pool (workerd's exactness oracle, through the same calls): memd admits each
+   * request with its whole context (common/worker_shape.h SessionRequiredPages, resident term) against the pool of
+   * hbm_budget_bytes, so a request that does not fit waits (DHS_EVENT_WAITING) until another completes. No host tier:
+   * nothing is backed up, reclaimed or imported (a resume recomputes every row; a prefix chain is kept in the record
+   * but not named to memd), index keys are checked and not kept; staging_arenas must be 0 (rows are read in place).
+   * The pool (dhs_pool_bytes_needed) is hbm_budget_bytes rounded down to whole pages. */
+  DHS_MODE_RESIDENT = 3
 } dhs_mode;
 
 typedef enum dhs_backend {

@@ -134,24 +134,27 @@ def append_retrying(w, *args, method="append"):
     raise RuntimeError("append: the tail stayed full")
 
 
-def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: bool = False, speculate: int = 0):
+def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: bool = False, speculate: int = 0,
+                 mode: int = dhs.MODE_ADAPTIVE):
     """The same loop with the KV in libdhs: requests submitted one admission at a time, memd admits (2 slots),
     queues, reclaims and populates; one decode step per iteration over every granted request (a batch per source).
     grouped (ABI 1.3): both layers read the index producer's one selection, so they are declared one group and
     resolved together (one plan, one call per step); decode steps append layer by layer (append_source per layer,
     then the indexer's keys) as an engine writing each layer's KV during its forward pass. speculate = K > 0: each step
-    is a speculative round of K queries per request (module docstring), served through staging arenas."""
+    is a speculative round of K queries per request (module docstring), served through staging arenas. mode
+    dhs.MODE_RESIDENT (ABI 1.7): every row stays in the pool; memd admits each request with its whole context, so a
+    request that does not fit waits for another to complete."""
     w = dhs.Worker(run_dir, sources=S, row_bytes=ROW_BYTES, indexers=1, index_key_bytes=KEY_BYTES, page_rows=P,
                    top_k=K, hot_rows=K if speculate else 4 * K, tail_rows=2 * P, slots=2,
                    hbm_budget_bytes=budget_pages * P * S * ROW_BYTES, model_fingerprint=model.fingerprint(),
-                   source_groups=[0] * S if grouped else None,
+                   source_groups=[0] * S if grouped else None, mode=mode,
                    staging_arenas=1 if speculate else 0, round_queries=speculate)
     w.pending_events = []
     rounds = {"rounds": 0, "drafted": 0, "accepted": 0}
     pool = w.pool_bytes()
     cols = np.arange(ROW_BYTES)
     state = {}  # request id -> dict(i, tokens, keys, out)
-    outputs, reclaims, tokens_made, submitted = [None] * len(reqs), 0, 0, 0
+    outputs, reclaims, tokens_made, submitted, waits = [None] * len(reqs), 0, 0, 0, 0
     start = time.monotonic()
     while any(o is None for o in outputs):
         # One admission at a time: the next request is submitted once every earlier one is granted and prefilled, so
@@ -175,6 +178,8 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
                 w.append(ev.request, 0, np.stack([r for r, _ in rk]), keys)
             elif ev.kind == dhs.EVENT_RECLAIMED:
                 reclaims += 1
+            elif ev.kind == dhs.EVENT_WAITING:
+                waits += 1
             elif ev.kind in (dhs.EVENT_REJECTED, dhs.EVENT_FAILED):
                 raise RuntimeError(f"request {ev.request}: {ev}")
         batch = [rid for rid, st in state.items() if st["granted"]]
@@ -225,6 +230,7 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
     elapsed = time.monotonic() - start
     stats = w.stats()
     stats["rounds"] = rounds
+    stats["waits"] = waits  # WAITING events: admissions memd queued
     w.close()
     return outputs, reclaims, stats, tokens_made / elapsed
 
@@ -303,6 +309,8 @@ def main() -> int:
                     help="both layers one source group, decode appends layer by layer (ABI 1.3)")
     ap.add_argument("--speculate", type=int, default=0, metavar="K",
                     help="speculative rounds of K queries through staging arenas (ABI 1.5)")
+    ap.add_argument("--mode", choices=["adaptive", "hisparse", "resident"], default="adaptive",
+                    help="the library's serving mode (resident: ABI 1.7, every row in the pool, no reclaim)")
     ap.add_argument("--trace", default=os.path.join(here, "..", "..", "tools", "replay", "data",
                                                     "mooncake_conversation_head200.jsonl"))
     a = ap.parse_args()
@@ -311,7 +319,8 @@ def main() -> int:
     t0 = time.monotonic()
     want = serve_resident(model, reqs)
     resident_s = time.monotonic() - t0
-    got, reclaims, stats, tps = serve_libdhs(model, reqs, a.run_dir, a.budget_pages, a.grouped, a.speculate)
+    mode = {"adaptive": dhs.MODE_ADAPTIVE, "hisparse": dhs.MODE_HISPARSE, "resident": dhs.MODE_RESIDENT}[a.mode]
+    got, reclaims, stats, tps = serve_libdhs(model, reqs, a.run_dir, a.budget_pages, a.grouped, a.speculate, mode)
     n_tokens = sum(len(o) for o in want)
     print(f"requests {len(reqs)}, prompts {[len(p) for p, _ in reqs]}, output tokens {n_tokens}")
     print(f"libdhs loop: {tps:.1f} tokens/s; resident numpy loop: {n_tokens / resident_s:.1f} tokens/s")
@@ -337,7 +346,16 @@ def main() -> int:
         print(f"the library's TTFT / TPOT counts {lat['ttft']['count']} / {lat['tpot']['count']} are not one first "
               f"token per request and one TPOT per later token ({len(reqs)} / {n_tokens - len(reqs)})")
         return 1
-    if stats["pages"]["reclaimed"] == 0 or stats["census"]["host"] == 0:
+    if a.mode == "resident":
+        # Every row stayed in the pool: nothing backed up, reclaimed or recovered from host; and the budget made a
+        # request wait for another's whole context to leave (memd's resident admission).
+        if stats["pages"]["backed_up"] or stats["pages"]["reclaimed"] or stats["census"]["host"] or reclaims:
+            print(f"resident mode moved rows: pages {stats['pages']}, census {stats['census']}")
+            return 1
+        if stats["waits"] == 0:
+            print("no request waited for its admission: the budget did not bound the resident contexts")
+            return 1
+    elif stats["pages"]["reclaimed"] == 0 or stats["census"]["host"] == 0:
         print("no reclaim or no host recovery happened: the budget did not force reclaims")
         return 1
     return 0

@@ -35,7 +35,8 @@ TEST(EmbeddedWorkerOpen, ShapeChecksNameTheField) {
   const Case cases[] = {
       {[](EmbeddedConfig& c) { c.run_dir.clear(); }, "run_dir"},
       {[](EmbeddedConfig& c) { c.gpu = 1u << 16; }, "gpu"},
-      {[](EmbeddedConfig& c) { c.mode = WorkerMode::kResident; }, "mode"},
+      {[](EmbeddedConfig& c) { c.mode = WorkerMode::kResident; c.staging_arenas = 1; c.round_queries = 4; },
+       "staging_arenas must be 0 in DHS_MODE_RESIDENT"},
       {[](EmbeddedConfig& c) { c.sources = 0; }, "sources"},
       {[](EmbeddedConfig& c) { c.row_bytes = 66; }, "row_bytes"},
       {[](EmbeddedConfig& c) { c.indexers = 1; }, "index_key_bytes"},

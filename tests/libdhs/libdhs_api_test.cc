@@ -1548,6 +1548,49 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   std::filesystem::remove(log);
 }
 
+// ABI 1.7, DHS_MODE_RESIDENT: every row stays in the pool, which is the budget's whole pages (12 of 2048 bytes: the
+// 100 bytes past them are not used). memd admits a request with its whole context (common/worker_shape.h: ceil(128 /
+// 16) = 8 row pages + ceil(128 * 16 / 2048) = 1 key page = 9 pages), so a second one of 5 pages (4 + 1) waits until the
+// first completes. 128 rows append in one call (no tail bound), every row reads back exact from its offset in the pool,
+// and nothing is backed up, reclaimed or recovered from host.
+TEST_F(LibdhsTest, ResidentModeKeepsEveryRowAndAdmitsWholeContexts) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 12);
+  c.mode = DHS_MODE_RESIDENT;
+  c.hbm_budget_bytes += 100;
+  uint64_t needed = 0;
+  ASSERT_EQ(dhs_pool_bytes_needed(&c, &needed), DHS_OK);
+  EXPECT_EQ(needed, 12 * kPageBytes);
+  dhs_worker_config staged = c;  // a held round's rows are read in place: no staging arenas
+  staged.staging_arenas = 1;
+  staged.round_queries = 4;
+  EXPECT_EQ(dhs_pool_bytes_needed(&staged, &needed), DHS_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t a = SubmitGranted(100, 128);
+  ASSERT_EQ(Append(a, 0, 128), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(a, {0, 15, 16, 63, 64, 99, 100, 127}));
+  dhs_request_desc d = Desc(32, 64);
+  uint64_t b = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, DHS_EVENT_WAITING) << "9 + 5 pages > 12: the second context must wait";
+  EXPECT_EQ(ev[0].request, b);
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK) << dhs_worker_errmsg(w_);
+  ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
+  EXPECT_EQ(ev[0].request, b);
+  ASSERT_EQ(Append(b, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(b, {0, 31, 32, 63, -1}));
+  const nlohmann::json st = Stats();
+  EXPECT_EQ(st["mode"], "resident");
+  EXPECT_EQ(st["pages"]["backed_up"], 0) << st;
+  EXPECT_EQ(st["pages"]["reclaimed"], 0) << st;
+  EXPECT_EQ(st["census"]["host"], 0) << st;
+  ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK) << dhs_worker_errmsg(w_);
+}
+
 // A request resolved twice on one source without dhs_readers_done between: the second resolve could wait for its own
 // readers for ever (found by the libFuzzer run: a hang in FusedResolver::Finish); it is refused with a message, other
 // sources and other requests are not affected, and after readers done it resolves again. Completing a request before

@@ -7,14 +7,21 @@
 
 namespace dhs::model {
 
-ResidentKvAccess::ResidentKvAccess(std::vector<size_t> row_bytes, size_t arena_bytes, size_t page_rows)
+ResidentKvAccess::ResidentKvAccess(std::vector<size_t> row_bytes, size_t arena_bytes, size_t page_rows,
+                                   std::span<uint8_t> memory)
     : row_bytes_(std::move(row_bytes)), page_rows_(std::max<size_t>(page_rows, 1)) {
   size_t widest = 1;
   for (size_t b : row_bytes_) widest = std::max(widest, b);
   page_bytes_ = page_rows_ * widest;
+  if (!memory.empty()) arena_bytes = std::min(arena_bytes, memory.size());
   total_pages_ = arena_bytes / page_bytes_;
-  // Not zero-filled: a page is written before it is read, and untouched pages of a large arena cost no memory.
-  arena_.reset(new uint8_t[std::max<size_t>(total_pages_ * page_bytes_, 1)]);
+  if (!memory.empty()) {
+    arena_ = memory.data();
+  } else {
+    // Not zero-filled: a page is written before it is read, and untouched pages of a large arena cost no memory.
+    owned_.reset(new uint8_t[std::max<size_t>(total_pages_ * page_bytes_, 1)]);
+    arena_ = owned_.get();
+  }
   for (size_t p = total_pages_; p > 0; --p) free_pages_.push_back(static_cast<uint32_t>(p - 1));
 }
 
@@ -26,7 +33,7 @@ std::unique_ptr<ResidentKvAccess> ResidentKvAccess::ForModel(const ModelConfig& 
 
 const uint8_t* ResidentKvAccess::RowAt(const Stream& stream, SourceId source, Position position) const {
   const size_t p = static_cast<size_t>(position);
-  return arena_.get() + stream.pages[p / page_rows_] * page_bytes_ + (p % page_rows_) * row_bytes_[source];
+  return arena_ + stream.pages[p / page_rows_] * page_bytes_ + (p % page_rows_) * row_bytes_[source];
 }
 
 absl::Status ResidentKvAccess::Append(RequestId request, SourceId source, Position position,

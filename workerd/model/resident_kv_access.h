@@ -19,8 +19,12 @@ namespace dhs::model {
 
 class ResidentKvAccess final : public KvAccess {
  public:
-  // row_bytes[s]: bytes of one row of source s (> 0). arena_bytes: the arena size (rounded down to whole pages).
-  ResidentKvAccess(std::vector<size_t> row_bytes, size_t arena_bytes, size_t page_rows = 64);
+  // row_bytes[s]: bytes of one row of source s (> 0). arena_bytes: the arena size (rounded down to whole pages of
+  // page_rows rows of the widest source). memory: empty: the arena is allocated here; else the caller's memory of at
+  // least arena_bytes bytes (libdhs's resident mode: the engine's pool or the device region, so that a row's location
+  // is an offset into it), which must outlive this object.
+  ResidentKvAccess(std::vector<size_t> row_bytes, size_t arena_bytes, size_t page_rows = 64,
+                   std::span<uint8_t> memory = {});
   // Every source of `config` with its d_KV (config.row_bytes()).
   static std::unique_ptr<ResidentKvAccess> ForModel(const ModelConfig& config, size_t arena_bytes,
                                                     size_t page_rows = 64);
@@ -60,7 +64,8 @@ class ResidentKvAccess final : public KvAccess {
   size_t page_rows_;
   size_t page_bytes_;
   size_t total_pages_;
-  std::unique_ptr<uint8_t[]> arena_;
+  std::unique_ptr<uint8_t[]> owned_;  // the arena when allocated here
+  uint8_t* arena_ = nullptr;
   std::vector<uint32_t> free_pages_;  // a stack: the most recently freed page is reused first
   absl::flat_hash_map<RequestId, std::vector<Stream>> streams_;  // per request: one stream per source
   absl::flat_hash_map<RequestId, Position> held_;  // HoldUnverified's `from`, until CommitVerified
