@@ -425,7 +425,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
   if (admit.record != nullptr) {  // a resume's carried tokens are in memd's record with its admission
     r.tokens = admit.record->token_ids;
     r.digests = admit.record->logits_digests;
-    r.tokens_acked = r.tokens.size();
+    book_.Find(id)->tokens.committed = r.tokens.size();
   }
   r.resumed = r.tokens.size();
   r.submitted = std::chrono::steady_clock::now();
@@ -467,7 +467,7 @@ void EmbeddedWorker::EnterAway() {
   if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // taken already (this death)
   ++counters_.memd_aways;
   deferred_orders_.clear();  // the dead memd's orders not carried out yet: nothing of them is acted on
-  tokens_in_flight_.clear();  // never answered: the re-Hello's report carries every token
+  ledger_.Lost();  // never answered: the re-Hello's report carries every token
   stack_->EnterAway();      // memd's orders resolved here, nothing answered; host writes paused (a new memd may not
                             // adopt a page written now)
   spdlog::warn("libdhs: memd is away: serving {} requests from the pool (no host writes, admissions wait) until a "
@@ -535,12 +535,12 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   stack_->ReturnFromAway(plan.adopted);  // the agent adopts them, host writes resume
   for (RequestId id : plan.adopted) {     // memd took their records with the report: every token is there
     Request& r = requests_.at(id);
-    counters_.tokens_acked += r.tokens.size() - r.tokens_acked;
-    r.tokens_acked = r.tokens.size();
+    TokenCounts& counts = book_.Find(id)->tokens;
+    counters_.tokens_acked += r.tokens.size() - counts.committed;
+    counts.committed = r.tokens.size();
   }
-  probe_.clear();  // their records are whole again
   // The ends deferred while away (completed by the engine: kEnding).
-  size_t ended = 0;
+  size_t ended = 0, resent = 0;
   for (RequestId id : plan.adopted) {
     if (Life(id)->phase != RequestPhase::kEnding) continue;
     agent_->EndRequest(id);  // copies end, KV released, Complete
@@ -557,17 +557,21 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     const RequestLife* life = Life(id);
     if (life->phase == RequestPhase::kEnding) {  // completed by the engine while away (its Complete went above)
       Forget(id, /*completed=*/false);
+      ++counters_.ends_deferred;
       ++ended;
       continue;
     }
-    if (life->phase == RequestPhase::kUnsent) DHS_CHECK_OK(book_.Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
+    if (life->phase == RequestPhase::kUnsent) {
+      DHS_CHECK_OK(book_.Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
+    }
     if (absl::Status s = memd_->SendAdmitRequest(*requests_.at(id).admit); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
     }
     ++counters_.admissions_resent;
+    ++resent;
   }
   spdlog::info("libdhs: memd is back: {} requests adopted, {} refused, {} ends deferred, {} admissions sent again",
-               plan.adopted.size(), plan.refused.size(), ended, plan.resend.size());
+               plan.adopted.size(), plan.refused.size(), ended, resent);
   return absl::OkStatus();
 }
 
@@ -869,10 +873,11 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
   if (!digests.empty() && digests.size() != tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat(digests.size(), " logits digests for ", tokens.size(), " tokens"));
   }
-  if (!r.record_error.ok()) {
+  const TokenCounts& counts = Life(request)->tokens;
+  if (!counts.refused.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("request ", request, ": memd refused its token record (",
-                                                      r.record_error.message(), "); it holds the first ",
-                                                      r.tokens_acked, " tokens"));
+                                                      counts.refused.message(), "); it holds the first ",
+                                                      counts.committed, " tokens"));
   }
   const uint64_t max_new = r.max_rows - r.input_rows;
   if (r.tokens.size() + tokens.size() > max_new) {
@@ -916,66 +921,40 @@ absl::Status EmbeddedWorker::CommitTokens(RequestId request, std::span<const int
 }
 
 void EmbeddedWorker::SendTokens() {
-  if (memd_->away() || !tokens_in_flight_.empty()) return;  // the re-Hello's report carries them; or one in flight
-  const auto behind = [&](RequestId id, const Request& r) {
-    return Life(id)->phase == RequestPhase::kActive && r.record_error.ok() && r.tokens_acked < r.tokens.size();
-  };
-  while (!probe_.empty()) {  // after a refused message: one request per message until each is answered alone
-    auto it = requests_.find(probe_.front());
-    if (it != requests_.end() && behind(it->first, it->second)) break;
-    probe_.pop_front();
-  }
+  if (memd_->away()) return;  // the re-Hello's report carries them
+  // workerd's TokenLedger decides (one in flight; after a refused message of several, one request per message).
+  std::vector<TokenLedger::Entry> entries =
+      ledger_.Next(book_, [&](RequestId id) { return requests_.at(id).tokens.size(); });
+  if (entries.empty()) return;
   wire::TokensCommittedT m;
   m.gpu = config_.gpu;
-  std::vector<std::pair<RequestId, size_t>> sent;
-  for (const auto& [id, r] : requests_) {
-    if (!behind(id, r) || (!probe_.empty() && id != probe_.front())) continue;
-    auto e = std::make_unique<wire::CommittedTokensT>();
-    e->request = id;
-    e->from = static_cast<uint32_t>(r.tokens_acked);  // memd takes an equal resend of what it has
-    e->token_ids.assign(r.tokens.begin() + static_cast<ptrdiff_t>(r.tokens_acked), r.tokens.end());
-    e->logits_digests.assign(r.digests.begin() + static_cast<ptrdiff_t>(r.tokens_acked), r.digests.end());
-    m.entries.push_back(std::move(e));
-    sent.emplace_back(id, r.tokens.size());
+  for (const TokenLedger::Entry& e : entries) {
+    const Request& r = requests_.at(e.request);
+    auto c = std::make_unique<wire::CommittedTokensT>();
+    c->request = e.request;
+    c->from = static_cast<uint32_t>(e.from);  // memd takes an equal resend of what it has
+    c->token_ids.assign(r.tokens.begin() + static_cast<ptrdiff_t>(e.from),
+                        r.tokens.begin() + static_cast<ptrdiff_t>(e.to));
+    c->logits_digests.assign(r.digests.begin() + static_cast<ptrdiff_t>(e.from),
+                             r.digests.begin() + static_cast<ptrdiff_t>(e.to));
+    m.entries.push_back(std::move(c));
   }
-  if (m.entries.empty()) return;
   if (!memd_->SendTokensCommitted(m).ok()) {  // memd's queue (or the epoch ended: Poll says so): sent later
     ++counters_.commits_deferred;
     return;
   }
-  tokens_in_flight_ = std::move(sent);
+  ledger_.Sent(std::move(entries));
 }
 
-void EmbeddedWorker::OnTokensCommitted() {
-  for (const auto& [id, to] : tokens_in_flight_) {
-    auto it = requests_.find(id);
-    if (it == requests_.end() || it->second.tokens_acked >= to) continue;
-    counters_.tokens_acked += to - it->second.tokens_acked;
-    it->second.tokens_acked = to;
-  }
-  if (!probe_.empty() && tokens_in_flight_.size() == 1 && tokens_in_flight_[0].first == probe_.front()) {
-    probe_.pop_front();
-  }
-  tokens_in_flight_.clear();
-}
+void EmbeddedWorker::OnTokensCommitted() { counters_.tokens_acked += ledger_.Acked(book_); }
 
 void EmbeddedWorker::OnTokensRefused(const absl::Status& why) {
   ++counters_.commits_refused;
-  if (tokens_in_flight_.size() == 1) {  // refused alone: this request's record stops at what memd acknowledged
-    auto it = requests_.find(tokens_in_flight_[0].first);
-    if (it != requests_.end()) {
-      it->second.record_error = why;
-      ++counters_.records_refused;
-      spdlog::warn("libdhs: memd refused the tokens of request {}: {}; its record keeps {} tokens", it->first,
-                   why.ToString(), it->second.tokens_acked);
-    }
-    if (!probe_.empty() && probe_.front() == tokens_in_flight_[0].first) probe_.pop_front();
-  } else {  // some entries were applied, some not: each request goes again alone
-    for (const auto& [id, to] : tokens_in_flight_) {
-      if (std::find(probe_.begin(), probe_.end(), id) == probe_.end()) probe_.push_back(id);
-    }
+  if (std::optional<RequestId> alone = ledger_.Refused(book_, why); alone && Life(*alone) != nullptr) {
+    ++counters_.records_refused;
+    spdlog::warn("libdhs: memd refused the tokens of request {}: {}; its record keeps {} tokens", *alone,
+                 why.ToString(), Life(*alone)->tokens.committed);
   }
-  tokens_in_flight_.clear();
 }
 
 absl::StatusOr<EmbeddedWorker::RecordTokens> EmbeddedWorker::ResumableTokens(RequestId interrupted) const {
@@ -1021,6 +1000,7 @@ const wire::RequestRecordT* EmbeddedWorker::InterruptedRecord(RequestId id) cons
 
 absl::Status EmbeddedWorker::CheckInvariants() const {
   if (absl::Status s = book_.CheckInvariants(); !s.ok()) return s;
+  if (absl::Status s = ledger_.CheckInvariants(); !s.ok()) return s;
   if (requests_.size() != book_.requests().size()) {
     return absl::InternalError(absl::StrCat(requests_.size(), " requests here, ", book_.requests().size(),
                                             " in the book"));
@@ -1032,6 +1012,9 @@ absl::Status EmbeddedWorker::CheckInvariants() const {
                                               " (an engine's request is active from its grant)"));
     }
     if (life.client) return absl::InternalError(absl::StrCat("request ", id, " has a client of the book's"));
+    if (GpuOfNodeRequestId(id) != config_.gpu) {
+      return absl::InternalError(absl::StrCat("request ", id, " is not in GPU ", config_.gpu, "'s range of ids"));
+    }
   }
   return absl::OkStatus();
 }
@@ -1040,7 +1023,11 @@ std::string EmbeddedWorker::StatsJson() const {
   const Census c = kv_ != nullptr ? kv_->TotalCensus() : Census{};  // resident: every row direct, none counted
   const StagingCensus staged = kv_ != nullptr ? kv_->staging_census() : StagingCensus{};
   const ResidencyStats& a = agent_->stats();
-  const uint64_t granted = book_.active(), waiting = book_.waiting_for_grant();
+  uint64_t granted = 0, waiting = 0;  // open for the engine: an ending one (completed while memd is away) is not
+  for (const auto& [id, life] : book_.requests()) {
+    granted += life.phase == RequestPhase::kActive ? 1 : 0;
+    waiting += WaitsForGrant(life.phase) ? 1 : 0;
+  }
   nlohmann::json j = {
       {"gpu", config_.gpu},
       {"mode", std::string(WorkerModeName(config_.mode))},
@@ -1062,7 +1049,7 @@ std::string EmbeddedWorker::StatsJson() const {
       {"staging", {{"arenas", config_.staging_arenas}, {"bytes", region_.staging_bytes},
                    {"unions", staged.unions}, {"staged_fetches", staged.staged_fetches}, {"rows", staged.rows}}},
       {"tokens", {{"committed", counters_.tokens_committed}, {"acknowledged", counters_.tokens_acked},
-                  {"deferred", counters_.commits_deferred}, {"in_flight", !tokens_in_flight_.empty()},
+                  {"deferred", counters_.commits_deferred}, {"in_flight", ledger_.in_flight()},
                   {"refused", counters_.commits_refused}, {"records_refused", counters_.records_refused}}},
       {"rows_appended", counters_.rows_appended},
       {"queries_resolved", counters_.queries_resolved},

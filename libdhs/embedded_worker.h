@@ -32,6 +32,7 @@
 #include "libdhs/kv_port.h"
 #include "workerd/memd_client.h"
 #include "workerd/request_book.h"
+#include "workerd/token_ledger.h"
 #include "workerd/residency_agent.h"
 #include "workerd/serving_mode.h"
 #include "workerd/worker_stats.h"
@@ -242,12 +243,10 @@ class EmbeddedWorker final : private MemdHandler {
     std::vector<HostBackedPage> host_backed;
     uint32_t slot = 0;         // AdmitGrant.slot (its hot cache and tail region)
     // Its generated tokens (CommitTokens; a resume's start with the interrupted record's) and their logits digests;
-    // the first tokens_acked of them are in memd's record (a TokensCommitted memd answered, its AdmitRequest or a
-    // re-Hello's report); record_error: memd refused this request's tokens alone (later commits are refused).
+    // the book's TokenCounts say how many memd's record holds (a TokensCommitted memd answered, its AdmitRequest or a
+    // re-Hello's report) and whether memd refused this request's tokens alone (later commits are refused).
     std::vector<uint32_t> tokens;
     std::vector<uint64_t> digests;
-    size_t tokens_acked = 0;
-    absl::Status record_error;
     std::shared_ptr<const wire::AdmitRequestT> admit;  // its AdmitRequest (sent again after a memd restart)
     // The recorder's times (workerd's WorkerRecorder): its Submit, its previous committed token; resumed: the
     // tokens it started with (a resume's carried tokens): the first committed after them is its first token (TTFT).
@@ -255,7 +254,8 @@ class EmbeddedWorker final : private MemdHandler {
     size_t resumed = 0;
   };
 
-  EmbeddedWorker(EmbeddedConfig config) : config_(std::move(config)), recorder_(config_.gpu) {}
+  EmbeddedWorker(EmbeddedConfig config)
+      : config_(std::move(config)), book_(config_.gpu, ResumedOutputLimits{}), recorder_(config_.gpu) {}
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
   // and counts it.
   void RecordEnd(RequestId id, const Request& r, const absl::Status& error);
@@ -276,15 +276,14 @@ class EmbeddedWorker final : private MemdHandler {
   wire::HelloT ReHello() const;
   absl::Status Return(const wire::HelloReplyT& reply);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
-  // One TokensCommitted with every granted request's tokens memd has not acknowledged (CommitTokens), unless one is in
-  // flight or memd is away (they wait; nothing lost). After memd refused a message of several entries (its reply does
-  // not say whose), the requests of that message go one per message (probe_) until each is acknowledged or refused
-  // alone: a refused one keeps memd's reason (record_error), the others lose nothing (memd takes an equal resend).
+  // One TokensCommitted with every granted request's tokens memd has not acknowledged (CommitTokens), as workerd's
+  // TokenLedger decides: unless one is in flight or memd is away (they wait; nothing lost); after memd refused a
+  // message of several entries, one request per message until each is acknowledged or refused alone (a refused one
+  // keeps memd's reason in TokenCounts::refused; the others lose nothing: memd takes an equal resend).
   void SendTokens();
   void OnTokensCommitted() override;
   void OnTokensRefused(const absl::Status& why) override;
-  std::vector<std::pair<RequestId, size_t>> tokens_in_flight_;  // (request, tokens its record holds once answered)
-  std::deque<RequestId> probe_;
+  TokenLedger ledger_;  // the TokensCommitted in flight and the probe queue (workerd/token_ledger.h)
 
   // MemdHandler.
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
@@ -318,7 +317,7 @@ class EmbeddedWorker final : private MemdHandler {
   WorkerRecorder recorder_{0};
   // Every open request's phase and node id (RequestBook::OpenDetached; ids gpu | epoch | n as workerd's), and the ids
   // completed before memd's answer until their CompleteAck (a late grant is released by the Complete: StaleGrant).
-  RequestBook book_{0, ResumedOutputLimits{}};
+  RequestBook book_;  // of config_.gpu: its ids are in that GPU's range (review finding: GPU 0's for every GPU)
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
   // The data path (libdhs/kv_port.h, the one workerd's model uses too): appends, keys, resolves, readers (the
   // requests resolved per group since its last ReadersDone: a resolve again, or a Complete, before it is refused),

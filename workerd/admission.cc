@@ -135,6 +135,19 @@ void AdmissionDesk::OnCompleteAck(const wire::CompleteAckT& m) {
   spdlog::debug("worker: request {} released {} pages", m.request, m.released_pages);
 }
 
+void AdmissionDesk::OnTokensCommitted() {
+  if (p_.ledger != nullptr) p_.ledger->Acked(*p_.book);
+}
+
+void AdmissionDesk::OnTokensRefused(const absl::Status& why) {
+  if (p_.ledger == nullptr) return;
+  if (std::optional<RequestId> alone = p_.ledger->Refused(*p_.book, why)) {
+    ++p_.recorder->counts().records_refused;
+    spdlog::warn("worker: memd refused the tokens of request {}: {}; its record keeps what memd acknowledged", *alone,
+                 why.ToString());
+  }
+}
+
 void AdmissionDesk::OnReclaimOrder(const wire::ReclaimOrderT& m) { p_.agent->OnReclaimOrder(m); }
 void AdmissionDesk::OnRetire(const wire::RetireT& m) { p_.agent->OnRetire(m); }
 void AdmissionDesk::OnPopulateOrder(const wire::PopulateOrderT& m) { p_.agent->OnPopulateOrder(m); }

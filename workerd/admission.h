@@ -27,6 +27,7 @@
 #include "workerd/request_book.h"
 #include "workerd/residency_agent.h"
 #include "workerd/resume_import.h"
+#include "workerd/token_ledger.h"
 #include "workerd/worker_request.h"
 #include "workerd/worker_stats.h"
 
@@ -45,6 +46,7 @@ struct AdmissionParts {
   WorkerRecorder* recorder = nullptr;
   ClientStreams* clients = nullptr;
   RequestEnds* ends = nullptr;
+  TokenLedger* ledger = nullptr;  // the TokensCommitted in flight: memd's answers (OnTokensCommitted / Refused)
 };
 
 class AdmissionDesk final : public MemdHandler {
@@ -103,6 +105,10 @@ class AdmissionDesk final : public MemdHandler {
   void OnRetire(const wire::RetireT& m) override;
   void OnPopulateOrder(const wire::PopulateOrderT& m) override;
   void OnCompleteAck(const wire::CompleteAckT& m) override;
+  // memd's answer to the TokensCommitted in flight (TokenLedger::Acked / Refused; a request refused alone keeps the
+  // reason, its later tokens are not sent; its stream to the client goes on).
+  void OnTokensCommitted() override;
+  void OnTokensRefused(const absl::Status& why) override;
 
  private:
   // Complete for an interrupted id this worker does not resume (memd frees what it kept; `keep_output`: its record

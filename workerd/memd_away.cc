@@ -16,6 +16,7 @@ void MemdAway::Enter() {
   if (!p_.memd->session().TakeLoss(std::chrono::steady_clock::now())) return;  // once per death
   ++p_.recorder->counts().memd_aways;
   p_.stack->EnterAway();  // memd's orders resolved here, host writes paused
+  if (p_.ledger != nullptr) p_.ledger->Lost();  // the re-Hello's report carries every token
   spdlog::warn("worker: memd is away: serving {} granted requests from the GPU (no admissions, no host writes, "
                "tokens held from clients) until a memd takes the re-Hello", p_.book->active());
 }

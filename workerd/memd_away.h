@@ -31,6 +31,7 @@
 #include "workerd/memd_link.h"
 #include "workerd/memd_session.h"
 #include "workerd/request_book.h"
+#include "workerd/token_ledger.h"
 #include "workerd/residency_agent.h"
 #include "workerd/worker_request.h"
 #include "workerd/worker_stats.h"
@@ -51,6 +52,7 @@ struct AwayParts {
   AdmissionDesk* admission = nullptr;
   RequestEnds* ends = nullptr;
   KvStack* stack = nullptr;  // the KV half of Enter and Return (KvStack::EnterAway, ReturnFromAway)
+  TokenLedger* ledger = nullptr;  // Enter: the TokensCommitted in flight is never answered (TokenLedger::Lost)
 };
 
 class MemdAway {

@@ -87,7 +87,11 @@ bool Steps(RequestPhase phase);
 
 // Counters of a request's token stream (positions in its generated tokens).
 struct TokenCounts {
-  size_t committed = 0;   // generated tokens handed to memd (TokensCommitted queued)
+  // Generated tokens memd's record holds: acknowledged (TokenLedger::Acked), or carried by its AdmitRequest or a
+  // re-Hello's report.
+  size_t committed = 0;
+  // memd refused this request's tokens alone (TokenLedger::Refused): its later tokens are not sent; the reason.
+  absl::Status refused;
   size_t client_has = 0;  // tokens a re-attached client had (Attach.received): never streamed again
   // memd away: generated[held_from..] not streamed yet (they go to the client after the re-Hello); none when
   // nothing is held.

@@ -19,17 +19,17 @@ namespace dhs {
 namespace {
 
 // The TokensCommitted of `ids` (requests with tokens this step): each one's tokens from its `committed` on.
-wire::TokensCommittedT TokensCommittedOf(GpuId gpu, std::span<const RequestId> ids, const RequestMap& requests) {
+// The TokensCommitted of the ledger's `entries` (TokenLedger::Next): tokens [from, to) of each request.
+wire::TokensCommittedT TokensCommittedOf(GpuId gpu, std::span<const TokenLedger::Entry> entries,
+                                         const RequestMap& requests) {
   wire::TokensCommittedT commit;
   commit.gpu = gpu;
-  for (RequestId id : ids) {
-    const WorkerRequest& r = *requests.at(id);
-    const size_t committed = r.life->tokens.committed;
-    if (committed >= r.out.generated.size()) continue;
+  for (const TokenLedger::Entry& entry : entries) {
+    const WorkerRequest& r = *requests.at(entry.request);
     auto e = std::make_unique<wire::CommittedTokensT>();
-    e->request = id;
-    e->from = static_cast<uint32_t>(committed);  // a step whose message could not be queued is resent here
-    for (size_t t = committed; t < r.out.generated.size(); ++t) {
+    e->request = entry.request;
+    e->from = static_cast<uint32_t>(entry.from);  // what memd acknowledged: an unqueued step's tokens go again here
+    for (size_t t = entry.from; t < entry.to; ++t) {
       e->tokens.push_back(static_cast<uint8_t>(r.out.generated[t]));
       e->logits_digests.push_back(r.out.digests[t]);
     }
@@ -85,10 +85,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   w->clients_ = std::make_unique<ClientStreams>(client, &w->book_, &w->requests_, &w->recorder_, ends);
   w->admission_ = std::make_unique<AdmissionDesk>(
       AdmissionParts{model, &w->config_, &w->geometry_, memd, &w->book_, &w->requests_, w->agent_,
-                     w->resumes_.get(), &w->recorder_, w->clients_.get(), ends});
+                     w->resumes_.get(), &w->recorder_, w->clients_.get(), ends, &w->ledger_});
   w->away_ = std::make_unique<MemdAway>(AwayParts{&w->config_, &w->geometry_, memd, &w->book_, &w->requests_,
                                                   w->agent_, w->hier_, &w->recorder_, w->clients_.get(),
-                                                  w->admission_.get(), ends, w->stack_.get()});
+                                                  w->admission_.get(), ends, w->stack_.get(), &w->ledger_});
   return w;
 }
 
@@ -405,9 +405,14 @@ void Worker::CommitStep() {
     for (RequestId id : ids) away_->Hold(*requests_.at(id), new_tokens[id]);
     return;
   }
-  // The record first (one message for the step), then the chunks: see worker.h, "Committed tokens".
-  if (absl::Status s = memd_->SendTokensCommitted(TokensCommittedOf(config_.gpu, ids, requests_)); s.ok()) {
-    for (RequestId id : ids) requests_.at(id)->life->tokens.committed = requests_.at(id)->out.generated.size();
+  // The record first (one message for every request behind, TokenLedger::Next), then the chunks: see worker.h,
+  // "Committed tokens".
+  std::vector<TokenLedger::Entry> entries =
+      ledger_.Next(book_, [&](RequestId id) { return requests_.at(id)->out.generated.size(); });
+  absl::Status s = entries.empty() ? absl::OkStatus()
+                                   : memd_->SendTokensCommitted(TokensCommittedOf(config_.gpu, entries, requests_));
+  if (s.ok()) {
+    ledger_.Sent(std::move(entries));
   } else {
     // The previous message is not acknowledged yet (these tokens go with a later step), or memd is dead or hung (the
     // liveness checks end the epoch). The tokens stream anyway, ahead of memd's record: a resume regenerates them

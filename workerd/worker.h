@@ -64,6 +64,7 @@
 #include "workerd/model/model.h"
 #include "workerd/prefix_import.h"
 #include "workerd/request_book.h"
+#include "workerd/token_ledger.h"
 #include "workerd/residency_agent.h"
 #include "workerd/resume_import.h"
 #include "workerd/serving.h"
@@ -221,6 +222,7 @@ class Worker final : public Submitter, private RequestEnds {
   HierarchicalKvAccess* hier_ = nullptr;
   ResidencyAgent* agent_ = nullptr;  // the memd conversation
   RequestBook book_;  // every request's lifecycle, ids and the resumed outputs waiting for their client
+  TokenLedger ledger_;  // which tokens go to memd's records next (one TokensCommitted in flight, the probe queue)
   RequestMap requests_;  // ordered: the batch order is stable
   WorkerRecorder recorder_;
   std::unique_ptr<ResumeImporter> resumes_;  // resumed requests' host imports and figures

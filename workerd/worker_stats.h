@@ -53,6 +53,7 @@ struct WorkerStats {
   uint64_t rows_imported = 0;           // rows they imported from host instead (pages with a confirmed host copy)
   uint64_t resume_us_max = 0;           // the longest resume (Resume to its first new token), us
   uint64_t commits_deferred = 0;        // steps whose tokens went to memd with a later step (one message in flight)
+  uint64_t records_refused = 0;  // requests whose tokens memd refused alone (TokenLedger): their record stops there
   uint32_t waiting_requests_peak = 0;   // the most requests waiting for their grant at once
   uint64_t memd_aways = 0;              // times memd died under this worker (MemdAway::Enter)
   uint64_t tokens_while_away = 0;       // tokens generated while memd was away (held from clients until it was back)

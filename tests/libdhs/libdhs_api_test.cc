@@ -1479,6 +1479,8 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   // finds it in the journal as an interrupted request, gets its Complete at the re-Hello (not listed resumable).
   ASSERT_EQ(dhs_request_complete(w_, queued_then_completed), DHS_OK);
   EXPECT_EQ(dhs_request_complete(w_, queued_then_completed), DHS_ERR_NOT_FOUND);
+  // Open for the engine now (review finding: an ending one was counted open too): the queued one and late.
+  EXPECT_EQ(Stats()["requests"]["open_waiting"], 2);
   ASSERT_EQ(dhs_request_complete(w_, short_one), DHS_OK);  // granted: its end waits for the re-Hello
   EXPECT_EQ(Append(short_one, 0, 1), DHS_ERR_NOT_FOUND);   // gone for the engine at once
   ASSERT_NO_FATAL_FAILURE(poll_some(50, 2));              // ~100 ms away: re-Hello attempts find no memd
@@ -1491,7 +1493,8 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   EXPECT_FALSE(back["away"].get<bool>());
   EXPECT_EQ(back["reports_refused"], 0) << back;
   EXPECT_EQ(back["admissions_resent"], 2) << back;  // the queued one and the one submitted while away
-  EXPECT_EQ(back["ends_deferred"], 1) << back;      // short_one's Complete reached the new memd: its slot is free
+  // short_one's Complete reached the new memd (its slot is free), and queued_then_completed's end happened there.
+  EXPECT_EQ(back["ends_deferred"], 2) << back;
   {
     dhs_resumable listed[8];
     size_t n = 0, total = 0;
@@ -1499,6 +1502,8 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
     for (size_t i = 0; i < n; ++i) EXPECT_NE(listed[i].request, queued_then_completed);
   }
   EXPECT_EQ(Stats()["requests"]["completed"], 3);  // dropped, queued_then_completed, short_one
+  EXPECT_EQ(Stats()["requests"]["open_waiting"], 2) << "the queued one and late; none of those completed";
+  EXPECT_EQ(Stats()["requests"]["open_granted"], 1) << "id";
   // The request goes on: the rest of its rows (the deferred backups free the tail), all of them read back exact.
   for (int64_t t = 96; t < 128; t += 8) {
     int rc = DHS_ERR_RESOURCE_EXHAUSTED;
@@ -1589,6 +1594,20 @@ TEST_F(LibdhsTest, ResidentModeKeepsEveryRowAndAdmitsWholeContexts) {
   EXPECT_EQ(st["pages"]["reclaimed"], 0) << st;
   EXPECT_EQ(st["census"]["host"], 0) << st;
   ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK) << dhs_worker_errmsg(w_);
+}
+
+// A worker of GPU 3 (review finding: the request book was GPU 0's, so every request id was outside GPU 3's range and
+// memd rejected each one): its ids carry GPU 3 in their top 16 bits, and it serves.
+TEST_F(LibdhsTest, AWorkerOfAnotherGpuServes) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.gpu = 3;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t id = SubmitGranted(16, 40);
+  EXPECT_EQ(id >> 48, 3u);
+  ASSERT_EQ(Append(id, 0, 40), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(id, {0, 15, 16, 39}));
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK) << dhs_worker_errmsg(w_);
 }
 
 // A request resolved twice on one source without dhs_readers_done between: the second resolve could wait for its own

@@ -166,6 +166,41 @@ TEST(WorkerCommit, EveryTokenIsCommittedToMemdBeforeItIsStreamedWithOneMessagePe
   }
 }
 
+// memd refuses the tokens of one request (issue 25's TokenLedger, shared with libdhs): the message it is in is refused
+// whole (the entries before it applied), then each request of it goes alone until answered alone. The refused
+// request's record stops where memd acknowledged it, every other record still gets every token (with the old
+// optimistic count, the later entries of the refused message were never resent: their records kept a gap), and every
+// client still gets every token, equal to the oracle.
+TEST(WorkerCommit, TokensMemdRefusesForOneRequestStopOnlyItsRecord) {
+  Fixture f(WorkerMode::kAdaptive);
+  for (RequestId id : {1, 2, 3}) {
+    ASSERT_TRUE(f.worker->Submit(Submit(id, Prompt(12 + 5 * id, static_cast<uint32_t>(id)), 8), ClientRef{"c", id}).ok());
+  }
+  size_t refused_at = 0;
+  for (int it = 0; it < 5000 && f.sink.finished.size() < 3; ++it) {
+    if (refused_at == 0 && f.memd->committed[2].size() >= 2) {  // from now on memd refuses request 2's tokens
+      refused_at = f.memd->committed[2].size();
+      f.memd->refuse_tokens_of.insert(2);
+    }
+    f.memd->Pump(*f.worker);
+    ASSERT_TRUE(f.worker->Iterate().ok());
+  }
+  ASSERT_EQ(f.sink.finished.size(), 3u);
+  ASSERT_GE(refused_at, 2u);
+  EXPECT_GE(f.memd->commits_refused, 2) << "a message of several entries, then request 2 alone";
+  EXPECT_EQ(f.worker->stats().records_refused, 1u);
+  for (RequestId id : {1, 2, 3}) {
+    const Generated want = Oracle(*f.model, f.Input(Prompt(12 + 5 * id, static_cast<uint32_t>(id))), 8);
+    EXPECT_EQ(f.sink.out[id].tokens, want.tokens) << "request " << id << ": the client's stream";
+    const std::vector<int> record(f.memd->committed[id].begin(), f.memd->committed[id].end());
+    if (id == 2) {
+      EXPECT_EQ(record, std::vector<int>(want.tokens.begin(), want.tokens.begin() + refused_at));
+    } else {
+      EXPECT_EQ(record, want.tokens) << "request " << id << "'s record";
+    }
+  }
+}
+
 // Request ids are the client's (issue 12): memd sees node request ids (gpu << 48) | n, unique among the worker's
 // requests in flight and never a reserved value (0, 2^64-1), so clients of different workers never collide; the client
 // sees its own id in SubmitAccepted and TokenChunk. Two clients may use the same id at once; one client may not (it is

@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <utility>
 #include <string>
 #include <variant>
 #include <vector>
@@ -323,17 +324,32 @@ class FakeMemd final : public MemdLink {
     GrantWaiting();
     return absl::OkStatus();
   }
-  // Keeps each request's committed tokens as memd's record would (in order, no gap, no repeat).
+  // Keeps each request's committed tokens as memd's record would (in order, no gap, no repeat); answered at the next
+  // Pump, as memd's TokensCommittedAck (one in flight: a second message before that answer is a defect). An entry of a
+  // request in `refuse_tokens_of` is refused as memd refuses a bad entry: the entries before it stay applied, the
+  // rest of the message is dropped, and the answer is an error (OnTokensRefused) that does not say whose.
   absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override {
     ++commit_messages;
+    EXPECT_FALSE(commit_answer_.has_value()) << "a TokensCommitted sent before memd answered the previous one";
+    commit_answer_ = absl::OkStatus();
     for (const auto& e : m.entries) {
+      if (refuse_tokens_of.contains(e->request)) {
+        commit_answer_ = absl::InvalidArgumentError(absl::StrCat("request ", e->request, ": record refused"));
+        ++commits_refused;
+        break;
+      }
       std::vector<uint8_t>& have = committed[e->request];
-      EXPECT_EQ(e->from, have.size()) << "request " << e->request << ": a gap or a repeat";
+      // A repeat only after a refusal (its entries go again from what memd acknowledged); memd takes an equal resend.
+      EXPECT_TRUE(e->from == have.size() || (commits_refused > 0 && e->from < have.size()))
+          << "request " << e->request << ": a gap or a repeat (from " << e->from << ", memd has " << have.size() << ")";
       EXPECT_EQ(e->tokens.size(), e->logits_digests.size());
-      have.insert(have.end(), e->tokens.begin(), e->tokens.end());
+      const size_t from = std::min<size_t>(e->from, have.size());
+      const size_t skip = std::min(e->tokens.size(), have.size() - from);  // tokens memd has already
+      for (size_t i = 0; i < skip; ++i) EXPECT_EQ(have[from + i], e->tokens[i]) << "a resend that differs";
+      have.insert(have.end(), e->tokens.begin() + skip, e->tokens.end());
       if (auto rec = records.find(e->request); rec != records.end()) {  // as memd's record: tokens appended
-        rec->second.tokens.insert(rec->second.tokens.end(), e->tokens.begin(), e->tokens.end());
-        rec->second.logits_digests.insert(rec->second.logits_digests.end(), e->logits_digests.begin(),
+        rec->second.tokens.insert(rec->second.tokens.end(), e->tokens.begin() + skip, e->tokens.end());
+        rec->second.logits_digests.insert(rec->second.logits_digests.end(), e->logits_digests.begin() + skip,
                                           e->logits_digests.end());
       }
     }
@@ -362,11 +378,13 @@ class FakeMemd final : public MemdLink {
     reclaims_.clear();
     inbox_.clear();
     waiting_.clear();
+    commit_answer_.reset();  // the fenced worker's message is never answered
   }
   // A re-Hello's report (memd restarted, the worker survived): each reported record replaces the one kept, as memd's
   // Daemon::ReHello does (the fake's accounting of the requests stays: the same memd state stands in for the adopted
   // one).
   void AdoptReport(const std::vector<std::unique_ptr<wire::ReportedRequestT>>& report) {
+    commit_answer_.reset();  // the dead memd's answer never comes
     for (const auto& rep : report) {
       if (!rep->record) continue;
       records[rep->request] = *rep->record;
@@ -389,6 +407,13 @@ class FakeMemd final : public MemdLink {
   // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
   void Pump(Worker& w) {
     ++pumps_;
+    if (std::optional<absl::Status> answer = std::exchange(commit_answer_, std::nullopt)) {
+      if (answer->ok()) {
+        w.admission().OnTokensCommitted();
+      } else {
+        w.admission().OnTokensRefused(*answer);
+      }
+    }
     GrantWaiting();
     while (!inbox_.empty()) {
       auto msg = std::move(inbox_.front());
@@ -470,6 +495,8 @@ class FakeMemd final : public MemdLink {
   int admits_with_optional_history = 0;  // AdmitRequests that allow optional history (adaptive mode only)
   int completes = 0;
   int commit_messages = 0;                              // TokensCommitted messages (one per step with tokens)
+  int commits_refused = 0;                              // TokensCommitted refused (refuse_tokens_of)
+  std::set<RequestId> refuse_tokens_of;                 // requests whose TokensCommitted entries memd refuses
   std::map<RequestId, std::vector<uint8_t>> committed;  // node id -> tokens committed (TokensCommitted)
   std::map<RequestId, wire::RequestRecordT> records;    // node id -> AdmitRequest.record + committed tokens
   std::map<RequestId, std::map<uint32_t, PageIndex>> interrupted;  // Fence: node id -> kept history -> host page
@@ -536,6 +563,7 @@ class FakeMemd final : public MemdLink {
   std::map<RequestId, Req> reqs_;
   std::map<uint64_t, Reclaim> reclaims_;
   std::deque<Msg> inbox_;
+  std::optional<absl::Status> commit_answer_;  // the TokensCommitted in flight: its answer at the next Pump
   uint64_t next_order_ = 1;
   uint64_t pumps_ = 0;
 };
