@@ -538,6 +538,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     TokenCounts& counts = book_.Find(id)->tokens;
     counters_.tokens_acked += r.tokens.size() - counts.committed;
     counts.committed = r.tokens.size();
+    counts.refused = absl::OkStatus();  // the new memd took the whole record: its tokens go on (TokenLedger)
   }
   // The ends deferred while away (completed by the engine: kEnding).
   size_t ended = 0, resent = 0;

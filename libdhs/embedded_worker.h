@@ -255,7 +255,7 @@ class EmbeddedWorker final : private MemdHandler {
   };
 
   EmbeddedWorker(EmbeddedConfig config)
-      : config_(std::move(config)), book_(config_.gpu, ResumedOutputLimits{}), recorder_(config_.gpu) {}
+      : config_(std::move(config)), recorder_(config_.gpu), book_(config_.gpu, ResumedOutputLimits{}) {}
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
   // and counts it.
   void RecordEnd(RequestId id, const Request& r, const absl::Status& error);

@@ -98,6 +98,7 @@ absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   for (RequestId id : plan.adopted) {
     WorkerRequest& r = *p_.requests->at(id);
     r.life->tokens.committed = r.out.generated.size();
+    r.life->tokens.refused = absl::OkStatus();  // the new memd took the whole record: its tokens go on
     if (r.life->phase == RequestPhase::kPaused) {
       DHS_CHECK_OK(p_.book->Transition(id, RequestPhase::kPaused, RequestPhase::kActive));
     }

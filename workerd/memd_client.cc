@@ -252,6 +252,12 @@ void MemdClient::Dispatch(const std::string& bytes, MemdHandler& handler) {
 
 void MemdClient::OnErrorReply(const Message& msg, MemdHandler& handler) {
   const absl::Status s = ReadErrorStatus(msg);
+  // Fenced first, whatever message it answers: the epoch ended (review finding: a FENCED answer to the TokensCommitted
+  // in flight was taken for a refusal of those tokens, and the epoch went on until another message was refused).
+  if (IsFenced(s)) {  // ErrorReply.reason FENCED (the code, not the text)
+    ended_ = absl::AbortedError(absl::StrCat("fenced by memd: ", s.message()));
+    return;
+  }
   if (msg.sequence == commit_seq_ && commit_seq_ != 0) {
     commit_seq_ = 0;
     spdlog::warn("workerd: memd refused tokens committed: {}", s.ToString());
@@ -266,10 +272,6 @@ void MemdClient::OnErrorReply(const Message& msg, MemdHandler& handler) {
     reject.reason = std::string(s.message());
     admit_seq_.erase(it);
     handler.OnAdmitReject(reject);
-    return;
-  }
-  if (IsFenced(s)) {  // ErrorReply.reason FENCED (the code, not the text)
-    ended_ = absl::AbortedError(absl::StrCat("fenced by memd: ", s.message()));
     return;
   }
   spdlog::warn("workerd: memd answered message {} with an error: {}", msg.sequence, s.ToString());

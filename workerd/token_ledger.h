@@ -6,9 +6,11 @@
 // tokens memd's record holds: acknowledged, or carried by its AdmitRequest or a re-Hello's report) and
 // TokenCounts::refused (memd refused this request's tokens alone: its later tokens are not sent; the reason stays).
 // The ledger keeps the message in flight and the probe queue: memd refuses a message of several entries with one
-// ErrorReply that does not say whose entry was bad (it applied the entries before it), so after such a refusal each
-// request of that message goes alone until it is acknowledged or refused alone. Nothing is lost on a refusal: an
-// entry starts at `committed` and memd takes an equal resend of what it has.
+// ErrorReply that does not say whose entry was bad ("k of n entries refused"; it applied the valid ones:
+// Daemon::OnTokensCommitted), so after such a refusal each request of that message goes alone until it is
+// acknowledged or refused alone. Nothing is lost on a refusal: an entry starts at `committed` and memd takes an equal
+// resend of what it has (RequestRecordStore::Commit). A re-Hello whose report memd adopted clears a refusal (the
+// report carried every token: MemdAway::Return, EmbeddedWorker::Return).
 //
 // Events in: Sent, Acked, Refused, Lost (memd went away: the message in flight is never answered; the re-Hello's
 // report carries every token). Decisions out: Next (the entries of the next message). Reads and writes the book's

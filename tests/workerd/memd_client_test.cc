@@ -17,6 +17,7 @@
 #include <chrono>
 #include <optional>
 #include <cstdio>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -104,6 +105,7 @@ class StandInMemd {
       auto m = DecodeEnvelope((*in)->bytes);
       if (m.ok()) {
         got.push_back(m->type);
+        last_sequence[m->type] = m->sequence;
         if (m->type == wire::Body::Heartbeat) {
           EXPECT_TRUE(router_->Reply((*in)->peer, EncodeHeartbeatAck(wire::HeartbeatAckT(), m->sequence, "memd")).ok());
         }
@@ -113,6 +115,7 @@ class StandInMemd {
     return got;
   }
   int hellos() const { return hellos_; }
+  std::map<wire::Body, uint64_t> last_sequence;  // of each type received (Serve)
 
  private:
   uint32_t worker_timeout_ms_;
@@ -347,6 +350,7 @@ class RecordingHandler final : public MemdHandler {
   void OnRetire(const wire::RetireT& m) override { seen.push_back("retire " + std::to_string(m.request)); }
   void OnPopulateOrder(const wire::PopulateOrderT&) override { seen.push_back("populate"); }
   void OnCompleteAck(const wire::CompleteAckT& m) override { seen.push_back("ack " + std::to_string(m.request)); }
+  void OnTokensRefused(const absl::Status& why) override { seen.push_back("tokens refused"); }
   std::vector<std::string> seen;
 };
 
@@ -453,6 +457,38 @@ TEST(MemdClientFence, AFencedRefusalEndsTheEpochByItsCodeNotByItsText) {
             std::string::npos)
       << ended;
   EXPECT_TRUE(absl::IsAborted(client->CheckEpoch())) << "ABORTED stays";
+}
+
+// memd answers every message of a fenced worker with FENCED, the TokensCommitted in flight included (Daemon::Heard):
+// that answer ends the epoch like any other FENCED refusal; it is not a refusal of those tokens (review finding:
+// TokenLedger then marked the request's record refused for good and the epoch went on).
+TEST(MemdClientFence, AFencedAnswerToTheTokensInFlightEndsTheEpoch) {
+  using std::chrono::milliseconds;
+  dhs::testing::ScopedRunDir dir;
+  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
+  StandInMemd memd(dir.path());
+  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
+  ASSERT_TRUE(client);
+  wire::TokensCommittedT m;
+  auto e = std::make_unique<wire::CommittedTokensT>();
+  e->request = 1;
+  e->token_ids = {7, 8};
+  m.entries.push_back(std::move(e));
+  ASSERT_TRUE(client->SendTokensCommitted(m).ok());
+  for (int i = 0; i < 400 && !memd.last_sequence.contains(wire::Body::TokensCommitted); ++i) {
+    (void)memd.Serve(milliseconds(5));
+  }
+  ASSERT_TRUE(memd.last_sequence.contains(wire::Body::TokensCommitted));
+  ASSERT_TRUE(memd.SendToWorker(EncodeError(FencedError("the worker of GPU 0 (epoch 1) was fenced (test)"),
+                                            memd.last_sequence[wire::Body::TokensCommitted], "memd")));
+  RecordingHandler handler;
+  absl::Status ended;
+  for (int i = 0; i < 400 && ended.ok(); ++i) {
+    ended = client->Poll(handler, MemdClient::Load{});
+    (void)memd.Serve(milliseconds(5));
+  }
+  EXPECT_TRUE(absl::IsAborted(ended)) << ended;
+  EXPECT_TRUE(handler.seen.empty()) << "the FENCED answer reached the handler as " << handler.seen.front();
 }
 
 }  // namespace

@@ -326,8 +326,8 @@ class FakeMemd final : public MemdLink {
   }
   // Keeps each request's committed tokens as memd's record would (in order, no gap, no repeat); answered at the next
   // Pump, as memd's TokensCommittedAck (one in flight: a second message before that answer is a defect). An entry of a
-  // request in `refuse_tokens_of` is refused as memd refuses a bad entry: the entries before it stay applied, the
-  // rest of the message is dropped, and the answer is an error (OnTokensRefused) that does not say whose.
+  // request in `refuse_tokens_of` is refused as memd refuses a bad entry (Daemon::OnTokensCommitted): the other
+  // entries are applied, and the answer is an error (OnTokensRefused) that does not say whose.
   absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override {
     ++commit_messages;
     EXPECT_FALSE(commit_answer_.has_value()) << "a TokensCommitted sent before memd answered the previous one";
@@ -336,7 +336,7 @@ class FakeMemd final : public MemdLink {
       if (refuse_tokens_of.contains(e->request)) {
         commit_answer_ = absl::InvalidArgumentError(absl::StrCat("request ", e->request, ": record refused"));
         ++commits_refused;
-        break;
+        continue;
       }
       std::vector<uint8_t>& have = committed[e->request];
       // A repeat only after a refusal (its entries go again from what memd acknowledged); memd takes an equal resend.
