@@ -970,9 +970,20 @@ TEST_F(LibdhsTest, TokensMemdRefusesAreNotLostSilently) {
       << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_request_commit_tokens(w_, b, &more, nullptr, 1), DHS_OK) << dhs_worker_errmsg(w_);
   ASSERT_NO_FATAL_FAILURE(WaitTokensAcknowledged(8));
+  // memd restarts (its record file writable again): the re-Hello's report carries a's 5 tokens and the new memd takes
+  // them, so a's refusal is over (review finding: it stayed, and a's later tokens were refused for good).
+  std::filesystem::remove(a_file);
+  memd_->Signal(SIGKILL);
+  ASSERT_GE(memd_->WaitExit(5000), -1);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  std::filesystem::remove(dir_.path() + "/memd.sock");
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }));
+  EXPECT_EQ(Stats()["memd"]["reports_refused"], 0);
+  ASSERT_EQ(dhs_request_commit_tokens(w_, a, &more, nullptr, 1), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(WaitTokensAcknowledged(8 + 3 + 1));  // the report's 3 of a, then a's 6th
   EXPECT_EQ(dhs_request_complete(w_, a), DHS_OK);
   EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
-  std::filesystem::remove(a_file);
 }
 
 // The bytes of memd's host-pool segment for `run_dir` (memd/pool_segment.cc PoolSegmentName: "dhs-pool-" and the hex
