@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -69,7 +70,13 @@ class QuietMemd final : public MemdLink {
   }
   absl::Status SendReadyPublish(const wire::ReadyPublishT&) override { return absl::OkStatus(); }
   absl::Status SendComplete(const wire::CompleteT&) override { return absl::OkStatus(); }
-  absl::Status SendTokensCommitted(const wire::TokensCommittedT&) override { return absl::OkStatus(); }
+  // Answered after the serving iteration that sent it (as memd's TokensCommittedAck), so the worker's TokenLedger
+  // goes on past its first message.
+  absl::Status SendTokensCommitted(const wire::TokensCommittedT&) override {
+    commit_unanswered = true;
+    return absl::OkStatus();
+  }
+  bool commit_unanswered = false;
   std::vector<wire::AdmitRequestT> admits;
   std::deque<wire::ReadersDoneT> readers_done;
 };
@@ -303,6 +310,7 @@ void Run(const uint8_t* data, size_t size) {
     } else if (kind < 215) {  // serving iterations
       for (uint32_t i = 1 + in.Below(4); i > 0 && iterations < kMaxIterations; --i, ++iterations) {
         (void)w.Iterate();
+        if (std::exchange(memd.commit_unanswered, false)) w.admission().OnTokensCommitted();
       }
     } else if (kind < 245) {  // wire bytes: a typed message, some bytes flipped
       std::string bytes = EncodeStructured(in, kind);
