@@ -423,6 +423,16 @@ TEST(MemdClientStartup, MemdDyingDuringThePreparationMakesTheClientAwayAndDropsI
   EXPECT_TRUE(handler.seen.empty());
 }
 
+// Polls `client` (serving `memd`) until its epoch ends or ~2 s pass; returns the last Poll's status.
+absl::Status PollUntilEnded(MemdClient& client, StandInMemd& memd, MemdHandler& handler) {
+  absl::Status ended;
+  for (int i = 0; i < 400 && ended.ok(); ++i) {
+    ended = client.Poll(handler, MemdClient::Load{});
+    (void)memd.Serve(std::chrono::milliseconds(5));
+  }
+  return ended;
+}
+
 // Issue 23 (the fenced code): memd's refusal of a fenced worker's message ends the epoch by its code
 // (ErrorReply.reason FENCED, FencedError), never by its text: an ErrorReply FAILED_PRECONDITION whose text merely
 // starts "fenced: " is logged and the epoch goes on; the coded one makes Poll return ABORTED "fenced by memd: ...".
@@ -447,11 +457,7 @@ TEST(MemdClientFence, AFencedRefusalEndsTheEpochByItsCodeNotByItsText) {
   }
   ASSERT_EQ(handler.seen, (std::vector<std::string>{"retire 7"}));
   ASSERT_TRUE(memd.SendToWorker(EncodeError(FencedError("the worker of GPU 0 (epoch 1) was fenced (test)"), 8, "memd")));
-  absl::Status ended;
-  for (int i = 0; i < 400 && ended.ok(); ++i) {
-    ended = client->Poll(handler, MemdClient::Load{});
-    (void)memd.Serve(milliseconds(5));
-  }
+  const absl::Status ended = PollUntilEnded(*client, memd, handler);
   EXPECT_TRUE(absl::IsAborted(ended)) << ended;
   EXPECT_NE(ended.message().find("fenced by memd: fenced: the worker of GPU 0 (epoch 1) was fenced (test)"),
             std::string::npos)
@@ -482,11 +488,7 @@ TEST(MemdClientFence, AFencedAnswerToTheTokensInFlightEndsTheEpoch) {
   ASSERT_TRUE(memd.SendToWorker(EncodeError(FencedError("the worker of GPU 0 (epoch 1) was fenced (test)"),
                                             memd.last_sequence[wire::Body::TokensCommitted], "memd")));
   RecordingHandler handler;
-  absl::Status ended;
-  for (int i = 0; i < 400 && ended.ok(); ++i) {
-    ended = client->Poll(handler, MemdClient::Load{});
-    (void)memd.Serve(milliseconds(5));
-  }
+  const absl::Status ended = PollUntilEnded(*client, memd, handler);
   EXPECT_TRUE(absl::IsAborted(ended)) << ended;
   EXPECT_TRUE(handler.seen.empty()) << "the FENCED answer reached the handler as " << handler.seen.front();
 }
