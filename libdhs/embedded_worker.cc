@@ -497,16 +497,6 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   book_.set_epoch(memd_->worker_epoch());
   // Who is refused, adopted, sent again: workerd's PlanReturn over the same book (workerd/memd_session.h).
   const ReturnPlan plan = PlanReturn(reply, book_);
-  const auto send_complete = [&](RequestId id) -> absl::Status {
-    wire::CompleteT done;
-    done.request = id;
-    done.gpu = config_.gpu;
-    if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
-    }
-    not_resumable_.insert(id);
-    return absl::OkStatus();
-  };
   // memd's interrupted requests to end at memd (Complete) before any is admitted again, as workerd's
   // AdmissionDesk::ResumeInterrupted does: admissions waiting here (the dead memd journaled their record, its grant
   // never came) and ids this worker ended before their grant (their Complete went to the dead memd: StaleGrant). The
@@ -550,7 +540,8 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     ++ended;
   }
   for (RequestId id : to_end) {
-    if (absl::Status s = send_complete(id); !s.ok()) return s;
+    if (absl::Status s = SendComplete(id); !s.ok()) return s;
+    not_resumable_.insert(id);
   }
   // The admissions not granted yet go again (the new memd knows none of them; one sent while away went to the dead
   // memd, or was never sent: kUnsent).
@@ -585,6 +576,16 @@ absl::StatusOr<EmbeddedWorker::Request*> EmbeddedWorker::Granted(RequestId id) {
     return absl::FailedPreconditionError(absl::StrCat("request ", id, " is not granted yet"));
   }
   return &requests_.at(id);
+}
+
+absl::Status EmbeddedWorker::SendComplete(RequestId id) {
+  wire::CompleteT done;
+  done.request = id;
+  done.gpu = config_.gpu;
+  if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 void EmbeddedWorker::Forget(RequestId id, bool completed) {
@@ -849,12 +850,7 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
     agent_->EndRequest(request);  // copies memd would free pages under end first; KV released; Complete
   } else if (life->phase != RequestPhase::kUnsent) {
     // Not granted yet: memd drops the queued admission (or releases a grant already on its way) at the Complete.
-    wire::CompleteT done;
-    done.request = request;
-    done.gpu = config_.gpu;
-    if (absl::Status s = memd_->SendComplete(done); !s.ok()) {  // the request stays open: Complete may be retried
-      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
-    }
+    if (absl::Status s = SendComplete(request); !s.ok()) return s;  // the request stays open: it may be retried
   }
   RecordEnd(request, requests_.at(request), absl::OkStatus());
   Forget(request, /*completed=*/life->phase != RequestPhase::kUnsent);  // a waiting one: StaleGrant until its ack

@@ -297,6 +297,8 @@ class EmbeddedWorker final : private MemdHandler {
   const RequestLife* Life(RequestId id) const { return book_.Find(id); }
   // Request `id` leaves the worker: out of the book (`completed`: a Complete went to memd for it) and its state.
   void Forget(RequestId id, bool completed);
+  // memd's Complete of `id` (not granted here: an admission, or an interrupted request). Errors: UNAVAILABLE.
+  absl::Status SendComplete(RequestId id);
 
   EmbeddedConfig config_;
   wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
