@@ -495,17 +495,11 @@ wire::HelloT EmbeddedWorker::ReHello() const {
 absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   ++counters_.memd_returns;
   book_.set_epoch(memd_->worker_epoch());
-  // Who is refused, adopted, sent again: workerd's PlanReturn over the same book (workerd/memd_session.h).
-  const ReturnPlan plan = PlanReturn(reply, book_);
-  // memd's interrupted requests to end at memd (Complete) before any is admitted again, as workerd's
-  // AdmissionDesk::ResumeInterrupted does: admissions waiting here (the dead memd journaled their record, its grant
-  // never came) and ids this worker ended before their grant (their Complete went to the dead memd: StaleGrant). The
-  // others stay resumable (dhs_worker_list_resumable).
-  std::vector<RequestId> to_end;
-  for (uint64_t id : plan.interrupted) {
-    const RequestLife* life = Life(id);
-    if ((life != nullptr && WaitsForGrant(life->held_phase())) || book_.StaleGrant(id)) to_end.push_back(id);
-  }
+  // Who is refused, adopted, sent again, and which of memd's interrupted requests end at memd (Complete) before any
+  // is admitted again: workerd's PlanReturn over the same book (workerd/memd_session.h). The resumable ones stay
+  // listed to the engine (dhs_worker_list_resumable).
+  const ReturnPlan plan = PlanReturn(reply, book_, [this](RequestId id) { return agent_->Finished(id); });
+  std::vector<RequestId> to_end = plan.end_interrupted;
   book_.ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of them
   // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
   for (const auto& [id, why] : plan.refused) {

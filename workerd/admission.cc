@@ -218,28 +218,24 @@ absl::Status AdmissionDesk::Resume(RequestId interrupted, const wire::RequestRec
   return absl::OkStatus();
 }
 
-absl::Status AdmissionDesk::ResumeInterrupted(std::span<const uint64_t> ids,
+absl::Status AdmissionDesk::ResumeInterrupted(const ReturnPlan& plan,
                                               const std::vector<std::unique_ptr<wire::RequestRecordT>>& records) {
+  for (RequestId id : plan.end_interrupted) {  // waits for its grant here, or this worker ended it
+    if (absl::Status s = EndInterrupted(id); !s.ok()) return s;
+    spdlog::info("workerd: interrupted request {} of GPU {} ended ({})", id, p_.config->gpu,
+                 p_.requests->contains(id) ? "its admission is sent again" : "it had ended here");
+  }
   std::map<uint64_t, const wire::RequestRecordT*> by_id;
   for (const auto& rec : records) by_id[rec->request] = rec.get();
-  for (uint64_t id : ids) {
-    auto served = p_.requests->find(id);
-    const bool here = served != p_.requests->end();
-    if (here && !WaitsForGrant(served->second->life->held_phase())) continue;  // adopted
-    auto rec = by_id.find(id);
-    // Resumed when it has a record, unless this worker ended it (its Complete went to a dead memd) or waits for its
-    // grant (the dead memd's grant never came: it is admitted again, after this Complete).
-    if (rec != by_id.end() && !here && !p_.agent->Finished(id)) {
+  for (RequestId id : plan.resumable) {
+    if (auto rec = by_id.find(id); rec != by_id.end()) {
       absl::Status s = Resume(id, *rec->second);
       if (absl::IsUnavailable(s)) return s;
       if (!s.ok()) spdlog::warn("workerd: {}; ended", s.ToString());
       continue;
     }
     if (absl::Status s = EndInterrupted(id); !s.ok()) return s;
-    spdlog::info("workerd: interrupted request {} of GPU {} ended ({})", id, p_.config->gpu,
-                 here                       ? "its admission is sent again"
-                 : p_.agent->Finished(id)   ? "it had finished here"
-                                            : "no record");
+    spdlog::info("workerd: interrupted request {} of GPU {} ended (no record)", id, p_.config->gpu);
   }
   return absl::OkStatus();
 }

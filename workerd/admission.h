@@ -21,6 +21,7 @@
 #include "workerd/admission_shape.h"
 #include "workerd/client_streams.h"
 #include "workerd/geometry.h"
+#include "workerd/memd_session.h"
 #include "workerd/memd_link.h"
 #include "workerd/model/model.h"
 #include "workerd/prefix_import.h"
@@ -88,10 +89,10 @@ class AdmissionDesk final : public MemdHandler {
   // `interrupted` = 0: a request memd holds nothing of (a re-Hello's refused report): admitted afresh with its record
   // (every row recomputed), nothing is ended.
   absl::Status Resume(RequestId interrupted, const wire::RequestRecordT& record);
-  // HelloReply.interrupted_requests with their records: each one this worker neither serves nor ended is resumed
-  // (Resume) when it has a record, else ended (Complete); one it ended already, or still waits a grant for, is ended
-  // (Complete). Errors: UNAVAILABLE (memd unreachable); a record that cannot be resumed is logged, its request ended.
-  absl::Status ResumeInterrupted(std::span<const uint64_t> ids,
+  // The interrupted requests of a return (PlanReturn, memd_session.h): plan.end_interrupted are ended (Complete);
+  // each of plan.resumable is resumed (Resume) when memd sent its record (`records`, HelloReply.interrupted_records),
+  // else ended. Errors: UNAVAILABLE (memd unreachable); a record that cannot be resumed is logged, its request ended.
+  absl::Status ResumeInterrupted(const ReturnPlan& plan,
                                  const std::vector<std::unique_ptr<wire::RequestRecordT>>& records);
   // After a re-Hello: the AdmitRequests of `ids` still waiting for their grant go again (a kUnsent one moves to
   // kWaiting). Errors: UNAVAILABLE (memd unreachable).

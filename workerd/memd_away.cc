@@ -91,7 +91,7 @@ size_t MemdAway::EndDeferred() {
 absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
   if (p_.memd->session().away()) DHS_CHECK_OK(p_.memd->session().Accepted());
-  const ReturnPlan plan = PlanReturn(reply, *p_.book);
+  const ReturnPlan plan = PlanReturn(reply, *p_.book, [this](RequestId id) { return p_.agent->Finished(id); });
   p_.book->ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of those ids
   std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(plan);
   // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.
@@ -106,7 +106,7 @@ absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   }
   p_.stack->ReturnFromAway(plan.adopted);  // the agent adopts them, host writes resume
   const size_t ended = EndDeferred();
-  if (absl::Status s = p_.admission->ResumeInterrupted(reply.interrupted_requests, reply.interrupted_records);
+  if (absl::Status s = p_.admission->ResumeInterrupted(plan, reply.interrupted_records);
       !s.ok()) {
     return s;
   }

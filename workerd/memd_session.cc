@@ -69,7 +69,8 @@ absl::Status MemdSession::Accepted() {
   return Transition(MemdState::kAway, MemdState::kConnected);
 }
 
-ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book) {
+ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book,
+                      const std::function<bool(RequestId)>& ended_here) {
   ReturnPlan plan;
   plan.interrupted.insert(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
   std::set<RequestId> refused;
@@ -85,6 +86,13 @@ ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book) {
     } else if (!refused.contains(id)) {
       plan.adopted.insert(id);
     }
+  }
+  for (RequestId id : reply.interrupted_requests) {
+    if (plan.adopted.contains(id)) continue;
+    const RequestLife* life = book.Find(id);
+    const bool waits_here = life != nullptr && WaitsForGrant(life->held_phase());
+    const bool ended = life == nullptr && (book.StaleGrant(id) || ended_here(id));
+    (waits_here || ended ? plan.end_interrupted : plan.resumable).push_back(id);
   }
   return plan;
 }

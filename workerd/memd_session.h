@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -61,8 +62,24 @@ struct ReturnPlan {
   // Requests waiting for their grant (their AdmitRequest went to the dead memd, or never went): sent again last.
   std::vector<RequestId> resend;
   std::set<RequestId> interrupted;  // HelloReply.interrupted_requests
+  // What becomes of each interrupted request (memd holds it from a dead epoch, with its record when it has one), one
+  // rule for workerd and libdhs (issue 25; was decided twice):
+  //   end_interrupted  ended at memd at once (a Complete), before any admission goes again: a request that waits for
+  //                    its grant here (the dead memd journaled its admission, its grant never came; it is admitted
+  //                    again, under the same id, after this Complete), or one this worker ended (its Complete went to
+  //                    the dead memd: ended while waiting, RequestBook::StaleGrant, or ended after its grant,
+  //                    `ended_here`). In HelloReply order.
+  //   resumable        the others not adopted here: nothing of them runs on this worker (not in the book, or its report
+  //                    refused). workerd resumes each from its record (and ends one without a record); libdhs lists
+  //                    them to the engine (dhs_worker_list_resumable). In HelloReply order.
+  // An adopted request (in the book, granted, its report taken) is in neither.
+  std::vector<RequestId> end_interrupted;
+  std::vector<RequestId> resumable;
 };
-ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book);
+// The plan of a return (above) from memd's HelloReply, the book as it was when the re-Hello went out (before
+// ForgetUnacknowledged) and `ended_here`: whether this worker ended `id` after its grant (ResidencyAgent::Finished).
+ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book,
+                      const std::function<bool(RequestId)>& ended_here);
 
 class MemdSession {
  public:

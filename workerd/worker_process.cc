@@ -32,8 +32,10 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   p->frontend_->set_submitter(p->worker_.get());
   p->publish_metrics_ = options.publish_metrics;
   p->PublishMetrics();
-  if (absl::Status s = p->worker_->admission().ResumeInterrupted(p->memd_->interrupted_requests(),
-                                                                 p->memd_->interrupted_records());
+  // A new worker holds no request and ended none: every interrupted request of the GPU is resumable.
+  ReturnPlan at_start;
+  at_start.resumable.assign(p->memd_->interrupted_requests().begin(), p->memd_->interrupted_requests().end());
+  if (absl::Status s = p->worker_->admission().ResumeInterrupted(at_start, p->memd_->interrupted_records());
       !s.ok()) {
     return s;
   }

@@ -1146,6 +1146,39 @@ TEST_F(LibdhsTest, CompleteThenCloseEndsTheRequestAtMemd) {
   EXPECT_FALSE(std::filesystem::exists(segment)) << "memd kept its host pool for a request that was completed";
 }
 
+// A request completed while memd is alive, whose Complete memd never read: memd is SIGSTOPped while the engine
+// completes it and SIGKILLed before it runs again. The next memd lists the request as interrupted in its reply to the
+// re-Hello; this worker ended it (workerd's PlanReturn: ended here), so it sends the Complete again instead of listing
+// it resumable (review finding: libdhs kept it resumable and memd its host pages, while workerd ended it). Nothing is
+// resumable, and memd, stopped with no request left, removes its host pool.
+TEST_F(LibdhsTest, ACompleteTheDeadMemdNeverReadIsSentAgainAtTheReHello) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up: memd would keep them for a resume
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&id));
+  ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
+  ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(KillMemd());  // the Complete dies unread with it
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }, 10000));
+  ASSERT_EQ(Stats()["memd"]["returns"], 1);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd reads the Complete
+  std::vector<dhs_resumable> list(4);
+  size_t n = 0, total = 0;
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  EXPECT_EQ(total, 0u) << "request " << id << ", completed here, is listed resumable";
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  const std::string segment = PoolSegmentPath(dir_.path());
+  ASSERT_TRUE(std::filesystem::exists(segment));
+  memd_->Terminate();
+  memd_.reset();
+  EXPECT_FALSE(std::filesystem::exists(segment)) << "memd kept its host pool for a request that was completed";
+}
+
 // A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
 // ABI 1.6: workerd's recorder over the engine's events. A request submitted, granted, its tokens committed in two
 // calls (2, then 3) and completed gives one admission wait, one TTFT (its first token), four TPOTs (the second token

@@ -107,12 +107,16 @@ wire::SubmitRequestT Submit(RequestId id) {
   return s;
 }
 
-// Requests (GPU 0, epoch 1, client ids 1..5 = node ids 1..5): 1 waiting, 2 unsent (submitted while away), 3 granted,
-// 4 active, 5 active and ended while away. memd refuses 4's report (and 9's, not here) and adopts the rest: adopted
-// {3, 5}, refused {4}, resend {1, 2} in id order.
+// Requests (GPU 0, epoch 1, client ids 1..6 = node ids 1..6): 1 waiting, 2 unsent (submitted while away), 3 granted,
+// 4 active, 5 active and ended while away, 6 ended while waiting (its Complete unacknowledged). memd refuses 4's
+// report (and 9's, not here) and adopts the rest: adopted {3, 5}, refused {4}, resend {1, 2} in id order.
+// memd lists as interrupted 7 (unknown here), 1, 3, 4, 6, 8 (ended here after its grant: `ended_here`) and 10 (not
+// ended here): ended at memd 1 (admitted again), 6 and 8, in the reply's order; resumable 7, 4 and 10; 3 is adopted.
 TEST(MemdSession, PlanReturnSortsTheBookByWhatMemdAnswered) {
   RequestBook book(0, ResumedOutputLimits{});
-  for (RequestId c = 1; c <= 5; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, c == 2, 10).ok());
+  for (RequestId c = 1; c <= 6; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, c == 2, 10).ok());
+  book.Close(6, /*completed=*/true);  // a Complete of a waiting request: StaleGrant until its CompleteAck
+  ASSERT_TRUE(book.StaleGrant(6));
   ASSERT_TRUE(book.Transition(3, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
   for (RequestId id : {4, 5}) {
     ASSERT_TRUE(book.Transition(id, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
@@ -124,14 +128,16 @@ TEST(MemdSession, PlanReturnSortsTheBookByWhatMemdAnswered) {
   wire::HelloReplyT reply;
   reply.refused_reports = {4, 9};
   reply.refused_reasons = {"bad pages"};
-  reply.interrupted_requests = {7};
-  const ReturnPlan plan = PlanReturn(reply, book);
+  reply.interrupted_requests = {7, 1, 3, 4, 6, 8, 10};
+  const ReturnPlan plan = PlanReturn(reply, book, [](RequestId id) { return id == 8 || id == 3; });
   ASSERT_EQ(plan.refused.size(), 1u);
   EXPECT_EQ(plan.refused[0].first, 4u);
   EXPECT_EQ(plan.refused[0].second, "bad pages");
   EXPECT_EQ(plan.adopted, (std::set<RequestId>{3, 5}));
   EXPECT_EQ(plan.resend, (std::vector<RequestId>{1, 2}));
-  EXPECT_EQ(plan.interrupted, (std::set<RequestId>{7}));
+  EXPECT_EQ(plan.interrupted, (std::set<RequestId>{1, 3, 4, 6, 7, 8, 10}));
+  EXPECT_EQ(plan.end_interrupted, (std::vector<RequestId>{1, 6, 8}));
+  EXPECT_EQ(plan.resumable, (std::vector<RequestId>{7, 4, 10}));
 }
 
 }  // namespace

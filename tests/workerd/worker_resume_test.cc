@@ -669,6 +669,46 @@ void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
   EXPECT_EQ(a.sink.out[1].digests, want[1].digests);
 }
 
+// A request its client cancelled while it waited for its grant, whose Complete the dead memd never read: the new
+// memd lists it as interrupted, with the record the dead one journaled at its admission. The worker ended it (the
+// book's StaleGrant; workerd's agent counts it finished too), so PlanReturn puts it in end_interrupted: it is ended at
+// memd (a Complete), not admitted again as a resume nobody would attach to. The four requests granted here are
+// adopted and untouched.
+TEST(WorkerReHelloInProcess, ARequestCancelledWhileWaitingIsEndedNotResumed) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+  for (RequestId c = 1; c <= 5; ++c) {  // 4 slots: the fifth waits
+    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{c, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", c}).ok());
+  }
+  const RequestId waiting = memd->admitted_ids.back();
+  for (int it = 0; it < 3; ++it) {  // the four grants reach the worker
+    memd->Pump(*a.worker);
+    ASSERT_TRUE(a.worker->Iterate().ok());
+  }
+  ASSERT_EQ(a.worker->book().active(), 4u);
+  ASSERT_EQ(memd->admissions_waiting(), 1u);
+  ASSERT_EQ(a.worker->book().Find(waiting)->phase, RequestPhase::kWaiting);
+  const wire::RequestRecordT journaled = memd->records.at(waiting);
+  ASSERT_TRUE(a.worker->Cancel(5, 0, ClientRef{"c", 5}, "gone").ok());
+  const int completes = memd->completes;  // its Complete: the dead memd never reads it (no Pump)
+  ASSERT_TRUE(a.worker->book().StaleGrant(waiting));
+  a.worker->memd_away().Enter();
+  memd->AdoptReport(a.worker->memd_away().Report());
+  const size_t admitted = memd->admitted_ids.size();
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = 1;
+  reply.interrupted_requests = {waiting};
+  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(journaled));
+  ASSERT_TRUE(a.worker->memd_away().Return(reply).ok());
+  EXPECT_EQ(memd->completes, completes + 1) << "the interrupted id was not ended at memd";
+  EXPECT_EQ(memd->admitted_ids.size(), admitted) << "the cancelled request was admitted again";
+  EXPECT_EQ(memd->resumes, 0);
+  EXPECT_EQ(a.worker->book().active(), 4u);
+  EXPECT_EQ(a.worker->book().waiting_for_grant(), 0u);
+}
+
 TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsNothingOfIsResumedFromTheWorkersRecord) {
   RefusedReportIsResumed(false);
 }
