@@ -1061,16 +1061,17 @@ std::string EmbeddedWorker::StatsJson() const {
 // ---- memd's messages ----
 
 void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
-  auto it = requests_.find(m.request);
-  if (it == requests_.end()) {
-    if (book_.StaleGrant(m.request)) return;  // its Complete (sent before) releases it
-    agent_->RefuseGrant(m);
-    return;
+  // workerd's rule (RequestBook::AnswerTo): a grant that crossed the request's Complete is released by that Complete;
+  // one of an unknown request is handed back; a second grant breaks the contract and is ignored.
+  switch (book_.AnswerTo(m.request)) {
+    case AdmissionAnswer::kApplies: break;
+    case AdmissionAnswer::kCrossedComplete: return;
+    case AdmissionAnswer::kUnknown: agent_->RefuseGrant(m); return;
+    case AdmissionAnswer::kNotWaiting: return;
   }
+  auto it = requests_.find(m.request);
   Request& r = it->second;
   const RequestPhase phase = Life(m.request)->phase;
-  // A grant of a request not waiting for one (a second grant) breaks the contract: ignored.
-  if (phase != RequestPhase::kWaiting && phase != RequestPhase::kQueued) return;
   if (absl::Status s = agent_->OnGrant(m, r.max_rows / config_.page_rows); !s.ok()) {
     agent_->EndRequest(m.request);
     EndFailed(it, s);
@@ -1128,11 +1129,9 @@ void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
 }
 
 void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
-  const RequestLife* life = Life(m.request);
-  // A reject of a request not waiting for its grant (after a grant) breaks the contract: ignored.
-  if (life == nullptr || (life->phase != RequestPhase::kWaiting && life->phase != RequestPhase::kQueued)) return;
-  absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
-  if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
+  // A reject of a request not waiting for its grant (after a grant) breaks the contract: ignored (AnswerTo).
+  if (book_.AnswerTo(m.request) != AdmissionAnswer::kApplies) return;
+  const absl::Status error = AdmitRejectError(m);
   RecordEnd(m.request, requests_.at(m.request), error);
   Forget(m.request, /*completed=*/false);
   ++counters_.rejected;

@@ -68,23 +68,21 @@ bool AdmissionDesk::Start(RequestId id) {
 // ---- memd's messages ----
 
 void AdmissionDesk::OnAdmitGrant(const wire::AdmitGrantT& m) {
-  auto it = p_.requests->find(m.request);
-  if (it == p_.requests->end() && p_.book->StaleGrant(m.request)) {
-    // Ended (StopAll, Cancel, its client gone) while memd granted it: the Complete sent then (memd reads it after this
-    // grant) releases it.
-    return;
+  switch (p_.book->AnswerTo(m.request)) {
+    case AdmissionAnswer::kApplies:
+      break;
+    case AdmissionAnswer::kCrossedComplete:  // ended (StopAll, Cancel, its client gone) while memd granted it: the
+      return;                                // Complete sent then (memd reads it after this grant) releases it
+    case AdmissionAnswer::kUnknown:
+      spdlog::warn("worker: AdmitGrant for request {} that is not waiting; releasing it", m.request);
+      p_.agent->RefuseGrant(m);
+      return;
+    case AdmissionAnswer::kNotWaiting:
+      spdlog::warn("worker: second AdmitGrant for request {}; ignored", m.request);
+      return;
   }
-  if (it == p_.requests->end()) {
-    spdlog::warn("worker: AdmitGrant for request {} that is not waiting; releasing it", m.request);
-    p_.agent->RefuseGrant(m);
-    return;
-  }
-  WorkerRequest& r = *it->second;
+  WorkerRequest& r = *p_.requests->at(m.request);
   const RequestPhase phase = r.life->phase;
-  if (phase != RequestPhase::kWaiting && phase != RequestPhase::kQueued) {
-    spdlog::warn("worker: second AdmitGrant for request {}; ignored", m.request);
-    return;
-  }
   r.times.granted = std::chrono::steady_clock::now();
   p_.recorder->Granted(r);
   const uint64_t rows = r.input.size() - r.out.resumed + r.max_new - 1;  // rows ever appended
@@ -111,20 +109,16 @@ void AdmissionDesk::OnAdmitWait(const wire::AdmitWaitT& m) {
 }
 
 void AdmissionDesk::OnAdmitReject(const wire::AdmitRejectT& m) {
+  if (const AdmissionAnswer answer = p_.book->AnswerTo(m.request); answer != AdmissionAnswer::kApplies) {
+    // Granted already, it holds its slot, its plan and its KV, and ends only through Finish (Complete): a reject
+    // after the grant breaks the contract (§2: one answer per AdmitRequest) and is not obeyed. Not here: nothing to end.
+    spdlog::warn("worker: AdmitReject for request {}, which {}; ignored", m.request,
+                 answer == AdmissionAnswer::kNotWaiting ? "memd granted already" : "is not here");
+    return;
+  }
   auto it = p_.requests->find(m.request);
-  if (it == p_.requests->end()) {
-    spdlog::warn("worker: AdmitReject for request {} that is not here; ignored", m.request);
-    return;
-  }
   WorkerRequest& r = *it->second;
-  if (r.life->phase != RequestPhase::kWaiting && r.life->phase != RequestPhase::kQueued) {
-    // Granted already: it holds its slot, its plan and its KV, and ends only through Finish (Complete). A reject
-    // after the grant breaks the contract (§2: one answer per AdmitRequest); it is not obeyed.
-    spdlog::warn("worker: AdmitReject for request {}, which memd granted already; ignored", m.request);
-    return;
-  }
-  absl::Status error = FromWireError(m.code, absl::StrCat("admission refused by memd: ", m.reason));
-  if (error.ok()) error = absl::UnknownError(absl::StrCat("admission refused by memd: ", m.reason));
+  const absl::Status error = AdmitRejectError(m);
   p_.clients->ReportEnd(r, error);
   EraseRequest(*p_.requests, *p_.book, it);  // never admitted: nothing to release
 }

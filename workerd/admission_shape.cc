@@ -1,7 +1,11 @@
 // workerd/admission_shape.cc: see admission_shape.h.
 #include "workerd/admission_shape.h"
 
+#include <string>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace dhs {
 
@@ -43,6 +47,12 @@ std::unique_ptr<wire::ReportedRequestT> ReportOf(std::unique_ptr<wire::ReportedR
   pages->staging_bytes = admit.staging_bytes;
   pages->record = std::move(record);
   return pages;
+}
+
+absl::Status AdmitRejectError(const wire::AdmitRejectT& m) {
+  const std::string text = absl::StrCat("admission refused by memd: ", m.reason);
+  absl::Status error = FromWireError(m.code, text);
+  return error.ok() ? absl::UnknownError(text) : error;  // a reject always ends the request
 }
 
 }  // namespace dhs

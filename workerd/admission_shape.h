@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/status/status.h"
 #include "common/types.h"
 #include "dhs_generated.h"
 #include "workerd/serving_mode.h"
@@ -42,5 +43,9 @@ wire::AdmitRequestT AdmitRequestOf(const AdmissionShape& s);
 std::unique_ptr<wire::ReportedRequestT> ReportOf(std::unique_ptr<wire::ReportedRequestT> pages,
                                                  const wire::AdmitRequestT& admit,
                                                  std::unique_ptr<wire::RequestRecordT> record);
+
+// The error a request ends with when memd rejects its admission: the code memd sent (UNKNOWN when it sent none),
+// "admission refused by memd: " and memd's reason.
+absl::Status AdmitRejectError(const wire::AdmitRejectT& m);
 
 }  // namespace dhs

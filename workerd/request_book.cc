@@ -26,6 +26,13 @@ bool WaitsForGrant(RequestPhase phase) {
   return phase == RequestPhase::kUnsent || phase == RequestPhase::kWaiting || phase == RequestPhase::kQueued;
 }
 
+AdmissionAnswer RequestBook::AnswerTo(RequestId id) const {
+  const RequestLife* life = Find(id);
+  if (life == nullptr) return StaleGrant(id) ? AdmissionAnswer::kCrossedComplete : AdmissionAnswer::kUnknown;
+  const bool waiting = life->phase == RequestPhase::kWaiting || life->phase == RequestPhase::kQueued;
+  return waiting ? AdmissionAnswer::kApplies : AdmissionAnswer::kNotWaiting;
+}
+
 bool Steps(RequestPhase phase) { return phase == RequestPhase::kActive || phase == RequestPhase::kPaused; }
 
 absl::Status TransitionRequest(RequestLife& life, RequestPhase from, RequestPhase to) {

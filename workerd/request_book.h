@@ -85,6 +85,17 @@ bool WaitsForGrant(RequestPhase phase);
 // Whether a request in `phase` holds a model session and may step (kActive, kPaused).
 bool Steps(RequestPhase phase);
 
+// What memd's answer to an admission (AdmitGrant, AdmitReject: docs/protocol.md contract §2, one answer per
+// AdmitRequest) meets in the book (RequestBook::AnswerTo):
+//   kApplies          the request waits for it (kWaiting, kQueued): it is granted or rejected now
+//   kCrossedComplete  not in the book, ended while waiting or by StopAll (StaleGrant): its Complete, sent before, goes
+//                     to memd after this answer and releases a grant; nothing to do
+//   kUnknown          not in the book and never ended here: a grant is handed back (ResidencyAgent::RefuseGrant), a
+//                     reject is ignored
+//   kNotWaiting       in the book but not waiting (granted already; unsent or ending while memd is away, which no
+//                     answer reaches): a second answer breaks the contract and is ignored
+enum class AdmissionAnswer : uint8_t { kApplies, kCrossedComplete, kUnknown, kNotWaiting };
+
 // Counters of a request's token stream (positions in its generated tokens).
 struct TokenCounts {
   // Generated tokens memd's record holds: acknowledged (TokenLedger::Acked), or carried by its AdmitRequest or a
@@ -194,6 +205,9 @@ class RequestBook {
   void OnCompleteAck(RequestId id);
   // Whether a grant for `id` is one that crossed its Complete (ended by StopAll or while waiting; not acknowledged).
   bool StaleGrant(RequestId id) const { return stopping_.contains(id) || ended_waiting_.contains(id); }
+  // What memd's answer (AdmitGrant, AdmitReject) to request `id`'s admission meets here: ONE rule for workerd's
+  // AdmissionDesk and libdhs's EmbeddedWorker (issue 25; they each wrote it). See AdmissionAnswer.
+  AdmissionAnswer AnswerTo(RequestId id) const;
   size_t unacknowledged_stops() const { return stopping_.size(); }
   // A new memd took the re-Hello (docs/protocol.md "Re-Hello with a report"): the Completes it did not acknowledge
   // went to the dead memd, which answers none; the new one grants none of those ids (a journaled admission comes back

@@ -171,6 +171,50 @@ TEST(RequestBook, DetachedRequestsAndAReplacedMemd) {
   EXPECT_TRUE(book.CheckInvariants().ok()) << book.CheckInvariants();
 }
 
+// memd's answer to an admission, by the request's phase (RequestBook::AnswerTo, the rule workerd and libdhs share):
+// it applies to a request waiting (kWaiting) or queued (kQueued); a request granted, active, paused, unsent or ending
+// is not waiting for one; an id ended while waiting or by StopAll crossed its Complete until the CompleteAck, and is
+// unknown after it, like an id never seen.
+TEST(RequestBook, AnAdmissionAnswerAppliesOnlyToARequestWaitingForIt) {
+  RequestBook book(0, ResumedOutputLimits{});
+  std::map<RequestPhase, RequestId> in;
+  for (RequestPhase phase : kPhases) {
+    RequestLife* life = book.OpenDetached(Submit(0), /*memd_away=*/phase == RequestPhase::kUnsent);
+    in[phase] = life->id;
+    const auto walk = [&](std::initializer_list<RequestPhase> path) {
+      RequestPhase at = life->phase;
+      for (RequestPhase to : path) {
+        ASSERT_TRUE(book.Transition(life->id, at, to).ok()) << RequestPhaseName(at) << " -> " << RequestPhaseName(to);
+        at = to;
+      }
+    };
+    switch (phase) {
+      case RequestPhase::kUnsent: case RequestPhase::kWaiting: break;
+      case RequestPhase::kQueued: walk({RequestPhase::kQueued}); break;
+      case RequestPhase::kGranted: walk({RequestPhase::kGranted}); break;
+      case RequestPhase::kActive: walk({RequestPhase::kGranted, RequestPhase::kActive}); break;
+      case RequestPhase::kPaused: walk({RequestPhase::kGranted, RequestPhase::kActive, RequestPhase::kPaused}); break;
+      case RequestPhase::kEnding: ASSERT_TRUE(book.DeferEnd(life->id, absl::CancelledError("x")).ok()); break;
+    }
+    ASSERT_EQ(book.Find(life->id)->phase, phase);
+  }
+  for (RequestPhase phase : kPhases) {
+    const bool waits = phase == RequestPhase::kWaiting || phase == RequestPhase::kQueued;
+    EXPECT_EQ(book.AnswerTo(in[phase]), waits ? AdmissionAnswer::kApplies : AdmissionAnswer::kNotWaiting)
+        << RequestPhaseName(phase);
+  }
+  const RequestId ended = in[RequestPhase::kQueued], stopped = in[RequestPhase::kActive];
+  book.Close(ended, /*completed=*/true);  // its Complete went while memd may be granting it
+  book.MarkStopping(stopped);
+  book.Close(stopped, /*completed=*/true);
+  EXPECT_EQ(book.AnswerTo(ended), AdmissionAnswer::kCrossedComplete);
+  EXPECT_EQ(book.AnswerTo(stopped), AdmissionAnswer::kCrossedComplete);
+  book.OnCompleteAck(ended);
+  EXPECT_EQ(book.AnswerTo(ended), AdmissionAnswer::kUnknown);
+  EXPECT_EQ(book.AnswerTo(in[RequestPhase::kPaused] + 100), AdmissionAnswer::kUnknown);
+  EXPECT_TRUE(book.CheckInvariants().ok()) << book.CheckInvariants();
+}
+
 TEST(RequestBook, TheSubmitQueueBoundsTheRequestsWaitingForTheirGrant) {
   RequestBook book(0, ResumedOutputLimits{});
   ASSERT_TRUE(book.Open(Submit(1), Peer("a"), false, 2).ok());
@@ -275,7 +319,8 @@ TEST(RequestBook, DetachedOutputsAreKeptUnderTheBoundAndClaimedOnce) {
 
 // Random events (submits from a few peers, resumes, memd's answers, starts, pauses, deferred ends, attaches, ends,
 // acks, outputs kept and claimed) against a plain model of each request's phase; the book's invariants after every
-// event, and: node ids unique among requests in flight, a refused move changes nothing.
+// event, and: node ids unique among requests in flight, a refused move changes nothing, memd's answer to an admission
+// meets what the model says (AnswerTo).
 TEST(RequestBook, RandomEventsKeepTheInvariants) {
   for (uint32_t seed = 1; seed <= 30; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -365,7 +410,12 @@ TEST(RequestBook, RandomEventsKeepTheInvariants) {
         }
       }
       ASSERT_EQ(book.requests().size(), model.size());
-      for (const auto& [mid, phase] : model) ASSERT_EQ(book.Find(mid)->phase, phase) << "step " << step;
+      for (const auto& [mid, phase] : model) {
+        ASSERT_EQ(book.Find(mid)->phase, phase) << "step " << step;
+        const bool waits = phase == RequestPhase::kWaiting || phase == RequestPhase::kQueued;
+        ASSERT_EQ(book.AnswerTo(mid), waits ? AdmissionAnswer::kApplies : AdmissionAnswer::kNotWaiting);
+      }
+      for (RequestId gone : stale) ASSERT_EQ(book.AnswerTo(gone), AdmissionAnswer::kCrossedComplete);
       ASSERT_TRUE(book.CheckInvariants().ok()) << "step " << step << ": " << book.CheckInvariants();
     }
   }

@@ -487,6 +487,16 @@ TEST(WorkerAdmission, RejectedAdmissionEndsTheRequestWithMemdsReason) {
   EXPECT_NE(f.sink.errors[1].find("context larger than the GPU"), std::string::npos);
   EXPECT_EQ(f.sink.chunks.back().error, wire::ErrorCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(f.worker->book().not_active(), 0u);
+  // A reject without a code (OK on the wire) still ends the request: UNKNOWN (AdmitRejectError, libdhs's too).
+  ASSERT_TRUE(f.worker->Submit(Submit(2, Prompt(20, 2), 4), ClientRef{"c", 2}).ok());
+  reject.request = 2;
+  reject.code = wire::ErrorCode::OK;
+  reject.reason = "no code";
+  f.worker->admission().OnAdmitReject(reject);
+  ASSERT_TRUE(f.sink.finished.contains(2));
+  EXPECT_NE(f.sink.errors[2].find("admission refused by memd: no code"), std::string::npos) << f.sink.errors[2];
+  EXPECT_EQ(f.sink.chunks.back().error, wire::ErrorCode::UNKNOWN);
+  EXPECT_EQ(f.worker->book().not_active(), 0u);
 }
 
 // AdmitReject answers an AdmitRequest still waiting for its grant. One for a request memd granted already (it holds its
