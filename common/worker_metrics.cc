@@ -58,6 +58,12 @@ void AppendWorkerShape(const wire::WorkerStatsReplyT& s, WorkerPage& page) {
   page.One("dhs_worker_recovered_bytes_total", "counter", "Host to device bytes of those recoveries, bytes.",
            s.bytes_recovered);
   page.One("dhs_worker_tokens_total", "counter", "Tokens generated, tokens.", s.tokens_generated);
+  page.One("dhs_worker_token_commits_deferred_total", "counter",
+           "Steps whose tokens went to memd with a later step's (one TokensCommitted in flight), steps.",
+           s.token_commits_deferred);
+  page.One("dhs_worker_token_records_refused_total", "counter",
+           "Requests whose tokens memd refused alone (their record stops at what memd acknowledged), requests.",
+           s.token_records_refused);
 }
 
 // The requests: active, waiting, finished, failed by reason, resumed (rows, longest resume, outputs waiting).
@@ -180,6 +186,8 @@ std::vector<std::pair<const char*, uint64_t>> Scalars(const wire::WorkerStatsRep
           {"finished_requests", s.finished_requests},
           {"failed_requests", s.failed_requests},
           {"tokens_generated", s.tokens_generated},
+          {"token_commits_deferred", s.token_commits_deferred},
+          {"token_records_refused", s.token_records_refused},
           {"capacity_pages", s.capacity_pages},
           {"page_bytes", s.page_bytes},
           {"prefix_blocks_imported", s.prefix_blocks_imported},

@@ -157,6 +157,8 @@ void CopyCounters(const WorkerStats& s, wire::WorkerStatsReplyT& r) {
     r.failures.push_back(std::move(rc));
   }
   r.requests_cancelled = s.requests_cancelled;
+  r.token_commits_deferred = s.commits_deferred;
+  r.token_records_refused = s.records_refused;
 }
 
 }  // namespace

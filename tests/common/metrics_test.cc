@@ -144,6 +144,8 @@ wire::WorkerStatsReplyT SampleReply() {
   r.census_host = 3;
   r.bytes_recovered = 1728;
   r.tokens_generated = 17;
+  r.token_commits_deferred = 6;
+  r.token_records_refused = 1;
   r.finished_requests = 5;
   r.failed_requests = 3;
   auto f = std::make_unique<wire::ReasonCountT>();
@@ -164,6 +166,8 @@ TEST(WorkerMetrics, RendersEveryCounterWithItsGpuLabel) {
         "dhs_worker_census_rows_total{gpu=\"2\",tier=\"hot\"} 4\n",
         "dhs_worker_census_rows_total{gpu=\"2\",tier=\"host\"} 3\n", "dhs_worker_recovered_rows_total{gpu=\"2\"} 3\n",
         "dhs_worker_recovered_bytes_total{gpu=\"2\"} 1728\n", "dhs_worker_tokens_total{gpu=\"2\"} 17\n",
+        "dhs_worker_token_commits_deferred_total{gpu=\"2\"} 6\n",
+        "dhs_worker_token_records_refused_total{gpu=\"2\"} 1\n",
         "dhs_worker_requests_finished_total{gpu=\"2\"} 5\n",
         "dhs_worker_requests_failed_total{gpu=\"2\",reason=\"unavailable\"} 3\n",
         "dhs_worker_info{gpu=\"2\",mode=\"adaptive\",speculate=\"off\"} 1\n",
@@ -180,6 +184,8 @@ TEST(WorkerMetrics, JsonAndTableCarryTheSameFigures) {
   const nlohmann::json j = WorkerStatsToJson(SampleReply());
   EXPECT_EQ(j["gpu"], 2);
   EXPECT_EQ(j["tokens_generated"], 17);
+  EXPECT_EQ(j["token_commits_deferred"], 6);
+  EXPECT_EQ(j["token_records_refused"], 1);
   EXPECT_EQ(j["failures"]["unavailable"], 3);
   EXPECT_EQ(j["ttft"]["count"], 2);
   EXPECT_EQ(j["ttft"]["sum_us"], 2500);
@@ -201,7 +207,8 @@ TEST(WorkerMetrics, PageIsWellFormedWithEveryDocumentedFamilyOnce) {
   const std::vector<std::string> documented = {
       "dhs_worker_info", "dhs_worker_epoch", "dhs_worker_capacity_pages", "dhs_worker_page_bytes",
       "dhs_worker_census_rows_total", "dhs_worker_recovered_rows_total", "dhs_worker_recovered_bytes_total",
-      "dhs_worker_tokens_total", "dhs_worker_requests_active", "dhs_worker_requests_waiting",
+      "dhs_worker_tokens_total", "dhs_worker_token_commits_deferred_total",
+      "dhs_worker_token_records_refused_total", "dhs_worker_requests_active", "dhs_worker_requests_waiting",
       "dhs_worker_requests_waiting_peak", "dhs_worker_requests_finished_total", "dhs_worker_requests_failed_total",
       "dhs_worker_requests_resumed_total", "dhs_worker_resume_rows_total", "dhs_worker_resume_seconds_max",
       "dhs_worker_resumed_outputs_waiting", "dhs_worker_resumed_outputs_dropped_total", "dhs_worker_reclaims_total",

@@ -189,6 +189,7 @@ TEST(WorkerCommit, TokensMemdRefusesForOneRequestStopOnlyItsRecord) {
   ASSERT_GE(refused_at, 2u);
   EXPECT_GE(f.memd->commits_refused, 2) << "a message of several entries, then request 2 alone";
   EXPECT_EQ(f.worker->stats().records_refused, 1u);
+  EXPECT_EQ(f.worker->StatsReply().token_records_refused, 1u);  // exported (dhs_worker_token_records_refused_total)
   for (RequestId id : {1, 2, 3}) {
     const Generated want = Oracle(*f.model, f.Input(Prompt(12 + 5 * id, static_cast<uint32_t>(id))), 8);
     EXPECT_EQ(f.sink.out[id].tokens, want.tokens) << "request " << id << ": the client's stream";
