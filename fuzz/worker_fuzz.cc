@@ -8,8 +8,9 @@
 // message built from small field values (so they meet the state), a grant made to fit a submitted request (a slot, one
 // host page per page of its context, some optional pages), a Retire answering a ReadersDone the worker sent, one to
 // four Iterate() calls, or wire bytes (a typed message with bytes flipped, or raw) decoded and dispatched as
-// MemdClient does. The worker must not crash; no invariant is asserted beyond the sanitizers (memd is trusted for
-// safety: a lying memd may make the worker serve wrong rows, not crash it).
+// MemdClient does. The worker must not crash, and its invariants (Worker::CheckInvariants: the request book, the token
+// ledger, the requests served = the book's) hold after every record (memd is trusted for safety: a lying memd may
+// make the worker serve wrong rows, not crash it or break its own books).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -323,6 +324,7 @@ void Run(const uint8_t* data, size_t size) {
     } else {  // raw wire bytes
       DispatchWire(in.Bytes(512), w.admission());
     }
+    DHS_CHECK_OK(w.CheckInvariants());  // the book, the ledger, the requests served = the book's (after every record)
   }
   // Drain: the worker must wind down without crashing (every order answered or dropped by the destructor).
   for (int i = 0; i < 4 && iterations < kMaxIterations + 4; ++i, ++iterations) (void)w.Iterate();

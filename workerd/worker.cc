@@ -476,6 +476,25 @@ WorkerStats Worker::stats() const {
   return recorder_.Snapshot(StatsParts{hier_, &resumes_->counters(), &rounds_->counters(), &agent_->stats()});
 }
 
+absl::Status Worker::CheckInvariants() const {
+  if (absl::Status s = book_.CheckInvariants(); !s.ok()) return s;
+  if (absl::Status s = ledger_.CheckInvariants(); !s.ok()) return s;
+  if (requests_.size() != book_.requests().size()) {
+    return absl::InternalError(absl::StrCat(requests_.size(), " requests served, ", book_.requests().size(),
+                                            " in the book"));
+  }
+  for (const auto& [id, r] : requests_) {
+    if (r->life != book_.Find(id)) {
+      return absl::InternalError(absl::StrCat("request ", id, " does not point at its book entry"));
+    }
+    if (r->life->tokens.committed > r->out.generated.size()) {
+      return absl::InternalError(absl::StrCat("request ", id, ": ", r->life->tokens.committed, " tokens committed of ",
+                                              r->out.generated.size(), " generated"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 wire::WorkerStatsReplyT Worker::StatsReply() const {
   return StatsReplyOf(stats(), StatsFacts{&config_, &geometry_, book_.active(), book_.not_active(),
                                           hier_ != nullptr ? hier_->staging_bytes() : 0,

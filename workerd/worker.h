@@ -149,6 +149,12 @@ class Worker final : public Submitter, private RequestEnds {
 
   // The counters since start, the other rooms' included.
   WorkerStats stats() const;
+  // INTERNAL naming the broken invariant, else OK. The book's and the token ledger's invariants hold; the requests
+  // served here are exactly the book's, each pointing at its own entry; a request's committed count (memd's record)
+  // never passes its generated tokens. Checked after every event by the worker fuzz target and the in-process fake
+  // memd (tests/workerd/worker_test_util.h Pump), as EmbeddedWorker::CheckInvariants is for libdhs.
+  // O(requests + ledger entries).
+  absl::Status CheckInvariants() const;
   // Per resumed request (by client id), once its first new token came (AdmissionDesk::Resume): its history's rows
   // imported from host (pages with a confirmed host copy) and recomputed from its tokens (pages without one, and the
   // tail), in rows, and the time from Resume to that token, us. Kept for the worker's life (one entry per resume;

@@ -405,8 +405,11 @@ class FakeMemd final : public MemdLink {
   size_t admissions_waiting() const { return waiting_.size(); }
 
   // Delivers queued messages, then (with chaos) maybe emits one reclaim or populate order.
+  // The worker's invariants (Worker::CheckInvariants) are checked before (after its last iteration or event) and
+  // after memd's messages are delivered.
   void Pump(Worker& w) {
     ++pumps_;
+    ExpectInvariants(w);
     if (std::optional<absl::Status> answer = std::exchange(commit_answer_, std::nullopt)) {
       if (answer->ok()) {
         w.admission().OnTokensCommitted();
@@ -420,6 +423,7 @@ class FakeMemd final : public MemdLink {
       inbox_.pop_front();
       std::visit([&](auto& m) { Deliver(w, *m); }, msg);
     }
+    ExpectInvariants(w);
     if (!chaos_) return;
     const uint64_t dice = rng_() % 8;
     std::vector<RequestId> ids;
@@ -473,6 +477,11 @@ class FakeMemd final : public MemdLink {
       ++r.populates;
       inbox_.push_back(std::move(o));
     }
+  }
+
+  static void ExpectInvariants(const Worker& w) {
+    const absl::Status s = w.CheckInvariants();
+    EXPECT_TRUE(s.ok()) << s;
   }
 
   std::vector<uint8_t> host;
