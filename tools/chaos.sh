@@ -19,6 +19,7 @@
 # Usage: tools/chaos.sh [SECONDS] [--memd] [--sync-only] [--build DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export DHS_CHECK_INVARIANTS=1  # every workerd checks its invariants after every iteration and aborts on a broken one
 secs=900; kinds=(timed prefill decode backup populate reclaim); build=build; sync_only=0
 while (($#)); do
   case "$1" in

@@ -344,6 +344,9 @@ int Serve(const CommandLine& cl, dhs::model::Model* model, const dhs::WorkerGeom
   options.on_host_pool = backend.on_host_pool;
   options.start_delay_for_test = std::chrono::milliseconds(cl.fault_start_delay_ms);
   options.publish_metrics = !cl.metrics_address.empty();
+  const char* check = std::getenv("DHS_CHECK_INVARIANTS");  // tests and chaos runs: abort on a broken invariant
+  options.check_invariants = check != nullptr && std::string_view(check) == "1";
+  if (options.check_invariants) spdlog::info("workerd: DHS_CHECK_INVARIANTS=1: invariants checked every iteration");
   absl::StatusOr<std::unique_ptr<dhs::WorkerProcess>> process =
       dhs::WorkerProcess::Start(model, backend.device.get(), options);
   if (!process.ok()) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -31,6 +32,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   p->worker_->book().set_epoch(p->memd_->worker_epoch());
   p->frontend_->set_submitter(p->worker_.get());
   p->publish_metrics_ = options.publish_metrics;
+  p->check_invariants_ = options.check_invariants;
   p->PublishMetrics();
   // A new worker holds no request and ended none: every interrupted request of the GPU is resumable.
   ReturnPlan at_start;
@@ -164,6 +166,7 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
   }
   if (memd_->rehello_in_flight()) return false;  // the report holds every token: nothing steps until memd answers
   absl::StatusOr<bool> more = worker_->Iterate();
+  if (check_invariants_) DHS_CHECK_OK(worker_->CheckInvariants());  // after memd's messages, the clients', the step
   PublishMetrics();
   return more;
 }

@@ -47,6 +47,9 @@ struct WorkerProcessOptions {
   // Publish the Prometheus text after every iteration (metrics(); workerd --metrics-address). Off: metrics() stays
   // empty and the loop renders nothing.
   bool publish_metrics = false;
+  // Check the Worker's invariants (Worker::CheckInvariants) after every serving iteration and abort on a broken one
+  // (workerd reads $DHS_CHECK_INVARIANTS=1, as libdhs does at open: the process tests and tools/chaos.sh set it).
+  bool check_invariants = false;
 };
 
 class WorkerProcess {
@@ -120,6 +123,7 @@ class WorkerProcess {
   float tokens_per_s_ = 0;
   void PublishMetrics();
   bool publish_metrics_ = false;
+  bool check_invariants_ = false;
   mutable std::mutex metrics_mu_;
   std::string metrics_;
 };
