@@ -171,6 +171,30 @@ class LibdhsTest : public ::testing::Test {
     ASSERT_EQ(Append(*id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
     ASSERT_NO_FATAL_FAILURE(WaitBackedUp(4));
   }
+  // memd started, a hisparse worker opened with `*c` (every complete page backed up: memd would keep them for a
+  // resume) and one request backed up on it (BackedUpRequest); *id = its id.
+  void StartWithBackedUpRequest(dhs_worker_config* c, uint64_t* id) {
+    ASSERT_NO_FATAL_FAILURE(StartMemd());
+    c->mode = DHS_MODE_HISPARSE;
+    ASSERT_EQ(dhs_worker_open(c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+    ASSERT_NO_FATAL_FAILURE(BackedUpRequest(id));
+  }
+  // Completed request `id` is not kept at memd: the open worker lists nothing resumable, and memd, stopped cleanly with
+  // no request left after the worker closes, removes its host-pool segment (it keeps it for the next memd only while
+  // it holds interrupted requests' pages).
+  void ExpectNothingKeptFor(uint64_t id) {
+    std::vector<dhs_resumable> list(4);
+    size_t n = 0, total = 0;
+    ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+    EXPECT_EQ(total, 0u) << "the completed request " << id << " is kept as interrupted";
+    ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+    w_ = nullptr;
+    const std::string segment = PoolSegmentPath(dir_.path());
+    ASSERT_TRUE(std::filesystem::exists(segment));
+    memd_->Terminate();
+    memd_.reset();
+    EXPECT_FALSE(std::filesystem::exists(segment)) << "memd kept its host pool for request " << id;
+  }
   // Polls until `pages` pages are backed up, then 20 polls more: their HostCopyWritten reports reach memd (its journal;
   // shared prefix pages become shared).
   void WaitBackedUp(int pages) {
@@ -1117,12 +1141,9 @@ TEST_F(LibdhsTest, ImportPlanSkipsAPageThatFailsItsChecksum) {
 // interrupted, its host pages held for a resume, listed to the GPU's next worker); the close now waits for the
 // messages already queued. The next worker of the GPU lists nothing to resume and memd holds no host page.
 TEST_F(LibdhsTest, CompleteThenCloseEndsTheRequestAtMemd) {
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
-  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up: memd would keep them for a resume
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
   uint64_t id = 0;
-  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&id));
+  ASSERT_NO_FATAL_FAILURE(StartWithBackedUpRequest(&c, &id));
   ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
   ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK) << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
@@ -1131,19 +1152,7 @@ TEST_F(LibdhsTest, CompleteThenCloseEndsTheRequestAtMemd) {
   ASSERT_EQ(memd_->Signal(SIGCONT), 0);
   ::poll(nullptr, 0, 300);
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
-  std::vector<dhs_resumable> list(4);
-  size_t n = 0, total = 0;
-  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
-  EXPECT_EQ(total, 0u) << "the completed request " << id << " is kept as interrupted";
-  // memd holds no host page for it: stopped cleanly with no request left, it removes its host-pool segment (it keeps
-  // the segment for the next memd only while it holds interrupted requests' pages).
-  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
-  w_ = nullptr;
-  const std::string segment = PoolSegmentPath(dir_.path());
-  ASSERT_TRUE(std::filesystem::exists(segment));
-  memd_->Terminate();
-  memd_.reset();
-  EXPECT_FALSE(std::filesystem::exists(segment)) << "memd kept its host pool for a request that was completed";
+  ASSERT_NO_FATAL_FAILURE(ExpectNothingKeptFor(id));
 }
 
 // A request completed while memd is alive, whose Complete memd never read: memd is SIGSTOPped while the engine
@@ -1152,12 +1161,9 @@ TEST_F(LibdhsTest, CompleteThenCloseEndsTheRequestAtMemd) {
 // it resumable (review finding: libdhs kept it resumable and memd its host pages, while workerd ended it). Nothing is
 // resumable, and memd, stopped with no request left, removes its host pool.
 TEST_F(LibdhsTest, ACompleteTheDeadMemdNeverReadIsSentAgainAtTheReHello) {
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
-  c.mode = DHS_MODE_HISPARSE;  // every complete page backed up: memd would keep them for a resume
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
   uint64_t id = 0;
-  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&id));
+  ASSERT_NO_FATAL_FAILURE(StartWithBackedUpRequest(&c, &id));
   ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
   ASSERT_EQ(dhs_request_complete(w_, id), DHS_OK) << dhs_worker_errmsg(w_);
   ASSERT_NO_FATAL_FAILURE(KillMemd());  // the Complete dies unread with it
@@ -1166,17 +1172,7 @@ TEST_F(LibdhsTest, ACompleteTheDeadMemdNeverReadIsSentAgainAtTheReHello) {
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }, 10000));
   ASSERT_EQ(Stats()["memd"]["returns"], 1);
   ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd reads the Complete
-  std::vector<dhs_resumable> list(4);
-  size_t n = 0, total = 0;
-  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
-  EXPECT_EQ(total, 0u) << "request " << id << ", completed here, is listed resumable";
-  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
-  w_ = nullptr;
-  const std::string segment = PoolSegmentPath(dir_.path());
-  ASSERT_TRUE(std::filesystem::exists(segment));
-  memd_->Terminate();
-  memd_.reset();
-  EXPECT_FALSE(std::filesystem::exists(segment)) << "memd kept its host pool for a request that was completed";
+  ASSERT_NO_FATAL_FAILURE(ExpectNothingKeptFor(id));
 }
 
 // A request completed while memd still queues it: the admission is dropped, and the id is unknown afterwards.
