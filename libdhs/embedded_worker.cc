@@ -498,7 +498,10 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   // Who is refused, adopted, sent again, and which of memd's interrupted requests end at memd (Complete) before any
   // is admitted again: workerd's PlanReturn over the same book (workerd/memd_session.h). The resumable ones stay
   // listed to the engine (dhs_worker_list_resumable).
-  const ReturnPlan plan = PlanReturn(reply, book_, [this](RequestId id) { return agent_->Finished(id); });
+  const ReturnPlan plan = PlanReturn(
+      reply, book_,
+      ReturnFacts{.ended_here = [this](RequestId id) { return agent_->Finished(id) || completes_sent_.contains(id); },
+                  .resume_of = [this](RequestId id) { return requests_.at(id).resume_of; }});
   std::vector<RequestId> to_end = plan.end_interrupted;
   book_.ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of them
   // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
@@ -514,7 +517,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     }
     // It ends here (the engine resumes it, or not): an end like any failure.
     EndFailed(requests_.find(id), absl::AbortedError(absl::StrCat(
-        "memd restarted and refused the request's report: ", why, " (dhs_worker_list_resumable may list it)")));
+        "memd restarted: ", why, " (dhs_worker_list_resumable may list it)")));
   }
   stack_->ReturnFromAway(plan.adopted);  // the agent adopts them, host writes resume
   for (RequestId id : plan.adopted) {     // memd took their records with the report: every token is there
@@ -541,7 +544,13 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   // memd, or was never sent: kUnsent).
   for (RequestId id : plan.resend) {
     const RequestLife* life = Life(id);
-    if (life->phase == RequestPhase::kEnding) {  // completed by the engine while away (its Complete went above)
+    if (life->phase == RequestPhase::kEnding) {  // completed by the engine while away
+      // memd holds it as interrupted (the dead memd journaled its admission): its Complete (PlanReturn leaves a
+      // request ending here to its own end).
+      if (plan.interrupted.contains(id)) {
+        if (absl::Status s = SendComplete(id); !s.ok()) return s;
+        not_resumable_.insert(id);
+      }
       Forget(id, /*completed=*/false);
       ++counters_.ends_deferred;
       ++ended;
@@ -576,6 +585,13 @@ absl::Status EmbeddedWorker::SendComplete(RequestId id) {
   wire::CompleteT done;
   done.request = id;
   done.gpu = config_.gpu;
+  if (completes_sent_.insert(id).second) {
+    completes_order_.push_back(id);
+    if (completes_order_.size() > kCompletesRemembered) {
+      completes_sent_.erase(completes_order_.front());
+      completes_order_.pop_front();
+    }
+  }
   if (absl::Status s = memd_->SendComplete(done); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
   }

@@ -320,7 +320,13 @@ class EmbeddedWorker final : private MemdHandler {
   // Every open request's phase and node id (RequestBook::OpenDetached; ids gpu | epoch | n as workerd's), and the ids
   // completed before memd's answer until their CompleteAck (a late grant is released by the Complete: StaleGrant).
   RequestBook book_;  // of config_.gpu: its ids are in that GPU's range (review finding: GPU 0's for every GPU)
-  std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (waiting here, or cancelled)
+  std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (PlanReturn end_interrupted)
+  // The ids SendComplete sent a Complete for (the newest kCompletesRemembered): ended here, so a later memd that lists
+  // one as interrupted (the Complete died unread with a memd, twice over) has it ended again, not listed resumable
+  // (PlanReturn's ended_here, with the agent's Finished; review finding).
+  static constexpr size_t kCompletesRemembered = size_t{1} << 16;
+  std::set<RequestId> completes_sent_;
+  std::deque<RequestId> completes_order_;
   // The data path (libdhs/kv_port.h, the one workerd's model uses too): appends, keys, resolves, readers (the
   // requests resolved per group since its last ReadersDone: a resolve again, or a Complete, before it is refused),
   // hold and commit.

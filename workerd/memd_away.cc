@@ -42,10 +42,10 @@ std::vector<std::unique_ptr<wire::RequestRecordT>> MemdAway::DropRefused(const R
     auto it = p_.requests->find(id);
     if (it == p_.requests->end()) continue;
     WorkerRequest& r = *it->second;
-    spdlog::warn("worker: memd refused the report of request {}: {}; it is resumed", id, why);
+    spdlog::warn("worker: request {} ends like after a fence ({}); it is resumed", id, why);
     p_.agent->Forget(id);
     if (!plan.interrupted.contains(id)) own.push_back(RecordOf(*r.life, r.out.generated, r.out.digests));
-    const absl::Status ended = WorkerEpochEndedError(absl::StrCat("memd refused its report: ", why));
+    const absl::Status ended = WorkerEpochEndedError(why);
     DHS_CHECK_OK(p_.clients->Chunk(r, {}, {}, true, ended));  // a final chunk is always taken
     p_.recorder->Refused(id, r.out.generated.size(), ended, std::chrono::steady_clock::now());
     EraseRequest(*p_.requests, *p_.book, it);
@@ -91,7 +91,10 @@ size_t MemdAway::EndDeferred() {
 absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
   if (p_.memd->session().away()) DHS_CHECK_OK(p_.memd->session().Accepted());
-  const ReturnPlan plan = PlanReturn(reply, *p_.book, [this](RequestId id) { return p_.agent->Finished(id); });
+  const ReturnPlan plan = PlanReturn(
+      reply, *p_.book,
+      ReturnFacts{.ended_here = [this](RequestId id) { return p_.agent->Finished(id); },
+                  .resume_of = [this](RequestId id) { return p_.requests->at(id)->resume_of; }});
   p_.book->ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of those ids
   std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(plan);
   // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.

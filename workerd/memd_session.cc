@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -69,8 +71,7 @@ absl::Status MemdSession::Accepted() {
   return Transition(MemdState::kAway, MemdState::kConnected);
 }
 
-ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book,
-                      const std::function<bool(RequestId)>& ended_here) {
+ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book, const ReturnFacts& facts) {
   ReturnPlan plan;
   plan.interrupted.insert(reply.interrupted_requests.begin(), reply.interrupted_requests.end());
   std::set<RequestId> refused;
@@ -78,21 +79,42 @@ ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book,
     const RequestId id = reply.refused_reports[i];
     if (book.Find(id) == nullptr) continue;
     refused.insert(id);
-    plan.refused.emplace_back(id, i < reply.refused_reasons.size() ? reply.refused_reasons[i] : "");
+    plan.refused.emplace_back(id, "memd refused its report: " +
+                                      (i < reply.refused_reasons.size() ? reply.refused_reasons[i] : std::string()));
   }
+  // The interrupted requests a resume waiting here continues: -> whether that resume ends at this re-Hello.
+  std::map<RequestId, bool> resumed_here;
   for (const auto& [id, life] : book.requests()) {
-    if (WaitsForGrant(life.held_phase())) {
-      plan.resend.push_back(id);
-    } else if (!refused.contains(id)) {
-      plan.adopted.insert(id);
+    if (!WaitsForGrant(life.held_phase())) {
+      if (!refused.contains(id)) plan.adopted.insert(id);
+      continue;
     }
+    const RequestId of = facts.resume_of(id);
+    if (of != 0) resumed_here[of] = life.phase == RequestPhase::kEnding;
+    if (of != 0 && life.phase != RequestPhase::kEnding && plan.interrupted.contains(id)) {
+      refused.insert(id);  // the dead memd handed `of` over to it: resumed from its own record
+      plan.refused.emplace_back(id, "this resume waited for its grant when memd died; memd holds it as "
+                                    "interrupted, with the host pages it took over");
+      continue;
+    }
+    plan.resend.push_back(id);
   }
   for (RequestId id : reply.interrupted_requests) {
     if (plan.adopted.contains(id)) continue;
-    const RequestLife* life = book.Find(id);
-    const bool waits_here = life != nullptr && WaitsForGrant(life->held_phase());
-    const bool ended = life == nullptr && (book.StaleGrant(id) || ended_here(id));
-    (waits_here || ended ? plan.end_interrupted : plan.resumable).push_back(id);
+    if (const RequestLife* life = book.Find(id); life != nullptr) {
+      if (refused.contains(id)) {
+        plan.resumable.push_back(id);
+      } else if (life->phase != RequestPhase::kEnding) {  // waits for its grant, not a resume
+        plan.end_interrupted.push_back(id);
+      }
+      continue;
+    }
+    if (auto it = resumed_here.find(id); it != resumed_here.end()) {
+      if (it->second) plan.end_interrupted.push_back(id);  // its resume ends: so does it
+      continue;                                            // else its resume takes it over
+    }
+    const bool ended = book.StaleGrant(id) || facts.ended_here(id);
+    (ended ? plan.end_interrupted : plan.resumable).push_back(id);
   }
   return plan;
 }

@@ -53,33 +53,48 @@ inline constexpr std::pair<MemdState, MemdState> kMemdTransitions[] = {
 
 // What the worker does when a memd accepted its re-Hello (MemdAway::Return), from the reply and the book:
 struct ReturnPlan {
-  // Reports memd refused, of requests in the book (HelloReply.refused_reports, with refused_reasons; "" when none):
-  // each ends to its client like after a fence and is resumed (from memd's interrupted record when it lists one).
+  // Requests of the book that end here like after a fence and are resumed (from memd's interrupted record when it
+  // lists one), each with why (the client's or the engine's message):
+  //   - reports memd refused (HelloReply.refused_reports): "memd refused its report: " and refused_reasons' text;
+  //   - resumes waiting here for their grant that memd lists as interrupted: the dead memd had journaled the
+  //     admission and handed the request it resumes over to it (its host pages), so sending it again as a resume of
+  //     that request would be rejected (it is unknown now); it is resumed from its own interrupted record instead
+  //     (review finding: it was ended at memd, its pages freed, and its admission rejected: the request was lost).
   std::vector<std::pair<RequestId, std::string>> refused;
   // Requests granted here (not refused) that memd adopted: their held tokens go to their clients, their committed
   // count is every generated token (the report carried them), paused ones step again.
   std::set<RequestId> adopted;
-  // Requests waiting for their grant (their AdmitRequest went to the dead memd, or never went): sent again last.
+  // Requests waiting for their grant (their AdmitRequest went to the dead memd, or never went): sent again last
+  // (a resume among `refused` is not).
   std::vector<RequestId> resend;
   std::set<RequestId> interrupted;  // HelloReply.interrupted_requests
   // What becomes of each interrupted request (memd holds it from a dead epoch, with its record when it has one), one
   // rule for workerd and libdhs (issue 25; was decided twice):
   //   end_interrupted  ended at memd at once (a Complete), before any admission goes again: a request that waits for
-  //                    its grant here (the dead memd journaled its admission, its grant never came; it is admitted
-  //                    again, under the same id, after this Complete), or one this worker ended (its Complete went to
-  //                    the dead memd: ended while waiting, RequestBook::StaleGrant, or ended after its grant,
-  //                    `ended_here`). In HelloReply order.
-  //   resumable        the others not adopted here: nothing of them runs on this worker (not in the book, or its report
-  //                    refused). workerd resumes each from its record (and ends one without a record); libdhs lists
-  //                    them to the engine (dhs_worker_list_resumable). In HelloReply order.
-  // An adopted request (in the book, granted, its report taken) is in neither.
+  //                    its grant here and is not a resume (the dead memd journaled its admission, its grant never
+  //                    came; it is admitted again, under the same id, after this Complete); one this worker ended (its
+  //                    Complete went to the dead memd: ended while waiting, RequestBook::StaleGrant, or `ended_here`);
+  //                    one whose resume here ends at this re-Hello (kEnding: the resume was cancelled or completed).
+  //   resumable        not in the book and not ended here, or in `refused`: workerd resumes each from its record (and
+  //                    ends one without a record); libdhs lists them to the engine (dhs_worker_list_resumable).
+  // In neither: an adopted request (in the book, granted, its report taken); a request ending here at this re-Hello
+  // (kEnding: its deferred end sends its own Complete: workerd's EndDeferred, libdhs's Return); an interrupted request
+  // a resume waiting here takes over when its admission goes again (the dead memd never read that admission). Both
+  // lists in HelloReply order.
   std::vector<RequestId> end_interrupted;
   std::vector<RequestId> resumable;
 };
-// The plan of a return (above) from memd's HelloReply, the book as it was when the re-Hello went out (before
-// ForgetUnacknowledged) and `ended_here`: whether this worker ended `id` after its grant (ResidencyAgent::Finished).
-ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book,
-                      const std::function<bool(RequestId)>& ended_here);
+// What PlanReturn asks the program of a request (the book holds phases and ids, not these).
+struct ReturnFacts {
+  // Whether this worker ended request `id` (not in the book now) and sent its Complete (ResidencyAgent::Finished;
+  // libdhs also remembers the Completes it sends itself).
+  std::function<bool(RequestId)> ended_here;
+  // The interrupted request that request `id` of the book resumes (its AdmitRequest.resume_of), 0 when none.
+  std::function<RequestId(RequestId)> resume_of;
+};
+// The plan of a return (above) from memd's HelloReply and the book as it was when the re-Hello went out (before
+// ForgetUnacknowledged).
+ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book, const ReturnFacts& facts);
 
 class MemdSession {
  public:

@@ -232,6 +232,7 @@ class LibdhsTest : public ::testing::Test {
     ASSERT_TRUE(reclaimed);
     ASSERT_TRUE(granted);
   }
+  void CompletedWaitingStaysEnded(bool second_death);
   void InterruptAndRestart(const dhs_worker_config& c, uint64_t* interrupted,
                            const std::function<void()>& between = {});
   // SIGKILLs memd (its socket file removed, so that the next StartMemd waits for the new one's).
@@ -1284,6 +1285,143 @@ TEST_F(LibdhsTest, RefusedReportsEndTheirRequests) {
   EXPECT_EQ(list[0].input_rows, 64u);
   EXPECT_EQ(list[0].max_rows, 128u);
   ASSERT_NO_FATAL_FAILURE(DropInterruptedPool());  // a stays interrupted (never resumed here)
+}
+
+// A resume that memd queued (its AdmitRequest journaled: memd took the interrupted request's host pages over for it)
+// when memd dies. The new memd lists the resume's own id as interrupted (it holds the pages now). Sending the
+// admission again as a resume of the first request would be rejected (memd knows it no more), and ending the resume
+// would free the pages (review finding: the re-Hello did both, and the request was lost). PlanReturn ends it like a
+// refused report instead: FAILED naming why, listed resumable with its sizes, and its resume is granted with the 4
+// host pages, whose rows are the first request's.
+TEST_F(LibdhsTest, AQueuedResumeSurvivesAMemdRestart) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;
+  c.slots = 2;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  uint64_t x = 0;
+  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&x));
+  ASSERT_NO_FATAL_FAILURE(NewEpoch(c));  // x is interrupted, its 4 host pages kept
+  const uint64_t a = SubmitGranted(16, 32);
+  const uint64_t b = SubmitGranted(16, 32);
+  dhs_request_desc d = Desc(64, 80, x);
+  uint64_t y = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &y), DHS_OK) << dhs_worker_errmsg(w_);
+  std::vector<dhs_event> seen;
+  auto poll_some = [&](int n, int sleep_ms) {
+    for (int i = 0; i < n; ++i) {
+      dhs_event ev[8];
+      size_t got = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+      seen.insert(seen.end(), ev, ev + got);
+      ::poll(nullptr, 0, sleep_ms);
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(poll_some(50, 5));  // memd journals y's admission (it waits for a slot)
+  for (const dhs_event& e : seen) {
+    if (e.request == y) ASSERT_EQ(e.kind, static_cast<uint32_t>(DHS_EVENT_WAITING)) << "y answered: " << e.message;
+  }
+  ASSERT_NO_FATAL_FAILURE(KillMemd());
+  for (int i = 0; i < 2000 && !Stats()["memd"]["away"].get<bool>(); ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  for (int i = 0; i < 3000 && Stats()["memd"]["returns"] < 1; ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 2));
+  ASSERT_EQ(Stats()["memd"]["returns"], 1);
+  bool failed = false;
+  for (const dhs_event& e : seen) {
+    if (e.request != y) continue;
+    ASSERT_EQ(e.kind, e.kind == DHS_EVENT_WAITING ? e.kind : static_cast<uint32_t>(DHS_EVENT_FAILED)) << e.message;
+    if (e.kind != DHS_EVENT_FAILED) continue;
+    failed = true;
+    EXPECT_NE(std::string(e.message).find("this resume waited for its grant when memd died"), std::string::npos)
+        << e.message;
+  }
+  ASSERT_TRUE(failed) << "the queued resume was neither resumed nor failed";
+  std::vector<dhs_resumable> list(4);
+  size_t n = 0, total = 0;
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(list[0].request, y);
+  EXPECT_EQ(list[0].input_rows, 64u);
+  EXPECT_EQ(list[0].max_rows, 80u);
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK) << dhs_worker_errmsg(w_);  // a slot for the resume
+  dhs_request_desc again = Desc(64, 80, y);
+  uint64_t z = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &again, &z), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::vector<dhs_event> ev = PollFor(1);
+  ASSERT_EQ(ev.size(), 1u);
+  ASSERT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
+  EXPECT_EQ(ev[0].request, z);
+  ASSERT_EQ(ev[0].import_pages, 4u) << "x's host pages were not kept for the resume";
+  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
+  ASSERT_EQ(dhs_request_import(w_, z, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(z, {0, 1, 17, 31, 40, 63, -1}, x));
+  EXPECT_EQ(dhs_request_complete(w_, z), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+}
+
+// A request completed while it waited for its grant, its Complete unread (memd SIGSTOPped, then SIGKILLed): the
+// second memd lists it interrupted and the re-Hello ends it (StaleGrant). With two deaths, that memd too is stopped
+// before it reads the Complete and killed; the third memd lists it again, when StaleGrant is forgotten
+// (ForgetUnacknowledged) and the agent never ended it: libdhs remembers the Completes it sent itself (PlanReturn's
+// ended_here; review finding: it was left interrupted at memd, and the GPU's next worker listed a request the engine
+// had completed). Either way nothing is resumable, now or for the next worker.
+TEST_F(LibdhsTest, ACompletedWaitingRequestStaysEndedAcrossOneMemdDeath) { CompletedWaitingStaysEnded(false); }
+TEST_F(LibdhsTest, ACompletedWaitingRequestStaysEndedAcrossTwoMemdDeaths) { CompletedWaitingStaysEnded(true); }
+void LibdhsTest::CompletedWaitingStaysEnded(bool second_death) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;
+  c.slots = 2;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t a = SubmitGranted(16, 32);
+  const uint64_t b = SubmitGranted(16, 32);
+  dhs_request_desc d = Desc(16, 32);
+  uint64_t q = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &q), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd journals q's admission (no slot)
+  ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
+  ASSERT_EQ(dhs_request_complete(w_, q), DHS_OK) << dhs_worker_errmsg(w_);  // its Complete: never read
+  ASSERT_NO_FATAL_FAILURE(KillMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  // Polls only while the second memd is stopped: a poll that takes its HelloReply sends q's Complete (Return) to a
+  // memd that never reads it.
+  bool back = !second_death;
+  if (!second_death) ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }, 10000));
+  for (int i = 0; i < 300 && !back; ++i) {
+    ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
+    back = Stats()["memd"]["returns"] == 1;
+    if (!back) {
+      ASSERT_EQ(memd_->Signal(SIGCONT), 0);
+      ::poll(nullptr, 0, 60);
+    }
+  }
+  ASSERT_TRUE(back);
+  if (second_death) {
+    ASSERT_NO_FATAL_FAILURE(KillMemd());  // q's second Complete dies unread
+    ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+    ASSERT_NO_FATAL_FAILURE(StartMemd());
+    ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 2; }, 10000));
+    ASSERT_EQ(Stats()["memd"]["returns"], 2);
+  }
+  ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));
+  std::vector<dhs_resumable> list(8);
+  size_t n = 0, total = 0;
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  EXPECT_EQ(total, 0u);
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_complete(w_, b), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  ::poll(nullptr, 0, 200);
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);  // the GPU's next worker
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  EXPECT_EQ(total, 0u) << "request " << q << ", completed by the engine, is resumable at the GPU's next worker"
+                       << (n > 0 ? " (listed: " + std::to_string(list[0].request) + ")" : std::string());
 }
 
 TEST_F(LibdhsTest, CompleteWhileWaiting) {

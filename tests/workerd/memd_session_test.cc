@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "workerd/request_book.h"
@@ -129,15 +130,49 @@ TEST(MemdSession, PlanReturnSortsTheBookByWhatMemdAnswered) {
   reply.refused_reports = {4, 9};
   reply.refused_reasons = {"bad pages"};
   reply.interrupted_requests = {7, 1, 3, 4, 6, 8, 10};
-  const ReturnPlan plan = PlanReturn(reply, book, [](RequestId id) { return id == 8 || id == 3; });
+  const ReturnPlan plan =
+      PlanReturn(reply, book, ReturnFacts{.ended_here = [](RequestId id) { return id == 8 || id == 3; },
+                                          .resume_of = [](RequestId) { return RequestId{0}; }});
   ASSERT_EQ(plan.refused.size(), 1u);
   EXPECT_EQ(plan.refused[0].first, 4u);
-  EXPECT_EQ(plan.refused[0].second, "bad pages");
+  EXPECT_EQ(plan.refused[0].second, "memd refused its report: bad pages");
   EXPECT_EQ(plan.adopted, (std::set<RequestId>{3, 5}));
   EXPECT_EQ(plan.resend, (std::vector<RequestId>{1, 2}));
   EXPECT_EQ(plan.interrupted, (std::set<RequestId>{1, 3, 4, 6, 7, 8, 10}));
   EXPECT_EQ(plan.end_interrupted, (std::vector<RequestId>{1, 6, 8}));
   EXPECT_EQ(plan.resumable, (std::vector<RequestId>{7, 4, 10}));
+}
+
+// Resumes waiting here (facts.resume_of), memd restarted. Node ids 1..5 waiting, each a resume: 1 of 11, 2 of 12,
+// 3 of 13, 4 of 14 (ending here: its client cancelled it while memd was away), 5 of 15 (ending here too); 6 waits and
+// is no resume; 7 is granted (refused report, its id reused by an earlier request this worker ended: ended_here(7)).
+// memd lists as interrupted 1 (it read 1's admission and handed 11 over to it), 12 (it never read 2's), 4 (it read
+// 4's), 15 (it never read 5's), 6 and 7:
+//   1: refused (resumed from its own record, not sent again); 12: neither (2's admission takes it over); 4: neither
+//   (its own end sends the Complete); 15: ended (its resume 5 ends); 6: ended and sent again; 7: resumable (refused,
+//   ended_here is about ids not in the book). `resend` lists 2, 3, 6 and the ending 4 and 5 (every request whose
+//   held phase waits, but the resume 1; the program's deferred end drops the ending ones).
+TEST(MemdSession, PlanReturnLetsAWaitingResumeKeepWhatMemdHandedItOver) {
+  RequestBook book(0, ResumedOutputLimits{});
+  for (RequestId c = 1; c <= 7; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, false, 10).ok());
+  ASSERT_TRUE(book.DeferEnd(4, absl::CancelledError("gone")).ok());
+  ASSERT_TRUE(book.DeferEnd(5, absl::CancelledError("gone")).ok());
+  ASSERT_TRUE(book.Transition(7, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
+  wire::HelloReplyT reply;
+  reply.refused_reports = {7};
+  reply.interrupted_requests = {1, 12, 4, 15, 6, 7};
+  const ReturnPlan plan = PlanReturn(
+      reply, book, ReturnFacts{.ended_here = [](RequestId id) { return id == 7; },
+                               .resume_of = [](RequestId id) { return id <= 5 ? id + 10 : RequestId{0}; }});
+  ASSERT_EQ(plan.refused.size(), 2u);
+  EXPECT_EQ(plan.refused[0].first, 7u);
+  EXPECT_EQ(plan.refused[0].second, "memd refused its report: ");
+  EXPECT_EQ(plan.refused[1].first, 1u);
+  EXPECT_NE(plan.refused[1].second.find("waited for its grant"), std::string::npos) << plan.refused[1].second;
+  EXPECT_TRUE(plan.adopted.empty());
+  EXPECT_EQ(plan.resend, (std::vector<RequestId>{2, 3, 4, 5, 6}));
+  EXPECT_EQ(plan.end_interrupted, (std::vector<RequestId>{15, 6}));
+  EXPECT_EQ(plan.resumable, (std::vector<RequestId>{1, 7}));
 }
 
 }  // namespace

@@ -709,6 +709,126 @@ TEST(WorkerReHelloInProcess, ARequestCancelledWhileWaitingIsEndedNotResumed) {
   EXPECT_EQ(a.worker->book().waiting_for_grant(), 0u);
 }
 
+// The same request, but cancelled while memd is away (kEnding, ended while it waited). The new memd lists it
+// interrupted. Its deferred end (EndDeferred's Finish) sends its one Complete; PlanReturn leaves a request ending here
+// out of end_interrupted (review finding: a second Complete went for an id memd had ended already).
+TEST(WorkerReHelloInProcess, ARequestCancelledWhileAwayAndWaitingIsEndedOnce) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+  for (RequestId c = 1; c <= 5; ++c) {  // 4 slots: the fifth waits
+    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{c, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", c}).ok());
+  }
+  const RequestId waiting = memd->admitted_ids.back();
+  for (int it = 0; it < 3; ++it) {
+    memd->Pump(*a.worker);
+    ASSERT_TRUE(a.worker->Iterate().ok());
+  }
+  ASSERT_EQ(a.worker->book().Find(waiting)->phase, RequestPhase::kWaiting);
+  const wire::RequestRecordT journaled = memd->records.at(waiting);
+  a.worker->memd_away().Enter();
+  ASSERT_TRUE(a.worker->Cancel(5, 0, ClientRef{"c", 5}, "gone").ok());
+  ASSERT_EQ(a.worker->book().Find(waiting)->phase, RequestPhase::kEnding);
+  memd->AdoptReport(a.worker->memd_away().Report());
+  const int completes = memd->completes;
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = 1;
+  reply.interrupted_requests = {waiting};
+  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(journaled));
+  ASSERT_TRUE(a.worker->memd_away().Return(reply).ok());
+  EXPECT_EQ(memd->completes, completes + 1) << "Completes sent for the one interrupted id";
+  EXPECT_EQ(memd->resumes, 0);
+}
+
+// Interrupted request 1 is resumed here as Y (a worker's start); memd dies before it reads Y's AdmitRequest, so the
+// next memd still lists 1 interrupted, with its record. Y's admission, sent again, takes 1 over: PlanReturn lists 1
+// neither resumable nor ended (review finding: 1 was resumed a second time beside Y, and memd rejected one of them).
+TEST(WorkerReHelloInProcess, AResumeWaitingHereIsNotResumedTwiceAtTheReHello) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  wire::RequestRecordT record;
+  {
+    Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{1, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", 1}).ok());
+    for (int it = 0; it < 500 && a.sink.out[1].tokens.size() < 2; ++it) {
+      memd->Pump(*a.worker);
+      ASSERT_TRUE(a.worker->Iterate().ok());
+    }
+    record = memd->records.at(1);
+  }
+  memd->Fence();
+  const auto kept = memd->interrupted.at(1);
+  Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
+  ReturnPlan start;
+  start.resumable = {1};
+  std::vector<std::unique_ptr<wire::RequestRecordT>> recs;
+  recs.push_back(std::make_unique<wire::RequestRecordT>(record));
+  ASSERT_TRUE(b.worker->admission().ResumeInterrupted(start, recs).ok());
+  ASSERT_EQ(b.worker->book().waiting_for_grant(), 1u);  // Y: its AdmitRequest not answered (no Pump)
+  b.worker->memd_away().Enter();
+  memd->interrupted[1] = kept;  // the next memd never saw Y's admission: 1 is still interrupted there
+  const size_t admits = memd->admits.size();
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = 2;
+  reply.interrupted_requests = {1};
+  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(record));
+  ASSERT_TRUE(b.worker->memd_away().Return(reply).ok());
+  int resumes_of_1 = 0;
+  for (size_t i = admits; i < memd->admits.size(); ++i) resumes_of_1 += memd->admits[i].resume_of == 1;
+  EXPECT_EQ(resumes_of_1, 1) << "request 1 is resumed twice (a new resume beside the one sent again)";
+  EXPECT_EQ(b.worker->book().waiting_for_grant(), 1u);
+}
+
+// The other side of the same interleaving: memd read Y's AdmitRequest (it handed 1's host pages over to Y) and died
+// before Y's grant reached the worker, so the next memd lists Y itself as interrupted. Y is neither ended at memd (its
+// pages would be freed) nor sent again as a resume of 1 (memd knows 1 no more): it ends here like a refused report and
+// is resumed from its own record (review finding: it was ended and its admission rejected, the request lost). Its
+// resume Z continues Y and takes 1's pages over; nothing resumes 1, nothing is ended.
+TEST(WorkerReHelloInProcess, AResumeMemdQueuedWhenItDiedIsResumedFromItsOwnRecord) {
+  auto m = MakePresetModel("dsv4flash-like");
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  wire::RequestRecordT record;
+  {
+    Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{1, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", 1}).ok());
+    for (int it = 0; it < 500 && a.sink.out[1].tokens.size() < 2; ++it) {
+      memd->Pump(*a.worker);
+      ASSERT_TRUE(a.worker->Iterate().ok());
+    }
+    record = memd->records.at(1);
+  }
+  memd->Fence();
+  const auto kept = memd->interrupted.at(1);
+  Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
+  ReturnPlan start;
+  start.resumable = {1};
+  std::vector<std::unique_ptr<wire::RequestRecordT>> recs;
+  recs.push_back(std::make_unique<wire::RequestRecordT>(record));
+  ASSERT_TRUE(b.worker->admission().ResumeInterrupted(start, recs).ok());
+  ASSERT_EQ(memd->resumes, 1);  // memd took 1 over for Y at once
+  const RequestId y = memd->admitted_ids.back();
+  ASSERT_EQ(b.worker->book().Find(y)->phase, RequestPhase::kWaiting);  // its grant not delivered (no Pump)
+  b.worker->memd_away().Enter();
+  memd->interrupted[y] = kept;  // the next memd holds Y as interrupted, with 1's pages
+  const size_t admits = memd->admits.size();
+  const int completes = memd->completes;
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = 2;
+  reply.interrupted_requests = {y};
+  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(memd->records.at(y)));
+  ASSERT_TRUE(b.worker->memd_away().Return(reply).ok());
+  EXPECT_EQ(memd->completes, completes) << "Y was ended at memd: its pages are freed";
+  ASSERT_EQ(memd->admits.size(), admits + 1);
+  EXPECT_EQ(memd->admits.back().resume_of, y) << "the resume continues Y, which holds 1's pages";
+  EXPECT_NE(memd->admits.back().request, y);
+  EXPECT_EQ(memd->resumes, 2);
+  EXPECT_EQ(b.worker->book().Find(y), nullptr);
+  EXPECT_EQ(b.worker->book().waiting_for_grant(), 1u);
+}
+
 TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsNothingOfIsResumedFromTheWorkersRecord) {
   RefusedReportIsResumed(false);
 }
