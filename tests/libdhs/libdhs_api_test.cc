@@ -260,6 +260,16 @@ class LibdhsTest : public ::testing::Test {
     memd_.reset();
     std::filesystem::remove(PoolSegmentPath(dir_.path()));
   }
+  // Polls `n` times, `sleep_ms` apart, appending every event to `seen`.
+  void PollInto(std::vector<dhs_event>& seen, int n, int sleep_ms) {
+    for (int i = 0; i < n; ++i) {
+      dhs_event ev[8];
+      size_t got = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+      seen.insert(seen.end(), ev, ev + got);
+      ::poll(nullptr, 0, sleep_ms);
+    }
+  }
   // Polls (2 ms apart, `polls` times at most) until `done` holds.
   void PollUntil(const std::function<bool()>& done, int polls = 2000) {
     for (int i = 0; i < polls && !done(); ++i) {
@@ -1308,15 +1318,7 @@ TEST_F(LibdhsTest, AQueuedResumeSurvivesAMemdRestart) {
   uint64_t y = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &y), DHS_OK) << dhs_worker_errmsg(w_);
   std::vector<dhs_event> seen;
-  auto poll_some = [&](int n, int sleep_ms) {
-    for (int i = 0; i < n; ++i) {
-      dhs_event ev[8];
-      size_t got = 0;
-      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
-      seen.insert(seen.end(), ev, ev + got);
-      ::poll(nullptr, 0, sleep_ms);
-    }
-  };
+  auto poll_some = [&](int n, int sleep_ms) { PollInto(seen, n, sleep_ms); };
   ASSERT_NO_FATAL_FAILURE(poll_some(50, 5));  // memd journals y's admission (it waits for a slot)
   for (const dhs_event& e : seen) {
     if (e.request == y) ASSERT_EQ(e.kind, static_cast<uint32_t>(DHS_EVENT_WAITING)) << "y answered: " << e.message;
@@ -1618,15 +1620,7 @@ TEST_F(LibdhsTest, ServesThroughAMemdRestart) {
   ASSERT_EQ(dhs_request_submit(w_, &queued_desc, &queued_then_completed), DHS_OK);
   ASSERT_EQ(Append(id, 0, 64), DHS_OK) << dhs_worker_errmsg(w_);
   std::vector<dhs_event> seen;
-  auto poll_some = [&](int n, int sleep_ms) {
-    for (int i = 0; i < n; ++i) {
-      dhs_event ev[8];
-      size_t got = 0;
-      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
-      seen.insert(seen.end(), ev, ev + got);
-      ::poll(nullptr, 0, sleep_ms);
-    }
-  };
+  auto poll_some = [&](int n, int sleep_ms) { PollInto(seen, n, sleep_ms); };
   for (int i = 0; i < 2000 && Stats()["pages"]["backed_up"] < 4; ++i) ASSERT_NO_FATAL_FAILURE(poll_some(1, 1));
   ASSERT_EQ(Stats()["pages"]["backed_up"], 4);
   ASSERT_NO_FATAL_FAILURE(poll_some(20, 5));  // the HostCopyWritten reports reach memd's journal

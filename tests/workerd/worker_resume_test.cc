@@ -669,6 +669,31 @@ void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
   EXPECT_EQ(a.sink.out[1].digests, want[1].digests);
 }
 
+// Requests of clients 1..5 on `a` (4 slots): memd grants four (delivered, started) and queues the fifth, *waiting.
+void FourGrantedAndOneWaiting(Side& a, FakeMemd* memd, RequestId* waiting) {
+  for (RequestId c = 1; c <= 5; ++c) {
+    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{c, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", c}).ok());
+  }
+  *waiting = memd->admitted_ids.back();
+  for (int it = 0; it < 3; ++it) {  // the four grants reach the worker
+    memd->Pump(*a.worker);
+    ASSERT_TRUE(a.worker->Iterate().ok());
+  }
+  ASSERT_EQ(a.worker->book().active(), 4u);
+  ASSERT_EQ(memd->admissions_waiting(), 1u);
+  ASSERT_EQ(a.worker->book().Find(*waiting)->phase, RequestPhase::kWaiting);
+}
+
+// A new memd's reply to the re-Hello (accepted, `epoch`) listing `id` as interrupted with `record`.
+wire::HelloReplyT ReplyListingInterrupted(uint64_t epoch, RequestId id, const wire::RequestRecordT& record) {
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = epoch;
+  reply.interrupted_requests = {id};
+  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(record));
+  return reply;
+}
+
 // A request its client cancelled while it waited for its grant, whose Complete the dead memd never read: the new
 // memd lists it as interrupted, with the record the dead one journaled at its admission. The worker ended it (the
 // book's StaleGrant; workerd's agent counts it finished too), so PlanReturn puts it in end_interrupted: it is ended at
@@ -678,17 +703,8 @@ TEST(WorkerReHelloInProcess, ARequestCancelledWhileWaitingIsEndedNotResumed) {
   auto m = MakePresetModel("dsv4flash-like");
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
   Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
-  for (RequestId c = 1; c <= 5; ++c) {  // 4 slots: the fifth waits
-    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{c, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", c}).ok());
-  }
-  const RequestId waiting = memd->admitted_ids.back();
-  for (int it = 0; it < 3; ++it) {  // the four grants reach the worker
-    memd->Pump(*a.worker);
-    ASSERT_TRUE(a.worker->Iterate().ok());
-  }
-  ASSERT_EQ(a.worker->book().active(), 4u);
-  ASSERT_EQ(memd->admissions_waiting(), 1u);
-  ASSERT_EQ(a.worker->book().Find(waiting)->phase, RequestPhase::kWaiting);
+  RequestId waiting = 0;
+  ASSERT_NO_FATAL_FAILURE(FourGrantedAndOneWaiting(a, memd.get(), &waiting));
   const wire::RequestRecordT journaled = memd->records.at(waiting);
   ASSERT_TRUE(a.worker->Cancel(5, 0, ClientRef{"c", 5}, "gone").ok());
   const int completes = memd->completes;  // its Complete: the dead memd never reads it (no Pump)
@@ -696,12 +712,7 @@ TEST(WorkerReHelloInProcess, ARequestCancelledWhileWaitingIsEndedNotResumed) {
   a.worker->memd_away().Enter();
   memd->AdoptReport(a.worker->memd_away().Report());
   const size_t admitted = memd->admitted_ids.size();
-  wire::HelloReplyT reply;
-  reply.accepted = true;
-  reply.worker_epoch = 1;
-  reply.interrupted_requests = {waiting};
-  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(journaled));
-  ASSERT_TRUE(a.worker->memd_away().Return(reply).ok());
+  ASSERT_TRUE(a.worker->memd_away().Return(ReplyListingInterrupted(1, waiting, journaled)).ok());
   EXPECT_EQ(memd->completes, completes + 1) << "the interrupted id was not ended at memd";
   EXPECT_EQ(memd->admitted_ids.size(), admitted) << "the cancelled request was admitted again";
   EXPECT_EQ(memd->resumes, 0);
@@ -716,29 +727,41 @@ TEST(WorkerReHelloInProcess, ARequestCancelledWhileAwayAndWaitingIsEndedOnce) {
   auto m = MakePresetModel("dsv4flash-like");
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
   Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
-  for (RequestId c = 1; c <= 5; ++c) {  // 4 slots: the fifth waits
-    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{c, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", c}).ok());
-  }
-  const RequestId waiting = memd->admitted_ids.back();
-  for (int it = 0; it < 3; ++it) {
-    memd->Pump(*a.worker);
-    ASSERT_TRUE(a.worker->Iterate().ok());
-  }
-  ASSERT_EQ(a.worker->book().Find(waiting)->phase, RequestPhase::kWaiting);
+  RequestId waiting = 0;
+  ASSERT_NO_FATAL_FAILURE(FourGrantedAndOneWaiting(a, memd.get(), &waiting));
   const wire::RequestRecordT journaled = memd->records.at(waiting);
   a.worker->memd_away().Enter();
   ASSERT_TRUE(a.worker->Cancel(5, 0, ClientRef{"c", 5}, "gone").ok());
   ASSERT_EQ(a.worker->book().Find(waiting)->phase, RequestPhase::kEnding);
   memd->AdoptReport(a.worker->memd_away().Report());
   const int completes = memd->completes;
-  wire::HelloReplyT reply;
-  reply.accepted = true;
-  reply.worker_epoch = 1;
-  reply.interrupted_requests = {waiting};
-  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(journaled));
-  ASSERT_TRUE(a.worker->memd_away().Return(reply).ok());
+  ASSERT_TRUE(a.worker->memd_away().Return(ReplyListingInterrupted(1, waiting, journaled)).ok());
   EXPECT_EQ(memd->completes, completes + 1) << "Completes sent for the one interrupted id";
   EXPECT_EQ(memd->resumes, 0);
+}
+
+// Request 1 is served by a first worker (epoch 1) until it has 2 tokens; that worker dies (memd fences it: 1 is
+// interrupted, its host pages kept: *kept, its record: *record). The GPU's next worker (epoch 2: *b) resumes 1 at its
+// start as Y, whose AdmitRequest memd takes (it hands 1 over to Y at once) but whose grant is not delivered (no Pump).
+void ResumeAtStartAfterAFence(const model::Model* m, FakeMemd* memd, std::unique_ptr<Side>* b,
+                              wire::RequestRecordT* record, std::map<uint32_t, PageIndex>* kept) {
+  {
+    Side a(m, 1, memd, WorkerMode::kHisparse);
+    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{1, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", 1}).ok());
+    for (int it = 0; it < 500 && a.sink.out[1].tokens.size() < 2; ++it) {
+      memd->Pump(*a.worker);
+      ASSERT_TRUE(a.worker->Iterate().ok());
+    }
+    *record = memd->records.at(1);
+  }
+  memd->Fence();
+  *kept = memd->interrupted.at(1);
+  *b = std::make_unique<Side>(m, 2, memd, WorkerMode::kHisparse);
+  ReturnPlan start;
+  start.resumable = {1};
+  std::vector<std::unique_ptr<wire::RequestRecordT>> recs;
+  recs.push_back(std::make_unique<wire::RequestRecordT>(*record));
+  ASSERT_TRUE((*b)->worker->admission().ResumeInterrupted(start, recs).ok());
 }
 
 // Interrupted request 1 is resumed here as Y (a worker's start); memd dies before it reads Y's AdmitRequest, so the
@@ -748,33 +771,15 @@ TEST(WorkerReHelloInProcess, AResumeWaitingHereIsNotResumedTwiceAtTheReHello) {
   auto m = MakePresetModel("dsv4flash-like");
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
   wire::RequestRecordT record;
-  {
-    Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
-    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{1, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", 1}).ok());
-    for (int it = 0; it < 500 && a.sink.out[1].tokens.size() < 2; ++it) {
-      memd->Pump(*a.worker);
-      ASSERT_TRUE(a.worker->Iterate().ok());
-    }
-    record = memd->records.at(1);
-  }
-  memd->Fence();
-  const auto kept = memd->interrupted.at(1);
-  Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
-  ReturnPlan start;
-  start.resumable = {1};
-  std::vector<std::unique_ptr<wire::RequestRecordT>> recs;
-  recs.push_back(std::make_unique<wire::RequestRecordT>(record));
-  ASSERT_TRUE(b.worker->admission().ResumeInterrupted(start, recs).ok());
+  std::map<uint32_t, PageIndex> kept;
+  std::unique_ptr<Side> side;
+  ASSERT_NO_FATAL_FAILURE(ResumeAtStartAfterAFence(m.get(), memd.get(), &side, &record, &kept));
+  Side& b = *side;
   ASSERT_EQ(b.worker->book().waiting_for_grant(), 1u);  // Y: its AdmitRequest not answered (no Pump)
   b.worker->memd_away().Enter();
   memd->interrupted[1] = kept;  // the next memd never saw Y's admission: 1 is still interrupted there
   const size_t admits = memd->admits.size();
-  wire::HelloReplyT reply;
-  reply.accepted = true;
-  reply.worker_epoch = 2;
-  reply.interrupted_requests = {1};
-  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(record));
-  ASSERT_TRUE(b.worker->memd_away().Return(reply).ok());
+  ASSERT_TRUE(b.worker->memd_away().Return(ReplyListingInterrupted(2, 1, record)).ok());
   int resumes_of_1 = 0;
   for (size_t i = admits; i < memd->admits.size(); ++i) resumes_of_1 += memd->admits[i].resume_of == 1;
   EXPECT_EQ(resumes_of_1, 1) << "request 1 is resumed twice (a new resume beside the one sent again)";
@@ -790,23 +795,10 @@ TEST(WorkerReHelloInProcess, AResumeMemdQueuedWhenItDiedIsResumedFromItsOwnRecor
   auto m = MakePresetModel("dsv4flash-like");
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
   wire::RequestRecordT record;
-  {
-    Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
-    ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{1, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", 1}).ok());
-    for (int it = 0; it < 500 && a.sink.out[1].tokens.size() < 2; ++it) {
-      memd->Pump(*a.worker);
-      ASSERT_TRUE(a.worker->Iterate().ok());
-    }
-    record = memd->records.at(1);
-  }
-  memd->Fence();
-  const auto kept = memd->interrupted.at(1);
-  Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
-  ReturnPlan start;
-  start.resumable = {1};
-  std::vector<std::unique_ptr<wire::RequestRecordT>> recs;
-  recs.push_back(std::make_unique<wire::RequestRecordT>(record));
-  ASSERT_TRUE(b.worker->admission().ResumeInterrupted(start, recs).ok());
+  std::map<uint32_t, PageIndex> kept;
+  std::unique_ptr<Side> side;
+  ASSERT_NO_FATAL_FAILURE(ResumeAtStartAfterAFence(m.get(), memd.get(), &side, &record, &kept));
+  Side& b = *side;
   ASSERT_EQ(memd->resumes, 1);  // memd took 1 over for Y at once
   const RequestId y = memd->admitted_ids.back();
   ASSERT_EQ(b.worker->book().Find(y)->phase, RequestPhase::kWaiting);  // its grant not delivered (no Pump)
@@ -814,12 +806,7 @@ TEST(WorkerReHelloInProcess, AResumeMemdQueuedWhenItDiedIsResumedFromItsOwnRecor
   memd->interrupted[y] = kept;  // the next memd holds Y as interrupted, with 1's pages
   const size_t admits = memd->admits.size();
   const int completes = memd->completes;
-  wire::HelloReplyT reply;
-  reply.accepted = true;
-  reply.worker_epoch = 2;
-  reply.interrupted_requests = {y};
-  reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(memd->records.at(y)));
-  ASSERT_TRUE(b.worker->memd_away().Return(reply).ok());
+  ASSERT_TRUE(b.worker->memd_away().Return(ReplyListingInterrupted(2, y, memd->records.at(y))).ok());
   EXPECT_EQ(memd->completes, completes) << "Y was ended at memd: its pages are freed";
   ASSERT_EQ(memd->admits.size(), admits + 1);
   EXPECT_EQ(memd->admits.back().resume_of, y) << "the resume continues Y, which holds 1's pages";
