@@ -559,6 +559,11 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     if (life->phase == RequestPhase::kUnsent) {
       DHS_CHECK_OK(book_.Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
     }
+    // Its admission goes again under the same id: a new life at memd. The Complete of its interrupted copy (above)
+    // no longer says it ended here, nor is it hidden from the resumable list if memd later keeps it interrupted
+    // (review finding: a later return ended it at memd, its pages freed, and it was never listed).
+    not_resumable_.erase(id);
+    completes_sent_.erase(id);
     if (absl::Status s = memd_->SendAdmitRequest(*requests_.at(id).admit); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
     }
@@ -585,11 +590,14 @@ absl::Status EmbeddedWorker::SendComplete(RequestId id) {
   wire::CompleteT done;
   done.request = id;
   done.gpu = config_.gpu;
-  if (completes_sent_.insert(id).second) {
-    completes_order_.push_back(id);
-    if (completes_order_.size() > kCompletesRemembered) {
-      completes_sent_.erase(completes_order_.front());
-      completes_order_.pop_front();
+  const uint64_t seq = ++completes_seq_;
+  completes_sent_[id] = seq;
+  completes_order_.emplace_back(id, seq);
+  if (completes_order_.size() > kCompletesRemembered) {  // the oldest goes, unless sent again since
+    const auto [old, old_seq] = completes_order_.front();
+    completes_order_.pop_front();
+    if (auto it = completes_sent_.find(old); it != completes_sent_.end() && it->second == old_seq) {
+      completes_sent_.erase(it);
     }
   }
   if (absl::Status s = memd_->SendComplete(done); !s.ok()) {

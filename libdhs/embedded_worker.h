@@ -325,8 +325,9 @@ class EmbeddedWorker final : private MemdHandler {
   // one as interrupted (the Complete died unread with a memd, twice over) has it ended again, not listed resumable
   // (PlanReturn's ended_here, with the agent's Finished; review finding).
   static constexpr size_t kCompletesRemembered = size_t{1} << 16;
-  std::set<RequestId> completes_sent_;
-  std::deque<RequestId> completes_order_;
+  std::map<RequestId, uint64_t> completes_sent_;               // id -> the sequence number of its last Complete
+  std::deque<std::pair<RequestId, uint64_t>> completes_order_;  // (id, sequence number), oldest first
+  uint64_t completes_seq_ = 0;
   // The data path (libdhs/kv_port.h, the one workerd's model uses too): appends, keys, resolves, readers (the
   // requests resolved per group since its last ReadersDone: a resolve again, or a Complete, before it is refused),
   // hold and commit.

@@ -77,7 +77,8 @@ ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book, c
   std::set<RequestId> refused;
   for (size_t i = 0; i < reply.refused_reports.size(); ++i) {
     const RequestId id = reply.refused_reports[i];
-    if (book.Find(id) == nullptr) continue;
+    const RequestLife* life = book.Find(id);
+    if (life == nullptr || WaitsForGrant(life->held_phase())) continue;  // reported: granted here (else a bogus list)
     refused.insert(id);
     plan.refused.emplace_back(id, "memd refused its report: " +
                                       (i < reply.refused_reasons.size() ? reply.refused_reasons[i] : std::string()));
@@ -90,7 +91,10 @@ ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book, c
       continue;
     }
     const RequestId of = facts.resume_of(id);
-    if (of != 0) resumed_here[of] = life.phase == RequestPhase::kEnding;
+    if (of != 0) {  // ended with its resume only when every resume of it here ends
+      auto [it, first] = resumed_here.emplace(of, life.phase == RequestPhase::kEnding);
+      if (!first) it->second = it->second && life.phase == RequestPhase::kEnding;
+    }
     if (of != 0 && life.phase != RequestPhase::kEnding && plan.interrupted.contains(id)) {
       refused.insert(id);  // the dead memd handed `of` over to it: resumed from its own record
       plan.refused.emplace_back(id, "this resume waited for its grant when memd died; memd holds it as "

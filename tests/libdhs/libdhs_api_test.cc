@@ -1426,6 +1426,71 @@ void LibdhsTest::CompletedWaitingStaysEnded(bool second_death) {
                        << (n > 0 ? " (listed: " + std::to_string(list[0].request) + ")" : std::string());
 }
 
+// A waiting request q whose admission the dead memd journaled is ended at the re-Hello (its interrupted copy gets a
+// Complete) and sent again under the same id: a new life, which memd2 grants. memd2 dies and memd3 refuses q's report
+// (and b's): q FAILS here and memd3 holds it interrupted, so it is listed resumable. memd3 dies before the engine
+// resumes it; memd4 lists q again, and it stays resumable: its first life's Complete does not count as "ended here"
+// (review finding: it did, so the return ended q at memd, its pages freed, and the first life also hid it from the
+// list). The GPU's next worker lists b and q.
+TEST_F(LibdhsTest, ARequestSentAgainStaysResumableAfterItsReportIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;
+  c.slots = 2;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  const uint64_t a = SubmitGranted(16, 32);
+  const uint64_t b = SubmitGranted(16, 32);
+  dhs_request_desc d = Desc(16, 32);
+  uint64_t q = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &q), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd1 journals q's admission (no slot)
+  ASSERT_NO_FATAL_FAILURE(KillMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }, 10000));
+  ASSERT_EQ(Stats()["memd"]["returns"], 1);  // q: Complete, then its admission again (same id)
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK) << dhs_worker_errmsg(w_);  // a slot for q
+  bool granted = false;
+  for (int i = 0; i < 3000 && !granted; ++i) {
+    dhs_event ev[4];
+    size_t n = 0;
+    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
+    for (size_t e = 0; e < n; ++e) granted |= ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == q;
+    ::poll(nullptr, 0, 2);
+  }
+  ASSERT_TRUE(granted);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd2 journals the grant
+  ASSERT_NO_FATAL_FAILURE(KillMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  ASSERT_NO_FATAL_FAILURE(StartMemd({"--reserve-pages", "15"}));  // no report fits: b's and q's refused
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 2; }, 10000));
+  ASSERT_EQ(Stats()["memd"]["returns"], 2);
+  auto listed = [&] {
+    std::vector<dhs_resumable> list(8);
+    size_t n = 0, total = 0;
+    EXPECT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+    std::set<uint64_t> ids;
+    for (size_t i = 0; i < n; ++i) ids.insert(list[i].request);
+    return ids;
+  };
+  // Both FAILED ("dhs_worker_list_resumable may list it"); memd3 holds both. (Pre-existing: not_resumable_ still
+  // holds q from its first life's end at the first re-Hello, so q is not listed.)
+  EXPECT_EQ(listed(), (std::set<uint64_t>{b, q})) << "after memd3: q FAILED but is not listed resumable";
+  ASSERT_NO_FATAL_FAILURE(KillMemd());  // before the engine resumes them
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 3; }, 10000));
+  ASSERT_EQ(Stats()["memd"]["returns"], 3);
+  ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));
+  ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+  w_ = nullptr;
+  ::poll(nullptr, 0, 200);
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);  // the GPU's next worker: what memd4 holds
+  EXPECT_EQ(listed(), (std::set<uint64_t>{b, q})) << "q (FAILED: \"dhs_worker_list_resumable may list it\") was "
+                                                     "ended at memd4 by the re-Hello (completes_sent_): lost";
+  ASSERT_NO_FATAL_FAILURE(DropInterruptedPool());
+}
+
 TEST_F(LibdhsTest, CompleteWhileWaiting) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   ASSERT_NO_FATAL_FAILURE(Open(8));

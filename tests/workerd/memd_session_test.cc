@@ -175,5 +175,29 @@ TEST(MemdSession, PlanReturnLetsAWaitingResumeKeepWhatMemdHandedItOver) {
   EXPECT_EQ(plan.resumable, (std::vector<RequestId>{1, 7}));
 }
 
+// Two resumes of interrupted 21 wait here: 1, cancelled while memd was away (kEnding), and 2, submitted after it.
+// memd lists 21 (it read neither admission): 2's admission takes it over, whatever the book's order (21 is ended only
+// when every resume of it ends). A refused report of waiting request 3 is bogus (a report holds granted requests
+// only): ignored, 3 is sent again, once.
+TEST(MemdSession, PlanReturnKeepsAnInterruptedRequestForItsLiveResumeAndIgnoresABogusRefusal) {
+  for (const bool live_first : {false, true}) {
+    SCOPED_TRACE(live_first ? "the live resume first" : "the ending resume first");
+    RequestBook book(0, ResumedOutputLimits{});
+    for (RequestId c = 1; c <= 3; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, false, 10).ok());
+    const RequestId ending = live_first ? 2 : 1;
+    ASSERT_TRUE(book.DeferEnd(ending, absl::CancelledError("gone")).ok());
+    wire::HelloReplyT reply;
+    reply.refused_reports = {3};
+    reply.interrupted_requests = {21};
+    const ReturnPlan plan = PlanReturn(
+        reply, book, ReturnFacts{.ended_here = [](RequestId) { return false; },
+                                 .resume_of = [](RequestId id) { return id <= 2 ? RequestId{21} : RequestId{0}; }});
+    EXPECT_TRUE(plan.refused.empty());
+    EXPECT_EQ(plan.resend, (std::vector<RequestId>{1, 2, 3}));
+    EXPECT_TRUE(plan.end_interrupted.empty());
+    EXPECT_TRUE(plan.resumable.empty());
+  }
+}
+
 }  // namespace
 }  // namespace dhs
