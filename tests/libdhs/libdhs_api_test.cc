@@ -179,6 +179,18 @@ class LibdhsTest : public ::testing::Test {
     ASSERT_EQ(dhs_worker_open(c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
     ASSERT_NO_FATAL_FAILURE(BackedUpRequest(id));
   }
+  // memd started, a hisparse worker of 2 slots opened with `*c`: requests *a and *b granted (16 rows, max 32), *q
+  // submitted after them (it waits for a slot).
+  void StartWithTwoGrantedAndOneQueued(dhs_worker_config* c, uint64_t* a, uint64_t* b, uint64_t* q) {
+    ASSERT_NO_FATAL_FAILURE(StartMemd());
+    c->mode = DHS_MODE_HISPARSE;
+    c->slots = 2;
+    ASSERT_EQ(dhs_worker_open(c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+    *a = SubmitGranted(16, 32);
+    *b = SubmitGranted(16, 32);
+    dhs_request_desc d = Desc(16, 32);
+    ASSERT_EQ(dhs_request_submit(w_, &d, q), DHS_OK) << dhs_worker_errmsg(w_);
+  }
   // Completed request `id` is not kept at memd: the open worker lists nothing resumable, and memd, stopped cleanly with
   // no request left after the worker closes, removes its host-pool segment (it keeps it for the next memd only while
   // it holds interrupted requests' pages).
@@ -1370,16 +1382,9 @@ TEST_F(LibdhsTest, AQueuedResumeSurvivesAMemdRestart) {
 TEST_F(LibdhsTest, ACompletedWaitingRequestStaysEndedAcrossOneMemdDeath) { CompletedWaitingStaysEnded(false); }
 TEST_F(LibdhsTest, ACompletedWaitingRequestStaysEndedAcrossTwoMemdDeaths) { CompletedWaitingStaysEnded(true); }
 void LibdhsTest::CompletedWaitingStaysEnded(bool second_death) {
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
-  c.mode = DHS_MODE_HISPARSE;
-  c.slots = 2;
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
-  const uint64_t a = SubmitGranted(16, 32);
-  const uint64_t b = SubmitGranted(16, 32);
-  dhs_request_desc d = Desc(16, 32);
-  uint64_t q = 0;
-  ASSERT_EQ(dhs_request_submit(w_, &d, &q), DHS_OK) << dhs_worker_errmsg(w_);
+  uint64_t a = 0, b = 0, q = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithTwoGrantedAndOneQueued(&c, &a, &b, &q));
   ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd journals q's admission (no slot)
   ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
   ASSERT_EQ(dhs_request_complete(w_, q), DHS_OK) << dhs_worker_errmsg(w_);  // its Complete: never read
@@ -1433,16 +1438,9 @@ void LibdhsTest::CompletedWaitingStaysEnded(bool second_death) {
 // (review finding: it did, so the return ended q at memd, its pages freed, and the first life also hid it from the
 // list). The GPU's next worker lists b and q.
 TEST_F(LibdhsTest, ARequestSentAgainStaysResumableAfterItsReportIsRefused) {
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
-  c.mode = DHS_MODE_HISPARSE;
-  c.slots = 2;
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
-  const uint64_t a = SubmitGranted(16, 32);
-  const uint64_t b = SubmitGranted(16, 32);
-  dhs_request_desc d = Desc(16, 32);
-  uint64_t q = 0;
-  ASSERT_EQ(dhs_request_submit(w_, &d, &q), DHS_OK) << dhs_worker_errmsg(w_);
+  uint64_t a = 0, b = 0, q = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithTwoGrantedAndOneQueued(&c, &a, &b, &q));
   ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd1 journals q's admission (no slot)
   ASSERT_NO_FATAL_FAILURE(KillMemd());
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
