@@ -741,45 +741,50 @@ TEST(WorkerReHelloInProcess, ARequestCancelledWhileAwayAndWaitingIsEndedOnce) {
 }
 
 // Request 1 is served by a first worker (epoch 1) until it has 2 tokens; that worker dies (memd fences it: 1 is
-// interrupted, its host pages kept: *kept, its record: *record). The GPU's next worker (epoch 2: *b) resumes 1 at its
-// start as Y, whose AdmitRequest memd takes (it hands 1 over to Y at once) but whose grant is not delivered (no Pump).
-void ResumeAtStartAfterAFence(const model::Model* m, FakeMemd* memd, std::unique_ptr<Side>* b,
-                              wire::RequestRecordT* record, std::map<uint32_t, PageIndex>* kept) {
+// interrupted, its host pages kept: `kept`, its record: `record`). The GPU's next worker (epoch 2: `b`) resumes 1 at
+// its start as Y, whose AdmitRequest memd takes (it hands 1 over to Y at once) but whose grant is not delivered (no
+// Pump). Built by ResumeAtStartAfterAFence.
+struct ResumedAtStart {
+  std::unique_ptr<model::Model> m = MakePresetModel("dsv4flash-like");
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  wire::RequestRecordT record;
+  std::map<uint32_t, PageIndex> kept;
+  std::unique_ptr<Side> b;
+};
+void ResumeAtStartAfterAFence(ResumedAtStart& r) {
+  FakeMemd* memd = r.memd.get();
   {
-    Side a(m, 1, memd, WorkerMode::kHisparse);
+    Side a(r.m.get(), 1, memd, WorkerMode::kHisparse);
     ASSERT_TRUE(a.worker->Submit(SubmitOf(Spec{1, 20, 30, 0.0f, 1.0f, 0}), ClientRef{"c", 1}).ok());
     for (int it = 0; it < 500 && a.sink.out[1].tokens.size() < 2; ++it) {
       memd->Pump(*a.worker);
       ASSERT_TRUE(a.worker->Iterate().ok());
     }
-    *record = memd->records.at(1);
+    r.record = memd->records.at(1);
   }
   memd->Fence();
-  *kept = memd->interrupted.at(1);
-  *b = std::make_unique<Side>(m, 2, memd, WorkerMode::kHisparse);
+  r.kept = memd->interrupted.at(1);
+  r.b = std::make_unique<Side>(r.m.get(), 2, memd, WorkerMode::kHisparse);
   ReturnPlan start;
   start.resumable = {1};
   std::vector<std::unique_ptr<wire::RequestRecordT>> recs;
-  recs.push_back(std::make_unique<wire::RequestRecordT>(*record));
-  ASSERT_TRUE((*b)->worker->admission().ResumeInterrupted(start, recs).ok());
+  recs.push_back(std::make_unique<wire::RequestRecordT>(r.record));
+  ASSERT_TRUE(r.b->worker->admission().ResumeInterrupted(start, recs).ok());
 }
 
 // Interrupted request 1 is resumed here as Y (a worker's start); memd dies before it reads Y's AdmitRequest, so the
 // next memd still lists 1 interrupted, with its record. Y's admission, sent again, takes 1 over: PlanReturn lists 1
 // neither resumable nor ended (review finding: 1 was resumed a second time beside Y, and memd rejected one of them).
 TEST(WorkerReHelloInProcess, AResumeWaitingHereIsNotResumedTwiceAtTheReHello) {
-  auto m = MakePresetModel("dsv4flash-like");
-  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
-  wire::RequestRecordT record;
-  std::map<uint32_t, PageIndex> kept;
-  std::unique_ptr<Side> side;
-  ASSERT_NO_FATAL_FAILURE(ResumeAtStartAfterAFence(m.get(), memd.get(), &side, &record, &kept));
-  Side& b = *side;
+  ResumedAtStart r;
+  ASSERT_NO_FATAL_FAILURE(ResumeAtStartAfterAFence(r));
+  FakeMemd* memd = r.memd.get();
+  Side& b = *r.b;
   ASSERT_EQ(b.worker->book().waiting_for_grant(), 1u);  // Y: its AdmitRequest not answered (no Pump)
   b.worker->memd_away().Enter();
-  memd->interrupted[1] = kept;  // the next memd never saw Y's admission: 1 is still interrupted there
+  memd->interrupted[1] = r.kept;  // the next memd never saw Y's admission: 1 is still interrupted there
   const size_t admits = memd->admits.size();
-  ASSERT_TRUE(b.worker->memd_away().Return(ReplyListingInterrupted(2, 1, record)).ok());
+  ASSERT_TRUE(b.worker->memd_away().Return(ReplyListingInterrupted(2, 1, r.record)).ok());
   int resumes_of_1 = 0;
   for (size_t i = admits; i < memd->admits.size(); ++i) resumes_of_1 += memd->admits[i].resume_of == 1;
   EXPECT_EQ(resumes_of_1, 1) << "request 1 is resumed twice (a new resume beside the one sent again)";
@@ -792,18 +797,15 @@ TEST(WorkerReHelloInProcess, AResumeWaitingHereIsNotResumedTwiceAtTheReHello) {
 // is resumed from its own record (review finding: it was ended and its admission rejected, the request lost). Its
 // resume Z continues Y and takes 1's pages over; nothing resumes 1, nothing is ended.
 TEST(WorkerReHelloInProcess, AResumeMemdQueuedWhenItDiedIsResumedFromItsOwnRecord) {
-  auto m = MakePresetModel("dsv4flash-like");
-  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
-  wire::RequestRecordT record;
-  std::map<uint32_t, PageIndex> kept;
-  std::unique_ptr<Side> side;
-  ASSERT_NO_FATAL_FAILURE(ResumeAtStartAfterAFence(m.get(), memd.get(), &side, &record, &kept));
-  Side& b = *side;
+  ResumedAtStart r;
+  ASSERT_NO_FATAL_FAILURE(ResumeAtStartAfterAFence(r));
+  FakeMemd* memd = r.memd.get();
+  Side& b = *r.b;
   ASSERT_EQ(memd->resumes, 1);  // memd took 1 over for Y at once
   const RequestId y = memd->admitted_ids.back();
   ASSERT_EQ(b.worker->book().Find(y)->phase, RequestPhase::kWaiting);  // its grant not delivered (no Pump)
   b.worker->memd_away().Enter();
-  memd->interrupted[y] = kept;  // the next memd holds Y as interrupted, with 1's pages
+  memd->interrupted[y] = r.kept;  // the next memd holds Y as interrupted, with 1's pages
   const size_t admits = memd->admits.size();
   const int completes = memd->completes;
   ASSERT_TRUE(b.worker->memd_away().Return(ReplyListingInterrupted(2, y, memd->records.at(y))).ok());
