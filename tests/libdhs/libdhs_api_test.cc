@@ -282,6 +282,19 @@ class LibdhsTest : public ::testing::Test {
       ::poll(nullptr, 0, sleep_ms);
     }
   }
+  // Polls (2 ms apart, 4000 times at most) until request `id` is GRANTED; the other events are dropped. Fails if it
+  // is not granted by then.
+  void PollUntilGranted(uint64_t id) {
+    bool granted = false;
+    for (int i = 0; i < 4000 && !granted; ++i) {
+      dhs_event ev[8];
+      size_t got = 0;
+      ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
+      for (size_t e = 0; e < got; ++e) granted |= ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == id;
+      if (!granted) ::poll(nullptr, 0, 2);
+    }
+    ASSERT_TRUE(granted) << "request " << id << " was not granted";
+  }
   // Polls (2 ms apart, `polls` times at most) until `done` holds.
   void PollUntil(const std::function<bool()>& done, int polls = 2000) {
     for (int i = 0; i < polls && !done(); ++i) {
@@ -1448,15 +1461,7 @@ TEST_F(LibdhsTest, ARequestSentAgainStaysResumableAfterItsReportIsRefused) {
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 1; }, 10000));
   ASSERT_EQ(Stats()["memd"]["returns"], 1);  // q: Complete, then its admission again (same id)
   ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK) << dhs_worker_errmsg(w_);  // a slot for q
-  bool granted = false;
-  for (int i = 0; i < 3000 && !granted; ++i) {
-    dhs_event ev[4];
-    size_t n = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 4, &n), DHS_OK) << dhs_worker_errmsg(w_);
-    for (size_t e = 0; e < n; ++e) granted |= ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == q;
-    ::poll(nullptr, 0, 2);
-  }
-  ASSERT_TRUE(granted);
+  ASSERT_NO_FATAL_FAILURE(PollUntilGranted(q));
   ASSERT_NO_FATAL_FAILURE(PollUntil([] { return false; }, 50));  // memd2 journals the grant
   ASSERT_NO_FATAL_FAILURE(KillMemd());
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
@@ -2002,15 +2007,7 @@ TEST_F(LibdhsTest, EngineOwnedPool) {
   dhs_request_desc d = Desc(16, 80);
   uint64_t b = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK);
-  bool granted = false;
-  for (int i = 0; i < 4000 && !granted; ++i) {
-    dhs_event ev[8];
-    size_t got = 0;
-    ASSERT_EQ(dhs_worker_poll(w_, ev, 8, &got), DHS_OK) << dhs_worker_errmsg(w_);
-    for (size_t e = 0; e < got; ++e) granted |= ev[e].kind == DHS_EVENT_GRANTED && ev[e].request == b;
-    ::poll(nullptr, 0, 1);
-  }
-  ASSERT_TRUE(granted);
+  ASSERT_NO_FATAL_FAILURE(PollUntilGranted(b));
   ASSERT_EQ(Append(b, 0, 16), DHS_OK) << dhs_worker_errmsg(w_);
   for (uint64_t id : {a, b}) {
     const std::vector<int64_t> sel = id == a ? std::vector<int64_t>{0, 13, 16, 31, 40, 47, 60, 63}
