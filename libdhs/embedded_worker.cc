@@ -1110,28 +1110,23 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   // Resident mode imports nothing (no host tier): a resume recomputes every row.
   if ((r.resume_of != 0 || !m.shared_pages.empty()) && kv_ != nullptr) {
     // A resume (docs/architecture.md "Resume from host KV"), or shared prefix pages (issue 24: they come inside
-    // host_backed_pages, as workerd's ResumeImporter takes them): the host-backed pages memd handed over, each checked
-    // against its checksum (issue 22) before it is imported; a page that does not match is appended again by the
-    // engine (its confirmed copy is never written again: ImportHostPages makes every imported page host-ready).
-    absl::StatusOr<std::vector<HostBackedPage>> backed = port_->VerifyHostPages(
+    // host_backed_pages): the host-backed pages memd handed over, each checked against its checksum (issue 22) and
+    // made host-ready, as workerd's ResumeImporter takes them (KvPort::TakeGrantedHostPages); a page that does not
+    // match is appended again by the engine (its confirmed copy is never written again).
+    absl::StatusOr<KvPort::GrantedHostPages> backed = port_->TakeGrantedHostPages(
         m.request, GrantHostBacked(m.host_backed_pages, m.host_backed_checksums, m.imported_pages));
-    absl::Status s = backed.status();
-    if (s.ok()) s = port_->MakeHostReady(m.request, *backed);
-    if (!s.ok()) {
+    if (!backed.ok()) {
       agent_->EndRequest(m.request);
-      EndFailed(it, s);
+      EndFailed(it, backed.status());
       return;
     }
-    r.host_backed = *std::move(backed);
+    r.host_backed = std::move(backed->pages);
     const std::vector<HostBackedPage>& pages = r.host_backed;  // ascending
     granted.pages = static_cast<uint32_t>(pages.size());
     while (granted.import_pages < pages.size() && pages[granted.import_pages].page == granted.import_pages) {
       ++granted.import_pages;  // the leading run 0 .. n-1
     }
-    for (uint32_t j : m.shared_pages) {
-      granted.shared_pages +=
-          std::any_of(pages.begin(), pages.end(), [j](const HostBackedPage& h) { return h.page == j; }) ? 1 : 0;
-    }
+    granted.shared_pages = static_cast<uint32_t>(SharedPagesKept(m.shared_pages, pages).size());
     counters_.shared_pages_granted += granted.shared_pages;
   }
   DHS_CHECK_OK(book_.Transition(m.request, phase, RequestPhase::kGranted));

@@ -241,6 +241,19 @@ absl::Status KvPort::MakeHostReady(RequestId request, std::span<const HostBacked
   return store_->ImportHostPages(request, PagesOf(backed), ChecksumsOf(backed));
 }
 
+absl::StatusOr<KvPort::GrantedHostPages> KvPort::TakeGrantedHostPages(RequestId request,
+                                                                     std::vector<HostBackedPage> granted) {
+  GrantedHostPages out;
+  if (granted.empty()) return out;
+  const size_t listed = granted.size();
+  absl::StatusOr<std::vector<HostBackedPage>> good = VerifyHostPages(request, std::move(granted));
+  if (!good.ok()) return good.status();
+  out.pages = *std::move(good);
+  out.mismatched = listed - out.pages.size();
+  if (absl::Status s = MakeHostReady(request, out.pages); !s.ok()) return s;
+  return out;
+}
+
 absl::Status KvPort::ImportRows(RequestId request, uint32_t first, uint32_t count,
                                 std::vector<std::vector<float>>& keys_out) {
   if (count == 0) return absl::InvalidArgumentError(absl::StrCat("request ", request, ": an import of 0 pages"));

@@ -158,6 +158,17 @@ class KvPort {
   // a page not host-ready or without a planned host page), INVALID_ARGUMENT (count 0); the store's errors.
   absl::StatusOr<std::vector<HostBackedPage>> VerifyHostPages(RequestId request, std::vector<HostBackedPage> backed);
   absl::Status MakeHostReady(RequestId request, std::span<const HostBackedPage> backed);
+  // A grant's host-backed pages (`granted`: GrantHostBacked of its AdmitGrant, a resume's pages and shared prefix
+  // pages), taken at the grant by both programs (libdhs's EmbeddedWorker::OnAdmitGrant, workerd's
+  // ResumeImporter::OnGrant), after the agent planned the request and before any row of it is appended: checked
+  // (VerifyHostPages) and those that match made host-ready (MakeHostReady). `pages`: those that matched, ascending;
+  // `mismatched`: how many did not (their rows are recomputed; their confirmed copies are written again only with
+  // the same rows). Errors: VerifyHostPages' and MakeHostReady's (the request must end).
+  struct GrantedHostPages {
+    std::vector<HostBackedPage> pages;
+    size_t mismatched = 0;
+  };
+  absl::StatusOr<GrantedHostPages> TakeGrantedHostPages(RequestId request, std::vector<HostBackedPage> granted);
   absl::Status ImportRows(RequestId request, uint32_t first, uint32_t count,
                           std::vector<std::vector<float>>& keys_out);
 

@@ -24,12 +24,8 @@ void CountSharedGrant(const WorkerRequest& r, const wire::AdmitGrantT& m, Worker
   counts.prefix_lookups += blocks;
   counts.prefix_shared_pages_granted += m.shared_pages.size();
   const uint64_t usable = (r.input.size() - 1) / page_rows;  // pages wholly before the last input token
-  std::vector<uint32_t> imported;
-  for (uint32_t j : m.shared_pages) {
-    const bool checked = std::any_of(r.resume.host_backed.begin(), r.resume.host_backed.end(),
-                                     [j](const HostBackedPage& h) { return h.page == j; });
-    if (checked && j < usable) imported.push_back(j);
-  }
+  std::vector<uint32_t> imported = SharedPagesKept(m.shared_pages, r.resume.host_backed);
+  std::erase_if(imported, [usable](uint32_t j) { return j >= usable; });
   counts.prefix_hits_host += BlocksCovered(imported, page_rows, block, blocks);
   counts.prefill_tokens_saved += static_cast<uint64_t>(imported.size()) * page_rows;
 }

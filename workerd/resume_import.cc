@@ -19,15 +19,17 @@ absl::Status ResumeImporter::OnGrant(ResumeState& s, RequestId id, RequestId cli
   if (port_ == nullptr || s.host_backed.empty()) return absl::OkStatus();
   // Host-page integrity (issue 22): each host-backed page is checked against memd's checksum before anything
   // imports it; a page that does not match (or has none) is treated as not host-backed: its rows are recomputed
-  // from the record's tokens (and its host page written again with them, the same bytes as the confirmed copy).
-  const size_t granted = s.host_backed.size();
-  absl::StatusOr<std::vector<HostBackedPage>> good = port_->VerifyHostPages(id, std::move(s.host_backed));
-  if (!good.ok()) return good.status();
-  s.host_backed = *std::move(good);
-  if (s.host_backed.size() < granted) {
+  // from the record's tokens (and its host page written again with them, the same bytes as the confirmed copy). Those
+  // that match are host-ready from now on, as libdhs takes them (KvPort::TakeGrantedHostPages): their confirmed copy
+  // is never written again (the pages recomputed after the last token included: the record may end before rows the
+  // dead worker had backed up).
+  absl::StatusOr<lib::KvPort::GrantedHostPages> taken = port_->TakeGrantedHostPages(id, std::move(s.host_backed));
+  if (!taken.ok()) return taken.status();
+  s.host_backed = std::move(taken->pages);
+  if (taken->mismatched > 0) {
     spdlog::warn("worker: resumed request {} (client {}): {} of its {} host-backed pages do not match their "
-                 "checksums; their rows are recomputed from its tokens", id, client_id, granted - s.host_backed.size(),
-                 granted);
+                 "checksums; their rows are recomputed from its tokens", id, client_id, taken->mismatched,
+                 taken->mismatched + s.host_backed.size());
   }
   return absl::OkStatus();
 }
@@ -53,14 +55,7 @@ bool ResumeImporter::Begin(ResumeState& s, RequestId id, RequestId client_id, Po
                "runs): {} rows to import from host, {} rows to recompute from its tokens",
                resumed(s) ? "resumed request" : "request with shared prefix pages", id, client_id,
                s.rows_imported / page_rows_, plan->usable_pages, s.runs.size(), s.rows_imported, s.rows_recomputed);
-  if (backed.empty()) return true;
-  // Host-ready from now on, the pages recomputed after the last token included (the record may end before rows the
-  // dead worker had backed up): their confirmed host copy is never written again.
-  if (absl::Status st = port_->MakeHostReady(id, s.host_backed); !st.ok()) {
-    Abandon(s, id, st);
-    return false;
-  }
-  return true;
+  return true;  // the host-backed pages are host-ready since the grant (OnGrant)
 }
 
 Position ResumeImporter::NextHostRow(const ResumeState& s, Position tokens) const {

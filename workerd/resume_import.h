@@ -63,15 +63,16 @@ class ResumeImporter {
   static void Start(ResumeState& s, std::chrono::steady_clock::time_point now) { s.started = now; }
   static bool resumed(const ResumeState& s) { return s.started.has_value(); }
 
-  // Its AdmitGrant (after the agent planned its residency): the grant's host-backed pages (GrantHostBacked), each
-  // checked against memd's checksum (KvPort::VerifyHostPages) before anything imports it; a page that
-  // does not match (or has none) is not host-backed: its rows are recomputed (logged). Errors:
-  // KvPort::VerifyHostPages' (the request must end).
+  // Its AdmitGrant (after the agent planned its residency, before any row of it is appended): the grant's host-backed
+  // pages (GrantHostBacked), each checked against memd's checksum and, those that match, made host-ready
+  // (KvPort::TakeGrantedHostPages, what libdhs's grant does too); a page that does not match (or has none) is not
+  // host-backed: its rows are recomputed (logged). Resident mode (no port): nothing checked, nothing imported.
+  // Errors: KvPort::TakeGrantedHostPages' (the request must end).
   absl::Status OnGrant(ResumeState& s, RequestId id, RequestId client_id, const wire::AdmitGrantT& grant);
   // Its start (a resumed request of `tokens` tokens, or a request granted shared prefix pages, issue 24: its
-  // host-backed pages are then those shared pages, and `tokens` its input): the plan (PlanResume; logged), every host-backed page made
-  // host-ready (resident mode: none). False when that failed (logged, every row counted recomputed): the caller
-  // rebuilds its KV from the tokens, then AfterRebuild.
+  // host-backed pages are then those shared pages, and `tokens` its input): the plan of its host runs (PlanResume;
+  // logged; resident mode: none, every row recomputed). False when that failed (logged, every row counted
+  // recomputed): the caller rebuilds its KV from the tokens, then AfterRebuild.
   bool Begin(ResumeState& s, RequestId id, RequestId client_id, Position tokens);
   // The first row of its next host run (`tokens` when none): recomputing stops there.
   Position NextHostRow(const ResumeState& s, Position tokens) const;

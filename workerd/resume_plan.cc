@@ -22,6 +22,15 @@ std::vector<HostBackedPage> GrantHostBacked(std::span<const uint32_t> host_backe
   return out;
 }
 
+std::vector<uint32_t> SharedPagesKept(std::span<const uint32_t> shared_pages, std::span<const HostBackedPage> kept) {
+  std::vector<uint32_t> out;
+  for (uint32_t j : shared_pages) {
+    const bool matched = std::any_of(kept.begin(), kept.end(), [j](const HostBackedPage& h) { return h.page == j; });
+    if (matched && std::find(out.begin(), out.end(), j) == out.end()) out.push_back(j);
+  }
+  return out;
+}
+
 absl::StatusOr<ResumePlan> PlanResume(std::span<const HostBackedPage> host_backed, Position tokens,
                                       uint32_t page_rows) {
   if (tokens < 1 || page_rows == 0) {

@@ -8,8 +8,8 @@
 // token is always fed by a model step (its logits give the next token), so only the pages WHOLLY before it, j <
 // (n - 1) / p (the usable pages), can be imported; every other row is recomputed from the tokens, in position order
 // with the imports, so each recomputed row reads exactly the earlier rows an uninterrupted run had. Every host-backed
-// page (usable or not: the record may end before rows the dead worker had backed up) is made host-ready at the start,
-// so its confirmed copy is never written again.
+// page (usable or not: the record may end before rows the dead worker had backed up) is made host-ready at the grant
+// (KvPort::TakeGrantedHostPages), so its confirmed copy is never written again.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -37,6 +37,10 @@ struct HostBackedPage {
 std::vector<HostBackedPage> GrantHostBacked(std::span<const uint32_t> host_backed_pages,
                                             std::span<const uint64_t> host_backed_checksums, uint32_t imported_pages);
 
+// The shared prefix pages of a grant (AdmitGrant.shared_pages, issue 24) that are among `kept` (the grant's
+// host-backed pages that matched their checksums: KvPort::TakeGrantedHostPages), in the order listed, each once.
+std::vector<uint32_t> SharedPagesKept(std::span<const uint32_t> shared_pages, std::span<const HostBackedPage> kept);
+
 // A run of consecutive host-backed pages imported at once: pages first .. first + pages - 1, rows [first * p,
 // (first + pages) * p).
 struct HostRun {
@@ -53,7 +57,7 @@ struct RowRange {
 };
 
 struct ResumePlan {
-  // Every host-backed page once, ascending (made host-ready at the start), with its checksum (a page listed twice
+  // Every host-backed page once, ascending (host-ready since the grant), with its checksum (a page listed twice
   // keeps the checksum listed last).
   std::vector<HostBackedPage> host_ready;
   uint32_t usable_pages = 0;    // pages wholly before the last token: (n - 1) / p

@@ -185,6 +185,32 @@ TEST(ResumeImporter, ARebuildCountsTheImportedRowsRecomputedAndKeepsTheRunsLeft)
   EXPECT_FALSE(ResumeImporter::importing(state));
 }
 
+// The grant takes its pages as libdhs's grant does (KvPort::TakeGrantedHostPages): page 0 matches its checksum and
+// is host-ready from the grant on (importable before Begin plans anything); page 1's checksum is wrong: not host-ready,
+// its import is refused (its rows are recomputed). The port counts 1 verified, 1 mismatched.
+TEST(ResumeImporter, TheGrantMakesOnlyItsCheckedPagesHostReady) {
+  Resumable s = Prepare();
+  Harness h(s.g.kv, 12);
+  std::copy(s.host.begin(), s.host.end(), h.host.begin());
+  ASSERT_TRUE(h.kv->PlanResidency(1, 0, s.plan, {}).ok());
+  lib::HierarchicalPortStore store(h.kv.get());
+  lib::KvPort port(&store);
+  ResumeImporter importer(s.m.get(), &port, kPageRows);
+  ResumeState state;
+  ResumeImporter::Start(state, std::chrono::steady_clock::now());
+  wire::AdmitGrantT grant;
+  grant.host_backed_pages = {0, 1};
+  grant.host_backed_checksums = {s.sums[0], s.sums[1] ^ 1};
+  ASSERT_TRUE(importer.OnGrant(state, 1, 7, grant).ok());
+  EXPECT_EQ(state.host_backed, (std::vector<HostBackedPage>{{0, s.sums[0]}}));
+  EXPECT_EQ(port.counters().pages_verified, 1u);
+  EXPECT_EQ(port.counters().pages_mismatched, 1u);
+  std::vector<std::vector<float>> keys;
+  ASSERT_TRUE(port.ImportRows(1, 0, 1, keys).ok()) << "page 0 is not host-ready at the grant";
+  const absl::Status refused = port.ImportRows(1, 1, 1, keys);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+}
+
 // Resident mode (no hierarchy): nothing is imported, every row is recomputed, whatever the grant names.
 TEST(ResumeImporter, ResidentModeRecomputesEveryRow) {
   auto m = MakePresetModel("dsv4flash-like");
