@@ -502,16 +502,14 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
       reply, book_,
       ReturnFacts{.ended_here = [this](RequestId id) { return agent_->Finished(id) || completes_sent_.contains(id); },
                   .resume_of = [this](RequestId id) { return requests_.at(id).resume_of; }});
-  std::vector<RequestId> to_end = plan.end_interrupted;
   book_.ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of them
   // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
   for (const auto& [id, why] : plan.refused) {
     agent_->Forget(id);
     ++counters_.reports_refused;
     if (Life(id)->phase == RequestPhase::kEnding) {
-      // Completed by the engine while away (its end recorded then): memd holds it as interrupted now, so it gets its
-      // Complete (review finding: it stayed resumable at memd, its host pages kept).
-      if (plan.interrupted.contains(id)) to_end.push_back(id);
+      // Completed by the engine while away (its end recorded then): when memd holds it as interrupted now, PlanReturn
+      // ends it there (end_interrupted: its Complete; review finding: it stayed resumable at memd, its pages kept).
       Forget(id, /*completed=*/false);
       continue;
     }
@@ -536,7 +534,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
     ++counters_.ends_deferred;
     ++ended;
   }
-  for (RequestId id : to_end) {
+  for (RequestId id : plan.end_interrupted) {
     if (absl::Status s = SendComplete(id); !s.ok()) return s;
     not_resumable_.insert(id);
   }

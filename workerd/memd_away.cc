@@ -36,19 +36,29 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> MemdAway::Report() const {
 
 std::vector<std::unique_ptr<wire::RequestRecordT>> MemdAway::DropRefused(const ReturnPlan& plan) {
   // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
-  // resumed: from memd's interrupted record (AdmissionDesk::ResumeInterrupted), else from this worker's record.
+  // resumed: from memd's interrupted record (AdmissionDesk::ResumeInterrupted), else from this worker's record. One
+  // that ended here while memd was away (kEnding) ends as it was ending instead, never resumed (PlanReturn ends it at
+  // memd when memd lists it interrupted; review finding: a request cancelled while memd was away was resumed).
   std::vector<std::unique_ptr<wire::RequestRecordT>> own;
   for (const auto& [id, why] : plan.refused) {
     auto it = p_.requests->find(id);
     if (it == p_.requests->end()) continue;
     WorkerRequest& r = *it->second;
-    spdlog::warn("worker: request {} ends like after a fence ({}); it is resumed", id, why);
     p_.agent->Forget(id);
+    if (r.life->phase == RequestPhase::kEnding) {
+      spdlog::info("worker: request {} ended while memd was away; memd refused its report ({}); it ends here", id,
+                   why);
+      FlushHeld(r);                                  // its held tokens (and the final chunk of a finished one)
+      p_.clients->ReportEnd(r, r.life->end_status);  // its own end (a failed one's final chunk)
+      p_.ends->Drop(id);
+      continue;
+    }
+    spdlog::warn("worker: request {} ends like after a fence ({}); it is resumed", id, why);
     if (!plan.interrupted.contains(id)) own.push_back(RecordOf(*r.life, r.out.generated, r.out.digests));
     const absl::Status ended = WorkerEpochEndedError(why);
     DHS_CHECK_OK(p_.clients->Chunk(r, {}, {}, true, ended));  // a final chunk is always taken
     p_.recorder->Refused(id, r.out.generated.size(), ended, std::chrono::steady_clock::now());
-    EraseRequest(*p_.requests, *p_.book, it);
+    p_.ends->Drop(id);
   }
   return own;
 }

@@ -85,8 +85,10 @@ class MemdAway {
   void Hold(WorkerRequest& r, size_t new_tokens);
 
  private:
-  // Each refused report's request is dropped here (nothing sent to memd) and ended to its client like after a fence.
-  // Returns the records (every token) of those memd does not list as `interrupted`, to resume.
+  // Each refused report's request is dropped here (nothing sent to memd; RequestEnds::Drop) and ended to its client
+  // like after a fence; one that ended here while memd was away (kEnding) gets its held tokens and its own end instead
+  // and is not resumed. Returns the records (every token) of those to resume that memd does not list as
+  // `interrupted`.
   std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const ReturnPlan& plan);
   // The tokens held from r's client while memd was away, in one chunk (final when r finished).
   void FlushHeld(WorkerRequest& r);

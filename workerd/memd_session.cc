@@ -106,8 +106,8 @@ ReturnPlan PlanReturn(const wire::HelloReplyT& reply, const RequestBook& book, c
   for (RequestId id : reply.interrupted_requests) {
     if (plan.adopted.contains(id)) continue;
     if (const RequestLife* life = book.Find(id); life != nullptr) {
-      if (refused.contains(id)) {
-        plan.resumable.push_back(id);
+      if (refused.contains(id)) {  // resumed, unless it ended here while memd was away
+        (life->phase == RequestPhase::kEnding ? plan.end_interrupted : plan.resumable).push_back(id);
       } else if (life->phase != RequestPhase::kEnding) {  // waits for its grant, not a resume
         plan.end_interrupted.push_back(id);
       }

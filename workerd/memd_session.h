@@ -60,6 +60,9 @@ struct ReturnPlan {
   //     admission and handed the request it resumes over to it (its host pages), so sending it again as a resume of
   //     that request would be rejected (it is unknown now); it is resumed from its own interrupted record instead
   //     (review finding: it was ended at memd, its pages freed, and its admission rejected: the request was lost).
+  // A refused request that ended here while memd was away (kEnding: finished, failed, cancelled, completed by the
+  // engine) is in `refused` too, but is never resumed: it ends here as it was ending (its client gets its held tokens
+  // and its own end; libdhs forgets it), with no Complete unless memd lists it interrupted (then end_interrupted).
   std::vector<std::pair<RequestId, std::string>> refused;
   // Requests granted here (not refused) that memd adopted: their held tokens go to their clients, their committed
   // count is every generated token (the report carried them), paused ones step again.
@@ -74,8 +77,10 @@ struct ReturnPlan {
   //                    its grant here and is not a resume (the dead memd journaled its admission, its grant never
   //                    came; it is admitted again, under the same id, after this Complete); one this worker ended (its
   //                    Complete went to the dead memd: ended while waiting, RequestBook::StaleGrant, or `ended_here`);
-  //                    one whose resume here ends at this re-Hello (kEnding: the resume was cancelled or completed).
-  //   resumable        not in the book and not ended here, or in `refused`: workerd resumes each from its record (and
+  //                    one whose resume here ends at this re-Hello (kEnding: the resume was cancelled or completed);
+  //                    one in `refused` that ended here while memd was away (kEnding; review finding: workerd
+  //                    resumed a request cancelled while memd was away when its report was refused).
+  //   resumable        not in the book and not ended here, or in `refused` and not ending here: workerd resumes each from its record (and
   //                    ends one without a record); libdhs lists them to the engine (dhs_worker_list_resumable).
   // In neither: an adopted request (in the book, granted, its report taken); a request ending here at this re-Hello
   // (kEnding: its deferred end sends its own Complete: workerd's EndDeferred, libdhs's Return); an interrupted request

@@ -359,9 +359,10 @@ absl::Status Worker::RunBatch() {
     RetryAlone(items);
   }
   CommitStep();
-  // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd
-  // (memd away: after the re-Hello).
-  if (away_->away()) return absl::OkStatus();
+  // Finished requests (their last chunk is out), and those whose client refused a chunk: release and tell memd. memd
+  // away: Finish defers the end to the re-Hello (kEnding: the request ended here, whatever memd answers; its held
+  // tokens and final chunk go out then; review finding: a finished one stayed kActive, so a refused report had it
+  // resumed and its client told the epoch ended).
   std::vector<std::pair<RequestId, absl::Status>> done;
   for (const auto& [id, r] : requests_) {
     if (!Steps(r->life->phase)) continue;
@@ -452,6 +453,13 @@ void Worker::Finish(RequestId id, absl::Status error) {
   }
   agent_->EndRequest(id, std::move(complete));  // copies memd would free pages under end first; KV released; Complete
   EraseRequest(requests_, book_, it, /*completed=*/true);  // a waiting one's grant may cross the Complete
+}
+
+void Worker::Drop(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  rounds_->Release(it->second->spec);  // review finding: a refused report's request kept its proposer slot for good
+  EraseRequest(requests_, book_, it);
 }
 
 size_t Worker::StopAll(const absl::Status& why) {

@@ -105,9 +105,14 @@ void EraseRequest(RequestMap& requests, RequestBook& book, RequestMap::iterator 
 // when its last chunk went already), the copies memd would free pages under waited for, its KV and slots released,
 // Complete to memd; with memd away (and no StopAll) deferred to the re-Hello (RequestPhase::kEnding). No-op for an id
 // not in flight.
+//
+// Drop: request `id` leaves without a Complete (memd holds no grant of it: its report was refused at a re-Hello, its KV
+// released by ResidencyAgent::Forget): its proposer slot is released and it is erased (RequestBook::Close). The caller
+// sent its client's last chunk and recorded its end. No-op for an id not in flight.
 class RequestEnds {
  public:
   virtual void Finish(RequestId id, absl::Status error) = 0;
+  virtual void Drop(RequestId id) = 0;
 
  protected:
   ~RequestEnds() = default;

@@ -143,6 +143,31 @@ TEST(MemdSession, PlanReturnSortsTheBookByWhatMemdAnswered) {
   EXPECT_EQ(plan.resumable, (std::vector<RequestId>{7, 4, 10}));
 }
 
+// Granted requests 1 (cancelled while memd was away), 2 (finished while away) and 3 (active); memd refuses all three
+// reports and lists 1 and 3 as interrupted. All three are refused; 1 and 2 ended here and are never resumed: 1 is
+// ended at memd (end_interrupted), 2 has nothing there; 3 is resumable (review finding: workerd resumed 1).
+TEST(MemdSession, PlanReturnNeverResumesARefusedRequestThatEndedHere) {
+  RequestBook book(0, ResumedOutputLimits{});
+  for (RequestId c = 1; c <= 3; ++c) {
+    ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, false, 10).ok());
+    ASSERT_TRUE(book.Transition(c, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
+  }
+  book.TakeGranted();
+  for (RequestId c = 1; c <= 3; ++c) ASSERT_TRUE(book.Transition(c, RequestPhase::kGranted, RequestPhase::kActive).ok());
+  ASSERT_TRUE(book.DeferEnd(1, absl::CancelledError("gone")).ok());
+  ASSERT_TRUE(book.DeferEnd(2, absl::OkStatus()).ok());
+  wire::HelloReplyT reply;
+  reply.refused_reports = {1, 2, 3};
+  reply.interrupted_requests = {3, 1};
+  const ReturnPlan plan = PlanReturn(reply, book, ReturnFacts{.ended_here = [](RequestId) { return false; },
+                                                              .resume_of = [](RequestId) { return RequestId{0}; }});
+  ASSERT_EQ(plan.refused.size(), 3u);
+  EXPECT_TRUE(plan.adopted.empty());
+  EXPECT_TRUE(plan.resend.empty());
+  EXPECT_EQ(plan.end_interrupted, (std::vector<RequestId>{1}));
+  EXPECT_EQ(plan.resumable, (std::vector<RequestId>{3}));
+}
+
 // Resumes waiting here (facts.resume_of), memd restarted. Node ids 1..5 waiting, each a resume: 1 of 11, 2 of 12,
 // 3 of 13, 4 of 14 (ending here: its client cancelled it while memd was away), 5 of 15 (ending here too); 6 waits and
 // is no resume; 7 is granted (refused report, its id reused by an earlier request this worker ended: ended_here(7)).

@@ -818,6 +818,100 @@ TEST(WorkerReHelloInProcess, AResumeMemdQueuedWhenItDiedIsResumedFromItsOwnRecor
   EXPECT_EQ(b.worker->book().waiting_for_grant(), 1u);
 }
 
+// Request 1 ends while memd is away (its client cancels it, or it finishes: kEnding), and the new memd refuses its
+// report (memd holds nothing of it, or holds it interrupted from the journal). It ends here as it was ending: its
+// client gets its held tokens and its own end (CANCELLED; or the finished stream, whole, no error), it is not admitted
+// again, and memd gets a Complete only for the interrupted id it lists. Request 2, adopted, goes on to its oracle
+// stream. Review finding: workerd resumed request 1 (from its record, or as a resume of the interrupted id), so a
+// cancelled request ran again for nobody and a finished one's client was told the epoch ended.
+struct EndedWhileAway {
+  bool cancelled;    // else it finishes while away
+  bool interrupted;  // the new memd lists request 1 as interrupted (its journal's record)
+};
+class WorkerRefusedEnding : public ::testing::TestWithParam<EndedWhileAway> {};
+
+TEST_P(WorkerRefusedEnding, ARequestThatEndedWhileAwayIsNotResumedWhenItsReportIsRefused) {
+  const EndedWhileAway param = GetParam();
+  auto m = MakePresetModel("dsv4flash-like");
+  const std::vector<Spec> specs = {{1, 20, param.cancelled ? 60u : 12u, 0.0f, 1.0f, 0}, {2, 33, 60, 0.9f, 1.0f, 7}};
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : specs) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
+  Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
+  for (const Spec& s : specs) ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
+  for (int it = 0; it < 500 && (a.sink.out[1].tokens.size() < 2 || a.sink.out[2].tokens.empty()); ++it) {
+    memd->Pump(*a.worker);
+    ASSERT_TRUE(a.worker->Iterate().ok());
+  }
+  const size_t had1 = a.sink.out[1].tokens.size();
+  ASSERT_LT(had1, specs[0].max_new);
+  ASSERT_FALSE(a.sink.out[2].tokens.empty());
+  const wire::RequestRecordT journaled = memd->records.at(1);
+  a.worker->memd_away().Enter();
+  if (param.cancelled) ASSERT_TRUE(a.worker->Cancel(1, 0, ClientRef{"c", 1}, "gone").ok());
+  for (int it = 0; it < 1000 && *a.worker->Iterate(); ++it) {
+  }
+  ASSERT_EQ(a.worker->book().Find(1)->phase, RequestPhase::kEnding);
+  EXPECT_EQ(a.sink.finished.count(1), 0u) << "an end while memd is away waits for the re-Hello";
+  const std::vector<std::unique_ptr<wire::ReportedRequestT>> report = a.worker->memd_away().Report();
+  ASSERT_EQ(report.size(), 2u);
+  ASSERT_EQ(report[0]->request, 1u);
+  std::vector<std::unique_ptr<wire::ReportedRequestT>> adopted;
+  adopted.push_back(std::make_unique<wire::ReportedRequestT>(*report[1]));
+  memd->AdoptReport(adopted);
+  wire::CompleteT gone;  // the new memd holds nothing of request 1 (or only as interrupted): the fake forgets it too
+  gone.request = 1;
+  ASSERT_TRUE(memd->SendComplete(gone).ok());
+  wire::HelloReplyT reply;
+  if (param.interrupted) reply = ReplyListingInterrupted(1, 1, journaled);
+  reply.accepted = true;
+  reply.worker_epoch = 1;
+  reply.refused_reports = {1};
+  reply.refused_reasons = {"request 1: slot 0 out of range or taken"};
+  const size_t admitted = memd->admitted_ids.size();
+  const int completes = memd->completes;
+  ASSERT_TRUE(a.worker->memd_away().Return(reply).ok());
+  EXPECT_EQ(memd->admitted_ids.size(), admitted) << "the request that ended while memd was away was admitted again";
+  EXPECT_EQ(memd->resumes, 0);
+  EXPECT_EQ(memd->completes, completes + (param.interrupted ? 1 : 0)) << "Completes for the interrupted id memd lists";
+  EXPECT_EQ(a.worker->book().Find(1), nullptr);
+  ASSERT_EQ(a.sink.finished.count(1), 1u);
+  const auto final1 = std::find_if(a.sink.chunks.begin(), a.sink.chunks.end(),
+                                   [](const wire::TokenChunkT& c) { return c.request == 1 && c.finished; });
+  ASSERT_NE(final1, a.sink.chunks.end());
+  if (param.cancelled) {
+    EXPECT_EQ(final1->end_reason, wire::EndReason::CANCELLED);
+    EXPECT_EQ(final1->error, wire::ErrorCode::CANCELLED);
+    // Its held tokens, then its end: a prefix of the uninterrupted stream.
+    ASSERT_LE(a.sink.out[1].tokens.size(), want[1].tokens.size());
+    EXPECT_TRUE(std::equal(a.sink.out[1].tokens.begin(), a.sink.out[1].tokens.end(), want[1].tokens.begin()));
+  } else {
+    EXPECT_EQ(final1->error, wire::ErrorCode::OK) << a.sink.errors[1];
+    EXPECT_EQ(a.sink.out[1].tokens, want[1].tokens) << "the finished stream, whole";
+    EXPECT_EQ(a.sink.out[1].digests, want[1].digests);
+  }
+  for (int it = 0; it < 5000; ++it) {
+    memd->Pump(*a.worker);
+    absl::StatusOr<bool> more = a.worker->Iterate();
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more && a.worker->book().active() == 0 && a.worker->book().not_active() == 0) break;
+  }
+  EXPECT_EQ(memd->admitted_ids.size(), admitted);
+  EXPECT_EQ(a.sink.finished.count(2), 1u);
+  EXPECT_EQ(a.sink.out[2].tokens, want[2].tokens) << "the adopted request's stream";
+}
+
+INSTANTIATE_TEST_SUITE_P(EndedAndRefused, WorkerRefusedEnding,
+                         ::testing::Values(EndedWhileAway{true, false}, EndedWhileAway{true, true},
+                                           EndedWhileAway{false, false}, EndedWhileAway{false, true}),
+                         [](const ::testing::TestParamInfo<EndedWhileAway>& info) {
+                           return std::string(info.param.cancelled ? "Cancelled" : "Finished") +
+                                  (info.param.interrupted ? "MemdListsItInterrupted" : "MemdHoldsNothing");
+                         });
+
 TEST(WorkerReHelloInProcess, ARefusedReportMemdHoldsNothingOfIsResumedFromTheWorkersRecord) {
   RefusedReportIsResumed(false);
 }

@@ -53,7 +53,9 @@ class Sink final : public ClientSink {
 class Ends final : public RequestEnds {
  public:
   void Finish(RequestId id, absl::Status error) override { ended.emplace_back(id, std::move(error)); }
+  void Drop(RequestId id) override { dropped.push_back(id); }
   std::vector<std::pair<RequestId, absl::Status>> ended;
+  std::vector<RequestId> dropped;
 };
 
 // A MemdLink that takes everything (MemdAway reads its session only).

@@ -306,6 +306,60 @@ TEST(WorkerSpeculation, CancelMidSpeculationReleasesTheProposerSlotAndTheKv) {
   EXPECT_EQ(memd.completes, 2);
 }
 
+// A refused report (memd restarted and took the re-Hello without request 1) mid-speculation: request 1 ends here like
+// after a fence and is resumed from the worker's own record. With one slot, the resume gets the proposer slot again
+// (its rounds happen) and, re-attached, its stream equals the model alone's. Review finding: the refused request kept
+// its proposer slot for good (the resume, and every later request, decoded without speculation).
+TEST(WorkerSpeculation, ARefusedReportReleasesTheProposerSlot) {
+  auto m = MakePresetModel("dsv4flash-like");
+  WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0.0);
+  c.slots = 1;
+  auto g = ComputeGeometry(m->config(), c);
+  ASSERT_TRUE(g.ok()) << g.status();
+  c.hbm_budget_bytes = 64 * g->page_bytes;
+  CpuDevice device;
+  FakeMemd memd(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
+  RecordingSink sink;
+  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &sink);
+  ASSERT_TRUE(w.ok()) << w.status();
+  Worker& worker = **w;
+  wire::SubmitRequestT sub;
+  sub.request = 1;
+  sub.prompt = Prompt(30, 1);
+  sub.max_new_tokens = 40;
+  ASSERT_TRUE(worker.Submit(sub, ClientRef{"c", 1}).ok());
+  for (int it = 0; it < 500 && worker.stats().spec_rounds < 2; ++it) {
+    memd.Pump(worker);
+    ASSERT_TRUE(worker.Iterate().ok());
+  }
+  ASSERT_GE(worker.stats().spec_rounds, 2u);
+  const size_t had = sink.out[1].tokens.size();
+  ASSERT_LT(had, 40u);
+  const RequestId node = memd.admitted_ids.at(0);
+  worker.memd_away().Enter();
+  wire::CompleteT gone;  // the new memd holds nothing of request 1: the fake forgets it (its slot free)
+  gone.request = node;
+  ASSERT_TRUE(memd.SendComplete(gone).ok());
+  wire::HelloReplyT reply;
+  reply.accepted = true;
+  reply.worker_epoch = 1;
+  reply.refused_reports = {node};
+  reply.refused_reasons = {"slot 0 out of range or taken"};
+  ASSERT_TRUE(worker.memd_away().Return(reply).ok());
+  ASSERT_EQ(memd.admitted_ids.size(), 2u) << "the refused request was not resumed";
+  const uint64_t rounds = worker.stats().spec_rounds;
+  ASSERT_TRUE(worker.Attach(1, static_cast<uint32_t>(had), ClientRef{"c2", 1}).ok());
+  for (int it = 0; it < 2000 && worker.book().active() + worker.book().not_active() > 0; ++it) {
+    memd.Pump(worker);
+    ASSERT_TRUE(worker.Iterate().ok());
+  }
+  EXPECT_GT(worker.stats().spec_rounds, rounds) << "the refused request's proposer slot was not released";
+  const std::vector<uint8_t> prompt = Prompt(30, 1);
+  const Generated want = Oracle(*m, {prompt.begin(), prompt.end()}, 40);
+  EXPECT_EQ(sink.out[1].tokens, want.tokens) << "the stream before the refusal, then after the attach";
+  EXPECT_EQ(sink.out[1].digests, want.digests);
+}
+
 // --block-schedule online (spec::OnlineBlockWidth): the width changes from step to step with the measured acceptance
 // and step times; outputs stay those of the model alone, every round's width is within [2, --block], and the rounds
 // add up. (The choice itself is tested with made-up figures in tests/speculation/online_block_width_test.cc.)
