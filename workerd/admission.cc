@@ -90,7 +90,8 @@ void AdmissionDesk::OnAdmitGrant(const wire::AdmitGrantT& m) {
     p_.ends->Finish(r.id, s);
     return;
   }
-  // A resume's host-backed pages (every one memd took over), checked against their checksums (issue 22).
+  // A resume's host-backed pages (every one memd took over) and shared prefix pages, checked against their checksums
+  // (issue 22) and made host-ready (KvPort::TakeGrantedHostPages, as libdhs's grant).
   if (absl::Status s = p_.resumes->OnGrant(r.resume, r.id, r.client_id, m); !s.ok()) {
     p_.ends->Finish(r.id, s);
     return;

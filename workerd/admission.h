@@ -63,8 +63,9 @@ class AdmissionDesk final : public MemdHandler {
   // chain and session.
   wire::AdmitRequestT AdmissionOf(const WorkerRequest& r) const;
   // The granted request `id` (RequestBook::TakeGranted) starts: its model session opens and it moves to kActive; a
-  // resume's host-backed pages are made host-ready and its host runs planned (ResumeImporter::Begin). False when that
-  // import failed: the loop rebuilds its KV from its tokens (every row recomputed). True (nothing done) for an id
+  // resume's (or shared prefix pages') host runs are planned over the pages made host-ready at the grant
+  // (ResumeImporter::Begin). False when that plan failed: the loop rebuilds its KV from its tokens (every row
+  // recomputed). True (nothing done) for an id
   // no longer in flight.
   bool Start(RequestId id);
 

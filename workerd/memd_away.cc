@@ -34,25 +34,35 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> MemdAway::Report() const {
   return out;
 }
 
-std::vector<std::unique_ptr<wire::RequestRecordT>> MemdAway::DropRefused(const ReturnPlan& plan) {
+std::vector<std::unique_ptr<wire::RequestRecordT>> MemdAway::DropRefused(ReturnPlan& plan) {
   // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
   // resumed: from memd's interrupted record (AdmissionDesk::ResumeInterrupted), else from this worker's record. One
-  // that ended here while memd was away (kEnding) ends as it was ending instead, never resumed (PlanReturn ends it at
-  // memd when memd lists it interrupted; review finding: a request cancelled while memd was away was resumed).
+  // that ended here while memd was away (kEnding) ends as it was ending instead, never resumed (review finding: a
+  // request cancelled while memd was away was resumed).
   std::vector<std::unique_ptr<wire::RequestRecordT>> own;
   for (const auto& [id, why] : plan.refused) {
     auto it = p_.requests->find(id);
     if (it == p_.requests->end()) continue;
     WorkerRequest& r = *it->second;
-    p_.agent->Forget(id);
     if (r.life->phase == RequestPhase::kEnding) {
       spdlog::info("worker: request {} ended while memd was away; memd refused its report ({}); it ends here", id,
                    why);
-      FlushHeld(r);                                  // its held tokens (and the final chunk of a finished one)
+      FlushHeld(r);  // its held tokens (and the final chunk of a finished one)
+      if (plan.interrupted.contains(id)) {
+        // memd holds it interrupted: its end is the usual one (memd is back), its Complete the loop's (CompleteOf: a
+        // finished one's output kept at memd for a lost end, its session pages published) instead of
+        // end_interrupted's bare one, and the agent remembers it ended here, so a later memd that lists it again
+        // (this Complete died unread with memd) has it ended, not resumed (review findings).
+        std::erase(plan.end_interrupted, id);
+        p_.ends->Finish(id, r.life->end_status);
+        continue;
+      }
+      p_.agent->Forget(id);
       p_.clients->ReportEnd(r, r.life->end_status);  // its own end (a failed one's final chunk)
       p_.ends->Drop(id);
       continue;
     }
+    p_.agent->Forget(id);
     spdlog::warn("worker: request {} ends like after a fence ({}); it is resumed", id, why);
     if (!plan.interrupted.contains(id)) own.push_back(RecordOf(*r.life, r.out.generated, r.out.digests));
     const absl::Status ended = WorkerEpochEndedError(why);
@@ -101,7 +111,7 @@ size_t MemdAway::EndDeferred() {
 absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
   if (p_.memd->session().away()) DHS_CHECK_OK(p_.memd->session().Accepted());
-  const ReturnPlan plan = PlanReturn(
+  ReturnPlan plan = PlanReturn(
       reply, *p_.book,
       ReturnFacts{.ended_here = [this](RequestId id) { return p_.agent->Finished(id); },
                   .resume_of = [this](RequestId id) { return p_.requests->at(id)->resume_of; }});

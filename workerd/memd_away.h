@@ -11,7 +11,7 @@
 // (RequestPhase::kEnding), then ends as usual.
 //
 // Report: the re-Hello's report. Return: memd accepted the re-Hello; each refused report's request ends here like
-// after a fence and is resumed, the adopted ones' held tokens go to their clients, host writes resume, the ends
+// after a fence and is resumed (one that ended while away ends as it was ending), the adopted ones' held tokens go to their clients, host writes resume, the ends
 // deferred while away happen (RequestEnds), the interrupted requests are resumed and the waiting admissions sent again
 // (AdmissionDesk).
 //
@@ -87,9 +87,10 @@ class MemdAway {
  private:
   // Each refused report's request is dropped here (nothing sent to memd; RequestEnds::Drop) and ended to its client
   // like after a fence; one that ended here while memd was away (kEnding) gets its held tokens and its own end instead
-  // and is not resumed. Returns the records (every token) of those to resume that memd does not list as
+  // and is not resumed: when memd lists it interrupted that end is RequestEnds::Finish (its Complete, taken out of
+  // plan.end_interrupted). Returns the records (every token) of those to resume that memd does not list as
   // `interrupted`.
-  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(const ReturnPlan& plan);
+  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(ReturnPlan& plan);
   // The tokens held from r's client while memd was away, in one chunk (final when r finished).
   void FlushHeld(WorkerRequest& r);
   // The requests that ended while away, or finished or lost their client: ended now (RequestEnds). Returns how many.

@@ -80,8 +80,9 @@ struct ReturnPlan {
   //                    one whose resume here ends at this re-Hello (kEnding: the resume was cancelled or completed);
   //                    one in `refused` that ended here while memd was away (kEnding; review finding: workerd
   //                    resumed a request cancelled while memd was away when its report was refused).
-  //   resumable        not in the book and not ended here, or in `refused` and not ending here: workerd resumes each from its record (and
-  //                    ends one without a record); libdhs lists them to the engine (dhs_worker_list_resumable).
+  //   resumable        not in the book and not ended here, or in `refused` and not ending here: workerd resumes
+  //                    each from its record (and ends one without a record); libdhs lists them to the engine
+  //                    (dhs_worker_list_resumable).
   // In neither: an adopted request (in the book, granted, its report taken); a request ending here at this re-Hello
   // (kEnding: its deferred end sends its own Complete: workerd's EndDeferred, libdhs's Return); an interrupted request
   // a resume waiting here takes over when its admission goes again (the dead memd never read that admission). Both

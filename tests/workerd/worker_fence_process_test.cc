@@ -963,7 +963,8 @@ TEST(WorkerFence, StoppedWorkerIsFencedAndAfterContinueEndsItsEpochWithoutActing
   // MemdClient) and the copy reports of the iteration SIGSTOP interrupted, which the worker finishes after SIGCONT
   // before its Poll notices the stall (CI on a loaded machine saw TokensCommitted then HostCopyWritten), and any message
   // queued before the stop that ZeroMQ's I/O thread, stopped with the worker, writes only after SIGCONT (a loaded
-  // machine saw a Heartbeat: Poll checks the epoch before it sends one, so it was queued before the stop).
+  // machine saw a Heartbeat: queued before the stop, or sent by the Poll SIGSTOP interrupted between its epoch check
+  // and its heartbeat; memd refuses it like the rest).
   const std::string memd_log = ReadFile(node.Log("memd"));
   const std::string kRefused = " from the fenced worker of GPU 0 refused";
   for (size_t at = memd_log.find(kRefused); at != std::string::npos; at = memd_log.find(kRefused, at + 1)) {

@@ -38,6 +38,16 @@ const std::vector<Spec>& Specs() {
   return s;
 }
 
+// Each spec's uninterrupted stream (the model alone, the spec's sampling, draws keyed by its id), by id.
+std::map<RequestId, Generated> Oracles(const model::Model& m, const std::vector<Spec>& specs) {
+  std::map<RequestId, Generated> want;
+  for (const Spec& s : specs) {
+    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
+    want[s.id] = Oracle(m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
+  }
+  return want;
+}
+
 // The client's SubmitRequest of `s` (its prompt from Prompt).
 wire::SubmitRequestT SubmitOf(const Spec& s) {
   wire::SubmitRequestT sub;
@@ -90,11 +100,7 @@ struct Side {
 
 TEST(WorkerResume, ResumedRequestsStreamExactlyTheUninterruptedTokensToReattachedClients) {
   auto m = MakePresetModel("dsv4flash-like");
-  std::map<RequestId, Generated> want;
-  for (const Spec& s : Specs()) {
-    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
-  }
+  std::map<RequestId, Generated> want = Oracles(*m, Specs());
   // Worker A: A is dropped right after the step where the last of the requests streamed its 2nd token.
   std::map<RequestId, wire::RequestRecordT> records;
   std::map<RequestId, size_t> had;  // tokens each client received from A
@@ -194,11 +200,7 @@ TEST_P(WorkerImport, KeptHostPagesAreImportedNotRecomputedAndTheStreamsStayExact
   auto m = MakePresetModel("dsv4flash-like");
   const std::vector<Spec> specs = {
       {1, 40, 40, 0.0f, 1.0f, 0}, {2, 57, 40, 0.9f, 1.0f, 7}, {3, 70, 36, 1.0f, 0.9f, 8}, {4, 33, 44, 0.0f, 1.0f, 0}};
-  std::map<RequestId, Generated> want;
-  for (const Spec& s : specs) {
-    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
-  }
+  std::map<RequestId, Generated> want = Oracles(*m, specs);
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), Mode(), 0);
   std::map<RequestId, wire::RequestRecordT> records;
   std::map<RequestId, size_t> had;
@@ -314,11 +316,7 @@ TEST_P(WorkerImportGaps, EveryKeptPageIsImportedAroundTheGapsAndTheStreamsStayEx
   auto m = MakePresetModel("dsv4flash-like");
   const std::vector<Spec> specs = {
       {1, 70, 40, 0.0f, 1.0f, 0}, {2, 57, 40, 0.9f, 1.0f, 7}, {3, 66, 36, 1.0f, 0.9f, 8}, {4, 65, 44, 0.0f, 1.0f, 0}};
-  std::map<RequestId, Generated> want;
-  for (const Spec& s : specs) {
-    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
-  }
+  std::map<RequestId, Generated> want = Oracles(*m, specs);
   // Adaptive: 2 GPU pages to keep history on, all granted to request 1 (its pages 0 and 1). Request 4's record loses
   // its tokens below.
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), mode, mode == WorkerMode::kAdaptive ? 2 : 0);
@@ -486,11 +484,7 @@ TEST(WorkerReHelloInProcess, AwayWorkerDecodesSendsNothingAndItsReportHoldsEvery
   auto m = MakePresetModel("dsv4flash-like");
   std::vector<Spec> specs = Specs();
   const Spec late{5, 25, 12, 0.7f, 1.0f, 3};  // submitted while memd is away
-  std::map<RequestId, Generated> want;
-  for (const Spec& s : specs) {
-    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
-  }
+  std::map<RequestId, Generated> want = Oracles(*m, specs);
   const std::vector<uint8_t> lp = Prompt(late.prompt, static_cast<uint32_t>(late.id));
   want[late.id] = Oracle(*m, {lp.begin(), lp.end()}, late.max_new, late.temperature, late.top_p, late.seed, late.id);
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
@@ -600,11 +594,7 @@ void RefusedReportIsResumed(bool memd_holds_it_interrupted) {
   auto m = MakePresetModel("dsv4flash-like");
   // Long enough that neither finishes while away (each pauses when its tail is full).
   const std::vector<Spec> specs = {{1, 20, 60, 0.0f, 1.0f, 0}, {2, 33, 60, 0.9f, 1.0f, 7}};
-  std::map<RequestId, Generated> want;
-  for (const Spec& s : specs) {
-    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
-  }
+  std::map<RequestId, Generated> want = Oracles(*m, specs);
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
   Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
   for (const Spec& s : specs) ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
@@ -821,9 +811,12 @@ TEST(WorkerReHelloInProcess, AResumeMemdQueuedWhenItDiedIsResumedFromItsOwnRecor
 // Request 1 ends while memd is away (its client cancels it, or it finishes: kEnding), and the new memd refuses its
 // report (memd holds nothing of it, or holds it interrupted from the journal). It ends here as it was ending: its
 // client gets its held tokens and its own end (CANCELLED; or the finished stream, whole, no error), it is not admitted
-// again, and memd gets a Complete only for the interrupted id it lists. Request 2, adopted, goes on to its oracle
-// stream. Review finding: workerd resumed request 1 (from its record, or as a resume of the interrupted id), so a
-// cancelled request ran again for nobody and a finished one's client was told the epoch ended.
+// again, and memd gets a Complete only for the interrupted id it lists: the loop's Complete (a finished one's output
+// kept for a lost end). Request 2, adopted, goes on to its oracle stream. Then memd dies again before it read that
+// Complete and the next memd lists request 1 interrupted once more: it is ended there again, still not resumed.
+// Review findings: workerd resumed request 1 (from its record, or as a resume of the interrupted id), so a cancelled
+// request ran again for nobody and a finished one's client was told the epoch ended; its Complete was a bare one (a
+// finished output was not kept); and the worker forgot it had ended it, so the second return resumed it.
 struct EndedWhileAway {
   bool cancelled;    // else it finishes while away
   bool interrupted;  // the new memd lists request 1 as interrupted (its journal's record)
@@ -834,11 +827,7 @@ TEST_P(WorkerRefusedEnding, ARequestThatEndedWhileAwayIsNotResumedWhenItsReportI
   const EndedWhileAway param = GetParam();
   auto m = MakePresetModel("dsv4flash-like");
   const std::vector<Spec> specs = {{1, 20, param.cancelled ? 60u : 12u, 0.0f, 1.0f, 0}, {2, 33, 60, 0.9f, 1.0f, 7}};
-  std::map<RequestId, Generated> want;
-  for (const Spec& s : specs) {
-    const std::vector<uint8_t> p = Prompt(s.prompt, static_cast<uint32_t>(s.id));
-    want[s.id] = Oracle(*m, {p.begin(), p.end()}, s.max_new, s.temperature, s.top_p, s.seed, s.id);
-  }
+  std::map<RequestId, Generated> want = Oracles(*m, specs);
   std::unique_ptr<FakeMemd> memd = SharedMemd(m.get(), WorkerMode::kHisparse, 0);
   Side a(m.get(), 1, memd.get(), WorkerMode::kHisparse);
   for (const Spec& s : specs) ASSERT_TRUE(a.worker->Submit(SubmitOf(s), ClientRef{"c", s.id}).ok());
@@ -877,6 +866,16 @@ TEST_P(WorkerRefusedEnding, ARequestThatEndedWhileAwayIsNotResumedWhenItsReportI
   EXPECT_EQ(memd->admitted_ids.size(), admitted) << "the request that ended while memd was away was admitted again";
   EXPECT_EQ(memd->resumes, 0);
   EXPECT_EQ(memd->completes, completes + (param.interrupted ? 1 : 0)) << "Completes for the interrupted id memd lists";
+  if (param.interrupted) {
+    const wire::CompleteT& done = memd->complete_messages.back();
+    EXPECT_EQ(done.request, 1u);
+    EXPECT_EQ(done.keep_output, !param.cancelled) << "a finished output is kept at memd for a lost end";
+    if (!param.cancelled) {
+      EXPECT_EQ(done.output_from, 0u);
+      EXPECT_EQ(std::vector<int>(done.output_tokens.begin(), done.output_tokens.end()), want[1].tokens);
+      EXPECT_EQ(done.output_digests, want[1].digests);
+    }
+  }
   EXPECT_EQ(a.worker->book().Find(1), nullptr);
   ASSERT_EQ(a.sink.finished.count(1), 1u);
   const auto final1 = std::find_if(a.sink.chunks.begin(), a.sink.chunks.end(),
@@ -902,6 +901,13 @@ TEST_P(WorkerRefusedEnding, ARequestThatEndedWhileAwayIsNotResumedWhenItsReportI
   EXPECT_EQ(memd->admitted_ids.size(), admitted);
   EXPECT_EQ(a.sink.finished.count(2), 1u);
   EXPECT_EQ(a.sink.out[2].tokens, want[2].tokens) << "the adopted request's stream";
+  if (!param.interrupted) return;
+  a.worker->memd_away().Enter();  // memd dies again; the next one lists request 1 interrupted once more
+  const int before = memd->completes;
+  ASSERT_TRUE(a.worker->memd_away().Return(ReplyListingInterrupted(1, 1, journaled)).ok());
+  EXPECT_EQ(memd->admitted_ids.size(), admitted) << "request 1 was resumed after the second memd death";
+  EXPECT_EQ(memd->resumes, 0);
+  EXPECT_EQ(memd->completes, before + 1) << "request 1 was not ended at the third memd";
 }
 
 INSTANTIATE_TEST_SUITE_P(EndedAndRefused, WorkerRefusedEnding,

@@ -251,22 +251,37 @@ TEST_P(GreedyRounds, MatchPlainDecodingInEveryModeUnderReclaims) {
   EXPECT_GT(pages_checked, 0);
 }
 
+// A worker of one slot with greedy speculation (SpecConfig, adaptive mode, 64 optional pages) against a fake memd of
+// 64 GPU pages and 512 host pages (Start builds it).
+struct OneSlotSpeculation {
+  std::unique_ptr<model::Model> m = MakePresetModel("dsv4flash-like");
+  CpuDevice device;
+  std::unique_ptr<FakeMemd> memd;
+  RecordingSink sink;
+  std::unique_ptr<Worker> worker;
+  void Start() {
+    WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0.0);
+    c.slots = 1;
+    auto g = ComputeGeometry(m->config(), c);
+    ASSERT_TRUE(g.ok()) << g.status();
+    c.hbm_budget_bytes = 64 * g->page_bytes;
+    memd = std::make_unique<FakeMemd>(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
+    auto w = Worker::Create(m.get(), &device, c, memd->host, memd.get(), &sink);
+    ASSERT_TRUE(w.ok()) << w.status();
+    worker = *std::move(w);
+  }
+};
+
 // Cancel (issue 22) mid-speculation: a request cancelled after speculative rounds ends with CANCELLED, its KV (staging
 // arenas included) and its proposer slot are released and memd gets its Complete. With one slot, the next request
 // gets that proposer slot again (its rounds happen) and its output equals the model alone's.
 TEST(WorkerSpeculation, CancelMidSpeculationReleasesTheProposerSlotAndTheKv) {
-  auto m = MakePresetModel("dsv4flash-like");
-  WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0.0);
-  c.slots = 1;
-  auto g = ComputeGeometry(m->config(), c);
-  ASSERT_TRUE(g.ok()) << g.status();
-  c.hbm_budget_bytes = 64 * g->page_bytes;
-  CpuDevice device;
-  FakeMemd memd(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
-  RecordingSink sink;
-  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &sink);
-  ASSERT_TRUE(w.ok()) << w.status();
-  Worker& worker = **w;
+  OneSlotSpeculation one;
+  ASSERT_NO_FATAL_FAILURE(one.Start());
+  const model::Model* m = one.m.get();
+  FakeMemd& memd = *one.memd;
+  RecordingSink& sink = one.sink;
+  Worker& worker = *one.worker;
   auto submit = [&](RequestId id, uint32_t max_new) {
     wire::SubmitRequestT sub;
     sub.request = id;
@@ -311,18 +326,12 @@ TEST(WorkerSpeculation, CancelMidSpeculationReleasesTheProposerSlotAndTheKv) {
 // (its rounds happen) and, re-attached, its stream equals the model alone's. Review finding: the refused request kept
 // its proposer slot for good (the resume, and every later request, decoded without speculation).
 TEST(WorkerSpeculation, ARefusedReportReleasesTheProposerSlot) {
-  auto m = MakePresetModel("dsv4flash-like");
-  WorkerConfig c = SpecConfig(*m, WorkerMode::kAdaptive, 0.0);
-  c.slots = 1;
-  auto g = ComputeGeometry(m->config(), c);
-  ASSERT_TRUE(g.ok()) << g.status();
-  c.hbm_budget_bytes = 64 * g->page_bytes;
-  CpuDevice device;
-  FakeMemd memd(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
-  RecordingSink sink;
-  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &sink);
-  ASSERT_TRUE(w.ok()) << w.status();
-  Worker& worker = **w;
+  OneSlotSpeculation one;
+  ASSERT_NO_FATAL_FAILURE(one.Start());
+  const model::Model* m = one.m.get();
+  FakeMemd& memd = *one.memd;
+  RecordingSink& sink = one.sink;
+  Worker& worker = *one.worker;
   wire::SubmitRequestT sub;
   sub.request = 1;
   sub.prompt = Prompt(30, 1);

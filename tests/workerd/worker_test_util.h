@@ -321,6 +321,7 @@ class FakeMemd final : public MemdLink {
       reqs_.erase(it);
     }
     ++completes;
+    complete_messages.push_back(m);
     GrantWaiting();
     return absl::OkStatus();
   }
@@ -503,6 +504,7 @@ class FakeMemd final : public MemdLink {
   std::vector<wire::AdmitRequestT> admits;  // every AdmitRequest as sent (issue 13: its speculation share)
   int admits_with_optional_history = 0;  // AdmitRequests that allow optional history (adaptive mode only)
   int completes = 0;
+  std::vector<wire::CompleteT> complete_messages;  // every Complete as sent
   int commit_messages = 0;                              // TokensCommitted messages (one per step with tokens)
   int commits_refused = 0;                              // TokensCommitted refused (refuse_tokens_of)
   std::set<RequestId> refuse_tokens_of;                 // requests whose TokensCommitted entries memd refuses
