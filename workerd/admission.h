@@ -65,8 +65,7 @@ class AdmissionDesk final : public MemdHandler {
   // The granted request `id` (RequestBook::TakeGranted) starts: its model session opens and it moves to kActive; a
   // resume's (or shared prefix pages') host runs are planned over the pages made host-ready at the grant
   // (ResumeImporter::Begin). False when that plan failed: the loop rebuilds its KV from its tokens (every row
-  // recomputed). True (nothing done) for an id
-  // no longer in flight.
+  // recomputed). True (nothing done) for an id no longer in flight.
   bool Start(RequestId id);
 
   // Resumes an interrupted request of an earlier epoch of this GPU (HelloReply.interrupted_records; issue 11): admits

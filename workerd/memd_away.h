@@ -11,9 +11,9 @@
 // (RequestPhase::kEnding), then ends as usual.
 //
 // Report: the re-Hello's report. Return: memd accepted the re-Hello; each refused report's request ends here like
-// after a fence and is resumed (one that ended while away ends as it was ending), the adopted ones' held tokens go to their clients, host writes resume, the ends
-// deferred while away happen (RequestEnds), the interrupted requests are resumed and the waiting admissions sent again
-// (AdmissionDesk).
+// after a fence and is resumed (one that ended while away ends as it was ending), the adopted ones' held tokens go to
+// their clients, host writes resume, the ends deferred while away happen (RequestEnds), the interrupted requests are
+// resumed and the waiting admissions sent again (AdmissionDesk).
 //
 // Thread-safety: none; the worker thread drives it.
 #pragma once
