@@ -495,81 +495,79 @@ wire::HelloT EmbeddedWorker::ReHello() const {
 absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   ++counters_.memd_returns;
   book_.set_epoch(memd_->worker_epoch());
-  // Who is refused, adopted, sent again, and which of memd's interrupted requests end at memd (Complete) before any
-  // is admitted again: workerd's PlanReturn over the same book (workerd/memd_session.h). The resumable ones stay
-  // listed to the engine (dhs_worker_list_resumable).
-  const ReturnPlan plan = PlanReturn(
+  // workerd's return, step by step (CarryOutReturn, workerd/memd_return.h; this class its ReturnHandler): the same
+  // plan (PlanReturn over the same book), carried out in the same order. The resumable ones stay listed to the engine
+  // (dhs_worker_list_resumable).
+  absl::StatusOr<ReturnDone> done = CarryOutReturn(
       reply, book_,
       ReturnFacts{.ended_here = [this](RequestId id) { return agent_->Finished(id) || completes_sent_.contains(id); },
-                  .resume_of = [this](RequestId id) { return requests_.at(id).resume_of; }});
-  book_.ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of them
-  // Refused reports: memd holds those requests as interrupted (resumable), or not at all: they fail here.
-  for (const auto& [id, why] : plan.refused) {
-    agent_->Forget(id);
-    ++counters_.reports_refused;
-    if (Life(id)->phase == RequestPhase::kEnding) {
-      // Completed by the engine while away (its end recorded then): when memd holds it as interrupted now, PlanReturn
-      // ends it there (end_interrupted: its Complete; review finding: it stayed resumable at memd, its pages kept).
-      Forget(id, /*completed=*/false);
-      continue;
-    }
-    // It ends here (the engine resumes it, or not): an end like any failure.
-    EndFailed(requests_.find(id), absl::AbortedError(absl::StrCat(
-        "memd restarted: ", why, " (dhs_worker_list_resumable may list it)")));
-  }
-  stack_->ReturnFromAway(plan.adopted);  // the agent adopts them, host writes resume
-  for (RequestId id : plan.adopted) {     // memd took their records with the report: every token is there
-    Request& r = requests_.at(id);
-    TokenCounts& counts = book_.Find(id)->tokens;
-    counters_.tokens_acked += r.tokens.size() - counts.committed;
-    counts.committed = r.tokens.size();
-    counts.refused = absl::OkStatus();  // the new memd took the whole record: its tokens go on (TokenLedger)
-  }
-  // The ends deferred while away (completed by the engine: kEnding).
-  size_t ended = 0, resent = 0;
-  for (RequestId id : plan.adopted) {
-    if (Life(id)->phase != RequestPhase::kEnding) continue;
-    agent_->EndRequest(id);  // copies end, KV released, Complete
-    Forget(id, /*completed=*/true);
-    ++counters_.ends_deferred;
-    ++ended;
-  }
-  for (RequestId id : plan.end_interrupted) {
-    if (absl::Status s = SendComplete(id); !s.ok()) return s;
-    not_resumable_.insert(id);
-  }
-  // The admissions not granted yet go again (the new memd knows none of them; one sent while away went to the dead
-  // memd, or was never sent: kUnsent).
-  for (RequestId id : plan.resend) {
-    const RequestLife* life = Life(id);
-    if (life->phase == RequestPhase::kEnding) {  // completed by the engine while away
-      // memd holds it as interrupted (the dead memd journaled its admission): its Complete (PlanReturn leaves a
-      // request ending here to its own end).
-      if (plan.interrupted.contains(id)) {
-        if (absl::Status s = SendComplete(id); !s.ok()) return s;
-        not_resumable_.insert(id);
-      }
-      Forget(id, /*completed=*/false);
-      ++counters_.ends_deferred;
-      ++ended;
-      continue;
-    }
-    if (life->phase == RequestPhase::kUnsent) {
-      DHS_CHECK_OK(book_.Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
-    }
-    // Its admission goes again under the same id: a new life at memd. The Complete of its interrupted copy (above)
-    // no longer says it ended here, nor is it hidden from the resumable list if memd later keeps it interrupted
-    // (review finding: a later return ended it at memd, its pages freed, and it was never listed).
-    not_resumable_.erase(id);
-    completes_sent_.erase(id);
-    if (absl::Status s = memd_->SendAdmitRequest(*requests_.at(id).admit); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
-    }
-    ++counters_.admissions_resent;
-    ++resent;
-  }
+                  .resume_of = [this](RequestId id) { return requests_.at(id).resume_of; }},
+      *this);
+  if (!done.ok()) return done.status();
   spdlog::info("libdhs: memd is back: {} requests adopted, {} refused, {} ends deferred, {} admissions sent again",
-               plan.adopted.size(), plan.refused.size(), ended, resent);
+               done->plan.adopted.size(), done->plan.refused.size(), done->ended, done->resent);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::EndRefused(RequestId id, const std::string& why, RefusedEnd how, bool /*listed*/) {
+  // memd holds the request as interrupted (resumable), or not at all.
+  agent_->Forget(id);
+  ++counters_.reports_refused;
+  if (how != RefusedEnd::kFenced) {
+    // Completed by the engine while away (its end recorded then): it ends now; when memd holds it as interrupted, with
+    // its Complete (review finding: it stayed resumable at memd, its pages kept).
+    Forget(id, /*completed=*/false);
+    if (how == RefusedEnd::kEndedComplete) return CompleteInterrupted(id);
+    return absl::OkStatus();
+  }
+  // It ends here (the engine resumes it, or not): an end like any failure.
+  EndFailed(requests_.find(id), absl::AbortedError(absl::StrCat(
+      "memd restarted: ", why, " (dhs_worker_list_resumable may list it)")));
+  return absl::OkStatus();
+}
+
+void EmbeddedWorker::ReturnToKv(const std::set<RequestId>& adopted) {
+  stack_->ReturnFromAway(adopted);  // the agent adopts them, host writes resume
+}
+
+void EmbeddedWorker::Adopted(RequestId id) {
+  // memd took its record with the report: every token is there.
+  Request& r = requests_.at(id);
+  TokenCounts& counts = book_.Find(id)->tokens;
+  counters_.tokens_acked += r.tokens.size() - counts.committed;
+  counts.committed = r.tokens.size();
+  counts.refused = absl::OkStatus();  // the new memd took the whole record: its tokens go on (TokenLedger)
+}
+
+absl::Status EmbeddedWorker::EndDeferred(RequestId id, bool listed) {
+  // Completed by the engine while away (kEnding).
+  ++counters_.ends_deferred;
+  if (!WaitsForGrant(Life(id)->held_phase())) {  // granted: copies end, KV released, Complete
+    agent_->EndRequest(id);
+    Forget(id, /*completed=*/true);
+    return absl::OkStatus();
+  }
+  // Never granted: memd holds it as interrupted when the dead memd journaled its admission (its Complete then).
+  Forget(id, /*completed=*/false);
+  return listed ? CompleteInterrupted(id) : absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::CompleteInterrupted(RequestId id) {
+  if (absl::Status s = SendComplete(id); !s.ok()) return s;
+  not_resumable_.insert(id);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedWorker::Resend(RequestId id) {
+  // Its admission goes again under the same id: a new life at memd. The Complete of its interrupted copy (step 6) no
+  // longer says it ended here, nor is it hidden from the resumable list if memd later keeps it interrupted (review
+  // finding: a later return ended it at memd, its pages freed, and it was never listed).
+  not_resumable_.erase(id);
+  completes_sent_.erase(id);
+  if (absl::Status s = memd_->SendAdmitRequest(*requests_.at(id).admit); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach memd: ", s.message()));
+  }
+  ++counters_.admissions_resent;
   return absl::OkStatus();
 }
 

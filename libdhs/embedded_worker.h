@@ -31,6 +31,7 @@
 #include "workerd/kv_stack.h"
 #include "libdhs/kv_port.h"
 #include "workerd/memd_client.h"
+#include "workerd/memd_return.h"
 #include "workerd/request_book.h"
 #include "workerd/token_ledger.h"
 #include "workerd/residency_agent.h"
@@ -115,7 +116,7 @@ struct EmbeddedCounters {
   uint64_t tokens_committed = 0, tokens_acked = 0, commits_deferred = 0, commits_refused = 0, records_refused = 0;
 };
 
-class EmbeddedWorker final : private MemdHandler {
+class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
  public:
   // Checks the shape (INVALID_ARGUMENT naming the field), connects to memd (MemdClient::Connect's errors), maps its
   // host pool and allocates the KV pool (HierarchicalKvAccess::Create's errors).
@@ -275,6 +276,20 @@ class EmbeddedWorker final : private MemdHandler {
   void EnterAway();
   wire::HelloT ReHello() const;
   absl::Status Return(const wire::HelloReplyT& reply);
+  // ReturnHandler (workerd/memd_return.h: workerd's return steps, carried out in its order by CarryOutReturn): a
+  // refused request fails (kFailed) or, completed by the engine while away, is forgotten (its Complete when memd lists
+  // it); an adopted one's tokens are all in memd's record; a deferred end happens; memd's interrupted requests ended
+  // here get their Complete and are no longer listed; the resumable ones stay listed (the engine decides: nothing
+  // done here); waiting admissions go again.
+  absl::Status EndRefused(RequestId id, const std::string& why, RefusedEnd how, bool listed) override;
+  void ReturnToKv(const std::set<RequestId>& adopted) override;
+  void Adopted(RequestId id) override;
+  absl::Status EndDeferred(RequestId id, bool listed) override;
+  absl::Status EndInterrupted(RequestId id) override { return CompleteInterrupted(id); }
+  absl::Status ResumableFound(RequestId, const wire::RequestRecordT*) override { return absl::OkStatus(); }
+  absl::Status Resend(RequestId id) override;
+  // SendComplete for memd's interrupted request `id`, which then is no longer listed resumable. Errors: UNAVAILABLE.
+  absl::Status CompleteInterrupted(RequestId id);
   absl::Status Step(const absl::Status& s) { FailDataLoss(); return s; }
   // One TokensCommitted with every granted request's tokens memd has not acknowledged (CommitTokens), as workerd's
   // TokenLedger decides: unless one is in flight or memd is away (they wait; nothing lost); after memd refused a

@@ -213,36 +213,28 @@ absl::Status AdmissionDesk::Resume(RequestId interrupted, const wire::RequestRec
   return absl::OkStatus();
 }
 
+absl::Status AdmissionDesk::ResumeOrEnd(RequestId id, const wire::RequestRecordT* record) {
+  if (record != nullptr) {
+    absl::Status s = Resume(id, *record);
+    if (absl::IsUnavailable(s)) return s;
+    if (!s.ok()) spdlog::warn("workerd: {}; ended", s.ToString());
+    return absl::OkStatus();
+  }
+  if (absl::Status s = EndInterrupted(id); !s.ok()) return s;
+  spdlog::info("workerd: interrupted request {} of GPU {} ended (no record)", id, p_.config->gpu);
+  return absl::OkStatus();
+}
+
 absl::Status AdmissionDesk::ResumeInterrupted(const ReturnPlan& plan,
                                               const std::vector<std::unique_ptr<wire::RequestRecordT>>& records) {
-  for (RequestId id : plan.end_interrupted) {  // waits for its grant here, or this worker ended it
+  for (RequestId id : plan.end_interrupted) {
     if (absl::Status s = EndInterrupted(id); !s.ok()) return s;
-    spdlog::info("workerd: interrupted request {} of GPU {} ended ({})", id, p_.config->gpu,
-                 p_.requests->contains(id) ? "its admission is sent again" : "it had ended here");
   }
   std::map<uint64_t, const wire::RequestRecordT*> by_id;
   for (const auto& rec : records) by_id[rec->request] = rec.get();
   for (RequestId id : plan.resumable) {
-    if (auto rec = by_id.find(id); rec != by_id.end()) {
-      absl::Status s = Resume(id, *rec->second);
-      if (absl::IsUnavailable(s)) return s;
-      if (!s.ok()) spdlog::warn("workerd: {}; ended", s.ToString());
-      continue;
-    }
-    if (absl::Status s = EndInterrupted(id); !s.ok()) return s;
-    spdlog::info("workerd: interrupted request {} of GPU {} ended (no record)", id, p_.config->gpu);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status AdmissionDesk::Resend(std::span<const RequestId> ids) {
-  for (RequestId id : ids) {
-    auto it = p_.requests->find(id);
-    if (it == p_.requests->end() || !WaitsForGrant(it->second->life->phase)) continue;
-    if (it->second->life->phase == RequestPhase::kUnsent) {
-      DHS_CHECK_OK(p_.book->Transition(id, RequestPhase::kUnsent, RequestPhase::kWaiting));
-    }
-    if (absl::Status s = SendAdmit(*it->second); !s.ok()) return s;
+    auto rec = by_id.find(id);
+    if (absl::Status s = ResumeOrEnd(id, rec == by_id.end() ? nullptr : rec->second); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -2,7 +2,7 @@
 // Worker; docs/protocol.md "Conversation contract (worker <-> memd)" §2, §4-§6): a request's AdmitRequest (its
 // required pages, its record), the answers (AdmitGrant, AdmitWait, AdmitReject), the orders handed to the
 // ResidencyAgent (ReclaimOrder, Retire, PopulateOrder), CompleteAck, the granted requests started, and the resume of
-// interrupted requests of an earlier epoch (issue 11: Resume, ResumeInterrupted).
+// interrupted requests of an earlier epoch (issue 11: Resume, ResumeOrEnd, ResumeInterrupted at start, EndInterrupted).
 //
 // AdmissionDesk is the worker's MemdHandler (MemdClient::Poll and test fakes call it). It moves requests through the
 // book's admission phases (kUnsent -> kWaiting -> kQueued -> kGranted -> kActive); ends go through RequestEnds (the
@@ -89,15 +89,19 @@ class AdmissionDesk final : public MemdHandler {
   // `interrupted` = 0: a request memd holds nothing of (a re-Hello's refused report): admitted afresh with its record
   // (every row recomputed), nothing is ended.
   absl::Status Resume(RequestId interrupted, const wire::RequestRecordT& record);
-  // The interrupted requests of a return (PlanReturn, memd_session.h): plan.end_interrupted are ended (Complete);
-  // each of plan.resumable is resumed (Resume) when memd sent its record (`records`, HelloReply.interrupted_records),
-  // else ended. Errors: UNAVAILABLE (memd unreachable); a record that cannot be resumed is logged, its request ended.
+  // Interrupted request `id` of an earlier epoch (memd's HelloReply lists it; `record`: its record, nullptr when memd
+  // sent none): resumed (Resume) from the record, else ended (EndInterrupted). Errors: UNAVAILABLE (memd unreachable);
+  // a record that cannot be resumed is logged, its request ended.
+  absl::Status ResumeOrEnd(RequestId id, const wire::RequestRecordT* record);
+  // At start (no request here yet, none ended: every interrupted request is resumable): ResumeOrEnd of each of
+  // plan.resumable with its record in `records` (HelloReply.interrupted_records); plan.end_interrupted ended first.
+  // Errors: UNAVAILABLE.
   absl::Status ResumeInterrupted(const ReturnPlan& plan,
                                  const std::vector<std::unique_ptr<wire::RequestRecordT>>& records);
-  // After a re-Hello: the AdmitRequests of `ids` still waiting for their grant go again (a kUnsent one moves to
-  // kWaiting). Errors: UNAVAILABLE (memd unreachable).
-  absl::Status Resend(std::span<const RequestId> ids);
-
+  // Complete for an interrupted id this worker does not resume (memd frees what it kept; `keep_output`: its record
+  // held every token, memd keeps the output too, workerd/README.md "Restart: a finished request's end"). Errors:
+  // UNAVAILABLE.
+  absl::Status EndInterrupted(RequestId interrupted, bool keep_output = false);
   // MemdHandler: memd's messages (contract §2, §4, §5, §6).
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
   void OnAdmitWait(const wire::AdmitWaitT& m) override;
@@ -112,11 +116,6 @@ class AdmissionDesk final : public MemdHandler {
   void OnTokensRefused(const absl::Status& why) override;
 
  private:
-  // Complete for an interrupted id this worker does not resume (memd frees what it kept; `keep_output`: its record
-  // held every token, memd keeps the output too, workerd/README.md "Restart: a finished request's end"). Errors:
-  // UNAVAILABLE.
-  absl::Status EndInterrupted(RequestId interrupted, bool keep_output = false);
-
   AdmissionParts p_;
 };
 

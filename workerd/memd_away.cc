@@ -34,43 +34,43 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> MemdAway::Report() const {
   return out;
 }
 
-std::vector<std::unique_ptr<wire::RequestRecordT>> MemdAway::DropRefused(ReturnPlan& plan) {
-  // Refused reports: memd changed nothing of them. Each ends here like after a fence (its client re-attaches) and is
-  // resumed: from memd's interrupted record (AdmissionDesk::ResumeInterrupted), else from this worker's record. One
-  // that ended here while memd was away (kEnding) ends as it was ending instead, never resumed (review finding: a
-  // request cancelled while memd was away was resumed).
-  std::vector<std::unique_ptr<wire::RequestRecordT>> own;
-  for (const auto& [id, why] : plan.refused) {
-    auto it = p_.requests->find(id);
-    if (it == p_.requests->end()) continue;
-    WorkerRequest& r = *it->second;
-    if (r.life->phase == RequestPhase::kEnding) {
-      spdlog::info("worker: request {} ended while memd was away; memd refused its report ({}); it ends here", id,
-                   why);
-      FlushHeld(r);  // its held tokens (and the final chunk of a finished one)
-      if (plan.interrupted.contains(id)) {
-        // memd holds it interrupted: its end is the usual one (memd is back), its Complete the loop's (CompleteOf: a
-        // finished one's output kept at memd for a lost end, its session pages published) instead of
-        // end_interrupted's bare one, and the agent remembers it ended here, so a later memd that lists it again
-        // (this Complete died unread with memd) has it ended, not resumed (review findings).
-        std::erase(plan.end_interrupted, id);
-        p_.ends->Finish(id, r.life->end_status);
-        continue;
-      }
-      p_.agent->Forget(id);
-      p_.clients->ReportEnd(r, r.life->end_status);  // its own end (a failed one's final chunk)
-      p_.ends->Drop(id);
-      continue;
+absl::Status MemdAway::EndRefused(RequestId id, const std::string& why, RefusedEnd how, bool listed) {
+  // memd changed nothing of a refused report's request. It ends here like after a fence (its client re-attaches) and
+  // is resumed: from memd's interrupted record (`listed`: ResumableFound), else from this worker's record (here).
+  // One that ended here while memd was away ends as it was ending instead, never resumed (review finding: a request
+  // cancelled while memd was away was resumed).
+  auto it = p_.requests->find(id);
+  if (it == p_.requests->end()) return absl::OkStatus();
+  WorkerRequest& r = *it->second;
+  if (how != RefusedEnd::kFenced) {
+    spdlog::info("worker: request {} ended while memd was away; memd refused its report ({}); it ends here", id, why);
+    FlushHeld(r);  // its held tokens (and the final chunk of a finished one)
+    if (how == RefusedEnd::kEndedComplete) {
+      // memd holds it interrupted: its end is the usual one (memd is back), its Complete the loop's (CompleteOf: a
+      // finished one's output kept at memd for a lost end, its session pages published), and the agent remembers it
+      // ended here, so a later memd that lists it again (this Complete died unread with memd) has it ended, not
+      // resumed (review findings).
+      p_.ends->Finish(id, r.life->end_status);
+      return absl::OkStatus();
     }
     p_.agent->Forget(id);
-    spdlog::warn("worker: request {} ends like after a fence ({}); it is resumed", id, why);
-    if (!plan.interrupted.contains(id)) own.push_back(RecordOf(*r.life, r.out.generated, r.out.digests));
-    const absl::Status ended = WorkerEpochEndedError(why);
-    DHS_CHECK_OK(p_.clients->Chunk(r, {}, {}, true, ended));  // a final chunk is always taken
-    p_.recorder->Refused(id, r.out.generated.size(), ended, std::chrono::steady_clock::now());
+    p_.clients->ReportEnd(r, r.life->end_status);  // its own end (a failed one's final chunk)
     p_.ends->Drop(id);
+    return absl::OkStatus();
   }
-  return own;
+  p_.agent->Forget(id);
+  spdlog::warn("worker: request {} ends like after a fence ({}); it is resumed", id, why);
+  std::unique_ptr<wire::RequestRecordT> own = listed ? nullptr : RecordOf(*r.life, r.out.generated, r.out.digests);
+  const absl::Status ended = WorkerEpochEndedError(why);
+  DHS_CHECK_OK(p_.clients->Chunk(r, {}, {}, true, ended));  // a final chunk is always taken
+  p_.recorder->Refused(id, r.out.generated.size(), ended, std::chrono::steady_clock::now());
+  p_.ends->Drop(id);
+  if (own == nullptr) return absl::OkStatus();
+  // memd holds nothing of it: admitted afresh with its own record (every row recomputed).
+  absl::Status s = p_.admission->Resume(0, *own);
+  if (absl::IsUnavailable(s)) return s;
+  if (!s.ok()) spdlog::warn("worker: {}; ended", s.ToString());
+  return absl::OkStatus();
 }
 
 void MemdAway::FlushHeld(WorkerRequest& r) {
@@ -92,58 +92,60 @@ void MemdAway::FlushHeld(WorkerRequest& r) {
   }
 }
 
-size_t MemdAway::EndDeferred() {
-  std::vector<std::pair<RequestId, absl::Status>> ended;  // failed, finished or left by its client while away
-  for (auto& [id, r] : *p_.requests) {
-    const RequestPhase phase = r->life->phase;
-    if (phase == RequestPhase::kEnding) {
-      ended.emplace_back(id, r->life->end_status);
-    } else if (phase == RequestPhase::kActive && !r->client_error.ok()) {
-      ended.emplace_back(id, r->client_error);
-    } else if (phase == RequestPhase::kActive && r->finished()) {
-      ended.emplace_back(id, absl::OkStatus());
-    }
-  }
-  for (auto& [id, why] : ended) p_.ends->Finish(id, why);
-  return ended.size();
+void MemdAway::ReturnToKv(const std::set<RequestId>& adopted) {
+  p_.stack->ReturnFromAway(adopted);  // the agent adopts them, host writes resume
 }
+
+void MemdAway::Adopted(RequestId id) {
+  // The report carried every token (nothing stepped while the Hello was out), so the held ones go out.
+  WorkerRequest& r = *p_.requests->at(id);
+  r.life->tokens.committed = r.out.generated.size();
+  r.life->tokens.refused = absl::OkStatus();  // the new memd took the whole record: its tokens go on
+  if (r.life->phase == RequestPhase::kPaused) {
+    DHS_CHECK_OK(p_.book->Transition(id, RequestPhase::kPaused, RequestPhase::kActive));
+  }
+  FlushHeld(r);
+  if (r.life->phase != RequestPhase::kActive) return;  // ending (kEnding): its deferred end comes next (EndDeferred)
+  // Its client failed the held chunk (FlushHeld), or it finished outside a step: it ends now (memd is back).
+  if (!r.client_error.ok()) {
+    p_.ends->Finish(id, r.client_error);
+  } else if (r.finished()) {
+    p_.ends->Finish(id, absl::OkStatus());
+  }
+}
+
+absl::Status MemdAway::EndDeferred(RequestId id, bool /*listed: its Complete goes in any case*/) {
+  p_.ends->Finish(id, p_.book->Find(id)->end_status);  // failed, finished or left by its client while away
+  return absl::OkStatus();
+}
+
+absl::Status MemdAway::EndInterrupted(RequestId id) {
+  if (absl::Status s = p_.admission->EndInterrupted(id); !s.ok()) return s;
+  spdlog::info("workerd: interrupted request {} of GPU {} ended ({})", id, p_.config->gpu,
+               p_.requests->contains(id) ? "its admission is sent again" : "it had ended here");
+  return absl::OkStatus();
+}
+
+absl::Status MemdAway::ResumableFound(RequestId id, const wire::RequestRecordT* record) {
+  return p_.admission->ResumeOrEnd(id, record);  // workerd resumes every resumable request it has a record of
+}
+
+absl::Status MemdAway::Resend(RequestId id) { return p_.admission->SendAdmit(*p_.requests->at(id)); }
 
 absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
   if (p_.memd->session().away()) DHS_CHECK_OK(p_.memd->session().Accepted());
-  ReturnPlan plan = PlanReturn(
+  absl::StatusOr<ReturnDone> done = CarryOutReturn(
       reply, *p_.book,
       ReturnFacts{.ended_here = [this](RequestId id) { return p_.agent->Finished(id); },
-                  .resume_of = [this](RequestId id) { return p_.requests->at(id)->resume_of; }});
-  p_.book->ForgetUnacknowledged();  // the dead memd acknowledges nothing more; the new one grants none of those ids
-  std::vector<std::unique_ptr<wire::RequestRecordT>> own = DropRefused(plan);
-  // Adopted: the report carried every token (nothing stepped while the Hello was out), so the held ones go out.
-  for (RequestId id : plan.adopted) {
-    WorkerRequest& r = *p_.requests->at(id);
-    r.life->tokens.committed = r.out.generated.size();
-    r.life->tokens.refused = absl::OkStatus();  // the new memd took the whole record: its tokens go on
-    if (r.life->phase == RequestPhase::kPaused) {
-      DHS_CHECK_OK(p_.book->Transition(id, RequestPhase::kPaused, RequestPhase::kActive));
-    }
-    FlushHeld(r);
-  }
-  p_.stack->ReturnFromAway(plan.adopted);  // the agent adopts them, host writes resume
-  const size_t ended = EndDeferred();
-  if (absl::Status s = p_.admission->ResumeInterrupted(plan, reply.interrupted_records);
-      !s.ok()) {
-    return s;
-  }
-  for (const auto& rec : own) {
-    absl::Status s = p_.admission->Resume(0, *rec);
-    if (absl::IsUnavailable(s)) return s;
-    if (!s.ok()) spdlog::warn("worker: {}; ended", s.ToString());
-  }
-  // Sent again last (the resumes above sent their own).
-  if (absl::Status s = p_.admission->Resend(plan.resend); !s.ok()) return s;
+                  .resume_of = [this](RequestId id) { return p_.requests->at(id)->resume_of; }},
+      *this);
+  if (!done.ok()) return done.status();
   const WorkerStats& counts = p_.recorder->counts();
-  spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away; {} tokens generated and "
-               "{} requests paused while away (since start)", plan.adopted.size(), reply.refused_reports.size(),
-               ended, counts.tokens_while_away, counts.paused_while_away);
+  spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away, {} admissions sent again; "
+               "{} tokens generated and {} requests paused while away (since start)", done->plan.adopted.size(),
+               done->plan.refused.size(), done->ended, done->resent, counts.tokens_while_away,
+               counts.paused_while_away);
   return absl::OkStatus();
 }
 

@@ -10,10 +10,11 @@
 // (its tail is full: MayStep); a request that ends (finished, failed, its client gone) stays until the re-Hello
 // (RequestPhase::kEnding), then ends as usual.
 //
-// Report: the re-Hello's report. Return: memd accepted the re-Hello; each refused report's request ends here like
-// after a fence and is resumed (one that ended while away ends as it was ending), the adopted ones' held tokens go to
-// their clients, host writes resume, the ends deferred while away happen (RequestEnds), the interrupted requests are
-// resumed and the waiting admissions sent again (AdmissionDesk).
+// Report: the re-Hello's report. Return: memd accepted the re-Hello; the return is carried out by CarryOutReturn
+// (workerd/memd_return.h, libdhs's too), this class its ReturnHandler: each refused report's request ends here like
+// after a fence and is resumed (one that ended while away ends as it was ending), host writes resume, the adopted
+// ones' held tokens go to their clients, the ends deferred while away happen (RequestEnds), the interrupted requests
+// are resumed and the waiting admissions sent again (AdmissionDesk).
 //
 // Thread-safety: none; the worker thread drives it.
 #pragma once
@@ -29,6 +30,7 @@
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_stack.h"
 #include "workerd/memd_link.h"
+#include "workerd/memd_return.h"
 #include "workerd/memd_session.h"
 #include "workerd/request_book.h"
 #include "workerd/token_ledger.h"
@@ -55,7 +57,7 @@ struct AwayParts {
   TokenLedger* ledger = nullptr;  // Enter: the TokensCommitted in flight is never answered (TokenLedger::Lost)
 };
 
-class MemdAway {
+class MemdAway final : private ReturnHandler {
  public:
   explicit MemdAway(const AwayParts& parts) : p_(parts) {}
 
@@ -85,16 +87,22 @@ class MemdAway {
   void Hold(WorkerRequest& r, size_t new_tokens);
 
  private:
-  // Each refused report's request is dropped here (nothing sent to memd; RequestEnds::Drop) and ended to its client
-  // like after a fence; one that ended here while memd was away (kEnding) gets its held tokens and its own end instead
-  // and is not resumed: when memd lists it interrupted that end is RequestEnds::Finish (its Complete, taken out of
-  // plan.end_interrupted). Returns the records (every token) of those to resume that memd does not list as
-  // `interrupted`.
-  std::vector<std::unique_ptr<wire::RequestRecordT>> DropRefused(ReturnPlan& plan);
+  // ReturnHandler (workerd/memd_return.h: CarryOutReturn's steps, the order libdhs's return follows too):
+  // A refused report's request: kFenced: dropped here (nothing sent to memd; RequestEnds::Drop) and ended to its
+  // client like after a fence; resumed from memd's record when memd lists it (ResumableFound), else from its own record
+  // (AdmissionDesk::Resume, every row recomputed). Ended here while memd was away: its held tokens and its own end,
+  // never resumed; kEndedComplete: that end is RequestEnds::Finish (its Complete).
+  absl::Status EndRefused(RequestId id, const std::string& why, RefusedEnd how, bool listed) override;
+  void ReturnToKv(const std::set<RequestId>& adopted) override;
+  // Its held tokens go out, a paused one steps again; one whose client failed that chunk (or finished) ends now.
+  void Adopted(RequestId id) override;
+  // RequestEnds::Finish with the end it deferred (its Complete goes whether memd lists it or not).
+  absl::Status EndDeferred(RequestId id, bool listed) override;
+  absl::Status EndInterrupted(RequestId id) override;  // AdmissionDesk::EndInterrupted
+  absl::Status ResumableFound(RequestId id, const wire::RequestRecordT* record) override;  // AdmissionDesk::ResumeOrEnd
+  absl::Status Resend(RequestId id) override;  // AdmissionDesk::SendAdmit
   // The tokens held from r's client while memd was away, in one chunk (final when r finished).
   void FlushHeld(WorkerRequest& r);
-  // The requests that ended while away, or finished or lost their client: ended now (RequestEnds). Returns how many.
-  size_t EndDeferred();
 
   AwayParts p_;
 };

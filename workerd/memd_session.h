@@ -84,9 +84,9 @@ struct ReturnPlan {
   //                    each from its record (and ends one without a record); libdhs lists them to the engine
   //                    (dhs_worker_list_resumable).
   // In neither: an adopted request (in the book, granted, its report taken); a request ending here at this re-Hello
-  // (kEnding: its deferred end sends its own Complete: workerd's EndDeferred, libdhs's Return); an interrupted request
-  // a resume waiting here takes over when its admission goes again (the dead memd never read that admission). Both
-  // lists in HelloReply order.
+  // (kEnding: its deferred end sends its own Complete: ReturnHandler::EndDeferred, workerd/memd_return.h); an
+  // interrupted request a resume waiting here takes over when its admission goes again (the dead memd never read that
+  // admission). Both lists in HelloReply order.
   std::vector<RequestId> end_interrupted;
   std::vector<RequestId> resumable;
 };

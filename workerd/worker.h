@@ -185,7 +185,7 @@ class Worker final : public Submitter, private RequestEnds {
   Worker(const model::Model* model, Device* device, WorkerConfig config, WorkerGeometry geometry, MemdLink* memd);
   // RequestEnds: ends request `id` (worker_request.h). memd away (and no StopAll): deferred to the re-Hello (kEnding).
   void Finish(RequestId id, absl::Status error) override;
-  // RequestEnds: request `id` leaves without a Complete (a refused report; MemdAway::DropRefused).
+  // RequestEnds: request `id` leaves without a Complete (a refused report; MemdAway::EndRefused).
   void Drop(RequestId id) override;
   // The active requests' next tokens (importing prepared-prefix chunks first; a failed import ends its request).
   std::vector<BatchItem> CollectBatch();

@@ -1,15 +1,20 @@
 // MemdSession (workerd/memd_session.h): the one connected / lost / away / re-Hello state of the worker's conversation
 // with memd, alone: the transition table move by move, the reconnect schedule with time passed in (50 ms doubling to
 // 1 s), the reconnect bound, and PlanReturn over a RequestBook (refused reports of requests here, adopted granted
-// ones, waiting admissions to send again).
+// ones, waiting admissions to send again), and CarryOutReturn's steps in order (workerd/memd_return.h).
 #include "workerd/memd_session.h"
 
 #include <algorithm>
+#include <map>
+#include <random>
 #include <iterator>
 #include <set>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "workerd/memd_return.h"
 #include "workerd/request_book.h"
 
 namespace dhs {
@@ -221,6 +226,232 @@ TEST(MemdSession, PlanReturnKeepsAnInterruptedRequestForItsLiveResumeAndIgnoresA
     EXPECT_EQ(plan.resend, (std::vector<RequestId>{1, 2, 3}));
     EXPECT_TRUE(plan.end_interrupted.empty());
     EXPECT_TRUE(plan.resumable.empty());
+  }
+}
+
+// A ReturnHandler that writes each call down and leaves the book as the programs' handlers do (a refused request and
+// a deferred end leave it); `fail_at`: the call that answers UNAVAILABLE.
+class RecordingHandler final : public ReturnHandler {
+ public:
+  RecordingHandler(RequestBook& book, std::string fail_at = "") : book_(book), fail_at_(std::move(fail_at)) {}
+  std::vector<std::string> calls;
+
+  absl::Status EndRefused(RequestId id, const std::string&, RefusedEnd how, bool listed) override {
+    book_.Close(id, /*completed=*/how == RefusedEnd::kEndedComplete);
+    const char* name[] = {"fenced", "ended", "ended+complete"};
+    return Call(absl::StrCat("EndRefused ", id, " ", name[static_cast<int>(how)], listed ? " listed" : ""));
+  }
+  void ReturnToKv(const std::set<RequestId>& adopted) override {
+    std::string ids;
+    for (RequestId id : adopted) absl::StrAppend(&ids, " ", id);
+    calls.push_back("ReturnToKv" + ids);
+  }
+  void Adopted(RequestId id) override { calls.push_back(absl::StrCat("Adopted ", id)); }
+  absl::Status EndDeferred(RequestId id, bool listed) override {
+    book_.Close(id, /*completed=*/true);
+    return Call(absl::StrCat("EndDeferred ", id, listed ? " listed" : ""));
+  }
+  absl::Status EndInterrupted(RequestId id) override { return Call(absl::StrCat("EndInterrupted ", id)); }
+  absl::Status ResumableFound(RequestId id, const wire::RequestRecordT* record) override {
+    return Call(absl::StrCat("ResumableFound ", id, record != nullptr ? " record" : ""));
+  }
+  absl::Status Resend(RequestId id) override {
+    const RequestPhase phase = book_.Find(id)->phase;  // a kUnsent one was moved first; a kQueued one stays
+    EXPECT_TRUE(phase == RequestPhase::kWaiting || phase == RequestPhase::kQueued) << id;
+    return Call(absl::StrCat("Resend ", id));
+  }
+
+ private:
+  absl::Status Call(std::string call) {
+    calls.push_back(call);
+    return call == fail_at_ ? absl::UnavailableError("memd unreachable") : absl::OkStatus();
+  }
+  RequestBook& book_;
+  std::string fail_at_;
+};
+
+// Requests (node ids = client ids): 1 waiting, 2 unsent, 3 active, 4 active (its report refused; memd lists it),
+// 5 active and ended while away, 6 and 7 active, ended while away, their reports refused (memd lists 6, not 7), 8 and
+// 9 waiting and ended while away (memd lists 8: the dead memd journaled its admission). memd lists as interrupted
+// 4, 6, 8, 11 (unknown here, with its record), 12 (ended here) and 1 (waits here: the dead memd journaled it).
+// Steps (memd_return.h): the refused three end (6 with its Complete); the KV takes {3, 5}; 3 and 5 go on; the
+// deferred ends 5, 8, 9 in id order; Completes of 12 and 1 (6's went with its end); 4 and 11 resumable; 1 and 2
+// (moved to kWaiting) sent again. A handler error stops the return at that call.
+TEST(MemdReturn, CarryOutReturnGivesEachDecisionToTheHandlerInOneOrder) {
+  for (const std::string fail_at : {"", "EndInterrupted 12"}) {
+    SCOPED_TRACE(fail_at.empty() ? "every call answers OK" : "memd unreachable at " + fail_at);
+    RequestBook book(0, ResumedOutputLimits{});
+    for (RequestId c = 1; c <= 9; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, c == 2, 10).ok());
+    for (RequestId id : {3, 4, 5, 6, 7}) {
+      ASSERT_TRUE(book.Transition(id, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
+    }
+    book.TakeGranted();
+    for (RequestId id : {3, 4, 5, 6, 7}) {
+      ASSERT_TRUE(book.Transition(id, RequestPhase::kGranted, RequestPhase::kActive).ok());
+    }
+    for (RequestId id : {5, 6, 7, 8, 9}) ASSERT_TRUE(book.DeferEnd(id, absl::CancelledError("gone")).ok());
+    wire::HelloReplyT reply;
+    reply.refused_reports = {4, 6, 7};
+    reply.refused_reasons = {"bad pages", "bad pages", "bad pages"};
+    reply.interrupted_requests = {4, 6, 8, 11, 12, 1};
+    reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>());
+    reply.interrupted_records.back()->request = 11;
+    RecordingHandler handler(book, fail_at);
+    absl::StatusOr<ReturnDone> done =
+        CarryOutReturn(reply, book,
+                       ReturnFacts{.ended_here = [](RequestId id) { return id == 12; },
+                                   .resume_of = [](RequestId) { return RequestId{0}; }},
+                       handler);
+    std::vector<std::string> want = {
+        "EndRefused 4 fenced listed", "EndRefused 6 ended+complete listed", "EndRefused 7 ended",
+        "ReturnToKv 3 5", "Adopted 3", "Adopted 5",
+        "EndDeferred 5", "EndDeferred 8 listed", "EndDeferred 9",
+        "EndInterrupted 12", "EndInterrupted 1",
+        "ResumableFound 4", "ResumableFound 11 record",
+        "Resend 1", "Resend 2"};
+    if (!fail_at.empty()) {
+      want.resize(static_cast<size_t>(std::find(want.begin(), want.end(), fail_at) - want.begin()) + 1);
+      EXPECT_TRUE(absl::IsUnavailable(done.status())) << done.status();
+    } else {
+      ASSERT_TRUE(done.ok()) << done.status();
+      EXPECT_EQ(done->ended, 3u);
+      EXPECT_EQ(done->resent, 2u);
+      EXPECT_EQ(done->plan.end_interrupted, (std::vector<RequestId>{6, 12, 1}));  // 6's Complete went with its end
+      std::vector<RequestId> left;
+      for (const auto& [id, life] : book.requests()) left.push_back(id);
+      EXPECT_EQ(left, (std::vector<RequestId>{1, 2, 3}));  // the refused and the deferred ends left the book
+    }
+    EXPECT_EQ(handler.calls, want);
+  }
+}
+
+// Randomized (seeded): random books (waiting, unsent, queued, granted, active, paused, ending from each; some waiting
+// ones resumes of interrupted requests) and random replies (refused reports and interrupted ids among the book's,
+// their resumes' and unknown ones; records for some). After every CarryOutReturn:
+//   - each request of the book got exactly one of: EndRefused (memd refused its report, or a resume memd lists),
+//     Adopted (granted here; then EndDeferred as well when it ended while away), EndDeferred (waiting, ending), Resend
+//     (waiting); only the adopted that go on and the resent stay in the book, none of them kUnsent;
+//   - no interrupted id gets two Completes (EndInterrupted, EndRefused with its Complete, EndDeferred of a listed one)
+//     and none is both resumable and given a Complete; a resumable one is handed memd's record exactly when memd sent
+//     one;
+//   - the steps come in the header's order.
+TEST(MemdReturn, RandomBooksAndRepliesNeverEndOrResumeARequestTwice) {
+  std::mt19937_64 rng(20261203);
+  constexpr RequestPhase kRoles[] = {RequestPhase::kWaiting, RequestPhase::kUnsent, RequestPhase::kQueued,
+                                     RequestPhase::kGranted, RequestPhase::kActive, RequestPhase::kPaused};
+  for (int round = 0; round < 3000; ++round) {
+    SCOPED_TRACE(round);
+    RequestBook book(0, ResumedOutputLimits{});
+    const RequestId n = 1 + rng() % 8;
+    std::map<RequestId, RequestId> resume_of;
+    std::set<RequestId> granted;
+    for (RequestId c = 1; c <= n; ++c) {
+      const RequestPhase role = kRoles[rng() % std::size(kRoles)];
+      ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, role == RequestPhase::kUnsent, 10).ok());
+      if (role == RequestPhase::kQueued) {
+        ASSERT_TRUE(book.Transition(c, RequestPhase::kWaiting, RequestPhase::kQueued).ok());
+      }
+      if (role == RequestPhase::kGranted || role == RequestPhase::kActive || role == RequestPhase::kPaused) {
+        ASSERT_TRUE(book.Transition(c, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
+        granted.insert(c);
+      }
+      if (WaitsForGrant(role) && rng() % 3 == 0) resume_of[c] = 20 + rng() % 4;  // 20..23
+    }
+    book.TakeGranted();
+    for (RequestId c : granted) {
+      ASSERT_TRUE(book.Transition(c, RequestPhase::kGranted, RequestPhase::kActive).ok());
+      if (rng() % 4 == 0) ASSERT_TRUE(book.Transition(c, RequestPhase::kActive, RequestPhase::kPaused).ok());
+    }
+    std::set<RequestId> ending;
+    for (RequestId c = 1; c <= n; ++c) {
+      if (rng() % 4 == 0) {
+        ASSERT_TRUE(book.DeferEnd(c, absl::CancelledError("gone")).ok());
+        ending.insert(c);
+      }
+    }
+    wire::HelloReplyT reply;
+    std::set<RequestId> listed;
+    for (RequestId id = 1; id <= 30; ++id) {  // 1..n the book's, 20..23 resumed here, the rest unknown
+      if (rng() % 5 == 0) reply.refused_reports.push_back(id);
+      if (rng() % 3 == 0 && listed.insert(id).second) {
+        reply.interrupted_requests.push_back(id);
+        if (rng() % 2 == 0) {
+          reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>());
+          reply.interrupted_records.back()->request = id;
+        }
+      }
+    }
+    std::shuffle(reply.interrupted_requests.begin(), reply.interrupted_requests.end(), rng);
+    std::set<RequestId> with_record;
+    for (const auto& rec : reply.interrupted_records) with_record.insert(rec->request);
+    const uint64_t ended_mask = rng();
+    const std::set<RequestId> before = [&] {
+      std::set<RequestId> ids;
+      for (const auto& [id, life] : book.requests()) ids.insert(id);
+      return ids;
+    }();
+    RecordingHandler handler(book);
+    absl::StatusOr<ReturnDone> done = CarryOutReturn(
+        reply, book,
+        ReturnFacts{.ended_here = [&](RequestId id) { return ((ended_mask >> (id % 64)) & 1) != 0; },
+                    .resume_of = [&](RequestId id) { return resume_of.contains(id) ? resume_of[id] : RequestId{0}; }},
+        handler);
+    ASSERT_TRUE(done.ok()) << done.status();
+    // Parse the calls: "<Name> <id> ...".
+    const std::vector<std::string> order = {"EndRefused", "ReturnToKv", "Adopted", "EndDeferred", "EndInterrupted",
+                                            "ResumableFound", "Resend"};
+    size_t step = 0;
+    std::map<RequestId, std::vector<std::string>> of_request;
+    std::map<RequestId, int> completes;
+    std::set<RequestId> resumable;
+    for (const std::string& call : handler.calls) {
+      const std::string name = call.substr(0, call.find(' '));
+      const auto at = std::find(order.begin(), order.end(), name);
+      ASSERT_NE(at, order.end()) << call;
+      const size_t here = static_cast<size_t>(at - order.begin());
+      ASSERT_GE(here, step) << call << " after " << order[step];
+      step = here;
+      if (name == "ReturnToKv") continue;
+      const RequestId id = std::stoull(call.substr(name.size() + 1));
+      const bool listed_flag = call.find(" listed") != std::string::npos;
+      if (name == "EndInterrupted" || (name == "EndRefused" && call.find("complete") != std::string::npos) ||
+          (name == "EndDeferred" && listed_flag)) {
+        ++completes[id];
+      }
+      if (name == "ResumableFound") {
+        EXPECT_TRUE(resumable.insert(id).second) << call;
+        EXPECT_EQ(call.find(" record") != std::string::npos, with_record.contains(id)) << call;
+        EXPECT_TRUE(listed.contains(id)) << call;
+      }
+      if (name == "EndRefused" || name == "Adopted" || name == "EndDeferred" || name == "Resend") {
+        EXPECT_TRUE(before.contains(id)) << call;
+        of_request[id].push_back(name);
+      }
+      if (name == "EndInterrupted") EXPECT_TRUE(listed.contains(id)) << call;
+    }
+    for (RequestId id : before) {
+      const std::vector<std::string>& got = of_request[id];
+      const bool kept = book.Find(id) != nullptr;
+      if (got == std::vector<std::string>{"EndRefused"} || got == std::vector<std::string>{"EndDeferred"} ||
+          got == std::vector<std::string>{"Adopted", "EndDeferred"}) {
+        EXPECT_FALSE(kept) << id;
+      } else if (got == std::vector<std::string>{"Adopted"} || got == std::vector<std::string>{"Resend"}) {
+        ASSERT_TRUE(kept) << id;
+        EXPECT_NE(book.Find(id)->phase, RequestPhase::kUnsent) << id;
+        EXPECT_NE(book.Find(id)->phase, RequestPhase::kEnding) << id;
+        EXPECT_EQ(got[0] == "Adopted", granted.contains(id)) << id;
+      } else {
+        ADD_FAILURE() << "request " << id << " got " << got.size() << " calls";
+      }
+      const bool ended_now = std::find(got.begin(), got.end(), "EndDeferred") != got.end() ||
+                             got == std::vector<std::string>{"EndRefused"};
+      EXPECT_EQ(ended_now, ending.contains(id) || got == std::vector<std::string>{"EndRefused"})
+          << "request " << id << (ending.contains(id) ? " ended while away and was not ended" : " ended here");
+    }
+    for (const auto& [id, count] : completes) {
+      EXPECT_EQ(count, 1) << "interrupted request " << id << " got " << count << " Completes";
+      EXPECT_FALSE(resumable.contains(id)) << "interrupted request " << id << " both resumable and completed";
+    }
   }
 }
 
