@@ -276,6 +276,8 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
     if (!stack.ok()) return stack.status();
     w->stack_ = *std::move(stack);
   }
+  // A new worker holds no request and ended none: every interrupted request of the GPU is resumable (as workerd's start).
+  w->resumable_.assign(w->memd_->interrupted_requests().begin(), w->memd_->interrupted_requests().end());
   w->kv_ = w->stack_->hierarchical();  // nullptr in resident mode
   w->agent_ = w->stack_->agent();
   w->port_ = std::make_unique<KvPort>(w->stack_->port_store());
@@ -327,15 +329,15 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
           "dhs_request_desc: request ", resume_of, "'s record holds ", interrupted_record->token_ids.size(),
           " committed tokens; max_rows - input_rows = ", max_rows - input_rows, " cannot carry them"));
     }
-    const std::vector<uint64_t>& listed = memd_->interrupted_requests();
-    if (std::find(listed.begin(), listed.end(), resume_of) == listed.end()) {
-      return absl::NotFoundError(absl::StrCat("request ", resume_of, " is not among the interrupted requests memd "
-                                              "kept for GPU ", config_.gpu));
-    }
     for (const auto& [id, r] : requests_) {
       if (r.resume_of == resume_of && Life(id)->phase != RequestPhase::kEnding) {
         return absl::FailedPreconditionError(absl::StrCat("request ", resume_of, " is resumed already by ", id));
       }
+    }
+    const std::vector<Resumable> listed = ListResumable();
+    if (std::none_of(listed.begin(), listed.end(), [&](const Resumable& l) { return l.request == resume_of; })) {
+      return absl::NotFoundError(absl::StrCat("request ", resume_of, " is not among the resumable requests memd "
+                                              "kept for GPU ", config_.gpu, " (dhs_worker_list_resumable)"));
     }
   }
   SessionPagesInput in;
@@ -495,6 +497,7 @@ wire::HelloT EmbeddedWorker::ReHello() const {
 absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   ++counters_.memd_returns;
   book_.set_epoch(memd_->worker_epoch());
+  resumable_.clear();  // the new memd's list, as PlanReturn sorts it (ResumableFound)
   // workerd's return, step by step (CarryOutReturn, workerd/memd_return.h; this class its ReturnHandler): the same
   // plan (PlanReturn over the same book), carried out in the same order. The resumable ones stay listed to the engine
   // (dhs_worker_list_resumable).
@@ -986,8 +989,8 @@ absl::StatusOr<EmbeddedWorker::RecordTokens> EmbeddedWorker::ResumableTokens(Req
 
 std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   std::vector<Resumable> out;
-  for (uint64_t id : memd_->interrupted_requests()) {
-    if (not_resumable_.contains(id)) continue;  // ours, ended at the re-Hello (admitted again, or cancelled)
+  for (RequestId id : resumable_) {
+    if (not_resumable_.contains(id)) continue;  // resumed here since (its grant), or ended
     Resumable r{id, 0, 0};
     if (const wire::RequestRecordT* rec = InterruptedRecord(id); rec != nullptr) {
       r.input_rows = rec->input_tokens;

@@ -204,7 +204,9 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   absl::Status Hold(RequestId request, Position from);
   absl::Status Commit(RequestId request, Position length);
   absl::Status Complete(RequestId request);
-  // HelloReply's interrupted requests with their records: (id, input rows, max rows).
+  // The interrupted requests the engine may resume, with their records' sizes: (id, input rows, max rows). At open
+  // every one memd's HelloReply lists; after a return those PlanReturn finds resumable (neither ended here, nor taken
+  // over by a resume waiting here, nor adopted); a resume's grant takes its request off.
   struct Resumable { RequestId request; uint64_t input_rows, max_rows; };
   std::vector<Resumable> ListResumable() const;
 
@@ -286,7 +288,12 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   void Adopted(RequestId id) override;
   absl::Status EndDeferred(RequestId id, bool listed) override;
   absl::Status EndInterrupted(RequestId id) override { return CompleteInterrupted(id); }
-  absl::Status ResumableFound(RequestId, const wire::RequestRecordT*) override { return absl::OkStatus(); }
+  absl::Status ResumableFound(RequestId id, const wire::RequestRecordT*) override {
+    resumable_.push_back(id);  // listed to the engine (ListResumable): it decides
+    return absl::OkStatus();
+  }
+  // A refused request failed (kFailed, EndRefused): the engine decides whether to submit it again.
+  absl::Status ResumeRefused(RequestId) override { return absl::OkStatus(); }
   absl::Status Resend(RequestId id) override;
   // SendComplete for memd's interrupted request `id`, which then is no longer listed resumable. Errors: UNAVAILABLE.
   absl::Status CompleteInterrupted(RequestId id);
@@ -335,6 +342,10 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // Every open request's phase and node id (RequestBook::OpenDetached; ids gpu | epoch | n as workerd's), and the ids
   // completed before memd's answer until their CompleteAck (a late grant is released by the Complete: StaleGrant).
   RequestBook book_;  // of config_.gpu: its ids are in that GPU's range (review finding: GPU 0's for every GPU)
+  // The interrupted requests listed to the engine (ListResumable), in memd's order: at open every one memd listed, at
+  // each return those PlanReturn finds resumable (review finding, 2026-12-03: memd's whole list was offered, so an
+  // interrupted request a resume waiting here takes over stayed listed until that resume's grant).
+  std::vector<RequestId> resumable_;
   std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (PlanReturn end_interrupted)
   // The ids SendComplete sent a Complete for (the newest kCompletesRemembered): ended here, so a later memd that lists
   // one as interrupted (the Complete died unread with a memd, twice over) has it ended again, not listed resumable

@@ -36,7 +36,8 @@ std::vector<std::unique_ptr<wire::ReportedRequestT>> MemdAway::Report() const {
 
 absl::Status MemdAway::EndRefused(RequestId id, const std::string& why, RefusedEnd how, bool listed) {
   // memd changed nothing of a refused report's request. It ends here like after a fence (its client re-attaches) and
-  // is resumed: from memd's interrupted record (`listed`: ResumableFound), else from this worker's record (here).
+  // is resumed: from memd's interrupted record (`listed`: ResumableFound), else from this worker's record, kept here
+  // for ResumeRefused (step 8: after every Complete of the return).
   // One that ended here while memd was away ends as it was ending instead, never resumed (review finding: a request
   // cancelled while memd was away was resumed).
   auto it = p_.requests->find(id);
@@ -60,12 +61,19 @@ absl::Status MemdAway::EndRefused(RequestId id, const std::string& why, RefusedE
   }
   p_.agent->Forget(id);
   spdlog::warn("worker: request {} ends like after a fence ({}); it is resumed", id, why);
-  std::unique_ptr<wire::RequestRecordT> own = listed ? nullptr : RecordOf(*r.life, r.out.generated, r.out.digests);
+  if (!listed) refused_records_[id] = RecordOf(*r.life, r.out.generated, r.out.digests);
   const absl::Status ended = WorkerEpochEndedError(why);
   DHS_CHECK_OK(p_.clients->Chunk(r, {}, {}, true, ended));  // a final chunk is always taken
   p_.recorder->Refused(id, r.out.generated.size(), ended, std::chrono::steady_clock::now());
   p_.ends->Drop(id);
-  if (own == nullptr) return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status MemdAway::ResumeRefused(RequestId id) {
+  auto it = refused_records_.find(id);
+  if (it == refused_records_.end()) return absl::OkStatus();
+  std::unique_ptr<wire::RequestRecordT> own = std::move(it->second);
+  refused_records_.erase(it);
   // memd holds nothing of it: admitted afresh with its own record (every row recomputed).
   absl::Status s = p_.admission->Resume(0, *own);
   if (absl::IsUnavailable(s)) return s;
@@ -140,6 +148,7 @@ absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
       ReturnFacts{.ended_here = [this](RequestId id) { return p_.agent->Finished(id); },
                   .resume_of = [this](RequestId id) { return p_.requests->at(id)->resume_of; }},
       *this);
+  refused_records_.clear();  // a return stopped by an error leaves none for the next
   if (!done.ok()) return done.status();
   const WorkerStats& counts = p_.recorder->counts();
   spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away, {} admissions sent again; "

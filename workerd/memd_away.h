@@ -19,6 +19,7 @@
 // Thread-safety: none; the worker thread drives it.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -90,9 +91,11 @@ class MemdAway final : private ReturnHandler {
   // ReturnHandler (workerd/memd_return.h: CarryOutReturn's steps, the order libdhs's return follows too):
   // A refused report's request: kFenced: dropped here (nothing sent to memd; RequestEnds::Drop) and ended to its
   // client like after a fence; resumed from memd's record when memd lists it (ResumableFound), else from its own record
-  // (AdmissionDesk::Resume, every row recomputed). Ended here while memd was away: its held tokens and its own end,
-  // never resumed; kEndedComplete: that end is RequestEnds::Finish (its Complete).
+  // (kept in refused_records_; ResumeRefused: AdmissionDesk::Resume, every row recomputed). Ended here while memd was
+  // away: its held tokens and its own end, never resumed; kEndedComplete: that end is RequestEnds::Finish (its
+  // Complete).
   absl::Status EndRefused(RequestId id, const std::string& why, RefusedEnd how, bool listed) override;
+  absl::Status ResumeRefused(RequestId id) override;
   void ReturnToKv(const std::set<RequestId>& adopted) override;
   // Its held tokens go out, a paused one steps again; one whose client failed that chunk (or finished) ends now.
   void Adopted(RequestId id) override;
@@ -105,6 +108,8 @@ class MemdAway final : private ReturnHandler {
   void FlushHeld(WorkerRequest& r);
 
   AwayParts p_;
+  // The records of the refused requests memd holds nothing of, from EndRefused to ResumeRefused (one return).
+  std::map<RequestId, std::unique_ptr<wire::RequestRecordT>> refused_records_;
 };
 
 }  // namespace dhs

@@ -13,7 +13,9 @@ absl::StatusOr<ReturnDone> CarryOutReturn(const wire::HelloReplyT& reply, Reques
   ReturnDone done{.plan = PlanReturn(reply, book, facts)};
   const ReturnPlan& plan = done.plan;
   book.ForgetUnacknowledged();  // 1: the dead memd acknowledges nothing more; the new one grants none of those ids
+  book.HeldByMemd(reply.interrupted_requests);  // no new id (a resume's, a submit's) is one memd still holds
   std::set<RequestId> completed;  // refused requests whose own end sent their Complete (step 6 skips them)
+  std::vector<RequestId> unheld;  // refused requests memd holds nothing of (step 8)
   for (const auto& [id, why] : plan.refused) {  // 2
     const RequestLife* life = book.Find(id);
     if (life == nullptr) continue;
@@ -21,6 +23,7 @@ absl::StatusOr<ReturnDone> CarryOutReturn(const wire::HelloReplyT& reply, Reques
     RefusedEnd how = RefusedEnd::kFenced;
     if (life->phase == RequestPhase::kEnding) how = listed ? RefusedEnd::kEndedComplete : RefusedEnd::kEnded;
     if (how == RefusedEnd::kEndedComplete) completed.insert(id);
+    if (how == RefusedEnd::kFenced && !listed) unheld.push_back(id);
     if (absl::Status s = handler.EndRefused(id, why, how, listed); !s.ok()) return s;
   }
   handler.ReturnToKv(plan.adopted);  // 3
@@ -47,7 +50,10 @@ absl::StatusOr<ReturnDone> CarryOutReturn(const wire::HelloReplyT& reply, Reques
     auto it = records.find(id);
     if (absl::Status s = handler.ResumableFound(id, it == records.end() ? nullptr : it->second); !s.ok()) return s;
   }
-  for (RequestId id : plan.resend) {  // 8: sent last (resumes above send their own)
+  for (RequestId id : unheld) {  // 8: after every Complete and takeover (memd_return.h)
+    if (absl::Status s = handler.ResumeRefused(id); !s.ok()) return s;
+  }
+  for (RequestId id : plan.resend) {  // 9: sent last
     const RequestLife* life = book.Find(id);
     if (life == nullptr || !WaitsForGrant(life->phase)) continue;  // ended (step 5), or not waiting any more
     if (life->phase == RequestPhase::kUnsent) {

@@ -5,7 +5,8 @@
 // program's ReturnHandler, which does what only that program can (a client's chunk, an engine's event, a resume).
 //
 // The order (each step over the plan's lists in their order):
-//   1. the book forgets the ids the dead memd never acknowledged (RequestBook::ForgetUnacknowledged);
+//   1. the book forgets the ids the dead memd never acknowledged (RequestBook::ForgetUnacknowledged) and avoids, for
+//      new ids, those memd holds as interrupted (RequestBook::HeldByMemd);
 //   2. each refused report's request ends (EndRefused): like after a fence, or, when it ended here while memd was
 //      away, as it was ending (then with its own Complete when memd lists it interrupted);
 //   3. the KV half: the agent adopts the adopted requests' pages, host writes resume (ReturnToKv);
@@ -15,7 +16,15 @@
 //      Complete step 2 sent;
 //   7. each resumable interrupted request goes to the handler (ResumableFound) with memd's record of it, if any: workerd
 //      resumes it, libdhs lists it to the engine (dhs_worker_list_resumable; the engine decides);
-//   8. the admissions still waiting for their grant go again (Resend; a kUnsent one moves to kWaiting first).
+//   8. each refused request of step 2 that memd holds nothing of (kFenced, not listed) may be resumed from the
+//      program's own record (ResumeRefused: workerd does, libdhs does not), after the Completes and takeovers of
+//      steps 5-7 (review finding: workerd resumed in step 2, and the resume could take the id of an interrupted
+//      request memd still held, then rejected as "already known": the request was lost; step 1 now also avoids
+//      those ids);
+//   9. the admissions still waiting for their grant go again (Resend; a kUnsent one moves to kWaiting first).
+// Steps 2-6 send no AdmitRequest: the admissions of a return (steps 7-9) follow the Completes of steps 2-6 (step 7
+// also ends, with a Complete, an interrupted request it cannot resume). New node ids avoid every id memd holds
+// (step 1), so an admission never names an interrupted id whatever the order.
 // A handler error (UNAVAILABLE: memd unreachable) stops the return there; the caller's epoch then ends.
 //
 // Thread-safety: none; the worker's thread.
@@ -47,7 +56,8 @@ class ReturnHandler {
  public:
   virtual ~ReturnHandler() = default;
   // Step 2. `why`: PlanReturn's reason ("memd refused its report: ..."); `listed`: memd lists it interrupted (a kFenced
-  // one is then resumable from memd's record, step 7). The request leaves the book here. Errors: UNAVAILABLE.
+  // one is then resumable from memd's record, step 7; else step 8 offers its resume). The request leaves the book
+  // here; no AdmitRequest may be sent (step 8 resumes). Errors: UNAVAILABLE.
   virtual absl::Status EndRefused(RequestId id, const std::string& why, RefusedEnd how, bool listed) = 0;
   // Step 3 (KvStack::ReturnFromAway(adopted)).
   virtual void ReturnToKv(const std::set<RequestId>& adopted) = 0;
@@ -61,7 +71,10 @@ class ReturnHandler {
   // Step 7: memd's interrupted request `id` is resumable; `record`: memd's record of it (HelloReply.interrupted_records),
   // nullptr when it sent none. Errors: UNAVAILABLE.
   virtual absl::Status ResumableFound(RequestId id, const wire::RequestRecordT* record) = 0;
-  // Step 8: request `id` (waiting for its grant: kWaiting, or kQueued by the dead memd) has its AdmitRequest sent
+  // Step 8: refused request `id` (step 2's kFenced, not listed: memd holds nothing of it) may be resumed from the
+  // program's own record of it (taken at step 2). Errors: UNAVAILABLE.
+  virtual absl::Status ResumeRefused(RequestId id) = 0;
+  // Step 9: request `id` (waiting for its grant: kWaiting, or kQueued by the dead memd) has its AdmitRequest sent
   // again. Errors: UNAVAILABLE.
   virtual absl::Status Resend(RequestId id) = 0;
 };
@@ -70,11 +83,11 @@ class ReturnHandler {
 struct ReturnDone {
   ReturnPlan plan;
   size_t ended = 0;   // step 5's deferred ends
-  size_t resent = 0;  // step 8's admissions
+  size_t resent = 0;  // step 9's admissions
 };
 
 // Carries out the return of `reply` (memd accepted the re-Hello) over `book` as it was when the re-Hello went out
-// (header: steps 1-8). Errors: the handler's (the steps after it are not done).
+// (header: steps 1-9). Errors: the handler's (the steps after it are not done).
 absl::StatusOr<ReturnDone> CarryOutReturn(const wire::HelloReplyT& reply, RequestBook& book, const ReturnFacts& facts,
                                           ReturnHandler& handler);
 

@@ -62,7 +62,8 @@ struct ReturnPlan {
   //     (review finding: it was ended at memd, its pages freed, and its admission rejected: the request was lost).
   // A refused request that ended here while memd was away (kEnding: finished, failed, cancelled, completed by the
   // engine) is in `refused` too, but is never resumed: it ends here as it was ending (its client gets its held tokens
-  // and its own end; libdhs forgets it), with no Complete unless memd lists it interrupted (then end_interrupted).
+  // and its own end; libdhs forgets it), with no Complete unless memd lists it interrupted (then it is also in
+  // end_interrupted, and its own end sends that Complete: CarryOutReturn's step 2, workerd/memd_return.h).
   std::vector<std::pair<RequestId, std::string>> refused;
   // Requests granted here (not refused) that memd adopted: their held tokens go to their clients, their committed
   // count is every generated token (the report carried them), paused ones step again.

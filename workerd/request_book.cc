@@ -216,7 +216,9 @@ RequestId RequestBook::NodeRequestId(RequestId client_id, RequestId avoid) {
   constexpr uint64_t kLow = kNodeRequestCounterEnd - 1;
   // gpu_ < kMaxGpus (ComputeGeometry); the epoch's low 24 bits sit between the GPU and n.
   const uint64_t gpu = MakeNodeRequestId(gpu_, epoch_, 0);
-  auto free = [&](uint64_t id) { return id != avoid && !requests_.contains(id) && !ended_waiting_.contains(id); };
+  auto free = [&](uint64_t id) {
+    return id != avoid && !requests_.contains(id) && !ended_waiting_.contains(id) && !held_by_memd_.contains(id);
+  };
   if (client_id != 0 && client_id <= kLow && free(gpu | client_id)) return gpu | client_id;
   while (true) {  // fewer requests in flight than 2^24 (types.h): a free value comes
     const uint64_t n = next_node_;

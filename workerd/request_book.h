@@ -216,10 +216,15 @@ class RequestBook {
     stopping_.clear();
     ended_waiting_.clear();
   }
+  // The ids memd holds as interrupted (its HelloReply's list at a return; CarryOutReturn): a re-Hello keeps the
+  // epoch, so one of them may be an id of this epoch that left the book, and memd rejects the admission of an id it
+  // knows ("already known") until that request's Complete or takeover. NodeRequestId avoids them until the next
+  // return replaces the list (review finding, 2026-12-03: a resume took such an id and was rejected: lost).
+  void HeldByMemd(const std::vector<RequestId>& ids) { held_by_memd_ = std::set<RequestId>(ids.begin(), ids.end()); }
 
   // A node request id for client id `client_id` (docs/protocol.md "Request ids", worker.h Submit): gpu | epoch | n,
   // n = client_id when in [1, 2^24) and free, else the next free value of the counter; never `avoid`, an id in the
-  // book, or an id ended while waiting whose CompleteAck has not come.
+  // book, an id ended while waiting whose CompleteAck has not come, or an id memd holds as interrupted (HeldByMemd).
   RequestId NodeRequestId(RequestId client_id, RequestId avoid = 0);
 
   // A resumed request's output kept for its client's Attach under the bound: returns the outputs dropped now
@@ -255,6 +260,7 @@ class RequestBook {
   std::deque<RequestId> granted_;                                       // granted, not started yet
   std::set<RequestId> stopping_;       // StopAll's Completes not acknowledged yet
   std::set<RequestId> ended_waiting_;  // ended while waiting for their grant, CompleteAck not come
+  std::set<RequestId> held_by_memd_;   // HeldByMemd: memd's interrupted ids at the latest return
   std::map<ResumeKey, DetachedOutput> detached_done_;
   ResumedOutputBound resumed_bound_;  // which of detached_done_ to drop
 };

@@ -1386,6 +1386,52 @@ TEST_F(LibdhsTest, AQueuedResumeSurvivesAMemdRestart) {
   EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
 }
 
+// A resume whose admission memd never read (memd SIGSTOPped while it is submitted, then SIGKILLed): the new memd still
+// lists the first request x as interrupted, and the re-Hello sends the resume's admission again, which takes x over.
+// PlanReturn lists x neither resumable nor ended; the library lists only PlanReturn's resumable requests (review
+// finding, 2026-12-03: it listed memd's whole list, so x was offered while its resume waited), a second resume of x
+// is refused (resumed already), and the resume, granted once a slot frees, imports x's 4 host pages: x's rows.
+TEST_F(LibdhsTest, AResumeWaitingAtTheReHelloKeepsItsRequestOffTheList) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 16);
+  c.mode = DHS_MODE_HISPARSE;
+  c.slots = 2;
+  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+  uint64_t x = 0;
+  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&x));
+  ASSERT_NO_FATAL_FAILURE(NewEpoch(c));  // x is interrupted, its 4 host pages kept
+  const uint64_t a = SubmitGranted(16, 32);
+  const uint64_t b = SubmitGranted(16, 32);
+  ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
+  dhs_request_desc d = Desc(64, 80, x);
+  uint64_t y = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &d, &y), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(KillMemd());  // y's admission dies unread with it
+  std::vector<dhs_event> seen;
+  ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  for (int i = 0; i < 3000 && Stats()["memd"]["returns"] < 1; ++i) ASSERT_NO_FATAL_FAILURE(PollInto(seen, 1, 2));
+  ASSERT_EQ(Stats()["memd"]["returns"], 1);
+  ASSERT_NO_FATAL_FAILURE(PollInto(seen, 20, 5));  // memd queues y (both slots are held)
+  for (const dhs_event& e : seen) {
+    EXPECT_EQ(e.kind, static_cast<uint32_t>(DHS_EVENT_WAITING)) << "request " << e.request << ": " << e.message;
+  }
+  std::vector<dhs_resumable> list(4);
+  size_t n = 0, total = 0;
+  ASSERT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+  EXPECT_EQ(total, 0u) << "listed: " << (n > 0 ? list[0].request : 0) << " (x = " << x << ")";
+  dhs_request_desc twice = Desc(64, 80, x);
+  uint64_t z = 0;
+  EXPECT_EQ(dhs_request_submit(w_, &twice, &z), DHS_ERR_FAILED_PRECONDITION) << dhs_worker_errmsg(w_);
+  ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK) << dhs_worker_errmsg(w_);  // a slot for the resume
+  ASSERT_NO_FATAL_FAILURE(PollUntilGranted(y));
+  std::vector<uint8_t> keys(size_t{4} * kP * kKey);
+  ASSERT_EQ(dhs_request_import(w_, y, 0, 4, keys.data(), keys.size()), DHS_OK) << dhs_worker_errmsg(w_);
+  ASSERT_NO_FATAL_FAILURE(ExpectRows(y, {0, 1, 17, 31, 40, 63, -1}, x));
+  EXPECT_EQ(dhs_request_complete(w_, y), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+}
+
 // A request completed while it waited for its grant, its Complete unread (memd SIGSTOPped, then SIGKILLed): the
 // second memd lists it interrupted and the re-Hello ends it (StaleGrant). With two deaths, that memd too is stopped
 // before it reads the Complete and killed; the third memd lists it again, when StaleGrant is forgotten

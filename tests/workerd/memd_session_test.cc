@@ -255,6 +255,7 @@ class RecordingHandler final : public ReturnHandler {
   absl::Status ResumableFound(RequestId id, const wire::RequestRecordT* record) override {
     return Call(absl::StrCat("ResumableFound ", id, record != nullptr ? " record" : ""));
   }
+  absl::Status ResumeRefused(RequestId id) override { return Call(absl::StrCat("ResumeRefused ", id)); }
   absl::Status Resend(RequestId id) override {
     const RequestPhase phase = book_.Find(id)->phase;  // a kUnsent one was moved first; a kQueued one stays
     EXPECT_TRUE(phase == RequestPhase::kWaiting || phase == RequestPhase::kQueued) << id;
@@ -272,27 +273,29 @@ class RecordingHandler final : public ReturnHandler {
 
 // Requests (node ids = client ids): 1 waiting, 2 unsent, 3 active, 4 active (its report refused; memd lists it),
 // 5 active and ended while away, 6 and 7 active, ended while away, their reports refused (memd lists 6, not 7), 8 and
-// 9 waiting and ended while away (memd lists 8: the dead memd journaled its admission). memd lists as interrupted
-// 4, 6, 8, 11 (unknown here, with its record), 12 (ended here) and 1 (waits here: the dead memd journaled it).
-// Steps (memd_return.h): the refused three end (6 with its Complete); the KV takes {3, 5}; 3 and 5 go on; the
-// deferred ends 5, 8, 9 in id order; Completes of 12 and 1 (6's went with its end); 4 and 11 resumable; 1 and 2
-// (moved to kWaiting) sent again. A handler error stops the return at that call.
+// 9 waiting and ended while away (memd lists 8: the dead memd journaled its admission), 10 active (its report
+// refused; memd holds nothing of it). memd lists as interrupted 4, 6, 8, 11 (unknown here, with its record), 12
+// (ended here) and 1 (waits here: the dead memd journaled it).
+// Steps (memd_return.h): the refused four end (6 with its Complete); the KV takes {3, 5}; 3 and 5 go on; the
+// deferred ends 5, 8, 9 in id order; Completes of 12 and 1 (6's went with its end); 4 and 11 resumable; 10 resumed
+// from the program's record, after every Complete; 1 and 2 (moved to kWaiting) sent again. A handler error stops the
+// return at that call. Afterwards no new node id is one memd holds (a submit of client id 12 or 4 gets another).
 TEST(MemdReturn, CarryOutReturnGivesEachDecisionToTheHandlerInOneOrder) {
   for (const std::string fail_at : {"", "EndInterrupted 12"}) {
     SCOPED_TRACE(fail_at.empty() ? "every call answers OK" : "memd unreachable at " + fail_at);
     RequestBook book(0, ResumedOutputLimits{});
-    for (RequestId c = 1; c <= 9; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, c == 2, 10).ok());
-    for (RequestId id : {3, 4, 5, 6, 7}) {
+    for (RequestId c = 1; c <= 10; ++c) ASSERT_TRUE(book.Open(Submit(c), ClientRef{"p", 0}, c == 2, 10).ok());
+    for (RequestId id : {3, 4, 5, 6, 7, 10}) {
       ASSERT_TRUE(book.Transition(id, RequestPhase::kWaiting, RequestPhase::kGranted).ok());
     }
     book.TakeGranted();
-    for (RequestId id : {3, 4, 5, 6, 7}) {
+    for (RequestId id : {3, 4, 5, 6, 7, 10}) {
       ASSERT_TRUE(book.Transition(id, RequestPhase::kGranted, RequestPhase::kActive).ok());
     }
     for (RequestId id : {5, 6, 7, 8, 9}) ASSERT_TRUE(book.DeferEnd(id, absl::CancelledError("gone")).ok());
     wire::HelloReplyT reply;
-    reply.refused_reports = {4, 6, 7};
-    reply.refused_reasons = {"bad pages", "bad pages", "bad pages"};
+    reply.refused_reports = {4, 6, 7, 10};
+    reply.refused_reasons = {"bad pages", "bad pages", "bad pages", "bad pages"};
     reply.interrupted_requests = {4, 6, 8, 11, 12, 1};
     reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>());
     reply.interrupted_records.back()->request = 11;
@@ -304,10 +307,11 @@ TEST(MemdReturn, CarryOutReturnGivesEachDecisionToTheHandlerInOneOrder) {
                        handler);
     std::vector<std::string> want = {
         "EndRefused 4 fenced listed", "EndRefused 6 ended+complete listed", "EndRefused 7 ended",
+        "EndRefused 10 fenced",
         "ReturnToKv 3 5", "Adopted 3", "Adopted 5",
         "EndDeferred 5", "EndDeferred 8 listed", "EndDeferred 9",
         "EndInterrupted 12", "EndInterrupted 1",
-        "ResumableFound 4", "ResumableFound 11 record",
+        "ResumableFound 4", "ResumableFound 11 record", "ResumeRefused 10",
         "Resend 1", "Resend 2"};
     if (!fail_at.empty()) {
       want.resize(static_cast<size_t>(std::find(want.begin(), want.end(), fail_at) - want.begin()) + 1);
@@ -320,6 +324,11 @@ TEST(MemdReturn, CarryOutReturnGivesEachDecisionToTheHandlerInOneOrder) {
       std::vector<RequestId> left;
       for (const auto& [id, life] : book.requests()) left.push_back(id);
       EXPECT_EQ(left, (std::vector<RequestId>{1, 2, 3}));  // the refused and the deferred ends left the book
+      for (RequestId client : {12, 4}) {  // memd holds 12 and 4 (ids of this epoch no longer in the book)
+        absl::StatusOr<RequestLife*> life = book.Open(Submit(client), ClientRef{"q", 0}, false, 1000);
+        ASSERT_TRUE(life.ok()) << life.status();
+        EXPECT_NE((*life)->id, client) << "a new request took an id memd holds as interrupted";
+      }
     }
     EXPECT_EQ(handler.calls, want);
   }
@@ -398,8 +407,8 @@ TEST(MemdReturn, RandomBooksAndRepliesNeverEndOrResumeARequestTwice) {
         handler);
     ASSERT_TRUE(done.ok()) << done.status();
     // Parse the calls: "<Name> <id> ...".
-    const std::vector<std::string> order = {"EndRefused", "ReturnToKv", "Adopted", "EndDeferred", "EndInterrupted",
-                                            "ResumableFound", "Resend"};
+    const std::vector<std::string> order = {"EndRefused",     "ReturnToKv",    "Adopted", "EndDeferred",
+                                            "EndInterrupted", "ResumableFound", "ResumeRefused", "Resend"};
     size_t step = 0;
     std::map<RequestId, std::vector<std::string>> of_request;
     std::map<RequestId, int> completes;
@@ -423,7 +432,8 @@ TEST(MemdReturn, RandomBooksAndRepliesNeverEndOrResumeARequestTwice) {
         EXPECT_EQ(call.find(" record") != std::string::npos, with_record.contains(id)) << call;
         EXPECT_TRUE(listed.contains(id)) << call;
       }
-      if (name == "EndRefused" || name == "Adopted" || name == "EndDeferred" || name == "Resend") {
+      if (name == "EndRefused" || name == "Adopted" || name == "EndDeferred" || name == "Resend" ||
+          name == "ResumeRefused") {
         EXPECT_TRUE(before.contains(id)) << call;
         of_request[id].push_back(name);
       }
@@ -432,8 +442,12 @@ TEST(MemdReturn, RandomBooksAndRepliesNeverEndOrResumeARequestTwice) {
     for (RequestId id : before) {
       const std::vector<std::string>& got = of_request[id];
       const bool kept = book.Find(id) != nullptr;
-      if (got == std::vector<std::string>{"EndRefused"} || got == std::vector<std::string>{"EndDeferred"} ||
-          got == std::vector<std::string>{"Adopted", "EndDeferred"}) {
+      if (got == std::vector<std::string>{"EndRefused", "ResumeRefused"}) {  // memd holds nothing of it
+        EXPECT_FALSE(kept) << id;
+        EXPECT_FALSE(listed.contains(id)) << id;
+        EXPECT_FALSE(ending.contains(id)) << id;
+      } else if (got == std::vector<std::string>{"EndRefused"} || got == std::vector<std::string>{"EndDeferred"} ||
+                 got == std::vector<std::string>{"Adopted", "EndDeferred"}) {
         EXPECT_FALSE(kept) << id;
       } else if (got == std::vector<std::string>{"Adopted"} || got == std::vector<std::string>{"Resend"}) {
         ASSERT_TRUE(kept) << id;
@@ -443,14 +457,19 @@ TEST(MemdReturn, RandomBooksAndRepliesNeverEndOrResumeARequestTwice) {
       } else {
         ADD_FAILURE() << "request " << id << " got " << got.size() << " calls";
       }
-      const bool ended_now = std::find(got.begin(), got.end(), "EndDeferred") != got.end() ||
-                             got == std::vector<std::string>{"EndRefused"};
-      EXPECT_EQ(ended_now, ending.contains(id) || got == std::vector<std::string>{"EndRefused"})
+      const bool refused = !got.empty() && got[0] == "EndRefused";
+      const bool ended_now = std::find(got.begin(), got.end(), "EndDeferred") != got.end() || refused;
+      EXPECT_EQ(ended_now, ending.contains(id) || refused)
           << "request " << id << (ending.contains(id) ? " ended while away and was not ended" : " ended here");
     }
     for (const auto& [id, count] : completes) {
       EXPECT_EQ(count, 1) << "interrupted request " << id << " got " << count << " Completes";
       EXPECT_FALSE(resumable.contains(id)) << "interrupted request " << id << " both resumable and completed";
+    }
+    for (RequestId client = 1; client <= 30; ++client) {  // no new id is one memd holds
+      absl::StatusOr<RequestLife*> life = book.Open(Submit(client), ClientRef{"new", 0}, false, 1000);
+      ASSERT_TRUE(life.ok()) << life.status();
+      EXPECT_FALSE(listed.contains((*life)->id)) << "client " << client << " got id " << (*life)->id;
     }
   }
 }
