@@ -165,11 +165,13 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
             prompt, n_out = reqs[submitted]
             rid = w.submit(len(prompt), len(prompt) + n_out)
             state[rid] = {"i": submitted, "tokens": list(prompt), "keys": [], "out": [], "granted": False,
-                          "n_out": n_out}
+                          "answered": False, "n_out": n_out}
             submitted += 1
         events, w.pending_events = w.pending_events + w.poll(), []
         for ev in events:
             st = state.get(ev.request)
+            if st is not None and ev.kind in (dhs.EVENT_GRANTED, dhs.EVENT_WAITING):
+                st["answered"] = True
             if ev.kind == dhs.EVENT_GRANTED:
                 st["granted"] = True  # prefill: every prompt row (and key) appended in one call
                 rk = [model.rows_and_key(tok) for tok in st["tokens"]]
@@ -183,7 +185,10 @@ def serve_libdhs(model: Model, reqs, run_dir: str, budget_pages: int, grouped: b
             elif ev.kind in (dhs.EVENT_REJECTED, dhs.EVENT_FAILED):
                 raise RuntimeError(f"request {ev.request}: {ev}")
         batch = [rid for rid, st in state.items() if st["granted"]]
-        if not batch:
+        # No decode step while memd has not answered the newest admission: the reclaims it orders to make room go to
+        # requests still decoding, which then read their reclaimed rows back from host (without this wait, on a loaded
+        # machine the victims could finish before memd's order arrived: no reclaim was served, ~1 run in 8).
+        if not batch or not all(st["answered"] for st in state.values()):
             time.sleep(0.001)
             continue
         if speculate:
