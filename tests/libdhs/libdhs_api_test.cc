@@ -179,6 +179,18 @@ class LibdhsTest : public ::testing::Test {
     ASSERT_EQ(dhs_worker_open(c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
     ASSERT_NO_FATAL_FAILURE(BackedUpRequest(id));
   }
+  // memd started, a hisparse worker of 2 slots opened with `*c`, request *x backed up (4 host pages) and interrupted
+  // by a new epoch (NewEpoch), then *a and *b granted (16 rows, max 32): both slots held.
+  void StartWithInterruptedAndTwoGranted(dhs_worker_config* c, uint64_t* x, uint64_t* a, uint64_t* b) {
+    ASSERT_NO_FATAL_FAILURE(StartMemd());
+    c->mode = DHS_MODE_HISPARSE;
+    c->slots = 2;
+    ASSERT_EQ(dhs_worker_open(c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+    ASSERT_NO_FATAL_FAILURE(BackedUpRequest(x));
+    ASSERT_NO_FATAL_FAILURE(NewEpoch(*c));  // x is interrupted, its 4 host pages kept
+    *a = SubmitGranted(16, 32);
+    *b = SubmitGranted(16, 32);
+  }
   // memd started, a hisparse worker of 2 slots opened with `*c`: requests *a and *b granted (16 rows, max 32), *q
   // submitted after them (it waits for a slot).
   void StartWithTwoGrantedAndOneQueued(dhs_worker_config* c, uint64_t* a, uint64_t* b, uint64_t* q) {
@@ -1329,16 +1341,9 @@ TEST_F(LibdhsTest, RefusedReportsEndTheirRequests) {
 // refused report instead: FAILED naming why, listed resumable with its sizes, and its resume is granted with the 4
 // host pages, whose rows are the first request's.
 TEST_F(LibdhsTest, AQueuedResumeSurvivesAMemdRestart) {
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
-  c.mode = DHS_MODE_HISPARSE;
-  c.slots = 2;
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
-  uint64_t x = 0;
-  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&x));
-  ASSERT_NO_FATAL_FAILURE(NewEpoch(c));  // x is interrupted, its 4 host pages kept
-  const uint64_t a = SubmitGranted(16, 32);
-  const uint64_t b = SubmitGranted(16, 32);
+  uint64_t x = 0, a = 0, b = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithInterruptedAndTwoGranted(&c, &x, &a, &b));
   dhs_request_desc d = Desc(64, 80, x);
   uint64_t y = 0;
   ASSERT_EQ(dhs_request_submit(w_, &d, &y), DHS_OK) << dhs_worker_errmsg(w_);
@@ -1392,16 +1397,9 @@ TEST_F(LibdhsTest, AQueuedResumeSurvivesAMemdRestart) {
 // finding, 2026-12-03: it listed memd's whole list, so x was offered while its resume waited), a second resume of x
 // is refused (resumed already), and the resume, granted once a slot frees, imports x's 4 host pages: x's rows.
 TEST_F(LibdhsTest, AResumeWaitingAtTheReHelloKeepsItsRequestOffTheList) {
-  ASSERT_NO_FATAL_FAILURE(StartMemd());
   dhs_worker_config c = Config(dir_.path(), 16);
-  c.mode = DHS_MODE_HISPARSE;
-  c.slots = 2;
-  ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
-  uint64_t x = 0;
-  ASSERT_NO_FATAL_FAILURE(BackedUpRequest(&x));
-  ASSERT_NO_FATAL_FAILURE(NewEpoch(c));  // x is interrupted, its 4 host pages kept
-  const uint64_t a = SubmitGranted(16, 32);
-  const uint64_t b = SubmitGranted(16, 32);
+  uint64_t x = 0, a = 0, b = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithInterruptedAndTwoGranted(&c, &x, &a, &b));
   ASSERT_EQ(memd_->Signal(SIGSTOP), 0);
   dhs_request_desc d = Desc(64, 80, x);
   uint64_t y = 0;
