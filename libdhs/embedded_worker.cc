@@ -506,7 +506,18 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
       ReturnFacts{.ended_here = [this](RequestId id) { return agent_->Finished(id) || completes_sent_.contains(id); },
                   .resume_of = [this](RequestId id) { return requests_.at(id).resume_of; }},
       *this);
-  if (!done.ok()) return done.status();
+  // memd's interrupted requests a live resume here takes over (PlanReturn lists them neither resumable nor ended)
+  // are kept on the list too: ListResumable hides each while its resume lives, and offers it again if memd rejects
+  // that resume before taking it over (review finding: it stayed hidden until the next return).
+  const std::set<RequestId> listed(resumable_.begin(), resumable_.end());
+  const std::set<RequestId> live = LiveResumes();
+  for (RequestId id : memd_->interrupted_requests()) {
+    if (live.contains(id) && !listed.contains(id)) resumable_.push_back(id);
+  }
+  if (!done.ok()) {  // stopped before its end: every request memd lists is offered (memd answers the rest)
+    resumable_.assign(memd_->interrupted_requests().begin(), memd_->interrupted_requests().end());
+    return done.status();
+  }
   spdlog::info("libdhs: memd is back: {} requests adopted, {} refused, {} ends deferred, {} admissions sent again",
                done->plan.adopted.size(), done->plan.refused.size(), done->ended, done->resent);
   return absl::OkStatus();
@@ -987,10 +998,20 @@ absl::StatusOr<EmbeddedWorker::RecordTokens> EmbeddedWorker::ResumableTokens(Req
                                           "dhs_worker_list_resumable)"));
 }
 
+std::set<RequestId> EmbeddedWorker::LiveResumes() const {
+  std::set<RequestId> live;
+  for (const auto& [id, r] : requests_) {
+    if (r.resume_of != 0 && Life(id)->phase != RequestPhase::kEnding) live.insert(r.resume_of);
+  }
+  return live;
+}
+
 std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   std::vector<Resumable> out;
+  const std::set<RequestId> live = LiveResumes();
   for (RequestId id : resumable_) {
     if (not_resumable_.contains(id)) continue;  // resumed here since (its grant), or ended
+    if (live.contains(id)) continue;            // a resume of it waits here (its admission takes it over)
     Resumable r{id, 0, 0};
     if (const wire::RequestRecordT* rec = InterruptedRecord(id); rec != nullptr) {
       r.input_rows = rec->input_tokens;
@@ -1103,8 +1124,8 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
   granted.slot = m.slot;
   r.slot = m.slot;
-  // memd handed the interrupted request over to its resume: no longer resumable (dhs_worker_list_resumable's list is
-  // memd's HelloReply, taken at open; review finding: it kept listing a request resumed and completed here).
+  // memd handed the interrupted request over to its resume: no longer resumable (review finding: the list kept a
+  // request resumed and completed here).
   if (r.resume_of != 0) not_resumable_.insert(r.resume_of);
   // Resident mode imports nothing (no host tier): a resume recomputes every row.
   if ((r.resume_of != 0 || !m.shared_pages.empty()) && kv_ != nullptr) {

@@ -205,10 +205,14 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   absl::Status Commit(RequestId request, Position length);
   absl::Status Complete(RequestId request);
   // The interrupted requests the engine may resume, with their records' sizes: (id, input rows, max rows). At open
-  // every one memd's HelloReply lists; after a return those PlanReturn finds resumable (neither ended here, nor taken
-  // over by a resume waiting here, nor adopted); a resume's grant takes its request off.
+  // every one memd's HelloReply lists; after a return those PlanReturn finds resumable (neither ended here nor
+  // adopted). One is hidden while a resume of it is open here (not ending), and leaves the list at that resume's
+  // grant.
+  // Complexity: O(listed + open requests).
   struct Resumable { RequestId request; uint64_t input_rows, max_rows; };
   std::vector<Resumable> ListResumable() const;
+  // The interrupted requests an open (not ending) resume here continues.
+  std::set<RequestId> LiveResumes() const;
 
   // Token records (dhs_request_commit_tokens, ABI 1.5; issue 11's records for an engine's vocabulary): memd keeps each
   // request's record (opened with its AdmitRequest: the prompt tokens the submit gave, its sizes) and the tokens the

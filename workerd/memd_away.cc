@@ -148,7 +148,11 @@ absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
       ReturnFacts{.ended_here = [this](RequestId id) { return p_.agent->Finished(id); },
                   .resume_of = [this](RequestId id) { return p_.requests->at(id)->resume_of; }},
       *this);
-  refused_records_.clear();  // a return stopped by an error leaves none for the next
+  for (const auto& [id, rec] : refused_records_) {  // a return stopped by an error (memd lost again) before step 8
+    spdlog::warn("worker: request {} (client {}) is not resumed: the return stopped before its resume; its client "
+                 "re-attaches to nothing", id, rec->client_request);
+  }
+  refused_records_.clear();
   if (!done.ok()) return done.status();
   const WorkerStats& counts = p_.recorder->counts();
   spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away, {} admissions sent again; "

@@ -368,8 +368,8 @@ DHS_EXPORT int dhs_request_complete(dhs_worker* w, uint64_t request);
 
 /* After a restart of this GPU's worker: the requests memd kept for it (each with its confirmed host copies), as
  * memd's reply to this worker's Hello named them; after memd restarted (a re-Hello), those of the new memd's list
- * this worker neither ended nor resumes already (a resume waiting for its grant takes its request over); a request
- * resumed here leaves the list at its resume's grant. */
+ * this worker did not end. A request is not listed while a resume of it is open here (submitted, not completed), and
+ * leaves the list at that resume's grant. */
 typedef struct dhs_resumable {
   uint64_t request;      /* the interrupted request's id: dhs_request_desc.resume_of */
   uint64_t input_rows;   /* from its record (0 when memd kept none) */
