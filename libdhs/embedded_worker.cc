@@ -506,6 +506,10 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
       ReturnFacts{.ended_here = [this](RequestId id) { return agent_->Finished(id) || completes_sent_.contains(id); },
                   .resume_of = [this](RequestId id) { return requests_.at(id).resume_of; }},
       *this);
+  if (!done.ok()) {  // stopped before its end: every request memd lists is offered (memd answers the rest)
+    resumable_.assign(memd_->interrupted_requests().begin(), memd_->interrupted_requests().end());
+    return done.status();
+  }
   // memd's interrupted requests a live resume here takes over (PlanReturn lists them neither resumable nor ended)
   // are kept on the list too: ListResumable hides each while its resume lives, and offers it again if memd rejects
   // that resume before taking it over (review finding: it stayed hidden until the next return).
@@ -513,10 +517,6 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   const std::set<RequestId> live = LiveResumes();
   for (RequestId id : memd_->interrupted_requests()) {
     if (live.contains(id) && !listed.contains(id)) resumable_.push_back(id);
-  }
-  if (!done.ok()) {  // stopped before its end: every request memd lists is offered (memd answers the rest)
-    resumable_.assign(memd_->interrupted_requests().begin(), memd_->interrupted_requests().end());
-    return done.status();
   }
   spdlog::info("libdhs: memd is back: {} requests adopted, {} refused, {} ends deferred, {} admissions sent again",
                done->plan.adopted.size(), done->plan.refused.size(), done->ended, done->resent);
