@@ -181,33 +181,14 @@ absl::StatusOr<uint64_t> EmbeddedWorker::PoolBytesFor(const EmbeddedConfig& conf
   return r->bytes;
 }
 
-absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
+absl::StatusOr<wire::HelloT> EmbeddedWorker::HelloFor(const EmbeddedConfig& config) {
   if (absl::Status s = CheckConfig(config); !s.ok()) return s;
-  std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
   const KvConfig kv = KvConfigOf(config);
   absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
   if (!layout.ok()) return layout.status();
   absl::StatusOr<RegionLayout> region = RegionFor(config);
   if (!region.ok()) return region.status();
-  w->region_ = *region;
-  w->page_bytes_ = layout->page_bytes();
-  w->host_page_bytes_ = layout->host_page_bytes();
-  w->capacity_pages_ = kv.optional_pages;
-  if (config.engine_pool != nullptr) {  // engine-owned pool (dhs_worker_config.engine_pool): checked, then adopted
-    if (reinterpret_cast<uintptr_t>(config.engine_pool) % kEnginePoolAlignment != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool is not aligned to ",
-                                                     kEnginePoolAlignment, " bytes"));
-    }
-    if (config.engine_pool_bytes < region->bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool_bytes ", config.engine_pool_bytes,
-                                                     " is below the ", region->bytes,
-                                                     " bytes the KV pool", config.staging_arenas > 0 ?
-                                                     " and its staging arenas need" : " needs",
-                                                     " (dhs_pool_bytes_needed)"));
-    }
-  }
-
-  // The Hello (contract §1), the fields workerd's MakeHello sets from its model, here from the declared shape.
+  // The Hello (contract §1): the fields workerd's MakeHello sets from its model, here from the declared shape.
   wire::HelloT h;
   h.protocol_version = kProtocolVersion;
   h.gpu = config.gpu;
@@ -237,8 +218,64 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   h.staging_arenas = config.staging_arenas;  // ABI 1.5: M_stage, each admission's slot share counted by memd
   h.staging_bytes = region->staging_bytes;
   h.k_max = config.staging_arenas > 0 ? config.round_queries : 0;
+  return h;
+}
 
-  w->hello_ = h;
+absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
+  absl::StatusOr<wire::HelloT> hello = HelloFor(config);  // the shape checked (CheckConfig) before connecting
+  if (!hello.ok()) return hello.status();
+  if (absl::Status s = CheckEnginePool(config); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<MemdClient>> memd =
+      MemdClient::Connect(config.run_dir, *hello, std::chrono::milliseconds(config.connect_timeout_ms));
+  if (!memd.ok()) return memd.status();
+  std::unique_ptr<MemdClient> client = *std::move(memd);
+  MemdTransport* link = client.get();
+  return Build(config, *std::move(hello), std::move(client), *link);
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::OpenOver(const EmbeddedConfig& config,
+                                                                          MemdTransport& memd) {
+  absl::StatusOr<wire::HelloT> hello = HelloFor(config);
+  if (!hello.ok()) return hello.status();
+  if (absl::Status s = CheckEnginePool(config); !s.ok()) return s;
+  return Build(config, *std::move(hello), nullptr, memd);
+}
+
+absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config) {
+  if (config.engine_pool == nullptr) return absl::OkStatus();  // the library allocates the region
+  absl::StatusOr<RegionLayout> region = RegionFor(config);
+  if (!region.ok()) return region.status();
+  if (reinterpret_cast<uintptr_t>(config.engine_pool) % kEnginePoolAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool is not aligned to ",
+                                                   kEnginePoolAlignment, " bytes"));
+  }
+  if (config.engine_pool_bytes < region->bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool_bytes ", config.engine_pool_bytes,
+                                                   " is below the ", region->bytes,
+                                                   " bytes the KV pool", config.staging_arenas > 0 ?
+                                                   " and its staging arenas need" : " needs",
+                                                   " (dhs_pool_bytes_needed)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const EmbeddedConfig& config,
+                                                                       wire::HelloT hello,
+                                                                       std::unique_ptr<MemdTransport> owned,
+                                                                       MemdTransport& memd) {
+  std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
+  w->owned_memd_ = std::move(owned);
+  w->memd_ = &memd;
+  const KvConfig kv = KvConfigOf(config);
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<RegionLayout> region = RegionFor(config);
+  if (!region.ok()) return region.status();
+  w->region_ = *region;
+  w->page_bytes_ = layout->page_bytes();
+  w->host_page_bytes_ = layout->host_page_bytes();
+  w->capacity_pages_ = kv.optional_pages;
+  w->hello_ = std::move(hello);
   // The region: the engine's memory, or one pool of the device; the store's KV pool and staging pool are its parts
   // (RegionLayout), so a location is one offset into one region whichever part it names.
   auto cpu = std::make_unique<CpuDevice>();
@@ -255,10 +292,6 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
     cpu->UseCallerMemoryForNextPool(w->region_base_ + region->staging_offset, region->staging_bytes);
   }
   w->device_ = std::move(cpu);
-  absl::StatusOr<std::unique_ptr<MemdClient>> memd =
-      MemdClient::Connect(config.run_dir, h, std::chrono::milliseconds(config.connect_timeout_ms));
-  if (!memd.ok()) return memd.status();
-  w->memd_ = *std::move(memd);
   if (w->memd_->host_pages().empty()) {
     return absl::FailedPreconditionError("memd listed no host-pool segment");
   }
@@ -268,10 +301,10 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
     w->stack_ = KvStack::Resident(
         std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region->kv_bytes, config.page_rows,
                                                   std::span<uint8_t>(w->region_base_, region->kv_bytes)),
-        kv, w->memd_.get(), KvStackConfig{config.gpu, config.slots, false});
+        kv, w->memd_, KvStackConfig{config.gpu, config.slots, false});
   } else {
     absl::StatusOr<std::unique_ptr<KvStack>> stack =
-        KvStack::Hierarchical(kv, w->device_.get(), w->memd_->host_pages(), w->memd_.get(),
+        KvStack::Hierarchical(kv, w->device_.get(), w->memd_->host_pages(), w->memd_,
                               KvStackConfig{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive});
     if (!stack.ok()) return stack.status();
     w->stack_ = *std::move(stack);
@@ -296,7 +329,8 @@ EmbeddedWorker::~EmbeddedWorker() {
   agent_ = nullptr;
   kv_ = nullptr;
   stack_.reset();
-  memd_.reset();
+  memd_ = nullptr;
+  owned_memd_.reset();
   device_.reset();
 }
 
@@ -439,7 +473,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
 }
 
 absl::Status EmbeddedWorker::Poll() {
-  MemdClient::Load load;
+  MemdLoad load;
   load.active_requests = book_.active();
   load.pending_copies = agent_->pending_orders();
   while (!port_->ReadersOutstanding() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding

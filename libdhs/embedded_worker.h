@@ -1,6 +1,7 @@
 // libdhs/embedded_worker.h: the C++ core behind include/dhs/dhs.h (issue 25): one GPU's worker side of the KV
 // hierarchy without a model, for an engine that brings its own. It wires the classes workerd uses below its batching
-// loop: a Device (CpuDevice), the MemdClient (Hello, host pool, memd's messages), and workerd's KvStack (the same
+// loop: a Device (CpuDevice), the memd conversation (a MemdTransport: the MemdClient it connects, or one the caller
+// holds: OpenOver; Hello, host pool, memd's messages), and workerd's KvStack (the same
 // class the Worker holds): HierarchicalKvAccess (tail, hot cache, ready map, host copies, the fused resolver) and the
 // ResidencyAgent (memd's orders carried out: reclaim, population, backups; memd away's KV half). The engine sees requests and events, never a memd order.
 //
@@ -123,6 +124,14 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold PoolBytesFor(config) bytes
   // (INVALID_ARGUMENT otherwise); it is zeroed and used as the KV pool (CpuDevice::UseCallerMemoryForNextPool).
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config);
+  // The same worker over a memd conversation the caller holds (issue 25: the library takes its memd link from
+  // outside; a test's in-process fake memd, tests/workerd/worker_test_util.h): `memd` answered HelloFor(config) (its
+  // host pool, epoch and interrupted requests are read from it), is not owned and must outlive the worker. Nothing
+  // of config.run_dir is used. Errors: as Open's, without the connection's.
+  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> OpenOver(const EmbeddedConfig& config, MemdTransport& memd);
+  // The Hello that Open sends (contract §1: the shape's GPU pages, host pages, sources and sizes). Errors:
+  // INVALID_ARGUMENT (the shape, as Open checks it).
+  static absl::StatusOr<wire::HelloT> HelloFor(const EmbeddedConfig& config);
   // The region's bytes for `config` (RegionLayout.bytes: the KV pool and the staging arenas; its shape checked as Open
   // checks it).
   static absl::StatusOr<uint64_t> PoolBytesFor(const EmbeddedConfig& config);
@@ -263,6 +272,12 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
 
   EmbeddedWorker(EmbeddedConfig config)
       : config_(std::move(config)), recorder_(config_.gpu), book_(config_.gpu, ResumedOutputLimits{}) {}
+  // Open and OpenOver: the engine pool's alignment and size (INVALID_ARGUMENT), then the worker over `memd` (`owned`:
+  // the same transport when the worker owns it, else nullptr).
+  static absl::Status CheckEnginePool(const EmbeddedConfig& config);
+  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Build(const EmbeddedConfig& config, wire::HelloT hello,
+                                                               std::unique_ptr<MemdTransport> owned,
+                                                               MemdTransport& memd);
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
   // and counts it.
   void RecordEnd(RequestId id, const Request& r, const absl::Status& error);
@@ -333,7 +348,9 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   uint64_t page_bytes_ = 0, host_page_bytes_ = 0;
   uint32_t capacity_pages_ = 0;
   uint8_t* region_base_ = nullptr;  // the region's first byte (the engine's pool, or the device pool region_pool_)
-  std::unique_ptr<MemdClient> memd_;
+  // The memd conversation (MemdClient from Open, owned in owned_memd_; the caller's from OpenOver).
+  std::unique_ptr<MemdTransport> owned_memd_;
+  MemdTransport* memd_ = nullptr;
   // The KV store and the ResidencyAgent: workerd's KvStack (workerd/kv_stack.h), the wiring workerd's Worker uses
   // too; kv_ and agent_ point into it.
   std::unique_ptr<KvStack> stack_;

@@ -31,7 +31,7 @@ namespace dhs {
 // follows the worker's last heartbeat). At least 1 ms.
 std::chrono::milliseconds EffectiveMemdTimeout(std::chrono::milliseconds configured, uint32_t memd_worker_timeout_ms);
 
-class MemdClient final : public MemdLink {
+class MemdClient final : public MemdTransport {
  public:
   // Connects to memd in `run_dir`, sends `hello` and waits up to `timeout` for HelloReply (retrying while memd is not
   // up), then maps segment 0 of the reply. Errors: PERMISSION_DENIED / FAILED_PRECONDITION at once when memd's socket
@@ -42,10 +42,10 @@ class MemdClient final : public MemdLink {
                                                              std::chrono::milliseconds timeout);
 
   // The host-pool pages of segment 0 (page h at h * page_bytes); empty when memd listed no segment.
-  std::span<uint8_t> host_pages() const;
-  uint64_t worker_epoch() const { return epoch_; }
+  std::span<uint8_t> host_pages() const override;
+  uint64_t worker_epoch() const override { return epoch_; }
   // HelloReply.interrupted_requests: requests of an earlier epoch of this GPU that memd still holds.
-  const std::vector<uint64_t>& interrupted_requests() const { return interrupted_; }
+  const std::vector<uint64_t>& interrupted_requests() const override { return interrupted_; }
   // Liveness: memd acks our heartbeat every second; nothing from memd for `timeout` (default 2 s) ends the epoch.
   // The timeout in force is at most 2/3 of memd's worker timeout (HelloReply.worker_timeout_ms; EffectiveMemdTimeout).
   void set_memd_timeout(std::chrono::milliseconds timeout) {
@@ -61,8 +61,7 @@ class MemdClient final : public MemdLink {
   // connection was stopped, or memd hangs: its epoch ends, see Poll). Then the socket is closed at once (what was
   // queued for the dead memd is dropped; exactly one connection to memd at a time) and away() is true until a memd
   // takes the re-Hello (PollAway); meanwhile every Send* drops its message (returns OK; SendTokensCommitted:
-  // UNAVAILABLE) and Poll dispatches nothing.
-  bool away() const { return session().away(); }
+  // UNAVAILABLE) and Poll dispatches nothing (away(): MemdTransport's).
   // A re-Hello is out and not answered yet (the worker does not step meanwhile: its report holds every token).
   bool rehello_in_flight() const { return session().hello_out(); }
   // Call every iteration while away(); never blocks. Reconnects with exponential backoff (50 ms doubling to 1 s; an
@@ -73,19 +72,16 @@ class MemdClient final : public MemdLink {
   // re-Hello (accepted = false: e.g. it registered or fenced this GPU itself, or the epoch is stale) or answered an
   // ErrorReply; its host pool is not the segment this worker maps (another name, size or page size, or a fresh pool
   // in its place), or the epoch differs.
-  absl::StatusOr<std::optional<wire::HelloReplyT>> PollAway(const std::function<wire::HelloT()>& make_hello);
+  absl::StatusOr<std::optional<wire::HelloReplyT>> PollAway(
+      const std::function<wire::HelloT()>& make_hello) override;
 
   // Dispatches every message already received to `handler` (never blocks), answers memd's Heartbeats and sends ours
   // once a second with `load`. Undecodable messages are logged and dropped. Errors: from the socket, and ABORTED
   // once this worker's epoch ended: memd refused a message with ErrorReply.reason FENCED (nothing after it
   // is dispatched), or nothing came from memd for the memd timeout (checked before anything queued is dispatched: a
   // worker resumed after SIGSTOP never acts on an order of an epoch memd may have fenced). ABORTED stays.
-  struct Load {
-    uint32_t active_requests = 0;
-    uint32_t pending_copies = 0;
-    float decode_tokens_per_s = 0;
-  };
-  absl::Status Poll(MemdHandler& handler, const Load& load);
+  using Load = MemdLoad;
+  absl::Status Poll(MemdHandler& handler, const Load& load) override;
   // Start-up (issue 22, docs/protocol.md "Start-up and the silence clock"): between HelloReply and the first Poll the
   // worker prepares (pins memd's host pool, allocates its pools, creates the Worker: seconds to minutes at production
   // sizes) and no MemdHandler exists yet, while memd's silence clock already runs (it started at the Hello). KeepAlive
@@ -109,7 +105,7 @@ class MemdClient final : public MemdLink {
   // resumed after SIGSTOP whose ZeroMQ I/O thread has not run yet.
   void HoldConnectionEventsForTest() { dealer_->HoldMonitorEventsForTest(true); }
   // Messages still queued when the client closes are delivered for up to `linger` (a stopping worker's Completes).
-  void SetLinger(std::chrono::milliseconds linger) {
+  void SetLinger(std::chrono::milliseconds linger) override {
     if (dealer_ != nullptr) dealer_->SetLinger(linger);
   }
 
@@ -124,7 +120,7 @@ class MemdClient final : public MemdLink {
   // ErrorReply); the worker then sends those tokens with its next step. ABORTED once the epoch ended (checked now).
   absl::Status SendTokensCommitted(const wire::TokensCommittedT& m) override;
   // HelloReply.interrupted_records: the records memd kept of those requests (the ones that have one).
-  const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const { return records_; }
+  const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const override { return records_; }
   // HelloReply.finished_records (lost ends, workerd/README.md "Restart"): outputs of the previous epoch's finished
   // requests, for their clients' Attach (Worker::KeepFinishedOutputs).
   const std::vector<std::unique_ptr<wire::RequestRecordT>>& finished_records() const { return finished_records_; }

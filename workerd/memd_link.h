@@ -1,14 +1,26 @@
 // workerd/memd_link.h: the worker side of the memd conversation as two interfaces (docs/protocol.md, "Conversation
 // contract (worker <-> memd)"), so that the serving core (Worker) never touches sockets:
 //   MemdLink     what the worker sends to memd (implemented by MemdClient over ZeroMQ, or by a test's fake memd);
-//   MemdHandler  what memd sends to the worker (implemented by Worker; MemdClient::Poll and fakes call it).
+//   MemdHandler  what memd sends to the worker (implemented by Worker; MemdClient::Poll and fakes call it);
+//   MemdTransport  a MemdLink with the conversation's receiving side (Poll, PollAway) and what the Hello's answer
+//                said (host pool, epoch, interrupted requests): what libdhs's EmbeddedWorker is opened over
+//                (MemdClient over ZeroMQ, or the in-process fake memd of tests/workerd/worker_test_util.h).
 // Every message is the object-API table of schemas/dhs.fbs; units are those of the schema (GPU pages, history pages,
 // host pages, rows).
 //
 // Thread-safety: none; one worker thread calls both sides.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "dhs_generated.h"
 #include "workerd/memd_session.h"
 
@@ -54,6 +66,40 @@ class MemdHandler {
   // (a resumed request regenerates from the record's end); libdhs, whose engine's tokens exist nowhere else, resends.
   virtual void OnTokensCommitted() {}
   virtual void OnTokensRefused(const absl::Status& why) {}
+};
+
+// The worker's load, sent with each Heartbeat (Heartbeat.active_requests, pending_copies, decode_tokens_per_s).
+struct MemdLoad {
+  uint32_t active_requests = 0;
+  uint32_t pending_copies = 0;
+  float decode_tokens_per_s = 0;
+};
+
+// The whole conversation with one memd as one interface (issue 25, "EmbeddedWorker takes its parts from outside"):
+// what the worker sends (MemdLink), what it receives (Poll: memd's messages to a MemdHandler; PollAway: the re-Hello
+// while memd is away) and what memd's HelloReply said. MemdClient implements it over ZeroMQ (its comments give the
+// timing rules: heartbeats, the memd timeout, the reconnect bound); a test's fake memd implements it in process, so
+// that a test decides which message comes when.
+class MemdTransport : public MemdLink {
+ public:
+  // The mapped host-pool pages of segment 0 (page h at h * host_page_bytes); empty when memd listed none.
+  virtual std::span<uint8_t> host_pages() const = 0;
+  // HelloReply.worker_epoch: part of every node request id (RequestBook::set_epoch).
+  virtual uint64_t worker_epoch() const = 0;
+  // The latest HelloReply's interrupted requests of this GPU (at the Hello, then at each re-Hello memd took) and the
+  // records memd kept of them (those that have one).
+  virtual const std::vector<uint64_t>& interrupted_requests() const = 0;
+  virtual const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const = 0;
+  // Dispatches every message memd sent that is here now to `handler` (never blocks); `load` goes with the Heartbeat.
+  // Errors: ABORTED once the epoch ended (stays), the transport's own.
+  virtual absl::Status Poll(MemdHandler& handler, const MemdLoad& load) = 0;
+  // While session().away(): tries the re-Hello (`make_hello()`: the worker's Hello with its report). The HelloReply
+  // once a memd took it (session() connected again), nullopt while still away. Errors: ABORTED (the epoch ended).
+  virtual absl::StatusOr<std::optional<wire::HelloReplyT>> PollAway(
+      const std::function<wire::HelloT()>& make_hello) = 0;
+  // Messages still queued when the transport closes are delivered for up to `linger` (a closing worker's Completes).
+  virtual void SetLinger(std::chrono::milliseconds linger) {}
+  bool away() const { return session().away(); }
 };
 
 }  // namespace dhs

@@ -1,4 +1,5 @@
-// tests/workerd/worker_test_util.h: an in-process fake memd (the MemdLink a Worker talks to, emitting AdmitGrant,
+// tests/workerd/worker_test_util.h: an in-process fake memd (the MemdLink a Worker talks to, and the MemdTransport
+// libdhs's EmbeddedWorker is opened over (EmbeddedWorker::OpenOver), emitting AdmitGrant,
 // ReclaimOrder and PopulateOrder in a seeded random order, following docs/protocol.md's conversation contract), a
 // recording ClientSink, the oracle (the model run alone on ResidentKvAccess, one request at a time) and a worker-side
 // safety check (every row that left the tail is ready on GPU or has a completed host copy, brief §4).
@@ -13,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <span>
 #include <utility>
 #include <string>
 #include <variant>
@@ -133,7 +135,7 @@ class RecordingSink final : public ClientSink {
 // reclaim while populates are in flight, taking their pages too), and failed copies answered as memd answers them
 // (accept_failed_copies: a failed backup aborts its reclaim and the victim keeps its pages, a failed populate frees
 // its GPU page, a failed host copy stays unconfirmed).
-class FakeMemd final : public MemdLink {
+class FakeMemd final : public MemdTransport {
  public:
   FakeMemd(uint32_t capacity_pages, uint64_t host_page_bytes, uint32_t page_rows, uint32_t host_pages, uint64_t seed,
            bool chaos, uint32_t slots)
@@ -409,22 +411,27 @@ class FakeMemd final : public MemdLink {
   // The worker's invariants (Worker::CheckInvariants) are checked before (after its last iteration or event) and
   // after memd's messages are delivered.
   void Pump(Worker& w) {
+    Pump(w.admission(), [&w] { ExpectInvariants(w); });
+  }
+  // The same to any MemdHandler (libdhs's EmbeddedWorker through Poll); `check` runs where Pump(Worker&) checks the
+  // worker's invariants.
+  void Pump(MemdHandler& h, const std::function<void()>& check) {
     ++pumps_;
-    ExpectInvariants(w);
+    if (check) check();
     if (std::optional<absl::Status> answer = std::exchange(commit_answer_, std::nullopt)) {
       if (answer->ok()) {
-        w.admission().OnTokensCommitted();
+        h.OnTokensCommitted();
       } else {
-        w.admission().OnTokensRefused(*answer);
+        h.OnTokensRefused(*answer);
       }
     }
     GrantWaiting();
     while (!inbox_.empty()) {
       auto msg = std::move(inbox_.front());
       inbox_.pop_front();
-      std::visit([&](auto& m) { Deliver(w, *m); }, msg);
+      std::visit([&](auto& m) { Deliver(h, *m); }, msg);
     }
-    ExpectInvariants(w);
+    if (check) check();
     if (!chaos_) return;
     const uint64_t dice = rng_() % 8;
     std::vector<RequestId> ids;
@@ -435,50 +442,117 @@ class FakeMemd final : public MemdLink {
     const RequestId id = ids[rng_() % ids.size()];
     Req& r = reqs_[id];
     if (dice < 2 && !r.optional.empty()) {  // reclaim all optional pages of a whole request (brief §4)
-      auto o = std::make_unique<wire::ReclaimOrderT>();
-      o->order = next_order_++;
-      o->request = id;
-      Reclaim rc{id, false, false};
-      for (const auto& [j, dp] : r.optional) {
-        o->pages.push_back(dp);
-        if (!r.host_copy.contains(j)) {
-          o->backup_pages.push_back(dp);
-          o->backup_targets.emplace_back(0, r.host[j]);
-          rc.needed_backup = true;
-        }
-      }
-      // overlapping_orders: pages whose populate is in flight are reclaimed too (memd reclaims whole requests); they
-      // hold a host copy (populated from it), so they need no backup.
-      for (const auto& [dp, j] : r.populating_history) o->pages.push_back(dp);
-      reclaims_[o->order] = rc;
-      r.reclaiming = true;
-      ++reclaims_ordered;
-      if (r.populates > 0) ++reclaims_over_populates;
-      inbox_.push_back(std::move(o));
+      OrderReclaim(id);
     } else if (dice < 4 && !free_gpu_.empty() && r.optional_history) {  // repopulate up to 2 host-copied pages
-      auto o = std::make_unique<wire::PopulateOrderT>();
-      for (uint32_t j : r.host_copy) {
-        if (r.optional.contains(j) || free_gpu_.empty() || o->pages.size() == 2) continue;
-        if (std::any_of(r.populating_history.begin(), r.populating_history.end(),
-                        [&](const auto& e) { return e.second == j; })) {
-          continue;  // its populate is in flight already (overlapping_orders)
-        }
-        const uint32_t dp = *free_gpu_.begin();
-        free_gpu_.erase(free_gpu_.begin());
-        r.populating.insert(dp);
-        r.populating_history[dp] = j;
-        o->pages.push_back(dp);
-        o->history_pages.push_back(j);
-        o->host_pages.emplace_back(0, r.host[j]);
-      }
-      if (o->pages.empty()) return;
-      o->order = next_order_++;
-      o->request = id;
-      if (r.populates > 0) ++populates_overlapping;
-      ++r.populates;
-      inbox_.push_back(std::move(o));
+      OrderPopulate(id, 2);
     }
   }
+
+  // A PopulateOrder of up to `most` host-copied pages of request `id` not on GPU nor being populated, into free GPU
+  // pages, delivered at the next Pump. Returns the pages ordered (0: none). Pump orders them at random with chaos.
+  size_t OrderPopulate(RequestId id, size_t most) {
+    auto found = reqs_.find(id);
+    if (found == reqs_.end() || !found->second.optional_history) return 0;
+    Req& r = found->second;
+    auto o = std::make_unique<wire::PopulateOrderT>();
+    for (uint32_t j : r.host_copy) {
+      if (r.optional.contains(j) || free_gpu_.empty() || o->pages.size() == most) continue;
+      if (std::any_of(r.populating_history.begin(), r.populating_history.end(),
+                      [&](const auto& e) { return e.second == j; })) {
+        continue;  // its populate is in flight already (overlapping_orders)
+      }
+      const uint32_t dp = *free_gpu_.begin();
+      free_gpu_.erase(free_gpu_.begin());
+      r.populating.insert(dp);
+      r.populating_history[dp] = j;
+      o->pages.push_back(dp);
+      o->history_pages.push_back(j);
+      o->host_pages.emplace_back(0, r.host[j]);
+    }
+    if (o->pages.empty()) return 0;
+    const size_t ordered = o->pages.size();
+    o->order = next_order_++;
+    o->request = id;
+    if (r.populates > 0) ++populates_overlapping;
+    ++r.populates;
+    inbox_.push_back(std::move(o));
+    return ordered;
+  }
+
+  // A ReclaimOrder for every optional page of request `id` (brief §4: whole requests), delivered at the next Pump;
+  // pages without a host copy are backed up first. False (nothing ordered) when it has none, or a reclaim of it is
+  // in flight. Pump orders them at random with chaos; a test orders one where it wants it.
+  bool OrderReclaim(RequestId id) {
+    auto found = reqs_.find(id);
+    if (found == reqs_.end() || found->second.optional.empty() || found->second.reclaiming) return false;
+    Req& r = found->second;
+    auto o = std::make_unique<wire::ReclaimOrderT>();
+    o->order = next_order_++;
+    o->request = id;
+    Reclaim rc{id, false, false};
+    for (const auto& [j, dp] : r.optional) {
+      o->pages.push_back(dp);
+      if (!r.host_copy.contains(j)) {
+        o->backup_pages.push_back(dp);
+        o->backup_targets.emplace_back(0, r.host[j]);
+        rc.needed_backup = true;
+      }
+    }
+    // overlapping_orders: pages whose populate is in flight are reclaimed too (memd reclaims whole requests); they
+    // hold a host copy (populated from it), so they need no backup.
+    for (const auto& [dp, j] : r.populating_history) o->pages.push_back(dp);
+    reclaims_[o->order] = rc;
+    r.reclaiming = true;
+    ++reclaims_ordered;
+    if (r.populates > 0) ++reclaims_over_populates;
+    inbox_.push_back(std::move(o));
+    return true;
+  }
+
+  // MemdTransport (libdhs's EmbeddedWorker::OpenOver): the host pool is `host`; Poll is a Pump (nothing while the
+  // session is away, as MemdClient); PollAway answers once `take_rehello` is set: the report adopted (AdoptReport),
+  // refused_reports / interrupted_requests / interrupted_records as set below, the session connected again.
+  std::span<uint8_t> host_pages() const override {
+    return std::span<uint8_t>(const_cast<uint8_t*>(host.data()), host.size());
+  }
+  uint64_t worker_epoch() const override { return epoch; }
+  const std::vector<uint64_t>& interrupted_requests() const override { return listed_interrupted; }
+  const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const override {
+    return listed_records;
+  }
+  absl::Status Poll(MemdHandler& h, const MemdLoad& load) override {
+    last_load = load;
+    if (session().away()) return absl::OkStatus();
+    Pump(h, {});
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<wire::HelloReplyT>> PollAway(
+      const std::function<wire::HelloT()>& make_hello) override {
+    if (!session().away()) return std::nullopt;
+    if (!take_rehello) return std::nullopt;
+    take_rehello = false;
+    wire::HelloT hello = make_hello();
+    rehello_reports.clear();
+    for (const auto& rep : hello.report) rehello_reports.push_back(rep->request);
+    AdoptReport(hello.report);
+    wire::HelloReplyT reply;
+    reply.accepted = true;
+    reply.worker_epoch = epoch;
+    reply.refused_reports = refuse_reports;
+    reply.interrupted_requests = listed_interrupted;
+    for (const auto& rec : listed_records) {
+      reply.interrupted_records.push_back(std::make_unique<wire::RequestRecordT>(*rec));
+    }
+    if (absl::Status s = session().Accepted(); !s.ok()) return s;
+    return std::optional<wire::HelloReplyT>(std::move(reply));
+  }
+  uint64_t epoch = 1;
+  std::vector<uint64_t> listed_interrupted;                        // HelloReply.interrupted_requests
+  std::vector<std::unique_ptr<wire::RequestRecordT>> listed_records;  // HelloReply.interrupted_records
+  bool take_rehello = false;            // PollAway answers the next re-Hello
+  std::vector<uint64_t> refuse_reports;  // its HelloReply.refused_reports
+  std::vector<RequestId> rehello_reports;  // the requests the latest re-Hello reported
+  MemdLoad last_load;
 
   static void ExpectInvariants(const Worker& w) {
     const absl::Status s = w.CheckInvariants();
@@ -558,10 +632,10 @@ class FakeMemd final : public MemdLink {
     interrupted.erase(it);
     ++resumes;
   }
-  void Deliver(Worker& w, const wire::AdmitGrantT& m) { w.admission().OnAdmitGrant(m); }
-  void Deliver(Worker& w, const wire::ReclaimOrderT& m) { w.admission().OnReclaimOrder(m); }
-  void Deliver(Worker& w, const wire::RetireT& m) { w.admission().OnRetire(m); }
-  void Deliver(Worker& w, const wire::PopulateOrderT& m) { w.admission().OnPopulateOrder(m); }
+  void Deliver(MemdHandler& h, const wire::AdmitGrantT& m) { h.OnAdmitGrant(m); }
+  void Deliver(MemdHandler& h, const wire::ReclaimOrderT& m) { h.OnReclaimOrder(m); }
+  void Deliver(MemdHandler& h, const wire::RetireT& m) { h.OnRetire(m); }
+  void Deliver(MemdHandler& h, const wire::PopulateOrderT& m) { h.OnPopulateOrder(m); }
 
   uint32_t p_;
   std::mt19937_64 rng_;
