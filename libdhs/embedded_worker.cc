@@ -532,6 +532,7 @@ absl::Status EmbeddedWorker::Return(const wire::HelloReplyT& reply) {
   ++counters_.memd_returns;
   book_.set_epoch(memd_->worker_epoch());
   resumable_.clear();  // the new memd's list, as PlanReturn sorts it (ResumableFound)
+  ended_resumes_.clear();  // the dead memd's answers never come: the new memd's list says what it holds
   // workerd's return, step by step (CarryOutReturn, workerd/memd_return.h; this class its ReturnHandler): the same
   // plan (PlanReturn over the same book), carried out in the same order. The resumable ones stay listed to the engine
   // (dhs_worker_list_resumable).
@@ -913,6 +914,15 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   } else if (life->phase != RequestPhase::kUnsent) {
     // Not granted yet: memd drops the queued admission (or releases a grant already on its way) at the Complete.
     if (absl::Status s = SendComplete(request); !s.ok()) return s;  // the request stays open: it may be retried
+    // A resume memd queued took its interrupted request over at its admission: that one is gone with it. One that
+    // memd has not answered yet: its answer says (SettleEndedResume).
+    if (const RequestId of = requests_.at(request).resume_of; of != 0) {
+      if (life->phase == RequestPhase::kQueued) {
+        not_resumable_.insert(of);
+      } else {
+        ended_resumes_[request] = of;
+      }
+    }
   }
   RecordEnd(request, requests_.at(request), absl::OkStatus());
   Forget(request, /*completed=*/life->phase != RequestPhase::kUnsent);  // a waiting one: StaleGrant until its ack
@@ -1046,6 +1056,9 @@ std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   for (RequestId id : resumable_) {
     if (not_resumable_.contains(id)) continue;  // resumed here since (its grant), or ended
     if (live.contains(id)) continue;            // a resume of it waits here (its admission takes it over)
+    if (std::any_of(ended_resumes_.begin(), ended_resumes_.end(), [&](const auto& e) { return e.second == id; })) {
+      continue;  // a resume of it ended before memd answered: the answer says whether memd took it over
+    }
     Resumable r{id, 0, 0};
     if (const wire::RequestRecordT* rec = InterruptedRecord(id); rec != nullptr) {
       r.input_rows = rec->input_tokens;
@@ -1143,7 +1156,7 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   // one of an unknown request is handed back; a second grant breaks the contract and is ignored.
   switch (book_.AnswerTo(m.request)) {
     case AdmissionAnswer::kApplies: break;
-    case AdmissionAnswer::kCrossedComplete: return;
+    case AdmissionAnswer::kCrossedComplete: SettleEndedResume(m.request, /*took_effect=*/true); return;
     case AdmissionAnswer::kUnknown: agent_->RefuseGrant(m); return;
     case AdmissionAnswer::kNotWaiting: return;
   }
@@ -1192,7 +1205,10 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
 
 void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
   const RequestLife* life = Life(m.request);
-  if (life == nullptr) return;
+  if (life == nullptr) {  // completed before memd's answer
+    SettleEndedResume(m.request, /*took_effect=*/true);
+    return;
+  }
   if (life->phase == RequestPhase::kWaiting) {
     DHS_CHECK_OK(book_.Transition(m.request, RequestPhase::kWaiting, RequestPhase::kQueued));
   }
@@ -1201,14 +1217,26 @@ void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
   events_.back().pages = m.deficit_pages;
 }
 
-void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
-  // A reject of a request not waiting for its grant (after a grant) breaks the contract: ignored (AnswerTo).
-  if (book_.AnswerTo(m.request) != AdmissionAnswer::kApplies) return;
+void EmbeddedWorker::Reject(const wire::AdmitRejectT& m, bool took_effect) {
+  // A reject of a request not waiting for its grant (after a grant) breaks the contract: ignored (AnswerTo). One that
+  // crossed the engine's Complete still says whether a resume took its interrupted request over.
+  if (const AdmissionAnswer answer = book_.AnswerTo(m.request); answer != AdmissionAnswer::kApplies) {
+    if (answer == AdmissionAnswer::kCrossedComplete) SettleEndedResume(m.request, took_effect);
+    return;
+  }
+  if (const RequestId of = requests_.at(m.request).resume_of; of != 0 && took_effect) not_resumable_.insert(of);
   const absl::Status error = AdmitRejectError(m);
   RecordEnd(m.request, requests_.at(m.request), error);
   Forget(m.request, /*completed=*/false);
   ++counters_.rejected;
   events_.push_back(Event(EmbeddedEvent::kRejected, m.request, error));
+}
+
+void EmbeddedWorker::SettleEndedResume(RequestId id, bool took_effect) {
+  auto it = ended_resumes_.find(id);
+  if (it == ended_resumes_.end()) return;
+  if (took_effect) not_resumable_.insert(it->second);
+  ended_resumes_.erase(it);
 }
 
 void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {

@@ -215,8 +215,10 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   absl::Status Complete(RequestId request);
   // The interrupted requests the engine may resume, with their records' sizes: (id, input rows, max rows). At open
   // every one memd's HelloReply lists; after a return those PlanReturn finds resumable (neither ended here nor
-  // adopted). One is hidden while a resume of it is open here (not ending), and leaves the list at that resume's
-  // grant.
+  // adopted). One is hidden while a resume of it is open here (not ending), and leaves the list once memd took it
+  // over for that resume: at the resume's grant, its AdmitWait, or memd's AdmitReject of it (memd dropped both). A
+  // resume memd refused with an ErrorReply took nothing over: its request stays listed. One whose resume the engine
+  // completed before memd's first answer is hidden until that answer.
   // Complexity: O(listed + open requests).
   struct Resumable { RequestId request; uint64_t input_rows, max_rows; };
   std::vector<Resumable> ListResumable() const;
@@ -329,7 +331,15 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // MemdHandler.
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
   void OnAdmitWait(const wire::AdmitWaitT& m) override;
-  void OnAdmitReject(const wire::AdmitRejectT& m) override;
+  void OnAdmitReject(const wire::AdmitRejectT& m) override { Reject(m, /*took_effect=*/true); }
+  void OnAdmitRefused(const wire::AdmitRejectT& m) override { Reject(m, /*took_effect=*/false); }
+  // memd's answer refusing admission `m.request` (`took_effect`: memd took the admission, so a resume took its
+  // interrupted request over, which is then no longer resumable; else an ErrorReply: nothing changed at memd).
+  void Reject(const wire::AdmitRejectT& m, bool took_effect);
+  // memd's answer to the admission of `id`, a resume the engine completed before that answer (ended_resumes_):
+  // `took_effect` (a grant, a wait, an AdmitReject) -> its interrupted request was taken over and is no longer
+  // resumable; else (an ErrorReply) it is listed again.
+  void SettleEndedResume(RequestId id, bool took_effect);
   void OnReclaimOrder(const wire::ReclaimOrderT& m) override;
   void OnRetire(const wire::RetireT& m) override;
   void OnPopulateOrder(const wire::PopulateOrderT& m) override;
@@ -367,7 +377,14 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // each return those PlanReturn finds resumable (review finding, 2026-12-03: memd's whole list was offered, so an
   // interrupted request a resume waiting here takes over stayed listed until that resume's grant).
   std::vector<RequestId> resumable_;
-  std::set<RequestId> not_resumable_;  // memd's interrupted requests ended at a re-Hello (PlanReturn end_interrupted)
+  // memd's interrupted requests no longer resumable: ended at a re-Hello (PlanReturn end_interrupted), or taken over by
+  // a resume memd admitted (granted, queued, or rejected after it took the admission; review finding 2026-12-04: a
+  // resume memd rejected as never fitting, or one completed while queued, left its request listed, and a second
+  // resume of it got memd's "unknown").
+  std::set<RequestId> not_resumable_;
+  // Resumes the engine completed while their admission waited for memd's first answer: id -> the interrupted request
+  // (hidden from ListResumable until that answer says whether memd took it over: SettleEndedResume).
+  std::map<RequestId, RequestId> ended_resumes_;
   // The ids SendComplete sent a Complete for (the newest kCompletesRemembered): ended here, so a later memd that lists
   // one as interrupted (the Complete died unread with a memd, twice over) has it ended again, not listed resumable
   // (PlanReturn's ended_here, with the agent's Finished; review finding).

@@ -167,7 +167,11 @@ absl::Status KvPort::Resolve(std::span<const SourceId> sources, std::span<Query>
     for (SourceId s : sources) held = std::min(held, Rows(q.request, s));
     for (size_t j = 0; j < q.selection.size(); ++j) {
       const Position t = q.selection[j];
-      if (t < -1 || t >= held) {
+      if (t < -1) {  // out of range as a negative append position is
+        return absl::OutOfRangeError(absl::StrCat("query ", i, ": position ", t, " at ", j,
+                                                  " is negative (-1 alone is padding)"));
+      }
+      if (t >= held) {
         return absl::OutOfRangeError(absl::StrCat("query ", i, ": position ", t, " at ", j, " is beyond request ",
                                                   q.request, "'s history of ", held, " rows",
                                                   sources.size() > 1 ? " (on every source named)" : ""));

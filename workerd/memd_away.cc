@@ -117,8 +117,10 @@ void MemdAway::Adopted(RequestId id) {
   // Its client failed the held chunk (FlushHeld), or it finished outside a step: it ends now (memd is back).
   if (!r.client_error.ok()) {
     p_.ends->Finish(id, r.client_error);
+    ++adopted_ended_;
   } else if (r.finished()) {
     p_.ends->Finish(id, absl::OkStatus());
+    ++adopted_ended_;
   }
 }
 
@@ -143,6 +145,7 @@ absl::Status MemdAway::Resend(RequestId id) { return p_.admission->SendAdmit(*p_
 absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   // The transport moved the session on the reply (MemdClient::PollAway); an in-process caller hands it in here.
   if (p_.memd->session().away()) DHS_CHECK_OK(p_.memd->session().Accepted());
+  adopted_ended_ = 0;
   absl::StatusOr<ReturnDone> done = CarryOutReturn(
       reply, *p_.book,
       ReturnFacts{.ended_here = [this](RequestId id) { return p_.agent->Finished(id); },
@@ -157,7 +160,7 @@ absl::Status MemdAway::Return(const wire::HelloReplyT& reply) {
   const WorkerStats& counts = p_.recorder->counts();
   spdlog::info("worker: memd is back: {} requests adopted, {} refused, {} ended while away, {} admissions sent again; "
                "{} tokens generated and {} requests paused while away (since start)", done->plan.adopted.size(),
-               done->plan.refused.size(), done->ended, done->resent, counts.tokens_while_away,
+               done->plan.refused.size(), done->ended + adopted_ended_, done->resent, counts.tokens_while_away,
                counts.paused_while_away);
   return absl::OkStatus();
 }

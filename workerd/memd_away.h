@@ -108,6 +108,7 @@ class MemdAway final : private ReturnHandler {
   void FlushHeld(WorkerRequest& r);
 
   AwayParts p_;
+  size_t adopted_ended_ = 0;  // adopted requests that ended at the return (Adopted): the log's "ended while away"
   // The records of the refused requests memd holds nothing of, from EndRefused to ResumeRefused (one return).
   std::map<RequestId, std::unique_ptr<wire::RequestRecordT>> refused_records_;
 };

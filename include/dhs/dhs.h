@@ -369,7 +369,9 @@ DHS_EXPORT int dhs_request_complete(dhs_worker* w, uint64_t request);
 /* After a restart of this GPU's worker: the requests memd kept for it (each with its confirmed host copies), as
  * memd's reply to this worker's Hello named them; after memd restarted (a re-Hello), those of the new memd's list
  * this worker did not end. A request is not listed while a resume of it is open here (submitted, not completed), and
- * leaves the list at that resume's grant. */
+ * leaves the list once memd took it over for that resume: at the resume's GRANTED or WAITING, or a REJECTED that memd
+ * decided after taking the admission (the resume never fits: both are gone). A resume refused before memd took it
+ * (a bad admission) leaves the request listed; one completed before memd's first answer hides it until that answer. */
 typedef struct dhs_resumable {
   uint64_t request;      /* the interrupted request's id: dhs_request_desc.resume_of */
   uint64_t input_rows;   /* from its record (0 when memd kept none) */

@@ -7,6 +7,7 @@
 // worker's invariants (EmbeddedWorker::CheckInvariants) are checked after every call.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -53,9 +54,11 @@ std::vector<uint8_t> Rows(uint32_t tag, Position pos) {  // one position, every 
 }
 
 struct Harness {
-  explicit Harness(uint64_t seed, bool chaos)
+  // `before_open`: what memd holds when the worker says its Hello (its epoch, the interrupted requests it lists).
+  explicit Harness(uint64_t seed, bool chaos, const std::function<void(test::FakeMemd&)>& before_open = {})
       : memd(/*capacity_pages=*/kBudgetPages, /*host_page_bytes=*/uint64_t{kPageRows} * kSources * kRowBytes,
              kPageRows, /*host_pages=*/96, seed, chaos, kSlots) {
+    if (before_open) before_open(memd);
     absl::StatusOr<std::unique_ptr<EmbeddedWorker>> w = EmbeddedWorker::OpenOver(Shape(), memd);
     EXPECT_TRUE(w.ok()) << w.status();
     if (w.ok()) worker = *std::move(w);
@@ -307,6 +310,110 @@ TEST(EmbeddedOverFakeMemd, MemdAwayAndBackKeepsTheRowsAndDefersTheEnd) {
   EXPECT_EQ(stats["memd"]["aways"].get<int>(), 1);
   EXPECT_EQ(stats["memd"]["returns"].get<int>(), 1);
   EXPECT_EQ(stats["memd"]["ends_deferred"].get<int>(), 1);
+}
+
+// ---- Resumes and the resumable list (review finding 2026-12-04: memd took an interrupted request over for a resume
+// it then rejected, or that the engine completed while it queued; the request stayed listed, and a second resume of it
+// got memd's "unknown") ----
+
+// An earlier epoch's request 5 (GPU 0, epoch 1, n = 5) that memd holds interrupted (no page kept); this worker is
+// epoch 2. Both slots are taken by two granted requests, so a resume waits for memd's answer.
+constexpr RequestId kInterrupted = 5;
+struct ResumeFixture {
+  ResumeFixture()
+      : h(/*seed=*/9, /*chaos=*/false, [](test::FakeMemd& m) {
+          m.epoch = 2;
+          m.interrupted[kInterrupted];
+          m.listed_interrupted = {kInterrupted};
+        }) {
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<RequestId> id = h.worker->Submit(1, 40);
+      EXPECT_TRUE(id.ok()) << id.status();
+    }
+    EXPECT_TRUE(h.worker->Poll().ok());
+    h.worker->events().clear();
+    EXPECT_EQ(h.memd.slots_free(), 0u);
+  }
+  std::vector<RequestId> Listed() const {
+    std::vector<RequestId> out;
+    for (const EmbeddedWorker::Resumable& r : h.worker->ListResumable()) out.push_back(r.request);
+    return out;
+  }
+  RequestId SubmitResume() {
+    absl::StatusOr<RequestId> id = h.worker->Submit(1, 40, kInterrupted);
+    EXPECT_TRUE(id.ok()) << id.status();
+    h.Check();
+    EXPECT_EQ(h.memd.resumes, 1) << "memd took the interrupted request over at the admission";
+    EXPECT_TRUE(Listed().empty()) << "listed while a resume of it is open";
+    return id.ok() ? *id : 0;
+  }
+  // Polls and returns the kinds of the events of `id`.
+  std::vector<EmbeddedEvent::Kind> PollEventsOf(RequestId id) {
+    EXPECT_TRUE(h.worker->Poll().ok());
+    h.Check();
+    std::vector<EmbeddedEvent::Kind> kinds;
+    for (const EmbeddedEvent& e : h.worker->events()) {
+      if (e.request == id) kinds.push_back(e.kind);
+    }
+    h.worker->events().clear();
+    return kinds;
+  }
+  Harness h;
+};
+
+TEST(EmbeddedResumeList, AResumeMemdRejectsAfterTakingItOverTakesItsRequestOffTheList) {
+  ResumeFixture f;
+  ASSERT_EQ(f.Listed(), std::vector<RequestId>{kInterrupted});
+  const RequestId resume = f.SubmitResume();
+  f.h.memd.RejectAdmission(resume, absl::ResourceExhaustedError("never fits"), /*took_effect=*/true);
+  EXPECT_EQ(f.PollEventsOf(resume), std::vector<EmbeddedEvent::Kind>{EmbeddedEvent::kRejected});
+  EXPECT_TRUE(f.Listed().empty()) << "memd dropped the interrupted request with the resume it took it over for";
+  EXPECT_FALSE(f.h.memd.interrupted.contains(kInterrupted));
+  absl::StatusOr<RequestId> again = f.h.worker->Submit(1, 40, kInterrupted);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound) << again.status();
+}
+
+TEST(EmbeddedResumeList, AResumeRefusedBeforeMemdTookItLeavesItsRequestListed) {
+  ResumeFixture f;
+  const RequestId resume = f.SubmitResume();
+  f.h.memd.RejectAdmission(resume, absl::InvalidArgumentError("bad admission"), /*took_effect=*/false);
+  EXPECT_EQ(f.PollEventsOf(resume), std::vector<EmbeddedEvent::Kind>{EmbeddedEvent::kRejected});
+  EXPECT_EQ(f.Listed(), std::vector<RequestId>{kInterrupted}) << "memd still holds it: offered again";
+  ASSERT_TRUE(f.h.memd.interrupted.contains(kInterrupted));
+  absl::StatusOr<RequestId> again = f.h.worker->Submit(1, 40, kInterrupted);
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(f.h.memd.resumes, 1) << "the second resume took it over";
+}
+
+TEST(EmbeddedResumeList, AQueuedResumeTheEngineCompletesTakesItsRequestOffTheList) {
+  ResumeFixture f;
+  const RequestId resume = f.SubmitResume();
+  f.h.memd.AnswerWait(resume, 1);
+  EXPECT_EQ(f.PollEventsOf(resume), std::vector<EmbeddedEvent::Kind>{EmbeddedEvent::kWaiting});
+  ASSERT_TRUE(f.h.worker->Complete(resume).ok());
+  f.h.Check();
+  EXPECT_TRUE(f.Listed().empty()) << "memd ended the interrupted request when it queued its resume";
+  absl::StatusOr<RequestId> again = f.h.worker->Submit(1, 40, kInterrupted);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound) << again.status();
+}
+
+TEST(EmbeddedResumeList, AResumeCompletedBeforeMemdsAnswerIsHiddenUntilThatAnswer) {
+  for (const bool took_effect : {true, false}) {
+    SCOPED_TRACE(took_effect ? "memd queued the resume" : "memd refused the resume's admission");
+    ResumeFixture f;
+    const RequestId resume = f.SubmitResume();
+    // memd's answer is on its way (memd handled the admission first) when the engine completes the resume.
+    if (took_effect) {
+      f.h.memd.AnswerWait(resume, 1);
+    } else {
+      f.h.memd.RejectAdmission(resume, absl::InvalidArgumentError("bad admission"), /*took_effect=*/false);
+    }
+    ASSERT_TRUE(f.h.worker->Complete(resume).ok());
+    f.h.Check();
+    EXPECT_TRUE(f.Listed().empty()) << "offered before memd said whether it took it over";
+    EXPECT_TRUE(f.PollEventsOf(resume).empty()) << "an event for a request the engine completed";
+    EXPECT_EQ(f.Listed(), took_effect ? std::vector<RequestId>{} : std::vector<RequestId>{kInterrupted});
+  }
 }
 
 }  // namespace

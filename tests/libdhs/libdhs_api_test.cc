@@ -492,8 +492,11 @@ TEST_F(LibdhsTest, EveryEntryPointChecksItsArguments) {
   q.length = 2;
   sel[1] = 21;  // 21 rows appended: 0..20
   EXPECT_EQ(dhs_resolve(w_, &src, 1, &q, 1), DHS_ERR_OUT_OF_RANGE);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("beyond request"), std::string::npos) << dhs_worker_errmsg(w_);
   sel[1] = -2;
   EXPECT_EQ(dhs_resolve(w_, &src, 1, &q, 1), DHS_ERR_OUT_OF_RANGE);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("is negative (-1 alone is padding)"), std::string::npos)
+      << dhs_worker_errmsg(w_);
   sel[1] = 5;
   uint32_t bad_src = kS;
   EXPECT_EQ(dhs_resolve(w_, &bad_src, 1, &q, 1), DHS_ERR_INVALID_ARGUMENT);

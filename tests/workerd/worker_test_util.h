@@ -20,6 +20,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "workerd/model/model.h"
 #include "workerd/model/resident_kv_access.h"
@@ -509,6 +510,41 @@ class FakeMemd final : public MemdTransport {
     return true;
   }
 
+  // memd's AdmitWait for the admission of `id` (queue position `position`), delivered at the next Pump (the fake
+  // itself answers a waiting admission with nothing until its grant).
+  void AnswerWait(RequestId id, uint32_t position) {
+    auto w = std::make_unique<wire::AdmitWaitT>();
+    w->request = id;
+    w->queue_position = position;
+    inbox_.push_back(std::move(w));
+  }
+  // memd refuses the admission of `id` (waiting for its grant), delivered at the next Pump. `took_effect`: an
+  // AdmitReject decided after memd took the admission (ResidencyManager's NeverFits): a resume's taken-over pages are
+  // freed, its interrupted request is gone. Else an ErrorReply (memd's Admit failed before anything changed): a
+  // resume's interrupted request is kept as it was.
+  void RejectAdmission(RequestId id, const absl::Status& why, bool took_effect) {
+    std::erase_if(waiting_, [&](const Admission& a) { return a.request == id; });
+    if (auto it = reqs_.find(id); it != reqs_.end()) {
+      if (!took_effect && resumed_from_.contains(id)) {  // the resume never happened
+        interrupted[resumed_from_.at(id)] = it->second.taken;
+        pages_taken_over -= static_cast<uint32_t>(it->second.taken.size());
+        --resumes;
+      } else {
+        for (const auto& [j, h] : it->second.taken) free_host_.insert(h);
+      }
+      reqs_.erase(it);
+    }
+    wire::AdmitRejectT m;
+    m.request = id;
+    m.code = ToWireError(why);
+    m.reason = std::string(why.message());
+    if (took_effect) {
+      inbox_.push_back(std::make_unique<wire::AdmitRejectT>(m));
+    } else {
+      inbox_.push_back(std::make_unique<Refusal>(Refusal{m}));
+    }
+  }
+
   // MemdTransport (libdhs's EmbeddedWorker::OpenOver): the host pool is `host`; Poll is a Pump (nothing while the
   // session is away, as MemdClient); PollAway answers once `take_rehello` is set: the report adopted (AdoptReport),
   // refused_reports / interrupted_requests / interrupted_records as set below, the session connected again.
@@ -608,8 +644,14 @@ class FakeMemd final : public MemdTransport {
     bool needed_backup;
     bool backed;
   };
+  // An ErrorReply to an AdmitRequest, as MemdClient hands it on (OnAdmitRefused).
+  struct Refusal {
+    wire::AdmitRejectT reject;
+  };
   using Msg = std::variant<std::unique_ptr<wire::AdmitGrantT>, std::unique_ptr<wire::ReclaimOrderT>,
-                           std::unique_ptr<wire::RetireT>, std::unique_ptr<wire::PopulateOrderT>>;
+                           std::unique_ptr<wire::RetireT>, std::unique_ptr<wire::PopulateOrderT>,
+                           std::unique_ptr<wire::AdmitWaitT>, std::unique_ptr<wire::AdmitRejectT>,
+                           std::unique_ptr<Refusal>>;
   static uint32_t HistoryOf(const Req& r, uint32_t dp) {
     for (const auto& [j, d] : r.optional) {
       if (d == dp) return j;
@@ -629,6 +671,7 @@ class FakeMemd final : public MemdTransport {
     }
     r.taken = it->second;
     pages_taken_over += static_cast<uint32_t>(r.taken.size());
+    resumed_from_[m.request] = m.resume_of;
     interrupted.erase(it);
     ++resumes;
   }
@@ -636,6 +679,9 @@ class FakeMemd final : public MemdTransport {
   void Deliver(MemdHandler& h, const wire::ReclaimOrderT& m) { h.OnReclaimOrder(m); }
   void Deliver(MemdHandler& h, const wire::RetireT& m) { h.OnRetire(m); }
   void Deliver(MemdHandler& h, const wire::PopulateOrderT& m) { h.OnPopulateOrder(m); }
+  void Deliver(MemdHandler& h, const wire::AdmitWaitT& m) { h.OnAdmitWait(m); }
+  void Deliver(MemdHandler& h, const wire::AdmitRejectT& m) { h.OnAdmitReject(m); }
+  void Deliver(MemdHandler& h, const Refusal& m) { h.OnAdmitRefused(m.reject); }
 
   uint32_t p_;
   std::mt19937_64 rng_;
@@ -648,6 +694,7 @@ class FakeMemd final : public MemdTransport {
   std::map<RequestId, Req> reqs_;
   std::map<uint64_t, Reclaim> reclaims_;
   std::deque<Msg> inbox_;
+  std::map<RequestId, RequestId> resumed_from_;  // a resume's id -> the interrupted request it took over
   std::optional<absl::Status> commit_answer_;  // the TokensCommitted in flight: its answer at the next Pump
   uint64_t next_order_ = 1;
   uint64_t pumps_ = 0;
