@@ -325,7 +325,7 @@ EmbeddedWorker::~EmbeddedWorker() {
     for (RequestId id : open) (void)Complete(id);
     agent_->Poll();
   }
-  if (memd_ != nullptr) memd_->SetLinger(std::chrono::milliseconds(1000));
+  if (owned_memd_ != nullptr) owned_memd_->SetLinger(std::chrono::milliseconds(1000));  // not a caller's transport
   agent_ = nullptr;
   kv_ = nullptr;
   stack_.reset();
@@ -1163,6 +1163,9 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   auto it = requests_.find(m.request);
   Request& r = it->second;
   const RequestPhase phase = Life(m.request)->phase;
+  // memd handed the interrupted request over to its resume: no longer resumable, whether the grant is taken here or
+  // fails below (review findings: the list kept a request resumed and completed here; a failed grant listed it again).
+  if (r.resume_of != 0) not_resumable_.insert(r.resume_of);
   if (absl::Status s = agent_->OnGrant(m, r.max_rows / config_.page_rows); !s.ok()) {
     agent_->EndRequest(m.request);
     EndFailed(it, s);
@@ -1171,9 +1174,6 @@ void EmbeddedWorker::OnAdmitGrant(const wire::AdmitGrantT& m) {
   EmbeddedEvent granted = Event(EmbeddedEvent::kGranted, m.request);
   granted.slot = m.slot;
   r.slot = m.slot;
-  // memd handed the interrupted request over to its resume: no longer resumable (review finding: the list kept a
-  // request resumed and completed here).
-  if (r.resume_of != 0) not_resumable_.insert(r.resume_of);
   // Resident mode imports nothing (no host tier): a resume recomputes every row.
   if ((r.resume_of != 0 || !m.shared_pages.empty()) && kv_ != nullptr) {
     // A resume (docs/architecture.md "Resume from host KV"), or shared prefix pages (issue 24: they come inside
@@ -1217,14 +1217,16 @@ void EmbeddedWorker::OnAdmitWait(const wire::AdmitWaitT& m) {
   events_.back().pages = m.deficit_pages;
 }
 
-void EmbeddedWorker::Reject(const wire::AdmitRejectT& m, bool took_effect) {
+void EmbeddedWorker::OnAdmitReject(const wire::AdmitRejectT& m) {
   // A reject of a request not waiting for its grant (after a grant) breaks the contract: ignored (AnswerTo). One that
   // crossed the engine's Complete still says whether a resume took its interrupted request over.
   if (const AdmissionAnswer answer = book_.AnswerTo(m.request); answer != AdmissionAnswer::kApplies) {
-    if (answer == AdmissionAnswer::kCrossedComplete) SettleEndedResume(m.request, took_effect);
+    if (answer == AdmissionAnswer::kCrossedComplete) SettleEndedResume(m.request, m.took_over != 0);
     return;
   }
-  if (const RequestId of = requests_.at(m.request).resume_of; of != 0 && took_effect) not_resumable_.insert(of);
+  if (const RequestId of = requests_.at(m.request).resume_of; of != 0 && m.took_over == of) {
+    not_resumable_.insert(of);  // memd ended it with the resume (review finding, 2026-12-04)
+  }
   const absl::Status error = AdmitRejectError(m);
   RecordEnd(m.request, requests_.at(m.request), error);
   Forget(m.request, /*completed=*/false);

@@ -216,8 +216,8 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // The interrupted requests the engine may resume, with their records' sizes: (id, input rows, max rows). At open
   // every one memd's HelloReply lists; after a return those PlanReturn finds resumable (neither ended here nor
   // adopted). One is hidden while a resume of it is open here (not ending), and leaves the list once memd took it
-  // over for that resume: at the resume's grant, its AdmitWait, or memd's AdmitReject of it (memd dropped both). A
-  // resume memd refused with an ErrorReply took nothing over: its request stays listed. One whose resume the engine
+  // over for that resume: at the resume's grant, its AdmitWait, or memd's AdmitReject naming it (took_over: memd ended
+  // both). A reject without took_over changed nothing at memd: the request stays listed. One whose resume the engine
   // completed before memd's first answer is hidden until that answer.
   // Complexity: O(listed + open requests).
   struct Resumable { RequestId request; uint64_t input_rows, max_rows; };
@@ -331,14 +331,12 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // MemdHandler.
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
   void OnAdmitWait(const wire::AdmitWaitT& m) override;
-  void OnAdmitReject(const wire::AdmitRejectT& m) override { Reject(m, /*took_effect=*/true); }
-  void OnAdmitRefused(const wire::AdmitRejectT& m) override { Reject(m, /*took_effect=*/false); }
-  // memd's answer refusing admission `m.request` (`took_effect`: memd took the admission, so a resume took its
-  // interrupted request over, which is then no longer resumable; else an ErrorReply: nothing changed at memd).
-  void Reject(const wire::AdmitRejectT& m, bool took_effect);
+  // memd's reject of admission `m.request`; m.took_over (a resume's interrupted request memd took over and ended with
+  // this reject: it never fits) is no longer resumable. Without it nothing changed at memd (the request stays listed).
+  void OnAdmitReject(const wire::AdmitRejectT& m) override;
   // memd's answer to the admission of `id`, a resume the engine completed before that answer (ended_resumes_):
-  // `took_effect` (a grant, a wait, an AdmitReject) -> its interrupted request was taken over and is no longer
-  // resumable; else (an ErrorReply) it is listed again.
+  // `took_effect` (a grant, a wait, an AdmitReject with took_over) -> its interrupted request was taken over and is no
+  // longer resumable; else (a reject that changed nothing) it is listed again.
   void SettleEndedResume(RequestId id, bool took_effect);
   void OnReclaimOrder(const wire::ReclaimOrderT& m) override;
   void OnRetire(const wire::RetireT& m) override;

@@ -49,7 +49,9 @@ struct Request {
   // (owned while queued; kHost at the grant, same history page).
   std::map<uint32_t, PageIndex> resumed_host;
   std::map<uint32_t, uint64_t> resumed_checksums;  // their checksums (issue 22; 0 = none known)
-  bool resume = false;  // admitted with resume_of: a fence while queued makes it interrupted again (not rejected)
+  // A resume: the interrupted request it took over at admission (AdmitRequest.resume_of; 0 = not a resume). A fence
+  // while it queues makes it interrupted again (not rejected); a reject names it (RejectOrder.took_over).
+  RequestId resume_of = 0;
   RequestState state = RequestState::kQueued;
   int64_t time_us = 0;  // queued at, then admitted at
   uint64_t seq = 0;     // admission sequence

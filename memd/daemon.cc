@@ -1214,15 +1214,17 @@ std::string Daemon::Encode(const WaitOrder& o) {
 std::string Daemon::Encode(const RejectOrder& o) {
   const uint64_t sequence = AdmitSequence(o.request);
   admit_sequence_.erase(o.request);
-  return EncodeReject(o.request, o.error, sequence);
+  return EncodeReject(o.request, o.error, sequence, o.took_over);
 }
 
 // The one AdmitReject encoder: the core's RejectOrder (never fits) and an admission refused as bad input.
-std::string Daemon::EncodeReject(RequestId request, const absl::Status& why, uint64_t sequence) {
+std::string Daemon::EncodeReject(RequestId request, const absl::Status& why, uint64_t sequence,
+                                 RequestId took_over) {
   wire::AdmitRejectT w;
   w.request = request;
   w.code = ToWireError(why);
   w.reason = std::string(why.message());
+  w.took_over = took_over;
   spdlog::info("memd: admission of request {} rejected: {}", request, w.reason);
   return EncodeAdmitReject(w, sequence, kSender);
 }

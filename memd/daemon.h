@@ -228,7 +228,8 @@ class Daemon {
   std::string Encode(const GrantOrder& order);
   std::string Encode(const WaitOrder& order);
   std::string Encode(const RejectOrder& order);
-  std::string EncodeReject(RequestId request, const absl::Status& why, uint64_t sequence);  // the one AdmitReject encoder
+  // The one AdmitReject encoder; `took_over`: AdmitReject.took_over (a resume's interrupted request ended with it).
+  std::string EncodeReject(RequestId request, const absl::Status& why, uint64_t sequence, RequestId took_over = 0);
   std::string Encode(const ReclaimOrder& order);
   std::string Encode(const PopulateOrder& order);
   std::string Encode(const RetireOrder& order);

@@ -62,6 +62,7 @@ struct RejectOrder {
   RequestId request = 0;
   GpuId gpu = 0;
   absl::Status error;
+  RequestId took_over = 0;  // a resume's interrupted request, taken over at admission and ended with it (0: none)
 };
 
 // Reclaim all optional pages `gpu_pages` of victim `request` (-> ReclaimOrder): back up backup_pages[i] into host page

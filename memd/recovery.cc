@@ -180,7 +180,7 @@ absl::Status Recovery::Fence(GpuId gpu, std::string_view why) {
   uint32_t interrupted = 0;
   for (RequestId q : g->second.queue) {
     Request& r = s_.requests.at(q);
-    if (r.resume) {  // its predecessor is gone: rejecting it would lose the host pages and record it took over
+    if (r.resume_of != 0) {  // its predecessor is gone: rejecting it would lose the host pages and record it took over
       InterruptQueuedResume(r);
       ++interrupted;
       continue;

@@ -203,14 +203,14 @@ absl::Status ResidencyManager::Admit(const AdmitRequest& in) {
   r.time_us = state_.clock();
   ++state_.counters.admissions;
   if (a.resume_of != 0) {
-    r.resume = true;
+    r.resume_of = a.resume_of;
     recovery_.TakeOver(r, a.resume_of);
   }
   if (absl::Status never = NeverFits(r, g->second); !never.ok()) {  // rejected at once, blocks nobody
     spdlog::info("memd: reject: {}", std::string(never.message()));
     prefix_.Release(r);                // a resume's taken-over shared pages (issue 24)
     state_.host.ReleaseRequest(r.id);  // a resume's taken-over pages
-    state_.outbox.push_back(RejectOrder{r.id, r.gpu, never});
+    state_.outbox.push_back(RejectOrder{r.id, r.gpu, never, r.resume_of});  // a resume's predecessor ended with it
     ++state_.counters.rejects;
     return Finish(absl::OkStatus());
   }
@@ -688,7 +688,7 @@ void ResidencyManager::RejectRefusedGrant(Request& r, Gpu& g, const absl::Status
   const absl::Status why = !required.ok() ? required.status() : !optional.ok() ? optional.status() : host;
   spdlog::error("memd: request {}: the page tables refused its grant: {}", r.id, why.ToString());
   state_.outbox.push_back(
-      RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message()))});
+      RejectOrder{r.id, r.gpu, absl::InternalError(absl::StrCat("grant failed: ", why.message())), r.resume_of});
   ++state_.counters.rejects;
   state_.requests.erase(r.id);  // the caller pops it from the queue and does not touch it again
 }

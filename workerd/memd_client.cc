@@ -271,7 +271,7 @@ void MemdClient::OnErrorReply(const Message& msg, MemdHandler& handler) {
     reject.code = ToWireError(s);
     reject.reason = std::string(s.message());
     admit_seq_.erase(it);
-    handler.OnAdmitRefused(reject);  // refused before it took effect (memd's Admit returned the error)
+    handler.OnAdmitReject(reject);
     return;
   }
   spdlog::warn("workerd: memd answered message {} with an error: {}", msg.sequence, s.ToString());

@@ -56,12 +56,9 @@ class MemdHandler {
   virtual ~MemdHandler() = default;
   virtual void OnAdmitGrant(const wire::AdmitGrantT& m) = 0;
   virtual void OnAdmitWait(const wire::AdmitWaitT& m) = 0;
-  // memd's AdmitReject: it took the admission and then refused it (never fits, its grant failed, a fence while it
-  // queued). A resume (AdmitRequest.resume_of) had taken its interrupted request over: that one is gone too.
+  // memd's AdmitReject (or an ErrorReply to the AdmitRequest, which MemdClient hands on as one). m.took_over != 0: a
+  // resume memd rejected after taking its interrupted request over (it never fits): that request is gone too.
   virtual void OnAdmitReject(const wire::AdmitRejectT& m) = 0;
-  // memd answered the AdmitRequest itself with an ErrorReply (MemdClient makes it an AdmitReject): the admission took
-  // no effect at memd, so a resume took nothing over (its interrupted request stays as it was). Default: as a reject.
-  virtual void OnAdmitRefused(const wire::AdmitRejectT& m) { OnAdmitReject(m); }
   virtual void OnReclaimOrder(const wire::ReclaimOrderT& m) = 0;
   virtual void OnRetire(const wire::RetireT& m) = 0;
   virtual void OnPopulateOrder(const wire::PopulateOrderT& m) = 0;

@@ -370,8 +370,8 @@ DHS_EXPORT int dhs_request_complete(dhs_worker* w, uint64_t request);
  * memd's reply to this worker's Hello named them; after memd restarted (a re-Hello), those of the new memd's list
  * this worker did not end. A request is not listed while a resume of it is open here (submitted, not completed), and
  * leaves the list once memd took it over for that resume: at the resume's GRANTED or WAITING, or a REJECTED that memd
- * decided after taking the admission (the resume never fits: both are gone). A resume refused before memd took it
- * (a bad admission) leaves the request listed; one completed before memd's first answer hides it until that answer. */
+ * decided after taking it over (the resume can never fit: memd ended both). A resume rejected before memd took it (a
+ * bad admission) leaves the request listed; one completed before memd's first answer hides it until that answer. */
 typedef struct dhs_resumable {
   uint64_t request;      /* the interrupted request's id: dhs_request_desc.resume_of */
   uint64_t input_rows;   /* from its record (0 when memd kept none) */

@@ -373,7 +373,7 @@ TEST(EmbeddedResumeList, AResumeMemdRejectsAfterTakingItOverTakesItsRequestOffTh
   EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound) << again.status();
 }
 
-TEST(EmbeddedResumeList, AResumeRefusedBeforeMemdTookItLeavesItsRequestListed) {
+TEST(EmbeddedResumeList, AResumeRejectedBeforeMemdTookItLeavesItsRequestListed) {
   ResumeFixture f;
   const RequestId resume = f.SubmitResume();
   f.h.memd.RejectAdmission(resume, absl::InvalidArgumentError("bad admission"), /*took_effect=*/false);
@@ -399,7 +399,7 @@ TEST(EmbeddedResumeList, AQueuedResumeTheEngineCompletesTakesItsRequestOffTheLis
 
 TEST(EmbeddedResumeList, AResumeCompletedBeforeMemdsAnswerIsHiddenUntilThatAnswer) {
   for (const bool took_effect : {true, false}) {
-    SCOPED_TRACE(took_effect ? "memd queued the resume" : "memd refused the resume's admission");
+    SCOPED_TRACE(took_effect ? "memd queued the resume" : "memd rejected the resume before taking it over");
     ResumeFixture f;
     const RequestId resume = f.SubmitResume();
     // memd's answer is on its way (memd handled the admission first) when the engine completes the resume.

@@ -1433,6 +1433,51 @@ TEST_F(LibdhsTest, AResumeWaitingAtTheReHelloKeepsItsRequestOffTheList) {
   EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
 }
 
+// A rejected resume leaves its request listed exactly while memd holds it (review finding, 2026-12-04): a bad resume
+// (a context of 2 pages, x kept host page 3) is refused before memd changes anything, and x stays listed; a resume
+// that can never fit (more host pages than memd's pool) is rejected after memd took x over, and the reject names x
+// (AdmitReject.took_over): x is gone at memd and no longer listed, so a third resume is refused here (NOT_FOUND),
+// not by memd's "unknown". Before, x stayed listed after the second reject.
+TEST_F(LibdhsTest, ARejectedResumeListsItsRequestWhileMemdHoldsIt) {
+  dhs_worker_config c = Config(dir_.path(), 16);
+  uint64_t x = 0, a = 0, b = 0;
+  ASSERT_NO_FATAL_FAILURE(StartWithInterruptedAndTwoGranted(&c, &x, &a, &b));
+  const auto listed = [&] {
+    std::vector<dhs_resumable> list(4);
+    size_t n = 0, total = 0;
+    EXPECT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < n; ++i) ids.push_back(list[i].request);
+    return ids;
+  };
+  const auto rejected = [&](uint64_t id) {
+    const std::vector<dhs_event> ev = PollFor(1);
+    EXPECT_EQ(ev.size(), 1u);
+    if (ev.empty()) return std::string("no event");
+    EXPECT_EQ(ev[0].request, id);
+    EXPECT_EQ(ev[0].kind, static_cast<uint32_t>(DHS_EVENT_REJECTED)) << ev[0].message;
+    return std::string(ev[0].message);
+  };
+  ASSERT_EQ(listed(), std::vector<uint64_t>{x});
+  dhs_request_desc bad = Desc(16, 32, x);
+  uint64_t y = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &bad, &y), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::string why_bad = rejected(y);
+  EXPECT_NE(why_bad.find("kept a host copy of history page"), std::string::npos) << why_bad;  // memd's CheckResume
+  EXPECT_EQ(listed(), std::vector<uint64_t>{x}) << "memd still holds x";
+  dhs_request_desc never = Desc(64, uint64_t{kP} * 300, x);  // 300 pages of context, memd's pool has 256
+  uint64_t z = 0;
+  ASSERT_EQ(dhs_request_submit(w_, &never, &z), DHS_OK) << dhs_worker_errmsg(w_);
+  const std::string why_never = rejected(z);
+  EXPECT_NE(why_never.find("it can never fit"), std::string::npos) << why_never;
+  EXPECT_TRUE(listed().empty()) << "memd ended x with the resume it took it over for";
+  dhs_request_desc third = Desc(64, 80, x);
+  uint64_t v = 0;
+  EXPECT_EQ(dhs_request_submit(w_, &third, &v), DHS_ERR_NOT_FOUND) << dhs_worker_errmsg(w_);
+  EXPECT_EQ(dhs_request_complete(w_, a), DHS_OK);
+  EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+}
+
 // A request completed while it waited for its grant, its Complete unread (memd SIGSTOPped, then SIGKILLed): the
 // second memd lists it interrupted and the re-Hello ends it (StaleGrant). With two deaths, that memd too is stopped
 // before it reads the Complete and killed; the third memd lists it again, when StaleGrant is forgotten

@@ -1067,6 +1067,46 @@ TEST_F(ResidencyTest, QueuedResumeHoldsItsHostPagesUntilFencedOrCompleted) {
   EXPECT_EQ(mgr_->host().allocated(), 0u);
 }
 
+// A resume that can never fit is rejected after it took its interrupted request over: the reject names that request
+// (RejectOrder.took_over -> AdmitReject.took_over), which is gone with every host page it kept; a bad resume is
+// refused before any change (a status, no order) and its request stays interrupted. A plain request's reject names
+// none. (libdhs lists a resume's request by this: tests/libdhs EmbeddedResumeList, libdhs_api
+// ARejectedResumeListsItsRequestWhileMemdHoldsIt.)
+TEST_F(ResidencyTest, ARejectedResumeNamesTheInterruptedRequestItTookOver) {
+  Make(10, 0, 32);
+  Admit(1, 1, 0, 3);
+  Written(1, {0, 1});
+  Do(mgr_->FenceGpu(0));
+  Do(mgr_->RegisterGpu(0, 10));
+  ASSERT_EQ(mgr_->InterruptedRequests(0), std::vector<RequestId>{1});
+  ASSERT_EQ(mgr_->host().allocated(), 2u);
+  AdmitRequest a;
+  a.request = 4;
+  a.required_pages = 1;
+  a.context_pages = 1;  // kept history page 1 is outside a context of 1 page: refused, nothing changes
+  a.host_backed = true;
+  a.resume_of = 1;
+  EXPECT_EQ(mgr_->Admit(a).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mgr_->DrainOrders().empty());
+  EXPECT_EQ(mgr_->InterruptedRequests(0), std::vector<RequestId>{1});
+  EXPECT_EQ(mgr_->host().allocated(), 2u);
+  a.context_pages = 33;  // more host pages than the pool's 32: it never fits
+  const std::vector<RejectOrder> rejects = OfType<RejectOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(rejects.size(), 1u);
+  EXPECT_EQ(rejects[0].request, 4u);
+  EXPECT_EQ(rejects[0].error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(rejects[0].took_over, 1u);
+  EXPECT_TRUE(mgr_->InterruptedRequests(0).empty());
+  EXPECT_EQ(mgr_->host().allocated(), 0u) << "the taken-over host pages are freed with the reject";
+  a.request = 5;
+  a.host_backed = false;
+  a.resume_of = 0;
+  const std::vector<RejectOrder> plain = OfType<RejectOrder>(Do(mgr_->Admit(a)));
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_EQ(plain[0].took_over, 0u);
+  EXPECT_TRUE(mgr_->CheckInvariants().ok());
+}
+
 // Issue 22, host-page integrity: the checksum a HostCopyWritten reports with each page is kept with the confirmed
 // copy (a repeated report never replaces a known one; a list of another length is refused and changes nothing),
 // survives the fence with the page, and the resume's grant names it with its page (host_backed_checksums, same

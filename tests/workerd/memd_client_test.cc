@@ -164,50 +164,6 @@ class TypeRecorder final : public MemdHandler {
   std::vector<wire::Body> calls;
 };
 
-// An AdmitRequest memd refused with an ErrorReply (its Admit failed: nothing took effect, a resume took nothing over)
-// reaches the handler as OnAdmitRefused; memd's AdmitReject message (decided after it took the admission) as
-// OnAdmitReject. libdhs lists a resume's interrupted request again after the first and not after the second
-// (tests/libdhs/embedded_over_fake_memd_test.cc EmbeddedResumeList).
-TEST(MemdClientDispatch, AnErrorReplyToAnAdmitRequestIsARefusalNotAReject) {
-  dhs::testing::ScopedRunDir dir;
-  ASSERT_TRUE(MakeRunDir(dir.path()).ok());
-  StandInMemd memd(dir.path());
-  std::unique_ptr<MemdClient> client = ConnectedClient(dir.path(), memd);
-  ASSERT_TRUE(client);
-  class Recorder final : public MemdHandler {
-   public:
-    void OnAdmitGrant(const wire::AdmitGrantT&) override {}
-    void OnAdmitWait(const wire::AdmitWaitT&) override {}
-    void OnAdmitReject(const wire::AdmitRejectT& m) override { seen.push_back("reject " + std::to_string(m.request)); }
-    void OnAdmitRefused(const wire::AdmitRejectT& m) override {
-      seen.push_back("refused " + std::to_string(m.request) + " " + m.reason);
-    }
-    void OnReclaimOrder(const wire::ReclaimOrderT&) override {}
-    void OnRetire(const wire::RetireT&) override {}
-    void OnPopulateOrder(const wire::PopulateOrderT&) override {}
-    void OnCompleteAck(const wire::CompleteAckT&) override {}
-    std::vector<std::string> seen;
-  } handler;
-  wire::AdmitRequestT admit;
-  admit.request = 41;
-  ASSERT_TRUE(client->SendAdmitRequest(admit).ok());
-  for (int i = 0; i < 200 && !memd.last_sequence.contains(wire::Body::AdmitRequest); ++i) {
-    memd.Serve(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(memd.last_sequence.contains(wire::Body::AdmitRequest));
-  ASSERT_TRUE(memd.SendToWorker(EncodeError(absl::InvalidArgumentError("bad admission"),
-                                            memd.last_sequence[wire::Body::AdmitRequest], "memd")));
-  wire::AdmitRejectT reject;
-  reject.request = 42;
-  ASSERT_TRUE(memd.SendToWorker(EncodeAdmitReject(reject, 900, "memd")));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (handler.seen.size() < 2 && std::chrono::steady_clock::now() < deadline) {
-    ASSERT_TRUE(client->Poll(handler, MemdClient::Load{}).ok());
-    memd.Serve(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(handler.seen, (std::vector<std::string>{"refused 41 bad admission", "reject 42"}));
-}
-
 // Issue 23: memd sends the worker every member of the wire message list (DHS_WIRE_MESSAGES), each with a default
 // body, then one more AdmitWait as a marker. The worker's dispatch hands memd's orders and answers to its handler,
 // in order (the list below is docs/protocol.md's, typed independently of the client's NotFromMemd), answers the

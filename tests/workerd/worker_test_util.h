@@ -518,13 +518,15 @@ class FakeMemd final : public MemdTransport {
     w->queue_position = position;
     inbox_.push_back(std::move(w));
   }
-  // memd refuses the admission of `id` (waiting for its grant), delivered at the next Pump. `took_effect`: an
-  // AdmitReject decided after memd took the admission (ResidencyManager's NeverFits): a resume's taken-over pages are
-  // freed, its interrupted request is gone. Else an ErrorReply (memd's Admit failed before anything changed): a
-  // resume's interrupted request is kept as it was.
+  // memd's AdmitReject of the admission of `id` (waiting for its grant), delivered at the next Pump. `took_effect`:
+  // decided after memd took the admission (ResidencyManager's NeverFits): a resume's taken-over pages are freed, its
+  // interrupted request is gone and the reject names it (took_over). Else a bad admission refused before any change
+  // (memd's Admit failed): a resume's interrupted request is kept as it was, took_over = 0.
   void RejectAdmission(RequestId id, const absl::Status& why, bool took_effect) {
     std::erase_if(waiting_, [&](const Admission& a) { return a.request == id; });
+    wire::AdmitRejectT m;
     if (auto it = reqs_.find(id); it != reqs_.end()) {
+      if (took_effect && resumed_from_.contains(id)) m.took_over = resumed_from_.at(id);
       if (!took_effect && resumed_from_.contains(id)) {  // the resume never happened
         interrupted[resumed_from_.at(id)] = it->second.taken;
         pages_taken_over -= static_cast<uint32_t>(it->second.taken.size());
@@ -534,15 +536,10 @@ class FakeMemd final : public MemdTransport {
       }
       reqs_.erase(it);
     }
-    wire::AdmitRejectT m;
     m.request = id;
     m.code = ToWireError(why);
     m.reason = std::string(why.message());
-    if (took_effect) {
-      inbox_.push_back(std::make_unique<wire::AdmitRejectT>(m));
-    } else {
-      inbox_.push_back(std::make_unique<Refusal>(Refusal{m}));
-    }
+    inbox_.push_back(std::make_unique<wire::AdmitRejectT>(m));
   }
 
   // MemdTransport (libdhs's EmbeddedWorker::OpenOver): the host pool is `host`; Poll is a Pump (nothing while the
@@ -644,14 +641,9 @@ class FakeMemd final : public MemdTransport {
     bool needed_backup;
     bool backed;
   };
-  // An ErrorReply to an AdmitRequest, as MemdClient hands it on (OnAdmitRefused).
-  struct Refusal {
-    wire::AdmitRejectT reject;
-  };
   using Msg = std::variant<std::unique_ptr<wire::AdmitGrantT>, std::unique_ptr<wire::ReclaimOrderT>,
                            std::unique_ptr<wire::RetireT>, std::unique_ptr<wire::PopulateOrderT>,
-                           std::unique_ptr<wire::AdmitWaitT>, std::unique_ptr<wire::AdmitRejectT>,
-                           std::unique_ptr<Refusal>>;
+                           std::unique_ptr<wire::AdmitWaitT>, std::unique_ptr<wire::AdmitRejectT>>;
   static uint32_t HistoryOf(const Req& r, uint32_t dp) {
     for (const auto& [j, d] : r.optional) {
       if (d == dp) return j;
@@ -681,7 +673,6 @@ class FakeMemd final : public MemdTransport {
   void Deliver(MemdHandler& h, const wire::PopulateOrderT& m) { h.OnPopulateOrder(m); }
   void Deliver(MemdHandler& h, const wire::AdmitWaitT& m) { h.OnAdmitWait(m); }
   void Deliver(MemdHandler& h, const wire::AdmitRejectT& m) { h.OnAdmitReject(m); }
-  void Deliver(MemdHandler& h, const Refusal& m) { h.OnAdmitRefused(m.reject); }
 
   uint32_t p_;
   std::mt19937_64 rng_;
