@@ -901,7 +901,21 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
           "call dhs_readers_done for that source before completing it (its rows may still be read)"));
     }
   }
+  // A resume memd queued took its interrupted request over at its admission: that one is gone with it. One that memd
+  // has not answered yet: its answer says (SettleEndedResume); while memd is away, the return's list says.
+  const auto settle_resume = [&] {
+    if (const RequestId of = requests_.at(request).resume_of; of != 0) {
+      if (life->phase == RequestPhase::kQueued) {
+        not_resumable_.insert(of);
+      } else {
+        ended_resumes_[request] = of;
+      }
+    }
+  };
   if (memd_->away() && life->phase != RequestPhase::kUnsent) {
+    // Review finding (2026-12-04): a resume completed while memd was away listed its request again, memd having
+    // dropped it; a second resume then got the new memd's "unknown".
+    if (!granted) settle_resume();
     // memd away: no Complete can go. A granted request is reported in the re-Hello and ended after it; a waiting one's
     // admission went to the dead memd (a new memd that journaled it lists it interrupted: Complete then). Return.
     DHS_CHECK_OK(book_.DeferEnd(request, absl::OkStatus()));
@@ -914,15 +928,7 @@ absl::Status EmbeddedWorker::Complete(RequestId request) {
   } else if (life->phase != RequestPhase::kUnsent) {
     // Not granted yet: memd drops the queued admission (or releases a grant already on its way) at the Complete.
     if (absl::Status s = SendComplete(request); !s.ok()) return s;  // the request stays open: it may be retried
-    // A resume memd queued took its interrupted request over at its admission: that one is gone with it. One that
-    // memd has not answered yet: its answer says (SettleEndedResume).
-    if (const RequestId of = requests_.at(request).resume_of; of != 0) {
-      if (life->phase == RequestPhase::kQueued) {
-        not_resumable_.insert(of);
-      } else {
-        ended_resumes_[request] = of;
-      }
-    }
+    settle_resume();
   }
   RecordEnd(request, requests_.at(request), absl::OkStatus());
   Forget(request, /*completed=*/life->phase != RequestPhase::kUnsent);  // a waiting one: StaleGrant until its ack

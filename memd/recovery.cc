@@ -233,6 +233,7 @@ void Recovery::InterruptQueuedResume(Request& r) {
   r.resumed_host.clear();
   r.resumed_checksums.clear();
   r.wait_sent = false;
+  r.resume_of = 0;     // interrupted again: no longer a resume (the next worker's resume takes it over)
   r.speculation = {};  // no required allocation any more (its GPU's sums went with the GPU)
   DHS_CHECK_OK(TransitionRequest(r.state, RequestState::kQueued, RequestState::kInterrupted));
   ++s_.counters.requests_interrupted;

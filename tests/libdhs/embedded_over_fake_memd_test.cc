@@ -398,21 +398,55 @@ TEST(EmbeddedResumeList, AQueuedResumeTheEngineCompletesTakesItsRequestOffTheLis
 }
 
 TEST(EmbeddedResumeList, AResumeCompletedBeforeMemdsAnswerIsHiddenUntilThatAnswer) {
-  for (const bool took_effect : {true, false}) {
-    SCOPED_TRACE(took_effect ? "memd queued the resume" : "memd rejected the resume before taking it over");
+  enum Answer { kWait, kRejectTookOver, kRejectNothingChanged };
+  for (const Answer answer : {kWait, kRejectTookOver, kRejectNothingChanged}) {
+    SCOPED_TRACE(answer == kWait             ? "memd queued the resume"
+                 : answer == kRejectTookOver ? "memd rejected the resume after taking it over"
+                                             : "memd rejected the resume before taking it over");
     ResumeFixture f;
     const RequestId resume = f.SubmitResume();
     // memd's answer is on its way (memd handled the admission first) when the engine completes the resume.
-    if (took_effect) {
+    if (answer == kWait) {
       f.h.memd.AnswerWait(resume, 1);
     } else {
-      f.h.memd.RejectAdmission(resume, absl::InvalidArgumentError("bad admission"), /*took_effect=*/false);
+      f.h.memd.RejectAdmission(resume, absl::ResourceExhaustedError("reject"), answer == kRejectTookOver);
     }
     ASSERT_TRUE(f.h.worker->Complete(resume).ok());
     f.h.Check();
     EXPECT_TRUE(f.Listed().empty()) << "offered before memd said whether it took it over";
     EXPECT_TRUE(f.PollEventsOf(resume).empty()) << "an event for a request the engine completed";
-    EXPECT_EQ(f.Listed(), took_effect ? std::vector<RequestId>{} : std::vector<RequestId>{kInterrupted});
+    EXPECT_EQ(f.Listed(), answer == kRejectNothingChanged ? std::vector<RequestId>{kInterrupted}
+                                                          : std::vector<RequestId>{});
+    EXPECT_EQ(f.h.memd.interrupted.contains(kInterrupted), answer == kRejectNothingChanged);
+  }
+}
+
+// A resume the engine completes while memd is away (review finding, 2026-12-04): queued (memd took its request over),
+// the request stays off the list and a second resume is refused here; waiting for memd's first answer, it is hidden
+// until the return, whose list is the new memd's (here: memd journaled the take-over, so it lists nothing).
+TEST(EmbeddedResumeList, AResumeCompletedWhileMemdIsAwayKeepsItsRequestOffTheList) {
+  for (const bool queued : {true, false}) {
+    SCOPED_TRACE(queued ? "queued (AdmitWait) when memd died" : "unanswered when memd died");
+    ResumeFixture f;
+    const RequestId resume = f.SubmitResume();
+    if (queued) {
+      f.h.memd.AnswerWait(resume, 1);
+      ASSERT_EQ(f.PollEventsOf(resume), std::vector<EmbeddedEvent::Kind>{EmbeddedEvent::kWaiting});
+    }
+    ASSERT_TRUE(f.h.memd.session().ConnectionLost(std::chrono::steady_clock::now()));
+    ASSERT_TRUE(f.h.worker->Poll().ok());
+    ASSERT_TRUE(f.h.worker->memd_away());
+    ASSERT_TRUE(f.h.worker->Complete(resume).ok());
+    f.h.Check();
+    EXPECT_TRUE(f.Listed().empty()) << "memd took the request over for the resume completed while it was away";
+    absl::StatusOr<RequestId> again = f.h.worker->Submit(1, 40, kInterrupted);
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound) << again.status();
+    f.h.memd.listed_interrupted.clear();  // the new memd: the take-over was journaled
+    f.h.memd.take_rehello = true;
+    ASSERT_TRUE(f.h.worker->Poll().ok());
+    f.h.Check();
+    ASSERT_FALSE(f.h.worker->memd_away());
+    EXPECT_TRUE(f.Listed().empty());
   }
 }
 

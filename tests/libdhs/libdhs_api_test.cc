@@ -203,6 +203,15 @@ class LibdhsTest : public ::testing::Test {
     dhs_request_desc d = Desc(16, 32);
     ASSERT_EQ(dhs_request_submit(w_, &d, q), DHS_OK) << dhs_worker_errmsg(w_);
   }
+  // The ids dhs_worker_list_resumable lists now (at most 8).
+  std::set<uint64_t> ListedIds() {
+    std::vector<dhs_resumable> list(8);
+    size_t n = 0, total = 0;
+    EXPECT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
+    std::set<uint64_t> ids;
+    for (size_t i = 0; i < n; ++i) ids.insert(list[i].request);
+    return ids;
+  }
   // Completed request `id` is not kept at memd: the open worker lists nothing resumable, and memd, stopped cleanly with
   // no request left after the worker closes, removes its host-pool segment (it keeps it for the next memd only while
   // it holds interrupted requests' pages).
@@ -1442,14 +1451,6 @@ TEST_F(LibdhsTest, ARejectedResumeListsItsRequestWhileMemdHoldsIt) {
   dhs_worker_config c = Config(dir_.path(), 16);
   uint64_t x = 0, a = 0, b = 0;
   ASSERT_NO_FATAL_FAILURE(StartWithInterruptedAndTwoGranted(&c, &x, &a, &b));
-  const auto listed = [&] {
-    std::vector<dhs_resumable> list(4);
-    size_t n = 0, total = 0;
-    EXPECT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
-    std::vector<uint64_t> ids;
-    for (size_t i = 0; i < n; ++i) ids.push_back(list[i].request);
-    return ids;
-  };
   const auto rejected = [&](uint64_t id) {
     const std::vector<dhs_event> ev = PollFor(1);
     EXPECT_EQ(ev.size(), 1u);
@@ -1458,19 +1459,19 @@ TEST_F(LibdhsTest, ARejectedResumeListsItsRequestWhileMemdHoldsIt) {
     EXPECT_EQ(ev[0].kind, static_cast<uint32_t>(DHS_EVENT_REJECTED)) << ev[0].message;
     return std::string(ev[0].message);
   };
-  ASSERT_EQ(listed(), std::vector<uint64_t>{x});
+  ASSERT_EQ(ListedIds(), std::set<uint64_t>{x});
   dhs_request_desc bad = Desc(16, 32, x);
   uint64_t y = 0;
   ASSERT_EQ(dhs_request_submit(w_, &bad, &y), DHS_OK) << dhs_worker_errmsg(w_);
   const std::string why_bad = rejected(y);
   EXPECT_NE(why_bad.find("kept a host copy of history page"), std::string::npos) << why_bad;  // memd's CheckResume
-  EXPECT_EQ(listed(), std::vector<uint64_t>{x}) << "memd still holds x";
+  EXPECT_EQ(ListedIds(), std::set<uint64_t>{x}) << "memd still holds x";
   dhs_request_desc never = Desc(64, uint64_t{kP} * 300, x);  // 300 pages of context, memd's pool has 256
   uint64_t z = 0;
   ASSERT_EQ(dhs_request_submit(w_, &never, &z), DHS_OK) << dhs_worker_errmsg(w_);
   const std::string why_never = rejected(z);
   EXPECT_NE(why_never.find("it can never fit"), std::string::npos) << why_never;
-  EXPECT_TRUE(listed().empty()) << "memd ended x with the resume it took it over for";
+  EXPECT_TRUE(ListedIds().empty()) << "memd ended x with the resume it took it over for";
   dhs_request_desc third = Desc(64, 80, x);
   uint64_t v = 0;
   EXPECT_EQ(dhs_request_submit(w_, &third, &v), DHS_ERR_NOT_FOUND) << dhs_worker_errmsg(w_);
@@ -1560,17 +1561,9 @@ TEST_F(LibdhsTest, ARequestSentAgainStaysResumableAfterItsReportIsRefused) {
   ASSERT_NO_FATAL_FAILURE(StartMemd({"--reserve-pages", "15"}));  // no report fits: b's and q's refused
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["returns"] == 2; }, 10000));
   ASSERT_EQ(Stats()["memd"]["returns"], 2);
-  auto listed = [&] {
-    std::vector<dhs_resumable> list(8);
-    size_t n = 0, total = 0;
-    EXPECT_EQ(dhs_worker_list_resumable(w_, list.data(), list.size(), &n, &total), DHS_OK);
-    std::set<uint64_t> ids;
-    for (size_t i = 0; i < n; ++i) ids.insert(list[i].request);
-    return ids;
-  };
   // Both FAILED ("dhs_worker_list_resumable may list it"); memd3 holds both. (Pre-existing: not_resumable_ still
   // holds q from its first life's end at the first re-Hello, so q is not listed.)
-  EXPECT_EQ(listed(), (std::set<uint64_t>{b, q})) << "after memd3: q FAILED but is not listed resumable";
+  EXPECT_EQ(ListedIds(), (std::set<uint64_t>{b, q})) << "after memd3: q FAILED but is not listed resumable";
   ASSERT_NO_FATAL_FAILURE(KillMemd());  // before the engine resumes them
   ASSERT_NO_FATAL_FAILURE(PollUntil([&] { return Stats()["memd"]["away"].get<bool>(); }));
   ASSERT_NO_FATAL_FAILURE(StartMemd());
@@ -1581,7 +1574,7 @@ TEST_F(LibdhsTest, ARequestSentAgainStaysResumableAfterItsReportIsRefused) {
   w_ = nullptr;
   ::poll(nullptr, 0, 200);
   ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);  // the GPU's next worker: what memd4 holds
-  EXPECT_EQ(listed(), (std::set<uint64_t>{b, q})) << "q (FAILED: \"dhs_worker_list_resumable may list it\") was "
+  EXPECT_EQ(ListedIds(), (std::set<uint64_t>{b, q})) << "q (FAILED: \"dhs_worker_list_resumable may list it\") was "
                                                      "ended at memd4 by the re-Hello (completes_sent_): lost";
   ASSERT_NO_FATAL_FAILURE(DropInterruptedPool());
 }
