@@ -78,7 +78,7 @@ struct MReq {
   OrderId reclaim = 0;  // the live reclaim (0: none)
   bool interrupted = false;  // its GPU was fenced while it was granted
   std::map<uint32_t, PageIndex> resumed_host;  // a resume: history page -> host page it took over (every kept one)
-  bool resume = false;                  // admitted with resume_of (a fence while queued interrupts it again)
+  RequestId resume_of = 0;              // admitted as a resume of it (a fence while queued interrupts it again)
   uint32_t epoch = 1;        // its GPU's epoch at its admission
   SpeculationShare share;    // its slot's draft ring and staging (inside `required`); none once interrupted
 };
@@ -172,6 +172,7 @@ class Harness : Dice {
   uint64_t resumed_pages_since_restart() const { return resumed_pages_since_restart_; }
   uint64_t resume_refusals() const { return resume_refusals_; }
   uint64_t resumes_with_gaps() const { return resumes_with_gaps_; }  // took over kept pages after a lost one
+  uint64_t resumes_rejected() const { return resumes_rejected_; }    // never fit after the take-over (took_over)
   uint64_t bad_shares() const { return bad_shares_; }                // admissions refused for their share
   uint64_t bad_share_reports() const { return bad_share_reports_; }  // reports refused for their share
   uint64_t max_share_pages() const { return max_share_pages_; }      // the most share pages one GPU held at once
@@ -238,6 +239,9 @@ class Harness : Dice {
     a.required_pages = 1 + Pick(5);
     a.history_pages = Pick(9);
     a.context_pages = std::max<uint32_t>(a.history_pages, span) + Pick(3);
+    // Sometimes more context than the host pool: it never fits, and is rejected after it took `old` over (the reject
+    // names it: took_over).
+    if (Pick(10) == 0) a.context_pages = kHost + 1 + Pick(3);
     a.optional_history = Pick(4) != 0;
     a.host_backed = true;
     a.resume_of = old;
@@ -256,7 +260,7 @@ class Harness : Dice {
     resumed_pages_since_restart_ += kept.size();
     if (!kept.empty() && kept.size() < span) ++resumes_with_gaps_;
     m.resumed_host = std::move(kept);
-    m.resume = true;
+    m.resume_of = old;
     model_.erase(old);
     model_[a.request] = std::move(m);
     Run(mgr_->Admit(a));
@@ -343,6 +347,7 @@ class Harness : Dice {
       if (m.pages[h].written) m.pages[h].host_page = m.resumed_host.at(h);
     }
     m.resumed_host.clear();
+    m.resume_of = 0;  // interrupted again: no longer a resume (as memd's Recovery::InterruptQueuedResume)
   }
 
   // The worker of a random live GPU is gone. The model applies the fence first (so Run's expected Retires see no
@@ -361,7 +366,7 @@ class Harness : Dice {
         ++it;
         continue;
       }
-      if (!m.granted && m.resume) {  // a queued resume is interrupted again, with the host pages it took over
+      if (!m.granted && m.resume_of != 0) {  // a queued resume is interrupted again, with the host pages it took over
         InterruptQueuedResume(m);
         ++it;
         continue;
@@ -415,7 +420,7 @@ class Harness : Dice {
       }
       // A queued resume owns the host pages it took over (journaled as their history pages, confirmed):
       // the new memd adopts it as an interrupted request holding them (one with none is gone, below).
-      if (!m.granted && m.resume) InterruptQueuedResume(m);
+      if (!m.granted && m.resume_of != 0) InterruptQueuedResume(m);
       const bool any_written = std::any_of(m.pages.begin(), m.pages.end(), [](const MPage& p) { return p.written; });
       // Queued: gone with memd. Holding no host page (interrupted without a host copy, or a context of 0 pages): no
       // journal entry names it, gone too.
@@ -786,12 +791,15 @@ class Harness : Dice {
     if (const auto* r = std::get_if<RejectOrder>(&o)) {
       if (fence_rejects_.erase(r->request)) {
         ASSERT_EQ(r->error.code(), absl::StatusCode::kUnavailable) << r->error;
+        EXPECT_EQ(r->took_over, 0u) << "a fence rejects only plain requests";
         return;
       }
       ASSERT_TRUE(model_.count(r->request) && !model_.at(r->request).granted);
       const MReq& m = model_.at(r->request);
       EXPECT_TRUE(m.required > kM - kRes || m.context > kHost) << "rejected although it could fit";
       EXPECT_EQ(r->error.code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_EQ(r->took_over, m.resume_of) << "a rejected resume names the request it took over (AdmitReject)";
+      if (m.resume_of != 0) ++resumes_rejected_;
       model_.erase(r->request);
       return;
     }
@@ -1180,6 +1188,7 @@ class Harness : Dice {
   uint64_t fenced_with_copies_ = 0, kept_pages_ = 0, lost_backups_ = 0, resumed_pages_ = 0, resume_refusals_ = 0;
   uint64_t resumed_pages_since_restart_ = 0;  // since the last RestartMemd: the core's host_pages_resumed
   uint64_t resumes_with_gaps_ = 0;
+  uint64_t resumes_rejected_ = 0;
   std::vector<uint32_t> epochs_;
   std::vector<bool> up_;
   JournalMemory journal_;  // the journal region (the segment's, in memd)
@@ -1196,7 +1205,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   const char* policies[] = {"oldest-first", "newest-first", "largest-first"};
   Counters total;
   uint64_t early = 0, regranted = 0, slot_waits = 0, fenced_with_copies = 0, kept = 0, lost_backups = 0;
-  uint64_t resumed_pages = 0, resume_refusals = 0, resumes_with_gaps = 0;
+  uint64_t resumed_pages = 0, resume_refusals = 0, resumes_with_gaps = 0, resumes_rejected = 0;
   uint64_t restarts = 0, adopted = 0, adopted_pages = 0, survived = 0, reported = 0, refused_reports = 0;
   uint64_t bad_shares = 0, bad_share_reports = 0, max_share_pages = 0;
   std::map<std::pair<RequestState, RequestState>, uint64_t> state_moves;
@@ -1238,6 +1247,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     resumed_pages += h.resumed_pages();
     resume_refusals += h.resume_refusals();
     resumes_with_gaps += h.resumes_with_gaps();
+    resumes_rejected += h.resumes_rejected();
     bad_shares += h.bad_shares();
     bad_share_reports += h.bad_share_reports();
     max_share_pages = std::max(max_share_pages, h.max_share_pages());
@@ -1252,9 +1262,10 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
     adopted_pages += h.counters().host_pages_adopted;
   }
   std::printf("resumes %lu (host pages taken over %lu; %lu resumes took kept pages after a lost one), bad resumes "
-              "refused %lu\n",
+              "refused %lu, resumes rejected after the take-over %lu\n",
               static_cast<unsigned long>(total.resumes), static_cast<unsigned long>(resumed_pages),
-              static_cast<unsigned long>(resumes_with_gaps), static_cast<unsigned long>(resume_refusals));
+              static_cast<unsigned long>(resumes_with_gaps), static_cast<unsigned long>(resume_refusals),
+              static_cast<unsigned long>(resumes_rejected));
   std::printf("speculation shares: bad admissions refused %lu, bad reports refused %lu, at most %lu share pages on "
               "one GPU\n", static_cast<unsigned long>(bad_shares), static_cast<unsigned long>(bad_share_reports),
               static_cast<unsigned long>(max_share_pages));
