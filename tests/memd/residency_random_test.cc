@@ -1302,6 +1302,7 @@ TEST(ResidencyRandom, InvariantsHoldUnderRandomEvents) {
   // seed alone, rerun with DHS_SEED, may miss a rare one).
   if (std::getenv("DHS_SEED") != nullptr) return;
   EXPECT_GT(total.grants, 0u);
+  EXPECT_GT(resumes_rejected, 0u) << "no resume was rejected after its take-over (AdmitReject.took_over unchecked)";
   using RS = RequestState;
   for (const auto& move : {std::pair{RS::kQueued, RS::kAdmitted}, std::pair{RS::kAdmitted, RS::kReclaiming},
                            std::pair{RS::kReclaiming, RS::kAdmitted}, std::pair{RS::kAdmitted, RS::kInterrupted},
