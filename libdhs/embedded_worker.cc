@@ -1058,13 +1058,13 @@ std::set<RequestId> EmbeddedWorker::LiveResumes() const {
 
 std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   std::vector<Resumable> out;
-  const std::set<RequestId> live = LiveResumes();
+  // Hidden: a resume of it waits here (its admission takes it over), or ended before memd answered (that answer says
+  // whether memd took it over).
+  std::set<RequestId> hidden = LiveResumes();
+  for (const auto& [resume, of] : ended_resumes_) hidden.insert(of);
   for (RequestId id : resumable_) {
     if (not_resumable_.contains(id)) continue;  // resumed here since (its grant), or ended
-    if (live.contains(id)) continue;            // a resume of it waits here (its admission takes it over)
-    if (std::any_of(ended_resumes_.begin(), ended_resumes_.end(), [&](const auto& e) { return e.second == id; })) {
-      continue;  // a resume of it ended before memd answered: the answer says whether memd took it over
-    }
+    if (hidden.contains(id)) continue;
     Resumable r{id, 0, 0};
     if (const wire::RequestRecordT* rec = InterruptedRecord(id); rec != nullptr) {
       r.input_rows = rec->input_tokens;

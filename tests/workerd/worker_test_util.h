@@ -526,13 +526,14 @@ class FakeMemd final : public MemdTransport {
     std::erase_if(waiting_, [&](const Admission& a) { return a.request == id; });
     wire::AdmitRejectT m;
     if (auto it = reqs_.find(id); it != reqs_.end()) {
-      if (took_effect && resumed_from_.contains(id)) m.took_over = resumed_from_.at(id);
-      if (!took_effect && resumed_from_.contains(id)) {  // the resume never happened
-        interrupted[resumed_from_.at(id)] = it->second.taken;
-        pages_taken_over -= static_cast<uint32_t>(it->second.taken.size());
+      const Req& r = it->second;
+      if (r.resume_of != 0 && !took_effect) {  // the resume never happened: its request is interrupted as it was
+        interrupted[r.resume_of] = r.taken;
+        pages_taken_over -= static_cast<uint32_t>(r.taken.size());
         --resumes;
-      } else {
-        for (const auto& [j, h] : it->second.taken) free_host_.insert(h);
+      } else {  // memd ended the taken-over request with the resume
+        for (const auto& [j, h] : r.taken) free_host_.insert(h);
+        m.took_over = r.resume_of;
       }
       reqs_.erase(it);
     }
@@ -553,8 +554,7 @@ class FakeMemd final : public MemdTransport {
   const std::vector<std::unique_ptr<wire::RequestRecordT>>& interrupted_records() const override {
     return listed_records;
   }
-  absl::Status Poll(MemdHandler& h, const MemdLoad& load) override {
-    last_load = load;
+  absl::Status Poll(MemdHandler& h, const MemdLoad&) override {
     if (session().away()) return absl::OkStatus();
     Pump(h, {});
     return absl::OkStatus();
@@ -585,7 +585,6 @@ class FakeMemd final : public MemdTransport {
   bool take_rehello = false;            // PollAway answers the next re-Hello
   std::vector<uint64_t> refuse_reports;  // its HelloReply.refused_reports
   std::vector<RequestId> rehello_reports;  // the requests the latest re-Hello reported
-  MemdLoad last_load;
 
   static void ExpectInvariants(const Worker& w) {
     const absl::Status s = w.CheckInvariants();
@@ -627,6 +626,7 @@ class FakeMemd final : public MemdTransport {
   struct Req {
     std::vector<PageIndex> host;
     std::map<uint32_t, PageIndex> taken;    // a resume's kept host pages (history page -> host page) until its grant
+    RequestId resume_of = 0;                // a resume: the interrupted request it took over (TakeOver)
     std::map<uint32_t, uint32_t> optional;  // history page -> GPU page (ready or kept)
     std::set<uint32_t> populating;          // GPU pages of a populate order in flight (freed by Complete)
     std::set<uint32_t> host_copy;           // history pages with a reported host copy
@@ -663,7 +663,7 @@ class FakeMemd final : public MemdTransport {
     }
     r.taken = it->second;
     pages_taken_over += static_cast<uint32_t>(r.taken.size());
-    resumed_from_[m.request] = m.resume_of;
+    r.resume_of = m.resume_of;
     interrupted.erase(it);
     ++resumes;
   }
@@ -685,7 +685,6 @@ class FakeMemd final : public MemdTransport {
   std::map<RequestId, Req> reqs_;
   std::map<uint64_t, Reclaim> reclaims_;
   std::deque<Msg> inbox_;
-  std::map<RequestId, RequestId> resumed_from_;  // a resume's id -> the interrupted request it took over
   std::optional<absl::Status> commit_answer_;  // the TokensCommitted in flight: its answer at the next Pump
   uint64_t next_order_ = 1;
   uint64_t pumps_ = 0;
