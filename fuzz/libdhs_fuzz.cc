@@ -417,7 +417,24 @@ void SecondWorker(dhs::fuzz::Input& in) {
       c.source_groups = in.Bool() ? kOneGroup : kBadGroups;
       break;
     }
-    case 10: c.staging_arenas = in.Small32(4); c.round_queries = in.Small32(40); break;  // ABI 1.5
+    case 10:  // ABI 1.5 arenas and K_max (ABI 1.8: K_max alone too), ABI 1.8's drafter ring or consumers
+      c.staging_arenas = in.Small32(4);
+      c.round_queries = in.Small32(40);
+      switch (in.Below(3)) {
+        case 1:
+          c.draft_ring_rows = in.Small32(40);
+          c.draft_bytes_per_row = in.Small64(4096);
+          c.drafter_window = in.Small32(8);
+          break;
+        case 2: {
+          static const uint32_t kConsumers[kS] = {2, 1}, kNoConsumer[kS] = {0, 1};
+          c.source_consumers = in.Bool() ? kConsumers : kNoConsumer;
+          c.fetched_rows_per_token = in.Small32(8);
+          break;
+        }
+        default: break;
+      }
+      break;
     default: break;
   }
   c.connect_timeout_ms = 300;  // a Hello memd leaves unanswered must not starve GPU 0's worker of polls

@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/protocol.h"
 #include "fuzz/fuzz_input.h"
+#include "tests/workerd/recording_transport.h"
 #include "spdlog/spdlog.h"
 #include "workerd/device/cpu_device.h"
 #include "workerd/model/model.h"
@@ -57,7 +58,7 @@ const model::Model& TheModel() {
 }
 
 // The MemdLink: accepts everything, keeps the ReadersDone reports (a record can answer one with its Retire).
-class QuietMemd final : public MemdLink {
+class QuietMemd final : public RecordingTransport {
  public:
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
     admits.push_back(m);
@@ -271,7 +272,8 @@ void Run(const uint8_t* data, size_t size) {
   CpuDevice device;
   QuietMemd memd;
   NullSink sink;
-  auto created = Worker::Create(&model, &device, config, host, &memd, &sink);
+  memd.host_span = host;
+  auto created = Worker::Create(&model, &device, config, &memd, &sink);
   DHS_CHECK_OK(created.status());
   Worker& w = **created;
 

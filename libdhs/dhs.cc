@@ -3,6 +3,8 @@
 // function here (each body runs inside Guard).
 #include "dhs/dhs.h"
 
+#include <cstddef>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -159,23 +161,38 @@ dhs::lib::EmbeddedConfig ToEmbedded(const dhs_worker_config& config) {
       config.sources <= 4096) {
     c.source_groups.assign(config.source_groups, config.source_groups + config.sources);
   }
-  if (config.struct_size >= sizeof(dhs_worker_config)) {  // 1.5: staging arenas
+  if (config.struct_size >= DHS_WORKER_CONFIG_SIZE_1_5) {  // 1.5: staging arenas
     c.staging_arenas = config.staging_arenas;
     c.round_queries = config.round_queries;
+  }
+  if (config.struct_size >= sizeof(dhs_worker_config)) {  // 1.8: consumers, fetched rows, the drafter's ring
+    if (config.source_consumers != nullptr && config.sources >= 1 && config.sources <= 4096) {
+      c.source_consumers.assign(config.source_consumers, config.source_consumers + config.sources);
+    }
+    if (config.fetched_rows_per_token != 0) c.fetched_rows_per_token = config.fetched_rows_per_token;
+    c.draft_ring_rows = config.draft_ring_rows;
+    c.draft_bytes_per_row = config.draft_bytes_per_row;
+    c.drafter_window = config.drafter_window;
   }
   return c;
 }
 
-// The sizes dhs_worker_config had: this header's (1.5), 1.3's (and 1.4's), 1.2's, 1.1's and 1.0's.
+// The sizes dhs_worker_config had: this header's (1.8), 1.5's (to 1.7), 1.3's (and 1.4's), 1.2's, 1.1's and 1.0's.
 bool KnownMode(uint32_t mode) {
   return mode == DHS_MODE_HISPARSE || mode == DHS_MODE_ADAPTIVE || mode == DHS_MODE_RESIDENT;
 }
 
 bool KnownConfigSize(uint32_t size) {
-  return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_3 || size == DHS_WORKER_CONFIG_SIZE_1_2 ||
+  return size == sizeof(dhs_worker_config) || size == DHS_WORKER_CONFIG_SIZE_1_5 ||
+         size == DHS_WORKER_CONFIG_SIZE_1_3 || size == DHS_WORKER_CONFIG_SIZE_1_2 ||
          size == DHS_WORKER_CONFIG_SIZE_1_1 || size == DHS_WORKER_CONFIG_SIZE_1_0;
 }
-static_assert(sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_3 &&
+static_assert(sizeof(dhs_worker_config) == DHS_WORKER_CONFIG_SIZE_1_8 &&
+              offsetof(dhs_worker_config, reserved) + sizeof(uint32_t) == DHS_WORKER_CONFIG_SIZE_1_8 &&
+              sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_5 &&
+              offsetof(dhs_worker_config, source_consumers) == DHS_WORKER_CONFIG_SIZE_1_5 &&
+              DHS_WORKER_CONFIG_SIZE_1_5 > DHS_WORKER_CONFIG_SIZE_1_3 &&
+              sizeof(dhs_worker_config) > DHS_WORKER_CONFIG_SIZE_1_3 &&
               DHS_WORKER_CONFIG_SIZE_1_3 > DHS_WORKER_CONFIG_SIZE_1_2 &&
               DHS_WORKER_CONFIG_SIZE_1_2 > DHS_WORKER_CONFIG_SIZE_1_1 &&
               DHS_WORKER_CONFIG_SIZE_1_1 > DHS_WORKER_CONFIG_SIZE_1_0);
@@ -185,11 +202,15 @@ int CheckConfigStruct(dhs_worker* w, const dhs_worker_config* config) {
   if (!KnownConfigSize(config->struct_size)) {
     return Fail(w, DHS_ERR_VERSION, absl::StrCat("dhs_worker_config.struct_size is ", config->struct_size,
                                                  "; this library (ABI ", DHS_ABI_MAJOR, ".", DHS_ABI_MINOR,
-                                                 ") takes ", sizeof(dhs_worker_config), " (1.5), ",
+                                                 ") takes ", sizeof(dhs_worker_config), " (1.8), ",
+                                                 DHS_WORKER_CONFIG_SIZE_1_5, " (1.5 .. 1.7), ",
                                                  DHS_WORKER_CONFIG_SIZE_1_3, " (1.3, 1.4), ",
                                                  DHS_WORKER_CONFIG_SIZE_1_2, " (1.2), ",
                                                  DHS_WORKER_CONFIG_SIZE_1_1, " (1.1) or ",
                                                  DHS_WORKER_CONFIG_SIZE_1_0, " (1.0)"));
+  }
+  if (config->struct_size >= DHS_WORKER_CONFIG_SIZE_1_8 && config->reserved != 0) {
+    return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_config.reserved must be 0");
   }
   return DHS_OK;
 }
@@ -263,6 +284,7 @@ int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes) {
   if (config == nullptr || bytes == nullptr) return DHS_ERR_INVALID_ARGUMENT;
   if (!KnownConfigSize(config->struct_size)) return DHS_ERR_VERSION;
   if (!KnownMode(config->mode)) return DHS_ERR_INVALID_ARGUMENT;
+  if (config->struct_size >= DHS_WORKER_CONFIG_SIZE_1_8 && config->reserved != 0) return DHS_ERR_INVALID_ARGUMENT;
   try {
     dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
     c.run_dir = "-";  // not read: the shape alone gives the size

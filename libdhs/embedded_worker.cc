@@ -25,98 +25,6 @@
 namespace dhs::lib {
 namespace {
 
-absl::Status Field(bool ok, const char* what) {
-  return ok ? absl::OkStatus() : absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: ", what));
-}
-
-absl::Status CheckConfig(const EmbeddedConfig& c) {
-  if (absl::Status s = Field(!c.run_dir.empty(), "run_dir is empty"); !s.ok()) return s;
-  if (absl::Status s = Field(c.gpu < kMaxGpus, "gpu must be below 65536"); !s.ok()) return s;
-  if (absl::Status s = Field(c.mode != WorkerMode::kResident || c.staging_arenas == 0,
-                             "staging_arenas must be 0 in DHS_MODE_RESIDENT (a held round's rows are read in place)");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Field(c.sources >= 1 && c.sources <= 4096, "sources must be in [1, 4096]"); !s.ok()) return s;
-  if (absl::Status s = Field(c.row_bytes > 0 && c.row_bytes % 4 == 0 && c.row_bytes <= (1u << 20),
-                             "row_bytes must be a positive multiple of 4, at most 1 MiB");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Field(c.indexers <= 4096, "indexers must be at most 4096"); !s.ok()) return s;
-  if (absl::Status s = Field(c.indexers == 0 ? c.index_key_bytes == 0
-                                             : c.index_key_bytes > 0 && c.index_key_bytes % 4 == 0 &&
-                                                   c.index_key_bytes <= (1u << 16),
-                             "index_key_bytes must be 0 without indexers, else a positive multiple of 4 (<= 64 KiB)");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Field(c.page_rows >= 1 && c.page_rows <= 65536, "page_rows must be in [1, 65536]"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Field(c.top_k >= 1 && c.top_k <= c.hot_rows, "top_k must be in [1, hot_rows]"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Field(c.hot_rows <= (1u << 24), "hot_rows must be at most 2^24"); !s.ok()) return s;
-  if (absl::Status s = Field(c.tail_rows >= c.page_rows && c.tail_rows % c.page_rows == 0 && c.tail_rows <= (1u << 24),
-                             "tail_rows must be a positive multiple of page_rows (at most 2^24)");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Field(c.slots >= 1 && c.slots <= 4096, "slots must be in [1, 4096]"); !s.ok()) return s;
-  if (!c.source_groups.empty()) {  // ABI 1.3: numbered in order of first use
-    if (c.source_groups.size() != c.sources) {
-      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: source_groups has ", c.source_groups.size(),
-                                                     " entries for ", c.sources, " sources"));
-    }
-    uint32_t next = 0;  // the next new group's number
-    for (SourceId s = 0; s < c.sources; ++s) {
-      if (c.source_groups[s] > next) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "dhs_worker_config: source_groups[", s, "] = ", c.source_groups[s], "; groups are numbered in order of "
-            "first use, so it must be at most ", next));
-      }
-      if (c.source_groups[s] == next) ++next;
-    }
-  }
-  if (c.staging_arenas > 0) {  // ABI 1.5 (brief §6 "Staging"; workerd's --staging-arenas / --block)
-    size_t widest = 1;
-    if (!c.source_groups.empty()) {
-      std::map<uint32_t, size_t> members;
-      for (uint32_t g : c.source_groups) widest = std::max(widest, ++members[g]);
-    }
-    const uint32_t round_cap = c.tail_rows - c.page_rows + 1;  // a held round's rows fit the tail: K_max <= T - p + 1
-    if (c.round_queries < 1 || c.round_queries > round_cap) {
-      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: round_queries (K_max) ", c.round_queries,
-                                                     " with staging arenas must be in [1, T - p + 1 = ", round_cap,
-                                                     "]"));
-    }
-    if (c.staging_arenas < widest || c.staging_arenas > 64) {
-      return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: staging_arenas (χ) ", c.staging_arenas,
-                                                     " must be in [", widest, ", 64]: one arena per source of the "
-                                                     "largest group (", widest, " sources)"));
-    }
-  } else if (c.round_queries != 0) {
-    return absl::InvalidArgumentError("dhs_worker_config: round_queries is set without staging_arenas (it sizes the "
-                                      "arenas; set both or neither)");
-  }
-  const uint64_t page_bytes = uint64_t{c.page_rows} * c.sources * c.row_bytes;
-  const uint64_t m = c.hbm_budget_bytes / page_bytes;
-  if (m == 0 || m > (1u << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: hbm_budget_bytes ", c.hbm_budget_bytes,
-                                                   " gives ", m, " pages of ", page_bytes,
-                                                   " bytes; it must give 1 .. 2^24"));
-  }
-  // The slot regions (B + T rows per source and slot) and the optional pages in one pool: bounded at 64 GiB.
-  const uint64_t pool = uint64_t{c.slots} * c.sources * (uint64_t{c.hot_rows} + c.tail_rows) * c.row_bytes +
-                        m * page_bytes;
-  if (pool > (uint64_t{64} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: the KV pool would take ", pool,
-                                                   " bytes (more than 64 GiB)"));
-  }
-  return absl::OkStatus();
-}
-
 EmbeddedEvent Event(EmbeddedEvent::Kind kind, RequestId request, absl::Status status = absl::OkStatus()) {
   EmbeddedEvent e;
   e.kind = kind;
@@ -127,102 +35,19 @@ EmbeddedEvent Event(EmbeddedEvent::Kind kind, RequestId request, absl::Status st
 
 }  // namespace
 
-namespace {
-KvConfig KvConfigOf(const EmbeddedConfig& config) {
-  KvConfig kv;
-  kv.row_bytes.assign(config.sources, config.row_bytes);
-  for (SourceId s = 0; s < config.sources; ++s) {
-    const uint32_t g = config.source_groups.empty() ? s : config.source_groups[s];
-    if (g == kv.groups.size()) kv.groups.emplace_back();
-    kv.groups[g].push_back(s);
-  }
-  kv.page_rows = config.page_rows;
-  kv.hot_rows = config.hot_rows;
-  kv.k = config.top_k;
-  kv.tail_rows = config.tail_rows;
-  kv.slots = config.slots;
-  const uint64_t page_bytes = uint64_t{config.page_rows} * config.sources * config.row_bytes;
-  kv.optional_pages = static_cast<uint32_t>(config.hbm_budget_bytes / page_bytes);
-  kv.key_bytes.assign(config.indexers, config.index_key_bytes);
-  kv.staging_arenas = config.staging_arenas;
-  kv.staging_k_max = config.staging_arenas > 0 ? config.round_queries : 0;
-  return kv;
-}
-
-uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-}  // namespace
-
-absl::StatusOr<RegionLayout> EmbeddedWorker::RegionFor(const EmbeddedConfig& config) {
-  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
-  absl::StatusOr<KvLayout> layout = KvLayout::Create(KvConfigOf(config));
-  if (!layout.ok()) return layout.status();
-  RegionLayout r;
-  // Resident mode: the pool is ResidentKvAccess's arena, the budget's whole pages (p rows of every source each).
-  r.kv_bytes = config.mode == WorkerMode::kResident ? uint64_t{layout->config().optional_pages} * layout->page_bytes()
-                                                    : layout->pool_bytes();
-  r.staging_offset = AlignUp(r.kv_bytes, kEnginePoolAlignment);
-  if (config.staging_arenas > 0) {
-    absl::StatusOr<int64_t> staging = spec::StagingReservationBytes(
-        {config.staging_arenas, config.slots, config.round_queries, config.top_k, config.row_bytes});
-    if (!staging.ok()) return staging.status();
-    r.staging_bytes = static_cast<uint64_t>(*staging);
-  }
-  r.bytes = config.staging_arenas > 0 ? r.staging_offset + r.staging_bytes : r.kv_bytes;
-  if (r.bytes > (uint64_t{64} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: the KV pool and staging arenas would take ",
-                                                   r.bytes, " bytes (more than 64 GiB)"));
-  }
-  return r;
-}
+absl::StatusOr<RegionLayout> EmbeddedWorker::RegionFor(const EmbeddedConfig& config) { return RegionOf(config); }
 
 absl::StatusOr<uint64_t> EmbeddedWorker::PoolBytesFor(const EmbeddedConfig& config) {
-  absl::StatusOr<RegionLayout> r = RegionFor(config);
+  absl::StatusOr<RegionLayout> r = RegionOf(config);
   if (!r.ok()) return r.status();
   return r->bytes;
 }
 
-absl::StatusOr<wire::HelloT> EmbeddedWorker::HelloFor(const EmbeddedConfig& config) {
-  if (absl::Status s = CheckConfig(config); !s.ok()) return s;
-  const KvConfig kv = KvConfigOf(config);
-  absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
-  if (!layout.ok()) return layout.status();
-  absl::StatusOr<RegionLayout> region = RegionFor(config);
-  if (!region.ok()) return region.status();
-  // The Hello (contract §1): the fields workerd's MakeHello sets from its model, here from the declared shape.
-  wire::HelloT h;
-  h.protocol_version = kProtocolVersion;
-  h.gpu = config.gpu;
-  h.pid = static_cast<uint32_t>(::getpid());
-  h.device_name = "libdhs cpu";
-  h.capacity_pages = kv.optional_pages;
-  h.page_rows = config.page_rows;
-  h.page_bytes = layout->page_bytes();
-  h.host_page_bytes = layout->host_page_bytes();
-  h.request_slots = config.slots;
-  for (SourceId s = 0; s < config.sources; ++s) {
-    auto info = std::make_unique<wire::SourceInfoT>();
-    info->source = s;
-    info->bytes_per_row = config.row_bytes;
-    info->positions_per_row = 1;
-    info->consumers = 1;
-    h.sources.push_back(std::move(info));
-  }
-  h.serving_mode = std::string(WorkerModeName(config.mode));
-  h.index_producers = config.indexers;
-  h.index_key_bytes = config.index_key_bytes;
-  h.top_k = config.top_k;
-  h.hot_rows = config.hot_rows;
-  h.tail_rows = config.tail_rows;
-  h.fetched_rows_per_token = config.sources;
-  h.model_fingerprint = config.model_fingerprint;  // the engine's (ABI 1.2), 0 = not said
-  h.staging_arenas = config.staging_arenas;  // ABI 1.5: M_stage, each admission's slot share counted by memd
-  h.staging_bytes = region->staging_bytes;
-  h.k_max = config.staging_arenas > 0 ? config.round_queries : 0;
-  return h;
-}
+absl::StatusOr<wire::HelloT> EmbeddedWorker::HelloFor(const EmbeddedConfig& config) { return HelloOf(config); }
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
-  absl::StatusOr<wire::HelloT> hello = HelloFor(config);  // the shape checked (CheckConfig) before connecting
+  if (config.run_dir.empty()) return absl::InvalidArgumentError("dhs_worker_config: run_dir is empty");
+  absl::StatusOr<wire::HelloT> hello = HelloFor(config);  // the shape checked (CheckShape) before connecting
   if (!hello.ok()) return hello.status();
   if (absl::Status s = CheckEnginePool(config); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<MemdClient>> memd =
@@ -234,11 +59,15 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::OpenOver(const EmbeddedConfig& config,
-                                                                          MemdTransport& memd) {
+                                                                          MemdTransport& memd, Device* device) {
   absl::StatusOr<wire::HelloT> hello = HelloFor(config);
   if (!hello.ok()) return hello.status();
   if (absl::Status s = CheckEnginePool(config); !s.ok()) return s;
-  return Build(config, *std::move(hello), nullptr, memd);
+  if (device != nullptr && config.engine_pool != nullptr) {
+    return absl::InvalidArgumentError("dhs_worker_config: engine_pool with the caller's device (its pools are the "
+                                      "device's: it allocates them)");
+  }
+  return Build(config, *std::move(hello), nullptr, memd, device);
 }
 
 absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config) {
@@ -262,7 +91,7 @@ absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config) {
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const EmbeddedConfig& config,
                                                                        wire::HelloT hello,
                                                                        std::unique_ptr<MemdTransport> owned,
-                                                                       MemdTransport& memd) {
+                                                                       MemdTransport& memd, Device* device) {
   std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
   w->owned_memd_ = std::move(owned);
   w->memd_ = &memd;
@@ -276,35 +105,48 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const Embe
   w->host_page_bytes_ = layout->host_page_bytes();
   w->capacity_pages_ = kv.optional_pages;
   w->hello_ = std::move(hello);
-  // The region: the engine's memory, or one pool of the device; the store's KV pool and staging pool are its parts
-  // (RegionLayout), so a location is one offset into one region whichever part it names.
-  auto cpu = std::make_unique<CpuDevice>();
-  if (config.engine_pool != nullptr) {
-    std::memset(config.engine_pool, 0, region->bytes);  // as the library's own mapping starts
-    w->region_base_ = config.engine_pool;
-  } else {
-    absl::StatusOr<PoolId> whole = cpu->AllocatePool(region->bytes);
-    if (!whole.ok()) return whole.status();
-    w->region_base_ = cpu->HostVisible(*whole, 0);
-  }
-  if (config.mode != WorkerMode::kResident) cpu->UseCallerMemoryForNextPool(w->region_base_, region->kv_bytes);
-  if (config.staging_arenas > 0) {
-    cpu->UseCallerMemoryForNextPool(w->region_base_ + region->staging_offset, region->staging_bytes);
-  }
-  w->device_ = std::move(cpu);
-  if (w->memd_->host_pages().empty()) {
+  if (config.mode != WorkerMode::kResident && w->memd_->host_pages().empty()) {
     return absl::FailedPreconditionError("memd listed no host-pool segment");
   }
-  if (config.mode == WorkerMode::kResident) {
-    // Every row in the region (workerd's resident store over the engine's memory or the device region): a location is
-    // an offset into it, as in the other modes; no host tier (NoKvResidency).
-    w->stack_ = KvStack::Resident(
-        std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region->kv_bytes, config.page_rows,
-                                                  std::span<uint8_t>(w->region_base_, region->kv_bytes)),
-        kv, w->memd_, KvStackConfig{config.gpu, config.slots, false});
+  if (device != nullptr) {
+    // The caller's device (workerd's Worker: its CPU, asynchronous or CUDA backend): the store's pools are the
+    // device's own (no region: Pool() and Resolve's offsets are not offered), resident mode's arena the store's own.
+    w->device_ = device;
+    if (config.mode == WorkerMode::kResident) {
+      w->stack_ = KvStack::Resident(
+          std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region->kv_bytes, config.page_rows), kv, w->memd_,
+          KvStackConfig{config.gpu, config.slots, false});
+    }
   } else {
+    // The region: the engine's memory, or one pool of the library's CPU device; the store's KV pool and staging pool
+    // are its parts (RegionLayout), so a location is one offset into one region whichever part it names.
+    auto cpu = std::make_unique<CpuDevice>();
+    if (config.engine_pool != nullptr) {
+      std::memset(config.engine_pool, 0, region->bytes);  // as the library's own mapping starts
+      w->region_base_ = config.engine_pool;
+    } else {
+      absl::StatusOr<PoolId> whole = cpu->AllocatePool(region->bytes);
+      if (!whole.ok()) return whole.status();
+      w->region_base_ = cpu->HostVisible(*whole, 0);
+    }
+    if (config.mode != WorkerMode::kResident) cpu->UseCallerMemoryForNextPool(w->region_base_, region->kv_bytes);
+    if (config.staging_arenas > 0) {
+      cpu->UseCallerMemoryForNextPool(w->region_base_ + region->staging_offset, region->staging_bytes);
+    }
+    w->owned_device_ = std::move(cpu);
+    w->device_ = w->owned_device_.get();
+    if (config.mode == WorkerMode::kResident) {
+      // Every row in the region (workerd's resident store over the engine's memory or the device region): a location
+      // is an offset into it, as in the other modes; no host tier (NoKvResidency).
+      w->stack_ = KvStack::Resident(
+          std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region->kv_bytes, config.page_rows,
+                                                    std::span<uint8_t>(w->region_base_, region->kv_bytes)),
+          kv, w->memd_, KvStackConfig{config.gpu, config.slots, false});
+    }
+  }
+  if (config.mode != WorkerMode::kResident) {
     absl::StatusOr<std::unique_ptr<KvStack>> stack =
-        KvStack::Hierarchical(kv, w->device_.get(), w->memd_->host_pages(), w->memd_,
+        KvStack::Hierarchical(kv, w->device_, w->memd_->host_pages(), w->memd_,
                               KvStackConfig{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive});
     if (!stack.ok()) return stack.status();
     w->stack_ = *std::move(stack);
@@ -318,8 +160,13 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const Embe
 }
 
 EmbeddedWorker::~EmbeddedWorker() {
-  if (port_ != nullptr) port_->EndAllReaders();  // closing: nobody reads the pool any more
-  if (agent_ != nullptr) {
+  // An engine's worker (the library's own device) ends its readers and requests and serves the agent once more. Over
+  // the caller's device (workerd's Worker) the caller ends its own requests: its KV side is only taken down here and
+  // nothing is sent (a worker dropped mid-decode, as a killed one, reports none of its copies; review finding: a
+  // dropped Worker reported its failed backups to memd).
+  const bool close = owned_device_ != nullptr;
+  if (close && port_ != nullptr) port_->EndAllReaders();  // closing: nobody reads the pool any more
+  if (close && agent_ != nullptr) {
     std::vector<RequestId> open;
     for (const auto& [id, r] : requests_) open.push_back(id);
     for (RequestId id : open) (void)Complete(id);
@@ -331,11 +178,15 @@ EmbeddedWorker::~EmbeddedWorker() {
   stack_.reset();
   memd_ = nullptr;
   owned_memd_.reset();
-  device_.reset();
+  device_ = nullptr;
+  owned_device_.reset();
 }
 
 absl::StatusOr<std::span<uint8_t>> EmbeddedWorker::Pool() const {
-  if (region_base_ == nullptr) return absl::UnimplementedError("the KV pool of this backend is not host-visible");
+  if (region_base_ == nullptr) {
+    return absl::FailedPreconditionError("this worker was opened over the caller's device: its KV pools are the "
+                                         "device's own, with no single region to address");
+  }
   return std::span<uint8_t>(region_base_, region_.bytes);
 }
 
@@ -374,15 +225,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
                                               "kept for GPU ", config_.gpu, " (dhs_worker_list_resumable)"));
     }
   }
-  SessionPagesInput in;
-  in.page_rows = config_.page_rows;
-  in.page_bytes = page_bytes();
-  in.hot_rows = config_.hot_rows;
-  in.tail_rows = config_.tail_rows;
-  in.index_producers = config_.indexers;
-  in.index_key_bytes = config_.index_key_bytes;
-  in.slot_staging_bytes = region_.staging_bytes / config_.slots;  // the slot's share of M_stage (exact: N divides it)
-  in.resident = config_.mode == WorkerMode::kResident;  // the whole context instead of hot cache and tail
+  const SessionPagesInput in = SessionPagesOf(config_, region_);  // the slot's speculation share included
   const uint64_t required = SessionRequiredPages(in, max_rows);  // the one formula (common/worker_shape.h)
   if (required > UINT32_MAX / 2) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_request_desc: max_rows ", max_rows, " needs ", required,
@@ -408,7 +251,9 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
       .history_rows = max_rows,
       .prompt_rows = input_rows,
       // inside required_pages, rounded as memd checks (CheckShare)
+      .draft_ring_pages = static_cast<uint32_t>(CeilDiv(in.slot_draft_ring_bytes, in.page_bytes)),
       .staging_pages = static_cast<uint32_t>(CeilDiv(in.slot_staging_bytes, in.page_bytes)),
+      .draft_ring_bytes = in.slot_draft_ring_bytes,
       .staging_bytes = in.slot_staging_bytes,
       .resume_of = resume_of,
   });
@@ -803,9 +648,10 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
                              q.at};
     at += q.locations.size();
   }
-  if (absl::Status s = port_->Resolve(sources, batch); !s.ok()) return Step(s);
-  absl::StatusOr<std::span<uint8_t>> pool = Pool();  // the region: a staged row lies in its staging part
+  // The region: a staged row lies in its staging part (checked before the port registers the readers).
+  absl::StatusOr<std::span<uint8_t>> pool = Pool();
   if (!pool.ok()) return pool.status();
+  if (absl::Status s = port_->Resolve(sources, batch); !s.ok()) return Step(s);
   at = 0;
   for (Query& q : queries) {
     for (size_t j = 0; j < q.locations.size(); ++j, ++at) {

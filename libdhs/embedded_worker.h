@@ -30,6 +30,7 @@
 #include "workerd/device/device.h"
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_stack.h"
+#include "libdhs/embedded_shape.h"
 #include "libdhs/kv_port.h"
 #include "workerd/memd_client.h"
 #include "workerd/memd_return.h"
@@ -40,47 +41,6 @@
 #include "workerd/worker_stats.h"
 
 namespace dhs::lib {
-
-// The shape an engine declares (dhs_worker_config, validated by dhs.cc and by Open).
-struct EmbeddedConfig {
-  std::string run_dir;
-  GpuId gpu = 0;
-  WorkerMode mode = WorkerMode::kAdaptive;  // kHisparse or kAdaptive
-  uint32_t sources = 1;                     // S
-  uint32_t row_bytes = 0;                   // d_KV
-  uint32_t indexers = 0;                    // L_idx
-  uint32_t index_key_bytes = 0;             // d_idx
-  uint32_t page_rows = 64;                  // p
-  uint32_t top_k = 0;                       // k
-  uint32_t hot_rows = 0;                    // B
-  uint32_t tail_rows = 0;                   // T
-  uint32_t slots = 1;                       // N
-  uint64_t hbm_budget_bytes = 0;
-  uint32_t connect_timeout_ms = 5000;
-  uint8_t* engine_pool = nullptr;  // the engine's KV pool memory (nullptr: the library allocates it), not owned
-  uint64_t engine_pool_bytes = 0;
-  uint64_t model_fingerprint = 0;  // Hello.model_fingerprint (issue 26): the engine's model, 0 = not said
-  // The group of each source (dhs_worker_config.source_groups, ABI 1.3): empty = every source its own group; else
-  // `sources` entries numbered in order of first use (brief §5: an index producer's followers share its group).
-  std::vector<uint32_t> source_groups;
-  // Staging arenas of speculative verification (dhs_worker_config ABI 1.5; brief §6 "Staging"): χ arenas of
-  // round_queries * k rows of d_KV bytes per slot (M_stage = χ * N * K_max * k * d_KV, spec::StagingReservationBytes).
-  // 0: none (a round's union must fit the hot cache). With arenas: 1 <= round_queries (K_max) <= T - p + 1 and
-  // χ >= the largest group's sources. The arenas follow the KV pool in the same region (RegionLayout).
-  uint32_t staging_arenas = 0;  // χ
-  uint32_t round_queries = 0;   // K_max: the most queries of one speculative round
-};
-inline constexpr uint64_t kEnginePoolAlignment = 64;  // DHS_POOL_ALIGNMENT
-
-// The one region an engine addresses (dhs_pool_desc; a location is a byte offset into it): the KV pool
-// (KvLayout::pool_bytes) at 0, then the staging arenas (M_stage bytes, 0 without) at staging_offset = the KV pool's
-// bytes rounded up to kEnginePoolAlignment. bytes = staging_offset + staging_bytes (without arenas: the KV pool's).
-struct RegionLayout {
-  uint64_t kv_bytes = 0;
-  uint64_t staging_offset = 0;
-  uint64_t staging_bytes = 0;
-  uint64_t bytes = 0;
-};
 
 // What a submit names for prefix sharing (issue 24; dhs_request_desc's ABI 1.1 fields): the spans are the caller's,
 // read during Submit only.
@@ -128,7 +88,12 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // outside; a test's in-process fake memd, tests/workerd/worker_test_util.h): `memd` answered HelloFor(config) (its
   // host pool, epoch and interrupted requests are read from it), is not owned and must outlive the worker. Nothing
   // of config.run_dir is used. Errors: as Open's, without the connection's.
-  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> OpenOver(const EmbeddedConfig& config, MemdTransport& memd);
+  // `device` (issue 25: workerd's Worker opens its KV side here, over its own device): nullptr, the library's
+  // CpuDevice and region (as Open); else the caller's (not owned, must outlive the worker; config.engine_pool must be
+  // nullptr): the store's pools are the device's own, so there is no single region (Pool() and Resolve answer
+  // FAILED_PRECONDITION; the caller reads rows through port(), as the Worker's model does).
+  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> OpenOver(const EmbeddedConfig& config, MemdTransport& memd,
+                                                                   Device* device = nullptr);
   // The Hello that Open sends (contract §1: the shape's GPU pages, host pages, sources and sizes). Errors:
   // INVALID_ARGUMENT (the shape, as Open checks it).
   static absl::StatusOr<wire::HelloT> HelloFor(const EmbeddedConfig& config);
@@ -138,7 +103,8 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   static absl::StatusOr<RegionLayout> RegionFor(const EmbeddedConfig& config);
   const RegionLayout& region() const { return region_; }
   bool engine_pool() const { return config_.engine_pool != nullptr; }
-  // Ends every open request (Complete to memd, delivered for up to 1 s) and frees everything.
+  // Ends every open request (Complete to memd, delivered for up to 1 s) and frees everything. Opened over the caller's
+  // device (OpenOver with a device: workerd's Worker): frees its KV side only; nothing is sent.
   ~EmbeddedWorker() override;
 
   const EmbeddedConfig& config() const { return config_; }
@@ -148,7 +114,7 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   uint32_t capacity_pages() const { return capacity_pages_; }
   uint64_t worker_epoch() const { return memd_->worker_epoch(); }
   // The region (RegionLayout: the KV pool, then the staging arenas; the CPU backend's host-visible bytes). Errors:
-  // UNIMPLEMENTED when the backend's pool is not host-visible.
+  // FAILED_PRECONDITION when the worker was opened over the caller's device (no single region).
   absl::StatusOr<std::span<uint8_t>> Pool() const;
 
   // A new request: input_rows >= 1 prompt rows, max_rows >= input_rows rows at most. resume_of != 0: the resume of
@@ -243,6 +209,10 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   struct RecordTokens { std::vector<uint32_t> prompt, generated; };
   absl::StatusOr<RecordTokens> ResumableTokens(RequestId interrupted) const;
   std::string StatsJson() const;
+  // The KV side (workerd's Worker, opened over its transport and device, serves its model through these): workerd's
+  // KvStack (store, residency, agent) and the data path over it.
+  KvStack& stack() { return *stack_; }
+  KvPort& port() { return *port_; }
   // INTERNAL naming the broken invariant, else OK: the book's (RequestBook::CheckInvariants), and the requests here
   // are exactly the book's, none of them kGranted (a grant starts it: kActive) or kPaused (the engine decides what
   // steps while memd is away). O(requests). The fuzz target checks it after every call.
@@ -279,7 +249,7 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   static absl::Status CheckEnginePool(const EmbeddedConfig& config);
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Build(const EmbeddedConfig& config, wire::HelloT hello,
                                                                std::unique_ptr<MemdTransport> owned,
-                                                               MemdTransport& memd);
+                                                               MemdTransport& memd, Device* device = nullptr);
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
   // and counts it.
   void RecordEnd(RequestId id, const Request& r, const absl::Status& error);
@@ -351,7 +321,8 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
 
   EmbeddedConfig config_;
   wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
-  std::unique_ptr<Device> device_;
+  std::unique_ptr<Device> owned_device_;  // the library's CpuDevice (nullptr over the caller's device)
+  Device* device_ = nullptr;              // the device the store's pools are on
   RegionLayout region_;
   uint64_t page_bytes_ = 0, host_page_bytes_ = 0;
   uint32_t capacity_pages_ = 0;

@@ -196,40 +196,36 @@ uint64_t HostPageBytes(const model::ModelConfig& model, uint32_t page_rows) {
                                 model.index_key_bytes() * static_cast<uint64_t>(model.n_indexers()));
 }
 
-wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& geometry,
-                       std::string_view device_name) {
-  wire::HelloT h;
-  h.protocol_version = kProtocolVersion;
-  h.gpu = config.gpu;
-  h.pid = static_cast<uint32_t>(::getpid());
-  h.device_name = std::string(device_name);
-  h.capacity_pages = geometry.capacity_pages;
-  h.page_rows = config.page_rows;
-  h.page_bytes = geometry.page_bytes;
-  h.host_page_bytes = geometry.host_page_bytes;
-  h.request_slots = config.slots;
-  std::vector<uint32_t> consumers(model.n_sources(), 0);
-  for (const model::LayerSpec& l : model.layers) ++consumers[l.source];
-  for (int s = 0; s < model.n_sources(); ++s) {
-    auto info = std::make_unique<wire::SourceInfoT>();
-    info->source = static_cast<uint32_t>(s);
-    info->bytes_per_row = static_cast<uint32_t>(model.row_bytes());
-    info->positions_per_row = 1;
-    info->consumers = consumers[s];
-    h.sources.push_back(std::move(info));
+lib::EmbeddedConfig EmbeddedConfigOf(const model::ModelConfig& model, const WorkerConfig& config,
+                                     const WorkerGeometry& geometry, std::string_view device_name) {
+  lib::EmbeddedConfig c;
+  c.gpu = config.gpu;
+  c.mode = config.mode;
+  c.sources = static_cast<uint32_t>(model.n_sources());
+  c.row_bytes = static_cast<uint32_t>(model.row_bytes());
+  c.indexers = static_cast<uint32_t>(model.n_indexers());
+  c.index_key_bytes = static_cast<uint32_t>(model.index_key_bytes());
+  c.page_rows = config.page_rows;
+  c.top_k = static_cast<uint32_t>(model.top_k);
+  // Resident mode reads no hot cache (B is not validated there): the shape's B >= k rule is met with B = k then.
+  c.hot_rows = config.mode == WorkerMode::kResident ? std::max(geometry.hot_rows, c.top_k) : geometry.hot_rows;
+  c.tail_rows = geometry.tail_rows;
+  c.slots = config.slots;
+  c.hbm_budget_bytes = config.hbm_budget_bytes;
+  // The KV groups (brief §5), numbered in order of first use over the sources (dhs_worker_config.source_groups).
+  std::vector<int64_t> group_of(c.sources, -1);
+  for (size_t g = 0; g < geometry.kv.groups.size(); ++g) {
+    for (SourceId s : geometry.kv.groups[g]) group_of[s] = static_cast<int64_t>(g);
   }
-  h.has_drafter = geometry.speculation.draft_ring_rows > 0;
-  h.draft_ring_rows = static_cast<uint32_t>(geometry.speculation.draft_ring_rows);
-  h.draft_ring_bytes = geometry.speculation.draft_ring_bytes;
-  h.staging_bytes = static_cast<uint64_t>(geometry.staging_bytes);
-  h.staging_arenas = geometry.staging_arenas;
-  // The shape `dhsctl plan --live` plans with (issue 14): memd shows it, never decides with it.
-  h.serving_mode = std::string(WorkerModeName(config.mode));
-  h.index_producers = static_cast<uint32_t>(model.n_indexers());
-  h.index_key_bytes = static_cast<uint32_t>(model.index_key_bytes());
-  h.top_k = static_cast<uint32_t>(model.top_k);
-  h.hot_rows = geometry.hot_rows;
-  h.tail_rows = geometry.tail_rows;
+  std::vector<int64_t> number(geometry.kv.groups.size(), -1);
+  uint32_t next = 0;
+  for (SourceId s = 0; s < c.sources; ++s) {
+    int64_t& n = number[static_cast<size_t>(group_of[s])];
+    if (n < 0) n = next++;
+    c.source_groups.push_back(static_cast<uint32_t>(n));
+  }
+  c.source_consumers.assign(c.sources, 0);
+  for (const model::LayerSpec& l : model.layers) ++c.source_consumers[l.source];
   // Each layer with an indexer makes one selection per token; a selected position costs a row of every source of
   // that layer's KV group (a producer's group: itself and its followers; a write / reindex layer: its own source).
   uint32_t fetched = 0;
@@ -241,11 +237,25 @@ wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& conf
       }
     }
   }
-  h.fetched_rows_per_token = fetched;
-  h.drafter_window = static_cast<uint32_t>(geometry.speculation.drafter_window);
-  h.k_max = config.speculation.mode != spec::SpeculateMode::kOff ? static_cast<uint32_t>(config.speculation.block) : 0;
-  h.draft_bytes_per_row = static_cast<uint64_t>(geometry.speculation.draft_bytes_per_row);
-  return h;
+  c.fetched_rows_per_token = fetched;
+  c.staging_arenas = geometry.staging_arenas;
+  c.round_queries =
+      config.speculation.mode != spec::SpeculateMode::kOff ? static_cast<uint32_t>(config.speculation.block) : 0;
+  const auto saturated = [](int64_t v) { return static_cast<uint32_t>(std::clamp<int64_t>(v, 0, UINT32_MAX)); };
+  c.draft_ring_rows = saturated(geometry.speculation.draft_ring_rows);  // beyond the shape's bounds: refused there
+  c.draft_bytes_per_row = static_cast<uint64_t>(std::max<int64_t>(geometry.speculation.draft_bytes_per_row, 0));
+  c.drafter_window = saturated(geometry.speculation.drafter_window);
+  c.device_name = std::string(device_name);
+  return c;
+}
+
+absl::StatusOr<wire::HelloT> MakeHello(const model::ModelConfig& model, const WorkerConfig& config,
+                                       const WorkerGeometry& geometry, std::string_view device_name) {
+  absl::StatusOr<wire::HelloT> hello = lib::HelloOf(EmbeddedConfigOf(model, config, geometry, device_name));
+  if (!hello.ok()) {
+    return absl::Status(hello.status().code(), absl::StrCat("worker: ", hello.status().message()));
+  }
+  return hello;
 }
 
 uint32_t RequiredPages(const model::ModelConfig& model, const WorkerGeometry& geometry, WorkerMode mode,

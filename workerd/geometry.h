@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "libdhs/embedded_shape.h"
 #include "dhs_generated.h"
 #include "workerd/kv/layout.h"
 #include "workerd/model/config.h"
@@ -114,10 +115,22 @@ absl::Status ValidateGeometry(const model::ModelConfig& model, const WorkerConfi
 // ...) prefixed with "--drafter-weights FILE: ".
 absl::StatusOr<WorkerGeometry> ComputeGeometry(const model::ModelConfig& model, const WorkerConfig& config);
 
+// This worker's shape as libdhs declares an engine's (libdhs/embedded_shape.h; issue 25, "workerd uses it"): its
+// sizes from `geometry` (ComputeGeometry's), the model's sources, row and key bytes, k, its KV groups (numbered in
+// order of first use), each source's consumers (the layers with that source), the rows fetched per token (each layer
+// with an indexer fetches a row of every source of its layer's group), the staging arenas, K_max = --block with any
+// --speculate mode but off, and the drafter's ring (R_d, its row bytes, W). run_dir is left empty (not the shape's),
+// the model fingerprint 0 (the Model's, not its config's: the caller sets it). Resident mode declares B = max(B, k)
+// (it reads no hot cache; the shape requires k <= B).
+lib::EmbeddedConfig EmbeddedConfigOf(const model::ModelConfig& model, const WorkerConfig& config,
+                                     const WorkerGeometry& geometry, std::string_view device_name);
+
 // The Hello of this worker (contract §1), with its shape for `dhsctl plan --live` (issue 14: serving mode, L_idx,
-// d_idx, k, B, T, fetched rows per token, W, K_max, draft bytes per row; common/worker_shape.h).
-wire::HelloT MakeHello(const model::ModelConfig& model, const WorkerConfig& config, const WorkerGeometry& geometry,
-                       std::string_view device_name);
+// d_idx, k, B, T, fetched rows per token, W, K_max, draft bytes per row; common/worker_shape.h): libdhs's
+// HelloOf(EmbeddedConfigOf(...)), the one construction of a worker's Hello. Errors: INVALID_ARGUMENT (a shape
+// libdhs's bounds refuse, lib::CheckShape: e.g. more than 64 staging arenas, a region above 1 TiB).
+absl::StatusOr<wire::HelloT> MakeHello(const model::ModelConfig& model, const WorkerConfig& config,
+                                       const WorkerGeometry& geometry, std::string_view device_name);
 
 // GPU pages request needs granted before it starts (AdmitRequest.required_pages): its hot cache and tail, ceil(B + T
 // / p), plus its index keys, ceil(context * indexers * index-key bytes / page bytes), plus, in resident mode, its

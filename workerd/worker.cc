@@ -48,33 +48,31 @@ Worker::Worker(const model::Model* model, Device* device, WorkerConfig config, W
 Worker::~Worker() = default;
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model, Device* device,
-                                                       const WorkerConfig& config, std::span<uint8_t> host_pool,
-                                                       MemdLink* memd, ClientSink* client) {
+                                                       const WorkerConfig& config, MemdTransport* memd,
+                                                       ClientSink* client) {
   if (model == nullptr || device == nullptr || memd == nullptr || client == nullptr) {
-    return absl::InvalidArgumentError("worker: model, device, memd link and client sink are required");
+    return absl::InvalidArgumentError("worker: model, device, memd transport and client sink are required");
   }
   absl::StatusOr<WorkerGeometry> g = ComputeGeometry(model->config(), config);
   if (!g.ok()) return g.status();
   if (absl::Status s = ValidateResumedOutputLimits(config.resumed_outputs); !s.ok()) return s;
   std::unique_ptr<Worker> w(new Worker(model, device, config, *std::move(g), memd));
-  const KvStackConfig stack{config.gpu, config.slots, config.mode == WorkerMode::kAdaptive};
-  if (config.mode == WorkerMode::kResident) {
-    w->stack_ = KvStack::Resident(
-        model::ResidentKvAccess::ForModel(model->config(), config.hbm_budget_bytes, config.page_rows),
-        w->geometry_.kv, memd, stack);
-  } else {
-    absl::StatusOr<std::unique_ptr<KvStack>> s = KvStack::Hierarchical(w->geometry_.kv, device, host_pool, memd, stack);
-    if (!s.ok()) return s.status();
-    w->stack_ = *std::move(s);
-  }
-  w->hier_ = w->stack_->hierarchical();
+  // The KV side is libdhs's (issue 25, "workerd uses it"): the library opened over this worker's memd transport and
+  // device with the worker's shape (EmbeddedConfigOf, the shape its Hello declared) builds the store, the residency
+  // agent and the data path the model goes through, as it does for an engine.
+  lib::EmbeddedConfig shape = EmbeddedConfigOf(model->config(), config, w->geometry_, "workerd");
+  shape.model_fingerprint = model->fingerprint();  // as the Hello memd took (WorkerProcess)
+  absl::StatusOr<std::unique_ptr<lib::EmbeddedWorker>> lib = lib::EmbeddedWorker::OpenOver(shape, *memd, device);
+  if (!lib.ok()) return lib.status();
+  w->lib_ = *std::move(lib);
+  w->hier_ = w->lib_->stack().hierarchical();
   // The model's KV calls go through libdhs's data path (libdhs/kv_port.h), in every mode.
-  w->port_ = std::make_unique<lib::KvPort>(w->stack_->port_store());
-  w->port_kv_ = std::make_unique<lib::PortKvAccess>(w->port_.get());
+  w->port_ = &w->lib_->port();
+  w->port_kv_ = std::make_unique<lib::PortKvAccess>(w->port_);
   w->kv_ = w->port_kv_.get();
-  w->agent_ = w->stack_->agent();
+  w->agent_ = w->lib_->stack().agent();
   // Resident mode imports nothing (no host tier): its ResumeImporter has no port.
-  w->resumes_ = std::make_unique<ResumeImporter>(model, w->hier_ != nullptr ? w->port_.get() : nullptr,
+  w->resumes_ = std::make_unique<ResumeImporter>(model, w->hier_ != nullptr ? w->port_ : nullptr,
                                                  config.page_rows);
   absl::StatusOr<std::unique_ptr<SpeculativeRounds>> rounds = SpeculativeRounds::Create(model, config, w->geometry_);
   if (!rounds.ok()) return rounds.status();
@@ -88,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
                      w->resumes_.get(), &w->recorder_, w->clients_.get(), ends, &w->ledger_});
   w->away_ = std::make_unique<MemdAway>(AwayParts{&w->config_, &w->geometry_, memd, &w->book_, &w->requests_,
                                                   w->agent_, w->hier_, &w->recorder_, w->clients_.get(),
-                                                  w->admission_.get(), ends, w->stack_.get(), &w->ledger_});
+                                                  w->admission_.get(), ends, &w->lib_->stack(), &w->ledger_});
   return w;
 }
 

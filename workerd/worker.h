@@ -57,6 +57,7 @@
 #include "workerd/geometry.h"
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_stack.h"
+#include "libdhs/embedded_worker.h"
 #include "libdhs/kv_port.h"
 #include "workerd/kv_access.h"
 #include "workerd/memd_away.h"
@@ -76,12 +77,14 @@ namespace dhs {
 
 class Worker final : public Submitter, private RequestEnds {
  public:
-  // `model`, `device`, `memd`, `client` must outlive the Worker. `host_pool`: the mapped host-pool pages of segment 0
-  // (HostPoolSegment::PageData(0), pages * page_bytes bytes); may be empty in resident mode.
-  // Errors: INVALID_ARGUMENT (config, see ComputeGeometry; host pool not whole pages), RESOURCE_EXHAUSTED (device).
+  // `model`, `device`, `memd`, `client` must outlive the Worker. `memd` answered this worker's Hello (MakeHello): its
+  // host pool (mapped, segment 0; may be empty in resident mode), epoch and interrupted requests are read from it.
+  // The KV side is opened through libdhs (lib::EmbeddedWorker::OpenOver over `memd` and `device` with
+  // EmbeddedConfigOf's shape). Errors: INVALID_ARGUMENT (config, see ComputeGeometry; a shape libdhs refuses),
+  // FAILED_PRECONDITION (a hierarchical mode without a host pool), RESOURCE_EXHAUSTED (device).
   static absl::StatusOr<std::unique_ptr<Worker>> Create(const model::Model* model, Device* device,
-                                                        const WorkerConfig& config, std::span<uint8_t> host_pool,
-                                                        MemdLink* memd, ClientSink* client);
+                                                        const WorkerConfig& config, MemdTransport* memd,
+                                                        ClientSink* client);
   ~Worker() override;
 
   // A client's request. Validates it (ValidateSubmit; an id the same client (ClientRef.peer) has in flight ->
@@ -170,7 +173,7 @@ class Worker final : public Submitter, private RequestEnds {
   HierarchicalKvAccess* hierarchical() { return hier_; }
   // Test/introspection: libdhs's data path the model's KV calls go through (libdhs/kv_port.h), in every mode (resident
   // mode's store is KvStack's resident PortStore: no tail bound, no host tier).
-  const lib::KvPort* kv_port() const { return port_.get(); }
+  const lib::KvPort* kv_port() const { return port_; }
 
  private:
   using Request = WorkerRequest;
@@ -218,13 +221,14 @@ class Worker final : public Submitter, private RequestEnds {
   WorkerConfig config_;
   WorkerGeometry geometry_;
   MemdLink* memd_;
-  // The KV store, its residency and the ResidencyAgent (workerd/kv_stack.h: the one wiring libdhs's EmbeddedWorker
-  // uses too); kv_, hier_ (nullptr in resident mode) and agent_ point into it.
-  std::unique_ptr<KvStack> stack_;
-  // Every mode: the model reaches the store only through libdhs's data path (issue 25, "workerd uses it"): kv_ is
-  // port_kv_, a PortKvAccess over port_ (libdhs/kv_port.h, the object behind dhs_request_append_source, dhs_resolve,
-  // dhs_readers_done, dhs_request_hold / commit) over the stack's PortStore (hierarchical, or resident mode's).
-  std::unique_ptr<lib::KvPort> port_;
+  // The KV side, libdhs's (issue 25, "workerd uses it"): the EmbeddedWorker opened over memd_ and device_ owns the
+  // KV store, its residency and the ResidencyAgent (its KvStack, workerd/kv_stack.h) and the data path over them
+  // (port_: libdhs/kv_port.h, the object behind dhs_request_append_source, dhs_resolve, dhs_readers_done,
+  // dhs_request_hold / commit). Every mode: the model reaches the store only through it: kv_ is port_kv_, a
+  // PortKvAccess over port_. hier_ (nullptr in resident mode) and agent_ point into it. Declared before every room
+  // that uses them (destroyed after them). The admission and memd's messages are still the Worker's (AdmissionDesk).
+  std::unique_ptr<lib::EmbeddedWorker> lib_;
+  lib::KvPort* port_ = nullptr;
   std::unique_ptr<lib::PortKvAccess> port_kv_;
   KvAccess* kv_ = nullptr;
   HierarchicalKvAccess* hier_ = nullptr;

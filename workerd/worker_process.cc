@@ -61,7 +61,9 @@ absl::Status WorkerProcess::BindAndConnect(const model::Model* model, const Work
                                                                               : ""));
   }
   frontend_ = *std::move(frontend);
-  wire::HelloT hello = MakeHello(model->config(), config, geometry, options.device_name);
+  absl::StatusOr<wire::HelloT> made = MakeHello(model->config(), config, geometry, options.device_name);
+  if (!made.ok()) return made.status();
+  wire::HelloT hello = *std::move(made);
   hello.model_fingerprint = model->fingerprint();  // issue 26: the cluster tier's key space (memd GeometryOf)
   absl::StatusOr<std::unique_ptr<MemdClient>> memd = MemdClient::Connect(options.run_dir, hello,
                                                                          options.connect_timeout);
@@ -128,7 +130,7 @@ absl::Status WorkerProcess::Prepare(const model::Model* model, Device* device, c
     if (absl::Status s = options.on_host_pool(memd_->host_pages()); !s.ok()) return s;
   }
   absl::StatusOr<std::unique_ptr<Worker>> worker =
-      Worker::Create(model, device, options.config, memd_->host_pages(), memd_.get(), frontend_.get());
+      Worker::Create(model, device, options.config, memd_.get(), frontend_.get());
   if (!worker.ok()) return worker.status();
   worker_ = *std::move(worker);
   return absl::OkStatus();

@@ -44,7 +44,7 @@ extern "C" {
 /* The ABI version: MAJOR changes break callers (a worker opened with another major is refused); MINOR adds calls or
  * struct fields at their end. Compile time: these macros; run time: dhs_version(). */
 #define DHS_ABI_MAJOR 1
-#define DHS_ABI_MINOR 7
+#define DHS_ABI_MINOR 8
 #define DHS_ABI_VERSION ((DHS_ABI_MAJOR << 16) | DHS_ABI_MINOR)
 
 #if defined(__GNUC__)
@@ -140,18 +140,36 @@ typedef struct dhs_worker_config {
    * Staging arenas of speculative verification (brief §6 "Staging"): while a request holds a speculative round
    * (dhs_request_hold), the queries of its round resolved in one dhs_resolve are served as ONE union: each distinct
    * missing row is copied once, into the hot cache while it has room, the rest into a staging arena, so a round's
-   * union may exceed the hot cache. staging_arenas = χ (0: none; else >= the largest group's sources, <= 64);
-   * round_queries = K_max, the most queries of one round (1 .. T - p + 1; 0 without arenas). The arenas take
+   * union may exceed the hot cache. staging_arenas = χ (0: none; else >= the largest group's sources, <= 64; ABI
+   * 1.8: <= 1024); round_queries = K_max, the most queries of one round (1 .. T - p + 1; before ABI 1.8, 0 without
+   * arenas; since, also declared without them: below). The arenas take
    * M_stage = χ * N * K_max * k * d_KV bytes after the KV pool in the same region (dhs_pool_bytes_needed counts
    * them; a location may point into them), and each admitted request declares its slot's share M_stage / N to memd
    * inside its required pages. */
   uint32_t staging_arenas;
   uint32_t round_queries;
+  /* ABI 1.8 (a 1.5 .. 1.7 caller's struct, DHS_WORKER_CONFIG_SIZE_1_5 bytes, is still accepted: NULL and 0).
+   * What workerd's own Hello declares beyond the above (workerd builds its Hello from this shape), for an engine with
+   * a drafter or with layers that share sources. round_queries may now also be set without staging arenas: the most
+   * queries of one speculative round (at most T - p + 1), declared to memd (dhsctl plan). */
+  const uint32_t* source_consumers; /* NULL (1 each) or `sources` entries in [1, 65536]: the layers reading source s */
+  uint32_t fetched_rows_per_token;  /* rows a generated token fetches (each selecting layer: its group's sources;
+                                       0 = sources) */
+  /* A drafter's KV ring the engine keeps in GPU memory per slot (brief §8 "with a drafter"): draft_ring_rows R_d
+   * rows of draft_bytes_per_row bytes (both 0: no drafter; R_d <= 2^24, a row <= 1 GiB). memd counts each admitted
+   * request's slot share R_d * draft_bytes_per_row inside its required pages, and the worker's N shares
+   * (Hello.draft_ring_bytes). drafter_window: W, the prior positions the drafter reads (0 without a ring). */
+  uint32_t draft_ring_rows;
+  uint64_t draft_bytes_per_row;
+  uint32_t drafter_window;
+  uint32_t reserved;  /* 0 (an explicit tail: a later field changes sizeof, so struct_size tells the versions apart) */
 } dhs_worker_config;
 #define DHS_WORKER_CONFIG_SIZE_1_0 80u  /* sizeof(dhs_worker_config) of ABI 1.0 (up to connect_timeout_ms) */
 #define DHS_WORKER_CONFIG_SIZE_1_1 96u  /* sizeof(dhs_worker_config) of ABI 1.1 (up to engine_pool_bytes) */
 #define DHS_WORKER_CONFIG_SIZE_1_2 104u /* sizeof(dhs_worker_config) of ABI 1.2 (up to model_fingerprint) */
 #define DHS_WORKER_CONFIG_SIZE_1_3 112u /* sizeof(dhs_worker_config) of ABI 1.3 and 1.4 (up to source_groups) */
+#define DHS_WORKER_CONFIG_SIZE_1_5 120u /* sizeof(dhs_worker_config) of ABI 1.5 .. 1.7 (up to round_queries) */
+#define DHS_WORKER_CONFIG_SIZE_1_8 152u /* sizeof(dhs_worker_config) of ABI 1.8 (up to reserved) */
 #define DHS_POOL_ALIGNMENT 64u          /* engine_pool's alignment, bytes */
 
 /* The bytes of the KV pool a worker of `config` needs (its slot regions and optional pages, then, ABI 1.5, its

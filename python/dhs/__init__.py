@@ -21,7 +21,7 @@ import ctypes
 import json
 import os
 
-ABI_MAJOR, ABI_MINOR = 1, 7
+ABI_MAJOR, ABI_MINOR = 1, 8
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 MODE_HISPARSE, MODE_ADAPTIVE, MODE_RESIDENT = 1, 2, 3  # MODE_RESIDENT: ABI 1.7
 BACKEND_CPU, BACKEND_CUDA = 1, 2
@@ -48,7 +48,12 @@ class WorkerConfig(ctypes.Structure):
                 # ABI 1.3: the group of each source (None: every source its own group)
                 ("source_groups", ctypes.POINTER(ctypes.c_uint32)),
                 # ABI 1.5: staging arenas χ and K_max, the most queries of one speculative round (0, 0: none)
-                ("staging_arenas", ctypes.c_uint32), ("round_queries", ctypes.c_uint32)]
+                ("staging_arenas", ctypes.c_uint32), ("round_queries", ctypes.c_uint32),
+                # ABI 1.8: consumers per source (None: 1 each), rows fetched per token (0: sources), a drafter's
+                # KV ring per slot (rows, bytes per row; 0, 0: no drafter) and its window W
+                ("source_consumers", ctypes.POINTER(ctypes.c_uint32)), ("fetched_rows_per_token", ctypes.c_uint32),
+                ("draft_ring_rows", ctypes.c_uint32), ("draft_bytes_per_row", ctypes.c_uint64),
+                ("drafter_window", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
 
 
 class WorkerInfo(ctypes.Structure):
@@ -181,12 +186,17 @@ class Worker:
     each source, numbered in order of first use (an index producer's followers share its group: brief §5); resolve
     and readers_done then name a group's sources. staging_arenas, round_queries (ABI 1.5): χ staging arenas and K_max
     (the most queries of one speculative round): a held round's union of rows may then exceed the hot cache; the
-    arenas follow the KV pool in the same region (pool() covers both)."""
+    arenas follow the KV pool in the same region (pool() covers both); round_queries alone (ABI 1.8) declares K_max.
+    draft_ring_rows, draft_bytes_per_row, drafter_window (ABI 1.8): a drafter's KV ring the engine keeps per slot
+    (memd counts each request's share in its required pages); source_consumers, fetched_rows_per_token (ABI 1.8): the
+    layers reading each source and the rows a token fetches (shown by dhsctl plan)."""
 
     def __init__(self, run_dir: str, *, sources: int, row_bytes: int, page_rows: int, top_k: int, hot_rows: int,
                  tail_rows: int, slots: int, hbm_budget_bytes: int, indexers: int = 0, index_key_bytes: int = 0,
                  gpu: int = 0, mode: int = MODE_ADAPTIVE, connect_timeout_ms: int = 10000,
-                 model_fingerprint: int = 0, source_groups=None, staging_arenas: int = 0, round_queries: int = 0):
+                 model_fingerprint: int = 0, source_groups=None, staging_arenas: int = 0, round_queries: int = 0,
+                 source_consumers=None, fetched_rows_per_token: int = 0, draft_ring_rows: int = 0,
+                 draft_bytes_per_row: int = 0, drafter_window: int = 0):
         self._lib = library()
         self._h = ctypes.c_void_p()
         self._run_dir = run_dir.encode()
@@ -194,6 +204,15 @@ class Worker:
                          row_bytes, indexers, index_key_bytes, page_rows, top_k, hot_rows, tail_rows, slots,
                          hbm_budget_bytes, connect_timeout_ms, None, 0, model_fingerprint)
         c.staging_arenas, c.round_queries = staging_arenas, round_queries
+        c.fetched_rows_per_token, c.drafter_window = fetched_rows_per_token, drafter_window
+        c.draft_ring_rows, c.draft_bytes_per_row = draft_ring_rows, draft_bytes_per_row
+        for name, per_source in (("source_groups", source_groups), ("source_consumers", source_consumers)):
+            if per_source is not None and len(per_source) != sources:  # the library reads `sources` entries
+                raise ValueError(f"{name} has {len(per_source)} entries for {sources} sources")
+        consumers = None
+        if source_consumers is not None:  # read during open only
+            consumers = (ctypes.c_uint32 * len(source_consumers))(*source_consumers)
+            c.source_consumers = consumers
         groups = None
         if source_groups is not None:  # read during open only
             groups = (ctypes.c_uint32 * len(source_groups))(*source_groups)

@@ -394,8 +394,9 @@ TEST(LibdhsNoMemd, OpenChecksItsConfig) {
       {"keys", [](dhs_worker_config& c) { c.index_key_bytes = 0; }, DHS_ERR_INVALID_ARGUMENT, "index_key_bytes"},
       {"no memd", [](dhs_worker_config& c) { c.connect_timeout_ms = 300; }, DHS_ERR_UNAVAILABLE, ""},
       // ABI 1.5: staging arenas (K_max <= T - p + 1 = 17; χ >= the largest group's 2 sources).
-      {"round without arenas", [](dhs_worker_config& c) { c.round_queries = 4; }, DHS_ERR_INVALID_ARGUMENT,
-       "round_queries is set without staging_arenas"},
+      // ABI 1.8: K_max may be declared without arenas, within the tail's bound.
+      {"round without arenas beyond the tail", [](dhs_worker_config& c) { c.round_queries = 18; },
+       DHS_ERR_INVALID_ARGUMENT, "at most T - p + 1 = 17"},
       {"round beyond the tail", [](dhs_worker_config& c) { c.staging_arenas = 1; c.round_queries = 18; },
        DHS_ERR_INVALID_ARGUMENT, "T - p + 1 = 17"},
       {"no round", [](dhs_worker_config& c) { c.staging_arenas = 1; }, DHS_ERR_INVALID_ARGUMENT, "round_queries"},
@@ -406,7 +407,28 @@ TEST(LibdhsNoMemd, OpenChecksItsConfig) {
          c.staging_arenas = 1;
          c.round_queries = 4;
        },
-       DHS_ERR_INVALID_ARGUMENT, "staging_arenas (χ) 1 must be in [2, 64]"},
+       DHS_ERR_INVALID_ARGUMENT, "staging_arenas (χ) 1 must be in [2, 1024]"},
+      // ABI 1.8: the drafter's ring, consumers.
+      {"ring rows without bytes", [](dhs_worker_config& c) { c.draft_ring_rows = 16; }, DHS_ERR_INVALID_ARGUMENT,
+       "draft_ring_rows (16) and draft_bytes_per_row (0)"},
+      {"window without a ring", [](dhs_worker_config& c) { c.drafter_window = 4; }, DHS_ERR_INVALID_ARGUMENT,
+       "drafter_window"},
+      {"no consumer",
+       [](dhs_worker_config& c) {
+         static const uint32_t consumers[kS] = {2, 0};
+         c.source_consumers = consumers;
+       },
+       DHS_ERR_INVALID_ARGUMENT, "source_consumers[1] = 0"},
+      {"reserved", [](dhs_worker_config& c) { c.reserved = 1; }, DHS_ERR_INVALID_ARGUMENT, "reserved must be 0"},
+      // A 1.5 .. 1.7 struct ends before the 1.8 fields: they are not read (this one reaches the memd check).
+      {"1.7 struct",
+       [](dhs_worker_config& c) {
+         c.struct_size = DHS_WORKER_CONFIG_SIZE_1_5;
+         c.draft_ring_rows = 16;
+         c.drafter_window = 4;
+         c.connect_timeout_ms = 300;
+       },
+       DHS_ERR_UNAVAILABLE, ""},
       // A 1.3 / 1.4 struct ends before the arenas' fields: they are not read (this one reaches the memd check).
       {"1.4 struct",
        [](dhs_worker_config& c) {
@@ -682,6 +704,46 @@ TEST_F(LibdhsTest, ASecondHoldIsRefused) {
 // served: the first rows into the hot cache, the rest into the staging arena after the KV pool in the same region
 // (a location at or past the KV pool's bytes), every row the bytes appended. memd takes the slot's staging share
 // (χ * K_max * k * d_KV = 4096 bytes, 2 pages) inside the admission's required pages.
+// ABI 1.8: a drafter's KV ring the engine keeps per slot is declared (Hello.draft_ring_bytes = N shares) and counted
+// by memd in each admission's required pages: a hisparse request of 32 rows needs ceil((B + T) / p) = 4 pages and
+// ceil(32 * 16 / 2048) = 1 page of index keys; a ring of 16 rows of 512 bytes adds 8192 / 2048 = 4 pages. With a
+// budget of 16 pages two plain requests (5 + 5) are granted at once; with the ring (9 + 9) the second waits for the
+// first to end. memd refuses a share the Hello did not declare (CheckShare), so the grant shows the declaration too.
+TEST_F(LibdhsTest, ADrafterRingCountsInEachAdmission) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  for (const bool drafter : {false, true}) {
+    SCOPED_TRACE(drafter);
+    dhs_worker_config c = Config(dir_.path(), 16);
+    c.mode = DHS_MODE_HISPARSE;
+    c.round_queries = 4;  // declared without arenas
+    if (drafter) {
+      c.draft_ring_rows = 16;
+      c.draft_bytes_per_row = 512;
+      c.drafter_window = 8;
+    }
+    ASSERT_EQ(dhs_worker_open(&c, &w_), DHS_OK) << dhs_worker_errmsg(w_);
+    const uint64_t a = SubmitGranted(16, 32);
+    dhs_request_desc d = Desc(16, 32);
+    uint64_t b = 0;
+    ASSERT_EQ(dhs_request_submit(w_, &d, &b), DHS_OK) << dhs_worker_errmsg(w_);
+    std::vector<dhs_event> ev = PollFor(1);
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].request, b);
+    if (!drafter) {
+      EXPECT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
+    } else {
+      EXPECT_EQ(ev[0].kind, DHS_EVENT_WAITING) << ev[0].message;
+      ASSERT_EQ(dhs_request_complete(w_, a), DHS_OK) << dhs_worker_errmsg(w_);
+      ev = PollFor(1);
+      ASSERT_EQ(ev.size(), 1u);
+      EXPECT_EQ(ev[0].kind, DHS_EVENT_GRANTED) << ev[0].message;
+      EXPECT_EQ(ev[0].request, b);
+    }
+    ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
+    w_ = nullptr;
+  }
+}
+
 TEST_F(LibdhsTest, StagingArenasServeARoundBeyondTheHotCache) {
   ASSERT_NO_FATAL_FAILURE(StartMemd());
   for (const uint32_t arenas : {0u, 1u}) {
@@ -2028,7 +2090,7 @@ TEST_F(LibdhsTest, ModelFingerprintReachesMemd) {
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   c.struct_size = DHS_WORKER_CONFIG_SIZE_1_1 + 4;
   EXPECT_EQ(dhs_worker_open(&c, &w_), DHS_ERR_VERSION);
-  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("takes 120 (1.5), 112 (1.3, 1.4), 104 (1.2), 96 (1.1) or 80 (1.0)"), std::string::npos)
+  EXPECT_NE(std::string(dhs_worker_errmsg(w_)).find("takes 152 (1.8), 120 (1.5 .. 1.7), 112 (1.3, 1.4), 104 (1.2), 96 (1.1) or 80 (1.0)"), std::string::npos)
       << dhs_worker_errmsg(w_);
   ASSERT_EQ(dhs_worker_close(w_), DHS_OK);
   w_ = nullptr;

@@ -165,7 +165,7 @@ void Serve(model::Model& m, WorkerMode mode, Flip flip, uint64_t seed, FlipRun& 
   RecordingSink sink;
   FakeMemd memd(mode == WorkerMode::kResident ? 4096 : kBudgetPages, g->host_page_bytes, c.page_rows, 512, seed,
                 /*chaos=*/mode != WorkerMode::kResident, c.slots);
-  auto w = Worker::Create(&m, &device, c, memd.host, &memd, &sink);
+  auto w = Worker::Create(&m, &device, c, &memd, &sink);
   ASSERT_TRUE(w.ok()) << w.status();
   const std::vector<Spec> specs = Requests();
   bool armed = false;

@@ -70,7 +70,7 @@ void Serve(const model::Model& m, WorkerMode mode, uint64_t seed, uint32_t budge
   CpuDevice device(async);
   FakeMemd memd(mode == WorkerMode::kResident ? 4096 : budget_pages, g->host_page_bytes, c.page_rows, 512, seed,
                 /*chaos=*/mode != WorkerMode::kResident, c.slots);
-  auto w = Worker::Create(&m, &device, c, memd.host, &memd, &res.sink);
+  auto w = Worker::Create(&m, &device, c, &memd, &res.sink);
   ASSERT_TRUE(w.ok()) << w.status();
   if (setup) setup(memd, device, **w);
   std::vector<Spec> specs = Requests(m.config().top_k);

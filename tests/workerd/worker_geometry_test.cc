@@ -100,7 +100,7 @@ void Serve(const model::Model& m, const Shape& shape, WorkerMode mode, RunResult
   CpuDevice device;
   FakeMemd memd(budget_pages, g->host_page_bytes, kPageRows, 256, /*seed=*/5, /*chaos=*/mode == WorkerMode::kAdaptive,
                 kSlots);
-  auto w = Worker::Create(&m, &device, c, memd.host, &memd, &res.sink);
+  auto w = Worker::Create(&m, &device, c, &memd, &res.sink);
   ASSERT_TRUE(w.ok()) << w.status();
   for (int it = 0; it < 100000; ++it) {
     for (const Spec& s : specs) {

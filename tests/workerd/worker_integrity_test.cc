@@ -66,7 +66,7 @@ struct Side {
     EXPECT_TRUE(g.ok()) << g.status();
     host_page_bytes = g->host_page_bytes;
     config.hbm_budget_bytes = 64 * g->page_bytes;
-    auto w = Worker::Create(m, &device, config, memd->host, memd, &sink);
+    auto w = Worker::Create(m, &device, config, memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
     worker->book().set_epoch(epoch);

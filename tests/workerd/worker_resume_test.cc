@@ -86,7 +86,7 @@ struct Side {
     auto g = ComputeGeometry(m->config(), config);
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 64 * g->page_bytes;
-    auto w = Worker::Create(m, &device, config, memd->host, memd, &sink);
+    auto w = Worker::Create(m, &device, config, memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
     worker->book().set_epoch(epoch);
@@ -1099,7 +1099,7 @@ TEST(WorkerResume, UnclaimedResumedOutputsAreBoundedByCountAndAge) {
     Side b(m.get(), 2, memd.get(), WorkerMode::kHisparse);
     WorkerConfig config = b.config;
     config.resumed_outputs.max_outputs = 2;
-    auto w = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
+    auto w = Worker::Create(m.get(), &b.device, config, memd.get(), &b.sink);
     ASSERT_TRUE(w.ok()) << w.status();
     Worker& worker = **w;
     ASSERT_TRUE(worker.admission().Resume(0, FinishedRecord(1, 7, 10)).ok());  // client 7's request 1: the oldest
@@ -1120,7 +1120,7 @@ TEST(WorkerResume, UnclaimedResumedOutputsAreBoundedByCountAndAge) {
   Side b(m.get(), 3, memd.get(), WorkerMode::kHisparse);
   WorkerConfig config = b.config;
   config.resumed_outputs.max_age = std::chrono::milliseconds(20);
-  auto w = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
+  auto w = Worker::Create(m.get(), &b.device, config, memd.get(), &b.sink);
   ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_TRUE((*w)->admission().Resume(0, FinishedRecord(4, 9, 40)).ok());
   const auto kept = std::chrono::steady_clock::now();
@@ -1134,7 +1134,7 @@ TEST(WorkerResume, UnclaimedResumedOutputsAreBoundedByCountAndAge) {
   EXPECT_EQ((*w)->Attach(4, 0, ClientRef{"c9", 4}, 9).code(), absl::StatusCode::kNotFound);
   // A limit of 0 is refused at start, naming the flag.
   config.resumed_outputs.max_bytes = 0;
-  auto bad = Worker::Create(m.get(), &b.device, config, memd->host, memd.get(), &b.sink);
+  auto bad = Worker::Create(m.get(), &b.device, config, memd.get(), &b.sink);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--resumed-output-bytes-max"), std::string::npos) << bad.status();
 }

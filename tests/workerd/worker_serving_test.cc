@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tests/workerd/kv_test_util.h"
+#include "tests/workerd/recording_transport.h"
 #include "tests/workerd/worker_test_util.h"
 #include "workerd/device/cpu_device.h"
 #include "workerd/kv/layout.h"
@@ -48,7 +49,7 @@ struct Fixture {
     EXPECT_TRUE(g.ok()) << g.status();
     config.hbm_budget_bytes = 64 * g->page_bytes;
     memd = std::make_unique<FakeMemd>(64, g->host_page_bytes, config.page_rows, 256, 1, false, config.slots);
-    auto w = Worker::Create(model.get(), &device, config, memd->host, memd.get(), &sink);
+    auto w = Worker::Create(model.get(), &device, config, memd.get(), &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
   }
@@ -552,7 +553,7 @@ TEST(WorkerBackPressure, AChunkTheClientRefusesFailsItsRequestThroughComplete) {
 TEST(WorkerBackPressure, SubmitsBeyondTheSubmitQueueAreRefusedAndTheQueueStaysBounded) {
   Fixture f(WorkerMode::kAdaptive);
   f.config.submit_queue = 3;
-  auto w = Worker::Create(f.model.get(), &f.device, f.config, f.memd->host, f.memd.get(), &f.sink);
+  auto w = Worker::Create(f.model.get(), &f.device, f.config, f.memd.get(), &f.sink);
   ASSERT_TRUE(w.ok()) << w.status();
   f.worker = std::move(*w);
   for (RequestId id = 1; id <= 3; ++id) ASSERT_TRUE(f.worker->Submit(Submit(id, Prompt(20, 1), 2), ClientRef{"c", id}).ok());
@@ -645,7 +646,7 @@ TEST(WorkerCancel, CancelWhileWaitingForAdmission) {
   Fixture f(WorkerMode::kAdaptive);
   f.memd = std::make_unique<FakeMemd>(64, ComputeGeometry(f.model->config(), f.config)->host_page_bytes, 16, 256, 1,
                                       false, /*slots=*/1);
-  auto w = Worker::Create(f.model.get(), &f.device, f.config, f.memd->host, f.memd.get(), &f.sink);
+  auto w = Worker::Create(f.model.get(), &f.device, f.config, f.memd.get(), &f.sink);
   ASSERT_TRUE(w.ok()) << w.status();
   f.worker = std::move(*w);
   ASSERT_TRUE(f.worker->Submit(Submit(1, Prompt(20, 1), 6), ClientRef{"c", 1}).ok());
@@ -712,7 +713,7 @@ TEST(WorkerAdmission, AllocationWaitIsSubmitToGrant) {
 
 // A memd that only records what the worker sends (in order); `on_readers_done` / `on_backup_complete` run when a
 // ReadersDone / BackupComplete is sent.
-class ScriptedMemd final : public MemdLink {
+class ScriptedMemd final : public RecordingTransport {
  public:
   absl::Status SendAdmitRequest(const wire::AdmitRequestT& m) override {
     log.push_back(absl::StrCat("admit/", m.request));
@@ -839,7 +840,8 @@ struct ScriptedFixture {
     config.hbm_budget_bytes = 16 * g->page_bytes;
     host.assign(64 * g->host_page_bytes, 0);
     Device* worker_device = watched ? static_cast<Device*>(watched.get()) : &device;
-    auto w = Worker::Create(model.get(), worker_device, config, host, &memd, &sink);
+    memd.host_span = host;
+    auto w = Worker::Create(model.get(), worker_device, config, &memd, &sink);
     EXPECT_TRUE(w.ok()) << w.status();
     worker = std::move(*w);
     layout = std::make_unique<KvLayout>(*KvLayout::Create(worker->geometry().kv));
@@ -1455,7 +1457,7 @@ TEST(WorkerWire, FrontendServesSubmitStatsAndErrorsOverIpc) {
   auto frontend = ServingFrontend::Bind(dir.path(), 0);
   ASSERT_TRUE(frontend.ok()) << frontend.status();
   CpuDevice device;
-  auto worker = Worker::Create(model.get(), &device, config, memd.host, &memd, frontend->get());
+  auto worker = Worker::Create(model.get(), &device, config, &memd, frontend->get());
   ASSERT_TRUE(worker.ok());
   (*frontend)->set_submitter(worker->get());
   auto client = DealerClient::Connect(IpcEndpoint(dir.path(), "worker-0"));

@@ -5,6 +5,7 @@
 // commit A_r + 1 tokens; the drafter modes and blocks the KV cannot serve are refused at start.
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/math/distributions/chi_squared.hpp>
 #include <cstdio>
 #include <cstring>
@@ -130,7 +131,7 @@ void Serve(const model::Model& m, WorkerConfig c, uint64_t seed, uint32_t budget
   async.seed = async_seed;
   CpuDevice device(async);
   FakeMemd memd(resident ? 4096 : budget_pages, g->host_page_bytes, c.page_rows, 512, seed, !resident, c.slots);
-  auto w = Worker::Create(&m, &device, c, memd.host, &memd, &res.sink);
+  auto w = Worker::Create(&m, &device, c, &memd, &res.sink);
   ASSERT_TRUE(w.ok()) << w.status();
   for (int it = 0; it < 20000; ++it) {
     for (const Spec& s : specs) {
@@ -266,7 +267,7 @@ struct OneSlotSpeculation {
     ASSERT_TRUE(g.ok()) << g.status();
     c.hbm_budget_bytes = 64 * g->page_bytes;
     memd = std::make_unique<FakeMemd>(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
-    auto w = Worker::Create(m.get(), &device, c, memd->host, memd.get(), &sink);
+    auto w = Worker::Create(m.get(), &device, c, memd.get(), &sink);
     ASSERT_TRUE(w.ok()) << w.status();
     worker = *std::move(w);
   }
@@ -544,7 +545,7 @@ TEST(WorkerSpeculation, SampledRoundsEmitTheTargetsOwnDistribution) {
   CpuDevice device;
   FakeMemd memd(4096, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
   RecordingSink sink;
-  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &sink);
+  auto w = Worker::Create(m.get(), &device, c, &memd, &sink);
   ASSERT_TRUE(w.ok()) << w.status();
   for (RequestId id = 1; id <= kRequests; ++id) {
     wire::SubmitRequestT sub;
@@ -765,7 +766,7 @@ TEST(WorkerSpeculation, AnUnpairedOrMissingDrafterIsRefusedAtStart) {
     CpuDevice device;
     FakeMemd memd(24, g->host_page_bytes, c.page_rows, 512, 1, true, c.slots);
     RunResult res;
-    auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &res.sink);
+    auto w = Worker::Create(m.get(), &device, c, &memd, &res.sink);
     ASSERT_FALSE(w.ok());
     EXPECT_NE(w.status().message().find("--drafter-weights " + path), std::string_view::npos) << w.status();
   }
@@ -790,9 +791,10 @@ TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
   EXPECT_EQ(base->page_bytes, 13824u);
   EXPECT_EQ(static_cast<uint64_t>(base->staging_bytes) + base->speculation.draft_ring_bytes, 0u);
   const uint32_t base_required = RequiredPages(m->config(), *base, WorkerMode::kAdaptive, 100);
-  const wire::HelloT base_hello = MakeHello(m->config(), off, *base, "cpu");
-  EXPECT_FALSE(base_hello.has_drafter);
-  EXPECT_EQ(base_hello.staging_bytes, 0u);
+  const absl::StatusOr<wire::HelloT> base_hello = MakeHello(m->config(), off, *base, "cpu");
+  ASSERT_TRUE(base_hello.ok()) << base_hello.status();
+  EXPECT_FALSE(base_hello->has_drafter);
+  EXPECT_EQ(base_hello->staging_bytes, 0u);
 
   WorkerConfig synthetic = SpecConfig(*m, WorkerMode::kAdaptive, 0);
   auto sg = ComputeGeometry(m->config(), synthetic);
@@ -819,18 +821,20 @@ TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
   EXPECT_EQ(g->speculation.draft_ring_pages, 5u);
   EXPECT_EQ(g->speculation.staging_pages, 6u);
   EXPECT_EQ(RequiredPages(m->config(), *g, WorkerMode::kAdaptive, 100), base_required + 11);
-  const wire::HelloT hello = MakeHello(m->config(), c, *g, "cpu");
-  EXPECT_TRUE(hello.has_drafter);
-  EXPECT_EQ(hello.draft_ring_rows, 64u);
-  EXPECT_EQ(hello.draft_ring_bytes, 262144u);
-  EXPECT_EQ(hello.staging_bytes, 294912u);
-  EXPECT_EQ(hello.staging_arenas, 4u);
+  const absl::StatusOr<wire::HelloT> hello = MakeHello(m->config(), c, *g, "cpu");  // through libdhs's HelloOf
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_TRUE(hello->has_drafter);
+  EXPECT_EQ(hello->draft_ring_rows, 64u);
+  EXPECT_EQ(hello->draft_ring_bytes, 262144u);
+  EXPECT_EQ(hello->draft_bytes_per_row, 1024u);
+  EXPECT_EQ(hello->staging_bytes, 294912u);
+  EXPECT_EQ(hello->staging_arenas, 4u);
 
   c.hbm_budget_bytes = 64 * g->page_bytes;
   CpuDevice device;
   FakeMemd memd(64, g->host_page_bytes, c.page_rows, 512, 1, false, c.slots);
   RunResult res;
-  auto w = Worker::Create(m.get(), &device, c, memd.host, &memd, &res.sink);
+  auto w = Worker::Create(m.get(), &device, c, &memd, &res.sink);
   ASSERT_TRUE(w.ok()) << w.status();
   wire::SubmitRequestT sub;
   sub.request = 1;
@@ -868,6 +872,109 @@ TEST(WorkerSpeculation, DraftRingAndStagingAreDeclaredToMemd) {
   ASSERT_NE(reports[0]->record, nullptr);
   EXPECT_EQ(reports[0]->record->prompt, sub.prompt);
   std::filesystem::remove_all(dir);
+}
+
+// Issue 25, "workerd uses it": workerd's Hello is libdhs's HelloOf over EmbeddedConfigOf (one construction of a
+// worker's Hello), and for every shape workerd serves, the required pages libdhs declares for a request of that shape
+// (SessionPagesOf, what dhs_request_submit sends) equal workerd's RequiredPages: whatever workerd declares to memd, an
+// engine can declare through dhs_worker_config (ABI 1.8 added the consumers, the fetched rows, the drafter's ring and
+// K_max without arenas). Each figure is checked against workerd's own geometry or counted here from the model.
+TEST(WorkerSpeculation, WorkerdShapesAreLibdhsShapes) {
+  const std::filesystem::path dir = FreshDir("workerd_shapes");
+  int shapes = 0;
+  for (const std::string& preset : {std::string("dsv4flash-like"), std::string("glm5-like")}) {
+    auto m = MakePresetModel(preset);
+    const model::ModelConfig& mc = m->config();
+    const std::string drafter = WriteDrafter(*m, mc.d_model, /*distill=*/false, dir);
+    for (const WorkerMode mode : {WorkerMode::kResident, WorkerMode::kHisparse, WorkerMode::kAdaptive}) {
+      // 0: no speculation; 1: synthetic rounds with 4 staging arenas; 2: synthetic without arenas; 3: the drafter.
+      for (int variant = 0; variant < 4; ++variant) {
+        SCOPED_TRACE(preset + " " + std::string(WorkerModeName(mode)) + " variant " + std::to_string(variant));
+        WorkerConfig c = SpecConfig(*m, mode, 0);
+        if (variant == 0) c.speculation.mode = spec::SpeculateMode::kOff;
+        if (variant == 2) c.staging_arenas = 0;
+        if (variant == 3) {
+          c.speculation.mode = spec::SpeculateMode::kFixed;
+          c.speculation.drafter_weights = drafter;
+        }
+        const absl::StatusOr<WorkerGeometry> g = ComputeGeometry(mc, c);
+        ASSERT_TRUE(g.ok()) << g.status();
+        const absl::StatusOr<wire::HelloT> hello = MakeHello(mc, c, *g, "cpu");
+        ASSERT_TRUE(hello.ok()) << hello.status();
+        EXPECT_EQ(hello->page_bytes, g->page_bytes);
+        EXPECT_EQ(hello->host_page_bytes, g->host_page_bytes);
+        EXPECT_EQ(hello->capacity_pages, g->capacity_pages);
+        EXPECT_EQ(hello->hot_rows, mode == WorkerMode::kResident ? std::max<uint32_t>(g->hot_rows, mc.top_k)
+                                                                  : g->hot_rows);
+        EXPECT_EQ(hello->tail_rows, g->tail_rows);
+        EXPECT_EQ(hello->serving_mode, WorkerModeName(mode));
+        ASSERT_EQ(hello->sources.size(), static_cast<size_t>(mc.n_sources()));
+        uint32_t fetched = 0;  // each layer with an indexer fetches a row of every source of its layer's group
+        for (const model::LayerSpec& l : mc.layers) {
+          if (!l.has_indexer()) continue;
+          for (const std::vector<SourceId>& group : g->kv.groups) {
+            if (std::count(group.begin(), group.end(), l.source) > 0) fetched += static_cast<uint32_t>(group.size());
+          }
+        }
+        EXPECT_EQ(hello->fetched_rows_per_token, fetched);
+        for (int s = 0; s < mc.n_sources(); ++s) {
+          const auto layers = std::count_if(mc.layers.begin(), mc.layers.end(),
+                                            [s](const model::LayerSpec& l) { return l.source == static_cast<SourceId>(s); });
+          EXPECT_EQ(hello->sources[s]->consumers, static_cast<uint32_t>(layers)) << "source " << s;
+          EXPECT_EQ(hello->sources[s]->bytes_per_row, static_cast<uint32_t>(mc.row_bytes()));
+        }
+        EXPECT_EQ(hello->k_max, variant == 0 ? 0u : 4u);
+        EXPECT_EQ(hello->staging_arenas, g->staging_arenas);
+        EXPECT_EQ(hello->staging_bytes, static_cast<uint64_t>(g->staging_bytes));
+        EXPECT_EQ(hello->staging_bytes > 0, (variant == 1 || variant == 3) && mode != WorkerMode::kResident);
+        EXPECT_EQ(hello->has_drafter, variant == 3);
+        EXPECT_EQ(hello->draft_ring_rows, static_cast<uint32_t>(g->speculation.draft_ring_rows));
+        EXPECT_EQ(hello->draft_ring_bytes, g->speculation.draft_ring_bytes);
+        EXPECT_EQ(hello->draft_bytes_per_row, static_cast<uint64_t>(g->speculation.draft_bytes_per_row));
+        EXPECT_EQ(hello->drafter_window, static_cast<uint32_t>(g->speculation.drafter_window));
+        const lib::EmbeddedConfig shape = EmbeddedConfigOf(mc, c, *g, "cpu");
+        // The library's KV layout of that shape is workerd's own (the store libdhs would open for it).
+        const KvConfig kv = lib::KvConfigOf(shape);
+        EXPECT_EQ(kv.row_bytes, g->kv.row_bytes);
+        EXPECT_EQ(kv.groups, g->kv.groups);
+        EXPECT_EQ(kv.page_rows, g->kv.page_rows);
+        EXPECT_EQ(kv.hot_rows, hello->hot_rows);
+        EXPECT_EQ(kv.k, g->kv.k);
+        EXPECT_EQ(kv.tail_rows, g->kv.tail_rows);
+        EXPECT_EQ(kv.slots, g->kv.slots);
+        EXPECT_EQ(kv.optional_pages, g->kv.optional_pages);
+        EXPECT_EQ(kv.key_bytes, g->kv.key_bytes);
+        EXPECT_EQ(kv.staging_arenas, g->kv.staging_arenas);
+        EXPECT_EQ(kv.staging_k_max, g->kv.staging_k_max);
+        const absl::StatusOr<lib::RegionLayout> region = lib::RegionOf(shape);
+        ASSERT_TRUE(region.ok()) << region.status();
+        EXPECT_EQ(region->staging_bytes, static_cast<uint64_t>(g->staging_bytes));
+        for (const uint64_t context : {0u, 1u, 17u, 100u, 1000u, 70000u}) {
+          EXPECT_EQ(SessionRequiredPages(lib::SessionPagesOf(shape, *region), context),
+                    RequiredPages(mc, *g, mode, context))
+              << context << " tokens";
+        }
+        ++shapes;
+      }
+    }
+  }
+  EXPECT_EQ(shapes, 24);
+  // Shapes workerd's flags allow that libdhs's first bounds refused (review finding): workerd must start with them.
+  auto m = MakePresetModel("dsv4flash-like");
+  WorkerConfig resident = SpecConfig(*m, WorkerMode::kResident, 0);
+  resident.hot_rows = 4;  // below k: resident mode reads no hot cache
+  WorkerConfig arenas = SpecConfig(*m, WorkerMode::kHisparse, 0);
+  arenas.staging_arenas = 100;  // --staging-arenas takes up to 1024
+  WorkerConfig pages = SpecConfig(*m, WorkerMode::kAdaptive, 0);
+  pages.page_rows = 1u << 17;  // --page-rows takes up to 2^20
+  pages.tail_rows = 1u << 18;
+  pages.hbm_budget_bytes = uint64_t{4} << 30;
+  for (const WorkerConfig& c : {resident, arenas, pages}) {
+    const absl::StatusOr<WorkerGeometry> g = ComputeGeometry(m->config(), c);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const absl::StatusOr<wire::HelloT> hello = MakeHello(m->config(), c, *g, "cpu");
+    EXPECT_TRUE(hello.ok()) << hello.status();
+  }
 }
 
 }  // namespace

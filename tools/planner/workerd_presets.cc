@@ -26,8 +26,9 @@ absl::StatusOr<Topology> WorkerdPreset(std::string_view name) {
   const WorkerConfig config;  // workerd's defaults (workerd --help)
   absl::StatusOr<WorkerGeometry> geometry = ComputeGeometry(*model, config);
   if (!geometry.ok()) return geometry.status();
-  const wire::HelloT hello = MakeHello(*model, config, *geometry, "planner");
-  return TopologyFromWorker(WorkerShapeOf(hello), std::string(name));
+  const absl::StatusOr<wire::HelloT> hello = MakeHello(*model, config, *geometry, "planner");
+  if (!hello.ok()) return hello.status();
+  return TopologyFromWorker(WorkerShapeOf(*hello), std::string(name));
 }
 
 }  // namespace dhs::planner
