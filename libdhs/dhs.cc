@@ -4,7 +4,6 @@
 #include "dhs/dhs.h"
 
 #include <cstddef>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -281,16 +280,13 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
 }
 
 int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* bytes) {
-  if (config == nullptr || bytes == nullptr) return DHS_ERR_INVALID_ARGUMENT;
-  if (!KnownConfigSize(config->struct_size)) return DHS_ERR_VERSION;
+  if (bytes == nullptr) return DHS_ERR_INVALID_ARGUMENT;
+  if (int rc = CheckConfigStruct(nullptr, config); rc != DHS_OK) return rc;  // NULL, struct size, reserved
   if (!KnownMode(config->mode)) return DHS_ERR_INVALID_ARGUMENT;
-  if (config->struct_size >= DHS_WORKER_CONFIG_SIZE_1_8 && config->reserved != 0) return DHS_ERR_INVALID_ARGUMENT;
   try {
-    dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
-    c.run_dir = "-";  // not read: the shape alone gives the size
-    absl::StatusOr<uint64_t> n = EmbeddedWorker::PoolBytesFor(c);
-    if (!n.ok()) return ToCode(n.status());
-    *bytes = *n;
+    absl::StatusOr<dhs::lib::RegionLayout> region = dhs::lib::RegionOf(ToEmbedded(*config));  // the shape alone
+    if (!region.ok()) return ToCode(region.status());
+    *bytes = region->bytes;
     return DHS_OK;
   } catch (...) {
     return DHS_ERR_RESOURCE_EXHAUSTED;

@@ -14,6 +14,9 @@
 namespace dhs::lib {
 namespace {
 
+// One GPU page: p rows of every source, bytes (unchecked).
+uint64_t PageBytesOf(const EmbeddedConfig& c) { return uint64_t{c.page_rows} * c.sources * c.row_bytes; }
+
 absl::Status Field(bool ok, const char* what) {
   return ok ? absl::OkStatus() : absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: ", what));
 }
@@ -79,7 +82,7 @@ absl::Status CheckSpeculationShape(const EmbeddedConfig& c) {
                                                    " rows of ", c.draft_bytes_per_row,
                                                    " bytes: at most 2^24 rows of at most 1 GiB"));
   }
-  const uint64_t page_bytes = uint64_t{c.page_rows} * c.sources * c.row_bytes;
+  const uint64_t page_bytes = PageBytesOf(c);
   const uint64_t slot_ring = uint64_t{c.draft_ring_rows} * c.draft_bytes_per_row;
   if (CeilDiv(slot_ring, page_bytes) > UINT32_MAX / 2 || slot_ring > kMaxRegionBytes / c.slots) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: the draft ring's ", slot_ring,
@@ -141,7 +144,7 @@ absl::Status CheckShape(const EmbeddedConfig& c) {
     }
   }
   if (absl::Status s = CheckSpeculationShape(c); !s.ok()) return s;
-  const uint64_t page_bytes = uint64_t{c.page_rows} * c.sources * c.row_bytes;
+  const uint64_t page_bytes = PageBytesOf(c);
   const uint64_t m = c.hbm_budget_bytes / page_bytes;
   if (m == 0 || m > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: hbm_budget_bytes ", c.hbm_budget_bytes,
@@ -172,7 +175,7 @@ KvConfig KvConfigOf(const EmbeddedConfig& config) {
   kv.k = config.top_k;
   kv.tail_rows = config.tail_rows;
   kv.slots = config.slots;
-  const uint64_t page_bytes = uint64_t{config.page_rows} * config.sources * config.row_bytes;
+  const uint64_t page_bytes = PageBytesOf(config);
   kv.optional_pages = static_cast<uint32_t>(config.hbm_budget_bytes / page_bytes);
   kv.key_bytes.assign(config.indexers, config.index_key_bytes);
   kv.staging_arenas = config.staging_arenas;
@@ -251,7 +254,7 @@ absl::StatusOr<wire::HelloT> HelloOf(const EmbeddedConfig& config) {
 SessionPagesInput SessionPagesOf(const EmbeddedConfig& config, const RegionLayout& region) {
   SessionPagesInput in;
   in.page_rows = config.page_rows;
-  in.page_bytes = uint64_t{config.page_rows} * config.sources * config.row_bytes;
+  in.page_bytes = PageBytesOf(config);
   in.hot_rows = config.hot_rows;
   in.tail_rows = config.tail_rows;
   in.index_producers = config.indexers;

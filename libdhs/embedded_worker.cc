@@ -35,52 +35,44 @@ EmbeddedEvent Event(EmbeddedEvent::Kind kind, RequestId request, absl::Status st
 
 }  // namespace
 
-absl::StatusOr<RegionLayout> EmbeddedWorker::RegionFor(const EmbeddedConfig& config) { return RegionOf(config); }
-
-absl::StatusOr<uint64_t> EmbeddedWorker::PoolBytesFor(const EmbeddedConfig& config) {
-  absl::StatusOr<RegionLayout> r = RegionOf(config);
-  if (!r.ok()) return r.status();
-  return r->bytes;
-}
-
-absl::StatusOr<wire::HelloT> EmbeddedWorker::HelloFor(const EmbeddedConfig& config) { return HelloOf(config); }
-
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
   if (config.run_dir.empty()) return absl::InvalidArgumentError("dhs_worker_config: run_dir is empty");
-  absl::StatusOr<wire::HelloT> hello = HelloFor(config);  // the shape checked (CheckShape) before connecting
+  absl::StatusOr<wire::HelloT> hello = HelloOf(config);  // the shape checked (CheckShape) before connecting
   if (!hello.ok()) return hello.status();
-  if (absl::Status s = CheckEnginePool(config); !s.ok()) return s;
+  absl::StatusOr<RegionLayout> region = RegionOf(config);
+  if (!region.ok()) return region.status();
+  if (absl::Status s = CheckEnginePool(config, *region); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<MemdClient>> memd =
       MemdClient::Connect(config.run_dir, *hello, std::chrono::milliseconds(config.connect_timeout_ms));
   if (!memd.ok()) return memd.status();
   std::unique_ptr<MemdClient> client = *std::move(memd);
   MemdTransport* link = client.get();
-  return Build(config, *std::move(hello), std::move(client), *link);
+  return Build(config, *region, *std::move(hello), std::move(client), *link);
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::OpenOver(const EmbeddedConfig& config,
                                                                           MemdTransport& memd, Device* device) {
-  absl::StatusOr<wire::HelloT> hello = HelloFor(config);
+  absl::StatusOr<wire::HelloT> hello = HelloOf(config);
   if (!hello.ok()) return hello.status();
-  if (absl::Status s = CheckEnginePool(config); !s.ok()) return s;
+  absl::StatusOr<RegionLayout> region = RegionOf(config);
+  if (!region.ok()) return region.status();
+  if (absl::Status s = CheckEnginePool(config, *region); !s.ok()) return s;
   if (device != nullptr && config.engine_pool != nullptr) {
     return absl::InvalidArgumentError("dhs_worker_config: engine_pool with the caller's device (its pools are the "
                                       "device's: it allocates them)");
   }
-  return Build(config, *std::move(hello), nullptr, memd, device);
+  return Build(config, *region, *std::move(hello), nullptr, memd, device);
 }
 
-absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config) {
+absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config, const RegionLayout& region) {
   if (config.engine_pool == nullptr) return absl::OkStatus();  // the library allocates the region
-  absl::StatusOr<RegionLayout> region = RegionFor(config);
-  if (!region.ok()) return region.status();
   if (reinterpret_cast<uintptr_t>(config.engine_pool) % kEnginePoolAlignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool is not aligned to ",
                                                    kEnginePoolAlignment, " bytes"));
   }
-  if (config.engine_pool_bytes < region->bytes) {
+  if (config.engine_pool_bytes < region.bytes) {
     return absl::InvalidArgumentError(absl::StrCat("dhs_worker_config: engine_pool_bytes ", config.engine_pool_bytes,
-                                                   " is below the ", region->bytes,
+                                                   " is below the ", region.bytes,
                                                    " bytes the KV pool", config.staging_arenas > 0 ?
                                                    " and its staging arenas need" : " needs",
                                                    " (dhs_pool_bytes_needed)"));
@@ -89,21 +81,17 @@ absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config) {
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const EmbeddedConfig& config,
-                                                                       wire::HelloT hello,
+                                                                       const RegionLayout& region, wire::HelloT hello,
                                                                        std::unique_ptr<MemdTransport> owned,
                                                                        MemdTransport& memd, Device* device) {
   std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
   w->owned_memd_ = std::move(owned);
   w->memd_ = &memd;
   const KvConfig kv = KvConfigOf(config);
-  absl::StatusOr<KvLayout> layout = KvLayout::Create(kv);
-  if (!layout.ok()) return layout.status();
-  absl::StatusOr<RegionLayout> region = RegionFor(config);
-  if (!region.ok()) return region.status();
-  w->region_ = *region;
-  w->page_bytes_ = layout->page_bytes();
-  w->host_page_bytes_ = layout->host_page_bytes();
-  w->capacity_pages_ = kv.optional_pages;
+  w->region_ = region;
+  w->page_bytes_ = hello.page_bytes;  // the shape's sizes, as HelloOf declared them
+  w->host_page_bytes_ = hello.host_page_bytes;
+  w->capacity_pages_ = hello.capacity_pages;
   w->hello_ = std::move(hello);
   if (config.mode != WorkerMode::kResident && w->memd_->host_pages().empty()) {
     return absl::FailedPreconditionError("memd listed no host-pool segment");
@@ -112,37 +100,33 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const Embe
     // The caller's device (workerd's Worker: its CPU, asynchronous or CUDA backend): the store's pools are the
     // device's own (no region: Pool() and Resolve's offsets are not offered), resident mode's arena the store's own.
     w->device_ = device;
-    if (config.mode == WorkerMode::kResident) {
-      w->stack_ = KvStack::Resident(
-          std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region->kv_bytes, config.page_rows), kv, w->memd_,
-          KvStackConfig{config.gpu, config.slots, false});
-    }
   } else {
     // The region: the engine's memory, or one pool of the library's CPU device; the store's KV pool and staging pool
     // are its parts (RegionLayout), so a location is one offset into one region whichever part it names.
     auto cpu = std::make_unique<CpuDevice>();
     if (config.engine_pool != nullptr) {
-      std::memset(config.engine_pool, 0, region->bytes);  // as the library's own mapping starts
+      std::memset(config.engine_pool, 0, region.bytes);  // as the library's own mapping starts
       w->region_base_ = config.engine_pool;
     } else {
-      absl::StatusOr<PoolId> whole = cpu->AllocatePool(region->bytes);
+      absl::StatusOr<PoolId> whole = cpu->AllocatePool(region.bytes);
       if (!whole.ok()) return whole.status();
       w->region_base_ = cpu->HostVisible(*whole, 0);
     }
-    if (config.mode != WorkerMode::kResident) cpu->UseCallerMemoryForNextPool(w->region_base_, region->kv_bytes);
+    if (config.mode != WorkerMode::kResident) cpu->UseCallerMemoryForNextPool(w->region_base_, region.kv_bytes);
     if (config.staging_arenas > 0) {
-      cpu->UseCallerMemoryForNextPool(w->region_base_ + region->staging_offset, region->staging_bytes);
+      cpu->UseCallerMemoryForNextPool(w->region_base_ + region.staging_offset, region.staging_bytes);
     }
     w->owned_device_ = std::move(cpu);
     w->device_ = w->owned_device_.get();
-    if (config.mode == WorkerMode::kResident) {
-      // Every row in the region (workerd's resident store over the engine's memory or the device region): a location
-      // is an offset into it, as in the other modes; no host tier (NoKvResidency).
-      w->stack_ = KvStack::Resident(
-          std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region->kv_bytes, config.page_rows,
-                                                    std::span<uint8_t>(w->region_base_, region->kv_bytes)),
-          kv, w->memd_, KvStackConfig{config.gpu, config.slots, false});
-    }
+  }
+  if (config.mode == WorkerMode::kResident) {
+    // Every row resident (workerd's resident store; no host tier: NoKvResidency): over the region when there is one
+    // (a location is an offset into it, as in the other modes), else in the store's own arena.
+    const std::span<uint8_t> memory =
+        w->region_base_ != nullptr ? std::span<uint8_t>(w->region_base_, region.kv_bytes) : std::span<uint8_t>();
+    w->stack_ = KvStack::Resident(
+        std::make_unique<model::ResidentKvAccess>(kv.row_bytes, region.kv_bytes, config.page_rows, memory), kv,
+        w->memd_, KvStackConfig{config.gpu, config.slots, false});
   }
   if (config.mode != WorkerMode::kResident) {
     absl::StatusOr<std::unique_ptr<KvStack>> stack =

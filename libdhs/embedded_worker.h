@@ -81,11 +81,11 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
  public:
   // Checks the shape (INVALID_ARGUMENT naming the field), connects to memd (MemdClient::Connect's errors), maps its
   // host pool and allocates the KV pool (HierarchicalKvAccess::Create's errors).
-  // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold PoolBytesFor(config) bytes
+  // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold RegionOf(config).bytes bytes
   // (INVALID_ARGUMENT otherwise); it is zeroed and used as the KV pool (CpuDevice::UseCallerMemoryForNextPool).
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config);
   // The same worker over a memd conversation the caller holds (issue 25: the library takes its memd link from
-  // outside; a test's in-process fake memd, tests/workerd/worker_test_util.h): `memd` answered HelloFor(config) (its
+  // outside; a test's in-process fake memd, tests/workerd/worker_test_util.h): `memd` answered HelloOf(config) (its
   // host pool, epoch and interrupted requests are read from it), is not owned and must outlive the worker. Nothing
   // of config.run_dir is used. Errors: as Open's, without the connection's.
   // `device` (issue 25: workerd's Worker opens its KV side here, over its own device): nullptr, the library's
@@ -94,13 +94,6 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // FAILED_PRECONDITION; the caller reads rows through port(), as the Worker's model does).
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> OpenOver(const EmbeddedConfig& config, MemdTransport& memd,
                                                                    Device* device = nullptr);
-  // The Hello that Open sends (contract §1: the shape's GPU pages, host pages, sources and sizes). Errors:
-  // INVALID_ARGUMENT (the shape, as Open checks it).
-  static absl::StatusOr<wire::HelloT> HelloFor(const EmbeddedConfig& config);
-  // The region's bytes for `config` (RegionLayout.bytes: the KV pool and the staging arenas; its shape checked as Open
-  // checks it).
-  static absl::StatusOr<uint64_t> PoolBytesFor(const EmbeddedConfig& config);
-  static absl::StatusOr<RegionLayout> RegionFor(const EmbeddedConfig& config);
   const RegionLayout& region() const { return region_; }
   bool engine_pool() const { return config_.engine_pool != nullptr; }
   // Ends every open request (Complete to memd, delivered for up to 1 s) and frees everything. Opened over the caller's
@@ -244,10 +237,11 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
 
   EmbeddedWorker(EmbeddedConfig config)
       : config_(std::move(config)), recorder_(config_.gpu), book_(config_.gpu, ResumedOutputLimits{}) {}
-  // Open and OpenOver: the engine pool's alignment and size (INVALID_ARGUMENT), then the worker over `memd` (`owned`:
-  // the same transport when the worker owns it, else nullptr).
-  static absl::Status CheckEnginePool(const EmbeddedConfig& config);
-  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Build(const EmbeddedConfig& config, wire::HelloT hello,
+  // Open and OpenOver, with the shape's `region` (RegionOf, computed once): the engine pool's alignment and size
+  // (INVALID_ARGUMENT), then the worker over `memd` (`owned`: the same transport when the worker owns it, else nullptr).
+  static absl::Status CheckEnginePool(const EmbeddedConfig& config, const RegionLayout& region);
+  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Build(const EmbeddedConfig& config,
+                                                               const RegionLayout& region, wire::HelloT hello,
                                                                std::unique_ptr<MemdTransport> owned,
                                                                MemdTransport& memd, Device* device = nullptr);
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
