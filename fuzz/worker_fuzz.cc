@@ -297,9 +297,9 @@ void Run(const uint8_t* data, size_t size) {
         grant.optional_pages.push_back(in.Small32(16));
         grant.optional_history_pages.push_back(j);
       }
-      w.admission().OnAdmitGrant(grant);
+      w.memd_inbox().OnAdmitGrant(grant);
     } else if (kind < 150) {  // memd's messages, structured
-      DeliverStructured(in, kind, w.admission());
+      DeliverStructured(in, kind, w.memd_inbox());
     } else if (kind < 170) {  // the Retire of a ReadersDone the worker sent
       if (memd.readers_done.empty()) continue;
       const wire::ReadersDoneT rd = memd.readers_done.front();
@@ -309,11 +309,11 @@ void Run(const uint8_t* data, size_t size) {
       retire.gpu = rd.gpu;
       retire.request = rd.request;
       retire.pages = rd.pages;
-      w.admission().OnRetire(retire);
+      w.memd_inbox().OnRetire(retire);
     } else if (kind < 215) {  // serving iterations
       for (uint32_t i = 1 + in.Below(4); i > 0 && iterations < kMaxIterations; --i, ++iterations) {
         (void)w.Iterate();
-        if (std::exchange(memd.commit_unanswered, false)) w.admission().OnTokensCommitted();
+        if (std::exchange(memd.commit_unanswered, false)) w.memd_inbox().OnTokensCommitted();
       }
     } else if (kind < 245) {  // wire bytes: a typed message, some bytes flipped
       std::string bytes = EncodeStructured(in, kind);
@@ -322,9 +322,9 @@ void Run(const uint8_t* data, size_t size) {
         const uint16_t at = in.U16();
         bytes[at % bytes.size()] ^= static_cast<char>(in.U8() | 1);
       }
-      DispatchWire(bytes, w.admission());
+      DispatchWire(bytes, w.memd_inbox());
     } else {  // raw wire bytes
-      DispatchWire(in.Bytes(512), w.admission());
+      DispatchWire(in.Bytes(512), w.memd_inbox());
     }
     DHS_CHECK_OK(w.CheckInvariants());  // the book, the ledger, the requests served = the book's (after every record)
   }

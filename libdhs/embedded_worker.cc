@@ -140,7 +140,44 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const Embe
   w->kv_ = w->stack_->hierarchical();  // nullptr in resident mode
   w->agent_ = w->stack_->agent();
   w->port_ = std::make_unique<KvPort>(w->stack_->port_store());
+  // memd's orders wait while readers are outstanding (KvStack::Order): carrying one out may wait for a copy that waits
+  // for those readers (a keep copy into a page still read; found by the libFuzzer run), on the engine's thread that
+  // alone can end them. An engine's request is told when memd's reclaim of it is carried out (kReclaimed).
+  EmbeddedWorker* self = w.get();
+  w->stack_->SetOrderHooks([self] { return self->port_->ReadersOutstanding(); },
+                           [self](const wire::ReclaimOrderT& m) {
+                             if (!self->requests_.contains(m.request)) return;
+                             self->events_.push_back(Event(EmbeddedEvent::kReclaimed, m.request));
+                             self->events_.back().pages = static_cast<uint32_t>(m.pages.size());
+                           });
   return w;
+}
+
+// memd's messages for an owner that admits its own requests (InboxFor): the orders here, the answers to it.
+class EmbeddedWorker::Inbox final : public MemdHandler {
+ public:
+  Inbox(EmbeddedWorker& worker, AdmissionAnswers& answers) : worker_(worker), answers_(answers) {}
+  void OnAdmitGrant(const wire::AdmitGrantT& m) override { answers_.OnAdmitGrant(m); }
+  void OnAdmitWait(const wire::AdmitWaitT& m) override { answers_.OnAdmitWait(m); }
+  void OnAdmitReject(const wire::AdmitRejectT& m) override { answers_.OnAdmitReject(m); }
+  void OnCompleteAck(const wire::CompleteAckT& m) override { answers_.OnCompleteAck(m); }
+  void OnTokensCommitted() override { answers_.OnTokensCommitted(); }
+  void OnTokensRefused(const absl::Status& why) override { answers_.OnTokensRefused(why); }
+  void OnReclaimOrder(const wire::ReclaimOrderT& m) override { worker_.OnReclaimOrder(m); }
+  void OnRetire(const wire::RetireT& m) override { worker_.OnRetire(m); }
+  void OnPopulateOrder(const wire::PopulateOrderT& m) override { worker_.OnPopulateOrder(m); }
+
+ private:
+  EmbeddedWorker& worker_;
+  AdmissionAnswers& answers_;
+};
+
+EmbeddedWorker::EmbeddedWorker(EmbeddedConfig config)
+    : config_(std::move(config)), recorder_(config_.gpu), book_(config_.gpu, ResumedOutputLimits{}) {}
+
+MemdHandler& EmbeddedWorker::InboxFor(AdmissionAnswers& answers) {
+  inbox_ = std::make_unique<Inbox>(*this, answers);
+  return *inbox_;
 }
 
 EmbeddedWorker::~EmbeddedWorker() {
@@ -305,13 +342,7 @@ absl::Status EmbeddedWorker::Poll() {
   MemdLoad load;
   load.active_requests = book_.active();
   load.pending_copies = agent_->pending_orders();
-  while (!port_->ReadersOutstanding() && !deferred_orders_.empty()) {  // memd's orders held while readers were outstanding
-    auto order = std::move(deferred_orders_.front());
-    deferred_orders_.pop_front();
-    if (auto* m = std::get_if<wire::ReclaimOrderT>(&order)) CarryOut(*m);
-    if (auto* m = std::get_if<wire::RetireT>(&order)) agent_->OnRetire(*m);
-    if (auto* m = std::get_if<wire::PopulateOrderT>(&order)) agent_->OnPopulateOrder(*m);
-  }
+  stack_->CarryOutHeld();  // memd's orders held while readers were outstanding
   absl::Status s = memd_->Poll(*this, load);
   agent_->Poll();
   FailDataLoss();
@@ -331,10 +362,9 @@ absl::Status EmbeddedWorker::Poll() {
 void EmbeddedWorker::EnterAway() {
   if (!memd_->session().TakeLoss(std::chrono::steady_clock::now())) return;  // taken already (this death)
   ++counters_.memd_aways;
-  deferred_orders_.clear();  // the dead memd's orders not carried out yet: nothing of them is acted on
   ledger_.Lost();  // never answered: the re-Hello's report carries every token
-  stack_->EnterAway();      // memd's orders resolved here, nothing answered; host writes paused (a new memd may not
-                            // adopt a page written now)
+  stack_->EnterAway();      // the dead memd's held orders dropped; its orders resolved here, nothing answered; host
+                            // writes paused (a new memd may not adopt a page written now)
   spdlog::warn("libdhs: memd is away: serving {} requests from the pool (no host writes, admissions wait) until a "
                "memd takes the re-Hello", requests_.size());
 }
@@ -956,7 +986,8 @@ std::string EmbeddedWorker::StatsJson() const {
                   {"bytes_recovered", c.bytes_recovered}}},
       {"pages", {{"capacity", capacity_pages()}, {"kept", a.pages_kept}, {"backed_up", a.pages_backed_up},
                  {"populated", a.pages_populated}, {"reclaimed", a.pages_reclaimed},
-                 {"reclaim_orders", counters_.reclaim_orders}, {"reclaims_obeyed", a.reclaims_obeyed}}},
+                 {"reclaim_orders", counters_.reclaim_orders}, {"reclaims_obeyed", a.reclaims_obeyed},
+                 {"orders_held", stack_->held_orders()}}},
       {"prefix", {{"lookups", counters_.prefix_lookups}, {"shared_pages_granted", counters_.shared_pages_granted}}},
       {"host_backed", {{"verified", port_->counters().pages_verified},
                        {"mismatched", port_->counters().pages_mismatched},
@@ -1079,35 +1110,10 @@ void EmbeddedWorker::SettleEndedResume(RequestId id, bool took_effect) {
 
 void EmbeddedWorker::OnReclaimOrder(const wire::ReclaimOrderT& m) {
   ++counters_.reclaim_orders;
-  if (Defer()) {
-    deferred_orders_.emplace_back(m);
-    return;
-  }
-  CarryOut(m);
+  stack_->Order(m);
 }
 
-void EmbeddedWorker::CarryOut(const wire::ReclaimOrderT& m) {
-  if (requests_.contains(m.request)) {
-    events_.push_back(Event(EmbeddedEvent::kReclaimed, m.request));
-    events_.back().pages = static_cast<uint32_t>(m.pages.size());
-  }
-  agent_->OnReclaimOrder(m);
-}
-
-void EmbeddedWorker::OnRetire(const wire::RetireT& m) {
-  if (Defer()) {
-    deferred_orders_.emplace_back(m);
-    return;
-  }
-  agent_->OnRetire(m);
-}
-
-void EmbeddedWorker::OnPopulateOrder(const wire::PopulateOrderT& m) {
-  if (Defer()) {
-    deferred_orders_.emplace_back(m);
-    return;
-  }
-  agent_->OnPopulateOrder(m);
-}
+void EmbeddedWorker::OnRetire(const wire::RetireT& m) { stack_->Order(m); }
+void EmbeddedWorker::OnPopulateOrder(const wire::PopulateOrderT& m) { stack_->Order(m); }
 
 }  // namespace dhs::lib

@@ -202,6 +202,15 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   struct RecordTokens { std::vector<uint32_t> prompt, generated; };
   absl::StatusOr<RecordTokens> ResumableTokens(RequestId interrupted) const;
   std::string StatsJson() const;
+  // memd's messages for an owner that admits its own requests (workerd's Worker, issue 25): the handler its transport's
+  // Poll (or a test's fake memd) delivers to. memd's orders (ReclaimOrder, Retire, PopulateOrder) are carried out
+  // here, as for an engine's requests (KvStack::Order: held while readers of the port are outstanding, until the next
+  // Poll or CarryOutHeldOrders; dropped when memd dies); the answers (AdmitGrant, AdmitWait, AdmitReject, CompleteAck,
+  // the tokens' answers) go to `answers` (not owned; must outlive the worker). The owner does not call Poll (its own
+  // admissions, away and return). A second call replaces the first handler.
+  MemdHandler& InboxFor(AdmissionAnswers& answers);
+  // memd's orders held while readers were outstanding, carried out now unless readers still are (Poll does it first).
+  void CarryOutHeldOrders() { stack_->CarryOutHeld(); }
   // The KV side (workerd's Worker, opened over its transport and device, serves its model through these): workerd's
   // KvStack (store, residency, agent) and the data path over it.
   KvStack& stack() { return *stack_; }
@@ -235,8 +244,7 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
     size_t resumed = 0;
   };
 
-  EmbeddedWorker(EmbeddedConfig config)
-      : config_(std::move(config)), recorder_(config_.gpu), book_(config_.gpu, ResumedOutputLimits{}) {}
+  explicit EmbeddedWorker(EmbeddedConfig config);  // out of line: Inbox is complete there
   // Open and OpenOver, with the shape's `region` (RegionOf, computed once): the engine pool's alignment and size
   // (INVALID_ARGUMENT), then the worker over `memd` (`owned`: the same transport when the worker owns it, else nullptr).
   static absl::Status CheckEnginePool(const EmbeddedConfig& config, const RegionLayout& region);
@@ -302,6 +310,8 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // `took_effect` (a grant, a wait, an AdmitReject with took_over) -> its interrupted request was taken over and is no
   // longer resumable; else (a reject that changed nothing) it is listed again.
   void SettleEndedResume(RequestId id, bool took_effect);
+  // memd's orders, for every request of this worker (an engine's, or an InboxFor owner's): to the KV side
+  // (KvStack::Order; counted).
   void OnReclaimOrder(const wire::ReclaimOrderT& m) override;
   void OnRetire(const wire::RetireT& m) override;
   void OnPopulateOrder(const wire::PopulateOrderT& m) override;
@@ -359,14 +369,10 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // requests resolved per group since its last ReadersDone: a resolve again, or a Complete, before it is refused),
   // hold and commit.
   std::unique_ptr<KvPort> port_;
-  // memd's orders received while readers are outstanding (KvPort::ReadersOutstanding), in arrival order: carrying one out may
-  // wait for a copy that waits for those readers (a keep copy into a page still read; found by the libFuzzer run), on
-  // the engine's thread that alone can end them. Carried out at the first Poll with no readers outstanding.
-  std::deque<std::variant<wire::ReclaimOrderT, wire::RetireT, wire::PopulateOrderT>> deferred_orders_;
-  void CarryOut(const wire::ReclaimOrderT& m);
-  bool Defer() const { return port_->ReadersOutstanding() || !deferred_orders_.empty(); }
   std::deque<EmbeddedEvent> events_;
   EmbeddedCounters counters_;
+  class Inbox;
+  std::unique_ptr<Inbox> inbox_;  // InboxFor's handler (nullptr: none asked for)
 };
 
 }  // namespace dhs::lib

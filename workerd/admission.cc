@@ -143,10 +143,6 @@ void AdmissionDesk::OnTokensRefused(const absl::Status& why) {
   }
 }
 
-void AdmissionDesk::OnReclaimOrder(const wire::ReclaimOrderT& m) { p_.agent->OnReclaimOrder(m); }
-void AdmissionDesk::OnRetire(const wire::RetireT& m) { p_.agent->OnRetire(m); }
-void AdmissionDesk::OnPopulateOrder(const wire::PopulateOrderT& m) { p_.agent->OnPopulateOrder(m); }
-
 // ---- resume (issue 11) ----
 
 absl::Status AdmissionDesk::EndInterrupted(RequestId interrupted, bool keep_output) {

@@ -1,10 +1,12 @@
 // workerd/admission.h: the admission side of the worker and memd's messages to it (issue 23: one room of the old
-// Worker; docs/protocol.md "Conversation contract (worker <-> memd)" §2, §4-§6): a request's AdmitRequest (its
-// required pages, its record), the answers (AdmitGrant, AdmitWait, AdmitReject), the orders handed to the
-// ResidencyAgent (ReclaimOrder, Retire, PopulateOrder), CompleteAck, the granted requests started, and the resume of
-// interrupted requests of an earlier epoch (issue 11: Resume, ResumeOrEnd, ResumeInterrupted at start, EndInterrupted).
+// Worker; docs/protocol.md "Conversation contract (worker <-> memd)" §2, §6): a request's AdmitRequest (its
+// required pages, its record), the answers (AdmitGrant, AdmitWait, AdmitReject), CompleteAck, the granted requests
+// started, and the resume of interrupted requests of an earlier epoch (issue 11: Resume, ResumeOrEnd,
+// ResumeInterrupted at start, EndInterrupted).
 //
-// AdmissionDesk is the worker's MemdHandler (MemdClient::Poll and test fakes call it). It moves requests through the
+// AdmissionDesk is the worker's AdmissionAnswers: memd's messages reach it through libdhs (the Worker's memd_inbox(),
+// lib::EmbeddedWorker::InboxFor: memd's orders (ReclaimOrder, Retire, PopulateOrder) are carried out there, on the KV
+// side, and never reach this room; issue 25). It moves requests through the
 // book's admission phases (kUnsent -> kWaiting -> kQueued -> kGranted -> kActive); ends go through RequestEnds (the
 // loop's Finish), a refused admission's client side through ClientStreams.
 //
@@ -50,7 +52,7 @@ struct AdmissionParts {
   TokenLedger* ledger = nullptr;  // the TokensCommitted in flight: memd's answers (OnTokensCommitted / Refused)
 };
 
-class AdmissionDesk final : public MemdHandler {
+class AdmissionDesk final : public AdmissionAnswers {
  public:
   explicit AdmissionDesk(const AdmissionParts& parts) : p_(parts) {}
 
@@ -102,13 +104,10 @@ class AdmissionDesk final : public MemdHandler {
   // held every token, memd keeps the output too, workerd/README.md "Restart: a finished request's end"). Errors:
   // UNAVAILABLE.
   absl::Status EndInterrupted(RequestId interrupted, bool keep_output = false);
-  // MemdHandler: memd's messages (contract §2, §4, §5, §6).
+  // AdmissionAnswers: memd's answers (contract §2, §6).
   void OnAdmitGrant(const wire::AdmitGrantT& m) override;
   void OnAdmitWait(const wire::AdmitWaitT& m) override;
   void OnAdmitReject(const wire::AdmitRejectT& m) override;
-  void OnReclaimOrder(const wire::ReclaimOrderT& m) override;
-  void OnRetire(const wire::RetireT& m) override;
-  void OnPopulateOrder(const wire::PopulateOrderT& m) override;
   void OnCompleteAck(const wire::CompleteAckT& m) override;
   // memd's answer to the TokensCommitted in flight (TokenLedger::Acked / Refused; a request refused alone keeps the
   // reason, its later tokens are not sent; its stream to the client goes on).

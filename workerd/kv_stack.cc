@@ -72,7 +72,41 @@ std::unique_ptr<KvStack> KvStack::Resident(std::unique_ptr<model::ResidentKvAcce
 
 KvStack::~KvStack() = default;
 
+void KvStack::SetOrderHooks(std::function<bool()> hold,
+                            std::function<void(const wire::ReclaimOrderT&)> carried_out) {
+  hold_ = std::move(hold);
+  carried_out_ = std::move(carried_out);
+}
+
+void KvStack::Order(MemdOrder order) {
+  if (!held_.empty() || (hold_ && hold_())) {
+    held_.push_back(std::move(order));
+    return;
+  }
+  CarryOut(order);
+}
+
+void KvStack::CarryOutHeld() {
+  while (!held_.empty() && !(hold_ && hold_())) {
+    MemdOrder order = std::move(held_.front());
+    held_.pop_front();
+    CarryOut(order);
+  }
+}
+
+void KvStack::CarryOut(MemdOrder& order) {
+  if (auto* m = std::get_if<wire::ReclaimOrderT>(&order)) {
+    if (carried_out_) carried_out_(*m);
+    agent_->OnReclaimOrder(*m);
+  } else if (auto* m = std::get_if<wire::RetireT>(&order)) {
+    agent_->OnRetire(*m);
+  } else if (auto* m = std::get_if<wire::PopulateOrderT>(&order)) {
+    agent_->OnPopulateOrder(*m);
+  }
+}
+
 void KvStack::EnterAway() {
+  held_.clear();  // the dead memd's orders not carried out yet: nothing of them is acted on
   agent_->EnterAway();
   if (hier_ != nullptr) hier_->PauseHostWrites();
 }

@@ -6,16 +6,25 @@
 // entering and leaving it: the agent resolves memd's orders locally and host writes pause; at the return the agent
 // adopts the reported requests and host writes resume.
 //
-// Owns: the store, the residency, the agent (destroyed agent first). Not the device, the memd link or the host pool.
+// memd's orders reach the agent through Order (issue 25: one path for workerd's Worker and libdhs's engines; neither
+// sees an order): carried out at once, or held while the owner's readers are outstanding (SetOrderHooks), in arrival
+// order, until CarryOutHeld; EnterAway drops the held ones (the dead memd's orders are not acted on).
+//
+// Owns: the store, the residency, the agent (destroyed agent first), the held orders. Not the device, the memd link
+// or the host pool.
 // Thread-safety: none; the owner's thread drives it.
 #pragma once
 
+#include <deque>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
+#include <variant>
 
 #include "absl/status/statusor.h"
 #include "common/types.h"
+#include "dhs_generated.h"
 #include "workerd/device/device.h"
 #include "workerd/kv/hierarchical_kv_access.h"
 #include "workerd/kv_access.h"
@@ -56,8 +65,24 @@ class KvStack {
   // (no tail bound, no host tier: its host imports answer FAILED_PRECONDITION).
   lib::PortStore* port_store() { return port_store_.get(); }
 
-  // memd died (the caller took the loss: MemdSession::TakeLoss, once per death): memd's orders are resolved here
-  // (ResidencyAgent::EnterAway) and host writes pause (a new memd may not adopt a page written now).
+  // One of memd's orders to the KV side (contract §4-§6: ReclaimOrder, Retire, PopulateOrder).
+  using MemdOrder = std::variant<wire::ReclaimOrderT, wire::RetireT, wire::PopulateOrderT>;
+  // `hold`: whether orders must wait now (libdhs: KvPort::ReadersOutstanding: carrying a reclaim out may wait for a
+  // copy that waits for readers only the owner's thread can end; found by the libFuzzer run). `carried_out`: told of
+  // each reclaim order when the agent takes it (libdhs's kReclaimed event). Either may be empty (never hold; nobody
+  // told). Set once, before the first order.
+  void SetOrderHooks(std::function<bool()> hold, std::function<void(const wire::ReclaimOrderT&)> carried_out);
+  // memd's `order`: to the agent now (ResidencyAgent::OnReclaimOrder / OnRetire / OnPopulateOrder) unless hold()
+  // says so or earlier orders are held; then held, in arrival order.
+  void Order(MemdOrder order);
+  // The held orders carried out in arrival order while hold() says no (the owner calls it when its readers may have
+  // ended: each Poll, each loop iteration). O(orders carried out).
+  void CarryOutHeld();
+  size_t held_orders() const { return held_.size(); }
+
+  // memd died (the caller took the loss: MemdSession::TakeLoss, once per death): the held orders are dropped, memd's
+  // orders are resolved here (ResidencyAgent::EnterAway) and host writes pause (a new memd may not adopt a page
+  // written now).
   void EnterAway();
   // A memd took the re-Hello: the `adopted` requests' pages go on under it (ResidencyAgent::ReturnFromAway) and host
   // writes resume (the backups deferred while away are issued; a failure to issue them is logged, as before).
@@ -65,11 +90,15 @@ class KvStack {
 
  private:
   KvStack() = default;
+  void CarryOut(MemdOrder& order);
 
   std::unique_ptr<KvAccess> kv_;
   HierarchicalKvAccess* hier_ = nullptr;
   std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
   std::unique_ptr<lib::PortStore> port_store_;
+  std::function<bool()> hold_;
+  std::function<void(const wire::ReclaimOrderT&)> carried_out_;
+  std::deque<MemdOrder> held_;                 // memd's orders waiting for hold_ to say no, oldest first
   std::unique_ptr<ResidencyAgent> agent_;      // declared last: destroyed first (it refers to the store)
 };
 

@@ -1,7 +1,9 @@
 // workerd/memd_link.h: the worker side of the memd conversation as two interfaces (docs/protocol.md, "Conversation
 // contract (worker <-> memd)"), so that the serving core (Worker) never touches sockets:
 //   MemdLink     what the worker sends to memd (implemented by MemdClient over ZeroMQ, or by a test's fake memd);
-//   MemdHandler  what memd sends to the worker (implemented by Worker; MemdClient::Poll and fakes call it);
+//   MemdHandler  what memd sends to the worker (MemdClient::Poll and fakes call it): AdmissionAnswers (about the
+//                worker's requests: workerd's AdmissionDesk, libdhs's EmbeddedWorker) and memd's orders (carried
+//                out on the KV side: libdhs's EmbeddedWorker, KvStack::Order; for workerd through InboxFor);
 //   MemdTransport  a MemdLink with the conversation's receiving side (Poll, PollAway) and what the Hello's answer
 //                said (host pool, epoch, interrupted requests): what libdhs's EmbeddedWorker is opened over
 //                (MemdClient over ZeroMQ, or the in-process fake memd of tests/workerd/worker_test_util.h).
@@ -51,23 +53,31 @@ class MemdLink {
   MemdSession session_;
 };
 
-class MemdHandler {
+// memd's answers about the requests a worker admits (contract §2, §6): what the owner of the requests handles
+// (workerd's AdmissionDesk; libdhs's EmbeddedWorker for an engine's). memd's orders are not here: the KV side carries
+// them out (KvStack::Order; issue 25: the engine, and workerd's serving front end, never see one).
+class AdmissionAnswers {
  public:
-  virtual ~MemdHandler() = default;
+  virtual ~AdmissionAnswers() = default;
   virtual void OnAdmitGrant(const wire::AdmitGrantT& m) = 0;
   virtual void OnAdmitWait(const wire::AdmitWaitT& m) = 0;
   // memd's AdmitReject (or an ErrorReply to the AdmitRequest, which MemdClient hands on as one). m.took_over != 0: a
   // resume memd rejected after taking its interrupted request over (it never fits): that request is gone too.
   virtual void OnAdmitReject(const wire::AdmitRejectT& m) = 0;
-  virtual void OnReclaimOrder(const wire::ReclaimOrderT& m) = 0;
-  virtual void OnRetire(const wire::RetireT& m) = 0;
-  virtual void OnPopulateOrder(const wire::PopulateOrderT& m) = 0;
   virtual void OnCompleteAck(const wire::CompleteAckT& m) = 0;
   // memd answered the TokensCommitted in flight: every entry applied (TokensCommittedAck), or not all of them
   // (ErrorReply `why`: the others were applied; which ones the reply does not say). workerd's steps resend nothing
   // (a resumed request regenerates from the record's end); libdhs, whose engine's tokens exist nowhere else, resends.
   virtual void OnTokensCommitted() {}
   virtual void OnTokensRefused(const absl::Status& why) {}
+};
+
+// Every message memd sends a worker (MemdTransport::Poll dispatches to it): the answers, and memd's orders.
+class MemdHandler : public AdmissionAnswers {
+ public:
+  virtual void OnReclaimOrder(const wire::ReclaimOrderT& m) = 0;
+  virtual void OnRetire(const wire::RetireT& m) = 0;
+  virtual void OnPopulateOrder(const wire::PopulateOrderT& m) = 0;
 };
 
 // The worker's load, sent with each Heartbeat (Heartbeat.active_requests, pending_copies, decode_tokens_per_s).

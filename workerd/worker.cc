@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const model::Model* model
   w->admission_ = std::make_unique<AdmissionDesk>(
       AdmissionParts{model, &w->config_, &w->geometry_, memd, &w->book_, &w->requests_, w->agent_,
                      w->resumes_.get(), &w->recorder_, w->clients_.get(), ends, &w->ledger_});
+  // memd's messages arrive through libdhs: it carries the orders out on the KV side, the desk gets the answers.
+  w->inbox_ = &w->lib_->InboxFor(*w->admission_);
   w->away_ = std::make_unique<MemdAway>(AwayParts{&w->config_, &w->geometry_, memd, &w->book_, &w->requests_,
                                                   w->agent_, w->hier_, &w->recorder_, w->clients_.get(),
                                                   w->admission_.get(), ends, &w->lib_->stack(), &w->ledger_});
@@ -131,6 +133,7 @@ absl::StatusOr<bool> Worker::Iterate() {
   model::StepProfile* const profile = model::StepProfile::Get();  // issue 27: the loop's split (opt-in)
   {
     model::LoopTimer timer(profile, model::LoopPhase::kPoll);
+    lib_->CarryOutHeldOrders();  // memd's orders that came while the model's readers were outstanding
     agent_->Poll();
   }
   FailDataLoss();  // issue 22: a populate found a changed host page

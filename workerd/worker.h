@@ -6,12 +6,13 @@
 // wiring libdhs's EmbeddedWorker shares: ResidentKvAccess in `resident` mode with a NoKvResidency, HierarchicalKvAccess
 // otherwise, which is also the agent's KvResidency), the requests' model sessions and the worker's
 // rooms (issue 23, "one owner per request lifecycle"; workerd/README.md): the RequestBook (each request's phase, ids,
-// record), the admission side and memd's messages (AdmissionDesk, workerd/admission.h: the MemdHandler, Resume), the
+// record), the admission side and memd's answers (AdmissionDesk, workerd/admission.h: AdmissionAnswers, Resume), the
 // memd-away handling (MemdAway, workerd/memd_away.h), the client side (ClientStreams, workerd/client_streams.h), the
 // stats recorder (WorkerRecorder, workerd/worker_stats.h), the prepared-prefix import (PrefixImporter,
 // workerd/prefix_import.h), the resume importer and the speculative rounds. They share the request map
 // (workerd/worker_request.h) and end a request through RequestEnds (Finish, here). Sockets are not its business:
-// memd is reached through a MemdLink (via the agent and the rooms) and answers through admission() (the MemdHandler);
+// memd is reached through a MemdLink (via the agent and the rooms) and answers through memd_inbox() (libdhs's
+// MemdHandler: memd's orders stay on the KV side, its answers go to admission());
 // clients submit through the Submitter interface and are answered through a ClientSink.
 //
 // The loop (Iterate, one call per iteration): (1) the agent reports KV completions to memd and advances its orders;
@@ -138,8 +139,13 @@ class Worker final : public Submitter, private RequestEnds {
   // afterwards (WorkerProcess::Shutdown no longer reads the serving socket).
   size_t StopAll(const absl::Status& why);
 
+  // memd's messages: the MemdHandler MemdClient::Poll (or a test's fake memd) dispatches to. libdhs's
+  // (lib::EmbeddedWorker::InboxFor): memd's orders are carried out on the KV side (held while the model's readers are
+  // outstanding, until the next Iterate; dropped when memd dies), the answers go to admission().
+  MemdHandler& memd_inbox() { return *inbox_; }
   // The rooms (workerd/README.md):
-  // memd's messages (the MemdHandler MemdClient::Poll dispatches to) and the resume of interrupted requests.
+  // memd's answers (AdmitGrant, AdmitWait, AdmitReject, CompleteAck, the tokens') and the resume of interrupted
+  // requests.
   AdmissionDesk& admission() { return *admission_; }
   // memd away and its return: Enter, Report, Return (the re-Hello), away().
   MemdAway& memd_away() { return *away_; }
@@ -174,6 +180,7 @@ class Worker final : public Submitter, private RequestEnds {
   // Test/introspection: libdhs's data path the model's KV calls go through (libdhs/kv_port.h), in every mode (resident
   // mode's store is KvStack's resident PortStore: no tail bound, no host tier).
   const lib::KvPort* kv_port() const { return port_; }
+  lib::KvPort* kv_port() { return port_; }
 
  private:
   using Request = WorkerRequest;
@@ -242,6 +249,7 @@ class Worker final : public Submitter, private RequestEnds {
   std::unique_ptr<PrefixImporter> prefixes_;   // prepared-prefix imports through the row cache
   std::unique_ptr<ClientStreams> clients_;
   std::unique_ptr<AdmissionDesk> admission_;
+  MemdHandler* inbox_ = nullptr;  // libdhs's handler of memd's messages (lib_->InboxFor(*admission_))
   std::unique_ptr<MemdAway> away_;
   std::vector<RequestId> step_tokens_;  // requests that produced a token in this step (RecordToken -> CommitStep)
   bool stopping_all_ = false;  // StopAll: ends happen now, memd away or not

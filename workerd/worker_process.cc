@@ -146,7 +146,7 @@ absl::StatusOr<bool> WorkerProcess::ServeOnce(std::chrono::milliseconds wait) {
     rate_since_ = now;
   }
   const MemdClient::Load load{worker_->book().active(), worker_->pending_orders(), tokens_per_s_};
-  if (absl::Status s = memd_->Poll(worker_->admission(), load); !s.ok()) {
+  if (absl::Status s = memd_->Poll(worker_->memd_inbox(), load); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
   }
   if (absl::Status s = ServeAway(); !s.ok()) return s;
@@ -206,7 +206,7 @@ absl::StatusOr<size_t> WorkerProcess::Shutdown(std::chrono::milliseconds timeout
   absl::Status status;
   while (std::chrono::steady_clock::now() < deadline) {
     const MemdClient::Load load{worker_->book().active(), worker_->pending_orders(), 0};
-    if (absl::Status s = memd_->Poll(worker_->admission(), load); !s.ok()) {
+    if (absl::Status s = memd_->Poll(worker_->memd_inbox(), load); !s.ok()) {
       status = absl::Status(s.code(), absl::StrCat("memd connection: ", s.message()));
       break;
     }

@@ -208,38 +208,49 @@ TEST(EmbeddedOverFakeMemd, EveryResolvedRowIsTheAppendedOneUnderRandomReclaimsAn
   EXPECT_GT(host_rows, 0);
 }
 
-TEST(EmbeddedOverFakeMemd, AReclaimOrderArrivingWhileReadersAreOutstandingWaitsForReadersDone) {
-  Harness h(/*seed=*/3, /*chaos=*/false);
-  ASSERT_NE(h.worker, nullptr);
-  std::mt19937_64 rng(11);
-  std::vector<EngineRequest> reqs = Submit(h, 1, /*max_rows=*/200);
-  EngineRequest& r = reqs[0];
+// Appends past the tail, has memd populate 4 pages, resolves a selection over them (readers outstanding) and has memd
+// order their reclaim, polling 5 times: the order is held (no kReclaimed, memd not answered, one order held). Returns
+// the selection (its locations in h.last_locations).
+std::vector<Position> HoldAReclaim(Harness& h, EngineRequest& r) {
+  std::vector<Position> selection;
   // Past the tail: complete pages leave it, kept on GPU under optional pages (adaptive mode, resident first).
   while (r.appended < 96) {
-    ASSERT_TRUE(h.worker->Poll().ok());
+    EXPECT_TRUE(h.worker->Poll().ok());
     h.worker->events().clear();
     r.granted = true;
     const std::vector<uint8_t> rows = Rows(r.tag, r.appended);
     if (h.worker->Append(r.id, r.appended, 1, rows, {}).ok()) ++r.appended;
   }
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(h.worker->Poll().ok());  // the host copies written so far confirmed
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(h.worker->Poll().ok());  // the host copies written so far confirmed
   // memd populates pages 0 .. 3 (host-copied, out of the tail) into optional GPU pages: ready, the ones reclaimed.
-  ASSERT_EQ(h.memd.OrderPopulate(r.id, 4), 4u);
-  for (int i = 0; i < 20 && h.memd.pages_populated < 4; ++i) ASSERT_TRUE(h.worker->Poll().ok());
-  ASSERT_EQ(h.memd.pages_populated, 4);
+  EXPECT_EQ(h.memd.OrderPopulate(r.id, 4), 4u);
+  for (int i = 0; i < 20 && h.memd.pages_populated < 4; ++i) EXPECT_TRUE(h.worker->Poll().ok());
+  EXPECT_EQ(h.memd.pages_populated, 4);
   h.worker->events().clear();
-  const std::vector<Position> selection = {0, 17, 40, 63, 5, 33, 50, 62};  // pages 0..3
+  selection = {0, 17, 40, 63, 5, 33, 50, 62};  // pages 0..3
   h.ResolveAndCompare(r.id, r.tag, selection);  // readers outstanding from here
-  ASSERT_TRUE(h.memd.OrderReclaim(r.id)) << "no optional page to reclaim: the test needs kept pages";
+  EXPECT_TRUE(h.memd.OrderReclaim(r.id)) << "no optional page to reclaim: the test needs kept pages";
   const int done_before = h.memd.reclaims_done;
   for (int i = 0; i < 5; ++i) {  // memd's order arrives; the engine's readers still read the resolved locations
-    ASSERT_TRUE(h.worker->Poll().ok());
+    EXPECT_TRUE(h.worker->Poll().ok());
     h.Check();
     for (const EmbeddedEvent& e : h.worker->events()) {
       EXPECT_NE(e.kind, EmbeddedEvent::kReclaimed) << "reclaim carried out under outstanding readers";
     }
   }
   EXPECT_EQ(h.memd.reclaims_done, done_before) << "memd heard the reclaim done while readers were outstanding";
+  EXPECT_EQ(nlohmann::json::parse(h.worker->StatsJson())["pages"]["orders_held"], 1);
+  return selection;
+}
+
+TEST(EmbeddedOverFakeMemd, AReclaimOrderArrivingWhileReadersAreOutstandingWaitsForReadersDone) {
+  Harness h(/*seed=*/3, /*chaos=*/false);
+  ASSERT_NE(h.worker, nullptr);
+  std::vector<EngineRequest> reqs = Submit(h, 1, /*max_rows=*/200);
+  EngineRequest& r = reqs[0];
+  const int done_before = h.memd.reclaims_done;
+  const std::vector<Position> selection = HoldAReclaim(h, r);
+  ASSERT_FALSE(HasFailure());
   h.Compare(r.id, r.tag, selection, h.last_locations);  // the locations the readers read still hold the rows
   h.ReadersDone();
   bool reclaimed = false;
@@ -253,6 +264,41 @@ TEST(EmbeddedOverFakeMemd, AReclaimOrderArrivingWhileReadersAreOutstandingWaitsF
   for (int i = 0; i < 20 && h.memd.reclaims_done == done_before; ++i) ASSERT_TRUE(h.worker->Poll().ok());
   EXPECT_EQ(h.memd.reclaims_done, done_before + 1);
   h.ResolveAndCompare(r.id, r.tag, selection);  // now from host copies: the same bytes
+  h.ReadersDone();
+  ASSERT_TRUE(h.worker->Complete(r.id).ok());
+  h.Check();
+}
+
+// memd dies while its reclaim order is held (readers outstanding): the dead memd's order is dropped (KvStack::EnterAway),
+// never carried out after the return, not even once the readers end (the new memd adopted the pages as reported).
+TEST(EmbeddedOverFakeMemd, AnOrderHeldWhenMemdDiesIsNeverCarriedOut) {
+  Harness h(/*seed=*/3, /*chaos=*/false);
+  ASSERT_NE(h.worker, nullptr);
+  std::vector<EngineRequest> reqs = Submit(h, 1, /*max_rows=*/200);
+  EngineRequest& r = reqs[0];
+  const int done_before = h.memd.reclaims_done;
+  const std::vector<Position> selection = HoldAReclaim(h, r);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(h.memd.session().ConnectionLost(std::chrono::steady_clock::now()));
+  ASSERT_TRUE(h.worker->Poll().ok());
+  ASSERT_TRUE(h.worker->memd_away());
+  EXPECT_EQ(nlohmann::json::parse(h.worker->StatsJson())["pages"]["orders_held"], 0);
+  h.Compare(r.id, r.tag, selection, h.last_locations);  // the readers' locations still hold the rows
+  h.memd.take_rehello = true;
+  ASSERT_TRUE(h.worker->Poll().ok());
+  ASSERT_FALSE(h.worker->memd_away());
+  h.ReadersDone();
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(h.worker->Poll().ok());
+    h.Check();
+    for (const EmbeddedEvent& e : h.worker->events()) {
+      EXPECT_NE(e.kind, EmbeddedEvent::kReclaimed) << "the dead memd's held order was carried out";
+    }
+    h.worker->events().clear();
+  }
+  EXPECT_EQ(h.memd.reclaims_done, done_before);
+  EXPECT_EQ(nlohmann::json::parse(h.worker->StatsJson())["pages"]["orders_held"], 0);
+  h.ResolveAndCompare(r.id, r.tag, selection);  // its pages still serve the same bytes
   h.ReadersDone();
   ASSERT_TRUE(h.worker->Complete(r.id).ok());
   h.Check();

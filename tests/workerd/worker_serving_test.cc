@@ -12,6 +12,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
@@ -484,7 +485,7 @@ TEST(WorkerAdmission, RejectedAdmissionEndsTheRequestWithMemdsReason) {
   reject.request = 1;
   reject.code = wire::ErrorCode::RESOURCE_EXHAUSTED;
   reject.reason = "context larger than the GPU";
-  f.worker->admission().OnAdmitReject(reject);
+  f.worker->memd_inbox().OnAdmitReject(reject);
   ASSERT_TRUE(f.sink.finished.contains(1));
   EXPECT_NE(f.sink.errors[1].find("context larger than the GPU"), std::string::npos);
   EXPECT_EQ(f.sink.chunks.back().error, wire::ErrorCode::RESOURCE_EXHAUSTED);
@@ -494,7 +495,7 @@ TEST(WorkerAdmission, RejectedAdmissionEndsTheRequestWithMemdsReason) {
   reject.request = 2;
   reject.code = wire::ErrorCode::OK;
   reject.reason = "no code";
-  f.worker->admission().OnAdmitReject(reject);
+  f.worker->memd_inbox().OnAdmitReject(reject);
   ASSERT_TRUE(f.sink.finished.contains(2));
   EXPECT_NE(f.sink.errors[2].find("admission refused by memd: no code"), std::string::npos) << f.sink.errors[2];
   EXPECT_EQ(f.sink.chunks.back().error, wire::ErrorCode::UNKNOWN);
@@ -511,11 +512,11 @@ TEST(WorkerAdmission, RejectAfterTheGrantIsIgnored) {
   reject.request = 1;
   reject.code = wire::ErrorCode::RESOURCE_EXHAUSTED;
   reject.reason = "late reject";
-  f.worker->admission().OnAdmitReject(reject);  // granted, not started
+  f.worker->memd_inbox().OnAdmitReject(reject);  // granted, not started
   EXPECT_FALSE(f.sink.finished.contains(1));
   ASSERT_TRUE(f.worker->Iterate().ok());
   ASSERT_EQ(f.worker->book().active(), 1u);
-  f.worker->admission().OnAdmitReject(reject);  // active
+  f.worker->memd_inbox().OnAdmitReject(reject);  // active
   EXPECT_FALSE(f.sink.finished.contains(1));
   f.RunUntilFinished(1);
   EXPECT_FALSE(f.sink.errors.contains(1)) << f.sink.errors[1];
@@ -666,7 +667,7 @@ TEST(WorkerCancel, CancelWhileWaitingForAdmission) {
   wire::AdmitGrantT late;
   late.request = node2;
   late.slot = 0;
-  f.worker->admission().OnAdmitGrant(late);
+  f.worker->memd_inbox().OnAdmitGrant(late);
   EXPECT_EQ(f.memd->completes, 1) << "the crossing grant was answered with another Complete";
   EXPECT_EQ(f.worker->book().active(), 1u);
   // Until the CompleteAck its node id stays taken; afterwards client id 2 may map to it again.
@@ -674,7 +675,7 @@ TEST(WorkerCancel, CancelWhileWaitingForAdmission) {
   EXPECT_NE(f.memd->admitted_ids.back(), node2);
   wire::CompleteAckT ack;
   ack.request = node2;
-  f.worker->admission().OnCompleteAck(ack);
+  f.worker->memd_inbox().OnCompleteAck(ack);
   f.sink.finished.erase(2);
   f.sink.out.erase(2);
   f.RunUntilFinished(2);  // request 1 and the new 2
@@ -863,7 +864,7 @@ struct ScriptedFixture {
       grant.optional_history_pages.push_back(j);
       grant.optional_pages.push_back(dp);
     }
-    worker->admission().OnAdmitGrant(grant);
+    worker->memd_inbox().OnAdmitGrant(grant);
   }
   // Rows of `id` appended for every source (0 before its first row).
   Position Appended(RequestId id) {
@@ -960,6 +961,53 @@ struct ScriptedFixture {
   std::unique_ptr<KvLayout> layout;
 };
 
+// memd's orders reach the Worker through libdhs (issue 25): the admission desk takes memd's answers only, and an order
+// is carried out on the KV side (KvStack::Order), as for an engine's request: one that comes while the model's readers
+// are outstanding waits until they end and the loop iterates; one still held when memd dies is dropped (the dead
+// memd's orders are never acted on, not after the return either).
+static_assert(!std::is_base_of_v<MemdHandler, AdmissionDesk>, "memd's orders never reach the admission desk");
+
+TEST(WorkerOrders, AnOrderWaitsForTheModelsReadersAndIsDroppedWhenMemdDies) {
+  for (const bool memd_dies : {false, true}) {
+    SCOPED_TRACE(memd_dies ? "memd dies while the order is held" : "the readers end");
+    ScriptedFixture f;
+    constexpr PageIndex kDp = 5;
+    f.SubmitAndGrant(1, 70, 24);
+    f.RunUntilHostCopy(1, 0);
+    // Readers of request 1 outstanding on the group of source 0 (the model ended its own after its step).
+    lib::KvPort* port = f.worker->kv_port();
+    const std::vector<SourceId>& group = f.worker->geometry().kv.groups[0];
+    const std::vector<Position> selection = {0, 1, 2};
+    std::vector<const uint8_t*> rows(group.size() * selection.size());
+    lib::KvPort::Query q{.request = 1, .selection = selection, .rows_out = rows};
+    ASSERT_TRUE(port->Resolve(group, std::span(&q, 1)).ok());
+    ASSERT_TRUE(port->ReadersOutstanding());
+    f.worker->memd_inbox().OnPopulateOrder(ScriptedFixture::PopulateOrder(100, 1, kDp, 0));
+    EXPECT_EQ(f.worker->pending_orders(), 0u) << "carried out under the model's outstanding readers";
+    EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(1, kDp), std::nullopt);
+    if (memd_dies) {
+      f.worker->memd_away().Enter();  // memd died (the session moves through kLost)
+      wire::HelloReplyT reply;         // a memd takes the re-Hello: request 1 adopted
+      reply.accepted = true;
+      reply.worker_epoch = 1;
+      ASSERT_TRUE(f.worker->memd_away().Return(reply).ok());
+    }
+    ASSERT_TRUE(port->ReadersDone(group).ok());
+    ASSERT_TRUE(f.worker->Iterate().ok());
+    if (memd_dies) {
+      EXPECT_EQ(f.worker->pending_orders(), 0u) << "the dead memd's held order was carried out";
+      EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(1, kDp), std::nullopt);
+    } else {
+      // Carried out now: the page is mapped (its populate copy in flight or answered).
+      EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(1, kDp), std::optional<uint32_t>(0));
+      EXPECT_TRUE(f.IterateUntil([&] { return f.memd.publishes.size() == 1; }));
+      ASSERT_EQ(f.memd.publishes.size(), 1u);
+      EXPECT_TRUE(f.memd.publishes[0].ok);
+    }
+    EXPECT_TRUE(f.worker->CheckInvariants().ok()) << f.worker->CheckInvariants();
+  }
+}
+
 // memd reclaims whole requests, pages whose population copy is still in flight included (memd/README.md). The worker
 // must withdraw such a page too, after its populate copy was answered: a ReadersDone while the page is still mapped
 // (or about to be published) lets memd retire and regrant a page another request's lookups would read (brief §4;
@@ -977,7 +1025,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReaders
     EXPECT_TRUE(kv->Retire(m.pages).ok());
   };
   f.HoldPopulateInto(kDp);
-  f.worker->admission().OnPopulateOrder(ScriptedFixture::PopulateOrder(100, 1, kDp, 0));
+  f.worker->memd_inbox().OnPopulateOrder(ScriptedFixture::PopulateOrder(100, 1, kDp, 0));
   ASSERT_EQ(f.device.HeldCopies().size(), 1u);
   EXPECT_EQ(kv->HistoryPageOf(1, kDp), std::optional<uint32_t>(0));  // pending: mapped, not ready
   // memd's scripted order: the reclaim of request 1 (page kDp, which has a host copy) crosses the populate.
@@ -985,7 +1033,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReaders
   reclaim.order = 101;
   reclaim.request = 1;
   reclaim.pages = {kDp};
-  f.worker->admission().OnReclaimOrder(reclaim);
+  f.worker->memd_inbox().OnReclaimOrder(reclaim);
   for (int it = 0; it < 3; ++it) ASSERT_TRUE(f.worker->Iterate().ok());
   EXPECT_TRUE(f.memd.readers_done.empty()) << "ReadersDone while the populate copy into the page is in flight";
   EXPECT_TRUE(f.memd.publishes.empty());
@@ -1007,7 +1055,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhosePopulateIsInFlightWithdrawsItBeforeReaders
   retire.order = 101;
   retire.request = 1;
   retire.pages = {kDp};
-  f.worker->admission().OnRetire(retire);
+  f.worker->memd_inbox().OnRetire(retire);
   EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
   EXPECT_EQ(f.worker->pending_orders(), 0u);
   // The request still runs to the end, bit-identical to the model alone.
@@ -1029,7 +1077,7 @@ TEST(WorkerOrders, PopulateOfAFinishedRequestIsAnsweredAfterItsCopyEnded) {
   f.SubmitAndGrant(1, 40, 3);
   f.RunUntilHostCopy(1, 0);
   f.HoldPopulateInto(kDp);
-  f.worker->admission().OnPopulateOrder(ScriptedFixture::PopulateOrder(200, 1, kDp, 0));
+  f.worker->memd_inbox().OnPopulateOrder(ScriptedFixture::PopulateOrder(200, 1, kDp, 0));
   ASSERT_EQ(f.device.HeldCopies().size(), 1u);
   for (int it = 0; it < 500 && !f.sink.finished.contains(1); ++it) ASSERT_TRUE(f.worker->Iterate().ok());
   ASSERT_TRUE(f.sink.finished.contains(1));
@@ -1159,7 +1207,7 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenDefersItAndReportsItsHostCopyL
   ASSERT_LT(f.Appended(1), 32) << "prefill chunk " << chunk << ": page 1 completed before the order";
   ASSERT_EQ(kv->HistoryPageOf(1, kDp1), std::nullopt);  // only planned: it holds nothing yet
   f.HoldHostCopyOf(1, 1);
-  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(300, 1, {kDp0, kDp1}, {10, 11}));
+  f.worker->memd_inbox().OnReclaimOrder(ScriptedFixture::ReclaimOrder(300, 1, {kDp0, kDp1}, {10, 11}));
   // Page 0's copy (from its GPU page) ends; the order is answered and withdrawn while page 1 is still being written.
   ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
   ASSERT_LT(f.Appended(1), 32) << "the order waited for the victim to finish writing page 1";
@@ -1177,7 +1225,7 @@ TEST(WorkerOrders, ReclaimOfAPageStillBeingWrittenDefersItAndReportsItsHostCopyL
   retire.order = 300;
   retire.request = 1;
   retire.pages = {kDp0, kDp1};
-  f.worker->admission().OnRetire(retire);
+  f.worker->memd_inbox().OnRetire(retire);
   EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
   // The victim goes on prefilling; page 1's host copy (to the order's target) is issued when the page completes, and
   // held: not reported yet. (Iterations stop before page 1's tail slots would be needed: they wait for its copy.)
@@ -1226,7 +1274,7 @@ TEST(WorkerOrders, FailedHostWriteFailsTheReclaimAndRestoresThePlannedKeep) {
     }
     return CopyFate::kRun;
   });
-  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(301, 1, {kDp0, kDp1}, {10, 11}));
+  f.worker->memd_inbox().OnReclaimOrder(ScriptedFixture::ReclaimOrder(301, 1, {kDp0, kDp1}, {10, 11}));
   ASSERT_TRUE(f.IterateUntil([&] { return f.memd.Index("backup/301") != -1; }));
   f.device.SetCopyHook(nullptr);
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(301);
@@ -1279,7 +1327,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhoseKeepCopyFailedIsAnsweredWithTheFallbackCop
   EXPECT_EQ(kv->HistoryPageOf(1, kDp0), std::nullopt) << "the failed keep copy left GPU page " << kDp0 << " mapped";
   EXPECT_FALSE(kv->Find(1)->pages[0].Ready());
   EXPECT_FALSE(f.ReportedDeferred(1, 0));
-  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(303, 1, {kDp0}, {10}));
+  f.worker->memd_inbox().OnReclaimOrder(ScriptedFixture::ReclaimOrder(303, 1, {kDp0}, {10}));
   EXPECT_TRUE(f.BackupsOf(303).empty()) << "the order was answered (refused?) before the fallback copy ended: "
                                         << (f.BackupsOf(303).empty() ? "" : f.BackupsOf(303)[0].message);
   f.ReleaseHeld();
@@ -1294,7 +1342,7 @@ TEST(WorkerOrders, ReclaimOfAPageWhoseKeepCopyFailedIsAnsweredWithTheFallbackCop
   retire.order = 303;
   retire.request = 1;
   retire.pages = {kDp0};
-  f.worker->admission().OnRetire(retire);
+  f.worker->memd_inbox().OnRetire(retire);
   EXPECT_EQ(f.worker->stats().reclaims_obeyed, 1u);
   EXPECT_FALSE(f.ReportedDeferred(1, 0)) << "page 0's copy belongs to the order's BackupComplete";
   ExpectHostPageHolds(f, 10, 0, OriginalRows(*f.model, prompt));
@@ -1317,7 +1365,7 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) 
   CheckBackupsAreWritten(f, 3, {{kDp, 0}});
   Position appended_at_readers_done = -1;
   f.memd.on_readers_done = [&](const wire::ReadersDoneT&) { appended_at_readers_done = f.Appended(3); };
-  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(302, 3, {kDp}, {30}));
+  f.worker->memd_inbox().OnReclaimOrder(ScriptedFixture::ReclaimOrder(302, 3, {kDp}, {30}));
   ASSERT_TRUE(f.IterateUntil([&] { return !f.memd.readers_done.empty(); }));
   EXPECT_EQ(appended_at_readers_done, 0) << "the order waited for the victim to write its rows";
   const std::vector<wire::BackupCompleteT> done = f.BackupsOf(302);
@@ -1330,7 +1378,7 @@ TEST(WorkerOrders, ReclaimBeforeTheVictimStartedIsDeferredAndThePageGoesToHost) 
   retire.order = 302;
   retire.request = 3;
   retire.pages = {kDp};
-  f.worker->admission().OnRetire(retire);
+  f.worker->memd_inbox().OnRetire(retire);
   bool kept = false;
   ASSERT_TRUE(f.IterateUntil([&] {
     kept = kept || f.worker->hierarchical()->HistoryPageOf(3, kDp).has_value();
@@ -1407,7 +1455,7 @@ TEST(WorkerAdmission, BadSlotFromMemdFailsOnlyThatRequest) {
     grant.request = id;
     grant.slot = slot;
     for (uint32_t j = 0; j < 2; ++j) grant.backup_host_pages.emplace_back(0, 30 + 10 * id + j);
-    f.worker->admission().OnAdmitGrant(grant);
+    f.worker->memd_inbox().OnAdmitGrant(grant);
   };
   submit(2, 2);  // outside N
   submit(3, 0);  // request 1's
@@ -1426,7 +1474,7 @@ TEST(WorkerAdmission, BadSlotFromMemdFailsOnlyThatRequest) {
 // not be answered "backed up": nothing was written here. A finished request's crossing order still is (contract §4).
 TEST(WorkerOrders, ReclaimOfARequestUnknownToThisProcessIsRefusedNotReportedBackedUp) {
   ScriptedFixture f;
-  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(900, 77, {4}, {20}));
+  f.worker->memd_inbox().OnReclaimOrder(ScriptedFixture::ReclaimOrder(900, 77, {4}, {20}));
   ASSERT_EQ(f.BackupsOf(900).size(), 1u);
   EXPECT_FALSE(f.BackupsOf(900)[0].ok);
   EXPECT_EQ(f.BackupsOf(900)[0].error, wire::ErrorCode::FAILED_PRECONDITION);
@@ -1436,7 +1484,7 @@ TEST(WorkerOrders, ReclaimOfARequestUnknownToThisProcessIsRefusedNotReportedBack
   // Request 3 is served and finished here; an order that crossed its Complete is answered ok (memd dropped it).
   f.SubmitAndGrant(3, 20, 2);
   ASSERT_TRUE(f.IterateUntil([&] { return f.sink.finished.contains(3); }));
-  f.worker->admission().OnReclaimOrder(ScriptedFixture::ReclaimOrder(901, 3, {4}, {20}));
+  f.worker->memd_inbox().OnReclaimOrder(ScriptedFixture::ReclaimOrder(901, 3, {4}, {20}));
   ASSERT_TRUE(f.IterateUntil([&] { return f.memd.Index("readers_done/901") >= 0; }));
   ASSERT_EQ(f.BackupsOf(901).size(), 1u);
   EXPECT_TRUE(f.BackupsOf(901)[0].ok);

@@ -412,7 +412,7 @@ class FakeMemd final : public MemdTransport {
   // The worker's invariants (Worker::CheckInvariants) are checked before (after its last iteration or event) and
   // after memd's messages are delivered.
   void Pump(Worker& w) {
-    Pump(w.admission(), [&w] { ExpectInvariants(w); });
+    Pump(w.memd_inbox(), [&w] { ExpectInvariants(w); });
   }
   // The same to any MemdHandler (libdhs's EmbeddedWorker through Poll); `check` runs where Pump(Worker&) checks the
   // worker's invariants.
