@@ -935,6 +935,15 @@ std::vector<EmbeddedWorker::Resumable> EmbeddedWorker::ListResumable() const {
   return out;
 }
 
+std::vector<EmbeddedWorker::TakenResumable> EmbeddedWorker::TakeResumable() {
+  std::vector<TakenResumable> out;
+  for (const Resumable& r : ListResumable()) {
+    out.push_back({r.request, InterruptedRecord(r.request)});
+    not_resumable_.insert(r.request);  // the owner resumes or ends it
+  }
+  return out;
+}
+
 void EmbeddedWorker::RecordEnd(RequestId id, const Request& r, const absl::Status& error) {
   recorder_.Ended(id, r.tokens.size(), error, std::chrono::steady_clock::now());
 }

@@ -181,6 +181,11 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // Complexity: O(listed + open requests).
   struct Resumable { RequestId request; uint64_t input_rows, max_rows; };
   std::vector<Resumable> ListResumable() const;
+  // The owner of the worker takes every interrupted request ListResumable lists, to resume or end each itself
+  // (workerd's Worker at its start: Worker::ResumeInterrupted): each with memd's record of it (nullptr when memd sent
+  // none; valid until memd's next HelloReply), in memd's order. None of them is listed again. O(listed).
+  struct TakenResumable { RequestId request; const wire::RequestRecordT* record; };
+  std::vector<TakenResumable> TakeResumable();
   // The interrupted requests an open (not ending) resume here continues.
   std::set<RequestId> LiveResumes() const;
 

@@ -221,18 +221,4 @@ absl::Status AdmissionDesk::ResumeOrEnd(RequestId id, const wire::RequestRecordT
   return absl::OkStatus();
 }
 
-absl::Status AdmissionDesk::ResumeInterrupted(const ReturnPlan& plan,
-                                              const std::vector<std::unique_ptr<wire::RequestRecordT>>& records) {
-  for (RequestId id : plan.end_interrupted) {
-    if (absl::Status s = EndInterrupted(id); !s.ok()) return s;
-  }
-  std::map<uint64_t, const wire::RequestRecordT*> by_id;
-  for (const auto& rec : records) by_id[rec->request] = rec.get();
-  for (RequestId id : plan.resumable) {
-    auto rec = by_id.find(id);
-    if (absl::Status s = ResumeOrEnd(id, rec == by_id.end() ? nullptr : rec->second); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace dhs

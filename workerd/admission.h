@@ -1,8 +1,8 @@
 // workerd/admission.h: the admission side of the worker and memd's messages to it (issue 23: one room of the old
 // Worker; docs/protocol.md "Conversation contract (worker <-> memd)" §2, §6): a request's AdmitRequest (its
 // required pages, its record), the answers (AdmitGrant, AdmitWait, AdmitReject), CompleteAck, the granted requests
-// started, and the resume of interrupted requests of an earlier epoch (issue 11: Resume, ResumeOrEnd,
-// ResumeInterrupted at start, EndInterrupted).
+// started, and the resume of interrupted requests of an earlier epoch (issue 11: Resume, ResumeOrEnd, EndInterrupted;
+// at start the Worker takes libdhs's list of them, Worker::ResumeInterrupted).
 //
 // AdmissionDesk is the worker's AdmissionAnswers: memd's messages reach it through libdhs (the Worker's memd_inbox(),
 // lib::EmbeddedWorker::InboxFor: memd's orders (ReclaimOrder, Retire, PopulateOrder) are carried out there, on the KV
@@ -95,11 +95,6 @@ class AdmissionDesk final : public AdmissionAnswers {
   // sent none): resumed (Resume) from the record, else ended (EndInterrupted). Errors: UNAVAILABLE (memd unreachable);
   // a record that cannot be resumed is logged, its request ended.
   absl::Status ResumeOrEnd(RequestId id, const wire::RequestRecordT* record);
-  // At start (no request here yet, none ended: every interrupted request is resumable): ResumeOrEnd of each of
-  // plan.resumable with its record in `records` (HelloReply.interrupted_records); plan.end_interrupted ended first.
-  // Errors: UNAVAILABLE.
-  absl::Status ResumeInterrupted(const ReturnPlan& plan,
-                                 const std::vector<std::unique_ptr<wire::RequestRecordT>>& records);
   // Complete for an interrupted id this worker does not resume (memd frees what it kept; `keep_output`: its record
   // held every token, memd keeps the output too, workerd/README.md "Restart: a finished request's end"). Errors:
   // UNAVAILABLE.

@@ -116,6 +116,13 @@ absl::Status Worker::Submit(const wire::SubmitRequestT& submit, const ClientRef&
   return absl::OkStatus();
 }
 
+absl::Status Worker::ResumeInterrupted() {
+  for (const lib::EmbeddedWorker::TakenResumable& t : lib_->TakeResumable()) {
+    if (absl::Status s = admission_->ResumeOrEnd(t.request, t.record); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::Attach(RequestId client_id, uint32_t received, const ClientRef& client,
                             uint64_t client_identity) {
   return clients_->Attach(client_id, received, client, client_identity);

@@ -128,6 +128,11 @@ class Worker final : public Submitter, private RequestEnds {
   // kWorkerTimelineLimits), as WorkerStatsReply.timeline_json (WorkerRecorder::TimelineJson).
   std::string TimelineJson(uint64_t client_request) const override { return recorder_.TimelineJson(client_request); }
 
+  // At start (WorkerProcess::Start, before any submit): every interrupted request of this GPU that memd's HelloReply
+  // lists, as libdhs lists it (lib::EmbeddedWorker::TakeResumable: after a restart, "list what can be resumed"), is
+  // resumed from its record or, without one, ended (AdmissionDesk::ResumeOrEnd). Errors: UNAVAILABLE (memd
+  // unreachable).
+  absl::Status ResumeInterrupted();
   // One iteration of the serving loop (header comment). Returns whether work remains (requests active, waiting for a
   // grant, or orders in flight). Errors: UNAVAILABLE once a message to memd could not be sent (the conversation is
   // broken); request failures end their request.

@@ -35,12 +35,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const model:
   p->check_invariants_ = options.check_invariants;
   p->PublishMetrics();
   // A new worker holds no request and ended none: every interrupted request of the GPU is resumable.
-  ReturnPlan at_start;
-  at_start.resumable.assign(p->memd_->interrupted_requests().begin(), p->memd_->interrupted_requests().end());
-  if (absl::Status s = p->worker_->admission().ResumeInterrupted(at_start, p->memd_->interrupted_records());
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = p->worker_->ResumeInterrupted(); !s.ok()) return s;
   p->worker_->clients().KeepFinishedOutputs(p->memd_->finished_records());  // also before the socket is served (lost ends)
   return p;
 }

@@ -407,6 +407,39 @@ struct ResumeFixture {
   Harness h;
 };
 
+// The owner that resumes interrupted requests itself (workerd's Worker at its start) takes the list: each with memd's
+// record, and none is listed (nor resumable through Submit) again.
+TEST(EmbeddedResumeList, TakeResumableHandsTheListWithItsRecordsOver) {
+  wire::RequestRecordT record;
+  record.request = kInterrupted;
+  record.input_tokens = 7;
+  record.max_new_tokens = 9;
+  Harness h(/*seed=*/9, /*chaos=*/false, [&](test::FakeMemd& m) {
+    m.epoch = 2;
+    m.interrupted[kInterrupted];
+    m.interrupted[kInterrupted + 1];
+    m.listed_interrupted = {kInterrupted + 1, kInterrupted};  // memd's order; only 5 has a record
+    m.listed_records.push_back(std::make_unique<wire::RequestRecordT>(record));
+  });
+  ASSERT_NE(h.worker, nullptr);
+  ASSERT_EQ(h.worker->ListResumable().size(), 2u);
+  const std::vector<EmbeddedWorker::TakenResumable> taken = h.worker->TakeResumable();
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_EQ(taken[0].request, kInterrupted + 1);
+  EXPECT_EQ(taken[0].record, nullptr);
+  EXPECT_EQ(taken[1].request, kInterrupted);
+  ASSERT_NE(taken[1].record, nullptr);
+  EXPECT_EQ(taken[1].record->input_tokens, 7u);
+  EXPECT_EQ(taken[1].record->max_new_tokens, 9u);
+  EXPECT_TRUE(h.worker->ListResumable().empty());
+  EXPECT_TRUE(h.worker->TakeResumable().empty()) << "taken twice";
+  ASSERT_TRUE(h.worker->Poll().ok());
+  EXPECT_TRUE(h.worker->ListResumable().empty());
+  absl::StatusOr<RequestId> resume = h.worker->Submit(1, 40, kInterrupted);
+  EXPECT_EQ(resume.status().code(), absl::StatusCode::kNotFound) << resume.status();
+  h.Check();
+}
+
 TEST(EmbeddedResumeList, AResumeMemdRejectsAfterTakingItOverTakesItsRequestOffTheList) {
   ResumeFixture f;
   ASSERT_EQ(f.Listed(), std::vector<RequestId>{kInterrupted});

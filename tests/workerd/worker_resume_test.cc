@@ -754,12 +754,13 @@ void ResumeAtStartAfterAFence(ResumedAtStart& r) {
   }
   memd->Fence();
   r.kept = memd->interrupted.at(1);
+  // The next worker's Hello: memd lists 1 interrupted, with its record; the worker resumes what libdhs lists.
+  memd->listed_interrupted = {1};
+  memd->listed_records.push_back(std::make_unique<wire::RequestRecordT>(r.record));
   r.b = std::make_unique<Side>(r.m.get(), 2, memd, WorkerMode::kHisparse);
-  ReturnPlan start;
-  start.resumable = {1};
-  std::vector<std::unique_ptr<wire::RequestRecordT>> recs;
-  recs.push_back(std::make_unique<wire::RequestRecordT>(r.record));
-  ASSERT_TRUE(r.b->worker->admission().ResumeInterrupted(start, recs).ok());
+  ASSERT_TRUE(r.b->worker->ResumeInterrupted().ok());
+  memd->listed_interrupted.clear();  // later replies are the tests' own
+  memd->listed_records.clear();
 }
 
 // Interrupted request 1 is resumed here as Y (a worker's start); memd dies before it reads Y's AdmitRequest, so the
