@@ -341,7 +341,7 @@ absl::StatusOr<RequestId> EmbeddedWorker::Submit(uint64_t input_rows, uint64_t m
 absl::Status EmbeddedWorker::Poll() {
   MemdLoad load;
   load.active_requests = book_.active();
-  load.pending_copies = agent_->pending_orders();
+  load.pending_copies = stack_->pending_orders();  // held orders included
   stack_->CarryOutHeld();  // memd's orders held while readers were outstanding
   absl::Status s = memd_->Poll(*this, load);
   agent_->Poll();

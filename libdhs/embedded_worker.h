@@ -211,8 +211,9 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // Poll (or a test's fake memd) delivers to. memd's orders (ReclaimOrder, Retire, PopulateOrder) are carried out
   // here, as for an engine's requests (KvStack::Order: held while readers of the port are outstanding, until the next
   // Poll or CarryOutHeldOrders; dropped when memd dies); the answers (AdmitGrant, AdmitWait, AdmitReject, CompleteAck,
-  // the tokens' answers) go to `answers` (not owned; must outlive the worker). The owner does not call Poll (its own
-  // admissions, away and return). A second call replaces the first handler.
+  // the tokens' answers) go to `answers` (not owned; called only from the returned handler, which is valid until the
+  // worker is destroyed or InboxFor is called again: a second call replaces it). The owner does not call Poll (its
+  // own admissions, away and return); held orders are carried out by CarryOutHeldOrders with memd up.
   MemdHandler& InboxFor(AdmissionAnswers& answers);
   // memd's orders held while readers were outstanding, carried out now unless readers still are (Poll does it first).
   void CarryOutHeldOrders() { stack_->CarryOutHeld(); }

@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<KvStack>> KvStack::Hierarchical(const KvConfig& k
   s->kv_ = *std::move(hier);
   s->port_store_ = std::make_unique<lib::HierarchicalPortStore>(s->hier_);
   ResidencyAgentConfig agent{config.gpu, config.slots, config.adaptive, /*host_tier=*/true};
+  s->memd_ = memd;
   s->agent_ = std::make_unique<ResidencyAgent>(agent, s->hier_, memd);
   return s;
 }
@@ -66,6 +67,7 @@ std::unique_ptr<KvStack> KvStack::Resident(std::unique_ptr<model::ResidentKvAcce
   s->kv_ = std::move(kv);
   s->no_residency_ = std::make_unique<NoKvResidency>(s->kv_.get());
   ResidencyAgentConfig agent{config.gpu, config.slots, /*keep_optional=*/false, /*host_tier=*/false};
+  s->memd_ = memd;
   s->agent_ = std::make_unique<ResidencyAgent>(agent, s->no_residency_.get(), memd);
   return s;
 }
@@ -79,7 +81,11 @@ void KvStack::SetOrderHooks(std::function<bool()> hold,
 }
 
 void KvStack::Order(MemdOrder order) {
-  if (!held_.empty() || (hold_ && hold_())) {
+  // A Retire never waits: memd sends it after this worker's ReadersDone of its reclaim, whose pages were withdrawn
+  // before it (no reader since can reach them), and carrying it out waits for no copy. Held behind other orders, it
+  // would let an answer handled meanwhile (a grant that gives one of its pages to another request) act before it
+  // (review finding: the late Retire then frees a page the new request maps).
+  if (!std::holds_alternative<wire::RetireT>(order) && (!held_.empty() || (hold_ && hold_()))) {
     held_.push_back(std::move(order));
     return;
   }
@@ -87,6 +93,10 @@ void KvStack::Order(MemdOrder order) {
 }
 
 void KvStack::CarryOutHeld() {
+  // memd died (the transport saw it: kLost, before the owner took the loss): its held orders are not acted on; the
+  // owner's EnterAway drops them (review finding: readers ended before the poll that entered away, and the dead
+  // memd's reclaim was carried out, its backups written to the dead memd's host targets).
+  if (memd_ != nullptr && memd_->session().away()) return;
   while (!held_.empty() && !(hold_ && hold_())) {
     MemdOrder order = std::move(held_.front());
     held_.pop_front();

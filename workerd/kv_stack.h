@@ -8,7 +8,7 @@
 //
 // memd's orders reach the agent through Order (issue 25: one path for workerd's Worker and libdhs's engines; neither
 // sees an order): carried out at once, or held while the owner's readers are outstanding (SetOrderHooks), in arrival
-// order, until CarryOutHeld; EnterAway drops the held ones (the dead memd's orders are not acted on).
+// order, until CarryOutHeld with memd up; EnterAway drops the held ones (the dead memd's orders are not acted on).
 //
 // Owns: the store, the residency, the agent (destroyed agent first), the held orders. Not the device, the memd link
 // or the host pool.
@@ -73,12 +73,16 @@ class KvStack {
   // told). Set once, before the first order.
   void SetOrderHooks(std::function<bool()> hold, std::function<void(const wire::ReclaimOrderT&)> carried_out);
   // memd's `order`: to the agent now (ResidencyAgent::OnReclaimOrder / OnRetire / OnPopulateOrder) unless hold()
-  // says so or earlier orders are held; then held, in arrival order.
+  // says so or earlier orders are held; then held, in arrival order. A Retire is never held (it follows this worker's
+  // ReadersDone of its reclaim and waits for no copy; held, a grant handled meanwhile could reuse its pages first).
   void Order(MemdOrder order);
   // The held orders carried out in arrival order while hold() says no (the owner calls it when its readers may have
-  // ended: each Poll, each loop iteration). O(orders carried out).
+  // ended: each Poll, each loop iteration); nothing while memd is away (the link's MemdSession: the dead memd's
+  // orders wait for EnterAway to drop them). O(orders carried out).
   void CarryOutHeld();
   size_t held_orders() const { return held_.size(); }
+  // Orders in flight at the agent plus those held (Heartbeat.pending_copies; work the owner's loop still has).
+  uint32_t pending_orders() const { return agent_->pending_orders() + static_cast<uint32_t>(held_.size()); }
 
   // memd died (the caller took the loss: MemdSession::TakeLoss, once per death): the held orders are dropped, memd's
   // orders are resolved here (ResidencyAgent::EnterAway) and host writes pause (a new memd may not adopt a page
@@ -96,6 +100,7 @@ class KvStack {
   HierarchicalKvAccess* hier_ = nullptr;
   std::unique_ptr<KvResidency> no_residency_;  // resident mode's residency (nothing moves)
   std::unique_ptr<lib::PortStore> port_store_;
+  MemdLink* memd_ = nullptr;  // its session says whether memd is away (CarryOutHeld)
   std::function<bool()> hold_;
   std::function<void(const wire::ReclaimOrderT&)> carried_out_;
   std::deque<MemdOrder> held_;                 // memd's orders waiting for hold_ to say no, oldest first

@@ -157,7 +157,7 @@ absl::StatusOr<bool> Worker::Iterate() {
   }
   if (!agent_->link_status().ok()) return agent_->link_status();
   if (away_->away()) return last_batch_ > 0;  // paused requests wait for memd, not for the loop
-  return book_.active() > 0 || agent_->busy();
+  return book_.active() > 0 || agent_->busy() || lib_->stack().held_orders() > 0;
 }
 
 absl::Status Worker::ReplayFed(Request& r) {

@@ -177,7 +177,7 @@ class Worker final : public Submitter, private RequestEnds {
   const std::map<RequestId, ResumeFigures>& resume_figures() const { return resumes_->figures(); }
   const WorkerGeometry& geometry() const { return geometry_; }
   // Copies and orders in flight (Heartbeat.pending_copies).
-  uint32_t pending_orders() const { return agent_->pending_orders(); }
+  uint32_t pending_orders() const { return lib_->stack().pending_orders(); }  // held ones included
   // Test/introspection: the hierarchical KV store, or nullptr in resident mode. Its staging_bytes() are the staging
   // arenas allocated at start (brief §6: M_stage = χ * N * K_max * k * d_KV, K_max = --block;
   // WorkerGeometry::staging_bytes; 0 without: speculation off, --staging-arenas 0), WorkerStatsReply.staging_bytes.
@@ -238,7 +238,8 @@ class Worker final : public Submitter, private RequestEnds {
   // (port_: libdhs/kv_port.h, the object behind dhs_request_append_source, dhs_resolve, dhs_readers_done,
   // dhs_request_hold / commit). Every mode: the model reaches the store only through it: kv_ is port_kv_, a
   // PortKvAccess over port_. hier_ (nullptr in resident mode) and agent_ point into it. Declared before every room
-  // that uses them (destroyed after them). The admission and memd's messages are still the Worker's (AdmissionDesk).
+  // that uses them (destroyed after them). memd's messages arrive through it (memd_inbox(): orders carried out there);
+  // the admission and memd's answers are still the Worker's (AdmissionDesk).
   std::unique_ptr<lib::EmbeddedWorker> lib_;
   lib::KvPort* port_ = nullptr;
   std::unique_ptr<lib::PortKvAccess> port_kv_;

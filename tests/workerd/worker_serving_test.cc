@@ -963,8 +963,9 @@ struct ScriptedFixture {
 
 // memd's orders reach the Worker through libdhs (issue 25): the admission desk takes memd's answers only, and an order
 // is carried out on the KV side (KvStack::Order), as for an engine's request: one that comes while the model's readers
-// are outstanding waits until they end and the loop iterates; one still held when memd dies is dropped (the dead
-// memd's orders are never acted on, not after the return either).
+// are outstanding waits (counted as work in flight) until they end and the loop iterates; one still held when memd
+// dies is dropped (the dead memd's orders are never acted on: not in an iteration between memd's death and the loss
+// taken, not after the return either).
 static_assert(!std::is_base_of_v<MemdHandler, AdmissionDesk>, "memd's orders never reach the admission desk");
 
 TEST(WorkerOrders, AnOrderWaitsForTheModelsReadersAndIsDroppedWhenMemdDies) {
@@ -983,16 +984,24 @@ TEST(WorkerOrders, AnOrderWaitsForTheModelsReadersAndIsDroppedWhenMemdDies) {
     ASSERT_TRUE(port->Resolve(group, std::span(&q, 1)).ok());
     ASSERT_TRUE(port->ReadersOutstanding());
     f.worker->memd_inbox().OnPopulateOrder(ScriptedFixture::PopulateOrder(100, 1, kDp, 0));
-    EXPECT_EQ(f.worker->pending_orders(), 0u) << "carried out under the model's outstanding readers";
-    EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(1, kDp), std::nullopt);
+    EXPECT_EQ(f.worker->pending_orders(), 1u) << "not held (or not counted as work in flight)";
+    EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(1, kDp), std::nullopt) << "carried out under the readers";
     if (memd_dies) {
-      f.worker->memd_away().Enter();  // memd died (the session moves through kLost)
-      wire::HelloReplyT reply;         // a memd takes the re-Hello: request 1 adopted
+      // The transport sees memd gone; the model's readers end and the loop iterates before the worker takes the loss
+      // (WorkerProcess::ServeOnce: CheckEpoch, then Iterate, then ServeAway): the dead memd's order stays held.
+      ASSERT_TRUE(f.memd.session().ConnectionLost(std::chrono::steady_clock::now()));
+      ASSERT_TRUE(port->ReadersDone(group).ok());
+      ASSERT_TRUE(f.worker->Iterate().ok());
+      EXPECT_EQ(f.worker->hierarchical()->HistoryPageOf(1, kDp), std::nullopt) << "carried out for a dead memd";
+      f.worker->memd_away().Enter();  // dropped
+      EXPECT_EQ(f.worker->pending_orders(), 0u);
+      wire::HelloReplyT reply;  // a memd takes the re-Hello: request 1 adopted
       reply.accepted = true;
       reply.worker_epoch = 1;
       ASSERT_TRUE(f.worker->memd_away().Return(reply).ok());
+    } else {
+      ASSERT_TRUE(port->ReadersDone(group).ok());
     }
-    ASSERT_TRUE(port->ReadersDone(group).ok());
     ASSERT_TRUE(f.worker->Iterate().ok());
     if (memd_dies) {
       EXPECT_EQ(f.worker->pending_orders(), 0u) << "the dead memd's held order was carried out";
