@@ -209,14 +209,12 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   std::string StatsJson() const;
   // memd's messages for an owner that admits its own requests (workerd's Worker, issue 25): the handler its transport's
   // Poll (or a test's fake memd) delivers to. memd's orders (ReclaimOrder, Retire, PopulateOrder) are carried out
-  // here, as for an engine's requests (KvStack::Order: held while readers of the port are outstanding, until the next
-  // Poll or CarryOutHeldOrders; dropped when memd dies); the answers (AdmitGrant, AdmitWait, AdmitReject, CompleteAck,
-  // the tokens' answers) go to `answers` (not owned; called only from the returned handler, which is valid until the
-  // worker is destroyed or InboxFor is called again: a second call replaces it). The owner does not call Poll (its
-  // own admissions, away and return); held orders are carried out by CarryOutHeldOrders with memd up.
+  // here, as for an engine's requests (KvStack::Order: held while readers of the port are outstanding, dropped when
+  // memd dies); the answers (AdmitGrant, AdmitWait, AdmitReject, CompleteAck, the tokens' answers) go to `answers` (not
+  // owned; called only from the returned handler, which is valid until the worker is destroyed or InboxFor is called
+  // again: a second call replaces it). The owner does not call Poll (its own admissions, away and return); it
+  // carries the held orders out itself, with stack().CarryOutHeld() (memd up).
   MemdHandler& InboxFor(AdmissionAnswers& answers);
-  // memd's orders held while readers were outstanding, carried out now unless readers still are (Poll does it first).
-  void CarryOutHeldOrders() { stack_->CarryOutHeld(); }
   // The KV side (workerd's Worker, opened over its transport and device, serves its model through these): workerd's
   // KvStack (store, residency, agent) and the data path over it.
   KvStack& stack() { return *stack_; }

@@ -140,7 +140,7 @@ absl::StatusOr<bool> Worker::Iterate() {
   model::StepProfile* const profile = model::StepProfile::Get();  // issue 27: the loop's split (opt-in)
   {
     model::LoopTimer timer(profile, model::LoopPhase::kPoll);
-    lib_->CarryOutHeldOrders();  // memd's orders that came while the model's readers were outstanding
+    lib_->stack().CarryOutHeld();  // memd's orders that came while the model's readers were outstanding
     agent_->Poll();
   }
   FailDataLoss();  // issue 22: a populate found a changed host page
