@@ -252,10 +252,13 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
                                                  DHS_ABI_MAJOR, ".", DHS_ABI_MINOR));
   }
   if (config->run_dir == nullptr) return Fail(w, DHS_ERR_INVALID_ARGUMENT, "dhs_worker_config: run_dir is NULL");
+#ifndef DHS_HAVE_CUDA
   if (config->backend == DHS_BACKEND_CUDA) {
-    return Fail(w, DHS_ERR_UNIMPLEMENTED, "dhs_worker_config: the CUDA backend is not offered by libdhs 1.0");
+    return Fail(w, DHS_ERR_UNIMPLEMENTED,
+                "dhs_worker_config: the CUDA backend is not offered: this libdhs was built without CUDA (meson -Dcuda)");
   }
-  if (config->backend != DHS_BACKEND_CPU) {
+#endif
+  if (config->backend != DHS_BACKEND_CPU && config->backend != DHS_BACKEND_CUDA) {
     return Fail(w, DHS_ERR_INVALID_ARGUMENT, absl::StrCat("dhs_worker_config: backend ", config->backend,
                                                           " is not a dhs_backend"));
   }
@@ -265,7 +268,11 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
   }
   try {
     dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
-    absl::StatusOr<std::unique_ptr<EmbeddedWorker>> opened = EmbeddedWorker::Open(c);
+    dhs::lib::RegionDeviceMaker make_device = dhs::lib::CpuRegionDevice;
+#ifdef DHS_HAVE_CUDA
+    if (config->backend == DHS_BACKEND_CUDA) make_device = dhs::lib::CudaRegionDevice;
+#endif
+    absl::StatusOr<std::unique_ptr<EmbeddedWorker>> opened = EmbeddedWorker::Open(c, make_device);
     if (!opened.ok()) return Fail(w, ToCode(opened.status()), std::string(opened.status().message()));
     w->worker = *std::move(opened);
     const char* check = std::getenv("DHS_CHECK_INVARIANTS");

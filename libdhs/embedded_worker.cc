@@ -16,7 +16,6 @@
 #include "common/worker_shape.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
-#include "workerd/device/cpu_device.h"
 #include "workerd/memd_session.h"
 #include "workerd/prefix_chain.h"
 #include "workerd/resume_plan.h"
@@ -35,7 +34,8 @@ EmbeddedEvent Event(EmbeddedEvent::Kind kind, RequestId request, absl::Status st
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config) {
+absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config,
+                                                                      RegionDeviceMaker make_device) {
   if (config.run_dir.empty()) return absl::InvalidArgumentError("dhs_worker_config: run_dir is empty");
   absl::StatusOr<wire::HelloT> hello = HelloOf(config);  // the shape checked (CheckShape) before connecting
   if (!hello.ok()) return hello.status();
@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const Embed
   if (!memd.ok()) return memd.status();
   std::unique_ptr<MemdClient> client = *std::move(memd);
   MemdTransport* link = client.get();
-  return Build(config, *region, *std::move(hello), std::move(client), *link);
+  return Build(config, *region, *std::move(hello), std::move(client), *link, nullptr, make_device);
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::OpenOver(const EmbeddedConfig& config,
@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::OpenOver(const E
     return absl::InvalidArgumentError("dhs_worker_config: engine_pool with the caller's device (its pools are the "
                                       "device's: it allocates them)");
   }
-  return Build(config, *region, *std::move(hello), nullptr, memd, device);
+  return Build(config, *region, *std::move(hello), nullptr, memd, device, CpuRegionDevice);
 }
 
 absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config, const RegionLayout& region) {
@@ -83,7 +83,8 @@ absl::Status EmbeddedWorker::CheckEnginePool(const EmbeddedConfig& config, const
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const EmbeddedConfig& config,
                                                                        const RegionLayout& region, wire::HelloT hello,
                                                                        std::unique_ptr<MemdTransport> owned,
-                                                                       MemdTransport& memd, Device* device) {
+                                                                       MemdTransport& memd, Device* device,
+                                                                       RegionDeviceMaker make_device) {
   std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
   w->owned_memd_ = std::move(owned);
   w->memd_ = &memd;
@@ -101,23 +102,14 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const Embe
     // device's own (no region: Pool() and Resolve's offsets are not offered), resident mode's arena the store's own.
     w->device_ = device;
   } else {
-    // The region: the engine's memory, or one pool of the library's CPU device; the store's KV pool and staging pool
-    // are its parts (RegionLayout), so a location is one offset into one region whichever part it names.
-    auto cpu = std::make_unique<CpuDevice>();
-    if (config.engine_pool != nullptr) {
-      std::memset(config.engine_pool, 0, region.bytes);  // as the library's own mapping starts
-      w->region_base_ = config.engine_pool;
-    } else {
-      absl::StatusOr<PoolId> whole = cpu->AllocatePool(region.bytes);
-      if (!whole.ok()) return whole.status();
-      w->region_base_ = cpu->HostVisible(*whole, 0);
-    }
-    if (config.mode != WorkerMode::kResident) cpu->UseCallerMemoryForNextPool(w->region_base_, region.kv_bytes);
-    if (config.staging_arenas > 0) {
-      cpu->UseCallerMemoryForNextPool(w->region_base_ + region.staging_offset, region.staging_bytes);
-    }
-    w->owned_device_ = std::move(cpu);
+    // The region: the engine's memory, or one pool of the library's device (region_device.h); the store's KV pool and
+    // staging pool are its parts (RegionLayout), so a location is one offset into one region whichever part it names.
+    absl::StatusOr<RegionDevice> made = make_device(config, region, w->memd_->host_pages());
+    if (!made.ok()) return made.status();
+    w->owned_device_ = std::move(made->device);
     w->device_ = w->owned_device_.get();
+    w->region_base_ = made->base;
+    w->backend_ = made->backend;
   }
   if (config.mode == WorkerMode::kResident) {
     // Every row resident (workerd's resident store; no host tier: NoKvResidency): over the region when there is one
@@ -988,6 +980,8 @@ std::string EmbeddedWorker::StatsJson() const {
   nlohmann::json j = {
       {"gpu", config_.gpu},
       {"mode", std::string(WorkerModeName(config_.mode))},
+      {"device", {{"backend", backend_},
+                  {"resolver", kv_ == nullptr ? "resident" : kv_->resolves_on_device() ? "kernel" : "host"}}},
       {"requests", {{"open_granted", granted}, {"open_waiting", waiting}, {"submitted", counters_.submitted},
                     {"granted", counters_.granted}, {"completed", counters_.completed},
                     {"failed", counters_.failed}, {"rejected", counters_.rejected}}},

@@ -32,6 +32,7 @@
 #include "workerd/kv_stack.h"
 #include "libdhs/embedded_shape.h"
 #include "libdhs/kv_port.h"
+#include "libdhs/region_device.h"
 #include "workerd/memd_client.h"
 #include "workerd/memd_return.h"
 #include "workerd/request_book.h"
@@ -83,7 +84,9 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // host pool and allocates the KV pool (HierarchicalKvAccess::Create's errors).
   // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold RegionOf(config).bytes bytes
   // (INVALID_ARGUMENT otherwise); it is zeroed and used as the KV pool (CpuDevice::UseCallerMemoryForNextPool).
-  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config);
+  // `make_device`: the backend (region_device.h: CpuRegionDevice, or CudaRegionDevice in a CUDA build) and its errors.
+  static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config,
+                                                              RegionDeviceMaker make_device = CpuRegionDevice);
   // The same worker over a memd conversation the caller holds (issue 25: the library takes its memd link from
   // outside; a test's in-process fake memd, tests/workerd/worker_test_util.h): `memd` answered HelloOf(config) (its
   // host pool, epoch and interrupted requests are read from it), is not owned and must outlive the worker. Nothing
@@ -255,7 +258,8 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Build(const EmbeddedConfig& config,
                                                                const RegionLayout& region, wire::HelloT hello,
                                                                std::unique_ptr<MemdTransport> owned,
-                                                               MemdTransport& memd, Device* device = nullptr);
+                                                               MemdTransport& memd, Device* device,
+                                                               RegionDeviceMaker make_device);
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
   // and counts it.
   void RecordEnd(RequestId id, const Request& r, const absl::Status& error);
@@ -329,15 +333,17 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
 
   EmbeddedConfig config_;
   wire::HelloT hello_;  // the Hello of Open (the re-Hello sends it again with a report)
-  std::unique_ptr<Device> owned_device_;  // the library's CpuDevice (nullptr over the caller's device)
+  // The memd conversation (MemdClient from Open, owned in owned_memd_; the caller's from OpenOver). Declared before
+  // the device: the device (a CUDA one pins memd's host pool) goes first, while the pool is still mapped.
+  std::unique_ptr<MemdTransport> owned_memd_;
+  MemdTransport* memd_ = nullptr;
+  std::unique_ptr<Device> owned_device_;  // the library's (RegionDevice; nullptr over the caller's device)
   Device* device_ = nullptr;              // the device the store's pools are on
+  const char* backend_ = "caller";        // RegionDevice::backend ("caller" over the caller's device)
   RegionLayout region_;
   uint64_t page_bytes_ = 0, host_page_bytes_ = 0;
   uint32_t capacity_pages_ = 0;
-  uint8_t* region_base_ = nullptr;  // the region's first byte (the engine's pool, or the device pool region_pool_)
-  // The memd conversation (MemdClient from Open, owned in owned_memd_; the caller's from OpenOver).
-  std::unique_ptr<MemdTransport> owned_memd_;
-  MemdTransport* memd_ = nullptr;
+  uint8_t* region_base_ = nullptr;  // the region's first byte (the engine's pool, or the device's region)
   // The KV store and the ResidencyAgent: workerd's KvStack (workerd/kv_stack.h), the wiring workerd's Worker uses
   // too; kv_ and agent_ point into it.
   std::unique_ptr<KvStack> stack_;

@@ -5,9 +5,11 @@
 #      where meson or the Debian build dependencies are missing and cannot be installed (no network), it falls back to
 #      binaries prebuilt elsewhere with `tools/gpu_check.sh --prebuild DIR` (default .gpu-prebuilt/, with the shared
 #      libraries they need), and says so in the report;
-#   2. runs the host test of the shared resolver plan and the GPU tests (tests/gpu), each under a time limit;
+#   2. runs the host test of the shared resolver plan, the GPU tests (tests/gpu) and libdhs's API test on the CUDA
+#      backend against a real memd (DHS_TEST_BACKEND=cuda), each under a time limit;
 #      exit 77 = skipped (no GPU), reported as SKIP, never as a pass;
-#   3. runs gpu_bench (resolver time against history size and batch; host-recovery bandwidth);
+#   3. runs gpu_bench (resolver time against history size and batch; host-recovery bandwidth) and libdhs_bench on the
+#      CPU and the CUDA backend (what the API adds per decode step);
 #   4. writes OUT/report.md, OUT/report.json (the bench's figures + test results), OUT/gpu_check.log.
 # Usage: tools/gpu_check.sh [OUT_DIR]          (default: $OUT, else gpu-report/)
 #        tools/gpu_check.sh --prebuild [DIR]   (here: build and bundle the binaries for a machine without the deps)
@@ -15,7 +17,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-targets=(tests/gpu/cuda_device_test tests/gpu/resolver_gpu_test tests/gpu/gpu_bench tests/workerd/resolver_plan_test)
+targets=(tests/gpu/cuda_device_test tests/gpu/resolver_gpu_test tests/gpu/gpu_bench tests/workerd/resolver_plan_test
+         tests/libdhs/libdhs_api_test tests/libdhs/libdhs_bench memd/memd)
 jobs=$(nproc 2>/dev/null || echo 4)
 if [[ -z "${NVCC:-}" ]] && ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export NVCC=/usr/local/cuda/bin/nvcc
@@ -36,9 +39,10 @@ if [[ "${1:-}" == "--prebuild" ]]; then
   build build-gpu || exit 1
   rm -rf "$dest" && mkdir -p "$dest/lib"
   for t in "${targets[@]}"; do cp "build-gpu/$t" "$dest/" && strip "$dest/$(basename "$t")"; done
-  # Shared libraries outside libc/libstdc++ (abseil, ...), for a machine that lacks the Debian packages.
-  for t in "$dest"/*_test "$dest"/gpu_bench; do
-    ldd "$t" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
+  # Shared libraries outside libc/libstdc++ (abseil, ..., and the build's own libdhs.so.1, found through the build
+  # tree's RUNPATH: hence ldd on the build tree's binaries), for a machine that lacks the Debian packages.
+  for t in "${targets[@]}"; do
+    ldd "build-gpu/$t" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
       xargs -r -I{} cp -Ln {} "$dest/lib/"
   done
   du -sh "$dest"
@@ -60,7 +64,11 @@ bin=""
 build_mode=""
 have_deps=1
 for p in meson ninja pkg-config; do command -v $p >/dev/null || have_deps=0; done
-if ((have_deps == 0)) && command -v apt-get >/dev/null && timeout 60 bash tools/setup.sh --deps-only >/dev/null 2>&1; then
+# GPU_CHECK_PREBUILT=1: use .gpu-prebuilt without trying to build (a device machine known to lack the dependencies:
+# the install attempt would only spend its minute of device time).
+[[ -n "${GPU_CHECK_PREBUILT:-}" && -d .gpu-prebuilt ]] && have_deps=0
+if ((have_deps == 0)) && [[ -z "${GPU_CHECK_PREBUILT:-}" ]] && command -v apt-get >/dev/null &&
+   timeout 60 bash tools/setup.sh --deps-only >/dev/null 2>&1; then
   have_deps=1
 fi
 if ((have_deps)); then
@@ -105,14 +113,31 @@ run_test() {  # name, limit_s, command...
 run_test resolver_plan_test 120 "$(path_of tests/workerd/resolver_plan_test)"
 run_test cuda_device_test 120 "$(path_of tests/gpu/cuda_device_test)"
 run_test resolver_gpu_test 240 "$(path_of tests/gpu/resolver_gpu_test)"
+# libdhs's C API on the CUDA backend (DHS_BACKEND_CUDA: managed pools, the resolver kernel) against a real memd: the
+# API cases of the CPU run, less the two that need host memory as an engine pool or a second GPU.
+if nvidia-smi -L >/dev/null 2>&1; then
+  run_test libdhs_cuda_test 300 env DHS_TEST_BACKEND=cuda MEMD="$(path_of memd/memd)" DHS_CHECK_INVARIANTS=1 \
+    "$(path_of tests/libdhs/libdhs_api_test)" --gtest_filter=-LibdhsTest.EngineOwnedPool:LibdhsTest.AWorkerOfAnotherGpuServes
+else
+  result[libdhs_cuda_test]=SKIP
+  echo "test libdhs_cuda_test: SKIP (no GPU)"
+fi
 
 # ---- 3. bench
 run_test gpu_bench 300 "$(path_of tests/gpu/gpu_bench)" "$out/gpu_bench.json"
+# What libdhs's API adds per decode step (issue 25), on the CPU backend and on the CUDA backend in one run:
+# libdhs_bench.cpu.log, libdhs_bench.cuda.log (docs/embedding.md "What the API costs per decode step").
+if nvidia-smi -L >/dev/null 2>&1; then
+  run_test libdhs_bench.cpu 300 env MEMD="$(path_of memd/memd)" "$(path_of tests/libdhs/libdhs_bench)"
+  run_test libdhs_bench.cuda 300 env DHS_BENCH_BACKEND=cuda MEMD="$(path_of memd/memd)" \
+    "$(path_of tests/libdhs/libdhs_bench)"
+fi
 
 # ---- 4. report
 python3 - "$out" "$build_mode" "$(( $(date +%s) - t0 ))" \
   "resolver_plan_test=${result[resolver_plan_test]}" "cuda_device_test=${result[cuda_device_test]}" \
-  "resolver_gpu_test=${result[resolver_gpu_test]}" "gpu_bench=${result[gpu_bench]}" <<'PY'
+  "resolver_gpu_test=${result[resolver_gpu_test]}" "libdhs_cuda_test=${result[libdhs_cuda_test]}" \
+  "gpu_bench=${result[gpu_bench]}" <<'PY'
 import json, os, sys
 out, build_mode, elapsed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 tests = dict(a.split("=", 1) for a in sys.argv[4:])

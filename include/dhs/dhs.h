@@ -93,7 +93,12 @@ typedef enum dhs_mode {
 
 typedef enum dhs_backend {
   DHS_BACKEND_CPU = 1, /* the CPU device (brief §9): pools are host memory the engine can read */
-  DHS_BACKEND_CUDA = 2 /* not offered by this version: DHS_ERR_UNIMPLEMENTED */
+  DHS_BACKEND_CUDA = 2 /* the CUDA device of ordinal `gpu` (a libdhs built with CUDA; otherwise dhs_worker_open answers
+                          DHS_ERR_UNIMPLEMENTED): the pools are CUDA managed memory (cudaMallocManaged) that the
+                          engine's kernels read at base + location and the library writes appended rows into from the
+                          host; memd's host pool is pinned and mapped, and dhs_resolve runs the fused resolver kernel
+                          on the device (host recoveries are device-side reads of pinned memory). The engine
+                          synchronises its own streams before it appends rows its kernels computed. */
 } dhs_backend;
 
 /* The worker's shape (brief §8) and where its memd is. Every source has the same row size (d_KV = row_bytes); each
@@ -117,7 +122,8 @@ typedef struct dhs_worker_config {
   uint64_t hbm_budget_bytes;  /* GPU bytes for optional history: M = budget / (p * S * d_KV) pages, >= 1 */
   uint32_t connect_timeout_ms; /* how long open waits for memd's HelloReply (0: 5000) */
   /* ABI 1.1 (a 1.0 caller's struct, DHS_WORKER_CONFIG_SIZE_1_0 bytes, is still accepted: the library's pool).
-   * Engine-owned KV pool (CPU backend): NULL, or memory the engine allocated and owns, at least
+   * Engine-owned KV pool: NULL, or memory the engine allocated and owns (CUDA backend: cudaMallocManaged memory of
+   * the worker's GPU, else INVALID_ARGUMENT), at least
    * dhs_pool_bytes_needed() bytes, aligned to DHS_POOL_ALIGNMENT; the library keeps the KV pool there (zeroed at
    * open) instead of allocating it. It must stay valid until dhs_worker_close; the library never frees it. */
   void* engine_pool;
@@ -182,8 +188,9 @@ DHS_EXPORT int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* 
  * On success *out is the worker. On failure *out is still set when out != NULL (like sqlite3_open): a worker handle
  * that only dhs_worker_errmsg and dhs_worker_close accept (the reason is its message); close it.
  * Errors: INVALID_ARGUMENT (a null pointer, a field out of range: the message names it), VERSION (struct_size or the
- * ABI major), UNIMPLEMENTED (the CUDA backend), UNAVAILABLE (memd did not answer), FAILED_PRECONDITION (memd refused
- * the Hello, e.g. another page size), RESOURCE_EXHAUSTED (the KV pool). */
+ * ABI major), UNIMPLEMENTED (the CUDA backend in a libdhs built without CUDA), UNAVAILABLE (memd did not answer),
+ * FAILED_PRECONDITION (memd refused the Hello, e.g. another page size; the CUDA backend: no GPU of that ordinal),
+ * RESOURCE_EXHAUSTED (the KV pool). */
 DHS_EXPORT int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out);
 /* Ends every request still open (their host copies in flight finish first; memd is told Complete) and frees the
  * worker. Pointers into its pools are invalid after it. A closed handle answers DHS_ERR_CLOSED to every call
@@ -461,6 +468,8 @@ DHS_EXPORT int dhs_request_import_plan(dhs_worker* w, uint64_t request, uint64_t
  * committed tokens; the tokens of one call count 0 after the first), each {count, sum (us), bounds (us, ascending),
  * counts (per bucket, not cumulative; the last above every bound)}; requests.ended (completed, failed or rejected)
  * and requests.failures (ended with an error, by the status code's name in lower case: "aborted", ...).
+ * device.backend ("cpu", "cuda") and device.resolver (where dhs_resolve runs: "kernel", the fused resolver kernel on
+ * the GPU; "host", the fused resolver on the CPU; "resident", every row resident).
  * *needed = bytes the text takes with its NUL. Errors: INVALID_ARGUMENT (null), RESOURCE_EXHAUSTED (capacity below
  * *needed: nothing written but *needed). */
 DHS_EXPORT int dhs_worker_stats_json(dhs_worker* w, char* buf, size_t capacity, size_t* needed);

@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
@@ -62,6 +63,14 @@ std::vector<uint8_t> Rows(uint64_t r, int64_t first, uint32_t n) {
   return rows;
 }
 
+// The backend the tests open: DHS_BACKEND_CPU, or DHS_BACKEND_CUDA with DHS_TEST_BACKEND=cuda (tools/gpu_check.sh runs
+// the lifecycle, reclaim, staging and restart cases so on a GPU: the resolver kernel, rows read back from managed
+// memory at base + location).
+uint32_t TestBackend() {
+  const char* b = std::getenv("DHS_TEST_BACKEND");
+  return b != nullptr && std::string_view(b) == "cuda" ? DHS_BACKEND_CUDA : DHS_BACKEND_CPU;
+}
+
 dhs_worker_config Config(const std::string& run_dir, uint32_t optional_pages) {
   dhs_worker_config c;
   std::memset(&c, 0, sizeof c);
@@ -69,7 +78,7 @@ dhs_worker_config Config(const std::string& run_dir, uint32_t optional_pages) {
   c.abi_version = DHS_ABI_VERSION;
   c.run_dir = run_dir.c_str();
   c.mode = DHS_MODE_ADAPTIVE;
-  c.backend = DHS_BACKEND_CPU;
+  c.backend = TestBackend();
   c.sources = kS;
   c.row_bytes = kRow;
   c.indexers = 1;
@@ -383,7 +392,14 @@ TEST(LibdhsNoMemd, OpenChecksItsConfig) {
       {"struct size", [](dhs_worker_config& c) { c.struct_size -= 4; }, DHS_ERR_VERSION, "struct_size"},
       {"abi major", [](dhs_worker_config& c) { c.abi_version = (DHS_ABI_MAJOR + 1) << 16; }, DHS_ERR_VERSION, "ABI"},
       {"run dir", [](dhs_worker_config& c) { c.run_dir = nullptr; }, DHS_ERR_INVALID_ARGUMENT, "run_dir"},
-      {"cuda", [](dhs_worker_config& c) { c.backend = DHS_BACKEND_CUDA; }, DHS_ERR_UNIMPLEMENTED, "CUDA"},
+#ifdef DHS_LIBDHS_CUDA
+      // A libdhs built with CUDA takes the backend: the open goes on to memd (none here).
+      {"cuda", [](dhs_worker_config& c) { c.backend = DHS_BACKEND_CUDA; c.connect_timeout_ms = 300; },
+       DHS_ERR_UNAVAILABLE, ""},
+#else
+      {"cuda", [](dhs_worker_config& c) { c.backend = DHS_BACKEND_CUDA; }, DHS_ERR_UNIMPLEMENTED,
+       "built without CUDA"},
+#endif
       {"backend", [](dhs_worker_config& c) { c.backend = 7; }, DHS_ERR_INVALID_ARGUMENT, "backend"},
       {"mode", [](dhs_worker_config& c) { c.mode = 0; }, DHS_ERR_INVALID_ARGUMENT, "mode"},
       {"page rows", [](dhs_worker_config& c) { c.page_rows = 0; }, DHS_ERR_INVALID_ARGUMENT, "page_rows"},
@@ -628,6 +644,40 @@ TEST_F(LibdhsTest, ForcedReclaimKeepsRowsExact) {
   ASSERT_NO_FATAL_FAILURE(ExpectRows(b, {0, 15}));
   EXPECT_EQ(dhs_request_complete(w_, a), DHS_OK);
   EXPECT_EQ(dhs_request_complete(w_, b), DHS_OK);
+}
+
+// Where dhs_resolve runs (stats' device object): the CPU backend's fused resolver on the host; on the CUDA backend
+// (DHS_TEST_BACKEND=cuda, tools/gpu_check.sh) the resolver kernel, whose rows ForcedReclaimKeepsRowsExact and the
+// other cases of that run read back from managed memory.
+TEST_F(LibdhsTest, StatsNameTheBackendAndWhereResolvesRun) {
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  ASSERT_NO_FATAL_FAILURE(Open(12));
+  const bool cuda = TestBackend() == DHS_BACKEND_CUDA;
+  const nlohmann::json s = Stats();
+  EXPECT_EQ(s["device"]["backend"], cuda ? "cuda" : "cpu") << s.dump();
+  EXPECT_EQ(s["device"]["resolver"], cuda ? "kernel" : "host") << s.dump();
+}
+
+// The CUDA backend takes an engine's pool only as CUDA managed memory (the library writes appended rows into it from
+// the host): host memory is refused with the reason, and nothing is left open.
+TEST_F(LibdhsTest, TheCudaBackendRefusesAnEnginePoolOfHostMemory) {
+  if (TestBackend() != DHS_BACKEND_CUDA) GTEST_SKIP() << "the CUDA backend's case (DHS_TEST_BACKEND=cuda)";
+  ASSERT_NO_FATAL_FAILURE(StartMemd());
+  dhs_worker_config c = Config(dir_.path(), 12);
+  uint64_t need = 0;
+  ASSERT_EQ(dhs_pool_bytes_needed(&c, &need), DHS_OK);
+  void* host = std::aligned_alloc(DHS_POOL_ALIGNMENT, (need + DHS_POOL_ALIGNMENT - 1) / DHS_POOL_ALIGNMENT *
+                                                          DHS_POOL_ALIGNMENT);
+  ASSERT_NE(host, nullptr);
+  c.engine_pool = host;
+  c.engine_pool_bytes = need;
+  dhs_worker* w = nullptr;
+  EXPECT_EQ(dhs_worker_open(&c, &w), DHS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dhs_worker_errmsg(w)).find("managed memory"), std::string::npos) << dhs_worker_errmsg(w);
+  EXPECT_EQ(dhs_worker_close(w), DHS_OK);
+  std::free(host);
+  // The GPU's worker is free again: an open without the engine's pool succeeds.
+  ASSERT_NO_FATAL_FAILURE(Open(12));
 }
 
 // A page whose rows are all appended but held (a speculative round not committed yet) is not complete: it has no

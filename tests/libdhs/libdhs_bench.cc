@@ -8,6 +8,9 @@
 //   Api:     the same calls through libdhs (dhs_request_append, dhs_resolve, dhs_readers_done) against a real memd
 //            ($MEMD), the requests admitted by memd first;
 //   ApiPoll: Api plus one dhs_worker_poll per step, as an engine must.
+// DHS_BENCH_BACKEND=cuda (a CUDA build, tools/gpu_check.sh on a GPU): Direct and Port run on a CudaDevice with managed
+// pools, the host pool pinned and mapped and the resolver kernel (the device libdhs's CUDA backend opens:
+// libdhs/region_device_cuda.cc), and Api on DHS_BACKEND_CUDA; the "kernel" counter says where resolves ran.
 // One step: 8 appends (one position, every source, every indexer's key), 5 resolves of 8 queries each, each followed
 // by its readers-done. Selections are the same for both (seeded), 512 rows of history at the start. Prints time per
 // step, and for the API runs the prefill's dhs_request_append of 512 positions per request (prefill_append_us);
@@ -22,6 +25,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -30,6 +34,11 @@
 #include "workerd/device/cpu_device.h"
 #include "libdhs/kv_port.h"
 #include "workerd/kv/hierarchical_kv_access.h"
+#ifdef DHS_HAVE_CUDA
+#include "workerd/device/cuda_device.h"
+#include "workerd/kv/cuda_plan_runner.h"
+#include "workerd/kv/kernel_resolver.h"
+#endif
 
 namespace {
 
@@ -65,9 +74,31 @@ const std::vector<float>& Keys() {
   return keys;
 }
 
+bool CudaBench() {
+  const char* b = std::getenv("DHS_BENCH_BACKEND");
+  return b != nullptr && std::string_view(b) == "cuda";
+}
+
+// The device of the Direct and Port runs: a CpuDevice, or with DHS_BENCH_BACKEND=cuda a CudaDevice as libdhs's CUDA
+// backend makes it (managed pools, `host` pinned and mapped, the resolver kernel); nullptr when this build has no CUDA.
+std::unique_ptr<dhs::Device> BenchDevice(std::span<uint8_t> host) {
+  if (!CudaBench()) return std::make_unique<dhs::CpuDevice>();
+#ifdef DHS_HAVE_CUDA
+  auto cuda = dhs::CudaDevice::Create(dhs::CudaDeviceOptions{0, /*managed_pools=*/true});
+  DHS_CHECK_OK(cuda.status());
+  DHS_CHECK_OK((*cuda)->RegisterHostPool(host).status());
+  dhs::SetDevicePlanRunner(dhs::plan::CudaPlanRunner());
+  return *std::move(cuda);
+#else
+  (void)host;
+  return nullptr;
+#endif
+}
+
 void BM_Direct(benchmark::State& state, bool through_port) {
-  dhs::CpuDevice device;
   std::vector<uint8_t> host(512 * kHostPageBytes);
+  const std::unique_ptr<dhs::Device> device = BenchDevice(host);
+  if (device == nullptr) return state.SkipWithError("DHS_BENCH_BACKEND=cuda: this build has no CUDA");
   uint32_t next_host = 0;
   dhs::HostPoolAccess pool{host, [&]() -> std::optional<dhs::PageIndex> { return next_host++; }, [](dhs::PageIndex) {}};
   dhs::KvConfig c;
@@ -80,8 +111,9 @@ void BM_Direct(benchmark::State& state, bool through_port) {
   c.slots = kBatch;
   c.optional_pages = 64;
   c.key_bytes.assign(kIdx, kKey);
-  auto kv = dhs::HierarchicalKvAccess::Create(c, &device, pool, dhs::ResolverKind::kFused);
+  auto kv = dhs::HierarchicalKvAccess::Create(c, device.get(), pool, dhs::ResolverKind::kFused);
   DHS_CHECK_OK(kv.status());
+  state.counters["kernel"] = (*kv)->resolves_on_device() ? 1 : 0;
   dhs::lib::HierarchicalPortStore store(kv->get());
   dhs::lib::KvPort port(&store);
   dhs::lib::PortKvAccess port_kv(&port);
@@ -156,7 +188,7 @@ void BM_Api(benchmark::State& state, bool poll) {
   c.abi_version = DHS_ABI_VERSION;
   c.run_dir = node.dir.path().c_str();
   c.mode = DHS_MODE_ADAPTIVE;
-  c.backend = DHS_BACKEND_CPU;
+  c.backend = CudaBench() ? DHS_BACKEND_CUDA : DHS_BACKEND_CPU;
   c.sources = kS;
   c.row_bytes = kRow;
   c.indexers = kIdx;
@@ -171,6 +203,13 @@ void BM_Api(benchmark::State& state, bool poll) {
   if (dhs_worker_open(&c, &node.w) != DHS_OK) {
     state.SkipWithError(dhs_worker_errmsg(node.w));
     return;
+  }
+  {
+    size_t need = 0;
+    dhs_worker_stats_json(node.w, nullptr, 0, &need);
+    std::string stats(need, '\0');
+    dhs_worker_stats_json(node.w, stats.data(), stats.size(), &need);
+    state.counters["kernel"] = stats.find("\"resolver\":\"kernel\"") != std::string::npos ? 1 : 0;
   }
   dhs_request_desc d{};
   d.struct_size = sizeof d;

@@ -123,14 +123,35 @@ CudaDevice::~CudaDevice() {
   }
   if (compute_ != nullptr) cudaStreamSynchronize(compute_);
   for (auto& st : in_flight_) st->Done();  // settles their status while the context is alive
-  for (Pool& p : pools_) cudaFree(p.ptr);
+  for (const MappedPool& m : mapped_) cudaHostUnregister(const_cast<uint8_t*>(m.host));  // while still mapped
+  for (Pool& p : pools_) {
+    if (p.owned) cudaFree(p.ptr);
+  }
   for (cudaStream_t s : streams_) {
     if (s != nullptr) cudaStreamDestroy(s);
   }
   if (compute_ != nullptr) cudaStreamDestroy(compute_);
 }
 
+void CudaDevice::UseCallerMemoryForNextPool(uint8_t* base, uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  caller_pools_.emplace_back(base, bytes);
+}
+
 absl::StatusOr<PoolId> CudaDevice::AllocatePool(uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!caller_pools_.empty()) {
+      const auto [base, held] = caller_pools_.front();
+      caller_pools_.pop_front();
+      if (bytes > held) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CudaDevice: the caller's pool holds ", held, " bytes; ", bytes, " are needed"));
+      }
+      pools_.push_back(Pool{base, bytes, /*owned=*/false});
+      return static_cast<PoolId>(pools_.size() - 1);
+    }
+  }
   cudaSetDevice(options_.device);
   void* p = nullptr;
   const cudaError_t e = options_.managed_pools ? cudaMallocManaged(&p, std::max<uint64_t>(bytes, 1))

@@ -63,6 +63,11 @@ class CudaDevice final : public Device, public DeviceCompute {
   CudaDevice& operator=(const CudaDevice&) = delete;
 
   absl::StatusOr<PoolId> AllocatePool(uint64_t bytes) override;
+  // The next AllocatePool adopts [base, base + bytes) instead of allocating (as CpuDevice's): memory the caller owns
+  // and the device addresses (a part of another pool: libdhs's region, libdhs/region_device.h; or an engine's
+  // cudaMallocManaged block). It is neither zero-filled nor freed here; AllocatePool fails (INVALID_ARGUMENT) when it
+  // asks for more than `bytes`.
+  void UseCallerMemoryForNextPool(uint8_t* base, uint64_t bytes);
   uint64_t PoolBytes(PoolId pool) const override;
   CopyEvent CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) override;
   CopyEvent CopyDeviceToHost(std::span<const DeviceToHostCopy> ops, std::span<const CopyEvent> after) override;
@@ -116,6 +121,7 @@ class CudaDevice final : public Device, public DeviceCompute {
   struct Pool {
     uint8_t* ptr = nullptr;
     uint64_t bytes = 0;
+    bool owned = true;  // false: the caller's memory (UseCallerMemoryForNextPool), never freed here
   };
 
   explicit CudaDevice(const CudaDeviceOptions& options);
@@ -131,6 +137,7 @@ class CudaDevice final : public Device, public DeviceCompute {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Pool> pools_;
+  std::deque<std::pair<uint8_t*, uint64_t>> caller_pools_;  // UseCallerMemoryForNextPool: (base, bytes), in order
   std::deque<Job> queue_;
   std::vector<std::shared_ptr<State>> in_flight_;  // issued on a stream, not yet seen complete
   bool stop_ = false;

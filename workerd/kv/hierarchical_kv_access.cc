@@ -47,6 +47,10 @@ HierarchicalKvAccess::~HierarchicalKvAccess() {
   }
 }
 
+bool HierarchicalKvAccess::resolves_on_device() const {
+  return dynamic_cast<const KernelResolver*>(resolver_.get()) != nullptr;
+}
+
 absl::StatusOr<std::unique_ptr<HierarchicalKvAccess>> HierarchicalKvAccess::Create(const KvConfig& config,
                                                                                     Device* device,
                                                                                     HostPoolAccess host,

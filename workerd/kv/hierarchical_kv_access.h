@@ -237,6 +237,9 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   // Test/introspection: the request's state, or nullptr.
   const RequestKv* Find(RequestId request) const;
   FusedResolver* fused_resolver() { return dynamic_cast<FusedResolver*>(resolver_.get()); }
+  // True when resolves run the resolver kernel on the device (KernelResolver: a device with a compute side and the
+  // process's plan runner set); false when the fused (or reference) resolver runs on the host.
+  bool resolves_on_device() const;
 
  private:
   HierarchicalKvAccess(KvLayout layout, Device* device, HostPoolAccess host);
