@@ -268,11 +268,11 @@ int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out) {
   }
   try {
     dhs::lib::EmbeddedConfig c = ToEmbedded(*config);
-    dhs::lib::RegionDeviceMaker make_device = dhs::lib::CpuRegionDevice;
+    dhs::lib::RegionBackend backend = dhs::lib::kCpuRegion;
 #ifdef DHS_HAVE_CUDA
-    if (config->backend == DHS_BACKEND_CUDA) make_device = dhs::lib::CudaRegionDevice;
+    if (config->backend == DHS_BACKEND_CUDA) backend = dhs::lib::kCudaRegion;
 #endif
-    absl::StatusOr<std::unique_ptr<EmbeddedWorker>> opened = EmbeddedWorker::Open(c, make_device);
+    absl::StatusOr<std::unique_ptr<EmbeddedWorker>> opened = EmbeddedWorker::Open(c, backend);
     if (!opened.ok()) return Fail(w, ToCode(opened.status()), std::string(opened.status().message()));
     w->worker = *std::move(opened);
     const char* check = std::getenv("DHS_CHECK_INVARIANTS");

@@ -35,19 +35,24 @@ EmbeddedEvent Event(EmbeddedEvent::Kind kind, RequestId request, absl::Status st
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Open(const EmbeddedConfig& config,
-                                                                      RegionDeviceMaker make_device) {
+                                                                      const RegionBackend& backend) {
   if (config.run_dir.empty()) return absl::InvalidArgumentError("dhs_worker_config: run_dir is empty");
   absl::StatusOr<wire::HelloT> hello = HelloOf(config);  // the shape checked (CheckShape) before connecting
   if (!hello.ok()) return hello.status();
   absl::StatusOr<RegionLayout> region = RegionOf(config);
   if (!region.ok()) return region.status();
   if (absl::Status s = CheckEnginePool(config, *region); !s.ok()) return s;
+  // The backend's own checks (the GPU, the engine pool's kind) before memd hears a Hello: a refused open must not
+  // register this GPU's shape at memd or spend an epoch.
+  if (backend.check != nullptr) {
+    if (absl::Status s = backend.check(config); !s.ok()) return s;
+  }
   absl::StatusOr<std::unique_ptr<MemdClient>> memd =
       MemdClient::Connect(config.run_dir, *hello, std::chrono::milliseconds(config.connect_timeout_ms));
   if (!memd.ok()) return memd.status();
   std::unique_ptr<MemdClient> client = *std::move(memd);
   MemdTransport* link = client.get();
-  return Build(config, *region, *std::move(hello), std::move(client), *link, nullptr, make_device);
+  return Build(config, *region, *std::move(hello), std::move(client), *link, nullptr, backend.make);
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::OpenOver(const EmbeddedConfig& config,
@@ -84,7 +89,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedWorker>> EmbeddedWorker::Build(const Embe
                                                                        const RegionLayout& region, wire::HelloT hello,
                                                                        std::unique_ptr<MemdTransport> owned,
                                                                        MemdTransport& memd, Device* device,
-                                                                       RegionDeviceMaker make_device) {
+                                                                       decltype(RegionBackend::make) make_device) {
   std::unique_ptr<EmbeddedWorker> w(new EmbeddedWorker(config));
   w->owned_memd_ = std::move(owned);
   w->memd_ = &memd;
@@ -189,10 +194,11 @@ EmbeddedWorker::~EmbeddedWorker() {
   agent_ = nullptr;
   kv_ = nullptr;
   stack_.reset();
-  memd_ = nullptr;
-  owned_memd_.reset();
+  // The device before the memd link: a CUDA device unpins memd's host pool, which the link's mapping still holds.
   device_ = nullptr;
   owned_device_.reset();
+  memd_ = nullptr;
+  owned_memd_.reset();
 }
 
 absl::StatusOr<std::span<uint8_t>> EmbeddedWorker::Pool() const {

@@ -1,14 +1,16 @@
 // libdhs/embedded_worker.h: the C++ core behind include/dhs/dhs.h (issue 25): one GPU's worker side of the KV
 // hierarchy without a model, for an engine that brings its own. It wires the classes workerd uses below its batching
-// loop: a Device (CpuDevice), the memd conversation (a MemdTransport: the MemdClient it connects, or one the caller
-// holds: OpenOver; Hello, host pool, memd's messages), and workerd's KvStack (the same
-// class the Worker holds): HierarchicalKvAccess (tail, hot cache, ready map, host copies, the fused resolver) and the
-// ResidencyAgent (memd's orders carried out: reclaim, population, backups; memd away's KV half). The engine sees requests and events, never a memd order.
+// loop: a Device (the library's, region_device.h: CpuDevice or CudaDevice; or the caller's: OpenOver), the memd
+// conversation (a MemdTransport: the MemdClient it connects, or one the caller holds: OpenOver; Hello, host pool,
+// memd's messages), and workerd's KvStack (the same class the Worker holds): HierarchicalKvAccess (tail, hot cache,
+// ready map, host copies, the fused resolver) and the ResidencyAgent (memd's orders carried out: reclaim, population,
+// backups; memd away's KV half). The engine sees requests and events, never a memd order.
 //
 // Owns: the device, the memd connection, the KV store, the agent, the requests' lifecycle in workerd's RequestBook
 // (workerd/request_book.h: the one phase enum and table of both; an engine's request is a detached one, its caller its
 // client: unsent / waiting / queued while it waits for its grant, granted -> active at once, ending when completed while
-// memd is away), each request's declared rows (its KV through KvPort), and the events for the engine. dhs.cc is the thin C wrapper (argument checks of the C structs, handles, messages).
+// memd is away), each request's declared rows (its KV through KvPort), and the events for the engine. dhs.cc is the
+// thin C wrapper (argument checks of the C structs, handles, messages).
 //
 // Thread-safety: none; dhs.cc serialises the calls on one worker with its mutex.
 #pragma once
@@ -83,10 +85,11 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
   // Checks the shape (INVALID_ARGUMENT naming the field), connects to memd (MemdClient::Connect's errors), maps its
   // host pool and allocates the KV pool (HierarchicalKvAccess::Create's errors).
   // An engine pool (config.engine_pool) must be aligned to kEnginePoolAlignment and hold RegionOf(config).bytes bytes
-  // (INVALID_ARGUMENT otherwise); it is zeroed and used as the KV pool (CpuDevice::UseCallerMemoryForNextPool).
-  // `make_device`: the backend (region_device.h: CpuRegionDevice, or CudaRegionDevice in a CUDA build) and its errors.
+  // (INVALID_ARGUMENT otherwise); it is zeroed and used as the region (the device's UseCallerMemoryForNextPool).
+  // `backend`: the device (region_device.h: kCpuRegion, or kCudaRegion in a CUDA build); its check runs before memd
+  // is contacted, and its errors are Open's.
   static absl::StatusOr<std::unique_ptr<EmbeddedWorker>> Open(const EmbeddedConfig& config,
-                                                              RegionDeviceMaker make_device = CpuRegionDevice);
+                                                              const RegionBackend& backend = kCpuRegion);
   // The same worker over a memd conversation the caller holds (issue 25: the library takes its memd link from
   // outside; a test's in-process fake memd, tests/workerd/worker_test_util.h): `memd` answered HelloOf(config) (its
   // host pool, epoch and interrupted requests are read from it), is not owned and must outlive the worker. Nothing
@@ -259,7 +262,7 @@ class EmbeddedWorker final : private MemdHandler, private ReturnHandler {
                                                                const RegionLayout& region, wire::HelloT hello,
                                                                std::unique_ptr<MemdTransport> owned,
                                                                MemdTransport& memd, Device* device,
-                                                               RegionDeviceMaker make_device);
+                                                               decltype(RegionBackend::make) make_device);
   // Request `id` (r) leaves the worker: the recorder's end (finished, or failed with `error`). The caller erases it
   // and counts it.
   void RecordEnd(RequestId id, const Request& r, const absl::Status& error);

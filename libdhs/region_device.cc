@@ -1,4 +1,4 @@
-// libdhs/region_device.cc: see region_device.h (the CPU backend's maker; the CUDA one is region_device_cuda.cc).
+// libdhs/region_device.cc: see region_device.h (the CPU backend; the CUDA one is region_device_cuda.cc).
 #include "libdhs/region_device.h"
 
 #include <cstring>

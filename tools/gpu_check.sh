@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 targets=(tests/gpu/cuda_device_test tests/gpu/resolver_gpu_test tests/gpu/gpu_bench tests/workerd/resolver_plan_test
-         tests/libdhs/libdhs_api_test tests/libdhs/libdhs_bench memd/memd)
+         tests/libdhs/libdhs_api_test tests/libdhs/libdhs_bench tests/gpu/libdhs_device_pool_test memd/memd)
 jobs=$(nproc 2>/dev/null || echo 4)
 if [[ -z "${NVCC:-}" ]] && ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export NVCC=/usr/local/cuda/bin/nvcc
@@ -118,9 +118,13 @@ run_test resolver_gpu_test 240 "$(path_of tests/gpu/resolver_gpu_test)"
 if nvidia-smi -L >/dev/null 2>&1; then
   run_test libdhs_cuda_test 300 env DHS_TEST_BACKEND=cuda MEMD="$(path_of memd/memd)" DHS_CHECK_INVARIANTS=1 \
     "$(path_of tests/libdhs/libdhs_api_test)" --gtest_filter=-LibdhsTest.EngineOwnedPool:LibdhsTest.AWorkerOfAnotherGpuServes
+  # ... and over an engine pool of plain device memory (cudaMalloc): rows copied back from the device and compared.
+  run_test libdhs_device_pool_test 120 env MEMD="$(path_of memd/memd)" DHS_CHECK_INVARIANTS=1 \
+    "$(path_of tests/gpu/libdhs_device_pool_test)"
 else
   result[libdhs_cuda_test]=SKIP
-  echo "test libdhs_cuda_test: SKIP (no GPU)"
+  result[libdhs_device_pool_test]=SKIP
+  echo "test libdhs_cuda_test, libdhs_device_pool_test: SKIP (no GPU)"
 fi
 
 # ---- 3. bench
@@ -137,6 +141,8 @@ fi
 python3 - "$out" "$build_mode" "$(( $(date +%s) - t0 ))" \
   "resolver_plan_test=${result[resolver_plan_test]}" "cuda_device_test=${result[cuda_device_test]}" \
   "resolver_gpu_test=${result[resolver_gpu_test]}" "libdhs_cuda_test=${result[libdhs_cuda_test]}" \
+  "libdhs_device_pool_test=${result[libdhs_device_pool_test]}" \
+  "libdhs_bench.cpu=${result[libdhs_bench.cpu]:-SKIP}" "libdhs_bench.cuda=${result[libdhs_bench.cuda]:-SKIP}" \
   "gpu_bench=${result[gpu_bench]}" <<'PY'
 import json, os, sys
 out, build_mode, elapsed = sys.argv[1], sys.argv[2], int(sys.argv[3])

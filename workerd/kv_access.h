@@ -29,7 +29,8 @@ struct KvQuery {
   std::span<const Position> selection;  // k entries, in the model's selection order
   // Output, laid out [source index in the Fetch call][j], i.e. sources.size() * selection.size() entries.
   // rows_out[s * k + j] points at d_KV bytes of row selection[j] of sources[s]; nullptr where selection[j] == -1.
-  // Valid until ReadersDone() for these sources.
+  // A host address where the device's memory is host-visible (the CPU backend, CUDA managed pools), else the device's
+  // address of the row (CUDA device memory, read only by kernels). Valid until ReadersDone() for these sources.
   std::span<const uint8_t*> rows_out;
   // The position of the query that made this selection (a round's query j sits at n_r + j, brief §6), or
   // kNoPosition when unknown. A store that serves a round's union through staging (workerd/kv) uses it to group a

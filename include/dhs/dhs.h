@@ -94,11 +94,13 @@ typedef enum dhs_mode {
 typedef enum dhs_backend {
   DHS_BACKEND_CPU = 1, /* the CPU device (brief §9): pools are host memory the engine can read */
   DHS_BACKEND_CUDA = 2 /* the CUDA device of ordinal `gpu` (a libdhs built with CUDA; otherwise dhs_worker_open answers
-                          DHS_ERR_UNIMPLEMENTED): the pools are CUDA managed memory (cudaMallocManaged) that the
-                          engine's kernels read at base + location and the library writes appended rows into from the
-                          host; memd's host pool is pinned and mapped, and dhs_resolve runs the fused resolver kernel
-                          on the device (host recoveries are device-side reads of pinned memory). The engine
-                          synchronises its own streams before it appends rows its kernels computed. */
+                          DHS_ERR_UNIMPLEMENTED). The library's pool is CUDA managed memory (host-visible); an engine's
+                          pool (engine_pool) is managed or plain device memory of that GPU (cudaMalloc: a framework's
+                          CUDA tensor; not in resident mode). The engine's kernels read row `location` at
+                          base + location. memd's host pool is pinned and mapped, and dhs_resolve runs the fused
+                          resolver kernel on the device (host recoveries are device-side reads of pinned memory).
+                          `rows` of the appends stay host memory; the engine synchronises its own streams before it
+                          appends rows its kernels computed. */
 } dhs_backend;
 
 /* The worker's shape (brief §8) and where its memd is. Every source has the same row size (d_KV = row_bytes); each
@@ -122,8 +124,8 @@ typedef struct dhs_worker_config {
   uint64_t hbm_budget_bytes;  /* GPU bytes for optional history: M = budget / (p * S * d_KV) pages, >= 1 */
   uint32_t connect_timeout_ms; /* how long open waits for memd's HelloReply (0: 5000) */
   /* ABI 1.1 (a 1.0 caller's struct, DHS_WORKER_CONFIG_SIZE_1_0 bytes, is still accepted: the library's pool).
-   * Engine-owned KV pool: NULL, or memory the engine allocated and owns (CUDA backend: cudaMallocManaged memory of
-   * the worker's GPU, else INVALID_ARGUMENT), at least
+   * Engine-owned KV pool: NULL, or memory the engine allocated and owns (CUDA backend: device or managed memory of
+   * the worker's GPU, managed in resident mode; else INVALID_ARGUMENT), at least
    * dhs_pool_bytes_needed() bytes, aligned to DHS_POOL_ALIGNMENT; the library keeps the KV pool there (zeroed at
    * open) instead of allocating it. It must stay valid until dhs_worker_close; the library never frees it. */
   void* engine_pool;
@@ -188,9 +190,12 @@ DHS_EXPORT int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* 
  * On success *out is the worker. On failure *out is still set when out != NULL (like sqlite3_open): a worker handle
  * that only dhs_worker_errmsg and dhs_worker_close accept (the reason is its message); close it.
  * Errors: INVALID_ARGUMENT (a null pointer, a field out of range: the message names it), VERSION (struct_size or the
- * ABI major), UNIMPLEMENTED (the CUDA backend in a libdhs built without CUDA), UNAVAILABLE (memd did not answer),
- * FAILED_PRECONDITION (memd refused the Hello, e.g. another page size; the CUDA backend: no GPU of that ordinal),
- * RESOURCE_EXHAUSTED (the KV pool). */
+ * ABI major), UNIMPLEMENTED (the CUDA backend in a libdhs built without CUDA), UNAVAILABLE (memd did not answer; the
+ * CUDA backend: memd's host pool could not be pinned, a CUDA call failed), FAILED_PRECONDITION (memd refused the
+ * Hello, e.g. another page size; the CUDA backend: no GPU of that ordinal), RESOURCE_EXHAUSTED (the KV pool). The
+ * CUDA backend's checks (the GPU, engine_pool's kind: INVALID_ARGUMENT) come before memd hears a Hello. On the CUDA
+ * backend every call on the worker may make its GPU the calling thread's current CUDA device (cudaSetDevice): an
+ * engine that drives several GPUs from one thread sets its own device again after them. */
 DHS_EXPORT int dhs_worker_open(const dhs_worker_config* config, dhs_worker** out);
 /* Ends every request still open (their host copies in flight finish first; memd is told Complete) and frees the
  * worker. Pointers into its pools are invalid after it. A closed handle answers DHS_ERR_CLOSED to every call

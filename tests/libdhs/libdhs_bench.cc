@@ -10,7 +10,8 @@
 //   ApiPoll: Api plus one dhs_worker_poll per step, as an engine must.
 // DHS_BENCH_BACKEND=cuda (a CUDA build, tools/gpu_check.sh on a GPU): Direct and Port run on a CudaDevice with managed
 // pools, the host pool pinned and mapped and the resolver kernel (the device libdhs's CUDA backend opens:
-// libdhs/region_device_cuda.cc), and Api on DHS_BACKEND_CUDA; the "kernel" counter says where resolves ran.
+// libdhs/region_device_cuda.cc), and Api on DHS_BACKEND_CUDA; ApiPollDevicePool (CUDA only) is ApiPoll over an engine
+// pool of plain device memory (cudaMalloc) instead of managed memory. The "kernel" counter says where resolves ran.
 // One step: 8 appends (one position, every source, every indexer's key), 5 resolves of 8 queries each, each followed
 // by its readers-done. Selections are the same for both (seeded), 512 rows of history at the start. Prints time per
 // step, and for the API runs the prefill's dhs_request_append of 512 positions per request (prefill_append_us);
@@ -171,12 +172,23 @@ struct ApiNode {
   }
 };
 
-void BM_Api(benchmark::State& state, bool poll) {
+// poll: one dhs_worker_poll per step. device_pool (the CUDA backend only): the engine's pool is plain device memory
+// (cudaMalloc), not the library's managed pool.
+void BM_Api(benchmark::State& state, bool poll, bool device_pool) {
   const char* memd_bin = std::getenv("MEMD");
   if (memd_bin == nullptr) {
     state.SkipWithError("MEMD is not set");
     return;
   }
+  // The engine's device pool (device_pool) outlives the node: the worker closes over it first.
+  struct DevicePool {
+    void* p = nullptr;
+    ~DevicePool() {
+#ifdef DHS_HAVE_CUDA
+      if (p != nullptr) cudaFree(p);
+#endif
+    }
+  } engine_pool;
   ApiNode node;
   node.memd = std::make_unique<dhs::testing::ChildProcess>(std::vector<std::string>{
       memd_bin, "--run-dir", node.dir.path(), "--page-bytes", std::to_string(kHostPageBytes), "--host-pool-pages",
@@ -200,6 +212,19 @@ void BM_Api(benchmark::State& state, bool poll) {
   c.slots = kBatch;
   c.hbm_budget_bytes = uint64_t{400} * kP * kS * kRow;
   c.connect_timeout_ms = 10000;
+  if (device_pool) {
+#ifdef DHS_HAVE_CUDA
+    if (!CudaBench()) return state.SkipWithError("the CUDA backend's variant (DHS_BENCH_BACKEND=cuda)");
+    uint64_t need = 0;
+    if (dhs_pool_bytes_needed(&c, &need) != DHS_OK || cudaMalloc(&engine_pool.p, need) != cudaSuccess) {
+      return state.SkipWithError("no device memory for the engine's pool");
+    }
+    c.engine_pool = engine_pool.p;
+    c.engine_pool_bytes = need;
+#else
+    return state.SkipWithError("the CUDA backend's variant: this build has no CUDA");
+#endif
+  }
   if (dhs_worker_open(&c, &node.w) != DHS_OK) {
     state.SkipWithError(dhs_worker_errmsg(node.w));
     return;
@@ -277,13 +302,15 @@ void BM_Api(benchmark::State& state, bool poll) {
   state.counters["requests"] = kBatch;
 }
 
-void BM_ApiNoPoll(benchmark::State& state) { BM_Api(state, false); }
-void BM_ApiPoll(benchmark::State& state) { BM_Api(state, true); }
+void BM_ApiNoPoll(benchmark::State& state) { BM_Api(state, false, false); }
+void BM_ApiPoll(benchmark::State& state) { BM_Api(state, true, false); }
+void BM_ApiPollDevicePool(benchmark::State& state) { BM_Api(state, true, true); }
 
 BENCHMARK_CAPTURE(BM_Direct, Direct, false)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Direct, Port, true)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ApiNoPoll)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ApiPoll)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ApiPollDevicePool)->Iterations(kSteps)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -161,9 +161,13 @@ absl::StatusOr<PoolId> CudaDevice::AllocatePool(uint64_t bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("CudaDevice: cannot allocate a pool of ", bytes, " bytes: ", cudaGetErrorName(e)));
   }
-  if (absl::Status s = CudaStatus(cudaMemset(p, 0, bytes), "CudaDevice: zero-fill of a pool"); !s.ok()) {
+  // cudaMemset may return before it completes, and the copy streams (non-blocking) do not wait for the default
+  // stream: synchronised before the pool is handed out.
+  absl::Status zeroed = CudaStatus(cudaMemset(p, 0, bytes), "CudaDevice: zero-fill of a pool");
+  if (zeroed.ok()) zeroed = CudaStatus(cudaDeviceSynchronize(), "CudaDevice: zero-fill of a pool");
+  if (!zeroed.ok()) {
     cudaFree(p);
-    return s;
+    return zeroed;
   }
   std::lock_guard<std::mutex> l(mu_);
   pools_.push_back(Pool{static_cast<uint8_t*>(p), bytes});

@@ -65,8 +65,8 @@ class CudaDevice final : public Device, public DeviceCompute {
   absl::StatusOr<PoolId> AllocatePool(uint64_t bytes) override;
   // The next AllocatePool adopts [base, base + bytes) instead of allocating (as CpuDevice's): memory the caller owns
   // and the device addresses (a part of another pool: libdhs's region, libdhs/region_device.h; or an engine's
-  // cudaMallocManaged block). It is neither zero-filled nor freed here; AllocatePool fails (INVALID_ARGUMENT) when it
-  // asks for more than `bytes`.
+  // cudaMalloc or cudaMallocManaged block). It is neither zero-filled nor freed here; AllocatePool fails
+  // (INVALID_ARGUMENT) when it asks for more than `bytes`.
   void UseCallerMemoryForNextPool(uint8_t* base, uint64_t bytes);
   uint64_t PoolBytes(PoolId pool) const override;
   CopyEvent CopyHostToDevice(std::span<const HostToDeviceCopy> ops, std::span<const CopyEvent> after) override;

@@ -47,6 +47,12 @@ HierarchicalKvAccess::~HierarchicalKvAccess() {
   }
 }
 
+const uint8_t* HierarchicalKvAccess::RowAddress(PoolId pool, Location offset) const {
+  if (const uint8_t* host = device_->HostVisible(pool, offset); host != nullptr) return host;
+  const DeviceCompute* compute = device_->Compute();
+  return compute != nullptr ? compute->PoolAddress(pool, offset) : nullptr;
+}
+
 bool HierarchicalKvAccess::resolves_on_device() const {
   return dynamic_cast<const KernelResolver*>(resolver_.get()) != nullptr;
 }
@@ -996,7 +1002,7 @@ absl::Status HierarchicalKvAccess::Fetch(std::span<const SourceId> sources, std:
     const size_t k = batch[i].selection.size();
     for (size_t e = 0; e < locs[i].size(); ++e) {
       const Location l = locs[i][e];
-      batch[i].rows_out[e] = l == kNoLocation ? nullptr : device_->HostVisible(pool_, l);
+      batch[i].rows_out[e] = l == kNoLocation ? nullptr : RowAddress(pool_, l);
       if (l != kNoLocation) read.push_back(DeviceRange{pool_, l, layout_.row_bytes(sources[e / k])});
     }
   }
@@ -1246,7 +1252,7 @@ void HierarchicalKvAccess::PublishStagedReads(StagedFetch& f) {
     const size_t k = batch[i].selection.size();
     for (size_t e = 0; e < f.locs[i].size(); ++e) {
       const Location l = f.locs[i][e];
-      batch[i].rows_out[e] = l == kNoLocation ? nullptr : device_->HostVisible(pool_, l);
+      batch[i].rows_out[e] = l == kNoLocation ? nullptr : RowAddress(pool_, l);
       if (l != kNoLocation) read.push_back(DeviceRange{pool_, l, layout_.row_bytes(f.sources[e / k])});
     }
   }
@@ -1268,7 +1274,7 @@ void HierarchicalKvAccess::PublishStagedReads(StagedFetch& f) {
                   ? f.StagingRow(staging_shape_, staging_pool_id_, c, si, r.kv->slot, at.index)
                   : DeviceRange{pool_, r.out[si * r.unified.size() + r.unified_index.at(t)],
                                 c.row_bytes[f.sources[si]]};
-          row = device_->HostVisible(range.pool, range.offset);
+          row = RowAddress(range.pool, range.offset);
           read.push_back(range);
         }
       }

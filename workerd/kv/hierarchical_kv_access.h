@@ -283,6 +283,10 @@ class HierarchicalKvAccess final : public KvAccess, public KvResidency {
   Device* device_;
   HostPoolAccess host_;
   PoolId pool_ = 0;
+  // Where a Fetch's rows_out points: the host address of the row where the device's memory is host-visible (the CPU
+  // backend, CUDA managed pools), else its device address (CUDA device memory: libdhs's engine pool of plain device
+  // memory, which only offsets and the engine's kernels read); nullptr out of range.
+  const uint8_t* RowAddress(PoolId pool, Location offset) const;
   std::unique_ptr<Resolver> resolver_;
   absl::flat_hash_map<RequestId, std::unique_ptr<RequestKv>> requests_;
   std::vector<bool> slot_used_;
