@@ -668,6 +668,11 @@ absl::Status EmbeddedWorker::Resolve(std::span<const SourceId> sources, std::spa
   for (Query& q : queries) {
     for (size_t j = 0; j < q.locations.size(); ++j, ++at) {
       const uint8_t* p = out[at];
+      if (p == nullptr && q.selection[j % q.selection.size()] != kNoPosition) {
+        // A device with neither host-visible memory nor a compute side would give no address for a real row: an
+        // error, never padding the engine would take for "not selected".
+        return absl::InternalError("the device gave no address for a selected row");
+      }
       if (p == nullptr) {
         q.locations[j] = -1;
       } else if (p < pool->data() || p + config_.row_bytes > pool->data() + pool->size()) {

@@ -1,5 +1,4 @@
 // libdhs/region_device_cuda.cc: see region_device.h (the CUDA backend; built into libdhs with CUDA only).
-#include <cstring>
 #include <mutex>
 
 #include <cuda_runtime_api.h>
@@ -61,15 +60,14 @@ absl::StatusOr<RegionDevice> CudaRegionDevice(const EmbeddedConfig& config, cons
   if (!made.ok()) return made.status();
   std::unique_ptr<CudaDevice> cuda = *std::move(made);
   uint8_t* base = config.engine_pool;
-  if (*device_memory) {
-    // cudaMemset of device memory may return before it completes, and the device's copy streams do not wait for the
-    // default stream: synchronised here, before the first append's copy.
+  if (base != nullptr) {
+    // Zeroed on the GPU (a host memset would pull every managed page to the host), as an allocated region starts.
+    // cudaMemset may return before it completes, and the device's copy streams do not wait for the default stream:
+    // synchronised here, before the first append's copy.
     if (absl::Status s = CudaStatus(cudaMemset(base, 0, region.bytes), "libdhs: zero-fill of engine_pool"); !s.ok()) {
       return s;
     }
     if (absl::Status s = CudaStatus(cudaDeviceSynchronize(), "libdhs: zero-fill of engine_pool"); !s.ok()) return s;
-  } else if (base != nullptr) {
-    std::memset(base, 0, region.bytes);  // as an allocated region starts (managed memory: the host may write it)
   } else {
     absl::StatusOr<PoolId> whole = cuda->AllocatePool(region.bytes);  // managed, zero-filled
     if (!whole.ok()) return whole.status();

@@ -191,7 +191,8 @@ DHS_EXPORT int dhs_pool_bytes_needed(const dhs_worker_config* config, uint64_t* 
  * that only dhs_worker_errmsg and dhs_worker_close accept (the reason is its message); close it.
  * Errors: INVALID_ARGUMENT (a null pointer, a field out of range: the message names it), VERSION (struct_size or the
  * ABI major), UNIMPLEMENTED (the CUDA backend in a libdhs built without CUDA), UNAVAILABLE (memd did not answer; the
- * CUDA backend: memd's host pool could not be pinned, a CUDA call failed), FAILED_PRECONDITION (memd refused the
+ * CUDA backend: most CUDA failures, e.g. memd's host pool could not be pinned; an allocation that failed is
+ * RESOURCE_EXHAUSTED, an invalid value INVALID_ARGUMENT), FAILED_PRECONDITION (memd refused the
  * Hello, e.g. another page size; the CUDA backend: no GPU of that ordinal), RESOURCE_EXHAUSTED (the KV pool). The
  * CUDA backend's checks (the GPU, engine_pool's kind: INVALID_ARGUMENT) come before memd hears a Hello. On the CUDA
  * backend every call on the worker may make its GPU the calling thread's current CUDA device (cudaSetDevice): an

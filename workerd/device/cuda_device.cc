@@ -237,9 +237,11 @@ absl::StatusOr<void*> CudaDevice::AllocateShared(uint64_t bytes) {
   cudaSetDevice(options_.device);
   void* p = nullptr;
   if (absl::Status s = CudaStatus(cudaMallocManaged(&p, bytes), "CudaDevice: cudaMallocManaged"); !s.ok()) return s;
-  if (absl::Status s = CudaStatus(cudaMemset(p, 0, bytes), "CudaDevice: cudaMemset"); !s.ok()) {
+  absl::Status zeroed = CudaStatus(cudaMemset(p, 0, bytes), "CudaDevice: cudaMemset");
+  if (zeroed.ok()) zeroed = CudaStatus(cudaDeviceSynchronize(), "CudaDevice: cudaMemset");  // before the host writes
+  if (!zeroed.ok()) {
     cudaFree(p);
-    return s;
+    return zeroed;
   }
   return p;
 }
